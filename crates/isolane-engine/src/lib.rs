@@ -1,0 +1,1 @@
+//! isolane-engine: graph IR, built-in architectures, loaders (safetensors, ONNX) and backends.

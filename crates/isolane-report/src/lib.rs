@@ -1,0 +1,1 @@
+//! isolane-report: tables, CSV/JSON, SVG plots, the HTML report.
