@@ -1,7 +1,15 @@
 //! isolane-core: scenario spec and validation, schedule math, metrics and statistics, max-rate
 //! search, device models and admission control. No GPU, no threads.
 
+pub mod admission;
+pub mod device_model;
 pub mod job;
+pub mod maxrate;
+pub mod metrics;
+pub mod schedule;
 pub mod spec;
+pub mod stats;
 
 pub use job::JobRecord;
+pub use metrics::WorkloadMetrics;
+pub use spec::{Scenario, SpecError};

@@ -1,9 +1,17 @@
 //! Scenario files: the device set-up and its workloads (DESIGN.md, "Vocabulary").
 //!
 //! These types are the contract between the scenario parser (this crate), the runtime and the
-//! CLI. Parsing and validation live in `spec::parse` (see `Scenario::from_toml_str`).
+//! CLI. Parsing and validation live in `spec::parse` (see [`Scenario::from_toml_str`]); the user
+//! format is documented key by key in `docs/scenario.md`.
+
+mod error;
+mod model;
+mod parse;
 
 use serde::{Deserialize, Serialize};
+
+pub use error::{Problem, SpecError};
+pub use model::{ModelCatalog, ModelSource, NoBuiltinModels, SpinModel, SpinParseError};
 
 /// A whole scenario file, resolved: every default filled in, every value validated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,7 +76,11 @@ pub struct TimingSpec {
 
 impl Default for TimingSpec {
     fn default() -> Self {
-        TimingSpec { spin_us: 200, start_delay_ms: 50, seed: 0x15_01a4e }
+        TimingSpec {
+            spin_us: 200,
+            start_delay_ms: 50,
+            seed: 0x15_01a4e,
+        }
     }
 }
 
@@ -191,6 +203,127 @@ impl WorkloadSpec {
     /// Relative deadline in seconds: `deadline_ms`, else the period, else none (closed loop
     /// without a deadline never times out).
     pub fn deadline_s(&self) -> Option<f64> {
-        self.deadline_ms.map(|d| d / 1e3).or_else(|| self.period_s())
+        self.deadline_ms
+            .map(|d| d / 1e3)
+            .or_else(|| self.period_s())
     }
 }
+
+impl Scenario {
+    /// Parse and validate a scenario file's text. `path` is used in messages and as the base
+    /// for relative `.onnx` and weights paths (which come back absolute). `models` says which
+    /// built-in model names exist (the CLI passes the engine's catalog).
+    ///
+    /// On error nothing is half-parsed: the result lists every problem with file, line, column
+    /// and field.
+    pub fn from_toml_str(
+        text: &str,
+        path: impl AsRef<std::path::Path>,
+        models: &dyn ModelCatalog,
+    ) -> Result<Scenario, SpecError> {
+        parse::parse(text, path.as_ref(), models)
+    }
+
+    /// Read and validate a scenario file.
+    pub fn load(
+        path: impl AsRef<std::path::Path>,
+        models: &dyn ModelCatalog,
+    ) -> Result<Scenario, SpecError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+            file: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml_str(&text, path, models)
+    }
+
+    /// The resolved scenario as TOML in the user format, every default written out, so that
+    /// `from_toml_str(to_toml_string())` gives back an equal `Scenario` (DESIGN.md: the output
+    /// directory's `scenario.toml`).
+    pub fn to_toml_string(&self) -> Result<String, SpecError> {
+        parse::to_toml(self)
+    }
+
+    /// Validate a scenario built in code (e.g. by `isolane maxrate` from flags) by the same
+    /// rules as a file. Positions in the messages refer to the resolved text.
+    pub fn validate(&self, models: &dyn ModelCatalog) -> Result<(), SpecError> {
+        let text = self.to_toml_string()?;
+        Self::from_toml_str(&text, "<generated scenario>", models).map(|_| ())
+    }
+}
+
+impl Ramp {
+    /// The rates of the steps: `steps` values evenly spaced from `from_hz` to `to_hz`, both
+    /// included (one step: `from_hz`).
+    pub fn rates(&self) -> Vec<f64> {
+        let n = self.steps;
+        (0..n)
+            .map(|i| {
+                if n <= 1 {
+                    self.from_hz
+                } else if i == n - 1 {
+                    // Exactly to_hz, not to_hz ± rounding.
+                    self.to_hz
+                } else {
+                    self.from_hz + (self.to_hz - self.from_hz) * f64::from(i) / f64::from(n - 1)
+                }
+            })
+            .collect()
+    }
+
+    /// Number of steps.
+    pub fn step_count(&self) -> u32 {
+        self.steps
+    }
+
+    /// Total length of the ramp, `steps × step_s`, in seconds.
+    pub fn total_duration_s(&self) -> f64 {
+        f64::from(self.steps) * self.step_s
+    }
+
+    /// Index of the step that covers `t_s` seconds after t0 (`None` after the ramp's end).
+    pub fn step_at(&self, t_s: f64) -> Option<u32> {
+        if t_s.is_nan() || t_s < 0.0 || t_s >= self.total_duration_s() {
+            return None;
+        }
+        Some(((t_s / self.step_s) as u32).min(self.steps.saturating_sub(1)))
+    }
+}
+
+impl WorkloadSpec {
+    /// What the `model` string refers to. Cannot fail for a validated spec.
+    pub fn model_source(&self) -> Result<ModelSource, SpinParseError> {
+        ModelSource::classify(&self.model)
+    }
+
+    /// The spin model, when the model is `spin:`.
+    pub fn spin(&self) -> Option<SpinModel> {
+        SpinModel::parse(&self.model).ok()
+    }
+
+    /// Relative deadline in whole ns (rounded), `None` = never times out.
+    pub fn deadline_ns(&self) -> Option<i64> {
+        self.deadline_s().map(crate::schedule::secs_to_ns)
+    }
+
+    /// Jobs the workload will release (warm-up excluded), when known ahead: a job count, or a
+    /// duration at a fixed rate. Closed loop with a duration: `None`.
+    pub fn planned_jobs(&self) -> Option<u64> {
+        match (self.length, self.rate) {
+            (RunLength::Jobs(n), _) => Some(n),
+            (RunLength::DurationS(d), Rate::Hz(hz)) => match self.ramp {
+                Some(r) if self.role == Role::Interferer => Some(
+                    r.rates()
+                        .iter()
+                        .map(|&h| crate::schedule::jobs_in(r.step_s, h))
+                        .sum(),
+                ),
+                _ => Some(crate::schedule::jobs_in(d, hz)),
+            },
+            (RunLength::DurationS(_), Rate::Max(_)) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,810 @@
+//! Admission control: checks every workload's partition of a scenario at once against a device
+//! and either resolves each one (green group, MIG placement, MPS settings) or rejects the plan
+//! with a reason per workload. Nothing is ever clamped: a request that does not fit is refused.
+
+use serde::Serialize;
+
+use crate::device_model::{place_mig_instances, DeviceModel, MigPlacement};
+use crate::spec::{Backend, Mechanism, Scenario};
+
+/// What a workload gets once admitted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ResolvedPartition {
+    /// The CPU backend: no device partition.
+    Cpu,
+    /// timeslice: the whole GPU, shared in turns.
+    Whole,
+    /// green: the `group`-th group of SMs, `first_sm .. first_sm + sms` in split order.
+    Green { group: u32, sms: u32, first_sm: u32 },
+    /// mps: the client's environment.
+    Mps {
+        thread_pct: u32,
+        mem_limit_mib: Option<u64>,
+    },
+    /// mig: a GPU instance of `profile` at memory slice `start`.
+    Mig {
+        profile: String,
+        start: u32,
+        sms: u32,
+        memory_mib: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AdmittedWorkload {
+    pub workload: String,
+    pub partition: ResolvedPartition,
+    /// Estimated device memory of the workload, when known.
+    pub memory_mib: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub device: String,
+    pub mechanism: Mechanism,
+    pub workloads: Vec<AdmittedWorkload>,
+}
+
+/// Why one workload cannot be admitted.
+#[derive(Debug, Clone, PartialEq, Serialize, thiserror::Error)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum RejectReason {
+    #[error("partition.{field} is required with mechanism {mechanism}")]
+    MissingPartition {
+        field: &'static str,
+        mechanism: &'static str,
+    },
+    #[error("{sms} SMs is below the minimum of {min} SMs per green context on {device}")]
+    BelowMinimum { sms: u32, min: u32, device: String },
+    #[error("{sms} SMs is not a multiple of the step of {step} SMs on {device} (try {lower} or {upper})")]
+    OffStep {
+        sms: u32,
+        step: u32,
+        lower: u32,
+        upper: u32,
+        device: String,
+    },
+    #[error(
+        "asks for {sms} SMs but only {available} of {total} are left after the workloads before it"
+    )]
+    TooManySms {
+        sms: u32,
+        available: u32,
+        total: u32,
+    },
+    #[error("green contexts need compute capability 6.0 or later; {device} is {major}.{minor}")]
+    GreenUnsupported {
+        device: String,
+        major: u32,
+        minor: u32,
+    },
+    #[error("{device} has no MIG")]
+    MigUnsupported { device: String },
+    #[error("unknown MIG profile '{profile}' on {device}; allowed: {allowed}")]
+    UnknownMigProfile {
+        profile: String,
+        device: String,
+        allowed: String,
+    },
+    #[error("no MIG placement holds all requested instances ({requested}) on {device}")]
+    NoMigPlacement { requested: String, device: String },
+    #[error("thread percentages add up to {total}% (budget {budget}%); this workload's {thread_pct}% is over it")]
+    ThreadPctOverBudget {
+        thread_pct: u32,
+        total: u32,
+        budget: u32,
+    },
+    #[error(
+        "pinned memory limits add up to {total_mib} MiB, more than the device's {device_mib} MiB"
+    )]
+    PinnedMemoryOverBudget { total_mib: u64, device_mib: u64 },
+    #[error("needs about {need_mib} MiB but its partition has {have_mib} MiB")]
+    MemoryOverPartition { need_mib: u64, have_mib: u64 },
+    #[error("the workloads need about {total_mib} MiB together, more than the device's {device_mib} MiB")]
+    MemoryOverDevice { total_mib: u64, device_mib: u64 },
+    #[error("backend cuda cannot be planned with mechanism none")]
+    NoMechanism,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rejection {
+    pub workload: String,
+    #[serde(flatten)]
+    pub reason: RejectReason,
+    pub message: String,
+}
+
+fn reject(rejections: &mut Vec<Rejection>, workload: &str, reason: RejectReason) {
+    rejections.push(Rejection {
+        workload: workload.to_string(),
+        message: reason.to_string(),
+        reason,
+    })
+}
+
+/// Options of admission control.
+#[derive(Debug, Clone)]
+pub struct AdmissionOptions {
+    /// Sum of MPS thread percentages allowed. 100 means no oversubscription: each client's share
+    /// is then a guaranteed upper bound that the others cannot eat into.
+    pub mps_thread_budget_pct: u32,
+}
+
+impl Default for AdmissionOptions {
+    fn default() -> Self {
+        AdmissionOptions {
+            mps_thread_budget_pct: 100,
+        }
+    }
+}
+
+/// Admits every workload of `scenario` on `device`, or returns one rejection per workload that
+/// does not fit. `memory_estimate_mib[i]` is workload i's device-memory estimate, if known.
+pub fn admit(
+    scenario: &Scenario,
+    device: &DeviceModel,
+    memory_estimate_mib: &[Option<u64>],
+    options: &AdmissionOptions,
+) -> Result<Plan, Vec<Rejection>> {
+    let mechanism = scenario.device.mechanism;
+    let mut rejections = Vec::new();
+    let mut admitted: Vec<AdmittedWorkload> = Vec::new();
+    let estimate = |i: usize| memory_estimate_mib.get(i).copied().flatten();
+
+    match (scenario.device.backend, mechanism) {
+        (Backend::Cpu, _) => {
+            for (i, w) in scenario.workloads.iter().enumerate() {
+                admitted.push(AdmittedWorkload {
+                    workload: w.name.clone(),
+                    partition: ResolvedPartition::Cpu,
+                    memory_mib: estimate(i),
+                });
+            }
+        }
+        (Backend::Cuda, Mechanism::None) => {
+            for w in &scenario.workloads {
+                reject(&mut rejections, &w.name, RejectReason::NoMechanism);
+            }
+        }
+        (Backend::Cuda, Mechanism::Timeslice) => {
+            for (i, w) in scenario.workloads.iter().enumerate() {
+                admitted.push(AdmittedWorkload {
+                    workload: w.name.clone(),
+                    partition: ResolvedPartition::Whole,
+                    memory_mib: estimate(i),
+                });
+            }
+        }
+        (Backend::Cuda, Mechanism::Green) => {
+            let Some(rules) = device.green_rules() else {
+                let (major, minor) = device.compute_capability;
+                for w in &scenario.workloads {
+                    reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::GreenUnsupported {
+                            device: device.name.to_string(),
+                            major,
+                            minor,
+                        },
+                    );
+                }
+                return Err(rejections);
+            };
+            let mut next_sm = 0u32;
+            let mut group = 0u32;
+            for (i, w) in scenario.workloads.iter().enumerate() {
+                let Some(sms) = w.partition.sms else {
+                    reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::MissingPartition {
+                            field: "sms",
+                            mechanism: "green",
+                        },
+                    );
+                    continue;
+                };
+                if sms < rules.min_sms {
+                    reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::BelowMinimum {
+                            sms,
+                            min: rules.min_sms,
+                            device: device.name.to_string(),
+                        },
+                    );
+                    continue;
+                }
+                if sms % rules.step_sms != 0 {
+                    let lower = (sms / rules.step_sms * rules.step_sms).max(rules.min_sms);
+                    reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::OffStep {
+                            sms,
+                            step: rules.step_sms,
+                            lower,
+                            upper: lower + rules.step_sms,
+                            device: device.name.to_string(),
+                        },
+                    );
+                    continue;
+                }
+                let available = device.sm_count - next_sm;
+                if sms > available {
+                    reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::TooManySms {
+                            sms,
+                            available,
+                            total: device.sm_count,
+                        },
+                    );
+                    continue;
+                }
+                admitted.push(AdmittedWorkload {
+                    workload: w.name.clone(),
+                    partition: ResolvedPartition::Green {
+                        group,
+                        sms,
+                        first_sm: next_sm,
+                    },
+                    memory_mib: estimate(i),
+                });
+                next_sm += sms;
+                group += 1;
+            }
+        }
+        (Backend::Cuda, Mechanism::Mps) => {
+            let mut total_pct = 0u32;
+            let mut total_pinned = 0u64;
+            for (i, w) in scenario.workloads.iter().enumerate() {
+                let Some(pct) = w.partition.thread_pct else {
+                    reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::MissingPartition {
+                            field: "thread_pct",
+                            mechanism: "mps",
+                        },
+                    );
+                    continue;
+                };
+                total_pct += pct;
+                if total_pct > options.mps_thread_budget_pct {
+                    reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::ThreadPctOverBudget {
+                            thread_pct: pct,
+                            total: total_pct,
+                            budget: options.mps_thread_budget_pct,
+                        },
+                    );
+                    continue;
+                }
+                if let Some(limit) = w.partition.mem_limit_mib {
+                    total_pinned += limit;
+                    if total_pinned > device.memory_mib {
+                        reject(
+                            &mut rejections,
+                            &w.name,
+                            RejectReason::PinnedMemoryOverBudget {
+                                total_mib: total_pinned,
+                                device_mib: device.memory_mib,
+                            },
+                        );
+                        continue;
+                    }
+                    if let Some(need) = estimate(i) {
+                        if need > limit {
+                            reject(
+                                &mut rejections,
+                                &w.name,
+                                RejectReason::MemoryOverPartition {
+                                    need_mib: need,
+                                    have_mib: limit,
+                                },
+                            );
+                            continue;
+                        }
+                    }
+                }
+                admitted.push(AdmittedWorkload {
+                    workload: w.name.clone(),
+                    partition: ResolvedPartition::Mps {
+                        thread_pct: pct,
+                        mem_limit_mib: w.partition.mem_limit_mib,
+                    },
+                    memory_mib: estimate(i),
+                });
+            }
+        }
+        (Backend::Cuda, Mechanism::Mig) => {
+            let Some(mig) = device.mig.as_ref() else {
+                for w in &scenario.workloads {
+                    reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::MigUnsupported {
+                            device: device.name.to_string(),
+                        },
+                    );
+                }
+                return Err(rejections);
+            };
+            let mut requested: Vec<(usize, &str)> = Vec::new();
+            for (i, w) in scenario.workloads.iter().enumerate() {
+                match w.partition.mig_profile.as_deref() {
+                    None => reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::MissingPartition {
+                            field: "mig_profile",
+                            mechanism: "mig",
+                        },
+                    ),
+                    Some(p) if mig.profile(p).is_none() => reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::UnknownMigProfile {
+                            profile: p.to_string(),
+                            device: device.name.to_string(),
+                            allowed: mig.profile_names().join(", "),
+                        },
+                    ),
+                    Some(p) => requested.push((i, p)),
+                }
+            }
+            let names: Vec<&str> = requested.iter().map(|(_, p)| *p).collect();
+            match place_mig_instances(mig, &names) {
+                Some(placements) => {
+                    for ((i, _), MigPlacement { profile, start, .. }) in
+                        requested.iter().zip(placements)
+                    {
+                        let w = &scenario.workloads[*i];
+                        // The profile exists: it was looked up above.
+                        let Some(p) = mig.profile(profile) else {
+                            continue;
+                        };
+                        if let Some(need) = estimate(*i) {
+                            if need > p.memory_mib {
+                                reject(
+                                    &mut rejections,
+                                    &w.name,
+                                    RejectReason::MemoryOverPartition {
+                                        need_mib: need,
+                                        have_mib: p.memory_mib,
+                                    },
+                                );
+                                continue;
+                            }
+                        }
+                        admitted.push(AdmittedWorkload {
+                            workload: w.name.clone(),
+                            partition: ResolvedPartition::Mig {
+                                profile: profile.to_string(),
+                                start,
+                                sms: p.sms,
+                                memory_mib: p.memory_mib,
+                            },
+                            memory_mib: estimate(*i),
+                        });
+                    }
+                }
+                None => {
+                    let all = names.join(" + ");
+                    for (i, _) in &requested {
+                        reject(
+                            &mut rejections,
+                            &scenario.workloads[*i].name,
+                            RejectReason::NoMigPlacement {
+                                requested: all.clone(),
+                                device: device.name.to_string(),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    // Memory over the whole device: MIG and pinned MPS limits were checked per partition above,
+    // but workloads without a limit still share the device's memory.
+    if scenario.device.backend == Backend::Cuda && rejections.is_empty() {
+        let total: u64 = (0..scenario.workloads.len()).filter_map(estimate).sum();
+        if total > device.memory_mib {
+            for (i, w) in scenario.workloads.iter().enumerate() {
+                if estimate(i).is_some() {
+                    reject(
+                        &mut rejections,
+                        &w.name,
+                        RejectReason::MemoryOverDevice {
+                            total_mib: total,
+                            device_mib: device.memory_mib,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    if rejections.is_empty() {
+        Ok(Plan {
+            device: device.name.to_string(),
+            mechanism,
+            workloads: admitted,
+        })
+    } else {
+        Err(rejections)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device_model::device_model;
+    use crate::spec::*;
+
+    fn workload(name: &str, partition: PartitionSpec) -> WorkloadSpec {
+        WorkloadSpec {
+            name: name.to_string(),
+            model: "spin:1ms".to_string(),
+            weights: None,
+            batch: 1,
+            precision: Precision::Fp32,
+            rate: Rate::Hz(100.0),
+            deadline_ms: None,
+            length: RunLength::Jobs(10),
+            warmup_jobs: 0,
+            late: LatePolicy::Skip,
+            cpu: vec![],
+            role: Role::Standalone,
+            ramp: None,
+            host: Host::Thread,
+            partition,
+        }
+    }
+
+    fn scenario(mechanism: Mechanism, parts: Vec<PartitionSpec>) -> Scenario {
+        Scenario {
+            device: DeviceSpec {
+                backend: Backend::Cuda,
+                gpu: 0,
+                mechanism,
+                host: Host::Thread,
+            },
+            timing: TimingSpec::default(),
+            workloads: parts
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| workload(&format!("w{i}"), p))
+                .collect(),
+        }
+    }
+
+    fn sms(n: u32) -> PartitionSpec {
+        PartitionSpec {
+            sms: Some(n),
+            ..Default::default()
+        }
+    }
+
+    fn mps(pct: u32, mem: Option<u64>) -> PartitionSpec {
+        PartitionSpec {
+            thread_pct: Some(pct),
+            mem_limit_mib: mem,
+            ..Default::default()
+        }
+    }
+
+    fn mig(p: &str) -> PartitionSpec {
+        PartitionSpec {
+            mig_profile: Some(p.to_string()),
+            ..Default::default()
+        }
+    }
+
+    fn reasons(r: Result<Plan, Vec<Rejection>>) -> Vec<(String, RejectReason)> {
+        r.expect_err("expected a rejection")
+            .into_iter()
+            .map(|r| (r.workload, r.reason))
+            .collect()
+    }
+
+    fn opts() -> AdmissionOptions {
+        AdmissionOptions::default()
+    }
+
+    #[test]
+    fn sixteen_green_groups_of_eight_fit_an_h100_and_a_seventeenth_does_not() {
+        let h100 = device_model("h100-sxm").unwrap();
+        let plan = admit(
+            &scenario(Mechanism::Green, vec![sms(8); 16]),
+            &h100,
+            &[],
+            &opts(),
+        )
+        .unwrap();
+        assert_eq!(plan.workloads.len(), 16);
+        match &plan.workloads[15].partition {
+            ResolvedPartition::Green {
+                group,
+                sms,
+                first_sm,
+            } => assert_eq!((*group, *sms, *first_sm), (15, 8, 120)),
+            other => panic!("{other:?}"),
+        }
+        let r = reasons(admit(
+            &scenario(Mechanism::Green, vec![sms(8); 17]),
+            &h100,
+            &[],
+            &opts(),
+        ));
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0, "w16");
+        assert_eq!(
+            r[0].1,
+            RejectReason::TooManySms {
+                sms: 8,
+                available: 4,
+                total: 132
+            }
+        );
+    }
+
+    #[test]
+    fn green_below_minimum_and_off_step_are_rejected_not_clamped() {
+        let h100 = device_model("h100-sxm").unwrap();
+        let r = reasons(admit(
+            &scenario(Mechanism::Green, vec![sms(4), sms(12), sms(16)]),
+            &h100,
+            &[],
+            &opts(),
+        ));
+        assert_eq!(r.len(), 2);
+        assert!(matches!(
+            r[0].1,
+            RejectReason::BelowMinimum { sms: 4, min: 8, .. }
+        ));
+        assert!(matches!(
+            r[1].1,
+            RejectReason::OffStep {
+                sms: 12,
+                step: 8,
+                lower: 8,
+                upper: 16,
+                ..
+            }
+        ));
+        // Ampere: minimum 4, step 2 (Table I).
+        let orin = device_model("orin-nano").unwrap();
+        assert!(admit(
+            &scenario(Mechanism::Green, vec![sms(4), sms(4)]),
+            &orin,
+            &[],
+            &opts()
+        )
+        .is_ok());
+        let r = reasons(admit(
+            &scenario(Mechanism::Green, vec![sms(4), sms(6)]),
+            &orin,
+            &[],
+            &opts(),
+        ));
+        assert!(matches!(
+            r[0].1,
+            RejectReason::TooManySms {
+                sms: 6,
+                available: 4,
+                total: 8
+            }
+        ));
+    }
+
+    #[test]
+    fn missing_partition_fields_are_named() {
+        let h100 = device_model("h100-sxm").unwrap();
+        let r = reasons(admit(
+            &scenario(Mechanism::Green, vec![PartitionSpec::default()]),
+            &h100,
+            &[],
+            &opts(),
+        ));
+        assert_eq!(
+            r[0].1,
+            RejectReason::MissingPartition {
+                field: "sms",
+                mechanism: "green"
+            }
+        );
+        let r = reasons(admit(
+            &scenario(Mechanism::Mps, vec![PartitionSpec::default()]),
+            &h100,
+            &[],
+            &opts(),
+        ));
+        assert_eq!(
+            r[0].1,
+            RejectReason::MissingPartition {
+                field: "thread_pct",
+                mechanism: "mps"
+            }
+        );
+        let r = reasons(admit(
+            &scenario(Mechanism::Mig, vec![PartitionSpec::default()]),
+            &h100,
+            &[],
+            &opts(),
+        ));
+        assert_eq!(
+            r[0].1,
+            RejectReason::MissingPartition {
+                field: "mig_profile",
+                mechanism: "mig"
+            }
+        );
+    }
+
+    #[test]
+    fn mps_thread_and_pinned_memory_budgets() {
+        let h100 = device_model("h100-sxm").unwrap();
+        assert!(admit(
+            &scenario(Mechanism::Mps, vec![mps(25, None); 4]),
+            &h100,
+            &[],
+            &opts()
+        )
+        .is_ok());
+        let r = reasons(admit(
+            &scenario(Mechanism::Mps, vec![mps(25, None); 5]),
+            &h100,
+            &[],
+            &opts(),
+        ));
+        assert_eq!(
+            r[0].1,
+            RejectReason::ThreadPctOverBudget {
+                thread_pct: 25,
+                total: 125,
+                budget: 100
+            }
+        );
+        let over = AdmissionOptions {
+            mps_thread_budget_pct: 200,
+        };
+        assert!(admit(
+            &scenario(Mechanism::Mps, vec![mps(25, None); 5]),
+            &h100,
+            &[],
+            &over
+        )
+        .is_ok());
+        let r = reasons(admit(
+            &scenario(Mechanism::Mps, vec![mps(50, Some(50_000)); 2]),
+            &h100,
+            &[],
+            &opts(),
+        ));
+        assert!(matches!(
+            r[0].1,
+            RejectReason::PinnedMemoryOverBudget {
+                total_mib: 100_000,
+                ..
+            }
+        ));
+        let r = reasons(admit(
+            &scenario(Mechanism::Mps, vec![mps(50, Some(1_000))]),
+            &h100,
+            &[Some(2_000)],
+            &opts(),
+        ));
+        assert_eq!(
+            r[0].1,
+            RejectReason::MemoryOverPartition {
+                need_mib: 2_000,
+                have_mib: 1_000
+            }
+        );
+    }
+
+    #[test]
+    fn mig_placements_and_rejections() {
+        let a100 = device_model("a100-40gb").unwrap();
+        let plan = admit(
+            &scenario(Mechanism::Mig, vec![mig("3g.20gb"), mig("4g.20gb")]),
+            &a100,
+            &[],
+            &opts(),
+        )
+        .unwrap();
+        let starts: Vec<u32> = plan
+            .workloads
+            .iter()
+            .map(|w| match w.partition {
+                ResolvedPartition::Mig { start, .. } => start,
+                _ => 99,
+            })
+            .collect();
+        assert_eq!(starts, vec![4, 0]);
+        let r = reasons(admit(
+            &scenario(Mechanism::Mig, vec![mig("4g.20gb"), mig("4g.20gb")]),
+            &a100,
+            &[],
+            &opts(),
+        ));
+        assert_eq!(r.len(), 2);
+        assert!(matches!(r[0].1, RejectReason::NoMigPlacement { .. }));
+        let r = reasons(admit(
+            &scenario(Mechanism::Mig, vec![mig("5g.25gb")]),
+            &a100,
+            &[],
+            &opts(),
+        ));
+        assert!(
+            matches!(&r[0].1, RejectReason::UnknownMigProfile { allowed, .. } if allowed.contains("3g.20gb"))
+        );
+        let r = reasons(admit(
+            &scenario(Mechanism::Mig, vec![mig("1g.5gb")]),
+            &a100,
+            &[Some(6_000)],
+            &opts(),
+        ));
+        assert_eq!(
+            r[0].1,
+            RejectReason::MemoryOverPartition {
+                need_mib: 6_000,
+                have_mib: 5_120
+            }
+        );
+        let l40s = device_model("l40s").unwrap();
+        let r = reasons(admit(
+            &scenario(Mechanism::Mig, vec![mig("1g.5gb")]),
+            &l40s,
+            &[],
+            &opts(),
+        ));
+        assert!(matches!(r[0].1, RejectReason::MigUnsupported { .. }));
+    }
+
+    #[test]
+    fn memory_over_the_whole_device() {
+        let orin = device_model("orin-nano").unwrap();
+        let r = reasons(admit(
+            &scenario(Mechanism::Timeslice, vec![PartitionSpec::default(); 2]),
+            &orin,
+            &[Some(5_000), Some(5_000)],
+            &opts(),
+        ));
+        assert_eq!(r.len(), 2);
+        assert!(matches!(
+            r[0].1,
+            RejectReason::MemoryOverDevice {
+                total_mib: 10_000,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn messages_say_what_is_allowed() {
+        let h100 = device_model("h100-sxm").unwrap();
+        let r = admit(
+            &scenario(Mechanism::Green, vec![sms(12)]),
+            &h100,
+            &[],
+            &opts(),
+        )
+        .unwrap_err();
+        assert!(
+            r[0].message.contains("multiple of the step of 8"),
+            "{}",
+            r[0].message
+        );
+        assert!(r[0].message.contains("try 8 or 16"), "{}", r[0].message);
+    }
+}

@@ -1,0 +1,933 @@
+//! Scenario parsing: one test per kind of malformed scenario, each asserting file, line, field
+//! and the allowed values in the message.
+
+use super::*;
+
+const FILE: &str = "dir/s.toml";
+const MODELS: [&str; 2] = ["resnet18", "yolov8n"];
+
+fn parse(text: &str) -> Result<Scenario, SpecError> {
+    Scenario::from_toml_str(text, FILE, &MODELS)
+}
+
+fn err(text: &str) -> String {
+    match parse(text) {
+        Ok(s) => panic!("expected an error, parsed {s:#?}"),
+        Err(e) => {
+            assert_eq!(e.exit_code(), 2);
+            assert!(e.is_user_error());
+            e.to_string()
+        }
+    }
+}
+
+/// Asserts the message starts with `file:line:` and contains every needle.
+#[track_caller]
+fn assert_err(text: &str, line: usize, needles: &[&str]) {
+    let e = err(text);
+    let prefix = format!("{FILE}:{line}:");
+    assert!(e.starts_with(&prefix), "expected {prefix} in:\n{e}");
+    for n in needles {
+        assert!(e.contains(n), "expected {n:?} in:\n{e}");
+    }
+}
+
+const MIN: &str = r#"
+[[workload]]
+name = "cam0"
+model = "spin:4ms"
+rate_hz = 100
+jobs = 500
+"#;
+
+#[test]
+fn minimal_scenario_gets_every_default() {
+    let s = parse(MIN).unwrap();
+    assert_eq!(
+        s.device,
+        DeviceSpec {
+            backend: Backend::Cpu,
+            gpu: 0,
+            mechanism: Mechanism::None,
+            host: Host::Thread
+        }
+    );
+    assert_eq!(s.timing, TimingSpec::default());
+    let w = &s.workloads[0];
+    assert_eq!(w.name, "cam0");
+    assert_eq!(w.batch, 1);
+    assert_eq!(w.precision, Precision::Fp32);
+    assert_eq!(w.rate, Rate::Hz(100.0));
+    assert_eq!(w.deadline_ms, None);
+    assert_eq!(w.deadline_s(), Some(0.01));
+    assert_eq!(w.deadline_ns(), Some(10_000_000));
+    assert_eq!(w.length, RunLength::Jobs(500));
+    assert_eq!(w.warmup_jobs, 10);
+    assert_eq!(w.late, LatePolicy::Skip);
+    assert!(w.cpu.is_empty());
+    assert_eq!(w.role, Role::Standalone);
+    assert_eq!(w.ramp, None);
+    assert_eq!(w.host, Host::Thread);
+    assert_eq!(w.partition, PartitionSpec::default());
+    assert_eq!(w.planned_jobs(), Some(500));
+    assert_eq!(
+        w.model_source(),
+        Ok(ModelSource::Spin(SpinModel {
+            service: std::time::Duration::from_millis(4),
+            jitter: std::time::Duration::ZERO
+        }))
+    );
+}
+
+const FULL: &str = r#"
+# Two cameras and an interferer on one GPU, green contexts.
+[device]
+backend = "cuda"
+gpu = 1
+mechanism = "green"
+
+[timing]
+spin_us = 100
+start_delay_ms = 20
+seed = 7
+
+[[workload]]
+name = "cam0"
+model = "resnet18"
+batch = 4
+precision = "fp16"
+rate_hz = 50.5
+deadline_ms = 15
+duration_s = 2.5
+warmup_jobs = 0
+late = "queue"
+cpu = [0, 1]
+role = "victim"
+host = "process"
+[workload.partition]
+sms = 16
+
+[[workload]]
+name = "bulk.v-2"
+model = "spin:1ms~0.25ms"
+rate_hz = "max"
+duration_s = 1
+
+[[workload]]
+name = "noise"
+model = "yolov8n"
+role = "interferer"
+ramp = { from_hz = 10, to_hz = 200, steps = 5, step_s = 2 }
+partition = { sms = 8 }
+"#;
+
+#[test]
+fn full_scenario_parses_and_round_trips() {
+    let s = parse(FULL).unwrap();
+    assert_eq!(
+        s.device,
+        DeviceSpec {
+            backend: Backend::Cuda,
+            gpu: 1,
+            mechanism: Mechanism::Green,
+            host: Host::Thread
+        }
+    );
+    assert_eq!(
+        s.timing,
+        TimingSpec {
+            spin_us: 100,
+            start_delay_ms: 20,
+            seed: 7
+        }
+    );
+    let [a, b, c] = &s.workloads[..] else {
+        panic!("3 workloads")
+    };
+    assert_eq!(
+        (a.batch, a.precision, a.rate),
+        (4, Precision::Fp16, Rate::Hz(50.5))
+    );
+    assert_eq!(
+        (a.deadline_ms, a.length),
+        (Some(15.0), RunLength::DurationS(2.5))
+    );
+    assert_eq!(
+        (a.warmup_jobs, a.late, a.cpu.clone()),
+        (0, LatePolicy::Queue, vec![0, 1])
+    );
+    assert_eq!(
+        (a.role, a.host, a.partition.sms),
+        (Role::Victim, Host::Process, Some(16))
+    );
+    assert_eq!(a.planned_jobs(), Some(127)); // releases at k/50.5 s < 2.5 s: k = 0..=126
+    assert_eq!(
+        (b.rate, b.deadline_s(), b.planned_jobs()),
+        (Rate::Max(MaxRate::Max), None, None)
+    );
+    assert_eq!(b.host, Host::Thread);
+    let ramp = Ramp {
+        from_hz: 10.0,
+        to_hz: 200.0,
+        steps: 5,
+        step_s: 2.0,
+    };
+    assert_eq!((c.role, c.ramp), (Role::Interferer, Some(ramp)));
+    // An interferer's rate and length come from its ramp.
+    assert_eq!(
+        (c.rate, c.length),
+        (Rate::Hz(10.0), RunLength::DurationS(10.0))
+    );
+    assert_eq!(c.planned_jobs(), Some(20 + 115 + 210 + 305 + 400));
+    assert_eq!(c.model_source(), Ok(ModelSource::Builtin("yolov8n".into())));
+
+    let text = s.to_toml_string().unwrap();
+    let again = Scenario::from_toml_str(&text, "resolved.toml", &MODELS)
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(again, s, "{text}");
+    assert!(text.contains("rate_hz = \"max\""), "{text}");
+    assert!(s.validate(&MODELS).is_ok());
+}
+
+#[test]
+fn minimal_scenario_round_trips_with_every_default_written() {
+    let s = parse(MIN).unwrap();
+    let text = s.to_toml_string().unwrap();
+    for key in [
+        "backend = \"cpu\"",
+        "mechanism = \"none\"",
+        "host = \"thread\"",
+        "seed =",
+        "spin_us =",
+        "batch = 1",
+        "precision = \"fp32\"",
+        "warmup_jobs = 10",
+        "late = \"skip\"",
+        "role = \"standalone\"",
+        "cpu = []",
+    ] {
+        assert!(text.contains(key), "{key} missing in\n{text}");
+    }
+    assert_eq!(
+        Scenario::from_toml_str(&text, "r.toml", &MODELS).unwrap(),
+        s
+    );
+}
+
+#[test]
+fn syntax_error_names_file_line_and_column() {
+    let e = err("[[workload]]\nname = \"a\"\nrate_hz = = 3\n");
+    assert!(e.starts_with("dir/s.toml:3:"), "{e}");
+    assert!(e.contains("TOML syntax error"), "{e}");
+    let e = err("[device]\nbackend = \"cpu\"\nbackend = \"cuda\"\n");
+    assert!(
+        e.starts_with("dir/s.toml:3:1:") && e.contains("duplicate key"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_keys_list_the_allowed_ones() {
+    assert_err(
+        &format!("{MIN}rte_hz = 5\n"),
+        7,
+        &[
+            "workload[0].rte_hz",
+            "unknown key",
+            "did you mean \"rate_hz\"",
+            "allowed keys here: name, model, weights",
+        ],
+    );
+    assert_err(
+        &format!("[device]\nbackend = \"cpu\"\ngpus = 2\n{MIN}"),
+        3,
+        &[
+            "device.gpus",
+            "unknown key",
+            "backend, gpu, mechanism, host",
+        ],
+    );
+    assert_err(
+        &format!("[timings]\nseed = 1\n{MIN}"),
+        1,
+        &["timings", "unknown key", "device, timing, workload"],
+    );
+    assert_err(
+        &format!("{MIN}[workload.partition]\ncores = 3\n"),
+        8,
+        &[
+            "workload[0].partition.cores",
+            "sms, thread_pct, mem_limit_mib, mig_profile",
+        ],
+    );
+}
+
+#[test]
+fn wrong_types_say_what_was_found() {
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = \"fast\"\njobs = 5\n",
+        4,
+        &[
+            "workload[0].rate_hz",
+            "found string \"fast\"",
+            "expected a finite number > 0",
+            "\"max\"",
+        ],
+    );
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 5\njobs = 5\nbatch = 1.5\n",
+        6,
+        &[
+            "workload[0].batch",
+            "found float 1.5",
+            "an integer >= 1 (at most 4294967295)",
+        ],
+    );
+    assert_err(
+        "[[workload]]\nname = 3\nmodel = \"spin:1ms\"\nrate_hz = 5\njobs = 5\n",
+        2,
+        &["workload[0].name", "found integer 3", "letters, digits"],
+    );
+    assert_err(
+        &format!("{MIN}cpu = \"0-3\"\n"),
+        7,
+        &[
+            "workload[0].cpu",
+            "found string \"0-3\"",
+            "an array of CPU ids",
+        ],
+    );
+    assert_err(
+        &format!("{MIN}late = \"drop\"\n"),
+        7,
+        &[
+            "workload[0].late",
+            "found string \"drop\"",
+            "one of \"skip\" | \"queue\"",
+        ],
+    );
+    assert_err(
+        &format!("[device]\nbackend = \"gpu\"\n{MIN}"),
+        2,
+        &["device.backend", "\"cpu\" | \"cuda\""],
+    );
+    assert_err(
+        &format!("device = 3\n{MIN}"),
+        1,
+        &["device", "found integer 3; expected a table"],
+    );
+}
+
+#[test]
+fn rates_must_be_positive_finite_numbers() {
+    for (v, found) in [
+        ("0", "integer 0"),
+        ("-5.0", "float -5.0"),
+        ("nan", "float nan"),
+        ("inf", "float inf"),
+    ] {
+        let text =
+            format!("[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = {v}\njobs = 5\n");
+        assert_err(
+            &text,
+            4,
+            &[
+                "workload[0].rate_hz",
+                found,
+                "expected a finite number > 0 (jobs per second), or \"max\"",
+            ],
+        );
+    }
+}
+
+#[test]
+fn deadlines_and_durations_must_be_positive() {
+    assert_err(
+        &format!("{MIN}deadline_ms = 0\n"),
+        7,
+        &["workload[0].deadline_ms", "found integer 0", "> 0"],
+    );
+    assert_err(
+        &format!("{MIN}deadline_ms = -1.5\n"),
+        7,
+        &["workload[0].deadline_ms", "found float -1.5"],
+    );
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 5\nduration_s = 0.0\n",
+        5,
+        &["workload[0].duration_s", "found float 0.0", "seconds > 0"],
+    );
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 5\njobs = 0\n",
+        5,
+        &["workload[0].jobs", "found integer 0", "an integer >= 1"],
+    );
+    assert_err(
+        &format!("{MIN}warmup_jobs = -1\n"),
+        7,
+        &["workload[0].warmup_jobs", "an integer >= 0"],
+    );
+}
+
+#[test]
+fn batch_zero() {
+    assert_err(
+        &format!("{MIN}batch = 0\n"),
+        7,
+        &[
+            "workload[0].batch",
+            "found integer 0",
+            "an integer >= 1 (at most 4294967295)",
+        ],
+    );
+}
+
+#[test]
+fn duplicate_names() {
+    let text = format!("{MIN}{MIN}");
+    assert_err(
+        &text,
+        9,
+        &[
+            "workload[1].name",
+            "\"cam0\"",
+            "already the name of workload[0] (line 3)",
+            "unique",
+        ],
+    );
+}
+
+#[test]
+fn bad_names() {
+    for (name, found) in [
+        ("cam 0", "\"cam 0\""),
+        ("a/b", "\"a/b\""),
+        ("", "\"\""),
+        ("..", "\"..\""),
+    ] {
+        let text =
+            format!("[[workload]]\nname = {name:?}\nmodel = \"spin:1ms\"\nrate_hz = 5\njobs = 5\n");
+        assert_err(
+            &text,
+            2,
+            &[
+                "workload[0].name",
+                found,
+                "letters, digits, '_', '.' or '-'",
+            ],
+        );
+    }
+}
+
+#[test]
+fn unknown_models_list_the_known_ones() {
+    let text = "[[workload]]\nname = \"a\"\nmodel = \"resnet19\"\nrate_hz = 5\njobs = 5\n";
+    assert_err(
+        text,
+        3,
+        &[
+            "workload[0].model",
+            "unknown model \"resnet19\"",
+            "a built-in model: resnet18, yolov8n",
+            "spin:<time>",
+            ".onnx",
+        ],
+    );
+    let e = Scenario::from_toml_str(text, FILE, &NoBuiltinModels)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no built-in models in this build"), "{e}");
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:4\"\nrate_hz = 5\njobs = 5\n",
+        3,
+        &[
+            "workload[0].model",
+            "\"4\" has no unit",
+            "units ns, us, ms or s",
+        ],
+    );
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin4ms\"\nrate_hz = 5\njobs = 5\n",
+        3,
+        &[
+            "workload[0].model",
+            "unknown model \"spin4ms\"",
+            "spin:<time>[~<jitter>]",
+        ],
+    );
+}
+
+#[test]
+fn onnx_and_weights_files_must_exist_and_come_back_absolute() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.onnx"), b"x").unwrap();
+    std::fs::write(dir.path().join("w.safetensors"), b"x").unwrap();
+    let scen = dir.path().join("s.toml");
+    let text = "[[workload]]\nname = \"a\"\nmodel = \"m.onnx\"\nweights = \"w.safetensors\"\nrate_hz = 5\njobs = 5\n";
+    let s = Scenario::from_toml_str(text, &scen, &MODELS).unwrap();
+    let w = &s.workloads[0];
+    let abs = dir.path().canonicalize().unwrap();
+    assert_eq!(w.model, abs.join("m.onnx").to_str().unwrap());
+    assert_eq!(w.weights.as_deref(), abs.join("w.safetensors").to_str());
+    assert!(matches!(w.model_source(), Ok(ModelSource::Onnx(_))));
+    // The resolved file works from anywhere.
+    let again = Scenario::from_toml_str(&s.to_toml_string().unwrap(), "/elsewhere/r.toml", &MODELS)
+        .unwrap();
+    assert_eq!(again, s);
+
+    let e = Scenario::from_toml_str(&text.replace("m.onnx", "missing.onnx"), &scen, &MODELS)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(":3:9: workload[0].model: ") && e.contains("missing.onnx cannot be opened"),
+        "{e}"
+    );
+    assert!(
+        e.contains("relative to the scenario file's directory"),
+        "{e}"
+    );
+    let e = Scenario::from_toml_str(&text.replace("w.safetensors", "nope.bin"), &scen, &MODELS)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(":4:11: workload[0].weights: ")
+            && e.contains("expected an existing weights file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn exactly_one_of_duration_and_jobs() {
+    assert_err(
+        &format!("{MIN}duration_s = 5\n"),
+        7,
+        &[
+            "workload[0].duration_s",
+            "found both duration_s and jobs; expected exactly one of them",
+        ],
+    );
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 5\n",
+        1,
+        &[
+            "workload[0].duration_s",
+            "missing in [workload[0]]",
+            "exactly one of duration_s",
+            "or jobs",
+        ],
+    );
+}
+
+#[test]
+fn missing_required_keys_point_at_the_table_header() {
+    let text = "[[workload]]\nname = \"a\"\njobs = 5\n\n[[workload]]\nmodel = \"spin:1ms\"\nrate_hz = 5\njobs = 5\n";
+    let e = err(text);
+    let lines: Vec<&str> = e.lines().collect();
+    assert_eq!(lines.len(), 3, "{e}");
+    assert!(
+        lines[0].starts_with("dir/s.toml:1:1: workload[0].model: missing"),
+        "{e}"
+    );
+    assert!(
+        lines[1].starts_with("dir/s.toml:1:1: workload[0].rate_hz: missing"),
+        "{e}"
+    );
+    assert!(
+        lines[2].starts_with("dir/s.toml:5:1: workload[1].name: missing"),
+        "{e}"
+    );
+}
+
+#[test]
+fn ramp_only_for_interferers_and_required_for_them() {
+    assert_err(
+        &format!("{MIN}ramp = {{ from_hz = 1, to_hz = 2, steps = 2, step_s = 1 }}\n"),
+        7,
+        &[
+            "workload[0].ramp",
+            "not allowed with role \"standalone\"",
+            "role = \"interferer\"",
+        ],
+    );
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrole = \"interferer\"\n",
+        1,
+        &[
+            "workload[0].ramp",
+            "missing",
+            "from_hz",
+            "to_hz",
+            "steps",
+            "step_s",
+        ],
+    );
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrole = \"interferer\"\nrate_hz = 5\nramp = { from_hz = 1, to_hz = 2, steps = 2, step_s = 1 }\n",
+        5,
+        &["workload[0].rate_hz", "not allowed with role \"interferer\"", "ramp"],
+    );
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrole = \"interferer\"\njobs = 5\nramp = { from_hz = 1, to_hz = 2, steps = 2, step_s = 1 }\n",
+        5,
+        &["workload[0].jobs", "not allowed with role \"interferer\"", "steps × step_s"],
+    );
+}
+
+#[test]
+fn ramp_values_are_checked() {
+    let base = "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrole = \"interferer\"\n";
+    assert_err(
+        &format!("{base}ramp = {{ from_hz = 1, to_hz = 2, steps = 0, step_s = 1 }}\n"),
+        5,
+        &[
+            "workload[0].ramp.steps",
+            "found integer 0",
+            "an integer >= 1 (at most 4294967295)",
+        ],
+    );
+    assert_err(
+        &format!("{base}ramp = {{ from_hz = 20, to_hz = 2, steps = 3, step_s = 1 }}\n"),
+        5,
+        &[
+            "workload[0].ramp.to_hz",
+            "found to_hz = 2 below from_hz = 20",
+            "from_hz <= to_hz",
+        ],
+    );
+    assert_err(
+        &format!("{base}[workload.ramp]\nfrom_hz = 0\nto_hz = 2\nsteps = 3\nstep_s = -1\n"),
+        6,
+        &[
+            "workload[0].ramp.from_hz",
+            "found integer 0",
+            "a finite rate > 0 in Hz",
+        ],
+    );
+    let e = err(&format!(
+        "{base}[workload.ramp]\nfrom_hz = 0\nto_hz = 2\nsteps = 3\nstep_s = -1\n"
+    ));
+    assert!(
+        e.contains("dir/s.toml:9:10: workload[0].ramp.step_s: found integer -1"),
+        "{e}"
+    );
+    assert_err(
+        &format!("{base}ramp = {{ from_hz = 1, to_hz = 2, steps = 3 }}\n"),
+        5,
+        &["workload[0].ramp.step_s", "missing in [workload[0].ramp]"],
+    );
+}
+
+#[test]
+fn mechanism_must_fit_the_backend() {
+    assert_err(
+        &format!("[device]\nmechanism = \"mps\"\n{MIN}"),
+        2,
+        &[
+            "device.mechanism",
+            "found \"mps\" with backend \"cpu\"",
+            "expected \"none\"",
+        ],
+    );
+    assert_err(
+        &format!("[device]\nbackend = \"cuda\"\nmechanism = \"none\"\n{MIN}"),
+        3,
+        &[
+            "device.mechanism",
+            "found \"none\" with backend \"cuda\"",
+            "\"timeslice\" | \"mps\" | \"mig\" | \"green\"",
+        ],
+    );
+    // cuda without a mechanism: timeslice, in worker processes.
+    let s = parse(&format!("[device]\nbackend = \"cuda\"\n{MIN}")).unwrap();
+    assert_eq!(
+        (s.device.mechanism, s.device.host),
+        (Mechanism::Timeslice, Host::Process)
+    );
+    assert_eq!(s.workloads[0].host, Host::Process);
+}
+
+#[test]
+fn host_thread_is_refused_where_processes_are_needed() {
+    assert_err(
+        &format!("[device]\nbackend = \"cuda\"\nmechanism = \"mps\"\nhost = \"thread\"\n{MIN}"),
+        4,
+        &[
+            "device.host",
+            "found \"thread\" with mechanism \"mps\"",
+            "expected \"process\"",
+            "MPS client",
+        ],
+    );
+    assert_err(
+        &format!("[device]\nbackend = \"cuda\"\nmechanism = \"mig\"\n{MIN}host = \"thread\"\n"),
+        10,
+        &["workload[0].host", "expected \"process\""],
+    );
+    // process with none and with green is allowed.
+    let s = parse(&format!("[device]\nhost = \"process\"\n{MIN}")).unwrap();
+    assert_eq!(s.workloads[0].host, Host::Process);
+    let s = parse(&format!(
+        "[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n{MIN}host = \"process\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        (s.device.host, s.workloads[0].host),
+        (Host::Thread, Host::Process)
+    );
+}
+
+#[test]
+fn partition_fields_must_belong_to_the_mechanism() {
+    let mps = "[device]\nbackend = \"cuda\"\nmechanism = \"mps\"\n";
+    assert_err(
+        &format!("{mps}{MIN}[workload.partition]\nsms = 8\n"),
+        11,
+        &[
+            "workload[0].partition.sms",
+            "belongs to mechanism \"green\"",
+            "device.mechanism is \"mps\"",
+            "only thread_pct, mem_limit_mib",
+        ],
+    );
+    assert_err(
+        &format!("{MIN}partition = {{ thread_pct = 50 }}\n"),
+        7,
+        &[
+            "workload[0].partition.thread_pct",
+            "belongs to mechanism \"mps\"",
+            "no partition keys",
+        ],
+    );
+    assert_err(
+        &format!("{mps}{MIN}partition = {{ thread_pct = 101 }}\n"),
+        10,
+        &[
+            "workload[0].partition.thread_pct",
+            "found integer 101",
+            "an integer from 1 to 100",
+        ],
+    );
+    let s = parse(&format!(
+        "{mps}{MIN}partition = {{ thread_pct = 30, mem_limit_mib = 2048 }}\n"
+    ))
+    .unwrap();
+    assert_eq!(s.workloads[0].partition.thread_pct, Some(30));
+    assert_eq!(s.workloads[0].partition.mem_limit_mib, Some(2048));
+    let mig = "[device]\nbackend = \"cuda\"\nmechanism = \"mig\"\n";
+    let s = parse(&format!(
+        "{mig}{MIN}partition = {{ mig_profile = \"1g.10gb\" }}\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        s.workloads[0].partition.mig_profile.as_deref(),
+        Some("1g.10gb")
+    );
+    assert_eq!(
+        Scenario::from_toml_str(&s.to_toml_string().unwrap(), "r", &MODELS).unwrap(),
+        s
+    );
+}
+
+#[test]
+fn precision_other_than_fp32_needs_cuda() {
+    assert_err(
+        &format!("{MIN}precision = \"fp16\"\n"),
+        7,
+        &[
+            "workload[0].precision",
+            "found \"fp16\" with backend \"cpu\"",
+            "expected \"fp32\"",
+        ],
+    );
+    assert_err(
+        &format!("{MIN}precision = \"int8\"\n"),
+        7,
+        &["\"fp32\" | \"tf32\" | \"fp16\" | \"bf16\""],
+    );
+}
+
+#[test]
+fn weights_are_not_allowed_with_spin() {
+    assert_err(
+        &format!("{MIN}weights = \"w.safetensors\"\n"),
+        7,
+        &["workload[0].weights", "not allowed with a spin: model"],
+    );
+}
+
+#[test]
+fn duplicate_cpu_ids() {
+    let e = err(&format!("{MIN}cpu = [0, 2, 0]\n"));
+    assert!(
+        e.starts_with(
+            "dir/s.toml:7:14: workload[0].cpu[2]: found CPU 0 again (already workload[0].cpu[0])"
+        ),
+        "{e}"
+    );
+    assert_err(
+        &format!("{MIN}cpu = [-1]\n"),
+        7,
+        &[
+            "workload[0].cpu[0]",
+            "found integer -1",
+            "an integer >= 0 (at most 4294967295)",
+        ],
+    );
+}
+
+#[test]
+fn victims_run_at_a_fixed_rate() {
+    assert_err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrole = \"victim\"\nrate_hz = \"max\"\njobs = 5\n",
+        5,
+        &["workload[0].rate_hz", "found \"max\" with role \"victim\"", "fixed rate > 0"],
+    );
+    assert_err(
+        &format!("{MIN}role = \"bully\"\n"),
+        7,
+        &["\"standalone\" | \"victim\" | \"interferer\""],
+    );
+}
+
+#[test]
+fn no_workloads() {
+    assert_err(
+        "[device]\nbackend = \"cpu\"\n",
+        1,
+        &["workload: no workloads", "[[workload]]"],
+    );
+    assert_err("workload = []\n", 1, &["workload: no workloads"]);
+    assert_err(
+        "[workload]\nname = \"a\"\n",
+        1,
+        &[
+            "workload: found a table; expected an array of tables",
+            "[[workload]], with two brackets",
+        ],
+    );
+}
+
+#[test]
+fn every_problem_is_reported_in_file_order() {
+    let text =
+        "[[workload]]\nname = \"a b\"\nmodel = \"spin:1ms\"\nrate_hz = -1\njobs = 0\nbogus = 1\n";
+    let e = parse(text).unwrap_err();
+    let fields: Vec<(usize, &str)> = e
+        .problems()
+        .iter()
+        .map(|p| (p.line, p.field.as_str()))
+        .collect();
+    assert_eq!(
+        fields,
+        vec![
+            (2, "workload[0].name"),
+            (4, "workload[0].rate_hz"),
+            (5, "workload[0].jobs"),
+            (6, "workload[0].bogus")
+        ]
+    );
+    assert_eq!(e.to_string().lines().count(), 4);
+}
+
+#[test]
+fn columns_count_characters_not_bytes() {
+    let e = err(&format!("# ünïcödé\n{MIN}batch = 0\n"));
+    assert!(e.starts_with("dir/s.toml:8:9: workload[0].batch"), "{e}");
+    let e = err("# ü\n[[workload]]\nname = \"é\" \nmodel = \"spin:1ms\"\nrate_hz = 1\njobs = 1\n");
+    assert!(e.starts_with("dir/s.toml:3:8: workload[0].name"), "{e}");
+}
+
+#[test]
+fn load_reports_unreadable_files() {
+    let e = Scenario::load("/nonexistent/x.toml", &MODELS).unwrap_err();
+    assert!(matches!(e, SpecError::Read { .. }));
+    assert_eq!(e.exit_code(), 2);
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/x.toml: cannot read the scenario file"),
+        "{e}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ok.toml");
+    std::fs::write(&p, MIN).unwrap();
+    assert_eq!(Scenario::load(&p, &MODELS).unwrap().workloads.len(), 1);
+}
+
+#[test]
+fn validate_checks_scenarios_built_in_code() {
+    let mut s = parse(MIN).unwrap();
+    assert!(s.validate(&MODELS).is_ok());
+    s.workloads[0].batch = 0;
+    s.workloads[0].model = "nope".into();
+    let e = s.validate(&MODELS).unwrap_err().to_string();
+    assert!(
+        e.contains("<generated scenario>:")
+            && e.contains("workload[0].model")
+            && e.contains("workload[0].batch"),
+        "{e}"
+    );
+    // Seeds use the whole u64 range (toml writes them; the parser reads them back).
+    let mut s = parse(MIN).unwrap();
+    s.timing.seed = u64::MAX;
+    assert_eq!(
+        Scenario::from_toml_str(&s.to_toml_string().unwrap(), "r", &MODELS).unwrap(),
+        s
+    );
+}
+
+#[test]
+fn ramp_math() {
+    let r = Ramp {
+        from_hz: 10.0,
+        to_hz: 200.0,
+        steps: 5,
+        step_s: 2.0,
+    };
+    assert_eq!(r.rates(), vec![10.0, 57.5, 105.0, 152.5, 200.0]);
+    assert_eq!((r.step_count(), r.total_duration_s()), (5, 10.0));
+    assert_eq!(
+        (
+            r.step_at(0.0),
+            r.step_at(3.9),
+            r.step_at(9.99),
+            r.step_at(10.0),
+            r.step_at(-1.0)
+        ),
+        (Some(0), Some(1), Some(4), None, None)
+    );
+    let one = Ramp {
+        from_hz: 7.0,
+        to_hz: 99.0,
+        steps: 1,
+        step_s: 1.5,
+    };
+    assert_eq!(one.rates(), vec![7.0]);
+    assert_eq!(one.total_duration_s(), 1.5);
+    let r = Ramp {
+        from_hz: 0.1,
+        to_hz: 0.3,
+        steps: 3,
+        step_s: 1.0,
+    };
+    assert_eq!(r.rates().last(), Some(&0.3));
+}
+
+#[test]
+fn the_documented_example_is_valid() {
+    let doc = include_str!("../../../../docs/scenario.md");
+    let start = doc.find("```toml\n").expect("an example") + "```toml\n".len();
+    let end = start + doc[start..].find("```").expect("its end");
+    let s = Scenario::from_toml_str(&doc[start..end], "docs/scenario.md", &MODELS)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.workloads.len(), 2);
+    assert_eq!(
+        s.workloads[1].ramp.map(|r| r.rates()),
+        Some(vec![10.0, 57.5, 105.0, 152.5, 200.0])
+    );
+    assert_eq!(s.timing.seed, 1);
+    assert_eq!(
+        TimingSpec::default().seed,
+        22_026_830,
+        "docs/scenario.md states the default seed"
+    );
+}

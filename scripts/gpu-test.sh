@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build here, stage, run there. The GPU machine has no Rust toolchain, so:
+#
+#   scripts/gpu-test.sh stage            # here: release build of the binary and of every test
+#                                        # binary, debug info stripped, copied into ./stage
+#   (device run, carry ["stage"])  bash scripts/gpu-test.sh run [FILTER...]
+#                                        # there: runs each staged test binary with --ignored
+#                                        # (the GPU tests) and the reference checks; logs to $OUT
+#
+# ./stage is git-ignored and must stay under the 64 MiB carry limit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stage() {
+    rm -rf stage && mkdir -p stage/tests
+    cargo build --release --bin isolane
+    cp target/release/isolane stage/isolane
+    # Test binaries: ask cargo for their paths instead of guessing hashed names.
+    cargo test --release --workspace --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["target"]["name"], m["executable"])
+' | while read -r name exe; do cp "$exe" "stage/tests/$name"; done
+    strip stage/isolane stage/tests/* 2>/dev/null || true
+    du -sh stage
+}
+
+run() {
+    out=${OUT:-/tmp/isolane-out}
+    mkdir -p "$out"
+    export ISOLANE_BIN="$PWD/stage/isolane"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,mig.mode.current --format=csv | tee "$out/gpu.txt"
+    status=0
+    for t in stage/tests/*; do
+        name=$(basename "$t")
+        if [ "$#" -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$name"; then continue; fi
+        echo "=== $name (--ignored)"
+        if ! "$t" --ignored --test-threads=1 2>&1 | tee "$out/test-$name.log" | tail -n 30; then status=1; fi
+    done
+    return $status
+}
+
+case "${1:-}" in
+    stage) stage ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: $0 stage | run [TEST_BINARY_NAME...]" >&2; exit 2 ;;
+esac
