@@ -16,14 +16,19 @@ stage() {
     cargo build --release --bin isolane
     cp target/release/isolane stage/isolane
     # Test binaries: ask cargo for their paths instead of guessing hashed names.
-    cargo test --release --workspace --no-run --message-format=json 2>/dev/null |
+    # STAGE_PACKAGES="-p isolane-gpu" stages only those crates' tests (default: all).
+    # shellcheck disable=SC2086
+    cargo test --release ${STAGE_PACKAGES:---workspace} --no-run --message-format=json 2>/dev/null |
         python3 -c '
 import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        print(m["target"]["name"], m["executable"])
+        # Prefix the crate folder name
+        # so that tests/gpu.rs of two crates do not overwrite each other in stage/.
+        pkg = m["manifest_path"].split("/")[-2]
+        print(pkg + "--" + m["target"]["name"], m["executable"])
 ' | while read -r name exe; do cp "$exe" "stage/tests/$name"; done
     strip stage/isolane stage/tests/* 2>/dev/null || true
     du -sh stage
@@ -37,9 +42,10 @@ run() {
     status=0
     for t in stage/tests/*; do
         name=$(basename "$t")
-        if [ "$#" -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$name"; then continue; fi
+        # Filters match a whole staged name or its part after "--" (the test target).
+        if [ "$#" -gt 0 ] && ! printf '%s\n' "$@" | grep -qx -e "$name" -e "${name#*--}"; then continue; fi
         echo "=== $name (--ignored)"
-        if ! "$t" --ignored --test-threads=1 2>&1 | tee "$out/test-$name.log" | tail -n 30; then status=1; fi
+        if ! "$t" --ignored --test-threads=1 --nocapture 2>&1 | tee "$out/test-$name.log" | tail -n 60; then status=1; fi
     done
     return $status
 }

@@ -1,0 +1,702 @@
+//! A private MPS control daemon per run, always shut down.
+//!
+//! Safety rules (docs/partitions.md):
+//! - isolane starts its **own** daemon with private `CUDA_MPS_PIPE_DIRECTORY` and
+//!   `CUDA_MPS_LOG_DIRECTORY` (fresh temporary directories, mode 0700), never the system-wide one.
+//! - It refuses to start beside an already active daemon (the default pipe directory's `control`
+//!   exists and an `nvidia-cuda-mps-control` process is alive) unless told to join it; a joined
+//!   daemon is never stopped by isolane.
+//! - It always stops the daemon: `stop()`, `Drop`, and [`shutdown_all`] for signal handlers
+//!   ([`install_signal_handlers`] wires SIGINT and SIGTERM to it). Stopping sends `quit` to the
+//!   control program, waits, then kills the daemon's process group if it is still there, and
+//!   removes the directories.
+//! - The control binary can be replaced with `ISOLANE_MPS_CONTROL` (CI uses a fake script).
+
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::error::{GpuError, Result};
+
+/// Environment variable naming the `nvidia-cuda-mps-control` binary to use.
+pub const CONTROL_ENV: &str = "ISOLANE_MPS_CONTROL";
+pub const CONTROL_NAME: &str = "nvidia-cuda-mps-control";
+/// Where a daemon started without CUDA_MPS_PIPE_DIRECTORY listens.
+pub const DEFAULT_PIPE_DIR: &str = "/tmp/nvidia-mps";
+
+/// How to start the daemon.
+#[derive(Debug, Clone)]
+pub struct MpsOptions {
+    /// Use an already running daemon instead of refusing (it is then never stopped by us).
+    pub join_existing: bool,
+    /// The control binary; default: `$ISOLANE_MPS_CONTROL`, else found on PATH or in the
+    /// driver's usual directories.
+    pub control_binary: Option<PathBuf>,
+    /// Where an existing daemon would listen: default `$CUDA_MPS_PIPE_DIRECTORY` if set, else
+    /// /tmp/nvidia-mps. (Tests point this at a temporary directory.)
+    pub default_pipe_dir: Option<PathBuf>,
+    /// How long to wait for the control pipe to appear after `-d`.
+    pub start_timeout: Duration,
+    /// How long `quit` may take before the daemon's process group is killed.
+    pub stop_timeout: Duration,
+    /// Parent of the private directories (default: the system temp dir).
+    pub temp_root: Option<PathBuf>,
+}
+
+impl Default for MpsOptions {
+    fn default() -> Self {
+        MpsOptions {
+            join_existing: false,
+            control_binary: None,
+            default_pipe_dir: None,
+            start_timeout: Duration::from_secs(10),
+            stop_timeout: Duration::from_secs(10),
+            temp_root: None,
+        }
+    }
+}
+
+/// The default pipe directory as CUDA clients would resolve it.
+pub fn default_pipe_dir() -> PathBuf {
+    std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_PIPE_DIR))
+}
+
+/// Finds the control binary: explicit path, `$ISOLANE_MPS_CONTROL`, PATH, driver directories.
+pub fn find_control_binary(explicit: Option<&Path>) -> Result<PathBuf> {
+    let mut searched = Vec::new();
+    if let Some(p) = explicit {
+        if p.is_file() {
+            return Ok(p.to_path_buf());
+        }
+        searched.push(p.display().to_string());
+    }
+    if let Some(p) = std::env::var_os(CONTROL_ENV).filter(|v| !v.is_empty()) {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        searched.push(format!("{CONTROL_ENV}={}", p.display()));
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.extend(
+        [
+            "/usr/local/nvidia/bin",
+            "/usr/bin",
+            "/usr/local/cuda/bin",
+            "/usr/sbin",
+        ]
+        .iter()
+        .map(PathBuf::from),
+    );
+    for d in dirs {
+        let p = d.join(CONTROL_NAME);
+        if p.is_file() {
+            return Ok(p);
+        }
+        searched.push(d.display().to_string());
+    }
+    Err(GpuError::MpsControlNotFound { searched })
+}
+
+// ---------------------------------------------------------------- /proc scanning
+
+/// A process seen in /proc.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub argv: Vec<String>,
+    /// CUDA_MPS_PIPE_DIRECTORY from its environment, when readable (our own user's processes).
+    pub pipe_dir: Option<PathBuf>,
+}
+
+fn read_proc(pid: i32) -> Option<ProcInfo> {
+    let base = PathBuf::from(format!("/proc/{pid}"));
+    let cmdline = std::fs::read(base.join("cmdline")).ok()?;
+    if cmdline.is_empty() {
+        return None; // kernel thread or zombie
+    }
+    let argv: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    let stat = std::fs::read_to_string(base.join("stat")).ok()?;
+    // Fields after the parenthesised command name: state ppid pgrp ...
+    let after = stat.rsplit_once(')')?.1;
+    let mut f = after.split_whitespace();
+    let state = f.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    let ppid: i32 = f.next()?.parse().ok()?;
+    let pgid: i32 = f.next()?.parse().ok()?;
+    let pipe_dir = std::fs::read(base.join("environ")).ok().and_then(|env| {
+        env.split(|&b| b == 0).find_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            kv.strip_prefix("CUDA_MPS_PIPE_DIRECTORY=")
+                .map(PathBuf::from)
+        })
+    });
+    Some(ProcInfo {
+        pid,
+        ppid,
+        pgid,
+        argv,
+        pipe_dir,
+    })
+}
+
+/// Whether `argv` is an MPS control daemon or server: the program, or the script a shell runs
+/// (the fake daemon of the tests is `sh .../nvidia-cuda-mps-control -d`).
+pub fn is_mps_process(argv: &[String]) -> bool {
+    argv.iter().take(2).any(|a| {
+        Path::new(a)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("nvidia-cuda-mps-"))
+    })
+}
+
+/// Every live MPS control/server process visible in /proc.
+pub fn mps_processes() -> Vec<ProcInfo> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(read_proc)
+        .filter(|p| is_mps_process(&p.argv))
+        .collect()
+}
+
+fn pid_alive(pid: i32) -> bool {
+    read_proc(pid).is_some()
+}
+
+// ---------------------------------------------------------------- registry
+
+/// What a signal handler needs to stop a daemon without the `MpsDaemon` value.
+#[derive(Debug, Clone)]
+struct Registration {
+    id: u64,
+    control: PathBuf,
+    pipe_dir: PathBuf,
+    log_dir: PathBuf,
+    root: PathBuf,
+    stop_timeout: Duration,
+}
+
+fn registry() -> &'static Mutex<Vec<Registration>> {
+    static R: OnceLock<Mutex<Vec<Registration>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+fn next_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(1);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+fn our_pipe_dirs() -> Vec<PathBuf> {
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|r| r.pipe_dir.clone())
+        .collect()
+}
+
+/// Stops every daemon this process started and has not stopped yet. For Ctrl-C / SIGTERM
+/// handlers (the runtime's or [`install_signal_handlers`]'s); safe to call more than once and
+/// from any thread (not from inside a raw signal handler: it spawns processes and waits).
+///
+/// Our own client processes of those daemons (children of this process started with the
+/// daemon's pipe directory, e.g. probe workers) are killed first: the real daemon's `quit`
+/// waits for its clients to finish, and on this path nobody else will end them.
+pub fn shutdown_all() -> Vec<GpuError> {
+    let regs: Vec<Registration> =
+        std::mem::take(&mut *registry().lock().unwrap_or_else(|p| p.into_inner()));
+    if regs.is_empty() {
+        return Vec::new();
+    }
+    kill_our_clients(&regs);
+    regs.iter()
+        .filter_map(|r| stop_registered(r).err())
+        .collect()
+}
+
+/// Processes of `regs`' daemons that are our own children and not MPS processes.
+fn kill_our_clients(regs: &[Registration]) {
+    let me = std::process::id() as i32;
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let clients: Vec<i32> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(read_proc)
+        .filter(|p| p.ppid == me && !is_mps_process(&p.argv))
+        .filter(|p| {
+            p.pipe_dir
+                .as_ref()
+                .is_some_and(|d| regs.iter().any(|r| &r.pipe_dir == d))
+        })
+        .map(|p| p.pid)
+        .collect();
+    for pid in clients {
+        // SAFETY: kill(2) of our own child process (checked by its parent pid just now).
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Installs SIGINT and SIGTERM handling that stops every daemon ([`shutdown_all`]) and then
+/// lets the signal take its default effect (the process dies of it, exit status 128+n), so
+/// nothing is left behind. Call once, early; a program with its own Ctrl-C handling should call
+/// [`shutdown_all`] from it instead.
+pub fn install_signal_handlers() -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    static ONCE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    let r = ONCE.get_or_init(|| {
+        let mut signals =
+            signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
+        std::thread::Builder::new()
+            .name("isolane-mps-signals".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    for e in shutdown_all() {
+                        eprintln!("isolane: stopping the MPS daemon: {e}");
+                    }
+                    // Die of the signal as if no handler had been installed.
+                    let _ = signal_hook::low_level::emulate_default_handler(sig);
+                    std::process::exit(128 + sig);
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    r.clone()
+        .map_err(|e| GpuError::Mps(format!("installing the signal handlers: {e}")))
+}
+
+// ---------------------------------------------------------------- daemon
+
+/// A running MPS control daemon (ours, or an existing one we joined).
+#[derive(Debug)]
+pub struct MpsDaemon {
+    gpu_index: u32,
+    pipe_dir: PathBuf,
+    log_dir: PathBuf,
+    /// Our registration (None when joined: a joined daemon is never stopped by us).
+    reg: Option<Registration>,
+}
+
+/// An active daemon found before starting ours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExistingDaemon {
+    pub pipe_dir: PathBuf,
+    pub pids: Vec<i32>,
+}
+
+/// An MPS daemon other than ours that clients using `pipe_dir` would reach: its control pipe
+/// exists and a control process (not one of ours) is alive.
+pub fn detect_existing(pipe_dir: &Path) -> Option<ExistingDaemon> {
+    if !pipe_dir.join("control").exists() {
+        return None;
+    }
+    let ours = our_pipe_dirs();
+    let pids: Vec<i32> = mps_processes()
+        .into_iter()
+        .filter(|p| match &p.pipe_dir {
+            Some(d) => !ours.contains(d),
+            None => true, // another user's (e.g. root's) daemon: environment unreadable
+        })
+        .map(|p| p.pid)
+        .collect();
+    if pids.is_empty() {
+        None // a stale pipe left by a daemon that died
+    } else {
+        Some(ExistingDaemon {
+            pipe_dir: pipe_dir.to_path_buf(),
+            pids,
+        })
+    }
+}
+
+fn private_dir(root: &Path, name: &str) -> Result<PathBuf> {
+    let d = root.join(name);
+    std::fs::create_dir(&d).map_err(|e| GpuError::io(format!("creating {}", d.display()), e))?;
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| GpuError::io(format!("chmod 0700 {}", d.display()), e))?;
+    Ok(d)
+}
+
+impl MpsDaemon {
+    /// Starts a private daemon for GPU `gpu_index` (it only sees that GPU: CUDA_VISIBLE_DEVICES
+    /// is set for it, so its clients use device 0), or joins an existing one if
+    /// `options.join_existing`.
+    pub fn start(gpu_index: u32, options: &MpsOptions) -> Result<Self> {
+        let default_dir = options
+            .default_pipe_dir
+            .clone()
+            .unwrap_or_else(default_pipe_dir);
+        if let Some(existing) = detect_existing(&default_dir) {
+            if options.join_existing {
+                return Ok(MpsDaemon {
+                    gpu_index,
+                    pipe_dir: existing.pipe_dir,
+                    log_dir: PathBuf::new(),
+                    reg: None,
+                });
+            }
+            return Err(GpuError::MpsExistingDaemon {
+                pipe_dir: existing.pipe_dir,
+                pids: existing.pids,
+            });
+        }
+        let control = find_control_binary(options.control_binary.as_deref())?;
+        let temp_root = options.temp_root.clone().unwrap_or_else(std::env::temp_dir);
+        let root = tempfile::Builder::new()
+            .prefix("isolane-mps-")
+            .tempdir_in(&temp_root)
+            .map_err(|e| {
+                GpuError::io(
+                    format!("creating a directory in {}", temp_root.display()),
+                    e,
+                )
+            })?
+            .keep();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| GpuError::io(format!("chmod 0700 {}", root.display()), e))?;
+        let reg = Registration {
+            id: next_id(),
+            control,
+            pipe_dir: root.join("pipe"),
+            log_dir: root.join("log"),
+            root: root.clone(),
+            stop_timeout: options.stop_timeout,
+        };
+        let cleanup_root = |e: GpuError| {
+            let _ = std::fs::remove_dir_all(&root);
+            e
+        };
+        private_dir(&root, "pipe").map_err(cleanup_root)?;
+        private_dir(&root, "log").map_err(cleanup_root)?;
+        // Registered before the daemon exists, so that a signal arriving while it starts
+        // still stops it, and so that our own daemon is never taken for an existing one.
+        registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(reg.clone());
+        let daemon = MpsDaemon {
+            gpu_index,
+            pipe_dir: reg.pipe_dir.clone(),
+            log_dir: reg.log_dir.clone(),
+            reg: Some(reg.clone()),
+        };
+        // From here on, dropping `daemon` stops whatever was started and removes the dirs.
+        let status = Command::new(&reg.control)
+            .arg("-d")
+            .env("CUDA_MPS_PIPE_DIRECTORY", &reg.pipe_dir)
+            .env("CUDA_MPS_LOG_DIRECTORY", &reg.log_dir)
+            .env("CUDA_VISIBLE_DEVICES", gpu_index.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Its own process group: a Ctrl-C at the terminal reaches us, not the daemon, and
+            // we stop it in order (quit, then kill the group if it hangs).
+            .process_group(0)
+            .status()
+            .map_err(|e| GpuError::io(format!("running {} -d", reg.control.display()), e))?;
+        if !status.success() {
+            return Err(GpuError::Mps(format!(
+                "{} -d exited with {status}",
+                reg.control.display()
+            )));
+        }
+        let deadline = Instant::now() + options.start_timeout;
+        while !reg.pipe_dir.join("control").exists() {
+            if Instant::now() > deadline {
+                return Err(GpuError::Mps(format!(
+                    "the daemon's control pipe {} did not appear within {:?} (log: {})",
+                    reg.pipe_dir.join("control").display(),
+                    options.start_timeout,
+                    reg.log_dir.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(daemon)
+    }
+
+    pub fn gpu_index(&self) -> u32 {
+        self.gpu_index
+    }
+    pub fn pipe_dir(&self) -> &Path {
+        &self.pipe_dir
+    }
+    pub fn log_dir(&self) -> &Path {
+        &self.log_dir
+    }
+    /// Whether this is our daemon (false when an existing one was joined).
+    pub fn owned(&self) -> bool {
+        self.reg.is_some()
+    }
+    /// The CUDA device index clients use: 0 on our daemon (it sees only its GPU).
+    pub fn client_device_index(&self) -> u32 {
+        if self.owned() {
+            0
+        } else {
+            self.gpu_index
+        }
+    }
+
+    /// Environment for one client (worker process): the daemon's directories, its active
+    /// thread percentage and, if given, its pinned device memory limit (`0=<N>M`: device 0 as
+    /// the client sees it).
+    pub fn client_env(&self, thread_pct: u32, mem_limit_mib: Option<u64>) -> Vec<(String, String)> {
+        let mut env = vec![(
+            "CUDA_MPS_PIPE_DIRECTORY".to_string(),
+            self.pipe_dir.display().to_string(),
+        )];
+        if self.owned() {
+            env.push((
+                "CUDA_MPS_LOG_DIRECTORY".to_string(),
+                self.log_dir.display().to_string(),
+            ));
+        }
+        env.push((
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(),
+            thread_pct.to_string(),
+        ));
+        if let Some(m) = mem_limit_mib {
+            env.push((
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
+                format!("{}={m}M", self.client_device_index()),
+            ));
+        }
+        env
+    }
+
+    /// Stops the daemon (quit, wait, kill if needed) and removes its directories. A joined
+    /// daemon is left running.
+    pub fn stop(mut self) -> Result<()> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> Result<()> {
+        let Some(reg) = self.reg.take() else {
+            return Ok(());
+        };
+        registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|r| r.id != reg.id);
+        stop_registered(&reg)
+    }
+}
+
+impl Drop for MpsDaemon {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop_inner() {
+            eprintln!("isolane: stopping the MPS daemon: {e}");
+        }
+    }
+}
+
+/// Daemon processes started for `pipe_dir` (found by their environment).
+fn daemon_processes(pipe_dir: &Path) -> Vec<ProcInfo> {
+    mps_processes()
+        .into_iter()
+        .filter(|p| p.pipe_dir.as_deref() == Some(pipe_dir))
+        .collect()
+}
+
+fn stop_registered(reg: &Registration) -> Result<()> {
+    let mut problems: Vec<String> = Vec::new();
+    if reg.pipe_dir.join("control").exists() {
+        match Command::new(&reg.control)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &reg.pipe_dir)
+            .env("CUDA_MPS_LOG_DIRECTORY", &reg.log_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+        {
+            Ok(mut child) => {
+                if let Some(mut stdin) = child.stdin.take() {
+                    let _ = stdin.write_all(b"quit\n");
+                } // stdin closed here: the control program sees EOF after `quit`.
+                let deadline = Instant::now() + reg.stop_timeout;
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(_)) => break,
+                        Ok(None) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(20))
+                        }
+                        _ => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            problems.push("the control program did not return after quit".into());
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => problems.push(format!("running {}: {e}", reg.control.display())),
+        }
+    }
+    // Wait for the daemon (and its server) to leave; kill them if they do not.
+    let deadline = Instant::now() + reg.stop_timeout;
+    let mut left = daemon_processes(&reg.pipe_dir);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        left = daemon_processes(&reg.pipe_dir);
+    }
+    if !left.is_empty() {
+        problems.push(format!(
+            "daemon still running after quit (pids {:?}); killed",
+            left.iter().map(|p| p.pid).collect::<Vec<_>>()
+        ));
+        // SAFETY (not unsafe code, but a hazard): never signal our own process group.
+        // SAFETY: getpgrp has no preconditions.
+        let own_pgid = unsafe { libc::getpgrp() };
+        for p in &left {
+            // SAFETY: plain kill(2) calls on pids/groups found by their environment to belong
+            // to this daemon; our own process group is excluded.
+            unsafe {
+                if p.pgid > 1 && p.pgid != own_pgid {
+                    libc::killpg(p.pgid, libc::SIGKILL);
+                }
+                libc::kill(p.pid, libc::SIGKILL);
+            }
+        }
+        let until = Instant::now() + Duration::from_secs(2);
+        while left.iter().any(|p| pid_alive(p.pid)) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    if let Err(e) = std::fs::remove_dir_all(&reg.root) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            problems.push(format!("removing {}: {e}", reg.root.display()));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(GpuError::Mps(problems.join("; ")))
+    }
+}
+
+/// What `isolane devices` reports about MPS.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MpsStatus {
+    /// A daemon is reachable through the default pipe directory.
+    pub daemon_running: bool,
+    pub daemon_pids: Vec<i32>,
+    pub pipe_dir: String,
+    /// The control binary, if found (then isolane can start its own daemon).
+    pub control_binary: Option<String>,
+    pub can_start: bool,
+}
+
+pub fn status() -> MpsStatus {
+    let dir = default_pipe_dir();
+    let existing = detect_existing(&dir);
+    let control = find_control_binary(None).ok();
+    MpsStatus {
+        daemon_running: existing.is_some(),
+        daemon_pids: existing.map(|e| e.pids).unwrap_or_default(),
+        pipe_dir: dir.display().to_string(),
+        can_start: control.is_some(),
+        control_binary: control.map(|p| p.display().to_string()),
+    }
+}
+
+/// A shell script that behaves enough like `nvidia-cuda-mps-control` for tests: `-d` starts a
+/// background daemon that creates `$CUDA_MPS_PIPE_DIRECTORY/control` and waits; `quit` on the
+/// control program's stdin makes the daemon remove the pipe and exit. The daemon writes its pid
+/// to `$CUDA_MPS_PIPE_DIRECTORY/fake-daemon.pid`.
+pub const FAKE_CONTROL_SCRIPT: &str = r#"#!/bin/sh
+# Fake nvidia-cuda-mps-control for isolane's tests.
+dir="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
+if [ "$1" = "-d" ]; then
+    sh "$0" --daemon-loop </dev/null >/dev/null 2>&1 &
+    exit 0
+fi
+if [ "$1" = "--daemon-loop" ]; then
+    mkdir -p "$dir"
+    echo $$ > "$dir/fake-daemon.pid"
+    : > "$dir/control"
+    trap 'rm -f "$dir/control"; exit 0' TERM INT
+    while [ ! -e "$dir/quit-request" ]; do sleep 0.05; done
+    rm -f "$dir/control" "$dir/quit-request"
+    exit 0
+fi
+while read -r line; do
+    case "$line" in
+        quit*)
+            : > "$dir/quit-request"
+            n=0
+            while [ -e "$dir/control" ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n+1)); done
+            exit 0 ;;
+        *) echo "unknown command: $line" ;;
+    esac
+done
+exit 0
+"#;
+
+/// Writes [`FAKE_CONTROL_SCRIPT`] as an executable `nvidia-cuda-mps-control` in `dir`.
+pub fn write_fake_control(dir: &Path) -> Result<PathBuf> {
+    let p = dir.join(CONTROL_NAME);
+    std::fs::write(&p, FAKE_CONTROL_SCRIPT)
+        .map_err(|e| GpuError::io(format!("writing {}", p.display()), e))?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| GpuError::io(format!("chmod {}", p.display()), e))?;
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mps_processes_are_recognised_by_program_or_script() {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert!(is_mps_process(&v(&["nvidia-cuda-mps-control", "-d"])));
+        assert!(is_mps_process(&v(&[
+            "/usr/local/nvidia/bin/nvidia-cuda-mps-server"
+        ])));
+        assert!(is_mps_process(&v(&[
+            "sh",
+            "/tmp/x/nvidia-cuda-mps-control",
+            "--daemon-loop"
+        ])));
+        assert!(!is_mps_process(&v(&[
+            "sh",
+            "-c",
+            "echo nvidia-cuda-mps-control"
+        ])));
+        assert!(!is_mps_process(&v(&["bash"])));
+    }
+
+    #[test]
+    fn our_own_process_is_read_from_proc() {
+        let me = read_proc(std::process::id() as i32).expect("own /proc entry");
+        assert!(!me.argv.is_empty());
+        assert!(me.pgid > 0);
+    }
+}

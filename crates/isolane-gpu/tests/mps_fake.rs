@@ -1,0 +1,340 @@
+//! The MPS daemon's lifecycle against a fake `nvidia-cuda-mps-control` (CI has no GPU).
+
+use std::io::BufRead as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use isolane_gpu::mps::{self, MpsDaemon, MpsOptions};
+
+/// The tests share the process-wide daemon registry (and `shutdown_all` empties it), so they
+/// run one at a time.
+static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    control: PathBuf,
+    default_dir: PathBuf,
+}
+
+fn env() -> Env {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let bin = root.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let control = mps::write_fake_control(&bin).unwrap();
+    let default_dir = root.join("default-mps");
+    Env {
+        _tmp: tmp,
+        root,
+        control,
+        default_dir,
+    }
+}
+
+fn options(e: &Env) -> MpsOptions {
+    MpsOptions {
+        control_binary: Some(e.control.clone()),
+        default_pipe_dir: Some(e.default_dir.clone()),
+        temp_root: Some(e.root.clone()),
+        stop_timeout: Duration::from_secs(5),
+        ..Default::default()
+    }
+}
+
+fn daemon_pid(pipe_dir: &Path) -> i32 {
+    let f = pipe_dir.join("fake-daemon.pid");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(s) = std::fs::read_to_string(&f) {
+            if let Ok(p) = s.trim().parse() {
+                return p;
+            }
+        }
+        assert!(Instant::now() < deadline, "no pid file {}", f.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie counts as gone: it has exited and only waits to be reaped.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !matches!(
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next()),
+            Some("Z") | Some("X")
+        ),
+        Err(_) => false,
+    }
+}
+
+fn wait_gone(pid: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn start_and_stop_a_private_daemon() {
+    let _g = serial();
+    let e = env();
+    let d = MpsDaemon::start(0, &options(&e)).unwrap();
+    assert!(d.owned());
+    let pipe = d.pipe_dir().to_path_buf();
+    let log = d.log_dir().to_path_buf();
+    assert!(pipe.join("control").exists());
+    assert_eq!(mode(&pipe), 0o700);
+    assert_eq!(mode(&log), 0o700);
+    assert_eq!(mode(pipe.parent().unwrap()), 0o700);
+    let pid = daemon_pid(&pipe);
+    assert!(alive(pid));
+
+    let env = d.client_env(25, Some(4096));
+    let get = |k: &str| env.iter().find(|(a, _)| a == k).map(|(_, v)| v.clone());
+    assert_eq!(
+        get("CUDA_MPS_PIPE_DIRECTORY").unwrap(),
+        pipe.display().to_string()
+    );
+    assert_eq!(
+        get("CUDA_MPS_LOG_DIRECTORY").unwrap(),
+        log.display().to_string()
+    );
+    assert_eq!(get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").unwrap(), "25");
+    assert_eq!(get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").unwrap(), "0=4096M");
+    assert_eq!(get_none(&d.client_env(50, None)), None);
+
+    d.stop().unwrap();
+    assert!(wait_gone(pid), "daemon {pid} still running");
+    assert!(!pipe.exists(), "pipe dir left behind");
+    assert!(!pipe.parent().unwrap().exists());
+}
+
+fn get_none(env: &[(String, String)]) -> Option<String> {
+    env.iter()
+        .find(|(k, _)| k == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+        .map(|(_, v)| v.clone())
+}
+
+#[test]
+fn dropping_the_daemon_stops_it() {
+    let _g = serial();
+    let e = env();
+    let (pid, pipe) = {
+        let d = MpsDaemon::start(0, &options(&e)).unwrap();
+        (daemon_pid(d.pipe_dir()), d.pipe_dir().to_path_buf())
+    };
+    assert!(wait_gone(pid));
+    assert!(!pipe.exists());
+}
+
+#[test]
+fn a_daemon_that_ignores_quit_is_killed() {
+    let _g = serial();
+    let e = env();
+    // A control program whose `quit` does nothing: the daemon must be killed after the timeout.
+    let stubborn = e.root.join("stubborn");
+    std::fs::create_dir(&stubborn).unwrap();
+    let script = mps::FAKE_CONTROL_SCRIPT.replace(": > \"$dir/quit-request\"", "true");
+    let p = stubborn.join("nvidia-cuda-mps-control");
+    std::fs::write(&p, script).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut o = options(&e);
+    o.control_binary = Some(p);
+    o.stop_timeout = Duration::from_millis(300);
+    let d = MpsDaemon::start(0, &o).unwrap();
+    let pid = daemon_pid(d.pipe_dir());
+    let pipe = d.pipe_dir().to_path_buf();
+    let err = d.stop().unwrap_err().to_string();
+    assert!(err.contains("killed"), "{err}");
+    assert!(wait_gone(pid));
+    assert!(!pipe.exists());
+}
+
+#[test]
+fn refuses_to_run_beside_an_existing_daemon_unless_joining() {
+    let _g = serial();
+    let e = env();
+    // Somebody else's daemon on the "default" pipe directory.
+    std::fs::create_dir(&e.default_dir).unwrap();
+    let st = Command::new(&e.control)
+        .arg("-d")
+        .env("CUDA_MPS_PIPE_DIRECTORY", &e.default_dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let other = daemon_pid(&e.default_dir);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !e.default_dir.join("control").exists() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let err = MpsDaemon::start(0, &options(&e)).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("already active"), "{msg}");
+    assert!(msg.contains(&other.to_string()), "{msg}");
+
+    let mut o = options(&e);
+    o.join_existing = true;
+    let joined = MpsDaemon::start(0, &o).unwrap();
+    assert!(!joined.owned());
+    assert_eq!(joined.pipe_dir(), e.default_dir.as_path());
+    assert_eq!(
+        joined.client_env(30, None)[0].1,
+        e.default_dir.display().to_string()
+    );
+    joined.stop().unwrap();
+    // Joining never stops somebody else's daemon.
+    assert!(alive(other));
+    assert!(e.default_dir.join("control").exists());
+
+    // Clean up the "other" daemon the way its owner would.
+    let mut c = Command::new(&e.control)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &e.default_dir)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    c.stdin.take().unwrap().write_all(b"quit\n").unwrap();
+    c.wait().unwrap();
+    assert!(wait_gone(other));
+
+    // A stale control pipe without a live daemon is not an active daemon.
+    std::fs::write(e.default_dir.join("control"), b"").unwrap();
+    let d = MpsDaemon::start(0, &options(&e)).unwrap();
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_missing_control_binary_is_a_clear_error() {
+    let _g = serial();
+    let e = env();
+    let mut o = options(&e);
+    o.control_binary = Some(e.root.join("does-not-exist"));
+    // Only meaningful where no real one is installed and ISOLANE_MPS_CONTROL is unset.
+    if std::env::var_os(mps::CONTROL_ENV).is_none() && mps::find_control_binary(None).is_err() {
+        let msg = MpsDaemon::start(0, &o).unwrap_err().to_string();
+        assert!(msg.contains("nvidia-cuda-mps-control not found"), "{msg}");
+    }
+}
+
+/// Helper run as a child process by the signal tests: starts a daemon with the fake control
+/// binary, installs the signal handlers, prints the pipe directory and daemon pid, and waits.
+#[test]
+fn signal_child_helper() {
+    let Some(control) = std::env::var_os("ISOLANE_TEST_MPS_CHILD") else {
+        return; // not the child: nothing to do
+    };
+    let root = PathBuf::from(std::env::var_os("ISOLANE_TEST_MPS_ROOT").unwrap());
+    mps::install_signal_handlers().unwrap();
+    let o = MpsOptions {
+        control_binary: Some(PathBuf::from(control)),
+        default_pipe_dir: Some(root.join("default-mps")),
+        temp_root: Some(root),
+        stop_timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let d = MpsDaemon::start(0, &o).unwrap();
+    let pid = daemon_pid(d.pipe_dir());
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "@child {} {}", d.pipe_dir().display(), pid).unwrap();
+        out.flush().unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(60));
+    panic!("the signal never came");
+}
+
+fn signal_kills_daemon(sig: i32) {
+    let e = env();
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args([
+            "--exact",
+            "signal_child_helper",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("ISOLANE_TEST_MPS_CHILD", &e.control)
+        .env("ISOLANE_TEST_MPS_ROOT", &e.root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let (pipe, pid) = loop {
+        let line = lines.next().expect("child ended early").unwrap();
+        // libtest may have written "test signal_child_helper ... " on the same line.
+        if let Some(rest) = line.find("@child ").map(|i| &line[i + "@child ".len()..]) {
+            let (dir, pid) = rest.rsplit_once(' ').unwrap();
+            break (PathBuf::from(dir), pid.parse::<i32>().unwrap());
+        }
+    };
+    assert!(alive(pid));
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "child should die of the signal: {status}"
+    );
+    assert!(wait_gone(pid), "daemon {pid} survived signal {sig}");
+    assert!(!pipe.exists(), "pipe dir {} left behind", pipe.display());
+}
+
+#[test]
+fn sigterm_stops_the_daemon() {
+    let _g = serial();
+    signal_kills_daemon(libc::SIGTERM);
+}
+
+#[test]
+fn sigint_stops_the_daemon() {
+    let _g = serial();
+    signal_kills_daemon(libc::SIGINT);
+}
+
+#[test]
+fn shutdown_all_stops_every_registered_daemon() {
+    let _g = serial();
+    let e = env();
+    let a = MpsDaemon::start(0, &options(&e)).unwrap();
+    let b = MpsDaemon::start(0, &options(&e)).unwrap();
+    let pids = [daemon_pid(a.pipe_dir()), daemon_pid(b.pipe_dir())];
+    // A "client" of daemon a: our child, started with its pipe directory.
+    let mut client = Command::new("sleep")
+        .arg("30")
+        .env("CUDA_MPS_PIPE_DIRECTORY", a.pipe_dir())
+        .spawn()
+        .unwrap();
+    // Other tests of this binary may have daemons registered too; shutdown_all stops those as
+    // well, which their own asserts tolerate (stop of an already stopped daemon is a no-op).
+    let _ = mps::shutdown_all();
+    for p in pids {
+        assert!(wait_gone(p));
+    }
+    let st = client.wait().unwrap();
+    assert!(!st.success(), "the client was killed: {st}");
+    // The values are now inert: stop/drop do nothing more.
+    a.stop().unwrap();
+    drop(b);
+}

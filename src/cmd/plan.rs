@@ -1,0 +1,137 @@
+//! `isolane plan SCENARIO [--device-model NAME]`: admission control over all workloads at once.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use isolane_core::admission::{self, AdmissionOptions, Plan, Rejection, ResolvedPartition};
+use isolane_core::device_model::{self, DeviceModel};
+use isolane_core::spec::{Backend, Scenario};
+
+use super::user;
+
+#[derive(Args)]
+#[command(
+    about = "Check that a scenario's partitions fit a device, and show what each workload gets",
+    long_about = "Admission control over all workloads of SCENARIO at once: every workload's \
+                  partition is checked against the device (green-context minimum and step, SMs \
+                  left, MIG profiles and placements, MPS thread percentages and pinned memory, \
+                  device memory). Prints the resolved partitions (green group and SM range, MIG \
+                  placement, MPS settings) or one reason per rejected workload. Nothing is ever \
+                  clamped. `run`, `maxrate` and `isolation` apply the same check before they \
+                  start anything.\n\nExit codes: 0 admitted; 2 rejected or a mistake in the \
+                  scenario."
+)]
+pub struct PlanArgs {
+    /// Scenario file (TOML).
+    pub scenario: PathBuf,
+    /// Check against an offline device model instead of the GPU of this machine: h100-sxm,
+    /// h200, a100-40gb, a100-80gb, l40s, orin-agx, orin-nano.
+    #[arg(long, value_name = "NAME")]
+    pub device_model: Option<String>,
+    /// Sum of MPS thread percentages allowed (over 100 allows oversubscription).
+    #[arg(long, default_value_t = 100, value_name = "PCT")]
+    pub mps_thread_budget: u32,
+    /// Print the plan (or the rejections) as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: PlanArgs) -> anyhow::Result<u8> {
+    let (scenario, _) = super::load_scenario(Some(&args.scenario))?;
+    let device = resolve_device_model(&scenario, args.device_model.as_deref())?;
+    let options = AdmissionOptions { mps_thread_budget_pct: args.mps_thread_budget };
+    let estimates = super::memory_estimates_mib(&scenario);
+    match admission::admit(&scenario, &device, &estimates, &options) {
+        Ok(plan) => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "admitted": true, "plan": plan }))?);
+            } else {
+                println!("admitted on {} ({}):", device.name, device.description);
+                println!("{}", plan_table(&plan));
+            }
+            Ok(0)
+        }
+        Err(rejections) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({ "admitted": false, "rejections": rejections }))?
+                );
+                Ok(super::EXIT_USER)
+            } else {
+                Err(user(rejection_text(&args.scenario.display().to_string(), &device, &rejections)))
+            }
+        }
+    }
+}
+
+/// The device a scenario is planned against: the named offline model, the CPU (no partitions),
+/// or the GPU of this machine.
+pub fn resolve_device_model(scenario: &Scenario, name: Option<&str>) -> anyhow::Result<DeviceModel> {
+    if let Some(name) = name {
+        return device_model::device_model(name).ok_or_else(|| {
+            user(format!(
+                "--device-model: unknown device model '{name}'; allowed: {}",
+                device_model::device_model_names().join(", ")
+            ))
+        });
+    }
+    match scenario.device.backend {
+        Backend::Cpu => Ok(cpu_device_model()),
+        Backend::Cuda => super::detected_device_model(scenario.device.gpu),
+    }
+}
+
+fn cpu_device_model() -> DeviceModel {
+    DeviceModel {
+        name: "cpu",
+        description: "the CPU of this machine (no partitions)",
+        sm_count: 0,
+        memory_mib: 0,
+        compute_capability: (0, 0),
+        mig: None,
+    }
+}
+
+pub fn rejection_text(scenario: &str, device: &DeviceModel, rejections: &[Rejection]) -> String {
+    let mut s = format!("{scenario}: the plan does not fit {} ({}):", device.name, device.description);
+    for r in rejections {
+        s.push_str(&format!("\n  workload '{}': {}", r.workload, r.message));
+    }
+    s
+}
+
+fn plan_table(plan: &Plan) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec!["workload", "partition", "details", "memory (MiB)"]);
+    for w in &plan.workloads {
+        let (kind, details) = match &w.partition {
+            ResolvedPartition::Cpu => ("cpu".to_string(), "no device partition".to_string()),
+            ResolvedPartition::Whole => ("timeslice".to_string(), "whole GPU, taking turns".to_string()),
+            ResolvedPartition::Green { group, sms, first_sm } => (
+                "green".to_string(),
+                format!("group {group}: {sms} SMs (split positions {first_sm}..{})", first_sm + sms),
+            ),
+            ResolvedPartition::Mps { thread_pct, mem_limit_mib } => (
+                "mps".to_string(),
+                match mem_limit_mib {
+                    Some(m) => format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={thread_pct}, pinned memory {m} MiB"),
+                    None => format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={thread_pct}"),
+                },
+            ),
+            ResolvedPartition::Mig { profile, start, sms, memory_mib } => (
+                "mig".to_string(),
+                format!("{profile} at memory slice {start} ({sms} SMs, {memory_mib} MiB)"),
+            ),
+        };
+        t.add_row(vec![
+            w.workload.clone(),
+            kind,
+            details,
+            w.memory_mib.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    t
+}

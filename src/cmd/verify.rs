@@ -1,0 +1,119 @@
+//! `isolane verify SCENARIO`: measures what each partition of a scenario really gets — a probe
+//! kernel's throughput alone in its partition and beside saturating neighbours in all the
+//! others — and reports the share of the whole GPU and the interference (docs/partitions.md).
+//!
+//! `--probe-worker` (hidden) turns this command into a probe worker process: the timeslice, MPS
+//! and MIG measurements re-execute the binary as `isolane verify --probe-worker --gpu N`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use isolane_core::spec::Mechanism;
+use isolane_gpu::verify::{self, VerifyOptions};
+use isolane_gpu::GpuError;
+
+use super::user;
+
+#[derive(Args)]
+#[command(
+    about = "Measure each partition's share of the GPU and the interference between partitions",
+    long_about = "Admits SCENARIO's partitions (backend cuda) on the GPU it names, creates them \
+                  (green contexts, a private MPS daemon, MIG instances with \
+                  --allow-mig-reconfigure, or plain worker processes for timeslice) and runs a \
+                  compute-bound probe kernel: first on the whole GPU, then in each partition \
+                  alone, then in each partition while every other partition runs the probe flat \
+                  out. Reports per partition: share of the whole GPU = alone / whole GPU, and \
+                  interference = 1 - beside / alone. The scenario's models are not run.\n\n\
+                  Exit codes: 0 measured; 1 a GPU or runtime failure; 2 a mistake in the \
+                  scenario or the arguments (including a plan that admission control rejects)."
+)]
+pub struct VerifyArgs {
+    /// Scenario file (TOML) with backend = "cuda".
+    #[arg(required_unless_present = "probe_worker")]
+    pub scenario: Option<PathBuf>,
+    /// Length of each measurement in seconds (at least 0.5 is used).
+    #[arg(long, default_value_t = 2.0, value_name = "S")]
+    pub duration_s: f64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write verify.json and verify.txt into this directory (created if missing).
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// mig: allow creating and destroying GPU/compute instances (MIG mode must already be on;
+    /// isolane never changes it).
+    #[arg(long)]
+    pub allow_mig_reconfigure: bool,
+    /// mps: use an already running MPS daemon instead of refusing to run beside it.
+    #[arg(long)]
+    pub mps_join_existing: bool,
+    /// No progress lines on stderr.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// Internal: run as a probe worker process (commands on stdin).
+    #[arg(long, hide = true)]
+    pub probe_worker: bool,
+    /// Internal: the CUDA device of a probe worker.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub gpu: u32,
+}
+
+pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
+    if args.probe_worker {
+        return Ok(verify::worker_main(args.gpu).clamp(0, 255) as u8);
+    }
+    if !(args.duration_s.is_finite() && args.duration_s > 0.0) {
+        return Err(user(format!(
+            "--duration-s {}: must be a positive number of seconds",
+            args.duration_s
+        )));
+    }
+    let (scenario, name) = super::load_scenario(args.scenario.as_deref())?;
+    if scenario.device.mechanism == Mechanism::Mps {
+        // Ctrl-C or SIGTERM while the daemon runs: stop it, then die of the signal.
+        isolane_gpu::mps::install_signal_handlers()?;
+    }
+    let opts = VerifyOptions {
+        duration: Duration::from_secs_f64(args.duration_s),
+        allow_mig_reconfigure: args.allow_mig_reconfigure,
+        mps: isolane_gpu::MpsOptions {
+            join_existing: args.mps_join_existing,
+            ..Default::default()
+        },
+        worker: None,
+        verbose: !args.quiet,
+    };
+    let report = verify::verify(&scenario, &opts).map_err(|e: GpuError| {
+        if e.is_user_error() {
+            user(format!("{name}: {e}"))
+        } else {
+            anyhow::Error::new(e)
+        }
+    })?;
+    let json = serde_json::to_string_pretty(&report)?;
+    let table = verify::format_table(&report);
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{table}");
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|e| user(format!("--out {}: {e}", dir.display())))?;
+        write_atomic(&dir.join("verify.json"), json.as_bytes())?;
+        write_atomic(&dir.join("verify.txt"), table.as_bytes())?;
+        if !args.json {
+            println!("results: {}", dir.display());
+        }
+    }
+    Ok(0)
+}
+
+/// Temp file + rename, so a reader never sees half a file.
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
