@@ -1,1 +1,18 @@
 //! isolane-engine: graph IR, built-in architectures, loaders (safetensors, ONNX) and backends.
+
+pub mod arch;
+pub mod backend;
+pub mod cpu;
+pub mod error;
+pub mod io;
+pub mod ir;
+pub mod onnx;
+pub mod passes;
+pub mod weights;
+
+pub use error::{EngineError, Result};
+pub use arch::{build_model, builtin_models, model_info, ModelInfo};
+pub use backend::{Backend, CompiledModel, Precision};
+pub use cpu::CpuBackend;
+pub use ir::{Dim, Graph, Op, Tensor, ValueId};
+pub use weights::Weights;

@@ -1,2 +1,28 @@
 //! isolane-runtime: hosts (thread/process workers), the release loop, the coordinator,
-//! experiments and result files.
+//! experiments and result files. See `docs/runtime.md`.
+
+pub mod affinity;
+pub mod clock;
+pub mod coordinator;
+pub mod exec;
+pub mod isolation;
+pub mod maxrate;
+pub mod output;
+pub mod protocol;
+pub mod release;
+pub mod results;
+pub mod schedule;
+pub mod worker;
+
+pub use coordinator::{
+    run, RunOptions, RunPlan, RunResult, WorkloadPlan, WorkloadResult, WorkloadStatus,
+};
+pub use exec::{ExecError, Executor};
+
+/// Unit tests that busy-wait take this lock: run side by side on a 2-core CI machine they would
+/// preempt each other and measure the contention instead of the code.
+#[cfg(test)]
+pub(crate) fn serial_test_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}

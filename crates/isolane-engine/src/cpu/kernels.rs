@@ -1,0 +1,1791 @@
+//! CPU kernels. Each [`Kernel`] is planned once from a node and its concrete shapes (all index
+//! arithmetic that depends only on shapes is done here), then executed many times on raw
+//! buffers handed over through [`Io`].
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use crate::error::{EngineError, Result};
+use crate::ir::{
+    broadcast_shapes, norm_axis, slice_params, Binary, CoordMode, NearestMode, Node, Op, PoolAttrs,
+    ReduceKind, ResizeMode, ResizeSize, Unary,
+};
+
+/// A buffer a kernel reads or writes: a pointer into memory owned by the compiled model.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawBuf {
+    pub ptr: *mut f32,
+    pub len: usize,
+}
+
+// SAFETY: a RawBuf is a plain (pointer, length) pair into memory owned by a compiled model or
+// by the caller of `eval_node`; the planner guarantees that concurrently running code never
+// writes a buffer another thread reads (kernels hand out disjoint chunks through rayon).
+unsafe impl Send for RawBuf {}
+// SAFETY: as above; sharing the descriptor does not itself access the memory.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    pub fn from_slice(s: &mut [f32]) -> Self {
+        RawBuf {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+        }
+    }
+    pub fn from_const(s: &[f32]) -> Self {
+        // Constants are only ever read; the pointer is mut only to share the type.
+        RawBuf {
+            ptr: s.as_ptr() as *mut f32,
+            len: s.len(),
+        }
+    }
+}
+
+/// The buffers of one kernel invocation.
+pub(crate) struct Io<'a> {
+    pub ins: &'a [RawBuf],
+    pub outs: &'a [RawBuf],
+    pub scratch: RawBuf,
+}
+
+impl Io<'_> {
+    fn inp(&self, i: usize) -> &[f32] {
+        let b = self.ins[i];
+        // SAFETY: the planner gives every input a buffer that lives (and is not written) while
+        // this kernel runs; `len` is the exact element count of that value.
+        unsafe { std::slice::from_raw_parts(b.ptr, b.len) }
+    }
+    /// # Safety
+    /// Each output must be taken at most once per kernel invocation; outputs never overlap
+    /// inputs or each other (the planner assigns disjoint arena ranges to values alive at the
+    /// same time, and a node's inputs and outputs are all alive while it runs).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn out(&self, i: usize) -> &mut [f32] {
+        let b = self.outs[i];
+        // SAFETY: see the function's contract.
+        unsafe { std::slice::from_raw_parts_mut(b.ptr, b.len) }
+    }
+    /// # Safety
+    /// Taken at most once per invocation; the scratch buffer is private to the running kernel.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn scratch(&self) -> &mut [f32] {
+        // SAFETY: see the function's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.scratch.ptr, self.scratch.len) }
+    }
+}
+
+/// Elements per parallel task for memory-bound kernels: big enough to amortise scheduling.
+const CHUNK: usize = 1 << 14;
+
+/// erf in f32: the rational approximation used by Eigen/XLA (a few ulp on [-4, 4], where
+/// erf reaches ±1 in f32), so that GELU matches PyTorch's erf-based GELU and vectorises.
+#[inline]
+pub(crate) fn erf(a: f32) -> f32 {
+    let x = a.clamp(-4.0, 4.0);
+    let x2 = x * x;
+    let mut p = x2 * -2.726_142_3e-10 + 2.770_681_4e-8;
+    p = x2 * p + -2.101_024e-6;
+    p = x2 * p + -5.692_506_4e-5;
+    p = x2 * p + -7.349_906_3e-4;
+    p = x2 * p + -2.954_6e-3;
+    p = x2 * p + -1.609_603_3e-2;
+    p *= x;
+    let mut q = x2 * -1.456_607_2e-5 + -2.133_740_6e-4;
+    q = x2 * q + -1.682_827e-3;
+    q = x2 * q + -7.373_329e-3;
+    q = x2 * q + -1.426_473_9e-2;
+    p / q
+}
+
+/// Applies a pointwise function.
+#[inline]
+pub(crate) fn unary(op: Unary, x: f32) -> f32 {
+    match op {
+        Unary::Identity => x,
+        Unary::Relu => x.max(0.0),
+        Unary::Relu6 => x.clamp(0.0, 6.0),
+        Unary::Clip { min, max } => x.max(min).min(max),
+        Unary::LeakyRelu { alpha } => {
+            if x >= 0.0 {
+                x
+            } else {
+                alpha * x
+            }
+        }
+        Unary::Sigmoid => sigmoid(x),
+        Unary::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
+        Unary::HardSwish => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
+        Unary::Silu => x * sigmoid(x),
+        Unary::Gelu => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
+        Unary::GeluTanh => {
+            let c = (2.0f32 / std::f32::consts::PI).sqrt();
+            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+        }
+        Unary::Tanh => x.tanh(),
+        Unary::Exp => x.exp(),
+        Unary::Log => x.ln(),
+        Unary::Sqrt => x.sqrt(),
+        Unary::Erf => erf(x),
+        Unary::Neg => -x,
+        Unary::Abs => x.abs(),
+        Unary::Reciprocal => 1.0 / x,
+    }
+}
+
+#[inline]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[inline]
+fn apply_act(act: Option<Unary>, v: &mut [f32]) {
+    match act {
+        None | Some(Unary::Identity) => {}
+        Some(Unary::Relu) => v.iter_mut().for_each(|x| *x = x.max(0.0)),
+        Some(Unary::Relu6) => v.iter_mut().for_each(|x| *x = x.clamp(0.0, 6.0)),
+        Some(op) => v.iter_mut().for_each(|x| *x = unary(op, *x)),
+    }
+}
+
+#[inline]
+fn binary(op: Binary, a: f32, b: f32) -> f32 {
+    match op {
+        Binary::Add => a + b,
+        Binary::Sub => a - b,
+        Binary::Mul => a * b,
+        Binary::Div => a / b,
+        Binary::Pow => {
+            if b == 2.0 {
+                a * a
+            } else if b == 0.5 {
+                a.sqrt()
+            } else {
+                a.powf(b)
+            }
+        }
+        Binary::Max => a.max(b),
+        Binary::Min => a.min(b),
+    }
+}
+
+/// Row-major strides.
+pub(crate) fn strides_of(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Broadcast strides of `shape` against an output of rank `rank` (0 where broadcast).
+fn bcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let st = strides_of(shape);
+    let off = out.len() - shape.len();
+    (0..out.len())
+        .map(|i| {
+            if i < off || shape[i - off] == 1 {
+                0
+            } else {
+                st[i - off]
+            }
+        })
+        .collect()
+}
+
+/// `C = A·B (+C)` on raw strided matrices through the `gemm` crate.
+///
+/// # Safety
+/// The pointers must cover the m×k, k×n and m×n matrices described by the strides, and `dst`
+/// must not overlap `a` or `b`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    b_rs: usize,
+    b_cs: usize,
+    accumulate: bool,
+    alpha: f32,
+    par: Parallelism,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                // SAFETY: row i of dst is within the m×n destination.
+                unsafe { std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n).fill(0.0) };
+            }
+        }
+        return;
+    }
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_rs as isize,
+            accumulate,
+            a,
+            a_cs as isize,
+            a_rs as isize,
+            b,
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            alpha,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// How a convolution is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConvMethod {
+    /// 1×1, stride 1, no padding: the input is already the GEMM's right-hand matrix.
+    Pointwise,
+    /// Lower the input window by window into a column matrix, then one GEMM per group.
+    Im2col,
+    /// One input channel per group: a direct loop per plane.
+    Depthwise,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct ConvK {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    m: usize,
+    oh: usize,
+    ow: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    pt: usize,
+    pl: usize,
+    dh: usize,
+    dw: usize,
+    groups: usize,
+    act: Option<Unary>,
+    has_bias: bool,
+    residual: bool,
+    pub method: ConvMethod,
+    /// Output columns per task in the tiled path (im2col block sized to stay in L2).
+    tile: usize,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct MatMulK {
+    m: usize,
+    n: usize,
+    k: usize,
+    a_rs: usize,
+    a_cs: usize,
+    b_rs: usize,
+    b_cs: usize,
+    /// Per output matrix: offsets of its A and B matrices.
+    offsets: Vec<(usize, usize)>,
+    /// ONNX Gemm: alpha scale; C prefilled.
+    alpha: f32,
+    /// Gemm's C: (beta, row stride, col stride) into input 2.
+    c: Option<(f32, usize, usize)>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct BinaryK {
+    op: Binary,
+    out_shape: Vec<usize>,
+    a_st: Vec<usize>,
+    b_st: Vec<usize>,
+    same: bool,
+}
+
+/// Copies `out[i] = in[base + Σ idx_j·strides_j]` over the output's multi-index: transpose,
+/// slice and expand are all this.
+#[derive(Clone, Debug)]
+pub(crate) struct StridedK {
+    out_shape: Vec<usize>,
+    strides: Vec<isize>,
+    base: isize,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct PoolK {
+    nc: usize,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    p: PoolAttrs,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct ResizeK {
+    nc: usize,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    linear: bool,
+    /// Per output row/column: (i0, i1, weight of i1). Nearest: i0 only.
+    ys: Vec<(usize, usize, f32)>,
+    xs: Vec<(usize, usize, f32)>,
+}
+
+/// A planned kernel.
+#[derive(Clone, Debug)]
+pub(crate) enum Kernel {
+    Conv(ConvK),
+    Linear {
+        rows: usize,
+        k: usize,
+        n: usize,
+        act: Option<Unary>,
+        has_bias: bool,
+    },
+    MatMul(MatMulK),
+    Unary(Unary),
+    Binary(BinaryK),
+    BatchNorm {
+        n: usize,
+        c: usize,
+        hw: usize,
+        eps: f32,
+    },
+    MaxPool(PoolK),
+    AvgPool(PoolK),
+    AdaptiveAvg {
+        nc: usize,
+        h: usize,
+        w: usize,
+        oh: usize,
+        ow: usize,
+    },
+    Strided(StridedK),
+    Concat {
+        outer: usize,
+        /// Per input: contiguous chunk per outer index.
+        chunks: Vec<usize>,
+    },
+    Split {
+        outer: usize,
+        chunks: Vec<usize>,
+    },
+    Gather {
+        outer: usize,
+        dim: usize,
+        inner: usize,
+        indices: Vec<usize>,
+    },
+    Softmax {
+        outer: usize,
+        dim: usize,
+        inner: usize,
+    },
+    LayerNorm {
+        rows: usize,
+        d: usize,
+        eps: f32,
+        has_bias: bool,
+    },
+    Reduce {
+        kind: ReduceKind,
+        /// Per output element: its base offset into the input.
+        bases: Vec<usize>,
+        /// Offsets of the reduced elements relative to a base.
+        offsets: Vec<usize>,
+    },
+    Resize(ResizeK),
+    Copy,
+}
+
+fn unsupported(n: &Node, msg: impl Into<String>) -> EngineError {
+    EngineError::Shape {
+        node: n.name.clone(),
+        op: n.op.name().to_string(),
+        msg: msg.into(),
+    }
+}
+
+impl Kernel {
+    /// Plans a kernel for `node` given concrete input and output shapes.
+    pub fn plan(node: &Node, ins: &[&[usize]], outs: &[&[usize]]) -> Result<Kernel> {
+        let x = ins[0];
+        let o = outs[0];
+        Ok(match &node.op {
+            Op::Conv(a) => {
+                let w = ins[1];
+                let cg = w[1];
+                let method = if cg == 1 && a.groups > 1 {
+                    ConvMethod::Depthwise
+                } else if w[2] == 1 && w[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4] {
+                    ConvMethod::Pointwise
+                } else {
+                    ConvMethod::Im2col
+                };
+                Kernel::Conv(ConvK {
+                    n: x[0],
+                    c: x[1],
+                    h: x[2],
+                    w: x[3],
+                    m: w[0],
+                    oh: o[2],
+                    ow: o[3],
+                    kh: w[2],
+                    kw: w[3],
+                    sh: a.strides[0],
+                    sw: a.strides[1],
+                    pt: a.pads[0],
+                    pl: a.pads[1],
+                    dh: a.dilations[0],
+                    dw: a.dilations[1],
+                    groups: a.groups,
+                    act: a.activation,
+                    has_bias: ins.len() >= 3,
+                    residual: a.residual,
+                    method,
+                    tile: {
+                        // ~256 KiB of im2col per task, a multiple of 16 columns; whole output
+                        // rows when the rows can be lowered as one contiguous copy.
+                        let kk = (w[1] * w[2] * w[3]).max(1);
+                        let t = ((65536 / kk).clamp(64, 4096) / 16) * 16;
+                        if o[3] <= t {
+                            (t / o[3]).max(1) * o[3]
+                        } else {
+                            t
+                        }
+                    },
+                })
+            }
+            Op::Linear { activation } => {
+                let k = x[x.len() - 1];
+                Kernel::Linear {
+                    rows: x.iter().product::<usize>() / k.max(1),
+                    k,
+                    n: ins[1][0],
+                    act: *activation,
+                    has_bias: ins.len() == 3,
+                }
+            }
+            Op::MatMul => {
+                let a: Vec<usize> = if x.len() == 1 {
+                    vec![1, x[0]]
+                } else {
+                    x.to_vec()
+                };
+                let b: Vec<usize> = if ins[1].len() == 1 {
+                    vec![ins[1][0], 1]
+                } else {
+                    ins[1].to_vec()
+                };
+                let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
+                let n = b[b.len() - 1];
+                let ab = &a[..a.len() - 2];
+                let bb = &b[..b.len() - 2];
+                let batch =
+                    broadcast_shapes(ab, bb).ok_or_else(|| unsupported(node, "batch dims"))?;
+                let sa = bcast_strides(ab, &batch);
+                let sb = bcast_strides(bb, &batch);
+                let total: usize = batch.iter().product();
+                let mut offsets = Vec::with_capacity(total);
+                let mut idx = vec![0usize; batch.len()];
+                for _ in 0..total {
+                    let oa: usize = idx.iter().zip(&sa).map(|(i, s)| i * s).sum();
+                    let ob: usize = idx.iter().zip(&sb).map(|(i, s)| i * s).sum();
+                    offsets.push((oa * m * k, ob * k * n));
+                    for d in (0..idx.len()).rev() {
+                        idx[d] += 1;
+                        if idx[d] < batch[d] {
+                            break;
+                        }
+                        idx[d] = 0;
+                    }
+                }
+                Kernel::MatMul(MatMulK {
+                    m,
+                    n,
+                    k,
+                    a_rs: k,
+                    a_cs: 1,
+                    b_rs: n,
+                    b_cs: 1,
+                    offsets,
+                    alpha: 1.0,
+                    c: None,
+                })
+            }
+            Op::Gemm {
+                alpha,
+                beta,
+                trans_a,
+                trans_b,
+            } => {
+                let (a, b) = (ins[0], ins[1]);
+                let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
+                let n = o[1];
+                let (a_rs, a_cs) = if *trans_a { (1, a[1]) } else { (a[1], 1) };
+                let (b_rs, b_cs) = if *trans_b { (1, b[1]) } else { (b[1], 1) };
+                let c = if ins.len() == 3 {
+                    let cs = ins[2];
+                    let c2: Vec<usize> = match cs.len() {
+                        0 => vec![1, 1],
+                        1 => vec![1, cs[0]],
+                        _ => cs.to_vec(),
+                    };
+                    let rs = if c2[0] == m && m != 1 { c2[1] } else { 0 };
+                    let cst = if c2[1] == n && n != 1 { 1 } else { 0 };
+                    Some((*beta, rs, cst))
+                } else {
+                    None
+                };
+                Kernel::MatMul(MatMulK {
+                    m,
+                    n,
+                    k,
+                    a_rs,
+                    a_cs,
+                    b_rs,
+                    b_cs,
+                    offsets: vec![(0, 0)],
+                    alpha: *alpha,
+                    c,
+                })
+            }
+            Op::Unary(u) => Kernel::Unary(*u),
+            Op::Identity
+            | Op::Reshape { .. }
+            | Op::Flatten { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. } => Kernel::Copy,
+            Op::Binary(b) => Kernel::Binary(BinaryK {
+                op: *b,
+                out_shape: o.to_vec(),
+                a_st: bcast_strides(ins[0], o),
+                b_st: bcast_strides(ins[1], o),
+                same: ins[0] == o && ins[1] == o,
+            }),
+            Op::BatchNorm { eps } => Kernel::BatchNorm {
+                n: x[0],
+                c: x[1],
+                hw: x[2..].iter().product(),
+                eps: *eps,
+            },
+            Op::MaxPool(p) | Op::AveragePool(p) => {
+                let k = PoolK {
+                    nc: x[0] * x[1],
+                    h: x[2],
+                    w: x[3],
+                    oh: o[2],
+                    ow: o[3],
+                    p: p.clone(),
+                };
+                if matches!(node.op, Op::MaxPool(_)) {
+                    Kernel::MaxPool(k)
+                } else {
+                    Kernel::AvgPool(k)
+                }
+            }
+            Op::GlobalAveragePool => Kernel::AdaptiveAvg {
+                nc: x[0] * x[1],
+                h: x[2..].iter().product(),
+                w: 1,
+                oh: 1,
+                ow: 1,
+            },
+            Op::AdaptiveAvgPool { output } => Kernel::AdaptiveAvg {
+                nc: x[0] * x[1],
+                h: x[2],
+                w: x[3],
+                oh: output[0],
+                ow: output[1],
+            },
+            Op::Transpose { perm } => {
+                let st = strides_of(x);
+                Kernel::Strided(StridedK {
+                    out_shape: o.to_vec(),
+                    strides: perm.iter().map(|&p| st[p] as isize).collect(),
+                    base: 0,
+                })
+            }
+            Op::Expand { .. } => Kernel::Strided(StridedK {
+                out_shape: o.to_vec(),
+                strides: bcast_strides(x, o)
+                    .into_iter()
+                    .map(|s| s as isize)
+                    .collect(),
+                base: 0,
+            }),
+            Op::Slice {
+                starts,
+                ends,
+                axes,
+                steps,
+            } => {
+                let p =
+                    slice_params(x, starts, ends, axes, steps).map_err(|m| unsupported(node, m))?;
+                let st = strides_of(x);
+                let base: i64 = p
+                    .iter()
+                    .zip(&st)
+                    .map(|(t, &s)| if t.2 > 0 { t.0 * s as i64 } else { 0 })
+                    .sum();
+                Kernel::Strided(StridedK {
+                    out_shape: o.to_vec(),
+                    strides: p
+                        .iter()
+                        .zip(&st)
+                        .map(|(t, &s)| (t.1 * s as i64) as isize)
+                        .collect(),
+                    base: base as isize,
+                })
+            }
+            Op::Concat { axis } => {
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
+                Kernel::Concat {
+                    outer: x[..a].iter().product(),
+                    chunks: ins.iter().map(|s| s[a..].iter().product()).collect(),
+                }
+            }
+            Op::Split { axis, .. } => {
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
+                Kernel::Split {
+                    outer: x[..a].iter().product(),
+                    chunks: outs.iter().map(|s| s[a..].iter().product()).collect(),
+                }
+            }
+            Op::Gather { axis, indices, .. } => {
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
+                let d = x[a] as i64;
+                Kernel::Gather {
+                    outer: x[..a].iter().product(),
+                    dim: x[a],
+                    inner: x[a + 1..].iter().product(),
+                    indices: indices
+                        .iter()
+                        .map(|&i| if i < 0 { (i + d) as usize } else { i as usize })
+                        .collect(),
+                }
+            }
+            Op::Softmax { axis } => {
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
+                Kernel::Softmax {
+                    outer: x[..a].iter().product(),
+                    dim: x[a],
+                    inner: x[a + 1..].iter().product(),
+                }
+            }
+            Op::LayerNorm { axis, eps } => {
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
+                Kernel::LayerNorm {
+                    rows: x[..a].iter().product(),
+                    d: x[a..].iter().product(),
+                    eps: *eps,
+                    has_bias: ins.len() == 3,
+                }
+            }
+            Op::Reduce { kind, axes, .. } => {
+                let mut red = vec![axes.is_empty(); x.len()];
+                for &ax in axes {
+                    red[norm_axis(ax, x.len()).ok_or_else(|| unsupported(node, "axis"))?] = true;
+                }
+                let st = strides_of(x);
+                let offs = |sel: bool| -> Vec<usize> {
+                    let dims: Vec<usize> = (0..x.len()).filter(|&i| red[i] == sel).collect();
+                    let total: usize = dims.iter().map(|&i| x[i]).product();
+                    let mut v = Vec::with_capacity(total);
+                    let mut idx = vec![0usize; dims.len()];
+                    for _ in 0..total {
+                        v.push(idx.iter().zip(&dims).map(|(i, &d)| i * st[d]).sum());
+                        for j in (0..idx.len()).rev() {
+                            idx[j] += 1;
+                            if idx[j] < x[dims[j]] {
+                                break;
+                            }
+                            idx[j] = 0;
+                        }
+                    }
+                    v
+                };
+                Kernel::Reduce {
+                    kind: *kind,
+                    bases: offs(false),
+                    offsets: offs(true),
+                }
+            }
+            Op::Resize(r) => {
+                let (h, w, oh, ow) = (x[2], x[3], o[2], o[3]);
+                let (sh, sw) = match r.size {
+                    ResizeSize::Scales([a, b]) => (a, b),
+                    ResizeSize::Size(_) => (oh as f32 / h as f32, ow as f32 / w as f32),
+                };
+                let linear = r.mode == ResizeMode::Linear;
+                let axis = |inp: usize, out: usize, scale: f32| -> Vec<(usize, usize, f32)> {
+                    (0..out)
+                        .map(|i| {
+                            let xo = match r.coord {
+                                CoordMode::HalfPixel => (i as f32 + 0.5) / scale - 0.5,
+                                CoordMode::PytorchHalfPixel => {
+                                    if out > 1 {
+                                        (i as f32 + 0.5) / scale - 0.5
+                                    } else {
+                                        0.0
+                                    }
+                                }
+                                CoordMode::AlignCorners => {
+                                    if out > 1 {
+                                        i as f32 * (inp as f32 - 1.0) / (out as f32 - 1.0)
+                                    } else {
+                                        0.0
+                                    }
+                                }
+                                CoordMode::Asymmetric => i as f32 / scale,
+                            };
+                            let last = (inp - 1) as f32;
+                            if linear {
+                                let xc = xo.clamp(0.0, last);
+                                let i0 = xc.floor() as usize;
+                                let i1 = (i0 + 1).min(inp - 1);
+                                (i0, i1, xc - i0 as f32)
+                            } else {
+                                let v = match r.nearest {
+                                    NearestMode::Floor => xo.floor(),
+                                    NearestMode::Ceil => xo.ceil(),
+                                    NearestMode::RoundPreferFloor => {
+                                        if xo.fract() == 0.5 {
+                                            xo.floor()
+                                        } else {
+                                            xo.round()
+                                        }
+                                    }
+                                    NearestMode::RoundPreferCeil => {
+                                        if xo.fract() == 0.5 {
+                                            xo.ceil()
+                                        } else {
+                                            xo.round()
+                                        }
+                                    }
+                                };
+                                let i0 = v.clamp(0.0, last) as usize;
+                                (i0, i0, 0.0)
+                            }
+                        })
+                        .collect()
+                };
+                Kernel::Resize(ResizeK {
+                    nc: x[0] * x[1],
+                    h,
+                    w,
+                    oh,
+                    ow,
+                    linear,
+                    ys: axis(h, oh, sh),
+                    xs: axis(w, ow, sw),
+                })
+            }
+        })
+    }
+
+    /// Elements of scratch memory this kernel needs.
+    pub fn scratch_len(&self, threads: usize) -> usize {
+        match self {
+            Kernel::Conv(c) if c.method == ConvMethod::Im2col => {
+                let kk = (c.c / c.groups) * c.kh * c.kw;
+                let whole = kk * c.oh * c.ow;
+                if c.tiled(threads) {
+                    // Thread `t` uses [t·kk·tile, t·kk·tile + kk·tile).
+                    kk * c.tile * threads.max(1)
+                } else {
+                    whole
+                }
+            }
+            _ => 0,
+        }
+    }
+
+    /// Executes the kernel. `threads` is the size of the pool it runs in.
+    pub fn run(&self, io: &Io, threads: usize) {
+        let par = if threads > 1 {
+            Parallelism::Rayon(0)
+        } else {
+            Parallelism::None
+        };
+        match self {
+            Kernel::Conv(c) => conv(c, io, par, threads),
+            Kernel::Linear {
+                rows,
+                k,
+                n,
+                act,
+                has_bias,
+            } => {
+                let x = io.inp(0);
+                let w = io.inp(1);
+                // SAFETY: single output taken once.
+                let out = unsafe { io.out(0) };
+                // SAFETY: x is rows×k, w is n×k (read transposed), out is rows×n; disjoint.
+                unsafe {
+                    sgemm(
+                        *rows,
+                        *n,
+                        *k,
+                        out.as_mut_ptr(),
+                        *n,
+                        x.as_ptr(),
+                        *k,
+                        1,
+                        w.as_ptr(),
+                        1,
+                        *k,
+                        false,
+                        1.0,
+                        par,
+                    )
+                };
+                let bias = if *has_bias { Some(io.inp(2)) } else { None };
+                if bias.is_some() || act.is_some() {
+                    let rows_per = (CHUNK / n.max(&1)).max(1);
+                    out.par_chunks_mut(rows_per * n).for_each(|blk| {
+                        for row in blk.chunks_mut(*n) {
+                            if let Some(b) = bias {
+                                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                            }
+                            apply_act(*act, row);
+                        }
+                    });
+                }
+            }
+            Kernel::MatMul(mk) => matmul(mk, io, par, threads),
+            Kernel::Unary(u) => {
+                let x = io.inp(0);
+                // SAFETY: single output taken once.
+                let out = unsafe { io.out(0) };
+                let u = *u;
+                out.par_chunks_mut(CHUNK)
+                    .zip(x.par_chunks(CHUNK))
+                    .for_each(|(o, i)| o.iter_mut().zip(i).for_each(|(o, &i)| *o = unary(u, i)));
+            }
+            Kernel::Copy => {
+                let x = io.inp(0);
+                // SAFETY: single output taken once.
+                let out = unsafe { io.out(0) };
+                out.copy_from_slice(x);
+            }
+            Kernel::Binary(b) => binary_kernel(b, io),
+            Kernel::BatchNorm { n, c, hw, eps } => {
+                let x = io.inp(0);
+                let (g, bt, mean, var) = (io.inp(1), io.inp(2), io.inp(3), io.inp(4));
+                // SAFETY: single output taken once.
+                let out = unsafe { io.out(0) };
+                let _ = n;
+                out.par_chunks_mut(hw.max(&1).to_owned())
+                    .zip(x.par_chunks(*hw.max(&1)))
+                    .enumerate()
+                    .for_each(|(p, (o, i))| {
+                        let ch = p % c;
+                        let s = g[ch] / (var[ch] + eps).sqrt();
+                        let t = bt[ch] - mean[ch] * s;
+                        o.iter_mut().zip(i).for_each(|(o, &i)| *o = i * s + t);
+                    });
+            }
+            Kernel::MaxPool(p) => pool(p, io, true),
+            Kernel::AvgPool(p) => pool(p, io, false),
+            Kernel::AdaptiveAvg { nc, h, w, oh, ow } => {
+                let x = io.inp(0);
+                // SAFETY: single output taken once.
+                let out = unsafe { io.out(0) };
+                let (h, w, oh, ow) = (*h, *w, *oh, *ow);
+                let _ = nc;
+                out.par_chunks_mut(oh * ow)
+                    .zip(x.par_chunks(h * w))
+                    .for_each(|(o, i)| {
+                        for y in 0..oh {
+                            let (y0, y1) = (y * h / oh, ((y + 1) * h).div_ceil(oh));
+                            for xx in 0..ow {
+                                let (x0, x1) = (xx * w / ow, ((xx + 1) * w).div_ceil(ow));
+                                let mut s = 0.0f32;
+                                for r in y0..y1 {
+                                    s += i[r * w + x0..r * w + x1].iter().sum::<f32>();
+                                }
+                                o[y * ow + xx] = s / ((y1 - y0) * (x1 - x0)) as f32;
+                            }
+                        }
+                    });
+            }
+            Kernel::Strided(s) => strided(s, io),
+            Kernel::Concat { outer, chunks } => {
+                // SAFETY: single output taken once.
+                let out = unsafe { io.out(0) };
+                let total: usize = chunks.iter().sum();
+                for o in 0..*outer {
+                    let mut pos = o * total;
+                    for (i, &ch) in chunks.iter().enumerate() {
+                        out[pos..pos + ch].copy_from_slice(&io.inp(i)[o * ch..(o + 1) * ch]);
+                        pos += ch;
+                    }
+                }
+            }
+            Kernel::Split { outer, chunks } => {
+                let x = io.inp(0);
+                let total: usize = chunks.iter().sum();
+                let mut pos = 0;
+                for (i, &ch) in chunks.iter().enumerate() {
+                    // SAFETY: each output taken once.
+                    let out = unsafe { io.out(i) };
+                    for o in 0..*outer {
+                        out[o * ch..(o + 1) * ch]
+                            .copy_from_slice(&x[o * total + pos..o * total + pos + ch]);
+                    }
+                    pos += ch;
+                }
+            }
+            Kernel::Gather {
+                outer,
+                dim,
+                inner,
+                indices,
+            } => {
+                let x = io.inp(0);
+                // SAFETY: single output taken once.
+                let out = unsafe { io.out(0) };
+                let mut pos = 0;
+                for o in 0..*outer {
+                    for &ix in indices {
+                        let src = (o * dim + ix) * inner;
+                        out[pos..pos + inner].copy_from_slice(&x[src..src + inner]);
+                        pos += inner;
+                    }
+                }
+            }
+            Kernel::Softmax { outer, dim, inner } => softmax(io, *outer, *dim, *inner),
+            Kernel::LayerNorm {
+                rows,
+                d,
+                eps,
+                has_bias,
+            } => {
+                let x = io.inp(0);
+                let g = io.inp(1);
+                let b = if *has_bias { Some(io.inp(2)) } else { None };
+                // SAFETY: single output taken once.
+                let out = unsafe { io.out(0) };
+                let (d, eps) = (*d, *eps);
+                let _ = rows;
+                let rows_per = (CHUNK / d.max(1)).max(1);
+                out.par_chunks_mut(rows_per * d)
+                    .zip(x.par_chunks(rows_per * d))
+                    .for_each(|(ob, xb)| {
+                        for (o, xr) in ob.chunks_mut(d).zip(xb.chunks(d)) {
+                            layer_norm_row(xr, o, g, b, eps);
+                        }
+                    });
+            }
+            Kernel::Reduce {
+                kind,
+                bases,
+                offsets,
+            } => {
+                let x = io.inp(0);
+                // SAFETY: single output taken once.
+                let out = unsafe { io.out(0) };
+                let n = offsets.len() as f32;
+                out.par_iter_mut()
+                    .zip(bases.par_iter())
+                    .for_each(|(o, &b)| {
+                        let it = offsets.iter().map(|&off| x[b + off]);
+                        *o = match kind {
+                            ReduceKind::Sum => it.sum(),
+                            ReduceKind::Mean => it.sum::<f32>() / n,
+                            ReduceKind::Max => it.fold(f32::NEG_INFINITY, f32::max),
+                            ReduceKind::Min => it.fold(f32::INFINITY, f32::min),
+                        };
+                    });
+            }
+            Kernel::Resize(r) => resize(r, io),
+        }
+    }
+}
+
+fn layer_norm_row(x: &[f32], o: &mut [f32], g: &[f32], b: Option<&[f32]>, eps: f32) {
+    let d = x.len() as f32;
+    let mean = x.iter().sum::<f32>() / d;
+    let var = x.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / d;
+    let inv = 1.0 / (var + eps).sqrt();
+    match b {
+        Some(b) => {
+            for i in 0..x.len() {
+                o[i] = (x[i] - mean) * inv * g[i] + b[i];
+            }
+        }
+        None => {
+            for i in 0..x.len() {
+                o[i] = (x[i] - mean) * inv * g[i];
+            }
+        }
+    }
+}
+
+impl ConvK {
+    /// Tile-parallel (each task lowers and multiplies its own block of output columns, then
+    /// applies the epilogue while the block is in cache) when there are enough tiles to keep
+    /// every thread busy; otherwise whole-matrix GEMMs parallelised inside `gemm`.
+    fn tiled(&self, threads: usize) -> bool {
+        let tiles = (self.oh * self.ow).div_ceil(self.tile) * self.n * self.groups;
+        self.method != ConvMethod::Depthwise && (threads <= 1 || tiles >= 2 * threads)
+    }
+}
+
+/// A raw output pointer shared by tasks that write disjoint parts of it.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: used only for tasks writing disjoint ranges (see conv_tiled).
+unsafe impl Send for SharedMut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    // A method (not field access) so closures capture the Send/Sync wrapper, not the pointer.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+#[inline]
+fn epilogue(v: &mut [f32], b: f32, r: Option<&[f32]>, act: Option<Unary>) {
+    if let Some(r) = r {
+        v.iter_mut().zip(r).for_each(|(v, r)| *v += b + r);
+    } else if b != 0.0 {
+        v.iter_mut().for_each(|v| *v += b);
+    }
+    apply_act(act, v);
+}
+
+fn conv_tiled(c: &ConvK, io: &Io, threads: usize) {
+    let x = io.inp(0);
+    let wt = io.inp(1);
+    let bias = if c.has_bias { Some(io.inp(2)) } else { None };
+    let res = if c.residual { Some(io.inp(3)) } else { None };
+    // SAFETY: single output taken once; tasks below write disjoint column blocks of it.
+    let out = SharedMut(unsafe { io.out(0) }.as_mut_ptr());
+    // SAFETY: scratch taken once; each worker thread uses its own `kk × tile` slice.
+    let scratch = SharedMut(unsafe { io.scratch() }.as_mut_ptr());
+    let (hw, ohw) = (c.h * c.w, c.oh * c.ow);
+    let cg = c.c / c.groups;
+    let mg = c.m / c.groups;
+    let kk = cg * c.kh * c.kw;
+    // Balance: round the tile count up to a multiple of the thread count (per image and
+    // group), keeping whole output rows per tile when the planned tile does.
+    let threads_ = threads.max(1);
+    let base = ohw.div_ceil(c.tile);
+    let per = c.n * c.groups;
+    let want = (base * per).div_ceil(threads_) * threads_;
+    let mut tile = ohw.div_ceil(want.div_ceil(per).max(1));
+    if c.tile.is_multiple_of(c.ow) {
+        tile = tile.div_ceil(c.ow) * c.ow;
+    }
+    let tile = if tile == 0 || tile > c.tile {
+        c.tile
+    } else {
+        tile
+    };
+    let tiles = ohw.div_ceil(tile);
+    let tasks = c.n * c.groups * tiles;
+    let threads = threads.max(1);
+    let task = |t: usize| {
+        let ti = t % tiles;
+        let g = (t / tiles) % c.groups;
+        let ni = t / (tiles * c.groups);
+        let n0 = ti * tile;
+        let nn = tile.min(ohw - n0);
+        let xin = &x[(ni * c.c + g * cg) * hw..(ni * c.c + (g + 1) * cg) * hw];
+        let (rhs, rhs_rs) = if c.method == ConvMethod::Pointwise {
+            (xin[n0..].as_ptr(), hw)
+        } else {
+            let tid = rayon::current_thread_index().unwrap_or(0) % threads;
+            // SAFETY: thread `tid` owns scratch[tid*kk*tile ..][.. kk*tile]; a thread runs one
+            // task at a time and tasks do not yield to rayon while holding the slice.
+            let col = unsafe {
+                std::slice::from_raw_parts_mut(scratch.get().add(tid * kk * c.tile), kk * nn)
+            };
+            im2col_cols(c, xin, n0, nn, col);
+            (col.as_ptr(), nn)
+        };
+        let row0 = ni * c.m + g * mg;
+        // SAFETY: dst is rows row0..row0+mg, columns n0..n0+nn of the output, a block no other
+        // task touches; a is mg×kk; rhs is kk×nn with row stride rhs_rs.
+        unsafe {
+            let dst = out.get().add(row0 * ohw + n0);
+            sgemm(
+                mg,
+                nn,
+                kk,
+                dst,
+                ohw,
+                wt[g * mg * kk..].as_ptr(),
+                kk,
+                1,
+                rhs,
+                rhs_rs,
+                1,
+                false,
+                1.0,
+                Parallelism::None,
+            );
+            if bias.is_some() || res.is_some() || c.act.is_some() {
+                for r in 0..mg {
+                    let v = std::slice::from_raw_parts_mut(dst.add(r * ohw), nn);
+                    let b = bias.map_or(0.0, |b| b[g * mg + r]);
+                    let rr = res.map(|rs| &rs[(row0 + r) * ohw + n0..(row0 + r) * ohw + n0 + nn]);
+                    epilogue(v, b, rr, c.act);
+                }
+            }
+        }
+    };
+    if threads == 1 {
+        (0..tasks).for_each(task);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
+}
+
+/// im2col of output columns `n0..n0+nn` into `col` (`kk × nn`, row-major).
+fn im2col_cols(c: &ConvK, x: &[f32], n0: usize, nn: usize, col: &mut [f32]) {
+    let (h, w) = (c.h, c.w);
+    if c.sw == 1 && c.sh == 1 && c.ow == w && n0.is_multiple_of(w) && nn.is_multiple_of(w) {
+        return im2col_rows(c, x, n0 / w, nn / w, col);
+    }
+    for (row, dst) in col.chunks_mut(nn).enumerate() {
+        let kj = row % c.kw;
+        let ki = (row / c.kw) % c.kh;
+        let ci = row / (c.kw * c.kh);
+        let plane = &x[ci * h * w..(ci + 1) * h * w];
+        let xoff = (kj * c.dw) as isize - c.pl as isize;
+        let (xlo, xhi) = valid_range(xoff, c.sw, w, c.ow);
+        let mut col_i = n0;
+        let end = n0 + nn;
+        while col_i < end {
+            let oy = col_i / c.ow;
+            let ox0 = col_i % c.ow;
+            let ox1 = c.ow.min(ox0 + (end - col_i));
+            let d = &mut dst[col_i - n0..col_i - n0 + (ox1 - ox0)];
+            col_i += ox1 - ox0;
+            let iy = (oy * c.sh + ki * c.dh) as isize - c.pt as isize;
+            if iy < 0 || iy >= h as isize {
+                d.fill(0.0);
+                continue;
+            }
+            let src = &plane[iy as usize * w..(iy as usize + 1) * w];
+            let (a, b) = (xlo.max(ox0).min(ox1), xhi.max(ox0).min(ox1));
+            d[..a - ox0].fill(0.0);
+            d[b - ox0..].fill(0.0);
+            if c.sw == 1 && b > a {
+                let s0 = (a as isize + xoff) as usize;
+                d[a - ox0..b - ox0].copy_from_slice(&src[s0..s0 + (b - a)]);
+            } else if b > a {
+                let s0 = (a as isize * c.sw as isize + xoff) as usize;
+                let n = b - a;
+                let sw = c.sw;
+                // Indexed form: the bounds are provable, so the loop compiles to plain
+                // strided loads.
+                let s = &src[s0..s0 + sw * (n - 1) + 1];
+                let d = &mut d[a - ox0..b - ox0];
+                for j in 0..n {
+                    d[j] = s[j * sw];
+                }
+            }
+        }
+    }
+}
+
+/// im2col for stride 1 with output width = input width, over whole output rows
+/// `oy0..oy0+rows`: each lowered row is one contiguous run of the input plane shifted by the
+/// tap's offset, followed by zeroing the few columns that fall into the padding.
+fn im2col_rows(c: &ConvK, x: &[f32], oy0: usize, rows: usize, col: &mut [f32]) {
+    let (h, w) = (c.h, c.w);
+    let nn = rows * w;
+    let plane_len = (h * w) as isize;
+    for (row, dst) in col.chunks_mut(nn).enumerate() {
+        let kj = row % c.kw;
+        let ki = (row / c.kw) % c.kh;
+        let ci = row / (c.kw * c.kh);
+        let plane = &x[ci * h * w..(ci + 1) * h * w];
+        let xoff = (kj * c.dw) as isize - c.pl as isize;
+        let (xlo, xhi) = valid_range(xoff, 1, w, w);
+        // Output rows whose input row lies inside the plane.
+        let yoff = (ki * c.dh) as isize - c.pt as isize;
+        let (ylo, yhi) = valid_range(yoff, 1, h, c.oh);
+        let (ya, yb) = (ylo.clamp(oy0, oy0 + rows), yhi.clamp(oy0, oy0 + rows));
+        dst[..(ya - oy0) * w].fill(0.0);
+        dst[(yb.max(ya) - oy0) * w..].fill(0.0);
+        if yb <= ya {
+            continue;
+        }
+        // Flat input offset of output element (ya, 0); copy the clipped span.
+        let d0 = (ya - oy0) * w;
+        let len = (yb - ya) * w;
+        let s0 = (ya as isize + yoff) * w as isize + xoff;
+        let (a, b) = (s0.max(0), (s0 + len as isize).min(plane_len));
+        if b > a {
+            let da = d0 + (a - s0) as usize;
+            dst[da..da + (b - a) as usize].copy_from_slice(&plane[a as usize..b as usize]);
+        }
+        // Columns outside [xlo, xhi) read across a row boundary (or past the plane): zero.
+        for r in 0..yb - ya {
+            let rowd = &mut dst[d0 + r * w..d0 + (r + 1) * w];
+            rowd[..xlo].fill(0.0);
+            rowd[xhi..].fill(0.0);
+        }
+    }
+}
+
+fn conv(c: &ConvK, io: &Io, par: Parallelism, threads: usize) {
+    if c.tiled(threads) {
+        return conv_tiled(c, io, threads);
+    }
+    let x = io.inp(0);
+    let wt = io.inp(1);
+    let bias = if c.has_bias { Some(io.inp(2)) } else { None };
+    let res = if c.residual { Some(io.inp(3)) } else { None };
+    // SAFETY: single output taken once.
+    let out = unsafe { io.out(0) };
+    let (hw, ohw) = (c.h * c.w, c.oh * c.ow);
+    let cg = c.c / c.groups;
+    let mg = c.m / c.groups;
+    let kk = cg * c.kh * c.kw;
+    match c.method {
+        ConvMethod::Depthwise => {
+            out.par_chunks_mut(ohw).enumerate().for_each(|(plane, o)| {
+                let (ni, oc) = (plane / c.m, plane % c.m);
+                let ic = oc / mg;
+                let inp = &x[(ni * c.c + ic) * hw..(ni * c.c + ic + 1) * hw];
+                let k = &wt[oc * c.kh * c.kw..(oc + 1) * c.kh * c.kw];
+                depthwise_plane(c, inp, k, o);
+                let b = bias.map_or(0.0, |b| b[oc]);
+                if let Some(r) = res {
+                    let r = &r[plane * ohw..(plane + 1) * ohw];
+                    o.iter_mut().zip(r).for_each(|(v, r)| *v += b + r);
+                } else if b != 0.0 {
+                    o.iter_mut().for_each(|v| *v += b);
+                }
+                apply_act(c.act, o);
+            });
+        }
+        ConvMethod::Pointwise | ConvMethod::Im2col => {
+            for ni in 0..c.n {
+                for g in 0..c.groups {
+                    let xin = &x[(ni * c.c + g * cg) * hw..(ni * c.c + (g + 1) * cg) * hw];
+                    let rhs: &[f32] = if c.method == ConvMethod::Pointwise {
+                        xin
+                    } else {
+                        // SAFETY: scratch taken once per group iteration and not aliased.
+                        let col = unsafe { io.scratch() };
+                        let col = &mut col[..kk * ohw];
+                        im2col(c, xin, col);
+                        col
+                    };
+                    let dst = &mut out[(ni * c.m + g * mg) * ohw..(ni * c.m + (g + 1) * mg) * ohw];
+                    let a = &wt[g * mg * kk..(g + 1) * mg * kk];
+                    // Few output columns (deep layers): split the output channels among the
+                    // threads, each running a single-threaded GEMM on its rows.
+                    let chunks = if threads > 1 {
+                        (2 * threads).min(mg.div_ceil(16)).max(1)
+                    } else {
+                        1
+                    };
+                    let rows = mg.div_ceil(chunks);
+                    let row0 = ni * c.m + g * mg;
+                    let run_rows = |(ci, d): (usize, &mut [f32])| {
+                        let m0 = ci * rows;
+                        let mm = d.len() / ohw.max(1);
+                        // SAFETY: a's rows m0..m0+mm (kk each), rhs kk×ohw, d mm×ohw: in bounds
+                        // and disjoint.
+                        unsafe {
+                            sgemm(
+                                mm,
+                                ohw,
+                                kk,
+                                d.as_mut_ptr(),
+                                ohw,
+                                a[m0 * kk..].as_ptr(),
+                                kk,
+                                1,
+                                rhs.as_ptr(),
+                                ohw,
+                                1,
+                                false,
+                                1.0,
+                                if chunks > 1 { Parallelism::None } else { par },
+                            )
+                        };
+                        if bias.is_some() || res.is_some() || c.act.is_some() {
+                            for (r, v) in d.chunks_mut(ohw).enumerate() {
+                                let oc = g * mg + m0 + r;
+                                let b = bias.map_or(0.0, |b| b[oc]);
+                                let p0 = (row0 + m0 + r) * ohw;
+                                epilogue(v, b, res.map(|rs| &rs[p0..p0 + ohw]), c.act);
+                            }
+                        }
+                    };
+                    if chunks > 1 {
+                        dst.par_chunks_mut(rows * ohw)
+                            .enumerate()
+                            .for_each(run_rows);
+                    } else {
+                        dst.chunks_mut(rows * ohw).enumerate().for_each(run_rows);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Valid output range `[lo, hi)` for a tap at offset `off` so that `o*stride + off ∈ [0, len)`.
+#[inline]
+fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> (usize, usize) {
+    let s = stride as isize;
+    let lo = if off < 0 { ((-off) + s - 1) / s } else { 0 };
+    let hi = if (len as isize) - off <= 0 {
+        0
+    } else {
+        (((len as isize) - off + s - 1) / s).min(out as isize)
+    };
+    let lo = lo.max(0) as usize;
+    let hi = hi.max(0) as usize;
+    (lo.min(hi), hi)
+}
+
+fn im2col(c: &ConvK, x: &[f32], col: &mut [f32]) {
+    let ohw = c.oh * c.ow;
+    let (h, w) = (c.h, c.w);
+    col.par_chunks_mut(ohw).enumerate().for_each(|(row, dst)| {
+        let kj = row % c.kw;
+        let ki = (row / c.kw) % c.kh;
+        let ci = row / (c.kw * c.kh);
+        let plane = &x[ci * h * w..(ci + 1) * h * w];
+        let xoff = (kj * c.dw) as isize - c.pl as isize;
+        let (xlo, xhi) = valid_range(xoff, c.sw, w, c.ow);
+        for oy in 0..c.oh {
+            let iy = (oy * c.sh + ki * c.dh) as isize - c.pt as isize;
+            let d = &mut dst[oy * c.ow..(oy + 1) * c.ow];
+            if iy < 0 || iy >= h as isize {
+                d.fill(0.0);
+                continue;
+            }
+            let src = &plane[iy as usize * w..(iy as usize + 1) * w];
+            d[..xlo].fill(0.0);
+            d[xhi..].fill(0.0);
+            if c.sw == 1 && xhi > xlo {
+                let s0 = (xlo as isize + xoff) as usize;
+                d[xlo..xhi].copy_from_slice(&src[s0..s0 + (xhi - xlo)]);
+            } else if xhi > xlo {
+                let s0 = (xlo as isize * c.sw as isize + xoff) as usize;
+                for (v, &e) in d[xlo..xhi].iter_mut().zip(src[s0..].iter().step_by(c.sw)) {
+                    *v = e;
+                }
+            }
+        }
+    });
+}
+
+fn depthwise_plane(c: &ConvK, inp: &[f32], k: &[f32], o: &mut [f32]) {
+    o.fill(0.0);
+    let (h, w) = (c.h, c.w);
+    for ki in 0..c.kh {
+        for kj in 0..c.kw {
+            let wv = k[ki * c.kw + kj];
+            let xoff = (kj * c.dw) as isize - c.pl as isize;
+            let (xlo, xhi) = valid_range(xoff, c.sw, w, c.ow);
+            if xlo >= xhi {
+                continue;
+            }
+            let yoff = (ki * c.dh) as isize - c.pt as isize;
+            let (ylo, yhi) = valid_range(yoff, c.sh, h, c.oh);
+            for oy in ylo..yhi {
+                let iy = (oy as isize * c.sh as isize + yoff) as usize;
+                let src = &inp[iy * w..(iy + 1) * w];
+                let d = &mut o[oy * c.ow + xlo..oy * c.ow + xhi];
+                if c.sw == 1 {
+                    let s0 = (xlo as isize + xoff) as usize;
+                    let s = &src[s0..s0 + d.len()];
+                    d.iter_mut().zip(s).for_each(|(d, &s)| *d += wv * s);
+                } else {
+                    for (j, dv) in d.iter_mut().enumerate() {
+                        let ix = ((xlo + j) as isize * c.sw as isize + xoff) as usize;
+                        *dv += wv * src[ix];
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn matmul(mk: &MatMulK, io: &Io, par: Parallelism, threads: usize) {
+    let a = io.inp(0);
+    let b = io.inp(1);
+    // SAFETY: single output taken once.
+    let out = unsafe { io.out(0) };
+    let mn = mk.m * mk.n;
+    let mut accumulate = false;
+    if let Some((beta, rs, cs)) = mk.c {
+        let c = io.inp(2);
+        for i in 0..mk.m {
+            for j in 0..mk.n {
+                out[i * mk.n + j] = beta * c[i * rs + j * cs];
+            }
+        }
+        accumulate = true;
+    }
+    let one = |dst: &mut [f32], oa: usize, ob: usize, par: Parallelism| {
+        // SAFETY: offsets were computed from the shapes; matrices are within a and b.
+        unsafe {
+            sgemm(
+                mk.m,
+                mk.n,
+                mk.k,
+                dst.as_mut_ptr(),
+                mk.n,
+                a.as_ptr().add(oa),
+                mk.a_rs,
+                mk.a_cs,
+                b.as_ptr().add(ob),
+                mk.b_rs,
+                mk.b_cs,
+                accumulate,
+                mk.alpha,
+                par,
+            )
+        }
+    };
+    if mk.offsets.len() >= threads && threads > 1 && mn > 0 {
+        // Many small matrices (attention heads): one thread per matrix.
+        out.par_chunks_mut(mn)
+            .zip(mk.offsets.par_iter())
+            .for_each(|(dst, &(oa, ob))| one(dst, oa, ob, Parallelism::None));
+    } else if mn > 0 {
+        for (dst, &(oa, ob)) in out.chunks_mut(mn).zip(&mk.offsets) {
+            one(dst, oa, ob, par);
+        }
+    }
+}
+
+fn binary_kernel(b: &BinaryK, io: &Io) {
+    let x = io.inp(0);
+    let y = io.inp(1);
+    // SAFETY: single output taken once.
+    let out = unsafe { io.out(0) };
+    let op = b.op;
+    if b.same {
+        out.par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(CHUNK).zip(y.par_chunks(CHUNK)))
+            .for_each(|(o, (a, c))| {
+                for i in 0..o.len() {
+                    o[i] = binary(op, a[i], c[i]);
+                }
+            });
+        return;
+    }
+    let r = b.out_shape.len();
+    if r == 0 {
+        out[0] = binary(op, x[0], y[0]);
+        return;
+    }
+    let last = b.out_shape[r - 1].max(1);
+    let (sa, sb) = (b.a_st[r - 1], b.b_st[r - 1]);
+    let rows_per = (CHUNK / last).max(1);
+    out.par_chunks_mut(rows_per * last)
+        .enumerate()
+        .for_each(|(blk, ob)| {
+            for (j, orow) in ob.chunks_mut(last).enumerate() {
+                let mut row = blk * rows_per + j;
+                let (mut oa, mut obb) = (0usize, 0usize);
+                for d in (0..r - 1).rev() {
+                    let i = row % b.out_shape[d];
+                    row /= b.out_shape[d];
+                    oa += i * b.a_st[d];
+                    obb += i * b.b_st[d];
+                }
+                match (sa, sb) {
+                    (1, 1) => {
+                        let (ar, br) = (&x[oa..oa + last], &y[obb..obb + last]);
+                        for i in 0..last {
+                            orow[i] = binary(op, ar[i], br[i]);
+                        }
+                    }
+                    (1, 0) => {
+                        let (ar, bv) = (&x[oa..oa + last], y[obb]);
+                        for i in 0..last {
+                            orow[i] = binary(op, ar[i], bv);
+                        }
+                    }
+                    (0, 1) => {
+                        let (av, br) = (x[oa], &y[obb..obb + last]);
+                        for i in 0..last {
+                            orow[i] = binary(op, av, br[i]);
+                        }
+                    }
+                    _ => {
+                        for (i, o) in orow.iter_mut().enumerate() {
+                            *o = binary(op, x[oa + i * sa], y[obb + i * sb]);
+                        }
+                    }
+                }
+            }
+        });
+}
+
+fn strided(s: &StridedK, io: &Io) {
+    let x = io.inp(0);
+    // SAFETY: single output taken once.
+    let out = unsafe { io.out(0) };
+    let r = s.out_shape.len();
+    if r == 0 {
+        out[0] = x[s.base as usize];
+        return;
+    }
+    let last = s.out_shape[r - 1];
+    if last == 0 || out.is_empty() {
+        return;
+    }
+    let ls = s.strides[r - 1];
+    let rows_per = (CHUNK / last).max(1);
+    out.par_chunks_mut(rows_per * last)
+        .enumerate()
+        .for_each(|(blk, ob)| {
+            for (j, orow) in ob.chunks_mut(last).enumerate() {
+                let mut row = blk * rows_per + j;
+                let mut off = s.base;
+                for d in (0..r - 1).rev() {
+                    let i = row % s.out_shape[d];
+                    row /= s.out_shape[d];
+                    off += i as isize * s.strides[d];
+                }
+                if ls == 1 {
+                    let o = off as usize;
+                    orow.copy_from_slice(&x[o..o + last]);
+                } else {
+                    for (i, v) in orow.iter_mut().enumerate() {
+                        *v = x[(off + i as isize * ls) as usize];
+                    }
+                }
+            }
+        });
+}
+
+fn softmax(io: &Io, outer: usize, dim: usize, inner: usize) {
+    let x = io.inp(0);
+    // SAFETY: single output taken once.
+    let out = unsafe { io.out(0) };
+    if dim == 0 {
+        return;
+    }
+    if inner == 1 {
+        let rows_per = (CHUNK / dim).max(1);
+        out.par_chunks_mut(rows_per * dim)
+            .zip(x.par_chunks(rows_per * dim))
+            .for_each(|(ob, xb)| {
+                for (o, xr) in ob.chunks_mut(dim).zip(xb.chunks(dim)) {
+                    let m = xr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut s = 0.0;
+                    for (o, &v) in o.iter_mut().zip(xr) {
+                        *o = (v - m).exp();
+                        s += *o;
+                    }
+                    let inv = 1.0 / s;
+                    o.iter_mut().for_each(|v| *v *= inv);
+                }
+            });
+        return;
+    }
+    out.par_chunks_mut(dim * inner)
+        .zip(x.par_chunks(dim * inner))
+        .for_each(|(o, xb)| {
+            for i in 0..inner {
+                let mut m = f32::NEG_INFINITY;
+                for d in 0..dim {
+                    m = m.max(xb[d * inner + i]);
+                }
+                let mut s = 0.0;
+                for d in 0..dim {
+                    let e = (xb[d * inner + i] - m).exp();
+                    o[d * inner + i] = e;
+                    s += e;
+                }
+                for d in 0..dim {
+                    o[d * inner + i] /= s;
+                }
+            }
+        });
+    let _ = outer;
+}
+
+/// Valid input range `[lo, hi)` of each window along one dim (dilation 1).
+fn window_ranges(out: usize, inp: usize, k: usize, s: usize, pad: usize) -> Vec<(usize, usize)> {
+    (0..out)
+        .map(|o| {
+            let start = (o * s) as isize - pad as isize;
+            let lo = start.max(0) as usize;
+            let hi = ((start + k as isize).max(0) as usize).min(inp);
+            (lo.min(hi), hi)
+        })
+        .collect()
+}
+
+fn pool(p: &PoolK, io: &Io, max: bool) {
+    let a = &p.p;
+    if a.dilations == [1, 1] && (max || !a.count_include_pad) {
+        return pool_fast(p, io, max);
+    }
+    let x = io.inp(0);
+    // SAFETY: single output taken once.
+    let out = unsafe { io.out(0) };
+    let (h, w) = (p.h as isize, p.w as isize);
+    let _ = p.nc;
+    out.par_chunks_mut(p.oh * p.ow)
+        .zip(x.par_chunks(p.h * p.w))
+        .for_each(|(o, i)| {
+            for oy in 0..p.oh {
+                let y0 = (oy * a.strides[0]) as isize - a.pads[0] as isize;
+                for ox in 0..p.ow {
+                    let x0 = (ox * a.strides[1]) as isize - a.pads[1] as isize;
+                    let mut acc = if max { f32::NEG_INFINITY } else { 0.0 };
+                    let mut cnt = 0usize;
+                    for ki in 0..a.kernel[0] {
+                        let iy = y0 + (ki * a.dilations[0]) as isize;
+                        if iy < 0 || iy >= h {
+                            continue;
+                        }
+                        for kj in 0..a.kernel[1] {
+                            let ix = x0 + (kj * a.dilations[1]) as isize;
+                            if ix < 0 || ix >= w {
+                                continue;
+                            }
+                            let v = i[(iy * w + ix) as usize];
+                            if max {
+                                acc = acc.max(v);
+                            } else {
+                                acc += v;
+                            }
+                            cnt += 1;
+                        }
+                    }
+                    o[oy * p.ow + ox] = if max {
+                        acc
+                    } else {
+                        let div = if a.count_include_pad {
+                            // PyTorch: the window clipped to the padded input, padding counted.
+                            let ye = (y0 + a.kernel[0] as isize).min(h + a.pads[2] as isize);
+                            let xe = (x0 + a.kernel[1] as isize).min(w + a.pads[3] as isize);
+                            ((ye - y0) * (xe - x0)) as usize
+                        } else {
+                            cnt
+                        };
+                        acc / div.max(1) as f32
+                    };
+                }
+            }
+        });
+}
+
+/// Pooling with precomputed window ranges: no per-tap bounds branches.
+fn pool_fast(p: &PoolK, io: &Io, max: bool) {
+    let x = io.inp(0);
+    // SAFETY: single output taken once.
+    let out = unsafe { io.out(0) };
+    let a = &p.p;
+    let ys = window_ranges(p.oh, p.h, a.kernel[0], a.strides[0], a.pads[0]);
+    let xs = window_ranges(p.ow, p.w, a.kernel[1], a.strides[1], a.pads[1]);
+    let w = p.w;
+    const MAXW: usize = 2048;
+    out.par_chunks_mut(p.oh * p.ow)
+        .zip(x.par_chunks(p.h * p.w))
+        .for_each(|(o, i)| {
+            // Separable: reduce the window's rows first (contiguous, vectorises), then each
+            // output's columns from that one row.
+            let mut tmp = [0.0f32; MAXW];
+            for (oy, &(y0, y1)) in ys.iter().enumerate() {
+                let orow = &mut o[oy * p.ow..(oy + 1) * p.ow];
+                if w <= MAXW && y1 > y0 {
+                    let t = &mut tmp[..w];
+                    t.copy_from_slice(&i[y0 * w..(y0 + 1) * w]);
+                    for r in y0 + 1..y1 {
+                        let src = &i[r * w..(r + 1) * w];
+                        if max {
+                            t.iter_mut()
+                                .zip(src)
+                                .for_each(|(a, &b)| *a = if b > *a { b } else { *a });
+                        } else {
+                            t.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
+                        }
+                    }
+                    for (v, &(x0, x1)) in orow.iter_mut().zip(&xs) {
+                        let seg = &t[x0..x1];
+                        *v = if max {
+                            seg.iter()
+                                .fold(f32::NEG_INFINITY, |m, &e| if e > m { e } else { m })
+                        } else {
+                            seg.iter().sum::<f32>() / ((y1 - y0) * (x1 - x0)).max(1) as f32
+                        };
+                    }
+                    continue;
+                }
+                for (v, &(x0, x1)) in orow.iter_mut().zip(&xs) {
+                    if max {
+                        let mut m = f32::NEG_INFINITY;
+                        for r in y0..y1 {
+                            for &e in &i[r * w + x0..r * w + x1] {
+                                m = m.max(e);
+                            }
+                        }
+                        *v = m;
+                    } else {
+                        let mut sum = 0.0;
+                        for r in y0..y1 {
+                            sum += i[r * w + x0..r * w + x1].iter().sum::<f32>();
+                        }
+                        *v = sum / ((y1 - y0) * (x1 - x0)).max(1) as f32;
+                    }
+                }
+            }
+        });
+}
+
+fn resize(r: &ResizeK, io: &Io) {
+    let x = io.inp(0);
+    // SAFETY: single output taken once.
+    let out = unsafe { io.out(0) };
+    let _ = r.nc;
+    out.par_chunks_mut(r.oh * r.ow)
+        .zip(x.par_chunks(r.h * r.w))
+        .for_each(|(o, i)| {
+            for (oy, &(y0, y1, ly)) in r.ys.iter().enumerate() {
+                let orow = &mut o[oy * r.ow..(oy + 1) * r.ow];
+                if r.linear {
+                    let (r0, r1) = (&i[y0 * r.w..(y0 + 1) * r.w], &i[y1 * r.w..(y1 + 1) * r.w]);
+                    for (v, &(x0, x1, lx)) in orow.iter_mut().zip(&r.xs) {
+                        let top = r0[x0] * (1.0 - lx) + r0[x1] * lx;
+                        let bot = r1[x0] * (1.0 - lx) + r1[x1] * lx;
+                        *v = top * (1.0 - ly) + bot * ly;
+                    }
+                } else {
+                    let r0 = &i[y0 * r.w..(y0 + 1) * r.w];
+                    for (v, &(x0, _, _)) in orow.iter_mut().zip(&r.xs) {
+                        *v = r0[x0];
+                    }
+                }
+            }
+        });
+}

@@ -1,0 +1,498 @@
+//! The CPU backend (f32): the reference and correctness oracle, and the "CPU accelerator".
+//!
+//! Compiling runs the graph passes, infers shapes for the batch, plans one kernel per node,
+//! aliases view ops (reshape, flatten, squeeze...) onto their input's storage, and packs every
+//! activation into one arena by liveness (values alive at the same time get disjoint ranges).
+//! Running walks the planned steps inside the model's own rayon pool; nothing is allocated by
+//! isolane on that path (the `gemm` crate keeps its packing buffers in thread-local slabs).
+
+pub(crate) mod kernels;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rayon::ThreadPool;
+
+use crate::backend::{Backend, CompiledModel, Precision};
+use crate::error::{EngineError, Result};
+use crate::ir::{infer_node, Graph, Node, Tensor, ValueKind};
+use crate::passes;
+use kernels::{Io, Kernel, RawBuf};
+
+/// The CPU backend. `threads` = size of each compiled model's rayon pool; 0 = all cores.
+#[derive(Clone, Debug, Default)]
+pub struct CpuBackend {
+    pub threads: usize,
+}
+
+impl CpuBackend {
+    /// A CPU backend whose models each use a pool of `threads` threads (0 = all cores).
+    pub fn new(threads: usize) -> Self {
+        CpuBackend { threads }
+    }
+
+    /// Compiles to the concrete CPU model type (gives access to profiling).
+    pub fn compile_cpu(
+        &self,
+        graph: &Graph,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<CpuModel> {
+        if precision != Precision::Fp32 {
+            return Err(EngineError::Unsupported(format!(
+                "the cpu backend runs fp32 only, not {precision}"
+            )));
+        }
+        let g = passes::optimize(graph, batch)?;
+        CpuModel::plan(&g, batch, self.threads)
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+    fn compile(
+        &self,
+        graph: &Graph,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<Box<dyn CompiledModel>> {
+        Ok(Box::new(self.compile_cpu(graph, batch, precision)?))
+    }
+}
+
+struct Step {
+    name: String,
+    kernel: Kernel,
+    ins: Vec<RawBuf>,
+    outs: Vec<RawBuf>,
+}
+
+/// Where a value lives.
+#[derive(Clone, Copy, Debug)]
+enum Loc {
+    /// Storage index (into the arena plan).
+    Storage(usize),
+    /// Constant index.
+    Const(usize),
+}
+
+#[derive(Clone, Debug)]
+struct Storage {
+    len: usize,
+    first: usize,
+    last: usize,
+    offset: usize,
+}
+
+/// A graph compiled for the CPU at one batch size.
+pub struct CpuModel {
+    // Field order matters for nothing but clarity: the steps point into `arena`, `scratch`
+    // and `consts`, all owned here.
+    steps: Vec<Step>,
+    arena: Vec<f32>,
+    scratch: Vec<f32>,
+    #[allow(dead_code)]
+    consts: Vec<Arc<Tensor>>,
+    inputs: Vec<(usize, usize, Vec<usize>)>,
+    outputs: Vec<(usize, usize, Vec<usize>)>,
+    pool: ThreadPool,
+    threads: usize,
+}
+
+// SAFETY: the raw pointers inside `steps` point only into heap buffers owned by this struct
+// (`arena`, `scratch`, and the `Arc<Tensor>`s kept alive in `consts`); moving the struct to
+// another thread moves ownership of all of them, and nothing else holds those pointers.
+unsafe impl Send for CpuModel {}
+
+impl CpuModel {
+    fn plan(g: &Graph, batch: usize, threads: usize) -> Result<CpuModel> {
+        let shapes = g.infer_shapes(batch)?;
+        let nv = g.values.len();
+        let mut loc: Vec<Option<Loc>> = vec![None; nv];
+        let mut storages: Vec<Storage> = Vec::new();
+        let mut consts: Vec<Arc<Tensor>> = Vec::new();
+        let end = g.nodes.len() + 1;
+        let new_storage = |storages: &mut Vec<Storage>, len: usize, first: usize| {
+            storages.push(Storage {
+                len,
+                first,
+                last: first,
+                offset: 0,
+            });
+            storages.len() - 1
+        };
+        for (i, v) in g.values.iter().enumerate() {
+            if let ValueKind::Constant(t) = &v.kind {
+                consts.push(t.clone());
+                loc[i] = Some(Loc::Const(consts.len() - 1));
+            }
+        }
+        let mut input_storages = Vec::new();
+        for &i in &g.inputs {
+            let len = shapes[i].iter().product();
+            let s = new_storage(&mut storages, len, 0);
+            storages[s].last = end;
+            loc[i] = Some(Loc::Storage(s));
+            input_storages.push((s, shapes[i].clone()));
+        }
+        // Nodes: step index t = node index + 1 (0 is "before everything").
+        let mut kernels: Vec<Option<Kernel>> = Vec::with_capacity(g.nodes.len());
+        for (ni, n) in g.nodes.iter().enumerate() {
+            let t = ni + 1;
+            for &i in &n.inputs {
+                match loc[i] {
+                    Some(Loc::Storage(s)) => storages[s].last = storages[s].last.max(t),
+                    Some(Loc::Const(_)) => {}
+                    None => {
+                        return Err(EngineError::graph(
+                            &n.name,
+                            format!("input {i} has no storage"),
+                        ))
+                    }
+                }
+            }
+            let alias = n.op.is_view() && matches!(loc[n.inputs[0]], Some(Loc::Storage(_)));
+            if alias {
+                loc[n.outputs[0]] = loc[n.inputs[0]];
+                kernels.push(None);
+                continue;
+            }
+            for &o in &n.outputs {
+                let len = shapes[o].iter().product();
+                let s = new_storage(&mut storages, len, t);
+                loc[o] = Some(Loc::Storage(s));
+            }
+            let ins: Vec<&[usize]> = n.inputs.iter().map(|&i| shapes[i].as_slice()).collect();
+            let outs: Vec<&[usize]> = n.outputs.iter().map(|&o| shapes[o].as_slice()).collect();
+            kernels.push(Some(Kernel::plan(n, &ins, &outs)?));
+        }
+        // Outputs need their own storage, alive to the end, not shared with an input or with
+        // another output; otherwise add a final copy.
+        let mut output_plan: Vec<(Loc, Option<usize>)> = Vec::new();
+        let mut claimed: Vec<usize> = input_storages.iter().map(|(s, _)| *s).collect();
+        for &o in &g.outputs {
+            let src =
+                loc[o].ok_or_else(|| EngineError::graph("<outputs>", "output has no storage"))?;
+            match src {
+                Loc::Storage(s) if !claimed.contains(&s) => {
+                    storages[s].last = end;
+                    claimed.push(s);
+                    output_plan.push((src, None));
+                }
+                _ => {
+                    if let Loc::Storage(s) = src {
+                        storages[s].last = end;
+                    }
+                    let len = shapes[o].iter().product();
+                    let s = new_storage(&mut storages, len, end);
+                    storages[s].last = end + 1;
+                    claimed.push(s);
+                    output_plan.push((src, Some(s)));
+                }
+            }
+        }
+        let arena_len = assign_offsets(&mut storages);
+        let mut arena = vec![0.0f32; arena_len];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("isolane-cpu-{i}"))
+            .build()
+            .map_err(|e| {
+                EngineError::Runtime(format!("cannot start a pool of {threads} threads: {e}"))
+            })?;
+        let threads = pool.current_num_threads();
+        let scratch_len = kernels
+            .iter()
+            .flatten()
+            .map(|k| k.scratch_len(threads))
+            .max()
+            .unwrap_or(0);
+        let scratch = vec![0.0f32; scratch_len];
+        let base = arena.as_mut_ptr();
+        let buf = |l: Loc, len: usize| -> RawBuf {
+            match l {
+                Loc::Storage(s) => RawBuf {
+                    // SAFETY: offset + len <= arena_len by construction of assign_offsets.
+                    ptr: unsafe { base.add(storages[s].offset) },
+                    len,
+                },
+                Loc::Const(c) => RawBuf::from_const(&consts[c].data),
+            }
+        };
+        let mut steps = Vec::new();
+        for (n, k) in g.nodes.iter().zip(kernels) {
+            let Some(kernel) = k else { continue };
+            let ins = n
+                .inputs
+                .iter()
+                .map(|&i| buf(loc[i].unwrap_or(Loc::Const(0)), shapes[i].iter().product()))
+                .collect();
+            let outs = n
+                .outputs
+                .iter()
+                .map(|&o| buf(loc[o].unwrap_or(Loc::Const(0)), shapes[o].iter().product()))
+                .collect();
+            steps.push(Step {
+                name: n.name.clone(),
+                kernel,
+                ins,
+                outs,
+            });
+        }
+        let mut outputs = Vec::new();
+        for (&o, (src, copy)) in g.outputs.iter().zip(&output_plan) {
+            let len: usize = shapes[o].iter().product();
+            let dst = match copy {
+                Some(s) => {
+                    steps.push(Step {
+                        name: format!("copy to output {}", g.values[o].name),
+                        kernel: Kernel::Copy,
+                        ins: vec![buf(*src, len)],
+                        outs: vec![buf(Loc::Storage(*s), len)],
+                    });
+                    *s
+                }
+                None => match src {
+                    Loc::Storage(s) => *s,
+                    Loc::Const(_) => unreachable_storage()?,
+                },
+            };
+            outputs.push((storages[dst].offset, len, shapes[o].clone()));
+        }
+        let inputs = input_storages
+            .into_iter()
+            .map(|(s, shape)| (storages[s].offset, storages[s].len, shape))
+            .collect();
+        Ok(CpuModel {
+            steps,
+            arena,
+            scratch,
+            consts,
+            inputs,
+            outputs,
+            pool,
+            threads,
+        })
+    }
+
+    /// Runs once and returns (step name, milliseconds) for every step, for profiling.
+    pub fn profile(&mut self) -> Vec<(String, f64)> {
+        let scratch = RawBuf::from_slice(&mut self.scratch);
+        let threads = self.threads;
+        let steps = &self.steps;
+        self.pool.install(|| {
+            steps
+                .iter()
+                .map(|s| {
+                    let t0 = Instant::now();
+                    s.kernel.run(
+                        &Io {
+                            ins: &s.ins,
+                            outs: &s.outs,
+                            scratch,
+                        },
+                        threads,
+                    );
+                    (
+                        format!("{} [{}]", s.name, kernel_name(&s.kernel)),
+                        t0.elapsed().as_secs_f64() * 1e3,
+                    )
+                })
+                .collect()
+        })
+    }
+
+    /// Threads in this model's pool.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+}
+
+fn unreachable_storage() -> Result<usize> {
+    Err(EngineError::Runtime(
+        "internal: constant output without a copy".into(),
+    ))
+}
+
+fn kernel_name(k: &Kernel) -> String {
+    match k {
+        Kernel::Conv(c) => format!("Conv/{:?}", c.method),
+        other => format!("{other:?}")
+            .chars()
+            .take_while(|c| c.is_alphanumeric())
+            .collect(),
+    }
+}
+
+/// Greedy-by-size arena packing: biggest first, each at the lowest offset that does not
+/// overlap a placed storage with an overlapping lifetime. Returns the arena length.
+fn assign_offsets(st: &mut [Storage]) -> usize {
+    const ALIGN: usize = 16; // 64 bytes: a cache line, and full SIMD alignment.
+    let mut order: Vec<usize> = (0..st.len()).collect();
+    order.sort_by(|&a, &b| st[b].len.cmp(&st[a].len).then(a.cmp(&b)));
+    let mut placed: Vec<usize> = Vec::new();
+    let mut total = 0;
+    for &i in &order {
+        let size = st[i].len.div_ceil(ALIGN) * ALIGN;
+        let mut conflicts: Vec<(usize, usize)> = placed
+            .iter()
+            .filter(|&&j| st[j].first <= st[i].last && st[i].first <= st[j].last)
+            .map(|&j| {
+                (
+                    st[j].offset,
+                    st[j].offset + st[j].len.div_ceil(ALIGN) * ALIGN,
+                )
+            })
+            .collect();
+        conflicts.sort_unstable();
+        let mut off = 0;
+        for (a, b) in conflicts {
+            if off + size <= a {
+                break;
+            }
+            off = off.max(b);
+        }
+        st[i].offset = off;
+        total = total.max(off + size);
+        placed.push(i);
+    }
+    total
+}
+
+impl CompiledModel for CpuModel {
+    fn num_inputs(&self) -> usize {
+        self.inputs.len()
+    }
+    fn num_outputs(&self) -> usize {
+        self.outputs.len()
+    }
+    fn input_shape_at(&self, i: usize) -> &[usize] {
+        self.inputs.get(i).map_or(&[], |x| x.2.as_slice())
+    }
+    fn output_shape_at(&self, i: usize) -> &[usize] {
+        self.outputs.get(i).map_or(&[], |x| x.2.as_slice())
+    }
+    fn input_mut_at(&mut self, i: usize) -> &mut [f32] {
+        match self.inputs.get(i) {
+            Some(&(off, len, _)) => &mut self.arena[off..off + len],
+            None => &mut [],
+        }
+    }
+    fn output_at(&self, i: usize) -> &[f32] {
+        match self.outputs.get(i) {
+            Some(&(off, len, _)) => &self.arena[off..off + len],
+            None => &[],
+        }
+    }
+    fn run(&mut self) -> Result<()> {
+        let scratch = RawBuf::from_slice(&mut self.scratch);
+        let threads = self.threads;
+        let steps = &self.steps;
+        // The arena is reached only through the steps' pointers while they run; `&mut self`
+        // guarantees no slice handed out by input_mut/output is alive meanwhile.
+        self.pool.install(|| {
+            for s in steps {
+                s.kernel.run(
+                    &Io {
+                        ins: &s.ins,
+                        outs: &s.outs,
+                        scratch,
+                    },
+                    threads,
+                );
+            }
+        });
+        Ok(())
+    }
+    fn arena_bytes(&self) -> usize {
+        self.arena.len() * 4
+    }
+}
+
+/// Evaluates one node on constant tensors (constant folding, references).
+pub fn eval_node(node: &Node, ins: &[&Tensor], batch: usize) -> Result<Vec<Tensor>> {
+    let in_shapes: Vec<&[usize]> = ins.iter().map(|t| t.shape.as_slice()).collect();
+    let out_shapes = infer_node(node, &in_shapes, batch)?;
+    if node.op.is_view() {
+        return Ok(vec![Tensor {
+            shape: out_shapes[0].clone(),
+            data: ins[0].data.clone(),
+        }]);
+    }
+    let os: Vec<&[usize]> = out_shapes.iter().map(|s| s.as_slice()).collect();
+    let kernel = Kernel::plan(node, &in_shapes, &os)?;
+    let mut outs: Vec<Tensor> = out_shapes
+        .iter()
+        .map(|s| Tensor::zeros(s.clone()))
+        .collect();
+    let mut scratch = vec![0.0f32; kernel.scratch_len(1)];
+    let in_bufs: Vec<RawBuf> = ins.iter().map(|t| RawBuf::from_const(&t.data)).collect();
+    let out_bufs: Vec<RawBuf> = outs
+        .iter_mut()
+        .map(|t| RawBuf::from_slice(&mut t.data))
+        .collect();
+    kernel.run(
+        &Io {
+            ins: &in_bufs,
+            outs: &out_bufs,
+            scratch: RawBuf::from_slice(&mut scratch),
+        },
+        1,
+    );
+    Ok(outs)
+}
+
+/// Runs a graph node by node, unoptimised, allocating as it goes: a slow reference used to
+/// check the passes and the planned backend.
+pub fn interpret(g: &Graph, batch: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    let shapes = g.infer_shapes(batch)?;
+    if inputs.len() != g.inputs.len() {
+        return Err(EngineError::InvalidArgument(format!(
+            "graph has {} inputs, {} given",
+            g.inputs.len(),
+            inputs.len()
+        )));
+    }
+    let mut vals: Vec<Option<Arc<Tensor>>> = vec![None; g.values.len()];
+    for (&i, t) in g.inputs.iter().zip(inputs) {
+        if t.shape != shapes[i] {
+            return Err(EngineError::InvalidArgument(format!(
+                "input `{}` has shape {:?}, expected {:?}",
+                g.values[i].name, t.shape, shapes[i]
+            )));
+        }
+        vals[i] = Some(Arc::new(t.clone()));
+    }
+    for (i, v) in g.values.iter().enumerate() {
+        if let ValueKind::Constant(t) = &v.kind {
+            vals[i] = Some(t.clone());
+        }
+    }
+    for n in &g.nodes {
+        let ins: Vec<Arc<Tensor>> = n
+            .inputs
+            .iter()
+            .map(|&i| {
+                vals[i]
+                    .clone()
+                    .ok_or_else(|| EngineError::graph(&n.name, "input not computed"))
+            })
+            .collect::<Result<_>>()?;
+        let refs: Vec<&Tensor> = ins.iter().map(|t| t.as_ref()).collect();
+        let outs = eval_node(n, &refs, batch)?;
+        for (&o, t) in n.outputs.iter().zip(outs) {
+            vals[o] = Some(Arc::new(t));
+        }
+    }
+    g.outputs
+        .iter()
+        .map(|&o| {
+            vals[o]
+                .as_ref()
+                .map(|t| t.as_ref().clone())
+                .ok_or_else(|| EngineError::graph("<outputs>", "output not computed"))
+        })
+        .collect()
+}

@@ -1,0 +1,1320 @@
+//! The engine's graph IR: values (graph inputs, constants, computed tensors), nodes (ops) and
+//! static shape inference.
+//!
+//! # Batch dimension
+//! A [`Graph`] is batch-agnostic. Graph inputs declare their shape with [`Dim`]s, one of which is
+//! normally [`Dim::Batch`]; shape-carrying attributes (`Reshape`, `Expand`) may use `Dim::Batch` /
+//! `Dim::BatchTimes(k)` too. Concrete shapes exist only after [`Graph::infer_shapes`] is given the
+//! batch size, which a backend does once when it compiles the graph for a (batch, precision).
+//! Everything else is static: shape subgraphs (Shape, ConstantOfShape, Range, Cast...) must be
+//! folded away by whoever builds the graph.
+//!
+//! # Data types
+//! All runtime tensors are f32. Constants are f32 ([`Tensor`]); integer data that ops need
+//! (Gather indices, Slice bounds, permutations) lives in the op's attributes as i64/usize.
+//!
+//! # Order
+//! Nodes are kept in topological order: a node may only use values defined before it (graph
+//! inputs, constants, or outputs of earlier nodes). The builder methods enforce this.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{EngineError, Result};
+
+/// Index of a value in [`Graph::values`].
+pub type ValueId = usize;
+/// Index of a node in [`Graph::nodes`].
+pub type NodeId = usize;
+
+/// A dense row-major f32 tensor (constants and weights).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Tensor {
+    /// A tensor from a shape and data; errors if the sizes disagree.
+    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        if n != data.len() {
+            return Err(EngineError::InvalidArgument(format!(
+                "tensor of shape {shape:?} needs {n} elements, got {}",
+                data.len()
+            )));
+        }
+        Ok(Tensor { shape, data })
+    }
+    /// A 0-d tensor holding one value.
+    pub fn scalar(v: f32) -> Self {
+        Tensor {
+            shape: vec![],
+            data: vec![v],
+        }
+    }
+    /// A tensor of zeros.
+    pub fn zeros(shape: Vec<usize>) -> Self {
+        let n = shape.iter().product();
+        Tensor {
+            shape,
+            data: vec![0.0; n],
+        }
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// One dimension of a declared shape (graph inputs, `Reshape`/`Expand` targets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dim {
+    /// A fixed size.
+    Fixed(usize),
+    /// The batch size chosen at compile time.
+    Batch,
+    /// `k ×` the batch size (e.g. `[N*heads, S, d]`).
+    BatchTimes(usize),
+    /// Reshape only: copy the input's size at this position (ONNX `0`).
+    Copy,
+    /// Reshape only: inferred from the element count (ONNX `-1`); at most one.
+    Infer,
+}
+
+impl Dim {
+    /// Converts ONNX-style integers (0 = copy, -1 = infer) into dims.
+    pub fn from_onnx(v: i64) -> Result<Dim> {
+        match v {
+            -1 => Ok(Dim::Infer),
+            0 => Ok(Dim::Copy),
+            v if v > 0 => Ok(Dim::Fixed(v as usize)),
+            v => Err(EngineError::InvalidArgument(format!("bad shape dim {v}"))),
+        }
+    }
+}
+
+/// Pointwise functions, usable as standalone ops ([`Op::Unary`]) and as fused epilogues.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unary {
+    Identity,
+    Relu,
+    /// `clamp(x, 0, 6)` (MobileNetV2).
+    Relu6,
+    Clip {
+        min: f32,
+        max: f32,
+    },
+    LeakyRelu {
+        alpha: f32,
+    },
+    Sigmoid,
+    /// `clamp(alpha*x + beta, 0, 1)`.
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
+    /// `x * relu6(x + 3) / 6`.
+    HardSwish,
+    /// `x * sigmoid(x)`.
+    Silu,
+    /// Exact GELU: `0.5 x (1 + erf(x / sqrt 2))`.
+    Gelu,
+    /// tanh-approximated GELU.
+    GeluTanh,
+    Tanh,
+    Exp,
+    Log,
+    Sqrt,
+    Erf,
+    Neg,
+    Abs,
+    Reciprocal,
+}
+
+/// Elementwise binary ops with numpy broadcasting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Max,
+    Min,
+}
+
+/// Reductions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceKind {
+    Mean,
+    Sum,
+    Max,
+    Min,
+}
+
+/// 2-D convolution attributes (NCHW). Inputs: `x [N,C,H,W]`, `w [M, C/groups, kh, kw]`,
+/// optional `b [M]`, and when `residual` is set a fourth input added before the activation
+/// (then the bias input must be present). The kernel size comes from `w`'s shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvAttrs {
+    pub strides: [usize; 2],
+    /// `[top, left, bottom, right]` (ONNX order: h_begin, w_begin, h_end, w_end).
+    pub pads: [usize; 4],
+    pub dilations: [usize; 2],
+    pub groups: usize,
+    /// Fused epilogue after bias (and residual).
+    pub activation: Option<Unary>,
+    /// Fused residual add: `act(conv(x) + b + inputs[3])`.
+    pub residual: bool,
+}
+
+impl Default for ConvAttrs {
+    fn default() -> Self {
+        ConvAttrs {
+            strides: [1, 1],
+            pads: [0; 4],
+            dilations: [1, 1],
+            groups: 1,
+            activation: None,
+            residual: false,
+        }
+    }
+}
+
+/// Pooling attributes (NCHW, 2-D).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolAttrs {
+    pub kernel: [usize; 2],
+    pub strides: [usize; 2],
+    /// `[top, left, bottom, right]`.
+    pub pads: [usize; 4],
+    pub dilations: [usize; 2],
+    pub ceil_mode: bool,
+    /// AveragePool only: count padded cells in the divisor.
+    pub count_include_pad: bool,
+}
+
+impl Default for PoolAttrs {
+    fn default() -> Self {
+        PoolAttrs {
+            kernel: [1, 1],
+            strides: [1, 1],
+            pads: [0; 4],
+            dilations: [1, 1],
+            ceil_mode: false,
+            count_include_pad: false,
+        }
+    }
+}
+
+/// Resize interpolation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResizeMode {
+    Nearest,
+    /// Bilinear on the two spatial dims.
+    Linear,
+}
+
+/// ONNX `coordinate_transformation_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoordMode {
+    HalfPixel,
+    PytorchHalfPixel,
+    AlignCorners,
+    Asymmetric,
+}
+
+/// ONNX `nearest_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NearestMode {
+    RoundPreferFloor,
+    RoundPreferCeil,
+    Floor,
+    Ceil,
+}
+
+/// Output size of a Resize on H and W.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ResizeSize {
+    /// Output = floor(input × scale); the scale is also used in the coordinate transform.
+    Scales([f32; 2]),
+    /// Explicit output H, W.
+    Size([usize; 2]),
+}
+
+/// Resize attributes (4-D NCHW input; only H and W are resized).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResizeAttrs {
+    pub mode: ResizeMode,
+    pub coord: CoordMode,
+    pub nearest: NearestMode,
+    pub size: ResizeSize,
+}
+
+/// The ops. Input conventions are given per variant; `Graph::validate` checks arity.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// Inputs: x, w, [b], [residual]. See [`ConvAttrs`].
+    Conv(ConvAttrs),
+    /// Inputs: x, scale, bias, mean, var (per-channel on dim 1).
+    BatchNorm {
+        eps: f32,
+    },
+    /// One input.
+    Unary(Unary),
+    /// Two inputs, numpy broadcasting.
+    Binary(Binary),
+    /// Inputs: a, b; numpy `matmul` semantics (batched, broadcasting, 1-D promotion).
+    MatMul,
+    /// ONNX Gemm: `alpha * op(a) @ op(b) + beta * c`; inputs a, b, [c] (c broadcast to [M,N]).
+    Gemm {
+        alpha: f32,
+        beta: f32,
+        trans_a: bool,
+        trans_b: bool,
+    },
+    /// PyTorch `nn.Linear`: inputs x `[.., K]`, w `[N, K]`, [b `[N]`]; output `[.., N]`;
+    /// fused activation. Produced by passes (and built-ins) from MatMul/Gemm with constant weights.
+    Linear {
+        activation: Option<Unary>,
+    },
+    MaxPool(PoolAttrs),
+    AveragePool(PoolAttrs),
+    /// `[N,C,H,W] -> [N,C,1,1]`.
+    GlobalAveragePool,
+    /// PyTorch `AdaptiveAvgPool2d(output)`.
+    AdaptiveAvgPool {
+        output: [usize; 2],
+    },
+    /// ONNX Flatten: `[d0..d(axis-1) product, rest product]`.
+    Flatten {
+        axis: i64,
+    },
+    Reshape {
+        shape: Vec<Dim>,
+    },
+    Transpose {
+        perm: Vec<usize>,
+    },
+    /// Any number of inputs.
+    Concat {
+        axis: i64,
+    },
+    /// One input, `sizes.len()` outputs.
+    Split {
+        axis: i64,
+        sizes: Vec<usize>,
+    },
+    /// ONNX Slice semantics (negative indices, clamping, negative steps).
+    Slice {
+        starts: Vec<i64>,
+        ends: Vec<i64>,
+        axes: Vec<i64>,
+        steps: Vec<i64>,
+    },
+    /// Gather along `axis` with constant indices (negative indices allowed).
+    Gather {
+        axis: i64,
+        indices: Vec<i64>,
+        indices_shape: Vec<usize>,
+    },
+    Unsqueeze {
+        axes: Vec<i64>,
+    },
+    /// Empty `axes` squeezes every size-1 dim.
+    Squeeze {
+        axes: Vec<i64>,
+    },
+    /// numpy-broadcast the input to `shape` (ONNX Expand: result is the broadcast of both).
+    Expand {
+        shape: Vec<Dim>,
+    },
+    Softmax {
+        axis: i64,
+    },
+    /// Normalises over dims `axis..`; inputs x, scale, [bias] (shape of the normalised dims).
+    LayerNorm {
+        axis: i64,
+        eps: f32,
+    },
+    Reduce {
+        kind: ReduceKind,
+        axes: Vec<i64>,
+        keepdims: bool,
+    },
+    Resize(ResizeAttrs),
+    /// Pass-through (Dropout at inference, Identity).
+    Identity,
+}
+
+impl Op {
+    /// A short name for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Conv(_) => "Conv",
+            Op::BatchNorm { .. } => "BatchNorm",
+            Op::Unary(_) => "Unary",
+            Op::Binary(_) => "Binary",
+            Op::MatMul => "MatMul",
+            Op::Gemm { .. } => "Gemm",
+            Op::Linear { .. } => "Linear",
+            Op::MaxPool(_) => "MaxPool",
+            Op::AveragePool(_) => "AveragePool",
+            Op::GlobalAveragePool => "GlobalAveragePool",
+            Op::AdaptiveAvgPool { .. } => "AdaptiveAvgPool",
+            Op::Flatten { .. } => "Flatten",
+            Op::Reshape { .. } => "Reshape",
+            Op::Transpose { .. } => "Transpose",
+            Op::Concat { .. } => "Concat",
+            Op::Split { .. } => "Split",
+            Op::Slice { .. } => "Slice",
+            Op::Gather { .. } => "Gather",
+            Op::Unsqueeze { .. } => "Unsqueeze",
+            Op::Squeeze { .. } => "Squeeze",
+            Op::Expand { .. } => "Expand",
+            Op::Softmax { .. } => "Softmax",
+            Op::LayerNorm { .. } => "LayerNorm",
+            Op::Reduce { .. } => "Reduce",
+            Op::Resize(_) => "Resize",
+            Op::Identity => "Identity",
+        }
+    }
+
+    /// Allowed input counts `(min, max)`; `max == usize::MAX` = variadic.
+    fn arity(&self) -> (usize, usize) {
+        match self {
+            Op::Conv(a) if a.residual => (4, 4),
+            Op::Conv(_) => (2, 3),
+            Op::BatchNorm { .. } => (5, 5),
+            Op::Binary(_) | Op::MatMul => (2, 2),
+            Op::Gemm { .. } | Op::Linear { .. } | Op::LayerNorm { .. } => (2, 3),
+            Op::Concat { .. } => (1, usize::MAX),
+            _ => (1, 1),
+        }
+    }
+
+    /// Number of outputs the op produces.
+    pub fn num_outputs(&self) -> usize {
+        match self {
+            Op::Split { sizes, .. } => sizes.len(),
+            _ => 1,
+        }
+    }
+
+    /// True for ops whose output is the input's data with another shape (no copy needed).
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Op::Reshape { .. }
+                | Op::Flatten { .. }
+                | Op::Unsqueeze { .. }
+                | Op::Squeeze { .. }
+                | Op::Identity
+        )
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a value is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ValueKind {
+    /// A graph input with its declared shape.
+    Input(Vec<Dim>),
+    /// A constant (weights). Shared so that compiling does not copy weights.
+    Constant(Arc<Tensor>),
+    /// Output `index` of node `node`.
+    Computed { node: NodeId, index: usize },
+}
+
+/// A named value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Value {
+    pub name: String,
+    pub kind: ValueKind,
+}
+
+/// An op applied to values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub name: String,
+    pub op: Op,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+}
+
+/// A dataflow graph in topological order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Graph {
+    pub name: String,
+    pub values: Vec<Value>,
+    pub nodes: Vec<Node>,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new(name: impl Into<String>) -> Self {
+        Graph {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Declares a graph input. Its shape normally starts with [`Dim::Batch`].
+    pub fn add_input(&mut self, name: impl Into<String>, shape: Vec<Dim>) -> ValueId {
+        let id = self.values.len();
+        self.values.push(Value {
+            name: name.into(),
+            kind: ValueKind::Input(shape),
+        });
+        self.inputs.push(id);
+        id
+    }
+
+    /// Adds a constant.
+    pub fn add_constant(&mut self, name: impl Into<String>, t: Tensor) -> ValueId {
+        self.add_shared_constant(name, Arc::new(t))
+    }
+
+    /// Adds a constant that shares its storage.
+    pub fn add_shared_constant(&mut self, name: impl Into<String>, t: Arc<Tensor>) -> ValueId {
+        let id = self.values.len();
+        self.values.push(Value {
+            name: name.into(),
+            kind: ValueKind::Constant(t),
+        });
+        id
+    }
+
+    /// Adds a node with named outputs; returns the output value ids. Checks that the inputs
+    /// exist (which keeps the graph topologically ordered) and the op's arity.
+    pub fn add_node_with_outputs(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        inputs: &[ValueId],
+        output_names: Vec<String>,
+    ) -> Result<Vec<ValueId>> {
+        let name = name.into();
+        if let Some(&bad) = inputs.iter().find(|&&v| v >= self.values.len()) {
+            return Err(EngineError::graph(
+                &name,
+                format!("unknown input value {bad}"),
+            ));
+        }
+        check_arity(&name, &op, inputs.len())?;
+        if output_names.len() != op.num_outputs() {
+            return Err(EngineError::graph(
+                &name,
+                format!(
+                    "{} produces {} outputs, {} names given",
+                    op.name(),
+                    op.num_outputs(),
+                    output_names.len()
+                ),
+            ));
+        }
+        let node_id = self.nodes.len();
+        let mut outs = Vec::with_capacity(output_names.len());
+        for (index, oname) in output_names.into_iter().enumerate() {
+            outs.push(self.values.len());
+            self.values.push(Value {
+                name: oname,
+                kind: ValueKind::Computed {
+                    node: node_id,
+                    index,
+                },
+            });
+        }
+        self.nodes.push(Node {
+            name,
+            op,
+            inputs: inputs.to_vec(),
+            outputs: outs.clone(),
+        });
+        Ok(outs)
+    }
+
+    /// Adds a node; outputs are named `name` (one output) or `name:i`.
+    pub fn add_node(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        inputs: &[ValueId],
+    ) -> Result<Vec<ValueId>> {
+        let name = name.into();
+        let n = op.num_outputs();
+        let names = if n == 1 {
+            vec![name.clone()]
+        } else {
+            (0..n).map(|i| format!("{name}:{i}")).collect()
+        };
+        self.add_node_with_outputs(name, op, inputs, names)
+    }
+
+    /// Adds a single-output node and returns its output.
+    pub fn add_op(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        inputs: &[ValueId],
+    ) -> Result<ValueId> {
+        let name = name.into();
+        if op.num_outputs() != 1 {
+            return Err(EngineError::graph(&name, "add_op needs a single-output op"));
+        }
+        Ok(self.add_node(name, op, inputs)?[0])
+    }
+
+    /// Marks a value as a graph output.
+    pub fn add_output(&mut self, v: ValueId) -> Result<()> {
+        if v >= self.values.len() {
+            return Err(EngineError::graph(
+                "<outputs>",
+                format!("unknown value {v}"),
+            ));
+        }
+        self.outputs.push(v);
+        Ok(())
+    }
+
+    /// The constant behind a value, if it is one.
+    pub fn constant(&self, v: ValueId) -> Option<&Arc<Tensor>> {
+        match &self.values.get(v)?.kind {
+            ValueKind::Constant(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Finds a value by name.
+    pub fn find_value(&self, name: &str) -> Option<ValueId> {
+        self.values.iter().position(|v| v.name == name)
+    }
+
+    /// The node producing a value, if computed.
+    pub fn producer(&self, v: ValueId) -> Option<NodeId> {
+        match self.values.get(v)?.kind {
+            ValueKind::Computed { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+
+    /// Total number of constant elements (weights and buffers).
+    pub fn constant_elements(&self) -> usize {
+        self.values
+            .iter()
+            .map(|v| match &v.kind {
+                ValueKind::Constant(t) => t.numel(),
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// For each value, how many node inputs (plus graph outputs) use it.
+    pub fn use_counts(&self) -> Vec<usize> {
+        let mut uses = vec![0usize; self.values.len()];
+        for n in &self.nodes {
+            for &i in &n.inputs {
+                uses[i] += 1;
+            }
+        }
+        for &o in &self.outputs {
+            uses[o] += 1;
+        }
+        uses
+    }
+
+    /// Checks structure: ids in range, topological order, arity, consistent value kinds,
+    /// at least one input and one output.
+    pub fn validate(&self) -> Result<()> {
+        if self.outputs.is_empty() {
+            return Err(EngineError::graph(&self.name, "graph has no outputs"));
+        }
+        let mut defined = vec![false; self.values.len()];
+        for &i in &self.inputs {
+            let ok = matches!(
+                self.values.get(i).map(|v| &v.kind),
+                Some(ValueKind::Input(_))
+            );
+            if !ok {
+                return Err(EngineError::graph(
+                    &self.name,
+                    format!("graph input {i} is not an input value"),
+                ));
+            }
+            defined[i] = true;
+        }
+        for (i, v) in self.values.iter().enumerate() {
+            if matches!(v.kind, ValueKind::Constant(_)) {
+                defined[i] = true;
+            }
+        }
+        for (ni, n) in self.nodes.iter().enumerate() {
+            check_arity(&n.name, &n.op, n.inputs.len())?;
+            for &i in &n.inputs {
+                if i >= self.values.len() || !defined[i] {
+                    return Err(EngineError::graph(
+                        &n.name,
+                        format!("input value {i} is not defined before this node"),
+                    ));
+                }
+            }
+            if n.outputs.len() != n.op.num_outputs() {
+                return Err(EngineError::graph(&n.name, "wrong number of outputs"));
+            }
+            for (k, &o) in n.outputs.iter().enumerate() {
+                match self.values.get(o).map(|v| &v.kind) {
+                    Some(ValueKind::Computed { node, index }) if *node == ni && *index == k => {}
+                    _ => {
+                        return Err(EngineError::graph(
+                            &n.name,
+                            format!("output value {o} is inconsistent"),
+                        ))
+                    }
+                }
+                if defined[o] {
+                    return Err(EngineError::graph(
+                        &n.name,
+                        format!("value {o} defined twice"),
+                    ));
+                }
+                defined[o] = true;
+            }
+        }
+        for &o in &self.outputs {
+            if o >= self.values.len() || !defined[o] {
+                return Err(EngineError::graph(
+                    "<outputs>",
+                    format!("graph output {o} is never computed"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Concrete shapes of every value for a batch size (indexed by [`ValueId`]). Values that are
+    /// neither inputs, constants nor outputs of a node get an empty shape.
+    pub fn infer_shapes(&self, batch: usize) -> Result<Vec<Vec<usize>>> {
+        if batch == 0 {
+            return Err(EngineError::InvalidArgument(
+                "batch size must be at least 1".into(),
+            ));
+        }
+        self.validate()?;
+        let mut shapes: Vec<Vec<usize>> = vec![Vec::new(); self.values.len()];
+        for (i, v) in self.values.iter().enumerate() {
+            match &v.kind {
+                ValueKind::Input(dims) => {
+                    shapes[i] = resolve_dims(dims, None, batch)
+                        .map_err(|m| EngineError::graph(&v.name, m))?;
+                }
+                ValueKind::Constant(t) => shapes[i] = t.shape.clone(),
+                ValueKind::Computed { .. } => {}
+            }
+        }
+        for n in &self.nodes {
+            let ins: Vec<&[usize]> = n.inputs.iter().map(|&i| shapes[i].as_slice()).collect();
+            let outs = infer_node(n, &ins, batch)?;
+            for (o, s) in n.outputs.iter().zip(outs) {
+                shapes[*o] = s;
+            }
+        }
+        Ok(shapes)
+    }
+}
+
+fn check_arity(name: &str, op: &Op, n: usize) -> Result<()> {
+    let (lo, hi) = op.arity();
+    if n < lo || n > hi {
+        let want = if lo == hi {
+            format!("{lo}")
+        } else if hi == usize::MAX {
+            format!("at least {lo}")
+        } else {
+            format!("{lo}..={hi}")
+        };
+        return Err(EngineError::graph(
+            name,
+            format!("{} takes {want} inputs, got {n}", op.name()),
+        ));
+    }
+    Ok(())
+}
+
+/// Resolves declared dims to sizes. `input` is the reshape source shape (for Copy/Infer).
+pub fn resolve_dims(
+    dims: &[Dim],
+    input: Option<&[usize]>,
+    batch: usize,
+) -> std::result::Result<Vec<usize>, String> {
+    let mut out = Vec::with_capacity(dims.len());
+    let mut infer_at = None;
+    for (i, d) in dims.iter().enumerate() {
+        out.push(match *d {
+            Dim::Fixed(n) => n,
+            Dim::Batch => batch,
+            Dim::BatchTimes(k) => k * batch,
+            Dim::Copy => match input {
+                Some(s) if i < s.len() => s[i],
+                _ => return Err(format!("dim {i}: Copy has no input dim to copy")),
+            },
+            Dim::Infer => {
+                if infer_at.is_some() || input.is_none() {
+                    return Err("more than one inferred dim, or Infer outside Reshape".into());
+                }
+                infer_at = Some(i);
+                1
+            }
+        });
+    }
+    if let (Some(i), Some(src)) = (infer_at, input) {
+        let total: usize = src.iter().product();
+        let known: usize = out
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, d)| *d)
+            .product();
+        if known == 0 || !total.is_multiple_of(known) {
+            return Err(format!(
+                "cannot infer dim {i}: {total} elements into {out:?}"
+            ));
+        }
+        out[i] = total / known;
+    }
+    Ok(out)
+}
+
+/// numpy broadcasting of two shapes.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let r = a.len().max(b.len());
+    let mut out = vec![0; r];
+    for i in 0..r {
+        let da = if i < r - a.len() {
+            1
+        } else {
+            a[i - (r - a.len())]
+        };
+        let db = if i < r - b.len() {
+            1
+        } else {
+            b[i - (r - b.len())]
+        };
+        out[i] = if da == db {
+            da
+        } else if da == 1 {
+            db
+        } else if db == 1 {
+            da
+        } else {
+            return None;
+        };
+    }
+    Some(out)
+}
+
+/// Normalises a possibly negative axis against a rank.
+pub fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if a < 0 || a >= r {
+        None
+    } else {
+        Some(a as usize)
+    }
+}
+
+/// Output size of a strided window op along one dim.
+pub fn window_out(
+    input: usize,
+    k: usize,
+    stride: usize,
+    pad_begin: usize,
+    pad_end: usize,
+    dil: usize,
+    ceil: bool,
+) -> Option<usize> {
+    if stride == 0 || dil == 0 || k == 0 {
+        return None;
+    }
+    let eff = dil * (k - 1) + 1;
+    let padded = input + pad_begin + pad_end;
+    if padded < eff {
+        return None;
+    }
+    let span = padded - eff;
+    let mut out = if ceil {
+        span.div_ceil(stride)
+    } else {
+        span / stride
+    } + 1;
+    // PyTorch/ONNX: with ceil mode the last window must start inside the input or left padding.
+    if ceil && out > 1 && (out - 1) * stride >= input + pad_begin {
+        out -= 1;
+    }
+    Some(out)
+}
+
+/// Resolved Slice parameters: for every dim `(start, step, len)`.
+pub fn slice_params(
+    shape: &[usize],
+    starts: &[i64],
+    ends: &[i64],
+    axes: &[i64],
+    steps: &[i64],
+) -> std::result::Result<Vec<(i64, i64, usize)>, String> {
+    let mut p: Vec<(i64, i64, usize)> = shape.iter().map(|&d| (0, 1, d)).collect();
+    if starts.len() != ends.len() {
+        return Err("starts and ends differ in length".into());
+    }
+    let axes: Vec<i64> = if axes.is_empty() {
+        (0..starts.len() as i64).collect()
+    } else {
+        axes.to_vec()
+    };
+    if axes.len() != starts.len() || (!steps.is_empty() && steps.len() != starts.len()) {
+        return Err("starts/ends/axes/steps lengths differ".into());
+    }
+    let mut seen = vec![false; shape.len()];
+    for (i, &ax) in axes.iter().enumerate() {
+        let a = norm_axis(ax, shape.len()).ok_or_else(|| format!("axis {ax} out of range"))?;
+        if seen[a] {
+            return Err(format!("axis {ax} repeated"));
+        }
+        seen[a] = true;
+        let d = shape[a] as i64;
+        let step = if steps.is_empty() { 1 } else { steps[i] };
+        if step == 0 {
+            return Err("step 0".into());
+        }
+        let clampi = |v: i64, lo: i64, hi: i64| v.max(lo).min(hi);
+        let mut s = starts[i];
+        let mut e = ends[i];
+        if s < 0 {
+            s = s.saturating_add(d);
+        }
+        if e < 0 {
+            e = e.saturating_add(d);
+        }
+        let len = if step > 0 {
+            s = clampi(s, 0, d);
+            e = clampi(e, 0, d);
+            if e > s {
+                (e - s + step - 1) / step
+            } else {
+                0
+            }
+        } else {
+            s = clampi(s, 0, d - 1);
+            e = clampi(e, -1, d - 1);
+            if s > e {
+                (s - e + (-step) - 1) / (-step)
+            } else {
+                0
+            }
+        };
+        p[a] = (s, step, len as usize);
+    }
+    Ok(p)
+}
+
+fn shape_err(n: &Node, msg: impl Into<String>) -> EngineError {
+    EngineError::Shape {
+        node: n.name.clone(),
+        op: n.op.name().to_string(),
+        msg: msg.into(),
+    }
+}
+
+/// Output shapes of one node.
+pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<usize>>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let rank4 = |s: &[usize], what: &str| -> Result<()> {
+        if s.len() != 4 {
+            return Err(shape_err(n, format!("{what} must be 4-D NCHW, got {s:?}")));
+        }
+        Ok(())
+    };
+    if let Op::Split { axis, sizes } = &n.op {
+        let a = norm_axis(*axis, x.len())
+            .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
+        if sizes.iter().sum::<usize>() != x[a] {
+            return Err(err(format!("split sizes {sizes:?} do not sum to {}", x[a])));
+        }
+        return Ok(sizes
+            .iter()
+            .map(|&s| {
+                let mut o = x.to_vec();
+                o[a] = s;
+                o
+            })
+            .collect());
+    }
+    let out = match &n.op {
+        Op::Conv(a) => {
+            rank4(x, "input")?;
+            let w = ins[1];
+            rank4(w, "weight")?;
+            let g = a.groups;
+            if g == 0 || !x[1].is_multiple_of(g) || !w[0].is_multiple_of(g) || w[1] * g != x[1] {
+                return Err(err(format!(
+                    "input {x:?}, weight {w:?} and groups {g} do not fit"
+                )));
+            }
+            if ins.len() >= 3 && ins[2] != [w[0]] {
+                return Err(err(format!("bias shape {:?}, expected [{}]", ins[2], w[0])));
+            }
+            let oh = window_out(
+                x[2],
+                w[2],
+                a.strides[0],
+                a.pads[0],
+                a.pads[2],
+                a.dilations[0],
+                false,
+            );
+            let ow = window_out(
+                x[3],
+                w[3],
+                a.strides[1],
+                a.pads[1],
+                a.pads[3],
+                a.dilations[1],
+                false,
+            );
+            let (Some(oh), Some(ow)) = (oh, ow) else {
+                return Err(err(format!("kernel {w:?} does not fit input {x:?}")));
+            };
+            let o = vec![x[0], w[0], oh, ow];
+            if a.residual && ins[3] != o.as_slice() {
+                return Err(err(format!("residual shape {:?}, expected {o:?}", ins[3])));
+            }
+            o
+        }
+        Op::BatchNorm { .. } => {
+            if x.len() < 2 {
+                return Err(err(format!("input {x:?} has no channel dim")));
+            }
+            for s in &ins[1..] {
+                if *s != [x[1]] {
+                    return Err(err(format!("parameter shape {s:?}, expected [{}]", x[1])));
+                }
+            }
+            x.to_vec()
+        }
+        Op::Unary(_) | Op::Identity => x.to_vec(),
+        Op::Binary(_) => broadcast_shapes(ins[0], ins[1])
+            .ok_or_else(|| err(format!("cannot broadcast {:?} with {:?}", ins[0], ins[1])))?,
+        Op::MatMul => matmul_shape(ins[0], ins[1]).map_err(err)?,
+        Op::Gemm {
+            trans_a, trans_b, ..
+        } => {
+            let (a, b) = (ins[0], ins[1]);
+            if a.len() != 2 || b.len() != 2 {
+                return Err(err(format!("Gemm needs 2-D inputs, got {a:?}, {b:?}")));
+            }
+            let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
+            let (k2, nn) = if *trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
+            if k != k2 {
+                return Err(err(format!("inner dims differ: {a:?} x {b:?}")));
+            }
+            if ins.len() == 3 && broadcast_shapes(ins[2], &[m, nn]).as_deref() != Some(&[m, nn][..])
+            {
+                return Err(err(format!(
+                    "C {:?} does not broadcast to [{m}, {nn}]",
+                    ins[2]
+                )));
+            }
+            vec![m, nn]
+        }
+        Op::Linear { .. } => {
+            let w = ins[1];
+            if x.is_empty() || w.len() != 2 || x[x.len() - 1] != w[1] {
+                return Err(err(format!(
+                    "input {x:?} does not fit weight {w:?} ([out, in])"
+                )));
+            }
+            if ins.len() == 3 && ins[2] != [w[0]] {
+                return Err(err(format!("bias {:?}, expected [{}]", ins[2], w[0])));
+            }
+            let mut o = x.to_vec();
+            let last = o.len() - 1;
+            o[last] = w[0];
+            o
+        }
+        Op::MaxPool(p) | Op::AveragePool(p) => {
+            rank4(x, "input")?;
+            let oh = window_out(
+                x[2],
+                p.kernel[0],
+                p.strides[0],
+                p.pads[0],
+                p.pads[2],
+                p.dilations[0],
+                p.ceil_mode,
+            );
+            let ow = window_out(
+                x[3],
+                p.kernel[1],
+                p.strides[1],
+                p.pads[1],
+                p.pads[3],
+                p.dilations[1],
+                p.ceil_mode,
+            );
+            let (Some(oh), Some(ow)) = (oh, ow) else {
+                return Err(err(format!(
+                    "window {:?} does not fit input {x:?}",
+                    p.kernel
+                )));
+            };
+            vec![x[0], x[1], oh, ow]
+        }
+        Op::GlobalAveragePool => {
+            if x.len() < 3 {
+                return Err(err(format!("input {x:?} has no spatial dims")));
+            }
+            let mut o = x[..2].to_vec();
+            o.extend(std::iter::repeat_n(1, x.len() - 2));
+            o
+        }
+        Op::AdaptiveAvgPool { output } => {
+            rank4(x, "input")?;
+            if output[0] == 0 || output[1] == 0 {
+                return Err(err("output size 0".into()));
+            }
+            vec![x[0], x[1], output[0], output[1]]
+        }
+        Op::Flatten { axis } => {
+            let a = if *axis == x.len() as i64 {
+                x.len()
+            } else {
+                norm_axis(*axis, x.len())
+                    .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?
+            };
+            vec![x[..a].iter().product(), x[a..].iter().product()]
+        }
+        Op::Reshape { shape } => {
+            let o = resolve_dims(shape, Some(x), batch).map_err(err)?;
+            if o.iter().product::<usize>() != x.iter().product::<usize>() {
+                return Err(err(format!("cannot reshape {x:?} into {o:?}")));
+            }
+            o
+        }
+        Op::Expand { shape } => {
+            let t = resolve_dims(shape, None, batch).map_err(err)?;
+            broadcast_shapes(x, &t).ok_or_else(|| err(format!("cannot expand {x:?} to {t:?}")))?
+        }
+        Op::Transpose { perm } => {
+            let mut seen = vec![false; x.len()];
+            if perm.len() != x.len()
+                || perm
+                    .iter()
+                    .any(|&p| p >= x.len() || std::mem::replace(&mut seen[p], true))
+            {
+                return Err(err(format!(
+                    "perm {perm:?} is not a permutation of rank {}",
+                    x.len()
+                )));
+            }
+            perm.iter().map(|&p| x[p]).collect()
+        }
+        Op::Concat { axis } => {
+            let a = norm_axis(*axis, x.len())
+                .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
+            let mut o = x.to_vec();
+            o[a] = 0;
+            for s in ins {
+                if s.len() != x.len() || s.iter().enumerate().any(|(i, &d)| i != a && d != x[i]) {
+                    return Err(err(format!("cannot concat {s:?} with {x:?} on axis {a}")));
+                }
+                o[a] += s[a];
+            }
+            o
+        }
+        // Handled above (the only multi-output op).
+        Op::Split { .. } => Vec::new(),
+        Op::Slice {
+            starts,
+            ends,
+            axes,
+            steps,
+        } => {
+            let p = slice_params(x, starts, ends, axes, steps).map_err(err)?;
+            p.iter().map(|t| t.2).collect()
+        }
+        Op::Gather {
+            axis,
+            indices,
+            indices_shape,
+        } => {
+            let a = norm_axis(*axis, x.len())
+                .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
+            if indices_shape.iter().product::<usize>() != indices.len() {
+                return Err(err("indices do not fit indices_shape".into()));
+            }
+            let d = x[a] as i64;
+            if let Some(bad) = indices.iter().find(|&&i| i < -d || i >= d) {
+                return Err(err(format!("index {bad} out of range for dim of size {d}")));
+            }
+            let mut o = x[..a].to_vec();
+            o.extend_from_slice(indices_shape);
+            o.extend_from_slice(&x[a + 1..]);
+            o
+        }
+        Op::Unsqueeze { axes } => {
+            let r = x.len() + axes.len();
+            let mut ax: Vec<usize> = Vec::new();
+            for &a in axes {
+                ax.push(norm_axis(a, r).ok_or_else(|| err(format!("axis {a} out of range")))?);
+            }
+            ax.sort_unstable();
+            ax.dedup();
+            if ax.len() != axes.len() {
+                return Err(err("repeated axis".into()));
+            }
+            let mut o = Vec::with_capacity(r);
+            let mut it = x.iter();
+            for i in 0..r {
+                if ax.contains(&i) {
+                    o.push(1);
+                } else if let Some(&d) = it.next() {
+                    o.push(d);
+                }
+            }
+            o
+        }
+        Op::Squeeze { axes } => {
+            let mut drop = vec![false; x.len()];
+            if axes.is_empty() {
+                for (i, &d) in x.iter().enumerate() {
+                    drop[i] = d == 1;
+                }
+            } else {
+                for &a in axes {
+                    let i = norm_axis(a, x.len())
+                        .ok_or_else(|| err(format!("axis {a} out of range")))?;
+                    if x[i] != 1 {
+                        return Err(err(format!("cannot squeeze dim {i} of size {}", x[i])));
+                    }
+                    drop[i] = true;
+                }
+            }
+            x.iter()
+                .enumerate()
+                .filter(|(i, _)| !drop[*i])
+                .map(|(_, &d)| d)
+                .collect()
+        }
+        Op::Softmax { axis } => {
+            norm_axis(*axis, x.len())
+                .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
+            x.to_vec()
+        }
+        Op::LayerNorm { axis, .. } => {
+            let a = norm_axis(*axis, x.len())
+                .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
+            let norm = &x[a..];
+            for s in &ins[1..] {
+                let n: usize = norm.iter().product();
+                if s.iter().product::<usize>() != n
+                    || broadcast_shapes(s, norm).as_deref() != Some(norm)
+                {
+                    return Err(err(format!(
+                        "scale/bias shape {s:?} does not match normalised dims {norm:?}"
+                    )));
+                }
+            }
+            x.to_vec()
+        }
+        Op::Reduce { axes, keepdims, .. } => {
+            let mut red = vec![axes.is_empty(); x.len()];
+            for &a in axes {
+                red[norm_axis(a, x.len())
+                    .ok_or_else(|| err(format!("axis {a} out of range")))?] = true;
+            }
+            let mut o = Vec::new();
+            for (i, &d) in x.iter().enumerate() {
+                if !red[i] {
+                    o.push(d);
+                } else if *keepdims {
+                    o.push(1);
+                }
+            }
+            o
+        }
+        Op::Resize(r) => {
+            rank4(x, "input")?;
+            if x[2] == 0 || x[3] == 0 {
+                return Err(err(format!("cannot resize an empty input {x:?}")));
+            }
+            let (oh, ow) = match r.size {
+                ResizeSize::Size([h, w]) => (h, w),
+                ResizeSize::Scales([sh, sw]) => {
+                    if !(sh > 0.0 && sw > 0.0 && sh.is_finite() && sw.is_finite()) {
+                        return Err(err(format!("bad scales {sh}, {sw}")));
+                    }
+                    (
+                        (x[2] as f32 * sh).floor() as usize,
+                        (x[3] as f32 * sw).floor() as usize,
+                    )
+                }
+            };
+            if oh == 0 || ow == 0 {
+                return Err(err("output size 0".into()));
+            }
+            vec![x[0], x[1], oh, ow]
+        }
+    };
+    Ok(vec![out])
+}
+
+/// numpy matmul output shape.
+pub fn matmul_shape(a: &[usize], b: &[usize]) -> std::result::Result<Vec<usize>, String> {
+    if a.is_empty() || b.is_empty() {
+        return Err("matmul of a scalar".into());
+    }
+    let a2: Vec<usize> = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let b2: Vec<usize> = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    if k != k2 {
+        return Err(format!("inner dims differ: {a:?} x {b:?}"));
+    }
+    let batch = broadcast_shapes(&a2[..a2.len() - 2], &b2[..b2.len() - 2])
+        .ok_or_else(|| format!("batch dims do not broadcast: {a:?} x {b:?}"))?;
+    let mut o = batch;
+    if a.len() > 1 {
+        o.push(m);
+    }
+    if b.len() > 1 {
+        o.push(n);
+    }
+    Ok(o)
+}
+
+/// A map from value names to ids (helper for importers).
+pub fn name_index(g: &Graph) -> HashMap<String, ValueId> {
+    g.values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (v.name.clone(), i))
+        .collect()
+}

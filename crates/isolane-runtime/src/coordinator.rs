@@ -1,0 +1,688 @@
+//! Runs every workload of a run at once: thread hosts and worker processes, the start barrier,
+//! the common `t0`, Ctrl-C, and collecting the records.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use isolane_core::spec::{Host, TimingSpec, WorkloadSpec};
+use isolane_core::JobRecord;
+
+use crate::protocol::{
+    check_version, record_from_wire, truncate, DoneStatus, FromWorker, ToWorker,
+};
+use crate::release::{capacity_for, run_loop, warm_up, LoopEnd, VecSink};
+use crate::schedule::Schedule;
+use crate::{affinity, clock, exec};
+
+/// One workload of a run, with the schedule it is to follow (usually the spec's own; the
+/// isolation experiment gives victims and interferers other ones).
+#[derive(Debug, Clone)]
+pub struct WorkloadPlan {
+    pub spec: WorkloadSpec,
+    /// Position in the scenario: seeds the workload's random stream.
+    pub index: usize,
+    pub schedule: Schedule,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    pub workloads: Vec<WorkloadPlan>,
+    pub timing: TimingSpec,
+}
+
+impl RunPlan {
+    /// Every workload of `scenario` on its own schedule.
+    pub fn from_scenario(scenario: &isolane_core::spec::Scenario) -> RunPlan {
+        RunPlan {
+            workloads: scenario
+                .workloads
+                .iter()
+                .enumerate()
+                .map(|(index, spec)| WorkloadPlan {
+                    spec: spec.clone(),
+                    index,
+                    schedule: Schedule::from_workload(spec),
+                })
+                .collect(),
+            timing: scenario.timing.clone(),
+        }
+    }
+}
+
+/// Things a run needs from its caller.
+pub struct RunOptions {
+    /// Raised by Ctrl-C: stop releasing, keep what was measured.
+    pub stop: Arc<AtomicBool>,
+    /// The executable a `process` host re-executes as `<exe> worker`; default: this executable
+    /// (`ISOLANE_WORKER_EXE` overrides it, for tests that drive the runtime from another binary).
+    pub worker_exe: Option<PathBuf>,
+}
+
+impl RunOptions {
+    pub fn new(stop: Arc<AtomicBool>) -> Self {
+        RunOptions {
+            stop,
+            worker_exe: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkloadStatus {
+    Ok,
+    /// Stopped by Ctrl-C: the records are those released before it.
+    Interrupted,
+    Failed(Failure),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub message: String,
+    /// The worker process's exit code, when it exited with one.
+    pub exit_code: Option<i32>,
+    /// The signal that killed the worker process.
+    pub signal: Option<i32>,
+}
+
+impl Failure {
+    fn msg(message: impl Into<String>) -> Self {
+        Failure {
+            message: message.into(),
+            exit_code: None,
+            signal: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkloadResult {
+    pub name: String,
+    pub status: WorkloadStatus,
+    pub records: Vec<JobRecord>,
+    /// Warm-up service times (ns), excluded from the records.
+    pub warmup_ns: Vec<i64>,
+    /// The worker's pid for a process host.
+    pub pid: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Absolute CLOCK_MONOTONIC time of t0; `None` when the run never started.
+    pub t0_ns: Option<i64>,
+    /// From t0 to the end of the last workload (s).
+    pub wall_s: f64,
+    pub interrupted: bool,
+    pub workloads: Vec<WorkloadResult>,
+}
+
+/// A progress snapshot for the caller's progress bar.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    pub jobs_done: u64,
+    /// `None` when a closed-loop workload makes the total unknowable.
+    pub jobs_expected: Option<u64>,
+    pub elapsed_s: f64,
+    /// Scheduled length of the run (s), when known.
+    pub planned_s: Option<f64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Model(#[from] exec::ExecError),
+    #[error("workload `{workload}`: {source}")]
+    Cpu {
+        workload: String,
+        source: affinity::AffinityError,
+    },
+    #[error("cannot find the isolane executable to start worker processes: {0}")]
+    WorkerExe(std::io::Error),
+}
+
+impl PlanError {
+    /// A user's mistake (exit code 2) rather than a missing capability.
+    pub fn is_user_error(&self) -> bool {
+        matches!(
+            self,
+            PlanError::Model(exec::ExecError::BadModel { .. }) | PlanError::Cpu { .. }
+        )
+    }
+}
+
+/// Everything that can be checked before a run creates output: models and CPU cores.
+pub fn preflight(plan: &RunPlan) -> Result<(), PlanError> {
+    for w in &plan.workloads {
+        exec::check_model(&w.spec)?;
+        affinity::check_cores(&w.spec.cpu).map_err(|source| PlanError::Cpu {
+            workload: w.spec.name.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+enum GateState {
+    Waiting,
+    Go(i64),
+    Abort,
+}
+
+/// The start barrier: every workload reports ready (or failed) after its warm-up; then the
+/// coordinator opens the gate with the common t0.
+struct Gate {
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn open(&self, s: GateState) {
+        if let Ok(mut g) = self.state.lock() {
+            *g = s;
+        }
+        self.cv.notify_all();
+    }
+
+    /// `Some(t0)` or `None` when aborted.
+    fn wait(&self) -> Option<i64> {
+        let mut g = self.state.lock().ok()?;
+        loop {
+            match *g {
+                GateState::Go(t0) => return Some(t0),
+                GateState::Abort => return None,
+                GateState::Waiting => g = self.cv.wait(g).ok()?,
+            }
+        }
+    }
+}
+
+struct Shared {
+    gate: Gate,
+    stop: Arc<AtomicBool>,
+    done: Vec<AtomicU64>,
+    timing: TimingSpec,
+}
+
+/// Readiness report of one workload to the coordinator.
+enum Report {
+    Ready,
+    Failed,
+}
+
+/// Reports a workload to the barrier exactly once: `ready()` after its warm-up, or, if the
+/// driver returns (or panics) before that, `Failed` on drop, so the barrier never waits for a
+/// workload that is gone.
+struct Reporter {
+    tx: mpsc::Sender<Report>,
+    sent: bool,
+}
+
+impl Reporter {
+    fn ready(&mut self) {
+        let _ = self.tx.send(Report::Ready);
+        self.sent = true;
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        if !self.sent {
+            let _ = self.tx.send(Report::Failed);
+        }
+    }
+}
+
+/// Runs a plan to the end (or until `opts.stop`), calling `progress` about ten times a second.
+pub fn run(
+    plan: &RunPlan,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<RunResult, PlanError> {
+    let worker_exe = if plan.workloads.iter().any(|w| w.spec.host == Host::Process) {
+        Some(
+            match (&opts.worker_exe, std::env::var_os("ISOLANE_WORKER_EXE")) {
+                (Some(p), _) => p.clone(),
+                (None, Some(p)) => PathBuf::from(p),
+                (None, None) => std::env::current_exe().map_err(PlanError::WorkerExe)?,
+            },
+        )
+    } else {
+        None
+    };
+    let shared = Arc::new(Shared {
+        gate: Gate {
+            state: Mutex::new(GateState::Waiting),
+            cv: Condvar::new(),
+        },
+        stop: Arc::clone(&opts.stop),
+        done: plan.workloads.iter().map(|_| AtomicU64::new(0)).collect(),
+        timing: plan.timing.clone(),
+    });
+    let (tx, rx) = mpsc::channel::<Report>();
+    let mut handles = Vec::with_capacity(plan.workloads.len());
+    for (slot, w) in plan.workloads.iter().enumerate() {
+        let w = w.clone();
+        let shared = Arc::clone(&shared);
+        let mut reporter = Reporter {
+            tx: tx.clone(),
+            sent: false,
+        };
+        let exe = worker_exe.clone();
+        let name = w.spec.name.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("isolane:{}", truncate(&name, 8)))
+            .spawn(move || {
+                let result = match (w.spec.host, exe) {
+                    (Host::Process, Some(exe)) => {
+                        drive_process(slot, &w, &shared, &mut reporter, &exe)
+                    }
+                    _ => drive_thread(slot, &w, &shared, &mut reporter),
+                };
+                // When this workload ended: the run's wall time is the latest of these, not the
+                // moment the coordinator's polling noticed.
+                (result, clock::now_ns())
+            });
+        handles.push((name, spawned));
+    }
+    drop(tx);
+
+    // Barrier: wait for every workload to be ready or to have failed.
+    let (mut ready, mut reported) = (0, 0);
+    // A thread that could not be spawned dropped its reporter, which reported it failed.
+    let n_live = handles.len();
+    let mut aborted = false;
+    while reported < n_live {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(Report::Ready) => {
+                ready += 1;
+                reported += 1;
+            }
+            Ok(Report::Failed) => reported += 1,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if opts.stop.load(Ordering::Relaxed) {
+                    aborted = true;
+                    break;
+                }
+            }
+            // Every driver has ended.
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let t0 = if aborted || ready == 0 {
+        shared.gate.open(GateState::Abort);
+        None
+    } else {
+        let t0 = clock::now_ns() + plan.timing.start_delay_ms as i64 * 1_000_000;
+        shared.gate.open(GateState::Go(t0));
+        Some(t0)
+    };
+
+    let expected: Option<u64> = plan
+        .workloads
+        .iter()
+        .map(|w| w.schedule.expected_jobs())
+        .sum::<Option<u64>>();
+    let planned_s = plan
+        .workloads
+        .iter()
+        .map(|w| w.schedule.duration_ns())
+        .collect::<Option<Vec<i64>>>()
+        .map(|v| v.into_iter().max().unwrap_or(0) as f64 / 1e9);
+    while handles
+        .iter()
+        .any(|(_, h)| h.as_ref().is_ok_and(|h| !h.is_finished()))
+    {
+        std::thread::sleep(Duration::from_millis(100));
+        let p = Progress {
+            jobs_done: shared.done.iter().map(|d| d.load(Ordering::Relaxed)).sum(),
+            jobs_expected: expected,
+            elapsed_s: t0.map_or(0.0, |t0| (clock::now_ns() - t0).max(0) as f64 / 1e9),
+            planned_s,
+        };
+        progress(&p);
+    }
+    let mut end = i64::MIN;
+    let mut workloads = Vec::with_capacity(handles.len());
+    for (name, h) in handles {
+        let result = match h {
+            Ok(h) => match h.join() {
+                Ok((r, ended)) => {
+                    end = end.max(ended);
+                    r
+                }
+                Err(_) => failed(
+                    &name,
+                    Failure::msg("the workload's thread panicked"),
+                    Vec::new(),
+                ),
+            },
+            Err(e) => failed(
+                &name,
+                Failure::msg(format!("cannot start a thread: {e}")),
+                Vec::new(),
+            ),
+        };
+        workloads.push(result);
+    }
+    Ok(RunResult {
+        t0_ns: t0,
+        wall_s: match t0 {
+            Some(t0) if end > t0 => (end - t0) as f64 / 1e9,
+            _ => 0.0,
+        },
+        interrupted: opts.stop.load(Ordering::Relaxed),
+        workloads,
+    })
+}
+
+fn failed(name: &str, f: Failure, records: Vec<JobRecord>) -> WorkloadResult {
+    WorkloadResult {
+        name: name.to_string(),
+        status: WorkloadStatus::Failed(f),
+        records,
+        warmup_ns: Vec::new(),
+        pid: None,
+    }
+}
+
+fn drive_thread(
+    slot: usize,
+    w: &WorkloadPlan,
+    shared: &Shared,
+    reporter: &mut Reporter,
+) -> WorkloadResult {
+    let name = &w.spec.name;
+    let prepared = (|| -> Result<_, String> {
+        affinity::pin_current_thread(&w.spec.cpu).map_err(|e| format!("workload `{name}`: {e}"))?;
+        let mut executor =
+            exec::executor_for(&w.spec, shared.timing.seed, w.index).map_err(|e| e.to_string())?;
+        let mut warmup = Vec::with_capacity(w.spec.warmup_jobs as usize);
+        warm_up(
+            executor.as_mut(),
+            w.spec.warmup_jobs,
+            &mut warmup,
+            &shared.stop,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((executor, warmup))
+    })();
+    let (mut executor, warmup) = match prepared {
+        Ok(p) => p,
+        Err(e) => return failed(name, Failure::msg(e), Vec::new()),
+    };
+    reporter.ready();
+    let mut result = WorkloadResult {
+        name: name.clone(),
+        status: WorkloadStatus::Interrupted,
+        records: Vec::new(),
+        warmup_ns: warmup,
+        pid: None,
+    };
+    let Some(t0) = shared.gate.wait() else {
+        return result;
+    };
+    let hint = mean(&result.warmup_ns);
+    let mut sink =
+        VecSink::with_capacity(capacity_for(&w.schedule, hint), Some(&shared.done[slot]));
+    let spin_ns = shared.timing.spin_us as i64 * 1000;
+    let end = run_loop(
+        executor.as_mut(),
+        &w.schedule,
+        t0,
+        spin_ns,
+        &shared.stop,
+        &mut sink,
+    );
+    result.records = sink.records;
+    result.status = match end {
+        Ok(LoopEnd::Completed) => WorkloadStatus::Ok,
+        Ok(LoopEnd::Interrupted) => WorkloadStatus::Interrupted,
+        Err(e) => WorkloadStatus::Failed(Failure::msg(e.to_string())),
+    };
+    result
+}
+
+fn mean(v: &[i64]) -> Option<i64> {
+    if v.is_empty() {
+        None
+    } else {
+        Some(v.iter().sum::<i64>() / v.len() as i64)
+    }
+}
+
+fn send_line(stdin: &mut ChildStdin, msg: &ToWorker) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    stdin.write_all(&line)?;
+    stdin.flush()
+}
+
+/// A worker process's stderr, kept (last 4 KiB) to explain a failure.
+fn collect_stderr(mut child_stderr: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = child_stderr.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if buf.len() > 8192 {
+                buf.drain(..buf.len() - 4096);
+            }
+        }
+        String::from_utf8_lossy(&buf).trim().to_string()
+    })
+}
+
+/// Drives one worker process through the protocol. Never blocks the barrier: any failure before
+/// `ready` drops the sender by returning.
+fn drive_process(
+    slot: usize,
+    w: &WorkloadPlan,
+    shared: &Shared,
+    reporter: &mut Reporter,
+    exe: &std::path::Path,
+) -> WorkloadResult {
+    let name = &w.spec.name;
+    let mut cmd = Command::new(exe);
+    cmd.arg("worker")
+        .arg("--workload")
+        .arg(name)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group: a terminal's Ctrl-C reaches only the coordinator, which then
+        // stops the workers through the protocol, so they still report their last records.
+        .process_group(0);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return failed(
+                name,
+                Failure::msg(format!("cannot start worker `{}`: {e}", exe.display())),
+                Vec::new(),
+            )
+        }
+    };
+    let pid = child.id();
+    let (Some(mut stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return failed(name, Failure::msg("worker pipes missing"), Vec::new());
+    };
+    let stderr = collect_stderr(stderr);
+    let mut out = BufReader::new(stdout);
+    let mut result = WorkloadResult {
+        name: name.clone(),
+        status: WorkloadStatus::Interrupted,
+        records: Vec::new(),
+        warmup_ns: Vec::new(),
+        pid: Some(pid),
+    };
+    let mut error: Option<String> = None;
+    let mut done: Option<DoneStatus> = None;
+
+    // Handshake and warm-up.
+    let setup = (|| -> Result<(), String> {
+        let line = read_line(&mut out).ok_or("the worker closed its output before saying hello")?;
+        check_version(&line, "worker").map_err(|e| e.to_string())?;
+        send_line(
+            &mut stdin,
+            &ToWorker::Setup {
+                protocol_version: crate::protocol::PROTOCOL_VERSION,
+                index: w.index,
+                workload: Box::new(w.spec.clone()),
+                timing: shared.timing.clone(),
+                schedule: w.schedule.clone(),
+            },
+        )
+        .map_err(|e| format!("cannot send the set-up to the worker: {e}"))?;
+        let line = read_line(&mut out).ok_or("the worker ended during set-up or warm-up")?;
+        match serde_json::from_str::<FromWorker>(&line) {
+            Ok(FromWorker::Ready { warmup_ns }) => {
+                result.warmup_ns = warmup_ns;
+                Ok(())
+            }
+            Ok(FromWorker::Error { message }) => Err(message),
+            Ok(_) => Err("unexpected message from the worker during set-up".into()),
+            Err(e) => Err(format!("malformed message from the worker: {e}")),
+        }
+    })();
+    if let Err(e) = setup {
+        error = Some(e);
+    } else {
+        reporter.ready();
+        match shared.gate.wait() {
+            None => {
+                let _ = send_line(&mut stdin, &ToWorker::Abort);
+            }
+            Some(t0) => {
+                if let Err(e) = send_line(&mut stdin, &ToWorker::Start { t0_ns: t0 }) {
+                    error = Some(format!("cannot send start to the worker: {e}"));
+                }
+                let expected = w.schedule.expected_jobs().unwrap_or(0);
+                result.records.reserve(expected.min(8_000_000) as usize);
+                let finished = Arc::new(AtomicBool::new(false));
+                let watcher =
+                    spawn_stop_watcher(stdin, Arc::clone(&shared.stop), Arc::clone(&finished));
+                while let Some(line) = read_line(&mut out) {
+                    match serde_json::from_str::<FromWorker>(&line) {
+                        Ok(FromWorker::Jobs { records }) => {
+                            shared.done[slot].fetch_add(records.len() as u64, Ordering::Relaxed);
+                            result
+                                .records
+                                .extend(records.into_iter().map(record_from_wire));
+                        }
+                        Ok(FromWorker::Done { status }) => done = Some(status),
+                        Ok(FromWorker::Error { message }) => error = Some(message),
+                        Ok(_) => {}
+                        // A torn last line from a killed worker: the complete ones are kept.
+                        Err(_) => {}
+                    }
+                }
+                finished.store(true, Ordering::Relaxed);
+                let _ = watcher.join();
+                return finish(result, child, stderr, done, error);
+            }
+        }
+    }
+    drop(stdin);
+    // Drain what is left so the worker never blocks on a full pipe.
+    while let Some(line) = read_line(&mut out) {
+        if let Ok(FromWorker::Error { message }) = serde_json::from_str::<FromWorker>(&line) {
+            error.get_or_insert(message);
+        }
+    }
+    finish(result, child, stderr, done, error)
+}
+
+fn spawn_stop_watcher(
+    mut stdin: ChildStdin,
+    stop: Arc<AtomicBool>,
+    finished: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || loop {
+        if finished.load(Ordering::Relaxed) {
+            return;
+        }
+        if stop.load(Ordering::Relaxed) {
+            let _ = send_line(&mut stdin, &ToWorker::Stop);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    })
+}
+
+fn read_line(r: &mut impl BufRead) -> Option<String> {
+    let mut line = String::new();
+    match r.read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line),
+    }
+}
+
+fn finish(
+    mut result: WorkloadResult,
+    mut child: Child,
+    stderr: std::thread::JoinHandle<String>,
+    done: Option<DoneStatus>,
+    error: Option<String>,
+) -> WorkloadResult {
+    let status = child.wait();
+    let stderr = stderr.join().unwrap_or_default();
+    result.status = match (status, done, error) {
+        (Ok(st), Some(d), None) if st.success() => match d {
+            DoneStatus::Ok => WorkloadStatus::Ok,
+            DoneStatus::Interrupted => WorkloadStatus::Interrupted,
+        },
+        (Ok(st), _, error) => {
+            let mut f = Failure {
+                message: String::new(),
+                exit_code: st.code(),
+                signal: st.signal(),
+            };
+            f.message = match (st.signal(), st.code(), error) {
+                (Some(sig), _, _) => {
+                    format!("worker killed by signal {sig} ({})", signal_name(sig))
+                }
+                (_, _, Some(e)) => e,
+                (_, Some(0), None) => "the worker exited without finishing its run".into(),
+                (_, Some(c), None) => format!("worker exited with status {c}"),
+                (None, None, None) => "the worker ended for an unknown reason".into(),
+            };
+            if !stderr.is_empty() && f.signal.is_none() {
+                f.message = format!("{}; stderr: {}", f.message, truncate(&stderr, 500));
+            }
+            WorkloadStatus::Failed(f)
+        }
+        (Err(e), _, _) => {
+            WorkloadStatus::Failed(Failure::msg(format!("cannot wait for the worker: {e}")))
+        }
+    };
+    result
+}
+
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGTERM => "SIGTERM",
+        _ => "signal",
+    }
+}

@@ -1,0 +1,223 @@
+//! What runs one job: the [`Executor`] trait, the synthetic spin workload, and the factory that
+//! picks an executor for a workload.
+
+use isolane_core::spec::WorkloadSpec;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::clock;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("workload `{workload}`: model `{model}`: {reason}")]
+    BadModel {
+        workload: String,
+        model: String,
+        reason: String,
+    },
+    #[error(
+        "workload `{workload}`: model `{model}` needs the inference engine, which is not \
+         available yet in this build (only `spin:` models run for now)"
+    )]
+    EngineUnavailable { workload: String, model: String },
+    #[error("workload `{workload}`: {message}")]
+    Engine { workload: String, message: String },
+    #[error("job failed: {0}")]
+    Job(String),
+}
+
+/// How real models plug in without this crate depending on the engine: the binary registers
+/// one implementation at start-up (in the coordinator and in `isolane worker` alike), and
+/// [`executor_for`] hands it every non-`spin:` workload.
+pub trait EngineExecutors: Send + Sync {
+    /// A cheap check that `spec`'s model can be built (known architecture, readable file),
+    /// run before a run creates any output.
+    fn check(&self, spec: &WorkloadSpec) -> Result<(), ExecError>;
+    /// Builds the executor (loads the model, allocates its buffers) on the calling thread.
+    fn build(
+        &self,
+        spec: &WorkloadSpec,
+        seed: u64,
+        index: usize,
+    ) -> Result<Box<dyn Executor>, ExecError>;
+}
+
+static ENGINE: std::sync::OnceLock<Box<dyn EngineExecutors>> = std::sync::OnceLock::new();
+
+/// Registers the engine's executors; `false` if one was registered already (the first stays).
+pub fn register_engine(engine: Box<dyn EngineExecutors>) -> bool {
+    ENGINE.set(engine).is_ok()
+}
+
+/// Runs one job of a workload, synchronously, on the calling thread.
+///
+/// `Send` because a thread host builds the executor on the coordinator side of a spawn in tests
+/// and moves it; implementations keep all per-job state inside so that `run_job` does not
+/// allocate.
+pub trait Executor: Send {
+    fn run_job(&mut self) -> Result<(), ExecError>;
+}
+
+/// A synthetic model: busy-waits on the monotonic clock for its service time. Spinning (not
+/// sleeping) keeps a core as busy as a real CPU inference would, so contention is real too.
+pub struct SpinExecutor {
+    service_ns: i64,
+    jitter_ns: i64,
+    rng: ChaCha8Rng,
+}
+
+impl SpinExecutor {
+    /// `seed` should differ per workload (see [`workload_seed`]) so that two workloads with the
+    /// same jitter do not draw the same sequence.
+    pub fn new(service_ns: i64, jitter_ns: i64, seed: u64) -> Self {
+        SpinExecutor {
+            service_ns,
+            jitter_ns,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    fn next_service_ns(&mut self) -> i64 {
+        if self.jitter_ns == 0 {
+            return self.service_ns;
+        }
+        let j = self.rng.random_range(-self.jitter_ns..=self.jitter_ns);
+        (self.service_ns + j).max(0)
+    }
+}
+
+impl Executor for SpinExecutor {
+    fn run_job(&mut self) -> Result<(), ExecError> {
+        let service = self.next_service_ns();
+        clock::spin_until_ns(clock::now_ns() + service);
+        Ok(())
+    }
+}
+
+/// The seed of workload `index` of a run seeded with `seed`: one seed per scenario, distinct
+/// streams per workload.
+pub fn workload_seed(seed: u64, index: usize) -> u64 {
+    seed ^ (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// A parsed `spin:` model: service time and jitter half-width in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpinParams {
+    pub service_ns: i64,
+    pub jitter_ns: i64,
+}
+
+/// `Some` for a `spin:` model (parsed, or the parse error), `None` for any other model. The
+/// syntax is core's (`SpinModel::parse`), so the runtime accepts exactly what validation does.
+pub fn parse_spin_model(model: &str) -> Option<Result<SpinParams, String>> {
+    if !model.starts_with("spin:") {
+        return None;
+    }
+    Some(
+        isolane_core::spec::SpinModel::parse(model)
+            .map(|m| SpinParams {
+                service_ns: m.service.as_nanos().min(i64::MAX as u128) as i64,
+                jitter_ns: m.jitter.as_nanos().min(i64::MAX as u128) as i64,
+            })
+            .map_err(|e| e.to_string()),
+    )
+}
+
+/// Builds the executor for workload `index` of a run. Only `spin:` models exist until the
+/// engine lands; any other model is a clear error rather than a silent stand-in.
+pub fn executor_for(
+    spec: &WorkloadSpec,
+    seed: u64,
+    index: usize,
+) -> Result<Box<dyn Executor>, ExecError> {
+    match parse_spin_model(&spec.model) {
+        Some(Ok(p)) => Ok(Box::new(SpinExecutor::new(
+            p.service_ns,
+            p.jitter_ns,
+            workload_seed(seed, index),
+        ))),
+        Some(Err(reason)) => Err(ExecError::BadModel {
+            workload: spec.name.clone(),
+            model: spec.model.clone(),
+            reason,
+        }),
+        None => match ENGINE.get() {
+            Some(engine) => engine.build(spec, seed, index),
+            None => Err(ExecError::EngineUnavailable {
+                workload: spec.name.clone(),
+                model: spec.model.clone(),
+            }),
+        },
+    }
+}
+
+/// Checks that an executor can be built for `spec`, without building it: used before a run
+/// creates any output.
+pub fn check_model(spec: &WorkloadSpec) -> Result<(), ExecError> {
+    match parse_spin_model(&spec.model) {
+        Some(_) => executor_for(spec, 0, 0).map(|_| ()),
+        None => match ENGINE.get() {
+            Some(engine) => engine.check(spec),
+            None => Err(ExecError::EngineUnavailable {
+                workload: spec.name.clone(),
+                model: spec.model.clone(),
+            }),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_spin_models() {
+        assert_eq!(
+            parse_spin_model("spin:4ms"),
+            Some(Ok(SpinParams {
+                service_ns: 4_000_000,
+                jitter_ns: 0
+            }))
+        );
+        assert_eq!(
+            parse_spin_model("spin:4ms~0.5ms"),
+            Some(Ok(SpinParams {
+                service_ns: 4_000_000,
+                jitter_ns: 500_000
+            }))
+        );
+        assert_eq!(
+            parse_spin_model("spin:250us"),
+            Some(Ok(SpinParams {
+                service_ns: 250_000,
+                jitter_ns: 0
+            }))
+        );
+        assert!(parse_spin_model("resnet50").is_none());
+        assert!(matches!(parse_spin_model("spin:4"), Some(Err(_))));
+        assert!(matches!(parse_spin_model("spin:0ms"), Some(Err(_))));
+        assert!(matches!(parse_spin_model("spin:1ms~2ms"), Some(Err(_))));
+    }
+
+    #[test]
+    fn spin_takes_its_service_time() {
+        let _serial = crate::serial_test_lock();
+        let mut e = SpinExecutor::new(2_000_000, 0, 1);
+        let a = clock::now_ns();
+        e.run_job().unwrap();
+        let took = clock::now_ns() - a;
+        assert!(took >= 2_000_000, "spin took {took} ns");
+    }
+
+    #[test]
+    fn jitter_is_seeded_and_bounded() {
+        let mut a = SpinExecutor::new(1_000_000, 100_000, 7);
+        let mut b = SpinExecutor::new(1_000_000, 100_000, 7);
+        let xs: Vec<i64> = (0..200).map(|_| a.next_service_ns()).collect();
+        let ys: Vec<i64> = (0..200).map(|_| b.next_service_ns()).collect();
+        assert_eq!(xs, ys);
+        assert!(xs.iter().all(|&x| (900_000..=1_100_000).contains(&x)));
+        assert!(xs.iter().any(|&x| x != 1_000_000));
+        assert_ne!(workload_seed(1, 0), workload_seed(1, 1));
+    }
+}

@@ -1,0 +1,320 @@
+//! Result files (DESIGN.md, "Output layout"): the output directory, atomic writes, the per-job
+//! CSV and reading results back for `isolane compare`.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use isolane_core::JobRecord;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error(
+        "output directory {0} exists and is not empty; choose another --out, or pass --force to \
+         replace isolane's files in it"
+    )]
+    NotEmpty(PathBuf),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {detail}")]
+    Parse { path: PathBuf, detail: String },
+}
+
+impl OutputError {
+    /// A user's mistake (exit code 2): an occupied directory or an unreadable result file.
+    pub fn is_user_error(&self) -> bool {
+        matches!(self, OutputError::NotEmpty(_) | OutputError::Parse { .. })
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OutputError + '_ {
+    move |source| OutputError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Files (and the `jobs/` folder) that isolane writes into an output directory; `--force`
+/// removes exactly these before a run, so stale results of another run never mix in.
+pub const OUTPUT_FILES: &[&str] = &[
+    "summary.json",
+    "scenario.toml",
+    "isolation.csv",
+    "maxrate.json",
+    "maxrate_trace.csv",
+];
+
+/// Makes the directory a run writes into.
+///
+/// - `out = Some(dir)`: created if missing; if it exists and is not empty, refused unless
+///   `force`, which removes isolane's own files in it (other files are left alone).
+/// - `out = None`: a new `runs/<YYYYmmdd-HHMMSS>` (local time) under `base`, with `-2`, `-3`, …
+///   appended if that exists; `create_dir` makes the choice race-free, so an existing folder is
+///   never reused.
+pub fn prepare_out_dir(
+    out: Option<&Path>,
+    force: bool,
+    base: &Path,
+) -> Result<PathBuf, OutputError> {
+    match out {
+        Some(dir) => {
+            if dir.exists() {
+                let mut entries = std::fs::read_dir(dir).map_err(io(dir))?;
+                if entries.next().is_some() {
+                    if !force {
+                        return Err(OutputError::NotEmpty(dir.to_path_buf()));
+                    }
+                    for f in OUTPUT_FILES {
+                        let p = dir.join(f);
+                        if p.exists() {
+                            std::fs::remove_file(&p).map_err(io(&p))?;
+                        }
+                    }
+                    let jobs = dir.join("jobs");
+                    if jobs.is_dir() {
+                        for e in std::fs::read_dir(&jobs).map_err(io(&jobs))? {
+                            let p = e.map_err(io(&jobs))?.path();
+                            if p.extension().is_some_and(|x| x == "csv") {
+                                std::fs::remove_file(&p).map_err(io(&p))?;
+                            }
+                        }
+                    }
+                }
+            }
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            Ok(dir.to_path_buf())
+        }
+        None => {
+            let runs = base.join("runs");
+            std::fs::create_dir_all(&runs).map_err(io(&runs))?;
+            let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
+            for n in 1..10_000 {
+                let name = if n == 1 {
+                    stamp.clone()
+                } else {
+                    format!("{stamp}-{n}")
+                };
+                let dir = runs.join(name);
+                match std::fs::create_dir(&dir) {
+                    Ok(()) => return Ok(dir),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => {
+                        return Err(OutputError::Io {
+                            path: dir,
+                            source: e,
+                        })
+                    }
+                }
+            }
+            Err(OutputError::Io {
+                path: runs,
+                source: std::io::Error::other("no free run folder name left for this second"),
+            })
+        }
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced, then
+/// renamed over `path`, so a reader (or a crash) never sees a half-written file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(OutputError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        });
+    }
+    Ok(())
+}
+
+pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), OutputError> {
+    let mut text = serde_json::to_string_pretty(value).map_err(|e| OutputError::Io {
+        path: path.to_path_buf(),
+        source: e.into(),
+    })?;
+    text.push('\n');
+    write_atomic(path, text.as_bytes())
+}
+
+/// Header of `jobs/<workload>.csv`.
+pub const JOBS_CSV_HEADER: &str = "job,release_ms,start_ms,end_ms,latency_ms,timeout";
+
+fn ms(ns: i64) -> String {
+    format!("{:.6}", ns as f64 / 1e6)
+}
+
+/// The per-job CSV: times in ms since t0 (ns precision), empty cells for a skipped job,
+/// `timeout` 1 or 0.
+pub fn jobs_csv(records: &[JobRecord]) -> String {
+    let mut s = String::with_capacity(64 * (records.len() + 1));
+    s.push_str(JOBS_CSV_HEADER);
+    s.push('\n');
+    for r in records {
+        let _ = write!(s, "{},{},", r.index, ms(r.release_ns));
+        match (r.start_ns, r.end_ns) {
+            (Some(a), Some(b)) => {
+                let _ = write!(s, "{},{},{}", ms(a), ms(b), ms(b - r.release_ns));
+            }
+            _ => s.push_str(",,"),
+        }
+        let _ = writeln!(s, ",{}", r.timeout as u8);
+    }
+    s
+}
+
+/// A file name for a workload's CSV: the name with anything outside `[A-Za-z0-9._-]` replaced.
+pub fn jobs_file_name(workload: &str) -> String {
+    let clean: String = workload
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{clean}.csv")
+}
+
+pub fn write_jobs_csv(
+    dir: &Path,
+    workload: &str,
+    records: &[JobRecord],
+) -> Result<(), OutputError> {
+    write_atomic(
+        &dir.join("jobs").join(jobs_file_name(workload)),
+        jobs_csv(records).as_bytes(),
+    )
+}
+
+/// Reads `jobs/<workload>.csv` back into records (ms → ns).
+pub fn read_jobs_csv(path: &Path) -> Result<Vec<JobRecord>, OutputError> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    let bad = |line: usize, what: &str| OutputError::Parse {
+        path: path.to_path_buf(),
+        detail: format!("line {line}: {what}"),
+    };
+    let mut lines = text.lines().enumerate();
+    match lines.next() {
+        Some((_, h)) if h.trim() == JOBS_CSV_HEADER => {}
+        _ => return Err(bad(1, &format!("expected the header `{JOBS_CSV_HEADER}`"))),
+    }
+    let ns = |s: &str| -> Option<Option<i64>> {
+        if s.is_empty() {
+            Some(None)
+        } else {
+            s.parse::<f64>()
+                .ok()
+                .map(|v| Some((v * 1e6).round() as i64))
+        }
+    };
+    let mut out = Vec::new();
+    for (i, line) in lines {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() != 6 {
+            return Err(bad(i + 1, "expected 6 fields"));
+        }
+        let parsed = (|| {
+            Some(JobRecord {
+                index: f[0].parse().ok()?,
+                release_ns: ns(f[1])??,
+                start_ns: ns(f[2])?,
+                end_ns: ns(f[3])?,
+                timeout: match f[5].trim() {
+                    "1" | "true" => true,
+                    "0" | "false" => false,
+                    _ => return None,
+                },
+            })
+        })();
+        out.push(parsed.ok_or_else(|| bad(i + 1, "malformed field"))?);
+    }
+    Ok(out)
+}
+
+/// This machine's host name, for summary.json.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_round_trips_and_leaves_skipped_cells_empty() {
+        let recs = vec![
+            JobRecord {
+                index: 0,
+                release_ns: 0,
+                start_ns: Some(1_500),
+                end_ns: Some(4_001_500),
+                timeout: false,
+            },
+            JobRecord {
+                index: 1,
+                release_ns: 3_333_333,
+                start_ns: None,
+                end_ns: None,
+                timeout: true,
+            },
+        ];
+        let csv = jobs_csv(&recs);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], JOBS_CSV_HEADER);
+        assert_eq!(lines[1], "0,0.000000,0.001500,4.001500,4.001500,0");
+        assert_eq!(lines[2], "1,3.333333,,,,1");
+        let dir = tempfile::tempdir().unwrap();
+        write_jobs_csv(dir.path(), "a b", &recs).unwrap();
+        let back = read_jobs_csv(&dir.path().join("jobs/a_b.csv")).unwrap();
+        assert_eq!(back, recs);
+    }
+
+    #[test]
+    fn out_dir_rules() {
+        let base = tempfile::tempdir().unwrap();
+        let a = prepare_out_dir(None, false, base.path()).unwrap();
+        let b = prepare_out_dir(None, false, base.path()).unwrap();
+        assert_ne!(a, b);
+        assert!(a.starts_with(base.path().join("runs")));
+        write_atomic(&a.join("summary.json"), b"{}").unwrap();
+        std::fs::write(a.join("notes.txt"), "mine").unwrap();
+        let err = prepare_out_dir(Some(&a), false, base.path()).unwrap_err();
+        assert!(err.is_user_error() && err.to_string().contains("--force"));
+        prepare_out_dir(Some(&a), true, base.path()).unwrap();
+        assert!(!a.join("summary.json").exists());
+        assert!(a.join("notes.txt").exists());
+        // No temporary files left behind by atomic writes.
+        write_atomic(&a.join("x.json"), b"1").unwrap();
+        let names: Vec<String> = std::fs::read_dir(&a)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.contains(".tmp")), "{names:?}");
+    }
+}

@@ -1,0 +1,236 @@
+//! The worker side of `host = "process"`: the hidden `isolane worker` subcommand runs
+//! [`run_worker`] with its stdin/stdout. See [`crate::protocol`] for the messages.
+
+use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use isolane_core::JobRecord;
+
+use crate::protocol::{check_version, DoneStatus, FromWorker, ToWorker, PROTOCOL_VERSION};
+use crate::release::{run_loop, warm_up, LoopEnd, RecordSink};
+use crate::{affinity, clock, exec};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("i/o on the coordinator pipe: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Protocol(#[from] crate::protocol::ProtocolError),
+    #[error("the coordinator closed the pipe before {0}")]
+    Closed(&'static str),
+    #[error("{0}")]
+    Setup(String),
+    #[error(transparent)]
+    Exec(#[from] exec::ExecError),
+}
+
+/// Records are streamed in chunks: flushed while the loop waits for a release, or when the
+/// chunk is 5 ms old or 256 records long (overload, no idle time). A worker that dies loses at
+/// most its unflushed chunk, i.e. the jobs of its last few milliseconds.
+const MAX_PENDING: usize = 256;
+const MAX_AGE_NS: i64 = 5_000_000;
+
+struct PipeSink<W: Write> {
+    out: W,
+    buf: Vec<u8>,
+    pending: usize,
+    last_flush_ns: i64,
+    stop: Arc<AtomicBool>,
+}
+
+impl<W: Write> PipeSink<W> {
+    fn flush_chunk(&mut self) {
+        if self.pending == 0 {
+            return;
+        }
+        self.buf.extend_from_slice(b"]}\n");
+        let ok = self
+            .out
+            .write_all(&self.buf)
+            .and_then(|_| self.out.flush())
+            .is_ok();
+        self.buf.clear();
+        self.pending = 0;
+        self.last_flush_ns = clock::now_ns();
+        if !ok {
+            // Nobody is listening any more: measuring on is pointless.
+            self.stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<W: Write> RecordSink for PipeSink<W> {
+    fn record(&mut self, r: &JobRecord) {
+        // Written by hand into a reused buffer: no allocation per job.
+        if self.pending == 0 {
+            self.buf.extend_from_slice(br#"{"type":"jobs","records":["#);
+        } else {
+            self.buf.push(b',');
+        }
+        let opt = |v: Option<i64>| v.unwrap_or(i64::MIN);
+        let (s, e) = (opt(r.start_ns), opt(r.end_ns));
+        let _ = write!(self.buf, "[{},{},", r.index, r.release_ns);
+        if s == i64::MIN {
+            self.buf.extend_from_slice(b"null,null,");
+        } else {
+            let _ = write!(self.buf, "{s},{e},");
+        }
+        let _ = write!(self.buf, "{}]", r.timeout as u8);
+        self.pending += 1;
+        if self.pending >= MAX_PENDING || clock::now_ns() - self.last_flush_ns >= MAX_AGE_NS {
+            self.flush_chunk();
+        }
+    }
+
+    fn idle(&mut self, _until_ns: i64) {
+        self.flush_chunk();
+    }
+}
+
+fn send(out: &mut impl Write, msg: &FromWorker) -> Result<(), WorkerError> {
+    let mut line = serde_json::to_vec(msg)
+        .map_err(|e| WorkerError::Setup(format!("cannot encode a message: {e}")))?;
+    line.push(b'\n');
+    out.write_all(&line)?;
+    out.flush()?;
+    Ok(())
+}
+
+fn read_line(input: &mut impl BufRead, what: &'static str) -> Result<String, WorkerError> {
+    let mut line = String::new();
+    if input.read_line(&mut line)? == 0 {
+        return Err(WorkerError::Closed(what));
+    }
+    Ok(line)
+}
+
+/// Runs one workload as told by the coordinator on `input`, answering on `output`. `stop` is
+/// raised by a SIGINT handler the caller installs, by a `stop` message, or when the coordinator
+/// goes away. Returns the process exit code: 0 after a finished or interrupted run, 2 on a
+/// protocol version mismatch, 1 on any other failure (reported as an `error` message first).
+pub fn run_worker<R, W>(input: R, mut output: W, stop: Arc<AtomicBool>) -> i32
+where
+    R: BufRead + Send + 'static,
+    W: Write,
+{
+    match worker_inner(input, &mut output, &stop) {
+        Ok(status) => match send(&mut output, &FromWorker::Done { status }) {
+            Ok(()) => 0,
+            Err(_) => 1,
+        },
+        Err(e) => {
+            let _ = send(
+                &mut output,
+                &FromWorker::Error {
+                    message: e.to_string(),
+                },
+            );
+            match e {
+                WorkerError::Protocol(_) => 2,
+                _ => 1,
+            }
+        }
+    }
+}
+
+fn worker_inner<R, W>(
+    mut input: R,
+    output: &mut W,
+    stop: &Arc<AtomicBool>,
+) -> Result<DoneStatus, WorkerError>
+where
+    R: BufRead + Send + 'static,
+    W: Write,
+{
+    send(
+        output,
+        &FromWorker::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            pid: std::process::id(),
+            isolane_version: env!("CARGO_PKG_VERSION").to_string(),
+        },
+    )?;
+    let line = read_line(&mut input, "sending the set-up")?;
+    let value = check_version(&line, "coordinator")?;
+    let setup: ToWorker = serde_json::from_value(value).map_err(|e| {
+        WorkerError::Setup(format!(
+            "malformed set-up message from the coordinator: {e}"
+        ))
+    })?;
+    let ToWorker::Setup {
+        index,
+        workload,
+        timing,
+        schedule,
+        ..
+    } = setup
+    else {
+        return Err(WorkerError::Setup("expected a set-up message first".into()));
+    };
+
+    affinity::pin_current_thread(&workload.cpu)
+        .map_err(|e| WorkerError::Setup(format!("workload `{}`: {e}", workload.name)))?;
+    let mut executor = exec::executor_for(&workload, timing.seed, index)?;
+    let mut warmup = Vec::with_capacity(workload.warmup_jobs as usize);
+    warm_up(executor.as_mut(), workload.warmup_jobs, &mut warmup, stop)?;
+    send(output, &FromWorker::Ready { warmup_ns: warmup })?;
+
+    let line = read_line(&mut input, "starting the run")?;
+    let msg: ToWorker = serde_json::from_str(&line)
+        .map_err(|e| WorkerError::Setup(format!("malformed start message: {e}")))?;
+    let t0_ns = match msg {
+        ToWorker::Start { t0_ns } => t0_ns,
+        ToWorker::Abort | ToWorker::Stop => return Ok(DoneStatus::Interrupted),
+        ToWorker::Setup { .. } => {
+            return Err(WorkerError::Setup(
+                "unexpected second set-up message".into(),
+            ))
+        }
+    };
+
+    // From here on the coordinator may only say `stop`; its going away means the same. The
+    // thread is detached: it ends with the process.
+    {
+        let stop = Arc::clone(stop);
+        std::thread::Builder::new()
+            .name("isolane-worker-stdin".into())
+            .spawn(move || {
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    match input.read_line(&mut line) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {
+                            if matches!(serde_json::from_str(&line), Ok(ToWorker::Stop)) {
+                                break;
+                            }
+                        }
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+            })?;
+    }
+
+    let mut sink = PipeSink {
+        out: &mut *output,
+        buf: Vec::with_capacity(64 * 1024),
+        pending: 0,
+        last_flush_ns: clock::now_ns(),
+        stop: Arc::clone(stop),
+    };
+    let spin_ns = (timing.spin_us as i64) * 1000;
+    let end = run_loop(
+        executor.as_mut(),
+        &schedule,
+        t0_ns,
+        spin_ns,
+        stop,
+        &mut sink,
+    );
+    sink.flush_chunk();
+    match end? {
+        LoopEnd::Completed => Ok(DoneStatus::Ok),
+        LoopEnd::Interrupted => Ok(DoneStatus::Interrupted),
+    }
+}

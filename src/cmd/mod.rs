@@ -1,0 +1,154 @@
+//! Subcommands, and what they share: exit codes, scenario loading, Ctrl-C, the progress bar.
+
+pub mod compare;
+pub mod devices;
+pub mod infer;
+pub mod isolation;
+pub mod maxrate;
+pub mod models;
+pub mod plan;
+pub mod run;
+pub mod verify;
+pub mod worker;
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use isolane_core::spec::{NoBuiltinModels, Scenario};
+
+/// A mistake of the user's (bad scenario, bad flag value, unreadable file, occupied output
+/// directory): exit code 2. Everything else that fails is a runtime failure: exit code 1.
+#[derive(Debug)]
+pub struct UserError(pub String);
+
+impl std::fmt::Display for UserError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UserError {}
+
+pub fn user(msg: impl std::fmt::Display) -> anyhow::Error {
+    UserError(msg.to_string()).into()
+}
+
+/// Exit codes of docs/runtime.md.
+pub const EXIT_FAILED: u8 = 1;
+pub const EXIT_USER: u8 = 2;
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.chain().any(|c| c.downcast_ref::<UserError>().is_some()) {
+                ExitCode::from(EXIT_USER)
+            } else {
+                ExitCode::from(EXIT_FAILED)
+            }
+        }
+    }
+}
+
+/// The scenario `isolane run` uses without a file (`scenarios/quickstart.toml`, built in).
+pub const QUICKSTART: &str = include_str!("../../scenarios/quickstart.toml");
+pub const QUICKSTART_NAME: &str = "<built-in quickstart>";
+
+/// Loads and validates a scenario; a problem with it is the user's (exit 2). Returns the
+/// scenario and how to name it in summary.json.
+pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<(Scenario, String)> {
+    // No built-in models until the engine lands; the engine's catalog plugs in here.
+    let models = NoBuiltinModels;
+    match path {
+        Some(p) => {
+            let s = Scenario::load(p, &models).map_err(user)?;
+            Ok((s, p.display().to_string()))
+        }
+        None => {
+            let s = Scenario::from_toml_str(QUICKSTART, QUICKSTART_NAME, &models)
+                .map_err(|e| anyhow::anyhow!("the built-in quickstart scenario is invalid: {e}"))?;
+            Ok((s, QUICKSTART_NAME.to_string()))
+        }
+    }
+}
+
+/// Ctrl-C (SIGINT) and SIGTERM raise the returned flag: the run stops releasing jobs and
+/// writes what it measured. A second Ctrl-C while stopping exits at once (code 130).
+pub fn install_stop_handler() -> anyhow::Result<Arc<AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        // Registered first so that it sees the flag as it was before this signal set it.
+        signal_hook::flag::register_conditional_shutdown(
+            sig,
+            EXIT_INTERRUPTED as i32,
+            Arc::clone(&stop),
+        )
+        .context("installing the Ctrl-C handler")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing the Ctrl-C handler")?;
+    }
+    Ok(stop)
+}
+
+/// A progress bar on stderr, only when stdout is a terminal and not `--quiet`.
+pub struct ProgressView {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl ProgressView {
+    pub fn new(quiet: bool) -> Self {
+        let bar = (!quiet && std::io::stdout().is_terminal()).then(|| {
+            let bar = indicatif::ProgressBar::new(1000);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% {msg}",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        });
+        ProgressView { bar }
+    }
+
+    pub fn update(&self, p: &isolane_runtime::coordinator::Progress) {
+        let Some(bar) = &self.bar else { return };
+        let frac = match (p.planned_s, p.jobs_expected) {
+            (Some(s), _) if s > 0.0 => p.elapsed_s / s,
+            (_, Some(n)) if n > 0 => p.jobs_done as f64 / n as f64,
+            _ => 0.0,
+        };
+        bar.set_position((frac.clamp(0.0, 1.0) * 1000.0) as u64);
+        bar.set_message(format!("{} jobs", p.jobs_done));
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Device-memory estimate per workload (MiB) for admission control; `None` where unknown
+/// (synthetic workloads use none).
+pub fn memory_estimates_mib(scenario: &Scenario) -> Vec<Option<u64>> {
+    scenario.workloads.iter().map(|_| None).collect()
+}
+
+/// The device model of GPU `index` of this machine, as discovered through the CUDA driver.
+pub fn detected_device_model(index: u32) -> anyhow::Result<isolane_core::device_model::DeviceModel> {
+    let devices = isolane_gpu::devices::list_devices()
+        .map_err(|e| anyhow::anyhow!("{e}; pass --device-model NAME to plan for a GPU that is not here"))?;
+    let d = devices.iter().find(|d| d.index == index).ok_or_else(|| {
+        user(format!(
+            "device.gpu = {index}, but this machine has {} CUDA device(s)",
+            devices.len()
+        ))
+    })?;
+    Ok(isolane_gpu::devices::model_for(&d.name, d.sm_count, d.memory_mib, d.compute_capability))
+}

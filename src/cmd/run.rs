@@ -1,0 +1,145 @@
+//! `isolane run [SCENARIO]`: run every workload of a scenario at once and write the results.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use clap::Args;
+use isolane_runtime::coordinator::{self, RunOptions, RunPlan, RunResult};
+use isolane_runtime::output;
+use isolane_runtime::results::{self, RunInfo, RunSummary, Status};
+
+use super::{user, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
+
+#[derive(Args)]
+#[command(
+    about = "Run a scenario's workloads at once and measure their deadline keeping",
+    long_about = "Run every workload of SCENARIO at once, each on its own schedule, and write \
+                  summary.json, jobs/<workload>.csv and scenario.toml (resolved) to the output \
+                  directory. Without SCENARIO, a built-in quickstart scenario runs (synthetic \
+                  spin workloads on the CPU, about 5 s).\n\n\
+                  Exit codes: 0 every workload ran; 1 a workload failed (its results and the \
+                  others' are still written); 2 a mistake in the scenario or the arguments \
+                  (nothing is run, no directory is created); 130 interrupted by Ctrl-C (what \
+                  was measured is written)."
+)]
+pub struct RunArgs {
+    /// Scenario file (TOML). Default: the built-in quickstart.
+    pub scenario: Option<PathBuf>,
+    /// Output directory. Default: a new runs/<YYYYmmdd-HHMMSS> under the current directory.
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Use --out even if it is not empty, replacing isolane's own files in it (others are kept).
+    #[arg(long)]
+    pub force: bool,
+    /// No progress bar.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<u8> {
+    let (scenario, scenario_name) = super::load_scenario(args.scenario.as_deref())?;
+    let plan = RunPlan::from_scenario(&scenario);
+    preflight(&plan)?;
+    let toml = scenario
+        .to_toml_string()
+        .context("writing the resolved scenario")?;
+    let out = prepare_out(args.out.as_deref(), args.force)?;
+    output::write_atomic(&out.join("scenario.toml"), toml.as_bytes())?;
+
+    let stop = super::install_stop_handler()?;
+    let started_at = chrono::Utc::now();
+    let view = ProgressView::new(args.quiet);
+    let result = coordinator::run(&plan, &RunOptions::new(stop), &mut |p| view.update(p))?;
+    view.finish();
+
+    let info = RunInfo {
+        command: "run",
+        started_at,
+        scenario: scenario_name,
+    };
+    let summary = results::summarize_run(&info, &plan.workloads, &result);
+    write_run_files(&out, &summary, &result)?;
+    println!("{}", results_table(&summary));
+    report_failures(&summary);
+    println!("results: {}", out.display());
+    Ok(exit_for(summary.status))
+}
+
+/// Models and CPU cores are checked before any output exists.
+pub fn preflight(plan: &RunPlan) -> anyhow::Result<()> {
+    coordinator::preflight(plan).map_err(|e| {
+        if e.is_user_error() {
+            user(e)
+        } else {
+            anyhow::Error::new(e)
+        }
+    })
+}
+
+pub fn prepare_out(out: Option<&Path>, force: bool) -> anyhow::Result<PathBuf> {
+    output::prepare_out_dir(out, force, Path::new(".")).map_err(|e| {
+        if e.is_user_error() {
+            user(e)
+        } else {
+            anyhow::Error::new(e)
+        }
+    })
+}
+
+/// jobs/<workload>.csv for every workload, then summary.json last: its presence means the rest
+/// is complete.
+pub fn write_run_files(out: &Path, summary: &RunSummary, result: &RunResult) -> anyhow::Result<()> {
+    for w in &result.workloads {
+        output::write_jobs_csv(out, &w.name, &w.records)?;
+    }
+    let value = serde_json::to_value(summary).context("encoding summary.json")?;
+    output::write_json(&out.join("summary.json"), &value)?;
+    Ok(())
+}
+
+pub fn results_table(summary: &RunSummary) -> String {
+    let status: Vec<String> = summary
+        .workloads
+        .iter()
+        .map(|w| status_word(w.status))
+        .collect();
+    let rows: Vec<isolane_report::ResultRow> = summary
+        .workloads
+        .iter()
+        .zip(&status)
+        .map(|(w, s)| isolane_report::ResultRow {
+            workload: &w.name,
+            status: s,
+            metrics: &w.metrics,
+        })
+        .collect();
+    isolane_report::results_table(&rows)
+}
+
+pub fn status_word(s: Status) -> String {
+    match s {
+        Status::Ok => "ok",
+        Status::Failed => "FAILED",
+        Status::Interrupted => "interrupted",
+    }
+    .to_string()
+}
+
+pub fn report_failures(summary: &RunSummary) {
+    for w in &summary.workloads {
+        if let Some(e) = &w.error {
+            eprintln!("workload `{}` failed: {e}", w.name);
+        }
+    }
+    if summary.interrupted {
+        eprintln!("interrupted: results cover the jobs released before Ctrl-C");
+    }
+}
+
+pub fn exit_for(status: Status) -> u8 {
+    match status {
+        Status::Ok => 0,
+        Status::Failed => EXIT_FAILED,
+        Status::Interrupted => EXIT_INTERRUPTED,
+    }
+}

@@ -1,0 +1,280 @@
+//! The command line: output directories, exit codes, help, the quickstart, compare, isolation.
+
+mod common;
+
+use common::*;
+
+const SMALL: &str = r#"
+[device]
+backend = "cpu"
+mechanism = "none"
+host = "thread"
+
+[[workload]]
+name = "a"
+model = "spin:1ms~0.2ms"
+rate_hz = 200
+jobs = 100
+warmup_jobs = 2
+"#;
+
+#[test]
+fn invalid_scenario_runs_nothing_creates_no_directory_and_exits_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "bad.toml",
+        &SMALL.replace("rate_hz = 200", "rate_hz = -5"),
+    );
+    let out = tmp.path().join("out");
+    let o = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("bad.toml") && stderr.contains("rate_hz"),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+    assert!(!tmp.path().join("runs").exists());
+}
+
+#[test]
+fn missing_scenario_file_and_bad_cpu_and_engine_models_create_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = isolane()
+        .arg("run")
+        .arg(tmp.path().join("nope.toml"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let sc = scenario(
+        tmp.path(),
+        "cpu.toml",
+        &SMALL.replace("warmup_jobs = 2", "cpu = [4096]"),
+    );
+    let o = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cpu core 4096"), "{stderr}");
+    let onnx = tmp.path().join("m.onnx");
+    std::fs::write(&onnx, b"not really").unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "engine.toml",
+        &SMALL.replace("spin:1ms~0.2ms", &onnx.display().to_string()),
+    );
+    let o = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("engine"), "{stderr}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn non_empty_out_is_refused_unless_forced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "s.toml", SMALL);
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep.txt"), "x").unwrap();
+    let o = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
+    run_ok(
+        isolane()
+            .arg("run")
+            .arg(&sc)
+            .arg("--out")
+            .arg(&out)
+            .arg("--force")
+            .arg("-q"),
+    );
+    assert!(out.join("summary.json").exists() && out.join("keep.txt").exists());
+}
+
+#[test]
+fn quickstart_runs_without_arguments_into_a_new_runs_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = run_ok(isolane().arg("run").current_dir(tmp.path()));
+    let runs: Vec<_> = std::fs::read_dir(tmp.path().join("runs"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(runs.len(), 1);
+    let dir = runs[0].path();
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.len() == 15 && name.as_bytes()[8] == b'-', "{name}");
+    let s = summary(&dir);
+    assert_eq!(s["status"], "ok");
+    assert_eq!(s["scenario"], "<built-in quickstart>");
+    assert!(s["workloads"].as_array().unwrap().len() >= 2);
+    assert!(dir.join("scenario.toml").exists());
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("p99 ms") && stdout.contains("throughput"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn help_and_version() {
+    let o = run_ok(isolane().arg("--version"));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("isolane "));
+    for sub in ["run", "maxrate", "isolation", "compare"] {
+        let o = run_ok(isolane().arg(sub).arg("--help"));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("Usage"),
+            "{sub}"
+        );
+    }
+    let o = run_ok(isolane().arg("--help"));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("worker"),
+        "worker is hidden"
+    );
+    let o = isolane()
+        .args(["maxrate", "--model", "spin:4ms", "--jobs", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn compare_prints_both_runs_and_a_p_value() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = scenario(tmp.path(), "a.toml", SMALL);
+    let b = scenario(
+        tmp.path(),
+        "b.toml",
+        &SMALL.replace("spin:1ms~0.2ms", "spin:2ms"),
+    );
+    let (ra, rb) = (tmp.path().join("ra"), tmp.path().join("rb"));
+    run_ok(isolane().arg("run").arg(&a).arg("--out").arg(&ra).arg("-q"));
+    run_ok(isolane().arg("run").arg(&b).arg("--out").arg(&rb).arg("-q"));
+    let o = run_ok(isolane().arg("compare").arg(&ra).arg(&rb));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("ra") && stdout.contains("rb") && stdout.contains("latency p50"),
+        "{stdout}"
+    );
+    // 1 ms vs 2 ms jobs: the distributions differ beyond doubt.
+    let p: f64 = stdout
+        .split("two-sided p = ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no p-value in {stdout}"));
+    assert!(p < 1e-6, "p = {p}");
+    let o = isolane()
+        .arg("compare")
+        .arg(&ra)
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn isolation_reports_every_step_for_every_victim() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "iso.toml",
+        r#"
+[device]
+backend = "cpu"
+mechanism = "none"
+host = "thread"
+
+[[workload]]
+name = "v"
+role = "victim"
+model = "spin:1ms"
+rate_hz = 100
+duration_s = 1
+
+[[workload]]
+name = "i"
+role = "interferer"
+model = "spin:1ms"
+ramp = { from_hz = 10, to_hz = 50, steps = 3, step_s = 0.5 }
+"#,
+    );
+    let out = tmp.path().join("out");
+    run_ok(
+        isolane()
+            .arg("isolation")
+            .arg(&sc)
+            .arg("--out")
+            .arg(&out)
+            .arg("-q"),
+    );
+    let s = summary(&out);
+    let steps = s["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 3);
+    assert_eq!(f(&steps[0]["interferer_rate_hz"]), 10.0);
+    assert_eq!(f(&steps[2]["interferer_rate_hz"]), 50.0);
+    for st in steps {
+        let v = &st["victims"][0];
+        assert_eq!(v["victim"], "v");
+        assert_eq!(v["jobs"], 50, "{st}");
+        assert!(v["timeout_pct"].is_number() && v["latency_ms"]["p99"].is_number());
+    }
+    // The victim ran for all 3 steps (1.5 s), not its own 1 s.
+    assert_eq!(workload(&s, "v")["jobs"], 150);
+    assert_eq!(workload(&s, "i")["jobs"], 5 + 15 + 25);
+    let csv = std::fs::read_to_string(out.join("isolation.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert!(lines
+        .next()
+        .unwrap()
+        .starts_with("step,interferer_rate_hz,victim,jobs,"));
+    assert_eq!(lines.count(), 3);
+    assert_eq!(jobs_rows(&out, "i").len(), 45);
+}
+
+#[test]
+fn isolation_without_a_victim_is_refused_before_any_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "s.toml", SMALL);
+    let out = tmp.path().join("out");
+    let o = isolane()
+        .arg("isolation")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("interferer"), "{stderr}");
+    assert!(!out.exists());
+}

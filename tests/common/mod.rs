@@ -1,0 +1,94 @@
+//! Helpers shared by the integration tests of the `isolane` binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn isolane() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_isolane"))
+}
+
+/// Writes a scenario file into `dir` and returns its path.
+pub fn scenario(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn summary(dir: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join("summary.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+pub fn workload<'a>(summary: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    summary["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == name)
+        .unwrap_or_else(|| panic!("no workload {name} in {summary}"))
+}
+
+pub fn f(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// Rows of a jobs CSV (header excluded), split into fields.
+pub fn jobs_rows(dir: &Path, workload: &str) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(dir.join("jobs").join(format!("{workload}.csv"))).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("job,release_ms,start_ms,end_ms,latency_ms,timeout")
+    );
+    lines
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect()
+}
+
+/// Pids of the `isolane worker` children of `parent` running `workload`.
+pub fn worker_pids(parent: u32, workload: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The fields after the command name (which may contain spaces) start after the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let ppid: Option<u32> = rest.split_whitespace().nth(1).and_then(|s| s.parse().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "worker") && args.iter().any(|a| a == workload) {
+            out.push(pid);
+        }
+    }
+    out
+}

@@ -1,0 +1,185 @@
+//! `isolane models` and `isolane infer` end to end: outputs, files written, exit codes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn isolane() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_isolane"))
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/isolane-engine/tests/fixtures")
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let o = isolane().args(args).output().expect("run isolane");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn models_lists_builtins_as_table_and_json() {
+    let (code, out, _) = run(&["models"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("resnet18") && out.contains("11,689,512"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["models", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let r18 = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "resnet18")
+        .unwrap();
+    assert_eq!(r18["params"], 11_689_512);
+    assert_eq!(r18["input_shape"], serde_json::json!([3, 224, 224]));
+}
+
+#[test]
+fn infer_onnx_with_npy_input_writes_onnxruntime_output() {
+    let d = fixtures().join("onnx");
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("y.npy");
+    let model = d.join("tiny_cnn_op14.onnx");
+    let input = d.join("tiny_cnn_op14.input.npy");
+    let (code, stdout, stderr) = run(&[
+        "infer",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--save-output",
+        out.to_str().unwrap(),
+        "--threads",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("[2, 10]"), "{stdout}");
+    assert!(
+        stdout.contains("sample 1:"),
+        "top-5 for each sample: {stdout}"
+    );
+    let got = isolane_engine::io::read_npy(&out).unwrap();
+    let want = isolane_engine::io::read_npy(d.join("tiny_cnn_op14.output.npy")).unwrap();
+    assert_eq!(got.shape, want.shape);
+    let err: f32 = got
+        .data
+        .iter()
+        .zip(&want.data)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(err < 1e-5, "max abs diff {err}");
+}
+
+#[test]
+fn user_mistakes_exit_2_naming_the_culprit() {
+    let (code, _, err) = run(&["infer", "--model", "no_such_model", "--random"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("no_such_model") && err.contains("resnet18"),
+        "{err}"
+    );
+
+    let bad = fixtures().join("onnx/bad/truncated.onnx");
+    let (code, _, err) = run(&["infer", "--model", bad.to_str().unwrap(), "--random"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("truncated.onnx"), "{err}");
+
+    let bad = fixtures().join("onnx/bad/unsupported_op.onnx");
+    let (code, _, err) = run(&["infer", "--model", bad.to_str().unwrap(), "--random"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("NonZero") && err.contains("the_nonzero") && err.contains("opset 13"),
+        "{err}"
+    );
+
+    let img = fixtures().join("image/broken.jpg");
+    let model = fixtures().join("onnx/conv_basic_op13.onnx");
+    let (code, _, err) = run(&[
+        "infer",
+        "--model",
+        model.to_str().unwrap(),
+        "--image",
+        img.to_str().unwrap(),
+        "--batch",
+        "2",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("broken.jpg"), "{err}");
+
+    let missing = fixtures().join("onnx/missing.npy");
+    let (code, _, err) = run(&[
+        "infer",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        missing.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("missing.npy"), "{err}");
+
+    let fixed = fixtures().join("onnx/fixed_batch_reshape_op13.onnx");
+    let (code, _, err) = run(&[
+        "infer",
+        "--model",
+        fixed.to_str().unwrap(),
+        "--random",
+        "--batch",
+        "2",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("fixed batch of 1"), "{err}");
+}
+
+#[test]
+fn random_input_is_seeded() {
+    let model = fixtures().join("onnx/global_pools_flatten_op13.onnx");
+    let m = model.to_str().unwrap();
+    let a = run(&[
+        "infer",
+        "--model",
+        m,
+        "--random",
+        "--seed",
+        "5",
+        "--threads",
+        "1",
+    ])
+    .1;
+    let b = run(&[
+        "infer",
+        "--model",
+        m,
+        "--random",
+        "--seed",
+        "5",
+        "--threads",
+        "1",
+    ])
+    .1;
+    let c = run(&[
+        "infer",
+        "--model",
+        m,
+        "--random",
+        "--seed",
+        "6",
+        "--threads",
+        "1",
+    ])
+    .1;
+    let tail = |s: &str| {
+        s.lines()
+            .filter(|l| l.trim_start().starts_with(char::is_numeric))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(tail(&a), tail(&b));
+    assert_ne!(tail(&a), tail(&c));
+}

@@ -1,0 +1,244 @@
+//! `host = "process"`: worker processes, a worker killed mid-run, and Ctrl-C (issue 2).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const TWO_PROCESSES: &str = r#"
+[device]
+backend = "cpu"
+mechanism = "none"
+host = "process"
+
+[timing]
+start_delay_ms = 20
+
+[[workload]]
+name = "doomed"
+model = "spin:1ms"
+rate_hz = 100
+duration_s = 3
+warmup_jobs = 2
+
+[[workload]]
+name = "survivor"
+model = "spin:1ms"
+rate_hz = 100
+duration_s = 3
+warmup_jobs = 2
+"#;
+
+fn wait_for_worker(parent: u32, workload: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(&pid) = worker_pids(parent, workload).first() {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no worker for {workload} appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_killed_worker_is_reported_and_the_other_workload_finishes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "s.toml", TWO_PROCESSES);
+    let out = tmp.path().join("out");
+    let mut child = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .arg("--quiet")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = wait_for_worker(child.id(), "doomed");
+    // Both warm up in a few ms; 1.2 s in, the doomed worker has completed about 100 jobs.
+    std::thread::sleep(Duration::from_millis(1200));
+    // SAFETY: plain kill(2) of a pid we found as our child's worker.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    // Documented: exit code 1 when any workload failed (its results are still written).
+    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("doomed") && stderr.contains("signal 9"),
+        "{stderr}"
+    );
+
+    let s = summary(&out);
+    assert_eq!(s["status"], "failed");
+    let doomed = workload(&s, "doomed");
+    assert_eq!(doomed["status"], "failed");
+    assert_eq!(doomed["signal"], 9);
+    assert!(
+        doomed["error"].as_str().unwrap().contains("SIGKILL"),
+        "{doomed}"
+    );
+    // The jobs it completed before dying were streamed out and kept.
+    let kept = doomed["completed"].as_u64().unwrap();
+    println!("killed worker kept {kept} completed jobs");
+    assert!((40..300).contains(&kept), "kept {kept}");
+    assert_eq!(
+        jobs_rows(&out, "doomed").len() as u64,
+        doomed["jobs"].as_u64().unwrap()
+    );
+
+    let survivor = workload(&s, "survivor");
+    assert_eq!(survivor["status"], "ok");
+    assert_eq!(survivor["jobs"], 300);
+    assert_eq!(survivor["completed"], 300);
+    assert!(f(&survivor["latency_ms"]["p50"]) < 2.0, "{survivor}");
+    assert_eq!(jobs_rows(&out, "survivor").len(), 300);
+}
+
+#[test]
+fn ctrl_c_stops_threads_and_workers_and_writes_what_was_measured() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "s.toml",
+        r#"
+[device]
+backend = "cpu"
+mechanism = "none"
+host = "thread"
+
+[[workload]]
+name = "in-thread"
+model = "spin:1ms"
+rate_hz = 50
+duration_s = 30
+
+[[workload]]
+name = "in-process"
+host = "process"
+model = "spin:1ms"
+rate_hz = 50
+duration_s = 30
+"#,
+    );
+    let out = tmp.path().join("out");
+    let mut child = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .arg("--quiet")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_worker(child.id(), "in-process");
+    std::thread::sleep(Duration::from_millis(1200));
+    let sent = Instant::now();
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let status = child.wait().unwrap();
+    println!(
+        "stopped {:.0} ms after SIGINT",
+        sent.elapsed().as_secs_f64() * 1e3
+    );
+    assert_eq!(status.code(), Some(130));
+    assert!(sent.elapsed() < Duration::from_secs(5));
+    let s = summary(&out);
+    assert_eq!(s["status"], "interrupted");
+    assert_eq!(s["interrupted"], true);
+    for name in ["in-thread", "in-process"] {
+        let w = workload(&s, name);
+        assert_eq!(w["status"], "interrupted", "{w}");
+        let jobs = w["jobs"].as_u64().unwrap();
+        assert!((20..1500).contains(&jobs), "{name}: {jobs} jobs");
+        assert_eq!(jobs_rows(&out, name).len() as u64, jobs);
+    }
+    assert!(out.join("scenario.toml").exists());
+}
+
+#[test]
+fn worker_refuses_another_protocol_version() {
+    let mut child = isolane()
+        .arg("worker")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let hello: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(hello["type"], "hello");
+    assert_eq!(hello["protocol_version"], 1);
+    writeln!(stdin, r#"{{"type":"setup","protocol_version":99}}"#).unwrap();
+    let err: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(err["type"], "error");
+    let msg = err["message"].as_str().unwrap();
+    assert!(
+        msg.contains("version mismatch") && msg.contains("99"),
+        "{msg}"
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(2));
+}
+
+#[test]
+fn a_worker_that_cannot_start_fails_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "s.toml",
+        r#"
+[device]
+backend = "cpu"
+mechanism = "none"
+host = "thread"
+
+[[workload]]
+name = "fine"
+model = "spin:1ms"
+rate_hz = 100
+jobs = 50
+
+[[workload]]
+name = "broken"
+host = "process"
+model = "spin:1ms"
+rate_hz = 100
+jobs = 50
+"#,
+    );
+    let out = tmp.path().join("out");
+    // `true` exits at once without a word of the protocol.
+    let o = isolane()
+        .env("ISOLANE_WORKER_EXE", "/bin/true")
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .arg("-q")
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let s = summary(&out);
+    assert_eq!(workload(&s, "fine")["status"], "ok");
+    assert_eq!(workload(&s, "fine")["completed"], 50);
+    let broken = workload(&s, "broken");
+    assert_eq!(broken["status"], "failed");
+    assert!(
+        broken["error"].as_str().unwrap().contains("hello"),
+        "{broken}"
+    );
+}

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Runs `isolane infer` on the files of tools/reference/export.py and prints relative L2 errors
+against PyTorch's output: once with the built-in architecture loading NAME.safetensors, once
+importing NAME.onnx, and (when onnxruntime is installed) onnxruntime on NAME.onnx for scale.
+
+    python3 tools/reference/compare.py --isolane target/release/isolane --ref /tmp/ref \\
+        [--markdown table.md] [MODEL ...]
+
+relative L2 = ||isolane - pytorch|| / ||pytorch||; the acceptance bar is 1e-4.
+Exit status 1 if any comparison fails or exceeds --tol.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def rel_l2(a, b):
+    a = a.astype(np.float64).ravel()
+    b = b.astype(np.float64).ravel()
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def run_isolane(exe, model_args, inp, out, threads):
+    cmd = [exe, "infer", *model_args, "--input", inp, "--save-output", out]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    secs = time.time() - t0
+    if p.returncode != 0:
+        return None, f"exit {p.returncode}: {(p.stderr or p.stdout).strip().splitlines()[-1:]}", secs
+    return np.load(out), None, secs
+
+
+def run_ort(onnx_path, x):
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    so = ort.SessionOptions()
+    sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", nargs="*", help="model names (default: every folder under --ref)")
+    ap.add_argument("--isolane", default="target/release/isolane")
+    ap.add_argument("--ref", default="reference-out")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--json", help="also write the numbers here")
+    args = ap.parse_args()
+    models = args.models or sorted(
+        d for d in os.listdir(args.ref) if os.path.isfile(os.path.join(args.ref, d, "output.npy"))
+    )
+    rows, bad = [], False
+    for name in models:
+        d = os.path.join(args.ref, name)
+        inp = os.path.join(d, "input.npy")
+        want = np.load(os.path.join(d, "output.npy"))
+        row = {"model": name}
+        for kind, margs in [
+            ("safetensors", ["--model", name, "--weights", os.path.join(d, f"{name}.safetensors")]),
+            ("onnx", ["--model", os.path.join(d, f"{name}.onnx")]),
+        ]:
+            got, err, secs = run_isolane(args.isolane, margs, inp, os.path.join(d, f"isolane_{kind}.npy"), args.threads)
+            if err:
+                row[kind] = err
+                bad = True
+            elif got.shape != want.shape:
+                row[kind] = f"shape {got.shape} vs {want.shape}"
+                bad = True
+            else:
+                row[kind] = rel_l2(got, want)
+                bad |= row[kind] > args.tol
+            row[f"{kind}_s"] = secs
+        y = run_ort(os.path.join(d, f"{name}.onnx"), np.load(inp))
+        row["onnxruntime"] = rel_l2(y, want) if y is not None else "n/a"
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+
+    def fmt(v):
+        return f"{v:.2e}" if isinstance(v, float) else str(v)
+
+    lines = [
+        "| model | isolane built-in + safetensors | isolane ONNX import | onnxruntime (for scale) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(f"| {r['model']} | {fmt(r['safetensors'])} | {fmt(r['onnx'])} | {fmt(r['onnxruntime'])} |")
+    table = "\n".join(lines)
+    print("relative L2 error against PyTorch fp32 (CPU), batch 1:\n")
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
