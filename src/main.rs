@@ -3,6 +3,7 @@
 //! 130 interrupted — see docs/runtime.md).
 
 mod cmd;
+mod engine_exec;
 
 use std::process::ExitCode;
 
@@ -40,6 +41,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    isolane_runtime::exec::register_engine(Box::new(engine_exec::EngineExecutorsImpl));
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Maxrate(a) => cmd::maxrate::run(a),

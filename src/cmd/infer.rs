@@ -356,7 +356,7 @@ fn repeat(one: &[f32], n: usize) -> Vec<f32> {
 }
 
 /// Seeded standard normal values (splitmix64 + Box–Muller): reproducible across platforms.
-fn random_normal(n: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn random_normal(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed ^ 0x9E37_79B9_7F4A_7C15;
     let mut next = || {
         s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -18,7 +18,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use isolane_core::spec::{NoBuiltinModels, Scenario};
+use isolane_core::spec::{Backend, ModelSource, Scenario};
 
 /// A mistake of the user's (bad scenario, bad flag value, unreadable file, occupied output
 /// directory): exit code 2. Everything else that fails is a runtime failure: exit code 1.
@@ -63,11 +63,14 @@ pub const QUICKSTART_NAME: &str = "<built-in quickstart>";
 /// Loads and validates a scenario; a problem with it is the user's (exit 2). Returns the
 /// scenario and how to name it in summary.json.
 pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<(Scenario, String)> {
-    // No built-in models until the engine lands; the engine's catalog plugs in here.
-    let models = NoBuiltinModels;
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
     match path {
         Some(p) => {
             let s = Scenario::load(p, &models).map_err(user)?;
+            refuse_cuda_models(&s, &p.display().to_string())?;
             Ok((s, p.display().to_string()))
         }
         None => {
@@ -141,14 +144,41 @@ pub fn memory_estimates_mib(scenario: &Scenario) -> Vec<Option<u64>> {
 }
 
 /// The device model of GPU `index` of this machine, as discovered through the CUDA driver.
-pub fn detected_device_model(index: u32) -> anyhow::Result<isolane_core::device_model::DeviceModel> {
-    let devices = isolane_gpu::devices::list_devices()
-        .map_err(|e| anyhow::anyhow!("{e}; pass --device-model NAME to plan for a GPU that is not here"))?;
+pub fn detected_device_model(
+    index: u32,
+) -> anyhow::Result<isolane_core::device_model::DeviceModel> {
+    let devices = isolane_gpu::devices::list_devices().map_err(|e| {
+        anyhow::anyhow!("{e}; pass --device-model NAME to plan for a GPU that is not here")
+    })?;
     let d = devices.iter().find(|d| d.index == index).ok_or_else(|| {
         user(format!(
             "device.gpu = {index}, but this machine has {} CUDA device(s)",
             devices.len()
         ))
     })?;
-    Ok(isolane_gpu::devices::model_for(&d.name, d.sm_count, d.memory_mib, d.compute_capability))
+    Ok(isolane_gpu::devices::model_for(
+        &d.name,
+        d.sm_count,
+        d.memory_mib,
+        d.compute_capability,
+    ))
+}
+
+/// Real models on `backend = "cuda"` need the engine's CUDA backend, which is not built yet:
+/// say so before anything runs (spin workloads and `isolane verify` work on any backend).
+fn refuse_cuda_models(s: &Scenario, file: &str) -> anyhow::Result<()> {
+    if s.device.backend != Backend::Cuda {
+        return Ok(());
+    }
+    for (i, w) in s.workloads.iter().enumerate() {
+        if !matches!(w.model_source(), Ok(ModelSource::Spin(_))) {
+            return Err(user(format!(
+                "{file}: workload[{i}].model: `{}` is a real network, which needs the engine's \
+                 CUDA backend (not available yet); allowed with backend = \"cuda\": spin:<time>. \
+                 Use backend = \"cpu\" to run it on the CPU",
+                w.model
+            )));
+        }
+    }
+    Ok(())
 }

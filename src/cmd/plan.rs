@@ -40,12 +40,19 @@ pub struct PlanArgs {
 pub fn run(args: PlanArgs) -> anyhow::Result<u8> {
     let (scenario, _) = super::load_scenario(Some(&args.scenario))?;
     let device = resolve_device_model(&scenario, args.device_model.as_deref())?;
-    let options = AdmissionOptions { mps_thread_budget_pct: args.mps_thread_budget };
+    let options = AdmissionOptions {
+        mps_thread_budget_pct: args.mps_thread_budget,
+    };
     let estimates = super::memory_estimates_mib(&scenario);
     match admission::admit(&scenario, &device, &estimates, &options) {
         Ok(plan) => {
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "admitted": true, "plan": plan }))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({ "admitted": true, "plan": plan })
+                    )?
+                );
             } else {
                 println!("admitted on {} ({}):", device.name, device.description);
                 println!("{}", plan_table(&plan));
@@ -56,11 +63,17 @@ pub fn run(args: PlanArgs) -> anyhow::Result<u8> {
             if args.json {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({ "admitted": false, "rejections": rejections }))?
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({ "admitted": false, "rejections": rejections })
+                    )?
                 );
                 Ok(super::EXIT_USER)
             } else {
-                Err(user(rejection_text(&args.scenario.display().to_string(), &device, &rejections)))
+                Err(user(rejection_text(
+                    &args.scenario.display().to_string(),
+                    &device,
+                    &rejections,
+                )))
             }
         }
     }
@@ -68,7 +81,10 @@ pub fn run(args: PlanArgs) -> anyhow::Result<u8> {
 
 /// The device a scenario is planned against: the named offline model, the CPU (no partitions),
 /// or the GPU of this machine.
-pub fn resolve_device_model(scenario: &Scenario, name: Option<&str>) -> anyhow::Result<DeviceModel> {
+pub fn resolve_device_model(
+    scenario: &Scenario,
+    name: Option<&str>,
+) -> anyhow::Result<DeviceModel> {
     if let Some(name) = name {
         return device_model::device_model(name).ok_or_else(|| {
             user(format!(
@@ -95,7 +111,10 @@ fn cpu_device_model() -> DeviceModel {
 }
 
 pub fn rejection_text(scenario: &str, device: &DeviceModel, rejections: &[Rejection]) -> String {
-    let mut s = format!("{scenario}: the plan does not fit {} ({}):", device.name, device.description);
+    let mut s = format!(
+        "{scenario}: the plan does not fit {} ({}):",
+        device.name, device.description
+    );
     for r in rejections {
         s.push_str(&format!("\n  workload '{}': {}", r.workload, r.message));
     }
@@ -109,19 +128,39 @@ fn plan_table(plan: &Plan) -> Table {
     for w in &plan.workloads {
         let (kind, details) = match &w.partition {
             ResolvedPartition::Cpu => ("cpu".to_string(), "no device partition".to_string()),
-            ResolvedPartition::Whole => ("timeslice".to_string(), "whole GPU, taking turns".to_string()),
-            ResolvedPartition::Green { group, sms, first_sm } => (
-                "green".to_string(),
-                format!("group {group}: {sms} SMs (split positions {first_sm}..{})", first_sm + sms),
+            ResolvedPartition::Whole => (
+                "timeslice".to_string(),
+                "whole GPU, taking turns".to_string(),
             ),
-            ResolvedPartition::Mps { thread_pct, mem_limit_mib } => (
+            ResolvedPartition::Green {
+                group,
+                sms,
+                first_sm,
+            } => (
+                "green".to_string(),
+                format!(
+                    "group {group}: {sms} SMs (split positions {first_sm}..{})",
+                    first_sm + sms
+                ),
+            ),
+            ResolvedPartition::Mps {
+                thread_pct,
+                mem_limit_mib,
+            } => (
                 "mps".to_string(),
                 match mem_limit_mib {
-                    Some(m) => format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={thread_pct}, pinned memory {m} MiB"),
+                    Some(m) => format!(
+                        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={thread_pct}, pinned memory {m} MiB"
+                    ),
                     None => format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={thread_pct}"),
                 },
             ),
-            ResolvedPartition::Mig { profile, start, sms, memory_mib } => (
+            ResolvedPartition::Mig {
+                profile,
+                start,
+                sms,
+                memory_mib,
+            } => (
                 "mig".to_string(),
                 format!("{profile} at memory slice {start} ({sms} SMs, {memory_mib} MiB)"),
             ),
@@ -130,7 +169,9 @@ fn plan_table(plan: &Plan) -> Table {
             w.workload.clone(),
             kind,
             details,
-            w.memory_mib.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
+            w.memory_mib
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "-".into()),
         ]);
     }
     t

@@ -10,9 +10,9 @@ pub mod onnx;
 pub mod passes;
 pub mod weights;
 
-pub use error::{EngineError, Result};
 pub use arch::{build_model, builtin_models, model_info, ModelInfo};
 pub use backend::{Backend, CompiledModel, Precision};
 pub use cpu::CpuBackend;
+pub use error::{EngineError, Result};
 pub use ir::{Dim, Graph, Op, Tensor, ValueId};
 pub use weights::Weights;

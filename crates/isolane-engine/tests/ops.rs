@@ -818,6 +818,7 @@ fn unary_functions() {
         ),
         (Unary::Erf, Box::new(erf_ref)),
         (Unary::Tanh, Box::new(|v: f64| v.tanh())),
+        (Unary::Exp, Box::new(|v: f64| v.exp())),
         (
             Unary::Clip {
                 min: -1.0,

@@ -122,7 +122,7 @@ pub(crate) fn unary(op: Unary, x: f32) -> f32 {
             0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
         }
         Unary::Tanh => x.tanh(),
-        Unary::Exp => x.exp(),
+        Unary::Exp => exp(x),
         Unary::Log => x.ln(),
         Unary::Sqrt => x.sqrt(),
         Unary::Erf => erf(x),
@@ -134,7 +134,30 @@ pub(crate) fn unary(op: Unary, x: f32) -> f32 {
 
 #[inline]
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + exp(-x))
+}
+
+/// e^x in f32 without a libm call, so loops over it vectorise: Cephes' `expf` (range
+/// reduction by ln 2, degree-6 polynomial, ~1 ulp), with round-to-nearest and the 2^n scale
+/// done by bit tricks. Inputs are clamped to [-87, 88] (results stay normal); NaN propagates.
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer.
+    let x = x.clamp(-87.0, 88.0);
+    let t = x * std::f32::consts::LOG2_E + MAGIC;
+    let n = t - MAGIC;
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let r2 = r * r;
+    let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
+        * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5)
+        * r2
+        + r
+        + 1.0;
+    let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
+    p * f32::from_bits((ni.wrapping_add(127) as u32) << 23)
 }
 
 #[inline]
@@ -143,6 +166,15 @@ fn apply_act(act: Option<Unary>, v: &mut [f32]) {
         None | Some(Unary::Identity) => {}
         Some(Unary::Relu) => v.iter_mut().for_each(|x| *x = x.max(0.0)),
         Some(Unary::Relu6) => v.iter_mut().for_each(|x| *x = x.clamp(0.0, 6.0)),
+        // Hot activations get their own loops so that each one vectorises.
+        Some(Unary::Silu) => v.iter_mut().for_each(|x| *x *= sigmoid(*x)),
+        Some(Unary::Sigmoid) => v.iter_mut().for_each(|x| *x = sigmoid(*x)),
+        Some(Unary::Gelu) => v
+            .iter_mut()
+            .for_each(|x| *x = 0.5 * *x * (1.0 + erf(*x * std::f32::consts::FRAC_1_SQRT_2))),
+        Some(Unary::HardSwish) => v
+            .iter_mut()
+            .for_each(|x| *x = *x * (*x + 3.0).clamp(0.0, 6.0) / 6.0),
         Some(op) => v.iter_mut().for_each(|x| *x = unary(op, *x)),
     }
 }
@@ -877,7 +909,10 @@ impl Kernel {
                 let u = *u;
                 out.par_chunks_mut(CHUNK)
                     .zip(x.par_chunks(CHUNK))
-                    .for_each(|(o, i)| o.iter_mut().zip(i).for_each(|(o, &i)| *o = unary(u, i)));
+                    .for_each(|(o, i)| {
+                        o.copy_from_slice(i);
+                        apply_act(Some(u), o);
+                    });
             }
             Kernel::Copy => {
                 let x = io.inp(0);
@@ -1423,9 +1458,13 @@ fn depthwise_plane(c: &ConvK, inp: &[f32], k: &[f32], o: &mut [f32]) {
                     let s = &src[s0..s0 + d.len()];
                     d.iter_mut().zip(s).for_each(|(d, &s)| *d += wv * s);
                 } else {
-                    for (j, dv) in d.iter_mut().enumerate() {
-                        let ix = ((xlo + j) as isize * c.sw as isize + xoff) as usize;
-                        *dv += wv * src[ix];
+                    let sw = c.sw;
+                    let s0 = (xlo as isize * sw as isize + xoff) as usize;
+                    let n = d.len();
+                    // Indexed with provable bounds: compiles to strided loads, no checks.
+                    let s = &src[s0..s0 + sw * (n - 1) + 1];
+                    for j in 0..n {
+                        d[j] += wv * s[j * sw];
                     }
                 }
             }
@@ -1601,7 +1640,7 @@ fn softmax(io: &Io, outer: usize, dim: usize, inner: usize) {
                     let m = xr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let mut s = 0.0;
                     for (o, &v) in o.iter_mut().zip(xr) {
-                        *o = (v - m).exp();
+                        *o = exp(v - m);
                         s += *o;
                     }
                     let inv = 1.0 / s;
@@ -1620,7 +1659,7 @@ fn softmax(io: &Io, outer: usize, dim: usize, inner: usize) {
                 }
                 let mut s = 0.0;
                 for d in 0..dim {
-                    let e = (xb[d * inner + i] - m).exp();
+                    let e = exp(xb[d * inner + i] - m);
                     o[d * inner + i] = e;
                     s += e;
                 }

@@ -326,6 +326,44 @@ fn kernel_name(k: &Kernel) -> String {
     }
 }
 
+/// Runs `f` on the current pool thread while the pool's other threads stay awake: each runs a
+/// spinner that keeps executing the pool's pending jobs (`rayon::yield_now`) until `f` is done.
+/// Without it, the workers fall asleep between the short parallel steps of a forward pass and
+/// every step pays a futex wake-up, which costs much of the second core at batch 1.
+///
+/// Deadlock freedom: the spinners are pushed onto this thread's deque before any step's jobs;
+/// idle threads steal from the bottom (oldest first), so every spinner is stolen before any
+/// step job can be, and this thread never pops a spinner while a step below it is unfinished.
+fn with_spinning_workers(threads: usize, f: impl FnOnce() + Send) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if threads <= 1 {
+        return f();
+    }
+    let done = AtomicBool::new(false);
+    rayon::scope(|sc| {
+        for _ in 1..threads {
+            sc.spawn(|_| {
+                let mut idle = 0u32;
+                while !done.load(Ordering::Acquire) {
+                    if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                        idle = 0;
+                    } else {
+                        idle = idle.wrapping_add(1);
+                        // Give the core away now and then, in case threads outnumber cores.
+                        if idle.is_multiple_of(64) {
+                            std::thread::yield_now();
+                        } else {
+                            std::hint::spin_loop();
+                        }
+                    }
+                }
+            });
+        }
+        f();
+        done.store(true, Ordering::Release);
+    });
+}
+
 /// Greedy-by-size arena packing: biggest first, each at the lowest offset that does not
 /// overlap a placed storage with an overlapping lifetime. Returns the arena length.
 fn assign_offsets(st: &mut [Storage]) -> usize {
@@ -393,16 +431,18 @@ impl CompiledModel for CpuModel {
         // The arena is reached only through the steps' pointers while they run; `&mut self`
         // guarantees no slice handed out by input_mut/output is alive meanwhile.
         self.pool.install(|| {
-            for s in steps {
-                s.kernel.run(
-                    &Io {
-                        ins: &s.ins,
-                        outs: &s.outs,
-                        scratch,
-                    },
-                    threads,
-                );
-            }
+            with_spinning_workers(threads, || {
+                for s in steps {
+                    s.kernel.run(
+                        &Io {
+                            ins: &s.ins,
+                            outs: &s.outs,
+                            scratch,
+                        },
+                        threads,
+                    );
+                }
+            })
         });
         Ok(())
     }

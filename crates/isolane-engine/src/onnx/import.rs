@@ -28,10 +28,12 @@ use std::sync::Arc;
 /// Batch sizes at which runtime shapes are evaluated to tell batch-dependent dims apart.
 const SAMPLES: [usize; 2] = [2, 3];
 
-/// Reads `path` and imports it (see [`import`]).
+/// Reads `path` and imports it (see [`import`]). The weights move from the file's decoded form
+/// into the graph, so a large model is not held twice more than needed.
 pub fn import_file(path: impl AsRef<Path>) -> Result<Graph> {
-    let model = OnnxModel::load(path)?;
-    import(&model)
+    let mut model = OnnxModel::load(path)?;
+    let initializers = std::mem::take(&mut model.initializers);
+    import_with(&model, initializers)
 }
 
 /// Imports a loaded model into a batch-agnostic IR graph.
@@ -40,8 +42,12 @@ pub fn import_file(path: impl AsRef<Path>) -> Result<Graph> {
 /// it becomes [`Dim::Batch`]. Every other dimension must be fixed in the file. A model exported
 /// with a fixed batch keeps it: its graph input is `Fixed(n)` and it only runs at batch n.
 pub fn import(model: &OnnxModel) -> Result<Graph> {
+    import_with(model, model.initializers.clone())
+}
+
+fn import_with(model: &OnnxModel, initializers: HashMap<String, tensor::Tensor>) -> Result<Graph> {
     let mut im = Importer::new(model);
-    im.declare_inputs()?;
+    im.declare_inputs(initializers)?;
     for (i, n) in model.graph.node.iter().enumerate() {
         im.node(i, n)?;
     }
@@ -281,17 +287,14 @@ impl<'m> Importer<'m> {
         }
     }
 
-    fn declare_inputs(&mut self) -> Result<()> {
-        for (name, t) in &self.m.initializers {
-            let v = match &t.data {
-                Data::F32(v) => Val::F(Arr::new(t.shape.clone(), v.clone())),
-                Data::I64(v) => Val::I(Arr::new(
-                    t.shape.clone(),
-                    v.iter().map(|&x| Sym::k(x)).collect(),
-                )),
-                Data::Bool(v) => Val::B(Arr::new(t.shape.clone(), v.clone())),
+    fn declare_inputs(&mut self, initializers: HashMap<String, tensor::Tensor>) -> Result<()> {
+        for (name, t) in initializers {
+            let v = match t.data {
+                Data::F32(v) => Val::F(Arr::new(t.shape, v)),
+                Data::I64(v) => Val::I(Arr::new(t.shape, v.into_iter().map(Sym::k).collect())),
+                Data::Bool(v) => Val::B(Arr::new(t.shape, v)),
             };
-            self.vals.insert(name.clone(), v);
+            self.vals.insert(name, v);
         }
         for input in &self.m.inputs {
             let mut dims = Vec::with_capacity(input.dims.len());
@@ -324,6 +327,7 @@ impl<'m> Importer<'m> {
                 self.vals.get(name).cloned().ok_or_else(|| {
                     self.invalid(format!("graph output {name:?} is never computed"))
                 })?;
+            self.check_declared_output(k, &v)?;
             let id = match v {
                 Val::Dyn(d) => d.id,
                 Val::F(a) => {
@@ -346,7 +350,6 @@ impl<'m> Importer<'m> {
                     )))
                 }
             };
-            self.check_declared_output(k, id)?;
             self.g
                 .add_output(id)
                 .map_err(|e| self.invalid(e.to_string()))?;
@@ -355,7 +358,8 @@ impl<'m> Importer<'m> {
     }
 
     /// A cheap safety net: the output shape the file declares (where fixed) must match ours.
-    fn check_declared_output(&self, k: usize, id: ValueId) -> Result<()> {
+    /// Batch-dependent dims of ours are not compared (the file may name or fix them).
+    fn check_declared_output(&self, k: usize, v: &Val) -> Result<()> {
         use super::proto::tensor_shape_proto::dimension::Value as DV;
         use super::proto::type_proto::Value as TV;
         let Some(vi) = self.m.graph.output.get(k) else {
@@ -367,29 +371,21 @@ impl<'m> Importer<'m> {
         let Some(shape) = tt.shape.as_ref() else {
             return Ok(());
         };
-        let Ok(shapes) = self.g.infer_shapes(1) else {
-            return Ok(()); // shape errors surface when the backend compiles
-        };
-        let ours = &shapes[id];
+        let ours = v.sym_shape().map_err(|e| self.invalid(e))?;
+        let show = fmt_syms(&ours);
         if shape.dim.len() != ours.len() {
             return Err(self.invalid(format!(
-                "output {:?}: the file declares rank {}, the imported graph computes shape {ours:?}",
+                "output {:?}: the file declares rank {}, the imported graph computes shape {show}",
                 vi.name(),
                 shape.dim.len()
             )));
         }
-        let input_batch_fixed = self.g.inputs.iter().all(|&i| {
-            !matches!(&self.g.values[i].kind, ir::ValueKind::Input(d) if d.contains(&Dim::Batch))
-        });
-        for (i, d) in shape.dim.iter().enumerate() {
-            if let Some(DV::DimValue(v)) = d.value {
-                // With a dynamic batch, batch 1 was used above; only batch-free dims compare.
-                let depends = !input_batch_fixed && i == 0;
-                if !depends && v >= 0 && v as usize != ours[i] {
+        for (i, (d, o)) in shape.dim.iter().zip(&ours).enumerate() {
+            if let (Some(DV::DimValue(v)), true) = (&d.value, o.is_const()) {
+                if *v != o.c {
                     return Err(self.invalid(format!(
-                        "output {:?}: the file declares dimension {i} = {v}, the imported graph computes {} (shape {ours:?}); please report this as an isolane bug",
+                        "output {:?}: the file declares dimension {i} = {v}, the imported graph computes shape {show}; please report this as an isolane bug",
                         vi.name(),
-                        ours[i]
                     )));
                 }
             }
