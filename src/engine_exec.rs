@@ -6,8 +6,9 @@
 //! and `isolane worker` processes build models the same way.
 
 use std::path::Path;
+use std::sync::Mutex;
 
-use isolane_core::spec::{Precision as SpecPrecision, WorkloadSpec};
+use isolane_core::spec::{Host, Precision as SpecPrecision, WorkloadSpec};
 use isolane_engine::{
     build_model, model_info, CompiledModel, CpuBackend, Graph, Precision, Weights,
 };
@@ -38,26 +39,54 @@ fn engine_err(spec: &WorkloadSpec, message: impl std::fmt::Display) -> ExecError
     }
 }
 
+/// Graphs loaded from files during `check`, handed to `build` so that a file is read once per
+/// process. `build` takes its entry out: a second workload on the same file reads it again
+/// rather than the cache pinning a large model in memory for the whole run.
+static CHECKED: Mutex<Vec<(String, Option<String>, Graph)>> = Mutex::new(Vec::new());
+
 fn load_graph(spec: &WorkloadSpec, seed: u64) -> Result<Graph, ExecError> {
     if is_onnx(&spec.model) {
         return isolane_engine::onnx::import_file(Path::new(&spec.model))
-            .map_err(|e| engine_err(spec, e));
+            .map_err(|e| bad_model(spec, e));
     }
     let weights = match &spec.weights {
         Some(p) => Weights::Safetensors(p.into()),
         None => Weights::Synthetic { seed },
     };
-    build_model(&spec.model, weights).map_err(|e| engine_err(spec, e))
+    build_model(&spec.model, weights).map_err(|e| bad_model(spec, e))
+}
+
+/// A model file or weights file that cannot be used is the user's to fix (exit code 2).
+fn bad_model(spec: &WorkloadSpec, e: impl std::fmt::Display) -> ExecError {
+    ExecError::BadModel {
+        workload: spec.name.clone(),
+        model: spec.model.clone(),
+        reason: e.to_string(),
+    }
+}
+
+fn reads_a_file(spec: &WorkloadSpec) -> bool {
+    is_onnx(&spec.model) || spec.weights.is_some()
 }
 
 impl EngineExecutors for EngineExecutorsImpl {
     fn check(&self, spec: &WorkloadSpec) -> Result<(), ExecError> {
         if !is_onnx(&spec.model) && model_info(&spec.model).is_none() {
-            return Err(ExecError::BadModel {
-                workload: spec.name.clone(),
-                model: spec.model.clone(),
-                reason: "not a built-in model (see `isolane models`) nor an .onnx file".into(),
-            });
+            return Err(bad_model(
+                spec,
+                "not a built-in model (see `isolane models`) nor an .onnx file",
+            ));
+        }
+        // Files are read now, before any output exists, so that a corrupt ONNX file or a
+        // safetensors file with a wrong or missing tensor stops the run at once.
+        if reads_a_file(spec) {
+            let graph = load_graph(spec, 0)?;
+            // A worker process builds its own copy; only thread hosts can reuse this one.
+            if spec.host == Host::Thread {
+                if let Ok(mut cache) = CHECKED.lock() {
+                    cache.push((spec.model.clone(), spec.weights.clone(), graph));
+                }
+            }
         }
         Ok(())
     }
@@ -68,14 +97,30 @@ impl EngineExecutors for EngineExecutorsImpl {
         seed: u64,
         _index: usize,
     ) -> Result<Box<dyn Executor>, ExecError> {
-        self.check(spec)?;
-        let graph = load_graph(spec, seed)?;
+        let cached = if reads_a_file(spec) {
+            CHECKED.lock().ok().and_then(|mut cache| {
+                let i = cache
+                    .iter()
+                    .position(|(m, w, _)| *m == spec.model && *w == spec.weights)?;
+                Some(cache.swap_remove(i).2)
+            })
+        } else {
+            None
+        };
+        let graph = match cached {
+            Some(g) => g,
+            None => {
+                self.check(spec)?;
+                load_graph(spec, seed)?
+            }
+        };
         // One engine thread per core the workload is pinned to (1 when unpinned): the pool is
         // created here, on the workload's pinned thread, so its threads inherit that affinity.
         let threads = spec.cpu.len().max(1);
         let mut model = CpuBackend::new(threads)
             .compile_cpu(&graph, spec.batch as usize, precision(spec.precision))
             .map_err(|e| engine_err(spec, e))?;
+        drop(graph);
         let input = crate::cmd::infer::random_normal(model.input_mut().len(), seed);
         model.input_mut().copy_from_slice(&input);
         Ok(Box::new(ModelExecutor {

@@ -87,8 +87,8 @@ fn missing_scenario_file_and_bad_cpu_and_engine_models_create_nothing() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("engine"), "{stderr}");
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("m.onnx"), "{stderr}");
     assert!(!out.exists());
 }
 
