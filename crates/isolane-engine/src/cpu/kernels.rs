@@ -2,8 +2,12 @@
 //! arithmetic that depends only on shapes is done here), then executed many times on raw
 //! buffers handed over through [`Io`].
 
+use std::sync::Arc;
+
 use gemm::Parallelism;
 use rayon::prelude::*;
+
+use super::packed::{Epi, PackedA};
 
 use crate::error::{EngineError, Result};
 use crate::ir::{
@@ -161,7 +165,7 @@ pub(crate) fn exp(x: f32) -> f32 {
 }
 
 #[inline]
-fn apply_act(act: Option<Unary>, v: &mut [f32]) {
+pub(super) fn apply_act(act: Option<Unary>, v: &mut [f32]) {
     match act {
         None | Some(Unary::Identity) => {}
         Some(Unary::Relu) => v.iter_mut().for_each(|x| *x = x.max(0.0)),
@@ -319,6 +323,9 @@ pub(crate) struct ConvK {
     pub method: ConvMethod,
     /// Output columns per task in the tiled path (im2col block sized to stay in L2).
     tile: usize,
+    /// The weights packed for [`PackedA::gemm`] when they are a constant (done by the
+    /// planner); otherwise the `gemm` crate multiplies them as they are.
+    packed: Option<Arc<PackedA>>,
 }
 
 #[derive(Clone, Debug)]
@@ -491,6 +498,7 @@ impl Kernel {
                     has_bias: ins.len() >= 3,
                     residual: a.residual,
                     method,
+                    packed: None,
                     tile: {
                         // ~256 KiB of im2col per task, a multiple of 16 columns; whole output
                         // rows when the rows can be lowered as one contiguous copy.
@@ -832,6 +840,19 @@ impl Kernel {
         })
     }
 
+    /// Packs a convolution's constant weights `w` for the allocation-free GEMM (compile time).
+    pub fn prepack(&mut self, w: &[f32]) {
+        if let Kernel::Conv(c) = self {
+            if c.method != ConvMethod::Depthwise {
+                let mg = c.m / c.groups;
+                let kk = (c.c / c.groups) * c.kh * c.kw;
+                if w.len() == c.groups * mg * kk {
+                    c.packed = Some(Arc::new(PackedA::new(w, c.groups, mg, kk)));
+                }
+            }
+        }
+    }
+
     /// Elements of scratch memory this kernel needs.
     pub fn scratch_len(&self, threads: usize) -> usize {
         match self {
@@ -1160,6 +1181,21 @@ fn conv_tiled(c: &ConvK, io: &Io, threads: usize) {
             (col.as_ptr(), nn)
         };
         let row0 = ni * c.m + g * mg;
+        if let Some(pa) = &c.packed {
+            let epi = Epi {
+                bias: bias.map(|b| &b[g * mg..(g + 1) * mg]),
+                res: res.map(|rs| rs[row0 * ohw + n0..].as_ptr()),
+                act: c.act,
+            };
+            // SAFETY: dst is rows row0..row0+mg, columns n0..n0+nn of the output, a block no
+            // other task touches; rhs is kk×nn with row stride rhs_rs; the residual block is
+            // laid out like dst.
+            unsafe {
+                let dst = out.get().add(row0 * ohw + n0);
+                pa.gemm(g, 0, pa.panels, nn, rhs, rhs_rs, dst, ohw, &epi);
+            }
+            return;
+        }
         // SAFETY: dst is rows row0..row0+mg, columns n0..n0+nn of the output, a block no other
         // task touches; a is mg×kk; rhs is kk×nn with row stride rhs_rs.
         unsafe {
@@ -1341,8 +1377,47 @@ fn conv(c: &ConvK, io: &Io, par: Parallelism, threads: usize) {
                     } else {
                         1
                     };
-                    let rows = mg.div_ceil(chunks);
                     let row0 = ni * c.m + g * mg;
+                    if let Some(pa) = &c.packed {
+                        // Whole MR-row panels per task.
+                        let per = pa.panels.div_ceil(chunks);
+                        let mr = pa.isa.mr();
+                        let dst = SharedMut(dst.as_mut_ptr());
+                        let rhs = SharedMut(rhs.as_ptr() as *mut f32);
+                        let run_panels = |ci: usize| {
+                            let (p0, p1) = (ci * per, ((ci + 1) * per).min(pa.panels));
+                            if p0 >= p1 {
+                                return;
+                            }
+                            let epi = Epi {
+                                bias: bias.map(|b| &b[g * mg..(g + 1) * mg]),
+                                res: res.map(|rs| rs[(row0 + p0 * mr) * ohw..].as_ptr()),
+                                act: c.act,
+                            };
+                            // SAFETY: rows p0·MR..min(p1·MR, mg) of this group's output, which
+                            // no other task writes; rhs is kk×ohw; residual laid out like dst.
+                            unsafe {
+                                pa.gemm(
+                                    g,
+                                    p0,
+                                    p1,
+                                    ohw,
+                                    rhs.get(),
+                                    ohw,
+                                    dst.get().add(p0 * mr * ohw),
+                                    ohw,
+                                    &epi,
+                                )
+                            };
+                        };
+                        if chunks > 1 {
+                            (0..chunks).into_par_iter().for_each(run_panels);
+                        } else {
+                            run_panels(0);
+                        }
+                        continue;
+                    }
+                    let rows = mg.div_ceil(chunks);
                     let run_rows = |(ci, d): (usize, &mut [f32])| {
                         let m0 = ci * rows;
                         let mm = d.len() / ohw.max(1);

@@ -7,6 +7,7 @@
 //! isolane on that path (the `gemm` crate keeps its packing buffers in thread-local slabs).
 
 pub(crate) mod kernels;
+mod packed;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -166,7 +167,13 @@ impl CpuModel {
             }
             let ins: Vec<&[usize]> = n.inputs.iter().map(|&i| shapes[i].as_slice()).collect();
             let outs: Vec<&[usize]> = n.outputs.iter().map(|&o| shapes[o].as_slice()).collect();
-            kernels.push(Some(Kernel::plan(n, &ins, &outs)?));
+            let mut k = Kernel::plan(n, &ins, &outs)?;
+            if let (Kernel::Conv(_), Some(&w)) = (&k, n.inputs.get(1)) {
+                if let Some(Loc::Const(ci)) = loc[w] {
+                    k.prepack(&consts[ci].data);
+                }
+            }
+            kernels.push(Some(k));
         }
         // Outputs need their own storage, alive to the end, not shared with an input or with
         // another output; otherwise add a final copy.
@@ -331,37 +338,52 @@ fn kernel_name(k: &Kernel) -> String {
 /// Without it, the workers fall asleep between the short parallel steps of a forward pass and
 /// every step pays a futex wake-up, which costs much of the second core at batch 1.
 ///
+/// The spinners are the stealable halves of nested `rayon::join`s (stack jobs: nothing is
+/// allocated, unlike `scope`/`spawn`, which box every job).
+///
 /// Deadlock freedom: the spinners are pushed onto this thread's deque before any step's jobs;
 /// idle threads steal from the bottom (oldest first), so every spinner is stolen before any
 /// step job can be, and this thread never pops a spinner while a step below it is unfinished.
+/// A spinner this thread pops itself (not stolen before `f` finished) returns at once.
 fn with_spinning_workers(threads: usize, f: impl FnOnce() + Send) {
     use std::sync::atomic::{AtomicBool, Ordering};
     if threads <= 1 {
         return f();
     }
     let done = AtomicBool::new(false);
-    rayon::scope(|sc| {
-        for _ in 1..threads {
-            sc.spawn(|_| {
-                let mut idle = 0u32;
-                while !done.load(Ordering::Acquire) {
-                    if rayon::yield_now() == Some(rayon::Yield::Executed) {
-                        idle = 0;
-                    } else {
-                        idle = idle.wrapping_add(1);
-                        // Give the core away now and then, in case threads outnumber cores.
-                        if idle.is_multiple_of(64) {
-                            std::thread::yield_now();
-                        } else {
-                            std::hint::spin_loop();
-                        }
-                    }
+    let spin = || {
+        let mut idle = 0u32;
+        while !done.load(Ordering::Acquire) {
+            if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                idle = 0;
+            } else {
+                idle = idle.wrapping_add(1);
+                // Give the core away now and then, in case threads outnumber cores.
+                if idle.is_multiple_of(64) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
                 }
-            });
+            }
         }
-        f();
+    };
+    let mut f = Some(f);
+    let mut body = || {
+        if let Some(f) = f.take() {
+            f();
+        }
         done.store(true, Ordering::Release);
-    });
+    };
+    nest(threads - 1, &mut body, &spin);
+}
+
+/// `body` inside `spinners` nested joins, each with `spin` as its stealable half.
+fn nest(spinners: usize, body: &mut (dyn FnMut() + Send), spin: &(dyn Fn() + Sync)) {
+    if spinners == 0 {
+        body();
+    } else {
+        rayon::join(|| nest(spinners - 1, body, spin), spin);
+    }
 }
 
 /// Greedy-by-size arena packing: biggest first, each at the lowest offset that does not
