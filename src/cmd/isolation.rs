@@ -38,6 +38,7 @@ pub struct IsolationArgs {
 
 pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = super::load_scenario(Some(&args.scenario))?;
+    super::admit_or_refuse(&scenario, &scenario_name)?;
     let (plan, grid) = isolation::plan(&scenario).map_err(user)?;
     super::run::preflight(&plan)?;
     let toml = scenario

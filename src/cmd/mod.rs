@@ -147,9 +147,7 @@ pub fn memory_estimates_mib(scenario: &Scenario) -> Vec<Option<u64>> {
 pub fn detected_device_model(
     index: u32,
 ) -> anyhow::Result<isolane_core::device_model::DeviceModel> {
-    let devices = isolane_gpu::devices::list_devices().map_err(|e| {
-        anyhow::anyhow!("{e}; pass --device-model NAME to plan for a GPU that is not here")
-    })?;
+    let devices = isolane_gpu::devices::list_devices()?;
     let d = devices.iter().find(|d| d.index == index).ok_or_else(|| {
         user(format!(
             "device.gpu = {index}, but this machine has {} CUDA device(s)",
@@ -181,4 +179,18 @@ fn refuse_cuda_models(s: &Scenario, file: &str) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Admission control before a run starts anything (the same check as `isolane plan`): on the
+/// CPU there is nothing to partition; on a GPU every workload's partition must fit the device
+/// of this machine, or the run is refused with one reason per workload (exit 2).
+pub fn admit_or_refuse(scenario: &Scenario, file: &str) -> anyhow::Result<()> {
+    if scenario.device.backend != Backend::Cuda {
+        return Ok(());
+    }
+    let device = detected_device_model(scenario.device.gpu)?;
+    let options = isolane_core::admission::AdmissionOptions::default();
+    isolane_core::admission::admit(scenario, &device, &memory_estimates_mib(scenario), &options)
+        .map(|_| ())
+        .map_err(|rejections| user(plan::rejection_text(file, &device, &rejections)))
 }

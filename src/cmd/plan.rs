@@ -95,7 +95,8 @@ pub fn resolve_device_model(
     }
     match scenario.device.backend {
         Backend::Cpu => Ok(cpu_device_model()),
-        Backend::Cuda => super::detected_device_model(scenario.device.gpu),
+        Backend::Cuda => super::detected_device_model(scenario.device.gpu)
+            .map_err(|e| e.context("no GPU to plan for here; pass --device-model NAME to plan for a GPU that is not here")),
     }
 }
 

@@ -38,6 +38,7 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = super::load_scenario(args.scenario.as_deref())?;
+    super::admit_or_refuse(&scenario, &scenario_name)?;
     let plan = RunPlan::from_scenario(&scenario);
     preflight(&plan)?;
     let toml = scenario

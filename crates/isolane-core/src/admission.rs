@@ -807,4 +807,32 @@ mod tests {
         );
         assert!(r[0].message.contains("try 8 or 16"), "{}", r[0].message);
     }
+
+    #[test]
+    fn green_before_pascal_and_cuda_without_a_mechanism_are_refused() {
+        let mut old = device_model("orin-nano").unwrap();
+        old.compute_capability = (5, 2);
+        let r = reasons(admit(
+            &scenario(Mechanism::Green, vec![sms(4)]),
+            &old,
+            &[],
+            &opts(),
+        ));
+        assert!(matches!(
+            r[0].1,
+            RejectReason::GreenUnsupported {
+                major: 5,
+                minor: 2,
+                ..
+            }
+        ));
+        let h100 = device_model("h100-sxm").unwrap();
+        let r = reasons(admit(
+            &scenario(Mechanism::None, vec![PartitionSpec::default()]),
+            &h100,
+            &[],
+            &opts(),
+        ));
+        assert_eq!(r[0].1, RejectReason::NoMechanism);
+    }
 }

@@ -371,6 +371,9 @@ pub(crate) struct PoolK {
     oh: usize,
     ow: usize,
     p: PoolAttrs,
+    /// Valid input rows / columns of each output row / column's window (dilation 1).
+    ys: Vec<(usize, usize)>,
+    xs: Vec<(usize, usize)>,
 }
 
 #[derive(Clone, Debug)]
@@ -633,6 +636,8 @@ impl Kernel {
                     oh: o[2],
                     ow: o[3],
                     p: p.clone(),
+                    ys: window_ranges(o[2], x[2], p.kernel[0], p.strides[0], p.pads[0]),
+                    xs: window_ranges(o[3], x[3], p.kernel[1], p.strides[1], p.pads[1]),
                 };
                 if matches!(node.op, Op::MaxPool(_)) {
                     Kernel::MaxPool(k)
@@ -1820,8 +1825,8 @@ fn pool_fast(p: &PoolK, io: &Io, max: bool) {
     // SAFETY: single output taken once.
     let out = unsafe { io.out(0) };
     let a = &p.p;
-    let ys = window_ranges(p.oh, p.h, a.kernel[0], a.strides[0], a.pads[0]);
-    let xs = window_ranges(p.ow, p.w, a.kernel[1], a.strides[1], a.pads[1]);
+    let _ = a;
+    let (ys, xs) = (&p.ys, &p.xs);
     let w = p.w;
     const MAXW: usize = 2048;
     out.par_chunks_mut(p.oh * p.ow)
@@ -1845,7 +1850,7 @@ fn pool_fast(p: &PoolK, io: &Io, max: bool) {
                             t.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
                         }
                     }
-                    for (v, &(x0, x1)) in orow.iter_mut().zip(&xs) {
+                    for (v, &(x0, x1)) in orow.iter_mut().zip(xs) {
                         let seg = &t[x0..x1];
                         *v = if max {
                             seg.iter()
@@ -1856,7 +1861,7 @@ fn pool_fast(p: &PoolK, io: &Io, max: bool) {
                     }
                     continue;
                 }
-                for (v, &(x0, x1)) in orow.iter_mut().zip(&xs) {
+                for (v, &(x0, x1)) in orow.iter_mut().zip(xs) {
                     if max {
                         let mut m = f32::NEG_INFINITY;
                         for r in y0..y1 {

@@ -98,6 +98,9 @@ pub struct CpuModel {
     consts: Vec<Arc<Tensor>>,
     inputs: Vec<(usize, usize, Vec<usize>)>,
     outputs: Vec<(usize, usize, Vec<usize>)>,
+    /// Runs the steps on one of the pool's threads (declared before `pool`: dropped first).
+    driver: Driver,
+    #[allow(dead_code)]
     pool: ThreadPool,
     threads: usize,
 }
@@ -279,6 +282,7 @@ impl CpuModel {
             consts,
             inputs,
             outputs,
+            driver: Driver::start(&pool),
             pool,
             threads,
         })
@@ -289,26 +293,29 @@ impl CpuModel {
         let scratch = RawBuf::from_slice(&mut self.scratch);
         let threads = self.threads;
         let steps = &self.steps;
-        self.pool.install(|| {
-            steps
-                .iter()
-                .map(|s| {
-                    let t0 = Instant::now();
-                    s.kernel.run(
-                        &Io {
-                            ins: &s.ins,
-                            outs: &s.outs,
-                            scratch,
-                        },
-                        threads,
-                    );
-                    (
-                        format!("{} [{}]", s.name, kernel_name(&s.kernel)),
-                        t0.elapsed().as_secs_f64() * 1e3,
-                    )
-                })
-                .collect()
-        })
+        let times = std::sync::Mutex::new(Vec::with_capacity(steps.len()));
+        let ok = self.driver.run(&|| {
+            let mut times = times.lock().unwrap_or_else(|e| e.into_inner());
+            for s in steps {
+                let t0 = Instant::now();
+                s.kernel.run(
+                    &Io {
+                        ins: &s.ins,
+                        outs: &s.outs,
+                        scratch,
+                    },
+                    threads,
+                );
+                times.push((
+                    format!("{} [{}]", s.name, kernel_name(&s.kernel)),
+                    t0.elapsed().as_secs_f64() * 1e3,
+                ));
+            }
+        });
+        if !ok {
+            return Vec::new();
+        }
+        times.into_inner().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Threads in this model's pool.
@@ -330,6 +337,95 @@ fn kernel_name(k: &Kernel) -> String {
             .chars()
             .take_while(|c| c.is_alphanumeric())
             .collect(),
+    }
+}
+
+/// A job that lives in the model's pool for the model's lifetime, parked on a condition
+/// variable, and runs whatever `run` hands it on that pool thread.
+///
+/// This is what keeps `run()` free of allocation: entering a rayon pool from outside
+/// (`install`, `spawn`, `join` on a foreign thread) pushes onto the pool's injector queue, a
+/// linked list of blocks that allocates a new block every 63 pushes. The driver is injected once,
+/// at compile time; afterwards a run is a mutex/condvar hand-off (futexes, no allocation), and
+/// every job of the run is pushed by a pool thread onto its own deque.
+struct Driver {
+    shared: Arc<DriverShared>,
+}
+
+struct DriverShared {
+    state: std::sync::Mutex<DriverState>,
+    cv: std::sync::Condvar,
+}
+
+enum DriverState {
+    Idle,
+    Run(Job),
+    Done(bool),
+    Exit,
+}
+
+/// A borrowed closure with its lifetime erased; `Driver::run` waits until it has run.
+#[derive(Clone, Copy)]
+struct Job(*const (dyn Fn() + Sync + 'static));
+// SAFETY: the closure is `Sync`, and `Driver::run` keeps it alive until the driver is done.
+unsafe impl Send for Job {}
+
+impl Driver {
+    fn start(pool: &ThreadPool) -> Driver {
+        let shared = Arc::new(DriverShared {
+            state: std::sync::Mutex::new(DriverState::Idle),
+            cv: std::sync::Condvar::new(),
+        });
+        let sh = shared.clone();
+        pool.spawn(move || loop {
+            let job = {
+                let mut st = sh.state.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    match *st {
+                        DriverState::Run(job) => break job,
+                        DriverState::Exit => return,
+                        _ => st = sh.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+                    }
+                }
+            };
+            // SAFETY: `run` blocks until `Done`, so the closure is alive.
+            let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                (*job.0)()
+            }))
+            .is_ok();
+            *sh.state.lock().unwrap_or_else(|e| e.into_inner()) = DriverState::Done(ok);
+            sh.cv.notify_all();
+        });
+        Driver { shared }
+    }
+
+    /// Runs `f` on the driver's pool thread and waits for it; false if it panicked.
+    fn run(&self, f: &(dyn Fn() + Sync)) -> bool {
+        // SAFETY: only the lifetime is erased; this function does not return before the
+        // driver has finished with `f` (state `Done`).
+        let job = Job(unsafe {
+            std::mem::transmute::<*const (dyn Fn() + Sync + '_), *const (dyn Fn() + Sync + 'static)>(
+                f,
+            )
+        });
+        let sh = &self.shared;
+        let mut st = sh.state.lock().unwrap_or_else(|e| e.into_inner());
+        *st = DriverState::Run(job);
+        sh.cv.notify_all();
+        loop {
+            if let DriverState::Done(ok) = *st {
+                *st = DriverState::Idle;
+                return ok;
+            }
+            st = sh.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        *self.shared.state.lock().unwrap_or_else(|e| e.into_inner()) = DriverState::Exit;
+        self.shared.cv.notify_all();
     }
 }
 
@@ -452,7 +548,7 @@ impl CompiledModel for CpuModel {
         let steps = &self.steps;
         // The arena is reached only through the steps' pointers while they run; `&mut self`
         // guarantees no slice handed out by input_mut/output is alive meanwhile.
-        self.pool.install(|| {
+        let ok = self.driver.run(&|| {
             with_spinning_workers(threads, || {
                 for s in steps {
                     s.kernel.run(
@@ -466,7 +562,11 @@ impl CompiledModel for CpuModel {
                 }
             })
         });
-        Ok(())
+        if ok {
+            Ok(())
+        } else {
+            Err(EngineError::Runtime("a cpu kernel panicked".into()))
+        }
     }
     fn arena_bytes(&self) -> usize {
         self.arena.len() * 4

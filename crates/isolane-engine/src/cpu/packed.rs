@@ -213,8 +213,9 @@ unsafe fn gemm_body<const MR: usize, const NR: usize>(x: &Args, epi: &Epi, micro
                     } else {
                         if !first {
                             for r in 0..rows {
-                                tmp[r * NR..r * NR + nr]
-                                    .copy_from_slice(std::slice::from_raw_parts(cp.add(r * x.ldc), nr));
+                                tmp[r * NR..r * NR + nr].copy_from_slice(
+                                    std::slice::from_raw_parts(cp.add(r * x.ldc), nr),
+                                );
                             }
                         }
                         micro(kcur, ap, bp, bld, tmp.as_mut_ptr(), NR, !first);

@@ -1,0 +1,99 @@
+//! `isolane plan`: admission control through the CLI, against offline device models.
+
+mod common;
+
+use common::{isolane, scenario};
+
+fn green(n: usize, sms: u32) -> String {
+    let mut s = String::from("[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n");
+    for i in 0..n {
+        s.push_str(&format!(
+            "[[workload]]\nname = \"w{i}\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 5\n\
+             [workload.partition]\nsms = {sms}\n"
+        ));
+    }
+    s
+}
+
+#[test]
+fn sixteen_green_groups_of_eight_fit_an_h100_and_a_seventeenth_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ok = scenario(tmp.path(), "ok.toml", &green(16, 8));
+    let o = isolane()
+        .args(["plan", "--device-model", "h100-sxm"])
+        .arg(&ok)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("group 15: 8 SMs"), "{stdout}");
+
+    let over = scenario(tmp.path(), "over.toml", &green(17, 8));
+    let o = isolane()
+        .args(["plan", "--device-model", "h100-sxm"])
+        .arg(&over)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("over.toml"), "{stderr}");
+    assert!(stderr.contains("workload 'w16'"), "{stderr}");
+    assert!(stderr.contains("only 4 of 132 are left"), "{stderr}");
+}
+
+#[test]
+fn json_lists_one_reason_per_rejected_workload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "s.toml", &green(2, 12));
+    let o = isolane()
+        .args(["plan", "--json", "--device-model", "orin-nano"])
+        .arg(&sc)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["admitted"], false);
+    let r = v["rejections"].as_array().unwrap();
+    // Ampere: 12 SMs is on the step of 2, but the device has only 8 SMs.
+    assert_eq!(r.len(), 2);
+    assert_eq!(r[0]["reason"], "too_many_sms");
+    assert_eq!(r[0]["workload"], "w0");
+}
+
+#[test]
+fn unknown_device_model_names_the_allowed_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "s.toml", &green(1, 8));
+    let o = isolane()
+        .args(["plan", "--device-model", "h300"])
+        .arg(&sc)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("h100-sxm") && stderr.contains("orin-nano"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_a100_refuses_two_4g_instances() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = String::from("[device]\nbackend = \"cuda\"\nmechanism = \"mig\"\n");
+    for i in 0..2 {
+        s.push_str(&format!(
+            "[[workload]]\nname = \"m{i}\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 5\n\
+             [workload.partition]\nmig_profile = \"4g.20gb\"\n"
+        ));
+    }
+    let sc = scenario(tmp.path(), "mig.toml", &s);
+    let o = isolane()
+        .args(["plan", "--device-model", "a100-40gb"])
+        .arg(&sc)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no MIG placement"), "{stderr}");
+}
