@@ -506,7 +506,7 @@ impl Kernel {
                         // ~256 KiB of im2col per task, a multiple of 16 columns; whole output
                         // rows when the rows can be lowered as one contiguous copy.
                         let kk = (w[1] * w[2] * w[3]).max(1);
-                        let t = ((65536 / kk).clamp(64, 4096) / 16) * 16;
+                        let t = ((65536 / kk).clamp(112, 4096) / 16) * 16;
                         if o[3] <= t {
                             (t / o[3]).max(1) * o[3]
                         } else {
@@ -863,10 +863,11 @@ impl Kernel {
         match self {
             Kernel::Conv(c) if c.method == ConvMethod::Im2col => {
                 let kk = (c.c / c.groups) * c.kh * c.kw;
-                let whole = kk * c.oh * c.ow;
+                // Row strides rounded up to 16 (see `ConvK::col_stride`).
+                let whole = kk * (c.oh * c.ow).next_multiple_of(16);
                 if c.tiled(threads) {
-                    // Thread `t` uses [t·kk·tile, t·kk·tile + kk·tile).
-                    kk * c.tile * threads.max(1)
+                    // Thread `t` uses [t·kk·tile16, (t + 1)·kk·tile16).
+                    kk * c.tile.next_multiple_of(16) * threads.max(1)
                 } else {
                     whole
                 }
@@ -1101,6 +1102,16 @@ fn layer_norm_row(x: &[f32], o: &mut [f32], g: &[f32], b: Option<&[f32]>, eps: f
 }
 
 impl ConvK {
+    /// Row stride of an im2col block of `nn` columns: a multiple of 16 for the packed GEMM,
+    /// so that every row starts on a cache line and is read in place.
+    fn col_stride(&self, nn: usize) -> usize {
+        if self.packed.is_some() {
+            nn.next_multiple_of(16)
+        } else {
+            nn
+        }
+    }
+
     /// Tile-parallel (each task lowers and multiplies its own block of output columns, then
     /// applies the epilogue while the block is in cache) when there are enough tiles to keep
     /// every thread busy; otherwise whole-matrix GEMMs parallelised inside `gemm`.
@@ -1177,13 +1188,18 @@ fn conv_tiled(c: &ConvK, io: &Io, threads: usize) {
             (xin[n0..].as_ptr(), hw)
         } else {
             let tid = rayon::current_thread_index().unwrap_or(0) % threads;
-            // SAFETY: thread `tid` owns scratch[tid*kk*tile ..][.. kk*tile]; a thread runs one
+            // SAFETY: thread `tid` owns scratch[tid*kk*tile16 ..][.. kk*tile16] (tile16 = tile
+            // rounded up to 16, ≥ the row stride `ld`); a thread runs one
             // task at a time and tasks do not yield to rayon while holding the slice.
+            let ld = c.col_stride(nn);
             let col = unsafe {
-                std::slice::from_raw_parts_mut(scratch.get().add(tid * kk * c.tile), kk * nn)
+                std::slice::from_raw_parts_mut(
+                    scratch.get().add(tid * kk * c.tile.next_multiple_of(16)),
+                    kk * ld,
+                )
             };
-            im2col_cols(c, xin, n0, nn, col);
-            (col.as_ptr(), nn)
+            im2col_cols(c, xin, n0, nn, col, ld);
+            (col.as_ptr(), ld)
         };
         let row0 = ni * c.m + g * mg;
         if let Some(pa) = &c.packed {
@@ -1239,12 +1255,13 @@ fn conv_tiled(c: &ConvK, io: &Io, threads: usize) {
 }
 
 /// im2col of output columns `n0..n0+nn` into `col` (`kk × nn`, row-major).
-fn im2col_cols(c: &ConvK, x: &[f32], n0: usize, nn: usize, col: &mut [f32]) {
+fn im2col_cols(c: &ConvK, x: &[f32], n0: usize, nn: usize, col: &mut [f32], ld: usize) {
     let (h, w) = (c.h, c.w);
     if c.sw == 1 && c.sh == 1 && c.ow == w && n0.is_multiple_of(w) && nn.is_multiple_of(w) {
-        return im2col_rows(c, x, n0 / w, nn / w, col);
+        return im2col_rows(c, x, n0 / w, nn / w, col, ld);
     }
-    for (row, dst) in col.chunks_mut(nn).enumerate() {
+    for (row, dst) in col.chunks_mut(ld).enumerate() {
+        let dst = &mut dst[..nn];
         let kj = row % c.kw;
         let ki = (row / c.kw) % c.kh;
         let ci = row / (c.kw * c.kh);
@@ -1290,11 +1307,12 @@ fn im2col_cols(c: &ConvK, x: &[f32], n0: usize, nn: usize, col: &mut [f32]) {
 /// im2col for stride 1 with output width = input width, over whole output rows
 /// `oy0..oy0+rows`: each lowered row is one contiguous run of the input plane shifted by the
 /// tap's offset, followed by zeroing the few columns that fall into the padding.
-fn im2col_rows(c: &ConvK, x: &[f32], oy0: usize, rows: usize, col: &mut [f32]) {
+fn im2col_rows(c: &ConvK, x: &[f32], oy0: usize, rows: usize, col: &mut [f32], ld: usize) {
     let (h, w) = (c.h, c.w);
     let nn = rows * w;
     let plane_len = (h * w) as isize;
-    for (row, dst) in col.chunks_mut(nn).enumerate() {
+    for (row, dst) in col.chunks_mut(ld).enumerate() {
+        let dst = &mut dst[..nn];
         let kj = row % c.kw;
         let ki = (row / c.kw) % c.kh;
         let ci = row / (c.kw * c.kh);
@@ -1364,14 +1382,15 @@ fn conv(c: &ConvK, io: &Io, par: Parallelism, threads: usize) {
             for ni in 0..c.n {
                 for g in 0..c.groups {
                     let xin = &x[(ni * c.c + g * cg) * hw..(ni * c.c + (g + 1) * cg) * hw];
-                    let rhs: &[f32] = if c.method == ConvMethod::Pointwise {
-                        xin
+                    let (rhs, ld): (&[f32], usize) = if c.method == ConvMethod::Pointwise {
+                        (xin, hw)
                     } else {
                         // SAFETY: scratch taken once per group iteration and not aliased.
                         let col = unsafe { io.scratch() };
-                        let col = &mut col[..kk * ohw];
-                        im2col(c, xin, col);
-                        col
+                        let ld = c.col_stride(ohw);
+                        let col = &mut col[..kk * ld];
+                        im2col(c, xin, col, ld);
+                        (col, ld)
                     };
                     let dst = &mut out[(ni * c.m + g * mg) * ohw..(ni * c.m + (g + 1) * mg) * ohw];
                     let a = &wt[g * mg * kk..(g + 1) * mg * kk];
@@ -1408,7 +1427,7 @@ fn conv(c: &ConvK, io: &Io, par: Parallelism, threads: usize) {
                                     p1,
                                     ohw,
                                     rhs.get(),
-                                    ohw,
+                                    ld,
                                     dst.get().add(p0 * mr * ohw),
                                     ohw,
                                     &epi,
@@ -1439,7 +1458,7 @@ fn conv(c: &ConvK, io: &Io, par: Parallelism, threads: usize) {
                                 kk,
                                 1,
                                 rhs.as_ptr(),
-                                ohw,
+                                ld,
                                 1,
                                 false,
                                 1.0,
@@ -1483,10 +1502,11 @@ fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> (usize, usi
     (lo.min(hi), hi)
 }
 
-fn im2col(c: &ConvK, x: &[f32], col: &mut [f32]) {
+fn im2col(c: &ConvK, x: &[f32], col: &mut [f32], ld: usize) {
     let ohw = c.oh * c.ow;
     let (h, w) = (c.h, c.w);
-    col.par_chunks_mut(ohw).enumerate().for_each(|(row, dst)| {
+    col.par_chunks_mut(ld).enumerate().for_each(|(row, dst)| {
+        let dst = &mut dst[..ohw];
         let kj = row % c.kw;
         let ki = (row / c.kw) % c.kh;
         let ci = row / (c.kw * c.kh);

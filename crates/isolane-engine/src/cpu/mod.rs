@@ -3,8 +3,9 @@
 //! Compiling runs the graph passes, infers shapes for the batch, plans one kernel per node,
 //! aliases view ops (reshape, flatten, squeeze...) onto their input's storage, and packs every
 //! activation into one arena by liveness (values alive at the same time get disjoint ranges).
-//! Running walks the planned steps inside the model's own rayon pool; nothing is allocated by
-//! isolane on that path (the `gemm` crate keeps its packing buffers in thread-local slabs).
+//! Running walks the planned steps on a driver job parked in the model's own rayon pool; for
+//! convolutional models nothing is allocated on that path (see `Driver`, `packed` and
+//! `tests/no_alloc.rs`).
 
 pub(crate) mod kernels;
 mod packed;
@@ -219,7 +220,8 @@ impl CpuModel {
             .map(|k| k.scratch_len(threads))
             .max()
             .unwrap_or(0);
-        let scratch = vec![0.0f32; scratch_len];
+        // 16 spare elements so that the scratch can start on a cache line (see `scratch_buf`).
+        let scratch = vec![0.0f32; scratch_len + 16];
         let base = arena.as_mut_ptr();
         let buf = |l: Loc, len: usize| -> RawBuf {
             match l {
@@ -290,7 +292,7 @@ impl CpuModel {
 
     /// Runs once and returns (step name, milliseconds) for every step, for profiling.
     pub fn profile(&mut self) -> Vec<(String, f64)> {
-        let scratch = RawBuf::from_slice(&mut self.scratch);
+        let scratch = self.scratch_buf();
         let threads = self.threads;
         let steps = &self.steps;
         let times = std::sync::Mutex::new(Vec::with_capacity(steps.len()));
@@ -316,6 +318,14 @@ impl CpuModel {
             return Vec::new();
         }
         times.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The scratch buffer from its first 64-byte-aligned element on (im2col blocks then start
+    /// on cache lines, so that the GEMM can read them in place).
+    fn scratch_buf(&mut self) -> RawBuf {
+        let skip = self.scratch.as_ptr().align_offset(64).min(16);
+        let end = self.scratch.len() - (16 - skip);
+        RawBuf::from_slice(&mut self.scratch[skip..end])
     }
 
     /// Threads in this model's pool.
@@ -389,10 +399,9 @@ impl Driver {
                 }
             };
             // SAFETY: `run` blocks until `Done`, so the closure is alive.
-            let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-                (*job.0)()
-            }))
-            .is_ok();
+            let ok =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*job.0)() }))
+                    .is_ok();
             *sh.state.lock().unwrap_or_else(|e| e.into_inner()) = DriverState::Done(ok);
             sh.cv.notify_all();
         });
@@ -543,7 +552,7 @@ impl CompiledModel for CpuModel {
         }
     }
     fn run(&mut self) -> Result<()> {
-        let scratch = RawBuf::from_slice(&mut self.scratch);
+        let scratch = self.scratch_buf();
         let threads = self.threads;
         let steps = &self.steps;
         // The arena is reached only through the steps' pointers while they run; `&mut self`

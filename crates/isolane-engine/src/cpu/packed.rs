@@ -5,21 +5,21 @@
 //! of `MR` rows (`[panel][k][MR]`, zero-padded), and B (`k × n`: the im2col matrix, or the input
 //! itself for pointwise convolutions) is read in place through its row stride, `NR` contiguous
 //! columns at a time; only a ragged last column block is copied (zero-padded) into a buffer on
-//! the stack. The depth is blocked (≤ 256) so that a `kc × NR` block of B stays in L1 while
+//! the stack. The depth is blocked (≤ 128) so that a `kc × NR` block of B stays in L1 while
 //! every A panel streams over it; bias, residual and activation are applied to each output tile
 //! after its last depth block, while it is still in cache.
 //!
-//! The micro-kernel is chosen at run time: AVX-512 (12 × 32), AVX2 + FMA (6 × 16), or portable
+//! The micro-kernel is chosen at run time: AVX-512 (8 × 48, masked edges), AVX2 + FMA (6 × 16), or portable
 //! code (6 × 16). The packing layout depends on it, so it is fixed when the weights are packed.
 
 use super::kernels::apply_act;
 use crate::ir::Unary;
 
 /// Largest depth block.
-const KC: usize = 256;
+const KC: usize = 128;
 /// Largest NR of any micro-kernel (sizes the stack buffer for a ragged column block).
-const NR_MAX: usize = 32;
-const MR_MAX: usize = 12;
+const NR_MAX: usize = 48;
+const MR_MAX: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
@@ -45,7 +45,7 @@ impl Isa {
     }
     pub fn mr(self) -> usize {
         match self {
-            Isa::Avx512 => 12,
+            Isa::Avx512 => 8,
             Isa::Avx2 | Isa::Portable => 6,
         }
     }
@@ -75,17 +75,25 @@ impl std::fmt::Debug for PackedA {
 impl PackedA {
     /// Packs `w` (`groups × m × k`, row-major).
     pub fn new(w: &[f32], groups: usize, m: usize, k: usize) -> PackedA {
-        let isa = Isa::detect();
+        Self::with_isa(w, groups, m, k, Isa::detect())
+    }
+
+    /// Packs for a given micro-kernel (which must be supported by this CPU).
+    fn with_isa(w: &[f32], groups: usize, m: usize, k: usize, isa: Isa) -> PackedA {
         let mr = isa.mr();
         let panels = m.div_ceil(mr);
         let mut data = vec![0.0f32; groups * panels * k * mr];
+        let kc = depth_block(k);
         for g in 0..groups {
             for r in 0..m {
                 let (p, ri) = (r / mr, r % mr);
                 let src = &w[(g * m + r) * k..(g * m + r + 1) * k];
-                let base = (g * panels + p) * k * mr;
+                let base = g * panels * k * mr;
                 for (kk, &v) in src.iter().enumerate() {
-                    data[base + kk * mr + ri] = v;
+                    // Depth block k0 holds every panel's rows for k0..k0+kcur, contiguously.
+                    let k0 = kk / kc * kc;
+                    let kcur = kc.min(k - k0);
+                    data[base + k0 * panels * mr + p * kcur * mr + (kk - k0) * mr + ri] = v;
                 }
             }
         }
@@ -119,6 +127,7 @@ impl PackedA {
     ) {
         let a = self.data[g * self.panels * self.k * self.isa.mr()..].as_ptr();
         let args = Args {
+            panels: self.panels,
             m: self.m,
             k: self.k,
             p0,
@@ -137,7 +146,7 @@ impl PackedA {
                 Isa::Avx512 => x86::gemm_avx512(&args, epi),
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => x86::gemm_avx2(&args, epi),
-                _ => gemm_body::<6, 16>(&args, epi, micro_portable),
+                _ => gemm_body::<6, 16, false>(&args, epi, micro_portable),
             }
         }
     }
@@ -158,6 +167,7 @@ impl Epi<'_> {
 }
 
 struct Args {
+    panels: usize,
     m: usize,
     k: usize,
     p0: usize,
@@ -170,17 +180,23 @@ struct Args {
     ldc: usize,
 }
 
-type Micro = unsafe fn(usize, *const f32, *const f32, usize, *mut f32, usize, bool);
+/// `(kc, a, b, ldb, c, ldc, accumulate, rows, cols)`: `C (+)= A·B` on a tile. A micro-kernel
+/// that masks (`MASKED`) handles `rows ≤ MR`, `cols ≤ NR` itself (and never reads B or touches
+/// C outside them); the others get full tiles only.
+type Micro = unsafe fn(usize, *const f32, *const f32, usize, *mut f32, usize, bool, usize, usize);
 
 #[inline(always)]
-unsafe fn gemm_body<const MR: usize, const NR: usize>(x: &Args, epi: &Epi, micro: Micro) {
+unsafe fn gemm_body<const MR: usize, const NR: usize, const MASKED: bool>(
+    x: &Args,
+    epi: &Epi,
+    micro: Micro,
+) {
     let k = x.k;
     if k == 0 || x.n == 0 {
         return;
     }
-    let blocks = k.div_ceil(KC);
-    let kc = k.div_ceil(blocks);
-    let mut bbuf = [0.0f32; KC * NR_MAX];
+    let kc = depth_block(k);
+    let mut bbuf = Aligned([0.0f32; KC * NR_MAX]);
     let mut tmp = [0.0f32; MR_MAX * NR_MAX];
     let mut k0 = 0;
     // SAFETY (whole body): every pointer stays inside the ranges of the caller's contract:
@@ -192,24 +208,29 @@ unsafe fn gemm_body<const MR: usize, const NR: usize>(x: &Args, epi: &Epi, micro
             let mut j0 = 0;
             while j0 < x.n {
                 let nr = NR.min(x.n - j0);
-                let (bp, bld) = if nr == NR {
+                // Copied into an aligned, contiguous panel: B's own rows are rarely aligned
+                // and may be far apart; the copy is amortised over every A panel.
+                let aligned =
+                    MASKED && x.ldb.is_multiple_of(16) && (x.b.add(j0) as usize).is_multiple_of(64);
+                let (bp, bld) = if aligned {
+                    // Rows already start on cache lines: read B in place.
                     (x.b.add(k0 * x.ldb + j0), x.ldb)
                 } else {
                     for kk in 0..kcur {
                         let src = std::slice::from_raw_parts(x.b.add((k0 + kk) * x.ldb + j0), nr);
-                        let dst = &mut bbuf[kk * NR..(kk + 1) * NR];
+                        let dst = &mut bbuf.0[kk * NR..(kk + 1) * NR];
                         dst[..nr].copy_from_slice(src);
                         dst[nr..].fill(0.0);
                     }
-                    (bbuf.as_ptr(), NR)
+                    (bbuf.0.as_ptr(), NR)
                 };
                 for p in x.p0..x.p1 {
-                    let ap = x.a.add(p * k * MR + k0 * MR);
+                    let ap = x.a.add(k0 * x.panels * MR + p * kcur * MR);
                     let r0 = p * MR;
                     let rows = MR.min(x.m - r0);
                     let cp = x.c.add((r0 - x.p0 * MR) * x.ldc + j0);
-                    if rows == MR && nr == NR {
-                        micro(kcur, ap, bp, bld, cp, x.ldc, !first);
+                    if (rows == MR && nr == NR) || MASKED {
+                        micro(kcur, ap, bp, bld, cp, x.ldc, !first, rows, nr);
                     } else {
                         if !first {
                             for r in 0..rows {
@@ -218,7 +239,7 @@ unsafe fn gemm_body<const MR: usize, const NR: usize>(x: &Args, epi: &Epi, micro
                                 );
                             }
                         }
-                        micro(kcur, ap, bp, bld, tmp.as_mut_ptr(), NR, !first);
+                        micro(kcur, ap, bp, bld, tmp.as_mut_ptr(), NR, !first, MR, NR);
                         for r in 0..rows {
                             std::slice::from_raw_parts_mut(cp.add(r * x.ldc), nr)
                                 .copy_from_slice(&tmp[r * NR..r * NR + nr]);
@@ -245,6 +266,14 @@ unsafe fn gemm_body<const MR: usize, const NR: usize>(x: &Args, epi: &Epi, micro
     }
 }
 
+#[repr(align(64))]
+struct Aligned<T>(T);
+
+/// The depth block for depth `k`: ≤ `KC`, as even as possible.
+fn depth_block(k: usize) -> usize {
+    k.div_ceil(k.div_ceil(KC).max(1)).max(1)
+}
+
 #[inline(always)]
 fn epilogue(v: &mut [f32], b: f32, r: Option<&[f32]>, act: Option<Unary>) {
     if let Some(r) = r {
@@ -260,6 +289,7 @@ fn epilogue(v: &mut [f32], b: f32, r: Option<&[f32]>, act: Option<Unary>) {
 }
 
 /// Portable 6 × 16 micro-kernel: `C (+)= A·B` for a full tile.
+#[allow(clippy::too_many_arguments)]
 unsafe fn micro_portable(
     kc: usize,
     a: *const f32,
@@ -268,6 +298,8 @@ unsafe fn micro_portable(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    _rows: usize,
+    _cols: usize,
 ) {
     const MR: usize = 6;
     const NR: usize = 16;
@@ -299,20 +331,22 @@ mod x86 {
     use super::{gemm_body, Args, Epi};
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx512f,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn gemm_avx512(x: &Args, epi: &Epi) {
         // SAFETY: forwarded; this function only runs where AVX-512F was detected.
-        unsafe { gemm_body::<12, 32>(x, epi, micro_avx512) }
+        unsafe { gemm_body::<8, 48, true>(x, epi, micro_avx512) }
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn gemm_avx2(x: &Args, epi: &Epi) {
         // SAFETY: forwarded; this function only runs where AVX2 and FMA were detected.
-        unsafe { gemm_body::<6, 16>(x, epi, micro_avx2) }
+        unsafe { gemm_body::<6, 16, false>(x, epi, micro_avx2) }
     }
 
-    /// 12 × 32 tile: 24 zmm accumulators.
-    #[target_feature(enable = "avx512f,fma")]
+    /// 8 × 48 tile (24 zmm accumulators), or 8 × 32 / 8 × 16 when fewer columns are left; rows and
+    /// columns past `rows` / `cols` are masked off (never read from B, never written to C).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn micro_avx512(
         kc: usize,
         a: *const f32,
@@ -321,39 +355,125 @@ mod x86 {
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
+        rows: usize,
+        cols: usize,
     ) {
-        const MR: usize = 12;
-        // SAFETY: the caller passes a full 12 × 32 tile of C and kc rows of A (12 wide) and B.
+        let mask = |lo: usize| -> __mmask16 {
+            let n = cols.saturating_sub(lo).min(16);
+            ((1u32 << n) - 1) as __mmask16
+        };
+        // SAFETY: the caller passes kc rows of A (8 wide) and of B (`cols` valid columns),
+        // and a `rows × cols` tile of C; masked lanes are not accessed.
         unsafe {
-            let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+            let masks = [mask(0), mask(16), mask(32)];
+            match cols {
+                1 => return narrow::<1>(kc, a, b, ldb, c, ldc, accumulate, rows),
+                2 => return narrow::<2>(kc, a, b, ldb, c, ldc, accumulate, rows),
+                3 => return narrow::<3>(kc, a, b, ldb, c, ldc, accumulate, rows),
+                4 => return narrow::<4>(kc, a, b, ldb, c, ldc, accumulate, rows),
+                _ => {}
+            }
+            if cols <= 16 {
+                tile::<1>(kc, a, b, ldb, c, ldc, accumulate, rows, masks)
+            } else if cols <= 32 {
+                tile::<2>(kc, a, b, ldb, c, ldc, accumulate, rows, masks)
+            } else {
+                tile::<3>(kc, a, b, ldb, c, ldc, accumulate, rows, masks)
+            }
+        }
+    }
+
+    /// At most 4 columns left: vectorise over the panel's 8 rows instead (one ymm accumulator
+    /// per column), instead of computing 16 columns to keep a few.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn narrow<const J: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        rows: usize,
+    ) {
+        // SAFETY: see micro_avx512; B is read only in its first J columns.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); J];
+            let mut ap = a;
+            let mut bp = b;
+            for _ in 0..kc {
+                let av = _mm256_loadu_ps(ap);
+                for (j, v) in acc.iter_mut().enumerate() {
+                    *v = _mm256_fmadd_ps(av, _mm256_set1_ps(*bp.add(j)), *v);
+                }
+                ap = ap.add(8);
+                bp = bp.add(ldb);
+            }
+            for (j, v) in acc.iter().enumerate() {
+                let mut col = [0.0f32; 8];
+                _mm256_storeu_ps(col.as_mut_ptr(), *v);
+                for (r, &x) in col.iter().enumerate().take(rows) {
+                    let d = c.add(r * ldc + j);
+                    *d = if accumulate { *d + x } else { x };
+                }
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const W: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        rows: usize,
+        masks: [__mmask16; 3],
+    ) {
+        const MR: usize = 8;
+        // SAFETY: see micro_avx512.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); W]; MR];
             if accumulate {
-                for (r, v) in acc.iter_mut().enumerate() {
-                    v[0] = _mm512_loadu_ps(c.add(r * ldc));
-                    v[1] = _mm512_loadu_ps(c.add(r * ldc + 16));
+                for (r, v) in acc.iter_mut().enumerate().take(rows) {
+                    for (w, v) in v.iter_mut().enumerate() {
+                        *v = _mm512_maskz_loadu_ps(masks[w], c.add(r * ldc + 16 * w));
+                    }
                 }
             }
             let mut ap = a;
             let mut bp = b;
             for _ in 0..kc {
-                let b0 = _mm512_loadu_ps(bp);
-                let b1 = _mm512_loadu_ps(bp.add(16));
+                let mut bv = [_mm512_setzero_ps(); W];
+                for (w, v) in bv.iter_mut().enumerate() {
+                    *v = _mm512_maskz_loadu_ps(masks[w], bp.add(16 * w));
+                }
                 for (r, v) in acc.iter_mut().enumerate() {
                     let av = _mm512_set1_ps(*ap.add(r));
-                    v[0] = _mm512_fmadd_ps(av, b0, v[0]);
-                    v[1] = _mm512_fmadd_ps(av, b1, v[1]);
+                    for (w, v) in v.iter_mut().enumerate() {
+                        *v = _mm512_fmadd_ps(av, bv[w], *v);
+                    }
                 }
                 ap = ap.add(MR);
                 bp = bp.add(ldb);
             }
-            for (r, v) in acc.iter().enumerate() {
-                _mm512_storeu_ps(c.add(r * ldc), v[0]);
-                _mm512_storeu_ps(c.add(r * ldc + 16), v[1]);
+            for (r, v) in acc.iter().enumerate().take(rows) {
+                for (w, v) in v.iter().enumerate() {
+                    _mm512_mask_storeu_ps(c.add(r * ldc + 16 * w), masks[w], *v);
+                }
             }
         }
     }
 
     /// 6 × 16 tile: 12 ymm accumulators.
     #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn micro_avx2(
         kc: usize,
         a: *const f32,
@@ -362,6 +482,8 @@ mod x86 {
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
+        _rows: usize,
+        _cols: usize,
     ) {
         const MR: usize = 6;
         // SAFETY: the caller passes a full 6 × 16 tile of C and kc rows of A (6 wide) and B.
@@ -389,6 +511,88 @@ mod x86 {
             for (r, v) in acc.iter().enumerate() {
                 _mm256_storeu_ps(c.add(r * ldc), v[0]);
                 _mm256_storeu_ps(c.add(r * ldc + 8), v[1]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every micro-kernel this CPU supports against a plain triple loop: ragged rows, columns
+    /// and depth blocks, groups, a sub-range of panels, bias + residual + ReLU.
+    #[test]
+    fn packed_gemm_matches_reference() {
+        let mut isas = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                isas.push(Isa::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                isas.push(Isa::Avx512);
+            }
+        }
+        for isa in isas {
+            for &(groups, m, k, n, ldb) in &[
+                (1, 64, 576, 112, 112),
+                (2, 13, 300, 49, 64),
+                (1, 20, 7, 3, 5),
+                (1, 9, 129, 50, 53),
+                (3, 8, 16, 97, 97),
+            ] {
+                let w: Vec<f32> = (0..groups * m * k)
+                    .map(|i| ((i * 7 % 23) as f32 - 11.0) / 11.0)
+                    .collect();
+                let b: Vec<f32> = (0..k * ldb)
+                    .map(|i| ((i * 5 % 19) as f32 - 9.0) / 9.0)
+                    .collect();
+                let bias: Vec<f32> = (0..m).map(|i| i as f32 * 0.1 - 0.5).collect();
+                let res: Vec<f32> = (0..m * n).map(|i| ((i % 7) as f32 - 3.0) * 0.2).collect();
+                let pa = PackedA::with_isa(&w, groups, m, k, isa);
+                let mr = isa.mr();
+                for g in 0..groups {
+                    // Panels from 1 on when there are several (a thread's share), else all.
+                    let p0 = usize::from(pa.panels > 1);
+                    let r0 = p0 * mr;
+                    let mut c = vec![f32::NAN; (m - r0) * n];
+                    let epi = Epi {
+                        bias: Some(&bias),
+                        res: Some(res[r0 * n..].as_ptr()),
+                        act: Some(Unary::Relu),
+                    };
+                    // SAFETY: all buffers sized as the contract asks.
+                    unsafe {
+                        pa.gemm(
+                            g,
+                            p0,
+                            pa.panels,
+                            n,
+                            b.as_ptr(),
+                            ldb,
+                            c.as_mut_ptr(),
+                            n,
+                            &epi,
+                        )
+                    };
+                    for r in r0..m {
+                        for j in 0..n {
+                            let mut acc = 0.0f64;
+                            for kk in 0..k {
+                                acc += w[(g * m + r) * k + kk] as f64 * b[kk * ldb + j] as f64;
+                            }
+                            let want = (acc as f32 + bias[r] + res[r * n + j]).max(0.0);
+                            let got = c[(r - r0) * n + j];
+                            assert!(
+                                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{isa:?} g{g} {m}x{k}x{n}: [{r}][{j}] = {got}, want {want}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }
