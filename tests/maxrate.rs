@@ -9,34 +9,40 @@ use common::*;
 /// down for a long time.
 #[test]
 fn maxrate_of_spin_4ms_is_a_little_under_250() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("m");
-    let o = run_ok(
-        isolane()
-            .args([
-                "maxrate",
-                "--model",
-                "spin:4ms",
-                "--jobs",
-                "200",
-                "--validations",
-                "2",
-                "--relative-step",
-                "0.02",
-                "--out",
-            ])
-            .arg(&out),
-    );
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    println!("{stdout}");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("maxrate.json")).unwrap()).unwrap();
-    let rate = f(&json["max_rate_hz"]);
-    let l_max = f(&json["l_max_ms"]);
-    assert!((180.0..=252.0).contains(&rate), "max rate {rate}");
-    assert!((l_max - 1000.0 / rate).abs() < 1e-6);
-    assert!(stdout.contains("max stable rate"));
-    let trace = std::fs::read_to_string(out.join("maxrate_trace.csv")).unwrap();
-    assert!(trace.starts_with("batch,phase,rate_hz,jobs,violations,accepted\n"));
-    assert!(trace.lines().count() >= 4, "{trace}");
+    within_tries(3, || {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m");
+        let o = run_ok(
+            isolane()
+                .args([
+                    "maxrate",
+                    "--model",
+                    "spin:4ms",
+                    "--jobs",
+                    "200",
+                    "--validations",
+                    "2",
+                    "--relative-step",
+                    "0.02",
+                    "--out",
+                ])
+                .arg(&out),
+        );
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        println!("{stdout}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("maxrate.json")).unwrap())
+                .unwrap();
+        let rate = f(&json["max_rate_hz"]);
+        let l_max = f(&json["l_max_ms"]);
+        // Above the ideal 250 jobs/s nothing is stable, however quiet the machine: never allowed.
+        assert!(rate <= 252.0, "max rate {rate}");
+        assert!((l_max - 1000.0 / rate).abs() < 1e-6);
+        assert!(stdout.contains("max stable rate"));
+        let trace = std::fs::read_to_string(out.join("maxrate_trace.csv")).unwrap();
+        assert!(trace.starts_with("batch,phase,rate_hz,jobs,violations,accepted\n"));
+        assert!(trace.lines().count() >= 4, "{trace}");
+        // A VM stall during a batch lowers the rate the search settles on (one retry absorbs it).
+        check(rate >= 180.0, || format!("max rate {rate}"))
+    });
 }

@@ -23,77 +23,83 @@ fn one_workload(rate: &str, jobs: u32, late: &str) -> String {
 #[test]
 fn spin_4ms_at_100hz_keeps_its_deadlines() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let sc = scenario(tmp.path(), "s.toml", &one_workload("100", 500, "skip"));
-    let out = tmp.path().join("out");
-    run_ok(
-        isolane()
-            .arg("run")
-            .arg(&sc)
-            .arg("--out")
-            .arg(&out)
-            .arg("--quiet"),
-    );
-    let s = summary(&out);
-    let w = workload(&s, "w");
-    let (p50, pct) = (f(&w["latency_ms"]["p50"]), f(&w["timeout_pct"]));
-    let late = &w["start_lateness_us"];
-    println!(
-        "spin:4ms @100 Hz: p50 {p50:.3} ms, p99 {:.3} ms, max {:.3} ms, timeouts {pct:.2} %, \
+    within_tries(3, || {
+        let tmp = tempfile::tempdir().unwrap();
+        let sc = scenario(tmp.path(), "s.toml", &one_workload("100", 500, "skip"));
+        let out = tmp.path().join("out");
+        run_ok(
+            isolane()
+                .arg("run")
+                .arg(&sc)
+                .arg("--out")
+                .arg(&out)
+                .arg("--quiet"),
+        );
+        let s = summary(&out);
+        let w = workload(&s, "w");
+        let (p50, pct) = (f(&w["latency_ms"]["p50"]), f(&w["timeout_pct"]));
+        let late = &w["start_lateness_us"];
+        println!(
+            "spin:4ms @100 Hz: p50 {p50:.3} ms, p99 {:.3} ms, max {:.3} ms, timeouts {pct:.2} %, \
          start lateness p50 {:.1} µs p99 {:.1} µs max {:.1} µs",
-        f(&w["latency_ms"]["p99"]),
-        f(&w["latency_ms"]["max"]),
-        f(&late["p50"]),
-        f(&late["p99"]),
-        f(&late["max"])
-    );
-    assert_eq!(w["jobs"], 500);
-    assert_eq!(w["status"], "ok");
-    assert!((3.8..=5.0).contains(&p50), "p50 {p50} ms");
-    // Zero on an idle machine. A job misses only when its thread is kept off the CPU for more
-    // than the 6 ms of slack; with parallel builds on a 2-core box that happened to 1 % of jobs
-    // (measured), so the bound is 2 %.
-    assert!(pct <= 2.0, "timeouts {pct} %");
-    assert_eq!(jobs_rows(&out, "w").len(), 500);
+            f(&w["latency_ms"]["p99"]),
+            f(&w["latency_ms"]["max"]),
+            f(&late["p50"]),
+            f(&late["p99"]),
+            f(&late["max"])
+        );
+        assert_eq!(w["jobs"], 500);
+        assert_eq!(w["status"], "ok");
+        assert_eq!(jobs_rows(&out, "w").len(), 500);
+        check((3.8..=5.0).contains(&p50), || format!("p50 {p50} ms"))?;
+        // Zero on an idle machine. A job misses only when its thread is kept off the CPU for more
+        // than the 6 ms of slack; with parallel builds on a 2-core box that happened to 1 % of jobs
+        // (measured), so the bound is 2 %.
+        check(pct <= 2.0, || format!("timeouts {pct} %"))
+    });
 }
 
 #[test]
 fn overload_with_skip_drops_jobs_and_ends_on_schedule() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let sc = scenario(tmp.path(), "s.toml", &one_workload("300", 500, "skip"));
-    let out = tmp.path().join("out");
-    run_ok(
-        isolane()
-            .arg("run")
-            .arg(&sc)
-            .arg("--out")
-            .arg(&out)
-            .arg("--quiet"),
-    );
-    let s = summary(&out);
-    let w = workload(&s, "w");
-    let pct = f(&w["timeout_pct"]);
-    let wall = f(&s["wall_s"]);
-    let scheduled = 500.0 / 300.0;
-    println!(
+    within_tries(3, || {
+        let tmp = tempfile::tempdir().unwrap();
+        let sc = scenario(tmp.path(), "s.toml", &one_workload("300", 500, "skip"));
+        let out = tmp.path().join("out");
+        run_ok(
+            isolane()
+                .arg("run")
+                .arg(&sc)
+                .arg("--out")
+                .arg(&out)
+                .arg("--quiet"),
+        );
+        let s = summary(&out);
+        let w = workload(&s, "w");
+        let pct = f(&w["timeout_pct"]);
+        let wall = f(&s["wall_s"]);
+        let scheduled = 500.0 / 300.0;
+        println!(
         "spin:4ms @300 Hz skip: timeouts {pct:.1} %, wall {wall:.3} s (schedule {scheduled:.3} s)"
     );
-    assert!(pct > 99.0, "timeouts {pct} %");
-    assert_eq!(w["jobs"], 500);
-    // Ends with the schedule: at most one job in flight past the last release, plus slack.
-    assert!(wall < scheduled + 0.2, "wall {wall} s");
-    let rows = jobs_rows(&out, "w");
-    // A 4 ms job never meets a 3.33 ms deadline, so every job is a timeout; the back-to-back
-    // jobs fall behind by 0.67 ms a period, so about every 6th job's deadline has passed before
-    // it could start and is skipped (≈ 83 of 500). A disturbed run skips more, never fewer.
-    let skipped = rows.iter().filter(|r| r[2].is_empty()).count();
-    println!("skipped {skipped} of 500");
-    assert!((70..=250).contains(&skipped), "{skipped} skipped");
-    assert!(rows
-        .iter()
-        .filter(|r| r[2].is_empty())
-        .all(|r| r[3].is_empty() && r[5] == "1"));
+        assert!(pct > 99.0, "timeouts {pct} %");
+        assert_eq!(w["jobs"], 500);
+        // Ends with the schedule: at most one job in flight past the last release, plus slack.
+        check(wall < scheduled + 0.2, || format!("wall {wall} s"))?;
+        let rows = jobs_rows(&out, "w");
+        // A 4 ms job never meets a 3.33 ms deadline, so every job is a timeout; the back-to-back
+        // jobs fall behind by 0.67 ms a period, so about every 6th job's deadline has passed before
+        // it could start and is skipped (≈ 83 of 500). A disturbed run skips more, never fewer.
+        let skipped = rows.iter().filter(|r| r[2].is_empty()).count();
+        println!("skipped {skipped} of 500");
+        assert!(rows
+            .iter()
+            .filter(|r| r[2].is_empty())
+            .all(|r| r[3].is_empty() && r[5] == "1"));
+        check((70..=250).contains(&skipped), || {
+            format!("{skipped} skipped")
+        })
+    });
 }
 
 #[test]

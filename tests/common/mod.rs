@@ -92,3 +92,31 @@ pub fn worker_pids(parent: u32, workload: &str) -> Vec<u32> {
     }
     out
 }
+
+/// Runs a timing-sensitive check up to `tries` times and passes when one attempt meets its
+/// bounds. The dev and CI machines are VMs whose vCPUs are sometimes held off for hundreds of
+/// milliseconds (a 327 ms stall was measured with the machine otherwise idle), which no bound
+/// that still tests anything can absorb; a real defect fails every attempt. Failed attempts are
+/// printed, so the record shows them.
+pub fn within_tries(tries: usize, mut attempt: impl FnMut() -> Result<(), String>) {
+    let mut failures = Vec::new();
+    for i in 0..tries {
+        match attempt() {
+            Ok(()) => return,
+            Err(e) => {
+                println!("attempt {} of {tries} missed its bounds: {e}", i + 1);
+                failures.push(e);
+            }
+        }
+    }
+    panic!("every attempt missed its bounds: {failures:#?}");
+}
+
+/// `Err(msg)` unless `cond`.
+pub fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(msg())
+    }
+}
