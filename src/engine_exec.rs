@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use isolane_core::spec::{Host, Precision as SpecPrecision, WorkloadSpec};
+use isolane_core::spec::{Host, ModelSource, Precision as SpecPrecision, WorkloadSpec};
 use isolane_engine::{
     build_model, model_info, CompiledModel, CpuBackend, Graph, Precision, Weights,
 };
@@ -17,10 +17,9 @@ use isolane_runtime::exec::{EngineExecutors, ExecError, Executor};
 /// The engine as the runtime sees it (the CPU backend for now).
 pub struct EngineExecutorsImpl;
 
+/// Built-in or ONNX, by core's rule (scenario validation classifies models the same way).
 fn is_onnx(model: &str) -> bool {
-    Path::new(model)
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+    matches!(ModelSource::classify(model), Ok(ModelSource::Onnx(_)))
 }
 
 fn precision(p: SpecPrecision) -> Precision {
@@ -65,18 +64,23 @@ fn bad_model(spec: &WorkloadSpec, e: impl std::fmt::Display) -> ExecError {
     }
 }
 
+fn check_name(spec: &WorkloadSpec) -> Result<(), ExecError> {
+    if !is_onnx(&spec.model) && model_info(&spec.model).is_none() {
+        return Err(bad_model(
+            spec,
+            "not a built-in model (see `isolane models`) nor an .onnx file",
+        ));
+    }
+    Ok(())
+}
+
 fn reads_a_file(spec: &WorkloadSpec) -> bool {
     is_onnx(&spec.model) || spec.weights.is_some()
 }
 
 impl EngineExecutors for EngineExecutorsImpl {
     fn check(&self, spec: &WorkloadSpec) -> Result<(), ExecError> {
-        if !is_onnx(&spec.model) && model_info(&spec.model).is_none() {
-            return Err(bad_model(
-                spec,
-                "not a built-in model (see `isolane models`) nor an .onnx file",
-            ));
-        }
+        check_name(spec)?;
         // Files are read now, before any output exists, so that a corrupt ONNX file or a
         // safetensors file with a wrong or missing tensor stops the run at once.
         if reads_a_file(spec) {
@@ -109,8 +113,10 @@ impl EngineExecutors for EngineExecutorsImpl {
         };
         let graph = match cached {
             Some(g) => g,
+            // Not read by `check` in this process (a worker, or a second workload on the same
+            // file): read it once here.
             None => {
-                self.check(spec)?;
+                check_name(spec)?;
                 load_graph(spec, seed)?
             }
         };

@@ -123,8 +123,8 @@ pub fn parse_spin_model(model: &str) -> Option<Result<SpinParams, String>> {
     )
 }
 
-/// Builds the executor for workload `index` of a run. Only `spin:` models exist until the
-/// engine lands; any other model is a clear error rather than a silent stand-in.
+/// Builds the executor for workload `index` of a run: `spin:` models here, every other model
+/// through the registered engine (a clear error when none is registered).
 pub fn executor_for(
     spec: &WorkloadSpec,
     seed: u64,
