@@ -208,6 +208,14 @@ fn next_id() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Client processes handed to [`MpsDaemon::adopt_client`], by registration id. Explicit
+/// because finding clients through /proc/<pid>/environ is not possible everywhere (sandboxes
+/// and hardened kernels hide other processes' environments).
+fn adopted_clients() -> &'static Mutex<Vec<(u64, u32)>> {
+    static C: OnceLock<Mutex<Vec<(u64, u32)>>> = OnceLock::new();
+    C.get_or_init(|| Mutex::new(Vec::new()))
+}
+
 fn our_pipe_dirs() -> Vec<PathBuf> {
     registry()
         .lock()
@@ -230,13 +238,38 @@ pub fn shutdown_all() -> Vec<GpuError> {
     if regs.is_empty() {
         return Vec::new();
     }
+    kill_adopted_clients(&regs);
     kill_our_clients(&regs);
     regs.iter()
         .filter_map(|r| stop_registered(r).err())
         .collect()
 }
 
-/// Processes of `regs`' daemons that are our own children and not MPS processes.
+fn kill_adopted_clients(regs: &[Registration]) {
+    let me = std::process::id() as i32;
+    let pids: Vec<u32> = {
+        let mut adopted = adopted_clients().lock().unwrap_or_else(|p| p.into_inner());
+        let (ours, rest): (Vec<_>, Vec<_>) = adopted
+            .drain(..)
+            .partition(|(id, _)| regs.iter().any(|r| r.id == *id));
+        *adopted = rest;
+        ours.into_iter().map(|(_, pid)| pid).collect()
+    };
+    for pid in pids {
+        // A child's pid cannot be reused before its parent reaps it; where /proc shows the
+        // process, its parent is checked as well, in case the caller reaped it already.
+        if read_proc(pid as i32).is_some_and(|p| p.ppid != me) {
+            continue;
+        }
+        // SAFETY: kill(2) of a process the caller declared as our client child.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+    }
+}
+
+/// Processes of `regs`' daemons that are our own children and not MPS processes, found through
+/// /proc (for clients nobody adopted explicitly).
 fn kill_our_clients(regs: &[Registration]) {
     let me = std::process::id() as i32;
     let Ok(rd) = std::fs::read_dir("/proc") else {
@@ -490,6 +523,18 @@ impl MpsDaemon {
         env
     }
 
+    /// Declares `pid` (a child process of ours that uses this daemon, e.g. a worker) as a client
+    /// that [`shutdown_all`] kills before stopping the daemon: on that path nobody else ends
+    /// it, and the real daemon's `quit` waits for its clients.
+    pub fn adopt_client(&self, pid: u32) {
+        if let Some(reg) = &self.reg {
+            adopted_clients()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((reg.id, pid));
+        }
+    }
+
     /// Stops the daemon (quit, wait, kill if needed) and removes its directories. A joined
     /// daemon is left running.
     pub fn stop(mut self) -> Result<()> {
@@ -504,6 +549,10 @@ impl MpsDaemon {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|r| r.id != reg.id);
+        adopted_clients()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(id, _)| *id != reg.id);
         stop_registered(&reg)
     }
 }

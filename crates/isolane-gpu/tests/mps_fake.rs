@@ -326,6 +326,7 @@ fn shutdown_all_stops_every_registered_daemon() {
         .env("CUDA_MPS_PIPE_DIRECTORY", a.pipe_dir())
         .spawn()
         .unwrap();
+    a.adopt_client(client.id());
     // Other tests of this binary may have daemons registered too; shutdown_all stops those as
     // well, which their own asserts tolerate (stop of an already stopped daemon is a no-op).
     let _ = mps::shutdown_all();
