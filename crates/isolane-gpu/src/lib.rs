@@ -13,6 +13,7 @@ pub mod green;
 pub mod loader;
 pub mod mig;
 pub mod mps;
+pub mod partitions;
 pub mod probe;
 pub mod verify;
 
@@ -20,4 +21,5 @@ pub use devices::{list_devices, DeviceInfo};
 pub use error::{GpuError, Result};
 pub use green::{GreenGroup, GreenPartitioning};
 pub use mps::{MpsDaemon, MpsOptions};
+pub use partitions::{PartitionRecord, PartitionSession, SessionOptions};
 pub use probe::{Probe, ProbeResult};

@@ -216,6 +216,15 @@ fn adopted_clients() -> &'static Mutex<Vec<(u64, u32)>> {
     C.get_or_init(|| Mutex::new(Vec::new()))
 }
 
+/// [`MpsDaemon::adopt_client`] for callers that hold only the daemon's registration id (e.g. a
+/// hook called from another thread when a worker starts).
+pub fn adopt_client_by_id(id: u64, pid: u32) {
+    adopted_clients()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((id, pid));
+}
+
 fn our_pipe_dirs() -> Vec<PathBuf> {
     registry()
         .lock()
@@ -527,12 +536,15 @@ impl MpsDaemon {
     /// that [`shutdown_all`] kills before stopping the daemon: on that path nobody else ends
     /// it, and the real daemon's `quit` waits for its clients.
     pub fn adopt_client(&self, pid: u32) {
-        if let Some(reg) = &self.reg {
-            adopted_clients()
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push((reg.id, pid));
+        if let Some(id) = self.registration_id() {
+            adopt_client_by_id(id, pid);
         }
+    }
+
+    /// Identifies our daemon for [`adopt_client_by_id`] (`None` for a joined daemon, which we
+    /// never stop).
+    pub fn registration_id(&self) -> Option<u64> {
+        self.reg.as_ref().map(|r| r.id)
     }
 
     /// Stops the daemon (quit, wait, kill if needed) and removes its directories. A joined

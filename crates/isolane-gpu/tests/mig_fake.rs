@@ -185,3 +185,42 @@ fn listing_is_read_only() {
     let l = mig::list(&off, 0).unwrap();
     assert!(l.profiles.is_empty());
 }
+
+#[test]
+fn a_partition_session_binds_each_worker_to_its_instance_and_destroys_them() {
+    use isolane_gpu::partitions::{PartitionSession, SessionOptions};
+    let f = FakeMig::new(true);
+    let opts = SessionOptions {
+        allow_mig_reconfigure: true,
+        ..Default::default()
+    };
+    let s = PartitionSession::set_up(0, &plan(&["4g.40gb", "3g.40gb"]), &opts, Some(&f)).unwrap();
+    assert_eq!(f.state.borrow().gis.len(), 2);
+    for w in ["w0", "w1"] {
+        let env = &s.worker_env()[w];
+        assert_eq!(env.len(), 2);
+        assert_eq!(env[0].0, "CUDA_VISIBLE_DEVICES");
+        assert_eq!(env[1], ("ISOLANE_WORKER_GPU".to_string(), "0".to_string()));
+        assert!(env[0].1.starts_with("MIG-"), "{env:?}");
+    }
+    assert_ne!(s.worker_env()["w0"], s.worker_env()["w1"]);
+    let r = s.records();
+    assert_eq!(r.len(), 2);
+    assert!(r[0].partition.starts_with("mig 4g.40gb"), "{r:?}");
+    assert!(r
+        .iter()
+        .all(|r| r.granted_sms.is_some() && r.mig_device.is_some()));
+    s.finish().unwrap();
+    assert!(f.state.borrow().gis.is_empty());
+    assert!(f.state.borrow().cis.is_empty());
+}
+
+#[test]
+fn a_partition_session_without_the_allow_flag_creates_nothing() {
+    use isolane_gpu::partitions::{PartitionSession, SessionOptions};
+    let f = FakeMig::new(true);
+    let e = PartitionSession::set_up(0, &plan(&["1g.10gb"]), &SessionOptions::default(), Some(&f))
+        .unwrap_err();
+    assert!(e.to_string().contains("--allow-mig-reconfigure"), "{e}");
+    assert!(mutating(&f.calls()).is_empty());
+}

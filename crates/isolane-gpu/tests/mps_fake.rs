@@ -339,3 +339,70 @@ fn shutdown_all_stops_every_registered_daemon() {
     a.stop().unwrap();
     drop(b);
 }
+
+#[test]
+fn a_partition_session_gives_each_worker_its_mps_environment_and_stops_the_daemon() {
+    use isolane_core::admission::{AdmittedWorkload, Plan, ResolvedPartition};
+    use isolane_core::spec::Mechanism;
+    use isolane_gpu::partitions::{PartitionSession, SessionOptions};
+    let _g = serial();
+    let e = env();
+    let plan = Plan {
+        device: "h100-sxm".into(),
+        mechanism: Mechanism::Mps,
+        workloads: [(25, None), (75, Some(2048))]
+            .iter()
+            .enumerate()
+            .map(|(i, &(thread_pct, mem_limit_mib))| AdmittedWorkload {
+                workload: format!("w{i}"),
+                partition: ResolvedPartition::Mps {
+                    thread_pct,
+                    mem_limit_mib,
+                },
+                memory_mib: None,
+            })
+            .collect(),
+    };
+    let opts = SessionOptions {
+        mps: options(&e),
+        allow_mig_reconfigure: false,
+    };
+    let s = PartitionSession::set_up(3, &plan, &opts, None).unwrap();
+    let pipe = PathBuf::from(s.records()[0].mps_pipe_dir.clone().unwrap());
+    let pid = daemon_pid(&pipe);
+    let get = |w: &str, k: &str| {
+        s.worker_env()[w]
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        get("w0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").as_deref(),
+        Some("25")
+    );
+    assert_eq!(
+        get("w1", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").as_deref(),
+        Some("75")
+    );
+    assert_eq!(get("w0", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), None);
+    assert_eq!(
+        get("w1", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").as_deref(),
+        Some("0=2048M")
+    );
+    assert_eq!(
+        get("w0", "CUDA_MPS_PIPE_DIRECTORY").map(PathBuf::from),
+        Some(pipe.clone())
+    );
+    // The daemon sees only GPU 3, so its clients must be bound to it as well.
+    assert_eq!(get("w1", "CUDA_VISIBLE_DEVICES").as_deref(), Some("3"));
+    assert_eq!(get("w1", "ISOLANE_WORKER_GPU").as_deref(), Some("0"));
+    assert_eq!(s.records()[1].partition, "mps 75%, 2048 MiB pinned");
+    // A worker started through the runtime's hook is killed by shutdown_all.
+    let mut client = Command::new("sleep").arg("30").spawn().unwrap();
+    (s.client_adopter())(client.id());
+    let _ = mps::shutdown_all();
+    assert!(!client.wait().unwrap().success());
+    assert!(wait_gone(pid));
+    assert!(!pipe.exists());
+    s.finish().unwrap();
+}

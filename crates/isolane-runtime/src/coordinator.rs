@@ -1,6 +1,7 @@
 //! Runs every workload of a run at once: thread hosts and worker processes, the start barrier,
 //! the common `t0`, Ctrl-C, and collecting the records.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
@@ -62,13 +63,25 @@ pub struct RunOptions {
     /// The executable a `process` host re-executes as `<exe> worker`; default: this executable
     /// (`ISOLANE_WORKER_EXE` overrides it, for tests that drive the runtime from another binary).
     pub worker_exe: Option<PathBuf>,
+    /// Extra environment of a workload's worker process, by workload name: how a partition
+    /// reaches a process it cannot be handed to (MPS pipe directory and thread percentage,
+    /// `CUDA_VISIBLE_DEVICES=MIG-<uuid>`). Thread-hosted workloads ignore it.
+    pub worker_env: BTreeMap<String, Vec<(String, String)>>,
+    /// Called with (workload name, pid) right after a worker process starts, e.g. so that an
+    /// MPS daemon's shutdown path can end its clients.
+    pub on_worker_start: Option<WorkerStartHook>,
 }
+
+/// See [`RunOptions::on_worker_start`].
+pub type WorkerStartHook = Arc<dyn Fn(&str, u32) + Send + Sync>;
 
 impl RunOptions {
     pub fn new(stop: Arc<AtomicBool>) -> Self {
         RunOptions {
             stop,
             worker_exe: None,
+            worker_env: BTreeMap::new(),
+            on_worker_start: None,
         }
     }
 }
@@ -274,12 +287,19 @@ pub fn run(
         };
         let exe = worker_exe.clone();
         let name = w.spec.name.clone();
+        let env = opts.worker_env.get(&name).cloned().unwrap_or_default();
+        let hook = opts.on_worker_start.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("isolane:{}", truncate(&name, 8)))
             .spawn(move || {
                 let result = match (w.spec.host, exe) {
                     (Host::Process, Some(exe)) => {
-                        drive_process(slot, &w, &shared, &mut reporter, &exe)
+                        let launch = WorkerLaunch {
+                            exe: &exe,
+                            env: &env,
+                            hook: hook.as_ref(),
+                        };
+                        drive_process(slot, &w, &shared, &mut reporter, &launch)
                     }
                     _ => drive_thread(slot, &w, &shared, &mut reporter),
                 };
@@ -480,6 +500,13 @@ fn collect_stderr(mut child_stderr: impl Read + Send + 'static) -> std::thread::
     })
 }
 
+/// How to start one worker process.
+struct WorkerLaunch<'a> {
+    exe: &'a std::path::Path,
+    env: &'a [(String, String)],
+    hook: Option<&'a WorkerStartHook>,
+}
+
 /// Drives one worker process through the protocol. Never blocks the barrier: any failure before
 /// `ready` drops the sender by returning.
 fn drive_process(
@@ -487,10 +514,12 @@ fn drive_process(
     w: &WorkloadPlan,
     shared: &Shared,
     reporter: &mut Reporter,
-    exe: &std::path::Path,
+    launch: &WorkerLaunch<'_>,
 ) -> WorkloadResult {
     let name = &w.spec.name;
+    let exe = launch.exe;
     let mut cmd = Command::new(exe);
+    cmd.envs(launch.env.iter().map(|(k, v)| (k, v)));
     cmd.arg("worker")
         .arg("--workload")
         .arg(name)
@@ -511,6 +540,9 @@ fn drive_process(
         }
     };
     let pid = child.id();
+    if let Some(hook) = launch.hook {
+        hook(name, pid);
+    }
     let (Some(mut stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {

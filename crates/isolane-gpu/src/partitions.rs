@@ -1,0 +1,268 @@
+//! Setting up an admitted plan's partitions for a run, and taking them down afterwards.
+//!
+//! `isolane run`, `maxrate` and `isolation` share this: after admission control has accepted a
+//! plan ([`isolane_core::admission::admit`]), a [`PartitionSession`] creates what the mechanism
+//! needs and tells the runtime how each workload reaches its partition:
+//!
+//! - green: one split of the device into disjoint SM groups, one green context and stream each;
+//!   a thread-hosted workload takes its [`GreenGroup`] and runs every kernel on its stream.
+//! - mps: our own control daemon (private pipe and log directories), and per worker process the
+//!   client environment (pipe directory, active thread percentage, pinned memory limit).
+//! - mig: the planned GPU and compute instances (only with `--allow-mig-reconfigure`, only when
+//!   MIG mode is already on), and per worker `CUDA_VISIBLE_DEVICES=MIG-<uuid>`.
+//! - timeslice / none: nothing to create; workers see the whole GPU.
+//!
+//! [`PartitionSession::finish`] (or drop) stops the daemon and destroys the instances, after the
+//! workers are gone. Ctrl-C paths that cannot unwind call [`crate::mps::shutdown_all`].
+
+use std::collections::BTreeMap;
+
+use isolane_core::admission::{Plan, ResolvedPartition};
+use isolane_core::spec::Mechanism;
+use serde::Serialize;
+
+use crate::error::{GpuError, Result};
+use crate::green::{GreenGroup, GreenPartitioning};
+use crate::mig::{MigBackend, MigInstances};
+use crate::mps::{MpsDaemon, MpsOptions};
+
+/// Environment variable a worker process reads for the CUDA device index it should use, as
+/// that process sees the devices: 0 behind our MPS daemon or a MIG binding (both narrow
+/// `CUDA_VISIBLE_DEVICES` to one device), the scenario's `device.gpu` otherwise.
+pub const WORKER_GPU_ENV: &str = "ISOLANE_WORKER_GPU";
+
+/// How to set partitions up.
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    pub mps: MpsOptions,
+    /// `--allow-mig-reconfigure`: creating MIG instances changes the GPU for every user.
+    pub allow_mig_reconfigure: bool,
+}
+
+/// What one workload got, for summary.json and the printed plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PartitionRecord {
+    pub workload: String,
+    pub mechanism: Mechanism,
+    /// What the partition is, in words ("green 8 SMs", "mps 25%", "mig 1g.10gb", "whole GPU").
+    pub partition: String,
+    /// green: SMs the driver granted (read back); mig: the instance's SMs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub granted_sms: Option<u32>,
+    /// mig: `MIG-<uuid>` the worker is bound to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_device: Option<String>,
+    /// mps: the daemon's pipe directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mps_pipe_dir: Option<String>,
+}
+
+/// The partitions of one run; see the module docs.
+pub struct PartitionSession<'b> {
+    mechanism: Mechanism,
+    // Field order is drop order: green groups, then the daemon, then the MIG instances.
+    green: BTreeMap<String, GreenGroup>,
+    daemon: Option<MpsDaemon>,
+    mig: Option<MigInstances<'b>>,
+    worker_env: BTreeMap<String, Vec<(String, String)>>,
+    records: Vec<PartitionRecord>,
+}
+
+impl std::fmt::Debug for PartitionSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionSession")
+            .field("mechanism", &self.mechanism)
+            .field("records", &self.records)
+            .finish()
+    }
+}
+
+impl<'b> PartitionSession<'b> {
+    /// Creates the partitions of an admitted `plan` on GPU `gpu`. `mig_backend` is needed only
+    /// for mechanism mig (NVML on a real machine, a fake in tests). On error, whatever was
+    /// created is taken down again before returning.
+    pub fn set_up(
+        gpu: u32,
+        plan: &Plan,
+        options: &SessionOptions,
+        mig_backend: Option<&'b dyn MigBackend>,
+    ) -> Result<Self> {
+        let mut s = PartitionSession {
+            mechanism: plan.mechanism,
+            green: BTreeMap::new(),
+            daemon: None,
+            mig: None,
+            worker_env: BTreeMap::new(),
+            records: Vec::new(),
+        };
+        match plan.mechanism {
+            Mechanism::Green => s.set_up_green(gpu, plan)?,
+            Mechanism::Mps => s.set_up_mps(gpu, plan, &options.mps)?,
+            Mechanism::Mig => {
+                let backend = mig_backend.ok_or_else(|| {
+                    GpuError::Usage("mechanism mig needs NVML's MIG interface".into())
+                })?;
+                s.set_up_mig(gpu, plan, backend, options.allow_mig_reconfigure)?
+            }
+            Mechanism::Timeslice | Mechanism::None => {
+                for w in &plan.workloads {
+                    s.records.push(PartitionRecord {
+                        workload: w.workload.clone(),
+                        mechanism: plan.mechanism,
+                        partition: "whole GPU".into(),
+                        granted_sms: None,
+                        mig_device: None,
+                        mps_pipe_dir: None,
+                    });
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    fn set_up_green(&mut self, gpu: u32, plan: &Plan) -> Result<()> {
+        let mut names = Vec::new();
+        let mut sizes = Vec::new();
+        for w in &plan.workloads {
+            if let ResolvedPartition::Green { sms, .. } = w.partition {
+                names.push(w.workload.clone());
+                sizes.push(sms);
+            }
+        }
+        let parts = GreenPartitioning::create(gpu, &sizes)?;
+        for (name, group) in names.into_iter().zip(parts.into_groups()) {
+            self.records.push(PartitionRecord {
+                workload: name.clone(),
+                mechanism: Mechanism::Green,
+                partition: format!("green {} SMs", group.requested_sms()),
+                granted_sms: Some(group.granted_sms()),
+                mig_device: None,
+                mps_pipe_dir: None,
+            });
+            self.green.insert(name, group);
+        }
+        Ok(())
+    }
+
+    fn set_up_mps(&mut self, gpu: u32, plan: &Plan, options: &MpsOptions) -> Result<()> {
+        let daemon = MpsDaemon::start(gpu, options)?;
+        for w in &plan.workloads {
+            if let ResolvedPartition::Mps {
+                thread_pct,
+                mem_limit_mib,
+            } = w.partition
+            {
+                let mut env = daemon.client_env(thread_pct, mem_limit_mib);
+                // The daemon sees only its GPU, so its clients must too (device 0 for them).
+                if daemon.owned() {
+                    env.push(("CUDA_VISIBLE_DEVICES".into(), gpu.to_string()));
+                }
+                env.push((
+                    WORKER_GPU_ENV.into(),
+                    daemon.client_device_index().to_string(),
+                ));
+                self.worker_env.insert(w.workload.clone(), env);
+                self.records.push(PartitionRecord {
+                    workload: w.workload.clone(),
+                    mechanism: Mechanism::Mps,
+                    partition: match mem_limit_mib {
+                        Some(m) => format!("mps {thread_pct}%, {m} MiB pinned"),
+                        None => format!("mps {thread_pct}%"),
+                    },
+                    granted_sms: None,
+                    mig_device: None,
+                    mps_pipe_dir: Some(daemon.pipe_dir().display().to_string()),
+                });
+            }
+        }
+        self.daemon = Some(daemon);
+        Ok(())
+    }
+
+    fn set_up_mig(
+        &mut self,
+        gpu: u32,
+        plan: &Plan,
+        backend: &'b dyn MigBackend,
+        allow_reconfigure: bool,
+    ) -> Result<()> {
+        let inst = crate::mig::plan_and_create(backend, gpu, plan, allow_reconfigure)?;
+        for c in inst.instances() {
+            let sms = plan.workloads.iter().find_map(|w| match &w.partition {
+                ResolvedPartition::Mig { sms, .. } if w.workload == c.workload => Some(*sms),
+                _ => None,
+            });
+            self.worker_env.insert(
+                c.workload.clone(),
+                vec![
+                    ("CUDA_VISIBLE_DEVICES".into(), c.uuid.clone()),
+                    (WORKER_GPU_ENV.into(), "0".into()),
+                ],
+            );
+            self.records.push(PartitionRecord {
+                workload: c.workload.clone(),
+                mechanism: Mechanism::Mig,
+                partition: format!("mig {} at slice {}", c.profile, c.start),
+                granted_sms: sms,
+                mig_device: Some(c.uuid.clone()),
+                mps_pipe_dir: None,
+            });
+        }
+        self.mig = Some(inst);
+        Ok(())
+    }
+
+    pub fn mechanism(&self) -> Mechanism {
+        self.mechanism
+    }
+
+    /// Extra environment per worker process, by workload name.
+    pub fn worker_env(&self) -> &BTreeMap<String, Vec<(String, String)>> {
+        &self.worker_env
+    }
+
+    /// Takes `workload`'s green group (its stream confines the workload's kernels).
+    pub fn take_green_group(&mut self, workload: &str) -> Option<GreenGroup> {
+        self.green.remove(workload)
+    }
+
+    pub fn records(&self) -> &[PartitionRecord] {
+        &self.records
+    }
+
+    /// Something the runtime calls with each worker's pid, so that [`crate::mps::shutdown_all`]
+    /// ends our MPS clients before it stops the daemon (a no-op without our own daemon).
+    pub fn client_adopter(&self) -> impl Fn(u32) + Send + Sync + 'static {
+        let id = self.daemon.as_ref().and_then(MpsDaemon::registration_id);
+        move |pid| {
+            if let Some(id) = id {
+                crate::mps::adopt_client_by_id(id, pid);
+            }
+        }
+    }
+
+    /// Stops the daemon and destroys the MIG instances (call after every worker has exited);
+    /// reports every failure.
+    pub fn finish(mut self) -> Result<()> {
+        self.green.clear();
+        let mut problems = Vec::new();
+        if let Some(d) = self.daemon.take() {
+            if let Err(e) = d.stop() {
+                problems.push(e.to_string());
+            }
+        }
+        if let Some(m) = self.mig.take() {
+            if let Err(e) = m.destroy() {
+                problems.push(e.to_string());
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(GpuError::Usage(format!(
+                "taking the partitions down: {}",
+                problems.join("; ")
+            )))
+        }
+    }
+}
