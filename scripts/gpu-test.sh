@@ -50,8 +50,26 @@ run() {
     return $status
 }
 
+# There: isolane's cuda backend and PyTorch (eager, CUDA graphs) on the same models, batches
+# and precisions, in one call, then one table with the ratios.
+#   bash scripts/gpu-test.sh bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS]
+bench() {
+    out=${OUT:-/tmp/isolane-out}
+    mkdir -p "$out"
+    models=${1:-resnet18,resnet50,mobilenet_v2,convnext_base,convnext_large,vit_b_16,vit_l_32}
+    batches=${2:-1}
+    precs=${3:-fp16,tf32}
+    replays=${4:-200}
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
+    ./stage/isolane bench --model "$models" --batch "$batches" --precision "$precs" \
+        --replays "$replays" --json | tee "$out/ours.jsonl"
+    PYTHONUNBUFFERED=1 python3 bench/pytorch_baseline.py --models "$models" --batch "$batches" \
+        --precisions "$precs" --replays "$replays" --ours "$out/ours.jsonl" | tee "$out/table.txt"
+}
+
 case "${1:-}" in
     stage) stage ;;
     run) shift; run "$@" ;;
-    *) echo "usage: $0 stage | run [TEST_BINARY_NAME...]" >&2; exit 2 ;;
+    bench) shift; bench "$@" ;;
+    *) echo "usage: $0 stage | run [TEST_BINARY_NAME...] | bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS]" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@
 
 mod cmd;
 mod engine_exec;
+mod partition_streams;
 
 use std::process::ExitCode;
 
@@ -28,11 +29,14 @@ enum Command {
     Maxrate(cmd::maxrate::MaxrateArgs),
     Isolation(cmd::isolation::IsolationArgs),
     Compare(cmd::compare::CompareArgs),
+    Bench(cmd::bench::BenchArgs),
     Plan(cmd::plan::PlanArgs),
     Devices(cmd::devices::DevicesArgs),
     Verify(cmd::verify::VerifyArgs),
     Models(cmd::models::ModelsArgs),
     Infer(cmd::infer::InferArgs),
+    Report(cmd::report::ReportArgs),
+    Sweep(cmd::sweep::SweepArgs),
     /// Internal: one workload of a `host = "process"` run, driven by the coordinator over
     /// stdin/stdout.
     #[command(hide = true)]
@@ -47,11 +51,14 @@ fn main() -> ExitCode {
         Command::Maxrate(a) => cmd::maxrate::run(a),
         Command::Isolation(a) => cmd::isolation::run(a),
         Command::Compare(a) => cmd::compare::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Devices(a) => cmd::devices::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Models(a) => cmd::models::run(a),
         Command::Infer(a) => cmd::infer::run(a),
+        Command::Report(a) => cmd::report::run(a),
+        Command::Sweep(a) => cmd::sweep::run(a),
         Command::Worker(a) => cmd::worker::run(a),
     };
     cmd::exit_code(result)

@@ -46,3 +46,44 @@ fn maxrate_of_spin_4ms_is_a_little_under_250() {
         check(rate >= 180.0, || format!("max rate {rate}"))
     });
 }
+
+/// A real network (an ONNX file) goes through the engine: the search finishes with a positive
+/// rate and the file records what ran.
+#[test]
+fn maxrate_runs_a_real_model_through_the_engine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m");
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crates/isolane-engine/tests/fixtures/onnx/conv_basic_op13.onnx"
+    );
+    run_ok(
+        isolane()
+            .args(["maxrate", "--model", model, "--jobs", "30", "--validations", "1"])
+            .args(["--relative-step", "0.5", "--warmup", "2", "--out"])
+            .arg(&out),
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("maxrate.json")).unwrap()).unwrap();
+    assert!(f(&json["max_rate_hz"]) > 0.0, "{json}");
+    assert_eq!(json["backend"], "cpu");
+    assert_eq!(json["mechanism"], "none");
+}
+
+#[test]
+fn maxrate_refuses_partitions_and_gpu_precisions_on_the_cpu() {
+    for (args, expect) in [
+        (&["--mechanism", "green", "--sms", "8"][..], "nothing to partition"),
+        (&["--precision", "fp16"][..], "precision"),
+        (&["--backend", "tpu"][..], "tpu"),
+    ] {
+        let o = isolane()
+            .args(["maxrate", "--model", "spin:1ms", "--jobs", "5"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+}

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Args;
-use isolane_runtime::coordinator::{self, RunOptions};
+use isolane_runtime::coordinator::RunOptions;
 use isolane_runtime::isolation::{self, StepResult};
 use isolane_runtime::output;
 use isolane_runtime::results::{self, RunInfo};
@@ -34,11 +34,13 @@ pub struct IsolationArgs {
     /// No progress bar.
     #[arg(long, short = 'q')]
     quiet: bool,
+    #[command(flatten)]
+    partitions: super::PartitionFlags,
 }
 
 pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = super::load_scenario(Some(&args.scenario))?;
-    super::admit_or_refuse(&scenario, &scenario_name)?;
+    let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let (plan, grid) = isolation::plan(&scenario).map_err(user)?;
     super::run::preflight(&plan)?;
     let toml = scenario
@@ -50,7 +52,15 @@ pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
     let stop = super::install_stop_handler()?;
     let started_at = chrono::Utc::now();
     let view = ProgressView::new(args.quiet);
-    let result = coordinator::run(&plan, &RunOptions::new(stop), &mut |p| view.update(p))?;
+    let telemetry = super::telemetry::start(&scenario);
+    let (result, partitions) = super::run_partitioned(
+        &scenario,
+        admitted.as_ref(),
+        &args.partitions,
+        &plan,
+        RunOptions::new(stop),
+        &mut |p| view.update(p),
+    )?;
     view.finish();
 
     let steps = isolation::per_step(&plan, grid, &result);
@@ -59,7 +69,8 @@ pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
         started_at,
         scenario: scenario_name,
     };
-    let summary = results::summarize_run(&info, &plan.workloads, &result);
+    let mut summary = results::summarize_run(&info, &plan.workloads, &result);
+    super::telemetry::finish(telemetry, &out, &result, &mut summary);
     for w in &result.workloads {
         output::write_jobs_csv(&out, &w.name, &w.records)?;
     }
@@ -74,6 +85,12 @@ pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
             "steps".into(),
             serde_json::to_value(&steps).context("encoding steps")?,
         );
+        if !partitions.is_empty() {
+            obj.insert(
+                "partitions".into(),
+                serde_json::to_value(&partitions).context("encoding partitions")?,
+            );
+        }
     }
     output::write_json(&out.join("summary.json"), &value)?;
 

@@ -6,8 +6,8 @@ use anyhow::Context as _;
 use clap::Args;
 use isolane_core::maxrate::{find_max_rate, Acceptance, MaxRateConfig, MaxRateError, Step};
 use isolane_core::spec::{
-    Backend, DeviceSpec, Host, LatePolicy, Mechanism, NoBuiltinModels, PartitionSpec, Precision,
-    Rate, Role, RunLength, Scenario, TimingSpec, WorkloadSpec,
+    Backend, DeviceSpec, Host, LatePolicy, Mechanism, PartitionSpec, Precision, Rate, Role,
+    RunLength, Scenario, TimingSpec, WorkloadSpec,
 };
 use isolane_runtime::maxrate::{LoopRunner, RunnerError};
 use isolane_runtime::{affinity, exec, output};
@@ -25,9 +25,36 @@ use super::{user, EXIT_INTERRUPTED};
                   and maxrate_trace.csv."
 )]
 pub struct MaxrateArgs {
-    /// Model: `spin:<time>[~<jitter>]` for now (real models when the engine lands).
+    /// Model: a built-in architecture (`isolane models`), an .onnx file, or
+    /// `spin:<time>[~<jitter>]`.
     #[arg(long, short = 'm')]
     model: String,
+    /// Weights for a built-in architecture (safetensors); default: seeded synthetic weights.
+    #[arg(long, value_name = "FILE")]
+    weights: Option<String>,
+    /// Where the model runs.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    backend: String,
+    /// Numeric precision (the CPU backend runs fp32 only).
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "tf32", "fp16", "bf16"])]
+    precision: String,
+    /// GPU index (backend cuda).
+    #[arg(long, default_value_t = 0)]
+    gpu: u32,
+    /// How the model's share of the GPU is confined (backend cuda): `none` (the whole GPU),
+    /// `green` (needs --sms) or `mps` (needs --thread-pct; the search runs in a client process
+    /// of a private MPS daemon).
+    #[arg(long, default_value = "none", value_parser = ["none", "green", "mps"])]
+    mechanism: String,
+    /// green: SMs of the partition.
+    #[arg(long)]
+    sms: Option<u32>,
+    /// mps: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of the client.
+    #[arg(long)]
+    thread_pct: Option<u32>,
+    /// Set by isolane on the MPS client process it starts: the partition exists already.
+    #[arg(long, hide = true)]
+    in_partition: bool,
     /// Images per job.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     batch: u32,
@@ -73,13 +100,37 @@ fn positive(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_value<T: serde::de::DeserializeOwned>(flag: &str, v: &str) -> anyhow::Result<T> {
+    serde_json::from_value(serde_json::Value::String(v.to_string()))
+        .map_err(|e| user(format!("--{flag} {v}: {e}")))
+}
+
 pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
+    let backend: Backend = parse_value("backend", &args.backend)?;
+    let mechanism: Mechanism = parse_value("mechanism", &args.mechanism)?;
+    let precision: Precision = parse_value("precision", &args.precision)?;
+    if backend == Backend::Cpu && mechanism != Mechanism::None {
+        return Err(user(format!(
+            "--mechanism {}: the CPU backend has nothing to partition (use --backend cuda)",
+            args.mechanism
+        )));
+    }
+    // The MPS client process isolane started runs as if alone: its partition is the daemon's.
+    let mechanism = if args.in_partition {
+        Mechanism::None
+    } else {
+        mechanism
+    };
+    let host = match mechanism {
+        Mechanism::Mps => Host::Process,
+        _ => Host::Thread,
+    };
     let spec = WorkloadSpec {
         name: "maxrate".into(),
         model: args.model.clone(),
-        weights: None,
+        weights: args.weights.clone(),
         batch: args.batch,
-        precision: Precision::Fp32,
+        precision,
         rate: Rate::Hz(1.0),
         deadline_ms: None,
         length: RunLength::Jobs(args.jobs),
@@ -88,8 +139,12 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
         cpu: args.cpu.clone(),
         role: Role::Standalone,
         ramp: None,
-        host: Host::Thread,
-        partition: PartitionSpec::default(),
+        host,
+        partition: PartitionSpec {
+            sms: args.sms,
+            thread_pct: args.thread_pct,
+            ..PartitionSpec::default()
+        },
     };
     let timing = TimingSpec {
         spin_us: args.spin_us,
@@ -97,15 +152,96 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
     };
     let scenario = Scenario {
         device: DeviceSpec {
-            backend: Backend::Cpu,
-            gpu: 0,
-            mechanism: Mechanism::None,
-            host: Host::Thread,
+            backend,
+            gpu: args.gpu,
+            mechanism,
+            host,
         },
         timing: timing.clone(),
         workloads: vec![spec.clone()],
     };
-    scenario.validate(&NoBuiltinModels).map_err(user)?;
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
+    scenario
+        .validate(&models)
+        .map_err(|e| user(format!("maxrate arguments: {e}")))?;
+    let admitted = if args.in_partition {
+        None
+    } else {
+        super::admit_or_refuse(&scenario, "maxrate arguments")?
+    };
+    if let (Some(plan), Mechanism::Mps) = (&admitted, mechanism) {
+        return run_in_mps_client(&scenario, plan);
+    }
+    // green: the search runs on this thread, in its partition's green context.
+    let session = match (&admitted, mechanism) {
+        (Some(plan), Mechanism::Green) => {
+            let mut s = isolane_gpu::PartitionSession::set_up(
+                args.gpu,
+                plan,
+                &isolane_gpu::SessionOptions::default(),
+                None,
+            )?;
+            for r in s.records() {
+                eprintln!(
+                    "partition: {} (granted {:?} SMs)",
+                    r.partition, r.granted_sms
+                );
+            }
+            if let Some(group) = s.take_green_group(&spec.name) {
+                crate::partition_streams::offer(&spec.name, group);
+            }
+            Some(s)
+        }
+        _ => None,
+    };
+    let code = search(&args, &spec, &timing)?;
+    crate::partition_streams::clear();
+    if let Some(s) = session {
+        s.finish()?;
+    }
+    Ok(code)
+}
+
+/// mps: a private daemon, and the search itself in a client process of it (this program again,
+/// with the client environment), since a process's MPS settings are fixed when CUDA starts in it.
+fn run_in_mps_client(
+    scenario: &Scenario,
+    plan: &isolane_core::admission::Plan,
+) -> anyhow::Result<u8> {
+    let session = isolane_gpu::PartitionSession::set_up(
+        scenario.device.gpu,
+        plan,
+        &isolane_gpu::SessionOptions::default(),
+        None,
+    )?;
+    let env = session
+        .worker_env()
+        .get("maxrate")
+        .cloned()
+        .unwrap_or_default();
+    // A terminal's Ctrl-C reaches the client too, which stops and writes what it measured; this
+    // process waits for it and then stops the daemon (a second Ctrl-C stops it at once).
+    let _stop = super::install_stop_handler()?;
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let mut child = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .arg("--in-partition")
+        .envs(env)
+        .spawn()
+        .context("starting the MPS client process")?;
+    (session.client_adopter())(child.id());
+    let status = child.wait().context("waiting for the MPS client process")?;
+    session.finish()?;
+    Ok(match status.code() {
+        Some(c) => u8::try_from(c).unwrap_or(super::EXIT_FAILED),
+        None => EXIT_INTERRUPTED,
+    })
+}
+
+fn search(args: &MaxrateArgs, spec: &WorkloadSpec, timing: &TimingSpec) -> anyhow::Result<u8> {
     let cfg = MaxRateConfig {
         jobs: args.jobs,
         validations: args.validations,
@@ -119,7 +255,7 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
         },
         ..MaxRateConfig::default()
     };
-    let executor = exec::executor_for(&spec, timing.seed, 0).map_err(|e| match e {
+    let executor = exec::executor_for(spec, timing.seed, 0).map_err(|e| match e {
         exec::ExecError::BadModel { .. } => user(e),
         _ => anyhow::Error::new(e),
     })?;
@@ -184,6 +320,11 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
             "isolane_version": env!("CARGO_PKG_VERSION"),
             "model": args.model,
             "batch": args.batch,
+            "backend": args.backend,
+            "precision": args.precision,
+            "mechanism": args.mechanism,
+            "sms": args.sms,
+            "thread_pct": args.thread_pct,
             "config": cfg,
             "max_rate_hz": result.max_rate_hz,
             "l_max_ms": result.l_max_ms,

@@ -1,5 +1,6 @@
 //! Subcommands, and what they share: exit codes, scenario loading, Ctrl-C, the progress bar.
 
+pub mod bench;
 pub mod compare;
 pub mod devices;
 pub mod infer;
@@ -7,7 +8,10 @@ pub mod isolation;
 pub mod maxrate;
 pub mod models;
 pub mod plan;
+pub mod report;
 pub mod run;
+pub mod sweep;
+pub mod telemetry;
 pub mod verify;
 pub mod worker;
 
@@ -82,21 +86,34 @@ pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<(Scenario, String)> 
 }
 
 /// Ctrl-C (SIGINT) and SIGTERM raise the returned flag: the run stops releasing jobs and
-/// writes what it measured. A second Ctrl-C while stopping exits at once (code 130).
+/// writes what it measured. A second Ctrl-C while stopping exits at once (code 130), after
+/// stopping any MPS daemon this process started and its clients (an exit skips destructors).
 pub fn install_stop_handler() -> anyhow::Result<Arc<AtomicBool>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let stop = Arc::new(AtomicBool::new(false));
+    // The first signal raises the flag inside the handler itself, so a stop is never missed
+    // even if the watcher thread below is slow to be scheduled.
     for sig in [SIGINT, SIGTERM] {
-        // Registered first so that it sees the flag as it was before this signal set it.
-        signal_hook::flag::register_conditional_shutdown(
-            sig,
-            EXIT_INTERRUPTED as i32,
-            Arc::clone(&stop),
-        )
-        .context("installing the Ctrl-C handler")?;
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .context("installing the Ctrl-C handler")?;
     }
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .context("installing the Ctrl-C handler")?;
+    std::thread::Builder::new()
+        .name("isolane:signals".into())
+        .spawn(move || {
+            let mut seen = 0;
+            for _ in signals.forever() {
+                seen += 1;
+                if seen >= 2 {
+                    for e in isolane_gpu::mps::shutdown_all() {
+                        eprintln!("isolane: stopping the MPS daemon: {e}");
+                    }
+                    std::process::exit(i32::from(EXIT_INTERRUPTED));
+                }
+            }
+        })
+        .context("starting the signal thread")?;
     Ok(stop)
 }
 
@@ -184,13 +201,96 @@ fn refuse_cuda_models(s: &Scenario, file: &str) -> anyhow::Result<()> {
 /// Admission control before a run starts anything (the same check as `isolane plan`): on the
 /// CPU there is nothing to partition; on a GPU every workload's partition must fit the device
 /// of this machine, or the run is refused with one reason per workload (exit 2).
-pub fn admit_or_refuse(scenario: &Scenario, file: &str) -> anyhow::Result<()> {
+///
+/// Returns the admitted plan (`None` on the CPU).
+pub fn admit_or_refuse(
+    scenario: &Scenario,
+    file: &str,
+) -> anyhow::Result<Option<isolane_core::admission::Plan>> {
     if scenario.device.backend != Backend::Cuda {
-        return Ok(());
+        return Ok(None);
     }
     let device = detected_device_model(scenario.device.gpu)?;
     let options = isolane_core::admission::AdmissionOptions::default();
     isolane_core::admission::admit(scenario, &device, &memory_estimates_mib(scenario), &options)
-        .map(|_| ())
+        .map(Some)
         .map_err(|rejections| user(plan::rejection_text(file, &device, &rejections)))
+}
+
+/// Flags of the commands that set partitions up.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PartitionFlags {
+    /// mig: create the planned GPU/compute instances (MIG mode must already be on; they are
+    /// destroyed afterwards). Changes the GPU's layout for every user while the run lasts.
+    #[arg(long)]
+    pub allow_mig_reconfigure: bool,
+    /// mps: use an MPS daemon that is already running for this GPU instead of refusing (it is
+    /// left running afterwards).
+    #[arg(long)]
+    pub join_mps: bool,
+}
+
+/// Runs `plan` inside the admitted partitions: sets them up (green groups, our MPS daemon, MIG
+/// instances), hands each workload its partition (a green stream through
+/// [`crate::partition_streams`], worker environments for MPS and MIG), and takes them down
+/// after every workload has ended. Returns the run and what each workload got.
+pub fn run_partitioned(
+    scenario: &Scenario,
+    admitted: Option<&isolane_core::admission::Plan>,
+    flags: &PartitionFlags,
+    plan: &isolane_runtime::coordinator::RunPlan,
+    mut opts: isolane_runtime::coordinator::RunOptions,
+    progress: &mut dyn FnMut(&isolane_runtime::coordinator::Progress),
+) -> anyhow::Result<(
+    isolane_runtime::coordinator::RunResult,
+    Vec<isolane_gpu::PartitionRecord>,
+)> {
+    let Some(admitted) = admitted else {
+        return Ok((
+            isolane_runtime::coordinator::run(plan, &opts, progress)?,
+            Vec::new(),
+        ));
+    };
+    let mig_backend = match admitted.mechanism {
+        isolane_core::spec::Mechanism::Mig => Some(isolane_gpu::mig::nvml::NvmlMig::new()?),
+        _ => None,
+    };
+    let options = isolane_gpu::SessionOptions {
+        mps: isolane_gpu::MpsOptions {
+            join_existing: flags.join_mps,
+            ..Default::default()
+        },
+        allow_mig_reconfigure: flags.allow_mig_reconfigure,
+    };
+    let mut session = isolane_gpu::PartitionSession::set_up(
+        scenario.device.gpu,
+        admitted,
+        &options,
+        mig_backend
+            .as_ref()
+            .map(|b| b as &dyn isolane_gpu::mig::MigBackend),
+    )
+    .map_err(|e| {
+        if e.is_user_error() {
+            user(e)
+        } else {
+            anyhow::Error::new(e)
+        }
+    })?;
+    for w in &scenario.workloads {
+        if let Some(group) = session.take_green_group(&w.name) {
+            crate::partition_streams::offer(&w.name, group);
+        }
+    }
+    opts.worker_env = session.worker_env().clone();
+    let adopt = session.client_adopter();
+    opts.on_worker_start = Some(Arc::new(move |_name: &str, pid: u32| adopt(pid)));
+    let records = session.records().to_vec();
+    let result = isolane_runtime::coordinator::run(plan, &opts, progress);
+    // Groups no workload took (a failed build) go before the session ends.
+    crate::partition_streams::clear();
+    let finished = session.finish();
+    let result = result?;
+    finished?;
+    Ok((result, records))
 }

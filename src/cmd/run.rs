@@ -34,11 +34,13 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    #[command(flatten)]
+    pub partitions: super::PartitionFlags,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = super::load_scenario(args.scenario.as_deref())?;
-    super::admit_or_refuse(&scenario, &scenario_name)?;
+    let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let plan = RunPlan::from_scenario(&scenario);
     preflight(&plan)?;
     let toml = scenario
@@ -50,7 +52,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     let stop = super::install_stop_handler()?;
     let started_at = chrono::Utc::now();
     let view = ProgressView::new(args.quiet);
-    let result = coordinator::run(&plan, &RunOptions::new(stop), &mut |p| view.update(p))?;
+    let telemetry = super::telemetry::start(&scenario);
+    let (result, partitions) = super::run_partitioned(
+        &scenario,
+        admitted.as_ref(),
+        &args.partitions,
+        &plan,
+        RunOptions::new(stop),
+        &mut |p| view.update(p),
+    )?;
     view.finish();
 
     let info = RunInfo {
@@ -58,8 +68,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         started_at,
         scenario: scenario_name,
     };
-    let summary = results::summarize_run(&info, &plan.workloads, &result);
-    write_run_files(&out, &summary, &result)?;
+    let mut summary = results::summarize_run(&info, &plan.workloads, &result);
+    super::telemetry::finish(telemetry, &out, &result, &mut summary);
+    write_run_files(&out, &summary, &result, &partitions)?;
     println!("{}", results_table(&summary));
     report_failures(&summary);
     println!("results: {}", out.display());
@@ -89,11 +100,23 @@ pub fn prepare_out(out: Option<&Path>, force: bool) -> anyhow::Result<PathBuf> {
 
 /// jobs/<workload>.csv for every workload, then summary.json last: its presence means the rest
 /// is complete.
-pub fn write_run_files(out: &Path, summary: &RunSummary, result: &RunResult) -> anyhow::Result<()> {
+/// `partitions`: what each workload's partition was (GPU runs; empty on the CPU).
+pub fn write_run_files(
+    out: &Path,
+    summary: &RunSummary,
+    result: &RunResult,
+    partitions: &[isolane_gpu::PartitionRecord],
+) -> anyhow::Result<()> {
     for w in &result.workloads {
         output::write_jobs_csv(out, &w.name, &w.records)?;
     }
-    let value = serde_json::to_value(summary).context("encoding summary.json")?;
+    let mut value = serde_json::to_value(summary).context("encoding summary.json")?;
+    if let (false, Some(obj)) = (partitions.is_empty(), value.as_object_mut()) {
+        obj.insert(
+            "partitions".into(),
+            serde_json::to_value(partitions).context("encoding partitions")?,
+        );
+    }
     output::write_json(&out.join("summary.json"), &value)?;
     Ok(())
 }

@@ -1,11 +1,36 @@
 //! isolane-report: tables, CSV/JSON, SVG plots, the HTML report.
 //!
 //! Tables are plain text (comfy-table) so that they read the same in a terminal, a CI log and a
-//! file.
+//! file. The HTML report (`isolane report`, docs/report.md) reads results folders back
+//! (`data`), draws SVG charts (`plot`) and assembles one self-contained page (`html`).
+
+pub mod data;
+pub mod html;
+pub mod plot;
+
+use std::path::PathBuf;
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use isolane_core::metrics::WorkloadMetrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// A folder that is not results, or a results file that cannot be read: the user's.
+    #[error(transparent)]
+    Data(#[from] data::DataError),
+    #[error("drawing a chart: {0}")]
+    Draw(String),
+}
+
+/// Reads every folder and renders the HTML report.
+pub fn render_report(dirs: &[PathBuf], title: &str) -> Result<String, ReportError> {
+    let loaded = dirs
+        .iter()
+        .map(|d| data::load(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    html::render(&loaded, title).map_err(ReportError::Draw)
+}
 
 /// `1.234` with `digits` decimals, or `-` for a statistic that does not exist (no jobs).
 pub fn num(v: Option<f64>, digits: usize) -> String {

@@ -12,6 +12,7 @@ pub mod protocol;
 pub mod release;
 pub mod results;
 pub mod schedule;
+pub mod sweep;
 pub mod worker;
 
 pub use coordinator::{

@@ -45,6 +45,9 @@ pub const OUTPUT_FILES: &[&str] = &[
     "isolation.csv",
     "maxrate.json",
     "maxrate_trace.csv",
+    "telemetry.csv",
+    "sweep.json",
+    "report.html",
 ];
 
 /// Makes the directory a run writes into.

@@ -60,6 +60,9 @@ pub struct RunSummary {
     /// From t0 to the end of the last workload.
     pub wall_s: f64,
     pub workloads: Vec<WorkloadSummary>,
+    /// Device telemetry over the run (isolane-telemetry's summary), when it was sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<serde_json::Value>,
 }
 
 /// The wall time a workload's throughput is measured over.
@@ -152,5 +155,6 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
         t0_monotonic_ns: result.t0_ns,
         wall_s: result.wall_s,
         workloads,
+        telemetry: None,
     }
 }

@@ -1,0 +1,151 @@
+//! isolane's CUDA backend.
+//!
+//! A model is planned once per (graph, batch, precision) — [`plan`] on the CPU: BatchNorm
+//! folded and epilogues fused by the engine's passes, one step per node, view ops aliased,
+//! every activation packed into one arena by liveness — then built on the GPU: convolutions
+//! through cuDNN (algorithm benchmarked at build time), matrix products through cuBLASLt (bias
+//! and ReLU as epilogues, algorithm benchmarked), NVRTC kernels for the rest (cached on disk),
+//! and the whole forward, input and output copies included, captured as one CUDA graph. A job
+//! is one `cuGraphLaunch` and one `cuStreamSynchronize`.
+//!
+//! Every kernel, cuDNN's and cuBLASLt's included, runs on the stream the backend was given, so
+//! a green-context stream confines the whole model to that context's SMs
+//! ([`CudaBackend::with_stream`]).
+
+pub mod convert;
+pub mod kernels;
+pub mod libs;
+mod model;
+pub mod plan;
+
+use std::sync::Arc;
+
+use cudarc::driver::sys as cu;
+use isolane_engine::{passes, Backend, CompiledModel, EngineError, Graph, Precision, Result};
+
+pub use model::{CudaModel, MemoryReport};
+
+/// A stream the backend created itself (on the device's primary context), destroyed last.
+struct OwnedStream {
+    stream: cu::CUstream,
+    _primary: isolane_gpu::driver::PrimaryContext,
+}
+
+// SAFETY: the stream handle may be used from any thread; it is destroyed once, in Drop.
+unsafe impl Send for OwnedStream {}
+// SAFETY: shared access only reads the handle.
+unsafe impl Sync for OwnedStream {}
+
+impl Drop for OwnedStream {
+    fn drop(&mut self) {
+        // SAFETY: created in CudaBackend::new and destroyed once; models that used it hold an
+        // Arc to this struct (through the backend) only as long as the backend lives, and the
+        // driver keeps the stream's pending work running to completion after destruction.
+        unsafe {
+            cu::cuStreamDestroy_v2(self.stream);
+        }
+    }
+}
+
+/// The `cuda` backend: compiles graphs into [`CudaModel`]s that run on one stream.
+#[derive(Clone)]
+pub struct CudaBackend {
+    ctx: cu::CUcontext,
+    stream: cu::CUstream,
+    _owned: Option<Arc<OwnedStream>>,
+}
+
+// SAFETY: the backend holds driver handles only (a context and a stream), which the driver
+// lets any thread use; compiling makes the context current on the calling thread.
+unsafe impl Send for CudaBackend {}
+// SAFETY: shared access only copies the handle values.
+unsafe impl Sync for CudaBackend {}
+
+impl CudaBackend {
+    /// A backend on device `index`'s primary context with a stream of its own.
+    pub fn new(index: u32) -> Result<CudaBackend> {
+        libs::ensure_all().map_err(EngineError::Runtime)?;
+        let rt = |e: isolane_gpu::GpuError| EngineError::Runtime(e.to_string());
+        isolane_gpu::driver::init().map_err(rt)?;
+        let dev = isolane_gpu::driver::device(index).map_err(rt)?;
+        let primary = isolane_gpu::driver::PrimaryContext::retain(dev).map_err(rt)?;
+        let ctx = primary.raw();
+        model::make_current(ctx)?;
+        let mut stream: cu::CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the primary context is current.
+        model::cu_check("cuStreamCreate", unsafe {
+            cu::cuStreamCreate(
+                &mut stream,
+                cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        })?;
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            _owned: Some(Arc::new(OwnedStream {
+                stream,
+                _primary: primary,
+            })),
+        })
+    }
+
+    /// A backend that runs everything on the caller's `stream` in `ctx` — e.g. a green
+    /// context's (`GreenGroup::context()`, `GreenGroup::stream()`), which confines every
+    /// kernel of every model compiled here to that group's SMs.
+    ///
+    /// # Safety
+    /// `ctx` and `stream` must be valid, `stream` must belong to `ctx`, and both must outlive
+    /// the backend and every model compiled with it.
+    pub unsafe fn with_stream(ctx: cu::CUcontext, stream: cu::CUstream) -> Result<CudaBackend> {
+        libs::ensure_all().map_err(EngineError::Runtime)?;
+        isolane_gpu::driver::init().map_err(|e| EngineError::Runtime(e.to_string()))?;
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            _owned: None,
+        })
+    }
+
+    /// The context models are built in.
+    pub fn context(&self) -> cu::CUcontext {
+        self.ctx
+    }
+
+    /// The stream every model runs on.
+    pub fn stream(&self) -> cu::CUstream {
+        self.stream
+    }
+
+    /// Compiles to the concrete model type (memory report, async launch).
+    pub fn compile_cuda(&self, graph: &Graph, batch: usize, precision: Precision) -> Result<CudaModel> {
+        if batch == 0 {
+            return Err(EngineError::InvalidArgument("batch must be at least 1".into()));
+        }
+        let g = passes::optimize(graph, batch)?;
+        // ISOLANE_CUDA_LAYOUT=nchw keeps every activation NCHW (for comparisons).
+        let opts = plan::PlanOptions {
+            channels_last: std::env::var("ISOLANE_CUDA_LAYOUT").map_or(true, |v| v != "nchw"),
+        };
+        let p = plan::plan_with(&g, batch, precision, opts)?;
+        CudaModel::build(
+            p,
+            &model::Target {
+                ctx: self.ctx,
+                stream: self.stream,
+                keep: self
+                    ._owned
+                    .clone()
+                    .map(|o| o as Arc<dyn std::any::Any + Send + Sync>),
+            },
+        )
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+    fn compile(&self, graph: &Graph, batch: usize, precision: Precision) -> Result<Box<dyn CompiledModel>> {
+        Ok(Box::new(self.compile_cuda(graph, batch, precision)?))
+    }
+}

@@ -1,0 +1,1716 @@
+//! The GPU side: device buffers, cuDNN / cuBLASLt descriptors, the NVRTC module, the captured
+//! CUDA graph, and [`CudaModel`], the [`CompiledModel`] that replays it.
+
+use std::ffi::{c_void, CStr, CString};
+use std::time::Instant;
+
+use cudarc::cublaslt::sys as lt;
+use cudarc::cudnn::sys as dnn;
+use cudarc::driver::sys as cu;
+use cudarc::nvrtc::sys as rtc;
+use isolane_engine::ir::Unary;
+use isolane_engine::{CompiledModel, EngineError, Precision, Result};
+
+use crate::convert::push_converted;
+use crate::kernels::{self, BLOCK, KERNEL_NAMES};
+use crate::plan::{act_code, binary_code, ConvStep, DType, Loc, Plan, StepKind, Strided, MAX_RANK};
+
+// ---------------------------------------------------------------------------------------------
+// Error plumbing: every library call is checked and named.
+
+pub(crate) fn cu_check(call: &str, r: cu::CUresult) -> Result<()> {
+    if r == cu::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(EngineError::Runtime(format!("{call}: {r:?}")))
+    }
+}
+
+fn dnn_check(call: &str, r: dnn::cudnnStatus_t) -> Result<()> {
+    if r == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: cudnnGetErrorString returns a static NUL-terminated string for any status.
+    let msg = unsafe { CStr::from_ptr(dnn::cudnnGetErrorString(r)) }.to_string_lossy();
+    Err(EngineError::Runtime(format!("{call}: {r:?} ({msg})")))
+}
+
+fn lt_check(call: &str, r: lt::cublasStatus_t) -> Result<()> {
+    if r == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(EngineError::Runtime(format!("{call}: {r:?}")))
+    }
+}
+
+fn rtc_check(call: &str, r: rtc::nvrtcResult) -> Result<()> {
+    if r == rtc::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(EngineError::Runtime(format!("{call}: {r:?}")))
+    }
+}
+
+/// Makes `ctx` current on this thread if it is not already (cheap: no allocation).
+pub(crate) fn make_current(ctx: cu::CUcontext) -> Result<()> {
+    let mut cur: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; libcuda is loaded before any model exists.
+    cu_check("cuCtxGetCurrent", unsafe { cu::cuCtxGetCurrent(&mut cur) })?;
+    if cur != ctx {
+        // SAFETY: ctx is a live context owned by the backend the caller built the model with.
+        cu_check("cuCtxSetCurrent", unsafe { cu::cuCtxSetCurrent(ctx) })?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel arguments (layouts match the structs in the NVRTC source).
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Space {
+    rank: i32,
+    dims: [i64; MAX_RANK],
+    s0: [i64; MAX_RANK],
+    s1: [i64; MAX_RANK],
+    s2: [i64; MAX_RANK],
+}
+
+impl Space {
+    fn from(s: &Strided) -> Space {
+        let mut sp = Space {
+            rank: s.dims.len() as i32,
+            ..Default::default()
+        };
+        for d in 0..s.dims.len() {
+            sp.dims[d] = s.dims[d] as i64;
+            sp.s0[d] = s.strides[0][d] as i64;
+            sp.s1[d] = s.strides.get(1).map_or(0, |v| v[d] as i64);
+            sp.s2[d] = s.strides.get(2).map_or(0, |v| v[d] as i64);
+        }
+        sp
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct PoolP {
+    v: [i32; 16],
+    xs: [i64; 4],
+    ys: [i64; 4],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DwP {
+    v: [i32; 16],
+    p0: f32,
+    p1: f32,
+    xs: [i64; 4],
+    ys: [i64; 4],
+}
+
+fn strides4(shape: &[usize; 4], nhwc: bool) -> [i64; 4] {
+    let s = crate::plan::phys_strides(shape, nhwc);
+    [s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64]
+}
+
+#[derive(Clone, Debug)]
+enum Arg {
+    Ptr(u64),
+    I64(i64),
+    I32(i32),
+    F32(f32),
+    Space(Box<Space>),
+    Pool(Box<PoolP>),
+    Dw(Box<DwP>),
+}
+
+impl Arg {
+    fn as_ptr(&self) -> *mut c_void {
+        match self {
+            Arg::Ptr(v) => v as *const u64 as *mut c_void,
+            Arg::I64(v) => v as *const i64 as *mut c_void,
+            Arg::I32(v) => v as *const i32 as *mut c_void,
+            Arg::F32(v) => v as *const f32 as *mut c_void,
+            Arg::Space(b) => &**b as *const Space as *mut c_void,
+            Arg::Pool(b) => &**b as *const PoolP as *mut c_void,
+            Arg::Dw(b) => &**b as *const DwP as *mut c_void,
+        }
+    }
+}
+
+/// One thing issued on the stream, with every pointer resolved.
+#[derive(Debug)]
+enum Launch {
+    Kernel {
+        func: usize,
+        grid: u32,
+        block: u32,
+        args: Vec<Arg>,
+    },
+    Conv {
+        conv: usize,
+        x: u64,
+        w: u64,
+        y: u64,
+    },
+    Matmul {
+        mm: usize,
+        a: u64,
+        b: u64,
+        y: u64,
+    },
+    HtoD {
+        dst: u64,
+        src: *const c_void,
+        bytes: usize,
+    },
+    DtoH {
+        dst: *mut c_void,
+        src: u64,
+        bytes: usize,
+    },
+}
+
+struct ConvDesc {
+    x: dnn::cudnnTensorDescriptor_t,
+    w: dnn::cudnnFilterDescriptor_t,
+    conv: dnn::cudnnConvolutionDescriptor_t,
+    y: dnn::cudnnTensorDescriptor_t,
+    algo: dnn::cudnnConvolutionFwdAlgo_t,
+    workspace: usize,
+}
+
+struct MatmulDesc {
+    desc: lt::cublasLtMatmulDesc_t,
+    a: lt::cublasLtMatrixLayout_t,
+    b: lt::cublasLtMatrixLayout_t,
+    d: lt::cublasLtMatrixLayout_t,
+    algo: lt::cublasLtMatmulAlgo_t,
+    workspace: usize,
+}
+
+/// Device memory of one loaded model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Constants (weights, biases) in the device dtype.
+    pub weights_bytes: usize,
+    /// The activation arena (graph input/output staging included).
+    pub arena_bytes: usize,
+    /// Scratch shared by cuDNN and cuBLASLt.
+    pub workspace_bytes: usize,
+    /// The three above.
+    pub total_bytes: usize,
+    /// Free device memory before compiling minus after (handles, module, graph and the
+    /// allocator's rounding included; other users of the device can disturb it).
+    pub device_delta_bytes: usize,
+}
+
+/// Everything that a compile needs from its backend.
+pub(crate) struct Target {
+    pub ctx: cu::CUcontext,
+    pub stream: cu::CUstream,
+    /// Keeps a backend-owned stream alive as long as the model.
+    pub keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+/// A model compiled for the GPU: one CUDA graph replayed per `run()`.
+pub struct CudaModel {
+    ctx: cu::CUcontext,
+    stream: cu::CUstream,
+    precision: Precision,
+    weights: u64,
+    arena: u64,
+    workspace: u64,
+    mem: MemoryReport,
+    host_in: Vec<(*mut f32, usize)>,
+    host_out: Vec<(*mut f32, usize)>,
+    in_shapes: Vec<Vec<usize>>,
+    out_shapes: Vec<Vec<usize>>,
+    module: cu::CUmodule,
+    funcs: Vec<cu::CUfunction>,
+    cudnn: dnn::cudnnHandle_t,
+    cublaslt: lt::cublasLtHandle_t,
+    convs: Vec<ConvDesc>,
+    mms: Vec<MatmulDesc>,
+    launches: Vec<Launch>,
+    /// The step each launch belongs to (for profiles).
+    names: Vec<String>,
+    graph: cu::CUgraph,
+    exec: cu::CUgraphExec,
+    /// The forward alone (no input/output copies), for measuring device time.
+    compute_graph: cu::CUgraph,
+    compute_exec: cu::CUgraphExec,
+    steps: usize,
+    plan_ms: f64,
+    _keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+// SAFETY: every raw handle and pointer here is owned by this struct (device buffers, pinned
+// host buffers, library handles, the graph); the driver and libraries allow their use from any
+// thread as long as calls on one handle are not concurrent, which `&mut self` on `run`
+// guarantees. The context is made current on whichever thread calls.
+unsafe impl Send for CudaModel {}
+
+fn dev_alloc(bytes: usize) -> Result<u64> {
+    let mut p: cu::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer, a context is current (set by the caller).
+    cu_check("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut p, bytes.max(256)) })?;
+    Ok(p)
+}
+
+fn free_mem() -> Result<usize> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers, a context is current.
+    cu_check("cuMemGetInfo", unsafe {
+        cu::cuMemGetInfo_v2(&mut free, &mut total)
+    })?;
+    Ok(free)
+}
+
+fn device_arch() -> Result<(i32, i32)> {
+    let mut dev: cu::CUdevice = 0;
+    // SAFETY: valid out-pointer, a context is current.
+    cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: valid out-pointers and device.
+    unsafe {
+        cu_check(
+            "cuDeviceGetAttribute",
+            cu::cuDeviceGetAttribute(
+                &mut major,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                dev,
+            ),
+        )?;
+        cu_check(
+            "cuDeviceGetAttribute",
+            cu::cuDeviceGetAttribute(
+                &mut minor,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                dev,
+            ),
+        )?;
+    }
+    Ok((major, minor))
+}
+
+/// Compiles (or loads from the disk cache) the kernels for `dtype` and returns the cubin.
+fn kernel_cubin(dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
+    let src = kernels::source(dtype);
+    let arch_s = format!("sm_{}{}", arch.0, arch.1);
+    let options = vec![format!("--gpu-architecture={arch_s}"), "-default-device".to_string()];
+    let (mut vmaj, mut vmin) = (0, 0);
+    // SAFETY: valid out-pointers; libnvrtc is loaded (libs::ensure_all ran before).
+    rtc_check("nvrtcVersion", unsafe { rtc::nvrtcVersion(&mut vmaj, &mut vmin) })?;
+    let key = kernels::cache_key(&src, &arch_s, (vmaj, vmin), &options);
+    let dir = kernels::cache_dir();
+    if let Some(d) = &dir {
+        if let Some(c) = kernels::cache_read(d, &key) {
+            return Ok(c);
+        }
+    }
+    let csrc = CString::new(src).map_err(|e| EngineError::Runtime(e.to_string()))?;
+    let name = CString::new("isolane_kernels.cu").expect("static name has no NUL");
+    let copts: Vec<CString> = options
+        .iter()
+        .map(|o| CString::new(o.as_str()).expect("options have no NUL"))
+        .collect();
+    let popts: Vec<*const std::ffi::c_char> = copts.iter().map(|c| c.as_ptr()).collect();
+    let mut prog: rtc::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: the source and name strings outlive the program; no headers are passed.
+    rtc_check("nvrtcCreateProgram", unsafe {
+        rtc::nvrtcCreateProgram(
+            &mut prog,
+            csrc.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    })?;
+    // SAFETY: prog is live; the option pointers are valid NUL-terminated strings.
+    let r = unsafe { rtc::nvrtcCompileProgram(prog, popts.len() as i32, popts.as_ptr()) };
+    let result = (|| {
+        if r != rtc::nvrtcResult::NVRTC_SUCCESS {
+            let mut n = 0usize;
+            // SAFETY: prog is live; the log buffer has the size NVRTC reported.
+            let log = unsafe {
+                rtc::nvrtcGetProgramLogSize(prog, &mut n);
+                let mut buf = vec![0u8; n.max(1)];
+                rtc::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut std::ffi::c_char);
+                String::from_utf8_lossy(&buf).trim_end_matches('\0').to_string()
+            };
+            return Err(EngineError::Runtime(format!(
+                "nvrtcCompileProgram: {r:?}: {log}"
+            )));
+        }
+        let mut n = 0usize;
+        // SAFETY: prog compiled; the buffer has the size NVRTC reported.
+        unsafe {
+            rtc_check("nvrtcGetCUBINSize", rtc::nvrtcGetCUBINSize(prog, &mut n))?;
+            let mut buf = vec![0u8; n];
+            rtc_check(
+                "nvrtcGetCUBIN",
+                rtc::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char),
+            )?;
+            Ok(buf)
+        }
+    })();
+    // SAFETY: prog was created above and is destroyed once.
+    unsafe { rtc::nvrtcDestroyProgram(&mut prog) };
+    let cubin = result?;
+    if let Some(d) = &dir {
+        kernels::cache_write(d, &key, &cubin);
+    }
+    Ok(cubin)
+}
+
+fn dnn_dtype(d: DType) -> dnn::cudnnDataType_t {
+    match d {
+        DType::F32 => dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+        DType::F16 => dnn::cudnnDataType_t::CUDNN_DATA_HALF,
+        DType::Bf16 => dnn::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+    }
+}
+
+fn lt_dtype(d: DType) -> lt::cudaDataType {
+    match d {
+        DType::F32 => lt::cudaDataType::CUDA_R_32F,
+        DType::F16 => lt::cudaDataType::CUDA_R_16F,
+        DType::Bf16 => lt::cudaDataType::CUDA_R_16BF,
+    }
+}
+
+fn elementwise_grid(n: usize) -> u32 {
+    (n.div_ceil(BLOCK as usize)).clamp(1, 8192) as u32
+}
+
+fn reduce_block(len: usize) -> u32 {
+    if len >= 1024 {
+        512
+    } else if len >= 256 {
+        256
+    } else if len > 64 {
+        128
+    } else {
+        64
+    }
+}
+
+struct Events {
+    a: cu::CUevent,
+    b: cu::CUevent,
+}
+
+impl Events {
+    fn new() -> Result<Events> {
+        let (mut a, mut b) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid out-pointers, a context is current.
+        unsafe {
+            cu_check("cuEventCreate", cu::cuEventCreate(&mut a, 0))?;
+            cu_check("cuEventCreate", cu::cuEventCreate(&mut b, 0))?;
+        }
+        Ok(Events { a, b })
+    }
+    /// Milliseconds between two records on `stream` around `f`.
+    fn time(&self, stream: cu::CUstream, f: &mut dyn FnMut() -> Result<()>) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: events and stream are live.
+        unsafe {
+            cu_check("cuEventRecord", cu::cuEventRecord(self.a, stream))?;
+            f()?;
+            cu_check("cuEventRecord", cu::cuEventRecord(self.b, stream))?;
+            cu_check("cuEventSynchronize", cu::cuEventSynchronize(self.b))?;
+            cu_check(
+                "cuEventElapsedTime",
+                cu::cuEventElapsedTime_v2(&mut ms, self.a, self.b),
+            )?;
+        }
+        Ok(ms)
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        unsafe {
+            cu::cuEventDestroy_v2(self.a);
+            cu::cuEventDestroy_v2(self.b);
+        }
+    }
+}
+
+impl CudaModel {
+    pub(crate) fn build(plan: Plan, target: &Target) -> Result<CudaModel> {
+        let t0 = Instant::now();
+        make_current(target.ctx)?;
+        let free_before = free_mem()?;
+        let arch = device_arch()?;
+        let dtype = plan.dtype;
+        let es = dtype.size();
+
+        let mut m = CudaModel {
+            ctx: target.ctx,
+            stream: target.stream,
+            precision: plan.precision,
+            weights: 0,
+            arena: 0,
+            workspace: 0,
+            mem: MemoryReport::default(),
+            host_in: Vec::new(),
+            host_out: Vec::new(),
+            in_shapes: plan.inputs.iter().map(|i| i.shape.clone()).collect(),
+            out_shapes: plan.outputs.iter().map(|o| o.shape.clone()).collect(),
+            module: std::ptr::null_mut(),
+            funcs: Vec::new(),
+            cudnn: std::ptr::null_mut(),
+            cublaslt: std::ptr::null_mut(),
+            convs: Vec::new(),
+            mms: Vec::new(),
+            launches: Vec::new(),
+            names: Vec::new(),
+            graph: std::ptr::null_mut(),
+            exec: std::ptr::null_mut(),
+            compute_graph: std::ptr::null_mut(),
+            compute_exec: std::ptr::null_mut(),
+            steps: plan.steps.len(),
+            plan_ms: 0.0,
+            _keep: target.keep.clone(),
+        };
+
+        // Weights: converted on the host, uploaded once.
+        let (const_offs, const_bytes) = plan.const_layout();
+        let mut host = Vec::with_capacity(const_bytes);
+        for (i, (c, &off)) in plan.consts.iter().zip(&const_offs).enumerate() {
+            host.resize(off, 0);
+            if plan.filter_nhwc.contains(&i) && c.shape.len() == 4 {
+                // [M, C/g, kh, kw] → [M, kh, kw, C/g] (cuDNN's NHWC filter layout).
+                let [m_, cg, kh, kw] = [c.shape[0], c.shape[1], c.shape[2], c.shape[3]];
+                let mut t = vec![0f32; c.data.len()];
+                for o in 0..m_ {
+                    for ci in 0..cg {
+                        for a in 0..kh {
+                            for b in 0..kw {
+                                t[((o * kh + a) * kw + b) * cg + ci] = c.data[((o * cg + ci) * kh + a) * kw + b];
+                            }
+                        }
+                    }
+                }
+                push_converted(&mut host, &t, dtype);
+            } else {
+                push_converted(&mut host, &c.data, dtype);
+            }
+        }
+        host.resize(const_bytes, 0);
+        m.weights = dev_alloc(const_bytes)?;
+        // SAFETY: the device buffer holds const_bytes; host is const_bytes long; synchronous.
+        cu_check("cuMemcpyHtoD", unsafe {
+            cu::cuMemcpyHtoD_v2(m.weights, host.as_ptr() as *const c_void, const_bytes)
+        })?;
+        drop(host);
+        m.arena = dev_alloc(plan.arena_bytes)?;
+        // Poison the arena once so that a read of unwritten memory shows up as NaN in tests
+        // (0xff bytes are NaN in f32, f16 and bf16).
+        // SAFETY: the arena holds arena_bytes; synchronous memset.
+        cu_check("cuMemsetD8", unsafe {
+            cu::cuMemsetD8_v2(m.arena, 0xff, plan.arena_bytes)
+        })?;
+
+        let (arena_base, weights_base) = (m.arena, m.weights);
+        let ptr = |l: Loc| -> u64 {
+            match l {
+                Loc::Storage { id, offset } => {
+                    arena_base + plan.storages[id].offset as u64 + (offset * es) as u64
+                }
+                Loc::Const { id, offset } => {
+                    weights_base + const_offs[id] as u64 + (offset * es) as u64
+                }
+            }
+        };
+        let staging = |id: usize| arena_base + plan.storages[id].offset as u64;
+
+        // Pinned host buffers for inputs and outputs.
+        for io in &plan.inputs {
+            let n: usize = io.shape.iter().product();
+            m.host_in.push((pinned(n)?, n));
+        }
+        for io in &plan.outputs {
+            let n: usize = io.shape.iter().product();
+            m.host_out.push((pinned(n)?, n));
+        }
+
+        // Kernels.
+        let cubin = kernel_cubin(dtype, arch)?;
+        // SAFETY: cubin is a complete ELF image produced by NVRTC for this device's arch.
+        cu_check("cuModuleLoadData", unsafe {
+            cu::cuModuleLoadData(&mut m.module, cubin.as_ptr() as *const c_void)
+        })?;
+        for name in KERNEL_NAMES {
+            let c = CString::new(*name).expect("kernel names have no NUL");
+            let mut f: cu::CUfunction = std::ptr::null_mut();
+            // SAFETY: module is loaded; c is NUL-terminated.
+            cu_check("cuModuleGetFunction", unsafe {
+                cu::cuModuleGetFunction(&mut f, m.module, c.as_ptr())
+            })?;
+            m.funcs.push(f);
+        }
+        let func = |name: &str| -> usize {
+            KERNEL_NAMES
+                .iter()
+                .position(|k| *k == name)
+                .expect("kernel name is in KERNEL_NAMES")
+        };
+
+        // Library handles, bound to our stream.
+        // SAFETY: valid out-pointers; the context is current. cudnnSetStream makes every cuDNN
+        // kernel launch on the caller's stream (and so inside its green context).
+        unsafe {
+            dnn_check("cudnnCreate", dnn::cudnnCreate(&mut m.cudnn))?;
+            dnn_check(
+                "cudnnSetStream",
+                dnn::cudnnSetStream(m.cudnn, m.stream as dnn::cudaStream_t),
+            )?;
+            lt_check("cublasLtCreate", lt::cublasLtCreate(&mut m.cublaslt))?;
+        }
+
+        // The workspace may take at most half the arena: total memory stays within
+        // weights + 1.5 × arena. Algorithms that need more are not considered.
+        let ws_cap = plan.arena_bytes / 2;
+        let scratch = dev_alloc(ws_cap)?;
+        let events = Events::new()?;
+
+        let mut conv_cache: Vec<(ConvKey, usize)> = Vec::new();
+        let mut mm_cache: Vec<(MmKey, usize)> = Vec::new();
+
+        // HtoD of the inputs.
+        for (i, io) in plan.inputs.iter().enumerate() {
+            m.launches.push(Launch::HtoD {
+                dst: staging(io.staging),
+                src: m.host_in[i].0 as *const c_void,
+                bytes: m.host_in[i].1 * 4,
+            });
+        }
+        let plan_result: Result<()> = (|| {
+            let mut prev = String::from("input copy");
+            for step in &plan.steps {
+                let err = |e: EngineError| match e {
+                    EngineError::Runtime(s) => {
+                        EngineError::Runtime(format!("node `{}`: {s}", step.name))
+                    }
+                    other => other,
+                };
+                while m.names.len() < m.launches.len() {
+                    m.names.push(prev.clone());
+                }
+                prev = step.name.clone();
+                match &step.kind {
+                    StepKind::CastIn { x, y, n } => m.launches.push(Launch::Kernel {
+                        func: func("cast_in"),
+                        grid: elementwise_grid(*n),
+                        block: BLOCK,
+                        args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
+                    }),
+                    StepKind::CastOut { x, y, n } => m.launches.push(Launch::Kernel {
+                        func: func("cast_out"),
+                        grid: elementwise_grid(*n),
+                        block: BLOCK,
+                        args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
+                    }),
+                    StepKind::Conv(c) => {
+                        let key = ConvKey::of(c);
+                        let idx = match conv_cache.iter().find(|(k, _)| *k == key) {
+                            Some((_, i)) => *i,
+                            None => {
+                                let d = conv_desc(&m, c, dtype, plan.precision, &ptr, scratch, ws_cap)
+                                    .map_err(err)?;
+                                m.convs.push(d);
+                                conv_cache.push((key, m.convs.len() - 1));
+                                m.convs.len() - 1
+                            }
+                        };
+                        m.launches.push(Launch::Conv {
+                            conv: idx,
+                            x: ptr(c.x),
+                            w: ptr(c.w),
+                            y: ptr(c.y),
+                        });
+                        if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
+                            let n: usize = c.y_shape.iter().product();
+                            let inner = if c.nhwc { 1 } else { c.y_shape[2] * c.y_shape[3] };
+                            m.launches.push(pointwise_launch(
+                                func("pointwise"),
+                                ptr(c.y),
+                                ptr(c.y),
+                                c.bias.map(&ptr),
+                                c.residual.map(&ptr),
+                                n,
+                                c.y_shape[1],
+                                inner,
+                                c.act,
+                            ));
+                        }
+                    }
+                    StepKind::DwConv(c) => {
+                        let (a, p0, p1) = act_code(c.act);
+                        let v = [
+                            c.x_shape[0], c.x_shape[1], c.x_shape[2], c.x_shape[3], c.y_shape[1],
+                            c.y_shape[2], c.y_shape[3], c.w_shape[2], c.w_shape[3], c.strides[0],
+                            c.strides[1], c.pads[0], c.pads[1], c.dilations[0], c.dilations[1], 0,
+                        ];
+                        let mut vi = [0i32; 16];
+                        for (d, s) in vi.iter_mut().zip(v) {
+                            *d = s as i32;
+                        }
+                        vi[15] = a;
+                        let n: usize = c.y_shape.iter().product();
+                        m.launches.push(Launch::Kernel {
+                            func: func("dwconv"),
+                            grid: elementwise_grid(n),
+                            block: BLOCK,
+                            args: vec![
+                                Arg::Ptr(ptr(c.x)),
+                                Arg::Ptr(ptr(c.w)),
+                                Arg::Ptr(c.bias.map_or(0, &ptr)),
+                                Arg::Ptr(c.residual.map_or(0, &ptr)),
+                                Arg::Ptr(ptr(c.y)),
+                                Arg::Dw(Box::new(DwP {
+                                    v: vi,
+                                    p0,
+                                    p1,
+                                    xs: strides4(&c.x_shape, c.nhwc),
+                                    ys: strides4(&c.y_shape, c.nhwc),
+                                })),
+                            ],
+                        });
+                    }
+                    StepKind::Linear {
+                        x,
+                        w,
+                        bias,
+                        y,
+                        m: mm,
+                        n,
+                        k,
+                        act,
+                    } => {
+                        let relu = matches!(act, Some(Unary::Relu));
+                        // fp16/bf16: cuBLASLt's GELU epilogue (tanh form; it differs from the
+                        // exact erf GELU by < 1e-3, far below half-precision rounding here).
+                        let gelu = matches!(act, Some(Unary::Gelu) | Some(Unary::GeluTanh))
+                            && matches!(dtype, DType::F16 | DType::Bf16)
+                            && bias.is_some()
+                            && std::env::var_os("ISOLANE_CUDA_EXACT_GELU").is_none();
+                        let key = MmKey {
+                            m: *mm,
+                            n: *n,
+                            k: *k,
+                            batch: 1,
+                            sa: 0,
+                            sb: 0,
+                            b_trans: true,
+                            linear: true,
+                            bias: bias.map(&ptr),
+                            relu,
+                            gelu,
+                        };
+                        let idx = mm_index(&mut m, &mut mm_cache, key, dtype, plan.precision, scratch, ws_cap, &events, ptr(*w), ptr(*x), ptr(*y))
+                            .map_err(err)?;
+                        m.launches.push(Launch::Matmul {
+                            mm: idx,
+                            a: ptr(*w),
+                            b: ptr(*x),
+                            y: ptr(*y),
+                        });
+                        if act.is_some() && !relu && !gelu {
+                            m.launches.push(pointwise_launch(
+                                func("pointwise"),
+                                ptr(*y),
+                                ptr(*y),
+                                None,
+                                None,
+                                mm * n,
+                                1,
+                                1,
+                                *act,
+                            ));
+                        }
+                    }
+                    StepKind::MatMul {
+                        a,
+                        b,
+                        y,
+                        batch,
+                        m: mm,
+                        n,
+                        k,
+                        a_batch_stride,
+                        b_batch_stride,
+                        b_trans,
+                    } => {
+                        let key = MmKey {
+                            m: *mm,
+                            n: *n,
+                            k: *k,
+                            batch: *batch,
+                            sa: *a_batch_stride,
+                            sb: *b_batch_stride,
+                            b_trans: *b_trans,
+                            linear: false,
+                            bias: None,
+                            relu: false,
+                            gelu: false,
+                        };
+                        let idx = mm_index(&mut m, &mut mm_cache, key, dtype, plan.precision, scratch, ws_cap, &events, ptr(*b), ptr(*a), ptr(*y))
+                            .map_err(err)?;
+                        m.launches.push(Launch::Matmul {
+                            mm: idx,
+                            a: ptr(*b),
+                            b: ptr(*a),
+                            y: ptr(*y),
+                        });
+                    }
+                    StepKind::Pointwise {
+                        x,
+                        y,
+                        bias,
+                        residual,
+                        n,
+                        channels,
+                        inner,
+                        act,
+                    } => m.launches.push(pointwise_launch(
+                        func("pointwise"),
+                        ptr(*x),
+                        ptr(*y),
+                        bias.map(&ptr),
+                        residual.map(&ptr),
+                        *n,
+                        *channels,
+                        *inner,
+                        *act,
+                    )),
+                    StepKind::Binary { a, b, y, op, space } => {
+                        let n = space.numel();
+                        m.launches.push(Launch::Kernel {
+                            func: func("binary"),
+                            grid: elementwise_grid(n),
+                            block: BLOCK,
+                            args: vec![
+                                Arg::Ptr(ptr(*a)),
+                                Arg::Ptr(ptr(*b)),
+                                Arg::Ptr(ptr(*y)),
+                                Arg::I64(n as i64),
+                                Arg::I32(binary_code(*op)),
+                                Arg::Space(Box::new(Space::from(space))),
+                            ],
+                        });
+                    }
+                    StepKind::Copy { x, y, space } => {
+                        let n = space.numel();
+                        // The output staging is f32 and so is its source when dtype is f32.
+                        m.launches.push(Launch::Kernel {
+                            func: func("copy_strided"),
+                            grid: elementwise_grid(n),
+                            block: BLOCK,
+                            args: vec![
+                                Arg::Ptr(ptr(*x)),
+                                Arg::Ptr(ptr(*y)),
+                                Arg::I64(n as i64),
+                                Arg::Space(Box::new(Space::from(space))),
+                            ],
+                        });
+                    }
+                    StepKind::LayerNorm {
+                        x,
+                        scale,
+                        bias,
+                        y,
+                        rows,
+                        cols,
+                        eps,
+                    } => m.launches.push(Launch::Kernel {
+                        func: func("layernorm"),
+                        grid: *rows as u32,
+                        block: reduce_block(*cols),
+                        args: vec![
+                            Arg::Ptr(ptr(*x)),
+                            Arg::Ptr(ptr(*y)),
+                            Arg::Ptr(ptr(*scale)),
+                            Arg::Ptr(bias.map_or(0, &ptr)),
+                            Arg::I64(*cols as i64),
+                            Arg::F32(*eps),
+                        ],
+                    }),
+                    StepKind::Softmax {
+                        x,
+                        y,
+                        outer,
+                        len,
+                        inner,
+                    } => m.launches.push(Launch::Kernel {
+                        func: func("softmax"),
+                        grid: (outer * inner) as u32,
+                        block: reduce_block(*len),
+                        args: vec![
+                            Arg::Ptr(ptr(*x)),
+                            Arg::Ptr(ptr(*y)),
+                            Arg::I64(*len as i64),
+                            Arg::I64(*inner as i64),
+                        ],
+                    }),
+                    StepKind::Pool {
+                        x,
+                        y,
+                        max,
+                        x_shape,
+                        out_hw,
+                        kernel,
+                        strides,
+                        pads,
+                        dilations,
+                        count_include_pad,
+                        nhwc,
+                    } => {
+                        let v = [
+                            x_shape[0], x_shape[1], x_shape[2], x_shape[3], out_hw[0], out_hw[1],
+                            kernel[0], kernel[1], strides[0], strides[1], pads[0], pads[1],
+                            dilations[0], dilations[1], *max as usize, *count_include_pad as usize,
+                        ];
+                        let mut vi = [0i32; 16];
+                        for (d, s) in vi.iter_mut().zip(v) {
+                            *d = s as i32;
+                        }
+                        let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+                        m.launches.push(Launch::Kernel {
+                            func: func("pool2d"),
+                            grid: elementwise_grid(n),
+                            block: BLOCK,
+                            args: vec![
+                                Arg::Ptr(ptr(*x)),
+                                Arg::Ptr(ptr(*y)),
+                                Arg::Pool(Box::new(PoolP {
+                                    v: vi,
+                                    xs: strides4(x_shape, *nhwc),
+                                    ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
+                                })),
+                            ],
+                        });
+                    }
+                    StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
+                        func: func("chan_mean"),
+                        grid: elementwise_grid(n * c),
+                        block: BLOCK,
+                        args: vec![
+                            Arg::Ptr(ptr(*x)),
+                            Arg::Ptr(ptr(*y)),
+                            Arg::I64(*n as i64),
+                            Arg::I64(*c as i64),
+                            Arg::I64(*hw as i64),
+                        ],
+                    }),
+                    StepKind::RowMean { x, y, rows, hw } => m.launches.push(Launch::Kernel {
+                        func: func("row_mean"),
+                        grid: (rows * 32).div_ceil(BLOCK as usize) as u32,
+                        block: BLOCK,
+                        args: vec![
+                            Arg::Ptr(ptr(*x)),
+                            Arg::Ptr(ptr(*y)),
+                            Arg::I64(*rows as i64),
+                            Arg::I64(*hw as i64),
+                        ],
+                    }),
+                    StepKind::AdaptivePool {
+                        x,
+                        y,
+                        x_shape,
+                        out_hw,
+                    } => {
+                        let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+                        m.launches.push(Launch::Kernel {
+                            func: func("adaptive_pool"),
+                            grid: elementwise_grid(n),
+                            block: BLOCK,
+                            args: vec![
+                                Arg::Ptr(ptr(*x)),
+                                Arg::Ptr(ptr(*y)),
+                                Arg::I32((x_shape[0] * x_shape[1]) as i32),
+                                Arg::I32(x_shape[2] as i32),
+                                Arg::I32(x_shape[3] as i32),
+                                Arg::I32(out_hw[0] as i32),
+                                Arg::I32(out_hw[1] as i32),
+                            ],
+                        });
+                    }
+                }
+            }
+            while m.names.len() < m.launches.len() {
+                m.names.push(prev.clone());
+            }
+            Ok(())
+        })();
+        // SAFETY: scratch was allocated above and is no longer used (algorithm search is over).
+        unsafe { cu::cuMemFree_v2(scratch) };
+        plan_result?;
+        for (i, io) in plan.outputs.iter().enumerate() {
+            m.names.push("output copy".into());
+            m.launches.push(Launch::DtoH {
+                dst: m.host_out[i].0 as *mut c_void,
+                src: staging(io.staging),
+                bytes: m.host_out[i].1 * 4,
+            });
+        }
+
+        // The one workspace: the largest any chosen algorithm needs.
+        let ws = m
+            .convs
+            .iter()
+            .map(|c| c.workspace)
+            .chain(m.mms.iter().map(|x| x.workspace))
+            .max()
+            .unwrap_or(0);
+        m.workspace = dev_alloc(ws)?;
+        m.mem = MemoryReport {
+            weights_bytes: const_bytes,
+            arena_bytes: plan.arena_bytes,
+            workspace_bytes: ws,
+            total_bytes: const_bytes + plan.arena_bytes + ws,
+            device_delta_bytes: 0,
+        };
+
+        // One eager run (loads lazily-loaded library kernels outside capture), then capture.
+        m.issue(true)?;
+        // SAFETY: the stream is live.
+        cu_check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(m.stream) })?;
+        let (g, e) = m.capture(true)?;
+        m.graph = g;
+        m.exec = e;
+        let (g, e) = m.capture(false)?;
+        m.compute_graph = g;
+        m.compute_exec = e;
+        m.mem.device_delta_bytes = free_before.saturating_sub(free_mem()?);
+        m.plan_ms = t0.elapsed().as_secs_f64() * 1e3;
+        Ok(m)
+    }
+
+    /// Captures the launches (with or without the input/output copies) into a graph and
+    /// instantiates it.
+    fn capture(&self, copies: bool) -> Result<(cu::CUgraph, cu::CUgraphExec)> {
+        // SAFETY: the stream is live and not capturing. THREAD_LOCAL: other threads (other
+        // partitions compiling their models) may keep allocating while we capture.
+        cu_check("cuStreamBeginCapture", unsafe {
+            cu::cuStreamBeginCapture_v2(
+                self.stream,
+                cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        })?;
+        let issued = self.issue(copies);
+        let mut graph: cu::CUgraph = std::ptr::null_mut();
+        // SAFETY: the stream is capturing; ending the capture is required even after a failure.
+        let ended = unsafe { cu::cuStreamEndCapture(self.stream, &mut graph) };
+        issued?;
+        cu_check("cuStreamEndCapture", ended)?;
+        let mut exec: cu::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: graph is a complete captured graph; exec and stream are live afterwards.
+        unsafe {
+            let r = cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
+            if r != cu::CUresult::CUDA_SUCCESS {
+                cu::cuGraphDestroy(graph);
+                return cu_check("cuGraphInstantiate", r).map(|_| (graph, exec));
+            }
+            cu_check("cuGraphUpload", cu::cuGraphUpload(exec, self.stream))?;
+            cu_check("cuStreamSynchronize", cu::cuStreamSynchronize(self.stream))?;
+        }
+        Ok((graph, exec))
+    }
+
+    /// Device time of the forward alone (the graph without the input/output copies): the
+    /// median of `replays` replays, each timed with events, in milliseconds.
+    pub fn device_ms(&mut self, replays: usize) -> Result<f64> {
+        make_current(self.ctx)?;
+        let ev = Events::new()?;
+        let mut t = Vec::with_capacity(replays.max(1));
+        for _ in 0..replays.max(1) {
+            let exec = self.compute_exec;
+            let stream = self.stream;
+            let ms = ev.time(stream, &mut || {
+                // SAFETY: exec and stream are live.
+                cu_check("cuGraphLaunch", unsafe { cu::cuGraphLaunch(exec, stream) })
+            })?;
+            t.push(ms as f64);
+        }
+        t.sort_by(|a, b| a.total_cmp(b));
+        Ok(t[t.len() / 2])
+    }
+
+    /// Issues every launch on the stream (eagerly, or into a capture); `copies`: include the
+    /// input and output copies.
+    fn issue(&self, copies: bool) -> Result<()> {
+        self.issue_list(&self.launches, copies)
+    }
+
+    fn issue_list(&self, launches: &[Launch], copies: bool) -> Result<()> {
+        for l in launches {
+            if !copies && matches!(l, Launch::HtoD { .. } | Launch::DtoH { .. }) {
+                continue;
+            }
+            match l {
+                Launch::Kernel {
+                    func,
+                    grid,
+                    block,
+                    args,
+                } => {
+                    let mut ps: Vec<*mut c_void> = args.iter().map(|a| a.as_ptr()).collect();
+                    // SAFETY: the argument list matches the kernel's signature (built next to
+                    // it above); every pointer is into this model's arena or weights.
+                    cu_check("cuLaunchKernel", unsafe {
+                        cu::cuLaunchKernel(
+                            self.funcs[*func],
+                            *grid,
+                            1,
+                            1,
+                            *block,
+                            1,
+                            1,
+                            0,
+                            self.stream,
+                            ps.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        )
+                    })?;
+                }
+                Launch::Conv { conv, x, w, y } => {
+                    let c = &self.convs[*conv];
+                    let (one, zero) = (1f32, 0f32);
+                    // SAFETY: descriptors match the buffers (planned together); the workspace
+                    // holds at least c.workspace bytes; alpha/beta are f32 as cuDNN requires
+                    // for float, half and bfloat16 data.
+                    dnn_check("cudnnConvolutionForward", unsafe {
+                        dnn::cudnnConvolutionForward(
+                            self.cudnn,
+                            &one as *const f32 as *const c_void,
+                            c.x,
+                            *x as *const c_void,
+                            c.w,
+                            *w as *const c_void,
+                            c.conv,
+                            c.algo,
+                            self.workspace as *mut c_void,
+                            c.workspace,
+                            &zero as *const f32 as *const c_void,
+                            c.y,
+                            *y as *mut c_void,
+                        )
+                    })?;
+                }
+                Launch::Matmul { mm, a, b, y } => {
+                    run_matmul(self.cublaslt, &self.mms[*mm], *a, *b, *y, self.workspace, self.stream)?;
+                }
+                Launch::HtoD { dst, src, bytes } => {
+                    // SAFETY: src is a pinned host buffer of `bytes` owned by this model; dst
+                    // is its staging storage in the arena.
+                    cu_check("cuMemcpyHtoDAsync", unsafe {
+                        cu::cuMemcpyHtoDAsync_v2(*dst, *src, *bytes, self.stream)
+                    })?;
+                }
+                Launch::DtoH { dst, src, bytes } => {
+                    // SAFETY: as above, in the other direction.
+                    cu_check("cuMemcpyDtoHAsync", unsafe {
+                        cu::cuMemcpyDtoHAsync_v2(*dst, *src, *bytes, self.stream)
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the launches one by one (not the graph), each timed with events: (step name,
+    /// what ran, milliseconds), in order. For finding slow steps; allocates.
+    pub fn profile(&mut self) -> Result<Vec<(String, String, f64)>> {
+        make_current(self.ctx)?;
+        let ev = Events::new()?;
+        let mut out = Vec::new();
+        for (i, l) in self.launches.iter().enumerate() {
+            let what = match l {
+                Launch::Kernel { func, .. } => KERNEL_NAMES[*func].to_string(),
+                Launch::Conv { conv, .. } => format!("cudnn algo {:?}", self.convs[*conv].algo),
+                Launch::Matmul { .. } => "cublasLt".to_string(),
+                Launch::HtoD { .. } => "HtoD".to_string(),
+                Launch::DtoH { .. } => "DtoH".to_string(),
+            };
+            let one = std::slice::from_ref(l);
+            let ms = ev.time(self.stream, &mut || self.issue_list(one, true))?;
+            out.push((self.names.get(i).cloned().unwrap_or_default(), what, ms as f64));
+        }
+        Ok(out)
+    }
+
+    /// Device memory of this model.
+    pub fn memory(&self) -> MemoryReport {
+        self.mem
+    }
+
+    /// Milliseconds spent compiling (planning, algorithm search, capture).
+    pub fn plan_ms(&self) -> f64 {
+        self.plan_ms
+    }
+
+    /// Planned steps, CUDA graph launches per job (always 1).
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// Library calls and kernels captured into the graph.
+    pub fn launches(&self) -> usize {
+        self.launches.len()
+    }
+
+    /// The precision this model was compiled for.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Launches one job (the graph) without waiting; pair with [`CudaModel::wait`].
+    pub fn launch(&mut self) -> Result<()> {
+        make_current(self.ctx)?;
+        // SAFETY: exec and stream are live; the graph's buffers are owned by self.
+        cu_check("cuGraphLaunch", unsafe { cu::cuGraphLaunch(self.exec, self.stream) })
+    }
+
+    /// True when the last launched job has finished (never blocks).
+    pub fn is_done(&self) -> Result<bool> {
+        // SAFETY: the stream is live.
+        let r = unsafe { cu::cuStreamQuery(self.stream) };
+        match r {
+            cu::CUresult::CUDA_SUCCESS => Ok(true),
+            cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => cu_check("cuStreamQuery", e).map(|_| false),
+        }
+    }
+
+    /// Waits for the last launched job (the output copy is its last node).
+    pub fn wait(&self) -> Result<()> {
+        // SAFETY: the stream is live.
+        cu_check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(self.stream) })
+    }
+
+    /// The stream this model runs on.
+    pub fn stream(&self) -> cu::CUstream {
+        self.stream
+    }
+}
+
+fn pinned(n: usize) -> Result<*mut f32> {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; a context is current. PORTABLE: usable from any context
+    // (the model may be run from a thread whose current context is a green context).
+    cu_check("cuMemHostAlloc", unsafe {
+        cu::cuMemHostAlloc(&mut p, (n * 4).max(4), cu::CU_MEMHOSTALLOC_PORTABLE)
+    })?;
+    // SAFETY: freshly allocated, n f32s long; zeroed so the first read is defined.
+    unsafe { std::ptr::write_bytes(p as *mut f32, 0, n) };
+    Ok(p as *mut f32)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pointwise_launch(
+    func: usize,
+    x: u64,
+    y: u64,
+    bias: Option<u64>,
+    res: Option<u64>,
+    n: usize,
+    channels: usize,
+    inner: usize,
+    act: Option<Unary>,
+) -> Launch {
+    let (a, p0, p1) = act_code(act);
+    Launch::Kernel {
+        func,
+        grid: elementwise_grid(n),
+        block: BLOCK,
+        args: vec![
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Ptr(bias.unwrap_or(0)),
+            Arg::Ptr(res.unwrap_or(0)),
+            Arg::I64(n as i64),
+            Arg::I64(channels as i64),
+            Arg::I64(inner as i64),
+            Arg::I32(a),
+            Arg::F32(p0),
+            Arg::F32(p1),
+        ],
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct ConvKey {
+    x: [usize; 4],
+    w: [usize; 4],
+    pads: [usize; 2],
+    strides: [usize; 2],
+    dil: [usize; 2],
+    groups: usize,
+}
+
+impl ConvKey {
+    fn of(c: &ConvStep) -> ConvKey {
+        ConvKey {
+            x: c.x_shape,
+            w: c.w_shape,
+            pads: c.pads,
+            strides: c.strides,
+            dil: c.dilations,
+            groups: c.groups,
+        }
+    }
+}
+
+fn conv_desc(
+    m: &CudaModel,
+    c: &ConvStep,
+    dtype: DType,
+    precision: Precision,
+    ptr: &dyn Fn(Loc) -> u64,
+    scratch: u64,
+    ws_cap: usize,
+) -> Result<ConvDesc> {
+    let dt = dnn_dtype(dtype);
+    let i = |v: usize| v as i32;
+    let mut d = ConvDesc {
+        x: std::ptr::null_mut(),
+        w: std::ptr::null_mut(),
+        conv: std::ptr::null_mut(),
+        y: std::ptr::null_mut(),
+        algo: dnn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        workspace: 0,
+    };
+    let fmt = if c.nhwc {
+        dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
+    } else {
+        dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW
+    };
+    let math = match precision {
+        Precision::Fp32 => dnn::cudnnMathType_t::CUDNN_FMA_MATH,
+        Precision::Tf32 => dnn::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+        Precision::Fp16 | Precision::Bf16 => dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+    };
+    // SAFETY: out-pointers are valid; the descriptors are destroyed in CudaModel's Drop (they
+    // are pushed to m.convs by the caller even when a later call here fails? no: on failure
+    // they leak, which only happens on a failed compile).
+    unsafe {
+        dnn_check("cudnnCreateTensorDescriptor", dnn::cudnnCreateTensorDescriptor(&mut d.x))?;
+        dnn_check("cudnnCreateTensorDescriptor", dnn::cudnnCreateTensorDescriptor(&mut d.y))?;
+        dnn_check("cudnnCreateFilterDescriptor", dnn::cudnnCreateFilterDescriptor(&mut d.w))?;
+        dnn_check(
+            "cudnnCreateConvolutionDescriptor",
+            dnn::cudnnCreateConvolutionDescriptor(&mut d.conv),
+        )?;
+        let [n, ch, h, w] = c.x_shape;
+        dnn_check(
+            "cudnnSetTensor4dDescriptor",
+            dnn::cudnnSetTensor4dDescriptor(d.x, fmt, dt, i(n), i(ch), i(h), i(w)),
+        )?;
+        let [n, ch, h, w] = c.y_shape;
+        dnn_check(
+            "cudnnSetTensor4dDescriptor",
+            dnn::cudnnSetTensor4dDescriptor(d.y, fmt, dt, i(n), i(ch), i(h), i(w)),
+        )?;
+        let [k, cg, kh, kw] = c.w_shape;
+        dnn_check(
+            "cudnnSetFilter4dDescriptor",
+            dnn::cudnnSetFilter4dDescriptor(d.w, dt, fmt, i(k), i(cg), i(kh), i(kw)),
+        )?;
+        dnn_check(
+            "cudnnSetConvolution2dDescriptor",
+            dnn::cudnnSetConvolution2dDescriptor(
+                d.conv,
+                i(c.pads[0]),
+                i(c.pads[1]),
+                i(c.strides[0]),
+                i(c.strides[1]),
+                i(c.dilations[0]),
+                i(c.dilations[1]),
+                dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            ),
+        )?;
+        dnn_check(
+            "cudnnSetConvolutionGroupCount",
+            dnn::cudnnSetConvolutionGroupCount(d.conv, i(c.groups)),
+        )?;
+        dnn_check(
+            "cudnnSetConvolutionMathType",
+            dnn::cudnnSetConvolutionMathType(d.conv, math),
+        )?;
+        // Benchmark every algorithm cuDNN offers on the real buffers, within the workspace cap.
+        let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 10] = std::mem::zeroed();
+        let mut got = 0;
+        dnn_check(
+            "cudnnFindConvolutionForwardAlgorithmEx",
+            dnn::cudnnFindConvolutionForwardAlgorithmEx(
+                m.cudnn,
+                d.x,
+                ptr(c.x) as *const c_void,
+                d.w,
+                ptr(c.w) as *const c_void,
+                d.conv,
+                d.y,
+                ptr(c.y) as *mut c_void,
+                perf.len() as i32,
+                &mut got,
+                perf.as_mut_ptr(),
+                scratch as *mut c_void,
+                ws_cap,
+            ),
+        )?;
+        let ok = perf[..got as usize].iter().find(|p| {
+            p.status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS
+                && p.memory <= ws_cap
+                && (precision != Precision::Fp32
+                    || p.mathType != dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
+        });
+        let Some(best) = ok else {
+            return Err(EngineError::Runtime(format!(
+                "cuDNN offers no convolution algorithm for x {:?} w {:?} within a {} byte workspace",
+                c.x_shape, c.w_shape, ws_cap
+            )));
+        };
+        d.algo = best.algo;
+        d.workspace = best.memory;
+        if precision != Precision::Fp32 {
+            dnn_check(
+                "cudnnSetConvolutionMathType",
+                dnn::cudnnSetConvolutionMathType(d.conv, best.mathType),
+            )?;
+        }
+    }
+    Ok(d)
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct MmKey {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    sa: usize,
+    sb: usize,
+    b_trans: bool,
+    linear: bool,
+    bias: Option<u64>,
+    relu: bool,
+    gelu: bool,
+}
+
+fn set_attr<T>(desc: lt::cublasLtMatmulDesc_t, attr: lt::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+    // SAFETY: v points to a value of the size the attribute expects (chosen by the caller).
+    lt_check("cublasLtMatmulDescSetAttribute", unsafe {
+        lt::cublasLtMatmulDescSetAttribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>())
+    })
+}
+
+fn layout(dt: lt::cudaDataType, rows: usize, cols: usize, ld: usize, batch: usize, stride: usize) -> Result<lt::cublasLtMatrixLayout_t> {
+    let mut l: lt::cublasLtMatrixLayout_t = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; attribute values are i32 / i64 as cuBLASLt documents.
+    unsafe {
+        lt_check(
+            "cublasLtMatrixLayoutCreate",
+            lt::cublasLtMatrixLayoutCreate(&mut l, dt, rows as u64, cols as u64, ld as i64),
+        )?;
+        if batch > 1 {
+            let b = batch as i32;
+            let s = stride as i64;
+            lt_check(
+                "cublasLtMatrixLayoutSetAttribute",
+                lt::cublasLtMatrixLayoutSetAttribute(
+                    l,
+                    lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                    &b as *const i32 as *const c_void,
+                    4,
+                ),
+            )?;
+            lt_check(
+                "cublasLtMatrixLayoutSetAttribute",
+                lt::cublasLtMatrixLayoutSetAttribute(
+                    l,
+                    lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    &s as *const i64 as *const c_void,
+                    8,
+                ),
+            )?;
+        }
+    }
+    Ok(l)
+}
+
+/// A matmul descriptor for `key` (reused when an identical one exists), its algorithm chosen
+/// by timing cuBLASLt's candidates on the real buffers.
+///
+/// Row-major `Y[M,N] = X[M,K] · op(B)` is computed as column-major `Yᵀ = op(B)ᵀ · Xᵀ`:
+/// cuBLASLt's A is our B operand (`a_ptr`), its B is our X (`b_ptr`).
+#[allow(clippy::too_many_arguments)]
+fn mm_index(
+    m: &mut CudaModel,
+    cache: &mut Vec<(MmKey, usize)>,
+    key: MmKey,
+    dtype: DType,
+    precision: Precision,
+    scratch: u64,
+    ws_cap: usize,
+    events: &Events,
+    a_ptr: u64,
+    b_ptr: u64,
+    y_ptr: u64,
+) -> Result<usize> {
+    if let Some((_, i)) = cache.iter().find(|(k, _)| *k == key) {
+        return Ok(*i);
+    }
+    let dt = lt_dtype(dtype);
+    let compute = match precision {
+        Precision::Tf32 => lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        // Plain COMPUTE_32F never uses TF32: fp32 stays true fp32.
+        _ => lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+    };
+    let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    lt_check("cublasLtMatmulDescCreate", unsafe {
+        lt::cublasLtMatmulDescCreate(&mut desc, compute, lt::cudaDataType::CUDA_R_32F)
+    })?;
+    let (mm, n, k) = (key.m, key.n, key.k);
+    let op_t: i32 = 1;
+    let op_n: i32 = 0;
+    let a = if key.b_trans {
+        set_attr(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &op_t)?;
+        layout(dt, k, n, k, key.batch, key.sb)?
+    } else {
+        set_attr(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &op_n)?;
+        layout(dt, n, k, n, key.batch, key.sb)?
+    };
+    set_attr(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, &op_n)?;
+    let b = layout(dt, k, mm, k, key.batch, key.sa)?;
+    let d = layout(dt, n, mm, n, key.batch, n * mm)?;
+    if key.linear {
+        let epi = match (key.bias.is_some(), key.relu) {
+            _ if key.gelu => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
+            (true, true) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+            (true, false) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            (false, true) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU,
+            (false, false) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+        };
+        set_attr(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+        if let Some(bp) = key.bias {
+            set_attr(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp)?;
+        }
+    }
+    let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
+    let mut results: [lt::cublasLtMatmulHeuristicResult_t; 8];
+    let mut got = 0i32;
+    let cap = ws_cap as u64;
+    // SAFETY: valid out-pointers; the descriptors above are complete.
+    unsafe {
+        results = std::mem::zeroed();
+        lt_check("cublasLtMatmulPreferenceCreate", lt::cublasLtMatmulPreferenceCreate(&mut pref))?;
+        lt_check(
+            "cublasLtMatmulPreferenceSetAttribute",
+            lt::cublasLtMatmulPreferenceSetAttribute(
+                pref,
+                lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &cap as *const u64 as *const c_void,
+                8,
+            ),
+        )?;
+        let r = lt::cublasLtMatmulAlgoGetHeuristic(
+            m.cublaslt,
+            desc,
+            a,
+            b,
+            d,
+            d,
+            pref,
+            results.len() as i32,
+            results.as_mut_ptr(),
+            &mut got,
+        );
+        lt::cublasLtMatmulPreferenceDestroy(pref);
+        lt_check("cublasLtMatmulAlgoGetHeuristic", r)?;
+    }
+    let mut cand = MatmulDesc {
+        desc,
+        a,
+        b,
+        d,
+        algo: results[0].algo,
+        workspace: results[0].workspace_size(),
+    };
+    if got == 0 {
+        return Err(EngineError::Runtime(format!(
+            "cuBLASLt offers no algorithm for {mm}×{n}×{k} (batch {})",
+            key.batch
+        )));
+    }
+    // Time each candidate (a warm-up call, then the best of 5), keep the fastest.
+    let mut best = (f32::INFINITY, 0usize);
+    for (i, r) in results[..got as usize].iter().enumerate() {
+        if r.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspace_size() > ws_cap {
+            continue;
+        }
+        cand.algo = r.algo;
+        cand.workspace = r.workspace_size();
+        if run_matmul(m.cublaslt, &cand, a_ptr, b_ptr, y_ptr, scratch, m.stream).is_err() {
+            continue;
+        }
+        let mut t = f32::INFINITY;
+        for _ in 0..5 {
+            let ms = events.time(m.stream, &mut || {
+                run_matmul(m.cublaslt, &cand, a_ptr, b_ptr, y_ptr, scratch, m.stream)
+            })?;
+            t = t.min(ms);
+        }
+        if t < best.0 {
+            best = (t, i);
+        }
+    }
+    cand.algo = results[best.1].algo;
+    cand.workspace = results[best.1].workspace_size();
+    m.mms.push(cand);
+    cache.push((key, m.mms.len() - 1));
+    Ok(m.mms.len() - 1)
+}
+
+trait WorkspaceSize {
+    fn workspace_size(&self) -> usize;
+}
+impl WorkspaceSize for lt::cublasLtMatmulHeuristicResult_t {
+    fn workspace_size(&self) -> usize {
+        self.workspaceSize
+    }
+}
+
+fn run_matmul(
+    h: lt::cublasLtHandle_t,
+    d: &MatmulDesc,
+    a: u64,
+    b: u64,
+    y: u64,
+    workspace: u64,
+    stream: cu::CUstream,
+) -> Result<()> {
+    let (one, zero) = (1f32, 0f32);
+    // SAFETY: descriptors and layouts were built for exactly these buffers; the workspace
+    // holds at least d.workspace bytes; scale type is f32.
+    lt_check("cublasLtMatmul", unsafe {
+        lt::cublasLtMatmul(
+            h,
+            d.desc,
+            &one as *const f32 as *const c_void,
+            a as *const c_void,
+            d.a,
+            b as *const c_void,
+            d.b,
+            &zero as *const f32 as *const c_void,
+            y as *const c_void,
+            d.d,
+            y as *mut c_void,
+            d.d,
+            &d.algo,
+            workspace as *mut c_void,
+            d.workspace,
+            stream as lt::cudaStream_t,
+        )
+    })
+}
+
+impl Drop for CudaModel {
+    fn drop(&mut self) {
+        if make_current(self.ctx).is_err() {
+            return;
+        }
+        // SAFETY: every handle below was created by this model and is destroyed exactly once;
+        // the stream is synchronised first so that no job still uses the buffers.
+        unsafe {
+            cu::cuStreamSynchronize(self.stream);
+            if !self.exec.is_null() {
+                cu::cuGraphExecDestroy(self.exec);
+            }
+            if !self.graph.is_null() {
+                cu::cuGraphDestroy(self.graph);
+            }
+            if !self.compute_exec.is_null() {
+                cu::cuGraphExecDestroy(self.compute_exec);
+            }
+            if !self.compute_graph.is_null() {
+                cu::cuGraphDestroy(self.compute_graph);
+            }
+            for c in &self.convs {
+                dnn::cudnnDestroyTensorDescriptor(c.x);
+                dnn::cudnnDestroyTensorDescriptor(c.y);
+                dnn::cudnnDestroyFilterDescriptor(c.w);
+                dnn::cudnnDestroyConvolutionDescriptor(c.conv);
+            }
+            for d in &self.mms {
+                lt::cublasLtMatrixLayoutDestroy(d.a);
+                lt::cublasLtMatrixLayoutDestroy(d.b);
+                lt::cublasLtMatrixLayoutDestroy(d.d);
+                lt::cublasLtMatmulDescDestroy(d.desc);
+            }
+            if !self.cudnn.is_null() {
+                dnn::cudnnDestroy(self.cudnn);
+            }
+            if !self.cublaslt.is_null() {
+                lt::cublasLtDestroy(self.cublaslt);
+            }
+            if !self.module.is_null() {
+                cu::cuModuleUnload(self.module);
+            }
+            for p in [self.weights, self.arena, self.workspace] {
+                if p != 0 {
+                    cu::cuMemFree_v2(p);
+                }
+            }
+            for (p, _) in self.host_in.iter().chain(&self.host_out) {
+                cu::cuMemFreeHost(*p as *mut c_void);
+            }
+        }
+    }
+}
+
+impl CompiledModel for CudaModel {
+    fn num_inputs(&self) -> usize {
+        self.host_in.len()
+    }
+    fn num_outputs(&self) -> usize {
+        self.host_out.len()
+    }
+    fn input_shape_at(&self, i: usize) -> &[usize] {
+        self.in_shapes.get(i).map_or(&[], |s| s.as_slice())
+    }
+    fn output_shape_at(&self, i: usize) -> &[usize] {
+        self.out_shapes.get(i).map_or(&[], |s| s.as_slice())
+    }
+    fn input_mut_at(&mut self, i: usize) -> &mut [f32] {
+        match self.host_in.get(i) {
+            // SAFETY: a pinned buffer of n f32s owned by self; &mut self makes the borrow unique.
+            Some(&(p, n)) => unsafe { std::slice::from_raw_parts_mut(p, n) },
+            None => &mut [],
+        }
+    }
+    fn output_at(&self, i: usize) -> &[f32] {
+        match self.host_out.get(i) {
+            // SAFETY: a pinned buffer of n f32s owned by self; the GPU writes it only during
+            // `run`, which needs &mut self, so no write overlaps this shared borrow.
+            Some(&(p, n)) => unsafe { std::slice::from_raw_parts(p, n) },
+            None => &[],
+        }
+    }
+    fn run(&mut self) -> Result<()> {
+        self.launch()?;
+        self.wait()
+    }
+    fn arena_bytes(&self) -> usize {
+        self.mem.arena_bytes
+    }
+}

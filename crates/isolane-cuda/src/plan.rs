@@ -1,0 +1,1193 @@
+//! The execution plan: made once per (graph, batch, precision) on the CPU, without touching a
+//! GPU, so that it is tested in CI.
+//!
+//! It lowers every node of the optimised graph to a [`Step`] that a GPU library or one of our
+//! NVRTC kernels runs, aliases view ops onto their input's storage (with an element offset, so
+//! that a split along a leading axis or a gather of one index costs nothing), and packs every
+//! activation into one arena by liveness: storages alive at the same step get disjoint byte
+//! ranges, everything else may share.
+
+use std::sync::Arc;
+
+use isolane_engine::ir::{
+    broadcast_shapes, infer_node, norm_axis, slice_params, Binary, Graph, Op, Tensor, Unary,
+    ValueKind,
+};
+use isolane_engine::{EngineError, Precision, Result};
+
+/// Alignment of every storage in the arena and every constant in the weights buffer
+/// (cuDNN and cuBLASLt want 16 bytes; 256 keeps every tensor on its own cache-line group).
+pub const ALIGN: usize = 256;
+
+/// Most dims a strided kernel indexes (after merging contiguous dims).
+pub const MAX_RANK: usize = 6;
+
+/// Element type of activations and weights on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl DType {
+    pub fn of(p: Precision) -> DType {
+        match p {
+            Precision::Fp32 | Precision::Tf32 => DType::F32,
+            Precision::Fp16 => DType::F16,
+            Precision::Bf16 => DType::Bf16,
+        }
+    }
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Where an operand lives: a storage of the arena or a constant, plus an element offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loc {
+    Storage { id: usize, offset: usize },
+    Const { id: usize, offset: usize },
+}
+
+impl Loc {
+    fn with_offset(self, extra: usize) -> Loc {
+        match self {
+            Loc::Storage { id, offset } => Loc::Storage {
+                id,
+                offset: offset + extra,
+            },
+            Loc::Const { id, offset } => Loc::Const {
+                id,
+                offset: offset + extra,
+            },
+        }
+    }
+}
+
+/// One arena storage: `bytes` long, alive from step `first` to step `last` (inclusive).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Storage {
+    pub bytes: usize,
+    pub first: usize,
+    pub last: usize,
+    pub offset: usize,
+}
+
+/// Pointwise function codes shared with the NVRTC source (`act()` in kernels.rs).
+pub fn act_code(u: Option<Unary>) -> (i32, f32, f32) {
+    match u {
+        None | Some(Unary::Identity) => (0, 0.0, 0.0),
+        Some(Unary::Relu) => (1, 0.0, 0.0),
+        Some(Unary::Relu6) => (2, 0.0, 6.0),
+        Some(Unary::Clip { min, max }) => (3, min, max),
+        Some(Unary::LeakyRelu { alpha }) => (4, alpha, 0.0),
+        Some(Unary::Sigmoid) => (5, 0.0, 0.0),
+        Some(Unary::HardSigmoid { alpha, beta }) => (6, alpha, beta),
+        Some(Unary::HardSwish) => (7, 0.0, 0.0),
+        Some(Unary::Silu) => (8, 0.0, 0.0),
+        Some(Unary::Gelu) => (9, 0.0, 0.0),
+        Some(Unary::GeluTanh) => (10, 0.0, 0.0),
+        Some(Unary::Tanh) => (11, 0.0, 0.0),
+        Some(Unary::Exp) => (12, 0.0, 0.0),
+        Some(Unary::Log) => (13, 0.0, 0.0),
+        Some(Unary::Sqrt) => (14, 0.0, 0.0),
+        Some(Unary::Erf) => (15, 0.0, 0.0),
+        Some(Unary::Neg) => (16, 0.0, 0.0),
+        Some(Unary::Abs) => (17, 0.0, 0.0),
+        Some(Unary::Reciprocal) => (18, 0.0, 0.0),
+    }
+}
+
+/// Binary op codes shared with the NVRTC source.
+pub fn binary_code(b: Binary) -> i32 {
+    match b {
+        Binary::Add => 0,
+        Binary::Sub => 1,
+        Binary::Mul => 2,
+        Binary::Div => 3,
+        Binary::Pow => 4,
+        Binary::Max => 5,
+        Binary::Min => 6,
+    }
+}
+
+/// An iteration space of up to [`MAX_RANK`] dims with one stride set per operand (elements).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Strided {
+    pub dims: Vec<usize>,
+    /// `strides[k][d]`: stride of operand k along dim d.
+    pub strides: Vec<Vec<usize>>,
+}
+
+impl Strided {
+    /// Merges dims that every operand walks contiguously, drops size-1 dims, and checks the rank.
+    pub fn coalesce(dims: &[usize], strides: Vec<Vec<usize>>, node: &str) -> Result<Strided> {
+        let keep: Vec<usize> = (0..dims.len()).filter(|&d| dims[d] != 1).collect();
+        let mut od: Vec<usize> = Vec::new();
+        let mut os: Vec<Vec<usize>> = vec![Vec::new(); strides.len()];
+        for &d in &keep {
+            if !od.is_empty() {
+                let merge = strides
+                    .iter()
+                    .zip(&os)
+                    .all(|(s, o)| o.last().copied() == Some(s[d] * dims[d]));
+                if merge {
+                    let n = od.len() - 1;
+                    od[n] *= dims[d];
+                    for (k, s) in strides.iter().enumerate() {
+                        os[k][n] = s[d];
+                    }
+                    continue;
+                }
+            }
+            od.push(dims[d]);
+            for (k, s) in strides.iter().enumerate() {
+                os[k].push(s[d]);
+            }
+        }
+        if od.is_empty() {
+            od.push(1);
+            for o in &mut os {
+                o.push(1);
+            }
+        }
+        if od.len() > MAX_RANK {
+            return Err(EngineError::Unsupported(format!(
+                "node `{node}`: strided access of rank {} (the cuda backend indexes at most {MAX_RANK} dims)",
+                od.len()
+            )));
+        }
+        Ok(Strided {
+            dims: od,
+            strides: os,
+        })
+    }
+
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product()
+    }
+}
+
+/// Row-major strides of a shape.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// Strides of `shape` read as if broadcast to `out` (0 along broadcast dims).
+pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let cs = contiguous_strides(shape);
+    let lead = out.len() - shape.len();
+    (0..out.len())
+        .map(|d| {
+            if d < lead || shape[d - lead] == 1 {
+                0
+            } else {
+                cs[d - lead]
+            }
+        })
+        .collect()
+}
+
+/// Convolution through cuDNN.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvStep {
+    pub x: Loc,
+    pub w: Loc,
+    pub bias: Option<Loc>,
+    pub residual: Option<Loc>,
+    pub y: Loc,
+    /// `[N, C, H, W]`, `[M, C/g, kh, kw]`, `[N, M, OH, OW]`.
+    pub x_shape: [usize; 4],
+    pub w_shape: [usize; 4],
+    pub y_shape: [usize; 4],
+    pub pads: [usize; 2],
+    pub strides: [usize; 2],
+    pub dilations: [usize; 2],
+    pub groups: usize,
+    pub act: Option<Unary>,
+    /// x, y (and residual) stored NHWC; the filter is uploaded KRSC.
+    pub nhwc: bool,
+}
+
+/// What one step does. Operands are [`Loc`]s; sizes are in elements.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepKind {
+    /// f32 staging buffer → activation dtype (graph inputs).
+    CastIn { x: Loc, y: Loc, n: usize },
+    /// activation dtype → f32 staging buffer (graph outputs).
+    CastOut { x: Loc, y: Loc, n: usize },
+    Conv(ConvStep),
+    /// Depthwise convolution (groups = C, one filter per output channel) by our own kernel,
+    /// with bias, residual and activation fused.
+    DwConv(ConvStep),
+    /// `y[M,N] = x[M,K] · w[N,K]ᵀ + b`, then `act` (cuBLASLt, bias fused as an epilogue).
+    Linear {
+        x: Loc,
+        w: Loc,
+        bias: Option<Loc>,
+        y: Loc,
+        m: usize,
+        n: usize,
+        k: usize,
+        act: Option<Unary>,
+    },
+    /// Batched `y[b] = a[b] · op(bm[b])` (row-major) through cuBLASLt; `b_trans` = bm holds
+    /// `[.., N, K]` (a transpose folded into the matmul).
+    MatMul {
+        a: Loc,
+        b: Loc,
+        y: Loc,
+        batch: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        a_batch_stride: usize,
+        b_batch_stride: usize,
+        b_trans: bool,
+    },
+    /// `y = act(x + bias[c] + res)` elementwise, `c = (i / inner) % channels`.
+    Pointwise {
+        x: Loc,
+        y: Loc,
+        bias: Option<Loc>,
+        residual: Option<Loc>,
+        n: usize,
+        channels: usize,
+        inner: usize,
+        act: Option<Unary>,
+    },
+    Binary {
+        a: Loc,
+        b: Loc,
+        y: Loc,
+        op: Binary,
+        /// operands: 0 = y (contiguous), 1 = a, 2 = b.
+        space: Strided,
+    },
+    /// `y[...] = x[...]` over a strided space (transpose, concat, slice, gather, expand);
+    /// operands: 0 = y, 1 = x.
+    Copy { x: Loc, y: Loc, space: Strided },
+    LayerNorm {
+        x: Loc,
+        scale: Loc,
+        bias: Option<Loc>,
+        y: Loc,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    },
+    Softmax {
+        x: Loc,
+        y: Loc,
+        outer: usize,
+        len: usize,
+        inner: usize,
+    },
+    Pool {
+        x: Loc,
+        y: Loc,
+        max: bool,
+        /// `[N, C, H, W]` and `[OH, OW]`.
+        x_shape: [usize; 4],
+        out_hw: [usize; 2],
+        kernel: [usize; 2],
+        strides: [usize; 2],
+        /// `[top, left]`; bottom/right only matter through the output size.
+        pads: [usize; 2],
+        dilations: [usize; 2],
+        count_include_pad: bool,
+        /// x and y stored NHWC.
+        nhwc: bool,
+    },
+    /// Mean over HW of an NHWC `[N, H, W, C]` tensor → `[N, C]`.
+    ChanMean { x: Loc, y: Loc, n: usize, c: usize, hw: usize },
+    /// Mean over `hw` contiguous elements for each of `rows` rows.
+    RowMean { x: Loc, y: Loc, rows: usize, hw: usize },
+    /// PyTorch AdaptiveAvgPool2d.
+    AdaptivePool {
+        x: Loc,
+        y: Loc,
+        x_shape: [usize; 4],
+        out_hw: [usize; 2],
+    },
+}
+
+/// One planned step: the node it came from (for messages) and what to do.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub name: String,
+    pub kind: StepKind,
+}
+
+/// A graph input or output: its f32 staging storage and shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Io {
+    pub staging: usize,
+    pub shape: Vec<usize>,
+}
+
+/// The whole plan.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub dtype: DType,
+    pub precision: Precision,
+    pub steps: Vec<Step>,
+    pub storages: Vec<Storage>,
+    pub arena_bytes: usize,
+    /// Constants referenced by steps (converted to `dtype` at upload).
+    pub consts: Vec<Arc<Tensor>>,
+    /// Constants used as channels-last convolution filters: uploaded `[M, kh, kw, C/g]`.
+    pub filter_nhwc: Vec<usize>,
+    pub inputs: Vec<Io>,
+    pub outputs: Vec<Io>,
+}
+
+impl Plan {
+    /// Bytes of all constants in the device dtype, each aligned to [`ALIGN`].
+    pub fn const_layout(&self) -> (Vec<usize>, usize) {
+        let mut offs = Vec::with_capacity(self.consts.len());
+        let mut at = 0;
+        for c in &self.consts {
+            offs.push(at);
+            at += align(c.numel() * self.dtype.size());
+        }
+        (offs, at)
+    }
+}
+
+pub fn align(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+fn unsupported(node: &str, what: impl std::fmt::Display) -> EngineError {
+    EngineError::Unsupported(format!("cuda backend: node `{node}`: {what}"))
+}
+
+fn four(s: &[usize], node: &str) -> Result<[usize; 4]> {
+    s.try_into()
+        .map_err(|_| unsupported(node, format!("expected a 4-D tensor, got {s:?}")))
+}
+
+/// Planning options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Store convolution activations channels-last (NHWC): cuDNN's tensor-core kernels want
+    /// it, and ConvNeXt's permutes around its LayerNorms become free views.
+    pub channels_last: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            channels_last: true,
+        }
+    }
+}
+
+/// Logical strides of a value as stored: NCHW order, NHWC memory when `nhwc`.
+pub fn phys_strides(shape: &[usize], nhwc: bool) -> Vec<usize> {
+    if nhwc && shape.len() == 4 {
+        let [_, c, h, w] = [shape[0], shape[1], shape[2], shape[3]];
+        vec![h * w * c, 1, w * c, c]
+    } else {
+        contiguous_strides(shape)
+    }
+}
+
+/// [`phys_strides`] broadcast to `out` (0 along broadcast dims).
+fn phys_broadcast(shape: &[usize], nhwc: bool, out: &[usize]) -> Vec<usize> {
+    let ps = phys_strides(shape, nhwc);
+    let lead = out.len() - shape.len();
+    (0..out.len())
+        .map(|d| if d < lead || shape[d - lead] == 1 { 0 } else { ps[d - lead] })
+        .collect()
+}
+
+struct Planner<'g> {
+    g: &'g Graph,
+    es: usize,
+    shapes: Vec<Vec<usize>>,
+    loc: Vec<Option<Loc>>,
+    nhwc: Vec<bool>,
+    plain_of: Vec<Option<Loc>>,
+    nhwc_of: Vec<Option<Loc>>,
+    storages: Vec<Storage>,
+    steps: Vec<Step>,
+    consts: Vec<Arc<Tensor>>,
+    const_of: Vec<Option<usize>>,
+    filter_nhwc: Vec<usize>,
+    t: usize,
+}
+
+impl Planner<'_> {
+    fn new_storage(&mut self, bytes: usize) -> usize {
+        self.storages.push(Storage {
+            bytes,
+            first: self.t,
+            last: self.t,
+            offset: 0,
+        });
+        self.storages.len() - 1
+    }
+    fn touch(&mut self, l: Loc) {
+        if let Loc::Storage { id, .. } = l {
+            self.storages[id].last = self.storages[id].last.max(self.t);
+        }
+    }
+    fn numel(&self, v: usize) -> usize {
+        self.shapes[v].iter().product()
+    }
+    /// The operand of value `v` as stored (constants registered on first use).
+    fn raw(&mut self, v: usize, node: &str) -> Result<Loc> {
+        if let ValueKind::Constant(tensor) = &self.g.values[v].kind {
+            let id = match self.const_of[v] {
+                Some(id) => id,
+                None => {
+                    self.consts.push(tensor.clone());
+                    self.const_of[v] = Some(self.consts.len() - 1);
+                    self.consts.len() - 1
+                }
+            };
+            return Ok(Loc::Const { id, offset: 0 });
+        }
+        let l = self.loc[v].ok_or_else(|| unsupported(node, format!("input value {v} has no storage")))?;
+        self.touch(l);
+        Ok(l)
+    }
+    /// `v` in plain row-major layout (a conversion copy when it is stored NHWC).
+    fn plain(&mut self, v: usize, node: &str) -> Result<Loc> {
+        let l = self.raw(v, node)?;
+        if !self.nhwc[v] {
+            return Ok(l);
+        }
+        if let Some(p) = self.plain_of[v] {
+            self.touch(p);
+            return Ok(p);
+        }
+        let s = self.new_storage(self.numel(v) * self.es);
+        let y = Loc::Storage { id: s, offset: 0 };
+        let shape = self.shapes[v].clone();
+        let space = Strided::coalesce(
+            &shape,
+            vec![contiguous_strides(&shape), phys_strides(&shape, true)],
+            node,
+        )?;
+        self.steps.push(Step {
+            name: format!("{node} (to NCHW)"),
+            kind: StepKind::Copy { x: l, y, space },
+        });
+        self.plain_of[v] = Some(y);
+        Ok(y)
+    }
+    /// `v` stored NHWC (a conversion copy when it is plain); only for 4-D values.
+    fn channels_last(&mut self, v: usize, node: &str) -> Result<Loc> {
+        let l = self.raw(v, node)?;
+        let shape = self.shapes[v].clone();
+        if self.nhwc[v] || shape[2] * shape[3] == 1 || shape[1] == 1 {
+            return Ok(l);
+        }
+        if let Some(p) = self.nhwc_of[v] {
+            self.touch(p);
+            return Ok(p);
+        }
+        let s = self.new_storage(self.numel(v) * self.es);
+        let y = Loc::Storage { id: s, offset: 0 };
+        let space = Strided::coalesce(
+            &shape,
+            vec![phys_strides(&shape, true), contiguous_strides(&shape)],
+            node,
+        )?;
+        self.steps.push(Step {
+            name: format!("{node} (to NHWC)"),
+            kind: StepKind::Copy { x: l, y, space },
+        });
+        self.nhwc_of[v] = Some(y);
+        Ok(y)
+    }
+    /// A fresh storage for output `v`, NHWC when asked and it makes a difference.
+    fn output(&mut self, v: usize, nhwc: bool) -> Loc {
+        let s = self.new_storage(self.numel(v) * self.es);
+        let sh = &self.shapes[v];
+        self.nhwc[v] = nhwc && sh.len() == 4 && sh[2] * sh[3] > 1 && sh[1] > 1;
+        let l = Loc::Storage { id: s, offset: 0 };
+        self.loc[v] = Some(l);
+        l
+    }
+    fn push(&mut self, name: &str, kind: StepKind) {
+        self.steps.push(Step {
+            name: name.to_string(),
+            kind,
+        });
+    }
+}
+
+/// Plans an already optimised graph (see `isolane_engine::passes::optimize`).
+pub fn plan(g: &Graph, batch: usize, precision: Precision) -> Result<Plan> {
+    plan_with(g, batch, precision, PlanOptions::default())
+}
+
+/// [`plan`] with options.
+pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOptions) -> Result<Plan> {
+    let dtype = DType::of(precision);
+    let es = dtype.size();
+    let shapes = g.infer_shapes(batch)?;
+    let nv = g.values.len();
+    let mut p = Planner {
+        g,
+        es,
+        shapes,
+        loc: vec![None; nv],
+        nhwc: vec![false; nv],
+        plain_of: vec![None; nv],
+        nhwc_of: vec![None; nv],
+        storages: Vec::new(),
+        steps: Vec::new(),
+        consts: Vec::new(),
+        const_of: vec![None; nv],
+        filter_nhwc: Vec::new(),
+        t: 0,
+    };
+    // Time 0: inputs arrive (staging f32 storages) and are cast to the activation dtype.
+    let mut inputs = Vec::new();
+    for &i in &g.inputs {
+        let n = p.numel(i);
+        let staging = p.new_storage(n * 4);
+        let st = if dtype == DType::F32 {
+            staging
+        } else {
+            let s = p.new_storage(n * es);
+            p.push(
+                &format!("cast input {}", g.values[i].name),
+                StepKind::CastIn {
+                    x: Loc::Storage { id: staging, offset: 0 },
+                    y: Loc::Storage { id: s, offset: 0 },
+                    n,
+                },
+            );
+            s
+        };
+        p.loc[i] = Some(Loc::Storage { id: st, offset: 0 });
+        inputs.push(Io {
+            staging,
+            shape: p.shapes[i].clone(),
+        });
+    }
+    // Transposes swapping the last two dims whose only user is a MatMul's second operand are
+    // folded into that matmul (cuBLASLt transposes for free).
+    let mut users = vec![0usize; nv];
+    for n in &g.nodes {
+        for &i in &n.inputs {
+            users[i] += 1;
+        }
+    }
+    for &o in &g.outputs {
+        users[o] += 1;
+    }
+    let mut folded_t: Vec<Option<usize>> = vec![None; nv];
+    for n in &g.nodes {
+        if let Op::Transpose { perm } = &n.op {
+            let r = perm.len();
+            let swap_last = r >= 2
+                && perm[r - 2] == r - 1
+                && perm[r - 1] == r - 2
+                && perm[..r - 2].iter().enumerate().all(|(i, &p)| p == i);
+            if swap_last && users[n.outputs[0]] == 1 {
+                let feeds_matmul_b = g
+                    .nodes
+                    .iter()
+                    .any(|m| matches!(m.op, Op::MatMul) && m.inputs[1] == n.outputs[0]);
+                if feeds_matmul_b {
+                    folded_t[n.outputs[0]] = Some(n.inputs[0]);
+                }
+            }
+        }
+    }
+
+    for (ni, n) in g.nodes.iter().enumerate() {
+        p.t = ni + 1;
+        let name = n.name.as_str();
+        // Folded transposes produce nothing; their matmul reads the source.
+        if folded_t[n.outputs[0]].is_some() {
+            continue;
+        }
+        let in_shapes: Vec<Vec<usize>> = n.inputs.iter().map(|&i| p.shapes[i].clone()).collect();
+        let outs: Vec<usize> = n.outputs.clone();
+        let out_shape = p.shapes[outs[0]].clone();
+        let x0 = n.inputs[0];
+
+        // Views alias their input (constants included); NHWC values are made plain first,
+        // except where the view keeps meaning under NHWC (see Transpose below).
+        let view_offset: Option<usize> = match &n.op {
+            op if op.is_view() => Some(0),
+            Op::Gather { axis, indices, .. } if indices.len() == 1 => {
+                let x = &in_shapes[0];
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+                if x[..a].iter().all(|&d| d == 1) {
+                    let idx = if indices[0] < 0 { indices[0] + x[a] as i64 } else { indices[0] } as usize;
+                    Some(idx * x[a + 1..].iter().product::<usize>())
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        if let Some(off) = view_offset {
+            let l = p.plain(x0, name)?;
+            p.loc[outs[0]] = Some(l.with_offset(off));
+            continue;
+        }
+        if let Op::Split { axis, sizes } = &n.op {
+            let x = &in_shapes[0];
+            let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+            let inner: usize = x[a + 1..].iter().product();
+            if x[..a].iter().all(|&d| d == 1) {
+                let l = p.plain(x0, name)?;
+                let mut at = 0;
+                for (j, &o) in outs.iter().enumerate() {
+                    p.loc[o] = Some(l.with_offset(at * inner));
+                    at += sizes[j];
+                }
+                continue;
+            }
+        }
+        if let Op::Transpose { perm } = &n.op {
+            // NCHW→NHWC of an NHWC value is its storage read plainly; NHWC→NCHW of a plain
+            // 4-D value is the same storage read as NHWC. Both free.
+            if p.nhwc[x0] && perm == &[0, 2, 3, 1] {
+                let l = p.raw(x0, name)?;
+                p.loc[outs[0]] = Some(l);
+                continue;
+            }
+            if opts.channels_last
+                && !p.nhwc[x0]
+                && perm == &[0, 3, 1, 2]
+                && !matches!(g.values[x0].kind, ValueKind::Constant(_))
+            {
+                let l = p.raw(x0, name)?;
+                let o = outs[0];
+                p.loc[o] = Some(l);
+                p.nhwc[o] = out_shape[2] * out_shape[3] > 1 && out_shape[1] > 1;
+                continue;
+            }
+        }
+
+        match &n.op {
+            Op::Conv(a) => {
+                if a.pads[0] != a.pads[2] || a.pads[1] != a.pads[3] {
+                    return Err(unsupported(
+                        name,
+                        format!("asymmetric convolution padding {:?}", a.pads),
+                    ));
+                }
+                let xs = four(&in_shapes[0], name)?;
+                let ws = four(&in_shapes[1], name)?;
+                let dw = a.groups > 1 && a.groups == xs[1] && ws[1] == 1;
+                let cl = opts.channels_last;
+                let x = if cl { p.channels_last(x0, name)? } else { p.plain(x0, name)? };
+                let w = p.raw(n.inputs[1], name)?;
+                let bias = match n.inputs.get(2) {
+                    Some(&b) => Some(p.raw(b, name)?),
+                    None => None,
+                };
+                let residual = match (a.residual, n.inputs.get(3)) {
+                    (true, Some(&r)) => Some(if cl { p.channels_last(r, name)? } else { p.plain(r, name)? }),
+                    _ => None,
+                };
+                if cl && !dw && ws[2] * ws[3] * ws[1] > 1 {
+                    if let Loc::Const { id, .. } = w {
+                        if !p.filter_nhwc.contains(&id) {
+                            p.filter_nhwc.push(id);
+                        }
+                    } else {
+                        return Err(unsupported(name, "channels-last convolution with a computed filter"));
+                    }
+                }
+                let y = p.output(outs[0], cl);
+                let c = ConvStep {
+                    x,
+                    w,
+                    bias,
+                    residual,
+                    y,
+                    x_shape: xs,
+                    w_shape: ws,
+                    y_shape: four(&out_shape, name)?,
+                    pads: [a.pads[0], a.pads[1]],
+                    strides: a.strides,
+                    dilations: a.dilations,
+                    groups: a.groups,
+                    act: a.activation,
+                    nhwc: cl,
+                };
+                p.push(name, if dw { StepKind::DwConv(c) } else { StepKind::Conv(c) });
+            }
+            Op::Linear { activation } => {
+                let x = p.plain(x0, name)?;
+                let w = p.raw(n.inputs[1], name)?;
+                let bias = match n.inputs.get(2) {
+                    Some(&b) => Some(p.raw(b, name)?),
+                    None => None,
+                };
+                let y = p.output(outs[0], false);
+                let xsh = &in_shapes[0];
+                p.push(
+                    name,
+                    StepKind::Linear {
+                        x,
+                        w,
+                        bias,
+                        y,
+                        m: xsh[..xsh.len() - 1].iter().product(),
+                        n: in_shapes[1][0],
+                        k: in_shapes[1][1],
+                        act: *activation,
+                    },
+                );
+            }
+            Op::MatMul => {
+                let (mut a, mut b) = (in_shapes[0].clone(), in_shapes[1].clone());
+                let al = p.plain(x0, name)?;
+                let (bl, b_trans) = match folded_t[n.inputs[1]] {
+                    Some(src) => (p.plain(src, name)?, true),
+                    None => (p.plain(n.inputs[1], name)?, false),
+                };
+                if a.len() == 1 {
+                    a.insert(0, 1);
+                }
+                if b.len() == 1 {
+                    b.push(1);
+                }
+                let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
+                let nn = b[b.len() - 1];
+                let ab: usize = a[..a.len() - 2].iter().product();
+                let bb: usize = b[..b.len() - 2].iter().product();
+                let same = a[..a.len() - 2] == b[..b.len() - 2];
+                if !(same || ab == 1 || bb == 1) {
+                    return Err(unsupported(name, format!("MatMul broadcasting {a:?} × {b:?}")));
+                }
+                let y = p.output(outs[0], false);
+                p.push(
+                    name,
+                    StepKind::MatMul {
+                        a: al,
+                        b: bl,
+                        y,
+                        batch: ab.max(bb),
+                        m,
+                        n: nn,
+                        k,
+                        a_batch_stride: if ab == 1 { 0 } else { m * k },
+                        b_batch_stride: if bb == 1 { 0 } else { k * nn },
+                        b_trans,
+                    },
+                );
+            }
+            Op::Unary(u) => {
+                let x = p.raw(x0, name)?;
+                let keep = p.nhwc[x0];
+                let y = p.output(outs[0], keep);
+                p.push(
+                    name,
+                    StepKind::Pointwise {
+                        x,
+                        y,
+                        bias: None,
+                        residual: None,
+                        n: out_shape.iter().product(),
+                        channels: 1,
+                        inner: 1,
+                        act: Some(*u),
+                    },
+                );
+            }
+            Op::Binary(op) => {
+                let (va, vb) = (x0, n.inputs[1]);
+                let a = p.raw(va, name)?;
+                let b = p.raw(vb, name)?;
+                let (na, nb) = (p.nhwc[va], p.nhwc[vb]);
+                if *op == Binary::Add && in_shapes[0] == in_shapes[1] && na == nb {
+                    // A residual add: one contiguous pass whatever the layout.
+                    let y = p.output(outs[0], na);
+                    p.push(
+                        name,
+                        StepKind::Pointwise {
+                            x: a,
+                            y,
+                            bias: None,
+                            residual: Some(b),
+                            n: out_shape.iter().product(),
+                            channels: 1,
+                            inner: 1,
+                            act: None,
+                        },
+                    );
+                } else {
+                    let out_nhwc = (na && in_shapes[0] == out_shape) || (nb && in_shapes[1] == out_shape);
+                    let y = p.output(outs[0], out_nhwc);
+                    let ys = phys_strides(&out_shape, p.nhwc[outs[0]]);
+                    let sa = phys_broadcast(&in_shapes[0], na, &out_shape);
+                    let sb = phys_broadcast(&in_shapes[1], nb, &out_shape);
+                    p.push(
+                        name,
+                        StepKind::Binary {
+                            a,
+                            b,
+                            y,
+                            op: *op,
+                            space: Strided::coalesce(&out_shape, vec![ys, sa, sb], name)?,
+                        },
+                    );
+                }
+            }
+            Op::Transpose { perm } => {
+                let x = p.raw(x0, name)?;
+                let xs = phys_strides(&in_shapes[0], p.nhwc[x0]);
+                let src: Vec<usize> = perm.iter().map(|&q| xs[q]).collect();
+                let y = p.output(outs[0], false);
+                p.push(
+                    name,
+                    StepKind::Copy {
+                        x,
+                        y,
+                        space: Strided::coalesce(&out_shape, vec![contiguous_strides(&out_shape), src], name)?,
+                    },
+                );
+            }
+            Op::Expand { .. } => {
+                let x = p.raw(x0, name)?;
+                let sx = phys_broadcast(&in_shapes[0], p.nhwc[x0], &out_shape);
+                let y = p.output(outs[0], false);
+                p.push(
+                    name,
+                    StepKind::Copy {
+                        x,
+                        y,
+                        space: Strided::coalesce(&out_shape, vec![contiguous_strides(&out_shape), sx], name)?,
+                    },
+                );
+            }
+            Op::Concat { axis } => {
+                let a = norm_axis(*axis, out_shape.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+                let ys = contiguous_strides(&out_shape);
+                let xl: Vec<Loc> = n.inputs.iter().map(|&i| p.raw(i, name)).collect::<Result<_>>()?;
+                let y = p.output(outs[0], false);
+                let mut at = 0;
+                for (j, s) in in_shapes.iter().enumerate() {
+                    let sx = phys_strides(s, p.nhwc[n.inputs[j]]);
+                    p.push(
+                        name,
+                        StepKind::Copy {
+                            x: xl[j],
+                            y: y.with_offset(at * ys[a]),
+                            space: Strided::coalesce(s, vec![ys.clone(), sx], name)?,
+                        },
+                    );
+                    at += s[a];
+                }
+            }
+            Op::Split { axis, sizes } => {
+                let x = &in_shapes[0];
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+                let xl = p.raw(x0, name)?;
+                let xs = phys_strides(x, p.nhwc[x0]);
+                let mut at = 0;
+                for (j, &o) in outs.iter().enumerate() {
+                    let os = p.shapes[o].clone();
+                    let y = p.output(o, false);
+                    p.push(
+                        name,
+                        StepKind::Copy {
+                            x: xl.with_offset(at * xs[a]),
+                            y,
+                            space: Strided::coalesce(&os, vec![contiguous_strides(&os), xs.clone()], name)?,
+                        },
+                    );
+                    at += sizes[j];
+                }
+            }
+            Op::Slice { starts, ends, axes, steps: st } => {
+                let x = &in_shapes[0];
+                let sp = slice_params(x, starts, ends, axes, st).map_err(|e| unsupported(name, e))?;
+                let xl = p.raw(x0, name)?;
+                let xs = phys_strides(x, p.nhwc[x0]);
+                let mut base: i64 = 0;
+                let mut src: Vec<usize> = Vec::new();
+                for (d, &(s0, step, _)) in sp.iter().enumerate() {
+                    if step < 0 {
+                        return Err(unsupported(name, "Slice with a negative step"));
+                    }
+                    base += s0 * xs[d] as i64;
+                    src.push(step as usize * xs[d]);
+                }
+                let y = p.output(outs[0], false);
+                p.push(
+                    name,
+                    StepKind::Copy {
+                        x: xl.with_offset(base as usize),
+                        y,
+                        space: Strided::coalesce(&out_shape, vec![contiguous_strides(&out_shape), src], name)?,
+                    },
+                );
+            }
+            Op::Gather { axis, indices, indices_shape } => {
+                let x = &in_shapes[0];
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+                let xl = p.raw(x0, name)?;
+                let xs = phys_strides(x, p.nhwc[x0]);
+                let ys = contiguous_strides(&out_shape);
+                let inner: usize = x[a + 1..].iter().product();
+                let mut dims: Vec<usize> = x[..a].to_vec();
+                dims.extend_from_slice(&x[a + 1..]);
+                let mut sx: Vec<usize> = xs[..a].to_vec();
+                sx.extend_from_slice(&xs[a + 1..]);
+                let mut sy: Vec<usize> = ys[..a].to_vec();
+                sy.extend_from_slice(&ys[a + indices_shape.len()..]);
+                let y = p.output(outs[0], false);
+                for (j, &ix) in indices.iter().enumerate() {
+                    let ix = if ix < 0 { ix + x[a] as i64 } else { ix } as usize;
+                    p.push(
+                        name,
+                        StepKind::Copy {
+                            x: xl.with_offset(ix * xs[a]),
+                            y: y.with_offset(j * inner),
+                            space: Strided::coalesce(&dims, vec![sy.clone(), sx.clone()], name)?,
+                        },
+                    );
+                }
+            }
+            Op::LayerNorm { axis, eps } => {
+                let x = &in_shapes[0];
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+                let xl = p.plain(x0, name)?;
+                let scale = p.raw(n.inputs[1], name)?;
+                let bias = match n.inputs.get(2) {
+                    Some(&b) => Some(p.raw(b, name)?),
+                    None => None,
+                };
+                let y = p.output(outs[0], false);
+                p.push(
+                    name,
+                    StepKind::LayerNorm {
+                        x: xl,
+                        scale,
+                        bias,
+                        y,
+                        rows: x[..a].iter().product(),
+                        cols: x[a..].iter().product(),
+                        eps: *eps,
+                    },
+                );
+            }
+            Op::Softmax { axis } => {
+                let x = &in_shapes[0];
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+                let xl = p.plain(x0, name)?;
+                let y = p.output(outs[0], false);
+                p.push(
+                    name,
+                    StepKind::Softmax {
+                        x: xl,
+                        y,
+                        outer: x[..a].iter().product(),
+                        len: x[a],
+                        inner: x[a + 1..].iter().product(),
+                    },
+                );
+            }
+            Op::MaxPool(pa) | Op::AveragePool(pa) => {
+                let xl = p.raw(x0, name)?;
+                let keep = p.nhwc[x0];
+                let y = p.output(outs[0], keep);
+                p.push(
+                    name,
+                    StepKind::Pool {
+                        x: xl,
+                        y,
+                        max: matches!(n.op, Op::MaxPool(_)),
+                        x_shape: four(&in_shapes[0], name)?,
+                        out_hw: [out_shape[2], out_shape[3]],
+                        kernel: pa.kernel,
+                        strides: pa.strides,
+                        pads: [pa.pads[0], pa.pads[1]],
+                        dilations: pa.dilations,
+                        count_include_pad: pa.count_include_pad,
+                        nhwc: keep,
+                    },
+                );
+            }
+            Op::GlobalAveragePool => {
+                let x = &in_shapes[0];
+                let xl = p.raw(x0, name)?;
+                let nhwc = p.nhwc[x0];
+                let y = p.output(outs[0], false);
+                let hw = x[2..].iter().product();
+                if nhwc {
+                    p.push(name, StepKind::ChanMean { x: xl, y, n: x[0], c: x[1], hw });
+                } else {
+                    p.push(name, StepKind::RowMean { x: xl, y, rows: x[0] * x[1], hw });
+                }
+            }
+            Op::AdaptiveAvgPool { output } => {
+                let xl = p.plain(x0, name)?;
+                let y = p.output(outs[0], false);
+                p.push(
+                    name,
+                    StepKind::AdaptivePool {
+                        x: xl,
+                        y,
+                        x_shape: four(&in_shapes[0], name)?,
+                        out_hw: *output,
+                    },
+                );
+            }
+            Op::Reduce {
+                kind: isolane_engine::ir::ReduceKind::Mean,
+                axes,
+                ..
+            } => {
+                // A mean over trailing axes is a row mean; other reductions are not planned yet.
+                let x = &in_shapes[0];
+                let mut ax: Vec<usize> = axes
+                    .iter()
+                    .map(|&a| norm_axis(a, x.len()).ok_or_else(|| unsupported(name, "bad axis")))
+                    .collect::<Result<_>>()?;
+                ax.sort_unstable();
+                let trailing = !ax.is_empty()
+                    && ax.iter().rev().enumerate().all(|(i, &a)| a == x.len() - 1 - i);
+                if !trailing {
+                    return Err(unsupported(name, "Reduce over non-trailing axes"));
+                }
+                let hw: usize = ax.iter().map(|&a| x[a]).product();
+                let xl = p.plain(x0, name)?;
+                let y = p.output(outs[0], false);
+                p.push(
+                    name,
+                    StepKind::RowMean {
+                        x: xl,
+                        y,
+                        rows: x.iter().product::<usize>() / hw.max(1),
+                        hw,
+                    },
+                );
+            }
+            other => {
+                return Err(unsupported(
+                    name,
+                    format!("op {} is not implemented on cuda yet", other.name()),
+                ))
+            }
+        }
+        // Check the planned shapes against the IR (a planning bug must not reach the GPU).
+        let refs: Vec<&[usize]> = in_shapes.iter().map(|s| s.as_slice()).collect();
+        let inferred = infer_node(n, &refs, batch)?;
+        if inferred[0] != out_shape {
+            return Err(unsupported(name, "shape disagreement in planning"));
+        }
+    }
+
+    // Outputs: cast (or copy) into their own f32 staging storage, alive to the end.
+    let end = g.nodes.len() + 1;
+    p.t = end;
+    let mut outputs = Vec::new();
+    for &o in &g.outputs {
+        let src = p.plain(o, "<outputs>")?;
+        let n = p.numel(o);
+        let staging = p.new_storage(n * 4);
+        p.storages[staging].last = end + 1;
+        let dst = Loc::Storage { id: staging, offset: 0 };
+        let kind = if dtype == DType::F32 {
+            StepKind::Copy {
+                x: src,
+                y: dst,
+                space: Strided::coalesce(&[n], vec![vec![1], vec![1]], "<outputs>")?,
+            }
+        } else {
+            StepKind::CastOut { x: src, y: dst, n }
+        };
+        p.push(&format!("output {}", g.values[o].name), kind);
+        outputs.push(Io {
+            staging,
+            shape: p.shapes[o].clone(),
+        });
+    }
+    // Inputs' staging stays reserved for the whole run (written before the graph starts).
+    for io in &inputs {
+        p.storages[io.staging].last = end + 1;
+    }
+    let mut storages = p.storages;
+    let arena_bytes = assign_offsets(&mut storages);
+    Ok(Plan {
+        dtype,
+        precision,
+        steps: p.steps,
+        storages,
+        arena_bytes,
+        consts: p.consts,
+        filter_nhwc: p.filter_nhwc,
+        inputs,
+        outputs,
+    })
+}
+
+/// Greedy best-fit by size: each storage, largest first, goes to the lowest aligned offset
+/// that overlaps no placed storage whose lifetime intersects its own. Returns the arena size.
+pub fn assign_offsets(st: &mut [Storage]) -> usize {
+    let mut order: Vec<usize> = (0..st.len()).collect();
+    order.sort_by(|&a, &b| st[b].bytes.cmp(&st[a].bytes).then(a.cmp(&b)));
+    let mut placed: Vec<usize> = Vec::with_capacity(st.len());
+    let mut total = 0;
+    for &i in &order {
+        let mut busy: Vec<(usize, usize)> = placed
+            .iter()
+            .filter(|&&j| st[j].first <= st[i].last && st[i].first <= st[j].last)
+            .map(|&j| (st[j].offset, st[j].offset + align(st[j].bytes)))
+            .collect();
+        busy.sort_unstable();
+        let need = align(st[i].bytes.max(1));
+        let mut at = 0;
+        for (s, e) in busy {
+            if at + need <= s {
+                break;
+            }
+            at = at.max(e);
+        }
+        st[i].offset = at;
+        total = total.max(at + need);
+        placed.push(i);
+    }
+    total
+}
+
+/// Sanity check used by tests: no two storages alive at the same step overlap in memory.
+pub fn check_no_overlap(st: &[Storage]) -> std::result::Result<(), String> {
+    for (i, a) in st.iter().enumerate() {
+        for (j, b) in st.iter().enumerate().skip(i + 1) {
+            let live = a.first <= b.last && b.first <= a.last;
+            let mem = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+            if live && mem && a.bytes > 0 && b.bytes > 0 {
+                return Err(format!("storages {i} and {j} overlap: {a:?} {b:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `broadcast_shapes` re-exported for the GPU side's checks.
+pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    broadcast_shapes(a, b)
+}

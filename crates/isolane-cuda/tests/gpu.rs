@@ -1,0 +1,289 @@
+//! GPU tests of the cuda backend (`scripts/gpu-test.sh run isolane-cuda--gpu`).
+//!
+//! Correctness against the CPU backend on the same synthetic weights, graph replay, no host
+//! allocation per job, no host synchronisation inside a job, and confinement to a green
+//! context measured by time.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use isolane_cuda::CudaBackend;
+use isolane_engine::{build_model, Backend, CompiledModel, CpuBackend, Precision, Weights};
+
+/// Counts every allocation of the process (all threads).
+struct Counting;
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const MODELS: &[&str] = &[
+    "resnet18",
+    "resnet50",
+    "mobilenet_v2",
+    "convnext_base",
+    "convnext_large",
+    "vit_b_16",
+    "vit_l_32",
+];
+
+fn random_input(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        let d = *x as f64 - *y as f64;
+        num += d * d;
+        den += (*y as f64) * (*y as f64);
+    }
+    if a.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        .0
+}
+
+fn tolerance(p: Precision) -> f64 {
+    match p {
+        Precision::Fp32 => 1e-4,
+        Precision::Tf32 => 5e-3,
+        Precision::Fp16 | Precision::Bf16 => 3e-2,
+    }
+}
+
+fn precisions() -> Vec<Precision> {
+    match std::env::var("ISOLANE_TEST_PRECISIONS") {
+        Ok(s) => s.split(',').filter_map(|p| p.trim().parse().ok()).collect(),
+        Err(_) => Precision::ALL.to_vec(),
+    }
+}
+
+fn models() -> Vec<String> {
+    match std::env::var("ISOLANE_TEST_MODELS") {
+        Ok(s) => s.split(',').map(|m| m.trim().to_string()).collect(),
+        Err(_) => MODELS.iter().map(|m| m.to_string()).collect(),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn correctness_against_cpu() {
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let cpu = CpuBackend::new(0);
+    let batch = 2;
+    let mut failures = Vec::new();
+    println!("model            prec   rel_l2      top1  build_ms  arena_MiB weights_MiB ws_MiB launches");
+    for name in models() {
+        let g = build_model(&name, Weights::Synthetic { seed: 7 }).expect("model");
+        let mut c = cpu.compile(&g, batch, Precision::Fp32).expect("cpu compile");
+        let x = random_input(c.input_mut().len(), 11);
+        c.input_mut().copy_from_slice(&x);
+        c.run().expect("cpu run");
+        let reference = c.output().to_vec();
+        drop(c);
+        let classes = reference.len() / batch;
+        for p in precisions() {
+            let t0 = Instant::now();
+            let mut m = match gpu.compile_cuda(&g, batch, p) {
+                Ok(m) => m,
+                Err(e) => {
+                    println!("{name:<16} {p:<6} compile failed: {e}");
+                    failures.push(format!("{name} {p}: {e}"));
+                    continue;
+                }
+            };
+            let build_ms = t0.elapsed().as_secs_f64() * 1e3;
+            m.input_mut().copy_from_slice(&x);
+            m.run().expect("gpu run");
+            let out = m.output().to_vec();
+            let err = rel_l2(&out, &reference);
+            let top1 = (0..batch).all(|b| {
+                argmax(&out[b * classes..(b + 1) * classes])
+                    == argmax(&reference[b * classes..(b + 1) * classes])
+            });
+            let mem = m.memory();
+            let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            println!(
+                "{name:<16} {p:<6} {err:<11.3e} {top1:<5} {build_ms:>8.0} {:>10.2} {:>11.2} {:>6.2} {:>8}",
+                mib(mem.arena_bytes),
+                mib(mem.weights_bytes),
+                mib(mem.workspace_bytes),
+                m.launches()
+            );
+            let ok = err <= tolerance(p) && (p == Precision::Fp32 || p == Precision::Tf32 || top1);
+            if !ok {
+                failures.push(format!("{name} {p}: rel L2 {err:.3e}, top-1 equal {top1}"));
+            }
+            if (mem.total_bytes as f64) > mem.weights_bytes as f64 + 1.5 * mem.arena_bytes as f64 {
+                failures.push(format!("{name} {p}: memory {mem:?} over weights + 1.5 × arena"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_replay_is_deterministic_and_follows_the_input() {
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let g = build_model("resnet18", Weights::Synthetic { seed: 3 }).expect("model");
+    let mut m = gpu.compile_cuda(&g, 1, Precision::Fp16).expect("compile");
+    let x1 = random_input(m.input_mut().len(), 1);
+    let x2 = random_input(m.input_mut().len(), 2);
+    m.input_mut().copy_from_slice(&x1);
+    m.run().unwrap();
+    let o1 = m.output().to_vec();
+    for _ in 0..50 {
+        m.run().unwrap();
+        assert_eq!(m.output(), &o1[..], "replay changed the output");
+    }
+    m.input_mut().copy_from_slice(&x2);
+    m.run().unwrap();
+    let o2 = m.output().to_vec();
+    assert_ne!(o1, o2, "a new input must change the output");
+    m.input_mut().copy_from_slice(&x1);
+    m.run().unwrap();
+    assert_eq!(m.output(), &o1[..]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn no_allocation_and_no_host_sync_inside_a_job() {
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    for (name, batch) in [("resnet50", 1usize), ("vit_b_16", 1), ("convnext_large", 16)] {
+        let g = build_model(name, Weights::Synthetic { seed: 3 }).expect("model");
+        let mut m = gpu.compile_cuda(&g, batch, Precision::Fp16).expect("compile");
+        let x = random_input(m.input_mut().len(), 5);
+        m.input_mut().copy_from_slice(&x);
+        m.run().unwrap();
+        let free0 = device_free();
+        let a0 = ALLOCS.load(Ordering::SeqCst);
+        for _ in 0..100 {
+            m.run().unwrap();
+        }
+        let a1 = ALLOCS.load(Ordering::SeqCst);
+        let free1 = device_free();
+        println!("{name} b{batch}: {} host allocations in 100 jobs, device free {free0} -> {free1}", a1 - a0);
+        assert_eq!(a1 - a0, 0, "{name}: run() allocated on the host");
+        assert_eq!(free0, free1, "{name}: device memory changed across jobs");
+        // A launch returns before the job is done: nothing inside the job waits on the host.
+        if name == "convnext_large" {
+            let t = Instant::now();
+            m.launch().unwrap();
+            let launch_us = t.elapsed().as_secs_f64() * 1e6;
+            let done_right_away = m.is_done().unwrap();
+            m.wait().unwrap();
+            let job_us = t.elapsed().as_secs_f64() * 1e6;
+            println!("{name} b{batch}: launch returned after {launch_us:.0} us, job took {job_us:.0} us, done at return: {done_right_away}");
+            assert!(!done_right_away && launch_us < job_us / 4.0);
+        }
+    }
+}
+
+fn device_free() -> usize {
+    let (mut f, mut t) = (0usize, 0usize);
+    // SAFETY: valid out-pointers; the test's backend made a context current on this thread.
+    unsafe { cudarc::driver::sys::cuMemGetInfo_v2(&mut f, &mut t) };
+    f
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn green_context_confines_the_model() {
+    // A compute-bound forward: vit_b_16 fp16 at batch 32 (large GEMMs on every SM). Device time
+    // of the forward alone (events around the copy-free graph): copies over PCIe do not scale
+    // with SMs and would hide the effect.
+    let g = build_model("vit_b_16", Weights::Synthetic { seed: 3 }).expect("model");
+    let whole = CudaBackend::new(0).expect("cuda backend");
+    let mut full = whole.compile_cuda(&g, 32, Precision::Fp16).expect("compile");
+    let t_full = full.device_ms(30).unwrap();
+    drop(full);
+    let parts = isolane_gpu::GreenPartitioning::create(0, &[8]).expect("green context");
+    let group = &parts.groups()[0];
+    group.make_current().expect("make current");
+    // SAFETY: the group's context and stream outlive the backend and the model (dropped first).
+    let green = unsafe { CudaBackend::with_stream(group.context(), group.stream()) }.expect("backend");
+    let mut small = green.compile_cuda(&g, 32, Precision::Fp16).expect("compile in green ctx");
+    let t_small = small.device_ms(5).unwrap();
+    // The same model run through run() in the green context gives the right answer too.
+    small.run().unwrap();
+    assert!(small.output().iter().all(|v| v.is_finite()));
+    let ratio = t_small / t_full;
+    let expected = 132.0 / group.granted_sms() as f64;
+    println!(
+        "vit_b_16 fp16 b32 forward: whole GPU {t_full:.2} ms, {} SMs {t_small:.2} ms, ratio {ratio:.1} (SM ratio {expected:.1})",
+        group.granted_sms()
+    );
+    drop(small);
+    assert!(ratio > 0.7 * expected && ratio < 1.3 * expected, "ratio {ratio:.1} vs {expected:.1}");
+}
+
+/// Not a check: prints where the time goes (each launch timed alone with events).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn profile_steps() {
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let list = std::env::var("ISOLANE_PROFILE_MODELS").unwrap_or_else(|_| "resnet50,convnext_base,vit_b_16".into());
+    let prec: Precision = std::env::var("ISOLANE_PROFILE_PRECISION").ok().and_then(|p| p.parse().ok()).unwrap_or(Precision::Fp16);
+    for name in list.split(',') {
+        let g = build_model(name, Weights::Synthetic { seed: 3 }).expect("model");
+        let mut m = gpu.compile_cuda(&g, 1, prec).expect("compile");
+        m.run().unwrap();
+        let graph_ms = m.device_ms(50).unwrap();
+        let mut prof = m.profile().unwrap();
+        prof = m.profile().unwrap_or(prof);
+        let total: f64 = prof.iter().map(|p| p.2).sum();
+        let mut by_kind: Vec<(String, f64, usize)> = Vec::new();
+        for (_, what, ms) in &prof {
+            let k = if what.starts_with("cudnn") { "cudnn".to_string() } else { what.clone() };
+            match by_kind.iter_mut().find(|e| e.0 == k) {
+                Some(e) => { e.1 += ms; e.2 += 1; }
+                None => by_kind.push((k, *ms, 1)),
+            }
+        }
+        by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
+        println!("== {name} {prec} b1: graph {graph_ms:.3} ms, {} launches, sum of lone launches {total:.3} ms", prof.len());
+        for (k, ms, n) in &by_kind {
+            println!("   {k:<14} {n:>4} launches {ms:>8.3} ms");
+        }
+        prof.sort_by(|a, b| b.2.total_cmp(&a.2));
+        for (n, what, ms) in prof.iter().take(8) {
+            println!("   {ms:>7.3} ms  {what:<40} {n}");
+        }
+    }
+}

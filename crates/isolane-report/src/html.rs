@@ -1,0 +1,749 @@
+//! The HTML report: one self-contained file (inline CSS and SVG, no script, no external
+//! resource), with a section for each kind of data found in the folders given.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::data::{MaxrateDir, ResultsDir, RunDir, SweepDir};
+use crate::plot::{self, Chart};
+
+const W: u32 = 640;
+const H: u32 = 380;
+/// Points per CDF curve (see `plot::cdf_points`).
+const CDF_POINTS: usize = 400;
+
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+fn fmt(v: Option<f64>, digits: usize) -> String {
+    crate::num(v, digits)
+}
+
+/// The report's body, section by section; each section only when its data exists.
+struct Page {
+    body: String,
+    figures: usize,
+}
+
+impl Page {
+    fn h2(&mut self, title: &str, intro: &str) {
+        let _ = write!(self.body, "<section><h2>{}</h2>", escape(title));
+        if !intro.is_empty() {
+            let _ = write!(self.body, "<p class=\"intro\">{}</p>", escape(intro));
+        }
+    }
+
+    fn end(&mut self) {
+        self.body.push_str("</section>\n");
+    }
+
+    fn figures(&mut self, charts: Vec<Chart>) -> Result<(), String> {
+        let charts: Vec<Chart> = charts.into_iter().filter(|c| !c.is_empty()).collect();
+        if charts.is_empty() {
+            return Ok(());
+        }
+        self.body.push_str("<div class=\"grid\">");
+        for c in charts {
+            let svg = plot::svg(&c, W, H)?;
+            let _ = write!(
+                self.body,
+                "<figure class=\"plot\" data-series=\"{}\">{svg}<figcaption>{}</figcaption></figure>",
+                c.series.len(),
+                escape(&c.caption)
+            );
+            self.figures += 1;
+        }
+        self.body.push_str("</div>");
+        Ok(())
+    }
+
+    fn table(&mut self, header: &[String], rows: &[Vec<String>]) {
+        self.body.push_str("<table><thead><tr>");
+        for h in header {
+            let _ = write!(self.body, "<th>{}</th>", escape(h));
+        }
+        self.body.push_str("</tr></thead><tbody>");
+        for r in rows {
+            self.body.push_str("<tr>");
+            for (i, c) in r.iter().enumerate() {
+                let class = if i == 0 { "" } else { " class=\"n\"" };
+                let _ = write!(self.body, "<td{class}>{}</td>", escape(c));
+            }
+            self.body.push_str("</tr>");
+        }
+        self.body.push_str("</tbody></table>");
+    }
+}
+
+/// Renders the report for the folders given (in that order within each section).
+pub fn render(dirs: &[ResultsDir], title: &str) -> Result<String, String> {
+    let mut page = Page {
+        body: String::new(),
+        figures: 0,
+    };
+    let maxrates: Vec<&MaxrateDir> = dirs
+        .iter()
+        .filter_map(|d| match d {
+            ResultsDir::Maxrate(m) => Some(m),
+            _ => None,
+        })
+        .collect();
+    let runs: Vec<&RunDir> = dirs
+        .iter()
+        .filter_map(|d| match d {
+            ResultsDir::Run(r) => Some(r.as_ref()),
+            _ => None,
+        })
+        .collect();
+    let sweeps: Vec<&SweepDir> = dirs
+        .iter()
+        .filter_map(|d| match d {
+            ResultsDir::Sweep(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+
+    maxrate_section(&mut page, &maxrates);
+    isolation_section(&mut page, &runs)?;
+    partition_section(
+        &mut page,
+        &sweeps
+            .iter()
+            .copied()
+            .filter(|s| s.index.kind == "partition")
+            .collect::<Vec<_>>(),
+    )?;
+    concurrency_section(
+        &mut page,
+        &sweeps
+            .iter()
+            .copied()
+            .filter(|s| s.index.kind == "concurrency")
+            .collect::<Vec<_>>(),
+    )?;
+    for r in &runs {
+        run_section(&mut page, r)?;
+    }
+
+    let mut inputs = String::new();
+    for d in dirs {
+        let (kind, path) = match d {
+            ResultsDir::Run(r) => (
+                if r.summary.command.is_empty() {
+                    "run".to_string()
+                } else {
+                    r.summary.command.clone()
+                },
+                &r.path,
+            ),
+            ResultsDir::Maxrate(m) => ("maxrate".to_string(), &m.path),
+            ResultsDir::Sweep(s) => (format!("sweep {}", s.index.kind), &s.path),
+        };
+        let _ = write!(
+            inputs,
+            "<li><code>{}</code> ({})</li>",
+            escape(&path.display().to_string()),
+            escape(&kind)
+        );
+    }
+    Ok(format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"generator\" content=\"isolane {version}\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{title}</title><style>{CSS}</style></head><body>\
+         <h1>{title}</h1><p class=\"meta\">isolane {version} · {n} plot(s) from:</p>\
+         <ul class=\"inputs\">{inputs}</ul>\n{body}</body></html>\n",
+        version = env!("CARGO_PKG_VERSION"),
+        title = escape(title),
+        n = page.figures,
+        body = page.body,
+    ))
+}
+
+const CSS: &str = "body{font-family:sans-serif;margin:24px auto;max-width:1340px;color:#222;\
+padding:0 16px}h1{font-size:24px}h2{font-size:19px;border-bottom:1px solid #ddd;\
+padding-bottom:4px;margin-top:36px}h3{font-size:16px}.meta,.intro{color:#555}\
+.grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;border:1px solid #e4e4e4;\
+padding:4px}figure svg{display:block}figcaption{font-size:12px;color:#555;text-align:center}\
+table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}th,td{border:1px solid #ddd;\
+padding:3px 8px}th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+code{font-size:12px}";
+
+/// Tables II–III of paper 000: max stable rate per model (rows) and mechanism (columns).
+fn maxrate_section(page: &mut Page, dirs: &[&MaxrateDir]) {
+    if dirs.is_empty() {
+        return;
+    }
+    let mut columns: Vec<String> = Vec::new();
+    let mut cells: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for d in dirs {
+        let col = d.result.column();
+        if !columns.contains(&col) {
+            columns.push(col.clone());
+        }
+        let text = match d.result.l_max_ms {
+            Some(l) => format!("{:.1} (L_max {:.2} ms)", d.result.max_rate_hz, l),
+            None => format!("{:.1}", d.result.max_rate_hz),
+        };
+        cells.entry(d.result.row()).or_default().insert(col, text);
+    }
+    // The papers' order: the whole GPU first, then MPS, then the hard partitions.
+    let rank = |c: &String| {
+        ["timeslice", "mps", "mig", "green"]
+            .iter()
+            .position(|m| c.starts_with(m))
+            .unwrap_or(4)
+    };
+    columns.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
+    page.h2(
+        "Max stable inference rate",
+        "Jobs/s with no deadline miss over the validation batches (Algorithm 1 of paper 000; \
+         Tables II–III), per model and mechanism.",
+    );
+    let mut header = vec!["model".to_string()];
+    header.extend(columns.iter().cloned());
+    let rows: Vec<Vec<String>> = cells
+        .iter()
+        .map(|(model, by_col)| {
+            let mut r = vec![model.clone()];
+            r.extend(
+                columns
+                    .iter()
+                    .map(|c| by_col.get(c).cloned().unwrap_or_else(|| "-".into())),
+            );
+            r
+        })
+        .collect();
+    page.table(&header, &rows);
+    page.end();
+}
+
+/// The label of a run's way of sharing: the mechanism, or the folder's name when the scenario
+/// does not say (the CPU, where everything is `none`).
+fn mechanism_label(r: &RunDir) -> String {
+    match r.device.mechanism.as_str() {
+        "" | "none" => r.label.clone(),
+        m => m.to_string(),
+    }
+}
+
+/// Paper 000 Figs. 8–11: victims' timeout % against the interferers' rate, one line per
+/// mechanism, one chart per victim model (the mean over victims when there are several).
+/// One line of an isolation chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IsolationLine {
+    pub label: String,
+    pub folder: String,
+    /// (interferer rate, victims' mean timeout %) per step.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Isolation folders grouped by (victim model, number of victims), so that the 2- and
+/// 4-workload variants of a model get separate charts as in the paper; one line per folder.
+pub fn isolation_lines(runs: &[&RunDir]) -> BTreeMap<(String, usize), Vec<IsolationLine>> {
+    let mut groups: BTreeMap<(String, usize), Vec<IsolationLine>> = BTreeMap::new();
+    for r in runs.iter().filter(|r| !r.isolation.is_empty()) {
+        let mut victims: Vec<&str> = r.isolation.iter().map(|x| x.victim.as_str()).collect();
+        victims.sort_unstable();
+        victims.dedup();
+        let model = victims
+            .first()
+            .and_then(|v| r.summary.workloads.iter().find(|w| w.name == *v))
+            .map(|w| w.model.clone())
+            .unwrap_or_else(|| "victim".into());
+        let mut by_step: BTreeMap<u32, (f64, f64, usize)> = BTreeMap::new();
+        for row in &r.isolation {
+            let e = by_step
+                .entry(row.step)
+                .or_insert((row.interferer_rate_hz, 0.0, 0));
+            e.1 += row.timeout_pct;
+            e.2 += 1;
+        }
+        let points = by_step
+            .values()
+            .map(|(rate, sum, n)| (*rate, sum / *n as f64))
+            .collect();
+        groups
+            .entry((model, victims.len()))
+            .or_default()
+            .push(IsolationLine {
+                label: mechanism_label(r),
+                folder: r.label.clone(),
+                points,
+            });
+    }
+    // Two folders of one mechanism (e.g. green at two sizes) are told apart by folder name.
+    for lines in groups.values_mut() {
+        let labels: Vec<String> = lines.iter().map(|l| l.label.clone()).collect();
+        for l in lines.iter_mut() {
+            if labels.iter().filter(|x| **x == l.label).count() > 1 && l.label != l.folder {
+                l.label = format!("{} ({})", l.label, l.folder);
+            }
+        }
+    }
+    groups
+}
+
+/// Paper 000 Figs. 8–11: victims' timeout % against the interferers' rate, one line per
+/// mechanism, one chart per victim model and number of victims (their mean when several).
+fn isolation_section(page: &mut Page, runs: &[&RunDir]) -> Result<(), String> {
+    let groups = isolation_lines(runs);
+    if groups.is_empty() {
+        return Ok(());
+    }
+    page.h2(
+        "Isolation: victim timeouts against interferer rate",
+        "Victims run at a fixed rate while the interferers ramp theirs; each point is the \
+         share of the victims' jobs released in that step that missed their deadline (paper \
+         000, Figs. 8–11). With several victims, their mean.",
+    );
+    let mut charts = Vec::new();
+    for ((model, victims), lines) in groups {
+        let mut chart = Chart::new(
+            if victims > 1 {
+                format!("{model}: mean of {victims} victims")
+            } else {
+                format!("{model}: victim")
+            },
+            "interferer rate (jobs/s)",
+            "victim timeouts (%)",
+        );
+        chart.y_from_zero = true;
+        chart.markers = true;
+        chart.caption = format!(
+            "isolation.csv of {}",
+            lines
+                .iter()
+                .map(|l| l.folder.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for l in lines {
+            chart = chart.series(l.label, l.points);
+        }
+        charts.push(chart);
+    }
+    page.figures(charts)?;
+    page.end();
+    Ok(())
+}
+
+/// The point's memory: what the workloads report, else the device's peak from telemetry.
+fn memory_mib(r: &RunDir) -> Option<f64> {
+    let per_workload: Vec<f64> = r
+        .summary
+        .workloads
+        .iter()
+        .filter_map(|w| w.gpu_memory_mib)
+        .collect();
+    if !per_workload.is_empty() {
+        return Some(per_workload.iter().sum());
+    }
+    r.summary
+        .telemetry
+        .as_ref()
+        .and_then(|t| t.memory_used_mib.max)
+}
+
+fn mean_power_w(r: &RunDir) -> Option<f64> {
+    r.summary.telemetry.as_ref().and_then(|t| t.power_w.mean)
+}
+
+fn sweep_line_label(s: &SweepDir) -> String {
+    let mut parts = vec![s.index.mechanism.clone()];
+    if !s.index.backend.is_empty() {
+        parts.push(s.index.backend.clone());
+    }
+    if !s.index.precision.is_empty() {
+        parts.push(s.index.precision.clone());
+    }
+    parts.retain(|p| !p.is_empty());
+    if parts.is_empty() {
+        s.label.clone()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// Paper 000 Figs. 4–5: throughput, memory and mean power against partition size; one chart
+/// set per model and unit (SMs or MPS thread %), one line per sweep.
+fn partition_section(page: &mut Page, sweeps: &[&SweepDir]) -> Result<(), String> {
+    if sweeps.is_empty() {
+        return Ok(());
+    }
+    page.h2(
+        "Partition sweeps",
+        "One model alone in partitions from the smallest to the whole GPU (paper 000, Figs. \
+         4–5): throughput, device memory and mean power at each size.",
+    );
+    let mut groups: BTreeMap<(String, &str), Vec<&SweepDir>> = BTreeMap::new();
+    for s in sweeps {
+        let unit = if s.points.iter().any(|(p, _)| p.thread_pct.is_some()) {
+            "MPS thread %"
+        } else {
+            "SMs"
+        };
+        groups
+            .entry((s.index.model.clone(), unit))
+            .or_default()
+            .push(s);
+    }
+    for ((model, unit), list) in groups {
+        let caption = format!(
+            "sweep folders: {}",
+            list.iter()
+                .map(|s| s.label.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let mut thr = Chart::new(
+            format!("{model}: throughput"),
+            format!("partition ({unit})"),
+            "throughput (images/s)",
+        );
+        let mut mem = Chart::new(
+            format!("{model}: memory"),
+            format!("partition ({unit})"),
+            "device memory (MiB)",
+        );
+        let mut pow = Chart::new(
+            format!("{model}: mean power"),
+            format!("partition ({unit})"),
+            "power (W)",
+        );
+        for s in list {
+            let label = sweep_line_label(s);
+            let mut t = Vec::new();
+            let mut m = Vec::new();
+            let mut p = Vec::new();
+            for (pt, run) in &s.points {
+                let (Some(x), Some(run)) = (pt.sms.or(pt.thread_pct), run) else {
+                    continue;
+                };
+                let x = f64::from(x);
+                t.push((x, run.summary.total_throughput_ips()));
+                if let Some(v) = memory_mib(run) {
+                    m.push((x, v));
+                }
+                if let Some(v) = mean_power_w(run) {
+                    p.push((x, v));
+                }
+            }
+            thr = thr.series(label.clone(), t);
+            mem = mem.series(label.clone(), m);
+            pow = pow.series(label, p);
+        }
+        for c in [&mut thr, &mut mem, &mut pow] {
+            c.markers = true;
+            c.y_from_zero = true;
+            c.caption = caption.clone();
+        }
+        page.body
+            .push_str(&format!("<h3>{} · {}</h3>", escape(&model), escape(unit)));
+        page.figures(vec![thr, mem, pow])?;
+    }
+    page.end();
+    Ok(())
+}
+
+/// Paper 001 Figs. 6–7: throughput per workload (T/P) and memory against the number of
+/// concurrent workloads, one line per batch size; one chart set per sweep.
+fn concurrency_section(page: &mut Page, sweeps: &[&SweepDir]) -> Result<(), String> {
+    if sweeps.is_empty() {
+        return Ok(());
+    }
+    page.h2(
+        "Concurrency sweeps",
+        "N copies of one model at once, closed loop, for each batch size (paper 001, Figs. \
+         6–7): throughput per workload (T/P), total throughput and device memory.",
+    );
+    for s in sweeps {
+        // A sweep over several precisions gets one chart set per precision.
+        let mut by_precision: BTreeMap<String, ByBatch> = BTreeMap::new();
+        for (pt, run) in &s.points {
+            if let (Some(n), Some(b), Some(run)) = (pt.workloads, pt.batch, run) {
+                let precision = pt.precision.clone().unwrap_or_default();
+                by_precision
+                    .entry(precision)
+                    .or_default()
+                    .entry(b)
+                    .or_default()
+                    .push((f64::from(n), run));
+            }
+        }
+        let several = by_precision.len() > 1;
+        for (precision, by_batch) in by_precision {
+            concurrency_charts(page, s, several.then_some(precision.as_str()), by_batch)?;
+        }
+    }
+    page.end();
+    Ok(())
+}
+
+/// Per batch size: (workloads, run) points.
+type ByBatch<'a> = BTreeMap<u32, Vec<(f64, &'a RunDir)>>;
+
+fn concurrency_charts(
+    page: &mut Page,
+    s: &SweepDir,
+    precision: Option<&str>,
+    by_batch: ByBatch,
+) -> Result<(), String> {
+    {
+        let name = match precision {
+            Some(p) => format!("{} {} {p}", s.index.model, s.index.mechanism),
+            None => format!("{} {}", s.index.model, sweep_line_label(s)),
+        };
+        let mut tp = Chart::new(
+            format!("{name}: throughput per workload"),
+            "concurrent workloads",
+            "T/P (images/s per workload)",
+        );
+        let mut total = Chart::new(
+            format!("{name}: total throughput"),
+            "concurrent workloads",
+            "throughput (images/s)",
+        );
+        let mut mem = Chart::new(
+            format!("{name}: memory"),
+            "concurrent workloads",
+            "device memory (MiB)",
+        );
+        let caption = format!("sweep.json and its run folders in {}", s.label);
+        for c in [&mut tp, &mut total, &mut mem] {
+            c.caption = caption.clone();
+        }
+        for (batch, mut pts) in by_batch {
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let label = format!("batch {batch}");
+            let per = |r: &RunDir| {
+                let n = r.summary.workloads.len().max(1) as f64;
+                r.summary.total_throughput_ips() / n
+            };
+            tp = tp.series(
+                label.clone(),
+                pts.iter().map(|(n, r)| (*n, per(r))).collect(),
+            );
+            total = total.series(
+                label.clone(),
+                pts.iter()
+                    .map(|(n, r)| (*n, r.summary.total_throughput_ips()))
+                    .collect(),
+            );
+            mem = mem.series(
+                label,
+                pts.iter()
+                    .filter_map(|(n, r)| memory_mib(r).map(|m| (*n, m)))
+                    .collect(),
+            );
+        }
+        for c in [&mut tp, &mut total, &mut mem] {
+            c.markers = true;
+            c.y_from_zero = true;
+        }
+        page.body.push_str(&format!(
+            "<h3>{} <code>{}</code></h3>",
+            escape(&name),
+            escape(&s.path.display().to_string())
+        ));
+        page.figures(vec![tp, total, mem])?;
+    }
+    Ok(())
+}
+
+/// One run: its workloads' table, latency CDFs and, with telemetry, the device over time
+/// (paper 000, Figs. 6–7).
+fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
+    let command = if r.summary.command.is_empty() {
+        "run"
+    } else {
+        r.summary.command.as_str()
+    };
+    let mut intro = format!("{command} · status {}", r.summary.status);
+    if !r.device.backend.is_empty() {
+        let _ = write!(
+            intro,
+            " · backend {} · mechanism {}",
+            r.device.backend, r.device.mechanism
+        );
+    }
+    let _ = write!(intro, " · {:.2} s · {}", r.summary.wall_s, r.path.display());
+    page.h2(&format!("Run {}", r.label), &intro);
+    let header: Vec<String> = [
+        "workload",
+        "model",
+        "batch",
+        "rate /s",
+        "jobs",
+        "timeouts %",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "throughput /s",
+        "energy J",
+        "J/image",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let rows: Vec<Vec<String>> = r
+        .summary
+        .workloads
+        .iter()
+        .map(|w| {
+            vec![
+                w.name.clone(),
+                w.model.clone(),
+                w.batch.to_string(),
+                w.rate_hz.map_or("max".into(), |h| format!("{h:.1}")),
+                w.jobs.to_string(),
+                format!("{:.2}", w.timeout_pct),
+                fmt(w.latency_ms.p50, 3),
+                fmt(w.latency_ms.p99, 3),
+                fmt(w.latency_ms.max, 3),
+                format!("{:.1}", w.throughput_ips),
+                fmt(w.energy_j, 1),
+                fmt(w.j_per_image, 3),
+            ]
+        })
+        .collect();
+    page.table(&header, &rows);
+    if let Some(t) = &r.summary.telemetry {
+        let reasons = if t.throttle_reasons.is_empty() {
+            "none".to_string()
+        } else {
+            t.throttle_reasons.join(", ")
+        };
+        page.table(
+            &[
+                "power mean W",
+                "power max W",
+                "energy J",
+                "SM clock mean MHz",
+                "temperature max °C",
+                "throttle reasons seen",
+                "sampler CPU % of a core",
+            ]
+            .map(String::from),
+            &[vec![
+                fmt(t.power_w.mean, 1),
+                fmt(t.power_w.max, 1),
+                fmt(t.energy_j, 1),
+                fmt(t.sm_clock_mhz.mean, 0),
+                fmt(t.temperature_c.max, 0),
+                reasons,
+                fmt(t.sampler_cpu_pct, 3),
+            ]],
+        );
+    }
+    let mut cdf = Chart::new(
+        format!("{}: latency CDF", r.label),
+        "response time (ms)",
+        "fraction of jobs",
+    );
+    cdf.y_range = Some((0.0, 1.02));
+    cdf.legend_lower_right = true;
+    cdf.caption = format!("completed jobs in jobs/*.csv of {}", r.label);
+    for (name, lat) in &r.latencies_ms {
+        cdf = cdf.series(name.clone(), plot::cdf_points(lat, CDF_POINTS));
+    }
+    let mut charts = vec![cdf];
+    if let Some(t) = &r.telemetry {
+        for (col, title, unit) in [
+            ("power_w", "power", "power (W)"),
+            ("sm_clock_mhz", "SM clock", "SM clock (MHz)"),
+            ("temperature_c", "temperature", "temperature (°C)"),
+            ("sm_util_pct", "SM utilisation (GPM)", "SM utilisation (%)"),
+        ] {
+            let mut c = Chart::new(format!("{}: {title}", r.label), "time since t0 (s)", unit);
+            c = c.series(title, t.points(col));
+            c.caption = format!("telemetry.csv of {}", r.label);
+            charts.push(c);
+        }
+    }
+    page.figures(charts)?;
+    page.end();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{DeviceInfo, IsolationRow, RunSummary, WorkloadSummary};
+
+    fn workload(name: &str, model: &str) -> WorkloadSummary {
+        serde_json::from_value(serde_json::json!({"name": name, "model": model})).unwrap()
+    }
+
+    fn iso_run(folder: &str, mechanism: &str, victims: &[(&str, [f64; 2])]) -> RunDir {
+        let mut isolation = Vec::new();
+        for (step, rate) in [(0u32, 10.0), (1, 20.0)] {
+            for (v, pct) in victims {
+                isolation.push(IsolationRow {
+                    step,
+                    interferer_rate_hz: rate,
+                    victim: v.to_string(),
+                    timeout_pct: pct[step as usize],
+                });
+            }
+        }
+        RunDir {
+            path: folder.into(),
+            label: folder.into(),
+            summary: RunSummary {
+                command: "isolation".into(),
+                status: "ok".into(),
+                wall_s: 1.0,
+                workloads: victims
+                    .iter()
+                    .map(|(v, _)| workload(v, "resnet18"))
+                    .collect(),
+                telemetry: None,
+            },
+            device: DeviceInfo {
+                backend: "cuda".into(),
+                mechanism: mechanism.into(),
+            },
+            latencies_ms: Vec::new(),
+            isolation,
+            telemetry: None,
+        }
+    }
+
+    #[test]
+    fn isolation_lines_average_victims_and_split_2_and_4_workload_variants() {
+        let a = iso_run("r18-mps", "mps", &[("v", [0.0, 10.0])]);
+        let b = iso_run("r18-green", "green", &[("v", [0.0, 2.0])]);
+        let c = iso_run(
+            "r18-4w",
+            "green",
+            &[("v1", [0.0, 3.0]), ("v2", [0.0, 6.0]), ("v3", [3.0, 9.0])],
+        );
+        let d = iso_run("r18-green-64", "green", &[("v", [1.0, 1.0])]);
+        let g = isolation_lines(&[&a, &b, &c, &d]);
+        let two = &g[&("resnet18".to_string(), 1)];
+        let labels: Vec<&str> = two.iter().map(|l| l.label.as_str()).collect();
+        assert_eq!(labels, ["mps", "green (r18-green)", "green (r18-green-64)"]);
+        assert_eq!(two[0].points, vec![(10.0, 0.0), (20.0, 10.0)]);
+        let four = &g[&("resnet18".to_string(), 3)];
+        assert_eq!(four[0].label, "green");
+        assert_eq!(four[0].points, vec![(10.0, 1.0), (20.0, 6.0)]);
+    }
+
+    #[test]
+    fn html_escapes_names_from_results() {
+        assert_eq!(escape("<a&\"b'>"), "&lt;a&amp;&quot;b&#39;&gt;");
+    }
+}

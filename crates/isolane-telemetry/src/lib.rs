@@ -1,0 +1,601 @@
+//! isolane-telemetry: device telemetry sampled on its own thread while a run goes on.
+//!
+//! A [`Source`] reads one [`Reading`] of the device (NVML on a real GPU: [`nvml::NvmlSource`];
+//! a fake in tests); the [`Sampler`] reads it every period (50 ms by default) on an absolute
+//! schedule until stopped, and accounts for its own CPU time. The [`Recording`] it returns
+//! becomes `telemetry.csv` ([`Recording::csv`]) and the `telemetry` object of summary.json
+//! ([`Recording::summary`]), with DESIGN.md's metric names. See docs/report.md.
+
+pub mod nvml;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The sampling period unless told otherwise.
+pub const DEFAULT_PERIOD: Duration = Duration::from_millis(50);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// NVML could not be loaded or initialised: no driver, or not an NVIDIA machine.
+    #[error("NVML is not available ({0}); telemetry needs the NVIDIA driver's libnvidia-ml")]
+    NoNvml(String),
+    #[error("NVML: {call} failed: {error}")]
+    Nvml { call: &'static str, error: String },
+    #[error("starting the telemetry thread: {0}")]
+    Thread(std::io::Error),
+    #[error("the telemetry thread panicked")]
+    Panicked,
+    #[error("{path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// One reading of the device. Every field is optional: a GPU or driver that does not support a
+/// query leaves it empty rather than failing the sample.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reading {
+    pub power_w: Option<f64>,
+    /// The driver's total energy counter in mJ (monotonic until the driver reloads or it
+    /// wraps); energy comes from its deltas when it is there.
+    pub energy_counter_mj: Option<u64>,
+    pub sm_clock_mhz: Option<f64>,
+    pub mem_clock_mhz: Option<f64>,
+    pub temperature_c: Option<f64>,
+    /// NVML's clock throttle reason bits (see [`THROTTLE_REASONS`]).
+    pub throttle_reasons: Option<u64>,
+    pub memory_used_mib: Option<f64>,
+    pub gpu_util_pct: Option<f64>,
+    pub mem_util_pct: Option<f64>,
+    /// NVML GPM (Hopper and later), over the interval since the previous reading.
+    pub sm_util_pct: Option<f64>,
+    pub sm_occupancy_pct: Option<f64>,
+    pub tensor_util_pct: Option<f64>,
+    pub dram_bw_util_pct: Option<f64>,
+    /// Device memory per process: (pid, MiB).
+    pub process_memory_mib: Vec<(u32, f64)>,
+}
+
+/// Something that reads the device: NVML, or a fake in tests.
+pub trait Source: Send {
+    /// The device's name, for the summary.
+    fn device(&self) -> String;
+    /// `"nvml"`, `"fake"`, …
+    fn kind(&self) -> &'static str;
+    fn read(&mut self) -> Reading;
+}
+
+/// A reading with the time it was taken.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Absolute CLOCK_MONOTONIC ns: the clock the runtime's t0 is on.
+    pub t_ns: i64,
+    pub reading: Reading,
+}
+
+fn clock_ns(clock: libc::clockid_t) -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; both clocks used here exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+/// CLOCK_MONOTONIC in ns (the runtime's clock).
+pub fn now_ns() -> i64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CPU time the calling thread has used, in ns.
+pub fn thread_cpu_ns() -> i64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// What a finished sampler hands back.
+#[derive(Debug, Clone)]
+pub struct Recording {
+    pub device: String,
+    pub source: &'static str,
+    pub period: Duration,
+    pub samples: Vec<Sample>,
+    /// CPU time of the sampling thread from its start to its end (reads, bookkeeping, sleeps'
+    /// wake-ups), and the wall time it covers.
+    pub cpu_ns: i64,
+    pub wall_ns: i64,
+    /// Periods in which the reading took so long that the next release had already passed
+    /// (the sampler then skips ahead instead of bursting).
+    pub overruns: u64,
+}
+
+/// The sampling thread; stop it with [`Sampler::stop`] (dropping it also stops and joins it).
+pub struct Sampler {
+    shared: Arc<(Mutex<bool>, Condvar)>,
+    stopped: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Recording>>,
+}
+
+impl Sampler {
+    /// Starts sampling `source` every `period` (first reading at once).
+    pub fn start(source: Box<dyn Source>, period: Duration) -> Result<Sampler, TelemetryError> {
+        let shared = Arc::new((Mutex::new(false), Condvar::new()));
+        let stopped = Arc::new(AtomicBool::new(false));
+        let (s2, st2) = (Arc::clone(&shared), Arc::clone(&stopped));
+        let handle = std::thread::Builder::new()
+            .name("isolane:telemetry".into())
+            .spawn(move || sample_loop(source, period, &s2, &st2))
+            .map_err(TelemetryError::Thread)?;
+        Ok(Sampler {
+            shared,
+            stopped,
+            handle: Some(handle),
+        })
+    }
+
+    /// Stops the thread (waking it from its sleep at once), joins it and returns what it read.
+    pub fn stop(mut self) -> Result<Recording, TelemetryError> {
+        self.signal();
+        self.handle
+            .take()
+            .map(|h| h.join().map_err(|_| TelemetryError::Panicked))
+            .unwrap_or(Err(TelemetryError::Panicked))
+    }
+
+    fn signal(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let (lock, cv) = &*self.shared;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            self.signal();
+            let _ = h.join();
+        }
+    }
+}
+
+fn sample_loop(
+    mut source: Box<dyn Source>,
+    period: Duration,
+    shared: &(Mutex<bool>, Condvar),
+    stopped: &AtomicBool,
+) -> Recording {
+    let cpu0 = thread_cpu_ns();
+    let start = now_ns();
+    let period_ns = (period.as_nanos() as i64).max(1);
+    // Reserve for a long run up front so the loop does not reallocate in the middle of it.
+    let mut samples = Vec::with_capacity(4096);
+    let mut overruns = 0u64;
+    let mut k: i64 = 0;
+    let (lock, cv) = shared;
+    loop {
+        let reading = source.read();
+        samples.push(Sample {
+            t_ns: now_ns(),
+            reading,
+        });
+        // Absolute schedule (start + k·period), as the release loop does, so the period does
+        // not drift by the time each reading takes.
+        k += 1;
+        let mut next = start + k * period_ns;
+        let now = now_ns();
+        if next <= now {
+            overruns += 1;
+            k = (now - start) / period_ns + 1;
+            next = start + k * period_ns;
+        }
+        let mut stop = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if *stop || stopped.load(Ordering::SeqCst) {
+                drop(stop);
+                let end = now_ns();
+                return Recording {
+                    device: source.device(),
+                    source: source.kind(),
+                    period,
+                    samples,
+                    cpu_ns: thread_cpu_ns() - cpu0,
+                    wall_ns: end - start,
+                    overruns,
+                };
+            }
+            let left = next - now_ns();
+            if left <= 0 {
+                break;
+            }
+            stop = cv
+                .wait_timeout(stop, Duration::from_nanos(left as u64))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// NVML's clock throttle reason bits (`nvmlClocksThrottleReason*`) and their names in
+/// telemetry.csv and summary.json.
+pub const THROTTLE_REASONS: &[(u64, &str)] = &[
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+];
+
+pub fn throttle_names(bits: u64) -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = THROTTLE_REASONS
+        .iter()
+        .filter(|(b, _)| bits & b != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    let known: u64 = THROTTLE_REASONS.iter().map(|(b, _)| b).sum();
+    if bits & !known != 0 {
+        v.push("other");
+    }
+    v
+}
+
+/// How the energy was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnergySource {
+    /// Every interval from the driver's energy counter.
+    Counter,
+    /// Every interval by integrating power (no counter, or it wrapped or reset).
+    IntegratedPower,
+    /// Some of each.
+    Mixed,
+    /// Neither counter nor power: no energy.
+    None,
+}
+
+/// Cumulative energy (J) at each sample since the first, and how it was obtained. An interval
+/// uses the counter's delta when both ends have it and it did not go backwards (a wrap, or a
+/// driver reload, resets it); otherwise the trapezoid of the power readings (one end's power
+/// when only one has it); with neither the interval adds nothing.
+pub fn cumulative_energy_j(samples: &[Sample]) -> (Vec<f64>, EnergySource) {
+    let mut out = Vec::with_capacity(samples.len());
+    let (mut counter, mut power) = (0usize, 0usize);
+    let mut acc = 0.0;
+    for (i, s) in samples.iter().enumerate() {
+        if i > 0 {
+            let p = &samples[i - 1];
+            let dt = (s.t_ns - p.t_ns) as f64 / 1e9;
+            match (p.reading.energy_counter_mj, s.reading.energy_counter_mj) {
+                (Some(a), Some(b)) if b >= a => {
+                    acc += (b - a) as f64 / 1000.0;
+                    counter += 1;
+                }
+                _ => {
+                    let w = match (p.reading.power_w, s.reading.power_w) {
+                        (Some(a), Some(b)) => Some((a + b) / 2.0),
+                        (a, b) => a.or(b),
+                    };
+                    if let Some(w) = w {
+                        acc += w * dt;
+                        power += 1;
+                    }
+                }
+            }
+        }
+        out.push(acc);
+    }
+    let source = match (counter, power) {
+        (0, 0) => EnergySource::None,
+        (_, 0) => EnergySource::Counter,
+        (0, _) => EnergySource::IntegratedPower,
+        _ => EnergySource::Mixed,
+    };
+    (out, source)
+}
+
+/// Energy (J) used between two instants (CLOCK_MONOTONIC ns), interpolating the cumulative
+/// energy linearly between samples; the window is clipped to the samples' span.
+pub fn energy_between_j(samples: &[Sample], cumulative: &[f64], from_ns: i64, to_ns: i64) -> f64 {
+    let at = |t: i64| -> f64 {
+        let Some(first) = samples.first() else {
+            return 0.0;
+        };
+        if t <= first.t_ns {
+            return cumulative[0];
+        }
+        let i = samples.partition_point(|s| s.t_ns <= t);
+        if i >= samples.len() {
+            return cumulative[samples.len() - 1];
+        }
+        let (a, b) = (&samples[i - 1], &samples[i]);
+        let f = (t - a.t_ns) as f64 / (b.t_ns - a.t_ns).max(1) as f64;
+        cumulative[i - 1] + f * (cumulative[i] - cumulative[i - 1])
+    };
+    (at(to_ns) - at(from_ns)).max(0.0)
+}
+
+/// `{mean, min, max}` of one quantity over the samples that have it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Stat {
+    pub mean: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+fn stat(values: impl Iterator<Item = f64>) -> Option<Stat> {
+    let (mut n, mut sum, mut min, mut max) = (0usize, 0.0, f64::INFINITY, f64::NEG_INFINITY);
+    for v in values.filter(|v| v.is_finite()) {
+        n += 1;
+        sum += v;
+        min = min.min(v);
+        max = max.max(v);
+    }
+    (n > 0).then(|| Stat {
+        mean: sum / n as f64,
+        min,
+        max,
+    })
+}
+
+/// The `telemetry` object of summary.json (names as in DESIGN.md's metric list).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TelemetrySummary {
+    pub source: String,
+    pub device: String,
+    pub period_ms: f64,
+    /// Samples inside the window summarised (the run: t0 to its end).
+    pub samples: usize,
+    pub duration_s: f64,
+    pub power_w: Option<Stat>,
+    /// Energy over the window.
+    pub energy_j: Option<f64>,
+    pub energy_source: EnergySource,
+    pub sm_clock_mhz: Option<Stat>,
+    pub mem_clock_mhz: Option<Stat>,
+    pub temperature_c: Option<Stat>,
+    /// Every throttle reason seen in at least one sample of the window.
+    pub throttle_reasons: Vec<String>,
+    pub memory_used_mib: Option<Stat>,
+    pub gpu_util_pct: Option<Stat>,
+    pub sm_util_pct: Option<Stat>,
+    pub sm_occupancy_pct: Option<Stat>,
+    pub tensor_util_pct: Option<Stat>,
+    pub dram_bw_util_pct: Option<Stat>,
+    /// The sampler's own cost: CPU seconds of its thread, and as % of one core over its life.
+    pub sampler_cpu_s: f64,
+    pub sampler_cpu_pct: f64,
+    /// Periods the sampler could not keep (a reading took longer than the period).
+    pub sampler_overruns: u64,
+}
+
+impl Recording {
+    /// The sampler's CPU use as % of one core.
+    pub fn cpu_pct(&self) -> f64 {
+        if self.wall_ns <= 0 {
+            0.0
+        } else {
+            100.0 * self.cpu_ns as f64 / self.wall_ns as f64
+        }
+    }
+
+    /// Summary over `[from_ns, to_ns]` (absolute CLOCK_MONOTONIC; the run's t0 and end), or
+    /// over every sample with `None`.
+    pub fn summary(&self, window: Option<(i64, i64)>) -> TelemetrySummary {
+        let (from, to) = window.unwrap_or((
+            self.samples.first().map_or(0, |s| s.t_ns),
+            self.samples.last().map_or(0, |s| s.t_ns),
+        ));
+        let inside: Vec<&Reading> = self
+            .samples
+            .iter()
+            .filter(|s| s.t_ns >= from && s.t_ns <= to)
+            .map(|s| &s.reading)
+            .collect();
+        let st = |f: fn(&Reading) -> Option<f64>| stat(inside.iter().filter_map(|r| f(r)));
+        let (cumulative, energy_source) = cumulative_energy_j(&self.samples);
+        let energy_j = (energy_source != EnergySource::None && self.samples.len() > 1)
+            .then(|| energy_between_j(&self.samples, &cumulative, from, to));
+        let bits = inside
+            .iter()
+            .filter_map(|r| r.throttle_reasons)
+            .fold(0u64, |a, b| a | b);
+        TelemetrySummary {
+            source: self.source.to_string(),
+            device: self.device.clone(),
+            period_ms: self.period.as_secs_f64() * 1e3,
+            samples: inside.len(),
+            duration_s: (to - from).max(0) as f64 / 1e9,
+            power_w: st(|r| r.power_w),
+            energy_j,
+            energy_source,
+            sm_clock_mhz: st(|r| r.sm_clock_mhz),
+            mem_clock_mhz: st(|r| r.mem_clock_mhz),
+            temperature_c: st(|r| r.temperature_c),
+            throttle_reasons: throttle_names(bits).into_iter().map(String::from).collect(),
+            memory_used_mib: st(|r| r.memory_used_mib),
+            gpu_util_pct: st(|r| r.gpu_util_pct),
+            sm_util_pct: st(|r| r.sm_util_pct),
+            sm_occupancy_pct: st(|r| r.sm_occupancy_pct),
+            tensor_util_pct: st(|r| r.tensor_util_pct),
+            dram_bw_util_pct: st(|r| r.dram_bw_util_pct),
+            sampler_cpu_s: self.cpu_ns as f64 / 1e9,
+            sampler_cpu_pct: self.cpu_pct(),
+            sampler_overruns: self.overruns,
+        }
+    }
+
+    /// Peak device memory (MiB) a process held in any sample.
+    pub fn process_peak_mib(&self, pid: u32) -> Option<f64> {
+        stat(self.samples.iter().flat_map(|s| {
+            s.reading
+                .process_memory_mib
+                .iter()
+                .filter(move |(p, _)| *p == pid)
+                .map(|(_, m)| *m)
+        }))
+        .map(|s| s.max)
+    }
+
+    /// telemetry.csv: one row per sample, `t_s` in seconds since `origin_ns` (the run's t0:
+    /// samples before it are negative), empty cells for what the device did not report.
+    pub fn csv(&self, origin_ns: i64) -> String {
+        use std::fmt::Write as _;
+        let (cumulative, _) = cumulative_energy_j(&self.samples);
+        let mut s = String::with_capacity(160 * (self.samples.len() + 1));
+        s.push_str(CSV_HEADER);
+        s.push('\n');
+        let f = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_default();
+        for (sample, energy) in self.samples.iter().zip(&cumulative) {
+            let r = &sample.reading;
+            let procs: Vec<String> = r
+                .process_memory_mib
+                .iter()
+                .map(|(p, m)| format!("{p}:{m:.0}"))
+                .collect();
+            let _ = writeln!(
+                s,
+                "{:.3},{},{:.3},{},{},{},{},{},{},{},{},{},{},{},{}",
+                (sample.t_ns - origin_ns) as f64 / 1e9,
+                f(r.power_w, 2),
+                energy,
+                f(r.sm_clock_mhz, 0),
+                f(r.mem_clock_mhz, 0),
+                f(r.temperature_c, 0),
+                r.throttle_reasons
+                    .map(|b| throttle_names(b).join("|"))
+                    .unwrap_or_default(),
+                f(r.memory_used_mib, 1),
+                f(r.gpu_util_pct, 0),
+                f(r.mem_util_pct, 0),
+                f(r.sm_util_pct, 1),
+                f(r.sm_occupancy_pct, 1),
+                f(r.tensor_util_pct, 1),
+                f(r.dram_bw_util_pct, 1),
+                procs.join("|"),
+            );
+        }
+        s
+    }
+}
+
+/// Columns of telemetry.csv (docs/report.md). `energy_j` is cumulative since the first sample;
+/// `throttle_reasons` and `process_memory_mib` (`pid:MiB`) are `|`-separated lists.
+pub const CSV_HEADER: &str = "t_s,power_w,energy_j,sm_clock_mhz,mem_clock_mhz,temperature_c,\
+throttle_reasons,memory_used_mib,gpu_util_pct,mem_util_pct,sm_util_pct,sm_occupancy_pct,\
+tensor_util_pct,dram_bw_util_pct,process_memory_mib";
+
+/// Adds a run's telemetry to its summary.json value: the `telemetry` object, and per workload
+/// what can be attributed to it. Energy is attributed only when the workload ran alone (the
+/// device's energy is then its energy): `energy_j` and `j_per_image`. Device memory is
+/// attributed by process: a workload in its own worker process gets its pid's peak; a run of
+/// one workload on a thread gets this process's.
+pub fn attach(summary: &mut serde_json::Value, rec: &Recording, t: &TelemetrySummary) {
+    use serde_json::Value;
+    let Some(obj) = summary.as_object_mut() else {
+        return;
+    };
+    if let Ok(v) = serde_json::to_value(t) {
+        obj.insert("telemetry".into(), v);
+    }
+    let Some(Value::Array(workloads)) = obj.get_mut("workloads") else {
+        return;
+    };
+    let alone = workloads.len() == 1;
+    let own_pid = std::process::id();
+    for w in workloads.iter_mut() {
+        let Some(w) = w.as_object_mut() else { continue };
+        let pid = w.get("pid").and_then(Value::as_u64).map(|p| p as u32);
+        let mem = match (pid, alone) {
+            (Some(p), _) => rec.process_peak_mib(p),
+            (None, true) => rec.process_peak_mib(own_pid),
+            (None, false) => None,
+        };
+        if let Some(m) = mem {
+            w.insert("gpu_memory_mib".into(), m.into());
+        }
+        if alone {
+            if let Some(e) = t.energy_j {
+                let images = w.get("completed").and_then(Value::as_u64).unwrap_or(0)
+                    * w.get("batch").and_then(Value::as_u64).unwrap_or(1);
+                w.insert("energy_j".into(), e.into());
+                w.insert(
+                    "j_per_image".into(),
+                    if images > 0 {
+                        (e / images as f64).into()
+                    } else {
+                        Value::Null
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Telemetry for one run, the way `isolane run` uses it: started before t0, finished after
+/// the run with its window, written next to the other results.
+pub struct RunTelemetry {
+    sampler: Sampler,
+}
+
+impl RunTelemetry {
+    /// Starts sampling GPU `gpu` through NVML. Without NVML this is an error the caller turns
+    /// into a warning: a run goes on without telemetry.
+    pub fn start(gpu: u32, period: Duration) -> Result<RunTelemetry, TelemetryError> {
+        let source = nvml::NvmlSource::open(gpu)?;
+        Ok(RunTelemetry {
+            sampler: Sampler::start(Box::new(source), period)?,
+        })
+    }
+
+    /// Stops sampling; writes `telemetry.csv` into `dir` (times since `t0_ns`) and returns the
+    /// recording and its summary over the run (`t0_ns` to `t0_ns + wall_s`).
+    pub fn finish(
+        self,
+        dir: &std::path::Path,
+        t0_ns: Option<i64>,
+        wall_s: f64,
+    ) -> Result<(Recording, TelemetrySummary), TelemetryError> {
+        let rec = self.sampler.stop()?;
+        let window = t0_ns.map(|t0| (t0, t0 + (wall_s * 1e9) as i64));
+        let origin = t0_ns.unwrap_or_else(|| rec.samples.first().map_or(0, |s| s.t_ns));
+        let summary = rec.summary(window);
+        let path = dir.join("telemetry.csv");
+        write_atomic(&path, rec.csv(origin).as_bytes())
+            .map_err(|source| TelemetryError::Io { path, source })?;
+        Ok((rec, summary))
+    }
+}
+
+/// Temporary file + rename, as every result file (the runtime's rule; this crate does not
+/// depend on the runtime).
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests;

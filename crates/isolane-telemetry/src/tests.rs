@@ -1,0 +1,357 @@
+//! The sampler against a fake device: timing, stop, CSV, energy, summary and CPU accounting.
+
+use super::*;
+
+/// A fake GPU: readings from a function of the read count; optionally burns CPU per read to
+/// stand for an expensive driver call.
+struct Fake {
+    n: u64,
+    burn: Duration,
+    f: fn(u64) -> Reading,
+}
+
+impl Source for Fake {
+    fn device(&self) -> String {
+        "Fake GPU".into()
+    }
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+    fn read(&mut self) -> Reading {
+        if !self.burn.is_zero() {
+            let end = thread_cpu_ns() + self.burn.as_nanos() as i64;
+            while thread_cpu_ns() < end {
+                std::hint::spin_loop();
+            }
+        }
+        self.n += 1;
+        (self.f)(self.n - 1)
+    }
+}
+
+fn steady(k: u64) -> Reading {
+    Reading {
+        power_w: Some(100.0 + k as f64),
+        energy_counter_mj: Some(1_000 * k),
+        sm_clock_mhz: Some(1980.0),
+        temperature_c: Some(40.0 + k as f64),
+        throttle_reasons: Some(if k == 2 { 0x4 } else { 0 }),
+        ..Reading::default()
+    }
+}
+
+fn fake(burn: Duration) -> Box<dyn Source> {
+    Box::new(Fake {
+        n: 0,
+        burn,
+        f: steady,
+    })
+}
+
+fn sample(t_ms: i64, power: Option<f64>, counter: Option<u64>) -> Sample {
+    Sample {
+        t_ns: t_ms * 1_000_000,
+        reading: Reading {
+            power_w: power,
+            energy_counter_mj: counter,
+            ..Reading::default()
+        },
+    }
+}
+
+fn recording(samples: Vec<Sample>) -> Recording {
+    Recording {
+        device: "Fake GPU".into(),
+        source: "fake",
+        period: Duration::from_millis(100),
+        samples,
+        cpu_ns: 1_000_000,
+        wall_ns: 1_000_000_000,
+        overruns: 0,
+    }
+}
+
+#[test]
+fn samples_on_an_absolute_period_until_stopped() {
+    let s = Sampler::start(fake(Duration::ZERO), Duration::from_millis(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(205));
+    let rec = s.stop().unwrap();
+    let n = rec.samples.len();
+    // 21 on an idle machine; a loaded CI machine may delay wake-ups but the schedule is
+    // absolute, so samples are never more than one per period.
+    assert!((8..=22).contains(&n), "{n} samples in 205 ms at 10 ms");
+    let t0 = rec.samples[0].t_ns;
+    for (k, s) in rec.samples.iter().enumerate().skip(1) {
+        let slot = (s.t_ns - t0) as f64 / 10e6;
+        assert!(
+            slot >= k as f64 - 0.5,
+            "sample {k} at slot {slot:.2}: early"
+        );
+    }
+    assert_eq!(rec.source, "fake");
+    assert_eq!(rec.device, "Fake GPU");
+}
+
+#[test]
+fn stop_wakes_the_thread_at_once_and_dropping_joins_it() {
+    let s = Sampler::start(fake(Duration::ZERO), Duration::from_secs(30)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let t = std::time::Instant::now();
+    let rec = s.stop().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        rec.samples.len(),
+        1,
+        "first reading at once, then a 30 s wait"
+    );
+    let s = Sampler::start(fake(Duration::ZERO), Duration::from_secs(30)).unwrap();
+    let t = std::time::Instant::now();
+    drop(s);
+    assert!(t.elapsed() < Duration::from_millis(500));
+}
+
+#[test]
+fn cpu_cost_is_the_threads_own_cpu_time() {
+    // 2 ms of CPU per reading every 10 ms: about 20 % of a core.
+    let s = Sampler::start(fake(Duration::from_millis(2)), Duration::from_millis(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let rec = s.stop().unwrap();
+    let reads = rec.samples.len() as f64;
+    let cpu_ms = rec.cpu_ns as f64 / 1e6;
+    assert!(
+        cpu_ms >= 2.0 * reads,
+        "{cpu_ms} ms CPU for {reads} reads of 2 ms"
+    );
+    assert!(
+        cpu_ms < 2.0 * reads + 20.0,
+        "{cpu_ms} ms CPU for {reads} reads"
+    );
+    let pct = rec.cpu_pct();
+    assert!((5.0..=60.0).contains(&pct), "{pct} %");
+    // A cheap source costs next to nothing (the goal is < 1 % of a core at 50 ms).
+    let s = Sampler::start(fake(Duration::ZERO), Duration::from_millis(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let rec = s.stop().unwrap();
+    assert!(rec.cpu_pct() < 5.0, "{} %", rec.cpu_pct());
+    assert_eq!(rec.summary(None).sampler_cpu_pct, rec.cpu_pct());
+}
+
+#[test]
+fn energy_from_counter_deltas() {
+    let s = vec![
+        sample(0, Some(100.0), Some(1_000)),
+        sample(100, Some(100.0), Some(2_000)),
+        sample(200, Some(100.0), Some(3_500)),
+    ];
+    let (c, src) = cumulative_energy_j(&s);
+    assert_eq!(c, vec![0.0, 1.0, 2.5]);
+    assert_eq!(src, EnergySource::Counter);
+}
+
+#[test]
+fn a_wrapped_or_missing_counter_falls_back_to_integrated_power() {
+    // The counter resets between the 2nd and 3rd sample: that interval integrates power
+    // (100 W and 300 W over 0.1 s: 20 J by the trapezoid); the others use the counter.
+    let s = vec![
+        sample(0, Some(100.0), Some(1_000)),
+        sample(100, Some(100.0), Some(2_000)),
+        sample(200, Some(300.0), Some(500)),
+        sample(300, Some(300.0), Some(1_500)),
+    ];
+    let (c, src) = cumulative_energy_j(&s);
+    assert!((c[3] - 22.0).abs() < 1e-9, "{c:?}");
+    assert_eq!(src, EnergySource::Mixed);
+    // No counter at all: power only; one end without power uses the other end's.
+    let s = vec![
+        sample(0, Some(200.0), None),
+        sample(500, None, None),
+        sample(1_000, Some(100.0), None),
+    ];
+    let (c, src) = cumulative_energy_j(&s);
+    assert_eq!(src, EnergySource::IntegratedPower);
+    assert!((c[2] - 150.0).abs() < 1e-9, "{c:?}");
+    // Neither: no energy, and the summary says so rather than reporting 0 J.
+    let rec = recording(vec![sample(0, None, None), sample(100, None, None)]);
+    let sum = rec.summary(None);
+    assert_eq!(sum.energy_source, EnergySource::None);
+    assert_eq!(sum.energy_j, None);
+    assert_eq!(sum.power_w, None);
+}
+
+#[test]
+fn energy_in_a_window_interpolates_between_samples() {
+    let s = vec![
+        sample(0, None, Some(0)),
+        sample(1_000, None, Some(10_000)),
+        sample(2_000, None, Some(30_000)),
+    ];
+    let (c, _) = cumulative_energy_j(&s);
+    let e = energy_between_j(&s, &c, 500_000_000, 1_500_000_000);
+    assert!((e - 15.0).abs() < 1e-9, "{e}"); // 5 J + 10 J
+    assert!((energy_between_j(&s, &c, -5, 5_000_000_000) - 30.0).abs() < 1e-9);
+}
+
+#[test]
+fn summary_maths_over_the_run_window() {
+    let mut samples: Vec<Sample> = (0..5)
+        .map(|k| Sample {
+            t_ns: k * 100_000_000,
+            reading: steady(k as u64),
+        })
+        .collect();
+    samples[4].reading.throttle_reasons = Some(0x8 | 0x1);
+    let rec = recording(samples);
+    // Window 100..300 ms: samples 1, 2, 3.
+    let s = rec.summary(Some((100_000_000, 300_000_000)));
+    assert_eq!(s.samples, 3);
+    let p = s.power_w.unwrap();
+    assert_eq!((p.mean, p.min, p.max), (102.0, 101.0, 103.0));
+    assert_eq!(s.temperature_c.unwrap().max, 43.0);
+    assert_eq!(s.sm_clock_mhz.unwrap().mean, 1980.0);
+    assert_eq!(s.throttle_reasons, vec!["sw_power_cap"]);
+    assert!((s.energy_j.unwrap() - 2.0).abs() < 1e-9);
+    assert!((s.duration_s - 0.2).abs() < 1e-9);
+    assert_eq!(s.sm_util_pct, None, "no GPM on the fake: null, not 0");
+    let all = rec.summary(None);
+    assert_eq!(all.samples, 5);
+    assert_eq!(
+        all.throttle_reasons,
+        vec!["gpu_idle", "sw_power_cap", "hw_slowdown"]
+    );
+    assert_eq!(throttle_names(0x4 | 0x1000), vec!["sw_power_cap", "other"]);
+    // The names summary.json uses are DESIGN.md's.
+    let v = serde_json::to_value(&all).unwrap();
+    for k in [
+        "power_w",
+        "energy_j",
+        "sm_clock_mhz",
+        "mem_clock_mhz",
+        "temperature_c",
+        "throttle_reasons",
+        "memory_used_mib",
+        "gpu_util_pct",
+        "sm_util_pct",
+        "sm_occupancy_pct",
+        "tensor_util_pct",
+        "dram_bw_util_pct",
+        "sampler_cpu_pct",
+    ] {
+        assert!(v.get(k).is_some(), "{k} missing in {v}");
+    }
+}
+
+#[test]
+fn csv_has_the_documented_columns_and_times_since_t0() {
+    let mut samples: Vec<Sample> = (0..3)
+        .map(|k| Sample {
+            t_ns: 1_000_000_000 + k * 50_000_000,
+            reading: steady(k as u64),
+        })
+        .collect();
+    samples[1].reading.process_memory_mib = vec![(42, 512.0), (43, 1024.4)];
+    samples[1].reading.throttle_reasons = Some(0x4 | 0x20);
+    let rec = recording(samples);
+    let csv = rec.csv(1_050_000_000);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines[0], CSV_HEADER);
+    assert_eq!(lines.len(), 4);
+    let cols = CSV_HEADER.split(',').count();
+    assert_eq!(cols, 15);
+    for l in &lines[1..] {
+        assert_eq!(l.split(',').count(), cols, "{l}");
+    }
+    let row: Vec<&str> = lines[2].split(',').collect();
+    assert_eq!(row[0], "0.000");
+    assert_eq!(row[1], "101.00");
+    assert_eq!(row[2], "1.000", "cumulative energy from the counter");
+    assert_eq!(row[6], "sw_power_cap|sw_thermal_slowdown");
+    assert_eq!(row[4], "", "no memory clock from this device");
+    assert_eq!(row[14], "42:512|43:1024");
+    assert!(lines[1].starts_with("-0.050,"));
+}
+
+#[test]
+fn attach_gives_energy_to_a_workload_that_ran_alone_only() {
+    let mut samples: Vec<Sample> = (0..3)
+        .map(|k| Sample {
+            t_ns: k * 1_000_000_000,
+            reading: steady(k as u64),
+        })
+        .collect();
+    samples[1].reading.process_memory_mib = vec![(7, 300.0), (std::process::id(), 900.0)];
+    let rec = recording(samples);
+    let t = rec.summary(None);
+    let mut one = serde_json::json!({"workloads": [{"name": "a", "completed": 10, "batch": 2}]});
+    attach(&mut one, &rec, &t);
+    let w = &one["workloads"][0];
+    assert_eq!(w["energy_j"], 2.0);
+    assert_eq!(w["j_per_image"], 0.1);
+    assert_eq!(w["gpu_memory_mib"], 900.0);
+    assert_eq!(one["telemetry"]["samples"], 3);
+    let mut two = serde_json::json!({"workloads": [
+        {"name": "a", "completed": 10, "batch": 1, "pid": 7},
+        {"name": "b", "completed": 10, "batch": 1, "energy_j": null}]});
+    attach(&mut two, &rec, &t);
+    assert_eq!(two["workloads"][0]["gpu_memory_mib"], 300.0);
+    assert!(two["workloads"][0].get("energy_j").is_none());
+    assert_eq!(two["workloads"][1]["energy_j"], serde_json::Value::Null);
+    assert!(two["workloads"][1].get("gpu_memory_mib").is_none());
+}
+
+#[test]
+fn without_nvml_opening_is_a_clear_error() {
+    // CI and the dev machine have no NVIDIA driver; on the GPU machine this opens GPU 0.
+    match nvml::NvmlSource::open(0) {
+        Err(e) => {
+            let msg = e.to_string();
+            eprintln!("{msg}");
+            assert!(msg.contains("NVML"), "{msg}");
+        }
+        Ok(mut s) => {
+            let r = s.read();
+            assert!(r.power_w.is_some(), "a real GPU reports power");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn nvml_sampler_on_a_real_gpu_reads_everything_for_under_one_percent_of_a_core() {
+    let src = nvml::NvmlSource::open(0).expect("NVML on the GPU machine");
+    let s = Sampler::start(Box::new(src), DEFAULT_PERIOD).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let rec = s.stop().unwrap();
+    let sum = rec.summary(None);
+    eprintln!("{}", serde_json::to_string_pretty(&sum).unwrap());
+    eprintln!(
+        "{}",
+        rec.csv(rec.samples[0].t_ns)
+            .lines()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        rec.samples.len() >= 50,
+        "{} samples in 3 s",
+        rec.samples.len()
+    );
+    assert!(
+        sum.power_w.is_some() && sum.energy_j.is_some_and(|e| e > 0.0),
+        "{sum:?}"
+    );
+    assert!(
+        sum.sm_clock_mhz.is_some() && sum.temperature_c.is_some(),
+        "{sum:?}"
+    );
+    assert!(sum.memory_used_mib.is_some(), "{sum:?}");
+    assert!(
+        rec.cpu_pct() < 1.0,
+        "sampler used {:.3} % of a core",
+        rec.cpu_pct()
+    );
+}

@@ -1,0 +1,499 @@
+//! `isolane sweep partition|concurrency`: one results folder holding `sweep.json` and one
+//! ordinary run folder per point. Each point's scenario is generated
+//! (`isolane_runtime::sweep`), written into its folder and run by `isolane run`'s own code, so
+//! a point is exactly a run (admission, partitions, telemetry included).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use isolane_runtime::output;
+use isolane_runtime::sweep::{self, PointWorkload, SweepIndex, SweepPoint};
+
+use super::{user, EXIT_FAILED, EXIT_INTERRUPTED};
+
+#[derive(Args)]
+#[command(
+    about = "Sweep partition sizes or workloads × batch sizes; one results folder per sweep",
+    long_about = "Run one scenario per point of a sweep and collect them in one results folder: \
+                  sweep.json (the index) and one run folder per point (summary.json, \
+                  jobs/*.csv, scenario.toml, telemetry.csv on a GPU), which `isolane report` \
+                  draws. Exit codes: 0 every point ran; 1 a point failed (the others still \
+                  ran); 2 a mistake in the arguments (nothing is run); 130 interrupted."
+)]
+pub struct SweepArgs {
+    #[command(subcommand)]
+    kind: SweepKind,
+}
+
+#[derive(Subcommand)]
+enum SweepKind {
+    /// One model alone, partition size from the device's minimum to the whole GPU (paper 000,
+    /// Figs. 4–5): green by the device's SM granularity, mps by thread percentage.
+    Partition(PartitionArgs),
+    /// N copies of one model at once for each N × batch × precision (paper 001, Figs. 6–7).
+    Concurrency(ConcurrencyArgs),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Backend {
+    Cpu,
+    Cuda,
+}
+
+impl Backend {
+    fn as_str(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PartitionMechanism {
+    Green,
+    Mps,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ConcurrencyMechanism {
+    Timeslice,
+    Mps,
+}
+
+/// Flags every sweep shares.
+#[derive(Args)]
+struct Common {
+    /// Engine backend. On `cpu` the points are run without partitions (a dry run of the
+    /// machinery with spin models); sizes still come from --device-model.
+    #[arg(long, value_enum, default_value = "cuda")]
+    backend: Backend,
+    /// GPU index (cuda).
+    #[arg(long, default_value_t = 0)]
+    gpu: u32,
+    /// Release rate per workload in Hz, or `max` for closed loop (throughput).
+    #[arg(long, default_value = "max", value_parser = parse_rate)]
+    rate: Rate,
+    /// Seconds each point runs (after warm-up).
+    #[arg(long, default_value_t = 10.0, value_parser = positive)]
+    duration_s: f64,
+    /// Warm-up jobs per workload before each point's t0.
+    #[arg(long, default_value_t = 20)]
+    warmup: u64,
+    /// Output directory. Default: a new runs/<YYYYmmdd-HHMMSS>.
+    #[arg(long, short = 'o', value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Use --out even if it is not empty (each point's folder is replaced).
+    #[arg(long)]
+    force: bool,
+    /// No progress bars.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    /// mps: use an MPS daemon that is already running for this GPU.
+    #[arg(long)]
+    join_mps: bool,
+}
+
+#[derive(Args)]
+struct PartitionArgs {
+    /// Model: a built-in name, a .onnx file or spin:<time>.
+    #[arg(long, short = 'm')]
+    model: String,
+    #[arg(long, value_enum)]
+    mechanism: PartitionMechanism,
+    /// Partition sizes: SMs (green) or thread % (mps). Default: green from the device's
+    /// minimum to its SM count by its step; mps 10,20,…,100.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<u32>,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    batch: u32,
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    /// Offline device model whose green rules give the sizes (default: this machine's GPU
+    /// on cuda, h100-sxm on cpu).
+    #[arg(long)]
+    device_model: Option<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct ConcurrencyArgs {
+    #[arg(long, short = 'm')]
+    model: String,
+    /// Numbers of concurrent workloads.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    workloads: Vec<u32>,
+    /// Batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    batch: Vec<u32>,
+    /// Precisions (fp32 | tf32 | fp16 | bf16; only fp32 on cpu).
+    #[arg(long, value_delimiter = ',', default_value = "fp32")]
+    precision: Vec<String>,
+    /// How the workloads share the GPU (cuda): separate processes taking turns, or MPS with
+    /// equal thread shares.
+    #[arg(long, value_enum, default_value = "timeslice")]
+    mechanism: ConcurrencyMechanism,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Clone, Copy)]
+enum Rate {
+    Max,
+    Hz(f64),
+}
+
+fn parse_rate(s: &str) -> Result<Rate, String> {
+    if s == "max" {
+        return Ok(Rate::Max);
+    }
+    positive(s).map(Rate::Hz)
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number > 0")),
+    }
+}
+
+pub fn run(args: SweepArgs) -> anyhow::Result<u8> {
+    match args.kind {
+        SweepKind::Partition(a) => partition(a),
+        SweepKind::Concurrency(a) => concurrency(a),
+    }
+}
+
+/// A point to run: its index entry and its scenario.
+struct Point {
+    entry: SweepPoint,
+    toml: String,
+}
+
+fn partition(a: PartitionArgs) -> anyhow::Result<u8> {
+    let c = &a.common;
+    let device = match (&a.device_model, c.backend) {
+        (Some(name), _) => isolane_core::device_model::device_model(name).ok_or_else(|| {
+            user(format!(
+                "--device-model: unknown `{name}` (allowed: {})",
+                isolane_core::device_model::device_model_names().join(", ")
+            ))
+        })?,
+        (None, Backend::Cuda) => super::detected_device_model(c.gpu)?,
+        (None, Backend::Cpu) => isolane_core::device_model::device_model("h100-sxm")
+            .context("the built-in h100-sxm device model is missing")?,
+    };
+    let sizes = match (a.mechanism, a.sizes.is_empty()) {
+        (PartitionMechanism::Green, true) => sweep::green_sizes(&device).map_err(user)?,
+        (PartitionMechanism::Green, false) => {
+            sweep::check_green_sizes(&device, &a.sizes).map_err(user)?;
+            a.sizes.clone()
+        }
+        (PartitionMechanism::Mps, true) => sweep::mps_sizes(),
+        (PartitionMechanism::Mps, false) => {
+            sweep::check_mps_sizes(&a.sizes).map_err(user)?;
+            a.sizes.clone()
+        }
+    };
+    let (mechanism, host, unit) = match (c.backend, a.mechanism) {
+        (Backend::Cpu, PartitionMechanism::Green) => ("none", "thread", "sms"),
+        (Backend::Cpu, PartitionMechanism::Mps) => ("none", "thread", "thread_pct"),
+        (Backend::Cuda, PartitionMechanism::Green) => ("green", "thread", "sms"),
+        (Backend::Cuda, PartitionMechanism::Mps) => ("mps", "process", "thread_pct"),
+    };
+    let on_gpu = c.backend == Backend::Cuda;
+    let points = sizes
+        .iter()
+        .map(|&size| {
+            let green = a.mechanism == PartitionMechanism::Green;
+            let w = PointWorkload {
+                name: sweep::workload_name(&a.model),
+                model: a.model.clone(),
+                batch: a.batch,
+                precision: a.precision.clone(),
+                rate_hz: rate_hz(c.rate),
+                duration_s: c.duration_s,
+                warmup_jobs: c.warmup,
+                sms: (on_gpu && green).then_some(size),
+                thread_pct: (on_gpu && !green).then_some(size),
+            };
+            Point {
+                entry: SweepPoint {
+                    dir: format!("{unit}-{size:03}"),
+                    status: "pending".into(),
+                    sms: green.then_some(size),
+                    thread_pct: (!green).then_some(size),
+                    batch: Some(a.batch),
+                    precision: Some(a.precision.clone()),
+                    ..SweepPoint::default()
+                },
+                toml: sweep::scenario_toml(c.backend.as_str(), c.gpu, mechanism, host, &[w]),
+            }
+        })
+        .collect();
+    let index = SweepIndex {
+        isolane_version: env!("CARGO_PKG_VERSION").into(),
+        kind: "partition".into(),
+        model: a.model.clone(),
+        backend: c.backend.as_str().into(),
+        mechanism: match a.mechanism {
+            PartitionMechanism::Green => "green",
+            PartitionMechanism::Mps => "mps",
+        }
+        .into(),
+        precision: a.precision.clone(),
+        device_model: Some(device.name.to_string()),
+        unit: Some(unit.into()),
+        partition_applied: on_gpu,
+        rate_hz: rate_hz(c.rate),
+        duration_s: c.duration_s,
+        points: Vec::new(),
+    };
+    run_points(index, points, c)
+}
+
+fn concurrency(a: ConcurrencyArgs) -> anyhow::Result<u8> {
+    let c = &a.common;
+    for (flag, list) in [("workloads", &a.workloads), ("batch", &a.batch)] {
+        if list.is_empty() || list.contains(&0) {
+            return Err(user(format!(
+                "--{flag}: expected a comma-separated list of numbers ≥ 1"
+            )));
+        }
+    }
+    if a.precision.is_empty() {
+        return Err(user("--precision: the list is empty"));
+    }
+    let (mechanism, host) = match (c.backend, a.mechanism) {
+        (Backend::Cpu, _) => ("none", "thread"),
+        (Backend::Cuda, ConcurrencyMechanism::Timeslice) => ("timeslice", "process"),
+        (Backend::Cuda, ConcurrencyMechanism::Mps) => ("mps", "process"),
+    };
+    let several_precisions = a.precision.len() > 1;
+    let mut points = Vec::new();
+    for precision in &a.precision {
+        for &n in &a.workloads {
+            for &b in &a.batch {
+                let ws: Vec<PointWorkload> = (0..n)
+                    .map(|i| PointWorkload {
+                        name: format!("{}-{i}", sweep::workload_name(&a.model)),
+                        model: a.model.clone(),
+                        batch: b,
+                        precision: precision.clone(),
+                        rate_hz: rate_hz(c.rate),
+                        duration_s: c.duration_s,
+                        warmup_jobs: c.warmup,
+                        sms: None,
+                        // Equal shares that add up to at most 100 % (admission's budget).
+                        thread_pct: (mechanism == "mps").then(|| (100 / n).max(1)),
+                    })
+                    .collect();
+                let dir = if several_precisions {
+                    format!("{precision}-w{n}-b{b:02}")
+                } else {
+                    format!("w{n}-b{b:02}")
+                };
+                points.push(Point {
+                    entry: SweepPoint {
+                        dir,
+                        status: "pending".into(),
+                        workloads: Some(n),
+                        batch: Some(b),
+                        precision: Some(precision.clone()),
+                        ..SweepPoint::default()
+                    },
+                    toml: sweep::scenario_toml(c.backend.as_str(), c.gpu, mechanism, host, &ws),
+                });
+            }
+        }
+    }
+    let index = SweepIndex {
+        isolane_version: env!("CARGO_PKG_VERSION").into(),
+        kind: "concurrency".into(),
+        model: a.model.clone(),
+        backend: c.backend.as_str().into(),
+        mechanism: mechanism.into(),
+        precision: a.precision.join(","),
+        device_model: None,
+        unit: None,
+        partition_applied: c.backend == Backend::Cuda && mechanism == "mps",
+        rate_hz: rate_hz(c.rate),
+        duration_s: c.duration_s,
+        points: Vec::new(),
+    };
+    run_points(index, points, c)
+}
+
+fn rate_hz(r: Rate) -> Option<f64> {
+    match r {
+        Rate::Max => None,
+        Rate::Hz(h) => Some(h),
+    }
+}
+
+/// `isolane run`'s arguments for one point, parsed as the command line would be so that
+/// every other flag keeps its default.
+#[derive(Parser)]
+#[command(name = "run")]
+struct RunCommandLine {
+    #[command(flatten)]
+    args: super::run::RunArgs,
+}
+
+fn run_args(scenario: &Path, out: &Path, c: &Common) -> anyhow::Result<super::run::RunArgs> {
+    let mut argv: Vec<std::ffi::OsString> = vec![
+        "run".into(),
+        scenario.into(),
+        "--out".into(),
+        out.into(),
+        "--force".into(),
+    ];
+    if c.quiet {
+        argv.push("--quiet".into());
+    }
+    if c.join_mps {
+        argv.push("--join-mps".into());
+    }
+    RunCommandLine::try_parse_from(argv)
+        .map(|r| r.args)
+        .map_err(|e| anyhow::anyhow!("building the run of a sweep point: {e}"))
+}
+
+fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::Result<u8> {
+    // Every point's scenario is checked (and, on a GPU, admitted) before anything is written,
+    // so a mistake stops the sweep with nothing run (exit 2).
+    let staging = std::env::temp_dir().join(format!(
+        "isolane-sweep-{}-{}",
+        std::process::id(),
+        chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
+    ));
+    let checked = check_points(&staging, &points);
+    let _ = std::fs::remove_dir_all(&staging);
+    checked.map_err(|e| {
+        // Name the point, not the temporary copy its scenario was checked in.
+        let msg = format!("{e:#}").replace(&format!("{}/", staging.display()), "sweep point ");
+        if e.chain()
+            .any(|c| c.downcast_ref::<super::UserError>().is_some())
+        {
+            user(msg)
+        } else {
+            anyhow::anyhow!(msg)
+        }
+    })?;
+    let out = super::run::prepare_out(c.out.as_deref(), c.force)?;
+    index.points = points.iter().map(|p| p.entry.clone()).collect();
+    write_index(&out, &index)?;
+
+    let total = points.len();
+    let mut code = 0u8;
+    for (i, p) in points.iter().enumerate() {
+        let dir = out.join(&p.entry.dir);
+        let scenario = dir.join("scenario.toml");
+        output::write_atomic(&scenario, p.toml.as_bytes())?;
+        eprintln!("sweep point {}/{total}: {}", i + 1, p.entry.dir);
+        let result = run_args(&scenario, &dir, c).and_then(super::run::run);
+        let entry = &mut index.points[i];
+        match result {
+            Ok(rc) => {
+                entry.exit_code = Some(rc);
+                entry.status = match rc {
+                    0 => "ok",
+                    EXIT_INTERRUPTED => "interrupted",
+                    _ => "failed",
+                }
+                .into();
+            }
+            Err(e) => {
+                entry.status = "error".into();
+                entry.error = Some(format!("{e:#}"));
+                eprintln!("sweep point {}: {e:#}", p.entry.dir);
+            }
+        }
+        write_index(&out, &index)?;
+        match index.points[i].status.as_str() {
+            "interrupted" => {
+                code = EXIT_INTERRUPTED;
+                break;
+            }
+            "ok" => {}
+            _ => code = EXIT_FAILED,
+        }
+    }
+    println!("{}", points_table(&out, &index));
+    println!("sweep: {}", out.display());
+    Ok(code)
+}
+
+fn check_points(staging: &Path, points: &[Point]) -> anyhow::Result<()> {
+    for p in points {
+        let file = staging.join(&p.entry.dir).join("scenario.toml");
+        output::write_atomic(&file, p.toml.as_bytes())?;
+        let (scenario, name) = super::load_scenario(Some(&file))?;
+        super::admit_or_refuse(&scenario, &name)?;
+    }
+    Ok(())
+}
+
+fn write_index(out: &Path, index: &SweepIndex) -> anyhow::Result<()> {
+    let v = serde_json::to_value(index).context("encoding sweep.json")?;
+    output::write_json(&out.join("sweep.json"), &v)?;
+    Ok(())
+}
+
+/// Per point: its parameters, status, total and per-workload throughput, and mean power when
+/// telemetry was sampled.
+fn points_table(out: &Path, index: &SweepIndex) -> String {
+    let rows: Vec<Vec<String>> = index
+        .points
+        .iter()
+        .map(|p| {
+            let summary: Option<serde_json::Value> =
+                std::fs::read_to_string(out.join(&p.dir).join("summary.json"))
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok());
+            let (total, n) = summary
+                .as_ref()
+                .and_then(|s| s["workloads"].as_array())
+                .map(|ws| {
+                    (
+                        ws.iter()
+                            .filter_map(|w| w["throughput_ips"].as_f64())
+                            .sum::<f64>(),
+                        ws.len(),
+                    )
+                })
+                .unwrap_or((f64::NAN, 0));
+            let power = summary
+                .as_ref()
+                .and_then(|s| s["telemetry"]["power_w"]["mean"].as_f64());
+            let size = match (p.sms, p.thread_pct, p.workloads, p.batch) {
+                (Some(s), _, _, _) => format!("{s} SMs"),
+                (_, Some(t), _, _) => format!("{t} %"),
+                (_, _, Some(w), Some(b)) => format!("{w} × batch {b}"),
+                _ => String::new(),
+            };
+            vec![
+                p.dir.clone(),
+                size,
+                p.status.clone(),
+                isolane_report::num(Some(total), 1),
+                isolane_report::num((n > 0).then(|| total / n as f64), 1),
+                isolane_report::num(power, 1),
+            ]
+        })
+        .collect();
+    isolane_report::plain_table(
+        &[
+            "point",
+            "size",
+            "status",
+            "images/s",
+            "per workload",
+            "power W",
+        ],
+        &rows,
+        &[0, 1, 2],
+    )
+}

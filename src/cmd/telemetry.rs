@@ -1,0 +1,66 @@
+//! Device telemetry around a run (isolane-telemetry): sampling starts before t0 and stops
+//! after the last workload; telemetry.csv goes into the run folder and the summary into
+//! summary.json's `telemetry` object. Only for `backend = "cuda"`; without NVML the run goes on
+//! without telemetry, with a warning.
+
+use std::path::Path;
+
+use isolane_core::spec::{Backend, Scenario};
+use isolane_runtime::coordinator::RunResult;
+use isolane_runtime::results::RunSummary;
+use isolane_telemetry::{RunTelemetry, DEFAULT_PERIOD};
+
+/// Environment variable: the sampling period in ms (default 50).
+pub const PERIOD_ENV: &str = "ISOLANE_TELEMETRY_PERIOD_MS";
+
+/// Starts the sampler for a GPU scenario; `None` on the CPU or when NVML is missing (warned).
+pub fn start(scenario: &Scenario) -> Option<RunTelemetry> {
+    if scenario.device.backend != Backend::Cuda {
+        return None;
+    }
+    let period = std::env::var(PERIOD_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map_or(DEFAULT_PERIOD, std::time::Duration::from_millis);
+    match RunTelemetry::start(scenario.device.gpu, period) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("warning: no device telemetry for this run: {e}");
+            None
+        }
+    }
+}
+
+/// Stops the sampler, writes telemetry.csv and puts the summary (and what can be attributed
+/// to each workload: energy when it ran alone, device memory by process) into `summary`.
+pub fn finish(
+    telemetry: Option<RunTelemetry>,
+    out: &Path,
+    result: &RunResult,
+    summary: &mut RunSummary,
+) {
+    let Some(t) = telemetry else { return };
+    let (rec, tsum) = match t.finish(out, result.t0_ns, result.wall_s) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("warning: device telemetry lost: {e}");
+            return;
+        }
+    };
+    // attach() works on JSON (the telemetry crate does not depend on the runtime): round-trip
+    // the summary through it.
+    let Ok(mut value) = serde_json::to_value(&*summary) else {
+        return;
+    };
+    isolane_telemetry::attach(&mut value, &rec, &tsum);
+    match serde_json::from_value(value) {
+        Ok(s) => *summary = s,
+        Err(e) => eprintln!("warning: device telemetry not added to summary.json: {e}"),
+    }
+    eprintln!(
+        "telemetry: {} samples, sampler CPU {:.2} % of a core",
+        rec.samples.len(),
+        rec.cpu_pct()
+    );
+}

@@ -1,0 +1,234 @@
+//! `isolane sweep` end to end on the CPU backend with spin models (tiny durations), and
+//! `isolane report` over what it wrote; their argument errors (exit 2, nothing written).
+
+mod common;
+
+use common::{isolane, run_ok};
+
+fn json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn partition_and_concurrency_sweeps_write_run_folders_that_report_draws() {
+    let dir = tempfile::tempdir().unwrap();
+    let part = dir.path().join("part");
+    run_ok(
+        isolane()
+            .args([
+                "sweep",
+                "partition",
+                "--model",
+                "spin:1ms",
+                "--mechanism",
+                "green",
+                "--backend",
+                "cpu",
+                "--sizes",
+                "8,16",
+                "--duration-s",
+                "0.15",
+                "--warmup",
+                "1",
+                "-q",
+                "--out",
+            ])
+            .arg(&part),
+    );
+    let idx = json(&part.join("sweep.json"));
+    assert_eq!(idx["kind"], "partition");
+    assert_eq!(
+        idx["partition_applied"], false,
+        "nothing is partitioned on the CPU"
+    );
+    let points = idx["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    for (p, sms) in points.iter().zip([8, 16]) {
+        assert_eq!(p["sms"], sms);
+        assert_eq!(p["status"], "ok", "{p}");
+        let run = part.join(p["dir"].as_str().unwrap());
+        let s = json(&run.join("summary.json"));
+        assert!(s["workloads"][0]["throughput_ips"].as_f64().unwrap() > 0.0);
+        assert!(run.join("scenario.toml").is_file() && run.join("jobs").is_dir());
+    }
+
+    let conc = dir.path().join("conc");
+    run_ok(
+        isolane()
+            .args([
+                "sweep",
+                "concurrency",
+                "--model",
+                "spin:1ms",
+                "--workloads",
+                "1,2",
+                "--batch",
+                "1,2",
+                "--backend",
+                "cpu",
+                "--duration-s",
+                "0.15",
+                "--warmup",
+                "1",
+                "-q",
+                "--out",
+            ])
+            .arg(&conc),
+    );
+    let idx = json(&conc.join("sweep.json"));
+    let points = idx["points"].as_array().unwrap();
+    assert_eq!(points.len(), 4);
+    let w2b2 = points
+        .iter()
+        .find(|p| p["workloads"] == 2 && p["batch"] == 2)
+        .unwrap();
+    let s = json(
+        &conc
+            .join(w2b2["dir"].as_str().unwrap())
+            .join("summary.json"),
+    );
+    assert_eq!(s["workloads"].as_array().unwrap().len(), 2);
+    assert_eq!(s["workloads"][1]["batch"], 2);
+
+    let html = dir.path().join("r.html");
+    run_ok(
+        isolane()
+            .arg("report")
+            .arg(&part)
+            .arg(&conc)
+            .arg("--out")
+            .arg(&html),
+    );
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(text.contains("Partition sweeps") && text.contains("Concurrency sweeps"));
+    // Throughput (partition), T/P and total (concurrency); no memory or power on the CPU.
+    assert_eq!(text.matches("<svg").count(), 3);
+}
+
+#[test]
+fn sweep_and_report_mistakes_exit_2_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("never");
+    for (args, needle) in [
+        (
+            vec!["--mechanism", "green", "--sizes", "12"],
+            "not a multiple of the green-context step of 8",
+        ),
+        (
+            vec!["--mechanism", "green", "--sizes", "4"],
+            "below the minimum",
+        ),
+        (
+            vec!["--mechanism", "mps", "--sizes", "120"],
+            "thread percentage",
+        ),
+    ] {
+        let o = isolane()
+            .args([
+                "sweep",
+                "partition",
+                "--model",
+                "spin:1ms",
+                "--backend",
+                "cpu",
+            ])
+            .args(&args)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!out.exists());
+    }
+    let o = isolane()
+        .args([
+            "sweep",
+            "concurrency",
+            "--model",
+            "nosuch",
+            "--backend",
+            "cpu",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("sweep point w1-b01/scenario.toml") && err.contains("nosuch"),
+        "{err}"
+    );
+    assert!(!out.exists());
+
+    let o = isolane()
+        .arg("report")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(dir.path().join("r.html"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("not an isolane results folder"), "{err}");
+    assert!(!dir.path().join("r.html").exists());
+}
+
+/// What the sampler writes (telemetry.csv, summary.json `telemetry`) is what the report reads.
+#[test]
+fn the_report_reads_what_the_telemetry_sampler_writes() {
+    use isolane_telemetry::{Reading, Recording, Sample};
+    let samples: Vec<Sample> = (0..20)
+        .map(|k| Sample {
+            t_ns: 1_000_000_000 + k * 50_000_000,
+            reading: Reading {
+                power_w: Some(200.0 + k as f64),
+                energy_counter_mj: Some(10_000 * k as u64),
+                sm_clock_mhz: Some(1980.0),
+                temperature_c: Some(40.0),
+                throttle_reasons: Some(4),
+                memory_used_mib: Some(1000.0),
+                sm_util_pct: Some(50.0),
+                ..Reading::default()
+            },
+        })
+        .collect();
+    let rec = Recording {
+        device: "Fake GPU".into(),
+        source: "fake",
+        period: std::time::Duration::from_millis(50),
+        samples,
+        cpu_ns: 1_000_000,
+        wall_ns: 1_000_000_000,
+        overruns: 0,
+    };
+    let t = rec.summary(Some((1_000_000_000, 1_950_000_000)));
+    let mut summary = serde_json::json!({
+        "command": "run", "status": "ok", "wall_s": 0.95,
+        "workloads": [{"name": "w", "model": "m", "batch": 1, "completed": 19}]
+    });
+    isolane_telemetry::attach(&mut summary, &rec, &t);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("summary.json"),
+        serde_json::to_string(&summary).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("telemetry.csv"), rec.csv(1_000_000_000)).unwrap();
+    let html = isolane_report::render_report(&[dir.path().to_path_buf()], "t").unwrap();
+    for chart in ["power", "SM clock", "temperature", "SM utilisation (GPM)"] {
+        assert!(
+            html.contains(&format!(": {chart}</text>"))
+                || html.contains(&format!(": {chart}\n</text>")),
+            "{chart} chart missing"
+        );
+    }
+    assert!(
+        html.contains("sw_power_cap"),
+        "throttle reasons in the summary table"
+    );
+    assert!(html.contains(">209.5<"), "mean power of the window");
+    assert_eq!(summary["workloads"][0]["energy_j"], 190.0);
+}
