@@ -8,7 +8,9 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use isolane_core::spec::{Host, ModelSource, Precision as SpecPrecision, WorkloadSpec};
+use isolane_core::spec::{
+    Backend as SpecBackend, DeviceSpec, Host, ModelSource, Precision as SpecPrecision, WorkloadSpec,
+};
 use isolane_engine::{
     build_model, model_info, CompiledModel, CpuBackend, Graph, Precision, Weights,
 };
@@ -74,13 +76,66 @@ fn check_name(spec: &WorkloadSpec) -> Result<(), ExecError> {
     Ok(())
 }
 
+/// Real networks on `backend = "cuda"` run on the engine's CUDA backend: its libraries
+/// (libcuda, NVRTC, cuDNN, cuBLASLt) must load, or the run stops before it starts.
+fn check_backend(device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError> {
+    if device.backend == SpecBackend::Cuda {
+        isolane_cuda::libs::ensure_all().map_err(|e| engine_err(spec, e))?;
+    }
+    Ok(())
+}
+
+/// Compiles `graph` on the CUDA backend: in the workload's green context when the run offered
+/// it one (partition_streams), else on a stream of its own in the device's primary context.
+fn build_cuda(
+    device: &DeviceSpec,
+    spec: &WorkloadSpec,
+    graph: &Graph,
+    seed: u64,
+) -> Result<Box<dyn Executor>, ExecError> {
+    let group = crate::partition_streams::take(&spec.name);
+    let backend = match &group {
+        Some(g) => {
+            g.make_current().map_err(|e| engine_err(spec, e))?;
+            // SAFETY: the group (its context and stream) is moved into the executor below and
+            // outlives the model, which is dropped first.
+            unsafe { isolane_cuda::CudaBackend::with_stream(g.context(), g.stream()) }
+        }
+        None => isolane_cuda::CudaBackend::new(device.gpu),
+    }
+    .map_err(|e| engine_err(spec, e))?;
+    let mut model = backend
+        .compile_cuda(graph, spec.batch as usize, precision(spec.precision))
+        .map_err(|e| engine_err(spec, e))?;
+    let input = crate::cmd::infer::random_normal(model.input_mut().len(), seed);
+    model.input_mut().copy_from_slice(&input);
+    Ok(Box::new(CudaExecutor {
+        model,
+        _group: group,
+    }))
+}
+
+/// A model on the GPU; a job is one CUDA graph launch and the wait for its output copy.
+struct CudaExecutor {
+    model: isolane_cuda::CudaModel,
+    // Declared after the model so that it is dropped after it: the model runs on its stream.
+    _group: Option<isolane_gpu::GreenGroup>,
+}
+
+impl Executor for CudaExecutor {
+    fn run_job(&mut self) -> Result<(), ExecError> {
+        self.model.run().map_err(|e| ExecError::Job(e.to_string()))
+    }
+}
+
 fn reads_a_file(spec: &WorkloadSpec) -> bool {
     is_onnx(&spec.model) || spec.weights.is_some()
 }
 
 impl EngineExecutors for EngineExecutorsImpl {
-    fn check(&self, spec: &WorkloadSpec) -> Result<(), ExecError> {
+    fn check(&self, device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError> {
         check_name(spec)?;
+        check_backend(device, spec)?;
         // Files are read now, before any output exists, so that a corrupt ONNX file or a
         // safetensors file with a wrong or missing tensor stops the run at once.
         if reads_a_file(spec) {
@@ -97,10 +152,12 @@ impl EngineExecutors for EngineExecutorsImpl {
 
     fn build(
         &self,
+        device: &DeviceSpec,
         spec: &WorkloadSpec,
         seed: u64,
         _index: usize,
     ) -> Result<Box<dyn Executor>, ExecError> {
+        check_backend(device, spec)?;
         let cached = if reads_a_file(spec) {
             CHECKED.lock().ok().and_then(|mut cache| {
                 let i = cache
@@ -120,6 +177,9 @@ impl EngineExecutors for EngineExecutorsImpl {
                 load_graph(spec, seed)?
             }
         };
+        if device.backend == SpecBackend::Cuda {
+            return build_cuda(device, spec, &graph, seed);
+        }
         // One engine thread per core the workload is pinned to (1 when unpinned): the pool is
         // created here, on the workload's pinned thread, so its threads inherit that affinity.
         let threads = spec.cpu.len().max(1);

@@ -41,10 +41,10 @@ pub struct MaxrateArgs {
     /// GPU index (backend cuda).
     #[arg(long, default_value_t = 0)]
     gpu: u32,
-    /// How the model's share of the GPU is confined (backend cuda): `none` (the whole GPU),
-    /// `green` (needs --sms) or `mps` (needs --thread-pct; the search runs in a client process
-    /// of a private MPS daemon).
-    #[arg(long, default_value = "none", value_parser = ["none", "green", "mps"])]
+    /// How the model's share of the GPU is confined (backend cuda): `timeslice` (the whole GPU,
+    /// the default there; `none` means the same), `green` (needs --sms) or `mps` (needs
+    /// --thread-pct; the search runs in a client process of a private MPS daemon).
+    #[arg(long, default_value = "none", value_parser = ["none", "timeslice", "green", "mps"])]
     mechanism: String,
     /// green: SMs of the partition.
     #[arg(long)]
@@ -115,14 +115,17 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
             args.mechanism
         )));
     }
-    // The MPS client process isolane started runs as if alone: its partition is the daemon's.
-    let mechanism = if args.in_partition {
-        Mechanism::None
-    } else {
-        mechanism
+    // Alone on the GPU, "none" is the whole GPU (timeslice with nobody to take turns with). The
+    // MPS client process isolane started also runs as if alone: its partition is the daemon's.
+    let mechanism = match (backend, mechanism) {
+        (Backend::Cuda, Mechanism::None) => Mechanism::Timeslice,
+        (Backend::Cuda, _) if args.in_partition => Mechanism::Timeslice,
+        (_, m) => m,
     };
+    // The search itself runs in this process (or, for mps, in the one client process): with one
+    // workload, "process" only says that nothing shares a context with it.
     let host = match mechanism {
-        Mechanism::Mps => Host::Process,
+        Mechanism::Mps | Mechanism::Timeslice => Host::Process,
         _ => Host::Thread,
     };
     let spec = WorkloadSpec {
@@ -197,7 +200,7 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
         }
         _ => None,
     };
-    let code = search(&args, &spec, &timing)?;
+    let code = search(&args, &scenario.device, &spec, &timing)?;
     crate::partition_streams::clear();
     if let Some(s) = session {
         s.finish()?;
@@ -241,7 +244,12 @@ fn run_in_mps_client(
     })
 }
 
-fn search(args: &MaxrateArgs, spec: &WorkloadSpec, timing: &TimingSpec) -> anyhow::Result<u8> {
+fn search(
+    args: &MaxrateArgs,
+    device: &DeviceSpec,
+    spec: &WorkloadSpec,
+    timing: &TimingSpec,
+) -> anyhow::Result<u8> {
     let cfg = MaxRateConfig {
         jobs: args.jobs,
         validations: args.validations,
@@ -255,7 +263,7 @@ fn search(args: &MaxrateArgs, spec: &WorkloadSpec, timing: &TimingSpec) -> anyho
         },
         ..MaxRateConfig::default()
     };
-    let executor = exec::executor_for(spec, timing.seed, 0).map_err(|e| match e {
+    let executor = exec::executor_for(device, spec, timing.seed, 0).map_err(|e| match e {
         exec::ExecError::BadModel { .. } => user(e),
         _ => anyhow::Error::new(e),
     })?;
@@ -322,7 +330,11 @@ fn search(args: &MaxrateArgs, spec: &WorkloadSpec, timing: &TimingSpec) -> anyho
             "batch": args.batch,
             "backend": args.backend,
             "precision": args.precision,
-            "mechanism": args.mechanism,
+            "mechanism": if args.backend == "cuda" && args.mechanism == "none" {
+                "timeslice"
+            } else {
+                args.mechanism.as_str()
+            },
             "sms": args.sms,
             "thread_pct": args.thread_pct,
             "config": cfg,

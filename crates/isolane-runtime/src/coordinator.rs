@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use isolane_core::spec::{Host, TimingSpec, WorkloadSpec};
+use isolane_core::spec::{DeviceSpec, Host, TimingSpec, WorkloadSpec};
 use isolane_core::JobRecord;
 
 use crate::protocol::{
@@ -33,6 +33,8 @@ pub struct WorkloadPlan {
 
 #[derive(Debug, Clone)]
 pub struct RunPlan {
+    /// Where the models run (backend, GPU): the engine builds each workload for it.
+    pub device: DeviceSpec,
     pub workloads: Vec<WorkloadPlan>,
     pub timing: TimingSpec,
 }
@@ -41,6 +43,7 @@ impl RunPlan {
     /// Every workload of `scenario` on its own schedule.
     pub fn from_scenario(scenario: &isolane_core::spec::Scenario) -> RunPlan {
         RunPlan {
+            device: scenario.device.clone(),
             workloads: scenario
                 .workloads
                 .iter()
@@ -171,7 +174,7 @@ impl PlanError {
 /// Everything that can be checked before a run creates output: models and CPU cores.
 pub fn preflight(plan: &RunPlan) -> Result<(), PlanError> {
     for w in &plan.workloads {
-        exec::check_model(&w.spec)?;
+        exec::check_model(&plan.device, &w.spec)?;
         affinity::check_cores(&w.spec.cpu).map_err(|source| PlanError::Cpu {
             workload: w.spec.name.clone(),
             source,
@@ -219,6 +222,7 @@ struct Shared {
     stop: Arc<AtomicBool>,
     done: Vec<AtomicU64>,
     timing: TimingSpec,
+    device: DeviceSpec,
 }
 
 /// Readiness report of one workload to the coordinator.
@@ -275,6 +279,7 @@ pub fn run(
         stop: Arc::clone(&opts.stop),
         done: plan.workloads.iter().map(|_| AtomicU64::new(0)).collect(),
         timing: plan.timing.clone(),
+        device: plan.device.clone(),
     });
     let (tx, rx) = mpsc::channel::<Report>();
     let mut handles = Vec::with_capacity(plan.workloads.len());
@@ -419,8 +424,8 @@ fn drive_thread(
     let name = &w.spec.name;
     let prepared = (|| -> Result<_, String> {
         affinity::pin_current_thread(&w.spec.cpu).map_err(|e| format!("workload `{name}`: {e}"))?;
-        let mut executor =
-            exec::executor_for(&w.spec, shared.timing.seed, w.index).map_err(|e| e.to_string())?;
+        let mut executor = exec::executor_for(&shared.device, &w.spec, shared.timing.seed, w.index)
+            .map_err(|e| e.to_string())?;
         let mut warmup = Vec::with_capacity(w.spec.warmup_jobs as usize);
         warm_up(
             executor.as_mut(),
@@ -572,6 +577,7 @@ fn drive_process(
                 protocol_version: crate::protocol::PROTOCOL_VERSION,
                 index: w.index,
                 workload: Box::new(w.spec.clone()),
+                device: shared.device.clone(),
                 timing: shared.timing.clone(),
                 schedule: w.schedule.clone(),
             },

@@ -1,7 +1,7 @@
 //! What runs one job: the [`Executor`] trait, the synthetic spin workload, and the factory that
 //! picks an executor for a workload.
 
-use isolane_core::spec::WorkloadSpec;
+use isolane_core::spec::{DeviceSpec, WorkloadSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -32,10 +32,11 @@ pub enum ExecError {
 pub trait EngineExecutors: Send + Sync {
     /// A cheap check that `spec`'s model can be built (known architecture, readable file),
     /// run before a run creates any output.
-    fn check(&self, spec: &WorkloadSpec) -> Result<(), ExecError>;
+    fn check(&self, device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError>;
     /// Builds the executor (loads the model, allocates its buffers) on the calling thread.
     fn build(
         &self,
+        device: &DeviceSpec,
         spec: &WorkloadSpec,
         seed: u64,
         index: usize,
@@ -126,6 +127,7 @@ pub fn parse_spin_model(model: &str) -> Option<Result<SpinParams, String>> {
 /// Builds the executor for workload `index` of a run: `spin:` models here, every other model
 /// through the registered engine (a clear error when none is registered).
 pub fn executor_for(
+    device: &DeviceSpec,
     spec: &WorkloadSpec,
     seed: u64,
     index: usize,
@@ -142,7 +144,7 @@ pub fn executor_for(
             reason,
         }),
         None => match ENGINE.get() {
-            Some(engine) => engine.build(spec, seed, index),
+            Some(engine) => engine.build(device, spec, seed, index),
             None => Err(ExecError::EngineUnavailable {
                 workload: spec.name.clone(),
                 model: spec.model.clone(),
@@ -153,11 +155,11 @@ pub fn executor_for(
 
 /// Checks that an executor can be built for `spec`, without building it: used before a run
 /// creates any output.
-pub fn check_model(spec: &WorkloadSpec) -> Result<(), ExecError> {
+pub fn check_model(device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError> {
     match parse_spin_model(&spec.model) {
-        Some(_) => executor_for(spec, 0, 0).map(|_| ()),
+        Some(_) => executor_for(device, spec, 0, 0).map(|_| ()),
         None => match ENGINE.get() {
-            Some(engine) => engine.check(spec),
+            Some(engine) => engine.check(device, spec),
             None => Err(ExecError::EngineUnavailable {
                 workload: spec.name.clone(),
                 model: spec.model.clone(),

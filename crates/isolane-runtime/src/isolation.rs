@@ -102,6 +102,7 @@ pub fn plan(scenario: &Scenario) -> Result<(RunPlan, StepGrid), IsolationError> 
         .collect();
     Ok((
         RunPlan {
+            device: scenario.device.clone(),
             workloads,
             timing: scenario.timing.clone(),
         },

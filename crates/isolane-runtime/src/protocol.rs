@@ -15,14 +15,14 @@
 //! Both sides check `protocol_version` before reading anything else from the other side, so a
 //! worker executable from another isolane version fails with a clear message, not a parse error.
 
-use isolane_core::spec::{TimingSpec, WorkloadSpec};
+use isolane_core::spec::{DeviceSpec, TimingSpec, WorkloadSpec};
 use isolane_core::JobRecord;
 use serde::{Deserialize, Serialize};
 
 use crate::schedule::Schedule;
 
 /// Bump on any incompatible change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -31,6 +31,7 @@ pub enum ToWorker {
         protocol_version: u32,
         index: usize,
         workload: Box<WorkloadSpec>,
+        device: DeviceSpec,
         timing: TimingSpec,
         schedule: Schedule,
     },

@@ -161,6 +161,7 @@ where
     let ToWorker::Setup {
         index,
         workload,
+        device,
         timing,
         schedule,
         ..
@@ -171,7 +172,7 @@ where
 
     affinity::pin_current_thread(&workload.cpu)
         .map_err(|e| WorkerError::Setup(format!("workload `{}`: {e}", workload.name)))?;
-    let mut executor = exec::executor_for(&workload, timing.seed, index)?;
+    let mut executor = exec::executor_for(&device, &workload, timing.seed, index)?;
     let mut warmup = Vec::with_capacity(workload.warmup_jobs as usize);
     warm_up(executor.as_mut(), workload.warmup_jobs, &mut warmup, stop)?;
     send(output, &FromWorker::Ready { warmup_ns: warmup })?;
