@@ -85,6 +85,16 @@ fn check_backend(device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecErr
     Ok(())
 }
 
+/// The CUDA device this process should use: a worker behind our MPS daemon or bound to a MIG
+/// instance sees only that one device (index 0), which the run says through
+/// `ISOLANE_WORKER_GPU`; otherwise the scenario's `device.gpu`.
+fn gpu_index(device: &DeviceSpec) -> u32 {
+    std::env::var(isolane_gpu::partitions::WORKER_GPU_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(device.gpu)
+}
+
 /// Compiles `graph` on the CUDA backend: in the workload's green context when the run offered
 /// it one (partition_streams), else on a stream of its own in the device's primary context.
 fn build_cuda(
@@ -101,7 +111,7 @@ fn build_cuda(
             // outlives the model, which is dropped first.
             unsafe { isolane_cuda::CudaBackend::with_stream(g.context(), g.stream()) }
         }
-        None => isolane_cuda::CudaBackend::new(device.gpu),
+        None => isolane_cuda::CudaBackend::new(gpu_index(device)),
     }
     .map_err(|e| engine_err(spec, e))?;
     let mut model = backend

@@ -59,7 +59,15 @@ fn maxrate_runs_a_real_model_through_the_engine() {
     );
     run_ok(
         isolane()
-            .args(["maxrate", "--model", model, "--jobs", "30", "--validations", "1"])
+            .args([
+                "maxrate",
+                "--model",
+                model,
+                "--jobs",
+                "30",
+                "--validations",
+                "1",
+            ])
             .args(["--relative-step", "0.5", "--warmup", "2", "--out"])
             .arg(&out),
     );
@@ -73,7 +81,10 @@ fn maxrate_runs_a_real_model_through_the_engine() {
 #[test]
 fn maxrate_refuses_partitions_and_gpu_precisions_on_the_cpu() {
     for (args, expect) in [
-        (&["--mechanism", "green", "--sms", "8"][..], "nothing to partition"),
+        (
+            &["--mechanism", "green", "--sms", "8"][..],
+            "nothing to partition",
+        ),
         (&["--precision", "fp16"][..], "precision"),
         (&["--backend", "tpu"][..], "tpu"),
     ] {

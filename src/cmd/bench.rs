@@ -25,8 +25,9 @@ pub struct BenchArgs {
     /// Batch size(s), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     batch: Vec<usize>,
-    /// Precision(s): fp32, tf32, fp16, bf16 (cpu: fp32 only).
-    #[arg(long, value_delimiter = ',', default_value = "fp16")]
+    /// Precision(s): fp32, tf32, fp16, bf16 (cpu: fp32 only). Default: fp16 on cuda, fp32
+    /// on cpu.
+    #[arg(long, value_delimiter = ',')]
     precision: Vec<String>,
     /// cuda or cpu.
     #[arg(long, default_value = "cuda")]
@@ -78,7 +79,11 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn time_jobs(m: &mut dyn CompiledModel, warmup: usize, replays: usize) -> anyhow::Result<(Vec<f64>, f64)> {
+fn time_jobs(
+    m: &mut dyn CompiledModel,
+    warmup: usize,
+    replays: usize,
+) -> anyhow::Result<(Vec<f64>, f64)> {
     for _ in 0..warmup {
         m.run()?;
     }
@@ -99,12 +104,25 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         return Err(user("--replays must be at least 1"));
     }
     let mut precisions = Vec::new();
-    for p in &args.precision {
+    let default = [if args.backend == "cpu" {
+        "fp32"
+    } else {
+        "fp16"
+    }
+    .to_string()];
+    let wanted: &[String] = if args.precision.is_empty() {
+        &default
+    } else {
+        &args.precision
+    };
+    for p in wanted {
         precisions.push(p.parse::<Precision>().map_err(user)?);
     }
     for m in &args.model {
         if model_info(m).is_none() {
-            return Err(user(format!("--model: unknown model `{m}` (see `isolane models`)")));
+            return Err(user(format!(
+                "--model: unknown model `{m}` (see `isolane models`)"
+            )));
         }
     }
     if args.batch.contains(&0) {
@@ -113,12 +131,26 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     let cuda = match args.backend.as_str() {
         "cuda" => Some(isolane_cuda::CudaBackend::new(args.gpu).context("cuda backend")?),
         "cpu" => None,
-        other => return Err(user(format!("--backend: `{other}` is not a backend (cuda, cpu)"))),
+        other => {
+            return Err(user(format!(
+                "--backend: `{other}` is not a backend (cuda, cpu)"
+            )))
+        }
     };
     if !args.json {
         println!(
             "{:<8} {:<15} {:>5} {:<5} {:>10} {:>10} {:>11} {:>10} {:>10} {:>9} {:>9}",
-            "backend", "model", "batch", "prec", "median_ms", "p99_ms", "images/s", "weights_MiB", "arena_MiB", "ws_MiB", "dev_MiB"
+            "backend",
+            "model",
+            "batch",
+            "prec",
+            "median_ms",
+            "p99_ms",
+            "images/s",
+            "weights_MiB",
+            "arena_MiB",
+            "ws_MiB",
+            "dev_MiB"
         );
     }
     for name in &args.model {
@@ -131,9 +163,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
                 let (mut model, mem): (Box<dyn CompiledModel>, Option<isolane_cuda::MemoryReport>) =
                     match &cuda {
                         Some(b) => {
-                            let mut m = b
-                                .compile_cuda(&graph, batch, p)
-                                .with_context(|| format!("compiling {name} batch {batch} {p} for cuda"))?;
+                            let mut m = b.compile_cuda(&graph, batch, p).with_context(|| {
+                                format!("compiling {name} batch {batch} {p} for cuda")
+                            })?;
                             let input = super::infer::random_normal(m.input_mut().len(), args.seed);
                             m.input_mut().copy_from_slice(&input);
                             m.run()?;

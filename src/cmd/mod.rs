@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use isolane_core::spec::{Backend, ModelSource, Scenario};
+use isolane_core::spec::{Backend, Scenario};
 
 /// A mistake of the user's (bad scenario, bad flag value, unreadable file, occupied output
 /// directory): exit code 2. Everything else that fails is a runtime failure: exit code 1.
@@ -74,7 +74,6 @@ pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<(Scenario, String)> 
     match path {
         Some(p) => {
             let s = Scenario::load(p, &models).map_err(user)?;
-            refuse_cuda_models(&s, &p.display().to_string())?;
             Ok((s, p.display().to_string()))
         }
         None => {
@@ -177,25 +176,6 @@ pub fn detected_device_model(
         d.memory_mib,
         d.compute_capability,
     ))
-}
-
-/// Real models on `backend = "cuda"` need the engine's CUDA backend, which is not built yet:
-/// say so before anything runs (spin workloads and `isolane verify` work on any backend).
-fn refuse_cuda_models(s: &Scenario, file: &str) -> anyhow::Result<()> {
-    if s.device.backend != Backend::Cuda {
-        return Ok(());
-    }
-    for (i, w) in s.workloads.iter().enumerate() {
-        if !matches!(w.model_source(), Ok(ModelSource::Spin(_))) {
-            return Err(user(format!(
-                "{file}: workload[{i}].model: `{}` is a real network, which needs the engine's \
-                 CUDA backend (not available yet); allowed with backend = \"cuda\": spin:<time>. \
-                 Use backend = \"cpu\" to run it on the CPU",
-                w.model
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Admission control before a run starts anything (the same check as `isolane plan`): on the

@@ -27,6 +27,9 @@ pub const KERNEL_NAMES: &[&str] = &[
     "adaptive_pool",
     "dwconv",
     "chan_mean",
+    "im2col",
+    "dwconv_s1_k3",
+    "dwconv_s1_k7",
 ];
 
 const COMMON: &str = r#"
@@ -108,13 +111,18 @@ extern "C" __global__ void cast_out(const T* __restrict__ x, float* __restrict__
     GRID_STRIDE(i, n) y[i] = ld(x, i);
 }
 
-// y = act(x + bias[(i / inner) % channels] + res); bias and res may be null.
-extern "C" __global__ void pointwise(const T* x, T* y, const T* __restrict__ bias, const T* res,
-                                     long long n, long long channels, long long inner,
+// y = act(x * scale[ch] + bias[ch] + res), ch = (i / inner) % channels; scale, bias and res
+// may be null.
+extern "C" __global__ void pointwise(const T* x, T* y, const T* __restrict__ scale, const T* __restrict__ bias,
+                                     const T* res, long long n, long long channels, long long inner,
                                      int k, float p0, float p1) {
     GRID_STRIDE(i, n) {
         float v = ld(x, i);
-        if (bias) v += ld(bias, (i / inner) % channels);
+        if (scale || bias) {
+            long long ch = (i / inner) % channels;
+            if (scale) v *= ld(scale, ch);
+            if (bias) v += ld(bias, ch);
+        }
         if (res) v += ld(res, i);
         st(y, i, act(v, k, p0, p1));
     }
@@ -246,7 +254,8 @@ extern "C" __global__ void adaptive_pool(const T* __restrict__ x, T* __restrict_
 
 // Depthwise convolution, NCHW, one thread per output; bias, residual and activation fused.
 // xs / ys: strides of x and y (and the residual) along (n, c, h, w).
-struct DwP { int n, c, h, w, m, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, act; float p0, p1; long long xs[4], ys[4]; };
+// whwc: the filter is stored [kh, kw, M] (coalesced along m) instead of [M, kh, kw].
+struct DwP { int n, c, h, w, m, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, act; float p0, p1; int whwc, pad_; long long xs[4], ys[4]; };
 extern "C" __global__ void dwconv(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
                                   const T* __restrict__ res, T* __restrict__ y, DwP p) {
     long long total = (long long)p.n * p.m * p.oh * p.ow;
@@ -257,7 +266,8 @@ extern "C" __global__ void dwconv(const T* __restrict__ x, const T* __restrict__
         else { ow = i % p.ow; long long r = i / p.ow; oh = r % p.oh; r /= p.oh; m = r % p.m; n = r / p.m; }
         const T* xp = x + n * p.xs[0] + (m / mult) * p.xs[1];
         long long yo = n * p.ys[0] + m * p.ys[1] + oh * p.ys[2] + ow * p.ys[3];
-        const T* wp = wt + (long long)m * p.kh * p.kw;
+        const T* wp = p.whwc ? wt + m : wt + (long long)m * p.kh * p.kw;
+        int wstep = p.whwc ? p.m : 1;
         int h0 = oh * p.sh - p.ph, w0 = ow * p.sw - p.pw;
         float acc = 0.f;
         for (int a = 0; a < p.kh; ++a) {
@@ -266,7 +276,7 @@ extern "C" __global__ void dwconv(const T* __restrict__ x, const T* __restrict__
             for (int b = 0; b < p.kw; ++b) {
                 int ww = w0 + b * p.dw;
                 if (ww < 0 || ww >= p.w) continue;
-                acc += ld(xp, hh * p.xs[2] + ww * p.xs[3]) * ld(wp, a * p.kw + b);
+                acc += ld(xp, hh * p.xs[2] + ww * p.xs[3]) * ld(wp, (long long)(a * p.kw + b) * wstep);
             }
         }
         if (bias) acc += ld(bias, m);
@@ -274,6 +284,71 @@ extern "C" __global__ void dwconv(const T* __restrict__ x, const T* __restrict__
         st(y, yo, act(acc, p.act, p.p0, p.p1));
     }
 }
+
+// NHWC x → col[(n, oh, ow), (a, b, c)], zero outside the padded input (all-zero bits are 0.0
+// in every dtype). The column order matches the KRSC filter layout.
+struct ImP { int n, h, w, c, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw; };
+extern "C" __global__ void im2col(const T* __restrict__ x, T* __restrict__ col, ImP p) {
+    long long kk = (long long)p.kh * p.kw * p.c;
+    long long total = (long long)p.n * p.oh * p.ow * kk;
+    GRID_STRIDE(i, total) {
+        long long r = i / kk; int j = (int)(i - r * kk);
+        int c = j % p.c; int t = j / p.c; int b = t % p.kw; int a = t / p.kw;
+        int ow = r % p.ow; long long q = r / p.ow; int oh = q % p.oh; int n = (int)(q / p.oh);
+        int ih = oh * p.sh - p.ph + a * p.dh, iw = ow * p.sw - p.pw + b * p.dw;
+        T v = 0;
+        if (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w) v = x[(((long long)n * p.h + ih) * p.w + iw) * p.c + c];
+        col[i] = v;
+    }
+}
+
+// Depthwise convolution, NHWC, horizontal stride and dilation 1, kernel width KW, filter
+// stored [kh, kw, M]: each thread computes 4 outputs along a row, sliding a register window
+// over KW + 3 inputs per kernel row (instead of 4·KW loads).
+template <int KW>
+__device__ __forceinline__ void dw_s1(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
+                                      const T* __restrict__ res, T* __restrict__ y, const DwP& p) {
+    int tiles = (p.ow + 3) / 4;
+    long long total = (long long)p.n * p.oh * tiles * p.m;
+    int mult = p.m / p.c;
+    GRID_STRIDE(i, total) {
+        int m = i % p.m; long long r = i / p.m;
+        int tw = r % tiles; r /= tiles;
+        int oh = r % p.oh; int n = (int)(r / p.oh);
+        int ow0 = tw * 4;
+        const T* xp = x + n * p.xs[0] + (m / mult) * p.xs[1];
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        int h0 = oh * p.sh - p.ph, w0 = ow0 - p.pw;
+        for (int a = 0; a < p.kh; ++a) {
+            int hh = h0 + a * p.dh;
+            if (hh < 0 || hh >= p.h) continue;
+            float xin[KW + 3];
+#pragma unroll
+            for (int j = 0; j < KW + 3; ++j) {
+                int ww = w0 + j;
+                xin[j] = (ww >= 0 && ww < p.w) ? ld(xp, hh * p.xs[2] + ww * p.xs[3]) : 0.f;
+            }
+#pragma unroll
+            for (int b = 0; b < KW; ++b) {
+                float wv = ld(wt, (long long)(a * KW + b) * p.m + m);
+#pragma unroll
+                for (int o = 0; o < 4; ++o) acc[o] += xin[b + o] * wv;
+            }
+        }
+        float bv = bias ? ld(bias, m) : 0.f;
+#pragma unroll
+        for (int o = 0; o < 4; ++o) {
+            int ow = ow0 + o;
+            if (ow >= p.ow) break;
+            long long yo = n * p.ys[0] + m * p.ys[1] + oh * p.ys[2] + ow * p.ys[3];
+            float v = acc[o] + bv;
+            if (res) v += ld(res, yo);
+            st(y, yo, act(v, p.act, p.p0, p.p1));
+        }
+    }
+}
+extern "C" __global__ void dwconv_s1_k3(const T* x, const T* wt, const T* bias, const T* res, T* y, DwP p) { dw_s1<3>(x, wt, bias, res, y, p); }
+extern "C" __global__ void dwconv_s1_k7(const T* x, const T* wt, const T* bias, const T* res, T* y, DwP p) { dw_s1<7>(x, wt, bias, res, y, p); }
 
 // Mean over hw of NHWC [n, hw, c] → [n, c]; one thread per (n, c), coalesced along c.
 extern "C" __global__ void chan_mean(const T* __restrict__ x, T* __restrict__ y, long long n, long long c, long long hw) {
@@ -343,12 +418,22 @@ pub fn fnv1a(parts: &[&[u8]]) -> u64 {
 
 /// Cache key of a compiled module: the source, the target architecture (`sm_90`), the NVRTC
 /// version and the compile options all change the cubin.
-pub fn cache_key(source: &str, arch: &str, nvrtc_version: (i32, i32), options: &[String]) -> String {
+pub fn cache_key(
+    source: &str,
+    arch: &str,
+    nvrtc_version: (i32, i32),
+    options: &[String],
+) -> String {
     let ver = format!("{}.{}", nvrtc_version.0, nvrtc_version.1);
     let opts = options.join(" ");
     format!(
         "{arch}-{:016x}",
-        fnv1a(&[source.as_bytes(), arch.as_bytes(), ver.as_bytes(), opts.as_bytes()])
+        fnv1a(&[
+            source.as_bytes(),
+            arch.as_bytes(),
+            ver.as_bytes(),
+            opts.as_bytes()
+        ])
     )
 }
 

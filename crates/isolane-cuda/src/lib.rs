@@ -117,9 +117,16 @@ impl CudaBackend {
     }
 
     /// Compiles to the concrete model type (memory report, async launch).
-    pub fn compile_cuda(&self, graph: &Graph, batch: usize, precision: Precision) -> Result<CudaModel> {
+    pub fn compile_cuda(
+        &self,
+        graph: &Graph,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<CudaModel> {
         if batch == 0 {
-            return Err(EngineError::InvalidArgument("batch must be at least 1".into()));
+            return Err(EngineError::InvalidArgument(
+                "batch must be at least 1".into(),
+            ));
         }
         let g = passes::optimize(graph, batch)?;
         // ISOLANE_CUDA_LAYOUT=nchw keeps every activation NCHW (for comparisons).
@@ -145,7 +152,12 @@ impl Backend for CudaBackend {
     fn name(&self) -> &str {
         "cuda"
     }
-    fn compile(&self, graph: &Graph, batch: usize, precision: Precision) -> Result<Box<dyn CompiledModel>> {
+    fn compile(
+        &self,
+        graph: &Graph,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<Box<dyn CompiledModel>> {
         Ok(Box::new(self.compile_cuda(graph, batch, precision)?))
     }
 }

@@ -11,7 +11,6 @@ use cudarc::nvrtc::sys as rtc;
 use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
-use crate::convert::push_converted;
 use crate::kernels::{self, BLOCK, KERNEL_NAMES};
 use crate::plan::{act_code, binary_code, ConvStep, DType, Loc, Plan, StepKind, Strided, MAX_RANK};
 
@@ -106,6 +105,8 @@ struct DwP {
     v: [i32; 16],
     p0: f32,
     p1: f32,
+    whwc: i32,
+    pad: i32,
     xs: [i64; 4],
     ys: [i64; 4],
 }
@@ -113,6 +114,12 @@ struct DwP {
 fn strides4(shape: &[usize; 4], nhwc: bool) -> [i64; 4] {
     let s = crate::plan::phys_strides(shape, nhwc);
     [s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64]
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ImP {
+    v: [i32; 14],
 }
 
 #[derive(Clone, Debug)]
@@ -124,6 +131,7 @@ enum Arg {
     Space(Box<Space>),
     Pool(Box<PoolP>),
     Dw(Box<DwP>),
+    Im(Box<ImP>),
 }
 
 impl Arg {
@@ -136,6 +144,7 @@ impl Arg {
             Arg::Space(b) => &**b as *const Space as *mut c_void,
             Arg::Pool(b) => &**b as *const PoolP as *mut c_void,
             Arg::Dw(b) => &**b as *const DwP as *mut c_void,
+            Arg::Im(b) => &**b as *const ImP as *mut c_void,
         }
     }
 }
@@ -159,6 +168,8 @@ enum Launch {
         mm: usize,
         a: u64,
         b: u64,
+        /// Added with beta = 1 when non-zero (a fused residual).
+        c: u64,
         y: u64,
     },
     HtoD {
@@ -189,6 +200,8 @@ struct MatmulDesc {
     d: lt::cublasLtMatrixLayout_t,
     algo: lt::cublasLtMatmulAlgo_t,
     workspace: usize,
+    alpha: f32,
+    beta: f32,
 }
 
 /// Device memory of one loaded model.
@@ -237,6 +250,9 @@ pub struct CudaModel {
     launches: Vec<Launch>,
     /// The step each launch belongs to (for profiles).
     names: Vec<String>,
+    /// cuBLASLt algorithm chosen per matmul shape (pointers aside), so that repeated layers
+    /// are timed once.
+    algo_cache: Vec<(String, lt::cublasLtMatmulAlgo_t, usize)>,
     graph: cu::CUgraph,
     exec: cu::CUgraphExec,
     /// The forward alone (no input/output copies), for measuring device time.
@@ -256,7 +272,9 @@ unsafe impl Send for CudaModel {}
 fn dev_alloc(bytes: usize) -> Result<u64> {
     let mut p: cu::CUdeviceptr = 0;
     // SAFETY: valid out-pointer, a context is current (set by the caller).
-    cu_check("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut p, bytes.max(256)) })?;
+    cu_check("cuMemAlloc", unsafe {
+        cu::cuMemAlloc_v2(&mut p, bytes.max(256))
+    })?;
     Ok(p)
 }
 
@@ -300,10 +318,15 @@ fn device_arch() -> Result<(i32, i32)> {
 fn kernel_cubin(dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
     let src = kernels::source(dtype);
     let arch_s = format!("sm_{}{}", arch.0, arch.1);
-    let options = vec![format!("--gpu-architecture={arch_s}"), "-default-device".to_string()];
+    let options = vec![
+        format!("--gpu-architecture={arch_s}"),
+        "-default-device".to_string(),
+    ];
     let (mut vmaj, mut vmin) = (0, 0);
     // SAFETY: valid out-pointers; libnvrtc is loaded (libs::ensure_all ran before).
-    rtc_check("nvrtcVersion", unsafe { rtc::nvrtcVersion(&mut vmaj, &mut vmin) })?;
+    rtc_check("nvrtcVersion", unsafe {
+        rtc::nvrtcVersion(&mut vmaj, &mut vmin)
+    })?;
     let key = kernels::cache_key(&src, &arch_s, (vmaj, vmin), &options);
     let dir = kernels::cache_dir();
     if let Some(d) = &dir {
@@ -340,7 +363,9 @@ fn kernel_cubin(dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
                 rtc::nvrtcGetProgramLogSize(prog, &mut n);
                 let mut buf = vec![0u8; n.max(1)];
                 rtc::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut std::ffi::c_char);
-                String::from_utf8_lossy(&buf).trim_end_matches('\0').to_string()
+                String::from_utf8_lossy(&buf)
+                    .trim_end_matches('\0')
+                    .to_string()
             };
             return Err(EngineError::Runtime(format!(
                 "nvrtcCompileProgram: {r:?}: {log}"
@@ -471,6 +496,7 @@ impl CudaModel {
             mms: Vec::new(),
             launches: Vec::new(),
             names: Vec::new(),
+            algo_cache: Vec::new(),
             graph: std::ptr::null_mut(),
             exec: std::ptr::null_mut(),
             compute_graph: std::ptr::null_mut(),
@@ -482,28 +508,7 @@ impl CudaModel {
 
         // Weights: converted on the host, uploaded once.
         let (const_offs, const_bytes) = plan.const_layout();
-        let mut host = Vec::with_capacity(const_bytes);
-        for (i, (c, &off)) in plan.consts.iter().zip(&const_offs).enumerate() {
-            host.resize(off, 0);
-            if plan.filter_nhwc.contains(&i) && c.shape.len() == 4 {
-                // [M, C/g, kh, kw] → [M, kh, kw, C/g] (cuDNN's NHWC filter layout).
-                let [m_, cg, kh, kw] = [c.shape[0], c.shape[1], c.shape[2], c.shape[3]];
-                let mut t = vec![0f32; c.data.len()];
-                for o in 0..m_ {
-                    for ci in 0..cg {
-                        for a in 0..kh {
-                            for b in 0..kw {
-                                t[((o * kh + a) * kw + b) * cg + ci] = c.data[((o * cg + ci) * kh + a) * kw + b];
-                            }
-                        }
-                    }
-                }
-                push_converted(&mut host, &t, dtype);
-            } else {
-                push_converted(&mut host, &c.data, dtype);
-            }
-        }
-        host.resize(const_bytes, 0);
+        let host = plan.weights_host();
         m.weights = dev_alloc(const_bytes)?;
         // SAFETY: the device buffer holds const_bytes; host is const_bytes long; synchronous.
         cu_check("cuMemcpyHtoD", unsafe {
@@ -577,7 +582,13 @@ impl CudaModel {
 
         // The workspace may take at most half the arena: total memory stays within
         // weights + 1.5 × arena. Algorithms that need more are not considered.
-        let ws_cap = plan.arena_bytes / 2;
+        // ISOLANE_CUDA_WORKSPACE_MB raises the cap (for measuring what the bound costs).
+        let ws_cap = std::env::var("ISOLANE_CUDA_WORKSPACE_MB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(plan.arena_bytes / 2, |mb| {
+                (mb << 20).max(plan.arena_bytes / 2)
+            });
         let scratch = dev_alloc(ws_cap)?;
         let events = Events::new()?;
 
@@ -619,45 +630,201 @@ impl CudaModel {
                         args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
                     }),
                     StepKind::Conv(c) => {
-                        let key = ConvKey::of(c);
-                        let idx = match conv_cache.iter().find(|(k, _)| *k == key) {
-                            Some((_, i)) => *i,
-                            None => {
-                                let d = conv_desc(&m, c, dtype, plan.precision, &ptr, scratch, ws_cap)
-                                    .map_err(err)?;
-                                m.convs.push(d);
-                                conv_cache.push((key, m.convs.len() - 1));
-                                m.convs.len() - 1
-                            }
-                        };
-                        m.launches.push(Launch::Conv {
-                            conv: idx,
-                            x: ptr(c.x),
-                            w: ptr(c.w),
-                            y: ptr(c.y),
-                        });
-                        if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
-                            let n: usize = c.y_shape.iter().product();
-                            let inner = if c.nhwc { 1 } else { c.y_shape[2] * c.y_shape[3] };
-                            m.launches.push(pointwise_launch(
+                        // Two ways, each timed on the real buffers; the faster one is kept:
+                        // cuDNN (its best algorithm) + our epilogue kernel, or (NHWC, one group)
+                        // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
+                        let force = std::env::var("ISOLANE_CUDA_CONV").unwrap_or_default();
+                        let n_out: usize = c.y_shape.iter().product();
+                        let epilogue = |with_bias: bool, with_res: bool| {
+                            pointwise_launch(
                                 func("pointwise"),
                                 ptr(c.y),
                                 ptr(c.y),
-                                c.bias.map(&ptr),
-                                c.residual.map(&ptr),
-                                n,
+                                None,
+                                if with_bias { c.bias.map(&ptr) } else { None },
+                                if with_res { c.residual.map(&ptr) } else { None },
+                                n_out,
                                 c.y_shape[1],
-                                inner,
+                                if c.nhwc {
+                                    1
+                                } else {
+                                    c.y_shape[2] * c.y_shape[3]
+                                },
                                 c.act,
-                            ));
+                            )
+                        };
+                        let mut dnn_path: Option<(Vec<Launch>, f32)> = None;
+                        if force != "gemm" || !c.gemm_capable() {
+                            let key = ConvKey::of(c);
+                            let found = match conv_cache.iter().find(|(k, _)| *k == key) {
+                                Some((_, i)) => Ok(*i),
+                                None => {
+                                    conv_desc(&m, c, dtype, plan.precision, &ptr, scratch, ws_cap)
+                                        .map(|d| {
+                                            m.convs.push(d);
+                                            conv_cache.push((key, m.convs.len() - 1));
+                                            m.convs.len() - 1
+                                        })
+                                }
+                            };
+                            match found {
+                                Ok(idx) => {
+                                    let mut l = vec![Launch::Conv {
+                                        conv: idx,
+                                        x: ptr(c.x),
+                                        w: ptr(c.w),
+                                        y: ptr(c.y),
+                                    }];
+                                    if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
+                                        l.push(epilogue(true, true));
+                                    }
+                                    dnn_path = Some((l, f32::INFINITY));
+                                }
+                                Err(e) if !c.gemm_capable() => return Err(err(e)),
+                                Err(_) => {}
+                            }
                         }
+                        let mut gemm_path: Option<(Vec<Launch>, f32)> = None;
+                        if c.gemm_capable() && force != "cudnn" {
+                            let [n, ch, h, w] = c.x_shape;
+                            let [_, _, oh, ow] = c.y_shape;
+                            let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
+                            let mut l = Vec::new();
+                            let b_ptr = match c.col {
+                                Some(col) => {
+                                    let v = [
+                                        n,
+                                        h,
+                                        w,
+                                        ch,
+                                        oh,
+                                        ow,
+                                        kh,
+                                        kw,
+                                        c.strides[0],
+                                        c.strides[1],
+                                        c.pads[0],
+                                        c.pads[1],
+                                        c.dilations[0],
+                                        c.dilations[1],
+                                    ];
+                                    let mut vi = [0i32; 14];
+                                    for (d, s) in vi.iter_mut().zip(v) {
+                                        *d = s as i32;
+                                    }
+                                    l.push(Launch::Kernel {
+                                        func: func("im2col"),
+                                        grid: elementwise_grid(n * oh * ow * kh * kw * ch),
+                                        block: BLOCK,
+                                        args: vec![
+                                            Arg::Ptr(ptr(c.x)),
+                                            Arg::Ptr(ptr(col)),
+                                            Arg::Im(Box::new(ImP { v: vi })),
+                                        ],
+                                    });
+                                    ptr(col)
+                                }
+                                None => ptr(c.x),
+                            };
+                            let relu = matches!(c.act, Some(Unary::Relu));
+                            let key = MmKey {
+                                m: n * oh * ow,
+                                n: c.w_shape[0],
+                                k: kh * kw * ch,
+                                batch: 1,
+                                sa: 0,
+                                sb: 0,
+                                lda: kh * kw * ch,
+                                ldb: kh * kw * ch,
+                                ldy: c.w_shape[0],
+                                sy: n * oh * ow * c.w_shape[0],
+                                b_trans: true,
+                                linear: true,
+                                bias: c.bias.map(&ptr),
+                                relu,
+                                gelu: false,
+                                residual: c.residual.is_some(),
+                                alpha: 1.0f32.to_bits(),
+                            };
+                            let res_ptr = c.residual.map_or(0, &ptr);
+                            match mm_index(
+                                &mut m,
+                                &mut mm_cache,
+                                key,
+                                dtype,
+                                plan.precision,
+                                scratch,
+                                ws_cap,
+                                &events,
+                                ptr(c.w),
+                                b_ptr,
+                                res_ptr,
+                                ptr(c.y),
+                            ) {
+                                Ok(idx) => {
+                                    l.push(Launch::Matmul {
+                                        mm: idx,
+                                        a: ptr(c.w),
+                                        b: b_ptr,
+                                        c: res_ptr,
+                                        y: ptr(c.y),
+                                    });
+                                    if c.act.is_some() && !relu {
+                                        l.push(epilogue(false, false));
+                                    }
+                                    gemm_path = Some((l, f32::INFINITY));
+                                }
+                                Err(e) if dnn_path.is_none() => return Err(err(e)),
+                                Err(_) => {}
+                            }
+                        }
+                        // Time each candidate path (best of 3) as it will run.
+                        m.workspace = scratch;
+                        for path in [&mut dnn_path, &mut gemm_path].into_iter().flatten() {
+                            let launches = &path.0;
+                            for _ in 0..3 {
+                                let t = events
+                                    .time(m.stream, &mut || m.issue_list(launches, true))
+                                    .map_err(err)?;
+                                path.1 = path.1.min(t);
+                            }
+                        }
+                        m.workspace = 0;
+                        let chosen = match (dnn_path, gemm_path) {
+                            (Some(d), Some(g)) => {
+                                if g.1 <= d.1 {
+                                    g.0
+                                } else {
+                                    d.0
+                                }
+                            }
+                            (Some(d), None) => d.0,
+                            (None, Some(g)) => g.0,
+                            (None, None) => {
+                                return Err(err(EngineError::Runtime("no convolution path".into())))
+                            }
+                        };
+                        m.launches.extend(chosen);
                     }
                     StepKind::DwConv(c) => {
                         let (a, p0, p1) = act_code(c.act);
                         let v = [
-                            c.x_shape[0], c.x_shape[1], c.x_shape[2], c.x_shape[3], c.y_shape[1],
-                            c.y_shape[2], c.y_shape[3], c.w_shape[2], c.w_shape[3], c.strides[0],
-                            c.strides[1], c.pads[0], c.pads[1], c.dilations[0], c.dilations[1], 0,
+                            c.x_shape[0],
+                            c.x_shape[1],
+                            c.x_shape[2],
+                            c.x_shape[3],
+                            c.y_shape[1],
+                            c.y_shape[2],
+                            c.y_shape[3],
+                            c.w_shape[2],
+                            c.w_shape[3],
+                            c.strides[0],
+                            c.strides[1],
+                            c.pads[0],
+                            c.pads[1],
+                            c.dilations[0],
+                            c.dilations[1],
+                            0,
                         ];
                         let mut vi = [0i32; 16];
                         for (d, s) in vi.iter_mut().zip(v) {
@@ -665,9 +832,22 @@ impl CudaModel {
                         }
                         vi[15] = a;
                         let n: usize = c.y_shape.iter().product();
+                        // The register-window kernels: NHWC, horizontal stride and dilation 1.
+                        let fast = c.nhwc && c.strides[1] == 1 && c.dilations[1] == 1;
+                        let (kernel, threads) = match (fast, c.w_shape[3]) {
+                            (true, 3) => (
+                                "dwconv_s1_k3",
+                                n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
+                            ),
+                            (true, 7) => (
+                                "dwconv_s1_k7",
+                                n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
+                            ),
+                            _ => ("dwconv", n),
+                        };
                         m.launches.push(Launch::Kernel {
-                            func: func("dwconv"),
-                            grid: elementwise_grid(n),
+                            func: func(kernel),
+                            grid: elementwise_grid(threads),
                             block: BLOCK,
                             args: vec![
                                 Arg::Ptr(ptr(c.x)),
@@ -679,6 +859,8 @@ impl CudaModel {
                                     v: vi,
                                     p0,
                                     p1,
+                                    whwc: c.nhwc as i32,
+                                    pad: 0,
                                     xs: strides4(&c.x_shape, c.nhwc),
                                     ys: strides4(&c.y_shape, c.nhwc),
                                 })),
@@ -694,12 +876,14 @@ impl CudaModel {
                         n,
                         k,
                         act,
+                        residual,
                     } => {
                         let relu = matches!(act, Some(Unary::Relu));
-                        // fp16/bf16: cuBLASLt's GELU epilogue (tanh form; it differs from the
-                        // exact erf GELU by < 1e-3, far below half-precision rounding here).
+                        // tf32/fp16/bf16: cuBLASLt's GELU epilogue (tanh form; it differs from
+                        // the exact erf GELU by < 1e-3, below those precisions' rounding here;
+                        // fp32 keeps the exact GELU kernel).
                         let gelu = matches!(act, Some(Unary::Gelu) | Some(Unary::GeluTanh))
-                            && matches!(dtype, DType::F16 | DType::Bf16)
+                            && plan.precision != Precision::Fp32
                             && bias.is_some()
                             && std::env::var_os("ISOLANE_CUDA_EXACT_GELU").is_none();
                         let key = MmKey {
@@ -709,18 +893,39 @@ impl CudaModel {
                             batch: 1,
                             sa: 0,
                             sb: 0,
+                            lda: *k,
+                            ldb: *k,
+                            ldy: *n,
+                            sy: *mm * *n,
                             b_trans: true,
                             linear: true,
                             bias: bias.map(&ptr),
                             relu,
                             gelu,
+                            residual: residual.is_some(),
+                            alpha: 1.0f32.to_bits(),
                         };
-                        let idx = mm_index(&mut m, &mut mm_cache, key, dtype, plan.precision, scratch, ws_cap, &events, ptr(*w), ptr(*x), ptr(*y))
-                            .map_err(err)?;
+                        let res_ptr = residual.map_or(0, &ptr);
+                        let idx = mm_index(
+                            &mut m,
+                            &mut mm_cache,
+                            key,
+                            dtype,
+                            plan.precision,
+                            scratch,
+                            ws_cap,
+                            &events,
+                            ptr(*w),
+                            ptr(*x),
+                            res_ptr,
+                            ptr(*y),
+                        )
+                        .map_err(err)?;
                         m.launches.push(Launch::Matmul {
                             mm: idx,
                             a: ptr(*w),
                             b: ptr(*x),
+                            c: res_ptr,
                             y: ptr(*y),
                         });
                         if act.is_some() && !relu && !gelu {
@@ -728,6 +933,7 @@ impl CudaModel {
                                 func("pointwise"),
                                 ptr(*y),
                                 ptr(*y),
+                                None,
                                 None,
                                 None,
                                 mm * n,
@@ -748,6 +954,11 @@ impl CudaModel {
                         a_batch_stride,
                         b_batch_stride,
                         b_trans,
+                        alpha,
+                        lda,
+                        ldb,
+                        ldy,
+                        y_batch_stride,
                     } => {
                         let key = MmKey {
                             m: *mm,
@@ -756,24 +967,45 @@ impl CudaModel {
                             batch: *batch,
                             sa: *a_batch_stride,
                             sb: *b_batch_stride,
+                            lda: *lda,
+                            ldb: *ldb,
+                            ldy: *ldy,
+                            sy: *y_batch_stride,
                             b_trans: *b_trans,
                             linear: false,
                             bias: None,
                             relu: false,
                             gelu: false,
+                            residual: false,
+                            alpha: alpha.to_bits(),
                         };
-                        let idx = mm_index(&mut m, &mut mm_cache, key, dtype, plan.precision, scratch, ws_cap, &events, ptr(*b), ptr(*a), ptr(*y))
-                            .map_err(err)?;
+                        let idx = mm_index(
+                            &mut m,
+                            &mut mm_cache,
+                            key,
+                            dtype,
+                            plan.precision,
+                            scratch,
+                            ws_cap,
+                            &events,
+                            ptr(*b),
+                            ptr(*a),
+                            0,
+                            ptr(*y),
+                        )
+                        .map_err(err)?;
                         m.launches.push(Launch::Matmul {
                             mm: idx,
                             a: ptr(*b),
                             b: ptr(*a),
+                            c: 0,
                             y: ptr(*y),
                         });
                     }
                     StepKind::Pointwise {
                         x,
                         y,
+                        scale,
                         bias,
                         residual,
                         n,
@@ -784,6 +1016,7 @@ impl CudaModel {
                         func("pointwise"),
                         ptr(*x),
                         ptr(*y),
+                        scale.map(&ptr),
                         bias.map(&ptr),
                         residual.map(&ptr),
                         *n,
@@ -874,9 +1107,22 @@ impl CudaModel {
                         nhwc,
                     } => {
                         let v = [
-                            x_shape[0], x_shape[1], x_shape[2], x_shape[3], out_hw[0], out_hw[1],
-                            kernel[0], kernel[1], strides[0], strides[1], pads[0], pads[1],
-                            dilations[0], dilations[1], *max as usize, *count_include_pad as usize,
+                            x_shape[0],
+                            x_shape[1],
+                            x_shape[2],
+                            x_shape[3],
+                            out_hw[0],
+                            out_hw[1],
+                            kernel[0],
+                            kernel[1],
+                            strides[0],
+                            strides[1],
+                            pads[0],
+                            pads[1],
+                            dilations[0],
+                            dilations[1],
+                            *max as usize,
+                            *count_include_pad as usize,
                         ];
                         let mut vi = [0i32; 16];
                         for (d, s) in vi.iter_mut().zip(v) {
@@ -893,7 +1139,10 @@ impl CudaModel {
                                 Arg::Pool(Box::new(PoolP {
                                     v: vi,
                                     xs: strides4(x_shape, *nhwc),
-                                    ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
+                                    ys: strides4(
+                                        &[x_shape[0], x_shape[1], out_hw[0], out_hw[1]],
+                                        *nhwc,
+                                    ),
                                 })),
                             ],
                         });
@@ -982,7 +1231,9 @@ impl CudaModel {
         // One eager run (loads lazily-loaded library kernels outside capture), then capture.
         m.issue(true)?;
         // SAFETY: the stream is live.
-        cu_check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(m.stream) })?;
+        cu_check("cuStreamSynchronize", unsafe {
+            cu::cuStreamSynchronize(m.stream)
+        })?;
         let (g, e) = m.capture(true)?;
         m.graph = g;
         m.exec = e;
@@ -1105,8 +1356,17 @@ impl CudaModel {
                         )
                     })?;
                 }
-                Launch::Matmul { mm, a, b, y } => {
-                    run_matmul(self.cublaslt, &self.mms[*mm], *a, *b, *y, self.workspace, self.stream)?;
+                Launch::Matmul { mm, a, b, c, y } => {
+                    run_matmul(
+                        self.cublaslt,
+                        &self.mms[*mm],
+                        *a,
+                        *b,
+                        *c,
+                        *y,
+                        self.workspace,
+                        self.stream,
+                    )?;
                 }
                 Launch::HtoD { dst, src, bytes } => {
                     // SAFETY: src is a pinned host buffer of `bytes` owned by this model; dst
@@ -1142,7 +1402,11 @@ impl CudaModel {
             };
             let one = std::slice::from_ref(l);
             let ms = ev.time(self.stream, &mut || self.issue_list(one, true))?;
-            out.push((self.names.get(i).cloned().unwrap_or_default(), what, ms as f64));
+            out.push((
+                self.names.get(i).cloned().unwrap_or_default(),
+                what,
+                ms as f64,
+            ));
         }
         Ok(out)
     }
@@ -1176,7 +1440,9 @@ impl CudaModel {
     pub fn launch(&mut self) -> Result<()> {
         make_current(self.ctx)?;
         // SAFETY: exec and stream are live; the graph's buffers are owned by self.
-        cu_check("cuGraphLaunch", unsafe { cu::cuGraphLaunch(self.exec, self.stream) })
+        cu_check("cuGraphLaunch", unsafe {
+            cu::cuGraphLaunch(self.exec, self.stream)
+        })
     }
 
     /// True when the last launched job has finished (never blocks).
@@ -1193,7 +1459,9 @@ impl CudaModel {
     /// Waits for the last launched job (the output copy is its last node).
     pub fn wait(&self) -> Result<()> {
         // SAFETY: the stream is live.
-        cu_check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(self.stream) })
+        cu_check("cuStreamSynchronize", unsafe {
+            cu::cuStreamSynchronize(self.stream)
+        })
     }
 
     /// The stream this model runs on.
@@ -1219,6 +1487,7 @@ fn pointwise_launch(
     func: usize,
     x: u64,
     y: u64,
+    scale: Option<u64>,
     bias: Option<u64>,
     res: Option<u64>,
     n: usize,
@@ -1234,6 +1503,7 @@ fn pointwise_launch(
         args: vec![
             Arg::Ptr(x),
             Arg::Ptr(y),
+            Arg::Ptr(scale.unwrap_or(0)),
             Arg::Ptr(bias.unwrap_or(0)),
             Arg::Ptr(res.unwrap_or(0)),
             Arg::I64(n as i64),
@@ -1298,13 +1568,23 @@ fn conv_desc(
         Precision::Tf32 => dnn::cudnnMathType_t::CUDNN_DEFAULT_MATH,
         Precision::Fp16 | Precision::Bf16 => dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
     };
-    // SAFETY: out-pointers are valid; the descriptors are destroyed in CudaModel's Drop (they
-    // are pushed to m.convs by the caller even when a later call here fails? no: on failure
-    // they leak, which only happens on a failed compile).
+    // SAFETY: out-pointers are valid; the buffers passed to the algorithm search are the
+    // step's own (planned together with these shapes) and the scratch holds ws_cap bytes. The
+    // descriptors are destroyed in CudaModel's Drop once the caller keeps them; if a call here
+    // fails they leak, which only a failed compile does.
     unsafe {
-        dnn_check("cudnnCreateTensorDescriptor", dnn::cudnnCreateTensorDescriptor(&mut d.x))?;
-        dnn_check("cudnnCreateTensorDescriptor", dnn::cudnnCreateTensorDescriptor(&mut d.y))?;
-        dnn_check("cudnnCreateFilterDescriptor", dnn::cudnnCreateFilterDescriptor(&mut d.w))?;
+        dnn_check(
+            "cudnnCreateTensorDescriptor",
+            dnn::cudnnCreateTensorDescriptor(&mut d.x),
+        )?;
+        dnn_check(
+            "cudnnCreateTensorDescriptor",
+            dnn::cudnnCreateTensorDescriptor(&mut d.y),
+        )?;
+        dnn_check(
+            "cudnnCreateFilterDescriptor",
+            dnn::cudnnCreateFilterDescriptor(&mut d.w),
+        )?;
         dnn_check(
             "cudnnCreateConvolutionDescriptor",
             dnn::cudnnCreateConvolutionDescriptor(&mut d.conv),
@@ -1404,16 +1684,39 @@ struct MmKey {
     bias: Option<u64>,
     relu: bool,
     gelu: bool,
+    residual: bool,
+    alpha: u32,
+    /// Row strides of our a, b and y, and y's batch stride.
+    lda: usize,
+    ldb: usize,
+    ldy: usize,
+    sy: usize,
 }
 
-fn set_attr<T>(desc: lt::cublasLtMatmulDesc_t, attr: lt::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+fn set_attr<T>(
+    desc: lt::cublasLtMatmulDesc_t,
+    attr: lt::cublasLtMatmulDescAttributes_t,
+    v: &T,
+) -> Result<()> {
     // SAFETY: v points to a value of the size the attribute expects (chosen by the caller).
     lt_check("cublasLtMatmulDescSetAttribute", unsafe {
-        lt::cublasLtMatmulDescSetAttribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>())
+        lt::cublasLtMatmulDescSetAttribute(
+            desc,
+            attr,
+            v as *const T as *const c_void,
+            std::mem::size_of::<T>(),
+        )
     })
 }
 
-fn layout(dt: lt::cudaDataType, rows: usize, cols: usize, ld: usize, batch: usize, stride: usize) -> Result<lt::cublasLtMatrixLayout_t> {
+fn layout(
+    dt: lt::cudaDataType,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    batch: usize,
+    stride: usize,
+) -> Result<lt::cublasLtMatrixLayout_t> {
     let mut l: lt::cublasLtMatrixLayout_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer; attribute values are i32 / i64 as cuBLASLt documents.
     unsafe {
@@ -1464,6 +1767,7 @@ fn mm_index(
     events: &Events,
     a_ptr: u64,
     b_ptr: u64,
+    c_ptr: u64,
     y_ptr: u64,
 ) -> Result<usize> {
     if let Some((_, i)) = cache.iter().find(|(k, _)| *k == key) {
@@ -1484,15 +1788,27 @@ fn mm_index(
     let op_t: i32 = 1;
     let op_n: i32 = 0;
     let a = if key.b_trans {
-        set_attr(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &op_t)?;
-        layout(dt, k, n, k, key.batch, key.sb)?
+        set_attr(
+            desc,
+            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            &op_t,
+        )?;
+        layout(dt, k, n, key.ldb, key.batch, key.sb)?
     } else {
-        set_attr(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &op_n)?;
-        layout(dt, n, k, n, key.batch, key.sb)?
+        set_attr(
+            desc,
+            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            &op_n,
+        )?;
+        layout(dt, n, k, key.ldb, key.batch, key.sb)?
     };
-    set_attr(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, &op_n)?;
-    let b = layout(dt, k, mm, k, key.batch, key.sa)?;
-    let d = layout(dt, n, mm, n, key.batch, n * mm)?;
+    set_attr(
+        desc,
+        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+        &op_n,
+    )?;
+    let b = layout(dt, k, mm, key.lda, key.batch, key.sa)?;
+    let d = layout(dt, n, mm, key.ldy, key.batch, key.sy)?;
     if key.linear {
         let epi = match (key.bias.is_some(), key.relu) {
             _ if key.gelu => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
@@ -1501,19 +1817,30 @@ fn mm_index(
             (false, true) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU,
             (false, false) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
         };
-        set_attr(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+        set_attr(
+            desc,
+            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+            &epi,
+        )?;
         if let Some(bp) = key.bias {
-            set_attr(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp)?;
+            set_attr(
+                desc,
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                &bp,
+            )?;
         }
     }
     let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
-    let mut results: [lt::cublasLtMatmulHeuristicResult_t; 8];
+    let mut results: [lt::cublasLtMatmulHeuristicResult_t; 16];
     let mut got = 0i32;
     let cap = ws_cap as u64;
     // SAFETY: valid out-pointers; the descriptors above are complete.
     unsafe {
         results = std::mem::zeroed();
-        lt_check("cublasLtMatmulPreferenceCreate", lt::cublasLtMatmulPreferenceCreate(&mut pref))?;
+        lt_check(
+            "cublasLtMatmulPreferenceCreate",
+            lt::cublasLtMatmulPreferenceCreate(&mut pref),
+        )?;
         lt_check(
             "cublasLtMatmulPreferenceSetAttribute",
             lt::cublasLtMatmulPreferenceSetAttribute(
@@ -1545,12 +1872,28 @@ fn mm_index(
         d,
         algo: results[0].algo,
         workspace: results[0].workspace_size(),
+        alpha: f32::from_bits(key.alpha),
+        beta: if key.residual { 1.0 } else { 0.0 },
     };
     if got == 0 {
         return Err(EngineError::Runtime(format!(
             "cuBLASLt offers no algorithm for {mm}×{n}×{k} (batch {})",
             key.batch
         )));
+    }
+    let shape_key = format!(
+        "{:?}",
+        MmKey {
+            bias: key.bias.map(|_| 1),
+            ..key.clone()
+        }
+    );
+    if let Some((_, algo, ws)) = m.algo_cache.iter().find(|(k, _, _)| *k == shape_key) {
+        cand.algo = *algo;
+        cand.workspace = *ws;
+        m.mms.push(cand);
+        cache.push((key, m.mms.len() - 1));
+        return Ok(m.mms.len() - 1);
     }
     // Time each candidate (a warm-up call, then the best of 5), keep the fastest.
     let mut best = (f32::INFINITY, 0usize);
@@ -1560,13 +1903,19 @@ fn mm_index(
         }
         cand.algo = r.algo;
         cand.workspace = r.workspace_size();
-        if run_matmul(m.cublaslt, &cand, a_ptr, b_ptr, y_ptr, scratch, m.stream).is_err() {
+        if run_matmul(
+            m.cublaslt, &cand, a_ptr, b_ptr, c_ptr, y_ptr, scratch, m.stream,
+        )
+        .is_err()
+        {
             continue;
         }
         let mut t = f32::INFINITY;
         for _ in 0..5 {
             let ms = events.time(m.stream, &mut || {
-                run_matmul(m.cublaslt, &cand, a_ptr, b_ptr, y_ptr, scratch, m.stream)
+                run_matmul(
+                    m.cublaslt, &cand, a_ptr, b_ptr, c_ptr, y_ptr, scratch, m.stream,
+                )
             })?;
             t = t.min(ms);
         }
@@ -1576,6 +1925,7 @@ fn mm_index(
     }
     cand.algo = results[best.1].algo;
     cand.workspace = results[best.1].workspace_size();
+    m.algo_cache.push((shape_key, cand.algo, cand.workspace));
     m.mms.push(cand);
     cache.push((key, m.mms.len() - 1));
     Ok(m.mms.len() - 1)
@@ -1590,29 +1940,31 @@ impl WorkspaceSize for lt::cublasLtMatmulHeuristicResult_t {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_matmul(
     h: lt::cublasLtHandle_t,
     d: &MatmulDesc,
     a: u64,
     b: u64,
+    c: u64,
     y: u64,
     workspace: u64,
     stream: cu::CUstream,
 ) -> Result<()> {
-    let (one, zero) = (1f32, 0f32);
+    let c = if c != 0 { c } else { y };
     // SAFETY: descriptors and layouts were built for exactly these buffers; the workspace
     // holds at least d.workspace bytes; scale type is f32.
     lt_check("cublasLtMatmul", unsafe {
         lt::cublasLtMatmul(
             h,
             d.desc,
-            &one as *const f32 as *const c_void,
+            &d.alpha as *const f32 as *const c_void,
             a as *const c_void,
             d.a,
             b as *const c_void,
             d.b,
-            &zero as *const f32 as *const c_void,
-            y as *const c_void,
+            &d.beta as *const f32 as *const c_void,
+            c as *const c_void,
             d.d,
             y as *mut c_void,
             d.d,

@@ -222,15 +222,41 @@ pub struct ConvStep {
     pub act: Option<Unary>,
     /// x, y (and residual) stored NHWC; the filter is uploaded KRSC.
     pub nhwc: bool,
+    /// Storage of the im2col matrix `[N·OH·OW, kh·kw·C]` when the convolution may run as a
+    /// GEMM and needs one (NHWC, one group, not [`ConvStep::direct_gemm`]).
+    pub col: Option<Loc>,
+}
+
+impl ConvStep {
+    /// NHWC, one group: the convolution is a matrix product over (im2col of) x.
+    pub fn gemm_capable(&self) -> bool {
+        self.nhwc && self.groups == 1
+    }
+    /// 1×1, stride 1, no padding: x itself is the `[N·H·W, C]` matrix.
+    pub fn direct_gemm(&self) -> bool {
+        self.gemm_capable()
+            && self.w_shape[2] == 1
+            && self.w_shape[3] == 1
+            && self.strides == [1, 1]
+            && self.pads == [0, 0]
+    }
 }
 
 /// What one step does. Operands are [`Loc`]s; sizes are in elements.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StepKind {
     /// f32 staging buffer → activation dtype (graph inputs).
-    CastIn { x: Loc, y: Loc, n: usize },
+    CastIn {
+        x: Loc,
+        y: Loc,
+        n: usize,
+    },
     /// activation dtype → f32 staging buffer (graph outputs).
-    CastOut { x: Loc, y: Loc, n: usize },
+    CastOut {
+        x: Loc,
+        y: Loc,
+        n: usize,
+    },
     Conv(ConvStep),
     /// Depthwise convolution (groups = C, one filter per output channel) by our own kernel,
     /// with bias, residual and activation fused.
@@ -245,6 +271,8 @@ pub enum StepKind {
         n: usize,
         k: usize,
         act: Option<Unary>,
+        /// Added before the epilogue (a residual add fused as cuBLASLt's C with beta = 1).
+        residual: Option<Loc>,
     },
     /// Batched `y[b] = a[b] · op(bm[b])` (row-major) through cuBLASLt; `b_trans` = bm holds
     /// `[.., N, K]` (a transpose folded into the matmul).
@@ -259,11 +287,20 @@ pub enum StepKind {
         a_batch_stride: usize,
         b_batch_stride: usize,
         b_trans: bool,
+        /// Scales the product (a multiplication by a constant scalar folded in).
+        alpha: f32,
+        /// Row strides (leading dimensions) of a, b and y, and y's batch stride: operands may
+        /// be strided views (attention heads read in place from the QKV projection).
+        lda: usize,
+        ldb: usize,
+        ldy: usize,
+        y_batch_stride: usize,
     },
-    /// `y = act(x + bias[c] + res)` elementwise, `c = (i / inner) % channels`.
+    /// `y = act(x · scale[c] + bias[c] + res)` elementwise, `c = (i / inner) % channels`.
     Pointwise {
         x: Loc,
         y: Loc,
+        scale: Option<Loc>,
         bias: Option<Loc>,
         residual: Option<Loc>,
         n: usize,
@@ -281,7 +318,11 @@ pub enum StepKind {
     },
     /// `y[...] = x[...]` over a strided space (transpose, concat, slice, gather, expand);
     /// operands: 0 = y, 1 = x.
-    Copy { x: Loc, y: Loc, space: Strided },
+    Copy {
+        x: Loc,
+        y: Loc,
+        space: Strided,
+    },
     LayerNorm {
         x: Loc,
         scale: Loc,
@@ -315,9 +356,20 @@ pub enum StepKind {
         nhwc: bool,
     },
     /// Mean over HW of an NHWC `[N, H, W, C]` tensor → `[N, C]`.
-    ChanMean { x: Loc, y: Loc, n: usize, c: usize, hw: usize },
+    ChanMean {
+        x: Loc,
+        y: Loc,
+        n: usize,
+        c: usize,
+        hw: usize,
+    },
     /// Mean over `hw` contiguous elements for each of `rows` rows.
-    RowMean { x: Loc, y: Loc, rows: usize, hw: usize },
+    RowMean {
+        x: Loc,
+        y: Loc,
+        rows: usize,
+        hw: usize,
+    },
     /// PyTorch AdaptiveAvgPool2d.
     AdaptivePool {
         x: Loc,
@@ -353,11 +405,55 @@ pub struct Plan {
     pub consts: Vec<Arc<Tensor>>,
     /// Constants used as channels-last convolution filters: uploaded `[M, kh, kw, C/g]`.
     pub filter_nhwc: Vec<usize>,
+    /// Constants used as channels-last depthwise filters: uploaded `[kh, kw, M]`.
+    pub filter_dw_hwc: Vec<usize>,
     pub inputs: Vec<Io>,
     pub outputs: Vec<Io>,
 }
 
 impl Plan {
+    /// The weights buffer as uploaded: every constant in the device dtype at its
+    /// [`Plan::const_layout`] offset, convolution filters in the layout their step reads.
+    pub fn weights_host(&self) -> Vec<u8> {
+        use crate::convert::push_converted;
+        let (offs, bytes) = self.const_layout();
+        let mut host = Vec::with_capacity(bytes);
+        for (i, (c, &off)) in self.consts.iter().zip(&offs).enumerate() {
+            host.resize(off, 0);
+            if self.filter_nhwc.contains(&i) && c.shape.len() == 4 {
+                // [M, C/g, kh, kw] → [M, kh, kw, C/g] (cuDNN's NHWC filter layout, and the
+                // column order of our im2col).
+                let [m, cg, kh, kw] = [c.shape[0], c.shape[1], c.shape[2], c.shape[3]];
+                let mut t = vec![0f32; c.data.len()];
+                for o in 0..m {
+                    for ci in 0..cg {
+                        for a in 0..kh {
+                            for b in 0..kw {
+                                t[((o * kh + a) * kw + b) * cg + ci] =
+                                    c.data[((o * cg + ci) * kh + a) * kw + b];
+                            }
+                        }
+                    }
+                }
+                push_converted(&mut host, &t, self.dtype);
+            } else if self.filter_dw_hwc.contains(&i) && c.shape.len() == 4 {
+                // [M, 1, kh, kw] → [kh, kw, M]: the depthwise kernels read it coalesced.
+                let [m, _, kh, kw] = [c.shape[0], c.shape[1], c.shape[2], c.shape[3]];
+                let mut t = vec![0f32; c.data.len()];
+                for o in 0..m {
+                    for k in 0..kh * kw {
+                        t[k * m + o] = c.data[o * kh * kw + k];
+                    }
+                }
+                push_converted(&mut host, &t, self.dtype);
+            } else {
+                push_converted(&mut host, &c.data, self.dtype);
+            }
+        }
+        host.resize(bytes, 0);
+        host
+    }
+
     /// Bytes of all constants in the device dtype, each aligned to [`ALIGN`].
     pub fn const_layout(&self) -> (Vec<usize>, usize) {
         let mut offs = Vec::with_capacity(self.consts.len());
@@ -414,7 +510,13 @@ fn phys_broadcast(shape: &[usize], nhwc: bool, out: &[usize]) -> Vec<usize> {
     let ps = phys_strides(shape, nhwc);
     let lead = out.len() - shape.len();
     (0..out.len())
-        .map(|d| if d < lead || shape[d - lead] == 1 { 0 } else { ps[d - lead] })
+        .map(|d| {
+            if d < lead || shape[d - lead] == 1 {
+                0
+            } else {
+                ps[d - lead]
+            }
+        })
         .collect()
 }
 
@@ -431,6 +533,18 @@ struct Planner<'g> {
     consts: Vec<Arc<Tensor>>,
     const_of: Vec<Option<usize>>,
     filter_nhwc: Vec<usize>,
+    filter_dw_hwc: Vec<usize>,
+    /// Value → (index in `steps`, time) of the Linear step that wrote it.
+    linear_of: Vec<Option<(usize, usize)>>,
+    /// Time at which a value got its storage (0 for inputs and constants).
+    def_t: Vec<usize>,
+    /// A scalar a sole MatMul consumer applies as alpha (the value aliases the unscaled one).
+    alpha_of: Vec<f32>,
+    /// A per-channel scaling deferred to the sole Add that consumes it: (x, scale, channels).
+    pending_scale: Vec<Option<(Loc, Loc, usize)>>,
+    /// Strides of a value that is a non-contiguous view (a transpose or split read in place
+    /// by a stride-aware consumer); `None`: row-major (or NHWC when `nhwc`).
+    vstrides: Vec<Option<Vec<usize>>>,
     t: usize,
 }
 
@@ -465,13 +579,37 @@ impl Planner<'_> {
             };
             return Ok(Loc::Const { id, offset: 0 });
         }
-        let l = self.loc[v].ok_or_else(|| unsupported(node, format!("input value {v} has no storage")))?;
+        let l = self.loc[v]
+            .ok_or_else(|| unsupported(node, format!("input value {v} has no storage")))?;
         self.touch(l);
         Ok(l)
     }
-    /// `v` in plain row-major layout (a conversion copy when it is stored NHWC).
+    /// Strides of `v` as stored.
+    fn strides(&self, v: usize) -> Vec<usize> {
+        match &self.vstrides[v] {
+            Some(s) => s.clone(),
+            None => phys_strides(&self.shapes[v], self.nhwc[v]),
+        }
+    }
+    /// `v` in plain row-major layout (a conversion copy when it is stored NHWC or strided).
     fn plain(&mut self, v: usize, node: &str) -> Result<Loc> {
         let l = self.raw(v, node)?;
+        if let Some(st) = self.vstrides[v].clone() {
+            if let Some(p) = self.plain_of[v] {
+                self.touch(p);
+                return Ok(p);
+            }
+            let s = self.new_storage(self.numel(v) * self.es);
+            let y = Loc::Storage { id: s, offset: 0 };
+            let shape = self.shapes[v].clone();
+            let space = Strided::coalesce(&shape, vec![contiguous_strides(&shape), st], node)?;
+            self.steps.push(Step {
+                name: format!("{node} (contiguous copy)"),
+                kind: StepKind::Copy { x: l, y, space },
+            });
+            self.plain_of[v] = Some(y);
+            return Ok(y);
+        }
         if !self.nhwc[v] {
             return Ok(l);
         }
@@ -526,6 +664,7 @@ impl Planner<'_> {
         self.nhwc[v] = nhwc && sh.len() == 4 && sh[2] * sh[3] > 1 && sh[1] > 1;
         let l = Loc::Storage { id: s, offset: 0 };
         self.loc[v] = Some(l);
+        self.def_t[v] = self.t;
         l
     }
     fn push(&mut self, name: &str, kind: StepKind) {
@@ -560,6 +699,12 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         consts: Vec::new(),
         const_of: vec![None; nv],
         filter_nhwc: Vec::new(),
+        filter_dw_hwc: Vec::new(),
+        linear_of: vec![None; nv],
+        def_t: vec![0; nv],
+        alpha_of: vec![1.0; nv],
+        pending_scale: vec![None; nv],
+        vstrides: vec![None; nv],
         t: 0,
     };
     // Time 0: inputs arrive (staging f32 storages) and are cast to the activation dtype.
@@ -574,7 +719,10 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             p.push(
                 &format!("cast input {}", g.values[i].name),
                 StepKind::CastIn {
-                    x: Loc::Storage { id: staging, offset: 0 },
+                    x: Loc::Storage {
+                        id: staging,
+                        offset: 0,
+                    },
                     y: Loc::Storage { id: s, offset: 0 },
                     n,
                 },
@@ -598,6 +746,34 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     for &o in &g.outputs {
         users[o] += 1;
     }
+    let mut sole_user: Vec<Option<usize>> = vec![None; nv];
+    for (ni, n) in g.nodes.iter().enumerate() {
+        for &i in &n.inputs {
+            if users[i] == 1 {
+                sole_user[i] = Some(ni);
+            }
+        }
+    }
+    let mut users_of: Vec<Vec<usize>> = vec![Vec::new(); nv];
+    for (ni, n) in g.nodes.iter().enumerate() {
+        for &i in &n.inputs {
+            users_of[i].push(ni);
+        }
+    }
+    let is_output: Vec<bool> = (0..nv).map(|v| g.outputs.contains(&v)).collect();
+    // Ops that read strided views in place (see `vstrides`).
+    let stride_aware = |ni: usize| -> bool {
+        let n = &g.nodes[ni];
+        match &n.op {
+            Op::Split { .. } | Op::Squeeze { .. } | Op::Transpose { .. } | Op::MatMul => true,
+            Op::Binary(Binary::Mul) => {
+                let scalar = |v: usize| matches!(&g.values[v].kind, ValueKind::Constant(t) if t.numel() == 1);
+                (scalar(n.inputs[0]) || scalar(n.inputs[1]))
+                    && sole_user[n.outputs[0]].is_some_and(|u| matches!(g.nodes[u].op, Op::MatMul))
+            }
+            _ => false,
+        }
+    };
     let mut folded_t: Vec<Option<usize>> = vec![None; nv];
     for n in &g.nodes {
         if let Op::Transpose { perm } = &n.op {
@@ -629,6 +805,79 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         let outs: Vec<usize> = n.outputs.clone();
         let out_shape = p.shapes[outs[0]].clone();
         let x0 = n.inputs[0];
+        let aware = stride_aware(ni);
+        if !aware {
+            for &i in &n.inputs {
+                if p.vstrides[i].is_some() {
+                    let l = p.plain(i, name)?;
+                    p.loc[i] = Some(l);
+                    p.vstrides[i] = None;
+                }
+            }
+        }
+        // Strided inputs of view ops: a view again when only size-1 dims change.
+        if p.vstrides[x0].is_some() && (n.op.is_view() || matches!(n.op, Op::Split { .. })) {
+            let st = p.strides(x0);
+            let l = p.raw(x0, name)?;
+            if let Op::Split { axis, sizes } = &n.op {
+                let a = norm_axis(*axis, in_shapes[0].len())
+                    .ok_or_else(|| unsupported(name, "bad axis"))?;
+                let mut at = 0;
+                for (j, &o) in outs.iter().enumerate() {
+                    p.loc[o] = Some(l.with_offset(at * st[a]));
+                    p.vstrides[o] = Some(st.clone());
+                    at += sizes[j];
+                }
+                continue;
+            }
+            let kept: Vec<usize> = in_shapes[0]
+                .iter()
+                .zip(&st)
+                .filter(|(d, _)| **d != 1)
+                .map(|(_, s)| *s)
+                .collect();
+            let in_dims: Vec<usize> = in_shapes[0].iter().copied().filter(|&d| d != 1).collect();
+            let out_dims: Vec<usize> = out_shape.iter().copied().filter(|&d| d != 1).collect();
+            if in_dims == out_dims {
+                let mut it = kept.iter();
+                let os: Vec<usize> = out_shape
+                    .iter()
+                    .map(|&d| if d == 1 { 0 } else { *it.next().unwrap_or(&0) })
+                    .collect();
+                p.loc[outs[0]] = Some(l);
+                p.vstrides[outs[0]] = Some(os);
+                continue;
+            }
+            let l = p.plain(x0, name)?;
+            p.loc[x0] = Some(l);
+            p.vstrides[x0] = None;
+        }
+        // A transpose read by stride-aware consumers only (or whose result is row-major) is a
+        // view: its strides are the input's, permuted.
+        if let Op::Transpose { perm } = &n.op {
+            let consts = matches!(g.values[x0].kind, ValueKind::Constant(_));
+            if !consts && !p.nhwc[x0] {
+                let st = p.strides(x0);
+                let os: Vec<usize> = perm.iter().map(|&q| st[q]).collect();
+                let contiguous = os == contiguous_strides(&out_shape)
+                    || Strided::coalesce(
+                        &out_shape,
+                        vec![os.clone(), contiguous_strides(&out_shape)],
+                        name,
+                    )
+                    .is_ok_and(|s| s.dims.len() == 1 && s.strides[0][0] == 1);
+                let o = outs[0];
+                let all_aware = !is_output[o]
+                    && !users_of[o].is_empty()
+                    && users_of[o].iter().all(|&u| stride_aware(u));
+                if contiguous || all_aware {
+                    let l = p.raw(x0, name)?;
+                    p.loc[o] = Some(l);
+                    p.vstrides[o] = if contiguous { None } else { Some(os) };
+                    continue;
+                }
+            }
+        }
 
         // Views alias their input (constants included); NHWC values are made plain first,
         // except where the view keeps meaning under NHWC (see Transpose below).
@@ -638,7 +887,11 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                 let x = &in_shapes[0];
                 let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
                 if x[..a].iter().all(|&d| d == 1) {
-                    let idx = if indices[0] < 0 { indices[0] + x[a] as i64 } else { indices[0] } as usize;
+                    let idx = if indices[0] < 0 {
+                        indices[0] + x[a] as i64
+                    } else {
+                        indices[0]
+                    } as usize;
                     Some(idx * x[a + 1..].iter().product::<usize>())
                 } else {
                     None
@@ -698,26 +951,62 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                 let ws = four(&in_shapes[1], name)?;
                 let dw = a.groups > 1 && a.groups == xs[1] && ws[1] == 1;
                 let cl = opts.channels_last;
-                let x = if cl { p.channels_last(x0, name)? } else { p.plain(x0, name)? };
+                let x = if cl {
+                    p.channels_last(x0, name)?
+                } else {
+                    p.plain(x0, name)?
+                };
                 let w = p.raw(n.inputs[1], name)?;
                 let bias = match n.inputs.get(2) {
                     Some(&b) => Some(p.raw(b, name)?),
                     None => None,
                 };
                 let residual = match (a.residual, n.inputs.get(3)) {
-                    (true, Some(&r)) => Some(if cl { p.channels_last(r, name)? } else { p.plain(r, name)? }),
+                    (true, Some(&r)) => Some(if cl {
+                        p.channels_last(r, name)?
+                    } else {
+                        p.plain(r, name)?
+                    }),
                     _ => None,
                 };
+                if cl && dw {
+                    match w {
+                        Loc::Const { id, .. } => {
+                            if !p.filter_dw_hwc.contains(&id) {
+                                p.filter_dw_hwc.push(id);
+                            }
+                        }
+                        _ => {
+                            return Err(unsupported(
+                                name,
+                                "channels-last depthwise convolution with a computed filter",
+                            ))
+                        }
+                    }
+                }
                 if cl && !dw && ws[2] * ws[3] * ws[1] > 1 {
                     if let Loc::Const { id, .. } = w {
                         if !p.filter_nhwc.contains(&id) {
                             p.filter_nhwc.push(id);
                         }
                     } else {
-                        return Err(unsupported(name, "channels-last convolution with a computed filter"));
+                        return Err(unsupported(
+                            name,
+                            "channels-last convolution with a computed filter",
+                        ));
                     }
                 }
                 let y = p.output(outs[0], cl);
+                let ys = four(&out_shape, name)?;
+                let direct = ws[2] == 1 && ws[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4];
+                // The im2col matrix lives only during this step.
+                let col = if cl && a.groups == 1 && !direct {
+                    let rows = ys[0] * ys[2] * ys[3];
+                    let s = p.new_storage(rows * ws[1] * ws[2] * ws[3] * es);
+                    Some(Loc::Storage { id: s, offset: 0 })
+                } else {
+                    None
+                };
                 let c = ConvStep {
                     x,
                     w,
@@ -733,8 +1022,16 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                     groups: a.groups,
                     act: a.activation,
                     nhwc: cl,
+                    col,
                 };
-                p.push(name, if dw { StepKind::DwConv(c) } else { StepKind::Conv(c) });
+                p.push(
+                    name,
+                    if dw {
+                        StepKind::DwConv(c)
+                    } else {
+                        StepKind::Conv(c)
+                    },
+                );
             }
             Op::Linear { activation } => {
                 let x = p.plain(x0, name)?;
@@ -745,6 +1042,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                 };
                 let y = p.output(outs[0], false);
                 let xsh = &in_shapes[0];
+                p.linear_of[outs[0]] = Some((p.steps.len(), p.t));
                 p.push(
                     name,
                     StepKind::Linear {
@@ -756,44 +1054,102 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                         n: in_shapes[1][0],
                         k: in_shapes[1][1],
                         act: *activation,
+                        residual: None,
                     },
                 );
             }
             Op::MatMul => {
-                let (mut a, mut b) = (in_shapes[0].clone(), in_shapes[1].clone());
-                let al = p.plain(x0, name)?;
-                let (bl, b_trans) = match folded_t[n.inputs[1]] {
-                    Some(src) => (p.plain(src, name)?, true),
-                    None => (p.plain(n.inputs[1], name)?, false),
+                let vb = folded_t[n.inputs[1]].unwrap_or(n.inputs[1]);
+                let b_trans = folded_t[n.inputs[1]].is_some();
+                // Each operand as (batch, batch stride, rows, cols, row stride) in place, or
+                // copied to row-major when its strides do not allow that.
+                let view = |v: usize, p: &mut Planner| -> Result<(Loc, MatView)> {
+                    let mut sh = p.shapes[v].clone();
+                    if sh.len() == 1 {
+                        sh.insert(0, 1);
+                    }
+                    if p.vstrides[v].is_some() {
+                        let st = p.strides(v);
+                        let st = if st.len() < sh.len() {
+                            [vec![0], st].concat()
+                        } else {
+                            st
+                        };
+                        if let Some(mv) = mat_view(&sh, &st) {
+                            return Ok((p.raw(v, name)?, mv));
+                        }
+                    }
+                    let l = p.plain(v, name)?;
+                    let r = sh.len();
+                    let (rows, cols) = (sh[r - 2], sh[r - 1]);
+                    Ok((
+                        l,
+                        (sh[..r - 2].iter().product(), rows * cols, rows, cols, cols),
+                    ))
                 };
-                if a.len() == 1 {
-                    a.insert(0, 1);
+                let (al, (ab, sa, m, k, lda)) = view(x0, &mut p)?;
+                let (bl, (bb, sb, br, bc, ldb)) = view(vb, &mut p)?;
+                let nn = if b_trans { br } else { bc };
+                if in_shapes[1].len() == 1 && !b_trans {
+                    return Err(unsupported(name, "MatMul with a 1-D second operand"));
                 }
-                if b.len() == 1 {
-                    b.push(1);
+                if !(ab == bb || ab == 1 || bb == 1) {
+                    return Err(unsupported(
+                        name,
+                        format!(
+                            "MatMul broadcasting {:?} × {:?}",
+                            in_shapes[0], in_shapes[1]
+                        ),
+                    ));
                 }
-                let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
-                let nn = b[b.len() - 1];
-                let ab: usize = a[..a.len() - 2].iter().product();
-                let bb: usize = b[..b.len() - 2].iter().product();
-                let same = a[..a.len() - 2] == b[..b.len() - 2];
-                if !(same || ab == 1 || bb == 1) {
-                    return Err(unsupported(name, format!("MatMul broadcasting {a:?} × {b:?}")));
+                let batch = ab.max(bb);
+                // Written straight into the layout of a sole transposing consumer that keeps
+                // the last dim (attention heads merged back), so that transpose is free.
+                let o = outs[0];
+                let mut y_strides: Option<Vec<usize>> = None;
+                if let Some(u) = sole_user[o] {
+                    if let Op::Transpose { perm } = &g.nodes[u].op {
+                        let r = perm.len();
+                        if r == out_shape.len() && perm[r - 1] == r - 1 && !is_output[o] {
+                            let tshape: Vec<usize> = perm.iter().map(|&q| out_shape[q]).collect();
+                            let ts = contiguous_strides(&tshape);
+                            let mut st = vec![0; r];
+                            for (d, &q) in perm.iter().enumerate() {
+                                st[q] = ts[d];
+                            }
+                            if mat_view(&out_shape, &st).is_some_and(|mv| mv.0 == batch) {
+                                y_strides = Some(st);
+                            }
+                        }
+                    }
                 }
-                let y = p.output(outs[0], false);
+                let y = p.output(o, false);
+                let (sy, ldy) = match &y_strides {
+                    Some(st) => {
+                        let mv = mat_view(&out_shape, st).unwrap_or((batch, m * nn, m, nn, nn));
+                        (mv.1, mv.4)
+                    }
+                    None => (m * nn, nn),
+                };
+                p.vstrides[o] = y_strides;
                 p.push(
                     name,
                     StepKind::MatMul {
                         a: al,
                         b: bl,
                         y,
-                        batch: ab.max(bb),
+                        batch,
                         m,
                         n: nn,
                         k,
-                        a_batch_stride: if ab == 1 { 0 } else { m * k },
-                        b_batch_stride: if bb == 1 { 0 } else { k * nn },
+                        a_batch_stride: if ab == 1 { 0 } else { sa },
+                        b_batch_stride: if bb == 1 { 0 } else { sb },
                         b_trans,
+                        alpha: p.alpha_of[x0] * p.alpha_of[n.inputs[1]] * p.alpha_of[vb],
+                        lda,
+                        ldb,
+                        ldy,
+                        y_batch_stride: sy,
                     },
                 );
             }
@@ -806,6 +1162,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                     StepKind::Pointwise {
                         x,
                         y,
+                        scale: None,
                         bias: None,
                         residual: None,
                         n: out_shape.iter().product(),
@@ -817,6 +1174,143 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             }
             Op::Binary(op) => {
                 let (va, vb) = (x0, n.inputs[1]);
+                let scalar_const = |v: usize| match &g.values[v].kind {
+                    ValueKind::Constant(t) if t.numel() == 1 => Some(t.data[0]),
+                    _ => None,
+                };
+                let sole = |v: usize| sole_user[v].map(|u| &g.nodes[u]);
+                // x · c with c a scalar constant, consumed only by a MatMul: the matmul's alpha.
+                if *op == Binary::Mul && matches!(sole(outs[0]).map(|u| &u.op), Some(Op::MatMul)) {
+                    let pair = match (scalar_const(va), scalar_const(vb)) {
+                        (None, Some(c)) if in_shapes[0] == out_shape => Some((va, c)),
+                        (Some(c), None) if in_shapes[1] == out_shape => Some((vb, c)),
+                        _ => None,
+                    };
+                    if let Some((xv, c)) = pair {
+                        let l = if p.nhwc[xv] {
+                            p.plain(xv, name)?
+                        } else {
+                            p.raw(xv, name)?
+                        };
+                        p.loc[outs[0]] = Some(l);
+                        p.vstrides[outs[0]] = if p.nhwc[xv] {
+                            None
+                        } else {
+                            p.vstrides[xv].clone()
+                        };
+                        p.alpha_of[outs[0]] = p.alpha_of[xv] * c;
+                        continue;
+                    }
+                }
+                // x · s[c] (a per-channel constant) consumed only by `+ r`: one pointwise pass
+                // x · s[c] + r, emitted at the Add.
+                if *op == Binary::Mul && out_shape.len() == 4 {
+                    let chan = |cv: usize, xv: usize| -> bool {
+                        matches!(g.values[cv].kind, ValueKind::Constant(_))
+                            && p.shapes[xv] == out_shape
+                            && {
+                                let cs = &p.shapes[cv];
+                                let c = out_shape[1];
+                                cs.iter().product::<usize>() == c
+                                    && (cs.as_slice() == [c, 1, 1] || cs.as_slice() == [1, c, 1, 1])
+                            }
+                    };
+                    let pair = if chan(va, vb) {
+                        Some((vb, va))
+                    } else if chan(vb, va) {
+                        Some((va, vb))
+                    } else {
+                        None
+                    };
+                    if let (Some((xv, cv)), Some(add)) = (pair, sole(outs[0])) {
+                        let other = add.inputs.iter().copied().find(|&i| i != outs[0]);
+                        let fits = matches!(add.op, Op::Binary(Binary::Add))
+                            && add.inputs.len() == 2
+                            && other.is_some_and(|r| {
+                                p.shapes[r] == out_shape
+                                    && p.loc[r].is_some()
+                                    && p.nhwc[r] == p.nhwc[xv]
+                            });
+                        if fits {
+                            let xl = p.raw(xv, name)?;
+                            let sl = p.raw(cv, name)?;
+                            p.pending_scale[outs[0]] = Some((xl, sl, out_shape[1]));
+                            p.nhwc[outs[0]] = p.nhwc[xv];
+                            continue;
+                        }
+                    }
+                }
+                for v in [va, vb] {
+                    if p.vstrides[v].is_some() {
+                        let l = p.plain(v, name)?;
+                        p.loc[v] = Some(l);
+                        p.vstrides[v] = None;
+                    }
+                }
+                if *op == Binary::Add && in_shapes[0] == in_shapes[1] {
+                    for (sv, rv) in [(va, vb), (vb, va)] {
+                        if let Some((xl, sl, ch)) = p.pending_scale[sv] {
+                            let r = p.raw(rv, name)?;
+                            // Keep x alive up to here (it was read at the Mul's time).
+                            p.touch(xl);
+                            let nhwc = p.nhwc[sv];
+                            let y = p.output(outs[0], nhwc);
+                            let inner = if nhwc { 1 } else { out_shape[2] * out_shape[3] };
+                            p.push(
+                                name,
+                                StepKind::Pointwise {
+                                    x: xl,
+                                    y,
+                                    scale: Some(sl),
+                                    bias: None,
+                                    residual: Some(r),
+                                    n: out_shape.iter().product(),
+                                    channels: ch,
+                                    inner,
+                                    act: None,
+                                },
+                            );
+                            break;
+                        }
+                    }
+                    if p.loc[outs[0]].is_some() {
+                        continue;
+                    }
+                    // Linear(x) + r with r older than the Linear: r becomes cuBLASLt's C.
+                    let mut fused = false;
+                    for (lv, rv) in [(va, vb), (vb, va)] {
+                        let Some((si, lt)) = p.linear_of[lv] else {
+                            continue;
+                        };
+                        // r must hold its value before the Linear runs.
+                        let older = match (&g.values[rv].kind, p.loc[rv]) {
+                            (ValueKind::Constant(_), _) => true,
+                            (_, Some(Loc::Storage { id, .. })) => p.storages[id].first < lt,
+                            _ => false,
+                        };
+                        if users[lv] != 1 || p.nhwc[rv] || !older {
+                            continue;
+                        }
+                        if let StepKind::Linear {
+                            act: None,
+                            residual: None,
+                            ..
+                        } = p.steps[si].kind
+                        {
+                            let r = p.raw(rv, name)?;
+                            if let StepKind::Linear { residual, .. } = &mut p.steps[si].kind {
+                                *residual = Some(r);
+                            }
+                            p.loc[outs[0]] = p.loc[lv];
+                            p.def_t[outs[0]] = p.def_t[lv];
+                            fused = true;
+                            break;
+                        }
+                    }
+                    if fused {
+                        continue;
+                    }
+                }
                 let a = p.raw(va, name)?;
                 let b = p.raw(vb, name)?;
                 let (na, nb) = (p.nhwc[va], p.nhwc[vb]);
@@ -828,6 +1322,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                         StepKind::Pointwise {
                             x: a,
                             y,
+                            scale: None,
                             bias: None,
                             residual: Some(b),
                             n: out_shape.iter().product(),
@@ -837,7 +1332,8 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                         },
                     );
                 } else {
-                    let out_nhwc = (na && in_shapes[0] == out_shape) || (nb && in_shapes[1] == out_shape);
+                    let out_nhwc =
+                        (na && in_shapes[0] == out_shape) || (nb && in_shapes[1] == out_shape);
                     let y = p.output(outs[0], out_nhwc);
                     let ys = phys_strides(&out_shape, p.nhwc[outs[0]]);
                     let sa = phys_broadcast(&in_shapes[0], na, &out_shape);
@@ -864,7 +1360,11 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                     StepKind::Copy {
                         x,
                         y,
-                        space: Strided::coalesce(&out_shape, vec![contiguous_strides(&out_shape), src], name)?,
+                        space: Strided::coalesce(
+                            &out_shape,
+                            vec![contiguous_strides(&out_shape), src],
+                            name,
+                        )?,
                     },
                 );
             }
@@ -877,14 +1377,23 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                     StepKind::Copy {
                         x,
                         y,
-                        space: Strided::coalesce(&out_shape, vec![contiguous_strides(&out_shape), sx], name)?,
+                        space: Strided::coalesce(
+                            &out_shape,
+                            vec![contiguous_strides(&out_shape), sx],
+                            name,
+                        )?,
                     },
                 );
             }
             Op::Concat { axis } => {
-                let a = norm_axis(*axis, out_shape.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+                let a = norm_axis(*axis, out_shape.len())
+                    .ok_or_else(|| unsupported(name, "bad axis"))?;
                 let ys = contiguous_strides(&out_shape);
-                let xl: Vec<Loc> = n.inputs.iter().map(|&i| p.raw(i, name)).collect::<Result<_>>()?;
+                let xl: Vec<Loc> = n
+                    .inputs
+                    .iter()
+                    .map(|&i| p.raw(i, name))
+                    .collect::<Result<_>>()?;
                 let y = p.output(outs[0], false);
                 let mut at = 0;
                 for (j, s) in in_shapes.iter().enumerate() {
@@ -914,15 +1423,25 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                         StepKind::Copy {
                             x: xl.with_offset(at * xs[a]),
                             y,
-                            space: Strided::coalesce(&os, vec![contiguous_strides(&os), xs.clone()], name)?,
+                            space: Strided::coalesce(
+                                &os,
+                                vec![contiguous_strides(&os), xs.clone()],
+                                name,
+                            )?,
                         },
                     );
                     at += sizes[j];
                 }
             }
-            Op::Slice { starts, ends, axes, steps: st } => {
+            Op::Slice {
+                starts,
+                ends,
+                axes,
+                steps: st,
+            } => {
                 let x = &in_shapes[0];
-                let sp = slice_params(x, starts, ends, axes, st).map_err(|e| unsupported(name, e))?;
+                let sp =
+                    slice_params(x, starts, ends, axes, st).map_err(|e| unsupported(name, e))?;
                 let xl = p.raw(x0, name)?;
                 let xs = phys_strides(x, p.nhwc[x0]);
                 let mut base: i64 = 0;
@@ -940,11 +1459,19 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                     StepKind::Copy {
                         x: xl.with_offset(base as usize),
                         y,
-                        space: Strided::coalesce(&out_shape, vec![contiguous_strides(&out_shape), src], name)?,
+                        space: Strided::coalesce(
+                            &out_shape,
+                            vec![contiguous_strides(&out_shape), src],
+                            name,
+                        )?,
                     },
                 );
             }
-            Op::Gather { axis, indices, indices_shape } => {
+            Op::Gather {
+                axis,
+                indices,
+                indices_shape,
+            } => {
                 let x = &in_shapes[0];
                 let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
                 let xl = p.raw(x0, name)?;
@@ -1037,9 +1564,26 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                 let y = p.output(outs[0], false);
                 let hw = x[2..].iter().product();
                 if nhwc {
-                    p.push(name, StepKind::ChanMean { x: xl, y, n: x[0], c: x[1], hw });
+                    p.push(
+                        name,
+                        StepKind::ChanMean {
+                            x: xl,
+                            y,
+                            n: x[0],
+                            c: x[1],
+                            hw,
+                        },
+                    );
                 } else {
-                    p.push(name, StepKind::RowMean { x: xl, y, rows: x[0] * x[1], hw });
+                    p.push(
+                        name,
+                        StepKind::RowMean {
+                            x: xl,
+                            y,
+                            rows: x[0] * x[1],
+                            hw,
+                        },
+                    );
                 }
             }
             Op::AdaptiveAvgPool { output } => {
@@ -1068,7 +1612,11 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                     .collect::<Result<_>>()?;
                 ax.sort_unstable();
                 let trailing = !ax.is_empty()
-                    && ax.iter().rev().enumerate().all(|(i, &a)| a == x.len() - 1 - i);
+                    && ax
+                        .iter()
+                        .rev()
+                        .enumerate()
+                        .all(|(i, &a)| a == x.len() - 1 - i);
                 if !trailing {
                     return Err(unsupported(name, "Reduce over non-trailing axes"));
                 }
@@ -1109,7 +1657,10 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         let n = p.numel(o);
         let staging = p.new_storage(n * 4);
         p.storages[staging].last = end + 1;
-        let dst = Loc::Storage { id: staging, offset: 0 };
+        let dst = Loc::Storage {
+            id: staging,
+            offset: 0,
+        };
         let kind = if dtype == DType::F32 {
             StepKind::Copy {
                 x: src,
@@ -1139,9 +1690,40 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         arena_bytes,
         consts: p.consts,
         filter_nhwc: p.filter_nhwc,
+        filter_dw_hwc: p.filter_dw_hwc,
         inputs,
         outputs,
     })
+}
+
+/// (batch, batch stride, rows, cols, row stride) of a matrix operand.
+pub type MatView = (usize, usize, usize, usize, usize);
+
+/// A strided `[.., rows, cols]` operand as one matrix batch: (batch, batch stride, rows,
+/// cols, row stride), when its columns are contiguous and its batch dims collapse to one
+/// stride.
+pub fn mat_view(shape: &[usize], strides: &[usize]) -> Option<MatView> {
+    let r = shape.len();
+    if r < 2 || strides.len() != r {
+        return None;
+    }
+    let (rows, cols) = (shape[r - 2], shape[r - 1]);
+    if cols > 1 && strides[r - 1] != 1 {
+        return None;
+    }
+    let ld = if rows > 1 { strides[r - 2] } else { cols };
+    if ld < cols {
+        return None;
+    }
+    let b = Strided::coalesce(&shape[..r - 2], vec![strides[..r - 2].to_vec()], "").ok()?;
+    let batch: usize = b.numel();
+    if batch == 1 {
+        return Some((1, rows * cols, rows, cols, ld));
+    }
+    if b.dims.len() != 1 {
+        return None;
+    }
+    Some((batch, b.strides[0][0], rows, cols, ld))
 }
 
 /// Greedy best-fit by size: each storage, largest first, goes to the lowest aligned offset

@@ -1,0 +1,619 @@
+//! Runs fp32 plans on the CPU, step by step, in one host arena laid out exactly as the GPU's
+//! (same offsets, same aliasing, same filter layouts), and compares with the CPU backend. A
+//! planning mistake — a storage reused while still alive, a wrong stride of a view, a fusion
+//! that drops a term — shows up here as a wrong number, in CI, without a GPU. (The GPU kernels
+//! themselves are checked by tests/gpu.rs.)
+
+use isolane_cuda::plan::{
+    self, act_code, binary_code, phys_strides, Loc, Plan, PlanOptions, StepKind, Strided,
+};
+use isolane_engine::ir::{Binary, Dim, Graph, Op, Tensor, Unary};
+use isolane_engine::{build_model, passes, Backend, CpuBackend, Precision, Weights};
+
+struct Mem {
+    arena: Vec<f32>,
+    weights: Vec<f32>,
+    st_off: Vec<usize>,
+    c_off: Vec<usize>,
+}
+
+impl Mem {
+    fn idx(&self, l: Loc) -> (bool, usize) {
+        match l {
+            Loc::Storage { id, offset } => (true, self.st_off[id] + offset),
+            Loc::Const { id, offset } => (false, self.c_off[id] + offset),
+        }
+    }
+    fn get(&self, l: Loc, i: usize) -> f32 {
+        match self.idx(l) {
+            (true, b) => self.arena[b + i],
+            (false, b) => self.weights[b + i],
+        }
+    }
+    fn set(&mut self, l: Loc, i: usize, v: f32) {
+        let (a, b) = self.idx(l);
+        assert!(a, "a step writes a constant");
+        self.arena[b + i] = v;
+    }
+}
+
+fn erf(x: f32) -> f32 {
+    // Abramowitz & Stegun 7.1.26 in f64 (|error| < 1.5e-7).
+    let x = x as f64;
+    let t = 1.0 / (1.0 + 0.3275911 * x.abs());
+    let y = 1.0
+        - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
+            + 0.254829592)
+            * t
+            * (-x * x).exp();
+    (if x >= 0.0 { y } else { -y }) as f32
+}
+
+fn act(u: Option<Unary>, x: f32) -> f32 {
+    let (k, p0, p1) = act_code(u);
+    match k {
+        0 => x,
+        1 => x.max(0.0),
+        2 => x.clamp(0.0, 6.0),
+        3 => x.clamp(p0, p1),
+        4 => {
+            if x >= 0.0 {
+                x
+            } else {
+                p0 * x
+            }
+        }
+        5 => 1.0 / (1.0 + (-x).exp()),
+        6 => (p0 * x + p1).clamp(0.0, 1.0),
+        7 => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
+        8 => x / (1.0 + (-x).exp()),
+        9 => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
+        11 => x.tanh(),
+        12 => x.exp(),
+        16 => -x,
+        17 => x.abs(),
+        18 => 1.0 / x,
+        other => panic!("activation code {other} not emulated"),
+    }
+}
+
+fn for_space(s: &Strided, mut f: impl FnMut(&[usize])) {
+    let r = s.dims.len();
+    let mut idx = vec![0usize; r];
+    for _ in 0..s.numel() {
+        let offs: Vec<usize> = (0..s.strides.len())
+            .map(|k| (0..r).map(|d| idx[d] * s.strides[k][d]).sum())
+            .collect();
+        f(&offs);
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            if idx[d] < s.dims[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+fn s4(shape: &[usize; 4], nhwc: bool) -> Vec<usize> {
+    phys_strides(shape, nhwc)
+}
+
+fn run(p: &Plan, input: &[f32]) -> Vec<f32> {
+    assert_eq!(p.dtype, plan::DType::F32);
+    let w = p.weights_host();
+    let (c_offs, _) = p.const_layout();
+    let mut m = Mem {
+        // NaN everywhere: a read of a never-written element poisons the output.
+        arena: vec![f32::NAN; p.arena_bytes / 4],
+        weights: w
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        st_off: p.storages.iter().map(|s| s.offset / 4).collect(),
+        c_off: c_offs.iter().map(|o| o / 4).collect(),
+    };
+    let inp = Loc::Storage {
+        id: p.inputs[0].staging,
+        offset: 0,
+    };
+    for (i, v) in input.iter().enumerate() {
+        m.set(inp, i, *v);
+    }
+    for step in &p.steps {
+        match &step.kind {
+            StepKind::CastIn { x, y, n } | StepKind::CastOut { x, y, n } => {
+                for i in 0..*n {
+                    let v = m.get(*x, i);
+                    m.set(*y, i, v);
+                }
+            }
+            StepKind::Conv(c) | StepKind::DwConv(c) => {
+                let dw = matches!(step.kind, StepKind::DwConv(_));
+                let [n, ch, h, wd] = c.x_shape;
+                let [mo, cg, kh, kw] = c.w_shape;
+                let [_, _, oh, ow] = c.y_shape;
+                let xs = s4(&c.x_shape, c.nhwc);
+                let ys = s4(&c.y_shape, c.nhwc);
+                let wid = match c.w {
+                    Loc::Const { id, .. } => id,
+                    _ => panic!("computed filter"),
+                };
+                let krsc = p.filter_nhwc.contains(&wid);
+                let hwm = p.filter_dw_hwc.contains(&wid);
+                let per_group = mo / c.groups;
+                let mut out = vec![0f32; n * mo * oh * ow];
+                for b in 0..n {
+                    for o in 0..mo {
+                        let g = o / per_group;
+                        for y0 in 0..oh {
+                            for x0 in 0..ow {
+                                let mut acc = 0f32;
+                                for ci in 0..cg {
+                                    let cin = if dw { o / (mo / ch) } else { g * cg + ci };
+                                    for a in 0..kh {
+                                        let ih = (y0 * c.strides[0] + a * c.dilations[0]) as isize
+                                            - c.pads[0] as isize;
+                                        if ih < 0 || ih >= h as isize {
+                                            continue;
+                                        }
+                                        for bb in 0..kw {
+                                            let iw = (x0 * c.strides[1] + bb * c.dilations[1])
+                                                as isize
+                                                - c.pads[1] as isize;
+                                            if iw < 0 || iw >= wd as isize {
+                                                continue;
+                                            }
+                                            let xi = b * xs[0]
+                                                + cin * xs[1]
+                                                + ih as usize * xs[2]
+                                                + iw as usize * xs[3];
+                                            let wi = if hwm {
+                                                (a * kw + bb) * mo + o
+                                            } else if krsc {
+                                                ((o * kh + a) * kw + bb) * cg + ci
+                                            } else {
+                                                ((o * cg + ci) * kh + a) * kw + bb
+                                            };
+                                            acc += m.get(c.x, xi) * m.get(c.w, wi);
+                                        }
+                                    }
+                                }
+                                let yi = b * ys[0] + o * ys[1] + y0 * ys[2] + x0 * ys[3];
+                                if let Some(bl) = c.bias {
+                                    acc += m.get(bl, o);
+                                }
+                                if let Some(r) = c.residual {
+                                    acc += m.get(r, yi);
+                                }
+                                out[yi] = act(c.act, acc);
+                            }
+                        }
+                    }
+                }
+                for (i, v) in out.into_iter().enumerate() {
+                    m.set(c.y, i, v);
+                }
+            }
+            StepKind::Linear {
+                x,
+                w,
+                bias,
+                y,
+                m: rows,
+                n,
+                k,
+                act: a,
+                residual,
+            } => {
+                let mut out = vec![0f32; rows * n];
+                for r in 0..*rows {
+                    for j in 0..*n {
+                        let mut acc = 0f32;
+                        for kk in 0..*k {
+                            acc += m.get(*x, r * k + kk) * m.get(*w, j * k + kk);
+                        }
+                        if let Some(b) = bias {
+                            acc += m.get(*b, j);
+                        }
+                        if let Some(rl) = residual {
+                            acc += m.get(*rl, r * n + j);
+                        }
+                        out[r * n + j] = act(*a, acc);
+                    }
+                }
+                for (i, v) in out.into_iter().enumerate() {
+                    m.set(*y, i, v);
+                }
+            }
+            StepKind::MatMul {
+                a,
+                b,
+                y,
+                batch,
+                m: rows,
+                n,
+                k,
+                a_batch_stride,
+                b_batch_stride,
+                b_trans,
+                alpha,
+                lda,
+                ldb,
+                ldy,
+                y_batch_stride,
+            } => {
+                let mut out = Vec::new();
+                for bt in 0..*batch {
+                    for r in 0..*rows {
+                        for j in 0..*n {
+                            let mut acc = 0f32;
+                            for kk in 0..*k {
+                                let av = m.get(*a, bt * a_batch_stride + r * lda + kk);
+                                let bi = if *b_trans { j * ldb + kk } else { kk * ldb + j };
+                                acc += av * m.get(*b, bt * b_batch_stride + bi);
+                            }
+                            out.push((bt * y_batch_stride + r * ldy + j, alpha * acc));
+                        }
+                    }
+                }
+                for (i, v) in out {
+                    m.set(*y, i, v);
+                }
+            }
+            StepKind::Pointwise {
+                x,
+                y,
+                scale,
+                bias,
+                residual,
+                n,
+                channels,
+                inner,
+                act: a,
+            } => {
+                for i in 0..*n {
+                    let ch = (i / inner) % channels;
+                    let mut v = m.get(*x, i);
+                    if let Some(s) = scale {
+                        v *= m.get(*s, ch);
+                    }
+                    if let Some(b) = bias {
+                        v += m.get(*b, ch);
+                    }
+                    if let Some(r) = residual {
+                        v += m.get(*r, i);
+                    }
+                    m.set(*y, i, act(*a, v));
+                }
+            }
+            StepKind::Binary { a, b, y, op, space } => {
+                let mut out = Vec::new();
+                for_space(space, |o| {
+                    let (va, vb) = (m.get(*a, o[1]), m.get(*b, o[2]));
+                    let v = match binary_code(*op) {
+                        0 => va + vb,
+                        1 => va - vb,
+                        2 => va * vb,
+                        3 => va / vb,
+                        4 => va.powf(vb),
+                        5 => va.max(vb),
+                        _ => va.min(vb),
+                    };
+                    out.push((o[0], v));
+                });
+                for (i, v) in out {
+                    m.set(*y, i, v);
+                }
+            }
+            StepKind::Copy { x, y, space } => {
+                let mut out = Vec::new();
+                for_space(space, |o| out.push((o[0], m.get(*x, o[1]))));
+                for (i, v) in out {
+                    m.set(*y, i, v);
+                }
+            }
+            StepKind::LayerNorm {
+                x,
+                scale,
+                bias,
+                y,
+                rows,
+                cols,
+                eps,
+            } => {
+                for r in 0..*rows {
+                    let v: Vec<f32> = (0..*cols).map(|c| m.get(*x, r * cols + c)).collect();
+                    let mean = v.iter().sum::<f32>() / *cols as f32;
+                    let var = v.iter().map(|a| (a - mean) * (a - mean)).sum::<f32>() / *cols as f32;
+                    let rstd = 1.0 / (var + eps).sqrt();
+                    for (c, vc) in v.iter().enumerate() {
+                        let mut o = (vc - mean) * rstd * m.get(*scale, c);
+                        if let Some(b) = bias {
+                            o += m.get(*b, c);
+                        }
+                        m.set(*y, r * cols + c, o);
+                    }
+                }
+            }
+            StepKind::Softmax {
+                x,
+                y,
+                outer,
+                len,
+                inner,
+            } => {
+                for o in 0..*outer {
+                    for i in 0..*inner {
+                        let at = |c: usize| o * len * inner + c * inner + i;
+                        let v: Vec<f32> = (0..*len).map(|c| m.get(*x, at(c))).collect();
+                        let mx = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                        let s: f32 = v.iter().map(|a| (a - mx).exp()).sum();
+                        for (c, vc) in v.iter().enumerate() {
+                            m.set(*y, at(c), (vc - mx).exp() / s);
+                        }
+                    }
+                }
+            }
+            StepKind::Pool {
+                x,
+                y,
+                max,
+                x_shape,
+                out_hw,
+                kernel,
+                strides,
+                pads,
+                dilations,
+                count_include_pad: _,
+                nhwc,
+            } => {
+                let [n, c, h, w] = *x_shape;
+                let xs = s4(x_shape, *nhwc);
+                let ys = s4(&[n, c, out_hw[0], out_hw[1]], *nhwc);
+                for b in 0..n {
+                    for ch in 0..c {
+                        for oy in 0..out_hw[0] {
+                            for ox in 0..out_hw[1] {
+                                let mut acc = if *max { f32::NEG_INFINITY } else { 0.0 };
+                                let mut cnt = 0;
+                                for a in 0..kernel[0] {
+                                    let ih = (oy * strides[0] + a * dilations[0]) as isize
+                                        - pads[0] as isize;
+                                    for bb in 0..kernel[1] {
+                                        let iw = (ox * strides[1] + bb * dilations[1]) as isize
+                                            - pads[1] as isize;
+                                        if ih < 0 || iw < 0 || ih >= h as isize || iw >= w as isize
+                                        {
+                                            continue;
+                                        }
+                                        let v = m.get(
+                                            *x,
+                                            b * xs[0]
+                                                + ch * xs[1]
+                                                + ih as usize * xs[2]
+                                                + iw as usize * xs[3],
+                                        );
+                                        acc = if *max { acc.max(v) } else { acc + v };
+                                        cnt += 1;
+                                    }
+                                }
+                                if !*max {
+                                    acc /= cnt as f32;
+                                }
+                                m.set(*y, b * ys[0] + ch * ys[1] + oy * ys[2] + ox * ys[3], acc);
+                            }
+                        }
+                    }
+                }
+            }
+            StepKind::RowMean { x, y, rows, hw } => {
+                for r in 0..*rows {
+                    let s: f32 = (0..*hw).map(|j| m.get(*x, r * hw + j)).sum();
+                    m.set(*y, r, s / *hw as f32);
+                }
+            }
+            StepKind::ChanMean { x, y, n, c, hw } => {
+                for b in 0..*n {
+                    for ch in 0..*c {
+                        let s: f32 = (0..*hw).map(|j| m.get(*x, b * hw * c + j * c + ch)).sum();
+                        m.set(*y, b * c + ch, s / *hw as f32);
+                    }
+                }
+            }
+            StepKind::AdaptivePool { .. } => panic!("not emulated"),
+        }
+    }
+    let out = Loc::Storage {
+        id: p.outputs[0].staging,
+        offset: 0,
+    };
+    let n: usize = p.outputs[0].shape.iter().product();
+    (0..n).map(|i| m.get(out, i)).collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    if a.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    (num / den).sqrt()
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn check(g: &Graph, batch: usize, channels_last: bool, tol: f64) {
+    let opt = passes::optimize(g, batch).unwrap();
+    let p = plan::plan_with(&opt, batch, Precision::Fp32, PlanOptions { channels_last }).unwrap();
+    let mut cpu = CpuBackend::new(1)
+        .compile(g, batch, Precision::Fp32)
+        .unwrap();
+    let x = random(cpu.input_mut().len(), 9);
+    cpu.input_mut().copy_from_slice(&x);
+    cpu.run().unwrap();
+    let got = run(&p, &x);
+    let err = rel_l2(&got, cpu.output());
+    assert!(
+        err < tol,
+        "{} batch {batch} channels_last {channels_last}: rel L2 {err:e}",
+        g.name
+    );
+}
+
+/// ViT's encoder block as torchvision writes it (see isolane-engine's arch/vit.rs), small.
+fn tiny_vit_block() -> Graph {
+    let (seq, h, heads) = (10usize, 32usize, 4usize);
+    let hd = h / heads;
+    let mut g = Graph::new("tiny_vit_block");
+    let mut seed = 100;
+    let mut c = |g: &mut Graph, name: &str, shape: Vec<usize>, scale: f32| {
+        seed += 1;
+        let n = shape.iter().product();
+        let d = random(n, seed).into_iter().map(|v| v * scale).collect();
+        g.add_constant(name, Tensor::new(shape, d).unwrap())
+    };
+    let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(seq), Dim::Fixed(h)]);
+    let ln_w = c(&mut g, "ln.w", vec![h], 1.0);
+    let ln_b = c(&mut g, "ln.b", vec![h], 0.1);
+    let a = g
+        .add_op(
+            "ln",
+            Op::LayerNorm {
+                axis: -1,
+                eps: 1e-6,
+            },
+            &[x, ln_w, ln_b],
+        )
+        .unwrap();
+    let w = c(&mut g, "in_proj.w", vec![3 * h, h], 0.3);
+    let b = c(&mut g, "in_proj.b", vec![3 * h], 0.1);
+    let qkv = g
+        .add_op("in_proj", Op::Linear { activation: None }, &[a, w, b])
+        .unwrap();
+    let r = g
+        .add_op(
+            "split_heads",
+            Op::Reshape {
+                shape: vec![
+                    Dim::Batch,
+                    Dim::Fixed(seq),
+                    Dim::Fixed(3),
+                    Dim::Fixed(heads),
+                    Dim::Fixed(hd),
+                ],
+            },
+            &[qkv],
+        )
+        .unwrap();
+    let t = g
+        .add_op(
+            "qkv_t",
+            Op::Transpose {
+                perm: vec![2, 0, 3, 1, 4],
+            },
+            &[r],
+        )
+        .unwrap();
+    let parts = g
+        .add_node(
+            "qkv",
+            Op::Split {
+                axis: 0,
+                sizes: vec![1, 1, 1],
+            },
+            &[t],
+        )
+        .unwrap();
+    let sq = |g: &mut Graph, v, n: &str| g.add_op(n, Op::Squeeze { axes: vec![0] }, &[v]).unwrap();
+    let q = sq(&mut g, parts[0], "q");
+    let k = sq(&mut g, parts[1], "k");
+    let v = sq(&mut g, parts[2], "v");
+    let scale = g.add_constant("scale", Tensor::scalar(1.0 / (hd as f32).sqrt()));
+    let q = g
+        .add_op("q_scaled", Op::Binary(Binary::Mul), &[q, scale])
+        .unwrap();
+    let kt = g
+        .add_op(
+            "k_t",
+            Op::Transpose {
+                perm: vec![0, 1, 3, 2],
+            },
+            &[k],
+        )
+        .unwrap();
+    let s = g.add_op("scores", Op::MatMul, &[q, kt]).unwrap();
+    let pr = g.add_op("softmax", Op::Softmax { axis: -1 }, &[s]).unwrap();
+    let o = g.add_op("context", Op::MatMul, &[pr, v]).unwrap();
+    let o = g
+        .add_op(
+            "merge_t",
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[o],
+        )
+        .unwrap();
+    let o = g
+        .add_op(
+            "merge",
+            Op::Reshape {
+                shape: vec![Dim::Batch, Dim::Fixed(seq), Dim::Fixed(h)],
+            },
+            &[o],
+        )
+        .unwrap();
+    let w2 = c(&mut g, "out.w", vec![h, h], 0.3);
+    let b2 = c(&mut g, "out.b", vec![h], 0.1);
+    let o = g
+        .add_op("out_proj", Op::Linear { activation: None }, &[o, w2, b2])
+        .unwrap();
+    let y = g.add_op("add_1", Op::Binary(Binary::Add), &[o, x]).unwrap();
+    let w3 = c(&mut g, "mlp0.w", vec![4 * h, h], 0.3);
+    let b3 = c(&mut g, "mlp0.b", vec![4 * h], 0.1);
+    let m = g
+        .add_op("mlp0", Op::Linear { activation: None }, &[y, w3, b3])
+        .unwrap();
+    let m = g.add_op("gelu", Op::Unary(Unary::Gelu), &[m]).unwrap();
+    let w4 = c(&mut g, "mlp3.w", vec![h, 4 * h], 0.2);
+    let b4 = c(&mut g, "mlp3.b", vec![h], 0.1);
+    let m = g
+        .add_op("mlp3", Op::Linear { activation: None }, &[m, w4, b4])
+        .unwrap();
+    let out = g.add_op("add_2", Op::Binary(Binary::Add), &[y, m]).unwrap();
+    g.add_output(out).unwrap();
+    g
+}
+
+#[test]
+fn vit_block_plan_computes_the_graph() {
+    let g = tiny_vit_block();
+    for batch in [1, 2, 3] {
+        check(&g, batch, true, 1e-5);
+    }
+}
+
+#[test]
+fn mobilenet_v2_plan_computes_the_graph() {
+    let g = build_model("mobilenet_v2", Weights::Synthetic { seed: 5 }).unwrap();
+    check(&g, 1, true, 1e-4);
+}
+
+#[test]
+#[ignore = "slow in debug builds (naive convolutions of the whole network)"]
+fn resnet18_and_nchw_plans_compute_the_graph() {
+    let g = build_model("resnet18", Weights::Synthetic { seed: 5 }).unwrap();
+    check(&g, 1, true, 1e-4);
+    let g = build_model("mobilenet_v2", Weights::Synthetic { seed: 5 }).unwrap();
+    check(&g, 1, false, 1e-4);
+}
