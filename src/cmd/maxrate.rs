@@ -143,10 +143,15 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
         role: Role::Standalone,
         ramp: None,
         host,
-        partition: PartitionSpec {
-            sms: args.sms,
-            thread_pct: args.thread_pct,
-            ..PartitionSpec::default()
+        // The MPS client's share is its environment's; it has no partition of its own.
+        partition: if args.in_partition {
+            PartitionSpec::default()
+        } else {
+            PartitionSpec {
+                sms: args.sms,
+                thread_pct: args.thread_pct,
+                ..PartitionSpec::default()
+            }
         },
     };
     let timing = TimingSpec {

@@ -68,6 +68,46 @@ pub trait Source: Send {
     /// `"nvml"`, `"fake"`, …
     fn kind(&self) -> &'static str;
     fn read(&mut self) -> Reading;
+    /// Tells the source how often it is read and what share of one core its reads may cost,
+    /// so that it can refresh expensive queries less often (see [`refresh_every`]).
+    fn set_budget(&mut self, _period: Duration, _cpu_fraction: f64) {}
+    /// Per query, every how many readings it is refreshed (1 = every reading), for the summary.
+    fn refresh_every(&self) -> Vec<(&'static str, u32)> {
+        Vec::new()
+    }
+}
+
+/// Share of one core the sampler's reads may use; the goal for the whole sampler is under 1 %.
+pub const READ_CPU_BUDGET: f64 = 0.004;
+
+/// Every how many readings each query should run so that their summed CPU cost per reading,
+/// `Σ cost_i / every_i`, fits `budget_ns`: the query contributing most is halved (its `every`
+/// doubled) until it fits or every query is at `max_every`. Queries listed first win ties, so a
+/// source lists what matters most (power, energy) first.
+pub fn refresh_every(costs_ns: &[u64], budget_ns: u64, max_every: u32) -> Vec<u32> {
+    let mut every = vec![1u32; costs_ns.len()];
+    let load = |every: &[u32]| -> f64 {
+        costs_ns
+            .iter()
+            .zip(every)
+            .map(|(&c, &e)| c as f64 / f64::from(e))
+            .sum()
+    };
+    while load(&every) > budget_ns as f64 {
+        let worst = (0..costs_ns.len())
+            .filter(|&i| every[i] < max_every)
+            .max_by(|&a, &b| {
+                let ca = costs_ns[a] as f64 / f64::from(every[a]);
+                let cb = costs_ns[b] as f64 / f64::from(every[b]);
+                // On a tie the later query (the less important one) is slowed first.
+                ca.total_cmp(&cb).then(a.cmp(&b))
+            });
+        match worst {
+            Some(i) => every[i] = (every[i] * 2).min(max_every),
+            None => break,
+        }
+    }
+    every
 }
 
 /// A reading with the time it was taken.
@@ -112,6 +152,8 @@ pub struct Recording {
     /// Periods in which the reading took so long that the next release had already passed
     /// (the sampler then skips ahead instead of bursting).
     pub overruns: u64,
+    /// Per query, every how many readings the source refreshed it (see [`Source::set_budget`]).
+    pub refresh_every: Vec<(&'static str, u32)>,
 }
 
 /// The sampling thread; stop it with [`Sampler::stop`] (dropping it also stops and joins it).
@@ -170,6 +212,7 @@ fn sample_loop(
     shared: &(Mutex<bool>, Condvar),
     stopped: &AtomicBool,
 ) -> Recording {
+    source.set_budget(period, READ_CPU_BUDGET);
     let cpu0 = thread_cpu_ns();
     let start = now_ns();
     let period_ns = (period.as_nanos() as i64).max(1);
@@ -207,6 +250,7 @@ fn sample_loop(
                     cpu_ns: thread_cpu_ns() - cpu0,
                     wall_ns: end - start,
                     overruns,
+                    refresh_every: source.refresh_every(),
                 };
             }
             let left = next - now_ns();
@@ -267,32 +311,71 @@ pub enum EnergySource {
 /// driver reload, resets it); otherwise the trapezoid of the power readings (one end's power
 /// when only one has it); with neither the interval adds nothing.
 pub fn cumulative_energy_j(samples: &[Sample]) -> (Vec<f64>, EnergySource) {
-    let mut out = Vec::with_capacity(samples.len());
-    let (mut counter, mut power) = (0usize, 0usize);
+    // Power integrated over every interval (trapezoids; one-sided where a reading lacks it).
+    let mut by_power = Vec::with_capacity(samples.len());
+    let mut power_intervals = vec![false; samples.len()];
     let mut acc = 0.0;
     for (i, s) in samples.iter().enumerate() {
         if i > 0 {
             let p = &samples[i - 1];
             let dt = (s.t_ns - p.t_ns) as f64 / 1e9;
-            match (p.reading.energy_counter_mj, s.reading.energy_counter_mj) {
-                (Some(a), Some(b)) if b >= a => {
-                    acc += (b - a) as f64 / 1000.0;
-                    counter += 1;
-                }
-                _ => {
-                    let w = match (p.reading.power_w, s.reading.power_w) {
-                        (Some(a), Some(b)) => Some((a + b) / 2.0),
-                        (a, b) => a.or(b),
-                    };
-                    if let Some(w) = w {
-                        acc += w * dt;
-                        power += 1;
-                    }
-                }
+            let w = match (p.reading.power_w, s.reading.power_w) {
+                (Some(a), Some(b)) => Some((a + b) / 2.0),
+                (a, b) => a.or(b),
+            };
+            if let Some(w) = w {
+                acc += w * dt;
+                power_intervals[i] = true;
             }
         }
-        out.push(acc);
+        by_power.push(acc);
     }
+    // The counter is authoritative between two readings that have it (the sampler may read it
+    // only every k-th time, see `Source::refresh_every`): the span gets the counter's delta,
+    // shared among its intervals in proportion to their integrated power (or time, at zero
+    // power). Spans without two counter readings, or where the counter went backwards (a wrap
+    // or a driver reload), keep the integrated power.
+    let mut out = Vec::with_capacity(samples.len());
+    let mut by_counter = vec![false; samples.len()];
+    let mut last: Option<(usize, u64)> = samples
+        .first()
+        .and_then(|s| s.reading.energy_counter_mj)
+        .map(|c| (0, c));
+    let mut acc = 0.0;
+    if !samples.is_empty() {
+        out.push(0.0);
+    }
+    for i in 1..samples.len() {
+        // Default for this interval: integrated power.
+        acc += by_power[i] - by_power[i - 1];
+        out.push(acc);
+        let Some(b) = samples[i].reading.energy_counter_mj else {
+            continue;
+        };
+        if let Some((j, a)) = last {
+            if b >= a {
+                let delta = (b - a) as f64 / 1000.0;
+                let base = out[j];
+                let span_p = by_power[i] - by_power[j];
+                let span_t = (samples[i].t_ns - samples[j].t_ns).max(1) as f64;
+                for k in j + 1..=i {
+                    let frac = if span_p > 0.0 {
+                        (by_power[k] - by_power[j]) / span_p
+                    } else {
+                        (samples[k].t_ns - samples[j].t_ns) as f64 / span_t
+                    };
+                    out[k] = base + delta * frac;
+                    by_counter[k] = true;
+                }
+                acc = out[i];
+            }
+        }
+        last = Some((i, b));
+    }
+    let counter = by_counter.iter().filter(|&&c| c).count();
+    let power = (0..samples.len())
+        .filter(|&k| power_intervals[k] && !by_counter[k])
+        .count();
     let source = match (counter, power) {
         (0, 0) => EnergySource::None,
         (_, 0) => EnergySource::Counter,
@@ -375,6 +458,10 @@ pub struct TelemetrySummary {
     pub sampler_cpu_pct: f64,
     /// Periods the sampler could not keep (a reading took longer than the period).
     pub sampler_overruns: u64,
+    /// Queries refreshed less often than every reading to keep the sampler's CPU cost in
+    /// budget, with their refresh period in ms (their columns are empty in between).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub refresh_ms: std::collections::BTreeMap<String, f64>,
 }
 
 impl Recording {
@@ -430,6 +517,17 @@ impl Recording {
             sampler_cpu_s: self.cpu_ns as f64 / 1e9,
             sampler_cpu_pct: self.cpu_pct(),
             sampler_overruns: self.overruns,
+            refresh_ms: self
+                .refresh_every
+                .iter()
+                .filter(|(_, e)| *e > 1)
+                .map(|(q, e)| {
+                    (
+                        q.to_string(),
+                        f64::from(*e) * self.period.as_secs_f64() * 1e3,
+                    )
+                })
+                .collect(),
         }
     }
 

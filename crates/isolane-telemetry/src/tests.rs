@@ -68,7 +68,29 @@ fn recording(samples: Vec<Sample>) -> Recording {
         cpu_ns: 1_000_000,
         wall_ns: 1_000_000_000,
         overruns: 0,
+        refresh_every: Vec::new(),
     }
+}
+
+#[test]
+fn expensive_queries_are_refreshed_less_often_to_fit_the_budget() {
+    use crate::refresh_every;
+    // Cheap queries fit: everything every reading.
+    assert_eq!(refresh_every(&[10, 20, 30], 100, 128), vec![1, 1, 1]);
+    // One query costs 20× the budget on its own: only it slows, to the next power of two that
+    // fits beside the others (10 + 10 + 2000/32 = 82.5 ≤ 100).
+    assert_eq!(refresh_every(&[10, 10, 2000], 100, 128), vec![1, 1, 32]);
+    // Measured shape on the H100 (µs): power and energy stay at every reading.
+    let e = refresh_every(&[30, 40, 30, 30, 30, 30, 60, 60, 2500, 1500], 350, 128);
+    assert_eq!(&e[..2], &[1, 1], "{e:?}");
+    let load: f64 = [30, 40, 30, 30, 30, 30, 60, 60, 2500, 1500]
+        .iter()
+        .zip(&e)
+        .map(|(&c, &k)| c as f64 / f64::from(k))
+        .sum();
+    assert!(load <= 350.0, "{e:?} → {load}");
+    // Nothing can fit: every query ends at the cap instead of looping forever.
+    assert_eq!(refresh_every(&[1000, 1000], 1, 8), vec![8, 8]);
 }
 
 #[test]
@@ -150,6 +172,30 @@ fn energy_from_counter_deltas() {
     let (c, src) = cumulative_energy_j(&s);
     assert_eq!(c, vec![0.0, 1.0, 2.5]);
     assert_eq!(src, EnergySource::Counter);
+}
+
+#[test]
+fn a_counter_read_every_few_samples_still_gives_the_energy() {
+    // The counter is read at 0, 300 and 600 ms only (30 J and 60 J over those spans); power in
+    // between shapes how each span is shared, the spans' totals are the counter's.
+    let s = vec![
+        sample(0, Some(100.0), Some(0)),
+        sample(100, Some(100.0), None),
+        sample(200, Some(100.0), None),
+        sample(300, Some(100.0), Some(30_000)),
+        sample(400, Some(300.0), None),
+        sample(500, Some(300.0), None),
+        sample(600, Some(300.0), Some(90_000)),
+    ];
+    let (c, src) = cumulative_energy_j(&s);
+    assert_eq!(src, EnergySource::Counter);
+    assert!(
+        (c[3] - 30.0).abs() < 1e-9 && (c[6] - 90.0).abs() < 1e-9,
+        "{c:?}"
+    );
+    assert!((c[1] - 10.0).abs() < 1e-9, "{c:?}");
+    // 100→300 W ramps in the first interval of the second span: it gets its power's share.
+    assert!(c[4] > 30.0 && c[4] < c[5] && c[5] < 90.0, "{c:?}");
 }
 
 #[test]
@@ -323,7 +369,8 @@ fn without_nvml_opening_is_a_clear_error() {
 fn nvml_sampler_on_a_real_gpu_reads_everything_for_under_one_percent_of_a_core() {
     let src = nvml::NvmlSource::open(0).expect("NVML on the GPU machine");
     let s = Sampler::start(Box::new(src), DEFAULT_PERIOD).unwrap();
-    std::thread::sleep(Duration::from_secs(3));
+    // Long enough that the first readings, which measure every query's cost, weigh little.
+    std::thread::sleep(Duration::from_secs(6));
     let rec = s.stop().unwrap();
     let sum = rec.summary(None);
     eprintln!("{}", serde_json::to_string_pretty(&sum).unwrap());
@@ -336,8 +383,8 @@ fn nvml_sampler_on_a_real_gpu_reads_everything_for_under_one_percent_of_a_core()
             .join("\n")
     );
     assert!(
-        rec.samples.len() >= 50,
-        "{} samples in 3 s",
+        rec.samples.len() >= 100,
+        "{} samples in 6 s",
         rec.samples.len()
     );
     assert!(
