@@ -203,6 +203,7 @@ fn the_report_reads_what_the_telemetry_sampler_writes() {
         cpu_ns: 1_000_000,
         wall_ns: 1_000_000_000,
         overruns: 0,
+        refresh_every: Vec::new(),
     };
     let t = rec.summary(Some((1_000_000_000, 1_950_000_000)));
     let mut summary = serde_json::json!({

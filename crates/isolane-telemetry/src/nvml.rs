@@ -185,7 +185,7 @@ impl Source for NvmlSource {
     fn read(&mut self) -> Reading {
         let mut r = Reading::default();
         for q in 0..QUERIES.len() {
-            if self.n % u64::from(self.every[q]) != 0 {
+            if !self.n.is_multiple_of(u64::from(self.every[q])) {
                 continue;
             }
             let t = crate::thread_cpu_ns();
@@ -193,10 +193,9 @@ impl Source for NvmlSource {
             self.cost_ns[q] = (crate::thread_cpu_ns() - t).max(0) as u64;
         }
         self.n += 1;
-        if self.n == CALIBRATION_READINGS || self.n % RECALIBRATE_EVERY == 0 {
+        if self.n == CALIBRATION_READINGS || self.n.is_multiple_of(RECALIBRATE_EVERY) {
             let every = crate::refresh_every(&self.cost_ns, self.budget_ns, MAX_EVERY);
             self.every.copy_from_slice(&every);
-            // Keep the phase: a query slowed to every k readings runs at multiples of k.
         }
         r
     }
