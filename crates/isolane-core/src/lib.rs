@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod device_model;
+pub mod files;
 pub mod job;
 pub mod maxrate;
 pub mod metrics;

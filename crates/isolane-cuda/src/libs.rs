@@ -40,24 +40,6 @@ pub fn not_found_message(file: &str, what: &str, searched: &[String]) -> String 
     )
 }
 
-fn ldconfig_paths(file_name: &str) -> Vec<PathBuf> {
-    for ldconfig in ["/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"] {
-        let Ok(o) = std::process::Command::new(ldconfig)
-            .arg("-p")
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-        else {
-            continue;
-        };
-        return String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter(|l| l.split_whitespace().next() == Some(file_name))
-            .filter_map(|l| l.split_once("=>").map(|(_, p)| PathBuf::from(p.trim())))
-            .collect();
-    }
-    Vec::new()
-}
 
 fn try_load(path: &Path) -> bool {
     // SAFETY: these NVIDIA libraries are made to be dlopen'ed by applications; loading runs
@@ -87,7 +69,7 @@ pub fn find_and_load(lib: Lib, dirs: &[PathBuf], use_system: bool) -> Result<Pat
     }
     if use_system {
         for f in lib.files {
-            for p in ldconfig_paths(f) {
+            for p in isolane_gpu::loader::ldconfig_paths(f) {
                 if try_load(&p) {
                     return Ok(p);
                 }

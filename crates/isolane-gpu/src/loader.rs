@@ -113,7 +113,7 @@ pub fn search_dirs() -> Vec<PathBuf> {
 }
 
 /// `ldconfig -p` lines such as `libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1`.
-fn ldconfig_paths(file_name: &str) -> Vec<PathBuf> {
+pub fn ldconfig_paths(file_name: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for ldconfig in ["/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"] {
         let Ok(o) = std::process::Command::new(ldconfig)

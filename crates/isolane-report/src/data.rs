@@ -6,6 +6,7 @@
 //! here name only the fields the report draws and tolerate the rest, so a summary written by a
 //! newer isolane still renders.
 
+use isolane_core::files::jobs_file_name;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -391,22 +392,6 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
         isolation,
         telemetry,
     })
-}
-
-/// The runtime's rule for a workload's CSV name (`isolane_runtime::output::jobs_file_name`),
-/// repeated here because the report does not depend on the runtime.
-fn jobs_file_name(workload: &str) -> String {
-    let clean: String = workload
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{clean}.csv")
 }
 
 fn read_device(path: &Path) -> Result<DeviceInfo, DataError> {

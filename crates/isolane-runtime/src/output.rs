@@ -2,7 +2,6 @@
 //! CSV and reading results back for `isolane compare`.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use isolane_core::JobRecord;
@@ -120,33 +119,12 @@ pub fn prepare_out_dir(
     }
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced, then
-/// renamed over `path`, so a reader (or a crash) never sees a half-written file.
+/// Writes `bytes` to `path` atomically ([`isolane_core::files::write_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(OutputError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        });
-    }
-    Ok(())
+    isolane_core::files::write_atomic(path, bytes).map_err(|e| OutputError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })
 }
 
 pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), OutputError> {
@@ -184,20 +162,7 @@ pub fn jobs_csv(records: &[JobRecord]) -> String {
     s
 }
 
-/// A file name for a workload's CSV: the name with anything outside `[A-Za-z0-9._-]` replaced.
-pub fn jobs_file_name(workload: &str) -> String {
-    let clean: String = workload
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{clean}.csv")
-}
+pub use isolane_core::files::jobs_file_name;
 
 pub fn write_jobs_csv(
     dir: &Path,

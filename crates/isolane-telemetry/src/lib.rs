@@ -8,6 +8,7 @@
 
 pub mod nvml;
 
+use isolane_core::files::write_atomic;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -671,28 +672,6 @@ impl RunTelemetry {
             .map_err(|source| TelemetryError::Io { path, source })?;
         Ok((rec, summary))
     }
-}
-
-/// Temporary file + rename, as every result file (the runtime's rule; this crate does not
-/// depend on the runtime).
-fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let dir = path.parent().unwrap_or(std::path::Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    let r = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if r.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    r
 }
 
 #[cfg(test)]
