@@ -81,6 +81,12 @@ def main():
             else:
                 row[kind] = rel_l2(got, want)
                 bad |= row[kind] > args.tol
+                if name.startswith("yolov8"):
+                    # Rows 0..4 (box centres and sizes in pixels) dominate the norm; the class
+                    # scores are sigmoids near 0.5 with seeded weights: compare their logits too.
+                    logit = lambda p: np.log(np.clip(p, 1e-30, None) / np.clip(1 - p, 1e-30, None))
+                    row[f"{kind}_class_logits"] = rel_l2(logit(got[:, 4:].astype(np.float64)),
+                                                         logit(want[:, 4:].astype(np.float64)))
             row[f"{kind}_s"] = secs
         y = run_ort(os.path.join(d, f"{name}.onnx"), np.load(inp))
         row["onnxruntime"] = rel_l2(y, want) if y is not None else "n/a"

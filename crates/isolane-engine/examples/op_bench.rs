@@ -31,6 +31,11 @@ fn time(name: &str, g: &Graph, threads: usize, flops: f64) {
 }
 
 fn conv(c: usize, m: usize, hw: usize, k: usize, s: usize, threads: usize) {
+    conv_epi(c, m, hw, k, s, threads, false);
+}
+
+/// `relu`: with a bias and a fused ReLU, as the convolutions of a BN-folded ResNet.
+fn conv_epi(c: usize, m: usize, hw: usize, k: usize, s: usize, threads: usize, relu: bool) {
     let mut g = Graph::new("conv");
     let x = g.add_input(
         "x",
@@ -43,13 +48,22 @@ fn conv(c: usize, m: usize, hw: usize, k: usize, s: usize, threads: usize) {
     let a = ConvAttrs {
         strides: [s, s],
         pads: [k / 2; 4],
+        activation: relu.then_some(isolane_engine::ir::Unary::Relu),
         ..Default::default()
     };
-    let y = g.add_op("conv", Op::Conv(a), &[x, w]).unwrap();
+    let mut ins = vec![x, w];
+    if relu {
+        let b = Tensor::new(vec![m], vec![0.01; m]).unwrap();
+        ins.push(g.add_constant("b", b));
+    }
+    let y = g.add_op("conv", Op::Conv(a), &ins).unwrap();
     g.add_output(y).unwrap();
     let o = (hw + 2 * (k / 2) - k) / s + 1;
     time(
-        &format!("conv {c}->{m} {k}x{k} s{s} {hw}x{hw}"),
+        &format!(
+            "conv {c}->{m} {k}x{k} s{s} {hw}x{hw}{}",
+            if relu { " +bias+relu" } else { "" }
+        ),
         &g,
         threads,
         2.0 * (m * c * k * k * o * o) as f64,
@@ -59,6 +73,7 @@ fn conv(c: usize, m: usize, hw: usize, k: usize, s: usize, threads: usize) {
 fn main() {
     let threads: usize = std::env::args().nth(1).map_or(2, |s| s.parse().unwrap());
     conv(3, 64, 224, 7, 2, threads);
+    conv_epi(3, 64, 224, 7, 2, threads, true);
     conv(64, 64, 56, 3, 1, threads);
     conv(128, 128, 28, 3, 1, threads);
     conv(256, 256, 14, 3, 1, threads);

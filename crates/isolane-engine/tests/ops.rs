@@ -144,6 +144,9 @@ fn conv_variants() {
         (2, 16, 9, 7, 24, 3, 1, [0, 1, 2, 1], 1, 1), // Winograd, odd output, asymmetric pads
         (1, 4, 9, 9, 4, 3, 1, [4, 4, 4, 4], 4, 1), // dilated, kernel wider than input
         (1, 32, 30, 30, 16, 3, 1, [2, 2, 2, 2], 2, 1), // dilated, tiled
+        (2, 8, 15, 13, 16, 3, 2, [1, 0, 2, 1], 1, 1), // implicit GEMM, strided, asymmetric pads
+        (1, 32, 7, 7, 96, 3, 1, [1, 1, 1, 1], 1, 1), // implicit GEMM, channels split among threads
+        (1, 5, 23, 21, 8, 5, 3, [2, 1, 0, 2], 1, 1), // implicit GEMM, stride 3, 5x5
     ];
     for (ci, &(n, c, h, w, m, k, s, pads, d, g)) in cases.iter().enumerate() {
         let x = rnd(&format!("x{ci}"), &[n, c, h, w]);
@@ -433,6 +436,81 @@ fn gemm_and_linear() {
         .map(|(i, v)| (v + c.data[i % 4]).max(0.0))
         .collect();
     assert_close(&got[0].data, &lin, 1e-5, "linear+relu");
+}
+
+/// Shapes that span several row panels, 48-column blocks and depth blocks, and that the
+/// threads split: Linear with constant (packed at compile time) and runtime weights, one and
+/// two rows (row × matrix path), Gemm with transposed operands, a batched MatMul with more
+/// matrices than threads and one with fewer.
+#[test]
+fn large_matrix_products() {
+    let (k, n) = (300, 130);
+    let w = rnd("lw", &[n, k]);
+    let bias = rnd("lb", &[n]);
+    for rows in [1, 2, 37] {
+        let x = rnd(&format!("lx{rows}"), &[rows, k]);
+        let mut want = vec![0.0f32; rows * n];
+        for r in 0..rows {
+            for j in 0..n {
+                let mut acc = bias.data[j] as f64;
+                for kk in 0..k {
+                    acc += x.data[r * k + kk] as f64 * w.data[j * k + kk] as f64;
+                }
+                want[r * n + j] = (acc as f32).max(0.0);
+            }
+        }
+        let op = Op::Linear {
+            activation: Some(Unary::Relu),
+        };
+        for consts in [[false, true, true], [false, false, false]] {
+            let got = run(op.clone(), &[x.clone(), w.clone(), bias.clone()], &consts);
+            assert_close(&got[0].data, &want, 1e-4, &format!("linear {rows} rows"));
+        }
+    }
+    // Gemm, both operands transposed: A is stored k×m, B is stored n×k.
+    let (m, k, n) = (29, 140, 100);
+    let at = rnd("gat", &[k, m]);
+    let bt = rnd("gbt", &[n, k]);
+    let c = rnd("gc", &[m, n]);
+    let mut want = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f64;
+            for kk in 0..k {
+                acc += at.data[kk * m + i] as f64 * bt.data[j * k + kk] as f64;
+            }
+            want[i * n + j] = 0.75 * acc as f32 - 1.5 * c.data[i * n + j];
+        }
+    }
+    let op = Op::Gemm {
+        alpha: 0.75,
+        beta: -1.5,
+        trans_a: true,
+        trans_b: true,
+    };
+    let got = run(op, &[at, bt, c], &[false, false, false]);
+    assert_close(&got[0].data, &want, 1e-4, "gemm transposed");
+    for (batch, m, k, n) in [(8, 33, 70, 50), (2, 40, 150, 97)] {
+        let a = rnd(&format!("ma{batch}"), &[batch, m, k]);
+        let b = rnd(&format!("mb{batch}"), &[batch, k, n]);
+        let got = run(Op::MatMul, &[a.clone(), b.clone()], &[false, false]);
+        for i in 0..batch {
+            let want = naive_matmul(
+                &a.data[i * m * k..(i + 1) * m * k],
+                &b.data[i * k * n..(i + 1) * k * n],
+                m,
+                k,
+                n,
+            );
+            let o = i * m * n;
+            assert_close(
+                &got[0].data[o..o + m * n],
+                &want,
+                1e-4,
+                &format!("batched matmul {batch}x{m}x{k}x{n}"),
+            );
+        }
+    }
 }
 
 #[test]

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use super::packed::{Epi, PackedA};
+use super::implicit::Implicit;
+use super::matmul::{self, BSrc, Mat, Out, PackedB};
+use super::packed::{Epi, Isa, PackedA};
 
 use crate::error::{EngineError, Result};
 use crate::ir::{
@@ -326,6 +328,8 @@ pub(crate) struct ConvK {
     /// The weights packed for [`PackedA::gemm`] when they are a constant (done by the
     /// planner); otherwise the `gemm` crate multiplies them as they are.
     packed: Option<Arc<PackedA>>,
+    /// An implicit-GEMM plan (no im2col matrix), used with `packed` where it pays.
+    implicit: Option<Arc<Implicit>>,
 }
 
 #[derive(Clone, Debug)]
@@ -399,6 +403,8 @@ pub(crate) enum Kernel {
         n: usize,
         act: Option<Unary>,
         has_bias: bool,
+        /// The constant weight, transposed and padded for the GEMM (done by the planner).
+        wt: Option<Arc<PackedB>>,
     },
     MatMul(MatMulK),
     Unary(Unary),
@@ -502,6 +508,21 @@ impl Kernel {
                     residual: a.residual,
                     method,
                     packed: None,
+                    implicit: if method == ConvMethod::Im2col {
+                        Implicit::plan(
+                            x,
+                            w[0],
+                            o,
+                            [w[2], w[3]],
+                            a.strides,
+                            [a.pads[0], a.pads[1]],
+                            a.dilations,
+                            a.groups,
+                        )
+                        .map(Arc::new)
+                    } else {
+                        None
+                    },
                     tile: {
                         // ~256 KiB of im2col per task, a multiple of 16 columns; whole output
                         // rows when the rows can be lowered as one contiguous copy.
@@ -523,6 +544,7 @@ impl Kernel {
                     n: ins[1][0],
                     act: *activation,
                     has_bias: ins.len() == 3,
+                    wt: None,
                 }
             }
             Op::MatMul => {
@@ -845,22 +867,56 @@ impl Kernel {
         })
     }
 
-    /// Packs a convolution's constant weights `w` for the allocation-free GEMM (compile time).
+    /// Packs a convolution's or a Linear layer's constant weights `w` for the
+    /// allocation-free GEMM (compile time).
     pub fn prepack(&mut self, w: &[f32]) {
-        if let Kernel::Conv(c) = self {
-            if c.method != ConvMethod::Depthwise {
+        match self {
+            Kernel::Conv(c) if c.method != ConvMethod::Depthwise => {
                 let mg = c.m / c.groups;
                 let kk = (c.c / c.groups) * c.kh * c.kw;
                 if w.len() == c.groups * mg * kk {
                     c.packed = Some(Arc::new(PackedA::new(w, c.groups, mg, kk)));
                 }
             }
+            Kernel::Linear { k, n, wt, .. } if w.len() == *k * *n => {
+                *wt = Some(Arc::new(PackedB::from_linear_weight(w, *n, *k)));
+            }
+            _ => {}
+        }
+    }
+
+    /// Fixes the work split for a pool of `threads` threads (compile time, after `prepack`):
+    /// an implicit-GEMM convolution lays out its scratch per thread.
+    pub fn configure(&mut self, threads: usize) {
+        if let Kernel::Conv(ConvK {
+            implicit: Some(imp),
+            packed: Some(pa),
+            ..
+        }) = self
+        {
+            *imp = Arc::new(imp.configure(threads, pa.isa.mr()));
         }
     }
 
     /// Elements of scratch memory this kernel needs.
     pub fn scratch_len(&self, threads: usize) -> usize {
         match self {
+            Kernel::Conv(ConvK {
+                implicit: Some(imp),
+                packed: Some(_),
+                ..
+            }) if imp.is_configured() => imp.scratch_len(),
+            Kernel::Linear { rows, k, n, wt, .. } => {
+                matmul::scratch_len(Isa::detect(), *rows, *n, *k, wt.is_some())
+            }
+            Kernel::MatMul(mk) => {
+                let one = matmul::scratch_len(Isa::detect(), mk.m, mk.n, mk.k, mk.b_cs == 1);
+                if mk.per_matrix(threads) {
+                    one * threads
+                } else {
+                    one
+                }
+            }
             Kernel::Conv(c) if c.method == ConvMethod::Im2col => {
                 let kk = (c.c / c.groups) * c.kh * c.kw;
                 // Row strides rounded up to 16 (see `ConvK::col_stride`).
@@ -891,44 +947,54 @@ impl Kernel {
                 n,
                 act,
                 has_bias,
+                wt,
             } => {
                 let x = io.inp(0);
                 let w = io.inp(1);
                 // SAFETY: single output taken once.
                 let out = unsafe { io.out(0) };
-                // SAFETY: x is rows×k, w is n×k (read transposed), out is rows×n; disjoint.
+                // SAFETY: scratch taken once.
+                let scratch = unsafe { io.scratch() };
+                let b = match wt {
+                    Some(pb) => BSrc::Packed(pb),
+                    // Wᵀ read through its strides: element (kk, j) is w[j·k + kk].
+                    None => BSrc::Mat(Mat {
+                        ptr: w.as_ptr(),
+                        rs: 1,
+                        cs: *k,
+                    }),
+                };
+                let a = Mat {
+                    ptr: x.as_ptr(),
+                    rs: *k,
+                    cs: 1,
+                };
+                let o = Out {
+                    c: out.as_mut_ptr(),
+                    ldc: *n,
+                    acc_c: false,
+                    col_bias: if *has_bias { Some(io.inp(2)) } else { None },
+                    act: *act,
+                };
+                // SAFETY: x is rows×k, w is n×k, out is rows×n and overlaps neither; the
+                // scratch was sized by scratch_len for these shapes.
                 unsafe {
-                    sgemm(
+                    matmul::gemm(
+                        Isa::detect(),
                         *rows,
                         *n,
                         *k,
-                        out.as_mut_ptr(),
-                        *n,
-                        x.as_ptr(),
-                        *k,
-                        1,
-                        w.as_ptr(),
-                        1,
-                        *k,
-                        false,
+                        a,
+                        b,
                         1.0,
-                        par,
+                        o,
+                        scratch.as_mut_ptr(),
+                        threads > 1,
+                        threads,
                     )
                 };
-                let bias = if *has_bias { Some(io.inp(2)) } else { None };
-                if bias.is_some() || act.is_some() {
-                    let rows_per = (CHUNK / n.max(&1)).max(1);
-                    out.par_chunks_mut(rows_per * n).for_each(|blk| {
-                        for row in blk.chunks_mut(*n) {
-                            if let Some(b) = bias {
-                                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-                            }
-                            apply_act(*act, row);
-                        }
-                    });
-                }
             }
-            Kernel::MatMul(mk) => matmul(mk, io, par, threads),
+            Kernel::MatMul(mk) => matmul_kernel(mk, io, threads),
             Kernel::Unary(u) => {
                 let x = io.inp(0);
                 // SAFETY: single output taken once.
@@ -1102,6 +1168,14 @@ fn layer_norm_row(x: &[f32], o: &mut [f32], g: &[f32], b: Option<&[f32]>, eps: f
 }
 
 impl ConvK {
+    /// How this convolution runs, for profiles.
+    pub fn describe(&self) -> String {
+        match (&self.implicit, &self.packed) {
+            (Some(imp), Some(_)) if imp.is_configured() => "ImplicitGemm".into(),
+            _ => format!("{:?}", self.method),
+        }
+    }
+
     /// Row stride of an im2col block of `nn` columns: a multiple of 16 for the packed GEMM,
     /// so that every row starts on a cache line and is read in place.
     fn col_stride(&self, nn: usize) -> usize {
@@ -1204,6 +1278,7 @@ fn conv_tiled(c: &ConvK, io: &Io, threads: usize) {
         let row0 = ni * c.m + g * mg;
         if let Some(pa) = &c.packed {
             let epi = Epi {
+                col_bias: None,
                 bias: bias.map(|b| &b[g * mg..(g + 1) * mg]),
                 res: res.map(|rs| rs[row0 * ohw + n0..].as_ptr()),
                 act: c.act,
@@ -1347,6 +1422,26 @@ fn im2col_rows(c: &ConvK, x: &[f32], oy0: usize, rows: usize, col: &mut [f32], l
 }
 
 fn conv(c: &ConvK, io: &Io, par: Parallelism, threads: usize) {
+    if let (Some(imp), Some(pa)) = (&c.implicit, &c.packed) {
+        if !imp.is_configured() {
+            return conv_lowered(c, io, par, threads);
+        }
+        let bias = if c.has_bias { Some(io.inp(2)) } else { None };
+        let res = if c.residual { Some(io.inp(3)) } else { None };
+        // SAFETY: output and scratch taken once each; the scratch was sized by `scratch_len`
+        // for this kernel and thread count, starts on a cache line and is private to it.
+        unsafe {
+            let out = io.out(0).as_mut_ptr();
+            let scratch = io.scratch().as_mut_ptr();
+            imp.run(pa, io.inp(0), bias, res, c.act, out, scratch, threads);
+        }
+        return;
+    }
+    conv_lowered(c, io, par, threads)
+}
+
+/// Convolution through an explicit im2col (or the input itself, for pointwise ones).
+fn conv_lowered(c: &ConvK, io: &Io, par: Parallelism, threads: usize) {
     if c.tiled(threads) {
         return conv_tiled(c, io, threads);
     }
@@ -1414,6 +1509,7 @@ fn conv(c: &ConvK, io: &Io, par: Parallelism, threads: usize) {
                                 return;
                             }
                             let epi = Epi {
+                                col_bias: None,
                                 bias: bias.map(|b| &b[g * mg..(g + 1) * mg]),
                                 res: res.map(|rs| rs[(row0 + p0 * mr) * ohw..].as_ptr()),
                                 act: c.act,
@@ -1489,7 +1585,7 @@ fn conv(c: &ConvK, io: &Io, par: Parallelism, threads: usize) {
 
 /// Valid output range `[lo, hi)` for a tap at offset `off` so that `o*stride + off ∈ [0, len)`.
 #[inline]
-fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> (usize, usize) {
+pub(super) fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> (usize, usize) {
     let s = stride as isize;
     let lo = if off < 0 { ((-off) + s - 1) / s } else { 0 };
     let hi = if (len as isize) - off <= 0 {
@@ -1572,13 +1668,26 @@ fn depthwise_plane(c: &ConvK, inp: &[f32], k: &[f32], o: &mut [f32]) {
     }
 }
 
-fn matmul(mk: &MatMulK, io: &Io, par: Parallelism, threads: usize) {
+impl MatMulK {
+    /// Many matrices (attention heads): one task per matrix, each thread with its own scratch;
+    /// otherwise one matrix at a time, split among the threads.
+    fn per_matrix(&self, threads: usize) -> bool {
+        threads > 1 && self.offsets.len() >= threads
+    }
+}
+
+fn matmul_kernel(mk: &MatMulK, io: &Io, threads: usize) {
     let a = io.inp(0);
     let b = io.inp(1);
     // SAFETY: single output taken once.
     let out = unsafe { io.out(0) };
+    // SAFETY: scratch taken once.
+    let scratch = SharedMut(unsafe { io.scratch() }.as_mut_ptr());
     let mn = mk.m * mk.n;
-    let mut accumulate = false;
+    if mn == 0 {
+        return;
+    }
+    let mut acc_c = false;
     if let Some((beta, rs, cs)) = mk.c {
         let c = io.inp(2);
         for i in 0..mk.m {
@@ -1586,37 +1695,58 @@ fn matmul(mk: &MatMulK, io: &Io, par: Parallelism, threads: usize) {
                 out[i * mk.n + j] = beta * c[i * rs + j * cs];
             }
         }
-        accumulate = true;
+        acc_c = true;
     }
-    let one = |dst: &mut [f32], oa: usize, ob: usize, par: Parallelism| {
-        // SAFETY: offsets were computed from the shapes; matrices are within a and b.
+    let isa = Isa::detect();
+    let per = matmul::scratch_len(isa, mk.m, mk.n, mk.k, mk.b_cs == 1);
+    let one = |dst: &mut [f32], oa: usize, ob: usize, scratch: *mut f32, par: bool| {
+        let o = Out {
+            c: dst.as_mut_ptr(),
+            ldc: mk.n,
+            acc_c,
+            col_bias: None,
+            act: None,
+        };
+        let am = Mat {
+            ptr: a[oa..].as_ptr(),
+            rs: mk.a_rs,
+            cs: mk.a_cs,
+        };
+        let bm = Mat {
+            ptr: b[ob..].as_ptr(),
+            rs: mk.b_rs,
+            cs: mk.b_cs,
+        };
+        // SAFETY: the offsets were computed from the shapes, so both matrices are inside a and
+        // b; dst is one m×n output matrix; `scratch` holds `per` floats used by no one else.
         unsafe {
-            sgemm(
+            matmul::gemm(
+                isa,
                 mk.m,
                 mk.n,
                 mk.k,
-                dst.as_mut_ptr(),
-                mk.n,
-                a.as_ptr().add(oa),
-                mk.a_rs,
-                mk.a_cs,
-                b.as_ptr().add(ob),
-                mk.b_rs,
-                mk.b_cs,
-                accumulate,
+                am,
+                BSrc::Mat(bm),
                 mk.alpha,
+                o,
+                scratch,
                 par,
+                threads,
             )
         }
     };
-    if mk.offsets.len() >= threads && threads > 1 && mn > 0 {
-        // Many small matrices (attention heads): one thread per matrix.
+    if mk.per_matrix(threads) {
         out.par_chunks_mut(mn)
             .zip(mk.offsets.par_iter())
-            .for_each(|(dst, &(oa, ob))| one(dst, oa, ob, Parallelism::None));
-    } else if mn > 0 {
+            .for_each(|(dst, &(oa, ob))| {
+                let tid = rayon::current_thread_index().unwrap_or(0) % threads;
+                // Thread `tid` owns scratch[tid·per ..][.. per]; a thread runs one matrix at a
+                // time and does not yield to rayon inside it.
+                one(dst, oa, ob, scratch.get().wrapping_add(tid * per), false);
+            });
+    } else {
         for (dst, &(oa, ob)) in out.chunks_mut(mn).zip(&mk.offsets) {
-            one(dst, oa, ob, par);
+            one(dst, oa, ob, scratch.get(), threads > 1);
         }
     }
 }
@@ -1844,62 +1974,110 @@ fn pool_fast(p: &PoolK, io: &Io, max: bool) {
     let x = io.inp(0);
     // SAFETY: single output taken once.
     let out = unsafe { io.out(0) };
-    let a = &p.p;
-    let _ = a;
-    let (ys, xs) = (&p.ys, &p.xs);
-    let w = p.w;
-    const MAXW: usize = 2048;
+    let avx2 = Isa::detect() != Isa::Portable;
     out.par_chunks_mut(p.oh * p.ow)
         .zip(x.par_chunks(p.h * p.w))
         .for_each(|(o, i)| {
-            // Separable: reduce the window's rows first (contiguous, vectorises), then each
-            // output's columns from that one row.
-            let mut tmp = [0.0f32; MAXW];
-            for (oy, &(y0, y1)) in ys.iter().enumerate() {
-                let orow = &mut o[oy * p.ow..(oy + 1) * p.ow];
-                if w <= MAXW && y1 > y0 {
-                    let t = &mut tmp[..w];
-                    t.copy_from_slice(&i[y0 * w..(y0 + 1) * w]);
-                    for r in y0 + 1..y1 {
-                        let src = &i[r * w..(r + 1) * w];
-                        if max {
-                            t.iter_mut()
-                                .zip(src)
-                                .for_each(|(a, &b)| *a = if b > *a { b } else { *a });
-                        } else {
-                            t.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
-                        }
-                    }
-                    for (v, &(x0, x1)) in orow.iter_mut().zip(xs) {
-                        let seg = &t[x0..x1];
-                        *v = if max {
-                            seg.iter()
-                                .fold(f32::NEG_INFINITY, |m, &e| if e > m { e } else { m })
-                        } else {
-                            seg.iter().sum::<f32>() / ((y1 - y0) * (x1 - x0)).max(1) as f32
-                        };
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: AVX2 and FMA were detected (every ISA but Portable implies them).
+                return unsafe { pool_plane_avx2(p, i, o, max) };
+            }
+            let _ = avx2;
+            pool_plane(p, i, o, max)
+        });
+}
+
+/// `pool_plane` compiled for AVX2, so that its row loops use 256-bit vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pool_plane_avx2(p: &PoolK, i: &[f32], o: &mut [f32], max: bool) {
+    pool_plane(p, i, o, max)
+}
+
+/// One plane of `pool_fast`.
+#[inline(always)]
+fn pool_plane(p: &PoolK, i: &[f32], o: &mut [f32], max: bool) {
+    let a = &p.p;
+    let (ys, xs) = (&p.ys, &p.xs);
+    let w = p.w;
+    const MAXW: usize = 2048;
+    let (kx, sx, pl) = (a.kernel[1], a.strides[1], a.pads[1]);
+    // Row length that every window fits in, with the left padding in front.
+    let padded_len = ((p.ow.max(1) - 1) * sx + kx).max(pl + w);
+    // Separable: reduce the window's rows first (contiguous, vectorises), then each
+    // output's columns from that one row.
+    // Max pooling reduces each row into the middle of a row padded with −∞, filled
+    // once per plane: then every window has the same width and needs no clipping or
+    // branches (−∞ never wins, so this equals the clipped windows).
+    let padded = max && padded_len <= MAXW;
+    let mut tmp = [if padded { f32::NEG_INFINITY } else { 0.0 }; MAXW];
+    let off = if padded { pl } else { 0 };
+    for (oy, &(y0, y1)) in ys.iter().enumerate() {
+        let orow = &mut o[oy * p.ow..(oy + 1) * p.ow];
+        if off + w <= MAXW && y1 > y0 {
+            let t = &mut tmp[off..off + w];
+            t.copy_from_slice(&i[y0 * w..(y0 + 1) * w]);
+            for r in y0 + 1..y1 {
+                let src = &i[r * w..(r + 1) * w];
+                if max {
+                    t.iter_mut()
+                        .zip(src)
+                        .for_each(|(a, &b)| *a = if b > *a { b } else { *a });
+                } else {
+                    t.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
+                }
+            }
+            if padded {
+                let pr = &tmp[..padded_len];
+                let mx = |a: f32, b: f32| if b > a { b } else { a };
+                if (kx, sx) == (3, 2) {
+                    // ResNet's stem pool, written out so that it vectorises.
+                    let n = orow.len();
+                    let pr = &pr[..2 * n + 1];
+                    for (ox, v) in orow.iter_mut().enumerate() {
+                        *v = mx(mx(pr[2 * ox], pr[2 * ox + 1]), pr[2 * ox + 2]);
                     }
                     continue;
                 }
-                for (v, &(x0, x1)) in orow.iter_mut().zip(xs) {
-                    if max {
-                        let mut m = f32::NEG_INFINITY;
-                        for r in y0..y1 {
-                            for &e in &i[r * w + x0..r * w + x1] {
-                                m = m.max(e);
-                            }
-                        }
-                        *v = m;
-                    } else {
-                        let mut sum = 0.0;
-                        for r in y0..y1 {
-                            sum += i[r * w + x0..r * w + x1].iter().sum::<f32>();
-                        }
-                        *v = sum / ((y1 - y0) * (x1 - x0)).max(1) as f32;
+                for (ox, v) in orow.iter_mut().enumerate() {
+                    let win = &pr[ox * sx..ox * sx + kx];
+                    *v = win[1..]
+                        .iter()
+                        .fold(win[0], |m, &e| if e > m { e } else { m });
+                }
+                continue;
+            }
+            let t = &tmp[..w];
+            for (v, &(x0, x1)) in orow.iter_mut().zip(xs) {
+                let seg = &t[x0..x1];
+                *v = if max {
+                    seg.iter()
+                        .fold(f32::NEG_INFINITY, |m, &e| if e > m { e } else { m })
+                } else {
+                    seg.iter().sum::<f32>() / ((y1 - y0) * (x1 - x0)).max(1) as f32
+                };
+            }
+            continue;
+        }
+        for (v, &(x0, x1)) in orow.iter_mut().zip(xs) {
+            if max {
+                let mut m = f32::NEG_INFINITY;
+                for r in y0..y1 {
+                    for &e in &i[r * w + x0..r * w + x1] {
+                        m = m.max(e);
                     }
                 }
+                *v = m;
+            } else {
+                let mut sum = 0.0;
+                for r in y0..y1 {
+                    sum += i[r * w + x0..r * w + x1].iter().sum::<f32>();
+                }
+                *v = sum / ((y1 - y0) * (x1 - x0)).max(1) as f32;
             }
-        });
+        }
+    }
 }
 
 fn resize(r: &ResizeK, io: &Io) {

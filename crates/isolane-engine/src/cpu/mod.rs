@@ -7,7 +7,9 @@
 //! convolutional models nothing is allocated on that path (see `Driver`, `packed` and
 //! `tests/no_alloc.rs`).
 
+mod implicit;
 pub(crate) mod kernels;
+mod matmul;
 mod packed;
 
 use std::sync::Arc;
@@ -172,7 +174,7 @@ impl CpuModel {
             let ins: Vec<&[usize]> = n.inputs.iter().map(|&i| shapes[i].as_slice()).collect();
             let outs: Vec<&[usize]> = n.outputs.iter().map(|&o| shapes[o].as_slice()).collect();
             let mut k = Kernel::plan(n, &ins, &outs)?;
-            if let (Kernel::Conv(_), Some(&w)) = (&k, n.inputs.get(1)) {
+            if let (Kernel::Conv(_) | Kernel::Linear { .. }, Some(&w)) = (&k, n.inputs.get(1)) {
                 if let Some(Loc::Const(ci)) = loc[w] {
                     k.prepack(&consts[ci].data);
                 }
@@ -214,6 +216,9 @@ impl CpuModel {
                 EngineError::Runtime(format!("cannot start a pool of {threads} threads: {e}"))
             })?;
         let threads = pool.current_num_threads();
+        for k in kernels.iter_mut().flatten() {
+            k.configure(threads);
+        }
         let scratch_len = kernels
             .iter()
             .flatten()
@@ -342,7 +347,7 @@ fn unreachable_storage() -> Result<usize> {
 
 fn kernel_name(k: &Kernel) -> String {
     match k {
-        Kernel::Conv(c) => format!("Conv/{:?}", c.method),
+        Kernel::Conv(c) => format!("Conv/{}", c.describe()),
         other => format!("{other:?}")
             .chars()
             .take_while(|c| c.is_alphanumeric())

@@ -80,28 +80,17 @@ impl PackedA {
 
     /// Packs for a given micro-kernel (which must be supported by this CPU).
     fn with_isa(w: &[f32], groups: usize, m: usize, k: usize, isa: Isa) -> PackedA {
-        let mr = isa.mr();
-        let panels = m.div_ceil(mr);
-        let mut data = vec![0.0f32; groups * panels * k * mr];
-        let kc = depth_block(k);
-        for g in 0..groups {
-            for r in 0..m {
-                let (p, ri) = (r / mr, r % mr);
-                let src = &w[(g * m + r) * k..(g * m + r + 1) * k];
-                let base = g * panels * k * mr;
-                for (kk, &v) in src.iter().enumerate() {
-                    // Depth block k0 holds every panel's rows for k0..k0+kcur, contiguously.
-                    let k0 = kk / kc * kc;
-                    let kcur = kc.min(k - k0);
-                    data[base + k0 * panels * mr + p * kcur * mr + (kk - k0) * mr + ri] = v;
-                }
-            }
+        let len = packed_len(isa, m, k);
+        let mut data = vec![0.0f32; groups * len];
+        for (g, dst) in data.chunks_mut(len.max(1)).enumerate().take(groups) {
+            // SAFETY: group g's rows are w[g·m·k ..][.. m·k], row-major.
+            unsafe { pack_a(isa, w[g * m * k..].as_ptr(), k, 1, m, k, 1.0, dst) };
         }
         PackedA {
             isa,
             m,
             k,
-            panels,
+            panels: m.div_ceil(isa.mr()),
             data,
         }
     }
@@ -125,36 +114,163 @@ impl PackedA {
         ldc: usize,
         epi: &Epi,
     ) {
-        let a = self.data[g * self.panels * self.k * self.isa.mr()..].as_ptr();
-        let args = Args {
-            panels: self.panels,
-            m: self.m,
-            k: self.k,
-            p0,
-            p1,
-            n,
-            a,
-            b,
-            ldb,
-            c,
-            ldc,
-        };
-        // SAFETY: forwarded from the caller's contract; the ISA was detected when packing.
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.gemm_rows(g, p0, p1, n, BRows::Strided(b, ldb), c, ldc, epi) }
+    }
+
+    /// As [`PackedA::gemm`], with B's rows wherever `b` says.
+    ///
+    /// # Safety
+    /// As for `gemm`; every row `r < k` of `b` has `n` readable columns.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_rows(
+        &self,
+        g: usize,
+        p0: usize,
+        p1: usize,
+        n: usize,
+        b: BRows,
+        c: *mut f32,
+        ldc: usize,
+        epi: &Epi,
+    ) {
+        let a = self.data[g * packed_len(self.isa, self.m, self.k)..].as_ptr();
+        // SAFETY: forwarded; `a` is this group's packing, made for `self.isa`.
         unsafe {
-            match self.isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => x86::gemm_avx512(&args, epi),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => x86::gemm_avx2(&args, epi),
-                _ => gemm_body::<6, 16, false>(&args, epi, micro_portable),
-            }
+            gemm_packed(
+                self.isa, a, self.m, self.k, p0, p1, n, b, c, ldc, false, epi,
+            )
         }
     }
 }
 
+/// Elements of a packed `m × k` matrix for `isa`'s micro-kernel.
+pub(crate) fn packed_len(isa: Isa, m: usize, k: usize) -> usize {
+    m.div_ceil(isa.mr()) * k * isa.mr()
+}
+
+/// Packs the `m × k` matrix at `a` (element `(r, c)` at `a + r·rs + c·cs`), scaled by `alpha`,
+/// into `dst` in the panel layout of `isa` (see [`PackedA`]); padding rows are zero.
+///
+/// # Safety
+/// `a` covers the matrix described by the strides; `dst` has at least `packed_len` elements.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn pack_a(
+    isa: Isa,
+    a: *const f32,
+    rs: usize,
+    cs: usize,
+    m: usize,
+    k: usize,
+    alpha: f32,
+    dst: &mut [f32],
+) {
+    let mr = isa.mr();
+    let panels = m.div_ceil(mr);
+    let kc = depth_block(k);
+    let mut k0 = 0;
+    while k0 < k {
+        let kcur = kc.min(k - k0);
+        // Depth block k0 holds every panel's rows for k0..k0+kcur, contiguously.
+        let blk = &mut dst[k0 * panels * mr..(k0 + kcur) * panels * mr];
+        for p in 0..panels {
+            let pan = &mut blk[p * kcur * mr..(p + 1) * kcur * mr];
+            let rows = mr.min(m - p * mr);
+            for r in 0..mr {
+                if r >= rows {
+                    pan[r..].iter_mut().step_by(mr).for_each(|v| *v = 0.0);
+                    continue;
+                }
+                // SAFETY: row p·mr + r < m and columns k0..k0+kcur < k are inside `a`.
+                let src = unsafe { a.add((p * mr + r) * rs + k0 * cs) };
+                for kk in 0..kcur {
+                    // SAFETY: as above.
+                    pan[kk * mr + r] = alpha * unsafe { *src.add(kk * cs) };
+                }
+            }
+        }
+        k0 += kcur;
+    }
+}
+
+/// Rows `p0·MR .. min(p1·MR, m)` of `C (+)= A·B` with A packed by [`pack_a`] for `isa`, then
+/// the epilogue; `acc_c` adds the product to what C holds.
+///
+/// # Safety
+/// As for [`PackedA::gemm`]; `a` is a packing for `isa` (which this CPU supports) of an
+/// `m × k` matrix.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_packed(
+    isa: Isa,
+    a: *const f32,
+    m: usize,
+    k: usize,
+    p0: usize,
+    p1: usize,
+    n: usize,
+    b: BRows,
+    c: *mut f32,
+    ldc: usize,
+    acc_c: bool,
+    epi: &Epi,
+) {
+    let args = Args {
+        panels: m.div_ceil(isa.mr()),
+        m,
+        k,
+        p0,
+        p1,
+        n,
+        a,
+        b,
+        c,
+        ldc,
+        acc_c,
+    };
+    // SAFETY: forwarded from the caller's contract; the ISA was detected when packing.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::gemm_avx512(&args, epi),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::gemm_avx2(&args, epi),
+            _ => gemm_body::<6, 16, false>(&args, epi, micro_portable, None),
+        }
+    }
+}
+
+/// Where the rows of B (`k × n`, columns contiguous) are.
+#[derive(Clone, Copy)]
+pub(crate) enum BRows<'a> {
+    /// Row `r` at `ptr + r·ld`.
+    Strided(*const f32, usize),
+    /// Row `r` at `ptr + offs[r]`: an implicit im2col, whose rows are shifted views of the
+    /// input planes.
+    Offsets(*const f32, &'a [usize]),
+    /// Column panels of [`PANEL`] columns, each `k` rows of `PANEL` floats stored contiguously
+    /// (`ptr`, `k`): element `(r, j)` at `ptr + (j / PANEL)·k·PANEL + r·PANEL + j % PANEL`. A
+    /// constant B laid out so streams through memory in order (a row-major weight matrix read
+    /// 48 columns at a time jumps a whole row per step, which the prefetchers do not follow).
+    Panels(*const f32, usize),
+}
+
+/// Columns per panel of [`BRows::Panels`]: the widest micro-kernel's NR (a multiple of every
+/// kernel's NR, so that no column block straddles two panels).
+pub(crate) const PANEL: usize = 48;
+
+// SAFETY: B is only ever read through a BRows, and the callers that share one among tasks
+// keep the matrix alive and unwritten until every task is done.
+unsafe impl Send for BRows<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for BRows<'_> {}
+
 /// Bias, residual and activation applied to the output after the product.
 pub(crate) struct Epi<'a> {
+    /// One value per output row.
     pub bias: Option<&'a [f32]>,
+    /// One value per output column (`nn.Linear`'s bias when the rows are tokens), indexed
+    /// from the first column passed to the call.
+    pub col_bias: Option<&'a [f32]>,
     /// Residual laid out like the output block (same origin and row stride).
     pub res: Option<*const f32>,
     pub act: Option<Unary>,
@@ -162,11 +278,11 @@ pub(crate) struct Epi<'a> {
 
 impl Epi<'_> {
     fn any(&self) -> bool {
-        self.bias.is_some() || self.res.is_some() || self.act.is_some()
+        self.bias.is_some() || self.col_bias.is_some() || self.res.is_some() || self.act.is_some()
     }
 }
 
-struct Args {
+struct Args<'a> {
     panels: usize,
     m: usize,
     k: usize,
@@ -174,22 +290,28 @@ struct Args {
     p1: usize,
     n: usize,
     a: *const f32,
-    b: *const f32,
-    ldb: usize,
+    b: BRows<'a>,
     c: *mut f32,
     ldc: usize,
+    /// Accumulate onto C's contents (Gemm's β·C) instead of overwriting it.
+    acc_c: bool,
 }
 
 /// `(kc, a, b, ldb, c, ldc, accumulate, rows, cols)`: `C (+)= A·B` on a tile. A micro-kernel
 /// that masks (`MASKED`) handles `rows ≤ MR`, `cols ≤ NR` itself (and never reads B or touches
 /// C outside them); the others get full tiles only.
 type Micro = unsafe fn(usize, *const f32, *const f32, usize, *mut f32, usize, bool, usize, usize);
+/// A masked micro-kernel that reads B's row `kk` at `b + offs[kk]`, in place:
+/// `(kc, a, b, offs, c, ldc, accumulate, rows, cols)`.
+type MicroRows =
+    unsafe fn(usize, *const f32, *const f32, *const usize, *mut f32, usize, bool, usize, usize);
 
 #[inline(always)]
 unsafe fn gemm_body<const MR: usize, const NR: usize, const MASKED: bool>(
     x: &Args,
     epi: &Epi,
     micro: Micro,
+    micro_rows: Option<MicroRows>,
 ) {
     let k = x.k;
     if k == 0 || x.n == 0 {
@@ -198,70 +320,130 @@ unsafe fn gemm_body<const MR: usize, const NR: usize, const MASKED: bool>(
     let kc = depth_block(k);
     let mut bbuf = Aligned([0.0f32; KC * NR_MAX]);
     let mut tmp = [0.0f32; MR_MAX * NR_MAX];
-    let mut k0 = 0;
-    // SAFETY (whole body): every pointer stays inside the ranges of the caller's contract:
-    // rows p0·MR..min(p1·MR, m), columns 0..n, depth 0..k.
-    unsafe {
-        while k0 < k {
-            let kcur = kc.min(k - k0);
-            let (first, last) = (k0 == 0, k0 + kcur == k);
-            let mut j0 = 0;
-            while j0 < x.n {
-                let nr = NR.min(x.n - j0);
-                // Copied into an aligned, contiguous panel: B's own rows are rarely aligned
-                // and may be far apart; the copy is amortised over every A panel.
-                let aligned =
-                    MASKED && x.ldb.is_multiple_of(16) && (x.b.add(j0) as usize).is_multiple_of(64);
-                let (bp, bld) = if aligned {
+    // One depth block of one column block, for every panel: copy (or point at) B's block, then
+    // multiply every A panel into the C tiles, with the epilogue after the last depth block.
+    let mut block = |k0: usize, j0: usize| {
+        let kcur = kc.min(k - k0);
+        let (first, last) = (k0 == 0, k0 + kcur == k);
+        let accumulate = !first || x.acc_c;
+        // SAFETY (whole block): every pointer stays inside the ranges of the caller's contract:
+        // rows p0·MR..min(p1·MR, m), columns 0..n, depth 0..k.
+        unsafe {
+            let nr = NR.min(x.n - j0);
+            // Copied into an aligned, contiguous panel: B's own rows are rarely aligned
+            // and may be far apart; the copy is amortised over every A panel.
+            let in_place = match x.b {
+                BRows::Strided(b, ldb)
+                    if MASKED
+                        && ldb.is_multiple_of(16)
+                        && (b.add(j0) as usize).is_multiple_of(64) =>
+                {
                     // Rows already start on cache lines: read B in place.
-                    (x.b.add(k0 * x.ldb + j0), x.ldb)
-                } else {
-                    for kk in 0..kcur {
-                        let src = std::slice::from_raw_parts(x.b.add((k0 + kk) * x.ldb + j0), nr);
-                        let dst = &mut bbuf.0[kk * NR..(kk + 1) * NR];
-                        dst[..nr].copy_from_slice(src);
+                    Some((b.add(k0 * ldb + j0), ldb))
+                }
+                BRows::Panels(b, kd) if MASKED && j0.is_multiple_of(PANEL) => {
+                    Some((b.add((j0 / PANEL) * kd * PANEL + k0 * PANEL), PANEL))
+                }
+                _ => None,
+            };
+            // Rows at offsets (implicit GEMM) with a kernel that reads them where they are: no
+            // copy (it cost 5–9% of such a GEMM).
+            let direct = match (x.b, micro_rows) {
+                (BRows::Offsets(b, offs), Some(f)) => Some((f, b.add(j0), offs[k0..].as_ptr())),
+                _ => None,
+            };
+            let (bp, bld) = if direct.is_some() {
+                (std::ptr::null(), 0)
+            } else if let Some(in_place) = in_place {
+                in_place
+            } else {
+                for kk in 0..kcur {
+                    let src = match x.b {
+                        BRows::Strided(b, ldb) => b.add((k0 + kk) * ldb + j0),
+                        BRows::Offsets(b, offs) => b.add(offs[k0 + kk] + j0),
+                        BRows::Panels(b, kd) => {
+                            b.add((j0 / PANEL) * kd * PANEL + (k0 + kk) * PANEL + j0 % PANEL)
+                        }
+                    };
+                    let dst = &mut bbuf.0[kk * NR..(kk + 1) * NR];
+                    if nr == NR {
+                        // Fixed length: a few vector moves instead of a memcpy call.
+                        let src = &*(src as *const [f32; NR]);
+                        dst.copy_from_slice(src);
+                    } else {
+                        dst[..nr].copy_from_slice(std::slice::from_raw_parts(src, nr));
                         dst[nr..].fill(0.0);
                     }
-                    (bbuf.0.as_ptr(), NR)
-                };
-                for p in x.p0..x.p1 {
-                    let ap = x.a.add(k0 * x.panels * MR + p * kcur * MR);
-                    let r0 = p * MR;
-                    let rows = MR.min(x.m - r0);
-                    let cp = x.c.add((r0 - x.p0 * MR) * x.ldc + j0);
-                    if (rows == MR && nr == NR) || MASKED {
-                        micro(kcur, ap, bp, bld, cp, x.ldc, !first, rows, nr);
-                    } else {
-                        if !first {
-                            for r in 0..rows {
-                                tmp[r * NR..r * NR + nr].copy_from_slice(
-                                    std::slice::from_raw_parts(cp.add(r * x.ldc), nr),
-                                );
-                            }
-                        }
-                        micro(kcur, ap, bp, bld, tmp.as_mut_ptr(), NR, !first, MR, NR);
+                }
+                (bbuf.0.as_ptr(), NR)
+            };
+            for p in x.p0..x.p1 {
+                let ap = x.a.add(k0 * x.panels * MR + p * kcur * MR);
+                let r0 = p * MR;
+                let rows = MR.min(x.m - r0);
+                let cp = x.c.add((r0 - x.p0 * MR) * x.ldc + j0);
+                if let Some((f, b, offs)) = direct {
+                    f(kcur, ap, b, offs, cp, x.ldc, accumulate, rows, nr);
+                } else if (rows == MR && nr == NR) || MASKED {
+                    micro(kcur, ap, bp, bld, cp, x.ldc, accumulate, rows, nr);
+                } else {
+                    if accumulate {
                         for r in 0..rows {
-                            std::slice::from_raw_parts_mut(cp.add(r * x.ldc), nr)
-                                .copy_from_slice(&tmp[r * NR..r * NR + nr]);
+                            tmp[r * NR..r * NR + nr]
+                                .copy_from_slice(std::slice::from_raw_parts(cp.add(r * x.ldc), nr));
                         }
                     }
-                    if last && epi.any() {
-                        for r in 0..rows {
-                            let v = std::slice::from_raw_parts_mut(cp.add(r * x.ldc), nr);
-                            let bias = epi.bias.map_or(0.0, |b| b[r0 + r]);
-                            let res = epi.res.map(|rp| {
-                                std::slice::from_raw_parts(
-                                    rp.add((r0 - x.p0 * MR + r) * x.ldc + j0),
-                                    nr,
-                                )
-                            });
-                            epilogue(v, bias, res, epi.act);
-                        }
+                    micro(kcur, ap, bp, bld, tmp.as_mut_ptr(), NR, accumulate, MR, NR);
+                    for r in 0..rows {
+                        std::slice::from_raw_parts_mut(cp.add(r * x.ldc), nr)
+                            .copy_from_slice(&tmp[r * NR..r * NR + nr]);
                     }
                 }
+                if last && epi.any() {
+                    let cb = epi.col_bias.map(|cb| &cb[j0..j0 + nr]);
+                    for r in 0..rows {
+                        let v = std::slice::from_raw_parts_mut(cp.add(r * x.ldc), nr);
+                        let bias = epi.bias.map_or(0.0, |b| b[r0 + r]);
+                        let res = epi.res.map(|rp| {
+                            std::slice::from_raw_parts(
+                                rp.add((r0 - x.p0 * MR + r) * x.ldc + j0),
+                                nr,
+                            )
+                        });
+                        if let Some(cb) = cb {
+                            v.iter_mut().zip(cb).for_each(|(v, b)| *v += b);
+                        }
+                        epilogue(v, bias, res, epi.act);
+                    }
+                }
+            }
+        }
+    };
+    // Loop order: with A small enough to stay in L2 (most convolutions), columns outside and
+    // depth inside, so that a column block's C tiles stay in L1 across the depth blocks instead
+    // of being reloaded from L2 once per depth block; with a large A (the 512-channel layers'
+    // 9 MiB of weights), depth outside, so that A streams from L3 once rather than once per
+    // column block.
+    let a_bytes = (x.p1 - x.p0) * MR * k * 4;
+    if a_bytes <= 1 << 20 {
+        let mut j0 = 0;
+        while j0 < x.n {
+            let mut k0 = 0;
+            while k0 < k {
+                block(k0, j0);
+                k0 += kc.min(k - k0);
+            }
+            j0 += NR;
+        }
+    } else {
+        let mut k0 = 0;
+        while k0 < k {
+            let mut j0 = 0;
+            while j0 < x.n {
+                block(k0, j0);
                 j0 += NR;
             }
-            k0 += kcur;
+            k0 += kc.min(k - k0);
         }
     }
 }
@@ -275,7 +457,7 @@ fn depth_block(k: usize) -> usize {
 }
 
 #[inline(always)]
-fn epilogue(v: &mut [f32], b: f32, r: Option<&[f32]>, act: Option<Unary>) {
+pub(crate) fn epilogue(v: &mut [f32], b: f32, r: Option<&[f32]>, act: Option<Unary>) {
     if let Some(r) = r {
         v.iter_mut().zip(r).for_each(|(v, r)| *v += b + r);
     } else if b != 0.0 {
@@ -285,6 +467,67 @@ fn epilogue(v: &mut [f32], b: f32, r: Option<&[f32]>, act: Option<Unary>) {
         Some(Unary::Relu) => v.iter_mut().for_each(|v| *v = v.max(0.0)),
         Some(Unary::Relu6) => v.iter_mut().for_each(|v| *v = v.clamp(0.0, 6.0)),
         other => apply_act(other, v),
+    }
+}
+
+/// `dst = act(src + (b + res))` row by row: rows of `ow` columns, read `lds` apart from `src`
+/// (a product block's valid columns) and written `ow` apart to `dst` (whole output rows),
+/// compiled for the CPU's vector width, one call per output channel.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_epilogue(
+    isa: Isa,
+    src: &[f32],
+    lds: usize,
+    dst: &mut [f32],
+    ow: usize,
+    b: f32,
+    res: Option<&[f32]>,
+    act: Option<Unary>,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512F was detected for this ISA.
+        Isa::Avx512 => unsafe { x86::copy_epilogue_avx512(src, lds, dst, ow, b, res, act) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA were detected for this ISA.
+        Isa::Avx2 => unsafe { x86::copy_epilogue_avx2(src, lds, dst, ow, b, res, act) },
+        _ => copy_epilogue_body(src, lds, dst, ow, b, res, act),
+    }
+}
+
+#[inline(always)]
+fn copy_epilogue_body(
+    src: &[f32],
+    lds: usize,
+    dst: &mut [f32],
+    ow: usize,
+    b: f32,
+    res: Option<&[f32]>,
+    act: Option<Unary>,
+) {
+    for (y, d) in dst.chunks_mut(ow).enumerate() {
+        let s = &src[y * lds..y * lds + d.len()];
+        match res {
+            Some(r) => {
+                let r = &r[y * ow..y * ow + d.len()];
+                d.iter_mut()
+                    .zip(s)
+                    .zip(r)
+                    .for_each(|((d, &s), &r)| *d = s + (b + r))
+            }
+            None => d.iter_mut().zip(s).for_each(|(d, &s)| *d = s + b),
+        }
+        match act {
+            // Written as compares so that they compile to plain vector max/min.
+            Some(Unary::Relu) => d
+                .iter_mut()
+                .for_each(|v| *v = if *v > 0.0 { *v } else { 0.0 }),
+            Some(Unary::Relu6) => d.iter_mut().for_each(|v| {
+                let x = if *v > 0.0 { *v } else { 0.0 };
+                *v = if x < 6.0 { x } else { 6.0 };
+            }),
+            other => apply_act(other, d),
+        }
     }
 }
 
@@ -328,19 +571,46 @@ unsafe fn micro_portable(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{gemm_body, Args, Epi};
+    use super::{copy_epilogue_body, gemm_body, Args, Epi};
+    use crate::ir::Unary;
     use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn copy_epilogue_avx512(
+        src: &[f32],
+        lds: usize,
+        dst: &mut [f32],
+        ow: usize,
+        b: f32,
+        res: Option<&[f32]>,
+        act: Option<Unary>,
+    ) {
+        copy_epilogue_body(src, lds, dst, ow, b, res, act)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn copy_epilogue_avx2(
+        src: &[f32],
+        lds: usize,
+        dst: &mut [f32],
+        ow: usize,
+        b: f32,
+        res: Option<&[f32]>,
+        act: Option<Unary>,
+    ) {
+        copy_epilogue_body(src, lds, dst, ow, b, res, act)
+    }
 
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn gemm_avx512(x: &Args, epi: &Epi) {
         // SAFETY: forwarded; this function only runs where AVX-512F was detected.
-        unsafe { gemm_body::<8, 48, true>(x, epi, micro_avx512) }
+        unsafe { gemm_body::<8, 48, true>(x, epi, micro_avx512, Some(micro_avx512_rows)) }
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn gemm_avx2(x: &Args, epi: &Epi) {
         // SAFETY: forwarded; this function only runs where AVX2 and FMA were detected.
-        unsafe { gemm_body::<6, 16, false>(x, epi, micro_avx2) }
+        unsafe { gemm_body::<6, 16, false>(x, epi, micro_avx2, None) }
     }
 
     /// 8 × 48 tile (24 zmm accumulators), or 8 × 32 / 8 × 16 when fewer columns are left; rows and
@@ -358,6 +628,56 @@ mod x86 {
         rows: usize,
         cols: usize,
     ) {
+        // SAFETY: forwarded.
+        unsafe {
+            micro_avx512_any::<false>(
+                kc,
+                a,
+                b,
+                ldb,
+                std::ptr::null(),
+                c,
+                ldc,
+                accumulate,
+                rows,
+                cols,
+            )
+        }
+    }
+
+    /// As `micro_avx512`, with B's row `kk` at `b + offs[kk]` (read in place, unaligned).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn micro_avx512_rows(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        offs: *const usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        rows: usize,
+        cols: usize,
+    ) {
+        // SAFETY: forwarded.
+        unsafe { micro_avx512_any::<true>(kc, a, b, 0, offs, c, ldc, accumulate, rows, cols) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn micro_avx512_any<const OFFS: bool>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        ldb: usize,
+        offs: *const usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        rows: usize,
+        cols: usize,
+    ) {
         let mask = |lo: usize| -> __mmask16 {
             let n = cols.saturating_sub(lo).min(16);
             ((1u32 << n) - 1) as __mmask16
@@ -366,19 +686,20 @@ mod x86 {
         // and a `rows × cols` tile of C; masked lanes are not accessed.
         unsafe {
             let masks = [mask(0), mask(16), mask(32)];
+            let (acc, r) = (accumulate, rows);
             match cols {
-                1 => return narrow::<1>(kc, a, b, ldb, c, ldc, accumulate, rows),
-                2 => return narrow::<2>(kc, a, b, ldb, c, ldc, accumulate, rows),
-                3 => return narrow::<3>(kc, a, b, ldb, c, ldc, accumulate, rows),
-                4 => return narrow::<4>(kc, a, b, ldb, c, ldc, accumulate, rows),
+                1 => return narrow::<1, OFFS>(kc, a, b, ldb, offs, c, ldc, acc, r),
+                2 => return narrow::<2, OFFS>(kc, a, b, ldb, offs, c, ldc, acc, r),
+                3 => return narrow::<3, OFFS>(kc, a, b, ldb, offs, c, ldc, acc, r),
+                4 => return narrow::<4, OFFS>(kc, a, b, ldb, offs, c, ldc, acc, r),
                 _ => {}
             }
             if cols <= 16 {
-                tile::<1>(kc, a, b, ldb, c, ldc, accumulate, rows, masks)
+                tile::<1, OFFS>(kc, a, b, ldb, offs, c, ldc, acc, r, masks)
             } else if cols <= 32 {
-                tile::<2>(kc, a, b, ldb, c, ldc, accumulate, rows, masks)
+                tile::<2, OFFS>(kc, a, b, ldb, offs, c, ldc, acc, r, masks)
             } else {
-                tile::<3>(kc, a, b, ldb, c, ldc, accumulate, rows, masks)
+                tile::<3, OFFS>(kc, a, b, ldb, offs, c, ldc, acc, r, masks)
             }
         }
     }
@@ -388,11 +709,12 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn narrow<const J: usize>(
+    unsafe fn narrow<const J: usize, const OFFS: bool>(
         kc: usize,
         a: *const f32,
         b: *const f32,
         ldb: usize,
+        offs: *const usize,
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
@@ -403,13 +725,18 @@ mod x86 {
             let mut acc = [_mm256_setzero_ps(); J];
             let mut ap = a;
             let mut bp = b;
-            for _ in 0..kc {
+            for kk in 0..kc {
+                if OFFS {
+                    bp = b.add(*offs.add(kk));
+                }
                 let av = _mm256_loadu_ps(ap);
                 for (j, v) in acc.iter_mut().enumerate() {
                     *v = _mm256_fmadd_ps(av, _mm256_set1_ps(*bp.add(j)), *v);
                 }
                 ap = ap.add(8);
-                bp = bp.add(ldb);
+                if !OFFS {
+                    bp = bp.add(ldb);
+                }
             }
             for (j, v) in acc.iter().enumerate() {
                 let mut col = [0.0f32; 8];
@@ -425,11 +752,12 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const W: usize>(
+    unsafe fn tile<const W: usize, const OFFS: bool>(
         kc: usize,
         a: *const f32,
         b: *const f32,
         ldb: usize,
+        offs: *const usize,
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
@@ -449,7 +777,10 @@ mod x86 {
             }
             let mut ap = a;
             let mut bp = b;
-            for _ in 0..kc {
+            for kk in 0..kc {
+                if OFFS {
+                    bp = b.add(*offs.add(kk));
+                }
                 let mut bv = [_mm512_setzero_ps(); W];
                 for (w, v) in bv.iter_mut().enumerate() {
                     *v = _mm512_maskz_loadu_ps(masks[w], bp.add(16 * w));
@@ -461,7 +792,9 @@ mod x86 {
                     }
                 }
                 ap = ap.add(MR);
-                bp = bp.add(ldb);
+                if !OFFS {
+                    bp = bp.add(ldb);
+                }
             }
             for (r, v) in acc.iter().enumerate().take(rows) {
                 for (w, v) in v.iter().enumerate() {
@@ -554,30 +887,7 @@ mod tests {
                 let res: Vec<f32> = (0..m * n).map(|i| ((i % 7) as f32 - 3.0) * 0.2).collect();
                 let pa = PackedA::with_isa(&w, groups, m, k, isa);
                 let mr = isa.mr();
-                for g in 0..groups {
-                    // Panels from 1 on when there are several (a thread's share), else all.
-                    let p0 = usize::from(pa.panels > 1);
-                    let r0 = p0 * mr;
-                    let mut c = vec![f32::NAN; (m - r0) * n];
-                    let epi = Epi {
-                        bias: Some(&bias),
-                        res: Some(res[r0 * n..].as_ptr()),
-                        act: Some(Unary::Relu),
-                    };
-                    // SAFETY: all buffers sized as the contract asks.
-                    unsafe {
-                        pa.gemm(
-                            g,
-                            p0,
-                            pa.panels,
-                            n,
-                            b.as_ptr(),
-                            ldb,
-                            c.as_mut_ptr(),
-                            n,
-                            &epi,
-                        )
-                    };
+                let check = |c: &[f32], g: usize, r0: usize, by_offsets: bool| {
                     for r in r0..m {
                         for j in 0..n {
                             let mut acc = 0.0f64;
@@ -588,9 +898,35 @@ mod tests {
                             let got = c[(r - r0) * n + j];
                             assert!(
                                 (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                                "{isa:?} g{g} {m}x{k}x{n}: [{r}][{j}] = {got}, want {want}"
+                                "{isa:?} offsets {by_offsets} g{g} {m}x{k}x{n}: [{r}][{j}] = {got}, want {want}"
                             );
                         }
+                    }
+                };
+                for g in 0..groups {
+                    // Panels from 1 on when there are several (a thread's share), else all.
+                    let p0 = usize::from(pa.panels > 1);
+                    let r0 = p0 * mr;
+                    let mut c = vec![f32::NAN; (m - r0) * n];
+                    let epi = Epi {
+                        bias: Some(&bias),
+                        col_bias: None,
+                        res: Some(res[r0 * n..].as_ptr()),
+                        act: Some(Unary::Relu),
+                    };
+                    // B's rows through an offset table too (the implicit-GEMM path, read in
+                    // place by the AVX-512 kernel), as every row's start: the same matrix.
+                    let offs: Vec<usize> = (0..k).map(|r| r * ldb).collect();
+                    for by_offsets in [false, true] {
+                        c.fill(f32::NAN);
+                        let rows = if by_offsets {
+                            BRows::Offsets(b.as_ptr(), &offs)
+                        } else {
+                            BRows::Strided(b.as_ptr(), ldb)
+                        };
+                        // SAFETY: all buffers sized as the contract asks.
+                        unsafe { pa.gemm_rows(g, p0, pa.panels, n, rows, c.as_mut_ptr(), n, &epi) };
+                        check(&c, g, r0, by_offsets);
                     }
                 }
             }
