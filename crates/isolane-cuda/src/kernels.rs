@@ -30,7 +30,34 @@ pub const KERNEL_NAMES: &[&str] = &[
     "im2col",
     "dwconv_s1_k3",
     "dwconv_s1_k7",
+    "layernorm_warp4",
+    "layernorm_warp8",
+    "layernorm_warp16",
+    "layernorm_warp32",
+    "softmax_warp4",
+    "softmax_warp8",
+    "softmax_warp16",
+    "softmax_warp32",
+    "copy_w4",
+    "copy_w8",
+    "copy_w16",
+    "dwconv_c2_k7",
 ];
+
+/// Kernels only in the f16 / bf16 modules (tensor-core `mma.sync`, sm_80 and newer).
+pub const HALF_KERNEL_NAMES: &[&str] = &["attention"];
+
+/// Head dimension of the fused attention kernel.
+pub const ATTN_HEAD_DIM: usize = 64;
+/// Outputs along a row per thread of the `dwconv_c2_*` kernels (2 channels each).
+pub const DWC2_OUT: usize = 8;
+/// Query rows per block of the fused attention kernel (4 warps × 16).
+pub const ATTN_ROWS: usize = 64;
+/// Threads per block of the fused attention kernel.
+pub const ATTN_THREADS: u32 = 128;
+/// Elements per lane of the one-warp-per-row LayerNorm and softmax kernels (`layernorm_warpN`,
+/// `softmax_warpN` take rows of at most 32·N): the smallest that fits keeps registers low.
+pub const WARP_ROW_PER_LANE: &[usize] = &[4, 8, 16, 32];
 
 const COMMON: &str = r#"
 #define MAX_RANK __MAX_RANK__
@@ -112,14 +139,14 @@ extern "C" __global__ void cast_out(const T* __restrict__ x, float* __restrict__
 }
 
 // y = act(x * scale[ch] + bias[ch] + res), ch = (i / inner) % channels; scale, bias and res
-// may be null.
-extern "C" __global__ void pointwise(const T* x, T* y, const T* __restrict__ scale, const T* __restrict__ bias,
-                                     const T* res, long long n, long long channels, long long inner,
-                                     int k, float p0, float p1) {
-    GRID_STRIDE(i, n) {
+// may be null. 32-bit index arithmetic when the sizes allow it (64-bit division is slow).
+template <typename I>
+__device__ __forceinline__ void pointwise_body(const T* x, T* y, const T* __restrict__ scale, const T* __restrict__ bias,
+                                               const T* res, I n, I channels, I inner, int k, float p0, float p1) {
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
         float v = ld(x, i);
         if (scale || bias) {
-            long long ch = (i / inner) % channels;
+            I ch = (i / inner) % channels;
             if (scale) v *= ld(scale, ch);
             if (bias) v += ld(bias, ch);
         }
@@ -127,28 +154,47 @@ extern "C" __global__ void pointwise(const T* x, T* y, const T* __restrict__ sca
         st(y, i, act(v, k, p0, p1));
     }
 }
+extern "C" __global__ void pointwise(const T* x, T* y, const T* __restrict__ scale, const T* __restrict__ bias,
+                                     const T* res, long long n, long long channels, long long inner,
+                                     int k, float p0, float p1) {
+    if (n < 2147483647LL) pointwise_body<int>(x, y, scale, bias, res, (int)n, (int)channels, (int)inner, k, p0, p1);
+    else pointwise_body<long long>(x, y, scale, bias, res, n, channels, inner, k, p0, p1);
+}
 
-// Operand 0 = y (written), 1 = a, 2 = b.
-extern "C" __global__ void binary(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y,
-                                  long long n, int op, Space s) {
-    GRID_STRIDE(i, n) {
-        long long r = i, oy = 0, oa = 0, ob = 0;
+// Operand 0 = y (written), 1 = a, 2 = b. The index is split into coordinates with 32-bit
+// division when n fits (offsets stay 64-bit).
+template <typename I>
+__device__ __forceinline__ void binary_body(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y,
+                                            I n, int op, const Space& s) {
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        I r = i;
+        long long oy = 0, oa = 0, ob = 0;
         for (int d = s.rank - 1; d >= 0; --d) {
-            long long q = r % s.dims[d];
-            r /= s.dims[d];
+            I dim = (I)s.dims[d];
+            I q = r % dim;
+            r /= dim;
             oy += q * s.s0[d]; oa += q * s.s1[d]; ob += q * s.s2[d];
         }
         st(y, oy, binop(ld(a, oa), ld(b, ob), op));
     }
 }
+extern "C" __global__ void binary(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y,
+                                  long long n, int op, Space s) {
+    if (n < 2147483647LL) binary_body<int>(a, b, y, (int)n, op, s);
+    else binary_body<long long>(a, b, y, n, op, s);
+}
 
-// Operand 0 = y, 1 = x.
-extern "C" __global__ void copy_strided(const T* __restrict__ x, T* __restrict__ y, long long n, Space s) {
-    GRID_STRIDE(i, n) {
-        long long r = i, oy = 0, ox = 0;
+// Operand 0 = y, 1 = x; E is the element (the dtype, or 4/8/16 bytes of it: the Rust side
+// rescales the space so that the innermost run is copied in wide words).
+template <typename E, typename I>
+__device__ __forceinline__ void copy_body(const E* __restrict__ x, E* __restrict__ y, I n, const Space& s) {
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        I r = i;
+        long long oy = 0, ox = 0;
         for (int d = s.rank - 1; d >= 0; --d) {
-            long long q = r % s.dims[d];
-            r /= s.dims[d];
+            I dim = (I)s.dims[d];
+            I q = r % dim;
+            r /= dim;
             oy += q * s.s0[d]; ox += q * s.s1[d];
         }
         y[oy] = x[ox];
@@ -187,6 +233,77 @@ extern "C" __global__ void softmax(const T* __restrict__ x, T* __restrict__ y, l
     for (long long c = threadIdx.x; c < len; c += blockDim.x) s += expf(ld(xr, c * inner) - m);
     float inv = 1.f / block_sum(s, sh);
     for (long long c = threadIdx.x; c < len; c += blockDim.x) st(yr, c * inner, expf(ld(xr, c * inner) - m) * inv);
+}
+
+// One warp per row of at most 32·NR elements, held in registers: x is read once, the mean
+// and the variance come from warp shuffles (no shared memory, no block barrier). Rows per
+// block = blockDim.x / 32.
+template <int NR>
+__device__ __forceinline__ void layernorm_warp_body(const T* __restrict__ x, T* __restrict__ y, const T* __restrict__ g,
+                                                    const T* __restrict__ b, int rows, int cols, float eps) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const T* xr = x + (long long)row * cols;
+    T* yr = y + (long long)row * cols;
+    float v[NR];
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        int c = lane + j * 32;
+        v[j] = c < cols ? ld(xr, c) : 0.f;
+        s += v[j];
+    }
+    float mean = warp_sum(s) / (float)cols;
+    float q = 0.f;
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        int c = lane + j * 32;
+        float d = c < cols ? v[j] - mean : 0.f;
+        q += d * d;
+    }
+    float rstd = rsqrtf(warp_sum(q) / (float)cols + eps);
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        int c = lane + j * 32;
+        if (c < cols) {
+            float o = (v[j] - mean) * rstd * ld(g, c);
+            if (b) o += ld(b, c);
+            st(yr, c, o);
+        }
+    }
+}
+
+// Softmax over contiguous rows of at most 32·NR elements, one warp per row, in registers.
+template <int NR>
+__device__ __forceinline__ void softmax_warp_body(const T* __restrict__ x, T* __restrict__ y, int rows, int len) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const T* xr = x + (long long)row * len;
+    T* yr = y + (long long)row * len;
+    float v[NR];
+    float m = -3.402823466e38f;
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        int c = lane + j * 32;
+        v[j] = c < len ? ld(xr, c) : -3.402823466e38f;
+        m = fmaxf(m, v[j]);
+    }
+    m = warp_max(m);
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        int c = lane + j * 32;
+        v[j] = c < len ? expf(v[j] - m) : 0.f;
+        s += v[j];
+    }
+    float inv = 1.f / warp_sum(s);
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        int c = lane + j * 32;
+        if (c < len) st(yr, c, v[j] * inv);
+    }
 }
 
 // xs / ys: strides of x and y along (n, c, h, w): NCHW or NHWC storage alike.
@@ -288,31 +405,35 @@ extern "C" __global__ void dwconv(const T* __restrict__ x, const T* __restrict__
 // NHWC x → col[(n, oh, ow), (a, b, c)], zero outside the padded input (all-zero bits are 0.0
 // in every dtype). The column order matches the KRSC filter layout.
 struct ImP { int n, h, w, c, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw; };
-extern "C" __global__ void im2col(const T* __restrict__ x, T* __restrict__ col, ImP p) {
-    long long kk = (long long)p.kh * p.kw * p.c;
-    long long total = (long long)p.n * p.oh * p.ow * kk;
-    GRID_STRIDE(i, total) {
-        long long r = i / kk; int j = (int)(i - r * kk);
+template <typename I>
+__device__ __forceinline__ void im2col_body(const T* __restrict__ x, T* __restrict__ col, const ImP& p, I total) {
+    I kk = (I)p.kh * p.kw * p.c;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
+        I r = i / kk; int j = (int)(i - r * kk);
         int c = j % p.c; int t = j / p.c; int b = t % p.kw; int a = t / p.kw;
-        int ow = r % p.ow; long long q = r / p.ow; int oh = q % p.oh; int n = (int)(q / p.oh);
+        int ow = (int)(r % p.ow); I q = r / p.ow; int oh = (int)(q % p.oh); int n = (int)(q / p.oh);
         int ih = oh * p.sh - p.ph + a * p.dh, iw = ow * p.sw - p.pw + b * p.dw;
         T v = 0;
         if (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w) v = x[(((long long)n * p.h + ih) * p.w + iw) * p.c + c];
         col[i] = v;
     }
 }
+extern "C" __global__ void im2col(const T* __restrict__ x, T* __restrict__ col, ImP p) {
+    long long total = (long long)p.n * p.oh * p.ow * p.kh * p.kw * p.c;
+    if (total < 2147483647LL) im2col_body<int>(x, col, p, (int)total);
+    else im2col_body<long long>(x, col, p, total);
+}
 
 // Depthwise convolution, NHWC, horizontal stride and dilation 1, kernel width KW, filter
 // stored [kh, kw, M]: each thread computes 4 outputs along a row, sliding a register window
 // over KW + 3 inputs per kernel row (instead of 4·KW loads).
-template <int KW>
+template <int KW, typename I>
 __device__ __forceinline__ void dw_s1(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
-                                      const T* __restrict__ res, T* __restrict__ y, const DwP& p) {
+                                      const T* __restrict__ res, T* __restrict__ y, const DwP& p, I total) {
     int tiles = (p.ow + 3) / 4;
-    long long total = (long long)p.n * p.oh * tiles * p.m;
     int mult = p.m / p.c;
-    GRID_STRIDE(i, total) {
-        int m = i % p.m; long long r = i / p.m;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
+        int m = (int)(i % (I)p.m); I r = i / (I)p.m;
         int tw = r % tiles; r /= tiles;
         int oh = r % p.oh; int n = (int)(r / p.oh);
         int ow0 = tw * 4;
@@ -347,8 +468,65 @@ __device__ __forceinline__ void dw_s1(const T* __restrict__ x, const T* __restri
         }
     }
 }
-extern "C" __global__ void dwconv_s1_k3(const T* x, const T* wt, const T* bias, const T* res, T* y, DwP p) { dw_s1<3>(x, wt, bias, res, y, p); }
-extern "C" __global__ void dwconv_s1_k7(const T* x, const T* wt, const T* bias, const T* res, T* y, DwP p) { dw_s1<7>(x, wt, bias, res, y, p); }
+
+
+// Depthwise convolution, NHWC (x, y and the residual channel-contiguous), one filter per
+// channel, horizontal stride and dilation 1, filter [kh, kw, M], M even: each thread computes
+// 8 outputs along a row for 2 adjacent channels (one 2-element load per input, a register
+// window of KW + 7 inputs per kernel row), with 32-bit index arithmetic where it fits.
+#define DWC2_OUT 8
+template <int KW, typename I>
+__device__ __forceinline__ void dw_c2(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
+                                      const T* __restrict__ res, T* __restrict__ y, const DwP& p, I total) {
+    int pairs = p.m >> 1;
+    int tiles = (p.ow + DWC2_OUT - 1) / DWC2_OUT;
+    int xw = (int)p.xs[3];
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
+        int m = (int)(i % (I)pairs) * 2; I r = i / (I)pairs;
+        int tw = (int)(r % (I)tiles); r /= (I)tiles;
+        int oh = (int)(r % (I)p.oh); int n = (int)(r / (I)p.oh);
+        int ow0 = tw * DWC2_OUT;
+        const T* xn = x + n * p.xs[0] + m;
+        float a0[DWC2_OUT], a1[DWC2_OUT];
+#pragma unroll
+        for (int o = 0; o < DWC2_OUT; ++o) { a0[o] = 0.f; a1[o] = 0.f; }
+        int h0 = oh * p.sh - p.ph, w0 = ow0 - p.pw;
+        for (int a = 0; a < p.kh; ++a) {
+            int hh = h0 + a * p.dh;
+            if (hh < 0 || hh >= p.h) continue;
+            const T* xr = xn + hh * p.xs[2];
+            float x0[KW + DWC2_OUT - 1], x1[KW + DWC2_OUT - 1];
+#pragma unroll
+            for (int j = 0; j < KW + DWC2_OUT - 1; ++j) {
+                int ww = w0 + j;
+                if (ww >= 0 && ww < p.w) ld2(xr, ww * xw, x0[j], x1[j]);
+                else { x0[j] = 0.f; x1[j] = 0.f; }
+            }
+            const T* wr = wt + a * KW * p.m + m;
+#pragma unroll
+            for (int b = 0; b < KW; ++b) {
+                float w0v, w1v;
+                ld2(wr, b * p.m, w0v, w1v);
+#pragma unroll
+                for (int o = 0; o < DWC2_OUT; ++o) {
+                    a0[o] += x0[b + o] * w0v;
+                    a1[o] += x1[b + o] * w1v;
+                }
+            }
+        }
+        float b0 = 0.f, b1 = 0.f;
+        if (bias) ld2(bias, m, b0, b1);
+#pragma unroll
+        for (int o = 0; o < DWC2_OUT; ++o) {
+            int ow = ow0 + o;
+            if (ow >= p.ow) break;
+            long long yo = n * p.ys[0] + m + oh * p.ys[2] + ow * p.ys[3];
+            float v0 = a0[o] + b0, v1 = a1[o] + b1;
+            if (res) { float r0, r1; ld2(res, yo, r0, r1); v0 += r0; v1 += r1; }
+            st2(y, yo, act(v0, p.act, p.p0, p.p1), act(v1, p.act, p.p0, p.p1));
+        }
+    }
+}
 
 // Mean over hw of NHWC [n, hw, c] → [n, c]; one thread per (n, c), coalesced along c.
 extern "C" __global__ void chan_mean(const T* __restrict__ x, T* __restrict__ y, long long n, long long c, long long hw) {
@@ -362,12 +540,161 @@ extern "C" __global__ void chan_mean(const T* __restrict__ x, T* __restrict__ y,
 }
 "#;
 
+const ATTENTION: &str = r#"
+// Fused self-attention for head dim 64 on tensor cores (mma.sync m16n8k16, f32 accumulation):
+// y = softmax(alpha · q kᵀ) v · oscale for each (image, head), flash-attention style (online
+// softmax over key tiles of 64, the score matrix never leaves registers). q, k and v are read
+// in place through (image, head, row) strides, y is written through its own (so the QKV
+// split and the head merge cost nothing). One block = 4 warps = 64 query rows of one head.
+struct AttnP { int s, heads, qtiles, pad0; float scale_log2, oscale; long long qb, qh, kb, kh, vb, vh, yb, yh; int qr, kr, vr, yr; };
+#define AD 64
+#define AKT 64
+#define ALD 72
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.__MMA__.__MMA__.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats → one register of two 16-bit values, lo in the low half.
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.__MMA__x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+extern "C" __global__ void __launch_bounds__(128) attention(const T* __restrict__ q, const T* __restrict__ k,
+                                                            const T* __restrict__ v, T* __restrict__ y, AttnP p) {
+#if __CUDA_ARCH__ >= 800
+    __shared__ __align__(16) T ks[AKT * ALD];
+    __shared__ __align__(16) T vs[AKT * ALD];
+    const float NEG_INF = __int_as_float(0xff800000);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int qt = blockIdx.x % p.qtiles;
+    int bh = blockIdx.x / p.qtiles;
+    int h = bh % p.heads, b = bh / p.heads;
+    const T* qp = q + b * p.qb + h * p.qh;
+    const T* kp = k + b * p.kb + h * p.kh;
+    const T* vp = v + b * p.vb + h * p.vh;
+    int r0 = qt * 64 + warp * 16 + g, r1 = r0 + 8;
+    // This warp's 16 query rows as A fragments (row g and g + 8; columns 2t.. and 2t + 8..).
+    unsigned qa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        int c = kk * 16 + 2 * t;
+        qa[kk][0] = r0 < p.s ? *(const unsigned*)(qp + (long long)r0 * p.qr + c) : 0u;
+        qa[kk][1] = r1 < p.s ? *(const unsigned*)(qp + (long long)r1 * p.qr + c) : 0u;
+        qa[kk][2] = r0 < p.s ? *(const unsigned*)(qp + (long long)r0 * p.qr + c + 8) : 0u;
+        qa[kk][3] = r1 < p.s ? *(const unsigned*)(qp + (long long)r1 * p.qr + c + 8) : 0u;
+    }
+    float o[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    for (int kt = 0; kt < p.s; kt += AKT) {
+        __syncthreads();
+        // K and V tiles (64 keys × 64) into shared memory, 16 bytes per load; keys past the
+        // end are zero.
+        for (int i = threadIdx.x; i < AKT * 8; i += 128) {
+            int r = i >> 3, c = (i & 7) * 8;
+            uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = make_uint4(0u, 0u, 0u, 0u);
+            if (kt + r < p.s) {
+                kv = *(const uint4*)(kp + (long long)(kt + r) * p.kr + c);
+                vv = *(const uint4*)(vp + (long long)(kt + r) * p.vr + c);
+            }
+            *(uint4*)(ks + r * ALD + c) = kv;
+            *(uint4*)(vs + r * ALD + c) = vv;
+        }
+        __syncthreads();
+        // Scores of 16 rows × 64 keys: 8 n-tiles of 8 keys.
+        float sc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const T* kr = ks + (nt * 8 + g) * ALD + kk * 16 + 2 * t;
+                mma16816(sc[nt], qa[kk], *(const unsigned*)kr, *(const unsigned*)(kr + 8));
+            }
+        }
+        // Scale (log2 domain), mask, online softmax; this thread holds rows g and g + 8.
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                bool ok = kt + nt * 8 + 2 * t + j < p.s;
+                sc[nt][j] = ok ? sc[nt][j] * p.scale_log2 : NEG_INF;
+                sc[nt][2 + j] = ok ? sc[nt][2 + j] * p.scale_log2 : NEG_INF;
+                mx0 = fmaxf(mx0, sc[nt][j]);
+                mx1 = fmaxf(mx1, sc[nt][2 + j]);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            o[nt][0] *= c0; o[nt][1] *= c0; o[nt][2] *= c1; o[nt][3] *= c1;
+        }
+        // Probabilities as A fragments of P·V: n-tile 2kk → a0 / a1, 2kk + 1 → a2 / a3.
+        unsigned pa[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            float p00 = exp2f(sc[nt][0] - m0), p01 = exp2f(sc[nt][1] - m0);
+            float p10 = exp2f(sc[nt][2] - m1), p11 = exp2f(sc[nt][3] - m1);
+            l0 += p00 + p01;
+            l1 += p10 + p11;
+            pa[nt >> 1][(nt & 1) * 2] = pack2(p00, p01);
+            pa[nt >> 1][(nt & 1) * 2 + 1] = pack2(p10, p11);
+        }
+        // o += P · V: B fragments (keys 2t, 2t + 1 and + 8, column g) from shared memory.
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const T* vr = vs + (kk * 16 + 2 * t) * ALD + nt * 8 + g;
+                unsigned b0 = (unsigned)vr[0] | ((unsigned)vr[ALD] << 16);
+                unsigned b1 = (unsigned)vr[8 * ALD] | ((unsigned)vr[9 * ALD] << 16);
+                mma16816(o[nt], pa[kk], b0, b1);
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float i0 = p.oscale / l0, i1 = p.oscale / l1;
+    T* yp = y + b * p.yb + h * p.yh;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        int c = nt * 8 + 2 * t;
+        if (r0 < p.s) *(unsigned*)(yp + (long long)r0 * p.yr + c) = pack2(o[nt][0] * i0, o[nt][1] * i0);
+        if (r1 < p.s) *(unsigned*)(yp + (long long)r1 * p.yr + c) = pack2(o[nt][2] * i1, o[nt][3] * i1);
+    }
+#else
+    // Never launched: the planner fuses attention only on sm_80 and newer.
+    __trap();
+#endif
+}
+"#;
+
 fn prelude(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => {
             r#"typedef float T;
 __device__ __forceinline__ float ld(const T* p, long long i) { return p[i]; }
 __device__ __forceinline__ void st(T* p, long long i, float v) { p[i] = v; }
+// Elements i and i + 1 (i even, the pointer 8-byte aligned).
+__device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) {
+    float2 v = *(const float2*)(p + i); a = v.x; b = v.y; }
+__device__ __forceinline__ void st2(T* p, long long i, float a, float b) { *(float2*)(p + i) = make_float2(a, b); }
 "#
         }
         DType::F16 => {
@@ -376,6 +703,17 @@ __device__ __forceinline__ float ld(const T* p, long long i) {
     unsigned short h = p[i]; float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ void st(T* p, long long i, float v) {
     unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v)); p[i] = h; }
+// Elements i and i + 1 (i even, the pointer 4-byte aligned).
+__device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) {
+    unsigned v = *(const unsigned*)(p + i);
+    unsigned short lo = (unsigned short)(v & 0xffffu), hi = (unsigned short)(v >> 16);
+    asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(lo));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(hi)); }
+__device__ __forceinline__ void st2(T* p, long long i, float a, float b) {
+    unsigned short lo, hi;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(a));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(b));
+    *(unsigned*)(p + i) = (unsigned)lo | ((unsigned)hi << 16); }
 "#
         }
         DType::Bf16 => {
@@ -383,6 +721,15 @@ __device__ __forceinline__ void st(T* p, long long i, float v) {
 __device__ __forceinline__ float ld(const T* p, long long i) { return __uint_as_float(((unsigned)p[i]) << 16); }
 __device__ __forceinline__ void st(T* p, long long i, float v) {
     unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v)); p[i] = h; }
+// Elements i and i + 1 (i even, the pointer 4-byte aligned).
+__device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) {
+    unsigned v = *(const unsigned*)(p + i);
+    a = __uint_as_float(v << 16); b = __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ void st2(T* p, long long i, float a, float b) {
+    unsigned short lo, hi;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(lo) : "f"(a));
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hi) : "f"(b));
+    *(unsigned*)(p + i) = (unsigned)lo | ((unsigned)hi << 16); }
 "#
         }
     }
@@ -397,6 +744,48 @@ pub fn source(dtype: DType) -> String {
     ));
     s.push_str(prelude(dtype));
     s.push_str(&COMMON.replace("__MAX_RANK__", &MAX_RANK.to_string()));
+    // Entry points of the templates: 32-bit index arithmetic when the size allows it.
+    for (name, e) in [
+        ("copy_strided", "T"),
+        ("copy_w4", "unsigned int"),
+        ("copy_w8", "uint2"),
+        ("copy_w16", "uint4"),
+    ] {
+        s.push_str(&format!(
+            "extern \"C\" __global__ void {name}(const {e}* __restrict__ x, {e}* __restrict__ y, long long n, Space s) {{\n    \
+             if (n < 2147483647LL) copy_body<{e}, int>(x, y, (int)n, s); else copy_body<{e}, long long>(x, y, n, s);\n}}\n"
+        ));
+    }
+    for kw in [3, 7] {
+        s.push_str(&format!(
+            "extern \"C\" __global__ void dwconv_s1_k{kw}(const T* x, const T* wt, const T* bias, const T* res, T* y, DwP p) {{\n    \
+             long long total = (long long)p.n * p.oh * ((p.ow + 3) / 4) * p.m;\n    \
+             if (total < 2147483647LL) dw_s1<{kw}, int>(x, wt, bias, res, y, p, (int)total);\n    \
+             else dw_s1<{kw}, long long>(x, wt, bias, res, y, p, total);\n}}\n"
+        ));
+    }
+    // The pair kernel for 7×7 (ConvNeXt).
+    let kw = 7;
+    s.push_str(&format!(
+        "extern \"C\" __global__ void dwconv_c2_k{kw}(const T* x, const T* wt, const T* bias, const T* res, T* y, DwP p) {{\n    \
+         long long total = (long long)p.n * p.oh * ((p.ow + DWC2_OUT - 1) / DWC2_OUT) * (p.m / 2);\n    \
+         if (total < 2147483647LL) dw_c2<{kw}, int>(x, wt, bias, res, y, p, (int)total);\n    \
+         else dw_c2<{kw}, long long>(x, wt, bias, res, y, p, total);\n}}\n"
+    ));
+    for nr in WARP_ROW_PER_LANE {
+        s.push_str(&format!(
+            "extern \"C\" __global__ void layernorm_warp{nr}(const T* __restrict__ x, T* __restrict__ y, \
+             const T* __restrict__ g, const T* __restrict__ b, int rows, int cols, float eps) {{\n    \
+             layernorm_warp_body<{nr}>(x, y, g, b, rows, cols, eps);\n}}\n\
+             extern \"C\" __global__ void softmax_warp{nr}(const T* __restrict__ x, T* __restrict__ y, int rows, int len) {{\n    \
+             softmax_warp_body<{nr}>(x, y, rows, len);\n}}\n"
+        ));
+    }
+    match dtype {
+        DType::F32 => {}
+        DType::F16 => s.push_str(&ATTENTION.replace("__MMA__", "f16")),
+        DType::Bf16 => s.push_str(&ATTENTION.replace("__MMA__", "bf16")),
+    }
     s
 }
 

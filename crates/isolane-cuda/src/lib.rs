@@ -130,8 +130,17 @@ impl CudaBackend {
         }
         let g = passes::optimize(graph, batch)?;
         // ISOLANE_CUDA_LAYOUT=nchw keeps every activation NCHW (for comparisons).
+        // Fused attention: f16/bf16 (the kernel's tensor-core types) on sm_80 and newer, at
+        // batch > 1 (at batch 1 the heads are read in place by cuBLASLt already and the three
+        // launches were measured fast); ISOLANE_CUDA_ATTENTION=unfused turns it off.
+        model::make_current(self.ctx)?;
+        let fused_attention = batch > 1
+            && matches!(precision, Precision::Fp16 | Precision::Bf16)
+            && model::device_arch()?.0 >= 8
+            && std::env::var("ISOLANE_CUDA_ATTENTION").map_or(true, |v| v != "unfused");
         let opts = plan::PlanOptions {
             channels_last: std::env::var("ISOLANE_CUDA_LAYOUT").map_or(true, |v| v != "nchw"),
+            fused_attention,
         };
         let p = plan::plan_with(&g, batch, precision, opts)?;
         CudaModel::build(

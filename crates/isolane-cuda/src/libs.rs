@@ -40,7 +40,6 @@ pub fn not_found_message(file: &str, what: &str, searched: &[String]) -> String 
     )
 }
 
-
 fn try_load(path: &Path) -> bool {
     // SAFETY: these NVIDIA libraries are made to be dlopen'ed by applications; loading runs
     // their initialisers only. The handle is leaked on purpose: the library must stay loaded

@@ -11,7 +11,7 @@ use cudarc::nvrtc::sys as rtc;
 use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
-use crate::kernels::{self, BLOCK, KERNEL_NAMES};
+use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
 use crate::plan::{act_code, binary_code, ConvStep, DType, Loc, Plan, StepKind, Strided, MAX_RANK};
 
 // ---------------------------------------------------------------------------------------------
@@ -122,6 +122,49 @@ struct ImP {
     v: [i32; 14],
 }
 
+/// `AttnP` of the attention kernel: s, heads, qtiles, pad; scale_log2, oscale; the (image,
+/// head) strides of q, k, v, y; their row strides (elements).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct AttnP {
+    v: [i32; 4],
+    scale_log2: f32,
+    oscale: f32,
+    bh: [i64; 8],
+    rows: [i32; 4],
+}
+
+/// Rescales a copy's iteration space to words of `w` bytes (elements of `es` bytes) when the
+/// innermost dim is contiguous in both operands and every size, stride and address allows it.
+fn widen_copy(s: &Strided, es: usize, w: usize, ptrs: [u64; 2]) -> Option<Strided> {
+    let r = s.dims.len();
+    if r == 0 || w <= es || ptrs.iter().any(|p| p % w as u64 != 0) {
+        return None;
+    }
+    let f = w / es;
+    if s.strides.iter().any(|st| st[r - 1] != 1) || !s.dims[r - 1].is_multiple_of(f) {
+        return None;
+    }
+    if s.strides
+        .iter()
+        .any(|st| st[..r - 1].iter().any(|x| x % f != 0))
+    {
+        return None;
+    }
+    let mut dims = s.dims.clone();
+    dims[r - 1] /= f;
+    let strides = s
+        .strides
+        .iter()
+        .map(|st| {
+            let mut v: Vec<usize> = st.iter().map(|x| x / f).collect();
+            v[r - 1] = 1;
+            v
+        })
+        .collect();
+    Some(Strided { dims, strides })
+}
+
 #[derive(Clone, Debug)]
 enum Arg {
     Ptr(u64),
@@ -132,6 +175,7 @@ enum Arg {
     Pool(Box<PoolP>),
     Dw(Box<DwP>),
     Im(Box<ImP>),
+    Attn(Box<AttnP>),
 }
 
 impl Arg {
@@ -145,6 +189,7 @@ impl Arg {
             Arg::Pool(b) => &**b as *const PoolP as *mut c_void,
             Arg::Dw(b) => &**b as *const DwP as *mut c_void,
             Arg::Im(b) => &**b as *const ImP as *mut c_void,
+            Arg::Attn(b) => &**b as *const AttnP as *mut c_void,
         }
     }
 }
@@ -287,7 +332,7 @@ fn free_mem() -> Result<usize> {
     Ok(free)
 }
 
-fn device_arch() -> Result<(i32, i32)> {
+pub(crate) fn device_arch() -> Result<(i32, i32)> {
     let mut dev: cu::CUdevice = 0;
     // SAFETY: valid out-pointer, a context is current.
     cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
@@ -411,6 +456,15 @@ fn lt_dtype(d: DType) -> lt::cudaDataType {
 fn elementwise_grid(n: usize) -> u32 {
     (n.div_ceil(BLOCK as usize)).clamp(1, 8192) as u32
 }
+
+/// Fewest threads for which the depthwise pair kernel (`dwconv_c2_*`) is chosen.
+const DWC2_MIN_THREADS: usize = 1 << 17;
+
+/// Fewest rows for which the one-warp-per-row LayerNorm / softmax kernels are chosen.
+const WARP_ROWS_MIN: usize = 3072;
+
+/// Rows per block of the one-warp-per-row kernels.
+const WARP_ROWS_PER_BLOCK: usize = 4;
 
 fn reduce_block(len: usize) -> u32 {
     if len >= 1024 {
@@ -552,7 +606,12 @@ impl CudaModel {
         cu_check("cuModuleLoadData", unsafe {
             cu::cuModuleLoadData(&mut m.module, cubin.as_ptr() as *const c_void)
         })?;
-        for name in KERNEL_NAMES {
+        let half_names: &[&str] = if dtype == DType::F32 {
+            &[]
+        } else {
+            HALF_KERNEL_NAMES
+        };
+        for name in KERNEL_NAMES.iter().chain(half_names) {
             let c = CString::new(*name).expect("kernel names have no NUL");
             let mut f: cu::CUfunction = std::ptr::null_mut();
             // SAFETY: module is loaded; c is NUL-terminated.
@@ -564,8 +623,9 @@ impl CudaModel {
         let func = |name: &str| -> usize {
             KERNEL_NAMES
                 .iter()
+                .chain(half_names)
                 .position(|k| *k == name)
-                .expect("kernel name is in KERNEL_NAMES")
+                .expect("kernel name is in KERNEL_NAMES (or HALF_KERNEL_NAMES for f16/bf16)")
         };
 
         // Library handles, bound to our stream.
@@ -592,6 +652,13 @@ impl CudaModel {
         let scratch = dev_alloc(ws_cap)?;
         let events = Events::new()?;
 
+        // ISOLANE_CUDA_ROWS=block: the block-per-row LayerNorm and softmax kernels only (for
+        // comparisons).
+        let block_rows = std::env::var("ISOLANE_CUDA_ROWS").is_ok_and(|v| v == "block");
+        // One warp per row pays off with many rows; with few (batch 1) the block-per-row
+        // kernels were faster (measured: vit_b_16 fp16 batch 1, 0.77 ms with the warp kernels
+        // for its 197-row LayerNorms and 2364-row softmaxes, 0.65 ms without).
+        let warp_rows = |rows: usize| !block_rows && rows >= WARP_ROWS_MIN;
         let mut conv_cache: Vec<(ConvKey, usize)> = Vec::new();
         let mut mm_cache: Vec<(MmKey, usize)> = Vec::new();
 
@@ -834,7 +901,26 @@ impl CudaModel {
                         let n: usize = c.y_shape.iter().product();
                         // The register-window kernels: NHWC, horizontal stride and dilation 1.
                         let fast = c.nhwc && c.strides[1] == 1 && c.dilations[1] == 1;
+                        // Channel pairs, 8 outputs per thread: also one filter per channel, M
+                        // even and every operand 2-element aligned.
+                        // ISOLANE_CUDA_DW=window keeps the 4-output kernels (for comparisons).
+                        let pair_ok = fast
+                            && std::env::var("ISOLANE_CUDA_DW").map_or(true, |v| v != "window")
+                            && c.y_shape[1] == c.x_shape[1]
+                            && c.y_shape[1].is_multiple_of(2)
+                            && [Some(c.x), Some(c.w), c.bias, c.residual, Some(c.y)]
+                                .iter()
+                                .flatten()
+                                .all(|l| ptr(*l).is_multiple_of(2 * es as u64));
+                        let pairs =
+                            n.div_ceil(c.y_shape[3]) / 2 * c.y_shape[3].div_ceil(kernels::DWC2_OUT);
+                        // With few threads (batch 1) the 4-output kernel fills the GPU better
+                        // (measured: convnext_base fp16 batch 1 1.04 ms with it, 1.21 with the
+                        // pair kernel; batch 64 13.1 ms vs 10.2 ms).
+                        let pair_ok = pair_ok && pairs >= DWC2_MIN_THREADS;
+                        // (7×7 only: the 3×3 pair kernel, MobileNetV2's, was not measured.)
                         let (kernel, threads) = match (fast, c.w_shape[3]) {
+                            (true, 7) if pair_ok => ("dwconv_c2_k7", pairs),
                             (true, 3) => (
                                 "dwconv_s1_k3",
                                 n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
@@ -1041,17 +1127,76 @@ impl CudaModel {
                         });
                     }
                     StepKind::Copy { x, y, space } => {
-                        let n = space.numel();
                         // The output staging is f32 and so is its source when dtype is f32.
+                        // Contiguous innermost runs move in 16-, 8- or 4-byte words.
+                        let (xp, yp) = (ptr(*x), ptr(*y));
+                        let (name, sp) = [("copy_w16", 16), ("copy_w8", 8), ("copy_w4", 4)]
+                            .iter()
+                            .find_map(|&(k, w)| {
+                                widen_copy(space, es, w, [xp, yp]).map(|sp| (k, sp))
+                            })
+                            .unwrap_or(("copy_strided", space.clone()));
+                        let n = sp.numel();
                         m.launches.push(Launch::Kernel {
-                            func: func("copy_strided"),
+                            func: func(name),
                             grid: elementwise_grid(n),
                             block: BLOCK,
                             args: vec![
-                                Arg::Ptr(ptr(*x)),
-                                Arg::Ptr(ptr(*y)),
+                                Arg::Ptr(xp),
+                                Arg::Ptr(yp),
                                 Arg::I64(n as i64),
-                                Arg::Space(Box::new(Space::from(space))),
+                                Arg::Space(Box::new(Space::from(&sp))),
+                            ],
+                        });
+                    }
+                    StepKind::Attention {
+                        q,
+                        k,
+                        v,
+                        y,
+                        batch,
+                        heads,
+                        seq,
+                        dim,
+                        alpha,
+                        out_scale,
+                        q_strides,
+                        k_strides,
+                        v_strides,
+                        y_strides,
+                    } => {
+                        if *dim != kernels::ATTN_HEAD_DIM || dtype == DType::F32 {
+                            return Err(err(EngineError::Runtime(format!(
+                                "fused attention needs head dim {} and f16/bf16 (got {dim}, {})",
+                                kernels::ATTN_HEAD_DIM,
+                                dtype.name()
+                            ))));
+                        }
+                        let qtiles = seq.div_ceil(kernels::ATTN_ROWS);
+                        let bh = |s: &[usize; 3]| [s[0] as i64, s[1] as i64];
+                        let (qs, ks, vs, ys) =
+                            (bh(q_strides), bh(k_strides), bh(v_strides), bh(y_strides));
+                        m.launches.push(Launch::Kernel {
+                            func: func("attention"),
+                            grid: (qtiles * heads * batch) as u32,
+                            block: kernels::ATTN_THREADS,
+                            args: vec![
+                                Arg::Ptr(ptr(*q)),
+                                Arg::Ptr(ptr(*k)),
+                                Arg::Ptr(ptr(*v)),
+                                Arg::Ptr(ptr(*y)),
+                                Arg::Attn(Box::new(AttnP {
+                                    v: [*seq as i32, *heads as i32, qtiles as i32, 0],
+                                    scale_log2: alpha * std::f32::consts::LOG2_E,
+                                    oscale: *out_scale,
+                                    bh: [qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], ys[0], ys[1]],
+                                    rows: [
+                                        q_strides[2] as i32,
+                                        k_strides[2] as i32,
+                                        v_strides[2] as i32,
+                                        y_strides[2] as i32,
+                                    ],
+                                })),
                             ],
                         });
                     }
@@ -1063,36 +1208,76 @@ impl CudaModel {
                         rows,
                         cols,
                         eps,
-                    } => m.launches.push(Launch::Kernel {
-                        func: func("layernorm"),
-                        grid: *rows as u32,
-                        block: reduce_block(*cols),
-                        args: vec![
-                            Arg::Ptr(ptr(*x)),
-                            Arg::Ptr(ptr(*y)),
-                            Arg::Ptr(ptr(*scale)),
-                            Arg::Ptr(bias.map_or(0, &ptr)),
-                            Arg::I64(*cols as i64),
-                            Arg::F32(*eps),
-                        ],
-                    }),
+                    } => m.launches.push(
+                        // Rows of ≤ 1024: one warp per row in registers; longer: a block per row.
+                        match WARP_ROW_PER_LANE
+                            .iter()
+                            .find(|&&nr| *cols <= 32 * nr && warp_rows(*rows))
+                        {
+                            Some(nr) => Launch::Kernel {
+                                func: func(&format!("layernorm_warp{nr}")),
+                                grid: rows.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
+                                block: 32 * WARP_ROWS_PER_BLOCK as u32,
+                                args: vec![
+                                    Arg::Ptr(ptr(*x)),
+                                    Arg::Ptr(ptr(*y)),
+                                    Arg::Ptr(ptr(*scale)),
+                                    Arg::Ptr(bias.map_or(0, &ptr)),
+                                    Arg::I32(*rows as i32),
+                                    Arg::I32(*cols as i32),
+                                    Arg::F32(*eps),
+                                ],
+                            },
+                            None => Launch::Kernel {
+                                func: func("layernorm"),
+                                grid: *rows as u32,
+                                block: reduce_block(*cols),
+                                args: vec![
+                                    Arg::Ptr(ptr(*x)),
+                                    Arg::Ptr(ptr(*y)),
+                                    Arg::Ptr(ptr(*scale)),
+                                    Arg::Ptr(bias.map_or(0, &ptr)),
+                                    Arg::I64(*cols as i64),
+                                    Arg::F32(*eps),
+                                ],
+                            },
+                        },
+                    ),
                     StepKind::Softmax {
                         x,
                         y,
                         outer,
                         len,
                         inner,
-                    } => m.launches.push(Launch::Kernel {
-                        func: func("softmax"),
-                        grid: (outer * inner) as u32,
-                        block: reduce_block(*len),
-                        args: vec![
-                            Arg::Ptr(ptr(*x)),
-                            Arg::Ptr(ptr(*y)),
-                            Arg::I64(*len as i64),
-                            Arg::I64(*inner as i64),
-                        ],
-                    }),
+                    } => m.launches.push(
+                        match WARP_ROW_PER_LANE
+                            .iter()
+                            .find(|&&nr| *len <= 32 * nr && warp_rows(*outer))
+                        {
+                            Some(nr) if *inner == 1 => Launch::Kernel {
+                                func: func(&format!("softmax_warp{nr}")),
+                                grid: outer.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
+                                block: 32 * WARP_ROWS_PER_BLOCK as u32,
+                                args: vec![
+                                    Arg::Ptr(ptr(*x)),
+                                    Arg::Ptr(ptr(*y)),
+                                    Arg::I32(*outer as i32),
+                                    Arg::I32(*len as i32),
+                                ],
+                            },
+                            _ => Launch::Kernel {
+                                func: func("softmax"),
+                                grid: (outer * inner) as u32,
+                                block: reduce_block(*len),
+                                args: vec![
+                                    Arg::Ptr(ptr(*x)),
+                                    Arg::Ptr(ptr(*y)),
+                                    Arg::I64(*len as i64),
+                                    Arg::I64(*inner as i64),
+                                ],
+                            },
+                        },
+                    ),
                     StepKind::Pool {
                         x,
                         y,
@@ -1394,7 +1579,11 @@ impl CudaModel {
         let mut out = Vec::new();
         for (i, l) in self.launches.iter().enumerate() {
             let what = match l {
-                Launch::Kernel { func, .. } => KERNEL_NAMES[*func].to_string(),
+                Launch::Kernel { func, .. } => KERNEL_NAMES
+                    .iter()
+                    .chain(HALF_KERNEL_NAMES)
+                    .nth(*func)
+                    .map_or_else(|| format!("kernel {func}"), |k| k.to_string()),
                 Launch::Conv { conv, .. } => format!("cudnn algo {:?}", self.convs[*conv].algo),
                 Launch::Matmul { .. } => "cublasLt".to_string(),
                 Launch::HtoD { .. } => "HtoD".to_string(),

@@ -296,6 +296,25 @@ pub enum StepKind {
         ldy: usize,
         y_batch_stride: usize,
     },
+    /// Fused self-attention `y = softmax(alpha · q·kᵀ) · v · out_scale` for each (image, head),
+    /// head dim `dim`: q, k and v read in place and y written through (image, head, row)
+    /// strides (the last dim contiguous), so the QKV split and the head merge cost nothing.
+    Attention {
+        q: Loc,
+        k: Loc,
+        v: Loc,
+        y: Loc,
+        batch: usize,
+        heads: usize,
+        seq: usize,
+        dim: usize,
+        alpha: f32,
+        out_scale: f32,
+        q_strides: [usize; 3],
+        k_strides: [usize; 3],
+        v_strides: [usize; 3],
+        y_strides: [usize; 3],
+    },
     /// `y = act(x · scale[c] + bias[c] + res)` elementwise, `c = (i / inner) % channels`.
     Pointwise {
         x: Loc,
@@ -485,12 +504,17 @@ pub struct PlanOptions {
     /// Store convolution activations channels-last (NHWC): cuDNN's tensor-core kernels want
     /// it, and ConvNeXt's permutes around its LayerNorms become free views.
     pub channels_last: bool,
+    /// Plan `softmax(q·kᵀ)·v` with head dim [`crate::kernels::ATTN_HEAD_DIM`] as one
+    /// [`StepKind::Attention`] (the fused tensor-core kernel: f16/bf16 on sm_80 and newer;
+    /// the caller decides).
+    pub fused_attention: bool,
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
             channels_last: true,
+            fused_attention: false,
         }
     }
 }
@@ -794,11 +818,57 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         }
     }
 
+    // Fused attention: MatMul(q, kᵀ) → Softmax(last axis) → MatMul(·, v), each the sole user
+    // of the previous, q, k and v of one shape [B, H, S, d] (or [BH, S, d]) with d the kernel's.
+    // The first two emit nothing; the last emits one Attention step (`attn_at`: the scores node).
+    let mut attn_skip = vec![false; g.nodes.len()];
+    let mut attn_at: Vec<Option<usize>> = vec![None; g.nodes.len()];
+    if opts.fused_attention {
+        for (ni, n) in g.nodes.iter().enumerate() {
+            if !matches!(n.op, Op::MatMul) || n.inputs.len() != 2 {
+                continue;
+            }
+            let Some(kv) = folded_t[n.inputs[1]] else {
+                continue;
+            };
+            let s_v = n.outputs[0];
+            let Some(si) = sole_user[s_v] else { continue };
+            let sm = &g.nodes[si];
+            let r = p.shapes[s_v].len();
+            let Op::Softmax { axis } = sm.op else {
+                continue;
+            };
+            if norm_axis(axis, r) != Some(r.wrapping_sub(1)) || is_output[s_v] {
+                continue;
+            }
+            let p_v = sm.outputs[0];
+            let Some(ci) = sole_user[p_v] else { continue };
+            let cn = &g.nodes[ci];
+            if !matches!(cn.op, Op::MatMul) || cn.inputs[0] != p_v || is_output[p_v] {
+                continue;
+            }
+            let (qs, ks, vs) = (
+                &p.shapes[n.inputs[0]],
+                &p.shapes[kv],
+                &p.shapes[cn.inputs[1]],
+            );
+            if (qs.len() == 3 || qs.len() == 4)
+                && qs == ks
+                && qs == vs
+                && qs[qs.len() - 1] == crate::kernels::ATTN_HEAD_DIM
+            {
+                attn_skip[ni] = true;
+                attn_skip[si] = true;
+                attn_at[ci] = Some(ni);
+            }
+        }
+    }
+
     for (ni, n) in g.nodes.iter().enumerate() {
         p.t = ni + 1;
         let name = n.name.as_str();
         // Folded transposes produce nothing; their matmul reads the source.
-        if folded_t[n.outputs[0]].is_some() {
+        if folded_t[n.outputs[0]].is_some() || attn_skip[ni] {
             continue;
         }
         let in_shapes: Vec<Vec<usize>> = n.inputs.iter().map(|&i| p.shapes[i].clone()).collect();
@@ -1055,6 +1125,92 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                         k: in_shapes[1][1],
                         act: *activation,
                         residual: None,
+                    },
+                );
+            }
+            Op::MatMul if attn_at[ni].is_some() => {
+                let sn = &g.nodes[attn_at[ni].unwrap_or_default()];
+                let kv = folded_t[sn.inputs[1]].unwrap_or(sn.inputs[1]);
+                let alpha = p.alpha_of[sn.inputs[0]] * p.alpha_of[sn.inputs[1]] * p.alpha_of[kv];
+                let out_scale = p.alpha_of[x0] * p.alpha_of[n.inputs[1]];
+                // (loc, [image, head, row] strides) of a [B, H, S, d] / [BH, S, d] operand,
+                // read in place when its rows are contiguous and 16-byte aligned, else copied.
+                let operand = |v: usize, p: &mut Planner| -> Result<(Loc, [usize; 3])> {
+                    let es = p.es;
+                    let aligned = |l: Loc, st: &[usize]| {
+                        let off = match l {
+                            Loc::Storage { offset, .. } | Loc::Const { offset, .. } => offset,
+                        };
+                        (off * es).is_multiple_of(16)
+                            && st.iter().all(|&x| (x * es).is_multiple_of(16))
+                    };
+                    // Full strides [.., row, 1] → (image, head, row).
+                    let split = |st: &[usize]| -> [usize; 3] {
+                        if st.len() == 4 {
+                            [st[0], st[1], st[2]]
+                        } else {
+                            [0, st[0], st[1]]
+                        }
+                    };
+                    if !p.nhwc[v] {
+                        let st = p.strides(v);
+                        let l = p.raw(v, name)?;
+                        let r = st.len();
+                        if st[r - 1] == 1 && aligned(l, &st[..r - 1]) {
+                            return Ok((l, split(&st)));
+                        }
+                    }
+                    let l = p.plain(v, name)?;
+                    Ok((l, split(&contiguous_strides(&p.shapes[v]))))
+                };
+                let (ql, qst) = operand(sn.inputs[0], &mut p)?;
+                let (kl, kst) = operand(kv, &mut p)?;
+                let (vl, vst) = operand(n.inputs[1], &mut p)?;
+                let sh = p.shapes[sn.inputs[0]].clone();
+                let r = sh.len();
+                let (batch, heads) = if r == 4 { (sh[0], sh[1]) } else { (1, sh[0]) };
+                // Written straight into the layout of a sole transposing consumer that keeps
+                // the last dim (the heads merged back), so that transpose is free.
+                let o = outs[0];
+                let mut yst = contiguous_strides(&out_shape);
+                let mut strided = false;
+                if let Some(u) = sole_user[o] {
+                    if let Op::Transpose { perm } = &g.nodes[u].op {
+                        if perm.len() == r && perm[r - 1] == r - 1 && !is_output[o] {
+                            let tshape: Vec<usize> = perm.iter().map(|&q| out_shape[q]).collect();
+                            let ts = contiguous_strides(&tshape);
+                            for (d, &q) in perm.iter().enumerate() {
+                                yst[q] = ts[d];
+                            }
+                            strided = true;
+                        }
+                    }
+                }
+                let y = p.output(o, false);
+                p.vstrides[o] = strided.then(|| yst.clone());
+                let ys = if r == 4 {
+                    [yst[0], yst[1], yst[2]]
+                } else {
+                    [0, yst[0], yst[1]]
+                };
+                debug_assert_eq!(yst[r - 1], 1);
+                p.push(
+                    name,
+                    StepKind::Attention {
+                        q: ql,
+                        k: kl,
+                        v: vl,
+                        y,
+                        batch,
+                        heads,
+                        seq: sh[r - 2],
+                        dim: sh[r - 1],
+                        alpha,
+                        out_scale,
+                        q_strides: qst,
+                        k_strides: kst,
+                        v_strides: vst,
+                        y_strides: ys,
                     },
                 );
             }

@@ -12,7 +12,16 @@ use isolane_engine::{build_model, passes, Precision, Weights};
 fn planned(model: &str, batch: usize, p: Precision, channels_last: bool) -> Plan {
     let g = build_model(model, Weights::Zeros).unwrap();
     let g = passes::optimize(&g, batch).unwrap();
-    plan::plan_with(&g, batch, p, PlanOptions { channels_last }).unwrap()
+    plan::plan_with(
+        &g,
+        batch,
+        p,
+        PlanOptions {
+            channels_last,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 /// Every storage operand of every step lies inside the arena, and storages alive at the same
@@ -216,6 +225,18 @@ fn kernel_source_has_every_kernel_for_every_dtype() {
         // No CUDA headers: NVRTC compiles it without an include path.
         assert!(!src.contains("#include"));
     }
+    // The tensor-core attention kernel exists for the 16-bit types only.
+    for (d, has) in [(DType::F32, false), (DType::F16, true), (DType::Bf16, true)] {
+        for k in kernels::HALF_KERNEL_NAMES {
+            assert_eq!(
+                kernels::source(d).contains(&format!(" {k}(const T*")),
+                has,
+                "{k} {d:?}"
+            );
+        }
+    }
+    assert!(kernels::source(DType::F16).contains("m16n8k16.row.col.f32.f16.f16.f32"));
+    assert!(kernels::source(DType::Bf16).contains("m16n8k16.row.col.f32.bf16.bf16.f32"));
     assert!(kernels::source(DType::F16).contains("cvt.rn.f16.f32"));
     assert!(kernels::source(DType::Bf16).contains("cvt.rn.bf16.f32"));
 }
@@ -310,4 +331,62 @@ fn vit_attention_reads_heads_in_place_at_batch_1() {
     let b2 = planned("vit_b_16", 2, Precision::Fp16, true);
     assert!(copies(&b2).len() > c1.len());
     check_plan(&b2);
+}
+
+#[test]
+fn vit_fused_attention_has_no_per_layer_copies_at_batch_64() {
+    let g = build_model("vit_b_16", Weights::Zeros).unwrap();
+    let g = passes::optimize(&g, 64).unwrap();
+    let opts = PlanOptions {
+        channels_last: true,
+        fused_attention: true,
+    };
+    let pl = plan::plan_with(&g, 64, Precision::Fp16, opts).unwrap();
+    check_plan(&pl);
+    let mut attn = 0;
+    for s in &pl.steps {
+        assert!(!matches!(
+            s.kind,
+            StepKind::Softmax { .. } | StepKind::MatMul { .. }
+        ));
+        if let StepKind::Attention {
+            batch,
+            heads,
+            seq,
+            dim,
+            alpha,
+            q_strides,
+            k,
+            q,
+            y_strides,
+            ..
+        } = s.kind
+        {
+            attn += 1;
+            assert_eq!((batch, heads, seq, dim), (64, 12, 197, 64));
+            assert!((alpha - 0.125).abs() < 1e-6);
+            // q and k read in place from the QKV projection [B, S, 3, H, d]; the context
+            // written as [B, S, H, d].
+            assert_eq!(q_strides, [197 * 2304, 64, 2304]);
+            assert_eq!(y_strides, [197 * 768, 64, 768]);
+            let (Loc::Storage { id: qi, offset: qo }, Loc::Storage { id: ki, offset: ko }) = (q, k)
+            else {
+                panic!("q, k not in the arena");
+            };
+            assert_eq!((qi, ko - qo), (ki, 768));
+        }
+    }
+    assert_eq!(attn, 12);
+    // Copies remain only around the patch embedding and the class token, none per layer.
+    let copies: Vec<&str> = pl
+        .steps
+        .iter()
+        .filter(|s| matches!(s.kind, StepKind::Copy { .. }))
+        .map(|s| s.name.as_str())
+        .collect();
+    assert!(copies.len() <= 6, "{copies:?}");
+    assert!(
+        !copies.iter().any(|n| n.contains("encoder_layer")),
+        "{copies:?}"
+    );
 }

@@ -355,6 +355,50 @@ fn run(p: &Plan, input: &[f32]) -> Vec<f32> {
                     }
                 }
             }
+            StepKind::Attention {
+                q,
+                k,
+                v,
+                y,
+                batch,
+                heads,
+                seq,
+                dim,
+                alpha,
+                out_scale,
+                q_strides,
+                k_strides,
+                v_strides,
+                y_strides,
+            } => {
+                let at = |st: &[usize; 3], b: usize, h: usize, r: usize| {
+                    b * st[0] + h * st[1] + r * st[2]
+                };
+                for b in 0..*batch {
+                    for h in 0..*heads {
+                        for i in 0..*seq {
+                            let sc: Vec<f32> = (0..*seq)
+                                .map(|j| {
+                                    let (qo, ko) = (at(q_strides, b, h, i), at(k_strides, b, h, j));
+                                    alpha
+                                        * (0..*dim)
+                                            .map(|d| m.get(*q, qo + d) * m.get(*k, ko + d))
+                                            .sum::<f32>()
+                                })
+                                .collect();
+                            let mx = sc.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                            let pr: Vec<f32> = sc.iter().map(|a| (a - mx).exp()).collect();
+                            let s: f32 = pr.iter().sum();
+                            for d in 0..*dim {
+                                let o: f32 = (0..*seq)
+                                    .map(|j| pr[j] * m.get(*v, at(v_strides, b, h, j) + d))
+                                    .sum();
+                                m.set(*y, at(y_strides, b, h, i) + d, o / s * out_scale);
+                            }
+                        }
+                    }
+                }
+            }
             StepKind::Pool {
                 x,
                 y,
@@ -454,8 +498,29 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn check(g: &Graph, batch: usize, channels_last: bool, tol: f64) {
+    check_with(
+        g,
+        batch,
+        PlanOptions {
+            channels_last,
+            ..Default::default()
+        },
+        tol,
+    );
+}
+
+fn check_with(g: &Graph, batch: usize, opts: PlanOptions, tol: f64) {
+    let channels_last = opts.channels_last;
     let opt = passes::optimize(g, batch).unwrap();
-    let p = plan::plan_with(&opt, batch, Precision::Fp32, PlanOptions { channels_last }).unwrap();
+    let p = plan::plan_with(&opt, batch, Precision::Fp32, opts).unwrap();
+    if opts.fused_attention {
+        assert!(
+            p.steps
+                .iter()
+                .any(|s| matches!(s.kind, StepKind::Attention { .. })),
+            "no fused attention planned"
+        );
+    }
     let mut cpu = CpuBackend::new(1)
         .compile(g, batch, Precision::Fp32)
         .unwrap();
@@ -473,7 +538,11 @@ fn check(g: &Graph, batch: usize, channels_last: bool, tol: f64) {
 
 /// ViT's encoder block as torchvision writes it (see isolane-engine's arch/vit.rs), small.
 fn tiny_vit_block() -> Graph {
-    let (seq, h, heads) = (10usize, 32usize, 4usize);
+    vit_block(10, 32, 4)
+}
+
+/// ViT's encoder block as torchvision writes it: `seq` tokens of width `h`, `heads` heads.
+fn vit_block(seq: usize, h: usize, heads: usize) -> Graph {
     let hd = h / heads;
     let mut g = Graph::new("tiny_vit_block");
     let mut seed = 100;
@@ -600,6 +669,24 @@ fn vit_block_plan_computes_the_graph() {
     let g = tiny_vit_block();
     for batch in [1, 2, 3] {
         check(&g, batch, true, 1e-5);
+    }
+}
+
+/// The fused attention step (head dim 64, the kernel's): q, k, v read in place from the QKV
+/// projection, the context written straight into the merged-heads layout, at batches 1–3.
+#[test]
+fn vit_block_with_fused_attention_computes_the_graph() {
+    let g = vit_block(10, 128, 2);
+    for batch in [1, 2, 3] {
+        check_with(
+            &g,
+            batch,
+            PlanOptions {
+                channels_last: true,
+                fused_attention: true,
+            },
+            1e-5,
+        );
     }
 }
 

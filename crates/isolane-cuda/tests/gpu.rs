@@ -293,9 +293,13 @@ fn profile_steps() {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(Precision::Fp16);
+    let batch: usize = std::env::var("ISOLANE_PROFILE_BATCH")
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(1);
     for name in list.split(',') {
         let g = build_model(name, Weights::Synthetic { seed: 3 }).expect("model");
-        let mut m = gpu.compile_cuda(&g, 1, prec).expect("compile");
+        let mut m = gpu.compile_cuda(&g, batch, prec).expect("compile");
         m.run().unwrap();
         let graph_ms = m.device_ms(50).unwrap();
         let mut prof = m.profile().unwrap();
@@ -317,7 +321,7 @@ fn profile_steps() {
             }
         }
         by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
-        println!("== {name} {prec} b1: graph {graph_ms:.3} ms, {} launches, sum of lone launches {total:.3} ms", prof.len());
+        println!("== {name} {prec} b{batch}: graph {graph_ms:.3} ms, {} launches, sum of lone launches {total:.3} ms", prof.len());
         for (k, ms, n) in &by_kind {
             println!("   {k:<14} {n:>4} launches {ms:>8.3} ms");
         }
