@@ -183,3 +183,38 @@ fn random_input_is_seeded() {
     assert_eq!(tail(&a), tail(&b));
     assert_ne!(tail(&a), tail(&c));
 }
+
+#[test]
+fn cuda_and_precisions_are_checked_before_anything_runs() {
+    // The CPU backend runs fp32 only: a user mistake (exit 2), named.
+    let (code, _, err) = run(&[
+        "infer",
+        "--model",
+        "resnet18",
+        "--random",
+        "--precision",
+        "fp16",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--precision fp16") && err.contains("fp32 only"),
+        "{err}"
+    );
+    // Without a GPU driver (CI) the cuda backend says which library is missing and how to point
+    // isolane at it; on a machine with a GPU this test is about the CPU check above only.
+    if !std::path::Path::new("/dev/nvidiactl").exists() {
+        let (code, _, err) = run(&[
+            "infer",
+            "--model",
+            "resnet18",
+            "--random",
+            "--backend",
+            "cuda",
+        ]);
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains("libcuda") && err.contains("ISOLANE_CUDA_LIB_DIR"),
+            "{err}"
+        );
+    }
+}

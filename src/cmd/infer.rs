@@ -35,8 +35,14 @@ pub struct InferArgs {
     #[arg(long, default_value_t = 0, value_name = "SEED")]
     weights_seed: u64,
     /// The backend that runs the model.
-    #[arg(long, default_value = "cpu", value_name = "BACKEND")]
+    #[arg(long, default_value = "cpu", value_name = "BACKEND", value_parser = ["cpu", "cuda"])]
     backend: String,
+    /// Numeric precision (the CPU backend runs fp32 only).
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "tf32", "fp16", "bf16"])]
+    precision: String,
+    /// GPU index (backend cuda).
+    #[arg(long, default_value_t = 0)]
+    gpu: u32,
     /// CPU threads (0 = one per core).
     #[arg(long, default_value_t = 0, value_name = "N")]
     threads: usize,
@@ -74,11 +80,38 @@ struct Source {
     input: Option<PathBuf>,
 }
 
+/// The compiled model, on whichever backend was asked for.
+enum Loaded {
+    Cpu(isolane_engine::cpu::CpuModel),
+    Cuda(isolane_cuda::CudaModel),
+}
+
+impl Loaded {
+    fn model(&mut self) -> &mut dyn CompiledModel {
+        match self {
+            Loaded::Cpu(m) => m,
+            Loaded::Cuda(m) => m,
+        }
+    }
+
+    /// (step, ms) of one timed run, step by step.
+    fn profile(&mut self) -> Result<Vec<(String, f64)>, EngineError> {
+        match self {
+            Loaded::Cpu(m) => Ok(m.profile()),
+            Loaded::Cuda(m) => Ok(m
+                .profile()?
+                .into_iter()
+                .map(|(node, kind, ms)| (format!("{node} ({kind})"), ms))
+                .collect()),
+        }
+    }
+}
+
 pub fn run(args: InferArgs) -> anyhow::Result<u8> {
-    if args.backend != "cpu" {
+    let precision: Precision = args.precision.parse().map_err(user)?;
+    if args.backend == "cpu" && precision != Precision::Fp32 {
         return Err(user(format!(
-            "--backend {}: this build has the cpu backend only",
-            args.backend
+            "--precision {precision}: the CPU backend runs fp32 only (use --backend cuda)"
         )));
     }
     if args.batch == Some(0) {
@@ -129,11 +162,25 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
     };
 
     let t0 = Instant::now();
-    let backend = CpuBackend::new(args.threads);
-    let mut model = backend
-        .compile_cpu(&graph, batch, Precision::Fp32)
-        .map_err(|e| engine_error(e, &args.model))?;
+    let (mut loaded, backend_line) = if args.backend == "cuda" {
+        let backend =
+            isolane_cuda::CudaBackend::new(args.gpu).map_err(|e| engine_error(e, &args.model))?;
+        let m = backend
+            .compile_cuda(&graph, batch, precision)
+            .map_err(|e| engine_error(e, &args.model))?;
+        (
+            Loaded::Cuda(m),
+            format!("cuda (GPU {}), {precision}", args.gpu),
+        )
+    } else {
+        let m = CpuBackend::new(args.threads)
+            .compile_cpu(&graph, batch, Precision::Fp32)
+            .map_err(|e| engine_error(e, &args.model))?;
+        let line = format!("cpu, {} thread(s), fp32", m.threads());
+        (Loaded::Cpu(m), line)
+    };
     let compile_s = t0.elapsed().as_secs_f64();
+    let model = loaded.model();
     let in_shape = model.input_shape().to_vec();
     if in_shape.first() != Some(&batch) {
         return Err(user(format!(
@@ -209,11 +256,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
     let first_ms = t1.elapsed().as_secs_f64() * 1e3;
 
     println!("model    {described}");
-    println!(
-        "backend  cpu, {} thread(s), fp32; compiled for batch {batch} in {:.2} s",
-        model.threads(),
-        compile_s
-    );
+    println!("backend  {backend_line}; compiled for batch {batch} in {compile_s:.2} s");
     println!("input    {in_shape:?} from {from}");
     for i in 0..model.num_outputs() {
         println!("output   {:?}", model.output_shape_at(i));
@@ -242,7 +285,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
     }
 
     if args.profile {
-        let mut steps = model.profile();
+        let mut steps = loaded.profile().map_err(|e| engine_error(e, &args.model))?;
         let total: f64 = steps.iter().map(|s| s.1).sum();
         steps.sort_by(|a, b| b.1.total_cmp(&a.1));
         println!(
@@ -257,6 +300,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
         }
     }
 
+    let model = loaded.model();
     let out_shape = model.output_shape().to_vec();
     print_top5(model.output(), &out_shape);
 
