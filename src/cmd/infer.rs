@@ -83,14 +83,15 @@ struct Source {
 /// The compiled model, on whichever backend was asked for.
 enum Loaded {
     Cpu(isolane_engine::cpu::CpuModel),
-    Cuda(isolane_cuda::CudaModel),
+    // Boxed: the CUDA model is the larger of the two by far.
+    Cuda(Box<isolane_cuda::CudaModel>),
 }
 
 impl Loaded {
     fn model(&mut self) -> &mut dyn CompiledModel {
         match self {
             Loaded::Cpu(m) => m,
-            Loaded::Cuda(m) => m,
+            Loaded::Cuda(m) => m.as_mut(),
         }
     }
 
@@ -169,7 +170,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
             .compile_cuda(&graph, batch, precision)
             .map_err(|e| engine_error(e, &args.model))?;
         (
-            Loaded::Cuda(m),
+            Loaded::Cuda(Box::new(m)),
             format!("cuda (GPU {}), {precision}", args.gpu),
         )
     } else {
