@@ -134,7 +134,14 @@ fn quickstart_runs_without_arguments_into_a_new_runs_folder() {
     assert!(name.len() == 15 && name.as_bytes()[8] == b'-', "{name}");
     let s = summary(&dir);
     assert_eq!(s["status"], "ok");
-    assert_eq!(s["scenario"], "<built-in quickstart>");
+    // On a machine with a CUDA GPU the GPU quickstart runs instead (CI has none).
+    let gpu = std::path::Path::new("/dev/nvidiactl").exists();
+    let expected = if gpu {
+        "<built-in GPU quickstart>"
+    } else {
+        "<built-in quickstart>"
+    };
+    assert_eq!(s["scenario"], expected);
     assert!(s["workloads"].as_array().unwrap().len() >= 2);
     assert!(dir.join("scenario.toml").exists());
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -142,6 +149,17 @@ fn quickstart_runs_without_arguments_into_a_new_runs_folder() {
         stdout.contains("p99 ms") && stdout.contains("throughput"),
         "{stdout}"
     );
+}
+
+#[test]
+fn cpu_picks_the_cpu_quickstart_and_conflicts_with_a_scenario() {
+    let o = isolane()
+        .args(["run", "--cpu", "scenarios/quickstart.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let help = run_ok(isolane().args(["run", "--help"]));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--cpu"));
 }
 
 #[test]

@@ -43,3 +43,27 @@ fn every_example_scenario_validates() {
     }
     assert!(n >= 5, "only {n} scenarios");
 }
+
+/// The GPU examples (the GPU quickstart and scenarios/gpu/) are admitted on an H100, the
+/// machine they were measured on.
+#[test]
+fn gpu_examples_are_admitted_on_an_h100() {
+    use isolane_core::admission::{admit, AdmissionOptions};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut files = vec![root.join("quickstart-gpu.toml")];
+    for e in std::fs::read_dir(root.join("gpu")).unwrap() {
+        files.push(e.unwrap().path());
+    }
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
+    let h100 = isolane_core::device_model::device_model("h100-sxm").unwrap();
+    for p in &files {
+        let s = Scenario::load(p, &models).unwrap_or_else(|err| panic!("{}: {err}", p.display()));
+        let mem = vec![None; s.workloads.len()];
+        admit(&s, &h100, &mem, &AdmissionOptions::default())
+            .unwrap_or_else(|r| panic!("{}: {r:?}", p.display()));
+    }
+    assert!(files.len() >= 4, "{files:?}");
+}

@@ -63,6 +63,31 @@ pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
 /// The scenario `isolane run` uses without a file (`scenarios/quickstart.toml`, built in).
 pub const QUICKSTART: &str = include_str!("../../scenarios/quickstart.toml");
 pub const QUICKSTART_NAME: &str = "<built-in quickstart>";
+/// The same on a machine with a CUDA GPU (`scenarios/quickstart-gpu.toml`).
+pub const QUICKSTART_GPU: &str = include_str!("../../scenarios/quickstart-gpu.toml");
+pub const QUICKSTART_GPU_NAME: &str = "<built-in GPU quickstart>";
+
+/// Whether the GPU quickstart can run here: a CUDA device, and the CUDA backend's libraries.
+fn gpu_ready() -> bool {
+    isolane_gpu::devices::list_devices().is_ok_and(|d| !d.is_empty())
+        && isolane_cuda::libs::ensure_all().is_ok()
+}
+
+/// The built-in quickstart: on the GPU when one is ready (unless `cpu_only`), else on the CPU.
+pub fn quickstart(cpu_only: bool) -> anyhow::Result<(Scenario, String)> {
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
+    let (text, name) = if !cpu_only && gpu_ready() {
+        (QUICKSTART_GPU, QUICKSTART_GPU_NAME)
+    } else {
+        (QUICKSTART, QUICKSTART_NAME)
+    };
+    let s = Scenario::from_toml_str(text, name, &models)
+        .map_err(|e| anyhow::anyhow!("the built-in quickstart scenario is invalid: {e}"))?;
+    Ok((s, name.to_string()))
+}
 
 /// Loads and validates a scenario; a problem with it is the user's (exit 2). Returns the
 /// scenario and how to name it in summary.json.
@@ -76,11 +101,7 @@ pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<(Scenario, String)> 
             let s = Scenario::load(p, &models).map_err(user)?;
             Ok((s, p.display().to_string()))
         }
-        None => {
-            let s = Scenario::from_toml_str(QUICKSTART, QUICKSTART_NAME, &models)
-                .map_err(|e| anyhow::anyhow!("the built-in quickstart scenario is invalid: {e}"))?;
-            Ok((s, QUICKSTART_NAME.to_string()))
-        }
+        None => quickstart(false),
     }
 }
 
