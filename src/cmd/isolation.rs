@@ -4,12 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Args;
-use isolane_runtime::coordinator::RunOptions;
 use isolane_runtime::isolation::{self, StepResult};
 use isolane_runtime::output;
-use isolane_runtime::results::{self, RunInfo};
 
-use super::{user, ProgressView};
+use super::user;
 
 #[derive(Args)]
 #[command(
@@ -42,63 +40,36 @@ pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = super::load_scenario(Some(&args.scenario))?;
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let (plan, grid) = isolation::plan(&scenario).map_err(user)?;
-    super::run::preflight(&plan)?;
-    let toml = scenario
-        .to_toml_string()
-        .context("writing the resolved scenario")?;
-    let out = super::run::prepare_out(args.out.as_deref(), args.force)?;
-    output::write_atomic(&out.join("scenario.toml"), toml.as_bytes())?;
-
-    let stop = super::install_stop_handler()?;
-    let started_at = chrono::Utc::now();
-    let view = ProgressView::new(args.quiet);
-    let telemetry = super::telemetry::start(&scenario);
-    let (result, partitions) = super::run_partitioned(
-        &scenario,
-        admitted.as_ref(),
-        &args.partitions,
-        &plan,
-        RunOptions::new(stop),
-        &mut |p| view.update(p),
-    )?;
-    view.finish();
-
-    let steps = isolation::per_step(&plan, grid, &result);
-    let info = RunInfo {
+    let m = super::run::measure(super::run::Request {
         command: "isolation",
-        started_at,
-        scenario: scenario_name,
-    };
-    let mut summary = results::summarize_run(&info, &plan.workloads, &result);
-    super::telemetry::finish(telemetry, &out, &result, &mut summary);
-    for w in &result.workloads {
-        output::write_jobs_csv(&out, &w.name, &w.records)?;
-    }
+        scenario: &scenario,
+        scenario_name,
+        admitted: admitted.as_ref(),
+        plan: &plan,
+        out: args.out.as_deref(),
+        force: args.force,
+        quiet: args.quiet,
+        partitions: &args.partitions,
+    })?;
+
+    let steps = isolation::per_step(&plan, grid, &m.result);
     output::write_atomic(
-        &out.join("isolation.csv"),
+        &m.out.join("isolation.csv"),
         isolation::isolation_csv(&steps).as_bytes(),
     )?;
-    let mut value = serde_json::to_value(&summary).context("encoding summary.json")?;
-    if let Some(obj) = value.as_object_mut() {
-        obj.insert("step_s".into(), grid.step_s.into());
-        obj.insert(
-            "steps".into(),
-            serde_json::to_value(&steps).context("encoding steps")?,
-        );
-        if !partitions.is_empty() {
-            obj.insert(
-                "partitions".into(),
-                serde_json::to_value(&partitions).context("encoding partitions")?,
-            );
-        }
-    }
-    output::write_json(&out.join("summary.json"), &value)?;
+    let mut extra = serde_json::Map::new();
+    extra.insert("step_s".into(), grid.step_s.into());
+    extra.insert(
+        "steps".into(),
+        serde_json::to_value(&steps).context("encoding steps")?,
+    );
+    super::run::write_run_files(&m, extra)?;
 
     println!("{}", steps_table(&steps));
-    println!("{}", super::run::results_table(&summary));
-    super::run::report_failures(&summary);
-    println!("results: {}", out.display());
-    Ok(super::run::exit_for(summary.status))
+    println!("{}", super::run::results_table(&m.summary));
+    super::run::report_failures(&m.summary);
+    println!("results: {}", m.out.display());
+    Ok(super::run::exit_for(m.summary.status))
 }
 
 fn steps_table(steps: &[StepResult]) -> String {

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::Args;
+use isolane_core::admission::Plan;
+use isolane_core::spec::Scenario;
 use isolane_runtime::coordinator::{self, RunOptions, RunPlan, RunResult};
 use isolane_runtime::output;
 use isolane_runtime::results::{self, RunInfo, RunSummary, Status};
@@ -50,39 +52,86 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     };
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let plan = RunPlan::from_scenario(&scenario);
-    preflight(&plan)?;
-    let toml = scenario
+    let m = measure(Request {
+        command: "run",
+        scenario: &scenario,
+        scenario_name,
+        admitted: admitted.as_ref(),
+        plan: &plan,
+        out: args.out.as_deref(),
+        force: args.force,
+        quiet: args.quiet,
+        partitions: &args.partitions,
+    })?;
+    write_run_files(&m, serde_json::Map::new())?;
+    println!("{}", results_table(&m.summary));
+    report_failures(&m.summary);
+    println!("results: {}", m.out.display());
+    Ok(exit_for(m.summary.status))
+}
+
+/// One run of an admitted scenario, as `run` and `isolation` make it.
+pub struct Request<'a> {
+    /// The subcommand, for summary.json.
+    pub command: &'static str,
+    pub scenario: &'a Scenario,
+    pub scenario_name: String,
+    /// The admitted plan on a GPU (`None` on the CPU).
+    pub admitted: Option<&'a Plan>,
+    pub plan: &'a RunPlan,
+    pub out: Option<&'a Path>,
+    pub force: bool,
+    pub quiet: bool,
+    pub partitions: &'a super::PartitionFlags,
+}
+
+/// What a run measured, not yet written (except scenario.toml and telemetry.csv).
+pub struct Measured {
+    pub out: PathBuf,
+    pub result: RunResult,
+    pub summary: RunSummary,
+    /// What each workload's partition was (GPU runs; empty on the CPU).
+    pub partitions: Vec<isolane_gpu::PartitionRecord>,
+}
+
+/// Checks the plan, creates the output folder with the resolved scenario in it, then runs the
+/// workloads inside their partitions with telemetry around them and summarises the result.
+pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
+    preflight(r.plan)?;
+    let toml = r
+        .scenario
         .to_toml_string()
         .context("writing the resolved scenario")?;
-    let out = prepare_out(args.out.as_deref(), args.force)?;
+    let out = prepare_out(r.out, r.force)?;
     output::write_atomic(&out.join("scenario.toml"), toml.as_bytes())?;
 
     let stop = super::install_stop_handler()?;
     let started_at = chrono::Utc::now();
-    let view = ProgressView::new(args.quiet);
-    let telemetry = super::telemetry::start(&scenario);
+    let view = ProgressView::new(r.quiet);
+    let telemetry = super::telemetry::start(r.scenario);
     let (result, partitions) = super::run_partitioned(
-        &scenario,
-        admitted.as_ref(),
-        &args.partitions,
-        &plan,
+        r.scenario,
+        r.admitted,
+        r.partitions,
+        r.plan,
         RunOptions::new(stop),
         &mut |p| view.update(p),
     )?;
     view.finish();
 
     let info = RunInfo {
-        command: "run",
+        command: r.command,
         started_at,
-        scenario: scenario_name,
+        scenario: r.scenario_name,
     };
-    let mut summary = results::summarize_run(&info, &plan.workloads, &result);
+    let mut summary = results::summarize_run(&info, &r.plan.workloads, &result);
     super::telemetry::finish(telemetry, &out, &result, &mut summary);
-    write_run_files(&out, &summary, &result, &partitions)?;
-    println!("{}", results_table(&summary));
-    report_failures(&summary);
-    println!("results: {}", out.display());
-    Ok(exit_for(summary.status))
+    Ok(Measured {
+        out,
+        result,
+        summary,
+        partitions,
+    })
 }
 
 /// Models and CPU cores are checked before any output exists.
@@ -106,26 +155,26 @@ pub fn prepare_out(out: Option<&Path>, force: bool) -> anyhow::Result<PathBuf> {
     })
 }
 
-/// jobs/<workload>.csv for every workload, then summary.json last: its presence means the rest
-/// is complete.
-/// `partitions`: what each workload's partition was (GPU runs; empty on the CPU).
+/// jobs/<workload>.csv for every workload, then summary.json last (its presence means the rest
+/// is complete), with the workloads' partitions and the command's own `extra` fields.
 pub fn write_run_files(
-    out: &Path,
-    summary: &RunSummary,
-    result: &RunResult,
-    partitions: &[isolane_gpu::PartitionRecord],
+    m: &Measured,
+    extra: serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<()> {
-    for w in &result.workloads {
-        output::write_jobs_csv(out, &w.name, &w.records)?;
+    for w in &m.result.workloads {
+        output::write_jobs_csv(&m.out, &w.name, &w.records)?;
     }
-    let mut value = serde_json::to_value(summary).context("encoding summary.json")?;
-    if let (false, Some(obj)) = (partitions.is_empty(), value.as_object_mut()) {
-        obj.insert(
-            "partitions".into(),
-            serde_json::to_value(partitions).context("encoding partitions")?,
-        );
+    let mut value = serde_json::to_value(&m.summary).context("encoding summary.json")?;
+    if let Some(obj) = value.as_object_mut() {
+        obj.extend(extra);
+        if !m.partitions.is_empty() {
+            obj.insert(
+                "partitions".into(),
+                serde_json::to_value(&m.partitions).context("encoding partitions")?,
+            );
+        }
     }
-    output::write_json(&out.join("summary.json"), &value)?;
+    output::write_json(&m.out.join("summary.json"), &value)?;
     Ok(())
 }
 

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use isolane_runtime::output;
 use isolane_runtime::sweep::{self, PointWorkload, SweepIndex, SweepPoint};
 
@@ -333,32 +333,19 @@ fn rate_hz(r: Rate) -> Option<f64> {
     }
 }
 
-/// `isolane run`'s arguments for one point, parsed as the command line would be so that
-/// every other flag keeps its default.
-#[derive(Parser)]
-#[command(name = "run")]
-struct RunCommandLine {
-    #[command(flatten)]
-    args: super::run::RunArgs,
-}
-
-fn run_args(scenario: &Path, out: &Path, c: &Common) -> anyhow::Result<super::run::RunArgs> {
-    let mut argv: Vec<std::ffi::OsString> = vec![
-        "run".into(),
-        scenario.into(),
-        "--out".into(),
-        out.into(),
-        "--force".into(),
-    ];
-    if c.quiet {
-        argv.push("--quiet".into());
+/// `isolane run`'s arguments for one point.
+fn run_args(scenario: &Path, out: &Path, c: &Common) -> super::run::RunArgs {
+    super::run::RunArgs {
+        scenario: Some(scenario.to_path_buf()),
+        out: Some(out.to_path_buf()),
+        force: true,
+        quiet: c.quiet,
+        cpu: false,
+        partitions: super::PartitionFlags {
+            join_mps: c.join_mps,
+            ..Default::default()
+        },
     }
-    if c.join_mps {
-        argv.push("--join-mps".into());
-    }
-    RunCommandLine::try_parse_from(argv)
-        .map(|r| r.args)
-        .map_err(|e| anyhow::anyhow!("building the run of a sweep point: {e}"))
 }
 
 fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::Result<u8> {
@@ -393,7 +380,7 @@ fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::
         let scenario = dir.join("scenario.toml");
         output::write_atomic(&scenario, p.toml.as_bytes())?;
         eprintln!("sweep point {}/{total}: {}", i + 1, p.entry.dir);
-        let result = run_args(&scenario, &dir, c).and_then(super::run::run);
+        let result = super::run::run(run_args(&scenario, &dir, c));
         let entry = &mut index.points[i];
         match result {
             Ok(rc) => {

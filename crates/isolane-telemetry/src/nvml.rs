@@ -37,18 +37,34 @@ const GPM_METRICS: [GpmMetricId; 4] = [
     GpmMetricId::DramBwUtil,
 ];
 
-/// The queries of one reading, most important first (see [`crate::refresh_every`]).
-const QUERIES: [&str; 10] = [
-    "power",
-    "energy",
-    "sm_clock",
-    "temperature",
-    "throttle_reasons",
-    "mem_clock",
-    "memory_used",
-    "utilization",
-    "gpm",
-    "process_memory",
+/// The queries of one reading.
+#[derive(Clone, Copy)]
+enum Query {
+    Power,
+    Energy,
+    SmClock,
+    Temperature,
+    ThrottleReasons,
+    MemClock,
+    MemoryUsed,
+    Utilization,
+    Gpm,
+    ProcessMemory,
+}
+
+/// Every query, most important first (see [`crate::refresh_every`]), with its name in
+/// summary.json's `refresh_ms`.
+const QUERIES: [(Query, &str); 10] = [
+    (Query::Power, "power"),
+    (Query::Energy, "energy"),
+    (Query::SmClock, "sm_clock"),
+    (Query::Temperature, "temperature"),
+    (Query::ThrottleReasons, "throttle_reasons"),
+    (Query::MemClock, "mem_clock"),
+    (Query::MemoryUsed, "memory_used"),
+    (Query::Utilization, "utilization"),
+    (Query::Gpm, "gpm"),
+    (Query::ProcessMemory, "process_memory"),
 ];
 
 /// Readings before the query costs are measured and the refresh periods set (every query runs
@@ -129,28 +145,28 @@ impl NvmlSource {
     }
 
     /// Runs query `q` into `r`.
-    fn query(&mut self, q: usize, r: &mut Reading) {
+    fn query(&mut self, q: Query, r: &mut Reading) {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
         let d = &self.device;
-        match QUERIES[q] {
-            "power" => r.power_w = d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
-            "energy" => r.energy_counter_mj = d.total_energy_consumption().ok(),
-            "sm_clock" => r.sm_clock_mhz = d.clock_info(Clock::SM).ok().map(f64::from),
-            "mem_clock" => r.mem_clock_mhz = d.clock_info(Clock::Memory).ok().map(f64::from),
-            "temperature" => {
+        match q {
+            Query::Power => r.power_w = d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+            Query::Energy => r.energy_counter_mj = d.total_energy_consumption().ok(),
+            Query::SmClock => r.sm_clock_mhz = d.clock_info(Clock::SM).ok().map(f64::from),
+            Query::MemClock => r.mem_clock_mhz = d.clock_info(Clock::Memory).ok().map(f64::from),
+            Query::Temperature => {
                 r.temperature_c = d.temperature(TemperatureSensor::Gpu).ok().map(f64::from)
             }
-            "throttle_reasons" => {
+            Query::ThrottleReasons => {
                 r.throttle_reasons = d.current_throttle_reasons().ok().map(|t| t.bits())
             }
-            "memory_used" => r.memory_used_mib = d.memory_info().ok().map(|m| mib(m.used)),
-            "utilization" => {
+            Query::MemoryUsed => r.memory_used_mib = d.memory_info().ok().map(|m| mib(m.used)),
+            Query::Utilization => {
                 let util = d.utilization_rates().ok();
                 r.gpu_util_pct = util.as_ref().map(|u| f64::from(u.gpu));
                 r.mem_util_pct = util.as_ref().map(|u| f64::from(u.memory));
             }
-            "gpm" => self.read_gpm(r),
-            "process_memory" => {
+            Query::Gpm => self.read_gpm(r),
+            Query::ProcessMemory => {
                 r.process_memory_mib = d
                     .running_compute_processes()
                     .map(|ps| {
@@ -163,7 +179,6 @@ impl NvmlSource {
                     })
                     .unwrap_or_default()
             }
-            other => unreachable!("query {other} has no reader"),
         }
     }
 }
@@ -184,12 +199,12 @@ impl Source for NvmlSource {
     /// empty in the readings that skip them (summary.json lists the refresh periods).
     fn read(&mut self) -> Reading {
         let mut r = Reading::default();
-        for q in 0..QUERIES.len() {
+        for (q, &(query, _)) in QUERIES.iter().enumerate() {
             if !self.n.is_multiple_of(u64::from(self.every[q])) {
                 continue;
             }
             let t = crate::thread_cpu_ns();
-            self.query(q, &mut r);
+            self.query(query, &mut r);
             self.cost_ns[q] = (crate::thread_cpu_ns() - t).max(0) as u64;
         }
         self.n += 1;
@@ -205,6 +220,10 @@ impl Source for NvmlSource {
     }
 
     fn refresh_every(&self) -> Vec<(&'static str, u32)> {
-        QUERIES.iter().copied().zip(self.every).collect()
+        QUERIES
+            .iter()
+            .map(|&(_, name)| name)
+            .zip(self.every)
+            .collect()
     }
 }
