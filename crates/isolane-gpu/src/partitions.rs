@@ -59,7 +59,6 @@ pub struct PartitionRecord {
 
 /// The partitions of one run; see the module docs.
 pub struct PartitionSession<'b> {
-    mechanism: Mechanism,
     // Field order is drop order: green groups, then the daemon, then the MIG instances.
     green: BTreeMap<String, GreenGroup>,
     daemon: Option<MpsDaemon>,
@@ -71,7 +70,6 @@ pub struct PartitionSession<'b> {
 impl std::fmt::Debug for PartitionSession<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PartitionSession")
-            .field("mechanism", &self.mechanism)
             .field("records", &self.records)
             .finish()
     }
@@ -88,7 +86,6 @@ impl<'b> PartitionSession<'b> {
         mig_backend: Option<&'b dyn MigBackend>,
     ) -> Result<Self> {
         let mut s = PartitionSession {
-            mechanism: plan.mechanism,
             green: BTreeMap::new(),
             daemon: None,
             mig: None,
@@ -210,10 +207,6 @@ impl<'b> PartitionSession<'b> {
         }
         self.mig = Some(inst);
         Ok(())
-    }
-
-    pub fn mechanism(&self) -> Mechanism {
-        self.mechanism
     }
 
     /// Extra environment per worker process, by workload name.
