@@ -621,7 +621,7 @@ class Driver:
         return float(hz)
 
     def print_estimate(self):
-        scales = ["paper", "quick"] if not self.cpu else [self.args.scale]
+        scales = ["paper", "quick", "brief"] if not self.cpu else [self.args.scale]
         ests = {s: self.estimate(s) for s in scales}
         measured = all(not (self.ims(m, c)[1] or "ASSUMED").startswith("ASSUMED") for m, c in self.a_runs())
         print("\nEstimated device time per study (%s IMS values; overheads from studies.json "
@@ -749,9 +749,10 @@ def main():
     ap.add_argument("--only", default=",".join(STUDIES),
                     help="studies to run, e.g. a,b (default: a,b,c,d,e)")
     ap.add_argument("--isolane", help="isolane binary (default: stage/isolane, then target/release/isolane)")
-    ap.add_argument("--scale", default="quick", choices=["quick", "paper", "tiny"],
+    ap.add_argument("--scale", default="quick", choices=["quick", "paper", "brief", "tiny"],
                     help="paper: N=1000, K=3, step 1 Hz as paper 000; quick: N=200, K=2, short "
-                         "ramps (default); tiny: CI only")
+                         "ramps (default); brief: N=100, K=1, fewer sizes, fits one device "
+                         "session; tiny: CI only")
     ap.add_argument("--backend", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a stand-in that swaps every model for a spin: equivalent")
     ap.add_argument("--dry-run", action="store_true",

@@ -201,8 +201,12 @@ mod tests {
         let misses = recs.iter().filter(|r| r.timeout).count();
         assert!(misses <= 10, "{misses} misses");
         for (k, r) in recs.iter().enumerate() {
-            let (s, e) = (r.start_ns.unwrap(), r.end_ns.unwrap());
             assert_eq!(r.release_ns, k as i64 * 5_000_000, "absolute schedule");
+            // A stall past the next release makes `skip` drop a job: that is a miss, not a bug.
+            let (Some(s), Some(e)) = (r.start_ns, r.end_ns) else {
+                assert!(r.timeout, "a skipped job counts as a timeout");
+                continue;
+            };
             assert!(s >= r.release_ns, "started before its release");
             assert!(e - s >= 1_000_000, "shorter than the service time");
             assert_eq!(r.timeout, e - r.release_ns > 5_000_000, "timeout ⇔ R > D");
