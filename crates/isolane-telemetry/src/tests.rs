@@ -120,11 +120,8 @@ fn stop_wakes_the_thread_at_once_and_dropping_joins_it() {
     std::thread::sleep(Duration::from_millis(20));
     let t = std::time::Instant::now();
     let rec = s.stop().unwrap();
-    assert!(
-        t.elapsed() < Duration::from_millis(500),
-        "{:?}",
-        t.elapsed()
-    );
+    // Far below the 30 s period, with room for a VM stall of a few seconds.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert_eq!(
         rec.samples.len(),
         1,
@@ -133,7 +130,7 @@ fn stop_wakes_the_thread_at_once_and_dropping_joins_it() {
     let s = Sampler::start(fake(Duration::ZERO), Duration::from_secs(30)).unwrap();
     let t = std::time::Instant::now();
     drop(s);
-    assert!(t.elapsed() < Duration::from_millis(500));
+    assert!(t.elapsed() < Duration::from_secs(5));
 }
 
 #[test]
