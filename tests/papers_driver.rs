@@ -186,6 +186,7 @@ fn cpu_stand_in_runs_every_study_and_the_report_and_resumes() {
     for p in [
         "d-partition-sweep/convnext_large-green",
         "d-partition-sweep/convnext_large-mps",
+        "d-partition-sweep/convnext_large-whole",
         "e-concurrency-sweep/resnet50",
         "e-concurrency-sweep/yolov8n",
     ] {
@@ -208,7 +209,7 @@ fn cpu_stand_in_runs_every_study_and_the_report_and_resumes() {
     let lines = |kind: &str| log.lines().filter(|l| l.contains(kind)).count();
     assert_eq!(lines(" maxrate "), runs.len(), "{log}");
     assert_eq!(lines(" isolation "), 18);
-    assert_eq!(lines(" sweep "), 4);
+    assert_eq!(lines(" sweep "), 5);
     assert!(log
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -291,7 +292,7 @@ fn dry_run_for_the_h100_writes_scenarios_that_plan_admits() {
         assert!(!out.join("a-maxrate/ims.json").exists());
         let shown = stdout.matches("[dry-run]").count();
         assert!(
-            shown > a_runs(&s).len() + 18 + 4,
+            shown > a_runs(&s).len() + 18 + 5,
             "{shown} commands shown:\n{stdout}"
         );
         assert!(stdout.contains("Estimated device time"), "{stdout}");

@@ -553,7 +553,26 @@ class Digest:
                "(`telemetry.memory_used_mib.max`); power: mean over the run (`telemetry.power_w`). "
                "Telemetry exists only on cuda. \"x full\" = throughput over the largest size's; "
                "share = SMs / %d or thread %% / 100." % self.sms, "")
+        # The unpartitioned baseline: a one-point concurrency sweep (reproduce.py's <model>-whole).
+        whole = None
         for name, sd, sw in found:
+            if sw.get("kind") == "concurrency":
+                pts = [p for p in (sw.get("points") or []) if isinstance(p, dict)]
+                if pts:
+                    whole = (name, self.point(sd, pts[0]))
+        if whole is not None:
+            x = whole[1]
+            self.w("**Unpartitioned baseline** (`%s`: the model alone on the whole GPU, one process, "
+                   "no partition): throughput %s img/s, mean %s ms, p99 %s ms, process %s MiB, "
+                   "device %s MiB, power %s W, %s J/image, status %s. \"x whole\" below = "
+                   "throughput over this." % (
+                       whole[0], f(x["tput_sum"]), f(x["mean_ms"], 3), f(x["p99_ms"], 3),
+                       f(x["mem_proc"], 0), f(x["mem_dev"], 0), f(x["power"]), f(x["j_img"], 3),
+                       x["status"] if x["ok"] else "%s (no summary)" % x["status"]), "")
+        base = whole[1]["tput_sum"] if whole is not None else None
+        for name, sd, sw in found:
+            if sw.get("kind") == "concurrency":
+                continue
             mech = sw.get("mechanism", "-")
             unit = str(sw.get("unit") or ("sms" if mech == "green" else "thread_pct"))
             pts = [p for p in (sw.get("points") or []) if isinstance(p, dict)]
@@ -569,9 +588,10 @@ class Digest:
                 size = num(p.get(unit))
                 share = None if size is None else (size / self.sms if unit == "sms" else size / 100.0)
                 rows.append([f(size, 0), f(share, 3), f(x["tput_sum"]), ratio(x["tput_sum"], full),
+                             ratio(x["tput_sum"], base),
                              f(x["mean_ms"], 3), f(x["p99_ms"], 3), f(x["mem_proc"], 0), f(x["mem_dev"], 0),
                              f(x["power"]), f(x["j_img"], 3), x["status"] if x["ok"] else "%s (no summary)" % x["status"]])
-            self.w(*table([unit, "share", "throughput img/s", "x full", "mean ms", "p99 ms",
+            self.w(*table([unit, "share", "throughput img/s", "x full", "x whole", "mean ms", "p99 ms",
                            "process MiB", "device MiB", "power W", "J/image", "status"], rows))
             self.w("")
 

@@ -481,6 +481,20 @@ class Driver:
 
             self.sub_run("d", state, name, go)
 
+        # The unpartitioned baseline (paper 000 compares MIG with no MIG): the same model alone
+        # on the whole GPU, one process, closed loop, as one concurrency point.
+        name = "%s-whole" % spec["model"]
+
+        def whole(name=name):
+            argv = ["sweep", "concurrency", "--model", self.model_for(spec["model"], "timeslice"),
+                    "--workloads", "1", "--batch", self.batch, "--precision", self.precision,
+                    "--mechanism", "timeslice"]
+            argv += self.sweep_common() + self.out_flag(os.path.join(d, name))
+            self.run(argv, os.path.join(d, "logs", name + ".log"))
+            return None
+
+        self.sub_run("d", state, name, whole)
+
     def study_e(self, state):
         d = self.study_dir("e")
         spec = self.spec["e"]
@@ -606,8 +620,10 @@ class Driver:
             return [("%s-%s-%dw" % (m, mech, spec["victims"] + 1), self.est_iso(sc, study, m, mech, c))
                     for m in spec["models"] for mech, c in spec["mechanisms"].items()]
         if study == "d":
+            est = self.est_consts()
             return [("%s-%s" % (self.spec["d"]["model"], mech), self.est_d(sc, mech))
-                    for mech in self.spec["d"]["mechanisms"]]
+                    for mech in self.spec["d"]["mechanisms"]] + [
+                ("%s-whole" % self.spec["d"]["model"], sc["sweep_duration_s"] + est["run_overhead_s"])]
         return [(m, self.est_e(sc, m)) for m in self.spec["e"]["models"]]
 
     def estimate(self, scale_name):
