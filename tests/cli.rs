@@ -134,6 +134,9 @@ fn quickstart_runs_without_arguments_into_a_new_runs_folder() {
     assert!(name.len() == 15 && name.as_bytes()[8] == b'-', "{name}");
     let s = summary(&dir);
     assert_eq!(s["status"], "ok");
+    // Linux reports steal time (0 on bare metal): a share of the machine's CPU, in %.
+    let steal = f(&s["cpu_steal_pct"]);
+    assert!((0.0..=100.0).contains(&steal), "cpu_steal_pct {steal}");
     // On a machine with a CUDA GPU the GPU quickstart runs instead (CI has none).
     let gpu = std::path::Path::new("/dev/nvidiactl").exists();
     let expected = if gpu {

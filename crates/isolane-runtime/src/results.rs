@@ -59,6 +59,11 @@ pub struct RunSummary {
     pub t0_monotonic_ns: Option<i64>,
     /// From t0 to the end of the last workload.
     pub wall_s: f64,
+    /// Share of this machine's CPU time (all CPUs, %) that a hypervisor took during the run
+    /// (the steal column of /proc/stat): on a shared VM, late starts and missed deadlines with
+    /// a high value here are the host's, not the workloads'. Absent where not reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_steal_pct: Option<f64>,
     pub workloads: Vec<WorkloadSummary>,
     /// Device telemetry over the run (isolane-telemetry's summary), when it was sampled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,6 +159,7 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
         scenario: info.scenario.clone(),
         t0_monotonic_ns: result.t0_ns,
         wall_s: result.wall_s,
+        cpu_steal_pct: result.cpu_steal_pct,
         workloads,
         telemetry: None,
     }
