@@ -126,6 +126,9 @@ pub struct RunSummary {
     pub status: String,
     #[serde(default)]
     pub wall_s: f64,
+    /// Share of the machine's CPU a hypervisor took during the run (%), where recorded.
+    #[serde(default)]
+    pub cpu_steal_pct: Option<f64>,
     pub workloads: Vec<WorkloadSummary>,
     #[serde(default)]
     pub telemetry: Option<TelemetrySummary>,

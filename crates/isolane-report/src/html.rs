@@ -580,6 +580,13 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
         );
     }
     let _ = write!(intro, " · {:.2} s · {}", r.summary.wall_s, r.path.display());
+    // Worth a reader's attention only where it can explain tail latencies (docs/runtime.md).
+    if let Some(steal) = r.summary.cpu_steal_pct.filter(|&p| p > 1.0) {
+        let _ = write!(
+            intro,
+            " · the hypervisor took {steal:.1} % of the host's CPU"
+        );
+    }
     page.h2(&format!("Run {}", r.label), &intro);
     let header: Vec<String> = [
         "workload",
@@ -706,6 +713,7 @@ mod tests {
                 command: "isolation".into(),
                 status: "ok".into(),
                 wall_s: 1.0,
+                cpu_steal_pct: None,
                 workloads: victims
                     .iter()
                     .map(|(v, _)| workload(v, "resnet18"))
