@@ -67,7 +67,8 @@ bench() {
         --precisions "$precs" --replays "$replays" --ours "$out/ours.jsonl" | tee "$out/table.txt"
 }
 
-# There: what the engine issue still has to show on the GPU, in one call of about 7 minutes.
+# There: what the engine issue still has to show on the GPU, in two calls (10 minutes each at
+# most): `engine-checks correctness`, then `engine-checks memory,batch64,quickstart`.
 #   bash scripts/gpu-test.sh engine-checks [correctness,memory,batch64,quickstart]
 # correctness: the cuda backend against PyTorch directly, same exported weights, 7 models ×
 #   fp32/tf32/fp16/bf16 (tools/reference); memory: the free-memory drop per model with and without
@@ -83,7 +84,7 @@ engine_checks() {
     status=0
     if [[ $parts == *correctness* ]]; then
         echo "=== correctness: cuda backend vs PyTorch (same weights and input)"
-        PYTHONUNBUFFERED=1 python3 tools/reference/export.py --out /tmp/ref ${models//,/ } >"$out/export.log" 2>&1 \
+        PYTHONUNBUFFERED=1 python3 tools/reference/export.py --no-onnx --out /tmp/ref ${models//,/ } >"$out/export.log" 2>&1 \
             || { tail -n 20 "$out/export.log"; status=1; }
         for p in fp32 tf32 fp16 bf16; do
             PYTHONUNBUFFERED=1 python3 tools/reference/compare.py --isolane stage/isolane --ref /tmp/ref \

@@ -100,7 +100,7 @@ def save_safetensors(state, path):
     os.replace(tmp, path)
 
 
-def export(name, out, seed, opset):
+def export(name, out, seed, opset, onnx=True):
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     torch.manual_seed(seed)
@@ -118,6 +118,9 @@ def export(name, out, seed, opset):
     np.save(os.path.join(d, "input.npy"), x.numpy().astype(np.float32))
     np.save(os.path.join(d, "output.npy"), y.numpy().astype(np.float32))
 
+    if not onnx:
+        print(f"{name}: input {tuple(x.shape)} output {tuple(y.shape)} -> {d} (no ONNX)", flush=True)
+        return
     torch.onnx.export(
         wrapped,
         (x,),
@@ -147,6 +150,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--opset", type=int, default=17)
     ap.add_argument("--classes", help="write torchvision's ImageNet class names to this file")
+    ap.add_argument("--no-onnx", action="store_true",
+                    help="safetensors, input and output only (for compare.py --kinds safetensors)")
     args = ap.parse_args()
     # fp32 reference: no TF32 anywhere, deterministic CPU maths.
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -155,7 +160,7 @@ def main():
     if args.classes:
         write_classes(args.classes)
     for name in args.models:
-        export(name, args.out, args.seed, args.opset)
+        export(name, args.out, args.seed, args.opset, onnx=not args.no_onnx)
 
 
 if __name__ == "__main__":
