@@ -67,7 +67,7 @@ pub struct MaxrateArgs {
     /// Absolute rate step in jobs/s.
     #[arg(long, default_value_t = 1.0, conflicts_with = "relative_step", value_parser = positive)]
     step: f64,
-    /// Relative rate step instead: multiply/divide the rate by 1 + F (e.g. 0.01).
+    /// Relative rate step instead: multiply/divide the rate by 1 + F, 0 < F < 1 (e.g. 0.01).
     #[arg(long, value_name = "F", value_parser = positive)]
     relative_step: Option<f64>,
     /// Statistical acceptance: confidence of the on-time claim (e.g. 0.95); needs --target.

@@ -163,8 +163,12 @@ impl MaxRateConfig {
             Step::Absolute(s) if !(s.is_finite() && s > 0.0) => {
                 return bad(format!("absolute step {s} must be a finite number > 0"))
             }
-            Step::Relative(r) if !(r.is_finite() && r > 0.0) => {
-                return bad(format!("relative step {r} must be a finite fraction > 0"))
+            // A step of 100 % or more is almost always a percentage typed as a fraction (5 for
+            // 5 %), and would halve or worse the rate at each failure.
+            Step::Relative(r) if !(r.is_finite() && r > 0.0 && r < 1.0) => {
+                return bad(format!(
+                    "relative step {r} must be a fraction of the rate, 0 < F < 1 (0.05 = 5 %)"
+                ))
             }
             _ => {}
         }
@@ -506,6 +510,10 @@ mod tests {
             },
             MaxRateConfig {
                 step: Step::Relative(f64::NAN),
+                ..MaxRateConfig::default()
+            },
+            MaxRateConfig {
+                step: Step::Relative(5.0),
                 ..MaxRateConfig::default()
             },
             MaxRateConfig {
