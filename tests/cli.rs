@@ -208,6 +208,10 @@ fn compare_prints_both_runs_and_a_p_value() {
         stdout.contains("ra") && stdout.contains("rb") && stdout.contains("latency p50"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("CPU taken by the hypervisor during the run: ra "),
+        "{stdout}"
+    );
     // 1 ms vs 8 ms jobs: the distributions differ beyond doubt, even where other tests running
     // beside this one stretch some 1 ms jobs (1 vs 2 ms gave p = 6e-4 on a busy machine).
     let p: f64 = stdout

@@ -86,6 +86,16 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
             println!("workload `{}` is only in {}", wb.name, lb);
         }
     }
+    // A difference in the host's steal can explain a difference in the tails (docs/runtime.md).
+    let steal = |s: &RunSummary| {
+        s.cpu_steal_pct
+            .map_or("not recorded".into(), |p| format!("{p:.1} %"))
+    };
+    println!(
+        "CPU taken by the hypervisor during the run: {la} {}, {lb} {}",
+        steal(&a),
+        steal(&b)
+    );
     if matched == 0 {
         return Err(user("the two runs have no workload name in common"));
     }
