@@ -285,7 +285,7 @@ fn search(
     for _ in 0..args.warmup {
         warm.push(runner_warm(&mut runner)?);
     }
-    let (search_t0, steal_at_start) = (clock::now_ns(), clock::cpu_steal_ns());
+    let steal = clock::StealMeter::start();
     let result = match find_max_rate(&mut runner, &cfg) {
         Ok(r) => r,
         Err(MaxRateError::Runner(RunnerError::Interrupted)) => {
@@ -320,12 +320,7 @@ fn search(
         )
     );
     // A search on a VM whose host took CPU settles lower than the machine allows.
-    let cpu_steal_pct = match (steal_at_start, clock::cpu_steal_ns()) {
-        (Some(a), Some(b)) => {
-            Some(100.0 * clock::steal_fraction(a, b, (clock::now_ns() - search_t0).max(1) as u64))
-        }
-        _ => None,
-    };
+    let cpu_steal_pct = steal.pct();
     if let Some(steal) = cpu_steal_pct.filter(|&p| p > 1.0) {
         eprintln!(
             "note: the hypervisor took {steal:.1} % of this machine's CPU during the search: \

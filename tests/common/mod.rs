@@ -112,13 +112,9 @@ pub fn within_tries(tries: usize, mut attempt: impl FnMut() -> Result<(), String
     let mut undisturbed_failures = 0;
     let (mut counted, mut extra) = (0, 0);
     while counted < tries {
-        let (t0, s0) = (clock::now_ns(), clock::cpu_steal_ns());
+        let meter = clock::StealMeter::start();
         let result = attempt();
-        let wall = (clock::now_ns() - t0).max(1) as u64;
-        let steal = match (s0, clock::cpu_steal_ns()) {
-            (Some(a), Some(b)) => clock::steal_fraction(a, b, wall),
-            _ => 0.0,
-        };
+        let steal = meter.fraction().unwrap_or(0.0);
         match result {
             Ok(()) => return,
             Err(e) => {

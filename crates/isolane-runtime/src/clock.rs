@@ -23,37 +23,70 @@ pub fn now_ns() -> i64 {
     ns
 }
 
-/// CPU time the hypervisor has taken from this machine's vCPUs since boot ("steal", summed over
-/// all CPUs, from /proc/stat), in ns; `None` where the kernel does not report it. On a shared VM
-/// a vCPU held off by the host looks, from inside, like a thread that was late for no reason:
-/// the difference of two readings says how much of an interval the machine did not have.
-pub fn cpu_steal_ns() -> Option<u64> {
+/// /proc/stat's steal counter (summed over all CPUs, in ns) and the number of CPUs it sums
+/// over, from one read of the file.
+fn read_steal() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
     // cpu user nice system idle iowait irq softirq steal ...
     let jiffies: u64 = line.split_whitespace().nth(8)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions; it returns -1 for an unknown name.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| jiffies.saturating_mul(1_000_000_000) / hz as u64)
+    let cpus = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count() as u64;
+    (hz > 0).then(|| {
+        (
+            jiffies.saturating_mul(1_000_000_000) / hz as u64,
+            cpus.max(1),
+        )
+    })
+}
+
+/// CPU time the hypervisor has taken from this machine's vCPUs since boot ("steal", summed over
+/// all CPUs, from /proc/stat), in ns; `None` where the kernel does not report it. On a shared VM
+/// a vCPU held off by the host looks, from inside, like a thread that was late for no reason:
+/// the difference of two readings says how much of an interval the machine did not have.
+pub fn cpu_steal_ns() -> Option<u64> {
+    read_steal().map(|(ns, _)| ns)
 }
 
 /// Number of CPUs that /proc/stat lists (what `cpu_steal_ns` is summed over), at least 1.
 pub fn online_cpus() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let n = stat
-        .lines()
-        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
-        .count() as u64;
-    n.max(1)
+    read_steal().map_or(1, |(_, cpus)| cpus)
 }
 
-/// Share of the machine's CPU time (all CPUs) that the hypervisor took between two
-/// `cpu_steal_ns` readings `wall_ns` apart, in [0, 1] (the counter ticks in 10 ms jiffies, so a
-/// very short interval could otherwise read above 1).
-pub fn steal_fraction(before_ns: u64, after_ns: u64, wall_ns: u64) -> f64 {
-    let f =
-        after_ns.saturating_sub(before_ns) as f64 / (wall_ns.max(1) as f64 * online_cpus() as f64);
-    f.min(1.0)
+/// How much of the machine's CPU the hypervisor takes over an interval: started where the
+/// interval starts, read where it ends.
+#[derive(Debug, Clone, Copy)]
+pub struct StealMeter {
+    start_ns: i64,
+    steal_ns: Option<u64>,
+}
+
+impl StealMeter {
+    pub fn start() -> StealMeter {
+        StealMeter {
+            start_ns: now_ns(),
+            steal_ns: cpu_steal_ns(),
+        }
+    }
+
+    /// Share of the machine's CPU time (all CPUs) taken since `start`, in [0, 1] (the counter
+    /// ticks in 10 ms jiffies, so a very short interval could otherwise read above 1); `None`
+    /// where the kernel does not report steal.
+    pub fn fraction(&self) -> Option<f64> {
+        let before = self.steal_ns?;
+        let (after, cpus) = read_steal()?;
+        let wall = (now_ns() - self.start_ns).max(1) as f64;
+        Some((after.saturating_sub(before) as f64 / (wall * cpus as f64)).min(1.0))
+    }
+
+    /// `fraction` in %.
+    pub fn pct(&self) -> Option<f64> {
+        self.fraction().map(|f| 100.0 * f)
+    }
 }
 
 /// Sleeps until the absolute monotonic time `t_ns` (or returns at once if it has passed).

@@ -136,7 +136,7 @@ pub struct RunResult {
     pub interrupted: bool,
     pub workloads: Vec<WorkloadResult>,
     /// Share of the machine's CPU time (all CPUs, %) that the hypervisor took from t0 to the
-    /// end (`clock::cpu_steal_ns`); `None` where not reported or the run never started.
+    /// end (`clock::StealMeter`); `None` where not reported or the run never started.
     pub cpu_steal_pct: Option<f64>,
 }
 
@@ -341,7 +341,7 @@ pub fn run(
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
-    let steal_at_start = clock::cpu_steal_ns();
+    let steal = clock::StealMeter::start();
     let t0 = if aborted || ready == 0 {
         shared.gate.open(GateState::Abort);
         None
@@ -403,14 +403,8 @@ pub fn run(
         _ => 0.0,
     };
     // Read after the workloads ended (a little past `end`): the interval is the run's, to
-    // within the join's few ms.
-    let cpu_steal_pct = match (t0, steal_at_start, clock::cpu_steal_ns()) {
-        (Some(t0), Some(a), Some(b)) => {
-            let span = (clock::now_ns() - t0).max(1) as u64;
-            Some(100.0 * clock::steal_fraction(a, b, span))
-        }
-        _ => None,
-    };
+    // within the start delay and the join's few ms.
+    let cpu_steal_pct = t0.and(steal.pct());
     Ok(RunResult {
         t0_ns: t0,
         wall_s,

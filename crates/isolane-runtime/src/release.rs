@@ -186,15 +186,12 @@ mod tests {
         let mut exec = SpinExecutor::new(service_ns, 0, 1);
         let stop = AtomicBool::new(false);
         let mut sink = VecSink::with_capacity(capacity_for(schedule, Some(service_ns)), None);
-        let s0 = clock::cpu_steal_ns();
+        let steal = clock::StealMeter::start();
         let t0 = clock::now_ns() + 2_000_000;
         let end = run_loop(&mut exec, schedule, t0, 200_000, &stop, &mut sink).unwrap();
         assert_eq!(end, LoopEnd::Completed);
         let wall = clock::now_ns() - t0;
-        let steal = match (s0, clock::cpu_steal_ns()) {
-            (Some(a), Some(b)) => clock::steal_fraction(a, b, (wall + 2_000_000) as u64),
-            _ => 0.0,
-        };
+        let steal = steal.fraction().unwrap_or(0.0);
         ((sink.records, wall), steal)
     }
 
