@@ -8,39 +8,12 @@
 //! Needs python3 (standard library only). Without it the tests print a skip message, unless
 //! `ISOLANE_REQUIRE_PYTHON=1`, where they fail.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_isolane");
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn python() -> Option<&'static str> {
-    let ok = Command::new("python3")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if ok {
-        return Some("python3");
-    }
-    if std::env::var("ISOLANE_REQUIRE_PYTHON").as_deref() == Ok("1") {
-        panic!("python3 is needed by scenarios/papers/digest.py (ISOLANE_REQUIRE_PYTHON=1)");
-    }
-    eprintln!("skipped: no python3 on this machine (set ISOLANE_REQUIRE_PYTHON=1 to fail instead)");
-    None
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::papers::*;
 
 fn digest(py: &str, root: &Path, extra: &[&str]) -> Output {
     Command::new(py)
@@ -50,11 +23,6 @@ fn digest(py: &str, root: &Path, extra: &[&str]) -> Output {
         .current_dir(repo())
         .output()
         .unwrap()
-}
-
-fn json(p: &Path) -> serde_json::Value {
-    let t = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&t).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -143,21 +111,7 @@ fn digest_of_the_cpu_stand_in_and_of_study_a_alone() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("results");
     let t0 = std::time::Instant::now();
-    let o = Command::new(py)
-        .arg(repo().join("scenarios/papers/reproduce.py"))
-        .args([
-            "--isolane",
-            BIN,
-            "--backend",
-            "cpu",
-            "--scale",
-            "tiny",
-            "--out",
-        ])
-        .arg(&out)
-        .current_dir(repo())
-        .output()
-        .unwrap();
+    let o = driver(py, &out, &["--backend", "cpu", "--scale", "tiny"]);
     assert!(o.status.success(), "reproduce.py: {}", text(&o));
     eprintln!(
         "reproduce.py, cpu tiny: {:.1} s",

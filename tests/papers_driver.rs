@@ -9,55 +9,12 @@
 //! Needs python3 (standard library only). Without it the tests print a skip message, unless
 //! `ISOLANE_REQUIRE_PYTHON=1`, where they fail.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_isolane");
+use std::path::Path;
+use std::process::Command;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn python() -> Option<&'static str> {
-    let ok = Command::new("python3")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if ok {
-        return Some("python3");
-    }
-    if std::env::var("ISOLANE_REQUIRE_PYTHON").as_deref() == Ok("1") {
-        panic!("python3 is needed by scenarios/papers/reproduce.py (ISOLANE_REQUIRE_PYTHON=1)");
-    }
-    eprintln!("skipped: no python3 on this machine (set ISOLANE_REQUIRE_PYTHON=1 to fail instead)");
-    None
-}
-
-fn driver(py: &str, out: &Path, extra: &[&str]) -> Output {
-    Command::new(py)
-        .arg(repo().join("scenarios/papers/reproduce.py"))
-        .args(["--isolane", BIN, "--out"])
-        .arg(out)
-        .args(extra)
-        .current_dir(repo())
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn json(p: &Path) -> serde_json::Value {
-    let t = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&t).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
+use common::papers::*;
 
 fn studies() -> serde_json::Value {
     json(&repo().join("scenarios/papers/studies.json"))

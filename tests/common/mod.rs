@@ -155,3 +155,62 @@ pub fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<(), String> {
         Err(msg())
     }
 }
+
+/// What the tests of `scenarios/papers/` (reproduce.py, digest.py) share.
+pub mod papers {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    pub const BIN: &str = env!("CARGO_BIN_EXE_isolane");
+
+    pub fn repo() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    /// python3, or `None` (with a skip message) where there is none, unless
+    /// `ISOLANE_REQUIRE_PYTHON=1`, where that fails the test.
+    pub fn python() -> Option<&'static str> {
+        let ok = Command::new("python3")
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if ok {
+            return Some("python3");
+        }
+        if std::env::var("ISOLANE_REQUIRE_PYTHON").as_deref() == Ok("1") {
+            panic!("python3 is needed by scenarios/papers/ (ISOLANE_REQUIRE_PYTHON=1)");
+        }
+        eprintln!(
+            "skipped: no python3 on this machine (set ISOLANE_REQUIRE_PYTHON=1 to fail instead)"
+        );
+        None
+    }
+
+    /// `reproduce.py --isolane <this build> --out OUT EXTRA...` from the repository root.
+    pub fn driver(py: &str, out: &Path, extra: &[&str]) -> Output {
+        Command::new(py)
+            .arg(repo().join("scenarios/papers/reproduce.py"))
+            .args(["--isolane", BIN, "--out"])
+            .arg(out)
+            .args(extra)
+            .current_dir(repo())
+            .output()
+            .unwrap()
+    }
+
+    /// Exit status, stdout and stderr, for assertion messages.
+    pub fn text(o: &Output) -> String {
+        format!(
+            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    }
+
+    pub fn json(p: &Path) -> serde_json::Value {
+        let t = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        serde_json::from_str(&t).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+}
