@@ -190,14 +190,19 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
 
 /// Strides of `shape` read as if broadcast to `out` (0 along broadcast dims).
 pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
-    let cs = contiguous_strides(shape);
+    strides_broadcast(shape, &contiguous_strides(shape), out)
+}
+
+/// `strides` of a tensor of `shape`, right-aligned to `out`: 0 where `out` has a leading dim
+/// `shape` lacks or `shape` has extent 1.
+fn strides_broadcast(shape: &[usize], strides: &[usize], out: &[usize]) -> Vec<usize> {
     let lead = out.len() - shape.len();
     (0..out.len())
         .map(|d| {
             if d < lead || shape[d - lead] == 1 {
                 0
             } else {
-                cs[d - lead]
+                strides[d - lead]
             }
         })
         .collect()
@@ -531,17 +536,7 @@ pub fn phys_strides(shape: &[usize], nhwc: bool) -> Vec<usize> {
 
 /// [`phys_strides`] broadcast to `out` (0 along broadcast dims).
 fn phys_broadcast(shape: &[usize], nhwc: bool, out: &[usize]) -> Vec<usize> {
-    let ps = phys_strides(shape, nhwc);
-    let lead = out.len() - shape.len();
-    (0..out.len())
-        .map(|d| {
-            if d < lead || shape[d - lead] == 1 {
-                0
-            } else {
-                ps[d - lead]
-            }
-        })
-        .collect()
+    strides_broadcast(shape, &phys_strides(shape, nhwc), out)
 }
 
 struct Planner<'g> {
