@@ -29,8 +29,29 @@ import torch
 import torchvision
 
 
+# Input side per model (isolane's built-in architectures take the same sizes).
+INPUT_SIZE = {"fcn_resnet50": 520}
+
+
+class OutOnly(torch.nn.Module):
+    """torchvision's segmentation models return a dict; isolane's returns the "out" tensor."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, x):
+        return self.m(x)["out"]
+
+
 def build(name, dtype):
-    m = getattr(torchvision.models, name)(weights=None).eval().cuda()
+    if name.startswith("fcn_"):
+        # No download: no pretrained backbone, no auxiliary head (as isolane's fcn_resnet50).
+        seg = getattr(torchvision.models.segmentation, name)(weights=None, weights_backbone=None, aux_loss=False)
+        m = OutOnly(seg)
+    else:
+        m = getattr(torchvision.models, name)(weights=None)
+    m = m.eval().cuda()
     if dtype != torch.float32:
         m = m.to(dtype)
     return m
@@ -54,7 +75,7 @@ def measure(name, batch, prec, replays, warmup):
     torch.backends.cudnn.benchmark = True
     dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[prec]
     model = build(name, dtype)
-    size = 224
+    size = INPUT_SIZE.get(name, 224)
     host_in = torch.randn(batch, 3, size, size).pin_memory()
     static_in = torch.empty(batch, 3, size, size, device="cuda", dtype=dtype)
     with torch.inference_mode():

@@ -54,7 +54,7 @@ run() {
 # and precisions, in one call, then one table with the ratios.
 #   bash scripts/gpu-test.sh bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS]
 bench() {
-    out=${OUT:-/tmp/isolane-out}
+    local out=${OUT:-/tmp/isolane-out}
     mkdir -p "$out"
     models=${1:-resnet18,resnet50,mobilenet_v2,convnext_base,convnext_large,vit_b_16,vit_l_32}
     batches=${2:-1}
@@ -79,7 +79,9 @@ engine_checks() {
     out=${OUT:-/tmp/isolane-out}
     mkdir -p "$out"
     parts=${1:-correctness,memory,batch64,quickstart}
-    models=resnet18,resnet50,mobilenet_v2,convnext_base,convnext_large,vit_b_16,vit_l_32
+    # MODELS=a,b narrows or widens the list (fcn_resnet50 works too; yolov8n needs Ultralytics
+    # for the PyTorch side, which the GPU machine lacks).
+    models=${MODELS:-resnet18,resnet50,mobilenet_v2,convnext_base,convnext_large,vit_b_16,vit_l_32}
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
     status=0
     if [[ $parts == *correctness* ]]; then

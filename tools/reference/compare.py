@@ -7,9 +7,11 @@ importing NAME.onnx, and (when onnxruntime is installed) onnxruntime on NAME.onn
         [--markdown table.md] [MODEL ...]
 
 relative L2 = ||isolane - pytorch|| / ||pytorch||; the acceptance bar is 1e-4 for fp32, 5e-3 for
-tf32 and 3e-2 for fp16/bf16 (with the same top-1 class). `--backend cuda --precision P` runs the
-CUDA backend instead of the CPU one; `--kinds safetensors` skips the ONNX import, `--no-ort`
-onnxruntime. Exit status 1 if any comparison fails, exceeds --tol or changes the top-1 class.
+tf32 and 3e-2 for fp16/bf16, with the same top-1 class unless it is a near-tie: the reference
+scores isolane's top-1 within 3x the RMS output error of its own (the table prints that gap).
+`--backend cuda --precision P` runs the CUDA backend instead of the CPU one; `--kinds
+safetensors` skips the ONNX import, `--no-ort` onnxruntime. Exit status 1 if any comparison
+fails, exceeds --tol or changes the top-1 class by more than a near-tie.
 """
 
 import argparse
@@ -98,7 +100,16 @@ def main():
                 if want.ndim == 2 and want.shape[1] == 1000:
                     same = bool((got.argmax(1) == want.argmax(1)).all())
                     row[f"{kind}_top1_same"] = same
-                    bad |= not same
+                    if not same:
+                        # A different top-1 is a near-tie, not an error, when the reference
+                        # scores our pick within 3x the RMS output error of its own top-1: at
+                        # this precision the two classes cannot be told apart. Recorded as
+                        # gap / RMS error so that the reader can judge.
+                        rms = float(np.sqrt(np.mean((got.astype(np.float64) - want) ** 2)))
+                        rows_i = np.arange(want.shape[0])
+                        gap = want[rows_i, want.argmax(1)] - want[rows_i, got.argmax(1)]
+                        row[f"{kind}_top1_gap_over_rms"] = float(gap.max() / max(rms, 1e-30))
+                        bad |= row[f"{kind}_top1_gap_over_rms"] > 3.0
                 if name.startswith("yolov8"):
                     # Rows 0..4 (box centres and sizes in pixels) dominate the norm; the class
                     # scores are sigmoids near 0.5 with seeded weights: compare their logits too.
@@ -115,11 +126,23 @@ def main():
         return f"{v:.2e}" if isinstance(v, float) else str(v)
 
     lines = [
-        "| model | isolane built-in + safetensors | isolane ONNX import | onnxruntime (for scale) |",
-        "| --- | --- | --- | --- |",
+        "| model | isolane built-in + safetensors | isolane ONNX import | onnxruntime (for scale) | top-1 |",
+        "| --- | --- | --- | --- | --- |",
     ]
+
+    def top1(r):
+        out = []
+        for kind in kinds:
+            if f"{kind}_top1_same" not in r:
+                continue
+            if r[f"{kind}_top1_same"]:
+                out.append("same")
+            else:
+                out.append("near-tie (%s: reference gap %.2f x RMS error)" % (kind, r[f"{kind}_top1_gap_over_rms"]))
+        return ", ".join(out) or "n/a"
+
     for r in rows:
-        lines.append(f"| {r['model']} | {fmt(r['safetensors'])} | {fmt(r['onnx'])} | {fmt(r['onnxruntime'])} |")
+        lines.append(f"| {r['model']} | {fmt(r['safetensors'])} | {fmt(r['onnx'])} | {fmt(r['onnxruntime'])} | {top1(r)} |")
     table = "\n".join(lines)
     print(f"relative L2 error of isolane ({args.backend}, {args.precision}) against PyTorch fp32 (CPU), batch 1:\n")
     print(table)

@@ -25,6 +25,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "pool2d",
     "row_mean",
     "adaptive_pool",
+    "resize2d",
     "dwconv",
     "chan_mean",
     "im2col",
@@ -340,6 +341,54 @@ extern "C" __global__ void pool2d(const T* __restrict__ x, T* __restrict__ y, Po
             acc = div > 0 ? acc / (float)div : 0.f;
         }
         st(y, yo, acc);
+    }
+}
+
+// ONNX Resize on H and W: the same f32 operations as isolane-engine's ResizeAttrs::source, so
+// that nearest picks the same source pixel as the CPU backend. xs / ys as in pool2d.
+struct ResizeP { int n, c, h, w, oh, ow, linear, coord, nearest, pad; float sh, sw; long long xs[4], ys[4]; };
+__device__ __forceinline__ float resize_src(int i, int inp, int out, float scale, int coord) {
+    switch (coord) {
+    case 0: return ((float)i + 0.5f) / scale - 0.5f;                                   // half_pixel
+    case 1: return out > 1 ? ((float)i + 0.5f) / scale - 0.5f : 0.f;                  // pytorch_half_pixel
+    case 2: return out > 1 ? (float)i * ((float)inp - 1.f) / ((float)out - 1.f) : 0.f; // align_corners
+    default: return (float)i / scale;                                                  // asymmetric
+    }
+}
+__device__ __forceinline__ int resize_nearest(float xo, int inp, int mode) {
+    bool tie = xo - truncf(xo) == 0.5f;
+    float v;
+    switch (mode) {
+    case 0: v = tie ? floorf(xo) : roundf(xo); break;  // round_prefer_floor
+    case 1: v = tie ? ceilf(xo) : roundf(xo); break;   // round_prefer_ceil
+    case 2: v = floorf(xo); break;
+    default: v = ceilf(xo);
+    }
+    return (int)fminf(fmaxf(v, 0.f), (float)(inp - 1));
+}
+extern "C" __global__ void resize2d(const T* __restrict__ x, T* __restrict__ y, ResizeP p) {
+    long long total = (long long)p.n * p.c * p.oh * p.ow;
+    GRID_STRIDE(i, total) {
+        int ow, oh, c, n;
+        if (p.ys[1] == 1) { c = i % p.c; long long r = i / p.c; ow = r % p.ow; r /= p.ow; oh = r % p.oh; n = r / p.oh; }
+        else { ow = i % p.ow; long long r = i / p.ow; oh = r % p.oh; r /= p.oh; c = r % p.c; n = r / p.c; }
+        const T* xp = x + n * p.xs[0] + c * p.xs[1];
+        long long yo = n * p.ys[0] + c * p.ys[1] + oh * p.ys[2] + ow * p.ys[3];
+        float fy = resize_src(oh, p.h, p.oh, p.sh, p.coord), fx = resize_src(ow, p.w, p.ow, p.sw, p.coord);
+        float v;
+        if (p.linear) {
+            float yc = fminf(fmaxf(fy, 0.f), (float)(p.h - 1)), xc = fminf(fmaxf(fx, 0.f), (float)(p.w - 1));
+            int y0 = (int)floorf(yc), x0 = (int)floorf(xc);
+            int y1 = min(y0 + 1, p.h - 1), x1 = min(x0 + 1, p.w - 1);
+            float ly = yc - (float)y0, lx = xc - (float)x0;
+            float top = ld(xp, y0 * p.xs[2] + x0 * p.xs[3]) * (1.f - lx) + ld(xp, y0 * p.xs[2] + x1 * p.xs[3]) * lx;
+            float bot = ld(xp, y1 * p.xs[2] + x0 * p.xs[3]) * (1.f - lx) + ld(xp, y1 * p.xs[2] + x1 * p.xs[3]) * lx;
+            v = top * (1.f - ly) + bot * ly;
+        } else {
+            int yy = resize_nearest(fy, p.h, p.nearest), xx = resize_nearest(fx, p.w, p.nearest);
+            v = ld(xp, yy * p.xs[2] + xx * p.xs[3]);
+        }
+        st(y, yo, v);
     }
 }
 

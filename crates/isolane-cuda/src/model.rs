@@ -99,6 +99,17 @@ struct PoolP {
     ys: [i64; 4],
 }
 
+/// `ResizeP` of the NVRTC source: (n, c, h, w, oh, ow, linear, coord, nearest, pad), the
+/// coordinate scales, then the strides of x and y along (n, c, h, w).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ResizeP {
+    v: [i32; 10],
+    scales: [f32; 2],
+    xs: [i64; 4],
+    ys: [i64; 4],
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct DwP {
@@ -173,6 +184,7 @@ enum Arg {
     F32(f32),
     Space(Box<Space>),
     Pool(Box<PoolP>),
+    Resize(Box<ResizeP>),
     Dw(Box<DwP>),
     Im(Box<ImP>),
     Attn(Box<AttnP>),
@@ -187,6 +199,7 @@ impl Arg {
             Arg::F32(v) => v as *const f32 as *mut c_void,
             Arg::Space(b) => &**b as *const Space as *mut c_void,
             Arg::Pool(b) => &**b as *const PoolP as *mut c_void,
+            Arg::Resize(b) => &**b as *const ResizeP as *mut c_void,
             Arg::Dw(b) => &**b as *const DwP as *mut c_void,
             Arg::Im(b) => &**b as *const ImP as *mut c_void,
             Arg::Attn(b) => &**b as *const AttnP as *mut c_void,
@@ -1355,6 +1368,39 @@ impl CudaModel {
                             Arg::I64(*hw as i64),
                         ],
                     }),
+                    StepKind::Resize {
+                        x,
+                        y,
+                        x_shape,
+                        out_hw,
+                        linear,
+                        coord,
+                        nearest,
+                        scales,
+                        nhwc,
+                    } => {
+                        let [n, c, h, w] = x_shape.map(|d| d as i32);
+                        let [oh, ow] = out_hw.map(|d| d as i32);
+                        let total = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+                        m.launches.push(Launch::Kernel {
+                            func: func("resize2d"),
+                            grid: elementwise_grid(total),
+                            block: BLOCK,
+                            args: vec![
+                                Arg::Ptr(ptr(*x)),
+                                Arg::Ptr(ptr(*y)),
+                                Arg::Resize(Box::new(ResizeP {
+                                    v: [n, c, h, w, oh, ow, *linear as i32, *coord, *nearest, 0],
+                                    scales: *scales,
+                                    xs: strides4(x_shape, *nhwc),
+                                    ys: strides4(
+                                        &[x_shape[0], x_shape[1], out_hw[0], out_hw[1]],
+                                        *nhwc,
+                                    ),
+                                })),
+                            ],
+                        });
+                    }
                     StepKind::AdaptivePool {
                         x,
                         y,

@@ -10,8 +10,8 @@
 use std::sync::Arc;
 
 use isolane_engine::ir::{
-    broadcast_shapes, infer_node, norm_axis, slice_params, Binary, Graph, Op, Tensor, Unary,
-    ValueKind,
+    broadcast_shapes, infer_node, norm_axis, slice_params, Binary, CoordMode, Graph, NearestMode,
+    Op, ResizeAttrs, ResizeMode, Tensor, Unary, ValueKind,
 };
 use isolane_engine::{EngineError, Precision, Result};
 
@@ -82,6 +82,24 @@ pub struct Storage {
     pub first: usize,
     pub last: usize,
     pub offset: usize,
+}
+
+/// Resize's coordinate transformation and nearest-rounding codes shared with the NVRTC source
+/// (`resize_src` and `resize_nearest` in kernels.rs).
+pub fn resize_codes(r: &ResizeAttrs) -> (i32, i32) {
+    let coord = match r.coord {
+        CoordMode::HalfPixel => 0,
+        CoordMode::PytorchHalfPixel => 1,
+        CoordMode::AlignCorners => 2,
+        CoordMode::Asymmetric => 3,
+    };
+    let nearest = match r.nearest {
+        NearestMode::RoundPreferFloor => 0,
+        NearestMode::RoundPreferCeil => 1,
+        NearestMode::Floor => 2,
+        NearestMode::Ceil => 3,
+    };
+    (coord, nearest)
 }
 
 /// Pointwise function codes shared with the NVRTC source (`act()` in kernels.rs).
@@ -393,6 +411,21 @@ pub enum StepKind {
         y: Loc,
         rows: usize,
         hw: usize,
+    },
+    /// ONNX Resize of H and W (nearest or bilinear), NCHW or NHWC storage alike; the codes are
+    /// [`resize_codes`]'s, `scales` [`ResizeAttrs::coord_scales`]'s.
+    Resize {
+        x: Loc,
+        y: Loc,
+        /// `[N, C, H, W]` and `[OH, OW]`.
+        x_shape: [usize; 4],
+        out_hw: [usize; 2],
+        linear: bool,
+        coord: i32,
+        nearest: i32,
+        scales: [f32; 2],
+        /// x and y stored NHWC.
+        nhwc: bool,
     },
     /// PyTorch AdaptiveAvgPool2d.
     AdaptivePool {
@@ -1704,6 +1737,28 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                         pads: [pa.pads[0], pa.pads[1]],
                         dilations: pa.dilations,
                         count_include_pad: pa.count_include_pad,
+                        nhwc: keep,
+                    },
+                );
+            }
+            Op::Resize(r) => {
+                let xl = p.raw(x0, name)?;
+                let keep = p.nhwc[x0];
+                let y = p.output(outs[0], keep);
+                let x_shape = four(&in_shapes[0], name)?;
+                let out_hw = [out_shape[2], out_shape[3]];
+                let (coord, nearest) = resize_codes(r);
+                p.push(
+                    name,
+                    StepKind::Resize {
+                        x: xl,
+                        y,
+                        x_shape,
+                        out_hw,
+                        linear: r.mode == ResizeMode::Linear,
+                        coord,
+                        nearest,
+                        scales: r.coord_scales([x_shape[2], x_shape[3]], out_hw),
                         nhwc: keep,
                     },
                 );

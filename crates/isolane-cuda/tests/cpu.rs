@@ -390,3 +390,31 @@ fn vit_fused_attention_has_no_per_layer_copies_at_batch_64() {
         "{copies:?}"
     );
 }
+
+#[test]
+fn detection_and_segmentation_models_plan_with_their_resize() {
+    // yolov8n upsamples twice (nearest ×2), fcn_resnet50 once (bilinear to the input size):
+    // both plan at every precision, channels-last or not, with the Resize steps kept in the
+    // layout of their input.
+    for (m, resizes, linear) in [("yolov8n", 2, false), ("fcn_resnet50", 1, true)] {
+        for p in Precision::ALL {
+            for cl in [true, false] {
+                let pl = planned(m, 1, p, cl);
+                check_plan(&pl);
+                let r: Vec<_> = pl
+                    .steps
+                    .iter()
+                    .filter_map(|s| match s.kind {
+                        StepKind::Resize { linear, nhwc, .. } => Some((linear, nhwc)),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(r.len(), resizes, "{m} {p:?} channels_last {cl}: {r:?}");
+                assert!(r.iter().all(|&(l, _)| l == linear));
+                if !cl {
+                    assert!(r.iter().all(|&(_, nhwc)| !nhwc));
+                }
+            }
+        }
+    }
+}

@@ -4,10 +4,16 @@
 //! that drops a term — shows up here as a wrong number, in CI, without a GPU. (The GPU kernels
 //! themselves are checked by tests/gpu.rs.)
 
+mod common;
+
+use common::{random, rel_l2};
 use isolane_cuda::plan::{
     self, act_code, binary_code, phys_strides, Loc, Plan, PlanOptions, StepKind, Strided,
 };
-use isolane_engine::ir::{Binary, Dim, Graph, Op, Tensor, Unary};
+use isolane_engine::ir::{
+    Binary, CoordMode, Dim, Graph, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Tensor,
+    Unary,
+};
 use isolane_engine::{build_model, passes, Backend, CpuBackend, Precision, Weights};
 
 struct Mem {
@@ -465,6 +471,65 @@ fn run(p: &Plan, input: &[f32]) -> Vec<f32> {
                     }
                 }
             }
+            StepKind::Resize {
+                x,
+                y,
+                x_shape,
+                out_hw,
+                linear,
+                coord,
+                nearest,
+                scales,
+                nhwc,
+            } => {
+                // The engine's definition of where each output pixel reads, from the codes the
+                // plan hands the kernel (so a wrong code or scale shows up here).
+                let r = ResizeAttrs {
+                    mode: if *linear {
+                        ResizeMode::Linear
+                    } else {
+                        ResizeMode::Nearest
+                    },
+                    coord: [
+                        CoordMode::HalfPixel,
+                        CoordMode::PytorchHalfPixel,
+                        CoordMode::AlignCorners,
+                        CoordMode::Asymmetric,
+                    ][*coord as usize],
+                    nearest: [
+                        NearestMode::RoundPreferFloor,
+                        NearestMode::RoundPreferCeil,
+                        NearestMode::Floor,
+                        NearestMode::Ceil,
+                    ][*nearest as usize],
+                    size: ResizeSize::Size(*out_hw),
+                };
+                let [n, c, h, w] = *x_shape;
+                let xs = s4(x_shape, *nhwc);
+                let ys = s4(&[n, c, out_hw[0], out_hw[1]], *nhwc);
+                for b in 0..n {
+                    for ch in 0..c {
+                        let at =
+                            |yy: usize, xx: usize| b * xs[0] + ch * xs[1] + yy * xs[2] + xx * xs[3];
+                        for oy in 0..out_hw[0] {
+                            let (y0, y1, ly) = r.source(oy, h, out_hw[0], scales[0]);
+                            for ox in 0..out_hw[1] {
+                                let (x0, x1, lx) = r.source(ox, w, out_hw[1], scales[1]);
+                                let top =
+                                    m.get(*x, at(y0, x0)) * (1.0 - lx) + m.get(*x, at(y0, x1)) * lx;
+                                let bot =
+                                    m.get(*x, at(y1, x0)) * (1.0 - lx) + m.get(*x, at(y1, x1)) * lx;
+                                let v = if *linear {
+                                    top * (1.0 - ly) + bot * ly
+                                } else {
+                                    m.get(*x, at(y0, x0))
+                                };
+                                m.set(*y, b * ys[0] + ch * ys[1] + oy * ys[2] + ox * ys[3], v);
+                            }
+                        }
+                    }
+                }
+            }
             StepKind::AdaptivePool { .. } => panic!("not emulated"),
         }
     }
@@ -474,27 +539,6 @@ fn run(p: &Plan, input: &[f32]) -> Vec<f32> {
     };
     let n: usize = p.outputs[0].shape.iter().product();
     (0..n).map(|i| m.get(out, i)).collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    if a.iter().any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    (num / den).sqrt()
-}
-
-fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 fn check(g: &Graph, batch: usize, channels_last: bool, tol: f64) {
@@ -703,4 +747,13 @@ fn resnet18_and_nchw_plans_compute_the_graph() {
     check(&g, 1, true, 1e-4);
     let g = build_model("mobilenet_v2", Weights::Synthetic { seed: 5 }).unwrap();
     check(&g, 1, false, 1e-4);
+}
+
+#[test]
+fn resize_plans_compute_the_graph_in_every_mode() {
+    for r in common::resize_cases() {
+        for channels_last in [true, false] {
+            check(&common::resize_graph(r.clone()), 2, channels_last, 1e-5);
+        }
+    }
 }

@@ -253,6 +253,62 @@ pub struct ResizeAttrs {
     pub size: ResizeSize,
 }
 
+impl ResizeAttrs {
+    /// The scale of each spatial axis used in the coordinate transform: the given scales, or
+    /// output / input for an explicit size (ONNX's definition).
+    pub fn coord_scales(&self, in_hw: [usize; 2], out_hw: [usize; 2]) -> [f32; 2] {
+        match self.size {
+            ResizeSize::Scales(s) => s,
+            ResizeSize::Size(_) => [
+                out_hw[0] as f32 / in_hw[0] as f32,
+                out_hw[1] as f32 / in_hw[1] as f32,
+            ],
+        }
+    }
+
+    /// Where output index `i` of an axis (`inp` long in, `out` long out, `scale` from
+    /// [`ResizeAttrs::coord_scales`]) reads: `(i0, i1, weight of i1)`; nearest reads `i0` only
+    /// (`i1 == i0`, weight 0). Every backend's Resize follows this (the cuda kernel mirrors it
+    /// in CUDA C, in the same f32 operations).
+    pub fn source(&self, i: usize, inp: usize, out: usize, scale: f32) -> (usize, usize, f32) {
+        let xo = match self.coord {
+            CoordMode::HalfPixel => (i as f32 + 0.5) / scale - 0.5,
+            CoordMode::PytorchHalfPixel => {
+                if out > 1 {
+                    (i as f32 + 0.5) / scale - 0.5
+                } else {
+                    0.0
+                }
+            }
+            CoordMode::AlignCorners => {
+                if out > 1 {
+                    i as f32 * (inp as f32 - 1.0) / (out as f32 - 1.0)
+                } else {
+                    0.0
+                }
+            }
+            CoordMode::Asymmetric => i as f32 / scale,
+        };
+        let last = (inp - 1) as f32;
+        if self.mode == ResizeMode::Linear {
+            let xc = xo.clamp(0.0, last);
+            let i0 = xc.floor() as usize;
+            let i1 = (i0 + 1).min(inp - 1);
+            (i0, i1, xc - i0 as f32)
+        } else {
+            let v = match self.nearest {
+                NearestMode::Floor => xo.floor(),
+                NearestMode::Ceil => xo.ceil(),
+                NearestMode::RoundPreferFloor if xo.fract() == 0.5 => xo.floor(),
+                NearestMode::RoundPreferCeil if xo.fract() == 0.5 => xo.ceil(),
+                NearestMode::RoundPreferFloor | NearestMode::RoundPreferCeil => xo.round(),
+            };
+            let i0 = v.clamp(0.0, last) as usize;
+            (i0, i0, 0.0)
+        }
+    }
+}
+
 /// The ops. Input conventions are given per variant; `Graph::validate` checks arity.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {

@@ -13,8 +13,8 @@ use super::packed::{Epi, Isa, PackedA};
 
 use crate::error::{EngineError, Result};
 use crate::ir::{
-    broadcast_shapes, norm_axis, slice_params, Binary, CoordMode, NearestMode, Node, Op, PoolAttrs,
-    ReduceKind, ResizeMode, ResizeSize, Unary,
+    broadcast_shapes, norm_axis, slice_params, Binary, Node, Op, PoolAttrs, ReduceKind, ResizeMode,
+    Unary,
 };
 
 /// A buffer a kernel reads or writes: a pointer into memory owned by the compiled model.
@@ -796,62 +796,10 @@ impl Kernel {
             }
             Op::Resize(r) => {
                 let (h, w, oh, ow) = (x[2], x[3], o[2], o[3]);
-                let (sh, sw) = match r.size {
-                    ResizeSize::Scales([a, b]) => (a, b),
-                    ResizeSize::Size(_) => (oh as f32 / h as f32, ow as f32 / w as f32),
-                };
+                let [sh, sw] = r.coord_scales([h, w], [oh, ow]);
                 let linear = r.mode == ResizeMode::Linear;
                 let axis = |inp: usize, out: usize, scale: f32| -> Vec<(usize, usize, f32)> {
-                    (0..out)
-                        .map(|i| {
-                            let xo = match r.coord {
-                                CoordMode::HalfPixel => (i as f32 + 0.5) / scale - 0.5,
-                                CoordMode::PytorchHalfPixel => {
-                                    if out > 1 {
-                                        (i as f32 + 0.5) / scale - 0.5
-                                    } else {
-                                        0.0
-                                    }
-                                }
-                                CoordMode::AlignCorners => {
-                                    if out > 1 {
-                                        i as f32 * (inp as f32 - 1.0) / (out as f32 - 1.0)
-                                    } else {
-                                        0.0
-                                    }
-                                }
-                                CoordMode::Asymmetric => i as f32 / scale,
-                            };
-                            let last = (inp - 1) as f32;
-                            if linear {
-                                let xc = xo.clamp(0.0, last);
-                                let i0 = xc.floor() as usize;
-                                let i1 = (i0 + 1).min(inp - 1);
-                                (i0, i1, xc - i0 as f32)
-                            } else {
-                                let v = match r.nearest {
-                                    NearestMode::Floor => xo.floor(),
-                                    NearestMode::Ceil => xo.ceil(),
-                                    NearestMode::RoundPreferFloor => {
-                                        if xo.fract() == 0.5 {
-                                            xo.floor()
-                                        } else {
-                                            xo.round()
-                                        }
-                                    }
-                                    NearestMode::RoundPreferCeil => {
-                                        if xo.fract() == 0.5 {
-                                            xo.ceil()
-                                        } else {
-                                            xo.round()
-                                        }
-                                    }
-                                };
-                                let i0 = v.clamp(0.0, last) as usize;
-                                (i0, i0, 0.0)
-                            }
-                        })
-                        .collect()
+                    (0..out).map(|i| r.source(i, inp, out, scale)).collect()
                 };
                 Kernel::Resize(ResizeK {
                     nc: x[0] * x[1],
