@@ -86,7 +86,7 @@ engine_checks() {
     status=0
     if [[ $parts == *correctness* ]]; then
         echo "=== correctness: cuda backend vs PyTorch (same weights and input)"
-        PYTHONUNBUFFERED=1 python3 tools/reference/export.py --no-onnx --out /tmp/ref ${models//,/ } >"$out/export.log" 2>&1 \
+        PYTHONUNBUFFERED=1 python3 tools/reference/export.py --no-onnx --torch-cuda fp32,tf32,fp16,bf16 --out /tmp/ref ${models//,/ } >"$out/export.log" 2>&1 \
             || { tail -n 20 "$out/export.log"; status=1; }
         for p in fp32 tf32 fp16 bf16; do
             PYTHONUNBUFFERED=1 python3 tools/reference/compare.py --isolane stage/isolane --ref /tmp/ref \

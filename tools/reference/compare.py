@@ -119,6 +119,16 @@ def main():
             row[f"{kind}_s"] = secs
         y = None if args.no_ort else run_ort(os.path.join(d, f"{name}.onnx"), np.load(inp))
         row["onnxruntime"] = rel_l2(y, want) if y is not None else "n/a"
+        # PyTorch's own GPU output at this precision (export.py --torch-cuda), for scale: what
+        # the precision costs PyTorch against the same fp32 reference.
+        tp = os.path.join(d, f"output_torch_{args.precision}.npy")
+        if os.path.isfile(tp):
+            t = np.load(tp)
+            row["pytorch_same_precision"] = rel_l2(t, want)
+            if want.ndim == 2 and want.shape[1] == 1000:
+                row["pytorch_same_precision_top1_same"] = bool((t.argmax(1) == want.argmax(1)).all())
+        else:
+            row["pytorch_same_precision"] = "n/a"
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
 
@@ -126,8 +136,9 @@ def main():
         return f"{v:.2e}" if isinstance(v, float) else str(v)
 
     lines = [
-        "| model | isolane built-in + safetensors | isolane ONNX import | onnxruntime (for scale) | top-1 |",
-        "| --- | --- | --- | --- | --- |",
+        f"| model | isolane built-in + safetensors | isolane ONNX import | onnxruntime (for scale) "
+        f"| PyTorch cuda {args.precision} (for scale) | top-1 |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
 
     def top1(r):
@@ -142,7 +153,11 @@ def main():
         return ", ".join(out) or "n/a"
 
     for r in rows:
-        lines.append(f"| {r['model']} | {fmt(r['safetensors'])} | {fmt(r['onnx'])} | {fmt(r['onnxruntime'])} | {top1(r)} |")
+        pt = fmt(r["pytorch_same_precision"])
+        if r.get("pytorch_same_precision_top1_same") is False:
+            pt += " (top-1 differs)"
+        lines.append(f"| {r['model']} | {fmt(r['safetensors'])} | {fmt(r['onnx'])} | {fmt(r['onnxruntime'])} "
+                     f"| {pt} | {top1(r)} |")
     table = "\n".join(lines)
     print(f"relative L2 error of isolane ({args.backend}, {args.precision}) against PyTorch fp32 (CPU), batch 1:\n")
     print(table)

@@ -7,6 +7,9 @@ For each model NAME it writes, under OUT/NAME/:
     NAME.onnx         torch.onnx.export, classic exporter (dynamo=False), opset 17, dynamic batch
     input.npy         a seeded standard-normal input, batch 1
     output.npy        PyTorch's fp32 output on the CPU (TF32 off), batch 1
+    output_torch_P.npy  with --torch-cuda P,...: PyTorch's own output on the GPU at precision P
+                      (fp32, tf32, fp16, bf16), so that compare.py can show how far PyTorch
+                      itself moves from the fp32 reference at that precision
 
 Weights: torch.manual_seed(seed), the model's own initialisation, then every tensor that the
 initialisation leaves constant (BatchNorm running stats and affine parameters, LayerNorm
@@ -100,7 +103,27 @@ def save_safetensors(state, path):
     os.replace(tmp, path)
 
 
-def export(name, out, seed, opset, onnx=True):
+def torch_cuda_output(wrapped, x, prec):
+    """PyTorch's output at `prec` on the GPU (a copy of the model; the fp32 one is untouched)."""
+    import copy
+
+    dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[prec]
+    tf32 = prec == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        m = copy.deepcopy(wrapped).to("cuda", dtype).eval()
+        with torch.no_grad():
+            y = m(x.to("cuda", dtype)).float().cpu()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    del m
+    torch.cuda.empty_cache()
+    return y
+
+
+def export(name, out, seed, opset, onnx=True, torch_cuda=()):
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     torch.manual_seed(seed)
@@ -117,6 +140,9 @@ def export(name, out, seed, opset, onnx=True):
         y = wrapped(x)
     np.save(os.path.join(d, "input.npy"), x.numpy().astype(np.float32))
     np.save(os.path.join(d, "output.npy"), y.numpy().astype(np.float32))
+    for prec in torch_cuda:
+        yp = torch_cuda_output(wrapped, x, prec)
+        np.save(os.path.join(d, f"output_torch_{prec}.npy"), yp.numpy().astype(np.float32))
 
     if not onnx:
         print(f"{name}: input {tuple(x.shape)} output {tuple(y.shape)} -> {d} (no ONNX)", flush=True)
@@ -152,7 +178,15 @@ def main():
     ap.add_argument("--classes", help="write torchvision's ImageNet class names to this file")
     ap.add_argument("--no-onnx", action="store_true",
                     help="safetensors, input and output only (for compare.py --kinds safetensors)")
+    ap.add_argument("--torch-cuda", default="",
+                    help="also save PyTorch's own GPU output at these precisions, e.g. fp32,tf32,fp16,bf16")
     args = ap.parse_args()
+    torch_cuda = [p for p in args.torch_cuda.split(",") if p]
+    bad = [p for p in torch_cuda if p not in ("fp32", "tf32", "fp16", "bf16")]
+    if bad:
+        ap.error(f"--torch-cuda: unknown precision {bad[0]!r} (allowed: fp32, tf32, fp16, bf16)")
+    if torch_cuda and not torch.cuda.is_available():
+        ap.error("--torch-cuda needs a CUDA GPU")
     # fp32 reference: no TF32 anywhere, deterministic CPU maths.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -160,7 +194,7 @@ def main():
     if args.classes:
         write_classes(args.classes)
     for name in args.models:
-        export(name, args.out, args.seed, args.opset, onnx=not args.no_onnx)
+        export(name, args.out, args.seed, args.opset, onnx=not args.no_onnx, torch_cuda=torch_cuda)
 
 
 if __name__ == "__main__":

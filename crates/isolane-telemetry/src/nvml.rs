@@ -70,8 +70,12 @@ const QUERIES: [(Query, &str); 10] = [
 /// Readings before the query costs are measured and the refresh periods set (every query runs
 /// in each of them).
 const CALIBRATION_READINGS: u64 = 2;
-/// Refresh periods are recomputed from the running costs this often (readings).
-const RECALIBRATE_EVERY: u64 = 200;
+/// Refresh periods are recomputed from the running costs this often (readings: 1 s at 50 ms).
+/// Often, because a query's cost changes with the load: on the H100, with 8 worker processes
+/// starting CUDA beside the sampler, the costs measured in the first two readings were a
+/// fraction of what they became, and with a 10-s period a 2.5-s run was never recalibrated
+/// (the sampler used 3.2 % of a core instead of under 1 %).
+const RECALIBRATE_EVERY: u64 = 20;
 /// No query is refreshed less often than every this many readings (6.4 s at 50 ms).
 const MAX_EVERY: u32 = 128;
 
@@ -85,8 +89,8 @@ pub struct NvmlSource {
     gpm: bool,
     /// Readings taken so far.
     n: u64,
-    /// Per query: CPU ns of its last run (thread CPU time, so waits inside the driver that do
-    /// not burn CPU do not count), and every how many readings it runs.
+    /// Per query: CPU ns of a run (thread CPU time, so waits inside the driver that do not burn
+    /// CPU do not count; a running mean), and every how many readings it runs.
     cost_ns: [u64; QUERIES.len()],
     every: [u32; QUERIES.len()],
     budget_ns: u64,
@@ -205,7 +209,14 @@ impl Source for NvmlSource {
             }
             let t = crate::thread_cpu_ns();
             self.query(query, &mut r);
-            self.cost_ns[q] = (crate::thread_cpu_ns() - t).max(0) as u64;
+            let cost = (crate::thread_cpu_ns() - t).max(0) as u64;
+            // The mean of this run and the earlier estimate: one cheap or slow call (a driver
+            // lock held elsewhere) does not swing the refresh period by itself.
+            self.cost_ns[q] = if self.n < CALIBRATION_READINGS {
+                cost.max(self.cost_ns[q])
+            } else {
+                (self.cost_ns[q] + cost) / 2
+            };
         }
         self.n += 1;
         if self.n == CALIBRATION_READINGS || self.n.is_multiple_of(RECALIBRATE_EVERY) {
