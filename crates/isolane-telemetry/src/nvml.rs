@@ -210,10 +210,13 @@ impl Source for NvmlSource {
             let t = crate::thread_cpu_ns();
             self.query(query, &mut r);
             let cost = (crate::thread_cpu_ns() - t).max(0) as u64;
-            // The mean of this run and the earlier estimate: one cheap or slow call (a driver
-            // lock held elsewhere) does not swing the refresh period by itself.
+            // The first reading pays each query's one-time set-up inside NVML (counting it
+            // pushed power to one read in 6.4 s on the H100), so the estimate starts at the
+            // second; after that it is the mean of this run and the
+            // earlier estimate, so that one slow call (a driver lock held elsewhere) does not
+            // swing the refresh period by itself.
             self.cost_ns[q] = if self.n < CALIBRATION_READINGS {
-                cost.max(self.cost_ns[q])
+                cost
             } else {
                 (self.cost_ns[q] + cost) / 2
             };
