@@ -168,6 +168,26 @@ fn digest_of_the_cpu_stand_in_and_of_study_a_alone() {
                 );
             }
         }
+        // The victims' execution time per step, from the per-job files: a number per step
+        // and the last / first ratio.
+        let exec = &sec[sec
+            .find("### Victim execution time per step")
+            .unwrap_or_else(|| panic!("study {study}: no execution-time table:\n{sec}"))..];
+        for m in studies[study]["models"].as_array().unwrap() {
+            for mech in ["timeslice", "mps", "green"] {
+                let row = exec
+                    .lines()
+                    .map(cells)
+                    .find(|c| c.len() > 5 && c[0] == m.as_str().unwrap() && c[1] == mech)
+                    .unwrap_or_else(|| panic!("study {study}: no execution-time row {m} {mech}"));
+                let steps = &row[3..row.len() - 2];
+                assert!(steps.len() >= 2, "{row:?}");
+                for v in steps.iter().chain([&row[row.len() - 2]]) {
+                    let x: f64 = v.parse().unwrap_or_else(|_| panic!("{m} {mech}: {row:?}"));
+                    assert!(x > 0.0, "{m} {mech}: {row:?}");
+                }
+            }
+        }
     }
     // d and e: a table per sweep folder.
     assert!(md.contains("### convnext_large-green") && md.contains("### convnext_large-mps"));

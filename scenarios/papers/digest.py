@@ -366,7 +366,8 @@ class Digest:
         deadline, whole-run timeout % per role, status; None if nothing readable."""
         s = read_json(os.path.join(run_dir, "summary.json"))
         res = {"steps": [], "victim_rate": None, "deadline_ms": None, "victim_to": None,
-               "interferer_to": None, "status": "-", "victim_p99": None}
+               "interferer_to": None, "status": "-", "victim_p99": None, "starts_s": [],
+               "dir": run_dir}
         if isinstance(s, dict):
             res["status"] = s.get("status", "-")
             if s.get("interrupted"):
@@ -378,6 +379,7 @@ class Digest:
                 self.devices.add(str(dev))
             for st in s.get("steps") or []:
                 vs = st.get("victims") if isinstance(st, dict) and isinstance(st.get("victims"), list) else []
+                res["starts_s"].append(num(get(st, "start_s")))
                 res["steps"].append((num(get(st, "interferer_rate_hz")),
                                      [get(v, "timeout_pct") for v in vs],
                                      [get(v, "latency_ms", "p99") for v in vs]))
@@ -506,6 +508,59 @@ class Digest:
             self.w("**%s**" % m, "")
             self.w(*table(hdr, rows))
             self.w("")
+        self.iso_exec_section(runs, models, mechs)
+
+    @staticmethod
+    def victim_exec_ms(r):
+        """Per step: the victims' median execution time (end - start of each job, ms; the mean
+        over the victims of each one's median), from jobs/victim*.csv. None if absent."""
+        starts = r.get("starts_s") or []
+        jobs = os.path.join(r.get("dir") or "", "jobs")
+        if not starts or any(x is None for x in starts) or not os.path.isdir(jobs):
+            return None
+        per_victim = []
+        for name in sorted(os.listdir(jobs)):
+            if not (name.startswith("victim") and name.endswith(".csv")):
+                continue
+            steps = [[] for _ in starts]
+            try:
+                with open(os.path.join(jobs, name)) as fh:
+                    for row in csv.DictReader(fh):
+                        rel, a, b = num(row.get("release_ms")), num(row.get("start_ms")), num(row.get("end_ms"))
+                        if rel is None or a is None or b is None:
+                            continue
+                        k = max(i for i, t0 in enumerate(starts) if i == 0 or rel / 1000.0 >= t0)
+                        steps[k].append(b - a)
+            except OSError:
+                continue
+            per_victim.append([sorted(x)[len(x) // 2] if x else None for x in steps])
+        if not per_victim:
+            return None
+        return [mean(col) for col in zip(*per_victim)]
+
+    def iso_exec_section(self, runs, models, mechs):
+        rows = []
+        for m in models:
+            for mech in mechs:
+                r = runs[m].get(mech)
+                ex = self.victim_exec_ms(r) if r else None
+                if not ex:
+                    continue
+                dl = r.get("deadline_ms")
+                over = [str(i) for i, x in enumerate(ex) if x is not None and dl is not None and x > dl]
+                rows.append([m, mech, f(dl, 3)] + [f(x, 3) for x in ex]
+                            + [ratio(ex[-1], ex[0]), ", ".join(over) or "none"])
+        if not rows:
+            return
+        n = max(len(r) for r in rows) - 5
+        self.w("### Victim execution time per step (from jobs/*.csv)", "",
+               "What the interferer does to the victim's own work: the median time from a job's start "
+               "to its end (ms; mean over the victims), per ramp step. A victim released at its IMS has "
+               "no slack: once this passes the deadline, jobs queue and time out even though the "
+               "slowdown is small, so this shows the isolation that the timeout % hides.", "")
+        self.w(*table(["model", "mechanism", "deadline ms"] + ["step %d" % i for i in range(n)]
+                      + ["last / first", "steps over the deadline"], rows))
+        self.w("")
 
     # ---------------------------------------------------------------- d, e: sweeps
 
