@@ -307,15 +307,19 @@ __device__ __forceinline__ void softmax_warp_body(const T* __restrict__ x, T* __
     }
 }
 
+// Output element i, counted in the output's storage order (NHWC or NCHW), as (n, c, oh, ow).
+__device__ __forceinline__ void out_nchw(long long i, int C, int OH, int OW, bool nhwc, int& n, int& c, int& oh, int& ow) {
+    if (nhwc) { c = i % C; long long r = i / C; ow = r % OW; r /= OW; oh = r % OH; n = r / OH; }
+    else { ow = i % OW; long long r = i / OW; oh = r % OH; r /= OH; c = r % C; n = r / C; }
+}
+
 // xs / ys: strides of x and y along (n, c, h, w): NCHW or NHWC storage alike.
 struct PoolP { int n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, max, include_pad; long long xs[4], ys[4]; };
 extern "C" __global__ void pool2d(const T* __restrict__ x, T* __restrict__ y, PoolP p) {
     long long total = (long long)p.n * p.c * p.oh * p.ow;
     GRID_STRIDE(i, total) {
-        // i runs over (n, c, oh, ow) in the output's storage order.
         int ow, oh, c, n;
-        if (p.ys[1] == 1) { c = i % p.c; long long r = i / p.c; ow = r % p.ow; r /= p.ow; oh = r % p.oh; n = r / p.oh; }
-        else { ow = i % p.ow; long long r = i / p.ow; oh = r % p.oh; r /= p.oh; c = r % p.c; n = r / p.c; }
+        out_nchw(i, p.c, p.oh, p.ow, p.ys[1] == 1, n, c, oh, ow);
         const T* xp = x + n * p.xs[0] + c * p.xs[1];
         long long yo = n * p.ys[0] + c * p.ys[1] + oh * p.ys[2] + ow * p.ys[3];
         int h0 = oh * p.sh - p.ph, w0 = ow * p.sw - p.pw;
@@ -370,8 +374,7 @@ extern "C" __global__ void resize2d(const T* __restrict__ x, T* __restrict__ y, 
     long long total = (long long)p.n * p.c * p.oh * p.ow;
     GRID_STRIDE(i, total) {
         int ow, oh, c, n;
-        if (p.ys[1] == 1) { c = i % p.c; long long r = i / p.c; ow = r % p.ow; r /= p.ow; oh = r % p.oh; n = r / p.oh; }
-        else { ow = i % p.ow; long long r = i / p.ow; oh = r % p.oh; r /= p.oh; c = r % p.c; n = r / p.c; }
+        out_nchw(i, p.c, p.oh, p.ow, p.ys[1] == 1, n, c, oh, ow);
         const T* xp = x + n * p.xs[0] + c * p.xs[1];
         long long yo = n * p.ys[0] + c * p.ys[1] + oh * p.ys[2] + ow * p.ys[3];
         float fy = resize_src(oh, p.h, p.oh, p.sh, p.coord), fx = resize_src(ow, p.w, p.ow, p.sw, p.coord);
