@@ -268,3 +268,89 @@ fn dry_run_for_the_h100_writes_scenarios_that_plan_admits() {
         }
     }
 }
+
+/// `--victim-load F` releases the victims of b and c at F × the IMS measured by study a (here
+/// the committed H100 measurements) while the interferer still ramps to the full IMS; a load
+/// outside 0 < F ≤ 1 is refused with exit 2.
+#[test]
+fn victim_load_scales_the_victims_and_not_the_interferer() {
+    let Some(py) = python() else { return };
+    let s = studies();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("load");
+    std::fs::create_dir_all(&out).unwrap();
+    let a = repo().join("results/h100/a-maxrate");
+    for e in walk(&a) {
+        let rel = e.strip_prefix(&a).unwrap();
+        let to = out.join("a-maxrate").join(rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&e, &to).unwrap();
+    }
+    let rate = |t: &str, key: &str| -> f64 {
+        t.lines()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .and_then(|v| v.trim().trim_start_matches('=').trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in:\n{t}"))
+    };
+    let o = driver(
+        py,
+        &out,
+        &[
+            "--dry-run",
+            "--scale",
+            "brief",
+            "--only",
+            "b,c",
+            "--victim-load",
+            "0.9",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    for (study, folder) in [("b", "b-isolation-2"), ("c", "c-isolation-4")] {
+        for n in iso_names(&s, study) {
+            let t =
+                std::fs::read_to_string(out.join(format!("dry-run/{folder}/scenarios/{n}.toml")))
+                    .unwrap();
+            assert!(
+                !t.contains("ASSUMED"),
+                "{n}: the H100 IMS values are measured"
+            );
+            // The interferer's ramp ends at the IMS; the victims run at 0.9 of it.
+            let ramp = t.lines().find(|l| l.starts_with("ramp = ")).unwrap();
+            let top: f64 = ramp
+                .split("to_hz = ")
+                .nth(1)
+                .and_then(|r| r.split(',').next())
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{ramp}"));
+            let victim = rate(&t, "rate_hz");
+            assert!(
+                (victim / top - 0.9).abs() < 1e-4,
+                "{n}: victim {victim} Hz vs interferer top {top} Hz"
+            );
+        }
+    }
+    for bad in ["0", "1.5", "-0.5"] {
+        let o = driver(py, &out, &["--dry-run", "--victim-load", bad]);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "--victim-load {bad}: {}",
+            text(&o)
+        );
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--victim-load"));
+    }
+}
+
+fn walk(d: &Path) -> Vec<std::path::PathBuf> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(d).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            v.extend(walk(&p));
+        } else {
+            v.push(p);
+        }
+    }
+    v
+}

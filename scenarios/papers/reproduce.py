@@ -159,12 +159,16 @@ class Driver:
         return self.precision
 
     def key(self, study):
-        return {
+        k = {
             "study": study,
             "scale": self.args.scale,
             "backend": self.args.backend,
             "precision": self.precision_of(study),
         }
+        # Only where it differs from the papers' protocol, so that earlier results keep their key.
+        if study in ("b", "c") and self.args.victim_load != 1.0:
+            k["victim_load"] = self.args.victim_load
+        return k
 
     def study_dir(self, study):
         return os.path.join(self.out, FOLDERS[study])
@@ -346,7 +350,9 @@ class Driver:
                 "no IMS of %s under %s: study (a) has not measured it (run --only a first; "
                 "it should be in %s)" % (model, config, os.path.join(FOLDERS["a"], "%s-%s" % (model, config)))
             )
-        steps, step_s = self.ramp(hz)
+        load = self.args.victim_load
+        victim_hz = hz * load
+        steps, step_s = self.ramp(victim_hz)
         cfg = self.spec["configs"][config]
         if self.cpu:
             partition = "# partition: none on the cpu stand-in (would be %s)" % cfg["label"]
@@ -363,6 +369,9 @@ class Driver:
             % (model, mech, cfg["label"], self.args.scale, self.args.backend),
             "# victim rate and interferer top rate %s Hz: %s." % (rate_str(hz), source),
         ]
+        if load != 1.0:
+            note.append("# victims released at %s x that rate (--victim-load): %s Hz, deadline = their "
+                        "period; the interferer still ramps to the full rate." % (rate_str(load), rate_str(victim_hz)))
         if source.startswith("ASSUMED"):
             note.append("# !!! ASSUMED VALUE (--dry-run): not a measurement; study (a) must run first. !!!")
         if self.cpu:
@@ -376,7 +385,7 @@ class Driver:
             "model": self.model_for(model, config),
             "batch": self.batch,
             "precision": self.precision,
-            "victim_rate_hz": rate_str(hz),
+            "victim_rate_hz": rate_str(victim_hz),
             "duration_s": rate_str(steps * step_s),
             "warmup_jobs": 10 if not self.cpu else 2,
             "ramp_from_hz": 1,
@@ -390,7 +399,7 @@ class Driver:
         for i, n in enumerate(names):
             pin = (not self.cpu) and self.args.pin
             fields[n] = "cpu = [%d]" % (self.args.first_cpu + i) if pin else "# cpu: not pinned"
-        return fill(template, fields, spec["template"]), hz, steps, step_s, source
+        return fill(template, fields, spec["template"]), victim_hz, steps, step_s, source
 
     def plan_check(self, path, log_dir):
         """isolane plan on a generated scenario; where this build refuses real models on cuda
@@ -437,9 +446,11 @@ class Driver:
                     path = os.path.join(scen_dir, name + ".toml")
                     with open(path, "w") as f:
                         f.write(text)
-                    print("  scenario %s: victim %s Hz (%s), ramp 1 -> %s Hz, %d x %ss"
+                    top = hz / self.args.victim_load
+                    print("  scenario %s: victim %s Hz (%s%s), ramp 1 -> %s Hz, %d x %ss"
                           % (os.path.relpath(path, self.out), rate_str(hz), source.split(":")[0],
-                             rate_str(hz), steps, rate_str(step_s)))
+                             "" if self.args.victim_load == 1.0 else " x %s" % rate_str(self.args.victim_load),
+                             rate_str(top), steps, rate_str(step_s)))
                     admitted = self.plan_check(path, os.path.join(gen, "logs"))
                     run_dir = os.path.join(d, name)
                     argv = ["isolation", path, "-q"] + self.out_flag(run_dir)
@@ -584,7 +595,7 @@ class Driver:
 
     def est_iso(self, sc, study, model, mech, config):
         est = self.est_consts()
-        hz = self.ims_any(model, config)
+        hz = self.ims_any(model, config) * self.args.victim_load
         step_s = max(sc["iso_min_step_s"], sc["iso_victim_jobs_per_step"] / hz)
         t = est["run_overhead_s"] + sc["iso_steps"] * step_s + est["iso_extra_s"]
         if mech != "green":
@@ -792,8 +803,14 @@ def main():
     ap.add_argument("--budget-s", type=float,
                     help="start no sub-run whose estimated time would end past this many seconds "
                          "from now; then draw the report and exit 3 (rerun to go on)")
+    ap.add_argument("--victim-load", type=float, default=1.0, metavar="F",
+                    help="b, c: release the victims at F x their IMS (0 < F <= 1; default 1, the "
+                         "papers' protocol: no slack); deadline = their period, the interferer still "
+                         "ramps to its full IMS. Use another --out: results of another load do not mix")
     ap.add_argument("--studies", default=os.path.join(HERE, "studies.json"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not (0.0 < args.victim_load <= 1.0):
+        ap.error("--victim-load: %s is outside 0 < F <= 1 (e.g. 0.95 for 5 %% below the IMS)" % args.victim_load)
 
     only = set(s.strip() for s in args.only.split(",") if s.strip())
     bad = only - set(STUDIES)
