@@ -25,19 +25,6 @@ fn digest(py: &str, root: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
-
 /// The cells of a markdown table row `| a | b |`.
 fn cells(line: &str) -> Vec<String> {
     line.trim()

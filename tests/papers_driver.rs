@@ -278,14 +278,10 @@ fn victim_load_scales_the_victims_and_not_the_interferer() {
     let s = studies();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("load");
-    std::fs::create_dir_all(&out).unwrap();
-    let a = repo().join("results/h100/a-maxrate");
-    for e in walk(&a) {
-        let rel = e.strip_prefix(&a).unwrap();
-        let to = out.join("a-maxrate").join(rel);
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(&e, &to).unwrap();
-    }
+    copy_dir(
+        &repo().join("results/h100/a-maxrate"),
+        &out.join("a-maxrate"),
+    );
     let rate = |t: &str, key: &str| -> f64 {
         t.lines()
             .find_map(|l| l.trim().strip_prefix(key))
@@ -340,17 +336,4 @@ fn victim_load_scales_the_victims_and_not_the_interferer() {
         );
         assert!(String::from_utf8_lossy(&o.stderr).contains("--victim-load"));
     }
-}
-
-fn walk(d: &Path) -> Vec<std::path::PathBuf> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir(d).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            v.extend(walk(&p));
-        } else {
-            v.push(p);
-        }
-    }
-    v
 }

@@ -21,14 +21,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STUDIES = ("a", "b", "c", "d", "e")
-FOLDERS = {
-    "a": "a-maxrate",
-    "b": "b-isolation-2",
-    "c": "c-isolation-4",
-    "d": "d-partition-sweep",
-    "e": "e-concurrency-sweep",
-}
+sys.path.insert(0, HERE)
+from reproduce import FOLDERS, STUDIES  # noqa: E402  (one list of studies and their folders)
 TITLES = {
     "a": "max stable inference rate (IMS, Algorithm 1)",
     "b": "isolation, 2 workloads (victim at its IMS, interferer ramps)",

@@ -167,6 +167,20 @@ pub mod papers {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
     }
 
+    /// Copies the folder `from` (recursively) to `to`.
+    pub fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let target = to.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                copy_dir(&e.path(), &target);
+            } else {
+                std::fs::copy(e.path(), target).unwrap();
+            }
+        }
+    }
+
     /// python3, or `None` (with a skip message) where there is none, unless
     /// `ISOLANE_REQUIRE_PYTHON=1`, where that fails the test.
     pub fn python() -> Option<&'static str> {
