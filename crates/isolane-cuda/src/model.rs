@@ -291,10 +291,9 @@ pub struct CudaModel {
     ctx: cu::CUcontext,
     stream: cu::CUstream,
     precision: Precision,
-    /// The one device allocation that holds the weights, then the arena, then (when it fits in
-    /// the allocation's rounding) the workspace; `weights`, `arena` and `workspace` point into
-    /// it (the workspace may have its own allocation, `workspace_owned`).
-    block: u64,
+    /// The one device allocation: the weights, then the arena, then (when it fits in the
+    /// allocation's rounding) the workspace; `arena` and `workspace` point into it (the
+    /// workspace may have its own allocation, `workspace_owned`).
     weights: u64,
     arena: u64,
     workspace: u64,
@@ -557,7 +556,6 @@ impl CudaModel {
             ctx: target.ctx,
             stream: target.stream,
             precision: plan.precision,
-            block: 0,
             weights: 0,
             arena: 0,
             workspace: 0,
@@ -594,14 +592,13 @@ impl CudaModel {
         let weights_span = crate::plan::align(const_bytes);
         let block_used = weights_span + plan.arena_bytes;
         let block_bytes = block_used.div_ceil(ALLOC_GRANULARITY).max(1) * ALLOC_GRANULARITY;
-        m.block = dev_alloc(block_bytes)?;
-        m.weights = m.block;
+        m.weights = dev_alloc(block_bytes)?;
         // SAFETY: the device buffer holds const_bytes; host is const_bytes long; synchronous.
         cu_check("cuMemcpyHtoD", unsafe {
             cu::cuMemcpyHtoD_v2(m.weights, host.as_ptr() as *const c_void, const_bytes)
         })?;
         drop(host);
-        m.arena = m.block + weights_span as u64;
+        m.arena = m.weights + weights_span as u64;
         // Poison the arena once so that a read of unwritten memory shows up as NaN in tests
         // (0xff bytes are NaN in f32, f16 and bf16).
         // SAFETY: the arena holds arena_bytes; synchronous memset.
@@ -1474,7 +1471,7 @@ impl CudaModel {
             .unwrap_or(0);
         let ws_offset = crate::plan::align(block_used);
         if ws_offset + ws <= block_bytes {
-            m.workspace = m.block + ws_offset as u64;
+            m.workspace = m.weights + ws_offset as u64;
         } else {
             m.workspace = dev_alloc(ws)?;
             m.workspace_owned = true;
@@ -2284,8 +2281,8 @@ impl Drop for CudaModel {
             if self.workspace_owned && self.workspace != 0 {
                 cu::cuMemFree_v2(self.workspace);
             }
-            if self.block != 0 {
-                cu::cuMemFree_v2(self.block);
+            if self.weights != 0 {
+                cu::cuMemFree_v2(self.weights);
             }
             for (p, _) in self.host_in.iter().chain(&self.host_out) {
                 cu::cuMemFreeHost(*p as *mut c_void);
