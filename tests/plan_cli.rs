@@ -97,3 +97,107 @@ fn an_a100_refuses_two_4g_instances() {
     assert_eq!(o.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("no MIG placement"), "{stderr}");
 }
+
+fn cuda_model(mechanism: &str, workloads: &[(&str, &str, u32, &str)]) -> String {
+    let mut s = format!("[device]\nbackend = \"cuda\"\nmechanism = \"{mechanism}\"\n");
+    for (name, model, batch, partition) in workloads {
+        s.push_str(&format!(
+            "[[workload]]\nname = \"{name}\"\nmodel = \"{model}\"\nprecision = \"fp16\"\n\
+             batch = {batch}\nrate_hz = 10\njobs = 5\n{partition}\n"
+        ));
+    }
+    s
+}
+
+fn planned_mib(o: &std::process::Output) -> Vec<Option<u64>> {
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["plan"]["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["memory_mib"].as_u64())
+        .collect()
+}
+
+#[test]
+fn memory_estimates_come_from_the_models_plan_and_each_process_context() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "m.toml",
+        &cuda_model(
+            "timeslice",
+            &[
+                ("b1", "resnet18", 1, ""),
+                ("b16", "resnet18", 16, ""),
+                ("spin", "spin:1ms", 1, ""),
+            ],
+        ),
+    );
+    let o = isolane()
+        .args(["plan", "--json", "--device-model", "h100-sxm"])
+        .arg(&sc)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let m = planned_mib(&o);
+    let (b1, b16) = (m[0].unwrap(), m[1].unwrap());
+    // Timeslice workers are processes: each pays a CUDA context (540 MiB) besides its model;
+    // resnet18 fp16's weights are 22 MiB, and batch 16 needs a larger arena than batch 1.
+    assert!((560..700).contains(&b1), "{m:?}");
+    assert!(b16 > b1 + 20, "{m:?}");
+    assert_eq!(m[2], None, "spin: workloads use no device memory");
+}
+
+#[test]
+fn a_model_larger_than_its_mps_memory_limit_is_refused_before_anything_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "mps.toml",
+        &cuda_model(
+            "mps",
+            &[(
+                "r18",
+                "resnet18",
+                1,
+                "partition = { thread_pct = 50, mem_limit_mib = 100 }",
+            )],
+        ),
+    );
+    let o = isolane()
+        .args(["plan", "--device-model", "h100-sxm"])
+        .arg(&sc)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("workload 'r18'"), "{stderr}");
+    assert!(stderr.contains("its partition has 100 MiB"), "{stderr}");
+}
+
+#[test]
+fn workloads_that_need_more_than_the_device_holds_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "big.toml",
+        &cuda_model("timeslice", &[("huge", "resnet18", 2048, "")]),
+    );
+    let o = isolane()
+        .args(["plan", "--device-model", "orin-nano"])
+        .arg(&sc)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("workload 'huge'") && stderr.contains("more than the device's 7620 MiB"),
+        "{stderr}"
+    );
+}

@@ -206,17 +206,14 @@ fn the_report_reads_what_the_telemetry_sampler_writes() {
         refresh_every: Vec::new(),
     };
     let t = rec.summary(Some((1_000_000_000, 1_950_000_000)));
-    let mut summary = serde_json::json!({
-        "command": "run", "status": "ok", "wall_s": 0.95,
-        "workloads": [{"name": "w", "model": "m", "batch": 1, "completed": 19}]
-    });
+    let mut summary = isolane_core::results::RunSummary::new("run");
+    summary.wall_s = 0.95;
+    let mut w = isolane_core::results::WorkloadSummary::new("w", "m", 1);
+    w.metrics.completed = 19;
+    summary.workloads.push(w);
     isolane_telemetry::attach(&mut summary, &rec, &t);
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("summary.json"),
-        serde_json::to_string(&summary).unwrap(),
-    )
-    .unwrap();
+    isolane_core::results::write_json(&dir.path().join("summary.json"), &summary).unwrap();
     std::fs::write(dir.path().join("telemetry.csv"), rec.csv(1_000_000_000)).unwrap();
     let html = isolane_report::render_report(&[dir.path().to_path_buf()], "t").unwrap();
     for chart in ["power", "SM clock", "temperature", "SM utilisation (GPM)"] {
@@ -231,5 +228,5 @@ fn the_report_reads_what_the_telemetry_sampler_writes() {
         "throttle reasons in the summary table"
     );
     assert!(html.contains(">209.5<"), "mean power of the window");
-    assert_eq!(summary["workloads"][0]["energy_j"], 190.0);
+    assert_eq!(summary.workloads[0].metrics.energy_j, Some(190.0));
 }

@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use isolane_core::metrics::latencies_ms;
+use isolane_core::results::RunSummary;
 use isolane_core::stats::{mann_whitney_u, MwMethod};
 use isolane_runtime::output;
-use isolane_runtime::results::RunSummary;
 
 use super::user;
 
@@ -27,14 +27,14 @@ pub struct CompareArgs {
 
 fn read_summary(dir: &Path) -> anyhow::Result<RunSummary> {
     let path = dir.join("summary.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        user(format!(
-            "{}: {e} (is it an isolane output directory?)",
+    if !path.is_file() {
+        return Err(user(format!(
+            "{}: no such file (is it an isolane output directory?)",
             path.display()
-        ))
-    })?;
-    serde_json::from_str(&text)
-        .map_err(|e| user(format!("{}: not an isolane summary: {e}", path.display())))
+        )));
+    }
+    isolane_core::results::read_json(&path)
+        .map_err(|e| user(format!("not an isolane summary: {e}")))
 }
 
 pub fn run(args: CompareArgs) -> anyhow::Result<u8> {

@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
 use clap::Args;
-use isolane_runtime::isolation::{self, StepResult};
+use isolane_core::results::{IsolationSteps, StepResult};
+use isolane_runtime::isolation;
 use isolane_runtime::output;
 
 use super::user;
@@ -40,7 +40,7 @@ pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = super::load_scenario(Some(&args.scenario))?;
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let (plan, grid) = isolation::plan(&scenario).map_err(user)?;
-    let m = super::run::measure(super::run::Request {
+    let mut m = super::run::measure(super::run::Request {
         command: "isolation",
         scenario: &scenario,
         scenario_name,
@@ -55,15 +55,13 @@ pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
     let steps = isolation::per_step(&plan, grid, &m.result);
     output::write_atomic(
         &m.out.join("isolation.csv"),
-        isolation::isolation_csv(&steps).as_bytes(),
+        isolane_core::results::isolation_csv(&steps).as_bytes(),
     )?;
-    let mut extra = serde_json::Map::new();
-    extra.insert("step_s".into(), grid.step_s.into());
-    extra.insert(
-        "steps".into(),
-        serde_json::to_value(&steps).context("encoding steps")?,
-    );
-    super::run::write_run_files(&m, extra)?;
+    m.summary.isolation = Some(IsolationSteps {
+        step_s: grid.step_s,
+        steps: steps.clone(),
+    });
+    super::run::write_run_files(&m)?;
 
     println!("{}", steps_table(&steps));
     println!("{}", super::run::results_table(&m.summary));

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::Args;
 use isolane_core::maxrate::{find_max_rate, Acceptance, MaxRateConfig, MaxRateError, Step};
+use isolane_core::results::{LatenessSummary, MaxrateReport, SCHEMA_VERSION};
 use isolane_core::spec::{
     Backend, DeviceSpec, Host, LatePolicy, Mechanism, PartitionSpec, Precision, Rate, Role,
     RunLength, Scenario, TimingSpec, WorkloadSpec,
@@ -338,28 +339,35 @@ fn search(
     );
 
     if let Some(dir) = out {
-        let json = serde_json::json!({
-            "isolane_version": env!("CARGO_PKG_VERSION"),
-            "model": args.model,
-            "batch": args.batch,
-            "backend": args.backend,
-            "precision": args.precision,
-            "mechanism": if args.backend == "cuda" && args.mechanism == "none" {
-                "timeslice"
-            } else {
-                args.mechanism.as_str()
+        // The partition the user asked for (`none` is the whole GPU), also in the MPS client.
+        let recorded_mechanism = match (device.backend, parse_value("mechanism", &args.mechanism)?)
+        {
+            (Backend::Cuda, Mechanism::None) => Mechanism::Timeslice,
+            (_, m) => m,
+        };
+        let report = MaxrateReport {
+            schema_version: SCHEMA_VERSION,
+            isolane_version: env!("CARGO_PKG_VERSION").into(),
+            model: args.model.clone(),
+            batch: args.batch,
+            backend: device.backend,
+            precision: spec.precision,
+            mechanism: recorded_mechanism,
+            sms: args.sms,
+            thread_pct: args.thread_pct,
+            config: cfg,
+            max_rate_hz: result.max_rate_hz,
+            l_max_ms: result.l_max_ms,
+            initial_rate_hz: result.initial_rate_hz,
+            start_lateness_us: LatenessSummary {
+                p50: finite(lateness.0),
+                p99: finite(lateness.1),
+                max: finite(lateness.2),
             },
-            "sms": args.sms,
-            "thread_pct": args.thread_pct,
-            "config": cfg,
-            "max_rate_hz": result.max_rate_hz,
-            "l_max_ms": result.l_max_ms,
-            "initial_rate_hz": result.initial_rate_hz,
-            "start_lateness_us": { "p50": lateness.0, "p99": lateness.1, "max": lateness.2 },
-            "cpu_steal_pct": cpu_steal_pct,
-            "trace": result.trace,
-        });
-        output::write_json(&dir.join("maxrate.json"), &json)?;
+            cpu_steal_pct,
+            trace: result.trace.clone(),
+        };
+        isolane_core::results::write_json(&dir.join("maxrate.json"), &report)?;
         let mut csv = String::from("batch,phase,rate_hz,jobs,violations,accepted\n");
         for (i, t) in result.trace.iter().enumerate() {
             csv.push_str(&format!(
@@ -386,6 +394,10 @@ fn runner_warm(runner: &mut LoopRunner) -> anyhow::Result<f64> {
         Err(RunnerError::Interrupted) => Ok(0.0),
         Err(e) => Err(e.into()),
     }
+}
+
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
 }
 
 /// p50, p99, max of ns values, in µs (NaN when empty).

@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use isolane_core::spec::{Backend, Scenario};
+use isolane_core::spec::{Backend, Host, Scenario};
 
 /// A mistake of the user's (bad scenario, bad flag value, unreadable file, occupied output
 /// directory): exit code 2. Everything else that fails is a runtime failure: exit code 1.
@@ -174,10 +174,29 @@ impl ProgressView {
     }
 }
 
-/// Device-memory estimate per workload (MiB) for admission control; `None` where unknown
-/// (synthetic workloads use none).
+/// Device-memory estimate per workload (MiB) for admission control: its model's plan, plus
+/// the CUDA context of its process — each worker process has its own; thread-hosted workloads
+/// share this process's, counted once, with the first of them. `None` on the CPU and for
+/// `spin:` models (they allocate nothing on the device).
 pub fn memory_estimates_mib(scenario: &Scenario) -> Vec<Option<u64>> {
-    scenario.workloads.iter().map(|_| None).collect()
+    use crate::engine_exec::{planned_model_mib, CUDA_PROCESS_MIB};
+    let mut own_context_counted = false;
+    scenario
+        .workloads
+        .iter()
+        .map(|w| {
+            let model = planned_model_mib(&scenario.device, w)?;
+            let context = match w.host {
+                Host::Process => CUDA_PROCESS_MIB,
+                Host::Thread if !own_context_counted => {
+                    own_context_counted = true;
+                    CUDA_PROCESS_MIB
+                }
+                Host::Thread => 0,
+            };
+            Some(model + context)
+        })
+        .collect()
 }
 
 /// The device model of GPU `index` of this machine, as discovered through the CUDA driver.

@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::Args;
 use isolane_core::admission::Plan;
+use isolane_core::results::{RunStatus, RunSummary};
 use isolane_core::spec::Scenario;
 use isolane_runtime::coordinator::{self, RunOptions, RunPlan, RunResult};
 use isolane_runtime::output;
-use isolane_runtime::results::{self, RunInfo, RunSummary, Status};
+use isolane_runtime::results::{self, RunInfo};
 
 use super::{user, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
 
@@ -63,7 +64,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         quiet: args.quiet,
         partitions: &args.partitions,
     })?;
-    write_run_files(&m, serde_json::Map::new())?;
+    write_run_files(&m)?;
     println!("{}", results_table(&m.summary));
     report_failures(&m.summary);
     println!("results: {}", m.out.display());
@@ -90,8 +91,6 @@ pub struct Measured {
     pub out: PathBuf,
     pub result: RunResult,
     pub summary: RunSummary,
-    /// What each workload's partition was (GPU runs; empty on the CPU).
-    pub partitions: Vec<isolane_gpu::PartitionRecord>,
 }
 
 /// Checks the plan, creates the output folder with the resolved scenario in it, then runs the
@@ -125,12 +124,21 @@ pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
         scenario: r.scenario_name,
     };
     let mut summary = results::summarize_run(&info, &r.plan.workloads, &result);
+    summary.partitions = partitions;
+    if let Some(plan) = r.admitted {
+        for w in &mut summary.workloads {
+            w.memory_estimate_mib = plan
+                .workloads
+                .iter()
+                .find(|a| a.workload == w.name)
+                .and_then(|a| a.memory_mib);
+        }
+    }
     super::telemetry::finish(telemetry, &out, &result, &mut summary);
     Ok(Measured {
         out,
         result,
         summary,
-        partitions,
     })
 }
 
@@ -156,25 +164,12 @@ pub fn prepare_out(out: Option<&Path>, force: bool) -> anyhow::Result<PathBuf> {
 }
 
 /// jobs/<workload>.csv for every workload, then summary.json last (its presence means the rest
-/// is complete), with the workloads' partitions and the command's own `extra` fields.
-pub fn write_run_files(
-    m: &Measured,
-    extra: serde_json::Map<String, serde_json::Value>,
-) -> anyhow::Result<()> {
+/// is complete).
+pub fn write_run_files(m: &Measured) -> anyhow::Result<()> {
     for w in &m.result.workloads {
         output::write_jobs_csv(&m.out, &w.name, &w.records)?;
     }
-    let mut value = serde_json::to_value(&m.summary).context("encoding summary.json")?;
-    if let Some(obj) = value.as_object_mut() {
-        obj.extend(extra);
-        if !m.partitions.is_empty() {
-            obj.insert(
-                "partitions".into(),
-                serde_json::to_value(&m.partitions).context("encoding partitions")?,
-            );
-        }
-    }
-    output::write_json(&m.out.join("summary.json"), &value)?;
+    isolane_core::results::write_json(&m.out.join("summary.json"), &m.summary)?;
     Ok(())
 }
 
@@ -182,7 +177,7 @@ pub fn results_table(summary: &RunSummary) -> String {
     let status: Vec<String> = summary
         .workloads
         .iter()
-        .map(|w| status_word(w.status))
+        .map(|w| w.status.word().to_string())
         .collect();
     let rows: Vec<isolane_report::ResultRow> = summary
         .workloads
@@ -195,15 +190,6 @@ pub fn results_table(summary: &RunSummary) -> String {
         })
         .collect();
     isolane_report::results_table(&rows)
-}
-
-pub fn status_word(s: Status) -> String {
-    match s {
-        Status::Ok => "ok",
-        Status::Failed => "FAILED",
-        Status::Interrupted => "interrupted",
-    }
-    .to_string()
 }
 
 pub fn report_failures(summary: &RunSummary) {
@@ -224,10 +210,10 @@ pub fn report_failures(summary: &RunSummary) {
     }
 }
 
-pub fn exit_for(status: Status) -> u8 {
+pub fn exit_for(status: RunStatus) -> u8 {
     match status {
-        Status::Ok => 0,
-        Status::Failed => EXIT_FAILED,
-        Status::Interrupted => EXIT_INTERRUPTED,
+        RunStatus::Ok => 0,
+        RunStatus::Failed => EXIT_FAILED,
+        RunStatus::Interrupted => EXIT_INTERRUPTED,
     }
 }

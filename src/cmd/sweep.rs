@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
+use isolane_core::results::{RunSummary, SweepIndex, SweepPoint, SCHEMA_VERSION};
 use isolane_runtime::output;
-use isolane_runtime::sweep::{self, PointWorkload, SweepIndex, SweepPoint};
+use isolane_runtime::sweep::{self, PointWorkload};
 
 use super::{user, EXIT_FAILED, EXIT_INTERRUPTED};
 
@@ -234,6 +235,7 @@ fn partition(a: PartitionArgs) -> anyhow::Result<u8> {
         })
         .collect();
     let index = SweepIndex {
+        schema_version: SCHEMA_VERSION,
         isolane_version: env!("CARGO_PKG_VERSION").into(),
         kind: "partition".into(),
         model: a.model.clone(),
@@ -310,6 +312,7 @@ fn concurrency(a: ConcurrencyArgs) -> anyhow::Result<u8> {
         }
     }
     let index = SweepIndex {
+        schema_version: SCHEMA_VERSION,
         isolane_version: env!("CARGO_PKG_VERSION").into(),
         kind: "concurrency".into(),
         model: a.model.clone(),
@@ -424,8 +427,7 @@ fn check_points(staging: &Path, points: &[Point]) -> anyhow::Result<()> {
 }
 
 fn write_index(out: &Path, index: &SweepIndex) -> anyhow::Result<()> {
-    let v = serde_json::to_value(index).context("encoding sweep.json")?;
-    output::write_json(&out.join("sweep.json"), &v)?;
+    isolane_core::results::write_json(&out.join("sweep.json"), index)?;
     Ok(())
 }
 
@@ -436,25 +438,16 @@ fn points_table(out: &Path, index: &SweepIndex) -> String {
         .points
         .iter()
         .map(|p| {
-            let summary: Option<serde_json::Value> =
-                std::fs::read_to_string(out.join(&p.dir).join("summary.json"))
-                    .ok()
-                    .and_then(|t| serde_json::from_str(&t).ok());
-            let (total, n) = summary
-                .as_ref()
-                .and_then(|s| s["workloads"].as_array())
-                .map(|ws| {
-                    (
-                        ws.iter()
-                            .filter_map(|w| w["throughput_ips"].as_f64())
-                            .sum::<f64>(),
-                        ws.len(),
-                    )
-                })
-                .unwrap_or((f64::NAN, 0));
+            let summary: Option<RunSummary> =
+                isolane_core::results::read_json(&out.join(&p.dir).join("summary.json")).ok();
+            let (total, n) = summary.as_ref().map_or((f64::NAN, 0), |s| {
+                (s.total_throughput_ips(), s.workloads.len())
+            });
             let power = summary
                 .as_ref()
-                .and_then(|s| s["telemetry"]["power_w"]["mean"].as_f64());
+                .and_then(|s| s.telemetry.as_ref())
+                .and_then(|t| t.power_w)
+                .map(|p| p.mean);
             let size = match (p.sms, p.thread_pct, p.workloads, p.batch) {
                 (Some(s), _, _, _) => format!("{s} SMs"),
                 (_, Some(t), _, _) => format!("{t} %"),

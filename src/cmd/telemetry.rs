@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
+use isolane_core::results::RunSummary;
 use isolane_core::spec::{Backend, Scenario};
 use isolane_runtime::coordinator::RunResult;
-use isolane_runtime::results::RunSummary;
 use isolane_telemetry::{RunTelemetry, DEFAULT_PERIOD};
 
 /// Environment variable: the sampling period in ms (default 50).
@@ -48,16 +48,7 @@ pub fn finish(
             return;
         }
     };
-    // attach() works on JSON (the telemetry crate does not depend on the runtime): round-trip
-    // the summary through it.
-    let Ok(mut value) = serde_json::to_value(&*summary) else {
-        return;
-    };
-    isolane_telemetry::attach(&mut value, &rec, &tsum);
-    match serde_json::from_value(value) {
-        Ok(s) => *summary = s,
-        Err(e) => eprintln!("warning: device telemetry not added to summary.json: {e}"),
-    }
+    isolane_telemetry::attach(summary, &rec, &tsum);
     eprintln!(
         "telemetry: {} samples, sampler CPU {:.2} % of a core",
         rec.samples.len(),

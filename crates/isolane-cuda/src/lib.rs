@@ -170,3 +170,46 @@ impl Backend for CudaBackend {
         Ok(Box::new(self.compile_cuda(graph, batch, precision)?))
     }
 }
+
+/// Device memory a model will take once compiled, from its plan alone (no GPU needed): the
+/// constants in the device dtype, the activation arena, and the workspace cap (half the
+/// arena, the most [`CudaModel`] lets cuDNN and cuBLASLt use). Admission control counts this
+/// per workload; the per-process CUDA context comes on top (the caller's to add, once per
+/// process).
+pub fn planned_memory(graph: &Graph, batch: usize, precision: Precision) -> Result<PlannedMemory> {
+    if batch == 0 {
+        return Err(EngineError::InvalidArgument(
+            "batch must be at least 1".into(),
+        ));
+    }
+    let g = passes::optimize(graph, batch)?;
+    // Unfused attention and channels-last: the layout compile_cuda picks by default, with the
+    // larger arena of the two attention forms (the fused kernel needs no score matrix).
+    let opts = plan::PlanOptions {
+        channels_last: true,
+        fused_attention: false,
+    };
+    let p = plan::plan_with(&g, batch, precision, opts)?;
+    let (_, weights_bytes) = p.const_layout();
+    let workspace_bytes = p.arena_bytes / 2;
+    Ok(PlannedMemory {
+        weights_bytes,
+        arena_bytes: p.arena_bytes,
+        workspace_bytes,
+    })
+}
+
+/// [`planned_memory`]'s answer, bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlannedMemory {
+    pub weights_bytes: usize,
+    pub arena_bytes: usize,
+    /// The cap: the workspace actually chosen is at most this.
+    pub workspace_bytes: usize,
+}
+
+impl PlannedMemory {
+    pub fn total_bytes(&self) -> usize {
+        self.weights_bytes + self.arena_bytes + self.workspace_bytes
+    }
+}

@@ -18,8 +18,8 @@
 use std::collections::BTreeMap;
 
 use isolane_core::admission::{Plan, ResolvedPartition};
+pub use isolane_core::results::PartitionRecord;
 use isolane_core::spec::Mechanism;
-use serde::Serialize;
 
 use crate::error::{GpuError, Result};
 use crate::green::{GreenGroup, GreenPartitioning};
@@ -37,24 +37,6 @@ pub struct SessionOptions {
     pub mps: MpsOptions,
     /// `--allow-mig-reconfigure`: creating MIG instances changes the GPU for every user.
     pub allow_mig_reconfigure: bool,
-}
-
-/// What one workload got, for summary.json and the printed plan.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PartitionRecord {
-    pub workload: String,
-    pub mechanism: Mechanism,
-    /// What the partition is, in words ("green 8 SMs", "mps 25%", "mig 1g.10gb", "whole GPU").
-    pub partition: String,
-    /// green: SMs the driver granted (read back); mig: the instance's SMs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub granted_sms: Option<u32>,
-    /// mig: `MIG-<uuid>` the worker is bound to.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mig_device: Option<String>,
-    /// mps: the daemon's pipe directory.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mps_pipe_dir: Option<String>,
 }
 
 /// The partitions of one run; see the module docs.

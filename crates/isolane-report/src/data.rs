@@ -2,14 +2,17 @@
 //!
 //! A folder is recognised by the file that only its kind writes: `sweep.json` (a sweep: one
 //! run folder per point), `maxrate.json` (`isolane maxrate --out`), `summary.json` (`isolane
-//! run` / `isolation`). Everything else in it is optional and only adds sections. The structs
-//! here name only the fields the report draws and tolerate the rest, so a summary written by a
-//! newer isolane still renders.
+//! run` / `isolation`). Everything else in it is optional and only adds sections. The files are
+//! read through the one results schema (`isolane_core::results`), which also reads the folders
+//! of older versions and refuses (by name) one written by a newer schema.
 
 use isolane_core::files::jobs_file_name;
+use isolane_core::results::{read_isolation_csv, read_json, ResultsError};
+pub use isolane_core::results::{
+    IsolationRow, MaxrateReport, RunSummary, SweepIndex, SweepPoint, TelemetrySummary,
+    WorkloadSummary,
+};
 use std::path::{Path, PathBuf};
-
-use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
@@ -34,109 +37,24 @@ fn read(path: &Path) -> Result<String, DataError> {
     })
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, DataError> {
-    let text = read(path)?;
-    // serde_path_to_error is not a dependency; serde_json's message already names the field
-    // and the line/column, which is what a user needs to find the problem.
-    serde_json::from_str(&text).map_err(|e| DataError::Parse {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    })
-}
-
-/// Latency statistics the report shows (ms).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Latency {
-    pub mean: Option<f64>,
-    pub p50: Option<f64>,
-    pub p99: Option<f64>,
-    pub max: Option<f64>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct WorkloadSummary {
-    pub name: String,
-    #[serde(default)]
-    pub model: String,
-    #[serde(default = "one")]
-    pub batch: u32,
-    #[serde(default)]
-    pub rate_hz: Option<f64>,
-    #[serde(default)]
-    pub status: String,
-    #[serde(default)]
-    pub jobs: u64,
-    #[serde(default)]
-    pub timeouts: u64,
-    #[serde(default)]
-    pub timeout_pct: f64,
-    #[serde(default)]
-    pub latency_ms: Latency,
-    #[serde(default)]
-    pub throughput_ips: f64,
-    #[serde(default)]
-    pub gpu_memory_mib: Option<f64>,
-    #[serde(default)]
-    pub energy_j: Option<f64>,
-    #[serde(default)]
-    pub j_per_image: Option<f64>,
-}
-
-fn one() -> u32 {
-    1
-}
-
-/// `{mean, min, max}` of one telemetry quantity in summary.json's `telemetry` object.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-#[serde(default)]
-pub struct Stat {
-    pub mean: Option<f64>,
-    pub min: Option<f64>,
-    pub max: Option<f64>,
-}
-
-/// A quantity the device did not report is `null` in summary.json: read as all-empty.
-fn nullable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Stat, D::Error> {
-    Ok(Option::<Stat>::deserialize(d)?.unwrap_or_default())
-}
-
-/// The part of summary.json's `telemetry` object the report uses.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct TelemetrySummary {
-    #[serde(deserialize_with = "nullable")]
-    pub power_w: Stat,
-    pub energy_j: Option<f64>,
-    #[serde(deserialize_with = "nullable")]
-    pub sm_clock_mhz: Stat,
-    #[serde(deserialize_with = "nullable")]
-    pub temperature_c: Stat,
-    #[serde(deserialize_with = "nullable")]
-    pub memory_used_mib: Stat,
-    pub throttle_reasons: Vec<String>,
-    pub sampler_cpu_pct: Option<f64>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct RunSummary {
-    #[serde(default)]
-    pub command: String,
-    #[serde(default)]
-    pub status: String,
-    #[serde(default)]
-    pub wall_s: f64,
-    /// Share of the machine's CPU a hypervisor took during the run (%), where recorded.
-    #[serde(default)]
-    pub cpu_steal_pct: Option<f64>,
-    pub workloads: Vec<WorkloadSummary>,
-    #[serde(default)]
-    pub telemetry: Option<TelemetrySummary>,
-}
-
-impl RunSummary {
-    pub fn total_throughput_ips(&self) -> f64 {
-        self.workloads.iter().map(|w| w.throughput_ips).sum()
+impl From<ResultsError> for DataError {
+    fn from(e: ResultsError) -> Self {
+        match e {
+            ResultsError::Io { path, source } => DataError::Io { path, source },
+            e @ (ResultsError::Parse { .. } | ResultsError::Newer { .. }) => {
+                let path = match &e {
+                    ResultsError::Parse { path, .. } | ResultsError::Newer { path, .. } => {
+                        path.clone()
+                    }
+                    ResultsError::Io { .. } => PathBuf::new(),
+                };
+                let detail = match e {
+                    ResultsError::Parse { detail, .. } => detail,
+                    other => other.to_string(),
+                };
+                DataError::Parse { path, detail }
+            }
+        }
     }
 }
 
@@ -145,15 +63,6 @@ impl RunSummary {
 pub struct DeviceInfo {
     pub backend: String,
     pub mechanism: String,
-}
-
-/// One row of isolation.csv.
-#[derive(Debug, Clone, PartialEq)]
-pub struct IsolationRow {
-    pub step: u32,
-    pub interferer_rate_hz: f64,
-    pub victim: String,
-    pub timeout_pct: f64,
 }
 
 /// telemetry.csv as columns: `t_s` and every numeric column by name.
@@ -198,94 +107,10 @@ pub struct RunDir {
     pub telemetry: Option<TelemetrySeries>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-pub struct Maxrate {
-    pub model: String,
-    #[serde(default = "one")]
-    pub batch: u32,
-    pub max_rate_hz: f64,
-    #[serde(default)]
-    pub l_max_ms: Option<f64>,
-    /// Written by runs on a GPU; absent for the CPU.
-    #[serde(default)]
-    pub mechanism: Option<String>,
-    #[serde(default)]
-    pub backend: Option<String>,
-    /// The partition the search ran in: green SMs or MPS thread %.
-    #[serde(default)]
-    pub sms: Option<u32>,
-    #[serde(default)]
-    pub thread_pct: Option<u32>,
-    #[serde(default)]
-    pub precision: Option<String>,
-}
-
-impl Maxrate {
-    /// The column of Tables II–III this result belongs to.
-    pub fn column(&self) -> String {
-        let base = match (&self.mechanism, &self.backend) {
-            (Some(m), _) if m != "none" => m.clone(),
-            (_, Some(b)) => b.clone(),
-            _ => "cpu".to_string(),
-        };
-        match (self.sms, self.thread_pct) {
-            (Some(s), _) => format!("{base} ({s} SMs)"),
-            (None, Some(p)) => format!("{base} ({p}%)"),
-            _ => base,
-        }
-    }
-
-    pub fn row(&self) -> String {
-        let mut r = self.model.clone();
-        if let Some(p) = self.precision.as_deref().filter(|p| *p != "fp32") {
-            r = format!("{r} {p}");
-        }
-        if self.batch != 1 {
-            r = format!("{r} (batch {})", self.batch);
-        }
-        r
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct MaxrateDir {
     pub path: PathBuf,
-    pub result: Maxrate,
-}
-
-/// sweep.json, written by `isolane sweep`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct SweepIndex {
-    /// `partition` or `concurrency`.
-    pub kind: String,
-    pub model: String,
-    #[serde(default)]
-    pub backend: String,
-    #[serde(default)]
-    pub mechanism: String,
-    #[serde(default)]
-    pub precision: String,
-    pub points: Vec<SweepPoint>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct SweepPoint {
-    /// The point's run folder, relative to the sweep folder.
-    pub dir: String,
-    #[serde(default)]
-    pub status: String,
-    /// partition: SMs (green) or thread % (mps).
-    #[serde(default)]
-    pub sms: Option<u32>,
-    #[serde(default)]
-    pub thread_pct: Option<u32>,
-    /// concurrency
-    #[serde(default)]
-    pub workloads: Option<u32>,
-    #[serde(default)]
-    pub batch: Option<u32>,
-    #[serde(default)]
-    pub precision: Option<String>,
+    pub result: MaxrateReport,
 }
 
 #[derive(Debug, Clone)]
@@ -322,7 +147,7 @@ pub fn load(path: &Path) -> Result<ResultsDir, DataError> {
         return load_sweep(path).map(ResultsDir::Sweep);
     }
     if path.join("maxrate.json").is_file() {
-        let result = parse_json(&path.join("maxrate.json"))?;
+        let result = read_json(&path.join("maxrate.json"))?;
         return Ok(ResultsDir::Maxrate(MaxrateDir {
             path: path.to_path_buf(),
             result,
@@ -336,7 +161,7 @@ pub fn load(path: &Path) -> Result<ResultsDir, DataError> {
 
 fn load_sweep(path: &Path) -> Result<SweepDir, DataError> {
     let file = path.join("sweep.json");
-    let index: SweepIndex = parse_json(&file)?;
+    let index: SweepIndex = read_json(&file)?;
     if index.kind != "partition" && index.kind != "concurrency" {
         return Err(DataError::Parse {
             path: file,
@@ -365,7 +190,7 @@ fn load_sweep(path: &Path) -> Result<SweepDir, DataError> {
 }
 
 pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
-    let summary: RunSummary = parse_json(&path.join("summary.json"))?;
+    let summary: RunSummary = read_json(&path.join("summary.json"))?;
     let device = read_device(&path.join("scenario.toml"))?;
     let mut latencies_ms = Vec::new();
     for w in &summary.workloads {
@@ -376,7 +201,7 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
     }
     let iso = path.join("isolation.csv");
     let isolation = if iso.is_file() {
-        read_isolation(&iso)?
+        read_isolation_csv(&iso)?
     } else {
         Vec::new()
     };
@@ -493,25 +318,6 @@ fn read_latencies(path: &Path) -> Result<Vec<f64>, DataError> {
     Ok(out)
 }
 
-fn read_isolation(path: &Path) -> Result<Vec<IsolationRow>, DataError> {
-    let need = ["step", "interferer_rate_hz", "victim", "timeout_pct"];
-    let csv = Csv::read(path, &need)?;
-    let [step, rate, victim, pct] = need.map(|n| csv.col(n).unwrap_or(0));
-    let mut out = Vec::new();
-    for (line, row) in &csv.rows {
-        let num = |i: usize, name: &str| -> Result<f64, DataError> {
-            cell_f64(path, *line, name, row, i)?.ok_or_else(|| bad(path, *line, name, ""))
-        };
-        out.push(IsolationRow {
-            step: num(step, "step")? as u32,
-            interferer_rate_hz: num(rate, "interferer_rate_hz")?,
-            victim: row.get(victim).cloned().unwrap_or_default(),
-            timeout_pct: num(pct, "timeout_pct")?,
-        });
-    }
-    Ok(out)
-}
-
 /// Columns of telemetry.csv that are not numbers.
 const TEXT_COLUMNS: &[&str] = &["throttle_reasons", "process_memory_mib"];
 
@@ -561,11 +367,11 @@ mod tests {
     #[test]
     fn a_bad_cell_names_file_line_and_column() {
         let d = tempfile::tempdir().unwrap();
-        std::fs::write(
-            d.path().join("summary.json"),
-            r#"{"workloads":[{"name":"a"}]}"#,
-        )
-        .unwrap();
+        let mut summary = RunSummary::new("run");
+        summary
+            .workloads
+            .push(WorkloadSummary::new("a", "spin:1ms", 1));
+        isolane_core::results::write_json(&d.path().join("summary.json"), &summary).unwrap();
         std::fs::create_dir(d.path().join("jobs")).unwrap();
         std::fs::write(
             d.path().join("jobs/a.csv"),
@@ -584,18 +390,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("summary.json"), "{}").unwrap();
         let e = load(d.path()).unwrap_err().to_string();
-        assert!(e.contains("summary.json") && e.contains("workloads"), "{e}");
-    }
-
-    #[test]
-    fn a_telemetry_summary_with_null_quantities_reads() {
-        let t: TelemetrySummary = serde_json::from_str(
-            r#"{"power_w": null, "sm_clock_mhz": {"mean": 1980, "min": 1755, "max": 1980},
-                "energy_j": null, "sm_util_pct": null, "throttle_reasons": []}"#,
-        )
-        .unwrap();
-        assert_eq!(t.power_w.mean, None);
-        assert_eq!(t.sm_clock_mhz.min, Some(1755.0));
+        assert!(
+            e.contains("summary.json") && e.contains("missing field"),
+            "{e}"
+        );
     }
 
     #[test]

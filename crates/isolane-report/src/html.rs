@@ -193,10 +193,10 @@ fn maxrate_section(page: &mut Page, dirs: &[&MaxrateDir]) {
         if !columns.contains(&col) {
             columns.push(col.clone());
         }
-        let text = match d.result.l_max_ms {
-            Some(l) => format!("{:.1} (L_max {:.2} ms)", d.result.max_rate_hz, l),
-            None => format!("{:.1}", d.result.max_rate_hz),
-        };
+        let text = format!(
+            "{:.1} (L_max {:.2} ms)",
+            d.result.max_rate_hz, d.result.l_max_ms
+        );
         cells.entry(d.result.row()).or_default().insert(col, text);
     }
     // The papers' order: the whole GPU first, then MPS, then the hard partitions.
@@ -346,7 +346,7 @@ fn memory_mib(r: &RunDir) -> Option<f64> {
         .summary
         .workloads
         .iter()
-        .filter_map(|w| w.gpu_memory_mib)
+        .filter_map(|w| w.metrics.gpu_memory_mib)
         .collect();
     if !per_workload.is_empty() {
         return Some(per_workload.iter().sum());
@@ -354,11 +354,16 @@ fn memory_mib(r: &RunDir) -> Option<f64> {
     r.summary
         .telemetry
         .as_ref()
-        .and_then(|t| t.memory_used_mib.max)
+        .and_then(|t| t.memory_used_mib)
+        .map(|m| m.max)
 }
 
 fn mean_power_w(r: &RunDir) -> Option<f64> {
-    r.summary.telemetry.as_ref().and_then(|t| t.power_w.mean)
+    r.summary
+        .telemetry
+        .as_ref()
+        .and_then(|t| t.power_w)
+        .map(|p| p.mean)
 }
 
 fn sweep_line_label(s: &SweepDir) -> String {
@@ -615,14 +620,14 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
                 w.model.clone(),
                 w.batch.to_string(),
                 w.rate_hz.map_or("max".into(), |h| format!("{h:.1}")),
-                w.jobs.to_string(),
-                format!("{:.2}", w.timeout_pct),
-                fmt(w.latency_ms.p50, 3),
-                fmt(w.latency_ms.p99, 3),
-                fmt(w.latency_ms.max, 3),
-                format!("{:.1}", w.throughput_ips),
-                fmt(w.energy_j, 1),
-                fmt(w.j_per_image, 3),
+                w.metrics.jobs.to_string(),
+                format!("{:.2}", w.metrics.timeout_pct),
+                fmt(w.metrics.latency_ms.p50, 3),
+                fmt(w.metrics.latency_ms.p99, 3),
+                fmt(w.metrics.latency_ms.max, 3),
+                format!("{:.1}", w.metrics.throughput_ips),
+                fmt(w.metrics.energy_j, 1),
+                fmt(w.metrics.j_per_image, 3),
             ]
         })
         .collect();
@@ -645,13 +650,13 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
             ]
             .map(String::from),
             &[vec![
-                fmt(t.power_w.mean, 1),
-                fmt(t.power_w.max, 1),
+                fmt(t.power_w.map(|s| s.mean), 1),
+                fmt(t.power_w.map(|s| s.max), 1),
                 fmt(t.energy_j, 1),
-                fmt(t.sm_clock_mhz.mean, 0),
-                fmt(t.temperature_c.max, 0),
+                fmt(t.sm_clock_mhz.map(|s| s.mean), 0),
+                fmt(t.temperature_c.map(|s| s.max), 0),
                 reasons,
-                fmt(t.sampler_cpu_pct, 3),
+                fmt(Some(t.sampler_cpu_pct), 3),
             ]],
         );
     }
@@ -691,7 +696,7 @@ mod tests {
     use crate::data::{DeviceInfo, IsolationRow, RunSummary, WorkloadSummary};
 
     fn workload(name: &str, model: &str) -> WorkloadSummary {
-        serde_json::from_value(serde_json::json!({"name": name, "model": model})).unwrap()
+        WorkloadSummary::new(name, model, 1)
     }
 
     fn iso_run(folder: &str, mechanism: &str, victims: &[(&str, [f64; 2])]) -> RunDir {
@@ -710,15 +715,12 @@ mod tests {
             path: folder.into(),
             label: folder.into(),
             summary: RunSummary {
-                command: "isolation".into(),
-                status: "ok".into(),
                 wall_s: 1.0,
-                cpu_steal_pct: None,
                 workloads: victims
                     .iter()
                     .map(|(v, _)| workload(v, "resnet18"))
                     .collect(),
-                telemetry: None,
+                ..RunSummary::new("isolation")
             },
             device: DeviceInfo {
                 backend: "cuda".into(),

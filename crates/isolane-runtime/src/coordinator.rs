@@ -125,6 +125,9 @@ pub struct WorkloadResult {
     pub warmup_ns: Vec<i64>,
     /// The worker's pid for a process host.
     pub pid: Option<u32>,
+    /// Device memory the executor holds (MiB), as its engine measured it: what telemetry
+    /// cannot attribute to one of several workloads sharing this process.
+    pub device_memory_mib: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -421,6 +424,7 @@ fn failed(name: &str, f: Failure, records: Vec<JobRecord>) -> WorkloadResult {
         records,
         warmup_ns: Vec::new(),
         pid: None,
+        device_memory_mib: None,
     }
 }
 
@@ -456,6 +460,7 @@ fn drive_thread(
         records: Vec::new(),
         warmup_ns: warmup,
         pid: None,
+        device_memory_mib: executor.device_memory_mib(),
     };
     let Some(t0) = shared.gate.wait() else {
         return result;
@@ -572,6 +577,7 @@ fn drive_process(
         records: Vec::new(),
         warmup_ns: Vec::new(),
         pid: Some(pid),
+        device_memory_mib: None,
     };
     let mut error: Option<String> = None;
     let mut done: Option<DoneStatus> = None;

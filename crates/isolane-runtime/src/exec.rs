@@ -57,6 +57,10 @@ pub fn register_engine(engine: Box<dyn EngineExecutors>) -> bool {
 /// allocate.
 pub trait Executor: Send {
     fn run_job(&mut self) -> Result<(), ExecError>;
+    /// Device memory this executor holds (MiB), where its engine knows it.
+    fn device_memory_mib(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// A synthetic model: busy-waits on the monotonic clock for its service time. Spinning (not

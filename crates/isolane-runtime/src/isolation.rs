@@ -2,10 +2,10 @@
 //! interferers ramping through their rates step by step, in one continuous run. Victims never
 //! stop between steps; their jobs are attributed to the step in which they were released.
 
-use isolane_core::metrics::{workload_metrics, WorkloadMetrics};
+use isolane_core::metrics::workload_metrics;
+use isolane_core::results::{StepResult, VictimStep};
 use isolane_core::spec::{Role, Scenario};
 use isolane_core::JobRecord;
-use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{RunPlan, RunResult, WorkloadPlan};
 use crate::schedule::{End, Pace, Schedule};
@@ -110,26 +110,6 @@ pub fn plan(scenario: &Scenario) -> Result<(RunPlan, StepGrid), IsolationError> 
     ))
 }
 
-/// One victim in one step.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VictimStep {
-    pub victim: String,
-    #[serde(flatten)]
-    pub metrics: WorkloadMetrics,
-}
-
-/// One step of the ramp.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StepResult {
-    pub step: u32,
-    pub start_s: f64,
-    /// Each interferer's rate in this step.
-    pub interferer_rates_hz: Vec<(String, f64)>,
-    /// Sum of the interferers' rates (the one number of isolation.csv).
-    pub interferer_rate_hz: f64,
-    pub victims: Vec<VictimStep>,
-}
-
 /// Buckets every victim's jobs by release time into steps and computes their metrics per step.
 /// A step that was not reached (Ctrl-C) is left out.
 pub fn per_step(plan: &RunPlan, grid: StepGrid, result: &RunResult) -> Vec<StepResult> {
@@ -188,38 +168,4 @@ pub fn per_step(plan: &RunPlan, grid: StepGrid, result: &RunResult) -> Vec<StepR
             }
         })
         .collect()
-}
-
-pub const ISOLATION_CSV_HEADER: &str = "step,interferer_rate_hz,victim,jobs,completed,timeouts,\
-timeout_pct,mean_ms,p50_ms,p90_ms,p99_ms,max_ms,throughput_ips";
-
-pub fn isolation_csv(steps: &[StepResult]) -> String {
-    use std::fmt::Write as _;
-    let f = |v: Option<f64>| v.map(|x| format!("{x:.6}")).unwrap_or_default();
-    let mut s = String::new();
-    s.push_str(ISOLATION_CSV_HEADER);
-    s.push('\n');
-    for st in steps {
-        for v in &st.victims {
-            let m = &v.metrics;
-            let _ = writeln!(
-                s,
-                "{},{},{},{},{},{},{:.4},{},{},{},{},{},{:.3}",
-                st.step,
-                st.interferer_rate_hz,
-                v.victim,
-                m.jobs,
-                m.completed,
-                m.timeouts,
-                m.timeout_pct,
-                f(m.latency_ms.mean),
-                f(m.latency_ms.p50),
-                f(m.latency_ms.p90),
-                f(m.latency_ms.p99),
-                f(m.latency_ms.max),
-                m.throughput_ips
-            );
-        }
-    }
-    s
 }

@@ -127,15 +127,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
     })
 }
 
-pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), OutputError> {
-    let mut text = serde_json::to_string_pretty(value).map_err(|e| OutputError::Io {
-        path: path.to_path_buf(),
-        source: e.into(),
-    })?;
-    text.push('\n');
-    write_atomic(path, text.as_bytes())
-}
-
 /// Header of `jobs/<workload>.csv`.
 pub const JOBS_CSV_HEADER: &str = "job,release_ms,start_ms,end_ms,latency_ms,timeout";
 

@@ -1,74 +1,14 @@
-//! summary.json: what a run writes about itself and each workload, and reads back for
-//! `isolane compare`. Metric names are core's `WorkloadMetrics` (DESIGN.md, "Metrics"),
-//! flattened into each workload's object.
+//! Summarising a run into summary.json's typed form ([`isolane_core::results`] owns the
+//! schema). Metric names are core's `WorkloadMetrics` (docs/design.md, "Metrics"), flattened
+//! into each workload's object.
 
-use isolane_core::metrics::{workload_metrics, WorkloadMetrics};
+use isolane_core::metrics::workload_metrics;
+use isolane_core::results::SCHEMA_VERSION;
+use isolane_core::results::{RunStatus, RunSummary, WorkloadSummary};
 use isolane_core::spec::{Rate, WorkloadSpec};
 use isolane_core::JobRecord;
-use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{RunResult, WorkloadPlan, WorkloadResult, WorkloadStatus};
-
-/// The outcome of a whole run: "ok", "failed" (some workload failed), "interrupted" (Ctrl-C).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Ok,
-    Failed,
-    Interrupted,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct WorkloadSummary {
-    pub name: String,
-    pub model: String,
-    pub batch: u32,
-    /// Hz, or `null` for closed loop.
-    pub rate_hz: Option<f64>,
-    pub deadline_ms: Option<f64>,
-    pub host: String,
-    pub status: Status,
-    /// Why it failed: the worker's signal or exit status, or the error.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signal: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid: Option<u32>,
-    /// Wall time the throughput is computed over: t0 to the workload's last release or end.
-    pub wall_s: f64,
-    #[serde(flatten)]
-    pub metrics: WorkloadMetrics,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RunSummary {
-    pub isolane_version: String,
-    /// `run` or `isolation`.
-    pub command: String,
-    pub status: Status,
-    pub interrupted: bool,
-    /// UTC, RFC 3339.
-    pub started_at: String,
-    pub host: String,
-    /// The scenario file, or `<built-in quickstart>`.
-    pub scenario: String,
-    /// t0 as absolute CLOCK_MONOTONIC ns (null if the run never started).
-    pub t0_monotonic_ns: Option<i64>,
-    /// From t0 to the end of the last workload.
-    pub wall_s: f64,
-    /// Share of this machine's CPU time (all CPUs, %) that a hypervisor took during the run
-    /// (the steal column of /proc/stat): on a shared VM, late starts and missed deadlines with
-    /// a high value here are the host's, not the workloads'. Absent where not reported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_steal_pct: Option<f64>,
-    pub workloads: Vec<WorkloadSummary>,
-    /// Device telemetry over the run (isolane-telemetry's summary), when it was sampled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub telemetry: Option<serde_json::Value>,
-}
 
 /// The wall time a workload's throughput is measured over.
 pub fn workload_wall_s(records: &[JobRecord], run_wall_s: f64) -> f64 {
@@ -89,12 +29,15 @@ pub fn summarize_workload(
     run_wall_s: f64,
 ) -> WorkloadSummary {
     let wall_s = workload_wall_s(&result.records, run_wall_s);
-    let metrics = workload_metrics(&result.records, spec.batch, wall_s, deadline_ns);
+    let mut metrics = workload_metrics(&result.records, spec.batch, wall_s, deadline_ns);
+    // The engine's own count; telemetry replaces it with the process's peak where that is
+    // this workload's alone (a worker process, or the only workload).
+    metrics.gpu_memory_mib = result.device_memory_mib;
     let (status, error, signal, exit_code) = match &result.status {
-        WorkloadStatus::Ok => (Status::Ok, None, None, None),
-        WorkloadStatus::Interrupted => (Status::Interrupted, None, None, None),
+        WorkloadStatus::Ok => (RunStatus::Ok, None, None, None),
+        WorkloadStatus::Interrupted => (RunStatus::Interrupted, None, None, None),
         WorkloadStatus::Failed(f) => (
-            Status::Failed,
+            RunStatus::Failed,
             Some(f.message.clone()),
             f.signal,
             f.exit_code,
@@ -116,22 +59,23 @@ pub fn summarize_workload(
         exit_code,
         pid: result.pid,
         wall_s,
+        memory_estimate_mib: None,
         metrics,
     }
 }
 
 /// Run-level status: interrupted wins over failed (the user stopped it), failed over ok.
-pub fn run_status(result: &RunResult) -> Status {
+pub fn run_status(result: &RunResult) -> RunStatus {
     if result.interrupted {
-        Status::Interrupted
+        RunStatus::Interrupted
     } else if result
         .workloads
         .iter()
         .any(|w| matches!(w.status, WorkloadStatus::Failed(_)))
     {
-        Status::Failed
+        RunStatus::Failed
     } else {
-        Status::Ok
+        RunStatus::Ok
     }
 }
 
@@ -148,6 +92,7 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
         .map(|(p, r)| summarize_workload(&p.spec, p.schedule.deadline_ns, r, result.wall_s))
         .collect();
     RunSummary {
+        schema_version: SCHEMA_VERSION,
         isolane_version: env!("CARGO_PKG_VERSION").to_string(),
         command: info.command.to_string(),
         status: run_status(result),
@@ -161,6 +106,8 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
         wall_s: result.wall_s,
         cpu_steal_pct: result.cpu_steal_pct,
         workloads,
+        partitions: Vec::new(),
         telemetry: None,
+        isolation: None,
     }
 }

@@ -9,12 +9,12 @@
 pub mod nvml;
 
 use isolane_core::files::write_atomic;
+use isolane_core::results::RunSummary;
+pub use isolane_core::results::{EnergySource, Stat, TelemetrySummary};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 
 /// The sampling period unless told otherwise.
 pub const DEFAULT_PERIOD: Duration = Duration::from_millis(50);
@@ -293,20 +293,6 @@ pub fn throttle_names(bits: u64) -> Vec<&'static str> {
     v
 }
 
-/// How the energy was obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EnergySource {
-    /// Every interval from the driver's energy counter.
-    Counter,
-    /// Every interval by integrating power (no counter, or it wrapped or reset).
-    IntegratedPower,
-    /// Some of each.
-    Mixed,
-    /// Neither counter nor power: no energy.
-    None,
-}
-
 /// Cumulative energy (J) at each sample since the first, and how it was obtained. An interval
 /// uses the counter's delta when both ends have it and it did not go backwards (a wrap, or a
 /// driver reload, resets it); otherwise the trapezoid of the power readings (one end's power
@@ -407,14 +393,6 @@ pub fn energy_between_j(samples: &[Sample], cumulative: &[f64], from_ns: i64, to
     (at(to_ns) - at(from_ns)).max(0.0)
 }
 
-/// `{mean, min, max}` of one quantity over the samples that have it.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Stat {
-    pub mean: f64,
-    pub min: f64,
-    pub max: f64,
-}
-
 fn stat(values: impl Iterator<Item = f64>) -> Option<Stat> {
     let (mut n, mut sum, mut min, mut max) = (0usize, 0.0, f64::INFINITY, f64::NEG_INFINITY);
     for v in values.filter(|v| v.is_finite()) {
@@ -428,41 +406,6 @@ fn stat(values: impl Iterator<Item = f64>) -> Option<Stat> {
         min,
         max,
     })
-}
-
-/// The `telemetry` object of summary.json (names as in DESIGN.md's metric list).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TelemetrySummary {
-    pub source: String,
-    pub device: String,
-    pub period_ms: f64,
-    /// Samples inside the window summarised (the run: t0 to its end).
-    pub samples: usize,
-    pub duration_s: f64,
-    pub power_w: Option<Stat>,
-    /// Energy over the window.
-    pub energy_j: Option<f64>,
-    pub energy_source: EnergySource,
-    pub sm_clock_mhz: Option<Stat>,
-    pub mem_clock_mhz: Option<Stat>,
-    pub temperature_c: Option<Stat>,
-    /// Every throttle reason seen in at least one sample of the window.
-    pub throttle_reasons: Vec<String>,
-    pub memory_used_mib: Option<Stat>,
-    pub gpu_util_pct: Option<Stat>,
-    pub sm_util_pct: Option<Stat>,
-    pub sm_occupancy_pct: Option<Stat>,
-    pub tensor_util_pct: Option<Stat>,
-    pub dram_bw_util_pct: Option<Stat>,
-    /// The sampler's own cost: CPU seconds of its thread, and as % of one core over its life.
-    pub sampler_cpu_s: f64,
-    pub sampler_cpu_pct: f64,
-    /// Periods the sampler could not keep (a reading took longer than the period).
-    pub sampler_overruns: u64,
-    /// Queries refreshed less often than every reading to keep the sampler's CPU cost in
-    /// budget, with their refresh period in ms (their columns are empty in between).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub refresh_ms: std::collections::BTreeMap<String, f64>,
 }
 
 impl Recording {
@@ -592,48 +535,29 @@ pub const CSV_HEADER: &str = "t_s,power_w,energy_j,sm_clock_mhz,mem_clock_mhz,te
 throttle_reasons,memory_used_mib,gpu_util_pct,mem_util_pct,sm_util_pct,sm_occupancy_pct,\
 tensor_util_pct,dram_bw_util_pct,process_memory_mib";
 
-/// Adds a run's telemetry to its summary.json value: the `telemetry` object, and per workload
-/// what can be attributed to it. Energy is attributed only when the workload ran alone (the
-/// device's energy is then its energy): `energy_j` and `j_per_image`. Device memory is
-/// attributed by process: a workload in its own worker process gets its pid's peak; a run of
-/// one workload on a thread gets this process's.
-pub fn attach(summary: &mut serde_json::Value, rec: &Recording, t: &TelemetrySummary) {
-    use serde_json::Value;
-    let Some(obj) = summary.as_object_mut() else {
-        return;
-    };
-    if let Ok(v) = serde_json::to_value(t) {
-        obj.insert("telemetry".into(), v);
-    }
-    let Some(Value::Array(workloads)) = obj.get_mut("workloads") else {
-        return;
-    };
-    let alone = workloads.len() == 1;
+/// Adds a run's telemetry to its summary: the `telemetry` object, and per workload what can
+/// be attributed to it. Energy is attributed only when the workload ran alone (the device's
+/// energy is then its energy): `energy_j` and `j_per_image`. Device memory is attributed by
+/// process: a workload in its own worker process gets its pid's peak; a run of one workload on
+/// a thread gets this process's.
+pub fn attach(summary: &mut RunSummary, rec: &Recording, t: &TelemetrySummary) {
+    summary.telemetry = Some(t.clone());
+    let alone = summary.workloads.len() == 1;
     let own_pid = std::process::id();
-    for w in workloads.iter_mut() {
-        let Some(w) = w.as_object_mut() else { continue };
-        let pid = w.get("pid").and_then(Value::as_u64).map(|p| p as u32);
-        let mem = match (pid, alone) {
+    for w in &mut summary.workloads {
+        let mem = match (w.pid, alone) {
             (Some(p), _) => rec.process_peak_mib(p),
             (None, true) => rec.process_peak_mib(own_pid),
             (None, false) => None,
         };
         if let Some(m) = mem {
-            w.insert("gpu_memory_mib".into(), m.into());
+            w.metrics.gpu_memory_mib = Some(m);
         }
         if alone {
             if let Some(e) = t.energy_j {
-                let images = w.get("completed").and_then(Value::as_u64).unwrap_or(0)
-                    * w.get("batch").and_then(Value::as_u64).unwrap_or(1);
-                w.insert("energy_j".into(), e.into());
-                w.insert(
-                    "j_per_image".into(),
-                    if images > 0 {
-                        (e / images as f64).into()
-                    } else {
-                        Value::Null
-                    },
-                );
+                let images = w.metrics.completed * u64::from(w.batch);
+                w.metrics.energy_j = Some(e);
+                w.metrics.j_per_image = (images > 0).then(|| e / images as f64);
             }
         }
     }

@@ -328,21 +328,32 @@ fn attach_gives_energy_to_a_workload_that_ran_alone_only() {
     samples[1].reading.process_memory_mib = vec![(7, 300.0), (std::process::id(), 900.0)];
     let rec = recording(samples);
     let t = rec.summary(None);
-    let mut one = serde_json::json!({"workloads": [{"name": "a", "completed": 10, "batch": 2}]});
+    let mut one = summary(&[("a", 10, 2, None)]);
     attach(&mut one, &rec, &t);
-    let w = &one["workloads"][0];
-    assert_eq!(w["energy_j"], 2.0);
-    assert_eq!(w["j_per_image"], 0.1);
-    assert_eq!(w["gpu_memory_mib"], 900.0);
-    assert_eq!(one["telemetry"]["samples"], 3);
-    let mut two = serde_json::json!({"workloads": [
-        {"name": "a", "completed": 10, "batch": 1, "pid": 7},
-        {"name": "b", "completed": 10, "batch": 1, "energy_j": null}]});
+    let w = &one.workloads[0].metrics;
+    assert_eq!(w.energy_j, Some(2.0));
+    assert_eq!(w.j_per_image, Some(0.1));
+    assert_eq!(w.gpu_memory_mib, Some(900.0));
+    assert_eq!(one.telemetry.as_ref().map(|t| t.samples), Some(3));
+    let mut two = summary(&[("a", 10, 1, Some(7)), ("b", 10, 1, None)]);
     attach(&mut two, &rec, &t);
-    assert_eq!(two["workloads"][0]["gpu_memory_mib"], 300.0);
-    assert!(two["workloads"][0].get("energy_j").is_none());
-    assert_eq!(two["workloads"][1]["energy_j"], serde_json::Value::Null);
-    assert!(two["workloads"][1].get("gpu_memory_mib").is_none());
+    assert_eq!(two.workloads[0].metrics.gpu_memory_mib, Some(300.0));
+    assert_eq!(two.workloads[0].metrics.energy_j, None);
+    assert_eq!(two.workloads[1].metrics.energy_j, None);
+    assert_eq!(two.workloads[1].metrics.gpu_memory_mib, None);
+}
+
+/// A run's summary with workloads `(name, completed, batch, worker pid)`.
+fn summary(workloads: &[(&str, u64, u32, Option<u32>)]) -> isolane_core::results::RunSummary {
+    use isolane_core::results::{RunSummary, WorkloadSummary};
+    let mut s = RunSummary::new("run");
+    for &(name, completed, batch, pid) in workloads {
+        let mut w = WorkloadSummary::new(name, "spin:1ms", batch);
+        w.metrics.completed = completed;
+        w.pid = pid;
+        s.workloads.push(w);
+    }
+    s
 }
 
 #[test]

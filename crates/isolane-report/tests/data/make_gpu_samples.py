@@ -141,8 +141,9 @@ def sweep_partition(name, mechanism, sizes, key, model="convnext_large"):
         points.append({"dir": d, "status": "ok", "exit_code": 0, key: size})
     dump(os.path.join(root, "sweep.json"), {
         "isolane_version": "0.1.0", "kind": "partition", "model": model, "backend": "cuda",
-        "mechanism": mechanism, "precision": "fp16", "batch": 1, "device_model": "h100-sxm",
-        "unit": key, "points": points,
+        "mechanism": mechanism, "precision": "fp16", "device_model": "h100-sxm",
+        "unit": key, "partition_applied": True, "rate_hz": None, "duration_s": 5.0,
+        "points": points,
     })
 
 
@@ -171,7 +172,8 @@ def sweep_concurrency(name="sweep-concurrency", model="resnet50"):
                            "batch": b})
     dump(os.path.join(root, "sweep.json"), {
         "isolane_version": "0.1.0", "kind": "concurrency", "model": model, "backend": "cuda",
-        "mechanism": "timeslice", "precision": "fp16", "points": points,
+        "mechanism": "timeslice", "precision": "fp16", "partition_applied": False,
+        "rate_hz": None, "duration_s": 5.0, "points": points,
     })
 
 
@@ -188,7 +190,9 @@ def maxrate_gpu():
                    "backend": "cuda", "precision": "fp32", "mechanism": mech,
                    "sms": None, "thread_pct": None, "max_rate_hz": float(f),
                    "l_max_ms": 1000.0 / f, "initial_rate_hz": f * 1.04,
-                   "config": {"jobs": 1000, "validations": 3, "step": {"absolute": 1.0}},
+                   "config": {"jobs": 1000, "validations": 3, "step": {"absolute": 1.0},
+                              "acceptance": "zero_violations", "max_batches": 10000},
+                   "start_lateness_us": {"p50": 0.3, "p99": 2.5, "max": 9.0},
                    "trace": []}
             obj.update(part)
             dump(os.path.join(d, "maxrate.json"), obj)

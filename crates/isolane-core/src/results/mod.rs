@@ -1,0 +1,99 @@
+//! The results schema: every file isolane writes about a measurement, as typed structs, owned
+//! here and nowhere else. Writers (`run`, `isolation`, `maxrate`, `sweep`, telemetry) fill these
+//! structs; readers (`report`, `compare`, `summarize`) load them through [`read_json`]. Each
+//! JSON file carries `schema_version`; folders written before it existed read as version 1
+//! (every field added since has a default), and the committed results/ folders are loaded by a
+//! test.
+//!
+//! | file | type |
+//! | --- | --- |
+//! | `summary.json` | [`RunSummary`] (run, isolation) |
+//! | `maxrate.json` | [`MaxrateReport`] |
+//! | `sweep.json` | [`SweepIndex`] |
+//! | `isolation.csv` | [`IsolationRow`] rows |
+//! | `summary.json`'s `telemetry` | [`TelemetrySummary`] |
+
+mod isolation;
+mod maxrate;
+mod run;
+mod sweep;
+mod telemetry;
+
+pub use isolation::{
+    isolation_csv, read_isolation_csv, IsolationRow, IsolationSteps, StepResult, VictimStep,
+    ISOLATION_CSV_HEADER,
+};
+pub use maxrate::{LatenessSummary, MaxrateReport};
+pub use run::{PartitionRecord, RunStatus, RunSummary, WorkloadSummary};
+pub use sweep::{SweepIndex, SweepPoint};
+pub use telemetry::{EnergySource, Stat, TelemetrySummary};
+
+use std::path::{Path, PathBuf};
+
+/// The version of the schema this build writes. 1: the files before `schema_version`
+/// existed; 2: `schema_version`, typed `partitions`/`isolation`, per-workload
+/// `memory_estimate_mib`.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// What a file without `schema_version` is.
+pub(crate) fn legacy_version() -> u32 {
+    1
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResultsError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// serde_json's message names the field and the line/column.
+    #[error("{path}: {detail}")]
+    Parse { path: PathBuf, detail: String },
+    #[error(
+        "{path}: written by a newer isolane (schema_version {found}; this build reads up to {SCHEMA_VERSION})"
+    )]
+    Newer { path: PathBuf, found: u32 },
+}
+
+/// A results file of any kind: it says which schema version wrote it.
+pub trait Versioned {
+    fn schema_version(&self) -> u32;
+}
+
+/// Reads one results file, refusing one written by a newer schema rather than misreading it.
+pub fn read_json<T: serde::de::DeserializeOwned + Versioned>(
+    path: &Path,
+) -> Result<T, ResultsError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ResultsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let value: T = serde_json::from_str(&text).map_err(|e| ResultsError::Parse {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    if value.schema_version() > SCHEMA_VERSION {
+        return Err(ResultsError::Newer {
+            path: path.to_path_buf(),
+            found: value.schema_version(),
+        });
+    }
+    Ok(value)
+}
+
+/// Writes a results file atomically (temp + rename), pretty-printed with a final newline.
+pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), ResultsError> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| ResultsError::Io {
+        path: path.to_path_buf(),
+        source: e.into(),
+    })?;
+    bytes.push(b'\n');
+    crate::files::write_atomic(path, &bytes).map_err(|source| ResultsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests;

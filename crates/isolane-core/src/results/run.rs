@@ -1,0 +1,185 @@
+//! summary.json of `isolane run` and `isolane isolation`.
+
+use serde::{Deserialize, Serialize};
+
+use super::{legacy_version, IsolationSteps, TelemetrySummary, Versioned};
+use crate::metrics::WorkloadMetrics;
+use crate::spec::Mechanism;
+
+/// The outcome of a run or of one workload: "ok", "failed" (a workload failed), "interrupted"
+/// (Ctrl-C, or a run cut short and summarised afterwards).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Ok,
+    Failed,
+    Interrupted,
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RunStatus::Ok => "ok",
+            RunStatus::Failed => "failed",
+            RunStatus::Interrupted => "interrupted",
+        })
+    }
+}
+
+impl RunStatus {
+    /// The word result tables print (a failure stands out).
+    pub fn word(self) -> &'static str {
+        match self {
+            RunStatus::Ok => "ok",
+            RunStatus::Failed => "FAILED",
+            RunStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadSummary {
+    pub name: String,
+    pub model: String,
+    pub batch: u32,
+    /// Hz, or `null` for closed loop.
+    pub rate_hz: Option<f64>,
+    pub deadline_ms: Option<f64>,
+    /// `thread` or `process`.
+    pub host: String,
+    pub status: RunStatus,
+    /// Why it failed: the worker's signal or exit status, or the error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Wall time the throughput is computed over: t0 to the workload's last release or end.
+    pub wall_s: f64,
+    /// Device memory admission control counted for this workload (MiB): the engine's plan
+    /// (weights + arena + workspace) plus, once per process, the CUDA context. `null` on the
+    /// CPU and for synthetic workloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_estimate_mib: Option<u64>,
+    #[serde(flatten)]
+    pub metrics: WorkloadMetrics,
+}
+
+/// What one workload's partition was, for summary.json and the printed plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartitionRecord {
+    pub workload: String,
+    pub mechanism: Mechanism,
+    /// What the partition is, in words ("green 8 SMs", "mps 25%", "mig 1g.10gb", "whole GPU").
+    pub partition: String,
+    /// green: SMs the driver granted (read back); mig: the instance's SMs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted_sms: Option<u32>,
+    /// mig: `MIG-<uuid>` the worker is bound to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_device: Option<String>,
+    /// mps: the daemon's pipe directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_pipe_dir: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    #[serde(default = "legacy_version")]
+    pub schema_version: u32,
+    pub isolane_version: String,
+    /// `run` or `isolation`.
+    pub command: String,
+    pub status: RunStatus,
+    pub interrupted: bool,
+    /// UTC, RFC 3339.
+    pub started_at: String,
+    pub host: String,
+    /// The scenario file, or `<built-in quickstart>`.
+    pub scenario: String,
+    /// t0 as absolute CLOCK_MONOTONIC ns (null if the run never started).
+    pub t0_monotonic_ns: Option<i64>,
+    /// From t0 to the end of the last workload.
+    pub wall_s: f64,
+    /// Share of this machine's CPU time (all CPUs, %) that a hypervisor took during the run
+    /// (the steal column of /proc/stat): on a shared VM, late starts and missed deadlines with
+    /// a high value here are the host's, not the workloads'. Absent where not reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_steal_pct: Option<f64>,
+    pub workloads: Vec<WorkloadSummary>,
+    /// What each workload's partition was (GPU runs; absent on the CPU).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<PartitionRecord>,
+    /// Device telemetry over the run, when it was sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<TelemetrySummary>,
+    /// `isolane isolation`: the ramp's steps (flattened: `step_s`, `steps`).
+    #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<IsolationSteps>,
+}
+
+impl Versioned for RunSummary {
+    fn schema_version(&self) -> u32 {
+        self.schema_version
+    }
+}
+
+impl WorkloadSummary {
+    /// A workload that has run no job yet (its metrics are those of no records).
+    pub fn new(name: &str, model: &str, batch: u32) -> WorkloadSummary {
+        WorkloadSummary {
+            name: name.to_string(),
+            model: model.to_string(),
+            batch,
+            rate_hz: None,
+            deadline_ms: None,
+            host: "thread".to_string(),
+            status: RunStatus::Ok,
+            error: None,
+            signal: None,
+            exit_code: None,
+            pid: None,
+            wall_s: 0.0,
+            memory_estimate_mib: None,
+            metrics: crate::metrics::workload_metrics(&[], batch, 0.0, None),
+        }
+    }
+}
+
+impl RunSummary {
+    /// The summary of `command` with no workload yet, in this build's schema.
+    pub fn new(command: &str) -> RunSummary {
+        RunSummary {
+            schema_version: super::SCHEMA_VERSION,
+            isolane_version: env!("CARGO_PKG_VERSION").to_string(),
+            command: command.to_string(),
+            status: RunStatus::Ok,
+            interrupted: false,
+            started_at: String::new(),
+            host: String::new(),
+            scenario: String::new(),
+            t0_monotonic_ns: None,
+            wall_s: 0.0,
+            cpu_steal_pct: None,
+            workloads: Vec::new(),
+            partitions: Vec::new(),
+            telemetry: None,
+            isolation: None,
+        }
+    }
+
+    /// Images per second of all workloads together.
+    pub fn total_throughput_ips(&self) -> f64 {
+        self.workloads
+            .iter()
+            .map(|w| w.metrics.throughput_ips)
+            .sum()
+    }
+
+    pub fn workload(&self, name: &str) -> Option<&WorkloadSummary> {
+        self.workloads.iter().find(|w| w.name == name)
+    }
+}

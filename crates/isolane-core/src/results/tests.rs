@@ -1,0 +1,148 @@
+use super::*;
+use std::path::Path;
+
+/// Every results file committed under results/ (the H100 studies and engine runs) and the
+/// report's samples (written by earlier versions, CPU and GPU).
+fn committed(name: &str) -> Vec<PathBuf> {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    let mut stack = vec![
+        here.join("../../results"),
+        here.join("../isolane-report/tests/data"),
+    ];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n == name) {
+                found.push(p);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn loads_all<T: serde::de::DeserializeOwned + Versioned + serde::Serialize>(name: &str) -> usize {
+    let files = committed(name);
+    for f in &files {
+        let v: T = read_json(f).unwrap_or_else(|e| panic!("{e}"));
+        assert!(v.schema_version() <= SCHEMA_VERSION);
+        // No field is lost on the way: written back, it holds all of the file.
+        let original: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+        let again = serde_json::to_value(&v).unwrap();
+        if let Some(d) = first_difference(&original, &again, String::new()) {
+            panic!("{}: {d}", f.display());
+        }
+    }
+    files.len()
+}
+
+/// Where `b` lost or changed something of `a` (a JSON path): every key of `a` must be in `b`
+/// with the same value (an absent key counts as `null`); `b` may add keys (defaults of fields
+/// a legacy file did not have).
+fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: String) -> Option<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x.iter().find_map(|(k, v)| {
+            let null = Value::Null;
+            first_difference(v, y.get(k).unwrap_or(&null), format!("{at}.{k}"))
+        }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (p, q))| first_difference(p, q, format!("{at}[{i}]"))),
+        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => None,
+        _ if a == b => None,
+        _ => Some(format!("{at}: {a} vs {b}")),
+    }
+}
+
+#[test]
+fn the_committed_results_folders_still_load() {
+    assert!(loads_all::<RunSummary>("summary.json") > 50);
+    assert!(loads_all::<MaxrateReport>("maxrate.json") > 10);
+    assert!(loads_all::<SweepIndex>("sweep.json") > 2);
+    for f in committed("isolation.csv") {
+        let rows = read_isolation_csv(&f).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!rows.is_empty(), "{}", f.display());
+    }
+}
+
+#[test]
+fn an_old_summary_reads_as_version_1_and_keeps_its_isolation_steps() {
+    let files = committed("summary.json");
+    let iso = files
+        .iter()
+        .find(|f| f.to_string_lossy().contains("isolation"))
+        .expect("an isolation summary under results/");
+    let s: RunSummary = read_json(iso).unwrap();
+    assert_eq!(s.schema_version, 1);
+    let steps = s.isolation.expect("isolation steps");
+    assert!(steps.step_s > 0.0 && !steps.steps.is_empty());
+}
+
+#[test]
+fn a_file_from_a_newer_schema_is_refused_by_name() {
+    let d = tempfile::tempdir().unwrap();
+    let f = committed("maxrate.json").into_iter().next().unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+    v["schema_version"] = (SCHEMA_VERSION + 1).into();
+    let p = d.path().join("maxrate.json");
+    std::fs::write(&p, v.to_string()).unwrap();
+    let e = read_json::<MaxrateReport>(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("maxrate.json") && e.contains("newer isolane"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_field_is_named() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("summary.json");
+    std::fs::write(&p, r#"{"isolane_version": "0.1.0"}"#).unwrap();
+    let e = read_json::<RunSummary>(&p).unwrap_err().to_string();
+    assert!(e.contains("summary.json") && e.contains("command"), "{e}");
+}
+
+#[test]
+fn isolation_csv_round_trips_through_the_reader() {
+    let d = tempfile::tempdir().unwrap();
+    let metrics = crate::metrics::workload_metrics(&[], 1, 1.0, None);
+    let steps = vec![StepResult {
+        step: 3,
+        start_s: 3.0,
+        interferer_rates_hz: vec![("i".into(), 40.0)],
+        interferer_rate_hz: 40.0,
+        victims: vec![VictimStep {
+            victim: "v".into(),
+            metrics,
+        }],
+    }];
+    let p = d.path().join("isolation.csv");
+    std::fs::write(&p, isolation_csv(&steps)).unwrap();
+    let rows = read_isolation_csv(&p).unwrap();
+    assert_eq!(
+        rows,
+        vec![IsolationRow {
+            step: 3,
+            interferer_rate_hz: 40.0,
+            victim: "v".into(),
+            timeout_pct: 0.0
+        }]
+    );
+    std::fs::write(&p, "step,interferer_rate_hz,victim,timeout_pct\n1,x,v,0\n").unwrap();
+    let e = read_isolation_csv(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("line 2") && e.contains("interferer_rate_hz"),
+        "{e}"
+    );
+}
