@@ -1159,8 +1159,10 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             Op::MatMul if attn_at[ni].is_some() => {
                 let sn = &g.nodes[attn_at[ni].unwrap_or_default()];
                 let kv = folded_t[sn.inputs[1]].unwrap_or(sn.inputs[1]);
-                let alpha = p.alpha_of[sn.inputs[0]] * p.alpha_of[sn.inputs[1]] * p.alpha_of[kv];
-                let out_scale = p.alpha_of[x0] * p.alpha_of[n.inputs[1]];
+                let alpha = operand_alpha(&p.alpha_of, &folded_t, sn.inputs[0])
+                    * operand_alpha(&p.alpha_of, &folded_t, sn.inputs[1]);
+                let out_scale = operand_alpha(&p.alpha_of, &folded_t, x0)
+                    * operand_alpha(&p.alpha_of, &folded_t, n.inputs[1]);
                 // (loc, [image, head, row] strides) of a [B, H, S, d] / [BH, S, d] operand,
                 // read in place when its rows are contiguous and 16-byte aligned, else copied.
                 let operand = |v: usize, p: &mut Planner| -> Result<(Loc, [usize; 3])> {
@@ -1329,7 +1331,8 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                         a_batch_stride: if ab == 1 { 0 } else { sa },
                         b_batch_stride: if bb == 1 { 0 } else { sb },
                         b_trans,
-                        alpha: p.alpha_of[x0] * p.alpha_of[n.inputs[1]] * p.alpha_of[vb],
+                        alpha: operand_alpha(&p.alpha_of, &folded_t, x0)
+                            * operand_alpha(&p.alpha_of, &folded_t, n.inputs[1]),
                         lda,
                         ldb,
                         ldy,
@@ -1900,6 +1903,15 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         inputs,
         outputs,
     })
+}
+
+/// The scale a MatMul operand `v` carries unapplied: a multiplication by a scalar constant
+/// aliased onto its input (`alpha_of`), and, when `v` is a transpose folded into the matmul,
+/// the scale of the value that transpose reads. Each value's scale counts once: torch's
+/// scaled-dot-product export scales both q and kᵀ by √scale, and kᵀ·√scale is both the
+/// matmul's operand and the value it reads when no transpose is folded.
+fn operand_alpha(alpha_of: &[f32], folded_t: &[Option<usize>], v: usize) -> f32 {
+    alpha_of[v] * folded_t[v].map_or(1.0, |src| alpha_of[src])
 }
 
 /// (batch, batch stride, rows, cols, row stride) of a matrix operand.

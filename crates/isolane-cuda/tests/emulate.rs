@@ -580,13 +580,22 @@ fn check_with(g: &Graph, batch: usize, opts: PlanOptions, tol: f64) {
     );
 }
 
+/// Where an attention block applies its `1/√d` scale.
+#[derive(Clone, Copy)]
+enum AttnScale {
+    /// `(q·s)·kᵀ`, as isolane-engine's arch/vit.rs builds it.
+    Query,
+    /// `(q·√s)·(kᵀ·√s)`, as torch.onnx exports `scaled_dot_product_attention` (opset 14+).
+    QueryAndKey,
+}
+
 /// ViT's encoder block as torchvision writes it (see isolane-engine's arch/vit.rs), small.
 fn tiny_vit_block() -> Graph {
-    vit_block(10, 32, 4)
+    vit_block(10, 32, 4, AttnScale::Query)
 }
 
 /// ViT's encoder block as torchvision writes it: `seq` tokens of width `h`, `heads` heads.
-fn vit_block(seq: usize, h: usize, heads: usize) -> Graph {
+fn vit_block(seq: usize, h: usize, heads: usize, at: AttnScale) -> Graph {
     let hd = h / heads;
     let mut g = Graph::new("tiny_vit_block");
     let mut seed = 100;
@@ -652,11 +661,16 @@ fn vit_block(seq: usize, h: usize, heads: usize) -> Graph {
     let q = sq(&mut g, parts[0], "q");
     let k = sq(&mut g, parts[1], "k");
     let v = sq(&mut g, parts[2], "v");
-    let scale = g.add_constant("scale", Tensor::scalar(1.0 / (hd as f32).sqrt()));
+    let s = 1.0 / (hd as f32).sqrt();
+    let q_scale = match at {
+        AttnScale::Query => s,
+        AttnScale::QueryAndKey => s.sqrt(),
+    };
+    let scale = g.add_constant("scale", Tensor::scalar(q_scale));
     let q = g
         .add_op("q_scaled", Op::Binary(Binary::Mul), &[q, scale])
         .unwrap();
-    let kt = g
+    let mut kt = g
         .add_op(
             "k_t",
             Op::Transpose {
@@ -665,6 +679,12 @@ fn vit_block(seq: usize, h: usize, heads: usize) -> Graph {
             &[k],
         )
         .unwrap();
+    if let AttnScale::QueryAndKey = at {
+        let k_scale = g.add_constant("k_scale", Tensor::scalar(s.sqrt()));
+        kt = g
+            .add_op("k_t_scaled", Op::Binary(Binary::Mul), &[kt, k_scale])
+            .unwrap();
+    }
     let s = g.add_op("scores", Op::MatMul, &[q, kt]).unwrap();
     let pr = g.add_op("softmax", Op::Softmax { axis: -1 }, &[s]).unwrap();
     let o = g.add_op("context", Op::MatMul, &[pr, v]).unwrap();
@@ -720,7 +740,7 @@ fn vit_block_plan_computes_the_graph() {
 /// projection, the context written straight into the merged-heads layout, at batches 1–3.
 #[test]
 fn vit_block_with_fused_attention_computes_the_graph() {
-    let g = vit_block(10, 128, 2);
+    let g = vit_block(10, 128, 2, AttnScale::Query);
     for batch in [1, 2, 3] {
         check_with(
             &g,
@@ -732,6 +752,38 @@ fn vit_block_with_fused_attention_computes_the_graph() {
             1e-5,
         );
     }
+}
+
+/// torch.onnx's scaled-dot-product export scales q and kᵀ by √s each before their MatMul;
+/// both scalings fold into the matmul's alpha, each once (issue 12: the scale of kᵀ was
+/// counted twice, so every imported ViT's attention was too flat on cuda).
+#[test]
+fn attention_scaled_on_both_operands_computes_the_graph() {
+    let g = vit_block(10, 32, 4, AttnScale::QueryAndKey);
+    for batch in [1, 2] {
+        check(&g, batch, true, 1e-5);
+    }
+}
+
+/// A torchvision VisionTransformer (1 layer, 2 heads, image 32, patch 8) exported by
+/// `torch.onnx.export(dynamo=False, opset_version=17)` (tests/data/make_vit_fixture.py): the
+/// graph as a user's ViT reaches the cuda backend, against the CPU backend and against
+/// onnxruntime's output.
+#[test]
+fn torch_exported_vit_plan_computes_the_graph() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
+    let name = "torch_vit_l1_h2_i32_p8_op17";
+    let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
+    for batch in [1, 2, 3] {
+        check(&g, batch, true, 1e-5);
+    }
+    let x = isolane_engine::io::read_npy(format!("{dir}{name}.input.npy")).unwrap();
+    let want = isolane_engine::io::read_npy(format!("{dir}{name}.output.npy")).unwrap();
+    let batch = x.shape[0];
+    let opt = passes::optimize(&g, batch).unwrap();
+    let p = plan::plan(&opt, batch, Precision::Fp32).unwrap();
+    let err = rel_l2(&run(&p, &x.data), &want.data);
+    assert!(err < 1e-5, "plan vs onnxruntime: rel L2 {err:e}");
 }
 
 #[test]
