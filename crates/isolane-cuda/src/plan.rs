@@ -719,6 +719,14 @@ impl Planner<'_> {
         self.def_t[v] = self.t;
         l
     }
+    /// A constant the plan computed itself (not a graph value).
+    fn new_const(&mut self, t: Tensor) -> Loc {
+        self.consts.push(Arc::new(t));
+        Loc::Const {
+            id: self.consts.len() - 1,
+            offset: 0,
+        }
+    }
     fn push(&mut self, name: &str, kind: StepKind) {
         self.steps.push(Step {
             name: name.to_string(),
@@ -1340,6 +1348,37 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                     },
                 );
             }
+            Op::BatchNorm { eps } => {
+                // A BatchNorm the passes could not fold into a producer (densenet's norms of
+                // concatenated features): one pointwise pass x · scale[c] + shift[c].
+                let (scale, shift) = batchnorm_affine(g, &n.inputs, *eps)
+                    .ok_or_else(|| unsupported(name, "BatchNorm with computed parameters"))?;
+                let x = p.raw(x0, name)?;
+                let keep = p.nhwc[x0];
+                let scale = p.new_const(scale);
+                let shift = p.new_const(shift);
+                let y = p.output(outs[0], keep);
+                let channels = out_shape[1];
+                let inner = if keep {
+                    1
+                } else {
+                    out_shape[2..].iter().product()
+                };
+                p.push(
+                    name,
+                    StepKind::Pointwise {
+                        x,
+                        y,
+                        scale: Some(scale),
+                        bias: Some(shift),
+                        residual: None,
+                        n: out_shape.iter().product(),
+                        channels,
+                        inner,
+                        act: None,
+                    },
+                );
+            }
             Op::Unary(u) => {
                 let x = p.raw(x0, name)?;
                 let keep = p.nhwc[x0];
@@ -1903,6 +1942,27 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         inputs,
         outputs,
     })
+}
+
+/// BatchNorm's per-channel `(scale, shift)` = `(γ/√(var+ε), β − mean·scale)`, computed in f32
+/// exactly as the CPU backend does; `None` when a parameter is not a constant.
+fn batchnorm_affine(g: &Graph, inputs: &[usize], eps: f32) -> Option<(Tensor, Tensor)> {
+    let param = |i: usize| match &g.values[*inputs.get(i)?].kind {
+        ValueKind::Constant(t) => Some(t.clone()),
+        _ => None,
+    };
+    let (gamma, beta, mean, var) = (param(1)?, param(2)?, param(3)?, param(4)?);
+    let c = gamma.numel();
+    let scale: Vec<f32> = (0..c)
+        .map(|ch| gamma.data[ch] / (var.data[ch] + eps).sqrt())
+        .collect();
+    let shift: Vec<f32> = (0..c)
+        .map(|ch| beta.data[ch] - mean.data[ch] * scale[ch])
+        .collect();
+    Some((
+        Tensor::new(vec![c], scale).ok()?,
+        Tensor::new(vec![c], shift).ok()?,
+    ))
 }
 
 /// The scale a MatMul operand `v` carries unapplied: a multiplication by a scalar constant

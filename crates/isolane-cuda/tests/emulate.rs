@@ -765,17 +765,15 @@ fn attention_scaled_on_both_operands_computes_the_graph() {
     }
 }
 
-/// A torchvision VisionTransformer (1 layer, 2 heads, image 32, patch 8) exported by
-/// `torch.onnx.export(dynamo=False, opset_version=17)` (tests/data/make_vit_fixture.py): the
-/// graph as a user's ViT reaches the cuda backend, against the CPU backend and against
-/// onnxruntime's output.
-#[test]
-fn torch_exported_vit_plan_computes_the_graph() {
+/// A fixture of tests/data (made by make_torch_fixtures.py with the real PyTorch exporter):
+/// its plan against the CPU backend at `batches` (channels-last and not), and against
+/// onnxruntime's output on the fixture's own input.
+fn check_torch_fixture(name: &str, batches: &[usize]) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
-    let name = "torch_vit_l1_h2_i32_p8_op17";
     let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
-    for batch in [1, 2, 3] {
+    for &batch in batches {
         check(&g, batch, true, 1e-5);
+        check(&g, batch, false, 1e-5);
     }
     let x = isolane_engine::io::read_npy(format!("{dir}{name}.input.npy")).unwrap();
     let want = isolane_engine::io::read_npy(format!("{dir}{name}.output.npy")).unwrap();
@@ -783,7 +781,36 @@ fn torch_exported_vit_plan_computes_the_graph() {
     let opt = passes::optimize(&g, batch).unwrap();
     let p = plan::plan(&opt, batch, Precision::Fp32).unwrap();
     let err = rel_l2(&run(&p, &x.data), &want.data);
-    assert!(err < 1e-5, "plan vs onnxruntime: rel L2 {err:e}");
+    assert!(err < 1e-5, "{name}: plan vs onnxruntime: rel L2 {err:e}");
+}
+
+/// A torchvision VisionTransformer (1 layer, 2 heads, image 32, patch 8) exported by
+/// `torch.onnx.export(dynamo=False, opset_version=17)`: the graph as a user's ViT reaches the
+/// cuda backend (issue 12).
+#[test]
+fn torch_exported_vit_plan_computes_the_graph() {
+    check_torch_fixture("torch_vit_l1_h2_i32_p8_op17", &[1, 2, 3]);
+}
+
+/// A torchvision DenseNet as exported by torch: BatchNormalizations of concatenated features
+/// follow no convolution and are planned as one per-channel scale-and-shift pass (NHWC and
+/// NCHW).
+#[test]
+fn torch_exported_densenet_plan_computes_the_graph() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
+    let g =
+        isolane_engine::onnx::import_file(format!("{dir}torch_densenet_tiny_op17.onnx")).unwrap();
+    let opt = passes::optimize(&g, 1).unwrap();
+    let standalone = opt
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::BatchNorm { .. }))
+        .count();
+    assert!(
+        standalone >= 4,
+        "{standalone} standalone BatchNorms after the passes"
+    );
+    check_torch_fixture("torch_densenet_tiny_op17", &[1, 2]);
 }
 
 #[test]

@@ -150,18 +150,11 @@ fn correctness_against_cpu() {
     assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
 }
 
-/// Issue 12: a torchvision ViT exported by `torch.onnx.export(dynamo=False, opset 17)` was
-/// wrong on cuda at every precision (rel L2 0.11-0.52) while the built-in vit_b_16 was right:
-/// the exported attention scales q and kᵀ by √s each, and the plan counted kᵀ's scale twice.
-/// The fixture (tests/data/make_vit_fixture.py) at batches 1-3 and every precision, against
-/// the CPU backend (and top-1 at fp32).
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn torch_exported_vit_matches_the_cpu_backend() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/torch_vit_l1_h2_i32_p8_op17.onnx"
-    );
+/// A fixture of tests/data (the real PyTorch exporter, make_torch_fixtures.py) at batches
+/// 1-3 and every precision against the CPU backend (same limits; top-1 at fp32, where 10
+/// random-weight classes cannot be a near-tie at the error seen).
+fn torch_fixture_matches_the_cpu_backend(name: &str) {
+    let path = format!("{}/tests/data/{name}.onnx", env!("CARGO_MANIFEST_DIR"));
     let g = isolane_engine::onnx::import_file(path).expect("import");
     let gpu = CudaBackend::new(0).expect("cuda backend");
     let cpu = CpuBackend::new(0);
@@ -181,15 +174,34 @@ fn torch_exported_vit_matches_the_cpu_backend() {
                 let r = b * classes..(b + 1) * classes;
                 argmax(&m.output()[r.clone()]) == argmax(&c.output()[r])
             });
-            println!("torch vit batch {batch} {p:<5} rel L2 {err:.3e} top-1 equal {top1}");
-            // Top-1 of 10 random-weight classes may be a near-tie at reduced precision;
-            // fp32 must keep it.
+            println!("{name} batch {batch} {p:<5} rel L2 {err:.3e} top-1 equal {top1}");
             if err > tolerance(p) || (p == Precision::Fp32 && !top1) {
                 failures.push(format!("batch {batch} {p}: rel L2 {err:.3e}, top-1 {top1}"));
             }
         }
     }
-    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{name} failures:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// Issue 12: a torchvision ViT exported by `torch.onnx.export(dynamo=False, opset 17)` was
+/// wrong on cuda at every precision (rel L2 0.11-0.52) while the built-in vit_b_16 was right:
+/// the exported attention scales q and kᵀ by √s each, and the plan counted kᵀ's scale twice.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn torch_exported_vit_matches_the_cpu_backend() {
+    torch_fixture_matches_the_cpu_backend("torch_vit_l1_h2_i32_p8_op17");
+}
+
+/// Issue 12: densenet's BatchNormalizations that follow no convolution (the per-channel
+/// scale-and-shift pass), NHWC, every precision.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn torch_exported_densenet_matches_the_cpu_backend() {
+    torch_fixture_matches_the_cpu_backend("torch_densenet_tiny_op17");
 }
 
 #[test]
