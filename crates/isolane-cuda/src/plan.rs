@@ -450,6 +450,56 @@ pub struct Io {
     pub shape: Vec<usize>,
 }
 
+/// Where a value of the planned graph can be read once computed (the plan check compares it
+/// with the CPU reference's): `loc` walked with `strides` over `shape`, times `scale` (a
+/// scalar multiplication aliased onto its input is applied by the consumer, not stored).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Probe {
+    /// The value (of the optimised graph the plan was made from).
+    pub value: usize,
+    /// The node that computes it and that node's op.
+    pub node: String,
+    pub op: &'static str,
+    pub loc: Loc,
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub scale: f32,
+    /// How many steps have run when the value is complete: read it right then, before the
+    /// next step (its storage may be reused once its last consumer has run).
+    pub ready: usize,
+}
+
+impl Probe {
+    /// Elements from `loc` to the last one the value touches (what to read back).
+    pub fn span(&self) -> usize {
+        1 + self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .map(|(d, s)| d.saturating_sub(1) * s)
+            .sum::<usize>()
+    }
+
+    /// The value in row-major order from the `span()` elements read at `loc`.
+    pub fn gather(&self, raw: &[f32]) -> Vec<f32> {
+        let n: usize = self.shape.iter().product();
+        let mut out = Vec::with_capacity(n);
+        let mut idx = vec![0usize; self.shape.len()];
+        for _ in 0..n {
+            let at: usize = idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum();
+            out.push(raw.get(at).copied().unwrap_or(f32::NAN) * self.scale);
+            for d in (0..idx.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < self.shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        out
+    }
+}
+
 /// The whole plan.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -466,6 +516,8 @@ pub struct Plan {
     pub filter_dw_hwc: Vec<usize>,
     pub inputs: Vec<Io>,
     pub outputs: Vec<Io>,
+    /// Every value a step computes that can be read back, in node order (see [`Probe`]).
+    pub probes: Vec<Probe>,
 }
 
 impl Plan {
@@ -597,6 +649,7 @@ struct Planner<'g> {
     /// Strides of a value that is a non-contiguous view (a transpose or split read in place
     /// by a stride-aware consumer); `None`: row-major (or NHWC when `nhwc`).
     vstrides: Vec<Option<Vec<usize>>>,
+    probes: Vec<Probe>,
     t: usize,
 }
 
@@ -719,6 +772,29 @@ impl Planner<'_> {
         self.def_t[v] = self.t;
         l
     }
+    /// Probes for the outputs of `node`, which has just been planned: where each can be read
+    /// as the steps planned so far leave it (a value made plain later gets a new location,
+    /// but this one is the value's at this time).
+    fn record_probes(&mut self, node: &isolane_engine::ir::Node) {
+        for &o in &node.outputs {
+            let Some(loc @ Loc::Storage { .. }) = self.loc[o] else {
+                continue;
+            };
+            if self.pending_scale[o].is_some() {
+                continue;
+            }
+            self.probes.push(Probe {
+                value: o,
+                node: node.name.clone(),
+                op: node.op.name(),
+                loc,
+                shape: self.shapes[o].clone(),
+                strides: self.strides(o),
+                scale: self.alpha_of[o],
+                ready: self.steps.len(),
+            });
+        }
+    }
     /// A constant the plan computed itself (not a graph value).
     fn new_const(&mut self, t: Tensor) -> Loc {
         self.consts.push(Arc::new(t));
@@ -765,6 +841,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         alpha_of: vec![1.0; nv],
         pending_scale: vec![None; nv],
         vstrides: vec![None; nv],
+        probes: Vec::new(),
         t: 0,
     };
     // Time 0: inputs arrive (staging f32 storages) and are cast to the activation dtype.
@@ -901,6 +978,9 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     }
 
     for (ni, n) in g.nodes.iter().enumerate() {
+        if ni > 0 {
+            p.record_probes(&g.nodes[ni - 1]);
+        }
         p.t = ni + 1;
         let name = n.name.as_str();
         // Folded transposes produce nothing; their matmul reads the source.
@@ -1529,6 +1609,9 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                             }
                             p.loc[outs[0]] = p.loc[lv];
                             p.def_t[outs[0]] = p.def_t[lv];
+                            // The Linear's own output is never stored any more (its storage
+                            // holds the sum).
+                            p.probes.retain(|pr| pr.value != lv);
                             fused = true;
                             break;
                         }
@@ -1896,6 +1979,9 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         }
     }
 
+    if let Some(last) = g.nodes.last() {
+        p.record_probes(last);
+    }
     // Outputs: cast (or copy) into their own f32 staging storage, alive to the end.
     let end = g.nodes.len() + 1;
     p.t = end;
@@ -1941,7 +2027,44 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         filter_dw_hwc: p.filter_dw_hwc,
         inputs,
         outputs,
+        probes: p.probes,
     })
+}
+
+/// Test hook of the plan check: a deliberately wrong plan. Negates the stored output of
+/// `node` right after it is computed (one extra in-place pointwise step), so that every later
+/// step computes with a wrong value. Errors when `node` has no probe (nothing is stored for it).
+#[doc(hidden)]
+pub fn corrupt_node(plan: &mut Plan, node: &str) -> Result<()> {
+    let pr = plan
+        .probes
+        .iter()
+        .find(|pr| pr.node == node)
+        .cloned()
+        .ok_or_else(|| unsupported(node, "no stored output to corrupt"))?;
+    plan.steps.insert(
+        pr.ready,
+        Step {
+            name: format!("{node} (corrupted by the plan-check test hook)"),
+            kind: StepKind::Pointwise {
+                x: pr.loc,
+                y: pr.loc,
+                scale: None,
+                bias: None,
+                residual: None,
+                n: pr.span(),
+                channels: 1,
+                inner: 1,
+                act: Some(Unary::Neg),
+            },
+        },
+    );
+    for p in &mut plan.probes {
+        if p.ready >= pr.ready {
+            p.ready += 1;
+        }
+    }
+    Ok(())
 }
 
 /// BatchNorm's per-channel `(scale, shift)` = `(γ/√(var+ε), β − mean·scale)`, computed in f32

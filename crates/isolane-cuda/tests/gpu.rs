@@ -91,7 +91,7 @@ fn correctness_against_cpu() {
     let batch = 2;
     let mut failures = Vec::new();
     println!(
-        "model            prec   rel_l2      top1  build_ms  arena_MiB weights_MiB ws_MiB launches"
+        "model            prec   rel_l2      top1  build_ms  check_ms arena_MiB weights_MiB ws_MiB launches"
     );
     for name in models() {
         let g = build_model(&name, Weights::Synthetic { seed: 7 }).expect("model");
@@ -125,8 +125,10 @@ fn correctness_against_cpu() {
             });
             let mem = m.memory();
             let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            // build_ms includes the plan check (check_ms: its CPU reference and one job).
+            let check_ms = m.plan_check().map_or(f64::NAN, |r| r.ms);
             println!(
-                "{name:<16} {p:<6} {err:<11.3e} {top1:<5} {build_ms:>8.0} {:>10.2} {:>11.2} {:>6.2} {:>8}",
+                "{name:<16} {p:<6} {err:<11.3e} {top1:<5} {build_ms:>8.0} {check_ms:>9.0} {:>10.2} {:>11.2} {:>6.2} {:>8}",
                 mib(mem.arena_bytes),
                 mib(mem.weights_bytes),
                 mib(mem.workspace_bytes),
@@ -396,6 +398,60 @@ fn profile_steps() {
         prof.sort_by(|a, b| b.2.total_cmp(&a.2));
         for (n, what, ms) in prof.iter().take(8) {
             println!("   {ms:>7.3} ms  {what:<40} {n}");
+        }
+    }
+}
+
+/// Issue 12: the plan check. A right plan passes it (its report is kept on the model); a plan
+/// deliberately corrupted by the test hook (one node's output negated) is refused with an error
+/// that names that node and its op, at fp32 and fp16, batches 1 and 2.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn plan_check_refuses_a_wrong_plan_and_names_the_node() {
+    use isolane_cuda::CompileOptions;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/torch_vit_l1_h2_i32_p8_op17.onnx"
+    );
+    let g = isolane_engine::onnx::import_file(path).expect("import");
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    for batch in [1, 2] {
+        let opt = isolane_engine::passes::optimize(&g, batch).expect("passes");
+        let node = |pred: &dyn Fn(&isolane_engine::Op) -> bool| {
+            let n = opt.nodes.iter().find(|n| pred(&n.op)).expect("node");
+            (n.name.clone(), n.op.name())
+        };
+        let victims = [
+            node(&|op| matches!(op, isolane_engine::Op::MatMul)),
+            node(&|op| matches!(op, isolane_engine::Op::LayerNorm { .. })),
+        ];
+        for p in [Precision::Fp32, Precision::Fp16] {
+            let m = gpu
+                .compile_cuda_with(&g, batch, p, &CompileOptions::default())
+                .expect("a right plan passes");
+            let r = m.plan_check().expect("the check ran");
+            println!(
+                "batch {batch} {p}: plan check rel L2 {:.3e} (limit {:.0e}) in {:.1} ms",
+                r.rel_l2, r.tolerance, r.ms
+            );
+            assert!(r.rel_l2 <= r.tolerance);
+            for (victim, op) in &victims {
+                let opts = CompileOptions {
+                    plan_check: true,
+                    corrupt_node: Some(victim.clone()),
+                };
+                let e = match gpu.compile_cuda_with(&g, batch, p, &opts) {
+                    Ok(_) => panic!("batch {batch} {p}: the corrupted {victim} passed the check"),
+                    Err(e) => e.to_string(),
+                };
+                println!("batch {batch} {p}: corrupted {victim}: {e}");
+                assert!(
+                    e.contains(&format!(
+                        "first node whose output diverges is `{victim}` ({op})"
+                    )),
+                    "{e}"
+                );
+            }
         }
     }
 }
