@@ -219,7 +219,12 @@ pub fn check_plan(
         .enumerate()
         .map(|(k, io)| check_input(io.shape.iter().product(), CHECK_SEED + k as u64))
         .collect();
-    let want = cpu_reference(graph, batch, &inputs)?;
+    let want = cpu_reference(graph, batch, &inputs).map_err(|e| {
+        EngineError::Runtime(format!(
+            "plan check: the CPU reference cannot run the model ({e}), so the plan cannot be \
+             compared (skip the check with --no-plan-check)"
+        ))
+    })?;
     if want.iter().flatten().any(|v| !v.is_finite()) {
         return Err(EngineError::Runtime(
             "plan check: the CPU reference's output is not finite on the check's random input, \

@@ -1697,17 +1697,23 @@ impl CudaModel {
         self.check = Some(r);
     }
 
-    /// Device address of a plan location.
-    fn device_ptr(&self, l: Loc) -> u64 {
+    /// Device address of `len` elements at a plan location, if they lie inside the arena or
+    /// the weights.
+    fn device_span(&self, l: Loc, len: usize) -> Option<u64> {
         let es = self.dtype.size();
-        match l {
-            Loc::Storage { id, offset } => {
-                self.arena + (self.storage_offsets[id] + offset * es) as u64
-            }
-            Loc::Const { id, offset } => {
-                self.weights + (self.const_offsets[id] + offset * es) as u64
-            }
-        }
+        let (base, start, limit) = match l {
+            Loc::Storage { id, offset } => (
+                self.arena,
+                self.storage_offsets.get(id)? + offset * es,
+                self.mem.arena_bytes,
+            ),
+            Loc::Const { id, offset } => (
+                self.weights,
+                self.const_offsets.get(id)? + offset * es,
+                self.mem.weights_bytes,
+            ),
+        };
+        (start + len * es <= limit).then_some(base + start as u64)
     }
 
     /// Device memory of this model.
@@ -2364,22 +2370,25 @@ impl crate::check::StepRunner for CudaModel {
             self.step_start[from.min(self.steps)]
         };
         let last = self.step_start[to.min(self.steps)];
-        self.issue_list(&self.launches[first..last], true)?;
+        let launches = self.launches.get(first..last).ok_or_else(|| {
+            EngineError::InvalidArgument(format!("steps {from}..{to} of {}", self.steps))
+        })?;
+        self.issue_list(launches, true)?;
         self.wait()
     }
 
     fn read(&mut self, loc: Loc, len: usize) -> Result<Vec<f32>> {
         make_current(self.ctx)?;
         let es = self.dtype.size();
+        let src = self.device_span(loc, len).ok_or_else(|| {
+            EngineError::InvalidArgument(format!("{len} elements at {loc:?} are outside the model"))
+        })?;
         let mut raw = vec![0u8; len * es];
-        // SAFETY: `loc` and `len` come from a probe of this model's plan: they lie inside the
-        // arena or the weights; raw holds len * es bytes; synchronous copy.
+        // SAFETY: src..src + len * es lies inside this model's arena or weights (checked
+        // above); raw holds len * es bytes; synchronous copy (the stream was synchronised
+        // after the last step).
         cu_check("cuMemcpyDtoH", unsafe {
-            cu::cuMemcpyDtoH_v2(
-                raw.as_mut_ptr() as *mut c_void,
-                self.device_ptr(loc),
-                raw.len(),
-            )
+            cu::cuMemcpyDtoH_v2(raw.as_mut_ptr() as *mut c_void, src, raw.len())
         })?;
         Ok(crate::convert::to_f32(&raw, self.dtype))
     }
