@@ -19,13 +19,17 @@ use crate::plan::{Loc, Plan};
 /// Seed of the check's input (the same input every time: a failure reproduces).
 pub const CHECK_SEED: u64 = 0x1501_a9e5;
 
-/// The relative L2 error a plan may show against the CPU's fp32 reference: what the GPU tests
-/// hold every model to (docs/cuda.md, Precisions): fp32 1e-4, tf32 5e-3, fp16/bf16 3e-2.
+/// The relative L2 error a plan may show against the CPU's fp32 reference. fp32, tf32 and
+/// fp16 as the GPU tests hold every model (1e-4, 5e-3, 3e-2); bf16 6e-2: PyTorch's own bf16
+/// GPU error on our models reaches 1.6e-2 (docs/cuda.md, Against PyTorch directly) and deeper
+/// imported models may double it, while a wrong plan shows errors of 0.1 and more (issue 12's
+/// ViT: 0.11-0.52). A check must not refuse a plan as right as PyTorch's.
 pub fn tolerance(p: Precision) -> f64 {
     match p {
         Precision::Fp32 => 1e-4,
         Precision::Tf32 => 5e-3,
-        Precision::Fp16 | Precision::Bf16 => 3e-2,
+        Precision::Fp16 => 3e-2,
+        Precision::Bf16 => 6e-2,
     }
 }
 
