@@ -936,12 +936,48 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     // The first two emit nothing; the last emits one Attention step (`attn_at`: the scores node).
     let mut attn_skip = vec![false; g.nodes.len()];
     let mut attn_at: Vec<Option<usize>> = vec![None; g.nodes.len()];
+    // The key a scores MatMul reads transposed from its second operand `v`: through a folded
+    // transpose (`q · kᵀ`), or through a scalar multiplication of a last-two-dims transpose
+    // that has no other user (`q · (kᵀ · c)`, torch.onnx's scaled-dot-product export): that
+    // transpose is a free view and the multiplication an alpha (`operand_alpha`).
+    let key_source = |v: usize| -> Option<usize> {
+        if let Some(k) = folded_t[v] {
+            return Some(k);
+        }
+        let ValueKind::Computed { node, .. } = g.values[v].kind else {
+            return None;
+        };
+        let mul = &g.nodes[node];
+        if mul.op != Op::Binary(Binary::Mul) || users[v] != 1 {
+            return None;
+        }
+        let scalar =
+            |x: usize| matches!(&g.values[x].kind, ValueKind::Constant(t) if t.numel() == 1);
+        let t = match (scalar(mul.inputs[0]), scalar(mul.inputs[1])) {
+            (false, true) => mul.inputs[0],
+            (true, false) => mul.inputs[1],
+            _ => return None,
+        };
+        let ValueKind::Computed { node: tn, .. } = g.values[t].kind else {
+            return None;
+        };
+        let Op::Transpose { perm } = &g.nodes[tn].op else {
+            return None;
+        };
+        let r = perm.len();
+        let swap_last = r >= 2
+            && perm[r - 2] == r - 1
+            && perm[r - 1] == r - 2
+            && perm[..r - 2].iter().enumerate().all(|(i, &q)| q == i);
+        (swap_last && users[t] == 1 && p.shapes[t] == p.shapes[v]).then_some(g.nodes[tn].inputs[0])
+    };
+    let key_of: Vec<Option<usize>> = (0..nv).map(key_source).collect();
     if opts.fused_attention {
         for (ni, n) in g.nodes.iter().enumerate() {
             if !matches!(n.op, Op::MatMul) || n.inputs.len() != 2 {
                 continue;
             }
-            let Some(kv) = folded_t[n.inputs[1]] else {
+            let Some(kv) = key_of[n.inputs[1]] else {
                 continue;
             };
             let s_v = n.outputs[0];
@@ -1246,7 +1282,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             }
             Op::MatMul if attn_at[ni].is_some() => {
                 let sn = &g.nodes[attn_at[ni].unwrap_or_default()];
-                let kv = folded_t[sn.inputs[1]].unwrap_or(sn.inputs[1]);
+                let kv = key_of[sn.inputs[1]].unwrap_or(sn.inputs[1]);
                 let alpha = operand_alpha(&p.alpha_of, &folded_t, sn.inputs[0])
                     * operand_alpha(&p.alpha_of, &folded_t, sn.inputs[1]);
                 let out_scale = operand_alpha(&p.alpha_of, &folded_t, x0)

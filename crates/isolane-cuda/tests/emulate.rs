@@ -779,7 +779,15 @@ fn vit_block_plan_computes_the_graph() {
 /// projection, the context written straight into the merged-heads layout, at batches 1–3.
 #[test]
 fn vit_block_with_fused_attention_computes_the_graph() {
-    let g = vit_block(10, 128, 2, AttnScale::Query);
+    for at in [AttnScale::Query, AttnScale::QueryAndKey] {
+        vit_block_with_fused_attention(at);
+    }
+}
+
+/// torch's scaled-dot-product export (`(q·√s)·(kᵀ·√s)`) gets the fused step too: kᵀ·√s is
+/// read as k with the scale in alpha (check_with asserts an Attention step is planned).
+fn vit_block_with_fused_attention(at: AttnScale) {
+    let g = vit_block(10, 128, 2, at);
     for batch in [1, 2, 3] {
         check_with(
             &g,
@@ -813,6 +821,18 @@ fn check_torch_fixture(name: &str, batches: &[usize]) {
     for &batch in batches {
         check(&g, batch, true, 1e-5);
         check(&g, batch, false, 1e-5);
+    }
+    if g.nodes.iter().any(|n| matches!(n.op, Op::Softmax { .. })) {
+        // Attention with the kernel's head dim: planned as the fused step (asserted).
+        check_with(
+            &g,
+            2,
+            PlanOptions {
+                channels_last: true,
+                fused_attention: true,
+            },
+            1e-5,
+        );
     }
     let x = isolane_engine::io::read_npy(format!("{dir}{name}.input.npy")).unwrap();
     let want = isolane_engine::io::read_npy(format!("{dir}{name}.output.npy")).unwrap();
@@ -917,6 +937,15 @@ fn every_probed_value_matches_the_reference() {
         (
             "vit block, fused attention".into(),
             vit_block(10, 128, 2, AttnScale::Query),
+            2,
+            PlanOptions {
+                channels_last: true,
+                fused_attention: true,
+            },
+        ),
+        (
+            "vit fixture, fused attention".into(),
+            fixture_plan("torch_vit_l1_h2_i32_p8_op17", 2, PlanOptions::default()).0,
             2,
             PlanOptions {
                 channels_last: true,

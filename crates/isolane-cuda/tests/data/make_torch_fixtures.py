@@ -3,8 +3,9 @@
 the CPU, tests/gpu.rs on the GPU), each as issue 12 reports a user's export:
 `torch.onnx.export(model, x, f, opset_version=17, dynamo=False)` with a dynamic batch.
 
-- torch_vit_l1_h2_i32_p8_op17: a torchvision VisionTransformer (1 layer, 2 heads, hidden 64 →
-  head dim 32, image 32, patch 8): its attention is torch's scaled-dot-product export.
+- torch_vit_l1_h2_i32_p8_op17: a torchvision VisionTransformer (1 layer, 2 heads, hidden 128 →
+  head dim 64 as in ViT-B and ViT-L, image 32, patch 8): its attention is torch's
+  scaled-dot-product export.
 - torch_densenet_tiny_op17: a torchvision DenseNet (growth 8, blocks (2, 2), 16 initial
   features, image 32): BatchNormalizations of concatenated features that follow no
   convolution.
@@ -66,7 +67,7 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     vit = VisionTransformer(image_size=32, patch_size=8, num_layers=1, num_heads=2,
-                            hidden_dim=64, mlp_dim=128, num_classes=10)
+                            hidden_dim=128, mlp_dim=128, num_classes=10)
     export(vit, "torch_vit_l1_h2_i32_p8_op17", 32, args.out, seed=1)
     dense = DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2,
                      num_classes=10)
