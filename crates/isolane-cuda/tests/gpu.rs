@@ -156,8 +156,8 @@ fn correctness_against_cpu() {
 /// 1-3 and every precision against the CPU backend (same limits; top-1 at fp32, where 10
 /// random-weight classes cannot be a near-tie at the error seen).
 fn torch_fixture_matches_the_cpu_backend(name: &str) {
-    let path = format!("{}/tests/data/{name}.onnx", env!("CARGO_MANIFEST_DIR"));
-    let g = isolane_engine::onnx::import_file(path).expect("import");
+    let g = isolane_engine::onnx::import_file(common::data_file(&format!("{name}.onnx")))
+        .expect("import");
     let gpu = CudaBackend::new(0).expect("cuda backend");
     let cpu = CpuBackend::new(0);
     let mut failures = Vec::new();
@@ -410,10 +410,7 @@ fn profile_steps() {
 #[ignore = "needs a CUDA GPU"]
 fn plan_check_refuses_a_wrong_plan_and_names_the_node() {
     use isolane_cuda::CompileOptions;
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/torch_vit_l1_h2_i32_p8_op17.onnx"
-    );
+    let path = common::data_file("torch_vit_l1_h2_i32_p8_op17.onnx");
     let g = isolane_engine::onnx::import_file(path).expect("import");
     let gpu = CudaBackend::new(0).expect("cuda backend");
     for batch in [1, 2] {
