@@ -75,8 +75,12 @@ fn act(u: Option<Unary>, x: f32) -> f32 {
         7 => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
         8 => x / (1.0 + (-x).exp()),
         9 => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
+        10 => 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh()),
         11 => x.tanh(),
         12 => x.exp(),
+        13 => x.ln(),
+        14 => x.sqrt(),
+        15 => erf(x),
         16 => -x,
         17 => x.abs(),
         18 => 1.0 / x,
@@ -1009,6 +1013,7 @@ fn plan_check_names_the_node_of_a_wrong_plan() {
     ];
     for (node, op) in victims {
         let mut bad = p.clone();
+        assert!(plan::corrupt_node(&mut bad.clone(), "no such node").is_err());
         plan::corrupt_node(&mut bad, &node).unwrap();
         let e = isolane_cuda::check::check_plan(&g, &opt, &bad, batch, &mut Emulator::new(&bad))
             .unwrap_err()
@@ -1020,5 +1025,45 @@ fn plan_check_names_the_node_of_a_wrong_plan() {
             )),
             "{node}: {e}"
         );
+    }
+}
+
+/// The engine's fixtures from the real PyTorch exporter (tools/fixtures/make_torch_fixtures.py):
+/// a ViT at opset 14 (LayerNorm decomposed into ReduceMean/Sub/Pow/Sqrt/Div) and 17, a ConvNeXt
+/// (permutes around its LayerNorms, layer scale) and a slim MobileNetV2: their cuda plans
+/// against the CPU backend, NHWC and NCHW, batches 1 and 2, and every stored value against
+/// the reference evaluator.
+#[test]
+fn engine_torch_fixtures_plan_right() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../isolane-engine/tests/fixtures/onnx/"
+    );
+    for name in [
+        "torch_vit_tiny_op14",
+        "torch_vit_tiny_op17",
+        "torch_convnext_tiny_op17",
+        "torch_mobilenet_v2_slim_op13",
+    ] {
+        let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
+        for batch in [1, 2] {
+            check(&g, batch, true, 1e-5);
+            check(&g, batch, false, 1e-5);
+            let opt = passes::optimize(&g, batch).unwrap();
+            let p = plan::plan(&opt, batch, Precision::Fp32).unwrap();
+            let n: usize = p.inputs[0].shape.iter().product();
+            let inputs = vec![isolane_cuda::check::check_input(n, 2)];
+            let d = isolane_cuda::check::locate_divergence(
+                &opt,
+                &p,
+                batch,
+                &inputs,
+                &mut Emulator::new(&p),
+                1e-5,
+            )
+            .unwrap()
+            .unwrap();
+            assert!(!d.exceeds, "{name} batch {batch}: {d:?}");
+        }
     }
 }
