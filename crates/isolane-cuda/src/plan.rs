@@ -1697,7 +1697,9 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             }
             Op::Transpose { perm } => {
                 let x = p.raw(x0, name)?;
-                let xs = phys_strides(&in_shapes[0], p.nhwc[x0]);
+                // The input as stored: NHWC, or a strided view (a transpose is stride-aware,
+                // so a transpose of a transpose reaches here with its input unconverted).
+                let xs = p.strides(x0);
                 let src: Vec<usize> = perm.iter().map(|&q| xs[q]).collect();
                 let y = p.output(outs[0], false);
                 p.push(

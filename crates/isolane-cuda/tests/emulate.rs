@@ -1067,3 +1067,46 @@ fn engine_torch_fixtures_plan_right() {
         }
     }
 }
+
+/// A transpose of a transpose, as PyTorch 2.11's default (dynamo) exporter writes kᵀ of its
+/// scaled-dot-product attention (`[S, BH, d]` → `[BH, S, d]` → `[BH, d, S]`, then a reshape):
+/// the first is a strided view (its only user reads strides), the second is copied and must
+/// read its input through those strides (issue 12: it read them as contiguous).
+#[test]
+fn transpose_of_a_strided_transpose_computes_the_graph() {
+    let mut g = Graph::new("transpose_of_transpose");
+    let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(5), Dim::Fixed(4)]);
+    let t1 = g
+        .add_op(
+            "t1",
+            Op::Transpose {
+                perm: vec![1, 0, 2],
+            },
+            &[x],
+        )
+        .unwrap();
+    let t2 = g
+        .add_op(
+            "t2",
+            Op::Transpose {
+                perm: vec![0, 2, 1],
+            },
+            &[t1],
+        )
+        .unwrap();
+    let r = g
+        .add_op(
+            "r",
+            Op::Reshape {
+                shape: vec![Dim::Fixed(5), Dim::Fixed(4), Dim::Batch],
+            },
+            &[t2],
+        )
+        .unwrap();
+    let w = g.add_constant("w", Tensor::new(vec![5, 4, 1], random(20, 3)).unwrap());
+    let y = g.add_op("y", Op::Binary(Binary::Add), &[r, w]).unwrap();
+    g.add_output(y).unwrap();
+    for batch in [2, 3] {
+        check(&g, batch, true, 1e-6);
+    }
+}
