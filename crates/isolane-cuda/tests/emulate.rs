@@ -1028,23 +1028,29 @@ fn plan_check_names_the_node_of_a_wrong_plan() {
     }
 }
 
-/// The engine's fixtures from the real PyTorch exporter (tools/fixtures/make_torch_fixtures.py):
-/// a ViT at opset 14 (LayerNorm decomposed into ReduceMean/Sub/Pow/Sqrt/Div) and 17, a ConvNeXt
-/// (permutes around its LayerNorms, layer scale) and a slim MobileNetV2: their cuda plans
-/// against the CPU backend, NHWC and NCHW, batches 1 and 2, and every stored value against
-/// the reference evaluator.
+/// The engine's fixtures from the real PyTorch exporters (tools/fixtures/make_torch_fixtures.py,
+/// every `torch_*.onnx` there): e.g. a ViT at opset 14 (LayerNorm decomposed into
+/// ReduceMean/Sub/Pow/Sqrt/Div) and 17, a ConvNeXt (permutes around its LayerNorms, layer
+/// scale), a slim MobileNetV2, and whatever the default (dynamo) exporter's fixtures add: their
+/// cuda plans against the CPU backend, NHWC and NCHW, batches 1 and 2, and every stored value
+/// against the reference evaluator.
 #[test]
 fn engine_torch_fixtures_plan_right() {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../isolane-engine/tests/fixtures/onnx/"
     );
-    for name in [
-        "torch_vit_tiny_op14",
-        "torch_vit_tiny_op17",
-        "torch_convnext_tiny_op17",
-        "torch_mobilenet_v2_slim_op13",
-    ] {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let f = e.ok()?.file_name().into_string().ok()?;
+            let stem = f.strip_suffix(".onnx")?;
+            stem.starts_with("torch_").then(|| stem.to_string())
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 4, "torch fixtures: {names:?}");
+    for name in names {
         let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
         for batch in [1, 2] {
             check(&g, batch, true, 1e-5);
