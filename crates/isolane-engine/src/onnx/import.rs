@@ -823,6 +823,21 @@ impl<'m> Importer<'m> {
                 )
             }
             "Resize" => self.resize(c),
+            // Gelu entered the default domain at opset 20 (`approximate`: "none" or "tanh").
+            "Gelu" if opset >= 20 => {
+                let u = match c.string("approximate", "none")?.as_str() {
+                    "none" => Unary::Gelu,
+                    "tanh" => Unary::GeluTanh,
+                    other => {
+                        return Err(c.unsupported_attr(
+                            "approximate",
+                            format!("value {other:?} (none and tanh are supported)"),
+                        ))
+                    }
+                };
+                self.emit1(c, Op::Unary(u), 1)
+            }
+            "GroupNormalization" => self.group_norm(c),
             _ => Err(c.unsupported_op()),
         }
     }
@@ -863,11 +878,13 @@ impl<'m> Importer<'m> {
     fn tensor_attr(&self, c: &Ctx, name: &str, t: Option<&TensorProto>) -> Result<Val> {
         let t = t.ok_or_else(|| c.bad(format!("attribute {name} holds no tensor")))?;
         let path = self.m.path.clone();
-        let mut ext = |t: &TensorProto| {
-            tensor::read_external(&path, t).map_err(|(f, w)| format!("external data file {f}: {w}"))
-        };
-        let t =
-            tensor::from_proto(t, &mut ext).map_err(|e| c.bad(format!("attribute {name}: {e}")))?;
+        let mut ext = |t: &TensorProto| tensor::read_external(&path, t);
+        let t = tensor::from_proto(t, &mut ext).map_err(|e| {
+            c.bad(format!(
+                "attribute {name}: {}",
+                OnnxError::from_tensor_error(&path, t.name(), e)
+            ))
+        })?;
         Ok(match t.data {
             Data::F32(v) => Val::F(Arr::new(t.shape, v)),
             Data::I64(v) => Val::I(Arr::new(t.shape, v.into_iter().map(Sym::k).collect())),
@@ -1307,7 +1324,15 @@ impl<'m> Importer<'m> {
             c.ignore("storage_order");
             Self::two(c, "dilations", c.ints("dilations")?, 1)?
         } else {
-            [1, 1]
+            // AveragePool has `dilations` from opset 19; exporters write the default [1, 1].
+            let d = Self::two(c, "dilations", c.ints("dilations")?, 1)?;
+            if d != [1, 1] {
+                return Err(c.unsupported_attr(
+                    "dilations",
+                    format!("value {d:?} (average pooling supports only [1, 1])"),
+                ));
+            }
+            d
         };
         let ceil_mode = c.int("ceil_mode", 0)? != 0;
         let count_include_pad = if max {
@@ -1336,6 +1361,112 @@ impl<'m> Importer<'m> {
                 Op::AveragePool(attrs)
             },
             1,
+        )
+    }
+
+    /// Adds one IR node whose output is an intermediate value of this ONNX node.
+    fn emit_tmp(&mut self, c: &Ctx, op: Op, ins: &[(String, Val)], what: &str) -> Result<Val> {
+        self.fresh += 1;
+        let out = format!("{}:{what}{}", c.r.node, self.fresh);
+        let mut v = self.emit(c, op, ins, vec![out])?;
+        v.pop().ok_or_else(|| c.bad("internal: no output"))
+    }
+
+    /// GroupNormalization (opset 18: `scale`/`bias` per group; opset 21: per channel) as IR ops:
+    /// `[N, C, ...] → [N, G, rest]`, LayerNorm over `rest` with a unit scale, back to
+    /// `[N, C, ...]`, then the per-channel affine `x·scale + bias` broadcast over `[C, 1, ...]`.
+    fn group_norm(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let eps = c.float("epsilon", 1e-5)?;
+        let groups = c.int("num_groups", 0)?;
+        // stash_type (opset 21) selects the precision of mean/variance; isolane's are f32,
+        // which is the default (stash_type = 1).
+        c.ignore("stash_type");
+        let x = self.req(c, 0)?;
+        let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+        if !x.is_dyn() || xs.len() < 3 {
+            return Err(c.bad(format!(
+                "the input must be a runtime tensor [N, C, ...] of rank 3 or more, is {} of rank {}",
+                x.kind(),
+                xs.len()
+            )));
+        }
+        let ch = xs[1];
+        if !ch.is_const() || groups < 1 || ch.c % groups != 0 {
+            return Err(c.bad(format!(
+                "num_groups {groups} must be positive and divide the {} channels",
+                ch
+            )));
+        }
+        let (ch, groups) = (ch.c as usize, groups as usize);
+        let per_channel = |v: Val, what: &str| -> Result<Vec<f32>> {
+            let Val::F(a) = v else {
+                return Err(c.bad(format!("{what} must be a float tensor known at import")));
+            };
+            match a.data.len() {
+                n if n == ch => Ok(a.data),
+                // Opset 18's per-group form: each group's value for each of its channels.
+                n if n == groups => Ok((0..ch).map(|i| a.data[i / (ch / groups)]).collect()),
+                n => Err(c.bad(format!(
+                    "{what} has {n} values; expected {ch} (channels) or {groups} (groups)"
+                ))),
+            }
+        };
+        let scale = per_channel(self.req(c, 1)?, "scale")?;
+        let bias = per_channel(self.req(c, 2)?, "bias")?;
+        let rest: usize = static_shape(&x)[2..].iter().product::<usize>() * (ch / groups);
+        let grouped = self.emit_tmp(
+            c,
+            Op::Reshape {
+                shape: vec![Dim::Copy, Dim::Fixed(groups), Dim::Fixed(rest)],
+            },
+            &[(c.n.input[0].clone(), x.clone())],
+            "grouped",
+        )?;
+        let ones = (
+            format!("{}:unit_scale", c.r.node),
+            Val::F(Arr::new(vec![rest], vec![1.0; rest])),
+        );
+        let normed = self.emit_tmp(
+            c,
+            Op::LayerNorm { axis: -1, eps },
+            &[(format!("{}:grouped", c.r.node), grouped), ones],
+            "normed",
+        )?;
+        let mut back = vec![Dim::Copy];
+        back.extend(static_shape(&x)[1..].iter().map(|&d| Dim::Fixed(d)));
+        let ungrouped = self.emit_tmp(
+            c,
+            Op::Reshape { shape: back },
+            &[(format!("{}:normed", c.r.node), normed)],
+            "ungrouped",
+        )?;
+        let mut affine_shape = vec![ch];
+        affine_shape.extend(std::iter::repeat_n(1, xs.len() - 2));
+        let scale = (
+            format!("{}:scale", c.r.node),
+            Val::F(Arr::new(affine_shape.clone(), scale)),
+        );
+        let bias = (
+            format!("{}:bias", c.r.node),
+            Val::F(Arr::new(affine_shape, bias)),
+        );
+        let scaled = self.binary(
+            c,
+            Binary::Mul,
+            (format!("{}:ungrouped", c.r.node), ungrouped),
+            scale,
+            1,
+        )?;
+        let scaled = scaled
+            .into_iter()
+            .next()
+            .ok_or_else(|| c.bad("no output"))?;
+        self.binary(
+            c,
+            Binary::Add,
+            (format!("{}:scaled", c.r.node), scaled),
+            bias,
+            0,
         )
     }
 
@@ -1952,18 +2083,25 @@ fn cast(c: &Ctx, x: Val, to: i64) -> Result<Val> {
     const FLOAT: i64 = 1;
     const DOUBLE: i64 = 11;
     const FLOAT16: i64 = 10;
+    const BFLOAT16: i64 = 16;
     const BOOL: i64 = 9;
     const INTS: [i64; 8] = [2, 3, 4, 5, 6, 7, 12, 13];
-    let float_target = matches!(to, FLOAT | DOUBLE | FLOAT16);
+    let float_target = matches!(to, FLOAT | DOUBLE | FLOAT16 | BFLOAT16);
     Ok(match x {
-        // Runtime tensors are f32; a cast to another float type keeps f32 (the engine's
-        // precision); a cast to an integer type would change values and is not supported.
-        Val::Dyn(_) if matches!(to, FLOAT | DOUBLE) => x,
+        // Runtime tensors are f32 in the IR and computed at the precision the model is compiled
+        // for (`--precision`), so a cast between float types (the Cast to/from float16 that an
+        // fp16-converted model has at its input and output) is a pass-through: it names a
+        // storage type, and the backend's precision decides the rounding (docs/onnx.md).
+        // A cast to an integer type would change values and is not supported.
+        Val::Dyn(_) if float_target => x,
         Val::Dyn(_) => {
             return Err(c.bad(format!(
                 "casting a runtime tensor to data type {to} is not supported"
             )))
         }
+        // A value known at import is rounded exactly as the cast asks (e.g. a float16 constant).
+        Val::F(a) if to == FLOAT16 => Val::F(a.map(|&v| half::f16::from_f32(v).to_f32())),
+        Val::F(a) if to == BFLOAT16 => Val::F(a.map(|&v| half::bf16::from_f32(v).to_f32())),
         Val::F(a) if float_target => Val::F(a),
         Val::F(a) if to == BOOL => Val::B(a.map(|&v| v != 0.0)),
         // Float → integer truncates toward zero (C semantics, as onnxruntime).
