@@ -101,15 +101,16 @@ def export_one(name, exporter, work, seed):
 
     path = os.path.join(edir, "model.onnx")
     t0 = time.time()
-    with torch.no_grad():
-        if exporter == "classic":
-            torch.onnx.export(
-                wrapped, (x,), path, dynamo=False, opset_version=CLASSIC_OPSET,
-                input_names=["input"], output_names=["output"],
-                dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
-            )
-        else:
-            torch.onnx.export(wrapped, (x,), path)  # PyTorch's default: dynamo=True
+    # Not under no_grad: there nn.MultiheadAttention takes its fused fast path, which the
+    # classic exporter cannot export (as a user's export script would not use no_grad either).
+    if exporter == "classic":
+        torch.onnx.export(
+            wrapped, (x,), path, dynamo=False, opset_version=CLASSIC_OPSET,
+            input_names=["input"], output_names=["output"],
+            dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+        )
+    else:
+        torch.onnx.export(wrapped, (x,), path)  # PyTorch's default: dynamo=True
     export_s = time.time() - t0
 
     import onnx
@@ -172,7 +173,12 @@ def write_result(path, **r):
 
 
 def last_lines(text, n=3):
-    lines = [line for line in text.strip().splitlines() if line.strip()]
+    """The gist of a failure: the last line naming an error or exception (Python tracebacks
+    and isolane's `error:` lines), else the last n lines."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    named = [line for line in lines if "Error" in line or line.startswith("error")]
+    if named:
+        return named[-1][:600]
     return " / ".join(lines[-n:])[-600:]
 
 

@@ -838,6 +838,7 @@ impl<'m> Importer<'m> {
                 self.emit1(c, Op::Unary(u), 1)
             }
             "GroupNormalization" => self.group_norm(c),
+            "Pad" => self.pad(c),
             _ => Err(c.unsupported_op()),
         }
     }
@@ -1468,6 +1469,166 @@ impl<'m> Importer<'m> {
             bias,
             0,
         )
+    }
+
+    /// Pad (opsets 13–21: `pads`, `constant_value` and, from 18, `axes` as inputs; modes
+    /// constant, reflect, edge and, from 19, wrap) as existing IR ops, one padded axis at a
+    /// time: negative pads are a Slice; the new borders are a constant broadcast with Expand
+    /// (constant) or rows of the input picked with Gather (reflect, edge, wrap), joined with
+    /// Concat. All-zero pads (what exporters write for sizes that need none) vanish.
+    fn pad(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let mode = c.string("mode", "constant")?;
+        let known = matches!(mode.as_str(), "constant" | "reflect" | "edge")
+            || (mode == "wrap" && self.m.opset >= 19);
+        if !known {
+            return Err(c.unsupported_attr("mode", format!("value {mode:?}")));
+        }
+        let x = self.req(c, 0)?;
+        let pads = self
+            .ints_input(c, 1, "pads")?
+            .ok_or_else(|| c.bad("the pads input is required"))?;
+        let value = match self.get(c, 2)? {
+            None => 0.0,
+            Some(Val::F(a)) if a.data.len() <= 1 => a.data.first().copied().unwrap_or(0.0),
+            Some(v) => {
+                return Err(c.bad(format!(
+                    "constant_value must be a float scalar known at import, is {}",
+                    v.kind()
+                )))
+            }
+        };
+        let r = x.rank();
+        let axes: Vec<usize> = match self.ints_input(c, 3, "axes")? {
+            None => (0..r).collect(),
+            Some(a) => a
+                .iter()
+                .map(|&v| norm_axis(c, v, r))
+                .collect::<Result<_>>()?,
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(c.bad(format!(
+                "pads {pads:?} needs 2 values per padded axis ({} axes)",
+                axes.len()
+            )));
+        }
+        if pads.iter().all(|&p| p == 0) {
+            return Ok(vec![x]);
+        }
+        if !x.is_dyn() {
+            return Err(c.bad(format!(
+                "Pad of {} is not supported (only runtime tensors)",
+                x.kind()
+            )));
+        }
+        let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+        let mut cur = (c.n.input[0].clone(), x);
+        for (k, &ax) in axes.iter().enumerate() {
+            let (before, after) = (pads[k], pads[k + axes.len()]);
+            if before == 0 && after == 0 {
+                continue;
+            }
+            if !xs[ax].is_const() {
+                return Err(c.bad(format!(
+                    "pads {pads:?} pad axis {ax}, whose size depends on the batch"
+                )));
+            }
+            let v = self.pad_axis(c, cur, ax, [before, after], &mode, value)?;
+            self.fresh += 1;
+            cur = (format!("{}:padded{}", c.r.node, self.fresh), v);
+        }
+        Ok(vec![cur.1])
+    }
+
+    /// Pads one axis of `x` by `[before, after]` (negative: cropped) in `mode`.
+    fn pad_axis(
+        &mut self,
+        c: &Ctx,
+        x: (String, Val),
+        ax: usize,
+        [before, after]: [i64; 2],
+        mode: &str,
+        value: f32,
+    ) -> Result<Val> {
+        let mut x = x;
+        let n = static_shape(&x.1)[ax] as i64;
+        if before < 0 || after < 0 {
+            let (start, end) = (before.min(0).abs(), n - after.min(0).abs());
+            if start >= end {
+                return Err(c.bad(format!("pads crop axis {ax} of size {n} to nothing")));
+            }
+            let op = Op::Slice {
+                starts: vec![start],
+                ends: vec![end],
+                axes: vec![ax as i64],
+                steps: vec![1],
+            };
+            let v = self.emit_tmp(c, op, &[x], "cropped")?;
+            x = (format!("{}:cropped", c.r.node), v);
+        }
+        let n = static_shape(&x.1)[ax] as i64;
+        let shape = x.1.sym_shape().map_err(|e| c.bad(e))?;
+        let mut pieces = Vec::new();
+        for (is_before, p) in [(true, before.max(0)), (false, after.max(0))] {
+            if p == 0 {
+                continue;
+            }
+            let indices: Vec<i64> = match mode {
+                "constant" => vec![],
+                "edge" => vec![if is_before { 0 } else { n - 1 }; p as usize],
+                "reflect" if p < n => {
+                    if is_before {
+                        (1..=p).rev().collect()
+                    } else {
+                        (0..p).map(|i| n - 2 - i).collect()
+                    }
+                }
+                "wrap" if p <= n => {
+                    if is_before {
+                        (n - p..n).collect()
+                    } else {
+                        (0..p).collect()
+                    }
+                }
+                _ => {
+                    return Err(c.bad(format!(
+                        "{mode} padding of {p} on axis {ax} of size {n} (must be smaller than the axis)"
+                    )))
+                }
+            };
+            let piece = if mode == "constant" {
+                let mut dims = Vec::with_capacity(shape.len());
+                for (i, &d) in shape.iter().enumerate() {
+                    let d = if i == ax { Sym::k(p) } else { d };
+                    dims.push(sym_to_dim(d, false).map_err(|e| c.bad(format!("pad: {e}")))?);
+                }
+                self.fresh += 1;
+                let fill = (
+                    format!("{}:fill{}", c.r.node, self.fresh),
+                    Val::F(Arr::new(vec![1; shape.len()], vec![value])),
+                );
+                self.emit_tmp(c, Op::Expand { shape: dims }, &[fill], "border")?
+            } else {
+                let op = Op::Gather {
+                    axis: ax as i64,
+                    indices_shape: vec![indices.len()],
+                    indices,
+                };
+                self.emit_tmp(c, op, std::slice::from_ref(&x), "border")?
+            };
+            self.fresh += 1;
+            pieces.push((
+                is_before,
+                (format!("{}:border{}", c.r.node, self.fresh), piece),
+            ));
+        }
+        let mut ins: Vec<(String, Val)> = pieces
+            .iter()
+            .filter(|(b, _)| *b)
+            .map(|(_, v)| v.clone())
+            .collect();
+        ins.push(x);
+        ins.extend(pieces.into_iter().filter(|(b, _)| !*b).map(|(_, v)| v));
+        self.emit_tmp(c, Op::Concat { axis: ax as i64 }, &ins, "joined")
     }
 
     fn reshape(&mut self, c: &Ctx) -> Result<Vec<Val>> {
