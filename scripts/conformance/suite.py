@@ -6,6 +6,8 @@ For each model (scripts/conformance/models.py) and exporter:
   classic  torch.onnx.export(..., dynamo=False, opset_version=17), dynamic batch axis
   dynamo   torch.onnx.export(model, (x,), f): PyTorch's default (dynamo=True, opset 18+,
            onnxscript's optimizer), exactly what a user of current PyTorch gets
+  fp16w    the classic export with every float initializer stored as float16 behind a Cast
+           (weight-only fp16 conversion; not run by default: --exporters fp16w)
 the weights are the model's own seeded random initialisation with every tensor that it leaves
 constant (BatchNorm running statistics and affine parameters, LayerNorm parameters, zero
 heads) randomised (tools/reference/export.py), so BatchNorm is non-trivial. The reference is
@@ -39,7 +41,7 @@ sys.path.insert(0, HERE)
 
 import models as registry  # noqa: E402
 
-EXPORTERS = ("classic", "dynamo")
+EXPORTERS = ("classic", "dynamo", "fp16w")
 BACKENDS = ("cpu", "cuda")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 # Relative L2 limits. fp32: 1e-4 (issue 12). The others are about twice the largest error
@@ -109,8 +111,11 @@ def export_one(name, exporter, work, seed):
             input_names=["input"], output_names=["output"],
             dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
         )
-    else:
+    elif exporter == "dynamo":
         torch.onnx.export(wrapped, (x,), path)  # PyTorch's default: dynamo=True
+    else:
+        torch.onnx.export(wrapped, (x,), path, dynamo=False, opset_version=CLASSIC_OPSET)
+        to_fp16_weights(path)
     export_s = time.time() - t0
 
     import onnx
@@ -127,6 +132,29 @@ def export_one(name, exporter, work, seed):
     }
     with open(os.path.join(edir, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
+
+
+def to_fp16_weights(path):
+    """The deployment form "fp16 weights": every float32 initializer stored as float16, read
+    through a Cast to float32 (what weight-only fp16 conversion writes). The reference is
+    onnxruntime on this file, so the check is the loading of float16 tensors, at any precision."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    m = onnx.load(path)
+    g = m.graph
+    casts = []
+    for t in g.initializer:
+        if t.data_type != TensorProto.FLOAT:
+            continue
+        a = numpy_helper.to_array(t).astype("float16")
+        name = t.name
+        t.CopyFrom(numpy_helper.from_array(a, name + ".fp16"))
+        casts.append(helper.make_node("Cast", [name + ".fp16"], [name], to=TensorProto.FLOAT, name=name + ".cast"))
+    nodes = casts + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    onnx.save(m, path)
 
 
 def torch_gpu_output(wrapped, x, prec):
@@ -339,7 +367,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--isolane", default=os.path.join(REPO, "target", "release", "isolane"))
     ap.add_argument("--models", default="all", help="groups (" + ", ".join(registry.GROUPS) + ") and/or model names, comma-separated")
-    ap.add_argument("--exporters", default=",".join(EXPORTERS))
+    ap.add_argument("--exporters", default="classic,dynamo", help="classic, dynamo, fp16w")
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--precisions", default=",".join(PRECISIONS), help="cuda runs each; cpu runs fp32 only")
     ap.add_argument("--work", default="/tmp/isolane-conformance/work", help="exported models (large; cached)")
