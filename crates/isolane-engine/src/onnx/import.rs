@@ -839,6 +839,7 @@ impl<'m> Importer<'m> {
             }
             "GroupNormalization" => self.group_norm(c),
             "Pad" => self.pad(c),
+            "InstanceNormalization" => self.instance_norm(c),
             _ => Err(c.unsupported_op()),
         }
     }
@@ -1441,8 +1442,20 @@ impl<'m> Importer<'m> {
             &[(format!("{}:normed", c.r.node), normed)],
             "ungrouped",
         )?;
-        let mut affine_shape = vec![ch];
-        affine_shape.extend(std::iter::repeat_n(1, xs.len() - 2));
+        self.channel_affine(c, ungrouped, xs.len(), scale, bias)
+    }
+
+    /// `x·scale + bias` with per-channel (dim 1) `scale` and `bias`, the node's output.
+    fn channel_affine(
+        &mut self,
+        c: &Ctx,
+        x: Val,
+        rank: usize,
+        scale: Vec<f32>,
+        bias: Vec<f32>,
+    ) -> Result<Vec<Val>> {
+        let mut affine_shape = vec![scale.len()];
+        affine_shape.extend(std::iter::repeat_n(1, rank - 2));
         let scale = (
             format!("{}:scale", c.r.node),
             Val::F(Arr::new(affine_shape.clone(), scale)),
@@ -1454,7 +1467,7 @@ impl<'m> Importer<'m> {
         let scaled = self.binary(
             c,
             Binary::Mul,
-            (format!("{}:ungrouped", c.r.node), ungrouped),
+            (format!("{}:normed", c.r.node), x),
             scale,
             1,
         )?;
@@ -1469,6 +1482,47 @@ impl<'m> Importer<'m> {
             bias,
             0,
         )
+    }
+
+    /// InstanceNormalization (`[N, C, ...]`, each (n, c) normalised over the spatial dims;
+    /// the classic exporter writes GroupNorm as Reshape → InstanceNormalization → Reshape):
+    /// LayerNorm over dims `2..` with a unit scale, then the per-channel affine.
+    fn instance_norm(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let eps = c.float("epsilon", 1e-5)?;
+        let x = self.req(c, 0)?;
+        let rank = x.rank();
+        if !x.is_dyn() || rank < 3 {
+            return Err(c.bad(format!(
+                "the input must be a runtime tensor [N, C, ...] of rank 3 or more, is {} of rank {rank}",
+                x.kind()
+            )));
+        }
+        let shape = static_shape(&x);
+        let ch = shape[1];
+        let vec_of = |v: Val, what: &str| -> Result<Vec<f32>> {
+            match v {
+                Val::F(a) if a.data.len() == ch => Ok(a.data),
+                v => Err(c.bad(format!(
+                    "{what} must be {ch} floats known at import, is {}",
+                    v.kind()
+                ))),
+            }
+        };
+        let scale = vec_of(self.req(c, 1)?, "scale")?;
+        let bias = vec_of(self.req(c, 2)?, "B")?;
+        let spatial = shape[2..].to_vec();
+        let n: usize = spatial.iter().product();
+        let ones = (
+            format!("{}:unit_scale", c.r.node),
+            Val::F(Arr::new(spatial, vec![1.0; n])),
+        );
+        let normed = self.emit_tmp(
+            c,
+            Op::LayerNorm { axis: 2, eps },
+            &[(c.n.input[0].clone(), x), ones],
+            "normed",
+        )?;
+        self.channel_affine(c, normed, rank, scale, bias)
     }
 
     /// Pad (opsets 13–21: `pads`, `constant_value` and, from 18, `axes` as inputs; modes
