@@ -660,7 +660,7 @@ impl<'m> Importer<'m> {
             "Max" | "Min" | "Sum" | "Mean" => self.variadic(c, &op),
             "Mod" => self.modulo(c),
             "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Erf" | "Neg" | "Abs"
-            | "Reciprocal" | "HardSwish" | "Floor" | "Ceil" => self.unary(c, &op),
+            | "Reciprocal" | "HardSwish" | "Floor" | "Ceil" | "Sin" | "Cos" => self.unary(c, &op),
             "HardSigmoid" => {
                 let alpha = c.float("alpha", 0.2)?;
                 let beta = c.float("beta", 0.5)?;
@@ -783,45 +783,8 @@ impl<'m> Importer<'m> {
                 norm_axis(c, axis, x.rank())?;
                 self.emit1(c, Op::LayerNorm { axis, eps }, 3)
             }
-            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => {
-                let kind = match op.as_str() {
-                    "ReduceMean" => ReduceKind::Mean,
-                    "ReduceSum" => ReduceKind::Sum,
-                    "ReduceMax" => ReduceKind::Max,
-                    _ => ReduceKind::Min,
-                };
-                // Axes moved from an attribute to an input: ReduceSum at opset 13, the others at 18.
-                let axes_as_input = op == "ReduceSum" || opset >= 18;
-                let axes = if axes_as_input {
-                    self.ints_input(c, 1, "axes")?
-                } else {
-                    c.ints("axes")?
-                };
-                let keepdims = c.int("keepdims", 1)? != 0;
-                let noop = c.int("noop_with_empty_axes", 0)? != 0;
-                let axes = axes.unwrap_or_default();
-                if axes.is_empty() && noop {
-                    return Ok(vec![self.req(c, 0)?]);
-                }
-                let x = self.req(c, 0)?;
-                for &a in &axes {
-                    norm_axis(c, a, x.rank())?;
-                }
-                let axes = if axes.is_empty() {
-                    (0..x.rank() as i64).collect()
-                } else {
-                    axes
-                };
-                self.emit1(
-                    c,
-                    Op::Reduce {
-                        kind,
-                        axes,
-                        keepdims,
-                    },
-                    1,
-                )
-            }
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL2" | "ReduceL1"
+            | "ReduceSumSquare" => self.reduce(c, &op),
             "Resize" => self.resize(c),
             // Gelu entered the default domain at opset 20 (`approximate`: "none" or "tanh").
             "Gelu" if opset >= 20 => {
@@ -1127,6 +1090,9 @@ impl<'m> Importer<'m> {
             "Ceil" => Some(f32::ceil),
             "Tanh" => Some(f32::tanh),
             "Sigmoid" => Some(|v| 1.0 / (1.0 + (-v).exp())),
+            // Positional encodings computed from constants (edgenext's Fourier features).
+            "Sin" => Some(f32::sin),
+            "Cos" => Some(f32::cos),
             _ => None,
         };
         match (&x, f) {
@@ -1363,6 +1329,73 @@ impl<'m> Importer<'m> {
                 Op::AveragePool(attrs)
             },
             1,
+        )
+    }
+
+    /// The Reduce ops. ReduceL1, ReduceL2 and ReduceSumSquare (F.normalize writes ReduceL2)
+    /// are Abs / x·x, a ReduceSum, and (L2) a Sqrt.
+    fn reduce(&mut self, c: &Ctx, op: &str) -> Result<Vec<Val>> {
+        // Axes moved from an attribute to an input: ReduceSum at opset 13, the others at 18.
+        let axes_as_input = op == "ReduceSum" || self.m.opset >= 18;
+        let axes = if axes_as_input {
+            self.ints_input(c, 1, "axes")?
+        } else {
+            c.ints("axes")?
+        };
+        let keepdims = c.int("keepdims", 1)? != 0;
+        let noop = c.int("noop_with_empty_axes", 0)? != 0;
+        let axes = axes.unwrap_or_default();
+        let plain = matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin");
+        if axes.is_empty() && noop {
+            if !plain {
+                return Err(c.unsupported_attr(
+                    "noop_with_empty_axes",
+                    format!("value 1 with no axes on {op}"),
+                ));
+            }
+            return Ok(vec![self.req(c, 0)?]);
+        }
+        let x = self.req(c, 0)?;
+        for &a in &axes {
+            norm_axis(c, a, x.rank())?;
+        }
+        let axes = if axes.is_empty() {
+            (0..x.rank() as i64).collect()
+        } else {
+            axes
+        };
+        let kind = match op {
+            "ReduceMean" => ReduceKind::Mean,
+            "ReduceMax" => ReduceKind::Max,
+            "ReduceMin" => ReduceKind::Min,
+            _ => ReduceKind::Sum,
+        };
+        let reduce = Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        };
+        if plain {
+            return self.emit1(c, reduce, 1);
+        }
+        let x = (c.n.input[0].clone(), x);
+        let pre = if op == "ReduceL1" {
+            self.emit_tmp(c, Op::Unary(Unary::Abs), &[x], "abs")?
+        } else {
+            self.emit_tmp(c, Op::Binary(Binary::Mul), &[x.clone(), x], "square")?
+        };
+        let pre = (format!("{}:pre", c.r.node), pre);
+        if op != "ReduceL2" {
+            let out = self.out_name(c, 0);
+            return self.emit(c, reduce, &[pre], vec![out]);
+        }
+        let sum = self.emit_tmp(c, reduce, &[pre], "sum")?;
+        let out = self.out_name(c, 0);
+        self.emit(
+            c,
+            Op::Unary(Unary::Sqrt),
+            &[(format!("{}:sum", c.r.node), sum)],
+            vec![out],
         )
     }
 
