@@ -1219,25 +1219,29 @@ impl<'m> Importer<'m> {
     fn conv(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let x = self.req(c, 0)?;
         let w = self.req(c, 1)?;
-        let (Val::Dyn(xd), ws) = (&x, w.sym_shape().map_err(|e| c.bad(e))?) else {
-            return Err(c.bad(format!(
-                "the input is {}; expected a runtime tensor",
-                x.kind()
-            )));
+        let ws = w.sym_shape().map_err(|e| c.bad(e))?;
+        // A float constant input (a positional encoding computed from constants, as edgenext's)
+        // becomes an IR constant; the passes then fold the Conv at compile time.
+        let xshape = match &x {
+            Val::Dyn(d) => d.shapes[0].clone(),
+            Val::F(a) => a.shape.clone(),
+            other => {
+                return Err(c.bad(format!(
+                    "the input is {}; expected a float tensor",
+                    other.kind()
+                )))
+            }
         };
-        if xd.shapes[0].len() != 4 || ws.len() != 4 {
+        if xshape.len() != 4 || ws.len() != 4 {
             return Err(c.bad(format!(
                 "only 2-D convolution is supported (input rank {}, weight rank {})",
-                xd.shapes[0].len(),
+                xshape.len(),
                 ws.len()
             )));
         }
         let kernel = [ws[2].c as usize, ws[3].c as usize];
-        if kernel.contains(&0) || xd.shapes[0][2] == 0 || xd.shapes[0][3] == 0 {
-            return Err(c.bad(format!(
-                "empty kernel {kernel:?} or input {:?}",
-                xd.shapes[0]
-            )));
+        if kernel.contains(&0) || xshape[2] == 0 || xshape[3] == 0 {
+            return Err(c.bad(format!("empty kernel {kernel:?} or input {xshape:?}")));
         }
         if let Some(k) = c.ints("kernel_shape")? {
             if k != [kernel[0] as i64, kernel[1] as i64] {
@@ -1252,7 +1256,7 @@ impl<'m> Importer<'m> {
         if groups < 1 {
             return Err(c.bad(format!("group {groups}")));
         }
-        let hw = [xd.shapes[0][2], xd.shapes[0][3]];
+        let hw = [xshape[2], xshape[3]];
         let pads = self.window_pads(c, hw, kernel, strides, dilations)?;
         self.emit1(
             c,
