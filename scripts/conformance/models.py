@@ -91,6 +91,10 @@ class OneOutput(torch.nn.Module):
         return y
 
 
+def is_classifier(name):
+    return name in TV_CLASSIFICATION or name in TIMM
+
+
 def input_size(name):
     return INPUT.get(name, 224)
 
