@@ -29,6 +29,7 @@ rewritten from every JSON at the end of each call (--table).
 
 import argparse
 import collections
+import importlib.util
 import json
 import os
 import subprocess
@@ -333,10 +334,10 @@ def render(args):
     counts = collections.Counter((r["backend"], r["precision"], r["status"]) for r in rows)
     combos = sorted({(r["backend"], r["precision"]) for r in rows},
                     key=lambda c: (c[0], PRECISIONS.index(c[1]) if c[1] in PRECISIONS else -1))
-    lines += ["| backend | precision | pass | fail | error |", "| --- | --- | ---: | ---: | ---: |"]
+    lines += ["| backend | precision | pass | fail | error | skipped |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for b, p in combos:
         lines.append(f"| {b} | {p} | {counts[(b, p, 'pass')]} | {counts[(b, p, 'fail')]} | "
-                     f"{counts[(b, p, 'error')] + counts[(b, p, 'export-error')]} |")
+                     f"{counts[(b, p, 'error')] + counts[(b, p, 'export-error')]} | {counts[(b, p, 'skipped')]} |")
     lines += ["", "| model | exporter (opset) | backend | precision | rel L2 | PyTorch's own | top-1 | result | reason |",
               "| --- | --- | --- | --- | ---: | ---: | --- | --- | --- |"]
     for r in rows:
@@ -418,6 +419,12 @@ def main():
                 left += len(todo)
                 continue
             print(f"{name} ({exporter})", flush=True)
+            if name == "yolov8n" and importlib.util.find_spec("ultralytics") is None:
+                for b, p in todo:
+                    write_result(result_path(args.results, name, exporter, b, p), model=name,
+                                 exporter=exporter, backend=b, precision=p, status="skipped",
+                                 reason="Ultralytics is not installed here (pip install ultralytics)")
+                continue
             meta, why = ensure_export(args, name, exporter, deadline)
             for b, p in todo:
                 path = result_path(args.results, name, exporter, b, p)
