@@ -149,9 +149,20 @@ fn quickstart_runs_without_arguments_into_a_new_runs_folder() {
     assert!(dir.join("scenario.toml").exists());
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
-        stdout.contains("p99 ms") && stdout.contains("throughput"),
+        stdout.contains("p99 ms") && stdout.contains("img/s"),
         "{stdout}"
     );
+    let widest = stdout.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert!(widest <= 80, "{widest} columns:\n{stdout}");
+    if !gpu {
+        // Why the GPU quickstart did not run, in one line (no driver, no device, a library).
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            stderr.contains("note: running the CPU quickstart: the GPU one cannot run here ("),
+            "{stderr}"
+        );
+        assert!(stdout.starts_with("cpu, no partitions\n"), "{stdout}");
+    }
 }
 
 #[test]
