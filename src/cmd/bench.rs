@@ -23,7 +23,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', required = true)]
     model: Vec<String>,
     /// Batch size(s), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = super::help::at_least_one_usize)]
     batch: Vec<usize>,
     /// Precision(s): fp32, tf32, fp16, bf16 (cpu: fp32 only). Default: fp16 on cuda, fp32
     /// on cpu.
@@ -129,7 +129,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         return Err(user("--batch must be at least 1"));
     }
     let cuda = match args.backend.as_str() {
-        "cuda" => Some(isolane_cuda::CudaBackend::new(args.gpu).context("cuda backend")?),
+        "cuda" => Some(isolane_cuda::CudaBackend::new(args.gpu).with_context(|| {
+            format!(
+                "--backend cuda (the default) needs a usable CUDA GPU {}; without one, measure \
+                 on the CPU with --backend cpu",
+                args.gpu
+            )
+        })?),
         "cpu" => None,
         other => {
             return Err(user(format!(

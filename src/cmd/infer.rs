@@ -56,7 +56,7 @@ pub struct InferArgs {
     save_output: Option<PathBuf>,
     /// Batch size (the image or per-image tensor is repeated). An input .npy with a batch
     /// dimension sets the batch itself.
-    #[arg(long, value_name = "B")]
+    #[arg(long, value_name = "B", value_parser = super::help::at_least_one_usize)]
     batch: Option<usize>,
     /// After the first run, run N more times and print the median and p99 latency.
     #[arg(long, default_value_t = 0, value_name = "N")]

@@ -56,10 +56,10 @@ pub struct MaxrateArgs {
     #[arg(long, hide = true)]
     in_partition: bool,
     /// Images per job.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = super::help::at_least_one_u32)]
     batch: u32,
     /// Jobs per batch (N).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 1000, value_parser = super::help::at_least_one)]
     jobs: u64,
     /// Validation batches (K).
     #[arg(long, default_value_t = 3)]
@@ -91,6 +91,9 @@ pub struct MaxrateArgs {
     /// Use --out even if it is not empty.
     #[arg(long)]
     force: bool,
+    /// No time estimate and no progress on stderr.
+    #[arg(long, short = 'q')]
+    quiet: bool,
 }
 
 fn positive(s: &str) -> Result<f64, String> {
@@ -285,8 +288,22 @@ fn search(
     for _ in 0..args.warmup {
         warm.push(runner_warm(&mut runner)?);
     }
+    let size = super::progress::SearchSize {
+        jobs: args.jobs,
+        validations: args.validations,
+    };
+    if let (false, Some(per_job_s)) = (args.quiet, super::progress::median_s(&warm)) {
+        eprintln!("{}", super::progress::estimate_text(size, per_job_s));
+    }
     let steal = clock::StealMeter::start();
-    let result = match find_max_rate(&mut runner, &cfg) {
+    let mut shown = super::progress::SearchProgress::new(
+        &mut runner,
+        size,
+        super::progress::bar_allowed(args.quiet),
+    );
+    let searched = find_max_rate(&mut shown, &cfg);
+    shown.finish();
+    let result = match searched {
         Ok(r) => r,
         Err(MaxRateError::Runner(RunnerError::Interrupted)) => {
             eprintln!("interrupted: no max rate found");
@@ -314,7 +331,7 @@ fn search(
     println!(
         "{}",
         isolane_report::plain_table(
-            &["batch", "phase", "rate /s", "jobs", "misses", "clean"],
+            &["batch", "phase", "rate Hz", "jobs", "misses", "clean"],
             &rows,
             &[1]
         )

@@ -19,8 +19,7 @@ use super::user;
                   device memory). Prints the resolved partitions (green group and SM range, MIG \
                   placement, MPS settings) or one reason per rejected workload. Nothing is ever \
                   clamped. `run`, `maxrate` and `isolation` apply the same check before they \
-                  start anything.\n\nExit codes: 0 admitted; 2 rejected or a mistake in the \
-                  scenario."
+                  start anything. A rejected plan exits 2 (a mistake in the scenario)."
 )]
 pub struct PlanArgs {
     /// Scenario file (TOML).

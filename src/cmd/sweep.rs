@@ -18,8 +18,7 @@ use super::{user, EXIT_FAILED, EXIT_INTERRUPTED};
     long_about = "Run one scenario per point of a sweep and collect them in one results folder: \
                   sweep.json (the index) and one run folder per point (summary.json, \
                   jobs/*.csv, scenario.toml, telemetry.csv on a GPU), which `isolane report` \
-                  draws. Exit codes: 0 every point ran; 1 a point failed (the others still \
-                  ran); 2 a mistake in the arguments (nothing is run); 130 interrupted."
+                  draws."
 )]
 pub struct SweepArgs {
     #[command(subcommand)]
@@ -66,7 +65,7 @@ enum ConcurrencyMechanism {
 #[derive(Args)]
 struct Common {
     /// Engine backend. On `cpu` the points are run without partitions (a dry run of the
-    /// machinery with spin models); sizes still come from --device-model.
+    /// machinery with spin models).
     #[arg(long, value_enum, default_value = "cuda")]
     backend: Backend,
     /// GPU index (cuda).
@@ -90,7 +89,7 @@ struct Common {
     /// No progress bars.
     #[arg(long, short = 'q')]
     quiet: bool,
-    /// mps: use an MPS daemon that is already running for this GPU.
+    /// mps: use an MPS daemon that is already running for this GPU (it is left running).
     #[arg(long)]
     join_mps: bool,
 }
@@ -106,12 +105,12 @@ struct PartitionArgs {
     /// minimum to its SM count by its step; mps 10,20,…,100.
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<u32>,
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = super::help::at_least_one_u32)]
     batch: u32,
     #[arg(long, default_value = "fp32")]
     precision: String,
     /// Offline device model whose green rules give the sizes (default: this machine's GPU
-    /// on cuda, h100-sxm on cpu).
+    /// on cuda, h100-sxm on cpu, where the points run without partitions).
     #[arg(long)]
     device_model: Option<String>,
     #[command(flatten)]
@@ -123,10 +122,10 @@ struct ConcurrencyArgs {
     #[arg(long, short = 'm')]
     model: String,
     /// Numbers of concurrent workloads.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = super::help::at_least_one_u32)]
     workloads: Vec<u32>,
     /// Batch sizes.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16", value_parser = super::help::at_least_one_u32)]
     batch: Vec<u32>,
     /// Precisions (fp32 | tf32 | fp16 | bf16; only fp32 on cpu).
     #[arg(long, value_delimiter = ',', default_value = "fp32")]
@@ -341,6 +340,7 @@ fn run_args(scenario: &Path, out: &Path, c: &Common) -> super::run::RunArgs {
         force: true,
         quiet: c.quiet,
         cpu: false,
+        wide: false,
         partitions: super::PartitionFlags {
             join_mps: c.join_mps,
             ..Default::default()

@@ -25,9 +25,8 @@ use super::user;
                   compute-bound probe kernel: first on the whole GPU, then in each partition \
                   alone, then in each partition while every other partition runs the probe flat \
                   out. Reports per partition: share of the whole GPU = alone / whole GPU, and \
-                  interference = 1 - beside / alone. The scenario's models are not run.\n\n\
-                  Exit codes: 0 measured; 1 a GPU or runtime failure; 2 a mistake in the \
-                  scenario or the arguments (including a plan that admission control rejects)."
+                  interference = 1 - beside / alone. The scenario's models are not run. A plan \
+                  that admission control rejects is a mistake in the input (exit 2)."
 )]
 pub struct VerifyArgs {
     /// Scenario file (TOML) with backend = "cuda".
@@ -46,9 +45,10 @@ pub struct VerifyArgs {
     /// isolane never changes it).
     #[arg(long)]
     pub allow_mig_reconfigure: bool,
-    /// mps: use an already running MPS daemon instead of refusing to run beside it.
-    #[arg(long)]
-    pub mps_join_existing: bool,
+    /// mps: use an MPS daemon that is already running for this GPU instead of refusing (it is
+    /// left running afterwards). `--mps-join-existing` is an old name for it.
+    #[arg(long = "join-mps", alias = "mps-join-existing")]
+    pub join_mps: bool,
     /// No progress lines on stderr.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -79,7 +79,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
         duration: Duration::from_secs_f64(args.duration_s),
         allow_mig_reconfigure: args.allow_mig_reconfigure,
         mps: isolane_gpu::MpsOptions {
-            join_existing: args.mps_join_existing,
+            join_existing: args.join_mps,
             ..Default::default()
         },
         worker: None,
