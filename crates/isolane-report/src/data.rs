@@ -14,8 +14,9 @@ use serde::Deserialize;
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     #[error(
-        "{0} is not an isolane results folder: it has none of summary.json (isolane run / \
-         isolation), maxrate.json (isolane maxrate --out) or sweep.json (isolane sweep)"
+        "{0} is not an isolane results folder and holds none: a results folder has \
+         summary.json (isolane run / isolation), maxrate.json (isolane maxrate --out) or \
+         sweep.json (isolane sweep)"
     )]
     NotResults(PathBuf),
     #[error("{path}: {source}")]
