@@ -73,9 +73,15 @@ pub const QUICKSTART_GPU_NAME: &str = "<built-in GPU quickstart>";
 /// Whether the GPU quickstart can run here (a CUDA device, and the CUDA backend's libraries),
 /// or why not, in the words of discovery: no driver, no device, a library missing.
 fn gpu_unusable_reason() -> Option<String> {
+    use isolane_gpu::GpuError;
     match isolane_gpu::devices::list_devices() {
-        Err(e) => return Some(format!("no usable CUDA driver: {e}")),
-        Ok(d) if d.is_empty() => return Some("the CUDA driver reports no device".into()),
+        // One line: the folders searched are in `isolane devices`.
+        Err(GpuError::LibraryNotFound { library, .. }) => return Some(format!(
+            "no CUDA driver: {library} not found; `isolane devices` says where it was looked for"
+        )),
+        Err(GpuError::NoDevice(why)) => return Some(format!("no CUDA device: {why}")),
+        Err(e) => return Some(format!("the CUDA driver failed: {e}")),
+        Ok(d) if d.is_empty() => return Some("no CUDA device".into()),
         Ok(_) => {}
     }
     isolane_cuda::libs::ensure_all()
@@ -154,7 +160,8 @@ pub fn install_stop_handler() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
-/// A progress bar on stderr, only when stdout is a terminal and not `--quiet`.
+/// A progress bar on stderr with the time left (the run's planned length, or its jobs, done so
+/// far), only when stdout is a terminal and not `--quiet`: piped output stays clean.
 pub struct ProgressView {
     bar: Option<indicatif::ProgressBar>,
 }
@@ -164,7 +171,7 @@ impl ProgressView {
         let bar = (!quiet && std::io::stdout().is_terminal()).then(|| {
             let bar = indicatif::ProgressBar::new(1000);
             if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% {msg}",
+                "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% ~{eta} left, {msg}",
             ) {
                 bar.set_style(style);
             }

@@ -375,11 +375,17 @@ fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::
 
     let total = points.len();
     let mut code = 0u8;
+    let started = std::time::Instant::now();
     for (i, p) in points.iter().enumerate() {
         let dir = out.join(&p.entry.dir);
         let scenario = dir.join("scenario.toml");
         output::write_atomic(&scenario, p.toml.as_bytes())?;
-        eprintln!("sweep point {}/{total}: {}", i + 1, p.entry.dir);
+        eprintln!(
+            "sweep point {}/{total}: {}{}",
+            i + 1,
+            p.entry.dir,
+            time_left(started.elapsed().as_secs_f64(), i, total)
+        );
         let result = super::run::run(run_args(&scenario, &dir, c));
         let entry = &mut index.points[i];
         match result {
@@ -411,6 +417,16 @@ fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::
     println!("{}", points_table(&out, &index));
     println!("sweep: {}", out.display());
     Ok(code)
+}
+
+/// ` (~3 min 10 s left)` after `done` of `total` points took `elapsed_s`, from their mean time;
+/// nothing before the first point has ended.
+fn time_left(elapsed_s: f64, done: usize, total: usize) -> String {
+    if done == 0 {
+        return String::new();
+    }
+    let left = elapsed_s / done as f64 * (total - done) as f64;
+    format!(" (~{} left)", super::progress::duration_text(left))
 }
 
 fn check_points(staging: &Path, points: &[Point]) -> anyhow::Result<()> {
@@ -483,4 +499,13 @@ fn points_table(out: &Path, index: &SweepIndex) -> String {
         &rows,
         &[0, 1, 2],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_time_left_is_the_mean_point_time_over_the_points_to_come() {
+        assert_eq!(super::time_left(5.0, 0, 4), "");
+        assert_eq!(super::time_left(20.0, 2, 8), " (~1 min 0 s left)");
+    }
 }
