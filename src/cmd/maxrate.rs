@@ -346,11 +346,12 @@ fn search(
     }
     let lateness = percentiles_us(&mut runner.lateness_ns);
     println!(
-        "model {}  batch {}: max stable rate {:.3} jobs/s, L_max {:.4} ms (initial rate {:.3} jobs/s)",
-        args.model, args.batch, result.max_rate_hz, result.l_max_ms, result.initial_rate_hz
+        "max stable rate {:.3} jobs/s, L_max {:.4} ms (model {}, batch {})",
+        result.max_rate_hz, result.l_max_ms, args.model, args.batch
     );
+    println!("initial rate {:.3} jobs/s", result.initial_rate_hz);
     println!(
-        "start lateness over all timed batches: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+        "start lateness: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs (all timed batches)",
         lateness.0, lateness.1, lateness.2
     );
 

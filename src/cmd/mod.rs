@@ -76,9 +76,11 @@ fn gpu_unusable_reason() -> Option<String> {
     use isolane_gpu::GpuError;
     match isolane_gpu::devices::list_devices() {
         // One line: the folders searched are in `isolane devices`.
-        Err(GpuError::LibraryNotFound { library, .. }) => return Some(format!(
+        Err(GpuError::LibraryNotFound { library, .. }) => {
+            return Some(format!(
             "no CUDA driver: {library} not found; `isolane devices` says where it was looked for"
-        )),
+        ))
+        }
         Err(GpuError::NoDevice(why)) => return Some(format!("no CUDA device: {why}")),
         Err(e) => return Some(format!("the CUDA driver failed: {e}")),
         Ok(d) if d.is_empty() => return Some("no CUDA device".into()),

@@ -55,10 +55,11 @@ pub fn duration_text(s: f64) -> String {
 
 /// What `maxrate` says before it starts, from the median time of the warm-up jobs.
 pub fn estimate_text(size: SearchSize, per_job_s: f64) -> String {
+    // Short lines: the note reads whole in an 80-column terminal.
     let mut s = format!(
-        "maxrate: one job takes ~{:.2} ms here, so the search takes at least ~{}: a \
-         back-to-back batch, then at least 1 search and {} validation batch(es) of {} jobs \
-         (each further search step ~{}).",
+        "maxrate: one job takes ~{:.2} ms here: the search takes at least ~{}\n  \
+         (a back-to-back batch, 1 search and {} validation batches of {} jobs;\n  \
+         each further search step ~{})",
         per_job_s * 1e3,
         duration_text(size.least_s(per_job_s)),
         size.validations,
@@ -67,7 +68,7 @@ pub fn estimate_text(size: SearchSize, per_job_s: f64) -> String {
     );
     if let Some(q) = size.quicker() {
         s.push_str(&format!(
-            " Quicker, coarser: --jobs {} --validations {} (at least ~{}).",
+            "\n  quicker, coarser: --jobs {} --validations {} (at least ~{})",
             q.jobs,
             q.validations,
             duration_text(q.least_s(per_job_s)),
@@ -193,7 +194,9 @@ mod tests {
             validations: 1,
         };
         assert!(small.quicker().is_none());
-        assert!(!estimate_text(small, 0.004).contains("Quicker"));
+        assert!(!estimate_text(small, 0.004).contains("quicker"));
+        let widest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+        assert!(widest <= 80, "{widest} columns:\n{text}");
     }
 
     #[test]

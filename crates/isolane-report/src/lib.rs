@@ -164,8 +164,22 @@ pub fn fit(t: &mut Table, layout: Layout) {
 }
 
 /// A generic table: header plus rows of already formatted cells. Columns are right-aligned
-/// (numbers) except those listed in `text_columns`.
+/// (numbers) except those listed in `text_columns`. Fitted to 80 columns.
 pub fn plain_table(header: &[&str], rows: &[Vec<String>], text_columns: &[usize]) -> String {
+    laid_out_table(header, rows, text_columns, Layout::default())
+}
+
+/// [`plain_table`] at every column's natural width (`--wide`).
+pub fn wide_table(header: &[&str], rows: &[Vec<String>], text_columns: &[usize]) -> String {
+    laid_out_table(header, rows, text_columns, Layout { wide: true })
+}
+
+fn laid_out_table(
+    header: &[&str],
+    rows: &[Vec<String>],
+    text_columns: &[usize],
+    layout: Layout,
+) -> String {
     let mut t = table(header);
     for r in rows {
         t.add_row(r.clone());
@@ -177,7 +191,7 @@ pub fn plain_table(header: &[&str], rows: &[Vec<String>], text_columns: &[usize]
             }
         }
     }
-    fit(&mut t, Layout::default());
+    fit(&mut t, layout);
     t.to_string()
 }
 
