@@ -79,7 +79,7 @@ pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
 }
 
 fn steps_table(steps: &[StepResult]) -> String {
-    use isolane_report::num;
+    use isolane_report::ms;
     let rows: Vec<Vec<String>> = steps
         .iter()
         .flat_map(|s| {
@@ -91,9 +91,9 @@ fn steps_table(steps: &[StepResult]) -> String {
                     v.victim.clone(),
                     m.jobs.to_string(),
                     format!("{:.2}", m.timeout_pct),
-                    num(m.latency_ms.p50, 3),
-                    num(m.latency_ms.p99, 3),
-                    num(m.latency_ms.max, 3),
+                    ms(m.latency_ms.p50),
+                    ms(m.latency_ms.p99),
+                    ms(m.latency_ms.max),
                 ]
             })
         })

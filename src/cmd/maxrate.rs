@@ -340,7 +340,7 @@ fn search(
     let cpu_steal_pct = steal.pct();
     if let Some(steal) = cpu_steal_pct.filter(|&p| p > 1.0) {
         eprintln!(
-            "note: the hypervisor took {steal:.1} % of this machine's CPU during the search: \
+            "note: the hypervisor took {steal:.1} % of this machine's CPU during the search:\n  \
              the rate found may be lower than the machine allows"
         );
     }

@@ -58,11 +58,16 @@ pub fn estimate_text(size: SearchSize, per_job_s: f64) -> String {
     // Short lines: the note reads whole in an 80-column terminal.
     let mut s = format!(
         "maxrate: one job takes ~{:.2} ms here: the search takes at least ~{}\n  \
-         (a back-to-back batch, 1 search and {} validation batches of {} jobs;\n  \
+         (a back-to-back batch, 1 search batch and {} validation {} of {} jobs;\n  \
          each further search step ~{})",
         per_job_s * 1e3,
         duration_text(size.least_s(per_job_s)),
         size.validations,
+        if size.validations == 1 {
+            "batch"
+        } else {
+            "batches"
+        },
         size.jobs,
         duration_text(size.batch_s(per_job_s)),
     );

@@ -230,7 +230,7 @@ pub fn report_failures(summary: &RunSummary) {
     // Above 1 % the host's share shows in the tail latencies of a VM (docs/runtime.md).
     if let Some(steal) = summary.cpu_steal_pct.filter(|&p| p > 1.0) {
         eprintln!(
-            "note: the hypervisor took {steal:.1} % of this machine's CPU during the run \
+            "note: the hypervisor took {steal:.1} % of this machine's CPU during the run\n  \
              (summary.json cpu_steal_pct): late starts and missed deadlines may be the host's"
         );
     }
