@@ -28,6 +28,8 @@ fn models_lists_builtins_as_table_and_json() {
         out.contains("resnet18") && out.contains("11,689,512"),
         "{out}"
     );
+    let widest = out.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert!(widest <= 80, "{widest} columns:\n{out}");
     let (code, out, _) = run(&["models", "--json"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();

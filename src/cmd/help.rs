@@ -73,10 +73,14 @@ pub fn at_least_one_usize(s: &str) -> Result<usize, String> {
     usize::try_from(v).map_err(|_| format!("{s} is too large"))
 }
 
-/// Applies the shared settings to `cmd` and every subcommand below it.
+/// Applies the shared settings to `cmd` and every subcommand below it (help wrapped at 80
+/// columns, like every table).
 pub fn finish(cmd: clap::Command) -> clap::Command {
     let name = cmd.get_name().to_string();
-    let cmd = cmd.allow_negative_numbers(true).mut_subcommands(finish);
+    let cmd = cmd
+        .allow_negative_numbers(true)
+        .term_width(80)
+        .mut_subcommands(finish);
     if name == "isolane" || name == "worker" {
         cmd
     } else {
@@ -100,6 +104,8 @@ mod tests {
             }
             stack.extend(c.get_subcommands());
             let help = c.clone().render_long_help().to_string();
+            let widest = help.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+            assert!(widest <= 80, "`{}` --help is {widest} wide", c.get_name());
             let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
             for code in ["0 success;", "; 1 ", "; 2 a mistake"] {
                 assert!(
