@@ -317,3 +317,26 @@ fn isolation_without_a_victim_is_refused_before_any_output() {
     assert!(stderr.contains("interferer"), "{stderr}");
     assert!(!out.exists());
 }
+
+/// A workload released at a fixed rate cannot report more throughput than its rate: 100 jobs at
+/// 200 Hz own 0.5 s of schedule, although the last one ends 1 ms after its release at 0.495 s
+/// (counted to the last completion, the throughput was 100 / 0.496 = 201.6 /s).
+#[test]
+fn a_rate_limited_workload_reports_at_most_its_rate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "small.toml", SMALL);
+    let out = tmp.path().join("out");
+    run_ok(
+        isolane()
+            .arg("run")
+            .arg(&sc)
+            .arg("--out")
+            .arg(&out)
+            .arg("-q"),
+    );
+    let s = summary(&out);
+    let w = workload(&s, "a");
+    let throughput = f(&w["throughput_ips"]);
+    assert!(throughput > 0.0 && throughput <= 200.0, "{throughput}");
+    assert!(f(&w["wall_s"]) >= 0.5, "{w}");
+}
