@@ -8,7 +8,7 @@ mod partition_streams;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
              rates with deadlines, and measure how well their deadlines are kept.",
     arg_required_else_help = true
 )]
-struct Cli {
+pub struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -37,16 +37,28 @@ enum Command {
     Infer(cmd::infer::InferArgs),
     Report(cmd::report::ReportArgs),
     Sweep(cmd::sweep::SweepArgs),
+    Completions(cmd::completions::CompletionsArgs),
+    Man(cmd::completions::ManArgs),
     /// Internal: one workload of a `host = "process"` run, driven by the coordinator over
     /// stdin/stdout.
     #[command(hide = true)]
     Worker(cmd::worker::WorkerArgs),
 }
 
+/// The whole command line as clap sees it: the derived definition plus what every command
+/// shares (exit codes in each help, negative numbers reaching the value checks). Completions
+/// and the man page are generated from this same definition.
+pub fn cli() -> clap::Command {
+    cmd::help::finish(Cli::command())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let parsed = match Cli::from_arg_matches(&cli().get_matches()) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     isolane_runtime::exec::register_engine(Box::new(engine_exec::EngineExecutorsImpl));
-    let result = match cli.command {
+    let result = match parsed.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Maxrate(a) => cmd::maxrate::run(a),
         Command::Isolation(a) => cmd::isolation::run(a),
@@ -59,6 +71,8 @@ fn main() -> ExitCode {
         Command::Infer(a) => cmd::infer::run(a),
         Command::Report(a) => cmd::report::run(a),
         Command::Sweep(a) => cmd::sweep::run(a),
+        Command::Completions(a) => cmd::completions::completions(a, cli()),
+        Command::Man(a) => cmd::completions::man(a, cli()),
         Command::Worker(a) => cmd::worker::run(a),
     };
     cmd::exit_code(result)

@@ -149,9 +149,20 @@ fn quickstart_runs_without_arguments_into_a_new_runs_folder() {
     assert!(dir.join("scenario.toml").exists());
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
-        stdout.contains("p99 ms") && stdout.contains("throughput"),
+        stdout.contains("p99 ms") && stdout.contains("img/s"),
         "{stdout}"
     );
+    let widest = stdout.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert!(widest <= 80, "{widest} columns:\n{stdout}");
+    if !gpu {
+        // Why the GPU quickstart did not run, in one line (no driver, no device, a library).
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            stderr.contains("note: running the CPU quickstart: the GPU one cannot run here ("),
+            "{stderr}"
+        );
+        assert!(stdout.starts_with("cpu, no partitions\n"), "{stdout}");
+    }
 }
 
 #[test]
@@ -305,4 +316,27 @@ fn isolation_without_a_victim_is_refused_before_any_output() {
     assert_eq!(o.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("interferer"), "{stderr}");
     assert!(!out.exists());
+}
+
+/// A workload released at a fixed rate cannot report more throughput than its rate: 100 jobs at
+/// 200 Hz own 0.5 s of schedule, although the last one ends 1 ms after its release at 0.495 s
+/// (counted to the last completion, the throughput was 100 / 0.496 = 201.6 /s).
+#[test]
+fn a_rate_limited_workload_reports_at_most_its_rate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "small.toml", SMALL);
+    let out = tmp.path().join("out");
+    run_ok(
+        isolane()
+            .arg("run")
+            .arg(&sc)
+            .arg("--out")
+            .arg(&out)
+            .arg("-q"),
+    );
+    let s = summary(&out);
+    let w = workload(&s, "a");
+    let throughput = f(&w["throughput_ips"]);
+    assert!(throughput > 0.0 && throughput <= 200.0, "{throughput}");
+    assert!(f(&w["wall_s"]) >= 0.5, "{w}");
 }

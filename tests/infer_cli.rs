@@ -28,6 +28,8 @@ fn models_lists_builtins_as_table_and_json() {
         out.contains("resnet18") && out.contains("11,689,512"),
         "{out}"
     );
+    let widest = out.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert!(widest <= 80, "{widest} columns:\n{out}");
     let (code, out, _) = run(&["models", "--json"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -217,4 +219,44 @@ fn cuda_and_precisions_are_checked_before_anything_runs() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn nan_or_infinite_input_values_are_refused_naming_the_file() {
+    let model = fixtures().join("onnx/conv_basic_op13.onnx");
+    let good = isolane_engine::io::read_npy(fixtures().join("onnx/conv_basic_op13.input.npy"))
+        .expect("fixture");
+    let tmp = tempfile::tempdir().unwrap();
+    let nan = tmp.path().join("nan.npy");
+    let all_nan = vec![f32::NAN; good.data.len()];
+    isolane_engine::io::write_npy(&nan, &good.shape, &all_nan).unwrap();
+    let (code, out, err) = run(&[
+        "infer",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        nan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("nan.npy")
+            && err.contains(&format!(
+                "{} of the {} input values are NaN or infinite",
+                good.data.len(),
+                good.data.len()
+            )),
+        "{err}"
+    );
+    assert!(!out.contains("top"), "no top-5 from a NaN input:\n{out}");
+}
+
+#[test]
+fn a_negative_batch_is_refused_as_a_value_not_as_an_unknown_flag() {
+    let (code, _, err) = run(&["infer", "--model", "resnet18", "--random", "--batch", "-1"]);
+    assert_eq!(code, 2);
+    assert!(!err.contains("unexpected argument"), "{err}");
+    assert!(
+        err.contains("--batch") && err.contains("-1 is not allowed: a whole number >= 1 is"),
+        "{err}"
+    );
 }

@@ -23,7 +23,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', required = true)]
     model: Vec<String>,
     /// Batch size(s), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = super::help::at_least_one_usize)]
     batch: Vec<usize>,
     /// Precision(s): fp32, tf32, fp16, bf16 (cpu: fp32 only). Default: fp16 on cuda, fp32
     /// on cpu.
@@ -50,6 +50,9 @@ pub struct BenchArgs {
     /// Print one JSON object per configuration instead of a table.
     #[arg(long)]
     json: bool,
+    /// Every column of the table (default: the ones that fit 80 columns).
+    #[arg(long)]
+    wide: bool,
 }
 
 /// One measured configuration.
@@ -99,6 +102,61 @@ fn time_jobs(
     Ok((t, wall))
 }
 
+/// The results as a table: model, batch, precision, median and p99 latency, throughput and
+/// device memory; `wide` adds the backend, mean and min latency, compile time, weights, arena,
+/// workspace and the forward's device time.
+fn results_table(results: &[BenchResult], wide: bool) -> String {
+    let o = |v: Option<f64>, d: usize| isolane_report::num(v, d);
+    let mut header = vec![
+        "model", "batch", "prec", "p50 ms", "p99 ms", "img/s", "dev MiB",
+    ];
+    if wide {
+        header.extend([
+            "backend",
+            "mean ms",
+            "min ms",
+            "build ms",
+            "wts MiB",
+            "arena MiB",
+            "ws MiB",
+            "fwd ms",
+        ]);
+    }
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            let mut row = vec![
+                r.model.clone(),
+                r.batch.to_string(),
+                r.precision.clone(),
+                isolane_report::ms(Some(r.median_ms)),
+                isolane_report::ms(Some(r.p99_ms)),
+                isolane_report::rate(r.throughput_ips),
+                o(r.device_mib, 1),
+            ];
+            if wide {
+                row.extend([
+                    r.backend.clone(),
+                    isolane_report::ms(Some(r.mean_ms)),
+                    isolane_report::ms(Some(r.min_ms)),
+                    format!("{:.0}", r.compile_ms),
+                    o(r.weights_mib, 1),
+                    format!("{:.1}", r.arena_mib),
+                    o(r.workspace_mib, 1),
+                    isolane_report::ms(r.forward_ms),
+                ]);
+            }
+            row
+        })
+        .collect();
+    let text_columns: &[usize] = if wide { &[0, 2, 7] } else { &[0, 2] };
+    if wide {
+        isolane_report::wide_table(&header, &rows, text_columns)
+    } else {
+        isolane_report::plain_table(&header, &rows, text_columns)
+    }
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     if args.replays == 0 {
         return Err(user("--replays must be at least 1"));
@@ -129,7 +187,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         return Err(user("--batch must be at least 1"));
     }
     let cuda = match args.backend.as_str() {
-        "cuda" => Some(isolane_cuda::CudaBackend::new(args.gpu).context("cuda backend")?),
+        "cuda" => Some(isolane_cuda::CudaBackend::new(args.gpu).with_context(|| {
+            format!(
+                "--backend cuda (the default) needs a usable CUDA GPU {}; without one, measure \
+                 on the CPU with --backend cpu",
+                args.gpu
+            )
+        })?),
         "cpu" => None,
         other => {
             return Err(user(format!(
@@ -137,22 +201,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
             )))
         }
     };
-    if !args.json {
-        println!(
-            "{:<8} {:<15} {:>5} {:<5} {:>10} {:>10} {:>11} {:>10} {:>10} {:>9} {:>9}",
-            "backend",
-            "model",
-            "batch",
-            "prec",
-            "median_ms",
-            "p99_ms",
-            "images/s",
-            "weights_MiB",
-            "arena_MiB",
-            "ws_MiB",
-            "dev_MiB"
-        );
-    }
+    let mut results = Vec::new();
     for name in &args.model {
         let graph = build_model(name, Weights::Synthetic { seed: args.seed })?;
         for &batch in &args.batch {
@@ -215,15 +264,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
                 if args.json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {
-                    let o = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
-                    println!(
-                        "{:<8} {:<15} {:>5} {:<5} {:>10.3} {:>10.3} {:>11.0} {:>10} {:>10.1} {:>9} {:>9}",
-                        r.backend, r.model, r.batch, r.precision, r.median_ms, r.p99_ms, r.throughput_ips,
-                        o(r.weights_mib), r.arena_mib, o(r.workspace_mib), o(r.device_mib)
+                    eprintln!(
+                        "measured {} batch {} {}: median {:.3} ms",
+                        r.model, r.batch, r.precision, r.median_ms
                     );
                 }
+                results.push(r);
             }
         }
+    }
+    if !args.json {
+        println!("{}", results_table(&results, args.wide));
     }
     Ok(0)
 }

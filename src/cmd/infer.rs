@@ -56,7 +56,7 @@ pub struct InferArgs {
     save_output: Option<PathBuf>,
     /// Batch size (the image or per-image tensor is repeated). An input .npy with a batch
     /// dimension sets the batch itself.
-    #[arg(long, value_name = "B")]
+    #[arg(long, value_name = "B", value_parser = super::help::at_least_one_usize)]
     batch: Option<usize>,
     /// After the first run, run N more times and print the median and p99 latency.
     #[arg(long, default_value_t = 0, value_name = "N")]
@@ -264,6 +264,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
             format!("random N(0,1), seed {}", args.seed),
         ),
     };
+    check_finite(&data, &from)?;
     model.input_mut().copy_from_slice(&data);
 
     let t1 = Instant::now();
@@ -440,8 +441,35 @@ pub(crate) fn random_normal(n: usize, seed: u64) -> Vec<f32> {
     v
 }
 
+/// An input with NaN or infinite values gives an output that means nothing (an all-NaN image
+/// can still give a finite top-5: max-pooling and ReLU drop NaNs), so it is refused (exit 2).
+fn check_finite(data: &[f32], from: &str) -> anyhow::Result<()> {
+    let bad = data.iter().filter(|v| !v.is_finite()).count();
+    if bad == 0 {
+        return Ok(());
+    }
+    Err(user(format!(
+        "{from}: {bad} of the {} input values are NaN or infinite; every value must be a finite \
+         number",
+        data.len()
+    )))
+}
+
 /// Top-5 classes with softmax probabilities, for outputs shaped `[B, K]`.
 fn print_top5(out: &[f32], shape: &[usize]) {
+    let bad = out.iter().filter(|v| !v.is_finite()).count();
+    if bad > 0 {
+        println!(
+            "(the output has {bad} NaN or infinite values of {}: no top-5; a NaN comes from the \
+             model's weights or an overflow at this precision)",
+            out.len()
+        );
+        return;
+    }
+    if out.is_empty() {
+        println!("(the output is empty)");
+        return;
+    }
     let [b, k] = shape else {
         let (lo, hi) = out
             .iter()

@@ -18,7 +18,7 @@ use super::user;
                   It is one continuous run: victims never stop, and each victim job is \
                   attributed to the step in which it was released. Writes summary.json (with a \
                   steps array), isolation.csv, jobs/<workload>.csv and scenario.toml, and prints \
-                  a table per step and victim. Exit codes as for `isolane run`."
+                  a table per step and victim."
 )]
 pub struct IsolationArgs {
     /// Scenario file with victims and interferers.
@@ -32,6 +32,9 @@ pub struct IsolationArgs {
     /// No progress bar.
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// Every column of the results table (default: the ones that fit 80 columns).
+    #[arg(long)]
+    wide: bool,
     #[command(flatten)]
     partitions: super::PartitionFlags,
 }
@@ -64,14 +67,17 @@ pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
     super::run::write_run_files(&m)?;
 
     println!("{}", steps_table(&steps));
-    println!("{}", super::run::results_table(&m.summary));
+    println!(
+        "{}",
+        super::run::results_table(&scenario, &m.summary, args.wide)
+    );
     super::run::report_failures(&m.summary);
     println!("results: {}", m.out.display());
     Ok(super::run::exit_for(m.summary.status))
 }
 
 fn steps_table(steps: &[StepResult]) -> String {
-    use isolane_report::num;
+    use isolane_report::ms;
     let rows: Vec<Vec<String>> = steps
         .iter()
         .flat_map(|s| {
@@ -83,9 +89,9 @@ fn steps_table(steps: &[StepResult]) -> String {
                     v.victim.clone(),
                     m.jobs.to_string(),
                     format!("{:.2}", m.timeout_pct),
-                    num(m.latency_ms.p50, 3),
-                    num(m.latency_ms.p99, 3),
-                    num(m.latency_ms.max, 3),
+                    ms(m.latency_ms.p50),
+                    ms(m.latency_ms.p99),
+                    ms(m.latency_ms.max),
                 ]
             })
         })
@@ -93,10 +99,10 @@ fn steps_table(steps: &[StepResult]) -> String {
     isolane_report::plain_table(
         &[
             "step",
-            "interferer /s",
+            "interferer Hz",
             "victim",
             "jobs",
-            "timeouts %",
+            "miss %",
             "p50 ms",
             "p99 ms",
             "max ms",

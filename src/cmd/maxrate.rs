@@ -60,10 +60,10 @@ pub struct MaxrateArgs {
     #[arg(long)]
     no_plan_check: bool,
     /// Images per job.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = super::help::at_least_one_u32)]
     batch: u32,
     /// Jobs per batch (N).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 1000, value_parser = super::help::at_least_one)]
     jobs: u64,
     /// Validation batches (K).
     #[arg(long, default_value_t = 3)]
@@ -95,6 +95,9 @@ pub struct MaxrateArgs {
     /// Use --out even if it is not empty.
     #[arg(long)]
     force: bool,
+    /// No time estimate and no progress on stderr.
+    #[arg(long, short = 'q')]
+    quiet: bool,
 }
 
 fn positive(s: &str) -> Result<f64, String> {
@@ -290,8 +293,22 @@ fn search(
     for _ in 0..args.warmup {
         warm.push(runner_warm(&mut runner)?);
     }
+    let size = super::progress::SearchSize {
+        jobs: args.jobs,
+        validations: args.validations,
+    };
+    if let (false, Some(per_job_s)) = (args.quiet, super::progress::median_s(&warm)) {
+        eprintln!("{}", super::progress::estimate_text(size, per_job_s));
+    }
     let steal = clock::StealMeter::start();
-    let result = match find_max_rate(&mut runner, &cfg) {
+    let mut shown = super::progress::SearchProgress::new(
+        &mut runner,
+        size,
+        super::progress::bar_allowed(args.quiet),
+    );
+    let searched = find_max_rate(&mut shown, &cfg);
+    shown.finish();
+    let result = match searched {
         Ok(r) => r,
         Err(MaxRateError::Runner(RunnerError::Interrupted)) => {
             eprintln!("interrupted: no max rate found");
@@ -319,7 +336,7 @@ fn search(
     println!(
         "{}",
         isolane_report::plain_table(
-            &["batch", "phase", "rate /s", "jobs", "misses", "clean"],
+            &["batch", "phase", "rate Hz", "jobs", "misses", "clean"],
             &rows,
             &[1]
         )
@@ -328,17 +345,18 @@ fn search(
     let cpu_steal_pct = steal.pct();
     if let Some(steal) = cpu_steal_pct.filter(|&p| p > 1.0) {
         eprintln!(
-            "note: the hypervisor took {steal:.1} % of this machine's CPU during the search: \
+            "note: the hypervisor took {steal:.1} % of this machine's CPU during the search:\n  \
              the rate found may be lower than the machine allows"
         );
     }
     let lateness = percentiles_us(&mut runner.lateness_ns);
     println!(
-        "model {}  batch {}: max stable rate {:.3} jobs/s, L_max {:.4} ms (initial rate {:.3} jobs/s)",
-        args.model, args.batch, result.max_rate_hz, result.l_max_ms, result.initial_rate_hz
+        "max stable rate {:.3} jobs/s, L_max {:.4} ms (model {}, batch {})",
+        result.max_rate_hz, result.l_max_ms, args.model, args.batch
     );
+    println!("initial rate {:.3} jobs/s", result.initial_rate_hz);
     println!(
-        "start lateness over all timed batches: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+        "start lateness: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs (all timed batches)",
         lateness.0, lateness.1, lateness.2
     );
 

@@ -2,12 +2,15 @@
 
 pub mod bench;
 pub mod compare;
+pub mod completions;
 pub mod devices;
+pub mod help;
 pub mod infer;
 pub mod isolation;
 pub mod maxrate;
 pub mod models;
 pub mod plan;
+pub mod progress;
 pub mod report;
 pub mod run;
 pub mod sweep;
@@ -67,26 +70,48 @@ pub const QUICKSTART_NAME: &str = "<built-in quickstart>";
 pub const QUICKSTART_GPU: &str = include_str!("../../scenarios/quickstart-gpu.toml");
 pub const QUICKSTART_GPU_NAME: &str = "<built-in GPU quickstart>";
 
-/// Whether the GPU quickstart can run here: a CUDA device, and the CUDA backend's libraries.
-fn gpu_ready() -> bool {
-    isolane_gpu::devices::list_devices().is_ok_and(|d| !d.is_empty())
-        && isolane_cuda::libs::ensure_all().is_ok()
+/// Whether the GPU quickstart can run here (a CUDA device, and the CUDA backend's libraries),
+/// or why not, in the words of discovery: no driver, no device, a library missing.
+fn gpu_unusable_reason() -> Option<String> {
+    use isolane_gpu::GpuError;
+    match isolane_gpu::devices::list_devices() {
+        // One line: the folders searched are in `isolane devices`.
+        Err(GpuError::LibraryNotFound { library, .. }) => {
+            return Some(format!(
+            "no CUDA driver: {library} not found; `isolane devices` says where it was looked for"
+        ))
+        }
+        Err(GpuError::NoDevice(why)) => return Some(format!("no CUDA device: {why}")),
+        Err(e) => return Some(format!("the CUDA driver failed: {e}")),
+        Ok(d) if d.is_empty() => return Some("no CUDA device".into()),
+        Ok(_) => {}
+    }
+    isolane_cuda::libs::ensure_all()
+        .err()
+        .map(|e| format!("a CUDA library is missing: {e}"))
 }
 
 /// The built-in quickstart: on the GPU when one is ready (unless `cpu_only`), else on the CPU.
-pub fn quickstart(cpu_only: bool) -> anyhow::Result<(Scenario, String)> {
+/// Returns the scenario, its name, and why the GPU was not used when it could have been asked
+/// for (`None` with `cpu_only` or on the GPU).
+pub fn quickstart(cpu_only: bool) -> anyhow::Result<(Scenario, String, Option<String>)> {
     let models: Vec<&str> = isolane_engine::builtin_models()
         .iter()
         .map(|m| m.name)
         .collect();
-    let (text, name) = if !cpu_only && gpu_ready() {
-        (QUICKSTART_GPU, QUICKSTART_GPU_NAME)
+    let no_gpu = if cpu_only {
+        None
     } else {
+        gpu_unusable_reason()
+    };
+    let (text, name) = if cpu_only || no_gpu.is_some() {
         (QUICKSTART, QUICKSTART_NAME)
+    } else {
+        (QUICKSTART_GPU, QUICKSTART_GPU_NAME)
     };
     let s = Scenario::from_toml_str(text, name, &models)
         .map_err(|e| anyhow::anyhow!("the built-in quickstart scenario is invalid: {e}"))?;
-    Ok((s, name.to_string()))
+    Ok((s, name.to_string(), no_gpu))
 }
 
 /// Loads and validates a scenario; a problem with it is the user's (exit 2). Returns the
@@ -101,7 +126,7 @@ pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<(Scenario, String)> 
             let s = Scenario::load(p, &models).map_err(user)?;
             Ok((s, p.display().to_string()))
         }
-        None => quickstart(false),
+        None => quickstart(false).map(|(s, name, _)| (s, name)),
     }
 }
 
@@ -137,7 +162,8 @@ pub fn install_stop_handler() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
-/// A progress bar on stderr, only when stdout is a terminal and not `--quiet`.
+/// A progress bar on stderr with the time left (the run's planned length, or its jobs, done so
+/// far), only when stdout is a terminal and not `--quiet`: piped output stays clean.
 pub struct ProgressView {
     bar: Option<indicatif::ProgressBar>,
 }
@@ -147,7 +173,7 @@ impl ProgressView {
         let bar = (!quiet && std::io::stdout().is_terminal()).then(|| {
             let bar = indicatif::ProgressBar::new(1000);
             if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% {msg}",
+                "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% ~{eta} left, {msg}",
             ) {
                 bar.set_style(style);
             }
@@ -170,6 +196,31 @@ impl ProgressView {
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
+        }
+    }
+}
+
+/// The title of a results table: where the workloads ran and how the device was shared, e.g.
+/// `cuda GPU 0 (NVIDIA H100 80GB HBM3), green contexts` or `cpu, no partitions`.
+pub fn device_title(scenario: &Scenario) -> String {
+    use isolane_core::spec::Mechanism;
+    let d = &scenario.device;
+    let mechanism = match d.mechanism {
+        Mechanism::None => "no partitions",
+        Mechanism::Timeslice => "time-slicing",
+        Mechanism::Mps => "MPS",
+        Mechanism::Mig => "MIG",
+        Mechanism::Green => "green contexts",
+    };
+    match d.backend {
+        Backend::Cpu => format!("cpu, {mechanism}"),
+        Backend::Cuda => {
+            let name = isolane_gpu::devices::list_devices()
+                .ok()
+                .and_then(|list| list.into_iter().find(|g| g.index == d.gpu))
+                .map(|g| format!(" ({})", g.name))
+                .unwrap_or_default();
+            format!("cuda GPU {}{name}, {mechanism}", d.gpu)
         }
     }
 }

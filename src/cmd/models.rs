@@ -49,31 +49,16 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<u8> {
             ]
         })
         .collect();
-    let header = ["model", "params", "GFLOPs/image", "input", "description"];
-    let mut width = header.map(str::len);
-    for r in &rows {
-        for (w, c) in width.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: [&str; 5]| {
-        format!(
-            "{:<w0$}  {:>w1$}  {:>w2$}  {:<w3$}  {}",
-            cells[0],
-            cells[1],
-            cells[2],
-            cells[3],
-            cells[4],
-            w0 = width[0],
-            w1 = width[1],
-            w2 = width[2],
-            w3 = width[3],
+    // 80 columns: the description wraps inside its cell.
+    let rows: Vec<Vec<String>> = rows.into_iter().map(Vec::from).collect();
+    println!(
+        "{}",
+        isolane_report::plain_table(
+            &["model", "params", "GFLOP/img", "input", "description"],
+            &rows,
+            &[0, 3, 4]
         )
-    };
-    println!("{}", line(header));
-    for r in &rows {
-        println!("{}", line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
-    }
+    );
     Ok(0)
 }
 

@@ -19,8 +19,7 @@ use super::user;
                   device memory). Prints the resolved partitions (green group and SM range, MIG \
                   placement, MPS settings) or one reason per rejected workload. Nothing is ever \
                   clamped. `run`, `maxrate` and `isolation` apply the same check before they \
-                  start anything.\n\nExit codes: 0 admitted; 2 rejected or a mistake in the \
-                  scenario."
+                  start anything. A rejected plan exits 2 (a mistake in the scenario)."
 )]
 pub struct PlanArgs {
     /// Scenario file (TOML).
@@ -125,7 +124,9 @@ pub fn rejection_text(scenario: &str, device: &DeviceModel, rejections: &[Reject
 fn plan_table(plan: &Plan) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header(vec!["workload", "partition", "details", "memory (MiB)"]);
+    t.set_header(vec!["workload", "partition", "details", "mem MiB"]);
+    // 80 columns: a long details cell wraps between words.
+    isolane_report::fit(&mut t, isolane_report::Layout::default());
     for w in &plan.workloads {
         let (kind, details) = match &w.partition {
             ResolvedPartition::Cpu => ("cpu".to_string(), "no device partition".to_string()),

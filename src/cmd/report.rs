@@ -17,10 +17,13 @@ use super::user;
                   (maxrate.json: max stable rate per model and mechanism) and sweep folders \
                   (sweep.json: throughput, memory and power against partition size or against \
                   workloads × batch). A section appears when its data exists. A folder that is \
-                  none of these is an error (exit 2). See docs/report.md."
+                  none of these is searched for results folders (a study folder, or a results \
+                  root such as results/h100 that holds study folders); files and folders without \
+                  results are skipped with a note. No results folder at all is an error (exit \
+                  2). See docs/report.md."
 )]
 pub struct ReportArgs {
-    /// Results folders (run, isolation, maxrate or sweep).
+    /// Results folders (run, isolation, maxrate or sweep), or folders that hold them.
     #[arg(required = true, value_name = "DIR")]
     dirs: Vec<PathBuf>,
     /// The HTML file to write. Default: DIR/report.html for one folder, ./report.html for several.
@@ -32,13 +35,17 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<u8> {
-    let html = isolane_report::render_report(&args.dirs, &args.title).map_err(|e| match e {
+    let found = isolane_report::data::find_results(&args.dirs).map_err(user)?;
+    for (path, why) in &found.skipped {
+        eprintln!("note: skipped {}: {why}", path.display());
+    }
+    let html = isolane_report::render_report(&found.dirs, &args.title).map_err(|e| match e {
         ReportError::Data(_) => user(e),
         ReportError::Draw(_) => anyhow::Error::new(e),
     })?;
     let out = match (&args.out, args.dirs.as_slice()) {
         (Some(o), _) => o.clone(),
-        (None, [one]) => one.join("report.html"),
+        (None, [one]) if one.is_dir() => one.join("report.html"),
         (None, _) => PathBuf::from("report.html"),
     };
     output::write_atomic(&out, html.as_bytes())?;

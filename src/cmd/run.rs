@@ -21,11 +21,9 @@ use super::{user, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
                   directory. Without SCENARIO, a built-in quickstart runs (about 5 s): ResNet-18 \
                   and MobileNetV2 in fp16 on the GPU when a CUDA GPU is present \
                   (scenarios/quickstart-gpu.toml), otherwise on the CPU \
-                  (scenarios/quickstart.toml; `--cpu` picks it on a GPU machine too).\n\n\
-                  Exit codes: 0 every workload ran; 1 a workload failed (its results and the \
-                  others' are still written); 2 a mistake in the scenario or the arguments \
-                  (nothing is run, no directory is created); 130 interrupted by Ctrl-C (what \
-                  was measured is written)."
+                  (scenarios/quickstart.toml; `--cpu` picks it on a GPU machine too). When the \
+                  GPU one cannot run, a note says why (no driver, no device, a CUDA library \
+                  missing)."
 )]
 pub struct RunArgs {
     /// Scenario file (TOML). Default: the built-in quickstart.
@@ -46,6 +44,9 @@ pub struct RunArgs {
     /// `plan_check = false` in each; docs/cuda.md, Plan check).
     #[arg(long)]
     pub no_plan_check: bool,
+    /// Every column of the results table (default: the ones that fit 80 columns).
+    #[arg(long)]
+    pub wide: bool,
     #[command(flatten)]
     pub partitions: super::PartitionFlags,
 }
@@ -53,7 +54,13 @@ pub struct RunArgs {
 pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     let (mut scenario, scenario_name) = match &args.scenario {
         Some(p) => super::load_scenario(Some(p))?,
-        None => super::quickstart(args.cpu)?,
+        None => {
+            let (scenario, name, no_gpu) = super::quickstart(args.cpu)?;
+            if let Some(why) = no_gpu {
+                eprintln!("note: running the CPU quickstart: the GPU one cannot run here ({why})");
+            }
+            (scenario, name)
+        }
     };
     if args.no_plan_check {
         scenario
@@ -75,7 +82,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         partitions: &args.partitions,
     })?;
     write_run_files(&m)?;
-    println!("{}", results_table(&m.summary));
+    println!("{}", results_table(&scenario, &m.summary, args.wide));
     report_failures(&m.summary);
     println!("results: {}", m.out.display());
     Ok(exit_for(m.summary.status))
@@ -183,7 +190,8 @@ pub fn write_run_files(m: &Measured) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn results_table(summary: &RunSummary) -> String {
+/// The results table of a run of `scenario`, titled with its device and mechanism.
+pub fn results_table(scenario: &Scenario, summary: &RunSummary, wide: bool) -> String {
     let status: Vec<String> = summary
         .workloads
         .iter()
@@ -199,7 +207,11 @@ pub fn results_table(summary: &RunSummary) -> String {
             metrics: &w.metrics,
         })
         .collect();
-    isolane_report::results_table(&rows)
+    isolane_report::results_table(
+        &super::device_title(scenario),
+        &rows,
+        isolane_report::Layout { wide },
+    )
 }
 
 pub fn report_failures(summary: &RunSummary) {
@@ -214,7 +226,7 @@ pub fn report_failures(summary: &RunSummary) {
     // Above 1 % the host's share shows in the tail latencies of a VM (docs/runtime.md).
     if let Some(steal) = summary.cpu_steal_pct.filter(|&p| p > 1.0) {
         eprintln!(
-            "note: the hypervisor took {steal:.1} % of this machine's CPU during the run \
+            "note: the hypervisor took {steal:.1} % of this machine's CPU during the run\n  \
              (summary.json cpu_steal_pct): late starts and missed deadlines may be the host's"
         );
     }

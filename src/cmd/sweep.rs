@@ -19,8 +19,7 @@ use super::{user, EXIT_FAILED, EXIT_INTERRUPTED};
     long_about = "Run one scenario per point of a sweep and collect them in one results folder: \
                   sweep.json (the index) and one run folder per point (summary.json, \
                   jobs/*.csv, scenario.toml, telemetry.csv on a GPU), which `isolane report` \
-                  draws. Exit codes: 0 every point ran; 1 a point failed (the others still \
-                  ran); 2 a mistake in the arguments (nothing is run); 130 interrupted."
+                  draws."
 )]
 pub struct SweepArgs {
     #[command(subcommand)]
@@ -67,7 +66,7 @@ enum ConcurrencyMechanism {
 #[derive(Args)]
 struct Common {
     /// Engine backend. On `cpu` the points are run without partitions (a dry run of the
-    /// machinery with spin models); sizes still come from --device-model.
+    /// machinery with spin models).
     #[arg(long, value_enum, default_value = "cuda")]
     backend: Backend,
     /// GPU index (cuda).
@@ -91,7 +90,7 @@ struct Common {
     /// No progress bars.
     #[arg(long, short = 'q')]
     quiet: bool,
-    /// mps: use an MPS daemon that is already running for this GPU.
+    /// mps: use an MPS daemon that is already running for this GPU (it is left running).
     #[arg(long)]
     join_mps: bool,
 }
@@ -107,12 +106,12 @@ struct PartitionArgs {
     /// minimum to its SM count by its step; mps 10,20,…,100.
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<u32>,
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = super::help::at_least_one_u32)]
     batch: u32,
     #[arg(long, default_value = "fp32")]
     precision: String,
     /// Offline device model whose green rules give the sizes (default: this machine's GPU
-    /// on cuda, h100-sxm on cpu).
+    /// on cuda, h100-sxm on cpu, where the points run without partitions).
     #[arg(long)]
     device_model: Option<String>,
     #[command(flatten)]
@@ -124,10 +123,10 @@ struct ConcurrencyArgs {
     #[arg(long, short = 'm')]
     model: String,
     /// Numbers of concurrent workloads.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = super::help::at_least_one_u32)]
     workloads: Vec<u32>,
     /// Batch sizes.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16", value_parser = super::help::at_least_one_u32)]
     batch: Vec<u32>,
     /// Precisions (fp32 | tf32 | fp16 | bf16; only fp32 on cpu).
     #[arg(long, value_delimiter = ',', default_value = "fp32")]
@@ -346,6 +345,7 @@ fn run_args(scenario: &Path, out: &Path, c: &Common) -> super::run::RunArgs {
         cpu: false,
         // Each point's scenario carries its workloads' own `plan_check`.
         no_plan_check: false,
+        wide: false,
         partitions: super::PartitionFlags {
             join_mps: c.join_mps,
             ..Default::default()
@@ -380,11 +380,17 @@ fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::
 
     let total = points.len();
     let mut code = 0u8;
+    let started = std::time::Instant::now();
     for (i, p) in points.iter().enumerate() {
         let dir = out.join(&p.entry.dir);
         let scenario = dir.join("scenario.toml");
         output::write_atomic(&scenario, p.toml.as_bytes())?;
-        eprintln!("sweep point {}/{total}: {}", i + 1, p.entry.dir);
+        eprintln!(
+            "sweep point {}/{total}: {}{}",
+            i + 1,
+            p.entry.dir,
+            time_left(started.elapsed().as_secs_f64(), i, total)
+        );
         let result = super::run::run(run_args(&scenario, &dir, c));
         let entry = &mut index.points[i];
         match result {
@@ -416,6 +422,16 @@ fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::
     println!("{}", points_table(&out, &index));
     println!("sweep: {}", out.display());
     Ok(code)
+}
+
+/// ` (~3 min 10 s left)` after `done` of `total` points took `elapsed_s`, from their mean time;
+/// nothing before the first point has ended.
+fn time_left(elapsed_s: f64, done: usize, total: usize) -> String {
+    if done == 0 {
+        return String::new();
+    }
+    let left = elapsed_s / done as f64 * (total - done) as f64;
+    format!(" (~{} left)", super::progress::duration_text(left))
 }
 
 fn check_points(staging: &Path, points: &[Point]) -> anyhow::Result<()> {
@@ -478,4 +494,13 @@ fn points_table(out: &Path, index: &SweepIndex) -> String {
         &rows,
         &[0, 1, 2],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_time_left_is_the_mean_point_time_over_the_points_to_come() {
+        assert_eq!(super::time_left(5.0, 0, 4), "");
+        assert_eq!(super::time_left(20.0, 2, 8), " (~1 min 0 s left)");
+    }
 }

@@ -25,9 +25,8 @@ use super::user;
                   compute-bound probe kernel: first on the whole GPU, then in each partition \
                   alone, then in each partition while every other partition runs the probe flat \
                   out. Reports per partition: share of the whole GPU = alone / whole GPU, and \
-                  interference = 1 - beside / alone. The scenario's models are not run.\n\n\
-                  Exit codes: 0 measured; 1 a GPU or runtime failure; 2 a mistake in the \
-                  scenario or the arguments (including a plan that admission control rejects)."
+                  interference = 1 - beside / alone. The scenario's models are not run. A plan \
+                  that admission control rejects is a mistake in the input (exit 2)."
 )]
 pub struct VerifyArgs {
     /// Scenario file (TOML) with backend = "cuda".
@@ -46,9 +45,10 @@ pub struct VerifyArgs {
     /// isolane never changes it).
     #[arg(long)]
     pub allow_mig_reconfigure: bool,
-    /// mps: use an already running MPS daemon instead of refusing to run beside it.
-    #[arg(long)]
-    pub mps_join_existing: bool,
+    /// mps: use an MPS daemon that is already running for this GPU instead of refusing (it is
+    /// left running afterwards). `--mps-join-existing` is an old name for it.
+    #[arg(long = "join-mps", alias = "mps-join-existing")]
+    pub join_mps: bool,
     /// No progress lines on stderr.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -79,12 +79,15 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
         duration: Duration::from_secs_f64(args.duration_s),
         allow_mig_reconfigure: args.allow_mig_reconfigure,
         mps: isolane_gpu::MpsOptions {
-            join_existing: args.mps_join_existing,
+            join_existing: args.join_mps,
             ..Default::default()
         },
         worker: None,
         verbose: !args.quiet,
     };
+    if !args.quiet {
+        eprintln!("{}", time_needed(scenario.workloads.len(), args.duration_s));
+    }
     let report = verify::verify(&scenario, &opts).map_err(|e: GpuError| {
         if e.is_user_error() {
             user(format!("{name}: {e}"))
@@ -110,10 +113,36 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+/// What verify says before it starts: the probe on the whole GPU, each partition alone and,
+/// with two or more, each beside the others saturating; each measurement at least 0.5 s.
+fn time_needed(partitions: usize, duration_s: f64) -> String {
+    let beside = if partitions >= 2 { partitions } else { 0 };
+    let measurements = 1 + partitions + beside;
+    format!(
+        "verify: {partitions} partition(s), {measurements} measurements of {:.1} s: at least ~{}\n  \
+         (plus setting the partitions up)",
+        duration_s.max(0.5),
+        super::progress::duration_text(measurements as f64 * duration_s.max(0.5))
+    )
+}
+
 /// Temp file + rename, so a reader never sees half a file.
 fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_time_needed_counts_every_measurement() {
+        // 4 partitions: whole GPU, 4 alone, 4 beside = 9 measurements of 2 s.
+        let t = super::time_needed(4, 2.0);
+        assert!(t.contains("9 measurements of 2.0 s: at least ~18 s"), "{t}");
+        // One partition has no neighbours; short measurements last 0.5 s.
+        let t = super::time_needed(1, 0.1);
+        assert!(t.contains("2 measurements of 0.5 s: at least ~1 s"), "{t}");
+    }
 }

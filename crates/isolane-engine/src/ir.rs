@@ -83,6 +83,27 @@ pub enum Dim {
     Infer,
 }
 
+impl std::fmt::Display for Dim {
+    /// In the user's terms: a size, `batch`, `4·batch`, `copy` (ONNX 0), `inferred` (ONNX -1).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dim::Fixed(n) => write!(f, "{n}"),
+            Dim::Batch => f.write_str("batch"),
+            Dim::BatchTimes(k) => write!(f, "{k}·batch"),
+            Dim::Copy => f.write_str("copy"),
+            Dim::Infer => f.write_str("inferred"),
+        }
+    }
+}
+
+/// A declared shape in the user's terms: `batch × 3 × 224 × 224`.
+pub fn dims_text(dims: &[Dim]) -> String {
+    dims.iter()
+        .map(Dim::to_string)
+        .collect::<Vec<_>>()
+        .join(" × ")
+}
+
 impl Dim {
     /// Converts ONNX-style integers (0 = copy, -1 = infer) into dims.
     pub fn from_onnx(v: i64) -> Result<Dim> {

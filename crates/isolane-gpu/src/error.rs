@@ -47,7 +47,7 @@ pub enum GpuError {
     Rejected(Vec<Rejection>),
     #[error(
         "an MPS control daemon is already active (pipe directory {pipe_dir}, pid(s) {pids:?}); \
-         isolane will not run beside it. Stop it, or pass join_existing (--mps-join-existing) to use it"
+         isolane will not run beside it. Stop it, or pass --join-mps to use it"
     )]
     MpsExistingDaemon { pipe_dir: PathBuf, pids: Vec<i32> },
     #[error("nvidia-cuda-mps-control not found (searched: {}); install the NVIDIA driver's MPS binaries or set ISOLANE_MPS_CONTROL", searched.join(", "))]

@@ -17,8 +17,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     #[error(
-        "{0} is not an isolane results folder: it has none of summary.json (isolane run / \
-         isolation), maxrate.json (isolane maxrate --out) or sweep.json (isolane sweep)"
+        "{0} is not an isolane results folder and holds none: a results folder has \
+         summary.json (isolane run / isolation), maxrate.json (isolane maxrate --out) or \
+         sweep.json (isolane sweep)"
     )]
     NotResults(PathBuf),
     #[error("{path}: {source}")]
@@ -138,7 +139,83 @@ fn label_of(path: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string())
 }
 
-/// Loads one folder given on the command line.
+/// Whether `path` is one results folder (a run, isolation, maxrate or sweep folder).
+pub fn is_results_dir(path: &Path) -> bool {
+    ["sweep.json", "maxrate.json", "summary.json"]
+        .iter()
+        .any(|f| path.join(f).is_file())
+}
+
+/// What [`find_results`] found in the paths it was given.
+#[derive(Debug, Default, PartialEq)]
+pub struct Found {
+    /// Results folders, in the order given (inside a folder: sorted by name).
+    pub dirs: Vec<PathBuf>,
+    /// Paths given or folders met that hold no results, with why (`logs/`, `COMPLETE.json`).
+    pub skipped: Vec<(PathBuf, &'static str)>,
+}
+
+/// How deep below a given folder results folders are looked for: a results root
+/// (`results/h100`) holds study folders, which hold results folders.
+const SEARCH_DEPTH: usize = 3;
+
+/// Resolves the paths of `isolane report` to results folders: a results folder is taken as
+/// it is; any other folder (a study folder, a results root) is searched for results folders
+/// inside it, which are not searched further (a sweep's points belong to the sweep); files and
+/// folders without results are skipped and listed. None found at all is an error.
+pub fn find_results(paths: &[PathBuf]) -> Result<Found, DataError> {
+    let mut found = Found::default();
+    for p in paths {
+        if !p.is_dir() {
+            found.skipped.push((p.clone(), "not a folder"));
+            continue;
+        }
+        let notes = found.skipped.len();
+        if search(p, SEARCH_DEPTH, &mut found)? == 0 {
+            found.skipped.truncate(notes);
+            found.skipped.push((p.clone(), "no results folder inside"));
+        }
+    }
+    match (found.dirs.is_empty(), paths.first()) {
+        (true, Some(first)) => Err(DataError::NotResults(first.clone())),
+        _ => Ok(found),
+    }
+}
+
+/// Adds the results folders in `dir` (itself, or below it down to `depth` levels) to `found`
+/// and returns how many. A subfolder with none is noted once, not its own empty subfolders.
+fn search(dir: &Path, depth: usize, found: &mut Found) -> Result<usize, DataError> {
+    if is_results_dir(dir) {
+        found.dirs.push(dir.to_path_buf());
+        return Ok(1);
+    }
+    if depth == 0 {
+        return Ok(0);
+    }
+    let entries = std::fs::read_dir(dir).map_err(|source| DataError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut children: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    children.sort();
+    let mut total = 0;
+    for child in children {
+        let notes = found.skipped.len();
+        let n = search(&child, depth - 1, found)?;
+        if n == 0 {
+            found.skipped.truncate(notes);
+            found.skipped.push((child, "no results folder inside"));
+        }
+        total += n;
+    }
+    Ok(total)
+}
+
+/// Loads one results folder.
 pub fn load(path: &Path) -> Result<ResultsDir, DataError> {
     if !path.is_dir() {
         return Err(DataError::NotResults(path.to_path_buf()));
@@ -352,6 +429,58 @@ fn read_telemetry(path: &Path) -> Result<TelemetrySeries, DataError> {
 
 #[cfg(test)]
 mod tests {
+    /// A results root as `reproduce.py` leaves it: a study folder with result folders, logs/
+    /// and COMPLETE.json, and a sweep whose points are not taken on their own.
+    #[test]
+    fn find_results_takes_a_results_root_and_notes_what_it_skips() {
+        use super::*;
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let mk = |dir: &str, file: &str| {
+            std::fs::create_dir_all(r.join(dir)).unwrap();
+            std::fs::write(r.join(dir).join(file), "{}").unwrap();
+        };
+        mk("study/a-run", "summary.json");
+        mk("study/b-maxrate", "maxrate.json");
+        mk("study/logs/old", "x.log");
+        mk("study", "COMPLETE.json");
+        mk("sweep", "sweep.json");
+        mk("sweep/point-1", "summary.json");
+        let f = find_results(&[r.to_path_buf()]).unwrap();
+        assert_eq!(
+            f.dirs,
+            vec![
+                r.join("study/a-run"),
+                r.join("study/b-maxrate"),
+                r.join("sweep")
+            ]
+        );
+        assert_eq!(
+            f.skipped,
+            vec![(r.join("study/logs"), "no results folder inside")]
+        );
+        // A shell glob of the study folder: the file is skipped with a note, not an error.
+        let glob = [
+            r.join("study/COMPLETE.json"),
+            r.join("study/a-run"),
+            r.join("study/logs"),
+        ];
+        let f = find_results(&glob).unwrap();
+        assert_eq!(f.dirs, vec![r.join("study/a-run")]);
+        assert_eq!(
+            f.skipped,
+            vec![
+                (r.join("study/COMPLETE.json"), "not a folder"),
+                (r.join("study/logs"), "no results folder inside"),
+            ]
+        );
+        // Nothing at all is still the user's mistake.
+        assert!(matches!(
+            find_results(&[r.join("study/logs")]),
+            Err(DataError::NotResults(_))
+        ));
+    }
+
     use super::*;
 
     #[test]

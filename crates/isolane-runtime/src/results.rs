@@ -9,26 +9,32 @@ use isolane_core::spec::{Rate, WorkloadSpec};
 use isolane_core::JobRecord;
 
 use crate::coordinator::{RunResult, WorkloadPlan, WorkloadResult, WorkloadStatus};
+use crate::schedule::Schedule;
 
-/// The wall time a workload's throughput is measured over.
-pub fn workload_wall_s(records: &[JobRecord], run_wall_s: f64) -> f64 {
+/// The wall time a workload's throughput is measured over: from t0 to its last job's end or,
+/// when later, to the end of the schedule's span for the jobs it released (a rate-limited
+/// workload's throughput is then at most its rate: 25 jobs at 5 Hz over 5 s is 5.0 /s).
+pub fn workload_wall_s(records: &[JobRecord], schedule: &Schedule, run_wall_s: f64) -> f64 {
     let last = records
         .iter()
         .map(|r| r.end_ns.unwrap_or(r.release_ns))
         .max();
-    match last {
-        Some(ns) if ns > 0 => ns as f64 / 1e9,
+    let span = schedule.span_ns(records.len() as u64);
+    match (last, span) {
+        (Some(ns), Some(span)) if ns.max(span) > 0 => ns.max(span) as f64 / 1e9,
+        (Some(ns), None) if ns > 0 => ns as f64 / 1e9,
         _ => run_wall_s,
     }
 }
 
 pub fn summarize_workload(
     spec: &WorkloadSpec,
-    deadline_ns: Option<i64>,
+    schedule: &Schedule,
     result: &WorkloadResult,
     run_wall_s: f64,
 ) -> WorkloadSummary {
-    let wall_s = workload_wall_s(&result.records, run_wall_s);
+    let deadline_ns = schedule.deadline_ns;
+    let wall_s = workload_wall_s(&result.records, schedule, run_wall_s);
     let mut metrics = workload_metrics(&result.records, spec.batch, wall_s, deadline_ns);
     // The engine's own count; telemetry replaces it with the process's peak where that is
     // this workload's alone (a worker process, or the only workload).
@@ -89,7 +95,7 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
     let workloads = plans
         .iter()
         .zip(&result.workloads)
-        .map(|(p, r)| summarize_workload(&p.spec, p.schedule.deadline_ns, r, result.wall_s))
+        .map(|(p, r)| summarize_workload(&p.spec, &p.schedule, r, result.wall_s))
         .collect();
     RunSummary {
         schema_version: SCHEMA_VERSION,

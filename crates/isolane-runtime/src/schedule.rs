@@ -76,6 +76,23 @@ impl Schedule {
         }
     }
 
+    /// The time a periodic schedule gives `released` jobs: each job owns one period, so N jobs
+    /// at rate f cover N/f seconds (within a duration: at most the duration). Throughput is
+    /// measured over at least this span; over only t0 → the last completion, 25 jobs at 5 Hz
+    /// would count 24 periods plus one latency and report 5.2 /s. `None` for closed loop and
+    /// ramps, whose span is where their last job ends.
+    pub fn span_ns(&self, released: u64) -> Option<i64> {
+        let Pace::Periodic { period_ns } = self.pace else {
+            return None;
+        };
+        // Saturating float-to-int `as`: an absurdly slow rate gives i64::MAX, not a wrap.
+        let span = (released as f64 * period_ns).round() as i64;
+        Some(match self.end {
+            End::DurationNs(d) => span.min(d),
+            End::Jobs(_) => span,
+        })
+    }
+
     /// How many jobs the schedule will release, as far as it can be known ahead (closed loop
     /// with a duration: `None`).
     pub fn expected_jobs(&self) -> Option<u64> {
@@ -186,6 +203,37 @@ impl Cursor<'_> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_periodic_span_is_one_period_per_released_job_within_the_duration() {
+        use super::*;
+        let at = |hz: f64, end: End| Schedule {
+            pace: Pace::Periodic {
+                period_ns: 1e9 / hz,
+            },
+            deadline_ns: None,
+            end,
+            late: LatePolicy::Skip,
+        };
+        // 5 Hz for 5 s: 25 jobs cover 5 s, not 4.8 s + a latency.
+        assert_eq!(
+            at(5.0, End::DurationNs(5_000_000_000)).span_ns(25),
+            Some(5_000_000_000)
+        );
+        // One job at 1e-300 Hz in a 5 s run: the run's 5 s, not the job's latency.
+        assert_eq!(
+            at(1e-300, End::DurationNs(5_000_000_000)).span_ns(1),
+            Some(5_000_000_000)
+        );
+        // A job count: N periods, saturating instead of wrapping.
+        assert_eq!(at(100.0, End::Jobs(10)).span_ns(10), Some(100_000_000));
+        assert_eq!(at(1e-300, End::Jobs(1)).span_ns(1), Some(i64::MAX));
+        let closed = Schedule {
+            pace: Pace::ClosedLoop,
+            ..at(1.0, End::Jobs(3))
+        };
+        assert_eq!(closed.span_ns(3), None);
+    }
+
     use super::*;
 
     fn releases(s: &Schedule) -> Vec<Release> {

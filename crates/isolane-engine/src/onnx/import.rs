@@ -300,6 +300,14 @@ impl<'m> Importer<'m> {
             let mut dims = Vec::with_capacity(input.dims.len());
             for (i, d) in input.dims.iter().enumerate() {
                 dims.push(match d {
+                    // An empty input would run and give an empty output (min inf, max -inf).
+                    InDim::Fixed(0) => {
+                        return Err(self.invalid(format!(
+                            "graph input {:?}: dimension {i} has size 0 (shape {}); every dimension of an input must be at least 1",
+                            input.name,
+                            in_dims_text(&input.dims)
+                        )))
+                    }
                     InDim::Fixed(n) => Dim::Fixed(*n),
                     InDim::Dynamic(_) if i == 0 => Dim::Batch,
                     InDim::Dynamic(p) => {
@@ -2253,9 +2261,24 @@ fn check_dims_size(dims: &[Dim]) -> Result<(), String> {
         n = n.saturating_mul(v);
     }
     if n > MAX_ELEMS {
-        return Err(format!("{dims:?} is far too large"));
+        return Err(format!(
+            "{} is far too large ({n} elements; at most {MAX_ELEMS})",
+            ir::dims_text(dims)
+        ));
     }
     Ok(())
+}
+
+/// A declared input shape as the file states it: `1 × 3 × 224 × 224`, a named dimension by its
+/// name (`batch × 3 × 224 × 224`).
+fn in_dims_text(dims: &[InDim]) -> String {
+    dims.iter()
+        .map(|d| match d {
+            InDim::Fixed(n) => n.to_string(),
+            InDim::Dynamic(p) => p.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(" × ")
 }
 
 /// An `a·B + c` shape entry as an IR dim. `reshape`: 0 means copy and -1 infer (ONNX Reshape).

@@ -1,0 +1,255 @@
+//! Progress of a max-rate search on a terminal: the time it should take, said up front, and a
+//! spinner per batch with the time left at least. Off the terminal (piped, CI logs) only the
+//! up-front estimate is printed, once, on stderr.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use isolane_core::maxrate::{BatchOutcome, BatchRunner};
+
+/// Whether a bar may be drawn: not asked to be quiet, and stderr (where bars go) a terminal.
+pub fn bar_allowed(quiet: bool) -> bool {
+    !quiet && std::io::stderr().is_terminal()
+}
+
+/// The search's size: N jobs per batch, K validation batches.
+#[derive(Debug, Clone, Copy)]
+pub struct SearchSize {
+    pub jobs: u64,
+    pub validations: u32,
+}
+
+impl SearchSize {
+    /// Seconds of the shortest possible search when one job takes `per_job_s`: the
+    /// back-to-back batch, one search batch and K validation batches, each of N jobs at
+    /// about one job per `per_job_s`.
+    pub fn least_s(self, per_job_s: f64) -> f64 {
+        self.batch_s(per_job_s) * (2.0 + f64::from(self.validations))
+    }
+
+    /// Seconds of one batch of N jobs.
+    pub fn batch_s(self, per_job_s: f64) -> f64 {
+        self.jobs as f64 * per_job_s
+    }
+
+    /// A smaller search the user can ask for: N / 5 (at least 50) and one validation batch;
+    /// `None` when this one is already that small.
+    pub fn quicker(self) -> Option<SearchSize> {
+        let q = SearchSize {
+            jobs: (self.jobs / 5).max(50),
+            validations: self.validations.min(1),
+        };
+        (q.jobs < self.jobs || q.validations < self.validations).then_some(q)
+    }
+}
+
+/// `42 s`, `3 min 20 s`, `1 h 5 min`.
+pub fn duration_text(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// What `maxrate` says before it starts, from the median time of the warm-up jobs.
+pub fn estimate_text(size: SearchSize, per_job_s: f64) -> String {
+    // Short lines: the note reads whole in an 80-column terminal.
+    let mut s = format!(
+        "maxrate: one job takes ~{:.2} ms here: the search takes at least ~{}\n  \
+         (a back-to-back batch, 1 search batch and {} validation {} of {} jobs;\n  \
+         each further search step ~{})",
+        per_job_s * 1e3,
+        duration_text(size.least_s(per_job_s)),
+        size.validations,
+        if size.validations == 1 {
+            "batch"
+        } else {
+            "batches"
+        },
+        size.jobs,
+        duration_text(size.batch_s(per_job_s)),
+    );
+    if let Some(q) = size.quicker() {
+        s.push_str(&format!(
+            "\n  quicker, coarser: --jobs {} --validations {} (at least ~{})",
+            q.jobs,
+            q.validations,
+            duration_text(q.least_s(per_job_s)),
+        ));
+    }
+    s
+}
+
+/// Median of the warm-up job times, seconds (`None` without warm-up jobs).
+pub fn median_s(times: &[f64]) -> Option<f64> {
+    let mut t: Vec<f64> = times.iter().copied().filter(|x| x.is_finite()).collect();
+    if t.is_empty() {
+        return None;
+    }
+    t.sort_by(f64::total_cmp);
+    Some(t[t.len() / 2])
+}
+
+/// A [`BatchRunner`] that shows each batch on a spinner: its number, rate and misses, and the
+/// time left at least (the K validation batches still to come, plus one search batch before
+/// the first miss).
+pub struct SearchProgress<'a, R> {
+    inner: &'a mut R,
+    size: SearchSize,
+    bar: Option<indicatif::ProgressBar>,
+    batches: u32,
+    /// Clean batches in a row since the first miss (validation progress).
+    clean_since_miss: Option<u32>,
+}
+
+impl<'a, R> SearchProgress<'a, R> {
+    pub fn new(inner: &'a mut R, size: SearchSize, show: bool) -> Self {
+        let bar = show.then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            if let Ok(style) =
+                indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
+            {
+                bar.set_style(style);
+            }
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        });
+        SearchProgress {
+            inner,
+            size,
+            bar,
+            batches: 0,
+            clean_since_miss: None,
+        }
+    }
+
+    fn show(&self, msg: String) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(msg);
+        }
+    }
+
+    /// Batches still to come at least, after the ones seen so far.
+    fn batches_left(&self) -> u32 {
+        match self.clean_since_miss {
+            None => 1 + self.size.validations,
+            Some(clean) => self.size.validations.saturating_sub(clean),
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl<R: BatchRunner> BatchRunner for SearchProgress<'_, R> {
+    type Error = R::Error;
+
+    fn run_back_to_back(&mut self, n: u64) -> Result<Vec<f64>, R::Error> {
+        self.show(format!(
+            "batch 1: {n} jobs back to back for the initial rate"
+        ));
+        self.inner.run_back_to_back(n)
+    }
+
+    fn run_at_rate(&mut self, n: u64, rate_hz: f64) -> Result<BatchOutcome, R::Error> {
+        self.batches += 1;
+        let batch_s = n as f64 / rate_hz;
+        self.show(format!(
+            "batch {}: {n} jobs at {rate_hz:.2} /s (~{} each; at least ~{} left)",
+            self.batches + 1,
+            duration_text(batch_s),
+            duration_text(batch_s * f64::from(self.batches_left())),
+        ));
+        let o = self.inner.run_at_rate(n, rate_hz)?;
+        self.clean_since_miss = match (self.clean_since_miss, o.violations) {
+            (_, v) if v > 0 => Some(0),
+            (Some(c), _) => Some(c + 1),
+            (None, _) => None,
+        };
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_names_the_least_time_and_a_quicker_search() {
+        let size = SearchSize {
+            jobs: 1000,
+            validations: 3,
+        };
+        // 4 ms per job: 5 batches of 4 s at least.
+        assert_eq!(size.least_s(0.004), 20.0);
+        let text = estimate_text(size, 0.004);
+        assert!(text.contains("~4.00 ms"), "{text}");
+        assert!(text.contains("at least ~20 s"), "{text}");
+        assert!(
+            text.contains("--jobs 200 --validations 1 (at least ~2 s)"),
+            "{text}"
+        );
+        let small = SearchSize {
+            jobs: 50,
+            validations: 1,
+        };
+        assert!(small.quicker().is_none());
+        assert!(!estimate_text(small, 0.004).contains("quicker"));
+        let widest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+        assert!(widest <= 80, "{widest} columns:\n{text}");
+    }
+
+    #[test]
+    fn durations_read_as_a_person_would_say_them() {
+        assert_eq!(duration_text(42.4), "42 s");
+        assert_eq!(duration_text(337.0), "5 min 37 s");
+        assert_eq!(duration_text(3900.0), "1 h 5 min");
+    }
+
+    /// Misses above a rate of 100 /s.
+    struct Fake;
+    impl BatchRunner for Fake {
+        type Error = ();
+        fn run_back_to_back(&mut self, n: u64) -> Result<Vec<f64>, ()> {
+            Ok(vec![0.01; n as usize])
+        }
+        fn run_at_rate(&mut self, n: u64, rate_hz: f64) -> Result<BatchOutcome, ()> {
+            Ok(BatchOutcome {
+                jobs: n,
+                violations: u64::from(rate_hz > 100.0),
+            })
+        }
+    }
+
+    #[test]
+    fn the_batches_left_count_down_through_the_validation() {
+        let size = SearchSize {
+            jobs: 10,
+            validations: 3,
+        };
+        let mut fake = Fake;
+        let mut p = SearchProgress::new(&mut fake, size, false);
+        assert_eq!(p.batches_left(), 4);
+        p.run_at_rate(10, 90.0).unwrap();
+        assert_eq!(p.batches_left(), 4, "still searching");
+        p.run_at_rate(10, 101.0).unwrap();
+        assert_eq!(p.batches_left(), 3, "a miss: K validations to go");
+        p.run_at_rate(10, 100.0).unwrap();
+        assert_eq!(p.batches_left(), 2);
+        // The wrapper changes nothing in what the search sees.
+        let r = isolane_core::maxrate::find_max_rate(
+            &mut SearchProgress::new(&mut Fake, size, false),
+            &isolane_core::maxrate::MaxRateConfig {
+                jobs: 10,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(r.max_rate_hz, 100.0);
+    }
+}
