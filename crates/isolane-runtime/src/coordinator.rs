@@ -162,6 +162,8 @@ pub enum PlanError {
     },
     #[error("cannot find the isolane executable to start worker processes: {0}")]
     WorkerExe(std::io::Error),
+    #[error(transparent)]
+    Records(#[from] crate::limits::RecordsTooLarge),
 }
 
 impl PlanError {
@@ -169,13 +171,19 @@ impl PlanError {
     pub fn is_user_error(&self) -> bool {
         matches!(
             self,
-            PlanError::Model(exec::ExecError::BadModel { .. }) | PlanError::Cpu { .. }
+            PlanError::Model(exec::ExecError::BadModel { .. })
+                | PlanError::Cpu { .. }
+                | PlanError::Records(_)
         )
     }
 }
 
-/// Everything that can be checked before a run creates output: models and CPU cores.
+/// Everything that can be checked before a run creates output: models (and that a batch of
+/// their activations fits this machine), CPU cores, and the memory the job records will take.
 pub fn preflight(plan: &RunPlan) -> Result<(), PlanError> {
+    if let Some(memory) = crate::limits::host_memory_bytes() {
+        crate::limits::check_records(&record_demands(plan), memory)?;
+    }
     for w in &plan.workloads {
         exec::check_model(&plan.device, &w.spec)?;
         affinity::check_cores(&w.spec.cpu).map_err(|source| PlanError::Cpu {
@@ -184,6 +192,23 @@ pub fn preflight(plan: &RunPlan) -> Result<(), PlanError> {
         })?;
     }
     Ok(())
+}
+
+/// What each workload of `plan` keeps in memory, named in the scenario's terms.
+fn record_demands(plan: &RunPlan) -> Vec<crate::limits::RecordDemand> {
+    plan.workloads
+        .iter()
+        .map(|w| crate::limits::RecordDemand {
+            workload: w.spec.name.clone(),
+            jobs: w.schedule.expected_jobs(),
+            warmup_jobs: w.spec.warmup_jobs,
+            source: match (w.spec.length, w.spec.ramp) {
+                (_, Some(_)) => "the ramp's steps × step_s × rate".into(),
+                (isolane_core::spec::RunLength::Jobs(_), _) => "jobs".into(),
+                (isolane_core::spec::RunLength::DurationS(_), _) => "rate_hz × duration_s".into(),
+            },
+        })
+        .collect()
 }
 
 enum GateState {
@@ -346,7 +371,9 @@ pub fn run(
         shared.gate.open(GateState::Abort);
         None
     } else {
-        let t0 = clock::now_ns() + plan.timing.start_delay_ms as i64 * 1_000_000;
+        // Bounded by validation (1 hour); saturating all the same.
+        let delay_ns = (plan.timing.start_delay_ms as i64).saturating_mul(1_000_000);
+        let t0 = clock::now_ns().saturating_add(delay_ns);
         shared.gate.open(GateState::Go(t0));
         Some(t0)
     };
@@ -435,7 +462,7 @@ fn drive_thread(
         affinity::pin_current_thread(&w.spec.cpu).map_err(|e| format!("workload `{name}`: {e}"))?;
         let mut executor = exec::executor_for(&shared.device, &w.spec, shared.timing.seed, w.index)
             .map_err(|e| e.to_string())?;
-        let mut warmup = Vec::with_capacity(w.spec.warmup_jobs as usize);
+        let mut warmup = Vec::with_capacity(crate::release::warmup_capacity(w.spec.warmup_jobs));
         warm_up(
             executor.as_mut(),
             w.spec.warmup_jobs,

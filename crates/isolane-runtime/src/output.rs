@@ -13,26 +13,48 @@ pub enum OutputError {
          replace isolane's files in it"
     )]
     NotEmpty(PathBuf),
-    #[error("{path}: {source}")]
+    /// The output folder cannot be made or used: the user's to fix (another --out).
+    #[error(
+        "cannot use {} as the output folder: {error}; choose an --out where you can write",
+        path.display()
+    )]
+    Unusable {
+        path: PathBuf,
+        // Not a `#[source]`: the message holds it already, and a chain would print it twice.
+        error: std::io::Error,
+    },
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: {detail}")]
     Parse { path: PathBuf, detail: String },
 }
 
 impl OutputError {
-    /// A user's mistake (exit code 2): an occupied directory or an unreadable result file.
+    /// A user's mistake (exit code 2): an occupied or unusable directory, or an unreadable
+    /// result file.
     pub fn is_user_error(&self) -> bool {
-        matches!(self, OutputError::NotEmpty(_) | OutputError::Parse { .. })
+        matches!(
+            self,
+            OutputError::NotEmpty(_) | OutputError::Parse { .. } | OutputError::Unusable { .. }
+        )
     }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OutputError + '_ {
-    move |source| OutputError::Io {
+    move |error| OutputError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
+    }
+}
+
+/// For the output folder itself: a failure to make or read it is the user's choice of folder.
+fn unusable(path: &Path) -> impl FnOnce(std::io::Error) -> OutputError + '_ {
+    move |error| OutputError::Unusable {
+        path: path.to_path_buf(),
+        error,
     }
 }
 
@@ -64,7 +86,7 @@ pub fn prepare_out_dir(
     match out {
         Some(dir) => {
             if dir.exists() {
-                let mut entries = std::fs::read_dir(dir).map_err(io(dir))?;
+                let mut entries = std::fs::read_dir(dir).map_err(unusable(dir))?;
                 if entries.next().is_some() {
                     if !force {
                         return Err(OutputError::NotEmpty(dir.to_path_buf()));
@@ -86,12 +108,13 @@ pub fn prepare_out_dir(
                     }
                 }
             }
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            std::fs::create_dir_all(dir).map_err(unusable(dir))?;
+            check_writable(dir)?;
             Ok(dir.to_path_buf())
         }
         None => {
             let runs = base.join("runs");
-            std::fs::create_dir_all(&runs).map_err(io(&runs))?;
+            std::fs::create_dir_all(&runs).map_err(unusable(&runs))?;
             let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
             for n in 1..10_000 {
                 let name = if n == 1 {
@@ -104,33 +127,38 @@ pub fn prepare_out_dir(
                     Ok(()) => return Ok(dir),
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                     Err(e) => {
-                        return Err(OutputError::Io {
+                        return Err(OutputError::Unusable {
                             path: dir,
-                            source: e,
+                            error: e,
                         })
                     }
                 }
             }
             Err(OutputError::Io {
                 path: runs,
-                source: std::io::Error::other("no free run folder name left for this second"),
+                error: std::io::Error::other("no free run folder name left for this second"),
             })
         }
     }
 }
 
+/// An existing folder may still refuse files (read-only, another owner): find out before a run
+/// starts rather than after it measured everything.
+fn check_writable(dir: &Path) -> Result<(), OutputError> {
+    let probe = dir.join(format!(".isolane-write-test{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(unusable(dir))?;
+    std::fs::remove_file(&probe).map_err(unusable(dir))
+}
+
 /// Writes `bytes` to `path` atomically ([`isolane_core::files::write_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
-    isolane_core::files::write_atomic(path, bytes).map_err(|e| OutputError::Io {
-        path: path.to_path_buf(),
-        source: e,
-    })
+    isolane_core::files::write_atomic(path, bytes).map_err(io(path))
 }
 
 pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), OutputError> {
     let mut text = serde_json::to_string_pretty(value).map_err(|e| OutputError::Io {
         path: path.to_path_buf(),
-        source: e.into(),
+        error: e.into(),
     })?;
     text.push('\n');
     write_atomic(path, text.as_bytes())

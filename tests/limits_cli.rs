@@ -1,0 +1,260 @@
+//! Limits up front: every count, size and rate that this machine cannot hold is refused with
+//! exit code 2 and a message naming the field, the value and the limit, before any output
+//! exists (docs/scenario.md and docs/runtime.md, "Limits").
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::*;
+
+/// A batch no machine holds: 4e9 images of 3×224×224 are petabytes of activations.
+const HUGE_BATCH: &str = "4000000000";
+
+fn one_workload(lines: &str) -> String {
+    format!("[[workload]]\nname = \"a\"\n{lines}")
+}
+
+/// `isolane run SCENARIO --out DIR` in a fresh folder: the output, and whether anything was
+/// created there (the out folder or a runs/ folder).
+fn run_scenario(text: &str) -> (Output, bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "s.toml", text);
+    let out = tmp.path().join("out");
+    let o = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let created = out.exists() || tmp.path().join("runs").exists();
+    (o, created)
+}
+
+/// Exit code 2 and a stderr holding every needle.
+#[track_caller]
+fn refused(o: &Output, needles: &[&str]) -> String {
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "expected {n:?} in:\n{stderr}");
+    }
+    stderr
+}
+
+#[test]
+fn an_absurd_rate_is_refused_before_anything_runs() {
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1ms\"\nrate_hz = 1e300\nduration_s = 1\n",
+    ));
+    refused(&o, &["s.toml:4:", "workload[0].rate_hz", "1e300", "<= 1e9"]);
+    assert!(!created);
+}
+
+#[test]
+fn job_records_beyond_this_machines_memory_are_refused() {
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1ms\"\nrate_hz = 1000\njobs = 1000000000000\n",
+    ));
+    refused(
+        &o,
+        &[
+            "job records",
+            "workload `a`: 1000000000000 jobs (jobs)",
+            "of this machine's memory",
+        ],
+    );
+    assert!(!created);
+    // Warm-up jobs count as well (it used to panic with a capacity overflow).
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1ms\"\nrate_hz = 10\njobs = 1\nwarmup_jobs = 1000000000000\n",
+    ));
+    refused(&o, &["job records", "1000000000000 warm-up jobs"]);
+    assert!(!created);
+}
+
+#[test]
+fn a_too_large_warmup_names_the_real_bound() {
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1ms\"\nrate_hz = 10\njobs = 1\nwarmup_jobs = 9223372036854775807\n",
+    ));
+    refused(
+        &o,
+        &[
+            "workload[0].warmup_jobs",
+            "9223372036854775807",
+            "(at most 1000000000000)",
+        ],
+    );
+    assert!(!created);
+}
+
+#[test]
+fn a_duration_too_short_for_any_job_is_refused() {
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1ms\"\nrate_hz = 100\nduration_s = 1e-300\n",
+    ));
+    refused(
+        &o,
+        &["workload[0].duration_s", "1e-300", "from 1e-9 (1 ns)"],
+    );
+    assert!(!created);
+}
+
+#[test]
+fn nan_and_infinity_are_refused() {
+    for (line, field) in [
+        ("rate_hz = nan\njobs = 1\n", "workload[0].rate_hz"),
+        (
+            "rate_hz = 10\njobs = 1\ndeadline_ms = inf\n",
+            "workload[0].deadline_ms",
+        ),
+        (
+            "rate_hz = 10\nduration_s = -inf\n",
+            "workload[0].duration_s",
+        ),
+    ] {
+        let (o, created) = run_scenario(&one_workload(&format!("model = \"spin:1ms\"\n{line}")));
+        refused(&o, &[field, "finite"]);
+        assert!(!created);
+    }
+}
+
+#[test]
+fn a_batch_beyond_this_machines_memory_is_refused_everywhere() {
+    // run: refused before the output folder (and its scenario.toml) exists.
+    let (o, created) = run_scenario(&one_workload(&format!(
+        "model = \"resnet18\"\nbatch = {HUGE_BATCH}\nrate_hz = 1\njobs = 1\n"
+    )));
+    refused(
+        &o,
+        &[
+            "workload `a`",
+            &format!("batch = {HUGE_BATCH}: needs at least"),
+            "for its activations",
+            "this machine's memory",
+        ],
+    );
+    assert!(!created);
+    // infer and maxrate, named by their flag.
+    let o = isolane()
+        .args([
+            "infer", "--model", "resnet18", "--random", "--batch", HUGE_BATCH,
+        ])
+        .output()
+        .unwrap();
+    refused(
+        &o,
+        &[&format!("--batch {HUGE_BATCH}: needs at least"), "memory"],
+    );
+    let o = isolane()
+        .args(["maxrate", "--model", "resnet18", "--batch", HUGE_BATCH])
+        .output()
+        .unwrap();
+    let stderr = refused(&o, &[&format!("--batch {HUGE_BATCH}: needs at least")]);
+    assert!(!stderr.contains("workload"), "{stderr}");
+}
+
+#[test]
+fn more_threads_than_cores_are_refused() {
+    for cmd in [
+        &[
+            "infer",
+            "--model",
+            "resnet18",
+            "--random",
+            "--threads",
+            "100000",
+        ][..],
+        &[
+            "bench",
+            "--backend",
+            "cpu",
+            "--model",
+            "resnet18",
+            "--threads",
+            "100000",
+        ][..],
+    ] {
+        let o = isolane().args(cmd).output().unwrap();
+        refused(
+            &o,
+            &[
+                "--threads 100000",
+                "CPU core(s)",
+                "expected 0 (one thread per core) to",
+            ],
+        );
+    }
+}
+
+#[test]
+fn maxrate_speaks_in_flags_not_in_a_generated_file() {
+    let o = isolane()
+        .args(["maxrate", "--model", "foo"])
+        .output()
+        .unwrap();
+    let stderr = refused(&o, &["--model: unknown model \"foo\""]);
+    assert!(
+        !stderr.contains("generated scenario") && !stderr.contains("workload[0]"),
+        "{stderr}"
+    );
+    let o = isolane()
+        .args([
+            "maxrate",
+            "--model",
+            "spin:1ms",
+            "--warmup",
+            "18446744073709551615",
+        ])
+        .output()
+        .unwrap();
+    refused(
+        &o,
+        &[
+            "--warmup: found integer 18446744073709551615",
+            "(at most 1000000000000)",
+        ],
+    );
+    let o = isolane()
+        .args(["maxrate", "--model", "spin:1ms", "--jobs", "1000000000000"])
+        .output()
+        .unwrap();
+    refused(&o, &["--jobs 1000000000000", "job records"]);
+}
+
+/// Occurrences of `needle` in `hay`.
+fn count(hay: &str, needle: &str) -> usize {
+    hay.matches(needle).count()
+}
+
+#[test]
+fn an_unusable_out_folder_is_the_users_mistake_said_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "s.toml",
+        &one_workload("model = \"spin:1ms\"\nrate_hz = 100\njobs = 2\n"),
+    );
+    // A folder below a plain file cannot exist, whoever runs the test (root included).
+    let file = tmp.path().join("file.txt");
+    std::fs::write(&file, "x").unwrap();
+    let out = file.join("out");
+    let o = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = refused(
+        &o,
+        &["cannot use", "as the output folder", "choose an --out"],
+    );
+    assert!(stderr.contains(&out.display().to_string()), "{stderr}");
+    assert_eq!(count(&stderr, "Not a directory"), 1, "{stderr}");
+    assert!(!Path::new(&out).exists());
+}
