@@ -37,6 +37,7 @@ enum Command {
     Infer(cmd::infer::InferArgs),
     Report(cmd::report::ReportArgs),
     Sweep(cmd::sweep::SweepArgs),
+    Summarize(cmd::summarize::SummarizeArgs),
     /// Internal: one workload of a `host = "process"` run, driven by the coordinator over
     /// stdin/stdout.
     #[command(hide = true)]
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
         Command::Infer(a) => cmd::infer::run(a),
         Command::Report(a) => cmd::report::run(a),
         Command::Sweep(a) => cmd::sweep::run(a),
+        Command::Summarize(a) => cmd::summarize::run(a),
         Command::Worker(a) => cmd::worker::run(a),
     };
     cmd::exit_code(result)

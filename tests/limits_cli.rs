@@ -258,3 +258,103 @@ fn an_unusable_out_folder_is_the_users_mistake_said_once() {
     assert_eq!(count(&stderr, "Not a directory"), 1, "{stderr}");
     assert!(!Path::new(&out).exists());
 }
+
+/// Data rows of a jobs CSV (header excluded) as text, and whether the file ends on a newline.
+fn csv_rows(path: &Path) -> (Vec<String>, bool) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let rows = text.lines().skip(1).map(str::to_string).collect();
+    (rows, text.ends_with('\n'))
+}
+
+#[test]
+fn a_killed_run_keeps_its_measured_jobs_and_summarize_rebuilds_the_summary() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Long enough that the kill always comes first; one thread-hosted and one process-hosted
+    // workload, so both ways records reach the coordinator stream to the CSV.
+    let sc = scenario(
+        tmp.path(),
+        "k.toml",
+        "[[workload]]\nname = \"t\"\nmodel = \"spin:1ms\"\nrate_hz = 200\nduration_s = 120\n\
+         warmup_jobs = 2\n\n\
+         [[workload]]\nname = \"p\"\nmodel = \"spin:1ms\"\nrate_hz = 100\nduration_s = 120\n\
+         warmup_jobs = 2\nhost = \"process\"\n",
+    );
+    let out = tmp.path().join("out");
+    let mut child = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .arg("--quiet")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Poll until both workloads' first batches are on disk (no blind sleep); bounded so that a
+    // run that never streams fails the test instead of hanging it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let csv = |name: &str| out.join("jobs").join(format!("{name}.csv"));
+    while csv_rows(&csv("t")).0.len() < 10 || csv_rows(&csv("p")).0.len() < 10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no streamed records within 90 s"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().unwrap(); // SIGKILL: no handler runs, nothing is written at the end.
+    child.wait().unwrap();
+    assert!(!out.join("summary.json").exists());
+
+    // Every row on disk is a whole record, in job order (a row cut by the kill is the only
+    // exception `summarize` tolerates, and it can only be the last one).
+    let mut kept = Vec::new();
+    for name in ["t", "p"] {
+        let (rows, ends_whole) = csv_rows(&csv(name));
+        let whole = if ends_whole {
+            rows.len()
+        } else {
+            rows.len() - 1
+        };
+        for (k, row) in rows[..whole].iter().enumerate() {
+            let fields: Vec<&str> = row.split(',').collect();
+            assert_eq!(fields.len(), 6, "{name}: row {k}: {row}");
+            assert_eq!(fields[0], k.to_string(), "{name}: rows in job order");
+        }
+        kept.push(whole);
+    }
+
+    let o = isolane().arg("summarize").arg(&out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("the run was cut short"), "{stderr}");
+    let s = summary(&out);
+    assert_eq!(s["complete"], false);
+    assert_eq!(s["status"], "interrupted");
+    for (name, whole) in ["t", "p"].iter().zip(kept) {
+        let w = workload(&s, name);
+        assert_eq!(w["jobs"].as_u64(), Some(whole as u64), "{name}");
+        assert_eq!(w["status"], "interrupted");
+        assert!(f(&w["latency_ms"]["p50"]) >= 1.0, "{w}");
+    }
+    // The report says the run was cut short.
+    let o = isolane()
+        .arg("report")
+        .arg(&out)
+        .arg("--out")
+        .arg(tmp.path().join("r.html"))
+        .output()
+        .unwrap();
+    if o.status.success() {
+        let html = std::fs::read_to_string(tmp.path().join("r.html")).unwrap();
+        assert!(
+            html.contains("CUT SHORT"),
+            "report without the cut-short note"
+        );
+    } else {
+        panic!("report failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    // A second summarize would replace a summary: refused without --force.
+    let o = isolane().arg("summarize").arg(&out).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}

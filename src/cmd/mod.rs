@@ -10,6 +10,7 @@ pub mod models;
 pub mod plan;
 pub mod report;
 pub mod run;
+pub mod summarize;
 pub mod sweep;
 pub mod telemetry;
 pub mod verify;

@@ -124,6 +124,9 @@ pub struct RunSummary {
     pub command: String,
     #[serde(default)]
     pub status: String,
+    /// `false`: rebuilt by `isolane summarize` from a run that was cut short (killed).
+    #[serde(default = "complete_by_default")]
+    pub complete: bool,
     #[serde(default)]
     pub wall_s: f64,
     /// Share of the machine's CPU a hypervisor took during the run (%), where recorded.
@@ -132,6 +135,10 @@ pub struct RunSummary {
     pub workloads: Vec<WorkloadSummary>,
     #[serde(default)]
     pub telemetry: Option<TelemetrySummary>,
+}
+
+fn complete_by_default() -> bool {
+    true
 }
 
 impl RunSummary {

@@ -14,10 +14,11 @@ use std::time::Duration;
 use isolane_core::spec::{DeviceSpec, Host, TimingSpec, WorkloadSpec};
 use isolane_core::JobRecord;
 
+use crate::jobs_stream::{BatchSender, JobsStream, StreamingSink};
 use crate::protocol::{
     check_version, record_from_wire, truncate, DoneStatus, FromWorker, ToWorker,
 };
-use crate::release::{capacity_for, run_loop, warm_up, LoopEnd, VecSink};
+use crate::release::{capacity_for, run_loop, warm_up, LoopEnd};
 use crate::schedule::Schedule;
 use crate::{affinity, clock, exec};
 
@@ -73,6 +74,10 @@ pub struct RunOptions {
     /// Called with (workload name, pid) right after a worker process starts, e.g. so that an
     /// MPS daemon's shutdown path can end its clients.
     pub on_worker_start: Option<WorkerStartHook>,
+    /// The run's output folder: when set, every workload's records stream to
+    /// `jobs/<workload>.csv` there while it runs ([`crate::jobs_stream`]), so a killed run
+    /// leaves its measured jobs behind.
+    pub jobs_dir: Option<PathBuf>,
 }
 
 /// See [`RunOptions::on_worker_start`].
@@ -85,6 +90,7 @@ impl RunOptions {
             worker_exe: None,
             worker_env: BTreeMap::new(),
             on_worker_start: None,
+            jobs_dir: None,
         }
     }
 }
@@ -138,6 +144,9 @@ pub struct RunResult {
     /// Share of the machine's CPU time (all CPUs, %) that the hypervisor took from t0 to the
     /// end (`clock::StealMeter`); `None` where not reported or the run never started.
     pub cpu_steal_pct: Option<f64>,
+    /// Why streaming the records to `jobs/*.csv` stopped, if it did (a full disk): the records
+    /// are all in `workloads` all the same.
+    pub jobs_stream_error: Option<String>,
 }
 
 /// A progress snapshot for the caller's progress bar.
@@ -164,6 +173,11 @@ pub enum PlanError {
     WorkerExe(std::io::Error),
     #[error(transparent)]
     Records(#[from] crate::limits::RecordsTooLarge),
+    #[error("cannot create the per-job CSV files in {}/jobs: {source}", dir.display())]
+    JobsFiles {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl PlanError {
@@ -309,6 +323,18 @@ pub fn run(
         timing: plan.timing.clone(),
         device: plan.device.clone(),
     });
+    let stream = match &opts.jobs_dir {
+        Some(dir) => {
+            let names: Vec<String> = plan.workloads.iter().map(|w| w.spec.name.clone()).collect();
+            Some(
+                JobsStream::start(dir, &names).map_err(|source| PlanError::JobsFiles {
+                    dir: dir.clone(),
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
     let (tx, rx) = mpsc::channel::<Report>();
     let mut handles = Vec::with_capacity(plan.workloads.len());
     for (slot, w) in plan.workloads.iter().enumerate() {
@@ -322,6 +348,7 @@ pub fn run(
         let name = w.spec.name.clone();
         let env = opts.worker_env.get(&name).cloned().unwrap_or_default();
         let hook = opts.on_worker_start.clone();
+        let out = stream.as_ref().map(|s| s.sender(slot));
         let spawned = std::thread::Builder::new()
             .name(format!("isolane:{}", truncate(&name, 8)))
             .spawn(move || {
@@ -332,9 +359,9 @@ pub fn run(
                             env: &env,
                             hook: hook.as_ref(),
                         };
-                        drive_process(slot, &w, &shared, &mut reporter, &launch)
+                        drive_process(slot, &w, &shared, &mut reporter, &launch, out)
                     }
-                    _ => drive_thread(slot, &w, &shared, &mut reporter),
+                    _ => drive_thread(slot, &w, &shared, &mut reporter, out),
                 };
                 // When this workload ended: the run's wall time is the latest of these, not the
                 // moment the coordinator's polling noticed.
@@ -432,12 +459,14 @@ pub fn run(
     // Read after the workloads ended (a little past `end`): the interval is the run's, to
     // within the start delay and the join's few ms.
     let cpu_steal_pct = t0.and(steal.pct());
+    let jobs_stream_error = stream.and_then(|s| s.finish().err());
     Ok(RunResult {
         t0_ns: t0,
         wall_s,
         interrupted: opts.stop.load(Ordering::Relaxed),
         workloads,
         cpu_steal_pct,
+        jobs_stream_error,
     })
 }
 
@@ -456,6 +485,7 @@ fn drive_thread(
     w: &WorkloadPlan,
     shared: &Shared,
     reporter: &mut Reporter,
+    out: Option<BatchSender>,
 ) -> WorkloadResult {
     let name = &w.spec.name;
     let prepared = (|| -> Result<_, String> {
@@ -488,8 +518,11 @@ fn drive_thread(
         return result;
     };
     let hint = mean(&result.warmup_ns);
-    let mut sink =
-        VecSink::with_capacity(capacity_for(&w.schedule, hint), Some(&shared.done[slot]));
+    let mut sink = StreamingSink::new(
+        capacity_for(&w.schedule, hint),
+        Some(&shared.done[slot]),
+        out,
+    );
     let spin_ns = shared.timing.spin_us as i64 * 1000;
     let end = run_loop(
         executor.as_mut(),
@@ -499,6 +532,7 @@ fn drive_thread(
         &shared.stop,
         &mut sink,
     );
+    sink.flush();
     result.records = sink.records;
     result.status = match end {
         Ok(LoopEnd::Completed) => WorkloadStatus::Ok,
@@ -556,6 +590,7 @@ fn drive_process(
     shared: &Shared,
     reporter: &mut Reporter,
     launch: &WorkerLaunch<'_>,
+    csv: Option<BatchSender>,
 ) -> WorkloadResult {
     let name = &w.spec.name;
     let exe = launch.exe;
@@ -651,9 +686,14 @@ fn drive_process(
                     match serde_json::from_str::<FromWorker>(&line) {
                         Ok(FromWorker::Jobs { records }) => {
                             shared.done[slot].fetch_add(records.len() as u64, Ordering::Relaxed);
+                            let first = result.records.len();
                             result
                                 .records
                                 .extend(records.into_iter().map(record_from_wire));
+                            // This thread only reads the pipe: the worker's loop is elsewhere.
+                            if let Some(csv) = &csv {
+                                csv.send(&result.records[first..]);
+                            }
                         }
                         Ok(FromWorker::Done { status }) => done = Some(status),
                         Ok(FromWorker::Error { message }) => error = Some(message),

@@ -177,6 +177,12 @@ pub fn jobs_csv(records: &[JobRecord]) -> String {
     let mut s = String::with_capacity(64 * (records.len() + 1));
     s.push_str(JOBS_CSV_HEADER);
     s.push('\n');
+    push_job_rows(&mut s, records);
+    s
+}
+
+/// Appends one CSV row per record (each ending in a newline) to `s`.
+pub fn push_job_rows(s: &mut String, records: &[JobRecord]) {
     for r in records {
         let _ = write!(s, "{},{},", r.index, ms(r.release_ns));
         match (r.start_ns, r.end_ns) {
@@ -187,7 +193,6 @@ pub fn jobs_csv(records: &[JobRecord]) -> String {
         }
         let _ = writeln!(s, ",{}", r.timeout as u8);
     }
-    s
 }
 
 pub use isolane_core::files::jobs_file_name;
@@ -206,6 +211,35 @@ pub fn write_jobs_csv(
 /// Reads `jobs/<workload>.csv` back into records (ms → ns).
 pub fn read_jobs_csv(path: &Path) -> Result<Vec<JobRecord>, OutputError> {
     let text = std::fs::read_to_string(path).map_err(io(path))?;
+    parse_jobs_csv(path, &text)
+}
+
+/// The records of a jobs CSV that a killed run was writing: every complete row. A last row cut
+/// off by the kill (no newline at its end, and not a whole record) is left out, and said so in
+/// the second value; a malformed row anywhere else is an error as in [`read_jobs_csv`].
+pub fn read_jobs_csv_partial(path: &Path) -> Result<(Vec<JobRecord>, Option<String>), OutputError> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    let cut = if text.ends_with('\n') {
+        None
+    } else {
+        text.rfind('\n').map(|i| i + 1)
+    };
+    if let Some(start) = cut {
+        let (whole, torn) = text.split_at(start);
+        // A torn row that still parses whole (only its newline is missing) is kept.
+        if let Ok(records) = parse_jobs_csv(path, &text) {
+            return Ok((records, None));
+        }
+        let note = format!(
+            "{}: left out the last row, cut off when the run was killed: {torn:?}",
+            path.display()
+        );
+        return Ok((parse_jobs_csv(path, whole)?, Some(note)));
+    }
+    Ok((parse_jobs_csv(path, &text)?, None))
+}
+
+fn parse_jobs_csv(path: &Path, text: &str) -> Result<Vec<JobRecord>, OutputError> {
     let bad = |line: usize, what: &str| OutputError::Parse {
         path: path.to_path_buf(),
         detail: format!("line {line}: {what}"),
@@ -289,6 +323,41 @@ mod tests {
         write_jobs_csv(dir.path(), "a b", &recs).unwrap();
         let back = read_jobs_csv(&dir.path().join("jobs/a_b.csv")).unwrap();
         assert_eq!(back, recs);
+    }
+
+    #[test]
+    fn a_row_cut_off_by_a_kill_is_left_out_and_said() {
+        let recs: Vec<JobRecord> = (0..3)
+            .map(|k| JobRecord {
+                index: k,
+                release_ns: k as i64 * 1_000_000,
+                start_ns: Some(k as i64 * 1_000_000 + 5),
+                end_ns: Some(k as i64 * 1_000_000 + 900_000),
+                timeout: false,
+            })
+            .collect();
+        let csv = jobs_csv(&recs);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.csv");
+        // Whole file: everything, no note.
+        std::fs::write(&path, &csv).unwrap();
+        assert_eq!(read_jobs_csv_partial(&path).unwrap(), (recs.clone(), None));
+        // Cut in the middle of the last row: the two whole rows, and a note naming the file.
+        std::fs::write(&path, &csv[..csv.len() - 8]).unwrap();
+        let (got, note) = read_jobs_csv_partial(&path).unwrap();
+        assert_eq!(got, recs[..2]);
+        let note = note.unwrap();
+        assert!(
+            note.contains("a.csv") && note.contains("left out the last row"),
+            "{note}"
+        );
+        // Only the newline missing: the row is whole and kept.
+        std::fs::write(&path, &csv[..csv.len() - 1]).unwrap();
+        assert_eq!(read_jobs_csv_partial(&path).unwrap(), (recs.clone(), None));
+        // A malformed row that is not the last is an error, as in read_jobs_csv.
+        let broken = csv.replacen(",0\n", ",x\n", 1);
+        std::fs::write(&path, &broken).unwrap();
+        assert!(read_jobs_csv_partial(&path).is_err());
     }
 
     #[test]

@@ -50,6 +50,11 @@ pub struct RunSummary {
     pub command: String,
     pub status: Status,
     pub interrupted: bool,
+    /// `false` when this summary was rebuilt by `isolane summarize` from the `jobs/*.csv` of a
+    /// run that was cut short (killed): it covers the jobs recorded before the kill. Older
+    /// folders, written before this field, were complete.
+    #[serde(default = "complete_by_default")]
+    pub complete: bool,
     /// UTC, RFC 3339.
     pub started_at: String,
     pub host: String,
@@ -68,6 +73,10 @@ pub struct RunSummary {
     /// Device telemetry over the run (isolane-telemetry's summary), when it was sampled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<serde_json::Value>,
+}
+
+fn complete_by_default() -> bool {
+    true
 }
 
 /// The wall time a workload's throughput is measured over.
@@ -152,6 +161,7 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
         command: info.command.to_string(),
         status: run_status(result),
         interrupted: result.interrupted,
+        complete: true,
         started_at: info
             .started_at
             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
