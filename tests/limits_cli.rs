@@ -358,3 +358,16 @@ fn a_killed_run_keeps_its_measured_jobs_and_summarize_rebuilds_the_summary() {
     let o = isolane().arg("summarize").arg(&out).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn a_closed_loop_spin_run_that_would_outgrow_memory_is_refused() {
+    // 100 days of 1 µs jobs, back to back: 8.6e12 records.
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1us\"\nrate_hz = \"max\"\nduration_s = 8640000\n",
+    ));
+    refused(
+        &o,
+        &["job records", "(duration_s / the spin time, closed loop)"],
+    );
+    assert!(!created);
+}

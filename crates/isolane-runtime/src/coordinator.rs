@@ -212,17 +212,41 @@ pub fn preflight(plan: &RunPlan) -> Result<(), PlanError> {
 fn record_demands(plan: &RunPlan) -> Vec<crate::limits::RecordDemand> {
     plan.workloads
         .iter()
-        .map(|w| crate::limits::RecordDemand {
-            workload: w.spec.name.clone(),
-            jobs: w.schedule.expected_jobs(),
-            warmup_jobs: w.spec.warmup_jobs,
-            source: match (w.spec.length, w.spec.ramp) {
-                (_, Some(_)) => "the ramp's steps × step_s × rate".into(),
-                (isolane_core::spec::RunLength::Jobs(_), _) => "jobs".into(),
-                (isolane_core::spec::RunLength::DurationS(_), _) => "rate_hz × duration_s".into(),
-            },
+        .map(|w| {
+            let (jobs, source) = match w.schedule.expected_jobs() {
+                Some(n) => (Some(n), count_source(&w.spec)),
+                None => (
+                    closed_loop_spin_jobs(w),
+                    "duration_s / the spin time, closed loop".into(),
+                ),
+            };
+            crate::limits::RecordDemand {
+                workload: w.spec.name.clone(),
+                jobs,
+                warmup_jobs: w.spec.warmup_jobs,
+                source,
+            }
         })
         .collect()
+}
+
+/// Which settings make a workload's job count, in the scenario's words.
+fn count_source(spec: &WorkloadSpec) -> String {
+    match (spec.length, spec.ramp) {
+        (_, Some(_)) => "the ramp's steps × step_s × rate".into(),
+        (isolane_core::spec::RunLength::Jobs(_), _) => "jobs".into(),
+        (isolane_core::spec::RunLength::DurationS(_), _) => "rate_hz × duration_s".into(),
+    }
+}
+
+/// The most jobs a closed-loop `spin:` workload with a duration can run: one per shortest
+/// service time (`time − jitter`). `None` for other models, whose service time is known only
+/// once they run, and for a jitter that allows 0.
+fn closed_loop_spin_jobs(w: &WorkloadPlan) -> Option<u64> {
+    let spin = exec::parse_spin_model(&w.spec.model)?.ok()?;
+    let shortest = spin.service_ns - spin.jitter_ns;
+    let duration = w.schedule.duration_ns()?;
+    (shortest > 0).then(|| (duration / shortest) as u64 + 1)
 }
 
 enum GateState {
