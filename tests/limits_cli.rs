@@ -371,3 +371,33 @@ fn a_closed_loop_spin_run_that_would_outgrow_memory_is_refused() {
     );
     assert!(!created);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_batch_beyond_the_gpus_memory_is_refused_by_the_cuda_plan() {
+    // resnet50 at fp16, batch 100000: about 57 GiB of pinned input on the host (fits the GPU
+    // machines' 128 GiB) but hundreds of GiB of activation arena, more than any GPU has.
+    let o = isolane()
+        .args([
+            "infer",
+            "--model",
+            "resnet50",
+            "--backend",
+            "cuda",
+            "--precision",
+            "fp16",
+            "--random",
+            "--batch",
+            "100000",
+        ])
+        .output()
+        .unwrap();
+    refused(
+        &o,
+        &[
+            "--batch 100000: needs at least",
+            "for its activation arena",
+            "GPU 0's memory",
+        ],
+    );
+}
