@@ -401,3 +401,57 @@ fn a_batch_beyond_the_gpus_memory_is_refused_by_the_cuda_plan() {
         ],
     );
 }
+
+#[test]
+fn duration_flags_are_bounded_like_scenario_durations() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "s.toml",
+        &one_workload("model = \"spin:1ms\"\nrate_hz = 100\njobs = 2\n"),
+    );
+    // verify used to panic converting 1e300 s to a Duration.
+    let o = isolane()
+        .arg("verify")
+        .arg(&sc)
+        .args(["--duration-s", "1e300"])
+        .output()
+        .unwrap();
+    refused(&o, &["--duration-s 1e300", "at most 8.64e6 (100 days)"]);
+    // sweep named its own staging file and field; the flag is checked as given.
+    let o = isolane()
+        .args([
+            "sweep",
+            "partition",
+            "--model",
+            "spin:1ms",
+            "--mechanism",
+            "green",
+            "--backend",
+            "cpu",
+            "--duration-s",
+            "1e300",
+        ])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let stderr = refused(&o, &["--duration-s", "1e300", "(100 days)"]);
+    assert!(!stderr.contains("scenario.toml"), "{stderr}");
+    let o = isolane()
+        .args([
+            "sweep",
+            "partition",
+            "--model",
+            "spin:1ms",
+            "--mechanism",
+            "green",
+            "--backend",
+            "cpu",
+            "--rate",
+            "1e300",
+        ])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    refused(&o, &["--rate", "above 1e9 Hz"]);
+}
