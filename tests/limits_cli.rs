@@ -455,3 +455,29 @@ fn duration_flags_are_bounded_like_scenario_durations() {
         .unwrap();
     refused(&o, &["--rate", "above 1e9 Hz"]);
 }
+
+#[test]
+fn a_closed_loop_model_is_checked_against_memory_once_its_warm_up_timed_it() {
+    // A real model's service time is known only once it runs: after the warm-up, before t0,
+    // 100 days of back-to-back jobs of this tiny network (well under a ms each) are refused
+    // instead of growing until an out-of-memory abort. Both hosts check.
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/isolane-engine/tests/fixtures/onnx/tiny_cnn_op14.onnx");
+    let workload = |name: &str, host: &str| {
+        format!(
+            "[[workload]]\nname = \"{name}\"\nmodel = \"{}\"\nrate_hz = \"max\"\n\
+             duration_s = 8640000\nwarmup_jobs = 3\nhost = \"{host}\"\n\n",
+            model.display()
+        )
+    };
+    let (o, _) = run_scenario(&(workload("t", "thread") + &workload("p", "process")));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    for name in ["t", "p"] {
+        assert!(
+            stderr.contains(&format!("workload `{name}` failed: the job records"))
+                && stderr.contains("closed loop"),
+            "{stderr}"
+        );
+    }
+}

@@ -524,6 +524,7 @@ fn drive_thread(
             &shared.stop,
         )
         .map_err(|e| e.to_string())?;
+        check_closed_loop_records(w, &warmup)?;
         Ok((executor, warmup))
     })();
     let (mut executor, warmup) = match prepared {
@@ -564,6 +565,33 @@ fn drive_thread(
         Err(e) => WorkloadStatus::Failed(Failure::msg(e.to_string())),
     };
     result
+}
+
+/// A closed-loop workload with a duration has no job count ahead (preflight checks only
+/// `spin:` models): once its warm-up has measured the service time, the records it would keep
+/// are estimated and checked against this machine's memory before t0, so that a run that would
+/// end in an out-of-memory abort stops at once with a reason.
+fn check_closed_loop_records(w: &WorkloadPlan, warmup_ns: &[i64]) -> Result<(), String> {
+    if w.schedule.expected_jobs().is_some() {
+        return Ok(());
+    }
+    let (Some(duration), Some(service), Some(memory)) = (
+        w.schedule.duration_ns(),
+        mean(warmup_ns),
+        crate::limits::host_memory_bytes(),
+    ) else {
+        return Ok(());
+    };
+    let demand = crate::limits::RecordDemand {
+        workload: w.spec.name.clone(),
+        jobs: Some((duration / service.max(1)) as u64),
+        warmup_jobs: 0,
+        source: format!(
+            "duration_s / the mean warm-up time of {:.3} ms, closed loop",
+            service as f64 / 1e6
+        ),
+    };
+    crate::limits::check_records(&[demand], memory).map_err(|e| e.to_string())
 }
 
 fn mean(v: &[i64]) -> Option<i64> {
@@ -682,7 +710,7 @@ fn drive_process(
         match serde_json::from_str::<FromWorker>(&line) {
             Ok(FromWorker::Ready { warmup_ns }) => {
                 result.warmup_ns = warmup_ns;
-                Ok(())
+                check_closed_loop_records(w, &result.warmup_ns)
             }
             Ok(FromWorker::Error { message }) => Err(message),
             Ok(_) => Err("unexpected message from the worker during set-up".into()),
