@@ -193,6 +193,116 @@ pub fn planned_model_mib(device: &DeviceSpec, spec: &WorkloadSpec) -> Option<u64
     Some((planned.total_bytes() as u64).div_ceil(MIB))
 }
 
+/// Where a model is to run, for [`check_batch_fits`].
+#[derive(Debug, Clone, Copy)]
+pub enum Target {
+    Cpu,
+    /// GPU `index` of this machine, at a precision.
+    Cuda {
+        gpu: u32,
+        precision: Precision,
+    },
+}
+
+/// Refuses a batch whose activations cannot fit this machine, before anything of its size is
+/// allocated: on the CPU, the engine's lower bound of the activation arena against the host's
+/// memory; on a GPU, the cuda plan's exact arena against the device's memory and the pinned
+/// input and output buffers against the host's. `Err` is the reason, in words, to follow the
+/// batch's name and value (`--batch 100000 needs at least ...`). A graph whose shapes cannot be
+/// worked out passes: compiling it reports that, before anything of the batch's size exists.
+pub fn check_batch_fits(graph: &Graph, batch: usize, target: Target) -> Result<(), String> {
+    let Ok(fp) = isolane_engine::footprint::footprint(graph, batch) else {
+        return Ok(());
+    };
+    let host = isolane_runtime::limits::host_memory_bytes();
+    match target {
+        Target::Cpu => {
+            let need = fp.min_activation_elements.saturating_mul(4);
+            fits(
+                need,
+                batch,
+                host,
+                "its activations",
+                "this machine's memory",
+            )
+        }
+        Target::Cuda { gpu, precision } => {
+            // The host side: pinned f32 input and output buffers of the whole batch.
+            let pinned = (fp.input_elements + fp.output_elements).saturating_mul(4);
+            fits(
+                pinned,
+                batch,
+                host,
+                "its pinned input and output buffers",
+                "this machine's memory",
+            )?;
+            let device = isolane_gpu::devices::list_devices()
+                .ok()
+                .and_then(|d| d.into_iter().find(|d| d.index == gpu))
+                .map(|d| d.memory_mib.saturating_mul(1 << 20));
+            let plan = isolane_engine::passes::optimize(graph, batch)
+                .and_then(|g| isolane_cuda::plan::plan(&g, batch, precision));
+            let Ok(plan) = plan else { return Ok(()) };
+            fits(
+                plan.arena_bytes as u128,
+                batch,
+                device,
+                "its activation arena",
+                &format!("GPU {gpu}'s memory"),
+            )
+        }
+    }
+}
+
+/// `need` bytes at `batch` against `have` (unknown: not checked). The largest batch that would
+/// fit is estimated from the bytes per image, which the activations are proportional to.
+fn fits(
+    need: u128,
+    batch: usize,
+    have: Option<u64>,
+    what: &str,
+    where_: &str,
+) -> Result<(), String> {
+    use isolane_runtime::limits::human_bytes;
+    let Some(have) = have else { return Ok(()) };
+    if need <= u128::from(have) {
+        return Ok(());
+    }
+    let per_image = (need / batch.max(1) as u128).max(1);
+    let most = u128::from(have) / per_image;
+    let hint = if most >= 1 {
+        format!("a batch of at most about {most} fits")
+    } else {
+        "not even a batch of 1 fits".to_string()
+    };
+    Err(format!(
+        "needs at least {} for {what} ({} per image), more than {where_} ({}); {hint}",
+        human_bytes(need),
+        human_bytes(per_image),
+        human_bytes(u128::from(have))
+    ))
+}
+
+/// The graph a workload's check measures: its file's, or a built-in's with zero weights (the
+/// shapes are the same, and zeros cost no time to make).
+fn shape_graph(spec: &WorkloadSpec) -> Result<Graph, ExecError> {
+    if reads_a_file(spec) {
+        load_graph(spec, 0)
+    } else {
+        build_model(&spec.model, Weights::Zeros).map_err(|e| bad_model(spec, e))
+    }
+}
+
+fn target(device: &DeviceSpec, spec: &WorkloadSpec) -> Target {
+    match device.backend {
+        SpecBackend::Cpu => Target::Cpu,
+        SpecBackend::Cuda => Target::Cuda {
+            gpu: device.gpu,
+            precision: precision(spec.precision),
+        },
+    }
+}
+
 fn reads_a_file(spec: &WorkloadSpec) -> bool {
     is_onnx(&spec.model) || spec.weights.is_some()
 }
@@ -202,9 +312,12 @@ impl EngineExecutors for EngineExecutorsImpl {
         check_name(spec)?;
         check_backend(device, spec)?;
         // Files are read now, before any output exists, so that a corrupt ONNX file or a
-        // safetensors file with a wrong or missing tensor stops the run at once.
+        // safetensors file with a wrong or missing tensor stops the run at once; and a batch
+        // that does not fit this machine is refused before it is allocated.
+        let graph = shape_graph(spec)?;
+        check_batch_fits(&graph, spec.batch as usize, target(device, spec))
+            .map_err(|reason| bad_model(spec, format!("batch = {}: {reason}", spec.batch)))?;
         if reads_a_file(spec) {
-            let graph = load_graph(spec, 0)?;
             // A worker process builds its own copy; only thread hosts can reuse this one.
             if spec.host == Host::Thread {
                 if let Ok(mut cache) = CHECKED.lock() {

@@ -39,6 +39,7 @@ enum Command {
     Sweep(cmd::sweep::SweepArgs),
     Completions(cmd::completions::CompletionsArgs),
     Man(cmd::completions::ManArgs),
+    Summarize(cmd::summarize::SummarizeArgs),
     /// Internal: one workload of a `host = "process"` run, driven by the coordinator over
     /// stdin/stdout.
     #[command(hide = true)]
@@ -73,6 +74,7 @@ fn main() -> ExitCode {
         Command::Sweep(a) => cmd::sweep::run(a),
         Command::Completions(a) => cmd::completions::completions(a, cli()),
         Command::Man(a) => cmd::completions::man(a, cli()),
+        Command::Summarize(a) => cmd::summarize::run(a),
         Command::Worker(a) => cmd::worker::run(a),
     };
     cmd::exit_code(result)

@@ -186,6 +186,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     if args.batch.contains(&0) {
         return Err(user("--batch must be at least 1"));
     }
+    super::check_threads(args.threads)?;
     let cuda = match args.backend.as_str() {
         "cuda" => Some(isolane_cuda::CudaBackend::new(args.gpu).with_context(|| {
             format!(
@@ -204,6 +205,19 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     let mut results = Vec::new();
     for name in &args.model {
         let graph = build_model(name, Weights::Synthetic { seed: args.seed })?;
+        let target = |p| match &cuda {
+            Some(_) => crate::engine_exec::Target::Cuda {
+                gpu: args.gpu,
+                precision: p,
+            },
+            None => crate::engine_exec::Target::Cpu,
+        };
+        for &batch in &args.batch {
+            for &p in &precisions {
+                crate::engine_exec::check_batch_fits(&graph, batch, target(p))
+                    .map_err(|reason| user(format!("--batch {batch} ({name}, {p}): {reason}")))?;
+            }
+        }
         for &batch in &args.batch {
             for &p in &precisions {
                 let t0 = Instant::now();

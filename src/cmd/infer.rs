@@ -122,6 +122,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
     if args.batch == Some(0) {
         return Err(user("--batch must be at least 1"));
     }
+    super::check_threads(args.threads)?;
     let (graph, described) = load_model(&args)?;
     let rank = input_rank(&graph)?;
 
@@ -165,6 +166,17 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
         (Given::Batch(s, _), _) => s[0],
         (_, b) => b.unwrap_or(1),
     };
+
+    let target = if args.backend == "cuda" {
+        crate::engine_exec::Target::Cuda {
+            gpu: args.gpu,
+            precision,
+        }
+    } else {
+        crate::engine_exec::Target::Cpu
+    };
+    crate::engine_exec::check_batch_fits(&graph, batch, target)
+        .map_err(|reason| user(format!("--batch {batch}: {reason}")))?;
 
     let t0 = Instant::now();
     let (mut loaded, backend_line) = if args.backend == "cuda" {

@@ -107,6 +107,60 @@ fn positive(s: &str) -> Result<f64, String> {
     }
 }
 
+/// One batch of N jobs (the search keeps one batch's records at a time) and the warm-up against
+/// this machine's memory.
+fn check_search_records(args: &MaxrateArgs) -> anyhow::Result<()> {
+    let Some(memory) = isolane_runtime::limits::host_memory_bytes() else {
+        return Ok(());
+    };
+    let demand = isolane_runtime::limits::RecordDemand {
+        workload: "maxrate".into(),
+        jobs: Some(args.jobs),
+        warmup_jobs: args.warmup,
+        source: "--jobs per batch".into(),
+    };
+    isolane_runtime::limits::check_records(&[demand], memory).map_err(|e| {
+        user(format!(
+            "--jobs {} / --warmup {}: {e}",
+            args.jobs, args.warmup
+        ))
+    })
+}
+
+/// The flag that sets a field of the scenario `maxrate` builds from its flags.
+fn flag_for(field: &str) -> &str {
+    let key = field.strip_prefix("workload[0].").unwrap_or(field);
+    match key {
+        "model" => "--model",
+        "weights" => "--weights",
+        "batch" => "--batch",
+        "precision" => "--precision",
+        "jobs" => "--jobs",
+        "warmup_jobs" => "--warmup",
+        "cpu" => "--cpu",
+        "partition.sms" => "--sms",
+        "partition.thread_pct" => "--thread-pct",
+        "timing.spin_us" => "--spin-us",
+        "device.gpu" => "--gpu",
+        "device.backend" => "--backend",
+        "device.mechanism" | "host" | "device.host" => "--mechanism",
+        _ => key,
+    }
+}
+
+/// A refused scenario built from the flags, told in flag names (`--model foo: ...`), not in
+/// the fields of a file the user never wrote.
+fn in_flag_terms(e: &isolane_core::spec::SpecError) -> String {
+    if e.problems().is_empty() {
+        return e.to_string();
+    }
+    e.problems()
+        .iter()
+        .map(|p| format!("{}: {}", flag_for(&p.field), p.message))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn parse_value<T: serde::de::DeserializeOwned>(flag: &str, v: &str) -> anyhow::Result<T> {
     serde_json::from_value(serde_json::Value::String(v.to_string()))
         .map_err(|e| user(format!("--{flag} {v}: {e}")))
@@ -182,7 +236,7 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
         .collect();
     scenario
         .validate(&models)
-        .map_err(|e| user(format!("maxrate arguments: {e}")))?;
+        .map_err(|e| user(in_flag_terms(&e)))?;
     let admitted = if args.in_partition {
         None
     } else {
@@ -276,6 +330,20 @@ fn search(
         },
         ..MaxRateConfig::default()
     };
+    // The model (and a batch of its activations) and the search's job records must fit this
+    // machine before anything of their size is allocated.
+    exec::check_model(device, spec).map_err(|e| match e {
+        // In flag terms: there is no workload the user named.
+        exec::ExecError::BadModel { reason, .. } => {
+            let batch = format!("batch = {}: ", args.batch);
+            match reason.strip_prefix(&batch) {
+                Some(rest) => user(format!("--batch {}: {rest}", args.batch)),
+                None => user(format!("--model {}: {reason}", args.model)),
+            }
+        }
+        _ => anyhow::Error::new(e),
+    })?;
+    check_search_records(args)?;
     let executor = exec::executor_for(device, spec, timing.seed, 0).map_err(|e| match e {
         exec::ExecError::BadModel { .. } => user(e),
         _ => anyhow::Error::new(e),

@@ -13,6 +13,7 @@ pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod run;
+pub mod summarize;
 pub mod sweep;
 pub mod telemetry;
 pub mod verify;
@@ -42,6 +43,20 @@ impl std::error::Error for UserError {}
 
 pub fn user(msg: impl std::fmt::Display) -> anyhow::Error {
     UserError(msg.to_string()).into()
+}
+
+/// `--threads N` of the CPU backend (0 = one per core) against the cores this process may use:
+/// more threads than cores only take turns on them, and a typo such as 100000 would start that
+/// many threads.
+pub fn check_threads(threads: usize) -> anyhow::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads > cores {
+        return Err(user(format!(
+            "--threads {threads}: this machine has {cores} CPU core(s) available to isolane; \
+             expected 0 (one thread per core) to {cores}"
+        )));
+    }
+    Ok(())
 }
 
 /// Exit codes of docs/runtime.md.

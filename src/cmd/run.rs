@@ -125,15 +125,25 @@ pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
     let started_at = chrono::Utc::now();
     let view = ProgressView::new(r.quiet);
     let telemetry = super::telemetry::start(r.scenario);
+    // Every job's record reaches jobs/<workload>.csv while the run goes on: a killed run
+    // leaves them for `isolane summarize`.
+    let mut options = RunOptions::new(stop);
+    options.jobs_dir = Some(out.clone());
     let (result, partitions) = super::run_partitioned(
         r.scenario,
         r.admitted,
         r.partitions,
         r.plan,
-        RunOptions::new(stop),
+        options,
         &mut |p| view.update(p),
     )?;
     view.finish();
+    if let Some(e) = &result.jobs_stream_error {
+        eprintln!(
+            "warning: the per-job records stopped streaming to jobs/ during the run ({e}); they \
+             are written in full now"
+        );
+    }
 
     let info = RunInfo {
         command: r.command,

@@ -3,6 +3,7 @@
 //! (`isolane_runtime::sweep`), written into its folder and run by `isolane run`'s own code, so
 //! a point is exactly a run (admission, partitions, telemetry included).
 
+use isolane_core::spec::limits::{MAX_RATE_HZ, MAX_SECONDS, MIN_SECONDS};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
@@ -76,7 +77,7 @@ struct Common {
     #[arg(long, default_value = "max", value_parser = parse_rate)]
     rate: Rate,
     /// Seconds each point runs (after warm-up).
-    #[arg(long, default_value_t = 10.0, value_parser = positive)]
+    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
     duration_s: f64,
     /// Warm-up jobs per workload before each point's t0.
     #[arg(long, default_value_t = 20)]
@@ -149,7 +150,24 @@ fn parse_rate(s: &str) -> Result<Rate, String> {
     if s == "max" {
         return Ok(Rate::Max);
     }
-    positive(s).map(Rate::Hz)
+    match positive(s) {
+        Ok(hz) if hz <= MAX_RATE_HZ => Ok(Rate::Hz(hz)),
+        Ok(_) => Err(format!(
+            "`{s}` is above {MAX_RATE_HZ:e} Hz (one job per ns, the clock's resolution)"
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// A duration flag: as a scenario's `duration_s`, 1 ns to 100 days.
+fn seconds(s: &str) -> Result<f64, String> {
+    match positive(s) {
+        Ok(v) if (MIN_SECONDS..=MAX_SECONDS).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a number of seconds from {MIN_SECONDS:e} (1 ns) to {MAX_SECONDS:e} \
+             (100 days)"
+        )),
+    }
 }
 
 fn positive(s: &str) -> Result<f64, String> {

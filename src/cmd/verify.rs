@@ -64,9 +64,10 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
     if args.probe_worker {
         return Ok(verify::worker_main(args.gpu).clamp(0, 255) as u8);
     }
-    if !(args.duration_s.is_finite() && args.duration_s > 0.0) {
+    let max_s = isolane_core::spec::limits::MAX_SECONDS;
+    if !(args.duration_s.is_finite() && args.duration_s > 0.0 && args.duration_s <= max_s) {
         return Err(user(format!(
-            "--duration-s {}: must be a positive number of seconds",
+            "--duration-s {:e}: must be a positive number of seconds, at most {max_s:e} (100 days)",
             args.duration_s
         )));
     }

@@ -5,6 +5,7 @@
 //! format is documented key by key in `docs/scenario.md`.
 
 mod error;
+pub mod limits;
 mod model;
 mod parse;
 
@@ -253,10 +254,26 @@ impl Scenario {
     }
 
     /// Validate a scenario built in code (e.g. by `isolane maxrate` from flags) by the same
-    /// rules as a file. Positions in the messages refer to the resolved text.
+    /// rules as a file. There is no file the user wrote, so the problems carry no file, line
+    /// or column: each names only its field (`workload[0].batch`), which a caller can
+    /// translate into its own terms (a flag name) through [`SpecError::problems`].
     pub fn validate(&self, models: &dyn ModelCatalog) -> Result<(), SpecError> {
         let text = self.to_toml_string()?;
-        Self::from_toml_str(&text, "<generated scenario>", models).map(|_| ())
+        match Self::from_toml_str(&text, "", models) {
+            Ok(_) => Ok(()),
+            Err(SpecError::Invalid { problems, .. }) => Err(SpecError::Invalid {
+                file: String::new(),
+                problems: problems
+                    .into_iter()
+                    .map(|p| Problem {
+                        line: 0,
+                        column: 0,
+                        ..p
+                    })
+                    .collect(),
+            }),
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -4,6 +4,7 @@ pub mod arch;
 pub mod backend;
 pub mod cpu;
 pub mod error;
+pub mod footprint;
 pub mod io;
 pub mod ir;
 pub mod onnx;

@@ -585,6 +585,12 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
         );
     }
     let _ = write!(intro, " · {:.2} s · {}", r.summary.wall_s, r.path.display());
+    if !r.summary.complete {
+        intro.push_str(
+            " · CUT SHORT: the run was killed; this covers the jobs it recorded before \
+             (rebuilt by isolane summarize)",
+        );
+    }
     // Worth a reader's attention only where it can explain tail latencies (docs/runtime.md).
     if let Some(steal) = r.summary.cpu_steal_pct.filter(|&p| p > 1.0) {
         let _ = write!(

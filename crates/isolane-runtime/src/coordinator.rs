@@ -14,10 +14,11 @@ use std::time::Duration;
 use isolane_core::spec::{DeviceSpec, Host, TimingSpec, WorkloadSpec};
 use isolane_core::JobRecord;
 
+use crate::jobs_stream::{BatchSender, JobsStream, StreamingSink};
 use crate::protocol::{
     check_version, record_from_wire, truncate, DoneStatus, FromWorker, ToWorker,
 };
-use crate::release::{capacity_for, run_loop, warm_up, LoopEnd, VecSink};
+use crate::release::{capacity_for, run_loop, warm_up, LoopEnd};
 use crate::schedule::Schedule;
 use crate::{affinity, clock, exec};
 
@@ -73,6 +74,10 @@ pub struct RunOptions {
     /// Called with (workload name, pid) right after a worker process starts, e.g. so that an
     /// MPS daemon's shutdown path can end its clients.
     pub on_worker_start: Option<WorkerStartHook>,
+    /// The run's output folder: when set, every workload's records stream to
+    /// `jobs/<workload>.csv` there while it runs ([`crate::jobs_stream`]), so a killed run
+    /// leaves its measured jobs behind.
+    pub jobs_dir: Option<PathBuf>,
 }
 
 /// See [`RunOptions::on_worker_start`].
@@ -85,6 +90,7 @@ impl RunOptions {
             worker_exe: None,
             worker_env: BTreeMap::new(),
             on_worker_start: None,
+            jobs_dir: None,
         }
     }
 }
@@ -141,6 +147,9 @@ pub struct RunResult {
     /// Share of the machine's CPU time (all CPUs, %) that the hypervisor took from t0 to the
     /// end (`clock::StealMeter`); `None` where not reported or the run never started.
     pub cpu_steal_pct: Option<f64>,
+    /// Why streaming the records to `jobs/*.csv` stopped, if it did (a full disk): the records
+    /// are all in `workloads` all the same.
+    pub jobs_stream_error: Option<String>,
 }
 
 /// A progress snapshot for the caller's progress bar.
@@ -165,6 +174,13 @@ pub enum PlanError {
     },
     #[error("cannot find the isolane executable to start worker processes: {0}")]
     WorkerExe(std::io::Error),
+    #[error(transparent)]
+    Records(#[from] crate::limits::RecordsTooLarge),
+    #[error("cannot create the per-job CSV files in {}/jobs: {source}", dir.display())]
+    JobsFiles {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl PlanError {
@@ -172,13 +188,19 @@ impl PlanError {
     pub fn is_user_error(&self) -> bool {
         matches!(
             self,
-            PlanError::Model(exec::ExecError::BadModel { .. }) | PlanError::Cpu { .. }
+            PlanError::Model(exec::ExecError::BadModel { .. })
+                | PlanError::Cpu { .. }
+                | PlanError::Records(_)
         )
     }
 }
 
-/// Everything that can be checked before a run creates output: models and CPU cores.
+/// Everything that can be checked before a run creates output: models (and that a batch of
+/// their activations fits this machine), CPU cores, and the memory the job records will take.
 pub fn preflight(plan: &RunPlan) -> Result<(), PlanError> {
+    if let Some(memory) = crate::limits::host_memory_bytes() {
+        crate::limits::check_records(&record_demands(plan), memory)?;
+    }
     for w in &plan.workloads {
         exec::check_model(&plan.device, &w.spec)?;
         affinity::check_cores(&w.spec.cpu).map_err(|source| PlanError::Cpu {
@@ -187,6 +209,47 @@ pub fn preflight(plan: &RunPlan) -> Result<(), PlanError> {
         })?;
     }
     Ok(())
+}
+
+/// What each workload of `plan` keeps in memory, named in the scenario's terms.
+fn record_demands(plan: &RunPlan) -> Vec<crate::limits::RecordDemand> {
+    plan.workloads
+        .iter()
+        .map(|w| {
+            let (jobs, source) = match w.schedule.expected_jobs() {
+                Some(n) => (Some(n), count_source(&w.spec)),
+                None => (
+                    closed_loop_spin_jobs(w),
+                    "duration_s / the spin time, closed loop".into(),
+                ),
+            };
+            crate::limits::RecordDemand {
+                workload: w.spec.name.clone(),
+                jobs,
+                warmup_jobs: w.spec.warmup_jobs,
+                source,
+            }
+        })
+        .collect()
+}
+
+/// Which settings make a workload's job count, in the scenario's words.
+fn count_source(spec: &WorkloadSpec) -> String {
+    match (spec.length, spec.ramp) {
+        (_, Some(_)) => "the ramp's steps × step_s × rate".into(),
+        (isolane_core::spec::RunLength::Jobs(_), _) => "jobs".into(),
+        (isolane_core::spec::RunLength::DurationS(_), _) => "rate_hz × duration_s".into(),
+    }
+}
+
+/// The most jobs a closed-loop `spin:` workload with a duration can run: one per shortest
+/// service time (`time − jitter`). `None` for other models, whose service time is known only
+/// once they run, and for a jitter that allows 0.
+fn closed_loop_spin_jobs(w: &WorkloadPlan) -> Option<u64> {
+    let spin = exec::parse_spin_model(&w.spec.model)?.ok()?;
+    let shortest = spin.service_ns - spin.jitter_ns;
+    let duration = w.schedule.duration_ns()?;
+    (shortest > 0).then(|| (duration / shortest) as u64 + 1)
 }
 
 enum GateState {
@@ -287,6 +350,18 @@ pub fn run(
         timing: plan.timing.clone(),
         device: plan.device.clone(),
     });
+    let stream = match &opts.jobs_dir {
+        Some(dir) => {
+            let names: Vec<String> = plan.workloads.iter().map(|w| w.spec.name.clone()).collect();
+            Some(
+                JobsStream::start(dir, &names).map_err(|source| PlanError::JobsFiles {
+                    dir: dir.clone(),
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
     let (tx, rx) = mpsc::channel::<Report>();
     let mut handles = Vec::with_capacity(plan.workloads.len());
     for (slot, w) in plan.workloads.iter().enumerate() {
@@ -300,6 +375,7 @@ pub fn run(
         let name = w.spec.name.clone();
         let env = opts.worker_env.get(&name).cloned().unwrap_or_default();
         let hook = opts.on_worker_start.clone();
+        let out = stream.as_ref().map(|s| s.sender(slot));
         let spawned = std::thread::Builder::new()
             .name(format!("isolane:{}", truncate(&name, 8)))
             .spawn(move || {
@@ -310,9 +386,9 @@ pub fn run(
                             env: &env,
                             hook: hook.as_ref(),
                         };
-                        drive_process(slot, &w, &shared, &mut reporter, &launch)
+                        drive_process(slot, &w, &shared, &mut reporter, &launch, out)
                     }
-                    _ => drive_thread(slot, &w, &shared, &mut reporter),
+                    _ => drive_thread(slot, &w, &shared, &mut reporter, out),
                 };
                 // When this workload ended: the run's wall time is the latest of these, not the
                 // moment the coordinator's polling noticed.
@@ -349,7 +425,9 @@ pub fn run(
         shared.gate.open(GateState::Abort);
         None
     } else {
-        let t0 = clock::now_ns() + plan.timing.start_delay_ms as i64 * 1_000_000;
+        // Bounded by validation (1 hour); saturating all the same.
+        let delay_ns = (plan.timing.start_delay_ms as i64).saturating_mul(1_000_000);
+        let t0 = clock::now_ns().saturating_add(delay_ns);
         shared.gate.open(GateState::Go(t0));
         Some(t0)
     };
@@ -408,12 +486,14 @@ pub fn run(
     // Read after the workloads ended (a little past `end`): the interval is the run's, to
     // within the start delay and the join's few ms.
     let cpu_steal_pct = t0.and(steal.pct());
+    let jobs_stream_error = stream.and_then(|s| s.finish().err());
     Ok(RunResult {
         t0_ns: t0,
         wall_s,
         interrupted: opts.stop.load(Ordering::Relaxed),
         workloads,
         cpu_steal_pct,
+        jobs_stream_error,
     })
 }
 
@@ -433,13 +513,14 @@ fn drive_thread(
     w: &WorkloadPlan,
     shared: &Shared,
     reporter: &mut Reporter,
+    out: Option<BatchSender>,
 ) -> WorkloadResult {
     let name = &w.spec.name;
     let prepared = (|| -> Result<_, String> {
         affinity::pin_current_thread(&w.spec.cpu).map_err(|e| format!("workload `{name}`: {e}"))?;
         let mut executor = exec::executor_for(&shared.device, &w.spec, shared.timing.seed, w.index)
             .map_err(|e| e.to_string())?;
-        let mut warmup = Vec::with_capacity(w.spec.warmup_jobs as usize);
+        let mut warmup = Vec::with_capacity(crate::release::warmup_capacity(w.spec.warmup_jobs));
         warm_up(
             executor.as_mut(),
             w.spec.warmup_jobs,
@@ -447,6 +528,7 @@ fn drive_thread(
             &shared.stop,
         )
         .map_err(|e| e.to_string())?;
+        check_closed_loop_records(w, &warmup)?;
         Ok((executor, warmup))
     })();
     let (mut executor, warmup) = match prepared {
@@ -466,8 +548,11 @@ fn drive_thread(
         return result;
     };
     let hint = mean(&result.warmup_ns);
-    let mut sink =
-        VecSink::with_capacity(capacity_for(&w.schedule, hint), Some(&shared.done[slot]));
+    let mut sink = StreamingSink::new(
+        capacity_for(&w.schedule, hint),
+        Some(&shared.done[slot]),
+        out,
+    );
     let spin_ns = shared.timing.spin_us as i64 * 1000;
     let end = run_loop(
         executor.as_mut(),
@@ -477,6 +562,7 @@ fn drive_thread(
         &shared.stop,
         &mut sink,
     );
+    sink.flush();
     result.records = sink.records;
     result.status = match end {
         Ok(LoopEnd::Completed) => WorkloadStatus::Ok,
@@ -484,6 +570,33 @@ fn drive_thread(
         Err(e) => WorkloadStatus::Failed(Failure::msg(e.to_string())),
     };
     result
+}
+
+/// A closed-loop workload with a duration has no job count ahead (preflight checks only
+/// `spin:` models): once its warm-up has measured the service time, the records it would keep
+/// are estimated and checked against this machine's memory before t0, so that a run that would
+/// end in an out-of-memory abort stops at once with a reason.
+fn check_closed_loop_records(w: &WorkloadPlan, warmup_ns: &[i64]) -> Result<(), String> {
+    if w.schedule.expected_jobs().is_some() {
+        return Ok(());
+    }
+    let (Some(duration), Some(service), Some(memory)) = (
+        w.schedule.duration_ns(),
+        mean(warmup_ns),
+        crate::limits::host_memory_bytes(),
+    ) else {
+        return Ok(());
+    };
+    let demand = crate::limits::RecordDemand {
+        workload: w.spec.name.clone(),
+        jobs: Some((duration / service.max(1)) as u64),
+        warmup_jobs: 0,
+        source: format!(
+            "duration_s / the mean warm-up time of {:.3} ms, closed loop",
+            service as f64 / 1e6
+        ),
+    };
+    crate::limits::check_records(&[demand], memory).map_err(|e| e.to_string())
 }
 
 fn mean(v: &[i64]) -> Option<i64> {
@@ -534,6 +647,7 @@ fn drive_process(
     shared: &Shared,
     reporter: &mut Reporter,
     launch: &WorkerLaunch<'_>,
+    csv: Option<BatchSender>,
 ) -> WorkloadResult {
     let name = &w.spec.name;
     let exe = launch.exe;
@@ -602,7 +716,7 @@ fn drive_process(
         match serde_json::from_str::<FromWorker>(&line) {
             Ok(FromWorker::Ready { warmup_ns }) => {
                 result.warmup_ns = warmup_ns;
-                Ok(())
+                check_closed_loop_records(w, &result.warmup_ns)
             }
             Ok(FromWorker::Error { message }) => Err(message),
             Ok(_) => Err("unexpected message from the worker during set-up".into()),
@@ -630,9 +744,14 @@ fn drive_process(
                     match serde_json::from_str::<FromWorker>(&line) {
                         Ok(FromWorker::Jobs { records }) => {
                             shared.done[slot].fetch_add(records.len() as u64, Ordering::Relaxed);
+                            let first = result.records.len();
                             result
                                 .records
                                 .extend(records.into_iter().map(record_from_wire));
+                            // This thread only reads the pipe: the worker's loop is elsewhere.
+                            if let Some(csv) = &csv {
+                                csv.send(&result.records[first..]);
+                            }
                         }
                         Ok(FromWorker::Done { status }) => done = Some(status),
                         Ok(FromWorker::Error { message }) => error = Some(message),

@@ -6,6 +6,8 @@ pub mod clock;
 pub mod coordinator;
 pub mod exec;
 pub mod isolation;
+pub mod jobs_stream;
+pub mod limits;
 pub mod maxrate;
 pub mod output;
 pub mod protocol;

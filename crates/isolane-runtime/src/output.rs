@@ -13,26 +13,48 @@ pub enum OutputError {
          replace isolane's files in it"
     )]
     NotEmpty(PathBuf),
-    #[error("{path}: {source}")]
+    /// The output folder cannot be made or used: the user's to fix (another --out).
+    #[error(
+        "cannot use {} as the output folder: {error}; choose an --out where you can write",
+        path.display()
+    )]
+    Unusable {
+        path: PathBuf,
+        // Not a `#[source]`: the message holds it already, and a chain would print it twice.
+        error: std::io::Error,
+    },
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: {detail}")]
     Parse { path: PathBuf, detail: String },
 }
 
 impl OutputError {
-    /// A user's mistake (exit code 2): an occupied directory or an unreadable result file.
+    /// A user's mistake (exit code 2): an occupied or unusable directory, or an unreadable
+    /// result file.
     pub fn is_user_error(&self) -> bool {
-        matches!(self, OutputError::NotEmpty(_) | OutputError::Parse { .. })
+        matches!(
+            self,
+            OutputError::NotEmpty(_) | OutputError::Parse { .. } | OutputError::Unusable { .. }
+        )
     }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OutputError + '_ {
-    move |source| OutputError::Io {
+    move |error| OutputError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
+    }
+}
+
+/// For the output folder itself: a failure to make or read it is the user's choice of folder.
+fn unusable(path: &Path) -> impl FnOnce(std::io::Error) -> OutputError + '_ {
+    move |error| OutputError::Unusable {
+        path: path.to_path_buf(),
+        error,
     }
 }
 
@@ -64,7 +86,7 @@ pub fn prepare_out_dir(
     match out {
         Some(dir) => {
             if dir.exists() {
-                let mut entries = std::fs::read_dir(dir).map_err(io(dir))?;
+                let mut entries = std::fs::read_dir(dir).map_err(unusable(dir))?;
                 if entries.next().is_some() {
                     if !force {
                         return Err(OutputError::NotEmpty(dir.to_path_buf()));
@@ -86,12 +108,13 @@ pub fn prepare_out_dir(
                     }
                 }
             }
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            std::fs::create_dir_all(dir).map_err(unusable(dir))?;
+            check_writable(dir)?;
             Ok(dir.to_path_buf())
         }
         None => {
             let runs = base.join("runs");
-            std::fs::create_dir_all(&runs).map_err(io(&runs))?;
+            std::fs::create_dir_all(&runs).map_err(unusable(&runs))?;
             let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
             for n in 1..10_000 {
                 let name = if n == 1 {
@@ -104,27 +127,32 @@ pub fn prepare_out_dir(
                     Ok(()) => return Ok(dir),
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                     Err(e) => {
-                        return Err(OutputError::Io {
+                        return Err(OutputError::Unusable {
                             path: dir,
-                            source: e,
+                            error: e,
                         })
                     }
                 }
             }
             Err(OutputError::Io {
                 path: runs,
-                source: std::io::Error::other("no free run folder name left for this second"),
+                error: std::io::Error::other("no free run folder name left for this second"),
             })
         }
     }
 }
 
+/// An existing folder may still refuse files (read-only, another owner): find out before a run
+/// starts rather than after it measured everything.
+fn check_writable(dir: &Path) -> Result<(), OutputError> {
+    let probe = dir.join(format!(".isolane-write-test{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(unusable(dir))?;
+    std::fs::remove_file(&probe).map_err(unusable(dir))
+}
+
 /// Writes `bytes` to `path` atomically ([`isolane_core::files::write_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
-    isolane_core::files::write_atomic(path, bytes).map_err(|e| OutputError::Io {
-        path: path.to_path_buf(),
-        source: e,
-    })
+    isolane_core::files::write_atomic(path, bytes).map_err(io(path))
 }
 
 /// Header of `jobs/<workload>.csv`.
@@ -140,6 +168,12 @@ pub fn jobs_csv(records: &[JobRecord]) -> String {
     let mut s = String::with_capacity(64 * (records.len() + 1));
     s.push_str(JOBS_CSV_HEADER);
     s.push('\n');
+    push_job_rows(&mut s, records);
+    s
+}
+
+/// Appends one CSV row per record (each ending in a newline) to `s`.
+pub fn push_job_rows(s: &mut String, records: &[JobRecord]) {
     for r in records {
         let _ = write!(s, "{},{},", r.index, ms(r.release_ns));
         match (r.start_ns, r.end_ns) {
@@ -150,7 +184,6 @@ pub fn jobs_csv(records: &[JobRecord]) -> String {
         }
         let _ = writeln!(s, ",{}", r.timeout as u8);
     }
-    s
 }
 
 pub use isolane_core::files::jobs_file_name;
@@ -169,6 +202,35 @@ pub fn write_jobs_csv(
 /// Reads `jobs/<workload>.csv` back into records (ms → ns).
 pub fn read_jobs_csv(path: &Path) -> Result<Vec<JobRecord>, OutputError> {
     let text = std::fs::read_to_string(path).map_err(io(path))?;
+    parse_jobs_csv(path, &text)
+}
+
+/// The records of a jobs CSV that a killed run was writing: every complete row. A last row cut
+/// off by the kill (no newline at its end, and not a whole record) is left out, and said so in
+/// the second value; a malformed row anywhere else is an error as in [`read_jobs_csv`].
+pub fn read_jobs_csv_partial(path: &Path) -> Result<(Vec<JobRecord>, Option<String>), OutputError> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    let cut = if text.ends_with('\n') {
+        None
+    } else {
+        text.rfind('\n').map(|i| i + 1)
+    };
+    if let Some(start) = cut {
+        let (whole, torn) = text.split_at(start);
+        // A torn row that still parses whole (only its newline is missing) is kept.
+        if let Ok(records) = parse_jobs_csv(path, &text) {
+            return Ok((records, None));
+        }
+        let note = format!(
+            "{}: left out the last row, cut off when the run was killed: {torn:?}",
+            path.display()
+        );
+        return Ok((parse_jobs_csv(path, whole)?, Some(note)));
+    }
+    Ok((parse_jobs_csv(path, &text)?, None))
+}
+
+fn parse_jobs_csv(path: &Path, text: &str) -> Result<Vec<JobRecord>, OutputError> {
     let bad = |line: usize, what: &str| OutputError::Parse {
         path: path.to_path_buf(),
         detail: format!("line {line}: {what}"),
@@ -252,6 +314,41 @@ mod tests {
         write_jobs_csv(dir.path(), "a b", &recs).unwrap();
         let back = read_jobs_csv(&dir.path().join("jobs/a_b.csv")).unwrap();
         assert_eq!(back, recs);
+    }
+
+    #[test]
+    fn a_row_cut_off_by_a_kill_is_left_out_and_said() {
+        let recs: Vec<JobRecord> = (0..3)
+            .map(|k| JobRecord {
+                index: k,
+                release_ns: k as i64 * 1_000_000,
+                start_ns: Some(k as i64 * 1_000_000 + 5),
+                end_ns: Some(k as i64 * 1_000_000 + 900_000),
+                timeout: false,
+            })
+            .collect();
+        let csv = jobs_csv(&recs);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.csv");
+        // Whole file: everything, no note.
+        std::fs::write(&path, &csv).unwrap();
+        assert_eq!(read_jobs_csv_partial(&path).unwrap(), (recs.clone(), None));
+        // Cut in the middle of the last row: the two whole rows, and a note naming the file.
+        std::fs::write(&path, &csv[..csv.len() - 8]).unwrap();
+        let (got, note) = read_jobs_csv_partial(&path).unwrap();
+        assert_eq!(got, recs[..2]);
+        let note = note.unwrap();
+        assert!(
+            note.contains("a.csv") && note.contains("left out the last row"),
+            "{note}"
+        );
+        // Only the newline missing: the row is whole and kept.
+        std::fs::write(&path, &csv[..csv.len() - 1]).unwrap();
+        assert_eq!(read_jobs_csv_partial(&path).unwrap(), (recs.clone(), None));
+        // A malformed row that is not the last is an error, as in read_jobs_csv.
+        let broken = csv.replacen(",0\n", ",x\n", 1);
+        std::fs::write(&path, &broken).unwrap();
+        assert!(read_jobs_csv_partial(&path).is_err());
     }
 
     #[test]

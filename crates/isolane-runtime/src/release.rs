@@ -75,6 +75,13 @@ pub fn capacity_for(schedule: &Schedule, service_hint_ns: Option<i64>) -> usize 
     n.min(CAP) as usize + 1
 }
 
+/// Capacity to reserve for `warmup` warm-up times: all of them up to a bound, beyond which the
+/// vector grows as the jobs run (a count the user wrote must never be allocated blindly).
+pub fn warmup_capacity(warmup: u64) -> usize {
+    const CAP: u64 = 1 << 20;
+    warmup.min(CAP) as usize
+}
+
 /// Runs `warmup` jobs back to back, returning their service times (ns) in `out`.
 pub fn warm_up(
     exec: &mut dyn Executor,

@@ -103,6 +103,8 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
         command: info.command.to_string(),
         status: run_status(result),
         interrupted: result.interrupted,
+        complete: true,
+        rebuilt_by: None,
         started_at: info
             .started_at
             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),

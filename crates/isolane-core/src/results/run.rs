@@ -95,6 +95,13 @@ pub struct RunSummary {
     pub command: String,
     pub status: RunStatus,
     pub interrupted: bool,
+    /// `false` when this summary was rebuilt by `isolane summarize` from the `jobs/*.csv` of a
+    /// run that was cut short (killed before it wrote summary.json).
+    #[serde(default = "yes")]
+    pub complete: bool,
+    /// Who wrote this summary when not the run itself (`isolane summarize`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuilt_by: Option<String>,
     /// UTC, RFC 3339.
     pub started_at: String,
     pub host: String,
@@ -119,6 +126,10 @@ pub struct RunSummary {
     /// `isolane isolation`: the ramp's steps (flattened: `step_s`, `steps`).
     #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<IsolationSteps>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Versioned for RunSummary {
@@ -158,6 +169,8 @@ impl RunSummary {
             command: command.to_string(),
             status: RunStatus::Ok,
             interrupted: false,
+            complete: true,
+            rebuilt_by: None,
             started_at: String::new(),
             host: String::new(),
             scenario: String::new(),

@@ -6,7 +6,7 @@ use std::fmt;
 /// One thing wrong with a scenario file, located as precisely as the file allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
-    /// 1-based line of the offending key or value.
+    /// 1-based line of the offending key or value; 0 for a scenario built in code (no file).
     pub line: usize,
     /// 1-based column (in characters, not bytes).
     pub column: usize,
@@ -79,11 +79,16 @@ impl fmt::Display for ProblemList<'_> {
             if i > 0 {
                 writeln!(f)?;
             }
-            write!(
-                f,
-                "{}:{}:{}: {}: {}",
-                self.file, p.line, p.column, p.field, p.message
-            )?;
+            // A scenario built in code has no file and no positions: the field says it all.
+            if p.line == 0 {
+                write!(f, "{}: {}", p.field, p.message)?;
+            } else {
+                write!(
+                    f,
+                    "{}:{}:{}: {}: {}",
+                    self.file, p.line, p.column, p.field, p.message
+                )?;
+            }
         }
         Ok(())
     }

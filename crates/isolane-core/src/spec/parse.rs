@@ -14,6 +14,9 @@ use toml::de::{DeString, DeTable, DeValue};
 use toml::Spanned;
 
 use super::error::{Problem, SpecError};
+use super::limits::{
+    MAX_JOBS, MAX_RATE_HZ, MAX_SECONDS, MAX_SPIN_US, MAX_START_DELAY_MS, MIN_SECONDS,
+};
 use super::model::{is_onnx_path, ModelCatalog, SpinModel, SPIN_SYNTAX};
 use super::{
     Backend, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Precision, Ramp,
@@ -94,12 +97,35 @@ fn name_of<T: PartialEq + Copy>(table: &[(&'static str, T)], v: T) -> &'static s
     table.iter().find(|(_, t)| *t == v).map_or("?", |(n, _)| n)
 }
 
+/// What a time value may be: more than 0, from 1 ns ([`MIN_SECONDS`]) to 100 days
+/// ([`MAX_SECONDS`]), in seconds or milliseconds.
+fn seconds_expected(unit: &str, per_second: f64) -> String {
+    let (lo, hi) = if per_second == 1e3 {
+        ("1e-6", "8.64e9")
+    } else {
+        ("1e-9", "8.64e6")
+    };
+    debug_assert_eq!(hi.parse::<f64>().ok(), Some(MAX_SECONDS * per_second));
+    format!("a finite number of {unit} > 0, from {lo} (1 ns) to {hi} (100 days)")
+}
+
 /// Accumulates problems with their positions.
 struct Ctx<'a> {
     text: &'a str,
+    /// Byte offset of the start of every line, ascending (the first is 0): a position is found
+    /// by binary search, so locating a name costs O(log n), not a scan of the text before it
+    /// (which made a scenario of many workloads quadratic to validate).
+    line_starts: Vec<usize>,
     file: String,
     base_dir: PathBuf,
     problems: Vec<(usize, Problem)>,
+}
+
+/// Byte offsets at which the lines of `text` start.
+fn line_starts(text: &str) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+        .collect()
 }
 
 impl Ctx<'_> {
@@ -111,11 +137,11 @@ impl Ctx<'_> {
         while !self.text.is_char_boundary(offset) {
             offset -= 1;
         }
-        let before = &self.text[..offset];
-        let line = before.matches('\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        let column = before[line_start..].chars().count() + 1;
-        (line, column)
+        // The last line start at or before `offset` (there is always one: 0).
+        let line_index = self.line_starts.partition_point(|&s| s <= offset) - 1;
+        let line_start = self.line_starts[line_index];
+        let column = self.text[line_start..offset].chars().count() + 1;
+        (line_index + 1, column)
     }
 
     fn report(&mut self, span: Range<usize>, field: impl Into<String>, message: impl Into<String>) {
@@ -180,12 +206,11 @@ impl Ctx<'_> {
     /// An integer ≥ `min` and ≤ `max`. Floats are refused even when integral: a count written
     /// `2.0` usually means the user confused two fields.
     fn integer(&mut self, v: &Value<'_>, field: &str, min: u64, max: u64) -> Option<u64> {
-        let expected = if max >= i64::MAX as u64 {
-            format!("an integer >= {min}")
-        } else if max == u64::from(u32::MAX) {
-            format!("an integer >= {min} (at most {max})")
-        } else {
+        // Both bounds, always: a value too large must be told the real limit.
+        let expected = if max == 100 {
             format!("an integer from {min} to {max}")
+        } else {
+            format!("an integer >= {min} (at most {max})")
         };
         let DeValue::Integer(i) = v.get_ref() else {
             self.wrong(v, field, &expected);
@@ -201,8 +226,16 @@ impl Ctx<'_> {
         }
     }
 
-    /// A finite number > 0 (integers accepted: `rate_hz = 100`).
-    fn positive(&mut self, v: &Value<'_>, field: &str, expected: &str) -> Option<f64> {
+    /// A finite number `x > 0` with `min <= x <= max` (integers accepted: `rate_hz = 100`); NaN and
+    /// the infinities are refused.
+    fn positive(
+        &mut self,
+        v: &Value<'_>,
+        field: &str,
+        min: f64,
+        max: f64,
+        expected: &str,
+    ) -> Option<f64> {
         let x = match v.get_ref() {
             DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix())
                 .ok()
@@ -211,7 +244,7 @@ impl Ctx<'_> {
             _ => None,
         };
         match x {
-            Some(x) if x.is_finite() && x > 0.0 => Some(x),
+            Some(x) if x.is_finite() && x > 0.0 && x >= min && x <= max => Some(x),
             _ => {
                 self.wrong(v, field, expected);
                 None
@@ -359,6 +392,7 @@ pub(super) fn parse(
     let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut ctx = Ctx {
         text,
+        line_starts: line_starts(text),
         file,
         base_dir,
         problems: Vec::new(),
@@ -574,13 +608,13 @@ fn check_host(ctx: &mut Ctx<'_>, v: &Value<'_>, field: &str, host: Host, m: Mech
 fn parse_timing(ctx: &mut Ctx<'_>, t: &Tbl<'_, '_>) -> Option<TimingSpec> {
     t.check_keys(ctx, TIMING_KEYS);
     let d = TimingSpec::default();
-    let mut get = |key: &str, default: u64| match t.get(key) {
+    let mut get = |key: &str, default: u64, max: u64| match t.get(key) {
         None => Some(default),
-        Some(v) => ctx.integer(v, &t.field(key), 0, u64::MAX),
+        Some(v) => ctx.integer(v, &t.field(key), 0, max),
     };
-    let spin_us = get("spin_us", d.spin_us);
-    let start_delay_ms = get("start_delay_ms", d.start_delay_ms);
-    let seed = get("seed", d.seed);
+    let spin_us = get("spin_us", d.spin_us, MAX_SPIN_US);
+    let start_delay_ms = get("start_delay_ms", d.start_delay_ms, MAX_START_DELAY_MS);
+    let seed = get("seed", d.seed, u64::MAX);
     Some(TimingSpec {
         spin_us: spin_us?,
         start_delay_ms: start_delay_ms?,
@@ -713,7 +747,10 @@ fn parse_workload(
     };
     let interferer = role == Some(Role::Interferer);
 
-    let rate_expected = "a finite number > 0 (jobs per second), or \"max\" (closed loop)";
+    let rate_expected = format!(
+        "a finite number > 0 (jobs per second) and <= {MAX_RATE_HZ:e} (one per ns, the clock's \
+         resolution), or \"max\" (closed loop)"
+    );
     let rate = match t.get("rate_hz") {
         Some(_) if interferer => {
             ctx.report(
@@ -725,7 +762,7 @@ fn parse_workload(
         }
         None if interferer => ramp.map(|r| Rate::Hz(r.from_hz)),
         None => {
-            t.missing(ctx, "rate_hz", rate_expected);
+            t.missing(ctx, "rate_hz", &rate_expected);
             None
         }
         Some(v) => match v.get_ref() {
@@ -742,13 +779,21 @@ fn parse_workload(
                     Some(Rate::Max(MaxRate::Max))
                 }
             }
-            _ => ctx.positive(v, &f("rate_hz"), rate_expected).map(Rate::Hz),
+            _ => ctx
+                .positive(v, &f("rate_hz"), 0.0, MAX_RATE_HZ, &rate_expected)
+                .map(Rate::Hz),
         },
     };
 
     let deadline_ms = match t.get("deadline_ms") {
         None => None,
-        Some(v) => ctx.positive(v, &f("deadline_ms"), "a finite number of milliseconds > 0"),
+        Some(v) => ctx.positive(
+            v,
+            &f("deadline_ms"),
+            MIN_SECONDS * 1e3,
+            MAX_SECONDS * 1e3,
+            &seconds_expected("milliseconds", 1e3),
+        ),
     };
 
     let length = match (t.get("duration_s"), t.get("jobs")) {
@@ -788,16 +833,20 @@ fn parse_workload(
             None
         }
         (Some(v), None) => ctx
-            .positive(v, &f("duration_s"), "a finite number of seconds > 0")
+            .positive(
+                v,
+                &f("duration_s"),
+                MIN_SECONDS,
+                MAX_SECONDS,
+                &seconds_expected("seconds", 1.0),
+            )
             .map(RunLength::DurationS),
-        (None, Some(v)) => ctx
-            .integer(v, &f("jobs"), 1, i64::MAX as u64)
-            .map(RunLength::Jobs),
+        (None, Some(v)) => ctx.integer(v, &f("jobs"), 1, MAX_JOBS).map(RunLength::Jobs),
     };
 
     let warmup_jobs = match t.get("warmup_jobs") {
         None => Some(DEFAULT_WARMUP_JOBS),
-        Some(v) => ctx.integer(v, &f("warmup_jobs"), 0, i64::MAX as u64),
+        Some(v) => ctx.integer(v, &f("warmup_jobs"), 0, MAX_JOBS),
     };
 
     let late = match t.get("late") {
@@ -833,6 +882,9 @@ fn parse_workload(
         None => Some(true),
         Some(v) => ctx.boolean(v, &f("plan_check")),
     };
+    if let (Some(rate), Some(length)) = (rate, length) {
+        check_job_count(ctx, t, rate, length, ramp.filter(|_| interferer));
+    }
 
     if ctx.problems.len() > before {
         return None;
@@ -855,6 +907,88 @@ fn parse_workload(
         partition: partition?,
         plan_check: plan_check?,
     })
+}
+
+/// The jobs a run length releases must be at least one (a run that releases nothing measures
+/// nothing and would say "ok") and at most [`MAX_JOBS`]. A ramp's every step must release one.
+fn check_job_count(
+    ctx: &mut Ctx<'_>,
+    t: &Tbl<'_, '_>,
+    rate: Rate,
+    length: RunLength,
+    ramp: Option<Ramp>,
+) {
+    if let Some(r) = ramp {
+        check_ramp_jobs(ctx, t, &r);
+        return;
+    }
+    let (RunLength::DurationS(d), Rate::Hz(hz)) = (length, rate) else {
+        return;
+    };
+    let span = t.get("duration_s").map_or(t.span.clone(), |v| v.span());
+    let field = t.field("duration_s");
+    let jobs = d * hz;
+    if crate::schedule::jobs_in(d, hz) == 0 {
+        ctx.report(
+            span,
+            field,
+            format!(
+                "found {d} s at rate_hz = {hz}: no job would be released (duration_s × rate_hz = \
+                 {jobs:e} < 1); expected at least one period, {:e} s",
+                1.0 / hz
+            ),
+        );
+    } else if jobs > MAX_JOBS as f64 {
+        ctx.report(
+            span,
+            field,
+            format!(
+                "found {d} s at rate_hz = {hz}: {jobs:e} jobs; expected at most {MAX_JOBS} jobs \
+                 (duration_s × rate_hz)"
+            ),
+        );
+    }
+}
+
+fn check_ramp_jobs(ctx: &mut Ctx<'_>, t: &Tbl<'_, '_>, r: &Ramp) {
+    let span = t.get("ramp").map_or(t.span.clone(), |v| v.span());
+    let field = t.field("ramp");
+    if r.total_duration_s() > MAX_SECONDS {
+        ctx.report(
+            span,
+            field,
+            format!(
+                "found steps × step_s = {} × {} s = {:e} s; expected at most {MAX_SECONDS:e} s",
+                r.steps,
+                r.step_s,
+                r.total_duration_s()
+            ),
+        );
+        return;
+    }
+    // The first step has the lowest rate: if it releases a job, every step does.
+    if crate::schedule::jobs_in(r.step_s, r.from_hz) == 0 {
+        ctx.report(
+            span,
+            field,
+            format!(
+                "found step_s = {} s at from_hz = {}: the first step would release no job \
+                 (step_s × from_hz < 1); expected step_s >= {:e} s",
+                r.step_s,
+                r.from_hz,
+                1.0 / r.from_hz
+            ),
+        );
+        return;
+    }
+    let total: f64 = r.rates().iter().map(|h| h * r.step_s).sum();
+    if total > MAX_JOBS as f64 {
+        ctx.report(
+            span,
+            field,
+            format!("releases {total:e} jobs over its steps; expected at most {MAX_JOBS} jobs"),
+        );
+    }
 }
 
 fn model_expectation(models: &dyn ModelCatalog) -> String {
@@ -978,12 +1112,13 @@ fn parse_cpu_list(ctx: &mut Ctx<'_>, v: &Value<'_>, field: &str) -> Option<Vec<u
 fn parse_ramp(ctx: &mut Ctx<'_>, t: &Tbl<'_, '_>) -> Option<Ramp> {
     t.check_keys(ctx, RAMP_KEYS);
     let before = ctx.problems.len();
+    let hz_expected = format!("a finite rate > 0 in Hz, at most {MAX_RATE_HZ:e}");
     let mut hz = |key: &str| match t.get(key) {
         None => {
-            t.missing(ctx, key, "a finite rate > 0 in Hz");
+            t.missing(ctx, key, &hz_expected);
             None
         }
-        Some(v) => ctx.positive(v, &t.field(key), "a finite rate > 0 in Hz"),
+        Some(v) => ctx.positive(v, &t.field(key), 0.0, MAX_RATE_HZ, &hz_expected),
     };
     let from_hz = hz("from_hz");
     let to_hz = hz("to_hz");
@@ -1001,7 +1136,13 @@ fn parse_ramp(ctx: &mut Ctx<'_>, t: &Tbl<'_, '_>) -> Option<Ramp> {
             t.missing(ctx, "step_s", "a finite number of seconds > 0");
             None
         }
-        Some(v) => ctx.positive(v, &t.field("step_s"), "a finite number of seconds > 0"),
+        Some(v) => ctx.positive(
+            v,
+            &t.field("step_s"),
+            MIN_SECONDS,
+            MAX_SECONDS,
+            &seconds_expected("seconds", 1.0),
+        ),
     };
     if let (Some(a), Some(b)) = (from_hz, to_hz) {
         if a > b {

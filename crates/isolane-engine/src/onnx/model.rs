@@ -176,14 +176,18 @@ fn input_dims(vi: &proto::ValueInfoProto) -> Result<Vec<Dim>, String> {
         ));
     }
     let shape = tt.shape.as_ref().ok_or("no shape (rank unknown)")?;
-    Ok(shape
+    shape
         .dim
         .iter()
         .enumerate()
         .map(|(i, d)| match &d.value {
-            Some(Value::DimValue(v)) if *v >= 0 => Dim::Fixed(*v as usize),
-            Some(Value::DimParam(p)) if !p.is_empty() => Dim::Dynamic(p.clone()),
-            _ => Dim::Dynamic(format!("dim{i}")),
+            Some(Value::DimValue(v)) if *v >= 0 => Ok(Dim::Fixed(*v as usize)),
+            // A negative size is a broken file, not a dynamic dimension: say so.
+            Some(Value::DimValue(v)) => Err(format!(
+                "dimension {i} is {v}; expected a size >= 0 or a named (dynamic) dimension"
+            )),
+            Some(Value::DimParam(p)) if !p.is_empty() => Ok(Dim::Dynamic(p.clone())),
+            _ => Ok(Dim::Dynamic(format!("dim{i}"))),
         })
-        .collect())
+        .collect()
 }

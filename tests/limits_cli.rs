@@ -1,0 +1,483 @@
+//! Limits up front: every count, size and rate that this machine cannot hold is refused with
+//! exit code 2 and a message naming the field, the value and the limit, before any output
+//! exists (docs/scenario.md and docs/runtime.md, "Limits").
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::*;
+
+/// A batch no machine holds: 4e9 images of 3×224×224 are petabytes of activations.
+const HUGE_BATCH: &str = "4000000000";
+
+fn one_workload(lines: &str) -> String {
+    format!("[[workload]]\nname = \"a\"\n{lines}")
+}
+
+/// `isolane run SCENARIO --out DIR` in a fresh folder: the output, and whether anything was
+/// created there (the out folder or a runs/ folder).
+fn run_scenario(text: &str) -> (Output, bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "s.toml", text);
+    let out = tmp.path().join("out");
+    let o = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let created = out.exists() || tmp.path().join("runs").exists();
+    (o, created)
+}
+
+/// Exit code 2 and a stderr holding every needle.
+#[track_caller]
+fn refused(o: &Output, needles: &[&str]) -> String {
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "expected {n:?} in:\n{stderr}");
+    }
+    stderr
+}
+
+#[test]
+fn an_absurd_rate_is_refused_before_anything_runs() {
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1ms\"\nrate_hz = 1e300\nduration_s = 1\n",
+    ));
+    refused(&o, &["s.toml:4:", "workload[0].rate_hz", "1e300", "<= 1e9"]);
+    assert!(!created);
+}
+
+#[test]
+fn job_records_beyond_this_machines_memory_are_refused() {
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1ms\"\nrate_hz = 1000\njobs = 1000000000000\n",
+    ));
+    refused(
+        &o,
+        &[
+            "job records",
+            "workload `a`: 1000000000000 jobs (jobs)",
+            "of this machine's memory",
+        ],
+    );
+    assert!(!created);
+    // Warm-up jobs count as well (it used to panic with a capacity overflow).
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1ms\"\nrate_hz = 10\njobs = 1\nwarmup_jobs = 1000000000000\n",
+    ));
+    refused(&o, &["job records", "1000000000000 warm-up jobs"]);
+    assert!(!created);
+}
+
+#[test]
+fn a_too_large_warmup_names_the_real_bound() {
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1ms\"\nrate_hz = 10\njobs = 1\nwarmup_jobs = 9223372036854775807\n",
+    ));
+    refused(
+        &o,
+        &[
+            "workload[0].warmup_jobs",
+            "9223372036854775807",
+            "(at most 1000000000000)",
+        ],
+    );
+    assert!(!created);
+}
+
+#[test]
+fn a_duration_too_short_for_any_job_is_refused() {
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1ms\"\nrate_hz = 100\nduration_s = 1e-300\n",
+    ));
+    refused(
+        &o,
+        &["workload[0].duration_s", "1e-300", "from 1e-9 (1 ns)"],
+    );
+    assert!(!created);
+}
+
+#[test]
+fn nan_and_infinity_are_refused() {
+    for (line, field) in [
+        ("rate_hz = nan\njobs = 1\n", "workload[0].rate_hz"),
+        (
+            "rate_hz = 10\njobs = 1\ndeadline_ms = inf\n",
+            "workload[0].deadline_ms",
+        ),
+        (
+            "rate_hz = 10\nduration_s = -inf\n",
+            "workload[0].duration_s",
+        ),
+    ] {
+        let (o, created) = run_scenario(&one_workload(&format!("model = \"spin:1ms\"\n{line}")));
+        refused(&o, &[field, "finite"]);
+        assert!(!created);
+    }
+}
+
+#[test]
+fn a_batch_beyond_this_machines_memory_is_refused_everywhere() {
+    // run: refused before the output folder (and its scenario.toml) exists.
+    let (o, created) = run_scenario(&one_workload(&format!(
+        "model = \"resnet18\"\nbatch = {HUGE_BATCH}\nrate_hz = 1\njobs = 1\n"
+    )));
+    refused(
+        &o,
+        &[
+            "workload `a`",
+            &format!("batch = {HUGE_BATCH}: needs at least"),
+            "for its activations",
+            "this machine's memory",
+        ],
+    );
+    assert!(!created);
+    // infer and maxrate, named by their flag.
+    let o = isolane()
+        .args([
+            "infer", "--model", "resnet18", "--random", "--batch", HUGE_BATCH,
+        ])
+        .output()
+        .unwrap();
+    refused(
+        &o,
+        &[&format!("--batch {HUGE_BATCH}: needs at least"), "memory"],
+    );
+    let o = isolane()
+        .args(["maxrate", "--model", "resnet18", "--batch", HUGE_BATCH])
+        .output()
+        .unwrap();
+    let stderr = refused(&o, &[&format!("--batch {HUGE_BATCH}: needs at least")]);
+    assert!(!stderr.contains("workload"), "{stderr}");
+}
+
+#[test]
+fn more_threads_than_cores_are_refused() {
+    for cmd in [
+        &[
+            "infer",
+            "--model",
+            "resnet18",
+            "--random",
+            "--threads",
+            "100000",
+        ][..],
+        &[
+            "bench",
+            "--backend",
+            "cpu",
+            "--model",
+            "resnet18",
+            "--threads",
+            "100000",
+        ][..],
+    ] {
+        let o = isolane().args(cmd).output().unwrap();
+        refused(
+            &o,
+            &[
+                "--threads 100000",
+                "CPU core(s)",
+                "expected 0 (one thread per core) to",
+            ],
+        );
+    }
+}
+
+#[test]
+fn maxrate_speaks_in_flags_not_in_a_generated_file() {
+    let o = isolane()
+        .args(["maxrate", "--model", "foo"])
+        .output()
+        .unwrap();
+    let stderr = refused(&o, &["--model: unknown model \"foo\""]);
+    assert!(
+        !stderr.contains("generated scenario") && !stderr.contains("workload[0]"),
+        "{stderr}"
+    );
+    let o = isolane()
+        .args([
+            "maxrate",
+            "--model",
+            "spin:1ms",
+            "--warmup",
+            "18446744073709551615",
+        ])
+        .output()
+        .unwrap();
+    refused(
+        &o,
+        &[
+            "--warmup: found integer 18446744073709551615",
+            "(at most 1000000000000)",
+        ],
+    );
+    let o = isolane()
+        .args(["maxrate", "--model", "spin:1ms", "--jobs", "1000000000000"])
+        .output()
+        .unwrap();
+    refused(&o, &["--jobs 1000000000000", "job records"]);
+}
+
+/// Occurrences of `needle` in `hay`.
+fn count(hay: &str, needle: &str) -> usize {
+    hay.matches(needle).count()
+}
+
+#[test]
+fn an_unusable_out_folder_is_the_users_mistake_said_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "s.toml",
+        &one_workload("model = \"spin:1ms\"\nrate_hz = 100\njobs = 2\n"),
+    );
+    // A folder below a plain file cannot exist, whoever runs the test (root included).
+    let file = tmp.path().join("file.txt");
+    std::fs::write(&file, "x").unwrap();
+    let out = file.join("out");
+    let o = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = refused(
+        &o,
+        &["cannot use", "as the output folder", "choose an --out"],
+    );
+    assert!(stderr.contains(&out.display().to_string()), "{stderr}");
+    assert_eq!(count(&stderr, "Not a directory"), 1, "{stderr}");
+    assert!(!Path::new(&out).exists());
+}
+
+/// Data rows of a jobs CSV (header excluded) as text, and whether the file ends on a newline.
+fn csv_rows(path: &Path) -> (Vec<String>, bool) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let rows = text.lines().skip(1).map(str::to_string).collect();
+    (rows, text.ends_with('\n'))
+}
+
+#[test]
+fn a_killed_run_keeps_its_measured_jobs_and_summarize_rebuilds_the_summary() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Long enough that the kill always comes first; one thread-hosted and one process-hosted
+    // workload, so both ways records reach the coordinator stream to the CSV.
+    let sc = scenario(
+        tmp.path(),
+        "k.toml",
+        "[[workload]]\nname = \"t\"\nmodel = \"spin:1ms\"\nrate_hz = 200\nduration_s = 120\n\
+         warmup_jobs = 2\n\n\
+         [[workload]]\nname = \"p\"\nmodel = \"spin:1ms\"\nrate_hz = 100\nduration_s = 120\n\
+         warmup_jobs = 2\nhost = \"process\"\n",
+    );
+    let out = tmp.path().join("out");
+    let mut child = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .arg("--quiet")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Poll until both workloads' first batches are on disk (no blind sleep); bounded so that a
+    // run that never streams fails the test instead of hanging it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let csv = |name: &str| out.join("jobs").join(format!("{name}.csv"));
+    while csv_rows(&csv("t")).0.len() < 10 || csv_rows(&csv("p")).0.len() < 10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no streamed records within 90 s"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().unwrap(); // SIGKILL: no handler runs, nothing is written at the end.
+    child.wait().unwrap();
+    assert!(!out.join("summary.json").exists());
+
+    // Every row on disk is a whole record, in job order (a row cut by the kill is the only
+    // exception `summarize` tolerates, and it can only be the last one).
+    let mut kept = Vec::new();
+    for name in ["t", "p"] {
+        let (rows, ends_whole) = csv_rows(&csv(name));
+        let whole = if ends_whole {
+            rows.len()
+        } else {
+            rows.len() - 1
+        };
+        for (k, row) in rows[..whole].iter().enumerate() {
+            let fields: Vec<&str> = row.split(',').collect();
+            assert_eq!(fields.len(), 6, "{name}: row {k}: {row}");
+            assert_eq!(fields[0], k.to_string(), "{name}: rows in job order");
+        }
+        kept.push(whole);
+    }
+
+    let o = isolane().arg("summarize").arg(&out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("the run was cut short"), "{stderr}");
+    let s = summary(&out);
+    assert_eq!(s["complete"], false);
+    assert_eq!(s["status"], "interrupted");
+    for (name, whole) in ["t", "p"].iter().zip(kept) {
+        let w = workload(&s, name);
+        assert_eq!(w["jobs"].as_u64(), Some(whole as u64), "{name}");
+        assert_eq!(w["status"], "interrupted");
+        assert!(f(&w["latency_ms"]["p50"]) >= 1.0, "{w}");
+    }
+    // The report says the run was cut short.
+    let o = isolane()
+        .arg("report")
+        .arg(&out)
+        .arg("--out")
+        .arg(tmp.path().join("r.html"))
+        .output()
+        .unwrap();
+    if o.status.success() {
+        let html = std::fs::read_to_string(tmp.path().join("r.html")).unwrap();
+        assert!(
+            html.contains("CUT SHORT"),
+            "report without the cut-short note"
+        );
+    } else {
+        panic!("report failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    // A second summarize would replace a summary: refused without --force.
+    let o = isolane().arg("summarize").arg(&out).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn a_closed_loop_spin_run_that_would_outgrow_memory_is_refused() {
+    // 100 days of 1 µs jobs, back to back: 8.6e12 records.
+    let (o, created) = run_scenario(&one_workload(
+        "model = \"spin:1us\"\nrate_hz = \"max\"\nduration_s = 8640000\n",
+    ));
+    refused(
+        &o,
+        &["job records", "(duration_s / the spin time, closed loop)"],
+    );
+    assert!(!created);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_batch_beyond_the_gpus_memory_is_refused_by_the_cuda_plan() {
+    // resnet50 at fp16, batch 100000: about 57 GiB of pinned input on the host (fits the GPU
+    // machines' 128 GiB) but hundreds of GiB of activation arena, more than any GPU has.
+    let o = isolane()
+        .args([
+            "infer",
+            "--model",
+            "resnet50",
+            "--backend",
+            "cuda",
+            "--precision",
+            "fp16",
+            "--random",
+            "--batch",
+            "100000",
+        ])
+        .output()
+        .unwrap();
+    refused(
+        &o,
+        &[
+            "--batch 100000: needs at least",
+            "for its activation arena",
+            "GPU 0's memory",
+        ],
+    );
+}
+
+#[test]
+fn duration_flags_are_bounded_like_scenario_durations() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "s.toml",
+        &one_workload("model = \"spin:1ms\"\nrate_hz = 100\njobs = 2\n"),
+    );
+    // verify used to panic converting 1e300 s to a Duration.
+    let o = isolane()
+        .arg("verify")
+        .arg(&sc)
+        .args(["--duration-s", "1e300"])
+        .output()
+        .unwrap();
+    refused(&o, &["--duration-s 1e300", "at most 8.64e6 (100 days)"]);
+    // sweep named its own staging file and field; the flag is checked as given.
+    let o = isolane()
+        .args([
+            "sweep",
+            "partition",
+            "--model",
+            "spin:1ms",
+            "--mechanism",
+            "green",
+            "--backend",
+            "cpu",
+            "--duration-s",
+            "1e300",
+        ])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let stderr = refused(&o, &["--duration-s", "1e300", "(100 days)"]);
+    assert!(!stderr.contains("scenario.toml"), "{stderr}");
+    let o = isolane()
+        .args([
+            "sweep",
+            "partition",
+            "--model",
+            "spin:1ms",
+            "--mechanism",
+            "green",
+            "--backend",
+            "cpu",
+            "--rate",
+            "1e300",
+        ])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    refused(&o, &["--rate", "above 1e9 Hz"]);
+}
+
+#[test]
+fn a_closed_loop_model_is_checked_against_memory_once_its_warm_up_timed_it() {
+    // A real model's service time is known only once it runs: after the warm-up, before t0,
+    // 100 days of back-to-back jobs of this tiny network (well under a ms each) are refused
+    // instead of growing until an out-of-memory abort. Both hosts check.
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/isolane-engine/tests/fixtures/onnx/tiny_cnn_op14.onnx");
+    let workload = |name: &str, host: &str| {
+        format!(
+            "[[workload]]\nname = \"{name}\"\nmodel = \"{}\"\nrate_hz = \"max\"\n\
+             duration_s = 8640000\nwarmup_jobs = 3\nhost = \"{host}\"\n\n",
+            model.display()
+        )
+    };
+    let (o, _) = run_scenario(&(workload("t", "thread") + &workload("p", "process")));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    for name in ["t", "p"] {
+        assert!(
+            stderr.contains(&format!("workload `{name}` failed: the job records"))
+                && stderr.contains("closed loop"),
+            "{stderr}"
+        );
+    }
+}
