@@ -803,6 +803,7 @@ impl<'m> Importer<'m> {
             "GroupNormalization" => self.group_norm(c),
             "Pad" => self.pad(c),
             "InstanceNormalization" => self.instance_norm(c),
+            "Einsum" => self.einsum(c),
             _ => Err(c.unsupported_op()),
         }
     }
@@ -1401,6 +1402,99 @@ impl<'m> Importer<'m> {
             &[(format!("{}:sum", c.r.node), sum)],
             vec![out],
         )
+    }
+
+    /// Einsum of two operands that is a batched matrix product (attention's
+    /// `bhid,bhjd->bhij` and `bhij,bhjd->bhid`, maxvit's 5-D forms): one summed letter, shared
+    /// batch letters, one free letter per operand. Imported as Transpose → MatMul → Transpose;
+    /// any other equation is refused naming it.
+    fn einsum(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let eq: String = c
+            .string("equation", "")?
+            .chars()
+            .filter(|ch| !ch.is_whitespace())
+            .collect();
+        let refuse = |why: &str| {
+            c.unsupported_attr(
+                "equation",
+                format!("{eq:?}: {why} (isolane supports two-operand batched matrix products)"),
+            )
+        };
+        let (lhs, out) = eq
+            .split_once("->")
+            .ok_or_else(|| refuse("no explicit output"))?;
+        let ops: Vec<&str> = lhs.split(',').collect();
+        if ops.len() != 2 || c.n.input.len() != 2 || eq.contains('.') {
+            return Err(refuse("not two operands without ellipsis"));
+        }
+        let (a, b) = (ops[0], ops[1]);
+        let distinct = |t: &str| t.chars().collect::<HashSet<_>>().len() == t.len();
+        if !distinct(a) || !distinct(b) || !distinct(out) {
+            return Err(refuse("a letter repeats within a term"));
+        }
+        let summed: Vec<char> = a
+            .chars()
+            .filter(|&l| b.contains(l) && !out.contains(l))
+            .collect();
+        let batch: Vec<char> = a
+            .chars()
+            .filter(|&l| b.contains(l) && out.contains(l))
+            .collect();
+        let free_a: Vec<char> = a.chars().filter(|&l| !b.contains(l)).collect();
+        let free_b: Vec<char> = b.chars().filter(|&l| !a.contains(l)).collect();
+        let all_out = out
+            .chars()
+            .all(|l| batch.contains(&l) || free_a.contains(&l) || free_b.contains(&l));
+        if summed.len() != 1 || free_a.len() != 1 || free_b.len() != 1 || !all_out {
+            return Err(refuse("not a batched matrix product"));
+        }
+        if out.len() != batch.len() + 2 {
+            return Err(refuse("an operand's free letter is summed away"));
+        }
+        let (x, y) = (self.req(c, 0)?, self.req(c, 1)?);
+        if x.rank() != a.len() || y.rank() != b.len() {
+            return Err(c.bad(format!(
+                "equation {eq:?} does not match operand ranks {} and {}",
+                x.rank(),
+                y.rank()
+            )));
+        }
+        let k = summed[0];
+        let order_a: String = batch.iter().chain([&free_a[0], &k]).collect();
+        let order_b: String = batch.iter().chain([&k, &free_b[0]]).collect();
+        let prod: String = batch.iter().chain([&free_a[0], &free_b[0]]).collect();
+        let xa = self.permute_to(c, (c.n.input[0].clone(), x), a, &order_a, "lhs")?;
+        let yb = self.permute_to(c, (c.n.input[1].clone(), y), b, &order_b, "rhs")?;
+        if prod == out {
+            let name = self.out_name(c, 0);
+            return self.emit(c, Op::MatMul, &[xa, yb], vec![name]);
+        }
+        let m = self.emit_tmp(c, Op::MatMul, &[xa, yb], "product")?;
+        let perm: Vec<usize> = out.chars().filter_map(|l| prod.find(l)).collect();
+        let name = self.out_name(c, 0);
+        self.emit(
+            c,
+            Op::Transpose { perm },
+            &[(format!("{}:product", c.r.node), m)],
+            vec![name],
+        )
+    }
+
+    /// `x` (letters `from`) transposed to the letter order `to` (a permutation of `from`).
+    fn permute_to(
+        &mut self,
+        c: &Ctx,
+        x: (String, Val),
+        from: &str,
+        to: &str,
+        what: &str,
+    ) -> Result<(String, Val)> {
+        if from == to {
+            return Ok(x);
+        }
+        let perm: Vec<usize> = to.chars().filter_map(|l| from.find(l)).collect();
+        let v = self.emit_tmp(c, Op::Transpose { perm }, &[x], what)?;
+        Ok((format!("{}:{what}", c.r.node), v))
     }
 
     /// Adds one IR node whose output is an intermediate value of this ONNX node.
