@@ -715,7 +715,17 @@ impl<'m> Importer<'m> {
                     3,
                 )
             }
-            "MatMul" => self.emit1(c, Op::MatMul, 2),
+            "MatMul" => match (self.req(c, 0)?, self.req(c, 1)?) {
+                // Small products of constants fold here so that what follows (GatherND of a
+                // bias table) sees values; large ones are left to the compile-time folding.
+                (Val::F(a), Val::F(b))
+                    if b.shape.len() == 2 && a.data.len().saturating_mul(b.shape[1]) <= 1 << 24 =>
+                {
+                    Ok(vec![Val::F(fold_matmul(c, &a, &b)?)])
+                }
+                _ => self.emit1(c, Op::MatMul, 2),
+            },
+            "GatherND" => self.gather_nd(c),
             "Flatten" => {
                 let axis = c.int("axis", 1)?;
                 let x = self.req(c, 0)?;
@@ -804,6 +814,7 @@ impl<'m> Importer<'m> {
             "Pad" => self.pad(c),
             "InstanceNormalization" => self.instance_norm(c),
             "Einsum" => self.einsum(c),
+            "ScatterND" => self.scatter_nd(c),
             _ => Err(c.unsupported_op()),
         }
     }
@@ -1402,6 +1413,73 @@ impl<'m> Importer<'m> {
             &[(format!("{}:sum", c.r.node), sum)],
             vec![out],
         )
+    }
+
+    /// GatherND on values known at import (`batch_dims` 0): swin v2's relative position bias
+    /// table, computed from constants, indexed by a constant index.
+    fn gather_nd(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        c.int_default_only("batch_dims", 0)?;
+        let (data, indices) = (self.req(c, 0)?, self.req(c, 1)?);
+        let Val::F(data) = &data else {
+            return Err(c.bad(format!(
+                "GatherND of {} is supported only on float values known at import",
+                data.kind()
+            )));
+        };
+        let idx = syms_static(c, &indices, "indices")?;
+        let ishape = static_shape(&indices);
+        let q = ishape.last().copied().unwrap_or(0);
+        let dshape = &data.shape;
+        if q == 0 || q > dshape.len() {
+            return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
+        }
+        let slice: usize = dshape[q..].iter().product();
+        let mut out = Vec::with_capacity(idx.len() / q * slice);
+        for tuple in idx.chunks_exact(q) {
+            let at = nd_offset(c, tuple, dshape)? * slice;
+            out.extend_from_slice(&data.data[at..at + slice]);
+        }
+        let mut shape = ishape[..ishape.len() - 1].to_vec();
+        shape.extend_from_slice(&dshape[q..]);
+        Ok(vec![Val::F(Arr::new(shape, out))])
+    }
+
+    /// ScatterND on values known at import (`reduction` none): the masks and biases that
+    /// exporters build from in-place slice assignments (swin v2's shifted-window mask).
+    fn scatter_nd(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let reduction = c.string("reduction", "none")?;
+        if reduction != "none" {
+            return Err(c.unsupported_attr("reduction", format!("value {reduction:?}")));
+        }
+        let (data, indices, updates) = (self.req(c, 0)?, self.req(c, 1)?, self.req(c, 2)?);
+        let (Val::F(data), Val::F(updates)) = (&data, &updates) else {
+            return Err(c.bad(format!(
+                "ScatterND of {} with updates {} is supported only on float values known at import",
+                data.kind(),
+                updates.kind()
+            )));
+        };
+        let idx = syms_static(c, &indices, "indices")?;
+        let ishape = static_shape(&indices);
+        let q = ishape.last().copied().unwrap_or(0);
+        let dshape = &data.shape;
+        if q == 0 || q > dshape.len() {
+            return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
+        }
+        let slice: usize = dshape[q..].iter().product();
+        let n = idx.len() / q;
+        if updates.data.len() != n * slice {
+            return Err(c.bad(format!(
+                "updates {:?} do not fit indices {ishape:?} into data {dshape:?}",
+                updates.shape
+            )));
+        }
+        let mut out = data.data.clone();
+        for (k, tuple) in idx.chunks_exact(q).enumerate() {
+            let at = nd_offset(c, tuple, dshape)? * slice;
+            out[at..at + slice].copy_from_slice(&updates.data[k * slice..(k + 1) * slice]);
+        }
+        Ok(vec![Val::F(Arr::new(dshape.clone(), out))])
     }
 
     /// Einsum of two operands that is a batched matrix product (attention's
@@ -2293,6 +2371,52 @@ impl<'m> Importer<'m> {
             vec![out],
         )
     }
+}
+
+/// The C-order offset (in units of the trailing slice) of an index tuple into the leading dims
+/// of `shape` (negative indices count from the end), for GatherND and ScatterND.
+fn nd_offset(c: &Ctx, tuple: &[i64], shape: &[usize]) -> Result<usize> {
+    let mut offset = 0usize;
+    for (d, &i) in tuple.iter().enumerate() {
+        let size = shape[d] as i64;
+        let j = if i < 0 { i + size } else { i };
+        if !(0..size).contains(&j) {
+            return Err(c.bad(format!(
+                "index {i} is out of range for dimension {d} of size {size}"
+            )));
+        }
+        offset = offset * shape[d] + j as usize;
+    }
+    Ok(offset)
+}
+
+/// `a @ b` for values known at import with a 2-D `b` (a positional-bias MLP on a constant
+/// table), computed in f64 and rounded once.
+fn fold_matmul(c: &Ctx, a: &Arr<f32>, b: &Arr<f32>) -> Result<Arr<f32>> {
+    let (k, n) = (b.shape[0], b.shape[1]);
+    let ka = a.shape.last().copied().unwrap_or(0);
+    if a.shape.len() < 2 || ka != k {
+        return Err(c.bad(format!(
+            "MatMul of constants {:?} and {:?}: inner dimensions differ",
+            a.shape, b.shape
+        )));
+    }
+    let rows = a.data.len() / k.max(1);
+    fold::numel(&[rows, n]).map_err(|e| c.bad(e))?;
+    let mut out = vec![0f32; rows * n];
+    for r in 0..rows {
+        for j in 0..n {
+            let acc: f64 = (0..k)
+                .map(|i| a.data[r * k + i] as f64 * b.data[i * n + j] as f64)
+                .sum();
+            out[r * n + j] = acc as f32;
+        }
+    }
+    let mut shape = a.shape.clone();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    Ok(Arr::new(shape, out))
 }
 
 /// Integer values that must not depend on the batch.
