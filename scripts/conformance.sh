@@ -49,7 +49,10 @@ ensure_onnxscript() {
                  "run 'bash scripts/conformance.sh stage' where PyPI is reachable" >&2
             return
         fi
-        "$PY" -m pip install --quiet --no-index --no-deps --target "$deps" stage/pywheels/*.whl
+        # Pure-Python wheels are zip files laid out for site-packages: extracting them is
+        # installing them (no pip needed there).
+        mkdir -p "$deps"
+        for whl in stage/pywheels/*.whl; do "$PY" -m zipfile -e "$whl" "$deps"; done
     fi
     export PYTHONPATH="$deps${PYTHONPATH:+:$PYTHONPATH}"
 }
