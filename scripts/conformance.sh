@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # isolane's ONNX conformance suite (scripts/conformance/suite.py; docs/onnx.md, "Conformance
-# suite"): 40+ torchvision/timm models, each exported by PyTorch's classic exporter (opset 17)
+# suite"): 50 torchvision/timm models (and yolov8n with Ultralytics), each exported by PyTorch's classic exporter (opset 17)
 # and its default one (dynamo, opset 18+), run by `isolane infer` on cpu (fp32) and cuda
 # (fp32/tf32/fp16/bf16), compared with onnxruntime's CPU output; one markdown table.
 #
@@ -8,7 +8,8 @@
 #       here (dev machine, PyPI reachable): release build of isolane into ./stage/isolane, and
 #       the pure-Python wheels the default exporter needs (onnxscript, onnx-ir) into
 #       ./stage/pywheels, since the GPU machine has PyTorch but not onnxscript and no network.
-#   (device run, carry ["stage", "conformance-results"])
+#   (device run, carry ["stage"]; add "conformance-results" only where it exists here: a carried
+#   path that is missing here is deleted there)
 #   bash scripts/conformance.sh run [suite.py options]
 #       there: installs the staged wheels into /tmp/isolane-conformance/pydeps where onnxscript
 #       is missing, runs the suite with a 420 s budget (one call stays under ~8 minutes; run it
@@ -48,7 +49,10 @@ ensure_onnxscript() {
                  "run 'bash scripts/conformance.sh stage' where PyPI is reachable" >&2
             return
         fi
-        "$PY" -m pip install --quiet --no-index --no-deps --target "$deps" stage/pywheels/*.whl
+        # Pure-Python wheels are zip files laid out for site-packages: extracting them is
+        # installing them (no pip needed there).
+        mkdir -p "$deps"
+        for whl in stage/pywheels/*.whl; do "$PY" -m zipfile -e "$whl" "$deps"; done
     fi
     export PYTHONPATH="$deps${PYTHONPATH:+:$PYTHONPATH}"
 }
@@ -71,5 +75,5 @@ case "${1:-}" in
     stage) stage ;;
     run) shift; run_suite "$PWD/stage/isolane" "$@" ;;
     local) shift; run_suite "${ISOLANE_BIN:-$PWD/target/release/isolane}" "$@" ;;
-    *) sed -n '2,27p' "$0"; exit 2 ;;
+    *) sed -n '2,25p' "$0"; exit 2 ;;
 esac

@@ -723,7 +723,17 @@ impl<'m> Importer<'m> {
                     3,
                 )
             }
-            "MatMul" => self.emit1(c, Op::MatMul, 2),
+            "MatMul" => match (self.req(c, 0)?, self.req(c, 1)?) {
+                // Small products of constants fold here so that what follows (GatherND of a
+                // bias table) sees values; large ones are left to the compile-time folding.
+                (Val::F(a), Val::F(b))
+                    if b.shape.len() == 2 && a.data.len().saturating_mul(b.shape[1]) <= 1 << 24 =>
+                {
+                    Ok(vec![Val::F(fold_matmul(c, &a, &b)?)])
+                }
+                _ => self.emit1(c, Op::MatMul, 2),
+            },
+            "GatherND" => self.gather_nd(c),
             "Flatten" => {
                 let axis = c.int("axis", 1)?;
                 let x = self.req(c, 0)?;
@@ -811,6 +821,8 @@ impl<'m> Importer<'m> {
             "GroupNormalization" => self.group_norm(c),
             "Pad" => self.pad(c),
             "InstanceNormalization" => self.instance_norm(c),
+            "Einsum" => self.einsum(c),
+            "ScatterND" => self.scatter_nd(c),
             _ => Err(c.unsupported_op()),
         }
     }
@@ -1409,6 +1421,166 @@ impl<'m> Importer<'m> {
             &[(format!("{}:sum", c.r.node), sum)],
             vec![out],
         )
+    }
+
+    /// GatherND on values known at import (`batch_dims` 0): swin v2's relative position bias
+    /// table, computed from constants, indexed by a constant index.
+    fn gather_nd(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        c.int_default_only("batch_dims", 0)?;
+        let (data, indices) = (self.req(c, 0)?, self.req(c, 1)?);
+        let Val::F(data) = &data else {
+            return Err(c.bad(format!(
+                "GatherND of {} is supported only on float values known at import",
+                data.kind()
+            )));
+        };
+        let idx = syms_static(c, &indices, "indices")?;
+        let ishape = static_shape(&indices);
+        let q = ishape.last().copied().unwrap_or(0);
+        let dshape = &data.shape;
+        if q == 0 || q > dshape.len() {
+            return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
+        }
+        let slice: usize = dshape[q..].iter().product();
+        let mut out = Vec::with_capacity(idx.len() / q * slice);
+        for tuple in idx.chunks_exact(q) {
+            let at = nd_offset(c, tuple, dshape)? * slice;
+            out.extend_from_slice(&data.data[at..at + slice]);
+        }
+        let mut shape = ishape[..ishape.len() - 1].to_vec();
+        shape.extend_from_slice(&dshape[q..]);
+        Ok(vec![Val::F(Arr::new(shape, out))])
+    }
+
+    /// ScatterND on values known at import (`reduction` none): the masks and biases that
+    /// exporters build from in-place slice assignments (swin v2's shifted-window mask).
+    fn scatter_nd(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let reduction = c.string("reduction", "none")?;
+        if reduction != "none" {
+            return Err(c.unsupported_attr("reduction", format!("value {reduction:?}")));
+        }
+        let (data, indices, updates) = (self.req(c, 0)?, self.req(c, 1)?, self.req(c, 2)?);
+        let (Val::F(data), Val::F(updates)) = (&data, &updates) else {
+            return Err(c.bad(format!(
+                "ScatterND of {} with updates {} is supported only on float values known at import",
+                data.kind(),
+                updates.kind()
+            )));
+        };
+        let idx = syms_static(c, &indices, "indices")?;
+        let ishape = static_shape(&indices);
+        let q = ishape.last().copied().unwrap_or(0);
+        let dshape = &data.shape;
+        if q == 0 || q > dshape.len() {
+            return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
+        }
+        let slice: usize = dshape[q..].iter().product();
+        let n = idx.len() / q;
+        if updates.data.len() != n * slice {
+            return Err(c.bad(format!(
+                "updates {:?} do not fit indices {ishape:?} into data {dshape:?}",
+                updates.shape
+            )));
+        }
+        let mut out = data.data.clone();
+        for (k, tuple) in idx.chunks_exact(q).enumerate() {
+            let at = nd_offset(c, tuple, dshape)? * slice;
+            out[at..at + slice].copy_from_slice(&updates.data[k * slice..(k + 1) * slice]);
+        }
+        Ok(vec![Val::F(Arr::new(dshape.clone(), out))])
+    }
+
+    /// Einsum of two operands that is a batched matrix product (attention's
+    /// `bhid,bhjd->bhij` and `bhij,bhjd->bhid`, maxvit's 5-D forms): one summed letter, shared
+    /// batch letters, one free letter per operand. Imported as Transpose → MatMul → Transpose;
+    /// any other equation is refused naming it.
+    fn einsum(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let eq: String = c
+            .string("equation", "")?
+            .chars()
+            .filter(|ch| !ch.is_whitespace())
+            .collect();
+        let refuse = |why: &str| {
+            c.unsupported_attr(
+                "equation",
+                format!("{eq:?}: {why} (isolane supports two-operand batched matrix products)"),
+            )
+        };
+        let (lhs, out) = eq
+            .split_once("->")
+            .ok_or_else(|| refuse("no explicit output"))?;
+        let ops: Vec<&str> = lhs.split(',').collect();
+        if ops.len() != 2 || c.n.input.len() != 2 || eq.contains('.') {
+            return Err(refuse("not two operands without ellipsis"));
+        }
+        let (a, b) = (ops[0], ops[1]);
+        let distinct = |t: &str| t.chars().collect::<HashSet<_>>().len() == t.len();
+        if !distinct(a) || !distinct(b) || !distinct(out) {
+            return Err(refuse("a letter repeats within a term"));
+        }
+        let summed: Vec<char> = a
+            .chars()
+            .filter(|&l| b.contains(l) && !out.contains(l))
+            .collect();
+        let batch: Vec<char> = a
+            .chars()
+            .filter(|&l| b.contains(l) && out.contains(l))
+            .collect();
+        let free_a: Vec<char> = a.chars().filter(|&l| !b.contains(l)).collect();
+        let free_b: Vec<char> = b.chars().filter(|&l| !a.contains(l)).collect();
+        let all_out = out
+            .chars()
+            .all(|l| batch.contains(&l) || free_a.contains(&l) || free_b.contains(&l));
+        if summed.len() != 1 || free_a.len() != 1 || free_b.len() != 1 || !all_out {
+            return Err(refuse("not a batched matrix product"));
+        }
+        if out.len() != batch.len() + 2 {
+            return Err(refuse("an operand's free letter is summed away"));
+        }
+        let (x, y) = (self.req(c, 0)?, self.req(c, 1)?);
+        if x.rank() != a.len() || y.rank() != b.len() {
+            return Err(c.bad(format!(
+                "equation {eq:?} does not match operand ranks {} and {}",
+                x.rank(),
+                y.rank()
+            )));
+        }
+        let k = summed[0];
+        let order_a: String = batch.iter().chain([&free_a[0], &k]).collect();
+        let order_b: String = batch.iter().chain([&k, &free_b[0]]).collect();
+        let prod: String = batch.iter().chain([&free_a[0], &free_b[0]]).collect();
+        let xa = self.permute_to(c, (c.n.input[0].clone(), x), a, &order_a, "lhs")?;
+        let yb = self.permute_to(c, (c.n.input[1].clone(), y), b, &order_b, "rhs")?;
+        if prod == out {
+            let name = self.out_name(c, 0);
+            return self.emit(c, Op::MatMul, &[xa, yb], vec![name]);
+        }
+        let m = self.emit_tmp(c, Op::MatMul, &[xa, yb], "product")?;
+        let perm: Vec<usize> = out.chars().filter_map(|l| prod.find(l)).collect();
+        let name = self.out_name(c, 0);
+        self.emit(
+            c,
+            Op::Transpose { perm },
+            &[(format!("{}:product", c.r.node), m)],
+            vec![name],
+        )
+    }
+
+    /// `x` (letters `from`) transposed to the letter order `to` (a permutation of `from`).
+    fn permute_to(
+        &mut self,
+        c: &Ctx,
+        x: (String, Val),
+        from: &str,
+        to: &str,
+        what: &str,
+    ) -> Result<(String, Val)> {
+        if from == to {
+            return Ok(x);
+        }
+        let perm: Vec<usize> = to.chars().filter_map(|l| from.find(l)).collect();
+        let v = self.emit_tmp(c, Op::Transpose { perm }, &[x], what)?;
+        Ok((format!("{}:{what}", c.r.node), v))
     }
 
     /// Adds one IR node whose output is an intermediate value of this ONNX node.
@@ -2207,6 +2379,52 @@ impl<'m> Importer<'m> {
             vec![out],
         )
     }
+}
+
+/// The C-order offset (in units of the trailing slice) of an index tuple into the leading dims
+/// of `shape` (negative indices count from the end), for GatherND and ScatterND.
+fn nd_offset(c: &Ctx, tuple: &[i64], shape: &[usize]) -> Result<usize> {
+    let mut offset = 0usize;
+    for (d, &i) in tuple.iter().enumerate() {
+        let size = shape[d] as i64;
+        let j = if i < 0 { i + size } else { i };
+        if !(0..size).contains(&j) {
+            return Err(c.bad(format!(
+                "index {i} is out of range for dimension {d} of size {size}"
+            )));
+        }
+        offset = offset * shape[d] + j as usize;
+    }
+    Ok(offset)
+}
+
+/// `a @ b` for values known at import with a 2-D `b` (a positional-bias MLP on a constant
+/// table), computed in f64 and rounded once.
+fn fold_matmul(c: &Ctx, a: &Arr<f32>, b: &Arr<f32>) -> Result<Arr<f32>> {
+    let (k, n) = (b.shape[0], b.shape[1]);
+    let ka = a.shape.last().copied().unwrap_or(0);
+    if a.shape.len() < 2 || ka != k {
+        return Err(c.bad(format!(
+            "MatMul of constants {:?} and {:?}: inner dimensions differ",
+            a.shape, b.shape
+        )));
+    }
+    let rows = a.data.len() / k.max(1);
+    fold::numel(&[rows, n]).map_err(|e| c.bad(e))?;
+    let mut out = vec![0f32; rows * n];
+    for r in 0..rows {
+        for j in 0..n {
+            let acc: f64 = (0..k)
+                .map(|i| a.data[r * k + i] as f64 * b.data[i * n + j] as f64)
+                .sum();
+            out[r * n + j] = acc as f32;
+        }
+    }
+    let mut shape = a.shape.clone();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    Ok(Arr::new(shape, out))
 }
 
 /// Integer values that must not depend on the batch.
