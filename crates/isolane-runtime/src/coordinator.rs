@@ -212,7 +212,7 @@ pub fn preflight(plan: &RunPlan) -> Result<(), PlanError> {
 }
 
 /// What each workload of `plan` keeps in memory, named in the scenario's terms.
-fn record_demands(plan: &RunPlan) -> Vec<crate::limits::RecordDemand> {
+pub fn record_demands(plan: &RunPlan) -> Vec<crate::limits::RecordDemand> {
     plan.workloads
         .iter()
         .map(|w| {
