@@ -117,10 +117,36 @@ engine_checks() {
     return $status
 }
 
+# There: memory admission's estimates against measurement (docs/partitions.md). Runs
+# scenarios/gpu/memory-*.toml and prints, per workload, what admission control counted
+# (memory_estimate_mib) beside what was measured (gpu_memory_mib: NVML's per-process peak for a
+# worker, the engine's own allocations for a thread-hosted workload sharing the process).
+#   bash scripts/gpu-test.sh memory
+memory() {
+    local out=${OUT:-/tmp/isolane-out} status=0
+    mkdir -p "$out"
+    for s in scenarios/gpu/memory-*.toml; do
+        local dir="$out/memory-$(basename "$s" .toml)"
+        ./stage/isolane run "$s" --quiet --out "$dir" >"$dir.log" 2>&1 || { status=1; tail -5 "$dir.log"; }
+        python3 - "$dir/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"{sys.argv[1]}:")
+print(f"  {'workload':16} {'host':8} {'estimate MiB':>12} {'measured MiB':>12} {'ratio':>6}")
+for w in s["workloads"]:
+    e, m = w.get("memory_estimate_mib"), w.get("gpu_memory_mib")
+    r = f"{e / m:.2f}" if e and m else "-"
+    print(f"  {w['name']:16} {w['host']:8} {e or '-':>12} {m if m is not None else '-':>12} {r:>6}")
+PY
+    done
+    return $status
+}
+
 case "${1:-}" in
     stage) stage ;;
     run) shift; run "$@" ;;
     bench) shift; bench "$@" ;;
     engine-checks) shift; engine_checks "$@" ;;
-    *) echo "usage: $0 stage | run [TEST_BINARY_NAME...] | bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS] | engine-checks [PARTS]" >&2; exit 2 ;;
+    memory) memory ;;
+    *) echo "usage: $0 stage | run [TEST_BINARY_NAME...] | bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS] | engine-checks [PARTS] | memory" >&2; exit 2 ;;
 esac
