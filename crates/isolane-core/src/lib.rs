@@ -7,6 +7,7 @@ pub mod files;
 pub mod job;
 pub mod maxrate;
 pub mod metrics;
+pub mod process;
 pub mod schedule;
 pub mod spec;
 pub mod stats;

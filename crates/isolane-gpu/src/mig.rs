@@ -3,7 +3,8 @@
 //!
 //! Nothing here can change MIG mode: [`MigBackend`] has no such call, and the NVML backend
 //! never calls `nvmlDeviceSetMigMode`. MIG is off on our H100 test machine and must stay off,
-//! so the logic is tested against [`fake::FakeMig`].
+//! so the logic is tested against `fake::FakeMig` (built for tests only: `cfg(test)` or the
+//! `test-support` feature, which only dev-dependencies enable).
 
 use serde::Serialize;
 
@@ -644,6 +645,7 @@ pub mod nvml {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 pub mod fake {
     //! An in-memory MIG backend for tests: records every call, can be told to fail a call.
 
