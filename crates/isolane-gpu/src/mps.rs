@@ -661,18 +661,17 @@ fn stop_registered(reg: &Registration) -> Result<()> {
             "daemon still running after quit (pids {:?}); killed",
             left.iter().map(|p| p.pid).collect::<Vec<_>>()
         ));
-        // SAFETY (not unsafe code, but a hazard): never signal our own process group.
+        // Never signal our own process group.
         // SAFETY: getpgrp has no preconditions.
         let own_pgid = unsafe { libc::getpgrp() };
         for p in &left {
-            // SAFETY: plain kill(2) calls on pids/groups found by their environment to belong
-            // to this daemon; our own process group is excluded.
-            unsafe {
-                if p.pgid > 1 && p.pgid != own_pgid {
-                    libc::killpg(p.pgid, libc::SIGKILL);
-                }
-                libc::kill(p.pid, libc::SIGKILL);
+            if p.pgid > 1 && p.pgid != own_pgid {
+                // SAFETY: kill(2) of a process group found by its environment to belong to this
+                // daemon; our own process group is excluded.
+                unsafe { libc::killpg(p.pgid, libc::SIGKILL) };
             }
+            // SAFETY: kill(2) of a pid found by its environment to belong to this daemon.
+            unsafe { libc::kill(p.pid, libc::SIGKILL) };
         }
         let until = Instant::now() + Duration::from_secs(2);
         while left.iter().any(|p| pid_alive(p.pid)) && Instant::now() < until {
