@@ -960,11 +960,13 @@ pub fn slice_params(
         if e < 0 {
             e = e.saturating_add(d);
         }
+        // ceil(span / |step|), written so that no step (i64::MIN and MAX included) overflows:
+        // the span is at most d.
         let len = if step > 0 {
             s = clampi(s, 0, d);
             e = clampi(e, 0, d);
             if e > s {
-                (e - s + step - 1) / step
+                (e - s - 1) as u64 / step.unsigned_abs() + 1
             } else {
                 0
             }
@@ -972,7 +974,7 @@ pub fn slice_params(
             s = clampi(s, 0, d - 1);
             e = clampi(e, -1, d - 1);
             if s > e {
-                (s - e + (-step) - 1) / (-step)
+                (s - e - 1) as u64 / step.unsigned_abs() + 1
             } else {
                 0
             }
