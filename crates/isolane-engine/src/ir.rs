@@ -901,8 +901,9 @@ pub fn window_out(
     if stride == 0 || dil == 0 || k == 0 {
         return None;
     }
-    let eff = dil * (k - 1) + 1;
-    let padded = input + pad_begin + pad_end;
+    // Checked: dilations, kernels and pads come from model files; past usize, no window fits.
+    let eff = dil.checked_mul(k - 1)?.checked_add(1)?;
+    let padded = input.checked_add(pad_begin)?.checked_add(pad_end)?;
     if padded < eff {
         return None;
     }
@@ -913,6 +914,7 @@ pub fn window_out(
         span / stride
     } + 1;
     // PyTorch/ONNX: with ceil mode the last window must start inside the input or left padding.
+    // (out - 1) * stride <= span, so it cannot overflow; input + pad_begin <= padded.
     if ceil && out > 1 && (out - 1) * stride >= input + pad_begin {
         out -= 1;
     }

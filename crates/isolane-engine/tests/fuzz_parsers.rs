@@ -3,8 +3,9 @@
 //! Inputs are byte-level mutations of valid files (the test fixtures, and files written by the
 //! engine's own writers), plus npy and safetensors headers assembled with edge-case fields.
 //! `cargo test` runs a bounded number of cases (`ISOLANE_FUZZ_CASES`, default 300 each, about a
-//! second in all); `scripts/fuzz.sh` runs many more. The ONNX edits found two bugs, both fixed: a
-//! huge Split `num_outputs` allocated terabytes, and a Slice step at the edge of i64 overflowed.
+//! second in all); `scripts/fuzz.sh` runs many more. The ONNX edits found three bugs, all fixed:
+//! a huge Split `num_outputs` allocated terabytes, a Slice step at the edge of i64 overflowed, and
+//! so did a Conv/pool window with a huge dilation or pad.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -524,4 +525,14 @@ fn a_slice_step_at_the_edge_of_i64_takes_one_element() {
     assert_eq!(p, vec![(4, i64::MIN, 1)]);
     let p = slice_params(&[5], &[0], &[5], &[0], &[2]).unwrap();
     assert_eq!(p, vec![(0, 2, 3)]);
+}
+
+/// Found by `edited_onnx_models_never_panic`: a window whose dilation × kernel or padded size
+/// passes usize fits nowhere (an error upstream), instead of overflowing.
+#[test]
+fn a_window_past_usize_fits_nowhere() {
+    use isolane_engine::ir::window_out;
+    assert_eq!(window_out(8, 3, 1, 0, 0, usize::MAX, false), None);
+    assert_eq!(window_out(8, 3, 1, usize::MAX, 1, 1, true), None);
+    assert_eq!(window_out(8, 3, 1, 1, 1, 1, false), Some(8));
 }
