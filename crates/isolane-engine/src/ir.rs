@@ -888,6 +888,11 @@ pub fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
     }
 }
 
+/// The number of elements of `shape`, or None past usize (shapes from model files).
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
 /// Output size of a strided window op along one dim.
 pub fn window_out(
     input: usize,
@@ -1161,11 +1166,16 @@ pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<us
                 norm_axis(*axis, x.len())
                     .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?
             };
-            vec![x[..a].iter().product(), x[a..].iter().product()]
+            let (Some(outer), Some(inner)) = (checked_numel(&x[..a]), checked_numel(&x[a..]))
+            else {
+                return Err(err(format!("{x:?} holds more elements than usize counts")));
+            };
+            vec![outer, inner]
         }
         Op::Reshape { shape } => {
             let o = resolve_dims(shape, Some(x), batch).map_err(err)?;
-            if o.iter().product::<usize>() != x.iter().product::<usize>() {
+            // Checked: a target shape from a model file may multiply past usize.
+            if checked_numel(&o).is_none() || checked_numel(&o) != checked_numel(x) {
                 return Err(err(format!("cannot reshape {x:?} into {o:?}")));
             }
             o

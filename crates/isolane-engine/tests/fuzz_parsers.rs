@@ -3,9 +3,9 @@
 //! Inputs are byte-level mutations of valid files (the test fixtures, and files written by the
 //! engine's own writers), plus npy and safetensors headers assembled with edge-case fields.
 //! `cargo test` runs a bounded number of cases (`ISOLANE_FUZZ_CASES`, default 300 each, about a
-//! second in all); `scripts/fuzz.sh` runs many more. The ONNX edits found three bugs, all fixed:
+//! second in all); `scripts/fuzz.sh` runs many more. The ONNX edits found four bugs, all fixed:
 //! a huge Split `num_outputs` allocated terabytes, a Slice step at the edge of i64 overflowed, and
-//! so did a Conv/pool window with a huge dilation or pad.
+//! so did a Conv/pool window with a huge dilation or pad and a Reshape target of huge dims.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -535,4 +535,15 @@ fn a_window_past_usize_fits_nowhere() {
     assert_eq!(window_out(8, 3, 1, 0, 0, usize::MAX, false), None);
     assert_eq!(window_out(8, 3, 1, usize::MAX, 1, 1, true), None);
     assert_eq!(window_out(8, 3, 1, 1, 1, 1, false), Some(8));
+}
+
+/// Found by `edited_onnx_models_never_panic`: element counts of shapes from model files are
+/// counted with overflow checks.
+#[test]
+fn an_element_count_past_usize_is_none() {
+    use isolane_engine::ir::checked_numel;
+    assert_eq!(checked_numel(&[2, 3, 4]), Some(24));
+    assert_eq!(checked_numel(&[]), Some(1));
+    assert_eq!(checked_numel(&[usize::MAX, 2]), None);
+    assert_eq!(checked_numel(&[usize::MAX, 0]), Some(0));
 }
