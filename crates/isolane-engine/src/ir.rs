@@ -817,7 +817,9 @@ pub fn resolve_dims(
         out.push(match *d {
             Dim::Fixed(n) => n,
             Dim::Batch => batch,
-            Dim::BatchTimes(k) => k * batch,
+            Dim::BatchTimes(k) => k
+                .checked_mul(batch)
+                .ok_or_else(|| format!("dim {i}: {k} × batch {batch} passes usize"))?,
             Dim::Copy => match input {
                 Some(s) if i < s.len() => s[i],
                 _ => return Err(format!("dim {i}: Copy has no input dim to copy")),
@@ -832,13 +834,15 @@ pub fn resolve_dims(
         });
     }
     if let (Some(i), Some(src)) = (infer_at, input) {
-        let total: usize = src.iter().product();
-        let known: usize = out
+        // Checked: the dims come from model files.
+        let total = checked_numel(src)
+            .ok_or_else(|| format!("cannot infer dim {i}: {src:?} holds more than usize counts"))?;
+        let known = out
             .iter()
             .enumerate()
             .filter(|(j, _)| *j != i)
-            .map(|(_, d)| *d)
-            .product();
+            .try_fold(1usize, |n, (_, d)| n.checked_mul(*d))
+            .unwrap_or(0);
         if known == 0 || !total.is_multiple_of(known) {
             return Err(format!(
                 "cannot infer dim {i}: {total} elements into {out:?}"

@@ -5,7 +5,8 @@
 //! `cargo test` runs a bounded number of cases (`ISOLANE_FUZZ_CASES`, default 300 each, about a
 //! second in all); `scripts/fuzz.sh` runs many more. The ONNX edits found four bugs, all fixed:
 //! a huge Split `num_outputs` allocated terabytes, a Slice step at the edge of i64 overflowed, and
-//! so did a Conv/pool window with a huge dilation or pad and a Reshape target of huge dims.
+//! so did a Conv/pool window with a huge dilation or pad and a Reshape target of huge dims
+//! (checked, then inferred).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
