@@ -1211,7 +1211,9 @@ pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<us
                 if s.len() != x.len() || s.iter().enumerate().any(|(i, &d)| i != a && d != x[i]) {
                     return Err(err(format!("cannot concat {s:?} with {x:?} on axis {a}")));
                 }
-                o[a] += s[a];
+                o[a] = o[a]
+                    .checked_add(s[a])
+                    .ok_or_else(|| err(format!("concatenating {s:?} on axis {a} passes usize")))?;
             }
             o
         }
