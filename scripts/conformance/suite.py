@@ -228,6 +228,11 @@ def ensure_export(args, name, exporter, deadline):
         ok = p.returncode == 0 and os.path.exists(meta_path)
         why = last_lines(p.stderr + p.stdout) if not ok else None
     except subprocess.TimeoutExpired:
+        if timeout < args.export_timeout:
+            # Cut short by the budget, not by the export: nothing is recorded, the next call
+            # exports it again with the full --export-timeout.
+            print(f"  export {name} {exporter}: deferred (budget)", flush=True)
+            return None, None
         ok, why = False, f"export did not finish in {timeout:.0f} s"
     print(f"  export {name} {exporter}: {'ok' if ok else 'FAILED'} ({time.time() - t0:.0f} s)", flush=True)
     if ok:
@@ -428,6 +433,9 @@ def main():
                                  reason="Ultralytics is not installed here (pip install ultralytics)")
                 continue
             meta, why = ensure_export(args, name, exporter, deadline)
+            if meta is None and why is None:
+                left += len(todo)
+                continue
             for b, p in todo:
                 path = result_path(args.results, name, exporter, b, p)
                 if meta is None:

@@ -4,8 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The binary under test: `ISOLANE_BIN` when set (the staged binary on the GPU machine, where
+/// the build's path does not exist), else the one cargo built.
 pub fn isolane() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_isolane"))
+    match std::env::var_os("ISOLANE_BIN") {
+        Some(bin) => Command::new(bin),
+        None => Command::new(env!("CARGO_BIN_EXE_isolane")),
+    }
 }
 
 /// Writes a scenario file into `dir` and returns its path.
