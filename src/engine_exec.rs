@@ -114,15 +114,38 @@ fn build_cuda(
         None => isolane_cuda::CudaBackend::new(gpu_index(device)),
     }
     .map_err(|e| engine_err(spec, e))?;
+    // Imported models are checked against the CPU reference before their first job;
+    // built-ins are covered by the GPU tests (docs/cuda.md, Plan check).
+    let options = isolane_cuda::CompileOptions {
+        plan_check: spec.plan_check && is_onnx(&spec.model),
+        ..Default::default()
+    };
     let mut model = backend
-        .compile_cuda(graph, spec.batch as usize, precision(spec.precision))
+        .compile_cuda_with(
+            graph,
+            spec.batch as usize,
+            precision(spec.precision),
+            &options,
+        )
         .map_err(|e| engine_err(spec, e))?;
+    if let Some(r) = model.plan_check() {
+        eprintln!("workload {}: {}", spec.name, plan_check_line(&r));
+    }
     let input = crate::cmd::infer::random_normal(model.input_mut().len(), seed);
     model.input_mut().copy_from_slice(&input);
     Ok(Box::new(CudaExecutor {
         model,
         _group: group,
     }))
+}
+
+/// What a passed plan check found and cost, in one line (`isolane infer`/`bench` print it too).
+pub fn plan_check_line(r: &isolane_cuda::check::CheckReport) -> String {
+    format!(
+        "plan check passed: rel L2 {:.2e} against the CPU reference (limit {:.0e}), {:.0} ms \
+         (--no-plan-check skips it)",
+        r.rel_l2, r.tolerance, r.ms
+    )
 }
 
 /// A model on the GPU; a job is one CUDA graph launch and the wait for its output copy.

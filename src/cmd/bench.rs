@@ -163,9 +163,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
                 let (mut model, mem): (Box<dyn CompiledModel>, Option<isolane_cuda::MemoryReport>) =
                     match &cuda {
                         Some(b) => {
-                            let mut m = b.compile_cuda(&graph, batch, p).with_context(|| {
-                                format!("compiling {name} batch {batch} {p} for cuda")
-                            })?;
+                            // Built-in models only: covered by the GPU tests, so no plan check
+                            // (it would add a CPU forward pass to every compile).
+                            let options = isolane_cuda::CompileOptions {
+                                plan_check: false,
+                                ..Default::default()
+                            };
+                            let mut m = b
+                                .compile_cuda_with(&graph, batch, p, &options)
+                                .with_context(|| {
+                                    format!("compiling {name} batch {batch} {p} for cuda")
+                                })?;
                             let input = super::infer::random_normal(m.input_mut().len(), args.seed);
                             m.input_mut().copy_from_slice(&input);
                             m.run()?;

@@ -64,6 +64,10 @@ pub struct InferArgs {
     /// Time every step of one more run and print the slowest ones (kernel choice per node).
     #[arg(long)]
     profile: bool,
+    /// Skip the plan check of an imported (.onnx) model on cuda: its compiled plan is
+    /// otherwise compared once with the CPU reference before it runs (docs/cuda.md).
+    #[arg(long)]
+    no_plan_check: bool,
 }
 
 #[derive(Args)]
@@ -166,13 +170,23 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
     let (mut loaded, backend_line) = if args.backend == "cuda" {
         let backend =
             isolane_cuda::CudaBackend::new(args.gpu).map_err(|e| engine_error(e, &args.model))?;
+        // Built-in models are covered by the GPU tests; imported ones are checked.
+        let options = isolane_cuda::CompileOptions {
+            plan_check: !args.no_plan_check && is_onnx_path(&args.model),
+            ..Default::default()
+        };
         let m = backend
-            .compile_cuda(&graph, batch, precision)
+            .compile_cuda_with(&graph, batch, precision, &options)
             .map_err(|e| engine_error(e, &args.model))?;
-        (
-            Loaded::Cuda(Box::new(m)),
-            format!("cuda (GPU {}), {precision}", args.gpu),
-        )
+        let line = match m.plan_check() {
+            Some(r) => format!(
+                "cuda (GPU {}), {precision}; {}",
+                args.gpu,
+                crate::engine_exec::plan_check_line(&r)
+            ),
+            None => format!("cuda (GPU {}), {precision}", args.gpu),
+        };
+        (Loaded::Cuda(Box::new(m)), line)
     } else {
         let m = CpuBackend::new(args.threads)
             .compile_cpu(&graph, batch, Precision::Fp32)
@@ -313,14 +327,17 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
 }
 
 /// Reads a built-in or an ONNX file; returns the graph and a one-line description.
+/// As in scenarios (isolane-core's ModelSource): a name ending in .onnx is a file, anything
+/// else a built-in name.
+fn is_onnx_path(model: &str) -> bool {
+    Path::new(model)
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
 fn load_model(args: &InferArgs) -> anyhow::Result<(Graph, String)> {
     let path = Path::new(&args.model);
-    // As in scenarios (isolane-core's ModelSource): a name ending in .onnx is a file, anything
-    // else a built-in name.
-    let is_onnx = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
-    if is_onnx {
+    if is_onnx_path(&args.model) {
         if args.weights.is_some() {
             return Err(user(format!(
                 "--weights applies to built-in models; {} carries its own weights",

@@ -56,6 +56,9 @@ pub struct MaxrateArgs {
     /// Set by isolane on the MPS client process it starts: the partition exists already.
     #[arg(long, hide = true)]
     in_partition: bool,
+    /// Skip the plan check of an imported (.onnx) model on cuda (docs/cuda.md, Plan check).
+    #[arg(long)]
+    no_plan_check: bool,
     /// Images per job.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     batch: u32,
@@ -154,6 +157,7 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
                 ..PartitionSpec::default()
             }
         },
+        plan_check: !args.no_plan_check,
     };
     let timing = TimingSpec {
         spin_us: args.spin_us,

@@ -42,15 +42,25 @@ pub struct RunArgs {
     /// Without SCENARIO: run the CPU quickstart even when a GPU is present.
     #[arg(long, conflicts_with = "scenario")]
     pub cpu: bool,
+    /// Skip the plan check of imported (.onnx) models on cuda for every workload (as
+    /// `plan_check = false` in each; docs/cuda.md, Plan check).
+    #[arg(long)]
+    pub no_plan_check: bool,
     #[command(flatten)]
     pub partitions: super::PartitionFlags,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<u8> {
-    let (scenario, scenario_name) = match &args.scenario {
+    let (mut scenario, scenario_name) = match &args.scenario {
         Some(p) => super::load_scenario(Some(p))?,
         None => super::quickstart(args.cpu)?,
     };
+    if args.no_plan_check {
+        scenario
+            .workloads
+            .iter_mut()
+            .for_each(|w| w.plan_check = false);
+    }
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let plan = RunPlan::from_scenario(&scenario);
     let m = measure(Request {

@@ -344,6 +344,8 @@ fn run_args(scenario: &Path, out: &Path, c: &Common) -> super::run::RunArgs {
         force: true,
         quiet: c.quiet,
         cpu: false,
+        // Each point's scenario carries its workloads' own `plan_check`.
+        no_plan_check: false,
         partitions: super::PartitionFlags {
             join_mps: c.join_mps,
             ..Default::default()

@@ -467,6 +467,7 @@ mod tests {
             ramp: None,
             host: Host::Thread,
             partition,
+            plan_check: true,
         }
     }
 

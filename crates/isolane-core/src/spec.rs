@@ -192,6 +192,14 @@ pub struct WorkloadSpec {
     /// Overrides `device.host`.
     pub host: Host,
     pub partition: PartitionSpec,
+    /// On `backend = "cuda"`, compare an imported (.onnx) model's compiled plan with the CPU
+    /// reference before the first job (docs/cuda.md, Plan check). Default true.
+    #[serde(default = "plan_check_default")]
+    pub plan_check: bool,
+}
+
+fn plan_check_default() -> bool {
+    true
 }
 
 impl WorkloadSpec {

@@ -96,6 +96,29 @@ pub fn push_converted(out: &mut Vec<u8>, data: &[f32], dtype: DType) {
     }
 }
 
+/// bf16 bits → f32 (exact: bf16 is f32's upper half).
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// Little-endian device values of `dtype` → f32.
+pub fn to_f32(raw: &[u8], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::F32 => raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        DType::F16 => raw
+            .chunks_exact(2)
+            .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        DType::Bf16 => raw
+            .chunks_exact(2)
+            .map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@
 //! a green-context stream confines the whole model to that context's SMs
 //! ([`CudaBackend::with_stream`]).
 
+pub mod check;
 pub mod convert;
 pub mod kernels;
 pub mod libs;
@@ -24,6 +25,28 @@ use cudarc::driver::sys as cu;
 use isolane_engine::{passes, Backend, CompiledModel, EngineError, Graph, Precision, Result};
 
 pub use model::{CudaModel, MemoryReport};
+
+/// How [`CudaBackend::compile_cuda_with`] compiles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompileOptions {
+    /// Run the plan once on a seeded random input and compare it with the CPU reference
+    /// before returning it ([`check`]); a plan that disagrees is an error naming the first
+    /// diverging node, never a model. On by default.
+    pub plan_check: bool,
+    /// Test hook: negate the output of this node of the optimised graph, a deliberately wrong
+    /// plan that the check must catch ([`plan::corrupt_node`]).
+    #[doc(hidden)]
+    pub corrupt_node: Option<String>,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            plan_check: true,
+            corrupt_node: None,
+        }
+    }
+}
 
 /// A stream the backend created itself (on the device's primary context), destroyed last.
 struct OwnedStream {
@@ -116,12 +139,24 @@ impl CudaBackend {
         self.stream
     }
 
-    /// Compiles to the concrete model type (memory report, async launch).
+    /// Compiles to the concrete model type (memory report, async launch), with the plan
+    /// check ([`CompileOptions::default`]).
     pub fn compile_cuda(
         &self,
         graph: &Graph,
         batch: usize,
         precision: Precision,
+    ) -> Result<CudaModel> {
+        self.compile_cuda_with(graph, batch, precision, &CompileOptions::default())
+    }
+
+    /// [`CudaBackend::compile_cuda`] with options.
+    pub fn compile_cuda_with(
+        &self,
+        graph: &Graph,
+        batch: usize,
+        precision: Precision,
+        options: &CompileOptions,
     ) -> Result<CudaModel> {
         if batch == 0 {
             return Err(EngineError::InvalidArgument(
@@ -142,9 +177,12 @@ impl CudaBackend {
             channels_last: std::env::var("ISOLANE_CUDA_LAYOUT").map_or(true, |v| v != "nchw"),
             fused_attention,
         };
-        let p = plan::plan_with(&g, batch, precision, opts)?;
-        CudaModel::build(
-            p,
+        let mut p = plan::plan_with(&g, batch, precision, opts)?;
+        if let Some(node) = &options.corrupt_node {
+            plan::corrupt_node(&mut p, node)?;
+        }
+        let mut m = CudaModel::build(
+            p.clone(),
             &model::Target {
                 ctx: self.ctx,
                 stream: self.stream,
@@ -153,8 +191,25 @@ impl CudaBackend {
                     .clone()
                     .map(|o| o as Arc<dyn std::any::Any + Send + Sync>),
             },
-        )
+        )?;
+        if options.plan_check {
+            let report = check_model(&mut m, graph, &g, &p, batch)?;
+            m.set_plan_check(report);
+        }
+        Ok(m)
     }
+}
+
+/// The plan check on the GPU: the captured graph runs the check's input (as a job would), and
+/// on a mismatch the launches are replayed step by step to find the diverging node.
+fn check_model(
+    m: &mut CudaModel,
+    graph: &Graph,
+    optimised: &Graph,
+    p: &plan::Plan,
+    batch: usize,
+) -> Result<check::CheckReport> {
+    check::check_plan(graph, optimised, p, batch, m)
 }
 
 impl Backend for CudaBackend {

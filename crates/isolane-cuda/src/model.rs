@@ -321,7 +321,17 @@ pub struct CudaModel {
     compute_graph: cu::CUgraph,
     compute_exec: cu::CUgraphExec,
     steps: usize,
+    /// Index in `launches` of each step's first launch, then of the output copies (the plan
+    /// check replays the plan step by step).
+    step_start: Vec<usize>,
+    /// Byte offsets of the arena's storages and of the constants in the weights, and the
+    /// device dtype: where a plan location is on the device.
+    storage_offsets: Vec<usize>,
+    const_offsets: Vec<usize>,
+    dtype: DType,
     plan_ms: f64,
+    /// The plan check's result, when it ran.
+    check: Option<crate::check::CheckReport>,
     _keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
@@ -579,7 +589,12 @@ impl CudaModel {
             compute_graph: std::ptr::null_mut(),
             compute_exec: std::ptr::null_mut(),
             steps: plan.steps.len(),
+            step_start: Vec::with_capacity(plan.steps.len() + 1),
+            storage_offsets: plan.storages.iter().map(|st| st.offset).collect(),
+            const_offsets: plan.const_layout().0,
+            dtype,
             plan_ms: 0.0,
+            check: None,
             _keep: target.keep.clone(),
         };
 
@@ -712,6 +727,7 @@ impl CudaModel {
                     m.names.push(prev.clone());
                 }
                 prev = step.name.clone();
+                m.step_start.push(m.launches.len());
                 match &step.kind {
                     StepKind::CastIn { x, y, n } => m.launches.push(Launch::Kernel {
                         func: func("cast_in"),
@@ -1452,6 +1468,7 @@ impl CudaModel {
         // SAFETY: scratch was allocated above and is no longer used (algorithm search is over).
         unsafe { cu::cuMemFree_v2(scratch) };
         plan_result?;
+        m.step_start.push(m.launches.len());
         for (i, io) in plan.outputs.iter().enumerate() {
             m.names.push("output copy".into());
             m.launches.push(Launch::DtoH {
@@ -1669,6 +1686,34 @@ impl CudaModel {
             ));
         }
         Ok(out)
+    }
+
+    /// The plan check's result (`None` when it was skipped).
+    pub fn plan_check(&self) -> Option<crate::check::CheckReport> {
+        self.check
+    }
+
+    pub(crate) fn set_plan_check(&mut self, r: crate::check::CheckReport) {
+        self.check = Some(r);
+    }
+
+    /// Device address of `len` elements at a plan location, if they lie inside the arena or
+    /// the weights.
+    fn device_span(&self, l: Loc, len: usize) -> Option<u64> {
+        let es = self.dtype.size();
+        let (base, start, limit) = match l {
+            Loc::Storage { id, offset } => (
+                self.arena,
+                self.storage_offsets.get(id)? + offset * es,
+                self.mem.arena_bytes,
+            ),
+            Loc::Const { id, offset } => (
+                self.weights,
+                self.const_offsets.get(id)? + offset * es,
+                self.mem.weights_bytes,
+            ),
+        };
+        (start + len * es <= limit).then_some(base + start as u64)
     }
 
     /// Device memory of this model.
@@ -2288,6 +2333,64 @@ impl Drop for CudaModel {
                 cu::cuMemFreeHost(*p as *mut c_void);
             }
         }
+    }
+}
+
+/// The plan check's step-by-step replay: the same launches the graph holds, issued eagerly.
+impl crate::check::StepRunner for CudaModel {
+    fn run_plan(&mut self, inputs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+        self.write_inputs(inputs)?;
+        self.run()?;
+        Ok((0..self.num_outputs())
+            .map(|i| self.output_at(i).to_vec())
+            .collect())
+    }
+
+    fn write_inputs(&mut self, inputs: &[Vec<f32>]) -> Result<()> {
+        for (i, x) in inputs.iter().enumerate() {
+            let buf = self.input_mut_at(i);
+            if buf.len() != x.len() {
+                return Err(EngineError::InvalidArgument(format!(
+                    "input {i}: {} values for a buffer of {}",
+                    x.len(),
+                    buf.len()
+                )));
+            }
+            buf.copy_from_slice(x);
+        }
+        Ok(())
+    }
+
+    fn run_steps(&mut self, from: usize, to: usize) -> Result<()> {
+        make_current(self.ctx)?;
+        // Step 0 starts with the input copies (the launches before the first step).
+        let first = if from == 0 {
+            0
+        } else {
+            self.step_start[from.min(self.steps)]
+        };
+        let last = self.step_start[to.min(self.steps)];
+        let launches = self.launches.get(first..last).ok_or_else(|| {
+            EngineError::InvalidArgument(format!("steps {from}..{to} of {}", self.steps))
+        })?;
+        self.issue_list(launches, true)?;
+        self.wait()
+    }
+
+    fn read(&mut self, loc: Loc, len: usize) -> Result<Vec<f32>> {
+        make_current(self.ctx)?;
+        let es = self.dtype.size();
+        let src = self.device_span(loc, len).ok_or_else(|| {
+            EngineError::InvalidArgument(format!("{len} elements at {loc:?} are outside the model"))
+        })?;
+        let mut raw = vec![0u8; len * es];
+        // SAFETY: src..src + len * es lies inside this model's arena or weights (checked
+        // above); raw holds len * es bytes; synchronous copy (the stream was synchronised
+        // after the last step).
+        cu_check("cuMemcpyDtoH", unsafe {
+            cu::cuMemcpyDtoH_v2(raw.as_mut_ptr() as *mut c_void, src, raw.len())
+        })?;
+        Ok(crate::convert::to_f32(&raw, self.dtype))
     }
 }
 

@@ -450,6 +450,56 @@ pub struct Io {
     pub shape: Vec<usize>,
 }
 
+/// Where a value of the planned graph can be read once computed (the plan check compares it
+/// with the CPU reference's): `loc` walked with `strides` over `shape`, times `scale` (a
+/// scalar multiplication aliased onto its input is applied by the consumer, not stored).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Probe {
+    /// The value (of the optimised graph the plan was made from).
+    pub value: usize,
+    /// The node that computes it and that node's op.
+    pub node: String,
+    pub op: &'static str,
+    pub loc: Loc,
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub scale: f32,
+    /// How many steps have run when the value is complete: read it right then, before the
+    /// next step (its storage may be reused once its last consumer has run).
+    pub ready: usize,
+}
+
+impl Probe {
+    /// Elements from `loc` to the last one the value touches (what to read back).
+    pub fn span(&self) -> usize {
+        1 + self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .map(|(d, s)| d.saturating_sub(1) * s)
+            .sum::<usize>()
+    }
+
+    /// The value in row-major order from the `span()` elements read at `loc`.
+    pub fn gather(&self, raw: &[f32]) -> Vec<f32> {
+        let n: usize = self.shape.iter().product();
+        let mut out = Vec::with_capacity(n);
+        let mut idx = vec![0usize; self.shape.len()];
+        for _ in 0..n {
+            let at: usize = idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum();
+            out.push(raw.get(at).copied().unwrap_or(f32::NAN) * self.scale);
+            for d in (0..idx.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < self.shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        out
+    }
+}
+
 /// The whole plan.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -466,6 +516,8 @@ pub struct Plan {
     pub filter_dw_hwc: Vec<usize>,
     pub inputs: Vec<Io>,
     pub outputs: Vec<Io>,
+    /// Every value a step computes that can be read back, in node order (see [`Probe`]).
+    pub probes: Vec<Probe>,
 }
 
 impl Plan {
@@ -597,6 +649,7 @@ struct Planner<'g> {
     /// Strides of a value that is a non-contiguous view (a transpose or split read in place
     /// by a stride-aware consumer); `None`: row-major (or NHWC when `nhwc`).
     vstrides: Vec<Option<Vec<usize>>>,
+    probes: Vec<Probe>,
     t: usize,
 }
 
@@ -719,6 +772,37 @@ impl Planner<'_> {
         self.def_t[v] = self.t;
         l
     }
+    /// Probes for the outputs of `node`, which has just been planned: where each can be read
+    /// as the steps planned so far leave it (a value made plain later gets a new location,
+    /// but this one is the value's at this time).
+    fn record_probes(&mut self, node: &isolane_engine::ir::Node) {
+        for &o in &node.outputs {
+            let Some(loc @ Loc::Storage { .. }) = self.loc[o] else {
+                continue;
+            };
+            if self.pending_scale[o].is_some() {
+                continue;
+            }
+            self.probes.push(Probe {
+                value: o,
+                node: node.name.clone(),
+                op: node.op.name(),
+                loc,
+                shape: self.shapes[o].clone(),
+                strides: self.strides(o),
+                scale: self.alpha_of[o],
+                ready: self.steps.len(),
+            });
+        }
+    }
+    /// A constant the plan computed itself (not a graph value).
+    fn new_const(&mut self, t: Tensor) -> Loc {
+        self.consts.push(Arc::new(t));
+        Loc::Const {
+            id: self.consts.len() - 1,
+            offset: 0,
+        }
+    }
     fn push(&mut self, name: &str, kind: StepKind) {
         self.steps.push(Step {
             name: name.to_string(),
@@ -757,6 +841,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         alpha_of: vec![1.0; nv],
         pending_scale: vec![None; nv],
         vstrides: vec![None; nv],
+        probes: Vec::new(),
         t: 0,
     };
     // Time 0: inputs arrive (staging f32 storages) and are cast to the activation dtype.
@@ -851,12 +936,48 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     // The first two emit nothing; the last emits one Attention step (`attn_at`: the scores node).
     let mut attn_skip = vec![false; g.nodes.len()];
     let mut attn_at: Vec<Option<usize>> = vec![None; g.nodes.len()];
+    // The key a scores MatMul reads transposed from its second operand `v`: through a folded
+    // transpose (`q · kᵀ`), or through a scalar multiplication of a last-two-dims transpose
+    // that has no other user (`q · (kᵀ · c)`, torch.onnx's scaled-dot-product export): that
+    // transpose is a free view and the multiplication an alpha (`operand_alpha`).
+    let key_source = |v: usize| -> Option<usize> {
+        if let Some(k) = folded_t[v] {
+            return Some(k);
+        }
+        let ValueKind::Computed { node, .. } = g.values[v].kind else {
+            return None;
+        };
+        let mul = &g.nodes[node];
+        if mul.op != Op::Binary(Binary::Mul) || users[v] != 1 {
+            return None;
+        }
+        let scalar =
+            |x: usize| matches!(&g.values[x].kind, ValueKind::Constant(t) if t.numel() == 1);
+        let t = match (scalar(mul.inputs[0]), scalar(mul.inputs[1])) {
+            (false, true) => mul.inputs[0],
+            (true, false) => mul.inputs[1],
+            _ => return None,
+        };
+        let ValueKind::Computed { node: tn, .. } = g.values[t].kind else {
+            return None;
+        };
+        let Op::Transpose { perm } = &g.nodes[tn].op else {
+            return None;
+        };
+        let r = perm.len();
+        let swap_last = r >= 2
+            && perm[r - 2] == r - 1
+            && perm[r - 1] == r - 2
+            && perm[..r - 2].iter().enumerate().all(|(i, &q)| q == i);
+        (swap_last && users[t] == 1 && p.shapes[t] == p.shapes[v]).then_some(g.nodes[tn].inputs[0])
+    };
+    let key_of: Vec<Option<usize>> = (0..nv).map(key_source).collect();
     if opts.fused_attention {
         for (ni, n) in g.nodes.iter().enumerate() {
             if !matches!(n.op, Op::MatMul) || n.inputs.len() != 2 {
                 continue;
             }
-            let Some(kv) = folded_t[n.inputs[1]] else {
+            let Some(kv) = key_of[n.inputs[1]] else {
                 continue;
             };
             let s_v = n.outputs[0];
@@ -893,6 +1014,9 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     }
 
     for (ni, n) in g.nodes.iter().enumerate() {
+        if ni > 0 {
+            p.record_probes(&g.nodes[ni - 1]);
+        }
         p.t = ni + 1;
         let name = n.name.as_str();
         // Folded transposes produce nothing; their matmul reads the source.
@@ -1158,9 +1282,11 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             }
             Op::MatMul if attn_at[ni].is_some() => {
                 let sn = &g.nodes[attn_at[ni].unwrap_or_default()];
-                let kv = folded_t[sn.inputs[1]].unwrap_or(sn.inputs[1]);
-                let alpha = p.alpha_of[sn.inputs[0]] * p.alpha_of[sn.inputs[1]] * p.alpha_of[kv];
-                let out_scale = p.alpha_of[x0] * p.alpha_of[n.inputs[1]];
+                let kv = key_of[sn.inputs[1]].unwrap_or(sn.inputs[1]);
+                let alpha = operand_alpha(&p.alpha_of, &folded_t, sn.inputs[0])
+                    * operand_alpha(&p.alpha_of, &folded_t, sn.inputs[1]);
+                let out_scale = operand_alpha(&p.alpha_of, &folded_t, x0)
+                    * operand_alpha(&p.alpha_of, &folded_t, n.inputs[1]);
                 // (loc, [image, head, row] strides) of a [B, H, S, d] / [BH, S, d] operand,
                 // read in place when its rows are contiguous and 16-byte aligned, else copied.
                 let operand = |v: usize, p: &mut Planner| -> Result<(Loc, [usize; 3])> {
@@ -1329,11 +1455,43 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                         a_batch_stride: if ab == 1 { 0 } else { sa },
                         b_batch_stride: if bb == 1 { 0 } else { sb },
                         b_trans,
-                        alpha: p.alpha_of[x0] * p.alpha_of[n.inputs[1]] * p.alpha_of[vb],
+                        alpha: operand_alpha(&p.alpha_of, &folded_t, x0)
+                            * operand_alpha(&p.alpha_of, &folded_t, n.inputs[1]),
                         lda,
                         ldb,
                         ldy,
                         y_batch_stride: sy,
+                    },
+                );
+            }
+            Op::BatchNorm { eps } => {
+                // A BatchNorm the passes could not fold into a producer (densenet's norms of
+                // concatenated features): one pointwise pass x · scale[c] + shift[c].
+                let (scale, shift) = batchnorm_affine(g, &n.inputs, *eps)
+                    .ok_or_else(|| unsupported(name, "BatchNorm with computed parameters"))?;
+                let x = p.raw(x0, name)?;
+                let keep = p.nhwc[x0];
+                let scale = p.new_const(scale);
+                let shift = p.new_const(shift);
+                let y = p.output(outs[0], keep);
+                let channels = out_shape[1];
+                let inner = if keep {
+                    1
+                } else {
+                    out_shape[2..].iter().product()
+                };
+                p.push(
+                    name,
+                    StepKind::Pointwise {
+                        x,
+                        y,
+                        scale: Some(scale),
+                        bias: Some(shift),
+                        residual: None,
+                        n: out_shape.iter().product(),
+                        channels,
+                        inner,
+                        act: None,
                     },
                 );
             }
@@ -1487,6 +1645,9 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                             }
                             p.loc[outs[0]] = p.loc[lv];
                             p.def_t[outs[0]] = p.def_t[lv];
+                            // The Linear's own output is never stored any more (its storage
+                            // holds the sum).
+                            p.probes.retain(|pr| pr.value != lv);
                             fused = true;
                             break;
                         }
@@ -1536,7 +1697,9 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             }
             Op::Transpose { perm } => {
                 let x = p.raw(x0, name)?;
-                let xs = phys_strides(&in_shapes[0], p.nhwc[x0]);
+                // The input as stored: NHWC, or a strided view (a transpose is stride-aware,
+                // so a transpose of a transpose reaches here with its input unconverted).
+                let xs = p.strides(x0);
                 let src: Vec<usize> = perm.iter().map(|&q| xs[q]).collect();
                 let y = p.output(outs[0], false);
                 p.push(
@@ -1854,6 +2017,9 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         }
     }
 
+    if let Some(last) = g.nodes.last() {
+        p.record_probes(last);
+    }
     // Outputs: cast (or copy) into their own f32 staging storage, alive to the end.
     let end = g.nodes.len() + 1;
     p.t = end;
@@ -1899,7 +2065,74 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         filter_dw_hwc: p.filter_dw_hwc,
         inputs,
         outputs,
+        probes: p.probes,
     })
+}
+
+/// Test hook of the plan check: a deliberately wrong plan. Negates the stored output of
+/// `node` right after it is computed (one extra in-place pointwise step), so that every later
+/// step computes with a wrong value. Errors when `node` has no probe (nothing is stored for it).
+#[doc(hidden)]
+pub fn corrupt_node(plan: &mut Plan, node: &str) -> Result<()> {
+    let pr = plan
+        .probes
+        .iter()
+        .find(|pr| pr.node == node)
+        .cloned()
+        .ok_or_else(|| unsupported(node, "no stored output to corrupt"))?;
+    plan.steps.insert(
+        pr.ready,
+        Step {
+            name: format!("{node} (corrupted by the plan-check test hook)"),
+            kind: StepKind::Pointwise {
+                x: pr.loc,
+                y: pr.loc,
+                scale: None,
+                bias: None,
+                residual: None,
+                n: pr.span(),
+                channels: 1,
+                inner: 1,
+                act: Some(Unary::Neg),
+            },
+        },
+    );
+    for p in &mut plan.probes {
+        if p.ready >= pr.ready {
+            p.ready += 1;
+        }
+    }
+    Ok(())
+}
+
+/// BatchNorm's per-channel `(scale, shift)` = `(γ/√(var+ε), β − mean·scale)`, computed in f32
+/// exactly as the CPU backend does; `None` when a parameter is not a constant.
+fn batchnorm_affine(g: &Graph, inputs: &[usize], eps: f32) -> Option<(Tensor, Tensor)> {
+    let param = |i: usize| match &g.values[*inputs.get(i)?].kind {
+        ValueKind::Constant(t) => Some(t.clone()),
+        _ => None,
+    };
+    let (gamma, beta, mean, var) = (param(1)?, param(2)?, param(3)?, param(4)?);
+    let c = gamma.numel();
+    let scale: Vec<f32> = (0..c)
+        .map(|ch| gamma.data[ch] / (var.data[ch] + eps).sqrt())
+        .collect();
+    let shift: Vec<f32> = (0..c)
+        .map(|ch| beta.data[ch] - mean.data[ch] * scale[ch])
+        .collect();
+    Some((
+        Tensor::new(vec![c], scale).ok()?,
+        Tensor::new(vec![c], shift).ok()?,
+    ))
+}
+
+/// The scale a MatMul operand `v` carries unapplied: a multiplication by a scalar constant
+/// aliased onto its input (`alpha_of`), and, when `v` is a transpose folded into the matmul,
+/// the scale of the value that transpose reads. Each value's scale counts once: torch's
+/// scaled-dot-product export scales both q and kᵀ by √scale, and kᵀ·√scale is both the
+/// matmul's operand and the value it reads when no transpose is folded.
+fn operand_alpha(alpha_of: &[f32], folded_t: &[Option<usize>], v: usize) -> f32 {
+    alpha_of[v] * folded_t[v].map_or(1.0, |src| alpha_of[src])
 }
 
 /// (batch, batch stride, rows, cols, row stride) of a matrix operand.

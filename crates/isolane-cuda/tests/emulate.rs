@@ -7,8 +7,9 @@
 mod common;
 
 use common::{random, rel_l2};
+use isolane_cuda::check::StepRunner;
 use isolane_cuda::plan::{
-    self, act_code, binary_code, phys_strides, Loc, Plan, PlanOptions, StepKind, Strided,
+    self, act_code, binary_code, phys_strides, Loc, Plan, PlanOptions, Step, StepKind, Strided,
 };
 use isolane_engine::ir::{
     Binary, CoordMode, Dim, Graph, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Tensor,
@@ -74,8 +75,12 @@ fn act(u: Option<Unary>, x: f32) -> f32 {
         7 => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
         8 => x / (1.0 + (-x).exp()),
         9 => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
+        10 => 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh()),
         11 => x.tanh(),
         12 => x.exp(),
+        13 => x.ln(),
+        14 => x.sqrt(),
+        15 => erf(x),
         16 => -x,
         17 => x.abs(),
         18 => 1.0 / x,
@@ -105,440 +110,478 @@ fn s4(shape: &[usize; 4], nhwc: bool) -> Vec<usize> {
     phys_strides(shape, nhwc)
 }
 
-fn run(p: &Plan, input: &[f32]) -> Vec<f32> {
-    assert_eq!(p.dtype, plan::DType::F32);
-    let w = p.weights_host();
-    let (c_offs, _) = p.const_layout();
-    let mut m = Mem {
-        // NaN everywhere: a read of a never-written element poisons the output.
-        arena: vec![f32::NAN; p.arena_bytes / 4],
-        weights: w
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        st_off: p.storages.iter().map(|s| s.offset / 4).collect(),
-        c_off: c_offs.iter().map(|o| o / 4).collect(),
-    };
-    let inp = Loc::Storage {
-        id: p.inputs[0].staging,
-        offset: 0,
-    };
-    for (i, v) in input.iter().enumerate() {
-        m.set(inp, i, *v);
+/// The plan on the CPU: its arena and weights as the GPU lays them out, run step by step.
+struct Emulator<'p> {
+    p: &'p Plan,
+    m: Mem,
+}
+
+impl<'p> Emulator<'p> {
+    fn new(p: &'p Plan) -> Self {
+        assert_eq!(p.dtype, plan::DType::F32);
+        let w = p.weights_host();
+        let (c_offs, _) = p.const_layout();
+        let m = Mem {
+            // NaN everywhere: a read of a never-written element poisons the output.
+            arena: vec![f32::NAN; p.arena_bytes / 4],
+            weights: w
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            st_off: p.storages.iter().map(|s| s.offset / 4).collect(),
+            c_off: c_offs.iter().map(|o| o / 4).collect(),
+        };
+        Emulator { p, m }
     }
-    for step in &p.steps {
-        match &step.kind {
-            StepKind::CastIn { x, y, n } | StepKind::CastOut { x, y, n } => {
-                for i in 0..*n {
-                    let v = m.get(*x, i);
-                    m.set(*y, i, v);
-                }
+
+    fn output(&self, k: usize) -> Vec<f32> {
+        let out = Loc::Storage {
+            id: self.p.outputs[k].staging,
+            offset: 0,
+        };
+        let n: usize = self.p.outputs[k].shape.iter().product();
+        (0..n).map(|i| self.m.get(out, i)).collect()
+    }
+}
+
+impl StepRunner for Emulator<'_> {
+    fn run_plan(&mut self, inputs: &[Vec<f32>]) -> isolane_engine::Result<Vec<Vec<f32>>> {
+        self.write_inputs(inputs)?;
+        self.run_steps(0, self.p.steps.len())?;
+        Ok((0..self.p.outputs.len()).map(|k| self.output(k)).collect())
+    }
+    fn write_inputs(&mut self, inputs: &[Vec<f32>]) -> isolane_engine::Result<()> {
+        for (k, x) in inputs.iter().enumerate() {
+            let at = Loc::Storage {
+                id: self.p.inputs[k].staging,
+                offset: 0,
+            };
+            for (i, v) in x.iter().enumerate() {
+                self.m.set(at, i, *v);
             }
-            StepKind::Conv(c) | StepKind::DwConv(c) => {
-                let dw = matches!(step.kind, StepKind::DwConv(_));
-                let [n, ch, h, wd] = c.x_shape;
-                let [mo, cg, kh, kw] = c.w_shape;
-                let [_, _, oh, ow] = c.y_shape;
-                let xs = s4(&c.x_shape, c.nhwc);
-                let ys = s4(&c.y_shape, c.nhwc);
-                let wid = match c.w {
-                    Loc::Const { id, .. } => id,
-                    _ => panic!("computed filter"),
-                };
-                let krsc = p.filter_nhwc.contains(&wid);
-                let hwm = p.filter_dw_hwc.contains(&wid);
-                let per_group = mo / c.groups;
-                let mut out = vec![0f32; n * mo * oh * ow];
-                for b in 0..n {
-                    for o in 0..mo {
-                        let g = o / per_group;
-                        for y0 in 0..oh {
-                            for x0 in 0..ow {
-                                let mut acc = 0f32;
-                                for ci in 0..cg {
-                                    let cin = if dw { o / (mo / ch) } else { g * cg + ci };
-                                    for a in 0..kh {
-                                        let ih = (y0 * c.strides[0] + a * c.dilations[0]) as isize
-                                            - c.pads[0] as isize;
-                                        if ih < 0 || ih >= h as isize {
+        }
+        Ok(())
+    }
+    fn run_steps(&mut self, from: usize, to: usize) -> isolane_engine::Result<()> {
+        for step in &self.p.steps[from..to] {
+            exec_step(self.p, &mut self.m, step);
+        }
+        Ok(())
+    }
+    fn read(&mut self, loc: Loc, len: usize) -> isolane_engine::Result<Vec<f32>> {
+        Ok((0..len).map(|i| self.m.get(loc, i)).collect())
+    }
+}
+
+fn run(p: &Plan, input: &[f32]) -> Vec<f32> {
+    let mut e = Emulator::new(p);
+    e.run_plan(&[input.to_vec()]).unwrap().swap_remove(0)
+}
+
+/// One step, with the semantics the GPU kernels and libraries have.
+fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
+    match &step.kind {
+        StepKind::CastIn { x, y, n } | StepKind::CastOut { x, y, n } => {
+            for i in 0..*n {
+                let v = m.get(*x, i);
+                m.set(*y, i, v);
+            }
+        }
+        StepKind::Conv(c) | StepKind::DwConv(c) => {
+            let dw = matches!(step.kind, StepKind::DwConv(_));
+            let [n, ch, h, wd] = c.x_shape;
+            let [mo, cg, kh, kw] = c.w_shape;
+            let [_, _, oh, ow] = c.y_shape;
+            let xs = s4(&c.x_shape, c.nhwc);
+            let ys = s4(&c.y_shape, c.nhwc);
+            let wid = match c.w {
+                Loc::Const { id, .. } => id,
+                _ => panic!("computed filter"),
+            };
+            let krsc = p.filter_nhwc.contains(&wid);
+            let hwm = p.filter_dw_hwc.contains(&wid);
+            let per_group = mo / c.groups;
+            let mut out = vec![0f32; n * mo * oh * ow];
+            for b in 0..n {
+                for o in 0..mo {
+                    let g = o / per_group;
+                    for y0 in 0..oh {
+                        for x0 in 0..ow {
+                            let mut acc = 0f32;
+                            for ci in 0..cg {
+                                let cin = if dw { o / (mo / ch) } else { g * cg + ci };
+                                for a in 0..kh {
+                                    let ih = (y0 * c.strides[0] + a * c.dilations[0]) as isize
+                                        - c.pads[0] as isize;
+                                    if ih < 0 || ih >= h as isize {
+                                        continue;
+                                    }
+                                    for bb in 0..kw {
+                                        let iw = (x0 * c.strides[1] + bb * c.dilations[1]) as isize
+                                            - c.pads[1] as isize;
+                                        if iw < 0 || iw >= wd as isize {
                                             continue;
                                         }
-                                        for bb in 0..kw {
-                                            let iw = (x0 * c.strides[1] + bb * c.dilations[1])
-                                                as isize
-                                                - c.pads[1] as isize;
-                                            if iw < 0 || iw >= wd as isize {
-                                                continue;
-                                            }
-                                            let xi = b * xs[0]
-                                                + cin * xs[1]
-                                                + ih as usize * xs[2]
-                                                + iw as usize * xs[3];
-                                            let wi = if hwm {
-                                                (a * kw + bb) * mo + o
-                                            } else if krsc {
-                                                ((o * kh + a) * kw + bb) * cg + ci
-                                            } else {
-                                                ((o * cg + ci) * kh + a) * kw + bb
-                                            };
-                                            acc += m.get(c.x, xi) * m.get(c.w, wi);
-                                        }
+                                        let xi = b * xs[0]
+                                            + cin * xs[1]
+                                            + ih as usize * xs[2]
+                                            + iw as usize * xs[3];
+                                        let wi = if hwm {
+                                            (a * kw + bb) * mo + o
+                                        } else if krsc {
+                                            ((o * kh + a) * kw + bb) * cg + ci
+                                        } else {
+                                            ((o * cg + ci) * kh + a) * kw + bb
+                                        };
+                                        acc += m.get(c.x, xi) * m.get(c.w, wi);
                                     }
                                 }
-                                let yi = b * ys[0] + o * ys[1] + y0 * ys[2] + x0 * ys[3];
-                                if let Some(bl) = c.bias {
-                                    acc += m.get(bl, o);
-                                }
-                                if let Some(r) = c.residual {
-                                    acc += m.get(r, yi);
-                                }
-                                out[yi] = act(c.act, acc);
                             }
+                            let yi = b * ys[0] + o * ys[1] + y0 * ys[2] + x0 * ys[3];
+                            if let Some(bl) = c.bias {
+                                acc += m.get(bl, o);
+                            }
+                            if let Some(r) = c.residual {
+                                acc += m.get(r, yi);
+                            }
+                            out[yi] = act(c.act, acc);
                         }
                     }
                 }
-                for (i, v) in out.into_iter().enumerate() {
-                    m.set(c.y, i, v);
+            }
+            for (i, v) in out.into_iter().enumerate() {
+                m.set(c.y, i, v);
+            }
+        }
+        StepKind::Linear {
+            x,
+            w,
+            bias,
+            y,
+            m: rows,
+            n,
+            k,
+            act: a,
+            residual,
+        } => {
+            let mut out = vec![0f32; rows * n];
+            for r in 0..*rows {
+                for j in 0..*n {
+                    let mut acc = 0f32;
+                    for kk in 0..*k {
+                        acc += m.get(*x, r * k + kk) * m.get(*w, j * k + kk);
+                    }
+                    if let Some(b) = bias {
+                        acc += m.get(*b, j);
+                    }
+                    if let Some(rl) = residual {
+                        acc += m.get(*rl, r * n + j);
+                    }
+                    out[r * n + j] = act(*a, acc);
                 }
             }
-            StepKind::Linear {
-                x,
-                w,
-                bias,
-                y,
-                m: rows,
-                n,
-                k,
-                act: a,
-                residual,
-            } => {
-                let mut out = vec![0f32; rows * n];
+            for (i, v) in out.into_iter().enumerate() {
+                m.set(*y, i, v);
+            }
+        }
+        StepKind::MatMul {
+            a,
+            b,
+            y,
+            batch,
+            m: rows,
+            n,
+            k,
+            a_batch_stride,
+            b_batch_stride,
+            b_trans,
+            alpha,
+            lda,
+            ldb,
+            ldy,
+            y_batch_stride,
+        } => {
+            let mut out = Vec::new();
+            for bt in 0..*batch {
                 for r in 0..*rows {
                     for j in 0..*n {
                         let mut acc = 0f32;
                         for kk in 0..*k {
-                            acc += m.get(*x, r * k + kk) * m.get(*w, j * k + kk);
+                            let av = m.get(*a, bt * a_batch_stride + r * lda + kk);
+                            let bi = if *b_trans { j * ldb + kk } else { kk * ldb + j };
+                            acc += av * m.get(*b, bt * b_batch_stride + bi);
                         }
-                        if let Some(b) = bias {
-                            acc += m.get(*b, j);
-                        }
-                        if let Some(rl) = residual {
-                            acc += m.get(*rl, r * n + j);
-                        }
-                        out[r * n + j] = act(*a, acc);
-                    }
-                }
-                for (i, v) in out.into_iter().enumerate() {
-                    m.set(*y, i, v);
-                }
-            }
-            StepKind::MatMul {
-                a,
-                b,
-                y,
-                batch,
-                m: rows,
-                n,
-                k,
-                a_batch_stride,
-                b_batch_stride,
-                b_trans,
-                alpha,
-                lda,
-                ldb,
-                ldy,
-                y_batch_stride,
-            } => {
-                let mut out = Vec::new();
-                for bt in 0..*batch {
-                    for r in 0..*rows {
-                        for j in 0..*n {
-                            let mut acc = 0f32;
-                            for kk in 0..*k {
-                                let av = m.get(*a, bt * a_batch_stride + r * lda + kk);
-                                let bi = if *b_trans { j * ldb + kk } else { kk * ldb + j };
-                                acc += av * m.get(*b, bt * b_batch_stride + bi);
-                            }
-                            out.push((bt * y_batch_stride + r * ldy + j, alpha * acc));
-                        }
-                    }
-                }
-                for (i, v) in out {
-                    m.set(*y, i, v);
-                }
-            }
-            StepKind::Pointwise {
-                x,
-                y,
-                scale,
-                bias,
-                residual,
-                n,
-                channels,
-                inner,
-                act: a,
-            } => {
-                for i in 0..*n {
-                    let ch = (i / inner) % channels;
-                    let mut v = m.get(*x, i);
-                    if let Some(s) = scale {
-                        v *= m.get(*s, ch);
-                    }
-                    if let Some(b) = bias {
-                        v += m.get(*b, ch);
-                    }
-                    if let Some(r) = residual {
-                        v += m.get(*r, i);
-                    }
-                    m.set(*y, i, act(*a, v));
-                }
-            }
-            StepKind::Binary { a, b, y, op, space } => {
-                let mut out = Vec::new();
-                for_space(space, |o| {
-                    let (va, vb) = (m.get(*a, o[1]), m.get(*b, o[2]));
-                    let v = match binary_code(*op) {
-                        0 => va + vb,
-                        1 => va - vb,
-                        2 => va * vb,
-                        3 => va / vb,
-                        4 => va.powf(vb),
-                        5 => va.max(vb),
-                        _ => va.min(vb),
-                    };
-                    out.push((o[0], v));
-                });
-                for (i, v) in out {
-                    m.set(*y, i, v);
-                }
-            }
-            StepKind::Copy { x, y, space } => {
-                let mut out = Vec::new();
-                for_space(space, |o| out.push((o[0], m.get(*x, o[1]))));
-                for (i, v) in out {
-                    m.set(*y, i, v);
-                }
-            }
-            StepKind::LayerNorm {
-                x,
-                scale,
-                bias,
-                y,
-                rows,
-                cols,
-                eps,
-            } => {
-                for r in 0..*rows {
-                    let v: Vec<f32> = (0..*cols).map(|c| m.get(*x, r * cols + c)).collect();
-                    let mean = v.iter().sum::<f32>() / *cols as f32;
-                    let var = v.iter().map(|a| (a - mean) * (a - mean)).sum::<f32>() / *cols as f32;
-                    let rstd = 1.0 / (var + eps).sqrt();
-                    for (c, vc) in v.iter().enumerate() {
-                        let mut o = (vc - mean) * rstd * m.get(*scale, c);
-                        if let Some(b) = bias {
-                            o += m.get(*b, c);
-                        }
-                        m.set(*y, r * cols + c, o);
+                        out.push((bt * y_batch_stride + r * ldy + j, alpha * acc));
                     }
                 }
             }
-            StepKind::Softmax {
-                x,
-                y,
-                outer,
-                len,
-                inner,
-            } => {
-                for o in 0..*outer {
-                    for i in 0..*inner {
-                        let at = |c: usize| o * len * inner + c * inner + i;
-                        let v: Vec<f32> = (0..*len).map(|c| m.get(*x, at(c))).collect();
-                        let mx = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                        let s: f32 = v.iter().map(|a| (a - mx).exp()).sum();
-                        for (c, vc) in v.iter().enumerate() {
-                            m.set(*y, at(c), (vc - mx).exp() / s);
-                        }
-                    }
-                }
+            for (i, v) in out {
+                m.set(*y, i, v);
             }
-            StepKind::Attention {
-                q,
-                k,
-                v,
-                y,
-                batch,
-                heads,
-                seq,
-                dim,
-                alpha,
-                out_scale,
-                q_strides,
-                k_strides,
-                v_strides,
-                y_strides,
-            } => {
-                let at = |st: &[usize; 3], b: usize, h: usize, r: usize| {
-                    b * st[0] + h * st[1] + r * st[2]
-                };
-                for b in 0..*batch {
-                    for h in 0..*heads {
-                        for i in 0..*seq {
-                            let sc: Vec<f32> = (0..*seq)
-                                .map(|j| {
-                                    let (qo, ko) = (at(q_strides, b, h, i), at(k_strides, b, h, j));
-                                    alpha
-                                        * (0..*dim)
-                                            .map(|d| m.get(*q, qo + d) * m.get(*k, ko + d))
-                                            .sum::<f32>()
-                                })
-                                .collect();
-                            let mx = sc.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                            let pr: Vec<f32> = sc.iter().map(|a| (a - mx).exp()).collect();
-                            let s: f32 = pr.iter().sum();
-                            for d in 0..*dim {
-                                let o: f32 = (0..*seq)
-                                    .map(|j| pr[j] * m.get(*v, at(v_strides, b, h, j) + d))
-                                    .sum();
-                                m.set(*y, at(y_strides, b, h, i) + d, o / s * out_scale);
-                            }
-                        }
-                    }
-                }
-            }
-            StepKind::Pool {
-                x,
-                y,
-                max,
-                x_shape,
-                out_hw,
-                kernel,
-                strides,
-                pads,
-                dilations,
-                count_include_pad: _,
-                nhwc,
-            } => {
-                let [n, c, h, w] = *x_shape;
-                let xs = s4(x_shape, *nhwc);
-                let ys = s4(&[n, c, out_hw[0], out_hw[1]], *nhwc);
-                for b in 0..n {
-                    for ch in 0..c {
-                        for oy in 0..out_hw[0] {
-                            for ox in 0..out_hw[1] {
-                                let mut acc = if *max { f32::NEG_INFINITY } else { 0.0 };
-                                let mut cnt = 0;
-                                for a in 0..kernel[0] {
-                                    let ih = (oy * strides[0] + a * dilations[0]) as isize
-                                        - pads[0] as isize;
-                                    for bb in 0..kernel[1] {
-                                        let iw = (ox * strides[1] + bb * dilations[1]) as isize
-                                            - pads[1] as isize;
-                                        if ih < 0 || iw < 0 || ih >= h as isize || iw >= w as isize
-                                        {
-                                            continue;
-                                        }
-                                        let v = m.get(
-                                            *x,
-                                            b * xs[0]
-                                                + ch * xs[1]
-                                                + ih as usize * xs[2]
-                                                + iw as usize * xs[3],
-                                        );
-                                        acc = if *max { acc.max(v) } else { acc + v };
-                                        cnt += 1;
-                                    }
-                                }
-                                if !*max {
-                                    acc /= cnt as f32;
-                                }
-                                m.set(*y, b * ys[0] + ch * ys[1] + oy * ys[2] + ox * ys[3], acc);
-                            }
-                        }
-                    }
-                }
-            }
-            StepKind::RowMean { x, y, rows, hw } => {
-                for r in 0..*rows {
-                    let s: f32 = (0..*hw).map(|j| m.get(*x, r * hw + j)).sum();
-                    m.set(*y, r, s / *hw as f32);
-                }
-            }
-            StepKind::ChanMean { x, y, n, c, hw } => {
-                for b in 0..*n {
-                    for ch in 0..*c {
-                        let s: f32 = (0..*hw).map(|j| m.get(*x, b * hw * c + j * c + ch)).sum();
-                        m.set(*y, b * c + ch, s / *hw as f32);
-                    }
-                }
-            }
-            StepKind::Resize {
-                x,
-                y,
-                x_shape,
-                out_hw,
-                linear,
-                coord,
-                nearest,
-                scales,
-                nhwc,
-            } => {
-                // The engine's definition of where each output pixel reads, from the codes the
-                // plan hands the kernel (so a wrong code or scale shows up here).
-                let r = ResizeAttrs {
-                    mode: if *linear {
-                        ResizeMode::Linear
-                    } else {
-                        ResizeMode::Nearest
-                    },
-                    coord: [
-                        CoordMode::HalfPixel,
-                        CoordMode::PytorchHalfPixel,
-                        CoordMode::AlignCorners,
-                        CoordMode::Asymmetric,
-                    ][*coord as usize],
-                    nearest: [
-                        NearestMode::RoundPreferFloor,
-                        NearestMode::RoundPreferCeil,
-                        NearestMode::Floor,
-                        NearestMode::Ceil,
-                    ][*nearest as usize],
-                    size: ResizeSize::Size(*out_hw),
-                };
-                let [n, c, h, w] = *x_shape;
-                let xs = s4(x_shape, *nhwc);
-                let ys = s4(&[n, c, out_hw[0], out_hw[1]], *nhwc);
-                for b in 0..n {
-                    for ch in 0..c {
-                        let at =
-                            |yy: usize, xx: usize| b * xs[0] + ch * xs[1] + yy * xs[2] + xx * xs[3];
-                        for oy in 0..out_hw[0] {
-                            let (y0, y1, ly) = r.source(oy, h, out_hw[0], scales[0]);
-                            for ox in 0..out_hw[1] {
-                                let (x0, x1, lx) = r.source(ox, w, out_hw[1], scales[1]);
-                                let top =
-                                    m.get(*x, at(y0, x0)) * (1.0 - lx) + m.get(*x, at(y0, x1)) * lx;
-                                let bot =
-                                    m.get(*x, at(y1, x0)) * (1.0 - lx) + m.get(*x, at(y1, x1)) * lx;
-                                let v = if *linear {
-                                    top * (1.0 - ly) + bot * ly
-                                } else {
-                                    m.get(*x, at(y0, x0))
-                                };
-                                m.set(*y, b * ys[0] + ch * ys[1] + oy * ys[2] + ox * ys[3], v);
-                            }
-                        }
-                    }
-                }
-            }
-            StepKind::AdaptivePool { .. } => panic!("not emulated"),
         }
+        StepKind::Pointwise {
+            x,
+            y,
+            scale,
+            bias,
+            residual,
+            n,
+            channels,
+            inner,
+            act: a,
+        } => {
+            for i in 0..*n {
+                let ch = (i / inner) % channels;
+                let mut v = m.get(*x, i);
+                if let Some(s) = scale {
+                    v *= m.get(*s, ch);
+                }
+                if let Some(b) = bias {
+                    v += m.get(*b, ch);
+                }
+                if let Some(r) = residual {
+                    v += m.get(*r, i);
+                }
+                m.set(*y, i, act(*a, v));
+            }
+        }
+        StepKind::Binary { a, b, y, op, space } => {
+            let mut out = Vec::new();
+            for_space(space, |o| {
+                let (va, vb) = (m.get(*a, o[1]), m.get(*b, o[2]));
+                let v = match binary_code(*op) {
+                    0 => va + vb,
+                    1 => va - vb,
+                    2 => va * vb,
+                    3 => va / vb,
+                    4 => va.powf(vb),
+                    5 => va.max(vb),
+                    _ => va.min(vb),
+                };
+                out.push((o[0], v));
+            });
+            for (i, v) in out {
+                m.set(*y, i, v);
+            }
+        }
+        StepKind::Copy { x, y, space } => {
+            let mut out = Vec::new();
+            for_space(space, |o| out.push((o[0], m.get(*x, o[1]))));
+            for (i, v) in out {
+                m.set(*y, i, v);
+            }
+        }
+        StepKind::LayerNorm {
+            x,
+            scale,
+            bias,
+            y,
+            rows,
+            cols,
+            eps,
+        } => {
+            for r in 0..*rows {
+                let v: Vec<f32> = (0..*cols).map(|c| m.get(*x, r * cols + c)).collect();
+                let mean = v.iter().sum::<f32>() / *cols as f32;
+                let var = v.iter().map(|a| (a - mean) * (a - mean)).sum::<f32>() / *cols as f32;
+                let rstd = 1.0 / (var + eps).sqrt();
+                for (c, vc) in v.iter().enumerate() {
+                    let mut o = (vc - mean) * rstd * m.get(*scale, c);
+                    if let Some(b) = bias {
+                        o += m.get(*b, c);
+                    }
+                    m.set(*y, r * cols + c, o);
+                }
+            }
+        }
+        StepKind::Softmax {
+            x,
+            y,
+            outer,
+            len,
+            inner,
+        } => {
+            for o in 0..*outer {
+                for i in 0..*inner {
+                    let at = |c: usize| o * len * inner + c * inner + i;
+                    let v: Vec<f32> = (0..*len).map(|c| m.get(*x, at(c))).collect();
+                    let mx = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                    let s: f32 = v.iter().map(|a| (a - mx).exp()).sum();
+                    for (c, vc) in v.iter().enumerate() {
+                        m.set(*y, at(c), (vc - mx).exp() / s);
+                    }
+                }
+            }
+        }
+        StepKind::Attention {
+            q,
+            k,
+            v,
+            y,
+            batch,
+            heads,
+            seq,
+            dim,
+            alpha,
+            out_scale,
+            q_strides,
+            k_strides,
+            v_strides,
+            y_strides,
+        } => {
+            let at =
+                |st: &[usize; 3], b: usize, h: usize, r: usize| b * st[0] + h * st[1] + r * st[2];
+            for b in 0..*batch {
+                for h in 0..*heads {
+                    for i in 0..*seq {
+                        let sc: Vec<f32> = (0..*seq)
+                            .map(|j| {
+                                let (qo, ko) = (at(q_strides, b, h, i), at(k_strides, b, h, j));
+                                alpha
+                                    * (0..*dim)
+                                        .map(|d| m.get(*q, qo + d) * m.get(*k, ko + d))
+                                        .sum::<f32>()
+                            })
+                            .collect();
+                        let mx = sc.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                        let pr: Vec<f32> = sc.iter().map(|a| (a - mx).exp()).collect();
+                        let s: f32 = pr.iter().sum();
+                        for d in 0..*dim {
+                            let o: f32 = (0..*seq)
+                                .map(|j| pr[j] * m.get(*v, at(v_strides, b, h, j) + d))
+                                .sum();
+                            m.set(*y, at(y_strides, b, h, i) + d, o / s * out_scale);
+                        }
+                    }
+                }
+            }
+        }
+        StepKind::Pool {
+            x,
+            y,
+            max,
+            x_shape,
+            out_hw,
+            kernel,
+            strides,
+            pads,
+            dilations,
+            count_include_pad: _,
+            nhwc,
+        } => {
+            let [n, c, h, w] = *x_shape;
+            let xs = s4(x_shape, *nhwc);
+            let ys = s4(&[n, c, out_hw[0], out_hw[1]], *nhwc);
+            for b in 0..n {
+                for ch in 0..c {
+                    for oy in 0..out_hw[0] {
+                        for ox in 0..out_hw[1] {
+                            let mut acc = if *max { f32::NEG_INFINITY } else { 0.0 };
+                            let mut cnt = 0;
+                            for a in 0..kernel[0] {
+                                let ih = (oy * strides[0] + a * dilations[0]) as isize
+                                    - pads[0] as isize;
+                                for bb in 0..kernel[1] {
+                                    let iw = (ox * strides[1] + bb * dilations[1]) as isize
+                                        - pads[1] as isize;
+                                    if ih < 0 || iw < 0 || ih >= h as isize || iw >= w as isize {
+                                        continue;
+                                    }
+                                    let v = m.get(
+                                        *x,
+                                        b * xs[0]
+                                            + ch * xs[1]
+                                            + ih as usize * xs[2]
+                                            + iw as usize * xs[3],
+                                    );
+                                    acc = if *max { acc.max(v) } else { acc + v };
+                                    cnt += 1;
+                                }
+                            }
+                            if !*max {
+                                acc /= cnt as f32;
+                            }
+                            m.set(*y, b * ys[0] + ch * ys[1] + oy * ys[2] + ox * ys[3], acc);
+                        }
+                    }
+                }
+            }
+        }
+        StepKind::RowMean { x, y, rows, hw } => {
+            for r in 0..*rows {
+                let s: f32 = (0..*hw).map(|j| m.get(*x, r * hw + j)).sum();
+                m.set(*y, r, s / *hw as f32);
+            }
+        }
+        StepKind::ChanMean { x, y, n, c, hw } => {
+            for b in 0..*n {
+                for ch in 0..*c {
+                    let s: f32 = (0..*hw).map(|j| m.get(*x, b * hw * c + j * c + ch)).sum();
+                    m.set(*y, b * c + ch, s / *hw as f32);
+                }
+            }
+        }
+        StepKind::Resize {
+            x,
+            y,
+            x_shape,
+            out_hw,
+            linear,
+            coord,
+            nearest,
+            scales,
+            nhwc,
+        } => {
+            // The engine's definition of where each output pixel reads, from the codes the
+            // plan hands the kernel (so a wrong code or scale shows up here).
+            let r = ResizeAttrs {
+                mode: if *linear {
+                    ResizeMode::Linear
+                } else {
+                    ResizeMode::Nearest
+                },
+                coord: [
+                    CoordMode::HalfPixel,
+                    CoordMode::PytorchHalfPixel,
+                    CoordMode::AlignCorners,
+                    CoordMode::Asymmetric,
+                ][*coord as usize],
+                nearest: [
+                    NearestMode::RoundPreferFloor,
+                    NearestMode::RoundPreferCeil,
+                    NearestMode::Floor,
+                    NearestMode::Ceil,
+                ][*nearest as usize],
+                size: ResizeSize::Size(*out_hw),
+            };
+            let [n, c, h, w] = *x_shape;
+            let xs = s4(x_shape, *nhwc);
+            let ys = s4(&[n, c, out_hw[0], out_hw[1]], *nhwc);
+            for b in 0..n {
+                for ch in 0..c {
+                    let at =
+                        |yy: usize, xx: usize| b * xs[0] + ch * xs[1] + yy * xs[2] + xx * xs[3];
+                    for oy in 0..out_hw[0] {
+                        let (y0, y1, ly) = r.source(oy, h, out_hw[0], scales[0]);
+                        for ox in 0..out_hw[1] {
+                            let (x0, x1, lx) = r.source(ox, w, out_hw[1], scales[1]);
+                            let top =
+                                m.get(*x, at(y0, x0)) * (1.0 - lx) + m.get(*x, at(y0, x1)) * lx;
+                            let bot =
+                                m.get(*x, at(y1, x0)) * (1.0 - lx) + m.get(*x, at(y1, x1)) * lx;
+                            let v = if *linear {
+                                top * (1.0 - ly) + bot * ly
+                            } else {
+                                m.get(*x, at(y0, x0))
+                            };
+                            m.set(*y, b * ys[0] + ch * ys[1] + oy * ys[2] + ox * ys[3], v);
+                        }
+                    }
+                }
+            }
+        }
+        StepKind::AdaptivePool { .. } => panic!("not emulated"),
     }
-    let out = Loc::Storage {
-        id: p.outputs[0].staging,
-        offset: 0,
-    };
-    let n: usize = p.outputs[0].shape.iter().product();
-    (0..n).map(|i| m.get(out, i)).collect()
 }
 
 fn check(g: &Graph, batch: usize, channels_last: bool, tol: f64) {
@@ -580,13 +623,22 @@ fn check_with(g: &Graph, batch: usize, opts: PlanOptions, tol: f64) {
     );
 }
 
+/// Where an attention block applies its `1/√d` scale.
+#[derive(Clone, Copy)]
+enum AttnScale {
+    /// `(q·s)·kᵀ`, as isolane-engine's arch/vit.rs builds it.
+    Query,
+    /// `(q·√s)·(kᵀ·√s)`, as torch.onnx exports `scaled_dot_product_attention` (opset 14+).
+    QueryAndKey,
+}
+
 /// ViT's encoder block as torchvision writes it (see isolane-engine's arch/vit.rs), small.
 fn tiny_vit_block() -> Graph {
-    vit_block(10, 32, 4)
+    vit_block(10, 32, 4, AttnScale::Query)
 }
 
 /// ViT's encoder block as torchvision writes it: `seq` tokens of width `h`, `heads` heads.
-fn vit_block(seq: usize, h: usize, heads: usize) -> Graph {
+fn vit_block(seq: usize, h: usize, heads: usize, at: AttnScale) -> Graph {
     let hd = h / heads;
     let mut g = Graph::new("tiny_vit_block");
     let mut seed = 100;
@@ -652,11 +704,16 @@ fn vit_block(seq: usize, h: usize, heads: usize) -> Graph {
     let q = sq(&mut g, parts[0], "q");
     let k = sq(&mut g, parts[1], "k");
     let v = sq(&mut g, parts[2], "v");
-    let scale = g.add_constant("scale", Tensor::scalar(1.0 / (hd as f32).sqrt()));
+    let s = 1.0 / (hd as f32).sqrt();
+    let q_scale = match at {
+        AttnScale::Query => s,
+        AttnScale::QueryAndKey => s.sqrt(),
+    };
+    let scale = g.add_constant("scale", Tensor::scalar(q_scale));
     let q = g
         .add_op("q_scaled", Op::Binary(Binary::Mul), &[q, scale])
         .unwrap();
-    let kt = g
+    let mut kt = g
         .add_op(
             "k_t",
             Op::Transpose {
@@ -665,6 +722,12 @@ fn vit_block(seq: usize, h: usize, heads: usize) -> Graph {
             &[k],
         )
         .unwrap();
+    if let AttnScale::QueryAndKey = at {
+        let k_scale = g.add_constant("k_scale", Tensor::scalar(s.sqrt()));
+        kt = g
+            .add_op("k_t_scaled", Op::Binary(Binary::Mul), &[kt, k_scale])
+            .unwrap();
+    }
     let s = g.add_op("scores", Op::MatMul, &[q, kt]).unwrap();
     let pr = g.add_op("softmax", Op::Softmax { axis: -1 }, &[s]).unwrap();
     let o = g.add_op("context", Op::MatMul, &[pr, v]).unwrap();
@@ -720,7 +783,15 @@ fn vit_block_plan_computes_the_graph() {
 /// projection, the context written straight into the merged-heads layout, at batches 1–3.
 #[test]
 fn vit_block_with_fused_attention_computes_the_graph() {
-    let g = vit_block(10, 128, 2);
+    for at in [AttnScale::Query, AttnScale::QueryAndKey] {
+        vit_block_with_fused_attention(at);
+    }
+}
+
+/// torch's scaled-dot-product export (`(q·√s)·(kᵀ·√s)`) gets the fused step too: kᵀ·√s is
+/// read as k with the scale in alpha (check_with asserts an Attention step is planned).
+fn vit_block_with_fused_attention(at: AttnScale) {
+    let g = vit_block(10, 128, 2, at);
     for batch in [1, 2, 3] {
         check_with(
             &g,
@@ -732,6 +803,77 @@ fn vit_block_with_fused_attention_computes_the_graph() {
             1e-5,
         );
     }
+}
+
+/// torch.onnx's scaled-dot-product export scales q and kᵀ by √s each before their MatMul;
+/// both scalings fold into the matmul's alpha, each once (issue 12: the scale of kᵀ was
+/// counted twice, so every imported ViT's attention was too flat on cuda).
+#[test]
+fn attention_scaled_on_both_operands_computes_the_graph() {
+    let g = vit_block(10, 32, 4, AttnScale::QueryAndKey);
+    for batch in [1, 2] {
+        check(&g, batch, true, 1e-5);
+    }
+}
+
+/// A fixture of tests/data (made by make_torch_fixtures.py with the real PyTorch exporter):
+/// its plan against the CPU backend at `batches` (channels-last and not), and against
+/// onnxruntime's output on the fixture's own input.
+fn check_torch_fixture(name: &str, batches: &[usize]) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
+    let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
+    for &batch in batches {
+        check(&g, batch, true, 1e-5);
+        check(&g, batch, false, 1e-5);
+    }
+    if g.nodes.iter().any(|n| matches!(n.op, Op::Softmax { .. })) {
+        // Attention with the kernel's head dim: planned as the fused step (asserted).
+        check_with(
+            &g,
+            2,
+            PlanOptions {
+                channels_last: true,
+                fused_attention: true,
+            },
+            1e-5,
+        );
+    }
+    let x = isolane_engine::io::read_npy(format!("{dir}{name}.input.npy")).unwrap();
+    let want = isolane_engine::io::read_npy(format!("{dir}{name}.output.npy")).unwrap();
+    let batch = x.shape[0];
+    let opt = passes::optimize(&g, batch).unwrap();
+    let p = plan::plan(&opt, batch, Precision::Fp32).unwrap();
+    let err = rel_l2(&run(&p, &x.data), &want.data);
+    assert!(err < 1e-5, "{name}: plan vs onnxruntime: rel L2 {err:e}");
+}
+
+/// A torchvision VisionTransformer (1 layer, 2 heads, image 32, patch 8) exported by
+/// `torch.onnx.export(dynamo=False, opset_version=17)`: the graph as a user's ViT reaches the
+/// cuda backend (issue 12).
+#[test]
+fn torch_exported_vit_plan_computes_the_graph() {
+    check_torch_fixture("torch_vit_l1_h2_i32_p8_op17", &[1, 2, 3]);
+}
+
+/// A torchvision DenseNet as exported by torch: BatchNormalizations of concatenated features
+/// follow no convolution and are planned as one per-channel scale-and-shift pass (NHWC and
+/// NCHW).
+#[test]
+fn torch_exported_densenet_plan_computes_the_graph() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
+    let g =
+        isolane_engine::onnx::import_file(format!("{dir}torch_densenet_tiny_op17.onnx")).unwrap();
+    let opt = passes::optimize(&g, 1).unwrap();
+    let standalone = opt
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::BatchNorm { .. }))
+        .count();
+    assert!(
+        standalone >= 4,
+        "{standalone} standalone BatchNorms after the passes"
+    );
+    check_torch_fixture("torch_densenet_tiny_op17", &[1, 2]);
 }
 
 #[test]
@@ -755,5 +897,222 @@ fn resize_plans_compute_the_graph_in_every_mode() {
         for channels_last in [true, false] {
             check(&common::resize_graph(r.clone()), 2, channels_last, 1e-5);
         }
+    }
+}
+
+/// The fixture's optimised graph (what the plan is made from) and its fp32 plan.
+fn fixture_plan(name: &str, batch: usize, opts: PlanOptions) -> (Graph, Graph, Plan) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
+    let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
+    let opt = passes::optimize(&g, batch).unwrap();
+    let p = plan::plan_with(&opt, batch, Precision::Fp32, opts).unwrap();
+    (g, opt, p)
+}
+
+/// Every value the plan stores, read where its probe says right after the steps that compute
+/// it, equals the reference evaluator's value of the same node: the plan check's comparison
+/// of intermediate values has no false alarm (views, strided and NHWC values, values scaled
+/// by a folded alpha, the fused attention's context, a Linear whose output became a residual
+/// sum).
+#[test]
+fn every_probed_value_matches_the_reference() {
+    let cases: Vec<(String, Graph, usize, PlanOptions)> = vec![
+        (
+            "vit fixture".into(),
+            fixture_plan("torch_vit_l1_h2_i32_p8_op17", 2, PlanOptions::default()).0,
+            2,
+            PlanOptions::default(),
+        ),
+        (
+            "densenet fixture nchw".into(),
+            fixture_plan("torch_densenet_tiny_op17", 2, PlanOptions::default()).0,
+            2,
+            PlanOptions {
+                channels_last: false,
+                fused_attention: false,
+            },
+        ),
+        (
+            "densenet fixture nhwc".into(),
+            fixture_plan("torch_densenet_tiny_op17", 1, PlanOptions::default()).0,
+            1,
+            PlanOptions::default(),
+        ),
+        (
+            "vit block, fused attention".into(),
+            vit_block(10, 128, 2, AttnScale::Query),
+            2,
+            PlanOptions {
+                channels_last: true,
+                fused_attention: true,
+            },
+        ),
+        (
+            "vit fixture, fused attention".into(),
+            fixture_plan("torch_vit_l1_h2_i32_p8_op17", 2, PlanOptions::default()).0,
+            2,
+            PlanOptions {
+                channels_last: true,
+                fused_attention: true,
+            },
+        ),
+        (
+            "vit block, batch 1".into(),
+            tiny_vit_block(),
+            1,
+            PlanOptions::default(),
+        ),
+    ];
+    for (what, g, batch, opts) in cases {
+        let opt = passes::optimize(&g, batch).unwrap();
+        let p = plan::plan_with(&opt, batch, Precision::Fp32, opts).unwrap();
+        let computing = opt.nodes.len();
+        assert!(
+            p.probes.len() * 2 >= computing,
+            "{what}: {} probes for {computing} nodes",
+            p.probes.len()
+        );
+        let n: usize = p.inputs[0].shape.iter().product();
+        let inputs = vec![isolane_cuda::check::check_input(n, 1)];
+        let d = isolane_cuda::check::locate_divergence(
+            &opt,
+            &p,
+            batch,
+            &inputs,
+            &mut Emulator::new(&p),
+            1e-5,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!d.exceeds, "{what}: {d:?}");
+    }
+}
+
+/// The plan check on a right plan passes; on a plan corrupted by the test hook (one node's
+/// stored output negated) it fails and names that node and its op, wherever the node is.
+#[test]
+fn plan_check_names_the_node_of_a_wrong_plan() {
+    let batch = 2;
+    let (g, opt, p) = fixture_plan("torch_vit_l1_h2_i32_p8_op17", batch, PlanOptions::default());
+    let r = isolane_cuda::check::check_plan(&g, &opt, &p, batch, &mut Emulator::new(&p)).unwrap();
+    assert!(r.rel_l2 < 1e-5, "{r:?}");
+    assert_eq!(r.tolerance, 1e-4);
+    let first = |pred: &dyn Fn(&Op) -> bool| {
+        opt.nodes
+            .iter()
+            .find(|n| pred(&n.op))
+            .map(|n| (n.name.clone(), n.op.name()))
+            .unwrap()
+    };
+    let last = opt.nodes.last().unwrap();
+    let victims = [
+        first(&|op| matches!(op, Op::LayerNorm { .. })),
+        first(&|op| matches!(op, Op::MatMul)),
+        first(&|op| matches!(op, Op::Softmax { .. })),
+        (last.name.clone(), last.op.name()),
+    ];
+    for (node, op) in victims {
+        let mut bad = p.clone();
+        assert!(plan::corrupt_node(&mut bad.clone(), "no such node").is_err());
+        plan::corrupt_node(&mut bad, &node).unwrap();
+        let e = isolane_cuda::check::check_plan(&g, &opt, &bad, batch, &mut Emulator::new(&bad))
+            .unwrap_err()
+            .to_string();
+        println!("{e}");
+        assert!(
+            e.contains(&format!(
+                "first node whose output diverges is `{node}` ({op})"
+            )),
+            "{node}: {e}"
+        );
+    }
+}
+
+/// The engine's fixtures from the real PyTorch exporters (tools/fixtures/make_torch_fixtures.py,
+/// every `torch_*.onnx` there): e.g. a ViT at opset 14 (LayerNorm decomposed into
+/// ReduceMean/Sub/Pow/Sqrt/Div) and 17, a ConvNeXt (permutes around its LayerNorms, layer
+/// scale), a slim MobileNetV2, and whatever the default (dynamo) exporter's fixtures add: their
+/// cuda plans against the CPU backend, NHWC and NCHW, batches 1 and 2, and every stored value
+/// against the reference evaluator.
+#[test]
+fn engine_torch_fixtures_plan_right() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../isolane-engine/tests/fixtures/onnx/"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let f = e.ok()?.file_name().into_string().ok()?;
+            let stem = f.strip_suffix(".onnx")?;
+            stem.starts_with("torch_").then(|| stem.to_string())
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 4, "torch fixtures: {names:?}");
+    for name in names {
+        let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
+        for batch in [1, 2] {
+            check(&g, batch, true, 1e-5);
+            check(&g, batch, false, 1e-5);
+            let opt = passes::optimize(&g, batch).unwrap();
+            let p = plan::plan(&opt, batch, Precision::Fp32).unwrap();
+            let n: usize = p.inputs[0].shape.iter().product();
+            let inputs = vec![isolane_cuda::check::check_input(n, 2)];
+            let d = isolane_cuda::check::locate_divergence(
+                &opt,
+                &p,
+                batch,
+                &inputs,
+                &mut Emulator::new(&p),
+                1e-5,
+            )
+            .unwrap()
+            .unwrap();
+            assert!(!d.exceeds, "{name} batch {batch}: {d:?}");
+        }
+    }
+}
+
+/// A transpose of a transpose, as PyTorch 2.11's default (dynamo) exporter writes kᵀ of its
+/// scaled-dot-product attention (`[S, BH, d]` → `[BH, S, d]` → `[BH, d, S]`, then a reshape):
+/// the first is a strided view (its only user reads strides), the second is copied and must
+/// read its input through those strides (issue 12: it read them as contiguous).
+#[test]
+fn transpose_of_a_strided_transpose_computes_the_graph() {
+    let mut g = Graph::new("transpose_of_transpose");
+    let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(5), Dim::Fixed(4)]);
+    let t1 = g
+        .add_op(
+            "t1",
+            Op::Transpose {
+                perm: vec![1, 0, 2],
+            },
+            &[x],
+        )
+        .unwrap();
+    let t2 = g
+        .add_op(
+            "t2",
+            Op::Transpose {
+                perm: vec![0, 2, 1],
+            },
+            &[t1],
+        )
+        .unwrap();
+    let r = g
+        .add_op(
+            "r",
+            Op::Reshape {
+                shape: vec![Dim::Fixed(5), Dim::Fixed(4), Dim::Batch],
+            },
+            &[t2],
+        )
+        .unwrap();
+    let w = g.add_constant("w", Tensor::new(vec![5, 4, 1], random(20, 3)).unwrap());
+    let y = g.add_op("y", Op::Binary(Binary::Add), &[r, w]).unwrap();
+    g.add_output(y).unwrap();
+    for batch in [2, 3] {
+        check(&g, batch, true, 1e-6);
     }
 }

@@ -38,6 +38,7 @@ fn plan(profiles: &[&str]) -> Plan {
                     mig_profile: Some(p.to_string()),
                     ..Default::default()
                 },
+                plan_check: true,
             })
             .collect(),
     };

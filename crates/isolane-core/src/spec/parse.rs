@@ -43,6 +43,7 @@ const WORKLOAD_KEYS: &[&str] = &[
     "ramp",
     "host",
     "partition",
+    "plan_check",
 ];
 const RAMP_KEYS: &[&str] = &["from_hz", "to_hz", "steps", "step_s"];
 const PARTITION_KEYS: &[&str] = &["sms", "thread_pct", "mem_limit_mib", "mig_profile"];
@@ -145,6 +146,16 @@ impl Ctx<'_> {
             DeValue::String(s) => Some(s.as_ref()),
             _ => {
                 self.wrong(v, field, expected);
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, v: &Value<'_>, field: &str) -> Option<bool> {
+        match v.get_ref() {
+            DeValue::Boolean(b) => Some(*b),
+            _ => {
+                self.wrong(v, field, "true or false");
                 None
             }
         }
@@ -818,6 +829,11 @@ fn parse_workload(
             .and_then(|pt| parse_partition(ctx, &pt, device.map(|d| d.mechanism))),
     };
 
+    let plan_check = match t.get("plan_check") {
+        None => Some(true),
+        Some(v) => ctx.boolean(v, &f("plan_check")),
+    };
+
     if ctx.problems.len() > before {
         return None;
     }
@@ -837,6 +853,7 @@ fn parse_workload(
         ramp,
         host: host?,
         partition: partition?,
+        plan_check: plan_check?,
     })
 }
 
@@ -1125,6 +1142,7 @@ struct OutWorkload<'a> {
     ramp: Option<&'a Ramp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     partition: Option<OutPartition<'a>>,
+    plan_check: bool,
 }
 
 #[derive(Serialize)]
@@ -1184,6 +1202,7 @@ pub(super) fn to_toml(s: &Scenario) -> Result<String, SpecError> {
                         mem_limit_mib: p.mem_limit_mib,
                         mig_profile: p.mig_profile.as_deref(),
                     }),
+                    plan_check: w.plan_check,
                 }
             })
             .collect(),

@@ -69,6 +69,7 @@ fn minimal_scenario_gets_every_default() {
     assert_eq!(w.ramp, None);
     assert_eq!(w.host, Host::Thread);
     assert_eq!(w.partition, PartitionSpec::default());
+    assert!(w.plan_check);
     assert_eq!(w.planned_jobs(), Some(500));
     assert_eq!(
         w.model_source(),
@@ -929,5 +930,22 @@ fn the_documented_example_is_valid() {
         TimingSpec::default().seed,
         22_026_830,
         "docs/scenario.md states the default seed"
+    );
+}
+
+#[test]
+fn plan_check_is_a_boolean_that_round_trips() {
+    let s = parse(&format!("{MIN}plan_check = false\n")).unwrap();
+    assert!(!s.workloads[0].plan_check);
+    let back = parse(&s.to_toml_string().unwrap()).unwrap();
+    assert_eq!(back, s);
+    assert_err(
+        &format!("{MIN}plan_check = \"no\"\n"),
+        7,
+        &[
+            "workload[0].plan_check",
+            "found string \"no\"",
+            "true or false",
+        ],
     );
 }

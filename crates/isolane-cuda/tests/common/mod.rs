@@ -5,6 +5,21 @@ use isolane_engine::ir::{
     ConvAttrs, CoordMode, Dim, Graph, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Tensor,
 };
 
+/// A file of tests/data: beside the sources when the test runs where it was built, else from
+/// the repository root (the GPU machine runs staged test binaries there, by
+/// scripts/gpu-test.sh, where the build's absolute paths do not exist).
+#[allow(dead_code)] // each test binary uses its part of this module
+pub fn data_file(name: &str) -> std::path::PathBuf {
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
+    if built.exists() {
+        built
+    } else {
+        std::path::Path::new("crates/isolane-cuda/tests/data").join(name)
+    }
+}
+
 /// Deterministic values in [-1, 1) (xorshift).
 pub fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
