@@ -1,6 +1,7 @@
 //! Errors of ONNX loading and import. Every message names the file; errors about a node also name
 //! the op, the node and the opset, so a user can find the culprit in Netron or `onnx.helper`.
 
+use super::tensor::{ExternalError, TensorError};
 use std::path::PathBuf;
 
 /// Where in the model an error happened: the op type, the node's name and the opset in force.
@@ -72,13 +73,33 @@ pub enum OnnxError {
         tensor: String,
         what: String,
     },
-    #[error("{path}: tensor {tensor:?} keeps its data in external file {location}: {what}")]
+    #[error("{path}: tensor {tensor:?} keeps its data in external file \"{location}\": {what}")]
     ExternalData {
         path: PathBuf,
         tensor: String,
-        location: PathBuf,
+        /// The `location` as the model file writes it.
+        location: String,
         what: String,
     },
+}
+
+impl OnnxError {
+    /// The error for tensor `tensor` of the model at `path` that could not be decoded.
+    pub fn from_tensor_error(path: &std::path::Path, tensor: &str, e: TensorError) -> Self {
+        match e {
+            TensorError::Bad(what) => OnnxError::BadTensor {
+                path: path.to_path_buf(),
+                tensor: tensor.to_string(),
+                what,
+            },
+            TensorError::External(ExternalError { location, what }) => OnnxError::ExternalData {
+                path: path.to_path_buf(),
+                tensor: tensor.to_string(),
+                location,
+                what,
+            },
+        }
+    }
 }
 
 fn domain_note(domain: &str) -> String {

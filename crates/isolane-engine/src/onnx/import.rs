@@ -660,7 +660,7 @@ impl<'m> Importer<'m> {
             "Max" | "Min" | "Sum" | "Mean" => self.variadic(c, &op),
             "Mod" => self.modulo(c),
             "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Erf" | "Neg" | "Abs"
-            | "Reciprocal" | "HardSwish" | "Floor" | "Ceil" => self.unary(c, &op),
+            | "Reciprocal" | "HardSwish" | "Floor" | "Ceil" | "Sin" | "Cos" => self.unary(c, &op),
             "HardSigmoid" => {
                 let alpha = c.float("alpha", 0.2)?;
                 let beta = c.float("beta", 0.5)?;
@@ -783,46 +783,26 @@ impl<'m> Importer<'m> {
                 norm_axis(c, axis, x.rank())?;
                 self.emit1(c, Op::LayerNorm { axis, eps }, 3)
             }
-            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => {
-                let kind = match op.as_str() {
-                    "ReduceMean" => ReduceKind::Mean,
-                    "ReduceSum" => ReduceKind::Sum,
-                    "ReduceMax" => ReduceKind::Max,
-                    _ => ReduceKind::Min,
-                };
-                // Axes moved from an attribute to an input: ReduceSum at opset 13, the others at 18.
-                let axes_as_input = op == "ReduceSum" || opset >= 18;
-                let axes = if axes_as_input {
-                    self.ints_input(c, 1, "axes")?
-                } else {
-                    c.ints("axes")?
-                };
-                let keepdims = c.int("keepdims", 1)? != 0;
-                let noop = c.int("noop_with_empty_axes", 0)? != 0;
-                let axes = axes.unwrap_or_default();
-                if axes.is_empty() && noop {
-                    return Ok(vec![self.req(c, 0)?]);
-                }
-                let x = self.req(c, 0)?;
-                for &a in &axes {
-                    norm_axis(c, a, x.rank())?;
-                }
-                let axes = if axes.is_empty() {
-                    (0..x.rank() as i64).collect()
-                } else {
-                    axes
-                };
-                self.emit1(
-                    c,
-                    Op::Reduce {
-                        kind,
-                        axes,
-                        keepdims,
-                    },
-                    1,
-                )
-            }
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL2" | "ReduceL1"
+            | "ReduceSumSquare" => self.reduce(c, &op),
             "Resize" => self.resize(c),
+            // Gelu entered the default domain at opset 20 (`approximate`: "none" or "tanh").
+            "Gelu" if opset >= 20 => {
+                let u = match c.string("approximate", "none")?.as_str() {
+                    "none" => Unary::Gelu,
+                    "tanh" => Unary::GeluTanh,
+                    other => {
+                        return Err(c.unsupported_attr(
+                            "approximate",
+                            format!("value {other:?} (none and tanh are supported)"),
+                        ))
+                    }
+                };
+                self.emit1(c, Op::Unary(u), 1)
+            }
+            "GroupNormalization" => self.group_norm(c),
+            "Pad" => self.pad(c),
+            "InstanceNormalization" => self.instance_norm(c),
             _ => Err(c.unsupported_op()),
         }
     }
@@ -863,11 +843,13 @@ impl<'m> Importer<'m> {
     fn tensor_attr(&self, c: &Ctx, name: &str, t: Option<&TensorProto>) -> Result<Val> {
         let t = t.ok_or_else(|| c.bad(format!("attribute {name} holds no tensor")))?;
         let path = self.m.path.clone();
-        let mut ext = |t: &TensorProto| {
-            tensor::read_external(&path, t).map_err(|(f, w)| format!("external data file {f}: {w}"))
-        };
-        let t =
-            tensor::from_proto(t, &mut ext).map_err(|e| c.bad(format!("attribute {name}: {e}")))?;
+        let mut ext = |t: &TensorProto| tensor::read_external(&path, t);
+        let t = tensor::from_proto(t, &mut ext).map_err(|e| {
+            c.bad(format!(
+                "attribute {name}: {}",
+                OnnxError::from_tensor_error(&path, t.name(), e)
+            ))
+        })?;
         Ok(match t.data {
             Data::F32(v) => Val::F(Arr::new(t.shape, v)),
             Data::I64(v) => Val::I(Arr::new(t.shape, v.into_iter().map(Sym::k).collect())),
@@ -1108,6 +1090,9 @@ impl<'m> Importer<'m> {
             "Ceil" => Some(f32::ceil),
             "Tanh" => Some(f32::tanh),
             "Sigmoid" => Some(|v| 1.0 / (1.0 + (-v).exp())),
+            // Positional encodings computed from constants (edgenext's Fourier features).
+            "Sin" => Some(f32::sin),
+            "Cos" => Some(f32::cos),
             _ => None,
         };
         match (&x, f) {
@@ -1234,25 +1219,29 @@ impl<'m> Importer<'m> {
     fn conv(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let x = self.req(c, 0)?;
         let w = self.req(c, 1)?;
-        let (Val::Dyn(xd), ws) = (&x, w.sym_shape().map_err(|e| c.bad(e))?) else {
-            return Err(c.bad(format!(
-                "the input is {}; expected a runtime tensor",
-                x.kind()
-            )));
+        let ws = w.sym_shape().map_err(|e| c.bad(e))?;
+        // A float constant input (a positional encoding computed from constants, as edgenext's)
+        // becomes an IR constant; the passes then fold the Conv at compile time.
+        let xshape = match &x {
+            Val::Dyn(d) => d.shapes[0].clone(),
+            Val::F(a) => a.shape.clone(),
+            other => {
+                return Err(c.bad(format!(
+                    "the input is {}; expected a float tensor",
+                    other.kind()
+                )))
+            }
         };
-        if xd.shapes[0].len() != 4 || ws.len() != 4 {
+        if xshape.len() != 4 || ws.len() != 4 {
             return Err(c.bad(format!(
                 "only 2-D convolution is supported (input rank {}, weight rank {})",
-                xd.shapes[0].len(),
+                xshape.len(),
                 ws.len()
             )));
         }
         let kernel = [ws[2].c as usize, ws[3].c as usize];
-        if kernel.contains(&0) || xd.shapes[0][2] == 0 || xd.shapes[0][3] == 0 {
-            return Err(c.bad(format!(
-                "empty kernel {kernel:?} or input {:?}",
-                xd.shapes[0]
-            )));
+        if kernel.contains(&0) || xshape[2] == 0 || xshape[3] == 0 {
+            return Err(c.bad(format!("empty kernel {kernel:?} or input {xshape:?}")));
         }
         if let Some(k) = c.ints("kernel_shape")? {
             if k != [kernel[0] as i64, kernel[1] as i64] {
@@ -1267,7 +1256,7 @@ impl<'m> Importer<'m> {
         if groups < 1 {
             return Err(c.bad(format!("group {groups}")));
         }
-        let hw = [xd.shapes[0][2], xd.shapes[0][3]];
+        let hw = [xshape[2], xshape[3]];
         let pads = self.window_pads(c, hw, kernel, strides, dilations)?;
         self.emit1(
             c,
@@ -1307,7 +1296,15 @@ impl<'m> Importer<'m> {
             c.ignore("storage_order");
             Self::two(c, "dilations", c.ints("dilations")?, 1)?
         } else {
-            [1, 1]
+            // AveragePool has `dilations` from opset 19; exporters write the default [1, 1].
+            let d = Self::two(c, "dilations", c.ints("dilations")?, 1)?;
+            if d != [1, 1] {
+                return Err(c.unsupported_attr(
+                    "dilations",
+                    format!("value {d:?} (average pooling supports only [1, 1])"),
+                ));
+            }
+            d
         };
         let ceil_mode = c.int("ceil_mode", 0)? != 0;
         let count_include_pad = if max {
@@ -1337,6 +1334,392 @@ impl<'m> Importer<'m> {
             },
             1,
         )
+    }
+
+    /// The Reduce ops. ReduceL1, ReduceL2 and ReduceSumSquare (F.normalize writes ReduceL2)
+    /// are Abs / x·x, a ReduceSum, and (L2) a Sqrt.
+    fn reduce(&mut self, c: &Ctx, op: &str) -> Result<Vec<Val>> {
+        // Axes moved from an attribute to an input: ReduceSum at opset 13, the others at 18.
+        let axes_as_input = op == "ReduceSum" || self.m.opset >= 18;
+        let axes = if axes_as_input {
+            self.ints_input(c, 1, "axes")?
+        } else {
+            c.ints("axes")?
+        };
+        let keepdims = c.int("keepdims", 1)? != 0;
+        let noop = c.int("noop_with_empty_axes", 0)? != 0;
+        let axes = axes.unwrap_or_default();
+        let plain = matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin");
+        if axes.is_empty() && noop {
+            if !plain {
+                return Err(c.unsupported_attr(
+                    "noop_with_empty_axes",
+                    format!("value 1 with no axes on {op}"),
+                ));
+            }
+            return Ok(vec![self.req(c, 0)?]);
+        }
+        let x = self.req(c, 0)?;
+        for &a in &axes {
+            norm_axis(c, a, x.rank())?;
+        }
+        let axes = if axes.is_empty() {
+            (0..x.rank() as i64).collect()
+        } else {
+            axes
+        };
+        let kind = match op {
+            "ReduceMean" => ReduceKind::Mean,
+            "ReduceMax" => ReduceKind::Max,
+            "ReduceMin" => ReduceKind::Min,
+            _ => ReduceKind::Sum,
+        };
+        let reduce = Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        };
+        if plain {
+            return self.emit1(c, reduce, 1);
+        }
+        let x = (c.n.input[0].clone(), x);
+        let pre = if op == "ReduceL1" {
+            self.emit_tmp(c, Op::Unary(Unary::Abs), &[x], "abs")?
+        } else {
+            self.emit_tmp(c, Op::Binary(Binary::Mul), &[x.clone(), x], "square")?
+        };
+        let pre = (format!("{}:pre", c.r.node), pre);
+        if op != "ReduceL2" {
+            let out = self.out_name(c, 0);
+            return self.emit(c, reduce, &[pre], vec![out]);
+        }
+        let sum = self.emit_tmp(c, reduce, &[pre], "sum")?;
+        let out = self.out_name(c, 0);
+        self.emit(
+            c,
+            Op::Unary(Unary::Sqrt),
+            &[(format!("{}:sum", c.r.node), sum)],
+            vec![out],
+        )
+    }
+
+    /// Adds one IR node whose output is an intermediate value of this ONNX node.
+    fn emit_tmp(&mut self, c: &Ctx, op: Op, ins: &[(String, Val)], what: &str) -> Result<Val> {
+        self.fresh += 1;
+        let out = format!("{}:{what}{}", c.r.node, self.fresh);
+        let mut v = self.emit(c, op, ins, vec![out])?;
+        v.pop().ok_or_else(|| c.bad("internal: no output"))
+    }
+
+    /// GroupNormalization (opset 18: `scale`/`bias` per group; opset 21: per channel) as IR ops:
+    /// `[N, C, ...] → [N, G, rest]`, LayerNorm over `rest` with a unit scale, back to
+    /// `[N, C, ...]`, then the per-channel affine `x·scale + bias` broadcast over `[C, 1, ...]`.
+    fn group_norm(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let eps = c.float("epsilon", 1e-5)?;
+        let groups = c.int("num_groups", 0)?;
+        // stash_type (opset 21) selects the precision of mean/variance; isolane's are f32,
+        // which is the default (stash_type = 1).
+        c.ignore("stash_type");
+        let x = self.req(c, 0)?;
+        let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+        if !x.is_dyn() || xs.len() < 3 {
+            return Err(c.bad(format!(
+                "the input must be a runtime tensor [N, C, ...] of rank 3 or more, is {} of rank {}",
+                x.kind(),
+                xs.len()
+            )));
+        }
+        let ch = xs[1];
+        if !ch.is_const() || groups < 1 || ch.c % groups != 0 {
+            return Err(c.bad(format!(
+                "num_groups {groups} must be positive and divide the {} channels",
+                ch
+            )));
+        }
+        let (ch, groups) = (ch.c as usize, groups as usize);
+        let per_channel = |v: Val, what: &str| -> Result<Vec<f32>> {
+            let Val::F(a) = v else {
+                return Err(c.bad(format!("{what} must be a float tensor known at import")));
+            };
+            match a.data.len() {
+                n if n == ch => Ok(a.data),
+                // Opset 18's per-group form: each group's value for each of its channels.
+                n if n == groups => Ok((0..ch).map(|i| a.data[i / (ch / groups)]).collect()),
+                n => Err(c.bad(format!(
+                    "{what} has {n} values; expected {ch} (channels) or {groups} (groups)"
+                ))),
+            }
+        };
+        let scale = per_channel(self.req(c, 1)?, "scale")?;
+        let bias = per_channel(self.req(c, 2)?, "bias")?;
+        let rest: usize = static_shape(&x)[2..].iter().product::<usize>() * (ch / groups);
+        let grouped = self.emit_tmp(
+            c,
+            Op::Reshape {
+                shape: vec![Dim::Copy, Dim::Fixed(groups), Dim::Fixed(rest)],
+            },
+            &[(c.n.input[0].clone(), x.clone())],
+            "grouped",
+        )?;
+        let ones = (
+            format!("{}:unit_scale", c.r.node),
+            Val::F(Arr::new(vec![rest], vec![1.0; rest])),
+        );
+        let normed = self.emit_tmp(
+            c,
+            Op::LayerNorm { axis: -1, eps },
+            &[(format!("{}:grouped", c.r.node), grouped), ones],
+            "normed",
+        )?;
+        let mut back = vec![Dim::Copy];
+        back.extend(static_shape(&x)[1..].iter().map(|&d| Dim::Fixed(d)));
+        let ungrouped = self.emit_tmp(
+            c,
+            Op::Reshape { shape: back },
+            &[(format!("{}:normed", c.r.node), normed)],
+            "ungrouped",
+        )?;
+        self.channel_affine(c, ungrouped, xs.len(), scale, bias)
+    }
+
+    /// `x·scale + bias` with per-channel (dim 1) `scale` and `bias`, the node's output.
+    fn channel_affine(
+        &mut self,
+        c: &Ctx,
+        x: Val,
+        rank: usize,
+        scale: Vec<f32>,
+        bias: Vec<f32>,
+    ) -> Result<Vec<Val>> {
+        let mut affine_shape = vec![scale.len()];
+        affine_shape.extend(std::iter::repeat_n(1, rank - 2));
+        let scale = (
+            format!("{}:scale", c.r.node),
+            Val::F(Arr::new(affine_shape.clone(), scale)),
+        );
+        let bias = (
+            format!("{}:bias", c.r.node),
+            Val::F(Arr::new(affine_shape, bias)),
+        );
+        let scaled = self.binary(
+            c,
+            Binary::Mul,
+            (format!("{}:normed", c.r.node), x),
+            scale,
+            1,
+        )?;
+        let scaled = scaled
+            .into_iter()
+            .next()
+            .ok_or_else(|| c.bad("no output"))?;
+        self.binary(
+            c,
+            Binary::Add,
+            (format!("{}:scaled", c.r.node), scaled),
+            bias,
+            0,
+        )
+    }
+
+    /// InstanceNormalization (`[N, C, ...]`, each (n, c) normalised over the spatial dims;
+    /// the classic exporter writes GroupNorm as Reshape → InstanceNormalization → Reshape):
+    /// LayerNorm over dims `2..` with a unit scale, then the per-channel affine.
+    fn instance_norm(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let eps = c.float("epsilon", 1e-5)?;
+        let x = self.req(c, 0)?;
+        let rank = x.rank();
+        if !x.is_dyn() || rank < 3 {
+            return Err(c.bad(format!(
+                "the input must be a runtime tensor [N, C, ...] of rank 3 or more, is {} of rank {rank}",
+                x.kind()
+            )));
+        }
+        let shape = static_shape(&x);
+        let ch = shape[1];
+        let vec_of = |v: Val, what: &str| -> Result<Vec<f32>> {
+            match v {
+                Val::F(a) if a.data.len() == ch => Ok(a.data),
+                v => Err(c.bad(format!(
+                    "{what} must be {ch} floats known at import, is {}",
+                    v.kind()
+                ))),
+            }
+        };
+        let scale = vec_of(self.req(c, 1)?, "scale")?;
+        let bias = vec_of(self.req(c, 2)?, "B")?;
+        let spatial = shape[2..].to_vec();
+        let n: usize = spatial.iter().product();
+        let ones = (
+            format!("{}:unit_scale", c.r.node),
+            Val::F(Arr::new(spatial, vec![1.0; n])),
+        );
+        let normed = self.emit_tmp(
+            c,
+            Op::LayerNorm { axis: 2, eps },
+            &[(c.n.input[0].clone(), x), ones],
+            "normed",
+        )?;
+        self.channel_affine(c, normed, rank, scale, bias)
+    }
+
+    /// Pad (opsets 13–21: `pads`, `constant_value` and, from 18, `axes` as inputs; modes
+    /// constant, reflect, edge and, from 19, wrap) as existing IR ops, one padded axis at a
+    /// time: negative pads are a Slice; the new borders are a constant broadcast with Expand
+    /// (constant) or rows of the input picked with Gather (reflect, edge, wrap), joined with
+    /// Concat. All-zero pads (what exporters write for sizes that need none) vanish.
+    fn pad(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let mode = c.string("mode", "constant")?;
+        let known = matches!(mode.as_str(), "constant" | "reflect" | "edge")
+            || (mode == "wrap" && self.m.opset >= 19);
+        if !known {
+            return Err(c.unsupported_attr("mode", format!("value {mode:?}")));
+        }
+        let x = self.req(c, 0)?;
+        let pads = self
+            .ints_input(c, 1, "pads")?
+            .ok_or_else(|| c.bad("the pads input is required"))?;
+        let value = match self.get(c, 2)? {
+            None => 0.0,
+            Some(Val::F(a)) if a.data.len() <= 1 => a.data.first().copied().unwrap_or(0.0),
+            Some(v) => {
+                return Err(c.bad(format!(
+                    "constant_value must be a float scalar known at import, is {}",
+                    v.kind()
+                )))
+            }
+        };
+        let r = x.rank();
+        let axes: Vec<usize> = match self.ints_input(c, 3, "axes")? {
+            None => (0..r).collect(),
+            Some(a) => a
+                .iter()
+                .map(|&v| norm_axis(c, v, r))
+                .collect::<Result<_>>()?,
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(c.bad(format!(
+                "pads {pads:?} needs 2 values per padded axis ({} axes)",
+                axes.len()
+            )));
+        }
+        if pads.iter().all(|&p| p == 0) {
+            return Ok(vec![x]);
+        }
+        if !x.is_dyn() {
+            return Err(c.bad(format!(
+                "Pad of {} is not supported (only runtime tensors)",
+                x.kind()
+            )));
+        }
+        let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+        let mut cur = (c.n.input[0].clone(), x);
+        for (k, &ax) in axes.iter().enumerate() {
+            let (before, after) = (pads[k], pads[k + axes.len()]);
+            if before == 0 && after == 0 {
+                continue;
+            }
+            if !xs[ax].is_const() {
+                return Err(c.bad(format!(
+                    "pads {pads:?} pad axis {ax}, whose size depends on the batch"
+                )));
+            }
+            let v = self.pad_axis(c, cur, ax, [before, after], &mode, value)?;
+            self.fresh += 1;
+            cur = (format!("{}:padded{}", c.r.node, self.fresh), v);
+        }
+        Ok(vec![cur.1])
+    }
+
+    /// Pads one axis of `x` by `[before, after]` (negative: cropped) in `mode`.
+    fn pad_axis(
+        &mut self,
+        c: &Ctx,
+        x: (String, Val),
+        ax: usize,
+        [before, after]: [i64; 2],
+        mode: &str,
+        value: f32,
+    ) -> Result<Val> {
+        let mut x = x;
+        let n = static_shape(&x.1)[ax] as i64;
+        if before < 0 || after < 0 {
+            let (start, end) = (before.min(0).abs(), n - after.min(0).abs());
+            if start >= end {
+                return Err(c.bad(format!("pads crop axis {ax} of size {n} to nothing")));
+            }
+            let op = Op::Slice {
+                starts: vec![start],
+                ends: vec![end],
+                axes: vec![ax as i64],
+                steps: vec![1],
+            };
+            let v = self.emit_tmp(c, op, &[x], "cropped")?;
+            x = (format!("{}:cropped", c.r.node), v);
+        }
+        let n = static_shape(&x.1)[ax] as i64;
+        let shape = x.1.sym_shape().map_err(|e| c.bad(e))?;
+        let mut pieces = Vec::new();
+        for (is_before, p) in [(true, before.max(0)), (false, after.max(0))] {
+            if p == 0 {
+                continue;
+            }
+            let indices: Vec<i64> = match mode {
+                "constant" => vec![],
+                "edge" => vec![if is_before { 0 } else { n - 1 }; p as usize],
+                "reflect" if p < n => {
+                    if is_before {
+                        (1..=p).rev().collect()
+                    } else {
+                        (0..p).map(|i| n - 2 - i).collect()
+                    }
+                }
+                "wrap" if p <= n => {
+                    if is_before {
+                        (n - p..n).collect()
+                    } else {
+                        (0..p).collect()
+                    }
+                }
+                _ => {
+                    return Err(c.bad(format!(
+                        "{mode} padding of {p} on axis {ax} of size {n} (must be smaller than the axis)"
+                    )))
+                }
+            };
+            let piece = if mode == "constant" {
+                let mut dims = Vec::with_capacity(shape.len());
+                for (i, &d) in shape.iter().enumerate() {
+                    let d = if i == ax { Sym::k(p) } else { d };
+                    dims.push(sym_to_dim(d, false).map_err(|e| c.bad(format!("pad: {e}")))?);
+                }
+                self.fresh += 1;
+                let fill = (
+                    format!("{}:fill{}", c.r.node, self.fresh),
+                    Val::F(Arr::new(vec![1; shape.len()], vec![value])),
+                );
+                self.emit_tmp(c, Op::Expand { shape: dims }, &[fill], "border")?
+            } else {
+                let op = Op::Gather {
+                    axis: ax as i64,
+                    indices_shape: vec![indices.len()],
+                    indices,
+                };
+                self.emit_tmp(c, op, std::slice::from_ref(&x), "border")?
+            };
+            self.fresh += 1;
+            pieces.push((
+                is_before,
+                (format!("{}:border{}", c.r.node, self.fresh), piece),
+            ));
+        }
+        let mut ins: Vec<(String, Val)> = pieces
+            .iter()
+            .filter(|(b, _)| *b)
+            .map(|(_, v)| v.clone())
+            .collect();
+        ins.push(x);
+        ins.extend(pieces.into_iter().filter(|(b, _)| !*b).map(|(_, v)| v));
+        self.emit_tmp(c, Op::Concat { axis: ax as i64 }, &ins, "joined")
     }
 
     fn reshape(&mut self, c: &Ctx) -> Result<Vec<Val>> {
@@ -1952,18 +2335,25 @@ fn cast(c: &Ctx, x: Val, to: i64) -> Result<Val> {
     const FLOAT: i64 = 1;
     const DOUBLE: i64 = 11;
     const FLOAT16: i64 = 10;
+    const BFLOAT16: i64 = 16;
     const BOOL: i64 = 9;
     const INTS: [i64; 8] = [2, 3, 4, 5, 6, 7, 12, 13];
-    let float_target = matches!(to, FLOAT | DOUBLE | FLOAT16);
+    let float_target = matches!(to, FLOAT | DOUBLE | FLOAT16 | BFLOAT16);
     Ok(match x {
-        // Runtime tensors are f32; a cast to another float type keeps f32 (the engine's
-        // precision); a cast to an integer type would change values and is not supported.
-        Val::Dyn(_) if matches!(to, FLOAT | DOUBLE) => x,
+        // Runtime tensors are f32 in the IR and computed at the precision the model is compiled
+        // for (`--precision`), so a cast between float types (the Cast to/from float16 that an
+        // fp16-converted model has at its input and output) is a pass-through: it names a
+        // storage type, and the backend's precision decides the rounding (docs/onnx.md).
+        // A cast to an integer type would change values and is not supported.
+        Val::Dyn(_) if float_target => x,
         Val::Dyn(_) => {
             return Err(c.bad(format!(
                 "casting a runtime tensor to data type {to} is not supported"
             )))
         }
+        // A value known at import is rounded exactly as the cast asks (e.g. a float16 constant).
+        Val::F(a) if to == FLOAT16 => Val::F(a.map(|&v| half::f16::from_f32(v).to_f32())),
+        Val::F(a) if to == BFLOAT16 => Val::F(a.map(|&v| half::bf16::from_f32(v).to_f32())),
         Val::F(a) if float_target => Val::F(a),
         Val::F(a) if to == BOOL => Val::B(a.map(|&v| v != 0.0)),
         // Float → integer truncates toward zero (C semantics, as onnxruntime).

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// The opsets of the default domain that the importer knows, op by op (see docs/onnx.md).
 pub const MIN_OPSET: i64 = 13;
-pub const MAX_OPSET: i64 = 18;
+pub const MAX_OPSET: i64 = 21;
 
 /// One dimension of a graph input as the file declares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,15 +109,9 @@ impl OnnxModel {
         let mut initializers = HashMap::with_capacity(graph.initializer.len());
         for t in &graph.initializer {
             let name = t.name().to_string();
-            let mut ext = |t: &proto::TensorProto| {
-                tensor::read_external(path, t)
-                    .map_err(|(file, what)| format!("external data file {file}: {what}"))
-            };
-            let value = tensor::from_proto(t, &mut ext).map_err(|what| OnnxError::BadTensor {
-                path: path.to_path_buf(),
-                tensor: name.clone(),
-                what,
-            })?;
+            let mut ext = |t: &proto::TensorProto| tensor::read_external(path, t);
+            let value = tensor::from_proto(t, &mut ext)
+                .map_err(|e| OnnxError::from_tensor_error(path, &name, e))?;
             initializers.insert(name, value);
         }
 
@@ -169,12 +163,16 @@ fn input_dims(vi: &proto::ValueInfoProto) -> Result<Vec<Dim>, String> {
     let TV::TensorType(tt) = ty else {
         return Err("not a tensor (sequences, maps and optionals are not supported)".into());
     };
-    if tt.elem_type() != proto::tensor_proto::DataType::Float as i32 {
+    use proto::tensor_proto::DataType as T;
+    // float16/bfloat16 inputs (fp16-converted models) are fed float32 values: the engine's
+    // storage; the arithmetic precision is `--precision`'s (docs/onnx.md).
+    let float_types = [T::Float as i32, T::Float16 as i32, T::Bfloat16 as i32];
+    if !float_types.contains(&tt.elem_type()) {
         let name = proto::tensor_proto::DataType::try_from(tt.elem_type())
             .map(|d| d.as_str_name().to_string())
             .unwrap_or_else(|_| tt.elem_type().to_string());
         return Err(format!(
-            "element type {name}; isolane feeds float32 inputs only"
+            "element type {name}; isolane feeds float32, float16 and bfloat16 inputs only"
         ));
     }
     let shape = tt.shape.as_ref().ok_or("no shape (rank unknown)")?;

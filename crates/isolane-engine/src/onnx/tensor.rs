@@ -115,20 +115,130 @@ fn elem_size(dt: tensor_proto::DataType) -> Option<usize> {
     Some(match dt {
         T::Float | T::Int32 | T::Uint32 => 4,
         T::Double | T::Int64 | T::Uint64 => 8,
-        T::Int16 | T::Uint16 => 2,
+        T::Int16 | T::Uint16 | T::Float16 | T::Bfloat16 => 2,
         T::Int8 | T::Uint8 | T::Bool => 1,
         _ => return None,
     })
 }
 
+/// An IEEE half (float16) bit pattern as f32; exact (every f16 is an f32).
+pub fn f16_bits_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// A bfloat16 bit pattern as f32; exact (bf16 is the top half of an f32).
+pub fn bf16_bits_to_f32(bits: u16) -> f32 {
+    half::bf16::from_bits(bits).to_f32()
+}
+
+/// Decodes little-endian raw bytes of type `dt` (length already checked).
+fn decode_raw(dt: tensor_proto::DataType, raw: &[u8]) -> Data {
+    use tensor_proto::DataType as T;
+    let u16s = || {
+        raw.chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+    };
+    let b8 = |c: &[u8]| -> [u8; 8] { c.try_into().unwrap_or([0; 8]) };
+    match dt {
+        T::Float => Data::F32(
+            raw.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+        T::Double => Data::F32(
+            raw.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(b8(c)) as f32)
+                .collect(),
+        ),
+        T::Float16 => Data::F32(u16s().map(f16_bits_to_f32).collect()),
+        T::Bfloat16 => Data::F32(u16s().map(bf16_bits_to_f32).collect()),
+        T::Int64 => Data::I64(
+            raw.chunks_exact(8)
+                .map(|c| i64::from_le_bytes(b8(c)))
+                .collect(),
+        ),
+        T::Uint64 => Data::I64(
+            raw.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(b8(c)) as i64)
+                .collect(),
+        ),
+        T::Int32 => Data::I64(
+            raw.chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect(),
+        ),
+        T::Uint32 => Data::I64(
+            raw.chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect(),
+        ),
+        T::Int16 => Data::I64(
+            raw.chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]]) as i64)
+                .collect(),
+        ),
+        T::Uint16 => Data::I64(u16s().map(|v| v as i64).collect()),
+        T::Int8 => Data::I64(raw.iter().map(|&b| b as i8 as i64).collect()),
+        T::Uint8 => Data::I64(raw.iter().map(|&b| b as i64).collect()),
+        _ => Data::Bool(raw.iter().map(|&b| b != 0).collect()), // T::Bool: elem_size allows no other
+    }
+}
+
+/// Decodes the typed field that holds a tensor of type `dt` (onnx.proto, TensorProto).
+fn decode_typed(dt: tensor_proto::DataType, t: &TensorProto) -> (Data, usize) {
+    use tensor_proto::DataType as T;
+    // int32_data holds FLOAT16 and BFLOAT16 as their bit patterns in the low 16 bits.
+    let low16 = |x: &i32| (*x as u32 & 0xffff) as u16;
+    match dt {
+        T::Float => (Data::F32(t.float_data.clone()), t.float_data.len()),
+        T::Double => (
+            Data::F32(t.double_data.iter().map(|&x| x as f32).collect()),
+            t.double_data.len(),
+        ),
+        T::Float16 => (
+            Data::F32(
+                t.int32_data
+                    .iter()
+                    .map(|x| f16_bits_to_f32(low16(x)))
+                    .collect(),
+            ),
+            t.int32_data.len(),
+        ),
+        T::Bfloat16 => (
+            Data::F32(
+                t.int32_data
+                    .iter()
+                    .map(|x| bf16_bits_to_f32(low16(x)))
+                    .collect(),
+            ),
+            t.int32_data.len(),
+        ),
+        T::Int64 => (Data::I64(t.int64_data.clone()), t.int64_data.len()),
+        T::Uint64 | T::Uint32 => (
+            Data::I64(t.uint64_data.iter().map(|&x| x as i64).collect()),
+            t.uint64_data.len(),
+        ),
+        T::Bool => (
+            Data::Bool(t.int32_data.iter().map(|&x| x != 0).collect()),
+            t.int32_data.len(),
+        ),
+        // int32_data holds INT32, INT16, INT8, UINT16, UINT8 (one value per int32).
+        _ => (
+            Data::I64(t.int32_data.iter().map(|&x| x as i64).collect()),
+            t.int32_data.len(),
+        ),
+    }
+}
+
 /// Decodes a `TensorProto` (typed fields or little-endian `raw_data`) into a [`Tensor`].
+/// float16 and bfloat16 values are widened to f32 exactly (see docs/onnx.md on precision).
 ///
 /// `external` supplies the bytes of a tensor whose `data_location` is EXTERNAL; it is given the
-/// tensor and returns its raw bytes (see `model::read_external`).
+/// tensor and returns its raw bytes (see [`read_external`]).
 pub fn from_proto(
     t: &TensorProto,
-    external: &mut dyn FnMut(&TensorProto) -> Result<Vec<u8>, String>,
-) -> Result<Tensor, String> {
+    external: &mut dyn FnMut(&TensorProto) -> Result<Vec<u8>, ExternalError>,
+) -> Result<Tensor, TensorError> {
     use tensor_proto::DataType as T;
     if t.segment.is_some() {
         return Err("segmented tensors are not supported".into());
@@ -147,7 +257,7 @@ pub fn from_proto(
         T::try_from(t.data_type()).map_err(|_| format!("unknown data type {}", t.data_type()))?;
     let size = elem_size(dt).ok_or_else(|| {
         format!(
-            "data type {} is not supported (isolane reads float32/64 and integer/bool tensors)",
+            "data type {} is not supported (isolane reads float32/64, float16, bfloat16 and integer/bool tensors)",
             dt.as_str_name()
         )
     })?;
@@ -155,7 +265,7 @@ pub fn from_proto(
     let is_external = t.data_location() == tensor_proto::DataLocation::External;
     let raw_owned;
     let raw: Option<&[u8]> = if is_external {
-        raw_owned = external(t)?;
+        raw_owned = external(t).map_err(TensorError::External)?;
         Some(&raw_owned)
     } else {
         t.raw_data.as_deref()
@@ -171,112 +281,133 @@ pub fn from_proto(
                 raw.len(),
                 t.dims,
                 dt.as_str_name()
-            ));
+            )
+            .into());
         }
         // ONNX stores raw data little-endian whatever the host; decode explicitly.
-        let data = match dt {
-            T::Float => Data::F32(
-                raw.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            ),
-            T::Double => Data::F32(
-                raw.chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
-                    .collect(),
-            ),
-            T::Int64 => Data::I64(
-                raw.chunks_exact(8)
-                    .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                    .collect(),
-            ),
-            T::Uint64 => Data::I64(
-                raw.chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as i64)
-                    .collect(),
-            ),
-            T::Int32 => Data::I64(
-                raw.chunks_exact(4)
-                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
-                    .collect(),
-            ),
-            T::Uint32 => Data::I64(
-                raw.chunks_exact(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
-                    .collect(),
-            ),
-            T::Int16 => Data::I64(
-                raw.chunks_exact(2)
-                    .map(|c| i16::from_le_bytes([c[0], c[1]]) as i64)
-                    .collect(),
-            ),
-            T::Uint16 => Data::I64(
-                raw.chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64)
-                    .collect(),
-            ),
-            T::Int8 => Data::I64(raw.iter().map(|&b| b as i8 as i64).collect()),
-            T::Uint8 => Data::I64(raw.iter().map(|&b| b as i64).collect()),
-            T::Bool => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
-            _ => unreachable!("elem_size accepted only the types above"),
-        };
-        return Ok(Tensor { shape, data });
+        return Ok(Tensor {
+            shape,
+            data: decode_raw(dt, raw),
+        });
     }
 
-    // Typed fields: which one holds the data depends on the type (onnx.proto, TensorProto).
-    let (data, have) = match dt {
-        T::Float => (Data::F32(t.float_data.clone()), t.float_data.len()),
-        T::Double => (
-            Data::F32(t.double_data.iter().map(|&x| x as f32).collect()),
-            t.double_data.len(),
-        ),
-        T::Int64 => (Data::I64(t.int64_data.clone()), t.int64_data.len()),
-        T::Uint64 | T::Uint32 => (
-            Data::I64(t.uint64_data.iter().map(|&x| x as i64).collect()),
-            t.uint64_data.len(),
-        ),
-        T::Bool => (
-            Data::Bool(t.int32_data.iter().map(|&x| x != 0).collect()),
-            t.int32_data.len(),
-        ),
-        // int32_data holds INT32, INT16, INT8, UINT16, UINT8 (one value per int32).
-        _ => (
-            Data::I64(t.int32_data.iter().map(|&x| x as i64).collect()),
-            t.int32_data.len(),
-        ),
-    };
+    let (data, have) = decode_typed(dt, t);
     if have != numel {
-        return Err(format!(
-            "holds {have} values, but shape {:?} needs {numel}",
-            t.dims
-        ));
+        return Err(format!("holds {have} values, but shape {:?} needs {numel}", t.dims).into());
     }
     Ok(Tensor { shape, data })
 }
 
+/// Why a tensor could not be decoded: its own fields, or its external data file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TensorError {
+    Bad(String),
+    External(ExternalError),
+}
+
+impl From<String> for TensorError {
+    fn from(what: String) -> Self {
+        TensorError::Bad(what)
+    }
+}
+
+impl From<&str> for TensorError {
+    fn from(what: &str) -> Self {
+        TensorError::Bad(what.to_string())
+    }
+}
+
+/// An external data reference that was refused or could not be read: the `location` as the
+/// file wrote it and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalError {
+    pub location: String,
+    pub what: String,
+}
+
+/// The file an external data `location` names, confined to the model's folder `dir` as the
+/// ONNX spec and `onnx.checker` require: a relative path, no `..` component, and (after
+/// resolving symbolic links) still inside `dir`. Anything else would let a model file read
+/// arbitrary files of the machine it is loaded on.
+pub fn confined_location(dir: &Path, location: &str) -> Result<std::path::PathBuf, String> {
+    use std::path::Component;
+    if location.is_empty() {
+        return Err("is empty".into());
+    }
+    // Both separators are checked whatever the host: a file written on Windows may use `\`.
+    let parts: Vec<&str> = location.split(['/', '\\']).collect();
+    let windows_drive = location.len() >= 2 && location.as_bytes()[1] == b':';
+    let rel = Path::new(location);
+    if rel.has_root() || location.starts_with(['/', '\\']) || windows_drive {
+        return Err(format!(
+            "is an absolute path; ONNX external data must be a path relative to the model's folder {}",
+            dir.display()
+        ));
+    }
+    if parts.contains(&"..") || rel.components().any(|c| c == Component::ParentDir) {
+        return Err(format!(
+            "contains `..`; ONNX external data must stay inside the model's folder {}",
+            dir.display()
+        ));
+    }
+    let file = dir.join(rel);
+    let real_dir = dir
+        .canonicalize()
+        .map_err(|e| format!("the model's folder {}: {e}", dir.display()))?;
+    let real_file = file
+        .canonicalize()
+        .map_err(|e| format!("cannot open {}: {e}", file.display()))?;
+    if !real_file.starts_with(&real_dir) {
+        return Err(format!(
+            "resolves (through a symbolic link) to {}, outside the model's folder {}",
+            real_file.display(),
+            real_dir.display()
+        ));
+    }
+    if !real_file.is_file() {
+        return Err(format!("{} is not a regular file", file.display()));
+    }
+    Ok(real_file)
+}
+
 /// Reads the bytes of an externally stored tensor (`data_location = EXTERNAL`): the `location`
-/// key names a file relative to the model's directory; `offset` and `length` select a range.
-pub fn read_external(model_path: &Path, t: &TensorProto) -> Result<Vec<u8>, (String, String)> {
+/// key names a file inside the model's folder (see [`confined_location`]); `offset` and
+/// `length` select a range.
+pub fn read_external(model_path: &Path, t: &TensorProto) -> Result<Vec<u8>, ExternalError> {
     use std::io::{Read, Seek, SeekFrom};
     let mut location = None;
-    let mut offset: u64 = 0;
-    let mut length: Option<u64> = None;
+    let mut offset: Option<String> = None;
+    let mut length: Option<String> = None;
     for kv in &t.external_data {
-        let parse = |v: &str| {
-            v.parse::<u64>()
-                .map_err(|_| (kv.key().to_string(), format!("bad {} {v:?}", kv.key())))
-        };
         match kv.key() {
             "location" => location = Some(kv.value().to_string()),
-            "offset" => offset = parse(kv.value())?,
-            "length" => length = Some(parse(kv.value())?),
+            "offset" => offset = Some(kv.value().to_string()),
+            "length" => length = Some(kv.value().to_string()),
             _ => {} // "checksum" and future keys do not change the bytes read
         }
     }
-    let location = location.ok_or_else(|| (String::new(), "no `location` key".to_string()))?;
-    let dir = model_path.parent().unwrap_or_else(|| Path::new("."));
-    let file = dir.join(&location);
-    let err = |what: String| (file.display().to_string(), what);
+    let location = location.ok_or_else(|| ExternalError {
+        location: String::new(),
+        what: "the tensor is marked EXTERNAL but has no `location` key".into(),
+    })?;
+    let err = |what: String| ExternalError {
+        location: location.clone(),
+        what,
+    };
+    let parse = |key: &str, v: Option<String>| -> Result<Option<u64>, ExternalError> {
+        v.map(|v| {
+            v.parse::<u64>()
+                .map_err(|_| err(format!("{key} {v:?} is not a non-negative integer")))
+        })
+        .transpose()
+    };
+    let offset = parse("offset", offset)?.unwrap_or(0);
+    let length = parse("length", length)?;
+    let dir = match model_path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let file = confined_location(dir, &location).map_err(err)?;
     let mut f = std::fs::File::open(&file).map_err(|e| err(format!("cannot open: {e}")))?;
     let file_len = f.metadata().map_err(|e| err(e.to_string()))?.len();
     let length = length.unwrap_or(file_len.saturating_sub(offset));
