@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+pub use isolane_engine::arena::{assign_offsets, check_no_overlap, ArenaRules, Storage};
 use isolane_engine::ir::{
     broadcast_shapes, infer_node, norm_axis, slice_params, Binary, CoordMode, Graph, NearestMode,
     Op, ResizeAttrs, ResizeMode, Tensor, Unary, ValueKind,
@@ -75,14 +76,12 @@ impl Loc {
     }
 }
 
-/// One arena storage: `bytes` long, alive from step `first` to step `last` (inclusive).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Storage {
-    pub bytes: usize,
-    pub first: usize,
-    pub last: usize,
-    pub offset: usize,
-}
+/// The device arena's layout ([`ALIGN`]-byte boundaries); an empty storage still gets its
+/// own aligned bytes so that every storage has a distinct device address.
+pub const ARENA_RULES: ArenaRules = ArenaRules {
+    align: ALIGN,
+    min_bytes: 1,
+};
 
 /// Resize's coordinate transformation and nearest-rounding codes shared with the NVRTC source
 /// (`resize_src` and `resize_nearest` in kernels.rs).
@@ -655,12 +654,7 @@ struct Planner<'g> {
 
 impl Planner<'_> {
     fn new_storage(&mut self, bytes: usize) -> usize {
-        self.storages.push(Storage {
-            bytes,
-            first: self.t,
-            last: self.t,
-            offset: 0,
-        });
+        self.storages.push(Storage::new(bytes, self.t));
         self.storages.len() - 1
     }
     fn touch(&mut self, l: Loc) {
@@ -2053,7 +2047,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         p.storages[io.staging].last = end + 1;
     }
     let mut storages = p.storages;
-    let arena_bytes = assign_offsets(&mut storages);
+    let arena_bytes = assign_offsets(&mut storages, ARENA_RULES);
     Ok(Plan {
         dtype,
         precision,
@@ -2163,49 +2157,6 @@ pub fn mat_view(shape: &[usize], strides: &[usize]) -> Option<MatView> {
         return None;
     }
     Some((batch, b.strides[0][0], rows, cols, ld))
-}
-
-/// Greedy best-fit by size: each storage, largest first, goes to the lowest aligned offset
-/// that overlaps no placed storage whose lifetime intersects its own. Returns the arena size.
-pub fn assign_offsets(st: &mut [Storage]) -> usize {
-    let mut order: Vec<usize> = (0..st.len()).collect();
-    order.sort_by(|&a, &b| st[b].bytes.cmp(&st[a].bytes).then(a.cmp(&b)));
-    let mut placed: Vec<usize> = Vec::with_capacity(st.len());
-    let mut total = 0;
-    for &i in &order {
-        let mut busy: Vec<(usize, usize)> = placed
-            .iter()
-            .filter(|&&j| st[j].first <= st[i].last && st[i].first <= st[j].last)
-            .map(|&j| (st[j].offset, st[j].offset + align(st[j].bytes)))
-            .collect();
-        busy.sort_unstable();
-        let need = align(st[i].bytes.max(1));
-        let mut at = 0;
-        for (s, e) in busy {
-            if at + need <= s {
-                break;
-            }
-            at = at.max(e);
-        }
-        st[i].offset = at;
-        total = total.max(at + need);
-        placed.push(i);
-    }
-    total
-}
-
-/// Sanity check used by tests: no two storages alive at the same step overlap in memory.
-pub fn check_no_overlap(st: &[Storage]) -> std::result::Result<(), String> {
-    for (i, a) in st.iter().enumerate() {
-        for (j, b) in st.iter().enumerate().skip(i + 1) {
-            let live = a.first <= b.last && b.first <= a.last;
-            let mem = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
-            if live && mem && a.bytes > 0 && b.bytes > 0 {
-                return Err(format!("storages {i} and {j} overlap: {a:?} {b:?}"));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// `broadcast_shapes` re-exported for the GPU side's checks.

@@ -99,7 +99,7 @@ fn assign_offsets_packs_by_lifetime() {
             offset: 0,
         },
     ];
-    let total = plan::assign_offsets(&mut st);
+    let total = plan::assign_offsets(&mut st, plan::ARENA_RULES);
     check_no_overlap(&st).unwrap();
     // The first two never live together: they share bytes; the third sits beside them.
     assert_eq!(st[0].offset, st[1].offset);

@@ -1,6 +1,7 @@
 //! isolane-engine: graph IR, built-in architectures, loaders (safetensors, ONNX) and backends.
 
 pub mod arch;
+pub mod arena;
 pub mod backend;
 pub mod cpu;
 pub mod error;

@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use rayon::ThreadPool;
 
+use crate::arena::{assign_offsets, ArenaRules, Storage};
 use crate::backend::{Backend, CompiledModel, Precision};
 use crate::error::{EngineError, Result};
 use crate::ir::{infer_node, Graph, Node, Tensor, ValueKind};
@@ -82,13 +83,12 @@ enum Loc {
     Const(usize),
 }
 
-#[derive(Clone, Debug)]
-struct Storage {
-    len: usize,
-    first: usize,
-    last: usize,
-    offset: usize,
-}
+/// The CPU arena's layout: every storage on a 64-byte cache line (full SIMD alignment).
+const ARENA_RULES: ArenaRules = ArenaRules {
+    align: 64,
+    min_bytes: 0,
+};
+const F32_BYTES: usize = std::mem::size_of::<f32>();
 
 /// A graph compiled for the CPU at one batch size.
 pub struct CpuModel {
@@ -122,12 +122,7 @@ impl CpuModel {
         let mut consts: Vec<Arc<Tensor>> = Vec::new();
         let end = g.nodes.len() + 1;
         let new_storage = |storages: &mut Vec<Storage>, len: usize, first: usize| {
-            storages.push(Storage {
-                len,
-                first,
-                last: first,
-                offset: 0,
-            });
+            storages.push(Storage::new(len * F32_BYTES, first));
             storages.len() - 1
         };
         for (i, v) in g.values.iter().enumerate() {
@@ -206,7 +201,7 @@ impl CpuModel {
                 }
             }
         }
-        let arena_len = assign_offsets(&mut storages);
+        let arena_len = assign_offsets(&mut storages, ARENA_RULES) / F32_BYTES;
         let mut arena = vec![0.0f32; arena_len];
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -232,7 +227,7 @@ impl CpuModel {
             match l {
                 Loc::Storage(s) => RawBuf {
                     // SAFETY: offset + len <= arena_len by construction of assign_offsets.
-                    ptr: unsafe { base.add(storages[s].offset) },
+                    ptr: unsafe { base.add(storages[s].offset / F32_BYTES) },
                     len,
                 },
                 Loc::Const(c) => RawBuf::from_const(&consts[c].data),
@@ -276,11 +271,14 @@ impl CpuModel {
                     Loc::Const(_) => unreachable_storage()?,
                 },
             };
-            outputs.push((storages[dst].offset, len, shapes[o].clone()));
+            outputs.push((storages[dst].offset / F32_BYTES, len, shapes[o].clone()));
         }
         let inputs = input_storages
             .into_iter()
-            .map(|(s, shape)| (storages[s].offset, storages[s].len, shape))
+            .map(|(s, shape)| {
+                let st = &storages[s];
+                (st.offset / F32_BYTES, st.bytes / F32_BYTES, shape)
+            })
             .collect();
         Ok(CpuModel {
             steps,
@@ -494,41 +492,6 @@ fn nest(spinners: usize, body: &mut (dyn FnMut() + Send), spin: &(dyn Fn() + Syn
     } else {
         rayon::join(|| nest(spinners - 1, body, spin), spin);
     }
-}
-
-/// Greedy-by-size arena packing: biggest first, each at the lowest offset that does not
-/// overlap a placed storage with an overlapping lifetime. Returns the arena length.
-fn assign_offsets(st: &mut [Storage]) -> usize {
-    const ALIGN: usize = 16; // 64 bytes: a cache line, and full SIMD alignment.
-    let mut order: Vec<usize> = (0..st.len()).collect();
-    order.sort_by(|&a, &b| st[b].len.cmp(&st[a].len).then(a.cmp(&b)));
-    let mut placed: Vec<usize> = Vec::new();
-    let mut total = 0;
-    for &i in &order {
-        let size = st[i].len.div_ceil(ALIGN) * ALIGN;
-        let mut conflicts: Vec<(usize, usize)> = placed
-            .iter()
-            .filter(|&&j| st[j].first <= st[i].last && st[i].first <= st[j].last)
-            .map(|&j| {
-                (
-                    st[j].offset,
-                    st[j].offset + st[j].len.div_ceil(ALIGN) * ALIGN,
-                )
-            })
-            .collect();
-        conflicts.sort_unstable();
-        let mut off = 0;
-        for (a, b) in conflicts {
-            if off + size <= a {
-                break;
-            }
-            off = off.max(b);
-        }
-        st[i].offset = off;
-        total = total.max(off + size);
-        placed.push(i);
-    }
-    total
 }
 
 impl CompiledModel for CpuModel {
