@@ -7,8 +7,10 @@ pub mod cpu;
 pub mod error;
 pub mod io;
 pub mod ir;
+mod kernels;
 pub mod onnx;
 pub mod passes;
+pub mod reference;
 pub mod weights;
 
 pub use arch::{build_model, builtin_models, model_info, ModelInfo};

@@ -256,7 +256,7 @@ impl Implicit {
         let (ry, rx) = (ph / self.px, ph % self.px);
         let src = &x[(img * self.c + ci) * self.h * self.w..][..self.h * self.w];
         let xoff = rx as isize - self.pl as isize;
-        let (xlo, xhi) = super::kernels::valid_range(xoff, self.sw, self.w, self.wv);
+        let (xlo, xhi) = super::math::valid_range(xoff, self.sw, self.w, self.wv);
         for (yl, row) in dst.chunks_mut(self.wv).enumerate() {
             let iy = (self.sh * (y0 + yl) + ry) as isize - self.pt as isize;
             if iy < 0 || iy >= self.h as isize || xlo >= xhi {
