@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 pub use isolane_engine::arena::{assign_offsets, check_no_overlap, ArenaRules, Storage};
 use isolane_engine::ir::{
-    broadcast_shapes, infer_node, norm_axis, slice_params, Binary, CoordMode, Graph, NearestMode,
-    Op, ResizeAttrs, ResizeMode, Tensor, Unary, ValueKind,
+    broadcast_shapes, infer_node, norm_axis, slice_params, Binary, ConvAttrs, CoordMode, Graph,
+    NearestMode, Node, Op, PoolAttrs, ResizeAttrs, ResizeMode, Tensor, Unary, ValueKind,
 };
 use isolane_engine::{EngineError, Precision, Result};
 
@@ -625,6 +625,7 @@ fn phys_broadcast(shape: &[usize], nhwc: bool, out: &[usize]) -> Vec<usize> {
 
 struct Planner<'g> {
     g: &'g Graph,
+    opts: PlanOptions,
     es: usize,
     shapes: Vec<Vec<usize>>,
     loc: Vec<Option<Loc>>,
@@ -805,6 +806,1434 @@ impl Planner<'_> {
     }
 }
 
+/// What the lowering of one node works with: the node, its index and its concrete shapes.
+struct NodeCtx<'a> {
+    n: &'a Node,
+    ni: usize,
+    name: &'a str,
+    in_shapes: Vec<Vec<usize>>,
+    outs: Vec<usize>,
+    out_shape: Vec<usize>,
+    /// The first input.
+    x0: usize,
+}
+
+impl<'a> NodeCtx<'a> {
+    fn new(shapes: &[Vec<usize>], ni: usize, n: &'a Node) -> NodeCtx<'a> {
+        NodeCtx {
+            n,
+            ni,
+            name: n.name.as_str(),
+            in_shapes: n.inputs.iter().map(|&i| shapes[i].clone()).collect(),
+            outs: n.outputs.clone(),
+            out_shape: shapes[n.outputs[0]].clone(),
+            x0: n.inputs[0],
+        }
+    }
+
+    /// Checks the planned shapes against the IR (a planning bug must not reach the GPU).
+    fn check_shapes(&self, batch: usize) -> Result<()> {
+        let refs: Vec<&[usize]> = self.in_shapes.iter().map(|s| s.as_slice()).collect();
+        let inferred = infer_node(self.n, &refs, batch)?;
+        if inferred[0] != self.out_shape {
+            return Err(unsupported(self.name, "shape disagreement in planning"));
+        }
+        Ok(())
+    }
+}
+
+/// What lowering a node did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lowered {
+    /// It planned the node's own steps (or aliased its output); its shapes are checked.
+    Steps,
+    /// It folded the node into another step (a scale into a matmul's alpha, a per-channel
+    /// scale into the following add, an add into a Linear's C): nothing of its own to check.
+    Folded,
+}
+
+/// What the pattern passes found in the graph before lowering: use counts, the transposes
+/// folded into matmuls, scaled keys, and the attention blocks fused into one step.
+struct Patterns {
+    /// Value → number of readers (graph outputs count as one).
+    users: Vec<usize>,
+    /// Value → its only reading node, when it has exactly one.
+    sole_user: Vec<Option<usize>>,
+    /// Value → every reading node.
+    users_of: Vec<Vec<usize>>,
+    is_output: Vec<bool>,
+    /// Transpose output → its input, for transposes folded into their MatMul (transpose folding).
+    folded_t: Vec<Option<usize>>,
+    /// Value → the key a scores MatMul reads transposed from it (scale folding of `kᵀ · c`).
+    key_of: Vec<Option<usize>>,
+    /// Nodes that emit nothing because a later node's fused Attention step covers them.
+    attn_skip: Vec<bool>,
+    /// Node (the context MatMul) → the scores MatMul of its fused Attention step.
+    attn_at: Vec<Option<usize>>,
+}
+
+impl Patterns {
+    /// Runs the pattern passes over `g` (shapes at the planned batch).
+    fn find(g: &Graph, shapes: &[Vec<usize>], opts: PlanOptions) -> Patterns {
+        let nv = g.values.len();
+        let users = count_users(g);
+        let sole_user = sole_users(g, &users);
+        let mut users_of: Vec<Vec<usize>> = vec![Vec::new(); nv];
+        for (ni, n) in g.nodes.iter().enumerate() {
+            for &i in &n.inputs {
+                users_of[i].push(ni);
+            }
+        }
+        let is_output: Vec<bool> = (0..nv).map(|v| g.outputs.contains(&v)).collect();
+        let folded_t = fold_transposes_into_matmuls(g, &users);
+        let key_of: Vec<Option<usize>> = (0..nv)
+            .map(|v| scaled_key_source(g, shapes, &users, &folded_t, v))
+            .collect();
+        let mut pat = Patterns {
+            users,
+            sole_user,
+            users_of,
+            is_output,
+            folded_t,
+            key_of,
+            attn_skip: vec![false; g.nodes.len()],
+            attn_at: vec![None; g.nodes.len()],
+        };
+        if opts.fused_attention {
+            pat.fuse_attention(g, shapes);
+        }
+        pat
+    }
+
+    /// Whether node `ni` reads strided views in place (see `Planner::vstrides`).
+    fn stride_aware(&self, g: &Graph, ni: usize) -> bool {
+        let n = &g.nodes[ni];
+        match &n.op {
+            Op::Split { .. } | Op::Squeeze { .. } | Op::Transpose { .. } | Op::MatMul => true,
+            Op::Binary(Binary::Mul) => {
+                let scalar = |v: usize| matches!(&g.values[v].kind, ValueKind::Constant(t) if t.numel() == 1);
+                (scalar(n.inputs[0]) || scalar(n.inputs[1]))
+                    && self.sole_user[n.outputs[0]]
+                        .is_some_and(|u| matches!(g.nodes[u].op, Op::MatMul))
+            }
+            _ => false,
+        }
+    }
+
+    /// Fused attention: MatMul(q, kᵀ) → Softmax(last axis) → MatMul(·, v), each the sole user
+    /// of the previous, q, k and v of one shape [B, H, S, d] (or [BH, S, d]) with d the
+    /// kernel's. The first two emit nothing; the last emits one Attention step (`attn_at`: the
+    /// scores node).
+    fn fuse_attention(&mut self, g: &Graph, shapes: &[Vec<usize>]) {
+        for (ni, n) in g.nodes.iter().enumerate() {
+            if !matches!(n.op, Op::MatMul) || n.inputs.len() != 2 {
+                continue;
+            }
+            let Some(kv) = self.key_of[n.inputs[1]] else {
+                continue;
+            };
+            let s_v = n.outputs[0];
+            let Some(si) = self.sole_user[s_v] else {
+                continue;
+            };
+            let sm = &g.nodes[si];
+            let r = shapes[s_v].len();
+            let Op::Softmax { axis } = sm.op else {
+                continue;
+            };
+            if norm_axis(axis, r) != Some(r.wrapping_sub(1)) || self.is_output[s_v] {
+                continue;
+            }
+            let p_v = sm.outputs[0];
+            let Some(ci) = self.sole_user[p_v] else {
+                continue;
+            };
+            let cn = &g.nodes[ci];
+            if !matches!(cn.op, Op::MatMul) || cn.inputs[0] != p_v || self.is_output[p_v] {
+                continue;
+            }
+            let (qs, ks, vs) = (&shapes[n.inputs[0]], &shapes[kv], &shapes[cn.inputs[1]]);
+            if (qs.len() == 3 || qs.len() == 4)
+                && qs == ks
+                && qs == vs
+                && qs[qs.len() - 1] == crate::kernels::ATTN_HEAD_DIM
+            {
+                self.attn_skip[ni] = true;
+                self.attn_skip[si] = true;
+                self.attn_at[ci] = Some(ni);
+            }
+        }
+    }
+}
+
+/// Value → number of reading nodes, plus one for each graph output.
+fn count_users(g: &Graph) -> Vec<usize> {
+    let mut users = vec![0usize; g.values.len()];
+    for n in &g.nodes {
+        for &i in &n.inputs {
+            users[i] += 1;
+        }
+    }
+    for &o in &g.outputs {
+        users[o] += 1;
+    }
+    users
+}
+
+/// Value → its only reading node, where `users` says it has one.
+fn sole_users(g: &Graph, users: &[usize]) -> Vec<Option<usize>> {
+    let mut sole_user: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (ni, n) in g.nodes.iter().enumerate() {
+        for &i in &n.inputs {
+            if users[i] == 1 {
+                sole_user[i] = Some(ni);
+            }
+        }
+    }
+    sole_user
+}
+
+/// Whether `perm` swaps the last two dims and keeps the others.
+fn swaps_last_two(perm: &[usize]) -> bool {
+    let r = perm.len();
+    r >= 2
+        && perm[r - 2] == r - 1
+        && perm[r - 1] == r - 2
+        && perm[..r - 2].iter().enumerate().all(|(i, &q)| q == i)
+}
+
+/// Transpose folding: a transpose swapping the last two dims whose only user is a MatMul's
+/// second operand is folded into that matmul (cuBLASLt transposes for free). Returns
+/// transpose output → transpose input for the folded ones.
+fn fold_transposes_into_matmuls(g: &Graph, users: &[usize]) -> Vec<Option<usize>> {
+    let mut folded_t: Vec<Option<usize>> = vec![None; g.values.len()];
+    for n in &g.nodes {
+        if let Op::Transpose { perm } = &n.op {
+            if swaps_last_two(perm) && users[n.outputs[0]] == 1 {
+                let feeds_matmul_b = g
+                    .nodes
+                    .iter()
+                    .any(|m| matches!(m.op, Op::MatMul) && m.inputs[1] == n.outputs[0]);
+                if feeds_matmul_b {
+                    folded_t[n.outputs[0]] = Some(n.inputs[0]);
+                }
+            }
+        }
+    }
+    folded_t
+}
+
+/// Scale folding of a transposed key: the key a scores MatMul reads transposed from its
+/// second operand `v`, through a folded transpose (`q · kᵀ`), or through a scalar
+/// multiplication of a last-two-dims transpose that has no other user (`q · (kᵀ · c)`,
+/// torch.onnx's scaled-dot-product export): that transpose is a free view and the
+/// multiplication an alpha (`operand_alpha`).
+fn scaled_key_source(
+    g: &Graph,
+    shapes: &[Vec<usize>],
+    users: &[usize],
+    folded_t: &[Option<usize>],
+    v: usize,
+) -> Option<usize> {
+    if let Some(k) = folded_t[v] {
+        return Some(k);
+    }
+    let ValueKind::Computed { node, .. } = g.values[v].kind else {
+        return None;
+    };
+    let mul = &g.nodes[node];
+    if mul.op != Op::Binary(Binary::Mul) || users[v] != 1 {
+        return None;
+    }
+    let scalar = |x: usize| matches!(&g.values[x].kind, ValueKind::Constant(t) if t.numel() == 1);
+    let t = match (scalar(mul.inputs[0]), scalar(mul.inputs[1])) {
+        (false, true) => mul.inputs[0],
+        (true, false) => mul.inputs[1],
+        _ => return None,
+    };
+    let ValueKind::Computed { node: tn, .. } = g.values[t].kind else {
+        return None;
+    };
+    let Op::Transpose { perm } = &g.nodes[tn].op else {
+        return None;
+    };
+    (swaps_last_two(perm) && users[t] == 1 && shapes[t] == shapes[v])
+        .then_some(g.nodes[tn].inputs[0])
+}
+
+/// Lowering: one function per op (or family), each owning its shape rules and emitting the
+/// node's steps.
+impl Planner<'_> {
+    /// Plans `c.n` as a view of its input when it can be one (an alias of the input's storage,
+    /// with an element offset or strides): reshapes, squeezes, splits and gathers along leading
+    /// axes, transposes read by stride-aware consumers only, layout-swapping transposes of NHWC
+    /// values. Inputs stored as strided views are made plain first unless the node reads
+    /// strides. Returns whether the node became a view (and so has no step).
+    fn lower_view(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
+        let p = self;
+        let g = p.g;
+        let opts = p.opts;
+        let (n, name, in_shapes, outs, out_shape, x0) =
+            (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
+        let is_output = &pat.is_output;
+        let users_of = &pat.users_of;
+        let aware = pat.stride_aware(g, c.ni);
+        if !aware {
+            for &i in &n.inputs {
+                if p.vstrides[i].is_some() {
+                    let l = p.plain(i, name)?;
+                    p.loc[i] = Some(l);
+                    p.vstrides[i] = None;
+                }
+            }
+        }
+        // Strided inputs of view ops: a view again when only size-1 dims change.
+        if p.vstrides[x0].is_some() && (n.op.is_view() || matches!(n.op, Op::Split { .. })) {
+            let st = p.strides(x0);
+            let l = p.raw(x0, name)?;
+            if let Op::Split { axis, sizes } = &n.op {
+                let a = norm_axis(*axis, in_shapes[0].len())
+                    .ok_or_else(|| unsupported(name, "bad axis"))?;
+                let mut at = 0;
+                for (j, &o) in outs.iter().enumerate() {
+                    p.loc[o] = Some(l.with_offset(at * st[a]));
+                    p.vstrides[o] = Some(st.clone());
+                    at += sizes[j];
+                }
+                return Ok(true);
+            }
+            let kept: Vec<usize> = in_shapes[0]
+                .iter()
+                .zip(&st)
+                .filter(|(d, _)| **d != 1)
+                .map(|(_, s)| *s)
+                .collect();
+            let in_dims: Vec<usize> = in_shapes[0].iter().copied().filter(|&d| d != 1).collect();
+            let out_dims: Vec<usize> = out_shape.iter().copied().filter(|&d| d != 1).collect();
+            if in_dims == out_dims {
+                let mut it = kept.iter();
+                let os: Vec<usize> = out_shape
+                    .iter()
+                    .map(|&d| if d == 1 { 0 } else { *it.next().unwrap_or(&0) })
+                    .collect();
+                p.loc[outs[0]] = Some(l);
+                p.vstrides[outs[0]] = Some(os);
+                return Ok(true);
+            }
+            let l = p.plain(x0, name)?;
+            p.loc[x0] = Some(l);
+            p.vstrides[x0] = None;
+        }
+        // A transpose read by stride-aware consumers only (or whose result is row-major) is a
+        // view: its strides are the input's, permuted.
+        if let Op::Transpose { perm } = &n.op {
+            let consts = matches!(g.values[x0].kind, ValueKind::Constant(_));
+            if !consts && !p.nhwc[x0] {
+                let st = p.strides(x0);
+                let os: Vec<usize> = perm.iter().map(|&q| st[q]).collect();
+                let contiguous = os == contiguous_strides(out_shape)
+                    || Strided::coalesce(
+                        out_shape,
+                        vec![os.clone(), contiguous_strides(out_shape)],
+                        name,
+                    )
+                    .is_ok_and(|s| s.dims.len() == 1 && s.strides[0][0] == 1);
+                let o = outs[0];
+                let all_aware = !is_output[o]
+                    && !users_of[o].is_empty()
+                    && users_of[o].iter().all(|&u| pat.stride_aware(g, u));
+                if contiguous || all_aware {
+                    let l = p.raw(x0, name)?;
+                    p.loc[o] = Some(l);
+                    p.vstrides[o] = if contiguous { None } else { Some(os) };
+                    return Ok(true);
+                }
+            }
+        }
+
+        // Views alias their input (constants included); NHWC values are made plain first,
+        // except where the view keeps meaning under NHWC (see Transpose below).
+        let view_offset: Option<usize> = match &n.op {
+            op if op.is_view() => Some(0),
+            Op::Gather { axis, indices, .. } if indices.len() == 1 => {
+                let x = &in_shapes[0];
+                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+                if x[..a].iter().all(|&d| d == 1) {
+                    let idx = if indices[0] < 0 {
+                        indices[0] + x[a] as i64
+                    } else {
+                        indices[0]
+                    } as usize;
+                    Some(idx * x[a + 1..].iter().product::<usize>())
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        if let Some(off) = view_offset {
+            let l = p.plain(x0, name)?;
+            p.loc[outs[0]] = Some(l.with_offset(off));
+            return Ok(true);
+        }
+        if let Op::Split { axis, sizes } = &n.op {
+            let x = &in_shapes[0];
+            let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+            let inner: usize = x[a + 1..].iter().product();
+            if x[..a].iter().all(|&d| d == 1) {
+                let l = p.plain(x0, name)?;
+                let mut at = 0;
+                for (j, &o) in outs.iter().enumerate() {
+                    p.loc[o] = Some(l.with_offset(at * inner));
+                    at += sizes[j];
+                }
+                return Ok(true);
+            }
+        }
+        if let Op::Transpose { perm } = &n.op {
+            // NCHW→NHWC of an NHWC value is its storage read plainly; NHWC→NCHW of a plain
+            // 4-D value is the same storage read as NHWC. Both free.
+            if p.nhwc[x0] && perm == &[0, 2, 3, 1] {
+                let l = p.raw(x0, name)?;
+                p.loc[outs[0]] = Some(l);
+                return Ok(true);
+            }
+            if opts.channels_last
+                && !p.nhwc[x0]
+                && perm == &[0, 3, 1, 2]
+                && !matches!(g.values[x0].kind, ValueKind::Constant(_))
+            {
+                let l = p.raw(x0, name)?;
+                let o = outs[0];
+                p.loc[o] = Some(l);
+                p.nhwc[o] = out_shape[2] * out_shape[3] > 1 && out_shape[1] > 1;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Lowers `Op::Conv(a)`.
+    fn lower_conv(&mut self, c: &NodeCtx, a: &ConvAttrs) -> Result<Lowered> {
+        let p = self;
+        let n = c.n;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let opts = p.opts;
+        let es = p.es;
+        if a.pads[0] != a.pads[2] || a.pads[1] != a.pads[3] {
+            return Err(unsupported(
+                name,
+                format!("asymmetric convolution padding {:?}", a.pads),
+            ));
+        }
+        let xs = four(&in_shapes[0], name)?;
+        let ws = four(&in_shapes[1], name)?;
+        let dw = a.groups > 1 && a.groups == xs[1] && ws[1] == 1;
+        let cl = opts.channels_last;
+        let x = if cl {
+            p.channels_last(x0, name)?
+        } else {
+            p.plain(x0, name)?
+        };
+        let w = p.raw(n.inputs[1], name)?;
+        let bias = match n.inputs.get(2) {
+            Some(&b) => Some(p.raw(b, name)?),
+            None => None,
+        };
+        let residual = match (a.residual, n.inputs.get(3)) {
+            (true, Some(&r)) => Some(if cl {
+                p.channels_last(r, name)?
+            } else {
+                p.plain(r, name)?
+            }),
+            _ => None,
+        };
+        if cl && dw {
+            match w {
+                Loc::Const { id, .. } => {
+                    if !p.filter_dw_hwc.contains(&id) {
+                        p.filter_dw_hwc.push(id);
+                    }
+                }
+                _ => {
+                    return Err(unsupported(
+                        name,
+                        "channels-last depthwise convolution with a computed filter",
+                    ))
+                }
+            }
+        }
+        if cl && !dw && ws[2] * ws[3] * ws[1] > 1 {
+            if let Loc::Const { id, .. } = w {
+                if !p.filter_nhwc.contains(&id) {
+                    p.filter_nhwc.push(id);
+                }
+            } else {
+                return Err(unsupported(
+                    name,
+                    "channels-last convolution with a computed filter",
+                ));
+            }
+        }
+        let y = p.output(outs[0], cl);
+        let ys = four(out_shape, name)?;
+        let direct = ws[2] == 1 && ws[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4];
+        // The im2col matrix lives only during this step.
+        let col = if cl && a.groups == 1 && !direct {
+            let rows = ys[0] * ys[2] * ys[3];
+            let s = p.new_storage(rows * ws[1] * ws[2] * ws[3] * es);
+            Some(Loc::Storage { id: s, offset: 0 })
+        } else {
+            None
+        };
+        let c = ConvStep {
+            x,
+            w,
+            bias,
+            residual,
+            y,
+            x_shape: xs,
+            w_shape: ws,
+            y_shape: four(out_shape, name)?,
+            pads: [a.pads[0], a.pads[1]],
+            strides: a.strides,
+            dilations: a.dilations,
+            groups: a.groups,
+            act: a.activation,
+            nhwc: cl,
+            col,
+        };
+        p.push(
+            name,
+            if dw {
+                StepKind::DwConv(c)
+            } else {
+                StepKind::Conv(c)
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Linear { activation }`.
+    fn lower_linear(&mut self, c: &NodeCtx, activation: &Option<Unary>) -> Result<Lowered> {
+        let p = self;
+        let n = c.n;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let x0 = c.x0;
+        let x = p.plain(x0, name)?;
+        let w = p.raw(n.inputs[1], name)?;
+        let bias = match n.inputs.get(2) {
+            Some(&b) => Some(p.raw(b, name)?),
+            None => None,
+        };
+        let y = p.output(outs[0], false);
+        let xsh = &in_shapes[0];
+        p.linear_of[outs[0]] = Some((p.steps.len(), p.t));
+        p.push(
+            name,
+            StepKind::Linear {
+                x,
+                w,
+                bias,
+                y,
+                m: xsh[..xsh.len() - 1].iter().product(),
+                n: in_shapes[1][0],
+                k: in_shapes[1][1],
+                act: *activation,
+                residual: None,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::MatMul if attn_at[ni].is_some()`.
+    fn lower_attention(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<Lowered> {
+        let p = self;
+        let n = c.n;
+        let ni = c.ni;
+        let name = c.name;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let g = p.g;
+        let sole_user = &pat.sole_user;
+        let is_output = &pat.is_output;
+        let folded_t = &pat.folded_t;
+        let key_of = &pat.key_of;
+        let attn_at = &pat.attn_at;
+        let sn = &g.nodes[attn_at[ni].unwrap_or_default()];
+        let kv = key_of[sn.inputs[1]].unwrap_or(sn.inputs[1]);
+        let alpha = operand_alpha(&p.alpha_of, folded_t, sn.inputs[0])
+            * operand_alpha(&p.alpha_of, folded_t, sn.inputs[1]);
+        let out_scale = operand_alpha(&p.alpha_of, folded_t, x0)
+            * operand_alpha(&p.alpha_of, folded_t, n.inputs[1]);
+        // (loc, [image, head, row] strides) of a [B, H, S, d] / [BH, S, d] operand,
+        // read in place when its rows are contiguous and 16-byte aligned, else copied.
+        let operand = |v: usize, p: &mut Planner| -> Result<(Loc, [usize; 3])> {
+            let es = p.es;
+            let aligned = |l: Loc, st: &[usize]| {
+                let off = match l {
+                    Loc::Storage { offset, .. } | Loc::Const { offset, .. } => offset,
+                };
+                (off * es).is_multiple_of(16) && st.iter().all(|&x| (x * es).is_multiple_of(16))
+            };
+            // Full strides [.., row, 1] → (image, head, row).
+            let split = |st: &[usize]| -> [usize; 3] {
+                if st.len() == 4 {
+                    [st[0], st[1], st[2]]
+                } else {
+                    [0, st[0], st[1]]
+                }
+            };
+            if !p.nhwc[v] {
+                let st = p.strides(v);
+                let l = p.raw(v, name)?;
+                let r = st.len();
+                if st[r - 1] == 1 && aligned(l, &st[..r - 1]) {
+                    return Ok((l, split(&st)));
+                }
+            }
+            let l = p.plain(v, name)?;
+            Ok((l, split(&contiguous_strides(&p.shapes[v]))))
+        };
+        let (ql, qst) = operand(sn.inputs[0], &mut *p)?;
+        let (kl, kst) = operand(kv, &mut *p)?;
+        let (vl, vst) = operand(n.inputs[1], &mut *p)?;
+        let sh = p.shapes[sn.inputs[0]].clone();
+        let r = sh.len();
+        let (batch, heads) = if r == 4 { (sh[0], sh[1]) } else { (1, sh[0]) };
+        // Written straight into the layout of a sole transposing consumer that keeps
+        // the last dim (the heads merged back), so that transpose is free.
+        let o = outs[0];
+        let mut yst = contiguous_strides(out_shape);
+        let mut strided = false;
+        if let Some(u) = sole_user[o] {
+            if let Op::Transpose { perm } = &g.nodes[u].op {
+                if perm.len() == r && perm[r - 1] == r - 1 && !is_output[o] {
+                    let tshape: Vec<usize> = perm.iter().map(|&q| out_shape[q]).collect();
+                    let ts = contiguous_strides(&tshape);
+                    for (d, &q) in perm.iter().enumerate() {
+                        yst[q] = ts[d];
+                    }
+                    strided = true;
+                }
+            }
+        }
+        let y = p.output(o, false);
+        p.vstrides[o] = strided.then(|| yst.clone());
+        let ys = if r == 4 {
+            [yst[0], yst[1], yst[2]]
+        } else {
+            [0, yst[0], yst[1]]
+        };
+        debug_assert_eq!(yst[r - 1], 1);
+        p.push(
+            name,
+            StepKind::Attention {
+                q: ql,
+                k: kl,
+                v: vl,
+                y,
+                batch,
+                heads,
+                seq: sh[r - 2],
+                dim: sh[r - 1],
+                alpha,
+                out_scale,
+                q_strides: qst,
+                k_strides: kst,
+                v_strides: vst,
+                y_strides: ys,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::MatMul`.
+    fn lower_matmul(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<Lowered> {
+        let p = self;
+        let n = c.n;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let g = p.g;
+        let sole_user = &pat.sole_user;
+        let is_output = &pat.is_output;
+        let folded_t = &pat.folded_t;
+        let vb = folded_t[n.inputs[1]].unwrap_or(n.inputs[1]);
+        let b_trans = folded_t[n.inputs[1]].is_some();
+        // Each operand as (batch, batch stride, rows, cols, row stride) in place, or
+        // copied to row-major when its strides do not allow that.
+        let view = |v: usize, p: &mut Planner| -> Result<(Loc, MatView)> {
+            let mut sh = p.shapes[v].clone();
+            if sh.len() == 1 {
+                sh.insert(0, 1);
+            }
+            if p.vstrides[v].is_some() {
+                let st = p.strides(v);
+                let st = if st.len() < sh.len() {
+                    [vec![0], st].concat()
+                } else {
+                    st
+                };
+                if let Some(mv) = mat_view(&sh, &st) {
+                    return Ok((p.raw(v, name)?, mv));
+                }
+            }
+            let l = p.plain(v, name)?;
+            let r = sh.len();
+            let (rows, cols) = (sh[r - 2], sh[r - 1]);
+            Ok((
+                l,
+                (sh[..r - 2].iter().product(), rows * cols, rows, cols, cols),
+            ))
+        };
+        let (al, (ab, sa, m, k, lda)) = view(x0, &mut *p)?;
+        let (bl, (bb, sb, br, bc, ldb)) = view(vb, &mut *p)?;
+        let nn = if b_trans { br } else { bc };
+        if in_shapes[1].len() == 1 && !b_trans {
+            return Err(unsupported(name, "MatMul with a 1-D second operand"));
+        }
+        if !(ab == bb || ab == 1 || bb == 1) {
+            return Err(unsupported(
+                name,
+                format!(
+                    "MatMul broadcasting {:?} × {:?}",
+                    in_shapes[0], in_shapes[1]
+                ),
+            ));
+        }
+        let batch = ab.max(bb);
+        // Written straight into the layout of a sole transposing consumer that keeps
+        // the last dim (attention heads merged back), so that transpose is free.
+        let o = outs[0];
+        let mut y_strides: Option<Vec<usize>> = None;
+        if let Some(u) = sole_user[o] {
+            if let Op::Transpose { perm } = &g.nodes[u].op {
+                let r = perm.len();
+                if r == out_shape.len() && perm[r - 1] == r - 1 && !is_output[o] {
+                    let tshape: Vec<usize> = perm.iter().map(|&q| out_shape[q]).collect();
+                    let ts = contiguous_strides(&tshape);
+                    let mut st = vec![0; r];
+                    for (d, &q) in perm.iter().enumerate() {
+                        st[q] = ts[d];
+                    }
+                    if mat_view(out_shape, &st).is_some_and(|mv| mv.0 == batch) {
+                        y_strides = Some(st);
+                    }
+                }
+            }
+        }
+        let y = p.output(o, false);
+        let (sy, ldy) = match &y_strides {
+            Some(st) => {
+                let mv = mat_view(out_shape, st).unwrap_or((batch, m * nn, m, nn, nn));
+                (mv.1, mv.4)
+            }
+            None => (m * nn, nn),
+        };
+        p.vstrides[o] = y_strides;
+        p.push(
+            name,
+            StepKind::MatMul {
+                a: al,
+                b: bl,
+                y,
+                batch,
+                m,
+                n: nn,
+                k,
+                a_batch_stride: if ab == 1 { 0 } else { sa },
+                b_batch_stride: if bb == 1 { 0 } else { sb },
+                b_trans,
+                alpha: operand_alpha(&p.alpha_of, folded_t, x0)
+                    * operand_alpha(&p.alpha_of, folded_t, n.inputs[1]),
+                lda,
+                ldb,
+                ldy,
+                y_batch_stride: sy,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::BatchNorm { eps }`.
+    fn lower_batch_norm(&mut self, c: &NodeCtx, eps: &f32) -> Result<Lowered> {
+        let p = self;
+        let n = c.n;
+        let name = c.name;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let g = p.g;
+        // A BatchNorm the passes could not fold into a producer (densenet's norms of
+        // concatenated features): one pointwise pass x · scale[c] + shift[c].
+        let (scale, shift) = batchnorm_affine(g, &n.inputs, *eps)
+            .ok_or_else(|| unsupported(name, "BatchNorm with computed parameters"))?;
+        let x = p.raw(x0, name)?;
+        let keep = p.nhwc[x0];
+        let scale = p.new_const(scale);
+        let shift = p.new_const(shift);
+        let y = p.output(outs[0], keep);
+        let channels = out_shape[1];
+        let inner = if keep {
+            1
+        } else {
+            out_shape[2..].iter().product()
+        };
+        p.push(
+            name,
+            StepKind::Pointwise {
+                x,
+                y,
+                scale: Some(scale),
+                bias: Some(shift),
+                residual: None,
+                n: out_shape.iter().product(),
+                channels,
+                inner,
+                act: None,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Unary(u)`.
+    fn lower_unary(&mut self, c: &NodeCtx, u: &Unary) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let x = p.raw(x0, name)?;
+        let keep = p.nhwc[x0];
+        let y = p.output(outs[0], keep);
+        p.push(
+            name,
+            StepKind::Pointwise {
+                x,
+                y,
+                scale: None,
+                bias: None,
+                residual: None,
+                n: out_shape.iter().product(),
+                channels: 1,
+                inner: 1,
+                act: Some(*u),
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Binary(op)`.
+    fn lower_binary(&mut self, c: &NodeCtx, pat: &Patterns, op: &Binary) -> Result<Lowered> {
+        let p = self;
+        let n = c.n;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let g = p.g;
+        let users = &pat.users;
+        let sole_user = &pat.sole_user;
+        let (va, vb) = (x0, n.inputs[1]);
+        let scalar_const = |v: usize| match &g.values[v].kind {
+            ValueKind::Constant(t) if t.numel() == 1 => Some(t.data[0]),
+            _ => None,
+        };
+        let sole = |v: usize| sole_user[v].map(|u| &g.nodes[u]);
+        // x · c with c a scalar constant, consumed only by a MatMul: the matmul's alpha.
+        if *op == Binary::Mul && matches!(sole(outs[0]).map(|u| &u.op), Some(Op::MatMul)) {
+            let pair = match (scalar_const(va), scalar_const(vb)) {
+                (None, Some(c)) if in_shapes[0] == *out_shape => Some((va, c)),
+                (Some(c), None) if in_shapes[1] == *out_shape => Some((vb, c)),
+                _ => None,
+            };
+            if let Some((xv, c)) = pair {
+                let l = if p.nhwc[xv] {
+                    p.plain(xv, name)?
+                } else {
+                    p.raw(xv, name)?
+                };
+                p.loc[outs[0]] = Some(l);
+                p.vstrides[outs[0]] = if p.nhwc[xv] {
+                    None
+                } else {
+                    p.vstrides[xv].clone()
+                };
+                p.alpha_of[outs[0]] = p.alpha_of[xv] * c;
+                return Ok(Lowered::Folded);
+            }
+        }
+        // x · s[c] (a per-channel constant) consumed only by `+ r`: one pointwise pass
+        // x · s[c] + r, emitted at the Add.
+        if *op == Binary::Mul && out_shape.len() == 4 {
+            let chan = |cv: usize, xv: usize| -> bool {
+                matches!(g.values[cv].kind, ValueKind::Constant(_))
+                    && p.shapes[xv] == *out_shape
+                    && {
+                        let cs = &p.shapes[cv];
+                        let c = out_shape[1];
+                        cs.iter().product::<usize>() == c
+                            && (cs.as_slice() == [c, 1, 1] || cs.as_slice() == [1, c, 1, 1])
+                    }
+            };
+            let pair = if chan(va, vb) {
+                Some((vb, va))
+            } else if chan(vb, va) {
+                Some((va, vb))
+            } else {
+                None
+            };
+            if let (Some((xv, cv)), Some(add)) = (pair, sole(outs[0])) {
+                let other = add.inputs.iter().copied().find(|&i| i != outs[0]);
+                let fits = matches!(add.op, Op::Binary(Binary::Add))
+                    && add.inputs.len() == 2
+                    && other.is_some_and(|r| {
+                        p.shapes[r] == *out_shape && p.loc[r].is_some() && p.nhwc[r] == p.nhwc[xv]
+                    });
+                if fits {
+                    let xl = p.raw(xv, name)?;
+                    let sl = p.raw(cv, name)?;
+                    p.pending_scale[outs[0]] = Some((xl, sl, out_shape[1]));
+                    p.nhwc[outs[0]] = p.nhwc[xv];
+                    return Ok(Lowered::Folded);
+                }
+            }
+        }
+        for v in [va, vb] {
+            if p.vstrides[v].is_some() {
+                let l = p.plain(v, name)?;
+                p.loc[v] = Some(l);
+                p.vstrides[v] = None;
+            }
+        }
+        if *op == Binary::Add && in_shapes[0] == in_shapes[1] {
+            for (sv, rv) in [(va, vb), (vb, va)] {
+                if let Some((xl, sl, ch)) = p.pending_scale[sv] {
+                    let r = p.raw(rv, name)?;
+                    // Keep x alive up to here (it was read at the Mul's time).
+                    p.touch(xl);
+                    let nhwc = p.nhwc[sv];
+                    let y = p.output(outs[0], nhwc);
+                    let inner = if nhwc { 1 } else { out_shape[2] * out_shape[3] };
+                    p.push(
+                        name,
+                        StepKind::Pointwise {
+                            x: xl,
+                            y,
+                            scale: Some(sl),
+                            bias: None,
+                            residual: Some(r),
+                            n: out_shape.iter().product(),
+                            channels: ch,
+                            inner,
+                            act: None,
+                        },
+                    );
+                    break;
+                }
+            }
+            if p.loc[outs[0]].is_some() {
+                return Ok(Lowered::Folded);
+            }
+            // Linear(x) + r with r older than the Linear: r becomes cuBLASLt's C.
+            let mut fused = false;
+            for (lv, rv) in [(va, vb), (vb, va)] {
+                let Some((si, lt)) = p.linear_of[lv] else {
+                    continue;
+                };
+                // r must hold its value before the Linear runs.
+                let older = match (&g.values[rv].kind, p.loc[rv]) {
+                    (ValueKind::Constant(_), _) => true,
+                    (_, Some(Loc::Storage { id, .. })) => p.storages[id].first < lt,
+                    _ => false,
+                };
+                if users[lv] != 1 || p.nhwc[rv] || !older {
+                    continue;
+                }
+                if let StepKind::Linear {
+                    act: None,
+                    residual: None,
+                    ..
+                } = p.steps[si].kind
+                {
+                    let r = p.raw(rv, name)?;
+                    if let StepKind::Linear { residual, .. } = &mut p.steps[si].kind {
+                        *residual = Some(r);
+                    }
+                    p.loc[outs[0]] = p.loc[lv];
+                    p.def_t[outs[0]] = p.def_t[lv];
+                    // The Linear's own output is never stored any more (its storage
+                    // holds the sum).
+                    p.probes.retain(|pr| pr.value != lv);
+                    fused = true;
+                    break;
+                }
+            }
+            if fused {
+                return Ok(Lowered::Folded);
+            }
+        }
+        let a = p.raw(va, name)?;
+        let b = p.raw(vb, name)?;
+        let (na, nb) = (p.nhwc[va], p.nhwc[vb]);
+        if *op == Binary::Add && in_shapes[0] == in_shapes[1] && na == nb {
+            // A residual add: one contiguous pass whatever the layout.
+            let y = p.output(outs[0], na);
+            p.push(
+                name,
+                StepKind::Pointwise {
+                    x: a,
+                    y,
+                    scale: None,
+                    bias: None,
+                    residual: Some(b),
+                    n: out_shape.iter().product(),
+                    channels: 1,
+                    inner: 1,
+                    act: None,
+                },
+            );
+        } else {
+            let out_nhwc = (na && in_shapes[0] == *out_shape) || (nb && in_shapes[1] == *out_shape);
+            let y = p.output(outs[0], out_nhwc);
+            let ys = phys_strides(out_shape, p.nhwc[outs[0]]);
+            let sa = phys_broadcast(&in_shapes[0], na, out_shape);
+            let sb = phys_broadcast(&in_shapes[1], nb, out_shape);
+            p.push(
+                name,
+                StepKind::Binary {
+                    a,
+                    b,
+                    y,
+                    op: *op,
+                    space: Strided::coalesce(out_shape, vec![ys, sa, sb], name)?,
+                },
+            );
+        }
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Transpose { perm }`.
+    fn lower_transpose(&mut self, c: &NodeCtx, perm: &[usize]) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let x = p.raw(x0, name)?;
+        // The input as stored: NHWC, or a strided view (a transpose is stride-aware,
+        // so a transpose of a transpose reaches here with its input unconverted).
+        let xs = p.strides(x0);
+        let src: Vec<usize> = perm.iter().map(|&q| xs[q]).collect();
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::Copy {
+                x,
+                y,
+                space: Strided::coalesce(
+                    out_shape,
+                    vec![contiguous_strides(out_shape), src],
+                    name,
+                )?,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Expand { .. }`.
+    fn lower_expand(&mut self, c: &NodeCtx) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let x = p.raw(x0, name)?;
+        let sx = phys_broadcast(&in_shapes[0], p.nhwc[x0], out_shape);
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::Copy {
+                x,
+                y,
+                space: Strided::coalesce(out_shape, vec![contiguous_strides(out_shape), sx], name)?,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Concat { axis }`.
+    fn lower_concat(&mut self, c: &NodeCtx, axis: &i64) -> Result<Lowered> {
+        let p = self;
+        let n = c.n;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let a = norm_axis(*axis, out_shape.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+        let ys = contiguous_strides(out_shape);
+        let xl: Vec<Loc> = n
+            .inputs
+            .iter()
+            .map(|&i| p.raw(i, name))
+            .collect::<Result<_>>()?;
+        let y = p.output(outs[0], false);
+        let mut at = 0;
+        for (j, s) in in_shapes.iter().enumerate() {
+            let sx = phys_strides(s, p.nhwc[n.inputs[j]]);
+            p.push(
+                name,
+                StepKind::Copy {
+                    x: xl[j],
+                    y: y.with_offset(at * ys[a]),
+                    space: Strided::coalesce(s, vec![ys.clone(), sx], name)?,
+                },
+            );
+            at += s[a];
+        }
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Split { axis, sizes }`.
+    fn lower_split(&mut self, c: &NodeCtx, axis: &i64, sizes: &[usize]) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let x0 = c.x0;
+        let x = &in_shapes[0];
+        let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+        let xl = p.raw(x0, name)?;
+        let xs = phys_strides(x, p.nhwc[x0]);
+        let mut at = 0;
+        for (j, &o) in outs.iter().enumerate() {
+            let os = p.shapes[o].clone();
+            let y = p.output(o, false);
+            p.push(
+                name,
+                StepKind::Copy {
+                    x: xl.with_offset(at * xs[a]),
+                    y,
+                    space: Strided::coalesce(&os, vec![contiguous_strides(&os), xs.clone()], name)?,
+                },
+            );
+            at += sizes[j];
+        }
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Slice { starts, ends, axes, steps: st, }`.
+    fn lower_slice(
+        &mut self,
+        c: &NodeCtx,
+        starts: &[i64],
+        ends: &[i64],
+        axes: &[i64],
+        st: &[i64],
+    ) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let x = &in_shapes[0];
+        let sp = slice_params(x, starts, ends, axes, st).map_err(|e| unsupported(name, e))?;
+        let xl = p.raw(x0, name)?;
+        let xs = phys_strides(x, p.nhwc[x0]);
+        let mut base: i64 = 0;
+        let mut src: Vec<usize> = Vec::new();
+        for (d, &(s0, step, _)) in sp.iter().enumerate() {
+            if step < 0 {
+                return Err(unsupported(name, "Slice with a negative step"));
+            }
+            base += s0 * xs[d] as i64;
+            src.push(step as usize * xs[d]);
+        }
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::Copy {
+                x: xl.with_offset(base as usize),
+                y,
+                space: Strided::coalesce(
+                    out_shape,
+                    vec![contiguous_strides(out_shape), src],
+                    name,
+                )?,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Gather { axis, indices, indices_shape, }`.
+    fn lower_gather(
+        &mut self,
+        c: &NodeCtx,
+        axis: &i64,
+        indices: &[i64],
+        indices_shape: &[usize],
+    ) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let x = &in_shapes[0];
+        let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+        let xl = p.raw(x0, name)?;
+        let xs = phys_strides(x, p.nhwc[x0]);
+        let ys = contiguous_strides(out_shape);
+        let inner: usize = x[a + 1..].iter().product();
+        let mut dims: Vec<usize> = x[..a].to_vec();
+        dims.extend_from_slice(&x[a + 1..]);
+        let mut sx: Vec<usize> = xs[..a].to_vec();
+        sx.extend_from_slice(&xs[a + 1..]);
+        let mut sy: Vec<usize> = ys[..a].to_vec();
+        sy.extend_from_slice(&ys[a + indices_shape.len()..]);
+        let y = p.output(outs[0], false);
+        for (j, &ix) in indices.iter().enumerate() {
+            let ix = if ix < 0 { ix + x[a] as i64 } else { ix } as usize;
+            p.push(
+                name,
+                StepKind::Copy {
+                    x: xl.with_offset(ix * xs[a]),
+                    y: y.with_offset(j * inner),
+                    space: Strided::coalesce(&dims, vec![sy.clone(), sx.clone()], name)?,
+                },
+            );
+        }
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::LayerNorm { axis, eps }`.
+    fn lower_layer_norm(&mut self, c: &NodeCtx, axis: &i64, eps: &f32) -> Result<Lowered> {
+        let p = self;
+        let n = c.n;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let x0 = c.x0;
+        let x = &in_shapes[0];
+        let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+        let xl = p.plain(x0, name)?;
+        let scale = p.raw(n.inputs[1], name)?;
+        let bias = match n.inputs.get(2) {
+            Some(&b) => Some(p.raw(b, name)?),
+            None => None,
+        };
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::LayerNorm {
+                x: xl,
+                scale,
+                bias,
+                y,
+                rows: x[..a].iter().product(),
+                cols: x[a..].iter().product(),
+                eps: *eps,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Softmax { axis }`.
+    fn lower_softmax(&mut self, c: &NodeCtx, axis: &i64) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let x0 = c.x0;
+        let x = &in_shapes[0];
+        let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+        let xl = p.plain(x0, name)?;
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::Softmax {
+                x: xl,
+                y,
+                outer: x[..a].iter().product(),
+                len: x[a],
+                inner: x[a + 1..].iter().product(),
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::MaxPool(pa) | Op::AveragePool(pa)`.
+    fn lower_pool(&mut self, c: &NodeCtx, pa: &PoolAttrs) -> Result<Lowered> {
+        let p = self;
+        let n = c.n;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let xl = p.raw(x0, name)?;
+        let keep = p.nhwc[x0];
+        let y = p.output(outs[0], keep);
+        p.push(
+            name,
+            StepKind::Pool {
+                x: xl,
+                y,
+                max: matches!(n.op, Op::MaxPool(_)),
+                x_shape: four(&in_shapes[0], name)?,
+                out_hw: [out_shape[2], out_shape[3]],
+                kernel: pa.kernel,
+                strides: pa.strides,
+                pads: [pa.pads[0], pa.pads[1]],
+                dilations: pa.dilations,
+                count_include_pad: pa.count_include_pad,
+                nhwc: keep,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Resize(r)`.
+    fn lower_resize(&mut self, c: &NodeCtx, r: &ResizeAttrs) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let x0 = c.x0;
+        let xl = p.raw(x0, name)?;
+        let keep = p.nhwc[x0];
+        let y = p.output(outs[0], keep);
+        let x_shape = four(&in_shapes[0], name)?;
+        let out_hw = [out_shape[2], out_shape[3]];
+        let (coord, nearest) = resize_codes(r);
+        p.push(
+            name,
+            StepKind::Resize {
+                x: xl,
+                y,
+                x_shape,
+                out_hw,
+                linear: r.mode == ResizeMode::Linear,
+                coord,
+                nearest,
+                scales: r.coord_scales([x_shape[2], x_shape[3]], out_hw),
+                nhwc: keep,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::GlobalAveragePool`.
+    fn lower_global_average_pool(&mut self, c: &NodeCtx) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let x0 = c.x0;
+        let x = &in_shapes[0];
+        let xl = p.raw(x0, name)?;
+        let nhwc = p.nhwc[x0];
+        let y = p.output(outs[0], false);
+        let hw = x[2..].iter().product();
+        if nhwc {
+            p.push(
+                name,
+                StepKind::ChanMean {
+                    x: xl,
+                    y,
+                    n: x[0],
+                    c: x[1],
+                    hw,
+                },
+            );
+        } else {
+            p.push(
+                name,
+                StepKind::RowMean {
+                    x: xl,
+                    y,
+                    rows: x[0] * x[1],
+                    hw,
+                },
+            );
+        }
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::AdaptiveAvgPool { output }`.
+    fn lower_adaptive_average_pool(&mut self, c: &NodeCtx, output: &[usize; 2]) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let x0 = c.x0;
+        let xl = p.plain(x0, name)?;
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::AdaptivePool {
+                x: xl,
+                y,
+                x_shape: four(&in_shapes[0], name)?,
+                out_hw: *output,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Reduce { kind: isolane_engine::ir::ReduceKind::Mean, axes, .. }`.
+    fn lower_mean(&mut self, c: &NodeCtx, axes: &[i64]) -> Result<Lowered> {
+        let p = self;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let x0 = c.x0;
+        // A mean over trailing axes is a row mean; other reductions are not planned yet.
+        let x = &in_shapes[0];
+        let mut ax: Vec<usize> = axes
+            .iter()
+            .map(|&a| norm_axis(a, x.len()).ok_or_else(|| unsupported(name, "bad axis")))
+            .collect::<Result<_>>()?;
+        ax.sort_unstable();
+        let trailing = !ax.is_empty()
+            && ax
+                .iter()
+                .rev()
+                .enumerate()
+                .all(|(i, &a)| a == x.len() - 1 - i);
+        if !trailing {
+            return Err(unsupported(name, "Reduce over non-trailing axes"));
+        }
+        let hw: usize = ax.iter().map(|&a| x[a]).product();
+        let xl = p.plain(x0, name)?;
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::RowMean {
+                x: xl,
+                y,
+                rows: x.iter().product::<usize>() / hw.max(1),
+                hw,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+}
+
 /// Plans an already optimised graph (see `isolane_engine::passes::optimize`).
 pub fn plan(g: &Graph, batch: usize, precision: Precision) -> Result<Plan> {
     plan_with(g, batch, precision, PlanOptions::default())
@@ -818,6 +2247,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     let nv = g.values.len();
     let mut p = Planner {
         g,
+        opts,
         es,
         shapes,
         loc: vec![None; nv],
@@ -866,1148 +2296,64 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             shape: p.shapes[i].clone(),
         });
     }
-    // Transposes swapping the last two dims whose only user is a MatMul's second operand are
-    // folded into that matmul (cuBLASLt transposes for free).
-    let mut users = vec![0usize; nv];
-    for n in &g.nodes {
-        for &i in &n.inputs {
-            users[i] += 1;
-        }
-    }
-    for &o in &g.outputs {
-        users[o] += 1;
-    }
-    let mut sole_user: Vec<Option<usize>> = vec![None; nv];
-    for (ni, n) in g.nodes.iter().enumerate() {
-        for &i in &n.inputs {
-            if users[i] == 1 {
-                sole_user[i] = Some(ni);
-            }
-        }
-    }
-    let mut users_of: Vec<Vec<usize>> = vec![Vec::new(); nv];
-    for (ni, n) in g.nodes.iter().enumerate() {
-        for &i in &n.inputs {
-            users_of[i].push(ni);
-        }
-    }
-    let is_output: Vec<bool> = (0..nv).map(|v| g.outputs.contains(&v)).collect();
-    // Ops that read strided views in place (see `vstrides`).
-    let stride_aware = |ni: usize| -> bool {
-        let n = &g.nodes[ni];
-        match &n.op {
-            Op::Split { .. } | Op::Squeeze { .. } | Op::Transpose { .. } | Op::MatMul => true,
-            Op::Binary(Binary::Mul) => {
-                let scalar = |v: usize| matches!(&g.values[v].kind, ValueKind::Constant(t) if t.numel() == 1);
-                (scalar(n.inputs[0]) || scalar(n.inputs[1]))
-                    && sole_user[n.outputs[0]].is_some_and(|u| matches!(g.nodes[u].op, Op::MatMul))
-            }
-            _ => false,
-        }
-    };
-    let mut folded_t: Vec<Option<usize>> = vec![None; nv];
-    for n in &g.nodes {
-        if let Op::Transpose { perm } = &n.op {
-            let r = perm.len();
-            let swap_last = r >= 2
-                && perm[r - 2] == r - 1
-                && perm[r - 1] == r - 2
-                && perm[..r - 2].iter().enumerate().all(|(i, &p)| p == i);
-            if swap_last && users[n.outputs[0]] == 1 {
-                let feeds_matmul_b = g
-                    .nodes
-                    .iter()
-                    .any(|m| matches!(m.op, Op::MatMul) && m.inputs[1] == n.outputs[0]);
-                if feeds_matmul_b {
-                    folded_t[n.outputs[0]] = Some(n.inputs[0]);
-                }
-            }
-        }
-    }
-
-    // Fused attention: MatMul(q, kᵀ) → Softmax(last axis) → MatMul(·, v), each the sole user
-    // of the previous, q, k and v of one shape [B, H, S, d] (or [BH, S, d]) with d the kernel's.
-    // The first two emit nothing; the last emits one Attention step (`attn_at`: the scores node).
-    let mut attn_skip = vec![false; g.nodes.len()];
-    let mut attn_at: Vec<Option<usize>> = vec![None; g.nodes.len()];
-    // The key a scores MatMul reads transposed from its second operand `v`: through a folded
-    // transpose (`q · kᵀ`), or through a scalar multiplication of a last-two-dims transpose
-    // that has no other user (`q · (kᵀ · c)`, torch.onnx's scaled-dot-product export): that
-    // transpose is a free view and the multiplication an alpha (`operand_alpha`).
-    let key_source = |v: usize| -> Option<usize> {
-        if let Some(k) = folded_t[v] {
-            return Some(k);
-        }
-        let ValueKind::Computed { node, .. } = g.values[v].kind else {
-            return None;
-        };
-        let mul = &g.nodes[node];
-        if mul.op != Op::Binary(Binary::Mul) || users[v] != 1 {
-            return None;
-        }
-        let scalar =
-            |x: usize| matches!(&g.values[x].kind, ValueKind::Constant(t) if t.numel() == 1);
-        let t = match (scalar(mul.inputs[0]), scalar(mul.inputs[1])) {
-            (false, true) => mul.inputs[0],
-            (true, false) => mul.inputs[1],
-            _ => return None,
-        };
-        let ValueKind::Computed { node: tn, .. } = g.values[t].kind else {
-            return None;
-        };
-        let Op::Transpose { perm } = &g.nodes[tn].op else {
-            return None;
-        };
-        let r = perm.len();
-        let swap_last = r >= 2
-            && perm[r - 2] == r - 1
-            && perm[r - 1] == r - 2
-            && perm[..r - 2].iter().enumerate().all(|(i, &q)| q == i);
-        (swap_last && users[t] == 1 && p.shapes[t] == p.shapes[v]).then_some(g.nodes[tn].inputs[0])
-    };
-    let key_of: Vec<Option<usize>> = (0..nv).map(key_source).collect();
-    if opts.fused_attention {
-        for (ni, n) in g.nodes.iter().enumerate() {
-            if !matches!(n.op, Op::MatMul) || n.inputs.len() != 2 {
-                continue;
-            }
-            let Some(kv) = key_of[n.inputs[1]] else {
-                continue;
-            };
-            let s_v = n.outputs[0];
-            let Some(si) = sole_user[s_v] else { continue };
-            let sm = &g.nodes[si];
-            let r = p.shapes[s_v].len();
-            let Op::Softmax { axis } = sm.op else {
-                continue;
-            };
-            if norm_axis(axis, r) != Some(r.wrapping_sub(1)) || is_output[s_v] {
-                continue;
-            }
-            let p_v = sm.outputs[0];
-            let Some(ci) = sole_user[p_v] else { continue };
-            let cn = &g.nodes[ci];
-            if !matches!(cn.op, Op::MatMul) || cn.inputs[0] != p_v || is_output[p_v] {
-                continue;
-            }
-            let (qs, ks, vs) = (
-                &p.shapes[n.inputs[0]],
-                &p.shapes[kv],
-                &p.shapes[cn.inputs[1]],
-            );
-            if (qs.len() == 3 || qs.len() == 4)
-                && qs == ks
-                && qs == vs
-                && qs[qs.len() - 1] == crate::kernels::ATTN_HEAD_DIM
-            {
-                attn_skip[ni] = true;
-                attn_skip[si] = true;
-                attn_at[ci] = Some(ni);
-            }
-        }
-    }
-
+    let pat = Patterns::find(g, &p.shapes, opts);
     for (ni, n) in g.nodes.iter().enumerate() {
         if ni > 0 {
             p.record_probes(&g.nodes[ni - 1]);
         }
         p.t = ni + 1;
-        let name = n.name.as_str();
         // Folded transposes produce nothing; their matmul reads the source.
-        if folded_t[n.outputs[0]].is_some() || attn_skip[ni] {
+        if pat.folded_t[n.outputs[0]].is_some() || pat.attn_skip[ni] {
             continue;
         }
-        let in_shapes: Vec<Vec<usize>> = n.inputs.iter().map(|&i| p.shapes[i].clone()).collect();
-        let outs: Vec<usize> = n.outputs.clone();
-        let out_shape = p.shapes[outs[0]].clone();
-        let x0 = n.inputs[0];
-        let aware = stride_aware(ni);
-        if !aware {
-            for &i in &n.inputs {
-                if p.vstrides[i].is_some() {
-                    let l = p.plain(i, name)?;
-                    p.loc[i] = Some(l);
-                    p.vstrides[i] = None;
-                }
-            }
-        }
-        // Strided inputs of view ops: a view again when only size-1 dims change.
-        if p.vstrides[x0].is_some() && (n.op.is_view() || matches!(n.op, Op::Split { .. })) {
-            let st = p.strides(x0);
-            let l = p.raw(x0, name)?;
-            if let Op::Split { axis, sizes } = &n.op {
-                let a = norm_axis(*axis, in_shapes[0].len())
-                    .ok_or_else(|| unsupported(name, "bad axis"))?;
-                let mut at = 0;
-                for (j, &o) in outs.iter().enumerate() {
-                    p.loc[o] = Some(l.with_offset(at * st[a]));
-                    p.vstrides[o] = Some(st.clone());
-                    at += sizes[j];
-                }
-                continue;
-            }
-            let kept: Vec<usize> = in_shapes[0]
-                .iter()
-                .zip(&st)
-                .filter(|(d, _)| **d != 1)
-                .map(|(_, s)| *s)
-                .collect();
-            let in_dims: Vec<usize> = in_shapes[0].iter().copied().filter(|&d| d != 1).collect();
-            let out_dims: Vec<usize> = out_shape.iter().copied().filter(|&d| d != 1).collect();
-            if in_dims == out_dims {
-                let mut it = kept.iter();
-                let os: Vec<usize> = out_shape
-                    .iter()
-                    .map(|&d| if d == 1 { 0 } else { *it.next().unwrap_or(&0) })
-                    .collect();
-                p.loc[outs[0]] = Some(l);
-                p.vstrides[outs[0]] = Some(os);
-                continue;
-            }
-            let l = p.plain(x0, name)?;
-            p.loc[x0] = Some(l);
-            p.vstrides[x0] = None;
-        }
-        // A transpose read by stride-aware consumers only (or whose result is row-major) is a
-        // view: its strides are the input's, permuted.
-        if let Op::Transpose { perm } = &n.op {
-            let consts = matches!(g.values[x0].kind, ValueKind::Constant(_));
-            if !consts && !p.nhwc[x0] {
-                let st = p.strides(x0);
-                let os: Vec<usize> = perm.iter().map(|&q| st[q]).collect();
-                let contiguous = os == contiguous_strides(&out_shape)
-                    || Strided::coalesce(
-                        &out_shape,
-                        vec![os.clone(), contiguous_strides(&out_shape)],
-                        name,
-                    )
-                    .is_ok_and(|s| s.dims.len() == 1 && s.strides[0][0] == 1);
-                let o = outs[0];
-                let all_aware = !is_output[o]
-                    && !users_of[o].is_empty()
-                    && users_of[o].iter().all(|&u| stride_aware(u));
-                if contiguous || all_aware {
-                    let l = p.raw(x0, name)?;
-                    p.loc[o] = Some(l);
-                    p.vstrides[o] = if contiguous { None } else { Some(os) };
-                    continue;
-                }
-            }
-        }
-
-        // Views alias their input (constants included); NHWC values are made plain first,
-        // except where the view keeps meaning under NHWC (see Transpose below).
-        let view_offset: Option<usize> = match &n.op {
-            op if op.is_view() => Some(0),
-            Op::Gather { axis, indices, .. } if indices.len() == 1 => {
-                let x = &in_shapes[0];
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
-                if x[..a].iter().all(|&d| d == 1) {
-                    let idx = if indices[0] < 0 {
-                        indices[0] + x[a] as i64
-                    } else {
-                        indices[0]
-                    } as usize;
-                    Some(idx * x[a + 1..].iter().product::<usize>())
-                } else {
-                    None
-                }
-            }
-            _ => None,
-        };
-        if let Some(off) = view_offset {
-            let l = p.plain(x0, name)?;
-            p.loc[outs[0]] = Some(l.with_offset(off));
+        let c = NodeCtx::new(&p.shapes, ni, n);
+        if p.lower_view(&c, &pat)? {
             continue;
         }
-        if let Op::Split { axis, sizes } = &n.op {
-            let x = &in_shapes[0];
-            let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
-            let inner: usize = x[a + 1..].iter().product();
-            if x[..a].iter().all(|&d| d == 1) {
-                let l = p.plain(x0, name)?;
-                let mut at = 0;
-                for (j, &o) in outs.iter().enumerate() {
-                    p.loc[o] = Some(l.with_offset(at * inner));
-                    at += sizes[j];
-                }
-                continue;
-            }
-        }
-        if let Op::Transpose { perm } = &n.op {
-            // NCHW→NHWC of an NHWC value is its storage read plainly; NHWC→NCHW of a plain
-            // 4-D value is the same storage read as NHWC. Both free.
-            if p.nhwc[x0] && perm == &[0, 2, 3, 1] {
-                let l = p.raw(x0, name)?;
-                p.loc[outs[0]] = Some(l);
-                continue;
-            }
-            if opts.channels_last
-                && !p.nhwc[x0]
-                && perm == &[0, 3, 1, 2]
-                && !matches!(g.values[x0].kind, ValueKind::Constant(_))
-            {
-                let l = p.raw(x0, name)?;
-                let o = outs[0];
-                p.loc[o] = Some(l);
-                p.nhwc[o] = out_shape[2] * out_shape[3] > 1 && out_shape[1] > 1;
-                continue;
-            }
-        }
-
-        match &n.op {
-            Op::Conv(a) => {
-                if a.pads[0] != a.pads[2] || a.pads[1] != a.pads[3] {
-                    return Err(unsupported(
-                        name,
-                        format!("asymmetric convolution padding {:?}", a.pads),
-                    ));
-                }
-                let xs = four(&in_shapes[0], name)?;
-                let ws = four(&in_shapes[1], name)?;
-                let dw = a.groups > 1 && a.groups == xs[1] && ws[1] == 1;
-                let cl = opts.channels_last;
-                let x = if cl {
-                    p.channels_last(x0, name)?
-                } else {
-                    p.plain(x0, name)?
-                };
-                let w = p.raw(n.inputs[1], name)?;
-                let bias = match n.inputs.get(2) {
-                    Some(&b) => Some(p.raw(b, name)?),
-                    None => None,
-                };
-                let residual = match (a.residual, n.inputs.get(3)) {
-                    (true, Some(&r)) => Some(if cl {
-                        p.channels_last(r, name)?
-                    } else {
-                        p.plain(r, name)?
-                    }),
-                    _ => None,
-                };
-                if cl && dw {
-                    match w {
-                        Loc::Const { id, .. } => {
-                            if !p.filter_dw_hwc.contains(&id) {
-                                p.filter_dw_hwc.push(id);
-                            }
-                        }
-                        _ => {
-                            return Err(unsupported(
-                                name,
-                                "channels-last depthwise convolution with a computed filter",
-                            ))
-                        }
-                    }
-                }
-                if cl && !dw && ws[2] * ws[3] * ws[1] > 1 {
-                    if let Loc::Const { id, .. } = w {
-                        if !p.filter_nhwc.contains(&id) {
-                            p.filter_nhwc.push(id);
-                        }
-                    } else {
-                        return Err(unsupported(
-                            name,
-                            "channels-last convolution with a computed filter",
-                        ));
-                    }
-                }
-                let y = p.output(outs[0], cl);
-                let ys = four(&out_shape, name)?;
-                let direct = ws[2] == 1 && ws[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4];
-                // The im2col matrix lives only during this step.
-                let col = if cl && a.groups == 1 && !direct {
-                    let rows = ys[0] * ys[2] * ys[3];
-                    let s = p.new_storage(rows * ws[1] * ws[2] * ws[3] * es);
-                    Some(Loc::Storage { id: s, offset: 0 })
-                } else {
-                    None
-                };
-                let c = ConvStep {
-                    x,
-                    w,
-                    bias,
-                    residual,
-                    y,
-                    x_shape: xs,
-                    w_shape: ws,
-                    y_shape: four(&out_shape, name)?,
-                    pads: [a.pads[0], a.pads[1]],
-                    strides: a.strides,
-                    dilations: a.dilations,
-                    groups: a.groups,
-                    act: a.activation,
-                    nhwc: cl,
-                    col,
-                };
-                p.push(
-                    name,
-                    if dw {
-                        StepKind::DwConv(c)
-                    } else {
-                        StepKind::Conv(c)
-                    },
-                );
-            }
-            Op::Linear { activation } => {
-                let x = p.plain(x0, name)?;
-                let w = p.raw(n.inputs[1], name)?;
-                let bias = match n.inputs.get(2) {
-                    Some(&b) => Some(p.raw(b, name)?),
-                    None => None,
-                };
-                let y = p.output(outs[0], false);
-                let xsh = &in_shapes[0];
-                p.linear_of[outs[0]] = Some((p.steps.len(), p.t));
-                p.push(
-                    name,
-                    StepKind::Linear {
-                        x,
-                        w,
-                        bias,
-                        y,
-                        m: xsh[..xsh.len() - 1].iter().product(),
-                        n: in_shapes[1][0],
-                        k: in_shapes[1][1],
-                        act: *activation,
-                        residual: None,
-                    },
-                );
-            }
-            Op::MatMul if attn_at[ni].is_some() => {
-                let sn = &g.nodes[attn_at[ni].unwrap_or_default()];
-                let kv = key_of[sn.inputs[1]].unwrap_or(sn.inputs[1]);
-                let alpha = operand_alpha(&p.alpha_of, &folded_t, sn.inputs[0])
-                    * operand_alpha(&p.alpha_of, &folded_t, sn.inputs[1]);
-                let out_scale = operand_alpha(&p.alpha_of, &folded_t, x0)
-                    * operand_alpha(&p.alpha_of, &folded_t, n.inputs[1]);
-                // (loc, [image, head, row] strides) of a [B, H, S, d] / [BH, S, d] operand,
-                // read in place when its rows are contiguous and 16-byte aligned, else copied.
-                let operand = |v: usize, p: &mut Planner| -> Result<(Loc, [usize; 3])> {
-                    let es = p.es;
-                    let aligned = |l: Loc, st: &[usize]| {
-                        let off = match l {
-                            Loc::Storage { offset, .. } | Loc::Const { offset, .. } => offset,
-                        };
-                        (off * es).is_multiple_of(16)
-                            && st.iter().all(|&x| (x * es).is_multiple_of(16))
-                    };
-                    // Full strides [.., row, 1] → (image, head, row).
-                    let split = |st: &[usize]| -> [usize; 3] {
-                        if st.len() == 4 {
-                            [st[0], st[1], st[2]]
-                        } else {
-                            [0, st[0], st[1]]
-                        }
-                    };
-                    if !p.nhwc[v] {
-                        let st = p.strides(v);
-                        let l = p.raw(v, name)?;
-                        let r = st.len();
-                        if st[r - 1] == 1 && aligned(l, &st[..r - 1]) {
-                            return Ok((l, split(&st)));
-                        }
-                    }
-                    let l = p.plain(v, name)?;
-                    Ok((l, split(&contiguous_strides(&p.shapes[v]))))
-                };
-                let (ql, qst) = operand(sn.inputs[0], &mut p)?;
-                let (kl, kst) = operand(kv, &mut p)?;
-                let (vl, vst) = operand(n.inputs[1], &mut p)?;
-                let sh = p.shapes[sn.inputs[0]].clone();
-                let r = sh.len();
-                let (batch, heads) = if r == 4 { (sh[0], sh[1]) } else { (1, sh[0]) };
-                // Written straight into the layout of a sole transposing consumer that keeps
-                // the last dim (the heads merged back), so that transpose is free.
-                let o = outs[0];
-                let mut yst = contiguous_strides(&out_shape);
-                let mut strided = false;
-                if let Some(u) = sole_user[o] {
-                    if let Op::Transpose { perm } = &g.nodes[u].op {
-                        if perm.len() == r && perm[r - 1] == r - 1 && !is_output[o] {
-                            let tshape: Vec<usize> = perm.iter().map(|&q| out_shape[q]).collect();
-                            let ts = contiguous_strides(&tshape);
-                            for (d, &q) in perm.iter().enumerate() {
-                                yst[q] = ts[d];
-                            }
-                            strided = true;
-                        }
-                    }
-                }
-                let y = p.output(o, false);
-                p.vstrides[o] = strided.then(|| yst.clone());
-                let ys = if r == 4 {
-                    [yst[0], yst[1], yst[2]]
-                } else {
-                    [0, yst[0], yst[1]]
-                };
-                debug_assert_eq!(yst[r - 1], 1);
-                p.push(
-                    name,
-                    StepKind::Attention {
-                        q: ql,
-                        k: kl,
-                        v: vl,
-                        y,
-                        batch,
-                        heads,
-                        seq: sh[r - 2],
-                        dim: sh[r - 1],
-                        alpha,
-                        out_scale,
-                        q_strides: qst,
-                        k_strides: kst,
-                        v_strides: vst,
-                        y_strides: ys,
-                    },
-                );
-            }
-            Op::MatMul => {
-                let vb = folded_t[n.inputs[1]].unwrap_or(n.inputs[1]);
-                let b_trans = folded_t[n.inputs[1]].is_some();
-                // Each operand as (batch, batch stride, rows, cols, row stride) in place, or
-                // copied to row-major when its strides do not allow that.
-                let view = |v: usize, p: &mut Planner| -> Result<(Loc, MatView)> {
-                    let mut sh = p.shapes[v].clone();
-                    if sh.len() == 1 {
-                        sh.insert(0, 1);
-                    }
-                    if p.vstrides[v].is_some() {
-                        let st = p.strides(v);
-                        let st = if st.len() < sh.len() {
-                            [vec![0], st].concat()
-                        } else {
-                            st
-                        };
-                        if let Some(mv) = mat_view(&sh, &st) {
-                            return Ok((p.raw(v, name)?, mv));
-                        }
-                    }
-                    let l = p.plain(v, name)?;
-                    let r = sh.len();
-                    let (rows, cols) = (sh[r - 2], sh[r - 1]);
-                    Ok((
-                        l,
-                        (sh[..r - 2].iter().product(), rows * cols, rows, cols, cols),
-                    ))
-                };
-                let (al, (ab, sa, m, k, lda)) = view(x0, &mut p)?;
-                let (bl, (bb, sb, br, bc, ldb)) = view(vb, &mut p)?;
-                let nn = if b_trans { br } else { bc };
-                if in_shapes[1].len() == 1 && !b_trans {
-                    return Err(unsupported(name, "MatMul with a 1-D second operand"));
-                }
-                if !(ab == bb || ab == 1 || bb == 1) {
-                    return Err(unsupported(
-                        name,
-                        format!(
-                            "MatMul broadcasting {:?} × {:?}",
-                            in_shapes[0], in_shapes[1]
-                        ),
-                    ));
-                }
-                let batch = ab.max(bb);
-                // Written straight into the layout of a sole transposing consumer that keeps
-                // the last dim (attention heads merged back), so that transpose is free.
-                let o = outs[0];
-                let mut y_strides: Option<Vec<usize>> = None;
-                if let Some(u) = sole_user[o] {
-                    if let Op::Transpose { perm } = &g.nodes[u].op {
-                        let r = perm.len();
-                        if r == out_shape.len() && perm[r - 1] == r - 1 && !is_output[o] {
-                            let tshape: Vec<usize> = perm.iter().map(|&q| out_shape[q]).collect();
-                            let ts = contiguous_strides(&tshape);
-                            let mut st = vec![0; r];
-                            for (d, &q) in perm.iter().enumerate() {
-                                st[q] = ts[d];
-                            }
-                            if mat_view(&out_shape, &st).is_some_and(|mv| mv.0 == batch) {
-                                y_strides = Some(st);
-                            }
-                        }
-                    }
-                }
-                let y = p.output(o, false);
-                let (sy, ldy) = match &y_strides {
-                    Some(st) => {
-                        let mv = mat_view(&out_shape, st).unwrap_or((batch, m * nn, m, nn, nn));
-                        (mv.1, mv.4)
-                    }
-                    None => (m * nn, nn),
-                };
-                p.vstrides[o] = y_strides;
-                p.push(
-                    name,
-                    StepKind::MatMul {
-                        a: al,
-                        b: bl,
-                        y,
-                        batch,
-                        m,
-                        n: nn,
-                        k,
-                        a_batch_stride: if ab == 1 { 0 } else { sa },
-                        b_batch_stride: if bb == 1 { 0 } else { sb },
-                        b_trans,
-                        alpha: operand_alpha(&p.alpha_of, &folded_t, x0)
-                            * operand_alpha(&p.alpha_of, &folded_t, n.inputs[1]),
-                        lda,
-                        ldb,
-                        ldy,
-                        y_batch_stride: sy,
-                    },
-                );
-            }
-            Op::BatchNorm { eps } => {
-                // A BatchNorm the passes could not fold into a producer (densenet's norms of
-                // concatenated features): one pointwise pass x · scale[c] + shift[c].
-                let (scale, shift) = batchnorm_affine(g, &n.inputs, *eps)
-                    .ok_or_else(|| unsupported(name, "BatchNorm with computed parameters"))?;
-                let x = p.raw(x0, name)?;
-                let keep = p.nhwc[x0];
-                let scale = p.new_const(scale);
-                let shift = p.new_const(shift);
-                let y = p.output(outs[0], keep);
-                let channels = out_shape[1];
-                let inner = if keep {
-                    1
-                } else {
-                    out_shape[2..].iter().product()
-                };
-                p.push(
-                    name,
-                    StepKind::Pointwise {
-                        x,
-                        y,
-                        scale: Some(scale),
-                        bias: Some(shift),
-                        residual: None,
-                        n: out_shape.iter().product(),
-                        channels,
-                        inner,
-                        act: None,
-                    },
-                );
-            }
-            Op::Unary(u) => {
-                let x = p.raw(x0, name)?;
-                let keep = p.nhwc[x0];
-                let y = p.output(outs[0], keep);
-                p.push(
-                    name,
-                    StepKind::Pointwise {
-                        x,
-                        y,
-                        scale: None,
-                        bias: None,
-                        residual: None,
-                        n: out_shape.iter().product(),
-                        channels: 1,
-                        inner: 1,
-                        act: Some(*u),
-                    },
-                );
-            }
-            Op::Binary(op) => {
-                let (va, vb) = (x0, n.inputs[1]);
-                let scalar_const = |v: usize| match &g.values[v].kind {
-                    ValueKind::Constant(t) if t.numel() == 1 => Some(t.data[0]),
-                    _ => None,
-                };
-                let sole = |v: usize| sole_user[v].map(|u| &g.nodes[u]);
-                // x · c with c a scalar constant, consumed only by a MatMul: the matmul's alpha.
-                if *op == Binary::Mul && matches!(sole(outs[0]).map(|u| &u.op), Some(Op::MatMul)) {
-                    let pair = match (scalar_const(va), scalar_const(vb)) {
-                        (None, Some(c)) if in_shapes[0] == out_shape => Some((va, c)),
-                        (Some(c), None) if in_shapes[1] == out_shape => Some((vb, c)),
-                        _ => None,
-                    };
-                    if let Some((xv, c)) = pair {
-                        let l = if p.nhwc[xv] {
-                            p.plain(xv, name)?
-                        } else {
-                            p.raw(xv, name)?
-                        };
-                        p.loc[outs[0]] = Some(l);
-                        p.vstrides[outs[0]] = if p.nhwc[xv] {
-                            None
-                        } else {
-                            p.vstrides[xv].clone()
-                        };
-                        p.alpha_of[outs[0]] = p.alpha_of[xv] * c;
-                        continue;
-                    }
-                }
-                // x · s[c] (a per-channel constant) consumed only by `+ r`: one pointwise pass
-                // x · s[c] + r, emitted at the Add.
-                if *op == Binary::Mul && out_shape.len() == 4 {
-                    let chan = |cv: usize, xv: usize| -> bool {
-                        matches!(g.values[cv].kind, ValueKind::Constant(_))
-                            && p.shapes[xv] == out_shape
-                            && {
-                                let cs = &p.shapes[cv];
-                                let c = out_shape[1];
-                                cs.iter().product::<usize>() == c
-                                    && (cs.as_slice() == [c, 1, 1] || cs.as_slice() == [1, c, 1, 1])
-                            }
-                    };
-                    let pair = if chan(va, vb) {
-                        Some((vb, va))
-                    } else if chan(vb, va) {
-                        Some((va, vb))
-                    } else {
-                        None
-                    };
-                    if let (Some((xv, cv)), Some(add)) = (pair, sole(outs[0])) {
-                        let other = add.inputs.iter().copied().find(|&i| i != outs[0]);
-                        let fits = matches!(add.op, Op::Binary(Binary::Add))
-                            && add.inputs.len() == 2
-                            && other.is_some_and(|r| {
-                                p.shapes[r] == out_shape
-                                    && p.loc[r].is_some()
-                                    && p.nhwc[r] == p.nhwc[xv]
-                            });
-                        if fits {
-                            let xl = p.raw(xv, name)?;
-                            let sl = p.raw(cv, name)?;
-                            p.pending_scale[outs[0]] = Some((xl, sl, out_shape[1]));
-                            p.nhwc[outs[0]] = p.nhwc[xv];
-                            continue;
-                        }
-                    }
-                }
-                for v in [va, vb] {
-                    if p.vstrides[v].is_some() {
-                        let l = p.plain(v, name)?;
-                        p.loc[v] = Some(l);
-                        p.vstrides[v] = None;
-                    }
-                }
-                if *op == Binary::Add && in_shapes[0] == in_shapes[1] {
-                    for (sv, rv) in [(va, vb), (vb, va)] {
-                        if let Some((xl, sl, ch)) = p.pending_scale[sv] {
-                            let r = p.raw(rv, name)?;
-                            // Keep x alive up to here (it was read at the Mul's time).
-                            p.touch(xl);
-                            let nhwc = p.nhwc[sv];
-                            let y = p.output(outs[0], nhwc);
-                            let inner = if nhwc { 1 } else { out_shape[2] * out_shape[3] };
-                            p.push(
-                                name,
-                                StepKind::Pointwise {
-                                    x: xl,
-                                    y,
-                                    scale: Some(sl),
-                                    bias: None,
-                                    residual: Some(r),
-                                    n: out_shape.iter().product(),
-                                    channels: ch,
-                                    inner,
-                                    act: None,
-                                },
-                            );
-                            break;
-                        }
-                    }
-                    if p.loc[outs[0]].is_some() {
-                        continue;
-                    }
-                    // Linear(x) + r with r older than the Linear: r becomes cuBLASLt's C.
-                    let mut fused = false;
-                    for (lv, rv) in [(va, vb), (vb, va)] {
-                        let Some((si, lt)) = p.linear_of[lv] else {
-                            continue;
-                        };
-                        // r must hold its value before the Linear runs.
-                        let older = match (&g.values[rv].kind, p.loc[rv]) {
-                            (ValueKind::Constant(_), _) => true,
-                            (_, Some(Loc::Storage { id, .. })) => p.storages[id].first < lt,
-                            _ => false,
-                        };
-                        if users[lv] != 1 || p.nhwc[rv] || !older {
-                            continue;
-                        }
-                        if let StepKind::Linear {
-                            act: None,
-                            residual: None,
-                            ..
-                        } = p.steps[si].kind
-                        {
-                            let r = p.raw(rv, name)?;
-                            if let StepKind::Linear { residual, .. } = &mut p.steps[si].kind {
-                                *residual = Some(r);
-                            }
-                            p.loc[outs[0]] = p.loc[lv];
-                            p.def_t[outs[0]] = p.def_t[lv];
-                            // The Linear's own output is never stored any more (its storage
-                            // holds the sum).
-                            p.probes.retain(|pr| pr.value != lv);
-                            fused = true;
-                            break;
-                        }
-                    }
-                    if fused {
-                        continue;
-                    }
-                }
-                let a = p.raw(va, name)?;
-                let b = p.raw(vb, name)?;
-                let (na, nb) = (p.nhwc[va], p.nhwc[vb]);
-                if *op == Binary::Add && in_shapes[0] == in_shapes[1] && na == nb {
-                    // A residual add: one contiguous pass whatever the layout.
-                    let y = p.output(outs[0], na);
-                    p.push(
-                        name,
-                        StepKind::Pointwise {
-                            x: a,
-                            y,
-                            scale: None,
-                            bias: None,
-                            residual: Some(b),
-                            n: out_shape.iter().product(),
-                            channels: 1,
-                            inner: 1,
-                            act: None,
-                        },
-                    );
-                } else {
-                    let out_nhwc =
-                        (na && in_shapes[0] == out_shape) || (nb && in_shapes[1] == out_shape);
-                    let y = p.output(outs[0], out_nhwc);
-                    let ys = phys_strides(&out_shape, p.nhwc[outs[0]]);
-                    let sa = phys_broadcast(&in_shapes[0], na, &out_shape);
-                    let sb = phys_broadcast(&in_shapes[1], nb, &out_shape);
-                    p.push(
-                        name,
-                        StepKind::Binary {
-                            a,
-                            b,
-                            y,
-                            op: *op,
-                            space: Strided::coalesce(&out_shape, vec![ys, sa, sb], name)?,
-                        },
-                    );
-                }
-            }
-            Op::Transpose { perm } => {
-                let x = p.raw(x0, name)?;
-                // The input as stored: NHWC, or a strided view (a transpose is stride-aware,
-                // so a transpose of a transpose reaches here with its input unconverted).
-                let xs = p.strides(x0);
-                let src: Vec<usize> = perm.iter().map(|&q| xs[q]).collect();
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::Copy {
-                        x,
-                        y,
-                        space: Strided::coalesce(
-                            &out_shape,
-                            vec![contiguous_strides(&out_shape), src],
-                            name,
-                        )?,
-                    },
-                );
-            }
-            Op::Expand { .. } => {
-                let x = p.raw(x0, name)?;
-                let sx = phys_broadcast(&in_shapes[0], p.nhwc[x0], &out_shape);
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::Copy {
-                        x,
-                        y,
-                        space: Strided::coalesce(
-                            &out_shape,
-                            vec![contiguous_strides(&out_shape), sx],
-                            name,
-                        )?,
-                    },
-                );
-            }
-            Op::Concat { axis } => {
-                let a = norm_axis(*axis, out_shape.len())
-                    .ok_or_else(|| unsupported(name, "bad axis"))?;
-                let ys = contiguous_strides(&out_shape);
-                let xl: Vec<Loc> = n
-                    .inputs
-                    .iter()
-                    .map(|&i| p.raw(i, name))
-                    .collect::<Result<_>>()?;
-                let y = p.output(outs[0], false);
-                let mut at = 0;
-                for (j, s) in in_shapes.iter().enumerate() {
-                    let sx = phys_strides(s, p.nhwc[n.inputs[j]]);
-                    p.push(
-                        name,
-                        StepKind::Copy {
-                            x: xl[j],
-                            y: y.with_offset(at * ys[a]),
-                            space: Strided::coalesce(s, vec![ys.clone(), sx], name)?,
-                        },
-                    );
-                    at += s[a];
-                }
-            }
-            Op::Split { axis, sizes } => {
-                let x = &in_shapes[0];
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
-                let xl = p.raw(x0, name)?;
-                let xs = phys_strides(x, p.nhwc[x0]);
-                let mut at = 0;
-                for (j, &o) in outs.iter().enumerate() {
-                    let os = p.shapes[o].clone();
-                    let y = p.output(o, false);
-                    p.push(
-                        name,
-                        StepKind::Copy {
-                            x: xl.with_offset(at * xs[a]),
-                            y,
-                            space: Strided::coalesce(
-                                &os,
-                                vec![contiguous_strides(&os), xs.clone()],
-                                name,
-                            )?,
-                        },
-                    );
-                    at += sizes[j];
-                }
-            }
+        let name = c.name;
+        let lowered = match &n.op {
+            Op::Conv(a) => p.lower_conv(&c, a),
+            Op::Linear { activation } => p.lower_linear(&c, activation),
+            Op::MatMul if pat.attn_at[ni].is_some() => p.lower_attention(&c, &pat),
+            Op::MatMul => p.lower_matmul(&c, &pat),
+            Op::BatchNorm { eps } => p.lower_batch_norm(&c, eps),
+            Op::Unary(u) => p.lower_unary(&c, u),
+            Op::Binary(op) => p.lower_binary(&c, &pat, op),
+            Op::Transpose { perm } => p.lower_transpose(&c, perm),
+            Op::Expand { .. } => p.lower_expand(&c),
+            Op::Concat { axis } => p.lower_concat(&c, axis),
+            Op::Split { axis, sizes } => p.lower_split(&c, axis, sizes),
             Op::Slice {
                 starts,
                 ends,
                 axes,
                 steps: st,
-            } => {
-                let x = &in_shapes[0];
-                let sp =
-                    slice_params(x, starts, ends, axes, st).map_err(|e| unsupported(name, e))?;
-                let xl = p.raw(x0, name)?;
-                let xs = phys_strides(x, p.nhwc[x0]);
-                let mut base: i64 = 0;
-                let mut src: Vec<usize> = Vec::new();
-                for (d, &(s0, step, _)) in sp.iter().enumerate() {
-                    if step < 0 {
-                        return Err(unsupported(name, "Slice with a negative step"));
-                    }
-                    base += s0 * xs[d] as i64;
-                    src.push(step as usize * xs[d]);
-                }
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::Copy {
-                        x: xl.with_offset(base as usize),
-                        y,
-                        space: Strided::coalesce(
-                            &out_shape,
-                            vec![contiguous_strides(&out_shape), src],
-                            name,
-                        )?,
-                    },
-                );
-            }
+            } => p.lower_slice(&c, starts, ends, axes, st),
             Op::Gather {
                 axis,
                 indices,
                 indices_shape,
-            } => {
-                let x = &in_shapes[0];
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
-                let xl = p.raw(x0, name)?;
-                let xs = phys_strides(x, p.nhwc[x0]);
-                let ys = contiguous_strides(&out_shape);
-                let inner: usize = x[a + 1..].iter().product();
-                let mut dims: Vec<usize> = x[..a].to_vec();
-                dims.extend_from_slice(&x[a + 1..]);
-                let mut sx: Vec<usize> = xs[..a].to_vec();
-                sx.extend_from_slice(&xs[a + 1..]);
-                let mut sy: Vec<usize> = ys[..a].to_vec();
-                sy.extend_from_slice(&ys[a + indices_shape.len()..]);
-                let y = p.output(outs[0], false);
-                for (j, &ix) in indices.iter().enumerate() {
-                    let ix = if ix < 0 { ix + x[a] as i64 } else { ix } as usize;
-                    p.push(
-                        name,
-                        StepKind::Copy {
-                            x: xl.with_offset(ix * xs[a]),
-                            y: y.with_offset(j * inner),
-                            space: Strided::coalesce(&dims, vec![sy.clone(), sx.clone()], name)?,
-                        },
-                    );
-                }
-            }
-            Op::LayerNorm { axis, eps } => {
-                let x = &in_shapes[0];
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
-                let xl = p.plain(x0, name)?;
-                let scale = p.raw(n.inputs[1], name)?;
-                let bias = match n.inputs.get(2) {
-                    Some(&b) => Some(p.raw(b, name)?),
-                    None => None,
-                };
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::LayerNorm {
-                        x: xl,
-                        scale,
-                        bias,
-                        y,
-                        rows: x[..a].iter().product(),
-                        cols: x[a..].iter().product(),
-                        eps: *eps,
-                    },
-                );
-            }
-            Op::Softmax { axis } => {
-                let x = &in_shapes[0];
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
-                let xl = p.plain(x0, name)?;
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::Softmax {
-                        x: xl,
-                        y,
-                        outer: x[..a].iter().product(),
-                        len: x[a],
-                        inner: x[a + 1..].iter().product(),
-                    },
-                );
-            }
-            Op::MaxPool(pa) | Op::AveragePool(pa) => {
-                let xl = p.raw(x0, name)?;
-                let keep = p.nhwc[x0];
-                let y = p.output(outs[0], keep);
-                p.push(
-                    name,
-                    StepKind::Pool {
-                        x: xl,
-                        y,
-                        max: matches!(n.op, Op::MaxPool(_)),
-                        x_shape: four(&in_shapes[0], name)?,
-                        out_hw: [out_shape[2], out_shape[3]],
-                        kernel: pa.kernel,
-                        strides: pa.strides,
-                        pads: [pa.pads[0], pa.pads[1]],
-                        dilations: pa.dilations,
-                        count_include_pad: pa.count_include_pad,
-                        nhwc: keep,
-                    },
-                );
-            }
-            Op::Resize(r) => {
-                let xl = p.raw(x0, name)?;
-                let keep = p.nhwc[x0];
-                let y = p.output(outs[0], keep);
-                let x_shape = four(&in_shapes[0], name)?;
-                let out_hw = [out_shape[2], out_shape[3]];
-                let (coord, nearest) = resize_codes(r);
-                p.push(
-                    name,
-                    StepKind::Resize {
-                        x: xl,
-                        y,
-                        x_shape,
-                        out_hw,
-                        linear: r.mode == ResizeMode::Linear,
-                        coord,
-                        nearest,
-                        scales: r.coord_scales([x_shape[2], x_shape[3]], out_hw),
-                        nhwc: keep,
-                    },
-                );
-            }
-            Op::GlobalAveragePool => {
-                let x = &in_shapes[0];
-                let xl = p.raw(x0, name)?;
-                let nhwc = p.nhwc[x0];
-                let y = p.output(outs[0], false);
-                let hw = x[2..].iter().product();
-                if nhwc {
-                    p.push(
-                        name,
-                        StepKind::ChanMean {
-                            x: xl,
-                            y,
-                            n: x[0],
-                            c: x[1],
-                            hw,
-                        },
-                    );
-                } else {
-                    p.push(
-                        name,
-                        StepKind::RowMean {
-                            x: xl,
-                            y,
-                            rows: x[0] * x[1],
-                            hw,
-                        },
-                    );
-                }
-            }
-            Op::AdaptiveAvgPool { output } => {
-                let xl = p.plain(x0, name)?;
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::AdaptivePool {
-                        x: xl,
-                        y,
-                        x_shape: four(&in_shapes[0], name)?,
-                        out_hw: *output,
-                    },
-                );
-            }
+            } => p.lower_gather(&c, axis, indices, indices_shape),
+            Op::LayerNorm { axis, eps } => p.lower_layer_norm(&c, axis, eps),
+            Op::Softmax { axis } => p.lower_softmax(&c, axis),
+            Op::MaxPool(pa) | Op::AveragePool(pa) => p.lower_pool(&c, pa),
+            Op::Resize(r) => p.lower_resize(&c, r),
+            Op::GlobalAveragePool => p.lower_global_average_pool(&c),
+            Op::AdaptiveAvgPool { output } => p.lower_adaptive_average_pool(&c, output),
             Op::Reduce {
                 kind: isolane_engine::ir::ReduceKind::Mean,
                 axes,
                 ..
-            } => {
-                // A mean over trailing axes is a row mean; other reductions are not planned yet.
-                let x = &in_shapes[0];
-                let mut ax: Vec<usize> = axes
-                    .iter()
-                    .map(|&a| norm_axis(a, x.len()).ok_or_else(|| unsupported(name, "bad axis")))
-                    .collect::<Result<_>>()?;
-                ax.sort_unstable();
-                let trailing = !ax.is_empty()
-                    && ax
-                        .iter()
-                        .rev()
-                        .enumerate()
-                        .all(|(i, &a)| a == x.len() - 1 - i);
-                if !trailing {
-                    return Err(unsupported(name, "Reduce over non-trailing axes"));
-                }
-                let hw: usize = ax.iter().map(|&a| x[a]).product();
-                let xl = p.plain(x0, name)?;
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::RowMean {
-                        x: xl,
-                        y,
-                        rows: x.iter().product::<usize>() / hw.max(1),
-                        hw,
-                    },
-                );
-            }
+            } => p.lower_mean(&c, axes),
             other => {
                 return Err(unsupported(
                     name,
                     format!("op {} is not implemented on cuda yet", other.name()),
                 ))
             }
-        }
-        // Check the planned shapes against the IR (a planning bug must not reach the GPU).
-        let refs: Vec<&[usize]> = in_shapes.iter().map(|s| s.as_slice()).collect();
-        let inferred = infer_node(n, &refs, batch)?;
-        if inferred[0] != out_shape {
-            return Err(unsupported(name, "shape disagreement in planning"));
+        }?;
+        if lowered == Lowered::Steps {
+            c.check_shapes(batch)?;
         }
     }
 
