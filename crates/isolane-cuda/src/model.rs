@@ -12,7 +12,10 @@ use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
 use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
-use crate::plan::{act_code, binary_code, ConvStep, DType, Loc, Plan, StepKind, Strided, MAX_RANK};
+use crate::plan::{
+    act_code, binary_code, AttentionStep, ConvStep, DType, LinearStep, Loc, MatMulStep, Plan, Step,
+    StepKind, Strided, MAX_RANK,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Error plumbing: every library call is checked and named.
@@ -553,6 +556,63 @@ impl Drop for Events {
     }
 }
 
+/// What recording a step's launches needs besides the model: where every operand lives on
+/// the device, the kernel table, the scratch buffer and events algorithm searches time on,
+/// and the row-kernel choice.
+struct Recorder<'a> {
+    plan: &'a Plan,
+    const_offs: &'a [usize],
+    arena_base: u64,
+    weights_base: u64,
+    dtype: DType,
+    es: usize,
+    half_names: &'static [&'static str],
+    /// Device scratch of `ws_cap` bytes: the workspace while candidates are timed.
+    scratch: u64,
+    ws_cap: usize,
+    events: Events,
+    /// Block-per-row LayerNorm and softmax kernels only (`ISOLANE_CUDA_ROWS=block`).
+    block_rows: bool,
+}
+
+impl Recorder<'_> {
+    /// The device address of an operand.
+    fn ptr(&self, l: Loc) -> u64 {
+        match l {
+            Loc::Storage { id, offset } => {
+                self.arena_base + self.plan.storages[id].offset as u64 + (offset * self.es) as u64
+            }
+            Loc::Const { id, offset } => {
+                self.weights_base + self.const_offs[id] as u64 + (offset * self.es) as u64
+            }
+        }
+    }
+
+    /// The index in `CudaModel::funcs` of the kernel `name`.
+    fn func(&self, name: &str) -> usize {
+        KERNEL_NAMES
+            .iter()
+            .chain(self.half_names)
+            .position(|k| *k == name)
+            .expect("kernel name is in KERNEL_NAMES (or HALF_KERNEL_NAMES for f16/bf16)")
+    }
+
+    /// One warp per row pays off with many rows; with few (batch 1) the block-per-row
+    /// kernels were faster (measured: vit_b_16 fp16 batch 1, 0.77 ms with the warp kernels
+    /// for its 197-row LayerNorms and 2364-row softmaxes, 0.65 ms without).
+    fn warp_rows(&self, rows: usize) -> bool {
+        !self.block_rows && rows >= WARP_ROWS_MIN
+    }
+}
+
+/// The library descriptors made so far, found again by key: one cuDNN convolution or
+/// cuBLASLt matmul (with its timed algorithm) per distinct shape.
+#[derive(Default)]
+struct LibraryCaches {
+    conv: Vec<(ConvKey, usize)>,
+    mm: Vec<(MmKey, usize)>,
+}
+
 impl CudaModel {
     pub(crate) fn build(plan: Plan, target: &Target) -> Result<CudaModel> {
         let t0 = Instant::now();
@@ -622,16 +682,6 @@ impl CudaModel {
         })?;
 
         let (arena_base, weights_base) = (m.arena, m.weights);
-        let ptr = |l: Loc| -> u64 {
-            match l {
-                Loc::Storage { id, offset } => {
-                    arena_base + plan.storages[id].offset as u64 + (offset * es) as u64
-                }
-                Loc::Const { id, offset } => {
-                    weights_base + const_offs[id] as u64 + (offset * es) as u64
-                }
-            }
-        };
         let staging = |id: usize| arena_base + plan.storages[id].offset as u64;
 
         // Pinned host buffers for inputs and outputs.
@@ -664,13 +714,6 @@ impl CudaModel {
             })?;
             m.funcs.push(f);
         }
-        let func = |name: &str| -> usize {
-            KERNEL_NAMES
-                .iter()
-                .chain(half_names)
-                .position(|k| *k == name)
-                .expect("kernel name is in KERNEL_NAMES (or HALF_KERNEL_NAMES for f16/bf16)")
-        };
 
         // Library handles, bound to our stream.
         // SAFETY: valid out-pointers; the context is current. cudnnSetStream makes every cuDNN
@@ -699,12 +742,20 @@ impl CudaModel {
         // ISOLANE_CUDA_ROWS=block: the block-per-row LayerNorm and softmax kernels only (for
         // comparisons).
         let block_rows = std::env::var("ISOLANE_CUDA_ROWS").is_ok_and(|v| v == "block");
-        // One warp per row pays off with many rows; with few (batch 1) the block-per-row
-        // kernels were faster (measured: vit_b_16 fp16 batch 1, 0.77 ms with the warp kernels
-        // for its 197-row LayerNorms and 2364-row softmaxes, 0.65 ms without).
-        let warp_rows = |rows: usize| !block_rows && rows >= WARP_ROWS_MIN;
-        let mut conv_cache: Vec<(ConvKey, usize)> = Vec::new();
-        let mut mm_cache: Vec<(MmKey, usize)> = Vec::new();
+        let rec = Recorder {
+            plan: &plan,
+            const_offs: &const_offs,
+            arena_base,
+            weights_base,
+            dtype,
+            es,
+            half_names,
+            scratch,
+            ws_cap,
+            events,
+            block_rows,
+        };
+        let mut caches = LibraryCaches::default();
 
         // HtoD of the inputs.
         for (i, io) in plan.inputs.iter().enumerate() {
@@ -717,745 +768,12 @@ impl CudaModel {
         let plan_result: Result<()> = (|| {
             let mut prev = String::from("input copy");
             for step in &plan.steps {
-                let err = |e: EngineError| match e {
-                    EngineError::Runtime(s) => {
-                        EngineError::Runtime(format!("node `{}`: {s}", step.name))
-                    }
-                    other => other,
-                };
                 while m.names.len() < m.launches.len() {
                     m.names.push(prev.clone());
                 }
                 prev = step.name.clone();
                 m.step_start.push(m.launches.len());
-                match &step.kind {
-                    StepKind::CastIn { x, y, n } => m.launches.push(Launch::Kernel {
-                        func: func("cast_in"),
-                        grid: elementwise_grid(*n),
-                        block: BLOCK,
-                        args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
-                    }),
-                    StepKind::CastOut { x, y, n } => m.launches.push(Launch::Kernel {
-                        func: func("cast_out"),
-                        grid: elementwise_grid(*n),
-                        block: BLOCK,
-                        args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
-                    }),
-                    StepKind::Conv(c) => {
-                        // Two ways, each timed on the real buffers; the faster one is kept:
-                        // cuDNN (its best algorithm) + our epilogue kernel, or (NHWC, one group)
-                        // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
-                        let force = std::env::var("ISOLANE_CUDA_CONV").unwrap_or_default();
-                        let n_out: usize = c.y_shape.iter().product();
-                        let epilogue = |with_bias: bool, with_res: bool| {
-                            pointwise_launch(
-                                func("pointwise"),
-                                ptr(c.y),
-                                ptr(c.y),
-                                None,
-                                if with_bias { c.bias.map(&ptr) } else { None },
-                                if with_res { c.residual.map(&ptr) } else { None },
-                                n_out,
-                                c.y_shape[1],
-                                if c.nhwc {
-                                    1
-                                } else {
-                                    c.y_shape[2] * c.y_shape[3]
-                                },
-                                c.act,
-                            )
-                        };
-                        let mut dnn_path: Option<(Vec<Launch>, f32)> = None;
-                        if force != "gemm" || !c.gemm_capable() {
-                            let key = ConvKey::of(c);
-                            let found = match conv_cache.iter().find(|(k, _)| *k == key) {
-                                Some((_, i)) => Ok(*i),
-                                None => {
-                                    conv_desc(&m, c, dtype, plan.precision, &ptr, scratch, ws_cap)
-                                        .map(|d| {
-                                            m.convs.push(d);
-                                            conv_cache.push((key, m.convs.len() - 1));
-                                            m.convs.len() - 1
-                                        })
-                                }
-                            };
-                            match found {
-                                Ok(idx) => {
-                                    let mut l = vec![Launch::Conv {
-                                        conv: idx,
-                                        x: ptr(c.x),
-                                        w: ptr(c.w),
-                                        y: ptr(c.y),
-                                    }];
-                                    if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
-                                        l.push(epilogue(true, true));
-                                    }
-                                    dnn_path = Some((l, f32::INFINITY));
-                                }
-                                Err(e) if !c.gemm_capable() => return Err(err(e)),
-                                Err(_) => {}
-                            }
-                        }
-                        let mut gemm_path: Option<(Vec<Launch>, f32)> = None;
-                        if c.gemm_capable() && force != "cudnn" {
-                            let [n, ch, h, w] = c.x_shape;
-                            let [_, _, oh, ow] = c.y_shape;
-                            let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
-                            let mut l = Vec::new();
-                            let b_ptr = match c.col {
-                                Some(col) => {
-                                    let v = [
-                                        n,
-                                        h,
-                                        w,
-                                        ch,
-                                        oh,
-                                        ow,
-                                        kh,
-                                        kw,
-                                        c.strides[0],
-                                        c.strides[1],
-                                        c.pads[0],
-                                        c.pads[1],
-                                        c.dilations[0],
-                                        c.dilations[1],
-                                    ];
-                                    let mut vi = [0i32; 14];
-                                    for (d, s) in vi.iter_mut().zip(v) {
-                                        *d = s as i32;
-                                    }
-                                    l.push(Launch::Kernel {
-                                        func: func("im2col"),
-                                        grid: elementwise_grid(n * oh * ow * kh * kw * ch),
-                                        block: BLOCK,
-                                        args: vec![
-                                            Arg::Ptr(ptr(c.x)),
-                                            Arg::Ptr(ptr(col)),
-                                            Arg::Im(Box::new(ImP { v: vi })),
-                                        ],
-                                    });
-                                    ptr(col)
-                                }
-                                None => ptr(c.x),
-                            };
-                            let relu = matches!(c.act, Some(Unary::Relu));
-                            let key = MmKey {
-                                m: n * oh * ow,
-                                n: c.w_shape[0],
-                                k: kh * kw * ch,
-                                batch: 1,
-                                sa: 0,
-                                sb: 0,
-                                lda: kh * kw * ch,
-                                ldb: kh * kw * ch,
-                                ldy: c.w_shape[0],
-                                sy: n * oh * ow * c.w_shape[0],
-                                b_trans: true,
-                                linear: true,
-                                bias: c.bias.map(&ptr),
-                                relu,
-                                gelu: false,
-                                residual: c.residual.is_some(),
-                                alpha: 1.0f32.to_bits(),
-                            };
-                            let res_ptr = c.residual.map_or(0, &ptr);
-                            match mm_index(
-                                &mut m,
-                                &mut mm_cache,
-                                key,
-                                dtype,
-                                plan.precision,
-                                scratch,
-                                ws_cap,
-                                &events,
-                                ptr(c.w),
-                                b_ptr,
-                                res_ptr,
-                                ptr(c.y),
-                            ) {
-                                Ok(idx) => {
-                                    l.push(Launch::Matmul {
-                                        mm: idx,
-                                        a: ptr(c.w),
-                                        b: b_ptr,
-                                        c: res_ptr,
-                                        y: ptr(c.y),
-                                    });
-                                    if c.act.is_some() && !relu {
-                                        l.push(epilogue(false, false));
-                                    }
-                                    gemm_path = Some((l, f32::INFINITY));
-                                }
-                                Err(e) if dnn_path.is_none() => return Err(err(e)),
-                                Err(_) => {}
-                            }
-                        }
-                        // Time each candidate path (best of 3) as it will run.
-                        m.workspace = scratch;
-                        for path in [&mut dnn_path, &mut gemm_path].into_iter().flatten() {
-                            let launches = &path.0;
-                            for _ in 0..3 {
-                                let t = events
-                                    .time(m.stream, &mut || m.issue_list(launches, true))
-                                    .map_err(err)?;
-                                path.1 = path.1.min(t);
-                            }
-                        }
-                        m.workspace = 0;
-                        let chosen = match (dnn_path, gemm_path) {
-                            (Some(d), Some(g)) => {
-                                if g.1 <= d.1 {
-                                    g.0
-                                } else {
-                                    d.0
-                                }
-                            }
-                            (Some(d), None) => d.0,
-                            (None, Some(g)) => g.0,
-                            (None, None) => {
-                                return Err(err(EngineError::Runtime("no convolution path".into())))
-                            }
-                        };
-                        m.launches.extend(chosen);
-                    }
-                    StepKind::DwConv(c) => {
-                        let (a, p0, p1) = act_code(c.act);
-                        let v = [
-                            c.x_shape[0],
-                            c.x_shape[1],
-                            c.x_shape[2],
-                            c.x_shape[3],
-                            c.y_shape[1],
-                            c.y_shape[2],
-                            c.y_shape[3],
-                            c.w_shape[2],
-                            c.w_shape[3],
-                            c.strides[0],
-                            c.strides[1],
-                            c.pads[0],
-                            c.pads[1],
-                            c.dilations[0],
-                            c.dilations[1],
-                            0,
-                        ];
-                        let mut vi = [0i32; 16];
-                        for (d, s) in vi.iter_mut().zip(v) {
-                            *d = s as i32;
-                        }
-                        vi[15] = a;
-                        let n: usize = c.y_shape.iter().product();
-                        // The register-window kernels: NHWC, horizontal stride and dilation 1.
-                        let fast = c.nhwc && c.strides[1] == 1 && c.dilations[1] == 1;
-                        // Channel pairs, 8 outputs per thread: also one filter per channel, M
-                        // even and every operand 2-element aligned.
-                        // ISOLANE_CUDA_DW=window keeps the 4-output kernels (for comparisons).
-                        let pair_ok = fast
-                            && std::env::var("ISOLANE_CUDA_DW").map_or(true, |v| v != "window")
-                            && c.y_shape[1] == c.x_shape[1]
-                            && c.y_shape[1].is_multiple_of(2)
-                            && [Some(c.x), Some(c.w), c.bias, c.residual, Some(c.y)]
-                                .iter()
-                                .flatten()
-                                .all(|l| ptr(*l).is_multiple_of(2 * es as u64));
-                        let pairs =
-                            n.div_ceil(c.y_shape[3]) / 2 * c.y_shape[3].div_ceil(kernels::DWC2_OUT);
-                        // With few threads (batch 1) the 4-output kernel fills the GPU better
-                        // (measured: convnext_base fp16 batch 1 1.04 ms with it, 1.21 with the
-                        // pair kernel; batch 64 13.1 ms vs 10.2 ms).
-                        let pair_ok = pair_ok && pairs >= DWC2_MIN_THREADS;
-                        // (7×7 only: the 3×3 pair kernel, MobileNetV2's, was not measured.)
-                        let (kernel, threads) = match (fast, c.w_shape[3]) {
-                            (true, 7) if pair_ok => ("dwconv_c2_k7", pairs),
-                            (true, 3) => (
-                                "dwconv_s1_k3",
-                                n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
-                            ),
-                            (true, 7) => (
-                                "dwconv_s1_k7",
-                                n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
-                            ),
-                            _ => ("dwconv", n),
-                        };
-                        m.launches.push(Launch::Kernel {
-                            func: func(kernel),
-                            grid: elementwise_grid(threads),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(ptr(c.x)),
-                                Arg::Ptr(ptr(c.w)),
-                                Arg::Ptr(c.bias.map_or(0, &ptr)),
-                                Arg::Ptr(c.residual.map_or(0, &ptr)),
-                                Arg::Ptr(ptr(c.y)),
-                                Arg::Dw(Box::new(DwP {
-                                    v: vi,
-                                    p0,
-                                    p1,
-                                    whwc: c.nhwc as i32,
-                                    pad: 0,
-                                    xs: strides4(&c.x_shape, c.nhwc),
-                                    ys: strides4(&c.y_shape, c.nhwc),
-                                })),
-                            ],
-                        });
-                    }
-                    StepKind::Linear {
-                        x,
-                        w,
-                        bias,
-                        y,
-                        m: mm,
-                        n,
-                        k,
-                        act,
-                        residual,
-                    } => {
-                        let relu = matches!(act, Some(Unary::Relu));
-                        // tf32/fp16/bf16: cuBLASLt's GELU epilogue (tanh form; it differs from
-                        // the exact erf GELU by < 1e-3, below those precisions' rounding here;
-                        // fp32 keeps the exact GELU kernel).
-                        let gelu = matches!(act, Some(Unary::Gelu) | Some(Unary::GeluTanh))
-                            && plan.precision != Precision::Fp32
-                            && bias.is_some()
-                            && std::env::var_os("ISOLANE_CUDA_EXACT_GELU").is_none();
-                        let key = MmKey {
-                            m: *mm,
-                            n: *n,
-                            k: *k,
-                            batch: 1,
-                            sa: 0,
-                            sb: 0,
-                            lda: *k,
-                            ldb: *k,
-                            ldy: *n,
-                            sy: *mm * *n,
-                            b_trans: true,
-                            linear: true,
-                            bias: bias.map(&ptr),
-                            relu,
-                            gelu,
-                            residual: residual.is_some(),
-                            alpha: 1.0f32.to_bits(),
-                        };
-                        let res_ptr = residual.map_or(0, &ptr);
-                        let idx = mm_index(
-                            &mut m,
-                            &mut mm_cache,
-                            key,
-                            dtype,
-                            plan.precision,
-                            scratch,
-                            ws_cap,
-                            &events,
-                            ptr(*w),
-                            ptr(*x),
-                            res_ptr,
-                            ptr(*y),
-                        )
-                        .map_err(err)?;
-                        m.launches.push(Launch::Matmul {
-                            mm: idx,
-                            a: ptr(*w),
-                            b: ptr(*x),
-                            c: res_ptr,
-                            y: ptr(*y),
-                        });
-                        if act.is_some() && !relu && !gelu {
-                            m.launches.push(pointwise_launch(
-                                func("pointwise"),
-                                ptr(*y),
-                                ptr(*y),
-                                None,
-                                None,
-                                None,
-                                mm * n,
-                                1,
-                                1,
-                                *act,
-                            ));
-                        }
-                    }
-                    StepKind::MatMul {
-                        a,
-                        b,
-                        y,
-                        batch,
-                        m: mm,
-                        n,
-                        k,
-                        a_batch_stride,
-                        b_batch_stride,
-                        b_trans,
-                        alpha,
-                        lda,
-                        ldb,
-                        ldy,
-                        y_batch_stride,
-                    } => {
-                        let key = MmKey {
-                            m: *mm,
-                            n: *n,
-                            k: *k,
-                            batch: *batch,
-                            sa: *a_batch_stride,
-                            sb: *b_batch_stride,
-                            lda: *lda,
-                            ldb: *ldb,
-                            ldy: *ldy,
-                            sy: *y_batch_stride,
-                            b_trans: *b_trans,
-                            linear: false,
-                            bias: None,
-                            relu: false,
-                            gelu: false,
-                            residual: false,
-                            alpha: alpha.to_bits(),
-                        };
-                        let idx = mm_index(
-                            &mut m,
-                            &mut mm_cache,
-                            key,
-                            dtype,
-                            plan.precision,
-                            scratch,
-                            ws_cap,
-                            &events,
-                            ptr(*b),
-                            ptr(*a),
-                            0,
-                            ptr(*y),
-                        )
-                        .map_err(err)?;
-                        m.launches.push(Launch::Matmul {
-                            mm: idx,
-                            a: ptr(*b),
-                            b: ptr(*a),
-                            c: 0,
-                            y: ptr(*y),
-                        });
-                    }
-                    StepKind::Pointwise {
-                        x,
-                        y,
-                        scale,
-                        bias,
-                        residual,
-                        n,
-                        channels,
-                        inner,
-                        act,
-                    } => m.launches.push(pointwise_launch(
-                        func("pointwise"),
-                        ptr(*x),
-                        ptr(*y),
-                        scale.map(&ptr),
-                        bias.map(&ptr),
-                        residual.map(&ptr),
-                        *n,
-                        *channels,
-                        *inner,
-                        *act,
-                    )),
-                    StepKind::Binary { a, b, y, op, space } => {
-                        let n = space.numel();
-                        m.launches.push(Launch::Kernel {
-                            func: func("binary"),
-                            grid: elementwise_grid(n),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(ptr(*a)),
-                                Arg::Ptr(ptr(*b)),
-                                Arg::Ptr(ptr(*y)),
-                                Arg::I64(n as i64),
-                                Arg::I32(binary_code(*op)),
-                                Arg::Space(Box::new(Space::from(space))),
-                            ],
-                        });
-                    }
-                    StepKind::Copy { x, y, space } => {
-                        // The output staging is f32 and so is its source when dtype is f32.
-                        // Contiguous innermost runs move in 16-, 8- or 4-byte words.
-                        let (xp, yp) = (ptr(*x), ptr(*y));
-                        let (name, sp) = [("copy_w16", 16), ("copy_w8", 8), ("copy_w4", 4)]
-                            .iter()
-                            .find_map(|&(k, w)| {
-                                widen_copy(space, es, w, [xp, yp]).map(|sp| (k, sp))
-                            })
-                            .unwrap_or(("copy_strided", space.clone()));
-                        let n = sp.numel();
-                        m.launches.push(Launch::Kernel {
-                            func: func(name),
-                            grid: elementwise_grid(n),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(xp),
-                                Arg::Ptr(yp),
-                                Arg::I64(n as i64),
-                                Arg::Space(Box::new(Space::from(&sp))),
-                            ],
-                        });
-                    }
-                    StepKind::Attention {
-                        q,
-                        k,
-                        v,
-                        y,
-                        batch,
-                        heads,
-                        seq,
-                        dim,
-                        alpha,
-                        out_scale,
-                        q_strides,
-                        k_strides,
-                        v_strides,
-                        y_strides,
-                    } => {
-                        if *dim != kernels::ATTN_HEAD_DIM || dtype == DType::F32 {
-                            return Err(err(EngineError::Runtime(format!(
-                                "fused attention needs head dim {} and f16/bf16 (got {dim}, {})",
-                                kernels::ATTN_HEAD_DIM,
-                                dtype.name()
-                            ))));
-                        }
-                        let qtiles = seq.div_ceil(kernels::ATTN_ROWS);
-                        let bh = |s: &[usize; 3]| [s[0] as i64, s[1] as i64];
-                        let (qs, ks, vs, ys) =
-                            (bh(q_strides), bh(k_strides), bh(v_strides), bh(y_strides));
-                        m.launches.push(Launch::Kernel {
-                            func: func("attention"),
-                            grid: (qtiles * heads * batch) as u32,
-                            block: kernels::ATTN_THREADS,
-                            args: vec![
-                                Arg::Ptr(ptr(*q)),
-                                Arg::Ptr(ptr(*k)),
-                                Arg::Ptr(ptr(*v)),
-                                Arg::Ptr(ptr(*y)),
-                                Arg::Attn(Box::new(AttnP {
-                                    v: [*seq as i32, *heads as i32, qtiles as i32, 0],
-                                    scale_log2: alpha * std::f32::consts::LOG2_E,
-                                    oscale: *out_scale,
-                                    bh: [qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], ys[0], ys[1]],
-                                    rows: [
-                                        q_strides[2] as i32,
-                                        k_strides[2] as i32,
-                                        v_strides[2] as i32,
-                                        y_strides[2] as i32,
-                                    ],
-                                })),
-                            ],
-                        });
-                    }
-                    StepKind::LayerNorm {
-                        x,
-                        scale,
-                        bias,
-                        y,
-                        rows,
-                        cols,
-                        eps,
-                    } => m.launches.push(
-                        // Rows of ≤ 1024: one warp per row in registers; longer: a block per row.
-                        match WARP_ROW_PER_LANE
-                            .iter()
-                            .find(|&&nr| *cols <= 32 * nr && warp_rows(*rows))
-                        {
-                            Some(nr) => Launch::Kernel {
-                                func: func(&format!("layernorm_warp{nr}")),
-                                grid: rows.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
-                                block: 32 * WARP_ROWS_PER_BLOCK as u32,
-                                args: vec![
-                                    Arg::Ptr(ptr(*x)),
-                                    Arg::Ptr(ptr(*y)),
-                                    Arg::Ptr(ptr(*scale)),
-                                    Arg::Ptr(bias.map_or(0, &ptr)),
-                                    Arg::I32(*rows as i32),
-                                    Arg::I32(*cols as i32),
-                                    Arg::F32(*eps),
-                                ],
-                            },
-                            None => Launch::Kernel {
-                                func: func("layernorm"),
-                                grid: *rows as u32,
-                                block: reduce_block(*cols),
-                                args: vec![
-                                    Arg::Ptr(ptr(*x)),
-                                    Arg::Ptr(ptr(*y)),
-                                    Arg::Ptr(ptr(*scale)),
-                                    Arg::Ptr(bias.map_or(0, &ptr)),
-                                    Arg::I64(*cols as i64),
-                                    Arg::F32(*eps),
-                                ],
-                            },
-                        },
-                    ),
-                    StepKind::Softmax {
-                        x,
-                        y,
-                        outer,
-                        len,
-                        inner,
-                    } => m.launches.push(
-                        match WARP_ROW_PER_LANE
-                            .iter()
-                            .find(|&&nr| *len <= 32 * nr && warp_rows(*outer))
-                        {
-                            Some(nr) if *inner == 1 => Launch::Kernel {
-                                func: func(&format!("softmax_warp{nr}")),
-                                grid: outer.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
-                                block: 32 * WARP_ROWS_PER_BLOCK as u32,
-                                args: vec![
-                                    Arg::Ptr(ptr(*x)),
-                                    Arg::Ptr(ptr(*y)),
-                                    Arg::I32(*outer as i32),
-                                    Arg::I32(*len as i32),
-                                ],
-                            },
-                            _ => Launch::Kernel {
-                                func: func("softmax"),
-                                grid: (outer * inner) as u32,
-                                block: reduce_block(*len),
-                                args: vec![
-                                    Arg::Ptr(ptr(*x)),
-                                    Arg::Ptr(ptr(*y)),
-                                    Arg::I64(*len as i64),
-                                    Arg::I64(*inner as i64),
-                                ],
-                            },
-                        },
-                    ),
-                    StepKind::Pool {
-                        x,
-                        y,
-                        max,
-                        x_shape,
-                        out_hw,
-                        kernel,
-                        strides,
-                        pads,
-                        dilations,
-                        count_include_pad,
-                        nhwc,
-                    } => {
-                        let v = [
-                            x_shape[0],
-                            x_shape[1],
-                            x_shape[2],
-                            x_shape[3],
-                            out_hw[0],
-                            out_hw[1],
-                            kernel[0],
-                            kernel[1],
-                            strides[0],
-                            strides[1],
-                            pads[0],
-                            pads[1],
-                            dilations[0],
-                            dilations[1],
-                            *max as usize,
-                            *count_include_pad as usize,
-                        ];
-                        let mut vi = [0i32; 16];
-                        for (d, s) in vi.iter_mut().zip(v) {
-                            *d = s as i32;
-                        }
-                        let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
-                        m.launches.push(Launch::Kernel {
-                            func: func("pool2d"),
-                            grid: elementwise_grid(n),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(ptr(*x)),
-                                Arg::Ptr(ptr(*y)),
-                                Arg::Pool(Box::new(PoolP {
-                                    v: vi,
-                                    xs: strides4(x_shape, *nhwc),
-                                    ys: strides4(
-                                        &[x_shape[0], x_shape[1], out_hw[0], out_hw[1]],
-                                        *nhwc,
-                                    ),
-                                })),
-                            ],
-                        });
-                    }
-                    StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
-                        func: func("chan_mean"),
-                        grid: elementwise_grid(n * c),
-                        block: BLOCK,
-                        args: vec![
-                            Arg::Ptr(ptr(*x)),
-                            Arg::Ptr(ptr(*y)),
-                            Arg::I64(*n as i64),
-                            Arg::I64(*c as i64),
-                            Arg::I64(*hw as i64),
-                        ],
-                    }),
-                    StepKind::RowMean { x, y, rows, hw } => m.launches.push(Launch::Kernel {
-                        func: func("row_mean"),
-                        grid: (rows * 32).div_ceil(BLOCK as usize) as u32,
-                        block: BLOCK,
-                        args: vec![
-                            Arg::Ptr(ptr(*x)),
-                            Arg::Ptr(ptr(*y)),
-                            Arg::I64(*rows as i64),
-                            Arg::I64(*hw as i64),
-                        ],
-                    }),
-                    StepKind::Resize {
-                        x,
-                        y,
-                        x_shape,
-                        out_hw,
-                        linear,
-                        coord,
-                        nearest,
-                        scales,
-                        nhwc,
-                    } => {
-                        let [n, c, h, w] = x_shape.map(|d| d as i32);
-                        let [oh, ow] = out_hw.map(|d| d as i32);
-                        let total = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
-                        m.launches.push(Launch::Kernel {
-                            func: func("resize2d"),
-                            grid: elementwise_grid(total),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(ptr(*x)),
-                                Arg::Ptr(ptr(*y)),
-                                Arg::Resize(Box::new(ResizeP {
-                                    v: [n, c, h, w, oh, ow, *linear as i32, *coord, *nearest, 0],
-                                    scales: *scales,
-                                    xs: strides4(x_shape, *nhwc),
-                                    ys: strides4(
-                                        &[x_shape[0], x_shape[1], out_hw[0], out_hw[1]],
-                                        *nhwc,
-                                    ),
-                                })),
-                            ],
-                        });
-                    }
-                    StepKind::AdaptivePool {
-                        x,
-                        y,
-                        x_shape,
-                        out_hw,
-                    } => {
-                        let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
-                        m.launches.push(Launch::Kernel {
-                            func: func("adaptive_pool"),
-                            grid: elementwise_grid(n),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(ptr(*x)),
-                                Arg::Ptr(ptr(*y)),
-                                Arg::I32((x_shape[0] * x_shape[1]) as i32),
-                                Arg::I32(x_shape[2] as i32),
-                                Arg::I32(x_shape[3] as i32),
-                                Arg::I32(out_hw[0] as i32),
-                                Arg::I32(out_hw[1] as i32),
-                            ],
-                        });
-                    }
-                }
+                record_step(&mut m, &rec, &mut caches, step)?;
             }
             while m.names.len() < m.launches.len() {
                 m.names.push(prev.clone());
@@ -2429,4 +1747,806 @@ impl CompiledModel for CudaModel {
     fn arena_bytes(&self) -> usize {
         self.mem.arena_bytes
     }
+}
+
+/// Records the launches of one step (choosing among timed candidates where there are several).
+fn record_step(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    step: &Step,
+) -> Result<()> {
+    let err = |e: EngineError| match e {
+        EngineError::Runtime(s) => EngineError::Runtime(format!("node `{}`: {s}", step.name)),
+        other => other,
+    };
+    let ptr = |l: Loc| rec.ptr(l);
+    let func = |name: &str| rec.func(name);
+    let warp_rows = |rows: usize| rec.warp_rows(rows);
+    let es = rec.es;
+    match &step.kind {
+        StepKind::CastIn { x, y, n } => m.launches.push(Launch::Kernel {
+            func: func("cast_in"),
+            grid: elementwise_grid(*n),
+            block: BLOCK,
+            args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
+        }),
+        StepKind::CastOut { x, y, n } => m.launches.push(Launch::Kernel {
+            func: func("cast_out"),
+            grid: elementwise_grid(*n),
+            block: BLOCK,
+            args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
+        }),
+        StepKind::Conv(c) => record_conv(m, rec, caches, &err, c)?,
+        StepKind::DwConv(c) => record_dw_conv(m, rec, c)?,
+        StepKind::Linear(l) => record_linear(m, rec, caches, &err, l)?,
+        StepKind::MatMul(mm_step) => record_matmul(m, rec, caches, &err, mm_step)?,
+        StepKind::Pointwise {
+            x,
+            y,
+            scale,
+            bias,
+            residual,
+            n,
+            channels,
+            inner,
+            act,
+        } => m.launches.push(pointwise_launch(
+            func("pointwise"),
+            ptr(*x),
+            ptr(*y),
+            scale.map(&ptr),
+            bias.map(&ptr),
+            residual.map(&ptr),
+            *n,
+            *channels,
+            *inner,
+            *act,
+        )),
+        StepKind::Binary { a, b, y, op, space } => {
+            let n = space.numel();
+            m.launches.push(Launch::Kernel {
+                func: func("binary"),
+                grid: elementwise_grid(n),
+                block: BLOCK,
+                args: vec![
+                    Arg::Ptr(ptr(*a)),
+                    Arg::Ptr(ptr(*b)),
+                    Arg::Ptr(ptr(*y)),
+                    Arg::I64(n as i64),
+                    Arg::I32(binary_code(*op)),
+                    Arg::Space(Box::new(Space::from(space))),
+                ],
+            });
+        }
+        StepKind::Copy { x, y, space } => {
+            // The output staging is f32 and so is its source when dtype is f32.
+            // Contiguous innermost runs move in 16-, 8- or 4-byte words.
+            let (xp, yp) = (ptr(*x), ptr(*y));
+            let (name, sp) = [("copy_w16", 16), ("copy_w8", 8), ("copy_w4", 4)]
+                .iter()
+                .find_map(|&(k, w)| widen_copy(space, es, w, [xp, yp]).map(|sp| (k, sp)))
+                .unwrap_or(("copy_strided", space.clone()));
+            let n = sp.numel();
+            m.launches.push(Launch::Kernel {
+                func: func(name),
+                grid: elementwise_grid(n),
+                block: BLOCK,
+                args: vec![
+                    Arg::Ptr(xp),
+                    Arg::Ptr(yp),
+                    Arg::I64(n as i64),
+                    Arg::Space(Box::new(Space::from(&sp))),
+                ],
+            });
+        }
+        StepKind::Attention(at) => record_attention(m, rec, &err, at)?,
+        StepKind::LayerNorm {
+            x,
+            scale,
+            bias,
+            y,
+            rows,
+            cols,
+            eps,
+        } => m.launches.push(
+            // Rows of ≤ 1024: one warp per row in registers; longer: a block per row.
+            match WARP_ROW_PER_LANE
+                .iter()
+                .find(|&&nr| *cols <= 32 * nr && warp_rows(*rows))
+            {
+                Some(nr) => Launch::Kernel {
+                    func: func(&format!("layernorm_warp{nr}")),
+                    grid: rows.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
+                    block: 32 * WARP_ROWS_PER_BLOCK as u32,
+                    args: vec![
+                        Arg::Ptr(ptr(*x)),
+                        Arg::Ptr(ptr(*y)),
+                        Arg::Ptr(ptr(*scale)),
+                        Arg::Ptr(bias.map_or(0, &ptr)),
+                        Arg::I32(*rows as i32),
+                        Arg::I32(*cols as i32),
+                        Arg::F32(*eps),
+                    ],
+                },
+                None => Launch::Kernel {
+                    func: func("layernorm"),
+                    grid: *rows as u32,
+                    block: reduce_block(*cols),
+                    args: vec![
+                        Arg::Ptr(ptr(*x)),
+                        Arg::Ptr(ptr(*y)),
+                        Arg::Ptr(ptr(*scale)),
+                        Arg::Ptr(bias.map_or(0, &ptr)),
+                        Arg::I64(*cols as i64),
+                        Arg::F32(*eps),
+                    ],
+                },
+            },
+        ),
+        StepKind::Softmax {
+            x,
+            y,
+            outer,
+            len,
+            inner,
+        } => m.launches.push(
+            match WARP_ROW_PER_LANE
+                .iter()
+                .find(|&&nr| *len <= 32 * nr && warp_rows(*outer))
+            {
+                Some(nr) if *inner == 1 => Launch::Kernel {
+                    func: func(&format!("softmax_warp{nr}")),
+                    grid: outer.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
+                    block: 32 * WARP_ROWS_PER_BLOCK as u32,
+                    args: vec![
+                        Arg::Ptr(ptr(*x)),
+                        Arg::Ptr(ptr(*y)),
+                        Arg::I32(*outer as i32),
+                        Arg::I32(*len as i32),
+                    ],
+                },
+                _ => Launch::Kernel {
+                    func: func("softmax"),
+                    grid: (outer * inner) as u32,
+                    block: reduce_block(*len),
+                    args: vec![
+                        Arg::Ptr(ptr(*x)),
+                        Arg::Ptr(ptr(*y)),
+                        Arg::I64(*len as i64),
+                        Arg::I64(*inner as i64),
+                    ],
+                },
+            },
+        ),
+        StepKind::Pool {
+            x,
+            y,
+            max,
+            x_shape,
+            out_hw,
+            kernel,
+            strides,
+            pads,
+            dilations,
+            count_include_pad,
+            nhwc,
+        } => {
+            let v = [
+                x_shape[0],
+                x_shape[1],
+                x_shape[2],
+                x_shape[3],
+                out_hw[0],
+                out_hw[1],
+                kernel[0],
+                kernel[1],
+                strides[0],
+                strides[1],
+                pads[0],
+                pads[1],
+                dilations[0],
+                dilations[1],
+                *max as usize,
+                *count_include_pad as usize,
+            ];
+            let mut vi = [0i32; 16];
+            for (d, s) in vi.iter_mut().zip(v) {
+                *d = s as i32;
+            }
+            let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+            m.launches.push(Launch::Kernel {
+                func: func("pool2d"),
+                grid: elementwise_grid(n),
+                block: BLOCK,
+                args: vec![
+                    Arg::Ptr(ptr(*x)),
+                    Arg::Ptr(ptr(*y)),
+                    Arg::Pool(Box::new(PoolP {
+                        v: vi,
+                        xs: strides4(x_shape, *nhwc),
+                        ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
+                    })),
+                ],
+            });
+        }
+        StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
+            func: func("chan_mean"),
+            grid: elementwise_grid(n * c),
+            block: BLOCK,
+            args: vec![
+                Arg::Ptr(ptr(*x)),
+                Arg::Ptr(ptr(*y)),
+                Arg::I64(*n as i64),
+                Arg::I64(*c as i64),
+                Arg::I64(*hw as i64),
+            ],
+        }),
+        StepKind::RowMean { x, y, rows, hw } => m.launches.push(Launch::Kernel {
+            func: func("row_mean"),
+            grid: (rows * 32).div_ceil(BLOCK as usize) as u32,
+            block: BLOCK,
+            args: vec![
+                Arg::Ptr(ptr(*x)),
+                Arg::Ptr(ptr(*y)),
+                Arg::I64(*rows as i64),
+                Arg::I64(*hw as i64),
+            ],
+        }),
+        StepKind::Resize {
+            x,
+            y,
+            x_shape,
+            out_hw,
+            linear,
+            coord,
+            nearest,
+            scales,
+            nhwc,
+        } => {
+            let [n, c, h, w] = x_shape.map(|d| d as i32);
+            let [oh, ow] = out_hw.map(|d| d as i32);
+            let total = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+            m.launches.push(Launch::Kernel {
+                func: func("resize2d"),
+                grid: elementwise_grid(total),
+                block: BLOCK,
+                args: vec![
+                    Arg::Ptr(ptr(*x)),
+                    Arg::Ptr(ptr(*y)),
+                    Arg::Resize(Box::new(ResizeP {
+                        v: [n, c, h, w, oh, ow, *linear as i32, *coord, *nearest, 0],
+                        scales: *scales,
+                        xs: strides4(x_shape, *nhwc),
+                        ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
+                    })),
+                ],
+            });
+        }
+        StepKind::AdaptivePool {
+            x,
+            y,
+            x_shape,
+            out_hw,
+        } => {
+            let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+            m.launches.push(Launch::Kernel {
+                func: func("adaptive_pool"),
+                grid: elementwise_grid(n),
+                block: BLOCK,
+                args: vec![
+                    Arg::Ptr(ptr(*x)),
+                    Arg::Ptr(ptr(*y)),
+                    Arg::I32((x_shape[0] * x_shape[1]) as i32),
+                    Arg::I32(x_shape[2] as i32),
+                    Arg::I32(x_shape[3] as i32),
+                    Arg::I32(out_hw[0] as i32),
+                    Arg::I32(out_hw[1] as i32),
+                ],
+            });
+        }
+    }
+    Ok(())
+}
+
+fn record_conv(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    err: &dyn Fn(EngineError) -> EngineError,
+    c: &ConvStep,
+) -> Result<()> {
+    let ptr = |l: Loc| rec.ptr(l);
+    let func = |name: &str| rec.func(name);
+    let plan = rec.plan;
+    let dtype = rec.dtype;
+    let scratch = rec.scratch;
+    let ws_cap = rec.ws_cap;
+    let events = &rec.events;
+    let conv_cache = &mut caches.conv;
+    let mm_cache = &mut caches.mm;
+    // Two ways, each timed on the real buffers; the faster one is kept:
+    // cuDNN (its best algorithm) + our epilogue kernel, or (NHWC, one group)
+    // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
+    let force = std::env::var("ISOLANE_CUDA_CONV").unwrap_or_default();
+    let n_out: usize = c.y_shape.iter().product();
+    let epilogue = |with_bias: bool, with_res: bool| {
+        pointwise_launch(
+            func("pointwise"),
+            ptr(c.y),
+            ptr(c.y),
+            None,
+            if with_bias { c.bias.map(&ptr) } else { None },
+            if with_res { c.residual.map(&ptr) } else { None },
+            n_out,
+            c.y_shape[1],
+            if c.nhwc {
+                1
+            } else {
+                c.y_shape[2] * c.y_shape[3]
+            },
+            c.act,
+        )
+    };
+    let mut dnn_path: Option<(Vec<Launch>, f32)> = None;
+    if force != "gemm" || !c.gemm_capable() {
+        let key = ConvKey::of(c);
+        let found = match conv_cache.iter().find(|(k, _)| *k == key) {
+            Some((_, i)) => Ok(*i),
+            None => conv_desc(m, c, dtype, plan.precision, &ptr, scratch, ws_cap).map(|d| {
+                m.convs.push(d);
+                conv_cache.push((key, m.convs.len() - 1));
+                m.convs.len() - 1
+            }),
+        };
+        match found {
+            Ok(idx) => {
+                let mut l = vec![Launch::Conv {
+                    conv: idx,
+                    x: ptr(c.x),
+                    w: ptr(c.w),
+                    y: ptr(c.y),
+                }];
+                if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
+                    l.push(epilogue(true, true));
+                }
+                dnn_path = Some((l, f32::INFINITY));
+            }
+            Err(e) if !c.gemm_capable() => return Err(err(e)),
+            Err(_) => {}
+        }
+    }
+    let mut gemm_path: Option<(Vec<Launch>, f32)> = None;
+    if c.gemm_capable() && force != "cudnn" {
+        let [n, ch, h, w] = c.x_shape;
+        let [_, _, oh, ow] = c.y_shape;
+        let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
+        let mut l = Vec::new();
+        let b_ptr = match c.col {
+            Some(col) => {
+                let v = [
+                    n,
+                    h,
+                    w,
+                    ch,
+                    oh,
+                    ow,
+                    kh,
+                    kw,
+                    c.strides[0],
+                    c.strides[1],
+                    c.pads[0],
+                    c.pads[1],
+                    c.dilations[0],
+                    c.dilations[1],
+                ];
+                let mut vi = [0i32; 14];
+                for (d, s) in vi.iter_mut().zip(v) {
+                    *d = s as i32;
+                }
+                l.push(Launch::Kernel {
+                    func: func("im2col"),
+                    grid: elementwise_grid(n * oh * ow * kh * kw * ch),
+                    block: BLOCK,
+                    args: vec![
+                        Arg::Ptr(ptr(c.x)),
+                        Arg::Ptr(ptr(col)),
+                        Arg::Im(Box::new(ImP { v: vi })),
+                    ],
+                });
+                ptr(col)
+            }
+            None => ptr(c.x),
+        };
+        let relu = matches!(c.act, Some(Unary::Relu));
+        let key = MmKey {
+            m: n * oh * ow,
+            n: c.w_shape[0],
+            k: kh * kw * ch,
+            batch: 1,
+            sa: 0,
+            sb: 0,
+            lda: kh * kw * ch,
+            ldb: kh * kw * ch,
+            ldy: c.w_shape[0],
+            sy: n * oh * ow * c.w_shape[0],
+            b_trans: true,
+            linear: true,
+            bias: c.bias.map(&ptr),
+            relu,
+            gelu: false,
+            residual: c.residual.is_some(),
+            alpha: 1.0f32.to_bits(),
+        };
+        let res_ptr = c.residual.map_or(0, &ptr);
+        match mm_index(
+            m,
+            mm_cache,
+            key,
+            dtype,
+            plan.precision,
+            scratch,
+            ws_cap,
+            events,
+            ptr(c.w),
+            b_ptr,
+            res_ptr,
+            ptr(c.y),
+        ) {
+            Ok(idx) => {
+                l.push(Launch::Matmul {
+                    mm: idx,
+                    a: ptr(c.w),
+                    b: b_ptr,
+                    c: res_ptr,
+                    y: ptr(c.y),
+                });
+                if c.act.is_some() && !relu {
+                    l.push(epilogue(false, false));
+                }
+                gemm_path = Some((l, f32::INFINITY));
+            }
+            Err(e) if dnn_path.is_none() => return Err(err(e)),
+            Err(_) => {}
+        }
+    }
+    // Time each candidate path (best of 3) as it will run.
+    m.workspace = scratch;
+    for path in [&mut dnn_path, &mut gemm_path].into_iter().flatten() {
+        let launches = &path.0;
+        for _ in 0..3 {
+            let t = events
+                .time(m.stream, &mut || m.issue_list(launches, true))
+                .map_err(err)?;
+            path.1 = path.1.min(t);
+        }
+    }
+    m.workspace = 0;
+    let chosen = match (dnn_path, gemm_path) {
+        (Some(d), Some(g)) => {
+            if g.1 <= d.1 {
+                g.0
+            } else {
+                d.0
+            }
+        }
+        (Some(d), None) => d.0,
+        (None, Some(g)) => g.0,
+        (None, None) => return Err(err(EngineError::Runtime("no convolution path".into()))),
+    };
+    m.launches.extend(chosen);
+    Ok(())
+}
+
+fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()> {
+    let ptr = |l: Loc| rec.ptr(l);
+    let func = |name: &str| rec.func(name);
+    let es = rec.es;
+    let (a, p0, p1) = act_code(c.act);
+    let v = [
+        c.x_shape[0],
+        c.x_shape[1],
+        c.x_shape[2],
+        c.x_shape[3],
+        c.y_shape[1],
+        c.y_shape[2],
+        c.y_shape[3],
+        c.w_shape[2],
+        c.w_shape[3],
+        c.strides[0],
+        c.strides[1],
+        c.pads[0],
+        c.pads[1],
+        c.dilations[0],
+        c.dilations[1],
+        0,
+    ];
+    let mut vi = [0i32; 16];
+    for (d, s) in vi.iter_mut().zip(v) {
+        *d = s as i32;
+    }
+    vi[15] = a;
+    let n: usize = c.y_shape.iter().product();
+    // The register-window kernels: NHWC, horizontal stride and dilation 1.
+    let fast = c.nhwc && c.strides[1] == 1 && c.dilations[1] == 1;
+    // Channel pairs, 8 outputs per thread: also one filter per channel, M
+    // even and every operand 2-element aligned.
+    // ISOLANE_CUDA_DW=window keeps the 4-output kernels (for comparisons).
+    let pair_ok = fast
+        && std::env::var("ISOLANE_CUDA_DW").map_or(true, |v| v != "window")
+        && c.y_shape[1] == c.x_shape[1]
+        && c.y_shape[1].is_multiple_of(2)
+        && [Some(c.x), Some(c.w), c.bias, c.residual, Some(c.y)]
+            .iter()
+            .flatten()
+            .all(|l| ptr(*l).is_multiple_of(2 * es as u64));
+    let pairs = n.div_ceil(c.y_shape[3]) / 2 * c.y_shape[3].div_ceil(kernels::DWC2_OUT);
+    // With few threads (batch 1) the 4-output kernel fills the GPU better
+    // (measured: convnext_base fp16 batch 1 1.04 ms with it, 1.21 with the
+    // pair kernel; batch 64 13.1 ms vs 10.2 ms).
+    let pair_ok = pair_ok && pairs >= DWC2_MIN_THREADS;
+    // (7×7 only: the 3×3 pair kernel, MobileNetV2's, was not measured.)
+    let (kernel, threads) = match (fast, c.w_shape[3]) {
+        (true, 7) if pair_ok => ("dwconv_c2_k7", pairs),
+        (true, 3) => (
+            "dwconv_s1_k3",
+            n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
+        ),
+        (true, 7) => (
+            "dwconv_s1_k7",
+            n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
+        ),
+        _ => ("dwconv", n),
+    };
+    m.launches.push(Launch::Kernel {
+        func: func(kernel),
+        grid: elementwise_grid(threads),
+        block: BLOCK,
+        args: vec![
+            Arg::Ptr(ptr(c.x)),
+            Arg::Ptr(ptr(c.w)),
+            Arg::Ptr(c.bias.map_or(0, &ptr)),
+            Arg::Ptr(c.residual.map_or(0, &ptr)),
+            Arg::Ptr(ptr(c.y)),
+            Arg::Dw(Box::new(DwP {
+                v: vi,
+                p0,
+                p1,
+                whwc: c.nhwc as i32,
+                pad: 0,
+                xs: strides4(&c.x_shape, c.nhwc),
+                ys: strides4(&c.y_shape, c.nhwc),
+            })),
+        ],
+    });
+    Ok(())
+}
+
+fn record_linear(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    err: &dyn Fn(EngineError) -> EngineError,
+    l: &LinearStep,
+) -> Result<()> {
+    let LinearStep {
+        x,
+        w,
+        bias,
+        y,
+        m: mm,
+        n,
+        k,
+        act,
+        residual,
+    } = l;
+    let ptr = |l: Loc| rec.ptr(l);
+    let func = |name: &str| rec.func(name);
+    let plan = rec.plan;
+    let dtype = rec.dtype;
+    let scratch = rec.scratch;
+    let ws_cap = rec.ws_cap;
+    let events = &rec.events;
+    let mm_cache = &mut caches.mm;
+    let relu = matches!(act, Some(Unary::Relu));
+    // tf32/fp16/bf16: cuBLASLt's GELU epilogue (tanh form; it differs from
+    // the exact erf GELU by < 1e-3, below those precisions' rounding here;
+    // fp32 keeps the exact GELU kernel).
+    let gelu = matches!(act, Some(Unary::Gelu) | Some(Unary::GeluTanh))
+        && plan.precision != Precision::Fp32
+        && bias.is_some()
+        && std::env::var_os("ISOLANE_CUDA_EXACT_GELU").is_none();
+    let key = MmKey {
+        m: *mm,
+        n: *n,
+        k: *k,
+        batch: 1,
+        sa: 0,
+        sb: 0,
+        lda: *k,
+        ldb: *k,
+        ldy: *n,
+        sy: *mm * *n,
+        b_trans: true,
+        linear: true,
+        bias: bias.map(&ptr),
+        relu,
+        gelu,
+        residual: residual.is_some(),
+        alpha: 1.0f32.to_bits(),
+    };
+    let res_ptr = residual.map_or(0, &ptr);
+    let idx = mm_index(
+        m,
+        mm_cache,
+        key,
+        dtype,
+        plan.precision,
+        scratch,
+        ws_cap,
+        events,
+        ptr(*w),
+        ptr(*x),
+        res_ptr,
+        ptr(*y),
+    )
+    .map_err(err)?;
+    m.launches.push(Launch::Matmul {
+        mm: idx,
+        a: ptr(*w),
+        b: ptr(*x),
+        c: res_ptr,
+        y: ptr(*y),
+    });
+    if act.is_some() && !relu && !gelu {
+        m.launches.push(pointwise_launch(
+            func("pointwise"),
+            ptr(*y),
+            ptr(*y),
+            None,
+            None,
+            None,
+            mm * n,
+            1,
+            1,
+            *act,
+        ));
+    }
+    Ok(())
+}
+
+fn record_matmul(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    err: &dyn Fn(EngineError) -> EngineError,
+    mm_step: &MatMulStep,
+) -> Result<()> {
+    let MatMulStep {
+        a,
+        b,
+        y,
+        batch,
+        m: mm,
+        n,
+        k,
+        a_batch_stride,
+        b_batch_stride,
+        b_trans,
+        alpha,
+        lda,
+        ldb,
+        ldy,
+        y_batch_stride,
+    } = mm_step;
+    let ptr = |l: Loc| rec.ptr(l);
+    let plan = rec.plan;
+    let dtype = rec.dtype;
+    let scratch = rec.scratch;
+    let ws_cap = rec.ws_cap;
+    let events = &rec.events;
+    let mm_cache = &mut caches.mm;
+    let key = MmKey {
+        m: *mm,
+        n: *n,
+        k: *k,
+        batch: *batch,
+        sa: *a_batch_stride,
+        sb: *b_batch_stride,
+        lda: *lda,
+        ldb: *ldb,
+        ldy: *ldy,
+        sy: *y_batch_stride,
+        b_trans: *b_trans,
+        linear: false,
+        bias: None,
+        relu: false,
+        gelu: false,
+        residual: false,
+        alpha: alpha.to_bits(),
+    };
+    let idx = mm_index(
+        m,
+        mm_cache,
+        key,
+        dtype,
+        plan.precision,
+        scratch,
+        ws_cap,
+        events,
+        ptr(*b),
+        ptr(*a),
+        0,
+        ptr(*y),
+    )
+    .map_err(err)?;
+    m.launches.push(Launch::Matmul {
+        mm: idx,
+        a: ptr(*b),
+        b: ptr(*a),
+        c: 0,
+        y: ptr(*y),
+    });
+    Ok(())
+}
+
+fn record_attention(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    err: &dyn Fn(EngineError) -> EngineError,
+    at: &AttentionStep,
+) -> Result<()> {
+    let AttentionStep {
+        q,
+        k,
+        v,
+        y,
+        batch,
+        heads,
+        seq,
+        dim,
+        alpha,
+        out_scale,
+        q_strides,
+        k_strides,
+        v_strides,
+        y_strides,
+    } = at;
+    let ptr = |l: Loc| rec.ptr(l);
+    let func = |name: &str| rec.func(name);
+    let dtype = rec.dtype;
+    if *dim != kernels::ATTN_HEAD_DIM || dtype == DType::F32 {
+        return Err(err(EngineError::Runtime(format!(
+            "fused attention needs head dim {} and f16/bf16 (got {dim}, {})",
+            kernels::ATTN_HEAD_DIM,
+            dtype.name()
+        ))));
+    }
+    let qtiles = seq.div_ceil(kernels::ATTN_ROWS);
+    let bh = |s: &[usize; 3]| [s[0] as i64, s[1] as i64];
+    let (qs, ks, vs, ys) = (bh(q_strides), bh(k_strides), bh(v_strides), bh(y_strides));
+    m.launches.push(Launch::Kernel {
+        func: func("attention"),
+        grid: (qtiles * heads * batch) as u32,
+        block: kernels::ATTN_THREADS,
+        args: vec![
+            Arg::Ptr(ptr(*q)),
+            Arg::Ptr(ptr(*k)),
+            Arg::Ptr(ptr(*v)),
+            Arg::Ptr(ptr(*y)),
+            Arg::Attn(Box::new(AttnP {
+                v: [*seq as i32, *heads as i32, qtiles as i32, 0],
+                scale_log2: alpha * std::f32::consts::LOG2_E,
+                oscale: *out_scale,
+                bh: [qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], ys[0], ys[1]],
+                rows: [
+                    q_strides[2] as i32,
+                    k_strides[2] as i32,
+                    v_strides[2] as i32,
+                    y_strides[2] as i32,
+                ],
+            })),
+        ],
+    });
+    Ok(())
 }

@@ -284,59 +284,14 @@ pub enum StepKind {
     /// with bias, residual and activation fused.
     DwConv(ConvStep),
     /// `y[M,N] = x[M,K] · w[N,K]ᵀ + b`, then `act` (cuBLASLt, bias fused as an epilogue).
-    Linear {
-        x: Loc,
-        w: Loc,
-        bias: Option<Loc>,
-        y: Loc,
-        m: usize,
-        n: usize,
-        k: usize,
-        act: Option<Unary>,
-        /// Added before the epilogue (a residual add fused as cuBLASLt's C with beta = 1).
-        residual: Option<Loc>,
-    },
+    Linear(LinearStep),
     /// Batched `y[b] = a[b] · op(bm[b])` (row-major) through cuBLASLt; `b_trans` = bm holds
     /// `[.., N, K]` (a transpose folded into the matmul).
-    MatMul {
-        a: Loc,
-        b: Loc,
-        y: Loc,
-        batch: usize,
-        m: usize,
-        n: usize,
-        k: usize,
-        a_batch_stride: usize,
-        b_batch_stride: usize,
-        b_trans: bool,
-        /// Scales the product (a multiplication by a constant scalar folded in).
-        alpha: f32,
-        /// Row strides (leading dimensions) of a, b and y, and y's batch stride: operands may
-        /// be strided views (attention heads read in place from the QKV projection).
-        lda: usize,
-        ldb: usize,
-        ldy: usize,
-        y_batch_stride: usize,
-    },
+    MatMul(MatMulStep),
     /// Fused self-attention `y = softmax(alpha · q·kᵀ) · v · out_scale` for each (image, head),
     /// head dim `dim`: q, k and v read in place and y written through (image, head, row)
     /// strides (the last dim contiguous), so the QKV split and the head merge cost nothing.
-    Attention {
-        q: Loc,
-        k: Loc,
-        v: Loc,
-        y: Loc,
-        batch: usize,
-        heads: usize,
-        seq: usize,
-        dim: usize,
-        alpha: f32,
-        out_scale: f32,
-        q_strides: [usize; 3],
-        k_strides: [usize; 3],
-        v_strides: [usize; 3],
-        y_strides: [usize; 3],
-    },
+    Attention(AttentionStep),
     /// `y = act(x · scale[c] + bias[c] + res)` elementwise, `c = (i / inner) % channels`.
     Pointwise {
         x: Loc,
@@ -1337,7 +1292,7 @@ impl Planner<'_> {
         p.linear_of[outs[0]] = Some((p.steps.len(), p.t));
         p.push(
             name,
-            StepKind::Linear {
+            StepKind::Linear(LinearStep {
                 x,
                 w,
                 bias,
@@ -1347,7 +1302,7 @@ impl Planner<'_> {
                 k: in_shapes[1][1],
                 act: *activation,
                 residual: None,
-            },
+            }),
         );
         Ok(Lowered::Steps)
     }
@@ -1435,7 +1390,7 @@ impl Planner<'_> {
         debug_assert_eq!(yst[r - 1], 1);
         p.push(
             name,
-            StepKind::Attention {
+            StepKind::Attention(AttentionStep {
                 q: ql,
                 k: kl,
                 v: vl,
@@ -1450,7 +1405,7 @@ impl Planner<'_> {
                 k_strides: kst,
                 v_strides: vst,
                 y_strides: ys,
-            },
+            }),
         );
         Ok(Lowered::Steps)
     }
@@ -1543,7 +1498,7 @@ impl Planner<'_> {
         p.vstrides[o] = y_strides;
         p.push(
             name,
-            StepKind::MatMul {
+            StepKind::MatMul(MatMulStep {
                 a: al,
                 b: bl,
                 y,
@@ -1560,7 +1515,7 @@ impl Planner<'_> {
                 ldb,
                 ldy,
                 y_batch_stride: sy,
-            },
+            }),
         );
         Ok(Lowered::Steps)
     }
@@ -1761,14 +1716,14 @@ impl Planner<'_> {
                 if users[lv] != 1 || p.nhwc[rv] || !older {
                     continue;
                 }
-                if let StepKind::Linear {
+                if let StepKind::Linear(LinearStep {
                     act: None,
                     residual: None,
                     ..
-                } = p.steps[si].kind
+                }) = p.steps[si].kind
                 {
                     let r = p.raw(rv, name)?;
-                    if let StepKind::Linear { residual, .. } = &mut p.steps[si].kind {
+                    if let StepKind::Linear(LinearStep { residual, .. }) = &mut p.steps[si].kind {
                         *residual = Some(r);
                     }
                     p.loc[outs[0]] = p.loc[lv];
@@ -2508,4 +2463,61 @@ pub fn mat_view(shape: &[usize], strides: &[usize]) -> Option<MatView> {
 /// `broadcast_shapes` re-exported for the GPU side's checks.
 pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     broadcast_shapes(a, b)
+}
+
+/// The fields of [`StepKind::Linear`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearStep {
+    pub x: Loc,
+    pub w: Loc,
+    pub bias: Option<Loc>,
+    pub y: Loc,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub act: Option<Unary>,
+    /// Added before the epilogue (a residual add fused as cuBLASLt's C with beta = 1).
+    pub residual: Option<Loc>,
+}
+
+/// The fields of [`StepKind::MatMul`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatMulStep {
+    pub a: Loc,
+    pub b: Loc,
+    pub y: Loc,
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_batch_stride: usize,
+    pub b_batch_stride: usize,
+    pub b_trans: bool,
+    /// Scales the product (a multiplication by a constant scalar folded in).
+    pub alpha: f32,
+    /// Row strides (leading dimensions) of a, b and y, and y's batch stride: operands may
+    /// be strided views (attention heads read in place from the QKV projection).
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldy: usize,
+    pub y_batch_stride: usize,
+}
+
+/// The fields of [`StepKind::Attention`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionStep {
+    pub q: Loc,
+    pub k: Loc,
+    pub v: Loc,
+    pub y: Loc,
+    pub batch: usize,
+    pub heads: usize,
+    pub seq: usize,
+    pub dim: usize,
+    pub alpha: f32,
+    pub out_scale: f32,
+    pub q_strides: [usize; 3],
+    pub k_strides: [usize; 3],
+    pub v_strides: [usize; 3],
+    pub y_strides: [usize; 3],
 }

@@ -9,7 +9,8 @@ mod common;
 use common::{random, rel_l2};
 use isolane_cuda::check::StepRunner;
 use isolane_cuda::plan::{
-    self, act_code, binary_code, phys_strides, Loc, Plan, PlanOptions, Step, StepKind, Strided,
+    self, act_code, binary_code, phys_strides, AttentionStep, LinearStep, Loc, MatMulStep, Plan,
+    PlanOptions, Step, StepKind, Strided,
 };
 use isolane_engine::ir::{
     Binary, CoordMode, Dim, Graph, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Tensor,
@@ -253,7 +254,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 m.set(c.y, i, v);
             }
         }
-        StepKind::Linear {
+        StepKind::Linear(LinearStep {
             x,
             w,
             bias,
@@ -263,7 +264,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             k,
             act: a,
             residual,
-        } => {
+        }) => {
             let mut out = vec![0f32; rows * n];
             for r in 0..*rows {
                 for j in 0..*n {
@@ -284,7 +285,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 m.set(*y, i, v);
             }
         }
-        StepKind::MatMul {
+        StepKind::MatMul(MatMulStep {
             a,
             b,
             y,
@@ -300,7 +301,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             ldb,
             ldy,
             y_batch_stride,
-        } => {
+        }) => {
             let mut out = Vec::new();
             for bt in 0..*batch {
                 for r in 0..*rows {
@@ -413,7 +414,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 }
             }
         }
-        StepKind::Attention {
+        StepKind::Attention(AttentionStep {
             q,
             k,
             v,
@@ -428,7 +429,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             k_strides,
             v_strides,
             y_strides,
-        } => {
+        }) => {
             let at =
                 |st: &[usize; 3], b: usize, h: usize, r: usize| b * st[0] + h * st[1] + r * st[2];
             for b in 0..*batch {
@@ -604,7 +605,7 @@ fn check_with(g: &Graph, batch: usize, opts: PlanOptions, tol: f64) {
         assert!(
             p.steps
                 .iter()
-                .any(|s| matches!(s.kind, StepKind::Attention { .. })),
+                .any(|s| matches!(s.kind, StepKind::Attention(AttentionStep { .. }))),
             "no fused attention planned"
         );
     }
