@@ -12,6 +12,7 @@ use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
 use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
+use crate::options::BuildOptions;
 use crate::plan::{
     act_code, binary_code, AttentionStep, ConvStep, DType, LinearStep, Loc, MatMulStep, Plan, Step,
     StepKind, Strided, MAX_RANK,
@@ -285,6 +286,7 @@ pub struct MemoryReport {
 pub(crate) struct Target {
     pub ctx: cu::CUcontext,
     pub stream: cu::CUstream,
+    pub build: BuildOptions,
     /// Keeps a backend-owned stream alive as long as the model.
     pub keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -571,8 +573,7 @@ struct Recorder<'a> {
     scratch: u64,
     ws_cap: usize,
     events: Events,
-    /// Block-per-row LayerNorm and softmax kernels only (`ISOLANE_CUDA_ROWS=block`).
-    block_rows: bool,
+    options: BuildOptions,
 }
 
 impl Recorder<'_> {
@@ -601,7 +602,7 @@ impl Recorder<'_> {
     /// kernels were faster (measured: vit_b_16 fp16 batch 1, 0.77 ms with the warp kernels
     /// for its 197-row LayerNorms and 2364-row softmaxes, 0.65 ms without).
     fn warp_rows(&self, rows: usize) -> bool {
-        !self.block_rows && rows >= WARP_ROWS_MIN
+        !self.options.block_rows && rows >= WARP_ROWS_MIN
     }
 }
 
@@ -727,21 +728,11 @@ impl CudaModel {
             lt_check("cublasLtCreate", lt::cublasLtCreate(&mut m.cublaslt))?;
         }
 
-        // The workspace may take at most half the arena: total memory stays within
-        // weights + 1.5 × arena. Algorithms that need more are not considered.
-        // ISOLANE_CUDA_WORKSPACE_MB raises the cap (for measuring what the bound costs).
-        let ws_cap = std::env::var("ISOLANE_CUDA_WORKSPACE_MB")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(plan.arena_bytes / 2, |mb| {
-                (mb << 20).max(plan.arena_bytes / 2)
-            });
+        // Algorithms that need more workspace than the cap are not considered.
+        let ws_cap = target.build.workspace_cap(plan.arena_bytes);
         let scratch = dev_alloc(ws_cap)?;
         let events = Events::new()?;
 
-        // ISOLANE_CUDA_ROWS=block: the block-per-row LayerNorm and softmax kernels only (for
-        // comparisons).
-        let block_rows = std::env::var("ISOLANE_CUDA_ROWS").is_ok_and(|v| v == "block");
         let rec = Recorder {
             plan: &plan,
             const_offs: &const_offs,
@@ -753,7 +744,7 @@ impl CudaModel {
             scratch,
             ws_cap,
             events,
-            block_rows,
+            options: target.build,
         };
         let mut caches = LibraryCaches::default();
 
@@ -2068,7 +2059,7 @@ fn record_conv(
     // Two ways, each timed on the real buffers; the faster one is kept:
     // cuDNN (its best algorithm) + our epilogue kernel, or (NHWC, one group)
     // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
-    let force = std::env::var("ISOLANE_CUDA_CONV").unwrap_or_default();
+    let paths = rec.options.conv_paths;
     let n_out: usize = c.y_shape.iter().product();
     let epilogue = |with_bias: bool, with_res: bool| {
         pointwise_launch(
@@ -2089,7 +2080,7 @@ fn record_conv(
         )
     };
     let mut dnn_path: Option<(Vec<Launch>, f32)> = None;
-    if force != "gemm" || !c.gemm_capable() {
+    if paths.tries_cudnn() || !c.gemm_capable() {
         let key = ConvKey::of(c);
         let found = match conv_cache.iter().find(|(k, _)| *k == key) {
             Some((_, i)) => Ok(*i),
@@ -2117,7 +2108,7 @@ fn record_conv(
         }
     }
     let mut gemm_path: Option<(Vec<Launch>, f32)> = None;
-    if c.gemm_capable() && force != "cudnn" {
+    if c.gemm_capable() && paths.tries_gemm() {
         let [n, ch, h, w] = c.x_shape;
         let [_, _, oh, ow] = c.y_shape;
         let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
@@ -2271,9 +2262,9 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
     let fast = c.nhwc && c.strides[1] == 1 && c.dilations[1] == 1;
     // Channel pairs, 8 outputs per thread: also one filter per channel, M
     // even and every operand 2-element aligned.
-    // ISOLANE_CUDA_DW=window keeps the 4-output kernels (for comparisons).
+    // `BuildOptions::depthwise_pairs` off (ISOLANE_CUDA_DW=window) keeps the 4-output kernels.
     let pair_ok = fast
-        && std::env::var("ISOLANE_CUDA_DW").map_or(true, |v| v != "window")
+        && rec.options.depthwise_pairs
         && c.y_shape[1] == c.x_shape[1]
         && c.y_shape[1].is_multiple_of(2)
         && [Some(c.x), Some(c.w), c.bias, c.residual, Some(c.y)]
@@ -2355,7 +2346,7 @@ fn record_linear(
     let gelu = matches!(act, Some(Unary::Gelu) | Some(Unary::GeluTanh))
         && plan.precision != Precision::Fp32
         && bias.is_some()
-        && std::env::var_os("ISOLANE_CUDA_EXACT_GELU").is_none();
+        && !rec.options.exact_gelu;
     let key = MmKey {
         m: *mm,
         n: *n,
