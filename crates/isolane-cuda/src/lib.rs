@@ -14,6 +14,7 @@
 
 pub mod check;
 pub mod convert;
+pub mod error;
 pub mod kernels;
 pub mod libs;
 mod model;
@@ -100,7 +101,7 @@ impl CudaBackend {
         model::make_current(ctx)?;
         let mut stream: cu::CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the primary context is current.
-        model::cu_check("cuStreamCreate", unsafe {
+        error::cu_check("cuStreamCreate", unsafe {
             cu::cuStreamCreate(
                 &mut stream,
                 cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,

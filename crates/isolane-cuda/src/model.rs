@@ -1,7 +1,7 @@
 //! The GPU side: device buffers, cuDNN / cuBLASLt descriptors, the NVRTC module, the captured
 //! CUDA graph, and [`CudaModel`], the [`CompiledModel`] that replays it.
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_void, CString};
 use std::time::Instant;
 
 use cudarc::cublaslt::sys as lt;
@@ -11,6 +11,7 @@ use cudarc::nvrtc::sys as rtc;
 use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
+use crate::error::{cu_check, dnn_check, lt_check, rtc_check};
 use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
 use crate::options::BuildOptions;
 use crate::plan::{
@@ -20,39 +21,6 @@ use crate::plan::{
 
 // ---------------------------------------------------------------------------------------------
 // Error plumbing: every library call is checked and named.
-
-pub(crate) fn cu_check(call: &str, r: cu::CUresult) -> Result<()> {
-    if r == cu::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(EngineError::Runtime(format!("{call}: {r:?}")))
-    }
-}
-
-fn dnn_check(call: &str, r: dnn::cudnnStatus_t) -> Result<()> {
-    if r == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-        return Ok(());
-    }
-    // SAFETY: cudnnGetErrorString returns a static NUL-terminated string for any status.
-    let msg = unsafe { CStr::from_ptr(dnn::cudnnGetErrorString(r)) }.to_string_lossy();
-    Err(EngineError::Runtime(format!("{call}: {r:?} ({msg})")))
-}
-
-fn lt_check(call: &str, r: lt::cublasStatus_t) -> Result<()> {
-    if r == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        Ok(())
-    } else {
-        Err(EngineError::Runtime(format!("{call}: {r:?}")))
-    }
-}
-
-fn rtc_check(call: &str, r: rtc::nvrtcResult) -> Result<()> {
-    if r == rtc::nvrtcResult::NVRTC_SUCCESS {
-        Ok(())
-    } else {
-        Err(EngineError::Runtime(format!("{call}: {r:?}")))
-    }
-}
 
 /// Makes `ctx` current on this thread if it is not already (cheap: no allocation).
 pub(crate) fn make_current(ctx: cu::CUcontext) -> Result<()> {
@@ -850,7 +818,9 @@ impl CudaModel {
             let r = cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
             if r != cu::CUresult::CUDA_SUCCESS {
                 cu::cuGraphDestroy(graph);
-                return cu_check("cuGraphInstantiate", r).map(|_| (graph, exec));
+                return cu_check("cuGraphInstantiate", r)
+                    .map(|_| (graph, exec))
+                    .map_err(EngineError::from);
             }
             cu_check("cuGraphUpload", cu::cuGraphUpload(exec, self.stream))?;
             cu_check("cuStreamSynchronize", cu::cuStreamSynchronize(self.stream))?;
@@ -869,7 +839,9 @@ impl CudaModel {
             let stream = self.stream;
             let ms = ev.time(stream, &mut || {
                 // SAFETY: exec and stream are live.
-                cu_check("cuGraphLaunch", unsafe { cu::cuGraphLaunch(exec, stream) })
+                Ok(cu_check("cuGraphLaunch", unsafe {
+                    cu::cuGraphLaunch(exec, stream)
+                })?)
             })?;
             t.push(ms as f64);
         }
@@ -1057,6 +1029,7 @@ impl CudaModel {
         cu_check("cuGraphLaunch", unsafe {
             cu::cuGraphLaunch(self.exec, self.stream)
         })
+        .map_err(EngineError::from)
     }
 
     /// True when the last launched job has finished (never blocks).
@@ -1066,7 +1039,9 @@ impl CudaModel {
         match r {
             cu::CUresult::CUDA_SUCCESS => Ok(true),
             cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            e => cu_check("cuStreamQuery", e).map(|_| false),
+            e => cu_check("cuStreamQuery", e)
+                .map(|_| false)
+                .map_err(EngineError::from),
         }
     }
 
@@ -1076,6 +1051,7 @@ impl CudaModel {
         cu_check("cuStreamSynchronize", unsafe {
             cu::cuStreamSynchronize(self.stream)
         })
+        .map_err(EngineError::from)
     }
 
     /// The stream this model runs on.
@@ -1321,6 +1297,7 @@ fn set_attr<T>(
             std::mem::size_of::<T>(),
         )
     })
+    .map_err(EngineError::from)
 }
 
 fn layout(
@@ -1588,6 +1565,7 @@ fn run_matmul(
             stream as lt::cudaStream_t,
         )
     })
+    .map_err(EngineError::from)
 }
 
 impl Drop for CudaModel {
