@@ -234,6 +234,63 @@ struct MatmulDesc {
     beta: f32,
 }
 
+impl Drop for ConvDesc {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by `conv_desc` for this value alone (null where
+        // creation had not happened yet) and is destroyed once, here. Descriptors are host
+        // objects, independent of the cuDNN handle.
+        unsafe {
+            if !self.x.is_null() {
+                dnn::cudnnDestroyTensorDescriptor(self.x);
+            }
+            if !self.y.is_null() {
+                dnn::cudnnDestroyTensorDescriptor(self.y);
+            }
+            if !self.w.is_null() {
+                dnn::cudnnDestroyFilterDescriptor(self.w);
+            }
+            if !self.conv.is_null() {
+                dnn::cudnnDestroyConvolutionDescriptor(self.conv);
+            }
+        }
+    }
+}
+
+impl Drop for MatmulDesc {
+    fn drop(&mut self) {
+        // SAFETY: the layouts and the matmul descriptor were created by `mm_index` for this
+        // value alone and are destroyed once, here; they are host objects, independent of the
+        // cuBLASLt handle.
+        unsafe {
+            lt::cublasLtMatrixLayoutDestroy(self.a);
+            lt::cublasLtMatrixLayoutDestroy(self.b);
+            lt::cublasLtMatrixLayoutDestroy(self.d);
+            lt::cublasLtMatmulDescDestroy(self.desc);
+        }
+    }
+}
+
+/// A device allocation, freed when dropped (with its context current, as while building).
+struct DeviceBuffer {
+    ptr: u64,
+}
+
+impl DeviceBuffer {
+    fn new(bytes: usize) -> Result<DeviceBuffer> {
+        Ok(DeviceBuffer {
+            ptr: dev_alloc(bytes)?,
+        })
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc in `new`, freed once, here; nothing reads it after
+        // its owner drops it.
+        unsafe { cu::cuMemFree_v2(self.ptr) };
+    }
+}
+
 /// Device memory of one loaded model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryReport {
@@ -698,7 +755,7 @@ impl CudaModel {
 
         // Algorithms that need more workspace than the cap are not considered.
         let ws_cap = target.build.workspace_cap(plan.arena_bytes);
-        let scratch = dev_alloc(ws_cap)?;
+        let scratch = DeviceBuffer::new(ws_cap)?;
         let events = Events::new()?;
 
         let rec = Recorder {
@@ -709,7 +766,7 @@ impl CudaModel {
             dtype,
             es,
             half_names,
-            scratch,
+            scratch: scratch.ptr,
             ws_cap,
             events,
             options: target.build,
@@ -742,8 +799,8 @@ impl CudaModel {
         // The search may have stopped with an error while timing on the scratch buffer: the
         // model must not free it a second time when it is dropped.
         m.workspace = 0;
-        // SAFETY: scratch was allocated above and is no longer used (algorithm search is over).
-        unsafe { cu::cuMemFree_v2(scratch) };
+        // The algorithm search is over: nothing uses the scratch any more.
+        drop(scratch);
         plan_result?;
         m.step_start.push(m.launches.len());
         for (i, io) in plan.outputs.iter().enumerate() {
@@ -1160,8 +1217,7 @@ fn conv_desc(
     };
     // SAFETY: out-pointers are valid; the buffers passed to the algorithm search are the
     // step's own (planned together with these shapes) and the scratch holds ws_cap bytes. The
-    // descriptors are destroyed in CudaModel's Drop once the caller keeps them; if a call here
-    // fails they leak, which only a failed compile does.
+    // descriptors destroy themselves when `d` is dropped (here on an error, else with the model).
     unsafe {
         dnn_check(
             "cudnnCreateTensorDescriptor",
@@ -1589,18 +1645,7 @@ impl Drop for CudaModel {
             if !self.compute_graph.is_null() {
                 cu::cuGraphDestroy(self.compute_graph);
             }
-            for c in &self.convs {
-                dnn::cudnnDestroyTensorDescriptor(c.x);
-                dnn::cudnnDestroyTensorDescriptor(c.y);
-                dnn::cudnnDestroyFilterDescriptor(c.w);
-                dnn::cudnnDestroyConvolutionDescriptor(c.conv);
-            }
-            for d in &self.mms {
-                lt::cublasLtMatrixLayoutDestroy(d.a);
-                lt::cublasLtMatrixLayoutDestroy(d.b);
-                lt::cublasLtMatrixLayoutDestroy(d.d);
-                lt::cublasLtMatmulDescDestroy(d.desc);
-            }
+            // The cuDNN and cuBLASLt descriptors in `convs` and `mms` destroy themselves.
             if !self.cudnn.is_null() {
                 dnn::cudnnDestroy(self.cudnn);
             }
