@@ -359,7 +359,7 @@ pub struct CudaModel {
     storage_offsets: Vec<usize>,
     const_offsets: Vec<usize>,
     dtype: DType,
-    plan_ms: f64,
+    build_ms: f64,
     /// The plan check's result, when it ran.
     check: Option<crate::check::CheckReport>,
     _keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
@@ -679,7 +679,7 @@ impl CudaModel {
             storage_offsets: plan.storages.iter().map(|st| st.offset).collect(),
             const_offsets: plan.const_layout().0,
             dtype,
-            plan_ms: 0.0,
+            build_ms: 0.0,
             check: None,
             _keep: target.keep.clone(),
         };
@@ -781,7 +781,7 @@ impl CudaModel {
                 bytes: m.host_in[i].1 * 4,
             });
         }
-        let plan_result: Result<()> = (|| {
+        let recorded: Result<()> = (|| {
             let mut prev = String::from("input copy");
             for step in &plan.steps {
                 while m.names.len() < m.launches.len() {
@@ -801,7 +801,7 @@ impl CudaModel {
         m.workspace = 0;
         // The algorithm search is over: nothing uses the scratch any more.
         drop(scratch);
-        plan_result?;
+        recorded?;
         m.step_start.push(m.launches.len());
         for (i, io) in plan.outputs.iter().enumerate() {
             m.names.push("output copy".into());
@@ -848,7 +848,7 @@ impl CudaModel {
         m.compute_graph = g;
         m.compute_exec = e;
         m.mem.device_delta_bytes = free_before.saturating_sub(free_mem()?);
-        m.plan_ms = t0.elapsed().as_secs_f64() * 1e3;
+        m.build_ms = t0.elapsed().as_secs_f64() * 1e3;
         Ok(m)
     }
 
@@ -1059,9 +1059,10 @@ impl CudaModel {
         self.mem
     }
 
-    /// Milliseconds spent compiling (planning, algorithm search, capture).
-    pub fn plan_ms(&self) -> f64 {
-        self.plan_ms
+    /// Milliseconds spent building the model from its plan (weights upload, kernel loading,
+    /// algorithm search, capture).
+    pub fn build_ms(&self) -> f64 {
+        self.build_ms
     }
 
     /// Planned steps, CUDA graph launches per job (always 1).

@@ -20,7 +20,7 @@ pub fn eval_node(node: &Node, ins: &[&Tensor], batch: usize) -> Result<Vec<Tenso
         }]);
     }
     let os: Vec<&[usize]> = out_shapes.iter().map(|s| s.as_slice()).collect();
-    let kernel = Kernel::plan(node, &in_shapes, &os)?;
+    let kernel = Kernel::prepare(node, &in_shapes, &os)?;
     let mut outs: Vec<Tensor> = out_shapes
         .iter()
         .map(|s| Tensor::zeros(s.clone()))
@@ -43,7 +43,7 @@ pub fn eval_node(node: &Node, ins: &[&Tensor], batch: usize) -> Result<Vec<Tenso
 }
 
 /// Runs a graph node by node, unoptimised, allocating as it goes: a slow reference used to
-/// check the passes and the planned backend.
+/// check the passes and the compiled backends.
 pub fn interpret(g: &Graph, batch: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     let shapes = g.infer_shapes(batch)?;
     if inputs.len() != g.inputs.len() {

@@ -1,9 +1,9 @@
 //! The CPU backend (f32): the reference and correctness oracle, and the "CPU accelerator".
 //!
-//! Compiling runs the graph passes, infers shapes for the batch, plans one kernel per node,
+//! Compiling runs the graph passes, infers shapes for the batch, prepares one kernel per node,
 //! aliases view ops (reshape, flatten, squeeze...) onto their input's storage, and packs every
 //! activation into one arena by liveness (values alive at the same time get disjoint ranges).
-//! Running walks the planned steps on a driver job parked in the model's own rayon pool; for
+//! Running walks the compiled steps on a driver job parked in the model's own rayon pool; for
 //! convolutional models nothing is allocated on that path (see `Driver`, `packed` and
 //! `tests/no_alloc.rs`).
 
@@ -44,7 +44,7 @@ impl CpuBackend {
             )));
         }
         let g = passes::optimize(graph, batch)?;
-        CpuModel::plan(&g, batch, self.threads)
+        CpuModel::compile(&g, batch, self.threads)
     }
 }
 
@@ -72,7 +72,7 @@ struct Step {
 /// Where a value lives.
 #[derive(Clone, Copy, Debug)]
 enum Loc {
-    /// Storage index (into the arena plan).
+    /// Storage index (into the arena's storages).
     Storage(usize),
     /// Constant index.
     Const(usize),
@@ -109,7 +109,7 @@ pub struct CpuModel {
 unsafe impl Send for CpuModel {}
 
 impl CpuModel {
-    fn plan(g: &Graph, batch: usize, threads: usize) -> Result<CpuModel> {
+    fn compile(g: &Graph, batch: usize, threads: usize) -> Result<CpuModel> {
         let shapes = g.infer_shapes(batch)?;
         let nv = g.values.len();
         let mut loc: Vec<Option<Loc>> = vec![None; nv];
@@ -163,7 +163,7 @@ impl CpuModel {
             }
             let ins: Vec<&[usize]> = n.inputs.iter().map(|&i| shapes[i].as_slice()).collect();
             let outs: Vec<&[usize]> = n.outputs.iter().map(|&o| shapes[o].as_slice()).collect();
-            let mut k = Kernel::plan(n, &ins, &outs)?;
+            let mut k = Kernel::prepare(n, &ins, &outs)?;
             if let (Kernel::Conv(_) | Kernel::Linear { .. }, Some(&w)) = (&k, n.inputs.get(1)) {
                 if let Some(Loc::Const(ci)) = loc[w] {
                     k.prepack(&consts[ci].data);
@@ -173,7 +173,7 @@ impl CpuModel {
         }
         // Outputs need their own storage, alive to the end, not shared with an input or with
         // another output; otherwise add a final copy.
-        let mut output_plan: Vec<(Loc, Option<usize>)> = Vec::new();
+        let mut output_copies: Vec<(Loc, Option<usize>)> = Vec::new();
         let mut claimed: Vec<usize> = input_storages.iter().map(|(s, _)| *s).collect();
         for &o in &g.outputs {
             let src =
@@ -182,7 +182,7 @@ impl CpuModel {
                 Loc::Storage(s) if !claimed.contains(&s) => {
                     storages[s].last = end;
                     claimed.push(s);
-                    output_plan.push((src, None));
+                    output_copies.push((src, None));
                 }
                 _ => {
                     if let Loc::Storage(s) = src {
@@ -192,7 +192,7 @@ impl CpuModel {
                     let s = new_storage(&mut storages, len, end);
                     storages[s].last = end + 1;
                     claimed.push(s);
-                    output_plan.push((src, Some(s)));
+                    output_copies.push((src, Some(s)));
                 }
             }
         }
@@ -249,7 +249,7 @@ impl CpuModel {
             });
         }
         let mut outputs = Vec::new();
-        for (&o, (src, copy)) in g.outputs.iter().zip(&output_plan) {
+        for (&o, (src, copy)) in g.outputs.iter().zip(&output_copies) {
             let len: usize = shapes[o].iter().product();
             let dst = match copy {
                 Some(s) => {

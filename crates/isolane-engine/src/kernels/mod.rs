@@ -1,4 +1,4 @@
-//! The op kernels (f32, on the CPU). Each [`Kernel`] is planned once from a node and its
+//! The op kernels (f32, on the CPU). Each [`Kernel`] is prepared once from a node and its
 //! concrete shapes (all index arithmetic that depends only on shapes is done here), then
 //! executed many times on raw buffers handed over through [`Io`].
 //!
@@ -9,7 +9,7 @@
 //! - `math`: scalar activations and index helpers shared by both.
 //!
 //! The reference evaluator (`crate::reference`) runs these kernels one node at a time; the CPU
-//! backend (`crate::cpu`) runs them planned into an arena.
+//! backend (`crate::cpu`) runs them prepared, on buffers in one arena.
 
 mod implicit;
 pub(crate) mod math;
@@ -40,7 +40,7 @@ pub(crate) struct RawBuf {
 }
 
 // SAFETY: a RawBuf is a plain (pointer, length) pair into memory owned by a compiled model or
-// by the caller of `eval_node`; the planner guarantees that concurrently running code never
+// by the caller of `eval_node`; the CPU backend's compile guarantees that concurrently running code never
 // writes a buffer another thread reads (kernels hand out disjoint chunks through rayon).
 unsafe impl Send for RawBuf {}
 // SAFETY: as above; sharing the descriptor does not itself access the memory.
@@ -72,13 +72,13 @@ pub(crate) struct Io<'a> {
 impl Io<'_> {
     fn inp(&self, i: usize) -> &[f32] {
         let b = self.ins[i];
-        // SAFETY: the planner gives every input a buffer that lives (and is not written) while
+        // SAFETY: compiling gives every input a buffer that lives (and is not written) while
         // this kernel runs; `len` is the exact element count of that value.
         unsafe { std::slice::from_raw_parts(b.ptr, b.len) }
     }
     /// # Safety
     /// Each output must be taken at most once per kernel invocation; outputs never overlap
-    /// inputs or each other (the planner assigns disjoint arena ranges to values alive at the
+    /// inputs or each other (the memory planner, `crate::arena`, assigns disjoint arena ranges to values alive at the
     /// same time, and a node's inputs and outputs are all alive while it runs).
     #[allow(clippy::mut_from_ref)]
     unsafe fn out(&self, i: usize) -> &mut [f32] {
@@ -238,10 +238,10 @@ pub(crate) struct ConvK {
     pub method: ConvMethod,
     /// Output columns per task in the tiled path (im2col block sized to stay in L2).
     tile: usize,
-    /// The weights packed for [`PackedA::gemm`] when they are a constant (done by the
-    /// planner); otherwise the `gemm` crate multiplies them as they are.
+    /// The weights packed for [`PackedA::gemm`] when they are a constant (done at
+    /// compile time); otherwise the `gemm` crate multiplies them as they are.
     packed: Option<Arc<PackedA>>,
-    /// An implicit-GEMM plan (no im2col matrix), used with `packed` where it pays.
+    /// An implicit-GEMM layout (no im2col matrix), used with `packed` where it pays.
     implicit: Option<Arc<Implicit>>,
 }
 
@@ -306,7 +306,7 @@ pub(crate) struct ResizeK {
     xs: Vec<(usize, usize, f32)>,
 }
 
-/// A planned kernel.
+/// A kernel prepared for one node's concrete shapes.
 #[derive(Clone, Debug)]
 pub(crate) enum Kernel {
     Conv(ConvK),
@@ -316,7 +316,7 @@ pub(crate) enum Kernel {
         n: usize,
         act: Option<Unary>,
         has_bias: bool,
-        /// The constant weight, transposed and padded for the GEMM (done by the planner).
+        /// The constant weight, transposed and padded for the GEMM (done at compile time).
         wt: Option<Arc<PackedB>>,
     },
     MatMul(MatMulK),
@@ -385,7 +385,7 @@ fn unsupported(n: &Node, msg: impl Into<String>) -> EngineError {
 
 impl Kernel {
     /// Plans a kernel for `node` given concrete input and output shapes.
-    pub fn plan(node: &Node, ins: &[&[usize]], outs: &[&[usize]]) -> Result<Kernel> {
+    pub fn prepare(node: &Node, ins: &[&[usize]], outs: &[&[usize]]) -> Result<Kernel> {
         let x = ins[0];
         let o = outs[0];
         Ok(match &node.op {
@@ -422,7 +422,7 @@ impl Kernel {
                     method,
                     packed: None,
                     implicit: if method == ConvMethod::Im2col {
-                        Implicit::plan(
+                        Implicit::prepare(
                             x,
                             w[0],
                             o,
