@@ -1588,26 +1588,22 @@ impl Planner<'_> {
         Ok(Lowered::Steps)
     }
 
-    /// Lowers `Op::Binary(op)`.
-    fn lower_binary(&mut self, c: &NodeCtx, pat: &Patterns, op: &Binary) -> Result<Lowered> {
+    /// Scale folding: `x · c` with `c` a scalar constant, consumed only by a MatMul, becomes
+    /// that matmul's alpha (the output aliases `x`). Returns whether it folded.
+    fn fold_scalar_into_matmul_alpha(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
         let p = self;
-        let n = c.n;
         let name = c.name;
-        let in_shapes = &c.in_shapes;
         let outs = &c.outs;
+        let in_shapes = &c.in_shapes;
         let out_shape = &c.out_shape;
-        let x0 = c.x0;
         let g = p.g;
-        let users = &pat.users;
-        let sole_user = &pat.sole_user;
-        let (va, vb) = (x0, n.inputs[1]);
+        let (va, vb) = (c.x0, c.n.inputs[1]);
         let scalar_const = |v: usize| match &g.values[v].kind {
             ValueKind::Constant(t) if t.numel() == 1 => Some(t.data[0]),
             _ => None,
         };
-        let sole = |v: usize| sole_user[v].map(|u| &g.nodes[u]);
-        // x · c with c a scalar constant, consumed only by a MatMul: the matmul's alpha.
-        if *op == Binary::Mul && matches!(sole(outs[0]).map(|u| &u.op), Some(Op::MatMul)) {
+        let sole = |v: usize| pat.sole_user[v].map(|u| &g.nodes[u]);
+        if matches!(sole(outs[0]).map(|u| &u.op), Some(Op::MatMul)) {
             let pair = match (scalar_const(va), scalar_const(vb)) {
                 (None, Some(c)) if in_shapes[0] == *out_shape => Some((va, c)),
                 (Some(c), None) if in_shapes[1] == *out_shape => Some((vb, c)),
@@ -1626,12 +1622,23 @@ impl Planner<'_> {
                     p.vstrides[xv].clone()
                 };
                 p.alpha_of[outs[0]] = p.alpha_of[xv] * c;
-                return Ok(Lowered::Folded);
+                return Ok(true);
             }
         }
-        // x · s[c] (a per-channel constant) consumed only by `+ r`: one pointwise pass
-        // x · s[c] + r, emitted at the Add.
-        if *op == Binary::Mul && out_shape.len() == 4 {
+        Ok(false)
+    }
+
+    /// Scale folding: `x · s[c]` (a per-channel constant) consumed only by `+ r` is deferred to
+    /// the add, which emits one pointwise pass `x · s[c] + r`. Returns whether it deferred.
+    fn defer_channel_scale_to_add(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
+        let p = self;
+        let name = c.name;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let g = p.g;
+        let (va, vb) = (c.x0, c.n.inputs[1]);
+        let sole = |v: usize| pat.sole_user[v].map(|u| &g.nodes[u]);
+        if out_shape.len() == 4 {
             let chan = |cv: usize, xv: usize| -> bool {
                 matches!(g.values[cv].kind, ValueKind::Constant(_))
                     && p.shapes[xv] == *out_shape
@@ -1661,10 +1668,107 @@ impl Planner<'_> {
                     let sl = p.raw(cv, name)?;
                     p.pending_scale[outs[0]] = Some((xl, sl, out_shape[1]));
                     p.nhwc[outs[0]] = p.nhwc[xv];
-                    return Ok(Lowered::Folded);
+                    return Ok(true);
                 }
             }
         }
+        Ok(false)
+    }
+
+    /// The add a per-channel scale was deferred to: one pointwise pass `x · s[c] + r`.
+    /// Returns whether it emitted it.
+    fn add_deferred_channel_scale(&mut self, c: &NodeCtx) -> Result<bool> {
+        let p = self;
+        let name = c.name;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let (va, vb) = (c.x0, c.n.inputs[1]);
+        for (sv, rv) in [(va, vb), (vb, va)] {
+            if let Some((xl, sl, ch)) = p.pending_scale[sv] {
+                let r = p.raw(rv, name)?;
+                // Keep x alive up to here (it was read at the Mul's time).
+                p.touch(xl);
+                let nhwc = p.nhwc[sv];
+                let y = p.output(outs[0], nhwc);
+                let inner = if nhwc { 1 } else { out_shape[2] * out_shape[3] };
+                p.push(
+                    name,
+                    StepKind::Pointwise {
+                        x: xl,
+                        y,
+                        scale: Some(sl),
+                        bias: None,
+                        residual: Some(r),
+                        n: out_shape.iter().product(),
+                        channels: ch,
+                        inner,
+                        act: None,
+                    },
+                );
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// `Linear(x) + r` with `r` older than the Linear: `r` becomes cuBLASLt's C (beta = 1)
+    /// and the sum is the Linear's output. Returns whether it fused.
+    fn fuse_add_into_linear(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
+        let p = self;
+        let name = c.name;
+        let outs = &c.outs;
+        let g = p.g;
+        let users = &pat.users;
+        let (va, vb) = (c.x0, c.n.inputs[1]);
+        for (lv, rv) in [(va, vb), (vb, va)] {
+            let Some((si, lt)) = p.linear_of[lv] else {
+                continue;
+            };
+            // r must hold its value before the Linear runs.
+            let older = match (&g.values[rv].kind, p.loc[rv]) {
+                (ValueKind::Constant(_), _) => true,
+                (_, Some(Loc::Storage { id, .. })) => p.storages[id].first < lt,
+                _ => false,
+            };
+            if users[lv] != 1 || p.nhwc[rv] || !older {
+                continue;
+            }
+            if let StepKind::Linear(LinearStep {
+                act: None,
+                residual: None,
+                ..
+            }) = p.steps[si].kind
+            {
+                let r = p.raw(rv, name)?;
+                if let StepKind::Linear(LinearStep { residual, .. }) = &mut p.steps[si].kind {
+                    *residual = Some(r);
+                }
+                p.loc[outs[0]] = p.loc[lv];
+                p.def_t[outs[0]] = p.def_t[lv];
+                // The Linear's own output is never stored any more (its storage
+                // holds the sum).
+                p.probes.retain(|pr| pr.value != lv);
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Lowers `Op::Binary(op)`: the scale and residual folds first, else one pointwise
+    /// (same-shape add) or broadcasting binary step.
+    fn lower_binary(&mut self, c: &NodeCtx, pat: &Patterns, op: &Binary) -> Result<Lowered> {
+        if *op == Binary::Mul
+            && (self.fold_scalar_into_matmul_alpha(c, pat)?
+                || self.defer_channel_scale_to_add(c, pat)?)
+        {
+            return Ok(Lowered::Folded);
+        }
+        let p = self;
+        let name = c.name;
+        let in_shapes = &c.in_shapes;
+        let outs = &c.outs;
+        let out_shape = &c.out_shape;
+        let (va, vb) = (c.x0, c.n.inputs[1]);
         for v in [va, vb] {
             if p.vstrides[v].is_some() {
                 let l = p.plain(v, name)?;
@@ -1672,72 +1776,11 @@ impl Planner<'_> {
                 p.vstrides[v] = None;
             }
         }
-        if *op == Binary::Add && in_shapes[0] == in_shapes[1] {
-            for (sv, rv) in [(va, vb), (vb, va)] {
-                if let Some((xl, sl, ch)) = p.pending_scale[sv] {
-                    let r = p.raw(rv, name)?;
-                    // Keep x alive up to here (it was read at the Mul's time).
-                    p.touch(xl);
-                    let nhwc = p.nhwc[sv];
-                    let y = p.output(outs[0], nhwc);
-                    let inner = if nhwc { 1 } else { out_shape[2] * out_shape[3] };
-                    p.push(
-                        name,
-                        StepKind::Pointwise {
-                            x: xl,
-                            y,
-                            scale: Some(sl),
-                            bias: None,
-                            residual: Some(r),
-                            n: out_shape.iter().product(),
-                            channels: ch,
-                            inner,
-                            act: None,
-                        },
-                    );
-                    break;
-                }
-            }
-            if p.loc[outs[0]].is_some() {
-                return Ok(Lowered::Folded);
-            }
-            // Linear(x) + r with r older than the Linear: r becomes cuBLASLt's C.
-            let mut fused = false;
-            for (lv, rv) in [(va, vb), (vb, va)] {
-                let Some((si, lt)) = p.linear_of[lv] else {
-                    continue;
-                };
-                // r must hold its value before the Linear runs.
-                let older = match (&g.values[rv].kind, p.loc[rv]) {
-                    (ValueKind::Constant(_), _) => true,
-                    (_, Some(Loc::Storage { id, .. })) => p.storages[id].first < lt,
-                    _ => false,
-                };
-                if users[lv] != 1 || p.nhwc[rv] || !older {
-                    continue;
-                }
-                if let StepKind::Linear(LinearStep {
-                    act: None,
-                    residual: None,
-                    ..
-                }) = p.steps[si].kind
-                {
-                    let r = p.raw(rv, name)?;
-                    if let StepKind::Linear(LinearStep { residual, .. }) = &mut p.steps[si].kind {
-                        *residual = Some(r);
-                    }
-                    p.loc[outs[0]] = p.loc[lv];
-                    p.def_t[outs[0]] = p.def_t[lv];
-                    // The Linear's own output is never stored any more (its storage
-                    // holds the sum).
-                    p.probes.retain(|pr| pr.value != lv);
-                    fused = true;
-                    break;
-                }
-            }
-            if fused {
-                return Ok(Lowered::Folded);
-            }
+        if *op == Binary::Add
+            && in_shapes[0] == in_shapes[1]
+            && (p.add_deferred_channel_scale(c)? || p.fuse_add_into_linear(c, pat)?)
+        {
+            return Ok(Lowered::Folded);
         }
         let a = p.raw(va, name)?;
         let b = p.raw(vb, name)?;
