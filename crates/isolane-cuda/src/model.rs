@@ -15,8 +15,8 @@ use crate::error::{cu_check, dnn_check, lt_check, rtc_check};
 use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
 use crate::options::BuildOptions;
 use crate::plan::{
-    act_code, binary_code, AttentionStep, ConvStep, DType, LinearStep, Loc, MatMulStep, Plan, Step,
-    StepKind, Strided, MAX_RANK,
+    act_code, binary_code, AttentionStep, ConvStep, DType, LayerNormStep, LinearStep, Loc,
+    MatMulStep, Plan, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided, MAX_RANK,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1777,7 +1777,6 @@ fn record_step(
     };
     let ptr = |l: Loc| rec.ptr(l);
     let func = |name: &str| rec.func(name);
-    let warp_rows = |rows: usize| rec.warp_rows(rows);
     let es = rec.es;
     match &step.kind {
         StepKind::CastIn { x, y, n } => m.launches.push(Launch::Kernel {
@@ -1856,135 +1855,9 @@ fn record_step(
             });
         }
         StepKind::Attention(at) => record_attention(m, rec, &err, at)?,
-        StepKind::LayerNorm {
-            x,
-            scale,
-            bias,
-            y,
-            rows,
-            cols,
-            eps,
-        } => m.launches.push(
-            // Rows of ≤ 1024: one warp per row in registers; longer: a block per row.
-            match WARP_ROW_PER_LANE
-                .iter()
-                .find(|&&nr| *cols <= 32 * nr && warp_rows(*rows))
-            {
-                Some(nr) => Launch::Kernel {
-                    func: func(&format!("layernorm_warp{nr}")),
-                    grid: rows.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
-                    block: 32 * WARP_ROWS_PER_BLOCK as u32,
-                    args: vec![
-                        Arg::Ptr(ptr(*x)),
-                        Arg::Ptr(ptr(*y)),
-                        Arg::Ptr(ptr(*scale)),
-                        Arg::Ptr(bias.map_or(0, &ptr)),
-                        Arg::I32(*rows as i32),
-                        Arg::I32(*cols as i32),
-                        Arg::F32(*eps),
-                    ],
-                },
-                None => Launch::Kernel {
-                    func: func("layernorm"),
-                    grid: *rows as u32,
-                    block: reduce_block(*cols),
-                    args: vec![
-                        Arg::Ptr(ptr(*x)),
-                        Arg::Ptr(ptr(*y)),
-                        Arg::Ptr(ptr(*scale)),
-                        Arg::Ptr(bias.map_or(0, &ptr)),
-                        Arg::I64(*cols as i64),
-                        Arg::F32(*eps),
-                    ],
-                },
-            },
-        ),
-        StepKind::Softmax {
-            x,
-            y,
-            outer,
-            len,
-            inner,
-        } => m.launches.push(
-            match WARP_ROW_PER_LANE
-                .iter()
-                .find(|&&nr| *len <= 32 * nr && warp_rows(*outer))
-            {
-                Some(nr) if *inner == 1 => Launch::Kernel {
-                    func: func(&format!("softmax_warp{nr}")),
-                    grid: outer.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
-                    block: 32 * WARP_ROWS_PER_BLOCK as u32,
-                    args: vec![
-                        Arg::Ptr(ptr(*x)),
-                        Arg::Ptr(ptr(*y)),
-                        Arg::I32(*outer as i32),
-                        Arg::I32(*len as i32),
-                    ],
-                },
-                _ => Launch::Kernel {
-                    func: func("softmax"),
-                    grid: (outer * inner) as u32,
-                    block: reduce_block(*len),
-                    args: vec![
-                        Arg::Ptr(ptr(*x)),
-                        Arg::Ptr(ptr(*y)),
-                        Arg::I64(*len as i64),
-                        Arg::I64(*inner as i64),
-                    ],
-                },
-            },
-        ),
-        StepKind::Pool {
-            x,
-            y,
-            max,
-            x_shape,
-            out_hw,
-            kernel,
-            strides,
-            pads,
-            dilations,
-            count_include_pad,
-            nhwc,
-        } => {
-            let v = [
-                x_shape[0],
-                x_shape[1],
-                x_shape[2],
-                x_shape[3],
-                out_hw[0],
-                out_hw[1],
-                kernel[0],
-                kernel[1],
-                strides[0],
-                strides[1],
-                pads[0],
-                pads[1],
-                dilations[0],
-                dilations[1],
-                *max as usize,
-                *count_include_pad as usize,
-            ];
-            let mut vi = [0i32; 16];
-            for (d, s) in vi.iter_mut().zip(v) {
-                *d = s as i32;
-            }
-            let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
-            m.launches.push(Launch::Kernel {
-                func: func("pool2d"),
-                grid: elementwise_grid(n),
-                block: BLOCK,
-                args: vec![
-                    Arg::Ptr(ptr(*x)),
-                    Arg::Ptr(ptr(*y)),
-                    Arg::Pool(Box::new(PoolP {
-                        v: vi,
-                        xs: strides4(x_shape, *nhwc),
-                        ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
-                    })),
-                ],
-            });
-        }
+        StepKind::LayerNorm(ln) => record_layer_norm(m, rec, ln),
+        StepKind::Softmax(sm) => record_softmax(m, rec, sm),
+        StepKind::Pool(pool) => record_pool(m, rec, pool),
         StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
             func: func("chan_mean"),
             grid: elementwise_grid(n * c),
@@ -2008,36 +1881,7 @@ fn record_step(
                 Arg::I64(*hw as i64),
             ],
         }),
-        StepKind::Resize {
-            x,
-            y,
-            x_shape,
-            out_hw,
-            linear,
-            coord,
-            nearest,
-            scales,
-            nhwc,
-        } => {
-            let [n, c, h, w] = x_shape.map(|d| d as i32);
-            let [oh, ow] = out_hw.map(|d| d as i32);
-            let total = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
-            m.launches.push(Launch::Kernel {
-                func: func("resize2d"),
-                grid: elementwise_grid(total),
-                block: BLOCK,
-                args: vec![
-                    Arg::Ptr(ptr(*x)),
-                    Arg::Ptr(ptr(*y)),
-                    Arg::Resize(Box::new(ResizeP {
-                        v: [n, c, h, w, oh, ow, *linear as i32, *coord, *nearest, 0],
-                        scales: *scales,
-                        xs: strides4(x_shape, *nhwc),
-                        ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
-                    })),
-                ],
-            });
-        }
+        StepKind::Resize(rs) => record_resize(m, rec, rs),
         StepKind::AdaptivePool {
             x,
             y,
@@ -2564,4 +2408,185 @@ fn record_attention(
         ],
     });
     Ok(())
+}
+
+fn record_layer_norm(m: &mut CudaModel, rec: &Recorder, ln: &LayerNormStep) {
+    let LayerNormStep {
+        x,
+        scale,
+        bias,
+        y,
+        rows,
+        cols,
+        eps,
+    } = ln;
+    let ptr = |l: Loc| rec.ptr(l);
+    let func = |name: &str| rec.func(name);
+    let warp_rows = |rows: usize| rec.warp_rows(rows);
+    m.launches.push(
+        // Rows of ≤ 1024: one warp per row in registers; longer: a block per row.
+        match WARP_ROW_PER_LANE
+            .iter()
+            .find(|&&nr| *cols <= 32 * nr && warp_rows(*rows))
+        {
+            Some(nr) => Launch::Kernel {
+                func: func(&format!("layernorm_warp{nr}")),
+                grid: rows.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
+                block: 32 * WARP_ROWS_PER_BLOCK as u32,
+                args: vec![
+                    Arg::Ptr(ptr(*x)),
+                    Arg::Ptr(ptr(*y)),
+                    Arg::Ptr(ptr(*scale)),
+                    Arg::Ptr(bias.map_or(0, &ptr)),
+                    Arg::I32(*rows as i32),
+                    Arg::I32(*cols as i32),
+                    Arg::F32(*eps),
+                ],
+            },
+            None => Launch::Kernel {
+                func: func("layernorm"),
+                grid: *rows as u32,
+                block: reduce_block(*cols),
+                args: vec![
+                    Arg::Ptr(ptr(*x)),
+                    Arg::Ptr(ptr(*y)),
+                    Arg::Ptr(ptr(*scale)),
+                    Arg::Ptr(bias.map_or(0, &ptr)),
+                    Arg::I64(*cols as i64),
+                    Arg::F32(*eps),
+                ],
+            },
+        },
+    );
+}
+
+fn record_softmax(m: &mut CudaModel, rec: &Recorder, sm: &SoftmaxStep) {
+    let SoftmaxStep {
+        x,
+        y,
+        outer,
+        len,
+        inner,
+    } = sm;
+    let ptr = |l: Loc| rec.ptr(l);
+    let func = |name: &str| rec.func(name);
+    let warp_rows = |rows: usize| rec.warp_rows(rows);
+    m.launches.push(
+        match WARP_ROW_PER_LANE
+            .iter()
+            .find(|&&nr| *len <= 32 * nr && warp_rows(*outer))
+        {
+            Some(nr) if *inner == 1 => Launch::Kernel {
+                func: func(&format!("softmax_warp{nr}")),
+                grid: outer.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
+                block: 32 * WARP_ROWS_PER_BLOCK as u32,
+                args: vec![
+                    Arg::Ptr(ptr(*x)),
+                    Arg::Ptr(ptr(*y)),
+                    Arg::I32(*outer as i32),
+                    Arg::I32(*len as i32),
+                ],
+            },
+            _ => Launch::Kernel {
+                func: func("softmax"),
+                grid: (outer * inner) as u32,
+                block: reduce_block(*len),
+                args: vec![
+                    Arg::Ptr(ptr(*x)),
+                    Arg::Ptr(ptr(*y)),
+                    Arg::I64(*len as i64),
+                    Arg::I64(*inner as i64),
+                ],
+            },
+        },
+    );
+}
+
+fn record_pool(m: &mut CudaModel, rec: &Recorder, pool: &PoolStep) {
+    let PoolStep {
+        x,
+        y,
+        max,
+        x_shape,
+        out_hw,
+        kernel,
+        strides,
+        pads,
+        dilations,
+        count_include_pad,
+        nhwc,
+    } = pool;
+    let ptr = |l: Loc| rec.ptr(l);
+    let func = |name: &str| rec.func(name);
+    let v = [
+        x_shape[0],
+        x_shape[1],
+        x_shape[2],
+        x_shape[3],
+        out_hw[0],
+        out_hw[1],
+        kernel[0],
+        kernel[1],
+        strides[0],
+        strides[1],
+        pads[0],
+        pads[1],
+        dilations[0],
+        dilations[1],
+        *max as usize,
+        *count_include_pad as usize,
+    ];
+    let mut vi = [0i32; 16];
+    for (d, s) in vi.iter_mut().zip(v) {
+        *d = s as i32;
+    }
+    let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+    m.launches.push(Launch::Kernel {
+        func: func("pool2d"),
+        grid: elementwise_grid(n),
+        block: BLOCK,
+        args: vec![
+            Arg::Ptr(ptr(*x)),
+            Arg::Ptr(ptr(*y)),
+            Arg::Pool(Box::new(PoolP {
+                v: vi,
+                xs: strides4(x_shape, *nhwc),
+                ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
+            })),
+        ],
+    });
+}
+
+fn record_resize(m: &mut CudaModel, rec: &Recorder, rs: &ResizeStep) {
+    let ResizeStep {
+        x,
+        y,
+        x_shape,
+        out_hw,
+        linear,
+        coord,
+        nearest,
+        scales,
+        nhwc,
+    } = rs;
+    let ptr = |l: Loc| rec.ptr(l);
+    let func = |name: &str| rec.func(name);
+    let [n, c, h, w] = x_shape.map(|d| d as i32);
+    let [oh, ow] = out_hw.map(|d| d as i32);
+    let total = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+    m.launches.push(Launch::Kernel {
+        func: func("resize2d"),
+        grid: elementwise_grid(total),
+        block: BLOCK,
+        args: vec![
+            Arg::Ptr(ptr(*x)),
+            Arg::Ptr(ptr(*y)),
+            Arg::Resize(Box::new(ResizeP {
+                v: [n, c, h, w, oh, ow, *linear as i32, *coord, *nearest, 0],
+                scales: *scales,
+                xs: strides4(x_shape, *nhwc),
+                ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
+            })),
+        ],
+    });
 }

@@ -319,38 +319,9 @@ pub enum StepKind {
         y: Loc,
         space: Strided,
     },
-    LayerNorm {
-        x: Loc,
-        scale: Loc,
-        bias: Option<Loc>,
-        y: Loc,
-        rows: usize,
-        cols: usize,
-        eps: f32,
-    },
-    Softmax {
-        x: Loc,
-        y: Loc,
-        outer: usize,
-        len: usize,
-        inner: usize,
-    },
-    Pool {
-        x: Loc,
-        y: Loc,
-        max: bool,
-        /// `[N, C, H, W]` and `[OH, OW]`.
-        x_shape: [usize; 4],
-        out_hw: [usize; 2],
-        kernel: [usize; 2],
-        strides: [usize; 2],
-        /// `[top, left]`; bottom/right only matter through the output size.
-        pads: [usize; 2],
-        dilations: [usize; 2],
-        count_include_pad: bool,
-        /// x and y stored NHWC.
-        nhwc: bool,
-    },
+    LayerNorm(LayerNormStep),
+    Softmax(SoftmaxStep),
+    Pool(PoolStep),
     /// Mean over HW of an NHWC `[N, H, W, C]` tensor → `[N, C]`.
     ChanMean {
         x: Loc,
@@ -368,19 +339,7 @@ pub enum StepKind {
     },
     /// ONNX Resize of H and W (nearest or bilinear), NCHW or NHWC storage alike; the codes are
     /// [`resize_codes`]'s, `scales` [`ResizeAttrs::coord_scales`]'s.
-    Resize {
-        x: Loc,
-        y: Loc,
-        /// `[N, C, H, W]` and `[OH, OW]`.
-        x_shape: [usize; 4],
-        out_hw: [usize; 2],
-        linear: bool,
-        coord: i32,
-        nearest: i32,
-        scales: [f32; 2],
-        /// x and y stored NHWC.
-        nhwc: bool,
-    },
+    Resize(ResizeStep),
     /// PyTorch AdaptiveAvgPool2d.
     AdaptivePool {
         x: Loc,
@@ -2036,7 +1995,7 @@ impl Planner<'_> {
         let y = p.output(outs[0], false);
         p.push(
             name,
-            StepKind::LayerNorm {
+            StepKind::LayerNorm(LayerNormStep {
                 x: xl,
                 scale,
                 bias,
@@ -2044,7 +2003,7 @@ impl Planner<'_> {
                 rows: x[..a].iter().product(),
                 cols: x[a..].iter().product(),
                 eps: *eps,
-            },
+            }),
         );
         Ok(Lowered::Steps)
     }
@@ -2062,13 +2021,13 @@ impl Planner<'_> {
         let y = p.output(outs[0], false);
         p.push(
             name,
-            StepKind::Softmax {
+            StepKind::Softmax(SoftmaxStep {
                 x: xl,
                 y,
                 outer: x[..a].iter().product(),
                 len: x[a],
                 inner: x[a + 1..].iter().product(),
-            },
+            }),
         );
         Ok(Lowered::Steps)
     }
@@ -2087,7 +2046,7 @@ impl Planner<'_> {
         let y = p.output(outs[0], keep);
         p.push(
             name,
-            StepKind::Pool {
+            StepKind::Pool(PoolStep {
                 x: xl,
                 y,
                 max: matches!(n.op, Op::MaxPool(_)),
@@ -2099,7 +2058,7 @@ impl Planner<'_> {
                 dilations: pa.dilations,
                 count_include_pad: pa.count_include_pad,
                 nhwc: keep,
-            },
+            }),
         );
         Ok(Lowered::Steps)
     }
@@ -2120,7 +2079,7 @@ impl Planner<'_> {
         let (coord, nearest) = resize_codes(r);
         p.push(
             name,
-            StepKind::Resize {
+            StepKind::Resize(ResizeStep {
                 x: xl,
                 y,
                 x_shape,
@@ -2130,7 +2089,7 @@ impl Planner<'_> {
                 nearest,
                 scales: r.coord_scales([x_shape[2], x_shape[3]], out_hw),
                 nhwc: keep,
-            },
+            }),
         );
         Ok(Lowered::Steps)
     }
@@ -2563,4 +2522,61 @@ pub struct AttentionStep {
     pub k_strides: [usize; 3],
     pub v_strides: [usize; 3],
     pub y_strides: [usize; 3],
+}
+
+/// The fields of [`StepKind::LayerNorm`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerNormStep {
+    pub x: Loc,
+    pub scale: Loc,
+    pub bias: Option<Loc>,
+    pub y: Loc,
+    pub rows: usize,
+    pub cols: usize,
+    pub eps: f32,
+}
+
+/// The fields of [`StepKind::Softmax`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SoftmaxStep {
+    pub x: Loc,
+    pub y: Loc,
+    pub outer: usize,
+    pub len: usize,
+    pub inner: usize,
+}
+
+/// The fields of [`StepKind::Pool`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolStep {
+    pub x: Loc,
+    pub y: Loc,
+    pub max: bool,
+    /// `[N, C, H, W]` and `[OH, OW]`.
+    pub x_shape: [usize; 4],
+    pub out_hw: [usize; 2],
+    pub kernel: [usize; 2],
+    pub strides: [usize; 2],
+    /// `[top, left]`; bottom/right only matter through the output size.
+    pub pads: [usize; 2],
+    pub dilations: [usize; 2],
+    pub count_include_pad: bool,
+    /// x and y stored NHWC.
+    pub nhwc: bool,
+}
+
+/// The fields of [`StepKind::Resize`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResizeStep {
+    pub x: Loc,
+    pub y: Loc,
+    /// `[N, C, H, W]` and `[OH, OW]`.
+    pub x_shape: [usize; 4],
+    pub out_hw: [usize; 2],
+    pub linear: bool,
+    pub coord: i32,
+    pub nearest: i32,
+    pub scales: [f32; 2],
+    /// x and y stored NHWC.
+    pub nhwc: bool,
 }

@@ -6,7 +6,7 @@ use isolane_cuda::kernels::{self, KERNEL_NAMES};
 use isolane_cuda::libs;
 use isolane_cuda::plan::{
     self, check_no_overlap, AttentionStep, DType, LinearStep, Loc, MatMulStep, Plan, PlanOptions,
-    StepKind, Storage, Strided,
+    ResizeStep, SoftmaxStep, StepKind, Storage, Strided,
 };
 use isolane_engine::{build_model, passes, Precision, Weights};
 
@@ -348,7 +348,7 @@ fn vit_fused_attention_has_no_per_layer_copies_at_batch_64() {
     for s in &pl.steps {
         assert!(!matches!(
             s.kind,
-            StepKind::Softmax { .. } | StepKind::MatMul(MatMulStep { .. })
+            StepKind::Softmax(SoftmaxStep { .. }) | StepKind::MatMul(MatMulStep { .. })
         ));
         if let StepKind::Attention(AttentionStep {
             batch,
@@ -406,7 +406,7 @@ fn detection_and_segmentation_models_plan_with_their_resize() {
                     .steps
                     .iter()
                     .filter_map(|s| match s.kind {
-                        StepKind::Resize { linear, nhwc, .. } => Some((linear, nhwc)),
+                        StepKind::Resize(ResizeStep { linear, nhwc, .. }) => Some((linear, nhwc)),
                         _ => None,
                     })
                     .collect();

@@ -9,8 +9,8 @@ mod common;
 use common::{random, rel_l2};
 use isolane_cuda::check::StepRunner;
 use isolane_cuda::plan::{
-    self, act_code, binary_code, phys_strides, AttentionStep, LinearStep, Loc, MatMulStep, Plan,
-    PlanOptions, Step, StepKind, Strided,
+    self, act_code, binary_code, phys_strides, AttentionStep, LayerNormStep, LinearStep, Loc,
+    MatMulStep, Plan, PlanOptions, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided,
 };
 use isolane_engine::ir::{
     Binary, CoordMode, Dim, Graph, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Tensor,
@@ -372,7 +372,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 m.set(*y, i, v);
             }
         }
-        StepKind::LayerNorm {
+        StepKind::LayerNorm(LayerNormStep {
             x,
             scale,
             bias,
@@ -380,7 +380,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             rows,
             cols,
             eps,
-        } => {
+        }) => {
             for r in 0..*rows {
                 let v: Vec<f32> = (0..*cols).map(|c| m.get(*x, r * cols + c)).collect();
                 let mean = v.iter().sum::<f32>() / *cols as f32;
@@ -395,13 +395,13 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 }
             }
         }
-        StepKind::Softmax {
+        StepKind::Softmax(SoftmaxStep {
             x,
             y,
             outer,
             len,
             inner,
-        } => {
+        }) => {
             for o in 0..*outer {
                 for i in 0..*inner {
                     let at = |c: usize| o * len * inner + c * inner + i;
@@ -457,7 +457,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 }
             }
         }
-        StepKind::Pool {
+        StepKind::Pool(PoolStep {
             x,
             y,
             max,
@@ -469,7 +469,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             dilations,
             count_include_pad: _,
             nhwc,
-        } => {
+        }) => {
             let [n, c, h, w] = *x_shape;
             let xs = s4(x_shape, *nhwc);
             let ys = s4(&[n, c, out_hw[0], out_hw[1]], *nhwc);
@@ -522,7 +522,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 }
             }
         }
-        StepKind::Resize {
+        StepKind::Resize(ResizeStep {
             x,
             y,
             x_shape,
@@ -532,7 +532,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             nearest,
             scales,
             nhwc,
-        } => {
+        }) => {
             // The engine's definition of where each output pixel reads, from the codes the
             // plan hands the kernel (so a wrong code or scale shows up here).
             let r = ResizeAttrs {
