@@ -1775,21 +1775,27 @@ fn record_step(
         EngineError::Runtime(s) => EngineError::Runtime(format!("node `{}`: {s}", step.name)),
         other => other,
     };
-    let ptr = |l: Loc| rec.ptr(l);
-    let func = |name: &str| rec.func(name);
     let es = rec.es;
     match &step.kind {
         StepKind::CastIn { x, y, n } => m.launches.push(Launch::Kernel {
-            func: func("cast_in"),
+            func: rec.func("cast_in"),
             grid: elementwise_grid(*n),
             block: BLOCK,
-            args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
+            args: vec![
+                Arg::Ptr(rec.ptr(*x)),
+                Arg::Ptr(rec.ptr(*y)),
+                Arg::I64(*n as i64),
+            ],
         }),
         StepKind::CastOut { x, y, n } => m.launches.push(Launch::Kernel {
-            func: func("cast_out"),
+            func: rec.func("cast_out"),
             grid: elementwise_grid(*n),
             block: BLOCK,
-            args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
+            args: vec![
+                Arg::Ptr(rec.ptr(*x)),
+                Arg::Ptr(rec.ptr(*y)),
+                Arg::I64(*n as i64),
+            ],
         }),
         StepKind::Conv(c) => record_conv(m, rec, caches, &err, c)?,
         StepKind::DwConv(c) => record_dw_conv(m, rec, c)?,
@@ -1806,12 +1812,12 @@ fn record_step(
             inner,
             act,
         } => m.launches.push(pointwise_launch(
-            func("pointwise"),
-            ptr(*x),
-            ptr(*y),
-            scale.map(&ptr),
-            bias.map(&ptr),
-            residual.map(&ptr),
+            rec.func("pointwise"),
+            rec.ptr(*x),
+            rec.ptr(*y),
+            scale.map(&|l| rec.ptr(l)),
+            bias.map(&|l| rec.ptr(l)),
+            residual.map(&|l| rec.ptr(l)),
             *n,
             *channels,
             *inner,
@@ -1820,13 +1826,13 @@ fn record_step(
         StepKind::Binary { a, b, y, op, space } => {
             let n = space.numel();
             m.launches.push(Launch::Kernel {
-                func: func("binary"),
+                func: rec.func("binary"),
                 grid: elementwise_grid(n),
                 block: BLOCK,
                 args: vec![
-                    Arg::Ptr(ptr(*a)),
-                    Arg::Ptr(ptr(*b)),
-                    Arg::Ptr(ptr(*y)),
+                    Arg::Ptr(rec.ptr(*a)),
+                    Arg::Ptr(rec.ptr(*b)),
+                    Arg::Ptr(rec.ptr(*y)),
                     Arg::I64(n as i64),
                     Arg::I32(binary_code(*op)),
                     Arg::Space(Box::new(Space::from(space))),
@@ -1836,14 +1842,14 @@ fn record_step(
         StepKind::Copy { x, y, space } => {
             // The output staging is f32 and so is its source when dtype is f32.
             // Contiguous innermost runs move in 16-, 8- or 4-byte words.
-            let (xp, yp) = (ptr(*x), ptr(*y));
+            let (xp, yp) = (rec.ptr(*x), rec.ptr(*y));
             let (name, sp) = [("copy_w16", 16), ("copy_w8", 8), ("copy_w4", 4)]
                 .iter()
                 .find_map(|&(k, w)| widen_copy(space, es, w, [xp, yp]).map(|sp| (k, sp)))
                 .unwrap_or(("copy_strided", space.clone()));
             let n = sp.numel();
             m.launches.push(Launch::Kernel {
-                func: func(name),
+                func: rec.func(name),
                 grid: elementwise_grid(n),
                 block: BLOCK,
                 args: vec![
@@ -1859,24 +1865,24 @@ fn record_step(
         StepKind::Softmax(sm) => record_softmax(m, rec, sm),
         StepKind::Pool(pool) => record_pool(m, rec, pool),
         StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
-            func: func("chan_mean"),
+            func: rec.func("chan_mean"),
             grid: elementwise_grid(n * c),
             block: BLOCK,
             args: vec![
-                Arg::Ptr(ptr(*x)),
-                Arg::Ptr(ptr(*y)),
+                Arg::Ptr(rec.ptr(*x)),
+                Arg::Ptr(rec.ptr(*y)),
                 Arg::I64(*n as i64),
                 Arg::I64(*c as i64),
                 Arg::I64(*hw as i64),
             ],
         }),
         StepKind::RowMean { x, y, rows, hw } => m.launches.push(Launch::Kernel {
-            func: func("row_mean"),
+            func: rec.func("row_mean"),
             grid: (rows * 32).div_ceil(BLOCK as usize) as u32,
             block: BLOCK,
             args: vec![
-                Arg::Ptr(ptr(*x)),
-                Arg::Ptr(ptr(*y)),
+                Arg::Ptr(rec.ptr(*x)),
+                Arg::Ptr(rec.ptr(*y)),
                 Arg::I64(*rows as i64),
                 Arg::I64(*hw as i64),
             ],
@@ -1890,12 +1896,12 @@ fn record_step(
         } => {
             let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
             m.launches.push(Launch::Kernel {
-                func: func("adaptive_pool"),
+                func: rec.func("adaptive_pool"),
                 grid: elementwise_grid(n),
                 block: BLOCK,
                 args: vec![
-                    Arg::Ptr(ptr(*x)),
-                    Arg::Ptr(ptr(*y)),
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
                     Arg::I32((x_shape[0] * x_shape[1]) as i32),
                     Arg::I32(x_shape[2] as i32),
                     Arg::I32(x_shape[3] as i32),
@@ -1915,15 +1921,15 @@ fn record_conv(
     err: &dyn Fn(EngineError) -> EngineError,
     c: &ConvStep,
 ) -> Result<()> {
-    let ptr = |l: Loc| rec.ptr(l);
-    let func = |name: &str| rec.func(name);
-    let plan = rec.plan;
-    let dtype = rec.dtype;
-    let scratch = rec.scratch;
-    let ws_cap = rec.ws_cap;
-    let events = &rec.events;
-    let conv_cache = &mut caches.conv;
-    let mm_cache = &mut caches.mm;
+    let (plan, dtype, scratch, ws_cap, events, conv_cache, mm_cache) = (
+        rec.plan,
+        rec.dtype,
+        rec.scratch,
+        rec.ws_cap,
+        &rec.events,
+        &mut caches.conv,
+        &mut caches.mm,
+    );
     // Two ways, each timed on the real buffers; the faster one is kept:
     // cuDNN (its best algorithm) + our epilogue kernel, or (NHWC, one group)
     // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
@@ -1931,12 +1937,20 @@ fn record_conv(
     let n_out: usize = c.y_shape.iter().product();
     let epilogue = |with_bias: bool, with_res: bool| {
         pointwise_launch(
-            func("pointwise"),
-            ptr(c.y),
-            ptr(c.y),
+            rec.func("pointwise"),
+            rec.ptr(c.y),
+            rec.ptr(c.y),
             None,
-            if with_bias { c.bias.map(&ptr) } else { None },
-            if with_res { c.residual.map(&ptr) } else { None },
+            if with_bias {
+                c.bias.map(&|l| rec.ptr(l))
+            } else {
+                None
+            },
+            if with_res {
+                c.residual.map(&|l| rec.ptr(l))
+            } else {
+                None
+            },
             n_out,
             c.y_shape[1],
             if c.nhwc {
@@ -1952,7 +1966,16 @@ fn record_conv(
         let key = ConvKey::of(c);
         let found = match conv_cache.iter().find(|(k, _)| *k == key) {
             Some((_, i)) => Ok(*i),
-            None => conv_desc(m, c, dtype, plan.precision, &ptr, scratch, ws_cap).map(|d| {
+            None => conv_desc(
+                m,
+                c,
+                dtype,
+                plan.precision,
+                &|l| rec.ptr(l),
+                scratch,
+                ws_cap,
+            )
+            .map(|d| {
                 m.convs.push(d);
                 conv_cache.push((key, m.convs.len() - 1));
                 m.convs.len() - 1
@@ -1962,9 +1985,9 @@ fn record_conv(
             Ok(idx) => {
                 let mut l = vec![Launch::Conv {
                     conv: idx,
-                    x: ptr(c.x),
-                    w: ptr(c.w),
-                    y: ptr(c.y),
+                    x: rec.ptr(c.x),
+                    w: rec.ptr(c.w),
+                    y: rec.ptr(c.y),
                 }];
                 if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
                     l.push(epilogue(true, true));
@@ -2004,18 +2027,18 @@ fn record_conv(
                     *d = s as i32;
                 }
                 l.push(Launch::Kernel {
-                    func: func("im2col"),
+                    func: rec.func("im2col"),
                     grid: elementwise_grid(n * oh * ow * kh * kw * ch),
                     block: BLOCK,
                     args: vec![
-                        Arg::Ptr(ptr(c.x)),
-                        Arg::Ptr(ptr(col)),
+                        Arg::Ptr(rec.ptr(c.x)),
+                        Arg::Ptr(rec.ptr(col)),
                         Arg::Im(Box::new(ImP { v: vi })),
                     ],
                 });
-                ptr(col)
+                rec.ptr(col)
             }
-            None => ptr(c.x),
+            None => rec.ptr(c.x),
         };
         let relu = matches!(c.act, Some(Unary::Relu));
         let key = MmKey {
@@ -2031,13 +2054,13 @@ fn record_conv(
             sy: n * oh * ow * c.w_shape[0],
             b_trans: true,
             linear: true,
-            bias: c.bias.map(&ptr),
+            bias: c.bias.map(&|l| rec.ptr(l)),
             relu,
             gelu: false,
             residual: c.residual.is_some(),
             alpha: 1.0f32.to_bits(),
         };
-        let res_ptr = c.residual.map_or(0, &ptr);
+        let res_ptr = c.residual.map_or(0, &|l| rec.ptr(l));
         match mm_index(
             m,
             mm_cache,
@@ -2047,18 +2070,18 @@ fn record_conv(
             scratch,
             ws_cap,
             events,
-            ptr(c.w),
+            rec.ptr(c.w),
             b_ptr,
             res_ptr,
-            ptr(c.y),
+            rec.ptr(c.y),
         ) {
             Ok(idx) => {
                 l.push(Launch::Matmul {
                     mm: idx,
-                    a: ptr(c.w),
+                    a: rec.ptr(c.w),
                     b: b_ptr,
                     c: res_ptr,
-                    y: ptr(c.y),
+                    y: rec.ptr(c.y),
                 });
                 if c.act.is_some() && !relu {
                     l.push(epilogue(false, false));
@@ -2098,8 +2121,6 @@ fn record_conv(
 }
 
 fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()> {
-    let ptr = |l: Loc| rec.ptr(l);
-    let func = |name: &str| rec.func(name);
     let es = rec.es;
     let (a, p0, p1) = act_code(c.act);
     let v = [
@@ -2138,7 +2159,7 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
         && [Some(c.x), Some(c.w), c.bias, c.residual, Some(c.y)]
             .iter()
             .flatten()
-            .all(|l| ptr(*l).is_multiple_of(2 * es as u64));
+            .all(|l| rec.ptr(*l).is_multiple_of(2 * es as u64));
     let pairs = n.div_ceil(c.y_shape[3]) / 2 * c.y_shape[3].div_ceil(kernels::DWC2_OUT);
     // With few threads (batch 1) the 4-output kernel fills the GPU better
     // (measured: convnext_base fp16 batch 1 1.04 ms with it, 1.21 with the
@@ -2158,15 +2179,15 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
         _ => ("dwconv", n),
     };
     m.launches.push(Launch::Kernel {
-        func: func(kernel),
+        func: rec.func(kernel),
         grid: elementwise_grid(threads),
         block: BLOCK,
         args: vec![
-            Arg::Ptr(ptr(c.x)),
-            Arg::Ptr(ptr(c.w)),
-            Arg::Ptr(c.bias.map_or(0, &ptr)),
-            Arg::Ptr(c.residual.map_or(0, &ptr)),
-            Arg::Ptr(ptr(c.y)),
+            Arg::Ptr(rec.ptr(c.x)),
+            Arg::Ptr(rec.ptr(c.w)),
+            Arg::Ptr(c.bias.map_or(0, &|l| rec.ptr(l))),
+            Arg::Ptr(c.residual.map_or(0, &|l| rec.ptr(l))),
+            Arg::Ptr(rec.ptr(c.y)),
             Arg::Dw(Box::new(DwP {
                 v: vi,
                 p0,
@@ -2199,14 +2220,14 @@ fn record_linear(
         act,
         residual,
     } = l;
-    let ptr = |l: Loc| rec.ptr(l);
-    let func = |name: &str| rec.func(name);
-    let plan = rec.plan;
-    let dtype = rec.dtype;
-    let scratch = rec.scratch;
-    let ws_cap = rec.ws_cap;
-    let events = &rec.events;
-    let mm_cache = &mut caches.mm;
+    let (plan, dtype, scratch, ws_cap, events, mm_cache) = (
+        rec.plan,
+        rec.dtype,
+        rec.scratch,
+        rec.ws_cap,
+        &rec.events,
+        &mut caches.mm,
+    );
     let relu = matches!(act, Some(Unary::Relu));
     // tf32/fp16/bf16: cuBLASLt's GELU epilogue (tanh form; it differs from
     // the exact erf GELU by < 1e-3, below those precisions' rounding here;
@@ -2228,13 +2249,13 @@ fn record_linear(
         sy: *mm * *n,
         b_trans: true,
         linear: true,
-        bias: bias.map(&ptr),
+        bias: bias.map(&|l| rec.ptr(l)),
         relu,
         gelu,
         residual: residual.is_some(),
         alpha: 1.0f32.to_bits(),
     };
-    let res_ptr = residual.map_or(0, &ptr);
+    let res_ptr = residual.map_or(0, &|l| rec.ptr(l));
     let idx = mm_index(
         m,
         mm_cache,
@@ -2244,24 +2265,24 @@ fn record_linear(
         scratch,
         ws_cap,
         events,
-        ptr(*w),
-        ptr(*x),
+        rec.ptr(*w),
+        rec.ptr(*x),
         res_ptr,
-        ptr(*y),
+        rec.ptr(*y),
     )
     .map_err(err)?;
     m.launches.push(Launch::Matmul {
         mm: idx,
-        a: ptr(*w),
-        b: ptr(*x),
+        a: rec.ptr(*w),
+        b: rec.ptr(*x),
         c: res_ptr,
-        y: ptr(*y),
+        y: rec.ptr(*y),
     });
     if act.is_some() && !relu && !gelu {
         m.launches.push(pointwise_launch(
-            func("pointwise"),
-            ptr(*y),
-            ptr(*y),
+            rec.func("pointwise"),
+            rec.ptr(*y),
+            rec.ptr(*y),
             None,
             None,
             None,
@@ -2298,13 +2319,14 @@ fn record_matmul(
         ldy,
         y_batch_stride,
     } = mm_step;
-    let ptr = |l: Loc| rec.ptr(l);
-    let plan = rec.plan;
-    let dtype = rec.dtype;
-    let scratch = rec.scratch;
-    let ws_cap = rec.ws_cap;
-    let events = &rec.events;
-    let mm_cache = &mut caches.mm;
+    let (plan, dtype, scratch, ws_cap, events, mm_cache) = (
+        rec.plan,
+        rec.dtype,
+        rec.scratch,
+        rec.ws_cap,
+        &rec.events,
+        &mut caches.mm,
+    );
     let key = MmKey {
         m: *mm,
         n: *n,
@@ -2333,18 +2355,18 @@ fn record_matmul(
         scratch,
         ws_cap,
         events,
-        ptr(*b),
-        ptr(*a),
+        rec.ptr(*b),
+        rec.ptr(*a),
         0,
-        ptr(*y),
+        rec.ptr(*y),
     )
     .map_err(err)?;
     m.launches.push(Launch::Matmul {
         mm: idx,
-        a: ptr(*b),
-        b: ptr(*a),
+        a: rec.ptr(*b),
+        b: rec.ptr(*a),
         c: 0,
-        y: ptr(*y),
+        y: rec.ptr(*y),
     });
     Ok(())
 }
@@ -2371,8 +2393,6 @@ fn record_attention(
         v_strides,
         y_strides,
     } = at;
-    let ptr = |l: Loc| rec.ptr(l);
-    let func = |name: &str| rec.func(name);
     let dtype = rec.dtype;
     if *dim != kernels::ATTN_HEAD_DIM || dtype == DType::F32 {
         return Err(err(EngineError::Runtime(format!(
@@ -2385,14 +2405,14 @@ fn record_attention(
     let bh = |s: &[usize; 3]| [s[0] as i64, s[1] as i64];
     let (qs, ks, vs, ys) = (bh(q_strides), bh(k_strides), bh(v_strides), bh(y_strides));
     m.launches.push(Launch::Kernel {
-        func: func("attention"),
+        func: rec.func("attention"),
         grid: (qtiles * heads * batch) as u32,
         block: kernels::ATTN_THREADS,
         args: vec![
-            Arg::Ptr(ptr(*q)),
-            Arg::Ptr(ptr(*k)),
-            Arg::Ptr(ptr(*v)),
-            Arg::Ptr(ptr(*y)),
+            Arg::Ptr(rec.ptr(*q)),
+            Arg::Ptr(rec.ptr(*k)),
+            Arg::Ptr(rec.ptr(*v)),
+            Arg::Ptr(rec.ptr(*y)),
             Arg::Attn(Box::new(AttnP {
                 v: [*seq as i32, *heads as i32, qtiles as i32, 0],
                 scale_log2: alpha * std::f32::consts::LOG2_E,
@@ -2420,38 +2440,35 @@ fn record_layer_norm(m: &mut CudaModel, rec: &Recorder, ln: &LayerNormStep) {
         cols,
         eps,
     } = ln;
-    let ptr = |l: Loc| rec.ptr(l);
-    let func = |name: &str| rec.func(name);
-    let warp_rows = |rows: usize| rec.warp_rows(rows);
     m.launches.push(
         // Rows of ≤ 1024: one warp per row in registers; longer: a block per row.
         match WARP_ROW_PER_LANE
             .iter()
-            .find(|&&nr| *cols <= 32 * nr && warp_rows(*rows))
+            .find(|&&nr| *cols <= 32 * nr && rec.warp_rows(*rows))
         {
             Some(nr) => Launch::Kernel {
-                func: func(&format!("layernorm_warp{nr}")),
+                func: rec.func(&format!("layernorm_warp{nr}")),
                 grid: rows.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
                 block: 32 * WARP_ROWS_PER_BLOCK as u32,
                 args: vec![
-                    Arg::Ptr(ptr(*x)),
-                    Arg::Ptr(ptr(*y)),
-                    Arg::Ptr(ptr(*scale)),
-                    Arg::Ptr(bias.map_or(0, &ptr)),
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
+                    Arg::Ptr(rec.ptr(*scale)),
+                    Arg::Ptr(bias.map_or(0, &|l| rec.ptr(l))),
                     Arg::I32(*rows as i32),
                     Arg::I32(*cols as i32),
                     Arg::F32(*eps),
                 ],
             },
             None => Launch::Kernel {
-                func: func("layernorm"),
+                func: rec.func("layernorm"),
                 grid: *rows as u32,
                 block: reduce_block(*cols),
                 args: vec![
-                    Arg::Ptr(ptr(*x)),
-                    Arg::Ptr(ptr(*y)),
-                    Arg::Ptr(ptr(*scale)),
-                    Arg::Ptr(bias.map_or(0, &ptr)),
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
+                    Arg::Ptr(rec.ptr(*scale)),
+                    Arg::Ptr(bias.map_or(0, &|l| rec.ptr(l))),
                     Arg::I64(*cols as i64),
                     Arg::F32(*eps),
                 ],
@@ -2468,32 +2485,29 @@ fn record_softmax(m: &mut CudaModel, rec: &Recorder, sm: &SoftmaxStep) {
         len,
         inner,
     } = sm;
-    let ptr = |l: Loc| rec.ptr(l);
-    let func = |name: &str| rec.func(name);
-    let warp_rows = |rows: usize| rec.warp_rows(rows);
     m.launches.push(
         match WARP_ROW_PER_LANE
             .iter()
-            .find(|&&nr| *len <= 32 * nr && warp_rows(*outer))
+            .find(|&&nr| *len <= 32 * nr && rec.warp_rows(*outer))
         {
             Some(nr) if *inner == 1 => Launch::Kernel {
-                func: func(&format!("softmax_warp{nr}")),
+                func: rec.func(&format!("softmax_warp{nr}")),
                 grid: outer.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
                 block: 32 * WARP_ROWS_PER_BLOCK as u32,
                 args: vec![
-                    Arg::Ptr(ptr(*x)),
-                    Arg::Ptr(ptr(*y)),
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
                     Arg::I32(*outer as i32),
                     Arg::I32(*len as i32),
                 ],
             },
             _ => Launch::Kernel {
-                func: func("softmax"),
+                func: rec.func("softmax"),
                 grid: (outer * inner) as u32,
                 block: reduce_block(*len),
                 args: vec![
-                    Arg::Ptr(ptr(*x)),
-                    Arg::Ptr(ptr(*y)),
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
                     Arg::I64(*len as i64),
                     Arg::I64(*inner as i64),
                 ],
@@ -2516,8 +2530,6 @@ fn record_pool(m: &mut CudaModel, rec: &Recorder, pool: &PoolStep) {
         count_include_pad,
         nhwc,
     } = pool;
-    let ptr = |l: Loc| rec.ptr(l);
-    let func = |name: &str| rec.func(name);
     let v = [
         x_shape[0],
         x_shape[1],
@@ -2542,12 +2554,12 @@ fn record_pool(m: &mut CudaModel, rec: &Recorder, pool: &PoolStep) {
     }
     let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
     m.launches.push(Launch::Kernel {
-        func: func("pool2d"),
+        func: rec.func("pool2d"),
         grid: elementwise_grid(n),
         block: BLOCK,
         args: vec![
-            Arg::Ptr(ptr(*x)),
-            Arg::Ptr(ptr(*y)),
+            Arg::Ptr(rec.ptr(*x)),
+            Arg::Ptr(rec.ptr(*y)),
             Arg::Pool(Box::new(PoolP {
                 v: vi,
                 xs: strides4(x_shape, *nhwc),
@@ -2569,18 +2581,16 @@ fn record_resize(m: &mut CudaModel, rec: &Recorder, rs: &ResizeStep) {
         scales,
         nhwc,
     } = rs;
-    let ptr = |l: Loc| rec.ptr(l);
-    let func = |name: &str| rec.func(name);
     let [n, c, h, w] = x_shape.map(|d| d as i32);
     let [oh, ow] = out_hw.map(|d| d as i32);
     let total = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
     m.launches.push(Launch::Kernel {
-        func: func("resize2d"),
+        func: rec.func("resize2d"),
         grid: elementwise_grid(total),
         block: BLOCK,
         args: vec![
-            Arg::Ptr(ptr(*x)),
-            Arg::Ptr(ptr(*y)),
+            Arg::Ptr(rec.ptr(*x)),
+            Arg::Ptr(rec.ptr(*y)),
             Arg::Resize(Box::new(ResizeP {
                 v: [n, c, h, w, oh, ow, *linear as i32, *coord, *nearest, 0],
                 scales: *scales,

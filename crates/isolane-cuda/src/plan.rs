@@ -985,12 +985,10 @@ impl Planner<'_> {
     /// strides. Returns whether the node became a view (and so has no step).
     fn lower_view(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
         let p = self;
-        let g = p.g;
-        let opts = p.opts;
+        let (g, opts) = (p.g, p.opts);
         let (n, name, in_shapes, outs, out_shape, x0) =
             (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
-        let is_output = &pat.is_output;
-        let users_of = &pat.users_of;
+        let (is_output, users_of) = (&pat.is_output, &pat.users_of);
         let aware = pat.stride_aware(g, c.ni);
         if !aware {
             for &i in &n.inputs {
@@ -1130,14 +1128,16 @@ impl Planner<'_> {
     /// Lowers `Op::Conv(a)`.
     fn lower_conv(&mut self, c: &NodeCtx, a: &ConvAttrs) -> Result<Lowered> {
         let p = self;
-        let n = c.n;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
-        let opts = p.opts;
-        let es = p.es;
+        let (n, name, in_shapes, outs, out_shape, x0, opts, es) = (
+            c.n,
+            c.name,
+            &c.in_shapes,
+            &c.outs,
+            &c.out_shape,
+            c.x0,
+            p.opts,
+            p.es,
+        );
         if a.pads[0] != a.pads[2] || a.pads[1] != a.pads[3] {
             return Err(unsupported(
                 name,
@@ -1235,11 +1235,7 @@ impl Planner<'_> {
     /// Lowers `Op::Linear { activation }`.
     fn lower_linear(&mut self, c: &NodeCtx, activation: &Option<Unary>) -> Result<Lowered> {
         let p = self;
-        let n = c.n;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let x0 = c.x0;
+        let (n, name, in_shapes, outs, x0) = (c.n, c.name, &c.in_shapes, &c.outs, c.x0);
         let x = p.plain(x0, name)?;
         let w = p.raw(n.inputs[1], name)?;
         let bias = match n.inputs.get(2) {
@@ -1269,18 +1265,20 @@ impl Planner<'_> {
     /// Lowers `Op::MatMul if attn_at[ni].is_some()`.
     fn lower_attention(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<Lowered> {
         let p = self;
-        let n = c.n;
-        let ni = c.ni;
-        let name = c.name;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
-        let g = p.g;
-        let sole_user = &pat.sole_user;
-        let is_output = &pat.is_output;
-        let folded_t = &pat.folded_t;
-        let key_of = &pat.key_of;
-        let attn_at = &pat.attn_at;
+        let (n, ni, name, outs, out_shape, x0, g, sole_user, is_output, folded_t, key_of, attn_at) = (
+            c.n,
+            c.ni,
+            c.name,
+            &c.outs,
+            &c.out_shape,
+            c.x0,
+            p.g,
+            &pat.sole_user,
+            &pat.is_output,
+            &pat.folded_t,
+            &pat.key_of,
+            &pat.attn_at,
+        );
         let sn = &g.nodes[attn_at[ni].unwrap_or_default()];
         let kv = key_of[sn.inputs[1]].unwrap_or(sn.inputs[1]);
         let alpha = operand_alpha(&p.alpha_of, folded_t, sn.inputs[0])
@@ -1372,16 +1370,18 @@ impl Planner<'_> {
     /// Lowers `Op::MatMul`.
     fn lower_matmul(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<Lowered> {
         let p = self;
-        let n = c.n;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
-        let g = p.g;
-        let sole_user = &pat.sole_user;
-        let is_output = &pat.is_output;
-        let folded_t = &pat.folded_t;
+        let (n, name, in_shapes, outs, out_shape, x0, g, sole_user, is_output, folded_t) = (
+            c.n,
+            c.name,
+            &c.in_shapes,
+            &c.outs,
+            &c.out_shape,
+            c.x0,
+            p.g,
+            &pat.sole_user,
+            &pat.is_output,
+            &pat.folded_t,
+        );
         let vb = folded_t[n.inputs[1]].unwrap_or(n.inputs[1]);
         let b_trans = folded_t[n.inputs[1]].is_some();
         // Each operand as (batch, batch stride, rows, cols, row stride) in place, or
@@ -1482,12 +1482,7 @@ impl Planner<'_> {
     /// Lowers `Op::BatchNorm { eps }`.
     fn lower_batch_norm(&mut self, c: &NodeCtx, eps: &f32) -> Result<Lowered> {
         let p = self;
-        let n = c.n;
-        let name = c.name;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
-        let g = p.g;
+        let (n, name, outs, out_shape, x0, g) = (c.n, c.name, &c.outs, &c.out_shape, c.x0, p.g);
         // A BatchNorm the passes could not fold into a producer (densenet's norms of
         // concatenated features): one pointwise pass x · scale[c] + shift[c].
         let (scale, shift) = batchnorm_affine(g, &n.inputs, *eps)
@@ -1523,10 +1518,7 @@ impl Planner<'_> {
     /// Lowers `Op::Unary(u)`.
     fn lower_unary(&mut self, c: &NodeCtx, u: &Unary) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
+        let (name, outs, out_shape, x0) = (c.name, &c.outs, &c.out_shape, c.x0);
         let x = p.raw(x0, name)?;
         let keep = p.nhwc[x0];
         let y = p.output(outs[0], keep);
@@ -1551,11 +1543,8 @@ impl Planner<'_> {
     /// that matmul's alpha (the output aliases `x`). Returns whether it folded.
     fn fold_scalar_into_matmul_alpha(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
         let p = self;
-        let name = c.name;
-        let outs = &c.outs;
-        let in_shapes = &c.in_shapes;
-        let out_shape = &c.out_shape;
-        let g = p.g;
+        let (name, outs, in_shapes, out_shape, g) =
+            (c.name, &c.outs, &c.in_shapes, &c.out_shape, p.g);
         let (va, vb) = (c.x0, c.n.inputs[1]);
         let scalar_const = |v: usize| match &g.values[v].kind {
             ValueKind::Constant(t) if t.numel() == 1 => Some(t.data[0]),
@@ -1591,10 +1580,7 @@ impl Planner<'_> {
     /// the add, which emits one pointwise pass `x · s[c] + r`. Returns whether it deferred.
     fn defer_channel_scale_to_add(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
         let p = self;
-        let name = c.name;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let g = p.g;
+        let (name, outs, out_shape, g) = (c.name, &c.outs, &c.out_shape, p.g);
         let (va, vb) = (c.x0, c.n.inputs[1]);
         let sole = |v: usize| pat.sole_user[v].map(|u| &g.nodes[u]);
         if out_shape.len() == 4 {
@@ -1638,9 +1624,7 @@ impl Planner<'_> {
     /// Returns whether it emitted it.
     fn add_deferred_channel_scale(&mut self, c: &NodeCtx) -> Result<bool> {
         let p = self;
-        let name = c.name;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
+        let (name, outs, out_shape) = (c.name, &c.outs, &c.out_shape);
         let (va, vb) = (c.x0, c.n.inputs[1]);
         for (sv, rv) in [(va, vb), (vb, va)] {
             if let Some((xl, sl, ch)) = p.pending_scale[sv] {
@@ -1674,10 +1658,7 @@ impl Planner<'_> {
     /// and the sum is the Linear's output. Returns whether it fused.
     fn fuse_add_into_linear(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
         let p = self;
-        let name = c.name;
-        let outs = &c.outs;
-        let g = p.g;
-        let users = &pat.users;
+        let (name, outs, g, users) = (c.name, &c.outs, p.g, &pat.users);
         let (va, vb) = (c.x0, c.n.inputs[1]);
         for (lv, rv) in [(va, vb), (vb, va)] {
             let Some((si, lt)) = p.linear_of[lv] else {
@@ -1723,10 +1704,7 @@ impl Planner<'_> {
             return Ok(Lowered::Folded);
         }
         let p = self;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
+        let (name, in_shapes, outs, out_shape) = (c.name, &c.in_shapes, &c.outs, &c.out_shape);
         let (va, vb) = (c.x0, c.n.inputs[1]);
         for v in [va, vb] {
             if p.vstrides[v].is_some() {
@@ -1784,10 +1762,7 @@ impl Planner<'_> {
     /// Lowers `Op::Transpose { perm }`.
     fn lower_transpose(&mut self, c: &NodeCtx, perm: &[usize]) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
+        let (name, outs, out_shape, x0) = (c.name, &c.outs, &c.out_shape, c.x0);
         let x = p.raw(x0, name)?;
         // The input as stored: NHWC, or a strided view (a transpose is stride-aware,
         // so a transpose of a transpose reaches here with its input unconverted).
@@ -1812,11 +1787,8 @@ impl Planner<'_> {
     /// Lowers `Op::Expand { .. }`.
     fn lower_expand(&mut self, c: &NodeCtx) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
+        let (name, in_shapes, outs, out_shape, x0) =
+            (c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
         let x = p.raw(x0, name)?;
         let sx = phys_broadcast(&in_shapes[0], p.nhwc[x0], out_shape);
         let y = p.output(outs[0], false);
@@ -1834,11 +1806,8 @@ impl Planner<'_> {
     /// Lowers `Op::Concat { axis }`.
     fn lower_concat(&mut self, c: &NodeCtx, axis: &i64) -> Result<Lowered> {
         let p = self;
-        let n = c.n;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
+        let (n, name, in_shapes, outs, out_shape) =
+            (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape);
         let a = norm_axis(*axis, out_shape.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
         let ys = contiguous_strides(out_shape);
         let xl: Vec<Loc> = n
@@ -1866,10 +1835,7 @@ impl Planner<'_> {
     /// Lowers `Op::Split { axis, sizes }`.
     fn lower_split(&mut self, c: &NodeCtx, axis: &i64, sizes: &[usize]) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let x0 = c.x0;
+        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
         let x = &in_shapes[0];
         let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
         let xl = p.raw(x0, name)?;
@@ -1901,11 +1867,8 @@ impl Planner<'_> {
         st: &[i64],
     ) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
+        let (name, in_shapes, outs, out_shape, x0) =
+            (c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
         let x = &in_shapes[0];
         let sp = slice_params(x, starts, ends, axes, st).map_err(|e| unsupported(name, e))?;
         let xl = p.raw(x0, name)?;
@@ -1944,11 +1907,8 @@ impl Planner<'_> {
         indices_shape: &[usize],
     ) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
+        let (name, in_shapes, outs, out_shape, x0) =
+            (c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
         let x = &in_shapes[0];
         let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
         let xl = p.raw(x0, name)?;
@@ -1979,11 +1939,7 @@ impl Planner<'_> {
     /// Lowers `Op::LayerNorm { axis, eps }`.
     fn lower_layer_norm(&mut self, c: &NodeCtx, axis: &i64, eps: &f32) -> Result<Lowered> {
         let p = self;
-        let n = c.n;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let x0 = c.x0;
+        let (n, name, in_shapes, outs, x0) = (c.n, c.name, &c.in_shapes, &c.outs, c.x0);
         let x = &in_shapes[0];
         let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
         let xl = p.plain(x0, name)?;
@@ -2011,10 +1967,7 @@ impl Planner<'_> {
     /// Lowers `Op::Softmax { axis }`.
     fn lower_softmax(&mut self, c: &NodeCtx, axis: &i64) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let x0 = c.x0;
+        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
         let x = &in_shapes[0];
         let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
         let xl = p.plain(x0, name)?;
@@ -2035,12 +1988,8 @@ impl Planner<'_> {
     /// Lowers `Op::MaxPool(pa) | Op::AveragePool(pa)`.
     fn lower_pool(&mut self, c: &NodeCtx, pa: &PoolAttrs) -> Result<Lowered> {
         let p = self;
-        let n = c.n;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
+        let (n, name, in_shapes, outs, out_shape, x0) =
+            (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
         let xl = p.raw(x0, name)?;
         let keep = p.nhwc[x0];
         let y = p.output(outs[0], keep);
@@ -2066,11 +2015,8 @@ impl Planner<'_> {
     /// Lowers `Op::Resize(r)`.
     fn lower_resize(&mut self, c: &NodeCtx, r: &ResizeAttrs) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let out_shape = &c.out_shape;
-        let x0 = c.x0;
+        let (name, in_shapes, outs, out_shape, x0) =
+            (c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
         let xl = p.raw(x0, name)?;
         let keep = p.nhwc[x0];
         let y = p.output(outs[0], keep);
@@ -2097,10 +2043,7 @@ impl Planner<'_> {
     /// Lowers `Op::GlobalAveragePool`.
     fn lower_global_average_pool(&mut self, c: &NodeCtx) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let x0 = c.x0;
+        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
         let x = &in_shapes[0];
         let xl = p.raw(x0, name)?;
         let nhwc = p.nhwc[x0];
@@ -2134,10 +2077,7 @@ impl Planner<'_> {
     /// Lowers `Op::AdaptiveAvgPool { output }`.
     fn lower_adaptive_average_pool(&mut self, c: &NodeCtx, output: &[usize; 2]) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let x0 = c.x0;
+        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
         let xl = p.plain(x0, name)?;
         let y = p.output(outs[0], false);
         p.push(
@@ -2155,10 +2095,7 @@ impl Planner<'_> {
     /// Lowers `Op::Reduce { kind: isolane_engine::ir::ReduceKind::Mean, axes, .. }`.
     fn lower_mean(&mut self, c: &NodeCtx, axes: &[i64]) -> Result<Lowered> {
         let p = self;
-        let name = c.name;
-        let in_shapes = &c.in_shapes;
-        let outs = &c.outs;
-        let x0 = c.x0;
+        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
         // A mean over trailing axes is a row mean; other reductions are not planned yet.
         let x = &in_shapes[0];
         let mut ax: Vec<usize> = axes
