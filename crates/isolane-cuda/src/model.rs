@@ -583,6 +583,15 @@ impl Drop for Events {
     }
 }
 
+/// Where [`CudaModel::upload_weights`] put the weights: each constant's offset, their bytes,
+/// and the one allocation's used and rounded sizes (the arena follows the weights).
+struct WeightBlock {
+    const_offs: Vec<usize>,
+    const_bytes: usize,
+    block_used: usize,
+    block_bytes: usize,
+}
+
 /// What recording a step's launches needs besides the model: where every operand lives on
 /// the device, the kernel table, the scratch buffer and events algorithm searches time on,
 /// and the row-kernel choice.
@@ -645,10 +654,45 @@ impl CudaModel {
         make_current(target.ctx)?;
         let free_before = free_mem()?;
         let arch = device_arch()?;
-        let dtype = plan.dtype;
-        let es = dtype.size();
+        let mut m = CudaModel::unbuilt(&plan, target);
+        let block = m.upload_weights(&plan)?;
+        m.alloc_pinned_io(&plan)?;
+        let half_names = m.load_kernels(plan.dtype, arch)?;
+        m.create_library_handles()?;
 
-        let mut m = CudaModel {
+        // Algorithms that need more workspace than the cap are not considered.
+        let ws_cap = target.build.workspace_cap(plan.arena_bytes);
+        let scratch = DeviceBuffer::new(ws_cap)?;
+        let rec = Recorder {
+            plan: &plan,
+            const_offs: &block.const_offs,
+            arena_base: m.arena,
+            weights_base: m.weights,
+            dtype: plan.dtype,
+            es: plan.dtype.size(),
+            half_names,
+            scratch: scratch.ptr,
+            ws_cap,
+            events: Events::new()?,
+            options: target.build,
+        };
+        let recorded = m.record_launches(&rec);
+        // The search may have stopped with an error while timing on the scratch buffer: the
+        // model must not free it a second time when it is dropped.
+        m.workspace = 0;
+        // The algorithm search is over: nothing uses the scratch any more.
+        drop(scratch);
+        recorded?;
+        m.place_workspace(&plan, &block)?;
+        m.instantiate()?;
+        m.mem.device_delta_bytes = free_before.saturating_sub(free_mem()?);
+        m.build_ms = t0.elapsed().as_secs_f64() * 1e3;
+        Ok(m)
+    }
+
+    /// The model with its shapes and layout from `plan` and nothing allocated yet.
+    fn unbuilt(plan: &Plan, target: &Target) -> CudaModel {
+        CudaModel {
             ctx: target.ctx,
             stream: target.stream,
             precision: plan.precision,
@@ -678,55 +722,67 @@ impl CudaModel {
             step_start: Vec::with_capacity(plan.steps.len() + 1),
             storage_offsets: plan.storages.iter().map(|st| st.offset).collect(),
             const_offsets: plan.const_layout().0,
-            dtype,
+            dtype: plan.dtype,
             build_ms: 0.0,
             check: None,
             _keep: target.keep.clone(),
-        };
+        }
+    }
 
-        // Weights (converted on the host, uploaded once) and the arena share one allocation:
-        // the driver rounds every allocation up to ALLOC_GRANULARITY, which for a small model
-        // is a large share of its memory (resnet18 fp16 with three allocations: 34 MiB for
-        // 28.8 MiB planned). What the rounding leaves over may hold the workspace (below).
+    /// Weights (converted on the host, uploaded once) and the arena share one allocation:
+    /// the driver rounds every allocation up to ALLOC_GRANULARITY, which for a small model
+    /// is a large share of its memory (resnet18 fp16 with three allocations: 34 MiB for
+    /// 28.8 MiB planned). What the rounding leaves over may hold the workspace
+    /// ([`CudaModel::place_workspace`]).
+    fn upload_weights(&mut self, plan: &Plan) -> Result<WeightBlock> {
         let (const_offs, const_bytes) = plan.const_layout();
         let host = plan.weights_host();
         let weights_span = crate::plan::align(const_bytes);
         let block_used = weights_span + plan.arena_bytes;
         let block_bytes = block_used.div_ceil(ALLOC_GRANULARITY).max(1) * ALLOC_GRANULARITY;
-        m.weights = dev_alloc(block_bytes)?;
+        self.weights = dev_alloc(block_bytes)?;
         // SAFETY: the device buffer holds const_bytes; host is const_bytes long; synchronous.
         cu_check("cuMemcpyHtoD", unsafe {
-            cu::cuMemcpyHtoD_v2(m.weights, host.as_ptr() as *const c_void, const_bytes)
+            cu::cuMemcpyHtoD_v2(self.weights, host.as_ptr() as *const c_void, const_bytes)
         })?;
         drop(host);
-        m.arena = m.weights + weights_span as u64;
+        self.arena = self.weights + weights_span as u64;
         // Poison the arena once so that a read of unwritten memory shows up as NaN in tests
         // (0xff bytes are NaN in f32, f16 and bf16).
         // SAFETY: the arena holds arena_bytes; synchronous memset.
         cu_check("cuMemsetD8", unsafe {
-            cu::cuMemsetD8_v2(m.arena, 0xff, plan.arena_bytes)
+            cu::cuMemsetD8_v2(self.arena, 0xff, plan.arena_bytes)
         })?;
+        Ok(WeightBlock {
+            const_offs,
+            const_bytes,
+            block_used,
+            block_bytes,
+        })
+    }
 
-        let (arena_base, weights_base) = (m.arena, m.weights);
-        let staging = |id: usize| arena_base + plan.storages[id].offset as u64;
-
-        // Pinned host buffers for inputs and outputs.
+    /// Pinned host buffers for inputs and outputs.
+    fn alloc_pinned_io(&mut self, plan: &Plan) -> Result<()> {
         for io in &plan.inputs {
             let n: usize = io.shape.iter().product();
-            m.host_in.push((pinned(n)?, n));
+            self.host_in.push((pinned(n)?, n));
         }
         for io in &plan.outputs {
             let n: usize = io.shape.iter().product();
-            m.host_out.push((pinned(n)?, n));
+            self.host_out.push((pinned(n)?, n));
         }
+        Ok(())
+    }
 
-        // Kernels.
+    /// Loads the NVRTC module for `dtype` and looks up every kernel; returns the names of the
+    /// f16/bf16-only kernels loaded after [`KERNEL_NAMES`] (none at f32).
+    fn load_kernels(&mut self, dtype: DType, arch: (i32, i32)) -> Result<&'static [&'static str]> {
         let cubin = kernel_cubin(dtype, arch)?;
         // SAFETY: cubin is a complete ELF image produced by NVRTC for this device's arch.
         cu_check("cuModuleLoadData", unsafe {
-            cu::cuModuleLoadData(&mut m.module, cubin.as_ptr() as *const c_void)
+            cu::cuModuleLoadData(&mut self.module, cubin.as_ptr() as *const c_void)
         })?;
-        let half_names: &[&str] = if dtype == DType::F32 {
+        let half_names: &'static [&'static str] = if dtype == DType::F32 {
             &[]
         } else {
             HALF_KERNEL_NAMES
@@ -736,120 +792,107 @@ impl CudaModel {
             let mut f: cu::CUfunction = std::ptr::null_mut();
             // SAFETY: module is loaded; c is NUL-terminated.
             cu_check("cuModuleGetFunction", unsafe {
-                cu::cuModuleGetFunction(&mut f, m.module, c.as_ptr())
+                cu::cuModuleGetFunction(&mut f, self.module, c.as_ptr())
             })?;
-            m.funcs.push(f);
+            self.funcs.push(f);
         }
+        Ok(half_names)
+    }
 
-        // Library handles, bound to our stream.
+    /// Library handles, bound to our stream.
+    fn create_library_handles(&mut self) -> Result<()> {
         // SAFETY: valid out-pointers; the context is current. cudnnSetStream makes every cuDNN
         // kernel launch on the caller's stream (and so inside its green context).
         unsafe {
-            dnn_check("cudnnCreate", dnn::cudnnCreate(&mut m.cudnn))?;
+            dnn_check("cudnnCreate", dnn::cudnnCreate(&mut self.cudnn))?;
             dnn_check(
                 "cudnnSetStream",
-                dnn::cudnnSetStream(m.cudnn, m.stream as dnn::cudaStream_t),
+                dnn::cudnnSetStream(self.cudnn, self.stream as dnn::cudaStream_t),
             )?;
-            lt_check("cublasLtCreate", lt::cublasLtCreate(&mut m.cublaslt))?;
+            lt_check("cublasLtCreate", lt::cublasLtCreate(&mut self.cublaslt))?;
         }
+        Ok(())
+    }
 
-        // Algorithms that need more workspace than the cap are not considered.
-        let ws_cap = target.build.workspace_cap(plan.arena_bytes);
-        let scratch = DeviceBuffer::new(ws_cap)?;
-        let events = Events::new()?;
-
-        let rec = Recorder {
-            plan: &plan,
-            const_offs: &const_offs,
-            arena_base,
-            weights_base,
-            dtype,
-            es,
-            half_names,
-            scratch: scratch.ptr,
-            ws_cap,
-            events,
-            options: target.build,
-        };
+    /// Records the job's launches: the input copies, every step's launches (each named after
+    /// its step), the output copies.
+    fn record_launches(&mut self, rec: &Recorder) -> Result<()> {
+        let plan = rec.plan;
+        let staging = |id: usize| rec.arena_base + plan.storages[id].offset as u64;
         let mut caches = LibraryCaches::default();
-
-        // HtoD of the inputs.
         for (i, io) in plan.inputs.iter().enumerate() {
-            m.launches.push(Launch::HtoD {
+            self.launches.push(Launch::HtoD {
                 dst: staging(io.staging),
-                src: m.host_in[i].0 as *const c_void,
-                bytes: m.host_in[i].1 * 4,
+                src: self.host_in[i].0 as *const c_void,
+                bytes: self.host_in[i].1 * 4,
             });
         }
-        let recorded: Result<()> = (|| {
-            let mut prev = String::from("input copy");
-            for step in &plan.steps {
-                while m.names.len() < m.launches.len() {
-                    m.names.push(prev.clone());
-                }
-                prev = step.name.clone();
-                m.step_start.push(m.launches.len());
-                record_step(&mut m, &rec, &mut caches, step)?;
+        let mut prev = String::from("input copy");
+        for step in &plan.steps {
+            while self.names.len() < self.launches.len() {
+                self.names.push(prev.clone());
             }
-            while m.names.len() < m.launches.len() {
-                m.names.push(prev.clone());
-            }
-            Ok(())
-        })();
-        // The search may have stopped with an error while timing on the scratch buffer: the
-        // model must not free it a second time when it is dropped.
-        m.workspace = 0;
-        // The algorithm search is over: nothing uses the scratch any more.
-        drop(scratch);
-        recorded?;
-        m.step_start.push(m.launches.len());
+            prev = step.name.clone();
+            self.step_start.push(self.launches.len());
+            record_step(self, rec, &mut caches, step)?;
+        }
+        while self.names.len() < self.launches.len() {
+            self.names.push(prev.clone());
+        }
+        self.step_start.push(self.launches.len());
         for (i, io) in plan.outputs.iter().enumerate() {
-            m.names.push("output copy".into());
-            m.launches.push(Launch::DtoH {
-                dst: m.host_out[i].0 as *mut c_void,
+            self.names.push("output copy".into());
+            self.launches.push(Launch::DtoH {
+                dst: self.host_out[i].0 as *mut c_void,
                 src: staging(io.staging),
-                bytes: m.host_out[i].1 * 4,
+                bytes: self.host_out[i].1 * 4,
             });
         }
+        Ok(())
+    }
 
-        // The one workspace: the largest any chosen algorithm needs.
-        let ws = m
+    /// The one workspace: the largest any chosen algorithm needs, in the weights block's
+    /// rounding where it fits, else an allocation of its own; and the memory report.
+    fn place_workspace(&mut self, plan: &Plan, block: &WeightBlock) -> Result<()> {
+        let ws = self
             .convs
             .iter()
             .map(|c| c.workspace)
-            .chain(m.mms.iter().map(|x| x.workspace))
+            .chain(self.mms.iter().map(|x| x.workspace))
             .max()
             .unwrap_or(0);
-        let ws_offset = crate::plan::align(block_used);
-        if ws_offset + ws <= block_bytes {
-            m.workspace = m.weights + ws_offset as u64;
+        let ws_offset = crate::plan::align(block.block_used);
+        if ws_offset + ws <= block.block_bytes {
+            self.workspace = self.weights + ws_offset as u64;
         } else {
-            m.workspace = dev_alloc(ws)?;
-            m.workspace_owned = true;
+            self.workspace = dev_alloc(ws)?;
+            self.workspace_owned = true;
         }
-        m.mem = MemoryReport {
-            weights_bytes: const_bytes,
+        self.mem = MemoryReport {
+            weights_bytes: block.const_bytes,
             arena_bytes: plan.arena_bytes,
             workspace_bytes: ws,
-            total_bytes: const_bytes + plan.arena_bytes + ws,
+            total_bytes: block.const_bytes + plan.arena_bytes + ws,
             device_delta_bytes: 0,
         };
+        Ok(())
+    }
 
-        // One eager run (loads lazily-loaded library kernels outside capture), then capture.
-        m.issue(true)?;
+    /// One eager run (loads lazily-loaded library kernels outside capture), then the captures
+    /// of the whole job and of the copy-free forward.
+    fn instantiate(&mut self) -> Result<()> {
+        self.issue(true)?;
         // SAFETY: the stream is live.
         cu_check("cuStreamSynchronize", unsafe {
-            cu::cuStreamSynchronize(m.stream)
+            cu::cuStreamSynchronize(self.stream)
         })?;
-        let (g, e) = m.capture(true)?;
-        m.graph = g;
-        m.exec = e;
-        let (g, e) = m.capture(false)?;
-        m.compute_graph = g;
-        m.compute_exec = e;
-        m.mem.device_delta_bytes = free_before.saturating_sub(free_mem()?);
-        m.build_ms = t0.elapsed().as_secs_f64() * 1e3;
-        Ok(m)
+        let (g, e) = self.capture(true)?;
+        self.graph = g;
+        self.exec = e;
+        let (g, e) = self.capture(false)?;
+        self.compute_graph = g;
+        self.compute_exec = e;
+        Ok(())
     }
 
     /// Captures the launches (with or without the input/output copies) into a graph and
