@@ -2135,12 +2135,30 @@ fn record_conv(
             Err(_) => {}
         }
     }
+    let chosen = fastest_candidate(m, rec, err, dnn_path, gemm_path)?;
+    m.launches.extend(chosen);
+    Ok(())
+}
+
+/// A convolution's candidate launches and their best time (∞ until timed).
+type Candidate = Option<(Vec<Launch>, f32)>;
+
+/// Times each candidate path (best of 3) as it will run, on the search scratch as workspace,
+/// and returns the faster one's launches (the GEMM path on a tie).
+fn fastest_candidate(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    err: &dyn Fn(EngineError) -> EngineError,
+    mut dnn_path: Candidate,
+    mut gemm_path: Candidate,
+) -> Result<Vec<Launch>> {
     // Time each candidate path (best of 3) as it will run.
-    m.workspace = scratch;
+    m.workspace = rec.scratch;
     for path in [&mut dnn_path, &mut gemm_path].into_iter().flatten() {
         let launches = &path.0;
         for _ in 0..3 {
-            let t = events
+            let t = rec
+                .events
                 .time(m.stream, &mut || m.issue_list(launches, true))
                 .map_err(err)?;
             path.1 = path.1.min(t);
@@ -2159,8 +2177,7 @@ fn record_conv(
         (None, Some(g)) => g.0,
         (None, None) => return Err(err(EngineError::Runtime("no convolution path".into()))),
     };
-    m.launches.extend(chosen);
-    Ok(())
+    Ok(chosen)
 }
 
 fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()> {

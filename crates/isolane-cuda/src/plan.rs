@@ -2128,6 +2128,102 @@ impl Planner<'_> {
     }
 }
 
+impl<'g> Planner<'g> {
+    fn new(g: &'g Graph, shapes: Vec<Vec<usize>>, es: usize, opts: PlanOptions) -> Planner<'g> {
+        let nv = g.values.len();
+        Planner {
+            g,
+            opts,
+            es,
+            shapes,
+            loc: vec![None; nv],
+            nhwc: vec![false; nv],
+            plain_of: vec![None; nv],
+            nhwc_of: vec![None; nv],
+            storages: Vec::new(),
+            steps: Vec::new(),
+            consts: Vec::new(),
+            const_of: vec![None; nv],
+            filter_nhwc: Vec::new(),
+            filter_dw_hwc: Vec::new(),
+            linear_of: vec![None; nv],
+            def_t: vec![0; nv],
+            alpha_of: vec![1.0; nv],
+            pending_scale: vec![None; nv],
+            vstrides: vec![None; nv],
+            probes: Vec::new(),
+            t: 0,
+        }
+    }
+
+    /// Time 0: inputs arrive (staging f32 storages) and are cast to the activation dtype.
+    fn stage_inputs(&mut self, dtype: DType) -> Vec<Io> {
+        let (g, es) = (self.g, self.es);
+        let p = self;
+        let mut inputs = Vec::new();
+        for &i in &g.inputs {
+            let n = p.numel(i);
+            let staging = p.new_storage(n * 4);
+            let st = if dtype == DType::F32 {
+                staging
+            } else {
+                let s = p.new_storage(n * es);
+                p.push(
+                    &format!("cast input {}", g.values[i].name),
+                    StepKind::CastIn {
+                        x: Loc::Storage {
+                            id: staging,
+                            offset: 0,
+                        },
+                        y: Loc::Storage { id: s, offset: 0 },
+                        n,
+                    },
+                );
+                s
+            };
+            p.loc[i] = Some(Loc::Storage { id: st, offset: 0 });
+            inputs.push(Io {
+                staging,
+                shape: p.shapes[i].clone(),
+            });
+        }
+        inputs
+    }
+
+    /// Outputs: cast (or copy) into their own f32 staging storage, alive to the end (`end`).
+    fn stage_outputs(&mut self, dtype: DType, end: usize) -> Result<Vec<Io>> {
+        let g = self.g;
+        let p = self;
+        p.t = end;
+        let mut outputs = Vec::new();
+        for &o in &g.outputs {
+            let src = p.plain(o, "<outputs>")?;
+            let n = p.numel(o);
+            let staging = p.new_storage(n * 4);
+            p.storages[staging].last = end + 1;
+            let dst = Loc::Storage {
+                id: staging,
+                offset: 0,
+            };
+            let kind = if dtype == DType::F32 {
+                StepKind::Copy {
+                    x: src,
+                    y: dst,
+                    space: Strided::coalesce(&[n], vec![vec![1], vec![1]], "<outputs>")?,
+                }
+            } else {
+                StepKind::CastOut { x: src, y: dst, n }
+            };
+            p.push(&format!("output {}", g.values[o].name), kind);
+            outputs.push(Io {
+                staging,
+                shape: p.shapes[o].clone(),
+            });
+        }
+        Ok(outputs)
+    }
+}
+
 /// Plans an already optimised graph (see `isolane_engine::passes::optimize`).
 pub fn plan(g: &Graph, batch: usize, precision: Precision) -> Result<Plan> {
     plan_with(g, batch, precision, PlanOptions::default())
@@ -2136,60 +2232,8 @@ pub fn plan(g: &Graph, batch: usize, precision: Precision) -> Result<Plan> {
 /// [`plan`] with options.
 pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOptions) -> Result<Plan> {
     let dtype = DType::of(precision);
-    let es = dtype.size();
-    let shapes = g.infer_shapes(batch)?;
-    let nv = g.values.len();
-    let mut p = Planner {
-        g,
-        opts,
-        es,
-        shapes,
-        loc: vec![None; nv],
-        nhwc: vec![false; nv],
-        plain_of: vec![None; nv],
-        nhwc_of: vec![None; nv],
-        storages: Vec::new(),
-        steps: Vec::new(),
-        consts: Vec::new(),
-        const_of: vec![None; nv],
-        filter_nhwc: Vec::new(),
-        filter_dw_hwc: Vec::new(),
-        linear_of: vec![None; nv],
-        def_t: vec![0; nv],
-        alpha_of: vec![1.0; nv],
-        pending_scale: vec![None; nv],
-        vstrides: vec![None; nv],
-        probes: Vec::new(),
-        t: 0,
-    };
-    // Time 0: inputs arrive (staging f32 storages) and are cast to the activation dtype.
-    let mut inputs = Vec::new();
-    for &i in &g.inputs {
-        let n = p.numel(i);
-        let staging = p.new_storage(n * 4);
-        let st = if dtype == DType::F32 {
-            staging
-        } else {
-            let s = p.new_storage(n * es);
-            p.push(
-                &format!("cast input {}", g.values[i].name),
-                StepKind::CastIn {
-                    x: Loc::Storage {
-                        id: staging,
-                        offset: 0,
-                    },
-                    y: Loc::Storage { id: s, offset: 0 },
-                    n,
-                },
-            );
-            s
-        };
-        p.loc[i] = Some(Loc::Storage { id: st, offset: 0 });
-        inputs.push(Io {
-            staging,
-            shape: p.shapes[i].clone(),
-        });
-    }
+    let mut p = Planner::new(g, g.infer_shapes(batch)?, dtype.size(), opts);
+    let inputs = p.stage_inputs(dtype);
     let pat = Patterns::find(g, &p.shapes, opts);
     for (ni, n) in g.nodes.iter().enumerate() {
         if ni > 0 {
@@ -2254,34 +2298,8 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     if let Some(last) = g.nodes.last() {
         p.record_probes(last);
     }
-    // Outputs: cast (or copy) into their own f32 staging storage, alive to the end.
     let end = g.nodes.len() + 1;
-    p.t = end;
-    let mut outputs = Vec::new();
-    for &o in &g.outputs {
-        let src = p.plain(o, "<outputs>")?;
-        let n = p.numel(o);
-        let staging = p.new_storage(n * 4);
-        p.storages[staging].last = end + 1;
-        let dst = Loc::Storage {
-            id: staging,
-            offset: 0,
-        };
-        let kind = if dtype == DType::F32 {
-            StepKind::Copy {
-                x: src,
-                y: dst,
-                space: Strided::coalesce(&[n], vec![vec![1], vec![1]], "<outputs>")?,
-            }
-        } else {
-            StepKind::CastOut { x: src, y: dst, n }
-        };
-        p.push(&format!("output {}", g.values[o].name), kind);
-        outputs.push(Io {
-            staging,
-            shape: p.shapes[o].clone(),
-        });
-    }
+    let outputs = p.stage_outputs(dtype, end)?;
     // Inputs' staging stays reserved for the whole run (written before the graph starts).
     for io in &inputs {
         p.storages[io.staging].last = end + 1;
