@@ -28,8 +28,8 @@ use packed::{Epi, Isa, PackedA};
 
 use crate::error::{EngineError, Result};
 use crate::ir::{
-    broadcast_shapes, norm_axis, slice_params, Binary, Node, Op, PoolAttrs, ReduceKind, ResizeMode,
-    Unary,
+    broadcast_shapes, norm_axis, slice_params, Binary, ConvAttrs, Node, Op, PoolAttrs, ReduceKind,
+    ResizeAttrs, ResizeMode, Unary,
 };
 
 /// A buffer a kernel reads or writes: a pointer into memory owned by the compiled model.
@@ -389,66 +389,7 @@ impl Kernel {
         let x = ins[0];
         let o = outs[0];
         Ok(match &node.op {
-            Op::Conv(a) => {
-                let w = ins[1];
-                let cg = w[1];
-                let method = if cg == 1 && a.groups > 1 {
-                    ConvMethod::Depthwise
-                } else if w[2] == 1 && w[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4] {
-                    ConvMethod::Pointwise
-                } else {
-                    ConvMethod::Im2col
-                };
-                Kernel::Conv(ConvK {
-                    n: x[0],
-                    c: x[1],
-                    h: x[2],
-                    w: x[3],
-                    m: w[0],
-                    oh: o[2],
-                    ow: o[3],
-                    kh: w[2],
-                    kw: w[3],
-                    sh: a.strides[0],
-                    sw: a.strides[1],
-                    pt: a.pads[0],
-                    pl: a.pads[1],
-                    dh: a.dilations[0],
-                    dw: a.dilations[1],
-                    groups: a.groups,
-                    act: a.activation,
-                    has_bias: ins.len() >= 3,
-                    residual: a.residual,
-                    method,
-                    packed: None,
-                    implicit: if method == ConvMethod::Im2col {
-                        Implicit::prepare(
-                            x,
-                            w[0],
-                            o,
-                            [w[2], w[3]],
-                            a.strides,
-                            [a.pads[0], a.pads[1]],
-                            a.dilations,
-                            a.groups,
-                        )
-                        .map(Arc::new)
-                    } else {
-                        None
-                    },
-                    tile: {
-                        // ~256 KiB of im2col per task, a multiple of 16 columns; whole output
-                        // rows when the rows can be lowered as one contiguous copy.
-                        let kk = (w[1] * w[2] * w[3]).max(1);
-                        let t = ((65536 / kk).clamp(112, 4096) / 16) * 16;
-                        if o[3] <= t {
-                            (t / o[3]).max(1) * o[3]
-                        } else {
-                            t
-                        }
-                    },
-                })
-            }
+            Op::Conv(a) => prepare_conv(ins, outs, a)?,
             Op::Linear { activation } => {
                 let k = x[x.len() - 1];
                 Kernel::Linear {
@@ -460,90 +401,13 @@ impl Kernel {
                     wt: None,
                 }
             }
-            Op::MatMul => {
-                let a: Vec<usize> = if x.len() == 1 {
-                    vec![1, x[0]]
-                } else {
-                    x.to_vec()
-                };
-                let b: Vec<usize> = if ins[1].len() == 1 {
-                    vec![ins[1][0], 1]
-                } else {
-                    ins[1].to_vec()
-                };
-                let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
-                let n = b[b.len() - 1];
-                let ab = &a[..a.len() - 2];
-                let bb = &b[..b.len() - 2];
-                let batch =
-                    broadcast_shapes(ab, bb).ok_or_else(|| unsupported(node, "batch dims"))?;
-                let sa = bcast_strides(ab, &batch);
-                let sb = bcast_strides(bb, &batch);
-                let total: usize = batch.iter().product();
-                let mut offsets = Vec::with_capacity(total);
-                let mut idx = vec![0usize; batch.len()];
-                for _ in 0..total {
-                    let oa: usize = idx.iter().zip(&sa).map(|(i, s)| i * s).sum();
-                    let ob: usize = idx.iter().zip(&sb).map(|(i, s)| i * s).sum();
-                    offsets.push((oa * m * k, ob * k * n));
-                    for d in (0..idx.len()).rev() {
-                        idx[d] += 1;
-                        if idx[d] < batch[d] {
-                            break;
-                        }
-                        idx[d] = 0;
-                    }
-                }
-                Kernel::MatMul(MatMulK {
-                    m,
-                    n,
-                    k,
-                    a_rs: k,
-                    a_cs: 1,
-                    b_rs: n,
-                    b_cs: 1,
-                    offsets,
-                    alpha: 1.0,
-                    c: None,
-                })
-            }
+            Op::MatMul => prepare_matmul(node, ins)?,
             Op::Gemm {
                 alpha,
                 beta,
                 trans_a,
                 trans_b,
-            } => {
-                let (a, b) = (ins[0], ins[1]);
-                let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
-                let n = o[1];
-                let (a_rs, a_cs) = if *trans_a { (1, a[1]) } else { (a[1], 1) };
-                let (b_rs, b_cs) = if *trans_b { (1, b[1]) } else { (b[1], 1) };
-                let c = if ins.len() == 3 {
-                    let cs = ins[2];
-                    let c2: Vec<usize> = match cs.len() {
-                        0 => vec![1, 1],
-                        1 => vec![1, cs[0]],
-                        _ => cs.to_vec(),
-                    };
-                    let rs = if c2[0] == m && m != 1 { c2[1] } else { 0 };
-                    let cst = if c2[1] == n && n != 1 { 1 } else { 0 };
-                    Some((*beta, rs, cst))
-                } else {
-                    None
-                };
-                Kernel::MatMul(MatMulK {
-                    m,
-                    n,
-                    k,
-                    a_rs,
-                    a_cs,
-                    b_rs,
-                    b_cs,
-                    offsets: vec![(0, 0)],
-                    alpha: *alpha,
-                    c,
-                })
-            }
+            } => prepare_gemm(ins, outs, alpha, beta, trans_a, trans_b)?,
             Op::Unary(u) => Kernel::Unary(*u),
             Op::Identity
             | Op::Reshape { .. }
@@ -563,23 +427,7 @@ impl Kernel {
                 hw: x[2..].iter().product(),
                 eps: *eps,
             },
-            Op::MaxPool(p) | Op::AveragePool(p) => {
-                let k = PoolK {
-                    nc: x[0] * x[1],
-                    h: x[2],
-                    w: x[3],
-                    oh: o[2],
-                    ow: o[3],
-                    p: p.clone(),
-                    ys: window_ranges(o[2], x[2], p.kernel[0], p.strides[0], p.pads[0]),
-                    xs: window_ranges(o[3], x[3], p.kernel[1], p.strides[1], p.pads[1]),
-                };
-                if matches!(node.op, Op::MaxPool(_)) {
-                    Kernel::MaxPool(k)
-                } else {
-                    Kernel::AvgPool(k)
-                }
-            }
+            Op::MaxPool(p) | Op::AveragePool(p) => prepare_pool(node, ins, outs, p)?,
             Op::GlobalAveragePool => Kernel::AdaptiveAvg {
                 nc: x[0] * x[1],
                 h: x[2..].iter().product(),
@@ -615,25 +463,7 @@ impl Kernel {
                 ends,
                 axes,
                 steps,
-            } => {
-                let p =
-                    slice_params(x, starts, ends, axes, steps).map_err(|m| unsupported(node, m))?;
-                let st = strides_of(x);
-                let base: i64 = p
-                    .iter()
-                    .zip(&st)
-                    .map(|(t, &s)| if t.2 > 0 { t.0 * s as i64 } else { 0 })
-                    .sum();
-                Kernel::Strided(StridedK {
-                    out_shape: o.to_vec(),
-                    strides: p
-                        .iter()
-                        .zip(&st)
-                        .map(|(t, &s)| (t.1 * s as i64) as isize)
-                        .collect(),
-                    base: base as isize,
-                })
-            }
+            } => prepare_slice(node, ins, outs, starts, ends, axes, steps)?,
             Op::Concat { axis } => {
                 let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
                 Kernel::Concat {
@@ -678,53 +508,8 @@ impl Kernel {
                     has_bias: ins.len() == 3,
                 }
             }
-            Op::Reduce { kind, axes, .. } => {
-                let mut red = vec![axes.is_empty(); x.len()];
-                for &ax in axes {
-                    red[norm_axis(ax, x.len()).ok_or_else(|| unsupported(node, "axis"))?] = true;
-                }
-                let st = strides_of(x);
-                let offs = |sel: bool| -> Vec<usize> {
-                    let dims: Vec<usize> = (0..x.len()).filter(|&i| red[i] == sel).collect();
-                    let total: usize = dims.iter().map(|&i| x[i]).product();
-                    let mut v = Vec::with_capacity(total);
-                    let mut idx = vec![0usize; dims.len()];
-                    for _ in 0..total {
-                        v.push(idx.iter().zip(&dims).map(|(i, &d)| i * st[d]).sum());
-                        for j in (0..idx.len()).rev() {
-                            idx[j] += 1;
-                            if idx[j] < x[dims[j]] {
-                                break;
-                            }
-                            idx[j] = 0;
-                        }
-                    }
-                    v
-                };
-                Kernel::Reduce {
-                    kind: *kind,
-                    bases: offs(false),
-                    offsets: offs(true),
-                }
-            }
-            Op::Resize(r) => {
-                let (h, w, oh, ow) = (x[2], x[3], o[2], o[3]);
-                let [sh, sw] = r.coord_scales([h, w], [oh, ow]);
-                let linear = r.mode == ResizeMode::Linear;
-                let axis = |inp: usize, out: usize, scale: f32| -> Vec<(usize, usize, f32)> {
-                    (0..out).map(|i| r.source(i, inp, out, scale)).collect()
-                };
-                Kernel::Resize(ResizeK {
-                    nc: x[0] * x[1],
-                    h,
-                    w,
-                    oh,
-                    ow,
-                    linear,
-                    ys: axis(h, oh, sh),
-                    xs: axis(w, ow, sw),
-                })
-            }
+            Op::Reduce { kind, axes, .. } => prepare_reduce(node, ins, kind, axes)?,
+            Op::Resize(r) => prepare_resize(ins, outs, r)?,
         })
     }
 
@@ -1007,6 +792,292 @@ impl Kernel {
             Kernel::Resize(r) => resize(r, io),
         }
     }
+}
+
+/// [`Kernel::prepare`] for `Op::Conv(a)`.
+fn prepare_conv(ins: &[&[usize]], outs: &[&[usize]], a: &ConvAttrs) -> Result<Kernel> {
+    let x = ins[0];
+    let o = outs[0];
+    let kernel = {
+        let w = ins[1];
+        let cg = w[1];
+        let method = if cg == 1 && a.groups > 1 {
+            ConvMethod::Depthwise
+        } else if w[2] == 1 && w[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4] {
+            ConvMethod::Pointwise
+        } else {
+            ConvMethod::Im2col
+        };
+        Kernel::Conv(ConvK {
+            n: x[0],
+            c: x[1],
+            h: x[2],
+            w: x[3],
+            m: w[0],
+            oh: o[2],
+            ow: o[3],
+            kh: w[2],
+            kw: w[3],
+            sh: a.strides[0],
+            sw: a.strides[1],
+            pt: a.pads[0],
+            pl: a.pads[1],
+            dh: a.dilations[0],
+            dw: a.dilations[1],
+            groups: a.groups,
+            act: a.activation,
+            has_bias: ins.len() >= 3,
+            residual: a.residual,
+            method,
+            packed: None,
+            implicit: if method == ConvMethod::Im2col {
+                Implicit::prepare(
+                    x,
+                    w[0],
+                    o,
+                    [w[2], w[3]],
+                    a.strides,
+                    [a.pads[0], a.pads[1]],
+                    a.dilations,
+                    a.groups,
+                )
+                .map(Arc::new)
+            } else {
+                None
+            },
+            tile: {
+                // ~256 KiB of im2col per task, a multiple of 16 columns; whole output
+                // rows when the rows can be lowered as one contiguous copy.
+                let kk = (w[1] * w[2] * w[3]).max(1);
+                let t = ((65536 / kk).clamp(112, 4096) / 16) * 16;
+                if o[3] <= t {
+                    (t / o[3]).max(1) * o[3]
+                } else {
+                    t
+                }
+            },
+        })
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::MatMul`.
+fn prepare_matmul(node: &Node, ins: &[&[usize]]) -> Result<Kernel> {
+    let x = ins[0];
+    let kernel = {
+        let a: Vec<usize> = if x.len() == 1 {
+            vec![1, x[0]]
+        } else {
+            x.to_vec()
+        };
+        let b: Vec<usize> = if ins[1].len() == 1 {
+            vec![ins[1][0], 1]
+        } else {
+            ins[1].to_vec()
+        };
+        let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
+        let n = b[b.len() - 1];
+        let ab = &a[..a.len() - 2];
+        let bb = &b[..b.len() - 2];
+        let batch = broadcast_shapes(ab, bb).ok_or_else(|| unsupported(node, "batch dims"))?;
+        let sa = bcast_strides(ab, &batch);
+        let sb = bcast_strides(bb, &batch);
+        let total: usize = batch.iter().product();
+        let mut offsets = Vec::with_capacity(total);
+        let mut idx = vec![0usize; batch.len()];
+        for _ in 0..total {
+            let oa: usize = idx.iter().zip(&sa).map(|(i, s)| i * s).sum();
+            let ob: usize = idx.iter().zip(&sb).map(|(i, s)| i * s).sum();
+            offsets.push((oa * m * k, ob * k * n));
+            for d in (0..idx.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < batch[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Kernel::MatMul(MatMulK {
+            m,
+            n,
+            k,
+            a_rs: k,
+            a_cs: 1,
+            b_rs: n,
+            b_cs: 1,
+            offsets,
+            alpha: 1.0,
+            c: None,
+        })
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::Gemm { alpha, beta, trans_a, trans_b, }`.
+fn prepare_gemm(
+    ins: &[&[usize]],
+    outs: &[&[usize]],
+    alpha: &f32,
+    beta: &f32,
+    trans_a: &bool,
+    trans_b: &bool,
+) -> Result<Kernel> {
+    let o = outs[0];
+    let kernel = {
+        let (a, b) = (ins[0], ins[1]);
+        let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
+        let n = o[1];
+        let (a_rs, a_cs) = if *trans_a { (1, a[1]) } else { (a[1], 1) };
+        let (b_rs, b_cs) = if *trans_b { (1, b[1]) } else { (b[1], 1) };
+        let c = if ins.len() == 3 {
+            let cs = ins[2];
+            let c2: Vec<usize> = match cs.len() {
+                0 => vec![1, 1],
+                1 => vec![1, cs[0]],
+                _ => cs.to_vec(),
+            };
+            let rs = if c2[0] == m && m != 1 { c2[1] } else { 0 };
+            let cst = if c2[1] == n && n != 1 { 1 } else { 0 };
+            Some((*beta, rs, cst))
+        } else {
+            None
+        };
+        Kernel::MatMul(MatMulK {
+            m,
+            n,
+            k,
+            a_rs,
+            a_cs,
+            b_rs,
+            b_cs,
+            offsets: vec![(0, 0)],
+            alpha: *alpha,
+            c,
+        })
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::MaxPool(p) | Op::AveragePool(p)`.
+fn prepare_pool(node: &Node, ins: &[&[usize]], outs: &[&[usize]], p: &PoolAttrs) -> Result<Kernel> {
+    let x = ins[0];
+    let o = outs[0];
+    let kernel = {
+        let k = PoolK {
+            nc: x[0] * x[1],
+            h: x[2],
+            w: x[3],
+            oh: o[2],
+            ow: o[3],
+            p: p.clone(),
+            ys: window_ranges(o[2], x[2], p.kernel[0], p.strides[0], p.pads[0]),
+            xs: window_ranges(o[3], x[3], p.kernel[1], p.strides[1], p.pads[1]),
+        };
+        if matches!(node.op, Op::MaxPool(_)) {
+            Kernel::MaxPool(k)
+        } else {
+            Kernel::AvgPool(k)
+        }
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::Slice { starts, ends, axes, steps, }`.
+fn prepare_slice(
+    node: &Node,
+    ins: &[&[usize]],
+    outs: &[&[usize]],
+    starts: &[i64],
+    ends: &[i64],
+    axes: &[i64],
+    steps: &[i64],
+) -> Result<Kernel> {
+    let x = ins[0];
+    let o = outs[0];
+    let kernel = {
+        let p = slice_params(x, starts, ends, axes, steps).map_err(|m| unsupported(node, m))?;
+        let st = strides_of(x);
+        let base: i64 = p
+            .iter()
+            .zip(&st)
+            .map(|(t, &s)| if t.2 > 0 { t.0 * s as i64 } else { 0 })
+            .sum();
+        Kernel::Strided(StridedK {
+            out_shape: o.to_vec(),
+            strides: p
+                .iter()
+                .zip(&st)
+                .map(|(t, &s)| (t.1 * s as i64) as isize)
+                .collect(),
+            base: base as isize,
+        })
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::Reduce { kind, axes, .. }`.
+fn prepare_reduce(
+    node: &Node,
+    ins: &[&[usize]],
+    kind: &ReduceKind,
+    axes: &[i64],
+) -> Result<Kernel> {
+    let x = ins[0];
+    let kernel = {
+        let mut red = vec![axes.is_empty(); x.len()];
+        for &ax in axes {
+            red[norm_axis(ax, x.len()).ok_or_else(|| unsupported(node, "axis"))?] = true;
+        }
+        let st = strides_of(x);
+        let offs = |sel: bool| -> Vec<usize> {
+            let dims: Vec<usize> = (0..x.len()).filter(|&i| red[i] == sel).collect();
+            let total: usize = dims.iter().map(|&i| x[i]).product();
+            let mut v = Vec::with_capacity(total);
+            let mut idx = vec![0usize; dims.len()];
+            for _ in 0..total {
+                v.push(idx.iter().zip(&dims).map(|(i, &d)| i * st[d]).sum());
+                for j in (0..idx.len()).rev() {
+                    idx[j] += 1;
+                    if idx[j] < x[dims[j]] {
+                        break;
+                    }
+                    idx[j] = 0;
+                }
+            }
+            v
+        };
+        Kernel::Reduce {
+            kind: *kind,
+            bases: offs(false),
+            offsets: offs(true),
+        }
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::Resize(r)`.
+fn prepare_resize(ins: &[&[usize]], outs: &[&[usize]], r: &ResizeAttrs) -> Result<Kernel> {
+    let x = ins[0];
+    let o = outs[0];
+    let kernel = {
+        let (h, w, oh, ow) = (x[2], x[3], o[2], o[3]);
+        let [sh, sw] = r.coord_scales([h, w], [oh, ow]);
+        let linear = r.mode == ResizeMode::Linear;
+        let axis = |inp: usize, out: usize, scale: f32| -> Vec<(usize, usize, f32)> {
+            (0..out).map(|i| r.source(i, inp, out, scale)).collect()
+        };
+        Kernel::Resize(ResizeK {
+            nc: x[0] * x[1],
+            h,
+            w,
+            oh,
+            ow,
+            linear,
+            ys: axis(h, oh, sh),
+            xs: axis(w, ow, sw),
+        })
+    };
+    Ok(kernel)
 }
 
 fn layer_norm_row(x: &[f32], o: &mut [f32], g: &[f32], b: Option<&[f32]>, eps: f32) {
