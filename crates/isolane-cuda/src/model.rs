@@ -1977,33 +1977,6 @@ fn record_conv(
     // cuDNN (its best algorithm) + our epilogue kernel, or (NHWC, one group)
     // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
     let paths = rec.options.conv_paths;
-    let n_out: usize = c.y_shape.iter().product();
-    let epilogue = |with_bias: bool, with_res: bool| {
-        pointwise_launch(
-            rec.func("pointwise"),
-            rec.ptr(c.y),
-            rec.ptr(c.y),
-            None,
-            if with_bias {
-                c.bias.map(&|l| rec.ptr(l))
-            } else {
-                None
-            },
-            if with_res {
-                c.residual.map(&|l| rec.ptr(l))
-            } else {
-                None
-            },
-            n_out,
-            c.y_shape[1],
-            if c.nhwc {
-                1
-            } else {
-                c.y_shape[2] * c.y_shape[3]
-            },
-            c.act,
-        )
-    };
     let mut dnn_path: Option<(Vec<Launch>, f32)> = None;
     if paths.tries_cudnn() || !c.gemm_capable() {
         let key = ConvKey::of(c);
@@ -2033,7 +2006,7 @@ fn record_conv(
                     y: rec.ptr(c.y),
                 }];
                 if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
-                    l.push(epilogue(true, true));
+                    l.push(conv_epilogue(rec, c, true, true));
                 }
                 dnn_path = Some((l, f32::INFINITY));
             }
@@ -2043,66 +2016,16 @@ fn record_conv(
     }
     let mut gemm_path: Option<(Vec<Launch>, f32)> = None;
     if c.gemm_capable() && paths.tries_gemm() {
-        let [n, ch, h, w] = c.x_shape;
-        let [_, _, oh, ow] = c.y_shape;
-        let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
         let mut l = Vec::new();
         let b_ptr = match c.col {
             Some(col) => {
-                let v = [
-                    n,
-                    h,
-                    w,
-                    ch,
-                    oh,
-                    ow,
-                    kh,
-                    kw,
-                    c.strides[0],
-                    c.strides[1],
-                    c.pads[0],
-                    c.pads[1],
-                    c.dilations[0],
-                    c.dilations[1],
-                ];
-                let mut vi = [0i32; 14];
-                for (d, s) in vi.iter_mut().zip(v) {
-                    *d = s as i32;
-                }
-                l.push(Launch::Kernel {
-                    func: rec.func("im2col"),
-                    grid: elementwise_grid(n * oh * ow * kh * kw * ch),
-                    block: BLOCK,
-                    args: vec![
-                        Arg::Ptr(rec.ptr(c.x)),
-                        Arg::Ptr(rec.ptr(col)),
-                        Arg::Im(Box::new(ImP { v: vi })),
-                    ],
-                });
+                l.push(im2col_launch(rec, c, col));
                 rec.ptr(col)
             }
             None => rec.ptr(c.x),
         };
         let relu = matches!(c.act, Some(Unary::Relu));
-        let key = MmKey {
-            m: n * oh * ow,
-            n: c.w_shape[0],
-            k: kh * kw * ch,
-            batch: 1,
-            sa: 0,
-            sb: 0,
-            lda: kh * kw * ch,
-            ldb: kh * kw * ch,
-            ldy: c.w_shape[0],
-            sy: n * oh * ow * c.w_shape[0],
-            b_trans: true,
-            linear: true,
-            bias: c.bias.map(&|l| rec.ptr(l)),
-            relu,
-            gelu: false,
-            residual: c.residual.is_some(),
-            alpha: 1.0f32.to_bits(),
-        };
+        let key = conv_gemm_key(rec, c, relu);
         let res_ptr = c.residual.map_or(0, &|l| rec.ptr(l));
         match mm_index(
             m,
@@ -2127,7 +2050,7 @@ fn record_conv(
                     y: rec.ptr(c.y),
                 });
                 if c.act.is_some() && !relu {
-                    l.push(epilogue(false, false));
+                    l.push(conv_epilogue(rec, c, false, false));
                 }
                 gemm_path = Some((l, f32::INFINITY));
             }
@@ -2138,6 +2061,100 @@ fn record_conv(
     let chosen = fastest_candidate(m, rec, err, dnn_path, gemm_path)?;
     m.launches.extend(chosen);
     Ok(())
+}
+
+/// The pointwise pass after a cuDNN convolution (bias, residual, activation) or after its GEMM
+/// (the activation cuBLASLt's epilogue does not fuse).
+fn conv_epilogue(rec: &Recorder, c: &ConvStep, with_bias: bool, with_res: bool) -> Launch {
+    let n_out: usize = c.y_shape.iter().product();
+    pointwise_launch(
+        rec.func("pointwise"),
+        rec.ptr(c.y),
+        rec.ptr(c.y),
+        None,
+        if with_bias {
+            c.bias.map(&|l| rec.ptr(l))
+        } else {
+            None
+        },
+        if with_res {
+            c.residual.map(&|l| rec.ptr(l))
+        } else {
+            None
+        },
+        n_out,
+        c.y_shape[1],
+        if c.nhwc {
+            1
+        } else {
+            c.y_shape[2] * c.y_shape[3]
+        },
+        c.act,
+    )
+}
+
+/// The im2col kernel that lowers a convolution's input into `col` for the GEMM path.
+fn im2col_launch(rec: &Recorder, c: &ConvStep, col: Loc) -> Launch {
+    let [n, ch, h, w] = c.x_shape;
+    let [_, _, oh, ow] = c.y_shape;
+    let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
+    let v = [
+        n,
+        h,
+        w,
+        ch,
+        oh,
+        ow,
+        kh,
+        kw,
+        c.strides[0],
+        c.strides[1],
+        c.pads[0],
+        c.pads[1],
+        c.dilations[0],
+        c.dilations[1],
+    ];
+    let mut vi = [0i32; 14];
+    for (d, s) in vi.iter_mut().zip(v) {
+        *d = s as i32;
+    }
+    Launch::Kernel {
+        func: rec.func("im2col"),
+        grid: elementwise_grid(n * oh * ow * kh * kw * ch),
+        block: BLOCK,
+        args: vec![
+            Arg::Ptr(rec.ptr(c.x)),
+            Arg::Ptr(rec.ptr(col)),
+            Arg::Im(Box::new(ImP { v: vi })),
+        ],
+    }
+}
+
+/// The cuBLASLt GEMM of a convolution's GEMM path: `y[n·oh·ow, M] = col · wᵀ` with the bias,
+/// ReLU and residual fused.
+fn conv_gemm_key(rec: &Recorder, c: &ConvStep, relu: bool) -> MmKey {
+    let [n, ch, _, _] = c.x_shape;
+    let [_, _, oh, ow] = c.y_shape;
+    let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
+    MmKey {
+        m: n * oh * ow,
+        n: c.w_shape[0],
+        k: kh * kw * ch,
+        batch: 1,
+        sa: 0,
+        sb: 0,
+        lda: kh * kw * ch,
+        ldb: kh * kw * ch,
+        ldy: c.w_shape[0],
+        sy: n * oh * ow * c.w_shape[0],
+        b_trans: true,
+        linear: true,
+        bias: c.bias.map(&|l| rec.ptr(l)),
+        relu,
+        gelu: false,
+        residual: c.residual.is_some(),
+        alpha: 1.0f32.to_bits(),
+    }
 }
 
 /// A convolution's candidate launches and their best time (∞ until timed).
