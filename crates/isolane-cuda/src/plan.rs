@@ -985,20 +985,27 @@ impl Planner<'_> {
     /// strides. Returns whether the node became a view (and so has no step).
     fn lower_view(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
         let p = self;
-        let (g, opts) = (p.g, p.opts);
-        let (n, name, in_shapes, outs, out_shape, x0) =
-            (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
-        let (is_output, users_of) = (&pat.is_output, &pat.users_of);
-        let aware = pat.stride_aware(g, c.ni);
-        if !aware {
-            for &i in &n.inputs {
+        if !pat.stride_aware(p.g, c.ni) {
+            for &i in &c.n.inputs {
                 if p.vstrides[i].is_some() {
-                    let l = p.plain(i, name)?;
+                    let l = p.plain(i, c.name)?;
                     p.loc[i] = Some(l);
                     p.vstrides[i] = None;
                 }
             }
         }
+        Ok(p.view_of_strided_input(c)?
+            || p.transpose_as_strided_view(c, pat)?
+            || p.alias_view(c)?
+            || p.layout_swap_view(c)?)
+    }
+
+    /// A view op (or a split) of a strided input: a view again when only size-1 dims change
+    /// (the input is made plain otherwise). Returns whether the node became a view.
+    fn view_of_strided_input(&mut self, c: &NodeCtx) -> Result<bool> {
+        let p = self;
+        let (n, name, in_shapes, outs, out_shape, x0) =
+            (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
         // Strided inputs of view ops: a view again when only size-1 dims change.
         if p.vstrides[x0].is_some() && (n.op.is_view() || matches!(n.op, Op::Split { .. })) {
             let st = p.strides(x0);
@@ -1036,6 +1043,23 @@ impl Planner<'_> {
             p.loc[x0] = Some(l);
             p.vstrides[x0] = None;
         }
+        Ok(false)
+    }
+
+    /// A transpose read by stride-aware consumers only (or whose result is row-major) is a
+    /// strided view of its input. Returns whether it became one.
+    fn transpose_as_strided_view(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
+        let p = self;
+        let g = p.g;
+        let (n, name, outs, out_shape, x0, is_output, users_of) = (
+            c.n,
+            c.name,
+            &c.outs,
+            &c.out_shape,
+            c.x0,
+            &pat.is_output,
+            &pat.users_of,
+        );
         // A transpose read by stride-aware consumers only (or whose result is row-major) is a
         // view: its strides are the input's, permuted.
         if let Op::Transpose { perm } = &n.op {
@@ -1063,6 +1087,14 @@ impl Planner<'_> {
             }
         }
 
+        Ok(false)
+    }
+
+    /// Views alias their input's storage at an element offset: reshapes, squeezes, gathers of
+    /// one index and splits along leading axes. Returns whether the node became one.
+    fn alias_view(&mut self, c: &NodeCtx) -> Result<bool> {
+        let p = self;
+        let (n, name, in_shapes, outs, x0) = (c.n, c.name, &c.in_shapes, &c.outs, c.x0);
         // Views alias their input (constants included); NHWC values are made plain first,
         // except where the view keeps meaning under NHWC (see Transpose below).
         let view_offset: Option<usize> = match &n.op {
@@ -1102,6 +1134,17 @@ impl Planner<'_> {
                 return Ok(true);
             }
         }
+        Ok(false)
+    }
+
+    /// Layout-swapping transposes: NCHW→NHWC of an NHWC value is its storage read plainly;
+    /// NHWC→NCHW of a plain 4-D value is the same storage read as NHWC. Returns whether the
+    /// transpose became such a free view.
+    fn layout_swap_view(&mut self, c: &NodeCtx) -> Result<bool> {
+        let p = self;
+        let g = p.g;
+        let (opts, n, name, outs, out_shape, x0) =
+            (p.opts, c.n, c.name, &c.outs, &c.out_shape, c.x0);
         if let Op::Transpose { perm } = &n.op {
             // NCHW→NHWC of an NHWC value is its storage read plainly; NHWC→NCHW of a plain
             // 4-D value is the same storage read as NHWC. Both free.
