@@ -108,94 +108,129 @@ pub struct CpuModel {
 // another thread moves ownership of all of them, and nothing else holds those pointers.
 unsafe impl Send for CpuModel {}
 
+/// Where every value lives before the arena is laid out: storages with their lifetimes
+/// (inputs and outputs reserved for the whole run), constants, one prepared kernel per node
+/// that is not a free view, and the copies that give outputs storage of their own.
+struct Placement {
+    loc: Vec<Option<Loc>>,
+    storages: Vec<Storage>,
+    consts: Vec<Arc<Tensor>>,
+    kernels: Vec<Option<Kernel>>,
+    /// Each graph input's storage and shape.
+    input_storages: Vec<(usize, Vec<usize>)>,
+    /// Each graph output's source and, where it needs one, the storage it is copied to.
+    output_copies: Vec<(Loc, Option<usize>)>,
+}
+
+/// Places the values of `g` (shapes at the compiled batch): step t = node index + 1, 0 is
+/// "before everything"; views alias their input's storage; kernels are prepared (and their
+/// constant weights packed).
+fn place_values(g: &Graph, shapes: &[Vec<usize>]) -> Result<Placement> {
+    let nv = g.values.len();
+    let mut loc: Vec<Option<Loc>> = vec![None; nv];
+    let mut storages: Vec<Storage> = Vec::new();
+    let mut consts: Vec<Arc<Tensor>> = Vec::new();
+    let end = g.nodes.len() + 1;
+    let new_storage = |storages: &mut Vec<Storage>, len: usize, first: usize| {
+        storages.push(Storage::new(len * F32_BYTES, first));
+        storages.len() - 1
+    };
+    for (i, v) in g.values.iter().enumerate() {
+        if let ValueKind::Constant(t) = &v.kind {
+            consts.push(t.clone());
+            loc[i] = Some(Loc::Const(consts.len() - 1));
+        }
+    }
+    let mut input_storages = Vec::new();
+    for &i in &g.inputs {
+        let len = shapes[i].iter().product();
+        let s = new_storage(&mut storages, len, 0);
+        storages[s].last = end;
+        loc[i] = Some(Loc::Storage(s));
+        input_storages.push((s, shapes[i].clone()));
+    }
+    // Nodes: step index t = node index + 1 (0 is "before everything").
+    let mut kernels: Vec<Option<Kernel>> = Vec::with_capacity(g.nodes.len());
+    for (ni, n) in g.nodes.iter().enumerate() {
+        let t = ni + 1;
+        for &i in &n.inputs {
+            match loc[i] {
+                Some(Loc::Storage(s)) => storages[s].last = storages[s].last.max(t),
+                Some(Loc::Const(_)) => {}
+                None => {
+                    return Err(EngineError::graph(
+                        &n.name,
+                        format!("input {i} has no storage"),
+                    ))
+                }
+            }
+        }
+        let alias = n.op.is_view() && matches!(loc[n.inputs[0]], Some(Loc::Storage(_)));
+        if alias {
+            loc[n.outputs[0]] = loc[n.inputs[0]];
+            kernels.push(None);
+            continue;
+        }
+        for &o in &n.outputs {
+            let len = shapes[o].iter().product();
+            let s = new_storage(&mut storages, len, t);
+            loc[o] = Some(Loc::Storage(s));
+        }
+        let ins: Vec<&[usize]> = n.inputs.iter().map(|&i| shapes[i].as_slice()).collect();
+        let outs: Vec<&[usize]> = n.outputs.iter().map(|&o| shapes[o].as_slice()).collect();
+        let mut k = Kernel::prepare(n, &ins, &outs)?;
+        if let (Kernel::Conv(_) | Kernel::Linear { .. }, Some(&w)) = (&k, n.inputs.get(1)) {
+            if let Some(Loc::Const(ci)) = loc[w] {
+                k.prepack(&consts[ci].data);
+            }
+        }
+        kernels.push(Some(k));
+    }
+    // Outputs need their own storage, alive to the end, not shared with an input or with
+    // another output; otherwise add a final copy.
+    let mut output_copies: Vec<(Loc, Option<usize>)> = Vec::new();
+    let mut claimed: Vec<usize> = input_storages.iter().map(|(s, _)| *s).collect();
+    for &o in &g.outputs {
+        let src = loc[o].ok_or_else(|| EngineError::graph("<outputs>", "output has no storage"))?;
+        match src {
+            Loc::Storage(s) if !claimed.contains(&s) => {
+                storages[s].last = end;
+                claimed.push(s);
+                output_copies.push((src, None));
+            }
+            _ => {
+                if let Loc::Storage(s) = src {
+                    storages[s].last = end;
+                }
+                let len = shapes[o].iter().product();
+                let s = new_storage(&mut storages, len, end);
+                storages[s].last = end + 1;
+                claimed.push(s);
+                output_copies.push((src, Some(s)));
+            }
+        }
+    }
+    Ok(Placement {
+        loc,
+        storages,
+        consts,
+        kernels,
+        input_storages,
+        output_copies,
+    })
+}
+
 impl CpuModel {
     fn compile(g: &Graph, batch: usize, threads: usize) -> Result<CpuModel> {
         let shapes = g.infer_shapes(batch)?;
-        let nv = g.values.len();
-        let mut loc: Vec<Option<Loc>> = vec![None; nv];
-        let mut storages: Vec<Storage> = Vec::new();
-        let mut consts: Vec<Arc<Tensor>> = Vec::new();
-        let end = g.nodes.len() + 1;
-        let new_storage = |storages: &mut Vec<Storage>, len: usize, first: usize| {
-            storages.push(Storage::new(len * F32_BYTES, first));
-            storages.len() - 1
-        };
-        for (i, v) in g.values.iter().enumerate() {
-            if let ValueKind::Constant(t) = &v.kind {
-                consts.push(t.clone());
-                loc[i] = Some(Loc::Const(consts.len() - 1));
-            }
-        }
-        let mut input_storages = Vec::new();
-        for &i in &g.inputs {
-            let len = shapes[i].iter().product();
-            let s = new_storage(&mut storages, len, 0);
-            storages[s].last = end;
-            loc[i] = Some(Loc::Storage(s));
-            input_storages.push((s, shapes[i].clone()));
-        }
-        // Nodes: step index t = node index + 1 (0 is "before everything").
-        let mut kernels: Vec<Option<Kernel>> = Vec::with_capacity(g.nodes.len());
-        for (ni, n) in g.nodes.iter().enumerate() {
-            let t = ni + 1;
-            for &i in &n.inputs {
-                match loc[i] {
-                    Some(Loc::Storage(s)) => storages[s].last = storages[s].last.max(t),
-                    Some(Loc::Const(_)) => {}
-                    None => {
-                        return Err(EngineError::graph(
-                            &n.name,
-                            format!("input {i} has no storage"),
-                        ))
-                    }
-                }
-            }
-            let alias = n.op.is_view() && matches!(loc[n.inputs[0]], Some(Loc::Storage(_)));
-            if alias {
-                loc[n.outputs[0]] = loc[n.inputs[0]];
-                kernels.push(None);
-                continue;
-            }
-            for &o in &n.outputs {
-                let len = shapes[o].iter().product();
-                let s = new_storage(&mut storages, len, t);
-                loc[o] = Some(Loc::Storage(s));
-            }
-            let ins: Vec<&[usize]> = n.inputs.iter().map(|&i| shapes[i].as_slice()).collect();
-            let outs: Vec<&[usize]> = n.outputs.iter().map(|&o| shapes[o].as_slice()).collect();
-            let mut k = Kernel::prepare(n, &ins, &outs)?;
-            if let (Kernel::Conv(_) | Kernel::Linear { .. }, Some(&w)) = (&k, n.inputs.get(1)) {
-                if let Some(Loc::Const(ci)) = loc[w] {
-                    k.prepack(&consts[ci].data);
-                }
-            }
-            kernels.push(Some(k));
-        }
-        // Outputs need their own storage, alive to the end, not shared with an input or with
-        // another output; otherwise add a final copy.
-        let mut output_copies: Vec<(Loc, Option<usize>)> = Vec::new();
-        let mut claimed: Vec<usize> = input_storages.iter().map(|(s, _)| *s).collect();
-        for &o in &g.outputs {
-            let src =
-                loc[o].ok_or_else(|| EngineError::graph("<outputs>", "output has no storage"))?;
-            match src {
-                Loc::Storage(s) if !claimed.contains(&s) => {
-                    storages[s].last = end;
-                    claimed.push(s);
-                    output_copies.push((src, None));
-                }
-                _ => {
-                    if let Loc::Storage(s) = src {
-                        storages[s].last = end;
-                    }
-                    let len = shapes[o].iter().product();
-                    let s = new_storage(&mut storages, len, end);
-                    storages[s].last = end + 1;
-                    claimed.push(s);
-                    output_copies.push((src, Some(s)));
-                }
-            }
-        }
+        let Placement {
+            loc,
+            mut storages,
+            consts,
+            mut kernels,
+            input_storages,
+            output_copies,
+        } = place_values(g, &shapes)?;
         let arena_len = assign_offsets(&mut storages, ARENA_RULES) / F32_BYTES;
         let mut arena = vec![0.0f32; arena_len];
         let pool = rayon::ThreadPoolBuilder::new()
