@@ -1441,29 +1441,18 @@ fn layout(
     Ok(l)
 }
 
-/// A matmul descriptor for `key` (reused when an identical one exists), its algorithm chosen
-/// by timing cuBLASLt's candidates on the real buffers.
-///
-/// Row-major `Y[M,N] = X[M,K] · op(B)` is computed as column-major `Yᵀ = op(B)ᵀ · Xᵀ`:
-/// cuBLASLt's A is our B operand (`a_ptr`), its B is our X (`b_ptr`).
-#[allow(clippy::too_many_arguments)]
-fn mm_index(
-    m: &mut CudaModel,
-    cache: &mut Vec<(MmKey, usize)>,
-    key: MmKey,
+/// The cuBLASLt matmul descriptor (compute type, transposes, epilogue, bias) and the layouts
+/// of a (the weight-side operand), b and d for `key`.
+fn matmul_descriptors(
+    key: &MmKey,
     dtype: DType,
     precision: Precision,
-    scratch: u64,
-    ws_cap: usize,
-    events: &Events,
-    a_ptr: u64,
-    b_ptr: u64,
-    c_ptr: u64,
-    y_ptr: u64,
-) -> Result<usize> {
-    if let Some((_, i)) = cache.iter().find(|(k, _)| *k == key) {
-        return Ok(*i);
-    }
+) -> Result<(
+    lt::cublasLtMatmulDesc_t,
+    lt::cublasLtMatrixLayout_t,
+    lt::cublasLtMatrixLayout_t,
+    lt::cublasLtMatrixLayout_t,
+)> {
     let dt = lt_dtype(dtype);
     let compute = match precision {
         Precision::Tf32 => lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
@@ -1521,6 +1510,21 @@ fn mm_index(
             )?;
         }
     }
+    Ok((desc, a, b, d))
+}
+
+/// Up to 16 algorithms cuBLASLt's heuristic proposes for the descriptors within the workspace
+/// cap, and how many it returned.
+fn matmul_heuristics(
+    handle: lt::cublasLtHandle_t,
+    (desc, a, b, d): (
+        lt::cublasLtMatmulDesc_t,
+        lt::cublasLtMatrixLayout_t,
+        lt::cublasLtMatrixLayout_t,
+        lt::cublasLtMatrixLayout_t,
+    ),
+    ws_cap: usize,
+) -> Result<([lt::cublasLtMatmulHeuristicResult_t; 16], i32)> {
     let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
     let mut results: [lt::cublasLtMatmulHeuristicResult_t; 16];
     let mut got = 0i32;
@@ -1542,7 +1546,7 @@ fn mm_index(
             ),
         )?;
         let r = lt::cublasLtMatmulAlgoGetHeuristic(
-            m.cublaslt,
+            handle,
             desc,
             a,
             b,
@@ -1556,6 +1560,35 @@ fn mm_index(
         lt::cublasLtMatmulPreferenceDestroy(pref);
         lt_check("cublasLtMatmulAlgoGetHeuristic", r)?;
     }
+    Ok((results, got))
+}
+
+/// A matmul descriptor for `key` (reused when an identical one exists), its algorithm chosen
+/// by timing cuBLASLt's candidates on the real buffers.
+///
+/// Row-major `Y[M,N] = X[M,K] · op(B)` is computed as column-major `Yᵀ = op(B)ᵀ · Xᵀ`:
+/// cuBLASLt's A is our B operand (`a_ptr`), its B is our X (`b_ptr`).
+#[allow(clippy::too_many_arguments)]
+fn mm_index(
+    m: &mut CudaModel,
+    cache: &mut Vec<(MmKey, usize)>,
+    key: MmKey,
+    dtype: DType,
+    precision: Precision,
+    scratch: u64,
+    ws_cap: usize,
+    events: &Events,
+    a_ptr: u64,
+    b_ptr: u64,
+    c_ptr: u64,
+    y_ptr: u64,
+) -> Result<usize> {
+    if let Some((_, i)) = cache.iter().find(|(k, _)| *k == key) {
+        return Ok(*i);
+    }
+    let (desc, a, b, d) = matmul_descriptors(&key, dtype, precision)?;
+    let (results, got) = matmul_heuristics(m.cublaslt, (desc, a, b, d), ws_cap)?;
+    let (mm, n, k) = (key.m, key.n, key.k);
     let mut cand = MatmulDesc {
         desc,
         a,
