@@ -10,8 +10,8 @@
 
 use std::time::Instant;
 
-use isolane_engine::cpu::eval_node;
 use isolane_engine::ir::{Graph, Tensor, ValueKind};
+use isolane_engine::reference::eval_node;
 use isolane_engine::{EngineError, Precision, Result};
 
 use crate::plan::{Loc, Plan};

@@ -14,9 +14,11 @@
 
 pub mod check;
 pub mod convert;
+pub mod error;
 pub mod kernels;
 pub mod libs;
 mod model;
+pub mod options;
 pub mod plan;
 
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use cudarc::driver::sys as cu;
 use isolane_engine::{passes, Backend, CompiledModel, EngineError, Graph, Precision, Result};
 
 pub use model::{CudaModel, MemoryReport};
+pub use options::{BuildOptions, ConvPaths};
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,6 +78,8 @@ impl Drop for OwnedStream {
 pub struct CudaBackend {
     ctx: cu::CUcontext,
     stream: cu::CUstream,
+    /// Tuning switches, from the environment when the backend is made.
+    build: BuildOptions,
     _owned: Option<Arc<OwnedStream>>,
 }
 
@@ -96,7 +101,7 @@ impl CudaBackend {
         model::make_current(ctx)?;
         let mut stream: cu::CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the primary context is current.
-        model::cu_check("cuStreamCreate", unsafe {
+        error::cu_check("cuStreamCreate", unsafe {
             cu::cuStreamCreate(
                 &mut stream,
                 cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
@@ -105,6 +110,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             ctx,
             stream,
+            build: BuildOptions::from_env(),
             _owned: Some(Arc::new(OwnedStream {
                 stream,
                 _primary: primary,
@@ -125,8 +131,20 @@ impl CudaBackend {
         Ok(CudaBackend {
             ctx,
             stream,
+            build: BuildOptions::from_env(),
             _owned: None,
         })
+    }
+
+    /// The same backend with other tuning switches (instead of the environment's).
+    pub fn with_build_options(mut self, build: BuildOptions) -> CudaBackend {
+        self.build = build;
+        self
+    }
+
+    /// The tuning switches models are compiled with ([`BuildOptions::from_env`] unless set).
+    pub fn build_options(&self) -> BuildOptions {
+        self.build
     }
 
     /// The context models are built in.
@@ -164,17 +182,16 @@ impl CudaBackend {
             ));
         }
         let g = passes::optimize(graph, batch)?;
-        // ISOLANE_CUDA_LAYOUT=nchw keeps every activation NCHW (for comparisons).
         // Fused attention: f16/bf16 (the kernel's tensor-core types) on sm_80 and newer, at
         // batch > 1 (at batch 1 the heads are read in place by cuBLASLt already and the three
-        // launches were measured fast); ISOLANE_CUDA_ATTENTION=unfused turns it off.
+        // launches were measured fast), unless the build options turn it off.
         model::make_current(self.ctx)?;
         let fused_attention = batch > 1
             && matches!(precision, Precision::Fp16 | Precision::Bf16)
             && model::device_arch()?.0 >= 8
-            && std::env::var("ISOLANE_CUDA_ATTENTION").map_or(true, |v| v != "unfused");
+            && self.build.fused_attention;
         let opts = plan::PlanOptions {
-            channels_last: std::env::var("ISOLANE_CUDA_LAYOUT").map_or(true, |v| v != "nchw"),
+            channels_last: self.build.channels_last,
             fused_attention,
         };
         let mut p = plan::plan_with(&g, batch, precision, opts)?;
@@ -186,6 +203,7 @@ impl CudaBackend {
             &model::Target {
                 ctx: self.ctx,
                 stream: self.stream,
+                build: self.build,
                 keep: self
                     ._owned
                     .clone()

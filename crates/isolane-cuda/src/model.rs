@@ -1,7 +1,7 @@
 //! The GPU side: device buffers, cuDNN / cuBLASLt descriptors, the NVRTC module, the captured
 //! CUDA graph, and [`CudaModel`], the [`CompiledModel`] that replays it.
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_void, CString};
 use std::time::Instant;
 
 use cudarc::cublaslt::sys as lt;
@@ -11,44 +11,16 @@ use cudarc::nvrtc::sys as rtc;
 use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
+use crate::error::{cu_check, dnn_check, lt_check, rtc_check};
 use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
-use crate::plan::{act_code, binary_code, ConvStep, DType, Loc, Plan, StepKind, Strided, MAX_RANK};
+use crate::options::BuildOptions;
+use crate::plan::{
+    act_code, binary_code, AttentionStep, ConvStep, DType, LayerNormStep, LinearStep, Loc,
+    MatMulStep, Plan, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided, MAX_RANK,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Error plumbing: every library call is checked and named.
-
-pub(crate) fn cu_check(call: &str, r: cu::CUresult) -> Result<()> {
-    if r == cu::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(EngineError::Runtime(format!("{call}: {r:?}")))
-    }
-}
-
-fn dnn_check(call: &str, r: dnn::cudnnStatus_t) -> Result<()> {
-    if r == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-        return Ok(());
-    }
-    // SAFETY: cudnnGetErrorString returns a static NUL-terminated string for any status.
-    let msg = unsafe { CStr::from_ptr(dnn::cudnnGetErrorString(r)) }.to_string_lossy();
-    Err(EngineError::Runtime(format!("{call}: {r:?} ({msg})")))
-}
-
-fn lt_check(call: &str, r: lt::cublasStatus_t) -> Result<()> {
-    if r == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        Ok(())
-    } else {
-        Err(EngineError::Runtime(format!("{call}: {r:?}")))
-    }
-}
-
-fn rtc_check(call: &str, r: rtc::nvrtcResult) -> Result<()> {
-    if r == rtc::nvrtcResult::NVRTC_SUCCESS {
-        Ok(())
-    } else {
-        Err(EngineError::Runtime(format!("{call}: {r:?}")))
-    }
-}
 
 /// Makes `ctx` current on this thread if it is not already (cheap: no allocation).
 pub(crate) fn make_current(ctx: cu::CUcontext) -> Result<()> {
@@ -262,6 +234,63 @@ struct MatmulDesc {
     beta: f32,
 }
 
+impl Drop for ConvDesc {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by `conv_desc` for this value alone (null where
+        // creation had not happened yet) and is destroyed once, here. Descriptors are host
+        // objects, independent of the cuDNN handle.
+        unsafe {
+            if !self.x.is_null() {
+                dnn::cudnnDestroyTensorDescriptor(self.x);
+            }
+            if !self.y.is_null() {
+                dnn::cudnnDestroyTensorDescriptor(self.y);
+            }
+            if !self.w.is_null() {
+                dnn::cudnnDestroyFilterDescriptor(self.w);
+            }
+            if !self.conv.is_null() {
+                dnn::cudnnDestroyConvolutionDescriptor(self.conv);
+            }
+        }
+    }
+}
+
+impl Drop for MatmulDesc {
+    fn drop(&mut self) {
+        // SAFETY: the layouts and the matmul descriptor were created by `mm_index` for this
+        // value alone and are destroyed once, here; they are host objects, independent of the
+        // cuBLASLt handle.
+        unsafe {
+            lt::cublasLtMatrixLayoutDestroy(self.a);
+            lt::cublasLtMatrixLayoutDestroy(self.b);
+            lt::cublasLtMatrixLayoutDestroy(self.d);
+            lt::cublasLtMatmulDescDestroy(self.desc);
+        }
+    }
+}
+
+/// A device allocation, freed when dropped (with its context current, as while building).
+struct DeviceBuffer {
+    ptr: u64,
+}
+
+impl DeviceBuffer {
+    fn new(bytes: usize) -> Result<DeviceBuffer> {
+        Ok(DeviceBuffer {
+            ptr: dev_alloc(bytes)?,
+        })
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc in `new`, freed once, here; nothing reads it after
+        // its owner drops it.
+        unsafe { cu::cuMemFree_v2(self.ptr) };
+    }
+}
+
 /// Device memory of one loaded model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryReport {
@@ -282,6 +311,7 @@ pub struct MemoryReport {
 pub(crate) struct Target {
     pub ctx: cu::CUcontext,
     pub stream: cu::CUstream,
+    pub build: BuildOptions,
     /// Keeps a backend-owned stream alive as long as the model.
     pub keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -329,7 +359,7 @@ pub struct CudaModel {
     storage_offsets: Vec<usize>,
     const_offsets: Vec<usize>,
     dtype: DType,
-    plan_ms: f64,
+    build_ms: f64,
     /// The plan check's result, when it ran.
     check: Option<crate::check::CheckReport>,
     _keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
@@ -553,16 +583,116 @@ impl Drop for Events {
     }
 }
 
+/// Where [`CudaModel::upload_weights`] put the weights: each constant's offset, their bytes,
+/// and the one allocation's used and rounded sizes (the arena follows the weights).
+struct WeightBlock {
+    const_offs: Vec<usize>,
+    const_bytes: usize,
+    block_used: usize,
+    block_bytes: usize,
+}
+
+/// What recording a step's launches needs besides the model: where every operand lives on
+/// the device, the kernel table, the scratch buffer and events algorithm searches time on,
+/// and the row-kernel choice.
+struct Recorder<'a> {
+    plan: &'a Plan,
+    const_offs: &'a [usize],
+    arena_base: u64,
+    weights_base: u64,
+    dtype: DType,
+    es: usize,
+    half_names: &'static [&'static str],
+    /// Device scratch of `ws_cap` bytes: the workspace while candidates are timed.
+    scratch: u64,
+    ws_cap: usize,
+    events: Events,
+    options: BuildOptions,
+}
+
+impl Recorder<'_> {
+    /// The device address of an operand.
+    fn ptr(&self, l: Loc) -> u64 {
+        match l {
+            Loc::Storage { id, offset } => {
+                self.arena_base + self.plan.storages[id].offset as u64 + (offset * self.es) as u64
+            }
+            Loc::Const { id, offset } => {
+                self.weights_base + self.const_offs[id] as u64 + (offset * self.es) as u64
+            }
+        }
+    }
+
+    /// The index in `CudaModel::funcs` of the kernel `name`.
+    fn func(&self, name: &str) -> usize {
+        KERNEL_NAMES
+            .iter()
+            .chain(self.half_names)
+            .position(|k| *k == name)
+            .expect("kernel name is in KERNEL_NAMES (or HALF_KERNEL_NAMES for f16/bf16)")
+    }
+
+    /// One warp per row pays off with many rows; with few (batch 1) the block-per-row
+    /// kernels were faster (measured: vit_b_16 fp16 batch 1, 0.77 ms with the warp kernels
+    /// for its 197-row LayerNorms and 2364-row softmaxes, 0.65 ms without).
+    fn warp_rows(&self, rows: usize) -> bool {
+        !self.options.block_rows && rows >= WARP_ROWS_MIN
+    }
+}
+
+/// The library descriptors made so far, found again by key: one cuDNN convolution or
+/// cuBLASLt matmul (with its timed algorithm) per distinct shape.
+#[derive(Default)]
+struct LibraryCaches {
+    conv: Vec<(ConvKey, usize)>,
+    mm: Vec<(MmKey, usize)>,
+}
+
 impl CudaModel {
     pub(crate) fn build(plan: Plan, target: &Target) -> Result<CudaModel> {
         let t0 = Instant::now();
         make_current(target.ctx)?;
         let free_before = free_mem()?;
         let arch = device_arch()?;
-        let dtype = plan.dtype;
-        let es = dtype.size();
+        let mut m = CudaModel::unbuilt(&plan, target);
+        let block = m.upload_weights(&plan)?;
+        m.alloc_pinned_io(&plan)?;
+        let half_names = m.load_kernels(plan.dtype, arch)?;
+        m.create_library_handles()?;
 
-        let mut m = CudaModel {
+        // Algorithms that need more workspace than the cap are not considered.
+        let ws_cap = target.build.workspace_cap(plan.arena_bytes);
+        let scratch = DeviceBuffer::new(ws_cap)?;
+        let rec = Recorder {
+            plan: &plan,
+            const_offs: &block.const_offs,
+            arena_base: m.arena,
+            weights_base: m.weights,
+            dtype: plan.dtype,
+            es: plan.dtype.size(),
+            half_names,
+            scratch: scratch.ptr,
+            ws_cap,
+            events: Events::new()?,
+            options: target.build,
+        };
+        let recorded = m.record_launches(&rec);
+        // The search may have stopped with an error while timing on the scratch buffer: the
+        // model must not free it a second time when it is dropped.
+        m.workspace = 0;
+        // The algorithm search is over: nothing uses the scratch any more.
+        drop(scratch);
+        recorded?;
+        m.place_workspace(&plan, &block)?;
+        m.instantiate()?;
+        m.mem.device_delta_bytes = free_before.saturating_sub(free_mem()?);
+        m.build_ms = t0.elapsed().as_secs_f64() * 1e3;
+        Ok(m)
+    }
+
+    /// The model with its shapes and layout from `plan` and nothing allocated yet.
+    fn unbuilt(plan: &Plan, target: &Target) -> CudaModel {
+        CudaModel {
             ctx: target.ctx,
             stream: target.stream,
             precision: plan.precision,
@@ -592,65 +722,67 @@ impl CudaModel {
             step_start: Vec::with_capacity(plan.steps.len() + 1),
             storage_offsets: plan.storages.iter().map(|st| st.offset).collect(),
             const_offsets: plan.const_layout().0,
-            dtype,
-            plan_ms: 0.0,
+            dtype: plan.dtype,
+            build_ms: 0.0,
             check: None,
             _keep: target.keep.clone(),
-        };
+        }
+    }
 
-        // Weights (converted on the host, uploaded once) and the arena share one allocation:
-        // the driver rounds every allocation up to ALLOC_GRANULARITY, which for a small model
-        // is a large share of its memory (resnet18 fp16 with three allocations: 34 MiB for
-        // 28.8 MiB planned). What the rounding leaves over may hold the workspace (below).
+    /// Weights (converted on the host, uploaded once) and the arena share one allocation:
+    /// the driver rounds every allocation up to ALLOC_GRANULARITY, which for a small model
+    /// is a large share of its memory (resnet18 fp16 with three allocations: 34 MiB for
+    /// 28.8 MiB planned). What the rounding leaves over may hold the workspace
+    /// ([`CudaModel::place_workspace`]).
+    fn upload_weights(&mut self, plan: &Plan) -> Result<WeightBlock> {
         let (const_offs, const_bytes) = plan.const_layout();
         let host = plan.weights_host();
         let weights_span = crate::plan::align(const_bytes);
         let block_used = weights_span + plan.arena_bytes;
         let block_bytes = block_used.div_ceil(ALLOC_GRANULARITY).max(1) * ALLOC_GRANULARITY;
-        m.weights = dev_alloc(block_bytes)?;
+        self.weights = dev_alloc(block_bytes)?;
         // SAFETY: the device buffer holds const_bytes; host is const_bytes long; synchronous.
         cu_check("cuMemcpyHtoD", unsafe {
-            cu::cuMemcpyHtoD_v2(m.weights, host.as_ptr() as *const c_void, const_bytes)
+            cu::cuMemcpyHtoD_v2(self.weights, host.as_ptr() as *const c_void, const_bytes)
         })?;
         drop(host);
-        m.arena = m.weights + weights_span as u64;
+        self.arena = self.weights + weights_span as u64;
         // Poison the arena once so that a read of unwritten memory shows up as NaN in tests
         // (0xff bytes are NaN in f32, f16 and bf16).
         // SAFETY: the arena holds arena_bytes; synchronous memset.
         cu_check("cuMemsetD8", unsafe {
-            cu::cuMemsetD8_v2(m.arena, 0xff, plan.arena_bytes)
+            cu::cuMemsetD8_v2(self.arena, 0xff, plan.arena_bytes)
         })?;
+        Ok(WeightBlock {
+            const_offs,
+            const_bytes,
+            block_used,
+            block_bytes,
+        })
+    }
 
-        let (arena_base, weights_base) = (m.arena, m.weights);
-        let ptr = |l: Loc| -> u64 {
-            match l {
-                Loc::Storage { id, offset } => {
-                    arena_base + plan.storages[id].offset as u64 + (offset * es) as u64
-                }
-                Loc::Const { id, offset } => {
-                    weights_base + const_offs[id] as u64 + (offset * es) as u64
-                }
-            }
-        };
-        let staging = |id: usize| arena_base + plan.storages[id].offset as u64;
-
-        // Pinned host buffers for inputs and outputs.
+    /// Pinned host buffers for inputs and outputs.
+    fn alloc_pinned_io(&mut self, plan: &Plan) -> Result<()> {
         for io in &plan.inputs {
             let n: usize = io.shape.iter().product();
-            m.host_in.push((pinned(n)?, n));
+            self.host_in.push((pinned(n)?, n));
         }
         for io in &plan.outputs {
             let n: usize = io.shape.iter().product();
-            m.host_out.push((pinned(n)?, n));
+            self.host_out.push((pinned(n)?, n));
         }
+        Ok(())
+    }
 
-        // Kernels.
+    /// Loads the NVRTC module for `dtype` and looks up every kernel; returns the names of the
+    /// f16/bf16-only kernels loaded after [`KERNEL_NAMES`] (none at f32).
+    fn load_kernels(&mut self, dtype: DType, arch: (i32, i32)) -> Result<&'static [&'static str]> {
         let cubin = kernel_cubin(dtype, arch)?;
         // SAFETY: cubin is a complete ELF image produced by NVRTC for this device's arch.
         cu_check("cuModuleLoadData", unsafe {
-            cu::cuModuleLoadData(&mut m.module, cubin.as_ptr() as *const c_void)
+            cu::cuModuleLoadData(&mut self.module, cubin.as_ptr() as *const c_void)
         })?;
-        let half_names: &[&str] = if dtype == DType::F32 {
+        let half_names: &'static [&'static str] = if dtype == DType::F32 {
             &[]
         } else {
             HALF_KERNEL_NAMES
@@ -660,862 +792,107 @@ impl CudaModel {
             let mut f: cu::CUfunction = std::ptr::null_mut();
             // SAFETY: module is loaded; c is NUL-terminated.
             cu_check("cuModuleGetFunction", unsafe {
-                cu::cuModuleGetFunction(&mut f, m.module, c.as_ptr())
+                cu::cuModuleGetFunction(&mut f, self.module, c.as_ptr())
             })?;
-            m.funcs.push(f);
+            self.funcs.push(f);
         }
-        let func = |name: &str| -> usize {
-            KERNEL_NAMES
-                .iter()
-                .chain(half_names)
-                .position(|k| *k == name)
-                .expect("kernel name is in KERNEL_NAMES (or HALF_KERNEL_NAMES for f16/bf16)")
-        };
+        Ok(half_names)
+    }
 
-        // Library handles, bound to our stream.
+    /// Library handles, bound to our stream.
+    fn create_library_handles(&mut self) -> Result<()> {
         // SAFETY: valid out-pointers; the context is current. cudnnSetStream makes every cuDNN
         // kernel launch on the caller's stream (and so inside its green context).
         unsafe {
-            dnn_check("cudnnCreate", dnn::cudnnCreate(&mut m.cudnn))?;
+            dnn_check("cudnnCreate", dnn::cudnnCreate(&mut self.cudnn))?;
             dnn_check(
                 "cudnnSetStream",
-                dnn::cudnnSetStream(m.cudnn, m.stream as dnn::cudaStream_t),
+                dnn::cudnnSetStream(self.cudnn, self.stream as dnn::cudaStream_t),
             )?;
-            lt_check("cublasLtCreate", lt::cublasLtCreate(&mut m.cublaslt))?;
+            lt_check("cublasLtCreate", lt::cublasLtCreate(&mut self.cublaslt))?;
         }
+        Ok(())
+    }
 
-        // The workspace may take at most half the arena: total memory stays within
-        // weights + 1.5 × arena. Algorithms that need more are not considered.
-        // ISOLANE_CUDA_WORKSPACE_MB raises the cap (for measuring what the bound costs).
-        let ws_cap = std::env::var("ISOLANE_CUDA_WORKSPACE_MB")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(plan.arena_bytes / 2, |mb| {
-                (mb << 20).max(plan.arena_bytes / 2)
-            });
-        let scratch = dev_alloc(ws_cap)?;
-        let events = Events::new()?;
-
-        // ISOLANE_CUDA_ROWS=block: the block-per-row LayerNorm and softmax kernels only (for
-        // comparisons).
-        let block_rows = std::env::var("ISOLANE_CUDA_ROWS").is_ok_and(|v| v == "block");
-        // One warp per row pays off with many rows; with few (batch 1) the block-per-row
-        // kernels were faster (measured: vit_b_16 fp16 batch 1, 0.77 ms with the warp kernels
-        // for its 197-row LayerNorms and 2364-row softmaxes, 0.65 ms without).
-        let warp_rows = |rows: usize| !block_rows && rows >= WARP_ROWS_MIN;
-        let mut conv_cache: Vec<(ConvKey, usize)> = Vec::new();
-        let mut mm_cache: Vec<(MmKey, usize)> = Vec::new();
-
-        // HtoD of the inputs.
+    /// Records the job's launches: the input copies, every step's launches (each named after
+    /// its step), the output copies.
+    fn record_launches(&mut self, rec: &Recorder) -> Result<()> {
+        let plan = rec.plan;
+        let staging = |id: usize| rec.arena_base + plan.storages[id].offset as u64;
+        let mut caches = LibraryCaches::default();
         for (i, io) in plan.inputs.iter().enumerate() {
-            m.launches.push(Launch::HtoD {
+            self.launches.push(Launch::HtoD {
                 dst: staging(io.staging),
-                src: m.host_in[i].0 as *const c_void,
-                bytes: m.host_in[i].1 * 4,
+                src: self.host_in[i].0 as *const c_void,
+                bytes: self.host_in[i].1 * 4,
             });
         }
-        let plan_result: Result<()> = (|| {
-            let mut prev = String::from("input copy");
-            for step in &plan.steps {
-                let err = |e: EngineError| match e {
-                    EngineError::Runtime(s) => {
-                        EngineError::Runtime(format!("node `{}`: {s}", step.name))
-                    }
-                    other => other,
-                };
-                while m.names.len() < m.launches.len() {
-                    m.names.push(prev.clone());
-                }
-                prev = step.name.clone();
-                m.step_start.push(m.launches.len());
-                match &step.kind {
-                    StepKind::CastIn { x, y, n } => m.launches.push(Launch::Kernel {
-                        func: func("cast_in"),
-                        grid: elementwise_grid(*n),
-                        block: BLOCK,
-                        args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
-                    }),
-                    StepKind::CastOut { x, y, n } => m.launches.push(Launch::Kernel {
-                        func: func("cast_out"),
-                        grid: elementwise_grid(*n),
-                        block: BLOCK,
-                        args: vec![Arg::Ptr(ptr(*x)), Arg::Ptr(ptr(*y)), Arg::I64(*n as i64)],
-                    }),
-                    StepKind::Conv(c) => {
-                        // Two ways, each timed on the real buffers; the faster one is kept:
-                        // cuDNN (its best algorithm) + our epilogue kernel, or (NHWC, one group)
-                        // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
-                        let force = std::env::var("ISOLANE_CUDA_CONV").unwrap_or_default();
-                        let n_out: usize = c.y_shape.iter().product();
-                        let epilogue = |with_bias: bool, with_res: bool| {
-                            pointwise_launch(
-                                func("pointwise"),
-                                ptr(c.y),
-                                ptr(c.y),
-                                None,
-                                if with_bias { c.bias.map(&ptr) } else { None },
-                                if with_res { c.residual.map(&ptr) } else { None },
-                                n_out,
-                                c.y_shape[1],
-                                if c.nhwc {
-                                    1
-                                } else {
-                                    c.y_shape[2] * c.y_shape[3]
-                                },
-                                c.act,
-                            )
-                        };
-                        let mut dnn_path: Option<(Vec<Launch>, f32)> = None;
-                        if force != "gemm" || !c.gemm_capable() {
-                            let key = ConvKey::of(c);
-                            let found = match conv_cache.iter().find(|(k, _)| *k == key) {
-                                Some((_, i)) => Ok(*i),
-                                None => {
-                                    conv_desc(&m, c, dtype, plan.precision, &ptr, scratch, ws_cap)
-                                        .map(|d| {
-                                            m.convs.push(d);
-                                            conv_cache.push((key, m.convs.len() - 1));
-                                            m.convs.len() - 1
-                                        })
-                                }
-                            };
-                            match found {
-                                Ok(idx) => {
-                                    let mut l = vec![Launch::Conv {
-                                        conv: idx,
-                                        x: ptr(c.x),
-                                        w: ptr(c.w),
-                                        y: ptr(c.y),
-                                    }];
-                                    if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
-                                        l.push(epilogue(true, true));
-                                    }
-                                    dnn_path = Some((l, f32::INFINITY));
-                                }
-                                Err(e) if !c.gemm_capable() => return Err(err(e)),
-                                Err(_) => {}
-                            }
-                        }
-                        let mut gemm_path: Option<(Vec<Launch>, f32)> = None;
-                        if c.gemm_capable() && force != "cudnn" {
-                            let [n, ch, h, w] = c.x_shape;
-                            let [_, _, oh, ow] = c.y_shape;
-                            let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
-                            let mut l = Vec::new();
-                            let b_ptr = match c.col {
-                                Some(col) => {
-                                    let v = [
-                                        n,
-                                        h,
-                                        w,
-                                        ch,
-                                        oh,
-                                        ow,
-                                        kh,
-                                        kw,
-                                        c.strides[0],
-                                        c.strides[1],
-                                        c.pads[0],
-                                        c.pads[1],
-                                        c.dilations[0],
-                                        c.dilations[1],
-                                    ];
-                                    let mut vi = [0i32; 14];
-                                    for (d, s) in vi.iter_mut().zip(v) {
-                                        *d = s as i32;
-                                    }
-                                    l.push(Launch::Kernel {
-                                        func: func("im2col"),
-                                        grid: elementwise_grid(n * oh * ow * kh * kw * ch),
-                                        block: BLOCK,
-                                        args: vec![
-                                            Arg::Ptr(ptr(c.x)),
-                                            Arg::Ptr(ptr(col)),
-                                            Arg::Im(Box::new(ImP { v: vi })),
-                                        ],
-                                    });
-                                    ptr(col)
-                                }
-                                None => ptr(c.x),
-                            };
-                            let relu = matches!(c.act, Some(Unary::Relu));
-                            let key = MmKey {
-                                m: n * oh * ow,
-                                n: c.w_shape[0],
-                                k: kh * kw * ch,
-                                batch: 1,
-                                sa: 0,
-                                sb: 0,
-                                lda: kh * kw * ch,
-                                ldb: kh * kw * ch,
-                                ldy: c.w_shape[0],
-                                sy: n * oh * ow * c.w_shape[0],
-                                b_trans: true,
-                                linear: true,
-                                bias: c.bias.map(&ptr),
-                                relu,
-                                gelu: false,
-                                residual: c.residual.is_some(),
-                                alpha: 1.0f32.to_bits(),
-                            };
-                            let res_ptr = c.residual.map_or(0, &ptr);
-                            match mm_index(
-                                &mut m,
-                                &mut mm_cache,
-                                key,
-                                dtype,
-                                plan.precision,
-                                scratch,
-                                ws_cap,
-                                &events,
-                                ptr(c.w),
-                                b_ptr,
-                                res_ptr,
-                                ptr(c.y),
-                            ) {
-                                Ok(idx) => {
-                                    l.push(Launch::Matmul {
-                                        mm: idx,
-                                        a: ptr(c.w),
-                                        b: b_ptr,
-                                        c: res_ptr,
-                                        y: ptr(c.y),
-                                    });
-                                    if c.act.is_some() && !relu {
-                                        l.push(epilogue(false, false));
-                                    }
-                                    gemm_path = Some((l, f32::INFINITY));
-                                }
-                                Err(e) if dnn_path.is_none() => return Err(err(e)),
-                                Err(_) => {}
-                            }
-                        }
-                        // Time each candidate path (best of 3) as it will run.
-                        m.workspace = scratch;
-                        for path in [&mut dnn_path, &mut gemm_path].into_iter().flatten() {
-                            let launches = &path.0;
-                            for _ in 0..3 {
-                                let t = events
-                                    .time(m.stream, &mut || m.issue_list(launches, true))
-                                    .map_err(err)?;
-                                path.1 = path.1.min(t);
-                            }
-                        }
-                        m.workspace = 0;
-                        let chosen = match (dnn_path, gemm_path) {
-                            (Some(d), Some(g)) => {
-                                if g.1 <= d.1 {
-                                    g.0
-                                } else {
-                                    d.0
-                                }
-                            }
-                            (Some(d), None) => d.0,
-                            (None, Some(g)) => g.0,
-                            (None, None) => {
-                                return Err(err(EngineError::Runtime("no convolution path".into())))
-                            }
-                        };
-                        m.launches.extend(chosen);
-                    }
-                    StepKind::DwConv(c) => {
-                        let (a, p0, p1) = act_code(c.act);
-                        let v = [
-                            c.x_shape[0],
-                            c.x_shape[1],
-                            c.x_shape[2],
-                            c.x_shape[3],
-                            c.y_shape[1],
-                            c.y_shape[2],
-                            c.y_shape[3],
-                            c.w_shape[2],
-                            c.w_shape[3],
-                            c.strides[0],
-                            c.strides[1],
-                            c.pads[0],
-                            c.pads[1],
-                            c.dilations[0],
-                            c.dilations[1],
-                            0,
-                        ];
-                        let mut vi = [0i32; 16];
-                        for (d, s) in vi.iter_mut().zip(v) {
-                            *d = s as i32;
-                        }
-                        vi[15] = a;
-                        let n: usize = c.y_shape.iter().product();
-                        // The register-window kernels: NHWC, horizontal stride and dilation 1.
-                        let fast = c.nhwc && c.strides[1] == 1 && c.dilations[1] == 1;
-                        // Channel pairs, 8 outputs per thread: also one filter per channel, M
-                        // even and every operand 2-element aligned.
-                        // ISOLANE_CUDA_DW=window keeps the 4-output kernels (for comparisons).
-                        let pair_ok = fast
-                            && std::env::var("ISOLANE_CUDA_DW").map_or(true, |v| v != "window")
-                            && c.y_shape[1] == c.x_shape[1]
-                            && c.y_shape[1].is_multiple_of(2)
-                            && [Some(c.x), Some(c.w), c.bias, c.residual, Some(c.y)]
-                                .iter()
-                                .flatten()
-                                .all(|l| ptr(*l).is_multiple_of(2 * es as u64));
-                        let pairs =
-                            n.div_ceil(c.y_shape[3]) / 2 * c.y_shape[3].div_ceil(kernels::DWC2_OUT);
-                        // With few threads (batch 1) the 4-output kernel fills the GPU better
-                        // (measured: convnext_base fp16 batch 1 1.04 ms with it, 1.21 with the
-                        // pair kernel; batch 64 13.1 ms vs 10.2 ms).
-                        let pair_ok = pair_ok && pairs >= DWC2_MIN_THREADS;
-                        // (7×7 only: the 3×3 pair kernel, MobileNetV2's, was not measured.)
-                        let (kernel, threads) = match (fast, c.w_shape[3]) {
-                            (true, 7) if pair_ok => ("dwconv_c2_k7", pairs),
-                            (true, 3) => (
-                                "dwconv_s1_k3",
-                                n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
-                            ),
-                            (true, 7) => (
-                                "dwconv_s1_k7",
-                                n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
-                            ),
-                            _ => ("dwconv", n),
-                        };
-                        m.launches.push(Launch::Kernel {
-                            func: func(kernel),
-                            grid: elementwise_grid(threads),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(ptr(c.x)),
-                                Arg::Ptr(ptr(c.w)),
-                                Arg::Ptr(c.bias.map_or(0, &ptr)),
-                                Arg::Ptr(c.residual.map_or(0, &ptr)),
-                                Arg::Ptr(ptr(c.y)),
-                                Arg::Dw(Box::new(DwP {
-                                    v: vi,
-                                    p0,
-                                    p1,
-                                    whwc: c.nhwc as i32,
-                                    pad: 0,
-                                    xs: strides4(&c.x_shape, c.nhwc),
-                                    ys: strides4(&c.y_shape, c.nhwc),
-                                })),
-                            ],
-                        });
-                    }
-                    StepKind::Linear {
-                        x,
-                        w,
-                        bias,
-                        y,
-                        m: mm,
-                        n,
-                        k,
-                        act,
-                        residual,
-                    } => {
-                        let relu = matches!(act, Some(Unary::Relu));
-                        // tf32/fp16/bf16: cuBLASLt's GELU epilogue (tanh form; it differs from
-                        // the exact erf GELU by < 1e-3, below those precisions' rounding here;
-                        // fp32 keeps the exact GELU kernel).
-                        let gelu = matches!(act, Some(Unary::Gelu) | Some(Unary::GeluTanh))
-                            && plan.precision != Precision::Fp32
-                            && bias.is_some()
-                            && std::env::var_os("ISOLANE_CUDA_EXACT_GELU").is_none();
-                        let key = MmKey {
-                            m: *mm,
-                            n: *n,
-                            k: *k,
-                            batch: 1,
-                            sa: 0,
-                            sb: 0,
-                            lda: *k,
-                            ldb: *k,
-                            ldy: *n,
-                            sy: *mm * *n,
-                            b_trans: true,
-                            linear: true,
-                            bias: bias.map(&ptr),
-                            relu,
-                            gelu,
-                            residual: residual.is_some(),
-                            alpha: 1.0f32.to_bits(),
-                        };
-                        let res_ptr = residual.map_or(0, &ptr);
-                        let idx = mm_index(
-                            &mut m,
-                            &mut mm_cache,
-                            key,
-                            dtype,
-                            plan.precision,
-                            scratch,
-                            ws_cap,
-                            &events,
-                            ptr(*w),
-                            ptr(*x),
-                            res_ptr,
-                            ptr(*y),
-                        )
-                        .map_err(err)?;
-                        m.launches.push(Launch::Matmul {
-                            mm: idx,
-                            a: ptr(*w),
-                            b: ptr(*x),
-                            c: res_ptr,
-                            y: ptr(*y),
-                        });
-                        if act.is_some() && !relu && !gelu {
-                            m.launches.push(pointwise_launch(
-                                func("pointwise"),
-                                ptr(*y),
-                                ptr(*y),
-                                None,
-                                None,
-                                None,
-                                mm * n,
-                                1,
-                                1,
-                                *act,
-                            ));
-                        }
-                    }
-                    StepKind::MatMul {
-                        a,
-                        b,
-                        y,
-                        batch,
-                        m: mm,
-                        n,
-                        k,
-                        a_batch_stride,
-                        b_batch_stride,
-                        b_trans,
-                        alpha,
-                        lda,
-                        ldb,
-                        ldy,
-                        y_batch_stride,
-                    } => {
-                        let key = MmKey {
-                            m: *mm,
-                            n: *n,
-                            k: *k,
-                            batch: *batch,
-                            sa: *a_batch_stride,
-                            sb: *b_batch_stride,
-                            lda: *lda,
-                            ldb: *ldb,
-                            ldy: *ldy,
-                            sy: *y_batch_stride,
-                            b_trans: *b_trans,
-                            linear: false,
-                            bias: None,
-                            relu: false,
-                            gelu: false,
-                            residual: false,
-                            alpha: alpha.to_bits(),
-                        };
-                        let idx = mm_index(
-                            &mut m,
-                            &mut mm_cache,
-                            key,
-                            dtype,
-                            plan.precision,
-                            scratch,
-                            ws_cap,
-                            &events,
-                            ptr(*b),
-                            ptr(*a),
-                            0,
-                            ptr(*y),
-                        )
-                        .map_err(err)?;
-                        m.launches.push(Launch::Matmul {
-                            mm: idx,
-                            a: ptr(*b),
-                            b: ptr(*a),
-                            c: 0,
-                            y: ptr(*y),
-                        });
-                    }
-                    StepKind::Pointwise {
-                        x,
-                        y,
-                        scale,
-                        bias,
-                        residual,
-                        n,
-                        channels,
-                        inner,
-                        act,
-                    } => m.launches.push(pointwise_launch(
-                        func("pointwise"),
-                        ptr(*x),
-                        ptr(*y),
-                        scale.map(&ptr),
-                        bias.map(&ptr),
-                        residual.map(&ptr),
-                        *n,
-                        *channels,
-                        *inner,
-                        *act,
-                    )),
-                    StepKind::Binary { a, b, y, op, space } => {
-                        let n = space.numel();
-                        m.launches.push(Launch::Kernel {
-                            func: func("binary"),
-                            grid: elementwise_grid(n),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(ptr(*a)),
-                                Arg::Ptr(ptr(*b)),
-                                Arg::Ptr(ptr(*y)),
-                                Arg::I64(n as i64),
-                                Arg::I32(binary_code(*op)),
-                                Arg::Space(Box::new(Space::from(space))),
-                            ],
-                        });
-                    }
-                    StepKind::Copy { x, y, space } => {
-                        // The output staging is f32 and so is its source when dtype is f32.
-                        // Contiguous innermost runs move in 16-, 8- or 4-byte words.
-                        let (xp, yp) = (ptr(*x), ptr(*y));
-                        let (name, sp) = [("copy_w16", 16), ("copy_w8", 8), ("copy_w4", 4)]
-                            .iter()
-                            .find_map(|&(k, w)| {
-                                widen_copy(space, es, w, [xp, yp]).map(|sp| (k, sp))
-                            })
-                            .unwrap_or(("copy_strided", space.clone()));
-                        let n = sp.numel();
-                        m.launches.push(Launch::Kernel {
-                            func: func(name),
-                            grid: elementwise_grid(n),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(xp),
-                                Arg::Ptr(yp),
-                                Arg::I64(n as i64),
-                                Arg::Space(Box::new(Space::from(&sp))),
-                            ],
-                        });
-                    }
-                    StepKind::Attention {
-                        q,
-                        k,
-                        v,
-                        y,
-                        batch,
-                        heads,
-                        seq,
-                        dim,
-                        alpha,
-                        out_scale,
-                        q_strides,
-                        k_strides,
-                        v_strides,
-                        y_strides,
-                    } => {
-                        if *dim != kernels::ATTN_HEAD_DIM || dtype == DType::F32 {
-                            return Err(err(EngineError::Runtime(format!(
-                                "fused attention needs head dim {} and f16/bf16 (got {dim}, {})",
-                                kernels::ATTN_HEAD_DIM,
-                                dtype.name()
-                            ))));
-                        }
-                        let qtiles = seq.div_ceil(kernels::ATTN_ROWS);
-                        let bh = |s: &[usize; 3]| [s[0] as i64, s[1] as i64];
-                        let (qs, ks, vs, ys) =
-                            (bh(q_strides), bh(k_strides), bh(v_strides), bh(y_strides));
-                        m.launches.push(Launch::Kernel {
-                            func: func("attention"),
-                            grid: (qtiles * heads * batch) as u32,
-                            block: kernels::ATTN_THREADS,
-                            args: vec![
-                                Arg::Ptr(ptr(*q)),
-                                Arg::Ptr(ptr(*k)),
-                                Arg::Ptr(ptr(*v)),
-                                Arg::Ptr(ptr(*y)),
-                                Arg::Attn(Box::new(AttnP {
-                                    v: [*seq as i32, *heads as i32, qtiles as i32, 0],
-                                    scale_log2: alpha * std::f32::consts::LOG2_E,
-                                    oscale: *out_scale,
-                                    bh: [qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], ys[0], ys[1]],
-                                    rows: [
-                                        q_strides[2] as i32,
-                                        k_strides[2] as i32,
-                                        v_strides[2] as i32,
-                                        y_strides[2] as i32,
-                                    ],
-                                })),
-                            ],
-                        });
-                    }
-                    StepKind::LayerNorm {
-                        x,
-                        scale,
-                        bias,
-                        y,
-                        rows,
-                        cols,
-                        eps,
-                    } => m.launches.push(
-                        // Rows of ≤ 1024: one warp per row in registers; longer: a block per row.
-                        match WARP_ROW_PER_LANE
-                            .iter()
-                            .find(|&&nr| *cols <= 32 * nr && warp_rows(*rows))
-                        {
-                            Some(nr) => Launch::Kernel {
-                                func: func(&format!("layernorm_warp{nr}")),
-                                grid: rows.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
-                                block: 32 * WARP_ROWS_PER_BLOCK as u32,
-                                args: vec![
-                                    Arg::Ptr(ptr(*x)),
-                                    Arg::Ptr(ptr(*y)),
-                                    Arg::Ptr(ptr(*scale)),
-                                    Arg::Ptr(bias.map_or(0, &ptr)),
-                                    Arg::I32(*rows as i32),
-                                    Arg::I32(*cols as i32),
-                                    Arg::F32(*eps),
-                                ],
-                            },
-                            None => Launch::Kernel {
-                                func: func("layernorm"),
-                                grid: *rows as u32,
-                                block: reduce_block(*cols),
-                                args: vec![
-                                    Arg::Ptr(ptr(*x)),
-                                    Arg::Ptr(ptr(*y)),
-                                    Arg::Ptr(ptr(*scale)),
-                                    Arg::Ptr(bias.map_or(0, &ptr)),
-                                    Arg::I64(*cols as i64),
-                                    Arg::F32(*eps),
-                                ],
-                            },
-                        },
-                    ),
-                    StepKind::Softmax {
-                        x,
-                        y,
-                        outer,
-                        len,
-                        inner,
-                    } => m.launches.push(
-                        match WARP_ROW_PER_LANE
-                            .iter()
-                            .find(|&&nr| *len <= 32 * nr && warp_rows(*outer))
-                        {
-                            Some(nr) if *inner == 1 => Launch::Kernel {
-                                func: func(&format!("softmax_warp{nr}")),
-                                grid: outer.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
-                                block: 32 * WARP_ROWS_PER_BLOCK as u32,
-                                args: vec![
-                                    Arg::Ptr(ptr(*x)),
-                                    Arg::Ptr(ptr(*y)),
-                                    Arg::I32(*outer as i32),
-                                    Arg::I32(*len as i32),
-                                ],
-                            },
-                            _ => Launch::Kernel {
-                                func: func("softmax"),
-                                grid: (outer * inner) as u32,
-                                block: reduce_block(*len),
-                                args: vec![
-                                    Arg::Ptr(ptr(*x)),
-                                    Arg::Ptr(ptr(*y)),
-                                    Arg::I64(*len as i64),
-                                    Arg::I64(*inner as i64),
-                                ],
-                            },
-                        },
-                    ),
-                    StepKind::Pool {
-                        x,
-                        y,
-                        max,
-                        x_shape,
-                        out_hw,
-                        kernel,
-                        strides,
-                        pads,
-                        dilations,
-                        count_include_pad,
-                        nhwc,
-                    } => {
-                        let v = [
-                            x_shape[0],
-                            x_shape[1],
-                            x_shape[2],
-                            x_shape[3],
-                            out_hw[0],
-                            out_hw[1],
-                            kernel[0],
-                            kernel[1],
-                            strides[0],
-                            strides[1],
-                            pads[0],
-                            pads[1],
-                            dilations[0],
-                            dilations[1],
-                            *max as usize,
-                            *count_include_pad as usize,
-                        ];
-                        let mut vi = [0i32; 16];
-                        for (d, s) in vi.iter_mut().zip(v) {
-                            *d = s as i32;
-                        }
-                        let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
-                        m.launches.push(Launch::Kernel {
-                            func: func("pool2d"),
-                            grid: elementwise_grid(n),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(ptr(*x)),
-                                Arg::Ptr(ptr(*y)),
-                                Arg::Pool(Box::new(PoolP {
-                                    v: vi,
-                                    xs: strides4(x_shape, *nhwc),
-                                    ys: strides4(
-                                        &[x_shape[0], x_shape[1], out_hw[0], out_hw[1]],
-                                        *nhwc,
-                                    ),
-                                })),
-                            ],
-                        });
-                    }
-                    StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
-                        func: func("chan_mean"),
-                        grid: elementwise_grid(n * c),
-                        block: BLOCK,
-                        args: vec![
-                            Arg::Ptr(ptr(*x)),
-                            Arg::Ptr(ptr(*y)),
-                            Arg::I64(*n as i64),
-                            Arg::I64(*c as i64),
-                            Arg::I64(*hw as i64),
-                        ],
-                    }),
-                    StepKind::RowMean { x, y, rows, hw } => m.launches.push(Launch::Kernel {
-                        func: func("row_mean"),
-                        grid: (rows * 32).div_ceil(BLOCK as usize) as u32,
-                        block: BLOCK,
-                        args: vec![
-                            Arg::Ptr(ptr(*x)),
-                            Arg::Ptr(ptr(*y)),
-                            Arg::I64(*rows as i64),
-                            Arg::I64(*hw as i64),
-                        ],
-                    }),
-                    StepKind::Resize {
-                        x,
-                        y,
-                        x_shape,
-                        out_hw,
-                        linear,
-                        coord,
-                        nearest,
-                        scales,
-                        nhwc,
-                    } => {
-                        let [n, c, h, w] = x_shape.map(|d| d as i32);
-                        let [oh, ow] = out_hw.map(|d| d as i32);
-                        let total = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
-                        m.launches.push(Launch::Kernel {
-                            func: func("resize2d"),
-                            grid: elementwise_grid(total),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(ptr(*x)),
-                                Arg::Ptr(ptr(*y)),
-                                Arg::Resize(Box::new(ResizeP {
-                                    v: [n, c, h, w, oh, ow, *linear as i32, *coord, *nearest, 0],
-                                    scales: *scales,
-                                    xs: strides4(x_shape, *nhwc),
-                                    ys: strides4(
-                                        &[x_shape[0], x_shape[1], out_hw[0], out_hw[1]],
-                                        *nhwc,
-                                    ),
-                                })),
-                            ],
-                        });
-                    }
-                    StepKind::AdaptivePool {
-                        x,
-                        y,
-                        x_shape,
-                        out_hw,
-                    } => {
-                        let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
-                        m.launches.push(Launch::Kernel {
-                            func: func("adaptive_pool"),
-                            grid: elementwise_grid(n),
-                            block: BLOCK,
-                            args: vec![
-                                Arg::Ptr(ptr(*x)),
-                                Arg::Ptr(ptr(*y)),
-                                Arg::I32((x_shape[0] * x_shape[1]) as i32),
-                                Arg::I32(x_shape[2] as i32),
-                                Arg::I32(x_shape[3] as i32),
-                                Arg::I32(out_hw[0] as i32),
-                                Arg::I32(out_hw[1] as i32),
-                            ],
-                        });
-                    }
-                }
+        let mut prev = String::from("input copy");
+        for step in &plan.steps {
+            while self.names.len() < self.launches.len() {
+                self.names.push(prev.clone());
             }
-            while m.names.len() < m.launches.len() {
-                m.names.push(prev.clone());
-            }
-            Ok(())
-        })();
-        // The search may have stopped with an error while timing on the scratch buffer: the
-        // model must not free it a second time when it is dropped.
-        m.workspace = 0;
-        // SAFETY: scratch was allocated above and is no longer used (algorithm search is over).
-        unsafe { cu::cuMemFree_v2(scratch) };
-        plan_result?;
-        m.step_start.push(m.launches.len());
+            prev = step.name.clone();
+            self.step_start.push(self.launches.len());
+            record_step(self, rec, &mut caches, step)?;
+        }
+        while self.names.len() < self.launches.len() {
+            self.names.push(prev.clone());
+        }
+        self.step_start.push(self.launches.len());
         for (i, io) in plan.outputs.iter().enumerate() {
-            m.names.push("output copy".into());
-            m.launches.push(Launch::DtoH {
-                dst: m.host_out[i].0 as *mut c_void,
+            self.names.push("output copy".into());
+            self.launches.push(Launch::DtoH {
+                dst: self.host_out[i].0 as *mut c_void,
                 src: staging(io.staging),
-                bytes: m.host_out[i].1 * 4,
+                bytes: self.host_out[i].1 * 4,
             });
         }
+        Ok(())
+    }
 
-        // The one workspace: the largest any chosen algorithm needs.
-        let ws = m
+    /// The one workspace: the largest any chosen algorithm needs, in the weights block's
+    /// rounding where it fits, else an allocation of its own; and the memory report.
+    fn place_workspace(&mut self, plan: &Plan, block: &WeightBlock) -> Result<()> {
+        let ws = self
             .convs
             .iter()
             .map(|c| c.workspace)
-            .chain(m.mms.iter().map(|x| x.workspace))
+            .chain(self.mms.iter().map(|x| x.workspace))
             .max()
             .unwrap_or(0);
-        let ws_offset = crate::plan::align(block_used);
-        if ws_offset + ws <= block_bytes {
-            m.workspace = m.weights + ws_offset as u64;
+        let ws_offset = crate::plan::align(block.block_used);
+        if ws_offset + ws <= block.block_bytes {
+            self.workspace = self.weights + ws_offset as u64;
         } else {
-            m.workspace = dev_alloc(ws)?;
-            m.workspace_owned = true;
+            self.workspace = dev_alloc(ws)?;
+            self.workspace_owned = true;
         }
-        m.mem = MemoryReport {
-            weights_bytes: const_bytes,
+        self.mem = MemoryReport {
+            weights_bytes: block.const_bytes,
             arena_bytes: plan.arena_bytes,
             workspace_bytes: ws,
-            total_bytes: const_bytes + plan.arena_bytes + ws,
+            total_bytes: block.const_bytes + plan.arena_bytes + ws,
             device_delta_bytes: 0,
         };
+        Ok(())
+    }
 
-        // One eager run (loads lazily-loaded library kernels outside capture), then capture.
-        m.issue(true)?;
+    /// One eager run (loads lazily-loaded library kernels outside capture), then the captures
+    /// of the whole job and of the copy-free forward.
+    fn instantiate(&mut self) -> Result<()> {
+        self.issue(true)?;
         // SAFETY: the stream is live.
         cu_check("cuStreamSynchronize", unsafe {
-            cu::cuStreamSynchronize(m.stream)
+            cu::cuStreamSynchronize(self.stream)
         })?;
-        let (g, e) = m.capture(true)?;
-        m.graph = g;
-        m.exec = e;
-        let (g, e) = m.capture(false)?;
-        m.compute_graph = g;
-        m.compute_exec = e;
-        m.mem.device_delta_bytes = free_before.saturating_sub(free_mem()?);
-        m.plan_ms = t0.elapsed().as_secs_f64() * 1e3;
-        Ok(m)
+        let (g, e) = self.capture(true)?;
+        self.graph = g;
+        self.exec = e;
+        let (g, e) = self.capture(false)?;
+        self.compute_graph = g;
+        self.compute_exec = e;
+        Ok(())
     }
 
     /// Captures the launches (with or without the input/output copies) into a graph and
@@ -1541,7 +918,9 @@ impl CudaModel {
             let r = cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
             if r != cu::CUresult::CUDA_SUCCESS {
                 cu::cuGraphDestroy(graph);
-                return cu_check("cuGraphInstantiate", r).map(|_| (graph, exec));
+                return cu_check("cuGraphInstantiate", r)
+                    .map(|_| (graph, exec))
+                    .map_err(EngineError::from);
             }
             cu_check("cuGraphUpload", cu::cuGraphUpload(exec, self.stream))?;
             cu_check("cuStreamSynchronize", cu::cuStreamSynchronize(self.stream))?;
@@ -1560,7 +939,9 @@ impl CudaModel {
             let stream = self.stream;
             let ms = ev.time(stream, &mut || {
                 // SAFETY: exec and stream are live.
-                cu_check("cuGraphLaunch", unsafe { cu::cuGraphLaunch(exec, stream) })
+                Ok(cu_check("cuGraphLaunch", unsafe {
+                    cu::cuGraphLaunch(exec, stream)
+                })?)
             })?;
             t.push(ms as f64);
         }
@@ -1721,9 +1102,10 @@ impl CudaModel {
         self.mem
     }
 
-    /// Milliseconds spent compiling (planning, algorithm search, capture).
-    pub fn plan_ms(&self) -> f64 {
-        self.plan_ms
+    /// Milliseconds spent building the model from its plan (weights upload, kernel loading,
+    /// algorithm search, capture).
+    pub fn build_ms(&self) -> f64 {
+        self.build_ms
     }
 
     /// Planned steps, CUDA graph launches per job (always 1).
@@ -1748,6 +1130,7 @@ impl CudaModel {
         cu_check("cuGraphLaunch", unsafe {
             cu::cuGraphLaunch(self.exec, self.stream)
         })
+        .map_err(EngineError::from)
     }
 
     /// True when the last launched job has finished (never blocks).
@@ -1757,7 +1140,9 @@ impl CudaModel {
         match r {
             cu::CUresult::CUDA_SUCCESS => Ok(true),
             cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            e => cu_check("cuStreamQuery", e).map(|_| false),
+            e => cu_check("cuStreamQuery", e)
+                .map(|_| false)
+                .map_err(EngineError::from),
         }
     }
 
@@ -1767,6 +1152,7 @@ impl CudaModel {
         cu_check("cuStreamSynchronize", unsafe {
             cu::cuStreamSynchronize(self.stream)
         })
+        .map_err(EngineError::from)
     }
 
     /// The stream this model runs on.
@@ -1875,8 +1261,7 @@ fn conv_desc(
     };
     // SAFETY: out-pointers are valid; the buffers passed to the algorithm search are the
     // step's own (planned together with these shapes) and the scratch holds ws_cap bytes. The
-    // descriptors are destroyed in CudaModel's Drop once the caller keeps them; if a call here
-    // fails they leak, which only a failed compile does.
+    // descriptors destroy themselves when `d` is dropped (here on an error, else with the model).
     unsafe {
         dnn_check(
             "cudnnCreateTensorDescriptor",
@@ -2012,6 +1397,7 @@ fn set_attr<T>(
             std::mem::size_of::<T>(),
         )
     })
+    .map_err(EngineError::from)
 }
 
 fn layout(
@@ -2055,29 +1441,18 @@ fn layout(
     Ok(l)
 }
 
-/// A matmul descriptor for `key` (reused when an identical one exists), its algorithm chosen
-/// by timing cuBLASLt's candidates on the real buffers.
-///
-/// Row-major `Y[M,N] = X[M,K] · op(B)` is computed as column-major `Yᵀ = op(B)ᵀ · Xᵀ`:
-/// cuBLASLt's A is our B operand (`a_ptr`), its B is our X (`b_ptr`).
-#[allow(clippy::too_many_arguments)]
-fn mm_index(
-    m: &mut CudaModel,
-    cache: &mut Vec<(MmKey, usize)>,
-    key: MmKey,
+/// The cuBLASLt matmul descriptor (compute type, transposes, epilogue, bias) and the layouts
+/// of a (the weight-side operand), b and d for `key`.
+fn matmul_descriptors(
+    key: &MmKey,
     dtype: DType,
     precision: Precision,
-    scratch: u64,
-    ws_cap: usize,
-    events: &Events,
-    a_ptr: u64,
-    b_ptr: u64,
-    c_ptr: u64,
-    y_ptr: u64,
-) -> Result<usize> {
-    if let Some((_, i)) = cache.iter().find(|(k, _)| *k == key) {
-        return Ok(*i);
-    }
+) -> Result<(
+    lt::cublasLtMatmulDesc_t,
+    lt::cublasLtMatrixLayout_t,
+    lt::cublasLtMatrixLayout_t,
+    lt::cublasLtMatrixLayout_t,
+)> {
     let dt = lt_dtype(dtype);
     let compute = match precision {
         Precision::Tf32 => lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
@@ -2135,6 +1510,21 @@ fn mm_index(
             )?;
         }
     }
+    Ok((desc, a, b, d))
+}
+
+/// Up to 16 algorithms cuBLASLt's heuristic proposes for the descriptors within the workspace
+/// cap, and how many it returned.
+fn matmul_heuristics(
+    handle: lt::cublasLtHandle_t,
+    (desc, a, b, d): (
+        lt::cublasLtMatmulDesc_t,
+        lt::cublasLtMatrixLayout_t,
+        lt::cublasLtMatrixLayout_t,
+        lt::cublasLtMatrixLayout_t,
+    ),
+    ws_cap: usize,
+) -> Result<([lt::cublasLtMatmulHeuristicResult_t; 16], i32)> {
     let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
     let mut results: [lt::cublasLtMatmulHeuristicResult_t; 16];
     let mut got = 0i32;
@@ -2156,7 +1546,7 @@ fn mm_index(
             ),
         )?;
         let r = lt::cublasLtMatmulAlgoGetHeuristic(
-            m.cublaslt,
+            handle,
             desc,
             a,
             b,
@@ -2170,6 +1560,35 @@ fn mm_index(
         lt::cublasLtMatmulPreferenceDestroy(pref);
         lt_check("cublasLtMatmulAlgoGetHeuristic", r)?;
     }
+    Ok((results, got))
+}
+
+/// A matmul descriptor for `key` (reused when an identical one exists), its algorithm chosen
+/// by timing cuBLASLt's candidates on the real buffers.
+///
+/// Row-major `Y[M,N] = X[M,K] · op(B)` is computed as column-major `Yᵀ = op(B)ᵀ · Xᵀ`:
+/// cuBLASLt's A is our B operand (`a_ptr`), its B is our X (`b_ptr`).
+#[allow(clippy::too_many_arguments)]
+fn mm_index(
+    m: &mut CudaModel,
+    cache: &mut Vec<(MmKey, usize)>,
+    key: MmKey,
+    dtype: DType,
+    precision: Precision,
+    scratch: u64,
+    ws_cap: usize,
+    events: &Events,
+    a_ptr: u64,
+    b_ptr: u64,
+    c_ptr: u64,
+    y_ptr: u64,
+) -> Result<usize> {
+    if let Some((_, i)) = cache.iter().find(|(k, _)| *k == key) {
+        return Ok(*i);
+    }
+    let (desc, a, b, d) = matmul_descriptors(&key, dtype, precision)?;
+    let (results, got) = matmul_heuristics(m.cublaslt, (desc, a, b, d), ws_cap)?;
+    let (mm, n, k) = (key.m, key.n, key.k);
     let mut cand = MatmulDesc {
         desc,
         a,
@@ -2279,6 +1698,7 @@ fn run_matmul(
             stream as lt::cudaStream_t,
         )
     })
+    .map_err(EngineError::from)
 }
 
 impl Drop for CudaModel {
@@ -2302,18 +1722,7 @@ impl Drop for CudaModel {
             if !self.compute_graph.is_null() {
                 cu::cuGraphDestroy(self.compute_graph);
             }
-            for c in &self.convs {
-                dnn::cudnnDestroyTensorDescriptor(c.x);
-                dnn::cudnnDestroyTensorDescriptor(c.y);
-                dnn::cudnnDestroyFilterDescriptor(c.w);
-                dnn::cudnnDestroyConvolutionDescriptor(c.conv);
-            }
-            for d in &self.mms {
-                lt::cublasLtMatrixLayoutDestroy(d.a);
-                lt::cublasLtMatrixLayoutDestroy(d.b);
-                lt::cublasLtMatrixLayoutDestroy(d.d);
-                lt::cublasLtMatmulDescDestroy(d.desc);
-            }
+            // The cuDNN and cuBLASLt descriptors in `convs` and `mms` destroy themselves.
             if !self.cudnn.is_null() {
                 dnn::cudnnDestroy(self.cudnn);
             }
@@ -2429,4 +1838,875 @@ impl CompiledModel for CudaModel {
     fn arena_bytes(&self) -> usize {
         self.mem.arena_bytes
     }
+}
+
+/// Records the launches of one step (choosing among timed candidates where there are several).
+fn record_step(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    step: &Step,
+) -> Result<()> {
+    let err = |e: EngineError| match e {
+        EngineError::Runtime(s) => EngineError::Runtime(format!("node `{}`: {s}", step.name)),
+        other => other,
+    };
+    let es = rec.es;
+    match &step.kind {
+        StepKind::CastIn { x, y, n } => m.launches.push(Launch::Kernel {
+            func: rec.func("cast_in"),
+            grid: elementwise_grid(*n),
+            block: BLOCK,
+            args: vec![
+                Arg::Ptr(rec.ptr(*x)),
+                Arg::Ptr(rec.ptr(*y)),
+                Arg::I64(*n as i64),
+            ],
+        }),
+        StepKind::CastOut { x, y, n } => m.launches.push(Launch::Kernel {
+            func: rec.func("cast_out"),
+            grid: elementwise_grid(*n),
+            block: BLOCK,
+            args: vec![
+                Arg::Ptr(rec.ptr(*x)),
+                Arg::Ptr(rec.ptr(*y)),
+                Arg::I64(*n as i64),
+            ],
+        }),
+        StepKind::Conv(c) => record_conv(m, rec, caches, &err, c)?,
+        StepKind::DwConv(c) => record_dw_conv(m, rec, c)?,
+        StepKind::Linear(l) => record_linear(m, rec, caches, &err, l)?,
+        StepKind::MatMul(mm_step) => record_matmul(m, rec, caches, &err, mm_step)?,
+        StepKind::Pointwise {
+            x,
+            y,
+            scale,
+            bias,
+            residual,
+            n,
+            channels,
+            inner,
+            act,
+        } => m.launches.push(pointwise_launch(
+            rec.func("pointwise"),
+            rec.ptr(*x),
+            rec.ptr(*y),
+            scale.map(&|l| rec.ptr(l)),
+            bias.map(&|l| rec.ptr(l)),
+            residual.map(&|l| rec.ptr(l)),
+            *n,
+            *channels,
+            *inner,
+            *act,
+        )),
+        StepKind::Binary { a, b, y, op, space } => {
+            let n = space.numel();
+            m.launches.push(Launch::Kernel {
+                func: rec.func("binary"),
+                grid: elementwise_grid(n),
+                block: BLOCK,
+                args: vec![
+                    Arg::Ptr(rec.ptr(*a)),
+                    Arg::Ptr(rec.ptr(*b)),
+                    Arg::Ptr(rec.ptr(*y)),
+                    Arg::I64(n as i64),
+                    Arg::I32(binary_code(*op)),
+                    Arg::Space(Box::new(Space::from(space))),
+                ],
+            });
+        }
+        StepKind::Copy { x, y, space } => {
+            // The output staging is f32 and so is its source when dtype is f32.
+            // Contiguous innermost runs move in 16-, 8- or 4-byte words.
+            let (xp, yp) = (rec.ptr(*x), rec.ptr(*y));
+            let (name, sp) = [("copy_w16", 16), ("copy_w8", 8), ("copy_w4", 4)]
+                .iter()
+                .find_map(|&(k, w)| widen_copy(space, es, w, [xp, yp]).map(|sp| (k, sp)))
+                .unwrap_or(("copy_strided", space.clone()));
+            let n = sp.numel();
+            m.launches.push(Launch::Kernel {
+                func: rec.func(name),
+                grid: elementwise_grid(n),
+                block: BLOCK,
+                args: vec![
+                    Arg::Ptr(xp),
+                    Arg::Ptr(yp),
+                    Arg::I64(n as i64),
+                    Arg::Space(Box::new(Space::from(&sp))),
+                ],
+            });
+        }
+        StepKind::Attention(at) => record_attention(m, rec, &err, at)?,
+        StepKind::LayerNorm(ln) => record_layer_norm(m, rec, ln),
+        StepKind::Softmax(sm) => record_softmax(m, rec, sm),
+        StepKind::Pool(pool) => record_pool(m, rec, pool),
+        StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
+            func: rec.func("chan_mean"),
+            grid: elementwise_grid(n * c),
+            block: BLOCK,
+            args: vec![
+                Arg::Ptr(rec.ptr(*x)),
+                Arg::Ptr(rec.ptr(*y)),
+                Arg::I64(*n as i64),
+                Arg::I64(*c as i64),
+                Arg::I64(*hw as i64),
+            ],
+        }),
+        StepKind::RowMean { x, y, rows, hw } => m.launches.push(Launch::Kernel {
+            func: rec.func("row_mean"),
+            grid: (rows * 32).div_ceil(BLOCK as usize) as u32,
+            block: BLOCK,
+            args: vec![
+                Arg::Ptr(rec.ptr(*x)),
+                Arg::Ptr(rec.ptr(*y)),
+                Arg::I64(*rows as i64),
+                Arg::I64(*hw as i64),
+            ],
+        }),
+        StepKind::Resize(rs) => record_resize(m, rec, rs),
+        StepKind::AdaptivePool {
+            x,
+            y,
+            x_shape,
+            out_hw,
+        } => {
+            let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+            m.launches.push(Launch::Kernel {
+                func: rec.func("adaptive_pool"),
+                grid: elementwise_grid(n),
+                block: BLOCK,
+                args: vec![
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
+                    Arg::I32((x_shape[0] * x_shape[1]) as i32),
+                    Arg::I32(x_shape[2] as i32),
+                    Arg::I32(x_shape[3] as i32),
+                    Arg::I32(out_hw[0] as i32),
+                    Arg::I32(out_hw[1] as i32),
+                ],
+            });
+        }
+    }
+    Ok(())
+}
+
+fn record_conv(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    err: &dyn Fn(EngineError) -> EngineError,
+    c: &ConvStep,
+) -> Result<()> {
+    let (plan, dtype, scratch, ws_cap, events, conv_cache, mm_cache) = (
+        rec.plan,
+        rec.dtype,
+        rec.scratch,
+        rec.ws_cap,
+        &rec.events,
+        &mut caches.conv,
+        &mut caches.mm,
+    );
+    // Two ways, each timed on the real buffers; the faster one is kept:
+    // cuDNN (its best algorithm) + our epilogue kernel, or (NHWC, one group)
+    // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
+    let paths = rec.options.conv_paths;
+    let mut dnn_path: Option<(Vec<Launch>, f32)> = None;
+    if paths.tries_cudnn() || !c.gemm_capable() {
+        let key = ConvKey::of(c);
+        let found = match conv_cache.iter().find(|(k, _)| *k == key) {
+            Some((_, i)) => Ok(*i),
+            None => conv_desc(
+                m,
+                c,
+                dtype,
+                plan.precision,
+                &|l| rec.ptr(l),
+                scratch,
+                ws_cap,
+            )
+            .map(|d| {
+                m.convs.push(d);
+                conv_cache.push((key, m.convs.len() - 1));
+                m.convs.len() - 1
+            }),
+        };
+        match found {
+            Ok(idx) => {
+                let mut l = vec![Launch::Conv {
+                    conv: idx,
+                    x: rec.ptr(c.x),
+                    w: rec.ptr(c.w),
+                    y: rec.ptr(c.y),
+                }];
+                if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
+                    l.push(conv_epilogue(rec, c, true, true));
+                }
+                dnn_path = Some((l, f32::INFINITY));
+            }
+            Err(e) if !c.gemm_capable() => return Err(err(e)),
+            Err(_) => {}
+        }
+    }
+    let mut gemm_path: Option<(Vec<Launch>, f32)> = None;
+    if c.gemm_capable() && paths.tries_gemm() {
+        let mut l = Vec::new();
+        let b_ptr = match c.col {
+            Some(col) => {
+                l.push(im2col_launch(rec, c, col));
+                rec.ptr(col)
+            }
+            None => rec.ptr(c.x),
+        };
+        let relu = matches!(c.act, Some(Unary::Relu));
+        let key = conv_gemm_key(rec, c, relu);
+        let res_ptr = c.residual.map_or(0, &|l| rec.ptr(l));
+        match mm_index(
+            m,
+            mm_cache,
+            key,
+            dtype,
+            plan.precision,
+            scratch,
+            ws_cap,
+            events,
+            rec.ptr(c.w),
+            b_ptr,
+            res_ptr,
+            rec.ptr(c.y),
+        ) {
+            Ok(idx) => {
+                l.push(Launch::Matmul {
+                    mm: idx,
+                    a: rec.ptr(c.w),
+                    b: b_ptr,
+                    c: res_ptr,
+                    y: rec.ptr(c.y),
+                });
+                if c.act.is_some() && !relu {
+                    l.push(conv_epilogue(rec, c, false, false));
+                }
+                gemm_path = Some((l, f32::INFINITY));
+            }
+            Err(e) if dnn_path.is_none() => return Err(err(e)),
+            Err(_) => {}
+        }
+    }
+    let chosen = fastest_candidate(m, rec, err, dnn_path, gemm_path)?;
+    m.launches.extend(chosen);
+    Ok(())
+}
+
+/// The pointwise pass after a cuDNN convolution (bias, residual, activation) or after its GEMM
+/// (the activation cuBLASLt's epilogue does not fuse).
+fn conv_epilogue(rec: &Recorder, c: &ConvStep, with_bias: bool, with_res: bool) -> Launch {
+    let n_out: usize = c.y_shape.iter().product();
+    pointwise_launch(
+        rec.func("pointwise"),
+        rec.ptr(c.y),
+        rec.ptr(c.y),
+        None,
+        if with_bias {
+            c.bias.map(&|l| rec.ptr(l))
+        } else {
+            None
+        },
+        if with_res {
+            c.residual.map(&|l| rec.ptr(l))
+        } else {
+            None
+        },
+        n_out,
+        c.y_shape[1],
+        if c.nhwc {
+            1
+        } else {
+            c.y_shape[2] * c.y_shape[3]
+        },
+        c.act,
+    )
+}
+
+/// The im2col kernel that lowers a convolution's input into `col` for the GEMM path.
+fn im2col_launch(rec: &Recorder, c: &ConvStep, col: Loc) -> Launch {
+    let [n, ch, h, w] = c.x_shape;
+    let [_, _, oh, ow] = c.y_shape;
+    let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
+    let v = [
+        n,
+        h,
+        w,
+        ch,
+        oh,
+        ow,
+        kh,
+        kw,
+        c.strides[0],
+        c.strides[1],
+        c.pads[0],
+        c.pads[1],
+        c.dilations[0],
+        c.dilations[1],
+    ];
+    let mut vi = [0i32; 14];
+    for (d, s) in vi.iter_mut().zip(v) {
+        *d = s as i32;
+    }
+    Launch::Kernel {
+        func: rec.func("im2col"),
+        grid: elementwise_grid(n * oh * ow * kh * kw * ch),
+        block: BLOCK,
+        args: vec![
+            Arg::Ptr(rec.ptr(c.x)),
+            Arg::Ptr(rec.ptr(col)),
+            Arg::Im(Box::new(ImP { v: vi })),
+        ],
+    }
+}
+
+/// The cuBLASLt GEMM of a convolution's GEMM path: `y[n·oh·ow, M] = col · wᵀ` with the bias,
+/// ReLU and residual fused.
+fn conv_gemm_key(rec: &Recorder, c: &ConvStep, relu: bool) -> MmKey {
+    let [n, ch, _, _] = c.x_shape;
+    let [_, _, oh, ow] = c.y_shape;
+    let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
+    MmKey {
+        m: n * oh * ow,
+        n: c.w_shape[0],
+        k: kh * kw * ch,
+        batch: 1,
+        sa: 0,
+        sb: 0,
+        lda: kh * kw * ch,
+        ldb: kh * kw * ch,
+        ldy: c.w_shape[0],
+        sy: n * oh * ow * c.w_shape[0],
+        b_trans: true,
+        linear: true,
+        bias: c.bias.map(&|l| rec.ptr(l)),
+        relu,
+        gelu: false,
+        residual: c.residual.is_some(),
+        alpha: 1.0f32.to_bits(),
+    }
+}
+
+/// A convolution's candidate launches and their best time (∞ until timed).
+type Candidate = Option<(Vec<Launch>, f32)>;
+
+/// Times each candidate path (best of 3) as it will run, on the search scratch as workspace,
+/// and returns the faster one's launches (the GEMM path on a tie).
+fn fastest_candidate(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    err: &dyn Fn(EngineError) -> EngineError,
+    mut dnn_path: Candidate,
+    mut gemm_path: Candidate,
+) -> Result<Vec<Launch>> {
+    // Time each candidate path (best of 3) as it will run.
+    m.workspace = rec.scratch;
+    for path in [&mut dnn_path, &mut gemm_path].into_iter().flatten() {
+        let launches = &path.0;
+        for _ in 0..3 {
+            let t = rec
+                .events
+                .time(m.stream, &mut || m.issue_list(launches, true))
+                .map_err(err)?;
+            path.1 = path.1.min(t);
+        }
+    }
+    m.workspace = 0;
+    let chosen = match (dnn_path, gemm_path) {
+        (Some(d), Some(g)) => {
+            if g.1 <= d.1 {
+                g.0
+            } else {
+                d.0
+            }
+        }
+        (Some(d), None) => d.0,
+        (None, Some(g)) => g.0,
+        (None, None) => return Err(err(EngineError::Runtime("no convolution path".into()))),
+    };
+    Ok(chosen)
+}
+
+fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()> {
+    let es = rec.es;
+    let (a, p0, p1) = act_code(c.act);
+    let v = [
+        c.x_shape[0],
+        c.x_shape[1],
+        c.x_shape[2],
+        c.x_shape[3],
+        c.y_shape[1],
+        c.y_shape[2],
+        c.y_shape[3],
+        c.w_shape[2],
+        c.w_shape[3],
+        c.strides[0],
+        c.strides[1],
+        c.pads[0],
+        c.pads[1],
+        c.dilations[0],
+        c.dilations[1],
+        0,
+    ];
+    let mut vi = [0i32; 16];
+    for (d, s) in vi.iter_mut().zip(v) {
+        *d = s as i32;
+    }
+    vi[15] = a;
+    let n: usize = c.y_shape.iter().product();
+    // The register-window kernels: NHWC, horizontal stride and dilation 1.
+    let fast = c.nhwc && c.strides[1] == 1 && c.dilations[1] == 1;
+    // Channel pairs, 8 outputs per thread: also one filter per channel, M
+    // even and every operand 2-element aligned.
+    // `BuildOptions::depthwise_pairs` off (ISOLANE_CUDA_DW=window) keeps the 4-output kernels.
+    let pair_ok = fast
+        && rec.options.depthwise_pairs
+        && c.y_shape[1] == c.x_shape[1]
+        && c.y_shape[1].is_multiple_of(2)
+        && [Some(c.x), Some(c.w), c.bias, c.residual, Some(c.y)]
+            .iter()
+            .flatten()
+            .all(|l| rec.ptr(*l).is_multiple_of(2 * es as u64));
+    let pairs = n.div_ceil(c.y_shape[3]) / 2 * c.y_shape[3].div_ceil(kernels::DWC2_OUT);
+    // With few threads (batch 1) the 4-output kernel fills the GPU better
+    // (measured: convnext_base fp16 batch 1 1.04 ms with it, 1.21 with the
+    // pair kernel; batch 64 13.1 ms vs 10.2 ms).
+    let pair_ok = pair_ok && pairs >= DWC2_MIN_THREADS;
+    // (7×7 only: the 3×3 pair kernel, MobileNetV2's, was not measured.)
+    let (kernel, threads) = match (fast, c.w_shape[3]) {
+        (true, 7) if pair_ok => ("dwconv_c2_k7", pairs),
+        (true, 3) => (
+            "dwconv_s1_k3",
+            n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
+        ),
+        (true, 7) => (
+            "dwconv_s1_k7",
+            n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
+        ),
+        _ => ("dwconv", n),
+    };
+    m.launches.push(Launch::Kernel {
+        func: rec.func(kernel),
+        grid: elementwise_grid(threads),
+        block: BLOCK,
+        args: vec![
+            Arg::Ptr(rec.ptr(c.x)),
+            Arg::Ptr(rec.ptr(c.w)),
+            Arg::Ptr(c.bias.map_or(0, &|l| rec.ptr(l))),
+            Arg::Ptr(c.residual.map_or(0, &|l| rec.ptr(l))),
+            Arg::Ptr(rec.ptr(c.y)),
+            Arg::Dw(Box::new(DwP {
+                v: vi,
+                p0,
+                p1,
+                whwc: c.nhwc as i32,
+                pad: 0,
+                xs: strides4(&c.x_shape, c.nhwc),
+                ys: strides4(&c.y_shape, c.nhwc),
+            })),
+        ],
+    });
+    Ok(())
+}
+
+fn record_linear(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    err: &dyn Fn(EngineError) -> EngineError,
+    l: &LinearStep,
+) -> Result<()> {
+    let LinearStep {
+        x,
+        w,
+        bias,
+        y,
+        m: mm,
+        n,
+        k,
+        act,
+        residual,
+    } = l;
+    let (plan, dtype, scratch, ws_cap, events, mm_cache) = (
+        rec.plan,
+        rec.dtype,
+        rec.scratch,
+        rec.ws_cap,
+        &rec.events,
+        &mut caches.mm,
+    );
+    let relu = matches!(act, Some(Unary::Relu));
+    // tf32/fp16/bf16: cuBLASLt's GELU epilogue (tanh form; it differs from
+    // the exact erf GELU by < 1e-3, below those precisions' rounding here;
+    // fp32 keeps the exact GELU kernel).
+    let gelu = matches!(act, Some(Unary::Gelu) | Some(Unary::GeluTanh))
+        && plan.precision != Precision::Fp32
+        && bias.is_some()
+        && !rec.options.exact_gelu;
+    let key = MmKey {
+        m: *mm,
+        n: *n,
+        k: *k,
+        batch: 1,
+        sa: 0,
+        sb: 0,
+        lda: *k,
+        ldb: *k,
+        ldy: *n,
+        sy: *mm * *n,
+        b_trans: true,
+        linear: true,
+        bias: bias.map(&|l| rec.ptr(l)),
+        relu,
+        gelu,
+        residual: residual.is_some(),
+        alpha: 1.0f32.to_bits(),
+    };
+    let res_ptr = residual.map_or(0, &|l| rec.ptr(l));
+    let idx = mm_index(
+        m,
+        mm_cache,
+        key,
+        dtype,
+        plan.precision,
+        scratch,
+        ws_cap,
+        events,
+        rec.ptr(*w),
+        rec.ptr(*x),
+        res_ptr,
+        rec.ptr(*y),
+    )
+    .map_err(err)?;
+    m.launches.push(Launch::Matmul {
+        mm: idx,
+        a: rec.ptr(*w),
+        b: rec.ptr(*x),
+        c: res_ptr,
+        y: rec.ptr(*y),
+    });
+    if act.is_some() && !relu && !gelu {
+        m.launches.push(pointwise_launch(
+            rec.func("pointwise"),
+            rec.ptr(*y),
+            rec.ptr(*y),
+            None,
+            None,
+            None,
+            mm * n,
+            1,
+            1,
+            *act,
+        ));
+    }
+    Ok(())
+}
+
+fn record_matmul(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    err: &dyn Fn(EngineError) -> EngineError,
+    mm_step: &MatMulStep,
+) -> Result<()> {
+    let MatMulStep {
+        a,
+        b,
+        y,
+        batch,
+        m: mm,
+        n,
+        k,
+        a_batch_stride,
+        b_batch_stride,
+        b_trans,
+        alpha,
+        lda,
+        ldb,
+        ldy,
+        y_batch_stride,
+    } = mm_step;
+    let (plan, dtype, scratch, ws_cap, events, mm_cache) = (
+        rec.plan,
+        rec.dtype,
+        rec.scratch,
+        rec.ws_cap,
+        &rec.events,
+        &mut caches.mm,
+    );
+    let key = MmKey {
+        m: *mm,
+        n: *n,
+        k: *k,
+        batch: *batch,
+        sa: *a_batch_stride,
+        sb: *b_batch_stride,
+        lda: *lda,
+        ldb: *ldb,
+        ldy: *ldy,
+        sy: *y_batch_stride,
+        b_trans: *b_trans,
+        linear: false,
+        bias: None,
+        relu: false,
+        gelu: false,
+        residual: false,
+        alpha: alpha.to_bits(),
+    };
+    let idx = mm_index(
+        m,
+        mm_cache,
+        key,
+        dtype,
+        plan.precision,
+        scratch,
+        ws_cap,
+        events,
+        rec.ptr(*b),
+        rec.ptr(*a),
+        0,
+        rec.ptr(*y),
+    )
+    .map_err(err)?;
+    m.launches.push(Launch::Matmul {
+        mm: idx,
+        a: rec.ptr(*b),
+        b: rec.ptr(*a),
+        c: 0,
+        y: rec.ptr(*y),
+    });
+    Ok(())
+}
+
+fn record_attention(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    err: &dyn Fn(EngineError) -> EngineError,
+    at: &AttentionStep,
+) -> Result<()> {
+    let AttentionStep {
+        q,
+        k,
+        v,
+        y,
+        batch,
+        heads,
+        seq,
+        dim,
+        alpha,
+        out_scale,
+        q_strides,
+        k_strides,
+        v_strides,
+        y_strides,
+    } = at;
+    let dtype = rec.dtype;
+    if *dim != kernels::ATTN_HEAD_DIM || dtype == DType::F32 {
+        return Err(err(EngineError::Runtime(format!(
+            "fused attention needs head dim {} and f16/bf16 (got {dim}, {})",
+            kernels::ATTN_HEAD_DIM,
+            dtype.name()
+        ))));
+    }
+    let qtiles = seq.div_ceil(kernels::ATTN_ROWS);
+    let bh = |s: &[usize; 3]| [s[0] as i64, s[1] as i64];
+    let (qs, ks, vs, ys) = (bh(q_strides), bh(k_strides), bh(v_strides), bh(y_strides));
+    m.launches.push(Launch::Kernel {
+        func: rec.func("attention"),
+        grid: (qtiles * heads * batch) as u32,
+        block: kernels::ATTN_THREADS,
+        args: vec![
+            Arg::Ptr(rec.ptr(*q)),
+            Arg::Ptr(rec.ptr(*k)),
+            Arg::Ptr(rec.ptr(*v)),
+            Arg::Ptr(rec.ptr(*y)),
+            Arg::Attn(Box::new(AttnP {
+                v: [*seq as i32, *heads as i32, qtiles as i32, 0],
+                scale_log2: alpha * std::f32::consts::LOG2_E,
+                oscale: *out_scale,
+                bh: [qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], ys[0], ys[1]],
+                rows: [
+                    q_strides[2] as i32,
+                    k_strides[2] as i32,
+                    v_strides[2] as i32,
+                    y_strides[2] as i32,
+                ],
+            })),
+        ],
+    });
+    Ok(())
+}
+
+fn record_layer_norm(m: &mut CudaModel, rec: &Recorder, ln: &LayerNormStep) {
+    let LayerNormStep {
+        x,
+        scale,
+        bias,
+        y,
+        rows,
+        cols,
+        eps,
+    } = ln;
+    m.launches.push(
+        // Rows of ≤ 1024: one warp per row in registers; longer: a block per row.
+        match WARP_ROW_PER_LANE
+            .iter()
+            .find(|&&nr| *cols <= 32 * nr && rec.warp_rows(*rows))
+        {
+            Some(nr) => Launch::Kernel {
+                func: rec.func(&format!("layernorm_warp{nr}")),
+                grid: rows.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
+                block: 32 * WARP_ROWS_PER_BLOCK as u32,
+                args: vec![
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
+                    Arg::Ptr(rec.ptr(*scale)),
+                    Arg::Ptr(bias.map_or(0, &|l| rec.ptr(l))),
+                    Arg::I32(*rows as i32),
+                    Arg::I32(*cols as i32),
+                    Arg::F32(*eps),
+                ],
+            },
+            None => Launch::Kernel {
+                func: rec.func("layernorm"),
+                grid: *rows as u32,
+                block: reduce_block(*cols),
+                args: vec![
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
+                    Arg::Ptr(rec.ptr(*scale)),
+                    Arg::Ptr(bias.map_or(0, &|l| rec.ptr(l))),
+                    Arg::I64(*cols as i64),
+                    Arg::F32(*eps),
+                ],
+            },
+        },
+    );
+}
+
+fn record_softmax(m: &mut CudaModel, rec: &Recorder, sm: &SoftmaxStep) {
+    let SoftmaxStep {
+        x,
+        y,
+        outer,
+        len,
+        inner,
+    } = sm;
+    m.launches.push(
+        match WARP_ROW_PER_LANE
+            .iter()
+            .find(|&&nr| *len <= 32 * nr && rec.warp_rows(*outer))
+        {
+            Some(nr) if *inner == 1 => Launch::Kernel {
+                func: rec.func(&format!("softmax_warp{nr}")),
+                grid: outer.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
+                block: 32 * WARP_ROWS_PER_BLOCK as u32,
+                args: vec![
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
+                    Arg::I32(*outer as i32),
+                    Arg::I32(*len as i32),
+                ],
+            },
+            _ => Launch::Kernel {
+                func: rec.func("softmax"),
+                grid: (outer * inner) as u32,
+                block: reduce_block(*len),
+                args: vec![
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
+                    Arg::I64(*len as i64),
+                    Arg::I64(*inner as i64),
+                ],
+            },
+        },
+    );
+}
+
+fn record_pool(m: &mut CudaModel, rec: &Recorder, pool: &PoolStep) {
+    let PoolStep {
+        x,
+        y,
+        max,
+        x_shape,
+        out_hw,
+        kernel,
+        strides,
+        pads,
+        dilations,
+        count_include_pad,
+        nhwc,
+    } = pool;
+    let v = [
+        x_shape[0],
+        x_shape[1],
+        x_shape[2],
+        x_shape[3],
+        out_hw[0],
+        out_hw[1],
+        kernel[0],
+        kernel[1],
+        strides[0],
+        strides[1],
+        pads[0],
+        pads[1],
+        dilations[0],
+        dilations[1],
+        *max as usize,
+        *count_include_pad as usize,
+    ];
+    let mut vi = [0i32; 16];
+    for (d, s) in vi.iter_mut().zip(v) {
+        *d = s as i32;
+    }
+    let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+    m.launches.push(Launch::Kernel {
+        func: rec.func("pool2d"),
+        grid: elementwise_grid(n),
+        block: BLOCK,
+        args: vec![
+            Arg::Ptr(rec.ptr(*x)),
+            Arg::Ptr(rec.ptr(*y)),
+            Arg::Pool(Box::new(PoolP {
+                v: vi,
+                xs: strides4(x_shape, *nhwc),
+                ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
+            })),
+        ],
+    });
+}
+
+fn record_resize(m: &mut CudaModel, rec: &Recorder, rs: &ResizeStep) {
+    let ResizeStep {
+        x,
+        y,
+        x_shape,
+        out_hw,
+        linear,
+        coord,
+        nearest,
+        scales,
+        nhwc,
+    } = rs;
+    let [n, c, h, w] = x_shape.map(|d| d as i32);
+    let [oh, ow] = out_hw.map(|d| d as i32);
+    let total = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+    m.launches.push(Launch::Kernel {
+        func: rec.func("resize2d"),
+        grid: elementwise_grid(total),
+        block: BLOCK,
+        args: vec![
+            Arg::Ptr(rec.ptr(*x)),
+            Arg::Ptr(rec.ptr(*y)),
+            Arg::Resize(Box::new(ResizeP {
+                v: [n, c, h, w, oh, ow, *linear as i32, *coord, *nearest, 0],
+                scales: *scales,
+                xs: strides4(x_shape, *nhwc),
+                ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
+            })),
+        ],
+    });
 }

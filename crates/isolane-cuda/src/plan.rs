@@ -9,9 +9,10 @@
 
 use std::sync::Arc;
 
+pub use isolane_engine::arena::{assign_offsets, check_no_overlap, ArenaRules, Storage};
 use isolane_engine::ir::{
-    broadcast_shapes, infer_node, norm_axis, slice_params, Binary, CoordMode, Graph, NearestMode,
-    Op, ResizeAttrs, ResizeMode, Tensor, Unary, ValueKind,
+    broadcast_shapes, infer_node, norm_axis, slice_params, Binary, ConvAttrs, CoordMode, Graph,
+    NearestMode, Node, Op, PoolAttrs, ResizeAttrs, ResizeMode, Tensor, Unary, ValueKind,
 };
 use isolane_engine::{EngineError, Precision, Result};
 
@@ -75,14 +76,12 @@ impl Loc {
     }
 }
 
-/// One arena storage: `bytes` long, alive from step `first` to step `last` (inclusive).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Storage {
-    pub bytes: usize,
-    pub first: usize,
-    pub last: usize,
-    pub offset: usize,
-}
+/// The device arena's layout ([`ALIGN`]-byte boundaries); an empty storage still gets its
+/// own aligned bytes so that every storage has a distinct device address.
+pub const ARENA_RULES: ArenaRules = ArenaRules {
+    align: ALIGN,
+    min_bytes: 1,
+};
 
 /// Resize's coordinate transformation and nearest-rounding codes shared with the NVRTC source
 /// (`resize_src` and `resize_nearest` in kernels.rs).
@@ -285,59 +284,14 @@ pub enum StepKind {
     /// with bias, residual and activation fused.
     DwConv(ConvStep),
     /// `y[M,N] = x[M,K] · w[N,K]ᵀ + b`, then `act` (cuBLASLt, bias fused as an epilogue).
-    Linear {
-        x: Loc,
-        w: Loc,
-        bias: Option<Loc>,
-        y: Loc,
-        m: usize,
-        n: usize,
-        k: usize,
-        act: Option<Unary>,
-        /// Added before the epilogue (a residual add fused as cuBLASLt's C with beta = 1).
-        residual: Option<Loc>,
-    },
+    Linear(LinearStep),
     /// Batched `y[b] = a[b] · op(bm[b])` (row-major) through cuBLASLt; `b_trans` = bm holds
     /// `[.., N, K]` (a transpose folded into the matmul).
-    MatMul {
-        a: Loc,
-        b: Loc,
-        y: Loc,
-        batch: usize,
-        m: usize,
-        n: usize,
-        k: usize,
-        a_batch_stride: usize,
-        b_batch_stride: usize,
-        b_trans: bool,
-        /// Scales the product (a multiplication by a constant scalar folded in).
-        alpha: f32,
-        /// Row strides (leading dimensions) of a, b and y, and y's batch stride: operands may
-        /// be strided views (attention heads read in place from the QKV projection).
-        lda: usize,
-        ldb: usize,
-        ldy: usize,
-        y_batch_stride: usize,
-    },
+    MatMul(MatMulStep),
     /// Fused self-attention `y = softmax(alpha · q·kᵀ) · v · out_scale` for each (image, head),
     /// head dim `dim`: q, k and v read in place and y written through (image, head, row)
     /// strides (the last dim contiguous), so the QKV split and the head merge cost nothing.
-    Attention {
-        q: Loc,
-        k: Loc,
-        v: Loc,
-        y: Loc,
-        batch: usize,
-        heads: usize,
-        seq: usize,
-        dim: usize,
-        alpha: f32,
-        out_scale: f32,
-        q_strides: [usize; 3],
-        k_strides: [usize; 3],
-        v_strides: [usize; 3],
-        y_strides: [usize; 3],
-    },
+    Attention(AttentionStep),
     /// `y = act(x · scale[c] + bias[c] + res)` elementwise, `c = (i / inner) % channels`.
     Pointwise {
         x: Loc,
@@ -365,38 +319,9 @@ pub enum StepKind {
         y: Loc,
         space: Strided,
     },
-    LayerNorm {
-        x: Loc,
-        scale: Loc,
-        bias: Option<Loc>,
-        y: Loc,
-        rows: usize,
-        cols: usize,
-        eps: f32,
-    },
-    Softmax {
-        x: Loc,
-        y: Loc,
-        outer: usize,
-        len: usize,
-        inner: usize,
-    },
-    Pool {
-        x: Loc,
-        y: Loc,
-        max: bool,
-        /// `[N, C, H, W]` and `[OH, OW]`.
-        x_shape: [usize; 4],
-        out_hw: [usize; 2],
-        kernel: [usize; 2],
-        strides: [usize; 2],
-        /// `[top, left]`; bottom/right only matter through the output size.
-        pads: [usize; 2],
-        dilations: [usize; 2],
-        count_include_pad: bool,
-        /// x and y stored NHWC.
-        nhwc: bool,
-    },
+    LayerNorm(LayerNormStep),
+    Softmax(SoftmaxStep),
+    Pool(PoolStep),
     /// Mean over HW of an NHWC `[N, H, W, C]` tensor → `[N, C]`.
     ChanMean {
         x: Loc,
@@ -414,19 +339,7 @@ pub enum StepKind {
     },
     /// ONNX Resize of H and W (nearest or bilinear), NCHW or NHWC storage alike; the codes are
     /// [`resize_codes`]'s, `scales` [`ResizeAttrs::coord_scales`]'s.
-    Resize {
-        x: Loc,
-        y: Loc,
-        /// `[N, C, H, W]` and `[OH, OW]`.
-        x_shape: [usize; 4],
-        out_hw: [usize; 2],
-        linear: bool,
-        coord: i32,
-        nearest: i32,
-        scales: [f32; 2],
-        /// x and y stored NHWC.
-        nhwc: bool,
-    },
+    Resize(ResizeStep),
     /// PyTorch AdaptiveAvgPool2d.
     AdaptivePool {
         x: Loc,
@@ -626,6 +539,7 @@ fn phys_broadcast(shape: &[usize], nhwc: bool, out: &[usize]) -> Vec<usize> {
 
 struct Planner<'g> {
     g: &'g Graph,
+    opts: PlanOptions,
     es: usize,
     shapes: Vec<Vec<usize>>,
     loc: Vec<Option<Loc>>,
@@ -655,12 +569,7 @@ struct Planner<'g> {
 
 impl Planner<'_> {
     fn new_storage(&mut self, bytes: usize) -> usize {
-        self.storages.push(Storage {
-            bytes,
-            first: self.t,
-            last: self.t,
-            offset: 0,
-        });
+        self.storages.push(Storage::new(bytes, self.t));
         self.storages.len() - 1
     }
     fn touch(&mut self, l: Loc) {
@@ -811,70 +720,169 @@ impl Planner<'_> {
     }
 }
 
-/// Plans an already optimised graph (see `isolane_engine::passes::optimize`).
-pub fn plan(g: &Graph, batch: usize, precision: Precision) -> Result<Plan> {
-    plan_with(g, batch, precision, PlanOptions::default())
+/// What the lowering of one node works with: the node, its index and its concrete shapes.
+struct NodeCtx<'a> {
+    n: &'a Node,
+    ni: usize,
+    name: &'a str,
+    in_shapes: Vec<Vec<usize>>,
+    outs: Vec<usize>,
+    out_shape: Vec<usize>,
+    /// The first input.
+    x0: usize,
 }
 
-/// [`plan`] with options.
-pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOptions) -> Result<Plan> {
-    let dtype = DType::of(precision);
-    let es = dtype.size();
-    let shapes = g.infer_shapes(batch)?;
-    let nv = g.values.len();
-    let mut p = Planner {
-        g,
-        es,
-        shapes,
-        loc: vec![None; nv],
-        nhwc: vec![false; nv],
-        plain_of: vec![None; nv],
-        nhwc_of: vec![None; nv],
-        storages: Vec::new(),
-        steps: Vec::new(),
-        consts: Vec::new(),
-        const_of: vec![None; nv],
-        filter_nhwc: Vec::new(),
-        filter_dw_hwc: Vec::new(),
-        linear_of: vec![None; nv],
-        def_t: vec![0; nv],
-        alpha_of: vec![1.0; nv],
-        pending_scale: vec![None; nv],
-        vstrides: vec![None; nv],
-        probes: Vec::new(),
-        t: 0,
-    };
-    // Time 0: inputs arrive (staging f32 storages) and are cast to the activation dtype.
-    let mut inputs = Vec::new();
-    for &i in &g.inputs {
-        let n = p.numel(i);
-        let staging = p.new_storage(n * 4);
-        let st = if dtype == DType::F32 {
-            staging
-        } else {
-            let s = p.new_storage(n * es);
-            p.push(
-                &format!("cast input {}", g.values[i].name),
-                StepKind::CastIn {
-                    x: Loc::Storage {
-                        id: staging,
-                        offset: 0,
-                    },
-                    y: Loc::Storage { id: s, offset: 0 },
-                    n,
-                },
-            );
-            s
-        };
-        p.loc[i] = Some(Loc::Storage { id: st, offset: 0 });
-        inputs.push(Io {
-            staging,
-            shape: p.shapes[i].clone(),
-        });
+impl<'a> NodeCtx<'a> {
+    fn new(shapes: &[Vec<usize>], ni: usize, n: &'a Node) -> NodeCtx<'a> {
+        NodeCtx {
+            n,
+            ni,
+            name: n.name.as_str(),
+            in_shapes: n.inputs.iter().map(|&i| shapes[i].clone()).collect(),
+            outs: n.outputs.clone(),
+            out_shape: shapes[n.outputs[0]].clone(),
+            x0: n.inputs[0],
+        }
     }
-    // Transposes swapping the last two dims whose only user is a MatMul's second operand are
-    // folded into that matmul (cuBLASLt transposes for free).
-    let mut users = vec![0usize; nv];
+
+    /// Checks the planned shapes against the IR (a planning bug must not reach the GPU).
+    fn check_shapes(&self, batch: usize) -> Result<()> {
+        let refs: Vec<&[usize]> = self.in_shapes.iter().map(|s| s.as_slice()).collect();
+        let inferred = infer_node(self.n, &refs, batch)?;
+        if inferred[0] != self.out_shape {
+            return Err(unsupported(self.name, "shape disagreement in planning"));
+        }
+        Ok(())
+    }
+}
+
+/// What lowering a node did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lowered {
+    /// It planned the node's own steps (or aliased its output); its shapes are checked.
+    Steps,
+    /// It folded the node into another step (a scale into a matmul's alpha, a per-channel
+    /// scale into the following add, an add into a Linear's C): nothing of its own to check.
+    Folded,
+}
+
+/// What the pattern passes found in the graph before lowering: use counts, the transposes
+/// folded into matmuls, scaled keys, and the attention blocks fused into one step.
+struct Patterns {
+    /// Value → number of readers (graph outputs count as one).
+    users: Vec<usize>,
+    /// Value → its only reading node, when it has exactly one.
+    sole_user: Vec<Option<usize>>,
+    /// Value → every reading node.
+    users_of: Vec<Vec<usize>>,
+    is_output: Vec<bool>,
+    /// Transpose output → its input, for transposes folded into their MatMul (transpose folding).
+    folded_t: Vec<Option<usize>>,
+    /// Value → the key a scores MatMul reads transposed from it (scale folding of `kᵀ · c`).
+    key_of: Vec<Option<usize>>,
+    /// Nodes that emit nothing because a later node's fused Attention step covers them.
+    attn_skip: Vec<bool>,
+    /// Node (the context MatMul) → the scores MatMul of its fused Attention step.
+    attn_at: Vec<Option<usize>>,
+}
+
+impl Patterns {
+    /// Runs the pattern passes over `g` (shapes at the planned batch).
+    fn find(g: &Graph, shapes: &[Vec<usize>], opts: PlanOptions) -> Patterns {
+        let nv = g.values.len();
+        let users = count_users(g);
+        let sole_user = sole_users(g, &users);
+        let mut users_of: Vec<Vec<usize>> = vec![Vec::new(); nv];
+        for (ni, n) in g.nodes.iter().enumerate() {
+            for &i in &n.inputs {
+                users_of[i].push(ni);
+            }
+        }
+        let is_output: Vec<bool> = (0..nv).map(|v| g.outputs.contains(&v)).collect();
+        let folded_t = fold_transposes_into_matmuls(g, &users);
+        let key_of: Vec<Option<usize>> = (0..nv)
+            .map(|v| scaled_key_source(g, shapes, &users, &folded_t, v))
+            .collect();
+        let mut pat = Patterns {
+            users,
+            sole_user,
+            users_of,
+            is_output,
+            folded_t,
+            key_of,
+            attn_skip: vec![false; g.nodes.len()],
+            attn_at: vec![None; g.nodes.len()],
+        };
+        if opts.fused_attention {
+            pat.fuse_attention(g, shapes);
+        }
+        pat
+    }
+
+    /// Whether node `ni` reads strided views in place (see `Planner::vstrides`).
+    fn stride_aware(&self, g: &Graph, ni: usize) -> bool {
+        let n = &g.nodes[ni];
+        match &n.op {
+            Op::Split { .. } | Op::Squeeze { .. } | Op::Transpose { .. } | Op::MatMul => true,
+            Op::Binary(Binary::Mul) => {
+                let scalar = |v: usize| matches!(&g.values[v].kind, ValueKind::Constant(t) if t.numel() == 1);
+                (scalar(n.inputs[0]) || scalar(n.inputs[1]))
+                    && self.sole_user[n.outputs[0]]
+                        .is_some_and(|u| matches!(g.nodes[u].op, Op::MatMul))
+            }
+            _ => false,
+        }
+    }
+
+    /// Fused attention: MatMul(q, kᵀ) → Softmax(last axis) → MatMul(·, v), each the sole user
+    /// of the previous, q, k and v of one shape [B, H, S, d] (or [BH, S, d]) with d the
+    /// kernel's. The first two emit nothing; the last emits one Attention step (`attn_at`: the
+    /// scores node).
+    fn fuse_attention(&mut self, g: &Graph, shapes: &[Vec<usize>]) {
+        for (ni, n) in g.nodes.iter().enumerate() {
+            if !matches!(n.op, Op::MatMul) || n.inputs.len() != 2 {
+                continue;
+            }
+            let Some(kv) = self.key_of[n.inputs[1]] else {
+                continue;
+            };
+            let s_v = n.outputs[0];
+            let Some(si) = self.sole_user[s_v] else {
+                continue;
+            };
+            let sm = &g.nodes[si];
+            let r = shapes[s_v].len();
+            let Op::Softmax { axis } = sm.op else {
+                continue;
+            };
+            if norm_axis(axis, r) != Some(r.wrapping_sub(1)) || self.is_output[s_v] {
+                continue;
+            }
+            let p_v = sm.outputs[0];
+            let Some(ci) = self.sole_user[p_v] else {
+                continue;
+            };
+            let cn = &g.nodes[ci];
+            if !matches!(cn.op, Op::MatMul) || cn.inputs[0] != p_v || self.is_output[p_v] {
+                continue;
+            }
+            let (qs, ks, vs) = (&shapes[n.inputs[0]], &shapes[kv], &shapes[cn.inputs[1]]);
+            if (qs.len() == 3 || qs.len() == 4)
+                && qs == ks
+                && qs == vs
+                && qs[qs.len() - 1] == crate::kernels::ATTN_HEAD_DIM
+            {
+                self.attn_skip[ni] = true;
+                self.attn_skip[si] = true;
+                self.attn_at[ci] = Some(ni);
+            }
+        }
+    }
+}
+
+/// Value → number of reading nodes, plus one for each graph output.
+fn count_users(g: &Graph) -> Vec<usize> {
+    let mut users = vec![0usize; g.values.len()];
     for n in &g.nodes {
         for &i in &n.inputs {
             users[i] += 1;
@@ -883,7 +891,12 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     for &o in &g.outputs {
         users[o] += 1;
     }
-    let mut sole_user: Vec<Option<usize>> = vec![None; nv];
+    users
+}
+
+/// Value → its only reading node, where `users` says it has one.
+fn sole_users(g: &Graph, users: &[usize]) -> Vec<Option<usize>> {
+    let mut sole_user: Vec<Option<usize>> = vec![None; g.values.len()];
     for (ni, n) in g.nodes.iter().enumerate() {
         for &i in &n.inputs {
             if users[i] == 1 {
@@ -891,35 +904,26 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             }
         }
     }
-    let mut users_of: Vec<Vec<usize>> = vec![Vec::new(); nv];
-    for (ni, n) in g.nodes.iter().enumerate() {
-        for &i in &n.inputs {
-            users_of[i].push(ni);
-        }
-    }
-    let is_output: Vec<bool> = (0..nv).map(|v| g.outputs.contains(&v)).collect();
-    // Ops that read strided views in place (see `vstrides`).
-    let stride_aware = |ni: usize| -> bool {
-        let n = &g.nodes[ni];
-        match &n.op {
-            Op::Split { .. } | Op::Squeeze { .. } | Op::Transpose { .. } | Op::MatMul => true,
-            Op::Binary(Binary::Mul) => {
-                let scalar = |v: usize| matches!(&g.values[v].kind, ValueKind::Constant(t) if t.numel() == 1);
-                (scalar(n.inputs[0]) || scalar(n.inputs[1]))
-                    && sole_user[n.outputs[0]].is_some_and(|u| matches!(g.nodes[u].op, Op::MatMul))
-            }
-            _ => false,
-        }
-    };
-    let mut folded_t: Vec<Option<usize>> = vec![None; nv];
+    sole_user
+}
+
+/// Whether `perm` swaps the last two dims and keeps the others.
+fn swaps_last_two(perm: &[usize]) -> bool {
+    let r = perm.len();
+    r >= 2
+        && perm[r - 2] == r - 1
+        && perm[r - 1] == r - 2
+        && perm[..r - 2].iter().enumerate().all(|(i, &q)| q == i)
+}
+
+/// Transpose folding: a transpose swapping the last two dims whose only user is a MatMul's
+/// second operand is folded into that matmul (cuBLASLt transposes for free). Returns
+/// transpose output → transpose input for the folded ones.
+fn fold_transposes_into_matmuls(g: &Graph, users: &[usize]) -> Vec<Option<usize>> {
+    let mut folded_t: Vec<Option<usize>> = vec![None; g.values.len()];
     for n in &g.nodes {
         if let Op::Transpose { perm } = &n.op {
-            let r = perm.len();
-            let swap_last = r >= 2
-                && perm[r - 2] == r - 1
-                && perm[r - 1] == r - 2
-                && perm[..r - 2].iter().enumerate().all(|(i, &p)| p == i);
-            if swap_last && users[n.outputs[0]] == 1 {
+            if swaps_last_two(perm) && users[n.outputs[0]] == 1 {
                 let feeds_matmul_b = g
                     .nodes
                     .iter()
@@ -930,113 +934,78 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             }
         }
     }
+    folded_t
+}
 
-    // Fused attention: MatMul(q, kᵀ) → Softmax(last axis) → MatMul(·, v), each the sole user
-    // of the previous, q, k and v of one shape [B, H, S, d] (or [BH, S, d]) with d the kernel's.
-    // The first two emit nothing; the last emits one Attention step (`attn_at`: the scores node).
-    let mut attn_skip = vec![false; g.nodes.len()];
-    let mut attn_at: Vec<Option<usize>> = vec![None; g.nodes.len()];
-    // The key a scores MatMul reads transposed from its second operand `v`: through a folded
-    // transpose (`q · kᵀ`), or through a scalar multiplication of a last-two-dims transpose
-    // that has no other user (`q · (kᵀ · c)`, torch.onnx's scaled-dot-product export): that
-    // transpose is a free view and the multiplication an alpha (`operand_alpha`).
-    let key_source = |v: usize| -> Option<usize> {
-        if let Some(k) = folded_t[v] {
-            return Some(k);
-        }
-        let ValueKind::Computed { node, .. } = g.values[v].kind else {
-            return None;
-        };
-        let mul = &g.nodes[node];
-        if mul.op != Op::Binary(Binary::Mul) || users[v] != 1 {
-            return None;
-        }
-        let scalar =
-            |x: usize| matches!(&g.values[x].kind, ValueKind::Constant(t) if t.numel() == 1);
-        let t = match (scalar(mul.inputs[0]), scalar(mul.inputs[1])) {
-            (false, true) => mul.inputs[0],
-            (true, false) => mul.inputs[1],
-            _ => return None,
-        };
-        let ValueKind::Computed { node: tn, .. } = g.values[t].kind else {
-            return None;
-        };
-        let Op::Transpose { perm } = &g.nodes[tn].op else {
-            return None;
-        };
-        let r = perm.len();
-        let swap_last = r >= 2
-            && perm[r - 2] == r - 1
-            && perm[r - 1] == r - 2
-            && perm[..r - 2].iter().enumerate().all(|(i, &q)| q == i);
-        (swap_last && users[t] == 1 && p.shapes[t] == p.shapes[v]).then_some(g.nodes[tn].inputs[0])
-    };
-    let key_of: Vec<Option<usize>> = (0..nv).map(key_source).collect();
-    if opts.fused_attention {
-        for (ni, n) in g.nodes.iter().enumerate() {
-            if !matches!(n.op, Op::MatMul) || n.inputs.len() != 2 {
-                continue;
-            }
-            let Some(kv) = key_of[n.inputs[1]] else {
-                continue;
-            };
-            let s_v = n.outputs[0];
-            let Some(si) = sole_user[s_v] else { continue };
-            let sm = &g.nodes[si];
-            let r = p.shapes[s_v].len();
-            let Op::Softmax { axis } = sm.op else {
-                continue;
-            };
-            if norm_axis(axis, r) != Some(r.wrapping_sub(1)) || is_output[s_v] {
-                continue;
-            }
-            let p_v = sm.outputs[0];
-            let Some(ci) = sole_user[p_v] else { continue };
-            let cn = &g.nodes[ci];
-            if !matches!(cn.op, Op::MatMul) || cn.inputs[0] != p_v || is_output[p_v] {
-                continue;
-            }
-            let (qs, ks, vs) = (
-                &p.shapes[n.inputs[0]],
-                &p.shapes[kv],
-                &p.shapes[cn.inputs[1]],
-            );
-            if (qs.len() == 3 || qs.len() == 4)
-                && qs == ks
-                && qs == vs
-                && qs[qs.len() - 1] == crate::kernels::ATTN_HEAD_DIM
-            {
-                attn_skip[ni] = true;
-                attn_skip[si] = true;
-                attn_at[ci] = Some(ni);
-            }
-        }
+/// Scale folding of a transposed key: the key a scores MatMul reads transposed from its
+/// second operand `v`, through a folded transpose (`q · kᵀ`), or through a scalar
+/// multiplication of a last-two-dims transpose that has no other user (`q · (kᵀ · c)`,
+/// torch.onnx's scaled-dot-product export): that transpose is a free view and the
+/// multiplication an alpha (`operand_alpha`).
+fn scaled_key_source(
+    g: &Graph,
+    shapes: &[Vec<usize>],
+    users: &[usize],
+    folded_t: &[Option<usize>],
+    v: usize,
+) -> Option<usize> {
+    if let Some(k) = folded_t[v] {
+        return Some(k);
     }
+    let ValueKind::Computed { node, .. } = g.values[v].kind else {
+        return None;
+    };
+    let mul = &g.nodes[node];
+    if mul.op != Op::Binary(Binary::Mul) || users[v] != 1 {
+        return None;
+    }
+    let scalar = |x: usize| matches!(&g.values[x].kind, ValueKind::Constant(t) if t.numel() == 1);
+    let t = match (scalar(mul.inputs[0]), scalar(mul.inputs[1])) {
+        (false, true) => mul.inputs[0],
+        (true, false) => mul.inputs[1],
+        _ => return None,
+    };
+    let ValueKind::Computed { node: tn, .. } = g.values[t].kind else {
+        return None;
+    };
+    let Op::Transpose { perm } = &g.nodes[tn].op else {
+        return None;
+    };
+    (swaps_last_two(perm) && users[t] == 1 && shapes[t] == shapes[v])
+        .then_some(g.nodes[tn].inputs[0])
+}
 
-    for (ni, n) in g.nodes.iter().enumerate() {
-        if ni > 0 {
-            p.record_probes(&g.nodes[ni - 1]);
-        }
-        p.t = ni + 1;
-        let name = n.name.as_str();
-        // Folded transposes produce nothing; their matmul reads the source.
-        if folded_t[n.outputs[0]].is_some() || attn_skip[ni] {
-            continue;
-        }
-        let in_shapes: Vec<Vec<usize>> = n.inputs.iter().map(|&i| p.shapes[i].clone()).collect();
-        let outs: Vec<usize> = n.outputs.clone();
-        let out_shape = p.shapes[outs[0]].clone();
-        let x0 = n.inputs[0];
-        let aware = stride_aware(ni);
-        if !aware {
-            for &i in &n.inputs {
+/// Lowering: one function per op (or family), each owning its shape rules and emitting the
+/// node's steps.
+impl Planner<'_> {
+    /// Plans `c.n` as a view of its input when it can be one (an alias of the input's storage,
+    /// with an element offset or strides): reshapes, squeezes, splits and gathers along leading
+    /// axes, transposes read by stride-aware consumers only, layout-swapping transposes of NHWC
+    /// values. Inputs stored as strided views are made plain first unless the node reads
+    /// strides. Returns whether the node became a view (and so has no step).
+    fn lower_view(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
+        let p = self;
+        if !pat.stride_aware(p.g, c.ni) {
+            for &i in &c.n.inputs {
                 if p.vstrides[i].is_some() {
-                    let l = p.plain(i, name)?;
+                    let l = p.plain(i, c.name)?;
                     p.loc[i] = Some(l);
                     p.vstrides[i] = None;
                 }
             }
         }
+        Ok(p.view_of_strided_input(c)?
+            || p.transpose_as_strided_view(c, pat)?
+            || p.alias_view(c)?
+            || p.layout_swap_view(c)?)
+    }
+
+    /// A view op (or a split) of a strided input: a view again when only size-1 dims change
+    /// (the input is made plain otherwise). Returns whether the node became a view.
+    fn view_of_strided_input(&mut self, c: &NodeCtx) -> Result<bool> {
+        let p = self;
+        let (n, name, in_shapes, outs, out_shape, x0) =
+            (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
         // Strided inputs of view ops: a view again when only size-1 dims change.
         if p.vstrides[x0].is_some() && (n.op.is_view() || matches!(n.op, Op::Split { .. })) {
             let st = p.strides(x0);
@@ -1050,7 +1019,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                     p.vstrides[o] = Some(st.clone());
                     at += sizes[j];
                 }
-                continue;
+                return Ok(true);
             }
             let kept: Vec<usize> = in_shapes[0]
                 .iter()
@@ -1068,12 +1037,29 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                     .collect();
                 p.loc[outs[0]] = Some(l);
                 p.vstrides[outs[0]] = Some(os);
-                continue;
+                return Ok(true);
             }
             let l = p.plain(x0, name)?;
             p.loc[x0] = Some(l);
             p.vstrides[x0] = None;
         }
+        Ok(false)
+    }
+
+    /// A transpose read by stride-aware consumers only (or whose result is row-major) is a
+    /// strided view of its input. Returns whether it became one.
+    fn transpose_as_strided_view(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
+        let p = self;
+        let g = p.g;
+        let (n, name, outs, out_shape, x0, is_output, users_of) = (
+            c.n,
+            c.name,
+            &c.outs,
+            &c.out_shape,
+            c.x0,
+            &pat.is_output,
+            &pat.users_of,
+        );
         // A transpose read by stride-aware consumers only (or whose result is row-major) is a
         // view: its strides are the input's, permuted.
         if let Op::Transpose { perm } = &n.op {
@@ -1081,26 +1067,34 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             if !consts && !p.nhwc[x0] {
                 let st = p.strides(x0);
                 let os: Vec<usize> = perm.iter().map(|&q| st[q]).collect();
-                let contiguous = os == contiguous_strides(&out_shape)
+                let contiguous = os == contiguous_strides(out_shape)
                     || Strided::coalesce(
-                        &out_shape,
-                        vec![os.clone(), contiguous_strides(&out_shape)],
+                        out_shape,
+                        vec![os.clone(), contiguous_strides(out_shape)],
                         name,
                     )
                     .is_ok_and(|s| s.dims.len() == 1 && s.strides[0][0] == 1);
                 let o = outs[0];
                 let all_aware = !is_output[o]
                     && !users_of[o].is_empty()
-                    && users_of[o].iter().all(|&u| stride_aware(u));
+                    && users_of[o].iter().all(|&u| pat.stride_aware(g, u));
                 if contiguous || all_aware {
                     let l = p.raw(x0, name)?;
                     p.loc[o] = Some(l);
                     p.vstrides[o] = if contiguous { None } else { Some(os) };
-                    continue;
+                    return Ok(true);
                 }
             }
         }
 
+        Ok(false)
+    }
+
+    /// Views alias their input's storage at an element offset: reshapes, squeezes, gathers of
+    /// one index and splits along leading axes. Returns whether the node became one.
+    fn alias_view(&mut self, c: &NodeCtx) -> Result<bool> {
+        let p = self;
+        let (n, name, in_shapes, outs, x0) = (c.n, c.name, &c.in_shapes, &c.outs, c.x0);
         // Views alias their input (constants included); NHWC values are made plain first,
         // except where the view keeps meaning under NHWC (see Transpose below).
         let view_offset: Option<usize> = match &n.op {
@@ -1124,7 +1118,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         if let Some(off) = view_offset {
             let l = p.plain(x0, name)?;
             p.loc[outs[0]] = Some(l.with_offset(off));
-            continue;
+            return Ok(true);
         }
         if let Op::Split { axis, sizes } = &n.op {
             let x = &in_shapes[0];
@@ -1137,16 +1131,27 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                     p.loc[o] = Some(l.with_offset(at * inner));
                     at += sizes[j];
                 }
-                continue;
+                return Ok(true);
             }
         }
+        Ok(false)
+    }
+
+    /// Layout-swapping transposes: NCHW→NHWC of an NHWC value is its storage read plainly;
+    /// NHWC→NCHW of a plain 4-D value is the same storage read as NHWC. Returns whether the
+    /// transpose became such a free view.
+    fn layout_swap_view(&mut self, c: &NodeCtx) -> Result<bool> {
+        let p = self;
+        let g = p.g;
+        let (opts, n, name, outs, out_shape, x0) =
+            (p.opts, c.n, c.name, &c.outs, &c.out_shape, c.x0);
         if let Op::Transpose { perm } = &n.op {
             // NCHW→NHWC of an NHWC value is its storage read plainly; NHWC→NCHW of a plain
             // 4-D value is the same storage read as NHWC. Both free.
             if p.nhwc[x0] && perm == &[0, 2, 3, 1] {
                 let l = p.raw(x0, name)?;
                 p.loc[outs[0]] = Some(l);
-                continue;
+                return Ok(true);
             }
             if opts.channels_last
                 && !p.nhwc[x0]
@@ -1157,903 +1162,1193 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
                 let o = outs[0];
                 p.loc[o] = Some(l);
                 p.nhwc[o] = out_shape[2] * out_shape[3] > 1 && out_shape[1] > 1;
-                continue;
+                return Ok(true);
             }
         }
+        Ok(false)
+    }
 
-        match &n.op {
-            Op::Conv(a) => {
-                if a.pads[0] != a.pads[2] || a.pads[1] != a.pads[3] {
+    /// Lowers `Op::Conv(a)`.
+    fn lower_conv(&mut self, c: &NodeCtx, a: &ConvAttrs) -> Result<Lowered> {
+        let p = self;
+        let (n, name, in_shapes, outs, out_shape, x0, opts, es) = (
+            c.n,
+            c.name,
+            &c.in_shapes,
+            &c.outs,
+            &c.out_shape,
+            c.x0,
+            p.opts,
+            p.es,
+        );
+        if a.pads[0] != a.pads[2] || a.pads[1] != a.pads[3] {
+            return Err(unsupported(
+                name,
+                format!("asymmetric convolution padding {:?}", a.pads),
+            ));
+        }
+        let xs = four(&in_shapes[0], name)?;
+        let ws = four(&in_shapes[1], name)?;
+        let dw = a.groups > 1 && a.groups == xs[1] && ws[1] == 1;
+        let cl = opts.channels_last;
+        let x = if cl {
+            p.channels_last(x0, name)?
+        } else {
+            p.plain(x0, name)?
+        };
+        let w = p.raw(n.inputs[1], name)?;
+        let bias = match n.inputs.get(2) {
+            Some(&b) => Some(p.raw(b, name)?),
+            None => None,
+        };
+        let residual = match (a.residual, n.inputs.get(3)) {
+            (true, Some(&r)) => Some(if cl {
+                p.channels_last(r, name)?
+            } else {
+                p.plain(r, name)?
+            }),
+            _ => None,
+        };
+        if cl && dw {
+            match w {
+                Loc::Const { id, .. } => {
+                    if !p.filter_dw_hwc.contains(&id) {
+                        p.filter_dw_hwc.push(id);
+                    }
+                }
+                _ => {
                     return Err(unsupported(
                         name,
-                        format!("asymmetric convolution padding {:?}", a.pads),
-                    ));
-                }
-                let xs = four(&in_shapes[0], name)?;
-                let ws = four(&in_shapes[1], name)?;
-                let dw = a.groups > 1 && a.groups == xs[1] && ws[1] == 1;
-                let cl = opts.channels_last;
-                let x = if cl {
-                    p.channels_last(x0, name)?
-                } else {
-                    p.plain(x0, name)?
-                };
-                let w = p.raw(n.inputs[1], name)?;
-                let bias = match n.inputs.get(2) {
-                    Some(&b) => Some(p.raw(b, name)?),
-                    None => None,
-                };
-                let residual = match (a.residual, n.inputs.get(3)) {
-                    (true, Some(&r)) => Some(if cl {
-                        p.channels_last(r, name)?
-                    } else {
-                        p.plain(r, name)?
-                    }),
-                    _ => None,
-                };
-                if cl && dw {
-                    match w {
-                        Loc::Const { id, .. } => {
-                            if !p.filter_dw_hwc.contains(&id) {
-                                p.filter_dw_hwc.push(id);
-                            }
-                        }
-                        _ => {
-                            return Err(unsupported(
-                                name,
-                                "channels-last depthwise convolution with a computed filter",
-                            ))
-                        }
-                    }
-                }
-                if cl && !dw && ws[2] * ws[3] * ws[1] > 1 {
-                    if let Loc::Const { id, .. } = w {
-                        if !p.filter_nhwc.contains(&id) {
-                            p.filter_nhwc.push(id);
-                        }
-                    } else {
-                        return Err(unsupported(
-                            name,
-                            "channels-last convolution with a computed filter",
-                        ));
-                    }
-                }
-                let y = p.output(outs[0], cl);
-                let ys = four(&out_shape, name)?;
-                let direct = ws[2] == 1 && ws[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4];
-                // The im2col matrix lives only during this step.
-                let col = if cl && a.groups == 1 && !direct {
-                    let rows = ys[0] * ys[2] * ys[3];
-                    let s = p.new_storage(rows * ws[1] * ws[2] * ws[3] * es);
-                    Some(Loc::Storage { id: s, offset: 0 })
-                } else {
-                    None
-                };
-                let c = ConvStep {
-                    x,
-                    w,
-                    bias,
-                    residual,
-                    y,
-                    x_shape: xs,
-                    w_shape: ws,
-                    y_shape: four(&out_shape, name)?,
-                    pads: [a.pads[0], a.pads[1]],
-                    strides: a.strides,
-                    dilations: a.dilations,
-                    groups: a.groups,
-                    act: a.activation,
-                    nhwc: cl,
-                    col,
-                };
-                p.push(
-                    name,
-                    if dw {
-                        StepKind::DwConv(c)
-                    } else {
-                        StepKind::Conv(c)
-                    },
-                );
-            }
-            Op::Linear { activation } => {
-                let x = p.plain(x0, name)?;
-                let w = p.raw(n.inputs[1], name)?;
-                let bias = match n.inputs.get(2) {
-                    Some(&b) => Some(p.raw(b, name)?),
-                    None => None,
-                };
-                let y = p.output(outs[0], false);
-                let xsh = &in_shapes[0];
-                p.linear_of[outs[0]] = Some((p.steps.len(), p.t));
-                p.push(
-                    name,
-                    StepKind::Linear {
-                        x,
-                        w,
-                        bias,
-                        y,
-                        m: xsh[..xsh.len() - 1].iter().product(),
-                        n: in_shapes[1][0],
-                        k: in_shapes[1][1],
-                        act: *activation,
-                        residual: None,
-                    },
-                );
-            }
-            Op::MatMul if attn_at[ni].is_some() => {
-                let sn = &g.nodes[attn_at[ni].unwrap_or_default()];
-                let kv = key_of[sn.inputs[1]].unwrap_or(sn.inputs[1]);
-                let alpha = operand_alpha(&p.alpha_of, &folded_t, sn.inputs[0])
-                    * operand_alpha(&p.alpha_of, &folded_t, sn.inputs[1]);
-                let out_scale = operand_alpha(&p.alpha_of, &folded_t, x0)
-                    * operand_alpha(&p.alpha_of, &folded_t, n.inputs[1]);
-                // (loc, [image, head, row] strides) of a [B, H, S, d] / [BH, S, d] operand,
-                // read in place when its rows are contiguous and 16-byte aligned, else copied.
-                let operand = |v: usize, p: &mut Planner| -> Result<(Loc, [usize; 3])> {
-                    let es = p.es;
-                    let aligned = |l: Loc, st: &[usize]| {
-                        let off = match l {
-                            Loc::Storage { offset, .. } | Loc::Const { offset, .. } => offset,
-                        };
-                        (off * es).is_multiple_of(16)
-                            && st.iter().all(|&x| (x * es).is_multiple_of(16))
-                    };
-                    // Full strides [.., row, 1] → (image, head, row).
-                    let split = |st: &[usize]| -> [usize; 3] {
-                        if st.len() == 4 {
-                            [st[0], st[1], st[2]]
-                        } else {
-                            [0, st[0], st[1]]
-                        }
-                    };
-                    if !p.nhwc[v] {
-                        let st = p.strides(v);
-                        let l = p.raw(v, name)?;
-                        let r = st.len();
-                        if st[r - 1] == 1 && aligned(l, &st[..r - 1]) {
-                            return Ok((l, split(&st)));
-                        }
-                    }
-                    let l = p.plain(v, name)?;
-                    Ok((l, split(&contiguous_strides(&p.shapes[v]))))
-                };
-                let (ql, qst) = operand(sn.inputs[0], &mut p)?;
-                let (kl, kst) = operand(kv, &mut p)?;
-                let (vl, vst) = operand(n.inputs[1], &mut p)?;
-                let sh = p.shapes[sn.inputs[0]].clone();
-                let r = sh.len();
-                let (batch, heads) = if r == 4 { (sh[0], sh[1]) } else { (1, sh[0]) };
-                // Written straight into the layout of a sole transposing consumer that keeps
-                // the last dim (the heads merged back), so that transpose is free.
-                let o = outs[0];
-                let mut yst = contiguous_strides(&out_shape);
-                let mut strided = false;
-                if let Some(u) = sole_user[o] {
-                    if let Op::Transpose { perm } = &g.nodes[u].op {
-                        if perm.len() == r && perm[r - 1] == r - 1 && !is_output[o] {
-                            let tshape: Vec<usize> = perm.iter().map(|&q| out_shape[q]).collect();
-                            let ts = contiguous_strides(&tshape);
-                            for (d, &q) in perm.iter().enumerate() {
-                                yst[q] = ts[d];
-                            }
-                            strided = true;
-                        }
-                    }
-                }
-                let y = p.output(o, false);
-                p.vstrides[o] = strided.then(|| yst.clone());
-                let ys = if r == 4 {
-                    [yst[0], yst[1], yst[2]]
-                } else {
-                    [0, yst[0], yst[1]]
-                };
-                debug_assert_eq!(yst[r - 1], 1);
-                p.push(
-                    name,
-                    StepKind::Attention {
-                        q: ql,
-                        k: kl,
-                        v: vl,
-                        y,
-                        batch,
-                        heads,
-                        seq: sh[r - 2],
-                        dim: sh[r - 1],
-                        alpha,
-                        out_scale,
-                        q_strides: qst,
-                        k_strides: kst,
-                        v_strides: vst,
-                        y_strides: ys,
-                    },
-                );
-            }
-            Op::MatMul => {
-                let vb = folded_t[n.inputs[1]].unwrap_or(n.inputs[1]);
-                let b_trans = folded_t[n.inputs[1]].is_some();
-                // Each operand as (batch, batch stride, rows, cols, row stride) in place, or
-                // copied to row-major when its strides do not allow that.
-                let view = |v: usize, p: &mut Planner| -> Result<(Loc, MatView)> {
-                    let mut sh = p.shapes[v].clone();
-                    if sh.len() == 1 {
-                        sh.insert(0, 1);
-                    }
-                    if p.vstrides[v].is_some() {
-                        let st = p.strides(v);
-                        let st = if st.len() < sh.len() {
-                            [vec![0], st].concat()
-                        } else {
-                            st
-                        };
-                        if let Some(mv) = mat_view(&sh, &st) {
-                            return Ok((p.raw(v, name)?, mv));
-                        }
-                    }
-                    let l = p.plain(v, name)?;
-                    let r = sh.len();
-                    let (rows, cols) = (sh[r - 2], sh[r - 1]);
-                    Ok((
-                        l,
-                        (sh[..r - 2].iter().product(), rows * cols, rows, cols, cols),
+                        "channels-last depthwise convolution with a computed filter",
                     ))
-                };
-                let (al, (ab, sa, m, k, lda)) = view(x0, &mut p)?;
-                let (bl, (bb, sb, br, bc, ldb)) = view(vb, &mut p)?;
-                let nn = if b_trans { br } else { bc };
-                if in_shapes[1].len() == 1 && !b_trans {
-                    return Err(unsupported(name, "MatMul with a 1-D second operand"));
                 }
-                if !(ab == bb || ab == 1 || bb == 1) {
-                    return Err(unsupported(
-                        name,
-                        format!(
-                            "MatMul broadcasting {:?} × {:?}",
-                            in_shapes[0], in_shapes[1]
-                        ),
-                    ));
-                }
-                let batch = ab.max(bb);
-                // Written straight into the layout of a sole transposing consumer that keeps
-                // the last dim (attention heads merged back), so that transpose is free.
-                let o = outs[0];
-                let mut y_strides: Option<Vec<usize>> = None;
-                if let Some(u) = sole_user[o] {
-                    if let Op::Transpose { perm } = &g.nodes[u].op {
-                        let r = perm.len();
-                        if r == out_shape.len() && perm[r - 1] == r - 1 && !is_output[o] {
-                            let tshape: Vec<usize> = perm.iter().map(|&q| out_shape[q]).collect();
-                            let ts = contiguous_strides(&tshape);
-                            let mut st = vec![0; r];
-                            for (d, &q) in perm.iter().enumerate() {
-                                st[q] = ts[d];
-                            }
-                            if mat_view(&out_shape, &st).is_some_and(|mv| mv.0 == batch) {
-                                y_strides = Some(st);
-                            }
-                        }
-                    }
-                }
-                let y = p.output(o, false);
-                let (sy, ldy) = match &y_strides {
-                    Some(st) => {
-                        let mv = mat_view(&out_shape, st).unwrap_or((batch, m * nn, m, nn, nn));
-                        (mv.1, mv.4)
-                    }
-                    None => (m * nn, nn),
-                };
-                p.vstrides[o] = y_strides;
-                p.push(
-                    name,
-                    StepKind::MatMul {
-                        a: al,
-                        b: bl,
-                        y,
-                        batch,
-                        m,
-                        n: nn,
-                        k,
-                        a_batch_stride: if ab == 1 { 0 } else { sa },
-                        b_batch_stride: if bb == 1 { 0 } else { sb },
-                        b_trans,
-                        alpha: operand_alpha(&p.alpha_of, &folded_t, x0)
-                            * operand_alpha(&p.alpha_of, &folded_t, n.inputs[1]),
-                        lda,
-                        ldb,
-                        ldy,
-                        y_batch_stride: sy,
-                    },
-                );
             }
-            Op::BatchNorm { eps } => {
-                // A BatchNorm the passes could not fold into a producer (densenet's norms of
-                // concatenated features): one pointwise pass x · scale[c] + shift[c].
-                let (scale, shift) = batchnorm_affine(g, &n.inputs, *eps)
-                    .ok_or_else(|| unsupported(name, "BatchNorm with computed parameters"))?;
-                let x = p.raw(x0, name)?;
-                let keep = p.nhwc[x0];
-                let scale = p.new_const(scale);
-                let shift = p.new_const(shift);
-                let y = p.output(outs[0], keep);
-                let channels = out_shape[1];
-                let inner = if keep {
-                    1
-                } else {
-                    out_shape[2..].iter().product()
+        }
+        if cl && !dw && ws[2] * ws[3] * ws[1] > 1 {
+            if let Loc::Const { id, .. } = w {
+                if !p.filter_nhwc.contains(&id) {
+                    p.filter_nhwc.push(id);
+                }
+            } else {
+                return Err(unsupported(
+                    name,
+                    "channels-last convolution with a computed filter",
+                ));
+            }
+        }
+        let y = p.output(outs[0], cl);
+        let ys = four(out_shape, name)?;
+        let direct = ws[2] == 1 && ws[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4];
+        // The im2col matrix lives only during this step.
+        let col = if cl && a.groups == 1 && !direct {
+            let rows = ys[0] * ys[2] * ys[3];
+            let s = p.new_storage(rows * ws[1] * ws[2] * ws[3] * es);
+            Some(Loc::Storage { id: s, offset: 0 })
+        } else {
+            None
+        };
+        let c = ConvStep {
+            x,
+            w,
+            bias,
+            residual,
+            y,
+            x_shape: xs,
+            w_shape: ws,
+            y_shape: four(out_shape, name)?,
+            pads: [a.pads[0], a.pads[1]],
+            strides: a.strides,
+            dilations: a.dilations,
+            groups: a.groups,
+            act: a.activation,
+            nhwc: cl,
+            col,
+        };
+        p.push(
+            name,
+            if dw {
+                StepKind::DwConv(c)
+            } else {
+                StepKind::Conv(c)
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Linear { activation }`.
+    fn lower_linear(&mut self, c: &NodeCtx, activation: &Option<Unary>) -> Result<Lowered> {
+        let p = self;
+        let (n, name, in_shapes, outs, x0) = (c.n, c.name, &c.in_shapes, &c.outs, c.x0);
+        let x = p.plain(x0, name)?;
+        let w = p.raw(n.inputs[1], name)?;
+        let bias = match n.inputs.get(2) {
+            Some(&b) => Some(p.raw(b, name)?),
+            None => None,
+        };
+        let y = p.output(outs[0], false);
+        let xsh = &in_shapes[0];
+        p.linear_of[outs[0]] = Some((p.steps.len(), p.t));
+        p.push(
+            name,
+            StepKind::Linear(LinearStep {
+                x,
+                w,
+                bias,
+                y,
+                m: xsh[..xsh.len() - 1].iter().product(),
+                n: in_shapes[1][0],
+                k: in_shapes[1][1],
+                act: *activation,
+                residual: None,
+            }),
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::MatMul if attn_at[ni].is_some()`.
+    fn lower_attention(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<Lowered> {
+        let p = self;
+        let (n, ni, name, outs, out_shape, x0, g, sole_user, is_output, folded_t, key_of, attn_at) = (
+            c.n,
+            c.ni,
+            c.name,
+            &c.outs,
+            &c.out_shape,
+            c.x0,
+            p.g,
+            &pat.sole_user,
+            &pat.is_output,
+            &pat.folded_t,
+            &pat.key_of,
+            &pat.attn_at,
+        );
+        let sn = &g.nodes[attn_at[ni].unwrap_or_default()];
+        let kv = key_of[sn.inputs[1]].unwrap_or(sn.inputs[1]);
+        let alpha = operand_alpha(&p.alpha_of, folded_t, sn.inputs[0])
+            * operand_alpha(&p.alpha_of, folded_t, sn.inputs[1]);
+        let out_scale = operand_alpha(&p.alpha_of, folded_t, x0)
+            * operand_alpha(&p.alpha_of, folded_t, n.inputs[1]);
+        // (loc, [image, head, row] strides) of a [B, H, S, d] / [BH, S, d] operand,
+        // read in place when its rows are contiguous and 16-byte aligned, else copied.
+        let operand = |v: usize, p: &mut Planner| -> Result<(Loc, [usize; 3])> {
+            let es = p.es;
+            let aligned = |l: Loc, st: &[usize]| {
+                let off = match l {
+                    Loc::Storage { offset, .. } | Loc::Const { offset, .. } => offset,
                 };
+                (off * es).is_multiple_of(16) && st.iter().all(|&x| (x * es).is_multiple_of(16))
+            };
+            // Full strides [.., row, 1] → (image, head, row).
+            let split = |st: &[usize]| -> [usize; 3] {
+                if st.len() == 4 {
+                    [st[0], st[1], st[2]]
+                } else {
+                    [0, st[0], st[1]]
+                }
+            };
+            if !p.nhwc[v] {
+                let st = p.strides(v);
+                let l = p.raw(v, name)?;
+                let r = st.len();
+                if st[r - 1] == 1 && aligned(l, &st[..r - 1]) {
+                    return Ok((l, split(&st)));
+                }
+            }
+            let l = p.plain(v, name)?;
+            Ok((l, split(&contiguous_strides(&p.shapes[v]))))
+        };
+        let (ql, qst) = operand(sn.inputs[0], &mut *p)?;
+        let (kl, kst) = operand(kv, &mut *p)?;
+        let (vl, vst) = operand(n.inputs[1], &mut *p)?;
+        let sh = p.shapes[sn.inputs[0]].clone();
+        let r = sh.len();
+        let (batch, heads) = if r == 4 { (sh[0], sh[1]) } else { (1, sh[0]) };
+        // Written straight into the layout of a sole transposing consumer that keeps
+        // the last dim (the heads merged back), so that transpose is free.
+        let o = outs[0];
+        let mut yst = contiguous_strides(out_shape);
+        let mut strided = false;
+        if let Some(u) = sole_user[o] {
+            if let Op::Transpose { perm } = &g.nodes[u].op {
+                if perm.len() == r && perm[r - 1] == r - 1 && !is_output[o] {
+                    let tshape: Vec<usize> = perm.iter().map(|&q| out_shape[q]).collect();
+                    let ts = contiguous_strides(&tshape);
+                    for (d, &q) in perm.iter().enumerate() {
+                        yst[q] = ts[d];
+                    }
+                    strided = true;
+                }
+            }
+        }
+        let y = p.output(o, false);
+        p.vstrides[o] = strided.then(|| yst.clone());
+        let ys = if r == 4 {
+            [yst[0], yst[1], yst[2]]
+        } else {
+            [0, yst[0], yst[1]]
+        };
+        debug_assert_eq!(yst[r - 1], 1);
+        p.push(
+            name,
+            StepKind::Attention(AttentionStep {
+                q: ql,
+                k: kl,
+                v: vl,
+                y,
+                batch,
+                heads,
+                seq: sh[r - 2],
+                dim: sh[r - 1],
+                alpha,
+                out_scale,
+                q_strides: qst,
+                k_strides: kst,
+                v_strides: vst,
+                y_strides: ys,
+            }),
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::MatMul`.
+    fn lower_matmul(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<Lowered> {
+        let p = self;
+        let (n, name, in_shapes, outs, out_shape, x0, g, sole_user, is_output, folded_t) = (
+            c.n,
+            c.name,
+            &c.in_shapes,
+            &c.outs,
+            &c.out_shape,
+            c.x0,
+            p.g,
+            &pat.sole_user,
+            &pat.is_output,
+            &pat.folded_t,
+        );
+        let vb = folded_t[n.inputs[1]].unwrap_or(n.inputs[1]);
+        let b_trans = folded_t[n.inputs[1]].is_some();
+        // Each operand as (batch, batch stride, rows, cols, row stride) in place, or
+        // copied to row-major when its strides do not allow that.
+        let view = |v: usize, p: &mut Planner| -> Result<(Loc, MatView)> {
+            let mut sh = p.shapes[v].clone();
+            if sh.len() == 1 {
+                sh.insert(0, 1);
+            }
+            if p.vstrides[v].is_some() {
+                let st = p.strides(v);
+                let st = if st.len() < sh.len() {
+                    [vec![0], st].concat()
+                } else {
+                    st
+                };
+                if let Some(mv) = mat_view(&sh, &st) {
+                    return Ok((p.raw(v, name)?, mv));
+                }
+            }
+            let l = p.plain(v, name)?;
+            let r = sh.len();
+            let (rows, cols) = (sh[r - 2], sh[r - 1]);
+            Ok((
+                l,
+                (sh[..r - 2].iter().product(), rows * cols, rows, cols, cols),
+            ))
+        };
+        let (al, (ab, sa, m, k, lda)) = view(x0, &mut *p)?;
+        let (bl, (bb, sb, br, bc, ldb)) = view(vb, &mut *p)?;
+        let nn = if b_trans { br } else { bc };
+        if in_shapes[1].len() == 1 && !b_trans {
+            return Err(unsupported(name, "MatMul with a 1-D second operand"));
+        }
+        if !(ab == bb || ab == 1 || bb == 1) {
+            return Err(unsupported(
+                name,
+                format!(
+                    "MatMul broadcasting {:?} × {:?}",
+                    in_shapes[0], in_shapes[1]
+                ),
+            ));
+        }
+        let batch = ab.max(bb);
+        // Written straight into the layout of a sole transposing consumer that keeps
+        // the last dim (attention heads merged back), so that transpose is free.
+        let o = outs[0];
+        let mut y_strides: Option<Vec<usize>> = None;
+        if let Some(u) = sole_user[o] {
+            if let Op::Transpose { perm } = &g.nodes[u].op {
+                let r = perm.len();
+                if r == out_shape.len() && perm[r - 1] == r - 1 && !is_output[o] {
+                    let tshape: Vec<usize> = perm.iter().map(|&q| out_shape[q]).collect();
+                    let ts = contiguous_strides(&tshape);
+                    let mut st = vec![0; r];
+                    for (d, &q) in perm.iter().enumerate() {
+                        st[q] = ts[d];
+                    }
+                    if mat_view(out_shape, &st).is_some_and(|mv| mv.0 == batch) {
+                        y_strides = Some(st);
+                    }
+                }
+            }
+        }
+        let y = p.output(o, false);
+        let (sy, ldy) = match &y_strides {
+            Some(st) => {
+                let mv = mat_view(out_shape, st).unwrap_or((batch, m * nn, m, nn, nn));
+                (mv.1, mv.4)
+            }
+            None => (m * nn, nn),
+        };
+        p.vstrides[o] = y_strides;
+        p.push(
+            name,
+            StepKind::MatMul(MatMulStep {
+                a: al,
+                b: bl,
+                y,
+                batch,
+                m,
+                n: nn,
+                k,
+                a_batch_stride: if ab == 1 { 0 } else { sa },
+                b_batch_stride: if bb == 1 { 0 } else { sb },
+                b_trans,
+                alpha: operand_alpha(&p.alpha_of, folded_t, x0)
+                    * operand_alpha(&p.alpha_of, folded_t, n.inputs[1]),
+                lda,
+                ldb,
+                ldy,
+                y_batch_stride: sy,
+            }),
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::BatchNorm { eps }`.
+    fn lower_batch_norm(&mut self, c: &NodeCtx, eps: &f32) -> Result<Lowered> {
+        let p = self;
+        let (n, name, outs, out_shape, x0, g) = (c.n, c.name, &c.outs, &c.out_shape, c.x0, p.g);
+        // A BatchNorm the passes could not fold into a producer (densenet's norms of
+        // concatenated features): one pointwise pass x · scale[c] + shift[c].
+        let (scale, shift) = batchnorm_affine(g, &n.inputs, *eps)
+            .ok_or_else(|| unsupported(name, "BatchNorm with computed parameters"))?;
+        let x = p.raw(x0, name)?;
+        let keep = p.nhwc[x0];
+        let scale = p.new_const(scale);
+        let shift = p.new_const(shift);
+        let y = p.output(outs[0], keep);
+        let channels = out_shape[1];
+        let inner = if keep {
+            1
+        } else {
+            out_shape[2..].iter().product()
+        };
+        p.push(
+            name,
+            StepKind::Pointwise {
+                x,
+                y,
+                scale: Some(scale),
+                bias: Some(shift),
+                residual: None,
+                n: out_shape.iter().product(),
+                channels,
+                inner,
+                act: None,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Unary(u)`.
+    fn lower_unary(&mut self, c: &NodeCtx, u: &Unary) -> Result<Lowered> {
+        let p = self;
+        let (name, outs, out_shape, x0) = (c.name, &c.outs, &c.out_shape, c.x0);
+        let x = p.raw(x0, name)?;
+        let keep = p.nhwc[x0];
+        let y = p.output(outs[0], keep);
+        p.push(
+            name,
+            StepKind::Pointwise {
+                x,
+                y,
+                scale: None,
+                bias: None,
+                residual: None,
+                n: out_shape.iter().product(),
+                channels: 1,
+                inner: 1,
+                act: Some(*u),
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Scale folding: `x · c` with `c` a scalar constant, consumed only by a MatMul, becomes
+    /// that matmul's alpha (the output aliases `x`). Returns whether it folded.
+    fn fold_scalar_into_matmul_alpha(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
+        let p = self;
+        let (name, outs, in_shapes, out_shape, g) =
+            (c.name, &c.outs, &c.in_shapes, &c.out_shape, p.g);
+        let (va, vb) = (c.x0, c.n.inputs[1]);
+        let scalar_const = |v: usize| match &g.values[v].kind {
+            ValueKind::Constant(t) if t.numel() == 1 => Some(t.data[0]),
+            _ => None,
+        };
+        let sole = |v: usize| pat.sole_user[v].map(|u| &g.nodes[u]);
+        if matches!(sole(outs[0]).map(|u| &u.op), Some(Op::MatMul)) {
+            let pair = match (scalar_const(va), scalar_const(vb)) {
+                (None, Some(c)) if in_shapes[0] == *out_shape => Some((va, c)),
+                (Some(c), None) if in_shapes[1] == *out_shape => Some((vb, c)),
+                _ => None,
+            };
+            if let Some((xv, c)) = pair {
+                let l = if p.nhwc[xv] {
+                    p.plain(xv, name)?
+                } else {
+                    p.raw(xv, name)?
+                };
+                p.loc[outs[0]] = Some(l);
+                p.vstrides[outs[0]] = if p.nhwc[xv] {
+                    None
+                } else {
+                    p.vstrides[xv].clone()
+                };
+                p.alpha_of[outs[0]] = p.alpha_of[xv] * c;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Scale folding: `x · s[c]` (a per-channel constant) consumed only by `+ r` is deferred to
+    /// the add, which emits one pointwise pass `x · s[c] + r`. Returns whether it deferred.
+    fn defer_channel_scale_to_add(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
+        let p = self;
+        let (name, outs, out_shape, g) = (c.name, &c.outs, &c.out_shape, p.g);
+        let (va, vb) = (c.x0, c.n.inputs[1]);
+        let sole = |v: usize| pat.sole_user[v].map(|u| &g.nodes[u]);
+        if out_shape.len() == 4 {
+            let chan = |cv: usize, xv: usize| -> bool {
+                matches!(g.values[cv].kind, ValueKind::Constant(_))
+                    && p.shapes[xv] == *out_shape
+                    && {
+                        let cs = &p.shapes[cv];
+                        let c = out_shape[1];
+                        cs.iter().product::<usize>() == c
+                            && (cs.as_slice() == [c, 1, 1] || cs.as_slice() == [1, c, 1, 1])
+                    }
+            };
+            let pair = if chan(va, vb) {
+                Some((vb, va))
+            } else if chan(vb, va) {
+                Some((va, vb))
+            } else {
+                None
+            };
+            if let (Some((xv, cv)), Some(add)) = (pair, sole(outs[0])) {
+                let other = add.inputs.iter().copied().find(|&i| i != outs[0]);
+                let fits = matches!(add.op, Op::Binary(Binary::Add))
+                    && add.inputs.len() == 2
+                    && other.is_some_and(|r| {
+                        p.shapes[r] == *out_shape && p.loc[r].is_some() && p.nhwc[r] == p.nhwc[xv]
+                    });
+                if fits {
+                    let xl = p.raw(xv, name)?;
+                    let sl = p.raw(cv, name)?;
+                    p.pending_scale[outs[0]] = Some((xl, sl, out_shape[1]));
+                    p.nhwc[outs[0]] = p.nhwc[xv];
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// The add a per-channel scale was deferred to: one pointwise pass `x · s[c] + r`.
+    /// Returns whether it emitted it.
+    fn add_deferred_channel_scale(&mut self, c: &NodeCtx) -> Result<bool> {
+        let p = self;
+        let (name, outs, out_shape) = (c.name, &c.outs, &c.out_shape);
+        let (va, vb) = (c.x0, c.n.inputs[1]);
+        for (sv, rv) in [(va, vb), (vb, va)] {
+            if let Some((xl, sl, ch)) = p.pending_scale[sv] {
+                let r = p.raw(rv, name)?;
+                // Keep x alive up to here (it was read at the Mul's time).
+                p.touch(xl);
+                let nhwc = p.nhwc[sv];
+                let y = p.output(outs[0], nhwc);
+                let inner = if nhwc { 1 } else { out_shape[2] * out_shape[3] };
                 p.push(
                     name,
                     StepKind::Pointwise {
-                        x,
+                        x: xl,
                         y,
-                        scale: Some(scale),
-                        bias: Some(shift),
-                        residual: None,
+                        scale: Some(sl),
+                        bias: None,
+                        residual: Some(r),
                         n: out_shape.iter().product(),
-                        channels,
+                        channels: ch,
                         inner,
                         act: None,
                     },
                 );
+                return Ok(true);
             }
-            Op::Unary(u) => {
-                let x = p.raw(x0, name)?;
-                let keep = p.nhwc[x0];
-                let y = p.output(outs[0], keep);
-                p.push(
+        }
+        Ok(false)
+    }
+
+    /// `Linear(x) + r` with `r` older than the Linear: `r` becomes cuBLASLt's C (beta = 1)
+    /// and the sum is the Linear's output. Returns whether it fused.
+    fn fuse_add_into_linear(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
+        let p = self;
+        let (name, outs, g, users) = (c.name, &c.outs, p.g, &pat.users);
+        let (va, vb) = (c.x0, c.n.inputs[1]);
+        for (lv, rv) in [(va, vb), (vb, va)] {
+            let Some((si, lt)) = p.linear_of[lv] else {
+                continue;
+            };
+            // r must hold its value before the Linear runs.
+            let older = match (&g.values[rv].kind, p.loc[rv]) {
+                (ValueKind::Constant(_), _) => true,
+                (_, Some(Loc::Storage { id, .. })) => p.storages[id].first < lt,
+                _ => false,
+            };
+            if users[lv] != 1 || p.nhwc[rv] || !older {
+                continue;
+            }
+            if let StepKind::Linear(LinearStep {
+                act: None,
+                residual: None,
+                ..
+            }) = p.steps[si].kind
+            {
+                let r = p.raw(rv, name)?;
+                if let StepKind::Linear(LinearStep { residual, .. }) = &mut p.steps[si].kind {
+                    *residual = Some(r);
+                }
+                p.loc[outs[0]] = p.loc[lv];
+                p.def_t[outs[0]] = p.def_t[lv];
+                // The Linear's own output is never stored any more (its storage
+                // holds the sum).
+                p.probes.retain(|pr| pr.value != lv);
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Lowers `Op::Binary(op)`: the scale and residual folds first, else one pointwise
+    /// (same-shape add) or broadcasting binary step.
+    fn lower_binary(&mut self, c: &NodeCtx, pat: &Patterns, op: &Binary) -> Result<Lowered> {
+        if *op == Binary::Mul
+            && (self.fold_scalar_into_matmul_alpha(c, pat)?
+                || self.defer_channel_scale_to_add(c, pat)?)
+        {
+            return Ok(Lowered::Folded);
+        }
+        let p = self;
+        let (name, in_shapes, outs, out_shape) = (c.name, &c.in_shapes, &c.outs, &c.out_shape);
+        let (va, vb) = (c.x0, c.n.inputs[1]);
+        for v in [va, vb] {
+            if p.vstrides[v].is_some() {
+                let l = p.plain(v, name)?;
+                p.loc[v] = Some(l);
+                p.vstrides[v] = None;
+            }
+        }
+        if *op == Binary::Add
+            && in_shapes[0] == in_shapes[1]
+            && (p.add_deferred_channel_scale(c)? || p.fuse_add_into_linear(c, pat)?)
+        {
+            return Ok(Lowered::Folded);
+        }
+        let a = p.raw(va, name)?;
+        let b = p.raw(vb, name)?;
+        let (na, nb) = (p.nhwc[va], p.nhwc[vb]);
+        if *op == Binary::Add && in_shapes[0] == in_shapes[1] && na == nb {
+            // A residual add: one contiguous pass whatever the layout.
+            let y = p.output(outs[0], na);
+            p.push(
+                name,
+                StepKind::Pointwise {
+                    x: a,
+                    y,
+                    scale: None,
+                    bias: None,
+                    residual: Some(b),
+                    n: out_shape.iter().product(),
+                    channels: 1,
+                    inner: 1,
+                    act: None,
+                },
+            );
+        } else {
+            let out_nhwc = (na && in_shapes[0] == *out_shape) || (nb && in_shapes[1] == *out_shape);
+            let y = p.output(outs[0], out_nhwc);
+            let ys = phys_strides(out_shape, p.nhwc[outs[0]]);
+            let sa = phys_broadcast(&in_shapes[0], na, out_shape);
+            let sb = phys_broadcast(&in_shapes[1], nb, out_shape);
+            p.push(
+                name,
+                StepKind::Binary {
+                    a,
+                    b,
+                    y,
+                    op: *op,
+                    space: Strided::coalesce(out_shape, vec![ys, sa, sb], name)?,
+                },
+            );
+        }
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Transpose { perm }`.
+    fn lower_transpose(&mut self, c: &NodeCtx, perm: &[usize]) -> Result<Lowered> {
+        let p = self;
+        let (name, outs, out_shape, x0) = (c.name, &c.outs, &c.out_shape, c.x0);
+        let x = p.raw(x0, name)?;
+        // The input as stored: NHWC, or a strided view (a transpose is stride-aware,
+        // so a transpose of a transpose reaches here with its input unconverted).
+        let xs = p.strides(x0);
+        let src: Vec<usize> = perm.iter().map(|&q| xs[q]).collect();
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::Copy {
+                x,
+                y,
+                space: Strided::coalesce(
+                    out_shape,
+                    vec![contiguous_strides(out_shape), src],
                     name,
-                    StepKind::Pointwise {
-                        x,
-                        y,
-                        scale: None,
-                        bias: None,
-                        residual: None,
-                        n: out_shape.iter().product(),
-                        channels: 1,
-                        inner: 1,
-                        act: Some(*u),
+                )?,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Expand { .. }`.
+    fn lower_expand(&mut self, c: &NodeCtx) -> Result<Lowered> {
+        let p = self;
+        let (name, in_shapes, outs, out_shape, x0) =
+            (c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
+        let x = p.raw(x0, name)?;
+        let sx = phys_broadcast(&in_shapes[0], p.nhwc[x0], out_shape);
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::Copy {
+                x,
+                y,
+                space: Strided::coalesce(out_shape, vec![contiguous_strides(out_shape), sx], name)?,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Concat { axis }`.
+    fn lower_concat(&mut self, c: &NodeCtx, axis: &i64) -> Result<Lowered> {
+        let p = self;
+        let (n, name, in_shapes, outs, out_shape) =
+            (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape);
+        let a = norm_axis(*axis, out_shape.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+        let ys = contiguous_strides(out_shape);
+        let xl: Vec<Loc> = n
+            .inputs
+            .iter()
+            .map(|&i| p.raw(i, name))
+            .collect::<Result<_>>()?;
+        let y = p.output(outs[0], false);
+        let mut at = 0;
+        for (j, s) in in_shapes.iter().enumerate() {
+            let sx = phys_strides(s, p.nhwc[n.inputs[j]]);
+            p.push(
+                name,
+                StepKind::Copy {
+                    x: xl[j],
+                    y: y.with_offset(at * ys[a]),
+                    space: Strided::coalesce(s, vec![ys.clone(), sx], name)?,
+                },
+            );
+            at += s[a];
+        }
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Split { axis, sizes }`.
+    fn lower_split(&mut self, c: &NodeCtx, axis: &i64, sizes: &[usize]) -> Result<Lowered> {
+        let p = self;
+        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
+        let x = &in_shapes[0];
+        let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+        let xl = p.raw(x0, name)?;
+        let xs = phys_strides(x, p.nhwc[x0]);
+        let mut at = 0;
+        for (j, &o) in outs.iter().enumerate() {
+            let os = p.shapes[o].clone();
+            let y = p.output(o, false);
+            p.push(
+                name,
+                StepKind::Copy {
+                    x: xl.with_offset(at * xs[a]),
+                    y,
+                    space: Strided::coalesce(&os, vec![contiguous_strides(&os), xs.clone()], name)?,
+                },
+            );
+            at += sizes[j];
+        }
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Slice { starts, ends, axes, steps: st, }`.
+    fn lower_slice(
+        &mut self,
+        c: &NodeCtx,
+        starts: &[i64],
+        ends: &[i64],
+        axes: &[i64],
+        st: &[i64],
+    ) -> Result<Lowered> {
+        let p = self;
+        let (name, in_shapes, outs, out_shape, x0) =
+            (c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
+        let x = &in_shapes[0];
+        let sp = slice_params(x, starts, ends, axes, st).map_err(|e| unsupported(name, e))?;
+        let xl = p.raw(x0, name)?;
+        let xs = phys_strides(x, p.nhwc[x0]);
+        let mut base: i64 = 0;
+        let mut src: Vec<usize> = Vec::new();
+        for (d, &(s0, step, _)) in sp.iter().enumerate() {
+            if step < 0 {
+                return Err(unsupported(name, "Slice with a negative step"));
+            }
+            base += s0 * xs[d] as i64;
+            src.push(step as usize * xs[d]);
+        }
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::Copy {
+                x: xl.with_offset(base as usize),
+                y,
+                space: Strided::coalesce(
+                    out_shape,
+                    vec![contiguous_strides(out_shape), src],
+                    name,
+                )?,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Gather { axis, indices, indices_shape, }`.
+    fn lower_gather(
+        &mut self,
+        c: &NodeCtx,
+        axis: &i64,
+        indices: &[i64],
+        indices_shape: &[usize],
+    ) -> Result<Lowered> {
+        let p = self;
+        let (name, in_shapes, outs, out_shape, x0) =
+            (c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
+        let x = &in_shapes[0];
+        let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+        let xl = p.raw(x0, name)?;
+        let xs = phys_strides(x, p.nhwc[x0]);
+        let ys = contiguous_strides(out_shape);
+        let inner: usize = x[a + 1..].iter().product();
+        let mut dims: Vec<usize> = x[..a].to_vec();
+        dims.extend_from_slice(&x[a + 1..]);
+        let mut sx: Vec<usize> = xs[..a].to_vec();
+        sx.extend_from_slice(&xs[a + 1..]);
+        let mut sy: Vec<usize> = ys[..a].to_vec();
+        sy.extend_from_slice(&ys[a + indices_shape.len()..]);
+        let y = p.output(outs[0], false);
+        for (j, &ix) in indices.iter().enumerate() {
+            let ix = if ix < 0 { ix + x[a] as i64 } else { ix } as usize;
+            p.push(
+                name,
+                StepKind::Copy {
+                    x: xl.with_offset(ix * xs[a]),
+                    y: y.with_offset(j * inner),
+                    space: Strided::coalesce(&dims, vec![sy.clone(), sx.clone()], name)?,
+                },
+            );
+        }
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::LayerNorm { axis, eps }`.
+    fn lower_layer_norm(&mut self, c: &NodeCtx, axis: &i64, eps: &f32) -> Result<Lowered> {
+        let p = self;
+        let (n, name, in_shapes, outs, x0) = (c.n, c.name, &c.in_shapes, &c.outs, c.x0);
+        let x = &in_shapes[0];
+        let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+        let xl = p.plain(x0, name)?;
+        let scale = p.raw(n.inputs[1], name)?;
+        let bias = match n.inputs.get(2) {
+            Some(&b) => Some(p.raw(b, name)?),
+            None => None,
+        };
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::LayerNorm(LayerNormStep {
+                x: xl,
+                scale,
+                bias,
+                y,
+                rows: x[..a].iter().product(),
+                cols: x[a..].iter().product(),
+                eps: *eps,
+            }),
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Softmax { axis }`.
+    fn lower_softmax(&mut self, c: &NodeCtx, axis: &i64) -> Result<Lowered> {
+        let p = self;
+        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
+        let x = &in_shapes[0];
+        let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
+        let xl = p.plain(x0, name)?;
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::Softmax(SoftmaxStep {
+                x: xl,
+                y,
+                outer: x[..a].iter().product(),
+                len: x[a],
+                inner: x[a + 1..].iter().product(),
+            }),
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::MaxPool(pa) | Op::AveragePool(pa)`.
+    fn lower_pool(&mut self, c: &NodeCtx, pa: &PoolAttrs) -> Result<Lowered> {
+        let p = self;
+        let (n, name, in_shapes, outs, out_shape, x0) =
+            (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
+        let xl = p.raw(x0, name)?;
+        let keep = p.nhwc[x0];
+        let y = p.output(outs[0], keep);
+        p.push(
+            name,
+            StepKind::Pool(PoolStep {
+                x: xl,
+                y,
+                max: matches!(n.op, Op::MaxPool(_)),
+                x_shape: four(&in_shapes[0], name)?,
+                out_hw: [out_shape[2], out_shape[3]],
+                kernel: pa.kernel,
+                strides: pa.strides,
+                pads: [pa.pads[0], pa.pads[1]],
+                dilations: pa.dilations,
+                count_include_pad: pa.count_include_pad,
+                nhwc: keep,
+            }),
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Resize(r)`.
+    fn lower_resize(&mut self, c: &NodeCtx, r: &ResizeAttrs) -> Result<Lowered> {
+        let p = self;
+        let (name, in_shapes, outs, out_shape, x0) =
+            (c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
+        let xl = p.raw(x0, name)?;
+        let keep = p.nhwc[x0];
+        let y = p.output(outs[0], keep);
+        let x_shape = four(&in_shapes[0], name)?;
+        let out_hw = [out_shape[2], out_shape[3]];
+        let (coord, nearest) = resize_codes(r);
+        p.push(
+            name,
+            StepKind::Resize(ResizeStep {
+                x: xl,
+                y,
+                x_shape,
+                out_hw,
+                linear: r.mode == ResizeMode::Linear,
+                coord,
+                nearest,
+                scales: r.coord_scales([x_shape[2], x_shape[3]], out_hw),
+                nhwc: keep,
+            }),
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::GlobalAveragePool`.
+    fn lower_global_average_pool(&mut self, c: &NodeCtx) -> Result<Lowered> {
+        let p = self;
+        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
+        let x = &in_shapes[0];
+        let xl = p.raw(x0, name)?;
+        let nhwc = p.nhwc[x0];
+        let y = p.output(outs[0], false);
+        let hw = x[2..].iter().product();
+        if nhwc {
+            p.push(
+                name,
+                StepKind::ChanMean {
+                    x: xl,
+                    y,
+                    n: x[0],
+                    c: x[1],
+                    hw,
+                },
+            );
+        } else {
+            p.push(
+                name,
+                StepKind::RowMean {
+                    x: xl,
+                    y,
+                    rows: x[0] * x[1],
+                    hw,
+                },
+            );
+        }
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::AdaptiveAvgPool { output }`.
+    fn lower_adaptive_average_pool(&mut self, c: &NodeCtx, output: &[usize; 2]) -> Result<Lowered> {
+        let p = self;
+        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
+        let xl = p.plain(x0, name)?;
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::AdaptivePool {
+                x: xl,
+                y,
+                x_shape: four(&in_shapes[0], name)?,
+                out_hw: *output,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Lowers `Op::Reduce { kind: isolane_engine::ir::ReduceKind::Mean, axes, .. }`.
+    fn lower_mean(&mut self, c: &NodeCtx, axes: &[i64]) -> Result<Lowered> {
+        let p = self;
+        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
+        // A mean over trailing axes is a row mean; other reductions are not planned yet.
+        let x = &in_shapes[0];
+        let mut ax: Vec<usize> = axes
+            .iter()
+            .map(|&a| norm_axis(a, x.len()).ok_or_else(|| unsupported(name, "bad axis")))
+            .collect::<Result<_>>()?;
+        ax.sort_unstable();
+        let trailing = !ax.is_empty()
+            && ax
+                .iter()
+                .rev()
+                .enumerate()
+                .all(|(i, &a)| a == x.len() - 1 - i);
+        if !trailing {
+            return Err(unsupported(name, "Reduce over non-trailing axes"));
+        }
+        let hw: usize = ax.iter().map(|&a| x[a]).product();
+        let xl = p.plain(x0, name)?;
+        let y = p.output(outs[0], false);
+        p.push(
+            name,
+            StepKind::RowMean {
+                x: xl,
+                y,
+                rows: x.iter().product::<usize>() / hw.max(1),
+                hw,
+            },
+        );
+        Ok(Lowered::Steps)
+    }
+}
+
+impl<'g> Planner<'g> {
+    fn new(g: &'g Graph, shapes: Vec<Vec<usize>>, es: usize, opts: PlanOptions) -> Planner<'g> {
+        let nv = g.values.len();
+        Planner {
+            g,
+            opts,
+            es,
+            shapes,
+            loc: vec![None; nv],
+            nhwc: vec![false; nv],
+            plain_of: vec![None; nv],
+            nhwc_of: vec![None; nv],
+            storages: Vec::new(),
+            steps: Vec::new(),
+            consts: Vec::new(),
+            const_of: vec![None; nv],
+            filter_nhwc: Vec::new(),
+            filter_dw_hwc: Vec::new(),
+            linear_of: vec![None; nv],
+            def_t: vec![0; nv],
+            alpha_of: vec![1.0; nv],
+            pending_scale: vec![None; nv],
+            vstrides: vec![None; nv],
+            probes: Vec::new(),
+            t: 0,
+        }
+    }
+
+    /// Time 0: inputs arrive (staging f32 storages) and are cast to the activation dtype.
+    fn stage_inputs(&mut self, dtype: DType) -> Vec<Io> {
+        let (g, es) = (self.g, self.es);
+        let p = self;
+        let mut inputs = Vec::new();
+        for &i in &g.inputs {
+            let n = p.numel(i);
+            let staging = p.new_storage(n * 4);
+            let st = if dtype == DType::F32 {
+                staging
+            } else {
+                let s = p.new_storage(n * es);
+                p.push(
+                    &format!("cast input {}", g.values[i].name),
+                    StepKind::CastIn {
+                        x: Loc::Storage {
+                            id: staging,
+                            offset: 0,
+                        },
+                        y: Loc::Storage { id: s, offset: 0 },
+                        n,
                     },
                 );
-            }
-            Op::Binary(op) => {
-                let (va, vb) = (x0, n.inputs[1]);
-                let scalar_const = |v: usize| match &g.values[v].kind {
-                    ValueKind::Constant(t) if t.numel() == 1 => Some(t.data[0]),
-                    _ => None,
-                };
-                let sole = |v: usize| sole_user[v].map(|u| &g.nodes[u]);
-                // x · c with c a scalar constant, consumed only by a MatMul: the matmul's alpha.
-                if *op == Binary::Mul && matches!(sole(outs[0]).map(|u| &u.op), Some(Op::MatMul)) {
-                    let pair = match (scalar_const(va), scalar_const(vb)) {
-                        (None, Some(c)) if in_shapes[0] == out_shape => Some((va, c)),
-                        (Some(c), None) if in_shapes[1] == out_shape => Some((vb, c)),
-                        _ => None,
-                    };
-                    if let Some((xv, c)) = pair {
-                        let l = if p.nhwc[xv] {
-                            p.plain(xv, name)?
-                        } else {
-                            p.raw(xv, name)?
-                        };
-                        p.loc[outs[0]] = Some(l);
-                        p.vstrides[outs[0]] = if p.nhwc[xv] {
-                            None
-                        } else {
-                            p.vstrides[xv].clone()
-                        };
-                        p.alpha_of[outs[0]] = p.alpha_of[xv] * c;
-                        continue;
-                    }
+                s
+            };
+            p.loc[i] = Some(Loc::Storage { id: st, offset: 0 });
+            inputs.push(Io {
+                staging,
+                shape: p.shapes[i].clone(),
+            });
+        }
+        inputs
+    }
+
+    /// Outputs: cast (or copy) into their own f32 staging storage, alive to the end (`end`).
+    fn stage_outputs(&mut self, dtype: DType, end: usize) -> Result<Vec<Io>> {
+        let g = self.g;
+        let p = self;
+        p.t = end;
+        let mut outputs = Vec::new();
+        for &o in &g.outputs {
+            let src = p.plain(o, "<outputs>")?;
+            let n = p.numel(o);
+            let staging = p.new_storage(n * 4);
+            p.storages[staging].last = end + 1;
+            let dst = Loc::Storage {
+                id: staging,
+                offset: 0,
+            };
+            let kind = if dtype == DType::F32 {
+                StepKind::Copy {
+                    x: src,
+                    y: dst,
+                    space: Strided::coalesce(&[n], vec![vec![1], vec![1]], "<outputs>")?,
                 }
-                // x · s[c] (a per-channel constant) consumed only by `+ r`: one pointwise pass
-                // x · s[c] + r, emitted at the Add.
-                if *op == Binary::Mul && out_shape.len() == 4 {
-                    let chan = |cv: usize, xv: usize| -> bool {
-                        matches!(g.values[cv].kind, ValueKind::Constant(_))
-                            && p.shapes[xv] == out_shape
-                            && {
-                                let cs = &p.shapes[cv];
-                                let c = out_shape[1];
-                                cs.iter().product::<usize>() == c
-                                    && (cs.as_slice() == [c, 1, 1] || cs.as_slice() == [1, c, 1, 1])
-                            }
-                    };
-                    let pair = if chan(va, vb) {
-                        Some((vb, va))
-                    } else if chan(vb, va) {
-                        Some((va, vb))
-                    } else {
-                        None
-                    };
-                    if let (Some((xv, cv)), Some(add)) = (pair, sole(outs[0])) {
-                        let other = add.inputs.iter().copied().find(|&i| i != outs[0]);
-                        let fits = matches!(add.op, Op::Binary(Binary::Add))
-                            && add.inputs.len() == 2
-                            && other.is_some_and(|r| {
-                                p.shapes[r] == out_shape
-                                    && p.loc[r].is_some()
-                                    && p.nhwc[r] == p.nhwc[xv]
-                            });
-                        if fits {
-                            let xl = p.raw(xv, name)?;
-                            let sl = p.raw(cv, name)?;
-                            p.pending_scale[outs[0]] = Some((xl, sl, out_shape[1]));
-                            p.nhwc[outs[0]] = p.nhwc[xv];
-                            continue;
-                        }
-                    }
-                }
-                for v in [va, vb] {
-                    if p.vstrides[v].is_some() {
-                        let l = p.plain(v, name)?;
-                        p.loc[v] = Some(l);
-                        p.vstrides[v] = None;
-                    }
-                }
-                if *op == Binary::Add && in_shapes[0] == in_shapes[1] {
-                    for (sv, rv) in [(va, vb), (vb, va)] {
-                        if let Some((xl, sl, ch)) = p.pending_scale[sv] {
-                            let r = p.raw(rv, name)?;
-                            // Keep x alive up to here (it was read at the Mul's time).
-                            p.touch(xl);
-                            let nhwc = p.nhwc[sv];
-                            let y = p.output(outs[0], nhwc);
-                            let inner = if nhwc { 1 } else { out_shape[2] * out_shape[3] };
-                            p.push(
-                                name,
-                                StepKind::Pointwise {
-                                    x: xl,
-                                    y,
-                                    scale: Some(sl),
-                                    bias: None,
-                                    residual: Some(r),
-                                    n: out_shape.iter().product(),
-                                    channels: ch,
-                                    inner,
-                                    act: None,
-                                },
-                            );
-                            break;
-                        }
-                    }
-                    if p.loc[outs[0]].is_some() {
-                        continue;
-                    }
-                    // Linear(x) + r with r older than the Linear: r becomes cuBLASLt's C.
-                    let mut fused = false;
-                    for (lv, rv) in [(va, vb), (vb, va)] {
-                        let Some((si, lt)) = p.linear_of[lv] else {
-                            continue;
-                        };
-                        // r must hold its value before the Linear runs.
-                        let older = match (&g.values[rv].kind, p.loc[rv]) {
-                            (ValueKind::Constant(_), _) => true,
-                            (_, Some(Loc::Storage { id, .. })) => p.storages[id].first < lt,
-                            _ => false,
-                        };
-                        if users[lv] != 1 || p.nhwc[rv] || !older {
-                            continue;
-                        }
-                        if let StepKind::Linear {
-                            act: None,
-                            residual: None,
-                            ..
-                        } = p.steps[si].kind
-                        {
-                            let r = p.raw(rv, name)?;
-                            if let StepKind::Linear { residual, .. } = &mut p.steps[si].kind {
-                                *residual = Some(r);
-                            }
-                            p.loc[outs[0]] = p.loc[lv];
-                            p.def_t[outs[0]] = p.def_t[lv];
-                            // The Linear's own output is never stored any more (its storage
-                            // holds the sum).
-                            p.probes.retain(|pr| pr.value != lv);
-                            fused = true;
-                            break;
-                        }
-                    }
-                    if fused {
-                        continue;
-                    }
-                }
-                let a = p.raw(va, name)?;
-                let b = p.raw(vb, name)?;
-                let (na, nb) = (p.nhwc[va], p.nhwc[vb]);
-                if *op == Binary::Add && in_shapes[0] == in_shapes[1] && na == nb {
-                    // A residual add: one contiguous pass whatever the layout.
-                    let y = p.output(outs[0], na);
-                    p.push(
-                        name,
-                        StepKind::Pointwise {
-                            x: a,
-                            y,
-                            scale: None,
-                            bias: None,
-                            residual: Some(b),
-                            n: out_shape.iter().product(),
-                            channels: 1,
-                            inner: 1,
-                            act: None,
-                        },
-                    );
-                } else {
-                    let out_nhwc =
-                        (na && in_shapes[0] == out_shape) || (nb && in_shapes[1] == out_shape);
-                    let y = p.output(outs[0], out_nhwc);
-                    let ys = phys_strides(&out_shape, p.nhwc[outs[0]]);
-                    let sa = phys_broadcast(&in_shapes[0], na, &out_shape);
-                    let sb = phys_broadcast(&in_shapes[1], nb, &out_shape);
-                    p.push(
-                        name,
-                        StepKind::Binary {
-                            a,
-                            b,
-                            y,
-                            op: *op,
-                            space: Strided::coalesce(&out_shape, vec![ys, sa, sb], name)?,
-                        },
-                    );
-                }
-            }
-            Op::Transpose { perm } => {
-                let x = p.raw(x0, name)?;
-                // The input as stored: NHWC, or a strided view (a transpose is stride-aware,
-                // so a transpose of a transpose reaches here with its input unconverted).
-                let xs = p.strides(x0);
-                let src: Vec<usize> = perm.iter().map(|&q| xs[q]).collect();
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::Copy {
-                        x,
-                        y,
-                        space: Strided::coalesce(
-                            &out_shape,
-                            vec![contiguous_strides(&out_shape), src],
-                            name,
-                        )?,
-                    },
-                );
-            }
-            Op::Expand { .. } => {
-                let x = p.raw(x0, name)?;
-                let sx = phys_broadcast(&in_shapes[0], p.nhwc[x0], &out_shape);
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::Copy {
-                        x,
-                        y,
-                        space: Strided::coalesce(
-                            &out_shape,
-                            vec![contiguous_strides(&out_shape), sx],
-                            name,
-                        )?,
-                    },
-                );
-            }
-            Op::Concat { axis } => {
-                let a = norm_axis(*axis, out_shape.len())
-                    .ok_or_else(|| unsupported(name, "bad axis"))?;
-                let ys = contiguous_strides(&out_shape);
-                let xl: Vec<Loc> = n
-                    .inputs
-                    .iter()
-                    .map(|&i| p.raw(i, name))
-                    .collect::<Result<_>>()?;
-                let y = p.output(outs[0], false);
-                let mut at = 0;
-                for (j, s) in in_shapes.iter().enumerate() {
-                    let sx = phys_strides(s, p.nhwc[n.inputs[j]]);
-                    p.push(
-                        name,
-                        StepKind::Copy {
-                            x: xl[j],
-                            y: y.with_offset(at * ys[a]),
-                            space: Strided::coalesce(s, vec![ys.clone(), sx], name)?,
-                        },
-                    );
-                    at += s[a];
-                }
-            }
-            Op::Split { axis, sizes } => {
-                let x = &in_shapes[0];
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
-                let xl = p.raw(x0, name)?;
-                let xs = phys_strides(x, p.nhwc[x0]);
-                let mut at = 0;
-                for (j, &o) in outs.iter().enumerate() {
-                    let os = p.shapes[o].clone();
-                    let y = p.output(o, false);
-                    p.push(
-                        name,
-                        StepKind::Copy {
-                            x: xl.with_offset(at * xs[a]),
-                            y,
-                            space: Strided::coalesce(
-                                &os,
-                                vec![contiguous_strides(&os), xs.clone()],
-                                name,
-                            )?,
-                        },
-                    );
-                    at += sizes[j];
-                }
-            }
+            } else {
+                StepKind::CastOut { x: src, y: dst, n }
+            };
+            p.push(&format!("output {}", g.values[o].name), kind);
+            outputs.push(Io {
+                staging,
+                shape: p.shapes[o].clone(),
+            });
+        }
+        Ok(outputs)
+    }
+}
+
+/// Plans an already optimised graph (see `isolane_engine::passes::optimize`).
+pub fn plan(g: &Graph, batch: usize, precision: Precision) -> Result<Plan> {
+    plan_with(g, batch, precision, PlanOptions::default())
+}
+
+/// [`plan`] with options.
+pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOptions) -> Result<Plan> {
+    let dtype = DType::of(precision);
+    let mut p = Planner::new(g, g.infer_shapes(batch)?, dtype.size(), opts);
+    let inputs = p.stage_inputs(dtype);
+    let pat = Patterns::find(g, &p.shapes, opts);
+    for (ni, n) in g.nodes.iter().enumerate() {
+        if ni > 0 {
+            p.record_probes(&g.nodes[ni - 1]);
+        }
+        p.t = ni + 1;
+        // Folded transposes produce nothing; their matmul reads the source.
+        if pat.folded_t[n.outputs[0]].is_some() || pat.attn_skip[ni] {
+            continue;
+        }
+        let c = NodeCtx::new(&p.shapes, ni, n);
+        if p.lower_view(&c, &pat)? {
+            continue;
+        }
+        let name = c.name;
+        let lowered = match &n.op {
+            Op::Conv(a) => p.lower_conv(&c, a),
+            Op::Linear { activation } => p.lower_linear(&c, activation),
+            Op::MatMul if pat.attn_at[ni].is_some() => p.lower_attention(&c, &pat),
+            Op::MatMul => p.lower_matmul(&c, &pat),
+            Op::BatchNorm { eps } => p.lower_batch_norm(&c, eps),
+            Op::Unary(u) => p.lower_unary(&c, u),
+            Op::Binary(op) => p.lower_binary(&c, &pat, op),
+            Op::Transpose { perm } => p.lower_transpose(&c, perm),
+            Op::Expand { .. } => p.lower_expand(&c),
+            Op::Concat { axis } => p.lower_concat(&c, axis),
+            Op::Split { axis, sizes } => p.lower_split(&c, axis, sizes),
             Op::Slice {
                 starts,
                 ends,
                 axes,
                 steps: st,
-            } => {
-                let x = &in_shapes[0];
-                let sp =
-                    slice_params(x, starts, ends, axes, st).map_err(|e| unsupported(name, e))?;
-                let xl = p.raw(x0, name)?;
-                let xs = phys_strides(x, p.nhwc[x0]);
-                let mut base: i64 = 0;
-                let mut src: Vec<usize> = Vec::new();
-                for (d, &(s0, step, _)) in sp.iter().enumerate() {
-                    if step < 0 {
-                        return Err(unsupported(name, "Slice with a negative step"));
-                    }
-                    base += s0 * xs[d] as i64;
-                    src.push(step as usize * xs[d]);
-                }
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::Copy {
-                        x: xl.with_offset(base as usize),
-                        y,
-                        space: Strided::coalesce(
-                            &out_shape,
-                            vec![contiguous_strides(&out_shape), src],
-                            name,
-                        )?,
-                    },
-                );
-            }
+            } => p.lower_slice(&c, starts, ends, axes, st),
             Op::Gather {
                 axis,
                 indices,
                 indices_shape,
-            } => {
-                let x = &in_shapes[0];
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
-                let xl = p.raw(x0, name)?;
-                let xs = phys_strides(x, p.nhwc[x0]);
-                let ys = contiguous_strides(&out_shape);
-                let inner: usize = x[a + 1..].iter().product();
-                let mut dims: Vec<usize> = x[..a].to_vec();
-                dims.extend_from_slice(&x[a + 1..]);
-                let mut sx: Vec<usize> = xs[..a].to_vec();
-                sx.extend_from_slice(&xs[a + 1..]);
-                let mut sy: Vec<usize> = ys[..a].to_vec();
-                sy.extend_from_slice(&ys[a + indices_shape.len()..]);
-                let y = p.output(outs[0], false);
-                for (j, &ix) in indices.iter().enumerate() {
-                    let ix = if ix < 0 { ix + x[a] as i64 } else { ix } as usize;
-                    p.push(
-                        name,
-                        StepKind::Copy {
-                            x: xl.with_offset(ix * xs[a]),
-                            y: y.with_offset(j * inner),
-                            space: Strided::coalesce(&dims, vec![sy.clone(), sx.clone()], name)?,
-                        },
-                    );
-                }
-            }
-            Op::LayerNorm { axis, eps } => {
-                let x = &in_shapes[0];
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
-                let xl = p.plain(x0, name)?;
-                let scale = p.raw(n.inputs[1], name)?;
-                let bias = match n.inputs.get(2) {
-                    Some(&b) => Some(p.raw(b, name)?),
-                    None => None,
-                };
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::LayerNorm {
-                        x: xl,
-                        scale,
-                        bias,
-                        y,
-                        rows: x[..a].iter().product(),
-                        cols: x[a..].iter().product(),
-                        eps: *eps,
-                    },
-                );
-            }
-            Op::Softmax { axis } => {
-                let x = &in_shapes[0];
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(name, "bad axis"))?;
-                let xl = p.plain(x0, name)?;
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::Softmax {
-                        x: xl,
-                        y,
-                        outer: x[..a].iter().product(),
-                        len: x[a],
-                        inner: x[a + 1..].iter().product(),
-                    },
-                );
-            }
-            Op::MaxPool(pa) | Op::AveragePool(pa) => {
-                let xl = p.raw(x0, name)?;
-                let keep = p.nhwc[x0];
-                let y = p.output(outs[0], keep);
-                p.push(
-                    name,
-                    StepKind::Pool {
-                        x: xl,
-                        y,
-                        max: matches!(n.op, Op::MaxPool(_)),
-                        x_shape: four(&in_shapes[0], name)?,
-                        out_hw: [out_shape[2], out_shape[3]],
-                        kernel: pa.kernel,
-                        strides: pa.strides,
-                        pads: [pa.pads[0], pa.pads[1]],
-                        dilations: pa.dilations,
-                        count_include_pad: pa.count_include_pad,
-                        nhwc: keep,
-                    },
-                );
-            }
-            Op::Resize(r) => {
-                let xl = p.raw(x0, name)?;
-                let keep = p.nhwc[x0];
-                let y = p.output(outs[0], keep);
-                let x_shape = four(&in_shapes[0], name)?;
-                let out_hw = [out_shape[2], out_shape[3]];
-                let (coord, nearest) = resize_codes(r);
-                p.push(
-                    name,
-                    StepKind::Resize {
-                        x: xl,
-                        y,
-                        x_shape,
-                        out_hw,
-                        linear: r.mode == ResizeMode::Linear,
-                        coord,
-                        nearest,
-                        scales: r.coord_scales([x_shape[2], x_shape[3]], out_hw),
-                        nhwc: keep,
-                    },
-                );
-            }
-            Op::GlobalAveragePool => {
-                let x = &in_shapes[0];
-                let xl = p.raw(x0, name)?;
-                let nhwc = p.nhwc[x0];
-                let y = p.output(outs[0], false);
-                let hw = x[2..].iter().product();
-                if nhwc {
-                    p.push(
-                        name,
-                        StepKind::ChanMean {
-                            x: xl,
-                            y,
-                            n: x[0],
-                            c: x[1],
-                            hw,
-                        },
-                    );
-                } else {
-                    p.push(
-                        name,
-                        StepKind::RowMean {
-                            x: xl,
-                            y,
-                            rows: x[0] * x[1],
-                            hw,
-                        },
-                    );
-                }
-            }
-            Op::AdaptiveAvgPool { output } => {
-                let xl = p.plain(x0, name)?;
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::AdaptivePool {
-                        x: xl,
-                        y,
-                        x_shape: four(&in_shapes[0], name)?,
-                        out_hw: *output,
-                    },
-                );
-            }
+            } => p.lower_gather(&c, axis, indices, indices_shape),
+            Op::LayerNorm { axis, eps } => p.lower_layer_norm(&c, axis, eps),
+            Op::Softmax { axis } => p.lower_softmax(&c, axis),
+            Op::MaxPool(pa) | Op::AveragePool(pa) => p.lower_pool(&c, pa),
+            Op::Resize(r) => p.lower_resize(&c, r),
+            Op::GlobalAveragePool => p.lower_global_average_pool(&c),
+            Op::AdaptiveAvgPool { output } => p.lower_adaptive_average_pool(&c, output),
             Op::Reduce {
                 kind: isolane_engine::ir::ReduceKind::Mean,
                 axes,
                 ..
-            } => {
-                // A mean over trailing axes is a row mean; other reductions are not planned yet.
-                let x = &in_shapes[0];
-                let mut ax: Vec<usize> = axes
-                    .iter()
-                    .map(|&a| norm_axis(a, x.len()).ok_or_else(|| unsupported(name, "bad axis")))
-                    .collect::<Result<_>>()?;
-                ax.sort_unstable();
-                let trailing = !ax.is_empty()
-                    && ax
-                        .iter()
-                        .rev()
-                        .enumerate()
-                        .all(|(i, &a)| a == x.len() - 1 - i);
-                if !trailing {
-                    return Err(unsupported(name, "Reduce over non-trailing axes"));
-                }
-                let hw: usize = ax.iter().map(|&a| x[a]).product();
-                let xl = p.plain(x0, name)?;
-                let y = p.output(outs[0], false);
-                p.push(
-                    name,
-                    StepKind::RowMean {
-                        x: xl,
-                        y,
-                        rows: x.iter().product::<usize>() / hw.max(1),
-                        hw,
-                    },
-                );
-            }
+            } => p.lower_mean(&c, axes),
             other => {
                 return Err(unsupported(
                     name,
                     format!("op {} is not implemented on cuda yet", other.name()),
                 ))
             }
-        }
-        // Check the planned shapes against the IR (a planning bug must not reach the GPU).
-        let refs: Vec<&[usize]> = in_shapes.iter().map(|s| s.as_slice()).collect();
-        let inferred = infer_node(n, &refs, batch)?;
-        if inferred[0] != out_shape {
-            return Err(unsupported(name, "shape disagreement in planning"));
+        }?;
+        if lowered == Lowered::Steps {
+            c.check_shapes(batch)?;
         }
     }
 
     if let Some(last) = g.nodes.last() {
         p.record_probes(last);
     }
-    // Outputs: cast (or copy) into their own f32 staging storage, alive to the end.
     let end = g.nodes.len() + 1;
-    p.t = end;
-    let mut outputs = Vec::new();
-    for &o in &g.outputs {
-        let src = p.plain(o, "<outputs>")?;
-        let n = p.numel(o);
-        let staging = p.new_storage(n * 4);
-        p.storages[staging].last = end + 1;
-        let dst = Loc::Storage {
-            id: staging,
-            offset: 0,
-        };
-        let kind = if dtype == DType::F32 {
-            StepKind::Copy {
-                x: src,
-                y: dst,
-                space: Strided::coalesce(&[n], vec![vec![1], vec![1]], "<outputs>")?,
-            }
-        } else {
-            StepKind::CastOut { x: src, y: dst, n }
-        };
-        p.push(&format!("output {}", g.values[o].name), kind);
-        outputs.push(Io {
-            staging,
-            shape: p.shapes[o].clone(),
-        });
-    }
+    let outputs = p.stage_outputs(dtype, end)?;
     // Inputs' staging stays reserved for the whole run (written before the graph starts).
     for io in &inputs {
         p.storages[io.staging].last = end + 1;
     }
     let mut storages = p.storages;
-    let arena_bytes = assign_offsets(&mut storages);
+    let arena_bytes = assign_offsets(&mut storages, ARENA_RULES);
     Ok(Plan {
         dtype,
         precision,
@@ -2165,50 +2460,121 @@ pub fn mat_view(shape: &[usize], strides: &[usize]) -> Option<MatView> {
     Some((batch, b.strides[0][0], rows, cols, ld))
 }
 
-/// Greedy best-fit by size: each storage, largest first, goes to the lowest aligned offset
-/// that overlaps no placed storage whose lifetime intersects its own. Returns the arena size.
-pub fn assign_offsets(st: &mut [Storage]) -> usize {
-    let mut order: Vec<usize> = (0..st.len()).collect();
-    order.sort_by(|&a, &b| st[b].bytes.cmp(&st[a].bytes).then(a.cmp(&b)));
-    let mut placed: Vec<usize> = Vec::with_capacity(st.len());
-    let mut total = 0;
-    for &i in &order {
-        let mut busy: Vec<(usize, usize)> = placed
-            .iter()
-            .filter(|&&j| st[j].first <= st[i].last && st[i].first <= st[j].last)
-            .map(|&j| (st[j].offset, st[j].offset + align(st[j].bytes)))
-            .collect();
-        busy.sort_unstable();
-        let need = align(st[i].bytes.max(1));
-        let mut at = 0;
-        for (s, e) in busy {
-            if at + need <= s {
-                break;
-            }
-            at = at.max(e);
-        }
-        st[i].offset = at;
-        total = total.max(at + need);
-        placed.push(i);
-    }
-    total
-}
-
-/// Sanity check used by tests: no two storages alive at the same step overlap in memory.
-pub fn check_no_overlap(st: &[Storage]) -> std::result::Result<(), String> {
-    for (i, a) in st.iter().enumerate() {
-        for (j, b) in st.iter().enumerate().skip(i + 1) {
-            let live = a.first <= b.last && b.first <= a.last;
-            let mem = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
-            if live && mem && a.bytes > 0 && b.bytes > 0 {
-                return Err(format!("storages {i} and {j} overlap: {a:?} {b:?}"));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// `broadcast_shapes` re-exported for the GPU side's checks.
 pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     broadcast_shapes(a, b)
+}
+
+/// The fields of [`StepKind::Linear`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearStep {
+    pub x: Loc,
+    pub w: Loc,
+    pub bias: Option<Loc>,
+    pub y: Loc,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub act: Option<Unary>,
+    /// Added before the epilogue (a residual add fused as cuBLASLt's C with beta = 1).
+    pub residual: Option<Loc>,
+}
+
+/// The fields of [`StepKind::MatMul`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatMulStep {
+    pub a: Loc,
+    pub b: Loc,
+    pub y: Loc,
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_batch_stride: usize,
+    pub b_batch_stride: usize,
+    pub b_trans: bool,
+    /// Scales the product (a multiplication by a constant scalar folded in).
+    pub alpha: f32,
+    /// Row strides (leading dimensions) of a, b and y, and y's batch stride: operands may
+    /// be strided views (attention heads read in place from the QKV projection).
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldy: usize,
+    pub y_batch_stride: usize,
+}
+
+/// The fields of [`StepKind::Attention`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionStep {
+    pub q: Loc,
+    pub k: Loc,
+    pub v: Loc,
+    pub y: Loc,
+    pub batch: usize,
+    pub heads: usize,
+    pub seq: usize,
+    pub dim: usize,
+    pub alpha: f32,
+    pub out_scale: f32,
+    pub q_strides: [usize; 3],
+    pub k_strides: [usize; 3],
+    pub v_strides: [usize; 3],
+    pub y_strides: [usize; 3],
+}
+
+/// The fields of [`StepKind::LayerNorm`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerNormStep {
+    pub x: Loc,
+    pub scale: Loc,
+    pub bias: Option<Loc>,
+    pub y: Loc,
+    pub rows: usize,
+    pub cols: usize,
+    pub eps: f32,
+}
+
+/// The fields of [`StepKind::Softmax`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SoftmaxStep {
+    pub x: Loc,
+    pub y: Loc,
+    pub outer: usize,
+    pub len: usize,
+    pub inner: usize,
+}
+
+/// The fields of [`StepKind::Pool`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolStep {
+    pub x: Loc,
+    pub y: Loc,
+    pub max: bool,
+    /// `[N, C, H, W]` and `[OH, OW]`.
+    pub x_shape: [usize; 4],
+    pub out_hw: [usize; 2],
+    pub kernel: [usize; 2],
+    pub strides: [usize; 2],
+    /// `[top, left]`; bottom/right only matter through the output size.
+    pub pads: [usize; 2],
+    pub dilations: [usize; 2],
+    pub count_include_pad: bool,
+    /// x and y stored NHWC.
+    pub nhwc: bool,
+}
+
+/// The fields of [`StepKind::Resize`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResizeStep {
+    pub x: Loc,
+    pub y: Loc,
+    /// `[N, C, H, W]` and `[OH, OW]`.
+    pub x_shape: [usize; 4],
+    pub out_hw: [usize; 2],
+    pub linear: bool,
+    pub coord: i32,
+    pub nearest: i32,
+    pub scales: [f32; 2],
+    /// x and y stored NHWC.
+    pub nhwc: bool,
 }

@@ -5,7 +5,8 @@
 use isolane_cuda::kernels::{self, KERNEL_NAMES};
 use isolane_cuda::libs;
 use isolane_cuda::plan::{
-    self, check_no_overlap, DType, Loc, Plan, PlanOptions, StepKind, Storage, Strided,
+    self, check_no_overlap, AttentionStep, DType, LinearStep, Loc, MatMulStep, Plan, PlanOptions,
+    ResizeStep, SoftmaxStep, StepKind, Storage, Strided,
 };
 use isolane_engine::{build_model, passes, Precision, Weights};
 
@@ -99,7 +100,7 @@ fn assign_offsets_packs_by_lifetime() {
             offset: 0,
         },
     ];
-    let total = plan::assign_offsets(&mut st);
+    let total = plan::assign_offsets(&mut st, plan::ARENA_RULES);
     check_no_overlap(&st).unwrap();
     // The first two never live together: they share bytes; the third sits beside them.
     assert_eq!(st[0].offset, st[1].offset);
@@ -147,7 +148,7 @@ fn vit_attention_folds_transpose_scale_and_residuals() {
     let mut trans = 0;
     let mut scaled = 0;
     for s in &pl.steps {
-        if let StepKind::MatMul { b_trans, alpha, .. } = s.kind {
+        if let StepKind::MatMul(MatMulStep { b_trans, alpha, .. }) = s.kind {
             trans += b_trans as usize;
             if (alpha - 0.125).abs() < 1e-6 {
                 scaled += 1;
@@ -164,10 +165,10 @@ fn vit_attention_folds_transpose_scale_and_residuals() {
         .filter(|s| {
             matches!(
                 s.kind,
-                StepKind::Linear {
+                StepKind::Linear(LinearStep {
                     residual: Some(_),
                     ..
-                }
+                })
             )
         })
         .count();
@@ -347,9 +348,9 @@ fn vit_fused_attention_has_no_per_layer_copies_at_batch_64() {
     for s in &pl.steps {
         assert!(!matches!(
             s.kind,
-            StepKind::Softmax { .. } | StepKind::MatMul { .. }
+            StepKind::Softmax(SoftmaxStep { .. }) | StepKind::MatMul(MatMulStep { .. })
         ));
-        if let StepKind::Attention {
+        if let StepKind::Attention(AttentionStep {
             batch,
             heads,
             seq,
@@ -360,7 +361,7 @@ fn vit_fused_attention_has_no_per_layer_copies_at_batch_64() {
             q,
             y_strides,
             ..
-        } = s.kind
+        }) = s.kind
         {
             attn += 1;
             assert_eq!((batch, heads, seq, dim), (64, 12, 197, 64));
@@ -405,7 +406,7 @@ fn detection_and_segmentation_models_plan_with_their_resize() {
                     .steps
                     .iter()
                     .filter_map(|s| match s.kind {
-                        StepKind::Resize { linear, nhwc, .. } => Some((linear, nhwc)),
+                        StepKind::Resize(ResizeStep { linear, nhwc, .. }) => Some((linear, nhwc)),
                         _ => None,
                     })
                     .collect();

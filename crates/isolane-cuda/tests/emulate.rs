@@ -9,7 +9,8 @@ mod common;
 use common::{random, rel_l2};
 use isolane_cuda::check::StepRunner;
 use isolane_cuda::plan::{
-    self, act_code, binary_code, phys_strides, Loc, Plan, PlanOptions, Step, StepKind, Strided,
+    self, act_code, binary_code, phys_strides, AttentionStep, LayerNormStep, LinearStep, Loc,
+    MatMulStep, Plan, PlanOptions, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided,
 };
 use isolane_engine::ir::{
     Binary, CoordMode, Dim, Graph, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Tensor,
@@ -253,7 +254,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 m.set(c.y, i, v);
             }
         }
-        StepKind::Linear {
+        StepKind::Linear(LinearStep {
             x,
             w,
             bias,
@@ -263,7 +264,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             k,
             act: a,
             residual,
-        } => {
+        }) => {
             let mut out = vec![0f32; rows * n];
             for r in 0..*rows {
                 for j in 0..*n {
@@ -284,7 +285,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 m.set(*y, i, v);
             }
         }
-        StepKind::MatMul {
+        StepKind::MatMul(MatMulStep {
             a,
             b,
             y,
@@ -300,7 +301,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             ldb,
             ldy,
             y_batch_stride,
-        } => {
+        }) => {
             let mut out = Vec::new();
             for bt in 0..*batch {
                 for r in 0..*rows {
@@ -371,7 +372,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 m.set(*y, i, v);
             }
         }
-        StepKind::LayerNorm {
+        StepKind::LayerNorm(LayerNormStep {
             x,
             scale,
             bias,
@@ -379,7 +380,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             rows,
             cols,
             eps,
-        } => {
+        }) => {
             for r in 0..*rows {
                 let v: Vec<f32> = (0..*cols).map(|c| m.get(*x, r * cols + c)).collect();
                 let mean = v.iter().sum::<f32>() / *cols as f32;
@@ -394,13 +395,13 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 }
             }
         }
-        StepKind::Softmax {
+        StepKind::Softmax(SoftmaxStep {
             x,
             y,
             outer,
             len,
             inner,
-        } => {
+        }) => {
             for o in 0..*outer {
                 for i in 0..*inner {
                     let at = |c: usize| o * len * inner + c * inner + i;
@@ -413,7 +414,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 }
             }
         }
-        StepKind::Attention {
+        StepKind::Attention(AttentionStep {
             q,
             k,
             v,
@@ -428,7 +429,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             k_strides,
             v_strides,
             y_strides,
-        } => {
+        }) => {
             let at =
                 |st: &[usize; 3], b: usize, h: usize, r: usize| b * st[0] + h * st[1] + r * st[2];
             for b in 0..*batch {
@@ -456,7 +457,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 }
             }
         }
-        StepKind::Pool {
+        StepKind::Pool(PoolStep {
             x,
             y,
             max,
@@ -468,7 +469,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             dilations,
             count_include_pad: _,
             nhwc,
-        } => {
+        }) => {
             let [n, c, h, w] = *x_shape;
             let xs = s4(x_shape, *nhwc);
             let ys = s4(&[n, c, out_hw[0], out_hw[1]], *nhwc);
@@ -521,7 +522,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 }
             }
         }
-        StepKind::Resize {
+        StepKind::Resize(ResizeStep {
             x,
             y,
             x_shape,
@@ -531,7 +532,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             nearest,
             scales,
             nhwc,
-        } => {
+        }) => {
             // The engine's definition of where each output pixel reads, from the codes the
             // plan hands the kernel (so a wrong code or scale shows up here).
             let r = ResizeAttrs {
@@ -604,7 +605,7 @@ fn check_with(g: &Graph, batch: usize, opts: PlanOptions, tol: f64) {
         assert!(
             p.steps
                 .iter()
-                .any(|s| matches!(s.kind, StepKind::Attention { .. })),
+                .any(|s| matches!(s.kind, StepKind::Attention(AttentionStep { .. }))),
             "no fused attention planned"
         );
     }

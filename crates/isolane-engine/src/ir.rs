@@ -1050,125 +1050,17 @@ pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<us
             .collect());
     }
     let out = match &n.op {
-        Op::Conv(a) => {
-            rank4(x, "input")?;
-            let w = ins[1];
-            rank4(w, "weight")?;
-            let g = a.groups;
-            if g == 0 || !x[1].is_multiple_of(g) || !w[0].is_multiple_of(g) || w[1] * g != x[1] {
-                return Err(err(format!(
-                    "input {x:?}, weight {w:?} and groups {g} do not fit"
-                )));
-            }
-            if ins.len() >= 3 && ins[2] != [w[0]] {
-                return Err(err(format!("bias shape {:?}, expected [{}]", ins[2], w[0])));
-            }
-            let oh = window_out(
-                x[2],
-                w[2],
-                a.strides[0],
-                a.pads[0],
-                a.pads[2],
-                a.dilations[0],
-                false,
-            );
-            let ow = window_out(
-                x[3],
-                w[3],
-                a.strides[1],
-                a.pads[1],
-                a.pads[3],
-                a.dilations[1],
-                false,
-            );
-            let (Some(oh), Some(ow)) = (oh, ow) else {
-                return Err(err(format!("kernel {w:?} does not fit input {x:?}")));
-            };
-            let o = vec![x[0], w[0], oh, ow];
-            if a.residual && ins[3] != o.as_slice() {
-                return Err(err(format!("residual shape {:?}, expected {o:?}", ins[3])));
-            }
-            o
-        }
-        Op::BatchNorm { .. } => {
-            if x.len() < 2 {
-                return Err(err(format!("input {x:?} has no channel dim")));
-            }
-            for s in &ins[1..] {
-                if *s != [x[1]] {
-                    return Err(err(format!("parameter shape {s:?}, expected [{}]", x[1])));
-                }
-            }
-            x.to_vec()
-        }
+        Op::Conv(a) => infer_conv(n, ins, a)?,
+        Op::BatchNorm { .. } => infer_batch_norm(n, ins)?,
         Op::Unary(_) | Op::Identity => x.to_vec(),
         Op::Binary(_) => broadcast_shapes(ins[0], ins[1])
             .ok_or_else(|| err(format!("cannot broadcast {:?} with {:?}", ins[0], ins[1])))?,
         Op::MatMul => matmul_shape(ins[0], ins[1]).map_err(err)?,
         Op::Gemm {
             trans_a, trans_b, ..
-        } => {
-            let (a, b) = (ins[0], ins[1]);
-            if a.len() != 2 || b.len() != 2 {
-                return Err(err(format!("Gemm needs 2-D inputs, got {a:?}, {b:?}")));
-            }
-            let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
-            let (k2, nn) = if *trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
-            if k != k2 {
-                return Err(err(format!("inner dims differ: {a:?} x {b:?}")));
-            }
-            if ins.len() == 3 && broadcast_shapes(ins[2], &[m, nn]).as_deref() != Some(&[m, nn][..])
-            {
-                return Err(err(format!(
-                    "C {:?} does not broadcast to [{m}, {nn}]",
-                    ins[2]
-                )));
-            }
-            vec![m, nn]
-        }
-        Op::Linear { .. } => {
-            let w = ins[1];
-            if x.is_empty() || w.len() != 2 || x[x.len() - 1] != w[1] {
-                return Err(err(format!(
-                    "input {x:?} does not fit weight {w:?} ([out, in])"
-                )));
-            }
-            if ins.len() == 3 && ins[2] != [w[0]] {
-                return Err(err(format!("bias {:?}, expected [{}]", ins[2], w[0])));
-            }
-            let mut o = x.to_vec();
-            let last = o.len() - 1;
-            o[last] = w[0];
-            o
-        }
-        Op::MaxPool(p) | Op::AveragePool(p) => {
-            rank4(x, "input")?;
-            let oh = window_out(
-                x[2],
-                p.kernel[0],
-                p.strides[0],
-                p.pads[0],
-                p.pads[2],
-                p.dilations[0],
-                p.ceil_mode,
-            );
-            let ow = window_out(
-                x[3],
-                p.kernel[1],
-                p.strides[1],
-                p.pads[1],
-                p.pads[3],
-                p.dilations[1],
-                p.ceil_mode,
-            );
-            let (Some(oh), Some(ow)) = (oh, ow) else {
-                return Err(err(format!(
-                    "window {:?} does not fit input {x:?}",
-                    p.kernel
-                )));
-            };
-            vec![x[0], x[1], oh, ow]
-        }
+        } => infer_gemm(n, ins, trans_a, trans_b)?,
+        Op::Linear { .. } => infer_linear(n, ins)?,
+        Op::MaxPool(p) | Op::AveragePool(p) => infer_pool(n, ins, p)?,
         Op::GlobalAveragePool => {
             if x.len() < 3 {
                 return Err(err(format!("input {x:?} has no spatial dims")));
@@ -1209,35 +1101,8 @@ pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<us
             let t = resolve_dims(shape, None, batch).map_err(err)?;
             broadcast_shapes(x, &t).ok_or_else(|| err(format!("cannot expand {x:?} to {t:?}")))?
         }
-        Op::Transpose { perm } => {
-            let mut seen = vec![false; x.len()];
-            if perm.len() != x.len()
-                || perm
-                    .iter()
-                    .any(|&p| p >= x.len() || std::mem::replace(&mut seen[p], true))
-            {
-                return Err(err(format!(
-                    "perm {perm:?} is not a permutation of rank {}",
-                    x.len()
-                )));
-            }
-            perm.iter().map(|&p| x[p]).collect()
-        }
-        Op::Concat { axis } => {
-            let a = norm_axis(*axis, x.len())
-                .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
-            let mut o = x.to_vec();
-            o[a] = 0;
-            for s in ins {
-                if s.len() != x.len() || s.iter().enumerate().any(|(i, &d)| i != a && d != x[i]) {
-                    return Err(err(format!("cannot concat {s:?} with {x:?} on axis {a}")));
-                }
-                o[a] = o[a]
-                    .checked_add(s[a])
-                    .ok_or_else(|| err(format!("concatenating {s:?} on axis {a} passes usize")))?;
-            }
-            o
-        }
+        Op::Transpose { perm } => infer_transpose(n, ins, perm)?,
+        Op::Concat { axis } => infer_concat(n, ins, axis)?,
         // Handled above (the only multi-output op).
         Op::Split { .. } => Vec::new(),
         Op::Slice {
@@ -1253,126 +1118,386 @@ pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<us
             axis,
             indices,
             indices_shape,
-        } => {
-            let a = norm_axis(*axis, x.len())
-                .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
-            if indices_shape.iter().product::<usize>() != indices.len() {
-                return Err(err("indices do not fit indices_shape".into()));
-            }
-            let d = x[a] as i64;
-            if let Some(bad) = indices.iter().find(|&&i| i < -d || i >= d) {
-                return Err(err(format!("index {bad} out of range for dim of size {d}")));
-            }
-            let mut o = x[..a].to_vec();
-            o.extend_from_slice(indices_shape);
-            o.extend_from_slice(&x[a + 1..]);
-            o
-        }
-        Op::Unsqueeze { axes } => {
-            let r = x.len() + axes.len();
-            let mut ax: Vec<usize> = Vec::new();
-            for &a in axes {
-                ax.push(norm_axis(a, r).ok_or_else(|| err(format!("axis {a} out of range")))?);
-            }
-            ax.sort_unstable();
-            ax.dedup();
-            if ax.len() != axes.len() {
-                return Err(err("repeated axis".into()));
-            }
-            let mut o = Vec::with_capacity(r);
-            let mut it = x.iter();
-            for i in 0..r {
-                if ax.contains(&i) {
-                    o.push(1);
-                } else if let Some(&d) = it.next() {
-                    o.push(d);
-                }
-            }
-            o
-        }
-        Op::Squeeze { axes } => {
-            let mut drop = vec![false; x.len()];
-            if axes.is_empty() {
-                for (i, &d) in x.iter().enumerate() {
-                    drop[i] = d == 1;
-                }
-            } else {
-                for &a in axes {
-                    let i = norm_axis(a, x.len())
-                        .ok_or_else(|| err(format!("axis {a} out of range")))?;
-                    if x[i] != 1 {
-                        return Err(err(format!("cannot squeeze dim {i} of size {}", x[i])));
-                    }
-                    drop[i] = true;
-                }
-            }
-            x.iter()
-                .enumerate()
-                .filter(|(i, _)| !drop[*i])
-                .map(|(_, &d)| d)
-                .collect()
-        }
+        } => infer_gather(n, ins, axis, indices, indices_shape)?,
+        Op::Unsqueeze { axes } => infer_unsqueeze(n, ins, axes)?,
+        Op::Squeeze { axes } => infer_squeeze(n, ins, axes)?,
         Op::Softmax { axis } => {
             norm_axis(*axis, x.len())
                 .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
             x.to_vec()
         }
-        Op::LayerNorm { axis, .. } => {
-            let a = norm_axis(*axis, x.len())
-                .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
-            let norm = &x[a..];
-            for s in &ins[1..] {
-                let n: usize = norm.iter().product();
-                if s.iter().product::<usize>() != n
-                    || broadcast_shapes(s, norm).as_deref() != Some(norm)
-                {
-                    return Err(err(format!(
-                        "scale/bias shape {s:?} does not match normalised dims {norm:?}"
-                    )));
-                }
-            }
-            x.to_vec()
-        }
-        Op::Reduce { axes, keepdims, .. } => {
-            let mut red = vec![axes.is_empty(); x.len()];
-            for &a in axes {
-                red[norm_axis(a, x.len())
-                    .ok_or_else(|| err(format!("axis {a} out of range")))?] = true;
-            }
-            let mut o = Vec::new();
-            for (i, &d) in x.iter().enumerate() {
-                if !red[i] {
-                    o.push(d);
-                } else if *keepdims {
-                    o.push(1);
-                }
-            }
-            o
-        }
-        Op::Resize(r) => {
-            rank4(x, "input")?;
-            if x[2] == 0 || x[3] == 0 {
-                return Err(err(format!("cannot resize an empty input {x:?}")));
-            }
-            let (oh, ow) = match r.size {
-                ResizeSize::Size([h, w]) => (h, w),
-                ResizeSize::Scales([sh, sw]) => {
-                    if !(sh > 0.0 && sw > 0.0 && sh.is_finite() && sw.is_finite()) {
-                        return Err(err(format!("bad scales {sh}, {sw}")));
-                    }
-                    (
-                        (x[2] as f32 * sh).floor() as usize,
-                        (x[3] as f32 * sw).floor() as usize,
-                    )
-                }
-            };
-            if oh == 0 || ow == 0 {
-                return Err(err("output size 0".into()));
-            }
-            vec![x[0], x[1], oh, ow]
-        }
+        Op::LayerNorm { axis, .. } => infer_layer_norm(n, ins, axis)?,
+        Op::Reduce { axes, keepdims, .. } => infer_reduce(n, ins, axes, keepdims)?,
+        Op::Resize(r) => infer_resize(n, ins, r)?,
     };
     Ok(vec![out])
+}
+
+/// [`infer_node`] for `Op::Conv(a)`.
+fn infer_conv(n: &Node, ins: &[&[usize]], a: &ConvAttrs) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let rank4 = |s: &[usize], what: &str| -> Result<()> {
+        if s.len() != 4 {
+            return Err(shape_err(n, format!("{what} must be 4-D NCHW, got {s:?}")));
+        }
+        Ok(())
+    };
+    let shape = {
+        rank4(x, "input")?;
+        let w = ins[1];
+        rank4(w, "weight")?;
+        let g = a.groups;
+        if g == 0 || !x[1].is_multiple_of(g) || !w[0].is_multiple_of(g) || w[1] * g != x[1] {
+            return Err(err(format!(
+                "input {x:?}, weight {w:?} and groups {g} do not fit"
+            )));
+        }
+        if ins.len() >= 3 && ins[2] != [w[0]] {
+            return Err(err(format!("bias shape {:?}, expected [{}]", ins[2], w[0])));
+        }
+        let oh = window_out(
+            x[2],
+            w[2],
+            a.strides[0],
+            a.pads[0],
+            a.pads[2],
+            a.dilations[0],
+            false,
+        );
+        let ow = window_out(
+            x[3],
+            w[3],
+            a.strides[1],
+            a.pads[1],
+            a.pads[3],
+            a.dilations[1],
+            false,
+        );
+        let (Some(oh), Some(ow)) = (oh, ow) else {
+            return Err(err(format!("kernel {w:?} does not fit input {x:?}")));
+        };
+        let o = vec![x[0], w[0], oh, ow];
+        if a.residual && ins[3] != o.as_slice() {
+            return Err(err(format!("residual shape {:?}, expected {o:?}", ins[3])));
+        }
+        o
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::BatchNorm { .. }`.
+fn infer_batch_norm(n: &Node, ins: &[&[usize]]) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let shape = {
+        if x.len() < 2 {
+            return Err(err(format!("input {x:?} has no channel dim")));
+        }
+        for s in &ins[1..] {
+            if *s != [x[1]] {
+                return Err(err(format!("parameter shape {s:?}, expected [{}]", x[1])));
+            }
+        }
+        x.to_vec()
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::Gemm { trans_a, trans_b, .. }`.
+fn infer_gemm(n: &Node, ins: &[&[usize]], trans_a: &bool, trans_b: &bool) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let shape = {
+        let (a, b) = (ins[0], ins[1]);
+        if a.len() != 2 || b.len() != 2 {
+            return Err(err(format!("Gemm needs 2-D inputs, got {a:?}, {b:?}")));
+        }
+        let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
+        let (k2, nn) = if *trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
+        if k != k2 {
+            return Err(err(format!("inner dims differ: {a:?} x {b:?}")));
+        }
+        if ins.len() == 3 && broadcast_shapes(ins[2], &[m, nn]).as_deref() != Some(&[m, nn][..]) {
+            return Err(err(format!(
+                "C {:?} does not broadcast to [{m}, {nn}]",
+                ins[2]
+            )));
+        }
+        vec![m, nn]
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::Linear { .. }`.
+fn infer_linear(n: &Node, ins: &[&[usize]]) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let shape = {
+        let w = ins[1];
+        if x.is_empty() || w.len() != 2 || x[x.len() - 1] != w[1] {
+            return Err(err(format!(
+                "input {x:?} does not fit weight {w:?} ([out, in])"
+            )));
+        }
+        if ins.len() == 3 && ins[2] != [w[0]] {
+            return Err(err(format!("bias {:?}, expected [{}]", ins[2], w[0])));
+        }
+        let mut o = x.to_vec();
+        let last = o.len() - 1;
+        o[last] = w[0];
+        o
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::MaxPool(p) | Op::AveragePool(p)`.
+fn infer_pool(n: &Node, ins: &[&[usize]], p: &PoolAttrs) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let rank4 = |s: &[usize], what: &str| -> Result<()> {
+        if s.len() != 4 {
+            return Err(shape_err(n, format!("{what} must be 4-D NCHW, got {s:?}")));
+        }
+        Ok(())
+    };
+    let shape = {
+        rank4(x, "input")?;
+        let oh = window_out(
+            x[2],
+            p.kernel[0],
+            p.strides[0],
+            p.pads[0],
+            p.pads[2],
+            p.dilations[0],
+            p.ceil_mode,
+        );
+        let ow = window_out(
+            x[3],
+            p.kernel[1],
+            p.strides[1],
+            p.pads[1],
+            p.pads[3],
+            p.dilations[1],
+            p.ceil_mode,
+        );
+        let (Some(oh), Some(ow)) = (oh, ow) else {
+            return Err(err(format!(
+                "window {:?} does not fit input {x:?}",
+                p.kernel
+            )));
+        };
+        vec![x[0], x[1], oh, ow]
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::Transpose { perm }`.
+fn infer_transpose(n: &Node, ins: &[&[usize]], perm: &[usize]) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let shape = {
+        let mut seen = vec![false; x.len()];
+        if perm.len() != x.len()
+            || perm
+                .iter()
+                .any(|&p| p >= x.len() || std::mem::replace(&mut seen[p], true))
+        {
+            return Err(err(format!(
+                "perm {perm:?} is not a permutation of rank {}",
+                x.len()
+            )));
+        }
+        perm.iter().map(|&p| x[p]).collect()
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::Concat { axis }`.
+fn infer_concat(n: &Node, ins: &[&[usize]], axis: &i64) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let shape = {
+        let a = norm_axis(*axis, x.len())
+            .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
+        let mut o = x.to_vec();
+        o[a] = 0;
+        for s in ins {
+            if s.len() != x.len() || s.iter().enumerate().any(|(i, &d)| i != a && d != x[i]) {
+                return Err(err(format!("cannot concat {s:?} with {x:?} on axis {a}")));
+            }
+            o[a] = o[a]
+                .checked_add(s[a])
+                .ok_or_else(|| err(format!("concatenating {s:?} on axis {a} passes usize")))?;
+        }
+        o
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::Gather { axis, indices, indices_shape, }`.
+fn infer_gather(
+    n: &Node,
+    ins: &[&[usize]],
+    axis: &i64,
+    indices: &[i64],
+    indices_shape: &[usize],
+) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let shape = {
+        let a = norm_axis(*axis, x.len())
+            .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
+        if indices_shape.iter().product::<usize>() != indices.len() {
+            return Err(err("indices do not fit indices_shape".into()));
+        }
+        let d = x[a] as i64;
+        if let Some(bad) = indices.iter().find(|&&i| i < -d || i >= d) {
+            return Err(err(format!("index {bad} out of range for dim of size {d}")));
+        }
+        let mut o = x[..a].to_vec();
+        o.extend_from_slice(indices_shape);
+        o.extend_from_slice(&x[a + 1..]);
+        o
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::Unsqueeze { axes }`.
+fn infer_unsqueeze(n: &Node, ins: &[&[usize]], axes: &[i64]) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let shape = {
+        let r = x.len() + axes.len();
+        let mut ax: Vec<usize> = Vec::new();
+        for &a in axes {
+            ax.push(norm_axis(a, r).ok_or_else(|| err(format!("axis {a} out of range")))?);
+        }
+        ax.sort_unstable();
+        ax.dedup();
+        if ax.len() != axes.len() {
+            return Err(err("repeated axis".into()));
+        }
+        let mut o = Vec::with_capacity(r);
+        let mut it = x.iter();
+        for i in 0..r {
+            if ax.contains(&i) {
+                o.push(1);
+            } else if let Some(&d) = it.next() {
+                o.push(d);
+            }
+        }
+        o
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::Squeeze { axes }`.
+fn infer_squeeze(n: &Node, ins: &[&[usize]], axes: &[i64]) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let shape = {
+        let mut drop = vec![false; x.len()];
+        if axes.is_empty() {
+            for (i, &d) in x.iter().enumerate() {
+                drop[i] = d == 1;
+            }
+        } else {
+            for &a in axes {
+                let i =
+                    norm_axis(a, x.len()).ok_or_else(|| err(format!("axis {a} out of range")))?;
+                if x[i] != 1 {
+                    return Err(err(format!("cannot squeeze dim {i} of size {}", x[i])));
+                }
+                drop[i] = true;
+            }
+        }
+        x.iter()
+            .enumerate()
+            .filter(|(i, _)| !drop[*i])
+            .map(|(_, &d)| d)
+            .collect()
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::LayerNorm { axis, .. }`.
+fn infer_layer_norm(n: &Node, ins: &[&[usize]], axis: &i64) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let shape = {
+        let a = norm_axis(*axis, x.len())
+            .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
+        let norm = &x[a..];
+        for s in &ins[1..] {
+            let n: usize = norm.iter().product();
+            if s.iter().product::<usize>() != n
+                || broadcast_shapes(s, norm).as_deref() != Some(norm)
+            {
+                return Err(err(format!(
+                    "scale/bias shape {s:?} does not match normalised dims {norm:?}"
+                )));
+            }
+        }
+        x.to_vec()
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::Reduce { axes, keepdims, .. }`.
+fn infer_reduce(n: &Node, ins: &[&[usize]], axes: &[i64], keepdims: &bool) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let shape = {
+        let mut red = vec![axes.is_empty(); x.len()];
+        for &a in axes {
+            red[norm_axis(a, x.len()).ok_or_else(|| err(format!("axis {a} out of range")))?] = true;
+        }
+        let mut o = Vec::new();
+        for (i, &d) in x.iter().enumerate() {
+            if !red[i] {
+                o.push(d);
+            } else if *keepdims {
+                o.push(1);
+            }
+        }
+        o
+    };
+    Ok(shape)
+}
+
+/// [`infer_node`] for `Op::Resize(r)`.
+fn infer_resize(n: &Node, ins: &[&[usize]], r: &ResizeAttrs) -> Result<Vec<usize>> {
+    let err = |m: String| shape_err(n, m);
+    let x = ins.first().copied().unwrap_or(&[]);
+    let rank4 = |s: &[usize], what: &str| -> Result<()> {
+        if s.len() != 4 {
+            return Err(shape_err(n, format!("{what} must be 4-D NCHW, got {s:?}")));
+        }
+        Ok(())
+    };
+    let shape = {
+        rank4(x, "input")?;
+        if x[2] == 0 || x[3] == 0 {
+            return Err(err(format!("cannot resize an empty input {x:?}")));
+        }
+        let (oh, ow) = match r.size {
+            ResizeSize::Size([h, w]) => (h, w),
+            ResizeSize::Scales([sh, sw]) => {
+                if !(sh > 0.0 && sw > 0.0 && sh.is_finite() && sw.is_finite()) {
+                    return Err(err(format!("bad scales {sh}, {sw}")));
+                }
+                (
+                    (x[2] as f32 * sh).floor() as usize,
+                    (x[3] as f32 * sw).floor() as usize,
+                )
+            }
+        };
+        if oh == 0 || ow == 0 {
+            return Err(err("output size 0".into()));
+        }
+        vec![x[0], x[1], oh, ow]
+    };
+    Ok(shape)
 }
 
 /// numpy matmul output shape.

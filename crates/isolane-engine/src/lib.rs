@@ -1,14 +1,17 @@
 //! isolane-engine: graph IR, built-in architectures, loaders (safetensors, ONNX) and backends.
 
 pub mod arch;
+pub mod arena;
 pub mod backend;
 pub mod cpu;
 pub mod error;
 pub mod footprint;
 pub mod io;
 pub mod ir;
+mod kernels;
 pub mod onnx;
 pub mod passes;
+pub mod reference;
 pub mod weights;
 
 pub use arch::{build_model, builtin_models, model_info, ModelInfo};

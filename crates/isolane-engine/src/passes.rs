@@ -14,9 +14,9 @@
 
 use std::sync::Arc;
 
-use crate::cpu::eval_node;
 use crate::error::Result;
 use crate::ir::{Binary, ConvAttrs, Graph, Node, Op, Tensor, Unary, ValueId, ValueKind};
+use crate::reference::eval_node;
 
 /// Which passes to run (all by default).
 #[derive(Clone, Copy, Debug)]

@@ -2,7 +2,8 @@
 //! passes that stay in range with synthetic weights.
 
 use isolane_engine::arch::{build_model_counted, graph_flops};
-use isolane_engine::cpu::{interpret, CpuBackend};
+use isolane_engine::cpu::CpuBackend;
+use isolane_engine::reference::interpret;
 use isolane_engine::weights::synthesize;
 use isolane_engine::weights::Init;
 use isolane_engine::{builtin_models, model_info, Backend, Precision, Tensor, Weights};

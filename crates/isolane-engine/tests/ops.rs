@@ -5,8 +5,9 @@
     clippy::identity_op
 )]
 
-use isolane_engine::cpu::{interpret, CpuBackend};
+use isolane_engine::cpu::CpuBackend;
 use isolane_engine::ir::*;
+use isolane_engine::reference::interpret;
 use isolane_engine::weights::{synthesize, Init};
 use isolane_engine::{Backend, Precision};
 

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use isolane_engine::arch::{build_model_counted, state_dict};
-use isolane_engine::cpu::interpret;
+use isolane_engine::reference::interpret;
 use isolane_engine::weights::{synthesize, write_safetensors, Init, ParamStore};
 use isolane_engine::{Tensor, Weights};
 use safetensors::tensor::TensorView;

@@ -1,27 +1,23 @@
 //! The CPU backend (f32): the reference and correctness oracle, and the "CPU accelerator".
 //!
-//! Compiling runs the graph passes, infers shapes for the batch, plans one kernel per node,
+//! Compiling runs the graph passes, infers shapes for the batch, prepares one kernel per node,
 //! aliases view ops (reshape, flatten, squeeze...) onto their input's storage, and packs every
 //! activation into one arena by liveness (values alive at the same time get disjoint ranges).
-//! Running walks the planned steps on a driver job parked in the model's own rayon pool; for
+//! Running walks the compiled steps on a driver job parked in the model's own rayon pool; for
 //! convolutional models nothing is allocated on that path (see `Driver`, `packed` and
 //! `tests/no_alloc.rs`).
-
-mod implicit;
-pub(crate) mod kernels;
-mod matmul;
-mod packed;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::ThreadPool;
 
+use crate::arena::{assign_offsets, ArenaRules, Storage};
 use crate::backend::{Backend, CompiledModel, Precision};
 use crate::error::{EngineError, Result};
-use crate::ir::{infer_node, Graph, Node, Tensor, ValueKind};
+use crate::ir::{Graph, Tensor, ValueKind};
+use crate::kernels::{Io, Kernel, RawBuf};
 use crate::passes;
-use kernels::{Io, Kernel, RawBuf};
 
 /// The CPU backend. `threads` = size of each compiled model's rayon pool; 0 = all cores.
 #[derive(Clone, Debug, Default)]
@@ -48,7 +44,7 @@ impl CpuBackend {
             )));
         }
         let g = passes::optimize(graph, batch)?;
-        CpuModel::plan(&g, batch, self.threads)
+        CpuModel::compile(&g, batch, self.threads)
     }
 }
 
@@ -76,19 +72,18 @@ struct Step {
 /// Where a value lives.
 #[derive(Clone, Copy, Debug)]
 enum Loc {
-    /// Storage index (into the arena plan).
+    /// Storage index (into the arena's storages).
     Storage(usize),
     /// Constant index.
     Const(usize),
 }
 
-#[derive(Clone, Debug)]
-struct Storage {
-    len: usize,
-    first: usize,
-    last: usize,
-    offset: usize,
-}
+/// The CPU arena's layout: every storage on a 64-byte cache line (full SIMD alignment).
+const ARENA_RULES: ArenaRules = ArenaRules {
+    align: 64,
+    min_bytes: 0,
+};
+const F32_BYTES: usize = std::mem::size_of::<f32>();
 
 /// A graph compiled for the CPU at one batch size.
 pub struct CpuModel {
@@ -113,100 +108,130 @@ pub struct CpuModel {
 // another thread moves ownership of all of them, and nothing else holds those pointers.
 unsafe impl Send for CpuModel {}
 
-impl CpuModel {
-    fn plan(g: &Graph, batch: usize, threads: usize) -> Result<CpuModel> {
-        let shapes = g.infer_shapes(batch)?;
-        let nv = g.values.len();
-        let mut loc: Vec<Option<Loc>> = vec![None; nv];
-        let mut storages: Vec<Storage> = Vec::new();
-        let mut consts: Vec<Arc<Tensor>> = Vec::new();
-        let end = g.nodes.len() + 1;
-        let new_storage = |storages: &mut Vec<Storage>, len: usize, first: usize| {
-            storages.push(Storage {
-                len,
-                first,
-                last: first,
-                offset: 0,
-            });
-            storages.len() - 1
-        };
-        for (i, v) in g.values.iter().enumerate() {
-            if let ValueKind::Constant(t) = &v.kind {
-                consts.push(t.clone());
-                loc[i] = Some(Loc::Const(consts.len() - 1));
-            }
+/// Where every value lives before the arena is laid out: storages with their lifetimes
+/// (inputs and outputs reserved for the whole run), constants, one prepared kernel per node
+/// that is not a free view, and the copies that give outputs storage of their own.
+struct Placement {
+    loc: Vec<Option<Loc>>,
+    storages: Vec<Storage>,
+    consts: Vec<Arc<Tensor>>,
+    kernels: Vec<Option<Kernel>>,
+    /// Each graph input's storage and shape.
+    input_storages: Vec<(usize, Vec<usize>)>,
+    /// Each graph output's source and, where it needs one, the storage it is copied to.
+    output_copies: Vec<(Loc, Option<usize>)>,
+}
+
+/// Places the values of `g` (shapes at the compiled batch): step t = node index + 1, 0 is
+/// "before everything"; views alias their input's storage; kernels are prepared (and their
+/// constant weights packed).
+fn place_values(g: &Graph, shapes: &[Vec<usize>]) -> Result<Placement> {
+    let nv = g.values.len();
+    let mut loc: Vec<Option<Loc>> = vec![None; nv];
+    let mut storages: Vec<Storage> = Vec::new();
+    let mut consts: Vec<Arc<Tensor>> = Vec::new();
+    let end = g.nodes.len() + 1;
+    let new_storage = |storages: &mut Vec<Storage>, len: usize, first: usize| {
+        storages.push(Storage::new(len * F32_BYTES, first));
+        storages.len() - 1
+    };
+    for (i, v) in g.values.iter().enumerate() {
+        if let ValueKind::Constant(t) = &v.kind {
+            consts.push(t.clone());
+            loc[i] = Some(Loc::Const(consts.len() - 1));
         }
-        let mut input_storages = Vec::new();
-        for &i in &g.inputs {
-            let len = shapes[i].iter().product();
-            let s = new_storage(&mut storages, len, 0);
-            storages[s].last = end;
-            loc[i] = Some(Loc::Storage(s));
-            input_storages.push((s, shapes[i].clone()));
-        }
-        // Nodes: step index t = node index + 1 (0 is "before everything").
-        let mut kernels: Vec<Option<Kernel>> = Vec::with_capacity(g.nodes.len());
-        for (ni, n) in g.nodes.iter().enumerate() {
-            let t = ni + 1;
-            for &i in &n.inputs {
-                match loc[i] {
-                    Some(Loc::Storage(s)) => storages[s].last = storages[s].last.max(t),
-                    Some(Loc::Const(_)) => {}
-                    None => {
-                        return Err(EngineError::graph(
-                            &n.name,
-                            format!("input {i} has no storage"),
-                        ))
-                    }
+    }
+    let mut input_storages = Vec::new();
+    for &i in &g.inputs {
+        let len = shapes[i].iter().product();
+        let s = new_storage(&mut storages, len, 0);
+        storages[s].last = end;
+        loc[i] = Some(Loc::Storage(s));
+        input_storages.push((s, shapes[i].clone()));
+    }
+    // Nodes: step index t = node index + 1 (0 is "before everything").
+    let mut kernels: Vec<Option<Kernel>> = Vec::with_capacity(g.nodes.len());
+    for (ni, n) in g.nodes.iter().enumerate() {
+        let t = ni + 1;
+        for &i in &n.inputs {
+            match loc[i] {
+                Some(Loc::Storage(s)) => storages[s].last = storages[s].last.max(t),
+                Some(Loc::Const(_)) => {}
+                None => {
+                    return Err(EngineError::graph(
+                        &n.name,
+                        format!("input {i} has no storage"),
+                    ))
                 }
             }
-            let alias = n.op.is_view() && matches!(loc[n.inputs[0]], Some(Loc::Storage(_)));
-            if alias {
-                loc[n.outputs[0]] = loc[n.inputs[0]];
-                kernels.push(None);
-                continue;
-            }
-            for &o in &n.outputs {
-                let len = shapes[o].iter().product();
-                let s = new_storage(&mut storages, len, t);
-                loc[o] = Some(Loc::Storage(s));
-            }
-            let ins: Vec<&[usize]> = n.inputs.iter().map(|&i| shapes[i].as_slice()).collect();
-            let outs: Vec<&[usize]> = n.outputs.iter().map(|&o| shapes[o].as_slice()).collect();
-            let mut k = Kernel::plan(n, &ins, &outs)?;
-            if let (Kernel::Conv(_) | Kernel::Linear { .. }, Some(&w)) = (&k, n.inputs.get(1)) {
-                if let Some(Loc::Const(ci)) = loc[w] {
-                    k.prepack(&consts[ci].data);
-                }
-            }
-            kernels.push(Some(k));
         }
-        // Outputs need their own storage, alive to the end, not shared with an input or with
-        // another output; otherwise add a final copy.
-        let mut output_plan: Vec<(Loc, Option<usize>)> = Vec::new();
-        let mut claimed: Vec<usize> = input_storages.iter().map(|(s, _)| *s).collect();
-        for &o in &g.outputs {
-            let src =
-                loc[o].ok_or_else(|| EngineError::graph("<outputs>", "output has no storage"))?;
-            match src {
-                Loc::Storage(s) if !claimed.contains(&s) => {
+        let alias = n.op.is_view() && matches!(loc[n.inputs[0]], Some(Loc::Storage(_)));
+        if alias {
+            loc[n.outputs[0]] = loc[n.inputs[0]];
+            kernels.push(None);
+            continue;
+        }
+        for &o in &n.outputs {
+            let len = shapes[o].iter().product();
+            let s = new_storage(&mut storages, len, t);
+            loc[o] = Some(Loc::Storage(s));
+        }
+        let ins: Vec<&[usize]> = n.inputs.iter().map(|&i| shapes[i].as_slice()).collect();
+        let outs: Vec<&[usize]> = n.outputs.iter().map(|&o| shapes[o].as_slice()).collect();
+        let mut k = Kernel::prepare(n, &ins, &outs)?;
+        if let (Kernel::Conv(_) | Kernel::Linear { .. }, Some(&w)) = (&k, n.inputs.get(1)) {
+            if let Some(Loc::Const(ci)) = loc[w] {
+                k.prepack(&consts[ci].data);
+            }
+        }
+        kernels.push(Some(k));
+    }
+    // Outputs need their own storage, alive to the end, not shared with an input or with
+    // another output; otherwise add a final copy.
+    let mut output_copies: Vec<(Loc, Option<usize>)> = Vec::new();
+    let mut claimed: Vec<usize> = input_storages.iter().map(|(s, _)| *s).collect();
+    for &o in &g.outputs {
+        let src = loc[o].ok_or_else(|| EngineError::graph("<outputs>", "output has no storage"))?;
+        match src {
+            Loc::Storage(s) if !claimed.contains(&s) => {
+                storages[s].last = end;
+                claimed.push(s);
+                output_copies.push((src, None));
+            }
+            _ => {
+                if let Loc::Storage(s) = src {
                     storages[s].last = end;
-                    claimed.push(s);
-                    output_plan.push((src, None));
                 }
-                _ => {
-                    if let Loc::Storage(s) = src {
-                        storages[s].last = end;
-                    }
-                    let len = shapes[o].iter().product();
-                    let s = new_storage(&mut storages, len, end);
-                    storages[s].last = end + 1;
-                    claimed.push(s);
-                    output_plan.push((src, Some(s)));
-                }
+                let len = shapes[o].iter().product();
+                let s = new_storage(&mut storages, len, end);
+                storages[s].last = end + 1;
+                claimed.push(s);
+                output_copies.push((src, Some(s)));
             }
         }
-        let arena_len = assign_offsets(&mut storages);
+    }
+    Ok(Placement {
+        loc,
+        storages,
+        consts,
+        kernels,
+        input_storages,
+        output_copies,
+    })
+}
+
+impl CpuModel {
+    fn compile(g: &Graph, batch: usize, threads: usize) -> Result<CpuModel> {
+        let shapes = g.infer_shapes(batch)?;
+        let Placement {
+            loc,
+            mut storages,
+            consts,
+            mut kernels,
+            input_storages,
+            output_copies,
+        } = place_values(g, &shapes)?;
+        let arena_len = assign_offsets(&mut storages, ARENA_RULES) / F32_BYTES;
         let mut arena = vec![0.0f32; arena_len];
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -232,7 +257,7 @@ impl CpuModel {
             match l {
                 Loc::Storage(s) => RawBuf {
                     // SAFETY: offset + len <= arena_len by construction of assign_offsets.
-                    ptr: unsafe { base.add(storages[s].offset) },
+                    ptr: unsafe { base.add(storages[s].offset / F32_BYTES) },
                     len,
                 },
                 Loc::Const(c) => RawBuf::from_const(&consts[c].data),
@@ -259,7 +284,7 @@ impl CpuModel {
             });
         }
         let mut outputs = Vec::new();
-        for (&o, (src, copy)) in g.outputs.iter().zip(&output_plan) {
+        for (&o, (src, copy)) in g.outputs.iter().zip(&output_copies) {
             let len: usize = shapes[o].iter().product();
             let dst = match copy {
                 Some(s) => {
@@ -276,11 +301,14 @@ impl CpuModel {
                     Loc::Const(_) => unreachable_storage()?,
                 },
             };
-            outputs.push((storages[dst].offset, len, shapes[o].clone()));
+            outputs.push((storages[dst].offset / F32_BYTES, len, shapes[o].clone()));
         }
         let inputs = input_storages
             .into_iter()
-            .map(|(s, shape)| (storages[s].offset, storages[s].len, shape))
+            .map(|(s, shape)| {
+                let st = &storages[s];
+                (st.offset / F32_BYTES, st.bytes / F32_BYTES, shape)
+            })
             .collect();
         Ok(CpuModel {
             steps,
@@ -496,41 +524,6 @@ fn nest(spinners: usize, body: &mut (dyn FnMut() + Send), spin: &(dyn Fn() + Syn
     }
 }
 
-/// Greedy-by-size arena packing: biggest first, each at the lowest offset that does not
-/// overlap a placed storage with an overlapping lifetime. Returns the arena length.
-fn assign_offsets(st: &mut [Storage]) -> usize {
-    const ALIGN: usize = 16; // 64 bytes: a cache line, and full SIMD alignment.
-    let mut order: Vec<usize> = (0..st.len()).collect();
-    order.sort_by(|&a, &b| st[b].len.cmp(&st[a].len).then(a.cmp(&b)));
-    let mut placed: Vec<usize> = Vec::new();
-    let mut total = 0;
-    for &i in &order {
-        let size = st[i].len.div_ceil(ALIGN) * ALIGN;
-        let mut conflicts: Vec<(usize, usize)> = placed
-            .iter()
-            .filter(|&&j| st[j].first <= st[i].last && st[i].first <= st[j].last)
-            .map(|&j| {
-                (
-                    st[j].offset,
-                    st[j].offset + st[j].len.div_ceil(ALIGN) * ALIGN,
-                )
-            })
-            .collect();
-        conflicts.sort_unstable();
-        let mut off = 0;
-        for (a, b) in conflicts {
-            if off + size <= a {
-                break;
-            }
-            off = off.max(b);
-        }
-        st[i].offset = off;
-        total = total.max(off + size);
-        placed.push(i);
-    }
-    total
-}
-
 impl CompiledModel for CpuModel {
     fn num_inputs(&self) -> usize {
         self.inputs.len()
@@ -585,90 +578,4 @@ impl CompiledModel for CpuModel {
     fn arena_bytes(&self) -> usize {
         self.arena.len() * 4
     }
-}
-
-/// Evaluates one node on constant tensors (constant folding, references).
-pub fn eval_node(node: &Node, ins: &[&Tensor], batch: usize) -> Result<Vec<Tensor>> {
-    let in_shapes: Vec<&[usize]> = ins.iter().map(|t| t.shape.as_slice()).collect();
-    let out_shapes = infer_node(node, &in_shapes, batch)?;
-    if node.op.is_view() {
-        return Ok(vec![Tensor {
-            shape: out_shapes[0].clone(),
-            data: ins[0].data.clone(),
-        }]);
-    }
-    let os: Vec<&[usize]> = out_shapes.iter().map(|s| s.as_slice()).collect();
-    let kernel = Kernel::plan(node, &in_shapes, &os)?;
-    let mut outs: Vec<Tensor> = out_shapes
-        .iter()
-        .map(|s| Tensor::zeros(s.clone()))
-        .collect();
-    let mut scratch = vec![0.0f32; kernel.scratch_len(1)];
-    let in_bufs: Vec<RawBuf> = ins.iter().map(|t| RawBuf::from_const(&t.data)).collect();
-    let out_bufs: Vec<RawBuf> = outs
-        .iter_mut()
-        .map(|t| RawBuf::from_slice(&mut t.data))
-        .collect();
-    kernel.run(
-        &Io {
-            ins: &in_bufs,
-            outs: &out_bufs,
-            scratch: RawBuf::from_slice(&mut scratch),
-        },
-        1,
-    );
-    Ok(outs)
-}
-
-/// Runs a graph node by node, unoptimised, allocating as it goes: a slow reference used to
-/// check the passes and the planned backend.
-pub fn interpret(g: &Graph, batch: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-    let shapes = g.infer_shapes(batch)?;
-    if inputs.len() != g.inputs.len() {
-        return Err(EngineError::InvalidArgument(format!(
-            "graph has {} inputs, {} given",
-            g.inputs.len(),
-            inputs.len()
-        )));
-    }
-    let mut vals: Vec<Option<Arc<Tensor>>> = vec![None; g.values.len()];
-    for (&i, t) in g.inputs.iter().zip(inputs) {
-        if t.shape != shapes[i] {
-            return Err(EngineError::InvalidArgument(format!(
-                "input `{}` has shape {:?}, expected {:?}",
-                g.values[i].name, t.shape, shapes[i]
-            )));
-        }
-        vals[i] = Some(Arc::new(t.clone()));
-    }
-    for (i, v) in g.values.iter().enumerate() {
-        if let ValueKind::Constant(t) = &v.kind {
-            vals[i] = Some(t.clone());
-        }
-    }
-    for n in &g.nodes {
-        let ins: Vec<Arc<Tensor>> = n
-            .inputs
-            .iter()
-            .map(|&i| {
-                vals[i]
-                    .clone()
-                    .ok_or_else(|| EngineError::graph(&n.name, "input not computed"))
-            })
-            .collect::<Result<_>>()?;
-        let refs: Vec<&Tensor> = ins.iter().map(|t| t.as_ref()).collect();
-        let outs = eval_node(n, &refs, batch)?;
-        for (&o, t) in n.outputs.iter().zip(outs) {
-            vals[o] = Some(Arc::new(t));
-        }
-    }
-    g.outputs
-        .iter()
-        .map(|&o| {
-            vals[o]
-                .as_ref()
-                .map(|t| t.as_ref().clone())
-                .ok_or_else(|| EngineError::graph("<outputs>", "output not computed"))
-        })
-        .collect()
 }

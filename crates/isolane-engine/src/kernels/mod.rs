@@ -1,20 +1,35 @@
-//! CPU kernels. Each [`Kernel`] is planned once from a node and its concrete shapes (all index
-//! arithmetic that depends only on shapes is done here), then executed many times on raw
-//! buffers handed over through [`Io`].
+//! The op kernels (f32, on the CPU). Each [`Kernel`] is prepared once from a node and its
+//! concrete shapes (all index arithmetic that depends only on shapes is done here), then
+//! executed many times on raw buffers handed over through [`Io`].
+//!
+//! Layers, each using only the ones below it:
+//! - `mod.rs`: one kernel per op (the op layer);
+//! - `implicit`, `matmul`, `packed`: isolane's GEMM (implicit-GEMM convolutions, matrix
+//!   products, packed micro-kernels);
+//! - `math`: scalar activations and index helpers shared by both.
+//!
+//! The reference evaluator (`crate::reference`) runs these kernels one node at a time; the CPU
+//! backend (`crate::cpu`) runs them prepared, on buffers in one arena.
+
+mod implicit;
+pub(crate) mod math;
+mod matmul;
+mod packed;
 
 use std::sync::Arc;
 
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use super::implicit::Implicit;
-use super::matmul::{self, BSrc, Mat, Out, PackedB};
-use super::packed::{Epi, Isa, PackedA};
+use implicit::Implicit;
+use math::{apply_act, exp, valid_range};
+use matmul::{BSrc, Mat, Out, PackedB};
+use packed::{Epi, Isa, PackedA};
 
 use crate::error::{EngineError, Result};
 use crate::ir::{
-    broadcast_shapes, norm_axis, slice_params, Binary, Node, Op, PoolAttrs, ReduceKind, ResizeMode,
-    Unary,
+    broadcast_shapes, norm_axis, slice_params, Binary, ConvAttrs, Node, Op, PoolAttrs, ReduceKind,
+    ResizeAttrs, ResizeMode, Unary,
 };
 
 /// A buffer a kernel reads or writes: a pointer into memory owned by the compiled model.
@@ -25,7 +40,7 @@ pub(crate) struct RawBuf {
 }
 
 // SAFETY: a RawBuf is a plain (pointer, length) pair into memory owned by a compiled model or
-// by the caller of `eval_node`; the planner guarantees that concurrently running code never
+// by the caller of `eval_node`; the CPU backend's compile guarantees that concurrently running code never
 // writes a buffer another thread reads (kernels hand out disjoint chunks through rayon).
 unsafe impl Send for RawBuf {}
 // SAFETY: as above; sharing the descriptor does not itself access the memory.
@@ -57,13 +72,13 @@ pub(crate) struct Io<'a> {
 impl Io<'_> {
     fn inp(&self, i: usize) -> &[f32] {
         let b = self.ins[i];
-        // SAFETY: the planner gives every input a buffer that lives (and is not written) while
+        // SAFETY: compiling gives every input a buffer that lives (and is not written) while
         // this kernel runs; `len` is the exact element count of that value.
         unsafe { std::slice::from_raw_parts(b.ptr, b.len) }
     }
     /// # Safety
     /// Each output must be taken at most once per kernel invocation; outputs never overlap
-    /// inputs or each other (the planner assigns disjoint arena ranges to values alive at the
+    /// inputs or each other (the memory planner, `crate::arena`, assigns disjoint arena ranges to values alive at the
     /// same time, and a node's inputs and outputs are all alive while it runs).
     #[allow(clippy::mut_from_ref)]
     unsafe fn out(&self, i: usize) -> &mut [f32] {
@@ -82,108 +97,6 @@ impl Io<'_> {
 
 /// Elements per parallel task for memory-bound kernels: big enough to amortise scheduling.
 const CHUNK: usize = 1 << 14;
-
-/// erf in f32: the rational approximation used by Eigen/XLA (a few ulp on [-4, 4], where
-/// erf reaches ±1 in f32), so that GELU matches PyTorch's erf-based GELU and vectorises.
-#[inline]
-pub(crate) fn erf(a: f32) -> f32 {
-    let x = a.clamp(-4.0, 4.0);
-    let x2 = x * x;
-    let mut p = x2 * -2.726_142_3e-10 + 2.770_681_4e-8;
-    p = x2 * p + -2.101_024e-6;
-    p = x2 * p + -5.692_506_4e-5;
-    p = x2 * p + -7.349_906_3e-4;
-    p = x2 * p + -2.954_6e-3;
-    p = x2 * p + -1.609_603_3e-2;
-    p *= x;
-    let mut q = x2 * -1.456_607_2e-5 + -2.133_740_6e-4;
-    q = x2 * q + -1.682_827e-3;
-    q = x2 * q + -7.373_329e-3;
-    q = x2 * q + -1.426_473_9e-2;
-    p / q
-}
-
-/// Applies a pointwise function.
-#[inline]
-pub(crate) fn unary(op: Unary, x: f32) -> f32 {
-    match op {
-        Unary::Identity => x,
-        Unary::Relu => x.max(0.0),
-        Unary::Relu6 => x.clamp(0.0, 6.0),
-        Unary::Clip { min, max } => x.max(min).min(max),
-        Unary::LeakyRelu { alpha } => {
-            if x >= 0.0 {
-                x
-            } else {
-                alpha * x
-            }
-        }
-        Unary::Sigmoid => sigmoid(x),
-        Unary::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
-        Unary::HardSwish => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
-        Unary::Silu => x * sigmoid(x),
-        Unary::Gelu => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
-        Unary::GeluTanh => {
-            let c = (2.0f32 / std::f32::consts::PI).sqrt();
-            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
-        }
-        Unary::Tanh => x.tanh(),
-        Unary::Exp => exp(x),
-        Unary::Log => x.ln(),
-        Unary::Sqrt => x.sqrt(),
-        Unary::Erf => erf(x),
-        Unary::Neg => -x,
-        Unary::Abs => x.abs(),
-        Unary::Reciprocal => 1.0 / x,
-    }
-}
-
-#[inline]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
-}
-
-/// e^x in f32 without a libm call, so loops over it vectorise: Cephes' `expf` (range
-/// reduction by ln 2, degree-6 polynomial, ~1 ulp), with round-to-nearest and the 2^n scale
-/// done by bit tricks. Inputs are clamped to [-87, 88] (results stay normal); NaN propagates.
-#[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer.
-    let x = x.clamp(-87.0, 88.0);
-    let t = x * std::f32::consts::LOG2_E + MAGIC;
-    let n = t - MAGIC;
-    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let r2 = r * r;
-    let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
-        * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5)
-        * r2
-        + r
-        + 1.0;
-    let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
-    p * f32::from_bits((ni.wrapping_add(127) as u32) << 23)
-}
-
-#[inline]
-pub(super) fn apply_act(act: Option<Unary>, v: &mut [f32]) {
-    match act {
-        None | Some(Unary::Identity) => {}
-        Some(Unary::Relu) => v.iter_mut().for_each(|x| *x = x.max(0.0)),
-        Some(Unary::Relu6) => v.iter_mut().for_each(|x| *x = x.clamp(0.0, 6.0)),
-        // Hot activations get their own loops so that each one vectorises.
-        Some(Unary::Silu) => v.iter_mut().for_each(|x| *x *= sigmoid(*x)),
-        Some(Unary::Sigmoid) => v.iter_mut().for_each(|x| *x = sigmoid(*x)),
-        Some(Unary::Gelu) => v
-            .iter_mut()
-            .for_each(|x| *x = 0.5 * *x * (1.0 + erf(*x * std::f32::consts::FRAC_1_SQRT_2))),
-        Some(Unary::HardSwish) => v
-            .iter_mut()
-            .for_each(|x| *x = *x * (*x + 3.0).clamp(0.0, 6.0) / 6.0),
-        Some(op) => v.iter_mut().for_each(|x| *x = unary(op, *x)),
-    }
-}
 
 #[inline]
 fn binary(op: Binary, a: f32, b: f32) -> f32 {
@@ -325,10 +238,10 @@ pub(crate) struct ConvK {
     pub method: ConvMethod,
     /// Output columns per task in the tiled path (im2col block sized to stay in L2).
     tile: usize,
-    /// The weights packed for [`PackedA::gemm`] when they are a constant (done by the
-    /// planner); otherwise the `gemm` crate multiplies them as they are.
+    /// The weights packed for [`PackedA::gemm`] when they are a constant (done at
+    /// compile time); otherwise the `gemm` crate multiplies them as they are.
     packed: Option<Arc<PackedA>>,
-    /// An implicit-GEMM plan (no im2col matrix), used with `packed` where it pays.
+    /// An implicit-GEMM layout (no im2col matrix), used with `packed` where it pays.
     implicit: Option<Arc<Implicit>>,
 }
 
@@ -393,7 +306,7 @@ pub(crate) struct ResizeK {
     xs: Vec<(usize, usize, f32)>,
 }
 
-/// A planned kernel.
+/// A kernel prepared for one node's concrete shapes.
 #[derive(Clone, Debug)]
 pub(crate) enum Kernel {
     Conv(ConvK),
@@ -403,7 +316,7 @@ pub(crate) enum Kernel {
         n: usize,
         act: Option<Unary>,
         has_bias: bool,
-        /// The constant weight, transposed and padded for the GEMM (done by the planner).
+        /// The constant weight, transposed and padded for the GEMM (done at compile time).
         wt: Option<Arc<PackedB>>,
     },
     MatMul(MatMulK),
@@ -472,70 +385,11 @@ fn unsupported(n: &Node, msg: impl Into<String>) -> EngineError {
 
 impl Kernel {
     /// Plans a kernel for `node` given concrete input and output shapes.
-    pub fn plan(node: &Node, ins: &[&[usize]], outs: &[&[usize]]) -> Result<Kernel> {
+    pub fn prepare(node: &Node, ins: &[&[usize]], outs: &[&[usize]]) -> Result<Kernel> {
         let x = ins[0];
         let o = outs[0];
         Ok(match &node.op {
-            Op::Conv(a) => {
-                let w = ins[1];
-                let cg = w[1];
-                let method = if cg == 1 && a.groups > 1 {
-                    ConvMethod::Depthwise
-                } else if w[2] == 1 && w[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4] {
-                    ConvMethod::Pointwise
-                } else {
-                    ConvMethod::Im2col
-                };
-                Kernel::Conv(ConvK {
-                    n: x[0],
-                    c: x[1],
-                    h: x[2],
-                    w: x[3],
-                    m: w[0],
-                    oh: o[2],
-                    ow: o[3],
-                    kh: w[2],
-                    kw: w[3],
-                    sh: a.strides[0],
-                    sw: a.strides[1],
-                    pt: a.pads[0],
-                    pl: a.pads[1],
-                    dh: a.dilations[0],
-                    dw: a.dilations[1],
-                    groups: a.groups,
-                    act: a.activation,
-                    has_bias: ins.len() >= 3,
-                    residual: a.residual,
-                    method,
-                    packed: None,
-                    implicit: if method == ConvMethod::Im2col {
-                        Implicit::plan(
-                            x,
-                            w[0],
-                            o,
-                            [w[2], w[3]],
-                            a.strides,
-                            [a.pads[0], a.pads[1]],
-                            a.dilations,
-                            a.groups,
-                        )
-                        .map(Arc::new)
-                    } else {
-                        None
-                    },
-                    tile: {
-                        // ~256 KiB of im2col per task, a multiple of 16 columns; whole output
-                        // rows when the rows can be lowered as one contiguous copy.
-                        let kk = (w[1] * w[2] * w[3]).max(1);
-                        let t = ((65536 / kk).clamp(112, 4096) / 16) * 16;
-                        if o[3] <= t {
-                            (t / o[3]).max(1) * o[3]
-                        } else {
-                            t
-                        }
-                    },
-                })
-            }
+            Op::Conv(a) => prepare_conv(ins, outs, a)?,
             Op::Linear { activation } => {
                 let k = x[x.len() - 1];
                 Kernel::Linear {
@@ -547,90 +401,13 @@ impl Kernel {
                     wt: None,
                 }
             }
-            Op::MatMul => {
-                let a: Vec<usize> = if x.len() == 1 {
-                    vec![1, x[0]]
-                } else {
-                    x.to_vec()
-                };
-                let b: Vec<usize> = if ins[1].len() == 1 {
-                    vec![ins[1][0], 1]
-                } else {
-                    ins[1].to_vec()
-                };
-                let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
-                let n = b[b.len() - 1];
-                let ab = &a[..a.len() - 2];
-                let bb = &b[..b.len() - 2];
-                let batch =
-                    broadcast_shapes(ab, bb).ok_or_else(|| unsupported(node, "batch dims"))?;
-                let sa = bcast_strides(ab, &batch);
-                let sb = bcast_strides(bb, &batch);
-                let total: usize = batch.iter().product();
-                let mut offsets = Vec::with_capacity(total);
-                let mut idx = vec![0usize; batch.len()];
-                for _ in 0..total {
-                    let oa: usize = idx.iter().zip(&sa).map(|(i, s)| i * s).sum();
-                    let ob: usize = idx.iter().zip(&sb).map(|(i, s)| i * s).sum();
-                    offsets.push((oa * m * k, ob * k * n));
-                    for d in (0..idx.len()).rev() {
-                        idx[d] += 1;
-                        if idx[d] < batch[d] {
-                            break;
-                        }
-                        idx[d] = 0;
-                    }
-                }
-                Kernel::MatMul(MatMulK {
-                    m,
-                    n,
-                    k,
-                    a_rs: k,
-                    a_cs: 1,
-                    b_rs: n,
-                    b_cs: 1,
-                    offsets,
-                    alpha: 1.0,
-                    c: None,
-                })
-            }
+            Op::MatMul => prepare_matmul(node, ins)?,
             Op::Gemm {
                 alpha,
                 beta,
                 trans_a,
                 trans_b,
-            } => {
-                let (a, b) = (ins[0], ins[1]);
-                let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
-                let n = o[1];
-                let (a_rs, a_cs) = if *trans_a { (1, a[1]) } else { (a[1], 1) };
-                let (b_rs, b_cs) = if *trans_b { (1, b[1]) } else { (b[1], 1) };
-                let c = if ins.len() == 3 {
-                    let cs = ins[2];
-                    let c2: Vec<usize> = match cs.len() {
-                        0 => vec![1, 1],
-                        1 => vec![1, cs[0]],
-                        _ => cs.to_vec(),
-                    };
-                    let rs = if c2[0] == m && m != 1 { c2[1] } else { 0 };
-                    let cst = if c2[1] == n && n != 1 { 1 } else { 0 };
-                    Some((*beta, rs, cst))
-                } else {
-                    None
-                };
-                Kernel::MatMul(MatMulK {
-                    m,
-                    n,
-                    k,
-                    a_rs,
-                    a_cs,
-                    b_rs,
-                    b_cs,
-                    offsets: vec![(0, 0)],
-                    alpha: *alpha,
-                    c,
-                })
-            }
+            } => prepare_gemm(ins, outs, alpha, beta, trans_a, trans_b)?,
             Op::Unary(u) => Kernel::Unary(*u),
             Op::Identity
             | Op::Reshape { .. }
@@ -650,23 +427,7 @@ impl Kernel {
                 hw: x[2..].iter().product(),
                 eps: *eps,
             },
-            Op::MaxPool(p) | Op::AveragePool(p) => {
-                let k = PoolK {
-                    nc: x[0] * x[1],
-                    h: x[2],
-                    w: x[3],
-                    oh: o[2],
-                    ow: o[3],
-                    p: p.clone(),
-                    ys: window_ranges(o[2], x[2], p.kernel[0], p.strides[0], p.pads[0]),
-                    xs: window_ranges(o[3], x[3], p.kernel[1], p.strides[1], p.pads[1]),
-                };
-                if matches!(node.op, Op::MaxPool(_)) {
-                    Kernel::MaxPool(k)
-                } else {
-                    Kernel::AvgPool(k)
-                }
-            }
+            Op::MaxPool(p) | Op::AveragePool(p) => prepare_pool(node, ins, outs, p)?,
             Op::GlobalAveragePool => Kernel::AdaptiveAvg {
                 nc: x[0] * x[1],
                 h: x[2..].iter().product(),
@@ -702,25 +463,7 @@ impl Kernel {
                 ends,
                 axes,
                 steps,
-            } => {
-                let p =
-                    slice_params(x, starts, ends, axes, steps).map_err(|m| unsupported(node, m))?;
-                let st = strides_of(x);
-                let base: i64 = p
-                    .iter()
-                    .zip(&st)
-                    .map(|(t, &s)| if t.2 > 0 { t.0 * s as i64 } else { 0 })
-                    .sum();
-                Kernel::Strided(StridedK {
-                    out_shape: o.to_vec(),
-                    strides: p
-                        .iter()
-                        .zip(&st)
-                        .map(|(t, &s)| (t.1 * s as i64) as isize)
-                        .collect(),
-                    base: base as isize,
-                })
-            }
+            } => prepare_slice(node, ins, outs, starts, ends, axes, steps)?,
             Op::Concat { axis } => {
                 let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
                 Kernel::Concat {
@@ -765,53 +508,8 @@ impl Kernel {
                     has_bias: ins.len() == 3,
                 }
             }
-            Op::Reduce { kind, axes, .. } => {
-                let mut red = vec![axes.is_empty(); x.len()];
-                for &ax in axes {
-                    red[norm_axis(ax, x.len()).ok_or_else(|| unsupported(node, "axis"))?] = true;
-                }
-                let st = strides_of(x);
-                let offs = |sel: bool| -> Vec<usize> {
-                    let dims: Vec<usize> = (0..x.len()).filter(|&i| red[i] == sel).collect();
-                    let total: usize = dims.iter().map(|&i| x[i]).product();
-                    let mut v = Vec::with_capacity(total);
-                    let mut idx = vec![0usize; dims.len()];
-                    for _ in 0..total {
-                        v.push(idx.iter().zip(&dims).map(|(i, &d)| i * st[d]).sum());
-                        for j in (0..idx.len()).rev() {
-                            idx[j] += 1;
-                            if idx[j] < x[dims[j]] {
-                                break;
-                            }
-                            idx[j] = 0;
-                        }
-                    }
-                    v
-                };
-                Kernel::Reduce {
-                    kind: *kind,
-                    bases: offs(false),
-                    offsets: offs(true),
-                }
-            }
-            Op::Resize(r) => {
-                let (h, w, oh, ow) = (x[2], x[3], o[2], o[3]);
-                let [sh, sw] = r.coord_scales([h, w], [oh, ow]);
-                let linear = r.mode == ResizeMode::Linear;
-                let axis = |inp: usize, out: usize, scale: f32| -> Vec<(usize, usize, f32)> {
-                    (0..out).map(|i| r.source(i, inp, out, scale)).collect()
-                };
-                Kernel::Resize(ResizeK {
-                    nc: x[0] * x[1],
-                    h,
-                    w,
-                    oh,
-                    ow,
-                    linear,
-                    ys: axis(h, oh, sh),
-                    xs: axis(w, ow, sw),
-                })
-            }
+            Op::Reduce { kind, axes, .. } => prepare_reduce(node, ins, kind, axes)?,
+            Op::Resize(r) => prepare_resize(ins, outs, r)?,
         })
     }
 
@@ -1094,6 +792,292 @@ impl Kernel {
             Kernel::Resize(r) => resize(r, io),
         }
     }
+}
+
+/// [`Kernel::prepare`] for `Op::Conv(a)`.
+fn prepare_conv(ins: &[&[usize]], outs: &[&[usize]], a: &ConvAttrs) -> Result<Kernel> {
+    let x = ins[0];
+    let o = outs[0];
+    let kernel = {
+        let w = ins[1];
+        let cg = w[1];
+        let method = if cg == 1 && a.groups > 1 {
+            ConvMethod::Depthwise
+        } else if w[2] == 1 && w[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4] {
+            ConvMethod::Pointwise
+        } else {
+            ConvMethod::Im2col
+        };
+        Kernel::Conv(ConvK {
+            n: x[0],
+            c: x[1],
+            h: x[2],
+            w: x[3],
+            m: w[0],
+            oh: o[2],
+            ow: o[3],
+            kh: w[2],
+            kw: w[3],
+            sh: a.strides[0],
+            sw: a.strides[1],
+            pt: a.pads[0],
+            pl: a.pads[1],
+            dh: a.dilations[0],
+            dw: a.dilations[1],
+            groups: a.groups,
+            act: a.activation,
+            has_bias: ins.len() >= 3,
+            residual: a.residual,
+            method,
+            packed: None,
+            implicit: if method == ConvMethod::Im2col {
+                Implicit::prepare(
+                    x,
+                    w[0],
+                    o,
+                    [w[2], w[3]],
+                    a.strides,
+                    [a.pads[0], a.pads[1]],
+                    a.dilations,
+                    a.groups,
+                )
+                .map(Arc::new)
+            } else {
+                None
+            },
+            tile: {
+                // ~256 KiB of im2col per task, a multiple of 16 columns; whole output
+                // rows when the rows can be lowered as one contiguous copy.
+                let kk = (w[1] * w[2] * w[3]).max(1);
+                let t = ((65536 / kk).clamp(112, 4096) / 16) * 16;
+                if o[3] <= t {
+                    (t / o[3]).max(1) * o[3]
+                } else {
+                    t
+                }
+            },
+        })
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::MatMul`.
+fn prepare_matmul(node: &Node, ins: &[&[usize]]) -> Result<Kernel> {
+    let x = ins[0];
+    let kernel = {
+        let a: Vec<usize> = if x.len() == 1 {
+            vec![1, x[0]]
+        } else {
+            x.to_vec()
+        };
+        let b: Vec<usize> = if ins[1].len() == 1 {
+            vec![ins[1][0], 1]
+        } else {
+            ins[1].to_vec()
+        };
+        let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
+        let n = b[b.len() - 1];
+        let ab = &a[..a.len() - 2];
+        let bb = &b[..b.len() - 2];
+        let batch = broadcast_shapes(ab, bb).ok_or_else(|| unsupported(node, "batch dims"))?;
+        let sa = bcast_strides(ab, &batch);
+        let sb = bcast_strides(bb, &batch);
+        let total: usize = batch.iter().product();
+        let mut offsets = Vec::with_capacity(total);
+        let mut idx = vec![0usize; batch.len()];
+        for _ in 0..total {
+            let oa: usize = idx.iter().zip(&sa).map(|(i, s)| i * s).sum();
+            let ob: usize = idx.iter().zip(&sb).map(|(i, s)| i * s).sum();
+            offsets.push((oa * m * k, ob * k * n));
+            for d in (0..idx.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < batch[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Kernel::MatMul(MatMulK {
+            m,
+            n,
+            k,
+            a_rs: k,
+            a_cs: 1,
+            b_rs: n,
+            b_cs: 1,
+            offsets,
+            alpha: 1.0,
+            c: None,
+        })
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::Gemm { alpha, beta, trans_a, trans_b, }`.
+fn prepare_gemm(
+    ins: &[&[usize]],
+    outs: &[&[usize]],
+    alpha: &f32,
+    beta: &f32,
+    trans_a: &bool,
+    trans_b: &bool,
+) -> Result<Kernel> {
+    let o = outs[0];
+    let kernel = {
+        let (a, b) = (ins[0], ins[1]);
+        let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
+        let n = o[1];
+        let (a_rs, a_cs) = if *trans_a { (1, a[1]) } else { (a[1], 1) };
+        let (b_rs, b_cs) = if *trans_b { (1, b[1]) } else { (b[1], 1) };
+        let c = if ins.len() == 3 {
+            let cs = ins[2];
+            let c2: Vec<usize> = match cs.len() {
+                0 => vec![1, 1],
+                1 => vec![1, cs[0]],
+                _ => cs.to_vec(),
+            };
+            let rs = if c2[0] == m && m != 1 { c2[1] } else { 0 };
+            let cst = if c2[1] == n && n != 1 { 1 } else { 0 };
+            Some((*beta, rs, cst))
+        } else {
+            None
+        };
+        Kernel::MatMul(MatMulK {
+            m,
+            n,
+            k,
+            a_rs,
+            a_cs,
+            b_rs,
+            b_cs,
+            offsets: vec![(0, 0)],
+            alpha: *alpha,
+            c,
+        })
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::MaxPool(p) | Op::AveragePool(p)`.
+fn prepare_pool(node: &Node, ins: &[&[usize]], outs: &[&[usize]], p: &PoolAttrs) -> Result<Kernel> {
+    let x = ins[0];
+    let o = outs[0];
+    let kernel = {
+        let k = PoolK {
+            nc: x[0] * x[1],
+            h: x[2],
+            w: x[3],
+            oh: o[2],
+            ow: o[3],
+            p: p.clone(),
+            ys: window_ranges(o[2], x[2], p.kernel[0], p.strides[0], p.pads[0]),
+            xs: window_ranges(o[3], x[3], p.kernel[1], p.strides[1], p.pads[1]),
+        };
+        if matches!(node.op, Op::MaxPool(_)) {
+            Kernel::MaxPool(k)
+        } else {
+            Kernel::AvgPool(k)
+        }
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::Slice { starts, ends, axes, steps, }`.
+fn prepare_slice(
+    node: &Node,
+    ins: &[&[usize]],
+    outs: &[&[usize]],
+    starts: &[i64],
+    ends: &[i64],
+    axes: &[i64],
+    steps: &[i64],
+) -> Result<Kernel> {
+    let x = ins[0];
+    let o = outs[0];
+    let kernel = {
+        let p = slice_params(x, starts, ends, axes, steps).map_err(|m| unsupported(node, m))?;
+        let st = strides_of(x);
+        let base: i64 = p
+            .iter()
+            .zip(&st)
+            .map(|(t, &s)| if t.2 > 0 { t.0 * s as i64 } else { 0 })
+            .sum();
+        Kernel::Strided(StridedK {
+            out_shape: o.to_vec(),
+            strides: p
+                .iter()
+                .zip(&st)
+                .map(|(t, &s)| (t.1 * s as i64) as isize)
+                .collect(),
+            base: base as isize,
+        })
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::Reduce { kind, axes, .. }`.
+fn prepare_reduce(
+    node: &Node,
+    ins: &[&[usize]],
+    kind: &ReduceKind,
+    axes: &[i64],
+) -> Result<Kernel> {
+    let x = ins[0];
+    let kernel = {
+        let mut red = vec![axes.is_empty(); x.len()];
+        for &ax in axes {
+            red[norm_axis(ax, x.len()).ok_or_else(|| unsupported(node, "axis"))?] = true;
+        }
+        let st = strides_of(x);
+        let offs = |sel: bool| -> Vec<usize> {
+            let dims: Vec<usize> = (0..x.len()).filter(|&i| red[i] == sel).collect();
+            let total: usize = dims.iter().map(|&i| x[i]).product();
+            let mut v = Vec::with_capacity(total);
+            let mut idx = vec![0usize; dims.len()];
+            for _ in 0..total {
+                v.push(idx.iter().zip(&dims).map(|(i, &d)| i * st[d]).sum());
+                for j in (0..idx.len()).rev() {
+                    idx[j] += 1;
+                    if idx[j] < x[dims[j]] {
+                        break;
+                    }
+                    idx[j] = 0;
+                }
+            }
+            v
+        };
+        Kernel::Reduce {
+            kind: *kind,
+            bases: offs(false),
+            offsets: offs(true),
+        }
+    };
+    Ok(kernel)
+}
+
+/// [`Kernel::prepare`] for `Op::Resize(r)`.
+fn prepare_resize(ins: &[&[usize]], outs: &[&[usize]], r: &ResizeAttrs) -> Result<Kernel> {
+    let x = ins[0];
+    let o = outs[0];
+    let kernel = {
+        let (h, w, oh, ow) = (x[2], x[3], o[2], o[3]);
+        let [sh, sw] = r.coord_scales([h, w], [oh, ow]);
+        let linear = r.mode == ResizeMode::Linear;
+        let axis = |inp: usize, out: usize, scale: f32| -> Vec<(usize, usize, f32)> {
+            (0..out).map(|i| r.source(i, inp, out, scale)).collect()
+        };
+        Kernel::Resize(ResizeK {
+            nc: x[0] * x[1],
+            h,
+            w,
+            oh,
+            ow,
+            linear,
+            ys: axis(h, oh, sh),
+            xs: axis(w, ow, sw),
+        })
+    };
+    Ok(kernel)
 }
 
 fn layer_norm_row(x: &[f32], o: &mut [f32], g: &[f32], b: Option<&[f32]>, eps: f32) {
@@ -1529,21 +1513,6 @@ fn conv_lowered(c: &ConvK, io: &Io, par: Parallelism, threads: usize) {
             }
         }
     }
-}
-
-/// Valid output range `[lo, hi)` for a tap at offset `off` so that `o*stride + off ∈ [0, len)`.
-#[inline]
-pub(super) fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> (usize, usize) {
-    let s = stride as isize;
-    let lo = if off < 0 { ((-off) + s - 1) / s } else { 0 };
-    let hi = if (len as isize) - off <= 0 {
-        0
-    } else {
-        (((len as isize) - off + s - 1) / s).min(out as isize)
-    };
-    let lo = lo.max(0) as usize;
-    let hi = hi.max(0) as usize;
-    (lo.min(hi), hi)
 }
 
 fn im2col(c: &ConvK, x: &[f32], col: &mut [f32], ld: usize) {

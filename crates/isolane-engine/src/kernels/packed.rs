@@ -12,7 +12,7 @@
 //! The micro-kernel is chosen at run time: AVX-512 (8 × 48, masked edges), AVX2 + FMA (6 × 16), or portable
 //! code (6 × 16). The packing layout depends on it, so it is fixed when the weights are packed.
 
-use super::kernels::apply_act;
+use super::math::apply_act;
 use crate::ir::Unary;
 
 /// Largest depth block.

@@ -129,7 +129,7 @@ pub(crate) unsafe fn gemm(
             if let Some(cb) = out.col_bias {
                 row.iter_mut().zip(cb).for_each(|(v, b)| *v += b);
             }
-            super::kernels::apply_act(out.act, row);
+            super::math::apply_act(out.act, row);
         }
         return;
     }
@@ -341,7 +341,7 @@ unsafe fn gemv_body(
             if let Some(cb) = out.col_bias {
                 row.iter_mut().zip(&cb[j0..j1]).for_each(|(v, b)| *v += b);
             }
-            super::kernels::apply_act(out.act, row);
+            super::math::apply_act(out.act, row);
         }
     }
 }

@@ -7,7 +7,7 @@
 //! `(ki mod sh, kj mod sw)` starting at `(ki div sh)·wv + (kj div sw)`: B's rows are shifted views
 //! of the planes (`BRows::Offsets`), which the packed GEMM copies into an L1-resident panel as it
 //! goes. The `wv − ow` columns at the end of each output row are computed and dropped; the
-//! planner uses this path only where that waste costs less than the im2col copy it saves.
+//! kernel preparation (`Kernel::prepare`) uses this path only where that waste costs less than the im2col copy it saves.
 //!
 //! Each task (a band of output rows × a range of output channels) fills the planes for its own
 //! band (with the kernel's halo) in its thread's part of the scratch, multiplies, and lands the
@@ -75,13 +75,13 @@ struct Tiling {
 }
 
 impl Implicit {
-    /// The implicit plan for a dense (groups = 1, dilation 1) convolution, or `None` where the
+    /// The implicit-GEMM layout for a dense (groups = 1, dilation 1) convolution, or `None` where the
     /// dropped columns would cost more than an im2col copy: the waste is `m` multiply-adds per
     /// dropped column against roughly one copied element per GEMM column and row, so the path is
     /// taken when `waste · m` stays under ~48 (e.g. 64 channels at any size, 256 channels at
     /// 14×14; not 512 channels at 7×7).
     #[allow(clippy::too_many_arguments)]
-    pub fn plan(
+    pub fn prepare(
         x: &[usize],
         m: usize,
         o: &[usize],
@@ -133,7 +133,7 @@ impl Implicit {
         })
     }
 
-    /// This plan, configured for a pool of `threads` threads and the micro-kernel's `mr`.
+    /// This layout, configured for a pool of `threads` threads and the micro-kernel's `mr`.
     pub fn configure(&self, threads: usize, mr: usize) -> Implicit {
         let threads = threads.max(1);
         let t = self.tiling(threads, mr);
@@ -256,7 +256,7 @@ impl Implicit {
         let (ry, rx) = (ph / self.px, ph % self.px);
         let src = &x[(img * self.c + ci) * self.h * self.w..][..self.h * self.w];
         let xoff = rx as isize - self.pl as isize;
-        let (xlo, xhi) = super::kernels::valid_range(xoff, self.sw, self.w, self.wv);
+        let (xlo, xhi) = super::math::valid_range(xoff, self.sw, self.w, self.wv);
         for (yl, row) in dst.chunks_mut(self.wv).enumerate() {
             let iy = (self.sh * (y0 + yl) + ry) as isize - self.pt as isize;
             if iy < 0 || iy >= self.h as isize || xlo >= xhi {
@@ -327,7 +327,7 @@ impl Implicit {
             // SAFETY: thread `tid` owns scratch block `tid` (its planes, then its Ctmp): a thread
             // runs one task at a time and never yields to rayon inside one. The GEMM reads rows
             // `offs[k] .. + ncols` of the planes: inside them, since a plane has the band's rows
-            // plus the halo and `wv` leaves room for every tap's column shift (see `plan`).
+            // plus the halo and `wv` leaves room for every tap's column shift (see `prepare`).
             unsafe {
                 let base = scratch.get().add(tid * (cfg.planes_len + cfg.ctmp_len));
                 let plane = cfg.hvt * self.wv;

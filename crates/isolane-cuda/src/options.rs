@@ -1,0 +1,158 @@
+//! The backend's tuning switches as one typed value. The `ISOLANE_CUDA_*` environment
+//! variables (measurement and comparison overrides) are read once, where a backend is made
+//! ([`BuildOptions::from_env`]), and the value is passed down to planning and building: nothing
+//! below reads the environment.
+
+/// Which convolution paths the builder may time and choose from (`ISOLANE_CUDA_CONV`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ConvPaths {
+    /// cuDNN and, where it applies, im2col + cuBLASLt GEMM; the faster is kept.
+    #[default]
+    Fastest,
+    /// `ISOLANE_CUDA_CONV=cudnn`: cuDNN only (GEMM only where cuDNN cannot run the conv).
+    Cudnn,
+    /// `ISOLANE_CUDA_CONV=gemm`: im2col + GEMM only where it applies (no cuDNN search).
+    Gemm,
+}
+
+impl ConvPaths {
+    /// Whether the cuDNN path is tried for a convolution the GEMM path could also run.
+    pub fn tries_cudnn(self) -> bool {
+        self != ConvPaths::Gemm
+    }
+
+    /// Whether the GEMM path is tried.
+    pub fn tries_gemm(self) -> bool {
+        self != ConvPaths::Cudnn
+    }
+}
+
+/// How the CUDA backend plans and builds, beyond graph, batch and precision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildOptions {
+    /// Convolution activations channels-last (NHWC); `ISOLANE_CUDA_LAYOUT=nchw` turns it off.
+    pub channels_last: bool,
+    /// Fused attention where it applies (batch > 1, f16/bf16, sm_80+);
+    /// `ISOLANE_CUDA_ATTENTION=unfused` turns it off.
+    pub fused_attention: bool,
+    /// Convolution paths timed; `ISOLANE_CUDA_CONV`.
+    pub conv_paths: ConvPaths,
+    /// The 8-outputs × 2-channels depthwise 7×7 kernel at large batch;
+    /// `ISOLANE_CUDA_DW=window` keeps the 4-output register-window kernels.
+    pub depthwise_pairs: bool,
+    /// Block-per-row LayerNorm and softmax kernels only; `ISOLANE_CUDA_ROWS=block`.
+    pub block_rows: bool,
+    /// The exact erf GELU kernel after every Linear, instead of cuBLASLt's tanh GELU epilogue at
+    /// tf32/fp16/bf16; set by `ISOLANE_CUDA_EXACT_GELU` (any value).
+    pub exact_gelu: bool,
+    /// Raises the algorithm workspace cap (half the arena) to this many MiB;
+    /// `ISOLANE_CUDA_WORKSPACE_MB=N`.
+    pub workspace_mib: Option<usize>,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        BuildOptions {
+            channels_last: true,
+            fused_attention: true,
+            conv_paths: ConvPaths::Fastest,
+            depthwise_pairs: true,
+            block_rows: false,
+            exact_gelu: false,
+            workspace_mib: None,
+        }
+    }
+}
+
+impl BuildOptions {
+    /// The options the `ISOLANE_CUDA_*` variables select (defaults where unset). Values the
+    /// switches do not name leave the default, as they always have.
+    pub fn from_env() -> BuildOptions {
+        Self::from_vars(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// [`BuildOptions::from_env`] over any variable lookup (tests pass a map).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> BuildOptions {
+        let is = |name: &str, value: &str| var(name).is_some_and(|v| v == value);
+        BuildOptions {
+            channels_last: !is("ISOLANE_CUDA_LAYOUT", "nchw"),
+            fused_attention: !is("ISOLANE_CUDA_ATTENTION", "unfused"),
+            conv_paths: match var("ISOLANE_CUDA_CONV").as_deref() {
+                Some("cudnn") => ConvPaths::Cudnn,
+                Some("gemm") => ConvPaths::Gemm,
+                _ => ConvPaths::Fastest,
+            },
+            depthwise_pairs: !is("ISOLANE_CUDA_DW", "window"),
+            block_rows: is("ISOLANE_CUDA_ROWS", "block"),
+            exact_gelu: var("ISOLANE_CUDA_EXACT_GELU").is_some(),
+            workspace_mib: var("ISOLANE_CUDA_WORKSPACE_MB").and_then(|v| v.parse().ok()),
+        }
+    }
+
+    /// The algorithm workspace cap for an arena of `arena_bytes`: half the arena, so that total
+    /// memory stays within weights + 1.5 × arena, unless `workspace_mib` raises it.
+    pub fn workspace_cap(&self, arena_bytes: usize) -> usize {
+        self.workspace_mib
+            .map_or(arena_bytes / 2, |mb| (mb << 20).max(arena_bytes / 2))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> BuildOptions {
+        BuildOptions::from_vars(|name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn unset_variables_give_the_defaults() {
+        assert_eq!(with(&[]), BuildOptions::default());
+    }
+
+    #[test]
+    fn every_switch_is_read() {
+        let o = with(&[
+            ("ISOLANE_CUDA_LAYOUT", "nchw"),
+            ("ISOLANE_CUDA_ATTENTION", "unfused"),
+            ("ISOLANE_CUDA_CONV", "gemm"),
+            ("ISOLANE_CUDA_DW", "window"),
+            ("ISOLANE_CUDA_ROWS", "block"),
+            ("ISOLANE_CUDA_EXACT_GELU", ""),
+            ("ISOLANE_CUDA_WORKSPACE_MB", "64"),
+        ]);
+        assert_eq!(
+            o,
+            BuildOptions {
+                channels_last: false,
+                fused_attention: false,
+                conv_paths: ConvPaths::Gemm,
+                depthwise_pairs: false,
+                block_rows: true,
+                exact_gelu: true,
+                workspace_mib: Some(64),
+            }
+        );
+        assert!(!o.conv_paths.tries_cudnn() && o.conv_paths.tries_gemm());
+        assert_eq!(o.workspace_cap(10 << 20), 64 << 20);
+        assert_eq!(o.workspace_cap(1 << 30), 1 << 29);
+    }
+
+    #[test]
+    fn values_the_switches_do_not_name_keep_the_defaults() {
+        let o = with(&[
+            ("ISOLANE_CUDA_LAYOUT", "nhwc"),
+            ("ISOLANE_CUDA_CONV", "both"),
+            ("ISOLANE_CUDA_ROWS", "warp"),
+            ("ISOLANE_CUDA_WORKSPACE_MB", "lots"),
+        ]);
+        assert_eq!(o, BuildOptions::default());
+        let cudnn = with(&[("ISOLANE_CUDA_CONV", "cudnn")]).conv_paths;
+        assert!(cudnn.tries_cudnn() && !cudnn.tries_gemm());
+    }
+}
