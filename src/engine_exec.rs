@@ -2,8 +2,9 @@
 //! real network (a built-in architecture or an ONNX file), compiled once for its batch and
 //! precision and run once per job.
 //!
-//! The runtime does not depend on the engine; `main` registers this once, so the coordinator
-//! and `isolane worker` processes build models the same way.
+//! The runtime does not depend on the engine; `main` builds one [`EngineExecutorsImpl`] and
+//! passes it down (to the coordinator and to `isolane worker` alike), so both build models the
+//! same way.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -16,8 +17,25 @@ use isolane_engine::{
 };
 use isolane_runtime::exec::{EngineExecutors, ExecError, Executor};
 
-/// The engine as the runtime sees it (the CPU backend for now).
-pub struct EngineExecutorsImpl;
+/// The engine as the runtime sees it: the CPU backend, or the CUDA backend for
+/// `backend = "cuda"`.
+#[derive(Default)]
+pub struct EngineExecutorsImpl {
+    /// Graphs loaded from files during `check`, handed to `build` so that a file is read once
+    /// per process. `build` takes its entry out: a second workload on the same file reads it
+    /// again rather than the cache pinning a large model in memory for the whole run.
+    checked: Mutex<Vec<CheckedGraph>>,
+}
+
+/// A graph `check` read from a file: (model, weights, graph).
+type CheckedGraph = (String, Option<String>, Graph);
+
+impl EngineExecutorsImpl {
+    /// The engine as the value the runtime is given.
+    pub fn shared() -> isolane_runtime::exec::Engine {
+        std::sync::Arc::new(EngineExecutorsImpl::default())
+    }
+}
 
 /// Built-in or ONNX, by core's rule (scenario validation classifies models the same way).
 fn is_onnx(model: &str) -> bool {
@@ -39,11 +57,6 @@ fn engine_err(spec: &WorkloadSpec, message: impl std::fmt::Display) -> ExecError
         message: message.to_string(),
     }
 }
-
-/// Graphs loaded from files during `check`, handed to `build` so that a file is read once per
-/// process. `build` takes its entry out: a second workload on the same file reads it again
-/// rather than the cache pinning a large model in memory for the whole run.
-static CHECKED: Mutex<Vec<(String, Option<String>, Graph)>> = Mutex::new(Vec::new());
 
 fn load_graph(spec: &WorkloadSpec, seed: u64) -> Result<Graph, ExecError> {
     if is_onnx(&spec.model) {
@@ -131,7 +144,7 @@ fn build_cuda(
     if let Some(r) = model.plan_check() {
         eprintln!("workload {}: {}", spec.name, plan_check_line(&r));
     }
-    let input = crate::cmd::infer::random_normal(model.input_mut().len(), seed);
+    let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);
     model.input_mut().copy_from_slice(&input);
     Ok(Box::new(CudaExecutor {
         model,
@@ -320,7 +333,7 @@ impl EngineExecutors for EngineExecutorsImpl {
         if reads_a_file(spec) {
             // A worker process builds its own copy; only thread hosts can reuse this one.
             if spec.host == Host::Thread {
-                if let Ok(mut cache) = CHECKED.lock() {
+                if let Ok(mut cache) = self.checked.lock() {
                     cache.push((spec.model.clone(), spec.weights.clone(), graph));
                 }
             }
@@ -337,7 +350,7 @@ impl EngineExecutors for EngineExecutorsImpl {
     ) -> Result<Box<dyn Executor>, ExecError> {
         check_backend(device, spec)?;
         let cached = if reads_a_file(spec) {
-            CHECKED.lock().ok().and_then(|mut cache| {
+            self.checked.lock().ok().and_then(|mut cache| {
                 let i = cache
                     .iter()
                     .position(|(m, w, _)| *m == spec.model && *w == spec.weights)?;
@@ -365,7 +378,7 @@ impl EngineExecutors for EngineExecutorsImpl {
             .compile_cpu(&graph, spec.batch as usize, precision(spec.precision))
             .map_err(|e| engine_err(spec, e))?;
         drop(graph);
-        let input = crate::cmd::infer::random_normal(model.input_mut().len(), seed);
+        let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);
         model.input_mut().copy_from_slice(&input);
         Ok(Box::new(ModelExecutor {
             model: Box::new(model),

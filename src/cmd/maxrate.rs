@@ -166,7 +166,7 @@ fn parse_value<T: serde::de::DeserializeOwned>(flag: &str, v: &str) -> anyhow::R
         .map_err(|e| user(format!("--{flag} {v}: {e}")))
 }
 
-pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
+pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let backend: Backend = parse_value("backend", &args.backend)?;
     let mechanism: Mechanism = parse_value("mechanism", &args.mechanism)?;
     let precision: Precision = parse_value("precision", &args.precision)?;
@@ -267,7 +267,7 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
         }
         _ => None,
     };
-    let code = search(&args, &scenario.device, &spec, &timing)?;
+    let code = search(&args, engine, &scenario.device, &spec, &timing)?;
     crate::partition_streams::clear();
     if let Some(s) = session {
         s.finish()?;
@@ -313,6 +313,7 @@ fn run_in_mps_client(
 
 fn search(
     args: &MaxrateArgs,
+    engine: &isolane_runtime::exec::Engine,
     device: &DeviceSpec,
     spec: &WorkloadSpec,
     timing: &TimingSpec,
@@ -332,7 +333,7 @@ fn search(
     };
     // The model (and a batch of its activations) and the search's job records must fit this
     // machine before anything of their size is allocated.
-    exec::check_model(device, spec).map_err(|e| match e {
+    exec::check_model(Some(engine.as_ref()), device, spec).map_err(|e| match e {
         // In flag terms: there is no workload the user named.
         exec::ExecError::BadModel { reason, .. } => {
             let batch = format!("batch = {}: ", args.batch);
@@ -344,10 +345,11 @@ fn search(
         _ => anyhow::Error::new(e),
     })?;
     check_search_records(args)?;
-    let executor = exec::executor_for(device, spec, timing.seed, 0).map_err(|e| match e {
-        exec::ExecError::BadModel { .. } => user(e),
-        _ => anyhow::Error::new(e),
-    })?;
+    let executor = exec::executor_for(Some(engine.as_ref()), device, spec, timing.seed, 0)
+        .map_err(|e| match e {
+            exec::ExecError::BadModel { .. } => user(e),
+            _ => anyhow::Error::new(e),
+        })?;
     affinity::check_cores(&args.cpu).map_err(user)?;
     let out = match &args.out {
         Some(dir) => Some(super::run::prepare_out(Some(dir), args.force)?),

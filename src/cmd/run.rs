@@ -51,7 +51,7 @@ pub struct RunArgs {
     pub partitions: super::PartitionFlags,
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<u8> {
+pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let (mut scenario, scenario_name) = match &args.scenario {
         Some(p) => super::load_scenario(Some(p))?,
         None => {
@@ -80,6 +80,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         force: args.force,
         quiet: args.quiet,
         partitions: &args.partitions,
+        engine,
     })?;
     write_run_files(&m)?;
     println!("{}", results_table(&scenario, &m.summary, args.wide));
@@ -101,6 +102,8 @@ pub struct Request<'a> {
     pub force: bool,
     pub quiet: bool,
     pub partitions: &'a super::PartitionFlags,
+    /// Builds the workloads whose model is not `spin:`.
+    pub engine: &'a isolane_runtime::exec::Engine,
 }
 
 /// What a run measured, not yet written (except scenario.toml and telemetry.csv).
@@ -113,7 +116,7 @@ pub struct Measured {
 /// Checks the plan, creates the output folder with the resolved scenario in it, then runs the
 /// workloads inside their partitions with telemetry around them and summarises the result.
 pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
-    preflight(r.plan)?;
+    preflight(r.plan, r.engine)?;
     let toml = r
         .scenario
         .to_toml_string()
@@ -129,6 +132,7 @@ pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
     // leaves them for `isolane summarize`.
     let mut options = RunOptions::new(stop);
     options.jobs_dir = Some(out.clone());
+    options.engine = Some(r.engine.clone());
     let (result, partitions) = super::run_partitioned(
         r.scenario,
         r.admitted,
@@ -170,8 +174,8 @@ pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
 }
 
 /// Models and CPU cores are checked before any output exists.
-pub fn preflight(plan: &RunPlan) -> anyhow::Result<()> {
-    coordinator::preflight(plan).map_err(|e| {
+pub fn preflight(plan: &RunPlan, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<()> {
+    coordinator::preflight(plan, Some(engine.as_ref())).map_err(|e| {
         if e.is_user_error() {
             user(e)
         } else {

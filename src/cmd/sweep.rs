@@ -177,10 +177,10 @@ fn positive(s: &str) -> Result<f64, String> {
     }
 }
 
-pub fn run(args: SweepArgs) -> anyhow::Result<u8> {
+pub fn run(args: SweepArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     match args.kind {
-        SweepKind::Partition(a) => partition(a),
-        SweepKind::Concurrency(a) => concurrency(a),
+        SweepKind::Partition(a) => partition(a, engine),
+        SweepKind::Concurrency(a) => concurrency(a, engine),
     }
 }
 
@@ -190,7 +190,7 @@ struct Point {
     toml: String,
 }
 
-fn partition(a: PartitionArgs) -> anyhow::Result<u8> {
+fn partition(a: PartitionArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let c = &a.common;
     let device = match (&a.device_model, c.backend) {
         (Some(name), _) => isolane_core::device_model::device_model(name).ok_or_else(|| {
@@ -270,10 +270,10 @@ fn partition(a: PartitionArgs) -> anyhow::Result<u8> {
         duration_s: c.duration_s,
         points: Vec::new(),
     };
-    run_points(index, points, c)
+    run_points(index, points, c, engine)
 }
 
-fn concurrency(a: ConcurrencyArgs) -> anyhow::Result<u8> {
+fn concurrency(a: ConcurrencyArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let c = &a.common;
     for (flag, list) in [("workloads", &a.workloads), ("batch", &a.batch)] {
         if list.is_empty() || list.contains(&0) {
@@ -343,7 +343,7 @@ fn concurrency(a: ConcurrencyArgs) -> anyhow::Result<u8> {
         duration_s: c.duration_s,
         points: Vec::new(),
     };
-    run_points(index, points, c)
+    run_points(index, points, c, engine)
 }
 
 fn rate_hz(r: Rate) -> Option<f64> {
@@ -371,7 +371,12 @@ fn run_args(scenario: &Path, out: &Path, c: &Common) -> super::run::RunArgs {
     }
 }
 
-fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::Result<u8> {
+fn run_points(
+    mut index: SweepIndex,
+    points: Vec<Point>,
+    c: &Common,
+    engine: &isolane_runtime::exec::Engine,
+) -> anyhow::Result<u8> {
     // Every point's scenario is checked (and, on a GPU, admitted) before anything is written,
     // so a mistake stops the sweep with nothing run (exit 2).
     let staging = std::env::temp_dir().join(format!(
@@ -409,7 +414,7 @@ fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::
             p.entry.dir,
             time_left(started.elapsed().as_secs_f64(), i, total)
         );
-        let result = super::run::run(run_args(&scenario, &dir, c));
+        let result = super::run::run(run_args(&scenario, &dir, c), engine);
         let entry = &mut index.points[i];
         match result {
             Ok(rc) => {
