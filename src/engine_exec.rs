@@ -16,6 +16,7 @@ use isolane_engine::{
     build_model, model_info, CompiledModel, CpuBackend, Graph, Precision, Weights,
 };
 use isolane_runtime::exec::{EngineExecutors, ExecError, Executor};
+use isolane_runtime::partition::Partition;
 
 /// The engine as the runtime sees it: the CPU backend, or the CUDA backend for
 /// `backend = "cuda"`.
@@ -108,15 +109,23 @@ fn gpu_index(device: &DeviceSpec) -> u32 {
         .unwrap_or(device.gpu)
 }
 
-/// Compiles `graph` on the CUDA backend: in the workload's green context when the run offered
-/// it one (partition_streams), else on a stream of its own in the device's primary context.
+/// The green group a thread-hosted workload's plan carried (the only partition a thread host
+/// is given; MPS and MIG reach worker processes through their environment).
+fn green_group(spec: &WorkloadSpec, p: Partition) -> Result<isolane_gpu::GreenGroup, ExecError> {
+    p.downcast::<isolane_gpu::GreenGroup>()
+        .map(|g| *g)
+        .map_err(|_| engine_err(spec, "its partition is not a green group"))
+}
+
+/// Compiles `graph` on the CUDA backend: in the workload's green context when its plan carried
+/// one (`group`), else on a stream of its own in the device's primary context.
 fn build_cuda(
     device: &DeviceSpec,
     spec: &WorkloadSpec,
     graph: &Graph,
     seed: u64,
+    group: Option<isolane_gpu::GreenGroup>,
 ) -> Result<Box<dyn Executor>, ExecError> {
-    let group = crate::partition_streams::take(&spec.name);
     let backend = match &group {
         Some(g) => {
             g.make_current().map_err(|e| engine_err(spec, e))?;
@@ -347,6 +356,7 @@ impl EngineExecutors for EngineExecutorsImpl {
         spec: &WorkloadSpec,
         seed: u64,
         _index: usize,
+        partition: Option<Partition>,
     ) -> Result<Box<dyn Executor>, ExecError> {
         check_backend(device, spec)?;
         let cached = if reads_a_file(spec) {
@@ -369,7 +379,8 @@ impl EngineExecutors for EngineExecutorsImpl {
             }
         };
         if device.backend == SpecBackend::Cuda {
-            return build_cuda(device, spec, &graph, seed);
+            let group = partition.map(|p| green_group(spec, p)).transpose()?;
+            return build_cuda(device, spec, &graph, seed, group);
         }
         // One engine thread per core the workload is pinned to (1 when unpinned): the pool is
         // created here, on the workload's pinned thread, so its threads inherit that affinity.

@@ -4,7 +4,6 @@
 
 mod cmd;
 mod engine_exec;
-mod partition_streams;
 mod seeded_input;
 
 use std::process::ExitCode;

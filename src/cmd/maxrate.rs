@@ -246,7 +246,7 @@ pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
         return run_in_mps_client(&scenario, plan);
     }
     // green: the search runs on this thread, in its partition's green context.
-    let session = match (&admitted, mechanism) {
+    let (session, group) = match (&admitted, mechanism) {
         (Some(plan), Mechanism::Green) => {
             let mut s = isolane_gpu::PartitionSession::set_up(
                 args.gpu,
@@ -260,15 +260,13 @@ pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
                     r.partition, r.granted_sms
                 );
             }
-            if let Some(group) = s.take_green_group(&spec.name) {
-                crate::partition_streams::offer(&spec.name, group);
-            }
-            Some(s)
+            let group = s.take_green_group(&spec.name);
+            (Some(s), group)
         }
-        _ => None,
+        _ => (None, None),
     };
-    let code = search(&args, engine, &scenario.device, &spec, &timing)?;
-    crate::partition_streams::clear();
+    let partition = group.map(|g| Box::new(g) as isolane_runtime::partition::Partition);
+    let code = search(&args, engine, partition, &scenario.device, &spec, &timing)?;
     if let Some(s) = session {
         s.finish()?;
     }
@@ -314,6 +312,7 @@ fn run_in_mps_client(
 fn search(
     args: &MaxrateArgs,
     engine: &isolane_runtime::exec::Engine,
+    partition: Option<isolane_runtime::partition::Partition>,
     device: &DeviceSpec,
     spec: &WorkloadSpec,
     timing: &TimingSpec,
@@ -345,11 +344,18 @@ fn search(
         _ => anyhow::Error::new(e),
     })?;
     check_search_records(args)?;
-    let executor = exec::executor_for(Some(engine.as_ref()), device, spec, timing.seed, 0)
-        .map_err(|e| match e {
-            exec::ExecError::BadModel { .. } => user(e),
-            _ => anyhow::Error::new(e),
-        })?;
+    let executor = exec::executor_for(
+        Some(engine.as_ref()),
+        device,
+        spec,
+        timing.seed,
+        0,
+        partition,
+    )
+    .map_err(|e| match e {
+        exec::ExecError::BadModel { .. } => user(e),
+        _ => anyhow::Error::new(e),
+    })?;
     affinity::check_cores(&args.cpu).map_err(user)?;
     let out = match &args.out {
         Some(dir) => Some(super::run::prepare_out(Some(dir), args.force)?),

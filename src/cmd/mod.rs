@@ -317,9 +317,9 @@ pub struct PartitionFlags {
 }
 
 /// Runs `plan` inside the admitted partitions: sets them up (green groups, our MPS daemon, MIG
-/// instances), hands each workload its partition (a green stream through
-/// [`crate::partition_streams`], worker environments for MPS and MIG), and takes them down
-/// after every workload has ended. Returns the run and what each workload got.
+/// instances), hands each workload its partition (a green group in its plan's
+/// [`isolane_runtime::partition::PartitionHandle`], worker environments for MPS and MIG), and
+/// takes them down after every workload has ended. Returns the run and what each workload got.
 pub fn run_partitioned(
     scenario: &Scenario,
     admitted: Option<&isolane_core::admission::Plan>,
@@ -363,18 +363,19 @@ pub fn run_partitioned(
             anyhow::Error::new(e)
         }
     })?;
-    for w in &scenario.workloads {
-        if let Some(group) = session.take_green_group(&w.name) {
-            crate::partition_streams::offer(&w.name, group);
+    let mut plan = plan.clone();
+    for w in &mut plan.workloads {
+        if let Some(group) = session.take_green_group(&w.spec.name) {
+            w.partition = isolane_runtime::partition::PartitionHandle::new(Box::new(group));
         }
     }
     opts.worker_env = session.worker_env().clone();
     let adopt = session.client_adopter();
     opts.on_worker_start = Some(Arc::new(move |_name: &str, pid: u32| adopt(pid)));
     let records = session.records().to_vec();
-    let result = isolane_runtime::coordinator::run(plan, &opts, progress);
+    let result = isolane_runtime::coordinator::run(&plan, &opts, progress);
     // Groups no workload took (a failed build) go before the session ends.
-    crate::partition_streams::clear();
+    drop(plan);
     let finished = session.finish();
     let result = result?;
     finished?;

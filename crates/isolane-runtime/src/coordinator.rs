@@ -16,6 +16,7 @@ use isolane_core::JobRecord;
 
 use crate::exec::{Engine, EngineExecutors};
 use crate::jobs_stream::{BatchSender, JobsStream, StreamingSink};
+use crate::partition::PartitionHandle;
 use crate::protocol::{
     check_version, record_from_wire, truncate, DoneStatus, FromWorker, ToWorker,
 };
@@ -31,6 +32,9 @@ pub struct WorkloadPlan {
     /// Position in the scenario: seeds the workload's random stream.
     pub index: usize,
     pub schedule: Schedule,
+    /// The partition a thread host hands the engine (a green group), put here by whoever set
+    /// the partitions up; empty for processes and unpartitioned runs.
+    pub partition: PartitionHandle,
 }
 
 #[derive(Debug, Clone)]
@@ -54,6 +58,7 @@ impl RunPlan {
                     spec: spec.clone(),
                     index,
                     schedule: Schedule::from_workload(spec),
+                    partition: PartitionHandle::default(),
                 })
                 .collect(),
             timing: scenario.timing.clone(),
@@ -531,6 +536,7 @@ fn drive_thread(
             &w.spec,
             shared.timing.seed,
             w.index,
+            w.partition.take(),
         )
         .map_err(|e| e.to_string())?;
         let mut warmup = Vec::with_capacity(crate::release::warmup_capacity(w.spec.warmup_jobs));

@@ -6,6 +6,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::clock;
+use crate::partition::Partition;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
@@ -36,13 +37,16 @@ pub trait EngineExecutors: Send + Sync {
     /// A cheap check that `spec`'s model can be built (known architecture, readable file),
     /// run before a run creates any output.
     fn check(&self, device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError>;
-    /// Builds the executor (loads the model, allocates its buffers) on the calling thread.
+    /// Builds the executor (loads the model, allocates its buffers) on the calling thread, in
+    /// `partition` when the run set one up for this workload (the engine knows its type and
+    /// keeps it alive as long as the executor).
     fn build(
         &self,
         device: &DeviceSpec,
         spec: &WorkloadSpec,
         seed: u64,
         index: usize,
+        partition: Option<Partition>,
     ) -> Result<Box<dyn Executor>, ExecError>;
 }
 
@@ -128,13 +132,14 @@ pub fn parse_spin_model(model: &str) -> Option<Result<SpinParams, String>> {
 }
 
 /// Builds the executor for workload `index` of a run: `spin:` models here, every other model
-/// through `engine` (a clear error when there is none).
+/// through `engine` (a clear error when there is none), in `partition` if it has one.
 pub fn executor_for(
     engine: Option<&dyn EngineExecutors>,
     device: &DeviceSpec,
     spec: &WorkloadSpec,
     seed: u64,
     index: usize,
+    partition: Option<Partition>,
 ) -> Result<Box<dyn Executor>, ExecError> {
     match parse_spin_model(&spec.model) {
         Some(Ok(p)) => Ok(Box::new(SpinExecutor::new(
@@ -148,7 +153,7 @@ pub fn executor_for(
             reason,
         }),
         None => match engine {
-            Some(engine) => engine.build(device, spec, seed, index),
+            Some(engine) => engine.build(device, spec, seed, index, partition),
             None => Err(ExecError::EngineUnavailable {
                 workload: spec.name.clone(),
                 model: spec.model.clone(),
@@ -165,7 +170,7 @@ pub fn check_model(
     spec: &WorkloadSpec,
 ) -> Result<(), ExecError> {
     match parse_spin_model(&spec.model) {
-        Some(_) => executor_for(None, device, spec, 0, 0).map(|_| ()),
+        Some(_) => executor_for(None, device, spec, 0, 0, None).map(|_| ()),
         None => match engine {
             Some(engine) => engine.check(device, spec),
             None => Err(ExecError::EngineUnavailable {

@@ -180,7 +180,7 @@ where
 
     affinity::pin_current_thread(&workload.cpu)
         .map_err(|e| WorkerError::Setup(format!("workload `{}`: {e}", workload.name)))?;
-    let mut executor = exec::executor_for(engine, &device, &workload, timing.seed, index)?;
+    let mut executor = exec::executor_for(engine, &device, &workload, timing.seed, index, None)?;
     let mut warmup = Vec::with_capacity(crate::release::warmup_capacity(workload.warmup_jobs));
     warm_up(executor.as_mut(), workload.warmup_jobs, &mut warmup, stop)?;
     send(output, &FromWorker::Ready { warmup_ns: warmup })?;
