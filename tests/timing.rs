@@ -1,7 +1,14 @@
 //! Acceptance tests of the release loop's timing (issue 2), on `spin:` workloads.
 //!
 //! They run one at a time (a lock), since each busy-waits a core and CI has two. Bounds are set
-//! for a busy 2-core machine; the measured values are printed (`--nocapture`) for the record.
+//! for a busy 2-core machine; the measured values are printed for the record.
+//!
+//! This file has its own harness (`harness = false`, libtest2-mimic) because the standard one
+//! cannot skip a test at run time: a test whose attempts all ran while the hypervisor took the
+//! CPU ([`common::attempts`]) proves nothing either way, and is reported as **ignored**, with the
+//! reason, and counted in the "N ignored" of the summary line, instead of reading as passed.
+//! `--include-ignored` turns such an outcome into a failure. Output is never captured here (the
+//! harness has no capture, and rejects `--nocapture`).
 
 mod common;
 
@@ -9,6 +16,41 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use common::*;
+use libtest2_mimic::{RunContext, RunError, RunResult, Trial};
+
+fn main() {
+    libtest2_mimic::Harness::with_env()
+        .discover([
+            Trial::test(
+                "spin_4ms_at_100hz_keeps_its_deadlines",
+                spin_4ms_at_100hz_keeps_its_deadlines,
+            ),
+            Trial::test(
+                "overload_with_skip_drops_jobs_and_ends_on_schedule",
+                overload_with_skip_drops_jobs_and_ends_on_schedule,
+            ),
+            Trial::test(
+                "overload_with_queue_runs_every_job_and_backlog_grows",
+                |_| {
+                    overload_with_queue_runs_every_job_and_backlog_grows();
+                    Ok(())
+                },
+            ),
+        ])
+        .main();
+}
+
+/// A conclusion as the harness reports it: passed, or ignored with the reason when the host's
+/// CPU steal made every attempt inconclusive (a failure under `--include-ignored`).
+fn report(cx: RunContext<'_>, c: Conclusion) -> RunResult {
+    match c {
+        Conclusion::Passed => Ok(()),
+        Conclusion::Inconclusive(why) => {
+            cx.ignore_for(format!("inconclusive: {why}"))?;
+            Err(RunError::fail(format!("inconclusive: {why}")))
+        }
+    }
+}
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -20,10 +62,9 @@ fn one_workload(rate: &str, jobs: u32, late: &str) -> String {
     )
 }
 
-#[test]
-fn spin_4ms_at_100hz_keeps_its_deadlines() {
+fn spin_4ms_at_100hz_keeps_its_deadlines(cx: RunContext<'_>) -> RunResult {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    within_tries(5, || {
+    let c = attempts(5, || {
         let tmp = tempfile::tempdir().unwrap();
         let sc = scenario(tmp.path(), "s.toml", &one_workload("100", 500, "skip"));
         let out = tmp.path().join("out");
@@ -57,12 +98,12 @@ fn spin_4ms_at_100hz_keeps_its_deadlines() {
         // (measured), so the bound is 2 %.
         check(pct <= 2.0, || format!("timeouts {pct} %"))
     });
+    report(cx, c)
 }
 
-#[test]
-fn overload_with_skip_drops_jobs_and_ends_on_schedule() {
+fn overload_with_skip_drops_jobs_and_ends_on_schedule(cx: RunContext<'_>) -> RunResult {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    within_tries(5, || {
+    let c = attempts(5, || {
         let tmp = tempfile::tempdir().unwrap();
         let sc = scenario(tmp.path(), "s.toml", &one_workload("300", 500, "skip"));
         let out = tmp.path().join("out");
@@ -100,9 +141,9 @@ fn overload_with_skip_drops_jobs_and_ends_on_schedule() {
             format!("{skipped} skipped")
         })
     });
+    report(cx, c)
 }
 
-#[test]
 fn overload_with_queue_runs_every_job_and_backlog_grows() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();

@@ -294,12 +294,14 @@ fn run_in_mps_client(
     // process waits for it and then stops the daemon (a second Ctrl-C stops it at once).
     let _stop = super::install_stop_handler()?;
     let exe = std::env::current_exe().context("finding this executable")?;
-    let mut child = std::process::Command::new(exe)
+    let mut client = std::process::Command::new(exe);
+    client
         .args(std::env::args_os().skip(1))
         .arg("--in-partition")
-        .envs(env)
-        .spawn()
-        .context("starting the MPS client process")?;
+        .envs(env);
+    // Ends with this process even on `kill -9` (the daemon's watchdog then stops the daemon).
+    isolane_core::process::die_with_parent(&mut client);
+    let mut child = client.spawn().context("starting the MPS client process")?;
     (session.client_adopter())(child.id());
     let status = child.wait().context("waiting for the MPS client process")?;
     session.finish()?;

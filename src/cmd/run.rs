@@ -117,6 +117,12 @@ pub struct Measured {
 /// workloads inside their partitions with telemetry around them and summarises the result.
 pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
     preflight(r.plan, r.engine)?;
+    // Job records stream to jobs/*.csv: they must fit the output folder's disk as well.
+    let out_dir = r.out.unwrap_or(Path::new("runs"));
+    if let Some(free) = isolane_runtime::limits::disk_free_bytes(out_dir) {
+        let demands = coordinator::record_demands(r.plan);
+        isolane_runtime::limits::check_disk(&demands, free, out_dir).map_err(user)?;
+    }
     let toml = r
         .scenario
         .to_toml_string()

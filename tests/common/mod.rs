@@ -104,9 +104,10 @@ pub const STEAL_LIMIT: f64 = 0.05;
 /// a real defect fails every attempt. Each attempt's steal time (/proc/stat) is measured: an
 /// attempt during which the host took more than `STEAL_LIMIT` of the CPU does not use up a try
 /// (up to `tries` more), and when every failed attempt was such a one the test cannot conclude:
-/// it says so and passes. Any failure on an undisturbed machine fails the test. Failed attempts
-/// are printed, so the record shows them.
-pub fn within_tries(tries: usize, mut attempt: impl FnMut() -> Result<(), String>) {
+/// [`Conclusion::Inconclusive`] says why (tests/timing.rs reports that as an ignored test). Any
+/// failure on an undisturbed machine panics, failing the test. Failed attempts are printed, so
+/// the record shows them.
+pub fn attempts(tries: usize, mut attempt: impl FnMut() -> Result<(), String>) -> Conclusion {
     use isolane_runtime::clock;
     let mut failures = Vec::new();
     let mut undisturbed_failures = 0;
@@ -116,7 +117,7 @@ pub fn within_tries(tries: usize, mut attempt: impl FnMut() -> Result<(), String
         let result = attempt();
         let steal = meter.fraction().unwrap_or(0.0);
         match result {
-            Ok(()) => return,
+            Ok(()) => return Conclusion::Passed,
             Err(e) => {
                 let disturbed = steal > STEAL_LIMIT;
                 println!(
@@ -137,14 +138,29 @@ pub fn within_tries(tries: usize, mut attempt: impl FnMut() -> Result<(), String
         }
     }
     if undisturbed_failures == 0 {
-        println!(
-            "INCONCLUSIVE: every attempt ran while the hypervisor took more than {:.0} % of the \
-             CPU: {failures:#?}",
-            STEAL_LIMIT * 100.0
-        );
-        return;
+        return Conclusion::Inconclusive(format!(
+            "every attempt ran while the hypervisor took more than {:.0} % of the CPU: {}",
+            STEAL_LIMIT * 100.0,
+            failures.join("; ")
+        ));
     }
     panic!("every attempt missed its bounds: {failures:#?}");
+}
+
+/// What [`attempts`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conclusion {
+    Passed,
+    /// No attempt met its bounds, and every one ran while the host took the CPU.
+    Inconclusive(String),
+}
+
+/// [`attempts`] for tests of the standard harness, which cannot report a test as skipped at
+/// run time: an inconclusive result is printed as such and passes.
+pub fn within_tries(tries: usize, attempt: impl FnMut() -> Result<(), String>) {
+    if let Conclusion::Inconclusive(why) = attempts(tries, attempt) {
+        println!("INCONCLUSIVE: {why}");
+    }
 }
 
 /// `Err(msg)` unless `cond`.

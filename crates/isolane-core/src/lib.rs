@@ -1,12 +1,16 @@
 //! isolane-core: scenario spec and validation, schedule math, metrics and statistics, max-rate
 //! search, device models and admission control. No GPU, no threads.
 
+// One unsafe operation per block, each with its own SAFETY comment (root Cargo.toml).
+#![warn(clippy::multiple_unsafe_ops_per_block)]
+
 pub mod admission;
 pub mod device_model;
 pub mod files;
 pub mod job;
 pub mod maxrate;
 pub mod metrics;
+pub mod process;
 pub mod results;
 pub mod schedule;
 pub mod spec;

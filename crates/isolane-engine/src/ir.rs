@@ -838,7 +838,9 @@ pub fn resolve_dims(
         out.push(match *d {
             Dim::Fixed(n) => n,
             Dim::Batch => batch,
-            Dim::BatchTimes(k) => k * batch,
+            Dim::BatchTimes(k) => k
+                .checked_mul(batch)
+                .ok_or_else(|| format!("dim {i}: {k} × batch {batch} passes usize"))?,
             Dim::Copy => match input {
                 Some(s) if i < s.len() => s[i],
                 _ => return Err(format!("dim {i}: Copy has no input dim to copy")),
@@ -853,13 +855,15 @@ pub fn resolve_dims(
         });
     }
     if let (Some(i), Some(src)) = (infer_at, input) {
-        let total: usize = src.iter().product();
-        let known: usize = out
+        // Checked: the dims come from model files.
+        let total = checked_numel(src)
+            .ok_or_else(|| format!("cannot infer dim {i}: {src:?} holds more than usize counts"))?;
+        let known = out
             .iter()
             .enumerate()
             .filter(|(j, _)| *j != i)
-            .map(|(_, d)| *d)
-            .product();
+            .try_fold(1usize, |n, (_, d)| n.checked_mul(*d))
+            .unwrap_or(0);
         if known == 0 || !total.is_multiple_of(known) {
             return Err(format!(
                 "cannot infer dim {i}: {total} elements into {out:?}"
@@ -909,6 +913,11 @@ pub fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
     }
 }
 
+/// The number of elements of `shape`, or None past usize (shapes from model files).
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
 /// Output size of a strided window op along one dim.
 pub fn window_out(
     input: usize,
@@ -922,8 +931,9 @@ pub fn window_out(
     if stride == 0 || dil == 0 || k == 0 {
         return None;
     }
-    let eff = dil * (k - 1) + 1;
-    let padded = input + pad_begin + pad_end;
+    // Checked: dilations, kernels and pads come from model files; past usize, no window fits.
+    let eff = dil.checked_mul(k - 1)?.checked_add(1)?;
+    let padded = input.checked_add(pad_begin)?.checked_add(pad_end)?;
     if padded < eff {
         return None;
     }
@@ -934,6 +944,7 @@ pub fn window_out(
         span / stride
     } + 1;
     // PyTorch/ONNX: with ceil mode the last window must start inside the input or left padding.
+    // (out - 1) * stride <= span, so it cannot overflow; input + pad_begin <= padded.
     if ceil && out > 1 && (out - 1) * stride >= input + pad_begin {
         out -= 1;
     }
@@ -981,11 +992,13 @@ pub fn slice_params(
         if e < 0 {
             e = e.saturating_add(d);
         }
+        // ceil(span / |step|), written so that no step (i64::MIN and MAX included) overflows:
+        // the span is at most d.
         let len = if step > 0 {
             s = clampi(s, 0, d);
             e = clampi(e, 0, d);
             if e > s {
-                (e - s + step - 1) / step
+                (e - s - 1) as u64 / step.unsigned_abs() + 1
             } else {
                 0
             }
@@ -993,7 +1006,7 @@ pub fn slice_params(
             s = clampi(s, 0, d - 1);
             e = clampi(e, -1, d - 1);
             if s > e {
-                (s - e + (-step) - 1) / (-step)
+                (s - e - 1) as u64 / step.unsigned_abs() + 1
             } else {
                 0
             }
@@ -1178,11 +1191,16 @@ pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<us
                 norm_axis(*axis, x.len())
                     .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?
             };
-            vec![x[..a].iter().product(), x[a..].iter().product()]
+            let (Some(outer), Some(inner)) = (checked_numel(&x[..a]), checked_numel(&x[a..]))
+            else {
+                return Err(err(format!("{x:?} holds more elements than usize counts")));
+            };
+            vec![outer, inner]
         }
         Op::Reshape { shape } => {
             let o = resolve_dims(shape, Some(x), batch).map_err(err)?;
-            if o.iter().product::<usize>() != x.iter().product::<usize>() {
+            // Checked: a target shape from a model file may multiply past usize.
+            if checked_numel(&o).is_none() || checked_numel(&o) != checked_numel(x) {
                 return Err(err(format!("cannot reshape {x:?} into {o:?}")));
             }
             o
@@ -1214,7 +1232,9 @@ pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<us
                 if s.len() != x.len() || s.iter().enumerate().any(|(i, &d)| i != a && d != x[i]) {
                     return Err(err(format!("cannot concat {s:?} with {x:?} on axis {a}")));
                 }
-                o[a] += s[a];
+                o[a] = o[a]
+                    .checked_add(s[a])
+                    .ok_or_else(|| err(format!("concatenating {s:?} on axis {a} passes usize")))?;
             }
             o
         }

@@ -256,16 +256,16 @@ impl GreenGroup {
 
 impl Drop for GreenGroup {
     fn drop(&mut self) {
-        // SAFETY: both handles were created by us and are destroyed exactly once; the stream
-        // goes first because it belongs to the green context. Errors cannot be reported from
-        // Drop (a failed destroy at worst leaks until the process exits).
-        unsafe {
-            if !self.stream.is_null() {
-                let _ = sys::cuStreamDestroy_v2(self.stream);
-            }
-            if !self.green.is_null() {
-                let _ = sys::cuGreenCtxDestroy(self.green);
-            }
+        // Both handles were created by us and are destroyed exactly once; the stream goes first
+        // because it belongs to the green context. Errors cannot be reported from Drop (a
+        // failed destroy at worst leaks until the process exits).
+        if !self.stream.is_null() {
+            // SAFETY: our stream, destroyed once, before its green context.
+            let _ = unsafe { sys::cuStreamDestroy_v2(self.stream) };
+        }
+        if !self.green.is_null() {
+            // SAFETY: our green context, destroyed once, after its stream.
+            let _ = unsafe { sys::cuGreenCtxDestroy(self.green) };
         }
     }
 }

@@ -6,6 +6,9 @@
 //! crate changes a GPU setting: no MIG-mode change, clocks, power limit, compute mode,
 //! persistence mode or reset.
 
+// One unsafe operation per block, each with its own SAFETY comment (root Cargo.toml).
+#![warn(clippy::multiple_unsafe_ops_per_block)]
+
 pub mod devices;
 pub mod driver;
 pub mod error;

@@ -3,7 +3,8 @@
 //!
 //! Nothing here can change MIG mode: [`MigBackend`] has no such call, and the NVML backend
 //! never calls `nvmlDeviceSetMigMode`. MIG is off on our H100 test machine and must stay off,
-//! so the logic is tested against [`fake::FakeMig`].
+//! so the logic is tested against `fake::FakeMig` (built for tests only: `cfg(test)` or the
+//! `test-support` feature, which only dev-dependencies enable).
 
 use serde::Serialize;
 
@@ -288,14 +289,13 @@ pub mod nvml {
         if r == nv::nvmlReturn_enum_NVML_SUCCESS {
             return Ok(());
         }
-        // SAFETY: nvmlErrorString returns a static NUL-terminated string for any code.
-        let s = unsafe {
-            let p = nvml.lib().nvmlErrorString(r);
-            if p.is_null() {
-                format!("NVML error {r}")
-            } else {
-                CStr::from_ptr(p).to_string_lossy().into_owned()
-            }
+        // SAFETY: nvmlErrorString takes any code and returns a pointer (or null).
+        let p = unsafe { nvml.lib().nvmlErrorString(r) };
+        let s = if p.is_null() {
+            format!("NVML error {r}")
+        } else {
+            // SAFETY: a non-null result is a static NUL-terminated string.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
         };
         Err(GpuError::Nvml { call, error: s })
     }
@@ -623,13 +623,13 @@ pub mod nvml {
                 // SAFETY: raw handle of a live MIG device of this NVML session.
                 let h = unsafe { m.handle() };
                 let (mut g, mut c): (c_uint, c_uint) = (0, 0);
-                // SAFETY: valid MIG device handle and out-pointers.
-                let ok = unsafe {
-                    self.nvml.lib().nvmlDeviceGetGpuInstanceId(h, &mut g)
-                        == nv::nvmlReturn_enum_NVML_SUCCESS
-                        && self.nvml.lib().nvmlDeviceGetComputeInstanceId(h, &mut c)
-                            == nv::nvmlReturn_enum_NVML_SUCCESS
-                };
+                let lib = self.nvml.lib();
+                // SAFETY: valid MIG device handle and out-pointer.
+                let ok = unsafe { lib.nvmlDeviceGetGpuInstanceId(h, &mut g) }
+                    == nv::nvmlReturn_enum_NVML_SUCCESS
+                    // SAFETY: as above.
+                    && unsafe { lib.nvmlDeviceGetComputeInstanceId(h, &mut c) }
+                        == nv::nvmlReturn_enum_NVML_SUCCESS;
                 if ok && g == gi && c == ci {
                     return m.uuid().map_err(|e| GpuError::Nvml {
                         call: "nvmlDeviceGetUUID",
@@ -644,6 +644,7 @@ pub mod nvml {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 pub mod fake {
     //! An in-memory MIG backend for tests: records every call, can be told to fail a call.
 

@@ -10,13 +10,19 @@
 //!   ([`install_signal_handlers`] wires SIGINT and SIGTERM to it). Stopping sends `quit` to the
 //!   control program, waits, then kills the daemon's process group if it is still there, and
 //!   removes the directories.
+//! - Nothing outlives isolane, even a `kill -9` that runs none of the above: a watchdog process
+//!   ([`WATCHDOG_SCRIPT`]) holds a pipe from isolane and stops the daemon when the pipe closes
+//!   without being disarmed; the private directory carries an `owner` marker (pid and start
+//!   time), and the next start stops the daemons of isolane's own directories whose owner is gone
+//!   ([`clean_stale_daemons`]). Worker processes end with isolane through PDEATHSIG
+//!   ([`isolane_core::process::die_with_parent`]).
 //! - The control binary can be replaced with `ISOLANE_MPS_CONTROL` (CI uses a fake script).
 
 use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -343,6 +349,8 @@ pub struct MpsDaemon {
     log_dir: PathBuf,
     /// Our registration (None when joined: a joined daemon is never stopped by us).
     reg: Option<Registration>,
+    /// Stops the daemon if this process dies without doing so (None when joined).
+    watchdog: Option<Watchdog>,
 }
 
 /// An active daemon found before starting ours.
@@ -401,6 +409,7 @@ impl MpsDaemon {
                     pipe_dir: existing.pipe_dir,
                     log_dir: PathBuf::new(),
                     reg: None,
+                    watchdog: None,
                 });
             }
             return Err(GpuError::MpsExistingDaemon {
@@ -410,6 +419,13 @@ impl MpsDaemon {
         }
         let control = find_control_binary(options.control_binary.as_deref())?;
         let temp_root = options.temp_root.clone().unwrap_or_else(std::env::temp_dir);
+        for stale in clean_stale_daemons(&temp_root, &control, options.stop_timeout) {
+            eprintln!(
+                "isolane: stopped the MPS daemon of {} left by process {} (it ended without stopping it)",
+                stale.root.display(),
+                stale.owner_pid
+            );
+        }
         let root = tempfile::Builder::new()
             .prefix("isolane-mps-")
             .tempdir_in(&temp_root)
@@ -420,8 +436,13 @@ impl MpsDaemon {
                 )
             })?
             .keep();
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| GpuError::io(format!("chmod 0700 {}", root.display()), e))?;
+        let marked = std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| GpuError::io(format!("chmod 0700 {}", root.display()), e))
+            .and_then(|()| write_owner_marker(&root));
+        if let Err(e) = marked {
+            let _ = std::fs::remove_dir_all(&root);
+            return Err(e);
+        }
         let reg = Registration {
             id: next_id(),
             control,
@@ -442,13 +463,16 @@ impl MpsDaemon {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(reg.clone());
-        let daemon = MpsDaemon {
+        let mut daemon = MpsDaemon {
             gpu_index,
             pipe_dir: reg.pipe_dir.clone(),
             log_dir: reg.log_dir.clone(),
             reg: Some(reg.clone()),
+            watchdog: None,
         };
-        // From here on, dropping `daemon` stops whatever was started and removes the dirs.
+        // From here on, dropping `daemon` stops whatever was started and removes the dirs. The
+        // watchdog comes first: if we are killed while the daemon starts, it still stops it.
+        daemon.watchdog = Some(Watchdog::spawn(&reg)?);
         let status = Command::new(&reg.control)
             .arg("-d")
             .env("CUDA_MPS_PIPE_DIRECTORY", &reg.pipe_dir)
@@ -565,7 +589,12 @@ impl MpsDaemon {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|(id, _)| *id != reg.id);
-        stop_registered(&reg)
+        let stopped = stop_registered(&reg);
+        // Disarmed only now: had we died while stopping, the watchdog would have finished it.
+        if let Some(w) = self.watchdog.take() {
+            w.disarm();
+        }
+        stopped
     }
 }
 
@@ -632,18 +661,17 @@ fn stop_registered(reg: &Registration) -> Result<()> {
             "daemon still running after quit (pids {:?}); killed",
             left.iter().map(|p| p.pid).collect::<Vec<_>>()
         ));
-        // SAFETY (not unsafe code, but a hazard): never signal our own process group.
+        // Never signal our own process group.
         // SAFETY: getpgrp has no preconditions.
         let own_pgid = unsafe { libc::getpgrp() };
         for p in &left {
-            // SAFETY: plain kill(2) calls on pids/groups found by their environment to belong
-            // to this daemon; our own process group is excluded.
-            unsafe {
-                if p.pgid > 1 && p.pgid != own_pgid {
-                    libc::killpg(p.pgid, libc::SIGKILL);
-                }
-                libc::kill(p.pid, libc::SIGKILL);
+            if p.pgid > 1 && p.pgid != own_pgid {
+                // SAFETY: kill(2) of a process group found by its environment to belong to this
+                // daemon; our own process group is excluded.
+                unsafe { libc::killpg(p.pgid, libc::SIGKILL) };
             }
+            // SAFETY: kill(2) of a pid found by its environment to belong to this daemon.
+            unsafe { libc::kill(p.pid, libc::SIGKILL) };
         }
         let until = Instant::now() + Duration::from_secs(2);
         while left.iter().any(|p| pid_alive(p.pid)) && Instant::now() < until {
@@ -659,6 +687,189 @@ fn stop_registered(reg: &Registration) -> Result<()> {
         Ok(())
     } else {
         Err(GpuError::Mps(problems.join("; ")))
+    }
+}
+
+// ---------------------------------------------------------------- nothing outlives isolane
+
+/// The file in a private directory that names the isolane process owning it: `<pid>
+/// <start time>` (the start time in clock ticks since boot, field 22 of /proc/<pid>/stat, so that
+/// a reused pid is not taken for the owner).
+pub const OWNER_FILE: &str = "owner";
+
+/// Prefix of the private directories under the temp root.
+const ROOT_PREFIX: &str = "isolane-mps-";
+
+/// The start time of process `pid` (clock ticks since boot), if it is alive.
+fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name start with field 3 (state); start time is field 22.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    fields.nth(22 - 4)?.parse().ok()
+}
+
+/// Who owns a private directory, as its [`OWNER_FILE`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Owner {
+    pid: i32,
+    start_time: u64,
+}
+
+impl Owner {
+    fn parse(text: &str) -> Option<Owner> {
+        let mut f = text.split_whitespace();
+        let owner = Owner {
+            pid: f.next()?.parse().ok()?,
+            start_time: f.next()?.parse().ok()?,
+        };
+        f.next().is_none().then_some(owner)
+    }
+
+    fn is_alive(&self) -> bool {
+        process_start_time(self.pid) == Some(self.start_time)
+    }
+}
+
+fn write_owner_marker(root: &Path) -> Result<()> {
+    let pid = std::process::id() as i32;
+    let start_time = process_start_time(pid)
+        .ok_or_else(|| GpuError::Mps("cannot read this process's start time in /proc".into()))?;
+    let path = root.join(OWNER_FILE);
+    std::fs::write(&path, format!("{pid} {start_time}\n"))
+        .map_err(|e| GpuError::io(format!("writing {}", path.display()), e))
+}
+
+/// A private directory whose owner had died, found and cleaned by [`clean_stale_daemons`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleDaemon {
+    pub root: PathBuf,
+    pub owner_pid: i32,
+}
+
+/// Stops the daemons of isolane's own private directories under `temp_root` whose owner process
+/// is gone, and removes those directories. Only directories named `isolane-mps-*`, owned by
+/// this user and holding an [`OWNER_FILE`] that names a dead process are touched: never a
+/// daemon that is not isolane's, nor one of a live isolane process.
+pub fn clean_stale_daemons(
+    temp_root: &Path,
+    control: &Path,
+    stop_timeout: Duration,
+) -> Vec<StaleDaemon> {
+    let Ok(entries) = std::fs::read_dir(temp_root) else {
+        return Vec::new();
+    };
+    let stale: Vec<StaleDaemon> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(ROOT_PREFIX))
+        .filter_map(|e| stale_owner(&e.path()))
+        .collect();
+    for s in &stale {
+        let reg = Registration {
+            id: 0,
+            control: control.to_path_buf(),
+            pipe_dir: s.root.join("pipe"),
+            log_dir: s.root.join("log"),
+            root: s.root.clone(),
+            stop_timeout,
+        };
+        if let Err(e) = stop_registered(&reg) {
+            eprintln!("isolane: stopping a stale MPS daemon: {e}");
+        }
+    }
+    stale
+}
+
+/// `root` as a [`StaleDaemon`] if it is one of ours whose owner has died.
+fn stale_owner(root: &Path) -> Option<StaleDaemon> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::symlink_metadata(root).ok()?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_dir() || meta.uid() != me {
+        return None;
+    }
+    let owner = Owner::parse(&std::fs::read_to_string(root.join(OWNER_FILE)).ok()?)?;
+    (!owner.is_alive()).then(|| StaleDaemon {
+        root: root.to_path_buf(),
+        owner_pid: owner.pid,
+    })
+}
+
+/// The watchdog, run by `/bin/sh -c` with the control program, the private root and the stop
+/// timeout in 50 ms ticks as `$1 $2 $3`. Its stdin is a pipe whose only writer is the isolane
+/// process: a line `disarm` ends it quietly; the pipe's end without one means isolane died
+/// without stopping its daemon. Then it sends `quit` to the daemon, waits for every process
+/// started with the private pipe directory (the daemon, its server, clients) to leave, kills
+/// those still there after the timeout, and removes the directory (only if it carries the owner
+/// marker). It ignores SIGHUP and SIGINT (a closing terminal or a Ctrl-C reach isolane, which
+/// stops the daemon itself) and runs in its own process group.
+pub const WATCHDOG_SCRIPT: &str = r#"trap '' HUP INT
+IFS= read -r word
+[ "$word" = disarm ] && exit 0
+control=$1 root=$2 ticks=$3 pipe=$2/pipe
+members() {
+    grep -lzxF "CUDA_MPS_PIPE_DIRECTORY=$pipe" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3
+}
+if [ -e "$pipe/control" ]; then
+    echo quit | CUDA_MPS_PIPE_DIRECTORY="$pipe" CUDA_MPS_LOG_DIRECTORY="$root/log" \
+        "$control" >/dev/null 2>&1 &
+fi
+n=0
+while [ "$n" -lt "$ticks" ] && [ -n "$(members)" ]; do sleep 0.05; n=$((n + 1)); done
+for p in $(members); do kill -9 "$p" 2>/dev/null; done
+wait
+[ -f "$root/owner" ] && rm -rf "$root"
+exit 0
+"#;
+
+/// The watchdog process of one daemon of ours; see [`WATCHDOG_SCRIPT`].
+#[derive(Debug)]
+struct Watchdog {
+    child: Child,
+    /// The pipe's write end. Rust opens it close-on-exec, so no other child holds it open.
+    stdin: Option<ChildStdin>,
+}
+
+impl Watchdog {
+    fn spawn(reg: &Registration) -> Result<Self> {
+        let ticks = (reg.stop_timeout.as_millis() / 50).max(1);
+        let mut child = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(WATCHDOG_SCRIPT)
+            .arg("isolane-mps-watchdog")
+            .arg(&reg.control)
+            .arg(&reg.root)
+            .arg(ticks.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Not in our process group: a signal to the group (Ctrl-C, kill -9 -pgid) must
+            // leave the watchdog to do its work.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| GpuError::io("starting the MPS watchdog (/bin/sh)", e))?;
+        let stdin = child.stdin.take();
+        Ok(Watchdog { child, stdin })
+    }
+
+    /// Tells the watchdog that the daemon was stopped, and reaps it.
+    fn disarm(mut self) {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(b"disarm\n");
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
@@ -687,10 +898,12 @@ pub fn status() -> MpsStatus {
     }
 }
 
-/// A shell script that behaves enough like `nvidia-cuda-mps-control` for tests: `-d` starts a
+/// A shell script that behaves enough like `nvidia-cuda-mps-control` for tests (built for tests
+/// only: `cfg(test)` or the `test-support` feature, which only dev-dependencies enable): `-d` starts a
 /// background daemon that creates `$CUDA_MPS_PIPE_DIRECTORY/control` and waits; `quit` on the
 /// control program's stdin makes the daemon remove the pipe and exit. The daemon writes its pid
 /// to `$CUDA_MPS_PIPE_DIRECTORY/fake-daemon.pid`.
+#[cfg(any(test, feature = "test-support"))]
 pub const FAKE_CONTROL_SCRIPT: &str = r#"#!/bin/sh
 # Fake nvidia-cuda-mps-control for isolane's tests.
 dir="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
@@ -721,13 +934,41 @@ exit 0
 "#;
 
 /// Writes [`FAKE_CONTROL_SCRIPT`] as an executable `nvidia-cuda-mps-control` in `dir`.
+#[cfg(any(test, feature = "test-support"))]
 pub fn write_fake_control(dir: &Path) -> Result<PathBuf> {
     let p = dir.join(CONTROL_NAME);
-    std::fs::write(&p, FAKE_CONTROL_SCRIPT)
-        .map_err(|e| GpuError::io(format!("writing {}", p.display()), e))?;
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| GpuError::io(format!("chmod {}", p.display()), e))?;
+    write_executable(&p, FAKE_CONTROL_SCRIPT)?;
     Ok(p)
+}
+
+/// Writes `text` to `path` as an executable (mode 0755) through a separate `sh` process, so that
+/// this process never holds a file descriptor to it: a test binary forks children from other
+/// threads at any time, and a child forked while we held the file open for writing would keep
+/// it open until its exec, making our own exec of the script fail with `Text file busy`.
+#[cfg(any(test, feature = "test-support"))]
+pub fn write_executable(path: &Path, text: &str) -> Result<()> {
+    let what = || format!("writing {}", path.display());
+    let mut writer = Command::new("/bin/sh")
+        .args(["-c", r#"cat > "$1" && chmod 755 "$1""#, "sh"])
+        .arg(path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .map_err(|e| GpuError::io(what(), e))?;
+    let written = writer
+        .stdin
+        .take()
+        .map(|mut stdin| stdin.write_all(text.as_bytes()))
+        .unwrap_or(Ok(()));
+    let status = writer.wait().map_err(|e| GpuError::io(what(), e))?;
+    written.map_err(|e| GpuError::io(what(), e))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(GpuError::Mps(format!(
+            "{}: sh exited with {status}",
+            what()
+        )))
+    }
 }
 
 #[cfg(test)]

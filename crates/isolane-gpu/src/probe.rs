@@ -291,6 +291,7 @@ impl Probe {
                 sys::CUevent_flags::CU_EVENT_DEFAULT as c_uint,
             )
         })?;
+        // SAFETY: as above, a valid out-pointer.
         check("cuEventCreate", unsafe {
             sys::cuEventCreate(
                 &mut p.ev_end,
@@ -382,6 +383,7 @@ impl Probe {
         check("cuMemcpyDtoH_v2", unsafe {
             sys::cuMemcpyDtoH_v2(&mut items as *mut u64 as *mut c_void, self.d_items, 8)
         })?;
+        // SAFETY: as above; sm_items holds SM_SLOTS u32 values, 4 bytes each.
         check("cuMemcpyDtoH_v2", unsafe {
             sys::cuMemcpyDtoH_v2(
                 sm_items.as_mut_ptr() as *mut c_void,
@@ -420,6 +422,7 @@ impl Probe {
             check("cuEventRecord", unsafe {
                 sys::cuEventRecord(self.ev_end, self.stream)
             })?;
+            // SAFETY: the event just recorded on our stream.
             check("cuEventSynchronize", unsafe {
                 sys::cuEventSynchronize(self.ev_end)
             })?;
@@ -431,25 +434,28 @@ impl Probe {
 
 impl Drop for Probe {
     fn drop(&mut self) {
-        // SAFETY: everything below was created by `new` in self.ctx, is destroyed once, and
-        // the stream is drained first so no launch still uses the buffers. Errors cannot be
-        // reported from Drop.
-        unsafe {
-            let _ = sys::cuCtxSetCurrent(self.ctx);
-            let _ = sys::cuStreamSynchronize(self.stream);
-            for ev in [self.ev_start, self.ev_end] {
-                if !ev.is_null() {
-                    let _ = sys::cuEventDestroy_v2(ev);
-                }
+        // Everything below was created by `new` in self.ctx, is destroyed once, and the stream
+        // is drained first so no launch still uses the buffers. Errors cannot be reported from
+        // Drop.
+        // SAFETY: our context, alive while the probe is.
+        let _ = unsafe { sys::cuCtxSetCurrent(self.ctx) };
+        // SAFETY: our stream, in the context made current above.
+        let _ = unsafe { sys::cuStreamSynchronize(self.stream) };
+        for ev in [self.ev_start, self.ev_end] {
+            if !ev.is_null() {
+                // SAFETY: our event, destroyed once, no longer recorded on the drained stream.
+                let _ = unsafe { sys::cuEventDestroy_v2(ev) };
             }
-            for p in [self.d_start, self.d_items, self.d_sm, self.d_sink] {
-                if p != 0 {
-                    let _ = sys::cuMemFree_v2(p);
-                }
+        }
+        for p in [self.d_start, self.d_items, self.d_sm, self.d_sink] {
+            if p != 0 {
+                // SAFETY: our allocation, freed once, no launch uses it after the drain.
+                let _ = unsafe { sys::cuMemFree_v2(p) };
             }
-            if !self.module.is_null() {
-                let _ = sys::cuModuleUnload(self.module);
-            }
+        }
+        if !self.module.is_null() {
+            // SAFETY: our module, unloaded once, after its last launch finished.
+            let _ = unsafe { sys::cuModuleUnload(self.module) };
         }
     }
 }

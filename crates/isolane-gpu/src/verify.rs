@@ -298,6 +298,8 @@ impl ProcessAgent {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        // Ends with us even on `kill -9`; the agent lives on the thread that spawns it.
+        isolane_core::process::die_with_parent(&mut c);
         let mut child = c
             .spawn()
             .map_err(|e| GpuError::io(format!("starting {}", cmd.program.display()), e))?;

@@ -151,8 +151,7 @@ fn a_daemon_that_ignores_quit_is_killed() {
     std::fs::create_dir(&stubborn).unwrap();
     let script = mps::FAKE_CONTROL_SCRIPT.replace(": > \"$dir/quit-request\"", "true");
     let p = stubborn.join("nvidia-cuda-mps-control");
-    std::fs::write(&p, script).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    mps::write_executable(&p, &script).unwrap();
     let mut o = options(&e);
     o.control_binary = Some(p);
     o.stop_timeout = Duration::from_millis(300);
@@ -261,8 +260,9 @@ fn signal_child_helper() {
     panic!("the signal never came");
 }
 
-fn signal_kills_daemon(sig: i32) {
-    let e = env();
+/// Starts `signal_child_helper` as a coordinator child with its own daemon; returns the child,
+/// the daemon's pipe directory and the fake daemon's pid.
+fn spawn_coordinator(e: &Env) -> (std::process::Child, PathBuf, i32) {
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
         .args([
@@ -287,6 +287,12 @@ fn signal_kills_daemon(sig: i32) {
             break (PathBuf::from(dir), pid.parse::<i32>().unwrap());
         }
     };
+    (child, pipe, pid)
+}
+
+fn signal_kills_daemon(sig: i32) {
+    let e = env();
+    let (mut child, pipe, pid) = spawn_coordinator(&e);
     assert!(alive(pid));
     // SAFETY: signalling our own child process.
     unsafe {
@@ -299,6 +305,132 @@ fn signal_kills_daemon(sig: i32) {
     );
     assert!(wait_gone(pid), "daemon {pid} survived signal {sig}");
     assert!(!pipe.exists(), "pipe dir {} left behind", pipe.display());
+}
+
+/// Polls until `path` is gone (bounded: a loaded machine may take a while, a leak never ends).
+fn wait_removed(path: &Path) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while path.exists() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+#[test]
+fn a_coordinator_killed_with_sigkill_leaves_no_daemon() {
+    let _g = serial();
+    let e = env();
+    let (mut child, pipe, pid) = spawn_coordinator(&e);
+    assert!(alive(pid));
+    // SIGKILL runs none of the coordinator's code: only its watchdog can stop the daemon.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        wait_gone(pid),
+        "daemon {pid} survived its coordinator's SIGKILL"
+    );
+    let root = pipe.parent().unwrap();
+    assert!(wait_removed(root), "{} left behind", root.display());
+}
+
+/// Writes an isolane-style private directory `name` under the temp root, with an owner marker
+/// when given, and starts a fake daemon on its pipe directory; returns (root, daemon pid).
+fn private_dir_with_daemon(e: &Env, name: &str, owner: Option<String>) -> (PathBuf, i32) {
+    let root = e.root.join(name);
+    let pipe = root.join("pipe");
+    std::fs::create_dir_all(&pipe).unwrap();
+    std::fs::create_dir_all(root.join("log")).unwrap();
+    if let Some(owner) = owner {
+        std::fs::write(root.join(mps::OWNER_FILE), owner).unwrap();
+    }
+    let st = Command::new(&e.control)
+        .arg("-d")
+        .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let pid = daemon_pid(&pipe);
+    assert!(wait_exists(&pipe.join("control")));
+    (root, pid)
+}
+
+fn wait_exists(path: &Path) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+fn quit_fake_daemon(e: &Env, pipe: &Path) {
+    use std::io::Write as _;
+    let mut c = Command::new(&e.control)
+        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(b"quit\n").unwrap();
+    c.wait().unwrap();
+}
+
+/// This process's start time (field 22 of /proc/self/stat), as the owner marker holds it.
+fn own_start_time() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let after = stat.rsplit_once(')').unwrap().1;
+    after
+        .split_whitespace()
+        .nth(22 - 3)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_next_start_stops_daemons_whose_owner_died_and_no_other() {
+    let _g = serial();
+    let e = env();
+    // A dead owner: a child that exited and was reaped (start time 1 never matches a reused pid).
+    let mut gone = Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let (stale, stale_pid) =
+        private_dir_with_daemon(&e, "isolane-mps-stale", Some(format!("{gone_pid} 1\n")));
+    let me = format!("{} {}\n", std::process::id(), own_start_time());
+    let (live, live_pid) = private_dir_with_daemon(&e, "isolane-mps-live", Some(me));
+    let (unmarked, unmarked_pid) = private_dir_with_daemon(&e, "isolane-mps-unmarked", None);
+    let (other, other_pid) =
+        private_dir_with_daemon(&e, "not-isolane", Some(format!("{gone_pid} 1\n")));
+
+    let d = MpsDaemon::start(0, &options(&e)).unwrap();
+    assert!(
+        wait_gone(stale_pid),
+        "the stale daemon {stale_pid} still runs"
+    );
+    assert!(!stale.exists(), "{} left behind", stale.display());
+    // A live owner's daemon, an unmarked directory's and a folder not named isolane's: untouched.
+    for (root, pid) in [
+        (&live, live_pid),
+        (&unmarked, unmarked_pid),
+        (&other, other_pid),
+    ] {
+        assert!(alive(pid), "{} was stopped", root.display());
+        assert!(root.join("pipe").join("control").exists());
+    }
+    d.stop().unwrap();
+    for (root, pid) in [
+        (live, live_pid),
+        (unmarked, unmarked_pid),
+        (other, other_pid),
+    ] {
+        quit_fake_daemon(&e, &root.join("pipe"));
+        assert!(wait_gone(pid));
+    }
 }
 
 #[test]

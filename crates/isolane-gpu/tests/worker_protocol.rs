@@ -1,6 +1,5 @@
 //! The parent side of the probe-worker protocol, against shell-script workers (no GPU needed).
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -30,11 +29,21 @@ while read -r cmd arg; do
 done
 "#;
 
-fn script(dir: &Path, name: &str, text: &str) -> PathBuf {
+/// A worker command that runs `text` as `sh <script> args...`. The script is read by sh, never
+/// executed itself: exec'ing a file this process has just written fails with `Text file busy`
+/// when another test of this binary forks while the file is still open for writing here (the
+/// forked child holds the descriptor until its own exec).
+fn script(dir: &Path, name: &str, text: &str, args: Vec<String>, gpu_arg: bool) -> WorkerCommand {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
+    WorkerCommand {
+        program: PathBuf::from("/bin/sh"),
+        args: std::iter::once(p.display().to_string())
+            .chain(args)
+            .collect(),
+        env: vec![],
+        gpu_arg,
+    }
 }
 
 #[test]
@@ -42,12 +51,13 @@ fn process_agents_are_measured_alone_and_beside_each_other() {
     let tmp = tempfile::tempdir().unwrap();
     let busy = tmp.path().join("busy");
     std::fs::create_dir(&busy).unwrap();
-    let cmd = WorkerCommand {
-        program: script(tmp.path(), "worker", FAKE_WORKER),
-        args: vec![busy.display().to_string()],
-        env: vec![],
-        gpu_arg: false,
-    };
+    let cmd = script(
+        tmp.path(),
+        "worker",
+        FAKE_WORKER,
+        vec![busy.display().to_string()],
+        false,
+    );
     let mut agents: Vec<Box<dyn ProbeAgent>> = (0..3)
         .map(|i| {
             Box::new(ProcessAgent::spawn(format!("w{i}"), &cmd, 5, &[]).unwrap())
@@ -67,25 +77,17 @@ fn process_agents_are_measured_alone_and_beside_each_other() {
 #[test]
 fn a_worker_that_fails_to_start_reports_why() {
     let tmp = tempfile::tempdir().unwrap();
-    let cmd = WorkerCommand {
-        program: script(
-            tmp.path(),
-            "bad",
-            "#!/bin/sh\necho '@isolane ERROR cuInit failed: CUDA_ERROR_NO_DEVICE'\nexit 1\n",
-        ),
-        args: vec![],
-        env: vec![],
-        gpu_arg: true,
-    };
+    let cmd = script(
+        tmp.path(),
+        "bad",
+        "echo '@isolane ERROR cuInit failed: CUDA_ERROR_NO_DEVICE'\nexit 1\n",
+        vec![],
+        true,
+    );
     let err = ProcessAgent::spawn("w", &cmd, 0, &[]).err().expect("error");
     assert!(err.to_string().contains("CUDA_ERROR_NO_DEVICE"), "{err}");
 
-    let cmd = WorkerCommand {
-        program: script(tmp.path(), "dies", "#!/bin/sh\nexit 3\n"),
-        args: vec![],
-        env: vec![],
-        gpu_arg: true,
-    };
+    let cmd = script(tmp.path(), "dies", "exit 3\n", vec![], true);
     let err = ProcessAgent::spawn("w", &cmd, 0, &[]).err().expect("error");
     assert!(err.to_string().contains("exited"), "{err}");
 }

@@ -222,7 +222,7 @@ pub fn preflight(plan: &RunPlan, engine: Option<&dyn EngineExecutors>) -> Result
 }
 
 /// What each workload of `plan` keeps in memory, named in the scenario's terms.
-fn record_demands(plan: &RunPlan) -> Vec<crate::limits::RecordDemand> {
+pub fn record_demands(plan: &RunPlan) -> Vec<crate::limits::RecordDemand> {
     plan.workloads
         .iter()
         .map(|w| {
@@ -681,6 +681,9 @@ fn drive_process(
         // Its own process group: a terminal's Ctrl-C reaches only the coordinator, which then
         // stops the workers through the protocol, so they still report their last records.
         .process_group(0);
+    // A `kill -9` of the coordinator runs none of its clean-up: the kernel ends the worker
+    // then. This thread waits for the worker (`finish`), so it outlives it as PDEATHSIG needs.
+    isolane_core::process::die_with_parent(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {

@@ -1,6 +1,9 @@
 //! isolane-runtime: hosts (thread/process workers), the release loop, the coordinator,
 //! experiments and result files. See `docs/runtime.md`.
 
+// One unsafe operation per block, each with its own SAFETY comment (root Cargo.toml).
+#![warn(clippy::multiple_unsafe_ops_per_block)]
+
 pub mod affinity;
 pub mod clock;
 pub mod coordinator;

@@ -109,6 +109,66 @@ pub fn check_records(demands: &[RecordDemand], memory_bytes: u64) -> Result<(), 
     })
 }
 
+/// Bytes one job's row of `jobs/<workload>.csv` takes at most: a job index and four times in ms
+/// with 6 decimals (17 characters for 100 days), a timeout flag and the separators.
+pub const JOB_ROW_BYTES: u128 = 80;
+
+/// A run whose streamed job records would not fit the disk of its output folder.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "the per-job records of this run (jobs/*.csv) need up to {need} on the disk of {dir}, which      has {free} free ({jobs} jobs; the files are streamed, then rewritten once at the end, so      twice their size must fit); lower the rate, the duration or the job count, or choose another      --out"
+)]
+pub struct DiskTooSmall {
+    need: String,
+    free: String,
+    dir: String,
+    jobs: u128,
+}
+
+/// Free bytes (for an unprivileged user) on the file system of `dir`, or of its nearest existing
+/// ancestor when it does not exist yet. `None` where it cannot be read.
+pub fn disk_free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let existing = dir.ancestors().find(|p| p.exists())?;
+    let existing = if existing.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        existing
+    };
+    let c = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path and `st` a writable statvfs, as statvfs(3) requires.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    u64::try_from(u128::from(st.f_bavail) * u128::from(st.f_frsize)).ok()
+}
+
+/// Checks that the job records of `demands`, streamed to CSV, fit twice into `free_bytes`.
+pub fn check_disk(
+    demands: &[RecordDemand],
+    free_bytes: u64,
+    dir: &Path,
+) -> Result<(), DiskTooSmall> {
+    let jobs: u128 = demands
+        .iter()
+        .map(|d| u128::from(d.jobs.unwrap_or(0)))
+        .sum();
+    let need = jobs * JOB_ROW_BYTES * 2;
+    if need <= u128::from(free_bytes) {
+        return Ok(());
+    }
+    Err(DiskTooSmall {
+        need: human_bytes(need),
+        free: human_bytes(u128::from(free_bytes)),
+        dir: dir.display().to_string(),
+        jobs,
+    })
+}
+
 /// Bytes in the largest binary unit that keeps the number ≥ 1 (`1.5 GiB`).
 pub fn human_bytes(b: u128) -> String {
     const UNITS: [&str; 7] = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
@@ -165,6 +225,29 @@ mod tests {
         assert!(check_records(&[demand(None, u64::MAX)], memory).is_err());
         assert!(check_records(&[demand(Some(u64::MAX), u64::MAX)], u64::MAX).is_err());
         assert!(check_records(&[demand(None, 0)], memory).is_ok());
+    }
+
+    #[test]
+    fn streamed_records_must_fit_the_disk_twice() {
+        let dir = Path::new("/out");
+        let d = [demand(Some(1_000_000), 0)];
+        assert!(check_disk(&d, 160_000_000, dir).is_ok());
+        let e = check_disk(&d, 159_999_999, dir).unwrap_err().to_string();
+        assert!(e.contains("/out") && e.contains("1000000 jobs"), "{e}");
+        assert!(e.contains("152.6 MiB"), "{e}");
+    }
+
+    #[test]
+    fn free_disk_is_read_from_the_nearest_existing_folder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = disk_free_bytes(&tmp.path().join("no-such/deeper")).unwrap();
+        let there = disk_free_bytes(tmp.path()).unwrap();
+        assert!(missing > 0);
+        // The same file system, read twice while other processes may write to it.
+        assert!(
+            missing.abs_diff(there) < there / 10 + (64 << 20),
+            "{missing} vs {there}"
+        );
     }
 
     #[test]

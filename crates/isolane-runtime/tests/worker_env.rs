@@ -1,6 +1,7 @@
 //! A worker process gets its partition's environment, and the start hook sees its pid.
 
-use std::os::unix::fs::PermissionsExt as _;
+mod common;
+
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
@@ -27,15 +28,13 @@ fn each_worker_gets_its_environment_and_the_hook_its_pid() {
     // Not a real worker: it records its environment and exits 3 (the run reports the failure,
     // which is all this test needs from it).
     let exe = dir.path().join("fake-worker");
-    std::fs::write(
+    common::write_executable(
         &exe,
-        format!(
+        &format!(
             "#!/bin/sh\nprintf '%s %s' \"$PARTITION_VAR\" \"$1\" > {}\nexit 3\n",
             seen.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
 
     let scenario = Scenario::from_toml_str(SCENARIO, "test.toml", &Vec::<String>::new()).unwrap();
     let plan = RunPlan::from_scenario(&scenario);

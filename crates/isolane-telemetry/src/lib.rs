@@ -6,6 +6,9 @@
 //! becomes `telemetry.csv` ([`Recording::csv`]) and the `telemetry` object of summary.json
 //! ([`Recording::summary`]), with DESIGN.md's metric names. See docs/report.md.
 
+// One unsafe operation per block, each with its own SAFETY comment (root Cargo.toml).
+#![warn(clippy::multiple_unsafe_ops_per_block)]
+
 pub mod nvml;
 
 use isolane_core::files::write_atomic;

@@ -1210,10 +1210,10 @@ fn conv_tiled(c: &ConvK, io: &Io, threads: usize) {
             (xin[n0..].as_ptr(), hw)
         } else {
             let tid = rayon::current_thread_index().unwrap_or(0) % threads;
+            let ld = c.col_stride(nn);
             // SAFETY: thread `tid` owns scratch[tid*kk*tile16 ..][.. kk*tile16] (tile16 = tile
             // rounded up to 16, ≥ the row stride `ld`); a thread runs one
             // task at a time and tasks do not yield to rayon while holding the slice.
-            let ld = c.col_stride(nn);
             let col = unsafe {
                 std::slice::from_raw_parts_mut(
                     scratch.get().add(tid * kk * c.tile.next_multiple_of(16)),

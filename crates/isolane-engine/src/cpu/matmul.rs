@@ -326,7 +326,7 @@ unsafe fn gemv_body(
     j1: usize,
 ) {
     let w = j1 - j0;
-    // SAFETY (whole body): rows < m ≤ GEMV_ROWS of C and A, rows < k of B, columns j0..j1.
+    // SAFETY: (the whole body) rows < m ≤ GEMV_ROWS of C and A, rows < k of B, columns j0..j1.
     unsafe {
         for r in 0..m {
             let row = std::slice::from_raw_parts_mut(c.add(r * out.ldc + j0), w);

@@ -326,7 +326,7 @@ unsafe fn gemm_body<const MR: usize, const NR: usize, const MASKED: bool>(
         let kcur = kc.min(k - k0);
         let (first, last) = (k0 == 0, k0 + kcur == k);
         let accumulate = !first || x.acc_c;
-        // SAFETY (whole block): every pointer stays inside the ranges of the caller's contract:
+        // SAFETY: (the whole block) every pointer stays inside the ranges of the caller's contract:
         // rows p0·MR..min(p1·MR, m), columns 0..n, depth 0..k.
         unsafe {
             let nr = NR.min(x.n - j0);

@@ -2031,6 +2031,12 @@ impl<'m> Importer<'m> {
                 if n == 0 {
                     return Err(c.bad("no outputs"));
                 }
+                // Checked before the parts are listed: a huge num_outputs must not allocate.
+                if n != n_out {
+                    return Err(c.bad(format!(
+                        "num_outputs = {num_outputs}, but the node has {n_out} outputs"
+                    )));
+                }
                 // ONNX: equal parts of ceil(d/n), the last one smaller if d is not divisible.
                 let part = d.div_ceil(n);
                 (0..n)

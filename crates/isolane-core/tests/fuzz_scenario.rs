@@ -1,0 +1,226 @@
+//! Property tests of the scenario TOML parser and validation: whatever the text, parsing returns
+//! a scenario or an error, never panics. Two generators: byte-level mutations of the shipped
+//! scenarios, and scenarios assembled from every known key with edge-case values (huge, zero,
+//! negative, NaN, wrong type). `cargo test` runs a bounded number of cases
+//! (`ISOLANE_FUZZ_CASES`, default 3000, well under a second); `scripts/fuzz.sh` runs many more.
+
+use isolane_core::spec::Scenario;
+use proptest::prelude::*;
+
+/// The shipped scenarios, as seeds for mutation.
+const SEEDS: &[&str] = &[
+    include_str!("../../../scenarios/quickstart.toml"),
+    include_str!("../../../scenarios/quickstart-gpu.toml"),
+    include_str!("../../../scenarios/isolation-2.toml"),
+    include_str!("../../../scenarios/overload-queue.toml"),
+    include_str!("../../../scenarios/two-process.toml"),
+    include_str!("../../../scenarios/gpu/mps-4x25-resnet18.toml"),
+    include_str!("../../../scenarios/gpu/green-2x64-resnet18.toml"),
+];
+
+/// Values that sit at or past the edges of what a field allows, or are of the wrong type.
+const VALUES: &[&str] = &[
+    "0",
+    "1",
+    "-1",
+    "0.5",
+    "100000",
+    "4294967295",
+    "4294967296",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "1e300",
+    "-1e300",
+    "1e-300",
+    "nan",
+    "inf",
+    "-inf",
+    "true",
+    "\"\"",
+    "\"x\"",
+    "\"max\"",
+    "\"spin:1ms\"",
+    "\"spin:0ms\"",
+    "\"spin:99999999999h\"",
+    "\"resnet18\"",
+    "\"model.onnx\"",
+    "\"cpu\"",
+    "\"cuda\"",
+    "\"mps\"",
+    "\"green\"",
+    "\"mig\"",
+    "\"process\"",
+    "\"fp16\"",
+    "\"queue\"",
+    "\"interferer\"",
+    "\"victim\"",
+    "[]",
+    "[0, 1]",
+    "[18446744073709551615]",
+    "{}",
+    "{ sms = 8 }",
+    "{ thread_pct = 25, mem_limit_mib = 18446744073709551615 }",
+    "{ mig_profile = \"1g.10gb\" }",
+    "{ from_hz = 1, to_hz = 1e300, steps = 4294967295, step_s = 1e-300 }",
+    "{ from_hz = nan, to_hz = 1, steps = 0, step_s = 1 }",
+];
+
+const DEVICE_KEYS: &[&str] = &["backend", "gpu", "mechanism", "host"];
+const TIMING_KEYS: &[&str] = &["spin_us", "start_delay_ms", "seed"];
+const WORKLOAD_KEYS: &[&str] = &[
+    "name",
+    "model",
+    "weights",
+    "batch",
+    "precision",
+    "rate_hz",
+    "deadline_ms",
+    "duration_s",
+    "jobs",
+    "warmup_jobs",
+    "late",
+    "cpu",
+    "role",
+    "ramp",
+    "host",
+    "partition",
+    "unknown_key",
+];
+
+fn cases() -> u32 {
+    std::env::var("ISOLANE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000)
+}
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: cases(),
+        // Failures are reported with the shrunk input; no files are written into the tree.
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// One byte-level change to a text.
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip { at: usize, bit: u8 },
+    Insert { at: usize, text: &'static str },
+    Delete { at: usize, len: usize },
+    Truncate { at: usize },
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), 0u8..8).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
+        (
+            any::<usize>(),
+            prop::sample::select(
+                &[
+                    "=",
+                    "[",
+                    "]",
+                    "{",
+                    "}",
+                    "\"",
+                    "\n",
+                    "#",
+                    ",",
+                    ".",
+                    "[[workload]]\n",
+                    "e999",
+                    "-",
+                    "0x",
+                    "\u{0}",
+                    "é",
+                ][..]
+            )
+        )
+            .prop_map(|(at, text)| Mutation::Insert { at, text }),
+        (any::<usize>(), 1usize..16).prop_map(|(at, len)| Mutation::Delete { at, len }),
+        any::<usize>().prop_map(|at| Mutation::Truncate { at }),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
+    if bytes.is_empty() {
+        return;
+    }
+    let n = bytes.len();
+    match *m {
+        Mutation::Flip { at, bit } => bytes[at % n] ^= 1 << bit,
+        Mutation::Insert { at, text } => {
+            let at = at % (n + 1);
+            bytes.splice(at..at, text.bytes());
+        }
+        Mutation::Delete { at, len } => {
+            let at = at % n;
+            bytes.drain(at..(at + len).min(n));
+        }
+        Mutation::Truncate { at } => bytes.truncate(at % (n + 1)),
+    }
+}
+
+/// `key = value` lines for a random subset of `keys`, values from [`VALUES`].
+fn table(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+    prop::collection::vec(
+        (prop::sample::select(keys), prop::sample::select(VALUES)),
+        0..keys.len() + 2,
+    )
+    .prop_map(|pairs| pairs.iter().map(|(k, v)| format!("{k} = {v}\n")).collect())
+}
+
+fn assembled_scenario() -> impl Strategy<Value = String> {
+    (
+        table(DEVICE_KEYS),
+        table(TIMING_KEYS),
+        prop::collection::vec(table(WORKLOAD_KEYS), 0..4),
+    )
+        .prop_map(|(device, timing, workloads)| {
+            let mut s = format!("[device]\n{device}\n[timing]\n{timing}\n");
+            for w in workloads {
+                s += &format!("[[workload]]\n{w}\n");
+            }
+            s
+        })
+}
+
+fn parse(text: &str) {
+    let models = vec!["resnet18".to_string(), "mobilenet_v2".to_string()];
+    if let Ok(s) = Scenario::from_toml_str(text, "fuzz.toml", &models) {
+        // What parsed must also survive validation and a round trip.
+        let _ = s.validate(&models);
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn mutated_scenarios_never_panic(
+        seed in prop::sample::select(SEEDS),
+        mutations in prop::collection::vec(mutation(), 1..8),
+    ) {
+        let mut bytes = seed.as_bytes().to_vec();
+        for m in &mutations {
+            apply(&mut bytes, m);
+        }
+        parse(&String::from_utf8_lossy(&bytes));
+    }
+
+    #[test]
+    fn assembled_scenarios_never_panic(text in assembled_scenario()) {
+        parse(&text);
+    }
+}
+
+/// The seeds themselves parse: the mutations start from valid scenarios.
+#[test]
+fn the_seeds_are_valid_scenarios() {
+    let models = vec!["resnet18".to_string(), "mobilenet_v2".to_string()];
+    for s in SEEDS {
+        Scenario::from_toml_str(s, "seed.toml", &models).unwrap();
+    }
+}

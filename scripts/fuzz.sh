@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The property tests of the four parsers (scenario TOML, npy, safetensors, ONNX), run longer than
+# `cargo test` does (which runs ISOLANE_FUZZ_CASES=3000 scenario cases and 300 per engine target).
+#
+#   scripts/fuzz.sh [CASES]      # default 20000 cases per target; a new random seed every run
+#
+# Memory is capped (ulimit -v, 4 GiB) so that an input that makes a reader allocate without bound
+# ends this run with "memory allocation of N bytes failed" instead of taking the machine's memory;
+# rerun the failing target with --nocapture to see the input. A failure prints the shrunk input.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cases=${1:-20000}
+cargo test --release -p isolane-core --test fuzz_scenario --no-run
+cargo test --release -p isolane-engine --test fuzz_parsers --no-run
+ulimit -v 4194304
+export ISOLANE_FUZZ_CASES=$cases
+status=0
+cargo test --release -p isolane-core --test fuzz_scenario -- --test-threads=1 || status=1
+cargo test --release -p isolane-engine --test fuzz_parsers -- --test-threads=1 || status=1
+exit $status
