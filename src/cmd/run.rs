@@ -52,7 +52,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
-    let (mut scenario, scenario_name) = match &args.scenario {
+    let (scenario, scenario_name) = match &args.scenario {
         Some(p) => super::load_scenario(Some(p))?,
         None => {
             let (scenario, name, no_gpu) = super::quickstart(args.cpu)?;
@@ -62,6 +62,18 @@ pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Res
             (scenario, name)
         }
     };
+    run_scenario(scenario, scenario_name, &args, engine)
+}
+
+/// Runs a scenario that is already loaded (a file, the quickstart, or a sweep point built as a
+/// value): admission, the run, its files and the results table. `scenario_name` names it in
+/// messages and summary.json.
+pub fn run_scenario(
+    mut scenario: Scenario,
+    scenario_name: String,
+    args: &RunArgs,
+    engine: &isolane_runtime::exec::Engine,
+) -> anyhow::Result<u8> {
     if args.no_plan_check {
         scenario
             .workloads
