@@ -246,31 +246,30 @@ pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
         return run_in_mps_client(&scenario, plan);
     }
     // green: the search runs on this thread, in its partition's green context.
-    let (session, group) = match (&admitted, mechanism) {
+    match (&admitted, mechanism) {
         (Some(plan), Mechanism::Green) => {
-            let mut s = isolane_gpu::PartitionSession::set_up(
+            let searched = isolane_session::with_partitions(
                 args.gpu,
                 plan,
-                &isolane_gpu::SessionOptions::default(),
-                None,
-            )?;
-            for r in s.records() {
-                eprintln!(
-                    "partition: {} (granted {:?} SMs)",
-                    r.partition, r.granted_sms
-                );
-            }
-            let group = s.take_green_group(&spec.name);
-            (Some(s), group)
+                isolane_session::PartitionChoices::default(),
+                |session| {
+                    for r in session.records() {
+                        eprintln!(
+                            "partition: {} (granted {:?} SMs)",
+                            r.partition, r.granted_sms
+                        );
+                    }
+                    let partition = session
+                        .take_green_group(&spec.name)
+                        .map(|g| Box::new(g) as isolane_runtime::partition::Partition);
+                    search(&args, engine, partition, &scenario.device, &spec, &timing)
+                },
+            )
+            .map_err(super::session_error)?;
+            searched
         }
-        _ => (None, None),
-    };
-    let partition = group.map(|g| Box::new(g) as isolane_runtime::partition::Partition);
-    let code = search(&args, engine, partition, &scenario.device, &spec, &timing)?;
-    if let Some(s) = session {
-        s.finish()?;
+        _ => search(&args, engine, None, &scenario.device, &spec, &timing),
     }
-    Ok(code)
 }
 
 /// mps: a private daemon, and the search itself in a client process of it (this program again,
@@ -279,12 +278,24 @@ fn run_in_mps_client(
     scenario: &Scenario,
     plan: &isolane_core::admission::Plan,
 ) -> anyhow::Result<u8> {
-    let session = isolane_gpu::PartitionSession::set_up(
+    let status = isolane_session::with_partitions(
         scenario.device.gpu,
         plan,
-        &isolane_gpu::SessionOptions::default(),
-        None,
-    )?;
+        isolane_session::PartitionChoices::default(),
+        |session| run_client(session),
+    )
+    .map_err(super::session_error)??;
+    Ok(match status.code() {
+        Some(c) => u8::try_from(c).unwrap_or(super::EXIT_FAILED),
+        None => EXIT_INTERRUPTED,
+    })
+}
+
+/// Starts the client process with its partition's environment, adopts it as the daemon's
+/// client, and waits for it.
+fn run_client(
+    session: &isolane_gpu::PartitionSession<'_>,
+) -> anyhow::Result<std::process::ExitStatus> {
     let env = session
         .worker_env()
         .get("maxrate")
@@ -303,12 +314,7 @@ fn run_in_mps_client(
     isolane_core::process::die_with_parent(&mut client);
     let mut child = client.spawn().context("starting the MPS client process")?;
     (session.client_adopter())(child.id());
-    let status = child.wait().context("waiting for the MPS client process")?;
-    session.finish()?;
-    Ok(match status.code() {
-        Some(c) => u8::try_from(c).unwrap_or(super::EXIT_FAILED),
-        None => EXIT_INTERRUPTED,
-    })
+    child.wait().context("waiting for the MPS client process")
 }
 
 fn search(
