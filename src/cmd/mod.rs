@@ -15,7 +15,6 @@ pub mod report;
 pub mod run;
 pub mod summarize;
 pub mod sweep;
-pub mod telemetry;
 pub mod verify;
 pub mod worker;
 
@@ -215,6 +214,25 @@ impl ProgressView {
     }
 }
 
+/// What a run shows a person: the progress bar on stdout, warnings and notes on stderr.
+impl isolane_session::Observer for ProgressView {
+    fn progress(&mut self, p: &isolane_runtime::coordinator::Progress) {
+        self.update(p);
+    }
+
+    fn finished(&mut self) {
+        self.finish();
+    }
+
+    fn warning(&mut self, message: &str) {
+        eprintln!("warning: {message}");
+    }
+
+    fn note(&mut self, message: &str) {
+        eprintln!("{message}");
+    }
+}
+
 /// The title of a results table: where the workloads ran and how the device was shared, e.g.
 /// `cuda GPU 0 (NVIDIA H100 80GB HBM3), green contexts` or `cpu, no partitions`.
 pub fn device_title(scenario: &Scenario) -> String {
@@ -324,31 +342,6 @@ impl PartitionFlags {
             join_mps: self.join_mps,
         }
     }
-}
-
-/// Runs `plan` inside the admitted partitions through the session library
-/// ([`isolane_session::run_in_partitions`]: set-up, each workload's partition, the run, the
-/// take-down). Returns the run and what each workload got.
-pub fn run_partitioned(
-    scenario: &Scenario,
-    admitted: Option<&isolane_core::admission::Plan>,
-    flags: &PartitionFlags,
-    plan: &isolane_runtime::coordinator::RunPlan,
-    opts: isolane_runtime::coordinator::RunOptions,
-    progress: &mut dyn FnMut(&isolane_runtime::coordinator::Progress),
-) -> anyhow::Result<(
-    isolane_runtime::coordinator::RunResult,
-    Vec<isolane_gpu::PartitionRecord>,
-)> {
-    isolane_session::run_in_partitions(
-        scenario.device.gpu,
-        admitted,
-        flags.choices(),
-        plan,
-        opts,
-        progress,
-    )
-    .map_err(session_error)
 }
 
 /// A session's error at the CLI's edge: a refused partition request is the user's (exit 2).

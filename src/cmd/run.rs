@@ -7,9 +7,8 @@ use clap::Args;
 use isolane_core::admission::Plan;
 use isolane_core::results::{RunStatus, RunSummary};
 use isolane_core::spec::Scenario;
-use isolane_runtime::coordinator::{self, RunOptions, RunPlan, RunResult};
+use isolane_runtime::coordinator::{self, RunPlan, RunResult};
 use isolane_runtime::output;
-use isolane_runtime::results::{self, RunInfo};
 
 use super::{user, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
 
@@ -143,47 +142,22 @@ pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
     output::write_atomic(&out.join("scenario.toml"), toml.as_bytes())?;
 
     let stop = super::install_stop_handler()?;
-    let started_at = chrono::Utc::now();
-    let view = ProgressView::new(r.quiet);
-    let telemetry = super::telemetry::start(r.scenario);
-    // Every job's record reaches jobs/<workload>.csv while the run goes on: a killed run
-    // leaves them for `isolane summarize`.
-    let mut options = RunOptions::new(stop);
-    options.jobs_dir = Some(out.clone());
-    options.engine = Some(r.engine.clone());
-    let (result, partitions) = super::run_partitioned(
-        r.scenario,
-        r.admitted,
-        r.partitions,
-        r.plan,
-        options,
-        &mut |p| view.update(p),
-    )?;
-    view.finish();
-    if let Some(e) = &result.jobs_stream_error {
-        eprintln!(
-            "warning: the per-job records stopped streaming to jobs/ during the run ({e}); they \
-             are written in full now"
-        );
-    }
-
-    let info = RunInfo {
-        command: r.command,
-        started_at,
-        scenario: r.scenario_name,
-    };
-    let mut summary = results::summarize_run(&info, &r.plan.workloads, &result);
-    summary.partitions = partitions;
-    if let Some(plan) = r.admitted {
-        for w in &mut summary.workloads {
-            w.memory_estimate_mib = plan
-                .workloads
-                .iter()
-                .find(|a| a.workload == w.name)
-                .and_then(|a| a.memory_mib);
-        }
-    }
-    super::telemetry::finish(telemetry, &out, &result, &mut summary);
+    let mut view = ProgressView::new(r.quiet);
+    let (result, summary) = isolane_session::measure(
+        isolane_session::RunRequest {
+            command: r.command,
+            scenario: r.scenario,
+            scenario_name: r.scenario_name,
+            admitted: r.admitted,
+            plan: r.plan,
+            out: &out,
+            choices: r.partitions.choices(),
+            engine: r.engine,
+            stop,
+        },
+        &mut view,
+    )
+    .map_err(super::session_error)?;
     Ok(Measured {
         out,
         result,

@@ -1,18 +1,30 @@
-//! isolane-session: the partitions of one run and the hosts inside them, as a library.
+//! isolane-session: one run as a library — partitions, hosts, telemetry, typed results.
 //!
 //! A run is admit → partitions → hosts → telemetry → typed results (docs/design.md, "Where
-//! things are"). This crate owns the middle: it sets an admitted plan's partitions up once
+//! things are"). The caller admits the scenario and prepares the output folder; this crate
+//! does the rest ([`measure`]): it sets an admitted plan's partitions up once
 //! ([`with_partitions`], used by `run`, `isolation`, `sweep` and `maxrate`), hands each
 //! workload its partition — a green group in its plan ([`isolane_runtime::partition`]), MPS
 //! and MIG settings in its worker's environment — runs the coordinator with the engine the
 //! caller passes in ([`run_in_partitions`]), and takes the partitions down after the last
-//! workload has ended. It keeps no process-wide state: the engine, the partitions and the
+//! workload has ended; around the run it samples device telemetry ([`telemetry`]) and it
+//! summarises the result as `isolane_core::results::RunSummary`. What a person should see
+//! (progress, warnings, notes) goes to the caller's [`Observer`]. It keeps no process-wide state: the engine, the partitions and the
 //! options are values the caller gives.
 //!
 //! It sits above `isolane-runtime` (which knows nothing of GPUs) and `isolane-gpu` (which
 //! knows nothing of workloads' hosts), so that neither depends on the other.
 
+pub mod telemetry;
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+
+use isolane_core::results::RunSummary;
+use isolane_core::spec::Scenario;
+use isolane_runtime::exec::Engine;
+use isolane_runtime::results::{summarize_run, RunInfo};
 
 use isolane_core::admission::Plan;
 use isolane_core::spec::Mechanism;
@@ -116,6 +128,86 @@ pub fn run_in_partitions(
         coordinator::run(&plan, &opts, progress).map(|result| (result, records))
     })?;
     Ok(ran?)
+}
+
+/// Where a run reports what a person should see while it goes on.
+pub trait Observer {
+    /// About ten times a second while the workloads run.
+    fn progress(&mut self, progress: &Progress);
+    /// Once, when every workload has ended (before any warning about the run's end).
+    fn finished(&mut self);
+    /// Something went wrong that the run survived.
+    fn warning(&mut self, message: &str);
+    /// Something worth a line.
+    fn note(&mut self, message: &str);
+}
+
+/// One run, admitted and with its output folder ready.
+pub struct RunRequest<'a> {
+    /// The subcommand, for summary.json.
+    pub command: &'static str,
+    pub scenario: &'a Scenario,
+    /// Names the scenario in summary.json.
+    pub scenario_name: String,
+    /// The admitted plan on a GPU (`None` on the CPU).
+    pub admitted: Option<&'a Plan>,
+    pub plan: &'a RunPlan,
+    /// The run folder: jobs/*.csv stream there, telemetry.csv is written there.
+    pub out: &'a Path,
+    pub choices: PartitionChoices,
+    /// Builds the workloads whose model is not `spin:`.
+    pub engine: &'a Engine,
+    /// Raised by the caller's Ctrl-C handler: stop releasing, keep what was measured.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Runs an admitted plan inside its partitions with telemetry around it and summarises the
+/// result (summary.json's types; the caller writes it).
+pub fn measure(
+    r: RunRequest<'_>,
+    observer: &mut dyn Observer,
+) -> Result<(RunResult, RunSummary), SessionError> {
+    let started_at = chrono::Utc::now();
+    let sampler = telemetry::start(r.scenario, observer);
+    // Every job's record reaches jobs/<workload>.csv while the run goes on: a killed run
+    // leaves them for `isolane summarize`.
+    let mut options = RunOptions::new(r.stop);
+    options.jobs_dir = Some(r.out.to_path_buf());
+    options.engine = Some(r.engine.clone());
+    let ran = run_in_partitions(
+        r.scenario.device.gpu,
+        r.admitted,
+        r.choices,
+        r.plan,
+        options,
+        &mut |p| observer.progress(p),
+    );
+    observer.finished();
+    let (result, partitions) = ran?;
+    if let Some(e) = &result.jobs_stream_error {
+        observer.warning(&format!(
+            "the per-job records stopped streaming to jobs/ during the run ({e}); they are \
+             written in full now"
+        ));
+    }
+    let info = RunInfo {
+        command: r.command,
+        started_at,
+        scenario: r.scenario_name,
+    };
+    let mut summary = summarize_run(&info, &r.plan.workloads, &result);
+    summary.partitions = partitions;
+    if let Some(plan) = r.admitted {
+        for w in &mut summary.workloads {
+            w.memory_estimate_mib = plan
+                .workloads
+                .iter()
+                .find(|a| a.workload == w.name)
+                .and_then(|a| a.memory_mib);
+        }
+    }
+    telemetry::finish(sampler, r.out, &result, &mut summary, observer);
+    Ok((result, summary))
 }
 
 /// `plan` with each workload's green group (if the session made one for it) in its
