@@ -2,8 +2,9 @@
 //! real network (a built-in architecture or an ONNX file), compiled once for its batch and
 //! precision and run once per job.
 //!
-//! The runtime does not depend on the engine; `main` registers this once, so the coordinator
-//! and `isolane worker` processes build models the same way.
+//! The runtime does not depend on the engine; `main` builds one [`EngineExecutorsImpl`] and
+//! passes it down (to the coordinator and to `isolane worker` alike), so both build models the
+//! same way.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -15,9 +16,27 @@ use isolane_engine::{
     build_model, model_info, CompiledModel, CpuBackend, Graph, Precision, Weights,
 };
 use isolane_runtime::exec::{EngineExecutors, ExecError, Executor};
+use isolane_runtime::partition::Partition;
 
-/// The engine as the runtime sees it (the CPU backend for now).
-pub struct EngineExecutorsImpl;
+/// The engine as the runtime sees it: the CPU backend, or the CUDA backend for
+/// `backend = "cuda"`.
+#[derive(Default)]
+pub struct EngineExecutorsImpl {
+    /// Graphs loaded from files during `check`, handed to `build` so that a file is read once
+    /// per process. `build` takes its entry out: a second workload on the same file reads it
+    /// again rather than the cache pinning a large model in memory for the whole run.
+    checked: Mutex<Vec<CheckedGraph>>,
+}
+
+/// A graph `check` read from a file: (model, weights, graph).
+type CheckedGraph = (String, Option<String>, Graph);
+
+impl EngineExecutorsImpl {
+    /// The engine as the value the runtime is given.
+    pub fn shared() -> isolane_runtime::exec::Engine {
+        std::sync::Arc::new(EngineExecutorsImpl::default())
+    }
+}
 
 /// Built-in or ONNX, by core's rule (scenario validation classifies models the same way).
 fn is_onnx(model: &str) -> bool {
@@ -39,11 +58,6 @@ fn engine_err(spec: &WorkloadSpec, message: impl std::fmt::Display) -> ExecError
         message: message.to_string(),
     }
 }
-
-/// Graphs loaded from files during `check`, handed to `build` so that a file is read once per
-/// process. `build` takes its entry out: a second workload on the same file reads it again
-/// rather than the cache pinning a large model in memory for the whole run.
-static CHECKED: Mutex<Vec<(String, Option<String>, Graph)>> = Mutex::new(Vec::new());
 
 fn load_graph(spec: &WorkloadSpec, seed: u64) -> Result<Graph, ExecError> {
     if is_onnx(&spec.model) {
@@ -95,15 +109,23 @@ fn gpu_index(device: &DeviceSpec) -> u32 {
         .unwrap_or(device.gpu)
 }
 
-/// Compiles `graph` on the CUDA backend: in the workload's green context when the run offered
-/// it one (partition_streams), else on a stream of its own in the device's primary context.
+/// The green group a thread-hosted workload's plan carried (the only partition a thread host
+/// is given; MPS and MIG reach worker processes through their environment).
+fn green_group(spec: &WorkloadSpec, p: Partition) -> Result<isolane_gpu::GreenGroup, ExecError> {
+    p.downcast::<isolane_gpu::GreenGroup>()
+        .map(|g| *g)
+        .map_err(|_| engine_err(spec, "its partition is not a green group"))
+}
+
+/// Compiles `graph` on the CUDA backend: in the workload's green context when its plan carried
+/// one (`group`), else on a stream of its own in the device's primary context.
 fn build_cuda(
     device: &DeviceSpec,
     spec: &WorkloadSpec,
     graph: &Graph,
     seed: u64,
+    group: Option<isolane_gpu::GreenGroup>,
 ) -> Result<Box<dyn Executor>, ExecError> {
-    let group = crate::partition_streams::take(&spec.name);
     let backend = match &group {
         Some(g) => {
             g.make_current().map_err(|e| engine_err(spec, e))?;
@@ -131,7 +153,7 @@ fn build_cuda(
     if let Some(r) = model.plan_check() {
         eprintln!("workload {}: {}", spec.name, plan_check_line(&r));
     }
-    let input = crate::cmd::infer::random_normal(model.input_mut().len(), seed);
+    let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);
     model.input_mut().copy_from_slice(&input);
     Ok(Box::new(CudaExecutor {
         model,
@@ -320,7 +342,7 @@ impl EngineExecutors for EngineExecutorsImpl {
         if reads_a_file(spec) {
             // A worker process builds its own copy; only thread hosts can reuse this one.
             if spec.host == Host::Thread {
-                if let Ok(mut cache) = CHECKED.lock() {
+                if let Ok(mut cache) = self.checked.lock() {
                     cache.push((spec.model.clone(), spec.weights.clone(), graph));
                 }
             }
@@ -334,10 +356,11 @@ impl EngineExecutors for EngineExecutorsImpl {
         spec: &WorkloadSpec,
         seed: u64,
         _index: usize,
+        partition: Option<Partition>,
     ) -> Result<Box<dyn Executor>, ExecError> {
         check_backend(device, spec)?;
         let cached = if reads_a_file(spec) {
-            CHECKED.lock().ok().and_then(|mut cache| {
+            self.checked.lock().ok().and_then(|mut cache| {
                 let i = cache
                     .iter()
                     .position(|(m, w, _)| *m == spec.model && *w == spec.weights)?;
@@ -356,7 +379,8 @@ impl EngineExecutors for EngineExecutorsImpl {
             }
         };
         if device.backend == SpecBackend::Cuda {
-            return build_cuda(device, spec, &graph, seed);
+            let group = partition.map(|p| green_group(spec, p)).transpose()?;
+            return build_cuda(device, spec, &graph, seed, group);
         }
         // One engine thread per core the workload is pinned to (1 when unpinned): the pool is
         // created here, on the workload's pinned thread, so its threads inherit that affinity.
@@ -365,7 +389,7 @@ impl EngineExecutors for EngineExecutorsImpl {
             .compile_cpu(&graph, spec.batch as usize, precision(spec.precision))
             .map_err(|e| engine_err(spec, e))?;
         drop(graph);
-        let input = crate::cmd::infer::random_normal(model.input_mut().len(), seed);
+        let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);
         model.input_mut().copy_from_slice(&input);
         Ok(Box::new(ModelExecutor {
             model: Box::new(model),

@@ -4,7 +4,7 @@
 
 mod cmd;
 mod engine_exec;
-mod partition_streams;
+mod seeded_input;
 
 use std::process::ExitCode;
 
@@ -58,11 +58,12 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    isolane_runtime::exec::register_engine(Box::new(engine_exec::EngineExecutorsImpl));
+    // The one engine of this process, passed to every command that runs workloads.
+    let engine = engine_exec::EngineExecutorsImpl::shared();
     let result = match parsed.command {
-        Command::Run(a) => cmd::run::run(a),
-        Command::Maxrate(a) => cmd::maxrate::run(a),
-        Command::Isolation(a) => cmd::isolation::run(a),
+        Command::Run(a) => cmd::run::run(a, &engine),
+        Command::Maxrate(a) => cmd::maxrate::run(a, &engine),
+        Command::Isolation(a) => cmd::isolation::run(a, &engine),
         Command::Compare(a) => cmd::compare::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Plan(a) => cmd::plan::run(a),
@@ -71,11 +72,11 @@ fn main() -> ExitCode {
         Command::Models(a) => cmd::models::run(a),
         Command::Infer(a) => cmd::infer::run(a),
         Command::Report(a) => cmd::report::run(a),
-        Command::Sweep(a) => cmd::sweep::run(a),
+        Command::Sweep(a) => cmd::sweep::run(a, &engine),
         Command::Completions(a) => cmd::completions::completions(a, cli()),
         Command::Man(a) => cmd::completions::man(a, cli()),
         Command::Summarize(a) => cmd::summarize::run(a),
-        Command::Worker(a) => cmd::worker::run(a),
+        Command::Worker(a) => cmd::worker::run(a, &engine),
     };
     cmd::exit_code(result)
 }

@@ -29,14 +29,14 @@ fn every_example_scenario_validates() {
         } else {
             isolane_runtime::RunPlan::from_scenario(&s)
         };
-        // The runtime's preflight knows spin models only (the binary registers the engine;
-        // built-in names were checked against the engine's catalog above).
+        // Without an engine the runtime's preflight knows spin models only (the binary passes it
+        // the engine; built-in names were checked against the engine's catalog above).
         let all_spin = s
             .workloads
             .iter()
             .all(|w| matches!(w.model_source(), Ok(ModelSource::Spin(_))));
         if all_spin {
-            isolane_runtime::coordinator::preflight(&plan)
+            isolane_runtime::coordinator::preflight(&plan, None)
                 .unwrap_or_else(|err| panic!("{}: {err}", p.display()));
         }
         n += 1;

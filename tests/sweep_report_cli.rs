@@ -158,7 +158,56 @@ fn sweep_and_report_mistakes_exit_2_and_write_nothing() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("sweep point w1-b01/scenario.toml") && err.contains("nosuch"),
+        err.contains("sweep point w1-b01: workload[0].model") && err.contains("nosuch"),
+        "{err}"
+    );
+    assert!(!out.exists());
+
+    // A point's scenario is built as a value: a relative model path is the user's, relative
+    // to where the sweep was started (not to a staging copy of the scenario).
+    let o = isolane()
+        .current_dir(dir.path())
+        .args([
+            "sweep",
+            "concurrency",
+            "--model",
+            "missing.onnx",
+            "--backend",
+            "cpu",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let expected = dir.path().join("missing.onnx");
+    assert!(
+        err.contains("sweep point w1-b01: workload[0].model")
+            && err.contains(&expected.display().to_string()),
+        "{err}"
+    );
+    assert!(!out.exists());
+
+    let o = isolane()
+        .args([
+            "sweep",
+            "concurrency",
+            "--model",
+            "spin:1ms",
+            "--precision",
+            "fp8",
+            "--backend",
+            "cpu",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--precision fp8: expected one of fp32, tf32, fp16, bf16"),
         "{err}"
     );
     assert!(!out.exists());

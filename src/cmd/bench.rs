@@ -237,7 +237,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
                                 .with_context(|| {
                                     format!("compiling {name} batch {batch} {p} for cuda")
                                 })?;
-                            let input = super::infer::random_normal(m.input_mut().len(), args.seed);
+                            let input =
+                                crate::seeded_input::random_normal(m.input_mut().len(), args.seed);
                             m.input_mut().copy_from_slice(&input);
                             m.run()?;
                             forward_ms = Some(m.device_ms(50)?);
@@ -254,7 +255,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
                         ),
                     };
                 let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
-                let input = super::infer::random_normal(model.input_mut().len(), args.seed);
+                let input = crate::seeded_input::random_normal(model.input_mut().len(), args.seed);
                 model.input_mut().copy_from_slice(&input);
                 let (t, wall) = time_jobs(model.as_mut(), args.warmup, args.replays)?;
                 let r = BenchResult {

@@ -39,7 +39,7 @@ pub struct IsolationArgs {
     partitions: super::PartitionFlags,
 }
 
-pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
+pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = super::load_scenario(Some(&args.scenario))?;
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let (plan, grid) = isolation::plan(&scenario).map_err(user)?;
@@ -53,6 +53,7 @@ pub fn run(args: IsolationArgs) -> anyhow::Result<u8> {
         force: args.force,
         quiet: args.quiet,
         partitions: &args.partitions,
+        engine,
     })?;
 
     let steps = isolation::per_step(&plan, grid, &m.result);

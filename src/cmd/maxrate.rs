@@ -166,7 +166,7 @@ fn parse_value<T: serde::de::DeserializeOwned>(flag: &str, v: &str) -> anyhow::R
         .map_err(|e| user(format!("--{flag} {v}: {e}")))
 }
 
-pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
+pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let backend: Backend = parse_value("backend", &args.backend)?;
     let mechanism: Mechanism = parse_value("mechanism", &args.mechanism)?;
     let precision: Precision = parse_value("precision", &args.precision)?;
@@ -246,33 +246,30 @@ pub fn run(args: MaxrateArgs) -> anyhow::Result<u8> {
         return run_in_mps_client(&scenario, plan);
     }
     // green: the search runs on this thread, in its partition's green context.
-    let session = match (&admitted, mechanism) {
+    match (&admitted, mechanism) {
         (Some(plan), Mechanism::Green) => {
-            let mut s = isolane_gpu::PartitionSession::set_up(
+            let searched = isolane_session::with_partitions(
                 args.gpu,
                 plan,
-                &isolane_gpu::SessionOptions::default(),
-                None,
-            )?;
-            for r in s.records() {
-                eprintln!(
-                    "partition: {} (granted {:?} SMs)",
-                    r.partition, r.granted_sms
-                );
-            }
-            if let Some(group) = s.take_green_group(&spec.name) {
-                crate::partition_streams::offer(&spec.name, group);
-            }
-            Some(s)
+                isolane_session::PartitionChoices::default(),
+                |session| {
+                    for r in session.records() {
+                        eprintln!(
+                            "partition: {} (granted {:?} SMs)",
+                            r.partition, r.granted_sms
+                        );
+                    }
+                    let partition = session
+                        .take_green_group(&spec.name)
+                        .map(|g| Box::new(g) as isolane_runtime::partition::Partition);
+                    search(&args, engine, partition, &scenario.device, &spec, &timing)
+                },
+            )
+            .map_err(super::session_error)?;
+            searched
         }
-        _ => None,
-    };
-    let code = search(&args, &scenario.device, &spec, &timing)?;
-    crate::partition_streams::clear();
-    if let Some(s) = session {
-        s.finish()?;
+        _ => search(&args, engine, None, &scenario.device, &spec, &timing),
     }
-    Ok(code)
 }
 
 /// mps: a private daemon, and the search itself in a client process of it (this program again,
@@ -281,12 +278,24 @@ fn run_in_mps_client(
     scenario: &Scenario,
     plan: &isolane_core::admission::Plan,
 ) -> anyhow::Result<u8> {
-    let session = isolane_gpu::PartitionSession::set_up(
+    let status = isolane_session::with_partitions(
         scenario.device.gpu,
         plan,
-        &isolane_gpu::SessionOptions::default(),
-        None,
-    )?;
+        isolane_session::PartitionChoices::default(),
+        |session| run_client(session),
+    )
+    .map_err(super::session_error)??;
+    Ok(match status.code() {
+        Some(c) => u8::try_from(c).unwrap_or(super::EXIT_FAILED),
+        None => EXIT_INTERRUPTED,
+    })
+}
+
+/// Starts the client process with its partition's environment, adopts it as the daemon's
+/// client, and waits for it.
+fn run_client(
+    session: &isolane_gpu::PartitionSession<'_>,
+) -> anyhow::Result<std::process::ExitStatus> {
     let env = session
         .worker_env()
         .get("maxrate")
@@ -305,16 +314,13 @@ fn run_in_mps_client(
     isolane_core::process::die_with_parent(&mut client);
     let mut child = client.spawn().context("starting the MPS client process")?;
     (session.client_adopter())(child.id());
-    let status = child.wait().context("waiting for the MPS client process")?;
-    session.finish()?;
-    Ok(match status.code() {
-        Some(c) => u8::try_from(c).unwrap_or(super::EXIT_FAILED),
-        None => EXIT_INTERRUPTED,
-    })
+    child.wait().context("waiting for the MPS client process")
 }
 
 fn search(
     args: &MaxrateArgs,
+    engine: &isolane_runtime::exec::Engine,
+    partition: Option<isolane_runtime::partition::Partition>,
     device: &DeviceSpec,
     spec: &WorkloadSpec,
     timing: &TimingSpec,
@@ -334,7 +340,7 @@ fn search(
     };
     // The model (and a batch of its activations) and the search's job records must fit this
     // machine before anything of their size is allocated.
-    exec::check_model(device, spec).map_err(|e| match e {
+    exec::check_model(Some(engine.as_ref()), device, spec).map_err(|e| match e {
         // In flag terms: there is no workload the user named.
         exec::ExecError::BadModel { reason, .. } => {
             let batch = format!("batch = {}: ", args.batch);
@@ -346,7 +352,15 @@ fn search(
         _ => anyhow::Error::new(e),
     })?;
     check_search_records(args)?;
-    let executor = exec::executor_for(device, spec, timing.seed, 0).map_err(|e| match e {
+    let executor = exec::executor_for(
+        Some(engine.as_ref()),
+        device,
+        spec,
+        timing.seed,
+        0,
+        partition,
+    )
+    .map_err(|e| match e {
         exec::ExecError::BadModel { .. } => user(e),
         _ => anyhow::Error::new(e),
     })?;

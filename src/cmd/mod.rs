@@ -15,7 +15,6 @@ pub mod report;
 pub mod run;
 pub mod summarize;
 pub mod sweep;
-pub mod telemetry;
 pub mod verify;
 pub mod worker;
 
@@ -215,6 +214,25 @@ impl ProgressView {
     }
 }
 
+/// What a run shows a person: the progress bar on stdout, warnings and notes on stderr.
+impl isolane_session::Observer for ProgressView {
+    fn progress(&mut self, p: &isolane_runtime::coordinator::Progress) {
+        self.update(p);
+    }
+
+    fn finished(&mut self) {
+        self.finish();
+    }
+
+    fn warning(&mut self, message: &str) {
+        eprintln!("warning: {message}");
+    }
+
+    fn note(&mut self, message: &str) {
+        eprintln!("{message}");
+    }
+}
+
 /// The title of a results table: where the workloads ran and how the device was shared, e.g.
 /// `cuda GPU 0 (NVIDIA H100 80GB HBM3), green contexts` or `cpu, no partitions`.
 pub fn device_title(scenario: &Scenario) -> String {
@@ -316,67 +334,21 @@ pub struct PartitionFlags {
     pub join_mps: bool,
 }
 
-/// Runs `plan` inside the admitted partitions: sets them up (green groups, our MPS daemon, MIG
-/// instances), hands each workload its partition (a green stream through
-/// [`crate::partition_streams`], worker environments for MPS and MIG), and takes them down
-/// after every workload has ended. Returns the run and what each workload got.
-pub fn run_partitioned(
-    scenario: &Scenario,
-    admitted: Option<&isolane_core::admission::Plan>,
-    flags: &PartitionFlags,
-    plan: &isolane_runtime::coordinator::RunPlan,
-    mut opts: isolane_runtime::coordinator::RunOptions,
-    progress: &mut dyn FnMut(&isolane_runtime::coordinator::Progress),
-) -> anyhow::Result<(
-    isolane_runtime::coordinator::RunResult,
-    Vec<isolane_gpu::PartitionRecord>,
-)> {
-    let Some(admitted) = admitted else {
-        return Ok((
-            isolane_runtime::coordinator::run(plan, &opts, progress)?,
-            Vec::new(),
-        ));
-    };
-    let mig_backend = match admitted.mechanism {
-        isolane_core::spec::Mechanism::Mig => Some(isolane_gpu::mig::nvml::NvmlMig::new()?),
-        _ => None,
-    };
-    let options = isolane_gpu::SessionOptions {
-        mps: isolane_gpu::MpsOptions {
-            join_existing: flags.join_mps,
-            ..Default::default()
-        },
-        allow_mig_reconfigure: flags.allow_mig_reconfigure,
-    };
-    let mut session = isolane_gpu::PartitionSession::set_up(
-        scenario.device.gpu,
-        admitted,
-        &options,
-        mig_backend
-            .as_ref()
-            .map(|b| b as &dyn isolane_gpu::mig::MigBackend),
-    )
-    .map_err(|e| {
-        if e.is_user_error() {
-            user(e)
-        } else {
-            anyhow::Error::new(e)
-        }
-    })?;
-    for w in &scenario.workloads {
-        if let Some(group) = session.take_green_group(&w.name) {
-            crate::partition_streams::offer(&w.name, group);
+impl PartitionFlags {
+    /// The flags as the session library takes them.
+    pub fn choices(&self) -> isolane_session::PartitionChoices {
+        isolane_session::PartitionChoices {
+            allow_mig_reconfigure: self.allow_mig_reconfigure,
+            join_mps: self.join_mps,
         }
     }
-    opts.worker_env = session.worker_env().clone();
-    let adopt = session.client_adopter();
-    opts.on_worker_start = Some(Arc::new(move |_name: &str, pid: u32| adopt(pid)));
-    let records = session.records().to_vec();
-    let result = isolane_runtime::coordinator::run(plan, &opts, progress);
-    // Groups no workload took (a failed build) go before the session ends.
-    crate::partition_streams::clear();
-    let finished = session.finish();
-    let result = result?;
-    finished?;
-    Ok((result, records))
+}
+
+/// A session's error at the CLI's edge: a refused partition request is the user's (exit 2).
+pub fn session_error(e: isolane_session::SessionError) -> anyhow::Error {
+    if e.is_user_error() {
+        user(e)
+    } else {
+        anyhow::Error::new(e)
+    }
 }

@@ -7,9 +7,8 @@ use clap::Args;
 use isolane_core::admission::Plan;
 use isolane_core::results::{RunStatus, RunSummary};
 use isolane_core::spec::Scenario;
-use isolane_runtime::coordinator::{self, RunOptions, RunPlan, RunResult};
+use isolane_runtime::coordinator::{self, RunPlan, RunResult};
 use isolane_runtime::output;
-use isolane_runtime::results::{self, RunInfo};
 
 use super::{user, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
 
@@ -51,8 +50,8 @@ pub struct RunArgs {
     pub partitions: super::PartitionFlags,
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<u8> {
-    let (mut scenario, scenario_name) = match &args.scenario {
+pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
+    let (scenario, scenario_name) = match &args.scenario {
         Some(p) => super::load_scenario(Some(p))?,
         None => {
             let (scenario, name, no_gpu) = super::quickstart(args.cpu)?;
@@ -62,6 +61,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
             (scenario, name)
         }
     };
+    run_scenario(scenario, scenario_name, &args, engine)
+}
+
+/// Runs a scenario that is already loaded (a file, the quickstart, or a sweep point built as a
+/// value): admission, the run, its files and the results table. `scenario_name` names it in
+/// messages and summary.json.
+pub fn run_scenario(
+    mut scenario: Scenario,
+    scenario_name: String,
+    args: &RunArgs,
+    engine: &isolane_runtime::exec::Engine,
+) -> anyhow::Result<u8> {
     if args.no_plan_check {
         scenario
             .workloads
@@ -80,6 +91,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         force: args.force,
         quiet: args.quiet,
         partitions: &args.partitions,
+        engine,
     })?;
     write_run_files(&m)?;
     println!("{}", results_table(&scenario, &m.summary, args.wide));
@@ -101,6 +113,8 @@ pub struct Request<'a> {
     pub force: bool,
     pub quiet: bool,
     pub partitions: &'a super::PartitionFlags,
+    /// Builds the workloads whose model is not `spin:`.
+    pub engine: &'a isolane_runtime::exec::Engine,
 }
 
 /// What a run measured, not yet written (except scenario.toml and telemetry.csv).
@@ -113,7 +127,7 @@ pub struct Measured {
 /// Checks the plan, creates the output folder with the resolved scenario in it, then runs the
 /// workloads inside their partitions with telemetry around them and summarises the result.
 pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
-    preflight(r.plan)?;
+    preflight(r.plan, r.engine)?;
     // Job records stream to jobs/*.csv: they must fit the output folder's disk as well.
     let out_dir = r.out.unwrap_or(Path::new("runs"));
     if let Some(free) = isolane_runtime::limits::disk_free_bytes(out_dir) {
@@ -128,46 +142,22 @@ pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
     output::write_atomic(&out.join("scenario.toml"), toml.as_bytes())?;
 
     let stop = super::install_stop_handler()?;
-    let started_at = chrono::Utc::now();
-    let view = ProgressView::new(r.quiet);
-    let telemetry = super::telemetry::start(r.scenario);
-    // Every job's record reaches jobs/<workload>.csv while the run goes on: a killed run
-    // leaves them for `isolane summarize`.
-    let mut options = RunOptions::new(stop);
-    options.jobs_dir = Some(out.clone());
-    let (result, partitions) = super::run_partitioned(
-        r.scenario,
-        r.admitted,
-        r.partitions,
-        r.plan,
-        options,
-        &mut |p| view.update(p),
-    )?;
-    view.finish();
-    if let Some(e) = &result.jobs_stream_error {
-        eprintln!(
-            "warning: the per-job records stopped streaming to jobs/ during the run ({e}); they \
-             are written in full now"
-        );
-    }
-
-    let info = RunInfo {
-        command: r.command,
-        started_at,
-        scenario: r.scenario_name,
-    };
-    let mut summary = results::summarize_run(&info, &r.plan.workloads, &result);
-    summary.partitions = partitions;
-    if let Some(plan) = r.admitted {
-        for w in &mut summary.workloads {
-            w.memory_estimate_mib = plan
-                .workloads
-                .iter()
-                .find(|a| a.workload == w.name)
-                .and_then(|a| a.memory_mib);
-        }
-    }
-    super::telemetry::finish(telemetry, &out, &result, &mut summary);
+    let mut view = ProgressView::new(r.quiet);
+    let (result, summary) = isolane_session::measure(
+        isolane_session::RunRequest {
+            command: r.command,
+            scenario: r.scenario,
+            scenario_name: r.scenario_name,
+            admitted: r.admitted,
+            plan: r.plan,
+            out: &out,
+            choices: r.partitions.choices(),
+            engine: r.engine,
+            stop,
+        },
+        &mut view,
+    )
+    .map_err(super::session_error)?;
     Ok(Measured {
         out,
         result,
@@ -176,8 +166,8 @@ pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
 }
 
 /// Models and CPU cores are checked before any output exists.
-pub fn preflight(plan: &RunPlan) -> anyhow::Result<()> {
-    coordinator::preflight(plan).map_err(|e| {
+pub fn preflight(plan: &RunPlan, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<()> {
+    coordinator::preflight(plan, Some(engine.as_ref())).map_err(|e| {
         if e.is_user_error() {
             user(e)
         } else {

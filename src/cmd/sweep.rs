@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use isolane_core::results::{RunSummary, SweepIndex, SweepPoint, SCHEMA_VERSION};
+use isolane_core::spec::{self, DeviceSpec, Host, Mechanism, ModelSource, Precision, Scenario};
 use isolane_runtime::output;
 use isolane_runtime::sweep::{self, PointWorkload};
 
@@ -47,6 +48,13 @@ impl Backend {
         match self {
             Backend::Cpu => "cpu",
             Backend::Cuda => "cuda",
+        }
+    }
+
+    fn spec(self) -> spec::Backend {
+        match self {
+            Backend::Cpu => spec::Backend::Cpu,
+            Backend::Cuda => spec::Backend::Cuda,
         }
     }
 }
@@ -177,20 +185,52 @@ fn positive(s: &str) -> Result<f64, String> {
     }
 }
 
-pub fn run(args: SweepArgs) -> anyhow::Result<u8> {
+pub fn run(args: SweepArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     match args.kind {
-        SweepKind::Partition(a) => partition(a),
-        SweepKind::Concurrency(a) => concurrency(a),
+        SweepKind::Partition(a) => partition(a, engine),
+        SweepKind::Concurrency(a) => concurrency(a, engine),
     }
 }
 
 /// A point to run: its index entry and its scenario.
 struct Point {
     entry: SweepPoint,
-    toml: String,
+    scenario: Scenario,
 }
 
-fn partition(a: PartitionArgs) -> anyhow::Result<u8> {
+/// Where every workload of a point runs.
+fn point_device(c: &Common, mechanism: Mechanism, host: Host) -> DeviceSpec {
+    DeviceSpec {
+        backend: c.backend.spec(),
+        gpu: c.gpu,
+        mechanism,
+        host,
+    }
+}
+
+/// `--precision` as the scenario's type (a mistake names the flag and what is allowed).
+fn precision(v: &str) -> anyhow::Result<Precision> {
+    serde_json::from_value(serde_json::Value::String(v.to_string())).map_err(|_| {
+        user(format!(
+            "--precision {v}: expected one of fp32, tf32, fp16, bf16"
+        ))
+    })
+}
+
+/// `--model` as a point's scenario names it: an `.onnx` path made absolute, since the point's
+/// `scenario.toml` lives in the point's folder (as a scenario file's own paths come back
+/// absolute from parsing).
+fn point_model(model: &str) -> anyhow::Result<String> {
+    match ModelSource::classify(model) {
+        Ok(ModelSource::Onnx(path)) => Ok(std::path::absolute(&path)
+            .with_context(|| format!("--model {model}: resolving the path"))?
+            .display()
+            .to_string()),
+        _ => Ok(model.to_string()),
+    }
+}
+
+fn partition(a: PartitionArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let c = &a.common;
     let device = match (&a.device_model, c.backend) {
         (Some(name), _) => isolane_core::device_model::device_model(name).ok_or_else(|| {
@@ -216,11 +256,13 @@ fn partition(a: PartitionArgs) -> anyhow::Result<u8> {
         }
     };
     let (mechanism, host, unit) = match (c.backend, a.mechanism) {
-        (Backend::Cpu, PartitionMechanism::Green) => ("none", "thread", "sms"),
-        (Backend::Cpu, PartitionMechanism::Mps) => ("none", "thread", "thread_pct"),
-        (Backend::Cuda, PartitionMechanism::Green) => ("green", "thread", "sms"),
-        (Backend::Cuda, PartitionMechanism::Mps) => ("mps", "process", "thread_pct"),
+        (Backend::Cpu, PartitionMechanism::Green) => (Mechanism::None, Host::Thread, "sms"),
+        (Backend::Cpu, PartitionMechanism::Mps) => (Mechanism::None, Host::Thread, "thread_pct"),
+        (Backend::Cuda, PartitionMechanism::Green) => (Mechanism::Green, Host::Thread, "sms"),
+        (Backend::Cuda, PartitionMechanism::Mps) => (Mechanism::Mps, Host::Process, "thread_pct"),
     };
+    let point_precision = precision(&a.precision)?;
+    let model = point_model(&a.model)?;
     let on_gpu = c.backend == Backend::Cuda;
     let points = sizes
         .iter()
@@ -228,9 +270,9 @@ fn partition(a: PartitionArgs) -> anyhow::Result<u8> {
             let green = a.mechanism == PartitionMechanism::Green;
             let w = PointWorkload {
                 name: sweep::workload_name(&a.model),
-                model: a.model.clone(),
+                model: model.clone(),
                 batch: a.batch,
-                precision: a.precision.clone(),
+                precision: point_precision,
                 rate_hz: rate_hz(c.rate),
                 duration_s: c.duration_s,
                 warmup_jobs: c.warmup,
@@ -247,7 +289,7 @@ fn partition(a: PartitionArgs) -> anyhow::Result<u8> {
                     precision: Some(a.precision.clone()),
                     ..SweepPoint::default()
                 },
-                toml: sweep::scenario_toml(c.backend.as_str(), c.gpu, mechanism, host, &[w]),
+                scenario: sweep::point_scenario(point_device(c, mechanism, host), &[w]),
             }
         })
         .collect();
@@ -270,10 +312,10 @@ fn partition(a: PartitionArgs) -> anyhow::Result<u8> {
         duration_s: c.duration_s,
         points: Vec::new(),
     };
-    run_points(index, points, c)
+    run_points(index, points, c, engine)
 }
 
-fn concurrency(a: ConcurrencyArgs) -> anyhow::Result<u8> {
+fn concurrency(a: ConcurrencyArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let c = &a.common;
     for (flag, list) in [("workloads", &a.workloads), ("batch", &a.batch)] {
         if list.is_empty() || list.contains(&0) {
@@ -286,31 +328,33 @@ fn concurrency(a: ConcurrencyArgs) -> anyhow::Result<u8> {
         return Err(user("--precision: the list is empty"));
     }
     let (mechanism, host) = match (c.backend, a.mechanism) {
-        (Backend::Cpu, _) => ("none", "thread"),
-        (Backend::Cuda, ConcurrencyMechanism::Timeslice) => ("timeslice", "process"),
-        (Backend::Cuda, ConcurrencyMechanism::Mps) => ("mps", "process"),
+        (Backend::Cpu, _) => (Mechanism::None, Host::Thread),
+        (Backend::Cuda, ConcurrencyMechanism::Timeslice) => (Mechanism::Timeslice, Host::Process),
+        (Backend::Cuda, ConcurrencyMechanism::Mps) => (Mechanism::Mps, Host::Process),
     };
+    let model = point_model(&a.model)?;
     let several_precisions = a.precision.len() > 1;
     let mut points = Vec::new();
-    for precision in &a.precision {
+    for precision_flag in &a.precision {
+        let point_precision = precision(precision_flag)?;
         for &n in &a.workloads {
             for &b in &a.batch {
                 let ws: Vec<PointWorkload> = (0..n)
                     .map(|i| PointWorkload {
                         name: format!("{}-{i}", sweep::workload_name(&a.model)),
-                        model: a.model.clone(),
+                        model: model.clone(),
                         batch: b,
-                        precision: precision.clone(),
+                        precision: point_precision,
                         rate_hz: rate_hz(c.rate),
                         duration_s: c.duration_s,
                         warmup_jobs: c.warmup,
                         sms: None,
                         // Equal shares that add up to at most 100 % (admission's budget).
-                        thread_pct: (mechanism == "mps").then(|| (100 / n).max(1)),
+                        thread_pct: (mechanism == Mechanism::Mps).then(|| (100 / n).max(1)),
                     })
                     .collect();
                 let dir = if several_precisions {
-                    format!("{precision}-w{n}-b{b:02}")
+                    format!("{precision_flag}-w{n}-b{b:02}")
                 } else {
                     format!("w{n}-b{b:02}")
                 };
@@ -320,10 +364,10 @@ fn concurrency(a: ConcurrencyArgs) -> anyhow::Result<u8> {
                         status: "pending".into(),
                         workloads: Some(n),
                         batch: Some(b),
-                        precision: Some(precision.clone()),
+                        precision: Some(precision_flag.clone()),
                         ..SweepPoint::default()
                     },
-                    toml: sweep::scenario_toml(c.backend.as_str(), c.gpu, mechanism, host, &ws),
+                    scenario: sweep::point_scenario(point_device(c, mechanism, host), &ws),
                 });
             }
         }
@@ -334,16 +378,26 @@ fn concurrency(a: ConcurrencyArgs) -> anyhow::Result<u8> {
         kind: "concurrency".into(),
         model: a.model.clone(),
         backend: c.backend.as_str().into(),
-        mechanism: mechanism.into(),
+        mechanism: mechanism_name(mechanism).into(),
         precision: a.precision.join(","),
         device_model: None,
         unit: None,
-        partition_applied: c.backend == Backend::Cuda && mechanism == "mps",
+        partition_applied: c.backend == Backend::Cuda && mechanism == Mechanism::Mps,
         rate_hz: rate_hz(c.rate),
         duration_s: c.duration_s,
         points: Vec::new(),
     };
-    run_points(index, points, c)
+    run_points(index, points, c, engine)
+}
+
+fn mechanism_name(m: Mechanism) -> &'static str {
+    match m {
+        Mechanism::None => "none",
+        Mechanism::Timeslice => "timeslice",
+        Mechanism::Mps => "mps",
+        Mechanism::Mig => "mig",
+        Mechanism::Green => "green",
+    }
 }
 
 fn rate_hz(r: Rate) -> Option<f64> {
@@ -353,10 +407,10 @@ fn rate_hz(r: Rate) -> Option<f64> {
     }
 }
 
-/// `isolane run`'s arguments for one point.
-fn run_args(scenario: &Path, out: &Path, c: &Common) -> super::run::RunArgs {
+/// `isolane run`'s arguments for one point (its scenario is given as a value).
+fn run_args(out: &Path, c: &Common) -> super::run::RunArgs {
     super::run::RunArgs {
-        scenario: Some(scenario.to_path_buf()),
+        scenario: None,
         out: Some(out.to_path_buf()),
         force: true,
         quiet: c.quiet,
@@ -371,27 +425,15 @@ fn run_args(scenario: &Path, out: &Path, c: &Common) -> super::run::RunArgs {
     }
 }
 
-fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::Result<u8> {
+fn run_points(
+    mut index: SweepIndex,
+    points: Vec<Point>,
+    c: &Common,
+    engine: &isolane_runtime::exec::Engine,
+) -> anyhow::Result<u8> {
     // Every point's scenario is checked (and, on a GPU, admitted) before anything is written,
     // so a mistake stops the sweep with nothing run (exit 2).
-    let staging = std::env::temp_dir().join(format!(
-        "isolane-sweep-{}-{}",
-        std::process::id(),
-        chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
-    ));
-    let checked = check_points(&staging, &points);
-    let _ = std::fs::remove_dir_all(&staging);
-    checked.map_err(|e| {
-        // Name the point, not the temporary copy its scenario was checked in.
-        let msg = format!("{e:#}").replace(&format!("{}/", staging.display()), "sweep point ");
-        if e.chain()
-            .any(|c| c.downcast_ref::<super::UserError>().is_some())
-        {
-            user(msg)
-        } else {
-            anyhow::anyhow!(msg)
-        }
-    })?;
+    check_points(&points)?;
     let out = super::run::prepare_out(c.out.as_deref(), c.force)?;
     index.points = points.iter().map(|p| p.entry.clone()).collect();
     write_index(&out, &index)?;
@@ -402,14 +444,24 @@ fn run_points(mut index: SweepIndex, points: Vec<Point>, c: &Common) -> anyhow::
     for (i, p) in points.iter().enumerate() {
         let dir = out.join(&p.entry.dir);
         let scenario = dir.join("scenario.toml");
-        output::write_atomic(&scenario, p.toml.as_bytes())?;
+        // Written first so that a point that fails before its run still shows what it was.
+        let toml = p
+            .scenario
+            .to_toml_string()
+            .context("writing a point's scenario")?;
+        output::write_atomic(&scenario, toml.as_bytes())?;
         eprintln!(
             "sweep point {}/{total}: {}{}",
             i + 1,
             p.entry.dir,
             time_left(started.elapsed().as_secs_f64(), i, total)
         );
-        let result = super::run::run(run_args(&scenario, &dir, c));
+        let result = super::run::run_scenario(
+            p.scenario.clone(),
+            scenario.display().to_string(),
+            &run_args(&dir, c),
+            engine,
+        );
         let entry = &mut index.points[i];
         match result {
             Ok(rc) => {
@@ -452,12 +504,19 @@ fn time_left(elapsed_s: f64, done: usize, total: usize) -> String {
     format!(" (~{} left)", super::progress::duration_text(left))
 }
 
-fn check_points(staging: &Path, points: &[Point]) -> anyhow::Result<()> {
+/// Validates every point's scenario by the rules of a scenario file (a problem names the
+/// point and the field) and admits it on this machine's GPU.
+fn check_points(points: &[Point]) -> anyhow::Result<()> {
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
     for p in points {
-        let file = staging.join(&p.entry.dir).join("scenario.toml");
-        output::write_atomic(&file, p.toml.as_bytes())?;
-        let (scenario, name) = super::load_scenario(Some(&file))?;
-        super::admit_or_refuse(&scenario, &name)?;
+        let name = format!("sweep point {}", p.entry.dir);
+        p.scenario
+            .validate(&models)
+            .map_err(|e| user(format!("{name}: {e}")))?;
+        super::admit_or_refuse(&p.scenario, &name)?;
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ pub struct WorkerArgs {
     workload: Option<String>,
 }
 
-pub fn run(_args: WorkerArgs) -> anyhow::Result<u8> {
+pub fn run(_args: WorkerArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let stop = Arc::new(AtomicBool::new(false));
     // The coordinator normally stops a worker with a `stop` message; a SIGINT or SIGTERM sent to
     // the worker directly does the same, so its records still reach the coordinator.
@@ -28,6 +28,7 @@ pub fn run(_args: WorkerArgs) -> anyhow::Result<u8> {
         BufReader::new(std::io::stdin()),
         std::io::stdout(),
         stop,
+        Some(engine.as_ref()),
     );
     Ok(code.clamp(0, 255) as u8)
 }

@@ -14,7 +14,9 @@ use std::time::Duration;
 use isolane_core::spec::{DeviceSpec, Host, TimingSpec, WorkloadSpec};
 use isolane_core::JobRecord;
 
+use crate::exec::{Engine, EngineExecutors};
 use crate::jobs_stream::{BatchSender, JobsStream, StreamingSink};
+use crate::partition::PartitionHandle;
 use crate::protocol::{
     check_version, record_from_wire, truncate, DoneStatus, FromWorker, ToWorker,
 };
@@ -30,6 +32,9 @@ pub struct WorkloadPlan {
     /// Position in the scenario: seeds the workload's random stream.
     pub index: usize,
     pub schedule: Schedule,
+    /// The partition a thread host hands the engine (a green group), put here by whoever set
+    /// the partitions up; empty for processes and unpartitioned runs.
+    pub partition: PartitionHandle,
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +58,7 @@ impl RunPlan {
                     spec: spec.clone(),
                     index,
                     schedule: Schedule::from_workload(spec),
+                    partition: PartitionHandle::default(),
                 })
                 .collect(),
             timing: scenario.timing.clone(),
@@ -78,6 +84,9 @@ pub struct RunOptions {
     /// `jobs/<workload>.csv` there while it runs ([`crate::jobs_stream`]), so a killed run
     /// leaves its measured jobs behind.
     pub jobs_dir: Option<PathBuf>,
+    /// Builds every workload whose model is not `spin:` (in thread hosts; a worker process is
+    /// given its own). `None`: only `spin:` models run.
+    pub engine: Option<Engine>,
 }
 
 /// See [`RunOptions::on_worker_start`].
@@ -91,6 +100,7 @@ impl RunOptions {
             worker_env: BTreeMap::new(),
             on_worker_start: None,
             jobs_dir: None,
+            engine: None,
         }
     }
 }
@@ -197,12 +207,12 @@ impl PlanError {
 
 /// Everything that can be checked before a run creates output: models (and that a batch of
 /// their activations fits this machine), CPU cores, and the memory the job records will take.
-pub fn preflight(plan: &RunPlan) -> Result<(), PlanError> {
+pub fn preflight(plan: &RunPlan, engine: Option<&dyn EngineExecutors>) -> Result<(), PlanError> {
     if let Some(memory) = crate::limits::host_memory_bytes() {
         crate::limits::check_records(&record_demands(plan), memory)?;
     }
     for w in &plan.workloads {
-        exec::check_model(&plan.device, &w.spec)?;
+        exec::check_model(engine, &plan.device, &w.spec)?;
         affinity::check_cores(&w.spec.cpu).map_err(|source| PlanError::Cpu {
             workload: w.spec.name.clone(),
             source,
@@ -292,6 +302,7 @@ struct Shared {
     done: Vec<AtomicU64>,
     timing: TimingSpec,
     device: DeviceSpec,
+    engine: Option<Engine>,
 }
 
 /// Readiness report of one workload to the coordinator.
@@ -349,6 +360,7 @@ pub fn run(
         done: plan.workloads.iter().map(|_| AtomicU64::new(0)).collect(),
         timing: plan.timing.clone(),
         device: plan.device.clone(),
+        engine: opts.engine.clone(),
     });
     let stream = match &opts.jobs_dir {
         Some(dir) => {
@@ -518,8 +530,15 @@ fn drive_thread(
     let name = &w.spec.name;
     let prepared = (|| -> Result<_, String> {
         affinity::pin_current_thread(&w.spec.cpu).map_err(|e| format!("workload `{name}`: {e}"))?;
-        let mut executor = exec::executor_for(&shared.device, &w.spec, shared.timing.seed, w.index)
-            .map_err(|e| e.to_string())?;
+        let mut executor = exec::executor_for(
+            shared.engine.as_deref(),
+            &shared.device,
+            &w.spec,
+            shared.timing.seed,
+            w.index,
+            w.partition.take(),
+        )
+        .map_err(|e| e.to_string())?;
         let mut warmup = Vec::with_capacity(crate::release::warmup_capacity(w.spec.warmup_jobs));
         warm_up(
             executor.as_mut(),

@@ -6,6 +6,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::clock;
+use crate::partition::Partition;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
@@ -26,29 +27,31 @@ pub enum ExecError {
     Job(String),
 }
 
-/// How real models plug in without this crate depending on the engine: the binary registers
-/// one implementation at start-up (in the coordinator and in `isolane worker` alike), and
-/// [`executor_for`] hands it every non-`spin:` workload.
+/// How real models plug in without this crate depending on the engine: the binary builds one
+/// [`Engine`] value at start-up and passes it down (to the coordinator through
+/// [`crate::coordinator::RunOptions::engine`], to `isolane worker` through
+/// [`crate::worker::run_worker`]), and [`executor_for`] hands it every non-`spin:` workload.
+/// There is no process-wide registry: whatever state an engine keeps (e.g. graphs read by
+/// `check`, reused by `build`) lives in the value.
 pub trait EngineExecutors: Send + Sync {
     /// A cheap check that `spec`'s model can be built (known architecture, readable file),
     /// run before a run creates any output.
     fn check(&self, device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError>;
-    /// Builds the executor (loads the model, allocates its buffers) on the calling thread.
+    /// Builds the executor (loads the model, allocates its buffers) on the calling thread, in
+    /// `partition` when the run set one up for this workload (the engine knows its type and
+    /// keeps it alive as long as the executor).
     fn build(
         &self,
         device: &DeviceSpec,
         spec: &WorkloadSpec,
         seed: u64,
         index: usize,
+        partition: Option<Partition>,
     ) -> Result<Box<dyn Executor>, ExecError>;
 }
 
-static ENGINE: std::sync::OnceLock<Box<dyn EngineExecutors>> = std::sync::OnceLock::new();
-
-/// Registers the engine's executors; `false` if one was registered already (the first stays).
-pub fn register_engine(engine: Box<dyn EngineExecutors>) -> bool {
-    ENGINE.set(engine).is_ok()
-}
+/// The engine as a value the runtime is given (shared by the coordinator's workload threads).
+pub type Engine = std::sync::Arc<dyn EngineExecutors>;
 
 /// Runs one job of a workload, synchronously, on the calling thread.
 ///
@@ -129,12 +132,14 @@ pub fn parse_spin_model(model: &str) -> Option<Result<SpinParams, String>> {
 }
 
 /// Builds the executor for workload `index` of a run: `spin:` models here, every other model
-/// through the registered engine (a clear error when none is registered).
+/// through `engine` (a clear error when there is none), in `partition` if it has one.
 pub fn executor_for(
+    engine: Option<&dyn EngineExecutors>,
     device: &DeviceSpec,
     spec: &WorkloadSpec,
     seed: u64,
     index: usize,
+    partition: Option<Partition>,
 ) -> Result<Box<dyn Executor>, ExecError> {
     match parse_spin_model(&spec.model) {
         Some(Ok(p)) => Ok(Box::new(SpinExecutor::new(
@@ -147,8 +152,8 @@ pub fn executor_for(
             model: spec.model.clone(),
             reason,
         }),
-        None => match ENGINE.get() {
-            Some(engine) => engine.build(device, spec, seed, index),
+        None => match engine {
+            Some(engine) => engine.build(device, spec, seed, index, partition),
             None => Err(ExecError::EngineUnavailable {
                 workload: spec.name.clone(),
                 model: spec.model.clone(),
@@ -159,10 +164,14 @@ pub fn executor_for(
 
 /// Checks that an executor can be built for `spec`, without building it: used before a run
 /// creates any output.
-pub fn check_model(device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError> {
+pub fn check_model(
+    engine: Option<&dyn EngineExecutors>,
+    device: &DeviceSpec,
+    spec: &WorkloadSpec,
+) -> Result<(), ExecError> {
     match parse_spin_model(&spec.model) {
-        Some(_) => executor_for(device, spec, 0, 0).map(|_| ()),
-        None => match ENGINE.get() {
+        Some(_) => executor_for(None, device, spec, 0, 0, None).map(|_| ()),
+        None => match engine {
             Some(engine) => engine.check(device, spec),
             None => Err(ExecError::EngineUnavailable {
                 workload: spec.name.clone(),

@@ -97,6 +97,7 @@ pub fn plan(scenario: &Scenario) -> Result<(RunPlan, StepGrid), IsolationError> 
                 spec: spec.clone(),
                 index,
                 schedule,
+                partition: Default::default(),
             }
         })
         .collect();

@@ -13,6 +13,7 @@ pub mod jobs_stream;
 pub mod limits;
 pub mod maxrate;
 pub mod output;
+pub mod partition;
 pub mod protocol;
 pub mod release;
 pub mod results;

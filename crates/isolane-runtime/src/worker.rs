@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use isolane_core::JobRecord;
 
+use crate::exec::EngineExecutors;
 use crate::protocol::{check_version, DoneStatus, FromWorker, ToWorker, PROTOCOL_VERSION};
 use crate::release::{run_loop, warm_up, LoopEnd, RecordSink};
 use crate::{affinity, clock, exec};
@@ -109,12 +110,18 @@ fn read_line(input: &mut impl BufRead, what: &'static str) -> Result<String, Wor
 /// raised by a SIGINT handler the caller installs, by a `stop` message, or when the coordinator
 /// goes away. Returns the process exit code: 0 after a finished or interrupted run, 2 on a
 /// protocol version mismatch, 1 on any other failure (reported as an `error` message first).
-pub fn run_worker<R, W>(input: R, mut output: W, stop: Arc<AtomicBool>) -> i32
+/// `engine` builds a model that is not `spin:` (`None`: only `spin:` models run).
+pub fn run_worker<R, W>(
+    input: R,
+    mut output: W,
+    stop: Arc<AtomicBool>,
+    engine: Option<&dyn EngineExecutors>,
+) -> i32
 where
     R: BufRead + Send + 'static,
     W: Write,
 {
-    match worker_inner(input, &mut output, &stop) {
+    match worker_inner(input, &mut output, &stop, engine) {
         Ok(status) => match send(&mut output, &FromWorker::Done { status }) {
             Ok(()) => 0,
             Err(_) => 1,
@@ -138,6 +145,7 @@ fn worker_inner<R, W>(
     mut input: R,
     output: &mut W,
     stop: &Arc<AtomicBool>,
+    engine: Option<&dyn EngineExecutors>,
 ) -> Result<DoneStatus, WorkerError>
 where
     R: BufRead + Send + 'static,
@@ -172,7 +180,7 @@ where
 
     affinity::pin_current_thread(&workload.cpu)
         .map_err(|e| WorkerError::Setup(format!("workload `{}`: {e}", workload.name)))?;
-    let mut executor = exec::executor_for(&device, &workload, timing.seed, index)?;
+    let mut executor = exec::executor_for(engine, &device, &workload, timing.seed, index, None)?;
     let mut warmup = Vec::with_capacity(crate::release::warmup_capacity(workload.warmup_jobs));
     warm_up(executor.as_mut(), workload.warmup_jobs, &mut warmup, stop)?;
     send(output, &FromWorker::Ready { warmup_ns: warmup })?;

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use crate::Observer;
 use isolane_core::results::RunSummary;
 use isolane_core::spec::{Backend, Scenario};
 use isolane_runtime::coordinator::RunResult;
@@ -14,7 +15,7 @@ use isolane_telemetry::{RunTelemetry, DEFAULT_PERIOD};
 pub const PERIOD_ENV: &str = "ISOLANE_TELEMETRY_PERIOD_MS";
 
 /// Starts the sampler for a GPU scenario; `None` on the CPU or when NVML is missing (warned).
-pub fn start(scenario: &Scenario) -> Option<RunTelemetry> {
+pub fn start(scenario: &Scenario, observer: &mut dyn Observer) -> Option<RunTelemetry> {
     if scenario.device.backend != Backend::Cuda {
         return None;
     }
@@ -26,7 +27,7 @@ pub fn start(scenario: &Scenario) -> Option<RunTelemetry> {
     match RunTelemetry::start(scenario.device.gpu, period) {
         Ok(t) => Some(t),
         Err(e) => {
-            eprintln!("warning: no device telemetry for this run: {e}");
+            observer.warning(&format!("no device telemetry for this run: {e}"));
             None
         }
     }
@@ -39,19 +40,20 @@ pub fn finish(
     out: &Path,
     result: &RunResult,
     summary: &mut RunSummary,
+    observer: &mut dyn Observer,
 ) {
     let Some(t) = telemetry else { return };
     let (rec, tsum) = match t.finish(out, result.t0_ns, result.wall_s) {
         Ok(x) => x,
         Err(e) => {
-            eprintln!("warning: device telemetry lost: {e}");
+            observer.warning(&format!("device telemetry lost: {e}"));
             return;
         }
     };
     isolane_telemetry::attach(summary, &rec, &tsum);
-    eprintln!(
+    observer.note(&format!(
         "telemetry: {} samples, sampler CPU {:.2} % of a core",
         rec.samples.len(),
         rec.cpu_pct()
-    );
+    ));
 }

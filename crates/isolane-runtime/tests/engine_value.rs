@@ -1,0 +1,95 @@
+//! The engine is a value the caller passes in, and a workload's partition reaches the engine's
+//! `build` through the workload's plan: no process-wide registry on either path.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use isolane_core::spec::{DeviceSpec, Scenario, WorkloadSpec};
+use isolane_runtime::coordinator::{self, RunOptions, RunPlan};
+use isolane_runtime::exec::{EngineExecutors, ExecError, Executor, SpinExecutor};
+use isolane_runtime::partition::{Partition, PartitionHandle};
+use isolane_runtime::WorkloadStatus;
+
+const SCENARIO: &str = r#"
+[device]
+backend = "cpu"
+
+[[workload]]
+name = "a"
+model = "tiny"
+rate_hz = 200
+jobs = 2
+warmup_jobs = 0
+
+[[workload]]
+name = "b"
+model = "tiny"
+rate_hz = 200
+jobs = 2
+warmup_jobs = 0
+"#;
+
+/// A stand-in engine: every model is a 100 µs spin; it notes what each build was given.
+#[derive(Default)]
+struct FakeEngine {
+    built: Mutex<Vec<(String, Option<u32>)>>,
+}
+
+impl EngineExecutors for FakeEngine {
+    fn check(&self, _device: &DeviceSpec, _spec: &WorkloadSpec) -> Result<(), ExecError> {
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        _device: &DeviceSpec,
+        spec: &WorkloadSpec,
+        seed: u64,
+        _index: usize,
+        partition: Option<Partition>,
+    ) -> Result<Box<dyn Executor>, ExecError> {
+        let partition = partition.map(|p| *p.downcast::<u32>().expect("a u32 partition"));
+        self.built
+            .lock()
+            .unwrap()
+            .push((spec.name.clone(), partition));
+        Ok(Box::new(SpinExecutor::new(100_000, 0, seed)))
+    }
+}
+
+fn scenario() -> Scenario {
+    // "tiny" is a built-in model of this test's catalog.
+    Scenario::from_toml_str(SCENARIO, "test.toml", &vec!["tiny".to_string()]).unwrap()
+}
+
+#[test]
+fn the_engine_passed_in_builds_each_workload_in_the_partition_its_plan_carries() {
+    let scenario = scenario();
+    let mut plan = RunPlan::from_scenario(&scenario);
+    plan.workloads[1].partition = PartitionHandle::new(Box::new(7u32));
+    let engine = Arc::new(FakeEngine::default());
+    coordinator::preflight(&plan, Some(engine.as_ref())).unwrap();
+    let mut opts = RunOptions::new(Arc::new(AtomicBool::new(false)));
+    opts.engine = Some(engine.clone());
+    let result = coordinator::run(&plan, &opts, &mut |_| {}).unwrap();
+
+    for w in &result.workloads {
+        assert_eq!(w.status, WorkloadStatus::Ok, "{}", w.name);
+        assert_eq!(w.records.len(), 2, "{}", w.name);
+    }
+    let mut built = engine.built.lock().unwrap().clone();
+    built.sort();
+    assert_eq!(built, [("a".to_string(), None), ("b".to_string(), Some(7))]);
+    // Taken once: the plan's handle is empty after the run.
+    assert!(plan.workloads[1].partition.take().is_none());
+}
+
+#[test]
+fn without_an_engine_a_real_model_is_refused_before_the_run() {
+    let plan = RunPlan::from_scenario(&scenario());
+    let err = coordinator::preflight(&plan, None).unwrap_err();
+    assert!(
+        err.to_string().contains("needs the inference engine"),
+        "{err}"
+    );
+}

@@ -1,0 +1,297 @@
+//! isolane-session: one run as a library — partitions, hosts, telemetry, typed results.
+//!
+//! A run is admit → partitions → hosts → telemetry → typed results (docs/design.md, "Where
+//! things are"). The caller admits the scenario and prepares the output folder; this crate
+//! does the rest ([`measure`]): it sets an admitted plan's partitions up once
+//! ([`with_partitions`], used by `run`, `isolation`, `sweep` and `maxrate`), hands each
+//! workload its partition — a green group in its plan ([`isolane_runtime::partition`]), MPS
+//! and MIG settings in its worker's environment — runs the coordinator with the engine the
+//! caller passes in ([`run_in_partitions`]), and takes the partitions down after the last
+//! workload has ended; around the run it samples device telemetry ([`telemetry`]) and it
+//! summarises the result as `isolane_core::results::RunSummary`. What a person should see
+//! (progress, warnings, notes) goes to the caller's [`Observer`]. It keeps no process-wide state: the engine, the partitions and the
+//! options are values the caller gives.
+//!
+//! It sits above `isolane-runtime` (which knows nothing of GPUs) and `isolane-gpu` (which
+//! knows nothing of workloads' hosts), so that neither depends on the other.
+
+pub mod telemetry;
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use isolane_core::results::RunSummary;
+use isolane_core::spec::Scenario;
+use isolane_runtime::exec::Engine;
+use isolane_runtime::results::{summarize_run, RunInfo};
+
+use isolane_core::admission::Plan;
+use isolane_core::spec::Mechanism;
+use isolane_gpu::mig::MigBackend;
+use isolane_gpu::{MpsOptions, PartitionRecord, PartitionSession, SessionOptions};
+use isolane_runtime::coordinator::{self, PlanError, Progress, RunOptions, RunPlan, RunResult};
+use isolane_runtime::partition::PartitionHandle;
+
+/// The user's say in how partitions are set up (the CLI's `--allow-mig-reconfigure` and
+/// `--join-mps`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PartitionChoices {
+    /// mig: create the planned instances (MIG mode must already be on).
+    pub allow_mig_reconfigure: bool,
+    /// mps: use an MPS daemon that is already running for the GPU instead of refusing.
+    pub join_mps: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Setting the partitions up or taking them down failed.
+    #[error(transparent)]
+    Partitions(#[from] isolane_gpu::GpuError),
+    /// The run itself failed.
+    #[error(transparent)]
+    Run(#[from] PlanError),
+}
+
+impl SessionError {
+    /// A mistake of the user's (exit code 2 at the CLI): a partition request this GPU refuses.
+    /// A run's failure is never one here (its user errors are caught by preflight).
+    pub fn is_user_error(&self) -> bool {
+        match self {
+            SessionError::Partitions(e) => e.is_user_error(),
+            SessionError::Run(_) => false,
+        }
+    }
+}
+
+/// Sets up the partitions of `admitted` on GPU `gpu`, runs `body` with them, and takes them
+/// down again whatever `body` returned. The outer error is the partitions' (set-up, or
+/// take-down after a `body` that succeeded); the inner result is `body`'s, which wins when
+/// both fail.
+pub fn with_partitions<T, E>(
+    gpu: u32,
+    admitted: &Plan,
+    choices: PartitionChoices,
+    body: impl FnOnce(&mut PartitionSession<'_>) -> Result<T, E>,
+) -> Result<Result<T, E>, SessionError> {
+    let mig_backend = match admitted.mechanism {
+        Mechanism::Mig => Some(isolane_gpu::mig::nvml::NvmlMig::new()?),
+        _ => None,
+    };
+    let options = SessionOptions {
+        mps: MpsOptions {
+            join_existing: choices.join_mps,
+            ..Default::default()
+        },
+        allow_mig_reconfigure: choices.allow_mig_reconfigure,
+    };
+    let mut session = PartitionSession::set_up(
+        gpu,
+        admitted,
+        &options,
+        mig_backend.as_ref().map(|b| b as &dyn MigBackend),
+    )?;
+    let out = body(&mut session);
+    let finished = session.finish();
+    match out {
+        Err(e) => Ok(Err(e)),
+        Ok(v) => {
+            finished?;
+            Ok(Ok(v))
+        }
+    }
+}
+
+/// Runs `plan` on GPU `gpu` inside the partitions of `admitted` (`None`: on the CPU, or
+/// nothing to partition): each workload gets its partition, the coordinator runs them with
+/// `opts` (whose `engine` builds the models), and the partitions are taken down after every
+/// workload has ended. Returns the run and what each workload got.
+pub fn run_in_partitions(
+    gpu: u32,
+    admitted: Option<&Plan>,
+    choices: PartitionChoices,
+    plan: &RunPlan,
+    mut opts: RunOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<(RunResult, Vec<PartitionRecord>), SessionError> {
+    let Some(admitted) = admitted else {
+        return Ok((coordinator::run(plan, &opts, progress)?, Vec::new()));
+    };
+    let ran = with_partitions(gpu, admitted, choices, |session| {
+        let plan = plan_in(session, plan);
+        opts.worker_env = session.worker_env().clone();
+        let adopt = session.client_adopter();
+        opts.on_worker_start = Some(Arc::new(move |_name: &str, pid: u32| adopt(pid)));
+        let records = session.records().to_vec();
+        // The plan (with any group no workload took, after a failed build) is dropped here,
+        // before the partitions are taken down.
+        coordinator::run(&plan, &opts, progress).map(|result| (result, records))
+    })?;
+    Ok(ran?)
+}
+
+/// Where a run reports what a person should see while it goes on.
+pub trait Observer {
+    /// About ten times a second while the workloads run.
+    fn progress(&mut self, progress: &Progress);
+    /// Once, when every workload has ended (before any warning about the run's end).
+    fn finished(&mut self);
+    /// Something went wrong that the run survived.
+    fn warning(&mut self, message: &str);
+    /// Something worth a line.
+    fn note(&mut self, message: &str);
+}
+
+/// One run, admitted and with its output folder ready.
+pub struct RunRequest<'a> {
+    /// The subcommand, for summary.json.
+    pub command: &'static str,
+    pub scenario: &'a Scenario,
+    /// Names the scenario in summary.json.
+    pub scenario_name: String,
+    /// The admitted plan on a GPU (`None` on the CPU).
+    pub admitted: Option<&'a Plan>,
+    pub plan: &'a RunPlan,
+    /// The run folder: jobs/*.csv stream there, telemetry.csv is written there.
+    pub out: &'a Path,
+    pub choices: PartitionChoices,
+    /// Builds the workloads whose model is not `spin:`.
+    pub engine: &'a Engine,
+    /// Raised by the caller's Ctrl-C handler: stop releasing, keep what was measured.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Runs an admitted plan inside its partitions with telemetry around it and summarises the
+/// result (summary.json's types; the caller writes it).
+pub fn measure(
+    r: RunRequest<'_>,
+    observer: &mut dyn Observer,
+) -> Result<(RunResult, RunSummary), SessionError> {
+    let started_at = chrono::Utc::now();
+    let sampler = telemetry::start(r.scenario, observer);
+    // Every job's record reaches jobs/<workload>.csv while the run goes on: a killed run
+    // leaves them for `isolane summarize`.
+    let mut options = RunOptions::new(r.stop);
+    options.jobs_dir = Some(r.out.to_path_buf());
+    options.engine = Some(r.engine.clone());
+    let ran = run_in_partitions(
+        r.scenario.device.gpu,
+        r.admitted,
+        r.choices,
+        r.plan,
+        options,
+        &mut |p| observer.progress(p),
+    );
+    observer.finished();
+    let (result, partitions) = ran?;
+    if let Some(e) = &result.jobs_stream_error {
+        observer.warning(&format!(
+            "the per-job records stopped streaming to jobs/ during the run ({e}); they are \
+             written in full now"
+        ));
+    }
+    let info = RunInfo {
+        command: r.command,
+        started_at,
+        scenario: r.scenario_name,
+    };
+    let mut summary = summarize_run(&info, &r.plan.workloads, &result);
+    summary.partitions = partitions;
+    if let Some(plan) = r.admitted {
+        for w in &mut summary.workloads {
+            w.memory_estimate_mib = plan
+                .workloads
+                .iter()
+                .find(|a| a.workload == w.name)
+                .and_then(|a| a.memory_mib);
+        }
+    }
+    telemetry::finish(sampler, r.out, &result, &mut summary, observer);
+    Ok((result, summary))
+}
+
+/// `plan` with each workload's green group (if the session made one for it) in its
+/// `partition`.
+fn plan_in(session: &mut PartitionSession<'_>, plan: &RunPlan) -> RunPlan {
+    let mut plan = plan.clone();
+    for w in &mut plan.workloads {
+        if let Some(group) = session.take_green_group(&w.spec.name) {
+            w.partition = PartitionHandle::new(Box::new(group));
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isolane_core::admission::{AdmittedWorkload, ResolvedPartition};
+    use isolane_core::spec::Scenario;
+    use std::sync::atomic::AtomicBool;
+
+    fn timeslice_plan(names: &[&str]) -> Plan {
+        Plan {
+            device: "test".into(),
+            mechanism: Mechanism::Timeslice,
+            workloads: names
+                .iter()
+                .map(|n| AdmittedWorkload {
+                    workload: n.to_string(),
+                    partition: ResolvedPartition::Whole,
+                    memory_mib: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_body_runs_with_the_partitions_and_its_error_wins() {
+        // timeslice creates nothing on the GPU: every workload gets the whole device.
+        let plan = timeslice_plan(&["a", "b"]);
+        let seen = with_partitions(0, &plan, PartitionChoices::default(), |s| {
+            Ok::<_, String>(
+                s.records()
+                    .iter()
+                    .map(|r| format!("{} {}", r.workload, r.partition))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(seen, ["a whole GPU", "b whole GPU"]);
+        let failed = with_partitions(0, &plan, PartitionChoices::default(), |_| {
+            Err::<(), _>("the body failed")
+        })
+        .unwrap();
+        assert_eq!(failed, Err("the body failed"));
+    }
+
+    #[test]
+    fn without_partitions_the_plan_runs_as_is() {
+        let scenario = Scenario::from_toml_str(
+            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\n\
+             rate_hz = 100\njobs = 3\nwarmup_jobs = 0\n",
+            "test.toml",
+            &Vec::<String>::new(),
+        )
+        .unwrap();
+        let plan = RunPlan::from_scenario(&scenario);
+        let opts = RunOptions::new(Arc::new(AtomicBool::new(false)));
+        let (result, records) = run_in_partitions(
+            0,
+            None,
+            PartitionChoices::default(),
+            &plan,
+            opts,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert!(records.is_empty());
+        assert_eq!(result.workloads.len(), 1);
+        assert_eq!(
+            result.workloads[0].status,
+            isolane_runtime::WorkloadStatus::Ok
+        );
+        assert_eq!(result.workloads[0].records.len(), 3);
+    }
+}
