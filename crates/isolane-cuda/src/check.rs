@@ -85,6 +85,11 @@ pub struct Divergence {
     /// False when no value exceeds the tolerance: then this is the largest error found (the
     /// output's error grew from many small ones).
     pub exceeds: bool,
+    /// The plan's value holds an infinity or NaN where the reference's is finite: at fp16 an
+    /// overflow of its range, not a wrong plan.
+    pub non_finite: bool,
+    /// The largest magnitude of the reference's value.
+    pub reference_max_abs: f32,
 }
 
 /// The CPU reference of every value of `g` (the optimised graph the plan was made from),
@@ -171,6 +176,8 @@ pub fn locate_divergence(
             op: pr.op,
             rel_l2: err,
             exceeds: err > tol,
+            non_finite: got.iter().any(|v| !v.is_finite()),
+            reference_max_abs: want.data.iter().fold(0f32, |m, v| m.max(v.abs())),
         };
         if d.exceeds {
             return Ok(Some(d));
@@ -247,6 +254,16 @@ pub fn check_plan(
         });
     }
     let at = match locate_divergence(optimised, plan, batch, &inputs, runner, tol)? {
+        Some(d) if d.exceeds && d.non_finite && plan.precision == Precision::Fp16 => {
+            return Err(EngineError::Runtime(format!(
+                "plan check failed: at fp16 the output of `{}` ({}) is not finite where the \
+                 CPU reference's reaches {:.3e} on a seeded random input: this model's \
+                 activations exceed fp16's range (largest finite value 65504), so its fp16 \
+                 results would be wrong. Run it at bf16 (fp32's range), tf32 or fp32. The plan \
+                 was not run",
+                d.node, d.op, d.reference_max_abs
+            )));
+        }
         Some(d) if d.exceeds => format!(
             "the first node whose output diverges is `{}` ({}): rel L2 {:.3e}",
             d.node, d.op, d.rel_l2

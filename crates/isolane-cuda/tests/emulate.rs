@@ -1117,3 +1117,65 @@ fn transpose_of_a_strided_transpose_computes_the_graph() {
         check(&g, batch, true, 1e-6);
     }
 }
+
+/// A device whose every value beyond `limit` in magnitude becomes infinite, as fp16's do past
+/// 65504: the plan check must call that an overflow of the precision's range, not a wrong plan.
+struct Overflowing<'p> {
+    inner: Emulator<'p>,
+    limit: f32,
+}
+
+impl Overflowing<'_> {
+    fn clip(&self, v: Vec<f32>) -> Vec<f32> {
+        v.into_iter()
+            .map(|x| {
+                if x.abs() > self.limit {
+                    f32::INFINITY
+                } else {
+                    x
+                }
+            })
+            .collect()
+    }
+}
+
+impl isolane_cuda::check::StepRunner for Overflowing<'_> {
+    fn run_plan(&mut self, inputs: &[Vec<f32>]) -> isolane_engine::Result<Vec<Vec<f32>>> {
+        let out = self.inner.run_plan(inputs)?;
+        Ok(out.into_iter().map(|o| self.clip(o)).collect())
+    }
+    fn write_inputs(&mut self, inputs: &[Vec<f32>]) -> isolane_engine::Result<()> {
+        self.inner.write_inputs(inputs)
+    }
+    fn run_steps(&mut self, from: usize, to: usize) -> isolane_engine::Result<()> {
+        self.inner.run_steps(from, to)
+    }
+    fn read(&mut self, loc: Loc, len: usize) -> isolane_engine::Result<Vec<f32>> {
+        let v = self.inner.read(loc, len)?;
+        Ok(self.clip(v))
+    }
+}
+
+#[test]
+fn plan_check_calls_an_fp16_overflow_by_its_name() {
+    let batch = 1;
+    let (g, opt, p) = fixture_plan("torch_vit_l1_h2_i32_p8_op17", batch, PlanOptions::default());
+    // The same values with fp16's tolerance and range rules: the emulator computes in f32.
+    let mut p16 = p.clone();
+    p16.precision = Precision::Fp16;
+    let mut dev = Overflowing {
+        inner: Emulator::new(&p16),
+        limit: 2.0,
+    };
+    let e = isolane_cuda::check::check_plan(&g, &opt, &p16, batch, &mut dev)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("exceed fp16's range") && e.contains("bf16"),
+        "{e}"
+    );
+    assert!(
+        e.contains("is not finite where the CPU reference's reaches"),
+        "{e}"
+    );
+}
