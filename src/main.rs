@@ -53,11 +53,39 @@ pub fn cli() -> clap::Command {
     cmd::help::finish(Cli::command())
 }
 
+impl Command {
+    /// Commands that only print and start no process: for them a closed pipe (`isolane models |
+    /// head`) ends the process quietly, as for any Unix filter. The others keep Rust's default
+    /// (SIGPIPE ignored) so that a coordinator writing to a worker that died gets an error it
+    /// reports, not a silent death.
+    fn only_prints(&self) -> bool {
+        matches!(
+            self,
+            Command::Models(_)
+                | Command::Plan(_)
+                | Command::Devices(_)
+                | Command::Compare(_)
+                | Command::Completions(_)
+                | Command::Man(_)
+        )
+    }
+}
+
+fn restore_default_sigpipe() {
+    // SAFETY: signal(2) with a valid signal number and SIG_DFL; called before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let parsed = match Cli::from_arg_matches(&cli().get_matches()) {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    if parsed.command.only_prints() {
+        restore_default_sigpipe();
+    }
     // The one engine of this process, passed to every command that runs workloads.
     let engine = engine_exec::EngineExecutorsImpl::shared();
     let result = match parsed.command {

@@ -166,14 +166,20 @@ fn quickstart_runs_without_arguments_into_a_new_runs_folder() {
 }
 
 #[test]
-fn cpu_picks_the_cpu_quickstart_and_conflicts_with_a_scenario() {
-    let o = isolane()
-        .args(["run", "--cpu", "scenarios/quickstart.toml"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
+fn backend_picks_the_quickstart_and_conflicts_with_a_scenario() {
+    for flags in [&["--backend", "cpu"][..], &["--cpu"][..]] {
+        let o = isolane()
+            .arg("run")
+            .args(flags)
+            .arg("scenarios/quickstart.toml")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{flags:?}");
+    }
     let help = run_ok(isolane().args(["run", "--help"]));
-    assert!(String::from_utf8_lossy(&help.stdout).contains("--cpu"));
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--backend"), "{help}");
+    assert!(!help.contains("--cpu"), "the old name is hidden: {help}");
 }
 
 #[test]
@@ -339,4 +345,31 @@ fn a_rate_limited_workload_reports_at_most_its_rate() {
     let throughput = f(&w["throughput_ips"]);
     assert!(throughput > 0.0 && throughput <= 200.0, "{throughput}");
     assert!(f(&w["wall_s"]) >= 0.5, "{w}");
+}
+
+/// `isolane models | head -1`: a reader that closes the pipe early ends `models` quietly, as
+/// it would any Unix filter, never with a panic. The pipe's read end is closed before the
+/// child starts, so every write meets a closed pipe.
+#[test]
+fn a_closed_pipe_ends_a_printing_command_quietly() {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) fills both descriptors of a valid two-element array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: fds[0] is the read end pipe(2) just returned; closing it is all that is done with it.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: fds[1] is an open descriptor owned by nothing else; Stdio takes it over.
+    let write_end = unsafe { std::process::Stdio::from_raw_fd(fds[1]) };
+    let out = isolane()
+        .args(["models"])
+        .stdout(write_end)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        out.status.success() || out.status.code().is_none(),
+        "exit {:?}: {stderr}",
+        out.status
+    );
 }

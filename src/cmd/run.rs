@@ -20,7 +20,8 @@ use super::{user, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
                   directory. Without SCENARIO, a built-in quickstart runs (about 5 s): ResNet-18 \
                   and MobileNetV2 in fp16 on the GPU when a CUDA GPU is present \
                   (scenarios/quickstart-gpu.toml), otherwise on the CPU \
-                  (scenarios/quickstart.toml; `--cpu` picks it on a GPU machine too). When the \
+                  (scenarios/quickstart.toml; `--backend cpu` picks it on a GPU machine too, \
+                  `--backend cuda` insists on the GPU one). When the \
                   GPU one cannot run, a note says why (no driver, no device, a CUDA library \
                   missing)."
 )]
@@ -36,8 +37,12 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long, short = 'q')]
     pub quiet: bool,
-    /// Without SCENARIO: run the CPU quickstart even when a GPU is present.
-    #[arg(long, conflicts_with = "scenario")]
+    /// Without SCENARIO: which quickstart runs — `cpu` even when a GPU is present, `cuda` or an
+    /// error saying why the GPU cannot be used. Default: the GPU one when it can run.
+    #[arg(long, conflicts_with = "scenario", value_parser = ["cpu", "cuda"])]
+    pub backend: Option<String>,
+    /// The old name of `--backend cpu`.
+    #[arg(long, hide = true, conflicts_with_all = ["scenario", "backend"])]
     pub cpu: bool,
     /// Skip the plan check of imported (.onnx) models on cuda for every workload (as
     /// `plan_check = false` in each; docs/cuda.md, Plan check).
@@ -54,7 +59,17 @@ pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Res
     let (scenario, scenario_name) = match &args.scenario {
         Some(p) => super::load_scenario(Some(p))?,
         None => {
-            let (scenario, name, no_gpu) = super::quickstart(args.cpu)?;
+            let backend = if args.cpu {
+                Some("cpu")
+            } else {
+                args.backend.as_deref()
+            };
+            let (scenario, name, no_gpu) = super::quickstart(backend == Some("cpu"))?;
+            if let (Some(why), Some("cuda")) = (&no_gpu, backend) {
+                return Err(anyhow::anyhow!(
+                    "--backend cuda: the GPU quickstart cannot run here ({why})"
+                ));
+            }
             if let Some(why) = no_gpu {
                 eprintln!("note: running the CPU quickstart: the GPU one cannot run here ({why})");
             }

@@ -414,6 +414,7 @@ fn run_args(out: &Path, c: &Common) -> super::run::RunArgs {
         out: Some(out.to_path_buf()),
         force: true,
         quiet: c.quiet,
+        backend: None,
         cpu: false,
         // Each point's scenario carries its workloads' own `plan_check`.
         no_plan_check: false,
