@@ -61,13 +61,13 @@ pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyho
         &m.out.join("isolation.csv"),
         isolane_core::results::isolation_csv(&steps).as_bytes(),
     )?;
+    println!("{}", steps_table(&steps));
     m.summary.isolation = Some(IsolationSteps {
         step_s: grid.step_s,
-        steps: steps.clone(),
+        steps,
     });
     super::run::write_run_files(&m)?;
 
-    println!("{}", steps_table(&steps));
     println!(
         "{}",
         super::run::results_table(&scenario, &m.summary, args.wide)

@@ -8,6 +8,7 @@ mod error;
 pub mod limits;
 mod model;
 mod parse;
+pub use parse::{DEVICE_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
 
 use serde::{Deserialize, Serialize};
 

@@ -4,7 +4,7 @@
 //! negative, NaN, wrong type). `cargo test` runs a bounded number of cases
 //! (`ISOLANE_FUZZ_CASES`, default 3000, well under a second); `scripts/fuzz.sh` runs many more.
 
-use isolane_core::spec::Scenario;
+use isolane_core::spec::{Scenario, DEVICE_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
 use proptest::prelude::*;
 
 /// The shipped scenarios, as seeds for mutation.
@@ -63,28 +63,6 @@ const VALUES: &[&str] = &[
     "{ mig_profile = \"1g.10gb\" }",
     "{ from_hz = 1, to_hz = 1e300, steps = 4294967295, step_s = 1e-300 }",
     "{ from_hz = nan, to_hz = 1, steps = 0, step_s = 1 }",
-];
-
-const DEVICE_KEYS: &[&str] = &["backend", "gpu", "mechanism", "host"];
-const TIMING_KEYS: &[&str] = &["spin_us", "start_delay_ms", "seed"];
-const WORKLOAD_KEYS: &[&str] = &[
-    "name",
-    "model",
-    "weights",
-    "batch",
-    "precision",
-    "rate_hz",
-    "deadline_ms",
-    "duration_s",
-    "jobs",
-    "warmup_jobs",
-    "late",
-    "cpu",
-    "role",
-    "ramp",
-    "host",
-    "partition",
-    "unknown_key",
 ];
 
 fn cases() -> u32 {
@@ -163,11 +141,14 @@ fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
     }
 }
 
-/// `key = value` lines for a random subset of `keys`, values from [`VALUES`].
-fn table(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+/// `key = value` lines for a random subset of the parser's own `keys` and one key it does not
+/// know, values from [`VALUES`].
+fn table(keys: &[&'static str]) -> impl Strategy<Value = String> {
+    let keys: Vec<&'static str> = keys.iter().copied().chain(["unknown_key"]).collect();
+    let most = keys.len() + 1;
     prop::collection::vec(
         (prop::sample::select(keys), prop::sample::select(VALUES)),
-        0..keys.len() + 2,
+        0..most,
     )
     .prop_map(|pairs| pairs.iter().map(|(k, v)| format!("{k} = {v}\n")).collect())
 }

@@ -42,19 +42,11 @@ impl From<ResultsError> for DataError {
     fn from(e: ResultsError) -> Self {
         match e {
             ResultsError::Io { path, source } => DataError::Io { path, source },
-            e @ (ResultsError::Parse { .. } | ResultsError::Newer { .. }) => {
-                let path = match &e {
-                    ResultsError::Parse { path, .. } | ResultsError::Newer { path, .. } => {
-                        path.clone()
-                    }
-                    ResultsError::Io { .. } => PathBuf::new(),
-                };
-                let detail = match e {
-                    ResultsError::Parse { detail, .. } => detail,
-                    other => other.to_string(),
-                };
-                DataError::Parse { path, detail }
-            }
+            ResultsError::Parse { path, detail } => DataError::Parse { path, detail },
+            ResultsError::Newer { ref path, .. } => DataError::Parse {
+                path: path.clone(),
+                detail: e.to_string(),
+            },
         }
     }
 }

@@ -27,9 +27,10 @@ type Value<'i> = Spanned<DeValue<'i>>;
 type Key<'i> = Spanned<DeString<'i>>;
 
 const ROOT_KEYS: &[&str] = &["device", "timing", "workload"];
-const DEVICE_KEYS: &[&str] = &["backend", "gpu", "mechanism", "host"];
-const TIMING_KEYS: &[&str] = &["spin_us", "start_delay_ms", "seed"];
-const WORKLOAD_KEYS: &[&str] = &[
+/// The keys each table of a scenario allows (also the property tests' alphabet).
+pub const DEVICE_KEYS: &[&str] = &["backend", "gpu", "mechanism", "host"];
+pub const TIMING_KEYS: &[&str] = &["spin_us", "start_delay_ms", "seed"];
+pub const WORKLOAD_KEYS: &[&str] = &[
     "name",
     "model",
     "weights",
