@@ -3,6 +3,7 @@
 # `cargo test` does (which runs ISOLANE_FUZZ_CASES=3000 scenario cases and 300 per engine target).
 #
 #   scripts/fuzz.sh [CASES]      # default 20000 cases per target; a new random seed every run
+#                                (ISOLANE_FUZZ_SEED=N replays seed N; `cargo test` replays a fixed one)
 #
 # Memory is capped (ulimit -v, 4 GiB) so that an input that makes a reader allocate without bound
 # ends this run with "memory allocation of N bytes failed" instead of taking the machine's memory;
@@ -14,6 +15,7 @@ cargo test --release -p isolane-core --test fuzz_scenario --no-run
 cargo test --release -p isolane-engine --test fuzz_parsers --no-run
 ulimit -v 4194304
 export ISOLANE_FUZZ_CASES=$cases
+export ISOLANE_FUZZ_SEED=${ISOLANE_FUZZ_SEED:-random}
 status=0
 cargo test --release -p isolane-core --test fuzz_scenario -- --test-threads=1 || status=1
 cargo test --release -p isolane-engine --test fuzz_parsers -- --test-threads=1 || status=1

@@ -1792,6 +1792,7 @@ impl<'m> Importer<'m> {
             )));
         }
         let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+        check_pads(&xs, &axes, &pads).map_err(|e| c.bad(e))?;
         let mut cur = (c.n.input[0].clone(), x);
         for (k, &ax) in axes.iter().enumerate() {
             let (before, after) = (pads[k], pads[k + axes.len()]);
@@ -2471,6 +2472,38 @@ fn fmt_syms(s: &[Sym]) -> String {
 /// corrupt file, and is refused before any size arithmetic could overflow.
 const MAX_ELEMS: u64 = 1 << 40;
 
+/// Largest pad on one side of one axis. Real models pad by a few elements; a pad beyond this
+/// comes from a corrupt file, and refusing it keeps edge/reflect index lists (one entry per padded
+/// element) small.
+const MAX_PAD: i64 = 1 << 20;
+
+/// Checks Pad amounts before any index list or shape is built: each within ±[`MAX_PAD`], and the
+/// padded shape under [`MAX_ELEMS`].
+fn check_pads(shape: &[Sym], axes: &[usize], pads: &[i64]) -> Result<(), String> {
+    if let Some(p) = pads.iter().find(|p| p.unsigned_abs() > MAX_PAD as u64) {
+        return Err(format!(
+            "pads {pads:?}: a pad of {p} is beyond the supported ±{MAX_PAD}"
+        ));
+    }
+    let b = SAMPLES[1] as i64;
+    let mut n: u64 = 1;
+    for (ax, d) in shape.iter().enumerate() {
+        let mut v = d.at(b);
+        if let Some(k) = axes.iter().position(|&a| a == ax) {
+            v = v
+                .saturating_add(pads[k])
+                .saturating_add(pads[k + axes.len()]);
+        }
+        n = n.saturating_mul(v.max(0) as u64);
+    }
+    if n > MAX_ELEMS {
+        return Err(format!(
+            "pads {pads:?} make a tensor far too large ({n} elements; at most {MAX_ELEMS})"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks that a shape with these dims (at the larger sample batch) stays under [`MAX_ELEMS`].
 fn check_dims_size(dims: &[Dim]) -> Result<(), String> {
     let b = SAMPLES[1] as u64;
@@ -2627,4 +2660,22 @@ fn cast(c: &Ctx, x: Val, to: i64) -> Result<Val> {
         Val::B(a) if to == BOOL => Val::B(a),
         _ => return Err(c.unsupported_attr("to", format!("data type {to}"))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pads_are_bounded_before_any_index_list_is_built() {
+        let shape = [Sym::k(1), Sym::k(3), Sym::k(8), Sym::k(8)];
+        assert!(check_pads(&shape, &[2, 3], &[1, 1, 1, 1]).is_ok());
+        assert!(check_pads(&shape, &[2, 3], &[-2, 0, 0, -3]).is_ok());
+        // An edge pad of 2^56 (what the fuzzer found) once allocated an index per element.
+        let e = check_pads(&shape, &[2], &[1 << 56, 0]).unwrap_err();
+        assert!(e.contains("beyond the supported"), "{e}");
+        // Each pad within bounds, but the padded tensor far too large.
+        let e = check_pads(&shape, &[0, 1, 2, 3], &[MAX_PAD; 8]).unwrap_err();
+        assert!(e.contains("far too large"), "{e}");
+    }
 }
