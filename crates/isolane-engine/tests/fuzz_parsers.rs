@@ -31,7 +31,15 @@ fn cases() -> u32 {
 fn seed() -> proptest::test_runner::RngSeed {
     use proptest::test_runner::RngSeed;
     match std::env::var("ISOLANE_FUZZ_SEED").ok().as_deref() {
-        Some("random") => RngSeed::Random,
+        // Drawn here and printed (not proptest's own random seed) so that a run that aborts
+        // (an allocation failure under scripts/fuzz.sh's memory cap) can still be replayed.
+        Some("random") => {
+            let n = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            eprintln!("fuzz seed {n} (ISOLANE_FUZZ_SEED={n} replays it)");
+            RngSeed::Fixed(n)
+        }
         Some(v) => RngSeed::Fixed(
             v.parse()
                 .expect("ISOLANE_FUZZ_SEED is a number or `random`"),
