@@ -90,7 +90,7 @@ impl Default for TimingSpec {
 
 /// How the coordinator protects critical workloads from best-effort ones (`[protection]`,
 /// docs/criticality.md). It acts only when a run has both kinds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProtectionSpec {
     /// `false`: best-effort work is never held back (the unprotected side of a comparison).
@@ -100,6 +100,11 @@ pub struct ProtectionSpec {
     pub piece_us: u64,
     /// Safety margin kept before a critical job's deadline (µs).
     pub margin_us: u64,
+    /// The worst stretch a critical job suffers while best effort runs beside it (≥ 1, e.g.
+    /// from `isolane interference`): overlap then costs it `1 − 1/stretch` of its length. Unset:
+    /// a full stall, which holds whatever the mechanism does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stretch: Option<f64>,
 }
 
 impl Default for ProtectionSpec {
@@ -108,6 +113,7 @@ impl Default for ProtectionSpec {
             enabled: true,
             piece_us: 250,
             margin_us: 100,
+            stretch: None,
         }
     }
 }

@@ -15,7 +15,7 @@ use isolane_core::spec::{Criticality, DeviceSpec, Host, ProtectionSpec, TimingSp
 use isolane_core::JobRecord;
 
 use crate::exec::{Engine, EngineExecutors};
-use crate::guard::{Guard, GuardRole, GuardSetup};
+use crate::guard::{Guard, GuardRole, GuardSetup, Policy};
 use crate::jobs_stream::{BatchSender, JobsStream, StreamingSink};
 use crate::partition::PartitionHandle;
 use crate::protocol::{
@@ -86,15 +86,18 @@ impl RunPlan {
             .iter()
             .map(|w| w.spec.criticality == Criticality::Critical)
             .collect();
-        let margin_ns = self.protection.margin_us as i64 * 1000;
-        let guard = Guard::create(critical.iter().filter(|c| **c).count(), margin_ns)?;
+        let policy = Policy::new(
+            self.protection.margin_us as i64 * 1000,
+            self.protection.stretch,
+        );
+        let guard = Guard::create(critical.iter().filter(|c| **c).count(), policy)?;
         let path = guard.path().unwrap_or_default();
         let mut next_slot = 0;
         let setups = critical
             .iter()
             .map(|&c| GuardSetup {
                 path: path.clone(),
-                margin_ns,
+                policy,
                 piece_ns: self.protection.piece_us as i64 * 1000,
                 critical_slot: c.then(|| {
                     next_slot += 1;

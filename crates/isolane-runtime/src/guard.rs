@@ -103,9 +103,28 @@ impl SlotView {
     }
 }
 
-/// The overlap (ns) a piece of `piece_ns` started at `now` would have with the critical job `v`
-/// describes, if its slack allows it (the overlap to reserve), or `None`: hold the piece.
-pub fn admits(v: &SlotView, now: i64, piece_ns: i64, margin_ns: i64) -> Option<i64> {
+/// How a run's guard judges a piece.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Kept free before every critical deadline (ns).
+    pub margin_ns: i64,
+    /// Delay a critical job may suffer per ns of overlap with best effort: 1 (a full stall, the
+    /// default) or `1 − 1/stretch` for a stated worst stretch (`[protection] stretch`).
+    pub delay_per_overlap: f64,
+}
+
+impl Policy {
+    pub fn new(margin_ns: i64, stretch: Option<f64>) -> Policy {
+        Policy {
+            margin_ns,
+            delay_per_overlap: stretch.map_or(1.0, |s| (1.0 - 1.0 / s).clamp(0.0, 1.0)),
+        }
+    }
+}
+
+/// The delay (ns) a piece of `piece_ns` started at `now` could add to the critical job `v`
+/// describes, if its slack allows it (the delay to reserve), or `None`: hold the piece.
+pub fn admits(v: &SlotView, now: i64, piece_ns: i64, policy: &Policy) -> Option<i64> {
     match v.state {
         FINISHED => return Some(0),
         // Between two of its jobs (or before its first): its next release is not known yet,
@@ -122,6 +141,7 @@ pub fn admits(v: &SlotView, now: i64, piece_ns: i64, margin_ns: i64) -> Option<i
     if overlap <= 0 {
         return Some(0);
     }
+    let delay = (overlap as f64 * policy.delay_per_overlap).round() as i64;
     let reserved = if v.acct_seq == v.seq {
         v.acct_overlap
     } else {
@@ -129,17 +149,17 @@ pub fn admits(v: &SlotView, now: i64, piece_ns: i64, margin_ns: i64) -> Option<i
     };
     let slack = v
         .deadline
-        .saturating_sub(margin_ns)
+        .saturating_sub(policy.margin_ns)
         .saturating_sub(begins.saturating_add(v.service))
         .saturating_sub(reserved);
-    (overlap <= slack).then_some(overlap)
+    (delay <= slack).then_some(delay)
 }
 
 /// The shared state of one run's guard.
 pub struct Guard {
     map: MmapMut,
     slots: usize,
-    margin_ns: i64,
+    policy: Policy,
     /// Removes the file when the coordinator's guard is dropped (workers' guards have none).
     _file: Option<tempfile::TempPath>,
 }
@@ -157,7 +177,7 @@ fn file_len(slots: usize) -> usize {
 impl Guard {
     /// Creates the guard of a run with `slots` critical workloads, in a new file under
     /// /dev/shm (or the temporary directory), whose path the workers are given.
-    pub fn create(slots: usize, margin_ns: i64) -> std::io::Result<Guard> {
+    pub fn create(slots: usize, policy: Policy) -> std::io::Result<Guard> {
         let dir = Path::new("/dev/shm");
         let builder = tempfile::Builder::new()
             .prefix("isolane-guard-")
@@ -173,7 +193,7 @@ impl Guard {
         let g = Guard {
             map,
             slots,
-            margin_ns,
+            policy,
             _file: Some(file.into_temp_path()),
         };
         g.header().slots.store(slots as i64, Ordering::Relaxed);
@@ -182,7 +202,7 @@ impl Guard {
     }
 
     /// Maps the guard file a coordinator created (a worker process's side).
-    pub fn open(path: &Path, margin_ns: i64) -> std::io::Result<Guard> {
+    pub fn open(path: &Path, policy: Policy) -> std::io::Result<Guard> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let len = file.metadata()?.len() as usize;
         if len < file_len(0) {
@@ -193,7 +213,7 @@ impl Guard {
         let mut g = Guard {
             map,
             slots: 0,
-            margin_ns,
+            policy,
             _file: None,
         };
         let h = g.header();
@@ -210,8 +230,8 @@ impl Guard {
         self._file.as_ref().map(|p| p.to_path_buf())
     }
 
-    pub fn margin_ns(&self) -> i64 {
-        self.margin_ns
+    pub fn policy(&self) -> Policy {
+        self.policy
     }
 
     fn header(&self) -> &Header {
@@ -254,7 +274,7 @@ impl Guard {
         LockGuard(l)
     }
 
-    /// Tries to start a best-effort piece of `piece_ns` now: reserves its overlap against every
+    /// Tries to start a best-effort piece of `piece_ns` now: reserves the delay it may add to every
     /// critical job it would overlap and returns true, or returns false and reserves nothing.
     pub fn try_piece(&self, piece_ns: i64) -> bool {
         let _l = self.lock();
@@ -262,12 +282,12 @@ impl Guard {
         // Two passes over the slots with the same `now` (no allocation): check all, then
         // reserve. A critical slot may change in between (it never takes the lock); the second
         // pass reserves what it sees then, which is what the next decision will count.
-        if (0..self.slots).any(|i| admits(&self.view(i), now, piece_ns, self.margin_ns).is_none()) {
+        if (0..self.slots).any(|i| admits(&self.view(i), now, piece_ns, &self.policy).is_none()) {
             return false;
         }
         for i in 0..self.slots {
             let v = self.view(i);
-            let Some(o) = admits(&v, now, piece_ns, self.margin_ns) else {
+            let Some(o) = admits(&v, now, piece_ns, &self.policy) else {
                 continue;
             };
             if o == 0 {
@@ -443,7 +463,7 @@ impl BestEffortHold {
 pub struct GuardSetup {
     /// The shared file ([`Guard::path`]).
     pub path: PathBuf,
-    pub margin_ns: i64,
+    pub policy: Policy,
     /// Target length of a best-effort piece.
     pub piece_ns: i64,
     /// `Some(slot)`: critical, publishing in that slot; `None`: best effort.
@@ -473,7 +493,7 @@ impl GuardRole {
         };
         let guard = match guard {
             Some(g) => Arc::clone(g),
-            None => Arc::new(Guard::open(&setup.path, setup.margin_ns)?),
+            None => Arc::new(Guard::open(&setup.path, setup.policy)?),
         };
         let job_ns = high_estimate(warmup_ns);
         Ok(match setup.critical_slot {
@@ -556,14 +576,35 @@ mod tests {
 
     const MS: i64 = 1_000_000;
 
+    fn stall(margin_ns: i64) -> Policy {
+        Policy::new(margin_ns, None)
+    }
+
+    #[test]
+    fn a_stated_stretch_charges_part_of_the_overlap() {
+        // Running since 10 ms, 3 ms service, due at 15: 2 ms of slack. With a worst stretch
+        // of 1.5 an overlap of o delays it by o/3: up to 6 ms of overlap fit.
+        let mut v = SlotView::pending(0, 10 * MS, 15 * MS, 3 * MS);
+        v.start = 10 * MS;
+        let p = Policy::new(0, Some(1.5));
+        assert_eq!(admits(&v, 10 * MS, 3 * MS, &p), Some(MS));
+        assert_eq!(admits(&v, 10 * MS, 6 * MS, &p), Some(2 * MS));
+        assert_eq!(admits(&v, 10 * MS, 6 * MS + 10, &p), None);
+        // A stretch of 1 (no slowdown at all) charges nothing.
+        assert_eq!(
+            admits(&v, 10 * MS, 50 * MS, &Policy::new(0, Some(1.0))),
+            Some(0)
+        );
+    }
+
     #[test]
     fn a_piece_that_ends_before_the_next_release_is_free() {
         // Critical job released at 10 ms, 3 ms of service, due at 15 ms: no slack to spare,
         // but a 1 ms piece at t = 5 ms ends before it.
         let v = SlotView::pending(0, 10 * MS, 15 * MS, 5 * MS);
-        assert_eq!(admits(&v, 5 * MS, MS, 0), Some(0));
+        assert_eq!(admits(&v, 5 * MS, MS, &stall(0)), Some(0));
         // Starting at 9.5 ms it would overlap by 0.5 ms, more than the 0 slack.
-        assert_eq!(admits(&v, 9 * MS + MS / 2, MS, 0), None);
+        assert_eq!(admits(&v, 9 * MS + MS / 2, MS, &stall(0)), None);
     }
 
     #[test]
@@ -571,25 +612,25 @@ mod tests {
         // Released at 10, running since 10, 3 ms service, due at 15: 2 ms slack (margin 0).
         let mut v = SlotView::pending(4, 10 * MS, 15 * MS, 3 * MS);
         v.start = 10 * MS;
-        assert_eq!(admits(&v, 11 * MS, MS, 0), Some(MS));
-        assert_eq!(admits(&v, 11 * MS, 2 * MS, 0), Some(2 * MS));
-        assert_eq!(admits(&v, 11 * MS, 2 * MS + 1, 0), None);
+        assert_eq!(admits(&v, 11 * MS, MS, &stall(0)), Some(MS));
+        assert_eq!(admits(&v, 11 * MS, 2 * MS, &stall(0)), Some(2 * MS));
+        assert_eq!(admits(&v, 11 * MS, 2 * MS + 1, &stall(0)), None);
         // With 1.5 ms already reserved against this job, only 0.5 ms is left.
         v.acct_seq = 4;
         v.acct_overlap = 3 * MS / 2;
-        assert_eq!(admits(&v, 11 * MS, MS / 2, 0), Some(MS / 2));
-        assert_eq!(admits(&v, 11 * MS, MS, 0), None);
+        assert_eq!(admits(&v, 11 * MS, MS / 2, &stall(0)), Some(MS / 2));
+        assert_eq!(admits(&v, 11 * MS, MS, &stall(0)), None);
         // A reservation against an earlier job does not count.
         v.acct_seq = 3;
-        assert_eq!(admits(&v, 11 * MS, MS, 0), Some(MS));
+        assert_eq!(admits(&v, 11 * MS, MS, &stall(0)), Some(MS));
         // The margin comes off the slack.
-        assert_eq!(admits(&v, 11 * MS, 2 * MS, MS / 2), None);
+        assert_eq!(admits(&v, 11 * MS, 2 * MS, &stall(MS / 2)), None);
     }
 
     #[test]
     fn unknown_holds_and_finished_frees() {
-        assert_eq!(admits(&SlotView::unknown(), 0, 1, 0), None);
-        assert_eq!(admits(&SlotView::finished(), 0, 1, 0), Some(0));
+        assert_eq!(admits(&SlotView::unknown(), 0, 1, &stall(0)), None);
+        assert_eq!(admits(&SlotView::finished(), 0, 1, &stall(0)), Some(0));
     }
 
     #[test]
@@ -597,14 +638,14 @@ mod tests {
         // Released at 10 ms but not started at 12 ms (its thread is late): it begins no
         // earlier than now, so its slack is measured from now.
         let v = SlotView::pending(0, 10 * MS, 15 * MS, 2 * MS);
-        assert_eq!(admits(&v, 12 * MS, MS, 0), Some(MS));
-        assert_eq!(admits(&v, 12 * MS, MS + 1, 0), None);
+        assert_eq!(admits(&v, 12 * MS, MS, &stall(0)), Some(MS));
+        assert_eq!(admits(&v, 12 * MS, MS + 1, &stall(0)), None);
     }
 
     #[test]
     fn the_shared_file_is_seen_by_a_second_mapping_and_reserves() {
-        let g = Arc::new(Guard::create(1, 0).unwrap());
-        let other = Guard::open(&g.path().unwrap(), 0).unwrap();
+        let g = Arc::new(Guard::create(1, stall(0)).unwrap());
+        let other = Guard::open(&g.path().unwrap(), stall(0)).unwrap();
         let p = CriticalPublisher::new(Arc::clone(&g), 0, 3 * MS);
         // Unknown until published: held.
         assert!(!other.try_piece(MS));
@@ -631,7 +672,7 @@ mod tests {
 
     #[test]
     fn the_service_estimate_rises_at_once_and_relaxes_slowly() {
-        let g = Arc::new(Guard::create(1, 0).unwrap());
+        let g = Arc::new(Guard::create(1, stall(0)).unwrap());
         let p = CriticalPublisher::new(Arc::clone(&g), 0, MS);
         p.pending(0, 0, None);
         p.ended(0, 2 * MS);
@@ -646,7 +687,7 @@ mod tests {
     fn a_file_that_is_not_a_guard_is_refused() {
         let f = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(f.path(), [0u8; 64]).unwrap();
-        assert!(Guard::open(f.path(), 0).is_err());
-        assert!(Guard::open(Path::new("/nonexistent/guard"), 0).is_err());
+        assert!(Guard::open(f.path(), stall(0)).is_err());
+        assert!(Guard::open(Path::new("/nonexistent/guard"), stall(0)).is_err());
     }
 }

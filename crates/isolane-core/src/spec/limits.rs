@@ -34,3 +34,6 @@ pub const MAX_PIECE_US: u64 = 1_000_000;
 
 /// Largest protection margin (µs): one second.
 pub const MAX_MARGIN_US: u64 = 1_000_000;
+
+/// Largest stated stretch of a critical job beside best effort.
+pub const MAX_STRETCH: f64 = 100.0;

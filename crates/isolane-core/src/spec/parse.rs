@@ -16,7 +16,7 @@ use toml::Spanned;
 use super::error::{Problem, SpecError};
 use super::limits::{
     MAX_JOBS, MAX_MARGIN_US, MAX_PIECE_US, MAX_RATE_HZ, MAX_SECONDS, MAX_SPIN_US,
-    MAX_START_DELAY_MS, MIN_PIECE_US, MIN_SECONDS,
+    MAX_START_DELAY_MS, MAX_STRETCH, MIN_PIECE_US, MIN_SECONDS,
 };
 use super::model::{is_onnx_path, ModelCatalog, SpinModel, SPIN_SYNTAX};
 use super::{
@@ -31,7 +31,7 @@ const ROOT_KEYS: &[&str] = &["device", "timing", "protection", "workload"];
 /// The keys each table of a scenario allows (also the property tests' alphabet).
 pub const DEVICE_KEYS: &[&str] = &["backend", "gpu", "mechanism", "host"];
 pub const TIMING_KEYS: &[&str] = &["spin_us", "start_delay_ms", "seed"];
-pub const PROTECTION_KEYS: &[&str] = &["enabled", "piece_us", "margin_us"];
+pub const PROTECTION_KEYS: &[&str] = &["enabled", "piece_us", "margin_us", "stretch"];
 pub const WORKLOAD_KEYS: &[&str] = &[
     "name",
     "model",
@@ -652,10 +652,23 @@ fn parse_protection(ctx: &mut Ctx<'_>, t: &Tbl<'_, '_>) -> Option<ProtectionSpec
         None => Some(d.margin_us),
         Some(v) => ctx.integer(v, &t.field("margin_us"), 0, MAX_MARGIN_US),
     };
+    let stretch = match t.get("stretch") {
+        None => Some(None),
+        Some(v) => ctx
+            .positive(
+                v,
+                &t.field("stretch"),
+                1.0,
+                MAX_STRETCH,
+                &format!("a number from 1 to {MAX_STRETCH} (how many times longer a critical job may take beside best effort)"),
+            )
+            .map(Some),
+    };
     Some(ProtectionSpec {
         enabled: enabled?,
         piece_us: piece_us?,
         margin_us: margin_us?,
+        stretch: stretch?,
     })
 }
 

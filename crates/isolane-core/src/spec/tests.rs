@@ -1143,7 +1143,7 @@ fn validation_time_grows_linearly_with_the_workloads() {
 #[test]
 fn criticality_and_protection_parse_with_defaults_and_round_trip() {
     let s = parse(&format!(
-        "[protection]\npiece_us = 500\nmargin_us = 0\n{MIN}criticality = \"best_effort\"\n"
+        "[protection]\npiece_us = 500\nmargin_us = 0\nstretch = 1.5\n{MIN}criticality = \"best_effort\"\n"
     ))
     .unwrap();
     assert_eq!(s.workloads[0].criticality, Criticality::BestEffort);
@@ -1152,7 +1152,8 @@ fn criticality_and_protection_parse_with_defaults_and_round_trip() {
         ProtectionSpec {
             enabled: true,
             piece_us: 500,
-            margin_us: 0
+            margin_us: 0,
+            stretch: Some(1.5),
         }
     );
     let d = parse(MIN).unwrap();
