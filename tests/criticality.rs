@@ -65,7 +65,12 @@ fn protected_pair(host: &str) -> Result<(), String> {
     let alone_miss = f(&workload(&summary(&out_alone), "critical")["timeout_pct"]);
     let s = scenario(tmp.path(), "pair.toml", &text);
     let out = tmp.path().join("r");
-    run_ok(isolane().args(["run", "-q", "--out"]).arg(&out).arg(&s));
+    let o = run_ok(isolane().args(["run", "-q", "--out"]).arg(&out).arg(&s));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("besteffort (best effort): held "),
+        "{stdout}"
+    );
     let sum = summary(&out);
     let c = workload(&sum, "critical");
     let b = workload(&sum, "besteffort");
