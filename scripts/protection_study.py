@@ -43,11 +43,8 @@ def parse_args():
     p.add_argument("--loads", default="0.5,0.6,0.7,0.8,0.9")
     p.add_argument("--mechanisms", default="green,mps,timeslice")
     p.add_argument("--duration", type=float, default=5.0)
-    p.add_argument("--piece-us", type=int, default=250)
-    p.add_argument("--margin-us", type=int, default=100)
-    p.add_argument("--stretch", type=float, default=None,
-                   help="[protection] stretch of the protected runs, e.g. the worst p99 stretch "
-                        "of `isolane interference` (default: unset, the stall model)")
+    p.add_argument("--piece-us", type=int, default=100)
+    p.add_argument("--margin-us", type=int, default=20)
     return p.parse_args()
 
 
@@ -90,16 +87,22 @@ def workload_toml(args, w):
     return "\n".join(lines)
 
 
-def scenario_toml(args, mechanism, workloads, protected):
+UNPROTECTED = False
+
+
+def scenario_toml(args, mechanism, workloads, stretch):
+    """stretch: False (the string-free sentinel UNPROTECTED) for [protection] enabled = false,
+    None for protection with the stall model, a number for protection with that stretch."""
     if args.backend == "cuda":
         host = "thread" if mechanism == "green" else "process"
         device = (f'[device]\nbackend = "cuda"\nmechanism = "{mechanism}"\nhost = "{host}"\n')
     else:
         device = '[device]\nbackend = "cpu"\nhost = "thread"\n'
+    protected = stretch is not UNPROTECTED
     prot = (f"[protection]\nenabled = {'true' if protected else 'false'}\n"
             f"piece_us = {args.piece_us}\nmargin_us = {args.margin_us}\n")
-    if args.stretch:
-        prot += f"stretch = {args.stretch}\n"
+    if protected and stretch:
+        prot += f"stretch = {stretch:.3f}\n"
     body = "\n\n".join(workload_toml(args, dict(w, mechanism=mechanism)) for w in workloads)
     return f"{device}\n{prot}\n{body}\n"
 
@@ -122,6 +125,17 @@ def run(args, exe, folder, text):
         return {w["name"]: w for w in json.load(f)["workloads"]}
 
 
+def exec_ms(run_dir, workload):
+    """Execution times (end - start, ms) of a run's completed jobs, sorted."""
+    with open(os.path.join(run_dir, "jobs", workload + ".csv")) as f:
+        return sorted(float(r["end_ms"]) - float(r["start_ms"])
+                      for r in csv.DictReader(f) if r["end_ms"])
+
+
+def pct(v, q):
+    return v[min(len(v) - 1, int(len(v) * q))] if v else float("nan")
+
+
 def main():
     args = parse_args()
     exe = binary(args)
@@ -130,20 +144,26 @@ def main():
     be_model, be_sms = split(args.best_effort)
     everyone = [(f"v{i}_{m}", m, s) for i, (m, s) in enumerate(victims)] + [
         (f"be_{be_model}", be_model, be_sms)]
+    mechanisms = [m for m in args.mechanisms.split(",")
+                  if args.backend == "cuda" or m == "green"]
 
+    # 1. Each workload alone in its partition, per mechanism: capacity, p99, p99 execution.
     alone = {}
-    for name, model, sms in everyone:
-        w = dict(name=name, model=model, sms=sms)
-        s = run(args, exe, os.path.join(args.out, "alone", name),
-                scenario_toml(args, "green", [w], False))[name]
-        alone[name] = dict(capacity=s["throughput_ips"], p99=s["latency_ms"]["p99"])
+    for mech in mechanisms:
+        alone[mech] = {}
+        for name, model, sms in everyone:
+            folder = os.path.join(args.out, "alone", mech, name)
+            s = run(args, exe, folder, scenario_toml(
+                args, mech, [dict(name=name, model=model, sms=sms)], UNPROTECTED))[name]
+            alone[mech][name] = dict(capacity=s["throughput_ips"], p99=s["latency_ms"]["p99"],
+                                     exec_p99=pct(exec_ms(os.path.join(folder, "run"), name), .99))
     with open(os.path.join(args.out, "alone.json"), "w") as f:
         json.dump(alone, f, indent=1)
 
-    def workloads(load):
+    def workloads(mech, load):
         ws = []
         for name, model, sms in everyone[:-1]:
-            a = alone[name]
+            a = alone[mech][name]
             ws.append(dict(name=name, model=model, sms=sms, rate=load * a["capacity"],
                            deadline_ms=args.slack * a["p99"]))
         name, model, sms = everyone[-1]
@@ -152,33 +172,41 @@ def main():
 
     rows = []
 
-    def record(study, mechanism, protected, load, summary):
+    def record(study, mech, protection, load, folder, summary):
         for name, w in summary.items():
             be = name == everyone[-1][0]
             held = w.get("held") or {}
+            ex = exec_ms(os.path.join(folder, "run"), name)
             rows.append(dict(
-                study=study, mechanism=mechanism, protected=int(protected), load=load,
+                study=study, mechanism=mech, protection=protection, load=load,
                 workload=name, criticality=w.get("criticality", ""),
                 jobs=w["jobs"], timeout_pct=w["timeout_pct"],
                 p50_ms=w["latency_ms"]["p50"], p99_ms=w["latency_ms"]["p99"],
-                max_ms=w["latency_ms"]["max"], throughput_ips=w["throughput_ips"],
-                of_alone=w["throughput_ips"] / alone[name]["capacity"] if be else "",
+                max_ms=w["latency_ms"]["max"], exec_p99_ms=pct(ex, .99),
+                exec_stretch=pct(ex, .99) / alone[mech][name]["exec_p99"],
+                throughput_ips=w["throughput_ips"],
+                of_alone=w["throughput_ips"] / alone[mech][name]["capacity"] if be else "",
                 held_ms=held.get("total_ms", 0), pieces=held.get("pieces", "")))
 
-    for mechanism in args.mechanisms.split(","):
-        if args.backend == "cpu" and mechanism != "green":
-            continue
-        for protected in (False, True):
-            tag = f"{mechanism}-{'protected' if protected else 'unprotected'}"
-            s = run(args, exe, os.path.join(args.out, "compare", tag),
-                    scenario_toml(args, mechanism, workloads(args.load), protected))
-            record("compare", mechanism, protected, args.load, s)
+    def measure(study, mech, load):
+        """Unprotected, then protected with the stall model, then with the victims' worst p99
+        execution stretch measured in the unprotected run."""
+        tag = f"{study}/{mech}-load{round(load * 100)}"
+        folder = os.path.join(args.out, tag + "-unprotected")
+        s = run(args, exe, folder, scenario_toml(args, mech, workloads(mech, load), UNPROTECTED))
+        record(study, mech, "none", load, folder, s)
+        stretch = max(r["exec_stretch"] for r in rows[-len(s):] if r["criticality"] == "critical")
+        for label, st in (("stall", None), (f"stretch {stretch:.2f}", stretch)):
+            if st is not None and st <= 1.0:
+                continue
+            folder = os.path.join(args.out, tag + ("-stall" if st is None else "-stretch"))
+            s = run(args, exe, folder, scenario_toml(args, mech, workloads(mech, load), st))
+            record(study, mech, label, load, folder, s)
+
+    for mech in mechanisms:
+        measure("compare", mech, args.load)
     for load in [float(x) for x in args.loads.split(",") if x]:
-        for protected in (False, True):
-            tag = f"load{round(load * 100)}-{'protected' if protected else 'unprotected'}"
-            s = run(args, exe, os.path.join(args.out, "tradeoff", tag),
-                    scenario_toml(args, "green", workloads(load), protected))
-            record("tradeoff", "green", protected, load, s)
+        measure("tradeoff", "green", load)
 
     with open(os.path.join(args.out, "protection.csv"), "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
@@ -191,30 +219,36 @@ def main():
 def write_markdown(args, alone, rows, everyone):
     be = everyone[-1][0]
     out = [f"# Criticality protection ({args.backend}, {args.precision})", "",
-           f"Victims at {args.load:.0%} of their alone capacity, deadline {args.slack} x p99 alone; "
-           f"best effort `{be}` flat out; pieces of {args.piece_us} µs, margin {args.margin_us} µs, "
-           f"stretch {args.stretch or 'unset (stall model)'}; "
-           f"{args.duration} s per run.", "", "| workload | alone capacity /s | alone p99 ms |",
-           "| --- | --- | --- |"]
-    out += [f"| {n} | {a['capacity']:.1f} | {a['p99']:.3f} |" for n, a in alone.items()]
+           f"Critical victims at {args.load:.0%} of their alone-in-partition capacity (trade-off: "
+           f"other loads), deadline {args.slack} x their p99 alone; best effort `{be}` flat out; "
+           f"pieces of {args.piece_us} µs, margin {args.margin_us} µs; {args.duration} s per run. "
+           "Protection `stall`: the full-stall model; `stretch s`: the victims' worst p99 "
+           "execution stretch measured in the unprotected run just before.", "",
+           "| mechanism | workload | alone capacity /s | alone p99 ms | alone exec p99 ms |",
+           "| --- | --- | --- | --- | --- |"]
+    for mech, ws in alone.items():
+        out += [f"| {mech} | {n} | {a['capacity']:.1f} | {a['p99']:.3f} | {a['exec_p99']:.3f} |"
+                for n, a in ws.items()]
     for study in ("compare", "tradeoff"):
         out += ["", f"## {study}", "",
-                "| mechanism | protected | load | victim timeouts % (each) | victim max ms (each) "
-                "| best effort /s | of alone | held s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                "| mechanism | load | protection | victim timeouts % | victim max ms "
+                "| victim exec stretch p99 | best effort /s | of alone | held s |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         keys = []
         for r in rows:
-            k = (r["mechanism"], r["protected"], r["load"])
+            k = (r["mechanism"], r["load"], r["protection"])
             if r["study"] == study and k not in keys:
                 keys.append(k)
         for k in keys:
-            rs = [r for r in rows if r["study"] == study and (r["mechanism"], r["protected"], r["load"]) == k]
+            rs = [r for r in rows if r["study"] == study
+                  and (r["mechanism"], r["load"], r["protection"]) == k]
             v = [r for r in rs if r["workload"] != be]
             b = [r for r in rs if r["workload"] == be][0]
+            each = lambda key, fmt: " / ".join(fmt.format(r[key]) for r in v)
             out.append(
-                f"| {k[0]} | {'yes' if k[1] else 'no'} | {k[2]:.2f} | "
-                + " / ".join(f"{r['timeout_pct']:.2f}" for r in v) + " | "
-                + " / ".join(f"{r['max_ms']:.2f}" for r in v) + " | "
-                + f"{b['throughput_ips']:.1f} | {b['of_alone']:.0%} | {b['held_ms'] / 1e3:.2f} |")
+                f"| {k[0]} | {k[1]:.2f} | {k[2]} | {each('timeout_pct', '{:.2f}')} | "
+                f"{each('max_ms', '{:.2f}')} | {each('exec_stretch', '{:.2f}')} | "
+                f"{b['throughput_ips']:.1f} | {b['of_alone']:.0%} | {b['held_ms'] / 1e3:.2f} |")
     with open(os.path.join(args.out, "protection.md"), "w") as f:
         f.write("\n".join(out) + "\n")
 
