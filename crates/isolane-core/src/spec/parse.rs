@@ -17,6 +17,7 @@ use super::error::{Problem, SpecError};
 use super::limits::{
     MAX_JOBS, MAX_RATE_HZ, MAX_SECONDS, MAX_SPIN_US, MAX_START_DELAY_MS, MIN_SECONDS,
 };
+use super::kernel::KernelModel;
 use super::model::{is_onnx_path, ModelCatalog, SpinModel, SPIN_SYNTAX};
 use super::{
     Backend, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Precision, Ramp,
@@ -661,7 +662,8 @@ fn parse_workload(
         Some(v) => ctx.choice(v, &f("role"), ROLES),
     };
 
-    let (model, is_spin) = match t.get("model") {
+    // Synthetic models (`spin:`, `kernel:`) have no weights.
+    let (model, is_synthetic) = match t.get("model") {
         None => {
             t.missing(ctx, "model", &model_expectation(models));
             (None, false)
@@ -669,7 +671,7 @@ fn parse_workload(
         Some(v) => match ctx.string(v, &f("model"), &model_expectation(models)) {
             Some(s) => (
                 check_model(ctx, v, &f("model"), s, models),
-                s.starts_with("spin:"),
+                s.starts_with("spin:") || s.starts_with("kernel:"),
             ),
             None => (None, false),
         },
@@ -678,12 +680,12 @@ fn parse_workload(
     let weights = match t.get("weights") {
         None => None,
         Some(v) => {
-            if is_spin {
+            if is_synthetic {
                 ctx.report(
                     t.key_span("weights"),
                     f("weights"),
-                    "not allowed with a spin: model (it has no weights); remove it, or use a \
-                     built-in or .onnx model",
+                    "not allowed with a spin: or kernel: model (it has no weights); remove it, \
+                     or use a built-in or .onnx model",
                 );
                 None
             } else {
@@ -999,7 +1001,10 @@ fn model_expectation(models: &dyn ModelCatalog) -> String {
     } else {
         format!("a built-in model: {}", names.join(", "))
     };
-    format!("\"spin:<time>[~<jitter>]\" (e.g. \"spin:4ms\"), a path ending in .onnx, or {builtins}")
+    format!(
+        "\"spin:<time>[~<jitter>]\" (e.g. \"spin:4ms\"), \"kernel:<kind>:…\" (e.g. \
+         \"kernel:triad:256MiB\"), a path ending in .onnx, or {builtins}"
+    )
 }
 
 /// Validates the model string; returns it in resolved form (an `.onnx` path made absolute, so
@@ -1013,6 +1018,15 @@ fn check_model(
 ) -> Option<String> {
     if s.starts_with("spin:") {
         return match SpinModel::parse(s) {
+            Ok(_) => Some(s.to_string()),
+            Err(e) => {
+                ctx.report(v.span(), field, e.to_string());
+                None
+            }
+        };
+    }
+    if s.starts_with("kernel:") {
+        return match KernelModel::parse(s) {
             Ok(_) => Some(s.to_string()),
             Err(e) => {
                 ctx.report(v.span(), field, e.to_string());
