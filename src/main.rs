@@ -4,6 +4,7 @@
 
 mod cmd;
 mod engine_exec;
+mod kernel_exec;
 mod seeded_input;
 
 use std::process::ExitCode;

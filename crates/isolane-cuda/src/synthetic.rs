@@ -59,7 +59,7 @@ const BLOCK: u32 = 256;
 /// The triad's scalar (STREAM's 3.0).
 const TRIAD_SCALAR: f32 = 3.0;
 /// Largest cuBLASLt workspace the GEMM may use.
-const GEMM_WORKSPACE: usize = 32 << 20;
+pub const GEMM_WORKSPACE: usize = 32 << 20;
 
 /// One synthetic kernel with its buffers, ready to run jobs.
 pub struct SyntheticKernel {
@@ -342,7 +342,9 @@ fn gemm_plan(n: usize, dt: lt::cudaDataType, compute: lt::cublasComputeType_t) -
         workspace: 0,
     };
     // SAFETY: valid out-pointers; cuBLASLt is loaded (libs::ensure_all ran for the backend).
-    lt_check("cublasLtCreate", unsafe { lt::cublasLtCreate(&mut g.handle) })?;
+    lt_check("cublasLtCreate", unsafe {
+        lt::cublasLtCreate(&mut g.handle)
+    })?;
     // SAFETY: as above.
     lt_check("cublasLtMatmulDescCreate", unsafe {
         lt::cublasLtMatmulDescCreate(&mut g.desc, compute, lt::cudaDataType::CUDA_R_32F)
@@ -379,7 +381,15 @@ fn gemm_algo(g: &Gemm, n: usize) -> Result<(lt::cublasLtMatmulAlgo_t, usize)> {
     // SAFETY: the descriptor and layout are complete; one result slot.
     let r = unsafe {
         lt::cublasLtMatmulAlgoGetHeuristic(
-            g.handle, g.desc, g.layout, g.layout, g.layout, g.layout, pref, 1, &mut result,
+            g.handle,
+            g.desc,
+            g.layout,
+            g.layout,
+            g.layout,
+            g.layout,
+            pref,
+            1,
+            &mut result,
             &mut got,
         )
     };

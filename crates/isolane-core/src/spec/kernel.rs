@@ -60,9 +60,7 @@ pub struct KernelWork {
 pub struct KernelParseError(String);
 
 fn err(s: &str, field: &str, why: impl std::fmt::Display) -> KernelParseError {
-    KernelParseError(format!(
-        "{field} of {s:?}: {why}; expected {KERNEL_SYNTAX}"
-    ))
+    KernelParseError(format!("{field} of {s:?}: {why}; expected {KERNEL_SYNTAX}"))
 }
 
 impl KernelModel {
@@ -207,9 +205,7 @@ fn parse_gemm_n(s: &str, v: &str) -> Result<u32, KernelParseError> {
         _ => Err(err(
             s,
             "n",
-            format!(
-                "{v:?} is not a multiple of {GEMM_N_STEP} from {GEMM_MIN_N} to {GEMM_MAX_N}"
-            ),
+            format!("{v:?} is not a multiple of {GEMM_N_STEP} from {GEMM_MIN_N} to {GEMM_MAX_N}"),
         )),
     }
 }
@@ -296,7 +292,10 @@ mod tests {
     #[test]
     fn errors_name_the_field_and_what_is_allowed() {
         for (s, needle) in [
-            ("kernel:copy:1MiB", "unknown kind \"copy\" (allowed: triad, gemm, l2)"),
+            (
+                "kernel:copy:1MiB",
+                "unknown kind \"copy\" (allowed: triad, gemm, l2)",
+            ),
             ("kernel:triad", "fields of"),
             ("kernel:triad:1MiB:2", "fields of"),
             ("kernel:triad:256MB", "size of"),
@@ -310,7 +309,10 @@ mod tests {
             ("kernel:gemm:100", "multiple of 8"),
             ("kernel:gemm:0", "n of"),
             ("kernel:gemm:40000", "n of"),
-            ("kernel:gemm:64:int8", "unknown \"int8\" (allowed: fp16, bf16, tf32, fp32)"),
+            (
+                "kernel:gemm:64:int8",
+                "unknown \"int8\" (allowed: fp16, bf16, tf32, fp32)",
+            ),
             ("kernel:gemm:64:fp16:x", "fields of"),
         ] {
             let e = KernelModel::parse(s).unwrap_err().to_string();

@@ -14,10 +14,10 @@ use toml::de::{DeString, DeTable, DeValue};
 use toml::Spanned;
 
 use super::error::{Problem, SpecError};
+use super::kernel::KernelModel;
 use super::limits::{
     MAX_JOBS, MAX_RATE_HZ, MAX_SECONDS, MAX_SPIN_US, MAX_START_DELAY_MS, MIN_SECONDS,
 };
-use super::kernel::KernelModel;
 use super::model::{is_onnx_path, ModelCatalog, SpinModel, SPIN_SYNTAX};
 use super::{
     Backend, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Precision, Ramp,

@@ -752,7 +752,10 @@ fn weights_are_not_allowed_with_spin() {
     assert_err(
         &format!("{MIN}weights = \"w.safetensors\"\n"),
         7,
-        &["workload[0].weights", "not allowed with a spin: or kernel: model"],
+        &[
+            "workload[0].weights",
+            "not allowed with a spin: or kernel: model",
+        ],
     );
 }
 
@@ -773,7 +776,10 @@ fn kernel_models_validate_and_a_bad_one_names_its_field() {
         &["workload[0].model", "size of", "KiB, MiB or GiB"],
     );
     assert_err(
-        &format!("{}weights = \"w.safetensors\"\n", MIN.replace("spin:4ms", "kernel:l2:1MiB")),
+        &format!(
+            "{}weights = \"w.safetensors\"\n",
+            MIN.replace("spin:4ms", "kernel:l2:1MiB")
+        ),
         7,
         &["not allowed with a spin: or kernel: model"],
     );
