@@ -108,19 +108,17 @@ impl MatrixConfig {
             return Err(InterferenceError::NeedsCuda(word));
         }
         let sized = self.victim_size.is_some() || !self.neighbour_sizes.is_empty();
-        match self.mechanism {
-            Mechanism::Green | Mechanism::Mps => {
-                if self.victim_size.is_none() || self.neighbour_sizes.is_empty() {
-                    let unit = if self.mechanism == Mechanism::Green {
-                        "SMs"
-                    } else {
-                        "thread %"
-                    };
-                    return Err(InterferenceError::SizesNeeded(word, unit));
-                }
-            }
-            _ if sized => return Err(InterferenceError::SizesNotAllowed(word)),
-            _ => {}
+        let partitioned = matches!(self.mechanism, Mechanism::Green | Mechanism::Mps);
+        if partitioned && (self.victim_size.is_none() || self.neighbour_sizes.is_empty()) {
+            let unit = if self.mechanism == Mechanism::Green {
+                "SMs"
+            } else {
+                "thread %"
+            };
+            return Err(InterferenceError::SizesNeeded(word, unit));
+        }
+        if !partitioned && sized {
+            return Err(InterferenceError::SizesNotAllowed(word));
         }
         if self.mechanism == Mechanism::Mps {
             let all = self.victim_size.iter().chain(&self.neighbour_sizes);
