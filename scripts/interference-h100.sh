@@ -9,9 +9,11 @@
 # One matrix per precision, green contexts, thread host: victims resnet18 and vit_b_16 at 50 % of
 # their capacity alone in 48 SMs; neighbours flat out in 48 and in 80 SMs: resnet18, vit_l_32,
 # a memory-bound STREAM triad over 1 GiB (three arrays of ~341 MiB, far past the 50 MiB L2) and
-# a compute-bound fp16 tensor-core GEMM (4096³). Per matrix 20 cells (per victim: capacity,
-# alone, 4 neighbours × 2 sizes) of DURATION_S (default 4) seconds plus warm-up and model builds:
-# about 2.5–3 minutes of GPU time; `all` runs fp16 then fp32 (about 6 minutes, one call).
+# a compute-bound fp16 tensor-core GEMM (4096³), each neighbour also alone (its own throughput
+# and DRAM/SM/tensor activity). Per matrix 28 cells (8 neighbour-alone cells; per victim:
+# capacity, alone, 4 neighbours × 2 sizes) of DURATION_S (default 3) seconds plus warm-up and
+# model builds (~3 s a cell): about 3 minutes of GPU time; `all` runs fp16 then fp32 (about 6
+# minutes, within one 10-minute call).
 #
 # ISOLANE_BIN (default stage/isolane), RESULTS (default results/h100-interference), DURATION_S
 # and OUT (where the tarball goes, default /tmp/isolane-interference) override the defaults.
@@ -30,7 +32,7 @@ all) precisions="fp16 fp32" ;;
 esac
 bin=${ISOLANE_BIN:-stage/isolane}
 results=${RESULTS:-results/h100-interference}
-duration=${DURATION_S:-4}
+duration=${DURATION_S:-3}
 out=${OUT:-/tmp/isolane-interference}
 mkdir -p "$results" "$out"
 
@@ -59,7 +61,7 @@ for p in $precisions; do
         --victim-size 48 --neighbour-sizes 48,80 \
         --victims resnet18,vit_b_16 \
         --neighbours resnet18,vit_l_32,kernel:triad:1GiB,kernel:gemm:4096:fp16 \
-        --precisions "$p" --victim-load 0.5 \
+        --precisions "$p" --victim-load 0.5 --neighbour-alone \
         --duration-s "$duration" --warmup 20 --quiet --force \
         --out "$results/green-$p" || rc=$?
 done

@@ -35,16 +35,22 @@ fn a_cpu_matrix_runs_every_cell_and_the_report_draws_it() {
         "kernel:gemm:64",
         "--victim-load",
         "0.5",
+        "--neighbour-alone",
     ]));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.lines().all(|l| l.chars().count() <= 80), "{stdout}");
-    let index: InterferenceIndex = read_json(&out.join("interference.json")).unwrap();
+    let mut index: InterferenceIndex = read_json(&out.join("interference.json")).unwrap();
     assert_eq!(index.mechanism, "none");
     assert_eq!(index.victim_load, Some(0.5));
-    // Per victim: capacity, alone, one pair.
+    // The neighbour alone, then per victim: capacity, alone, one pair.
     let kinds: Vec<CellKind> = index.cells.iter().map(|c| c.kind).collect();
     use CellKind::*;
-    assert_eq!(kinds, [Capacity, Alone, Pair, Capacity, Alone, Pair]);
+    assert_eq!(
+        kinds,
+        [Neighbour, Capacity, Alone, Pair, Capacity, Alone, Pair]
+    );
+    let neighbour = index.cells.remove(0);
+    assert!(neighbour.neighbour_jobs_per_s.unwrap() > 0.0);
     for c in &index.cells {
         assert_eq!(c.status, "ok", "{c:?}");
         assert!(c.exec_ms.jobs > 0, "{c:?}");
@@ -61,6 +67,10 @@ fn a_cpu_matrix_runs_every_cell_and_the_report_draws_it() {
         assert_eq!(pair.alone_p99_ms, alone.exec_ms.p99);
         assert!(pair.stretch_p50.unwrap() > 0.0 && pair.stretch_p99.unwrap() > 0.0);
         assert!(pair.neighbour_jobs_per_s.unwrap() > 0.0);
+        assert_eq!(
+            pair.neighbour_alone_jobs_per_s,
+            neighbour.neighbour_jobs_per_s
+        );
         assert!(
             pair.neighbour_tflop_per_s.unwrap() > 0.0,
             "a gemm neighbour"
@@ -70,7 +80,11 @@ fn a_cpu_matrix_runs_every_cell_and_the_report_draws_it() {
     let triad_alone = &index.cells[4];
     assert!(triad_alone.victim_gb_per_s.unwrap() > 0.0);
     let csv = std::fs::read_to_string(out.join("interference.csv")).unwrap();
-    assert_eq!(csv.lines().count(), 1 + index.cells.len());
+    assert_eq!(
+        csv.lines().count(),
+        2 + index.cells.len(),
+        "header + the 7 cells"
+    );
 
     let report = tmp.path().join("r.html");
     run_ok(isolane().arg("report").arg(&out).arg("--out").arg(&report));

@@ -10,7 +10,7 @@ use isolane_core::results::{
 };
 use isolane_core::spec::{self, Mechanism, Precision};
 use isolane_runtime::coordinator::RunPlan;
-use isolane_runtime::interference::{self as matrix, Cell, MatrixConfig, VictimRate};
+use isolane_runtime::interference::{self as matrix, Cell, MatrixConfig, References, VictimRate};
 use isolane_runtime::output;
 
 use super::{user, EXIT_FAILED, EXIT_INTERRUPTED};
@@ -64,6 +64,10 @@ pub struct InterferenceArgs {
     /// The victim's relative deadline in ms. Default: one period.
     #[arg(long, value_parser = positive)]
     deadline_ms: Option<f64>,
+    /// Also run each neighbour alone, closed loop, at each size and precision: its own
+    /// throughput and device activity (GPM), the reference of its throughput in the pairs.
+    #[arg(long)]
+    neighbour_alone: bool,
     /// Seconds each cell runs (after warm-up).
     #[arg(long, default_value_t = 5.0, value_parser = seconds)]
     duration_s: f64,
@@ -168,6 +172,7 @@ fn config(a: &InterferenceArgs) -> anyhow::Result<MatrixConfig> {
         deadline_ms: a.deadline_ms,
         duration_s: a.duration_s,
         warmup_jobs: a.warmup,
+        neighbour_alone: a.neighbour_alone,
     };
     c.check().map_err(user)?;
     Ok(c)
@@ -244,6 +249,9 @@ fn check_cells(c: &MatrixConfig) -> anyhow::Result<()> {
     for (v, p) in c.each_victim() {
         cells.extend(c.rated_cells(v, p, 1.0));
     }
+    for &p in &c.precisions {
+        cells.extend(c.neighbour_cells(p));
+    }
     for cell in &cells {
         let name = format!("interference cell {}", cell.entry.dir);
         cell.scenario
@@ -261,43 +269,80 @@ struct Runner<'a> {
     engine: &'a isolane_runtime::exec::Engine,
 }
 
-/// Runs victim by victim: capacity, alone, then the pairs; returns the exit code.
+/// Runs precision by precision: the neighbours alone (if asked for), then victim by victim its
+/// capacity, alone and pair cells. Returns the exit code.
 fn run_matrix(
     c: &MatrixConfig,
     runner: &Runner<'_>,
     index: &mut InterferenceIndex,
 ) -> anyhow::Result<u8> {
-    let capacity = c.capacity_cells();
     let mut code = 0u8;
-    for (i, (v, p)) in c.each_victim().enumerate() {
-        let mut jobs_per_s = None;
-        if let Some(cell) = capacity.get(i) {
-            let entry = runner.run_cell(cell, None, index)?;
-            if entry.status == "interrupted" {
-                return Ok(EXIT_INTERRUPTED);
+    for &p in &c.precisions {
+        for cell in c.neighbour_cells(p) {
+            let entry = runner.run_cell(&cell, References::default(), index)?;
+            code = code.max(cell_code(&entry));
+            if code == EXIT_INTERRUPTED {
+                return Ok(code);
             }
-            jobs_per_s = entry.victim_jobs_per_s;
         }
-        let Some(rate_hz) = c.victim_rate_hz(jobs_per_s) else {
-            eprintln!(
-                "interference: no capacity measured for {}; its cells are skipped",
-                v.1
-            );
-            code = EXIT_FAILED;
-            continue;
+        for (vi, victim) in c.victims.iter().enumerate() {
+            code = code.max(run_victim(c, runner, index, (vi, victim), p)?);
+            if code == EXIT_INTERRUPTED {
+                return Ok(code);
+            }
+        }
+    }
+    Ok(code)
+}
+
+/// A cell's contribution to the exit code: 0 ok, 130 interrupted, 1 otherwise.
+fn cell_code(entry: &InterferenceCell) -> u8 {
+    match entry.status.as_str() {
+        "ok" => 0,
+        "interrupted" => EXIT_INTERRUPTED,
+        _ => EXIT_FAILED,
+    }
+}
+
+/// One victim at one precision: its capacity (for a load fraction), then alone and beside each
+/// neighbour at the rate that gives.
+fn run_victim(
+    c: &MatrixConfig,
+    runner: &Runner<'_>,
+    index: &mut InterferenceIndex,
+    v: (usize, &str),
+    p: Precision,
+) -> anyhow::Result<u8> {
+    let mut jobs_per_s = None;
+    if let Some(cell) = c.capacity_cell(v, p) {
+        let entry = runner.run_cell(&cell, References::default(), index)?;
+        if entry.status == "interrupted" {
+            return Ok(EXIT_INTERRUPTED);
+        }
+        jobs_per_s = entry.victim_jobs_per_s;
+    }
+    let Some(rate_hz) = c.victim_rate_hz(jobs_per_s) else {
+        eprintln!(
+            "interference: no capacity measured for {}; its cells are skipped",
+            v.1
+        );
+        return Ok(EXIT_FAILED);
+    };
+    let mut code = 0u8;
+    let mut alone: Option<InterferenceCell> = None;
+    for cell in c.rated_cells(v, p, rate_hz) {
+        let neighbour = matrix::neighbour_reference(&index.cells, &cell.entry).cloned();
+        let refs = References {
+            alone: alone.as_ref(),
+            neighbour_alone: neighbour.as_ref(),
         };
-        let cells = c.rated_cells(v, p, rate_hz);
-        let mut alone: Option<InterferenceCell> = None;
-        for cell in &cells {
-            let entry = runner.run_cell(cell, alone.as_ref(), index)?;
-            match entry.status.as_str() {
-                "interrupted" => return Ok(EXIT_INTERRUPTED),
-                "ok" => {}
-                _ => code = EXIT_FAILED,
-            }
-            if entry.kind == CellKind::Alone {
-                alone = Some(entry);
-            }
+        let entry = runner.run_cell(&cell, refs, index)?;
+        code = code.max(cell_code(&entry));
+        if code == EXIT_INTERRUPTED {
+            break;
+        }
+        if entry.kind == CellKind::Alone {
+            alone = Some(entry);
         }
     }
     Ok(code)
@@ -309,7 +354,7 @@ impl Runner<'_> {
     fn run_cell(
         &self,
         cell: &Cell,
-        alone: Option<&InterferenceCell>,
+        refs: References<'_>,
         index: &mut InterferenceIndex,
     ) -> anyhow::Result<InterferenceCell> {
         let mut entry = cell.entry.clone();
@@ -319,7 +364,7 @@ impl Runner<'_> {
                 super::run::write_run_files(&m)?;
                 super::run::report_failures(&m.summary);
                 entry.status = status_word(m.summary.status).into();
-                matrix::fill_cell(&mut entry, &m.result, &m.summary, alone);
+                matrix::fill_cell(&mut entry, &m.result, &m.summary, refs);
             }
             Err(e) => {
                 eprintln!("interference cell {}: {e:#}", entry.dir);

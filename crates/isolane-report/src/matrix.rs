@@ -8,7 +8,8 @@ use crate::{ms, num, plain_table, wide_table};
 /// One row per cell. The short set (80 columns): the victim and its precision, the
 /// neighbour and its size, the victim's p50/p99 execution time, their stretch over alone and
 /// the timeout %. `wide` adds the status, the rate, the alone reference, the neighbour's
-/// jobs/s, achieved GB/s of kernel models and the GPM activity.
+/// jobs/s (and alone, with `--neighbour-alone`), achieved GB/s of kernel models and the GPM
+/// activity.
 pub fn interference_table(cells: &[InterferenceCell], wide: bool) -> String {
     let mut header = vec![
         "victim",
@@ -26,6 +27,7 @@ pub fn interference_table(cells: &[InterferenceCell], wide: bool) -> String {
             "alone p50",
             "alone p99",
             "nb jobs/s",
+            "nb alone/s",
             "nb GB/s",
             "DRAM %",
             "SM %",
@@ -57,6 +59,7 @@ fn row(c: &InterferenceCell, wide: bool) -> Vec<String> {
             ms(c.alone_p50_ms),
             ms(c.alone_p99_ms),
             num(c.neighbour_jobs_per_s, 1),
+            num(c.neighbour_alone_jobs_per_s, 1),
             num(c.neighbour_gb_per_s, 1),
             num(c.dram_bw_util_pct, 1),
             num(c.sm_util_pct, 1),
@@ -66,9 +69,12 @@ fn row(c: &InterferenceCell, wide: bool) -> Vec<String> {
     r
 }
 
-/// `model precision`.
+/// `model precision` (`- precision` in a neighbour's own cell, which has no victim).
 pub fn victim_label(c: &InterferenceCell) -> String {
-    format!("{} {}", c.victim, c.precision)
+    match c.kind {
+        CellKind::Neighbour => format!("- {}", c.precision),
+        _ => format!("{} {}", c.victim, c.precision),
+    }
 }
 
 /// A pair's `model @size` (the size in the matrix's unit; the model alone where nothing is
@@ -78,6 +84,8 @@ pub fn neighbour_label(c: &InterferenceCell) -> String {
     match (c.kind, c.neighbour_size) {
         (CellKind::Pair, Some(s)) => format!("{model} @{s}"),
         (CellKind::Pair, None) => model.to_string(),
+        (CellKind::Neighbour, Some(s)) => format!("{model} @{s} (alone, max)"),
+        (CellKind::Neighbour, None) => format!("{model} (alone, max)"),
         (CellKind::Alone, _) => "(alone)".into(),
         (CellKind::Capacity, _) => "(alone, max)".into(),
     }

@@ -8,6 +8,9 @@
 //! 1. `capacity` (only with a load fraction): the victim alone, closed loop → jobs/s.
 //! 2. `alone`: the victim alone at its rate → the reference execution times.
 //! 3. `pair`: the victim at its rate beside one neighbour, closed loop, at each neighbour size.
+//!
+//! With `neighbour_alone`, each precision starts with a `neighbour` cell per neighbour and size:
+//! the neighbour alone, closed loop — its own throughput and device activity.
 
 use isolane_core::metrics::exec_times;
 use isolane_core::results::{CellKind, InterferenceCell, JobWork, RunSummary};
@@ -64,6 +67,8 @@ pub struct MatrixConfig {
     pub deadline_ms: Option<f64>,
     pub duration_s: f64,
     pub warmup_jobs: u64,
+    /// Also measure each neighbour alone (a `neighbour` cell per neighbour, size, precision).
+    pub neighbour_alone: bool,
 }
 
 /// One cell to run: its index entry and its scenario.
@@ -238,13 +243,45 @@ impl MatrixConfig {
         }
     }
 
-    /// The capacity cells (one per victim × precision), when the rate is a load fraction.
-    pub fn capacity_cells(&self) -> Vec<Cell> {
-        if !matches!(self.rate, VictimRate::Load(_)) {
+    /// The `neighbour` cells of precision `p` (none unless `neighbour_alone`).
+    pub fn neighbour_cells(&self, p: Precision) -> Vec<Cell> {
+        if !self.neighbour_alone {
             return Vec::new();
         }
+        let word = precision_word(p);
+        let mut cells = Vec::new();
+        for (ni, model) in self.neighbours.iter().enumerate() {
+            for size in self.sizes() {
+                let n = dir_name(&self.neighbours, ni);
+                let sz = size.map_or(String::new(), |s| format!("-{s}"));
+                let mut entry = InterferenceCell::pending(
+                    format!("neighbour-{n}{sz}-{word}"),
+                    CellKind::Neighbour,
+                    "",
+                    word,
+                );
+                entry.neighbour = Some(model.clone());
+                entry.neighbour_size = size;
+                let w = self.workload(NEIGHBOUR, model, p, None, size);
+                cells.push(Cell {
+                    entry,
+                    scenario: point_scenario(self.device(), &[w]),
+                });
+            }
+        }
+        cells
+    }
+
+    /// The capacity cell of a victim at a precision, when the rate is a load fraction.
+    pub fn capacity_cell(&self, v: (usize, &str), p: Precision) -> Option<Cell> {
+        matches!(self.rate, VictimRate::Load(_))
+            .then(|| self.cell(CellKind::Capacity, v, p, None, None))
+    }
+
+    /// The capacity cells (one per victim × precision), when the rate is a load fraction.
+    pub fn capacity_cells(&self) -> Vec<Cell> {
         self.each_victim()
-            .map(|(v, p)| self.cell(CellKind::Capacity, v, p, None, None))
+            .filter_map(|(v, p)| self.capacity_cell(v, p))
             .collect()
     }
 
@@ -314,14 +351,35 @@ pub fn job_work(model: &str) -> Option<JobWork> {
     })
 }
 
+/// The cells a pair is compared with: the victim's alone cell and, when measured, the
+/// neighbour's alone cell.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct References<'a> {
+    pub alone: Option<&'a InterferenceCell>,
+    pub neighbour_alone: Option<&'a InterferenceCell>,
+}
+
+/// The `neighbour` cell among `cells` of `pair`'s neighbour, size and precision.
+pub fn neighbour_reference<'a>(
+    cells: &'a [InterferenceCell],
+    pair: &InterferenceCell,
+) -> Option<&'a InterferenceCell> {
+    cells.iter().find(|c| {
+        c.kind == CellKind::Neighbour
+            && c.neighbour == pair.neighbour
+            && c.neighbour_size == pair.neighbour_size
+            && c.precision == pair.precision
+    })
+}
+
 /// Fills `cell` from its run: the victim's jobs, timeouts and execution times, the stretch
-/// over `alone` (the same victim's alone cell), throughputs, achieved bandwidth of kernel
-/// models and the device's telemetry over the run.
+/// over the victim's alone cell, throughputs (the neighbour's alone one with it), achieved
+/// bandwidth of kernel models and the device's telemetry over the run.
 pub fn fill_cell(
     cell: &mut InterferenceCell,
     result: &RunResult,
     summary: &RunSummary,
-    alone: Option<&InterferenceCell>,
+    refs: References<'_>,
 ) {
     let find = |name: &str| {
         let r = result.workloads.iter().find(|w| w.name == name);
@@ -345,7 +403,8 @@ pub fn fill_cell(
         achieved(cell.victim_work, victim_s.map(|s| 1.0 / s));
     (cell.neighbour_gb_per_s, cell.neighbour_tflop_per_s) =
         achieved(cell.neighbour_work, cell.neighbour_jobs_per_s);
-    if let Some(a) = alone {
+    cell.neighbour_alone_jobs_per_s = refs.neighbour_alone.and_then(|n| n.neighbour_jobs_per_s);
+    if let Some(a) = refs.alone {
         cell.alone_p50_ms = a.exec_ms.p50;
         cell.alone_p99_ms = a.exec_ms.p99;
         cell.stretch_p50 = ratio(cell.exec_ms.p50, a.exec_ms.p50);
@@ -395,6 +454,7 @@ mod tests {
             deadline_ms: Some(3.0),
             duration_s: 1.0,
             warmup_jobs: 2,
+            neighbour_alone: true,
         }
     }
 
@@ -421,7 +481,22 @@ mod tests {
         assert_eq!(pair.workloads[1].partition.sms, Some(80));
         assert_eq!(pair.workloads[0].deadline_ms, Some(3.0));
         assert_eq!(pair.workloads[1].name, NEIGHBOUR);
-        for cell in caps.iter().chain(&rated) {
+        let nbs = c.neighbour_cells(Precision::Fp16);
+        let dirs: Vec<&str> = nbs.iter().map(|c| c.entry.dir.as_str()).collect();
+        assert_eq!(
+            dirs,
+            [
+                "neighbour-kernel_triad_64MiB-48-fp16",
+                "neighbour-kernel_triad_64MiB-80-fp16"
+            ]
+        );
+        assert_eq!(nbs[1].scenario.workloads.len(), 1);
+        assert_eq!(nbs[1].scenario.workloads[0].name, NEIGHBOUR);
+        assert_eq!(nbs[1].scenario.workloads[0].partition.sms, Some(80));
+        let pair = &rated[2].entry;
+        let entries: Vec<InterferenceCell> = nbs.iter().map(|c| c.entry.clone()).collect();
+        assert_eq!(neighbour_reference(&entries, pair), Some(&entries[1]));
+        for cell in caps.iter().chain(&rated).chain(&nbs) {
             cell.scenario
                 .validate(&NoBuiltinModels)
                 .unwrap_or_else(|e| panic!("{}: {e}", cell.entry.dir));

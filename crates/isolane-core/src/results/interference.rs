@@ -52,6 +52,9 @@ pub enum CellKind {
     Alone,
     /// The victim at its rate beside a flat-out neighbour.
     Pair,
+    /// A neighbour alone in its partition, closed loop (`--neighbour-alone`): its own
+    /// throughput and device activity, the reference of its throughput in the pairs.
+    Neighbour,
 }
 
 impl CellKind {
@@ -60,6 +63,7 @@ impl CellKind {
             CellKind::Capacity => "capacity",
             CellKind::Alone => "alone",
             CellKind::Pair => "pair",
+            CellKind::Neighbour => "neighbour",
         }
     }
 }
@@ -108,6 +112,10 @@ pub struct InterferenceCell {
     pub victim_jobs_per_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub neighbour_jobs_per_s: Option<f64>,
+    /// A pair's neighbour throughput alone (its `neighbour` cell at the same size and
+    /// precision), when those cells were run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbour_alone_jobs_per_s: Option<f64>,
     /// Per-job work of `kernel:` models, and what it achieved: the victim's bytes over its
     /// median execution time, the neighbour's at its throughput.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,7 +140,7 @@ pub struct InterferenceCell {
 }
 
 impl InterferenceCell {
-    /// A cell not yet run.
+    /// A cell not yet run (`victim` is empty in a `neighbour` cell).
     pub fn pending(dir: String, kind: CellKind, victim: &str, precision: &str) -> Self {
         InterferenceCell {
             dir,
@@ -154,6 +162,7 @@ impl InterferenceCell {
             stretch_p99: None,
             victim_jobs_per_s: None,
             neighbour_jobs_per_s: None,
+            neighbour_alone_jobs_per_s: None,
             victim_work: None,
             neighbour_work: None,
             victim_gb_per_s: None,
@@ -169,7 +178,8 @@ impl InterferenceCell {
 
 pub const INTERFERENCE_CSV_HEADER: &str = "kind,victim,precision,neighbour,neighbour_size,\
 victim_rate_hz,jobs,timeouts,timeout_pct,exec_p50_ms,exec_p99_ms,alone_p50_ms,alone_p99_ms,\
-stretch_p50,stretch_p99,victim_jobs_per_s,neighbour_jobs_per_s,victim_gb_per_s,\
+stretch_p50,stretch_p99,victim_jobs_per_s,neighbour_jobs_per_s,neighbour_alone_jobs_per_s,\
+victim_gb_per_s,\
 victim_tflop_per_s,neighbour_gb_per_s,neighbour_tflop_per_s,dram_bw_util_pct,sm_util_pct,\
 tensor_util_pct,status,dir";
 
@@ -197,6 +207,7 @@ pub fn interference_csv(cells: &[InterferenceCell]) -> String {
             f(c.stretch_p99),
             f(c.victim_jobs_per_s),
             f(c.neighbour_jobs_per_s),
+            f(c.neighbour_alone_jobs_per_s),
             f(c.victim_gb_per_s),
             f(c.victim_tflop_per_s),
             f(c.neighbour_gb_per_s),
