@@ -355,6 +355,7 @@ mod tests {
             start_ns: Some(start),
             end_ns: Some(end),
             timeout: false,
+            held_ns: 0,
         }
     }
 
@@ -365,6 +366,7 @@ mod tests {
             start_ns: None,
             end_ns: None,
             timeout: true,
+            held_ns: 0,
         }
     }
 
