@@ -548,6 +548,34 @@ mod tests {
     }
 
     #[test]
+    fn a_cell_takes_the_gpm_means_of_its_run() {
+        // A committed H100 run (a green partition sweep point), whose telemetry has GPM.
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../results/h100/d-partition-sweep/convnext_large-green/sms-128/summary.json"
+        );
+        let summary: RunSummary = isolane_core::results::read_json(path.as_ref()).unwrap();
+        let t = summary.telemetry.clone().unwrap();
+        let result = RunResult {
+            t0_ns: None,
+            wall_s: 0.0,
+            interrupted: false,
+            workloads: Vec::new(),
+            cpu_steal_pct: None,
+            jobs_stream_error: None,
+        };
+        let mut cell = InterferenceCell::pending("d".into(), CellKind::Pair, "v", "fp16");
+        fill_cell(&mut cell, &result, &summary, References::default());
+        assert_eq!(cell.dram_bw_util_pct, t.dram_bw_util_pct.map(|s| s.mean));
+        assert_eq!(cell.sm_util_pct, t.sm_util_pct.map(|s| s.mean));
+        assert_eq!(cell.tensor_util_pct, t.tensor_util_pct.map(|s| s.mean));
+        assert!(cell.sm_util_pct.unwrap() > 0.0);
+        // Nothing named victim or neighbour ran: no job figures are made up.
+        assert_eq!(cell.jobs, 0);
+        assert_eq!(cell.stretch_p99, None);
+    }
+
+    #[test]
     fn clashing_names_get_their_index() {
         let models = vec!["a/m.onnx".to_string(), "b/m.onnx".to_string(), "x".into()];
         assert_eq!(dir_name(&models, 0), "m_0");
