@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use isolane_core::results::{
-    interference_csv, CellKind, InterferenceCell, InterferenceIndex, RunStatus, SCHEMA_VERSION,
+    interference_csv, CellKind, InterferenceCell, InterferenceIndex, RunStatus,
 };
 use isolane_core::spec::{self, Mechanism, Precision};
 use isolane_runtime::coordinator::RunPlan;
@@ -202,27 +202,7 @@ pub fn run(a: InterferenceArgs, engine: &isolane_runtime::exec::Engine) -> anyho
     let c = config(&a)?;
     check_cells(&c)?;
     let out = super::run::prepare_out(a.out.as_deref(), a.force)?;
-    let mut index = InterferenceIndex {
-        schema_version: SCHEMA_VERSION,
-        isolane_version: env!("CARGO_PKG_VERSION").into(),
-        backend: format!("{:?}", c.backend).to_lowercase(),
-        mechanism: matrix::mechanism_word(c.mechanism).into(),
-        unit: c.unit().map(str::to_string),
-        victim_size: c.victim_size,
-        neighbour_sizes: c.neighbour_sizes.clone(),
-        victim_load: match c.rate {
-            VictimRate::Load(f) => Some(f),
-            VictimRate::Hz(_) => None,
-        },
-        victim_rate_hz: match c.rate {
-            VictimRate::Hz(h) => Some(h),
-            VictimRate::Load(_) => None,
-        },
-        deadline_ms: c.deadline_ms,
-        duration_s: c.duration_s,
-        warmup_jobs: c.warmup_jobs,
-        cells: Vec::new(),
-    };
+    let mut index = c.index(env!("CARGO_PKG_VERSION"));
     let runner = Runner {
         out: &out,
         args: &a,

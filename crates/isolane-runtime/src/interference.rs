@@ -13,7 +13,9 @@
 //! the neighbour alone, closed loop — its own throughput and device activity.
 
 use isolane_core::metrics::exec_times;
-use isolane_core::results::{CellKind, InterferenceCell, JobWork, RunSummary};
+use isolane_core::results::{
+    CellKind, InterferenceCell, InterferenceIndex, JobWork, RunSummary, SCHEMA_VERSION,
+};
 use isolane_core::spec::{Backend, DeviceSpec, Host, KernelModel, Mechanism, Precision, Scenario};
 
 use crate::coordinator::RunResult;
@@ -146,6 +148,33 @@ impl MatrixConfig {
             gpu: self.gpu,
             mechanism: self.mechanism,
             host,
+        }
+    }
+
+    /// The matrix's index with no cell yet (`isolane_version`: the binary's).
+    pub fn index(&self, isolane_version: &str) -> InterferenceIndex {
+        let (victim_load, victim_rate_hz) = match self.rate {
+            VictimRate::Load(f) => (Some(f), None),
+            VictimRate::Hz(h) => (None, Some(h)),
+        };
+        InterferenceIndex {
+            schema_version: SCHEMA_VERSION,
+            isolane_version: isolane_version.to_string(),
+            backend: match self.backend {
+                Backend::Cpu => "cpu",
+                Backend::Cuda => "cuda",
+            }
+            .into(),
+            mechanism: mechanism_word(self.mechanism).into(),
+            unit: self.unit().map(str::to_string),
+            victim_size: self.victim_size,
+            neighbour_sizes: self.neighbour_sizes.clone(),
+            victim_load,
+            victim_rate_hz,
+            deadline_ms: self.deadline_ms,
+            duration_s: self.duration_s,
+            warmup_jobs: self.warmup_jobs,
+            cells: Vec::new(),
         }
     }
 
@@ -501,6 +530,19 @@ mod tests {
                 .validate(&NoBuiltinModels)
                 .unwrap_or_else(|e| panic!("{}: {e}", cell.entry.dir));
         }
+    }
+
+    #[test]
+    fn the_index_records_the_settings() {
+        let i = config().index("9.9.9");
+        assert_eq!(
+            (i.backend.as_str(), i.mechanism.as_str(), i.unit.as_deref()),
+            ("cuda", "green", Some("sms"))
+        );
+        assert_eq!((i.victim_load, i.victim_rate_hz), (Some(0.5), None));
+        assert_eq!(i.neighbour_sizes, [48, 80]);
+        assert_eq!(i.isolane_version, "9.9.9");
+        assert!(i.cells.is_empty());
     }
 
     #[test]
