@@ -76,6 +76,10 @@ fn a_cpu_matrix_runs_every_cell_and_the_report_draws_it() {
             "a gemm neighbour"
         );
         assert!(out.join(&pair.dir).join("jobs/neighbour.csv").is_file());
+        // A kernel: workload's summary states its work per job.
+        let s = summary(&out.join(&pair.dir));
+        let work = &workload(&s, "neighbour")["work"];
+        assert_eq!(work["flops"], 2 * 64 * 64 * 64, "{s}");
     }
     let triad_alone = &index.cells[4];
     assert!(triad_alone.victim_gb_per_s.unwrap() > 0.0);

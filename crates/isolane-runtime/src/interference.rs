@@ -14,9 +14,9 @@
 
 use isolane_core::metrics::exec_times;
 use isolane_core::results::{
-    CellKind, InterferenceCell, InterferenceIndex, JobWork, RunSummary, SCHEMA_VERSION,
+    CellKind, InterferenceCell, InterferenceIndex, RunSummary, SCHEMA_VERSION,
 };
-use isolane_core::spec::{Backend, DeviceSpec, Host, KernelModel, Mechanism, Precision, Scenario};
+use isolane_core::spec::{Backend, DeviceSpec, Host, KernelWork, Mechanism, Precision, Scenario};
 
 use crate::coordinator::RunResult;
 use crate::sweep::{point_scenario, workload_name, PointWorkload};
@@ -369,17 +369,6 @@ fn dir_name(models: &[String], i: usize) -> String {
     }
 }
 
-/// The work of one job of `model`, for `kernel:` models.
-pub fn job_work(model: &str) -> Option<JobWork> {
-    KernelModel::parse(model).ok().map(|k| {
-        let w = k.work();
-        JobWork {
-            bytes: w.bytes,
-            flops: w.flops,
-        }
-    })
-}
-
 /// The cells a pair is compared with: the victim's alone cell and, when measured, the
 /// neighbour's alone cell.
 #[derive(Debug, Clone, Copy, Default)]
@@ -421,11 +410,11 @@ pub fn fill_cell(
         cell.timeout_pct = s.metrics.timeout_pct;
         cell.exec_ms = exec_times(&r.records);
         cell.victim_jobs_per_s = Some(s.metrics.throughput_ips / f64::from(s.batch.max(1)));
-        cell.victim_work = job_work(&s.model);
+        cell.victim_work = s.work;
     }
     if let Some((_, s)) = find(NEIGHBOUR) {
         cell.neighbour_jobs_per_s = Some(s.metrics.throughput_ips / f64::from(s.batch.max(1)));
-        cell.neighbour_work = job_work(&s.model);
+        cell.neighbour_work = s.work;
     }
     let victim_s = cell.exec_ms.p50.map(|ms| ms / 1e3);
     (cell.victim_gb_per_s, cell.victim_tflop_per_s) =
@@ -447,7 +436,7 @@ pub fn fill_cell(
 }
 
 /// GB/s and TFLOP/s of `work` done `jobs_per_s` times a second.
-fn achieved(work: Option<JobWork>, jobs_per_s: Option<f64>) -> (Option<f64>, Option<f64>) {
+fn achieved(work: Option<KernelWork>, jobs_per_s: Option<f64>) -> (Option<f64>, Option<f64>) {
     match (work, jobs_per_s.filter(|j| j.is_finite() && *j > 0.0)) {
         (Some(w), Some(j)) => (
             Some(w.bytes as f64 * j / 1e9),
@@ -627,12 +616,13 @@ mod tests {
 
     #[test]
     fn achieved_work_is_per_job_work_times_rate() {
-        let w = job_work("kernel:triad:12KiB").unwrap();
+        let w = isolane_core::spec::KernelModel::parse("kernel:triad:12KiB")
+            .unwrap()
+            .work();
         assert_eq!(w.bytes, 12 * 1024);
         let (gb, tf) = achieved(Some(w), Some(1e6));
         assert!((gb.unwrap() - 12.288).abs() < 1e-9);
         assert!((tf.unwrap() - 2048.0 * 1e6 / 1e12).abs() < 1e-12);
         assert_eq!(achieved(None, Some(1.0)), (None, None));
-        assert_eq!(job_work("resnet18"), None);
     }
 }

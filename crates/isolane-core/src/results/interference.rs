@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{legacy_version, Versioned};
 use crate::metrics::ExecTimes;
+use crate::spec::KernelWork;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InterferenceIndex {
@@ -68,13 +69,6 @@ impl CellKind {
     }
 }
 
-/// A job's fixed work, for a `kernel:` model (bytes moved, flops).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct JobWork {
-    pub bytes: u64,
-    pub flops: u64,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InterferenceCell {
     /// The cell's run folder, relative to the matrix folder.
@@ -119,9 +113,9 @@ pub struct InterferenceCell {
     /// Per-job work of `kernel:` models, and what it achieved: the victim's bytes over its
     /// median execution time, the neighbour's at its throughput.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub victim_work: Option<JobWork>,
+    pub victim_work: Option<KernelWork>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub neighbour_work: Option<JobWork>,
+    pub neighbour_work: Option<KernelWork>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub victim_gb_per_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

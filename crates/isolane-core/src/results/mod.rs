@@ -22,8 +22,7 @@ mod sweep;
 mod telemetry;
 
 pub use interference::{
-    interference_csv, CellKind, InterferenceCell, InterferenceIndex, JobWork,
-    INTERFERENCE_CSV_HEADER,
+    interference_csv, CellKind, InterferenceCell, InterferenceIndex, INTERFERENCE_CSV_HEADER,
 };
 pub use isolation::{
     isolation_csv, read_isolation_csv, IsolationRow, IsolationSteps, StepResult, VictimStep,

@@ -45,8 +45,8 @@ pub enum KernelModel {
     L2 { elems: u64, passes: u32 },
 }
 
-/// The fixed work of one job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The fixed work of one job (in summary.json's `work` and the interference cells).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct KernelWork {
     /// Bytes read and written by the kernel (STREAM counting: each array once).
     pub bytes: u64,
