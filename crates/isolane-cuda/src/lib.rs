@@ -15,6 +15,7 @@
 pub mod check;
 pub mod convert;
 pub mod error;
+mod handles;
 pub mod kernels;
 pub mod libs;
 mod model;
