@@ -12,6 +12,7 @@ use cudarc::driver::sys as cu;
 use isolane_engine::{EngineError, Precision, Result};
 
 use crate::error::{cu_check, lt_check};
+use crate::handles::{CublasLt, Module};
 use crate::model::{cubin_for, device_arch, make_current};
 use crate::CudaBackend;
 
@@ -64,7 +65,7 @@ pub const GEMM_WORKSPACE: usize = 32 << 20;
 /// One synthetic kernel with its buffers, ready to run jobs.
 pub struct SyntheticKernel {
     backend: CudaBackend,
-    module: cu::CUmodule,
+    module: Option<Module>,
     buffers: Vec<cu::CUdeviceptr>,
     bytes: usize,
     launch: Launch,
@@ -90,7 +91,7 @@ enum Launch {
 
 /// cuBLASLt's handle, descriptors and chosen algorithm for one `n`×`n`×`n` product.
 struct Gemm {
-    handle: lt::cublasLtHandle_t,
+    handle: CublasLt,
     desc: lt::cublasLtMatmulDesc_t,
     layout: lt::cublasLtMatrixLayout_t,
     algo: lt::cublasLtMatmulAlgo_t,
@@ -103,7 +104,7 @@ impl CudaBackend {
         make_current(self.context())?;
         let mut k = SyntheticKernel {
             backend: self.clone(),
-            module: std::ptr::null_mut(),
+            module: None,
             buffers: Vec::new(),
             bytes: 0,
             launch: Launch::Triad {
@@ -200,18 +201,19 @@ impl SyntheticKernel {
 
     /// Loads the NVRTC module and returns `name` with a grid that fills the device.
     fn function(&mut self, name: &str) -> Result<(cu::CUfunction, u32)> {
-        if self.module.is_null() {
-            let cubin = cubin_for(SRC.to_string(), "isolane_synthetic.cu", device_arch()?)?;
-            // SAFETY: the context is current; cubin is a complete image NVRTC produced.
-            cu_check("cuModuleLoadData", unsafe {
-                cu::cuModuleLoadData(&mut self.module, cubin.as_ptr() as *const c_void)
-            })?;
-        }
+        let module = match self.module.take() {
+            Some(m) => m,
+            None => {
+                let arch = device_arch()?;
+                Module::load(&cubin_for(SRC.to_string(), "isolane_synthetic.cu", arch)?)?
+            }
+        };
+        let module = self.module.insert(module).raw();
         let cname = CString::new(name).map_err(|e| EngineError::Runtime(e.to_string()))?;
         let mut func: cu::CUfunction = std::ptr::null_mut();
-        // SAFETY: module loaded above; the name is NUL-terminated.
+        // SAFETY: the module is loaded (and kept by self); the name is NUL-terminated.
         cu_check("cuModuleGetFunction", unsafe {
-            cu::cuModuleGetFunction(&mut func, self.module, cname.as_ptr())
+            cu::cuModuleGetFunction(&mut func, module, cname.as_ptr())
         })?;
         let mut per_sm: std::ffi::c_int = 0;
         // SAFETY: func is a live kernel; no dynamic shared memory.
@@ -334,18 +336,14 @@ fn launch(
 /// heuristic's first algorithm within [`GEMM_WORKSPACE`].
 fn gemm_plan(n: usize, dt: lt::cudaDataType, compute: lt::cublasComputeType_t) -> Result<Gemm> {
     let mut g = Gemm {
-        handle: std::ptr::null_mut(),
+        handle: CublasLt::new()?,
         desc: std::ptr::null_mut(),
         layout: std::ptr::null_mut(),
         // SAFETY: a plain C struct of integers; all zeros is a valid (unset) value.
         algo: unsafe { std::mem::zeroed() },
         workspace: 0,
     };
-    // SAFETY: valid out-pointers; cuBLASLt is loaded (libs::ensure_all ran for the backend).
-    lt_check("cublasLtCreate", unsafe {
-        lt::cublasLtCreate(&mut g.handle)
-    })?;
-    // SAFETY: as above.
+    // SAFETY: valid out-pointer; cuBLASLt is loaded (libs::ensure_all ran for the backend).
     lt_check("cublasLtMatmulDescCreate", unsafe {
         lt::cublasLtMatmulDescCreate(&mut g.desc, compute, lt::cudaDataType::CUDA_R_32F)
     })?;
@@ -381,7 +379,7 @@ fn gemm_algo(g: &Gemm, n: usize) -> Result<(lt::cublasLtMatmulAlgo_t, usize)> {
     // SAFETY: the descriptor and layout are complete; one result slot.
     let r = unsafe {
         lt::cublasLtMatmulAlgoGetHeuristic(
-            g.handle,
+            g.handle.raw(),
             g.desc,
             g.layout,
             g.layout,
@@ -412,7 +410,7 @@ fn run_gemm(g: &Gemm, buffers: &[cu::CUdeviceptr], stream: cu::CUstream) -> Resu
     // ≥ g.workspace bytes; scale type f32; all on our stream.
     lt_check("cublasLtMatmul", unsafe {
         lt::cublasLtMatmul(
-            g.handle,
+            g.handle.raw(),
             g.desc,
             &alpha as *const f32 as *const c_void,
             a as *const c_void,
@@ -435,17 +433,14 @@ fn run_gemm(g: &Gemm, buffers: &[cu::CUdeviceptr], stream: cu::CUstream) -> Resu
 
 impl Drop for Gemm {
     fn drop(&mut self) {
-        // SAFETY: each handle was created by gemm_plan (or is null) and is destroyed once,
-        // after the owning kernel drained its stream.
+        // SAFETY: each was created by gemm_plan (or is null) and is destroyed once, after the
+        // owning kernel drained its stream; the handle (a field) is destroyed after them.
         unsafe {
             if !self.layout.is_null() {
                 lt::cublasLtMatrixLayoutDestroy(self.layout);
             }
             if !self.desc.is_null() {
                 lt::cublasLtMatmulDescDestroy(self.desc);
-            }
-            if !self.handle.is_null() {
-                lt::cublasLtDestroy(self.handle);
             }
         }
     }
@@ -467,10 +462,7 @@ impl Drop for SyntheticKernel {
             // SAFETY: our allocation, freed once, after the stream drained.
             let _ = unsafe { cu::cuMemFree_v2(p) };
         }
-        if !self.module.is_null() {
-            // SAFETY: our module, unloaded once, after its last launch finished.
-            let _ = unsafe { cu::cuModuleUnload(self.module) };
-        }
+        // The module (a field) unloads itself after this, with the context still current.
     }
 }
 
