@@ -430,7 +430,11 @@ pub(crate) fn device_arch() -> Result<(i32, i32)> {
 
 /// Compiles (or loads from the disk cache) the kernels for `dtype` and returns the cubin.
 fn kernel_cubin(dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
-    let src = kernels::source(dtype);
+    cubin_for(kernels::source(dtype), "isolane_kernels.cu", arch)
+}
+
+/// Compiles `src` (no headers) with NVRTC for `arch`, or loads it from the disk cache.
+pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
     let arch_s = format!("sm_{}{}", arch.0, arch.1);
     let options = vec![
         format!("--gpu-architecture={arch_s}"),
@@ -449,7 +453,7 @@ fn kernel_cubin(dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
         }
     }
     let csrc = CString::new(src).map_err(|e| EngineError::Runtime(e.to_string()))?;
-    let name = CString::new("isolane_kernels.cu").expect("static name has no NUL");
+    let name = CString::new(file).map_err(|e| EngineError::Runtime(e.to_string()))?;
     let copts: Vec<CString> = options
         .iter()
         .map(|o| CString::new(o.as_str()).expect("options have no NUL"))

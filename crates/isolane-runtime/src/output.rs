@@ -68,6 +68,8 @@ pub const OUTPUT_FILES: &[&str] = &[
     "maxrate_trace.csv",
     "telemetry.csv",
     "sweep.json",
+    "interference.json",
+    "interference.csv",
     "report.html",
 ];
 
