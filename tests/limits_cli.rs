@@ -318,7 +318,7 @@ fn a_killed_run_keeps_its_measured_jobs_and_summarize_rebuilds_the_summary() {
         };
         for (k, row) in rows[..whole].iter().enumerate() {
             let fields: Vec<&str> = row.split(',').collect();
-            assert_eq!(fields.len(), 6, "{name}: row {k}: {row}");
+            assert_eq!(fields.len(), 7, "{name}: row {k}: {row}");
             assert_eq!(fields[0], k.to_string(), "{name}: rows in job order");
         }
         kept.push(whole);
