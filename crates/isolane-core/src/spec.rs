@@ -1,14 +1,21 @@
 //! Scenario files: the device set-up and its workloads (DESIGN.md, "Vocabulary").
 //!
 //! These types are the contract between the scenario parser (this crate), the runtime and the
-//! CLI. Parsing and validation live in `spec::parse` (see [`Scenario::from_toml_str`]); the user
-//! format is documented key by key in `docs/scenario.md`.
+//! CLI. A file is read by `spec::parse` (the structural walk: TOML types, keys, defaults, spans;
+//! see [`Scenario::from_toml_str`]) and checked by `spec::validate` (every rule, on the typed
+//! `Scenario`), which also checks scenarios built in code ([`Scenario::validate`]);
+//! `spec::write` writes the resolved file. The user format is documented key by key in
+//! `docs/scenario.md`.
 
 mod error;
+mod format;
 pub mod limits;
 mod model;
 mod parse;
-pub use parse::{DEVICE_KEYS, PROTECTION_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
+mod spans;
+mod validate;
+mod write;
+pub use format::{DEVICE_KEYS, PROTECTION_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
 
 use serde::{Deserialize, Serialize};
 
@@ -294,30 +301,28 @@ impl Scenario {
     /// `from_toml_str(to_toml_string())` gives back an equal `Scenario` (DESIGN.md: the output
     /// directory's `scenario.toml`).
     pub fn to_toml_string(&self) -> Result<String, SpecError> {
-        parse::to_toml(self)
+        write::to_toml(self)
     }
 
     /// Validate a scenario built in code (e.g. by `isolane maxrate` from flags) by the same
-    /// rules as a file. There is no file the user wrote, so the problems carry no file, line
-    /// or column: each names only its field (`workload[0].batch`), which a caller can
-    /// translate into its own terms (a flag name) through [`SpecError::problems`].
+    /// rules as a file, on the value itself. There is no file the user wrote, so the problems
+    /// carry no file, line or column: each names only its field (`workload[0].batch`), which a
+    /// caller can translate into its own terms (a flag name) through [`SpecError::problems`].
+    /// Relative `.onnx` and weights paths are taken relative to the current directory.
     pub fn validate(&self, models: &dyn ModelCatalog) -> Result<(), SpecError> {
-        let text = self.to_toml_string()?;
-        match Self::from_toml_str(&text, "", models) {
-            Ok(_) => Ok(()),
-            Err(SpecError::Invalid { problems, .. }) => Err(SpecError::Invalid {
-                file: String::new(),
-                problems: problems
-                    .into_iter()
-                    .map(|p| Problem {
-                        line: 0,
-                        column: 0,
-                        ..p
-                    })
-                    .collect(),
-            }),
-            Err(e) => Err(e),
+        let problems = validate::check(
+            self,
+            &spans::Spans::none(),
+            std::path::Path::new(""),
+            models,
+        );
+        if problems.is_empty() {
+            return Ok(());
         }
+        Err(SpecError::Invalid {
+            file: String::new(),
+            problems: problems.into_iter().map(|(_, p)| p).collect(),
+        })
     }
 }
 
