@@ -570,7 +570,7 @@ impl Checker<'_, '_> {
         ];
         if let Some(m) = mechanism {
             for (key, _) in PARTITION_KEYS.iter().zip(present).filter(|(_, on)| *on) {
-                self.partition_key_fits(Partition(i, *key), partition_owner(key), m);
+                self.partition_key_fits(Partition(i, key), partition_owner(key), m);
             }
         }
         if let Some(n) = p.sms {
