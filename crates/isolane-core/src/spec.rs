@@ -330,19 +330,20 @@ impl Ramp {
     /// The rates of the steps: `steps` values evenly spaced from `from_hz` to `to_hz`, both
     /// included (one step: `from_hz`).
     pub fn rates(&self) -> Vec<f64> {
+        (0..self.steps).map(|i| self.step_rate(i)).collect()
+    }
+
+    /// The rate of step `i` (0-based) of [`Ramp::rates`].
+    pub fn step_rate(&self, i: u32) -> f64 {
         let n = self.steps;
-        (0..n)
-            .map(|i| {
-                if n <= 1 {
-                    self.from_hz
-                } else if i == n - 1 {
-                    // Exactly to_hz, not to_hz ± rounding.
-                    self.to_hz
-                } else {
-                    self.from_hz + (self.to_hz - self.from_hz) * f64::from(i) / f64::from(n - 1)
-                }
-            })
-            .collect()
+        if n <= 1 {
+            self.from_hz
+        } else if i >= n - 1 {
+            // Exactly to_hz, not to_hz ± rounding.
+            self.to_hz
+        } else {
+            self.from_hz + (self.to_hz - self.from_hz) * f64::from(i) / f64::from(n - 1)
+        }
     }
 
     /// Number of steps.
@@ -386,10 +387,10 @@ impl WorkloadSpec {
         match (self.length, self.rate) {
             (RunLength::Jobs(n), _) => Some(n),
             (RunLength::DurationS(d), Rate::Hz(hz)) => match self.ramp {
+                // Step by step, without the list of rates (a ramp may have billions of steps).
                 Some(r) if self.role == Role::Interferer => Some(
-                    r.rates()
-                        .iter()
-                        .map(|&h| crate::schedule::jobs_in(r.step_s, h))
+                    (0..r.steps)
+                        .map(|i| crate::schedule::jobs_in(r.step_s, r.step_rate(i)))
                         .sum(),
                 ),
                 _ => Some(crate::schedule::jobs_in(d, hz)),

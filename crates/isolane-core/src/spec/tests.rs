@@ -949,6 +949,23 @@ fn validate_runs_the_rules_on_the_value() {
     );
 }
 
+/// Four billion steps are allowed; counting their jobs must not list their rates (32 GB).
+#[test]
+fn a_ramp_of_billions_of_steps_is_counted_without_listing_its_rates() {
+    let ramp = |hz: &str| {
+        format!(
+            "[[workload]]\nname = \"i\"\nmodel = \"spin:1ms\"\nrole = \"interferer\"\n\
+             ramp = {{ from_hz = {hz}, to_hz = {hz}, steps = 4000000000, step_s = 0.001 }}\n"
+        )
+    };
+    assert_err(
+        &ramp("1e6"),
+        5,
+        &["workload[0].ramp: releases 4e12 jobs over its steps"],
+    );
+    assert!(parse(&ramp("1000")).is_ok());
+}
+
 #[test]
 fn ramp_math() {
     let r = Ramp {
