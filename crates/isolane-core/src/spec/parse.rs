@@ -25,9 +25,9 @@ use super::format::{
     default_host, default_mechanism, hz_expected, model_expectation, rate_expected,
     seconds_expected, stretch_expected, IntRule, BACKENDS, BATCH, CPU_ID, CRITICALITIES,
     DEFAULT_WARMUP_JOBS, DEVICE_KEYS, GPU, HOSTS, JOBS, LATE, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB,
-    MIG_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS, RAMP_KEYS, ROLES,
-    ROOT_KEYS, SEED, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, TIMING_KEYS, WARMUP_JOBS,
-    WORKLOAD_KEYS,
+    MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS, RAMP_KEYS,
+    ROLES, ROOT_KEYS, SEED, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, TIMING_KEYS,
+    WARMUP_JOBS, WORKLOAD_KEYS,
 };
 use super::model::{is_onnx_path, ModelCatalog};
 use super::spans::{describe, FieldPath, Lines, Spans};
@@ -580,7 +580,7 @@ impl<'a> Walk<'a> {
             t,
             "name",
             "a name of letters, digits, '_', '.' or '-', unique in the scenario",
-            |w, v, p| w.string(v, p, super::format::NAME_EXPECTED),
+            |w, v, p| w.string(v, p, NAME_EXPECTED),
         );
         let role = self.read(t, "role", Role::Standalone, |w, v, p| w.choice(v, p, ROLES));
         let expected = std::mem::take(&mut self.model_expected);

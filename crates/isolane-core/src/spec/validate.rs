@@ -15,9 +15,9 @@ use std::path::Path;
 use super::error::Problem;
 use super::format::{
     default_host, hz_expected, model_expectation, name_of, rate_expected, seconds_expected,
-    IntRule, BATCH, JOBS, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED,
-    PARTITION_KEYS, PIECE_US, PRECISIONS, RAMP_EXPECTED, ROLES, SMS, SPIN_US, START_DELAY_MS,
-    STEPS, THREAD_PCT, WARMUP_JOBS,
+    stretch_expected, IntRule, BATCH, JOBS, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED,
+    NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, RAMP_EXPECTED, ROLES, SMS, SPIN_US,
+    START_DELAY_MS, STEPS, THREAD_PCT, WARMUP_JOBS,
 };
 use super::limits::{MAX_JOBS, MAX_RATE_HZ, MAX_SECONDS, MAX_STRETCH, MIN_SECONDS};
 use super::model::{is_onnx_path, ModelCatalog, SpinModel, SPIN_SYNTAX};
@@ -97,6 +97,10 @@ impl Checker<'_, '_> {
     /// Reports at the field's value, or at its key when `at_key`.
     fn report(&mut self, path: FieldPath, at_key: bool, message: String) {
         let offset = self.spans.span(path, at_key).start;
+        self.push(offset, path, message);
+    }
+
+    fn push(&mut self, offset: usize, path: FieldPath, message: String) {
         let (line, column) = self.spans.line_col(offset).unwrap_or((0, 0));
         self.problems.push((
             offset,
@@ -218,7 +222,7 @@ impl Checker<'_, '_> {
         self.int(Top("protection", "piece_us"), p.piece_us, PIECE_US);
         self.int(Top("protection", "margin_us"), p.margin_us, MARGIN_US);
         if let Some(s) = p.stretch {
-            let expected = super::format::stretch_expected();
+            let expected = stretch_expected();
             self.positive(Top("protection", "stretch"), s, 1.0, MAX_STRETCH, &expected);
         }
     }
@@ -415,16 +419,11 @@ impl Checker<'_, '_> {
     /// "missing in [table]; expected ...", at the table, as the walk says it of a file's keys.
     fn report_missing(&mut self, table: FieldPath, path: FieldPath, expected: &str) {
         let offset = self.spans.span(table, false).start;
-        let (line, column) = self.spans.line_col(offset).unwrap_or((0, 0));
-        self.problems.push((
+        self.push(
             offset,
-            Problem {
-                line,
-                column,
-                field: path.to_string(),
-                message: format!("missing in [{table}]; expected {expected}"),
-            },
-        ));
+            path,
+            format!("missing in [{table}]; expected {expected}"),
+        );
     }
 
     fn rate(&mut self, i: usize, rate: Rate, victim: bool) -> bool {
