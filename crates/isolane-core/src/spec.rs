@@ -1,15 +1,22 @@
 //! Scenario files: the device set-up and its workloads (DESIGN.md, "Vocabulary").
 //!
 //! These types are the contract between the scenario parser (this crate), the runtime and the
-//! CLI. Parsing and validation live in `spec::parse` (see [`Scenario::from_toml_str`]); the user
-//! format is documented key by key in `docs/scenario.md`.
+//! CLI. A file is read by `spec::parse` (the structural walk: TOML types, keys, defaults, spans;
+//! see [`Scenario::from_toml_str`]) and checked by `spec::validate` (every rule, on the typed
+//! `Scenario`), which also checks scenarios built in code ([`Scenario::validate`]);
+//! `spec::write` writes the resolved file. The user format is documented key by key in
+//! `docs/scenario.md`.
 
 mod error;
+mod format;
 pub mod kernel;
 pub mod limits;
 mod model;
 mod parse;
-pub use parse::{DEVICE_KEYS, PROTECTION_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
+mod spans;
+mod validate;
+mod write;
+pub use format::{DEVICE_KEYS, PROTECTION_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
 
 use serde::{Deserialize, Serialize};
 
@@ -298,30 +305,28 @@ impl Scenario {
     /// `from_toml_str(to_toml_string())` gives back an equal `Scenario` (DESIGN.md: the output
     /// directory's `scenario.toml`).
     pub fn to_toml_string(&self) -> Result<String, SpecError> {
-        parse::to_toml(self)
+        write::to_toml(self)
     }
 
     /// Validate a scenario built in code (e.g. by `isolane maxrate` from flags) by the same
-    /// rules as a file. There is no file the user wrote, so the problems carry no file, line
-    /// or column: each names only its field (`workload[0].batch`), which a caller can
-    /// translate into its own terms (a flag name) through [`SpecError::problems`].
+    /// rules as a file, on the value itself. There is no file the user wrote, so the problems
+    /// carry no file, line or column: each names only its field (`workload[0].batch`), which a
+    /// caller can translate into its own terms (a flag name) through [`SpecError::problems`].
+    /// Relative `.onnx` and weights paths are taken relative to the current directory.
     pub fn validate(&self, models: &dyn ModelCatalog) -> Result<(), SpecError> {
-        let text = self.to_toml_string()?;
-        match Self::from_toml_str(&text, "", models) {
-            Ok(_) => Ok(()),
-            Err(SpecError::Invalid { problems, .. }) => Err(SpecError::Invalid {
-                file: String::new(),
-                problems: problems
-                    .into_iter()
-                    .map(|p| Problem {
-                        line: 0,
-                        column: 0,
-                        ..p
-                    })
-                    .collect(),
-            }),
-            Err(e) => Err(e),
+        let problems = validate::check(
+            self,
+            &spans::Spans::none(),
+            std::path::Path::new(""),
+            models,
+        );
+        if problems.is_empty() {
+            return Ok(());
         }
+        Err(SpecError::Invalid {
+            file: String::new(),
+            problems: problems.into_iter().map(|(_, p)| p).collect(),
+        })
     }
 }
 
@@ -329,19 +334,20 @@ impl Ramp {
     /// The rates of the steps: `steps` values evenly spaced from `from_hz` to `to_hz`, both
     /// included (one step: `from_hz`).
     pub fn rates(&self) -> Vec<f64> {
+        (0..self.steps).map(|i| self.step_rate(i)).collect()
+    }
+
+    /// The rate of step `i` (0-based) of [`Ramp::rates`].
+    pub fn step_rate(&self, i: u32) -> f64 {
         let n = self.steps;
-        (0..n)
-            .map(|i| {
-                if n <= 1 {
-                    self.from_hz
-                } else if i == n - 1 {
-                    // Exactly to_hz, not to_hz ± rounding.
-                    self.to_hz
-                } else {
-                    self.from_hz + (self.to_hz - self.from_hz) * f64::from(i) / f64::from(n - 1)
-                }
-            })
-            .collect()
+        if n <= 1 {
+            self.from_hz
+        } else if i >= n - 1 {
+            // Exactly to_hz, not to_hz ± rounding.
+            self.to_hz
+        } else {
+            self.from_hz + (self.to_hz - self.from_hz) * f64::from(i) / f64::from(n - 1)
+        }
     }
 
     /// Number of steps.
@@ -390,10 +396,10 @@ impl WorkloadSpec {
         match (self.length, self.rate) {
             (RunLength::Jobs(n), _) => Some(n),
             (RunLength::DurationS(d), Rate::Hz(hz)) => match self.ramp {
+                // Step by step, without the list of rates (a ramp may have billions of steps).
                 Some(r) if self.role == Role::Interferer => Some(
-                    r.rates()
-                        .iter()
-                        .map(|&h| crate::schedule::jobs_in(r.step_s, h))
+                    (0..r.steps)
+                        .map(|i| crate::schedule::jobs_in(r.step_s, r.step_rate(i)))
                         .sum(),
                 ),
                 _ => Some(crate::schedule::jobs_in(d, hz)),

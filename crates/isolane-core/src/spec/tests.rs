@@ -910,6 +910,91 @@ fn validate_checks_scenarios_built_in_code() {
     );
 }
 
+/// The rules run on the value itself (no TOML round trip): every problem names its field, none
+/// a position, and rules that relate fields hold for values no file could spell.
+#[test]
+fn validate_runs_the_rules_on_the_value() {
+    let base = parse(MIN).unwrap();
+    let problems = |s: &Scenario| -> Vec<String> {
+        let e = s.validate(&MODELS).unwrap_err();
+        assert!(e.problems().iter().all(|p| p.line == 0 && p.column == 0));
+        e.to_string().lines().map(str::to_string).collect()
+    };
+    let mut s = base.clone();
+    s.workloads.push(base.workloads[0].clone());
+    s.workloads[1].cpu = vec![3, 3];
+    s.workloads[1].deadline_ms = Some(f64::NAN);
+    s.workloads[0].rate = Rate::Hz(-1.5);
+    s.workloads[0].length = RunLength::DurationS(0.0);
+    assert_eq!(
+        problems(&s),
+        [
+            "workload[1].name: found \"cam0\", already the name of workload[0]; expected a name \
+             unique in the scenario"
+                .to_string(),
+            format!(
+                "workload[0].rate_hz: found float -1.5; expected {}",
+                format::rate_expected()
+            ),
+            format!(
+                "workload[0].duration_s: found float 0.0; expected {}",
+                format::seconds_expected("seconds", 1.0)
+            ),
+            format!(
+                "workload[1].deadline_ms: found float nan; expected {}",
+                format::seconds_expected("milliseconds", 1e3)
+            ),
+            "workload[1].cpu[1]: found CPU 3 again (already workload[1].cpu[0]); expected each \
+             CPU id once"
+                .to_string(),
+        ]
+    );
+    // Role and ramp: a ramp only with role interferer, and an interferer needs one.
+    let mut s = base.clone();
+    s.workloads[0].ramp = Some(Ramp {
+        from_hz: 1.0,
+        to_hz: 2.0,
+        steps: 2,
+        step_s: 1.0,
+    });
+    assert!(problems(&s)[0].starts_with("workload[0].ramp: not allowed with role \"standalone\""));
+    s.workloads[0].role = Role::Interferer;
+    // An interferer's rate and length follow from its ramp; what the value holds is not looked at.
+    s.workloads[0].rate = Rate::Hz(-1.0);
+    assert!(s.validate(&MODELS).is_ok());
+    s.workloads[0].ramp = None;
+    assert_eq!(
+        problems(&s),
+        [format!(
+            "workload[0].ramp: missing in [workload[0]]; expected {}",
+            format::RAMP_EXPECTED
+        )]
+    );
+    let mut s = base;
+    s.workloads.clear();
+    assert_eq!(
+        problems(&s),
+        ["workload: no workloads; expected at least one [[workload]] table"]
+    );
+}
+
+/// Four billion steps are allowed; counting their jobs must not list their rates (32 GB).
+#[test]
+fn a_ramp_of_billions_of_steps_is_counted_without_listing_its_rates() {
+    let ramp = |hz: &str| {
+        format!(
+            "[[workload]]\nname = \"i\"\nmodel = \"spin:1ms\"\nrole = \"interferer\"\n\
+             ramp = {{ from_hz = {hz}, to_hz = {hz}, steps = 4000000000, step_s = 0.001 }}\n"
+        )
+    };
+    assert_err(
+        &ramp("1e6"),
+        5,
+        &["workload[0].ramp: releases 4e12 jobs over its steps"],
+    );
+    assert!(parse(&ramp("1000")).is_ok());
+}
+
 #[test]
 fn ramp_math() {
     let r = Ramp {

@@ -1,0 +1,126 @@
+//! Writing the resolved scenario in the user format. Private mirror types keep the user format
+//! (rate_hz, duration_s / jobs, no `length`) independent of the public types' serde
+//! representation.
+
+use serde::Serialize;
+
+use super::error::SpecError;
+use super::format::{name_of, BACKENDS, CRITICALITIES, HOSTS, LATE, MECHANISMS, PRECISIONS, ROLES};
+use super::{PartitionSpec, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, TimingSpec};
+
+#[derive(Serialize)]
+struct OutScenario<'a> {
+    device: OutDevice,
+    timing: &'a TimingSpec,
+    protection: &'a ProtectionSpec,
+    workload: Vec<OutWorkload<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutDevice {
+    backend: &'static str,
+    gpu: u32,
+    mechanism: &'static str,
+    host: &'static str,
+}
+
+#[derive(Serialize)]
+struct OutWorkload<'a> {
+    name: &'a str,
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weights: Option<&'a str>,
+    batch: u32,
+    precision: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_hz: Option<Rate>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deadline_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    jobs: Option<u64>,
+    warmup_jobs: u64,
+    late: &'static str,
+    cpu: &'a [usize],
+    role: &'static str,
+    host: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ramp: Option<&'a Ramp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partition: Option<OutPartition<'a>>,
+    plan_check: bool,
+    criticality: &'static str,
+}
+
+#[derive(Serialize)]
+struct OutPartition<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sms: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thread_pct: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mem_limit_mib: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mig_profile: Option<&'a str>,
+}
+
+pub(super) fn to_toml(s: &Scenario) -> Result<String, SpecError> {
+    let out = OutScenario {
+        device: OutDevice {
+            backend: name_of(BACKENDS, s.device.backend),
+            gpu: s.device.gpu,
+            mechanism: name_of(MECHANISMS, s.device.mechanism),
+            host: name_of(HOSTS, s.device.host),
+        },
+        timing: &s.timing,
+        protection: &s.protection,
+        workload: s
+            .workloads
+            .iter()
+            .map(|w| {
+                let interferer = w.role == Role::Interferer;
+                let p = &w.partition;
+                OutWorkload {
+                    name: &w.name,
+                    model: &w.model,
+                    weights: w.weights.as_deref(),
+                    batch: w.batch,
+                    precision: name_of(PRECISIONS, w.precision),
+                    // An interferer's rate and length follow from its ramp; writing them would
+                    // make the file invalid.
+                    rate_hz: (!interferer).then_some(w.rate),
+                    deadline_ms: w.deadline_ms,
+                    duration_s: match w.length {
+                        RunLength::DurationS(d) if !interferer => Some(d),
+                        _ => None,
+                    },
+                    jobs: match w.length {
+                        RunLength::Jobs(n) if !interferer => Some(n),
+                        _ => None,
+                    },
+                    warmup_jobs: w.warmup_jobs,
+                    late: name_of(LATE, w.late),
+                    cpu: &w.cpu,
+                    role: name_of(ROLES, w.role),
+                    host: name_of(HOSTS, w.host),
+                    ramp: w.ramp.as_ref(),
+                    partition: (*p != PartitionSpec::default()).then_some(OutPartition {
+                        sms: p.sms,
+                        thread_pct: p.thread_pct,
+                        mem_limit_mib: p.mem_limit_mib,
+                        mig_profile: p.mig_profile.as_deref(),
+                    }),
+                    plan_check: w.plan_check,
+                    criticality: name_of(CRITICALITIES, w.criticality),
+                }
+            })
+            .collect(),
+    };
+    let body = toml::to_string(&out).map_err(|e| SpecError::Write(e.to_string()))?;
+    Ok(format!(
+        "# Resolved scenario written by isolane {}: every default filled in.\n\
+         # A missing deadline_ms means \"the period\" (for an interferer: of the current ramp step).\n\n{body}",
+        env!("CARGO_PKG_VERSION")
+    ))
+}
