@@ -185,7 +185,7 @@ fn worker_refuses_another_protocol_version() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let hello: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     assert_eq!(hello["type"], "hello");
-    assert_eq!(hello["protocol_version"], 2);
+    assert_eq!(hello["protocol_version"], 3);
     writeln!(stdin, r#"{{"type":"setup","protocol_version":99}}"#).unwrap();
     let err: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     assert_eq!(err["type"], "error");
