@@ -15,6 +15,7 @@ pub mod report;
 pub mod run;
 pub mod summarize;
 pub mod sweep;
+pub mod trace;
 pub mod verify;
 pub mod worker;
 

@@ -69,6 +69,7 @@ pub const OUTPUT_FILES: &[&str] = &[
     "telemetry.csv",
     "sweep.json",
     "report.html",
+    "trace.json",
 ];
 
 /// Makes the directory a run writes into.
