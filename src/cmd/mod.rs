@@ -322,6 +322,32 @@ pub fn admit_or_refuse(
         .map_err(|rejections| user(plan::rejection_text(file, &device, &rejections)))
 }
 
+/// The live metrics of a command's runs and the endpoint serving them (`--metrics-addr`);
+/// the endpoint stops when this is dropped, at the command's end.
+pub struct LiveMetrics {
+    pub metrics: Arc<isolane_metrics::RunMetrics>,
+    _server: isolane_metrics::MetricsServer,
+}
+
+/// Starts serving live metrics at `addr` (HOST:PORT; port 0 picks a free one) before anything
+/// runs, and says where on stderr. An address that cannot be used is the user's mistake.
+pub fn serve_metrics(addr: Option<&str>) -> anyhow::Result<Option<LiveMetrics>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let metrics = Arc::new(isolane_metrics::RunMetrics::new());
+    let server = isolane_metrics::serve(addr, Arc::clone(&metrics)).map_err(|e| {
+        if e.is_user_error() {
+            user(e)
+        } else {
+            anyhow::Error::new(e)
+        }
+    })?;
+    eprintln!("metrics: http://{}/metrics", server.addr());
+    Ok(Some(LiveMetrics {
+        metrics,
+        _server: server,
+    }))
+}
+
 /// Flags of the commands that set partitions up.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct PartitionFlags {
