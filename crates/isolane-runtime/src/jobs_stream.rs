@@ -284,7 +284,10 @@ mod tests {
             got.sort_by_key(|(slot, _)| *slot);
             assert_eq!(got, vec![(0, 9), (1, 0), (1, 1), (1, 2)]);
         }
-        assert_eq!(read_jobs_csv(&dir.path().join("jobs/b.csv")).unwrap().len(), 3);
+        assert_eq!(
+            read_jobs_csv(&dir.path().join("jobs/b.csv")).unwrap().len(),
+            3
+        );
     }
 
     #[test]

@@ -174,7 +174,12 @@ pub fn measure(
     let started_at = chrono::Utc::now();
     let mut options = RunOptions::new(r.stop);
     let hook = r.metrics.as_ref().map(|m| {
-        let names: Vec<String> = r.plan.workloads.iter().map(|w| w.spec.name.clone()).collect();
+        let names: Vec<String> = r
+            .plan
+            .workloads
+            .iter()
+            .map(|w| w.spec.name.clone())
+            .collect();
         let (records, hook) = live::begin(
             m,
             r.command,
