@@ -7,6 +7,7 @@
 pub mod data;
 pub mod html;
 pub mod plot;
+pub mod timeline;
 
 use std::path::PathBuf;
 
