@@ -150,6 +150,7 @@ fn lane(
         top + LANE / 2.0 + 4.0,
         escape(name)
     );
+    let mut worst = String::new();
     for j in jobs {
         let rx = x(j.release_ms);
         let _ = write!(
@@ -193,18 +194,25 @@ fn lane(
             escape(name),
             j.index,
             j.latency_ms.unwrap_or(end - j.release_ms),
-            if j.timeout { ", missed its deadline" } else { "" }
+            if j.timeout {
+                ", missed its deadline"
+            } else {
+                ""
+            }
         );
         if is_worst {
-            let _ = write!(
-                s,
-                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">worst: {:.3} ms</text>",
-                x1 + 3.0,
-                top + LANE - 12.0,
+            // Drawn last, above the bars: a marker over the worst bar and its response time.
+            worst = format!(
+                "<path d=\"M{x0:.1} {:.1}l5 -7h-10z\" fill=\"#000000\"/><text x=\"{:.1}\" \
+                 y=\"{:.1}\" font-size=\"11\" font-weight=\"bold\">worst: {:.3} ms</text>",
+                top + 9.0,
+                x0 + 8.0,
+                top + 8.0,
                 w.worst.2
             );
         }
     }
+    s.push_str(&worst);
 }
 
 /// The time axis: a line, 6 ticks with their times, the axis name.
@@ -274,18 +282,30 @@ mod tests {
 
     #[test]
     fn no_completed_job_means_no_timeline() {
-        assert_eq!(window(vec![("a".into(), vec![job(0, 0.0, None)])], &[]), None);
+        assert_eq!(
+            window(vec![("a".into(), vec![job(0, 0.0, None)])], &[]),
+            None
+        );
     }
 
     #[test]
     fn the_drawing_marks_jobs_timeouts_skips_and_holds() {
         let mut held = job(2, 10.0, Some(1.0));
         held.held_ms = Some(0.5);
-        let jobs = vec![job(0, 0.0, Some(1.0)), job(1, 5.0, Some(6.0)), held, job(3, 15.0, None)];
+        let jobs = vec![
+            job(0, 0.0, Some(1.0)),
+            job(1, 5.0, Some(6.0)),
+            held,
+            job(3, 15.0, None),
+        ];
         let w = window(vec![("cam<1>".into(), jobs)], &[]).unwrap();
         let svg = svg("t", &w);
         assert_eq!(svg.matches("<rect data-job=").count(), 3);
-        assert_eq!(svg.matches("stroke=\"#000000\" stroke-width=\"1.5\"><title>").count(), 1);
+        assert_eq!(
+            svg.matches("stroke=\"#000000\" stroke-width=\"1.5\"><title>")
+                .count(),
+            1
+        );
         assert!(svg.contains("fill=\"#BBBBBB\""), "the hold");
         assert!(svg.contains("l8 8m0 -8l-8 8"), "the skip");
         assert!(svg.contains("cam&lt;1&gt;"), "names are escaped");
