@@ -45,9 +45,10 @@ pub fn write(dir: &Path, out: &Path) -> anyhow::Result<()> {
         }
     })?;
     let jobs: usize = t.lanes.iter().map(|l| l.jobs.len()).sum();
+    // Two short lines: the tables' 80 columns hold for ordinary paths.
     println!(
-        "trace: {} ({} workloads, {jobs} jobs, {} telemetry counters; open it in \
-         ui.perfetto.dev)",
+        "trace: {} ({jobs} jobs of {} workloads, {} counters)\n\
+         open it in ui.perfetto.dev or chrome://tracing",
         out.display(),
         t.lanes.len(),
         t.counters.len()

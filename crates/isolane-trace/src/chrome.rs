@@ -212,7 +212,7 @@ fn names(t: &Timeline) -> Vec<Event> {
 
 /// A job: its release (an instant), its run (a span) or, skipped, an instant; its hold.
 fn job_events(clock: &Clock, job: &Job, tid: u32, deadline_ms: Option<f64>, out: &mut Vec<Event>) {
-    let args = json!({
+    let mut args = json!({
         "job": job.index,
         "release_ms": job.release_ms,
         "start_ms": job.start_ms,
@@ -222,6 +222,10 @@ fn job_events(clock: &Clock, job: &Job, tid: u32, deadline_ms: Option<f64>, out:
         "timeout": job.timeout,
         "held_ms": job.held_ms,
     });
+    // What a job does not have (a skipped job's start, a hold without the column) is left out.
+    if let Some(map) = args.as_object_mut() {
+        map.retain(|_, v| !v.is_null());
+    }
     let release = clock.us(job.release_ms);
     out.push(Event {
         cat: "release",
