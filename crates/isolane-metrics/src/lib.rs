@@ -165,8 +165,9 @@ pub struct RunMetrics {
     run: Family<RunLabels, Gauge>,
     device: Vec<FloatGauge>,
     slots: Mutex<Vec<Slot>>,
-    /// Every run begun so far, so that the earlier ones' info can drop to 0.
-    runs: Mutex<Vec<RunLabels>>,
+    /// Every run begun so far and its partitions, so that the earlier ones' info can drop
+    /// to 0 (a family cannot list its label sets).
+    runs: Mutex<Vec<(RunLabels, Vec<PartitionLabels>)>>,
 }
 
 impl Default for RunMetrics {
@@ -253,19 +254,28 @@ impl RunMetrics {
     }
 
     /// A run starts: `workloads[slot]` is the coordinator's workload `slot`. Earlier runs'
-    /// counters stay (Prometheus counters only grow); their run info drops to 0.
+    /// counters stay (Prometheus counters only grow); their run and partition info drop to 0.
     pub fn begin_run(&self, command: &str, scenario: &str, workloads: &[WorkloadInfo]) {
-        for w in workloads {
-            self.partition
-                .get_or_create(&PartitionLabels {
-                    workload: w.name.clone(),
-                    mechanism: w.mechanism.clone(),
-                    partition: w.partition.clone(),
-                    host: w.host.clone(),
-                })
-                .set(1);
-            let labels = WorkloadLabels {
+        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        for (run, partitions) in runs.iter() {
+            self.run.get_or_create(run).set(0);
+            for p in partitions {
+                self.partition.get_or_create(p).set(0);
+            }
+        }
+        let partitions: Vec<PartitionLabels> = workloads
+            .iter()
+            .map(|w| PartitionLabels {
                 workload: w.name.clone(),
+                mechanism: w.mechanism.clone(),
+                partition: w.partition.clone(),
+                host: w.host.clone(),
+            })
+            .collect();
+        for p in &partitions {
+            self.partition.get_or_create(p).set(1);
+            let labels = WorkloadLabels {
+                workload: p.workload.clone(),
             };
             // Every family shows the workload from the start, at 0.
             drop(self.jobs.get_or_create(&labels));
@@ -273,16 +283,12 @@ impl RunMetrics {
             drop(self.timeouts.get_or_create(&labels));
             drop(self.skipped.get_or_create(&labels));
         }
-        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
-        for r in runs.iter() {
-            self.run.get_or_create(r).set(0);
-        }
         let current = RunLabels {
             command: command.into(),
             scenario: scenario.into(),
         };
         self.run.get_or_create(&current).set(1);
-        runs.push(current);
+        runs.push((current, partitions));
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         *slots = workloads
             .iter()

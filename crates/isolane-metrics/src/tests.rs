@@ -92,7 +92,9 @@ fn a_second_run_keeps_the_counters_and_marks_the_first_done() {
     let m = RunMetrics::new();
     m.begin_run("sweep", "point-1", &[info("a")]);
     m.observe(0, &[rec(0, 0, Some(0), Some(10), false)]);
-    m.begin_run("sweep", "point-2", &[info("a")]);
+    let mut bigger = info("a");
+    bigger.partition = "green 128 SMs".into();
+    m.begin_run("sweep", "point-2", &[bigger]);
     m.observe(0, &[rec(0, 0, Some(0), Some(10), false)]);
     let t = m.encode();
     assert_eq!(value(&t, "isolane_jobs_total{workload=\"a\"}"), 2.0);
@@ -104,6 +106,14 @@ fn a_second_run_keeps_the_counters_and_marks_the_first_done() {
         value(&t, "isolane_run{command=\"sweep\",scenario=\"point-2\"}"),
         1.0
     );
+    let partition = |p: &str| {
+        let series = format!(
+            "isolane_partition{{workload=\"a\",mechanism=\"green\",partition=\"{p}\",host=\"thread\"}}"
+        );
+        value(&t, &series)
+    };
+    assert_eq!(partition("green 64 SMs"), 0.0, "the earlier point's");
+    assert_eq!(partition("green 128 SMs"), 1.0);
 }
 
 #[test]

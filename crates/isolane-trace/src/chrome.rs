@@ -118,6 +118,13 @@ pub fn trace_json(t: &Timeline) -> String {
                 TID_HELD_BASE + tid,
                 json!({ "name": format!("{}: held", lane.name) }),
             ));
+            // Right under its workload's track.
+            meta.push(metadata(
+                "thread_sort_index",
+                PID_WORKLOADS,
+                TID_HELD_BASE + tid,
+                json!({ "sort_index": 2 * tid + 1 }),
+            ));
         }
     }
     run_events(&clock, t, &mut events);
@@ -204,7 +211,7 @@ fn names(t: &Timeline) -> Vec<Event> {
             "thread_sort_index",
             PID_WORKLOADS,
             tid,
-            json!({ "sort_index": tid }),
+            json!({ "sort_index": 2 * tid }),
         ));
     }
     m

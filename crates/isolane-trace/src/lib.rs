@@ -17,7 +17,7 @@ pub use timeline::{read_jobs, Counter, Job, Lane, Step, Timeline};
 pub enum TraceError {
     #[error(
         "{0} is not a run folder: `isolane trace` needs the summary.json that isolane run and \
-         isolation write"
+         isolation write (for a run killed before it wrote one: isolane summarize {0} first)"
     )]
     NotARun(PathBuf),
     #[error("{path}: {source}")]
