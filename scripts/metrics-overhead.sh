@@ -38,6 +38,16 @@ warmup_jobs = 20
 cpu = [1]
 TOML
 
+# One scrape with bash's /dev/tcp (no curl needed); the body on stdout.
+scrape() {
+    local hostport=${1#http://}
+    hostport=${hostport%/metrics}
+    exec 3<>"/dev/tcp/${hostport%:*}/${hostport##*:}" || return 1
+    printf 'GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n' "$hostport" >&3
+    cat <&3
+    exec 3<&-
+}
+
 report() {
     python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -58,12 +68,12 @@ for r in $(seq 1 "$rounds"); do
     pid=$!
     url=
     while [ -z "$url" ] && kill -0 "$pid" 2>/dev/null; do
-        url=$(grep -o 'http://[^ ]*/metrics' "$work/on-$r.err" || true)
+        url=$(grep -so 'http://[^ ]*/metrics' "$work/on-$r.err" || true)
         sleep 0.05
     done
     scrapes=0
     while kill -0 "$pid" 2>/dev/null; do
-        curl -s --max-time 2 "$url" >/dev/null && scrapes=$((scrapes + 1)) || true
+        scrape "$url" >/dev/null 2>&1 && scrapes=$((scrapes + 1)) || true
         sleep 0.1
     done
     wait "$pid"
