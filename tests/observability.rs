@@ -286,3 +286,55 @@ fn a_bad_metrics_address_is_refused_before_anything_runs() {
     );
     assert!(!out.exists(), "nothing is created");
 }
+
+#[test]
+fn isolation_trace_shows_the_ramps_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "iso.toml",
+        r#"
+[device]
+backend = "cpu"
+
+[[workload]]
+name = "victim"
+role = "victim"
+model = "spin:1ms"
+rate_hz = 100
+duration_s = 1
+warmup_jobs = 2
+
+[[workload]]
+name = "interferer"
+role = "interferer"
+model = "spin:1ms"
+ramp = { from_hz = 10, to_hz = 50, steps = 3, step_s = 0.2 }
+warmup_jobs = 2
+"#,
+    );
+    let out = tmp.path().join("out");
+    run_ok(
+        isolane()
+            .arg("isolation")
+            .arg(&sc)
+            .arg("--out")
+            .arg(&out)
+            .args(["--trace", "-q"]),
+    );
+    let ev = events(&out.join("trace.json"));
+    let steps: Vec<(f64, f64)> = ev
+        .iter()
+        .filter(|e| e["cat"] == "step")
+        .map(|e| (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    // Back to back, 200 ms each, in µs.
+    for w in steps.windows(2) {
+        assert!((w[1].0 - w[0].0 - 200_000.0).abs() < 0.01, "{steps:?}");
+    }
+    assert!(
+        steps.iter().all(|s| (s.1 - 200_000.0).abs() < 0.01),
+        "{steps:?}"
+    );
+}
