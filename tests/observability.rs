@@ -83,6 +83,32 @@ fn run_trace_writes_every_job_on_its_workloads_track() {
     let again = tmp.path().join("again.json");
     run_ok(isolane().arg("trace").arg(&out).arg("--out").arg(&again));
     assert_eq!(events(&again), ev);
+
+    // A window: the jobs whose release-to-end span meets 50–100 ms: camera's releases at 50,
+    // 55, …, 100 ms, and the one at 45 ms only if a busy machine made it end after 50.
+    let part = tmp.path().join("part.json");
+    run_ok(
+        isolane()
+            .arg("trace")
+            .arg(&out)
+            .arg("--out")
+            .arg(&part)
+            .args(["--from-ms", "50", "--to-ms", "100"]),
+    );
+    let camera = track(&ev, "camera (spin:1ms)");
+    let releases = events(&part)
+        .iter()
+        .filter(|e| e["tid"] == camera && e["pid"] == 1 && e["name"] == "release")
+        .map(|e| e["ts"].as_f64().unwrap())
+        .collect::<Vec<_>>();
+    assert!((11..=12).contains(&releases.len()), "{releases:?}");
+    let o = isolane()
+        .arg("trace")
+        .arg(&out)
+        .args(["--from-ms", "100", "--to-ms", "50"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
 }
 
 #[test]

@@ -44,10 +44,17 @@ impl TraceError {
     }
 }
 
-/// Reads the run folder `dir` and writes its trace to `out` (atomically). Returns the
-/// timeline, for the caller's summary line.
-pub fn write_trace(dir: &Path, out: &Path) -> Result<Timeline, TraceError> {
-    let timeline = Timeline::load(dir)?;
+/// Reads the run folder `dir` and writes its trace to `out` (atomically), only the part in
+/// `window` (ms since t0) when given. Returns the timeline, for the caller's summary line.
+pub fn write_trace(
+    dir: &Path,
+    out: &Path,
+    window: Option<(f64, f64)>,
+) -> Result<Timeline, TraceError> {
+    let mut timeline = Timeline::load(dir)?;
+    if let Some((from, to)) = window {
+        timeline = timeline.window(from, to);
+    }
     let json = chrome::trace_json(&timeline);
     isolane_core::files::write_atomic(out, json.as_bytes()).map_err(|source| {
         TraceError::Write {

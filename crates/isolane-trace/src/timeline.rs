@@ -107,6 +107,23 @@ impl Timeline {
         })
     }
 
+    /// Only what happened in `[from_ms, to_ms]` (ms since t0): jobs whose release-to-end span
+    /// meets it, telemetry samples and steps in it; partitions are kept. For a part of a long
+    /// run whose whole trace would be too large to open.
+    pub fn window(mut self, from_ms: f64, to_ms: f64) -> Timeline {
+        let meets = |a: f64, b: f64| b >= from_ms && a <= to_ms;
+        for lane in &mut self.lanes {
+            lane.jobs
+                .retain(|j| meets(j.release_ms, j.end_ms.unwrap_or(j.release_ms)));
+        }
+        for c in &mut self.counters {
+            c.points.retain(|p| meets(p.0, p.0));
+        }
+        self.counters.retain(|c| !c.points.is_empty());
+        self.steps.retain(|s| meets(s.start_ms, s.end_ms));
+        self
+    }
+
     /// The completed job with the longest response time, as (lane index, job).
     pub fn worst_job(&self) -> Option<(usize, &Job)> {
         self.lanes
@@ -273,6 +290,70 @@ mod tests {
         let p = write(d.path(), "c.csv", "job,release_ms\n0,0\n");
         let e = read_jobs(&p).unwrap_err().to_string();
         assert!(e.contains("line 1") && e.contains("`start_ms`"), "{e}");
+    }
+
+    #[test]
+    fn a_window_keeps_what_meets_it() {
+        let job = |index: u64, release_ms: f64, end_ms: Option<f64>| Job {
+            index,
+            release_ms,
+            start_ms: end_ms.map(|_| release_ms),
+            end_ms,
+            latency_ms: end_ms.map(|e| e - release_ms),
+            timeout: end_ms.is_none(),
+            held_ms: None,
+        };
+        let t = Timeline {
+            dir: PathBuf::new(),
+            command: "isolation".into(),
+            wall_ms: 100.0,
+            lanes: vec![Lane {
+                name: "a".into(),
+                model: "spin:1ms".into(),
+                deadline_ms: None,
+                jobs: vec![
+                    job(0, 0.0, Some(9.0)),
+                    job(1, 5.0, Some(11.0)),
+                    job(2, 20.0, None),
+                    job(3, 35.0, Some(36.0)),
+                ],
+            }],
+            partitions: Vec::new(),
+            steps: vec![
+                Step {
+                    step: 0,
+                    start_ms: 0.0,
+                    end_ms: 10.0,
+                    interferer_rate_hz: 1.0,
+                },
+                Step {
+                    step: 1,
+                    start_ms: 10.0,
+                    end_ms: 20.0,
+                    interferer_rate_hz: 2.0,
+                },
+            ],
+            counters: vec![
+                Counter {
+                    name: "power_w".into(),
+                    points: vec![(-50.0, 1.0), (15.0, 2.0), (40.0, 3.0)],
+                },
+                Counter {
+                    name: "sm_util_pct".into(),
+                    points: vec![(-50.0, 1.0)],
+                },
+            ],
+        };
+        let w = t.window(10.0, 30.0);
+        let kept: Vec<u64> = w.lanes[0].jobs.iter().map(|j| j.index).collect();
+        assert_eq!(
+            kept,
+            [1, 2],
+            "a job running across the start, a skip inside"
+        );
+        assert_eq!(w.steps.len(), 2, "a step ending at the start meets it");
+        assert_eq!(w.counters.len(), 1);
+        assert_eq!(w.counters[0].points, vec![(15.0, 2.0)]);
     }
 
     #[test]

@@ -148,7 +148,7 @@ fn sample(dir: &Path) {
 
 fn trace_of(dir: &Path) -> Value {
     let out = dir.join("trace.json");
-    isolane_trace::write_trace(dir, &out).unwrap();
+    isolane_trace::write_trace(dir, &out, None).unwrap();
     serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
 }
 
