@@ -15,8 +15,8 @@ use super::user;
                   that ui.perfetto.dev and chrome://tracing open: every job of every workload \
                   as a span on its workload's track (from its start to its end; its release an \
                   instant; a timeout in its category and name, a skipped job an instant), the \
-                  time a hold-back guard held a job (jobs CSV column held_ns) on a track of its \
-                  own, each workload's partition and the isolation steps, and every numeric \
+                  time the criticality guard held a job (jobs CSV column held_ms) on a track of \
+                  its own, each workload's partition and the isolation steps, and every numeric \
                   telemetry.csv column as a counter track. Times are µs from the first event \
                   (telemetry starts before t0); --from-ms/--to-ms keep a part of a long run. \
                   See docs/observability.md."

@@ -5,7 +5,7 @@
 //! | pid | process | threads (tracks) |
 //! | --- | --- | --- |
 //! | 1 | workloads | one per workload: each job an `X` span from its start to its end (`cat` `job`, or `job,timeout` for a missed deadline), its release an instant; a skipped job an instant `skipped` |
-//! | 1 | workloads | `<workload>: held`, when the jobs CSV has `held_ns`: an `X` span `held` (`cat` `hold`) from the release for as long as the start was held back |
+//! | 1 | workloads | `<workload>: held`, when the jobs CSV has the guard's holds (`held_ms`): an `X` span `held` (`cat` `hold`) as long as the job's total hold, from its release (the CSV keeps the sum, not where the pauses fell) |
 //! | 2 | run | `partitions`: an instant per workload's partition, at the start of the trace (set up before t0), and `t0`; `isolation steps`: an `X` span per step of the ramp |
 //! | 3 | device telemetry | a counter track (`C`) per numeric telemetry.csv column |
 //!

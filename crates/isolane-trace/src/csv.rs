@@ -1,5 +1,5 @@
 //! The results folder's CSV files (jobs/*.csv, telemetry.csv) read by column name, so that a
-//! column added later (`held_ns`) or one this reader does not know is no error. A bad cell is
+//! column added later (`held_ms`) or one this reader does not know is no error. A bad cell is
 //! named by file, line and column.
 
 use std::path::{Path, PathBuf};

@@ -1,8 +1,8 @@
 //! isolane-trace: a run's results folder as a timeline, written as a Chrome trace-event /
 //! Perfetto JSON file (`isolane trace`, `run --trace`; docs/observability.md).
 //!
-//! [`Timeline::load`] reads summary.json, jobs/*.csv (by column name: the optional `held_ns`
-//! column of the hold-back guard is used when present) and telemetry.csv;
+//! [`Timeline::load`] reads summary.json, jobs/*.csv (by column name: the criticality guard's
+//! `held_ms` column is used when present) and telemetry.csv;
 //! [`chrome::trace_json`] turns it into trace events; [`write_trace`] does both.
 
 pub mod chrome;

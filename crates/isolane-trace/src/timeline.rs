@@ -19,8 +19,8 @@ pub struct Job {
     pub end_ms: Option<f64>,
     pub latency_ms: Option<f64>,
     pub timeout: bool,
-    /// How long a guard held the job's start back after its release (the optional `held_ns`
-    /// column); `None` when the file has no such column or the cell is empty.
+    /// How long the criticality guard held the job back (the optional `held_ms` column, or
+    /// `held_ns` in ns); `None` when the file has neither column or the cell is empty.
     pub held_ms: Option<f64>,
 }
 
@@ -154,7 +154,8 @@ fn steps_of(summary: &RunSummary) -> Vec<Step> {
 }
 
 /// jobs/<workload>.csv by column name: `job`, `release_ms`, `start_ms`, `end_ms`,
-/// `latency_ms`, `timeout` (1/0), and the optional `held_ns`. Any other column is ignored.
+/// `latency_ms`, `timeout` (1/0), and the hold of the criticality guard where the file has it
+/// (`held_ms`; `held_ns` in ns is read too). Any other column is ignored.
 pub fn read_jobs(path: &Path) -> Result<Vec<Job>, TraceError> {
     let required = [
         "job",
@@ -173,7 +174,13 @@ pub fn read_jobs(path: &Path) -> Result<Vec<Job>, TraceError> {
         col("start_ms"),
         col("end_ms"),
     );
-    let (latency, timeout, held) = (col("latency_ms"), col("timeout"), csv.col("held_ns"));
+    let (latency, timeout) = (col("latency_ms"), col("timeout"));
+    // The hold's column and its unit (ms per cell unit).
+    let held = match (csv.col("held_ms"), csv.col("held_ns")) {
+        (Some(i), _) => Some((i, 1.0)),
+        (None, Some(i)) => Some((i, 1e-6)),
+        (None, None) => None,
+    };
     let mut jobs = Vec::with_capacity(csv.rows.len());
     for (line, row) in &csv.rows {
         let index = csv.required_f64(*line, row, job)?;
@@ -197,7 +204,9 @@ pub fn read_jobs(path: &Path) -> Result<Vec<Job>, TraceError> {
             end_ms: csv.f64_at(*line, row, Some(end))?,
             latency_ms: csv.f64_at(*line, row, Some(latency))?,
             timeout,
-            held_ms: csv.f64_at(*line, row, held)?.map(|ns| ns / 1e6),
+            held_ms: csv
+                .f64_at(*line, row, held.map(|h| h.0))?
+                .map(|v| v * held.map_or(1.0, |h| h.1)),
         });
     }
     Ok(jobs)
@@ -258,6 +267,13 @@ mod tests {
         assert_eq!(jobs[1].start_ms, None);
         assert_eq!(jobs[1].held_ms, None);
         assert!(jobs[1].timeout);
+        // The guard's own column is in ms.
+        let p = write(
+            d.path(),
+            "m.csv",
+            "job,release_ms,start_ms,end_ms,latency_ms,timeout,held_ms\n0,0,0.25,1,1,0,0.250000\n",
+        );
+        assert_eq!(read_jobs(&p).unwrap()[0].held_ms, Some(0.25));
         // Without the column, no job has a hold.
         let p = write(
             d.path(),
