@@ -17,6 +17,6 @@ ulimit -v 4194304
 export ISOLANE_FUZZ_CASES=$cases
 export ISOLANE_FUZZ_SEED=${ISOLANE_FUZZ_SEED:-random}
 status=0
-cargo test --release -p isolane-core --test fuzz_scenario -- --test-threads=1 || status=1
-cargo test --release -p isolane-engine --test fuzz_parsers -- --test-threads=1 || status=1
+cargo test --release -p isolane-core --test fuzz_scenario -- --test-threads=1 --nocapture || status=1
+cargo test --release -p isolane-engine --test fuzz_parsers -- --test-threads=1 --nocapture || status=1
 exit $status

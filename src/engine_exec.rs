@@ -182,6 +182,24 @@ impl Executor for CudaExecutor {
         self.model.run().map_err(|e| ExecError::Job(e.to_string()))
     }
 
+    /// One CUDA graph per piece. A model that cannot be split (a capture fails) keeps running
+    /// whole jobs: the guard then holds it only between jobs, and says so in its piece count.
+    fn split(&mut self, piece_ns: i64) {
+        if let Err(e) = self.model.split(piece_ns as f64 / 1e6) {
+            eprintln!("cannot split the model into pieces ({e}); it runs whole jobs");
+        }
+    }
+
+    fn pieces(&self) -> usize {
+        self.model.pieces()
+    }
+
+    fn run_piece(&mut self, i: usize) -> Result<(), ExecError> {
+        self.model
+            .run_piece(i)
+            .map_err(|e| ExecError::Job(e.to_string()))
+    }
+
     /// The model's own allocations (weights, arena, workspace), exact: the free-memory drop
     /// would also count whatever the other workloads of this process allocated meanwhile.
     fn device_memory_mib(&self) -> Option<f64> {

@@ -7,8 +7,8 @@ use clap::Args;
 use isolane_core::maxrate::{find_max_rate, Acceptance, MaxRateConfig, MaxRateError, Step};
 use isolane_core::results::{LatenessSummary, MaxrateReport, SCHEMA_VERSION};
 use isolane_core::spec::{
-    Backend, DeviceSpec, Host, LatePolicy, Mechanism, PartitionSpec, Precision, Rate, Role,
-    RunLength, Scenario, TimingSpec, WorkloadSpec,
+    Backend, Criticality, DeviceSpec, Host, LatePolicy, Mechanism, PartitionSpec, Precision,
+    ProtectionSpec, Rate, Role, RunLength, Scenario, TimingSpec, WorkloadSpec,
 };
 use isolane_runtime::maxrate::{LoopRunner, RunnerError};
 use isolane_runtime::{affinity, clock, exec, output};
@@ -215,6 +215,7 @@ pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
             }
         },
         plan_check: !args.no_plan_check,
+        criticality: Criticality::Critical,
     };
     let timing = TimingSpec {
         spin_us: args.spin_us,
@@ -228,6 +229,7 @@ pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
             host,
         },
         timing: timing.clone(),
+        protection: ProtectionSpec::default(),
         workloads: vec![spec.clone()],
     };
     let models: Vec<&str> = isolane_engine::builtin_models()

@@ -131,9 +131,32 @@ pub fn run_scenario(
         super::trace::write(&m.out, &m.out.join("trace.json"))?;
     }
     println!("{}", results_table(&scenario, &m.summary, args.wide));
+    for line in held_lines(&m.summary) {
+        println!("{line}");
+    }
     report_failures(&m.summary);
     println!("results: {}", m.out.display());
     Ok(exit_for(m.summary.status))
+}
+
+/// One line per best-effort workload the criticality guard held back (docs/criticality.md).
+fn held_lines(summary: &RunSummary) -> Vec<String> {
+    summary
+        .workloads
+        .iter()
+        .filter_map(|w| {
+            let h = w.held.as_ref()?;
+            Some(format!(
+                "{} (best effort): held {:.2} s, {} of {} jobs, max {:.2} ms, {} pieces/job",
+                w.name,
+                h.total_ms / 1e3,
+                h.jobs_held,
+                w.metrics.jobs,
+                h.max_ms,
+                h.pieces
+            ))
+        })
+        .collect()
 }
 
 /// One run of an admitted scenario, as `run` and `isolation` make it.

@@ -116,6 +116,7 @@ fn recorded(
         warmup_ns: Vec::new(),
         pid: None,
         device_memory_mib: None,
+        pieces: None,
     })
 }
 

@@ -56,7 +56,7 @@ pub fn jobs_rows(dir: &Path, workload: &str) -> Vec<Vec<String>> {
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
-        Some("job,release_ms,start_ms,end_ms,latency_ms,timeout")
+        Some("job,release_ms,start_ms,end_ms,latency_ms,timeout,held_ms")
     );
     lines
         .map(|l| l.split(',').map(str::to_string).collect())

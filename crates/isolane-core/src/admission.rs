@@ -468,6 +468,7 @@ mod tests {
             host: Host::Thread,
             partition,
             plan_check: true,
+            criticality: Criticality::Critical,
         }
     }
 
@@ -480,6 +481,7 @@ mod tests {
                 host: Host::Thread,
             },
             timing: TimingSpec::default(),
+            protection: ProtectionSpec::default(),
             workloads: parts
                 .into_iter()
                 .enumerate()

@@ -15,6 +15,10 @@ pub struct JobRecord {
     pub end_ns: Option<i64>,
     /// R_k > D, or skipped.
     pub timeout: bool,
+    /// How long the criticality guard held this best-effort job back (ns): before its start and
+    /// between its pieces (docs/criticality.md). 0 for critical work and unprotected runs.
+    #[serde(default)]
+    pub held_ns: i64,
 }
 
 impl JobRecord {

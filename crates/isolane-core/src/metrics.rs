@@ -306,6 +306,7 @@ mod tests {
             start_ns: Some(start),
             end_ns: Some(end),
             timeout: false,
+            held_ns: 0,
         }
     }
 
@@ -316,6 +317,7 @@ mod tests {
             start_ns: None,
             end_ns: None,
             timeout: true,
+            held_ns: 0,
         }
     }
 

@@ -8,7 +8,7 @@ mod error;
 pub mod limits;
 mod model;
 mod parse;
-pub use parse::{DEVICE_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
+pub use parse::{DEVICE_KEYS, PROTECTION_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +22,8 @@ pub struct Scenario {
     pub device: DeviceSpec,
     #[serde(default)]
     pub timing: TimingSpec,
+    #[serde(default)]
+    pub protection: ProtectionSpec,
     #[serde(rename = "workload")]
     pub workloads: Vec<WorkloadSpec>,
 }
@@ -84,6 +86,45 @@ impl Default for TimingSpec {
             seed: 0x15_01a4e,
         }
     }
+}
+
+/// How the coordinator protects critical workloads from best-effort ones (`[protection]`,
+/// docs/criticality.md). It acts only when a run has both kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProtectionSpec {
+    /// `false`: best-effort work is never held back (the unprotected side of a comparison).
+    pub enabled: bool,
+    /// Target length of a best-effort piece (µs): a model that can be split runs its job as
+    /// pieces of about this length, between which it can be held back.
+    pub piece_us: u64,
+    /// Safety margin kept before a critical job's deadline (µs).
+    pub margin_us: u64,
+    /// The worst stretch a critical job suffers while best effort runs beside it (≥ 1, e.g.
+    /// from `isolane interference`): overlap then costs it `1 − 1/stretch` of its length. Unset:
+    /// a full stall, which holds whatever the mechanism does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stretch: Option<f64>,
+}
+
+impl Default for ProtectionSpec {
+    fn default() -> Self {
+        ProtectionSpec {
+            enabled: true,
+            piece_us: 250,
+            margin_us: 100,
+            stretch: None,
+        }
+    }
+}
+
+/// Whether a workload's deadlines must hold (critical) or it takes what is left (best effort).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Criticality {
+    #[default]
+    Critical,
+    BestEffort,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -198,6 +239,8 @@ pub struct WorkloadSpec {
     /// reference before the first job (docs/cuda.md, Plan check). Default true.
     #[serde(default = "plan_check_default")]
     pub plan_check: bool,
+    #[serde(default)]
+    pub criticality: Criticality,
 }
 
 fn plan_check_default() -> bool {

@@ -350,6 +350,9 @@ pub struct CudaModel {
     /// The forward alone (no input/output copies), for measuring device time.
     compute_graph: cu::CUgraph,
     compute_exec: cu::CUgraphExec,
+    /// The job split into consecutive pieces, one graph each ([`CudaModel::split`]); empty
+    /// until split.
+    pieces: Vec<(cu::CUgraph, cu::CUgraphExec)>,
     steps: usize,
     /// Index in `launches` of each step's first launch, then of the output copies (the plan
     /// check replays the plan step by step).
@@ -718,6 +721,7 @@ impl CudaModel {
             exec: std::ptr::null_mut(),
             compute_graph: std::ptr::null_mut(),
             compute_exec: std::ptr::null_mut(),
+            pieces: Vec::new(),
             steps: plan.steps.len(),
             step_start: Vec::with_capacity(plan.steps.len() + 1),
             storage_offsets: plan.storages.iter().map(|st| st.offset).collect(),
@@ -897,7 +901,72 @@ impl CudaModel {
 
     /// Captures the launches (with or without the input/output copies) into a graph and
     /// instantiates it.
+    /// Splits a job into consecutive pieces of about `piece_ms` of device time each (by the
+    /// launches' own timings, [`CudaModel::profile`]), one CUDA graph per piece, so that the
+    /// caller can pause between pieces ([`CudaModel::run_piece`]): how best-effort work is held
+    /// back without giving up graphs. A launch longer than `piece_ms` is a piece of its own.
+    /// Returns the number of pieces.
+    pub fn split(&mut self, piece_ms: f64) -> Result<usize> {
+        let times = self.profile()?;
+        let mut bounds = vec![0];
+        let mut acc = 0.0;
+        for (i, (_, _, ms)) in times.iter().enumerate() {
+            if acc > 0.0 && acc + ms > piece_ms {
+                bounds.push(i);
+                acc = 0.0;
+            }
+            acc += ms;
+        }
+        bounds.push(self.launches.len());
+        self.drop_pieces();
+        for w in bounds.windows(2) {
+            let piece = self.capture_list(&self.launches[w[0]..w[1]], true)?;
+            self.pieces.push(piece);
+        }
+        Ok(self.pieces.len())
+    }
+
+    /// Pieces a job runs as: 1 until [`CudaModel::split`].
+    pub fn pieces(&self) -> usize {
+        self.pieces.len().max(1)
+    }
+
+    /// Runs piece `i` of a split job and waits for it (unsplit: the whole job).
+    pub fn run_piece(&mut self, i: usize) -> Result<()> {
+        let Some(&(_, exec)) = self.pieces.get(i) else {
+            return self.run();
+        };
+        make_current(self.ctx)?;
+        // SAFETY: exec and stream are live; the piece's buffers are owned by self.
+        cu_check("cuGraphLaunch", unsafe {
+            cu::cuGraphLaunch(exec, self.stream)
+        })?;
+        self.wait()
+    }
+
+    fn drop_pieces(&mut self) {
+        for (graph, exec) in self.pieces.drain(..) {
+            // SAFETY: created by capture_list, destroyed once; callers synchronise the stream
+            // before (split after profile's waits, Drop explicitly).
+            unsafe {
+                cu::cuGraphExecDestroy(exec);
+            }
+            // SAFETY: as above.
+            unsafe {
+                cu::cuGraphDestroy(graph);
+            }
+        }
+    }
+
     fn capture(&self, copies: bool) -> Result<(cu::CUgraph, cu::CUgraphExec)> {
+        self.capture_list(&self.launches, copies)
+    }
+
+    fn capture_list(
+        &self,
+        launches: &[Launch],
+        copies: bool,
+    ) -> Result<(cu::CUgraph, cu::CUgraphExec)> {
         // SAFETY: the stream is live and not capturing. THREAD_LOCAL: other threads (other
         // partitions compiling their models) may keep allocating while we capture.
         cu_check("cuStreamBeginCapture", unsafe {
@@ -906,7 +975,7 @@ impl CudaModel {
                 cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
         })?;
-        let issued = self.issue(copies);
+        let issued = self.issue_list(launches, copies);
         let mut graph: cu::CUgraph = std::ptr::null_mut();
         // SAFETY: the stream is capturing; ending the capture is required even after a failure.
         let ended = unsafe { cu::cuStreamEndCapture(self.stream, &mut graph) };
@@ -1710,6 +1779,10 @@ impl Drop for CudaModel {
         // the stream is synchronised first so that no job still uses the buffers.
         unsafe {
             cu::cuStreamSynchronize(self.stream);
+        }
+        self.drop_pieces();
+        // SAFETY: as above.
+        unsafe {
             if !self.exec.is_null() {
                 cu::cuGraphExecDestroy(self.exec);
             }

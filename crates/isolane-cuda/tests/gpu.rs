@@ -260,6 +260,38 @@ fn graph_replay_is_deterministic_and_follows_the_input() {
     assert_eq!(m.output(), &o1[..]);
 }
 
+/// A job split into pieces (how best-effort work is held back, docs/criticality.md) computes
+/// exactly what the whole graph does, for the input it is given.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_job_split_into_pieces_gives_the_whole_jobs_output() {
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let g = build_model("resnet18", Weights::Synthetic { seed: 3 }).expect("model");
+    let mut m = gpu.compile_cuda(&g, 1, Precision::Fp16).expect("compile");
+    let x1 = random(m.input_mut().len(), 1);
+    let x2 = random(m.input_mut().len(), 2);
+    m.input_mut().copy_from_slice(&x2);
+    m.run().unwrap();
+    let o2 = m.output().to_vec();
+    m.input_mut().copy_from_slice(&x1);
+    m.run().unwrap();
+    let o1 = m.output().to_vec();
+    let n = m.split(0.02).unwrap();
+    assert!(n >= 4 && n == m.pieces(), "{n} pieces");
+    m.input_mut().copy_from_slice(&x2);
+    for i in 0..n {
+        m.run_piece(i).unwrap();
+    }
+    assert_eq!(m.output(), &o2[..], "pieces differ from the whole graph");
+    m.input_mut().copy_from_slice(&x1);
+    m.run().unwrap();
+    assert_eq!(
+        m.output(),
+        &o1[..],
+        "the whole graph still runs after a split"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn no_allocation_and_no_host_sync_inside_a_job() {

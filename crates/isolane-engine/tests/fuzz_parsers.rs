@@ -4,7 +4,8 @@
 //! engine's own writers), plus npy and safetensors headers assembled with edge-case fields.
 //! `cargo test` runs a bounded number of cases (`ISOLANE_FUZZ_CASES`, default 300 each, about a
 //! second in all) from a fixed seed; `scripts/fuzz.sh` runs many more from random seeds. The ONNX
-//! edits found five bugs, all fixed: a Pad of 2^56 edge elements built an index per element,
+//! edits found six bugs, all fixed: a Pad of 2^56 edge elements built an index per element, a
+//! GroupNorm over a corrupt 2^34-element shape allocated its unit scale,
 //! a huge Split `num_outputs` allocated terabytes, a Slice step at the edge of i64 overflowed, and
 //! so did a Conv/pool window with a huge dilation or pad and a Reshape target of huge dims
 //! (checked, then inferred).

@@ -16,6 +16,7 @@ fn plan(profiles: &[&str]) -> Plan {
             host: Host::Process,
         },
         timing: TimingSpec::default(),
+        protection: ProtectionSpec::default(),
         workloads: profiles
             .iter()
             .enumerate()
@@ -39,6 +40,7 @@ fn plan(profiles: &[&str]) -> Plan {
                     ..Default::default()
                 },
                 plan_check: true,
+                criticality: Criticality::Critical,
             })
             .collect(),
     };

@@ -11,6 +11,7 @@ fn rec(index: u64, release: i64, start: Option<i64>, end: Option<i64>, timeout: 
         start_ns: start,
         end_ns: end,
         timeout,
+        held_ns: 0,
     }
 }
 

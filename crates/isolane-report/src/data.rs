@@ -56,6 +56,9 @@ impl From<ResultsError> for DataError {
 pub struct DeviceInfo {
     pub backend: String,
     pub mechanism: String,
+    /// The run's criticality protection in words: `off`, `stall model`, `stretch 1.44`
+    /// (docs/criticality.md); empty for scenarios from before it existed.
+    pub protection: String,
 }
 
 /// telemetry.csv as columns: `t_s` and every numeric column by name.
@@ -328,9 +331,18 @@ fn read_device(path: &Path) -> Result<DeviceInfo, DataError> {
             .unwrap_or_default()
             .to_string()
     };
+    let protection = match value.get("protection") {
+        None => String::new(),
+        Some(p) if p.get("enabled").and_then(|v| v.as_bool()) == Some(false) => "off".into(),
+        Some(p) => match p.get("stretch").and_then(|v| v.as_float()) {
+            Some(s) => format!("stretch {s:.2}"),
+            None => "stall model".into(),
+        },
+    };
     Ok(DeviceInfo {
         backend: field("backend"),
         mechanism: field("mechanism"),
+        protection,
     })
 }
 

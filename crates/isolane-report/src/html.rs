@@ -116,6 +116,7 @@ pub fn render(dirs: &[ResultsDir], title: &str) -> Result<String, String> {
         .collect();
 
     maxrate_section(&mut page, &maxrates);
+    criticality_section(&mut page, &runs);
     isolation_section(&mut page, &runs)?;
     partition_section(
         &mut page,
@@ -180,6 +181,77 @@ padding:4px}figure svg{display:block}figcaption{font-size:12px;color:#555;text-a
 table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}th,td{border:1px solid #ddd;\
 padding:3px 8px}th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}\
 code{font-size:12px}";
+
+/// Runs with best-effort workloads side by side (docs/criticality.md): per run its mechanism
+/// and protection, each critical workload's timeouts and max latency, and what best effort got.
+fn criticality_section(page: &mut Page, runs: &[&RunDir]) {
+    use isolane_core::spec::Criticality;
+    let runs: Vec<&&RunDir> = runs
+        .iter()
+        .filter(|r| {
+            let has = |c| r.summary.workloads.iter().any(|w| w.criticality == c);
+            has(Criticality::Critical) && has(Criticality::BestEffort)
+        })
+        .collect();
+    if runs.is_empty() {
+        return;
+    }
+    page.h2(
+        "Critical and best-effort workloads",
+        "Each run with both kinds: how the critical ones kept their deadlines and what best \
+         effort got. Protection: off (nobody held), the stall model, or a stated stretch.",
+    );
+    let header: Vec<String> = [
+        "run",
+        "mechanism",
+        "protection",
+        "critical: timeouts % · max ms",
+        "best effort: /s · held s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            let of = |c| {
+                r.summary
+                    .workloads
+                    .iter()
+                    .filter(move |w| w.criticality == c)
+            };
+            let critical: Vec<String> = of(Criticality::Critical)
+                .map(|w| {
+                    format!(
+                        "{} {:.2} · {}",
+                        w.name,
+                        w.metrics.timeout_pct,
+                        fmt(w.metrics.latency_ms.max, 2)
+                    )
+                })
+                .collect();
+            let best: Vec<String> = of(Criticality::BestEffort)
+                .map(|w| {
+                    let held = w.held.as_ref().map_or(0.0, |h| h.total_ms / 1e3);
+                    format!("{} {:.1} · {held:.2}", w.name, w.metrics.throughput_ips)
+                })
+                .collect();
+            vec![
+                r.label.clone(),
+                mechanism_label(r),
+                if r.device.protection.is_empty() {
+                    "stall model".into()
+                } else {
+                    r.device.protection.clone()
+                },
+                critical.join("; "),
+                best.join("; "),
+            ]
+        })
+        .collect();
+    page.table(&header, &rows);
+    page.end();
+}
 
 /// Tables II–III of paper 000: max stable rate per model (rows) and mechanism (columns).
 fn maxrate_section(page: &mut Page, dirs: &[&MaxrateDir]) {
@@ -749,6 +821,7 @@ mod tests {
             device: DeviceInfo {
                 backend: "cuda".into(),
                 mechanism: mechanism.into(),
+                protection: String::new(),
             },
             latencies_ms: Vec::new(),
             isolation,
@@ -775,6 +848,46 @@ mod tests {
         let four = &g[&("resnet18".to_string(), 3)];
         assert_eq!(four[0].label, "green");
         assert_eq!(four[0].points, vec![(10.0, 1.0), (20.0, 6.0)]);
+    }
+
+    #[test]
+    fn runs_with_best_effort_are_compared_side_by_side() {
+        use isolane_core::results::HeldSummary;
+        use isolane_core::spec::Criticality;
+        let mut protected = iso_run("green-protected", "green", &[("cam", [0.0, 0.0])]);
+        let mut be = workload("bg", "vit_l_32");
+        be.criticality = Criticality::BestEffort;
+        be.metrics.throughput_ips = 250.0;
+        be.held = Some(HeldSummary {
+            pieces: 12,
+            total_ms: 1500.0,
+            jobs_held: 10,
+            max_ms: 3.0,
+        });
+        protected.summary.workloads.push(be.clone());
+        protected.device.protection = "stretch 1.44".into();
+        let mut off = iso_run("green-off", "green", &[("cam", [0.0, 0.0])]);
+        off.summary.workloads[0].metrics.timeout_pct = 100.0;
+        be.held = None;
+        off.summary.workloads.push(be);
+        off.device.protection = "off".into();
+        let plain = iso_run("no-best-effort", "green", &[("cam", [0.0, 0.0])]);
+        let mut page = Page {
+            body: String::new(),
+            figures: 0,
+        };
+        criticality_section(&mut page, &[&protected, &off, &plain]);
+        let b = &page.body;
+        assert!(b.contains("Critical and best-effort workloads"), "{b}");
+        assert!(b.contains("stretch 1.44") && b.contains(">off<"), "{b}");
+        assert!(
+            b.contains("cam 100.00") && b.contains("bg 250.0 · 1.50"),
+            "{b}"
+        );
+        assert!(
+            !b.contains("no-best-effort"),
+            "a run without best effort: {b}"
+        );
     }
 
     #[test]

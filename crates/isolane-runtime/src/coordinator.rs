@@ -11,16 +11,17 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use isolane_core::spec::{DeviceSpec, Host, TimingSpec, WorkloadSpec};
+use isolane_core::spec::{Criticality, DeviceSpec, Host, ProtectionSpec, TimingSpec, WorkloadSpec};
 use isolane_core::JobRecord;
 
 use crate::exec::{Engine, EngineExecutors};
+use crate::guard::{Guard, GuardRole, GuardSetup, Policy};
 use crate::jobs_stream::{BatchSender, JobsStream, RecordObserver, StreamingSink};
 use crate::partition::PartitionHandle;
 use crate::protocol::{
     check_version, record_from_wire, truncate, DoneStatus, FromWorker, ToWorker,
 };
-use crate::release::{capacity_for, run_loop, warm_up, LoopEnd};
+use crate::release::{capacity_for, run_loop_guarded, warm_up, LoopEnd};
 use crate::schedule::Schedule;
 use crate::{affinity, clock, exec};
 
@@ -43,6 +44,8 @@ pub struct RunPlan {
     pub device: DeviceSpec,
     pub workloads: Vec<WorkloadPlan>,
     pub timing: TimingSpec,
+    /// How critical workloads are protected from best-effort ones (when the plan has both).
+    pub protection: ProtectionSpec,
 }
 
 impl RunPlan {
@@ -62,7 +65,47 @@ impl RunPlan {
                 })
                 .collect(),
             timing: scenario.timing.clone(),
+            protection: scenario.protection,
         }
+    }
+
+    /// Whether the guard acts in this plan: protection enabled, and both critical and
+    /// best-effort workloads present.
+    pub fn protects(&self) -> bool {
+        let has = |c: Criticality| self.workloads.iter().any(|w| w.spec.criticality == c);
+        self.protection.enabled && has(Criticality::Critical) && has(Criticality::BestEffort)
+    }
+
+    /// The guard of this plan and each workload's part in it (`None`: unprotected run).
+    fn guard(&self) -> std::io::Result<Option<(Arc<Guard>, Vec<GuardSetup>)>> {
+        if !self.protects() {
+            return Ok(None);
+        }
+        let critical: Vec<bool> = self
+            .workloads
+            .iter()
+            .map(|w| w.spec.criticality == Criticality::Critical)
+            .collect();
+        let policy = Policy::new(
+            self.protection.margin_us as i64 * 1000,
+            self.protection.stretch,
+        );
+        let guard = Guard::create(critical.iter().filter(|c| **c).count(), policy)?;
+        let path = guard.path().unwrap_or_default();
+        let mut next_slot = 0;
+        let setups = critical
+            .iter()
+            .map(|&c| GuardSetup {
+                path: path.clone(),
+                policy,
+                piece_ns: self.protection.piece_us as i64 * 1000,
+                critical_slot: c.then(|| {
+                    next_slot += 1;
+                    next_slot - 1
+                }),
+            })
+            .collect();
+        Ok(Some((Arc::new(guard), setups)))
     }
 }
 
@@ -148,6 +191,8 @@ pub struct WorkloadResult {
     /// Device memory the executor holds (MiB), as its engine measured it: what telemetry
     /// cannot attribute to one of several workloads sharing this process.
     pub device_memory_mib: Option<f64>,
+    /// A best-effort workload the criticality guard acted on: the pieces each job ran as.
+    pub pieces: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -195,6 +240,8 @@ pub enum PlanError {
         dir: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot create the criticality guard's shared file: {0}")]
+    Guard(std::io::Error),
 }
 
 impl PlanError {
@@ -307,6 +354,14 @@ struct Shared {
     timing: TimingSpec,
     device: DeviceSpec,
     engine: Option<Engine>,
+    /// The run's criticality guard and each workload's part in it (by slot).
+    guard: Option<(Arc<Guard>, Vec<GuardSetup>)>,
+}
+
+impl Shared {
+    fn guard_setup(&self, slot: usize) -> Option<&GuardSetup> {
+        self.guard.as_ref().and_then(|(_, s)| s.get(slot))
+    }
 }
 
 /// Readiness report of one workload to the coordinator.
@@ -365,6 +420,7 @@ pub fn run(
         timing: plan.timing.clone(),
         device: plan.device.clone(),
         engine: opts.engine.clone(),
+        guard: plan.guard().map_err(PlanError::Guard)?,
     });
     // Records flow to the writer thread when files or an observer want them.
     let stream = if opts.jobs_dir.is_some() || opts.observer.is_some() {
@@ -524,6 +580,7 @@ fn failed(name: &str, f: Failure, records: Vec<JobRecord>) -> WorkloadResult {
         warmup_ns: Vec::new(),
         pid: None,
         device_memory_mib: None,
+        pieces: None,
     }
 }
 
@@ -555,9 +612,16 @@ fn drive_thread(
         )
         .map_err(|e| e.to_string())?;
         check_closed_loop_records(w, &warmup)?;
-        Ok((executor, warmup))
+        let role = GuardRole::attach(
+            shared.guard_setup(slot),
+            shared.guard.as_ref().map(|(g, _)| g),
+            executor.as_mut(),
+            &warmup,
+        )
+        .map_err(|e| format!("workload `{name}`: cannot join the criticality guard: {e}"))?;
+        Ok((executor, warmup, role))
     })();
-    let (mut executor, warmup) = match prepared {
+    let (mut executor, warmup, mut role) = match prepared {
         Ok(p) => p,
         Err(e) => return failed(name, Failure::msg(e), Vec::new()),
     };
@@ -569,6 +633,7 @@ fn drive_thread(
         warmup_ns: warmup,
         pid: None,
         device_memory_mib: executor.device_memory_mib(),
+        pieces: matches!(role, GuardRole::BestEffort(_)).then(|| executor.pieces()),
     };
     let Some(t0) = shared.gate.wait() else {
         return result;
@@ -580,14 +645,17 @@ fn drive_thread(
         out,
     );
     let spin_ns = shared.timing.spin_us as i64 * 1000;
-    let end = run_loop(
+    let end = run_loop_guarded(
         executor.as_mut(),
         &w.schedule,
         t0,
         spin_ns,
         &shared.stop,
         &mut sink,
+        &mut role,
     );
+    // A critical workload that is done frees best effort from leaving room for it.
+    drop(role);
     sink.flush();
     result.records = sink.records;
     result.status = match end {
@@ -721,6 +789,7 @@ fn drive_process(
         warmup_ns: Vec::new(),
         pid: Some(pid),
         device_memory_mib: None,
+        pieces: None,
     };
     let mut error: Option<String> = None;
     let mut done: Option<DoneStatus> = None;
@@ -738,13 +807,15 @@ fn drive_process(
                 device: shared.device.clone(),
                 timing: shared.timing.clone(),
                 schedule: w.schedule.clone(),
+                guard: shared.guard_setup(slot).cloned(),
             },
         )
         .map_err(|e| format!("cannot send the set-up to the worker: {e}"))?;
         let line = read_line(&mut out).ok_or("the worker ended during set-up or warm-up")?;
         match serde_json::from_str::<FromWorker>(&line) {
-            Ok(FromWorker::Ready { warmup_ns }) => {
+            Ok(FromWorker::Ready { warmup_ns, pieces }) => {
                 result.warmup_ns = warmup_ns;
+                result.pieces = pieces;
                 check_closed_loop_records(w, &result.warmup_ns)
             }
             Ok(FromWorker::Error { message }) => Err(message),

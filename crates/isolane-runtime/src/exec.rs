@@ -60,6 +60,19 @@ pub type Engine = std::sync::Arc<dyn EngineExecutors>;
 /// allocate.
 pub trait Executor: Send {
     fn run_job(&mut self) -> Result<(), ExecError>;
+    /// Splits each job into pieces of about `piece_ns`, where the executor can (a best-effort
+    /// workload under protection: the criticality guard may hold it between pieces). Default:
+    /// cannot; jobs stay whole.
+    fn split(&mut self, _piece_ns: i64) {}
+    /// The pieces a job runs as (1: whole).
+    fn pieces(&self) -> usize {
+        1
+    }
+    /// Runs piece `i` (in order, `0..pieces()`) of the current job.
+    fn run_piece(&mut self, i: usize) -> Result<(), ExecError> {
+        debug_assert_eq!(i, 0, "an executor that does not split has one piece");
+        self.run_job()
+    }
     /// Device memory this executor holds (MiB), where its engine knows it.
     fn device_memory_mib(&self) -> Option<f64> {
         None
@@ -72,6 +85,9 @@ pub struct SpinExecutor {
     service_ns: i64,
     jitter_ns: i64,
     rng: ChaCha8Rng,
+    /// Pieces per job once split (1: whole), and the current job's piece length.
+    pieces: usize,
+    piece_ns: i64,
 }
 
 impl SpinExecutor {
@@ -82,6 +98,8 @@ impl SpinExecutor {
             service_ns,
             jitter_ns,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            pieces: 1,
+            piece_ns: 0,
         }
     }
 
@@ -98,6 +116,25 @@ impl Executor for SpinExecutor {
     fn run_job(&mut self) -> Result<(), ExecError> {
         let service = self.next_service_ns();
         clock::spin_until_ns(clock::now_ns() + service);
+        Ok(())
+    }
+
+    /// A spin job splits anywhere: into equal pieces of at most `piece_ns` (of its longest
+    /// service time, so that the count is the same for every job).
+    fn split(&mut self, piece_ns: i64) {
+        let longest = self.service_ns + self.jitter_ns;
+        self.pieces = ((longest + piece_ns - 1) / piece_ns.max(1)).max(1) as usize;
+    }
+
+    fn pieces(&self) -> usize {
+        self.pieces
+    }
+
+    fn run_piece(&mut self, i: usize) -> Result<(), ExecError> {
+        if i == 0 {
+            self.piece_ns = self.next_service_ns() / self.pieces as i64;
+        }
+        clock::spin_until_ns(clock::now_ns() + self.piece_ns);
         Ok(())
     }
 }

@@ -106,6 +106,7 @@ pub fn plan(scenario: &Scenario) -> Result<(RunPlan, StepGrid), IsolationError> 
             device: scenario.device.clone(),
             workloads,
             timing: scenario.timing.clone(),
+            protection: scenario.protection,
         },
         grid,
     ))

@@ -224,6 +224,7 @@ mod tests {
             start_ns: Some(index as i64 * 1_000_000 + 10),
             end_ns: Some(index as i64 * 1_000_000 + 500_000),
             timeout: index % 2 == 1,
+            held_ns: 0,
         }
     }
 

@@ -8,6 +8,7 @@ pub mod affinity;
 pub mod clock;
 pub mod coordinator;
 pub mod exec;
+pub mod guard;
 pub mod isolation;
 pub mod jobs_stream;
 pub mod limits;

@@ -157,14 +157,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
 }
 
 /// Header of `jobs/<workload>.csv`.
-pub const JOBS_CSV_HEADER: &str = "job,release_ms,start_ms,end_ms,latency_ms,timeout";
+pub const JOBS_CSV_HEADER: &str = "job,release_ms,start_ms,end_ms,latency_ms,timeout,held_ms";
+
+/// The header before `held_ms` existed (results written before criticality): still read.
+const JOBS_CSV_HEADER_V1: &str = "job,release_ms,start_ms,end_ms,latency_ms,timeout";
 
 fn ms(ns: i64) -> String {
     format!("{:.6}", ns as f64 / 1e6)
 }
 
 /// The per-job CSV: times in ms since t0 (ns precision), empty cells for a skipped job,
-/// `timeout` 1 or 0.
+/// `timeout` 1 or 0, `held_ms` the time the criticality guard held the job back.
 pub fn jobs_csv(records: &[JobRecord]) -> String {
     let mut s = String::with_capacity(64 * (records.len() + 1));
     s.push_str(JOBS_CSV_HEADER);
@@ -183,7 +186,12 @@ pub fn push_job_rows(s: &mut String, records: &[JobRecord]) {
             }
             _ => s.push_str(",,"),
         }
-        let _ = writeln!(s, ",{}", r.timeout as u8);
+        let _ = write!(s, ",{},", r.timeout as u8);
+        if r.held_ns == 0 {
+            s.push_str("0\n");
+        } else {
+            let _ = writeln!(s, "{}", ms(r.held_ns));
+        }
     }
 }
 
@@ -237,10 +245,11 @@ fn parse_jobs_csv(path: &Path, text: &str) -> Result<Vec<JobRecord>, OutputError
         detail: format!("line {line}: {what}"),
     };
     let mut lines = text.lines().enumerate();
-    match lines.next() {
-        Some((_, h)) if h.trim() == JOBS_CSV_HEADER => {}
+    let fields = match lines.next() {
+        Some((_, h)) if h.trim() == JOBS_CSV_HEADER => 7,
+        Some((_, h)) if h.trim() == JOBS_CSV_HEADER_V1 => 6,
         _ => return Err(bad(1, &format!("expected the header `{JOBS_CSV_HEADER}`"))),
-    }
+    };
     let ns = |s: &str| -> Option<Option<i64>> {
         if s.is_empty() {
             Some(None)
@@ -256,8 +265,8 @@ fn parse_jobs_csv(path: &Path, text: &str) -> Result<Vec<JobRecord>, OutputError
             continue;
         }
         let f: Vec<&str> = line.split(',').collect();
-        if f.len() != 6 {
-            return Err(bad(i + 1, "expected 6 fields"));
+        if f.len() != fields {
+            return Err(bad(i + 1, &format!("expected {fields} fields")));
         }
         let parsed = (|| {
             Some(JobRecord {
@@ -269,6 +278,10 @@ fn parse_jobs_csv(path: &Path, text: &str) -> Result<Vec<JobRecord>, OutputError
                     "1" | "true" => true,
                     "0" | "false" => false,
                     _ => return None,
+                },
+                held_ns: match f.get(6) {
+                    Some(v) => ns(v.trim())?.unwrap_or(0),
+                    None => 0,
                 },
             })
         })();
@@ -297,6 +310,7 @@ mod tests {
                 start_ns: Some(1_500),
                 end_ns: Some(4_001_500),
                 timeout: false,
+                held_ns: 0,
             },
             JobRecord {
                 index: 1,
@@ -304,6 +318,7 @@ mod tests {
                 start_ns: None,
                 end_ns: None,
                 timeout: true,
+                held_ns: 0,
             },
         ];
         let csv = jobs_csv(&recs);
@@ -326,6 +341,7 @@ mod tests {
                 start_ns: Some(k as i64 * 1_000_000 + 5),
                 end_ns: Some(k as i64 * 1_000_000 + 900_000),
                 timeout: false,
+                held_ns: 0,
             })
             .collect();
         let csv = jobs_csv(&recs);

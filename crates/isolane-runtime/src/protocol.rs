@@ -8,7 +8,7 @@
 //!        | {"type":"error","message":"…"}
 //! coord  → {"type":"start","t0_ns":…}                   (absolute CLOCK_MONOTONIC time)
 //!        | {"type":"abort"}
-//! worker → {"type":"jobs","records":[[k,release,start,end,timeout],…]}   (repeated, streamed)
+//! worker → {"type":"jobs","records":[[k,release,start,end,timeout,held],…]}   (repeated, streamed)
 //! coord  → {"type":"stop"}                              (any time after start: Ctrl-C)
 //! worker → {"type":"done","status":"ok"|"interrupted"} | {"type":"error","message":"…"}
 //! ```
@@ -19,10 +19,11 @@ use isolane_core::spec::{DeviceSpec, TimingSpec, WorkloadSpec};
 use isolane_core::JobRecord;
 use serde::{Deserialize, Serialize};
 
+use crate::guard::GuardSetup;
 use crate::schedule::Schedule;
 
 /// Bump on any incompatible change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -34,6 +35,9 @@ pub enum ToWorker {
         device: DeviceSpec,
         timing: TimingSpec,
         schedule: Schedule,
+        /// The workload's part in the run's criticality guard (`None`: unprotected).
+        #[serde(default)]
+        guard: Option<GuardSetup>,
     },
     Start {
         t0_ns: i64,
@@ -42,8 +46,9 @@ pub enum ToWorker {
     Stop,
 }
 
-/// A job record on the wire: `[index, release_ns, start_ns|null, end_ns|null, timeout 0|1]`.
-pub type WireRecord = (u64, i64, Option<i64>, Option<i64>, u8);
+/// A job record on the wire:
+/// `[index, release_ns, start_ns|null, end_ns|null, timeout 0|1, held_ns]`.
+pub type WireRecord = (u64, i64, Option<i64>, Option<i64>, u8, i64);
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -55,6 +60,9 @@ pub enum FromWorker {
     },
     Ready {
         warmup_ns: Vec<i64>,
+        /// A best-effort workload under protection: the pieces each job runs as.
+        #[serde(default)]
+        pieces: Option<usize>,
     },
     Jobs {
         records: Vec<WireRecord>,
@@ -100,6 +108,7 @@ pub fn record_from_wire(w: WireRecord) -> JobRecord {
         start_ns: w.2,
         end_ns: w.3,
         timeout: w.4 != 0,
+        held_ns: w.5,
     }
 }
 

@@ -15,6 +15,7 @@ use isolane_core::JobRecord;
 
 use crate::clock;
 use crate::exec::{ExecError, Executor};
+use crate::guard::GuardRole;
 use crate::schedule::Schedule;
 
 /// Where the loop puts each job's record. Called on the hot path: implementations must not
@@ -110,6 +111,21 @@ pub fn run_loop(
     stop: &AtomicBool,
     sink: &mut dyn RecordSink,
 ) -> Result<LoopEnd, ExecError> {
+    let mut off = GuardRole::Off;
+    run_loop_guarded(exec, schedule, t0_ns, spin_ns, stop, sink, &mut off)
+}
+
+/// [`run_loop`] for a workload with a part in the criticality guard: a critical one publishes
+/// each job before waiting for its release, a best-effort one is held between pieces.
+pub fn run_loop_guarded(
+    exec: &mut dyn Executor,
+    schedule: &Schedule,
+    t0_ns: i64,
+    spin_ns: i64,
+    stop: &AtomicBool,
+    sink: &mut dyn RecordSink,
+    guard: &mut GuardRole,
+) -> Result<LoopEnd, ExecError> {
     let mut cursor = schedule.cursor();
     // Relative to t0; the first closed-loop job is released at t0.
     let mut prev_end_rel: i64 = 0;
@@ -122,6 +138,7 @@ pub fn run_loop(
             return Ok(LoopEnd::Completed);
         };
         let release = t0_ns + rel.release_ns;
+        guard.next_release(index, release, rel.deadline_ns.map(|d| release + d));
         let now = clock::now_ns();
         if now < release {
             if release - now > spin_ns + IDLE_MIN_NS {
@@ -140,13 +157,12 @@ pub fn run_loop(
                     start_ns: None,
                     end_ns: None,
                     timeout: true,
+                    held_ns: 0,
                 });
                 continue;
             }
         }
-        let start = clock::now_ns();
-        exec.run_job()?;
-        let end = clock::now_ns();
+        let (start, end, held_ns) = guard.run_job(exec, index, stop)?;
         let latency = end - release;
         sink.record(&JobRecord {
             index,
@@ -154,6 +170,7 @@ pub fn run_loop(
             start_ns: Some(start - t0_ns),
             end_ns: Some(end - t0_ns),
             timeout: is_timeout(latency, rel.deadline_ns),
+            held_ns,
         });
         prev_end_rel = end - t0_ns;
     }
@@ -336,6 +353,7 @@ mod tests {
                 start_ns: Some(10),
                 end_ns: Some(500),
                 timeout: false,
+                held_ns: 0,
             },
             JobRecord {
                 index: 1,
@@ -343,6 +361,7 @@ mod tests {
                 start_ns: Some(520),
                 end_ns: Some(900),
                 timeout: true,
+                held_ns: 0,
             },
             JobRecord {
                 index: 2,
@@ -350,6 +369,7 @@ mod tests {
                 start_ns: None,
                 end_ns: None,
                 timeout: true,
+                held_ns: 0,
             },
             JobRecord {
                 index: 3,
@@ -357,6 +377,7 @@ mod tests {
                 start_ns: Some(1003),
                 end_ns: Some(1100),
                 timeout: false,
+                held_ns: 0,
             },
         ];
         assert_eq!(start_lateness_ns(&recs), vec![10, 20, 3]);

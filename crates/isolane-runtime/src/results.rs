@@ -4,7 +4,7 @@
 
 use isolane_core::metrics::workload_metrics;
 use isolane_core::results::SCHEMA_VERSION;
-use isolane_core::results::{RunStatus, RunSummary, WorkloadSummary};
+use isolane_core::results::{HeldSummary, RunStatus, RunSummary, WorkloadSummary};
 use isolane_core::spec::{Rate, WorkloadSpec};
 use isolane_core::JobRecord;
 
@@ -66,6 +66,10 @@ pub fn summarize_workload(
         pid: result.pid,
         wall_s,
         memory_estimate_mib: None,
+        criticality: spec.criticality,
+        held: result
+            .pieces
+            .map(|p| HeldSummary::of(&result.records, p as u64)),
         metrics,
     }
 }

@@ -4,8 +4,8 @@
 
 use isolane_core::device_model::DeviceModel;
 use isolane_core::spec::{
-    DeviceSpec, LatePolicy, MaxRate, PartitionSpec, Precision, Rate, Role, RunLength, Scenario,
-    TimingSpec, WorkloadSpec,
+    Criticality, DeviceSpec, LatePolicy, MaxRate, PartitionSpec, Precision, ProtectionSpec, Rate,
+    Role, RunLength, Scenario, TimingSpec, WorkloadSpec,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -151,11 +151,13 @@ pub fn point_scenario(device: DeviceSpec, workloads: &[PointWorkload]) -> Scenar
                 ..PartitionSpec::default()
             },
             plan_check: true,
+            criticality: Criticality::Critical,
         })
         .collect();
     Scenario {
         device,
         timing: TimingSpec::default(),
+        protection: ProtectionSpec::default(),
         workloads,
     }
 }

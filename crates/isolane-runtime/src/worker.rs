@@ -8,8 +8,9 @@ use std::sync::Arc;
 use isolane_core::JobRecord;
 
 use crate::exec::EngineExecutors;
+use crate::guard::GuardRole;
 use crate::protocol::{check_version, DoneStatus, FromWorker, ToWorker, PROTOCOL_VERSION};
-use crate::release::{run_loop, warm_up, LoopEnd, RecordSink};
+use crate::release::{run_loop_guarded, warm_up, LoopEnd, RecordSink};
 use crate::{affinity, clock, exec};
 
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +78,7 @@ impl<W: Write> RecordSink for PipeSink<W> {
         } else {
             let _ = write!(self.buf, "{s},{e},");
         }
-        let _ = write!(self.buf, "{}]", r.timeout as u8);
+        let _ = write!(self.buf, "{},{}]", r.timeout as u8, r.held_ns);
         self.pending += 1;
         if self.pending >= MAX_PENDING || clock::now_ns() - self.last_flush_ns >= MAX_AGE_NS {
             self.flush_chunk();
@@ -172,6 +173,7 @@ where
         device,
         timing,
         schedule,
+        guard,
         ..
     } = setup
     else {
@@ -183,7 +185,21 @@ where
     let mut executor = exec::executor_for(engine, &device, &workload, timing.seed, index, None)?;
     let mut warmup = Vec::with_capacity(crate::release::warmup_capacity(workload.warmup_jobs));
     warm_up(executor.as_mut(), workload.warmup_jobs, &mut warmup, stop)?;
-    send(output, &FromWorker::Ready { warmup_ns: warmup })?;
+    let mut role =
+        GuardRole::attach(guard.as_ref(), None, executor.as_mut(), &warmup).map_err(|e| {
+            WorkerError::Setup(format!(
+                "workload `{}`: cannot join the criticality guard: {e}",
+                workload.name
+            ))
+        })?;
+    let pieces = matches!(role, GuardRole::BestEffort(_)).then(|| executor.pieces());
+    send(
+        output,
+        &FromWorker::Ready {
+            warmup_ns: warmup,
+            pieces,
+        },
+    )?;
 
     let line = read_line(&mut input, "starting the run")?;
     let msg: ToWorker = serde_json::from_str(&line)
@@ -229,14 +245,16 @@ where
         stop: Arc::clone(stop),
     };
     let spin_ns = (timing.spin_us as i64) * 1000;
-    let end = run_loop(
+    let end = run_loop_guarded(
         executor.as_mut(),
         &schedule,
         t0_ns,
         spin_ns,
         stop,
         &mut sink,
+        &mut role,
     );
+    drop(role);
     sink.flush_chunk();
     match end? {
         LoopEnd::Completed => Ok(DoneStatus::Ok),

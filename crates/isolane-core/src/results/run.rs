@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{legacy_version, IsolationSteps, TelemetrySummary, Versioned};
 use crate::metrics::WorkloadMetrics;
-use crate::spec::Mechanism;
+use crate::spec::{Criticality, Mechanism};
 
 /// The outcome of a run or of one workload: "ok", "failed" (a workload failed), "interrupted"
 /// (Ctrl-C, or a run cut short and summarised afterwards).
@@ -64,8 +64,40 @@ pub struct WorkloadSummary {
     /// CPU and for synthetic workloads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_estimate_mib: Option<u64>,
+    /// `critical` (the default) or `best_effort` (docs/criticality.md).
+    #[serde(default)]
+    pub criticality: Criticality,
+    /// A best-effort workload the criticality guard acted on: how it was held back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<HeldSummary>,
     #[serde(flatten)]
     pub metrics: WorkloadMetrics,
+}
+
+/// How the criticality guard held a best-effort workload back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldSummary {
+    /// Pieces each job ran as (the guard may hold a job before each).
+    pub pieces: u64,
+    /// Time held back over the whole run (ms).
+    pub total_ms: f64,
+    /// Jobs held back at least once.
+    pub jobs_held: u64,
+    /// The longest hold of one job (ms).
+    pub max_ms: f64,
+}
+
+impl HeldSummary {
+    /// The holds of `records` (their `held_ns`), for a workload run as `pieces` pieces.
+    pub fn of(records: &[crate::JobRecord], pieces: u64) -> HeldSummary {
+        let held = records.iter().map(|r| r.held_ns).filter(|h| *h > 0);
+        HeldSummary {
+            pieces,
+            total_ms: held.clone().sum::<i64>() as f64 / 1e6,
+            jobs_held: held.clone().count() as u64,
+            max_ms: held.max().unwrap_or(0) as f64 / 1e6,
+        }
+    }
 }
 
 /// What one workload's partition was, for summary.json and the printed plan.
@@ -155,6 +187,8 @@ impl WorkloadSummary {
             pid: None,
             wall_s: 0.0,
             memory_estimate_mib: None,
+            criticality: Criticality::Critical,
+            held: None,
             metrics: crate::metrics::workload_metrics(&[], batch, 0.0, None),
         }
     }

@@ -24,3 +24,16 @@ pub const MAX_SPIN_US: u64 = 1_000_000;
 
 /// Longest `timing.start_delay_ms`: 1 hour between the start barrier and t0.
 pub const MAX_START_DELAY_MS: u64 = 3_600_000;
+
+/// Shortest best-effort piece (µs): below it, the launch and wait between pieces would cost more
+/// than the piece.
+pub const MIN_PIECE_US: u64 = 20;
+
+/// Longest best-effort piece (µs): one second.
+pub const MAX_PIECE_US: u64 = 1_000_000;
+
+/// Largest protection margin (µs): one second.
+pub const MAX_MARGIN_US: u64 = 1_000_000;
+
+/// Largest stated stretch of a critical job beside best effort.
+pub const MAX_STRETCH: f64 = 100.0;

@@ -15,21 +15,23 @@ use toml::Spanned;
 
 use super::error::{Problem, SpecError};
 use super::limits::{
-    MAX_JOBS, MAX_RATE_HZ, MAX_SECONDS, MAX_SPIN_US, MAX_START_DELAY_MS, MIN_SECONDS,
+    MAX_JOBS, MAX_MARGIN_US, MAX_PIECE_US, MAX_RATE_HZ, MAX_SECONDS, MAX_SPIN_US,
+    MAX_START_DELAY_MS, MAX_STRETCH, MIN_PIECE_US, MIN_SECONDS,
 };
 use super::model::{is_onnx_path, ModelCatalog, SpinModel, SPIN_SYNTAX};
 use super::{
-    Backend, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Precision, Ramp,
-    Rate, Role, RunLength, Scenario, TimingSpec, WorkloadSpec,
+    Backend, Criticality, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec,
+    Precision, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, TimingSpec, WorkloadSpec,
 };
 
 type Value<'i> = Spanned<DeValue<'i>>;
 type Key<'i> = Spanned<DeString<'i>>;
 
-const ROOT_KEYS: &[&str] = &["device", "timing", "workload"];
+const ROOT_KEYS: &[&str] = &["device", "timing", "protection", "workload"];
 /// The keys each table of a scenario allows (also the property tests' alphabet).
 pub const DEVICE_KEYS: &[&str] = &["backend", "gpu", "mechanism", "host"];
 pub const TIMING_KEYS: &[&str] = &["spin_us", "start_delay_ms", "seed"];
+pub const PROTECTION_KEYS: &[&str] = &["enabled", "piece_us", "margin_us", "stretch"];
 pub const WORKLOAD_KEYS: &[&str] = &[
     "name",
     "model",
@@ -48,6 +50,7 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "host",
     "partition",
     "plan_check",
+    "criticality",
 ];
 const RAMP_KEYS: &[&str] = &["from_hz", "to_hz", "steps", "step_s"];
 const PARTITION_KEYS: &[&str] = &["sms", "thread_pct", "mem_limit_mib", "mig_profile"];
@@ -68,6 +71,10 @@ const PRECISIONS: &[(&str, Precision)] = &[
     ("bf16", Precision::Bf16),
 ];
 const LATE: &[(&str, LatePolicy)] = &[("skip", LatePolicy::Skip), ("queue", LatePolicy::Queue)];
+const CRITICALITIES: &[(&str, Criticality)] = &[
+    ("critical", Criticality::Critical),
+    ("best_effort", Criticality::BestEffort),
+];
 const ROLES: &[(&str, Role)] = &[
     ("standalone", Role::Standalone),
     ("victim", Role::Victim),
@@ -449,6 +456,12 @@ fn parse_root(
         None => Some(TimingSpec::default()),
         Some(v) => ctx.table(v, "timing").and_then(|t| parse_timing(ctx, &t)),
     };
+    let protection = match root.get("protection") {
+        None => Some(ProtectionSpec::default()),
+        Some(v) => ctx
+            .table(v, "protection")
+            .and_then(|t| parse_protection(ctx, &t)),
+    };
 
     let mut workloads = Vec::new();
     let mut all_ok = true;
@@ -524,6 +537,7 @@ fn parse_root(
     Some(Scenario {
         device: device?,
         timing: timing?,
+        protection: protection?,
         workloads,
     })
 }
@@ -620,6 +634,41 @@ fn parse_timing(ctx: &mut Ctx<'_>, t: &Tbl<'_, '_>) -> Option<TimingSpec> {
         spin_us: spin_us?,
         start_delay_ms: start_delay_ms?,
         seed: seed?,
+    })
+}
+
+fn parse_protection(ctx: &mut Ctx<'_>, t: &Tbl<'_, '_>) -> Option<ProtectionSpec> {
+    t.check_keys(ctx, PROTECTION_KEYS);
+    let d = ProtectionSpec::default();
+    let enabled = match t.get("enabled") {
+        None => Some(d.enabled),
+        Some(v) => ctx.boolean(v, &t.field("enabled")),
+    };
+    let piece_us = match t.get("piece_us") {
+        None => Some(d.piece_us),
+        Some(v) => ctx.integer(v, &t.field("piece_us"), MIN_PIECE_US, MAX_PIECE_US),
+    };
+    let margin_us = match t.get("margin_us") {
+        None => Some(d.margin_us),
+        Some(v) => ctx.integer(v, &t.field("margin_us"), 0, MAX_MARGIN_US),
+    };
+    let stretch = match t.get("stretch") {
+        None => Some(None),
+        Some(v) => ctx
+            .positive(
+                v,
+                &t.field("stretch"),
+                1.0,
+                MAX_STRETCH,
+                &format!("a number from 1 to {MAX_STRETCH} (how many times longer a critical job may take beside best effort)"),
+            )
+            .map(Some),
+    };
+    Some(ProtectionSpec {
+        enabled: enabled?,
+        piece_us: piece_us?,
+        margin_us: margin_us?,
+        stretch: stretch?,
     })
 }
 
@@ -883,6 +932,10 @@ fn parse_workload(
         None => Some(true),
         Some(v) => ctx.boolean(v, &f("plan_check")),
     };
+    let criticality = match t.get("criticality") {
+        None => Some(Criticality::Critical),
+        Some(v) => ctx.choice(v, &f("criticality"), CRITICALITIES),
+    };
     if let (Some(rate), Some(length)) = (rate, length) {
         check_job_count(ctx, t, rate, length, ramp.filter(|_| interferer));
     }
@@ -907,6 +960,7 @@ fn parse_workload(
         host: host?,
         partition: partition?,
         plan_check: plan_check?,
+        criticality: criticality?,
     })
 }
 
@@ -1248,6 +1302,7 @@ fn parse_partition(
 struct OutScenario<'a> {
     device: OutDevice,
     timing: &'a TimingSpec,
+    protection: &'a ProtectionSpec,
     workload: Vec<OutWorkload<'a>>,
 }
 
@@ -1285,6 +1340,7 @@ struct OutWorkload<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     partition: Option<OutPartition<'a>>,
     plan_check: bool,
+    criticality: &'static str,
 }
 
 #[derive(Serialize)]
@@ -1308,6 +1364,7 @@ pub(super) fn to_toml(s: &Scenario) -> Result<String, SpecError> {
             host: name_of(HOSTS, s.device.host),
         },
         timing: &s.timing,
+        protection: &s.protection,
         workload: s
             .workloads
             .iter()
@@ -1345,6 +1402,7 @@ pub(super) fn to_toml(s: &Scenario) -> Result<String, SpecError> {
                         mig_profile: p.mig_profile.as_deref(),
                     }),
                     plan_check: w.plan_check,
+                    criticality: name_of(CRITICALITIES, w.criticality),
                 }
             })
             .collect(),

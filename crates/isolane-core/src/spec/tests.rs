@@ -251,7 +251,11 @@ fn unknown_keys_list_the_allowed_ones() {
     assert_err(
         &format!("[timings]\nseed = 1\n{MIN}"),
         1,
-        &["timings", "unknown key", "device, timing, workload"],
+        &[
+            "timings",
+            "unknown key",
+            "device, timing, protection, workload",
+        ],
     );
     assert_err(
         &format!("{MIN}[workload.partition]\ncores = 3\n"),
@@ -1134,4 +1138,54 @@ fn validation_time_grows_linearly_with_the_workloads() {
     let mut text = many_workloads(16_000);
     text.push_str("[[workload]]\nname = \"w7\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 5\n");
     assert!(err(&text).contains("already the name of workload[7] (line 37)"));
+}
+
+#[test]
+fn criticality_and_protection_parse_with_defaults_and_round_trip() {
+    let s = parse(&format!(
+        "[protection]\npiece_us = 500\nmargin_us = 0\nstretch = 1.5\n{MIN}criticality = \"best_effort\"\n"
+    ))
+    .unwrap();
+    assert_eq!(s.workloads[0].criticality, Criticality::BestEffort);
+    assert_eq!(
+        s.protection,
+        ProtectionSpec {
+            enabled: true,
+            piece_us: 500,
+            margin_us: 0,
+            stretch: Some(1.5),
+        }
+    );
+    let d = parse(MIN).unwrap();
+    assert_eq!(d.workloads[0].criticality, Criticality::Critical);
+    assert_eq!(d.protection, ProtectionSpec::default());
+    // The resolved scenario says both, and reads back the same.
+    let text = s.to_toml_string().unwrap();
+    assert!(text.contains("criticality = \"best_effort\""), "{text}");
+    let back = parse(&text).unwrap();
+    assert_eq!(back.protection, s.protection);
+    assert_eq!(back.workloads[0].criticality, Criticality::BestEffort);
+}
+
+#[test]
+fn bad_criticality_and_protection_values_name_the_field_and_the_choices() {
+    assert_err(
+        &format!("{MIN}criticality = \"low\"\n"),
+        7,
+        &["workload[0].criticality", "critical", "best_effort"],
+    );
+    assert_err(
+        &format!("[protection]\npiece_us = 5\n{MIN}"),
+        2,
+        &["protection.piece_us", "20"],
+    );
+    assert_err(
+        &format!("[protection]\nenable = false\n{MIN}"),
+        2,
+        &[
+            "protection.enable",
+            "unknown key",
+            "enabled, piece_us, margin_us",
+        ],
+    );
 }

@@ -1643,7 +1643,7 @@ impl<'m> Importer<'m> {
         )?;
         let ones = (
             format!("{}:unit_scale", c.r.node),
-            Val::F(Arr::new(vec![rest], vec![1.0; rest])),
+            ones(&[rest]).map_err(|e| c.bad(e))?,
         );
         let normed = self.emit_tmp(
             c,
@@ -1728,10 +1728,9 @@ impl<'m> Importer<'m> {
         let scale = vec_of(self.req(c, 1)?, "scale")?;
         let bias = vec_of(self.req(c, 2)?, "B")?;
         let spatial = shape[2..].to_vec();
-        let n: usize = spatial.iter().product();
         let ones = (
             format!("{}:unit_scale", c.r.node),
-            Val::F(Arr::new(spatial, vec![1.0; n])),
+            ones(&spatial).map_err(|e| c.bad(e))?,
         );
         let normed = self.emit_tmp(
             c,
@@ -2471,6 +2470,13 @@ fn fmt_syms(s: &[Sym]) -> String {
 /// Largest element count a runtime tensor may have (2^40): a shape beyond it comes from a
 /// corrupt file, and is refused before any size arithmetic could overflow.
 const MAX_ELEMS: u64 = 1 << 40;
+
+/// A constant of ones of `shape`, no larger than folding allows (a corrupt shape must not
+/// allocate without bound: the fuzzer found a GroupNorm over 2^34 elements).
+fn ones(shape: &[usize]) -> Result<Val, String> {
+    let n = fold::numel(shape)?;
+    Ok(Val::F(Arr::new(shape.to_vec(), vec![1.0; n])))
+}
 
 /// Largest pad on one side of one axis. Real models pad by a few elements; a pad beyond this
 /// comes from a corrupt file, and refusing it keeps edge/reflect index lists (one entry per padded
