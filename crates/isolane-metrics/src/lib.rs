@@ -159,6 +159,8 @@ pub struct RunMetrics {
     completed: Family<WorkloadLabels, Counter>,
     timeouts: Family<WorkloadLabels, Counter>,
     skipped: Family<WorkloadLabels, Counter>,
+    held_jobs: Family<WorkloadLabels, Counter>,
+    held_seconds: Family<WorkloadLabels, Counter<f64, AtomicU64>>,
     latency: HistogramFamily,
     lateness: HistogramFamily,
     partition: Family<PartitionLabels, Gauge>,
@@ -183,6 +185,8 @@ impl RunMetrics {
         let completed = Family::<WorkloadLabels, Counter>::default();
         let timeouts = Family::<WorkloadLabels, Counter>::default();
         let skipped = Family::<WorkloadLabels, Counter>::default();
+        let held_jobs = Family::<WorkloadLabels, Counter>::default();
+        let held_seconds = Family::<WorkloadLabels, Counter<f64, AtomicU64>>::default();
         let latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
         let lateness: HistogramFamily = Family::new_with_constructor(lateness_histogram);
         let partition = Family::<PartitionLabels, Gauge>::default();
@@ -206,6 +210,17 @@ impl RunMetrics {
             "isolane_jobs_skipped",
             "jobs not run because their deadline had passed before they could start (late = skip)",
             skipped.clone(),
+        );
+        registry.register(
+            "isolane_jobs_held",
+            "best-effort jobs the criticality guard held back (docs/criticality.md)",
+            held_jobs.clone(),
+        );
+        registry.register_with_unit(
+            "isolane_held",
+            "time the criticality guard held jobs back, before their start and between pieces",
+            Unit::Seconds,
+            held_seconds.clone(),
         );
         registry.register_with_unit(
             "isolane_latency",
@@ -243,6 +258,8 @@ impl RunMetrics {
             completed,
             timeouts,
             skipped,
+            held_jobs,
+            held_seconds,
             latency,
             lateness,
             partition,
@@ -282,6 +299,8 @@ impl RunMetrics {
             drop(self.completed.get_or_create(&labels));
             drop(self.timeouts.get_or_create(&labels));
             drop(self.skipped.get_or_create(&labels));
+            drop(self.held_jobs.get_or_create(&labels));
+            drop(self.held_seconds.get_or_create(&labels));
         }
         let current = RunLabels {
             command: command.into(),
@@ -310,12 +329,18 @@ impl RunMetrics {
         let completed = self.completed.get_or_create_owned(&s.labels);
         let timeouts = self.timeouts.get_or_create_owned(&s.labels);
         let skipped = self.skipped.get_or_create_owned(&s.labels);
+        let held_jobs = self.held_jobs.get_or_create_owned(&s.labels);
+        let held_seconds = self.held_seconds.get_or_create_owned(&s.labels);
         let latency = self.latency.get_or_create_owned(&s.labels);
         let lateness = self.lateness.get_or_create_owned(&s.labels);
         for r in records {
             jobs.inc();
             if r.timeout {
                 timeouts.inc();
+            }
+            if r.held_ns > 0 {
+                held_jobs.inc();
+                held_seconds.inc_by(r.held_ns as f64 / 1e9);
             }
             let (Some(start), Some(end)) = (r.start_ns, r.end_ns) else {
                 skipped.inc();

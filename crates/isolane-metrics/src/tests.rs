@@ -38,11 +38,14 @@ fn records_become_counters_and_histograms_per_workload() {
     let m = RunMetrics::new();
     m.begin_run("run", "s.toml", &[info("a"), info("b")]);
     // a: on time (started 2 µs late), late (started 1 ms after the previous end), skipped.
+    // The late one was held back 0.5 ms by the criticality guard.
+    let mut held = rec(1, 1_000_000, Some(5_000_000), Some(12_000_000), true);
+    held.held_ns = 500_000;
     m.observe(
         0,
         &[
             rec(0, 0, Some(2_000), Some(4_000_000), false),
-            rec(1, 1_000_000, Some(5_000_000), Some(12_000_000), true),
+            held,
             rec(2, 2_000_000, None, None, true),
         ],
     );
@@ -59,6 +62,12 @@ fn records_become_counters_and_histograms_per_workload() {
         0.0,
         "b shows at 0"
     );
+    assert_eq!(value(&t, "isolane_jobs_held_total{workload=\"a\"}"), 1.0);
+    assert_eq!(
+        value(&t, "isolane_held_seconds_total{workload=\"a\"}"),
+        0.0005
+    );
+    assert_eq!(value(&t, "isolane_held_seconds_total{workload=\"b\"}"), 0.0);
     assert_eq!(
         value(&t, "isolane_latency_seconds_count{workload=\"a\"}"),
         2.0
