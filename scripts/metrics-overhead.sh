@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Start lateness with and without the live metrics endpoint (docs/observability.md): the same
 # CPU scenario run alternately without and with `--metrics-addr`, the latter scraped every
-# 100 ms (20-150× more often than Prometheus would), ROUNDS times each. Prints per run and
-# workload summary.json's start_lateness_us {p50, p99, max}, timeouts and cpu_steal_pct.
+# SCRAPE_S seconds (default 0.1: 20-150× more often than Prometheus would), ROUNDS times each.
+# Prints per run and workload summary.json's start_lateness_us {p50, p99, max}, timeouts and
+# cpu_steal_pct. The scraper (bash, a `cat` per scrape) runs on the same machine.
 #
-#   scripts/metrics-overhead.sh [ROUNDS]     (ISOLANE_BIN: the binary, default target/release)
+#   [SCRAPE_S=1] scripts/metrics-overhead.sh [ROUNDS]   (ISOLANE_BIN: default target/release)
 set -euo pipefail
 rounds=${1:-3}
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -74,7 +75,7 @@ for r in $(seq 1 "$rounds"); do
     scrapes=0
     while kill -0 "$pid" 2>/dev/null; do
         scrape "$url" >/dev/null 2>&1 && scrapes=$((scrapes + 1)) || true
-        sleep 0.1
+        sleep "${SCRAPE_S:-0.1}"
     done
     wait "$pid"
     report "$work/on-$r" "on"
