@@ -1,6 +1,6 @@
 //! Plugs the inference engine into the runtime: every workload whose model is not `spin:` is a
 //! real network (a built-in architecture or an ONNX file), compiled once for its batch and
-//! precision and run once per job.
+//! precision and run once per job, or a synthetic `kernel:` workload (`kernel_exec`).
 //!
 //! The runtime does not depend on the engine; `main` builds one [`EngineExecutorsImpl`] and
 //! passes it down (to the coordinator and to `isolane worker` alike), so both build models the
@@ -43,7 +43,7 @@ fn is_onnx(model: &str) -> bool {
     matches!(ModelSource::classify(model), Ok(ModelSource::Onnx(_)))
 }
 
-fn precision(p: SpecPrecision) -> Precision {
+pub(crate) fn precision(p: SpecPrecision) -> Precision {
     match p {
         SpecPrecision::Fp32 => Precision::Fp32,
         SpecPrecision::Tf32 => Precision::Tf32,
@@ -52,7 +52,7 @@ fn precision(p: SpecPrecision) -> Precision {
     }
 }
 
-fn engine_err(spec: &WorkloadSpec, message: impl std::fmt::Display) -> ExecError {
+pub(crate) fn engine_err(spec: &WorkloadSpec, message: impl std::fmt::Display) -> ExecError {
     ExecError::Engine {
         workload: spec.name.clone(),
         message: message.to_string(),
@@ -92,7 +92,7 @@ fn check_name(spec: &WorkloadSpec) -> Result<(), ExecError> {
 
 /// Real networks on `backend = "cuda"` run on the engine's CUDA backend: its libraries
 /// (libcuda, NVRTC, cuDNN, cuBLASLt) must load, or the run stops before it starts.
-fn check_backend(device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError> {
+pub(crate) fn check_backend(device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError> {
     if device.backend == SpecBackend::Cuda {
         isolane_cuda::libs::ensure_all().map_err(|e| engine_err(spec, e))?;
     }
@@ -102,7 +102,7 @@ fn check_backend(device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecErr
 /// The CUDA device this process should use: a worker behind our MPS daemon or bound to a MIG
 /// instance sees only that one device (index 0), which the run says through
 /// `ISOLANE_WORKER_GPU`; otherwise the scenario's `device.gpu`.
-fn gpu_index(device: &DeviceSpec) -> u32 {
+pub(crate) fn gpu_index(device: &DeviceSpec) -> u32 {
     std::env::var(isolane_gpu::partitions::WORKER_GPU_ENV)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -111,7 +111,10 @@ fn gpu_index(device: &DeviceSpec) -> u32 {
 
 /// The green group a thread-hosted workload's plan carried (the only partition a thread host
 /// is given; MPS and MIG reach worker processes through their environment).
-fn green_group(spec: &WorkloadSpec, p: Partition) -> Result<isolane_gpu::GreenGroup, ExecError> {
+pub(crate) fn green_group(
+    spec: &WorkloadSpec,
+    p: Partition,
+) -> Result<isolane_gpu::GreenGroup, ExecError> {
     p.downcast::<isolane_gpu::GreenGroup>()
         .map(|g| *g)
         .map_err(|_| engine_err(spec, "its partition is not a green group"))
@@ -207,7 +210,7 @@ impl Executor for CudaExecutor {
     }
 }
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 
 /// Device memory of one process's CUDA context with the engine's libraries loaded (cuDNN,
 /// cuBLASLt, the NVRTC module, the CUDA graph), MiB, whatever the model. Measured on the H100
@@ -223,7 +226,13 @@ pub const CUDA_PROCESS_MIB: u64 = 540;
 /// CPU backend, `spin:` models, and a model that cannot be loaded (preflight reports that one
 /// with its reason).
 pub fn planned_model_mib(device: &DeviceSpec, spec: &WorkloadSpec) -> Option<u64> {
-    if device.backend != SpecBackend::Cuda || check_name(spec).is_err() {
+    if device.backend != SpecBackend::Cuda {
+        return None;
+    }
+    if let Some(kernel) = spec.kernel() {
+        return Some(crate::kernel_exec::device_bytes(kernel).div_ceil(MIB));
+    }
+    if check_name(spec).is_err() {
         return None;
     }
     // A built-in model's memory depends on its shapes only: zero weights build it in a
@@ -355,6 +364,10 @@ fn reads_a_file(spec: &WorkloadSpec) -> bool {
 
 impl EngineExecutors for EngineExecutorsImpl {
     fn check(&self, device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError> {
+        if let Some(kernel) = crate::kernel_exec::parse(spec)? {
+            check_backend(device, spec)?;
+            return crate::kernel_exec::check(device, spec, kernel);
+        }
         check_name(spec)?;
         check_backend(device, spec)?;
         // Files are read now, before any output exists, so that a corrupt ONNX file or a
@@ -383,6 +396,13 @@ impl EngineExecutors for EngineExecutorsImpl {
         partition: Option<Partition>,
     ) -> Result<Box<dyn Executor>, ExecError> {
         check_backend(device, spec)?;
+        if let Some(kernel) = crate::kernel_exec::parse(spec)? {
+            let group = match device.backend {
+                SpecBackend::Cuda => partition.map(|p| green_group(spec, p)).transpose()?,
+                SpecBackend::Cpu => None,
+            };
+            return crate::kernel_exec::build(device, spec, kernel, group);
+        }
         let cached = if reads_a_file(spec) {
             self.checked.lock().ok().and_then(|mut cache| {
                 let i = cache

@@ -4,6 +4,7 @@
 
 mod cmd;
 mod engine_exec;
+mod kernel_exec;
 mod seeded_input;
 
 use std::process::ExitCode;
@@ -28,6 +29,7 @@ enum Command {
     Run(cmd::run::RunArgs),
     Maxrate(cmd::maxrate::MaxrateArgs),
     Isolation(cmd::isolation::IsolationArgs),
+    Interference(cmd::interference::InterferenceArgs),
     Compare(cmd::compare::CompareArgs),
     Bench(cmd::bench::BenchArgs),
     Plan(cmd::plan::PlanArgs),
@@ -93,6 +95,7 @@ fn main() -> ExitCode {
         Command::Run(a) => cmd::run::run(a, &engine),
         Command::Maxrate(a) => cmd::maxrate::run(a, &engine),
         Command::Isolation(a) => cmd::isolation::run(a, &engine),
+        Command::Interference(a) => cmd::interference::run(a, &engine),
         Command::Compare(a) => cmd::compare::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Plan(a) => cmd::plan::run(a),

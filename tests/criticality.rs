@@ -123,3 +123,46 @@ fn without_protection_nothing_is_held() {
         assert!(rows.iter().all(|r| r[6] == "0"), "{name}: a job was held");
     }
 }
+
+/// A critical worker killed mid-run (`kill -9`, so it never says it ended) does not keep best
+/// effort held for the rest of the run: the coordinator marks its slot finished when the worker
+/// is gone, and best effort runs on.
+#[test]
+fn a_killed_critical_worker_frees_best_effort() {
+    let _core0 = core0();
+    let tmp = tempfile::tempdir().unwrap();
+    let text = scenario_text("process", "best_effort", "")
+        .replacen("duration_s = 3", "duration_s = 30", 1)
+        .replace("duration_s = 3\n", "duration_s = 4\n");
+    let s = scenario(tmp.path(), "kill.toml", &text);
+    let out = tmp.path().join("r");
+    let mut child = isolane()
+        .args(["run", "-q", "--out"])
+        .arg(&out)
+        .arg(&s)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let pid = loop {
+        if let Some(&p) = worker_pids(child.id(), "critical").first() {
+            break p;
+        }
+        assert!(std::time::Instant::now() < deadline, "no critical worker");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // Let the run start, then kill the critical worker.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: kill(2) on a pid we just read; at worst it no longer exists.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "a killed workload fails the run");
+    let rows = jobs_rows(&out, "besteffort");
+    let last_end: f64 = rows
+        .iter()
+        .filter_map(|r| r[3].parse::<f64>().ok())
+        .fold(0.0, f64::max);
+    // Best effort ran to its own end (4 s), not held from the kill (~1.5 s) on.
+    assert!(last_end > 3500.0, "best effort stopped at {last_end} ms");
+}

@@ -12,6 +12,7 @@ fn failure_meaning(command: &str) -> &'static str {
         "sweep" | "partition" | "concurrency" => {
             "a point failed (the other points still ran), or a runtime or GPU failure"
         }
+        "interference" => "a cell failed (the other cells still ran), or a runtime or GPU failure",
         "plan" => {
             "no GPU here to plan a backend = \"cuda\" scenario for (pass --device-model NAME to \
              plan for a GPU that is not here), or the GPU could not be queried"
@@ -33,7 +34,14 @@ fn failure_meaning(command: &str) -> &'static str {
 fn is_interruptible(command: &str) -> bool {
     matches!(
         command,
-        "run" | "isolation" | "maxrate" | "sweep" | "partition" | "concurrency" | "verify"
+        "run"
+            | "isolation"
+            | "interference"
+            | "maxrate"
+            | "sweep"
+            | "partition"
+            | "concurrency"
+            | "verify"
     )
 }
 

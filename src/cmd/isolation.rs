@@ -51,19 +51,21 @@ pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyho
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let (plan, grid) = isolation::plan(&scenario).map_err(user)?;
     let live = super::serve_metrics(args.metrics_addr.as_deref())?;
-    let mut m = super::run::measure(super::run::Request {
-        command: "isolation",
-        scenario: &scenario,
-        scenario_name,
-        admitted: admitted.as_ref(),
-        plan: &plan,
-        out: args.out.as_deref(),
-        force: args.force,
-        quiet: args.quiet,
-        partitions: &args.partitions,
-        engine,
-        metrics: live.as_ref().map(|l| &l.metrics),
-    })?;
+    let mut m = super::run::measure_observed(
+        super::run::Request {
+            command: "isolation",
+            scenario: &scenario,
+            scenario_name,
+            admitted: admitted.as_ref(),
+            plan: &plan,
+            out: args.out.as_deref(),
+            force: args.force,
+            quiet: args.quiet,
+            partitions: &args.partitions,
+            engine,
+        },
+        live.as_ref().map(|l| &l.metrics),
+    )?;
 
     let steps = isolation::per_step(&plan, grid, &m.result);
     output::write_atomic(

@@ -6,6 +6,7 @@ pub mod completions;
 pub mod devices;
 pub mod help;
 pub mod infer;
+pub mod interference;
 pub mod isolation;
 pub mod maxrate;
 pub mod models;

@@ -113,19 +113,21 @@ pub fn run_scenario(
     }
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let plan = RunPlan::from_scenario(&scenario);
-    let m = measure(Request {
-        command: "run",
-        scenario: &scenario,
-        scenario_name,
-        admitted: admitted.as_ref(),
-        plan: &plan,
-        out: args.out.as_deref(),
-        force: args.force,
-        quiet: args.quiet,
-        partitions: &args.partitions,
-        engine,
+    let m = measure_observed(
+        Request {
+            command: "run",
+            scenario: &scenario,
+            scenario_name,
+            admitted: admitted.as_ref(),
+            plan: &plan,
+            out: args.out.as_deref(),
+            force: args.force,
+            quiet: args.quiet,
+            partitions: &args.partitions,
+            engine,
+        },
         metrics,
-    })?;
+    )?;
     write_run_files(&m)?;
     if args.trace {
         super::trace::write(&m.out, &m.out.join("trace.json"))?;
@@ -174,8 +176,6 @@ pub struct Request<'a> {
     pub partitions: &'a super::PartitionFlags,
     /// Builds the workloads whose model is not `spin:`.
     pub engine: &'a isolane_runtime::exec::Engine,
-    /// Live metrics to feed while the run goes on (`--metrics-addr`).
-    pub metrics: Option<&'a Arc<RunMetrics>>,
 }
 
 /// What a run measured, not yet written (except scenario.toml and telemetry.csv).
@@ -188,6 +188,14 @@ pub struct Measured {
 /// Checks the plan, creates the output folder with the resolved scenario in it, then runs the
 /// workloads inside their partitions with telemetry around them and summarises the result.
 pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
+    measure_observed(r, None)
+}
+
+/// [`measure`], feeding live metrics (`--metrics-addr`) while the run goes on.
+pub fn measure_observed(
+    r: Request<'_>,
+    metrics: Option<&Arc<RunMetrics>>,
+) -> anyhow::Result<Measured> {
     preflight(r.plan, r.engine)?;
     // Job records stream to jobs/*.csv: they must fit the output folder's disk as well.
     let out_dir = r.out.unwrap_or(Path::new("runs"));
@@ -215,7 +223,7 @@ pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
             choices: r.partitions.choices(),
             engine: r.engine,
             stop,
-            metrics: r.metrics.cloned(),
+            metrics: metrics.cloned(),
         },
         &mut view,
     )

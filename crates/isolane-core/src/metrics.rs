@@ -295,9 +295,58 @@ pub fn latencies_ms(records: &[JobRecord]) -> Vec<f64> {
         .collect()
 }
 
+/// Execution times (end − start) of completed jobs, ms: what a job itself took, without the
+/// queueing a response time adds. The interference matrix compares these, since a victim's
+/// stretch beside a neighbour is the stretch of its own work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExecTimes {
+    pub jobs: u64,
+    pub mean: Option<f64>,
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+    pub max: Option<f64>,
+}
+
+/// [`ExecTimes`] of `records`, exact (sorted, nearest rank).
+pub fn exec_times(records: &[JobRecord]) -> ExecTimes {
+    let mut ms: Vec<f64> = records
+        .iter()
+        .filter_map(|r| Some((r.end_ns? - r.start_ns?) as f64 / 1e6))
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    let rank = |q: f64| -> Option<f64> {
+        let n = ms.len();
+        (n > 0).then(|| ms[((q * n as f64).ceil() as usize).clamp(1, n) - 1])
+    };
+    ExecTimes {
+        jobs: ms.len() as u64,
+        mean: (!ms.is_empty()).then(|| ms.iter().sum::<f64>() / ms.len() as f64),
+        p50: rank(0.5),
+        p99: rank(0.99),
+        max: ms.last().copied(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exec_times_are_end_minus_start_by_nearest_rank() {
+        // 100 jobs taking 1..=100 ms, each released 50 ms before it starts (queueing that
+        // must not count), plus a skipped one.
+        let mut rs: Vec<JobRecord> = (1..=100)
+            .map(|i| done(i as u64, 0, 50_000_000, 50_000_000 + i * 1_000_000))
+            .collect();
+        rs.push(skipped(101, 0));
+        let e = exec_times(&rs);
+        assert_eq!(e.jobs, 100);
+        assert_eq!(e.p50, Some(50.0));
+        assert_eq!(e.p99, Some(99.0));
+        assert_eq!(e.max, Some(100.0));
+        assert_eq!(e.mean, Some(50.5));
+        assert_eq!(exec_times(&[]), ExecTimes::default());
+    }
 
     fn done(index: u64, release: i64, start: i64, end: i64) -> JobRecord {
         JobRecord {

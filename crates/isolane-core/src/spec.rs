@@ -5,6 +5,7 @@
 //! format is documented key by key in `docs/scenario.md`.
 
 mod error;
+pub mod kernel;
 pub mod limits;
 mod model;
 mod parse;
@@ -13,7 +14,10 @@ pub use parse::{DEVICE_KEYS, PROTECTION_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
 use serde::{Deserialize, Serialize};
 
 pub use error::{Problem, SpecError};
-pub use model::{ModelCatalog, ModelSource, NoBuiltinModels, SpinModel, SpinParseError};
+pub use kernel::{KernelModel, KernelParseError, KernelWork};
+pub use model::{
+    ModelCatalog, ModelParseError, ModelSource, NoBuiltinModels, SpinModel, SpinParseError,
+};
 
 /// A whole scenario file, resolved: every default filled in, every value validated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,7 +131,7 @@ pub enum Criticality {
     BestEffort,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     Fp32,
@@ -361,13 +365,18 @@ impl Ramp {
 
 impl WorkloadSpec {
     /// What the `model` string refers to. Cannot fail for a validated spec.
-    pub fn model_source(&self) -> Result<ModelSource, SpinParseError> {
+    pub fn model_source(&self) -> Result<ModelSource, ModelParseError> {
         ModelSource::classify(&self.model)
     }
 
     /// The spin model, when the model is `spin:`.
     pub fn spin(&self) -> Option<SpinModel> {
         SpinModel::parse(&self.model).ok()
+    }
+
+    /// The synthetic kernel, when the model is `kernel:`.
+    pub fn kernel(&self) -> Option<KernelModel> {
+        KernelModel::parse(&self.model).ok()
     }
 
     /// Relative deadline in whole ns (rounded), `None` = never times out.

@@ -15,11 +15,13 @@
 pub mod check;
 pub mod convert;
 pub mod error;
+mod handles;
 pub mod kernels;
 pub mod libs;
 mod model;
 pub mod options;
 pub mod plan;
+pub mod synthetic;
 
 use std::sync::Arc;
 
@@ -28,6 +30,7 @@ use isolane_engine::{passes, Backend, CompiledModel, EngineError, Graph, Precisi
 
 pub use model::{CudaModel, MemoryReport};
 pub use options::{BuildOptions, ConvPaths};
+pub use synthetic::{Synthetic, SyntheticKernel};
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,6 +12,7 @@ use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
 use crate::error::{cu_check, dnn_check, lt_check, rtc_check};
+use crate::handles::{CapturedGraph, CublasLt, Cudnn, Module, PinnedF32};
 use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
 use crate::options::BuildOptions;
 use crate::plan::{
@@ -318,6 +319,15 @@ pub(crate) struct Target {
 
 /// A model compiled for the GPU: one CUDA graph replayed per `run()`.
 pub struct CudaModel {
+    // The graphs first: fields drop in declaration order, and their nodes use the module, the
+    // library handles and the buffers declared below.
+    /// The whole job (input copies, forward, output copies).
+    whole: Option<CapturedGraph>,
+    /// The forward alone (no input/output copies), for measuring device time.
+    compute: Option<CapturedGraph>,
+    /// The job split into consecutive pieces, one graph each ([`CudaModel::split`]); empty
+    /// until split.
+    pieces: Vec<CapturedGraph>,
     ctx: cu::CUcontext,
     stream: cu::CUstream,
     precision: Precision,
@@ -329,14 +339,16 @@ pub struct CudaModel {
     workspace: u64,
     workspace_owned: bool,
     mem: MemoryReport,
-    host_in: Vec<(*mut f32, usize)>,
-    host_out: Vec<(*mut f32, usize)>,
+    host_in: Vec<PinnedF32>,
+    host_out: Vec<PinnedF32>,
     in_shapes: Vec<Vec<usize>>,
     out_shapes: Vec<Vec<usize>>,
-    module: cu::CUmodule,
+    /// Dropped after the graphs (fields drop in declaration order): their nodes use its
+    /// kernels and the libraries'.
+    module: Option<Module>,
     funcs: Vec<cu::CUfunction>,
-    cudnn: dnn::cudnnHandle_t,
-    cublaslt: lt::cublasLtHandle_t,
+    cudnn: Option<Cudnn>,
+    cublaslt: Option<CublasLt>,
     convs: Vec<ConvDesc>,
     mms: Vec<MatmulDesc>,
     launches: Vec<Launch>,
@@ -345,14 +357,6 @@ pub struct CudaModel {
     /// cuBLASLt algorithm chosen per matmul shape (pointers aside), so that repeated layers
     /// are timed once.
     algo_cache: Vec<(String, lt::cublasLtMatmulAlgo_t, usize)>,
-    graph: cu::CUgraph,
-    exec: cu::CUgraphExec,
-    /// The forward alone (no input/output copies), for measuring device time.
-    compute_graph: cu::CUgraph,
-    compute_exec: cu::CUgraphExec,
-    /// The job split into consecutive pieces, one graph each ([`CudaModel::split`]); empty
-    /// until split.
-    pieces: Vec<(cu::CUgraph, cu::CUgraphExec)>,
     steps: usize,
     /// Index in `launches` of each step's first launch, then of the output copies (the plan
     /// check replays the plan step by step).
@@ -426,7 +430,11 @@ pub(crate) fn device_arch() -> Result<(i32, i32)> {
 
 /// Compiles (or loads from the disk cache) the kernels for `dtype` and returns the cubin.
 fn kernel_cubin(dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
-    let src = kernels::source(dtype);
+    cubin_for(kernels::source(dtype), "isolane_kernels.cu", arch)
+}
+
+/// Compiles `src` (no headers) with NVRTC for `arch`, or loads it from the disk cache.
+pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
     let arch_s = format!("sm_{}{}", arch.0, arch.1);
     let options = vec![
         format!("--gpu-architecture={arch_s}"),
@@ -445,7 +453,7 @@ fn kernel_cubin(dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
         }
     }
     let csrc = CString::new(src).map_err(|e| EngineError::Runtime(e.to_string()))?;
-    let name = CString::new("isolane_kernels.cu").expect("static name has no NUL");
+    let name = CString::new(file).map_err(|e| EngineError::Runtime(e.to_string()))?;
     let copts: Vec<CString> = options
         .iter()
         .map(|o| CString::new(o.as_str()).expect("options have no NUL"))
@@ -708,19 +716,17 @@ impl CudaModel {
             host_out: Vec::new(),
             in_shapes: plan.inputs.iter().map(|i| i.shape.clone()).collect(),
             out_shapes: plan.outputs.iter().map(|o| o.shape.clone()).collect(),
-            module: std::ptr::null_mut(),
+            module: None,
             funcs: Vec::new(),
-            cudnn: std::ptr::null_mut(),
-            cublaslt: std::ptr::null_mut(),
+            cudnn: None,
+            cublaslt: None,
             convs: Vec::new(),
             mms: Vec::new(),
             launches: Vec::new(),
             names: Vec::new(),
             algo_cache: Vec::new(),
-            graph: std::ptr::null_mut(),
-            exec: std::ptr::null_mut(),
-            compute_graph: std::ptr::null_mut(),
-            compute_exec: std::ptr::null_mut(),
+            whole: None,
+            compute: None,
             pieces: Vec::new(),
             steps: plan.steps.len(),
             step_start: Vec::with_capacity(plan.steps.len() + 1),
@@ -769,11 +775,11 @@ impl CudaModel {
     fn alloc_pinned_io(&mut self, plan: &Plan) -> Result<()> {
         for io in &plan.inputs {
             let n: usize = io.shape.iter().product();
-            self.host_in.push((pinned(n)?, n));
+            self.host_in.push(PinnedF32::new(n)?);
         }
         for io in &plan.outputs {
             let n: usize = io.shape.iter().product();
-            self.host_out.push((pinned(n)?, n));
+            self.host_out.push(PinnedF32::new(n)?);
         }
         Ok(())
     }
@@ -782,10 +788,9 @@ impl CudaModel {
     /// f16/bf16-only kernels loaded after [`KERNEL_NAMES`] (none at f32).
     fn load_kernels(&mut self, dtype: DType, arch: (i32, i32)) -> Result<&'static [&'static str]> {
         let cubin = kernel_cubin(dtype, arch)?;
-        // SAFETY: cubin is a complete ELF image produced by NVRTC for this device's arch.
-        cu_check("cuModuleLoadData", unsafe {
-            cu::cuModuleLoadData(&mut self.module, cubin.as_ptr() as *const c_void)
-        })?;
+        let module = Module::load(&cubin)?;
+        let raw = module.raw();
+        self.module = Some(module);
         let half_names: &'static [&'static str] = if dtype == DType::F32 {
             &[]
         } else {
@@ -796,7 +801,7 @@ impl CudaModel {
             let mut f: cu::CUfunction = std::ptr::null_mut();
             // SAFETY: module is loaded; c is NUL-terminated.
             cu_check("cuModuleGetFunction", unsafe {
-                cu::cuModuleGetFunction(&mut f, self.module, c.as_ptr())
+                cu::cuModuleGetFunction(&mut f, raw, c.as_ptr())
             })?;
             self.funcs.push(f);
         }
@@ -805,17 +810,21 @@ impl CudaModel {
 
     /// Library handles, bound to our stream.
     fn create_library_handles(&mut self) -> Result<()> {
-        // SAFETY: valid out-pointers; the context is current. cudnnSetStream makes every cuDNN
-        // kernel launch on the caller's stream (and so inside its green context).
-        unsafe {
-            dnn_check("cudnnCreate", dnn::cudnnCreate(&mut self.cudnn))?;
-            dnn_check(
-                "cudnnSetStream",
-                dnn::cudnnSetStream(self.cudnn, self.stream as dnn::cudaStream_t),
-            )?;
-            lt_check("cublasLtCreate", lt::cublasLtCreate(&mut self.cublaslt))?;
-        }
+        self.cudnn = Some(Cudnn::new(self.stream)?);
+        self.cublaslt = Some(CublasLt::new()?);
         Ok(())
+    }
+
+    /// The cuDNN handle (null before the libraries are created).
+    fn cudnn(&self) -> dnn::cudnnHandle_t {
+        self.cudnn.as_ref().map_or(std::ptr::null_mut(), Cudnn::raw)
+    }
+
+    /// The cuBLASLt handle (null before the libraries are created).
+    fn cublaslt(&self) -> lt::cublasLtHandle_t {
+        self.cublaslt
+            .as_ref()
+            .map_or(std::ptr::null_mut(), CublasLt::raw)
     }
 
     /// Records the job's launches: the input copies, every step's launches (each named after
@@ -827,8 +836,8 @@ impl CudaModel {
         for (i, io) in plan.inputs.iter().enumerate() {
             self.launches.push(Launch::HtoD {
                 dst: staging(io.staging),
-                src: self.host_in[i].0 as *const c_void,
-                bytes: self.host_in[i].1 * 4,
+                src: self.host_in[i].ptr() as *const c_void,
+                bytes: self.host_in[i].len() * 4,
             });
         }
         let mut prev = String::from("input copy");
@@ -847,9 +856,9 @@ impl CudaModel {
         for (i, io) in plan.outputs.iter().enumerate() {
             self.names.push("output copy".into());
             self.launches.push(Launch::DtoH {
-                dst: self.host_out[i].0 as *mut c_void,
+                dst: self.host_out[i].ptr() as *mut c_void,
                 src: staging(io.staging),
-                bytes: self.host_out[i].1 * 4,
+                bytes: self.host_out[i].len() * 4,
             });
         }
         Ok(())
@@ -890,12 +899,8 @@ impl CudaModel {
         cu_check("cuStreamSynchronize", unsafe {
             cu::cuStreamSynchronize(self.stream)
         })?;
-        let (g, e) = self.capture(true)?;
-        self.graph = g;
-        self.exec = e;
-        let (g, e) = self.capture(false)?;
-        self.compute_graph = g;
-        self.compute_exec = e;
+        self.whole = Some(self.capture(true)?);
+        self.compute = Some(self.capture(false)?);
         Ok(())
     }
 
@@ -918,7 +923,7 @@ impl CudaModel {
             acc += ms;
         }
         bounds.push(self.launches.len());
-        self.drop_pieces();
+        self.pieces.clear();
         for w in bounds.windows(2) {
             let piece = self.capture_list(&self.launches[w[0]..w[1]], true)?;
             self.pieces.push(piece);
@@ -933,7 +938,7 @@ impl CudaModel {
 
     /// Runs piece `i` of a split job and waits for it (unsplit: the whole job).
     pub fn run_piece(&mut self, i: usize) -> Result<()> {
-        let Some(&(_, exec)) = self.pieces.get(i) else {
+        let Some(exec) = self.pieces.get(i).map(CapturedGraph::exec) else {
             return self.run();
         };
         make_current(self.ctx)?;
@@ -944,29 +949,11 @@ impl CudaModel {
         self.wait()
     }
 
-    fn drop_pieces(&mut self) {
-        for (graph, exec) in self.pieces.drain(..) {
-            // SAFETY: created by capture_list, destroyed once; callers synchronise the stream
-            // before (split after profile's waits, Drop explicitly).
-            unsafe {
-                cu::cuGraphExecDestroy(exec);
-            }
-            // SAFETY: as above.
-            unsafe {
-                cu::cuGraphDestroy(graph);
-            }
-        }
-    }
-
-    fn capture(&self, copies: bool) -> Result<(cu::CUgraph, cu::CUgraphExec)> {
+    fn capture(&self, copies: bool) -> Result<CapturedGraph> {
         self.capture_list(&self.launches, copies)
     }
 
-    fn capture_list(
-        &self,
-        launches: &[Launch],
-        copies: bool,
-    ) -> Result<(cu::CUgraph, cu::CUgraphExec)> {
+    fn capture_list(&self, launches: &[Launch], copies: bool) -> Result<CapturedGraph> {
         // SAFETY: the stream is live and not capturing. THREAD_LOCAL: other threads (other
         // partitions compiling their models) may keep allocating while we capture.
         cu_check("cuStreamBeginCapture", unsafe {
@@ -979,22 +966,36 @@ impl CudaModel {
         let mut graph: cu::CUgraph = std::ptr::null_mut();
         // SAFETY: the stream is capturing; ending the capture is required even after a failure.
         let ended = unsafe { cu::cuStreamEndCapture(self.stream, &mut graph) };
-        issued?;
-        cu_check("cuStreamEndCapture", ended)?;
-        let mut exec: cu::CUgraphExec = std::ptr::null_mut();
-        // SAFETY: graph is a complete captured graph; exec and stream are live afterwards.
-        unsafe {
-            let r = cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
-            if r != cu::CUresult::CUDA_SUCCESS {
-                cu::cuGraphDestroy(graph);
-                return cu_check("cuGraphInstantiate", r)
-                    .map(|_| (graph, exec))
-                    .map_err(EngineError::from);
+        if issued.is_err() || ended != cu::CUresult::CUDA_SUCCESS {
+            if !graph.is_null() {
+                // SAFETY: the graph the failed capture returned, destroyed once.
+                unsafe {
+                    cu::cuGraphDestroy(graph);
+                }
             }
-            cu_check("cuGraphUpload", cu::cuGraphUpload(exec, self.stream))?;
-            cu_check("cuStreamSynchronize", cu::cuStreamSynchronize(self.stream))?;
+            issued?;
+            cu_check("cuStreamEndCapture", ended)?;
         }
-        Ok((graph, exec))
+        let mut exec: cu::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: graph is a complete captured graph; valid out-pointer.
+        let r = unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if r != cu::CUresult::CUDA_SUCCESS {
+            // SAFETY: the graph is ours and has no instance.
+            unsafe {
+                cu::cuGraphDestroy(graph);
+            }
+            cu_check("cuGraphInstantiate", r)?;
+        }
+        let captured = CapturedGraph::new(graph, exec);
+        // SAFETY: exec and stream are live.
+        cu_check("cuGraphUpload", unsafe {
+            cu::cuGraphUpload(exec, self.stream)
+        })?;
+        // SAFETY: the stream is live.
+        cu_check("cuStreamSynchronize", unsafe {
+            cu::cuStreamSynchronize(self.stream)
+        })?;
+        Ok(captured)
     }
 
     /// Device time of the forward alone (the graph without the input/output copies): the
@@ -1004,7 +1005,10 @@ impl CudaModel {
         let ev = Events::new()?;
         let mut t = Vec::with_capacity(replays.max(1));
         for _ in 0..replays.max(1) {
-            let exec = self.compute_exec;
+            let exec = self
+                .compute
+                .as_ref()
+                .map_or(std::ptr::null_mut(), CapturedGraph::exec);
             let stream = self.stream;
             let ms = ev.time(stream, &mut || {
                 // SAFETY: exec and stream are live.
@@ -1063,7 +1067,7 @@ impl CudaModel {
                     // for float, half and bfloat16 data.
                     dnn_check("cudnnConvolutionForward", unsafe {
                         dnn::cudnnConvolutionForward(
-                            self.cudnn,
+                            self.cudnn(),
                             &one as *const f32 as *const c_void,
                             c.x,
                             *x as *const c_void,
@@ -1081,7 +1085,7 @@ impl CudaModel {
                 }
                 Launch::Matmul { mm, a, b, c, y } => {
                     run_matmul(
-                        self.cublaslt,
+                        self.cublaslt(),
                         &self.mms[*mm],
                         *a,
                         *b,
@@ -1194,10 +1198,15 @@ impl CudaModel {
 
     /// Launches one job (the graph) without waiting; pair with [`CudaModel::wait`].
     pub fn launch(&mut self) -> Result<()> {
+        let exec = self
+            .whole
+            .as_ref()
+            .map(CapturedGraph::exec)
+            .ok_or_else(|| EngineError::Runtime("the model has no graph".into()))?;
         make_current(self.ctx)?;
         // SAFETY: exec and stream are live; the graph's buffers are owned by self.
         cu_check("cuGraphLaunch", unsafe {
-            cu::cuGraphLaunch(self.exec, self.stream)
+            cu::cuGraphLaunch(exec, self.stream)
         })
         .map_err(EngineError::from)
     }
@@ -1228,18 +1237,6 @@ impl CudaModel {
     pub fn stream(&self) -> cu::CUstream {
         self.stream
     }
-}
-
-fn pinned(n: usize) -> Result<*mut f32> {
-    let mut p: *mut c_void = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; a context is current. PORTABLE: usable from any context
-    // (the model may be run from a thread whose current context is a green context).
-    cu_check("cuMemHostAlloc", unsafe {
-        cu::cuMemHostAlloc(&mut p, (n * 4).max(4), cu::CU_MEMHOSTALLOC_PORTABLE)
-    })?;
-    // SAFETY: freshly allocated, n f32s long; zeroed so the first read is defined.
-    unsafe { std::ptr::write_bytes(p as *mut f32, 0, n) };
-    Ok(p as *mut f32)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1391,7 +1388,7 @@ fn conv_desc(
         dnn_check(
             "cudnnFindConvolutionForwardAlgorithmEx",
             dnn::cudnnFindConvolutionForwardAlgorithmEx(
-                m.cudnn,
+                m.cudnn(),
                 d.x,
                 ptr(c.x) as *const c_void,
                 d.w,
@@ -1656,7 +1653,7 @@ fn mm_index(
         return Ok(*i);
     }
     let (desc, a, b, d) = matmul_descriptors(&key, dtype, precision)?;
-    let (results, got) = matmul_heuristics(m.cublaslt, (desc, a, b, d), ws_cap)?;
+    let (results, got) = matmul_heuristics(m.cublaslt(), (desc, a, b, d), ws_cap)?;
     let (mm, n, k) = (key.m, key.n, key.k);
     let mut cand = MatmulDesc {
         desc,
@@ -1697,7 +1694,14 @@ fn mm_index(
         cand.algo = r.algo;
         cand.workspace = r.workspace_size();
         if run_matmul(
-            m.cublaslt, &cand, a_ptr, b_ptr, c_ptr, y_ptr, scratch, m.stream,
+            m.cublaslt(),
+            &cand,
+            a_ptr,
+            b_ptr,
+            c_ptr,
+            y_ptr,
+            scratch,
+            m.stream,
         )
         .is_err()
         {
@@ -1707,7 +1711,14 @@ fn mm_index(
         for _ in 0..5 {
             let ms = events.time(m.stream, &mut || {
                 run_matmul(
-                    m.cublaslt, &cand, a_ptr, b_ptr, c_ptr, y_ptr, scratch, m.stream,
+                    m.cublaslt(),
+                    &cand,
+                    a_ptr,
+                    b_ptr,
+                    c_ptr,
+                    y_ptr,
+                    scratch,
+                    m.stream,
                 )
             })?;
             t = t.min(ms);
@@ -1775,44 +1786,20 @@ impl Drop for CudaModel {
         if make_current(self.ctx).is_err() {
             return;
         }
-        // SAFETY: every handle below was created by this model and is destroyed exactly once;
-        // the stream is synchronised first so that no job still uses the buffers.
+        // SAFETY: the stream is synchronised first so that no job still uses what the fields
+        // below free when they drop (graphs first, then the libraries, the module, the pinned
+        // buffers: declaration order).
         unsafe {
             cu::cuStreamSynchronize(self.stream);
         }
-        self.drop_pieces();
-        // SAFETY: as above.
+        // SAFETY: the weights block and an own workspace were allocated by this model and are
+        // freed exactly once, here; the graphs that use them are never launched again.
         unsafe {
-            if !self.exec.is_null() {
-                cu::cuGraphExecDestroy(self.exec);
-            }
-            if !self.graph.is_null() {
-                cu::cuGraphDestroy(self.graph);
-            }
-            if !self.compute_exec.is_null() {
-                cu::cuGraphExecDestroy(self.compute_exec);
-            }
-            if !self.compute_graph.is_null() {
-                cu::cuGraphDestroy(self.compute_graph);
-            }
-            // The cuDNN and cuBLASLt descriptors in `convs` and `mms` destroy themselves.
-            if !self.cudnn.is_null() {
-                dnn::cudnnDestroy(self.cudnn);
-            }
-            if !self.cublaslt.is_null() {
-                lt::cublasLtDestroy(self.cublaslt);
-            }
-            if !self.module.is_null() {
-                cu::cuModuleUnload(self.module);
-            }
             if self.workspace_owned && self.workspace != 0 {
                 cu::cuMemFree_v2(self.workspace);
             }
             if self.weights != 0 {
                 cu::cuMemFree_v2(self.weights);
-            }
-            for (p, _) in self.host_in.iter().chain(&self.host_out) {
-                cu::cuMemFreeHost(*p as *mut c_void);
             }
         }
     }
@@ -1890,17 +1877,14 @@ impl CompiledModel for CudaModel {
         self.out_shapes.get(i).map_or(&[], |s| s.as_slice())
     }
     fn input_mut_at(&mut self, i: usize) -> &mut [f32] {
-        match self.host_in.get(i) {
-            // SAFETY: a pinned buffer of n f32s owned by self; &mut self makes the borrow unique.
-            Some(&(p, n)) => unsafe { std::slice::from_raw_parts_mut(p, n) },
+        match self.host_in.get_mut(i) {
+            Some(b) => b.as_mut_slice(),
             None => &mut [],
         }
     }
     fn output_at(&self, i: usize) -> &[f32] {
         match self.host_out.get(i) {
-            // SAFETY: a pinned buffer of n f32s owned by self; the GPU writes it only during
-            // `run`, which needs &mut self, so no write overlaps this shared borrow.
-            Some(&(p, n)) => unsafe { std::slice::from_raw_parts(p, n) },
+            Some(b) => b.as_slice(),
             None => &[],
         }
     }

@@ -12,6 +12,7 @@ mod kernels;
 pub mod onnx;
 pub mod passes;
 pub mod reference;
+pub mod synthetic;
 pub mod weights;
 
 pub use arch::{build_model, builtin_models, model_info, ModelInfo};

@@ -1,7 +1,8 @@
 //! Reading results folders back for the HTML report.
 //!
 //! A folder is recognised by the file that only its kind writes: `sweep.json` (a sweep: one
-//! run folder per point), `maxrate.json` (`isolane maxrate --out`), `summary.json` (`isolane
+//! run folder per point), `interference.json` (an interference matrix: one run folder per
+//! cell), `maxrate.json` (`isolane maxrate --out`), `summary.json` (`isolane
 //! run` / `isolation`). Everything else in it is optional and only adds sections. The files are
 //! read through the one results schema (`isolane_core::results`), which also reads the folders
 //! of older versions and refuses (by name) one written by a newer schema.
@@ -9,8 +10,8 @@
 use isolane_core::files::jobs_file_name;
 use isolane_core::results::{read_isolation_csv, read_json, ResultsError};
 pub use isolane_core::results::{
-    IsolationRow, MaxrateReport, RunSummary, SweepIndex, SweepPoint, TelemetrySummary,
-    WorkloadSummary,
+    InterferenceIndex, IsolationRow, MaxrateReport, RunSummary, SweepIndex, SweepPoint,
+    TelemetrySummary, WorkloadSummary,
 };
 use std::path::{Path, PathBuf};
 
@@ -18,8 +19,8 @@ use std::path::{Path, PathBuf};
 pub enum DataError {
     #[error(
         "{0} is not an isolane results folder and holds none: a results folder has \
-         summary.json (isolane run / isolation), maxrate.json (isolane maxrate --out) or \
-         sweep.json (isolane sweep)"
+         summary.json (isolane run / isolation), maxrate.json (isolane maxrate --out), \
+         sweep.json (isolane sweep) or interference.json (isolane interference)"
     )]
     NotResults(PathBuf),
     #[error("{path}: {source}")]
@@ -121,11 +122,21 @@ pub struct SweepDir {
     pub points: Vec<(SweepPoint, Option<RunDir>)>,
 }
 
+/// An interference matrix: its index (every cell's stretch is in it; the cells' run folders
+/// are not read).
+#[derive(Debug, Clone)]
+pub struct InterferenceDir {
+    pub path: PathBuf,
+    pub label: String,
+    pub index: InterferenceIndex,
+}
+
 #[derive(Debug, Clone)]
 pub enum ResultsDir {
     Run(Box<RunDir>),
     Maxrate(MaxrateDir),
     Sweep(SweepDir),
+    Interference(InterferenceDir),
 }
 
 fn label_of(path: &Path) -> String {
@@ -136,11 +147,17 @@ fn label_of(path: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string())
 }
 
-/// Whether `path` is one results folder (a run, isolation, maxrate or sweep folder).
+/// Whether `path` is one results folder (a run, isolation, maxrate, sweep or interference
+/// folder).
 pub fn is_results_dir(path: &Path) -> bool {
-    ["sweep.json", "maxrate.json", "summary.json"]
-        .iter()
-        .any(|f| path.join(f).is_file())
+    [
+        "sweep.json",
+        "interference.json",
+        "maxrate.json",
+        "summary.json",
+    ]
+    .iter()
+    .any(|f| path.join(f).is_file())
 }
 
 /// What [`find_results`] found in the paths it was given.
@@ -219,6 +236,13 @@ pub fn load(path: &Path) -> Result<ResultsDir, DataError> {
     }
     if path.join("sweep.json").is_file() {
         return load_sweep(path).map(ResultsDir::Sweep);
+    }
+    if path.join("interference.json").is_file() {
+        return Ok(ResultsDir::Interference(InterferenceDir {
+            path: path.to_path_buf(),
+            label: label_of(path),
+            index: read_json(&path.join("interference.json"))?,
+        }));
     }
     if path.join("maxrate.json").is_file() {
         let result = read_json(&path.join("maxrate.json"))?;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::data::{MaxrateDir, ResultsDir, RunDir, SweepDir};
+use crate::data::{InterferenceDir, MaxrateDir, ResultsDir, RunDir, SweepDir};
 use crate::plot::{self, Chart};
 
 const W: u32 = 640;
@@ -118,6 +118,11 @@ pub fn render(dirs: &[ResultsDir], title: &str) -> Result<String, String> {
     maxrate_section(&mut page, &maxrates);
     criticality_section(&mut page, &runs);
     isolation_section(&mut page, &runs)?;
+    for d in dirs {
+        if let ResultsDir::Interference(m) = d {
+            interference_section(&mut page, m);
+        }
+    }
     partition_section(
         &mut page,
         &sweeps
@@ -151,6 +156,7 @@ pub fn render(dirs: &[ResultsDir], title: &str) -> Result<String, String> {
             ),
             ResultsDir::Maxrate(m) => ("maxrate".to_string(), &m.path),
             ResultsDir::Sweep(s) => (format!("sweep {}", s.index.kind), &s.path),
+            ResultsDir::Interference(m) => ("interference".to_string(), &m.path),
         };
         let _ = write!(
             inputs,
@@ -300,6 +306,86 @@ fn maxrate_section(page: &mut Page, dirs: &[&MaxrateDir]) {
         .collect();
     page.table(&header, &rows);
     page.end();
+}
+
+/// One interference matrix: the heatmap of the victims' p99 stretch (victim × neighbour) and
+/// every cell in a table.
+fn interference_section(page: &mut Page, m: &InterferenceDir) {
+    let i = &m.index;
+    let size = match (&i.unit, i.victim_size) {
+        (Some(u), Some(v)) => format!(", victim partition {v} {}", unit_word(u)),
+        _ => String::new(),
+    };
+    let rate = match (i.victim_load, i.victim_rate_hz) {
+        (Some(f), _) => format!("{:.0} % of its capacity alone", f * 100.0),
+        (_, Some(h)) => format!("{h} Hz"),
+        _ => "a fixed rate".into(),
+    };
+    page.h2(
+        &format!("Interference: {} ({}{size})", m.label, i.mechanism),
+        &format!(
+            "Each victim at {rate} beside each neighbour running flat out; colour and number: \
+             the victim's p99 execution time over its p99 alone (1.00 = undisturbed). \
+             Neighbour columns carry their partition size after @. {}s per cell.",
+            i.duration_s
+        ),
+    );
+    let grid = crate::matrix::stretch_grid(&i.cells);
+    if !grid.rows.is_empty() {
+        page.body.push_str(&crate::matrix::heatmap_svg(&grid));
+        page.figures += 1;
+    }
+    let header: Vec<String> = [
+        "victim",
+        "neighbour",
+        "rate Hz",
+        "p50 ms",
+        "p99 ms",
+        "×p50",
+        "×p99",
+        "miss %",
+        "nb jobs/s",
+        "nb alone/s",
+        "nb GB/s",
+        "DRAM %",
+        "SM %",
+        "tensor %",
+        "status",
+    ]
+    .iter()
+    .map(|h| h.to_string())
+    .collect();
+    let rows: Vec<Vec<String>> = i.cells.iter().map(interference_row).collect();
+    page.table(&header, &rows);
+    page.end();
+}
+
+fn unit_word(unit: &str) -> &str {
+    match unit {
+        "sms" => "SMs",
+        "thread_pct" => "% of threads",
+        u => u,
+    }
+}
+
+fn interference_row(c: &isolane_core::results::InterferenceCell) -> Vec<String> {
+    vec![
+        crate::matrix::victim_label(c),
+        crate::matrix::neighbour_label(c),
+        fmt(c.victim_rate_hz, 1),
+        crate::ms(c.exec_ms.p50),
+        crate::ms(c.exec_ms.p99),
+        fmt(c.stretch_p50, 2),
+        fmt(c.stretch_p99, 2),
+        format!("{:.2}", c.timeout_pct),
+        fmt(c.neighbour_jobs_per_s, 1),
+        fmt(c.neighbour_alone_jobs_per_s, 1),
+        fmt(c.neighbour_gb_per_s, 1),
+        fmt(c.dram_bw_util_pct, 1),
+        fmt(c.sm_util_pct, 1),
+        fmt(c.tensor_util_pct, 1),
+        c.status.clone(),
+    ]
 }
 
 /// The label of a run's way of sharing: the mechanism, or the folder's name when the scenario

@@ -6,6 +6,7 @@
 
 pub mod data;
 pub mod html;
+pub mod matrix;
 pub mod plot;
 pub mod timeline;
 
@@ -14,6 +15,7 @@ use std::path::PathBuf;
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use isolane_core::metrics::WorkloadMetrics;
+pub use matrix::{interference_table, stretch_grid, StretchGrid};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {

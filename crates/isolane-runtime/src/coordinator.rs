@@ -362,6 +362,16 @@ impl Shared {
     fn guard_setup(&self, slot: usize) -> Option<&GuardSetup> {
         self.guard.as_ref().and_then(|(_, s)| s.get(slot))
     }
+
+    /// Marks workload `slot`'s critical slot finished (a no-op for best effort and
+    /// unprotected runs).
+    fn guard_done(&self, slot: usize) {
+        if let Some((g, setups)) = &self.guard {
+            if let Some(c) = setups.get(slot).and_then(|s| s.critical_slot) {
+                g.finish(c);
+            }
+        }
+    }
 }
 
 /// Readiness report of one workload to the coordinator.
@@ -465,6 +475,9 @@ pub fn run(
                     }
                     _ => drive_thread(slot, &w, &shared, &mut reporter, out),
                 };
+                // However the workload ended (a worker killed, a model that failed to build
+                // before it ever published a job), best effort must stop leaving room for it.
+                shared.guard_done(slot);
                 // When this workload ended: the run's wall time is the latest of these, not the
                 // moment the coordinator's polling noticed.
                 (result, clock::now_ns())

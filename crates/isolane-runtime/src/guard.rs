@@ -263,6 +263,14 @@ impl Guard {
         }
     }
 
+    /// Slot `i`'s workload has ended, whatever its own side last said (the coordinator calls
+    /// this when a workload's driver returns: a killed worker never says so itself).
+    pub fn finish(&self, i: usize) {
+        if i < self.slots {
+            self.slot(i).state.store(FINISHED, Ordering::Release);
+        }
+    }
+
     fn lock(&self) -> LockGuard<'_> {
         let l = &self.header().lock;
         while l
@@ -668,6 +676,17 @@ mod tests {
             other.try_piece(100 * MS),
             "a finished workload frees best effort"
         );
+    }
+
+    #[test]
+    fn a_slot_finished_by_the_coordinator_frees_best_effort() {
+        let g = Guard::create(2, stall(0)).unwrap();
+        assert!(!g.try_piece(MS), "never published");
+        g.finish(0);
+        assert!(!g.try_piece(MS), "slot 1 still unknown");
+        g.finish(1);
+        g.finish(7);
+        assert!(g.try_piece(MS));
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod clock;
 pub mod coordinator;
 pub mod exec;
 pub mod guard;
+pub mod interference;
 pub mod isolation;
 pub mod jobs_stream;
 pub mod limits;

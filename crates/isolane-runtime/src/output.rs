@@ -68,6 +68,8 @@ pub const OUTPUT_FILES: &[&str] = &[
     "maxrate_trace.csv",
     "telemetry.csv",
     "sweep.json",
+    "interference.json",
+    "interference.csv",
     "report.html",
     "trace.json",
 ];
@@ -320,16 +322,46 @@ mod tests {
                 timeout: true,
                 held_ns: 0,
             },
+            JobRecord {
+                index: 2,
+                release_ns: 6_666_666,
+                start_ns: Some(7_000_000),
+                end_ns: Some(9_000_000),
+                timeout: false,
+                held_ns: 250_000,
+            },
         ];
         let csv = jobs_csv(&recs);
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines[0], JOBS_CSV_HEADER);
-        assert_eq!(lines[1], "0,0.000000,0.001500,4.001500,4.001500,0");
-        assert_eq!(lines[2], "1,3.333333,,,,1");
+        assert_eq!(lines[1], "0,0.000000,0.001500,4.001500,4.001500,0,0");
+        assert_eq!(lines[2], "1,3.333333,,,,1,0");
+        assert_eq!(lines[3], "2,6.666666,7.000000,9.000000,2.333334,0,0.250000");
         let dir = tempfile::tempdir().unwrap();
         write_jobs_csv(dir.path(), "a b", &recs).unwrap();
         let back = read_jobs_csv(&dir.path().join("jobs/a_b.csv")).unwrap();
         assert_eq!(back, recs);
+    }
+
+    #[test]
+    fn a_jobs_csv_from_before_held_ms_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.csv");
+        std::fs::write(
+            &path,
+            "job,release_ms,start_ms,end_ms,latency_ms,timeout\n0,0.0,0.1,1.1,1.1,0\n",
+        )
+        .unwrap();
+        let r = read_jobs_csv(&path).unwrap();
+        assert_eq!((r[0].end_ns, r[0].held_ns), (Some(1_100_000), 0));
+        // A row with the other format's field count is refused, by line.
+        std::fs::write(
+            &path,
+            "job,release_ms,start_ms,end_ms,latency_ms,timeout\n0,0.0,0.1,1.1,1.1,0,0\n",
+        )
+        .unwrap();
+        let e = read_jobs_csv(&path).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("6 fields"), "{e}");
     }
 
     #[test]

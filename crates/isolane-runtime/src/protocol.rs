@@ -166,12 +166,13 @@ mod tests {
 
     #[test]
     fn records_round_trip_on_the_wire() {
-        let line = r#"{"type":"jobs","records":[[0,0,5,4000005,0],[1,3333333,null,null,1]]}"#;
+        let line = r#"{"type":"jobs","records":[[0,0,5,4000005,0,0],[1,3333333,null,null,1,0],[2,9,20,30,0,7]]}"#;
         let FromWorker::Jobs { records } = serde_json::from_str(line).unwrap() else {
             panic!("not jobs")
         };
         let r: Vec<JobRecord> = records.into_iter().map(record_from_wire).collect();
         assert_eq!(r[0].end_ns, Some(4_000_005));
         assert!(r[1].timeout && r[1].start_ns.is_none());
+        assert_eq!(r[2].held_ns, 7);
     }
 }

@@ -70,6 +70,7 @@ pub fn summarize_workload(
         held: result
             .pieces
             .map(|p| HeldSummary::of(&result.records, p as u64)),
+        work: spec.kernel().map(|k| k.work()),
         metrics,
     }
 }

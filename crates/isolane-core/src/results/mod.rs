@@ -10,15 +10,20 @@
 //! | `summary.json` | [`RunSummary`] (run, isolation) |
 //! | `maxrate.json` | [`MaxrateReport`] |
 //! | `sweep.json` | [`SweepIndex`] |
+//! | `interference.json`, `interference.csv` | [`InterferenceIndex`], [`interference_csv`] |
 //! | `isolation.csv` | [`IsolationRow`] rows |
 //! | `summary.json`'s `telemetry` | [`TelemetrySummary`] |
 
+mod interference;
 mod isolation;
 mod maxrate;
 mod run;
 mod sweep;
 mod telemetry;
 
+pub use interference::{
+    interference_csv, CellKind, InterferenceCell, InterferenceIndex, INTERFERENCE_CSV_HEADER,
+};
 pub use isolation::{
     isolation_csv, read_isolation_csv, IsolationRow, IsolationSteps, StepResult, VictimStep,
     ISOLATION_CSV_HEADER,

@@ -70,6 +70,10 @@ pub struct WorkloadSummary {
     /// A best-effort workload the criticality guard acted on: how it was held back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<HeldSummary>,
+    /// A `kernel:` workload's fixed work per job: with `throughput_ips` (jobs/s at batch 1) it
+    /// gives the achieved bytes/s and flop/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<crate::spec::KernelWork>,
     #[serde(flatten)]
     pub metrics: WorkloadMetrics,
 }
@@ -189,6 +193,9 @@ impl WorkloadSummary {
             memory_estimate_mib: None,
             criticality: Criticality::Critical,
             held: None,
+            work: crate::spec::KernelModel::parse(model)
+                .ok()
+                .map(|k| k.work()),
             metrics: crate::metrics::workload_metrics(&[], batch, 0.0, None),
         }
     }

@@ -1,5 +1,5 @@
-//! What a workload's `model` string names: the synthetic spin workload, a built-in architecture
-//! or an ONNX file.
+//! What a workload's `model` string names: the synthetic spin workload, a synthetic kernel
+//! (`kernel:`, in `kernel.rs`), a built-in architecture or an ONNX file.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -65,6 +65,15 @@ pub struct SpinModel {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct SpinParseError(String);
+
+/// Why a synthetic model string (`spin:` or `kernel:`) is malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelParseError {
+    #[error(transparent)]
+    Spin(#[from] SpinParseError),
+    #[error(transparent)]
+    Kernel(#[from] super::kernel::KernelParseError),
+}
 
 /// The accepted syntax, quoted in every spin error.
 pub(crate) const SPIN_SYNTAX: &str =
@@ -156,6 +165,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 pub enum ModelSource {
     /// The synthetic busy-wait workload.
     Spin(SpinModel),
+    /// A synthetic kernel of a known resource profile (`kernel:`).
+    Kernel(super::kernel::KernelModel),
     /// A built-in architecture of the engine, by name.
     Builtin(String),
     /// An ONNX file (absolute after validation).
@@ -163,11 +174,13 @@ pub enum ModelSource {
 }
 
 impl ModelSource {
-    /// Classify a model string. Only the `spin:` syntax is checked here; whether a built-in name
-    /// exists or a file is there is checked by scenario validation.
-    pub fn classify(model: &str) -> Result<ModelSource, SpinParseError> {
+    /// Classify a model string. Only the `spin:` and `kernel:` syntax is checked here; whether a
+    /// built-in name exists or a file is there is checked by scenario validation.
+    pub fn classify(model: &str) -> Result<ModelSource, ModelParseError> {
         if model.starts_with("spin:") {
-            SpinModel::parse(model).map(ModelSource::Spin)
+            Ok(SpinModel::parse(model).map(ModelSource::Spin)?)
+        } else if model.starts_with("kernel:") {
+            Ok(super::kernel::KernelModel::parse(model).map(ModelSource::Kernel)?)
         } else if is_onnx_path(model) {
             Ok(ModelSource::Onnx(PathBuf::from(model)))
         } else {

@@ -14,6 +14,7 @@ use toml::de::{DeString, DeTable, DeValue};
 use toml::Spanned;
 
 use super::error::{Problem, SpecError};
+use super::kernel::KernelModel;
 use super::limits::{
     MAX_JOBS, MAX_MARGIN_US, MAX_PIECE_US, MAX_RATE_HZ, MAX_SECONDS, MAX_SPIN_US,
     MAX_START_DELAY_MS, MAX_STRETCH, MIN_PIECE_US, MIN_SECONDS,
@@ -710,7 +711,8 @@ fn parse_workload(
         Some(v) => ctx.choice(v, &f("role"), ROLES),
     };
 
-    let (model, is_spin) = match t.get("model") {
+    // Synthetic models (`spin:`, `kernel:`) have no weights.
+    let (model, is_synthetic) = match t.get("model") {
         None => {
             t.missing(ctx, "model", &model_expectation(models));
             (None, false)
@@ -718,7 +720,7 @@ fn parse_workload(
         Some(v) => match ctx.string(v, &f("model"), &model_expectation(models)) {
             Some(s) => (
                 check_model(ctx, v, &f("model"), s, models),
-                s.starts_with("spin:"),
+                s.starts_with("spin:") || s.starts_with("kernel:"),
             ),
             None => (None, false),
         },
@@ -727,12 +729,12 @@ fn parse_workload(
     let weights = match t.get("weights") {
         None => None,
         Some(v) => {
-            if is_spin {
+            if is_synthetic {
                 ctx.report(
                     t.key_span("weights"),
                     f("weights"),
-                    "not allowed with a spin: model (it has no weights); remove it, or use a \
-                     built-in or .onnx model",
+                    "not allowed with a spin: or kernel: model (it has no weights); remove it, \
+                     or use a built-in or .onnx model",
                 );
                 None
             } else {
@@ -1053,7 +1055,10 @@ fn model_expectation(models: &dyn ModelCatalog) -> String {
     } else {
         format!("a built-in model: {}", names.join(", "))
     };
-    format!("\"spin:<time>[~<jitter>]\" (e.g. \"spin:4ms\"), a path ending in .onnx, or {builtins}")
+    format!(
+        "\"spin:<time>[~<jitter>]\" (e.g. \"spin:4ms\"), \"kernel:<kind>:…\" (e.g. \
+         \"kernel:triad:256MiB\"), a path ending in .onnx, or {builtins}"
+    )
 }
 
 /// Validates the model string; returns it in resolved form (an `.onnx` path made absolute, so
@@ -1067,6 +1072,15 @@ fn check_model(
 ) -> Option<String> {
     if s.starts_with("spin:") {
         return match SpinModel::parse(s) {
+            Ok(_) => Some(s.to_string()),
+            Err(e) => {
+                ctx.report(v.span(), field, e.to_string());
+                None
+            }
+        };
+    }
+    if s.starts_with("kernel:") {
+        return match KernelModel::parse(s) {
             Ok(_) => Some(s.to_string()),
             Err(e) => {
                 ctx.report(v.span(), field, e.to_string());

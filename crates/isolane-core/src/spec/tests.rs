@@ -756,7 +756,36 @@ fn weights_are_not_allowed_with_spin() {
     assert_err(
         &format!("{MIN}weights = \"w.safetensors\"\n"),
         7,
-        &["workload[0].weights", "not allowed with a spin: model"],
+        &[
+            "workload[0].weights",
+            "not allowed with a spin: or kernel: model",
+        ],
+    );
+}
+
+#[test]
+fn kernel_models_validate_and_a_bad_one_names_its_field() {
+    let ok = MIN.replace("spin:4ms", "kernel:gemm:256:bf16");
+    let s = parse(&ok).unwrap();
+    assert_eq!(
+        s.workloads[0].model_source(),
+        Ok(ModelSource::Kernel(crate::spec::KernelModel::Gemm {
+            n: 256,
+            precision: Precision::Bf16
+        }))
+    );
+    assert_err(
+        &MIN.replace("spin:4ms", "kernel:triad:5MB"),
+        4,
+        &["workload[0].model", "size of", "KiB, MiB or GiB"],
+    );
+    assert_err(
+        &format!(
+            "{}weights = \"w.safetensors\"\n",
+            MIN.replace("spin:4ms", "kernel:l2:1MiB")
+        ),
+        7,
+        &["not allowed with a spin: or kernel: model"],
     );
 }
 

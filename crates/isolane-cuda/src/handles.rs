@@ -1,0 +1,180 @@
+//! Owned CUDA handles (in the style of cudarc's `result` layer): each destroys its handle once,
+//! in `Drop`, so that a model cannot leak or double-free one on any path, failed builds
+//! included. Drops need the handle's context current; [`crate::CudaModel`] makes it so before
+//! its fields drop.
+
+use std::ffi::c_void;
+
+use cudarc::cublaslt::sys as lt;
+use cudarc::cudnn::sys as dnn;
+use cudarc::driver::sys as cu;
+use isolane_engine::Result;
+
+use crate::error::{cu_check, dnn_check, lt_check};
+
+/// A captured CUDA graph and its executable instance.
+pub(crate) struct CapturedGraph {
+    graph: cu::CUgraph,
+    exec: cu::CUgraphExec,
+}
+
+impl CapturedGraph {
+    /// Takes ownership of a graph and its instance (both live, created by the caller).
+    pub(crate) fn new(graph: cu::CUgraph, exec: cu::CUgraphExec) -> CapturedGraph {
+        CapturedGraph { graph, exec }
+    }
+
+    pub(crate) fn exec(&self) -> cu::CUgraphExec {
+        self.exec
+    }
+}
+
+impl Drop for CapturedGraph {
+    fn drop(&mut self) {
+        // SAFETY: owned, destroyed once; the instance before the graph it was made from.
+        unsafe {
+            cu::cuGraphExecDestroy(self.exec);
+        }
+        // SAFETY: as above.
+        unsafe {
+            cu::cuGraphDestroy(self.graph);
+        }
+    }
+}
+
+/// A loaded module (the NVRTC kernels).
+pub(crate) struct Module(cu::CUmodule);
+
+impl Module {
+    /// Loads a cubin image for the current context.
+    pub(crate) fn load(cubin: &[u8]) -> Result<Module> {
+        let mut m: cu::CUmodule = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the caller passes a complete ELF image produced by NVRTC
+        // for this device's arch.
+        cu_check("cuModuleLoadData", unsafe {
+            cu::cuModuleLoadData(&mut m, cubin.as_ptr() as *const c_void)
+        })?;
+        Ok(Module(m))
+    }
+
+    pub(crate) fn raw(&self) -> cu::CUmodule {
+        self.0
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: loaded in `load`, unloaded once.
+        unsafe {
+            cu::cuModuleUnload(self.0);
+        }
+    }
+}
+
+/// A cuDNN handle bound to a stream.
+pub(crate) struct Cudnn(dnn::cudnnHandle_t);
+
+impl Cudnn {
+    pub(crate) fn new(stream: cu::CUstream) -> Result<Cudnn> {
+        let mut h: dnn::cudnnHandle_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the context is current.
+        dnn_check("cudnnCreate", unsafe { dnn::cudnnCreate(&mut h) })?;
+        let owned = Cudnn(h);
+        // SAFETY: h is live; every cuDNN launch then goes to the caller's stream (and so into
+        // its green context).
+        dnn_check("cudnnSetStream", unsafe {
+            dnn::cudnnSetStream(h, stream as dnn::cudaStream_t)
+        })?;
+        Ok(owned)
+    }
+
+    pub(crate) fn raw(&self) -> dnn::cudnnHandle_t {
+        self.0
+    }
+}
+
+impl Drop for Cudnn {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        unsafe {
+            dnn::cudnnDestroy(self.0);
+        }
+    }
+}
+
+/// A cuBLASLt handle.
+pub(crate) struct CublasLt(lt::cublasLtHandle_t);
+
+impl CublasLt {
+    pub(crate) fn new() -> Result<CublasLt> {
+        let mut h: lt::cublasLtHandle_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the context is current.
+        lt_check("cublasLtCreate", unsafe { lt::cublasLtCreate(&mut h) })?;
+        Ok(CublasLt(h))
+    }
+
+    pub(crate) fn raw(&self) -> lt::cublasLtHandle_t {
+        self.0
+    }
+}
+
+impl Drop for CublasLt {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        unsafe {
+            lt::cublasLtDestroy(self.0);
+        }
+    }
+}
+
+/// Page-locked host memory for `len` f32s, zeroed, usable from any context (a model may run
+/// from a thread whose current context is a green context).
+pub(crate) struct PinnedF32 {
+    ptr: *mut f32,
+    len: usize,
+}
+
+impl PinnedF32 {
+    pub(crate) fn new(len: usize) -> Result<PinnedF32> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; a context is current.
+        cu_check("cuMemHostAlloc", unsafe {
+            cu::cuMemHostAlloc(&mut p, (len * 4).max(4), cu::CU_MEMHOSTALLOC_PORTABLE)
+        })?;
+        // SAFETY: freshly allocated, at least len f32s long; zeroed so the first read is
+        // defined.
+        unsafe { std::ptr::write_bytes(p as *mut f32, 0, len) };
+        Ok(PinnedF32 {
+            ptr: p as *mut f32,
+            len,
+        })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut f32 {
+        self.ptr
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn as_slice(&self) -> &[f32] {
+        // SAFETY: len f32s owned by self. The GPU writes an output buffer only inside a job,
+        // which needs `&mut` of the model that owns it, so no write overlaps this borrow.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: len f32s owned by self; `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedF32 {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once.
+        unsafe {
+            cu::cuMemFreeHost(self.ptr as *mut c_void);
+        }
+    }
+}

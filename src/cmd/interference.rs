@@ -1,0 +1,394 @@
+//! `isolane interference`: the interference matrix (issue 14). Flags → a
+//! `isolane_runtime::interference::MatrixConfig`; each cell is run by `run`'s own `measure`
+//! into its own folder, then reduced to the victim's stretch (`fill_cell`).
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use isolane_core::results::{
+    interference_csv, CellKind, InterferenceCell, InterferenceIndex, RunStatus,
+};
+use isolane_core::spec::{self, Mechanism, Precision};
+use isolane_runtime::coordinator::RunPlan;
+use isolane_runtime::interference::{self as matrix, Cell, MatrixConfig, References, VictimRate};
+use isolane_runtime::output;
+
+use super::{user, EXIT_FAILED, EXIT_INTERRUPTED};
+
+#[derive(Args)]
+#[command(
+    about = "Measure how much each model slows down beside each other model (the matrix)",
+    long_about = "The interference matrix: each victim model alone in its partition (closed \
+                  loop: its capacity; then at its rate: the reference), then at its rate \
+                  beside each neighbour model running flat out in a partition of its own. Per \
+                  cell: the victim's execution time (end - start) p50 and p99 against alone \
+                  (its stretch), timeouts, the neighbour's throughput and the GPU's DRAM, SM \
+                  and tensor activity (GPM, Hopper and later). Models: built-in names, .onnx \
+                  files, spin:<time> and kernel: workloads (kernel:triad:<size> memory-bound, \
+                  kernel:gemm:<n>[:<precision>] compute-bound, kernel:l2:<size>[:<passes>]). \
+                  Writes interference.json, interference.csv and one run folder per cell, \
+                  which `isolane report` draws as a heatmap (docs/interference.md)."
+)]
+pub struct InterferenceArgs {
+    /// Victim models, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    victims: Vec<String>,
+    /// Neighbour models, comma-separated. Default: the victims.
+    #[arg(long, value_delimiter = ',')]
+    neighbours: Vec<String>,
+    /// Engine backend (on cpu only --mechanism none runs: spin/kernel models for tests).
+    #[arg(long, value_enum, default_value = "cuda")]
+    backend: BackendFlag,
+    /// GPU index (cuda).
+    #[arg(long, default_value_t = 0)]
+    gpu: u32,
+    /// How victim and neighbour share the device. Default: green on cuda, none on cpu.
+    #[arg(long, value_enum)]
+    mechanism: Option<MechanismFlag>,
+    /// The victim's partition: SMs (green) or thread % (mps).
+    #[arg(long, value_parser = super::help::at_least_one_u32)]
+    victim_size: Option<u32>,
+    /// The neighbour's partition sizes, comma-separated; each is a column of pairs.
+    #[arg(long, value_delimiter = ',', value_parser = super::help::at_least_one_u32)]
+    neighbour_sizes: Vec<u32>,
+    /// Precisions of victim and neighbour, comma-separated (kernel: models keep their own).
+    /// Default: fp16 on cuda, fp32 on cpu.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    precisions: Vec<PrecisionFlag>,
+    /// The victim's rate as a fraction of its capacity alone in its partition (0 < F <= 1).
+    #[arg(long, default_value_t = 0.5, conflicts_with = "victim_rate_hz")]
+    victim_load: f64,
+    /// A fixed victim rate in Hz instead (no capacity cells).
+    #[arg(long, value_parser = positive)]
+    victim_rate_hz: Option<f64>,
+    /// The victim's relative deadline in ms. Default: one period.
+    #[arg(long, value_parser = positive)]
+    deadline_ms: Option<f64>,
+    /// Also run each neighbour alone, closed loop, at each size and precision: its own
+    /// throughput and device activity (GPM), the reference of its throughput in the pairs.
+    #[arg(long)]
+    neighbour_alone: bool,
+    /// Seconds each cell runs (after warm-up).
+    #[arg(long, default_value_t = 5.0, value_parser = seconds)]
+    duration_s: f64,
+    /// Warm-up jobs of each workload before each cell's t0.
+    #[arg(long, default_value_t = 20)]
+    warmup: u64,
+    /// Output directory. Default: a new runs/<YYYYmmdd-HHMMSS>.
+    #[arg(long, short = 'o', value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Use --out even if it is not empty (each cell's folder is replaced).
+    #[arg(long)]
+    force: bool,
+    /// No progress bars.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    /// Every column of the matrix table (default: the ones that fit 80 columns).
+    #[arg(long)]
+    wide: bool,
+    #[command(flatten)]
+    partitions: super::PartitionFlags,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendFlag {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MechanismFlag {
+    Green,
+    Mps,
+    Timeslice,
+    None,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PrecisionFlag {
+    Fp32,
+    Tf32,
+    Fp16,
+    Bf16,
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number > 0")),
+    }
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    use isolane_core::spec::limits::{MAX_SECONDS, MIN_SECONDS};
+    match positive(s) {
+        Ok(v) if (MIN_SECONDS..=MAX_SECONDS).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a number of seconds from {MIN_SECONDS:e} to {MAX_SECONDS:e}"
+        )),
+    }
+}
+
+/// The flags as the library's configuration.
+fn config(a: &InterferenceArgs) -> anyhow::Result<MatrixConfig> {
+    let backend = match a.backend {
+        BackendFlag::Cpu => spec::Backend::Cpu,
+        BackendFlag::Cuda => spec::Backend::Cuda,
+    };
+    let on_gpu = backend == spec::Backend::Cuda;
+    let mechanism = match (a.mechanism, on_gpu) {
+        (Some(MechanismFlag::Green), _) | (None, true) => Mechanism::Green,
+        (Some(MechanismFlag::Mps), _) => Mechanism::Mps,
+        (Some(MechanismFlag::Timeslice), _) => Mechanism::Timeslice,
+        (Some(MechanismFlag::None), _) | (None, false) => Mechanism::None,
+    };
+    let precisions = match (a.precisions.is_empty(), on_gpu) {
+        (true, true) => vec![Precision::Fp16],
+        (true, false) => vec![Precision::Fp32],
+        (false, _) => a.precisions.iter().map(|&p| precision(p)).collect(),
+    };
+    let models = |list: &[String]| -> anyhow::Result<Vec<String>> {
+        list.iter().map(|m| model_path(m)).collect()
+    };
+    let victims = models(&a.victims)?;
+    let neighbours = if a.neighbours.is_empty() {
+        victims.clone()
+    } else {
+        models(&a.neighbours)?
+    };
+    let c = MatrixConfig {
+        backend,
+        gpu: a.gpu,
+        mechanism,
+        victim_size: a.victim_size,
+        neighbour_sizes: a.neighbour_sizes.clone(),
+        victims,
+        neighbours,
+        precisions,
+        rate: match a.victim_rate_hz {
+            Some(hz) => VictimRate::Hz(hz),
+            None => VictimRate::Load(a.victim_load),
+        },
+        deadline_ms: a.deadline_ms,
+        duration_s: a.duration_s,
+        warmup_jobs: a.warmup,
+        neighbour_alone: a.neighbour_alone,
+    };
+    c.check().map_err(user)?;
+    Ok(c)
+}
+
+fn precision(p: PrecisionFlag) -> Precision {
+    match p {
+        PrecisionFlag::Fp32 => Precision::Fp32,
+        PrecisionFlag::Tf32 => Precision::Tf32,
+        PrecisionFlag::Fp16 => Precision::Fp16,
+        PrecisionFlag::Bf16 => Precision::Bf16,
+    }
+}
+
+/// An `.onnx` model made absolute: each cell's `scenario.toml` lives in the cell's folder.
+fn model_path(model: &str) -> anyhow::Result<String> {
+    match spec::ModelSource::classify(model) {
+        Ok(spec::ModelSource::Onnx(p)) => Ok(std::path::absolute(&p)
+            .map_err(|e| user(format!("--victims/--neighbours {model}: {e}")))?
+            .display()
+            .to_string()),
+        _ => Ok(model.to_string()),
+    }
+}
+
+pub fn run(a: InterferenceArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
+    let c = config(&a)?;
+    check_cells(&c)?;
+    let out = super::run::prepare_out(a.out.as_deref(), a.force)?;
+    let mut index = c.index(env!("CARGO_PKG_VERSION"));
+    let runner = Runner {
+        out: &out,
+        args: &a,
+        engine,
+    };
+    let code = run_matrix(&c, &runner, &mut index)?;
+    write_index(&out, &index)?;
+    println!(
+        "{}",
+        isolane_report::interference_table(&index.cells, a.wide)
+    );
+    println!("results: {}", out.display());
+    Ok(code)
+}
+
+/// Every cell's scenario is validated and, on a GPU, admitted before anything runs (the
+/// rates are not known yet; admission does not depend on them), so a mistake runs nothing.
+fn check_cells(c: &MatrixConfig) -> anyhow::Result<()> {
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
+    let mut cells = c.capacity_cells();
+    for (v, p) in c.each_victim() {
+        cells.extend(c.rated_cells(v, p, 1.0));
+    }
+    for &p in &c.precisions {
+        cells.extend(c.neighbour_cells(p));
+    }
+    for cell in &cells {
+        let name = format!("interference cell {}", cell.entry.dir);
+        cell.scenario
+            .validate(&models)
+            .map_err(|e| user(format!("{name}: {e}")))?;
+        super::admit_or_refuse(&cell.scenario, &name)?;
+    }
+    Ok(())
+}
+
+/// What every cell's run needs.
+struct Runner<'a> {
+    out: &'a Path,
+    args: &'a InterferenceArgs,
+    engine: &'a isolane_runtime::exec::Engine,
+}
+
+/// Runs precision by precision: the neighbours alone (if asked for), then victim by victim its
+/// capacity, alone and pair cells. Returns the exit code.
+fn run_matrix(
+    c: &MatrixConfig,
+    runner: &Runner<'_>,
+    index: &mut InterferenceIndex,
+) -> anyhow::Result<u8> {
+    let mut code = 0u8;
+    for &p in &c.precisions {
+        for cell in c.neighbour_cells(p) {
+            let entry = runner.run_cell(&cell, References::default(), index)?;
+            code = code.max(cell_code(&entry));
+            if code == EXIT_INTERRUPTED {
+                return Ok(code);
+            }
+        }
+        for (vi, victim) in c.victims.iter().enumerate() {
+            code = code.max(run_victim(c, runner, index, (vi, victim), p)?);
+            if code == EXIT_INTERRUPTED {
+                return Ok(code);
+            }
+        }
+    }
+    Ok(code)
+}
+
+/// A cell's contribution to the exit code: 0 ok, 130 interrupted, 1 otherwise.
+fn cell_code(entry: &InterferenceCell) -> u8 {
+    match entry.status.as_str() {
+        "ok" => 0,
+        "interrupted" => EXIT_INTERRUPTED,
+        _ => EXIT_FAILED,
+    }
+}
+
+/// One victim at one precision: its capacity (for a load fraction), then alone and beside each
+/// neighbour at the rate that gives.
+fn run_victim(
+    c: &MatrixConfig,
+    runner: &Runner<'_>,
+    index: &mut InterferenceIndex,
+    v: (usize, &str),
+    p: Precision,
+) -> anyhow::Result<u8> {
+    let mut jobs_per_s = None;
+    if let Some(cell) = c.capacity_cell(v, p) {
+        let entry = runner.run_cell(&cell, References::default(), index)?;
+        if entry.status == "interrupted" {
+            return Ok(EXIT_INTERRUPTED);
+        }
+        jobs_per_s = entry.victim_jobs_per_s;
+    }
+    let Some(rate_hz) = c.victim_rate_hz(jobs_per_s) else {
+        eprintln!(
+            "interference: no capacity measured for {}; its cells are skipped",
+            v.1
+        );
+        return Ok(EXIT_FAILED);
+    };
+    let mut code = 0u8;
+    let mut alone: Option<InterferenceCell> = None;
+    for cell in c.rated_cells(v, p, rate_hz) {
+        let neighbour = matrix::neighbour_reference(&index.cells, &cell.entry).cloned();
+        let refs = References {
+            alone: alone.as_ref(),
+            neighbour_alone: neighbour.as_ref(),
+        };
+        let entry = runner.run_cell(&cell, refs, index)?;
+        code = code.max(cell_code(&entry));
+        if code == EXIT_INTERRUPTED {
+            break;
+        }
+        if entry.kind == CellKind::Alone {
+            alone = Some(entry);
+        }
+    }
+    Ok(code)
+}
+
+impl Runner<'_> {
+    /// Runs one cell into its folder, fills its entry, appends it to the index and rewrites
+    /// the index files (a matrix cut short keeps every cell that ran).
+    fn run_cell(
+        &self,
+        cell: &Cell,
+        refs: References<'_>,
+        index: &mut InterferenceIndex,
+    ) -> anyhow::Result<InterferenceCell> {
+        let mut entry = cell.entry.clone();
+        eprintln!("interference cell {}: {}", index.cells.len() + 1, entry.dir);
+        match self.measure(cell) {
+            Ok(m) => {
+                super::run::write_run_files(&m)?;
+                super::run::report_failures(&m.summary);
+                entry.status = status_word(m.summary.status).into();
+                matrix::fill_cell(&mut entry, &m.result, &m.summary, refs);
+            }
+            Err(e) => {
+                eprintln!("interference cell {}: {e:#}", entry.dir);
+                entry.status = "error".into();
+                entry.error = Some(format!("{e:#}"));
+            }
+        }
+        index.cells.push(entry.clone());
+        write_index(self.out, index)?;
+        Ok(entry)
+    }
+
+    fn measure(&self, cell: &Cell) -> anyhow::Result<super::run::Measured> {
+        let name = format!("interference cell {}", cell.entry.dir);
+        let admitted = super::admit_or_refuse(&cell.scenario, &name)?;
+        let plan = RunPlan::from_scenario(&cell.scenario);
+        super::run::measure(super::run::Request {
+            command: "interference",
+            scenario: &cell.scenario,
+            scenario_name: name,
+            admitted: admitted.as_ref(),
+            plan: &plan,
+            out: Some(&self.out.join(&cell.entry.dir)),
+            force: true,
+            quiet: self.args.quiet,
+            partitions: &self.args.partitions,
+            engine: self.engine,
+        })
+    }
+}
+
+fn status_word(s: RunStatus) -> &'static str {
+    match s {
+        RunStatus::Ok => "ok",
+        RunStatus::Failed => "failed",
+        RunStatus::Interrupted => "interrupted",
+    }
+}
+
+fn write_index(out: &Path, index: &InterferenceIndex) -> anyhow::Result<()> {
+    isolane_core::results::write_json(&out.join("interference.json"), index)?;
+    output::write_atomic(
+        &out.join("interference.csv"),
+        interference_csv(&index.cells).as_bytes(),
+    )?;
+    Ok(())
+}
