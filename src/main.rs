@@ -42,6 +42,7 @@ enum Command {
     Completions(cmd::completions::CompletionsArgs),
     Man(cmd::completions::ManArgs),
     Summarize(cmd::summarize::SummarizeArgs),
+    Trace(cmd::trace::TraceArgs),
     /// Internal: one workload of a `host = "process"` run, driven by the coordinator over
     /// stdin/stdout.
     #[command(hide = true)]
@@ -107,6 +108,7 @@ fn main() -> ExitCode {
         Command::Completions(a) => cmd::completions::completions(a, cli()),
         Command::Man(a) => cmd::completions::man(a, cli()),
         Command::Summarize(a) => cmd::summarize::run(a),
+        Command::Trace(a) => cmd::trace::run(a),
         Command::Worker(a) => cmd::worker::run(a, &engine),
     };
     cmd::exit_code(result)

@@ -24,6 +24,7 @@ fn failure_meaning(command: &str) -> &'static str {
         "devices" => "the driver answered with an error (no GPU at all is not one: exit 0)",
         "verify" => "a runtime or GPU failure (verify needs a CUDA GPU)",
         "report" => "a chart could not be drawn or the page not written",
+        "trace" => "the trace file could not be written",
         "completions" | "man" => "the output could not be written",
         _ => "a runtime failure",
     }

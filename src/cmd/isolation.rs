@@ -35,6 +35,13 @@ pub struct IsolationArgs {
     /// Every column of the results table (default: the ones that fit 80 columns).
     #[arg(long)]
     wide: bool,
+    /// Also write DIR/trace.json, the run's timeline for ui.perfetto.dev (as `isolane trace`).
+    #[arg(long)]
+    trace: bool,
+    /// Serve live metrics (OpenMetrics / Prometheus) at http://HOST:PORT/metrics while the run
+    /// goes on; port 0 picks a free port (the address is printed on stderr).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
     #[command(flatten)]
     partitions: super::PartitionFlags,
 }
@@ -43,18 +50,22 @@ pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyho
     let (scenario, scenario_name) = super::load_scenario(Some(&args.scenario))?;
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let (plan, grid) = isolation::plan(&scenario).map_err(user)?;
-    let mut m = super::run::measure(super::run::Request {
-        command: "isolation",
-        scenario: &scenario,
-        scenario_name,
-        admitted: admitted.as_ref(),
-        plan: &plan,
-        out: args.out.as_deref(),
-        force: args.force,
-        quiet: args.quiet,
-        partitions: &args.partitions,
-        engine,
-    })?;
+    let live = super::serve_metrics(args.metrics_addr.as_deref())?;
+    let mut m = super::run::measure_observed(
+        super::run::Request {
+            command: "isolation",
+            scenario: &scenario,
+            scenario_name,
+            admitted: admitted.as_ref(),
+            plan: &plan,
+            out: args.out.as_deref(),
+            force: args.force,
+            quiet: args.quiet,
+            partitions: &args.partitions,
+            engine,
+        },
+        live.as_ref().map(|l| &l.metrics),
+    )?;
 
     let steps = isolation::per_step(&plan, grid, &m.result);
     output::write_atomic(
@@ -67,6 +78,9 @@ pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyho
         steps,
     });
     super::run::write_run_files(&m)?;
+    if args.trace {
+        super::trace::write(&m.out, &m.out.join("trace.json"))?;
+    }
 
     println!(
         "{}",

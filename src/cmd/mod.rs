@@ -16,6 +16,7 @@ pub mod report;
 pub mod run;
 pub mod summarize;
 pub mod sweep;
+pub mod trace;
 pub mod verify;
 pub mod worker;
 
@@ -320,6 +321,32 @@ pub fn admit_or_refuse(
     isolane_core::admission::admit(scenario, &device, &memory_estimates_mib(scenario), &options)
         .map(Some)
         .map_err(|rejections| user(plan::rejection_text(file, &device, &rejections)))
+}
+
+/// The live metrics of a command's runs and the endpoint serving them (`--metrics-addr`);
+/// the endpoint stops when this is dropped, at the command's end.
+pub struct LiveMetrics {
+    pub metrics: Arc<isolane_metrics::RunMetrics>,
+    _server: isolane_metrics::MetricsServer,
+}
+
+/// Starts serving live metrics at `addr` (HOST:PORT; port 0 picks a free one) before anything
+/// runs, and says where on stderr. An address that cannot be used is the user's mistake.
+pub fn serve_metrics(addr: Option<&str>) -> anyhow::Result<Option<LiveMetrics>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let metrics = Arc::new(isolane_metrics::RunMetrics::new());
+    let server = isolane_metrics::serve(addr, Arc::clone(&metrics)).map_err(|e| {
+        if e.is_user_error() {
+            user(e)
+        } else {
+            anyhow::Error::new(e)
+        }
+    })?;
+    eprintln!("metrics: http://{}/metrics", server.addr());
+    Ok(Some(LiveMetrics {
+        metrics,
+        _server: server,
+    }))
 }
 
 /// Flags of the commands that set partitions up.

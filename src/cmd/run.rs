@@ -1,12 +1,14 @@
 //! `isolane run [SCENARIO]`: run every workload of a scenario at once and write the results.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Args;
 use isolane_core::admission::Plan;
 use isolane_core::results::{RunStatus, RunSummary};
 use isolane_core::spec::Scenario;
+use isolane_metrics::RunMetrics;
 use isolane_runtime::coordinator::{self, RunPlan, RunResult};
 use isolane_runtime::output;
 
@@ -51,6 +53,13 @@ pub struct RunArgs {
     /// Every column of the results table (default: the ones that fit 80 columns).
     #[arg(long)]
     pub wide: bool,
+    /// Also write DIR/trace.json, the run's timeline for ui.perfetto.dev (as `isolane trace`).
+    #[arg(long)]
+    pub trace: bool,
+    /// Serve live metrics (OpenMetrics / Prometheus) at http://HOST:PORT/metrics while the run
+    /// goes on; port 0 picks a free port (the address is printed on stderr).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
     #[command(flatten)]
     pub partitions: super::PartitionFlags,
 }
@@ -76,17 +85,25 @@ pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Res
             (scenario, name)
         }
     };
-    run_scenario(scenario, scenario_name, &args, engine)
+    let live = super::serve_metrics(args.metrics_addr.as_deref())?;
+    run_scenario(
+        scenario,
+        scenario_name,
+        &args,
+        engine,
+        live.as_ref().map(|l| &l.metrics),
+    )
 }
 
 /// Runs a scenario that is already loaded (a file, the quickstart, or a sweep point built as a
 /// value): admission, the run, its files and the results table. `scenario_name` names it in
-/// messages and summary.json.
+/// messages and summary.json. `metrics`: live metrics to feed (`--metrics-addr`).
 pub fn run_scenario(
     mut scenario: Scenario,
     scenario_name: String,
     args: &RunArgs,
     engine: &isolane_runtime::exec::Engine,
+    metrics: Option<&Arc<RunMetrics>>,
 ) -> anyhow::Result<u8> {
     if args.no_plan_check {
         scenario
@@ -96,19 +113,25 @@ pub fn run_scenario(
     }
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let plan = RunPlan::from_scenario(&scenario);
-    let m = measure(Request {
-        command: "run",
-        scenario: &scenario,
-        scenario_name,
-        admitted: admitted.as_ref(),
-        plan: &plan,
-        out: args.out.as_deref(),
-        force: args.force,
-        quiet: args.quiet,
-        partitions: &args.partitions,
-        engine,
-    })?;
+    let m = measure_observed(
+        Request {
+            command: "run",
+            scenario: &scenario,
+            scenario_name,
+            admitted: admitted.as_ref(),
+            plan: &plan,
+            out: args.out.as_deref(),
+            force: args.force,
+            quiet: args.quiet,
+            partitions: &args.partitions,
+            engine,
+        },
+        metrics,
+    )?;
     write_run_files(&m)?;
+    if args.trace {
+        super::trace::write(&m.out, &m.out.join("trace.json"))?;
+    }
     println!("{}", results_table(&scenario, &m.summary, args.wide));
     for line in held_lines(&m.summary) {
         println!("{line}");
@@ -165,6 +188,14 @@ pub struct Measured {
 /// Checks the plan, creates the output folder with the resolved scenario in it, then runs the
 /// workloads inside their partitions with telemetry around them and summarises the result.
 pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
+    measure_observed(r, None)
+}
+
+/// [`measure`], feeding live metrics (`--metrics-addr`) while the run goes on.
+pub fn measure_observed(
+    r: Request<'_>,
+    metrics: Option<&Arc<RunMetrics>>,
+) -> anyhow::Result<Measured> {
     preflight(r.plan, r.engine)?;
     // Job records stream to jobs/*.csv: they must fit the output folder's disk as well.
     let out_dir = r.out.unwrap_or(Path::new("runs"));
@@ -192,6 +223,7 @@ pub fn measure(r: Request<'_>) -> anyhow::Result<Measured> {
             choices: r.partitions.choices(),
             engine: r.engine,
             stop,
+            metrics: metrics.cloned(),
         },
         &mut view,
     )

@@ -102,6 +102,10 @@ struct Common {
     /// mps: use an MPS daemon that is already running for this GPU (it is left running).
     #[arg(long)]
     join_mps: bool,
+    /// Serve live metrics (OpenMetrics / Prometheus) of every point at
+    /// http://HOST:PORT/metrics while the sweep goes on; port 0 picks a free port.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
 }
 
 #[derive(Args)]
@@ -419,6 +423,9 @@ fn run_args(out: &Path, c: &Common) -> super::run::RunArgs {
         // Each point's scenario carries its workloads' own `plan_check`.
         no_plan_check: false,
         wide: false,
+        trace: false,
+        // The sweep serves one endpoint for all its points (`run_points`).
+        metrics_addr: None,
         partitions: super::PartitionFlags {
             join_mps: c.join_mps,
             ..Default::default()
@@ -438,6 +445,7 @@ fn run_points(
     let out = super::run::prepare_out(c.out.as_deref(), c.force)?;
     index.points = points.iter().map(|p| p.entry.clone()).collect();
     write_index(&out, &index)?;
+    let live = super::serve_metrics(c.metrics_addr.as_deref())?;
 
     let total = points.len();
     let mut code = 0u8;
@@ -462,6 +470,7 @@ fn run_points(
             scenario.display().to_string(),
             &run_args(&dir, c),
             engine,
+            live.as_ref().map(|l| &l.metrics),
         );
         let entry = &mut index.points[i];
         match result {

@@ -102,6 +102,8 @@ pub struct RunDir {
     pub latencies_ms: Vec<(String, Vec<f64>)>,
     pub isolation: Vec<IsolationRow>,
     pub telemetry: Option<TelemetrySeries>,
+    /// A window of the run around its worst job, when jobs/*.csv are there.
+    pub timeline: Option<crate::timeline::TimelineWindow>,
 }
 
 #[derive(Debug, Clone)]
@@ -289,12 +291,27 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
     let summary: RunSummary = read_json(&path.join("summary.json"))?;
     let device = read_device(&path.join("scenario.toml"))?;
     let mut latencies_ms = Vec::new();
+    let mut lanes = Vec::new();
     for w in &summary.workloads {
         let file = path.join("jobs").join(jobs_file_name(&w.name));
         if file.is_file() {
-            latencies_ms.push((w.name.clone(), read_latencies(&file)?));
+            let jobs = isolane_trace::read_jobs(&file).map_err(trace_error)?;
+            latencies_ms.push((w.name.clone(), latencies(&jobs)));
+            lanes.push((w.name.clone(), jobs));
         }
     }
+    let steps = summary.isolation.as_ref().map_or_else(Vec::new, |iso| {
+        iso.steps
+            .iter()
+            .map(|s| isolane_trace::Step {
+                step: s.step,
+                start_ms: s.start_s * 1e3,
+                end_ms: (s.start_s + iso.step_s) * 1e3,
+                interferer_rate_hz: s.interferer_rate_hz,
+            })
+            .collect()
+    });
+    let timeline = crate::timeline::window(lanes, &steps);
     let iso = path.join("isolation.csv");
     let isolation = if iso.is_file() {
         read_isolation_csv(&iso)?
@@ -315,6 +332,7 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
         latencies_ms,
         isolation,
         telemetry,
+        timeline,
     })
 }
 
@@ -409,18 +427,23 @@ fn cell_f64(
     }
 }
 
-/// Latencies of completed jobs (skipped jobs have an empty cell), sorted.
-fn read_latencies(path: &Path) -> Result<Vec<f64>, DataError> {
-    let csv = Csv::read(path, &["latency_ms"])?;
-    let i = csv.col("latency_ms").unwrap_or(0);
-    let mut out = Vec::with_capacity(csv.rows.len());
-    for (line, row) in &csv.rows {
-        if let Some(v) = cell_f64(path, *line, "latency_ms", row, i)? {
-            out.push(v);
-        }
-    }
+/// Latencies of completed jobs (skipped jobs have none), sorted.
+fn latencies(jobs: &[isolane_trace::Job]) -> Vec<f64> {
+    let mut out: Vec<f64> = jobs.iter().filter_map(|j| j.latency_ms).collect();
     out.sort_by(f64::total_cmp);
-    Ok(out)
+    out
+}
+
+/// A jobs file that cannot be read, in the report's terms (it names file, line and column).
+fn trace_error(e: isolane_trace::TraceError) -> DataError {
+    match e {
+        isolane_trace::TraceError::Io { path, source } => DataError::Io { path, source },
+        isolane_trace::TraceError::Parse { path, detail } => DataError::Parse { path, detail },
+        other => DataError::Parse {
+            path: PathBuf::new(),
+            detail: other.to_string(),
+        },
+    }
 }
 
 /// Columns of telemetry.csv that are not numbers.

@@ -850,8 +850,26 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
         }
     }
     page.figures(charts)?;
+    if let Some(w) = &r.timeline {
+        timeline_figure(page, r, w);
+    }
     page.end();
     Ok(())
+}
+
+/// The run's timeline around its worst job (`timeline::window`), one lane per workload.
+fn timeline_figure(page: &mut Page, r: &RunDir, w: &crate::timeline::TimelineWindow) {
+    let title = format!("{}: timeline around the worst job", r.label);
+    let _ = write!(
+        page.body,
+        "<div class=\"grid\"><figure class=\"plot timeline\" data-series=\"{}\">{}         <figcaption>{:.2}–{:.2} ms of jobs/*.csv of {}; the whole run for Perfetto: isolane          trace</figcaption></figure></div>",
+        w.lanes.len(),
+        crate::timeline::svg(&title, w),
+        w.from_ms,
+        w.to_ms,
+        escape(&r.label)
+    );
+    page.figures += 1;
 }
 
 #[cfg(test)]
@@ -894,6 +912,7 @@ mod tests {
             latencies_ms: Vec::new(),
             isolation,
             telemetry: None,
+            timeline: None,
         }
     }
 

@@ -8,6 +8,7 @@ pub mod data;
 pub mod html;
 pub mod matrix;
 pub mod plot;
+pub mod timeline;
 
 use std::path::PathBuf;
 

@@ -62,6 +62,7 @@ fn the_samples_render_every_section() {
         "SM clock",
         "temperature",
         "power",
+        "timeline around the worst job",
     ] {
         assert!(html.contains(section), "section `{section}` missing");
     }
@@ -90,9 +91,13 @@ fn the_samples_render_every_section() {
     for external in ["src=\"http", "href=\"http", "<link", "<script", "@import"] {
         assert!(!html.contains(external), "external resource: {external}");
     }
-    let figures = html.matches("<figure class=\"plot\"").count();
+    let figures = html.matches("<figure class=\"plot").count();
     assert_eq!(figures, html.matches("<svg").count());
     assert!(figures >= 15, "{figures} figures");
+    // A timeline per run folder with jobs/*.csv (run-cpu, run-telemetry, two isolation runs),
+    // each with a job bar per workload lane.
+    let timelines = html.matches("<figure class=\"plot timeline\"").count();
+    assert_eq!(timelines, 4, "{timelines} timelines");
 }
 
 fn chromium() -> Option<PathBuf> {
@@ -140,7 +145,7 @@ fn run_browser(exe: &Path, args: &[String], limit: Duration) -> (bool, String, S
 /// Runs in the page after it is laid out; its verdict goes into <pre id="isolane-check"> for
 /// --dump-dom. A plot passes when its <svg> has a real size, at least 4 visible labels (title,
 /// two axis names, ticks) and, per series, at least one visible element in a series colour with
-/// real extent (a line of more than 2 points, or a marker).
+/// real extent (a line of more than 2 points, a marker, or a timeline's job bar).
 const CHECK_JS: &str = r#"
 <script>
 (function () {
@@ -163,7 +168,7 @@ const CHECK_JS: &str = r#"
         const b = e.getBBox();
         return b.width + b.height > 0;
       });
-      const drawn = coloured.filter(e => e.tagName === 'circle'
+      const drawn = coloured.filter(e => e.tagName === 'circle' || e.hasAttribute('data-job')
         || (e.getAttribute('points') || '').trim().split(/\s+/).length > 2);
       const series = parseInt(f.dataset.series || '1', 10);
       if (coloured.length < series) why.push(coloured.length + ' coloured elements for ' + series + ' series');
@@ -198,7 +203,7 @@ fn the_report_renders_in_headless_chromium() {
         return;
     };
     let html = render();
-    let figures = html.matches("<figure class=\"plot\"").count();
+    let figures = html.matches("<figure class=\"plot").count();
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report-browser");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

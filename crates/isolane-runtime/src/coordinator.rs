@@ -16,7 +16,7 @@ use isolane_core::JobRecord;
 
 use crate::exec::{Engine, EngineExecutors};
 use crate::guard::{Guard, GuardRole, GuardSetup, Policy};
-use crate::jobs_stream::{BatchSender, JobsStream, StreamingSink};
+use crate::jobs_stream::{BatchSender, JobsStream, RecordObserver, StreamingSink};
 use crate::partition::PartitionHandle;
 use crate::protocol::{
     check_version, record_from_wire, truncate, DoneStatus, FromWorker, ToWorker,
@@ -130,6 +130,9 @@ pub struct RunOptions {
     /// Builds every workload whose model is not `spin:` (in thread hosts; a worker process is
     /// given its own). `None`: only `spin:` models run.
     pub engine: Option<Engine>,
+    /// Sees every workload's records during the run (live metrics), on the jobs writer
+    /// thread, never on a release loop's ([`crate::jobs_stream::RecordObserver`]).
+    pub observer: Option<Arc<dyn RecordObserver>>,
 }
 
 /// See [`RunOptions::on_worker_start`].
@@ -144,6 +147,7 @@ impl RunOptions {
             on_worker_start: None,
             jobs_dir: None,
             engine: None,
+            observer: None,
         }
     }
 }
@@ -428,17 +432,20 @@ pub fn run(
         engine: opts.engine.clone(),
         guard: plan.guard().map_err(PlanError::Guard)?,
     });
-    let stream = match &opts.jobs_dir {
-        Some(dir) => {
-            let names: Vec<String> = plan.workloads.iter().map(|w| w.spec.name.clone()).collect();
-            Some(
-                JobsStream::start(dir, &names).map_err(|source| PlanError::JobsFiles {
-                    dir: dir.clone(),
+    // Records flow to the writer thread when files or an observer want them.
+    let stream = if opts.jobs_dir.is_some() || opts.observer.is_some() {
+        let names: Vec<String> = plan.workloads.iter().map(|w| w.spec.name.clone()).collect();
+        let dir = opts.jobs_dir.as_deref();
+        Some(
+            JobsStream::start(dir, &names, opts.observer.clone()).map_err(|source| {
+                PlanError::JobsFiles {
+                    dir: dir.map(PathBuf::from).unwrap_or_default(),
                     source,
-                })?,
-            )
-        }
-        None => None,
+                }
+            })?,
+        )
+    } else {
+        None
     };
     let (tx, rx) = mpsc::channel::<Report>();
     let mut handles = Vec::with_capacity(plan.workloads.len());

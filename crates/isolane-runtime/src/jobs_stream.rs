@@ -4,13 +4,14 @@
 //!
 //! The release loop never touches a file: its sink hands batches of records to a channel (a
 //! batch at a time, not a job), and one writer thread per run appends them as CSV rows and
-//! writes each batch out in one call. Rows are whole lines; a kill in the middle of a write can
+//! writes each batch out in one call. The same thread shows each batch to the run's
+//! [`RecordObserver`] (live metrics), so an observer never runs on a release loop's thread. Rows are whole lines; a kill in the middle of a write can
 //! cut only the last one, which [`crate::output::read_jobs_csv_partial`] leaves out.
 
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use isolane_core::files::jobs_file_name;
@@ -27,6 +28,14 @@ pub const FLUSH_RECORDS: usize = 256;
 pub const FLUSH_AGE_NS: i64 = 100_000_000;
 /// Without idle time (overload: every job starts late), between jobs, at these 4× bounds.
 const BUSY_FACTOR: i64 = 4;
+
+/// Sees every workload's records while a run goes on (`--metrics-addr`), on the jobs writer
+/// thread: in batches, in each workload's order, a little after they were measured (at most
+/// about [`FLUSH_AGE_NS`] while a loop waits for releases, 4× that under overload).
+pub trait RecordObserver: Send + Sync {
+    /// `records` of the run's workload `slot`, following the ones of its previous call.
+    fn records(&self, slot: usize, records: &[JobRecord]);
+}
 
 /// A batch of one workload's records, for the writer.
 struct Batch {
@@ -63,22 +72,29 @@ pub struct JobsStream {
 }
 
 impl JobsStream {
-    /// Creates `dir/jobs/` and one CSV per workload, each with its header, and starts the writer.
+    /// Creates `dir/jobs/` and one CSV per workload, each with its header (no files without
+    /// `dir`), and starts the writer, which also shows every batch to `observer`.
     /// `names[slot]` is the workload of slot `slot`.
-    pub fn start(dir: &Path, names: &[String]) -> std::io::Result<JobsStream> {
-        let jobs = dir.join("jobs");
-        std::fs::create_dir_all(&jobs)?;
+    pub fn start(
+        dir: Option<&Path>,
+        names: &[String],
+        observer: Option<Arc<dyn RecordObserver>>,
+    ) -> std::io::Result<JobsStream> {
         let mut files = Vec::with_capacity(names.len());
-        for name in names {
-            let path = jobs.join(jobs_file_name(name));
-            let mut f = File::create(&path)?;
-            f.write_all(format!("{JOBS_CSV_HEADER}\n").as_bytes())?;
-            files.push((path, f));
+        if let Some(dir) = dir {
+            let jobs = dir.join("jobs");
+            std::fs::create_dir_all(&jobs)?;
+            for name in names {
+                let path = jobs.join(jobs_file_name(name));
+                let mut f = File::create(&path)?;
+                f.write_all(format!("{JOBS_CSV_HEADER}\n").as_bytes())?;
+                files.push((path, f));
+            }
         }
         let (tx, rx) = mpsc::channel::<Batch>();
         let writer = std::thread::Builder::new()
             .name("isolane:jobs-csv".into())
-            .spawn(move || write_batches(rx, files))?;
+            .spawn(move || write_batches(rx, files, observer))?;
         Ok(JobsStream { tx, writer })
     }
 
@@ -100,19 +116,30 @@ impl JobsStream {
     }
 }
 
-/// The writer thread: appends each batch to its workload's file, one `write_all` per batch.
-fn write_batches(rx: mpsc::Receiver<Batch>, mut files: Vec<(PathBuf, File)>) -> Result<(), String> {
+/// The writer thread: shows each batch to the observer, then appends it to its workload's
+/// file, one `write_all` per batch. After a failed write it stops writing files (the run's
+/// final files are written from memory) but goes on feeding the observer.
+fn write_batches(
+    rx: mpsc::Receiver<Batch>,
+    mut files: Vec<(PathBuf, File)>,
+    observer: Option<Arc<dyn RecordObserver>>,
+) -> Result<(), String> {
     let mut text = String::new();
+    let mut failed = None;
     for batch in rx {
-        let Some((path, file)) = files.get_mut(batch.slot) else {
+        if let Some(o) = &observer {
+            o.records(batch.slot, &batch.records);
+        }
+        let Some((path, file)) = files.get_mut(batch.slot).filter(|_| failed.is_none()) else {
             continue;
         };
         text.clear();
         push_job_rows(&mut text, &batch.records);
-        file.write_all(text.as_bytes())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if let Err(e) = file.write_all(text.as_bytes()) {
+            failed = Some(format!("{}: {e}", path.display()));
+        }
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
 }
 
 /// A release-loop sink that keeps every record in memory (for the summary) and hands them to
@@ -205,7 +232,7 @@ mod tests {
     fn batches_reach_each_workloads_file_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let names = vec!["a".to_string(), "b c".to_string()];
-        let stream = JobsStream::start(dir.path(), &names).unwrap();
+        let stream = JobsStream::start(Some(dir.path()), &names, None).unwrap();
         let mut sink = StreamingSink::new(1000, None, Some(stream.sender(0)));
         for k in 0..600 {
             sink.record(&rec(k));
@@ -225,6 +252,43 @@ mod tests {
         assert_eq!(a, (0..601).map(rec).collect::<Vec<_>>());
         let b = read_jobs_csv(&dir.path().join("jobs/b_c.csv")).unwrap();
         assert_eq!(b, vec![rec(0)]);
+    }
+
+    /// Keeps what it was shown, per slot.
+    #[derive(Default)]
+    struct Seen(std::sync::Mutex<Vec<(usize, u64)>>);
+
+    impl RecordObserver for Seen {
+        fn records(&self, slot: usize, records: &[JobRecord]) {
+            let mut seen = self.0.lock().unwrap();
+            seen.extend(records.iter().map(|r| (slot, r.index)));
+        }
+    }
+
+    #[test]
+    fn the_observer_sees_every_batch_in_order_with_or_without_files() {
+        let dir = tempfile::tempdir().unwrap();
+        for folder in [Some(dir.path()), None] {
+            let seen = Arc::new(Seen::default());
+            let names = vec!["a".to_string(), "b".to_string()];
+            let stream = JobsStream::start(folder, &names, Some(seen.clone())).unwrap();
+            let mut sink = StreamingSink::new(8, None, Some(stream.sender(1)));
+            for k in 0..3 {
+                sink.record(&rec(k));
+            }
+            sink.flush();
+            stream.sender(0).send(&[rec(9)]);
+            drop(sink);
+            stream.finish().unwrap();
+            let mut got = seen.0.lock().unwrap().clone();
+            // The two slots' batches may interleave; each slot's own order is kept.
+            got.sort_by_key(|(slot, _)| *slot);
+            assert_eq!(got, vec![(0, 9), (1, 0), (1, 1), (1, 2)]);
+        }
+        assert_eq!(
+            read_jobs_csv(&dir.path().join("jobs/b.csv")).unwrap().len(),
+            3
+        );
     }
 
     #[test]

@@ -71,6 +71,7 @@ pub const OUTPUT_FILES: &[&str] = &[
     "interference.json",
     "interference.csv",
     "report.html",
+    "trace.json",
 ];
 
 /// Makes the directory a run writes into.

@@ -15,6 +15,7 @@
 //! It sits above `isolane-runtime` (which knows nothing of GPUs) and `isolane-gpu` (which
 //! knows nothing of workloads' hosts), so that neither depends on the other.
 
+mod live;
 pub mod telemetry;
 
 use std::path::Path;
@@ -159,6 +160,9 @@ pub struct RunRequest<'a> {
     pub engine: &'a Engine,
     /// Raised by the caller's Ctrl-C handler: stop releasing, keep what was measured.
     pub stop: Arc<AtomicBool>,
+    /// Live metrics to feed while the run goes on (`--metrics-addr`), from the jobs writer
+    /// and telemetry threads.
+    pub metrics: Option<Arc<isolane_metrics::RunMetrics>>,
 }
 
 /// Runs an admitted plan inside its partitions with telemetry around it and summarises the
@@ -168,10 +172,28 @@ pub fn measure(
     observer: &mut dyn Observer,
 ) -> Result<(RunResult, RunSummary), SessionError> {
     let started_at = chrono::Utc::now();
-    let sampler = telemetry::start(r.scenario, observer);
+    let mut options = RunOptions::new(r.stop);
+    let hook = r.metrics.as_ref().map(|m| {
+        let names: Vec<String> = r
+            .plan
+            .workloads
+            .iter()
+            .map(|w| w.spec.name.clone())
+            .collect();
+        let (records, hook) = live::begin(
+            m,
+            r.command,
+            &r.scenario_name,
+            r.scenario,
+            r.admitted,
+            &names,
+        );
+        options.observer = Some(records);
+        hook
+    });
+    let sampler = telemetry::start(r.scenario, hook, observer);
     // Every job's record reaches jobs/<workload>.csv while the run goes on: a killed run
     // leaves them for `isolane summarize`.
-    let mut options = RunOptions::new(r.stop);
     options.jobs_dir = Some(r.out.to_path_buf());
     options.engine = Some(r.engine.clone());
     let ran = run_in_partitions(

@@ -9,13 +9,18 @@ use crate::Observer;
 use isolane_core::results::RunSummary;
 use isolane_core::spec::{Backend, Scenario};
 use isolane_runtime::coordinator::RunResult;
-use isolane_telemetry::{RunTelemetry, DEFAULT_PERIOD};
+use isolane_telemetry::{RunTelemetry, SampleHook, DEFAULT_PERIOD};
 
 /// Environment variable: the sampling period in ms (default 50).
 pub const PERIOD_ENV: &str = "ISOLANE_TELEMETRY_PERIOD_MS";
 
-/// Starts the sampler for a GPU scenario; `None` on the CPU or when NVML is missing (warned).
-pub fn start(scenario: &Scenario, observer: &mut dyn Observer) -> Option<RunTelemetry> {
+/// Starts the sampler for a GPU scenario, showing each reading to `hook` (live metrics);
+/// `None` on the CPU or when NVML is missing (warned).
+pub fn start(
+    scenario: &Scenario,
+    hook: Option<SampleHook>,
+    observer: &mut dyn Observer,
+) -> Option<RunTelemetry> {
     if scenario.device.backend != Backend::Cuda {
         return None;
     }
@@ -24,7 +29,7 @@ pub fn start(scenario: &Scenario, observer: &mut dyn Observer) -> Option<RunTele
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|&ms| ms > 0)
         .map_or(DEFAULT_PERIOD, std::time::Duration::from_millis);
-    match RunTelemetry::start(scenario.device.gpu, period) {
+    match RunTelemetry::start(scenario.device.gpu, period, hook) {
         Ok(t) => Some(t),
         Err(e) => {
             observer.warning(&format!("no device telemetry for this run: {e}"));

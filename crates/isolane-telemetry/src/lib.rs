@@ -160,6 +160,10 @@ pub struct Recording {
     pub refresh_every: Vec<(&'static str, u32)>,
 }
 
+/// Called on the sampler's thread with every reading as it is taken (live metrics): it must
+/// be quick, since the next reading waits for it.
+pub type SampleHook = Arc<dyn Fn(&Reading) + Send + Sync>;
+
 /// The sampling thread; stop it with [`Sampler::stop`] (dropping it also stops and joins it).
 pub struct Sampler {
     shared: Arc<(Mutex<bool>, Condvar)>,
@@ -170,12 +174,21 @@ pub struct Sampler {
 impl Sampler {
     /// Starts sampling `source` every `period` (first reading at once).
     pub fn start(source: Box<dyn Source>, period: Duration) -> Result<Sampler, TelemetryError> {
+        Self::start_observed(source, period, None)
+    }
+
+    /// [`Sampler::start`], showing every reading to `hook` as well.
+    pub fn start_observed(
+        source: Box<dyn Source>,
+        period: Duration,
+        hook: Option<SampleHook>,
+    ) -> Result<Sampler, TelemetryError> {
         let shared = Arc::new((Mutex::new(false), Condvar::new()));
         let stopped = Arc::new(AtomicBool::new(false));
         let (s2, st2) = (Arc::clone(&shared), Arc::clone(&stopped));
         let handle = std::thread::Builder::new()
             .name("isolane:telemetry".into())
-            .spawn(move || sample_loop(source, period, &s2, &st2))
+            .spawn(move || sample_loop(source, period, hook, &s2, &st2))
             .map_err(TelemetryError::Thread)?;
         Ok(Sampler {
             shared,
@@ -213,6 +226,7 @@ impl Drop for Sampler {
 fn sample_loop(
     mut source: Box<dyn Source>,
     period: Duration,
+    hook: Option<SampleHook>,
     shared: &(Mutex<bool>, Condvar),
     stopped: &AtomicBool,
 ) -> Recording {
@@ -227,6 +241,9 @@ fn sample_loop(
     let (lock, cv) = shared;
     loop {
         let reading = source.read();
+        if let Some(h) = &hook {
+            h(&reading);
+        }
         samples.push(Sample {
             t_ns: now_ns(),
             reading,
@@ -573,12 +590,16 @@ pub struct RunTelemetry {
 }
 
 impl RunTelemetry {
-    /// Starts sampling GPU `gpu` through NVML. Without NVML this is an error the caller turns
-    /// into a warning: a run goes on without telemetry.
-    pub fn start(gpu: u32, period: Duration) -> Result<RunTelemetry, TelemetryError> {
+    /// Starts sampling GPU `gpu` through NVML, showing each reading to `hook` too. Without
+    /// NVML this is an error the caller turns into a warning: a run goes on without telemetry.
+    pub fn start(
+        gpu: u32,
+        period: Duration,
+        hook: Option<SampleHook>,
+    ) -> Result<RunTelemetry, TelemetryError> {
         let source = nvml::NvmlSource::open(gpu)?;
         Ok(RunTelemetry {
-            sampler: Sampler::start(Box::new(source), period)?,
+            sampler: Sampler::start_observed(Box::new(source), period, hook)?,
         })
     }
 

@@ -410,3 +410,19 @@ fn nvml_sampler_on_a_real_gpu_reads_everything_for_under_one_percent_of_a_core()
         rec.cpu_pct()
     );
 }
+
+#[test]
+fn the_hook_sees_every_reading_the_recording_keeps() {
+    use std::sync::{Arc, Mutex};
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    let hook: crate::SampleHook = Arc::new(move |r: &Reading| log.lock().unwrap().push(r.clone()));
+    let s = Sampler::start_observed(fake(Duration::ZERO), Duration::from_millis(5), Some(hook))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    let rec = s.stop().unwrap();
+    let seen = seen.lock().unwrap();
+    let kept: Vec<Reading> = rec.samples.iter().map(|s| s.reading.clone()).collect();
+    assert!(!kept.is_empty());
+    assert_eq!(*seen, kept);
+}

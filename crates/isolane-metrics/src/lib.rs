@@ -1,0 +1,378 @@
+//! isolane-metrics: live metrics of a run in the OpenMetrics / Prometheus text format
+//! (`--metrics-addr`; docs/observability.md).
+//!
+//! [`RunMetrics`] holds the families (per-workload job, timeout and skip counters, latency and
+//! start-lateness histograms, partition info, device telemetry gauges) in a
+//! `prometheus-client` registry; [`serve`] answers `GET /metrics` from a thread of its own.
+//!
+//! Nothing here runs on a release loop's thread: job records reach [`RunMetrics::observe`]
+//! from the run's jobs writer thread, in the batches the release loops hand off anyway (a
+//! thread host's sink, or a worker process's pipe read by the coordinator), and telemetry
+//! readings from the sampler's thread. The release loops' timing is therefore untouched
+//! (measured in docs/observability.md).
+
+mod server;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+use isolane_core::JobRecord;
+use isolane_telemetry::Reading;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+pub use server::{serve, MetricsServer, ServeError};
+
+/// The label set of every per-workload family.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadLabels {
+    pub workload: String,
+}
+
+/// `isolane_partition_info`: what partition a workload runs in.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabels {
+    pub workload: String,
+    /// `none` (cpu), `timeslice`, `mps`, `mig`, `green`.
+    pub mechanism: String,
+    /// In words: `cpu`, `whole GPU`, `green 64 SMs`, `mps 50%`, `mig 1g.10gb`.
+    pub partition: String,
+    /// `thread` or `process`.
+    pub host: String,
+}
+
+/// `isolane_run_info`: the run going on (a sweep has one per point, the last one current).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunLabels {
+    pub command: String,
+    pub scenario: String,
+}
+
+/// One workload of a run as the metrics see it.
+#[derive(Clone, Debug)]
+pub struct WorkloadInfo {
+    pub name: String,
+    pub mechanism: String,
+    pub partition: String,
+    pub host: String,
+}
+
+type HistogramFamily = Family<WorkloadLabels, Histogram, fn() -> Histogram>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Job latency buckets (s): 50 µs to 6.6 s, doubling — from a spin job to a large model's
+/// batch.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(50e-6, 2.0, 18))
+}
+
+/// Start lateness buckets (s): 1 µs to 1 s, ×4 — the release loop's spin keeps it at a few µs,
+/// a sleeping or descheduled loop shows as ms.
+fn lateness_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-6, 4.0, 11))
+}
+
+/// A telemetry gauge: its name (with its unit), help, and how it is read from a reading.
+struct DeviceGauge {
+    name: &'static str,
+    help: &'static str,
+    read: fn(&Reading) -> Option<f64>,
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// telemetry.csv's columns as gauges, in Prometheus' base units (W, Hz, °C, bytes, ratios),
+/// the unit in the name.
+const DEVICE_GAUGES: &[DeviceGauge] = &[
+    DeviceGauge {
+        name: "isolane_gpu_power_watts",
+        help: "GPU power draw (NVML)",
+        read: |r| r.power_w,
+    },
+    DeviceGauge {
+        name: "isolane_gpu_sm_clock_hertz",
+        help: "GPU SM clock",
+        read: |r| r.sm_clock_mhz.map(|m| m * 1e6),
+    },
+    DeviceGauge {
+        name: "isolane_gpu_memory_clock_hertz",
+        help: "GPU memory clock",
+        read: |r| r.mem_clock_mhz.map(|m| m * 1e6),
+    },
+    DeviceGauge {
+        name: "isolane_gpu_temperature_celsius",
+        help: "GPU temperature",
+        read: |r| r.temperature_c,
+    },
+    DeviceGauge {
+        name: "isolane_gpu_memory_used_bytes",
+        help: "GPU memory in use (all processes)",
+        read: |r| r.memory_used_mib.map(|m| m * MIB),
+    },
+    DeviceGauge {
+        name: "isolane_gpu_utilization_ratio",
+        help: "share of the last interval in which a kernel ran (NVML utilization.gpu)",
+        read: |r| r.gpu_util_pct.map(|p| p / 100.0),
+    },
+    DeviceGauge {
+        name: "isolane_gpu_memory_utilization_ratio",
+        help: "share of the last interval in which device memory was read or written",
+        read: |r| r.mem_util_pct.map(|p| p / 100.0),
+    },
+    DeviceGauge {
+        name: "isolane_gpu_sm_utilization_ratio",
+        help: "SM activity (NVML GPM, Hopper and later)",
+        read: |r| r.sm_util_pct.map(|p| p / 100.0),
+    },
+    DeviceGauge {
+        name: "isolane_gpu_sm_occupancy_ratio",
+        help: "SM occupancy (NVML GPM)",
+        read: |r| r.sm_occupancy_pct.map(|p| p / 100.0),
+    },
+    DeviceGauge {
+        name: "isolane_gpu_tensor_utilization_ratio",
+        help: "tensor core activity (NVML GPM)",
+        read: |r| r.tensor_util_pct.map(|p| p / 100.0),
+    },
+    DeviceGauge {
+        name: "isolane_gpu_dram_bandwidth_utilization_ratio",
+        help: "DRAM bandwidth in use (NVML GPM)",
+        read: |r| r.dram_bw_util_pct.map(|p| p / 100.0),
+    },
+];
+
+/// Per run slot (the coordinator's workload index): its labels and the end of its previous
+/// completed job, which the start lateness of the next one is measured from.
+struct Slot {
+    labels: WorkloadLabels,
+    prev_end_ns: Option<i64>,
+}
+
+/// Every metric of a command's runs (a sweep's points add to the same counters).
+pub struct RunMetrics {
+    registry: Registry,
+    jobs: Family<WorkloadLabels, Counter>,
+    completed: Family<WorkloadLabels, Counter>,
+    timeouts: Family<WorkloadLabels, Counter>,
+    skipped: Family<WorkloadLabels, Counter>,
+    held_jobs: Family<WorkloadLabels, Counter>,
+    held_seconds: Family<WorkloadLabels, Counter<f64, AtomicU64>>,
+    latency: HistogramFamily,
+    lateness: HistogramFamily,
+    partition: Family<PartitionLabels, Gauge>,
+    run: Family<RunLabels, Gauge>,
+    device: Vec<FloatGauge>,
+    slots: Mutex<Vec<Slot>>,
+    /// Every run begun so far and its partitions, so that the earlier ones' info can drop
+    /// to 0 (a family cannot list its label sets).
+    runs: Mutex<Vec<(RunLabels, Vec<PartitionLabels>)>>,
+}
+
+impl Default for RunMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RunMetrics {
+    pub fn new() -> RunMetrics {
+        let mut registry = Registry::default();
+        let jobs = Family::<WorkloadLabels, Counter>::default();
+        let completed = Family::<WorkloadLabels, Counter>::default();
+        let timeouts = Family::<WorkloadLabels, Counter>::default();
+        let skipped = Family::<WorkloadLabels, Counter>::default();
+        let held_jobs = Family::<WorkloadLabels, Counter>::default();
+        let held_seconds = Family::<WorkloadLabels, Counter<f64, AtomicU64>>::default();
+        let latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        let lateness: HistogramFamily = Family::new_with_constructor(lateness_histogram);
+        let partition = Family::<PartitionLabels, Gauge>::default();
+        let run = Family::<RunLabels, Gauge>::default();
+        registry.register(
+            "isolane_jobs",
+            "jobs released (completed or skipped)",
+            jobs.clone(),
+        );
+        registry.register(
+            "isolane_jobs_completed",
+            "jobs that ran to their end",
+            completed.clone(),
+        );
+        registry.register(
+            "isolane_timeouts",
+            "jobs that missed their deadline (skipped ones included)",
+            timeouts.clone(),
+        );
+        registry.register(
+            "isolane_jobs_skipped",
+            "jobs not run because their deadline had passed before they could start (late = skip)",
+            skipped.clone(),
+        );
+        registry.register(
+            "isolane_jobs_held",
+            "best-effort jobs the criticality guard held back (docs/criticality.md)",
+            held_jobs.clone(),
+        );
+        registry.register_with_unit(
+            "isolane_held",
+            "time the criticality guard held jobs back, before their start and between pieces",
+            Unit::Seconds,
+            held_seconds.clone(),
+        );
+        registry.register_with_unit(
+            "isolane_latency",
+            "response time of completed jobs, from the scheduled release to the end",
+            Unit::Seconds,
+            latency.clone(),
+        );
+        registry.register_with_unit(
+            "isolane_start_lateness",
+            "actual start - max(release, end of the previous job)",
+            Unit::Seconds,
+            lateness.clone(),
+        );
+        registry.register(
+            "isolane_partition",
+            "the partition each workload runs in (value 1)",
+            partition.clone(),
+        );
+        registry.register(
+            "isolane_run",
+            "the run in progress (value 1) and the runs before it (0)",
+            run.clone(),
+        );
+        let device = DEVICE_GAUGES
+            .iter()
+            .map(|g| {
+                let gauge = FloatGauge::default();
+                registry.register(g.name, g.help, gauge.clone());
+                gauge
+            })
+            .collect();
+        RunMetrics {
+            registry,
+            jobs,
+            completed,
+            timeouts,
+            skipped,
+            held_jobs,
+            held_seconds,
+            latency,
+            lateness,
+            partition,
+            run,
+            device,
+            slots: Mutex::new(Vec::new()),
+            runs: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A run starts: `workloads[slot]` is the coordinator's workload `slot`. Earlier runs'
+    /// counters stay (Prometheus counters only grow); their run and partition info drop to 0.
+    pub fn begin_run(&self, command: &str, scenario: &str, workloads: &[WorkloadInfo]) {
+        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        for (run, partitions) in runs.iter() {
+            self.run.get_or_create(run).set(0);
+            for p in partitions {
+                self.partition.get_or_create(p).set(0);
+            }
+        }
+        let partitions: Vec<PartitionLabels> = workloads
+            .iter()
+            .map(|w| PartitionLabels {
+                workload: w.name.clone(),
+                mechanism: w.mechanism.clone(),
+                partition: w.partition.clone(),
+                host: w.host.clone(),
+            })
+            .collect();
+        for p in &partitions {
+            self.partition.get_or_create(p).set(1);
+            let labels = WorkloadLabels {
+                workload: p.workload.clone(),
+            };
+            // Every family shows the workload from the start, at 0.
+            drop(self.jobs.get_or_create(&labels));
+            drop(self.completed.get_or_create(&labels));
+            drop(self.timeouts.get_or_create(&labels));
+            drop(self.skipped.get_or_create(&labels));
+            drop(self.held_jobs.get_or_create(&labels));
+            drop(self.held_seconds.get_or_create(&labels));
+        }
+        let current = RunLabels {
+            command: command.into(),
+            scenario: scenario.into(),
+        };
+        self.run.get_or_create(&current).set(1);
+        runs.push((current, partitions));
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        *slots = workloads
+            .iter()
+            .map(|w| Slot {
+                labels: WorkloadLabels {
+                    workload: w.name.clone(),
+                },
+                prev_end_ns: None,
+            })
+            .collect();
+    }
+
+    /// Records of workload `slot`, in the order its loop produced them. Called on the jobs
+    /// writer thread (never a release loop's).
+    pub fn observe(&self, slot: usize, records: &[JobRecord]) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = slots.get_mut(slot) else { return };
+        let jobs = self.jobs.get_or_create_owned(&s.labels);
+        let completed = self.completed.get_or_create_owned(&s.labels);
+        let timeouts = self.timeouts.get_or_create_owned(&s.labels);
+        let skipped = self.skipped.get_or_create_owned(&s.labels);
+        let held_jobs = self.held_jobs.get_or_create_owned(&s.labels);
+        let held_seconds = self.held_seconds.get_or_create_owned(&s.labels);
+        let latency = self.latency.get_or_create_owned(&s.labels);
+        let lateness = self.lateness.get_or_create_owned(&s.labels);
+        for r in records {
+            jobs.inc();
+            if r.timeout {
+                timeouts.inc();
+            }
+            if r.held_ns > 0 {
+                held_jobs.inc();
+                held_seconds.inc_by(r.held_ns as f64 / 1e9);
+            }
+            let (Some(start), Some(end)) = (r.start_ns, r.end_ns) else {
+                skipped.inc();
+                continue;
+            };
+            completed.inc();
+            latency.observe((end - r.release_ns) as f64 / 1e9);
+            // As core's metrics compute it: from the later of the release and the previous end.
+            let scheduled = s.prev_end_ns.map_or(r.release_ns, |p| p.max(r.release_ns));
+            lateness.observe((start - scheduled).max(0) as f64 / 1e9);
+            s.prev_end_ns = Some(end);
+        }
+    }
+
+    /// A telemetry reading: every gauge the device reported is set; the others keep their
+    /// last value. Called on the telemetry sampler's thread.
+    pub fn observe_device(&self, reading: &Reading) {
+        for (g, gauge) in DEVICE_GAUGES.iter().zip(&self.device) {
+            if let Some(v) = (g.read)(reading).filter(|v| v.is_finite()) {
+                gauge.set(v);
+            }
+        }
+    }
+
+    /// The exposition text (OpenMetrics, ending in `# EOF`).
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests;

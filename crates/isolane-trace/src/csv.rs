@@ -1,0 +1,83 @@
+//! The results folder's CSV files (jobs/*.csv, telemetry.csv) read by column name, so that a
+//! column added later (`held_ms`) or one this reader does not know is no error. A bad cell is
+//! named by file, line and column.
+
+use std::path::{Path, PathBuf};
+
+use crate::TraceError;
+
+/// A CSV with a header: rows of cells, found by column name.
+pub(crate) struct Csv {
+    pub path: PathBuf,
+    header: Vec<String>,
+    /// (line number, cells); blank lines left out.
+    pub rows: Vec<(usize, Vec<String>)>,
+}
+
+impl Csv {
+    /// Reads `path`; every column of `required` must be in its header.
+    pub fn read(path: &Path, required: &[&str]) -> Result<Csv, TraceError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut lines = text.lines().enumerate();
+        let header: Vec<String> = match lines.next() {
+            Some((_, h)) => h.split(',').map(|s| s.trim().to_string()).collect(),
+            None => Vec::new(),
+        };
+        let csv = Csv {
+            path: path.to_path_buf(),
+            header,
+            rows: Vec::new(),
+        };
+        if let Some(missing) = required.iter().find(|r| csv.col(r).is_none()) {
+            return Err(csv.error(1, format!("the header has no `{missing}` column")));
+        }
+        let rows = lines
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| (i + 1, l.split(',').map(|s| s.trim().to_string()).collect()))
+            .collect();
+        Ok(Csv { rows, ..csv })
+    }
+
+    pub fn header(&self) -> &[String] {
+        &self.header
+    }
+
+    pub fn col(&self, name: &str) -> Option<usize> {
+        self.header.iter().position(|h| h == name)
+    }
+
+    pub fn error(&self, line: usize, detail: String) -> TraceError {
+        TraceError::Parse {
+            path: self.path.clone(),
+            detail: format!("line {line}: {detail}"),
+        }
+    }
+
+    /// The number in column `i` of a row, `None` for an empty (or absent) cell.
+    pub fn f64_at(
+        &self,
+        line: usize,
+        row: &[String],
+        i: Option<usize>,
+    ) -> Result<Option<f64>, TraceError> {
+        let Some(i) = i else { return Ok(None) };
+        match row.get(i).map(String::as_str) {
+            None | Some("") => Ok(None),
+            Some(s) => s.parse::<f64>().map(Some).map_err(|_| {
+                self.error(
+                    line,
+                    format!("column `{}`: `{s}` is not a number", self.header[i]),
+                )
+            }),
+        }
+    }
+
+    /// Like [`Csv::f64_at`] for a column that every row must fill.
+    pub fn required_f64(&self, line: usize, row: &[String], i: usize) -> Result<f64, TraceError> {
+        self.f64_at(line, row, Some(i))?
+            .ok_or_else(|| self.error(line, format!("column `{}` is empty", self.header[i])))
+    }
+}

@@ -1,0 +1,66 @@
+//! isolane-trace: a run's results folder as a timeline, written as a Chrome trace-event /
+//! Perfetto JSON file (`isolane trace`, `run --trace`; docs/observability.md).
+//!
+//! [`Timeline::load`] reads summary.json, jobs/*.csv (by column name: the criticality guard's
+//! `held_ms` column is used when present) and telemetry.csv;
+//! [`chrome::trace_json`] turns it into trace events; [`write_trace`] does both.
+
+pub mod chrome;
+mod csv;
+pub mod timeline;
+
+use std::path::{Path, PathBuf};
+
+pub use timeline::{read_jobs, Counter, Job, Lane, Step, Timeline};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error(
+        "{0} is not a run folder: `isolane trace` needs the summary.json that isolane run and \
+         isolation write (for a run killed before it wrote one: isolane summarize {0} first)"
+    )]
+    NotARun(PathBuf),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {detail}")]
+    Parse { path: PathBuf, detail: String },
+    #[error(transparent)]
+    Results(#[from] isolane_core::results::ResultsError),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl TraceError {
+    /// A folder or file the user named that is not what it should be (exit code 2), rather
+    /// than a failure to write the trace.
+    pub fn is_user_error(&self) -> bool {
+        !matches!(self, TraceError::Write { .. })
+    }
+}
+
+/// Reads the run folder `dir` and writes its trace to `out` (atomically), only the part in
+/// `window` (ms since t0) when given. Returns the timeline, for the caller's summary line.
+pub fn write_trace(
+    dir: &Path,
+    out: &Path,
+    window: Option<(f64, f64)>,
+) -> Result<Timeline, TraceError> {
+    let mut timeline = Timeline::load(dir)?;
+    if let Some((from, to)) = window {
+        timeline = timeline.window(from, to);
+    }
+    let json = chrome::trace_json(&timeline);
+    isolane_core::files::write_atomic(out, json.as_bytes()).map_err(|source| {
+        TraceError::Write {
+            path: out.to_path_buf(),
+            source,
+        }
+    })?;
+    Ok(timeline)
+}

@@ -1,0 +1,390 @@
+//! A results folder read back as a timeline: every workload's jobs, the partitions, the
+//! isolation steps and the telemetry columns, all in ms since the run's t0.
+
+use std::path::{Path, PathBuf};
+
+use isolane_core::files::jobs_file_name;
+use isolane_core::results::{read_json, PartitionRecord, RunSummary};
+
+use crate::csv::Csv;
+use crate::TraceError;
+
+/// One job of a workload, as jobs/<workload>.csv has it (ms since t0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub index: u64,
+    pub release_ms: f64,
+    /// `None` for a job skipped under `late = "skip"` (it counts as a timeout).
+    pub start_ms: Option<f64>,
+    pub end_ms: Option<f64>,
+    pub latency_ms: Option<f64>,
+    pub timeout: bool,
+    /// How long the criticality guard held the job back (the optional `held_ms` column, or
+    /// `held_ns` in ns); `None` when the file has neither column or the cell is empty.
+    pub held_ms: Option<f64>,
+}
+
+/// One workload's track.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lane {
+    pub name: String,
+    pub model: String,
+    pub deadline_ms: Option<f64>,
+    pub jobs: Vec<Job>,
+}
+
+/// One step of an isolation ramp (ms since t0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub step: u32,
+    pub start_ms: f64,
+    pub end_ms: f64,
+    pub interferer_rate_hz: f64,
+}
+
+/// One numeric telemetry column: (ms since t0, value), empty and non-finite cells left out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Counter {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Everything of one run that has a time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timeline {
+    pub dir: PathBuf,
+    /// `run` or `isolation`.
+    pub command: String,
+    /// t0 to the end of the last workload.
+    pub wall_ms: f64,
+    pub lanes: Vec<Lane>,
+    pub partitions: Vec<PartitionRecord>,
+    pub steps: Vec<Step>,
+    pub counters: Vec<Counter>,
+}
+
+/// Columns of telemetry.csv that hold text, not numbers (docs/report.md).
+const TEXT_COLUMNS: &[&str] = &["throttle_reasons", "process_memory_mib"];
+
+impl Timeline {
+    /// Reads the run or isolation folder `dir`: summary.json (required), jobs/*.csv and
+    /// telemetry.csv where present (a workload that failed before it ran has no jobs file).
+    pub fn load(dir: &Path) -> Result<Timeline, TraceError> {
+        let summary_path = dir.join("summary.json");
+        if !summary_path.is_file() {
+            return Err(TraceError::NotARun(dir.to_path_buf()));
+        }
+        let summary: RunSummary = read_json(&summary_path)?;
+        let mut lanes = Vec::with_capacity(summary.workloads.len());
+        for w in &summary.workloads {
+            let file = dir.join("jobs").join(jobs_file_name(&w.name));
+            let jobs = if file.is_file() {
+                read_jobs(&file)?
+            } else {
+                Vec::new()
+            };
+            lanes.push(Lane {
+                name: w.name.clone(),
+                model: w.model.clone(),
+                deadline_ms: w.deadline_ms,
+                jobs,
+            });
+        }
+        let tel = dir.join("telemetry.csv");
+        let counters = if tel.is_file() {
+            read_counters(&tel)?
+        } else {
+            Vec::new()
+        };
+        Ok(Timeline {
+            dir: dir.to_path_buf(),
+            steps: steps_of(&summary),
+            command: summary.command,
+            wall_ms: summary.wall_s * 1e3,
+            lanes,
+            partitions: summary.partitions,
+            counters,
+        })
+    }
+
+    /// Only what happened in `[from_ms, to_ms]` (ms since t0): jobs whose release-to-end span
+    /// meets it, telemetry samples and steps in it; partitions are kept. For a part of a long
+    /// run whose whole trace would be too large to open.
+    pub fn window(mut self, from_ms: f64, to_ms: f64) -> Timeline {
+        let meets = |a: f64, b: f64| b >= from_ms && a <= to_ms;
+        for lane in &mut self.lanes {
+            lane.jobs
+                .retain(|j| meets(j.release_ms, j.end_ms.unwrap_or(j.release_ms)));
+        }
+        for c in &mut self.counters {
+            c.points.retain(|p| meets(p.0, p.0));
+        }
+        self.counters.retain(|c| !c.points.is_empty());
+        self.steps.retain(|s| meets(s.start_ms, s.end_ms));
+        self
+    }
+
+    /// The completed job with the longest response time, as (lane index, job).
+    pub fn worst_job(&self) -> Option<(usize, &Job)> {
+        self.lanes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| l.jobs.iter().map(move |j| (i, j)))
+            .filter(|(_, j)| j.latency_ms.is_some())
+            .max_by(|a, b| {
+                let (la, lb) = (a.1.latency_ms, b.1.latency_ms);
+                la.unwrap_or(0.0).total_cmp(&lb.unwrap_or(0.0))
+            })
+    }
+}
+
+fn steps_of(summary: &RunSummary) -> Vec<Step> {
+    let Some(iso) = &summary.isolation else {
+        return Vec::new();
+    };
+    iso.steps
+        .iter()
+        .map(|s| Step {
+            step: s.step,
+            start_ms: s.start_s * 1e3,
+            end_ms: (s.start_s + iso.step_s) * 1e3,
+            interferer_rate_hz: s.interferer_rate_hz,
+        })
+        .collect()
+}
+
+/// jobs/<workload>.csv by column name: `job`, `release_ms`, `start_ms`, `end_ms`,
+/// `latency_ms`, `timeout` (1/0), and the hold of the criticality guard where the file has it
+/// (`held_ms`; `held_ns` in ns is read too). Any other column is ignored.
+pub fn read_jobs(path: &Path) -> Result<Vec<Job>, TraceError> {
+    let required = [
+        "job",
+        "release_ms",
+        "start_ms",
+        "end_ms",
+        "latency_ms",
+        "timeout",
+    ];
+    let csv = Csv::read(path, &required)?;
+    // Every required column is there: `read` checked.
+    let col = |n: &str| csv.col(n).unwrap_or(0);
+    let (job, release, start, end) = (
+        col("job"),
+        col("release_ms"),
+        col("start_ms"),
+        col("end_ms"),
+    );
+    let (latency, timeout) = (col("latency_ms"), col("timeout"));
+    // The hold's column and its unit (ms per cell unit).
+    let held = match (csv.col("held_ms"), csv.col("held_ns")) {
+        (Some(i), _) => Some((i, 1.0)),
+        (None, Some(i)) => Some((i, 1e-6)),
+        (None, None) => None,
+    };
+    let mut jobs = Vec::with_capacity(csv.rows.len());
+    for (line, row) in &csv.rows {
+        let index = csv.required_f64(*line, row, job)?;
+        let timeout = match row.get(timeout).map(String::as_str) {
+            Some("1") => true,
+            Some("0") => false,
+            other => {
+                return Err(csv.error(
+                    *line,
+                    format!(
+                        "column `timeout`: `{}` is not 0 or 1",
+                        other.unwrap_or_default()
+                    ),
+                ))
+            }
+        };
+        jobs.push(Job {
+            index: index as u64,
+            release_ms: csv.required_f64(*line, row, release)?,
+            start_ms: csv.f64_at(*line, row, Some(start))?,
+            end_ms: csv.f64_at(*line, row, Some(end))?,
+            latency_ms: csv.f64_at(*line, row, Some(latency))?,
+            timeout,
+            held_ms: csv
+                .f64_at(*line, row, held.map(|h| h.0))?
+                .map(|v| v * held.map_or(1.0, |h| h.1)),
+        });
+    }
+    Ok(jobs)
+}
+
+/// telemetry.csv's numeric columns as counters over `t_s` (converted to ms).
+fn read_counters(path: &Path) -> Result<Vec<Counter>, TraceError> {
+    let csv = Csv::read(path, &["t_s"])?;
+    let t = csv.col("t_s").unwrap_or(0);
+    let numeric: Vec<usize> = (0..csv.header().len())
+        .filter(|&i| i != t && !TEXT_COLUMNS.contains(&csv.header()[i].as_str()))
+        .collect();
+    let mut counters: Vec<Counter> = numeric
+        .iter()
+        .map(|&i| Counter {
+            name: csv.header()[i].clone(),
+            points: Vec::with_capacity(csv.rows.len()),
+        })
+        .collect();
+    for (line, row) in &csv.rows {
+        let t_ms = csv.required_f64(*line, row, t)? * 1e3;
+        for (&i, c) in numeric.iter().zip(counters.iter_mut()) {
+            // NVML reports NaN for a GPM metric it could not compute: a gap, not a value.
+            if let Some(v) = csv.f64_at(*line, row, Some(i))?.filter(|v| v.is_finite()) {
+                c.points.push((t_ms, v));
+            }
+        }
+    }
+    counters.retain(|c| !c.points.is_empty());
+    Ok(counters)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn jobs_are_read_by_column_name_with_held_ns_and_unknown_columns() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "a.csv",
+            "job,release_ms,start_ms,end_ms,latency_ms,timeout,held_ns,future\n\
+             0,0.000000,0.500000,1.500000,1.500000,0,500000,x\n\
+             1,2.000000,,,,1,,y\n",
+        );
+        let jobs = read_jobs(&p).unwrap();
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(jobs[0].held_ms, Some(0.5));
+        assert_eq!(jobs[0].start_ms, Some(0.5));
+        assert!(!jobs[0].timeout);
+        assert_eq!(jobs[1].start_ms, None);
+        assert_eq!(jobs[1].held_ms, None);
+        assert!(jobs[1].timeout);
+        // The guard's own column is in ms.
+        let p = write(
+            d.path(),
+            "m.csv",
+            "job,release_ms,start_ms,end_ms,latency_ms,timeout,held_ms\n0,0,0.25,1,1,0,0.250000\n",
+        );
+        assert_eq!(read_jobs(&p).unwrap()[0].held_ms, Some(0.25));
+        // Without the column, no job has a hold.
+        let p = write(
+            d.path(),
+            "b.csv",
+            "job,release_ms,start_ms,end_ms,latency_ms,timeout\n0,0,0.1,1,1,0\n",
+        );
+        assert_eq!(read_jobs(&p).unwrap()[0].held_ms, None);
+    }
+
+    #[test]
+    fn a_bad_jobs_file_is_named_with_line_and_column() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "a.csv",
+            "job,release_ms,start_ms,end_ms,latency_ms,timeout\n0,0,zero,1,1,0\n",
+        );
+        let e = read_jobs(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("a.csv") && e.contains("line 2") && e.contains("`start_ms`"),
+            "{e}"
+        );
+        let p = write(
+            d.path(),
+            "b.csv",
+            "job,release_ms,start_ms,end_ms,latency_ms,timeout\n0,0,0,1,1,yes\n",
+        );
+        let e = read_jobs(&p).unwrap_err().to_string();
+        assert!(e.contains("`timeout`") && e.contains("yes"), "{e}");
+        let p = write(d.path(), "c.csv", "job,release_ms\n0,0\n");
+        let e = read_jobs(&p).unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains("`start_ms`"), "{e}");
+    }
+
+    #[test]
+    fn a_window_keeps_what_meets_it() {
+        let job = |index: u64, release_ms: f64, end_ms: Option<f64>| Job {
+            index,
+            release_ms,
+            start_ms: end_ms.map(|_| release_ms),
+            end_ms,
+            latency_ms: end_ms.map(|e| e - release_ms),
+            timeout: end_ms.is_none(),
+            held_ms: None,
+        };
+        let t = Timeline {
+            dir: PathBuf::new(),
+            command: "isolation".into(),
+            wall_ms: 100.0,
+            lanes: vec![Lane {
+                name: "a".into(),
+                model: "spin:1ms".into(),
+                deadline_ms: None,
+                jobs: vec![
+                    job(0, 0.0, Some(9.0)),
+                    job(1, 5.0, Some(11.0)),
+                    job(2, 20.0, None),
+                    job(3, 35.0, Some(36.0)),
+                ],
+            }],
+            partitions: Vec::new(),
+            steps: vec![
+                Step {
+                    step: 0,
+                    start_ms: 0.0,
+                    end_ms: 10.0,
+                    interferer_rate_hz: 1.0,
+                },
+                Step {
+                    step: 1,
+                    start_ms: 10.0,
+                    end_ms: 20.0,
+                    interferer_rate_hz: 2.0,
+                },
+            ],
+            counters: vec![
+                Counter {
+                    name: "power_w".into(),
+                    points: vec![(-50.0, 1.0), (15.0, 2.0), (40.0, 3.0)],
+                },
+                Counter {
+                    name: "sm_util_pct".into(),
+                    points: vec![(-50.0, 1.0)],
+                },
+            ],
+        };
+        let w = t.window(10.0, 30.0);
+        let kept: Vec<u64> = w.lanes[0].jobs.iter().map(|j| j.index).collect();
+        assert_eq!(
+            kept,
+            [1, 2],
+            "a job running across the start, a skip inside"
+        );
+        assert_eq!(w.steps.len(), 2, "a step ending at the start meets it");
+        assert_eq!(w.counters.len(), 1);
+        assert_eq!(w.counters[0].points, vec![(15.0, 2.0)]);
+    }
+
+    #[test]
+    fn telemetry_counters_skip_text_empty_and_nan_cells() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "telemetry.csv",
+            "t_s,power_w,throttle_reasons,dram_bw_util_pct,process_memory_mib\n\
+             -0.05,100,,NaN,1:2\n0.05,120,sw_power_cap,40,1:2\n",
+        );
+        let c = read_counters(&p).unwrap();
+        let names: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["power_w", "dram_bw_util_pct"]);
+        assert_eq!(c[0].points, vec![(-50.0, 100.0), (50.0, 120.0)]);
+        assert_eq!(c[1].points, vec![(50.0, 40.0)]);
+    }
+}
