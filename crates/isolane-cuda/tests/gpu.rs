@@ -19,9 +19,37 @@ struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: forwards to the system allocator unchanged; only counts.
+/// While set, the first allocations are recorded with their thread and backtrace, so that a
+/// failing no-allocation check says where they came from.
+static WHERE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+thread_local! {
+    static IN_HOOK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn note_where() {
+    if !WHERE.load(Ordering::Relaxed) || IN_HOOK.with(|h| h.replace(true)) {
+        return;
+    }
+    if let Ok(mut seen) = SEEN.lock() {
+        if seen.len() < 3 {
+            let t = std::thread::current();
+            seen.push(format!(
+                "thread {:?} {:?}:\n{}",
+                t.name(),
+                t.id(),
+                std::backtrace::Backtrace::force_capture()
+            ));
+        }
+    }
+    IN_HOOK.with(|h| h.set(false));
+}
+
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        note_where();
         // SAFETY: same contract as ours.
         unsafe { System.alloc(l) }
     }
@@ -31,6 +59,7 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        note_where();
         // SAFETY: same contract as ours.
         unsafe { System.realloc(p, l, n) }
     }
@@ -310,10 +339,15 @@ fn no_allocation_and_no_host_sync_inside_a_job() {
         m.run().unwrap();
         let free0 = device_free();
         let a0 = ALLOCS.load(Ordering::SeqCst);
+        WHERE.store(true, Ordering::SeqCst);
         for _ in 0..100 {
             m.run().unwrap();
         }
+        WHERE.store(false, Ordering::SeqCst);
         let a1 = ALLOCS.load(Ordering::SeqCst);
+        for s in SEEN.lock().unwrap().drain(..) {
+            println!("{name}: allocation during the jobs on {s}");
+        }
         let free1 = device_free();
         println!(
             "{name} b{batch}: {} host allocations in 100 jobs, device free {free0} -> {free1}",
