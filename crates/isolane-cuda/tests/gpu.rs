@@ -18,7 +18,6 @@ use isolane_engine::{build_model, Backend, CompiledModel, CpuBackend, Precision,
 struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
-// SAFETY: forwards to the system allocator unchanged; only counts.
 /// While set, the first allocations are recorded with their thread and backtrace, so that a
 /// failing no-allocation check says where they came from.
 static WHERE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -46,6 +45,8 @@ fn note_where() {
     IN_HOOK.with(|h| h.set(false));
 }
 
+// SAFETY: forwards to the system allocator unchanged; only counts (and, while WHERE is set,
+// records where, guarded against its own allocations by IN_HOOK).
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
