@@ -69,8 +69,8 @@ fn the_committed_results_folders_still_load() {
     assert!(loads_all::<RunSummary>("summary.json") > 50);
     assert!(loads_all::<MaxrateReport>("maxrate.json") > 10);
     assert!(loads_all::<SweepIndex>("sweep.json") > 2);
-    // None committed yet: every one that is must load (results/h100-interference, issue 14).
-    loads_all::<super::InterferenceIndex>("interference.json");
+    // results/h100-interference: the matrix and its four front-end repeats (issue 14).
+    assert!(loads_all::<super::InterferenceIndex>("interference.json") >= 5);
     for f in committed("isolation.csv") {
         let rows = read_isolation_csv(&f).unwrap_or_else(|e| panic!("{e}"));
         assert!(!rows.is_empty(), "{}", f.display());
