@@ -65,7 +65,7 @@ impl Command {
         matches!(
             self,
             Command::Models(_)
-                | Command::Plan(_)
+                | Command::Plan(cmd::plan::PlanArgs { auto: false, .. })
                 | Command::Devices(_)
                 | Command::Compare(_)
                 | Command::Completions(_)
@@ -98,7 +98,7 @@ fn main() -> ExitCode {
         Command::Interference(a) => cmd::interference::run(a, &engine),
         Command::Compare(a) => cmd::compare::run(a),
         Command::Bench(a) => cmd::bench::run(a),
-        Command::Plan(a) => cmd::plan::run(a),
+        Command::Plan(a) => cmd::plan::run(a, &engine),
         Command::Devices(a) => cmd::devices::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Models(a) => cmd::models::run(a),

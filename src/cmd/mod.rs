@@ -11,6 +11,7 @@ pub mod isolation;
 pub mod maxrate;
 pub mod models;
 pub mod plan;
+pub mod plan_auto;
 pub mod progress;
 pub mod report;
 pub mod run;

@@ -32,11 +32,68 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 100, value_name = "PCT")]
     pub mps_thread_budget: u32,
     /// Print the plan (or the rejections) as JSON.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "auto")]
     pub json: bool,
+    /// Choose the partitions: profile each workload alone in partitions of growing size (cached
+    /// on disk), pick the smallest that meets its deadline at its rate with --margin, check
+    /// they fit together, and print (or --out) the scenario with them filled in
+    /// (docs/planner.md).
+    #[arg(long, conflicts_with = "device_model")]
+    pub auto: bool,
+    /// --auto: plan with this mechanism (`all`: green, mps and timeslice, side by side; the
+    /// first that has a plan is written). Default: the scenario's.
+    #[arg(long, requires = "auto", value_name = "M")]
+    pub mechanism: Option<String>,
+    /// --auto: a predicted p99 may use at most this fraction of the deadline.
+    #[arg(long, default_value_t = 0.9, requires = "auto", value_parser = fraction)]
+    pub margin: f64,
+    /// --auto: multiply alone execution times by this for the neighbours (e.g. the worst p99
+    /// stretch `isolane interference` measured for the mechanism).
+    #[arg(long, default_value_t = 1.0, requires = "auto", value_parser = at_least_one)]
+    pub stretch: f64,
+    /// --auto: the largest utilisation (rate × mean execution time) of one partition (all of
+    /// them together under timeslice).
+    #[arg(long, default_value_t = 0.8, requires = "auto", value_parser = fraction)]
+    pub max_util: f64,
+    /// --auto: jobs of each profile run.
+    #[arg(long, default_value_t = 200, requires = "auto", value_parser = super::help::at_least_one)]
+    pub profile_jobs: u64,
+    /// --auto: where profiles are kept (default ~/.cache/isolane/profiles).
+    #[arg(long, requires = "auto", value_name = "DIR")]
+    pub profile_cache: Option<PathBuf>,
+    /// --auto: write the planned scenario here instead of printing it.
+    #[arg(long, short = 'o', requires = "auto", value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// --auto: run the planned scenario and compare predicted with measured p99 (exit 1 when
+    /// a workload misses its deadline).
+    #[arg(long, requires = "auto")]
+    pub verify: bool,
+    /// --verify: the run folder (default: a new runs/<time>).
+    #[arg(long, requires = "verify", value_name = "DIR")]
+    pub verify_out: Option<PathBuf>,
+    /// --verify: use --verify-out even if it is not empty.
+    #[arg(long, requires = "verify")]
+    pub force: bool,
 }
 
-pub fn run(args: PlanArgs) -> anyhow::Result<u8> {
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number in (0, 1]")),
+    }
+}
+
+fn at_least_one(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 1.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number >= 1")),
+    }
+}
+
+pub fn run(args: PlanArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
+    if args.auto {
+        return super::plan_auto::run(&args, engine);
+    }
     let (scenario, _) = super::load_scenario(Some(&args.scenario))?;
     let device = resolve_device_model(&scenario, args.device_model.as_deref())?;
     let options = AdmissionOptions {

@@ -1,0 +1,147 @@
+//! The planner (`isolane plan --auto`, docs/planner.md): from workloads with rates and
+//! deadlines but no partitions to the smallest partitions that meet them, or the reasons why
+//! none do.
+//!
+//! It knows nothing of how a model is measured: a [`Profiler`] gives a workload's execution
+//! times alone in a partition of a given size (the binary runs the model there; tests use
+//! tables), and [`ProfileCache`] keeps them on disk between plans. What it decides:
+//!
+//! - **green / MPS** (a [`Ladder`] of SM counts or thread percentages): for each workload the
+//!   smallest size whose predicted p99, the measured p99 execution time × the stated stretch
+//!   beside neighbours, stays within `margin × deadline`, and whose utilisation
+//!   (rate × mean execution time) stays under `max_util`. Sizes are searched by bisection,
+//!   assuming a larger partition is never slower; then the sizes must fit the device together.
+//! - **time-slicing** (one size, the whole GPU): workloads take turns, so a job may wait for one
+//!   job of every other workload: predicted p99 = (own p99 + the others' p99) × stretch, and the
+//!   utilisations must add up to at most `max_util`.
+//! - **CPU cores**: each workload a core of its own, profiled pinned to one core.
+
+pub mod cache;
+mod search;
+
+pub use cache::ProfileCache;
+pub use search::{plan, Choice, Outcome};
+
+use serde::{Deserialize, Serialize};
+
+/// What one workload must achieve.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Demand {
+    pub name: String,
+    /// Release rate (Hz).
+    pub rate_hz: f64,
+    /// Relative deadline (ms).
+    pub deadline_ms: f64,
+    /// Critical workloads are packed first when not everything fits.
+    pub critical: bool,
+}
+
+/// A workload's execution times alone in a partition of `size` (ms).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    pub size: u32,
+    pub exec_p50_ms: f64,
+    pub exec_p99_ms: f64,
+    pub exec_mean_ms: f64,
+}
+
+/// Measures workload `workload` (an index into the demands) alone in a partition of `size`.
+pub trait Profiler {
+    fn profile(&mut self, workload: usize, size: u32) -> Result<Point, String>;
+}
+
+/// What a size means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unit {
+    /// Green-context SMs.
+    Sms,
+    /// MPS active thread percentage.
+    ThreadPct,
+    /// Time-slicing: every workload on the whole GPU.
+    Whole,
+    /// CPU cores, one per workload.
+    Cores,
+}
+
+/// The sizes a partition may have, smallest first, and how much there is in all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ladder {
+    pub unit: Unit,
+    pub sizes: Vec<u32>,
+    pub capacity: u32,
+}
+
+impl Ladder {
+    /// Green contexts on a device of `sm_count` SMs with the given minimum and step.
+    pub fn green(sm_count: u32, min: u32, step: u32) -> Ladder {
+        let step = step.max(1);
+        Ladder {
+            unit: Unit::Sms,
+            sizes: (min.max(step)..=sm_count).step_by(step as usize).collect(),
+            capacity: sm_count,
+        }
+    }
+
+    /// MPS thread percentages in steps of `step` %, up to 100 % in all.
+    pub fn mps(step: u32) -> Ladder {
+        let step = step.clamp(1, 100);
+        Ladder {
+            unit: Unit::ThreadPct,
+            sizes: (step..=100).step_by(step as usize).collect(),
+            capacity: 100,
+        }
+    }
+
+    /// Time-slicing: the whole GPU for everyone (size 1 stands for it).
+    pub fn whole() -> Ladder {
+        Ladder {
+            unit: Unit::Whole,
+            sizes: vec![1],
+            capacity: 1,
+        }
+    }
+
+    /// One CPU core per workload, `cores` in all.
+    pub fn cores(cores: u32) -> Ladder {
+        Ladder {
+            unit: Unit::Cores,
+            sizes: vec![1],
+            capacity: cores,
+        }
+    }
+
+    /// A size in words: `48 SMs`, `25 %`, `whole GPU`, `1 core`.
+    pub fn describe(&self, size: u32) -> String {
+        match self.unit {
+            Unit::Sms => format!("{size} SMs"),
+            Unit::ThreadPct => format!("{size} %"),
+            Unit::Whole => "whole GPU".into(),
+            Unit::Cores if size == 1 => "1 core".into(),
+            Unit::Cores => format!("{size} cores"),
+        }
+    }
+}
+
+/// How much margin a plan keeps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Options {
+    /// A predicted p99 may use at most this fraction of the deadline (e.g. 0.9).
+    pub margin: f64,
+    /// Measured alone execution times are multiplied by this for the neighbours' interference
+    /// (≥ 1; e.g. the worst p99 stretch of `isolane interference` for the mechanism).
+    pub stretch: f64,
+    /// Largest utilisation (rate × mean execution time) a workload, or for time-slicing all of
+    /// them together, may have: above it queues build up.
+    pub max_util: f64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            margin: 0.9,
+            stretch: 1.0,
+            max_util: 0.8,
+        }
+    }
+}

@@ -1,0 +1,463 @@
+//! `isolane plan --auto SCENARIO`: partitions for workloads that have rates and deadlines but
+//! none of their own (docs/planner.md). The search is `isolane_planner`'s; this file measures
+//! the profiles it asks for (each workload alone, closed loop, in a partition of the size asked,
+//! through the same run path as `isolane run`), writes the planned scenario and verifies it.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use isolane_core::results::RunSummary;
+use isolane_core::spec::{
+    Backend, Criticality, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Rate, Role,
+    RunLength, Scenario, WorkloadSpec,
+};
+use isolane_planner::cache::ProfileKey;
+use isolane_planner::{
+    Choice, Demand, Ladder, Options, Outcome, Point, ProfileCache, Profiler, Unit,
+};
+use isolane_runtime::exec::Engine;
+use isolane_runtime::RunPlan;
+
+use super::plan::PlanArgs;
+use super::user;
+
+/// Warm-up jobs of each profile run (excluded from its times).
+const PROFILE_WARMUP: u64 = 20;
+
+pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
+    let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
+    let demands = demands(&scenario, &name)?;
+    let mechanisms = mechanisms(&scenario, args.mechanism.as_deref())?;
+    let opts = Options {
+        margin: args.margin,
+        stretch: args.stretch,
+        max_util: args.max_util,
+    };
+    let cache = ProfileCache::new(
+        args.profile_cache
+            .clone()
+            .unwrap_or_else(ProfileCache::default_dir),
+    );
+    let work = tempfile::tempdir().context("a folder for the profile runs")?;
+    let mut best: Option<(Mechanism, Vec<Choice>)> = None;
+    for mech in &mechanisms {
+        let ladder = ladder(&scenario, *mech)?;
+        let mut profiler = RunProfiler {
+            scenario: &scenario,
+            mechanism: *mech,
+            cache: &cache,
+            device: device_id(&scenario),
+            jobs: args.profile_jobs,
+            engine,
+            work: work.path(),
+        };
+        let t = std::time::Instant::now();
+        let outcome = isolane_planner::plan(&demands, &ladder, &opts, &mut profiler)
+            .map_err(|e| anyhow::anyhow!("profiling for the {mech:?} plan: {e}"))?;
+        print_outcome(*mech, &ladder, &outcome, t.elapsed().as_secs_f64());
+        if let (Outcome::Planned { choices, .. }, None) = (&outcome, &best) {
+            best = Some((*mech, choices.clone()));
+        }
+    }
+    let Some((mech, choices)) = best else {
+        return Ok(super::EXIT_USER);
+    };
+    let planned = planned_scenario(&scenario, mech, &choices);
+    let text = annotate(
+        &planned.to_toml_string()?,
+        &choices,
+        &ladder(&scenario, mech)?,
+    );
+    match &args.out {
+        Some(p) => {
+            isolane_core::files::write_atomic(p, text.as_bytes())
+                .with_context(|| format!("writing {}", p.display()))?;
+            println!("planned scenario: {}", p.display());
+        }
+        None => print!("{text}"),
+    }
+    if args.verify {
+        return verify(&planned, &choices, args, engine);
+    }
+    Ok(0)
+}
+
+/// Each workload's rate and deadline; one without either cannot be planned.
+fn demands(s: &Scenario, name: &str) -> anyhow::Result<Vec<Demand>> {
+    s.workloads
+        .iter()
+        .map(|w| {
+            let Rate::Hz(hz) = w.rate else {
+                return Err(user(format!(
+                    "{name}: workload `{}`: rate_hz = \"max\" cannot be planned; give it a rate",
+                    w.name
+                )));
+            };
+            Ok(Demand {
+                name: w.name.clone(),
+                rate_hz: hz,
+                deadline_ms: w.deadline_s().unwrap_or(1.0 / hz) * 1e3,
+                critical: w.criticality == Criticality::Critical,
+            })
+        })
+        .collect()
+}
+
+/// The mechanisms to plan with: `--mechanism` (`all`: green, MPS and time-slicing), else the
+/// scenario's own; on the CPU, cores.
+fn mechanisms(s: &Scenario, flag: Option<&str>) -> anyhow::Result<Vec<Mechanism>> {
+    if s.device.backend == Backend::Cpu {
+        return Ok(vec![Mechanism::None]);
+    }
+    Ok(match flag {
+        Some("all") => vec![Mechanism::Green, Mechanism::Mps, Mechanism::Timeslice],
+        Some("green") => vec![Mechanism::Green],
+        Some("mps") => vec![Mechanism::Mps],
+        Some("timeslice") => vec![Mechanism::Timeslice],
+        Some(other) => {
+            return Err(user(format!(
+                "--mechanism: `{other}` cannot be planned; allowed: green, mps, timeslice, all"
+            )))
+        }
+        None => match s.device.mechanism {
+            m @ (Mechanism::Green | Mechanism::Mps | Mechanism::Timeslice) => vec![m],
+            Mechanism::None => vec![Mechanism::Timeslice],
+            Mechanism::Mig => {
+                return Err(user(
+                    "mechanism \"mig\" cannot be planned yet; pass --mechanism green, mps, \
+                     timeslice or all",
+                ))
+            }
+        },
+    })
+}
+
+fn ladder(s: &Scenario, mech: Mechanism) -> anyhow::Result<Ladder> {
+    if s.device.backend == Backend::Cpu {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        return Ok(Ladder::cores(cores));
+    }
+    Ok(match mech {
+        Mechanism::Green => {
+            let d = super::detected_device_model(s.device.gpu)?;
+            let r = d
+                .green_rules()
+                .ok_or_else(|| user(format!("{} has no green contexts", d.name)))?;
+            Ladder::green(d.sm_count, r.min_sms, r.step_sms)
+        }
+        Mechanism::Mps => Ladder::mps(5),
+        _ => Ladder::whole(),
+    })
+}
+
+/// This machine's device for the profile cache: GPU name and driver, or the CPU.
+fn device_id(s: &Scenario) -> String {
+    if s.device.backend == Backend::Cpu {
+        let model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|m| m.trim().to_string())
+            })
+            .unwrap_or_else(|| "cpu".into());
+        return format!("cpu {model}");
+    }
+    isolane_gpu::devices::list_devices()
+        .ok()
+        .and_then(|ds| ds.into_iter().find(|d| d.index == s.device.gpu))
+        .map(|d| {
+            format!(
+                "{} {}",
+                d.name,
+                d.driver_version.unwrap_or(d.cuda_driver_version)
+            )
+        })
+        .unwrap_or_else(|| format!("gpu{}", s.device.gpu))
+}
+
+/// The model as the cache knows it: an ONNX file by name and content hash (a re-exported
+/// file is measured again), anything else by its name.
+fn model_id(model: &str) -> String {
+    if !model.ends_with(".onnx") {
+        return model.to_string();
+    }
+    let hash = std::fs::read(model).map_or(0, |b| crc32fast::hash(&b));
+    let name = Path::new(model)
+        .file_name()
+        .map_or_else(|| model.to_string(), |n| n.to_string_lossy().into_owned());
+    format!("{name}-{hash:08x}")
+}
+
+/// Profiles by running the workload alone, closed loop, through `isolane run`'s path.
+struct RunProfiler<'a> {
+    scenario: &'a Scenario,
+    mechanism: Mechanism,
+    cache: &'a ProfileCache,
+    device: String,
+    jobs: u64,
+    engine: &'a Engine,
+    work: &'a Path,
+}
+
+impl RunProfiler<'_> {
+    fn key(&self, w: &WorkloadSpec, size: u32) -> ProfileKey {
+        ProfileKey {
+            device: self.device.clone(),
+            model: model_id(&w.model),
+            batch: w.batch,
+            precision: format!("{:?}", w.precision).to_lowercase(),
+            mechanism: format!("{:?}", self.mechanism).to_lowercase(),
+            size,
+        }
+    }
+
+    fn measure(&self, index: usize, size: u32) -> anyhow::Result<Point> {
+        let mut w = self.scenario.workloads[index].clone();
+        w.rate = Rate::Max(MaxRate::Max);
+        w.deadline_ms = None;
+        w.length = RunLength::Jobs(self.jobs);
+        w.warmup_jobs = PROFILE_WARMUP;
+        w.role = Role::Standalone;
+        w.ramp = None;
+        w.late = LatePolicy::Queue;
+        w.criticality = Criticality::Critical;
+        let mut s = self.scenario.clone();
+        place(&mut s, &mut w, self.mechanism, size, 0);
+        s.workloads = vec![w];
+        let admitted = super::admit_or_refuse(&s, "the profile run")?;
+        let plan = RunPlan::from_scenario(&s);
+        let out = self.work.join(format!("w{index}-{size}"));
+        let m = super::run::measure(super::run::Request {
+            command: "plan",
+            scenario: &s,
+            scenario_name: "profile".into(),
+            admitted: admitted.as_ref(),
+            plan: &plan,
+            out: Some(&out),
+            force: true,
+            quiet: true,
+            partitions: &super::PartitionFlags::default(),
+            engine: self.engine,
+        })?;
+        let r = &m.result.workloads[0];
+        if let isolane_runtime::WorkloadStatus::Failed(f) = &r.status {
+            anyhow::bail!(
+                "the profile run of `{}` failed: {}",
+                s.workloads[0].name,
+                f.message
+            );
+        }
+        let mut ms: Vec<f64> = r
+            .records
+            .iter()
+            .filter_map(|x| Some((x.end_ns? - x.start_ns?) as f64 / 1e6))
+            .collect();
+        if ms.is_empty() {
+            anyhow::bail!(
+                "the profile run of `{}` completed no job",
+                s.workloads[0].name
+            );
+        }
+        ms.sort_by(f64::total_cmp);
+        let at = |q: f64| ms[((ms.len() as f64 * q) as usize).min(ms.len() - 1)];
+        Ok(Point {
+            size,
+            exec_p50_ms: at(0.5),
+            exec_p99_ms: at(0.99),
+            exec_mean_ms: ms.iter().sum::<f64>() / ms.len() as f64,
+        })
+    }
+}
+
+impl Profiler for RunProfiler<'_> {
+    fn profile(&mut self, index: usize, size: u32) -> Result<Point, String> {
+        let key = self.key(&self.scenario.workloads[index], size);
+        if let Some(p) = self.cache.get(&key) {
+            return Ok(p);
+        }
+        let p = self.measure(index, size).map_err(|e| format!("{e:#}"))?;
+        if let Err(e) = self.cache.put(&key, &p) {
+            eprintln!(
+                "note: cannot keep the profile in {}: {e}",
+                self.cache.dir().display()
+            );
+        }
+        eprintln!(
+            "profiled {} in {}: p50 {:.3} ms, p99 {:.3} ms",
+            self.scenario.workloads[index].name,
+            describe(self.mechanism, size),
+            p.exec_p50_ms,
+            p.exec_p99_ms
+        );
+        Ok(p)
+    }
+}
+
+fn describe(mech: Mechanism, size: u32) -> String {
+    match mech {
+        Mechanism::Green => format!("{size} SMs"),
+        Mechanism::Mps => format!("{size} % of the threads"),
+        Mechanism::None => "one core".into(),
+        _ => "the whole GPU".into(),
+    }
+}
+
+/// Puts workload `w` in a partition of `size` under `mech` (on the CPU: on core `core`).
+fn place(s: &mut Scenario, w: &mut WorkloadSpec, mech: Mechanism, size: u32, core: usize) {
+    w.partition = PartitionSpec::default();
+    if s.device.backend == Backend::Cpu {
+        w.cpu = vec![core];
+        w.host = Host::Thread;
+        return;
+    }
+    s.device.mechanism = mech;
+    match mech {
+        Mechanism::Green => {
+            w.partition.sms = Some(size);
+            w.host = Host::Thread;
+        }
+        Mechanism::Mps => {
+            w.partition.thread_pct = Some(size);
+            w.host = Host::Process;
+        }
+        _ => w.host = Host::Process,
+    }
+    s.device.host = w.host;
+}
+
+/// The scenario with every workload in its planned partition.
+fn planned_scenario(s: &Scenario, mech: Mechanism, choices: &[Choice]) -> Scenario {
+    let mut out = s.clone();
+    let mut workloads = std::mem::take(&mut out.workloads);
+    for (k, (w, c)) in workloads.iter_mut().zip(choices).enumerate() {
+        place(&mut out, w, mech, c.size, k);
+    }
+    out.workloads = workloads;
+    out
+}
+
+/// The resolved scenario with a comment above each workload: its partition, predicted p99
+/// and slack.
+fn annotate(toml: &str, choices: &[Choice], ladder: &Ladder) -> String {
+    let mut out = String::new();
+    let mut next = choices.iter();
+    for line in toml.lines() {
+        if line.trim() == "[[workload]]" {
+            if let Some(c) = next.next() {
+                out.push_str(&format!(
+                    "# planned: {}; predicted p99 {:.3} ms (deadline {:.3} ms, slack {:.3} ms); \
+                     utilisation {:.2}\n",
+                    ladder.describe(c.size),
+                    c.predicted_p99_ms,
+                    c.deadline_ms,
+                    c.slack_ms(),
+                    c.util
+                ));
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+fn print_outcome(mech: Mechanism, ladder: &Ladder, o: &Outcome, secs: f64) {
+    let title = match ladder.unit {
+        Unit::Cores => "cpu cores".to_string(),
+        _ => format!("{mech:?}").to_lowercase(),
+    };
+    match o {
+        Outcome::Planned {
+            choices,
+            used,
+            capacity,
+        } => {
+            eprintln!(
+                "{title}: planned in {secs:.2} s, using {} of {} ({} spare):",
+                ladder.describe(*used),
+                ladder.describe(*capacity),
+                ladder.describe(capacity - used)
+            );
+            for c in choices {
+                eprintln!(
+                    "  {:<16} {:>10}  predicted p99 {:>8.3} ms of {:>8.3} ms  slack {:>7.3} ms",
+                    c.workload,
+                    ladder.describe(c.size),
+                    c.predicted_p99_ms,
+                    c.deadline_ms,
+                    c.slack_ms()
+                );
+            }
+        }
+        Outcome::NoPlan { reasons, partial } => {
+            eprintln!("{title}: no plan ({secs:.2} s):");
+            for r in reasons {
+                eprintln!("  {r}");
+            }
+            if !partial.is_empty() {
+                let parts: Vec<String> = partial
+                    .iter()
+                    .map(|c| format!("{} {}", c.workload, ladder.describe(c.size)))
+                    .collect();
+                eprintln!("  best partial plan: {}", parts.join(", "));
+            }
+        }
+    }
+}
+
+/// Runs the planned scenario and puts predicted and measured side by side. A workload that
+/// misses its deadline (timeouts above 0.1 %, or a measured p99 above it) makes the plan
+/// fail: exit 1.
+fn verify(
+    s: &Scenario,
+    choices: &[Choice],
+    args: &PlanArgs,
+    engine: &Engine,
+) -> anyhow::Result<u8> {
+    let admitted = super::admit_or_refuse(s, "the planned scenario")?;
+    let plan = RunPlan::from_scenario(s);
+    let m = super::run::measure(super::run::Request {
+        command: "plan",
+        scenario: s,
+        scenario_name: "planned".into(),
+        admitted: admitted.as_ref(),
+        plan: &plan,
+        out: args.verify_out.as_deref(),
+        force: args.force,
+        quiet: true,
+        partitions: &super::PartitionFlags::default(),
+        engine,
+    })?;
+    super::run::write_run_files(&m)?;
+    let missed = print_verification(&m.summary, choices);
+    println!("verification run: {}", m.out.display());
+    Ok(if missed { super::EXIT_FAILED } else { 0 })
+}
+
+fn print_verification(summary: &RunSummary, choices: &[Choice]) -> bool {
+    println!(
+        "{:<16} {:>10} {:>10} {:>10} {:>9}  verdict",
+        "workload", "predicted", "measured", "deadline", "timeouts"
+    );
+    let mut missed = false;
+    for (w, c) in summary.workloads.iter().zip(choices) {
+        let p99 = w.metrics.latency_ms.p99.unwrap_or(f64::INFINITY);
+        let miss = w.metrics.timeout_pct > 0.1 || p99 > c.deadline_ms;
+        missed |= miss;
+        println!(
+            "{:<16} {:>7.3} ms {:>7.3} ms {:>7.3} ms {:>8.2}%  {}",
+            w.name,
+            c.predicted_p99_ms,
+            p99,
+            c.deadline_ms,
+            w.metrics.timeout_pct,
+            if miss { "MISSED" } else { "met" }
+        );
+    }
+    if missed {
+        println!("the plan does NOT hold: a workload missed its deadline");
+    }
+    missed
+}

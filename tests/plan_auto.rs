@@ -1,0 +1,121 @@
+//! `isolane plan --auto` on the CPU (issue 15): spin workloads planned onto cores, profiled
+//! once and then planned from the cache, verified by running the plan; and the refusals.
+
+mod common;
+
+use common::*;
+
+/// Profiles pin to core 0 (and verification to cores 0 and 1): one test at a time.
+fn cores() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const TWO: &str = r#"
+[[workload]]
+name = "camera"
+model = "spin:1ms"
+rate_hz = 50
+deadline_ms = 25
+duration_s = 1
+
+[[workload]]
+name = "lidar"
+model = "spin:2ms"
+rate_hz = 40
+deadline_ms = 25
+duration_s = 1
+"#;
+
+#[test]
+fn a_cpu_plan_pins_each_workload_to_a_core_and_verifies() {
+    let _cores = cores();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = scenario(tmp.path(), "s.toml", TWO);
+    let cache = tmp.path().join("cache");
+    let planned = tmp.path().join("planned.toml");
+    let o = run_ok(
+        isolane()
+            .args(["plan", "--auto", "--profile-jobs", "50", "--profile-cache"])
+            .arg(&cache)
+            .arg("-o")
+            .arg(&planned)
+            .args(["--verify", "--verify-out"])
+            .arg(tmp.path().join("v"))
+            .arg(&s),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("profiled camera in one core"), "{err}");
+    assert!(err.contains("cpu cores: planned"), "{err}");
+    assert!(out.contains("camera") && out.contains("met"), "{out}");
+    let text = std::fs::read_to_string(&planned).unwrap();
+    assert!(text.contains("# planned: 1 core; predicted p99"), "{text}");
+    assert!(
+        text.contains("cpu = [0]") && text.contains("cpu = [1]"),
+        "{text}"
+    );
+    // The planned file is a scenario isolane runs as it is.
+    run_ok(isolane().args(["plan"]).arg(&planned));
+
+    // A second plan comes from the cache: nothing is measured again.
+    let o = run_ok(
+        isolane()
+            .args(["plan", "--auto", "--profile-cache"])
+            .arg(&cache)
+            .arg(&s),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("profiled"), "{err}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("# planned: 1 core"));
+}
+
+#[test]
+fn an_impossible_deadline_is_named_and_exits_2() {
+    let _cores = cores();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = scenario(
+        tmp.path(),
+        "s.toml",
+        &TWO.replace(
+            "rate_hz = 40\ndeadline_ms = 25",
+            "rate_hz = 40\ndeadline_ms = 1",
+        ),
+    );
+    let o = isolane()
+        .args(["plan", "--auto", "--profile-jobs", "30", "--profile-cache"])
+        .arg(tmp.path().join("cache"))
+        .arg(&s)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("no plan") && err.contains("`lidar` cannot meet its deadline even in 1 core"),
+        "{err}"
+    );
+    assert!(err.contains("best partial plan: camera 1 core"), "{err}");
+}
+
+#[test]
+fn a_closed_loop_workload_cannot_be_planned() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = scenario(
+        tmp.path(),
+        "s.toml",
+        &TWO.replace("rate_hz = 40", "rate_hz = \"max\""),
+    );
+    let o = isolane()
+        .args(["plan", "--auto", "--profile-cache"])
+        .arg(tmp.path().join("cache"))
+        .arg(&s)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("`lidar`: rate_hz = \"max\" cannot be planned"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("cache").exists(), "nothing was measured");
+}
