@@ -515,8 +515,9 @@ impl GuardRole {
         })
     }
 
-    /// Runs one job (released at `release`, due at `deadline`, both absolute): publishes it
-    /// (critical) or holds its pieces (best effort). Returns (start, end, held) in absolute ns.
+    /// Runs job `index`: a critical workload says when it starts and ends (its release was
+    /// published by [`GuardRole::next_release`]), a best-effort one is held before each piece.
+    /// Returns (start, end, held), absolute ns.
     pub fn run_job(
         &mut self,
         exec: &mut dyn Executor,
