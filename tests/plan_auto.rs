@@ -119,3 +119,55 @@ fn a_closed_loop_workload_cannot_be_planned() {
     );
     assert!(!tmp.path().join("cache").exists(), "nothing was measured");
 }
+
+/// `--stretch-from` takes each workload's stretch from a matrix measured with the same
+/// mechanism (here the CPU's `none`): the victim it measured gets it, the other keeps --stretch.
+#[test]
+fn an_interference_matrix_gives_each_workload_its_stretch() {
+    let _cores = cores();
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m");
+    run_ok(
+        isolane()
+            .args([
+                "interference",
+                "--backend",
+                "cpu",
+                "--victims",
+                "spin:1ms",
+                "--neighbours",
+                "spin:2ms",
+                "--victim-rate-hz",
+                "50",
+                "--duration-s",
+                "0.2",
+                "--warmup",
+                "5",
+                "--quiet",
+                "--out",
+            ])
+            .arg(&m),
+    );
+    let s = scenario(tmp.path(), "s.toml", TWO);
+    let o = run_ok(
+        isolane()
+            .args(["plan", "--auto", "--profile-jobs", "30", "--profile-cache"])
+            .arg(tmp.path().join("cache"))
+            .arg("--stretch-from")
+            .arg(&m)
+            .arg(&s),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("camera: stretch 1.0"), "{err}");
+    assert!(!err.contains("lidar: stretch"), "{err}");
+    // A matrix that is not one is refused by name.
+    let bad = scenario(tmp.path(), "bad.json", "{}");
+    let o = isolane()
+        .args(["plan", "--auto", "--stretch-from"])
+        .arg(&bad)
+        .arg(&s)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bad.json"));
+}

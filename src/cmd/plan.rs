@@ -51,6 +51,11 @@ pub struct PlanArgs {
     /// stretch `isolane interference` measured for the mechanism).
     #[arg(long, default_value_t = 1.0, requires = "auto", value_parser = at_least_one)]
     pub stretch: f64,
+    /// --auto: take each workload's stretch from an interference matrix (interference.json or
+    /// its folder, measured with the same mechanism): its worst p99 stretch beside the
+    /// scenario's other models; workloads it did not measure keep --stretch.
+    #[arg(long, requires = "auto", value_name = "PATH")]
+    pub stretch_from: Option<PathBuf>,
     /// --auto: the largest utilisation (rate × mean execution time) of one partition (all of
     /// them together under timeslice).
     #[arg(long, default_value_t = 0.8, requires = "auto", value_parser = fraction)]

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use anyhow::Context as _;
-use isolane_core::results::RunSummary;
+use isolane_core::results::{InterferenceIndex, RunSummary};
 use isolane_core::spec::{
     Backend, Criticality, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Rate, Role,
     RunLength, Scenario, WorkloadSpec,
@@ -38,6 +38,10 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
             .clone()
             .unwrap_or_else(ProfileCache::default_dir),
     );
+    let matrix = match &args.stretch_from {
+        Some(p) => Some(read_matrix(p)?),
+        None => None,
+    };
     let work = tempfile::tempdir().context("a folder for the profile runs")?;
     let mut best: Option<(Mechanism, Vec<Choice>)> = None;
     for mech in &mechanisms {
@@ -51,6 +55,7 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
             engine,
             work: work.path(),
         };
+        let demands = with_stretch(&scenario, &demands, *mech, matrix.as_ref());
         let t = std::time::Instant::now();
         let outcome = isolane_planner::plan(&demands, &ladder, &opts, &mut profiler)
             .map_err(|e| anyhow::anyhow!("profiling for the {mech:?} plan: {e}"))?;
@@ -98,7 +103,53 @@ fn demands(s: &Scenario, name: &str) -> anyhow::Result<Vec<Demand>> {
                 rate_hz: hz,
                 deadline_ms: w.deadline_s().unwrap_or(1.0 / hz) * 1e3,
                 critical: w.criticality == Criticality::Critical,
+                stretch: None,
             })
+        })
+        .collect()
+}
+
+/// interference.json, or the folder holding it.
+fn read_matrix(p: &Path) -> anyhow::Result<InterferenceIndex> {
+    let file = if p.is_dir() {
+        p.join("interference.json")
+    } else {
+        p.to_path_buf()
+    };
+    isolane_core::results::read_json(&file).map_err(|e| user(format!("--stretch-from: {e}")))
+}
+
+/// Each workload's stretch from the matrix, beside the scenario's other models, where the
+/// matrix measured that mechanism and the workload's model and precision as a victim; the
+/// others keep --stretch.
+fn with_stretch(
+    s: &Scenario,
+    demands: &[Demand],
+    mech: Mechanism,
+    matrix: Option<&InterferenceIndex>,
+) -> Vec<Demand> {
+    let Some(m) = matrix.filter(|m| m.mechanism == format!("{mech:?}").to_lowercase()) else {
+        return demands.to_vec();
+    };
+    demands
+        .iter()
+        .zip(&s.workloads)
+        .map(|(d, w)| {
+            let others: Vec<&str> = s
+                .workloads
+                .iter()
+                .filter(|o| o.name != w.name)
+                .map(|o| o.model.as_str())
+                .collect();
+            let precision = format!("{:?}", w.precision).to_lowercase();
+            let stretch = isolane_planner::stretch_from(m, &w.model, &precision, &others);
+            if let Some(st) = stretch {
+                eprintln!("{}: stretch {st:.2} from the interference matrix", w.name);
+            }
+            Demand {
+                stretch: stretch.or(d.stretch),
+                ..d.clone()
+            }
         })
         .collect()
 }

@@ -18,9 +18,11 @@
 
 pub mod cache;
 mod search;
+mod stretch;
 
 pub use cache::ProfileCache;
 pub use search::{plan, Choice, Outcome};
+pub use stretch::stretch_from;
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +36,9 @@ pub struct Demand {
     pub deadline_ms: f64,
     /// Critical workloads are packed first when not everything fits.
     pub critical: bool,
+    /// This workload's own interference stretch (e.g. from an interference matrix, beside its
+    /// actual neighbours); `None`: [`Options::stretch`].
+    pub stretch: Option<f64>,
 }
 
 /// A workload's execution times alone in a partition of `size` (ms).

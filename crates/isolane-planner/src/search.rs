@@ -56,6 +56,10 @@ impl Measured<'_> {
     }
 }
 
+fn stretch(d: &Demand, opts: &Options) -> f64 {
+    d.stretch.unwrap_or(opts.stretch)
+}
+
 fn util(d: &Demand, p: &Point) -> f64 {
     d.rate_hz * p.exec_mean_ms / 1e3
 }
@@ -82,7 +86,7 @@ pub fn plan(
 
 /// The choice for workload `w` at `size`, if it meets its deadline and utilisation there.
 fn adequate(d: &Demand, opts: &Options, p: Point) -> Option<Choice> {
-    let predicted = p.exec_p99_ms * opts.stretch;
+    let predicted = p.exec_p99_ms * stretch(d, opts);
     let ok = predicted <= opts.margin * d.deadline_ms && util(d, &p) <= opts.max_util;
     ok.then(|| Choice {
         workload: d.name.clone(),
@@ -113,9 +117,9 @@ fn smallest(
              {:.2})",
             d.name,
             ladder.describe(top),
-            p.exec_p99_ms * opts.stretch,
+            p.exec_p99_ms * stretch(d, opts),
             p.exec_p99_ms,
-            opts.stretch,
+            stretch(d, opts),
             opts.margin * 100.0,
             d.deadline_ms,
             util(d, &p),
@@ -205,10 +209,11 @@ fn time_sliced(
         .collect::<Result<_, _>>()?;
     let total_util: f64 = demands.iter().zip(&points).map(|(d, p)| util(d, p)).sum();
     let all_p99: f64 = points.iter().map(|p| p.exec_p99_ms).sum();
+    let worst = demands.iter().map(|d| stretch(d, opts)).fold(1.0, f64::max);
     let mut reasons = Vec::new();
     let mut choices = Vec::new();
     for (d, p) in demands.iter().zip(&points) {
-        let predicted = all_p99 * opts.stretch;
+        let predicted = all_p99 * worst;
         let c = Choice {
             workload: d.name.clone(),
             size: 1,
@@ -278,6 +283,7 @@ mod tests {
             rate_hz,
             deadline_ms,
             critical: true,
+            stretch: None,
         }
     }
 
