@@ -78,6 +78,12 @@ fn protected_pair(host: &str) -> Result<(), String> {
     assert_eq!(b["criticality"], "best_effort");
     assert_eq!(f(&b["held"]["pieces"]), 12.0, "{b}");
     assert!(c.get("held").is_none(), "critical work is never held: {c}");
+    // The release-loop thread's CPU counters (thread and worker process alike): a critical
+    // spin:3ms at 100 Hz is on a CPU about 30 % of the time and sleeps between releases.
+    let cpu = &c["cpu"];
+    assert!(f(&cpu["cpu_s"]) > 0.3 && f(&cpu["cpu_pct"]) < 90.0, "{cpu}");
+    assert!(f(&cpu["voluntary_switches"]) >= 100.0, "{cpu}");
+    assert!(b["cpu"]["runqueue_wait_ms"].is_number(), "{b}");
     let rows = jobs_rows(&out, "besteffort");
     assert!(rows.iter().all(|r| r.len() == 7), "held_ms column");
     check(f(&b["held"]["jobs_held"]) >= 1.0, || {

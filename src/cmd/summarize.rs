@@ -117,6 +117,7 @@ fn recorded(
         pid: None,
         device_memory_mib: None,
         pieces: None,
+        cpu: None,
     })
 }
 

@@ -768,6 +768,8 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
         "p99 ms",
         "max ms",
         "throughput /s",
+        "CPU %",
+        "preempted",
         "energy J",
         "J/image",
     ]
@@ -790,6 +792,10 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
                 fmt(w.metrics.latency_ms.p99, 3),
                 fmt(w.metrics.latency_ms.max, 3),
                 format!("{:.1}", w.metrics.throughput_ips),
+                fmt(w.cpu.as_ref().map(|c| c.cpu_pct), 1),
+                w.cpu
+                    .as_ref()
+                    .map_or("-".into(), |c| c.involuntary_switches.to_string()),
                 fmt(w.metrics.energy_j, 1),
                 fmt(w.metrics.j_per_image, 3),
             ]

@@ -23,6 +23,7 @@ use crate::protocol::{
 };
 use crate::release::{capacity_for, run_loop_guarded, warm_up, LoopEnd};
 use crate::schedule::Schedule;
+use crate::thread_cpu::ThreadCpu;
 use crate::{affinity, clock, exec};
 
 /// One workload of a run, with the schedule it is to follow (usually the spec's own; the
@@ -193,6 +194,8 @@ pub struct WorkloadResult {
     pub device_memory_mib: Option<f64>,
     /// A best-effort workload the criticality guard acted on: the pieces each job ran as.
     pub pieces: Option<usize>,
+    /// What the release-loop thread cost the CPU from t0 to its end (where /proc says).
+    pub cpu: Option<ThreadCpu>,
 }
 
 #[derive(Debug, Clone)]
@@ -594,6 +597,7 @@ fn failed(name: &str, f: Failure, records: Vec<JobRecord>) -> WorkloadResult {
         pid: None,
         device_memory_mib: None,
         pieces: None,
+        cpu: None,
     }
 }
 
@@ -647,6 +651,7 @@ fn drive_thread(
         pid: None,
         device_memory_mib: executor.device_memory_mib(),
         pieces: matches!(role, GuardRole::BestEffort(_)).then(|| executor.pieces()),
+        cpu: None,
     };
     let Some(t0) = shared.gate.wait() else {
         return result;
@@ -658,6 +663,7 @@ fn drive_thread(
         out,
     );
     let spin_ns = shared.timing.spin_us as i64 * 1000;
+    let cpu_at_t0 = ThreadCpu::now();
     let end = run_loop_guarded(
         executor.as_mut(),
         &w.schedule,
@@ -667,6 +673,7 @@ fn drive_thread(
         &mut sink,
         &mut role,
     );
+    result.cpu = cpu_at_t0.and_then(|a| Some(ThreadCpu::now()?.since(&a)));
     // A critical workload that is done frees best effort from leaving room for it.
     drop(role);
     sink.flush();
@@ -803,6 +810,7 @@ fn drive_process(
         pid: Some(pid),
         device_memory_mib: None,
         pieces: None,
+        cpu: None,
     };
     let mut error: Option<String> = None;
     let mut done: Option<DoneStatus> = None;
@@ -866,7 +874,10 @@ fn drive_process(
                                 csv.send(&result.records[first..]);
                             }
                         }
-                        Ok(FromWorker::Done { status }) => done = Some(status),
+                        Ok(FromWorker::Done { status, cpu }) => {
+                            done = Some(status);
+                            result.cpu = cpu;
+                        }
                         Ok(FromWorker::Error { message }) => error = Some(message),
                         Ok(_) => {}
                         // A torn last line from a killed worker: the complete ones are kept.

@@ -21,6 +21,7 @@ pub mod release;
 pub mod results;
 pub mod schedule;
 pub mod sweep;
+pub mod thread_cpu;
 pub mod worker;
 
 pub use coordinator::{

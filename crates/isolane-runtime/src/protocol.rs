@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::guard::GuardSetup;
 use crate::schedule::Schedule;
+use crate::thread_cpu::ThreadCpu;
 
 /// Bump on any incompatible change of the messages below.
 pub const PROTOCOL_VERSION: u32 = 3;
@@ -69,6 +70,9 @@ pub enum FromWorker {
     },
     Done {
         status: DoneStatus,
+        /// What the worker's release-loop thread cost the CPU from t0 to its end.
+        #[serde(default)]
+        cpu: Option<ThreadCpu>,
     },
     Error {
         message: String,

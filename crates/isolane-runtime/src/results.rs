@@ -4,7 +4,7 @@
 
 use isolane_core::metrics::workload_metrics;
 use isolane_core::results::SCHEMA_VERSION;
-use isolane_core::results::{HeldSummary, RunStatus, RunSummary, WorkloadSummary};
+use isolane_core::results::{CpuSummary, HeldSummary, RunStatus, RunSummary, WorkloadSummary};
 use isolane_core::spec::{Rate, WorkloadSpec};
 use isolane_core::JobRecord;
 
@@ -71,7 +71,23 @@ pub fn summarize_workload(
             .pieces
             .map(|p| HeldSummary::of(&result.records, p as u64)),
         work: spec.kernel().map(|k| k.work()),
+        cpu: result.cpu.map(|c| cpu_summary(&c, wall_s)),
         metrics,
+    }
+}
+
+fn cpu_summary(c: &crate::thread_cpu::ThreadCpu, wall_s: f64) -> CpuSummary {
+    let cpu_s = c.cpu_ns as f64 / 1e9;
+    CpuSummary {
+        cpu_s,
+        cpu_pct: if wall_s > 0.0 {
+            cpu_s / wall_s * 100.0
+        } else {
+            0.0
+        },
+        runqueue_wait_ms: c.runqueue_ns as f64 / 1e6,
+        voluntary_switches: c.voluntary_switches,
+        involuntary_switches: c.involuntary_switches,
     }
 }
 

@@ -11,6 +11,7 @@ use crate::exec::EngineExecutors;
 use crate::guard::GuardRole;
 use crate::protocol::{check_version, DoneStatus, FromWorker, ToWorker, PROTOCOL_VERSION};
 use crate::release::{run_loop_guarded, warm_up, LoopEnd, RecordSink};
+use crate::thread_cpu::ThreadCpu;
 use crate::{affinity, clock, exec};
 
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +124,7 @@ where
     W: Write,
 {
     match worker_inner(input, &mut output, &stop, engine) {
-        Ok(status) => match send(&mut output, &FromWorker::Done { status }) {
+        Ok((status, cpu)) => match send(&mut output, &FromWorker::Done { status, cpu }) {
             Ok(()) => 0,
             Err(_) => 1,
         },
@@ -147,7 +148,7 @@ fn worker_inner<R, W>(
     output: &mut W,
     stop: &Arc<AtomicBool>,
     engine: Option<&dyn EngineExecutors>,
-) -> Result<DoneStatus, WorkerError>
+) -> Result<(DoneStatus, Option<ThreadCpu>), WorkerError>
 where
     R: BufRead + Send + 'static,
     W: Write,
@@ -206,7 +207,7 @@ where
         .map_err(|e| WorkerError::Setup(format!("malformed start message: {e}")))?;
     let t0_ns = match msg {
         ToWorker::Start { t0_ns } => t0_ns,
-        ToWorker::Abort | ToWorker::Stop => return Ok(DoneStatus::Interrupted),
+        ToWorker::Abort | ToWorker::Stop => return Ok((DoneStatus::Interrupted, None)),
         ToWorker::Setup { .. } => {
             return Err(WorkerError::Setup(
                 "unexpected second set-up message".into(),
@@ -245,6 +246,7 @@ where
         stop: Arc::clone(stop),
     };
     let spin_ns = (timing.spin_us as i64) * 1000;
+    let cpu_at_t0 = ThreadCpu::now();
     let end = run_loop_guarded(
         executor.as_mut(),
         &schedule,
@@ -254,10 +256,11 @@ where
         &mut sink,
         &mut role,
     );
+    let cpu = cpu_at_t0.and_then(|a| Some(ThreadCpu::now()?.since(&a)));
     drop(role);
     sink.flush_chunk();
     match end? {
-        LoopEnd::Completed => Ok(DoneStatus::Ok),
-        LoopEnd::Interrupted => Ok(DoneStatus::Interrupted),
+        LoopEnd::Completed => Ok((DoneStatus::Ok, cpu)),
+        LoopEnd::Interrupted => Ok((DoneStatus::Interrupted, cpu)),
     }
 }

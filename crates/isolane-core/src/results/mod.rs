@@ -29,7 +29,7 @@ pub use isolation::{
     ISOLATION_CSV_HEADER,
 };
 pub use maxrate::{LatenessSummary, MaxrateReport};
-pub use run::{HeldSummary, PartitionRecord, RunStatus, RunSummary, WorkloadSummary};
+pub use run::{CpuSummary, HeldSummary, PartitionRecord, RunStatus, RunSummary, WorkloadSummary};
 pub use sweep::{SweepIndex, SweepPoint};
 pub use telemetry::{EnergySource, Stat, TelemetrySummary};
 

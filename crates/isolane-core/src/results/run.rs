@@ -70,12 +70,32 @@ pub struct WorkloadSummary {
     /// A best-effort workload the criticality guard acted on: how it was held back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<HeldSummary>,
+    /// What the workload's release-loop thread cost the CPU from t0 to its end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuSummary>,
     /// A `kernel:` workload's fixed work per job: with `throughput_ips` (jobs/s at batch 1) it
     /// gives the achieved bytes/s and flop/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub work: Option<crate::spec::KernelWork>,
     #[serde(flatten)]
     pub metrics: WorkloadMetrics,
+}
+
+/// What one workload's release-loop thread (in its worker process for `host = "process"`) cost
+/// the CPU from t0 to its end, from the kernel's per-thread counters. Threads the engine starts
+/// itself (the CPU backend's intra-op pool, CUDA's) are not in it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuSummary {
+    /// Time on a CPU (s).
+    pub cpu_s: f64,
+    /// `cpu_s` over the workload's wall time (%): 100 = one core busy throughout.
+    pub cpu_pct: f64,
+    /// Time runnable but waiting for a core (ms): the run-queue delay.
+    pub runqueue_wait_ms: f64,
+    /// Switches away because the thread slept or blocked (waiting for a release, for the GPU).
+    pub voluntary_switches: u64,
+    /// Switches away because the scheduler preempted the thread.
+    pub involuntary_switches: u64,
 }
 
 /// How the criticality guard held a best-effort workload back.
@@ -193,6 +213,7 @@ impl WorkloadSummary {
             memory_estimate_mib: None,
             criticality: Criticality::Critical,
             held: None,
+            cpu: None,
             work: crate::spec::KernelModel::parse(model)
                 .ok()
                 .map(|k| k.work()),
