@@ -155,6 +155,35 @@ pub fn admits(v: &SlotView, now: i64, piece_ns: i64, policy: &Policy) -> Option<
     (delay <= slack).then_some(delay)
 }
 
+/// When a piece held back by the critical job `v` describes is worth asking about again:
+/// when that job is expected to end (its start, or release, plus its service estimate and the
+/// delay already reserved against it), within [[`POLL_NS`], [`MAX_HOLD_SLEEP_NS`]] from now.
+/// Between two jobs the next release is published within microseconds: soon.
+pub fn retry_at(v: &SlotView, now: i64) -> i64 {
+    let soon = now + POLL_NS as i64;
+    if v.state != PUBLISHED {
+        return soon;
+    }
+    let begins = if v.start > 0 {
+        v.start
+    } else {
+        v.release.max(now)
+    };
+    let reserved = if v.acct_seq == v.seq {
+        v.acct_overlap
+    } else {
+        0
+    };
+    begins
+        .saturating_add(v.service)
+        .saturating_add(reserved)
+        .clamp(soon, now + MAX_HOLD_SLEEP_NS)
+}
+
+/// Longest sleep of a held piece before it asks again, whatever the estimates say (they may be
+/// high: a job that ends early must not keep best effort asleep long).
+const MAX_HOLD_SLEEP_NS: i64 = 200_000;
+
 /// The shared state of one run's guard.
 pub struct Guard {
     map: MmapMut,
@@ -284,14 +313,19 @@ impl Guard {
 
     /// Tries to start a best-effort piece of `piece_ns` now: reserves the delay it may add to every
     /// critical job it would overlap and returns true, or returns false and reserves nothing.
-    pub fn try_piece(&self, piece_ns: i64) -> bool {
+    pub fn try_piece(&self, piece_ns: i64) -> Result<(), i64> {
         let _l = self.lock();
         let now = clock::now_ns();
         // Two passes over the slots with the same `now` (no allocation): check all, then
         // reserve. A critical slot may change in between (it never takes the lock); the second
         // pass reserves what it sees then, which is what the next decision will count.
-        if (0..self.slots).any(|i| admits(&self.view(i), now, piece_ns, &self.policy).is_none()) {
-            return false;
+        let retry = (0..self.slots)
+            .map(|i| self.view(i))
+            .filter(|v| admits(v, now, piece_ns, &self.policy).is_none())
+            .map(|v| retry_at(&v, now))
+            .min();
+        if let Some(at) = retry {
+            return Err(at);
         }
         for i in 0..self.slots {
             let v = self.view(i);
@@ -308,7 +342,7 @@ impl Guard {
             }
             s.acct_overlap.fetch_add(o, Ordering::Relaxed);
         }
-        true
+        Ok(())
     }
 }
 
@@ -403,8 +437,8 @@ pub struct BestEffortHold {
     held_ns: i64,
 }
 
-/// How long a held piece sleeps between two looks at the guard. Sleeping (not spinning) frees
-/// the core when best effort and critical work share one.
+/// The shortest sleep of a held piece between two looks at the guard. Sleeping (not spinning)
+/// frees the core when best effort and critical work share one.
 const POLL_NS: u64 = 20_000;
 
 impl BestEffortHold {
@@ -434,11 +468,14 @@ impl BestEffortHold {
         let est = self.piece_ns[i];
         let t = clock::now_ns();
         let mut now = t;
-        while !self.guard.try_piece(est) {
+        while let Err(at) = self.guard.try_piece(est) {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
-            std::thread::sleep(std::time::Duration::from_nanos(POLL_NS));
+            // Asleep until the blocking critical job should be over: a best-effort thread that
+            // shares a core with critical work then wakes (and preempts it) once per job, not
+            // every 20 µs.
+            std::thread::sleep(std::time::Duration::from_nanos((at - now).max(0) as u64));
             now = clock::now_ns();
         }
         self.held_ns += now - t;
@@ -637,6 +674,20 @@ mod tests {
     }
 
     #[test]
+    fn a_held_piece_sleeps_until_the_blocking_job_should_end_within_bounds() {
+        let mut v = SlotView::pending(3, 10 * MS, 15 * MS, 3 * MS);
+        v.start = 10 * MS;
+        v.acct_seq = 3;
+        v.acct_overlap = MS / 2;
+        // Expected end: 10 + 3 + 0.5 ms.
+        assert_eq!(retry_at(&v, 13 * MS + MS / 3), 13 * MS + MS / 2);
+        // Never more than 0.2 ms ahead, never less than one poll.
+        assert_eq!(retry_at(&v, 10 * MS), 10 * MS + MS / 5);
+        assert_eq!(retry_at(&v, 20 * MS), 20 * MS + POLL_NS as i64);
+        assert_eq!(retry_at(&SlotView::unknown(), 5), 5 + POLL_NS as i64);
+    }
+
+    #[test]
     fn unknown_holds_and_finished_frees() {
         assert_eq!(admits(&SlotView::unknown(), 0, 1, &stall(0)), None);
         assert_eq!(admits(&SlotView::finished(), 0, 1, &stall(0)), Some(0));
@@ -657,24 +708,24 @@ mod tests {
         let other = Guard::open(&g.path().unwrap(), stall(0)).unwrap();
         let p = CriticalPublisher::new(Arc::clone(&g), 0, 3 * MS);
         // Unknown until published: held.
-        assert!(!other.try_piece(MS));
+        assert!(other.try_piece(MS).is_err());
         let now = clock::now_ns();
         // Running since now, due in 5 ms: 2 ms of slack.
         p.pending(7, now, Some(now + 5 * MS));
         p.started(now);
-        assert!(other.try_piece(MS));
-        assert!(other.try_piece(MS / 2));
+        assert!(other.try_piece(MS).is_ok());
+        assert!(other.try_piece(MS / 2).is_ok());
         // 1.5 ms reserved: another 1 ms does not fit.
-        assert!(!other.try_piece(MS));
+        assert!(other.try_piece(MS).is_err());
         assert_eq!(other.view(0).acct_overlap, 3 * MS / 2);
         p.ended(7, 3 * MS);
         assert!(
-            !other.try_piece(MS),
+            other.try_piece(MS).is_err(),
             "between jobs the next release is unknown"
         );
         drop(p);
         assert!(
-            other.try_piece(100 * MS),
+            other.try_piece(100 * MS).is_ok(),
             "a finished workload frees best effort"
         );
     }
@@ -682,12 +733,12 @@ mod tests {
     #[test]
     fn a_slot_finished_by_the_coordinator_frees_best_effort() {
         let g = Guard::create(2, stall(0)).unwrap();
-        assert!(!g.try_piece(MS), "never published");
+        assert!(g.try_piece(MS).is_err(), "never published");
         g.finish(0);
-        assert!(!g.try_piece(MS), "slot 1 still unknown");
+        assert!(g.try_piece(MS).is_err(), "slot 1 still unknown");
         g.finish(1);
         g.finish(7);
-        assert!(g.try_piece(MS));
+        assert!(g.try_piece(MS).is_ok());
     }
 
     #[test]
