@@ -7,6 +7,8 @@
 pub mod admission;
 pub mod device_model;
 pub mod files;
+#[cfg(feature = "test-support")]
+pub mod fuzz;
 pub mod job;
 pub mod maxrate;
 pub mod metrics;

@@ -19,44 +19,8 @@ use isolane_engine::weights::{read_safetensors, write_safetensors};
 use isolane_engine::Tensor;
 use proptest::prelude::*;
 
-fn cases() -> u32 {
-    std::env::var("ISOLANE_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300)
-}
-
-/// `cargo test` replays one fixed seed, so CI is deterministic: a new input found by
-/// `scripts/fuzz.sh` (which sets `ISOLANE_FUZZ_SEED=random`) fails there first, not on a random
-/// later CI run. A number replays that seed.
-fn seed() -> proptest::test_runner::RngSeed {
-    use proptest::test_runner::RngSeed;
-    match std::env::var("ISOLANE_FUZZ_SEED").ok().as_deref() {
-        // Drawn here and printed (not proptest's own random seed) so that a run that aborts
-        // (an allocation failure under scripts/fuzz.sh's memory cap) can still be replayed.
-        Some("random") => {
-            let n = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            eprintln!("fuzz seed {n} (ISOLANE_FUZZ_SEED={n} replays it)");
-            RngSeed::Fixed(n)
-        }
-        Some(v) => RngSeed::Fixed(
-            v.parse()
-                .expect("ISOLANE_FUZZ_SEED is a number or `random`"),
-        ),
-        None => RngSeed::Fixed(0x15_01a4e),
-    }
-}
-
 fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: cases(),
-        // Failures are reported with the shrunk input; no files are written into the tree.
-        failure_persistence: None,
-        rng_seed: seed(),
-        ..ProptestConfig::default()
-    }
+    isolane_core::fuzz::config(300)
 }
 
 fn fixtures() -> PathBuf {
