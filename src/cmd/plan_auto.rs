@@ -300,24 +300,18 @@ impl RunProfiler<'_> {
                 f.message
             );
         }
-        let mut ms: Vec<f64> = r
-            .records
-            .iter()
-            .filter_map(|x| Some((x.end_ns? - x.start_ns?) as f64 / 1e6))
-            .collect();
-        if ms.is_empty() {
+        let t = isolane_core::metrics::exec_times(&r.records);
+        let (Some(p50), Some(p99), Some(mean)) = (t.p50, t.p99, t.mean) else {
             anyhow::bail!(
                 "the profile run of `{}` completed no job",
                 s.workloads[0].name
             );
-        }
-        ms.sort_by(f64::total_cmp);
-        let at = |q: f64| ms[((ms.len() as f64 * q) as usize).min(ms.len() - 1)];
+        };
         Ok(Point {
             size,
-            exec_p50_ms: at(0.5),
-            exec_p99_ms: at(0.99),
-            exec_mean_ms: ms.iter().sum::<f64>() / ms.len() as f64,
+            exec_p50_ms: p50,
+            exec_p99_ms: p99,
+            exec_mean_ms: mean,
         })
     }
 }

@@ -101,6 +101,25 @@ impl SlotView {
             ..SlotView::pending(0, 0, 0, 0)
         }
     }
+
+    /// When the published job runs from: its start, or (not started yet) its release but no
+    /// earlier than `now`.
+    fn begins(&self, now: i64) -> i64 {
+        if self.start > 0 {
+            self.start
+        } else {
+            self.release.max(now)
+        }
+    }
+
+    /// The delay best effort has reserved against the published job.
+    fn reserved(&self) -> i64 {
+        if self.acct_seq == self.seq {
+            self.acct_overlap
+        } else {
+            0
+        }
+    }
 }
 
 /// How a run's guard judges a piece.
@@ -132,26 +151,17 @@ pub fn admits(v: &SlotView, now: i64, piece_ns: i64, policy: &Policy) -> Option<
         UNKNOWN => return None,
         _ => {}
     }
-    let begins = if v.start > 0 {
-        v.start
-    } else {
-        v.release.max(now)
-    };
+    let begins = v.begins(now);
     let overlap = now.saturating_add(piece_ns).saturating_sub(begins.max(now));
     if overlap <= 0 {
         return Some(0);
     }
     let delay = (overlap as f64 * policy.delay_per_overlap).round() as i64;
-    let reserved = if v.acct_seq == v.seq {
-        v.acct_overlap
-    } else {
-        0
-    };
     let slack = v
         .deadline
         .saturating_sub(policy.margin_ns)
         .saturating_sub(begins.saturating_add(v.service))
-        .saturating_sub(reserved);
+        .saturating_sub(v.reserved());
     (delay <= slack).then_some(delay)
 }
 
@@ -164,19 +174,9 @@ pub fn retry_at(v: &SlotView, now: i64) -> i64 {
     if v.state != PUBLISHED {
         return soon;
     }
-    let begins = if v.start > 0 {
-        v.start
-    } else {
-        v.release.max(now)
-    };
-    let reserved = if v.acct_seq == v.seq {
-        v.acct_overlap
-    } else {
-        0
-    };
-    begins
+    v.begins(now)
         .saturating_add(v.service)
-        .saturating_add(reserved)
+        .saturating_add(v.reserved())
         .clamp(soon, now + MAX_HOLD_SLEEP_NS)
 }
 
