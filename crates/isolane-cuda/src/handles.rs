@@ -12,6 +12,37 @@ use isolane_engine::Result;
 
 use crate::error::{cu_check, dnn_check, lt_check};
 
+/// A raw device allocation of at least `bytes` (256 at least); the caller frees it.
+pub(crate) fn dev_alloc(bytes: usize) -> Result<u64> {
+    let mut p: cu::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer, a context is current (set by the caller).
+    cu_check("cuMemAlloc", unsafe {
+        cu::cuMemAlloc_v2(&mut p, bytes.max(256))
+    })?;
+    Ok(p)
+}
+
+/// A device allocation, freed when dropped (with its context current, as while building).
+pub(crate) struct DeviceBuffer {
+    pub(crate) ptr: u64,
+}
+
+impl DeviceBuffer {
+    pub(crate) fn new(bytes: usize) -> Result<DeviceBuffer> {
+        Ok(DeviceBuffer {
+            ptr: dev_alloc(bytes)?,
+        })
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc in `new`, freed once, here; nothing reads it after
+        // its owner drops it.
+        unsafe { cu::cuMemFree_v2(self.ptr) };
+    }
+}
+
 /// A captured CUDA graph and its executable instance.
 pub(crate) struct CapturedGraph {
     graph: cu::CUgraph,

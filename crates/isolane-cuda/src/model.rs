@@ -12,7 +12,7 @@ use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
 use crate::error::{cu_check, dnn_check, lt_check, rtc_check};
-use crate::handles::{CapturedGraph, CublasLt, Cudnn, Module, PinnedF32};
+use crate::handles::{dev_alloc, CapturedGraph, CublasLt, Cudnn, DeviceBuffer, Module, PinnedF32};
 use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
 use crate::options::BuildOptions;
 use crate::plan::{
@@ -271,27 +271,6 @@ impl Drop for MatmulDesc {
     }
 }
 
-/// A device allocation, freed when dropped (with its context current, as while building).
-struct DeviceBuffer {
-    ptr: u64,
-}
-
-impl DeviceBuffer {
-    fn new(bytes: usize) -> Result<DeviceBuffer> {
-        Ok(DeviceBuffer {
-            ptr: dev_alloc(bytes)?,
-        })
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        // SAFETY: allocated by cuMemAlloc in `new`, freed once, here; nothing reads it after
-        // its owner drops it.
-        unsafe { cu::cuMemFree_v2(self.ptr) };
-    }
-}
-
 /// Device memory of one loaded model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryReport {
@@ -382,15 +361,6 @@ unsafe impl Send for CudaModel {}
 /// measured was a multiple of it. Only sizes the shared weights + arena allocation; a device
 /// with another granularity loses at most the workspace's sharing of the rounding.
 const ALLOC_GRANULARITY: usize = 2 << 20;
-
-fn dev_alloc(bytes: usize) -> Result<u64> {
-    let mut p: cu::CUdeviceptr = 0;
-    // SAFETY: valid out-pointer, a context is current (set by the caller).
-    cu_check("cuMemAlloc", unsafe {
-        cu::cuMemAlloc_v2(&mut p, bytes.max(256))
-    })?;
-    Ok(p)
-}
 
 fn free_mem() -> Result<usize> {
     let (mut free, mut total) = (0usize, 0usize);
