@@ -193,6 +193,47 @@ PY
     return $status
 }
 
+# There: the planner on the H100 (issue 15). For each scenarios/planner/*.toml (or the names
+# given): plan --auto with a profile cache, verify the plan by running it, then plan again from
+# the warm cache and time that. The profiles and the verification runs come back as
+# $OUT/plan.tgz (commit the profiles: offline planning reads them); the printed plans and
+# tables as text files. PROFILES=DIR starts from a cache carried in. STRETCH_FROM=DIR gives
+# three-cameras its --stretch-from (default: the committed green fp16 matrix).
+#   bash scripts/gpu-test.sh plan [NAME...]
+plan() {
+    local out=${OUT:-/tmp/isolane-out} status=0 s name rc work=/tmp/isolane-plan
+    mkdir -p "$out" "$work/profiles"
+    [ -n "${PROFILES:-}" ] && cp -r "$PROFILES"/. "$work/profiles/"
+    local names=("$@")
+    [ ${#names[@]} -eq 0 ] && names=(three-cameras inspection-line five-mps)
+    for name in "${names[@]}"; do
+        s="scenarios/planner/$name.toml"
+        local extra=()
+        [ "$name" = three-cameras ] && extra=(--stretch-from "${STRETCH_FROM:-results/h100-interference/green-fp16}")
+        echo "=== plan --auto --verify $name"
+        rc=0
+        ./stage/isolane plan --auto "$s" --profile-cache "$work/profiles" "${extra[@]}" \
+            -o "$out/$name.planned.toml" --verify --verify-out "$work/verify-$name" \
+            >"$out/plan-$name.txt" 2>"$out/plan-$name.err" || rc=$?
+        echo "exit $rc" | tee -a "$out/plan-$name.txt"
+        [ "$rc" -eq 0 ] || status=1
+        cat "$out/plan-$name.txt"
+        grep -v '^telemetry:' "$out/plan-$name.err" | tail -n 30
+        echo "=== warm-cache planning time, $name"
+        local t0 t1
+        t0=$(date +%s.%N)
+        ./stage/isolane plan --auto "$s" --profile-cache "$work/profiles" "${extra[@]}" \
+            >"$work/replan-$name.toml" 2>"$work/replan-$name.err" || true
+        t1=$(date +%s.%N)
+        python3 -c "print(f'planning from the warm cache: {$t1 - $t0:.3f} s')" | tee "$out/replan-$name.time"
+    done
+    # The device tool brings back only a few files: one archive with everything.
+    cp "$out"/*.txt "$out"/*.err "$out"/*.time "$out"/*.toml "$work/" 2>/dev/null
+    tar czf "$out/plan.tgz" -C "$work" --exclude='*.csv' .
+    rm -f "$out"/*.err "$out"/*.time "$out"/*.toml
+    return $status
+}
+
 case "${1:-}" in
     stage) stage ;;
     run) shift; run "$@" ;;
@@ -200,5 +241,6 @@ case "${1:-}" in
     engine-checks) shift; engine_checks "$@" ;;
     leaks) leaks ;;
     memory) memory ;;
-    *) echo "usage: $0 stage | run [TEST_BINARY_NAME...] | bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS] | engine-checks [PARTS] | leaks | memory" >&2; exit 2 ;;
+    plan) shift; plan "$@" ;;
+    *) echo "usage: $0 stage | run [TEST_BINARY_NAME...] | bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS] | engine-checks [PARTS] | leaks | memory | plan [NAME...]" >&2; exit 2 ;;
 esac

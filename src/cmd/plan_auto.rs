@@ -43,7 +43,7 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         None => None,
     };
     let work = tempfile::tempdir().context("a folder for the profile runs")?;
-    let mut best: Option<(Mechanism, Vec<Choice>)> = None;
+    let mut best: Option<(Mechanism, Vec<Demand>, Vec<Choice>)> = None;
     for mech in &mechanisms {
         let ladder = ladder(&scenario, *mech)?;
         let mut profiler = RunProfiler {
@@ -55,24 +55,84 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
             engine,
             work: work.path(),
         };
-        let demands = with_stretch(&scenario, &demands, *mech, matrix.as_ref());
+        let demands = with_stretch(&scenario, &demands, *mech, matrix.as_ref(), args.stretch);
         let t = std::time::Instant::now();
         let outcome = isolane_planner::plan(&demands, &ladder, &opts, &mut profiler)
             .map_err(|e| anyhow::anyhow!("profiling for the {mech:?} plan: {e}"))?;
         print_outcome(*mech, &ladder, &outcome, t.elapsed().as_secs_f64());
         if let (Outcome::Planned { choices, .. }, None) = (&outcome, &best) {
-            best = Some((*mech, choices.clone()));
+            best = Some((*mech, demands.clone(), choices.clone()));
         }
     }
-    let Some((mech, choices)) = best else {
+    let Some((mech, mut demands, mut choices)) = best else {
         return Ok(super::EXIT_USER);
     };
-    let planned = planned_scenario(&scenario, mech, &choices);
-    let text = annotate(
-        &planned.to_toml_string()?,
-        &choices,
-        &ladder(&scenario, mech)?,
-    );
+    let ladder = ladder(&scenario, mech)?;
+    for round in 1.. {
+        let planned = planned_scenario(&scenario, mech, &choices);
+        write_plan(&planned, &choices, &ladder, args)?;
+        if !args.verify {
+            return Ok(0);
+        }
+        let summary = verify(&planned, args, round, engine)?;
+        let missed = print_verification(&summary, &choices);
+        if !missed {
+            return Ok(0);
+        }
+        if round >= args.rounds {
+            println!("the plan does NOT hold: a workload missed its deadline");
+            return Ok(super::EXIT_FAILED);
+        }
+        demands = calibrated(&demands, &choices, &summary);
+        let mut profiler = RunProfiler {
+            scenario: &scenario,
+            mechanism: mech,
+            cache: &cache,
+            device: device_id(&scenario),
+            jobs: args.profile_jobs,
+            engine,
+            work: work.path(),
+        };
+        let t = std::time::Instant::now();
+        let outcome = isolane_planner::plan(&demands, &ladder, &opts, &mut profiler)
+            .map_err(|e| anyhow::anyhow!("profiling for the {mech:?} plan: {e}"))?;
+        print_outcome(mech, &ladder, &outcome, t.elapsed().as_secs_f64());
+        match outcome {
+            Outcome::Planned { choices: next, .. } if sizes(&next) != sizes(&choices) => {
+                println!(
+                    "round {}: planned again with the measured stretch",
+                    round + 1
+                );
+                choices = next;
+            }
+            Outcome::Planned { .. } => {
+                println!(
+                    "the plan does NOT hold, and planning with the measured stretch gives the \
+                     same partitions"
+                );
+                return Ok(super::EXIT_FAILED);
+            }
+            Outcome::NoPlan { .. } => {
+                println!("the plan does NOT hold, and with the measured stretch there is none");
+                return Ok(super::EXIT_FAILED);
+            }
+        }
+    }
+    unreachable!("the rounds end by returning")
+}
+
+fn sizes(choices: &[Choice]) -> Vec<u32> {
+    choices.iter().map(|c| c.size).collect()
+}
+
+/// The planned scenario, annotated, to `-o FILE` or stdout.
+fn write_plan(
+    planned: &Scenario,
+    choices: &[Choice],
+    ladder: &Ladder,
+    args: &PlanArgs,
+) -> anyhow::Result<()> {
+    let text = annotate(&planned.to_toml_string()?, choices, ladder);
     match &args.out {
         Some(p) => {
             isolane_core::files::write_atomic(p, text.as_bytes())
@@ -81,10 +141,36 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         }
         None => print!("{text}"),
     }
-    if args.verify {
-        return verify(&planned, &choices, args, engine);
-    }
-    Ok(0)
+    Ok(())
+}
+
+/// Each workload's stretch as its verification run measured it: its p99.9 response time
+/// beside the others over its p99.9 execution time alone in the same partition (queueing and
+/// the neighbours' interference both count), never below the stretch it was planned with.
+fn calibrated(demands: &[Demand], choices: &[Choice], summary: &RunSummary) -> Vec<Demand> {
+    demands
+        .iter()
+        .zip(choices)
+        .map(|(d, c)| {
+            let measured = summary
+                .workloads
+                .iter()
+                .find(|w| w.name == d.name)
+                .and_then(|w| w.metrics.latency_ms.p999)
+                .map(|p999| p999 / c.profile.tail_ms());
+            let before = c.predicted_tail_ms / c.profile.tail_ms();
+            let stretch = measured.map_or(before, |m| m.max(before));
+            eprintln!(
+                "{}: stretch {before:.2} planned, {} measured",
+                d.name,
+                measured.map_or("nothing".into(), |m| format!("{m:.2}"))
+            );
+            Demand {
+                stretch: Some(stretch),
+                ..d.clone()
+            }
+        })
+        .collect()
 }
 
 /// Each workload's rate and deadline; one without either cannot be planned.
@@ -120,13 +206,15 @@ fn read_matrix(p: &Path) -> anyhow::Result<InterferenceIndex> {
 }
 
 /// Each workload's stretch from the matrix, beside the scenario's other models, where the
-/// matrix measured that mechanism and the workload's model and precision as a victim; the
-/// others keep --stretch.
+/// matrix measured that mechanism and the workload's model and precision as a victim; a model
+/// it never measured takes the worst stretch of any victim at that precision (or --stretch
+/// when that is larger): planning it as if alone would be the optimistic guess.
 fn with_stretch(
     s: &Scenario,
     demands: &[Demand],
     mech: Mechanism,
     matrix: Option<&InterferenceIndex>,
+    stated: f64,
 ) -> Vec<Demand> {
     let Some(m) = matrix.filter(|m| m.mechanism == format!("{mech:?}").to_lowercase()) else {
         return demands.to_vec();
@@ -142,12 +230,22 @@ fn with_stretch(
                 .map(|o| o.model.as_str())
                 .collect();
             let precision = format!("{:?}", w.precision).to_lowercase();
-            let stretch = isolane_planner::stretch_from(m, &w.model, &precision, &others);
-            if let Some(st) = stretch {
+            let measured = isolane_planner::stretch_from(m, &w.model, &precision, &others);
+            let stand_in = || {
+                let worst = isolane_planner::worst_stretch(m, &precision)?;
+                let st = worst.max(stated);
+                eprintln!(
+                    "{}: stretch {st:.2}, the matrix's worst at {precision} (it did not measure \
+                     {} as a victim)",
+                    w.name, w.model
+                );
+                Some(st)
+            };
+            if let Some(st) = measured {
                 eprintln!("{}: stretch {st:.2} from the interference matrix", w.name);
             }
             Demand {
-                stretch: stretch.or(d.stretch),
+                stretch: measured.or_else(stand_in).or(d.stretch),
                 ..d.clone()
             }
         })
@@ -312,6 +410,7 @@ impl RunProfiler<'_> {
             exec_p50_ms: p50,
             exec_p99_ms: p99,
             exec_mean_ms: mean,
+            exec_p999_ms: t.p999,
         })
     }
 }
@@ -330,11 +429,12 @@ impl Profiler for RunProfiler<'_> {
             );
         }
         eprintln!(
-            "profiled {} in {}: p50 {:.3} ms, p99 {:.3} ms",
+            "profiled {} in {}: p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms",
             self.scenario.workloads[index].name,
             describe(self.mechanism, size),
             p.exec_p50_ms,
-            p.exec_p99_ms
+            p.exec_p99_ms,
+            p.tail_ms()
         );
         Ok(p)
     }
@@ -383,8 +483,8 @@ fn planned_scenario(s: &Scenario, mech: Mechanism, choices: &[Choice]) -> Scenar
     out
 }
 
-/// The resolved scenario with a comment above each workload: its partition, predicted p99
-/// and slack.
+/// The resolved scenario with a comment above each workload: its partition, predicted p99 and
+/// p99.9, and the slack the deadline leaves beyond the p99.9.
 fn annotate(toml: &str, choices: &[Choice], ladder: &Ladder) -> String {
     let mut out = String::new();
     let mut next = choices.iter();
@@ -392,10 +492,11 @@ fn annotate(toml: &str, choices: &[Choice], ladder: &Ladder) -> String {
         if line.trim() == "[[workload]]" {
             if let Some(c) = next.next() {
                 out.push_str(&format!(
-                    "# planned: {}; predicted p99 {:.3} ms (deadline {:.3} ms, slack {:.3} ms); \
-                     utilisation {:.2}\n",
+                    "# planned: {}; predicted p99 {:.3} ms, p99.9 {:.3} ms (deadline {:.3} ms, \
+                     slack {:.3} ms); utilisation {:.2}\n",
                     ladder.describe(c.size),
                     c.predicted_p99_ms,
+                    c.predicted_tail_ms,
                     c.deadline_ms,
                     c.slack_ms(),
                     c.util
@@ -427,10 +528,11 @@ fn print_outcome(mech: Mechanism, ladder: &Ladder, o: &Outcome, secs: f64) {
             );
             for c in choices {
                 eprintln!(
-                    "  {:<16} {:>10}  predicted p99 {:>8.3} ms of {:>8.3} ms  slack {:>7.3} ms",
+                    "  {:<14} {:>8}  p99 {:>6.3}  p99.9 {:>6.3} of {:>6.3} ms  slack {:>6.3} ms",
                     c.workload,
                     ladder.describe(c.size),
                     c.predicted_p99_ms,
+                    c.predicted_tail_ms,
                     c.deadline_ms,
                     c.slack_ms()
                 );
@@ -452,15 +554,22 @@ fn print_outcome(mech: Mechanism, ladder: &Ladder, o: &Outcome, secs: f64) {
     }
 }
 
-/// Runs the planned scenario and puts predicted and measured side by side. A workload that
-/// misses its deadline (timeouts above 0.1 %, or a measured p99 above it) makes the plan
-/// fail: exit 1.
+/// Runs the planned scenario (verification round `round`) and returns what it measured.
 fn verify(
     s: &Scenario,
-    choices: &[Choice],
     args: &PlanArgs,
+    round: u32,
     engine: &Engine,
-) -> anyhow::Result<u8> {
+) -> anyhow::Result<RunSummary> {
+    // Round 1 runs in --verify-out, later rounds beside it (DIR.round2 …).
+    let out = args.verify_out.as_ref().map(|d| match round {
+        1 => d.clone(),
+        k => {
+            let mut name = d.as_os_str().to_owned();
+            name.push(format!(".round{k}"));
+            std::path::PathBuf::from(name)
+        }
+    });
     let admitted = super::admit_or_refuse(s, "the planned scenario")?;
     let plan = RunPlan::from_scenario(s);
     let m = super::run::measure(super::run::Request {
@@ -469,40 +578,44 @@ fn verify(
         scenario_name: "planned".into(),
         admitted: admitted.as_ref(),
         plan: &plan,
-        out: args.verify_out.as_deref(),
+        out: out.as_deref(),
         force: args.force,
         quiet: true,
         partitions: &super::PartitionFlags::default(),
         engine,
     })?;
     super::run::write_run_files(&m)?;
-    let missed = print_verification(&m.summary, choices);
-    println!("verification run: {}", m.out.display());
-    Ok(if missed { super::EXIT_FAILED } else { 0 })
+    println!("verification run {round}: {}", m.out.display());
+    Ok(m.summary)
 }
 
+/// Predicted against measured p99 and p99.9 (response times, ms) per workload; whether one
+/// missed its deadline (timeouts above 0.1 %, or a measured p99 above it): then the plan
+/// does not hold.
 fn print_verification(summary: &RunSummary, choices: &[Choice]) -> bool {
     println!(
-        "{:<16} {:>10} {:>10} {:>10} {:>9}  verdict",
-        "workload", "predicted", "measured", "deadline", "timeouts"
+        "{:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  verdict",
+        "workload", "p99 pred", "measured", "p999 pre", "measured", "deadline", "timeouts"
     );
     let mut missed = false;
     for (w, c) in summary.workloads.iter().zip(choices) {
-        let p99 = w.metrics.latency_ms.p99.unwrap_or(f64::INFINITY);
+        let lat = &w.metrics.latency_ms;
+        let p99 = lat.p99.unwrap_or(f64::INFINITY);
+        let p999 = lat.p999.unwrap_or(f64::INFINITY);
         let miss = w.metrics.timeout_pct > 0.1 || p99 > c.deadline_ms;
         missed |= miss;
         println!(
-            "{:<16} {:>7.3} ms {:>7.3} ms {:>7.3} ms {:>8.2}%  {}",
+            "{:<14} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>7.2}%  {}",
             w.name,
             c.predicted_p99_ms,
             p99,
+            c.predicted_tail_ms,
+            p999,
             c.deadline_ms,
             w.metrics.timeout_pct,
             if miss { "MISSED" } else { "met" }
         );
     }
-    if missed {
-        println!("the plan does NOT hold: a workload missed its deadline");
-    }
+    println!("(response times in ms, predicted from the profiles alone × stretch)");
     missed
 }

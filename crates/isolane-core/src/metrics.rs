@@ -304,6 +304,9 @@ pub struct ExecTimes {
     pub mean: Option<f64>,
     pub p50: Option<f64>,
     pub p99: Option<f64>,
+    /// The 99.9th percentile: the tail a 0.1 % timeout budget must fit.
+    #[serde(default)]
+    pub p999: Option<f64>,
     pub max: Option<f64>,
 }
 
@@ -323,6 +326,7 @@ pub fn exec_times(records: &[JobRecord]) -> ExecTimes {
         mean: (!ms.is_empty()).then(|| ms.iter().sum::<f64>() / ms.len() as f64),
         p50: rank(0.5),
         p99: rank(0.99),
+        p999: rank(0.999),
         max: ms.last().copied(),
     }
 }

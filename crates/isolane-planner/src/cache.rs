@@ -114,6 +114,7 @@ mod tests {
             exec_p50_ms: 0.4,
             exec_p99_ms: 0.45,
             exec_mean_ms: 0.41,
+            exec_p999_ms: Some(0.5),
         };
         assert_eq!(c.get(&key(48)), None);
         c.put(&key(48), &p).unwrap();

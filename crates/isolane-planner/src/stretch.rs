@@ -33,6 +33,18 @@ pub fn stretch_from(
         .map(|s| s.max(1.0))
 }
 
+/// The worst p99 stretch the matrix measured for any victim at `precision`: the stand-in for a
+/// model it never measured as a victim (a stretch of 1 would plan as if alone; the worst
+/// measured one errs on the side of the deadline). `None` when it measured nothing there.
+pub fn worst_stretch(m: &InterferenceIndex, precision: &str) -> Option<f64> {
+    m.cells
+        .iter()
+        .filter(|c| c.kind == CellKind::Pair && c.precision == precision)
+        .filter_map(|c| c.stretch_p99)
+        .fold(None, |a: Option<f64>, s| Some(a.map_or(s, |a| a.max(s))))
+        .map(|s| s.max(1.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,6 +74,11 @@ mod tests {
         let any = stretch_from(&m, "vit_b_16", "fp16", &["mobilenet_v2"]).unwrap();
         assert!(any >= s);
         assert_eq!(stretch_from(&m, "convnext_large", "fp16", &[]), None);
+        // A model it never measured as a victim: the worst of all victims (resnet18 beside
+        // resnet18 in 80 SMs, ×1.39 at p99 on the H100), at least vit_b_16's worst.
+        let worst = worst_stretch(&m, "fp16").unwrap();
+        assert!(worst >= any && (1.3..1.5).contains(&worst), "{worst}");
+        assert_eq!(worst_stretch(&m, "fp32"), None);
         assert_eq!(stretch_from(&m, "vit_b_16", "fp32", &["vit_l_32"]), None);
 
         let mut small = m.clone();
