@@ -68,6 +68,12 @@ fn a_cpu_plan_pins_each_workload_to_a_core_and_verifies() {
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("profiled"), "{err}");
+    // ... and each workload's stretch is the one the verification run measured beside the
+    // other (kept in the cache folder).
+    assert!(
+        err.contains("camera: stretch") && err.contains("measured by an earlier verification"),
+        "{err}"
+    );
     assert!(String::from_utf8_lossy(&o.stdout).contains("# planned: 1 core"));
 }
 
@@ -122,7 +128,8 @@ fn a_closed_loop_workload_cannot_be_planned() {
 }
 
 /// `--stretch-from` takes each workload's stretch from a matrix measured with the same
-/// mechanism (here the CPU's `none`): the victim it measured gets it, the other keeps --stretch.
+/// mechanism (here the CPU's `none`): the victim it measured gets it; the other, a model the
+/// matrix never measured as a victim, gets the matrix's worst.
 #[test]
 fn an_interference_matrix_gives_each_workload_its_stretch() {
     let _cores = cores();
@@ -160,7 +167,10 @@ fn an_interference_matrix_gives_each_workload_its_stretch() {
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("camera: stretch 1.0"), "{err}");
-    assert!(!err.contains("lidar: stretch"), "{err}");
+    assert!(
+        err.contains("lidar: stretch") && err.contains("the matrix's worst at fp32"),
+        "{err}"
+    );
     // A matrix that is not one is refused by name.
     let bad = scenario(tmp.path(), "bad.json", "{}");
     let o = isolane()

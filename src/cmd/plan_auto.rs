@@ -13,7 +13,8 @@ use isolane_core::spec::{
 };
 use isolane_planner::cache::ProfileKey;
 use isolane_planner::{
-    Choice, Demand, Ladder, Options, Outcome, Point, ProfileCache, Profiler, Unit,
+    Choice, Demand, Ladder, LearnedStretch, Options, Outcome, Point, ProfileCache, Profiler,
+    StretchKey, Unit,
 };
 use isolane_runtime::exec::Engine;
 use isolane_runtime::RunPlan;
@@ -42,6 +43,8 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         Some(p) => Some(read_matrix(p)?),
         None => None,
     };
+    let learned = LearnedStretch::new(cache.dir());
+    let device = device_id(&scenario);
     let work = tempfile::tempdir().context("a folder for the profile runs")?;
     let mut best: Option<(Mechanism, Vec<Demand>, Vec<Choice>)> = None;
     for mech in &mechanisms {
@@ -50,12 +53,13 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
             scenario: &scenario,
             mechanism: *mech,
             cache: &cache,
-            device: device_id(&scenario),
+            device: device.clone(),
             jobs: args.profile_jobs,
             engine,
             work: work.path(),
         };
         let demands = with_stretch(&scenario, &demands, *mech, matrix.as_ref(), args.stretch);
+        let demands = with_learned(&scenario, &demands, *mech, &device, &learned);
         let t = std::time::Instant::now();
         let outcome = isolane_planner::plan(&demands, &ladder, &opts, &mut profiler)
             .map_err(|e| anyhow::anyhow!("profiling for the {mech:?} plan: {e}"))?;
@@ -76,6 +80,7 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         }
         let summary = verify(&planned, args, round, engine)?;
         let missed = print_verification(&summary, &choices);
+        learn(&scenario, &choices, &summary, mech, &device, &learned);
         if !missed {
             return Ok(0);
         }
@@ -88,7 +93,7 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
             scenario: &scenario,
             mechanism: mech,
             cache: &cache,
-            device: device_id(&scenario),
+            device: device.clone(),
             jobs: args.profile_jobs,
             engine,
             work: work.path(),
@@ -121,6 +126,82 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     unreachable!("the rounds end by returning")
 }
 
+/// Which learned stretch workload `i` of `s` has: beside the scenario's other workloads.
+fn stretch_key(s: &Scenario, i: usize, mech: Mechanism, device: &str) -> StretchKey {
+    let id = |w: &WorkloadSpec| {
+        format!(
+            "{}-b{}-{}",
+            model_id(&w.model),
+            w.batch,
+            format!("{:?}", w.precision).to_lowercase()
+        )
+    };
+    StretchKey {
+        device: device.to_string(),
+        mechanism: format!("{mech:?}").to_lowercase(),
+        workload: id(&s.workloads[i]),
+        neighbours: (s.workloads.iter().enumerate())
+            .filter(|(j, _)| *j != i)
+            .map(|(_, w)| id(w))
+            .collect(),
+    }
+}
+
+/// The stretch an earlier verification run measured beside the same workloads, where there is
+/// one: it replaces the matrix's and --stretch, which were measured beside other neighbours.
+fn with_learned(
+    s: &Scenario,
+    demands: &[Demand],
+    mech: Mechanism,
+    device: &str,
+    learned: &LearnedStretch,
+) -> Vec<Demand> {
+    demands
+        .iter()
+        .enumerate()
+        .map(
+            |(i, d)| match learned.get(&stretch_key(s, i, mech, device)) {
+                Some(st) => {
+                    // Below 1 is the noise of two runs, not neighbours that speed a job up.
+                    let st = st.max(1.0);
+                    eprintln!(
+                        "{}: stretch {st:.2} measured by an earlier verification beside the same \
+                     workloads",
+                        d.name
+                    );
+                    Demand {
+                        stretch: Some(st),
+                        ..d.clone()
+                    }
+                }
+                None => d.clone(),
+            },
+        )
+        .collect()
+}
+
+/// Keeps each workload's measured stretch for later plans of the same workloads.
+fn learn(
+    s: &Scenario,
+    choices: &[Choice],
+    summary: &RunSummary,
+    mech: Mechanism,
+    device: &str,
+    learned: &LearnedStretch,
+) {
+    for (i, c) in choices.iter().enumerate() {
+        let Some(st) = measured_stretch(c, summary) else {
+            continue;
+        };
+        if let Err(e) = learned.put(&stretch_key(s, i, mech, device), st) {
+            eprintln!(
+                "note: cannot keep the measured stretch of {}: {e}",
+                c.workload
+            );
+        }
+    }
+}
+
 fn sizes(choices: &[Choice]) -> Vec<u32> {
     choices.iter().map(|c| c.size).collect()
 }
@@ -144,20 +225,27 @@ fn write_plan(
     Ok(())
 }
 
-/// Each workload's stretch as its verification run measured it: its p99.9 response time
-/// beside the others over its p99.9 execution time alone in the same partition (queueing and
-/// the neighbours' interference both count), never below the stretch it was planned with.
+/// A workload's stretch as its verification run measured it: its p99.9 response time beside
+/// the others over its p99.9 execution time alone in the same partition (queueing and the
+/// neighbours' interference both count).
+fn measured_stretch(c: &Choice, summary: &RunSummary) -> Option<f64> {
+    summary
+        .workloads
+        .iter()
+        .find(|w| w.name == c.workload)
+        .and_then(|w| w.metrics.latency_ms.p999)
+        .map(|p999| p999 / c.profile.tail_ms())
+        .filter(|s| s.is_finite() && *s > 0.0)
+}
+
+/// Each workload's stretch for the next round: the measured one, never below the stretch it
+/// was planned with.
 fn calibrated(demands: &[Demand], choices: &[Choice], summary: &RunSummary) -> Vec<Demand> {
     demands
         .iter()
         .zip(choices)
         .map(|(d, c)| {
-            let measured = summary
-                .workloads
-                .iter()
-                .find(|w| w.name == d.name)
-                .and_then(|w| w.metrics.latency_ms.p999)
-                .map(|p999| p999 / c.profile.tail_ms());
+            let measured = measured_stretch(c, summary);
             let before = c.predicted_tail_ms / c.profile.tail_ms();
             let stretch = measured.map_or(before, |m| m.max(before));
             eprintln!(

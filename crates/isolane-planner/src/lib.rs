@@ -18,10 +18,12 @@
 //! - **CPU cores**: each workload a core of its own, profiled pinned to one core.
 
 pub mod cache;
+pub mod learned;
 mod search;
 mod stretch;
 
 pub use cache::ProfileCache;
+pub use learned::{LearnedStretch, StretchKey};
 pub use search::{plan, Choice, Outcome};
 pub use stretch::{stretch_from, worst_stretch};
 

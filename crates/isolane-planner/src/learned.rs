@@ -1,0 +1,151 @@
+//! Stretch learned from verification runs: what a workload's p99.9 response time beside the
+//! other workloads of a plan measured, over its p99.9 execution time alone in the same
+//! partition. An interference matrix gives the stretch of model pairs in one partition size;
+//! a verification run measures it for the very set of neighbours, so a later plan of the same
+//! workloads predicts from it (docs/planner.md, "Verification rounds").
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Which stretch: one workload beside a set of others, on one device and mechanism.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StretchKey {
+    /// As in [`crate::cache::ProfileKey`]: GPU name and driver.
+    pub device: String,
+    pub mechanism: String,
+    /// The workload: model id, batch and precision (`resnet50-b16-fp16`).
+    pub workload: String,
+    /// The other workloads of the plan, the same way; their order does not matter.
+    pub neighbours: Vec<String>,
+}
+
+/// What is stored: the key in words (so a user can read the folder) and the stretch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Entry {
+    device: String,
+    mechanism: String,
+    workload: String,
+    neighbours: Vec<String>,
+    stretch: f64,
+}
+
+impl StretchKey {
+    fn sorted_neighbours(&self) -> Vec<String> {
+        let mut n = self.neighbours.clone();
+        n.sort();
+        n
+    }
+
+    fn file_name(&self) -> String {
+        let clean = |s: &str| -> String {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect()
+        };
+        // The neighbour set goes into the name as a CRC-32: six ONNX names would not fit.
+        let set = crc32fast::hash(self.sorted_neighbours().join("\n").as_bytes());
+        format!(
+            "{}/stretch/{}/{}--beside-{set:08x}.json",
+            clean(&self.device),
+            clean(&self.mechanism),
+            clean(&self.workload)
+        )
+    }
+}
+
+/// Learned stretches, kept in the profile cache's folder.
+#[derive(Debug, Clone)]
+pub struct LearnedStretch {
+    dir: PathBuf,
+}
+
+impl LearnedStretch {
+    pub fn new(dir: impl Into<PathBuf>) -> LearnedStretch {
+        LearnedStretch { dir: dir.into() }
+    }
+
+    /// The stretch a verification run measured for exactly this workload and neighbours. A
+    /// file that does not read back, or that belongs to another key (a CRC collision), is
+    /// absent.
+    pub fn get(&self, key: &StretchKey) -> Option<f64> {
+        let text = std::fs::read_to_string(self.dir.join(key.file_name())).ok()?;
+        let e: Entry = serde_json::from_str(&text).ok()?;
+        let same = e.device == key.device
+            && e.mechanism == key.mechanism
+            && e.workload == key.workload
+            && e.neighbours == key.sorted_neighbours();
+        (same && e.stretch.is_finite() && e.stretch > 0.0).then_some(e.stretch)
+    }
+
+    /// Keeps the latest measurement (atomically).
+    pub fn put(&self, key: &StretchKey, stretch: f64) -> std::io::Result<()> {
+        let path = self.dir.join(key.file_name());
+        let e = Entry {
+            device: key.device.clone(),
+            mechanism: key.mechanism.clone(),
+            workload: key.workload.clone(),
+            neighbours: key.sorted_neighbours(),
+            stretch,
+        };
+        let json = serde_json::to_vec_pretty(&e).map_err(std::io::Error::other)?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        isolane_core::files::write_atomic(&path, &json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(neighbours: &[&str]) -> StretchKey {
+        StretchKey {
+            device: "NVIDIA H100 80GB HBM3 580.159.04".into(),
+            mechanism: "green".into(),
+            workload: "resnet50-b16-fp16".into(),
+            neighbours: neighbours.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_stretch_is_found_for_the_same_neighbours_in_any_order_only() {
+        let d = tempfile::tempdir().unwrap();
+        let l = LearnedStretch::new(d.path());
+        let k = key(&["resnet18-b1-fp16", "mobilenet_v2-b1-fp16"]);
+        assert_eq!(l.get(&k), None);
+        l.put(&k, 1.17).unwrap();
+        assert_eq!(l.get(&k), Some(1.17));
+        assert_eq!(
+            l.get(&key(&["mobilenet_v2-b1-fp16", "resnet18-b1-fp16"])),
+            Some(1.17)
+        );
+        assert_eq!(l.get(&key(&["resnet18-b1-fp16"])), None);
+        let other = StretchKey {
+            mechanism: "mps".into(),
+            ..k.clone()
+        };
+        assert_eq!(l.get(&other), None);
+        // The latest measurement wins.
+        l.put(&k, 1.30).unwrap();
+        assert_eq!(l.get(&k), Some(1.30));
+    }
+
+    #[test]
+    fn an_unreadable_file_is_absent() {
+        let d = tempfile::tempdir().unwrap();
+        let l = LearnedStretch::new(d.path());
+        let k = key(&["x"]);
+        let path = d.path().join(k.file_name());
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, "{ cut off").unwrap();
+        assert_eq!(l.get(&k), None);
+    }
+}
