@@ -16,7 +16,9 @@
 //! knows nothing of workloads' hosts), so that neither depends on the other.
 
 mod live;
+pub mod maxrate;
 pub mod telemetry;
+pub mod verify;
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
