@@ -157,7 +157,11 @@ fn the_search_runs_in_an_isolane_worker_and_reports_back() {
     // 1 ms jobs: never above 1000 jobs/s, however loaded the machine.
     let rate = outcome.result.max_rate_hz;
     assert!(rate > 0.0 && rate <= 1010.0, "{rate}");
-    assert_eq!(adopted.lock().unwrap().len(), 1, "the worker is adopted once");
+    assert_eq!(
+        adopted.lock().unwrap().len(),
+        1,
+        "the worker is adopted once"
+    );
     assert!(
         matches!(
             &events[0],

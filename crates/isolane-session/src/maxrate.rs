@@ -57,7 +57,7 @@ pub fn search_in_partition(
         let adopt = session.client_adopter();
         search_in_worker(worker, &env, &adopt, request, stop, observe)
     })?;
-    Ok(searched?)
+    searched
 }
 
 /// Runs the search of `request` in a worker started from `worker` with extra `env`; `adopt` is
