@@ -116,7 +116,14 @@ impl WorkerClient {
             FromWorker::Hello { .. } => {}
             other => return Err(client.unexpected(&other)),
         }
-        client.send(role)?;
+        if let Err(write_error) = client.send(role) {
+            // A worker that exited at once (a broken pipe) says why in its last message or
+            // its exit status, which is what a person needs to see.
+            return Err(match client.recv(HELLO_TIMEOUT) {
+                Err(e @ (WorkerClientError::Failed { .. } | WorkerClientError::Exited { .. })) => e,
+                _ => write_error,
+            });
+        }
         Ok(client)
     }
 
