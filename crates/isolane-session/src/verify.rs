@@ -374,3 +374,47 @@ impl ProbeTarget for WholeGpuProbe {
         self.probe.saturate(stop).map_err(|e| e.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cpu_scenario_is_refused_as_the_users_mistake_before_any_gpu_call() {
+        let scenario = Scenario::from_toml_str(
+            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\n\
+             rate_hz = 100\njobs = 3\n",
+            "test.toml",
+            &Vec::<String>::new(),
+        )
+        .unwrap();
+        let err = verify(&scenario, &VerifyOptions::default()).unwrap_err();
+        assert!(err.is_user_error(), "{err}");
+        assert!(err.to_string().contains("backend = \"cuda\""), "{err}");
+    }
+
+    #[test]
+    fn the_nominal_share_is_the_thread_percentage_or_the_sms() {
+        let m = Measurement {
+            gpu: 0,
+            sm_count: 132,
+            duration: Duration::from_secs(1),
+            worker: WorkerCommand {
+                program: "/bin/false".into(),
+                args: Vec::new(),
+                env: Vec::new(),
+            },
+            verbose: false,
+        };
+        let mps = ResolvedPartition::Mps {
+            thread_pct: 25,
+            mem_limit_mib: None,
+        };
+        assert_eq!(m.nominal_share(&mps, None), Some(0.25));
+        assert_eq!(
+            m.nominal_share(&ResolvedPartition::Whole, Some(33)),
+            Some(0.25)
+        );
+        assert_eq!(m.nominal_share(&ResolvedPartition::Whole, None), None);
+    }
+}
