@@ -27,7 +27,7 @@ use crate::probe::{Probe, ProbeConfig, ProbeResult, WholeDevice};
 
 /// How long an agent may take beyond the measurement itself before it counts as hung
 /// (context creation, NVRTC, PTX JIT).
-const SLACK: Duration = Duration::from_secs(120);
+pub const AGENT_SLACK: Duration = Duration::from_secs(120);
 
 /// One partition's probe, wherever it runs.
 pub trait ProbeAgent: Send {
@@ -98,7 +98,7 @@ impl ThreadAgent {
             stop,
             handle: Some(handle),
         };
-        match agent.rx.recv_timeout(SLACK) {
+        match agent.rx.recv_timeout(AGENT_SLACK) {
             Ok(Reply::Ready) => Ok(agent),
             Ok(Reply::Failed(e)) => Err(GpuError::Worker(format!("{}: {e}", agent.label))),
             Ok(_) => Err(GpuError::Worker(format!(
@@ -196,7 +196,7 @@ impl ProbeAgent for ThreadAgent {
         &self.label
     }
     fn measure(&mut self, duration: Duration) -> Result<ProbeResult> {
-        match self.ask(Cmd::Measure(duration), duration + SLACK)? {
+        match self.ask(Cmd::Measure(duration), duration + AGENT_SLACK)? {
             Reply::Measured(r) => Ok(r),
             _ => Err(GpuError::Worker(format!(
                 "{}: unexpected reply",
@@ -205,7 +205,7 @@ impl ProbeAgent for ThreadAgent {
         }
     }
     fn start_saturate(&mut self) -> Result<()> {
-        match self.ask(Cmd::Saturate, SLACK)? {
+        match self.ask(Cmd::Saturate, AGENT_SLACK)? {
             Reply::Saturating => Ok(()),
             _ => Err(GpuError::Worker(format!(
                 "{}: unexpected reply",
@@ -215,7 +215,7 @@ impl ProbeAgent for ThreadAgent {
     }
     fn stop_saturate(&mut self) -> Result<u64> {
         self.stop.store(true, Ordering::SeqCst);
-        match self.rx.recv_timeout(SLACK) {
+        match self.rx.recv_timeout(AGENT_SLACK) {
             Ok(Reply::Stopped(n)) => Ok(n),
             Ok(Reply::Failed(e)) => Err(GpuError::Worker(format!("{}: {e}", self.label))),
             _ => Err(GpuError::Worker(format!("{}: did not stop", self.label))),

@@ -15,7 +15,7 @@ use isolane_gpu::partitions::WORKER_GPU_ENV;
 use isolane_gpu::probe::WholeDevice;
 use isolane_gpu::verify::{
     measure_agents, share_and_interference, PartitionRow, ProbeAgent, ThreadAgent, ThreadTarget,
-    VerifyReport,
+    VerifyReport, AGENT_SLACK as SLACK,
 };
 use isolane_gpu::{DeviceInfo, GpuError, PartitionSession, Probe};
 use isolane_runtime::probe_role::{ProbeFactory, ProbeTarget};
@@ -23,10 +23,6 @@ use isolane_runtime::protocol::{FromWorker, ToWorker, PROTOCOL_VERSION};
 use isolane_runtime::worker_client::{WorkerClient, WorkerClientError, WorkerCommand};
 
 use crate::{with_partitions, PartitionChoices, SessionError};
-
-/// How long an agent may take beyond the measurement itself before it counts as hung
-/// (process start, context creation, NVRTC, PTX JIT).
-const SLACK: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone)]
 pub struct VerifyOptions {
