@@ -2,9 +2,10 @@
 //! probe or maxrate role ([`crate::protocol`]), started with its partition's environment. (A
 //! run's workloads are driven by the coordinator itself, which streams their records.)
 
+use std::ffi::OsStr;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::process::CommandExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
@@ -68,6 +69,26 @@ impl WorkerCommand {
     }
 }
 
+/// The command of a worker process, as every parent starts one: `program args…` with extra
+/// `env`, stdin and stdout piped for the protocol, in its own process group (a terminal's
+/// Ctrl-C reaches only the parent, which stops the worker through the protocol, so that it
+/// still reports what it has), and ended by the kernel when the thread that spawns it ends
+/// (`PR_SET_PDEATHSIG`), even on a `kill -9` of the parent. The caller says where stderr goes.
+pub fn worker_process<S: AsRef<OsStr>>(
+    program: &Path,
+    args: &[S],
+    env: &[(String, String)],
+) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .process_group(0);
+    isolane_core::process::die_with_parent(&mut cmd);
+    cmd
+}
+
 /// A worker process after its hello, in the role its first message gave it.
 pub struct WorkerClient {
     label: String,
@@ -86,15 +107,9 @@ impl WorkerClient {
         env: &[(String, String)],
         role: &ToWorker,
     ) -> Result<Self, WorkerClientError> {
-        let mut cmd = Command::new(&command.program);
-        cmd.args(&command.args)
-            .envs(command.env.iter().map(|(k, v)| (k, v)))
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .process_group(0);
-        isolane_core::process::die_with_parent(&mut cmd);
+        let env: Vec<(String, String)> = command.env.iter().chain(env).cloned().collect();
+        let mut cmd = worker_process(&command.program, &command.args, &env);
+        cmd.stderr(Stdio::inherit());
         let mut child = cmd.spawn().map_err(|source| WorkerClientError::Spawn {
             label: label.into(),
             program: command.program.display().to_string(),
