@@ -156,7 +156,7 @@ leak_case() {
     wait "$pid" 2>/dev/null || true
     local left=""
     for i in $(seq 1 300); do
-        left=$(pgrep -af 'nvidia-cuda-mps|isolane (worker|verify --probe-worker)' || true)
+        left=$(pgrep -af 'nvidia-cuda-mps|isolane worker' || true)
         dirs=$(ls -d "${TMPDIR:-/tmp}"/isolane-mps-* 2>/dev/null || true)
         [ -z "$left$dirs" ] && { echo "leaks $name: nothing left $((i / 10)).$((i % 10)) s after kill -9"; return 0; }
         sleep 0.1

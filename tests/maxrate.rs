@@ -100,3 +100,91 @@ fn maxrate_refuses_partitions_and_gpu_precisions_on_the_cpu() {
         assert!(err.contains(expect), "{args:?}: {err}");
     }
 }
+
+/// The search as `--mechanism mps` runs it, in an `isolane worker` process whose environment
+/// is its partition (`spin:` here, so no GPU): the outcome comes back typed, with progress.
+fn worker_search(jobs: u64) -> isolane_runtime::maxrate::SearchRequest {
+    use isolane_core::maxrate::{MaxRateConfig, Step};
+    let scenario = isolane_core::Scenario::from_toml_str(
+        &format!(
+            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"maxrate\"\n\
+             model = \"spin:1ms\"\nrate_hz = 1\njobs = {jobs}\nwarmup_jobs = 2\n"
+        ),
+        "test.toml",
+        &Vec::<String>::new(),
+    )
+    .unwrap();
+    isolane_runtime::maxrate::SearchRequest {
+        workload: scenario.workloads[0].clone(),
+        device: scenario.device.clone(),
+        timing: scenario.timing.clone(),
+        config: MaxRateConfig {
+            jobs,
+            validations: 1,
+            step: Step::Relative(0.5),
+            ..MaxRateConfig::default()
+        },
+    }
+}
+
+fn isolane_worker() -> isolane_runtime::worker_client::WorkerCommand {
+    isolane_runtime::worker_client::WorkerCommand {
+        program: std::env::var_os("ISOLANE_BIN")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_isolane").into()),
+        args: vec!["worker".into()],
+        env: Vec::new(),
+    }
+}
+
+#[test]
+fn the_search_runs_in_an_isolane_worker_and_reports_back() {
+    use isolane_session::maxrate::{search_in_worker, Searched};
+    let adopted = std::sync::Mutex::new(Vec::new());
+    let mut events = Vec::new();
+    let searched = search_in_worker(
+        &isolane_worker(),
+        &[],
+        &|pid| adopted.lock().unwrap().push(pid),
+        &worker_search(30),
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut |e| events.push(e.clone()),
+    )
+    .unwrap();
+    let Searched::Done(outcome) = searched else {
+        panic!("interrupted")
+    };
+    // 1 ms jobs: never above 1000 jobs/s, however loaded the machine.
+    let rate = outcome.result.max_rate_hz;
+    assert!(rate > 0.0 && rate <= 1010.0, "{rate}");
+    assert_eq!(
+        adopted.lock().unwrap().len(),
+        1,
+        "the worker is adopted once"
+    );
+    assert!(
+        matches!(
+            &events[0],
+            isolane_runtime::maxrate::SearchEvent::WarmedUp { job_s } if job_s.len() == 2
+        ),
+        "{events:?}"
+    );
+    assert!(events.len() >= 4, "{events:?}");
+}
+
+#[test]
+fn a_stopped_search_in_a_worker_ends_interrupted() {
+    use isolane_session::maxrate::{search_in_worker, Searched};
+    // 100 000 jobs of 1 ms back to back: the stop, raised before the start, comes long before
+    // the search could end by itself.
+    let searched = search_in_worker(
+        &isolane_worker(),
+        &[],
+        &|_| {},
+        &worker_search(100_000),
+        &std::sync::atomic::AtomicBool::new(true),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(matches!(searched, Searched::Interrupted), "{searched:?}");
+}

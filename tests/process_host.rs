@@ -174,27 +174,31 @@ duration_s = 30
 
 #[test]
 fn worker_refuses_another_protocol_version() {
-    let mut child = isolane()
-        .arg("worker")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let hello: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    assert_eq!(hello["type"], "hello");
-    assert_eq!(hello["protocol_version"], 3);
-    writeln!(stdin, r#"{{"type":"setup","protocol_version":99}}"#).unwrap();
-    let err: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    assert_eq!(err["type"], "error");
-    let msg = err["message"].as_str().unwrap();
-    assert!(
-        msg.contains("version mismatch") && msg.contains("99"),
-        "{msg}"
-    );
-    assert_eq!(child.wait().unwrap().code(), Some(2));
+    // Every role's first message is checked before it is read (protocol version 4).
+    for role in ["setup", "probe", "maxrate"] {
+        let mut child = isolane()
+            .arg("worker")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let hello: serde_json::Value =
+            serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        assert_eq!(hello["type"], "hello");
+        assert_eq!(hello["protocol_version"], 4);
+        writeln!(stdin, r#"{{"type":"{role}","protocol_version":99}}"#).unwrap();
+        let err: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        assert_eq!(err["type"], "error", "{role}");
+        let msg = err["message"].as_str().unwrap();
+        assert!(
+            msg.contains("version mismatch") && msg.contains("99"),
+            "{role}: {msg}"
+        );
+        assert_eq!(child.wait().unwrap().code(), Some(2), "{role}");
+    }
 }
 
 #[test]

@@ -1,17 +1,20 @@
 //! `isolane maxrate`: the max stable inference frequency of one model (Algorithm 1 of paper 000).
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Args;
-use isolane_core::maxrate::{find_max_rate, Acceptance, MaxRateConfig, MaxRateError, Step};
-use isolane_core::results::{LatenessSummary, MaxrateReport, SCHEMA_VERSION};
+use isolane_core::maxrate::{Acceptance, MaxRateConfig, Step};
+use isolane_core::results::{MaxrateReport, SCHEMA_VERSION};
 use isolane_core::spec::{
     Backend, Criticality, DeviceSpec, Host, LatePolicy, Mechanism, PartitionSpec, Precision,
     ProtectionSpec, Rate, Role, RunLength, Scenario, TimingSpec, WorkloadSpec,
 };
-use isolane_runtime::maxrate::{LoopRunner, RunnerError};
-use isolane_runtime::{affinity, clock, exec, output};
+use isolane_runtime::maxrate::{self, SearchError, SearchOutcome, SearchRequest};
+use isolane_runtime::{affinity, exec, output};
+use isolane_session::maxrate::Searched;
 
 use super::{user, EXIT_INTERRUPTED};
 
@@ -44,7 +47,8 @@ pub struct MaxrateArgs {
     gpu: u32,
     /// How the model's share of the GPU is confined (backend cuda): `timeslice` (the whole GPU,
     /// the default there; `none` means the same), `green` (needs --sms) or `mps` (needs
-    /// --thread-pct; the search runs in a client process of a private MPS daemon).
+    /// --thread-pct; the search runs in an `isolane worker` client process of a private MPS
+    /// daemon).
     #[arg(long, default_value = "none", value_parser = ["none", "timeslice", "green", "mps"])]
     mechanism: String,
     /// green: SMs of the partition.
@@ -53,9 +57,6 @@ pub struct MaxrateArgs {
     /// mps: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of the client.
     #[arg(long)]
     thread_pct: Option<u32>,
-    /// Set by isolane on the MPS client process it starts: the partition exists already.
-    #[arg(long, hide = true)]
-    in_partition: bool,
     /// Skip the plan check of an imported (.onnx) model on cuda (docs/cuda.md, Plan check).
     #[arg(long)]
     no_plan_check: bool,
@@ -176,20 +177,109 @@ pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
             args.mechanism
         )));
     }
-    // Alone on the GPU, "none" is the whole GPU (timeslice with nobody to take turns with). The
-    // MPS client process isolane started also runs as if alone: its partition is the daemon's.
+    // Alone on the GPU, "none" is the whole GPU (timeslice with nobody to take turns with).
     let mechanism = match (backend, mechanism) {
         (Backend::Cuda, Mechanism::None) => Mechanism::Timeslice,
-        (Backend::Cuda, _) if args.in_partition => Mechanism::Timeslice,
         (_, m) => m,
     };
-    // The search itself runs in this process (or, for mps, in the one client process): with one
+    let request = search_request(&args, backend, mechanism, precision);
+    let scenario = Scenario {
+        device: request.device.clone(),
+        timing: request.timing.clone(),
+        protection: ProtectionSpec::default(),
+        workloads: vec![request.workload.clone()],
+    };
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
+    scenario
+        .validate(&models)
+        .map_err(|e| user(in_flag_terms(&e)))?;
+    let admitted = super::admit_or_refuse(&scenario, "maxrate arguments")?;
+    // Everything the user can get wrong is refused here, before a partition or a worker exists.
+    request.config.validate().map_err(user)?;
+    check_model(&args, engine, &request)?;
+    check_search_records(&args)?;
+    affinity::check_cores(&args.cpu).map_err(user)?;
+    let out = match &args.out {
+        Some(dir) => Some(super::run::prepare_out(Some(dir), args.force)?),
+        None => None,
+    };
+
+    let stop = super::install_stop_handler()?;
+    let mut progress = super::progress::SearchProgress::new(
+        super::progress::SearchSize {
+            jobs: args.jobs,
+            validations: args.validations,
+        },
+        args.quiet,
+    );
+    let searched = match (&admitted, mechanism) {
+        // A process's MPS share is fixed when CUDA starts in it: the search runs in a worker
+        // process, a client of the private daemon the session starts.
+        (Some(plan), Mechanism::Mps) => {
+            let worker = isolane_runtime::worker_client::WorkerCommand::isolane()
+                .context("finding this executable")?;
+            isolane_session::maxrate::search_in_partition(
+                args.gpu,
+                plan,
+                isolane_session::PartitionChoices::default(),
+                &worker,
+                &request,
+                &stop,
+                &mut |e| progress.observe(e),
+            )
+            .map_err(maxrate_error)?
+        }
+        // green: the search runs on this thread, in its partition's green context.
+        (Some(plan), Mechanism::Green) => isolane_session::with_partitions(
+            args.gpu,
+            plan,
+            isolane_session::PartitionChoices::default(),
+            |session| {
+                for r in session.records() {
+                    eprintln!(
+                        "partition: {} (granted {:?} SMs)",
+                        r.partition, r.granted_sms
+                    );
+                }
+                let partition = session
+                    .take_green_group(&request.workload.name)
+                    .map(|g| Box::new(g) as isolane_runtime::partition::Partition);
+                search_here(engine, partition, &request, &stop, &mut progress)
+            },
+        )
+        .map_err(super::session_error)??,
+        _ => search_here(engine, None, &request, &stop, &mut progress)?,
+    };
+    progress.finish();
+    match searched {
+        Searched::Done(outcome) => {
+            report(&args, &request, &outcome, out.as_deref())?;
+            Ok(0)
+        }
+        Searched::Interrupted => {
+            eprintln!("interrupted: no max rate found");
+            Ok(EXIT_INTERRUPTED)
+        }
+    }
+}
+
+/// The search the flags describe: one workload, where it runs, and Algorithm 1's settings.
+fn search_request(
+    args: &MaxrateArgs,
+    backend: Backend,
+    mechanism: Mechanism,
+    precision: Precision,
+) -> SearchRequest {
+    // The search runs in this process (or, for mps, in the one worker process): with one
     // workload, "process" only says that nothing shares a context with it.
     let host = match mechanism {
         Mechanism::Mps | Mechanism::Timeslice => Host::Process,
         _ => Host::Thread,
     };
-    let spec = WorkloadSpec {
+    let workload = WorkloadSpec {
         name: "maxrate".into(),
         model: args.model.clone(),
         weights: args.weights.clone(),
@@ -204,161 +294,77 @@ pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
         role: Role::Standalone,
         ramp: None,
         host,
-        // The MPS client's share is its environment's; it has no partition of its own.
-        partition: if args.in_partition {
-            PartitionSpec::default()
-        } else {
-            PartitionSpec {
-                sms: args.sms,
-                thread_pct: args.thread_pct,
-                ..PartitionSpec::default()
-            }
+        partition: PartitionSpec {
+            sms: args.sms,
+            thread_pct: args.thread_pct,
+            ..PartitionSpec::default()
         },
         plan_check: !args.no_plan_check,
         criticality: Criticality::Critical,
     };
-    let timing = TimingSpec {
-        spin_us: args.spin_us,
-        ..TimingSpec::default()
-    };
-    let scenario = Scenario {
+    SearchRequest {
+        workload,
         device: DeviceSpec {
             backend,
             gpu: args.gpu,
             mechanism,
             host,
         },
-        timing: timing.clone(),
-        protection: ProtectionSpec::default(),
-        workloads: vec![spec.clone()],
-    };
-    let models: Vec<&str> = isolane_engine::builtin_models()
-        .iter()
-        .map(|m| m.name)
-        .collect();
-    scenario
-        .validate(&models)
-        .map_err(|e| user(in_flag_terms(&e)))?;
-    let admitted = if args.in_partition {
-        None
-    } else {
-        super::admit_or_refuse(&scenario, "maxrate arguments")?
-    };
-    if let (Some(plan), Mechanism::Mps) = (&admitted, mechanism) {
-        return run_in_mps_client(&scenario, plan);
-    }
-    // green: the search runs on this thread, in its partition's green context.
-    match (&admitted, mechanism) {
-        (Some(plan), Mechanism::Green) => {
-            let searched = isolane_session::with_partitions(
-                args.gpu,
-                plan,
-                isolane_session::PartitionChoices::default(),
-                |session| {
-                    for r in session.records() {
-                        eprintln!(
-                            "partition: {} (granted {:?} SMs)",
-                            r.partition, r.granted_sms
-                        );
-                    }
-                    let partition = session
-                        .take_green_group(&spec.name)
-                        .map(|g| Box::new(g) as isolane_runtime::partition::Partition);
-                    search(&args, engine, partition, &scenario.device, &spec, &timing)
-                },
-            )
-            .map_err(super::session_error)?;
-            searched
-        }
-        _ => search(&args, engine, None, &scenario.device, &spec, &timing),
+        timing: TimingSpec {
+            spin_us: args.spin_us,
+            ..TimingSpec::default()
+        },
+        config: MaxRateConfig {
+            jobs: args.jobs,
+            validations: args.validations,
+            step: match args.relative_step {
+                Some(f) => Step::Relative(f),
+                None => Step::Absolute(args.step),
+            },
+            acceptance: match (args.confidence, args.target) {
+                (Some(confidence), Some(target)) => Acceptance::Statistical { confidence, target },
+                _ => Acceptance::ZeroViolations,
+            },
+            ..MaxRateConfig::default()
+        },
     }
 }
 
-/// mps: a private daemon, and the search itself in a client process of it (this program again,
-/// with the client environment), since a process's MPS settings are fixed when CUDA starts in it.
-fn run_in_mps_client(
-    scenario: &Scenario,
-    plan: &isolane_core::admission::Plan,
-) -> anyhow::Result<u8> {
-    let status = isolane_session::with_partitions(
-        scenario.device.gpu,
-        plan,
-        isolane_session::PartitionChoices::default(),
-        |session| run_client(session),
-    )
-    .map_err(super::session_error)??;
-    Ok(match status.code() {
-        Some(c) => u8::try_from(c).unwrap_or(super::EXIT_FAILED),
-        None => EXIT_INTERRUPTED,
-    })
-}
-
-/// Starts the client process with its partition's environment, adopts it as the daemon's
-/// client, and waits for it.
-fn run_client(
-    session: &isolane_gpu::PartitionSession<'_>,
-) -> anyhow::Result<std::process::ExitStatus> {
-    let env = session
-        .worker_env()
-        .get("maxrate")
-        .cloned()
-        .unwrap_or_default();
-    // A terminal's Ctrl-C reaches the client too, which stops and writes what it measured; this
-    // process waits for it and then stops the daemon (a second Ctrl-C stops it at once).
-    let _stop = super::install_stop_handler()?;
-    let exe = std::env::current_exe().context("finding this executable")?;
-    let mut client = std::process::Command::new(exe);
-    client
-        .args(std::env::args_os().skip(1))
-        .arg("--in-partition")
-        .envs(env);
-    // Ends with this process even on `kill -9` (the daemon's watchdog then stops the daemon).
-    isolane_core::process::die_with_parent(&mut client);
-    let mut child = client.spawn().context("starting the MPS client process")?;
-    (session.client_adopter())(child.id());
-    child.wait().context("waiting for the MPS client process")
-}
-
-fn search(
+/// The model (and a batch of its activations) must fit this machine before anything of its
+/// size is allocated; refused in flag terms.
+fn check_model(
     args: &MaxrateArgs,
     engine: &isolane_runtime::exec::Engine,
-    partition: Option<isolane_runtime::partition::Partition>,
-    device: &DeviceSpec,
-    spec: &WorkloadSpec,
-    timing: &TimingSpec,
-) -> anyhow::Result<u8> {
-    let cfg = MaxRateConfig {
-        jobs: args.jobs,
-        validations: args.validations,
-        step: match args.relative_step {
-            Some(f) => Step::Relative(f),
-            None => Step::Absolute(args.step),
-        },
-        acceptance: match (args.confidence, args.target) {
-            (Some(confidence), Some(target)) => Acceptance::Statistical { confidence, target },
-            _ => Acceptance::ZeroViolations,
-        },
-        ..MaxRateConfig::default()
-    };
-    // The model (and a batch of its activations) and the search's job records must fit this
-    // machine before anything of their size is allocated.
-    exec::check_model(Some(engine.as_ref()), device, spec).map_err(|e| match e {
-        // In flag terms: there is no workload the user named.
-        exec::ExecError::BadModel { reason, .. } => {
-            let batch = format!("batch = {}: ", args.batch);
-            match reason.strip_prefix(&batch) {
-                Some(rest) => user(format!("--batch {}: {rest}", args.batch)),
-                None => user(format!("--model {}: {reason}", args.model)),
+    request: &SearchRequest,
+) -> anyhow::Result<()> {
+    exec::check_model(Some(engine.as_ref()), &request.device, &request.workload).map_err(
+        |e| match e {
+            // In flag terms: there is no workload the user named.
+            exec::ExecError::BadModel { reason, .. } => {
+                let batch = format!("batch = {}: ", args.batch);
+                match reason.strip_prefix(&batch) {
+                    Some(rest) => user(format!("--batch {}: {rest}", args.batch)),
+                    None => user(format!("--model {}: {reason}", args.model)),
+                }
             }
-        }
-        _ => anyhow::Error::new(e),
-    })?;
-    check_search_records(args)?;
+            _ => anyhow::Error::new(e),
+        },
+    )
+}
+
+/// The search on this thread, in `partition` (a green group) when given.
+fn search_here(
+    engine: &isolane_runtime::exec::Engine,
+    partition: Option<isolane_runtime::partition::Partition>,
+    request: &SearchRequest,
+    stop: &Arc<AtomicBool>,
+    progress: &mut super::progress::SearchProgress,
+) -> anyhow::Result<Searched> {
     let executor = exec::executor_for(
         Some(engine.as_ref()),
-        device,
-        spec,
-        timing.seed,
+        &request.device,
+        &request.workload,
+        request.timing.seed,
         0,
         partition,
     )
@@ -366,44 +372,34 @@ fn search(
         exec::ExecError::BadModel { .. } => user(e),
         _ => anyhow::Error::new(e),
     })?;
-    affinity::check_cores(&args.cpu).map_err(user)?;
-    let out = match &args.out {
-        Some(dir) => Some(super::run::prepare_out(Some(dir), args.force)?),
-        None => None,
-    };
-
-    let stop = super::install_stop_handler()?;
-    affinity::pin_current_thread(&args.cpu)?;
-    let mut runner = LoopRunner::new(executor, args.spin_us as i64 * 1000, 5_000_000, stop);
-    let mut warm = Vec::new();
-    for _ in 0..args.warmup {
-        warm.push(runner_warm(&mut runner)?);
-    }
-    let size = super::progress::SearchSize {
-        jobs: args.jobs,
-        validations: args.validations,
-    };
-    if let (false, Some(per_job_s)) = (args.quiet, super::progress::median_s(&warm)) {
-        eprintln!("{}", super::progress::estimate_text(size, per_job_s));
-    }
-    let steal = clock::StealMeter::start();
-    let mut shown = super::progress::SearchProgress::new(
-        &mut runner,
-        size,
-        super::progress::bar_allowed(args.quiet),
-    );
-    let searched = find_max_rate(&mut shown, &cfg);
-    shown.finish();
-    let result = match searched {
-        Ok(r) => r,
-        Err(MaxRateError::Runner(RunnerError::Interrupted)) => {
-            eprintln!("interrupted: no max rate found");
-            return Ok(EXIT_INTERRUPTED);
+    match maxrate::search(executor, request, Arc::clone(stop), &mut |e| {
+        progress.observe(e)
+    }) {
+        Ok(outcome) => Ok(Searched::Done(Box::new(outcome))),
+        Err(SearchError::Interrupted) => Ok(Searched::Interrupted),
+        Err(e @ (SearchError::Config(_) | SearchError::Exec(exec::ExecError::BadModel { .. }))) => {
+            Err(user(e))
         }
-        Err(e @ MaxRateError::Config(_)) => return Err(user(e)),
-        Err(e) => return Err(anyhow::anyhow!("{e}")),
-    };
+        Err(e) => Err(anyhow::Error::new(e)),
+    }
+}
 
+/// A search in a worker that failed: a refused partition request is the user's (exit 2).
+fn maxrate_error(e: isolane_session::maxrate::MaxrateError) -> anyhow::Error {
+    match e {
+        isolane_session::maxrate::MaxrateError::Session(e) => super::session_error(e),
+        e => anyhow::Error::new(e),
+    }
+}
+
+/// Prints the trace and the result; with `--out`, writes maxrate.json and maxrate_trace.csv.
+fn report(
+    args: &MaxrateArgs,
+    request: &SearchRequest,
+    outcome: &SearchOutcome,
+    out: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let result = &outcome.result;
     let rows: Vec<Vec<String>> = result
         .trace
         .iter()
@@ -428,14 +424,14 @@ fn search(
         )
     );
     // A search on a VM whose host took CPU settles lower than the machine allows.
-    let cpu_steal_pct = steal.pct();
-    if let Some(steal) = cpu_steal_pct.filter(|&p| p > 1.0) {
+    if let Some(steal) = outcome.cpu_steal_pct.filter(|&p| p > 1.0) {
         eprintln!(
             "note: the hypervisor took {steal:.1} % of this machine's CPU during the search:\n  \
              the rate found may be lower than the machine allows"
         );
     }
-    let lateness = percentiles_us(&mut runner.lateness_ns);
+    let lateness = &outcome.start_lateness_us;
+    let us = |v: Option<f64>| v.unwrap_or(f64::NAN);
     println!(
         "max stable rate {:.3} jobs/s, L_max {:.4} ms (model {}, batch {})",
         result.max_rate_hz, result.l_max_ms, args.model, args.batch
@@ -443,77 +439,47 @@ fn search(
     println!("initial rate {:.3} jobs/s", result.initial_rate_hz);
     println!(
         "start lateness: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs (all timed batches)",
-        lateness.0, lateness.1, lateness.2
+        us(lateness.p50),
+        us(lateness.p99),
+        us(lateness.max)
     );
-
-    if let Some(dir) = out {
-        // The partition the user asked for (`none` is the whole GPU), also in the MPS client.
-        let recorded_mechanism = match (device.backend, parse_value("mechanism", &args.mechanism)?)
-        {
-            (Backend::Cuda, Mechanism::None) => Mechanism::Timeslice,
-            (_, m) => m,
-        };
-        let report = MaxrateReport {
-            schema_version: SCHEMA_VERSION,
-            isolane_version: env!("CARGO_PKG_VERSION").into(),
-            model: args.model.clone(),
-            batch: args.batch,
-            backend: device.backend,
-            precision: spec.precision,
-            mechanism: recorded_mechanism,
-            sms: args.sms,
-            thread_pct: args.thread_pct,
-            config: cfg,
-            max_rate_hz: result.max_rate_hz,
-            l_max_ms: result.l_max_ms,
-            initial_rate_hz: result.initial_rate_hz,
-            start_lateness_us: LatenessSummary {
-                p50: finite(lateness.0),
-                p99: finite(lateness.1),
-                max: finite(lateness.2),
-            },
-            cpu_steal_pct,
-            trace: result.trace.clone(),
-        };
-        isolane_core::results::write_json(&dir.join("maxrate.json"), &report)?;
-        let mut csv = String::from("batch,phase,rate_hz,jobs,violations,accepted\n");
-        for (i, t) in result.trace.iter().enumerate() {
-            csv.push_str(&format!(
-                "{},{},{},{},{},{}\n",
-                i + 1,
-                format!("{:?}", t.phase).to_lowercase(),
-                t.rate_hz,
-                t.jobs,
-                t.violations,
-                t.accepted as u8
-            ));
-        }
-        output::write_atomic(&dir.join("maxrate_trace.csv"), csv.as_bytes())
-            .context("writing maxrate_trace.csv")?;
-        println!("results: {}", dir.display());
+    let Some(dir) = out else {
+        return Ok(());
+    };
+    let report = MaxrateReport {
+        schema_version: SCHEMA_VERSION,
+        isolane_version: env!("CARGO_PKG_VERSION").into(),
+        model: args.model.clone(),
+        batch: args.batch,
+        backend: request.device.backend,
+        precision: request.workload.precision,
+        // The partition the user asked for (`none` on a GPU is the whole GPU, timeslice).
+        mechanism: request.device.mechanism,
+        sms: args.sms,
+        thread_pct: args.thread_pct,
+        config: request.config,
+        max_rate_hz: result.max_rate_hz,
+        l_max_ms: result.l_max_ms,
+        initial_rate_hz: result.initial_rate_hz,
+        start_lateness_us: *lateness,
+        cpu_steal_pct: outcome.cpu_steal_pct,
+        trace: result.trace.clone(),
+    };
+    isolane_core::results::write_json(&dir.join("maxrate.json"), &report)?;
+    let mut csv = String::from("batch,phase,rate_hz,jobs,violations,accepted\n");
+    for (i, t) in result.trace.iter().enumerate() {
+        csv.push_str(&format!(
+            "{},{},{},{},{},{}\n",
+            i + 1,
+            format!("{:?}", t.phase).to_lowercase(),
+            t.rate_hz,
+            t.jobs,
+            t.violations,
+            t.accepted as u8
+        ));
     }
-    Ok(0)
-}
-
-fn runner_warm(runner: &mut LoopRunner) -> anyhow::Result<f64> {
-    use isolane_core::maxrate::BatchRunner;
-    match runner.run_back_to_back(1) {
-        Ok(t) => Ok(t.first().copied().unwrap_or(0.0)),
-        Err(RunnerError::Interrupted) => Ok(0.0),
-        Err(e) => Err(e.into()),
-    }
-}
-
-fn finite(v: f64) -> Option<f64> {
-    v.is_finite().then_some(v)
-}
-
-/// p50, p99, max of ns values, in µs (NaN when empty).
-fn percentiles_us(v: &mut [i64]) -> (f64, f64, f64) {
-    if v.is_empty() {
-        return (f64::NAN, f64::NAN, f64::NAN);
-    }
-    v.sort_unstable();
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1e3;
-    (at(0.5), at(0.99), at(1.0))
+    output::write_atomic(&dir.join("maxrate_trace.csv"), csv.as_bytes())
+        .context("writing maxrate_trace.csv")?;
+    println!("results: {}", dir.display());
+    Ok(())
 }

@@ -5,7 +5,7 @@
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use isolane_core::maxrate::{BatchOutcome, BatchRunner};
+use isolane_runtime::maxrate::SearchEvent;
 
 /// Whether a bar may be drawn: not asked to be quiet, and stderr (where bars go) a terminal.
 pub fn bar_allowed(quiet: bool) -> bool {
@@ -92,36 +92,59 @@ pub fn median_s(times: &[f64]) -> Option<f64> {
     Some(t[t.len() / 2])
 }
 
-/// A [`BatchRunner`] that shows each batch on a spinner: its number, rate and misses, and the
-/// time left at least (the K validation batches still to come, plus one search batch before
-/// the first miss).
-pub struct SearchProgress<'a, R> {
-    inner: &'a mut R,
+/// Shows a search as it goes: the estimate once the warm-up jobs ran, then each batch on a
+/// spinner: its number, rate and misses, and the time left at least (the K validation batches
+/// still to come, plus one search batch before the first miss). Fed the search's events, from
+/// this process or from the worker that searches in an MPS client.
+pub struct SearchProgress {
     size: SearchSize,
+    quiet: bool,
     bar: Option<indicatif::ProgressBar>,
     batches: u32,
     /// Clean batches in a row since the first miss (validation progress).
     clean_since_miss: Option<u32>,
 }
 
-impl<'a, R> SearchProgress<'a, R> {
-    pub fn new(inner: &'a mut R, size: SearchSize, show: bool) -> Self {
-        let bar = show.then(|| {
-            let bar = indicatif::ProgressBar::new_spinner();
-            if let Ok(style) =
-                indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
-            {
-                bar.set_style(style);
-            }
-            bar.enable_steady_tick(Duration::from_millis(200));
-            bar
-        });
+impl SearchProgress {
+    pub fn new(size: SearchSize, quiet: bool) -> Self {
         SearchProgress {
-            inner,
             size,
-            bar,
+            quiet,
+            bar: None,
             batches: 0,
             clean_since_miss: None,
+        }
+    }
+
+    pub fn observe(&mut self, event: &SearchEvent) {
+        match event {
+            SearchEvent::WarmedUp { job_s } => {
+                if let (false, Some(per_job_s)) = (self.quiet, median_s(job_s)) {
+                    eprintln!("{}", estimate_text(self.size, per_job_s));
+                }
+                // After the estimate, so that the spinner does not overwrite it.
+                self.bar = bar_allowed(self.quiet).then(spinner);
+            }
+            SearchEvent::BackToBack { jobs } => self.show(format!(
+                "batch 1: {jobs} jobs back to back for the initial rate"
+            )),
+            SearchEvent::AtRate { jobs, rate_hz } => {
+                self.batches += 1;
+                let batch_s = *jobs as f64 / rate_hz;
+                self.show(format!(
+                    "batch {}: {jobs} jobs at {rate_hz:.2} /s (~{} each; at least ~{} left)",
+                    self.batches + 1,
+                    duration_text(batch_s),
+                    duration_text(batch_s * f64::from(self.batches_left())),
+                ));
+            }
+            SearchEvent::BatchDone { outcome } => {
+                self.clean_since_miss = match (self.clean_since_miss, outcome.violations) {
+                    (_, v) if v > 0 => Some(0),
+                    (Some(c), _) => Some(c + 1),
+                    (None, _) => None,
+                };
+            }
         }
     }
 
@@ -146,38 +169,21 @@ impl<'a, R> SearchProgress<'a, R> {
     }
 }
 
-impl<R: BatchRunner> BatchRunner for SearchProgress<'_, R> {
-    type Error = R::Error;
-
-    fn run_back_to_back(&mut self, n: u64) -> Result<Vec<f64>, R::Error> {
-        self.show(format!(
-            "batch 1: {n} jobs back to back for the initial rate"
-        ));
-        self.inner.run_back_to_back(n)
+fn spinner() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner();
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
+    {
+        bar.set_style(style);
     }
-
-    fn run_at_rate(&mut self, n: u64, rate_hz: f64) -> Result<BatchOutcome, R::Error> {
-        self.batches += 1;
-        let batch_s = n as f64 / rate_hz;
-        self.show(format!(
-            "batch {}: {n} jobs at {rate_hz:.2} /s (~{} each; at least ~{} left)",
-            self.batches + 1,
-            duration_text(batch_s),
-            duration_text(batch_s * f64::from(self.batches_left())),
-        ));
-        let o = self.inner.run_at_rate(n, rate_hz)?;
-        self.clean_since_miss = match (self.clean_since_miss, o.violations) {
-            (_, v) if v > 0 => Some(0),
-            (Some(c), _) => Some(c + 1),
-            (None, _) => None,
-        };
-        Ok(o)
-    }
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use isolane_core::maxrate::BatchOutcome;
 
     #[test]
     fn the_estimate_names_the_least_time_and_a_quicker_search() {
@@ -211,19 +217,13 @@ mod tests {
         assert_eq!(duration_text(3900.0), "1 h 5 min");
     }
 
-    /// Misses above a rate of 100 /s.
-    struct Fake;
-    impl BatchRunner for Fake {
-        type Error = ();
-        fn run_back_to_back(&mut self, n: u64) -> Result<Vec<f64>, ()> {
-            Ok(vec![0.01; n as usize])
-        }
-        fn run_at_rate(&mut self, n: u64, rate_hz: f64) -> Result<BatchOutcome, ()> {
-            Ok(BatchOutcome {
-                jobs: n,
-                violations: u64::from(rate_hz > 100.0),
-            })
-        }
+    fn batch(jobs: u64, rate_hz: f64, violations: u64) -> [SearchEvent; 2] {
+        [
+            SearchEvent::AtRate { jobs, rate_hz },
+            SearchEvent::BatchDone {
+                outcome: BatchOutcome { jobs, violations },
+            },
+        ]
     }
 
     #[test]
@@ -232,24 +232,14 @@ mod tests {
             jobs: 10,
             validations: 3,
         };
-        let mut fake = Fake;
-        let mut p = SearchProgress::new(&mut fake, size, false);
+        let mut p = SearchProgress::new(size, true);
         assert_eq!(p.batches_left(), 4);
-        p.run_at_rate(10, 90.0).unwrap();
+        batch(10, 90.0, 0).iter().for_each(|e| p.observe(e));
         assert_eq!(p.batches_left(), 4, "still searching");
-        p.run_at_rate(10, 101.0).unwrap();
+        batch(10, 101.0, 1).iter().for_each(|e| p.observe(e));
         assert_eq!(p.batches_left(), 3, "a miss: K validations to go");
-        p.run_at_rate(10, 100.0).unwrap();
+        batch(10, 100.0, 0).iter().for_each(|e| p.observe(e));
         assert_eq!(p.batches_left(), 2);
-        // The wrapper changes nothing in what the search sees.
-        let r = isolane_core::maxrate::find_max_rate(
-            &mut SearchProgress::new(&mut Fake, size, false),
-            &isolane_core::maxrate::MaxRateConfig {
-                jobs: 10,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        assert_eq!(r.max_rate_hz, 100.0);
+        assert_eq!(p.batches, 3);
     }
 }

@@ -1,9 +1,8 @@
 //! `isolane verify SCENARIO`: measures what each partition of a scenario really gets — a probe
 //! kernel's throughput alone in its partition and beside saturating neighbours in all the
 //! others — and reports the share of the whole GPU and the interference (docs/partitions.md).
-//!
-//! `--probe-worker` (hidden) turns this command into a probe worker process: the timeslice, MPS
-//! and MIG measurements re-execute the binary as `isolane verify --probe-worker --gpu N`.
+//! The work is `isolane_session::verify`'s; the timeslice, MPS and MIG probes run in
+//! `isolane worker` processes (the probe role of the worker protocol).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,8 +10,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use isolane_core::spec::Mechanism;
-use isolane_gpu::verify::{self, VerifyOptions};
+use isolane_gpu::verify::format_table;
 use isolane_gpu::GpuError;
+use isolane_session::verify::{self, VerifyOptions};
 
 use super::user;
 
@@ -30,8 +30,7 @@ use super::user;
 )]
 pub struct VerifyArgs {
     /// Scenario file (TOML) with backend = "cuda".
-    #[arg(required_unless_present = "probe_worker")]
-    pub scenario: Option<PathBuf>,
+    pub scenario: PathBuf,
     /// Length of each measurement in seconds (at least 0.5 is used).
     #[arg(long, default_value_t = 2.0, value_name = "S")]
     pub duration_s: f64,
@@ -52,18 +51,9 @@ pub struct VerifyArgs {
     /// No progress lines on stderr.
     #[arg(long, short = 'q')]
     pub quiet: bool,
-    /// Internal: run as a probe worker process (commands on stdin).
-    #[arg(long, hide = true)]
-    pub probe_worker: bool,
-    /// Internal: the CUDA device of a probe worker.
-    #[arg(long, hide = true, default_value_t = 0)]
-    pub gpu: u32,
 }
 
 pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
-    if args.probe_worker {
-        return Ok(verify::worker_main(args.gpu).clamp(0, 255) as u8);
-    }
     let max_s = isolane_core::spec::limits::MAX_SECONDS;
     if !(args.duration_s.is_finite() && args.duration_s > 0.0 && args.duration_s <= max_s) {
         return Err(user(format!(
@@ -71,17 +61,16 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
             args.duration_s
         )));
     }
-    let (scenario, name) = super::load_scenario(args.scenario.as_deref())?;
+    let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
     if scenario.device.mechanism == Mechanism::Mps {
         // Ctrl-C or SIGTERM while the daemon runs: stop it, then die of the signal.
         isolane_gpu::mps::install_signal_handlers()?;
     }
     let opts = VerifyOptions {
         duration: Duration::from_secs_f64(args.duration_s),
-        allow_mig_reconfigure: args.allow_mig_reconfigure,
-        mps: isolane_gpu::MpsOptions {
-            join_existing: args.join_mps,
-            ..Default::default()
+        choices: isolane_session::PartitionChoices {
+            allow_mig_reconfigure: args.allow_mig_reconfigure,
+            join_mps: args.join_mps,
         },
         worker: None,
         verbose: !args.quiet,
@@ -97,7 +86,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
         }
     })?;
     let json = serde_json::to_string_pretty(&report)?;
-    let table = verify::format_table(&report);
+    let table = format_table(&report);
     if args.json {
         println!("{json}");
     } else {

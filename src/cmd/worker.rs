@@ -1,5 +1,7 @@
-//! `isolane worker` (hidden): one workload of a `host = "process"` run. The coordinator starts
-//! it and speaks the protocol of `isolane_runtime::protocol` on its stdin/stdout.
+//! `isolane worker` (hidden): every child process isolane starts. The parent speaks the one
+//! protocol of `isolane_runtime::protocol` on its stdin/stdout; its first message gives the
+//! role: a workload of a `host = "process"` run, `verify`'s probe agent of one partition, or
+//! `maxrate`'s search in an MPS client.
 
 use std::io::BufReader;
 use std::sync::atomic::AtomicBool;
@@ -10,8 +12,8 @@ use clap::Args;
 
 #[derive(Args)]
 pub struct WorkerArgs {
-    /// The workload's name: informational only (shows in `ps`), the set-up message says which
-    /// workload to run.
+    /// The workload's name: informational only (shows in `ps`), the first message says what to
+    /// do.
     #[arg(long)]
     workload: Option<String>,
 }
@@ -24,11 +26,15 @@ pub fn run(_args: WorkerArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .context("installing signal handlers")?;
     }
+    let roles = isolane_runtime::worker::WorkerRoles {
+        engine: Some(engine.as_ref()),
+        probes: Some(&isolane_session::verify::GpuProbes),
+    };
     let code = isolane_runtime::worker::run_worker(
         BufReader::new(std::io::stdin()),
         std::io::stdout(),
         stop,
-        Some(engine.as_ref()),
+        roles,
     );
     Ok(code.clamp(0, 255) as u8)
 }

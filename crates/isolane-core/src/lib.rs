@@ -12,6 +12,7 @@ pub mod fuzz;
 pub mod job;
 pub mod maxrate;
 pub mod metrics;
+pub mod probe;
 pub mod process;
 pub mod results;
 pub mod schedule;

@@ -154,6 +154,16 @@ pub enum MaxRateError<E> {
 }
 
 impl MaxRateConfig {
+    /// The checks [`find_max_rate`] makes before its first batch, for a caller that must refuse
+    /// a bad configuration before it starts anything (e.g. a worker process).
+    pub fn validate(&self) -> Result<(), String> {
+        self.check::<std::convert::Infallible>()
+            .map_err(|e| match e {
+                MaxRateError::Config(m) => m,
+                other => other.to_string(),
+            })
+    }
+
     fn check<E>(&self) -> Result<(), MaxRateError<E>> {
         let bad = |m: String| Err(MaxRateError::Config(m));
         if self.jobs == 0 {

@@ -47,6 +47,7 @@ pub struct PartitionSession<'b> {
     mig: Option<MigInstances<'b>>,
     worker_env: BTreeMap<String, Vec<(String, String)>>,
     records: Vec<PartitionRecord>,
+    notes: Vec<String>,
 }
 
 impl std::fmt::Debug for PartitionSession<'_> {
@@ -73,6 +74,7 @@ impl<'b> PartitionSession<'b> {
             mig: None,
             worker_env: BTreeMap::new(),
             records: Vec::new(),
+            notes: Vec::new(),
         };
         match plan.mechanism {
             Mechanism::Green => s.set_up_green(gpu, plan)?,
@@ -109,6 +111,13 @@ impl<'b> PartitionSession<'b> {
             }
         }
         let parts = GreenPartitioning::create(gpu, &sizes)?;
+        let driver = parts.sm_info();
+        self.notes.push(format!(
+            "green: split {:?}; the driver's minimum group is {} SMs, alignment {}",
+            parts.plan(),
+            driver.min_partition_sms,
+            driver.coscheduled_alignment
+        ));
         for (name, group) in names.into_iter().zip(parts.into_groups()) {
             self.records.push(PartitionRecord {
                 workload: name.clone(),
@@ -125,6 +134,12 @@ impl<'b> PartitionSession<'b> {
 
     fn set_up_mps(&mut self, gpu: u32, plan: &Plan, options: &MpsOptions) -> Result<()> {
         let daemon = MpsDaemon::start(gpu, options)?;
+        if !daemon.owned() {
+            self.notes.push(format!(
+                "joined the existing MPS daemon at {}",
+                daemon.pipe_dir().display()
+            ));
+        }
         for w in &plan.workloads {
             if let ResolvedPartition::Mps {
                 thread_pct,
@@ -203,6 +218,12 @@ impl<'b> PartitionSession<'b> {
 
     pub fn records(&self) -> &[PartitionRecord] {
         &self.records
+    }
+
+    /// What a person may want to know about how the partitions were made (the green split,
+    /// a joined MPS daemon).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// Something the runtime calls with each worker's pid, so that [`crate::mps::shutdown_all`]

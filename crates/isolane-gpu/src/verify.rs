@@ -4,36 +4,30 @@
 //! partition achieved (alone ÷ the probe on the whole GPU) and the interference
 //! (1 − beside ÷ alone).
 //!
-//! Partitions are driven by *agents*: a thread per green context (green contexts of one process
-//! run concurrently), or a worker process per partition for timeslice, MPS and MIG (separate
-//! contexts). Worker processes are the same binary re-executed (`isolane verify --probe-worker`,
-//! or a test binary) and speak a line protocol on stdin/stdout, every line of theirs prefixed
-//! with [`PROTO`] so that other output is ignored.
+//! Partitions are driven by *agents* ([`ProbeAgent`]): a thread per green context
+//! ([`ThreadAgent`]; green contexts of one process run concurrently), or a worker process per
+//! partition for timeslice, MPS and MIG (separate contexts): `isolane worker` in the probe role
+//! of the one worker protocol, driven by `isolane_session::verify::ProcessAgent`. This module
+//! measures agents ([`measure_agents`]) and reports ([`format_table`]); setting the partitions
+//! up and starting the agents is `isolane_session::verify::verify`'s (isolane-session sits
+//! above this crate and isolane-runtime, whose protocol the workers speak).
 
-use std::io::{BufRead as _, Write as _};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use isolane_core::admission::{admit, AdmissionOptions, ResolvedPartition};
-use isolane_core::spec::{Backend, Mechanism, Scenario};
+use isolane_core::spec::Mechanism;
 
 use crate::error::{GpuError, Result};
-use crate::green::{GreenGroup, GreenPartitioning};
-use crate::mps::{MpsDaemon, MpsOptions};
+use crate::green::GreenGroup;
 use crate::probe::{Probe, ProbeConfig, ProbeResult, WholeDevice};
-
-/// Prefix of every protocol line a worker writes.
-pub const PROTO: &str = "@isolane ";
 
 /// How long an agent may take beyond the measurement itself before it counts as hung
 /// (context creation, NVRTC, PTX JIT).
-const SLACK: Duration = Duration::from_secs(120);
+pub const AGENT_SLACK: Duration = Duration::from_secs(120);
 
 /// One partition's probe, wherever it runs.
 pub trait ProbeAgent: Send {
@@ -104,7 +98,7 @@ impl ThreadAgent {
             stop,
             handle: Some(handle),
         };
-        match agent.rx.recv_timeout(SLACK) {
+        match agent.rx.recv_timeout(AGENT_SLACK) {
             Ok(Reply::Ready) => Ok(agent),
             Ok(Reply::Failed(e)) => Err(GpuError::Worker(format!("{}: {e}", agent.label))),
             Ok(_) => Err(GpuError::Worker(format!(
@@ -202,7 +196,7 @@ impl ProbeAgent for ThreadAgent {
         &self.label
     }
     fn measure(&mut self, duration: Duration) -> Result<ProbeResult> {
-        match self.ask(Cmd::Measure(duration), duration + SLACK)? {
+        match self.ask(Cmd::Measure(duration), duration + AGENT_SLACK)? {
             Reply::Measured(r) => Ok(r),
             _ => Err(GpuError::Worker(format!(
                 "{}: unexpected reply",
@@ -211,7 +205,7 @@ impl ProbeAgent for ThreadAgent {
         }
     }
     fn start_saturate(&mut self) -> Result<()> {
-        match self.ask(Cmd::Saturate, SLACK)? {
+        match self.ask(Cmd::Saturate, AGENT_SLACK)? {
             Reply::Saturating => Ok(()),
             _ => Err(GpuError::Worker(format!(
                 "{}: unexpected reply",
@@ -221,7 +215,7 @@ impl ProbeAgent for ThreadAgent {
     }
     fn stop_saturate(&mut self) -> Result<u64> {
         self.stop.store(true, Ordering::SeqCst);
-        match self.rx.recv_timeout(SLACK) {
+        match self.rx.recv_timeout(AGENT_SLACK) {
             Ok(Reply::Stopped(n)) => Ok(n),
             Ok(Reply::Failed(e)) => Err(GpuError::Worker(format!("{}: {e}", self.label))),
             _ => Err(GpuError::Worker(format!("{}: did not stop", self.label))),
@@ -237,261 +231,6 @@ impl Drop for ThreadAgent {
             let _ = h.join();
         }
     }
-}
-
-// ------------------------------------------------------------------ worker processes
-
-/// How to start a probe worker process: `program args...`, then the worker reads commands.
-#[derive(Debug, Clone)]
-pub struct WorkerCommand {
-    pub program: PathBuf,
-    pub args: Vec<String>,
-    /// Extra environment for every worker (e.g. to select a test binary's worker mode).
-    pub env: Vec<(String, String)>,
-    /// Append `--gpu N` to the arguments. The device is always also passed in the environment
-    /// as [`WORKER_GPU_ENV`] (for workers, such as test binaries, that take no such argument).
-    pub gpu_arg: bool,
-}
-
-/// Environment variable carrying a worker's CUDA device index.
-pub const WORKER_GPU_ENV: &str = "ISOLANE_PROBE_WORKER_GPU";
-
-impl WorkerCommand {
-    /// This binary as `isolane verify --probe-worker --gpu N` (N is appended per worker).
-    pub fn current_isolane() -> Result<Self> {
-        let program = std::env::current_exe()
-            .map_err(|e| GpuError::io("finding the current executable", e))?;
-        Ok(WorkerCommand {
-            program,
-            args: vec!["verify".into(), "--probe-worker".into()],
-            env: Vec::new(),
-            gpu_arg: true,
-        })
-    }
-}
-
-/// A probe in a child process (MPS client, MIG instance, or a time-sliced context).
-pub struct ProcessAgent {
-    label: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-}
-
-impl ProcessAgent {
-    /// Starts a worker on CUDA device `gpu` (as the worker sees it) with extra `env`.
-    pub fn spawn(
-        label: impl Into<String>,
-        cmd: &WorkerCommand,
-        gpu: u32,
-        env: &[(String, String)],
-    ) -> Result<Self> {
-        let label = label.into();
-        let mut c = Command::new(&cmd.program);
-        c.args(&cmd.args);
-        if cmd.gpu_arg {
-            c.args(["--gpu", &gpu.to_string()]);
-        }
-        c.env(WORKER_GPU_ENV, gpu.to_string())
-            .envs(cmd.env.iter().map(|(k, v)| (k, v)))
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // Ends with us even on `kill -9`; the agent lives on the thread that spawns it.
-        isolane_core::process::die_with_parent(&mut c);
-        let mut child = c
-            .spawn()
-            .map_err(|e| GpuError::io(format!("starting {}", cmd.program.display()), e))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| GpuError::Worker("no stdout".into()))?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                // Anywhere in the line: a test binary used as the worker may have printed
-                // "test name ... " before it.
-                if let Some(rest) = line.find(PROTO).map(|i| &line[i + PROTO.len()..]) {
-                    if tx.send(rest.to_string()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        let mut agent = ProcessAgent {
-            label,
-            child,
-            stdin,
-            lines,
-        };
-        let first = agent.next_line(SLACK)?;
-        if first != "READY" {
-            return Err(GpuError::Worker(format!("{}: {first}", agent.label)));
-        }
-        Ok(agent)
-    }
-
-    fn send(&mut self, line: &str) -> Result<()> {
-        let stdin = self
-            .stdin
-            .as_mut()
-            .ok_or_else(|| GpuError::Worker(format!("{}: stdin closed", self.label)))?;
-        writeln!(stdin, "{line}")
-            .and_then(|_| stdin.flush())
-            .map_err(|e| GpuError::io(format!("{}: writing to the worker", self.label), e))
-    }
-
-    fn next_line(&mut self, timeout: Duration) -> Result<String> {
-        match self.lines.recv_timeout(timeout) {
-            Ok(l) => match l.strip_prefix("ERROR ") {
-                Some(e) => Err(GpuError::Worker(format!("{}: {e}", self.label))),
-                None => Ok(l),
-            },
-            Err(RecvTimeoutError::Timeout) => Err(GpuError::Worker(format!(
-                "{}: no answer within {timeout:?}",
-                self.label
-            ))),
-            Err(RecvTimeoutError::Disconnected) => {
-                let status = self.child.wait().ok();
-                Err(GpuError::Worker(format!(
-                    "{}: the worker exited ({})",
-                    self.label,
-                    status.map(|s| s.to_string()).unwrap_or_default()
-                )))
-            }
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl ProbeAgent for ProcessAgent {
-    fn label(&self) -> &str {
-        &self.label
-    }
-    fn measure(&mut self, duration: Duration) -> Result<ProbeResult> {
-        self.send(&format!("measure {}", duration.as_secs_f64()))?;
-        let l = self.next_line(duration + SLACK)?;
-        let json = l
-            .strip_prefix("RESULT ")
-            .ok_or_else(|| GpuError::Worker(format!("{}: unexpected '{l}'", self.label)))?;
-        serde_json::from_str(json)
-            .map_err(|e| GpuError::Worker(format!("{}: bad result: {e}", self.label)))
-    }
-    fn start_saturate(&mut self) -> Result<()> {
-        self.send("saturate")?;
-        let l = self.next_line(SLACK)?;
-        if l == "SATURATING" {
-            Ok(())
-        } else {
-            Err(GpuError::Worker(format!(
-                "{}: unexpected '{l}'",
-                self.label
-            )))
-        }
-    }
-    fn stop_saturate(&mut self) -> Result<u64> {
-        self.send("stop")?;
-        let l = self.next_line(SLACK)?;
-        l.strip_prefix("STOPPED ")
-            .and_then(|n| n.trim().parse().ok())
-            .ok_or_else(|| GpuError::Worker(format!("{}: unexpected '{l}'", self.label)))
-    }
-}
-
-impl Drop for ProcessAgent {
-    fn drop(&mut self) {
-        let _ = self.send("exit");
-        self.stdin = None; // EOF also makes the worker exit
-        for _ in 0..250 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The worker side: probe on CUDA device `gpu` of this process, commands on stdin, answers on
-/// stdout. Returns the process exit code. Used by `isolane verify --probe-worker` and by test
-/// binaries.
-pub fn worker_main(gpu: u32) -> i32 {
-    fn out(s: &str) {
-        let mut o = std::io::stdout().lock();
-        let _ = writeln!(o, "{PROTO}{}", s.replace('\n', " | "));
-        let _ = o.flush();
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = mpsc::channel::<String>();
-    {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            for line in std::io::stdin().lock().lines() {
-                let Ok(line) = line else { break };
-                if line.trim() == "stop" {
-                    stop.store(true, Ordering::SeqCst);
-                } else if tx.send(line).is_err() {
-                    break;
-                }
-            }
-            // EOF: the parent is gone; stop whatever runs and leave.
-            stop.store(true, Ordering::SeqCst);
-            let _ = tx.send("exit".into());
-        });
-    }
-    let whole = match WholeDevice::new(gpu) {
-        Ok(w) => w,
-        Err(e) => {
-            out(&format!("ERROR {e}"));
-            return 1;
-        }
-    };
-    let mut probe = match Probe::new(whole.context(), whole.stream(), gpu, ProbeConfig::default()) {
-        Ok(p) => p,
-        Err(e) => {
-            out(&format!("ERROR {e}"));
-            return 1;
-        }
-    };
-    out("READY");
-    while let Ok(line) = rx.recv() {
-        let mut words = line.split_whitespace();
-        match (words.next(), words.next()) {
-            (Some("measure"), Some(secs)) => {
-                let Ok(secs) = secs.parse::<f64>() else {
-                    out("ERROR bad duration");
-                    continue;
-                };
-                match probe.measure_throughput(Duration::from_secs_f64(secs.max(0.0))) {
-                    Ok(r) => match serde_json::to_string(&r) {
-                        Ok(j) => out(&format!("RESULT {j}")),
-                        Err(e) => out(&format!("ERROR {e}")),
-                    },
-                    Err(e) => out(&format!("ERROR {e}")),
-                }
-            }
-            (Some("saturate"), _) => {
-                stop.store(false, Ordering::SeqCst);
-                out("SATURATING");
-                match probe.saturate(&stop) {
-                    Ok(n) => out(&format!("STOPPED {n}")),
-                    Err(e) => out(&format!("ERROR {e}")),
-                }
-            }
-            (Some("exit"), _) => break,
-            _ => out(&format!("ERROR unknown command '{line}'")),
-        }
-    }
-    drop(probe);
-    drop(whole);
-    0
 }
 
 // ------------------------------------------------------------------ the measurement
@@ -525,30 +264,6 @@ pub struct VerifyReport {
     pub whole_gpu: Option<ProbeResult>,
     pub partitions: Vec<PartitionRow>,
     pub notes: Vec<String>,
-}
-
-#[derive(Debug, Clone)]
-pub struct VerifyOptions {
-    /// Length of each measurement (at least 0.5 s is used).
-    pub duration: Duration,
-    pub allow_mig_reconfigure: bool,
-    pub mps: MpsOptions,
-    /// How worker processes are started (default: this binary's `verify --probe-worker`).
-    pub worker: Option<WorkerCommand>,
-    /// Progress lines on stderr.
-    pub verbose: bool,
-}
-
-impl Default for VerifyOptions {
-    fn default() -> Self {
-        VerifyOptions {
-            duration: Duration::from_secs(1),
-            allow_mig_reconfigure: false,
-            mps: MpsOptions::default(),
-            worker: None,
-            verbose: false,
-        }
-    }
 }
 
 /// share = alone ÷ whole; interference = (1 − beside ÷ alone) × 100 (pure; tested on CPU).
@@ -615,251 +330,6 @@ pub fn measure_agents(
         beside.push(result?);
     }
     Ok(alone.into_iter().zip(beside).collect())
-}
-
-/// Runs the verification of `scenario` on its GPU.
-pub fn verify(scenario: &Scenario, opts: &VerifyOptions) -> Result<VerifyReport> {
-    if scenario.device.backend != Backend::Cuda {
-        return Err(GpuError::Usage(
-            "verify needs a scenario with device.backend = \"cuda\"".into(),
-        ));
-    }
-    let gpu = scenario.device.gpu;
-    let devices = crate::devices::list_devices()?;
-    let info = devices
-        .iter()
-        .find(|d| d.index == gpu)
-        .ok_or(GpuError::DeviceIndex {
-            index: gpu,
-            count: devices.len() as u32,
-        })?;
-    let model = crate::devices::model_for(
-        &info.name,
-        info.sm_count,
-        info.memory_mib,
-        info.compute_capability,
-    );
-    // Admission control first: nothing is created for a plan that does not fit.
-    let plan =
-        admit(scenario, &model, &[], &AdmissionOptions::default()).map_err(GpuError::Rejected)?;
-    let duration = opts.duration.max(Duration::from_millis(500));
-    let worker = match &opts.worker {
-        Some(w) => w.clone(),
-        None => WorkerCommand::current_isolane()?,
-    };
-    let cfg = ProbeConfig::default();
-    let mut notes = Vec::new();
-    let total = info.sm_count.max(1);
-
-    // Per workload: label, partition text, granted SMs, nominal share.
-    let mut meta: Vec<(String, String, Option<u32>, Option<f64>)> = Vec::new();
-    // Declared before the agents so that, on an early error, the agents (worker processes,
-    // MPS clients) are dropped first and the daemon / MIG instances after them.
-    let mut daemon: Option<MpsDaemon> = None;
-    let mig_backend;
-    let mut mig_instances = None;
-    let mut agents: Vec<Box<dyn ProbeAgent>> = Vec::new();
-
-    let whole_gpu = match plan.mechanism {
-        Mechanism::Green => {
-            let base = measure_whole_in_thread(gpu, duration, cfg, opts.verbose)?;
-            let sizes: Vec<u32> = plan
-                .workloads
-                .iter()
-                .filter_map(|w| match w.partition {
-                    ResolvedPartition::Green { sms, .. } => Some(sms),
-                    _ => None,
-                })
-                .collect();
-            let parts = GreenPartitioning::create(gpu, &sizes)?;
-            let drv = parts.sm_info();
-            notes.push(format!(
-                "green: split {:?}; the driver's minimum group is {} SMs, alignment {}",
-                parts.plan(),
-                drv.min_partition_sms,
-                drv.coscheduled_alignment
-            ));
-            for (w, g) in plan.workloads.iter().zip(parts.into_groups()) {
-                let granted = g.granted_sms();
-                meta.push((
-                    w.workload.clone(),
-                    format!("green {} SMs", g.requested_sms()),
-                    Some(granted),
-                    Some(f64::from(granted) / f64::from(total)),
-                ));
-                agents.push(Box::new(ThreadAgent::spawn(
-                    w.workload.clone(),
-                    ThreadTarget::Green {
-                        device_index: gpu,
-                        group: g,
-                    },
-                    cfg,
-                )?));
-            }
-            Some(base)
-        }
-        Mechanism::Timeslice => {
-            let base = measure_whole_in_process(&worker, gpu, &[], duration, opts.verbose)?;
-            for w in &plan.workloads {
-                meta.push((w.workload.clone(), "timeslice".into(), None, None));
-                agents.push(Box::new(ProcessAgent::spawn(
-                    &w.workload,
-                    &worker,
-                    gpu,
-                    &[],
-                )?));
-            }
-            Some(base)
-        }
-        Mechanism::Mps => {
-            // The baseline runs before the daemon exists: a plain context on the whole GPU.
-            let base = measure_whole_in_process(&worker, gpu, &[], duration, opts.verbose)?;
-            let d: &MpsDaemon = daemon.insert(MpsDaemon::start(gpu, &opts.mps)?);
-            if !d.owned() {
-                notes.push(format!(
-                    "joined the existing MPS daemon at {}",
-                    d.pipe_dir().display()
-                ));
-            }
-            for w in &plan.workloads {
-                if let ResolvedPartition::Mps {
-                    thread_pct,
-                    mem_limit_mib,
-                } = w.partition
-                {
-                    meta.push((
-                        w.workload.clone(),
-                        format!("mps {thread_pct}%"),
-                        None,
-                        Some(f64::from(thread_pct) / 100.0),
-                    ));
-                    let env = d.client_env(thread_pct, mem_limit_mib);
-                    agents.push(Box::new(ProcessAgent::spawn(
-                        &w.workload,
-                        &worker,
-                        d.client_device_index(),
-                        &env,
-                    )?));
-                }
-            }
-            notes.push(
-                "inside MPS clients %smid is virtualised: SM ids prove nothing, throughput does"
-                    .into(),
-            );
-            Some(base)
-        }
-        Mechanism::Mig => {
-            mig_backend = crate::mig::nvml::NvmlMig::new()?;
-            let inst = mig_instances.insert(crate::mig::plan_and_create(
-                &mig_backend,
-                gpu,
-                &plan,
-                opts.allow_mig_reconfigure,
-            )?);
-            for w in &plan.workloads {
-                if let ResolvedPartition::Mig { profile, sms, .. } = &w.partition {
-                    let uuid = inst
-                        .visible_devices(&w.workload)
-                        .unwrap_or_default()
-                        .to_string();
-                    meta.push((
-                        w.workload.clone(),
-                        format!("mig {profile}"),
-                        Some(*sms),
-                        Some(f64::from(*sms) / f64::from(total)),
-                    ));
-                    let env = vec![("CUDA_VISIBLE_DEVICES".to_string(), uuid)];
-                    agents.push(Box::new(ProcessAgent::spawn(
-                        &w.workload,
-                        &worker,
-                        0,
-                        &env,
-                    )?));
-                }
-            }
-            notes.push(
-                "MIG: no process sees the whole GPU, so there is no whole-GPU baseline".into(),
-            );
-            None
-        }
-        Mechanism::None => {
-            return Err(GpuError::Usage(
-                "verify needs a mechanism other than none".into(),
-            ))
-        }
-    };
-
-    let measured = measure_agents(&mut agents, duration, opts.verbose);
-    drop(agents); // workers exit before the daemon stops / the instances go
-    let measured = measured?;
-    if let Some(d) = daemon.take() {
-        d.stop()?;
-    }
-    if let Some(i) = mig_instances.take() {
-        i.destroy()?;
-    }
-
-    let base = whole_gpu.as_ref().map(|b| b.blocks_per_s);
-    let partitions = meta
-        .into_iter()
-        .zip(measured)
-        .map(
-            |((workload, partition, granted_sms, nominal_share), (alone, beside))| {
-                let (share_of_gpu, interference_pct) = share_and_interference(
-                    base,
-                    alone.blocks_per_s,
-                    beside.as_ref().map(|b| b.blocks_per_s),
-                );
-                PartitionRow {
-                    workload,
-                    partition,
-                    granted_sms,
-                    nominal_share,
-                    alone,
-                    beside,
-                    share_of_gpu,
-                    interference_pct,
-                }
-            },
-        )
-        .collect();
-    Ok(VerifyReport {
-        device: info.name.clone(),
-        gpu,
-        sm_count: info.sm_count,
-        mechanism: plan.mechanism,
-        duration_s: duration.as_secs_f64(),
-        whole_gpu,
-        partitions,
-        notes,
-    })
-}
-
-fn measure_whole_in_thread(
-    gpu: u32,
-    d: Duration,
-    cfg: ProbeConfig,
-    verbose: bool,
-) -> Result<ProbeResult> {
-    if verbose {
-        eprintln!("verify: the probe on the whole GPU");
-    }
-    let mut a = ThreadAgent::spawn("whole-gpu", ThreadTarget::Whole { device_index: gpu }, cfg)?;
-    a.measure(d)
-}
-
-fn measure_whole_in_process(
-    worker: &WorkerCommand,
-    gpu: u32,
-    env: &[(String, String)],
-    d: Duration,
-    verbose: bool,
-) -> Result<ProbeResult> {
-    if verbose {
-        eprintln!("verify: the probe on the whole GPU");
-    }
-    let mut a = ProcessAgent::spawn("whole-gpu", worker, gpu, env)?;
-    a.measure(d)
 }
 
 /// The report as a text table.

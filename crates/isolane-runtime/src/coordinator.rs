@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -765,20 +765,14 @@ fn drive_process(
 ) -> WorkloadResult {
     let name = &w.spec.name;
     let exe = launch.exe;
-    let mut cmd = Command::new(exe);
-    cmd.envs(launch.env.iter().map(|(k, v)| (k, v)));
-    cmd.arg("worker")
-        .arg("--workload")
-        .arg(name)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group: a terminal's Ctrl-C reaches only the coordinator, which then
-        // stops the workers through the protocol, so they still report their last records.
-        .process_group(0);
-    // A `kill -9` of the coordinator runs none of its clean-up: the kernel ends the worker
-    // then. This thread waits for the worker (`finish`), so it outlives it as PDEATHSIG needs.
-    isolane_core::process::die_with_parent(&mut cmd);
+    // Its own process group: a terminal's Ctrl-C reaches only the coordinator, which then stops
+    // the workers through the protocol, so they still report their last records. A `kill -9`
+    // of the coordinator runs none of its clean-up: the kernel ends the worker then. This
+    // thread waits for the worker (`finish`), so it outlives it as PDEATHSIG needs.
+    let args = ["worker", "--workload", name.as_str()];
+    let mut cmd = crate::worker_client::worker_process(exe, &args, launch.env);
+    // Kept (its tail) to explain a failure.
+    cmd.stderr(Stdio::piped());
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {

@@ -16,6 +16,7 @@ pub mod limits;
 pub mod maxrate;
 pub mod output;
 pub mod partition;
+pub mod probe_role;
 pub mod protocol;
 pub mod release;
 pub mod results;
@@ -23,6 +24,7 @@ pub mod schedule;
 pub mod sweep;
 pub mod thread_cpu;
 pub mod worker;
+pub mod worker_client;
 
 pub use coordinator::{
     run, RunOptions, RunPlan, RunResult, WorkloadPlan, WorkloadResult, WorkloadStatus,

@@ -1,34 +1,57 @@
-//! The coordinator ⇄ worker protocol (`host = "process"`): JSON lines over the worker's
-//! stdin (coordinator → worker) and stdout (worker → coordinator).
+//! The one protocol between isolane and every child process it starts (`isolane worker`):
+//! JSON lines over the worker's stdin (coordinator → worker) and stdout (worker → coordinator).
+//! The coordinator's first message says which role the worker plays.
 //!
 //! ```text
-//! worker → {"type":"hello","protocol_version":1,"pid":…,"isolane_version":"…"}
-//! coord  → {"type":"setup","protocol_version":1,"index":…,"workload":{…},"timing":{…},"schedule":{…}}
-//! worker → {"type":"ready","warmup_ns":[…]}            (after pinning, model set-up and warm-up)
+//! worker → {"type":"hello","protocol_version":4,"pid":…,"isolane_version":"…"}
+//!
+//! role workload (a `host = "process"` workload of run/isolation/sweep/interference):
+//! coord  → {"type":"setup","protocol_version":4,"index":…,"workload":{…},"device":{…},"timing":{…},"schedule":{…},"guard":…}
+//! worker → {"type":"ready","warmup_ns":[…],"pieces":…}  (after pinning, model set-up and warm-up)
 //!        | {"type":"error","message":"…"}
 //! coord  → {"type":"start","t0_ns":…}                   (absolute CLOCK_MONOTONIC time)
 //!        | {"type":"abort"}
 //! worker → {"type":"jobs","records":[[k,release,start,end,timeout,held],…]}   (repeated, streamed)
 //! coord  → {"type":"stop"}                              (any time after start: Ctrl-C)
-//! worker → {"type":"done","status":"ok"|"interrupted"} | {"type":"error","message":"…"}
+//! worker → {"type":"done","status":"ok"|"interrupted","cpu":…} | {"type":"error","message":"…"}
+//!
+//! role probe (`isolane verify`'s agent of one partition):
+//! coord  → {"type":"probe","protocol_version":4,"gpu":N}
+//! worker → {"type":"probe_ready"}                       (the probe kernel is compiled and loaded)
+//! coord  → {"type":"measure","duration_s":…}   worker → {"type":"measured","result":{…}}
+//! coord  → {"type":"start_saturate"}           worker → {"type":"saturating"}
+//! coord  → {"type":"stop_saturate"}            worker → {"type":"saturate_stopped","launches":…}
+//! coord  → {"type":"stop"} or EOF              worker → {"type":"done","status":"ok"}
+//!
+//! role maxrate (`isolane maxrate`'s search in an MPS client):
+//! coord  → {"type":"maxrate","protocol_version":4,"search":{…}}
+//! worker → {"type":"progress","event":{"event":"warmed_up"|"back_to_back"|"at_rate"|"batch_done",…}}  (repeated)
+//! coord  → {"type":"stop"}                              (any time: Ctrl-C)
+//! worker → {"type":"maxrate_done","outcome":{…}} then {"type":"done","status":"ok"}
+//!        | {"type":"done","status":"interrupted"} | {"type":"error","message":"…"}
 //! ```
 //! Both sides check `protocol_version` before reading anything else from the other side, so a
 //! worker executable from another isolane version fails with a clear message, not a parse error.
 
+use isolane_core::probe::ProbeResult;
 use isolane_core::spec::{DeviceSpec, TimingSpec, WorkloadSpec};
 use isolane_core::JobRecord;
 use serde::{Deserialize, Serialize};
 
 use crate::guard::GuardSetup;
+use crate::maxrate::{SearchEvent, SearchOutcome, SearchRequest};
 use crate::schedule::Schedule;
 use crate::thread_cpu::ThreadCpu;
 
 /// Bump on any incompatible change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: the first coordinator message names the role (`setup`, `probe`, `maxrate`); the probe
+/// and maxrate roles' messages.
+pub const PROTOCOL_VERSION: u32 = 4;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToWorker {
+    /// First message, role workload: run this workload of a run.
     Setup {
         protocol_version: u32,
         index: usize,
@@ -40,18 +63,38 @@ pub enum ToWorker {
         #[serde(default)]
         guard: Option<GuardSetup>,
     },
+    /// First message, role probe: set the probe up on CUDA device `gpu` as the coordinator
+    /// numbers the devices (a worker behind an MPS daemon or bound to a MIG instance uses the
+    /// index its environment gives instead).
+    Probe {
+        protocol_version: u32,
+        gpu: u32,
+    },
+    /// First message, role maxrate: run this max-rate search and return its outcome.
+    Maxrate {
+        protocol_version: u32,
+        search: Box<SearchRequest>,
+    },
     Start {
         t0_ns: i64,
     },
     Abort,
+    /// Stop: the run (Ctrl-C), the search, or the probe role's work (the worker then ends).
     Stop,
+    /// Probe role: measure the probe's throughput for this long.
+    Measure {
+        duration_s: f64,
+    },
+    /// Probe role: run the probe flat out until `stop_saturate`.
+    StartSaturate,
+    StopSaturate,
 }
 
 /// A job record on the wire:
 /// `[index, release_ns, start_ns|null, end_ns|null, timeout 0|1, held_ns]`.
 pub type WireRecord = (u64, i64, Option<i64>, Option<i64>, u8, i64);
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum FromWorker {
     Hello {
@@ -76,6 +119,26 @@ pub enum FromWorker {
     },
     Error {
         message: String,
+    },
+    /// Probe role: the probe is set up; measurements may be asked for.
+    ProbeReady,
+    /// Probe role: the answer to `measure`.
+    Measured {
+        result: ProbeResult,
+    },
+    /// Probe role: the probe runs flat out now.
+    Saturating,
+    /// Probe role: saturation stopped after this many launches.
+    SaturateStopped {
+        launches: u64,
+    },
+    /// Maxrate role: what the search does now.
+    Progress {
+        event: SearchEvent,
+    },
+    /// Maxrate role: the search's outcome (a `done` follows).
+    MaxrateDone {
+        outcome: Box<SearchOutcome>,
     },
 }
 
@@ -178,5 +241,127 @@ mod tests {
         assert_eq!(r[0].end_ns, Some(4_000_005));
         assert!(r[1].timeout && r[1].start_ns.is_none());
         assert_eq!(r[2].held_ns, 7);
+    }
+
+    fn search_request() -> SearchRequest {
+        let scenario = isolane_core::Scenario::from_toml_str(
+            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"maxrate\"\n\
+             model = \"spin:1ms\"\nrate_hz = 1\njobs = 10\n",
+            "test.toml",
+            &Vec::<String>::new(),
+        )
+        .unwrap();
+        SearchRequest {
+            workload: scenario.workloads[0].clone(),
+            device: scenario.device.clone(),
+            timing: scenario.timing.clone(),
+            config: isolane_core::maxrate::MaxRateConfig::default(),
+        }
+    }
+
+    /// Every message of the probe and maxrate roles reads back as written, under the tag the
+    /// protocol's listing gives it.
+    #[test]
+    fn the_role_messages_round_trip() {
+        use isolane_core::maxrate::{BatchOutcome, MaxRateResult};
+        use isolane_core::probe::{ProbeConfig, ProbeResult};
+        use isolane_core::results::LatenessSummary;
+        let to_worker = [
+            (
+                ToWorker::Probe {
+                    protocol_version: PROTOCOL_VERSION,
+                    gpu: 2,
+                },
+                "probe",
+            ),
+            (
+                ToWorker::Maxrate {
+                    protocol_version: PROTOCOL_VERSION,
+                    search: Box::new(search_request()),
+                },
+                "maxrate",
+            ),
+            (ToWorker::Measure { duration_s: 1.5 }, "measure"),
+            (ToWorker::StartSaturate, "start_saturate"),
+            (ToWorker::StopSaturate, "stop_saturate"),
+            (ToWorker::Stop, "stop"),
+        ];
+        for (msg, tag) in to_worker {
+            let line = serde_json::to_string(&msg).unwrap();
+            assert!(line.starts_with(&format!(r#"{{"type":"{tag}""#)), "{line}");
+            assert_eq!(serde_json::from_str::<ToWorker>(&line).unwrap(), msg);
+        }
+        let outcome = SearchOutcome {
+            result: MaxRateResult {
+                max_rate_hz: 240.0,
+                l_max_ms: 1000.0 / 240.0,
+                initial_rate_hz: 249.0,
+                trace: Vec::new(),
+            },
+            start_lateness_us: LatenessSummary {
+                p50: Some(0.5),
+                p99: None,
+                max: Some(40.0),
+            },
+            cpu_steal_pct: Some(0.3),
+        };
+        let from_worker = [
+            (FromWorker::ProbeReady, "probe_ready"),
+            (
+                FromWorker::Measured {
+                    result: ProbeResult::from_counts(80, 1.0, &[0, 3], 8, ProbeConfig::default()),
+                },
+                "measured",
+            ),
+            (FromWorker::Saturating, "saturating"),
+            (
+                FromWorker::SaturateStopped { launches: 7 },
+                "saturate_stopped",
+            ),
+            (
+                FromWorker::Progress {
+                    event: SearchEvent::WarmedUp {
+                        job_s: vec![0.001, 0.002],
+                    },
+                },
+                "progress",
+            ),
+            (
+                FromWorker::Progress {
+                    event: SearchEvent::BatchDone {
+                        outcome: BatchOutcome {
+                            jobs: 10,
+                            violations: 1,
+                        },
+                    },
+                },
+                "progress",
+            ),
+            (
+                FromWorker::MaxrateDone {
+                    outcome: Box::new(outcome),
+                },
+                "maxrate_done",
+            ),
+        ];
+        for (msg, tag) in from_worker {
+            let line = serde_json::to_string(&msg).unwrap();
+            assert!(line.starts_with(&format!(r#"{{"type":"{tag}""#)), "{line}");
+            assert_eq!(serde_json::from_str::<FromWorker>(&line).unwrap(), msg);
+        }
+    }
+
+    #[test]
+    fn a_role_of_another_version_is_refused_before_it_is_read() {
+        let line = serde_json::to_string(&ToWorker::Maxrate {
+            protocol_version: PROTOCOL_VERSION + 1,
+            search: Box::new(search_request()),
+        })
+        .unwrap();
+        let err = check_version(&line, "coordinator").unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("version {}", PROTOCOL_VERSION + 1)) && err.contains("mismatch"),
+            "{err}"
+        );
     }
 }

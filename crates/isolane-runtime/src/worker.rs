@@ -1,16 +1,23 @@
-//! The worker side of `host = "process"`: the hidden `isolane worker` subcommand runs
-//! [`run_worker`] with its stdin/stdout. See [`crate::protocol`] for the messages.
+//! The worker side of every child process isolane starts: the hidden `isolane worker`
+//! subcommand runs [`run_worker`] with its stdin/stdout. The coordinator's first message
+//! says the role: a workload of a run (`setup`), `verify`'s probe agent (`probe`,
+//! [`crate::probe_role`]) or `maxrate`'s search in an MPS client (`maxrate`). See
+//! [`crate::protocol`] for the messages.
 
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use isolane_core::spec::{DeviceSpec, TimingSpec, WorkloadSpec};
 use isolane_core::JobRecord;
 
 use crate::exec::EngineExecutors;
-use crate::guard::GuardRole;
+use crate::guard::{GuardRole, GuardSetup};
+use crate::maxrate::{SearchError, SearchRequest};
+use crate::probe_role::ProbeFactory;
 use crate::protocol::{check_version, DoneStatus, FromWorker, ToWorker, PROTOCOL_VERSION};
 use crate::release::{run_loop_guarded, warm_up, LoopEnd, RecordSink};
+use crate::schedule::Schedule;
 use crate::thread_cpu::ThreadCpu;
 use crate::{affinity, clock, exec};
 
@@ -26,6 +33,16 @@ pub enum WorkerError {
     Setup(String),
     #[error(transparent)]
     Exec(#[from] exec::ExecError),
+    #[error(transparent)]
+    Search(#[from] SearchError),
+}
+
+/// What a worker process can do beyond `spin:` models, passed in by the binary (no registry):
+/// the engine builds workloads' and searches' models, the probe factory serves the probe role.
+#[derive(Clone, Copy, Default)]
+pub struct WorkerRoles<'a> {
+    pub engine: Option<&'a dyn EngineExecutors>,
+    pub probes: Option<&'a dyn ProbeFactory>,
 }
 
 /// Records are streamed in chunks: flushed while the loop waits for a release, or when the
@@ -91,7 +108,7 @@ impl<W: Write> RecordSink for PipeSink<W> {
     }
 }
 
-fn send(out: &mut impl Write, msg: &FromWorker) -> Result<(), WorkerError> {
+pub(crate) fn send(out: &mut impl Write, msg: &FromWorker) -> Result<(), WorkerError> {
     let mut line = serde_json::to_vec(msg)
         .map_err(|e| WorkerError::Setup(format!("cannot encode a message: {e}")))?;
     line.push(b'\n');
@@ -108,22 +125,23 @@ fn read_line(input: &mut impl BufRead, what: &'static str) -> Result<String, Wor
     Ok(line)
 }
 
-/// Runs one workload as told by the coordinator on `input`, answering on `output`. `stop` is
-/// raised by a SIGINT handler the caller installs, by a `stop` message, or when the coordinator
-/// goes away. Returns the process exit code: 0 after a finished or interrupted run, 2 on a
-/// protocol version mismatch, 1 on any other failure (reported as an `error` message first).
-/// `engine` builds a model that is not `spin:` (`None`: only `spin:` models run).
+/// Plays the role the coordinator gives in its first message on `input`, answering on
+/// `output`. `stop` is raised by a SIGINT handler the caller installs, by a `stop` message, or
+/// when the coordinator goes away. Returns the process exit code: 0 after a finished or
+/// interrupted run, 2 on a protocol version mismatch, 1 on any other failure (reported as an
+/// `error` message first). `roles.engine` builds a model that is not `spin:` (`None`: only
+/// `spin:` models run); `roles.probes` serves the probe role (`None`: refused).
 pub fn run_worker<R, W>(
     input: R,
     mut output: W,
     stop: Arc<AtomicBool>,
-    engine: Option<&dyn EngineExecutors>,
+    roles: WorkerRoles<'_>,
 ) -> i32
 where
     R: BufRead + Send + 'static,
     W: Write,
 {
-    match worker_inner(input, &mut output, &stop, engine) {
+    match worker_inner(input, &mut output, &stop, roles) {
         Ok((status, cpu)) => match send(&mut output, &FromWorker::Done { status, cpu }) {
             Ok(()) => 0,
             Err(_) => 1,
@@ -147,7 +165,7 @@ fn worker_inner<R, W>(
     mut input: R,
     output: &mut W,
     stop: &Arc<AtomicBool>,
-    engine: Option<&dyn EngineExecutors>,
+    roles: WorkerRoles<'_>,
 ) -> Result<(DoneStatus, Option<ThreadCpu>), WorkerError>
 where
     R: BufRead + Send + 'static,
@@ -163,24 +181,77 @@ where
     )?;
     let line = read_line(&mut input, "sending the set-up")?;
     let value = check_version(&line, "coordinator")?;
-    let setup: ToWorker = serde_json::from_value(value).map_err(|e| {
+    let first: ToWorker = serde_json::from_value(value).map_err(|e| {
         WorkerError::Setup(format!(
             "malformed set-up message from the coordinator: {e}"
         ))
     })?;
-    let ToWorker::Setup {
+    match first {
+        ToWorker::Setup {
+            index,
+            workload,
+            device,
+            timing,
+            schedule,
+            guard,
+            ..
+        } => {
+            let setup = WorkloadSetup {
+                index,
+                workload: *workload,
+                device,
+                timing,
+                schedule,
+                guard,
+            };
+            run_workload(input, output, stop, roles.engine, setup)
+        }
+        ToWorker::Probe { gpu, .. } => {
+            let probes = roles
+                .probes
+                .ok_or_else(|| WorkerError::Setup("this worker cannot run the GPU probe".into()))?;
+            crate::probe_role::serve(input, output, gpu, probes).map(|s| (s, None))
+        }
+        ToWorker::Maxrate { search, .. } => {
+            run_search(input, output, stop, roles.engine, &search).map(|s| (s, None))
+        }
+        _ => Err(WorkerError::Setup(
+            "expected a role first (a `setup`, `probe` or `maxrate` message)".into(),
+        )),
+    }
+}
+
+/// The workload role's set-up message.
+struct WorkloadSetup {
+    index: usize,
+    workload: WorkloadSpec,
+    device: DeviceSpec,
+    timing: TimingSpec,
+    schedule: Schedule,
+    guard: Option<GuardSetup>,
+}
+
+/// Role workload: pin, build, warm up, report ready, wait for the start, run the release loop
+/// streaming the records, report the end.
+fn run_workload<R, W>(
+    mut input: R,
+    output: &mut W,
+    stop: &Arc<AtomicBool>,
+    engine: Option<&dyn EngineExecutors>,
+    setup: WorkloadSetup,
+) -> Result<(DoneStatus, Option<ThreadCpu>), WorkerError>
+where
+    R: BufRead + Send + 'static,
+    W: Write,
+{
+    let WorkloadSetup {
         index,
         workload,
         device,
         timing,
         schedule,
         guard,
-        ..
-    } = setup
-    else {
-        return Err(WorkerError::Setup("expected a set-up message first".into()));
-    };
-
+    } = setup;
     affinity::pin_current_thread(&workload.cpu)
         .map_err(|e| WorkerError::Setup(format!("workload `{}`: {e}", workload.name)))?;
     let mut executor = exec::executor_for(engine, &device, &workload, timing.seed, index, None)?;
@@ -208,35 +279,15 @@ where
     let t0_ns = match msg {
         ToWorker::Start { t0_ns } => t0_ns,
         ToWorker::Abort | ToWorker::Stop => return Ok((DoneStatus::Interrupted, None)),
-        ToWorker::Setup { .. } => {
+        _ => {
             return Err(WorkerError::Setup(
-                "unexpected second set-up message".into(),
+                "expected `start` or `abort` after the set-up".into(),
             ))
         }
     };
 
-    // From here on the coordinator may only say `stop`; its going away means the same. The
-    // thread is detached: it ends with the process.
-    {
-        let stop = Arc::clone(stop);
-        std::thread::Builder::new()
-            .name("isolane-worker-stdin".into())
-            .spawn(move || {
-                let mut line = String::new();
-                loop {
-                    line.clear();
-                    match input.read_line(&mut line) {
-                        Ok(0) | Err(_) => break,
-                        Ok(_) => {
-                            if matches!(serde_json::from_str(&line), Ok(ToWorker::Stop)) {
-                                break;
-                            }
-                        }
-                    }
-                }
-                stop.store(true, Ordering::Relaxed);
-            })?;
-    }
+    // From here on the coordinator may only say `stop`; its going away means the same.
+    watch_for_stop(input, stop)?;
 
     let mut sink = PipeSink {
         out: &mut *output,
@@ -262,5 +313,78 @@ where
     match end? {
         LoopEnd::Completed => Ok((DoneStatus::Ok, cpu)),
         LoopEnd::Interrupted => Ok((DoneStatus::Interrupted, cpu)),
+    }
+}
+
+/// From here on the coordinator may only say `stop`; its going away means the same. The
+/// thread is detached: it ends with the process.
+fn watch_for_stop<R>(mut input: R, stop: &Arc<AtomicBool>) -> Result<(), WorkerError>
+where
+    R: BufRead + Send + 'static,
+{
+    let stop = Arc::clone(stop);
+    std::thread::Builder::new()
+        .name("isolane-worker-stdin".into())
+        .spawn(move || {
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match input.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        if matches!(serde_json::from_str(&line), Ok(ToWorker::Stop)) {
+                            break;
+                        }
+                    }
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        })?;
+    Ok(())
+}
+
+/// Role maxrate: build the model in this process (whose partition is its environment, e.g. an
+/// MPS client's), run the search with progress messages, and send its outcome.
+fn run_search<R, W>(
+    input: R,
+    output: &mut W,
+    stop: &Arc<AtomicBool>,
+    engine: Option<&dyn EngineExecutors>,
+    request: &SearchRequest,
+) -> Result<DoneStatus, WorkerError>
+where
+    R: BufRead + Send + 'static,
+    W: Write,
+{
+    watch_for_stop(input, stop)?;
+    let executor = exec::executor_for(
+        engine,
+        &request.device,
+        &request.workload,
+        request.timing.seed,
+        0,
+        None,
+    )?;
+    // A progress line that cannot be written means the coordinator is gone: stop searching.
+    let searched = crate::maxrate::search(executor, request, Arc::clone(stop), &mut |event| {
+        let progress = FromWorker::Progress {
+            event: event.clone(),
+        };
+        if send(output, &progress).is_err() {
+            stop.store(true, Ordering::Relaxed);
+        }
+    });
+    match searched {
+        Ok(outcome) => {
+            send(
+                output,
+                &FromWorker::MaxrateDone {
+                    outcome: Box::new(outcome),
+                },
+            )?;
+            Ok(DoneStatus::Ok)
+        }
+        Err(SearchError::Interrupted) => Ok(DoneStatus::Interrupted),
+        Err(e) => Err(e.into()),
     }
 }

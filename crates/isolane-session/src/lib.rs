@@ -3,7 +3,8 @@
 //! A run is admit → partitions → hosts → telemetry → typed results (docs/design.md, "Where
 //! things are"). The caller admits the scenario and prepares the output folder; this crate
 //! does the rest ([`measure`]): it sets an admitted plan's partitions up once
-//! ([`with_partitions`], used by `run`, `isolation`, `sweep` and `maxrate`), hands each
+//! ([`with_partitions`], used by `run`, `isolation`, `sweep`, `maxrate` ([`maxrate`]) and
+//! `verify` ([`verify`]): the only partition set-up in the tree), hands each
 //! workload its partition — a green group in its plan ([`isolane_runtime::partition`]), MPS
 //! and MIG settings in its worker's environment — runs the coordinator with the engine the
 //! caller passes in ([`run_in_partitions`]), and takes the partitions down after the last
@@ -16,7 +17,9 @@
 //! knows nothing of workloads' hosts), so that neither depends on the other.
 
 mod live;
+pub mod maxrate;
 pub mod telemetry;
+pub mod verify;
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
