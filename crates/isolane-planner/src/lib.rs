@@ -216,6 +216,7 @@ impl Ladder {
     /// An amount of the capacity in words: `96 SMs`, `5 compute slices`.
     pub fn describe_amount(&self, amount: u32) -> String {
         match self.unit {
+            Unit::Mig if amount == 1 => "1 compute slice".into(),
             Unit::Mig => format!("{amount} compute slices"),
             _ => self.describe(amount),
         }

@@ -142,7 +142,7 @@ enum Search {
     Unprofiled(Unprofiled),
 }
 
-/// The reason a workload is inadequate even at the ladder's top size.
+/// The reason a workload is inadequate even at the ladder's top size, whose profile is `p`.
 fn inadequate_at_top(
     d: &Demand,
     ladder: &Ladder,
@@ -150,22 +150,14 @@ fn inadequate_at_top(
     p: &Point,
     s: Shortfall,
 ) -> String {
-    let top = ladder.describe(p.size);
     match s {
-        Shortfall::Memory(need, have) if ladder.unit == Unit::Mig => format!(
-            "`{}` does not fit even in {top}: it needs about {need} MiB of device memory, the \
-             instance has {have} MiB",
-            d.name
-        ),
-        Shortfall::Memory(need, have) => format!(
-            "`{}` needs about {need} MiB of device memory, the device has {have} MiB",
-            d.name
-        ),
+        Shortfall::Memory(need, have) => too_little_memory(d, ladder, p.size, need, have),
         Shortfall::Time => format!(
-            "`{}` cannot meet its deadline even in {top}: predicted p99 {:.3} ms (p99 alone \
+            "`{}` cannot meet its deadline even in {}: predicted p99 {:.3} ms (p99 alone \
              {:.3} ms × stretch {:.2}) against {:.0} % of {:.3} ms, utilisation {:.2} (at most \
              {:.2})",
             d.name,
+            ladder.describe(p.size),
             p.exec_p99_ms * stretch(d, opts),
             p.exec_p99_ms,
             stretch(d, opts),
@@ -174,6 +166,22 @@ fn inadequate_at_top(
             util(d, p),
             opts.max_util
         ),
+    }
+}
+
+fn too_little_memory(d: &Demand, ladder: &Ladder, top: u32, need: u64, have: u64) -> String {
+    if ladder.unit == Unit::Mig {
+        format!(
+            "`{}` does not fit even in {}: it needs about {need} MiB of device memory, the \
+             instance has {have} MiB",
+            d.name,
+            ladder.describe(top)
+        )
+    } else {
+        format!(
+            "`{}` needs about {need} MiB of device memory, the device has {have} MiB",
+            d.name
+        )
     }
 }
 
@@ -205,6 +213,14 @@ fn smallest(
 ) -> Result<Search, String> {
     let sizes = &ladder.sizes;
     let top = *sizes.last().expect("checked non-empty");
+    // Memory needs no profile: a workload that cannot fit the largest partition is not
+    // measured at all.
+    if let (Some(need), Some(have)) = (d.memory_mib, ladder.memory_of(top)) {
+        if need > have {
+            let why = too_little_memory(d, ladder, top, need, have);
+            return Ok(Search::Inadequate(why));
+        }
+    }
     let p = match point(m, d, w, top)? {
         Ok(p) => p,
         Err(u) => return Ok(Search::Unprofiled(u)),
@@ -614,10 +630,12 @@ mod tests {
         ladder: Ladder,
         work_ms: Vec<f64>,
         missing: Vec<(usize, u32)>,
+        calls: usize,
     }
 
     impl Profiler for ByCost {
         fn profile(&mut self, w: usize, size: u32) -> Result<Point, ProfileError> {
+            self.calls += 1;
             if self.missing.contains(&(w, size)) {
                 return Err(ProfileError::NotProfiled(format!("no profile {w}/{size}")));
             }
@@ -641,6 +659,7 @@ mod tests {
             ladder: ladder.clone(),
             work_ms: work_ms.to_vec(),
             missing: Vec::new(),
+            calls: 0,
         }
     }
 
@@ -747,6 +766,7 @@ mod tests {
             reasons,
             ["`big` needs about 9000 MiB of device memory, the device has 7620 MiB"]
         );
+        assert_eq!(t.calls, 0, "what cannot fit is not measured");
         let two = [
             Demand {
                 memory_mib: Some(5_000),
