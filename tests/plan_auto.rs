@@ -195,5 +195,8 @@ fn a_spent_profile_budget_names_what_was_not_measured() {
         "{err}"
     );
     assert!(!err.contains("profiled camera in"), "{err}");
-    assert!(err.contains("plan again (with a larger --profile-budget)"), "{err}");
+    assert!(
+        err.contains("plan again (with a larger --profile-budget)"),
+        "{err}"
+    );
 }

@@ -50,11 +50,12 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     let mut used: Vec<ProfileKey> = Vec::new();
     let mut best: Option<(Mechanism, Ladder, Vec<Choice>)> = None;
     let mut unprofiled = false;
+    let mut memory = MemoryEstimates::default();
     for mech in &mechanisms {
         let ladder = ladder(&scenario, *mech, target.device())?;
         let demands = with_memory(
             with_stretch(&scenario, &demands, *mech, matrix.as_ref()),
-            &memory_for(&scenario, *mech),
+            memory.under(&scenario, *mech),
         );
         let t = Instant::now();
         let outcome = match &target {
@@ -106,7 +107,9 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         }
     }
     if unprofiled {
-        eprintln!("{}", target.how_to_profile());
+        if let Some(hint) = target.how_to_profile(budget.is_some()) {
+            eprintln!("{hint}");
+        }
     }
     if let Some(dir) = &args.export_profiles {
         export(target.cache(), &used, dir)?;
@@ -249,16 +252,17 @@ impl Target {
                 })
             }),
             Target::Here { mig_on, gpu, .. } if *mig_on != Some(true) => {
-                Some(mig_off(*gpu, &device.name))
+                Some(mig_off(*gpu, device.name))
             }
             Target::Here { .. } => None,
         }
     }
 
-    /// What to do about profiles the plan lacked.
-    fn how_to_profile(&self) -> String {
+    /// What to do about profiles the plan lacked (here, only a budget can be raised: the other
+    /// reasons, such as MIG mode, are said with each profile).
+    fn how_to_profile(&self, budget: bool) -> Option<String> {
         match self {
-            Target::Offline { device, store } => format!(
+            Target::Offline { device, store } => Some(format!(
                 "to plan offline, measure the missing profiles on a {} and copy them here: \
                  there, `isolane plan --auto SCENARIO --export-profiles DIR` with the same \
                  flags (the search asks for the same sizes; DIR then holds every profile it \
@@ -268,12 +272,14 @@ impl Target {
                 device.name,
                 device.name,
                 store.dir().display()
-            ),
-            Target::Here { cache, .. } => format!(
-                "what was measured is kept in {}: plan again (with a larger --profile-budget) to \
-                 measure the rest",
-                cache.dir().display()
-            ),
+            )),
+            Target::Here { cache, .. } => budget.then(|| {
+                format!(
+                    "what was measured is kept in {}: plan again (with a larger \
+                     --profile-budget) to measure the rest",
+                    cache.dir().display()
+                )
+            }),
         }
     }
 }
@@ -343,17 +349,34 @@ fn workload_ids(s: &Scenario) -> Vec<WorkloadId> {
         .collect()
 }
 
-/// Each workload's device memory as admission control will count it under `mech`.
-fn memory_for(s: &Scenario, mech: Mechanism) -> Vec<Option<u64>> {
-    if s.device.backend == Backend::Cpu {
-        return vec![None; s.workloads.len()];
+/// Each workload's device memory as admission control will count it, per host kind: the
+/// estimate builds every model, and only the host (one CUDA context shared by threads, or one
+/// per process) changes it between mechanisms.
+#[derive(Default)]
+struct MemoryEstimates {
+    threads: Option<Vec<Option<u64>>>,
+    processes: Option<Vec<Option<u64>>>,
+}
+
+impl MemoryEstimates {
+    fn under(&mut self, s: &Scenario, mech: Mechanism) -> &[Option<u64>] {
+        let host = host_for(mech);
+        let slot = match host {
+            Host::Thread => &mut self.threads,
+            Host::Process => &mut self.processes,
+        };
+        slot.get_or_insert_with(|| {
+            if s.device.backend == Backend::Cpu {
+                return vec![None; s.workloads.len()];
+            }
+            let mut t = s.clone();
+            t.device.mechanism = mech;
+            for w in &mut t.workloads {
+                w.host = host;
+            }
+            super::memory_estimates_mib(&t)
+        })
     }
-    let mut t = s.clone();
-    t.device.mechanism = mech;
-    for w in &mut t.workloads {
-        w.host = host_for(mech);
-    }
-    super::memory_estimates_mib(&t)
 }
 
 fn with_memory(demands: Vec<Demand>, memory: &[Option<u64>]) -> Vec<Demand> {
