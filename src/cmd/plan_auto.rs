@@ -920,3 +920,46 @@ fn print_verification(summary: &RunSummary, choices: &[Choice]) -> bool {
     }
     missed
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn here(model: &str, mig_on: Option<bool>) -> Target {
+        let device = isolane_core::device_model::device_model(model).unwrap();
+        Target::Here {
+            record: DeviceRecord {
+                gpu: "NVIDIA H100 80GB HBM3".into(),
+                driver: "580.159.04".into(),
+                device_model: device.name.into(),
+            },
+            device,
+            cache: ProfileCache::new("unused"),
+            mig_on,
+            gpu: 0,
+        }
+    }
+
+    /// On this machine's GPU MIG can be planned only with MIG mode on (the profile runs need
+    /// MIG instances); `--mechanism all` then leaves MIG out with that reason.
+    #[test]
+    fn mig_is_planned_here_only_with_mig_mode_on() {
+        let w = [WorkloadId {
+            name: "a".into(),
+            model: "resnet18".into(),
+            batch: 1,
+            precision: "fp16".into(),
+        }];
+        let off = here("h100-sxm", Some(false)).mig_unavailable(&w).unwrap();
+        assert!(
+            off.starts_with(
+                "MIG mode is off on GPU 0 (h100-sxm): MIG instances cannot be profiled here"
+            ),
+            "{off}"
+        );
+        assert!(here("h100-sxm", None).mig_unavailable(&w).is_some());
+        assert_eq!(here("h100-sxm", Some(true)).mig_unavailable(&w), None);
+        let l40s = here("l40s", Some(false)).mig_unavailable(&w).unwrap();
+        assert!(l40s.contains("has no MIG"), "{l40s}");
+    }
+}
