@@ -44,10 +44,17 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         None => None,
     };
     let work = tempfile::tempdir().context("a folder for the profile runs")?;
-    let mut budget = args
-        .profile_budget
-        .map(|s| ProfileBudget::new(Duration::from_secs_f64(s)));
-    let mut used: Vec<ProfileKey> = Vec::new();
+    let mut profiles = Profiles {
+        scenario: &scenario,
+        workloads: &workloads,
+        args,
+        engine,
+        work: work.path(),
+        budget: args
+            .profile_budget
+            .map(|s| ProfileBudget::new(Duration::from_secs_f64(s))),
+        used: Vec::new(),
+    };
     let mut best: Option<(Mechanism, Ladder, Vec<Choice>)> = None;
     let mut unprofiled = false;
     let mut memory = MemoryEstimates::default();
@@ -58,46 +65,7 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
             memory.under(&scenario, *mech),
         );
         let t = Instant::now();
-        let outcome = match &target {
-            Target::Offline { store, .. } => {
-                let mut p = OfflineProfiler {
-                    store,
-                    workloads: &workloads,
-                    mechanism: mech_name(*mech),
-                    ladder: &ladder,
-                    used: Vec::new(),
-                };
-                let o = isolane_planner::plan(&demands, &ladder, &opts, &mut p);
-                used.extend(p.used);
-                o
-            }
-            Target::Here {
-                cache,
-                record,
-                mig_on,
-                ..
-            } => {
-                let mut p = RunProfiler {
-                    scenario: &scenario,
-                    workloads: &workloads,
-                    mechanism: *mech,
-                    ladder: &ladder,
-                    cache,
-                    device: record,
-                    mig_on: *mig_on,
-                    allow_mig_reconfigure: args.allow_mig_reconfigure,
-                    budget: budget.as_mut(),
-                    jobs: args.profile_jobs,
-                    engine,
-                    work: work.path(),
-                    used: Vec::new(),
-                };
-                let o = isolane_planner::plan(&demands, &ladder, &opts, &mut p);
-                used.extend(p.used);
-                o
-            }
-        }
-        .map_err(|e| anyhow::anyhow!("profiling for the {} plan: {e}", mech_name(*mech)))?;
+        let outcome = profiles.plan(&target, *mech, &ladder, &demands, &opts)?;
         print_outcome(*mech, &ladder, &outcome, t.elapsed().as_secs_f64());
         if let Outcome::NoPlan { unprofiled: u, .. } = &outcome {
             unprofiled |= !u.is_empty();
@@ -107,20 +75,100 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         }
     }
     if unprofiled {
-        if let Some(hint) = target.how_to_profile(budget.is_some()) {
+        if let Some(hint) = target.how_to_profile(profiles.budget.is_some()) {
             eprintln!("{hint}");
         }
     }
     if let Some(dir) = &args.export_profiles {
-        export(target.cache(), &used, dir)?;
+        export(target.cache(), &profiles.used, dir)?;
     }
     let Some((mech, ladder, choices)) = best else {
         return Ok(super::EXIT_USER);
     };
     let planned = planned_scenario(&scenario, mech, &ladder, &choices);
     admit_planned(&planned, target.device())?;
-    let text = annotate(&planned.to_toml_string()?, &choices, &ladder);
-    match &args.out {
+    emit(&planned, &choices, &ladder, args.out.as_deref())?;
+    if args.verify {
+        return verify(&planned, &choices, args, engine);
+    }
+    Ok(0)
+}
+
+/// What the plans of one command share to get their profiles: the profile runs' settings, the
+/// budget left, and the profiles used so far (for `--export-profiles`).
+struct Profiles<'a> {
+    scenario: &'a Scenario,
+    workloads: &'a [WorkloadId],
+    args: &'a PlanArgs,
+    engine: &'a Engine,
+    work: &'a Path,
+    budget: Option<ProfileBudget>,
+    used: Vec<ProfileKey>,
+}
+
+impl Profiles<'_> {
+    /// The plan with `mech` for `target`: from the folder offline, else from the cache and
+    /// profile runs.
+    fn plan(
+        &mut self,
+        target: &Target,
+        mech: Mechanism,
+        ladder: &Ladder,
+        demands: &[Demand],
+        opts: &Options,
+    ) -> anyhow::Result<Outcome> {
+        let outcome = match target {
+            Target::Offline { store, .. } => {
+                let mut p = OfflineProfiler {
+                    store,
+                    workloads: self.workloads,
+                    mechanism: mech_name(mech),
+                    ladder,
+                    used: Vec::new(),
+                };
+                let o = isolane_planner::plan(demands, ladder, opts, &mut p);
+                self.used.extend(p.used);
+                o
+            }
+            Target::Here {
+                cache,
+                record,
+                mig_on,
+                ..
+            } => {
+                let mut p = RunProfiler {
+                    scenario: self.scenario,
+                    workloads: self.workloads,
+                    mechanism: mech,
+                    ladder,
+                    cache,
+                    device: record,
+                    mig_on: *mig_on,
+                    allow_mig_reconfigure: self.args.allow_mig_reconfigure,
+                    budget: self.budget.as_mut(),
+                    jobs: self.args.profile_jobs,
+                    engine: self.engine,
+                    work: self.work,
+                    used: Vec::new(),
+                };
+                let o = isolane_planner::plan(demands, ladder, opts, &mut p);
+                self.used.extend(p.used);
+                o
+            }
+        };
+        outcome.map_err(|e| anyhow::anyhow!("profiling for the {} plan: {e}", mech_name(mech)))
+    }
+}
+
+/// Writes the planned scenario, with its comments, to `out` or stdout.
+fn emit(
+    planned: &Scenario,
+    choices: &[Choice],
+    ladder: &Ladder,
+    out: Option<&Path>,
+) -> anyhow::Result<()> {
+    let text = annotate(&planned.to_toml_string()?, choices, ladder);
+    match out {
         Some(p) => {
             isolane_core::files::write_atomic(p, text.as_bytes())
                 .with_context(|| format!("writing {}", p.display()))?;
@@ -128,10 +176,7 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         }
         None => print!("{text}"),
     }
-    if args.verify {
-        return verify(&planned, &choices, args, engine);
-    }
-    Ok(0)
+    Ok(())
 }
 
 /// Where the profiles come from and what the plan is for.
