@@ -51,7 +51,7 @@ mod tests {
         let mut b = ProfileBudget::new(Duration::from_secs(10));
         assert!(b.allows_another(), "the first one always may");
         b.charge(Duration::from_secs(4));
-        assert!(b.allows_another(), "4 + 4 <= 10");
+        assert!(b.allows_another(), "4 + 4 < 10");
         b.charge(Duration::from_secs(3));
         assert!(!b.allows_another(), "7 + 4 > 10");
         assert_eq!(b.spent(), Duration::from_secs(7));
