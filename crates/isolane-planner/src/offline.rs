@@ -40,7 +40,9 @@ pub struct OfflineProfiles {
     cache: ProfileCache,
     device_model: String,
     chosen: DeviceRecord,
-    /// Every driver of the device model the folder holds, newest first.
+    /// Every GPU and driver of the device model the folder holds, newest driver first.
+    records: Vec<DeviceRecord>,
+    /// Their drivers, in that order.
     drivers: Vec<String>,
 }
 
@@ -109,6 +111,7 @@ impl OfflineProfiles {
             cache,
             device_model: device_model.to_string(),
             chosen,
+            records: mine,
             drivers,
         })
     }
@@ -170,6 +173,25 @@ impl OfflineProfiles {
 
     pub fn get(&self, key: &ProfileKey) -> Option<Times> {
         self.cache.get(key)
+    }
+
+    /// The other drivers of the device model that have the profile of `key` (which is of the
+    /// chosen one): a profile measured again with a new driver only in part leaves the rest
+    /// with the old one.
+    pub fn other_drivers_with(&self, key: &ProfileKey) -> Vec<String> {
+        self.records
+            .iter()
+            .filter(|d| **d != self.chosen)
+            .filter(|d| {
+                let theirs = ProfileKey {
+                    gpu: d.gpu.clone(),
+                    driver: d.driver.clone(),
+                    ..key.clone()
+                };
+                self.cache.get(&theirs).is_some()
+            })
+            .map(|d| d.driver.clone())
+            .collect()
     }
 
     /// The partitions it has of `key`'s model, batch, precision and mechanism.
@@ -242,8 +264,12 @@ impl Profiler for OfflineProfiler<'_> {
             return Ok(t.at(size));
         }
         let have = self.available(w);
+        let elsewhere = match self.store.other_drivers_with(&key).first() {
+            Some(d) => format!("; driver {d} has it (--driver {d})"),
+            None => String::new(),
+        };
         Err(ProfileError::NotProfiled(format!(
-            "{}: no profile of {} in {} ({}, driver {}); it has {}",
+            "{}: no profile of {} in {} ({}, driver {}); it has {}{elsewhere}",
             w.describe(self.mechanism),
             self.ladder.describe(size),
             self.store.dir().display(),
@@ -310,6 +336,22 @@ mod tests {
         let k = o.key("resnet18", 1, "fp16", "mig", "1g.10gb");
         assert_eq!(o.get(&k).unwrap().exec_p99_ms, 2.0);
         assert!(o.describe().contains("the newest of the drivers found"));
+
+        // A profile only the older driver has is pointed at.
+        let only_old = ProfileKey {
+            partition: "2g.20gb".into(),
+            ..k.clone()
+        };
+        assert!(o.other_drivers_with(&only_old).is_empty());
+        let older = ProfileKey {
+            driver: "580.65.06".into(),
+            ..only_old.clone()
+        };
+        let t = o.get(&k).unwrap();
+        o.cache()
+            .put(&older, &record(gpu, "580.65.06", "a100-80gb"), &t)
+            .unwrap();
+        assert_eq!(o.other_drivers_with(&only_old), ["580.65.06"]);
 
         let old = OfflineProfiles::open(d.path(), "a100-80gb", Some("580.65.06")).unwrap();
         let k = old.key("resnet18", 1, "fp16", "mig", "1g.10gb");
