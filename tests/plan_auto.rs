@@ -182,3 +182,31 @@ fn an_interference_matrix_gives_each_workload_its_stretch() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("bad.json"));
 }
+
+/// `--profile-budget 0` measures nothing: each workload's first size is named as not profiled,
+/// and without a plan the exit code is 2.
+#[test]
+fn a_spent_profile_budget_names_what_was_not_measured() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = scenario(tmp.path(), "s.toml", TWO);
+    let o = isolane()
+        .args(["plan", "--auto", "--profile-budget", "0", "--profile-cache"])
+        .arg(tmp.path().join("cache"))
+        .arg(&s)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "not profiled: `camera` (spin:1ms, batch 1, fp32, none) in 1 core: the profiling \
+             budget is spent (0.0 s of 0.0 s)"
+        ) && err.contains("not profiled: `lidar`"),
+        "{err}"
+    );
+    assert!(!err.contains("profiled camera in"), "{err}");
+    assert!(
+        err.contains("plan again (with a larger --profile-budget)"),
+        "{err}"
+    );
+}

@@ -25,7 +25,9 @@ pub struct PlanArgs {
     /// Scenario file (TOML).
     pub scenario: PathBuf,
     /// Check against an offline device model instead of the GPU of this machine: h100-sxm,
-    /// h200, a100-40gb, a100-80gb, l40s, orin-agx, orin-nano.
+    /// h200, a100-40gb, a100-80gb, l40s, orin-agx, orin-nano. With --auto: plan for it
+    /// offline, from profiles measured on one (--profiles, else the profile cache); nothing
+    /// is measured.
     #[arg(long, value_name = "NAME")]
     pub device_model: Option<String>,
     /// Sum of MPS thread percentages allowed (over 100 allows oversubscription).
@@ -38,9 +40,10 @@ pub struct PlanArgs {
     /// on disk), pick the smallest that meets its deadline at its rate with --margin, check
     /// they fit together, and print (or --out) the scenario with them filled in
     /// (docs/planner.md).
-    #[arg(long, conflicts_with = "device_model")]
+    #[arg(long)]
     pub auto: bool,
-    /// --auto: plan with this mechanism (`all`: green, mps and timeslice, side by side; the
+    /// --auto: plan with this mechanism: green, mps, timeslice, mig, or `all` (green, mps,
+    /// timeslice and, where the device has MIG and it can be profiled, mig, side by side; the
     /// first that has a plan is written). Default: the scenario's.
     #[arg(long, requires = "auto", value_name = "M")]
     pub mechanism: Option<String>,
@@ -67,12 +70,43 @@ pub struct PlanArgs {
     /// --auto: where profiles are kept (default ~/.cache/isolane/profiles).
     #[arg(long, requires = "auto", value_name = "DIR")]
     pub profile_cache: Option<PathBuf>,
+    /// --auto --device-model: plan from this folder of profiles (the cache's layout, e.g.
+    /// committed from --export-profiles) instead of the cache.
+    #[arg(
+        long,
+        requires = "auto",
+        requires = "device_model",
+        conflicts_with = "profile_cache",
+        value_name = "DIR"
+    )]
+    pub profiles: Option<PathBuf>,
+    /// --auto --device-model: use the profiles measured with this driver version (default: the
+    /// newest the profiles have for the device model).
+    #[arg(
+        long,
+        requires = "auto",
+        requires = "device_model",
+        value_name = "VERSION"
+    )]
+    pub driver: Option<String>,
+    /// --auto: copy every profile the plan used into DIR (the cache's layout), to commit and
+    /// plan from elsewhere with --device-model NAME --profiles DIR.
+    #[arg(long, requires = "auto", value_name = "DIR")]
+    pub export_profiles: Option<PathBuf>,
+    /// --auto: spend at most this many seconds measuring profiles; what is left unmeasured is
+    /// named (0: plan from the cache alone).
+    #[arg(long, requires = "auto", conflicts_with = "device_model", value_name = "S", value_parser = seconds)]
+    pub profile_budget: Option<f64>,
+    /// --auto --mechanism mig: let the profile runs create MIG instances (MIG mode must be on;
+    /// changes the GPU's layout for every user while they last).
+    #[arg(long, requires = "auto", conflicts_with = "device_model")]
+    pub allow_mig_reconfigure: bool,
     /// --auto: write the planned scenario here instead of printing it.
     #[arg(long, short = 'o', requires = "auto", value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// --auto: run the planned scenario and compare predicted with measured p99 (exit 1 when
     /// a workload misses its deadline).
-    #[arg(long, requires = "auto")]
+    #[arg(long, requires = "auto", conflicts_with = "device_model")]
     pub verify: bool,
     /// --verify: the run folder (default: a new runs/<time>).
     #[arg(long, requires = "verify", value_name = "DIR")]
@@ -92,6 +126,13 @@ fn fraction(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
         _ => Err(format!("`{s}` is not a number in (0, 1]")),
+    }
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds >= 0")),
     }
 }
 
@@ -168,7 +209,7 @@ pub fn resolve_device_model(
     }
 }
 
-fn cpu_device_model() -> DeviceModel {
+pub(super) fn cpu_device_model() -> DeviceModel {
     DeviceModel {
         name: "cpu",
         description: "the CPU of this machine (no partitions)",

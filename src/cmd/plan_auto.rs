@@ -4,17 +4,20 @@
 //! through the same run path as `isolane run`), writes the planned scenario and verifies it.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use isolane_core::device_model::DeviceModel;
 use isolane_core::results::{InterferenceIndex, RunSummary};
 use isolane_core::spec::{
     Backend, Criticality, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Rate, Role,
     RunLength, Scenario, WorkloadSpec,
 };
-use isolane_planner::cache::ProfileKey;
+use isolane_planner::cache::{DeviceRecord, ProfileKey, Times};
+use isolane_planner::offline::{OfflineProfiler, OfflineProfiles, WorkloadId};
 use isolane_planner::{
-    Choice, Demand, Ladder, LearnedStretch, Options, Outcome, Point, ProfileCache, Profiler,
-    StretchKey, Unit,
+    Choice, Demand, Ladder, LearnedStretch, Options, Outcome, Point, ProfileBudget, ProfileCache,
+    ProfileError, Profiler, StretchKey, Unit,
 };
 use isolane_runtime::exec::Engine;
 use isolane_runtime::RunPlan;
@@ -28,59 +31,75 @@ const PROFILE_WARMUP: u64 = 20;
 pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
     let demands = demands(&scenario, &name)?;
-    let mechanisms = mechanisms(&scenario, args.mechanism.as_deref())?;
+    let target = Target::resolve(&scenario, args)?;
+    let workloads = workload_ids(&scenario);
+    let mechanisms = mechanisms(&scenario, args.mechanism.as_deref(), &target, &workloads)?;
     let opts = Options {
         margin: args.margin,
         stretch: args.stretch,
         max_util: args.max_util,
     };
-    let cache = ProfileCache::new(
-        args.profile_cache
-            .clone()
-            .unwrap_or_else(ProfileCache::default_dir),
-    );
     let matrix = match &args.stretch_from {
         Some(p) => Some(read_matrix(p)?),
         None => None,
     };
-    let learned = LearnedStretch::new(cache.dir());
-    let device = device_id(&scenario);
     let work = tempfile::tempdir().context("a folder for the profile runs")?;
-    let mut best: Option<(Mechanism, Vec<Demand>, Vec<Choice>)> = None;
+    let mut profiles = Profiles {
+        scenario: &scenario,
+        workloads: &workloads,
+        args,
+        engine,
+        work: work.path(),
+        budget: args
+            .profile_budget
+            .map(|s| ProfileBudget::new(Duration::from_secs_f64(s))),
+        used: Vec::new(),
+    };
+    let learned = target.learned();
+    let mut best: Option<(Mechanism, Ladder, Vec<Demand>, Vec<Choice>)> = None;
+    let mut unprofiled = false;
+    let mut memory = MemoryEstimates::default();
     for mech in &mechanisms {
-        let ladder = ladder(&scenario, *mech)?;
-        let mut profiler = RunProfiler {
-            scenario: &scenario,
-            mechanism: *mech,
-            cache: &cache,
-            device: device.clone(),
-            jobs: args.profile_jobs,
-            engine,
-            work: work.path(),
+        let ladder = ladder(&scenario, *mech, target.device())?;
+        let stretched = with_stretch(&scenario, &demands, *mech, matrix.as_ref(), args.stretch);
+        let stretched = match &learned {
+            Some((device, l)) => with_learned(&scenario, &stretched, *mech, device, l),
+            None => stretched,
         };
-        let demands = with_stretch(&scenario, &demands, *mech, matrix.as_ref(), args.stretch);
-        let demands = with_learned(&scenario, &demands, *mech, &device, &learned);
-        let t = std::time::Instant::now();
-        let outcome = isolane_planner::plan(&demands, &ladder, &opts, &mut profiler)
-            .map_err(|e| anyhow::anyhow!("profiling for the {mech:?} plan: {e}"))?;
+        let demands = with_memory(stretched, memory.under(&scenario, *mech));
+        let t = Instant::now();
+        let outcome = profiles.plan(&target, *mech, &ladder, &demands, &opts)?;
         print_outcome(*mech, &ladder, &outcome, t.elapsed().as_secs_f64());
+        if let Outcome::NoPlan { unprofiled: u, .. } = &outcome {
+            unprofiled |= !u.is_empty();
+        }
         if let (Outcome::Planned { choices, .. }, None) = (&outcome, &best) {
-            best = Some((*mech, demands.clone(), choices.clone()));
+            best = Some((*mech, ladder, demands, choices.clone()));
         }
     }
-    let Some((mech, mut demands, mut choices)) = best else {
+    if unprofiled {
+        if let Some(hint) = target.how_to_profile(profiles.budget.is_some()) {
+            eprintln!("{hint}");
+        }
+    }
+    if let Some(dir) = &args.export_profiles {
+        export(target.cache(), &profiles.used, dir)?;
+    }
+    let Some((mech, ladder, mut demands, mut choices)) = best else {
         return Ok(super::EXIT_USER);
     };
-    let ladder = ladder(&scenario, mech)?;
     for round in 1.. {
-        let planned = planned_scenario(&scenario, mech, &choices);
-        write_plan(&planned, &choices, &ladder, args)?;
+        let planned = planned_scenario(&scenario, mech, &ladder, &choices);
+        admit_planned(&planned, target.device())?;
+        emit(&planned, &choices, &ladder, args.out.as_deref())?;
         if !args.verify {
             return Ok(0);
         }
         let summary = verify(&planned, args, round, engine)?;
         let missed = print_verification(&summary, &choices);
-        learn(&scenario, &choices, &summary, mech, &device, &learned);
+        if let Some((device, l)) = &learned {
+            learn(&scenario, &choices, &summary, mech, device, l);
+        }
         if !missed {
             return Ok(0);
         }
@@ -89,18 +108,8 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
             return Ok(super::EXIT_FAILED);
         }
         demands = calibrated(&demands, &choices, &summary);
-        let mut profiler = RunProfiler {
-            scenario: &scenario,
-            mechanism: mech,
-            cache: &cache,
-            device: device.clone(),
-            jobs: args.profile_jobs,
-            engine,
-            work: work.path(),
-        };
-        let t = std::time::Instant::now();
-        let outcome = isolane_planner::plan(&demands, &ladder, &opts, &mut profiler)
-            .map_err(|e| anyhow::anyhow!("profiling for the {mech:?} plan: {e}"))?;
+        let t = Instant::now();
+        let outcome = profiles.plan(&target, mech, &ladder, &demands, &opts)?;
         print_outcome(mech, &ladder, &outcome, t.elapsed().as_secs_f64());
         match outcome {
             Outcome::Planned { choices: next, .. } if sizes(&next) != sizes(&choices) => {
@@ -126,6 +135,46 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     unreachable!("the rounds end by returning")
 }
 
+fn sizes(choices: &[Choice]) -> Vec<u32> {
+    choices.iter().map(|c| c.size).collect()
+}
+
+/// A workload's stretch as its verification run measured it: its p99.9 response time beside
+/// the others over its p99.9 execution time alone in the same partition (queueing and the
+/// neighbours' interference both count).
+fn measured_stretch(c: &Choice, summary: &RunSummary) -> Option<f64> {
+    summary
+        .workloads
+        .iter()
+        .find(|w| w.name == c.workload)
+        .and_then(|w| w.metrics.latency_ms.p999)
+        .map(|p999| p999 / c.profile.tail_ms())
+        .filter(|s| s.is_finite() && *s > 0.0)
+}
+
+/// Each workload's stretch for the next round: the measured one, never below the stretch it
+/// was planned with.
+fn calibrated(demands: &[Demand], choices: &[Choice], summary: &RunSummary) -> Vec<Demand> {
+    demands
+        .iter()
+        .zip(choices)
+        .map(|(d, c)| {
+            let measured = measured_stretch(c, summary);
+            let before = c.predicted_tail_ms / c.profile.tail_ms();
+            let stretch = measured.map_or(before, |m| m.max(before));
+            eprintln!(
+                "{}: stretch {before:.2} planned, {} measured",
+                d.name,
+                measured.map_or("nothing".into(), |m| format!("{m:.2}"))
+            );
+            Demand {
+                stretch: Some(stretch),
+                ..d.clone()
+            }
+        })
+        .collect()
+}
+
 /// Which learned stretch workload `i` of `s` has: beside the scenario's other workloads.
 fn stretch_key(s: &Scenario, i: usize, mech: Mechanism, device: &str) -> StretchKey {
     let id = |w: &WorkloadSpec| {
@@ -138,7 +187,7 @@ fn stretch_key(s: &Scenario, i: usize, mech: Mechanism, device: &str) -> Stretch
     };
     StretchKey {
         device: device.to_string(),
-        mechanism: format!("{mech:?}").to_lowercase(),
+        mechanism: mech_name(mech).into(),
         workload: id(&s.workloads[i]),
         neighbours: (s.workloads.iter().enumerate())
             .filter(|(j, _)| *j != i)
@@ -202,19 +251,81 @@ fn learn(
     }
 }
 
-fn sizes(choices: &[Choice]) -> Vec<u32> {
-    choices.iter().map(|c| c.size).collect()
+/// What the plans of one command share to get their profiles: the profile runs' settings, the
+/// budget left, and the profiles used so far (for `--export-profiles`).
+struct Profiles<'a> {
+    scenario: &'a Scenario,
+    workloads: &'a [WorkloadId],
+    args: &'a PlanArgs,
+    engine: &'a Engine,
+    work: &'a Path,
+    budget: Option<ProfileBudget>,
+    used: Vec<ProfileKey>,
 }
 
-/// The planned scenario, annotated, to `-o FILE` or stdout.
-fn write_plan(
+impl Profiles<'_> {
+    /// The plan with `mech` for `target`: from the folder offline, else from the cache and
+    /// profile runs.
+    fn plan(
+        &mut self,
+        target: &Target,
+        mech: Mechanism,
+        ladder: &Ladder,
+        demands: &[Demand],
+        opts: &Options,
+    ) -> anyhow::Result<Outcome> {
+        let outcome = match target {
+            Target::Offline { store, .. } => {
+                let mut p = OfflineProfiler {
+                    store,
+                    workloads: self.workloads,
+                    mechanism: mech_name(mech),
+                    ladder,
+                    used: Vec::new(),
+                };
+                let o = isolane_planner::plan(demands, ladder, opts, &mut p);
+                self.used.extend(p.used);
+                o
+            }
+            Target::Here {
+                cache,
+                record,
+                mig_on,
+                ..
+            } => {
+                let mut p = RunProfiler {
+                    scenario: self.scenario,
+                    workloads: self.workloads,
+                    mechanism: mech,
+                    ladder,
+                    cache,
+                    device: record,
+                    mig_on: *mig_on,
+                    allow_mig_reconfigure: self.args.allow_mig_reconfigure,
+                    budget: self.budget.as_mut(),
+                    jobs: self.args.profile_jobs,
+                    engine: self.engine,
+                    work: self.work,
+                    used: Vec::new(),
+                };
+                let o = isolane_planner::plan(demands, ladder, opts, &mut p);
+                self.used.extend(p.used);
+                o
+            }
+        };
+        outcome.map_err(|e| anyhow::anyhow!("profiling for the {} plan: {e}", mech_name(mech)))
+    }
+}
+
+/// Writes the planned scenario, with its comments, to `out` or stdout.
+fn emit(
     planned: &Scenario,
     choices: &[Choice],
     ladder: &Ladder,
-    args: &PlanArgs,
+    out: Option<&Path>,
 ) -> anyhow::Result<()> {
     let text = annotate(&planned.to_toml_string()?, choices, ladder);
-    match &args.out {
+    match out {
         Some(p) => {
             isolane_core::files::write_atomic(p, text.as_bytes())
                 .with_context(|| format!("writing {}", p.display()))?;
@@ -225,40 +336,282 @@ fn write_plan(
     Ok(())
 }
 
-/// A workload's stretch as its verification run measured it: its p99.9 response time beside
-/// the others over its p99.9 execution time alone in the same partition (queueing and the
-/// neighbours' interference both count).
-fn measured_stretch(c: &Choice, summary: &RunSummary) -> Option<f64> {
-    summary
-        .workloads
-        .iter()
-        .find(|w| w.name == c.workload)
-        .and_then(|w| w.metrics.latency_ms.p999)
-        .map(|p999| p999 / c.profile.tail_ms())
-        .filter(|s| s.is_finite() && *s > 0.0)
+/// Where the profiles come from and what the plan is for.
+enum Target {
+    /// This machine's GPU (or CPU): profiles from the cache, the missing ones measured.
+    Here {
+        device: DeviceModel,
+        record: DeviceRecord,
+        cache: ProfileCache,
+        /// MIG mode of the GPU (`None`: unknown, or the CPU).
+        mig_on: Option<bool>,
+        gpu: u32,
+    },
+    /// A device model (`--device-model`): profiles measured on one from a folder, nothing
+    /// measured.
+    Offline {
+        device: DeviceModel,
+        store: OfflineProfiles,
+    },
 }
 
-/// Each workload's stretch for the next round: the measured one, never below the stretch it
-/// was planned with.
-fn calibrated(demands: &[Demand], choices: &[Choice], summary: &RunSummary) -> Vec<Demand> {
-    demands
-        .iter()
-        .zip(choices)
-        .map(|(d, c)| {
-            let measured = measured_stretch(c, summary);
-            let before = c.predicted_tail_ms / c.profile.tail_ms();
-            let stretch = measured.map_or(before, |m| m.max(before));
-            eprintln!(
-                "{}: stretch {before:.2} planned, {} measured",
-                d.name,
-                measured.map_or("nothing".into(), |m| format!("{m:.2}"))
-            );
-            Demand {
-                stretch: Some(stretch),
-                ..d.clone()
+impl Target {
+    fn resolve(s: &Scenario, args: &PlanArgs) -> anyhow::Result<Target> {
+        let cache_dir = || {
+            args.profiles
+                .clone()
+                .or_else(|| args.profile_cache.clone())
+                .unwrap_or_else(ProfileCache::default_dir)
+        };
+        if let Some(name) = &args.device_model {
+            if s.device.backend == Backend::Cpu {
+                return Err(user(format!(
+                    "--device-model plans for a GPU, but {}'s backend is cpu",
+                    args.scenario.display()
+                )));
             }
+            let device = super::plan::resolve_device_model(s, Some(name))?;
+            let store = OfflineProfiles::open(&cache_dir(), device.name, args.driver.as_deref())
+                .map_err(user)?;
+            eprintln!("{}", store.describe());
+            return Ok(Target::Offline { device, store });
+        }
+        let cache = ProfileCache::new(cache_dir());
+        if s.device.backend == Backend::Cpu {
+            return Ok(Target::Here {
+                device: super::plan::cpu_device_model(),
+                record: DeviceRecord {
+                    gpu: cpu_name(),
+                    driver: "none".into(),
+                    device_model: "cpu".into(),
+                },
+                cache,
+                mig_on: None,
+                gpu: 0,
+            });
+        }
+        let devices = isolane_gpu::devices::list_devices().context(
+            "no GPU here to profile on; plan for a GPU that is not here with --device-model \
+             NAME --profiles DIR",
+        )?;
+        let d = devices
+            .into_iter()
+            .find(|d| d.index == s.device.gpu)
+            .ok_or_else(|| user(format!("device.gpu = {}: no such GPU here", s.device.gpu)))?;
+        let device = isolane_gpu::devices::model_for(
+            &d.name,
+            d.sm_count,
+            d.memory_mib,
+            d.compute_capability,
+        );
+        Ok(Target::Here {
+            record: DeviceRecord {
+                gpu: d.name.clone(),
+                driver: d
+                    .driver_version
+                    .clone()
+                    .unwrap_or(d.cuda_driver_version.clone()),
+                device_model: device.name.to_string(),
+            },
+            device,
+            cache,
+            mig_on: d.mig.current,
+            gpu: s.device.gpu,
+        })
+    }
+
+    /// Where stretches measured by verification runs are kept, and the device they are for:
+    /// the cache of this machine's device (an offline plan verifies nothing).
+    fn learned(&self) -> Option<(String, LearnedStretch)> {
+        match self {
+            Target::Here { cache, record, .. } => Some((
+                format!("{} {}", record.gpu, record.driver),
+                LearnedStretch::new(cache.dir()),
+            )),
+            Target::Offline { .. } => None,
+        }
+    }
+
+    fn device(&self) -> &DeviceModel {
+        match self {
+            Target::Here { device, .. } | Target::Offline { device, .. } => device,
+        }
+    }
+
+    fn cache(&self) -> &ProfileCache {
+        match self {
+            Target::Here { cache, .. } => cache,
+            Target::Offline { store, .. } => store.cache(),
+        }
+    }
+
+    /// Why MIG cannot be planned here, if it cannot.
+    fn mig_unavailable(&self, workloads: &[WorkloadId]) -> Option<String> {
+        let device = self.device();
+        if device.mig.is_none() {
+            return Some(format!(
+                "{} ({}) has no MIG",
+                device.name, device.description
+            ));
+        }
+        match self {
+            Target::Offline { store, .. } => workloads.iter().find_map(|w| {
+                let key = store.key(&w.model, w.batch, &w.precision, "mig", "");
+                store.partitions(&key).is_empty().then(|| {
+                    format!(
+                        "no MIG profiles of {} in {}",
+                        w.describe("mig"),
+                        store.dir().display()
+                    )
+                })
+            }),
+            Target::Here { mig_on, gpu, .. } if *mig_on != Some(true) => {
+                Some(mig_off(*gpu, device.name))
+            }
+            Target::Here { .. } => None,
+        }
+    }
+
+    /// What to do about profiles the plan lacked (here, only a budget can be raised: the other
+    /// reasons, such as MIG mode, are said with each profile).
+    fn how_to_profile(&self, budget: bool) -> Option<String> {
+        match self {
+            Target::Offline { device, store } => Some(format!(
+                "to plan offline, measure the missing profiles on a {} and copy them here: \
+                 there, `isolane plan --auto SCENARIO --export-profiles DIR` with the same \
+                 flags (the search asks for the same sizes; DIR then holds every profile it \
+                 used), or out of a cache that has them: `isolane plan --auto SCENARIO \
+                 --device-model {} --profile-cache CACHE --export-profiles DIR`; then plan with \
+                 --profiles DIR (now {})",
+                device.name,
+                device.name,
+                store.dir().display()
+            )),
+            Target::Here { cache, .. } => budget.then(|| {
+                format!(
+                    "what was measured is kept in {}: plan again (with a larger \
+                     --profile-budget) to measure the rest",
+                    cache.dir().display()
+                )
+            }),
+        }
+    }
+}
+
+fn mig_off(gpu: u32, name: &str) -> String {
+    format!(
+        "MIG mode is off on GPU {gpu} ({name}): MIG instances cannot be profiled here (turning \
+         MIG on needs root and a GPU reset); plan MIG offline from profiles measured with MIG on: \
+         --device-model NAME --profiles DIR"
+    )
+}
+
+/// The CPU's model name, as the cache knows this machine's CPU.
+fn cpu_name() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "cpu".into());
+    format!("cpu {model}")
+}
+
+/// Copies the profiles the plans used into `dir`, in the cache's layout (to commit them and
+/// plan elsewhere with `--device-model --profiles DIR`).
+fn export(from: &ProfileCache, keys: &[ProfileKey], dir: &Path) -> anyhow::Result<()> {
+    let to = ProfileCache::new(dir);
+    let mut done = std::collections::HashSet::new();
+    for k in keys {
+        if done.insert(k) {
+            from.export(k, &to)
+                .with_context(|| format!("--export-profiles {}", dir.display()))?;
+        }
+    }
+    eprintln!("exported {} profiles to {}", done.len(), dir.display());
+    Ok(())
+}
+
+/// Admission control over the planned scenario on the device planned for: the same check
+/// `isolane run` makes, so a plan that passes the search but not admission is never written.
+fn admit_planned(planned: &Scenario, device: &DeviceModel) -> anyhow::Result<()> {
+    let estimates = super::memory_estimates_mib(planned);
+    isolane_core::admission::admit(planned, device, &estimates, &Default::default())
+        .map(drop)
+        .map_err(|r| {
+            user(super::plan::rejection_text(
+                "the planned scenario",
+                device,
+                &r,
+            ))
+        })
+}
+
+/// What each workload's profiles are keyed by.
+fn workload_ids(s: &Scenario) -> Vec<WorkloadId> {
+    s.workloads
+        .iter()
+        .map(|w| WorkloadId {
+            name: w.name.clone(),
+            model: model_id(&w.model),
+            batch: w.batch,
+            precision: format!("{:?}", w.precision).to_lowercase(),
         })
         .collect()
+}
+
+/// Each workload's device memory as admission control will count it, per host kind: the
+/// estimate builds every model, and only the host (one CUDA context shared by threads, or one
+/// per process) changes it between mechanisms.
+#[derive(Default)]
+struct MemoryEstimates {
+    threads: Option<Vec<Option<u64>>>,
+    processes: Option<Vec<Option<u64>>>,
+}
+
+impl MemoryEstimates {
+    fn under(&mut self, s: &Scenario, mech: Mechanism) -> &[Option<u64>] {
+        let host = host_for(mech);
+        let slot = match host {
+            Host::Thread => &mut self.threads,
+            Host::Process => &mut self.processes,
+        };
+        slot.get_or_insert_with(|| {
+            if s.device.backend == Backend::Cpu {
+                return vec![None; s.workloads.len()];
+            }
+            let mut t = s.clone();
+            t.device.mechanism = mech;
+            for w in &mut t.workloads {
+                w.host = host;
+            }
+            super::memory_estimates_mib(&t)
+        })
+    }
+}
+
+fn with_memory(demands: Vec<Demand>, memory: &[Option<u64>]) -> Vec<Demand> {
+    demands
+        .into_iter()
+        .zip(memory)
+        .map(|(d, m)| Demand {
+            memory_mib: *m,
+            ..d
+        })
+        .collect()
+}
+
+fn mech_name(mech: Mechanism) -> &'static str {
+    match mech {
+        Mechanism::Green => "green",
+        Mechanism::Mps => "mps",
+        Mechanism::Mig => "mig",
+        Mechanism::Timeslice => "timeslice",
+        Mechanism::None => "none",
+    }
 }
 
 /// Each workload's rate and deadline; one without either cannot be planned.
@@ -278,6 +631,7 @@ fn demands(s: &Scenario, name: &str) -> anyhow::Result<Vec<Demand>> {
                 deadline_ms: w.deadline_s().unwrap_or(1.0 / hz) * 1e3,
                 critical: w.criticality == Criticality::Critical,
                 stretch: None,
+                memory_mib: None,
             })
         })
         .collect()
@@ -320,8 +674,7 @@ fn with_stretch(
             let precision = format!("{:?}", w.precision).to_lowercase();
             let measured = isolane_planner::stretch_from(m, &w.model, &precision, &others);
             let stand_in = || {
-                let worst = isolane_planner::worst_stretch(m, &precision)?;
-                let st = worst.max(stated);
+                let st = isolane_planner::worst_stretch(m, &precision)?.max(stated);
                 eprintln!(
                     "{}: stretch {st:.2}, the matrix's worst at {precision} (it did not measure \
                      {} as a victim)",
@@ -340,78 +693,74 @@ fn with_stretch(
         .collect()
 }
 
-/// The mechanisms to plan with: `--mechanism` (`all`: green, MPS and time-slicing), else the
-/// scenario's own; on the CPU, cores.
-fn mechanisms(s: &Scenario, flag: Option<&str>) -> anyhow::Result<Vec<Mechanism>> {
+/// The mechanisms to plan with: `--mechanism` (`all`: green, MPS, time-slicing, and MIG where
+/// the device has it and it can be profiled), else the scenario's own; on the CPU, cores.
+fn mechanisms(
+    s: &Scenario,
+    flag: Option<&str>,
+    target: &Target,
+    workloads: &[WorkloadId],
+) -> anyhow::Result<Vec<Mechanism>> {
     if s.device.backend == Backend::Cpu {
         return Ok(vec![Mechanism::None]);
     }
+    let mig_alone = || match &target.device().mig {
+        Some(_) => Ok(vec![Mechanism::Mig]),
+        None => Err(user(format!(
+            "--mechanism mig: {} has no MIG; allowed: green, mps, timeslice, all",
+            target.device().name
+        ))),
+    };
     Ok(match flag {
-        Some("all") => vec![Mechanism::Green, Mechanism::Mps, Mechanism::Timeslice],
+        Some("all") => {
+            let mut all = vec![Mechanism::Green, Mechanism::Mps, Mechanism::Timeslice];
+            match target.mig_unavailable(workloads) {
+                Some(why) => eprintln!("mig: skipped: {why}"),
+                None => all.push(Mechanism::Mig),
+            }
+            all
+        }
         Some("green") => vec![Mechanism::Green],
         Some("mps") => vec![Mechanism::Mps],
         Some("timeslice") => vec![Mechanism::Timeslice],
+        Some("mig") => mig_alone()?,
         Some(other) => {
             return Err(user(format!(
-                "--mechanism: `{other}` cannot be planned; allowed: green, mps, timeslice, all"
+                "--mechanism: `{other}` cannot be planned; allowed: green, mps, timeslice, mig, \
+                 all"
             )))
         }
         None => match s.device.mechanism {
             m @ (Mechanism::Green | Mechanism::Mps | Mechanism::Timeslice) => vec![m],
             Mechanism::None => vec![Mechanism::Timeslice],
-            Mechanism::Mig => {
-                return Err(user(
-                    "mechanism \"mig\" cannot be planned yet; pass --mechanism green, mps, \
-                     timeslice or all",
-                ))
-            }
+            Mechanism::Mig => mig_alone()?,
         },
     })
 }
 
-fn ladder(s: &Scenario, mech: Mechanism) -> anyhow::Result<Ladder> {
+/// The sizes `mech` offers on `device`, with the device's memory to check.
+fn ladder(s: &Scenario, mech: Mechanism, device: &DeviceModel) -> anyhow::Result<Ladder> {
     if s.device.backend == Backend::Cpu {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
         return Ok(Ladder::cores(cores));
     }
-    Ok(match mech {
+    let ladder = match mech {
         Mechanism::Green => {
-            let d = super::detected_device_model(s.device.gpu)?;
-            let r = d
+            let r = device
                 .green_rules()
-                .ok_or_else(|| user(format!("{} has no green contexts", d.name)))?;
-            Ladder::green(d.sm_count, r.min_sms, r.step_sms)
+                .ok_or_else(|| user(format!("{} has no green contexts", device.name)))?;
+            Ladder::green(device.sm_count, r.min_sms, r.step_sms)
         }
         Mechanism::Mps => Ladder::mps(5),
+        Mechanism::Mig => Ladder::mig(
+            device
+                .mig
+                .as_ref()
+                .ok_or_else(|| user(format!("{} has no MIG", device.name)))?,
+        ),
         _ => Ladder::whole(),
-    })
-}
-
-/// This machine's device for the profile cache: GPU name and driver, or the CPU.
-fn device_id(s: &Scenario) -> String {
-    if s.device.backend == Backend::Cpu {
-        let model = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|t| {
-                t.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|m| m.trim().to_string())
-            })
-            .unwrap_or_else(|| "cpu".into());
-        return format!("cpu {model}");
-    }
-    isolane_gpu::devices::list_devices()
-        .ok()
-        .and_then(|ds| ds.into_iter().find(|d| d.index == s.device.gpu))
-        .map(|d| {
-            format!(
-                "{} {}",
-                d.name,
-                d.driver_version.unwrap_or(d.cuda_driver_version)
-            )
-        })
-        .unwrap_or_else(|| format!("gpu{}", s.device.gpu))
+    };
+    Ok(ladder.with_device_memory(device.memory_mib))
 }
 
 /// The model as the cache knows it: an ONNX file by name and content hash (a re-exported
@@ -427,26 +776,67 @@ fn model_id(model: &str) -> String {
     format!("{name}-{hash:08x}")
 }
 
-/// Profiles by running the workload alone, closed loop, through `isolane run`'s path.
+/// Profiles by running the workload alone, closed loop, through `isolane run`'s path; from the
+/// cache when it has them.
 struct RunProfiler<'a> {
     scenario: &'a Scenario,
+    workloads: &'a [WorkloadId],
     mechanism: Mechanism,
+    ladder: &'a Ladder,
     cache: &'a ProfileCache,
-    device: String,
+    device: &'a DeviceRecord,
+    mig_on: Option<bool>,
+    allow_mig_reconfigure: bool,
+    budget: Option<&'a mut ProfileBudget>,
     jobs: u64,
     engine: &'a Engine,
     work: &'a Path,
+    /// The keys of the profiles the plan used (for `--export-profiles`).
+    used: Vec<ProfileKey>,
 }
 
 impl RunProfiler<'_> {
-    fn key(&self, w: &WorkloadSpec, size: u32) -> ProfileKey {
+    fn key(&self, index: usize, size: u32) -> ProfileKey {
+        let w = &self.workloads[index];
         ProfileKey {
-            device: self.device.clone(),
-            model: model_id(&w.model),
+            gpu: self.device.gpu.clone(),
+            driver: self.device.driver.clone(),
+            model: w.model.clone(),
             batch: w.batch,
-            precision: format!("{:?}", w.precision).to_lowercase(),
-            mechanism: format!("{:?}", self.mechanism).to_lowercase(),
-            size,
+            precision: w.precision.clone(),
+            mechanism: mech_name(self.mechanism).into(),
+            partition: self.ladder.label(size),
+        }
+    }
+
+    /// Why this profile may not be measured now, if it may not.
+    fn may_not_measure(&self, index: usize, size: u32) -> Option<String> {
+        let what = format!(
+            "{} in {}",
+            self.workloads[index].describe(mech_name(self.mechanism)),
+            self.ladder.describe(size)
+        );
+        if self.mechanism == Mechanism::Mig {
+            if self.mig_on != Some(true) {
+                return Some(format!(
+                    "{what}: {}",
+                    mig_off(self.scenario.device.gpu, &self.device.gpu)
+                ));
+            }
+            if !self.allow_mig_reconfigure {
+                return Some(format!(
+                    "{what}: profiling in a MIG instance creates it, which changes the GPU for \
+                     every user: pass --allow-mig-reconfigure"
+                ));
+            }
+        }
+        match &self.budget {
+            Some(b) if !b.allows_another() => Some(format!(
+                "{what}: the profiling budget is spent ({:.1} s of {:.1} s)",
+                b.spent().as_secs_f64(),
+                b.limit().as_secs_f64()
+            )),
+            _ => None,
         }
     }
 
@@ -461,7 +851,7 @@ impl RunProfiler<'_> {
         w.late = LatePolicy::Queue;
         w.criticality = Criticality::Critical;
         let mut s = self.scenario.clone();
-        place(&mut s, &mut w, self.mechanism, size, 0);
+        place(&mut s, &mut w, self.mechanism, self.ladder, size, 0);
         s.workloads = vec![w];
         let admitted = super::admit_or_refuse(&s, "the profile run")?;
         let plan = RunPlan::from_scenario(&s);
@@ -475,7 +865,10 @@ impl RunProfiler<'_> {
             out: Some(&out),
             force: true,
             quiet: true,
-            partitions: &super::PartitionFlags::default(),
+            partitions: &super::PartitionFlags {
+                allow_mig_reconfigure: self.allow_mig_reconfigure,
+                ..Default::default()
+            },
             engine: self.engine,
         })?;
         let r = &m.result.workloads[0];
@@ -504,22 +897,32 @@ impl RunProfiler<'_> {
 }
 
 impl Profiler for RunProfiler<'_> {
-    fn profile(&mut self, index: usize, size: u32) -> Result<Point, String> {
-        let key = self.key(&self.scenario.workloads[index], size);
-        if let Some(p) = self.cache.get(&key) {
-            return Ok(p);
+    fn profile(&mut self, index: usize, size: u32) -> Result<Point, ProfileError> {
+        let key = self.key(index, size);
+        if let Some(t) = self.cache.get(&key) {
+            self.used.push(key);
+            return Ok(t.at(size));
         }
-        let p = self.measure(index, size).map_err(|e| format!("{e:#}"))?;
-        if let Err(e) = self.cache.put(&key, &p) {
-            eprintln!(
+        if let Some(why) = self.may_not_measure(index, size) {
+            return Err(ProfileError::NotProfiled(why));
+        }
+        let started = Instant::now();
+        let measured = self.measure(index, size);
+        if let Some(b) = self.budget.as_mut() {
+            b.charge(started.elapsed());
+        }
+        let p = measured.map_err(|e| ProfileError::Failed(format!("{e:#}")))?;
+        match self.cache.put(&key, self.device, &Times::of(&p)) {
+            Ok(()) => self.used.push(key),
+            Err(e) => eprintln!(
                 "note: cannot keep the profile in {}: {e}",
                 self.cache.dir().display()
-            );
+            ),
         }
         eprintln!(
             "profiled {} in {}: p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms",
             self.scenario.workloads[index].name,
-            describe(self.mechanism, size),
+            describe(self.mechanism, self.ladder, size),
             p.exec_p50_ms,
             p.exec_p99_ms,
             p.tail_ms()
@@ -528,17 +931,32 @@ impl Profiler for RunProfiler<'_> {
     }
 }
 
-fn describe(mech: Mechanism, size: u32) -> String {
+fn describe(mech: Mechanism, ladder: &Ladder, size: u32) -> String {
     match mech {
-        Mechanism::Green => format!("{size} SMs"),
+        Mechanism::Green | Mechanism::Mig => ladder.describe(size),
         Mechanism::Mps => format!("{size} % of the threads"),
         Mechanism::None => "one core".into(),
         _ => "the whole GPU".into(),
     }
 }
 
-/// Puts workload `w` in a partition of `size` under `mech` (on the CPU: on core `core`).
-fn place(s: &mut Scenario, w: &mut WorkloadSpec, mech: Mechanism, size: u32, core: usize) {
+fn host_for(mech: Mechanism) -> Host {
+    match mech {
+        Mechanism::Green => Host::Thread,
+        _ => Host::Process,
+    }
+}
+
+/// Puts workload `w` in a partition of `size` of `ladder` under `mech` (on the CPU: on core
+/// `core`).
+fn place(
+    s: &mut Scenario,
+    w: &mut WorkloadSpec,
+    mech: Mechanism,
+    ladder: &Ladder,
+    size: u32,
+    core: usize,
+) {
     w.partition = PartitionSpec::default();
     if s.device.backend == Backend::Cpu {
         w.cpu = vec![core];
@@ -547,25 +965,26 @@ fn place(s: &mut Scenario, w: &mut WorkloadSpec, mech: Mechanism, size: u32, cor
     }
     s.device.mechanism = mech;
     match mech {
-        Mechanism::Green => {
-            w.partition.sms = Some(size);
-            w.host = Host::Thread;
-        }
-        Mechanism::Mps => {
-            w.partition.thread_pct = Some(size);
-            w.host = Host::Process;
-        }
-        _ => w.host = Host::Process,
+        Mechanism::Green => w.partition.sms = Some(size),
+        Mechanism::Mps => w.partition.thread_pct = Some(size),
+        Mechanism::Mig => w.partition.mig_profile = Some(ladder.label(size)),
+        _ => {}
     }
+    w.host = host_for(mech);
     s.device.host = w.host;
 }
 
 /// The scenario with every workload in its planned partition.
-fn planned_scenario(s: &Scenario, mech: Mechanism, choices: &[Choice]) -> Scenario {
+fn planned_scenario(
+    s: &Scenario,
+    mech: Mechanism,
+    ladder: &Ladder,
+    choices: &[Choice],
+) -> Scenario {
     let mut out = s.clone();
     let mut workloads = std::mem::take(&mut out.workloads);
     for (k, (w, c)) in workloads.iter_mut().zip(choices).enumerate() {
-        place(&mut out, w, mech, c.size, k);
+        place(&mut out, w, mech, ladder, c.size, k);
     }
     out.workloads = workloads;
     out
@@ -582,7 +1001,7 @@ fn annotate(toml: &str, choices: &[Choice], ladder: &Ladder) -> String {
                 out.push_str(&format!(
                     "# planned: {}; predicted p99 {:.3} ms, p99.9 {:.3} ms (deadline {:.3} ms, \
                      slack {:.3} ms); utilisation {:.2}\n",
-                    ladder.describe(c.size),
+                    partition_words(ladder, c),
                     c.predicted_p99_ms,
                     c.predicted_tail_ms,
                     c.deadline_ms,
@@ -597,10 +1016,30 @@ fn annotate(toml: &str, choices: &[Choice], ladder: &Ladder) -> String {
     out
 }
 
+/// A choice's partition in words: `48 SMs`, `3g.40gb at memory slice 4`.
+fn partition_words(ladder: &Ladder, c: &Choice) -> String {
+    match c.mig_start {
+        Some(start) => format!("{} at memory slice {start}", ladder.describe(c.size)),
+        None => ladder.describe(c.size),
+    }
+}
+
+/// `; device memory about 2340 of 81559 MiB` when the workloads' memory is known.
+fn memory_words(ladder: &Ladder, choices: &[Choice]) -> String {
+    let known: Vec<u64> = choices.iter().filter_map(|c| c.memory_mib).collect();
+    match ladder.device_memory_mib {
+        Some(device) if !known.is_empty() && ladder.unit != Unit::Mig => format!(
+            "; device memory about {} of {device} MiB",
+            known.iter().sum::<u64>()
+        ),
+        _ => String::new(),
+    }
+}
+
 fn print_outcome(mech: Mechanism, ladder: &Ladder, o: &Outcome, secs: f64) {
     let title = match ladder.unit {
         Unit::Cores => "cpu cores".to_string(),
-        _ => format!("{mech:?}").to_lowercase(),
+        _ => mech_name(mech).to_string(),
     };
     match o {
         Outcome::Planned {
@@ -609,16 +1048,23 @@ fn print_outcome(mech: Mechanism, ladder: &Ladder, o: &Outcome, secs: f64) {
             capacity,
         } => {
             eprintln!(
-                "{title}: planned in {secs:.2} s, using {} of {} ({} spare):",
-                ladder.describe(*used),
-                ladder.describe(*capacity),
-                ladder.describe(capacity - used)
+                "{title}: planned in {secs:.2} s, using {} of {} ({} spare){}:",
+                ladder.describe_amount(*used),
+                ladder.describe_amount(*capacity),
+                ladder.describe_amount(capacity - used),
+                memory_words(ladder, choices)
             );
             for c in choices {
+                let memory = match (c.memory_mib, ladder.memory_of(c.size)) {
+                    (Some(m), Some(of)) if ladder.unit == Unit::Mig => {
+                        format!("  memory {m} of {of} MiB")
+                    }
+                    _ => String::new(),
+                };
                 eprintln!(
-                    "  {:<14} {:>8}  p99 {:>6.3}  p99.9 {:>6.3} of {:>6.3} ms  slack {:>6.3} ms",
+                    "  {:<14} {:>8}  p99 {:>6.3}  p99.9 {:>6.3} of {:>6.3} ms  slack {:>6.3} ms{memory}",
                     c.workload,
-                    ladder.describe(c.size),
+                    partition_words(ladder, c),
                     c.predicted_p99_ms,
                     c.predicted_tail_ms,
                     c.deadline_ms,
@@ -626,15 +1072,22 @@ fn print_outcome(mech: Mechanism, ladder: &Ladder, o: &Outcome, secs: f64) {
                 );
             }
         }
-        Outcome::NoPlan { reasons, partial } => {
+        Outcome::NoPlan {
+            reasons,
+            unprofiled,
+            partial,
+        } => {
             eprintln!("{title}: no plan ({secs:.2} s):");
             for r in reasons {
                 eprintln!("  {r}");
             }
+            for u in unprofiled {
+                eprintln!("  not profiled: {}", u.why);
+            }
             if !partial.is_empty() {
                 let parts: Vec<String> = partial
                     .iter()
-                    .map(|c| format!("{} {}", c.workload, ladder.describe(c.size)))
+                    .map(|c| format!("{} {}", c.workload, partition_words(ladder, c)))
                     .collect();
                 eprintln!("  best partial plan: {}", parts.join(", "));
             }
@@ -706,4 +1159,47 @@ fn print_verification(summary: &RunSummary, choices: &[Choice]) -> bool {
     }
     println!("(response times in ms, predicted from the profiles alone × stretch)");
     missed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn here(model: &str, mig_on: Option<bool>) -> Target {
+        let device = isolane_core::device_model::device_model(model).unwrap();
+        Target::Here {
+            record: DeviceRecord {
+                gpu: "NVIDIA H100 80GB HBM3".into(),
+                driver: "580.159.04".into(),
+                device_model: device.name.into(),
+            },
+            device,
+            cache: ProfileCache::new("unused"),
+            mig_on,
+            gpu: 0,
+        }
+    }
+
+    /// On this machine's GPU MIG can be planned only with MIG mode on (the profile runs need
+    /// MIG instances); `--mechanism all` then leaves MIG out with that reason.
+    #[test]
+    fn mig_is_planned_here_only_with_mig_mode_on() {
+        let w = [WorkloadId {
+            name: "a".into(),
+            model: "resnet18".into(),
+            batch: 1,
+            precision: "fp16".into(),
+        }];
+        let off = here("h100-sxm", Some(false)).mig_unavailable(&w).unwrap();
+        assert!(
+            off.starts_with(
+                "MIG mode is off on GPU 0 (h100-sxm): MIG instances cannot be profiled here"
+            ),
+            "{off}"
+        );
+        assert!(here("h100-sxm", None).mig_unavailable(&w).is_some());
+        assert_eq!(here("h100-sxm", Some(true)).mig_unavailable(&w), None);
+        let l40s = here("l40s", Some(false)).mig_unavailable(&w).unwrap();
+        assert!(l40s.contains("has no MIG"), "{l40s}");
+    }
 }

@@ -1,47 +1,115 @@
-//! Profiles on disk, reusable across plans: one JSON file per (device, model, batch,
-//! precision, mechanism, size), so that planning with a warm cache measures nothing.
+//! Profiles on disk, reusable across plans and machines: one JSON file per (GPU, driver, model,
+//! batch, precision, mechanism, partition), so that planning with a warm cache measures nothing,
+//! and a folder of them measured on one GPU can be committed and planned from elsewhere
+//! (`--device-model NAME --profiles DIR`).
+//!
+//! Layout: `<gpu>/<driver>/<model>-b<batch>-<precision>-<mechanism>-<partition>.json`, and in
+//! each `<gpu>/<driver>/` a `device.json` ([`DeviceRecord`]) saying which device model the GPU
+//! is, so that an offline plan finds the profiles of an `a100-80gb` whatever the GPU's name.
 
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use crate::Point;
 
-/// What a profile was measured for. Every field is part of the file name: a profile is reused
-/// only for exactly the same device, driver, model (file contents), batch, precision,
-/// mechanism and partition size.
+/// The name of the file that describes the GPU of a `<gpu>/<driver>/` folder.
+pub const DEVICE_FILE: &str = "device.json";
+
+/// What a profile was measured for. Every field is part of the file's path: a profile is reused
+/// only for exactly the same GPU, driver, model (file contents), batch, precision, mechanism and
+/// partition.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ProfileKey {
-    /// GPU name and driver (`NVIDIA H100 80GB HBM3 580.159.04`), or the CPU's.
-    pub device: String,
+    /// GPU name as the driver reports it (`NVIDIA H100 80GB HBM3`), or `cpu <model name>`.
+    pub gpu: String,
+    /// Driver version (`580.159.04`); `none` on the CPU.
+    pub driver: String,
     /// Built-in name, or an ONNX file's name and content hash, or the spin/kernel model.
     pub model: String,
     pub batch: u32,
     pub precision: String,
     pub mechanism: String,
-    pub size: u32,
+    /// The partition as [`crate::Ladder::label`] names it: `48` (SMs), `25` (%), `1g.10gb`.
+    pub partition: String,
+}
+
+/// A name made safe for a path: anything but ASCII letters, digits and dots becomes `_`.
+fn clean(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 impl ProfileKey {
-    fn file_name(&self) -> String {
-        let clean = |s: &str| -> String {
-            s.chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '.' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect()
-        };
+    /// `<gpu>/<driver>`, relative to the cache.
+    fn device_dir(&self) -> PathBuf {
+        Path::new(&clean(&self.gpu)).join(clean(&self.driver))
+    }
+
+    /// The file name of the workload's profiles without the partition: `resnet18-b1-fp16-green-`.
+    fn stem(&self) -> String {
         format!(
-            "{}/{}-b{}-{}-{}-{}.json",
-            clean(&self.device),
+            "{}-b{}-{}-{}-",
             clean(&self.model),
             self.batch,
             clean(&self.precision),
-            clean(&self.mechanism),
-            self.size
+            clean(&self.mechanism)
         )
+    }
+
+    fn path(&self) -> PathBuf {
+        self.device_dir()
+            .join(format!("{}{}.json", self.stem(), clean(&self.partition)))
+    }
+}
+
+/// The GPU a `<gpu>/<driver>/` folder's profiles were measured on (its `device.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRecord {
+    pub gpu: String,
+    pub driver: String,
+    /// The offline device model the GPU was recognised as (`h100-sxm`, `a100-80gb`, …;
+    /// `discovered:<name>` for a GPU without one, `cpu` for the CPU).
+    pub device_model: String,
+}
+
+/// One profile file: execution times alone in one partition (ms).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Times {
+    pub exec_p50_ms: f64,
+    pub exec_p99_ms: f64,
+    pub exec_mean_ms: f64,
+    /// See [`Point::exec_p999_ms`]; absent in profiles kept before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_p999_ms: Option<f64>,
+}
+
+impl Times {
+    pub fn of(p: &Point) -> Times {
+        Times {
+            exec_p50_ms: p.exec_p50_ms,
+            exec_p99_ms: p.exec_p99_ms,
+            exec_mean_ms: p.exec_mean_ms,
+            exec_p999_ms: p.exec_p999_ms,
+        }
+    }
+
+    /// The profile as the search knows it, at ladder size `size`.
+    pub fn at(&self, size: u32) -> Point {
+        Point {
+            size,
+            exec_p50_ms: self.exec_p50_ms,
+            exec_p99_ms: self.exec_p99_ms,
+            exec_mean_ms: self.exec_mean_ms,
+            exec_p999_ms: self.exec_p999_ms,
+        }
     }
 }
 
@@ -74,59 +142,162 @@ impl ProfileCache {
 
     /// The profile for `key`, if one was stored and reads back. A file that does not parse
     /// (written by another version, cut off) counts as absent and is measured again.
-    pub fn get(&self, key: &ProfileKey) -> Option<Point> {
-        let text = std::fs::read_to_string(self.dir.join(key.file_name())).ok()?;
+    pub fn get(&self, key: &ProfileKey) -> Option<Times> {
+        let text = std::fs::read_to_string(self.dir.join(key.path())).ok()?;
         serde_json::from_str(&text).ok()
     }
 
-    /// Stores a profile (atomically: a plan run beside this one never reads half a file).
-    pub fn put(&self, key: &ProfileKey, p: &Point) -> std::io::Result<()> {
-        let path = self.dir.join(key.file_name());
-        let json = serde_json::to_vec_pretty(p).map_err(std::io::Error::other)?;
+    /// Stores a profile, and the description of its GPU if the folder has none yet (both
+    /// atomically: a plan run beside this one never reads half a file).
+    pub fn put(&self, key: &ProfileKey, device: &DeviceRecord, t: &Times) -> std::io::Result<()> {
+        let path = self.dir.join(key.path());
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
+            let record = parent.join(DEVICE_FILE);
+            if !record.exists() {
+                write_json(&record, device)?;
+            }
         }
-        isolane_core::files::write_atomic(&path, &json)
+        write_json(&path, t)
     }
+
+    /// Copies the profile of `key` and its GPU's description into `to` (same layout), e.g. to
+    /// commit the profiles a plan used.
+    pub fn export(&self, key: &ProfileKey, to: &ProfileCache) -> std::io::Result<()> {
+        let record: DeviceRecord = read_json(&self.dir.join(key.device_dir()).join(DEVICE_FILE))?;
+        let times = self.get(key).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{} is missing", self.dir.join(key.path()).display()),
+            )
+        })?;
+        to.put(key, &record, &times)
+    }
+
+    /// Every GPU and driver the cache holds profiles of (its `device.json` files), in no order.
+    pub fn devices(&self) -> Vec<DeviceRecord> {
+        let Ok(gpus) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        gpus.flatten()
+            .filter_map(|g| std::fs::read_dir(g.path()).ok())
+            .flat_map(|drivers| drivers.flatten())
+            .filter_map(|d| read_json(&d.path().join(DEVICE_FILE)).ok())
+            .collect()
+    }
+
+    /// The partitions (`48`, `1g.10gb`) the cache has profiles of for `key`'s GPU, driver,
+    /// model, batch, precision and mechanism (`key.partition` is ignored), sorted.
+    pub fn partitions(&self, key: &ProfileKey) -> Vec<String> {
+        let stem = key.stem();
+        let Ok(files) = std::fs::read_dir(self.dir.join(key.device_dir())) else {
+            return Vec::new();
+        };
+        let mut found: Vec<String> = files
+            .flatten()
+            .filter_map(|f| {
+                let name = f.file_name().to_string_lossy().into_owned();
+                let rest = name.strip_prefix(&stem)?.strip_suffix(".json")?;
+                Some(rest.to_string())
+            })
+            .collect();
+        // Numbers in numeric order, names (MIG profiles) after them.
+        found.sort_by_key(|p| (p.parse::<u64>().unwrap_or(u64::MAX), p.clone()));
+        found
+    }
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
+    let json = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
+    isolane_core::files::write_atomic(path, &json)
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::io::Result<T> {
+    let text = std::fs::read_to_string(path)?;
+    serde_json::from_str(&text).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: {e}", path.display()),
+        )
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn key(size: u32) -> ProfileKey {
+    fn key(partition: &str) -> ProfileKey {
         ProfileKey {
-            device: "NVIDIA H100 80GB HBM3 580.159.04".into(),
+            gpu: "NVIDIA H100 80GB HBM3".into(),
+            driver: "580.159.04".into(),
             model: "resnet18".into(),
             batch: 1,
             precision: "fp16".into(),
             mechanism: "green".into(),
-            size,
+            partition: partition.into(),
         }
     }
+
+    fn h100() -> DeviceRecord {
+        DeviceRecord {
+            gpu: "NVIDIA H100 80GB HBM3".into(),
+            driver: "580.159.04".into(),
+            device_model: "h100-sxm".into(),
+        }
+    }
+
+    const T: Times = Times {
+        exec_p50_ms: 0.4,
+        exec_p99_ms: 0.45,
+        exec_mean_ms: 0.41,
+        exec_p999_ms: Some(0.5),
+    };
 
     #[test]
     fn a_profile_is_reused_only_for_the_same_key() {
         let d = tempfile::tempdir().unwrap();
         let c = ProfileCache::new(d.path());
-        let p = Point {
-            size: 48,
-            exec_p50_ms: 0.4,
-            exec_p99_ms: 0.45,
-            exec_mean_ms: 0.41,
-            exec_p999_ms: Some(0.5),
-        };
-        assert_eq!(c.get(&key(48)), None);
-        c.put(&key(48), &p).unwrap();
-        assert_eq!(c.get(&key(48)), Some(p));
-        assert_eq!(c.get(&key(56)), None);
+        assert_eq!(c.get(&key("48")), None);
+        c.put(&key("48"), &h100(), &T).unwrap();
+        assert_eq!(c.get(&key("48")), Some(T));
+        assert_eq!(c.get(&key("56")), None);
         let other = ProfileKey {
             precision: "fp32".into(),
-            ..key(48)
+            ..key("48")
         };
         assert_eq!(c.get(&other), None);
+        let other_driver = ProfileKey {
+            driver: "570.86.15".into(),
+            ..key("48")
+        };
+        assert_eq!(c.get(&other_driver), None);
         // A damaged file is measured again, not trusted.
-        std::fs::write(d.path().join(key(48).file_name()), "{").unwrap();
-        assert_eq!(c.get(&key(48)), None);
+        std::fs::write(d.path().join(key("48").path()), "{").unwrap();
+        assert_eq!(c.get(&key("48")), None);
+    }
+
+    #[test]
+    fn a_folder_says_which_device_it_was_measured_on_and_what_it_has() {
+        let d = tempfile::tempdir().unwrap();
+        let c = ProfileCache::new(d.path());
+        for p in ["64", "8", "1g.10gb", "16"] {
+            c.put(&key(p), &h100(), &T).unwrap();
+        }
+        assert_eq!(c.devices(), vec![h100()]);
+        assert_eq!(c.partitions(&key("")), ["8", "16", "64", "1g.10gb"]);
+        let fp32 = ProfileKey {
+            precision: "fp32".into(),
+            ..key("")
+        };
+        assert!(c.partitions(&fp32).is_empty());
+
+        // Exported: the same layout, with the device's description, elsewhere.
+        let e = tempfile::tempdir().unwrap();
+        let to = ProfileCache::new(e.path());
+        c.export(&key("16"), &to).unwrap();
+        assert_eq!(to.get(&key("16")), Some(T));
+        assert_eq!(to.devices(), vec![h100()]);
+        assert_eq!(to.partitions(&key("")), ["16"]);
+        assert!(c.export(&key("24"), &to).is_err(), "nothing to export");
     }
 }

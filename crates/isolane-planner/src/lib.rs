@@ -15,18 +15,28 @@
 //! - **time-slicing** (one size, the whole GPU): workloads take turns, so a job may wait for one
 //!   job of every other workload: predicted p99 = (own p99 + the others' p99) × stretch, and the
 //!   utilisations must add up to at most `max_util`.
+//! - **MIG** (a [`Ladder`] of GPU-instance profiles, smallest first by compute then memory
+//!   slices): the smallest profile per workload as for green, then one placement of all of
+//!   them on the GPU ([`isolane_core::device_model::place_mig_instances`]).
 //! - **CPU cores**: each workload a core of its own, profiled pinned to one core.
+//!
+//! Every GPU plan also checks device memory: a workload's estimate against its partition's
+//! memory (a MIG instance's, else the device's), and all of them together against the device.
 
+mod budget;
 pub mod cache;
 pub mod learned;
+pub mod offline;
 mod search;
 mod stretch;
 
+pub use budget::ProfileBudget;
 pub use cache::ProfileCache;
 pub use learned::{LearnedStretch, StretchKey};
-pub use search::{plan, Choice, Outcome};
+pub use search::{plan, Choice, Outcome, Unprofiled};
 pub use stretch::{stretch_from, worst_stretch};
 
+use isolane_core::device_model::{MigModel, MigProfile};
 use serde::{Deserialize, Serialize};
 
 /// What one workload must achieve.
@@ -42,6 +52,8 @@ pub struct Demand {
     /// This workload's own interference stretch (e.g. from an interference matrix, beside its
     /// actual neighbours); `None`: [`Options::stretch`].
     pub stretch: Option<f64>,
+    /// Device memory the workload needs (MiB), when it is known (the engine's estimate).
+    pub memory_mib: Option<u64>,
 }
 
 /// A workload's execution times alone in a partition of `size` (ms).
@@ -64,9 +76,21 @@ impl Point {
     }
 }
 
+/// Why a profile is not there.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProfileError {
+    /// Not measured, and it may not be here (planning offline, or the profiling budget is
+    /// spent): the search of this workload stops, the others go on, and the outcome names it.
+    #[error("{0}")]
+    NotProfiled(String),
+    /// Measuring failed: no plan can be trusted.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Measures workload `workload` (an index into the demands) alone in a partition of `size`.
 pub trait Profiler {
-    fn profile(&mut self, workload: usize, size: u32) -> Result<Point, String>;
+    fn profile(&mut self, workload: usize, size: u32) -> Result<Point, ProfileError>;
 }
 
 /// What a size means.
@@ -81,6 +105,8 @@ pub enum Unit {
     Whole,
     /// CPU cores, one per workload.
     Cores,
+    /// MIG GPU instances: a size is an index into [`Ladder::mig`]'s profiles.
+    Mig,
 }
 
 /// The sizes a partition may have, smallest first, and how much there is in all.
@@ -88,7 +114,12 @@ pub enum Unit {
 pub struct Ladder {
     pub unit: Unit,
     pub sizes: Vec<u32>,
+    /// SMs, thread %, cores, or (MIG) compute slices in all.
     pub capacity: u32,
+    /// The device's memory (MiB); `None` on the CPU, where memory is not planned.
+    pub device_memory_mib: Option<u64>,
+    /// The MIG model whose profiles the sizes index (`Unit::Mig` only).
+    pub mig: Option<MigModel>,
 }
 
 impl Ladder {
@@ -99,6 +130,8 @@ impl Ladder {
             unit: Unit::Sms,
             sizes: (min.max(step)..=sm_count).step_by(step as usize).collect(),
             capacity: sm_count,
+            device_memory_mib: None,
+            mig: None,
         }
     }
 
@@ -109,6 +142,8 @@ impl Ladder {
             unit: Unit::ThreadPct,
             sizes: (step..=100).step_by(step as usize).collect(),
             capacity: 100,
+            device_memory_mib: None,
+            mig: None,
         }
     }
 
@@ -118,6 +153,8 @@ impl Ladder {
             unit: Unit::Whole,
             sizes: vec![1],
             capacity: 1,
+            device_memory_mib: None,
+            mig: None,
         }
     }
 
@@ -127,6 +164,75 @@ impl Ladder {
             unit: Unit::Cores,
             sizes: vec![1],
             capacity: cores,
+            device_memory_mib: None,
+            mig: None,
+        }
+    }
+
+    /// MIG GPU instances of `mig`'s base profiles (media-extension variants give no more
+    /// compute or memory), smallest first: by compute slices, then memory slices, so that a
+    /// later size is never slower and never has less memory.
+    pub fn mig(mig: &MigModel) -> Ladder {
+        let mut sizes: Vec<u32> = (0..mig.profiles.len() as u32)
+            .filter(|&i| !mig.profiles[i as usize].media_extensions)
+            .collect();
+        sizes.sort_by_key(|&i| {
+            let p = &mig.profiles[i as usize];
+            (p.compute_slices, p.memory_slices)
+        });
+        Ladder {
+            unit: Unit::Mig,
+            sizes,
+            capacity: mig.compute_slices,
+            device_memory_mib: None,
+            mig: Some(mig.clone()),
+        }
+    }
+
+    /// The same ladder on a device of `mib` MiB, whose memory the plan then checks.
+    pub fn with_device_memory(self, mib: u64) -> Ladder {
+        Ladder {
+            device_memory_mib: Some(mib),
+            ..self
+        }
+    }
+
+    /// The MIG profile a size stands for (`Unit::Mig` only).
+    pub fn mig_profile(&self, size: u32) -> Option<&MigProfile> {
+        self.mig.as_ref()?.profiles.get(size as usize)
+    }
+
+    /// How much of the capacity a partition of `size` takes (MIG: its compute slices).
+    pub fn cost(&self, size: u32) -> u32 {
+        match self.unit {
+            Unit::Mig => self.mig_profile(size).map_or(0, |p| p.compute_slices),
+            _ => size,
+        }
+    }
+
+    /// The memory a workload in a partition of `size` may use at most (MiB): a MIG
+    /// instance's own, else the whole device's.
+    pub fn memory_of(&self, size: u32) -> Option<u64> {
+        match self.unit {
+            Unit::Mig => self.mig_profile(size).map(|p| p.memory_mib),
+            _ => self.device_memory_mib,
+        }
+    }
+
+    /// The size as profile files name it: `48`, `25`, `1g.10gb`.
+    pub fn label(&self, size: u32) -> String {
+        match self.mig_profile(size) {
+            Some(p) if self.unit == Unit::Mig => p.name.to_string(),
+            _ => size.to_string(),
+        }
+    }
+
+    /// An amount of the capacity in words: `96 SMs`, `5 compute slices`.
+    pub fn describe_amount(&self, amount: u32) -> String {
+        match self.unit {
+            Unit::Mig if amount == 1 => "1 compute slice".into(),
+            Unit::Mig => format!("{amount} compute slices"),
+            _ => self.describe(amount),
         }
     }
 
@@ -138,6 +244,7 @@ impl Ladder {
             Unit::Whole => "whole GPU".into(),
             Unit::Cores if size == 1 => "1 core".into(),
             Unit::Cores => format!("{size} cores"),
+            Unit::Mig => self.label(size),
         }
     }
 }

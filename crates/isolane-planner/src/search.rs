@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 
-use crate::{Demand, Ladder, Options, Point, Profiler, Unit};
+use isolane_core::device_model::place_mig_instances;
+
+use crate::{Demand, Ladder, Options, Point, ProfileError, Profiler, Unit};
 
 /// One workload's partition in a plan, with what it is predicted to do there.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,6 +18,10 @@ pub struct Choice {
     /// rate × mean execution time.
     pub util: f64,
     pub profile: Point,
+    /// The device memory it needs (MiB), when known.
+    pub memory_mib: Option<u64>,
+    /// MIG: the first memory slice of its GPU instance in the layout that holds them all.
+    pub mig_start: Option<u32>,
 }
 
 impl Choice {
@@ -25,19 +31,31 @@ impl Choice {
     }
 }
 
+/// A size the search needed for a workload and did not get (planning offline without that
+/// profile, or the profiling budget was spent): that workload's search stopped there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unprofiled {
+    pub workload: String,
+    pub size: u32,
+    /// The profiler's words: which profile, where it was looked for, why it was not measured.
+    pub why: String,
+}
+
 /// What planning found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// Every workload has a partition and they fit: `used` of `capacity`.
+    /// Every workload has a partition and they fit: `used` of `capacity` (in
+    /// [`Ladder::cost`] units).
     Planned {
         choices: Vec<Choice>,
         used: u32,
         capacity: u32,
     },
-    /// No plan: why (one line per cause) and the best partial plan (critical workloads
-    /// first, then the others in order, as long as they fit).
+    /// No plan: why (one line per cause), the sizes that could not be profiled, and the best
+    /// partial plan (critical workloads first, then the others in order, as long as they fit).
     NoPlan {
         reasons: Vec<String>,
+        unprofiled: Vec<Unprofiled>,
         partial: Vec<Choice>,
     },
 }
@@ -49,7 +67,7 @@ struct Measured<'a> {
 }
 
 impl Measured<'_> {
-    fn at(&mut self, w: usize, size: u32) -> Result<Point, String> {
+    fn at(&mut self, w: usize, size: u32) -> Result<Point, ProfileError> {
         if let Some(p) = self.seen.get(&(w, size)) {
             return Ok(*p);
         }
@@ -67,7 +85,7 @@ fn util(d: &Demand, p: &Point) -> f64 {
     d.rate_hz * p.exec_mean_ms / 1e3
 }
 
-/// The plan for `demands` on `ladder`.
+/// The plan for `demands` on `ladder`. `Err` only when measuring failed.
 pub fn plan(
     demands: &[Demand],
     ladder: &Ladder,
@@ -82,16 +100,32 @@ pub fn plan(
         seen: HashMap::new(),
     };
     match ladder.unit {
-        Unit::Whole => time_sliced(demands, opts, &mut m),
+        Unit::Whole => time_sliced(demands, ladder, opts, &mut m),
         _ => partitioned(demands, ladder, opts, &mut m),
     }
 }
 
-/// The choice for workload `w` at `size`, if it meets its deadline and utilisation there.
-fn adequate(d: &Demand, opts: &Options, p: Point) -> Option<Choice> {
+/// Why a size is not enough for a workload.
+enum Shortfall {
+    /// Too slow or too busy there.
+    Time,
+    /// Needs more memory than the partition has: (need, have) MiB.
+    Memory(u64, u64),
+}
+
+/// The choice for workload `d` at profile `p`, if it meets its deadline, utilisation and
+/// memory there.
+fn adequate(d: &Demand, ladder: &Ladder, opts: &Options, p: Point) -> Result<Choice, Shortfall> {
+    if let (Some(need), Some(have)) = (d.memory_mib, ladder.memory_of(p.size)) {
+        if need > have {
+            return Err(Shortfall::Memory(need, have));
+        }
+    }
     let tail = p.tail_ms() * stretch(d, opts);
-    let ok = tail <= opts.margin * d.deadline_ms && util(d, &p) <= opts.max_util;
-    ok.then(|| Choice {
+    if tail > opts.margin * d.deadline_ms || util(d, &p) > opts.max_util {
+        return Err(Shortfall::Time);
+    }
+    Ok(Choice {
         workload: d.name.clone(),
         size: p.size,
         predicted_p99_ms: p.exec_p99_ms * stretch(d, opts),
@@ -99,59 +133,147 @@ fn adequate(d: &Demand, opts: &Options, p: Point) -> Option<Choice> {
         deadline_ms: d.deadline_ms,
         util: util(d, &p),
         profile: p,
+        memory_mib: d.memory_mib,
+        mig_start: None,
     })
 }
 
-/// Bisection over the ladder for the smallest adequate size; `Err(reason)` when even the
-/// largest is not.
+/// What the search found for one workload.
+enum Search {
+    Found(Choice),
+    /// Not even the largest size is enough: why, in words.
+    Inadequate(String),
+    Unprofiled(Unprofiled),
+}
+
+/// The reason a workload is inadequate even at the ladder's top size, whose profile is `p`.
+fn inadequate_at_top(
+    d: &Demand,
+    ladder: &Ladder,
+    opts: &Options,
+    p: &Point,
+    s: Shortfall,
+) -> String {
+    match s {
+        Shortfall::Memory(need, have) => too_little_memory(d, ladder, p.size, need, have),
+        Shortfall::Time => format!(
+            "`{}` cannot meet its deadline even in {}: predicted p99.9 {:.3} ms (p99.9 alone \
+             {:.3} ms × stretch {:.2}) against {:.0} % of {:.3} ms, utilisation {:.2} (at most \
+             {:.2})",
+            d.name,
+            ladder.describe(p.size),
+            p.tail_ms() * stretch(d, opts),
+            p.tail_ms(),
+            stretch(d, opts),
+            opts.margin * 100.0,
+            d.deadline_ms,
+            util(d, p),
+            opts.max_util
+        ),
+    }
+}
+
+fn too_little_memory(d: &Demand, ladder: &Ladder, top: u32, need: u64, have: u64) -> String {
+    if ladder.unit == Unit::Mig {
+        format!(
+            "`{}` does not fit even in {}: it needs about {need} MiB of device memory, the \
+             instance has {have} MiB",
+            d.name,
+            ladder.describe(top)
+        )
+    } else {
+        format!(
+            "`{}` needs about {need} MiB of device memory, the device has {have} MiB",
+            d.name
+        )
+    }
+}
+
+/// The profile of `w` at `size`; `Ok(Err(_))` when it is not there to have.
+fn point(
+    m: &mut Measured<'_>,
+    d: &Demand,
+    w: usize,
+    size: u32,
+) -> Result<Result<Point, Unprofiled>, String> {
+    match m.at(w, size) {
+        Ok(p) => Ok(Ok(p)),
+        Err(ProfileError::NotProfiled(why)) => Ok(Err(Unprofiled {
+            workload: d.name.clone(),
+            size,
+            why,
+        })),
+        Err(ProfileError::Failed(e)) => Err(e),
+    }
+}
+
+/// Bisection over the ladder for the smallest adequate size.
 fn smallest(
     w: usize,
     d: &Demand,
     ladder: &Ladder,
     opts: &Options,
     m: &mut Measured<'_>,
-) -> Result<Result<Choice, String>, String> {
+) -> Result<Search, String> {
     let sizes = &ladder.sizes;
     let top = *sizes.last().expect("checked non-empty");
-    let (mut lo, mut hi) = (0usize, sizes.len() - 1);
-    let mut best = adequate(d, opts, m.at(w, top)?);
-    if best.is_none() && hi > 0 {
-        // A larger partition is not always faster: on the H100 a run of resnet50 at batch 16
-        // took 2.35 ms in 128 SMs and 1.85 ms in 64 (a per-run mode, docs/interference.md).
-        // Before giving up on the largest, look at the middle of the ladder once.
-        let mid = hi / 2;
-        best = adequate(d, opts, m.at(w, sizes[mid])?);
-        hi = mid;
+    // Memory needs no profile: a workload that cannot fit the largest partition is not
+    // measured at all.
+    if let (Some(need), Some(have)) = (d.memory_mib, ladder.memory_of(top)) {
+        if need > have {
+            let why = too_little_memory(d, ladder, top, need, have);
+            return Ok(Search::Inadequate(why));
+        }
     }
-    let Some(best) = best else {
-        let p = m.at(w, top)?;
-        return Ok(Err(format!(
-            "`{}` cannot meet its deadline even in {}: predicted p99.9 {:.3} ms (p99.9 alone \
-             {:.3} ms × stretch {:.2}) against {:.0} % of {:.3} ms, utilisation {:.2} (at most \
-             {:.2})",
-            d.name,
-            ladder.describe(top),
-            p.tail_ms() * stretch(d, opts),
-            p.tail_ms(),
-            stretch(d, opts),
-            opts.margin * 100.0,
-            d.deadline_ms,
-            util(d, &p),
-            opts.max_util
-        )));
+    let p = match point(m, d, w, top)? {
+        Ok(p) => p,
+        Err(u) => return Ok(Search::Unprofiled(u)),
     };
-    let mut found = best;
+    let (mut lo, mut hi) = (0usize, sizes.len() - 1);
+    let mut found = match adequate(d, ladder, opts, p) {
+        Ok(c) => c,
+        Err(Shortfall::Time) if hi > 0 => {
+            // A larger partition is not always faster: on the H100 a run of resnet50 at batch
+            // 16 took 2.35 ms in 128 SMs and 1.85 ms in 64 (a per-run mode,
+            // docs/interference.md). Before giving up on the largest, look at the middle of
+            // the ladder once.
+            let mid = hi / 2;
+            let q = match point(m, d, w, sizes[mid])? {
+                Ok(q) => q,
+                Err(u) => return Ok(Search::Unprofiled(u)),
+            };
+            match adequate(d, ladder, opts, q) {
+                Ok(c) => {
+                    hi = mid;
+                    c
+                }
+                Err(_) => {
+                    let why = inadequate_at_top(d, ladder, opts, &p, Shortfall::Time);
+                    return Ok(Search::Inadequate(why));
+                }
+            }
+        }
+        Err(s) => {
+            return Ok(Search::Inadequate(inadequate_at_top(
+                d, ladder, opts, &p, s,
+            )))
+        }
+    };
     while lo < hi {
         let mid = (lo + hi) / 2;
-        match adequate(d, opts, m.at(w, sizes[mid])?) {
-            Some(c) => {
+        let p = match point(m, d, w, sizes[mid])? {
+            Ok(p) => p,
+            Err(u) => return Ok(Search::Unprofiled(u)),
+        };
+        match adequate(d, ladder, opts, p) {
+            Ok(c) => {
                 found = c;
                 hi = mid;
             }
-            None => lo = mid + 1,
+            Err(_) => lo = mid + 1,
         }
     }
-    Ok(Ok(found))
+    Ok(Search::Found(found))
 }
 
 fn partitioned(
@@ -162,64 +284,139 @@ fn partitioned(
 ) -> Result<Outcome, String> {
     let mut choices = Vec::new();
     let mut reasons = Vec::new();
+    let mut unprofiled = Vec::new();
     for (w, d) in demands.iter().enumerate() {
         match smallest(w, d, ladder, opts, m)? {
-            Ok(c) => choices.push(c),
-            Err(r) => reasons.push(r),
+            Search::Found(c) => choices.push(c),
+            Search::Inadequate(r) => reasons.push(r),
+            Search::Unprofiled(u) => unprofiled.push(u),
         }
     }
-    let used: u32 = choices.iter().map(|c| c.size).sum();
-    if reasons.is_empty() && used <= ladder.capacity {
+    let misfits = pack(ladder, &mut choices);
+    if reasons.is_empty() && unprofiled.is_empty() && misfits.is_empty() {
         return Ok(Outcome::Planned {
-            choices,
-            used,
+            used: choices.iter().map(|c| ladder.cost(c.size)).sum(),
             capacity: ladder.capacity,
+            choices,
         });
     }
-    if used > ladder.capacity {
-        let parts: Vec<String> = choices
-            .iter()
-            .map(|c| format!("{} {}", c.workload, ladder.describe(c.size)))
-            .collect();
-        reasons.push(format!(
-            "together they need {} of {} ({})",
-            ladder.describe(used),
-            ladder.describe(ladder.capacity),
-            parts.join(", ")
-        ));
-    }
+    reasons.extend(misfits);
     Ok(Outcome::NoPlan {
         reasons,
-        partial: partial(demands, choices, ladder.capacity),
+        unprofiled,
+        partial: partial(demands, ladder, choices),
     })
 }
 
-/// Critical workloads first, then the others, each while it still fits.
-fn partial(demands: &[Demand], choices: Vec<Choice>, capacity: u32) -> Vec<Choice> {
-    let critical = |c: &Choice| demands.iter().any(|d| d.name == c.workload && d.critical);
-    let (mut first, rest): (Vec<Choice>, Vec<Choice>) = choices.into_iter().partition(critical);
-    first.extend(rest);
-    let mut used = 0;
-    first
-        .into_iter()
-        .filter(|c| {
-            let fits = used + c.size <= capacity;
-            if fits {
-                used += c.size;
+/// `a 48 SMs, b 32 SMs`.
+fn listing(ladder: &Ladder, choices: &[Choice]) -> String {
+    choices
+        .iter()
+        .map(|c| format!("{} {}", c.workload, ladder.describe(c.size)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether the choices fit the device together, under the admission rules of the mechanism:
+/// SMs, thread % or cores add up to at most the capacity; MIG instances have one placement
+/// that holds them all (their starts are then set); device memory adds up to at most the
+/// device's (a MIG instance's own memory was checked per workload). One reason per misfit.
+fn pack(ladder: &Ladder, choices: &mut [Choice]) -> Vec<String> {
+    let mut reasons = Vec::new();
+    let used: u32 = choices.iter().map(|c| ladder.cost(c.size)).sum();
+    match (ladder.unit, ladder.mig.as_ref()) {
+        (Unit::Whole, _) => {}
+        (Unit::Mig, Some(mig)) => {
+            let names: Vec<&str> = choices
+                .iter()
+                .filter_map(|c| ladder.mig_profile(c.size).map(|p| p.name))
+                .collect();
+            match place_mig_instances(mig, &names) {
+                Some(layout) => {
+                    for (c, placed) in choices.iter_mut().zip(layout) {
+                        c.mig_start = Some(placed.start);
+                    }
+                }
+                None if used > ladder.capacity => reasons.push(format!(
+                    "together they need {} of {} ({})",
+                    ladder.describe_amount(used),
+                    ladder.describe_amount(ladder.capacity),
+                    listing(ladder, choices)
+                )),
+                None => reasons.push(format!(
+                    "no MIG layout places their instances together: the placements of {} \
+                     overlap in the GPU's {} memory slices ({})",
+                    names.join(" + "),
+                    mig.memory_slices,
+                    listing(ladder, choices)
+                )),
             }
-            fits
-        })
-        .collect()
+        }
+        _ if used > ladder.capacity => reasons.push(format!(
+            "together they need {} of {} ({})",
+            ladder.describe_amount(used),
+            ladder.describe_amount(ladder.capacity),
+            listing(ladder, choices)
+        )),
+        _ => {}
+    }
+    if ladder.unit != Unit::Mig {
+        if let Some(device) = ladder.device_memory_mib {
+            let total: u64 = choices.iter().filter_map(|c| c.memory_mib).sum();
+            if total > device {
+                let each: Vec<String> = choices
+                    .iter()
+                    .filter_map(|c| Some(format!("{} {} MiB", c.workload, c.memory_mib?)))
+                    .collect();
+                reasons.push(format!(
+                    "together they need about {total} MiB of device memory, the device has \
+                     {device} MiB ({})",
+                    each.join(", ")
+                ));
+            }
+        }
+    }
+    reasons
+}
+
+/// Critical workloads first, then the others, each while it still fits beside those kept.
+fn partial(demands: &[Demand], ladder: &Ladder, choices: Vec<Choice>) -> Vec<Choice> {
+    let critical = |c: &Choice| demands.iter().any(|d| d.name == c.workload && d.critical);
+    let (mut ordered, rest): (Vec<Choice>, Vec<Choice>) = choices.into_iter().partition(critical);
+    ordered.extend(rest);
+    let mut kept: Vec<Choice> = Vec::new();
+    for c in ordered {
+        kept.push(c);
+        if !pack(ladder, &mut kept).is_empty() {
+            kept.pop();
+        }
+    }
+    // The starts of the MIG layout that holds exactly those kept.
+    pack(ladder, &mut kept);
+    kept
 }
 
 fn time_sliced(
     demands: &[Demand],
+    ladder: &Ladder,
     opts: &Options,
     m: &mut Measured<'_>,
 ) -> Result<Outcome, String> {
-    let points: Vec<Point> = (0..demands.len())
-        .map(|w| m.at(w, 1))
-        .collect::<Result<_, _>>()?;
+    let mut points = Vec::new();
+    let mut unprofiled = Vec::new();
+    for (w, d) in demands.iter().enumerate() {
+        match point(m, d, w, 1)? {
+            Ok(p) => points.push(p),
+            Err(u) => unprofiled.push(u),
+        }
+    }
+    if !unprofiled.is_empty() {
+        return Ok(Outcome::NoPlan {
+            reasons: Vec::new(),
+            unprofiled,
+            partial: Vec::new(),
+        });
+    }
     let total_util: f64 = demands.iter().zip(&points).map(|(d, p)| util(d, p)).sum();
     let all_p99: f64 = points.iter().map(|p| p.exec_p99_ms).sum();
     let all_tails: f64 = points.iter().map(Point::tail_ms).sum();
@@ -228,15 +425,14 @@ fn time_sliced(
     let mut choices = Vec::new();
     for (d, p) in demands.iter().zip(&points) {
         let predicted = all_tails * worst;
-        let c = Choice {
-            workload: d.name.clone(),
-            size: 1,
-            predicted_p99_ms: all_p99 * worst,
-            predicted_tail_ms: predicted,
-            deadline_ms: d.deadline_ms,
-            util: util(d, p),
-            profile: *p,
-        };
+        if let (Some(need), Some(have)) = (d.memory_mib, ladder.device_memory_mib) {
+            if need > have {
+                reasons.push(format!(
+                    "`{}` needs about {need} MiB of device memory, the device has {have} MiB",
+                    d.name
+                ));
+            }
+        }
         if predicted > opts.margin * d.deadline_ms {
             reasons.push(format!(
                 "`{}`: taking turns with the others, a job may wait for one of each: predicted \
@@ -246,7 +442,17 @@ fn time_sliced(
                 d.deadline_ms
             ));
         }
-        choices.push(c);
+        choices.push(Choice {
+            workload: d.name.clone(),
+            size: 1,
+            predicted_p99_ms: all_p99 * worst,
+            predicted_tail_ms: predicted,
+            deadline_ms: d.deadline_ms,
+            util: util(d, p),
+            profile: *p,
+            memory_mib: d.memory_mib,
+            mig_start: None,
+        });
     }
     if total_util > opts.max_util {
         reasons.push(format!(
@@ -255,6 +461,7 @@ fn time_sliced(
             opts.max_util * 100.0
         ));
     }
+    reasons.extend(pack(ladder, &mut choices));
     Ok(if reasons.is_empty() {
         Outcome::Planned {
             choices,
@@ -264,6 +471,7 @@ fn time_sliced(
     } else {
         Outcome::NoPlan {
             reasons,
+            unprofiled: Vec::new(),
             partial: Vec::new(),
         }
     })
@@ -280,7 +488,7 @@ mod tests {
     }
 
     impl Profiler for Table {
-        fn profile(&mut self, w: usize, size: u32) -> Result<Point, String> {
+        fn profile(&mut self, w: usize, size: u32) -> Result<Point, ProfileError> {
             self.calls += 1;
             let p50 = 0.05 + self.work_ms[w] / size as f64;
             Ok(Point {
@@ -300,7 +508,101 @@ mod tests {
             deadline_ms,
             critical: true,
             stretch: None,
+            memory_mib: None,
         }
+    }
+
+    /// A table whose p99.9 is 1.5 × its p50 (a heavier tail than the p99 of 1.1 ×).
+    struct HeavyTail(Table);
+
+    impl Profiler for HeavyTail {
+        fn profile(&mut self, w: usize, size: u32) -> Result<Point, ProfileError> {
+            let p = self.0.profile(w, size)?;
+            Ok(Point {
+                exec_p999_ms: Some(1.5 * p.exec_p50_ms),
+                ..p
+            })
+        }
+    }
+
+    #[test]
+    fn the_p999_tail_not_the_p99_must_fit_the_deadline() {
+        // p99 alone would take 32 SMs (see below); the tail 1.5 (0.05 + 48/s) ≤ 1.8 needs
+        // s ≥ 41.1 → 48 SMs.
+        let mut t = HeavyTail(Table {
+            work_ms: vec![48.0],
+            calls: 0,
+        });
+        let out = plan(
+            &[demand("a", 100.0, 2.0)],
+            &Ladder::green(132, 8, 8),
+            &Options::default(),
+            &mut t,
+        )
+        .unwrap();
+        let Outcome::Planned { choices, .. } = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(choices[0].size, 48);
+        let c = &choices[0];
+        assert!((c.predicted_tail_ms - 1.5 * (0.05 + 1.0)).abs() < 1e-9);
+        assert!((c.slack_ms() - (2.0 - c.predicted_tail_ms)).abs() < 1e-9);
+        assert!(c.predicted_p99_ms < c.predicted_tail_ms);
+    }
+
+    /// A table whose largest size is 3 × slower than it should be (a per-run mode).
+    struct SlowTop(Table, u32);
+
+    impl Profiler for SlowTop {
+        fn profile(&mut self, w: usize, size: u32) -> Result<Point, ProfileError> {
+            let p = self.0.profile(w, size)?;
+            let slow = if size == self.1 { 3.0 } else { 1.0 };
+            Ok(Point {
+                exec_p50_ms: slow * p.exec_p50_ms,
+                exec_p99_ms: slow * p.exec_p99_ms,
+                exec_mean_ms: slow * p.exec_mean_ms,
+                ..p
+            })
+        }
+    }
+
+    #[test]
+    fn a_slow_largest_partition_does_not_hide_a_smaller_one_that_fits() {
+        let slow_top = |work: f64| {
+            SlowTop(
+                Table {
+                    work_ms: vec![work],
+                    calls: 0,
+                },
+                128,
+            )
+        };
+        let ladder = Ladder::green(128, 8, 8);
+        let opts = Options::default();
+        // 32 SMs fit (see below) while 128 SMs measure 3 × slower than they should.
+        let out = plan(
+            &[demand("a", 100.0, 2.0)],
+            &ladder,
+            &opts,
+            &mut slow_top(48.0),
+        )
+        .unwrap();
+        let Outcome::Planned { choices, .. } = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(choices[0].size, 32);
+        // When nothing fits, the reason still names the largest partition.
+        let out = plan(
+            &[demand("a", 100.0, 2.0)],
+            &ladder,
+            &opts,
+            &mut slow_top(4800.0),
+        )
+        .unwrap();
+        let Outcome::NoPlan { reasons, .. } = out else {
+            panic!("{out:?}")
+        };
+        assert!(reasons[0].contains("even in 128 SMs"), "{reasons:?}");
     }
 
     #[test]
@@ -331,102 +633,6 @@ mod tests {
         assert!(t.calls <= 12, "{} profiles", t.calls);
     }
 
-    /// A table whose p99.9 is 1.5 × its p50 (a heavier tail than the p99 of 1.1 ×).
-    struct HeavyTail(Table);
-
-    impl Profiler for HeavyTail {
-        fn profile(&mut self, w: usize, size: u32) -> Result<Point, String> {
-            let p = self.0.profile(w, size)?;
-            Ok(Point {
-                exec_p999_ms: Some(1.5 * p.exec_p50_ms),
-                ..p
-            })
-        }
-    }
-
-    #[test]
-    fn the_p999_tail_not_the_p99_must_fit_the_deadline() {
-        // p99 alone would take 32 SMs (see above); the tail 1.5 (0.05 + 48/s) ≤ 1.8 needs
-        // s ≥ 41.1 → 48 SMs.
-        let mut t = HeavyTail(Table {
-            work_ms: vec![48.0],
-            calls: 0,
-        });
-        let out = plan(
-            &[demand("a", 100.0, 2.0)],
-            &Ladder::green(132, 8, 8),
-            &Options::default(),
-            &mut t,
-        )
-        .unwrap();
-        let Outcome::Planned { choices, .. } = out else {
-            panic!("{out:?}")
-        };
-        assert_eq!(choices[0].size, 48);
-        let c = &choices[0];
-        assert!((c.predicted_tail_ms - 1.5 * (0.05 + 1.0)).abs() < 1e-9);
-        assert!((c.slack_ms() - (2.0 - c.predicted_tail_ms)).abs() < 1e-9);
-        assert!(c.predicted_p99_ms < c.predicted_tail_ms);
-    }
-
-    /// A table whose largest size is slower than the middle one (a per-run mode).
-    struct SlowTop(Table, u32);
-
-    impl Profiler for SlowTop {
-        fn profile(&mut self, w: usize, size: u32) -> Result<Point, String> {
-            let p = self.0.profile(w, size)?;
-            let slow = if size == self.1 { 3.0 } else { 1.0 };
-            Ok(Point {
-                exec_p50_ms: slow * p.exec_p50_ms,
-                exec_p99_ms: slow * p.exec_p99_ms,
-                exec_mean_ms: slow * p.exec_mean_ms,
-                ..p
-            })
-        }
-    }
-
-    #[test]
-    fn a_slow_largest_partition_does_not_hide_a_smaller_one_that_fits() {
-        // 32 SMs fit (see above) while 128 SMs measure 3 × slower than they should.
-        let mut t = SlowTop(
-            Table {
-                work_ms: vec![48.0],
-                calls: 0,
-            },
-            128,
-        );
-        let out = plan(
-            &[demand("a", 100.0, 2.0)],
-            &Ladder::green(128, 8, 8),
-            &Options::default(),
-            &mut t,
-        )
-        .unwrap();
-        let Outcome::Planned { choices, .. } = out else {
-            panic!("{out:?}")
-        };
-        assert_eq!(choices[0].size, 32);
-        // When nothing fits, the reason still names the largest partition.
-        let mut t = SlowTop(
-            Table {
-                work_ms: vec![4800.0],
-                calls: 0,
-            },
-            128,
-        );
-        let out = plan(
-            &[demand("a", 100.0, 2.0)],
-            &Ladder::green(128, 8, 8),
-            &Options::default(),
-            &mut t,
-        )
-        .unwrap();
-        let Outcome::NoPlan { reasons, .. } = out else {
-            panic!("{out:?}")
-        };
-        assert!(reasons[0].contains("even in 128 SMs"), "{reasons:?}");
-    }
-
     #[test]
     fn no_plan_says_which_workload_and_which_pair_does_not_fit() {
         let mut t = Table {
@@ -444,7 +650,10 @@ mod tests {
             demand("huge", 10.0, 1.0),
         ];
         let out = plan(&demands, &ladder, &Options::default(), &mut t).unwrap();
-        let Outcome::NoPlan { reasons, partial } = out else {
+        let Outcome::NoPlan {
+            reasons, partial, ..
+        } = out
+        else {
             panic!("{out:?}")
         };
         assert!(
@@ -521,8 +730,8 @@ mod tests {
     fn a_failing_profile_is_an_error_not_a_plan() {
         struct Broken;
         impl Profiler for Broken {
-            fn profile(&mut self, _: usize, _: u32) -> Result<Point, String> {
-                Err("no GPU".into())
+            fn profile(&mut self, _: usize, _: u32) -> Result<Point, ProfileError> {
+                Err(ProfileError::Failed("no GPU".into()))
             }
         }
         let e = plan(
@@ -533,5 +742,244 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e, "no GPU");
+    }
+
+    /// Execution time = work / compute (perfect scaling) plus a floor, where compute is the
+    /// ladder's cost of the size (SMs, or MIG compute slices); sizes in `missing` are not
+    /// profiled.
+    struct ByCost {
+        ladder: Ladder,
+        work_ms: Vec<f64>,
+        missing: Vec<(usize, u32)>,
+        calls: usize,
+    }
+
+    impl Profiler for ByCost {
+        fn profile(&mut self, w: usize, size: u32) -> Result<Point, ProfileError> {
+            self.calls += 1;
+            if self.missing.contains(&(w, size)) {
+                return Err(ProfileError::NotProfiled(format!("no profile {w}/{size}")));
+            }
+            let p50 = 0.05 + self.work_ms[w] / self.ladder.cost(size) as f64;
+            Ok(Point {
+                size,
+                exec_p50_ms: p50,
+                exec_p99_ms: 1.1 * p50,
+                exec_mean_ms: p50,
+                exec_p999_ms: None,
+            })
+        }
+    }
+
+    fn h100_mig() -> Ladder {
+        let d = isolane_core::device_model::device_model("h100-sxm").unwrap();
+        Ladder::mig(d.mig.as_ref().unwrap()).with_device_memory(d.memory_mib)
+    }
+
+    fn by_cost(ladder: &Ladder, work_ms: &[f64]) -> ByCost {
+        ByCost {
+            ladder: ladder.clone(),
+            work_ms: work_ms.to_vec(),
+            missing: Vec::new(),
+            calls: 0,
+        }
+    }
+
+    fn names(ladder: &Ladder, choices: &[Choice]) -> Vec<String> {
+        choices.iter().map(|c| ladder.describe(c.size)).collect()
+    }
+
+    #[test]
+    fn mig_gives_each_workload_the_smallest_profile_and_a_layout_for_all() {
+        let ladder = h100_mig();
+        // 1 ms deadline at 90 %: 1.1 (0.05 + work / slices) <= 0.9 -> slices >= work / 0.768.
+        // a: 2.0 ms of work -> 2.6 -> 3 slices; b: 1.5 -> 1.95 -> 2; c: 0.5 -> 1.
+        let mut t = by_cost(&ladder, &[2.0, 1.5, 0.5]);
+        let d = [
+            demand("a", 100.0, 1.0),
+            demand("b", 100.0, 1.0),
+            demand("c", 100.0, 1.0),
+        ];
+        let out = plan(&d, &ladder, &Options::default(), &mut t).unwrap();
+        let Outcome::Planned {
+            choices,
+            used,
+            capacity,
+        } = out
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!(names(&ladder, &choices), ["3g.40gb", "2g.20gb", "1g.10gb"]);
+        assert_eq!((used, capacity), (6, 7));
+        let starts: Vec<u32> = choices.iter().filter_map(|c| c.mig_start).collect();
+        assert_eq!(starts.len(), 3, "every instance is placed: {choices:?}");
+        // Where admission control would put them: 3g at 0 or 4, the others clear of it.
+        assert!(starts[0] == 0 || starts[0] == 4, "{starts:?}");
+    }
+
+    #[test]
+    fn mig_memory_asks_for_a_larger_instance_and_overlaps_are_no_plan() {
+        let ladder = h100_mig();
+        // a, b need 3 slices; c one slice but 15000 MiB: 1g.20gb, not 1g.10gb. 3 + 3 + 1 = 7
+        // compute slices, but 4 + 4 + 2 memory slices of 8: no layout holds them.
+        let mut t = by_cost(&ladder, &[2.0, 2.0, 0.5]);
+        let d = [
+            demand("a", 100.0, 1.0),
+            Demand {
+                critical: false,
+                ..demand("b", 100.0, 1.0)
+            },
+            Demand {
+                memory_mib: Some(15_000),
+                ..demand("c", 100.0, 1.0)
+            },
+        ];
+        let out = plan(&d, &ladder, &Options::default(), &mut t).unwrap();
+        let Outcome::NoPlan {
+            reasons, partial, ..
+        } = out
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!(reasons.len(), 1, "{reasons:?}");
+        assert!(
+            reasons[0].contains("no MIG layout places their instances together")
+                && reasons[0].contains("3g.40gb + 3g.40gb + 1g.20gb"),
+            "{reasons:?}"
+        );
+        // Critical a and c first; b does not fit beside them.
+        assert_eq!(
+            partial
+                .iter()
+                .map(|c| c.workload.as_str())
+                .collect::<Vec<_>>(),
+            ["a", "c"]
+        );
+        assert!(partial.iter().all(|c| c.mig_start.is_some()));
+
+        // Two 4-slice instances: more compute slices than the GPU has.
+        let mut t = by_cost(&ladder, &[2.5, 2.5]);
+        let d = [demand("a", 100.0, 1.0), demand("b", 100.0, 1.0)];
+        let Outcome::NoPlan { reasons, .. } =
+            plan(&d, &ladder, &Options::default(), &mut t).unwrap()
+        else {
+            panic!()
+        };
+        assert!(
+            reasons[0].contains("together they need 8 compute slices of 7 compute slices"),
+            "{reasons:?}"
+        );
+    }
+
+    #[test]
+    fn memory_is_refused_per_partition_and_together() {
+        let orin = Ladder::green(8, 4, 2).with_device_memory(7_620);
+        let mut t = by_cost(&orin, &[0.1, 0.1]);
+        let big = [Demand {
+            memory_mib: Some(9_000),
+            ..demand("big", 10.0, 100.0)
+        }];
+        let Outcome::NoPlan { reasons, .. } =
+            plan(&big, &orin, &Options::default(), &mut t).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            reasons,
+            ["`big` needs about 9000 MiB of device memory, the device has 7620 MiB"]
+        );
+        assert_eq!(t.calls, 0, "what cannot fit is not measured");
+        let two = [
+            Demand {
+                memory_mib: Some(5_000),
+                ..demand("a", 10.0, 100.0)
+            },
+            Demand {
+                memory_mib: Some(4_000),
+                ..demand("b", 10.0, 100.0)
+            },
+        ];
+        let Outcome::NoPlan {
+            reasons, partial, ..
+        } = plan(&two, &orin, &Options::default(), &mut t).unwrap()
+        else {
+            panic!()
+        };
+        assert!(
+            reasons[0].contains(
+                "together they need about 9000 MiB of device memory, the device \
+                 has 7620 MiB (a 5000 MiB, b 4000 MiB)"
+            ),
+            "{reasons:?}"
+        );
+        assert_eq!(partial.len(), 1);
+        // A MIG instance's own memory: 1g.10gb has 10240 MiB, too little for 12000.
+        let ladder = h100_mig();
+        let mut t = by_cost(&ladder, &[0.1]);
+        let d = [Demand {
+            memory_mib: Some(12_000),
+            ..demand("a", 10.0, 100.0)
+        }];
+        let Outcome::Planned { choices, .. } =
+            plan(&d, &ladder, &Options::default(), &mut t).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(names(&ladder, &choices), ["1g.20gb"]);
+        let d = [Demand {
+            memory_mib: Some(90_000),
+            ..demand("a", 10.0, 100.0)
+        }];
+        let Outcome::NoPlan { reasons, .. } =
+            plan(&d, &ladder, &Options::default(), &mut t).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            reasons,
+            [
+                "`a` does not fit even in 7g.80gb: it needs about 90000 MiB of device memory, the \
+              instance has 81920 MiB"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_size_not_profiled_stops_that_workload_only() {
+        let ladder = Ladder::green(132, 8, 8);
+        let mut t = by_cost(&ladder, &[48.0, 48.0]);
+        // a's search starts at the top (128 SMs), which is missing.
+        t.missing.push((0, 128));
+        let d = [demand("a", 100.0, 2.0), demand("b", 100.0, 2.0)];
+        let out = plan(&d, &ladder, &Options::default(), &mut t).unwrap();
+        let Outcome::NoPlan {
+            reasons,
+            unprofiled,
+            partial,
+        } = out
+        else {
+            panic!("{out:?}")
+        };
+        assert!(reasons.is_empty(), "{reasons:?}");
+        assert_eq!(
+            unprofiled,
+            [Unprofiled {
+                workload: "a".into(),
+                size: 128,
+                why: "no profile 0/128".into()
+            }]
+        );
+        assert_eq!(partial.len(), 1);
+        assert_eq!(partial[0].workload, "b");
+        assert_eq!(partial[0].size, 32);
+        // Time-slicing names every workload it lacks.
+        let mut t = by_cost(&Ladder::whole(), &[1.0, 1.0]);
+        t.missing = vec![(0, 1), (1, 1)];
+        let Outcome::NoPlan { unprofiled, .. } =
+            plan(&d, &Ladder::whole(), &Options::default(), &mut t).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(unprofiled.len(), 2);
     }
 }

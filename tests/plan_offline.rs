@@ -1,0 +1,358 @@
+//! `isolane plan --auto --device-model NAME` (issue 15): planning for a GPU that is not here,
+//! from the committed profiles of tests/data/profiles (synthetic, see tests/data/README.md):
+//! green, MPS, time-slicing and MIG on an H100, MIG on an A100; the refusals (a missing
+//! profile, MIG instances that cannot be placed together, memory). Nothing here touches a GPU.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::*;
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(rel)
+}
+
+const H100: &str = "NVIDIA_H100_80GB_HBM3/580.159.04";
+
+fn offline(args: &[&str], scenario: &Path, profiles: &Path) -> Output {
+    isolane()
+        .args(["plan", "--auto"])
+        .args(args)
+        .arg("--profiles")
+        .arg(profiles)
+        .arg(scenario)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A copy of the committed profiles to change.
+fn copy_profiles(to: &Path) -> PathBuf {
+    let dst = to.join("profiles");
+    for entry in walk(&data("profiles")) {
+        let rel = entry.strip_prefix(data("profiles")).unwrap();
+        std::fs::create_dir_all(dst.join(rel).parent().unwrap()).unwrap();
+        std::fs::copy(&entry, dst.join(rel)).unwrap();
+    }
+    dst
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            files.extend(walk(&p));
+        } else {
+            files.push(p);
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Writes a profile in the cache's format: execution time `floor + work / sms`.
+fn write_profile(dir: &Path, file: &str, floor_ms: f64, work_ms: f64, sms: f64) {
+    let p50 = floor_ms + work_ms / sms;
+    let json = serde_json::json!({
+        "exec_p50_ms": p50,
+        "exec_p99_ms": 1.1 * p50,
+        "exec_mean_ms": p50,
+    });
+    std::fs::write(dir.join(H100).join(file), json.to_string()).unwrap();
+}
+
+#[test]
+fn an_h100_is_planned_offline_with_every_mechanism_from_committed_profiles() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = offline(
+        &["--device-model", "h100-sxm", "--mechanism", "all"],
+        &data("offline.toml"),
+        &data("profiles"),
+    );
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("planning offline for h100-sxm from")
+            && err.contains(
+                "profiles of NVIDIA H100 80GB HBM3, driver 580.159.04 (the only driver found); \
+                 nothing is measured"
+            ),
+        "{err}"
+    );
+    // camera: 1.1 (0.1 + 60/s) <= 1.8 ms -> 40 SMs; lidar: 1.1 (0.2 + 150/s) <= 4.5 -> 40.
+    assert!(
+        err.contains("green: planned") && err.contains("using 80 SMs of 132 SMs (52 SMs spare)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("mps: planned") && err.contains("60 % of 100 %"),
+        "{err}"
+    );
+    assert!(
+        err.contains("timeslice: no plan") && err.contains("`camera`: taking turns"),
+        "{err}"
+    );
+    assert!(
+        err.contains("mig: planned")
+            && err.contains("using 6 compute slices of 7 compute slices (1 compute slice spare)")
+            && err.contains("3g.40gb at memory slice 0")
+            && err.contains("3g.40gb at memory slice 4"),
+        "{err}"
+    );
+    // The first mechanism with a plan is written.
+    assert!(
+        out.contains("# planned: 40 SMs") && out.contains("sms = 40"),
+        "{out}"
+    );
+
+    // MIG alone, written to a file that admission control takes as it is.
+    let planned = tmp.path().join("mig.toml");
+    let o = isolane()
+        .args([
+            "plan",
+            "--auto",
+            "--device-model",
+            "h100-sxm",
+            "--mechanism",
+            "mig",
+        ])
+        .arg("--profiles")
+        .arg(data("profiles"))
+        .arg("-o")
+        .arg(&planned)
+        .arg(data("offline.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let written = std::fs::read_to_string(&planned).unwrap();
+    assert!(
+        written.contains("# planned: 3g.40gb at memory slice 0; predicted p99 1.485 ms")
+            && written.contains("mig_profile = \"3g.40gb\"")
+            && written.contains("mechanism = \"mig\""),
+        "{written}"
+    );
+    let o = run_ok(
+        isolane()
+            .args(["plan", "--device-model", "h100-sxm"])
+            .arg(&planned),
+    );
+    assert!(text(&o.stdout).contains("3g.40gb at memory slice 4"));
+}
+
+#[test]
+fn an_a100_is_planned_with_mig_and_mechanism_all_takes_what_has_profiles() {
+    let o = offline(
+        &["--device-model", "a100-80gb", "--mechanism", "all"],
+        &data("offline.toml"),
+        &data("profiles"),
+    );
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("driver 580.65.06"), "{err}");
+    // The A100 profiles hold MIG only: green says what it lacks, MIG plans (14 SMs a slice:
+    // camera 1.1 (0.1 + 60/42) = 1.681 ms in 3g.40gb).
+    assert!(
+        err.contains("green: no plan")
+            && err.contains(
+                "not profiled: `camera` (kernel:gemm:1024, batch 1, fp32, green): no profile of \
+                 108 SMs in"
+            ),
+        "{err}"
+    );
+    assert!(
+        err.contains("mig: planned") && err.contains("p99  1.681"),
+        "{err}"
+    );
+    assert!(out.contains("mig_profile = \"3g.40gb\""), "{out}");
+}
+
+#[test]
+fn a_missing_profile_is_named_with_what_there_is_and_how_to_get_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let profiles = copy_profiles(tmp.path());
+    std::fs::remove_file(
+        profiles
+            .join(H100)
+            .join("kernel_triad_1GiB-b1-fp32-green-40.json"),
+    )
+    .unwrap();
+    let planned = tmp.path().join("planned.toml");
+    let o = isolane()
+        .args(["plan", "--auto", "--device-model", "h100-sxm", "--profiles"])
+        .arg(&profiles)
+        .arg("-o")
+        .arg(&planned)
+        .arg(data("offline.toml"))
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "not profiled: `lidar` (kernel:triad:1GiB, batch 1, fp32, green): no profile of 40 \
+             SMs in"
+        ) && err.contains(
+            "(NVIDIA H100 80GB HBM3, driver 580.159.04); it has 32 SMs, 48 SMs, 64 SMs, 128 SMs"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("best partial plan: camera 40 SMs"), "{err}");
+    assert!(
+        err.contains("measure the missing profiles on a h100-sxm")
+            && err.contains("--export-profiles DIR"),
+        "{err}"
+    );
+    assert!(!planned.exists(), "no plan, no file");
+
+    // A folder without the device model, and a driver it does not have: exit 2, by name.
+    let o = offline(
+        &["--device-model", "a100-40gb"],
+        &data("offline.toml"),
+        &data("profiles"),
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("has no profiles measured on a100-40gb (found: "),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = offline(
+        &["--device-model", "h100-sxm", "--driver", "1.0"],
+        &data("offline.toml"),
+        &data("profiles"),
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("drivers found: 580.159.04"));
+    let o = offline(
+        &["--device-model", "b200"],
+        &data("offline.toml"),
+        &data("profiles"),
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("allowed: h100-sxm, h200"));
+}
+
+#[test]
+fn mig_instances_that_do_not_fit_together_and_mig_without_profiles_are_said() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Three workloads that each need 3g.40gb (the same model, batch and precision as camera).
+    let three = std::fs::read_to_string(data("offline.toml")).unwrap()
+        + "\n[[workload]]\nname = \"camera2\"\nmodel = \"kernel:gemm:1024\"\nrate_hz = 100\n\
+         deadline_ms = 2\nduration_s = 10\n";
+    let s = scenario(tmp.path(), "three.toml", &three);
+    let o = offline(
+        &["--device-model", "h100-sxm", "--mechanism", "mig"],
+        &s,
+        &data("profiles"),
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "together they need 9 compute slices of 7 compute slices (camera 3g.40gb, lidar \
+             3g.40gb, camera2 3g.40gb)"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "best partial plan: camera 3g.40gb at memory slice 0, lidar 3g.40gb at memory slice 4"
+        ),
+        "{err}"
+    );
+
+    // Without MIG profiles, --mechanism all says why MIG is left out.
+    let profiles = copy_profiles(tmp.path());
+    for f in walk(&profiles) {
+        if f.to_string_lossy().contains("-mig-") {
+            std::fs::remove_file(f).unwrap();
+        }
+    }
+    let o = offline(
+        &["--device-model", "h100-sxm", "--mechanism", "all"],
+        &data("offline.toml"),
+        &profiles,
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains(
+            "mig: skipped: no MIG profiles of `camera` (kernel:gemm:1024, batch 1, fp32, mig) in"
+        ) && !err.contains("mig: planned"),
+        "{err}"
+    );
+}
+
+#[test]
+fn device_memory_is_checked_together() {
+    let tmp = tempfile::tempdir().unwrap();
+    let profiles = copy_profiles(tmp.path());
+    // Two 40 GiB triads: each fits the H100's 81559 MiB, together they do not.
+    for sms in (8..=128).step_by(8) {
+        let file = format!("kernel_triad_40GiB-b1-fp32-green-{sms}.json");
+        write_profile(&profiles, &file, 0.2, 150.0, sms as f64);
+    }
+    let big = std::fs::read_to_string(data("offline.toml"))
+        .unwrap()
+        .replace("kernel:gemm:1024", "kernel:triad:40GiB")
+        .replace("kernel:triad:1GiB", "kernel:triad:40GiB");
+    let s = scenario(tmp.path(), "big.toml", &big);
+    let o = offline(&["--device-model", "h100-sxm"], &s, &profiles);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("together they need about")
+            && err.contains("MiB of device memory, the device has 81559 MiB (camera"),
+        "{err}"
+    );
+    assert!(err.contains("best partial plan: camera"), "{err}");
+}
+
+#[test]
+fn the_profiles_a_plan_used_are_exported_and_plan_the_same_elsewhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exported = tmp.path().join("exported");
+    let first = isolane()
+        .args([
+            "plan",
+            "--auto",
+            "--device-model",
+            "h100-sxm",
+            "--mechanism",
+            "green",
+        ])
+        .arg("--profiles")
+        .arg(data("profiles"))
+        .arg("--export-profiles")
+        .arg(&exported)
+        .arg(data("offline.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert!(text(&first.stderr).contains("exported 10 profiles to"));
+    let files = walk(&exported);
+    assert_eq!(
+        files.len(),
+        11,
+        "10 green profiles and device.json: {files:?}"
+    );
+    assert!(files.iter().all(|f| {
+        let n = f.file_name().unwrap().to_string_lossy();
+        n == "device.json" || n.contains("-green-")
+    }));
+    let again = offline(
+        &["--device-model", "h100-sxm", "--mechanism", "green"],
+        &data("offline.toml"),
+        &exported,
+    );
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    assert_eq!(text(&again.stdout), text(&first.stdout));
+}
