@@ -176,7 +176,7 @@ fn calibrated(demands: &[Demand], choices: &[Choice], summary: &RunSummary) -> V
 }
 
 /// Which learned stretch workload `i` of `s` has: beside the scenario's other workloads.
-fn stretch_key(s: &Scenario, i: usize, mech: Mechanism, device: &str) -> StretchKey {
+fn stretch_key(s: &Scenario, i: usize, mech: Mechanism, device: &DeviceRecord) -> StretchKey {
     let id = |w: &WorkloadSpec| {
         format!(
             "{}-b{}-{}",
@@ -186,7 +186,8 @@ fn stretch_key(s: &Scenario, i: usize, mech: Mechanism, device: &str) -> Stretch
         )
     };
     StretchKey {
-        device: device.to_string(),
+        gpu: device.gpu.clone(),
+        driver: device.driver.clone(),
         mechanism: mech_name(mech).into(),
         workload: id(&s.workloads[i]),
         neighbours: (s.workloads.iter().enumerate())
@@ -202,7 +203,7 @@ fn with_learned(
     s: &Scenario,
     demands: &[Demand],
     mech: Mechanism,
-    device: &str,
+    device: &DeviceRecord,
     learned: &LearnedStretch,
 ) -> Vec<Demand> {
     demands
@@ -235,7 +236,7 @@ fn learn(
     choices: &[Choice],
     summary: &RunSummary,
     mech: Mechanism,
-    device: &str,
+    device: &DeviceRecord,
     learned: &LearnedStretch,
 ) {
     for (i, c) in choices.iter().enumerate() {
@@ -422,12 +423,11 @@ impl Target {
 
     /// Where stretches measured by verification runs are kept, and the device they are for:
     /// the cache of this machine's device (an offline plan verifies nothing).
-    fn learned(&self) -> Option<(String, LearnedStretch)> {
+    fn learned(&self) -> Option<(DeviceRecord, LearnedStretch)> {
         match self {
-            Target::Here { cache, record, .. } => Some((
-                format!("{} {}", record.gpu, record.driver),
-                LearnedStretch::new(cache.dir()),
-            )),
+            Target::Here { cache, record, .. } => {
+                Some((record.clone(), LearnedStretch::new(cache.dir())))
+            }
             Target::Offline { .. } => None,
         }
     }

@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 /// Which stretch: one workload beside a set of others, on one device and mechanism.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StretchKey {
-    /// As in [`crate::cache::ProfileKey`]: GPU name and driver.
-    pub device: String,
+    /// As in [`crate::cache::ProfileKey`]: the GPU's name and its driver.
+    pub gpu: String,
+    pub driver: String,
     pub mechanism: String,
     /// The workload: model id, batch and precision (`resnet50-b16-fp16`).
     pub workload: String,
@@ -23,7 +24,8 @@ pub struct StretchKey {
 /// What is stored: the key in words (so a user can read the folder) and the stretch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Entry {
-    device: String,
+    gpu: String,
+    driver: String,
     mechanism: String,
     workload: String,
     neighbours: Vec<String>,
@@ -52,15 +54,17 @@ impl StretchKey {
         // The neighbour set goes into the name as a CRC-32: six ONNX names would not fit.
         let set = crc32fast::hash(self.sorted_neighbours().join("\n").as_bytes());
         format!(
-            "{}/stretch/{}/{}--beside-{set:08x}.json",
-            clean(&self.device),
+            "{}/{}/stretch/{}/{}--beside-{set:08x}.json",
+            clean(&self.gpu),
+            clean(&self.driver),
             clean(&self.mechanism),
             clean(&self.workload)
         )
     }
 }
 
-/// Learned stretches, kept in the profile cache's folder.
+/// Learned stretches, kept in the profile cache's folder beside the profiles of the same GPU
+/// and driver (`<gpu>/<driver>/stretch/<mechanism>/`).
 #[derive(Debug, Clone)]
 pub struct LearnedStretch {
     dir: PathBuf,
@@ -77,7 +81,8 @@ impl LearnedStretch {
     pub fn get(&self, key: &StretchKey) -> Option<f64> {
         let text = std::fs::read_to_string(self.dir.join(key.file_name())).ok()?;
         let e: Entry = serde_json::from_str(&text).ok()?;
-        let same = e.device == key.device
+        let same = e.gpu == key.gpu
+            && e.driver == key.driver
             && e.mechanism == key.mechanism
             && e.workload == key.workload
             && e.neighbours == key.sorted_neighbours();
@@ -88,7 +93,8 @@ impl LearnedStretch {
     pub fn put(&self, key: &StretchKey, stretch: f64) -> std::io::Result<()> {
         let path = self.dir.join(key.file_name());
         let e = Entry {
-            device: key.device.clone(),
+            gpu: key.gpu.clone(),
+            driver: key.driver.clone(),
             mechanism: key.mechanism.clone(),
             workload: key.workload.clone(),
             neighbours: key.sorted_neighbours(),
@@ -108,7 +114,8 @@ mod tests {
 
     fn key(neighbours: &[&str]) -> StretchKey {
         StretchKey {
-            device: "NVIDIA H100 80GB HBM3 580.159.04".into(),
+            gpu: "NVIDIA H100 80GB HBM3".into(),
+            driver: "580.159.04".into(),
             mechanism: "green".into(),
             workload: "resnet50-b16-fp16".into(),
             neighbours: neighbours.iter().map(|s| s.to_string()).collect(),
