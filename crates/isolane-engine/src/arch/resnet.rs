@@ -78,33 +78,21 @@ fn basic(
     downsample: bool,
     gamma: f32,
 ) -> Result<ValueId> {
-    let mut y = b.conv(
-        x,
-        &format!("{name}.conv1"),
-        inplanes,
-        planes,
-        3,
+    let first = Conv {
+        cin: inplanes,
+        cout: planes,
+        k: 3,
         stride,
-        1,
-        1,
-        1,
-        false,
-    )?;
-    y = b.bn(y, &format!("{name}.bn1"), planes, BN_EPS, 1.0)?;
+        dilation: 1,
+    };
+    let mut y = conv_bn(b, x, name, 1, first, 1.0)?;
     y = b.act(y, &format!("{name}.relu1"), Unary::Relu)?;
-    y = b.conv(
-        y,
-        &format!("{name}.conv2"),
-        planes,
-        planes,
-        3,
-        1,
-        1,
-        1,
-        1,
-        false,
-    )?;
-    y = b.bn(y, &format!("{name}.bn2"), planes, BN_EPS, gamma)?;
+    let second = Conv {
+        cin: planes,
+        stride: 1,
+        ..first
+    };
+    y = conv_bn(b, y, name, 2, second, gamma)?;
     let identity = shortcut(b, x, name, inplanes, planes, stride, downsample)?;
     let s = b.add(&format!("{name}.add"), y, identity)?;
     b.act(s, &format!("{name}.relu2"), Unary::Relu)
@@ -123,50 +111,55 @@ fn bottleneck(
     gamma: f32,
 ) -> Result<ValueId> {
     let width = planes;
-    let mut y = b.conv(
-        x,
-        &format!("{name}.conv1"),
-        inplanes,
-        width,
-        1,
-        1,
-        0,
-        1,
-        1,
-        false,
-    )?;
-    y = b.bn(y, &format!("{name}.bn1"), width, BN_EPS, 1.0)?;
+    let conv1x1 = |cin, cout| Conv {
+        cin,
+        cout,
+        k: 1,
+        stride: 1,
+        dilation: 1,
+    };
+    let mut y = conv_bn(b, x, name, 1, conv1x1(inplanes, width), 1.0)?;
     y = b.act(y, &format!("{name}.relu1"), Unary::Relu)?;
-    y = b.conv(
-        y,
-        &format!("{name}.conv2"),
-        width,
-        width,
-        3,
+    let middle = Conv {
+        k: 3,
         stride,
         dilation,
-        dilation,
-        1,
-        false,
-    )?;
-    y = b.bn(y, &format!("{name}.bn2"), width, BN_EPS, 1.0)?;
+        ..conv1x1(width, width)
+    };
+    y = conv_bn(b, y, name, 2, middle, 1.0)?;
     y = b.act(y, &format!("{name}.relu2"), Unary::Relu)?;
-    y = b.conv(
-        y,
-        &format!("{name}.conv3"),
-        width,
-        planes * 4,
-        1,
-        1,
-        0,
-        1,
-        1,
-        false,
-    )?;
-    y = b.bn(y, &format!("{name}.bn3"), planes * 4, BN_EPS, gamma)?;
+    y = conv_bn(b, y, name, 3, conv1x1(width, planes * 4), gamma)?;
     let identity = shortcut(b, x, name, inplanes, planes * 4, stride, downsample)?;
     let s = b.add(&format!("{name}.add"), y, identity)?;
     b.act(s, &format!("{name}.relu3"), Unary::Relu)
+}
+
+/// A bias-free `k × k` convolution in a block, padded to keep the size at stride 1.
+#[derive(Clone, Copy)]
+struct Conv {
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    dilation: usize,
+}
+
+/// Layer `i` of block `name`: the convolution `{name}.conv{i}` then `{name}.bn{i}` (its
+/// synthetic scale `gamma`).
+fn conv_bn(
+    b: &mut Builder,
+    x: ValueId,
+    name: &str,
+    i: usize,
+    c: Conv,
+    gamma: f32,
+) -> Result<ValueId> {
+    let pad = c.dilation * (c.k - 1) / 2;
+    let conv = format!("{name}.conv{i}");
+    let y = b.conv(
+        x, &conv, c.cin, c.cout, c.k, c.stride, pad, c.dilation, 1, false,
+    )?;
+    b.bn(y, &format!("{name}.bn{i}"), c.cout, BN_EPS, gamma)
 }
 
 fn shortcut(

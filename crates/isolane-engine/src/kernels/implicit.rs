@@ -16,6 +16,7 @@
 //! the output. Filling per task needs no barrier between filling and multiplying, and each core
 //! reads planes it wrote itself, from its own L2.
 
+use super::math::SharedMut;
 use super::packed::{copy_epilogue, BRows, Epi, Isa, PackedA};
 use crate::ir::Unary;
 use rayon::prelude::*;
@@ -306,7 +307,7 @@ impl Implicit {
         // Scratch blocks are per thread of the configured pool; in any other pool (not the
         // case in a compiled model) run on this thread alone, in block 0.
         let par = threads == cfg.threads && threads > 1;
-        let (scratch, out) = (Shared(scratch), Shared(out));
+        let (scratch, out) = (SharedMut(scratch), SharedMut(out));
         let nplanes = self.py * self.px * self.c;
         let tasks = self.n * t.tiles * t.mchunks;
         let task = |ti: usize| {
@@ -369,20 +370,5 @@ impl Implicit {
         } else {
             (0..tasks).for_each(task);
         }
-    }
-}
-
-/// A raw pointer shared by tasks that touch disjoint parts of what it points to.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32);
-// SAFETY: used only by tasks writing disjoint ranges (see `run`).
-unsafe impl Send for Shared {}
-// SAFETY: as above.
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    // A method (not field access) so closures capture the Send/Sync wrapper, not the pointer.
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }

@@ -6,6 +6,7 @@
 
 use rayon::prelude::*;
 
+use super::math::SharedMut;
 use super::packed::{gemm_packed, pack_a, packed_len, BRows, Epi, Isa, PANEL};
 use crate::ir::Unary;
 
@@ -149,7 +150,7 @@ pub(crate) unsafe fn gemm(
             1
         };
         let cw = n.div_ceil(PANEL).div_ceil(chunks) * PANEL;
-        let (c, bp) = (SendPtr(out.c), SendPtr(bp as *mut f32));
+        let (c, bp) = (SharedMut(out.c), SharedMut(bp as *mut f32));
         let task = |ci: usize| {
             let (j0, j1) = (ci * cw, ((ci + 1) * cw).min(n));
             // One panel (or, row-major, one row segment) at a time.
@@ -212,8 +213,8 @@ pub(crate) unsafe fn gemm(
     };
     let cw = cblocks.div_ceil(cc) * 48;
     let pw = panels.div_ceil(pc);
-    let c = SendPtr(out.c);
-    let ap = SendPtr(ap as *mut f32);
+    let c = SharedMut(out.c);
+    let ap = SharedMut(ap as *mut f32);
     let task = |t: usize| {
         let (ci, pi) = (t / pc, t % pc);
         let (j0, p0) = (ci * cw, pi * pw);
@@ -343,20 +344,5 @@ unsafe fn gemv_body(
             }
             super::math::apply_act(out.act, row);
         }
-    }
-}
-
-/// A raw pointer shared by tasks that touch disjoint parts of what it points to.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only by tasks writing disjoint blocks (see `gemm`).
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    // A method (not field access) so closures capture the Send/Sync wrapper, not the pointer.
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }
