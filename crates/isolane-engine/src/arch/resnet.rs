@@ -1,7 +1,7 @@
 //! torchvision ResNet (v1.5: the stride sits on the 3×3 conv of a bottleneck), and the
 //! dilated ResNet-50 backbone that FCN uses (`replace_stride_with_dilation=[False, True, True]`).
 
-use super::Builder;
+use super::{Builder, SameConv};
 use crate::error::Result;
 use crate::ir::{Op, Unary, ValueId};
 
@@ -25,8 +25,8 @@ pub(crate) fn body(b: &mut Builder, x: ValueId, cfg: &ResNetBody) -> Result<Valu
     // variance added by the branches sums to O(1) instead of doubling per block.
     let total: usize = cfg.layers.iter().sum();
     let branch_gamma = 1.0 / (total as f32).sqrt();
-    let mut x = b.conv(x, &format!("{p}conv1"), 3, 64, 7, 2, 3, 1, 1, false)?;
-    x = b.bn(x, &format!("{p}bn1"), 64, BN_EPS, 1.0)?;
+    let (conv, bn) = (format!("{p}conv1"), format!("{p}bn1"));
+    let mut x = b.conv_bn(x, [&conv, &bn], SameConv::new(3, 64, 7, 2), BN_EPS, 1.0)?;
     x = b.act(x, &format!("{p}relu"), Unary::Relu)?;
     x = b.max_pool(x, &format!("{p}maxpool"), 3, 2, 1)?;
     let mut inplanes = 64;
@@ -78,21 +78,16 @@ fn basic(
     downsample: bool,
     gamma: f32,
 ) -> Result<ValueId> {
-    let first = Conv {
-        cin: inplanes,
-        cout: planes,
-        k: 3,
-        stride,
-        dilation: 1,
-    };
-    let mut y = conv_bn(b, x, name, 1, first, 1.0)?;
+    let mut y = conv_bn(
+        b,
+        x,
+        name,
+        1,
+        SameConv::new(inplanes, planes, 3, stride),
+        1.0,
+    )?;
     y = b.act(y, &format!("{name}.relu1"), Unary::Relu)?;
-    let second = Conv {
-        cin: planes,
-        stride: 1,
-        ..first
-    };
-    y = conv_bn(b, y, name, 2, second, gamma)?;
+    y = conv_bn(b, y, name, 2, SameConv::new(planes, planes, 3, 1), gamma)?;
     let identity = shortcut(b, x, name, inplanes, planes, stride, downsample)?;
     let s = b.add(&format!("{name}.add"), y, identity)?;
     b.act(s, &format!("{name}.relu2"), Unary::Relu)
@@ -111,37 +106,18 @@ fn bottleneck(
     gamma: f32,
 ) -> Result<ValueId> {
     let width = planes;
-    let conv1x1 = |cin, cout| Conv {
-        cin,
-        cout,
-        k: 1,
-        stride: 1,
-        dilation: 1,
-    };
-    let mut y = conv_bn(b, x, name, 1, conv1x1(inplanes, width), 1.0)?;
+    let mut y = conv_bn(b, x, name, 1, SameConv::new(inplanes, width, 1, 1), 1.0)?;
     y = b.act(y, &format!("{name}.relu1"), Unary::Relu)?;
-    let middle = Conv {
-        k: 3,
-        stride,
+    let middle = SameConv {
         dilation,
-        ..conv1x1(width, width)
+        ..SameConv::new(width, width, 3, stride)
     };
     y = conv_bn(b, y, name, 2, middle, 1.0)?;
     y = b.act(y, &format!("{name}.relu2"), Unary::Relu)?;
-    y = conv_bn(b, y, name, 3, conv1x1(width, planes * 4), gamma)?;
+    y = conv_bn(b, y, name, 3, SameConv::new(width, planes * 4, 1, 1), gamma)?;
     let identity = shortcut(b, x, name, inplanes, planes * 4, stride, downsample)?;
     let s = b.add(&format!("{name}.add"), y, identity)?;
     b.act(s, &format!("{name}.relu3"), Unary::Relu)
-}
-
-/// A bias-free `k × k` convolution in a block, padded to keep the size at stride 1.
-#[derive(Clone, Copy)]
-struct Conv {
-    cin: usize,
-    cout: usize,
-    k: usize,
-    stride: usize,
-    dilation: usize,
 }
 
 /// Layer `i` of block `name`: the convolution `{name}.conv{i}` then `{name}.bn{i}` (its
@@ -151,15 +127,11 @@ fn conv_bn(
     x: ValueId,
     name: &str,
     i: usize,
-    c: Conv,
+    c: SameConv,
     gamma: f32,
 ) -> Result<ValueId> {
-    let pad = c.dilation * (c.k - 1) / 2;
-    let conv = format!("{name}.conv{i}");
-    let y = b.conv(
-        x, &conv, c.cin, c.cout, c.k, c.stride, pad, c.dilation, 1, false,
-    )?;
-    b.bn(y, &format!("{name}.bn{i}"), c.cout, BN_EPS, gamma)
+    let (conv, bn) = (format!("{name}.conv{i}"), format!("{name}.bn{i}"));
+    b.conv_bn(x, [&conv, &bn], c, BN_EPS, gamma)
 }
 
 fn shortcut(
@@ -174,19 +146,12 @@ fn shortcut(
     if !downsample {
         return Ok(x);
     }
-    let d = b.conv(
-        x,
-        &format!("{name}.downsample.0"),
-        cin,
-        cout,
-        1,
-        stride,
-        0,
-        1,
-        1,
-        false,
-    )?;
-    b.bn(d, &format!("{name}.downsample.1"), cout, BN_EPS, 1.0)
+    let (conv, bn) = (
+        format!("{name}.downsample.0"),
+        format!("{name}.downsample.1"),
+    );
+    let c = SameConv::new(cin, cout, 1, stride);
+    b.conv_bn(x, [&conv, &bn], c, BN_EPS, 1.0)
 }
 
 fn classifier(b: &mut Builder, layers: [usize; 4], bottleneck: bool) -> Result<()> {

@@ -150,7 +150,15 @@ pub(crate) unsafe fn gemm(
             1
         };
         let cw = n.div_ceil(PANEL).div_ceil(chunks) * PANEL;
-        let (c, bp) = (SharedMut(out.c), SharedMut(bp as *mut f32));
+        let bp = SharedMut(bp as *mut f32);
+        let rows = Gemv {
+            m,
+            k,
+            a,
+            ldb,
+            alpha,
+            out,
+        };
         let task = |ci: usize| {
             let (j0, j1) = (ci * cw, ((ci + 1) * cw).min(n));
             // One panel (or, row-major, one row segment) at a time.
@@ -169,7 +177,7 @@ pub(crate) unsafe fn gemm(
                 };
                 // SAFETY: columns j..je of C are this task's alone; B's rows have them at
                 // `first + r·ldb`.
-                unsafe { gemv(isa, m, k, a, first, ldb, alpha, out, c.get(), j, je) };
+                unsafe { gemv(isa, rows, first, j, je) };
                 j = je;
             }
         };
@@ -264,68 +272,51 @@ pub(crate) unsafe fn gemm(
 /// Rows up to which a product is computed as row × matrix products.
 const GEMV_ROWS: usize = 2;
 
-/// Columns `j0..j1` of `C (+)= alpha·A·B` for a few rows of A, then the column bias and
-/// activation; `b` points at B's element `(0, j0)`, and rows are `ldb` apart.
-///
-/// # Safety
-/// As for [`gemm`]; `c` is `out.c`; columns `j0..j1` of C are the caller's alone.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemv(
-    isa: Isa,
+/// A product of a few rows of A (at most [`GEMV_ROWS`]): `C (+)= alpha·A·B` into
+/// `out`, then its column bias and activation; B's rows are `ldb` apart.
+#[derive(Clone, Copy)]
+struct Gemv<'a> {
     m: usize,
     k: usize,
     a: Mat,
-    b: *const f32,
     ldb: usize,
     alpha: f32,
-    out: Out,
-    c: *mut f32,
-    j0: usize,
-    j1: usize,
-) {
+    out: Out<'a>,
+}
+
+/// Columns `j0..j1` of the product `g`; `b` points at B's element `(0, j0)`.
+///
+/// # Safety
+/// As for [`gemm`]; columns `j0..j1` of C are the caller's alone.
+unsafe fn gemv(isa: Isa, g: Gemv, b: *const f32, j0: usize, j1: usize) {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Portable {
         // SAFETY: AVX2 and FMA were detected (every ISA but Portable implies them).
-        return unsafe { gemv_avx2(m, k, a, b, ldb, alpha, out, c, j0, j1) };
+        return unsafe { gemv_avx2(g, b, j0, j1) };
     }
     let _ = isa;
     // SAFETY: forwarded.
-    unsafe { gemv_body(m, k, a, b, ldb, alpha, out, c, j0, j1) }
+    unsafe { gemv_body(g, b, j0, j1) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemv_avx2(
-    m: usize,
-    k: usize,
-    a: Mat,
-    b: *const f32,
-    ldb: usize,
-    alpha: f32,
-    out: Out,
-    c: *mut f32,
-    j0: usize,
-    j1: usize,
-) {
+unsafe fn gemv_avx2(g: Gemv, b: *const f32, j0: usize, j1: usize) {
     // SAFETY: forwarded; compiled here with AVX2 so that the row loops vectorise to 256 bits.
-    unsafe { gemv_body(m, k, a, b, ldb, alpha, out, c, j0, j1) }
+    unsafe { gemv_body(g, b, j0, j1) }
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemv_body(
-    m: usize,
-    k: usize,
-    a: Mat,
-    b: *const f32,
-    ldb: usize,
-    alpha: f32,
-    out: Out,
-    c: *mut f32,
-    j0: usize,
-    j1: usize,
-) {
+unsafe fn gemv_body(g: Gemv, b: *const f32, j0: usize, j1: usize) {
+    let Gemv {
+        m,
+        k,
+        a,
+        ldb,
+        alpha,
+        out,
+    } = g;
+    let c = out.c;
     let w = j1 - j0;
     // SAFETY: (the whole body) rows < m ≤ GEMV_ROWS of C and A, rows < k of B, columns j0..j1.
     unsafe {

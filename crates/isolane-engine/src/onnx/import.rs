@@ -1434,13 +1434,8 @@ impl<'m> Importer<'m> {
                 data.kind()
             )));
         };
-        let idx = syms_static(c, &indices, "indices")?;
-        let ishape = static_shape(&indices);
-        let q = ishape.last().copied().unwrap_or(0);
         let dshape = &data.shape;
-        if q == 0 || q > dshape.len() {
-            return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
-        }
+        let (idx, ishape, q) = nd_indices(c, &indices, dshape)?;
         let slice: usize = dshape[q..].iter().product();
         let mut out = Vec::with_capacity(idx.len() / q * slice);
         for tuple in idx.chunks_exact(q) {
@@ -1467,13 +1462,8 @@ impl<'m> Importer<'m> {
                 updates.kind()
             )));
         };
-        let idx = syms_static(c, &indices, "indices")?;
-        let ishape = static_shape(&indices);
-        let q = ishape.last().copied().unwrap_or(0);
         let dshape = &data.shape;
-        if q == 0 || q > dshape.len() {
-            return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
-        }
+        let (idx, ishape, q) = nd_indices(c, &indices, dshape)?;
         let slice: usize = dshape[q..].iter().product();
         let n = idx.len() / q;
         if updates.data.len() != n * slice {
@@ -2346,6 +2336,19 @@ impl<'m> Importer<'m> {
 
 /// The C-order offset (in units of the trailing slice) of an index tuple into the leading dims
 /// of `shape` (negative indices count from the end), for GatherND and ScatterND.
+/// GatherND's and ScatterND's `indices` (known at import) for data of shape `dshape`: their
+/// values, their shape, and `q`, the length of the index tuples along their last axis
+/// (1 to the rank of the data).
+fn nd_indices(c: &Ctx, indices: &Val, dshape: &[usize]) -> Result<(Vec<i64>, Vec<usize>, usize)> {
+    let idx = syms_static(c, indices, "indices")?;
+    let ishape = static_shape(indices);
+    let q = ishape.last().copied().unwrap_or(0);
+    if q == 0 || q > dshape.len() {
+        return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
+    }
+    Ok((idx, ishape, q))
+}
+
 fn nd_offset(c: &Ctx, tuple: &[i64], shape: &[usize]) -> Result<usize> {
     let mut offset = 0usize;
     for (d, &i) in tuple.iter().enumerate() {
