@@ -1526,23 +1526,15 @@ fn matmul_descriptors(
         lt::cublasLtMatmulDescCreate(&mut desc, compute, lt::cudaDataType::CUDA_R_32F)
     })?;
     let (mm, n, k) = (key.m, key.n, key.k);
-    let op_t: i32 = 1;
     let op_n: i32 = 0;
-    let a = if key.b_trans {
-        set_attr(
-            desc,
-            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            &op_t,
-        )?;
-        layout(dt, k, n, key.ldb, key.batch, key.sb)?
-    } else {
-        set_attr(
-            desc,
-            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            &op_n,
-        )?;
-        layout(dt, n, k, key.ldb, key.batch, key.sb)?
-    };
+    // cuBLASLt's A is our B operand (see `mm_index`), transposed when `b_trans`.
+    let (op_a, a_rows, a_cols): (i32, _, _) = if key.b_trans { (1, k, n) } else { (0, n, k) };
+    set_attr(
+        desc,
+        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+        &op_a,
+    )?;
+    let a = layout(dt, a_rows, a_cols, key.ldb, key.batch, key.sb)?;
     set_attr(
         desc,
         lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
