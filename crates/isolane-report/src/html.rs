@@ -93,27 +93,18 @@ pub fn render(dirs: &[ResultsDir], title: &str) -> Result<String, String> {
         body: String::new(),
         figures: 0,
     };
-    let maxrates: Vec<&MaxrateDir> = dirs
-        .iter()
-        .filter_map(|d| match d {
-            ResultsDir::Maxrate(m) => Some(m),
-            _ => None,
-        })
-        .collect();
-    let runs: Vec<&RunDir> = dirs
-        .iter()
-        .filter_map(|d| match d {
-            ResultsDir::Run(r) => Some(r.as_ref()),
-            _ => None,
-        })
-        .collect();
-    let sweeps: Vec<&SweepDir> = dirs
-        .iter()
-        .filter_map(|d| match d {
-            ResultsDir::Sweep(s) => Some(s),
-            _ => None,
-        })
-        .collect();
+    // Each kind's folders, in the order given (interference folders are drawn one by one).
+    let mut maxrates: Vec<&MaxrateDir> = Vec::new();
+    let mut runs: Vec<&RunDir> = Vec::new();
+    let mut sweeps: Vec<&SweepDir> = Vec::new();
+    for d in dirs {
+        match d {
+            ResultsDir::Maxrate(m) => maxrates.push(m),
+            ResultsDir::Run(r) => runs.push(r),
+            ResultsDir::Sweep(s) => sweeps.push(s),
+            ResultsDir::Interference(_) => {}
+        }
+    }
 
     maxrate_section(&mut page, &maxrates);
     criticality_section(&mut page, &runs);
