@@ -1663,44 +1663,52 @@ fn binary_kernel(b: &BinaryK, io: &Io) {
     }
     let last = b.out_shape[r - 1].max(1);
     let (sa, sb) = (b.a_st[r - 1], b.b_st[r - 1]);
+    par_rows(out, last, |mut row, orow| {
+        let (mut oa, mut obb) = (0usize, 0usize);
+        for d in (0..r - 1).rev() {
+            let i = row % b.out_shape[d];
+            row /= b.out_shape[d];
+            oa += i * b.a_st[d];
+            obb += i * b.b_st[d];
+        }
+        match (sa, sb) {
+            (1, 1) => {
+                let (ar, br) = (&x[oa..oa + last], &y[obb..obb + last]);
+                for i in 0..last {
+                    orow[i] = binary(op, ar[i], br[i]);
+                }
+            }
+            (1, 0) => {
+                let (ar, bv) = (&x[oa..oa + last], y[obb]);
+                for i in 0..last {
+                    orow[i] = binary(op, ar[i], bv);
+                }
+            }
+            (0, 1) => {
+                let (av, br) = (x[oa], &y[obb..obb + last]);
+                for i in 0..last {
+                    orow[i] = binary(op, av, br[i]);
+                }
+            }
+            _ => {
+                for (i, o) in orow.iter_mut().enumerate() {
+                    *o = binary(op, x[oa + i * sa], y[obb + i * sb]);
+                }
+            }
+        }
+    });
+}
+
+/// Calls `f(row, out_row)` for every row of `last` elements of `out` (`last` ≥ 1), rows
+/// taken in parallel blocks of about [`CHUNK`] elements.
+#[inline(always)]
+fn par_rows(out: &mut [f32], last: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     let rows_per = (CHUNK / last).max(1);
     out.par_chunks_mut(rows_per * last)
         .enumerate()
         .for_each(|(blk, ob)| {
             for (j, orow) in ob.chunks_mut(last).enumerate() {
-                let mut row = blk * rows_per + j;
-                let (mut oa, mut obb) = (0usize, 0usize);
-                for d in (0..r - 1).rev() {
-                    let i = row % b.out_shape[d];
-                    row /= b.out_shape[d];
-                    oa += i * b.a_st[d];
-                    obb += i * b.b_st[d];
-                }
-                match (sa, sb) {
-                    (1, 1) => {
-                        let (ar, br) = (&x[oa..oa + last], &y[obb..obb + last]);
-                        for i in 0..last {
-                            orow[i] = binary(op, ar[i], br[i]);
-                        }
-                    }
-                    (1, 0) => {
-                        let (ar, bv) = (&x[oa..oa + last], y[obb]);
-                        for i in 0..last {
-                            orow[i] = binary(op, ar[i], bv);
-                        }
-                    }
-                    (0, 1) => {
-                        let (av, br) = (x[oa], &y[obb..obb + last]);
-                        for i in 0..last {
-                            orow[i] = binary(op, av, br[i]);
-                        }
-                    }
-                    _ => {
-                        for (i, o) in orow.iter_mut().enumerate() {
-                            *o = binary(op, x[oa + i * sa], y[obb + i * sb]);
-                        }
-                    }
-                }
+                f(blk * rows_per + j, orow);
             }
         });
 }
@@ -1719,28 +1727,22 @@ fn strided(s: &StridedK, io: &Io) {
         return;
     }
     let ls = s.strides[r - 1];
-    let rows_per = (CHUNK / last).max(1);
-    out.par_chunks_mut(rows_per * last)
-        .enumerate()
-        .for_each(|(blk, ob)| {
-            for (j, orow) in ob.chunks_mut(last).enumerate() {
-                let mut row = blk * rows_per + j;
-                let mut off = s.base;
-                for d in (0..r - 1).rev() {
-                    let i = row % s.out_shape[d];
-                    row /= s.out_shape[d];
-                    off += i as isize * s.strides[d];
-                }
-                if ls == 1 {
-                    let o = off as usize;
-                    orow.copy_from_slice(&x[o..o + last]);
-                } else {
-                    for (i, v) in orow.iter_mut().enumerate() {
-                        *v = x[(off + i as isize * ls) as usize];
-                    }
-                }
+    par_rows(out, last, |mut row, orow| {
+        let mut off = s.base;
+        for d in (0..r - 1).rev() {
+            let i = row % s.out_shape[d];
+            row /= s.out_shape[d];
+            off += i as isize * s.strides[d];
+        }
+        if ls == 1 {
+            let o = off as usize;
+            orow.copy_from_slice(&x[o..o + last]);
+        } else {
+            for (i, v) in orow.iter_mut().enumerate() {
+                *v = x[(off + i as isize * ls) as usize];
             }
-        });
+        }
+    });
 }
 
 fn softmax(io: &Io, outer: usize, dim: usize, inner: usize) {
