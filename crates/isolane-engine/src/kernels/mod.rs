@@ -759,14 +759,7 @@ impl Kernel {
                 let out = unsafe { io.out(0) };
                 let (d, eps) = (*d, *eps);
                 let _ = rows;
-                let rows_per = (CHUNK / d.max(1)).max(1);
-                out.par_chunks_mut(rows_per * d)
-                    .zip(x.par_chunks(rows_per * d))
-                    .for_each(|(ob, xb)| {
-                        for (o, xr) in ob.chunks_mut(d).zip(xb.chunks(d)) {
-                            layer_norm_row(xr, o, g, b, eps);
-                        }
-                    });
+                par_row_pairs(x, out, d, |xr, o| layer_norm_row(xr, o, g, b, eps));
             }
             Kernel::Reduce {
                 kind,
@@ -1699,6 +1692,20 @@ fn binary_kernel(b: &BinaryK, io: &Io) {
     });
 }
 
+/// Calls `f(x_row, out_row)` for every row of `len` elements of `x` and `out`, rows taken in
+/// parallel blocks of about [`CHUNK`] elements.
+#[inline(always)]
+fn par_row_pairs(x: &[f32], out: &mut [f32], len: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) {
+    let rows_per = (CHUNK / len.max(1)).max(1);
+    out.par_chunks_mut(rows_per * len)
+        .zip(x.par_chunks(rows_per * len))
+        .for_each(|(ob, xb)| {
+            for (o, xr) in ob.chunks_mut(len).zip(xb.chunks(len)) {
+                f(xr, o);
+            }
+        });
+}
+
 /// Calls `f(row, out_row)` for every row of `last` elements of `out` (`last` ≥ 1), rows
 /// taken in parallel blocks of about [`CHUNK`] elements.
 #[inline(always)]
@@ -1753,21 +1760,16 @@ fn softmax(io: &Io, outer: usize, dim: usize, inner: usize) {
         return;
     }
     if inner == 1 {
-        let rows_per = (CHUNK / dim).max(1);
-        out.par_chunks_mut(rows_per * dim)
-            .zip(x.par_chunks(rows_per * dim))
-            .for_each(|(ob, xb)| {
-                for (o, xr) in ob.chunks_mut(dim).zip(xb.chunks(dim)) {
-                    let m = xr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut s = 0.0;
-                    for (o, &v) in o.iter_mut().zip(xr) {
-                        *o = exp(v - m);
-                        s += *o;
-                    }
-                    let inv = 1.0 / s;
-                    o.iter_mut().for_each(|v| *v *= inv);
-                }
-            });
+        par_row_pairs(x, out, dim, |xr, o| {
+            let m = xr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut s = 0.0;
+            for (o, &v) in o.iter_mut().zip(xr) {
+                *o = exp(v - m);
+                s += *o;
+            }
+            let inv = 1.0 / s;
+            o.iter_mut().for_each(|v| *v *= inv);
+        });
         return;
     }
     out.par_chunks_mut(dim * inner)
