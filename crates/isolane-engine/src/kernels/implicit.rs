@@ -17,7 +17,7 @@
 //! reads planes it wrote itself, from its own L2.
 
 use super::math::SharedMut;
-use super::packed::{copy_epilogue, BRows, Epi, Isa, PackedA};
+use super::packed::{copy_epilogue, BRows, CopyEpilogue, Epi, Isa, PackedA};
 use crate::ir::Unary;
 use rayon::prelude::*;
 
@@ -361,7 +361,15 @@ impl Implicit {
                     let dst = std::slice::from_raw_parts_mut(out.get().add(o), rows * self.ow);
                     let res = res.map(|rs| &rs[o..o + rows * self.ow]);
                     let b = bias.map_or(0.0, |b| b[r]);
-                    copy_epilogue(pa.isa, src, self.wv, dst, self.ow, b, res, act);
+                    let e = CopyEpilogue {
+                        src,
+                        lds: self.wv,
+                        ow: self.ow,
+                        b,
+                        res,
+                        act,
+                    };
+                    copy_epilogue(pa.isa, &e, dst);
                 }
             }
         };
