@@ -2,7 +2,43 @@
 //! (atomically) and what a workload's per-job CSV is called.
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// A file of a results folder that could not be read, or not understood: either names the
+/// file (the report, the trace and the results readers all say it the same way).
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `detail` says where in the file (a line and column, or serde_json's field and
+    /// line/column) and what is wrong.
+    #[error("{path}: {detail}")]
+    Parse { path: PathBuf, detail: String },
+}
+
+impl FileError {
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        FileError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    pub fn parse(path: &Path, detail: impl Into<String>) -> Self {
+        FileError::Parse {
+            path: path.to_path_buf(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// The text of `path`, or an error that names it.
+pub fn read_text(path: &Path) -> Result<String, FileError> {
+    std::fs::read_to_string(path).map_err(|source| FileError::io(path, source))
+}
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory (created if
 /// missing), synced, then renamed over `path`, so a reader (or a crash) never sees a

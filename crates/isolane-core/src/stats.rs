@@ -271,46 +271,41 @@ pub fn beta_reg(a: f64, b: f64, x: f64) -> f64 {
 }
 
 fn beta_cf(a: f64, b: f64, x: f64) -> f64 {
-    const TINY: f64 = 1e-300;
     let (qab, qap, qam) = (a + b, a + 1.0, a - 1.0);
     let mut c = 1.0;
-    let mut d = 1.0 - qab * x / qap;
-    if d.abs() < TINY {
-        d = TINY;
-    }
-    d = 1.0 / d;
+    let mut d = 1.0 / lentz_nonzero(1.0 - qab * x / qap);
     let mut h = d;
     for m in 1..100_000 {
         let m = m as f64;
         let m2 = 2.0 * m;
-        let aa = m * (b - m) * x / ((qam + m2) * (a + m2));
-        d = 1.0 + aa * d;
-        if d.abs() < TINY {
-            d = TINY;
-        }
-        c = 1.0 + aa / c;
-        if c.abs() < TINY {
-            c = TINY;
-        }
-        d = 1.0 / d;
-        h *= d * c;
-        let aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
-        d = 1.0 + aa * d;
-        if d.abs() < TINY {
-            d = TINY;
-        }
-        c = 1.0 + aa / c;
-        if c.abs() < TINY {
-            c = TINY;
-        }
-        d = 1.0 / d;
-        let del = d * c;
+        let even = m * (b - m) * x / ((qam + m2) * (a + m2));
+        h *= lentz_step(even, &mut c, &mut d);
+        let odd = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
+        let del = lentz_step(odd, &mut c, &mut d);
         h *= del;
         if (del - 1.0).abs() < 1e-15 {
             break;
         }
     }
     h
+}
+
+/// One step of the modified Lentz method with the fraction's coefficient `aa`: updates
+/// `c` and `d` and returns the factor the fraction's value takes.
+fn lentz_step(aa: f64, c: &mut f64, d: &mut f64) -> f64 {
+    *d = 1.0 / lentz_nonzero(1.0 + aa * *d);
+    *c = lentz_nonzero(1.0 + aa / *c);
+    *d * *c
+}
+
+/// `v`, or a tiny number in its place where it is (nearly) zero: Lentz's method divides by it.
+fn lentz_nonzero(v: f64) -> f64 {
+    const TINY: f64 = 1e-300;
+    if v.abs() < TINY {
+        TINY
+    } else {
+        v
+    }
 }
 
 fn check_confidence(confidence: f64) -> Result<(), StatsError> {

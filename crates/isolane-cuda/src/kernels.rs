@@ -313,15 +313,24 @@ __device__ __forceinline__ void out_nchw(long long i, int C, int OH, int OW, boo
     else { ow = i % OW; long long r = i / OW; oh = r % OH; r /= OH; c = r % C; n = r / C; }
 }
 
+// Output element i of a 2-D window op (pool2d, resize2d: P has n, c, oh, ow and the strides
+// xs, ys), counted as in out_nchw: its (oh, ow), its offset in y, and its input channel plane.
+template <typename P>
+__device__ __forceinline__ const T* window_out(const T* x, long long i, const P& p, int& oh, int& ow, long long& yo) {
+    int n, c;
+    out_nchw(i, p.c, p.oh, p.ow, p.ys[1] == 1, n, c, oh, ow);
+    yo = n * p.ys[0] + c * p.ys[1] + oh * p.ys[2] + ow * p.ys[3];
+    return x + n * p.xs[0] + c * p.xs[1];
+}
+
 // xs / ys: strides of x and y along (n, c, h, w): NCHW or NHWC storage alike.
 struct PoolP { int n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, max, include_pad; long long xs[4], ys[4]; };
 extern "C" __global__ void pool2d(const T* __restrict__ x, T* __restrict__ y, PoolP p) {
     long long total = (long long)p.n * p.c * p.oh * p.ow;
     GRID_STRIDE(i, total) {
-        int ow, oh, c, n;
-        out_nchw(i, p.c, p.oh, p.ow, p.ys[1] == 1, n, c, oh, ow);
-        const T* xp = x + n * p.xs[0] + c * p.xs[1];
-        long long yo = n * p.ys[0] + c * p.ys[1] + oh * p.ys[2] + ow * p.ys[3];
+        int oh, ow;
+        long long yo;
+        const T* xp = window_out(x, i, p, oh, ow, yo);
         int h0 = oh * p.sh - p.ph, w0 = ow * p.sw - p.pw;
         float acc = p.max ? -3.402823466e38f : 0.f;
         int cnt = 0;
@@ -373,10 +382,9 @@ __device__ __forceinline__ int resize_nearest(float xo, int inp, int mode) {
 extern "C" __global__ void resize2d(const T* __restrict__ x, T* __restrict__ y, ResizeP p) {
     long long total = (long long)p.n * p.c * p.oh * p.ow;
     GRID_STRIDE(i, total) {
-        int ow, oh, c, n;
-        out_nchw(i, p.c, p.oh, p.ow, p.ys[1] == 1, n, c, oh, ow);
-        const T* xp = x + n * p.xs[0] + c * p.xs[1];
-        long long yo = n * p.ys[0] + c * p.ys[1] + oh * p.ys[2] + ow * p.ys[3];
+        int oh, ow;
+        long long yo;
+        const T* xp = window_out(x, i, p, oh, ow, yo);
         float fy = resize_src(oh, p.h, p.oh, p.sh, p.coord), fx = resize_src(ow, p.w, p.ow, p.sw, p.coord);
         float v;
         if (p.linear) {
@@ -431,8 +439,7 @@ extern "C" __global__ void dwconv(const T* __restrict__ x, const T* __restrict__
     int mult = p.m / p.c;
     GRID_STRIDE(i, total) {
         int ow, oh, m, n;
-        if (p.ys[1] == 1) { m = i % p.m; long long r = i / p.m; ow = r % p.ow; r /= p.ow; oh = r % p.oh; n = r / p.oh; }
-        else { ow = i % p.ow; long long r = i / p.ow; oh = r % p.oh; r /= p.oh; m = r % p.m; n = r / p.m; }
+        out_nchw(i, p.m, p.oh, p.ow, p.ys[1] == 1, n, m, oh, ow);
         const T* xp = x + n * p.xs[0] + (m / mult) * p.xs[1];
         long long yo = n * p.ys[0] + m * p.ys[1] + oh * p.ys[2] + ow * p.ys[3];
         const T* wp = p.whwc ? wt + m : wt + (long long)m * p.kh * p.kw;

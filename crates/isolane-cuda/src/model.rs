@@ -1419,6 +1419,31 @@ struct MmKey {
     sy: usize,
 }
 
+impl MmKey {
+    /// `y[m, n] = x[m, k] · wᵀ (+ bias)`, dense and unbatched, nothing else fused.
+    fn linear(m: usize, n: usize, k: usize, bias: Option<u64>) -> MmKey {
+        MmKey {
+            m,
+            n,
+            k,
+            batch: 1,
+            sa: 0,
+            sb: 0,
+            b_trans: true,
+            linear: true,
+            bias,
+            relu: false,
+            gelu: false,
+            residual: false,
+            alpha: 1.0f32.to_bits(),
+            lda: k,
+            ldb: k,
+            ldy: n,
+            sy: m * n,
+        }
+    }
+}
+
 fn set_attr<T>(
     desc: lt::cublasLtMatmulDesc_t,
     attr: lt::cublasLtMatmulDescAttributes_t,
@@ -1501,23 +1526,15 @@ fn matmul_descriptors(
         lt::cublasLtMatmulDescCreate(&mut desc, compute, lt::cudaDataType::CUDA_R_32F)
     })?;
     let (mm, n, k) = (key.m, key.n, key.k);
-    let op_t: i32 = 1;
     let op_n: i32 = 0;
-    let a = if key.b_trans {
-        set_attr(
-            desc,
-            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            &op_t,
-        )?;
-        layout(dt, k, n, key.ldb, key.batch, key.sb)?
-    } else {
-        set_attr(
-            desc,
-            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            &op_n,
-        )?;
-        layout(dt, n, k, key.ldb, key.batch, key.sb)?
-    };
+    // cuBLASLt's A is our B operand (see `mm_index`), transposed when `b_trans`.
+    let (op_a, a_rows, a_cols): (i32, _, _) = if key.b_trans { (1, k, n) } else { (0, n, k) };
+    set_attr(
+        desc,
+        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+        &op_a,
+    )?;
+    let a = layout(dt, a_rows, a_cols, key.ldb, key.batch, key.sb)?;
     set_attr(
         desc,
         lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
@@ -1656,6 +1673,9 @@ fn mm_index(
         return Ok(m.mms.len() - 1);
     }
     // Time each candidate (a warm-up call, then the best of 5), keep the fastest.
+    let (handle, stream) = (m.cublaslt(), m.stream);
+    let run =
+        |cand: &MatmulDesc| run_matmul(handle, cand, a_ptr, b_ptr, c_ptr, y_ptr, scratch, stream);
     let mut best = (f32::INFINITY, 0usize);
     for (i, r) in results[..got as usize].iter().enumerate() {
         if r.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspace_size() > ws_cap {
@@ -1663,34 +1683,12 @@ fn mm_index(
         }
         cand.algo = r.algo;
         cand.workspace = r.workspace_size();
-        if run_matmul(
-            m.cublaslt(),
-            &cand,
-            a_ptr,
-            b_ptr,
-            c_ptr,
-            y_ptr,
-            scratch,
-            m.stream,
-        )
-        .is_err()
-        {
+        if run(&cand).is_err() {
             continue;
         }
         let mut t = f32::INFINITY;
         for _ in 0..5 {
-            let ms = events.time(m.stream, &mut || {
-                run_matmul(
-                    m.cublaslt(),
-                    &cand,
-                    a_ptr,
-                    b_ptr,
-                    c_ptr,
-                    y_ptr,
-                    scratch,
-                    m.stream,
-                )
-            })?;
+            let ms = events.time(stream, &mut || run(&cand))?;
             t = t.min(ms);
         }
         if t < best.0 {
@@ -1880,26 +1878,8 @@ fn record_step(
     };
     let es = rec.es;
     match &step.kind {
-        StepKind::CastIn { x, y, n } => m.launches.push(Launch::Kernel {
-            func: rec.func("cast_in"),
-            grid: elementwise_grid(*n),
-            block: BLOCK,
-            args: vec![
-                Arg::Ptr(rec.ptr(*x)),
-                Arg::Ptr(rec.ptr(*y)),
-                Arg::I64(*n as i64),
-            ],
-        }),
-        StepKind::CastOut { x, y, n } => m.launches.push(Launch::Kernel {
-            func: rec.func("cast_out"),
-            grid: elementwise_grid(*n),
-            block: BLOCK,
-            args: vec![
-                Arg::Ptr(rec.ptr(*x)),
-                Arg::Ptr(rec.ptr(*y)),
-                Arg::I64(*n as i64),
-            ],
-        }),
+        StepKind::CastIn { x, y, n } => m.launches.push(cast_launch(rec, "cast_in", *x, *y, *n)),
+        StepKind::CastOut { x, y, n } => m.launches.push(cast_launch(rec, "cast_out", *x, *y, *n)),
         StepKind::Conv(c) => record_conv(m, rec, caches, &err, c)?,
         StepKind::DwConv(c) => record_dw_conv(m, rec, c)?,
         StepKind::Linear(l) => record_linear(m, rec, caches, &err, l)?,
@@ -2017,6 +1997,20 @@ fn record_step(
     Ok(())
 }
 
+/// The elementwise cast of `n` values from `x` to `y` (into or out of the model's dtype).
+fn cast_launch(rec: &Recorder, kernel: &str, x: Loc, y: Loc, n: usize) -> Launch {
+    Launch::Kernel {
+        func: rec.func(kernel),
+        grid: elementwise_grid(n),
+        block: BLOCK,
+        args: vec![
+            Arg::Ptr(rec.ptr(x)),
+            Arg::Ptr(rec.ptr(y)),
+            Arg::I64(n as i64),
+        ],
+    }
+}
+
 fn record_conv(
     m: &mut CudaModel,
     rec: &Recorder,
@@ -2024,14 +2018,12 @@ fn record_conv(
     err: &dyn Fn(EngineError) -> EngineError,
     c: &ConvStep,
 ) -> Result<()> {
-    let (plan, dtype, scratch, ws_cap, events, conv_cache, mm_cache) = (
+    let (plan, dtype, scratch, ws_cap, conv_cache) = (
         rec.plan,
         rec.dtype,
         rec.scratch,
         rec.ws_cap,
-        &rec.events,
         &mut caches.conv,
-        &mut caches.mm,
     );
     // Two ways, each timed on the real buffers; the faster one is kept:
     // cuDNN (its best algorithm) + our epilogue kernel, or (NHWC, one group)
@@ -2087,28 +2079,10 @@ fn record_conv(
         let relu = matches!(c.act, Some(Unary::Relu));
         let key = conv_gemm_key(rec, c, relu);
         let res_ptr = c.residual.map_or(0, &|l| rec.ptr(l));
-        match mm_index(
-            m,
-            mm_cache,
-            key,
-            dtype,
-            plan.precision,
-            scratch,
-            ws_cap,
-            events,
-            rec.ptr(c.w),
-            b_ptr,
-            res_ptr,
-            rec.ptr(c.y),
-        ) {
-            Ok(idx) => {
-                l.push(Launch::Matmul {
-                    mm: idx,
-                    a: rec.ptr(c.w),
-                    b: b_ptr,
-                    c: res_ptr,
-                    y: rec.ptr(c.y),
-                });
+        let ptrs = [rec.ptr(c.w), b_ptr, res_ptr, rec.ptr(c.y)];
+        match matmul_launch(m, rec, &mut caches.mm, key, ptrs) {
+            Ok(launch) => {
+                l.push(launch);
                 if c.act.is_some() && !relu {
                     l.push(conv_epilogue(rec, c, false, false));
                 }
@@ -2174,10 +2148,7 @@ fn im2col_launch(rec: &Recorder, c: &ConvStep, col: Loc) -> Launch {
         c.dilations[0],
         c.dilations[1],
     ];
-    let mut vi = [0i32; 14];
-    for (d, s) in vi.iter_mut().zip(v) {
-        *d = s as i32;
-    }
+    let vi = v.map(|s| s as i32);
     Launch::Kernel {
         func: rec.func("im2col"),
         grid: elementwise_grid(n * oh * ow * kh * kw * ch),
@@ -2197,23 +2168,14 @@ fn conv_gemm_key(rec: &Recorder, c: &ConvStep, relu: bool) -> MmKey {
     let [_, _, oh, ow] = c.y_shape;
     let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
     MmKey {
-        m: n * oh * ow,
-        n: c.w_shape[0],
-        k: kh * kw * ch,
-        batch: 1,
-        sa: 0,
-        sb: 0,
-        lda: kh * kw * ch,
-        ldb: kh * kw * ch,
-        ldy: c.w_shape[0],
-        sy: n * oh * ow * c.w_shape[0],
-        b_trans: true,
-        linear: true,
-        bias: c.bias.map(&|l| rec.ptr(l)),
         relu,
-        gelu: false,
         residual: c.residual.is_some(),
-        alpha: 1.0f32.to_bits(),
+        ..MmKey::linear(
+            n * oh * ow,
+            c.w_shape[0],
+            kh * kw * ch,
+            c.bias.map(&|l| rec.ptr(l)),
+        )
     }
 }
 
@@ -2278,10 +2240,7 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
         c.dilations[1],
         0,
     ];
-    let mut vi = [0i32; 16];
-    for (d, s) in vi.iter_mut().zip(v) {
-        *d = s as i32;
-    }
+    let mut vi = v.map(|s| s as i32);
     vi[15] = a;
     let n: usize = c.y_shape.iter().product();
     // The register-window kernels: NHWC, horizontal stride and dilation 1.
@@ -2303,16 +2262,12 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
     // pair kernel; batch 64 13.1 ms vs 10.2 ms).
     let pair_ok = pair_ok && pairs >= DWC2_MIN_THREADS;
     // (7×7 only: the 3×3 pair kernel, MobileNetV2's, was not measured.)
+    // The register-window kernels: 4 outputs of a row per thread.
+    let quads = n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4);
     let (kernel, threads) = match (fast, c.w_shape[3]) {
         (true, 7) if pair_ok => ("dwconv_c2_k7", pairs),
-        (true, 3) => (
-            "dwconv_s1_k3",
-            n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
-        ),
-        (true, 7) => (
-            "dwconv_s1_k7",
-            n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4),
-        ),
+        (true, 3) => ("dwconv_s1_k3", quads),
+        (true, 7) => ("dwconv_s1_k7", quads),
         _ => ("dwconv", n),
     };
     m.launches.push(Launch::Kernel {
@@ -2357,64 +2312,24 @@ fn record_linear(
         act,
         residual,
     } = l;
-    let (plan, dtype, scratch, ws_cap, events, mm_cache) = (
-        rec.plan,
-        rec.dtype,
-        rec.scratch,
-        rec.ws_cap,
-        &rec.events,
-        &mut caches.mm,
-    );
     let relu = matches!(act, Some(Unary::Relu));
     // tf32/fp16/bf16: cuBLASLt's GELU epilogue (tanh form; it differs from
     // the exact erf GELU by < 1e-3, below those precisions' rounding here;
     // fp32 keeps the exact GELU kernel).
     let gelu = matches!(act, Some(Unary::Gelu) | Some(Unary::GeluTanh))
-        && plan.precision != Precision::Fp32
+        && rec.plan.precision != Precision::Fp32
         && bias.is_some()
         && !rec.options.exact_gelu;
     let key = MmKey {
-        m: *mm,
-        n: *n,
-        k: *k,
-        batch: 1,
-        sa: 0,
-        sb: 0,
-        lda: *k,
-        ldb: *k,
-        ldy: *n,
-        sy: *mm * *n,
-        b_trans: true,
-        linear: true,
-        bias: bias.map(&|l| rec.ptr(l)),
         relu,
         gelu,
         residual: residual.is_some(),
-        alpha: 1.0f32.to_bits(),
+        ..MmKey::linear(*mm, *n, *k, bias.map(&|l| rec.ptr(l)))
     };
     let res_ptr = residual.map_or(0, &|l| rec.ptr(l));
-    let idx = mm_index(
-        m,
-        mm_cache,
-        key,
-        dtype,
-        plan.precision,
-        scratch,
-        ws_cap,
-        events,
-        rec.ptr(*w),
-        rec.ptr(*x),
-        res_ptr,
-        rec.ptr(*y),
-    )
-    .map_err(err)?;
-    m.launches.push(Launch::Matmul {
-        mm: idx,
-        a: rec.ptr(*w),
-        b: rec.ptr(*x),
-        c: res_ptr,
-        y: rec.ptr(*y),
-    });
+    let ptrs = [rec.ptr(*w), rec.ptr(*x), res_ptr, rec.ptr(*y)];
+    let launch = matmul_launch(m, rec, &mut caches.mm, key, ptrs).map_err(err)?;
+    m.launches.push(launch);
     if act.is_some() && !relu && !gelu {
         m.launches.push(pointwise_launch(
             rec.func("pointwise"),
@@ -2456,14 +2371,6 @@ fn record_matmul(
         ldy,
         y_batch_stride,
     } = mm_step;
-    let (plan, dtype, scratch, ws_cap, events, mm_cache) = (
-        rec.plan,
-        rec.dtype,
-        rec.scratch,
-        rec.ws_cap,
-        &rec.events,
-        &mut caches.mm,
-    );
     let key = MmKey {
         m: *mm,
         n: *n,
@@ -2483,29 +2390,37 @@ fn record_matmul(
         residual: false,
         alpha: alpha.to_bits(),
     };
-    let idx = mm_index(
+    // cuBLASLt's A is our B operand (see `mm_index`).
+    let ptrs = [rec.ptr(*b), rec.ptr(*a), 0, rec.ptr(*y)];
+    let launch = matmul_launch(m, rec, &mut caches.mm, key, ptrs).map_err(err)?;
+    m.launches.push(launch);
+    Ok(())
+}
+
+/// The launch of the cuBLASLt matmul `key` on `[a, b, c, y]` (cuBLASLt's operands, see
+/// `mm_index`; `c` is 0 without a residual), its descriptor made and timed unless cached.
+fn matmul_launch(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    mm_cache: &mut Vec<(MmKey, usize)>,
+    key: MmKey,
+    [a, b, c, y]: [u64; 4],
+) -> Result<Launch> {
+    let mm = mm_index(
         m,
         mm_cache,
         key,
-        dtype,
-        plan.precision,
-        scratch,
-        ws_cap,
-        events,
-        rec.ptr(*b),
-        rec.ptr(*a),
-        0,
-        rec.ptr(*y),
-    )
-    .map_err(err)?;
-    m.launches.push(Launch::Matmul {
-        mm: idx,
-        a: rec.ptr(*b),
-        b: rec.ptr(*a),
-        c: 0,
-        y: rec.ptr(*y),
-    });
-    Ok(())
+        rec.dtype,
+        rec.plan.precision,
+        rec.scratch,
+        rec.ws_cap,
+        &rec.events,
+        a,
+        b,
+        c,
+        y,
+    )?;
+    Ok(Launch::Matmul { mm, a, b, c, y })
 }
 
 fn record_attention(
@@ -2685,10 +2600,7 @@ fn record_pool(m: &mut CudaModel, rec: &Recorder, pool: &PoolStep) {
         *max as usize,
         *count_include_pad as usize,
     ];
-    let mut vi = [0i32; 16];
-    for (d, s) in vi.iter_mut().zip(v) {
-        *d = s as i32;
-    }
+    let vi = v.map(|s| s as i32);
     let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
     m.launches.push(Launch::Kernel {
         func: rec.func("pool2d"),

@@ -349,6 +349,24 @@ pub enum StepKind {
     },
 }
 
+impl StepKind {
+    /// A [`StepKind::Pointwise`] pass over `n` values with nothing per channel: only an
+    /// optional residual added and an optional activation.
+    fn elementwise(x: Loc, y: Loc, n: usize, residual: Option<Loc>, act: Option<Unary>) -> Self {
+        StepKind::Pointwise {
+            x,
+            y,
+            scale: None,
+            bias: None,
+            residual,
+            n,
+            channels: 1,
+            inner: 1,
+            act,
+        }
+    }
+}
+
 /// One planned step: the node it came from (for messages) and what to do.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Step {
@@ -613,14 +631,8 @@ impl Planner<'_> {
                 self.touch(p);
                 return Ok(p);
             }
-            let s = self.new_storage(self.numel(v) * self.es);
-            let y = Loc::Storage { id: s, offset: 0 };
-            let shape = self.shapes[v].clone();
-            let space = Strided::coalesce(&shape, vec![contiguous_strides(&shape), st], node)?;
-            self.steps.push(Step {
-                name: format!("{node} (contiguous copy)"),
-                kind: StepKind::Copy { x: l, y, space },
-            });
+            let contiguous = contiguous_strides(&self.shapes[v]);
+            let y = self.layout_copy(v, l, node, "contiguous copy", [contiguous, st])?;
             self.plain_of[v] = Some(y);
             return Ok(y);
         }
@@ -631,18 +643,9 @@ impl Planner<'_> {
             self.touch(p);
             return Ok(p);
         }
-        let s = self.new_storage(self.numel(v) * self.es);
-        let y = Loc::Storage { id: s, offset: 0 };
-        let shape = self.shapes[v].clone();
-        let space = Strided::coalesce(
-            &shape,
-            vec![contiguous_strides(&shape), phys_strides(&shape, true)],
-            node,
-        )?;
-        self.steps.push(Step {
-            name: format!("{node} (to NCHW)"),
-            kind: StepKind::Copy { x: l, y, space },
-        });
+        let shape = &self.shapes[v];
+        let strides = [contiguous_strides(shape), phys_strides(shape, true)];
+        let y = self.layout_copy(v, l, node, "to NCHW", strides)?;
         self.plain_of[v] = Some(y);
         Ok(y)
     }
@@ -657,18 +660,25 @@ impl Planner<'_> {
             self.touch(p);
             return Ok(p);
         }
+        let strides = [phys_strides(&shape, true), contiguous_strides(&shape)];
+        let y = self.layout_copy(v, l, node, "to NHWC", strides)?;
+        self.nhwc_of[v] = Some(y);
+        Ok(y)
+    }
+    /// A copy of value `v` (at `x`) into a fresh storage, in the layout of
+    /// `[y_strides, x_strides]`; the step is named after `node` and `what`.
+    fn layout_copy(
+        &mut self,
+        v: usize,
+        x: Loc,
+        node: &str,
+        what: &str,
+        [y_strides, x_strides]: [Vec<usize>; 2],
+    ) -> Result<Loc> {
         let s = self.new_storage(self.numel(v) * self.es);
         let y = Loc::Storage { id: s, offset: 0 };
-        let space = Strided::coalesce(
-            &shape,
-            vec![phys_strides(&shape, true), contiguous_strides(&shape)],
-            node,
-        )?;
-        self.steps.push(Step {
-            name: format!("{node} (to NHWC)"),
-            kind: StepKind::Copy { x: l, y, space },
-        });
-        self.nhwc_of[v] = Some(y);
+        let space = Strided::coalesce(&self.shapes[v], vec![y_strides, x_strides], node)?;
+        self.push(&format!("{node} ({what})"), StepKind::Copy { x, y, space });
         Ok(y)
     }
     /// A fresh storage for output `v`, NHWC when asked and it makes a difference.
@@ -717,6 +727,19 @@ impl Planner<'_> {
             name: name.to_string(),
             kind,
         });
+    }
+    /// A copy of `shape` elements read from `x` at `x_strides` and written to `y` at
+    /// `y_strides` (element strides).
+    fn push_copy(
+        &mut self,
+        name: &str,
+        [x, y]: [Loc; 2],
+        shape: &[usize],
+        [y_strides, x_strides]: [Vec<usize>; 2],
+    ) -> Result<()> {
+        let space = Strided::coalesce(shape, vec![y_strides, x_strides], name)?;
+        self.push(name, StepKind::Copy { x, y, space });
+        Ok(())
     }
 }
 
@@ -1565,20 +1588,8 @@ impl Planner<'_> {
         let x = p.raw(x0, name)?;
         let keep = p.nhwc[x0];
         let y = p.output(outs[0], keep);
-        p.push(
-            name,
-            StepKind::Pointwise {
-                x,
-                y,
-                scale: None,
-                bias: None,
-                residual: None,
-                n: out_shape.iter().product(),
-                channels: 1,
-                inner: 1,
-                act: Some(*u),
-            },
-        );
+        let n = out_shape.iter().product();
+        p.push(name, StepKind::elementwise(x, y, n, None, Some(*u)));
         Ok(Lowered::Steps)
     }
 
@@ -1768,20 +1779,8 @@ impl Planner<'_> {
         if *op == Binary::Add && in_shapes[0] == in_shapes[1] && na == nb {
             // A residual add: one contiguous pass whatever the layout.
             let y = p.output(outs[0], na);
-            p.push(
-                name,
-                StepKind::Pointwise {
-                    x: a,
-                    y,
-                    scale: None,
-                    bias: None,
-                    residual: Some(b),
-                    n: out_shape.iter().product(),
-                    channels: 1,
-                    inner: 1,
-                    act: None,
-                },
-            );
+            let n = out_shape.iter().product();
+            p.push(name, StepKind::elementwise(a, y, n, Some(b), None));
         } else {
             let out_nhwc = (na && in_shapes[0] == *out_shape) || (nb && in_shapes[1] == *out_shape);
             let y = p.output(outs[0], out_nhwc);
@@ -1812,18 +1811,12 @@ impl Planner<'_> {
         let xs = p.strides(x0);
         let src: Vec<usize> = perm.iter().map(|&q| xs[q]).collect();
         let y = p.output(outs[0], false);
-        p.push(
+        p.push_copy(
             name,
-            StepKind::Copy {
-                x,
-                y,
-                space: Strided::coalesce(
-                    out_shape,
-                    vec![contiguous_strides(out_shape), src],
-                    name,
-                )?,
-            },
-        );
+            [x, y],
+            out_shape,
+            [contiguous_strides(out_shape), src],
+        )?;
         Ok(Lowered::Steps)
     }
 
@@ -1835,14 +1828,7 @@ impl Planner<'_> {
         let x = p.raw(x0, name)?;
         let sx = phys_broadcast(&in_shapes[0], p.nhwc[x0], out_shape);
         let y = p.output(outs[0], false);
-        p.push(
-            name,
-            StepKind::Copy {
-                x,
-                y,
-                space: Strided::coalesce(out_shape, vec![contiguous_strides(out_shape), sx], name)?,
-            },
-        );
+        p.push_copy(name, [x, y], out_shape, [contiguous_strides(out_shape), sx])?;
         Ok(Lowered::Steps)
     }
 
@@ -1862,14 +1848,8 @@ impl Planner<'_> {
         let mut at = 0;
         for (j, s) in in_shapes.iter().enumerate() {
             let sx = phys_strides(s, p.nhwc[n.inputs[j]]);
-            p.push(
-                name,
-                StepKind::Copy {
-                    x: xl[j],
-                    y: y.with_offset(at * ys[a]),
-                    space: Strided::coalesce(s, vec![ys.clone(), sx], name)?,
-                },
-            );
+            let to = y.with_offset(at * ys[a]);
+            p.push_copy(name, [xl[j], to], s, [ys.clone(), sx])?;
             at += s[a];
         }
         Ok(Lowered::Steps)
@@ -1887,14 +1867,8 @@ impl Planner<'_> {
         for (j, &o) in outs.iter().enumerate() {
             let os = p.shapes[o].clone();
             let y = p.output(o, false);
-            p.push(
-                name,
-                StepKind::Copy {
-                    x: xl.with_offset(at * xs[a]),
-                    y,
-                    space: Strided::coalesce(&os, vec![contiguous_strides(&os), xs.clone()], name)?,
-                },
-            );
+            let from = xl.with_offset(at * xs[a]);
+            p.push_copy(name, [from, y], &os, [contiguous_strides(&os), xs.clone()])?;
             at += sizes[j];
         }
         Ok(Lowered::Steps)
@@ -1926,18 +1900,13 @@ impl Planner<'_> {
             src.push(step as usize * xs[d]);
         }
         let y = p.output(outs[0], false);
-        p.push(
+        let from = xl.with_offset(base as usize);
+        p.push_copy(
             name,
-            StepKind::Copy {
-                x: xl.with_offset(base as usize),
-                y,
-                space: Strided::coalesce(
-                    out_shape,
-                    vec![contiguous_strides(out_shape), src],
-                    name,
-                )?,
-            },
-        );
+            [from, y],
+            out_shape,
+            [contiguous_strides(out_shape), src],
+        )?;
         Ok(Lowered::Steps)
     }
 
@@ -1967,14 +1936,8 @@ impl Planner<'_> {
         let y = p.output(outs[0], false);
         for (j, &ix) in indices.iter().enumerate() {
             let ix = if ix < 0 { ix + x[a] as i64 } else { ix } as usize;
-            p.push(
-                name,
-                StepKind::Copy {
-                    x: xl.with_offset(ix * xs[a]),
-                    y: y.with_offset(j * inner),
-                    space: Strided::coalesce(&dims, vec![sy.clone(), sx.clone()], name)?,
-                },
-            );
+            let (from, to) = (xl.with_offset(ix * xs[a]), y.with_offset(j * inner));
+            p.push_copy(name, [from, to], &dims, [sy.clone(), sx.clone()])?;
         }
         Ok(Lowered::Steps)
     }
@@ -2379,17 +2342,7 @@ pub fn corrupt_node(plan: &mut Plan, node: &str) -> Result<()> {
         pr.ready,
         Step {
             name: format!("{node} (corrupted by the plan-check test hook)"),
-            kind: StepKind::Pointwise {
-                x: pr.loc,
-                y: pr.loc,
-                scale: None,
-                bias: None,
-                residual: None,
-                n: pr.span(),
-                channels: 1,
-                inner: 1,
-                act: Some(Unary::Neg),
-            },
+            kind: StepKind::elementwise(pr.loc, pr.loc, pr.span(), None, Some(Unary::Neg)),
         },
     );
     for p in &mut plan.probes {

@@ -8,7 +8,7 @@ use isolane_cuda::plan::{
     self, check_no_overlap, AttentionStep, DType, LinearStep, Loc, MatMulStep, Plan, PlanOptions,
     ResizeStep, SoftmaxStep, StepKind, Storage, Strided,
 };
-use isolane_engine::{build_model, passes, Precision, Weights};
+use isolane_engine::{build_model, builtin_models, passes, Precision, Weights};
 
 fn planned(model: &str, batch: usize, p: Precision, channels_last: bool) -> Plan {
     let g = build_model(model, Weights::Zeros).unwrap();
@@ -41,15 +41,9 @@ fn check_plan(p: &Plan) {
 
 #[test]
 fn seven_models_plan_at_every_precision_without_overlap() {
-    for m in [
-        "resnet18",
-        "resnet50",
-        "mobilenet_v2",
-        "convnext_base",
-        "convnext_large",
-        "vit_b_16",
-        "vit_l_32",
-    ] {
+    let classifiers = builtin_models().iter().filter(|m| m.output_shape == [1000]);
+    assert_eq!(classifiers.clone().count(), 7);
+    for m in classifiers.map(|m| m.name) {
         for p in Precision::ALL {
             let pl = planned(m, 2, p, true);
             check_plan(&pl);

@@ -910,6 +910,22 @@ fn fixture_plan(name: &str, batch: usize, opts: PlanOptions) -> (Graph, Graph, P
     (g, opt, p)
 }
 
+/// The plan check's step-by-step comparison of the emulated plan `p` of `opt` with the
+/// reference evaluator (tolerance 1e-5), on the check's input of `seed`.
+fn emulated_divergence(
+    opt: &Graph,
+    p: &Plan,
+    batch: usize,
+    seed: u64,
+) -> isolane_cuda::check::Divergence {
+    let n: usize = p.inputs[0].shape.iter().product();
+    let inputs = vec![isolane_cuda::check::check_input(n, seed)];
+    let mut emulator = Emulator::new(p);
+    isolane_cuda::check::locate_divergence(opt, p, batch, &inputs, &mut emulator, 1e-5)
+        .unwrap()
+        .unwrap()
+}
+
 /// Every value the plan stores, read where its probe says right after the steps that compute
 /// it, equals the reference evaluator's value of the same node: the plan check's comparison
 /// of intermediate values has no false alarm (views, strided and NHWC values, values scaled
@@ -973,18 +989,7 @@ fn every_probed_value_matches_the_reference() {
             "{what}: {} probes for {computing} nodes",
             p.probes.len()
         );
-        let n: usize = p.inputs[0].shape.iter().product();
-        let inputs = vec![isolane_cuda::check::check_input(n, 1)];
-        let d = isolane_cuda::check::locate_divergence(
-            &opt,
-            &p,
-            batch,
-            &inputs,
-            &mut Emulator::new(&p),
-            1e-5,
-        )
-        .unwrap()
-        .unwrap();
+        let d = emulated_divergence(&opt, &p, batch, 1);
         assert!(!d.exceeds, "{what}: {d:?}");
     }
 }
@@ -1058,18 +1063,7 @@ fn engine_torch_fixtures_plan_right() {
             check(&g, batch, false, 1e-5);
             let opt = passes::optimize(&g, batch).unwrap();
             let p = plan::plan(&opt, batch, Precision::Fp32).unwrap();
-            let n: usize = p.inputs[0].shape.iter().product();
-            let inputs = vec![isolane_cuda::check::check_input(n, 2)];
-            let d = isolane_cuda::check::locate_divergence(
-                &opt,
-                &p,
-                batch,
-                &inputs,
-                &mut Emulator::new(&p),
-                1e-5,
-            )
-            .unwrap()
-            .unwrap();
+            let d = emulated_divergence(&opt, &p, batch, 2);
             assert!(!d.exceeds, "{name} batch {batch}: {d:?}");
         }
     }

@@ -12,7 +12,9 @@ mod common;
 
 use common::{random, rel_l2};
 use isolane_cuda::CudaBackend;
-use isolane_engine::{build_model, Backend, CompiledModel, CpuBackend, Precision, Weights};
+use isolane_engine::{
+    build_model, builtin_models, Backend, CompiledModel, CpuBackend, Precision, Weights,
+};
 
 /// Counts every allocation of the process (all threads).
 struct Counting;
@@ -69,18 +71,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-const MODELS: &[&str] = &[
-    "resnet18",
-    "resnet50",
-    "mobilenet_v2",
-    "convnext_base",
-    "convnext_large",
-    "vit_b_16",
-    "vit_l_32",
-    "yolov8n",
-    "fcn_resnet50",
-];
-
 fn argmax(v: &[f32]) -> usize {
     v.iter()
         .enumerate()
@@ -109,7 +99,10 @@ fn precisions() -> Vec<Precision> {
 fn models() -> Vec<String> {
     match std::env::var("ISOLANE_TEST_MODELS") {
         Ok(s) => s.split(',').map(|m| m.trim().to_string()).collect(),
-        Err(_) => MODELS.iter().map(|m| m.to_string()).collect(),
+        Err(_) => builtin_models()
+            .iter()
+            .map(|m| m.name.to_string())
+            .collect(),
     }
 }
 

@@ -1016,6 +1016,14 @@ pub fn slice_params(
     Ok(p)
 }
 
+/// Fails unless `s`, the shape of the `what` operand of `n`, is 4-D.
+fn rank4(n: &Node, s: &[usize], what: &str) -> Result<()> {
+    if s.len() != 4 {
+        return Err(shape_err(n, format!("{what} must be 4-D NCHW, got {s:?}")));
+    }
+    Ok(())
+}
+
 fn shape_err(n: &Node, msg: impl Into<String>) -> EngineError {
     EngineError::Shape {
         node: n.name.clone(),
@@ -1028,12 +1036,6 @@ fn shape_err(n: &Node, msg: impl Into<String>) -> EngineError {
 pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<usize>>> {
     let err = |m: String| shape_err(n, m);
     let x = ins.first().copied().unwrap_or(&[]);
-    let rank4 = |s: &[usize], what: &str| -> Result<()> {
-        if s.len() != 4 {
-            return Err(shape_err(n, format!("{what} must be 4-D NCHW, got {s:?}")));
-        }
-        Ok(())
-    };
     if let Op::Split { axis, sizes } = &n.op {
         let a = norm_axis(*axis, x.len())
             .ok_or_else(|| err(format!("axis {axis} out of range for {x:?}")))?;
@@ -1070,7 +1072,7 @@ pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<us
             o
         }
         Op::AdaptiveAvgPool { output } => {
-            rank4(x, "input")?;
+            rank4(n, x, "input")?;
             if output[0] == 0 || output[1] == 0 {
                 return Err(err("output size 0".into()));
             }
@@ -1137,16 +1139,10 @@ pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<us
 fn infer_conv(n: &Node, ins: &[&[usize]], a: &ConvAttrs) -> Result<Vec<usize>> {
     let err = |m: String| shape_err(n, m);
     let x = ins.first().copied().unwrap_or(&[]);
-    let rank4 = |s: &[usize], what: &str| -> Result<()> {
-        if s.len() != 4 {
-            return Err(shape_err(n, format!("{what} must be 4-D NCHW, got {s:?}")));
-        }
-        Ok(())
-    };
     let shape = {
-        rank4(x, "input")?;
+        rank4(n, x, "input")?;
         let w = ins[1];
-        rank4(w, "weight")?;
+        rank4(n, w, "weight")?;
         let g = a.groups;
         if g == 0 || !x[1].is_multiple_of(g) || !w[0].is_multiple_of(g) || w[1] * g != x[1] {
             return Err(err(format!(
@@ -1254,14 +1250,8 @@ fn infer_linear(n: &Node, ins: &[&[usize]]) -> Result<Vec<usize>> {
 fn infer_pool(n: &Node, ins: &[&[usize]], p: &PoolAttrs) -> Result<Vec<usize>> {
     let err = |m: String| shape_err(n, m);
     let x = ins.first().copied().unwrap_or(&[]);
-    let rank4 = |s: &[usize], what: &str| -> Result<()> {
-        if s.len() != 4 {
-            return Err(shape_err(n, format!("{what} must be 4-D NCHW, got {s:?}")));
-        }
-        Ok(())
-    };
     let shape = {
-        rank4(x, "input")?;
+        rank4(n, x, "input")?;
         let oh = window_out(
             x[2],
             p.kernel[0],
@@ -1469,14 +1459,8 @@ fn infer_reduce(n: &Node, ins: &[&[usize]], axes: &[i64], keepdims: &bool) -> Re
 fn infer_resize(n: &Node, ins: &[&[usize]], r: &ResizeAttrs) -> Result<Vec<usize>> {
     let err = |m: String| shape_err(n, m);
     let x = ins.first().copied().unwrap_or(&[]);
-    let rank4 = |s: &[usize], what: &str| -> Result<()> {
-        if s.len() != 4 {
-            return Err(shape_err(n, format!("{what} must be 4-D NCHW, got {s:?}")));
-        }
-        Ok(())
-    };
     let shape = {
-        rank4(x, "input")?;
+        rank4(n, x, "input")?;
         if x[2] == 0 || x[3] == 0 {
             return Err(err(format!("cannot resize an empty input {x:?}")));
         }

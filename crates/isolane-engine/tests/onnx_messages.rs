@@ -1,58 +1,27 @@
 //! Messages about an ONNX file's declared input shape speak the user's terms: sizes joined
 //! with ×, never the IR's Rust names (`Fixed(1)`), and an empty input is refused up front.
 
-use isolane_engine::onnx::proto::{
-    tensor_shape_proto::{dimension::Value, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
-};
-use prost::Message as _;
+mod common;
 
-fn value_info(name: &str, dims: &[i64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(1), // FLOAT
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| Dimension {
-                            value: Some(Value::DimValue(d)),
-                            ..Default::default()
-                        })
-                        .collect(),
-                }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
+use common::{model, value_info};
+use isolane_engine::onnx::proto::{tensor_proto::DataType, GraphProto, NodeProto};
+use prost::Message as _;
 
 /// `y = Relu(x)` with `x` declared as `dims`, written to a temporary .onnx file.
 fn relu_model(dims: &[i64]) -> (tempfile::TempDir, std::path::PathBuf) {
-    let model = ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(GraphProto {
-            name: Some("g".into()),
-            node: vec![NodeProto {
-                input: vec!["x".into()],
-                output: vec!["y".into()],
-                name: Some("relu".into()),
-                op_type: Some("Relu".into()),
-                ..Default::default()
-            }],
-            input: vec![value_info("x", dims)],
-            output: vec![value_info("y", dims)],
+    let model = model(GraphProto {
+        name: Some("g".into()),
+        node: vec![NodeProto {
+            input: vec!["x".into()],
+            output: vec!["y".into()],
+            name: Some("relu".into()),
+            op_type: Some("Relu".into()),
             ..Default::default()
-        }),
+        }],
+        input: vec![value_info("x", DataType::Float, dims)],
+        output: vec![value_info("y", DataType::Float, dims)],
         ..Default::default()
-    };
+    });
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("relu.onnx");
     std::fs::write(&path, model.encode_to_vec()).unwrap();

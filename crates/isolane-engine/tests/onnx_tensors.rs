@@ -1,11 +1,13 @@
 //! Tensor storage forms built in memory: external data confined to the model's folder (as the
 //! ONNX spec and `onnx.checker` require), and float16 / bfloat16 initializers and inputs.
 
+mod common;
+
+use common::{model, value_info};
 use isolane_engine::backend::{Backend, Precision};
 use isolane_engine::onnx::proto::{
-    tensor_proto::DataLocation, tensor_proto::DataType, tensor_shape_proto, type_proto, GraphProto,
-    ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto,
+    tensor_proto::DataLocation, tensor_proto::DataType, GraphProto, ModelProto, NodeProto,
+    StringStringEntryProto, TensorProto,
 };
 use isolane_engine::onnx::{import_file, OnnxError, OnnxModel};
 use isolane_engine::CpuBackend;
@@ -14,51 +16,22 @@ use std::path::{Path, PathBuf};
 
 const W: [f32; 3] = [0.5, -1.25, 3.0];
 
-fn value_info(name: &str, elem: DataType, dims: &[i64]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|&d| tensor_shape_proto::Dimension {
-            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(elem as i32),
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 /// `y = x + w`, x of `input_type` `[2, 3]`, the initializer `w` `[3]` as given.
 fn add_model(w: TensorProto, input_type: DataType) -> ModelProto {
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(GraphProto {
-            name: Some("add".into()),
-            node: vec![NodeProto {
-                input: vec!["x".into(), "w".into()],
-                output: vec!["y".into()],
-                name: Some("the_add".into()),
-                op_type: Some("Add".into()),
-                ..Default::default()
-            }],
-            initializer: vec![w],
-            input: vec![value_info("x", input_type, &[2, 3])],
-            output: vec![value_info("y", input_type, &[2, 3])],
+    model(GraphProto {
+        name: Some("add".into()),
+        node: vec![NodeProto {
+            input: vec!["x".into(), "w".into()],
+            output: vec!["y".into()],
+            name: Some("the_add".into()),
+            op_type: Some("Add".into()),
             ..Default::default()
-        }),
+        }],
+        initializer: vec![w],
+        input: vec![value_info("x", input_type, &[2, 3])],
+        output: vec![value_info("y", input_type, &[2, 3])],
         ..Default::default()
-    }
+    })
 }
 
 fn external_w(location: &str) -> TensorProto {

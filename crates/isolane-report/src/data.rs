@@ -7,7 +7,7 @@
 //! read through the one results schema (`isolane_core::results`), which also reads the folders
 //! of older versions and refuses (by name) one written by a newer schema.
 
-use isolane_core::files::jobs_file_name;
+use isolane_core::files::{jobs_file_name, read_text, FileError};
 use isolane_core::results::{read_isolation_csv, read_json, ResultsError};
 pub use isolane_core::results::{
     InterferenceIndex, IsolationRow, MaxrateReport, RunSummary, SweepIndex, SweepPoint,
@@ -23,31 +23,15 @@ pub enum DataError {
          sweep.json (isolane sweep) or interference.json (isolane interference)"
     )]
     NotResults(PathBuf),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {detail}")]
-    Parse { path: PathBuf, detail: String },
-}
-
-fn read(path: &Path) -> Result<String, DataError> {
-    std::fs::read_to_string(path).map_err(|source| DataError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    #[error(transparent)]
+    File(#[from] FileError),
 }
 
 impl From<ResultsError> for DataError {
     fn from(e: ResultsError) -> Self {
         match e {
-            ResultsError::Io { path, source } => DataError::Io { path, source },
-            ResultsError::Parse { path, detail } => DataError::Parse { path, detail },
-            ResultsError::Newer { ref path, .. } => DataError::Parse {
-                path: path.clone(),
-                detail: e.to_string(),
-            },
+            ResultsError::File(f) => DataError::File(f),
+            ResultsError::Newer { ref path, .. } => FileError::parse(path, e.to_string()).into(),
         }
     }
 }
@@ -206,10 +190,7 @@ fn search(dir: &Path, depth: usize, found: &mut Found) -> Result<usize, DataErro
     if depth == 0 {
         return Ok(0);
     }
-    let entries = std::fs::read_dir(dir).map_err(|source| DataError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    let entries = std::fs::read_dir(dir).map_err(|source| FileError::io(dir, source))?;
     let mut children: Vec<PathBuf> = entries
         .flatten()
         .map(|e| e.path())
@@ -261,13 +242,11 @@ fn load_sweep(path: &Path) -> Result<SweepDir, DataError> {
     let file = path.join("sweep.json");
     let index: SweepIndex = read_json(&file)?;
     if index.kind != "partition" && index.kind != "concurrency" {
-        return Err(DataError::Parse {
-            path: file,
-            detail: format!(
-                "kind: `{}` is not a sweep kind (allowed: partition, concurrency)",
-                index.kind
-            ),
-        });
+        let detail = format!(
+            "kind: `{}` is not a sweep kind (allowed: partition, concurrency)",
+            index.kind
+        );
+        return Err(FileError::parse(&file, detail).into());
     }
     let mut points = Vec::new();
     for p in &index.points {
@@ -340,13 +319,10 @@ fn read_device(path: &Path) -> Result<DeviceInfo, DataError> {
     if !path.is_file() {
         return Ok(DeviceInfo::default());
     }
-    let text = read(path)?;
+    let text = read_text(path)?;
     let value: toml::Table = text
         .parse()
-        .map_err(|e: toml::de::Error| DataError::Parse {
-            path: path.to_path_buf(),
-            detail: e.to_string(),
-        })?;
+        .map_err(|e: toml::de::Error| FileError::parse(path, e.to_string()))?;
     let field = |k: &str| {
         value
             .get("device")
@@ -370,45 +346,9 @@ fn read_device(path: &Path) -> Result<DeviceInfo, DataError> {
     })
 }
 
-/// A CSV with a header, read as rows of cells; `required` columns must be in the header.
-struct Csv {
-    header: Vec<String>,
-    rows: Vec<(usize, Vec<String>)>,
-}
-
-impl Csv {
-    fn read(path: &Path, required: &[&str]) -> Result<Csv, DataError> {
-        let text = read(path)?;
-        let mut lines = text.lines().enumerate();
-        let header: Vec<String> = match lines.next() {
-            Some((_, h)) => h.split(',').map(|s| s.trim().to_string()).collect(),
-            None => Vec::new(),
-        };
-        for r in required {
-            if !header.iter().any(|h| h == r) {
-                return Err(DataError::Parse {
-                    path: path.to_path_buf(),
-                    detail: format!("line 1: the header has no `{r}` column"),
-                });
-            }
-        }
-        let rows = lines
-            .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(i, l)| (i + 1, l.split(',').map(|s| s.trim().to_string()).collect()))
-            .collect();
-        Ok(Csv { header, rows })
-    }
-
-    fn col(&self, name: &str) -> Option<usize> {
-        self.header.iter().position(|h| h == name)
-    }
-}
-
 fn bad(path: &Path, line: usize, column: &str, value: &str) -> DataError {
-    DataError::Parse {
-        path: path.to_path_buf(),
-        detail: format!("line {line}, column `{column}`: `{value}` is not a number"),
-    }
+    let detail = format!("line {line}, column `{column}`: `{value}` is not a number");
+    FileError::parse(path, detail).into()
 }
 
 fn cell_f64(
@@ -437,26 +377,19 @@ fn latencies(jobs: &[isolane_trace::Job]) -> Vec<f64> {
 /// A jobs file that cannot be read, in the report's terms (it names file, line and column).
 fn trace_error(e: isolane_trace::TraceError) -> DataError {
     match e {
-        isolane_trace::TraceError::Io { path, source } => DataError::Io { path, source },
-        isolane_trace::TraceError::Parse { path, detail } => DataError::Parse { path, detail },
-        other => DataError::Parse {
-            path: PathBuf::new(),
-            detail: other.to_string(),
-        },
+        isolane_trace::TraceError::File(f) => DataError::File(f),
+        other => FileError::parse(Path::new(""), other.to_string()).into(),
     }
 }
 
-/// Columns of telemetry.csv that are not numbers.
-const TEXT_COLUMNS: &[&str] = &["throttle_reasons", "process_memory_mib"];
-
 fn read_telemetry(path: &Path) -> Result<TelemetrySeries, DataError> {
-    let csv = Csv::read(path, &["t_s"])?;
+    let csv = isolane_trace::csv::Csv::read(path, &["t_s"]).map_err(trace_error)?;
     let t = csv.col("t_s").unwrap_or(0);
     let numeric: Vec<(usize, String)> = csv
-        .header
+        .header()
         .iter()
         .enumerate()
-        .filter(|(i, h)| *i != t && !TEXT_COLUMNS.contains(&h.as_str()))
+        .filter(|(i, h)| *i != t && !isolane_trace::timeline::TEXT_COLUMNS.contains(&h.as_str()))
         .map(|(i, h)| (i, h.clone()))
         .collect();
     let mut series = TelemetrySeries {

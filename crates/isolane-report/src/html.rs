@@ -93,27 +93,18 @@ pub fn render(dirs: &[ResultsDir], title: &str) -> Result<String, String> {
         body: String::new(),
         figures: 0,
     };
-    let maxrates: Vec<&MaxrateDir> = dirs
-        .iter()
-        .filter_map(|d| match d {
-            ResultsDir::Maxrate(m) => Some(m),
-            _ => None,
-        })
-        .collect();
-    let runs: Vec<&RunDir> = dirs
-        .iter()
-        .filter_map(|d| match d {
-            ResultsDir::Run(r) => Some(r.as_ref()),
-            _ => None,
-        })
-        .collect();
-    let sweeps: Vec<&SweepDir> = dirs
-        .iter()
-        .filter_map(|d| match d {
-            ResultsDir::Sweep(s) => Some(s),
-            _ => None,
-        })
-        .collect();
+    // Each kind's folders, in the order given (interference folders are drawn one by one).
+    let mut maxrates: Vec<&MaxrateDir> = Vec::new();
+    let mut runs: Vec<&RunDir> = Vec::new();
+    let mut sweeps: Vec<&SweepDir> = Vec::new();
+    for d in dirs {
+        match d {
+            ResultsDir::Maxrate(m) => maxrates.push(m),
+            ResultsDir::Run(r) => runs.push(r),
+            ResultsDir::Sweep(s) => sweeps.push(s),
+            ResultsDir::Interference(_) => {}
+        }
+    }
 
     maxrate_section(&mut page, &maxrates);
     criticality_section(&mut page, &runs);
@@ -335,7 +326,7 @@ fn interference_section(page: &mut Page, m: &InterferenceDir) {
         page.body.push_str(&crate::matrix::heatmap_svg(&grid));
         page.figures += 1;
     }
-    let header: Vec<String> = [
+    let victim = [
         "victim",
         "neighbour",
         "rate Hz",
@@ -344,17 +335,13 @@ fn interference_section(page: &mut Page, m: &InterferenceDir) {
         "×p50",
         "×p99",
         "miss %",
-        "nb jobs/s",
-        "nb alone/s",
-        "nb GB/s",
-        "DRAM %",
-        "SM %",
-        "tensor %",
-        "status",
-    ]
-    .iter()
-    .map(|h| h.to_string())
-    .collect();
+    ];
+    let header: Vec<String> = victim
+        .into_iter()
+        .chain(crate::matrix::NEIGHBOUR_COLUMNS)
+        .chain(["status"])
+        .map(str::to_string)
+        .collect();
     let rows: Vec<Vec<String>> = i.cells.iter().map(interference_row).collect();
     page.table(&header, &rows);
     page.end();
@@ -369,7 +356,7 @@ fn unit_word(unit: &str) -> &str {
 }
 
 fn interference_row(c: &isolane_core::results::InterferenceCell) -> Vec<String> {
-    vec![
+    let mut r = vec![
         crate::matrix::victim_label(c),
         crate::matrix::neighbour_label(c),
         fmt(c.victim_rate_hz, 1),
@@ -378,14 +365,10 @@ fn interference_row(c: &isolane_core::results::InterferenceCell) -> Vec<String> 
         fmt(c.stretch_p50, 2),
         fmt(c.stretch_p99, 2),
         format!("{:.2}", c.timeout_pct),
-        fmt(c.neighbour_jobs_per_s, 1),
-        fmt(c.neighbour_alone_jobs_per_s, 1),
-        fmt(c.neighbour_gb_per_s, 1),
-        fmt(c.dram_bw_util_pct, 1),
-        fmt(c.sm_util_pct, 1),
-        fmt(c.tensor_util_pct, 1),
-        c.status.clone(),
-    ]
+    ];
+    r.extend(crate::matrix::neighbour_cells(c));
+    r.push(c.status.clone());
+    r
 }
 
 /// The label of a run's way of sharing: the mechanism, or the folder's name when the scenario

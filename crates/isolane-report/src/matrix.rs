@@ -21,18 +21,8 @@ pub fn interference_table(cells: &[InterferenceCell], wide: bool) -> String {
         "miss %",
     ];
     if wide {
-        header.extend([
-            "status",
-            "rate Hz",
-            "alone p50",
-            "alone p99",
-            "nb jobs/s",
-            "nb alone/s",
-            "nb GB/s",
-            "DRAM %",
-            "SM %",
-            "tensor %",
-        ]);
+        header.extend(["status", "rate Hz", "alone p50", "alone p99"]);
+        header.extend(NEIGHBOUR_COLUMNS);
     }
     let rows: Vec<Vec<String>> = cells.iter().map(|c| row(c, wide)).collect();
     if wide {
@@ -58,15 +48,33 @@ fn row(c: &InterferenceCell, wide: bool) -> Vec<String> {
             num(c.victim_rate_hz, 1),
             ms(c.alone_p50_ms),
             ms(c.alone_p99_ms),
-            num(c.neighbour_jobs_per_s, 1),
-            num(c.neighbour_alone_jobs_per_s, 1),
-            num(c.neighbour_gb_per_s, 1),
-            num(c.dram_bw_util_pct, 1),
-            num(c.sm_util_pct, 1),
-            num(c.tensor_util_pct, 1),
         ]);
+        r.extend(neighbour_cells(c));
     }
     r
+}
+
+/// The headers of [`neighbour_cells`].
+pub const NEIGHBOUR_COLUMNS: [&str; 6] = [
+    "nb jobs/s",
+    "nb alone/s",
+    "nb GB/s",
+    "DRAM %",
+    "SM %",
+    "tensor %",
+];
+
+/// The neighbour's side of a cell, in the wide table and the report alike: its jobs/s with
+/// the victim and alone, its achieved GB/s, and the GPM activity.
+pub fn neighbour_cells(c: &InterferenceCell) -> [String; 6] {
+    [
+        num(c.neighbour_jobs_per_s, 1),
+        num(c.neighbour_alone_jobs_per_s, 1),
+        num(c.neighbour_gb_per_s, 1),
+        num(c.dram_bw_util_pct, 1),
+        num(c.sm_util_pct, 1),
+        num(c.tensor_util_pct, 1),
+    ]
 }
 
 /// `model precision` (`- precision` in a neighbour's own cell, which has no victim).

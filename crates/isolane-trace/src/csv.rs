@@ -4,10 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
+use isolane_core::files::FileError;
+
 use crate::TraceError;
 
 /// A CSV with a header: rows of cells, found by column name.
-pub(crate) struct Csv {
+pub struct Csv {
     pub path: PathBuf,
     header: Vec<String>,
     /// (line number, cells); blank lines left out.
@@ -17,10 +19,7 @@ pub(crate) struct Csv {
 impl Csv {
     /// Reads `path`; every column of `required` must be in its header.
     pub fn read(path: &Path, required: &[&str]) -> Result<Csv, TraceError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = isolane_core::files::read_text(path)?;
         let mut lines = text.lines().enumerate();
         let header: Vec<String> = match lines.next() {
             Some((_, h)) => h.split(',').map(|s| s.trim().to_string()).collect(),
@@ -50,10 +49,7 @@ impl Csv {
     }
 
     pub fn error(&self, line: usize, detail: String) -> TraceError {
-        TraceError::Parse {
-            path: self.path.clone(),
-            detail: format!("line {line}: {detail}"),
-        }
+        FileError::parse(&self.path, format!("line {line}: {detail}")).into()
     }
 
     /// The number in column `i` of a row, `None` for an empty (or absent) cell.

@@ -6,7 +6,7 @@
 //! [`chrome::trace_json`] turns it into trace events; [`write_trace`] does both.
 
 pub mod chrome;
-mod csv;
+pub mod csv;
 pub mod timeline;
 
 use std::path::{Path, PathBuf};
@@ -20,13 +20,8 @@ pub enum TraceError {
          isolation write (for a run killed before it wrote one: isolane summarize {0} first)"
     )]
     NotARun(PathBuf),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {detail}")]
-    Parse { path: PathBuf, detail: String },
+    #[error(transparent)]
+    File(#[from] isolane_core::files::FileError),
     #[error(transparent)]
     Results(#[from] isolane_core::results::ResultsError),
     #[error("writing {path}: {source}")]

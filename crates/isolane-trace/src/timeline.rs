@@ -64,7 +64,7 @@ pub struct Timeline {
 }
 
 /// Columns of telemetry.csv that hold text, not numbers (docs/report.md).
-const TEXT_COLUMNS: &[&str] = &["throttle_reasons", "process_memory_mib"];
+pub const TEXT_COLUMNS: &[&str] = &["throttle_reasons", "process_memory_mib"];
 
 impl Timeline {
     /// Reads the run or isolation folder `dir`: summary.json (required), jobs/*.csv and

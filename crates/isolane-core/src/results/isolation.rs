@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::ResultsError;
+use crate::files::{read_text, FileError};
 use crate::metrics::WorkloadMetrics;
 
 /// One victim in one step.
@@ -82,13 +83,9 @@ pub fn isolation_csv(steps: &[StepResult]) -> String {
 /// Reads isolation.csv back (the columns the report draws), naming file, line and column of
 /// a bad cell.
 pub fn read_isolation_csv(path: &Path) -> Result<Vec<IsolationRow>, ResultsError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ResultsError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let bad = |line: usize, detail: String| ResultsError::Parse {
-        path: path.to_path_buf(),
-        detail: format!("line {line}: {detail}"),
+    let text = read_text(path)?;
+    let bad = |line: usize, detail: String| -> ResultsError {
+        FileError::parse(path, format!("line {line}: {detail}")).into()
     };
     let mut lines = text.lines().enumerate();
     let header: Vec<&str> = lines

@@ -35,6 +35,8 @@ pub use telemetry::{EnergySource, Stat, TelemetrySummary};
 
 use std::path::{Path, PathBuf};
 
+use crate::files::{read_text, FileError};
+
 /// The version of the schema this build writes. 1: the files before `schema_version`
 /// existed; 2: `schema_version`, typed `partitions`/`isolation`, per-workload
 /// `memory_estimate_mib`.
@@ -47,14 +49,10 @@ pub(crate) fn legacy_version() -> u32 {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResultsError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// serde_json's message names the field and the line/column.
-    #[error("{path}: {detail}")]
-    Parse { path: PathBuf, detail: String },
+    /// Unreadable, or not the JSON/CSV expected (serde_json's message names the field and the
+    /// line/column).
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error(
         "{path}: written by a newer isolane (schema_version {found}; this build reads up to {SCHEMA_VERSION})"
     )]
@@ -70,14 +68,9 @@ pub trait Versioned {
 pub fn read_json<T: serde::de::DeserializeOwned + Versioned>(
     path: &Path,
 ) -> Result<T, ResultsError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ResultsError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let value: T = serde_json::from_str(&text).map_err(|e| ResultsError::Parse {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    })?;
+    let text = read_text(path)?;
+    let value: T =
+        serde_json::from_str(&text).map_err(|e| FileError::parse(path, e.to_string()))?;
     if value.schema_version() > SCHEMA_VERSION {
         return Err(ResultsError::Newer {
             path: path.to_path_buf(),
@@ -89,15 +82,9 @@ pub fn read_json<T: serde::de::DeserializeOwned + Versioned>(
 
 /// Writes a results file atomically (temp + rename), pretty-printed with a final newline.
 pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), ResultsError> {
-    let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| ResultsError::Io {
-        path: path.to_path_buf(),
-        source: e.into(),
-    })?;
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| FileError::io(path, e.into()))?;
     bytes.push(b'\n');
-    crate::files::write_atomic(path, &bytes).map_err(|source| ResultsError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    crate::files::write_atomic(path, &bytes).map_err(|source| FileError::io(path, source).into())
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! FCNHead, bilinear upsampling back to the input size (align_corners=False).
 
 use super::resnet::{body, ResNetBody};
-use super::Builder;
+use super::{Builder, SameConv};
 use crate::error::Result;
 use crate::ir::{CoordMode, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Unary};
 
@@ -19,8 +19,8 @@ pub(crate) fn fcn_resnet50(b: &mut Builder) -> Result<()> {
         dilate: [false, true, true],
     };
     let f = body(b, x, &cfg)?;
-    let mut y = b.conv(f, "classifier.0", 2048, 512, 3, 1, 1, 1, 1, false)?;
-    y = b.bn(y, "classifier.1", 512, 1e-5, 1.0)?;
+    let head = SameConv::new(2048, 512, 3, 1);
+    let mut y = b.conv_bn(f, ["classifier.0", "classifier.1"], head, 1e-5, 1.0)?;
     y = b.act(y, "classifier.2", Unary::Relu)?;
     // classifier.3 is Dropout(0.1): identity at inference.
     y = b.conv(y, "classifier.4", 512, 21, 1, 1, 0, 1, 1, true)?;

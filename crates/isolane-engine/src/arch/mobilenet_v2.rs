@@ -1,6 +1,6 @@
 //! torchvision MobileNetV2 (width 1.0): inverted residuals with ReLU6 and linear bottlenecks.
 
-use super::Builder;
+use super::{Builder, SameConv};
 use crate::error::Result;
 use crate::ir::{Op, Unary, ValueId};
 
@@ -18,19 +18,12 @@ fn cna(
     stride: usize,
     groups: usize,
 ) -> Result<ValueId> {
-    let y = b.conv(
-        x,
-        &format!("{prefix}.0"),
-        cin,
-        cout,
-        k,
-        stride,
-        (k - 1) / 2,
-        1,
+    let c = SameConv {
         groups,
-        false,
-    )?;
-    let y = b.bn(y, &format!("{prefix}.1"), cout, EPS, 1.0)?;
+        ..SameConv::new(cin, cout, k, stride)
+    };
+    let (conv, bn) = (format!("{prefix}.0"), format!("{prefix}.1"));
+    let y = b.conv_bn(x, [&conv, &bn], c, EPS, 1.0)?;
     b.act(y, &format!("{prefix}.2"), Unary::Relu6)
 }
 
@@ -71,26 +64,12 @@ pub(crate) fn mobilenet_v2(b: &mut Builder) -> Result<()> {
                 stride,
                 hidden,
             )?;
-            z = b.conv(
-                z,
-                &format!("{name}.{}", j + 1),
-                hidden,
-                c,
-                1,
-                1,
-                0,
-                1,
-                1,
-                false,
-            )?;
+            // The linear bottleneck: no activation.
             let use_res = stride == 1 && cin == c;
-            z = b.bn(
-                z,
-                &format!("{name}.{}", j + 2),
-                c,
-                EPS,
-                if use_res { gamma } else { 1.0 },
-            )?;
+            let (conv, bn) = (format!("{name}.{}", j + 1), format!("{name}.{}", j + 2));
+            let project = SameConv::new(hidden, c, 1, 1);
+            let bn_gamma = if use_res { gamma } else { 1.0 };
+            z = b.conv_bn(z, [&conv, &bn], project, EPS, bn_gamma)?;
             y = if use_res {
                 b.add(&format!("features.{idx}.add"), y, z)?
             } else {

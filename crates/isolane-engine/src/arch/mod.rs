@@ -191,6 +191,32 @@ pub fn graph_flops(g: &Graph) -> Result<f64> {
     Ok(2.0 * macs)
 }
 
+/// A bias-free `k × k` convolution (`k` odd) padded to keep the size at stride 1, as the
+/// conv-BN blocks have it.
+#[derive(Clone, Copy)]
+pub(crate) struct SameConv {
+    pub cin: usize,
+    pub cout: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub dilation: usize,
+    pub groups: usize,
+}
+
+impl SameConv {
+    /// Dilation 1, one group.
+    pub fn new(cin: usize, cout: usize, k: usize, stride: usize) -> Self {
+        SameConv {
+            cin,
+            cout,
+            k,
+            stride,
+            dilation: 1,
+            groups: 1,
+        }
+    }
+}
+
 /// Graph-building helper shared by the architectures: creates parameters by state-dict name
 /// and nodes with unique names.
 pub(crate) struct Builder {
@@ -310,6 +336,24 @@ impl Builder {
             }),
             &ins,
         )
+    }
+
+    /// The convolution `c` named `names[0]`, then `nn.BatchNorm2d` named `names[1]` (`eps`,
+    /// synthetic scale `gamma`): the conv-BN pair of torchvision's and Ultralytics' blocks.
+    pub fn conv_bn(
+        &mut self,
+        x: ValueId,
+        names: [&str; 2],
+        c: SameConv,
+        eps: f32,
+        gamma: f32,
+    ) -> Result<ValueId> {
+        let pad = c.dilation * (c.k - 1) / 2;
+        let (cin, cout, k, stride) = (c.cin, c.cout, c.k, c.stride);
+        let y = self.conv(
+            x, names[0], cin, cout, k, stride, pad, c.dilation, c.groups, false,
+        )?;
+        self.bn(y, names[1], cout, eps, gamma)
     }
 
     /// `nn.BatchNorm2d` named `prefix`; `gamma` is the synthetic scale (1 for most layers,

@@ -1,7 +1,7 @@
 //! torchvision ResNet (v1.5: the stride sits on the 3×3 conv of a bottleneck), and the
 //! dilated ResNet-50 backbone that FCN uses (`replace_stride_with_dilation=[False, True, True]`).
 
-use super::Builder;
+use super::{Builder, SameConv};
 use crate::error::Result;
 use crate::ir::{Op, Unary, ValueId};
 
@@ -25,8 +25,8 @@ pub(crate) fn body(b: &mut Builder, x: ValueId, cfg: &ResNetBody) -> Result<Valu
     // variance added by the branches sums to O(1) instead of doubling per block.
     let total: usize = cfg.layers.iter().sum();
     let branch_gamma = 1.0 / (total as f32).sqrt();
-    let mut x = b.conv(x, &format!("{p}conv1"), 3, 64, 7, 2, 3, 1, 1, false)?;
-    x = b.bn(x, &format!("{p}bn1"), 64, BN_EPS, 1.0)?;
+    let (conv, bn) = (format!("{p}conv1"), format!("{p}bn1"));
+    let mut x = b.conv_bn(x, [&conv, &bn], SameConv::new(3, 64, 7, 2), BN_EPS, 1.0)?;
     x = b.act(x, &format!("{p}relu"), Unary::Relu)?;
     x = b.max_pool(x, &format!("{p}maxpool"), 3, 2, 1)?;
     let mut inplanes = 64;
@@ -78,33 +78,16 @@ fn basic(
     downsample: bool,
     gamma: f32,
 ) -> Result<ValueId> {
-    let mut y = b.conv(
+    let mut y = conv_bn(
+        b,
         x,
-        &format!("{name}.conv1"),
-        inplanes,
-        planes,
-        3,
-        stride,
+        name,
         1,
-        1,
-        1,
-        false,
+        SameConv::new(inplanes, planes, 3, stride),
+        1.0,
     )?;
-    y = b.bn(y, &format!("{name}.bn1"), planes, BN_EPS, 1.0)?;
     y = b.act(y, &format!("{name}.relu1"), Unary::Relu)?;
-    y = b.conv(
-        y,
-        &format!("{name}.conv2"),
-        planes,
-        planes,
-        3,
-        1,
-        1,
-        1,
-        1,
-        false,
-    )?;
-    y = b.bn(y, &format!("{name}.bn2"), planes, BN_EPS, gamma)?;
+    y = conv_bn(b, y, name, 2, SameConv::new(planes, planes, 3, 1), gamma)?;
     let identity = shortcut(b, x, name, inplanes, planes, stride, downsample)?;
     let s = b.add(&format!("{name}.add"), y, identity)?;
     b.act(s, &format!("{name}.relu2"), Unary::Relu)
@@ -123,50 +106,32 @@ fn bottleneck(
     gamma: f32,
 ) -> Result<ValueId> {
     let width = planes;
-    let mut y = b.conv(
-        x,
-        &format!("{name}.conv1"),
-        inplanes,
-        width,
-        1,
-        1,
-        0,
-        1,
-        1,
-        false,
-    )?;
-    y = b.bn(y, &format!("{name}.bn1"), width, BN_EPS, 1.0)?;
+    let mut y = conv_bn(b, x, name, 1, SameConv::new(inplanes, width, 1, 1), 1.0)?;
     y = b.act(y, &format!("{name}.relu1"), Unary::Relu)?;
-    y = b.conv(
-        y,
-        &format!("{name}.conv2"),
-        width,
-        width,
-        3,
-        stride,
+    let middle = SameConv {
         dilation,
-        dilation,
-        1,
-        false,
-    )?;
-    y = b.bn(y, &format!("{name}.bn2"), width, BN_EPS, 1.0)?;
+        ..SameConv::new(width, width, 3, stride)
+    };
+    y = conv_bn(b, y, name, 2, middle, 1.0)?;
     y = b.act(y, &format!("{name}.relu2"), Unary::Relu)?;
-    y = b.conv(
-        y,
-        &format!("{name}.conv3"),
-        width,
-        planes * 4,
-        1,
-        1,
-        0,
-        1,
-        1,
-        false,
-    )?;
-    y = b.bn(y, &format!("{name}.bn3"), planes * 4, BN_EPS, gamma)?;
+    y = conv_bn(b, y, name, 3, SameConv::new(width, planes * 4, 1, 1), gamma)?;
     let identity = shortcut(b, x, name, inplanes, planes * 4, stride, downsample)?;
     let s = b.add(&format!("{name}.add"), y, identity)?;
     b.act(s, &format!("{name}.relu3"), Unary::Relu)
+}
+
+/// Layer `i` of block `name`: the convolution `{name}.conv{i}` then `{name}.bn{i}` (its
+/// synthetic scale `gamma`).
+fn conv_bn(
+    b: &mut Builder,
+    x: ValueId,
+    name: &str,
+    i: usize,
+    c: SameConv,
+    gamma: f32,
+) -> Result<ValueId> {
+    let (conv, bn) = (format!("{name}.conv{i}"), format!("{name}.bn{i}"));
+    b.conv_bn(x, [&conv, &bn], c, BN_EPS, gamma)
 }
 
 fn shortcut(
@@ -181,19 +146,12 @@ fn shortcut(
     if !downsample {
         return Ok(x);
     }
-    let d = b.conv(
-        x,
-        &format!("{name}.downsample.0"),
-        cin,
-        cout,
-        1,
-        stride,
-        0,
-        1,
-        1,
-        false,
-    )?;
-    b.bn(d, &format!("{name}.downsample.1"), cout, BN_EPS, 1.0)
+    let (conv, bn) = (
+        format!("{name}.downsample.0"),
+        format!("{name}.downsample.1"),
+    );
+    let c = SameConv::new(cin, cout, 1, stride);
+    b.conv_bn(x, [&conv, &bn], c, BN_EPS, 1.0)
 }
 
 fn classifier(b: &mut Builder, layers: [usize; 4], bottleneck: bool) -> Result<()> {

@@ -5,7 +5,7 @@
 //! `[N, 84, 8400]` for 640×640: rows 0..4 are `cx, cy, w, h` in input pixels, rows 4..84 the
 //! 80 class probabilities — exactly Ultralytics' `model(x)[0]` in eval mode.
 
-use super::Builder;
+use super::{Builder, SameConv};
 use crate::error::Result;
 use crate::ir::{
     Binary, CoordMode, Dim, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Tensor, Unary,
@@ -28,19 +28,8 @@ fn conv(
     k: usize,
     s: usize,
 ) -> Result<ValueId> {
-    let y = b.conv(
-        x,
-        &format!("{prefix}.conv"),
-        cin,
-        cout,
-        k,
-        s,
-        k / 2,
-        1,
-        1,
-        false,
-    )?;
-    let y = b.bn(y, &format!("{prefix}.bn"), cout, EPS, 1.0)?;
+    let (conv, bn) = (format!("{prefix}.conv"), format!("{prefix}.bn"));
+    let y = b.conv_bn(x, [&conv, &bn], SameConv::new(cin, cout, k, s), EPS, 1.0)?;
     b.act(y, &format!("{prefix}.act"), Unary::Silu)
 }
 

@@ -69,6 +69,18 @@ struct Step {
     outs: Vec<RawBuf>,
 }
 
+impl Step {
+    /// Runs the step's kernel on its buffers and the model's `scratch`.
+    fn run(&self, scratch: RawBuf, threads: usize) {
+        let io = Io {
+            ins: &self.ins,
+            outs: &self.outs,
+            scratch,
+        };
+        self.kernel.run(&io, threads);
+    }
+}
+
 /// Where a value lives.
 #[derive(Clone, Copy, Debug)]
 enum Loc {
@@ -333,14 +345,7 @@ impl CpuModel {
             let mut times = times.lock().unwrap_or_else(|e| e.into_inner());
             for s in steps {
                 let t0 = Instant::now();
-                s.kernel.run(
-                    &Io {
-                        ins: &s.ins,
-                        outs: &s.outs,
-                        scratch,
-                    },
-                    threads,
-                );
+                s.run(scratch, threads);
                 times.push((
                     format!("{} [{}]", s.name, kernel_name(&s.kernel)),
                     t0.elapsed().as_secs_f64() * 1e3,
@@ -558,14 +563,7 @@ impl CompiledModel for CpuModel {
         let ok = self.driver.run(&|| {
             with_spinning_workers(threads, || {
                 for s in steps {
-                    s.kernel.run(
-                        &Io {
-                            ins: &s.ins,
-                            outs: &s.outs,
-                            scratch,
-                        },
-                        threads,
-                    );
+                    s.run(scratch, threads);
                 }
             })
         });

@@ -16,7 +16,8 @@
 //! the output. Filling per task needs no barrier between filling and multiplying, and each core
 //! reads planes it wrote itself, from its own L2.
 
-use super::packed::{copy_epilogue, BRows, Epi, Isa, PackedA};
+use super::math::SharedMut;
+use super::packed::{copy_epilogue, BRows, CopyEpilogue, Epi, Isa, PackedA};
 use crate::ir::Unary;
 use rayon::prelude::*;
 
@@ -306,7 +307,7 @@ impl Implicit {
         // Scratch blocks are per thread of the configured pool; in any other pool (not the
         // case in a compiled model) run on this thread alone, in block 0.
         let par = threads == cfg.threads && threads > 1;
-        let (scratch, out) = (Shared(scratch), Shared(out));
+        let (scratch, out) = (SharedMut(scratch), SharedMut(out));
         let nplanes = self.py * self.px * self.c;
         let tasks = self.n * t.tiles * t.mchunks;
         let task = |ti: usize| {
@@ -360,7 +361,15 @@ impl Implicit {
                     let dst = std::slice::from_raw_parts_mut(out.get().add(o), rows * self.ow);
                     let res = res.map(|rs| &rs[o..o + rows * self.ow]);
                     let b = bias.map_or(0.0, |b| b[r]);
-                    copy_epilogue(pa.isa, src, self.wv, dst, self.ow, b, res, act);
+                    let e = CopyEpilogue {
+                        src,
+                        lds: self.wv,
+                        ow: self.ow,
+                        b,
+                        res,
+                        act,
+                    };
+                    copy_epilogue(pa.isa, &e, dst);
                 }
             }
         };
@@ -369,20 +378,5 @@ impl Implicit {
         } else {
             (0..tasks).for_each(task);
         }
-    }
-}
-
-/// A raw pointer shared by tasks that touch disjoint parts of what it points to.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32);
-// SAFETY: used only by tasks writing disjoint ranges (see `run`).
-unsafe impl Send for Shared {}
-// SAFETY: as above.
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    // A method (not field access) so closures capture the Send/Sync wrapper, not the pointer.
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }

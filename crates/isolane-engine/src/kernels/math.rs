@@ -1,6 +1,7 @@
 //! Scalar math and index helpers that every layer of the kernels shares: the activations
 //! (`unary`, `apply_act` for fused epilogues), f32 `erf`/`exp` without libm calls, and the
-//! valid-tap ranges of convolution and pooling windows. Below both the op kernels and the GEMM
+//! valid-tap ranges of convolution and pooling windows, and the raw pointer that parallel
+//! tasks share. Below both the op kernels and the GEMM
 //! layer, so that the GEMM epilogues do not reach up into the op layer.
 
 use crate::ir::Unary;
@@ -120,4 +121,20 @@ pub(crate) fn valid_range(off: isize, stride: usize, len: usize, out: usize) -> 
     let lo = lo.max(0) as usize;
     let hi = hi.max(0) as usize;
     (lo.min(hi), hi)
+}
+
+/// A raw pointer shared by tasks that touch disjoint parts of what it points to.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedMut(pub(crate) *mut f32);
+// SAFETY: used only by tasks writing disjoint ranges (`conv_tiled` and the op kernels,
+// `gemm` in matmul, the implicit convolution's `run`); each use says which range is whose.
+unsafe impl Send for SharedMut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    // A method (not field access) so closures capture the Send/Sync wrapper, not the pointer.
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
 }

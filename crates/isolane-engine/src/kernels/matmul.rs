@@ -6,6 +6,7 @@
 
 use rayon::prelude::*;
 
+use super::math::SharedMut;
 use super::packed::{gemm_packed, pack_a, packed_len, BRows, Epi, Isa, PANEL};
 use crate::ir::Unary;
 
@@ -149,7 +150,15 @@ pub(crate) unsafe fn gemm(
             1
         };
         let cw = n.div_ceil(PANEL).div_ceil(chunks) * PANEL;
-        let (c, bp) = (SendPtr(out.c), SendPtr(bp as *mut f32));
+        let bp = SharedMut(bp as *mut f32);
+        let rows = Gemv {
+            m,
+            k,
+            a,
+            ldb,
+            alpha,
+            out,
+        };
         let task = |ci: usize| {
             let (j0, j1) = (ci * cw, ((ci + 1) * cw).min(n));
             // One panel (or, row-major, one row segment) at a time.
@@ -168,7 +177,7 @@ pub(crate) unsafe fn gemm(
                 };
                 // SAFETY: columns j..je of C are this task's alone; B's rows have them at
                 // `first + r·ldb`.
-                unsafe { gemv(isa, m, k, a, first, ldb, alpha, out, c.get(), j, je) };
+                unsafe { gemv(isa, rows, first, j, je) };
                 j = je;
             }
         };
@@ -212,8 +221,8 @@ pub(crate) unsafe fn gemm(
     };
     let cw = cblocks.div_ceil(cc) * 48;
     let pw = panels.div_ceil(pc);
-    let c = SendPtr(out.c);
-    let ap = SendPtr(ap as *mut f32);
+    let c = SharedMut(out.c);
+    let ap = SharedMut(ap as *mut f32);
     let task = |t: usize| {
         let (ci, pi) = (t / pc, t % pc);
         let (j0, p0) = (ci * cw, pi * pw);
@@ -263,68 +272,51 @@ pub(crate) unsafe fn gemm(
 /// Rows up to which a product is computed as row × matrix products.
 const GEMV_ROWS: usize = 2;
 
-/// Columns `j0..j1` of `C (+)= alpha·A·B` for a few rows of A, then the column bias and
-/// activation; `b` points at B's element `(0, j0)`, and rows are `ldb` apart.
-///
-/// # Safety
-/// As for [`gemm`]; `c` is `out.c`; columns `j0..j1` of C are the caller's alone.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemv(
-    isa: Isa,
+/// A product of a few rows of A (at most [`GEMV_ROWS`]): `C (+)= alpha·A·B` into
+/// `out`, then its column bias and activation; B's rows are `ldb` apart.
+#[derive(Clone, Copy)]
+struct Gemv<'a> {
     m: usize,
     k: usize,
     a: Mat,
-    b: *const f32,
     ldb: usize,
     alpha: f32,
-    out: Out,
-    c: *mut f32,
-    j0: usize,
-    j1: usize,
-) {
+    out: Out<'a>,
+}
+
+/// Columns `j0..j1` of the product `g`; `b` points at B's element `(0, j0)`.
+///
+/// # Safety
+/// As for [`gemm`]; columns `j0..j1` of C are the caller's alone.
+unsafe fn gemv(isa: Isa, g: Gemv, b: *const f32, j0: usize, j1: usize) {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Portable {
         // SAFETY: AVX2 and FMA were detected (every ISA but Portable implies them).
-        return unsafe { gemv_avx2(m, k, a, b, ldb, alpha, out, c, j0, j1) };
+        return unsafe { gemv_avx2(g, b, j0, j1) };
     }
     let _ = isa;
     // SAFETY: forwarded.
-    unsafe { gemv_body(m, k, a, b, ldb, alpha, out, c, j0, j1) }
+    unsafe { gemv_body(g, b, j0, j1) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemv_avx2(
-    m: usize,
-    k: usize,
-    a: Mat,
-    b: *const f32,
-    ldb: usize,
-    alpha: f32,
-    out: Out,
-    c: *mut f32,
-    j0: usize,
-    j1: usize,
-) {
+unsafe fn gemv_avx2(g: Gemv, b: *const f32, j0: usize, j1: usize) {
     // SAFETY: forwarded; compiled here with AVX2 so that the row loops vectorise to 256 bits.
-    unsafe { gemv_body(m, k, a, b, ldb, alpha, out, c, j0, j1) }
+    unsafe { gemv_body(g, b, j0, j1) }
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemv_body(
-    m: usize,
-    k: usize,
-    a: Mat,
-    b: *const f32,
-    ldb: usize,
-    alpha: f32,
-    out: Out,
-    c: *mut f32,
-    j0: usize,
-    j1: usize,
-) {
+unsafe fn gemv_body(g: Gemv, b: *const f32, j0: usize, j1: usize) {
+    let Gemv {
+        m,
+        k,
+        a,
+        ldb,
+        alpha,
+        out,
+    } = g;
+    let c = out.c;
     let w = j1 - j0;
     // SAFETY: (the whole body) rows < m ≤ GEMV_ROWS of C and A, rows < k of B, columns j0..j1.
     unsafe {
@@ -343,20 +335,5 @@ unsafe fn gemv_body(
             }
             super::math::apply_act(out.act, row);
         }
-    }
-}
-
-/// A raw pointer shared by tasks that touch disjoint parts of what it points to.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only by tasks writing disjoint blocks (see `gemm`).
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    // A method (not field access) so closures capture the Send/Sync wrapper, not the pointer.
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }

@@ -6,7 +6,7 @@
 //! - `mod.rs`: one kernel per op (the op layer);
 //! - `implicit`, `matmul`, `packed`: isolane's GEMM (implicit-GEMM convolutions, matrix
 //!   products, packed micro-kernels);
-//! - `math`: scalar activations and index helpers shared by both.
+//! - `math`: scalar activations, index helpers and the task-shared pointer used by both.
 //!
 //! The reference evaluator (`crate::reference`) runs these kernels one node at a time; the CPU
 //! backend (`crate::cpu`) runs them prepared, on buffers in one arena.
@@ -22,9 +22,9 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use implicit::Implicit;
-use math::{apply_act, exp, valid_range};
+use math::{apply_act, exp, valid_range, SharedMut};
 use matmul::{BSrc, Mat, Out, PackedB};
-use packed::{Epi, Isa, PackedA};
+use packed::{epilogue, Epi, Isa, PackedA};
 
 use crate::error::{EngineError, Result};
 use crate::ir::{
@@ -759,14 +759,7 @@ impl Kernel {
                 let out = unsafe { io.out(0) };
                 let (d, eps) = (*d, *eps);
                 let _ = rows;
-                let rows_per = (CHUNK / d.max(1)).max(1);
-                out.par_chunks_mut(rows_per * d)
-                    .zip(x.par_chunks(rows_per * d))
-                    .for_each(|(ob, xb)| {
-                        for (o, xr) in ob.chunks_mut(d).zip(xb.chunks(d)) {
-                            layer_norm_row(xr, o, g, b, eps);
-                        }
-                    });
+                par_row_pairs(x, out, d, |xr, o| layer_norm_row(xr, o, g, b, eps));
             }
             Kernel::Reduce {
                 kind,
@@ -1125,31 +1118,17 @@ impl ConvK {
         let tiles = (self.oh * self.ow).div_ceil(self.tile) * self.n * self.groups;
         self.method != ConvMethod::Depthwise && (threads <= 1 || tiles >= 2 * threads)
     }
-}
 
-/// A raw output pointer shared by tasks that write disjoint parts of it.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-// SAFETY: used only for tasks writing disjoint ranges (see conv_tiled).
-unsafe impl Send for SharedMut {}
-// SAFETY: as above.
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    // A method (not field access) so closures capture the Send/Sync wrapper, not the pointer.
-    fn get(self) -> *mut f32 {
-        self.0
+    /// Row `row` of the lowered (im2col) matrix: its input channel's plane in `x`, its
+    /// kernel row, and the input column offset of its kernel column at output column 0.
+    fn lowered_row<'x>(&self, x: &'x [f32], row: usize) -> (&'x [f32], usize, isize) {
+        let kj = row % self.kw;
+        let ki = (row / self.kw) % self.kh;
+        let ci = row / (self.kw * self.kh);
+        let hw = self.h * self.w;
+        let xoff = (kj * self.dw) as isize - self.pl as isize;
+        (&x[ci * hw..(ci + 1) * hw], ki, xoff)
     }
-}
-
-#[inline]
-fn epilogue(v: &mut [f32], b: f32, r: Option<&[f32]>, act: Option<Unary>) {
-    if let Some(r) = r {
-        v.iter_mut().zip(r).for_each(|(v, r)| *v += b + r);
-    } else if b != 0.0 {
-        v.iter_mut().for_each(|v| *v += b);
-    }
-    apply_act(act, v);
 }
 
 fn conv_tiled(c: &ConvK, io: &Io, threads: usize) {
@@ -1269,11 +1248,7 @@ fn im2col_cols(c: &ConvK, x: &[f32], n0: usize, nn: usize, col: &mut [f32], ld: 
     }
     for (row, dst) in col.chunks_mut(ld).enumerate() {
         let dst = &mut dst[..nn];
-        let kj = row % c.kw;
-        let ki = (row / c.kw) % c.kh;
-        let ci = row / (c.kw * c.kh);
-        let plane = &x[ci * h * w..(ci + 1) * h * w];
-        let xoff = (kj * c.dw) as isize - c.pl as isize;
+        let (plane, ki, xoff) = c.lowered_row(x, row);
         let (xlo, xhi) = valid_range(xoff, c.sw, w, c.ow);
         let mut col_i = n0;
         let end = n0 + nn;
@@ -1292,21 +1267,27 @@ fn im2col_cols(c: &ConvK, x: &[f32], n0: usize, nn: usize, col: &mut [f32], ld: 
             let (a, b) = (xlo.max(ox0).min(ox1), xhi.max(ox0).min(ox1));
             d[..a - ox0].fill(0.0);
             d[b - ox0..].fill(0.0);
-            if c.sw == 1 && b > a {
-                let s0 = (a as isize + xoff) as usize;
-                d[a - ox0..b - ox0].copy_from_slice(&src[s0..s0 + (b - a)]);
-            } else if b > a {
-                let s0 = (a as isize * c.sw as isize + xoff) as usize;
-                let n = b - a;
-                let sw = c.sw;
-                // Indexed form: the bounds are provable, so the loop compiles to plain
-                // strided loads.
-                let s = &src[s0..s0 + sw * (n - 1) + 1];
-                let d = &mut d[a - ox0..b - ox0];
-                for j in 0..n {
-                    d[j] = s[j * sw];
-                }
-            }
+            copy_taps(&mut d[a - ox0..b - ox0], src, a, c.sw, xoff);
+        }
+    }
+}
+
+/// `d[j] = src[(lo + j)·sw + xoff]`: the valid taps of one input row for the output columns
+/// `lo..lo + d.len()` of an im2col row.
+#[inline(always)]
+fn copy_taps(d: &mut [f32], src: &[f32], lo: usize, sw: usize, xoff: isize) {
+    let n = d.len();
+    if n == 0 {
+        return;
+    }
+    let s0 = (lo as isize * sw as isize + xoff) as usize;
+    if sw == 1 {
+        d.copy_from_slice(&src[s0..s0 + n]);
+    } else {
+        // Indexed form: the bounds are provable, so the loop compiles to plain strided loads.
+        let s = &src[s0..s0 + sw * (n - 1) + 1];
+        for j in 0..n {
+            d[j] = s[j * sw];
         }
     }
 }
@@ -1320,11 +1301,7 @@ fn im2col_rows(c: &ConvK, x: &[f32], oy0: usize, rows: usize, col: &mut [f32], l
     let plane_len = (h * w) as isize;
     for (row, dst) in col.chunks_mut(ld).enumerate() {
         let dst = &mut dst[..nn];
-        let kj = row % c.kw;
-        let ki = (row / c.kw) % c.kh;
-        let ci = row / (c.kw * c.kh);
-        let plane = &x[ci * h * w..(ci + 1) * h * w];
-        let xoff = (kj * c.dw) as isize - c.pl as isize;
+        let (plane, ki, xoff) = c.lowered_row(x, row);
         let (xlo, xhi) = valid_range(xoff, 1, w, w);
         // Output rows whose input row lies inside the plane.
         let yoff = (ki * c.dh) as isize - c.pt as isize;
@@ -1520,11 +1497,7 @@ fn im2col(c: &ConvK, x: &[f32], col: &mut [f32], ld: usize) {
     let (h, w) = (c.h, c.w);
     col.par_chunks_mut(ld).enumerate().for_each(|(row, dst)| {
         let dst = &mut dst[..ohw];
-        let kj = row % c.kw;
-        let ki = (row / c.kw) % c.kh;
-        let ci = row / (c.kw * c.kh);
-        let plane = &x[ci * h * w..(ci + 1) * h * w];
-        let xoff = (kj * c.dw) as isize - c.pl as isize;
+        let (plane, ki, xoff) = c.lowered_row(x, row);
         let (xlo, xhi) = valid_range(xoff, c.sw, w, c.ow);
         for oy in 0..c.oh {
             let iy = (oy * c.sh + ki * c.dh) as isize - c.pt as isize;
@@ -1536,15 +1509,7 @@ fn im2col(c: &ConvK, x: &[f32], col: &mut [f32], ld: usize) {
             let src = &plane[iy as usize * w..(iy as usize + 1) * w];
             d[..xlo].fill(0.0);
             d[xhi..].fill(0.0);
-            if c.sw == 1 && xhi > xlo {
-                let s0 = (xlo as isize + xoff) as usize;
-                d[xlo..xhi].copy_from_slice(&src[s0..s0 + (xhi - xlo)]);
-            } else if xhi > xlo {
-                let s0 = (xlo as isize * c.sw as isize + xoff) as usize;
-                for (v, &e) in d[xlo..xhi].iter_mut().zip(src[s0..].iter().step_by(c.sw)) {
-                    *v = e;
-                }
-            }
+            copy_taps(&mut d[xlo..xhi], src, xlo, c.sw, xoff);
         }
     });
 }
@@ -1691,44 +1656,66 @@ fn binary_kernel(b: &BinaryK, io: &Io) {
     }
     let last = b.out_shape[r - 1].max(1);
     let (sa, sb) = (b.a_st[r - 1], b.b_st[r - 1]);
+    par_rows(out, last, |mut row, orow| {
+        let (mut oa, mut obb) = (0usize, 0usize);
+        for d in (0..r - 1).rev() {
+            let i = row % b.out_shape[d];
+            row /= b.out_shape[d];
+            oa += i * b.a_st[d];
+            obb += i * b.b_st[d];
+        }
+        match (sa, sb) {
+            (1, 1) => {
+                let (ar, br) = (&x[oa..oa + last], &y[obb..obb + last]);
+                for i in 0..last {
+                    orow[i] = binary(op, ar[i], br[i]);
+                }
+            }
+            (1, 0) => {
+                let (ar, bv) = (&x[oa..oa + last], y[obb]);
+                for i in 0..last {
+                    orow[i] = binary(op, ar[i], bv);
+                }
+            }
+            (0, 1) => {
+                let (av, br) = (x[oa], &y[obb..obb + last]);
+                for i in 0..last {
+                    orow[i] = binary(op, av, br[i]);
+                }
+            }
+            _ => {
+                for (i, o) in orow.iter_mut().enumerate() {
+                    *o = binary(op, x[oa + i * sa], y[obb + i * sb]);
+                }
+            }
+        }
+    });
+}
+
+/// Calls `f(x_row, out_row)` for every row of `len` elements of `x` and `out`, rows taken in
+/// parallel blocks of about [`CHUNK`] elements.
+#[inline(always)]
+fn par_row_pairs(x: &[f32], out: &mut [f32], len: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) {
+    let rows_per = (CHUNK / len.max(1)).max(1);
+    out.par_chunks_mut(rows_per * len)
+        .zip(x.par_chunks(rows_per * len))
+        .for_each(|(ob, xb)| {
+            for (o, xr) in ob.chunks_mut(len).zip(xb.chunks(len)) {
+                f(xr, o);
+            }
+        });
+}
+
+/// Calls `f(row, out_row)` for every row of `last` elements of `out` (`last` ≥ 1), rows
+/// taken in parallel blocks of about [`CHUNK`] elements.
+#[inline(always)]
+fn par_rows(out: &mut [f32], last: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     let rows_per = (CHUNK / last).max(1);
     out.par_chunks_mut(rows_per * last)
         .enumerate()
         .for_each(|(blk, ob)| {
             for (j, orow) in ob.chunks_mut(last).enumerate() {
-                let mut row = blk * rows_per + j;
-                let (mut oa, mut obb) = (0usize, 0usize);
-                for d in (0..r - 1).rev() {
-                    let i = row % b.out_shape[d];
-                    row /= b.out_shape[d];
-                    oa += i * b.a_st[d];
-                    obb += i * b.b_st[d];
-                }
-                match (sa, sb) {
-                    (1, 1) => {
-                        let (ar, br) = (&x[oa..oa + last], &y[obb..obb + last]);
-                        for i in 0..last {
-                            orow[i] = binary(op, ar[i], br[i]);
-                        }
-                    }
-                    (1, 0) => {
-                        let (ar, bv) = (&x[oa..oa + last], y[obb]);
-                        for i in 0..last {
-                            orow[i] = binary(op, ar[i], bv);
-                        }
-                    }
-                    (0, 1) => {
-                        let (av, br) = (x[oa], &y[obb..obb + last]);
-                        for i in 0..last {
-                            orow[i] = binary(op, av, br[i]);
-                        }
-                    }
-                    _ => {
-                        for (i, o) in orow.iter_mut().enumerate() {
-                            *o = binary(op, x[oa + i * sa], y[obb + i * sb]);
-                        }
-                    }
-                }
+                f(blk * rows_per + j, orow);
             }
         });
 }
@@ -1747,28 +1734,22 @@ fn strided(s: &StridedK, io: &Io) {
         return;
     }
     let ls = s.strides[r - 1];
-    let rows_per = (CHUNK / last).max(1);
-    out.par_chunks_mut(rows_per * last)
-        .enumerate()
-        .for_each(|(blk, ob)| {
-            for (j, orow) in ob.chunks_mut(last).enumerate() {
-                let mut row = blk * rows_per + j;
-                let mut off = s.base;
-                for d in (0..r - 1).rev() {
-                    let i = row % s.out_shape[d];
-                    row /= s.out_shape[d];
-                    off += i as isize * s.strides[d];
-                }
-                if ls == 1 {
-                    let o = off as usize;
-                    orow.copy_from_slice(&x[o..o + last]);
-                } else {
-                    for (i, v) in orow.iter_mut().enumerate() {
-                        *v = x[(off + i as isize * ls) as usize];
-                    }
-                }
+    par_rows(out, last, |mut row, orow| {
+        let mut off = s.base;
+        for d in (0..r - 1).rev() {
+            let i = row % s.out_shape[d];
+            row /= s.out_shape[d];
+            off += i as isize * s.strides[d];
+        }
+        if ls == 1 {
+            let o = off as usize;
+            orow.copy_from_slice(&x[o..o + last]);
+        } else {
+            for (i, v) in orow.iter_mut().enumerate() {
+                *v = x[(off + i as isize * ls) as usize];
             }
-        });
+        }
+    });
 }
 
 fn softmax(io: &Io, outer: usize, dim: usize, inner: usize) {
@@ -1779,21 +1760,16 @@ fn softmax(io: &Io, outer: usize, dim: usize, inner: usize) {
         return;
     }
     if inner == 1 {
-        let rows_per = (CHUNK / dim).max(1);
-        out.par_chunks_mut(rows_per * dim)
-            .zip(x.par_chunks(rows_per * dim))
-            .for_each(|(ob, xb)| {
-                for (o, xr) in ob.chunks_mut(dim).zip(xb.chunks(dim)) {
-                    let m = xr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut s = 0.0;
-                    for (o, &v) in o.iter_mut().zip(xr) {
-                        *o = exp(v - m);
-                        s += *o;
-                    }
-                    let inv = 1.0 / s;
-                    o.iter_mut().for_each(|v| *v *= inv);
-                }
-            });
+        par_row_pairs(x, out, dim, |xr, o| {
+            let m = xr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut s = 0.0;
+            for (o, &v) in o.iter_mut().zip(xr) {
+                *o = exp(v - m);
+                s += *o;
+            }
+            let inv = 1.0 / s;
+            o.iter_mut().for_each(|v| *v *= inv);
+        });
         return;
     }
     out.par_chunks_mut(dim * inner)

@@ -470,41 +470,41 @@ pub(crate) fn epilogue(v: &mut [f32], b: f32, r: Option<&[f32]>, act: Option<Una
     }
 }
 
-/// `dst = act(src + (b + res))` row by row: rows of `ow` columns, read `lds` apart from `src`
-/// (a product block's valid columns) and written `ow` apart to `dst` (whole output rows),
-/// compiled for the CPU's vector width, one call per output channel.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn copy_epilogue(
-    isa: Isa,
-    src: &[f32],
-    lds: usize,
-    dst: &mut [f32],
-    ow: usize,
-    b: f32,
-    res: Option<&[f32]>,
-    act: Option<Unary>,
-) {
+/// One output channel's epilogue for [`copy_epilogue`]: `dst = act(src + (b + res))` row by
+/// row, rows of `ow` columns read `lds` apart from `src` (a product block's valid columns) and
+/// written `ow` apart (whole output rows).
+pub(crate) struct CopyEpilogue<'a> {
+    pub src: &'a [f32],
+    pub lds: usize,
+    pub ow: usize,
+    pub b: f32,
+    pub res: Option<&'a [f32]>,
+    pub act: Option<Unary>,
+}
+
+/// Applies `e` into `dst`, compiled for the CPU's vector width.
+pub(crate) fn copy_epilogue(isa: Isa, e: &CopyEpilogue, dst: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F was detected for this ISA.
-        Isa::Avx512 => unsafe { x86::copy_epilogue_avx512(src, lds, dst, ow, b, res, act) },
+        Isa::Avx512 => unsafe { x86::copy_epilogue_avx512(e, dst) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and FMA were detected for this ISA.
-        Isa::Avx2 => unsafe { x86::copy_epilogue_avx2(src, lds, dst, ow, b, res, act) },
-        _ => copy_epilogue_body(src, lds, dst, ow, b, res, act),
+        Isa::Avx2 => unsafe { x86::copy_epilogue_avx2(e, dst) },
+        _ => copy_epilogue_body(e, dst),
     }
 }
 
 #[inline(always)]
-fn copy_epilogue_body(
-    src: &[f32],
-    lds: usize,
-    dst: &mut [f32],
-    ow: usize,
-    b: f32,
-    res: Option<&[f32]>,
-    act: Option<Unary>,
-) {
+fn copy_epilogue_body(e: &CopyEpilogue, dst: &mut [f32]) {
+    let CopyEpilogue {
+        src,
+        lds,
+        ow,
+        b,
+        res,
+        act,
+    } = *e;
     for (y, d) in dst.chunks_mut(ow).enumerate() {
         let s = &src[y * lds..y * lds + d.len()];
         match res {
@@ -571,34 +571,17 @@ unsafe fn micro_portable(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{copy_epilogue_body, gemm_body, Args, Epi};
-    use crate::ir::Unary;
+    use super::{copy_epilogue_body, gemm_body, Args, CopyEpilogue, Epi};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn copy_epilogue_avx512(
-        src: &[f32],
-        lds: usize,
-        dst: &mut [f32],
-        ow: usize,
-        b: f32,
-        res: Option<&[f32]>,
-        act: Option<Unary>,
-    ) {
-        copy_epilogue_body(src, lds, dst, ow, b, res, act)
+    pub(super) unsafe fn copy_epilogue_avx512(e: &CopyEpilogue, dst: &mut [f32]) {
+        copy_epilogue_body(e, dst)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn copy_epilogue_avx2(
-        src: &[f32],
-        lds: usize,
-        dst: &mut [f32],
-        ow: usize,
-        b: f32,
-        res: Option<&[f32]>,
-        act: Option<Unary>,
-    ) {
-        copy_epilogue_body(src, lds, dst, ow, b, res, act)
+    pub(super) unsafe fn copy_epilogue_avx2(e: &CopyEpilogue, dst: &mut [f32]) {
+        copy_epilogue_body(e, dst)
     }
 
     #[target_feature(enable = "avx512f,avx2,fma")]

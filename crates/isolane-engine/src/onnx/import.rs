@@ -1434,13 +1434,8 @@ impl<'m> Importer<'m> {
                 data.kind()
             )));
         };
-        let idx = syms_static(c, &indices, "indices")?;
-        let ishape = static_shape(&indices);
-        let q = ishape.last().copied().unwrap_or(0);
         let dshape = &data.shape;
-        if q == 0 || q > dshape.len() {
-            return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
-        }
+        let (idx, ishape, q) = nd_indices(c, &indices, dshape)?;
         let slice: usize = dshape[q..].iter().product();
         let mut out = Vec::with_capacity(idx.len() / q * slice);
         for tuple in idx.chunks_exact(q) {
@@ -1467,13 +1462,8 @@ impl<'m> Importer<'m> {
                 updates.kind()
             )));
         };
-        let idx = syms_static(c, &indices, "indices")?;
-        let ishape = static_shape(&indices);
-        let q = ishape.last().copied().unwrap_or(0);
         let dshape = &data.shape;
-        if q == 0 || q > dshape.len() {
-            return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
-        }
+        let (idx, ishape, q) = nd_indices(c, &indices, dshape)?;
         let slice: usize = dshape[q..].iter().product();
         let n = idx.len() / q;
         if updates.data.len() != n * slice {
@@ -1905,15 +1895,7 @@ impl<'m> Importer<'m> {
     fn reshape(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let allowzero = c.int("allowzero", 0)? != 0;
         let x = self.req(c, 0)?;
-        let shape = match self.req(c, 1)? {
-            Val::I(a) => a.data,
-            v => {
-                return Err(c.bad(format!(
-                    "the shape is {}; it must be known at import",
-                    v.kind()
-                )))
-            }
-        };
+        let shape = known_shape(c, self.req(c, 1)?)?;
         if allowzero && shape.iter().any(|s| *s == Sym::k(0)) {
             return Err(c.unsupported_attr(
                 "allowzero",
@@ -1956,50 +1938,23 @@ impl<'m> Importer<'m> {
             return self.emit(c, Op::Concat { axis }, &vals, vec![out]);
         }
         let r = match &first {
-            Val::I(_) => {
-                let parts: Vec<&Arr<Sym>> = vals
-                    .iter()
-                    .map(|(_, v)| {
-                        if let Val::I(a) = v {
-                            Ok(a)
-                        } else {
-                            Err(c.bad("inputs differ in type"))
-                        }
-                    })
-                    .collect::<Result<_>>()?;
-                check_concat(c, parts.iter().map(|p| p.shape.as_slice()), a)?;
-                Arr::concat(&parts, a).map(Val::I)
-            }
-            Val::F(_) => {
-                let parts: Vec<&Arr<f32>> = vals
-                    .iter()
-                    .map(|(_, v)| {
-                        if let Val::F(a) = v {
-                            Ok(a)
-                        } else {
-                            Err(c.bad("inputs differ in type"))
-                        }
-                    })
-                    .collect::<Result<_>>()?;
-                check_concat(c, parts.iter().map(|p| p.shape.as_slice()), a)?;
-                Arr::concat(&parts, a).map(Val::F)
-            }
-            _ => {
-                let parts: Vec<&Arr<bool>> = vals
-                    .iter()
-                    .map(|(_, v)| {
-                        if let Val::B(a) = v {
-                            Ok(a)
-                        } else {
-                            Err(c.bad("inputs differ in type"))
-                        }
-                    })
-                    .collect::<Result<_>>()?;
-                check_concat(c, parts.iter().map(|p| p.shape.as_slice()), a)?;
-                Arr::concat(&parts, a).map(Val::B)
-            }
+            Val::I(_) => concat_known(c, &vals, a, |v| match v {
+                Val::I(x) => Some(x),
+                _ => None,
+            })
+            .map(Val::I),
+            Val::F(_) => concat_known(c, &vals, a, |v| match v {
+                Val::F(x) => Some(x),
+                _ => None,
+            })
+            .map(Val::F),
+            _ => concat_known(c, &vals, a, |v| match v {
+                Val::B(x) => Some(x),
+                _ => None,
+            })
+            .map(Val::B),
         };
-        Ok(vec![r.map_err(|e| c.bad(e))?])
+        Ok(vec![r?])
     }
 
     fn split(&mut self, c: &Ctx) -> Result<Vec<Val>> {
@@ -2212,15 +2167,7 @@ impl<'m> Importer<'m> {
 
     fn expand(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let x = self.req(c, 0)?;
-        let shape = match self.req(c, 1)? {
-            Val::I(a) => a.data,
-            v => {
-                return Err(c.bad(format!(
-                    "the shape is {}; it must be known at import",
-                    v.kind()
-                )))
-            }
-        };
+        let shape = known_shape(c, self.req(c, 1)?)?;
         let all_static = shape.iter().all(|s| s.is_const());
         if !x.is_dyn() && all_static {
             let t: Vec<usize> = shape.iter().map(|s| s.c.max(0) as usize).collect();
@@ -2389,6 +2336,19 @@ impl<'m> Importer<'m> {
 
 /// The C-order offset (in units of the trailing slice) of an index tuple into the leading dims
 /// of `shape` (negative indices count from the end), for GatherND and ScatterND.
+/// GatherND's and ScatterND's `indices` (known at import) for data of shape `dshape`: their
+/// values, their shape, and `q`, the length of the index tuples along their last axis
+/// (1 to the rank of the data).
+fn nd_indices(c: &Ctx, indices: &Val, dshape: &[usize]) -> Result<(Vec<i64>, Vec<usize>, usize)> {
+    let idx = syms_static(c, indices, "indices")?;
+    let ishape = static_shape(indices);
+    let q = ishape.last().copied().unwrap_or(0);
+    if q == 0 || q > dshape.len() {
+        return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
+    }
+    Ok((idx, ishape, q))
+}
+
 fn nd_offset(c: &Ctx, tuple: &[i64], shape: &[usize]) -> Result<usize> {
     let mut offset = 0usize;
     for (d, &i) in tuple.iter().enumerate() {
@@ -2591,6 +2551,33 @@ fn map_arr(
         Val::Dyn(_) => return Err(c.bad("internal: structural fold of a runtime tensor")),
     };
     r.map_err(|e| c.bad(e))
+}
+
+/// The data of a `shape` input, which must be an integer constant.
+fn known_shape(c: &Ctx, v: Val) -> Result<Vec<Sym>> {
+    match v {
+        Val::I(a) => Ok(a.data),
+        v => Err(c.bad(format!(
+            "the shape is {}; it must be known at import",
+            v.kind()
+        ))),
+    }
+}
+
+/// The concatenation along `axis` of values known at import, each of the kind `pick` takes
+/// out of a [`Val`] (a value of another kind is an error).
+fn concat_known<T: Clone>(
+    c: &Ctx,
+    vals: &[(String, Val)],
+    axis: usize,
+    pick: fn(&Val) -> Option<&Arr<T>>,
+) -> Result<Arr<T>> {
+    let parts: Vec<&Arr<T>> = vals
+        .iter()
+        .map(|(_, v)| pick(v).ok_or_else(|| c.bad("inputs differ in type")))
+        .collect::<Result<_>>()?;
+    check_concat(c, parts.iter().map(|p| p.shape.as_slice()), axis)?;
+    Arr::concat(&parts, axis).map_err(|e| c.bad(e))
 }
 
 fn check_concat<'a>(

@@ -1,0 +1,41 @@
+//! ONNX models built in memory, shared by the import tests.
+
+use isolane_engine::onnx::proto::{
+    tensor_proto::DataType, tensor_shape_proto, type_proto, GraphProto, ModelProto,
+    OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+
+/// A graph input or output `name`: a tensor of `elem` with the fixed sizes `dims`.
+pub fn value_info(name: &str, elem: DataType, dims: &[i64]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|&d| tensor_shape_proto::Dimension {
+            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(elem as i32),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// `graph` as a model of the default domain's opset 17 (IR version 8).
+pub fn model(graph: GraphProto) -> ModelProto {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+}
