@@ -35,7 +35,7 @@ pub struct ProfileKey {
 }
 
 /// A name made safe for a path: anything but ASCII letters, digits and dots becomes `_`.
-fn clean(s: &str) -> String {
+pub(crate) fn clean(s: &str) -> String {
     s.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '.' {

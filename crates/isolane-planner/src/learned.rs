@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cache::clean;
+
 /// Which stretch: one workload beside a set of others, on one device and mechanism.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StretchKey {
@@ -40,17 +42,6 @@ impl StretchKey {
     }
 
     fn file_name(&self) -> String {
-        let clean = |s: &str| -> String {
-            s.chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '.' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect()
-        };
         // The neighbour set goes into the name as a CRC-32: six ONNX names would not fit.
         let set = crc32fast::hash(self.sorted_neighbours().join("\n").as_bytes());
         format!(
