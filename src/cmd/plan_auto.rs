@@ -1180,6 +1180,68 @@ mod tests {
         }
     }
 
+    /// A verification's measured stretch is its p99.9 response over the p99.9 alone, and the
+    /// next round plans with it, never with less than it planned with: the committed H100
+    /// run of three-cameras (front_vit planned ×1.24 in 32 SMs, measured 1.739 ms against
+    /// 1.299 ms alone: ×1.34).
+    #[test]
+    fn a_round_plans_with_the_stretch_its_verification_measured() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/h100-planner");
+        let summary: RunSummary =
+            isolane_core::results::read_json(&dir.join("verify-three-cameras/summary.json"))
+                .unwrap();
+        let choice = |name: &str, tail: f64, stretch: f64| {
+            let profile = Point {
+                size: 32,
+                exec_p50_ms: tail,
+                exec_p99_ms: tail,
+                exec_mean_ms: tail,
+                exec_p999_ms: Some(tail),
+            };
+            Choice {
+                workload: name.into(),
+                size: 32,
+                predicted_p99_ms: tail * stretch,
+                predicted_tail_ms: tail * stretch,
+                deadline_ms: 2.0,
+                util: 0.5,
+                profile,
+                memory_mib: None,
+                mig_start: None,
+            }
+        };
+        let demand = |name: &str| Demand {
+            name: name.into(),
+            rate_hz: 400.0,
+            deadline_ms: 2.0,
+            critical: true,
+            stretch: None,
+            memory_mib: None,
+        };
+        // front_vit measured more than it was planned with; rear_det (planned ×2.0) less.
+        let choices = [
+            choice("front_vit", 1.299, 1.24),
+            choice("rear_det", 1.0, 2.0),
+        ];
+        let measured = measured_stretch(&choices[0], &summary).unwrap();
+        assert!((measured - 1.738751 / 1.299).abs() < 1e-9, "{measured}");
+        let next = calibrated(
+            &[demand("front_vit"), demand("rear_det")],
+            &choices,
+            &summary,
+        );
+        assert!((next[0].stretch.unwrap() - measured).abs() < 1e-9);
+        assert!(
+            (next[1].stretch.unwrap() - 2.0).abs() < 1e-9,
+            "never below the plan's"
+        );
+        // A workload the run does not know has nothing measured.
+        assert_eq!(
+            measured_stretch(&choice("nobody", 1.0, 1.0), &summary),
+            None
+        );
+    }
+
     /// On this machine's GPU MIG can be planned only with MIG mode on (the profile runs need
     /// MIG instances); `--mechanism all` then leaves MIG out with that reason.
     #[test]
