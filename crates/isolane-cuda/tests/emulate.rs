@@ -13,8 +13,8 @@ use isolane_cuda::plan::{
     MatMulStep, Plan, PlanOptions, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided,
 };
 use isolane_engine::ir::{
-    Binary, CoordMode, Dim, Graph, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Tensor,
-    Unary,
+    Binary, ConvAttrs, CoordMode, Dim, Graph, NearestMode, Op, ReduceKind, ResizeAttrs, ResizeMode,
+    ResizeSize, Tensor, Unary,
 };
 use isolane_engine::{build_model, passes, Backend, CpuBackend, Precision, Weights};
 
@@ -508,10 +508,22 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 }
             }
         }
-        StepKind::RowMean { x, y, rows, hw } => {
+        StepKind::RowReduce {
+            x,
+            y,
+            rows,
+            hw,
+            kind,
+        } => {
             for r in 0..*rows {
-                let s: f32 = (0..*hw).map(|j| m.get(*x, r * hw + j)).sum();
-                m.set(*y, r, s / *hw as f32);
+                let it = (0..*hw).map(|j| m.get(*x, r * hw + j));
+                let v = match kind {
+                    ReduceKind::Sum => it.sum(),
+                    ReduceKind::Mean => it.sum::<f32>() / *hw as f32,
+                    ReduceKind::Max => it.fold(f32::NEG_INFINITY, f32::max),
+                    ReduceKind::Min => it.fold(f32::INFINITY, f32::min),
+                };
+                m.set(*y, r, v);
             }
         }
         StepKind::ChanMean { x, y, n, c, hw } => {
@@ -1109,6 +1121,131 @@ fn transpose_of_a_strided_transpose_computes_the_graph() {
     g.add_output(y).unwrap();
     for batch in [2, 3] {
         check(&g, batch, true, 1e-6);
+    }
+}
+
+/// A graph of one `Reduce` of an input of `dims` (after the batch), optionally squared
+/// before and square-rooted after, as the importer writes ReduceL2.
+fn reduce_graph(kind: ReduceKind, dims: &[usize], axes: &[i64], keepdims: bool, l2: bool) -> Graph {
+    let mut g = Graph::new(&format!("reduce_{kind:?}_{axes:?}_keep{keepdims}_l2{l2}"));
+    let shape = std::iter::once(Dim::Batch)
+        .chain(dims.iter().map(|&d| Dim::Fixed(d)))
+        .collect();
+    let mut x = g.add_input("x", shape);
+    if l2 {
+        x = g
+            .add_op("square", Op::Binary(Binary::Mul), &[x, x])
+            .unwrap();
+    }
+    let reduce = Op::Reduce {
+        kind,
+        axes: axes.to_vec(),
+        keepdims,
+    };
+    let mut y = g.add_op("reduce", reduce, &[x]).unwrap();
+    if l2 {
+        y = g.add_op("sqrt", Op::Unary(Unary::Sqrt), &[y]).unwrap();
+    }
+    g.add_output(y).unwrap();
+    g
+}
+
+#[test]
+fn every_reduce_kind_over_trailing_axes_computes_the_graph() {
+    let kinds = [
+        ReduceKind::Mean,
+        ReduceKind::Sum,
+        ReduceKind::Max,
+        ReduceKind::Min,
+    ];
+    for kind in kinds {
+        for keepdims in [true, false] {
+            check(
+                &reduce_graph(kind, &[6, 5], &[-1], keepdims, false),
+                2,
+                true,
+                1e-6,
+            );
+            check(
+                &reduce_graph(kind, &[3, 4, 5], &[2, 3], keepdims, false),
+                2,
+                true,
+                1e-6,
+            );
+        }
+    }
+}
+
+#[test]
+fn reduce_l2_as_imported_computes_the_graph() {
+    for keepdims in [true, false] {
+        let g = reduce_graph(ReduceKind::Sum, &[6, 5], &[-1], keepdims, true);
+        check(&g, 2, true, 1e-6);
+    }
+}
+
+/// levit's and mixer's ReduceMean over the tokens of `[B, N, C]`, and other non-trailing sets.
+#[test]
+fn reduce_over_non_trailing_axes_computes_the_graph() {
+    let cases: [(&[usize], &[i64]); 4] = [
+        (&[6, 5], &[1]),
+        (&[6, 5], &[0, 1]),
+        (&[3, 4, 5], &[1, 3]),
+        (&[3, 4, 5], &[0, 2]),
+    ];
+    for (dims, axes) in cases {
+        for keepdims in [true, false] {
+            for kind in [ReduceKind::Mean, ReduceKind::Max] {
+                for cl in [true, false] {
+                    check(
+                        &reduce_graph(kind, dims, axes, keepdims, false),
+                        2,
+                        cl,
+                        1e-6,
+                    );
+                }
+            }
+            let l2 = reduce_graph(ReduceKind::Sum, dims, axes, keepdims, true);
+            check(&l2, 3, true, 1e-6);
+        }
+    }
+}
+
+/// A convolution of `[B, 4, 9, 8]` by `groups` groups (4: depthwise) with ONNX `pads`.
+fn conv_graph(pads: [usize; 4], strides: [usize; 2], groups: usize) -> Graph {
+    let mut g = Graph::new(&format!("conv_pads{pads:?}_s{strides:?}_g{groups}"));
+    let fixed = |d: &[usize]| d.iter().map(|&d| Dim::Fixed(d)).collect::<Vec<_>>();
+    let shape = [vec![Dim::Batch], fixed(&[4, 9, 8])].concat();
+    let x = g.add_input("x", shape);
+    let cg = 4 / groups;
+    let w = Tensor::new(vec![8, cg, 3, 3], random(8 * cg * 9, 5)).unwrap();
+    let w = g.add_constant("w", w);
+    let b = g.add_constant("b", Tensor::new(vec![8], random(8, 6)).unwrap());
+    let a = ConvAttrs {
+        strides,
+        pads,
+        groups,
+        ..Default::default()
+    };
+    let y = g.add_op("conv", Op::Conv(a), &[x, w, b]).unwrap();
+    g.add_output(y).unwrap();
+    g
+}
+
+/// tf_efficientnet's SAME_UPPER padding exports as `[0, 0, 1, 1]`: padded explicitly first.
+#[test]
+fn asymmetric_conv_padding_computes_the_graph() {
+    let cases = [
+        ([0, 0, 1, 1], [2, 2], 1),
+        ([0, 0, 1, 1], [1, 1], 1),
+        ([1, 2, 2, 1], [1, 1], 1),
+        ([0, 1, 1, 1], [2, 1], 2),
+        ([0, 0, 1, 1], [2, 2], 4),
+    ];
+    for (pads, strides, groups) in cases {
+        for cl in [true, false] {
+            check(&conv_graph(pads, strides, groups), 2, cl, 1e-5);
+        }
     }
 }
 
