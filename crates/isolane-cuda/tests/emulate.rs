@@ -6,14 +6,14 @@
 
 mod common;
 
-use common::{random, rel_l2};
+use common::{random, reduce_graph, rel_l2};
 use isolane_cuda::check::StepRunner;
 use isolane_cuda::plan::{
     self, act_code, binary_code, phys_strides, AttentionStep, LayerNormStep, LinearStep, Loc,
     MatMulStep, Plan, PlanOptions, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided,
 };
 use isolane_engine::ir::{
-    Binary, ConvAttrs, CoordMode, Dim, Graph, NearestMode, Op, ReduceKind, ResizeAttrs, ResizeMode,
+    Binary, CoordMode, Dim, Graph, NearestMode, Op, ReduceKind, ResizeAttrs, ResizeMode,
     ResizeSize, Tensor, Unary,
 };
 use isolane_engine::{build_model, passes, Backend, CpuBackend, Precision, Weights};
@@ -1124,32 +1124,6 @@ fn transpose_of_a_strided_transpose_computes_the_graph() {
     }
 }
 
-/// A graph of one `Reduce` of an input of `dims` (after the batch), optionally squared
-/// before and square-rooted after, as the importer writes ReduceL2.
-fn reduce_graph(kind: ReduceKind, dims: &[usize], axes: &[i64], keepdims: bool, l2: bool) -> Graph {
-    let mut g = Graph::new(&format!("reduce_{kind:?}_{axes:?}_keep{keepdims}_l2{l2}"));
-    let shape = std::iter::once(Dim::Batch)
-        .chain(dims.iter().map(|&d| Dim::Fixed(d)))
-        .collect();
-    let mut x = g.add_input("x", shape);
-    if l2 {
-        x = g
-            .add_op("square", Op::Binary(Binary::Mul), &[x, x])
-            .unwrap();
-    }
-    let reduce = Op::Reduce {
-        kind,
-        axes: axes.to_vec(),
-        keepdims,
-    };
-    let mut y = g.add_op("reduce", reduce, &[x]).unwrap();
-    if l2 {
-        y = g.add_op("sqrt", Op::Unary(Unary::Sqrt), &[y]).unwrap();
-    }
-    g.add_output(y).unwrap();
-    g
-}
-
 #[test]
 fn every_reduce_kind_over_trailing_axes_computes_the_graph() {
     let kinds = [
@@ -1211,40 +1185,12 @@ fn reduce_over_non_trailing_axes_computes_the_graph() {
     }
 }
 
-/// A convolution of `[B, 4, 9, 8]` by `groups` groups (4: depthwise) with ONNX `pads`.
-fn conv_graph(pads: [usize; 4], strides: [usize; 2], groups: usize) -> Graph {
-    let mut g = Graph::new(&format!("conv_pads{pads:?}_s{strides:?}_g{groups}"));
-    let fixed = |d: &[usize]| d.iter().map(|&d| Dim::Fixed(d)).collect::<Vec<_>>();
-    let shape = [vec![Dim::Batch], fixed(&[4, 9, 8])].concat();
-    let x = g.add_input("x", shape);
-    let cg = 4 / groups;
-    let w = Tensor::new(vec![8, cg, 3, 3], random(8 * cg * 9, 5)).unwrap();
-    let w = g.add_constant("w", w);
-    let b = g.add_constant("b", Tensor::new(vec![8], random(8, 6)).unwrap());
-    let a = ConvAttrs {
-        strides,
-        pads,
-        groups,
-        ..Default::default()
-    };
-    let y = g.add_op("conv", Op::Conv(a), &[x, w, b]).unwrap();
-    g.add_output(y).unwrap();
-    g
-}
-
 /// tf_efficientnet's SAME_UPPER padding exports as `[0, 0, 1, 1]`: padded explicitly first.
 #[test]
 fn asymmetric_conv_padding_computes_the_graph() {
-    let cases = [
-        ([0, 0, 1, 1], [2, 2], 1),
-        ([0, 0, 1, 1], [1, 1], 1),
-        ([1, 2, 2, 1], [1, 1], 1),
-        ([0, 1, 1, 1], [2, 1], 2),
-        ([0, 0, 1, 1], [2, 2], 4),
-    ];
-    for (pads, strides, groups) in cases {
+    for (pads, strides, groups) in common::asymmetric_conv_cases() {
         for cl in [true, false] {
-            check(&conv_graph(pads, strides, groups), 2, cl, 1e-5);
+            check(&common::conv_graph(pads, strides, groups), 2, cl, 1e-5);
         }
     }
 }
