@@ -23,7 +23,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "layernorm",
     "softmax",
     "pool2d",
-    "row_mean",
+    "row_reduce",
     "adaptive_pool",
     "resize2d",
     "dwconv",
@@ -403,16 +403,24 @@ extern "C" __global__ void resize2d(const T* __restrict__ x, T* __restrict__ y, 
     }
 }
 
-// One warp per row.
-extern "C" __global__ void row_mean(const T* __restrict__ x, T* __restrict__ y, long long rows, long long hw) {
+// One warp per row. kind: 0 mean, 1 sum, 2 max, 3 min (model.rs's reduce_code). Min is
+// max of the negation so that one warp_max serves both; the identities are +-inf so an
+// all-(-inf) row gives -inf as the CPU backend does.
+extern "C" __global__ void row_reduce(const T* __restrict__ x, T* __restrict__ y, long long rows, long long hw, int kind) {
     long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
     const T* xr = x + row * hw;
-    float s = 0.f;
-    for (long long j = lane; j < hw; j += 32) s += ld(xr, j);
-    s = warp_sum(s);
-    if (lane == 0) st(y, row, s / (float)hw);
+    const float NEG_INF = __int_as_float(0xff800000);
+    float sign = kind == 3 ? -1.f : 1.f;
+    float s = kind >= 2 ? NEG_INF : 0.f;
+    for (long long j = lane; j < hw; j += 32) {
+        float v = ld(xr, j);
+        s = kind >= 2 ? fmaxf(s, sign * v) : s + v;
+    }
+    s = kind >= 2 ? sign * warp_max(s) : warp_sum(s);
+    if (kind == 0) s /= (float)hw;
+    if (lane == 0) st(y, row, s);
 }
 
 extern "C" __global__ void adaptive_pool(const T* __restrict__ x, T* __restrict__ y, int nc, int h, int w, int oh, int ow) {

@@ -1959,8 +1959,14 @@ fn record_step(
                 Arg::I64(*hw as i64),
             ],
         }),
-        StepKind::RowMean { x, y, rows, hw } => m.launches.push(Launch::Kernel {
-            func: rec.func("row_mean"),
+        StepKind::RowReduce {
+            x,
+            y,
+            rows,
+            hw,
+            kind,
+        } => m.launches.push(Launch::Kernel {
+            func: rec.func("row_reduce"),
             grid: (rows * 32).div_ceil(BLOCK as usize) as u32,
             block: BLOCK,
             args: vec![
@@ -1968,6 +1974,7 @@ fn record_step(
                 Arg::Ptr(rec.ptr(*y)),
                 Arg::I64(*rows as i64),
                 Arg::I64(*hw as i64),
+                Arg::I32(reduce_code(*kind)),
             ],
         }),
         StepKind::Resize(rs) => record_resize(m, rec, rs),
@@ -2648,4 +2655,15 @@ fn record_resize(m: &mut CudaModel, rec: &Recorder, rs: &ResizeStep) {
             })),
         ],
     });
+}
+
+/// The `row_reduce` kernel's code for a reduction (the `switch` in kernels.rs).
+fn reduce_code(kind: isolane_engine::ir::ReduceKind) -> i32 {
+    use isolane_engine::ir::ReduceKind;
+    match kind {
+        ReduceKind::Mean => 0,
+        ReduceKind::Sum => 1,
+        ReduceKind::Max => 2,
+        ReduceKind::Min => 3,
+    }
 }

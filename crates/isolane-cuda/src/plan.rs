@@ -12,7 +12,8 @@ use std::sync::Arc;
 pub use isolane_engine::arena::{assign_offsets, check_no_overlap, ArenaRules, Storage};
 use isolane_engine::ir::{
     broadcast_shapes, infer_node, norm_axis, slice_params, Binary, ConvAttrs, CoordMode, Graph,
-    NearestMode, Node, Op, PoolAttrs, ResizeAttrs, ResizeMode, Tensor, Unary, ValueKind,
+    NearestMode, Node, Op, PoolAttrs, ReduceKind, ResizeAttrs, ResizeMode, Tensor, Unary,
+    ValueKind,
 };
 use isolane_engine::{EngineError, Precision, Result};
 
@@ -330,12 +331,13 @@ pub enum StepKind {
         c: usize,
         hw: usize,
     },
-    /// Mean over `hw` contiguous elements for each of `rows` rows.
-    RowMean {
+    /// Reduction (`kind`) over `hw` contiguous elements for each of `rows` rows.
+    RowReduce {
         x: Loc,
         y: Loc,
         rows: usize,
         hw: usize,
+        kind: ReduceKind,
     },
     /// ONNX Resize of H and W (nearest or bilinear), NCHW or NHWC storage alike; the codes are
     /// [`resize_codes`]'s, `scales` [`ResizeAttrs::coord_scales`]'s.
@@ -1204,12 +1206,6 @@ impl Planner<'_> {
             p.opts,
             p.es,
         );
-        if a.pads[0] != a.pads[2] || a.pads[1] != a.pads[3] {
-            return Err(unsupported(
-                name,
-                format!("asymmetric convolution padding {:?}", a.pads),
-            ));
-        }
         let xs = four(&in_shapes[0], name)?;
         let ws = four(&in_shapes[1], name)?;
         let dw = a.groups > 1 && a.groups == xs[1] && ws[1] == 1;
@@ -1219,6 +1215,9 @@ impl Planner<'_> {
         } else {
             p.plain(x0, name)?
         };
+        // cuDNN (and our kernels) pad symmetrically: the excess of one side is padded
+        // explicitly first, the convolution gets the symmetric rest.
+        let (x, xs, pads) = p.pad_asymmetric(name, x, xs, a.pads, cl)?;
         let w = p.raw(n.inputs[1], name)?;
         let bias = match n.inputs.get(2) {
             Some(&b) => Some(p.raw(b, name)?),
@@ -1261,7 +1260,7 @@ impl Planner<'_> {
         }
         let y = p.output(outs[0], cl);
         let ys = four(out_shape, name)?;
-        let direct = ws[2] == 1 && ws[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4];
+        let direct = ws[2] == 1 && ws[3] == 1 && a.strides == [1, 1] && pads == [0; 2];
         // The im2col matrix lives only during this step.
         let col = if cl && a.groups == 1 && !direct {
             let rows = ys[0] * ys[2] * ys[3];
@@ -1279,7 +1278,7 @@ impl Planner<'_> {
             x_shape: xs,
             w_shape: ws,
             y_shape: four(out_shape, name)?,
-            pads: [a.pads[0], a.pads[1]],
+            pads,
             strides: a.strides,
             dilations: a.dilations,
             groups: a.groups,
@@ -1296,6 +1295,41 @@ impl Planner<'_> {
             },
         );
         Ok(Lowered::Steps)
+    }
+
+    /// `x` (shape `xs`, NHWC when `nhwc`) zero-padded by the asymmetric part of ONNX `pads`
+    /// (`[top, left, bottom, right]`) into a temporary, its shape, and the symmetric `[h, w]`
+    /// padding left for the convolution. Symmetric padding returns `x` untouched.
+    fn pad_asymmetric(
+        &mut self,
+        name: &str,
+        x: Loc,
+        xs: [usize; 4],
+        pads: [usize; 4],
+        nhwc: bool,
+    ) -> Result<(Loc, [usize; 4], [usize; 2])> {
+        let sym = [pads[0].min(pads[2]), pads[1].min(pads[3])];
+        if pads[0] == pads[2] && pads[1] == pads[3] {
+            return Ok((x, xs, sym));
+        }
+        let [top, left] = [pads[0] - sym[0], pads[1] - sym[1]];
+        let ps = [
+            xs[0],
+            xs[1],
+            xs[2] + top + pads[2] - sym[0],
+            xs[3] + left + pads[3] - sym[1],
+        ];
+        let s = self.new_storage(ps.iter().product::<usize>() * self.es);
+        let y = Loc::Storage { id: s, offset: 0 };
+        let ys = phys_strides(&ps, nhwc);
+        // Zeros first: one zero constant broadcast (stride 0) over the whole temporary.
+        let zero = self.new_const(Tensor::new(vec![1], vec![0.0])?);
+        let fill = format!("{name} (zero padding)");
+        self.push_copy(&fill, [zero, y], &ps, [ys.clone(), vec![0; 4]])?;
+        let inner = y.with_offset(top * ys[2] + left * ys[3]);
+        let copy = format!("{name} (padded input)");
+        self.push_copy(&copy, [x, inner], &xs, [ys, phys_strides(&xs, nhwc)])?;
+        Ok((y, ps, sym))
     }
 
     /// Lowers `Op::Linear { activation }`.
@@ -2069,11 +2103,12 @@ impl Planner<'_> {
         } else {
             p.push(
                 name,
-                StepKind::RowMean {
+                StepKind::RowReduce {
                     x: xl,
                     y,
                     rows: x[0] * x[1],
                     hw,
+                    kind: ReduceKind::Mean,
                 },
             );
         }
@@ -2098,39 +2133,58 @@ impl Planner<'_> {
         Ok(Lowered::Steps)
     }
 
-    /// Lowers `Op::Reduce { kind: isolane_engine::ir::ReduceKind::Mean, axes, .. }`.
-    fn lower_mean(&mut self, c: &NodeCtx, axes: &[i64]) -> Result<Lowered> {
+    /// Lowers `Op::Reduce { kind, axes, .. }` (ReduceL1/L2/SumSquare arrive from the
+    /// importer as elementwise steps around a Sum).
+    fn lower_reduce(&mut self, c: &NodeCtx, kind: ReduceKind, axes: &[i64]) -> Result<Lowered> {
         let p = self;
-        let (name, in_shapes, outs, x0) = (c.name, &c.in_shapes, &c.outs, c.x0);
-        // A mean over trailing axes is a row mean; other reductions are not planned yet.
+        let (name, in_shapes, outs) = (c.name, &c.in_shapes, &c.outs);
         let x = &in_shapes[0];
         let mut ax: Vec<usize> = axes
             .iter()
             .map(|&a| norm_axis(a, x.len()).ok_or_else(|| unsupported(name, "bad axis")))
             .collect::<Result<_>>()?;
         ax.sort_unstable();
-        let trailing = !ax.is_empty()
-            && ax
-                .iter()
-                .rev()
-                .enumerate()
-                .all(|(i, &a)| a == x.len() - 1 - i);
-        if !trailing {
-            return Err(unsupported(name, "Reduce over non-trailing axes"));
-        }
+        ax.dedup();
         let hw: usize = ax.iter().map(|&a| x[a]).product();
-        let xl = p.plain(x0, name)?;
+        let xl = p.reduced_last(c, &ax)?;
         let y = p.output(outs[0], false);
         p.push(
             name,
-            StepKind::RowMean {
+            StepKind::RowReduce {
                 x: xl,
                 y,
                 rows: x.iter().product::<usize>() / hw.max(1),
                 hw,
+                kind,
             },
         );
         Ok(Lowered::Steps)
+    }
+
+    /// The reduce input with the (sorted) reduced axes `ax` last and contiguous, so each
+    /// output element is one contiguous row. Trailing axes need no copy; otherwise the kept
+    /// axes (in order, which is also the output's order with or without keepdims) go first
+    /// through one strided copy into a temporary.
+    fn reduced_last(&mut self, c: &NodeCtx, ax: &[usize]) -> Result<Loc> {
+        let (name, x0) = (c.name, c.x0);
+        let rank = c.in_shapes[0].len();
+        let trailing = ax.iter().rev().enumerate().all(|(i, &a)| a == rank - 1 - i);
+        if trailing {
+            return self.plain(x0, name);
+        }
+        let x = self.raw(x0, name)?;
+        let xs = self.strides(x0);
+        let perm: Vec<usize> = (0..rank)
+            .filter(|a| !ax.contains(a))
+            .chain(ax.iter().copied())
+            .collect();
+        let shape: Vec<usize> = perm.iter().map(|&a| c.in_shapes[0][a]).collect();
+        let src: Vec<usize> = perm.iter().map(|&a| xs[a]).collect();
+        let s = self.new_storage(self.numel(x0) * self.es);
+        let y = Loc::Storage { id: s, offset: 0 };
+        let step = format!("{name} (reduced axes last)");
+        self.push_copy(&step, [x, y], &shape, [contiguous_strides(&shape), src])?;
+        Ok(y)
     }
 }
 
@@ -2284,11 +2338,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             Op::Resize(r) => p.lower_resize(&c, r),
             Op::GlobalAveragePool => p.lower_global_average_pool(&c),
             Op::AdaptiveAvgPool { output } => p.lower_adaptive_average_pool(&c, output),
-            Op::Reduce {
-                kind: isolane_engine::ir::ReduceKind::Mean,
-                axes,
-                ..
-            } => p.lower_mean(&c, axes),
+            Op::Reduce { kind, axes, .. } => p.lower_reduce(&c, *kind, axes),
             other => {
                 return Err(unsupported(
                     name,

@@ -6,15 +6,15 @@
 
 mod common;
 
-use common::{random, rel_l2};
+use common::{random, reduce_graph, rel_l2};
 use isolane_cuda::check::StepRunner;
 use isolane_cuda::plan::{
     self, act_code, binary_code, phys_strides, AttentionStep, LayerNormStep, LinearStep, Loc,
     MatMulStep, Plan, PlanOptions, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided,
 };
 use isolane_engine::ir::{
-    Binary, CoordMode, Dim, Graph, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Tensor,
-    Unary,
+    Binary, CoordMode, Dim, Graph, NearestMode, Op, ReduceKind, ResizeAttrs, ResizeMode,
+    ResizeSize, Tensor, Unary,
 };
 use isolane_engine::{build_model, passes, Backend, CpuBackend, Precision, Weights};
 
@@ -508,10 +508,22 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 }
             }
         }
-        StepKind::RowMean { x, y, rows, hw } => {
+        StepKind::RowReduce {
+            x,
+            y,
+            rows,
+            hw,
+            kind,
+        } => {
             for r in 0..*rows {
-                let s: f32 = (0..*hw).map(|j| m.get(*x, r * hw + j)).sum();
-                m.set(*y, r, s / *hw as f32);
+                let it = (0..*hw).map(|j| m.get(*x, r * hw + j));
+                let v = match kind {
+                    ReduceKind::Sum => it.sum(),
+                    ReduceKind::Mean => it.sum::<f32>() / *hw as f32,
+                    ReduceKind::Max => it.fold(f32::NEG_INFINITY, f32::max),
+                    ReduceKind::Min => it.fold(f32::INFINITY, f32::min),
+                };
+                m.set(*y, r, v);
             }
         }
         StepKind::ChanMean { x, y, n, c, hw } => {
@@ -1109,6 +1121,77 @@ fn transpose_of_a_strided_transpose_computes_the_graph() {
     g.add_output(y).unwrap();
     for batch in [2, 3] {
         check(&g, batch, true, 1e-6);
+    }
+}
+
+#[test]
+fn every_reduce_kind_over_trailing_axes_computes_the_graph() {
+    let kinds = [
+        ReduceKind::Mean,
+        ReduceKind::Sum,
+        ReduceKind::Max,
+        ReduceKind::Min,
+    ];
+    for kind in kinds {
+        for keepdims in [true, false] {
+            check(
+                &reduce_graph(kind, &[6, 5], &[-1], keepdims, false),
+                2,
+                true,
+                1e-6,
+            );
+            check(
+                &reduce_graph(kind, &[3, 4, 5], &[2, 3], keepdims, false),
+                2,
+                true,
+                1e-6,
+            );
+        }
+    }
+}
+
+#[test]
+fn reduce_l2_as_imported_computes_the_graph() {
+    for keepdims in [true, false] {
+        let g = reduce_graph(ReduceKind::Sum, &[6, 5], &[-1], keepdims, true);
+        check(&g, 2, true, 1e-6);
+    }
+}
+
+/// levit's and mixer's ReduceMean over the tokens of `[B, N, C]`, and other non-trailing sets.
+#[test]
+fn reduce_over_non_trailing_axes_computes_the_graph() {
+    let cases: [(&[usize], &[i64]); 4] = [
+        (&[6, 5], &[1]),
+        (&[6, 5], &[0, 1]),
+        (&[3, 4, 5], &[1, 3]),
+        (&[3, 4, 5], &[0, 2]),
+    ];
+    for (dims, axes) in cases {
+        for keepdims in [true, false] {
+            for kind in [ReduceKind::Mean, ReduceKind::Max] {
+                for cl in [true, false] {
+                    check(
+                        &reduce_graph(kind, dims, axes, keepdims, false),
+                        2,
+                        cl,
+                        1e-6,
+                    );
+                }
+            }
+            let l2 = reduce_graph(ReduceKind::Sum, dims, axes, keepdims, true);
+            check(&l2, 3, true, 1e-6);
+        }
+    }
+}
+
+/// tf_efficientnet's SAME_UPPER padding exports as `[0, 0, 1, 1]`: padded explicitly first.
+#[test]
+fn asymmetric_conv_padding_computes_the_graph() {
+    for (pads, strides, groups) in common::asymmetric_conv_cases() {
+        for cl in [true, false] {
+            check(&common::conv_graph(pads, strides, groups), 2, cl, 1e-5);
+        }
     }
 }
 

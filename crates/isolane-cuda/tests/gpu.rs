@@ -259,6 +259,35 @@ fn resize_matches_the_cpu_backend_in_every_mode() {
     assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
 }
 
+/// Issue 12's graphs (Reduce kinds and axes, ReduceL2, asymmetric convolution padding) on the
+/// GPU against the CPU backend: the row_reduce kernel and the padding copies for real.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn issue12_ops_match_the_cpu_backend() {
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let cpu = CpuBackend::new(1);
+    let mut failures = Vec::new();
+    let graphs = common::issue12_graphs();
+    for g in &graphs {
+        let mut c = cpu.compile(g, 2, Precision::Fp32).expect("cpu compile");
+        let x = random(c.input_mut().len(), 5);
+        c.input_mut().copy_from_slice(&x);
+        c.run().expect("cpu run");
+        for p in [Precision::Fp32, Precision::Fp16] {
+            let mut m = gpu.compile_cuda(g, 2, p).expect("compile");
+            m.input_mut().copy_from_slice(&x);
+            m.run().expect("gpu run");
+            let err = rel_l2(m.output(), c.output());
+            let tol = if p == Precision::Fp32 { 1e-5 } else { 1e-2 };
+            if err > tol {
+                failures.push(format!("{} {p}: rel L2 {err:.3e}", g.name));
+            }
+        }
+    }
+    println!("{} issue-12 graphs × fp32, fp16", graphs.len());
+    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replay_is_deterministic_and_follows_the_input() {

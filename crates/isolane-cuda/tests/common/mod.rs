@@ -2,7 +2,8 @@
 //! that exercise one op in every mode.
 
 use isolane_engine::ir::{
-    ConvAttrs, CoordMode, Dim, Graph, NearestMode, Op, ResizeAttrs, ResizeMode, ResizeSize, Tensor,
+    Binary, ConvAttrs, CoordMode, Dim, Graph, NearestMode, Op, ReduceKind, ResizeAttrs, ResizeMode,
+    ResizeSize, Tensor, Unary,
 };
 
 /// A file of tests/data: beside the sources when the test runs where it was built, else from
@@ -104,4 +105,104 @@ pub fn resize_graph(r: ResizeAttrs) -> Graph {
     let y = g.add_op("conv2", conv(0), &[b, w2]).unwrap();
     g.add_output(y).unwrap();
     g
+}
+
+/// A graph of one `Reduce` of an input of `dims` (after the batch), optionally squared
+/// before and square-rooted after, as the importer writes ReduceL2.
+#[allow(dead_code)] // each test binary uses its part of this module
+pub fn reduce_graph(
+    kind: ReduceKind,
+    dims: &[usize],
+    axes: &[i64],
+    keepdims: bool,
+    l2: bool,
+) -> Graph {
+    let mut g = Graph::new(format!("reduce_{kind:?}_{axes:?}_keep{keepdims}_l2{l2}"));
+    let shape = std::iter::once(Dim::Batch)
+        .chain(dims.iter().map(|&d| Dim::Fixed(d)))
+        .collect();
+    let mut x = g.add_input("x", shape);
+    if l2 {
+        x = g
+            .add_op("square", Op::Binary(Binary::Mul), &[x, x])
+            .unwrap();
+    }
+    let reduce = Op::Reduce {
+        kind,
+        axes: axes.to_vec(),
+        keepdims,
+    };
+    let mut y = g.add_op("reduce", reduce, &[x]).unwrap();
+    if l2 {
+        y = g.add_op("sqrt", Op::Unary(Unary::Sqrt), &[y]).unwrap();
+    }
+    g.add_output(y).unwrap();
+    g
+}
+
+/// A convolution of `[B, 4, 9, 8]` by `groups` groups (4: depthwise) with ONNX `pads`.
+#[allow(dead_code)] // each test binary uses its part of this module
+pub fn conv_graph(pads: [usize; 4], strides: [usize; 2], groups: usize) -> Graph {
+    let mut g = Graph::new(format!("conv_pads{pads:?}_s{strides:?}_g{groups}"));
+    let fixed = |d: &[usize]| d.iter().map(|&d| Dim::Fixed(d)).collect::<Vec<_>>();
+    let shape = [vec![Dim::Batch], fixed(&[4, 9, 8])].concat();
+    let x = g.add_input("x", shape);
+    let cg = 4 / groups;
+    let w = Tensor::new(vec![8, cg, 3, 3], random(8 * cg * 9, 5)).unwrap();
+    let w = g.add_constant("w", w);
+    let b = g.add_constant("b", Tensor::new(vec![8], random(8, 6)).unwrap());
+    let a = ConvAttrs {
+        strides,
+        pads,
+        groups,
+        ..Default::default()
+    };
+    let y = g.add_op("conv", Op::Conv(a), &[x, w, b]).unwrap();
+    g.add_output(y).unwrap();
+    g
+}
+
+/// The graphs of issue 12 (ops the cuda backend used to refuse): every Reduce kind over
+/// trailing and middle axes with and without keepdims, ReduceL2 as imported, and asymmetric
+/// convolution padding (dense, grouped, depthwise).
+#[allow(dead_code)] // each test binary uses its part of this module
+pub fn issue12_graphs() -> Vec<Graph> {
+    let kinds = [
+        ReduceKind::Mean,
+        ReduceKind::Sum,
+        ReduceKind::Max,
+        ReduceKind::Min,
+    ];
+    let sets: [(&[usize], &[i64]); 5] = [
+        (&[6, 5], &[-1]),
+        (&[6, 5], &[1]),
+        (&[3, 4, 5], &[2, 3]),
+        (&[3, 4, 5], &[1, 3]),
+        (&[3, 4, 5], &[0, 2]),
+    ];
+    let mut gs = Vec::new();
+    for (dims, axes) in sets {
+        for keepdims in [true, false] {
+            for kind in kinds {
+                gs.push(reduce_graph(kind, dims, axes, keepdims, false));
+            }
+            gs.push(reduce_graph(ReduceKind::Sum, dims, axes, keepdims, true));
+        }
+    }
+    for (pads, strides, groups) in asymmetric_conv_cases() {
+        gs.push(conv_graph(pads, strides, groups));
+    }
+    gs
+}
+
+/// `(pads, strides, groups)` of [`conv_graph`] with asymmetric padding.
+#[allow(dead_code)] // each test binary uses its part of this module
+pub fn asymmetric_conv_cases() -> Vec<([usize; 4], [usize; 2], usize)> {
+    vec![
+        ([0, 0, 1, 1], [2, 2], 1),
+        ([0, 0, 1, 1], [1, 1], 1),
+        ([1, 2, 2, 1], [1, 1], 1),
+        ([0, 1, 1, 1], [2, 1], 2),
+        ([0, 0, 1, 1], [2, 2], 4),
+    ]
 }
