@@ -63,7 +63,7 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         let ladder = ladder(&scenario, *mech, target.device())?;
         let stretched = with_stretch(&scenario, &demands, *mech, matrix.as_ref(), args.stretch);
         let stretched = match &learned {
-            Some((device, l)) => with_learned(&scenario, &stretched, *mech, device, l),
+            Some((device, l)) => with_learned(&workloads, &stretched, *mech, device, l),
             None => stretched,
         };
         let demands = with_memory(stretched, memory.under(&scenario, *mech));
@@ -98,7 +98,7 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         let summary = verify(&planned, args, round, engine)?;
         let missed = print_verification(&summary, &choices);
         if let Some((device, l)) = &learned {
-            learn(&scenario, &choices, &summary, mech, device, l);
+            learn(&workloads, &choices, &summary, mech, device, l);
         }
         if !missed {
             return Ok(0);
@@ -175,22 +175,20 @@ fn calibrated(demands: &[Demand], choices: &[Choice], summary: &RunSummary) -> V
         .collect()
 }
 
-/// Which learned stretch workload `i` of `s` has: beside the scenario's other workloads.
-fn stretch_key(s: &Scenario, i: usize, mech: Mechanism, device: &DeviceRecord) -> StretchKey {
-    let id = |w: &WorkloadSpec| {
-        format!(
-            "{}-b{}-{}",
-            model_id(&w.model),
-            w.batch,
-            format!("{:?}", w.precision).to_lowercase()
-        )
-    };
+/// Which learned stretch workload `i` has: beside the scenario's other workloads.
+fn stretch_key(
+    workloads: &[WorkloadId],
+    i: usize,
+    mech: Mechanism,
+    device: &DeviceRecord,
+) -> StretchKey {
+    let id = |w: &WorkloadId| format!("{}-b{}-{}", w.model, w.batch, w.precision);
     StretchKey {
         gpu: device.gpu.clone(),
         driver: device.driver.clone(),
         mechanism: mech_name(mech).into(),
-        workload: id(&s.workloads[i]),
-        neighbours: (s.workloads.iter().enumerate())
+        workload: id(&workloads[i]),
+        neighbours: (workloads.iter().enumerate())
             .filter(|(j, _)| *j != i)
             .map(|(_, w)| id(w))
             .collect(),
@@ -200,7 +198,7 @@ fn stretch_key(s: &Scenario, i: usize, mech: Mechanism, device: &DeviceRecord) -
 /// The stretch an earlier verification run measured beside the same workloads, where there is
 /// one: it replaces the matrix's and --stretch, which were measured beside other neighbours.
 fn with_learned(
-    s: &Scenario,
+    workloads: &[WorkloadId],
     demands: &[Demand],
     mech: Mechanism,
     device: &DeviceRecord,
@@ -210,7 +208,7 @@ fn with_learned(
         .iter()
         .enumerate()
         .map(
-            |(i, d)| match learned.get(&stretch_key(s, i, mech, device)) {
+            |(i, d)| match learned.get(&stretch_key(workloads, i, mech, device)) {
                 Some(st) => {
                     // Below 1 is the noise of two runs, not neighbours that speed a job up.
                     let st = st.max(1.0);
@@ -232,7 +230,7 @@ fn with_learned(
 
 /// Keeps each workload's measured stretch for later plans of the same workloads.
 fn learn(
-    s: &Scenario,
+    workloads: &[WorkloadId],
     choices: &[Choice],
     summary: &RunSummary,
     mech: Mechanism,
@@ -243,7 +241,7 @@ fn learn(
         let Some(st) = measured_stretch(c, summary) else {
             continue;
         };
-        if let Err(e) = learned.put(&stretch_key(s, i, mech, device), st) {
+        if let Err(e) = learned.put(&stretch_key(workloads, i, mech, device), st) {
             eprintln!(
                 "note: cannot keep the measured stretch of {}: {e}",
                 c.workload

@@ -207,12 +207,12 @@ impl ProfileCache {
     }
 }
 
-fn write_json(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
+pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
     let json = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
     isolane_core::files::write_atomic(path, &json)
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::io::Result<T> {
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::io::Result<T> {
     let text = std::fs::read_to_string(path)?;
     serde_json::from_str(&text).map_err(|e| {
         std::io::Error::new(

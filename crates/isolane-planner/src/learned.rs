@@ -8,10 +8,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cache::clean;
+use crate::cache::{clean, read_json, write_json};
 
 /// Which stretch: one workload beside a set of others, on one device and mechanism.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StretchKey {
     /// As in [`crate::cache::ProfileKey`]: the GPU's name and its driver.
     pub gpu: String,
@@ -26,24 +26,22 @@ pub struct StretchKey {
 /// What is stored: the key in words (so a user can read the folder) and the stretch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Entry {
-    gpu: String,
-    driver: String,
-    mechanism: String,
-    workload: String,
-    neighbours: Vec<String>,
+    #[serde(flatten)]
+    key: StretchKey,
     stretch: f64,
 }
 
 impl StretchKey {
-    fn sorted_neighbours(&self) -> Vec<String> {
-        let mut n = self.neighbours.clone();
-        n.sort();
-        n
+    /// The same key with its neighbours in one order, as stored.
+    fn normalized(&self) -> StretchKey {
+        let mut k = self.clone();
+        k.neighbours.sort();
+        k
     }
 
     fn file_name(&self) -> String {
         // The neighbour set goes into the name as a CRC-32: six ONNX names would not fit.
-        let set = crc32fast::hash(self.sorted_neighbours().join("\n").as_bytes());
+        let set = crc32fast::hash(self.normalized().neighbours.join("\n").as_bytes());
         format!(
             "{}/{}/stretch/{}/{}--beside-{set:08x}.json",
             clean(&self.gpu),
@@ -70,13 +68,8 @@ impl LearnedStretch {
     /// file that does not read back, or that belongs to another key (a CRC collision), is
     /// absent.
     pub fn get(&self, key: &StretchKey) -> Option<f64> {
-        let text = std::fs::read_to_string(self.dir.join(key.file_name())).ok()?;
-        let e: Entry = serde_json::from_str(&text).ok()?;
-        let same = e.gpu == key.gpu
-            && e.driver == key.driver
-            && e.mechanism == key.mechanism
-            && e.workload == key.workload
-            && e.neighbours == key.sorted_neighbours();
+        let e: Entry = read_json(&self.dir.join(key.file_name())).ok()?;
+        let same = e.key == key.normalized();
         (same && e.stretch.is_finite() && e.stretch > 0.0).then_some(e.stretch)
     }
 
@@ -84,18 +77,13 @@ impl LearnedStretch {
     pub fn put(&self, key: &StretchKey, stretch: f64) -> std::io::Result<()> {
         let path = self.dir.join(key.file_name());
         let e = Entry {
-            gpu: key.gpu.clone(),
-            driver: key.driver.clone(),
-            mechanism: key.mechanism.clone(),
-            workload: key.workload.clone(),
-            neighbours: key.sorted_neighbours(),
+            key: key.normalized(),
             stretch,
         };
-        let json = serde_json::to_vec_pretty(&e).map_err(std::io::Error::other)?;
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        isolane_core::files::write_atomic(&path, &json)
+        write_json(&path, &e)
     }
 }
 
