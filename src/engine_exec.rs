@@ -109,6 +109,14 @@ pub(crate) fn gpu_index(device: &DeviceSpec) -> u32 {
         .unwrap_or(device.gpu)
 }
 
+/// Whether this worker process runs a critical workload of a protected run, whose stream
+/// goes at the device's greatest priority (the session says so through the environment, as it
+/// does the GPU index; a thread-hosted workload's priority comes with its green group).
+pub(crate) fn worker_is_urgent() -> bool {
+    std::env::var(isolane_gpu::partitions::WORKER_STREAM_PRIORITY_ENV)
+        .is_ok_and(|v| v == "greatest")
+}
+
 /// The green group a thread-hosted workload's plan carried (the only partition a thread host
 /// is given; MPS and MIG reach worker processes through their environment).
 pub(crate) fn green_group(
@@ -136,7 +144,7 @@ fn build_cuda(
             // outlives the model, which is dropped first.
             unsafe { isolane_cuda::CudaBackend::with_stream(g.context(), g.stream()) }
         }
-        None => isolane_cuda::CudaBackend::new(gpu_index(device)),
+        None => isolane_cuda::CudaBackend::with_own_stream(gpu_index(device), worker_is_urgent()),
     }
     .map_err(|e| engine_err(spec, e))?;
     // Imported models are checked against the CPU reference before their first job;

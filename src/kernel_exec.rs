@@ -6,7 +6,7 @@
 use isolane_core::spec::{Backend as SpecBackend, DeviceSpec, KernelModel, WorkloadSpec};
 use isolane_runtime::exec::{ExecError, Executor};
 
-use crate::engine_exec::{engine_err, gpu_index, precision};
+use crate::engine_exec::{engine_err, gpu_index, precision, worker_is_urgent};
 
 /// `Some` for a `kernel:` model; a malformed one is the user's mistake (validation catches it
 /// first in a scenario file, this covers specs built in code).
@@ -74,7 +74,7 @@ pub fn build(
             // outlives the kernel, which is dropped first.
             unsafe { isolane_cuda::CudaBackend::with_stream(g.context(), g.stream()) }
         }
-        None => isolane_cuda::CudaBackend::new(gpu_index(device)),
+        None => isolane_cuda::CudaBackend::with_own_stream(gpu_index(device), worker_is_urgent()),
     }
     .map_err(|e| engine_err(spec, e))?;
     let kernel = backend

@@ -116,6 +116,9 @@ pub struct ProtectionSpec {
     /// a full stall, which holds whatever the mechanism does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stretch: Option<f64>,
+    /// Critical work's streams at the device's greatest priority, and best-effort MPS clients at
+    /// below-normal priority, where the hardware arbitrates between them (with `enabled`).
+    pub priorities: bool,
 }
 
 impl Default for ProtectionSpec {
@@ -125,6 +128,7 @@ impl Default for ProtectionSpec {
             piece_us: 250,
             margin_us: 100,
             stretch: None,
+            priorities: true,
         }
     }
 }

@@ -95,6 +95,12 @@ unsafe impl Sync for CudaBackend {}
 impl CudaBackend {
     /// A backend on device `index`'s primary context with a stream of its own.
     pub fn new(index: u32) -> Result<CudaBackend> {
+        Self::with_own_stream(index, false)
+    }
+
+    /// As [`new`](Self::new), with the stream at the device's greatest priority when `urgent`
+    /// (a critical workload of a protected run, docs/criticality.md), else the default.
+    pub fn with_own_stream(index: u32, urgent: bool) -> Result<CudaBackend> {
         libs::ensure_all().map_err(EngineError::Runtime)?;
         let rt = |e: isolane_gpu::GpuError| EngineError::Runtime(e.to_string());
         isolane_gpu::driver::init().map_err(rt)?;
@@ -102,12 +108,22 @@ impl CudaBackend {
         let primary = isolane_gpu::driver::PrimaryContext::retain(dev).map_err(rt)?;
         let ctx = primary.raw();
         model::make_current(ctx)?;
+        let mut priority = 0;
+        if urgent {
+            let mut least = 0;
+            // SAFETY: two valid out-pointers; the primary context is current.
+            error::cu_check("cuCtxGetStreamPriorityRange", unsafe {
+                cu::cuCtxGetStreamPriorityRange(&mut least, &mut priority)
+            })?;
+        }
         let mut stream: cu::CUstream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the primary context is current.
-        error::cu_check("cuStreamCreate", unsafe {
-            cu::cuStreamCreate(
+        // SAFETY: valid out-pointer; the primary context is current; `priority` is 0 (the
+        // default) or the context's greatest.
+        error::cu_check("cuStreamCreateWithPriority", unsafe {
+            cu::cuStreamCreateWithPriority(
                 &mut stream,
                 cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                priority,
             )
         })?;
         Ok(CudaBackend {

@@ -38,6 +38,7 @@ const GREEN_SYMBOLS: &[&str] = &[
     "cuGreenCtxStreamCreate",
     "cuGreenCtxGetDevResource",
     "cuCtxFromGreenCtx",
+    "cuCtxGetStreamPriorityRange",
 ];
 
 /// How one split of the device serves the requested group sizes (pure logic, tested on CPU).
@@ -291,6 +292,18 @@ impl GreenPartitioning {
     /// Fails (destroying whatever was created) if the driver grants any group fewer SMs than
     /// asked.
     pub fn create(device_index: u32, sms_per_group: &[u32]) -> Result<Self> {
+        Self::create_with_urgency(device_index, sms_per_group, &[])
+    }
+
+    /// As [`create`](Self::create), with the streams of the groups whose `urgent` entry is true
+    /// at the device's greatest stream priority (the others, and any entry `urgent` lacks, at
+    /// the default, which is the least): where the hardware arbitrates between the groups'
+    /// pending work, urgent work goes first (docs/criticality.md).
+    pub fn create_with_urgency(
+        device_index: u32,
+        sms_per_group: &[u32],
+        urgent: &[bool],
+    ) -> Result<Self> {
         let dev = driver::device(device_index)?;
         loader::require_cuda_symbols(GREEN_SYMBOLS, GREEN_HINT)?;
         let primary = Arc::new(PrimaryContext::retain(dev)?);
@@ -342,7 +355,8 @@ impl GreenPartitioning {
         let mut groups = Vec::with_capacity(per_group.len());
         for (i, mut resources) in per_group.into_iter().enumerate() {
             // If this fails, `groups` (and with it every context made so far) is dropped.
-            let g = make_group(dev, i, sms_per_group[i], &mut resources, &primary)?;
+            let urgent = urgent.get(i).copied().unwrap_or(false);
+            let g = make_group(dev, i, sms_per_group[i], urgent, &mut resources, &primary)?;
             groups.push(g);
         }
         Ok(GreenPartitioning {
@@ -479,6 +493,7 @@ fn make_group(
     dev: sys::CUdevice,
     index: usize,
     requested: u32,
+    urgent: bool,
     resources: &mut [sys::CUdevResource],
     primary: &Arc<PrimaryContext>,
 ) -> Result<GreenGroup> {
@@ -517,14 +532,19 @@ fn make_group(
     check("cuCtxFromGreenCtx", unsafe {
         sys::cuCtxFromGreenCtx(&mut g.context, g.green)
     })?;
-    // SAFETY: g.green is live; CU_STREAM_NON_BLOCKING is the mandatory flag; priority 0 is the
-    // default priority.
+    let priority = if urgent {
+        greatest_stream_priority(g.context)?
+    } else {
+        0
+    };
+    // SAFETY: g.green is live; CU_STREAM_NON_BLOCKING is the mandatory flag; `priority` is 0
+    // (the default) or the context's greatest, both in its range.
     check("cuGreenCtxStreamCreate", unsafe {
         sys::cuGreenCtxStreamCreate(
             &mut g.stream,
             g.green,
             sys::CUstream_flags::CU_STREAM_NON_BLOCKING as std::ffi::c_uint,
-            0,
+            priority,
         )
     })?;
     let mut granted = zeroed_resource();
@@ -545,6 +565,22 @@ fn make_group(
         });
     }
     Ok(g)
+}
+
+/// The greatest (most urgent, numerically lowest) stream priority of `ctx`, asked with `ctx`
+/// pushed current for the call and popped again, so the caller's current context is unchanged.
+pub(crate) fn greatest_stream_priority(ctx: sys::CUcontext) -> Result<i32> {
+    // SAFETY: ctx is a live context of the caller's; it is popped again below on every path.
+    check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
+    let (mut least, mut greatest) = (0, 0);
+    // SAFETY: two valid out-pointers; a context is current (pushed above).
+    let asked = check("cuCtxGetStreamPriorityRange", unsafe {
+        sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest)
+    });
+    let mut popped: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above; valid out-pointer.
+    check("cuCtxPopCurrent", unsafe { sys::cuCtxPopCurrent_v2(&mut popped) })?;
+    asked.map(|_| greatest)
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //! [`PartitionSession::finish`] (or drop) stops the daemon and destroys the instances, after the
 //! workers are gone. Ctrl-C paths that cannot unwind call [`crate::mps::shutdown_all`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use isolane_core::admission::{Plan, ResolvedPartition};
 pub use isolane_core::results::PartitionRecord;
@@ -31,12 +31,53 @@ use crate::mps::{MpsDaemon, MpsOptions};
 /// `CUDA_VISIBLE_DEVICES` to one device), the scenario's `device.gpu` otherwise.
 pub const WORKER_GPU_ENV: &str = "ISOLANE_WORKER_GPU";
 
+/// Environment variable that tells a worker process to create its CUDA stream at the device's
+/// greatest priority (value `greatest`): the process-hosted side of [`Urgency::urgent`].
+pub const WORKER_STREAM_PRIORITY_ENV: &str = "ISOLANE_WORKER_STREAM_PRIORITY";
+
+/// Whose GPU work goes first where the hardware arbitrates between workloads: the critical and
+/// best-effort workloads of a protected run (docs/criticality.md). Empty: everyone equal.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Urgency {
+    /// Streams at the device's greatest priority: green groups' streams, and worker processes'
+    /// own streams (through [`WORKER_STREAM_PRIORITY_ENV`]).
+    pub urgent: BTreeSet<String>,
+    /// MPS clients at below-normal priority (`CUDA_MPS_CLIENT_PRIORITY=1`).
+    pub background: BTreeSet<String>,
+}
+
+impl Urgency {
+    /// What `workload`'s urgency adds to its partition's description (empty: nothing).
+    pub fn describe(&self, workload: &str, mechanism: Mechanism) -> &'static str {
+        if self.urgent.contains(workload) {
+            ", urgent stream"
+        } else if self.background.contains(workload) && mechanism == Mechanism::Mps {
+            ", below-normal MPS client"
+        } else {
+            ""
+        }
+    }
+
+    /// The environment a worker process of `workload` is given for its urgency.
+    pub fn worker_env(&self, workload: &str) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        if self.urgent.contains(workload) {
+            env.push((WORKER_STREAM_PRIORITY_ENV.into(), "greatest".into()));
+        }
+        if self.background.contains(workload) {
+            env.push(("CUDA_MPS_CLIENT_PRIORITY".into(), "1".into()));
+        }
+        env
+    }
+}
+
 /// How to set partitions up.
 #[derive(Debug, Clone, Default)]
 pub struct SessionOptions {
     pub mps: MpsOptions,
     /// `--allow-mig-reconfigure`: creating MIG instances changes the GPU for every user.
     pub allow_mig_reconfigure: bool,
+    pub urgency: Urgency,
 }
 
 /// The partitions of one run; see the module docs.
@@ -77,8 +118,8 @@ impl<'b> PartitionSession<'b> {
             notes: Vec::new(),
         };
         match plan.mechanism {
-            Mechanism::Green => s.set_up_green(gpu, plan)?,
-            Mechanism::Mps => s.set_up_mps(gpu, plan, &options.mps)?,
+            Mechanism::Green => s.set_up_green(gpu, plan, &options.urgency)?,
+            Mechanism::Mps => s.set_up_mps(gpu, plan, &options.mps, &options.urgency)?,
             Mechanism::Mig => {
                 let backend = mig_backend.ok_or_else(|| {
                     GpuError::Usage("mechanism mig needs NVML's MIG interface".into())
@@ -87,6 +128,10 @@ impl<'b> PartitionSession<'b> {
             }
             Mechanism::Timeslice | Mechanism::None => {
                 for w in &plan.workloads {
+                    let env = options.urgency.worker_env(&w.workload);
+                    if !env.is_empty() {
+                        s.worker_env.insert(w.workload.clone(), env);
+                    }
                     s.records.push(PartitionRecord {
                         workload: w.workload.clone(),
                         mechanism: plan.mechanism,
@@ -98,10 +143,13 @@ impl<'b> PartitionSession<'b> {
                 }
             }
         }
+        for r in &mut s.records {
+            r.partition.push_str(&options.urgency.describe(&r.workload, plan.mechanism));
+        }
         Ok(s)
     }
 
-    fn set_up_green(&mut self, gpu: u32, plan: &Plan) -> Result<()> {
+    fn set_up_green(&mut self, gpu: u32, plan: &Plan, urgency: &Urgency) -> Result<()> {
         let mut names = Vec::new();
         let mut sizes = Vec::new();
         for w in &plan.workloads {
@@ -110,7 +158,8 @@ impl<'b> PartitionSession<'b> {
                 sizes.push(sms);
             }
         }
-        let parts = GreenPartitioning::create(gpu, &sizes)?;
+        let urgent: Vec<bool> = names.iter().map(|n| urgency.urgent.contains(n)).collect();
+        let parts = GreenPartitioning::create_with_urgency(gpu, &sizes, &urgent)?;
         let driver = parts.sm_info();
         self.notes.push(format!(
             "green: split {:?}; the driver's minimum group is {} SMs, alignment {}",
@@ -132,7 +181,13 @@ impl<'b> PartitionSession<'b> {
         Ok(())
     }
 
-    fn set_up_mps(&mut self, gpu: u32, plan: &Plan, options: &MpsOptions) -> Result<()> {
+    fn set_up_mps(
+        &mut self,
+        gpu: u32,
+        plan: &Plan,
+        options: &MpsOptions,
+        urgency: &Urgency,
+    ) -> Result<()> {
         let daemon = MpsDaemon::start(gpu, options)?;
         if !daemon.owned() {
             self.notes.push(format!(
@@ -155,6 +210,7 @@ impl<'b> PartitionSession<'b> {
                     WORKER_GPU_ENV.into(),
                     daemon.client_device_index().to_string(),
                 ));
+                env.extend(urgency.worker_env(&w.workload));
                 self.worker_env.insert(w.workload.clone(), env);
                 self.records.push(PartitionRecord {
                     workload: w.workload.clone(),

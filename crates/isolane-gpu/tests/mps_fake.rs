@@ -495,9 +495,14 @@ fn a_partition_session_gives_each_worker_its_mps_environment_and_stops_the_daemo
             })
             .collect(),
     };
+    // w0 is the critical work of a protected run, w1 its best effort.
     let opts = SessionOptions {
         mps: options(&e),
         allow_mig_reconfigure: false,
+        urgency: isolane_gpu::partitions::Urgency {
+            urgent: ["w0".to_string()].into(),
+            background: ["w1".to_string()].into(),
+        },
     };
     let s = PartitionSession::set_up(3, &plan, &opts, None).unwrap();
     let pipe = PathBuf::from(s.records()[0].mps_pipe_dir.clone().unwrap());
@@ -528,7 +533,19 @@ fn a_partition_session_gives_each_worker_its_mps_environment_and_stops_the_daemo
     // The daemon sees only GPU 3, so its clients must be bound to it as well.
     assert_eq!(get("w1", "CUDA_VISIBLE_DEVICES").as_deref(), Some("3"));
     assert_eq!(get("w1", "ISOLANE_WORKER_GPU").as_deref(), Some("0"));
-    assert_eq!(s.records()[1].partition, "mps 75%, 2048 MiB pinned");
+    // Critical work's stream goes first; best effort's client runs below normal priority.
+    assert_eq!(
+        get("w0", "ISOLANE_WORKER_STREAM_PRIORITY").as_deref(),
+        Some("greatest")
+    );
+    assert_eq!(get("w0", "CUDA_MPS_CLIENT_PRIORITY"), None);
+    assert_eq!(get("w1", "ISOLANE_WORKER_STREAM_PRIORITY"), None);
+    assert_eq!(get("w1", "CUDA_MPS_CLIENT_PRIORITY").as_deref(), Some("1"));
+    assert_eq!(s.records()[0].partition, "mps 25%, urgent stream");
+    assert_eq!(
+        s.records()[1].partition,
+        "mps 75%, 2048 MiB pinned, below-normal MPS client"
+    );
     // A worker started through the runtime's hook is killed by shutdown_all.
     let mut client = Command::new("sleep").arg("30").spawn().unwrap();
     (s.client_adopter())(client.id());

@@ -31,7 +31,8 @@ use isolane_runtime::exec::Engine;
 use isolane_runtime::results::{summarize_run, RunInfo};
 
 use isolane_core::admission::Plan;
-use isolane_core::spec::Mechanism;
+use isolane_core::spec::{Criticality, Mechanism};
+use isolane_gpu::partitions::Urgency;
 use isolane_gpu::mig::MigBackend;
 use isolane_gpu::{MpsOptions, PartitionRecord, PartitionSession, SessionOptions};
 use isolane_runtime::coordinator::{self, PlanError, Progress, RunOptions, RunPlan, RunResult};
@@ -78,6 +79,17 @@ pub fn with_partitions<T, E>(
     choices: PartitionChoices,
     body: impl FnOnce(&mut PartitionSession<'_>) -> Result<T, E>,
 ) -> Result<Result<T, E>, SessionError> {
+    with_urgent_partitions(gpu, admitted, choices, Urgency::default(), body)
+}
+
+/// [`with_partitions`], with some workloads' GPU work going first ([`urgency_of`]).
+fn with_urgent_partitions<T, E>(
+    gpu: u32,
+    admitted: &Plan,
+    choices: PartitionChoices,
+    urgency: Urgency,
+    body: impl FnOnce(&mut PartitionSession<'_>) -> Result<T, E>,
+) -> Result<Result<T, E>, SessionError> {
     let mig_backend = match admitted.mechanism {
         Mechanism::Mig => Some(isolane_gpu::mig::nvml::NvmlMig::new()?),
         _ => None,
@@ -88,6 +100,7 @@ pub fn with_partitions<T, E>(
             ..Default::default()
         },
         allow_mig_reconfigure: choices.allow_mig_reconfigure,
+        urgency,
     };
     let mut session = PartitionSession::set_up(
         gpu,
@@ -121,7 +134,7 @@ pub fn run_in_partitions(
     let Some(admitted) = admitted else {
         return Ok((coordinator::run(plan, &opts, progress)?, Vec::new()));
     };
-    let ran = with_partitions(gpu, admitted, choices, |session| {
+    let ran = with_urgent_partitions(gpu, admitted, choices, urgency_of(plan), |session| {
         let plan = plan_in(session, plan);
         opts.worker_env = session.worker_env().clone();
         let adopt = session.client_adopter();
@@ -132,6 +145,26 @@ pub fn run_in_partitions(
         coordinator::run(&plan, &opts, progress).map(|result| (result, records))
     })?;
     Ok(ran?)
+}
+
+/// In a protected run with `[protection] priorities` on, critical work goes first where the
+/// hardware arbitrates (its streams at the greatest priority) and best effort's MPS clients go
+/// last; otherwise nobody does (docs/criticality.md).
+pub fn urgency_of(plan: &RunPlan) -> Urgency {
+    if !plan.protects() || !plan.protection.priorities {
+        return Urgency::default();
+    }
+    let named = |c: Criticality| {
+        plan.workloads
+            .iter()
+            .filter(|w| w.spec.criticality == c)
+            .map(|w| w.spec.name.clone())
+            .collect()
+    };
+    Urgency {
+        urgent: named(Criticality::Critical),
+        background: named(Criticality::BestEffort),
+    }
 }
 
 /// Where a run reports what a person should see while it goes on.
@@ -289,6 +322,37 @@ mod tests {
         })
         .unwrap();
         assert_eq!(failed, Err("the body failed"));
+    }
+
+    fn plan_of(protection: &str, best_effort: bool) -> RunPlan {
+        let w = |n: &str, be: bool| {
+            format!(
+                "[[workload]]\nname = \"{n}\"\nmodel = \"spin:1ms\"\nrate_hz = 100\njobs = 1\n{}",
+                if be { "criticality = \"best_effort\"\n" } else { "" }
+            )
+        };
+        let text = format!(
+            "[device]\nbackend = \"cpu\"\n{protection}\n{}\n{}",
+            w("camera", false),
+            w("analytics", best_effort)
+        );
+        let scenario = Scenario::from_toml_str(&text, "test.toml", &Vec::<String>::new()).unwrap();
+        RunPlan::from_scenario(&scenario)
+    }
+
+    #[test]
+    fn only_a_protected_run_with_priorities_makes_anyone_urgent() {
+        let u = urgency_of(&plan_of("", true));
+        assert_eq!(u.urgent, ["camera".to_string()].into());
+        assert_eq!(u.background, ["analytics".to_string()].into());
+        for quiet in [
+            plan_of("[protection]\npriorities = false\n", true),
+            plan_of("[protection]\nenabled = false\n", true),
+            // Nothing best effort: nothing to go ahead of, so nothing changes.
+            plan_of("", false),
+        ] {
+            assert_eq!(urgency_of(&quiet), Urgency::default());
+        }
     }
 
     #[test]

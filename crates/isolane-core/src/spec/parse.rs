@@ -533,6 +533,7 @@ impl<'a> Walk<'a> {
             stretch: self.optional(t, "stretch", 1.0, |w, v, p| {
                 w.float(v, p, &stretch_expected())
             }),
+            priorities: self.read(t, "priorities", d.priorities, |w, v, p| w.boolean(v, p)),
         }
     }
 
