@@ -107,8 +107,8 @@ fn the_guard_spans_worker_processes() {
     within_tries(3, || protected_pair("process"));
 }
 
-/// Protection off (or nothing best effort): nobody is held, and summary.json says which
-/// workloads were best effort all the same.
+/// Protection off, its guard off, or nothing best effort: nobody is held, and summary.json says
+/// which workloads were best effort all the same.
 #[test]
 fn without_protection_nothing_is_held() {
     let _core0 = core0();
@@ -116,6 +116,8 @@ fn without_protection_nothing_is_held() {
     for (name, be, prot) in [
         ("off", "best_effort", "[protection]\nenabled = false"),
         ("all-critical", "critical", ""),
+        // Priorities alone (a CPU run has no streams to order): no guard, nobody held.
+        ("no-guard", "best_effort", "[protection]\nguard = false"),
     ] {
         let text = scenario_text("thread", be, prot).replace("duration_s = 3", "duration_s = 0.3");
         let s = scenario(tmp.path(), &format!("{name}.toml"), &text);

@@ -119,6 +119,9 @@ pub struct ProtectionSpec {
     /// Critical work's streams at the device's greatest priority, and best-effort MPS clients at
     /// below-normal priority, where the hardware arbitrates between them (with `enabled`).
     pub priorities: bool,
+    /// Best-effort work held back by the guard (with `enabled`); `false` leaves the priorities
+    /// alone, to measure one lever without the other.
+    pub guard: bool,
 }
 
 impl Default for ProtectionSpec {
@@ -129,6 +132,7 @@ impl Default for ProtectionSpec {
             margin_us: 100,
             stretch: None,
             priorities: true,
+            guard: true,
         }
     }
 }

@@ -579,7 +579,9 @@ pub(crate) fn greatest_stream_priority(ctx: sys::CUcontext) -> Result<i32> {
     });
     let mut popped: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: pops the context pushed above; valid out-pointer.
-    check("cuCtxPopCurrent", unsafe { sys::cuCtxPopCurrent_v2(&mut popped) })?;
+    check("cuCtxPopCurrent", unsafe {
+        sys::cuCtxPopCurrent_v2(&mut popped)
+    })?;
     asked.map(|_| greatest)
 }
 

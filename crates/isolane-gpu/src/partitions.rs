@@ -144,7 +144,8 @@ impl<'b> PartitionSession<'b> {
             }
         }
         for r in &mut s.records {
-            r.partition.push_str(&options.urgency.describe(&r.workload, plan.mechanism));
+            r.partition
+                .push_str(&options.urgency.describe(&r.workload, plan.mechanism));
         }
         Ok(s)
     }

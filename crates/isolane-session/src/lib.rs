@@ -32,8 +32,8 @@ use isolane_runtime::results::{summarize_run, RunInfo};
 
 use isolane_core::admission::Plan;
 use isolane_core::spec::{Criticality, Mechanism};
-use isolane_gpu::partitions::Urgency;
 use isolane_gpu::mig::MigBackend;
+use isolane_gpu::partitions::Urgency;
 use isolane_gpu::{MpsOptions, PartitionRecord, PartitionSession, SessionOptions};
 use isolane_runtime::coordinator::{self, PlanError, Progress, RunOptions, RunPlan, RunResult};
 use isolane_runtime::partition::PartitionHandle;
@@ -325,12 +325,13 @@ mod tests {
     }
 
     fn plan_of(protection: &str, best_effort: bool) -> RunPlan {
-        let w = |n: &str, be: bool| {
-            format!(
+        let w =
+            |n: &str, be: bool| {
+                format!(
                 "[[workload]]\nname = \"{n}\"\nmodel = \"spin:1ms\"\nrate_hz = 100\njobs = 1\n{}",
                 if be { "criticality = \"best_effort\"\n" } else { "" }
             )
-        };
+            };
         let text = format!(
             "[device]\nbackend = \"cpu\"\n{protection}\n{}\n{}",
             w("camera", false),

@@ -15,7 +15,14 @@ pub(super) const ROOT_KEYS: &[&str] = &["device", "timing", "protection", "workl
 /// The keys each table of a scenario allows (also the property tests' alphabet).
 pub const DEVICE_KEYS: &[&str] = &["backend", "gpu", "mechanism", "host"];
 pub const TIMING_KEYS: &[&str] = &["spin_us", "start_delay_ms", "seed"];
-pub const PROTECTION_KEYS: &[&str] = &["enabled", "piece_us", "margin_us", "stretch", "priorities"];
+pub const PROTECTION_KEYS: &[&str] = &[
+    "enabled",
+    "piece_us",
+    "margin_us",
+    "stretch",
+    "priorities",
+    "guard",
+];
 pub const WORKLOAD_KEYS: &[&str] = &[
     "name",
     "model",

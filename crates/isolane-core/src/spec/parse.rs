@@ -534,6 +534,7 @@ impl<'a> Walk<'a> {
                 w.float(v, p, &stretch_expected())
             }),
             priorities: self.read(t, "priorities", d.priorities, |w, v, p| w.boolean(v, p)),
+            guard: self.read(t, "guard", d.guard, |w, v, p| w.boolean(v, p)),
         }
     }
 

@@ -1257,7 +1257,7 @@ fn validation_time_grows_linearly_with_the_workloads() {
 #[test]
 fn criticality_and_protection_parse_with_defaults_and_round_trip() {
     let s = parse(&format!(
-        "[protection]\npiece_us = 500\nmargin_us = 0\nstretch = 1.5\npriorities = false\n{MIN}criticality = \"best_effort\"\n"
+        "[protection]\npiece_us = 500\nmargin_us = 0\nstretch = 1.5\npriorities = false\nguard = false\n{MIN}criticality = \"best_effort\"\n"
     ))
     .unwrap();
     assert_eq!(s.workloads[0].criticality, Criticality::BestEffort);
@@ -1269,6 +1269,7 @@ fn criticality_and_protection_parse_with_defaults_and_round_trip() {
             margin_us: 0,
             stretch: Some(1.5),
             priorities: false,
+            guard: false,
         }
     );
     let d = parse(MIN).unwrap();
