@@ -1,37 +1,42 @@
 #!/usr/bin/env bash
-# Issue 14 on the H100 (docs/criticality.md, docs/interference.md), with a staged binary:
+# Issue 14 on the H100 (docs/criticality.md), with a staged binary:
 #
-#   here:   bash scripts/gpu-test.sh stage
-#   device: (carry ["stage"])  bash scripts/criticality-h100.sh
+#   here:   bash scripts/gpu-test.sh stage     (or just: mkdir -p stage; cp target/release/isolane stage/)
+#   device: (carry ["stage"])  bash scripts/criticality-h100.sh compare
+#           (carry ["stage"])  bash scripts/criticality-h100.sh tradeoff
 #
-# 1. The protection comparison (scripts/protection_study.py): two critical victims (vit_b_16 in
-#    48 SMs, resnet18 in 32) at 75 % of their alone capacity with deadline 1.3 x their p99 alone,
-#    vit_l_32 flat out as best effort, under green / MPS / time-slicing, unprotected and
-#    protected; then the victim-load trade-off. -> results/h100-protection
-# 2. Where the stretch comes from: the resnet18 cells of the matrix whose stretch was bimodal
-#    (1.06x or 1.47x for neighbours of the same kind), repeated, and with the driver's hardware
-#    work queues per context forced to 1 and to 32 (CUDA_DEVICE_MAX_CONNECTIONS).
-#    -> results/h100-interference/frontend-*
-# About 6 minutes of GPU time. ISOLANE_BIN (default stage/isolane), OUT (tarball folder).
+# compare: two critical victims (vit_b_16 in 48 SMs, resnet18 in 32) at 75 % of their alone
+#   capacity with deadline 1.3 x their p99 alone, vit_l_32 flat out as best effort, under green
+#   contexts and MPS with each protection lever (none / priorities / guard / both / guard with
+#   the measured stretch), 3 repeats each, plus the baselines without best effort; about 6 min.
+# tradeoff: the victims' load from 0.5 to 0.9 with and without protection (green), and
+#   time-slicing; about 6 min.
+# Results under results/h100-protection/; a tarball of them (jobs CSVs included, compressed)
+# in $OUT (default /tmp/isolane-criticality). ISOLANE_BIN (default stage/isolane).
 set -u
 cd "$(dirname "$0")/.."
 bin=${ISOLANE_BIN:-stage/isolane}
 out=${OUT:-/tmp/isolane-criticality}
-mkdir -p "$out" results/h100-protection results/h100-interference
+phase=${1:-compare}
+mkdir -p "$out" results/h100-protection
 rc=0
-python3 scripts/protection_study.py --isolane "$bin" --out results/h100-protection \
-    --duration 3 --loads 0.5,0.6,0.9 || rc=$?
-cells() {
-    "$bin" interference --backend cuda --mechanism green --victim-size 48 \
-        --neighbour-sizes 48,80 --victims resnet18 --neighbours resnet18,kernel:triad:1GiB \
-        --precisions fp16 --victim-load 0.5 --duration-s 3 --warmup 20 --quiet --force \
-        --out "results/h100-interference/frontend-$1" | tail -n 12 || rc=$?
-}
-cells repeat-1
-cells repeat-2
-CUDA_DEVICE_MAX_CONNECTIONS=1 cells connections-1
-CUDA_DEVICE_MAX_CONNECTIONS=32 cells connections-32
-tar -czf "$out/criticality.tar.gz" --exclude='*/jobs/*.csv' results/h100-protection \
-    results/h100-interference/frontend-*
+case "$phase" in
+compare)
+    python3 scripts/protection_study.py --isolane "$bin" --out results/h100-protection \
+        --mechanisms green,mps --repeats 3 --duration 3 || rc=$?
+    ;;
+tradeoff)
+    python3 scripts/protection_study.py --isolane "$bin" --out results/h100-protection/tradeoff-study \
+        --mechanisms timeslice --variants none,both --repeats 1 --duration 3 \
+        --loads 0.5,0.6,0.7,0.8,0.9 --tradeoff-variants none,both || rc=$?
+    ;;
+*)
+    echo "usage: $0 compare|tradeoff" >&2
+    exit 2
+    ;;
+esac
+# The per-job files apart: if they outgrow what a device call returns, the rest still does.
+tar -czf "$out/criticality-$phase.tar.gz" --exclude='*/jobs/*.csv' results/h100-protection
+tar -cJf "$out/criticality-$phase-jobs.tar.xz" $(find results/h100-protection -path '*/jobs/*.csv')
 ls -la "$out"
 exit $rc

@@ -3,29 +3,52 @@
 
 Two critical victims at a share of their alone-in-partition capacity, with a deadline of
 `--slack` x their p99 alone, beside one best-effort model flat out, under each mechanism with
-and without isolane's protection; then the trade-off curve (victim load) under protection.
+each of isolane's protection levers, repeated; then the trade-off curve (victim load).
 
     scripts/protection_study.py --out results/h100-protection              # the H100 study
     scripts/protection_study.py --backend cpu --out /tmp/p --duration 1    # spin stand-ins
 
 Steps (every number is measured in this run, nothing is typed in):
-  1. alone: each workload alone in its partition (green SMs; thread host), closed loop:
-     capacity = its throughput, p99 = its p99 latency (= service time in closed loop);
-  2. compare: victims at --load x capacity, deadline --slack x p99, the best-effort model flat
-     out, for each mechanism, unprotected ([protection] enabled = false) and protected;
-  3. tradeoff: the same with protection (and without) at each of --loads.
-Writes <out>/protection.csv (one row per run and workload) and <out>/protection.md (tables).
+  1. alone: each workload alone in its partition, closed loop: capacity = its throughput,
+     p99 = its p99 latency (= service time in closed loop), execution p99;
+  2. compare: per mechanism, first the baselines without best effort (each victim alone at its
+     rate; both victims together), then the victims at --load x capacity, deadline --slack x
+     p99, beside the best-effort model flat out, under each of --variants:
+       none      [protection] enabled = false
+       pri       priorities only (critical streams first, best-effort MPS clients below normal)
+       guard     the guard only (full-stall model), no priorities
+       both      guard and priorities (isolane's default protection)
+       stretch   guard with the victims' worst p99 execution stretch of the first `none` run,
+                 and priorities
+     each --repeats times (a short-kernel model's stretch is fixed per run: interference.md);
+  3. tradeoff: --tradeoff-variants at each of --loads, under --tradeoff-mechanism.
+Every victim miss is attributed: `queued` (its job started later than the deadline allowed for
+its execution: an earlier job overran) or `slow` (its own execution took too long), and for a
+slow one whether the other victim was running meanwhile.
+Writes <out>/protection.csv (one row per run and workload), <out>/misses.csv and
+<out>/protection.md (tables: per run, and the median / worst over repeats).
 Python >= 3.7, standard library only.
 """
 
 import argparse
+import bisect
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 TOTAL_SMS = 132
+
+VARIANTS = {
+    # name: (enabled, guard, priorities, use the measured stretch)
+    "none": (False, True, True, False),
+    "pri": (True, False, True, False),
+    "guard": (True, True, False, False),
+    "both": (True, True, True, False),
+    "stretch": (True, True, True, True),
+}
 
 
 def parse_args():
@@ -40,12 +63,23 @@ def parse_args():
     p.add_argument("--best-effort", default="vit_l_32:48", help="model:sms")
     p.add_argument("--load", type=float, default=0.75)
     p.add_argument("--slack", type=float, default=1.3)
-    p.add_argument("--loads", default="0.5,0.6,0.7,0.8,0.9")
     p.add_argument("--mechanisms", default="green,mps,timeslice")
-    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--variants", default="none,pri,guard,both,stretch")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--loads", default="", help="trade-off loads, e.g. 0.5,0.6,0.7,0.8,0.9")
+    p.add_argument("--tradeoff-mechanism", default="green")
+    p.add_argument("--tradeoff-variants", default="none,both")
+    p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--piece-us", type=int, default=100)
     p.add_argument("--margin-us", type=int, default=20)
-    return p.parse_args()
+    p.add_argument("--skip-alone", action="store_true",
+                   help="reuse <out>/alone.json from an earlier run of this script")
+    args = p.parse_args()
+    unknown = [v for v in args.variants.split(",") + args.tradeoff_variants.split(",")
+               if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variant(s) {unknown}; allowed: {', '.join(VARIANTS)}")
+    return args
 
 
 def binary(args):
@@ -66,9 +100,8 @@ def cpu_stand_in(model):
         model, model)
 
 
-def workload_toml(args, w):
-    """One [[workload]] table. w: name, model, sms, rate (None: max), deadline_ms, criticality,
-    mechanism."""
+def workload_toml(args, w, mech):
+    """One [[workload]] table. w: name, model, sms, rate (None: max), deadline_ms, criticality."""
     model = w["model"] if args.backend == "cuda" else cpu_stand_in(w["model"])
     lines = ["[[workload]]", f'name = "{w["name"]}"', f'model = "{model}"']
     if args.backend == "cuda":
@@ -79,7 +112,6 @@ def workload_toml(args, w):
     lines.append(f"duration_s = {args.duration}")
     lines.append("warmup_jobs = 50")
     lines.append(f'criticality = "{w.get("criticality", "critical")}"')
-    mech = w["mechanism"]
     if args.backend == "cuda" and mech == "green":
         lines.append(f'partition = {{ sms = {w["sms"]} }}')
     elif args.backend == "cuda" and mech == "mps":
@@ -87,27 +119,24 @@ def workload_toml(args, w):
     return "\n".join(lines)
 
 
-UNPROTECTED = False
-
-
-def scenario_toml(args, mechanism, workloads, stretch):
-    """stretch: False (the string-free sentinel UNPROTECTED) for [protection] enabled = false,
-    None for protection with the stall model, a number for protection with that stretch."""
+def scenario_toml(args, mech, workloads, variant="none", stretch=None):
     if args.backend == "cuda":
-        host = "thread" if mechanism == "green" else "process"
-        device = (f'[device]\nbackend = "cuda"\nmechanism = "{mechanism}"\nhost = "{host}"\n')
+        host = "thread" if mech == "green" else "process"
+        device = f'[device]\nbackend = "cuda"\nmechanism = "{mech}"\nhost = "{host}"\n'
     else:
         device = '[device]\nbackend = "cpu"\nhost = "thread"\n'
-    protected = stretch is not UNPROTECTED
-    prot = (f"[protection]\nenabled = {'true' if protected else 'false'}\n"
+    enabled, guard, priorities, with_stretch = VARIANTS[variant]
+    flag = lambda b: "true" if b else "false"
+    prot = (f"[protection]\nenabled = {flag(enabled)}\nguard = {flag(guard)}\n"
+            f"priorities = {flag(priorities)}\n"
             f"piece_us = {args.piece_us}\nmargin_us = {args.margin_us}\n")
-    if protected and stretch:
+    if with_stretch and stretch and stretch > 1.0:
         prot += f"stretch = {stretch:.3f}\n"
-    body = "\n\n".join(workload_toml(args, dict(w, mechanism=mechanism)) for w in workloads)
+    body = "\n\n".join(workload_toml(args, w, mech) for w in workloads)
     return f"{device}\n{prot}\n{body}\n"
 
 
-def run(args, exe, folder, text):
+def run(exe, folder, text):
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "scenario-in.toml")
     with open(path, "w") as f:
@@ -125,133 +154,208 @@ def run(args, exe, folder, text):
         return {w["name"]: w for w in json.load(f)["workloads"]}
 
 
-def exec_ms(run_dir, workload):
-    """Execution times (end - start, ms) of a run's completed jobs, sorted."""
+def jobs(run_dir, workload):
+    """(release, start, end, timeout) of a run's completed jobs, in ms, by release."""
     with open(os.path.join(run_dir, "jobs", workload + ".csv")) as f:
-        return sorted(float(r["end_ms"]) - float(r["start_ms"])
-                      for r in csv.DictReader(f) if r["end_ms"])
+        return [(float(r["release_ms"]), float(r["start_ms"]), float(r["end_ms"]),
+                 r["timeout"] == "1") for r in csv.DictReader(f) if r["end_ms"]]
 
 
 def pct(v, q):
+    v = sorted(v)
     return v[min(len(v) - 1, int(len(v) * q))] if v else float("nan")
 
 
-def main():
-    args = parse_args()
-    exe = binary(args)
-    os.makedirs(args.out, exist_ok=True)
-    victims = [split(v) for v in args.victims.split(",")]
-    be_model, be_sms = split(args.best_effort)
-    everyone = [(f"v{i}_{m}", m, s) for i, (m, s) in enumerate(victims)] + [
-        (f"be_{be_model}", be_model, be_sms)]
-    mechanisms = [m for m in args.mechanisms.split(",")
-                  if args.backend == "cuda" or m == "green"]
+def busy(spans, a, b):
+    """Whether any of the sorted (start, end) `spans` overlaps [a, b]."""
+    i = bisect.bisect_left(spans, (a, a))
+    return any(s < b and e > a for s, e in spans[max(0, i - 1):i + 2])
 
-    # 1. Each workload alone in its partition, per mechanism: capacity, p99, p99 execution.
-    alone = {}
-    for mech in mechanisms:
-        alone[mech] = {}
-        for name, model, sms in everyone:
-            folder = os.path.join(args.out, "alone", mech, name)
-            s = run(args, exe, folder, scenario_toml(
-                args, mech, [dict(name=name, model=model, sms=sms)], UNPROTECTED))[name]
-            alone[mech][name] = dict(capacity=s["throughput_ips"], p99=s["latency_ms"]["p99"],
-                                     exec_p99=pct(exec_ms(os.path.join(folder, "run"), name), .99))
-    with open(os.path.join(args.out, "alone.json"), "w") as f:
-        json.dump(alone, f, indent=1)
 
-    def workloads(mech, load):
-        ws = []
-        for name, model, sms in everyone[:-1]:
-            a = alone[mech][name]
-            ws.append(dict(name=name, model=model, sms=sms, rate=load * a["capacity"],
-                           deadline_ms=args.slack * a["p99"]))
-        name, model, sms = everyone[-1]
-        ws.append(dict(name=name, model=model, sms=sms, criticality="best_effort"))
-        return ws
+def attribute(run_dir, victims, deadlines):
+    """Per victim: misses, of them `queued` (started too late for its execution alone to fit)
+    and `slow` (own execution too long), and the slow ones the other victim overlapped."""
+    spans = {v: sorted((s, e) for _, s, e, _ in jobs(run_dir, v)) for v in victims}
+    out = {}
+    for v in victims:
+        d = deadlines[v]
+        others = [spans[o] for o in victims if o != v]
+        n = dict(misses=0, queued=0, slow=0, slow_beside_victim=0)
+        exec_ms = sorted(e - s for _, s, e, _ in jobs(run_dir, v))
+        typical = pct(exec_ms, 0.5)
+        for rel, s, e, late in jobs(run_dir, v):
+            if not late:
+                continue
+            n["misses"] += 1
+            if s - rel + typical > d:
+                n["queued"] += 1
+            else:
+                n["slow"] += 1
+                if any(busy(o, s, e) for o in others):
+                    n["slow_beside_victim"] += 1
+        out[v] = n
+    return out
 
-    rows = []
 
-    def record(study, mech, protection, load, folder, summary):
-        for name, w in summary.items():
-            be = name == everyone[-1][0]
+class Study:
+    def __init__(self, args):
+        self.args = args
+        self.exe = binary(args)
+        victims = [split(v) for v in args.victims.split(",")]
+        be_model, be_sms = split(args.best_effort)
+        self.victims = [dict(name=f"v{i}_{m}", model=m, sms=s) for i, (m, s) in enumerate(victims)]
+        self.be = dict(name=f"be_{be_model}", model=be_model, sms=be_sms,
+                       criticality="best_effort")
+        self.mechanisms = [m for m in args.mechanisms.split(",")
+                           if args.backend == "cuda" or m == "green"]
+        self.alone = {}
+        self.rows = []
+        self.misses = []
+
+    def measure_alone(self):
+        path = os.path.join(self.args.out, "alone.json")
+        if self.args.skip_alone and os.path.exists(path):
+            with open(path) as f:
+                self.alone = json.load(f)
+            return
+        for mech in set(self.mechanisms + [self.args.tradeoff_mechanism]):
+            self.alone[mech] = {}
+            for w in self.victims + [self.be]:
+                w = dict(w, criticality="critical")
+                folder = os.path.join(self.args.out, "alone", mech, w["name"])
+                s = run(self.exe, folder, scenario_toml(self.args, mech, [w]))[w["name"]]
+                ex = [e - st for _, st, e, _ in jobs(os.path.join(folder, "run"), w["name"])]
+                self.alone[mech][w["name"]] = dict(
+                    capacity=s["throughput_ips"], p99=s["latency_ms"]["p99"],
+                    exec_p99=pct(ex, .99))
+        with open(path, "w") as f:
+            json.dump(self.alone, f, indent=1)
+
+    def victims_at(self, mech, load):
+        return [dict(v, rate=load * self.alone[mech][v["name"]]["capacity"],
+                     deadline_ms=self.args.slack * self.alone[mech][v["name"]]["p99"])
+                for v in self.victims]
+
+    def one(self, study, mech, load, label, rep, workloads, variant="none", stretch=None):
+        folder = os.path.join(self.args.out, study, f"{mech}-load{round(load * 100)}-{label}",
+                              f"r{rep}")
+        s = run(self.exe, folder, scenario_toml(self.args, mech, workloads, variant, stretch))
+        run_dir = os.path.join(folder, "run")
+        names = [w["name"] for w in workloads if w.get("criticality") != "best_effort"]
+        deadlines = {w["name"]: w["deadline_ms"] for w in workloads if w.get("deadline_ms")}
+        blame = attribute(run_dir, names, deadlines)
+        for name, w in s.items():
+            ex = [e - st for _, st, e, _ in jobs(run_dir, name)]
+            a = self.alone[mech][name]
             held = w.get("held") or {}
-            ex = exec_ms(os.path.join(folder, "run"), name)
-            rows.append(dict(
-                study=study, mechanism=mech, protection=protection, load=load,
+            is_be = name == self.be["name"]
+            self.rows.append(dict(
+                study=study, mechanism=mech, load=load, variant=label, repeat=rep,
                 workload=name, criticality=w.get("criticality", ""),
                 jobs=w["jobs"], timeout_pct=w["timeout_pct"],
                 p50_ms=w["latency_ms"]["p50"], p99_ms=w["latency_ms"]["p99"],
                 max_ms=w["latency_ms"]["max"], exec_p99_ms=pct(ex, .99),
-                exec_stretch=pct(ex, .99) / alone[mech][name]["exec_p99"],
+                exec_stretch=pct(ex, .99) / a["exec_p99"],
                 throughput_ips=w["throughput_ips"],
-                of_alone=w["throughput_ips"] / alone[mech][name]["capacity"] if be else "",
-                held_ms=held.get("total_ms", 0), pieces=held.get("pieces", "")))
+                of_alone=w["throughput_ips"] / a["capacity"] if is_be else "",
+                held_ms=held.get("total_ms", 0), stretch=stretch or ""))
+            if name in blame:
+                self.misses.append(dict(study=study, mechanism=mech, load=load, variant=label,
+                                        repeat=rep, workload=name, **blame[name]))
 
-    def measure(study, mech, load):
-        """Unprotected, then protected with the stall model, then with the victims' worst p99
-        execution stretch measured in the unprotected run."""
-        tag = f"{study}/{mech}-load{round(load * 100)}"
-        folder = os.path.join(args.out, tag + "-unprotected")
-        s = run(args, exe, folder, scenario_toml(args, mech, workloads(mech, load), UNPROTECTED))
-        record(study, mech, "none", load, folder, s)
-        stretch = max(r["exec_stretch"] for r in rows[-len(s):] if r["criticality"] == "critical")
-        for label, st in (("stall", None), (f"stretch {stretch:.2f}", stretch)):
-            if st is not None and st <= 1.0:
-                continue
-            folder = os.path.join(args.out, tag + ("-stall" if st is None else "-stretch"))
-            s = run(args, exe, folder, scenario_toml(args, mech, workloads(mech, load), st))
-            record(study, mech, label, load, folder, s)
+    def worst_stretch(self, study, mech, load):
+        rs = [r for r in self.rows if (r["study"], r["mechanism"], r["load"], r["variant"]) ==
+              (study, mech, load, "none") and r["criticality"] == "critical"]
+        return max((r["exec_stretch"] for r in rs), default=None)
 
-    for mech in mechanisms:
-        measure("compare", mech, args.load)
-    for load in [float(x) for x in args.loads.split(",") if x]:
-        measure("tradeoff", "green", load)
+    def compare(self, study, mech, load, variants, baselines):
+        vs = self.victims_at(mech, load)
+        if baselines:
+            for v in vs:
+                self.one(study, mech, load, f"only-{v['name']}", 0, [v])
+            self.one(study, mech, load, "victims-only", 0, vs)
+        for rep in range(self.args.repeats):
+            for variant in variants:
+                stretch = self.worst_stretch(study, mech, load) if variant == "stretch" else None
+                self.one(study, mech, load, variant, rep, vs + [self.be], variant, stretch)
 
-    with open(os.path.join(args.out, "protection.csv"), "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        wr.writeheader()
-        wr.writerows(rows)
-    write_markdown(args, alone, rows, everyone)
-    print(open(os.path.join(args.out, "protection.md")).read())
+    def main(self):
+        os.makedirs(self.args.out, exist_ok=True)
+        self.measure_alone()
+        for mech in self.mechanisms:
+            variants = self.args.variants.split(",")
+            if mech == "timeslice":  # two victims at 75 % each cannot share by turns: no levers
+                variants = [v for v in variants if v in ("none", "both")]
+            self.compare("compare", mech, self.args.load, variants, baselines=True)
+        for load in [float(x) for x in self.args.loads.split(",") if x]:
+            self.compare("tradeoff", self.args.tradeoff_mechanism, load,
+                         self.args.tradeoff_variants.split(","), baselines=False)
+        self.write()
+
+    def write(self):
+        out = self.args.out
+        for name, rows in (("protection.csv", self.rows), ("misses.csv", self.misses)):
+            if rows:
+                with open(os.path.join(out, name), "w", newline="") as f:
+                    wr = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+                    wr.writeheader()
+                    wr.writerows(rows)
+        with open(os.path.join(out, "protection.md"), "w") as f:
+            f.write(markdown(self))
+        print(open(os.path.join(out, "protection.md")).read())
 
 
-def write_markdown(args, alone, rows, everyone):
-    be = everyone[-1][0]
-    out = [f"# Criticality protection ({args.backend}, {args.precision})", "",
-           f"Critical victims at {args.load:.0%} of their alone-in-partition capacity (trade-off: "
-           f"other loads), deadline {args.slack} x their p99 alone; best effort `{be}` flat out; "
-           f"pieces of {args.piece_us} µs, margin {args.margin_us} µs; {args.duration} s per run. "
-           "Protection `stall`: the full-stall model; `stretch s`: the victims' worst p99 "
-           "execution stretch measured in the unprotected run just before.", "",
+def markdown(st):
+    a = st.args
+    be = st.be["name"]
+    out = [f"# Criticality protection ({a.backend}, {a.precision})", "",
+           f"Critical victims at {a.load:.0%} of their alone-in-partition capacity (trade-off: "
+           f"other loads), deadline {a.slack} x their p99 alone; best effort `{be}` flat out; "
+           f"pieces of {a.piece_us} µs, margin {a.margin_us} µs; {a.duration} s per run, "
+           f"{a.repeats} repeats. Variants: none (unprotected), pri (priorities only), guard "
+           "(guard only, full-stall model), both (guard + priorities, the default), stretch "
+           "(guard with the victims' worst p99 execution stretch of the first unprotected run, "
+           "+ priorities); victims-only / only-X: the baselines without best effort.", "",
            "| mechanism | workload | alone capacity /s | alone p99 ms | alone exec p99 ms |",
            "| --- | --- | --- | --- | --- |"]
-    for mech, ws in alone.items():
-        out += [f"| {mech} | {n} | {a['capacity']:.1f} | {a['p99']:.3f} | {a['exec_p99']:.3f} |"
-                for n, a in ws.items()]
+    for mech, ws in st.alone.items():
+        out += [f"| {mech} | {n} | {w['capacity']:.1f} | {w['p99']:.3f} | {w['exec_p99']:.3f} |"
+                for n, w in ws.items()]
+    victims = [v["name"] for v in st.victims]
     for study in ("compare", "tradeoff"):
-        out += ["", f"## {study}", "",
-                "| mechanism | load | protection | victim timeouts % | victim max ms "
-                "| victim exec stretch p99 | best effort /s | of alone | held s |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         keys = []
-        for r in rows:
-            k = (r["mechanism"], r["load"], r["protection"])
+        for r in st.rows:
+            k = (r["mechanism"], r["load"], r["variant"])
             if r["study"] == study and k not in keys:
                 keys.append(k)
+        if not keys:
+            continue
+        out += ["", f"## {study}: median (worst) over repeats", "",
+                "| mechanism | load | variant | runs | " + " | ".join(
+                    f"{v} timeouts %" for v in victims) + " | victim max ms | best effort "
+                "of alone | misses queued / slow (beside the other victim) |",
+                "| --- | --- | --- | --- |" + " --- |" * len(victims) + " --- | --- | --- |"]
         for k in keys:
-            rs = [r for r in rows if r["study"] == study
-                  and (r["mechanism"], r["load"], r["protection"]) == k]
-            v = [r for r in rs if r["workload"] != be]
-            b = [r for r in rs if r["workload"] == be][0]
-            each = lambda key, fmt: " / ".join(fmt.format(r[key]) for r in v)
-            out.append(
-                f"| {k[0]} | {k[1]:.2f} | {k[2]} | {each('timeout_pct', '{:.2f}')} | "
-                f"{each('max_ms', '{:.2f}')} | {each('exec_stretch', '{:.2f}')} | "
-                f"{b['throughput_ips']:.1f} | {b['of_alone']:.0%} | {b['held_ms'] / 1e3:.2f} |")
-    with open(os.path.join(args.out, "protection.md"), "w") as f:
-        f.write("\n".join(out) + "\n")
+            rs = [r for r in st.rows if r["study"] == study
+                  and (r["mechanism"], r["load"], r["variant"]) == k]
+            runs = sorted({r["repeat"] for r in rs})
+            cells = []
+            for v in victims:
+                t = [r["timeout_pct"] for r in rs if r["workload"] == v]
+                cells.append(f"{statistics.median(t):.2f} ({max(t):.2f})" if t else "—")
+            mx = [r["max_ms"] for r in rs if r["workload"] in victims]
+            b = [r["of_alone"] for r in rs if r["workload"] == be]
+            ms = [m for m in st.misses if m["study"] == study
+                  and (m["mechanism"], m["load"], m["variant"]) == k]
+            q = sum(m["queued"] for m in ms)
+            s = sum(m["slow"] for m in ms)
+            sv = sum(m["slow_beside_victim"] for m in ms)
+            out.append(f"| {k[0]} | {k[1]:.2f} | {k[2]} | {len(runs)} | " + " | ".join(cells) +
+                       f" | {max(mx):.2f} | " +
+                       (f"{statistics.median(b):.0%} ({min(b):.0%})" if b else "—") +
+                       f" | {q} / {s} ({sv}) |")
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
-    main()
+    Study(parse_args()).main()
