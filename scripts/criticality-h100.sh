@@ -22,6 +22,7 @@ mkdir -p "$out" results/h100-protection
 rc=0
 case "$phase" in
 compare)
+    rm -rf results/h100-protection/compare results/h100-protection/alone results/h100-protection/alone.json
     python3 scripts/protection_study.py --isolane "$bin" --out results/h100-protection \
         --mechanisms green,mps --repeats 3 --duration 3 || rc=$?
     ;;
