@@ -15,7 +15,7 @@ use isolane_core::spec::{Criticality, DeviceSpec, Host, ProtectionSpec, TimingSp
 use isolane_core::JobRecord;
 
 use crate::exec::{Engine, EngineExecutors};
-use crate::guard::{Guard, GuardRole, GuardSetup, Policy};
+use crate::guard::{Guard, GuardRole, GuardSetup, HoldWait, Policy};
 use crate::jobs_stream::{BatchSender, JobsStream, RecordObserver, StreamingSink};
 use crate::partition::PartitionHandle;
 use crate::protocol::{
@@ -104,9 +104,39 @@ impl RunPlan {
                     next_slot += 1;
                     next_slot - 1
                 }),
+                wait: HoldWait::Sleep,
+            })
+            .collect::<Vec<_>>();
+        let cores = affinity::available_cores().len();
+        let setups = setups
+            .into_iter()
+            .zip(&self.workloads)
+            .map(|(s, w)| GuardSetup {
+                wait: self.hold_wait(&w.spec, cores),
+                ..s
             })
             .collect();
         Ok(Some((Arc::new(guard), setups)))
+    }
+
+    /// How best-effort workload `be` waits while held: polling when it has a core to itself
+    /// (more cores than workloads, and not pinned onto a critical workload's core), asleep
+    /// otherwise, where its polls would take the core from critical work.
+    fn hold_wait(&self, be: &WorkloadSpec, cores: usize) -> HoldWait {
+        let shares_a_core = self.workloads.iter().any(|w| {
+            w.spec.criticality == Criticality::Critical
+                && w.spec.cpu.iter().any(|c| be.cpu.contains(c))
+        });
+        let own_core = if be.cpu.is_empty() {
+            cores > self.workloads.len()
+        } else {
+            !shares_a_core
+        };
+        if own_core {
+            HoldWait::Poll
+        } else {
+            HoldWait::Sleep
+        }
     }
 }
 
@@ -974,5 +1004,48 @@ pub fn signal_name(sig: i32) -> &'static str {
         libc::SIGPIPE => "SIGPIPE",
         libc::SIGTERM => "SIGTERM",
         _ => "signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(pins: &[(&str, bool, &[usize])]) -> RunPlan {
+        let body: String = pins
+            .iter()
+            .map(|(name, be, cpu)| {
+                format!(
+                    "[[workload]]\nname = \"{name}\"\nmodel = \"spin:1ms\"\nrate_hz = 10\n\
+                     jobs = 1\ncpu = {cpu:?}\n{}\n",
+                    if *be {
+                        "criticality = \"best_effort\""
+                    } else {
+                        ""
+                    }
+                )
+            })
+            .collect();
+        let s = isolane_core::spec::Scenario::from_toml_str(
+            &format!("[device]\nbackend = \"cpu\"\n\n{body}"),
+            "t.toml",
+            &Vec::<String>::new(),
+        )
+        .unwrap();
+        RunPlan::from_scenario(&s)
+    }
+
+    #[test]
+    fn best_effort_polls_only_on_a_core_of_its_own() {
+        // Pinned onto the critical workload's core: its polls would preempt it.
+        let p = plan(&[("c", false, &[0]), ("b", true, &[0])]);
+        assert_eq!(p.hold_wait(&p.workloads[1].spec, 16), HoldWait::Sleep);
+        // Pinned elsewhere: polls.
+        let p = plan(&[("c", false, &[0]), ("b", true, &[1])]);
+        assert_eq!(p.hold_wait(&p.workloads[1].spec, 16), HoldWait::Poll);
+        // Unpinned: polls only where the machine has a core for every workload and more.
+        let p = plan(&[("c", false, &[]), ("b", true, &[])]);
+        assert_eq!(p.hold_wait(&p.workloads[1].spec, 16), HoldWait::Poll);
+        assert_eq!(p.hold_wait(&p.workloads[1].spec, 2), HoldWait::Sleep);
     }
 }
