@@ -145,7 +145,7 @@ impl<'b> PartitionSession<'b> {
         }
         for r in &mut s.records {
             r.partition
-                .push_str(&options.urgency.describe(&r.workload, plan.mechanism));
+                .push_str(options.urgency.describe(&r.workload, plan.mechanism));
         }
         Ok(s)
     }
