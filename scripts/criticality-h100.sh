@@ -24,7 +24,7 @@ case "$phase" in
 compare)
     rm -rf results/h100-protection/compare results/h100-protection/alone results/h100-protection/alone.json
     python3 scripts/protection_study.py --isolane "$bin" --out results/h100-protection \
-        --mechanisms green,mps --repeats 3 --duration 3 || rc=$?
+        --mechanisms green,mps --repeats 3 --duration 3 --variants "${VARIANTS:-none,pri,guard,both,stretch}" || rc=$?
     ;;
 tradeoff)
     python3 scripts/protection_study.py --isolane "$bin" --out results/h100-protection/tradeoff-study \

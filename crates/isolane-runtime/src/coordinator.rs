@@ -389,6 +389,12 @@ struct Shared {
     engine: Option<Engine>,
     /// The run's criticality guard and each workload's part in it (by slot).
     guard: Option<(Arc<Guard>, Vec<GuardSetup>)>,
+    /// Held by the one workload that builds and warms up at a time. A CUDA build times its
+    /// candidate kernels on the GPU and keeps the fastest; timed beside another workload's
+    /// build or warm-up, they were measured under interference that the run does not have,
+    /// and the choice (and the model's speed, up to 1.9× for resnet18 in 32 SMs) changed from
+    /// run to run (docs/interference.md).
+    prepare_turn: Mutex<()>,
 }
 
 impl Shared {
@@ -464,6 +470,7 @@ pub fn run(
         device: plan.device.clone(),
         engine: opts.engine.clone(),
         guard: plan.guard().map_err(PlanError::Guard)?,
+        prepare_turn: Mutex::new(()),
     });
     // Records flow to the writer thread when files or an observer want them.
     let stream = if opts.jobs_dir.is_some() || opts.observer.is_some() {
@@ -641,6 +648,10 @@ fn drive_thread(
     let name = &w.spec.name;
     let prepared = (|| -> Result<_, String> {
         affinity::pin_current_thread(&w.spec.cpu).map_err(|e| format!("workload `{name}`: {e}"))?;
+        let _turn = shared
+            .prepare_turn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let mut executor = exec::executor_for(
             shared.engine.as_deref(),
             &shared.device,
@@ -843,6 +854,11 @@ fn drive_process(
     let setup = (|| -> Result<(), String> {
         let line = read_line(&mut out).ok_or("the worker closed its output before saying hello")?;
         check_version(&line, "worker").map_err(|e| e.to_string())?;
+        // The worker builds and warms up between this set-up and its answer.
+        let _turn = shared
+            .prepare_turn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         send_line(
             &mut stdin,
             &ToWorker::Setup {
