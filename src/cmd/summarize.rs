@@ -118,6 +118,7 @@ fn recorded(
         device_memory_mib: None,
         pieces: None,
         cpu: None,
+        program: None,
     })
 }
 

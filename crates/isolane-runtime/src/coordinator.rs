@@ -11,13 +11,17 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use isolane_core::spec::{Criticality, DeviceSpec, Host, ProtectionSpec, TimingSpec, WorkloadSpec};
+use isolane_core::results::ProgramEnd;
+use isolane_core::spec::{
+    Criticality, DeviceSpec, Host, ProgramSpec, ProtectionSpec, TimingSpec, WorkloadSpec,
+};
 use isolane_core::JobRecord;
 
 use crate::exec::{Engine, EngineExecutors};
 use crate::guard::{Guard, GuardRole, GuardSetup, Policy};
 use crate::jobs_stream::{BatchSender, JobsStream, RecordObserver, StreamingSink};
 use crate::partition::PartitionHandle;
+use crate::program::{run_program, ProgramLaunch, ProgramOutcome};
 use crate::protocol::{
     check_version, record_from_wire, truncate, DoneStatus, FromWorker, ToWorker,
 };
@@ -196,6 +200,9 @@ pub struct WorkloadResult {
     pub pieces: Option<usize>,
     /// What the release-loop thread cost the CPU from t0 to its end (where /proc says).
     pub cpu: Option<ThreadCpu>,
+    /// A command workload: how its program ran (`None` for models, and for a program that
+    /// never reached t0).
+    pub program: Option<ProgramOutcome>,
 }
 
 #[derive(Debug, Clone)]
@@ -266,7 +273,9 @@ pub fn preflight(plan: &RunPlan, engine: Option<&dyn EngineExecutors>) -> Result
         crate::limits::check_records(&record_demands(plan), memory)?;
     }
     for w in &plan.workloads {
-        exec::check_model(engine, &plan.device, &w.spec)?;
+        if w.spec.program.is_none() {
+            exec::check_model(engine, &w.spec.device(&plan.device), &w.spec)?;
+        }
         affinity::check_cores(&w.spec.cpu).map_err(|source| PlanError::Cpu {
             workload: w.spec.name.clone(),
             source,
@@ -464,11 +473,20 @@ pub fn run(
         let env = opts.worker_env.get(&name).cloned().unwrap_or_default();
         let hook = opts.on_worker_start.clone();
         let out = stream.as_ref().map(|s| s.sender(slot));
+        let program_dir = opts.jobs_dir.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("isolane:{}", truncate(&name, 8)))
             .spawn(move || {
-                let result = match (w.spec.host, exe) {
-                    (Host::Process, Some(exe)) => {
+                let result = match (&w.spec.program, w.spec.host, exe) {
+                    (Some(program), _, _) => {
+                        let launch = ProgramHost {
+                            env: &env,
+                            hook: hook.as_ref(),
+                            out_dir: program_dir.as_deref(),
+                        };
+                        drive_program(&w, program, &shared, &mut reporter, &launch)
+                    }
+                    (None, Host::Process, Some(exe)) => {
                         let launch = WorkerLaunch {
                             exe: &exe,
                             env: &env,
@@ -598,6 +616,7 @@ fn failed(name: &str, f: Failure, records: Vec<JobRecord>) -> WorkloadResult {
         device_memory_mib: None,
         pieces: None,
         cpu: None,
+        program: None,
     }
 }
 
@@ -613,7 +632,7 @@ fn drive_thread(
         affinity::pin_current_thread(&w.spec.cpu).map_err(|e| format!("workload `{name}`: {e}"))?;
         let mut executor = exec::executor_for(
             shared.engine.as_deref(),
-            &shared.device,
+            &w.spec.device(&shared.device),
             &w.spec,
             shared.timing.seed,
             w.index,
@@ -652,6 +671,7 @@ fn drive_thread(
         device_memory_mib: executor.device_memory_mib(),
         pieces: matches!(role, GuardRole::BestEffort(_)).then(|| executor.pieces()),
         cpu: None,
+        program: None,
     };
     let Some(t0) = shared.gate.wait() else {
         return result;
@@ -719,6 +739,61 @@ fn mean(v: &[i64]) -> Option<i64> {
     } else {
         Some(v.iter().sum::<i64>() / v.len() as i64)
     }
+}
+
+/// Where a command workload's program gets its partition and writes its output.
+struct ProgramHost<'a> {
+    /// The partition's environment (MPS client settings, a MIG binding).
+    env: &'a [(String, String)],
+    hook: Option<&'a WorkerStartHook>,
+    /// The run's folder: `<workload>.stdout` and `.stderr` go there.
+    out_dir: Option<&'a std::path::Path>,
+}
+
+/// A command workload (crate::program): ready at once (a program has no warm-up), started at
+/// t0, watched to its end; its failure is the workload's, the others run on.
+fn drive_program(
+    w: &WorkloadPlan,
+    program: &ProgramSpec,
+    shared: &Shared,
+    reporter: &mut Reporter,
+    host: &ProgramHost<'_>,
+) -> WorkloadResult {
+    let name = &w.spec.name;
+    reporter.ready();
+    let mut result = failed(name, Failure::msg(""), Vec::new());
+    result.status = WorkloadStatus::Interrupted;
+    let Some(t0) = shared.gate.wait() else {
+        return result;
+    };
+    if !clock::wait_until_ns(t0, 0, &shared.stop) {
+        return result;
+    }
+    let launch = ProgramLaunch {
+        name,
+        spec: program,
+        cpu: &w.spec.cpu,
+        partition_env: host.env,
+        out_dir: host.out_dir,
+    };
+    let on_start = |pid: u32| {
+        if let Some(hook) = host.hook {
+            hook(name, pid);
+        }
+    };
+    let outcome = run_program(&launch, t0, &shared.stop, &on_start);
+    result.pid = outcome.pids.first().copied();
+    result.status = match (outcome.end, outcome.failure(program)) {
+        (ProgramEnd::Interrupted, _) => WorkloadStatus::Interrupted,
+        (_, None) => WorkloadStatus::Ok,
+        (_, Some(message)) => WorkloadStatus::Failed(Failure {
+            message,
+            exit_code: outcome.exit_code,
+            signal: outcome.signal,
+        }),
+    };
+    result.program = Some(outcome);
+    result
 }
 
 fn send_line(stdin: &mut ChildStdin, msg: &ToWorker) -> std::io::Result<()> {
@@ -805,6 +880,7 @@ fn drive_process(
         device_memory_mib: None,
         pieces: None,
         cpu: None,
+        program: None,
     };
     let mut error: Option<String> = None;
     let mut done: Option<DoneStatus> = None;
@@ -819,7 +895,7 @@ fn drive_process(
                 protocol_version: crate::protocol::PROTOCOL_VERSION,
                 index: w.index,
                 workload: Box::new(w.spec.clone()),
-                device: shared.device.clone(),
+                device: w.spec.device(&shared.device),
                 timing: shared.timing.clone(),
                 schedule: w.schedule.clone(),
                 guard: shared.guard_setup(slot).cloned(),
