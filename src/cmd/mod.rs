@@ -272,7 +272,7 @@ pub fn memory_estimates_mib(scenario: &Scenario) -> Vec<Option<u64>> {
         .workloads
         .iter()
         .map(|w| {
-            let model = planned_model_mib(&scenario.device, w)?;
+            let model = planned_model_mib(&w.device(&scenario.device), w)?;
             let context = match w.host {
                 Host::Process => CUDA_PROCESS_MIB,
                 Host::Thread if !own_context_counted => {

@@ -787,7 +787,10 @@ fn drive_program(
         (ProgramEnd::Interrupted, _) => WorkloadStatus::Interrupted,
         (_, None) => WorkloadStatus::Ok,
         (_, Some(message)) => WorkloadStatus::Failed(Failure {
-            message,
+            message: match outcome.stderr_tail(500) {
+                Some(tail) => format!("{message}; stderr: {tail}"),
+                None => message,
+            },
             exit_code: outcome.exit_code,
             signal: outcome.signal,
         }),

@@ -97,6 +97,25 @@ impl ProgramOutcome {
         (self.ended_ns - self.started_ns).max(0) as f64 / 1e9
     }
 
+    /// The last `max_chars` characters of what it wrote to its standard error, to explain a
+    /// failure (`None`: nothing, or no file).
+    pub fn stderr_tail(&self, max_chars: usize) -> Option<String> {
+        use std::io::{Read as _, Seek as _, SeekFrom};
+        let mut file = File::open(self.stderr.as_ref()?).ok()?;
+        // Only the end of the file is read (a chatty program's stderr may be large); at most
+        // 4 bytes a character in UTF-8.
+        let len = file.metadata().ok()?.len();
+        let from = len.saturating_sub(4 * max_chars as u64);
+        file.seek(SeekFrom::Start(from)).ok()?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).ok()?;
+        let text = String::from_utf8_lossy(&bytes);
+        let text = text.trim();
+        let skip = text.chars().count().saturating_sub(max_chars);
+        let tail: String = text.chars().skip(skip).collect();
+        (!tail.is_empty()).then_some(tail)
+    }
+
     /// Why the workload failed, or `None` when this end is a success (exit status 0, or
     /// stopped at its duration) or an interruption.
     pub fn failure(&self, spec: &ProgramSpec) -> Option<String> {
