@@ -147,6 +147,21 @@ pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<(Scenario, String)> 
     }
 }
 
+/// Command workloads (external programs, docs/programs.md) run only under `isolane run`: a
+/// program has no jobs to search a rate for, profile, verify or ramp. `command` names the
+/// subcommand refusing them (a user's mistake: exit code 2).
+pub fn refuse_programs(scenario: &Scenario, file: &str, command: &str) -> anyhow::Result<()> {
+    match scenario.workloads.iter().find(|w| w.program.is_some()) {
+        None => Ok(()),
+        Some(w) => Err(user(format!(
+            "{file}: workload `{}` is a command workload (an external program), which only \
+             `isolane run` runs; `isolane {command}` needs model workloads (remove it, or run \
+             the scenario with `isolane run`)",
+            w.name
+        ))),
+    }
+}
+
 /// Ctrl-C (SIGINT) and SIGTERM raise the returned flag: the run stops releasing jobs and
 /// writes what it measured. A second Ctrl-C while stopping exits at once (code 130), after
 /// stopping any MPS daemon this process started and its clients (an exit skips destructors).
@@ -314,7 +329,8 @@ pub fn admit_or_refuse(
     scenario: &Scenario,
     file: &str,
 ) -> anyhow::Result<Option<isolane_core::admission::Plan>> {
-    if scenario.device.backend != Backend::Cuda {
+    // A scenario whose workloads all run on the CPU (`backend = "cpu"` each) needs no GPU.
+    if scenario.device.backend != Backend::Cuda || !scenario.workloads.iter().any(|w| w.on_gpu()) {
         return Ok(None);
     }
     let device = detected_device_model(scenario.device.gpu)?;
