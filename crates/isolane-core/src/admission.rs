@@ -423,9 +423,9 @@ pub fn admit(
     // Memory over the whole device: MIG and pinned MPS limits were checked per partition above,
     // but workloads without a limit still share the device's memory.
     if scenario.device.backend == Backend::Cuda && rejections.is_empty() {
-        let total: u64 = (0..scenario.workloads.len()).filter_map(estimate).sum();
+        let total: u64 = gpu_workloads.iter().filter_map(|(i, _)| estimate(*i)).sum();
         if total > device.memory_mib {
-            for (i, w) in scenario.workloads.iter().enumerate() {
+            for &(i, w) in &gpu_workloads {
                 if estimate(i).is_some() {
                     reject(
                         &mut rejections,
@@ -663,6 +663,29 @@ mod tests {
                 mechanism: "mig"
             }
         );
+    }
+
+    #[test]
+    fn a_cpu_workload_takes_no_gpu_partition_and_keeps_its_place() {
+        let h100 = device_model("h100-sxm").unwrap();
+        // w1 runs on the CPU: no thread percentage needed, none counted against the budget.
+        let mut s = scenario(
+            Mechanism::Mps,
+            vec![mps(60, None), PartitionSpec::default(), mps(40, None)],
+        );
+        s.workloads[1].backend = Backend::Cpu;
+        let plan = admit(&s, &h100, &[Some(800), Some(100), Some(900)], &opts()).unwrap();
+        let names: Vec<&str> = plan.workloads.iter().map(|w| w.workload.as_str()).collect();
+        assert_eq!(names, ["w0", "w1", "w2"]);
+        assert_eq!(plan.workloads[1].partition, ResolvedPartition::Cpu);
+        assert!(matches!(
+            plan.workloads[2].partition,
+            ResolvedPartition::Mps { thread_pct: 40, .. }
+        ));
+        // On green, the CPU workload takes no SMs.
+        let mut s = scenario(Mechanism::Green, vec![sms(128), PartitionSpec::default()]);
+        s.workloads[1].backend = Backend::Cpu;
+        assert!(admit(&s, &h100, &[], &opts()).is_ok());
     }
 
     #[test]
