@@ -340,3 +340,30 @@ jobs = 3
     );
     assert!(!tmp.path().join("out").exists());
 }
+
+/// scenarios/programs.toml, the documented example, runs on the CPU as it says.
+#[test]
+fn the_programs_example_runs_on_the_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/programs.toml");
+    let out = tmp.path().join("out");
+    let o = run_ok(
+        isolane()
+            .args(["run", "--quiet", "--out"])
+            .arg(&out)
+            .arg(&example),
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.lines().all(|l| l.chars().count() <= 80), "{stdout}");
+    let s = summary(&out);
+    assert_eq!(workload(&s, "logger")["program"]["end"], "exited");
+    assert_eq!(
+        workload(&s, "server")["program"]["end"],
+        "stopped_at_duration"
+    );
+    let ticks = std::fs::read_to_string(out.join("logger.stdout")).unwrap();
+    assert_eq!(
+        ticks,
+        "tick 1 (isolane)\ntick 2 (isolane)\ntick 3 (isolane)\n"
+    );
+}
