@@ -367,3 +367,68 @@ fn the_programs_example_runs_on_the_cpu() {
         "tick 1 (isolane)\ntick 2 (isolane)\ntick 3 (isolane)\n"
     );
 }
+
+/// On the GPU: a program (isolane's own `bench`, a CUDA program every GPU machine of ours has)
+/// in its MPS client beside a model in another, and one under timeslice. Its device memory
+/// comes from NVML's process list; its GPU share and attributed energy are printed (NVML's
+/// per-process utilisation is not reported by every driver under MPS, so they are not
+/// required), and when there, the energy is labelled attributed.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_a_program_in_its_partition_beside_a_model() {
+    let bin = std::env::var("ISOLANE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_isolane").into());
+    for (mechanism, partition) in [
+        ("mps", "partition = { thread_pct = 50 }"),
+        ("timeslice", ""),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let text = format!(
+            r#"
+[device]
+backend = "cuda"
+mechanism = "{mechanism}"
+
+[[workload]]
+name = "resnet18"
+model = "resnet18"
+precision = "fp16"
+rate_hz = 100
+duration_s = 6
+{partition}
+
+[[workload]]
+name = "bench"
+command = ["{bin}", "bench", "--model", "resnet18", "--replays", "3000"]
+timeout_s = 120
+{partition}
+"#
+        );
+        let sc = scenario(tmp.path(), "s.toml", &text);
+        let out = tmp.path().join("out");
+        let o = run_ok(
+            isolane()
+                .args(["run", "--quiet", "--out"])
+                .arg(&out)
+                .arg(&sc),
+        );
+        println!("{mechanism}:\n{}", String::from_utf8_lossy(&o.stdout));
+        let s = summary(&out);
+        let w = workload(&s, "bench");
+        assert_eq!(w["program"]["end"], "exited", "{w}");
+        let mem = f(&w["gpu_memory_mib"]);
+        assert!(
+            mem > 100.0,
+            "{mechanism}: the program's device memory: {mem} MiB"
+        );
+        println!(
+            "{mechanism}: bench gpu_share_pct {} energy_j {} ({})",
+            w["program"]["gpu_share_pct"], w["program"]["energy_j"], w["program"]["energy_source"]
+        );
+        if w["program"]["energy_j"].is_number() {
+            assert_eq!(w["program"]["energy_source"], "attributed_by_sm_share");
+        }
+        assert_eq!(workload(&s, "resnet18")["status"], "ok");
+        let stdout = std::fs::read_to_string(out.join("bench.stdout")).unwrap();
+        assert!(stdout.contains("resnet18"), "{stdout}");
+    }
+}
