@@ -77,7 +77,7 @@ impl RunPlan {
     /// Whether the guard acts in this plan: protection enabled, and both critical and
     /// best-effort workloads present.
     pub fn protects(&self) -> bool {
-        let has = |c: Criticality| self.workloads.iter().any(|w| w.spec.criticality == c);
+        let has = |c: Criticality| self.workloads.iter().any(|w| guarded(w) == Some(c));
         self.protection.enabled && has(Criticality::Critical) && has(Criticality::BestEffort)
     }
 
@@ -89,7 +89,7 @@ impl RunPlan {
         let critical: Vec<bool> = self
             .workloads
             .iter()
-            .map(|w| w.spec.criticality == Criticality::Critical)
+            .map(|w| guarded(w) == Some(Criticality::Critical))
             .collect();
         let policy = Policy::new(
             self.protection.margin_us as i64 * 1000,
@@ -112,6 +112,13 @@ impl RunPlan {
             .collect();
         Ok(Some((Arc::new(guard), setups)))
     }
+}
+
+/// What the criticality guard counts a workload as: its criticality, or `None` for a command
+/// workload, whose program isolane can neither protect (it knows no deadline of it) nor hold
+/// back (it has no pieces).
+fn guarded(w: &WorkloadPlan) -> Option<Criticality> {
+    w.spec.program.is_none().then_some(w.spec.criticality)
 }
 
 /// Things a run needs from its caller.
@@ -546,10 +553,14 @@ pub fn run(
         .iter()
         .map(|w| w.schedule.expected_jobs())
         .sum::<Option<u64>>();
+    // A program counts with its duration, if it has one (it may run to completion at any time).
     let planned_s = plan
         .workloads
         .iter()
-        .map(|w| w.schedule.duration_ns())
+        .map(|w| match &w.spec.program {
+            Some(p) => Some(p.duration_s.map_or(0, isolane_core::schedule::secs_to_ns)),
+            None => w.schedule.duration_ns(),
+        })
         .collect::<Option<Vec<i64>>>()
         .map(|v| v.into_iter().max().unwrap_or(0) as f64 / 1e9);
     while handles
@@ -606,17 +617,27 @@ pub fn run(
     })
 }
 
+impl WorkloadResult {
+    /// A workload that ran no job (yet), with `status`.
+    fn nothing_run(name: &str, status: WorkloadStatus) -> WorkloadResult {
+        WorkloadResult {
+            name: name.to_string(),
+            status,
+            records: Vec::new(),
+            warmup_ns: Vec::new(),
+            pid: None,
+            device_memory_mib: None,
+            pieces: None,
+            cpu: None,
+            program: None,
+        }
+    }
+}
+
 fn failed(name: &str, f: Failure, records: Vec<JobRecord>) -> WorkloadResult {
     WorkloadResult {
-        name: name.to_string(),
-        status: WorkloadStatus::Failed(f),
         records,
-        warmup_ns: Vec::new(),
-        pid: None,
-        device_memory_mib: None,
-        pieces: None,
-        cpu: None,
-        program: None,
+        ..WorkloadResult::nothing_run(name, WorkloadStatus::Failed(f))
     }
 }
 
@@ -761,8 +782,7 @@ fn drive_program(
 ) -> WorkloadResult {
     let name = &w.spec.name;
     reporter.ready();
-    let mut result = failed(name, Failure::msg(""), Vec::new());
-    result.status = WorkloadStatus::Interrupted;
+    let mut result = WorkloadResult::nothing_run(name, WorkloadStatus::Interrupted);
     let Some(t0) = shared.gate.wait() else {
         return result;
     };

@@ -301,7 +301,8 @@ struct Watched {
 
 impl Watch {
     fn new(spec: &ProgramSpec, t0_ns: i64) -> Watch {
-        let at = |s: Option<f64>| s.map(|s| t0_ns.saturating_add((s * 1e9) as i64));
+        let at =
+            |s: Option<f64>| s.map(|s| t0_ns.saturating_add(isolane_core::schedule::secs_to_ns(s)));
         Watch {
             duration_end: at(spec.duration_s),
             timeout_end: at(spec.timeout_s),

@@ -82,3 +82,22 @@ warmup_jobs = 0
         "sh -c \"echo $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $CUDA_VISIBLE_DEVICES\""
     );
 }
+
+#[test]
+fn a_program_is_neither_protected_nor_held_by_the_criticality_guard() {
+    let text = r#"
+[[workload]]
+name = "program"
+command = ["true"]
+
+[[workload]]
+name = "best-effort"
+model = "spin:1ms"
+criticality = "best_effort"
+rate_hz = 50
+jobs = 3
+"#;
+    let scenario = Scenario::from_toml_str(text, "s.toml", &Vec::<String>::new()).unwrap();
+    // Only best effort besides the program: nothing to protect.
+    assert!(!RunPlan::from_scenario(&scenario).protects());
+}
