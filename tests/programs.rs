@@ -134,6 +134,20 @@ fn programs_run_beside_a_model_and_each_ending_is_reported() {
     run_ok(isolane().arg("report").arg(&out).arg("--out").arg(&report));
     let html = std::fs::read_to_string(&report).unwrap();
     assert!(html.contains("stopped at duration") && html.contains("timed out"));
+    // The trace has each program as one span on its workload's track.
+    let trace = tmp.path().join("t.json");
+    run_ok(isolane().arg("trace").arg(&out).arg("--out").arg(&trace));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let spans: Vec<&str> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "program")
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(spans.len(), 4, "{spans:?}");
+    assert!(spans.contains(&"hangs: timed out"), "{spans:?}");
 }
 
 #[test]
