@@ -271,6 +271,24 @@ fn other_commands_refuse_programs() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("only `isolane run` runs"), "{err}");
+    // The planner sizes every workload on the device's backend.
+    let mixed = scenario(
+        tmp.path(),
+        "m.toml",
+        "[device]\nbackend = \"cuda\"\n\n[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\n\
+         backend = \"cpu\"\nrate_hz = 10\njobs = 3\n",
+    );
+    let o = isolane()
+        .args(["plan", "--auto", "--device-model", "h100-sxm"])
+        .arg(&mixed)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("plans every workload on the device's backend"),
+        "{err}"
+    );
 }
 
 #[test]
