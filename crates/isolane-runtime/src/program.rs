@@ -167,7 +167,7 @@ pub fn run_program(
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            let program = &launch.spec.command[0];
+            let program = launch.spec.command.first().map_or("", String::as_str);
             let mut o =
                 ProgramOutcome::not_started(format!("cannot start `{program}`: {e}"), started_ns);
             (o.stdout, o.stderr) = (stdout.path, stderr.path);
