@@ -398,6 +398,13 @@ fn the_programs_example_runs_on_the_cpu() {
         ticks,
         "tick 1 (isolane)\ntick 2 (isolane)\ntick 3 (isolane)\n"
     );
+    // Rebuilt from jobs/ (as after a kill), a program's outcome is unknown: not complete.
+    std::fs::remove_file(out.join("summary.json")).unwrap();
+    run_ok(isolane().arg("summarize").arg(&out));
+    let s = summary(&out);
+    assert_eq!(s["complete"], false);
+    assert_eq!(workload(&s, "logger")["status"], "interrupted");
+    assert_eq!(workload(&s, "detector")["status"], "ok");
 }
 
 /// On the GPU: a program (isolane's own `bench`, a CUDA program every GPU machine of ours has)
