@@ -80,23 +80,26 @@ impl SmShare {
 }
 
 /// The SM use of `pids` over `window` (absolute ns), from the samples in it that carry
-/// per-process utilisation; `None` when none does (no NVML support, or never read).
+/// per-process utilisation. `None` when no sample names one of `pids`: no NVML support, or a
+/// driver that books the program's work to another process (under MPS it may be the MPS
+/// server's), which cannot be told from a program that used no SM — so nothing is claimed.
 fn sm_share(samples: &[Sample], pids: &[u32], window: (i64, i64)) -> Option<SmShare> {
     let inside = samples
         .iter()
         .filter(|s| s.t_ns >= window.0 && s.t_ns <= window.1)
         .filter_map(|s| s.reading.process_sm_util_pct.as_ref());
-    let (mut n, mut own, mut all) = (0usize, 0.0, 0.0);
+    let (mut n, mut seen, mut own, mut all) = (0usize, false, 0.0, 0.0);
     for util in inside {
         n += 1;
-        own += util
-            .iter()
-            .filter(|(p, _)| pids.contains(p))
-            .map(|(_, u)| u)
-            .sum::<f64>();
-        all += util.iter().map(|(_, u)| u).sum::<f64>();
+        for (pid, u) in util {
+            all += u;
+            if pids.contains(pid) {
+                seen = true;
+                own += u;
+            }
+        }
     }
-    (n > 0).then(|| SmShare {
+    (seen && n > 0).then(|| SmShare {
         own_pct: own / n as f64,
         all_pct: all / n as f64,
     })
@@ -208,17 +211,33 @@ mod tests {
     }
 
     #[test]
-    fn a_program_never_seen_on_the_gpu_has_no_memory_and_no_share_of_idle_sms() {
-        let rec = recording(vec![sample(0.0, 0, &[], &[]), sample(1.0, 1000, &[], &[])]);
+    fn a_program_never_named_by_the_driver_is_claimed_nothing() {
+        // Only the MPS server (pid 7) is named: the program's own use is unknown, not 0.
+        let rec = recording(vec![
+            sample(0.0, 0, &[], &[(7, 80.0)]),
+            sample(1.0, 1000, &[], &[(7, 80.0)]),
+        ]);
         let mut s = program_summary(vec![10]);
         attach_programs(&mut s, &rec);
         let w = &s.workloads[0];
         assert_eq!(w.metrics.gpu_memory_mib, None);
         let p = w.program.as_ref().unwrap();
-        assert_eq!(p.gpu_share_pct, Some(0.0));
         assert_eq!(
-            p.energy_j, None,
-            "nobody used the SMs: nothing to share out"
+            (p.gpu_share_pct, p.energy_j, p.energy_source),
+            (None, None, None)
         );
+    }
+
+    #[test]
+    fn with_no_sm_use_at_all_there_is_no_energy_to_share_out() {
+        let rec = recording(vec![
+            sample(0.0, 0, &[(10, 500.0)], &[(10, 0.0)]),
+            sample(1.0, 1000, &[(10, 500.0)], &[(10, 0.0)]),
+        ]);
+        let mut s = program_summary(vec![10]);
+        attach_programs(&mut s, &rec);
+        let p = s.workloads[0].program.as_ref().unwrap();
+        assert_eq!(p.gpu_share_pct, Some(0.0));
+        assert_eq!(p.energy_j, None);
     }
 }
