@@ -286,7 +286,14 @@ fn other_commands_refuse_programs() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("plans every workload on the device's backend"),
+        err.contains("takes every workload to the device's backend"),
+        "{err}"
+    );
+    let o = isolane().arg("verify").arg(&mixed).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`isolane verify` takes every workload"),
         "{err}"
     );
 }

@@ -162,6 +162,31 @@ pub fn refuse_programs(scenario: &Scenario, file: &str, command: &str) -> anyhow
     }
 }
 
+/// `plan --auto` sizes, and `verify` probes, every workload on the device: a workload with a
+/// backend of its own (a CPU one in a GPU scenario, docs/programs.md) is refused by name
+/// rather than planned or probed wrongly (exit code 2).
+pub fn refuse_mixed_backends(scenario: &Scenario, file: &str, command: &str) -> anyhow::Result<()> {
+    let name = |b: Backend| match b {
+        Backend::Cpu => "cpu",
+        Backend::Cuda => "cuda",
+    };
+    match scenario
+        .workloads
+        .iter()
+        .find(|w| w.backend != scenario.device.backend)
+    {
+        None => Ok(()),
+        Some(w) => Err(user(format!(
+            "{file}: workload `{}` runs on backend \"{}\" and the device on \"{}\"; `isolane \
+             {command}` takes every workload to the device's backend (remove its backend key, \
+             or give the GPU workloads a scenario of their own)",
+            w.name,
+            name(w.backend),
+            name(scenario.device.backend)
+        ))),
+    }
+}
+
 /// Ctrl-C (SIGINT) and SIGTERM raise the returned flag: the run stops releasing jobs and
 /// writes what it measured. A second Ctrl-C while stopping exits at once (code 130), after
 /// stopping any MPS daemon this process started and its clients (an exit skips destructors).

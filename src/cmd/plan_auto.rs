@@ -25,44 +25,13 @@ use isolane_runtime::RunPlan;
 use super::plan::PlanArgs;
 use super::user;
 
-/// The planner sizes every workload on the device's backend: a workload with a backend of its
-/// own (a CPU one in a GPU scenario, docs/programs.md) is refused by name rather than planned
-/// wrongly.
-fn refuse_mixed_backends(
-    scenario: &isolane_core::spec::Scenario,
-    file: &str,
-) -> anyhow::Result<()> {
-    match scenario
-        .workloads
-        .iter()
-        .find(|w| w.backend != scenario.device.backend)
-    {
-        None => Ok(()),
-        Some(w) => Err(super::user(format!(
-            "{file}: workload `{}` runs on backend \"{}\" and the device on \"{}\"; `isolane \
-             plan --auto` plans every workload on the device's backend (remove its backend \
-             key, or plan the GPU workloads in a scenario of their own)",
-            w.name,
-            backend_name(w.backend),
-            backend_name(scenario.device.backend)
-        ))),
-    }
-}
-
-fn backend_name(b: isolane_core::spec::Backend) -> &'static str {
-    match b {
-        isolane_core::spec::Backend::Cpu => "cpu",
-        isolane_core::spec::Backend::Cuda => "cuda",
-    }
-}
-
 /// Warm-up jobs of each profile run (excluded from its times).
 const PROFILE_WARMUP: u64 = 20;
 
 pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
     super::refuse_programs(&scenario, &name, "plan --auto")?;
-    refuse_mixed_backends(&scenario, &name)?;
+    super::refuse_mixed_backends(&scenario, &name, "plan --auto")?;
     let demands = demands(&scenario, &name)?;
     let target = Target::resolve(&scenario, args)?;
     let workloads = workload_ids(&scenario);
