@@ -128,8 +128,8 @@ pub struct RunOptions {
     /// The executable a `process` host re-executes as `<exe> worker`; default: this executable
     /// (`ISOLANE_WORKER_EXE` overrides it, for tests that drive the runtime from another binary).
     pub worker_exe: Option<PathBuf>,
-    /// Extra environment of a workload's worker process, by workload name: how a partition
-    /// reaches a process it cannot be handed to (MPS pipe directory and thread percentage,
+    /// Extra environment of a workload's worker process (or a command workload's program), by
+    /// workload name: how a partition reaches a process it cannot be handed to (MPS pipe directory and thread percentage,
     /// `CUDA_VISIBLE_DEVICES=MIG-<uuid>`). Thread-hosted workloads ignore it.
     pub worker_env: BTreeMap<String, Vec<(String, String)>>,
     /// Called with (workload name, pid) right after a worker process starts, e.g. so that an
@@ -137,7 +137,8 @@ pub struct RunOptions {
     pub on_worker_start: Option<WorkerStartHook>,
     /// The run's output folder: when set, every workload's records stream to
     /// `jobs/<workload>.csv` there while it runs ([`crate::jobs_stream`]), so a killed run
-    /// leaves its measured jobs behind.
+    /// leaves its measured jobs behind, and a command workload's program writes its
+    /// `<workload>.stdout` and `.stderr` there (without it, they are discarded).
     pub jobs_dir: Option<PathBuf>,
     /// Builds every workload whose model is not `spin:` (in thread hosts; a worker process is
     /// given its own). `None`: only `spin:` models run.
