@@ -51,8 +51,12 @@ fn gpu_examples_are_admitted_on_an_h100() {
     use isolane_core::admission::{admit, AdmissionOptions};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut files = vec![root.join("quickstart-gpu.toml")];
+    // Scenario files only: a command workload's program (torch_gemm.py) lives beside them.
     for e in std::fs::read_dir(root.join("gpu")).unwrap() {
-        files.push(e.unwrap().path());
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            files.push(p);
+        }
     }
     let models: Vec<&str> = isolane_engine::builtin_models()
         .iter()

@@ -301,6 +301,8 @@ fn search_request(
         },
         plan_check: !args.no_plan_check,
         criticality: Criticality::Critical,
+        backend,
+        program: None,
     };
     SearchRequest {
         workload,

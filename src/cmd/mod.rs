@@ -147,6 +147,46 @@ pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<(Scenario, String)> 
     }
 }
 
+/// Command workloads (external programs, docs/programs.md) run only under `isolane run`: a
+/// program has no jobs to search a rate for, profile, verify or ramp. `command` names the
+/// subcommand refusing them (a user's mistake: exit code 2).
+pub fn refuse_programs(scenario: &Scenario, file: &str, command: &str) -> anyhow::Result<()> {
+    match scenario.workloads.iter().find(|w| w.program.is_some()) {
+        None => Ok(()),
+        Some(w) => Err(user(format!(
+            "{file}: workload `{}` is a command workload (an external program), which only \
+             `isolane run` runs; `isolane {command}` needs model workloads (remove it, or run \
+             the scenario with `isolane run`)",
+            w.name
+        ))),
+    }
+}
+
+/// `plan --auto` sizes, and `verify` probes, every workload on the device: a workload with a
+/// backend of its own (a CPU one in a GPU scenario, docs/programs.md) is refused by name
+/// rather than planned or probed wrongly (exit code 2).
+pub fn refuse_mixed_backends(scenario: &Scenario, file: &str, command: &str) -> anyhow::Result<()> {
+    let name = |b: Backend| match b {
+        Backend::Cpu => "cpu",
+        Backend::Cuda => "cuda",
+    };
+    match scenario
+        .workloads
+        .iter()
+        .find(|w| w.backend != scenario.device.backend)
+    {
+        None => Ok(()),
+        Some(w) => Err(user(format!(
+            "{file}: workload `{}` runs on backend \"{}\" and the device on \"{}\"; `isolane \
+             {command}` takes every workload to the device's backend (remove its backend key, \
+             or give the GPU workloads a scenario of their own)",
+            w.name,
+            name(w.backend),
+            name(scenario.device.backend)
+        ))),
+    }
+}
+
 /// Ctrl-C (SIGINT) and SIGTERM raise the returned flag: the run stops releasing jobs and
 /// writes what it measured. A second Ctrl-C while stopping exits at once (code 130), after
 /// stopping any MPS daemon this process started and its clients (an exit skips destructors).
@@ -272,7 +312,7 @@ pub fn memory_estimates_mib(scenario: &Scenario) -> Vec<Option<u64>> {
         .workloads
         .iter()
         .map(|w| {
-            let model = planned_model_mib(&scenario.device, w)?;
+            let model = planned_model_mib(&w.device(&scenario.device), w)?;
             let context = match w.host {
                 Host::Process => CUDA_PROCESS_MIB,
                 Host::Thread if !own_context_counted => {
@@ -314,7 +354,8 @@ pub fn admit_or_refuse(
     scenario: &Scenario,
     file: &str,
 ) -> anyhow::Result<Option<isolane_core::admission::Plan>> {
-    if scenario.device.backend != Backend::Cuda {
+    // A scenario whose workloads all run on the CPU (`backend = "cpu"` each) needs no GPU.
+    if scenario.device.backend != Backend::Cuda || !scenario.workloads.iter().any(|w| w.on_gpu()) {
         return Ok(None);
     }
     let device = detected_device_model(scenario.device.gpu)?;

@@ -133,6 +133,10 @@ pub fn run_scenario(
         super::trace::write(&m.out, &m.out.join("trace.json"))?;
     }
     println!("{}", results_table(&scenario, &m.summary, args.wide));
+    let layout = isolane_report::Layout { wide: args.wide };
+    if let Some(programs) = isolane_report::programs_table(&m.summary.workloads, layout) {
+        println!("{programs}");
+    }
     for line in held_lines(&m.summary) {
         println!("{line}");
     }
@@ -266,15 +270,20 @@ pub fn write_run_files(m: &Measured) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The results table of a run of `scenario`, titled with its device and mechanism.
+/// The results table of a run of `scenario`'s model workloads, titled with its device and
+/// mechanism (command workloads have their own table: `isolane_report::programs_table`); only
+/// the title when every workload is a program.
 pub fn results_table(scenario: &Scenario, summary: &RunSummary, wide: bool) -> String {
-    let status: Vec<String> = summary
+    let models: Vec<&isolane_core::results::WorkloadSummary> = summary
         .workloads
         .iter()
-        .map(|w| w.status.word().to_string())
+        .filter(|w| w.program.is_none())
         .collect();
-    let rows: Vec<isolane_report::ResultRow> = summary
-        .workloads
+    if models.is_empty() {
+        return super::device_title(scenario);
+    }
+    let status: Vec<String> = models.iter().map(|w| w.status.word().to_string()).collect();
+    let rows: Vec<isolane_report::ResultRow> = models
         .iter()
         .zip(&status)
         .map(|(w, s)| isolane_report::ResultRow {

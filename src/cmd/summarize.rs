@@ -58,7 +58,14 @@ pub fn run(args: SummarizeArgs) -> anyhow::Result<u8> {
     let workloads = plan
         .workloads
         .iter()
-        .map(|w| recorded(dir, &w.spec.name, w.schedule.expected_jobs(), &mut notes))
+        .map(|w| {
+            // A program's outcome lives only in summary.json: its workload is not complete.
+            let planned = match w.spec.program {
+                Some(_) => None,
+                None => w.schedule.expected_jobs(),
+            };
+            recorded(dir, &w.spec.name, planned, &mut notes)
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut summary = rebuild(&plan, &scenario_path, workloads);
     summary.rebuilt_by = Some("isolane summarize".into());
@@ -118,6 +125,7 @@ fn recorded(
         device_memory_mib: None,
         pieces: None,
         cpu: None,
+        program: None,
     })
 }
 

@@ -152,23 +152,30 @@ pub fn admit(
     let mut admitted: Vec<AdmittedWorkload> = Vec::new();
     let estimate = |i: usize| memory_estimate_mib.get(i).copied().flatten();
 
+    // A workload on the CPU (the device's backend, or its own `backend = "cpu"`) takes no GPU
+    // partition: it is admitted as it is, and the mechanism's rules see only the GPU ones.
+    let (gpu_workloads, cpu_workloads): (Vec<_>, Vec<_>) = scenario
+        .workloads
+        .iter()
+        .enumerate()
+        .partition(|(_, w)| scenario.device.backend == Backend::Cuda && w.on_gpu());
+    for (i, w) in cpu_workloads {
+        admitted.push(AdmittedWorkload {
+            workload: w.name.clone(),
+            partition: ResolvedPartition::Cpu,
+            memory_mib: estimate(i),
+        });
+    }
     match (scenario.device.backend, mechanism) {
-        (Backend::Cpu, _) => {
-            for (i, w) in scenario.workloads.iter().enumerate() {
-                admitted.push(AdmittedWorkload {
-                    workload: w.name.clone(),
-                    partition: ResolvedPartition::Cpu,
-                    memory_mib: estimate(i),
-                });
-            }
-        }
+        // Every workload was admitted to the CPU above.
+        (Backend::Cpu, _) => {}
         (Backend::Cuda, Mechanism::None) => {
-            for w in &scenario.workloads {
+            for (_, w) in &gpu_workloads {
                 reject(&mut rejections, &w.name, RejectReason::NoMechanism);
             }
         }
         (Backend::Cuda, Mechanism::Timeslice) => {
-            for (i, w) in scenario.workloads.iter().enumerate() {
+            for (i, w) in gpu_workloads.iter().copied() {
                 admitted.push(AdmittedWorkload {
                     workload: w.name.clone(),
                     partition: ResolvedPartition::Whole,
@@ -179,7 +186,7 @@ pub fn admit(
         (Backend::Cuda, Mechanism::Green) => {
             let Some(rules) = device.green_rules() else {
                 let (major, minor) = device.compute_capability;
-                for w in &scenario.workloads {
+                for (_, w) in &gpu_workloads {
                     reject(
                         &mut rejections,
                         &w.name,
@@ -194,7 +201,7 @@ pub fn admit(
             };
             let mut next_sm = 0u32;
             let mut group = 0u32;
-            for (i, w) in scenario.workloads.iter().enumerate() {
+            for (i, w) in gpu_workloads.iter().copied() {
                 let Some(sms) = w.partition.sms else {
                     reject(
                         &mut rejections,
@@ -262,7 +269,7 @@ pub fn admit(
         (Backend::Cuda, Mechanism::Mps) => {
             let mut total_pct = 0u32;
             let mut total_pinned = 0u64;
-            for (i, w) in scenario.workloads.iter().enumerate() {
+            for (i, w) in gpu_workloads.iter().copied() {
                 let Some(pct) = w.partition.thread_pct else {
                     reject(
                         &mut rejections,
@@ -326,7 +333,7 @@ pub fn admit(
         }
         (Backend::Cuda, Mechanism::Mig) => {
             let Some(mig) = device.mig.as_ref() else {
-                for w in &scenario.workloads {
+                for (_, w) in &gpu_workloads {
                     reject(
                         &mut rejections,
                         &w.name,
@@ -338,7 +345,7 @@ pub fn admit(
                 return Err(rejections);
             };
             let mut requested: Vec<(usize, &str)> = Vec::new();
-            for (i, w) in scenario.workloads.iter().enumerate() {
+            for (i, w) in gpu_workloads.iter().copied() {
                 match w.partition.mig_profile.as_deref() {
                     None => reject(
                         &mut rejections,
@@ -416,9 +423,9 @@ pub fn admit(
     // Memory over the whole device: MIG and pinned MPS limits were checked per partition above,
     // but workloads without a limit still share the device's memory.
     if scenario.device.backend == Backend::Cuda && rejections.is_empty() {
-        let total: u64 = (0..scenario.workloads.len()).filter_map(estimate).sum();
+        let total: u64 = gpu_workloads.iter().filter_map(|(i, _)| estimate(*i)).sum();
         if total > device.memory_mib {
-            for (i, w) in scenario.workloads.iter().enumerate() {
+            for &(i, w) in &gpu_workloads {
                 if estimate(i).is_some() {
                     reject(
                         &mut rejections,
@@ -434,6 +441,9 @@ pub fn admit(
     }
 
     if rejections.is_empty() {
+        // In the scenario's order, CPU workloads among the GPU ones.
+        let position = |name: &str| scenario.workloads.iter().position(|w| w.name == name);
+        admitted.sort_by_key(|a| position(&a.workload));
         Ok(Plan {
             device: device.name.to_string(),
             mechanism,
@@ -469,6 +479,8 @@ mod tests {
             partition,
             plan_check: true,
             criticality: Criticality::Critical,
+            backend: Backend::Cuda,
+            program: None,
         }
     }
 
@@ -651,6 +663,29 @@ mod tests {
                 mechanism: "mig"
             }
         );
+    }
+
+    #[test]
+    fn a_cpu_workload_takes_no_gpu_partition_and_keeps_its_place() {
+        let h100 = device_model("h100-sxm").unwrap();
+        // w1 runs on the CPU: no thread percentage needed, none counted against the budget.
+        let mut s = scenario(
+            Mechanism::Mps,
+            vec![mps(60, None), PartitionSpec::default(), mps(40, None)],
+        );
+        s.workloads[1].backend = Backend::Cpu;
+        let plan = admit(&s, &h100, &[Some(800), Some(100), Some(900)], &opts()).unwrap();
+        let names: Vec<&str> = plan.workloads.iter().map(|w| w.workload.as_str()).collect();
+        assert_eq!(names, ["w0", "w1", "w2"]);
+        assert_eq!(plan.workloads[1].partition, ResolvedPartition::Cpu);
+        assert!(matches!(
+            plan.workloads[2].partition,
+            ResolvedPartition::Mps { thread_pct: 40, .. }
+        ));
+        // On green, the CPU workload takes no SMs.
+        let mut s = scenario(Mechanism::Green, vec![sms(128), PartitionSpec::default()]);
+        s.workloads[1].backend = Backend::Cpu;
+        assert!(admit(&s, &h100, &[], &opts()).is_ok());
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod kernel;
 pub mod limits;
 mod model;
 mod parse;
+pub mod program;
 mod spans;
 mod validate;
 mod write;
@@ -25,6 +26,7 @@ pub use kernel::{KernelModel, KernelParseError, KernelWork};
 pub use model::{
     ModelCatalog, ModelParseError, ModelSource, NoBuiltinModels, SpinModel, SpinParseError,
 };
+pub use program::ProgramSpec;
 
 /// A whole scenario file, resolved: every default filled in, every value validated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -231,6 +233,10 @@ pub struct PartitionSpec {
     pub mig_profile: Option<String>,
 }
 
+/// One workload: a model at a rate (the usual kind), or an external program (`program` is
+/// `Some`, docs/programs.md). A program workload has no model, rate, deadline, jobs or
+/// warm-up: those fields then hold the parser's neutral values (model empty, rate `"max"`,
+/// 0 jobs, 0 warm-up) and nothing reads them; [`WorkloadSpec::program`] tells the two apart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadSpec {
@@ -260,10 +266,23 @@ pub struct WorkloadSpec {
     pub plan_check: bool,
     #[serde(default)]
     pub criticality: Criticality,
+    /// The engine this workload runs on: `device.backend` unless the workload says otherwise
+    /// (a CPU workload beside GPU ones gets no GPU partition).
+    #[serde(default = "cpu_backend")]
+    pub backend: Backend,
+    /// An external program run instead of a model (`command = [...]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<ProgramSpec>,
 }
 
 fn plan_check_default() -> bool {
     true
+}
+
+/// A workload sent without `backend` (older peers) ran on the CPU unless its device said
+/// otherwise, which the receiver applies through [`WorkloadSpec::device`].
+fn cpu_backend() -> Backend {
+    Backend::Cpu
 }
 
 impl WorkloadSpec {
@@ -378,6 +397,24 @@ impl Ramp {
 }
 
 impl WorkloadSpec {
+    /// The device this workload runs on: the scenario's, with the workload's own backend (a
+    /// CPU workload of a GPU scenario is not partitioned: mechanism `none`).
+    pub fn device(&self, scenario: &DeviceSpec) -> DeviceSpec {
+        match self.backend {
+            Backend::Cuda => scenario.clone(),
+            Backend::Cpu => DeviceSpec {
+                backend: Backend::Cpu,
+                mechanism: Mechanism::None,
+                ..scenario.clone()
+            },
+        }
+    }
+
+    /// Whether this workload runs on the GPU (and so takes a GPU partition).
+    pub fn on_gpu(&self) -> bool {
+        self.backend == Backend::Cuda
+    }
+
     /// What the `model` string refers to. Cannot fail for a validated spec.
     pub fn model_source(&self) -> Result<ModelSource, ModelParseError> {
         ModelSource::classify(&self.model)

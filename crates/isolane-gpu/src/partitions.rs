@@ -135,7 +135,10 @@ impl<'b> PartitionSession<'b> {
                     s.records.push(PartitionRecord {
                         workload: w.workload.clone(),
                         mechanism: plan.mechanism,
-                        partition: "whole GPU".into(),
+                        partition: match w.partition {
+                            ResolvedPartition::Cpu => "CPU (no GPU partition)".into(),
+                            _ => "whole GPU".into(),
+                        },
                         granted_sms: None,
                         mig_device: None,
                         mps_pipe_dir: None,

@@ -41,6 +41,8 @@ fn plan(profiles: &[&str]) -> Plan {
                 },
                 plan_check: true,
                 criticality: Criticality::Critical,
+                backend: Backend::Cuda,
+                program: None,
             })
             .collect(),
     };

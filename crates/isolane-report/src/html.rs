@@ -1,6 +1,7 @@
 //! The HTML report: one self-contained file (inline CSS and SVG, no script, no external
 //! resource), with a section for each kind of data found in the folders given.
 
+use isolane_core::results::ProgramEnergySource;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -763,6 +764,7 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
         .summary
         .workloads
         .iter()
+        .filter(|w| w.program.is_none())
         .map(|w| {
             vec![
                 w.name.clone(),
@@ -784,7 +786,10 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
             ]
         })
         .collect();
-    page.table(&header, &rows);
+    if !rows.is_empty() {
+        page.table(&header, &rows);
+    }
+    programs_table(page, r);
     if let Some(t) = &r.summary.telemetry {
         let reasons = if t.throttle_reasons.is_empty() {
             "none".to_string()
@@ -844,6 +849,52 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
     }
     page.end();
     Ok(())
+}
+
+/// The run's command workloads (external programs, docs/programs.md): how each ended and what
+/// it used; an attributed energy says so in its own column.
+fn programs_table(page: &mut Page, r: &RunDir) {
+    let rows: Vec<Vec<String>> = r
+        .summary
+        .workloads
+        .iter()
+        .filter_map(|w| {
+            let p = w.program.as_ref()?;
+            let source = match p.energy_source {
+                Some(ProgramEnergySource::AttributedBySmShare) => "attributed by SM share",
+                None => "-",
+            };
+            Some(vec![
+                w.name.clone(),
+                p.command.join(" "),
+                crate::programs::ended(w),
+                format!("{:.2}", w.wall_s),
+                format!("{:.2}", p.cpu_user_s + p.cpu_system_s),
+                fmt(p.gpu_share_pct, 1),
+                fmt(w.metrics.gpu_memory_mib, 0),
+                fmt(p.energy_j, 1),
+                source.to_string(),
+                format!("{} · {}", p.stdout, p.stderr),
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let header = [
+        "program",
+        "command",
+        "ended",
+        "wall s",
+        "CPU s",
+        "GPU share %",
+        "peak device MiB",
+        "energy J",
+        "energy is",
+        "output",
+    ]
+    .map(String::from);
+    page.table(&header, &rows);
 }
 
 /// The run's timeline around its worst job (`timeline::window`), one lane per workload.

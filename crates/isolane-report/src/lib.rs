@@ -8,6 +8,7 @@ pub mod data;
 pub mod html;
 pub mod matrix;
 pub mod plot;
+pub mod programs;
 pub mod timeline;
 
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use isolane_core::metrics::WorkloadMetrics;
 pub use matrix::{interference_table, stretch_grid, StretchGrid};
+pub use programs::programs_table;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {

@@ -11,13 +11,17 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use isolane_core::spec::{Criticality, DeviceSpec, Host, ProtectionSpec, TimingSpec, WorkloadSpec};
+use isolane_core::results::ProgramEnd;
+use isolane_core::spec::{
+    Criticality, DeviceSpec, Host, ProgramSpec, ProtectionSpec, TimingSpec, WorkloadSpec,
+};
 use isolane_core::JobRecord;
 
 use crate::exec::{Engine, EngineExecutors};
 use crate::guard::{Guard, GuardRole, GuardSetup, HoldWait, Policy};
 use crate::jobs_stream::{BatchSender, JobsStream, RecordObserver, StreamingSink};
 use crate::partition::PartitionHandle;
+use crate::program::{run_program, ProgramLaunch, ProgramOutcome};
 use crate::protocol::{
     check_version, record_from_wire, truncate, DoneStatus, FromWorker, ToWorker,
 };
@@ -73,7 +77,7 @@ impl RunPlan {
     /// Whether the guard acts in this plan: protection enabled, and both critical and
     /// best-effort workloads present.
     pub fn protects(&self) -> bool {
-        let has = |c: Criticality| self.workloads.iter().any(|w| w.spec.criticality == c);
+        let has = |c: Criticality| self.workloads.iter().any(|w| guarded(w) == Some(c));
         self.protection.enabled && has(Criticality::Critical) && has(Criticality::BestEffort)
     }
 
@@ -85,7 +89,7 @@ impl RunPlan {
         let critical: Vec<bool> = self
             .workloads
             .iter()
-            .map(|w| w.spec.criticality == Criticality::Critical)
+            .map(|w| guarded(w) == Some(Criticality::Critical))
             .collect();
         let policy = Policy::new(
             self.protection.margin_us as i64 * 1000,
@@ -140,6 +144,13 @@ impl RunPlan {
     }
 }
 
+/// What the criticality guard counts a workload as: its criticality, or `None` for a command
+/// workload, whose program isolane can neither protect (it knows no deadline of it) nor hold
+/// back (it has no pieces).
+fn guarded(w: &WorkloadPlan) -> Option<Criticality> {
+    w.spec.program.is_none().then_some(w.spec.criticality)
+}
+
 /// Things a run needs from its caller.
 pub struct RunOptions {
     /// Raised by Ctrl-C: stop releasing, keep what was measured.
@@ -147,8 +158,8 @@ pub struct RunOptions {
     /// The executable a `process` host re-executes as `<exe> worker`; default: this executable
     /// (`ISOLANE_WORKER_EXE` overrides it, for tests that drive the runtime from another binary).
     pub worker_exe: Option<PathBuf>,
-    /// Extra environment of a workload's worker process, by workload name: how a partition
-    /// reaches a process it cannot be handed to (MPS pipe directory and thread percentage,
+    /// Extra environment of a workload's worker process (or a command workload's program), by
+    /// workload name: how a partition reaches a process it cannot be handed to (MPS pipe directory and thread percentage,
     /// `CUDA_VISIBLE_DEVICES=MIG-<uuid>`). Thread-hosted workloads ignore it.
     pub worker_env: BTreeMap<String, Vec<(String, String)>>,
     /// Called with (workload name, pid) right after a worker process starts, e.g. so that an
@@ -156,7 +167,8 @@ pub struct RunOptions {
     pub on_worker_start: Option<WorkerStartHook>,
     /// The run's output folder: when set, every workload's records stream to
     /// `jobs/<workload>.csv` there while it runs ([`crate::jobs_stream`]), so a killed run
-    /// leaves its measured jobs behind.
+    /// leaves its measured jobs behind, and a command workload's program writes its
+    /// `<workload>.stdout` and `.stderr` there (without it, they are discarded).
     pub jobs_dir: Option<PathBuf>,
     /// Builds every workload whose model is not `spin:` (in thread hosts; a worker process is
     /// given its own). `None`: only `spin:` models run.
@@ -226,6 +238,9 @@ pub struct WorkloadResult {
     pub pieces: Option<usize>,
     /// What the release-loop thread cost the CPU from t0 to its end (where /proc says).
     pub cpu: Option<ThreadCpu>,
+    /// A command workload: how its program ran (`None` for models, and for a program that
+    /// never reached t0).
+    pub program: Option<ProgramOutcome>,
 }
 
 #[derive(Debug, Clone)]
@@ -296,7 +311,9 @@ pub fn preflight(plan: &RunPlan, engine: Option<&dyn EngineExecutors>) -> Result
         crate::limits::check_records(&record_demands(plan), memory)?;
     }
     for w in &plan.workloads {
-        exec::check_model(engine, &plan.device, &w.spec)?;
+        if w.spec.program.is_none() {
+            exec::check_model(engine, &w.spec.device(&plan.device), &w.spec)?;
+        }
         affinity::check_cores(&w.spec.cpu).map_err(|source| PlanError::Cpu {
             workload: w.spec.name.clone(),
             source,
@@ -501,11 +518,20 @@ pub fn run(
         let env = opts.worker_env.get(&name).cloned().unwrap_or_default();
         let hook = opts.on_worker_start.clone();
         let out = stream.as_ref().map(|s| s.sender(slot));
+        let program_dir = opts.jobs_dir.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("isolane:{}", truncate(&name, 8)))
             .spawn(move || {
-                let result = match (w.spec.host, exe) {
-                    (Host::Process, Some(exe)) => {
+                let result = match (&w.spec.program, w.spec.host, exe) {
+                    (Some(program), _, _) => {
+                        let launch = ProgramHost {
+                            env: &env,
+                            hook: hook.as_ref(),
+                            out_dir: program_dir.as_deref(),
+                        };
+                        drive_program(&w, program, &shared, &mut reporter, &launch)
+                    }
+                    (None, Host::Process, Some(exe)) => {
                         let launch = WorkerLaunch {
                             exe: &exe,
                             env: &env,
@@ -565,10 +591,14 @@ pub fn run(
         .iter()
         .map(|w| w.schedule.expected_jobs())
         .sum::<Option<u64>>();
+    // A program counts with its duration, if it has one (it may run to completion at any time).
     let planned_s = plan
         .workloads
         .iter()
-        .map(|w| w.schedule.duration_ns())
+        .map(|w| match &w.spec.program {
+            Some(p) => Some(p.duration_s.map_or(0, isolane_core::schedule::secs_to_ns)),
+            None => w.schedule.duration_ns(),
+        })
         .collect::<Option<Vec<i64>>>()
         .map(|v| v.into_iter().max().unwrap_or(0) as f64 / 1e9);
     while handles
@@ -625,16 +655,27 @@ pub fn run(
     })
 }
 
+impl WorkloadResult {
+    /// A workload that ran no job (yet), with `status`.
+    fn nothing_run(name: &str, status: WorkloadStatus) -> WorkloadResult {
+        WorkloadResult {
+            name: name.to_string(),
+            status,
+            records: Vec::new(),
+            warmup_ns: Vec::new(),
+            pid: None,
+            device_memory_mib: None,
+            pieces: None,
+            cpu: None,
+            program: None,
+        }
+    }
+}
+
 fn failed(name: &str, f: Failure, records: Vec<JobRecord>) -> WorkloadResult {
     WorkloadResult {
-        name: name.to_string(),
-        status: WorkloadStatus::Failed(f),
         records,
-        warmup_ns: Vec::new(),
-        pid: None,
-        device_memory_mib: None,
-        pieces: None,
-        cpu: None,
+        ..WorkloadResult::nothing_run(name, WorkloadStatus::Failed(f))
     }
 }
 
@@ -654,7 +695,7 @@ fn drive_thread(
             .unwrap_or_else(|e| e.into_inner());
         let mut executor = exec::executor_for(
             shared.engine.as_deref(),
-            &shared.device,
+            &w.spec.device(&shared.device),
             &w.spec,
             shared.timing.seed,
             w.index,
@@ -693,6 +734,7 @@ fn drive_thread(
         device_memory_mib: executor.device_memory_mib(),
         pieces: matches!(role, GuardRole::BestEffort(_)).then(|| executor.pieces()),
         cpu: None,
+        program: None,
     };
     let Some(t0) = shared.gate.wait() else {
         return result;
@@ -760,6 +802,63 @@ fn mean(v: &[i64]) -> Option<i64> {
     } else {
         Some(v.iter().sum::<i64>() / v.len() as i64)
     }
+}
+
+/// Where a command workload's program gets its partition and writes its output.
+struct ProgramHost<'a> {
+    /// The partition's environment (MPS client settings, a MIG binding).
+    env: &'a [(String, String)],
+    hook: Option<&'a WorkerStartHook>,
+    /// The run's folder: `<workload>.stdout` and `.stderr` go there.
+    out_dir: Option<&'a std::path::Path>,
+}
+
+/// A command workload (crate::program): ready at once (a program has no warm-up), started at
+/// t0, watched to its end; its failure is the workload's, the others run on.
+fn drive_program(
+    w: &WorkloadPlan,
+    program: &ProgramSpec,
+    shared: &Shared,
+    reporter: &mut Reporter,
+    host: &ProgramHost<'_>,
+) -> WorkloadResult {
+    let name = &w.spec.name;
+    reporter.ready();
+    let mut result = WorkloadResult::nothing_run(name, WorkloadStatus::Interrupted);
+    let Some(t0) = shared.gate.wait() else {
+        return result;
+    };
+    if !clock::wait_until_ns(t0, 0, &shared.stop) {
+        return result;
+    }
+    let launch = ProgramLaunch {
+        name,
+        spec: program,
+        cpu: &w.spec.cpu,
+        partition_env: host.env,
+        out_dir: host.out_dir,
+    };
+    let on_start = |pid: u32| {
+        if let Some(hook) = host.hook {
+            hook(name, pid);
+        }
+    };
+    let outcome = run_program(&launch, t0, &shared.stop, &on_start);
+    result.pid = outcome.pids.first().copied();
+    result.status = match (outcome.end, outcome.failure(program)) {
+        (ProgramEnd::Interrupted, _) => WorkloadStatus::Interrupted,
+        (_, None) => WorkloadStatus::Ok,
+        (_, Some(message)) => WorkloadStatus::Failed(Failure {
+            message: match outcome.stderr_tail(500) {
+                Some(tail) => format!("{message}; stderr: {tail}"),
+                None => message,
+            },
+            exit_code: outcome.exit_code,
+            signal: outcome.signal,
+        }),
+    };
+    result.program = Some(outcome);
+    result
 }
 
 fn send_line(stdin: &mut ChildStdin, msg: &ToWorker) -> std::io::Result<()> {
@@ -846,6 +945,7 @@ fn drive_process(
         device_memory_mib: None,
         pieces: None,
         cpu: None,
+        program: None,
     };
     let mut error: Option<String> = None;
     let mut done: Option<DoneStatus> = None;
@@ -865,7 +965,7 @@ fn drive_process(
                 protocol_version: crate::protocol::PROTOCOL_VERSION,
                 index: w.index,
                 workload: Box::new(w.spec.clone()),
-                device: shared.device.clone(),
+                device: w.spec.device(&shared.device),
                 timing: shared.timing.clone(),
                 schedule: w.schedule.clone(),
                 guard: shared.guard_setup(slot).cloned(),

@@ -17,6 +17,7 @@ pub mod maxrate;
 pub mod output;
 pub mod partition;
 pub mod probe_role;
+pub mod program;
 pub mod protocol;
 pub mod release;
 pub mod results;

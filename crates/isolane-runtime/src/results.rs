@@ -4,8 +4,10 @@
 
 use isolane_core::metrics::workload_metrics;
 use isolane_core::results::SCHEMA_VERSION;
-use isolane_core::results::{CpuSummary, HeldSummary, RunStatus, RunSummary, WorkloadSummary};
-use isolane_core::spec::{Rate, WorkloadSpec};
+use isolane_core::results::{
+    CpuSummary, HeldSummary, ProgramSummary, RunStatus, RunSummary, WorkloadSummary,
+};
+use isolane_core::spec::{ProgramSpec, Rate, WorkloadSpec};
 use isolane_core::JobRecord;
 
 use crate::coordinator::{RunResult, WorkloadPlan, WorkloadResult, WorkloadStatus};
@@ -72,8 +74,61 @@ pub fn summarize_workload(
             .map(|p| HeldSummary::of(&result.records, p as u64)),
         work: spec.kernel().map(|k| k.work()),
         cpu: result.cpu.map(|c| cpu_summary(&c, wall_s)),
+        backend: Some(spec.backend),
+        program: None,
         metrics,
     }
+}
+
+/// A command workload's summary: how its program ended, its wall and CPU time (its `jobs`
+/// and latencies are those of no job). Telemetry adds its GPU share, energy and device memory.
+pub fn summarize_program(
+    spec: &WorkloadSpec,
+    program: &ProgramSpec,
+    result: &WorkloadResult,
+    t0_ns: Option<i64>,
+) -> WorkloadSummary {
+    let Some(o) = &result.program else {
+        // It never got to start: the run was aborted before t0.
+        let mut w = summarize_workload(spec, &Schedule::from_workload(spec), result, 0.0);
+        w.model = program.command_line();
+        return w;
+    };
+    let wall_s = o.wall_s();
+    let mut w = summarize_workload(spec, &Schedule::from_workload(spec), result, wall_s);
+    w.model = program.command_line();
+    w.wall_s = wall_s;
+    w.exit_code = o.exit_code;
+    w.signal = o.signal;
+    let since_t0 = |ns: i64| t0_ns.map_or(0.0, |t0| (ns - t0) as f64 / 1e9);
+    let cpu_s = o.usage.user_s + o.usage.system_s;
+    let file = |p: &Option<std::path::PathBuf>| {
+        p.as_ref()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    w.program = Some(ProgramSummary {
+        command: program.command.clone(),
+        end: o.end,
+        started_s: since_t0(o.started_ns),
+        ended_s: since_t0(o.ended_ns),
+        cpu_user_s: o.usage.user_s,
+        cpu_system_s: o.usage.system_s,
+        cpu_pct: if wall_s > 0.0 {
+            cpu_s / wall_s * 100.0
+        } else {
+            0.0
+        },
+        max_rss_mib: o.usage.max_rss_mib,
+        pids: o.pids.clone(),
+        stdout: file(&o.stdout),
+        stderr: file(&o.stderr),
+        gpu_share_pct: None,
+        energy_j: None,
+        energy_source: None,
+    });
+    w
 }
 
 fn cpu_summary(c: &crate::thread_cpu::ThreadCpu, wall_s: f64) -> CpuSummary {
@@ -116,7 +171,10 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
     let workloads = plans
         .iter()
         .zip(&result.workloads)
-        .map(|(p, r)| summarize_workload(&p.spec, &p.schedule, r, result.wall_s))
+        .map(|(p, r)| match &p.spec.program {
+            Some(program) => summarize_program(&p.spec, program, r, result.t0_ns),
+            None => summarize_workload(&p.spec, &p.schedule, r, result.wall_s),
+        })
         .collect();
     RunSummary {
         schema_version: SCHEMA_VERSION,

@@ -152,6 +152,8 @@ pub fn point_scenario(device: DeviceSpec, workloads: &[PointWorkload]) -> Scenar
             },
             plan_check: true,
             criticality: Criticality::Critical,
+            backend: device.backend,
+            program: None,
         })
         .collect();
     Scenario {

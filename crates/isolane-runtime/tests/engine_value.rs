@@ -93,3 +93,76 @@ fn without_an_engine_a_real_model_is_refused_before_the_run() {
         "{err}"
     );
 }
+
+/// An engine that notes the backend each check and build was given.
+#[derive(Default)]
+struct BackendRecorder {
+    seen: Mutex<Vec<(String, &'static str, isolane_core::spec::Backend)>>,
+}
+
+impl EngineExecutors for BackendRecorder {
+    fn check(&self, device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError> {
+        let seen = (spec.name.clone(), "check", device.backend);
+        self.seen.lock().unwrap().push(seen);
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        device: &DeviceSpec,
+        spec: &WorkloadSpec,
+        seed: u64,
+        _index: usize,
+        _partition: Option<Partition>,
+    ) -> Result<Box<dyn Executor>, ExecError> {
+        let seen = (spec.name.clone(), "build", device.backend);
+        self.seen.lock().unwrap().push(seen);
+        Ok(Box::new(SpinExecutor::new(100_000, 0, seed)))
+    }
+}
+
+#[test]
+fn each_workload_is_checked_and_built_for_its_own_backend() {
+    use isolane_core::spec::{Backend, Mechanism};
+    // A GPU scenario (green: thread hosts) with one workload on the CPU.
+    let text = r#"
+[device]
+backend = "cuda"
+mechanism = "green"
+
+[[workload]]
+name = "on-cpu"
+model = "tiny"
+backend = "cpu"
+rate_hz = 200
+jobs = 2
+warmup_jobs = 0
+
+[[workload]]
+name = "on-gpu"
+model = "tiny"
+rate_hz = 200
+jobs = 2
+warmup_jobs = 0
+partition = { sms = 8 }
+"#;
+    let scenario = Scenario::from_toml_str(text, "test.toml", &vec!["tiny".to_string()]).unwrap();
+    assert_eq!(scenario.device.mechanism, Mechanism::Green);
+    let plan = RunPlan::from_scenario(&scenario);
+    let engine = Arc::new(BackendRecorder::default());
+    coordinator::preflight(&plan, Some(engine.as_ref())).unwrap();
+    let mut opts = RunOptions::new(Arc::new(AtomicBool::new(false)));
+    opts.engine = Some(engine.clone());
+    coordinator::run(&plan, &opts, &mut |_| {}).unwrap();
+    let mut seen = engine.seen.lock().unwrap().clone();
+    seen.sort_by_key(|(name, step, _)| (name.clone(), *step));
+    assert_eq!(
+        seen,
+        [
+            ("on-cpu".to_string(), "build", Backend::Cpu),
+            ("on-cpu".to_string(), "check", Backend::Cpu),
+            ("on-gpu".to_string(), "build", Backend::Cuda),
+            ("on-gpu".to_string(), "check", Backend::Cuda),
+        ]
+    );
+}

@@ -242,6 +242,8 @@ fn spin_search(model: &str) -> SearchRequest {
             partition: PartitionSpec::default(),
             plan_check: true,
             criticality: Criticality::Critical,
+            backend: Backend::Cpu,
+            program: None,
         },
         device: DeviceSpec {
             backend: Backend::Cpu,

@@ -10,6 +10,9 @@
 #![warn(clippy::multiple_unsafe_ops_per_block)]
 
 pub mod nvml;
+mod programs;
+
+pub use programs::attach_programs;
 
 use isolane_core::files::write_atomic;
 use isolane_core::results::RunSummary;
@@ -63,6 +66,10 @@ pub struct Reading {
     pub dram_bw_util_pct: Option<f64>,
     /// Device memory per process: (pid, MiB).
     pub process_memory_mib: Vec<(u32, f64)>,
+    /// SM utilisation per process since the previous reading: (pid, % of the device), from
+    /// NVML's per-process samples; `None` when not read (unsupported, or skipped this time),
+    /// empty when no process used the SMs.
+    pub process_sm_util_pct: Option<Vec<(u32, f64)>>,
 }
 
 /// Something that reads the device: NVML, or a fake in tests.
@@ -562,9 +569,15 @@ tensor_util_pct,dram_bw_util_pct,process_memory_mib";
 /// a thread gets this process's.
 pub fn attach(summary: &mut RunSummary, rec: &Recording, t: &TelemetrySummary) {
     summary.telemetry = Some(t.clone());
+    attach_programs(summary, rec);
     let alone = summary.workloads.len() == 1;
     let own_pid = std::process::id();
     for w in &mut summary.workloads {
+        if w.program.is_some() {
+            // A program's memory is its process tree's and its energy is attributed by its
+            // SM share (attach_programs), never the device's as a whole.
+            continue;
+        }
         let mem = match (w.pid, alone) {
             (Some(p), _) => rec.process_peak_mib(p),
             (None, true) => rec.process_peak_mib(own_pid),

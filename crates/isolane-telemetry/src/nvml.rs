@@ -50,11 +50,12 @@ enum Query {
     Utilization,
     Gpm,
     ProcessMemory,
+    ProcessUtilization,
 }
 
 /// Every query, most important first (see [`crate::refresh_every`]), with its name in
 /// summary.json's `refresh_ms`.
-const QUERIES: [(Query, &str); 10] = [
+const QUERIES: [(Query, &str); 11] = [
     (Query::Power, "power"),
     (Query::Energy, "energy"),
     (Query::SmClock, "sm_clock"),
@@ -65,6 +66,7 @@ const QUERIES: [(Query, &str); 10] = [
     (Query::Utilization, "utilization"),
     (Query::Gpm, "gpm"),
     (Query::ProcessMemory, "process_memory"),
+    (Query::ProcessUtilization, "process_utilization"),
 ];
 
 /// Readings before the query costs are measured and the refresh periods set (every query runs
@@ -87,6 +89,9 @@ pub struct NvmlSource {
     /// without GPM (before Hopper), where the GPM columns stay empty.
     gpm_prev: Option<GpmSample<'static>>,
     gpm: bool,
+    /// NVML's CPU timestamp (µs) of the newest per-process utilisation sample read: the next
+    /// query asks only for newer ones.
+    process_util_seen_us: u64,
     /// Readings taken so far.
     n: u64,
     /// Per query: CPU ns of a run (thread CPU time, so waits inside the driver that do not burn
@@ -114,6 +119,7 @@ impl NvmlSource {
             name,
             gpm_prev: None,
             gpm,
+            process_util_seen_us: 0,
             n: 0,
             cost_ns: [0; QUERIES.len()],
             every: [1; QUERIES.len()],
@@ -148,6 +154,29 @@ impl NvmlSource {
         self.gpm_prev = Some(now);
     }
 
+    /// SM utilisation per process since the previous query (the mean of NVML's samples of
+    /// each pid). NVML says NotFound when no process has a sample: nobody used the SMs.
+    fn read_process_util(&mut self) -> Option<Vec<(u32, f64)>> {
+        let since = self.process_util_seen_us;
+        let samples = match self.device.process_utilization_stats(since) {
+            Ok(s) => s,
+            Err(nvml_wrapper::error::NvmlError::NotFound) => return Some(Vec::new()),
+            Err(_) => return None,
+        };
+        let mut per_pid: std::collections::BTreeMap<u32, (f64, u32)> = Default::default();
+        for s in &samples {
+            self.process_util_seen_us = self.process_util_seen_us.max(s.timestamp);
+            let e = per_pid.entry(s.pid).or_insert((0.0, 0));
+            *e = (e.0 + f64::from(s.sm_util), e.1 + 1);
+        }
+        Some(
+            per_pid
+                .into_iter()
+                .map(|(pid, (sum, n))| (pid, sum / f64::from(n)))
+                .collect(),
+        )
+    }
+
     /// Runs query `q` into `r`.
     fn query(&mut self, q: Query, r: &mut Reading) {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
@@ -170,6 +199,7 @@ impl NvmlSource {
                 r.mem_util_pct = util.as_ref().map(|u| f64::from(u.memory));
             }
             Query::Gpm => self.read_gpm(r),
+            Query::ProcessUtilization => r.process_sm_util_pct = self.read_process_util(),
             Query::ProcessMemory => {
                 r.process_memory_mib = d
                     .running_compute_processes()

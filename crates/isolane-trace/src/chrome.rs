@@ -5,6 +5,7 @@
 //! | pid | process | threads (tracks) |
 //! | --- | --- | --- |
 //! | 1 | workloads | one per workload: each job an `X` span from its start to its end (`cat` `job`, or `job,timeout` for a missed deadline), its release an instant; a skipped job an instant `skipped` |
+//! | 1 | workloads | a command workload's track: one `X` span (`cat` `program`) from its program's start to its end, named by how it ended |
 //! | 1 | workloads | `<workload>: held`, when the jobs CSV has the guard's holds (`held_ms`): an `X` span `held` (`cat` `hold`) as long as the job's total hold, from its release (the CSV keeps the sum, not where the pauses fell) |
 //! | 2 | run | `partitions`: an instant per workload's partition, at the start of the trace (set up before t0), and `t0`; `isolation steps`: an `X` span per step of the ramp |
 //! | 3 | device telemetry | a counter track (`C`) per numeric telemetry.csv column |
@@ -110,6 +111,20 @@ pub fn trace_json(t: &Timeline) -> String {
         let tid = i as u32 + 1;
         for job in &lane.jobs {
             job_events(&clock, job, tid, lane.deadline_ms, &mut events);
+        }
+        if let Some(p) = &lane.program {
+            events.push(Event {
+                cat: "program",
+                dur: Some(Clock::dur(p.start_ms, p.end_ms)),
+                args: json!({ "command": lane.model, "ended": p.ended, "exit_code": p.exit_code }),
+                ..event(
+                    format!("{}: {}", lane.name, p.ended),
+                    "X",
+                    clock.us(p.start_ms),
+                    PID_WORKLOADS,
+                    tid,
+                )
+            });
         }
         if lane.jobs.iter().any(|j| j.held_ms.is_some_and(|h| h > 0.0)) {
             meta.push(metadata(

@@ -31,6 +31,18 @@ pub struct Lane {
     pub model: String,
     pub deadline_ms: Option<f64>,
     pub jobs: Vec<Job>,
+    /// A command workload's program: one span, no jobs (docs/programs.md).
+    pub program: Option<ProgramSpan>,
+}
+
+/// When a command workload's program ran (ms since t0) and how it ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgramSpan {
+    pub start_ms: f64,
+    pub end_ms: f64,
+    /// "exited", "timed out", … (`ProgramEnd::words`).
+    pub ended: String,
+    pub exit_code: Option<i32>,
 }
 
 /// One step of an isolation ramp (ms since t0).
@@ -88,6 +100,12 @@ impl Timeline {
                 model: w.model.clone(),
                 deadline_ms: w.deadline_ms,
                 jobs,
+                program: w.program.as_ref().map(|p| ProgramSpan {
+                    start_ms: p.started_s * 1e3,
+                    end_ms: p.ended_s * 1e3,
+                    ended: p.end.words().to_string(),
+                    exit_code: w.exit_code,
+                }),
             });
         }
         let tel = dir.join("telemetry.csv");
@@ -333,6 +351,7 @@ mod tests {
                     job(2, 20.0, None),
                     job(3, 35.0, Some(36.0)),
                 ],
+                program: None,
             }],
             partitions: Vec::new(),
             steps: vec![

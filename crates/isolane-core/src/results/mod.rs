@@ -17,6 +17,7 @@
 mod interference;
 mod isolation;
 mod maxrate;
+mod program;
 mod run;
 mod sweep;
 mod telemetry;
@@ -29,6 +30,7 @@ pub use isolation::{
     ISOLATION_CSV_HEADER,
 };
 pub use maxrate::{LatenessSummary, MaxrateReport};
+pub use program::{ProgramEnd, ProgramEnergySource, ProgramSummary};
 pub use run::{CpuSummary, HeldSummary, PartitionRecord, RunStatus, RunSummary, WorkloadSummary};
 pub use sweep::{SweepIndex, SweepPoint};
 pub use telemetry::{EnergySource, Stat, TelemetrySummary};
@@ -39,8 +41,9 @@ use crate::files::{read_text, FileError};
 
 /// The version of the schema this build writes. 1: the files before `schema_version`
 /// existed; 2: `schema_version`, typed `partitions`/`isolation`, per-workload
-/// `memory_estimate_mib`.
-pub const SCHEMA_VERSION: u32 = 2;
+/// `memory_estimate_mib`; 3: per-workload `backend` and `program` (command workloads,
+/// docs/programs.md).
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// What a file without `schema_version` is.
 pub(crate) fn legacy_version() -> u32 {

@@ -2,9 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::ProgramSummary;
 use super::{legacy_version, IsolationSteps, TelemetrySummary, Versioned};
 use crate::metrics::WorkloadMetrics;
-use crate::spec::{Criticality, Mechanism};
+use crate::spec::{Backend, Criticality, Mechanism};
 
 /// The outcome of a run or of one workload: "ok", "failed" (a workload failed), "interrupted"
 /// (Ctrl-C, or a run cut short and summarised afterwards).
@@ -77,6 +78,12 @@ pub struct WorkloadSummary {
     /// gives the achieved bytes/s and flop/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub work: Option<crate::spec::KernelWork>,
+    /// Where it ran: `cpu` or `cuda` (absent before schema 3: the device's backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
+    /// A command workload (an external program): how it ran. Its `jobs` and latencies are 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<ProgramSummary>,
     #[serde(flatten)]
     pub metrics: WorkloadMetrics,
 }
@@ -217,6 +224,8 @@ impl WorkloadSummary {
             work: crate::spec::KernelModel::parse(model)
                 .ok()
                 .map(|k| k.work()),
+            backend: None,
+            program: None,
             metrics: crate::metrics::workload_metrics(&[], batch, 0.0, None),
         }
     }

@@ -42,6 +42,11 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "partition",
     "plan_check",
     "criticality",
+    "backend",
+    "command",
+    "env",
+    "cwd",
+    "timeout_s",
 ];
 pub(super) const RAMP_KEYS: &[&str] = &["from_hz", "to_hz", "steps", "step_s"];
 pub(super) const PARTITION_KEYS: &[&str] = &["sms", "thread_pct", "mem_limit_mib", "mig_profile"];

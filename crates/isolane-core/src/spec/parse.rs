@@ -14,6 +14,8 @@
 //! runs on the typed scenario, as it does for a scenario built in code. A field the walk
 //! refused holds a placeholder and is marked unread, so that no rule reports it twice.
 
+mod program;
+
 use std::ops::Range;
 use std::path::Path;
 
@@ -96,13 +98,19 @@ fn resolve_files(s: &mut Scenario, base_dir: &Path) {
             .and_then(|a| a.to_str().map(str::to_string))
     };
     for w in &mut s.workloads {
-        if !validate::is_synthetic(&w.model) && is_onnx_path(&w.model) {
+        if w.program.is_none() && !validate::is_synthetic(&w.model) && is_onnx_path(&w.model) {
             if let Some(a) = absolute(&w.model) {
                 w.model = a;
             }
         }
         if let Some(a) = w.weights.as_deref().and_then(absolute) {
             w.weights = Some(a);
+        }
+        let cwd = w.program.as_mut().and_then(|p| p.cwd.as_mut());
+        if let Some(cwd) = cwd {
+            if let Some(a) = absolute(cwd) {
+                *cwd = a;
+            }
         }
     }
 }
@@ -192,6 +200,8 @@ fn placeholder_workload() -> WorkloadSpec {
         partition: PartitionSpec::default(),
         plan_check: true,
         criticality: Criticality::Critical,
+        backend: Backend::Cpu,
+        program: None,
     }
 }
 
@@ -578,6 +588,10 @@ impl<'a> Walk<'a> {
 
     fn workload(&mut self, i: usize, t: &Tbl<'a>, device: &DeviceSpec) -> WorkloadSpec {
         self.check_keys(t, WORKLOAD_KEYS);
+        if t.t.get("command").is_some() {
+            return self.program_workload(i, t, device);
+        }
+        self.refuse_program_keys(i, t);
         let name = self.required(
             t,
             "name",
@@ -615,6 +629,7 @@ impl<'a> Walk<'a> {
         let criticality = self.read(t, "criticality", Criticality::Critical, |w, v, p| {
             w.choice(v, p, CRITICALITIES)
         });
+        let backend = self.workload_backend(t, device);
         WorkloadSpec {
             name: name.unwrap_or_default().to_string(),
             model: model.to_string(),
@@ -633,6 +648,18 @@ impl<'a> Walk<'a> {
             partition,
             plan_check,
             criticality,
+            backend,
+            program: None,
+        }
+    }
+
+    /// `backend`: the device's unless the workload names its own.
+    fn workload_backend(&mut self, t: &Tbl<'a>, device: &DeviceSpec) -> Backend {
+        match self.get(t, "backend") {
+            Some(v) => self
+                .choice(v, t.path("backend"), BACKENDS)
+                .unwrap_or(device.backend),
+            None => self.derived(t.path("backend"), Top("device", "backend"), device.backend),
         }
     }
 

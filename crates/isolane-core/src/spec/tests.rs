@@ -1305,3 +1305,5 @@ fn bad_criticality_and_protection_values_name_the_field_and_the_choices() {
         ],
     );
 }
+
+mod programs_and_backends;

@@ -9,6 +9,8 @@
 //! cross-field rule runs only when the fields it relates passed their own rules, as one problem
 //! should be reported once, where it is.
 
+mod program;
+
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -270,21 +272,73 @@ impl Checker<'_, '_> {
                 NAME_EXPECTED,
             );
         }
+        if let Some(p) = &w.program {
+            self.program(i, w, p, device);
+            return;
+        }
         self.model_and_weights(i, w);
         self.int(Workload(i, "batch"), u64::from(w.batch), BATCH);
-        if let Some(d) = device {
-            self.precision_fits_backend(i, w.precision, d.backend);
+        let backend_ok = device.is_some() && !self.spans.unread(Workload(i, "backend"));
+        if backend_ok {
+            self.precision_fits_backend(i, w.precision, w.backend);
         }
         self.rate_length_and_ramp(i, w);
         self.int(Workload(i, "warmup_jobs"), w.warmup_jobs, WARMUP_JOBS);
         self.cpus_once(i, &w.cpu);
-        if let Some(d) = device {
-            if !self.spans.unread(Workload(i, "host")) {
+        if let (Some(d), true) = (device, backend_ok) {
+            // A CPU workload is never a GPU client: any host will do.
+            if !self.spans.unread(Workload(i, "host")) && w.on_gpu() {
                 self.host_fits_mechanism(Workload(i, "host"), w.host, d.mechanism);
             }
         }
-        if !self.spans.unread(Workload(i, "partition")) {
-            self.partition(i, &w.partition, device.map(|d| d.mechanism));
+        self.backend_and_partition(i, w, device);
+    }
+
+    /// A workload's own backend against the device's, then its partition keys: a CPU workload
+    /// has none, a GPU workload those of the device's mechanism.
+    fn backend_and_partition(&mut self, i: usize, w: &WorkloadSpec, device: Option<&DeviceSpec>) {
+        let backend_read = !self.spans.unread(Workload(i, "backend"));
+        if let (Some(d), true) = (device, backend_read) {
+            if w.backend == Backend::Cuda && d.backend == Backend::Cpu {
+                self.report(
+                    Workload(i, "backend"),
+                    false,
+                    "found \"cuda\" with device.backend \"cpu\"; expected \"cpu\" (a workload \
+                     runs on the GPU only in a scenario whose [device] has backend = \"cuda\" \
+                     and a mechanism to share it)"
+                        .to_string(),
+                );
+                return;
+            }
+        }
+        if self.spans.unread(Workload(i, "partition")) {
+            return;
+        }
+        let mechanism = device.filter(|_| backend_read).map(|d| d.mechanism);
+        if w.backend == Backend::Cpu && mechanism.is_some_and(|m| m != Mechanism::None) {
+            self.cpu_without_partition(i, &w.partition);
+            return;
+        }
+        self.partition(i, &w.partition, mechanism);
+    }
+
+    /// A CPU workload of a GPU scenario gets no GPU partition: every key of one is refused.
+    fn cpu_without_partition(&mut self, i: usize, p: &PartitionSpec) {
+        let present = [
+            p.sms.is_some(),
+            p.thread_pct.is_some(),
+            p.mem_limit_mib.is_some(),
+            p.mig_profile.is_some(),
+        ];
+        for (key, _) in PARTITION_KEYS.iter().zip(present).filter(|(_, on)| *on) {
+            self.report(
+                Partition(i, key),
+                true,
+                "not allowed with backend \"cpu\": a workload on the CPU gets no GPU \
+                 partition; remove it, or set backend = \"cuda\" (pin it to cores with cpu = \
+                 [...])"
+                    .to_string(),
+            );
         }
     }
 

@@ -6,14 +6,17 @@ use serde::Serialize;
 
 use super::error::SpecError;
 use super::format::{name_of, BACKENDS, CRITICALITIES, HOSTS, LATE, MECHANISMS, PRECISIONS, ROLES};
-use super::{PartitionSpec, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, TimingSpec};
+use super::{
+    PartitionSpec, ProgramSpec, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, TimingSpec,
+    WorkloadSpec,
+};
 
 #[derive(Serialize)]
 struct OutScenario<'a> {
     device: OutDevice,
     timing: &'a TimingSpec,
     protection: &'a ProtectionSpec,
-    workload: Vec<OutWorkload<'a>>,
+    workload: Vec<OutAny<'a>>,
 }
 
 #[derive(Serialize)]
@@ -22,6 +25,32 @@ struct OutDevice {
     gpu: u32,
     mechanism: &'static str,
     host: &'static str,
+}
+
+/// One `[[workload]]` table: a model workload, or a command workload with only its own keys.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum OutAny<'a> {
+    Model(Box<OutWorkload<'a>>),
+    Program(OutProgram<'a>),
+}
+
+#[derive(Serialize)]
+struct OutProgram<'a> {
+    name: &'a str,
+    command: &'a [String],
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    env: &'a std::collections::BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cwd: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeout_s: Option<f64>,
+    cpu: &'a [usize],
+    backend: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partition: Option<OutPartition<'a>>,
 }
 
 #[derive(Serialize)]
@@ -51,6 +80,7 @@ struct OutWorkload<'a> {
     partition: Option<OutPartition<'a>>,
     plan_check: bool,
     criticality: &'static str,
+    backend: &'static str,
 }
 
 #[derive(Serialize)]
@@ -78,42 +108,9 @@ pub(super) fn to_toml(s: &Scenario) -> Result<String, SpecError> {
         workload: s
             .workloads
             .iter()
-            .map(|w| {
-                let interferer = w.role == Role::Interferer;
-                let p = &w.partition;
-                OutWorkload {
-                    name: &w.name,
-                    model: &w.model,
-                    weights: w.weights.as_deref(),
-                    batch: w.batch,
-                    precision: name_of(PRECISIONS, w.precision),
-                    // An interferer's rate and length follow from its ramp; writing them would
-                    // make the file invalid.
-                    rate_hz: (!interferer).then_some(w.rate),
-                    deadline_ms: w.deadline_ms,
-                    duration_s: match w.length {
-                        RunLength::DurationS(d) if !interferer => Some(d),
-                        _ => None,
-                    },
-                    jobs: match w.length {
-                        RunLength::Jobs(n) if !interferer => Some(n),
-                        _ => None,
-                    },
-                    warmup_jobs: w.warmup_jobs,
-                    late: name_of(LATE, w.late),
-                    cpu: &w.cpu,
-                    role: name_of(ROLES, w.role),
-                    host: name_of(HOSTS, w.host),
-                    ramp: w.ramp.as_ref(),
-                    partition: (*p != PartitionSpec::default()).then_some(OutPartition {
-                        sms: p.sms,
-                        thread_pct: p.thread_pct,
-                        mem_limit_mib: p.mem_limit_mib,
-                        mig_profile: p.mig_profile.as_deref(),
-                    }),
-                    plan_check: w.plan_check,
-                    criticality: name_of(CRITICALITIES, w.criticality),
-                }
+            .map(|w| match &w.program {
+                Some(p) => OutAny::Program(out_program(w, p)),
+                None => OutAny::Model(Box::new(out_workload(w))),
             })
             .collect(),
     };
@@ -123,4 +120,60 @@ pub(super) fn to_toml(s: &Scenario) -> Result<String, SpecError> {
          # A missing deadline_ms means \"the period\" (for an interferer: of the current ramp step).\n\n{body}",
         env!("CARGO_PKG_VERSION")
     ))
+}
+
+fn out_partition(p: &PartitionSpec) -> Option<OutPartition<'_>> {
+    (*p != PartitionSpec::default()).then_some(OutPartition {
+        sms: p.sms,
+        thread_pct: p.thread_pct,
+        mem_limit_mib: p.mem_limit_mib,
+        mig_profile: p.mig_profile.as_deref(),
+    })
+}
+
+fn out_program<'a>(w: &'a WorkloadSpec, p: &'a ProgramSpec) -> OutProgram<'a> {
+    OutProgram {
+        name: &w.name,
+        command: &p.command,
+        env: &p.env,
+        cwd: p.cwd.as_deref(),
+        duration_s: p.duration_s,
+        timeout_s: p.timeout_s,
+        cpu: &w.cpu,
+        backend: name_of(BACKENDS, w.backend),
+        partition: out_partition(&w.partition),
+    }
+}
+
+fn out_workload(w: &WorkloadSpec) -> OutWorkload<'_> {
+    let interferer = w.role == Role::Interferer;
+    OutWorkload {
+        name: &w.name,
+        model: &w.model,
+        weights: w.weights.as_deref(),
+        batch: w.batch,
+        precision: name_of(PRECISIONS, w.precision),
+        // An interferer's rate and length follow from its ramp; writing them would
+        // make the file invalid.
+        rate_hz: (!interferer).then_some(w.rate),
+        deadline_ms: w.deadline_ms,
+        duration_s: match w.length {
+            RunLength::DurationS(d) if !interferer => Some(d),
+            _ => None,
+        },
+        jobs: match w.length {
+            RunLength::Jobs(n) if !interferer => Some(n),
+            _ => None,
+        },
+        warmup_jobs: w.warmup_jobs,
+        late: name_of(LATE, w.late),
+        cpu: &w.cpu,
+        role: name_of(ROLES, w.role),
+        host: name_of(HOSTS, w.host),
+        ramp: w.ramp.as_ref(),
+        partition: out_partition(&w.partition),
+        plan_check: w.plan_check,
+        criticality: name_of(CRITICALITIES, w.criticality),
+        backend: name_of(BACKENDS, w.backend),
+    }
 }
