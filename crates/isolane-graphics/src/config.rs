@@ -40,7 +40,10 @@ impl RendererConfig {
     pub(crate) fn check(&self, max_side: u32) -> Result<(), GraphicsError> {
         let bad = |what: String| Err(GraphicsError::Config(what));
         if self.width == 0 || self.height == 0 {
-            return bad(format!("the size is {}x{}; both sides must be at least 1", self.width, self.height));
+            return bad(format!(
+                "the size is {}x{}; both sides must be at least 1",
+                self.width, self.height
+            ));
         }
         if self.width > max_side || self.height > max_side {
             return bad(format!(
@@ -49,10 +52,16 @@ impl RendererConfig {
             ));
         }
         if !(0.0..=1.0).contains(&self.mask_alpha) {
-            return bad(format!("mask_alpha is {}; it must be between 0 and 1", self.mask_alpha));
+            return bad(format!(
+                "mask_alpha is {}; it must be between 0 and 1",
+                self.mask_alpha
+            ));
         }
         if !(self.line_width.is_finite() && self.line_width > 0.0) {
-            return bad(format!("line_width is {}; it must be a positive number of pixels", self.line_width));
+            return bad(format!(
+                "line_width is {}; it must be a positive number of pixels",
+                self.line_width
+            ));
         }
         if self.min_score.is_nan() {
             return bad("min_score is NaN".to_string());
@@ -71,9 +80,27 @@ mod tests {
         let cases = [
             (RendererConfig::new(0, 32), "at least 1"),
             (RendererConfig::new(8192, 32), "at most 4096"),
-            (RendererConfig { mask_alpha: 1.5, ..RendererConfig::new(8, 8) }, "mask_alpha"),
-            (RendererConfig { line_width: 0.0, ..RendererConfig::new(8, 8) }, "line_width"),
-            (RendererConfig { min_score: f32::NAN, ..RendererConfig::new(8, 8) }, "min_score"),
+            (
+                RendererConfig {
+                    mask_alpha: 1.5,
+                    ..RendererConfig::new(8, 8)
+                },
+                "mask_alpha",
+            ),
+            (
+                RendererConfig {
+                    line_width: 0.0,
+                    ..RendererConfig::new(8, 8)
+                },
+                "line_width",
+            ),
+            (
+                RendererConfig {
+                    min_score: f32::NAN,
+                    ..RendererConfig::new(8, 8)
+                },
+                "min_score",
+            ),
         ];
         for (config, words) in cases {
             let text = config.check(4096).unwrap_err().to_string();

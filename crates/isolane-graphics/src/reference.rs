@@ -24,9 +24,17 @@ pub fn render_reference(
 }
 
 /// The mask's class at frame pixel (x, y): nearest neighbour, in integers as the shader does.
-pub fn mask_class_at(mask: &MaskRef<'_>, frame_width: u32, frame_height: u32, x: u32, y: u32) -> u8 {
-    let mx = (u64::from(x) * u64::from(mask.width) / u64::from(frame_width)).min(u64::from(mask.width) - 1);
-    let my = (u64::from(y) * u64::from(mask.height) / u64::from(frame_height)).min(u64::from(mask.height) - 1);
+pub fn mask_class_at(
+    mask: &MaskRef<'_>,
+    frame_width: u32,
+    frame_height: u32,
+    x: u32,
+    y: u32,
+) -> u8 {
+    let mx = (u64::from(x) * u64::from(mask.width) / u64::from(frame_width))
+        .min(u64::from(mask.width) - 1);
+    let my = (u64::from(y) * u64::from(mask.height) / u64::from(frame_height))
+        .min(u64::from(mask.height) - 1);
     mask.classes[(my * u64::from(mask.width) + mx) as usize]
 }
 
@@ -94,12 +102,38 @@ mod tests {
         // 8x4 grey frame; a 4x2 mask whose top-left cell is class 2 (green), i.e. frame pixels
         // x 0..2, y 0..2; a 1-pixel red (class 1) outline around x 4..8, y 0..4.
         let frame_rgba = [100u8, 100, 100, 7].repeat(32);
-        let frame = FrameRef { width: 8, height: 4, rgba: &frame_rgba };
+        let frame = FrameRef {
+            width: 8,
+            height: 4,
+            rgba: &frame_rgba,
+        };
         let classes = [2u8, 0, 0, 0, 0, 0, 0, 0];
-        let mask = MaskRef { width: 4, height: 2, classes: &classes };
-        let boxes = [BoxOverlay { x0: 4.0, y0: 0.0, x1: 8.0, y1: 4.0, class: 1, score: 1.0 }];
-        let config = RendererConfig { line_width: 1.0, ..RendererConfig::new(8, 4) };
-        let image = render_reference(&config, &frame, &Overlay { boxes: &boxes, mask: Some(mask) }).unwrap();
+        let mask = MaskRef {
+            width: 4,
+            height: 2,
+            classes: &classes,
+        };
+        let boxes = [BoxOverlay {
+            x0: 4.0,
+            y0: 0.0,
+            x1: 8.0,
+            y1: 4.0,
+            class: 1,
+            score: 1.0,
+        }];
+        let config = RendererConfig {
+            line_width: 1.0,
+            ..RendererConfig::new(8, 4)
+        };
+        let image = render_reference(
+            &config,
+            &frame,
+            &Overlay {
+                boxes: &boxes,
+                mask: Some(mask),
+            },
+        )
+        .unwrap();
         let px = |x: usize, y: usize| &image[(y * 8 + x) * 4..(y * 8 + x) * 4 + 4];
         // At half weight red and blue mix 100 with 0 (50), green 100 with 255 (177.5 -> 178);
         // alpha stays the frame's.
@@ -114,10 +148,32 @@ mod tests {
     #[test]
     fn boxes_below_the_minimum_score_are_not_drawn() {
         let frame_rgba = vec![9u8; 4 * 4 * 4];
-        let frame = FrameRef { width: 4, height: 4, rgba: &frame_rgba };
-        let boxes = [BoxOverlay { x0: 0.0, y0: 0.0, x1: 4.0, y1: 4.0, class: 3, score: 0.2 }];
-        let config = RendererConfig { min_score: 0.5, ..RendererConfig::new(4, 4) };
-        let image = render_reference(&config, &frame, &Overlay { boxes: &boxes, mask: None }).unwrap();
+        let frame = FrameRef {
+            width: 4,
+            height: 4,
+            rgba: &frame_rgba,
+        };
+        let boxes = [BoxOverlay {
+            x0: 0.0,
+            y0: 0.0,
+            x1: 4.0,
+            y1: 4.0,
+            class: 3,
+            score: 0.2,
+        }];
+        let config = RendererConfig {
+            min_score: 0.5,
+            ..RendererConfig::new(4, 4)
+        };
+        let image = render_reference(
+            &config,
+            &frame,
+            &Overlay {
+                boxes: &boxes,
+                mask: None,
+            },
+        )
+        .unwrap();
         assert_eq!(image, frame_rgba);
     }
 }

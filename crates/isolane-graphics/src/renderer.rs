@@ -120,14 +120,22 @@ impl Renderer {
     }
 
     /// Draws `frame` with `overlay` and waits for the GPU to finish.
-    pub fn render(&mut self, frame: FrameRef<'_>, overlay: &Overlay<'_>) -> Result<RenderTiming, GraphicsError> {
+    pub fn render(
+        &mut self,
+        frame: FrameRef<'_>,
+        overlay: &Overlay<'_>,
+    ) -> Result<RenderTiming, GraphicsError> {
         let start = Instant::now();
         check_frame(&frame, self.config.width, self.config.height)?;
         check_overlay(overlay)?;
         if let Some(mask) = &overlay.mask {
             self.fit_mask(mask.width, mask.height)?;
         }
-        let visible = overlay.boxes.iter().filter(|b| b.score >= self.config.min_score).count();
+        let visible = overlay
+            .boxes
+            .iter()
+            .filter(|b| b.score >= self.config.min_score)
+            .count();
         self.fit_boxes(visible)?;
         let upload_start = Instant::now();
         self.stage(&frame, overlay);
@@ -136,7 +144,11 @@ impl Renderer {
         self.commands.submit_and_wait(&self.ctx)?;
         self.rendered = true;
         let gpu = self.gpu_timing()?;
-        Ok(RenderTiming { cpu_ms: ms(start.elapsed().as_secs_f64()), cpu_upload_ms, gpu })
+        Ok(RenderTiming {
+            cpu_ms: ms(start.elapsed().as_secs_f64()),
+            cpu_upload_ms,
+            gpu,
+        })
     }
 
     /// The last rendered image: RGBA, rows top to bottom.
@@ -173,7 +185,12 @@ impl Renderer {
         let to_host = vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
             .dst_access_mask(vk::AccessFlags::HOST_READ);
-        self.barrier(vk::PipelineStageFlags::TRANSFER, vk::PipelineStageFlags::HOST, &[to_host], &[]);
+        self.barrier(
+            vk::PipelineStageFlags::TRANSFER,
+            vk::PipelineStageFlags::HOST,
+            &[to_host],
+            &[],
+        );
         self.commands.submit_and_wait(&self.ctx)?;
         rgba.clear();
         rgba.extend_from_slice(self.readback.bytes());
@@ -183,8 +200,17 @@ impl Renderer {
     /// Writes the last rendered image to a PNG file.
     pub fn save_png(&mut self, path: &Path) -> Result<(), GraphicsError> {
         let rgba = self.read_back()?;
-        image::save_buffer(path, &rgba, self.config.width, self.config.height, image::ColorType::Rgba8)
-            .map_err(|source| GraphicsError::Png { path: path.to_path_buf(), source })
+        image::save_buffer(
+            path,
+            &rgba,
+            self.config.width,
+            self.config.height,
+            image::ColorType::Rgba8,
+        )
+        .map_err(|source| GraphicsError::Png {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     /// Makes the fixed objects: pipelines, commands, frame and target images, buffers.
@@ -193,12 +219,30 @@ impl Renderer {
         self.pipelines.create(&self.ctx.device, width, height)?;
         self.commands.create(&self.ctx)?;
         let sampled = vk::ImageUsageFlags::SAMPLED | vk::ImageUsageFlags::TRANSFER_DST;
-        self.frame = DeviceImage::new(&self.ctx, (width, height), TARGET_FORMAT, sampled, "the frame texture")?;
+        self.frame = DeviceImage::new(
+            &self.ctx,
+            (width, height),
+            TARGET_FORMAT,
+            sampled,
+            "the frame texture",
+        )?;
         let frame_bytes = width as usize * height as usize * 4;
         let upload = vk::BufferUsageFlags::TRANSFER_SRC;
-        self.frame_staging = HostBuffer::new(&self.ctx, frame_bytes, upload, "the frame's staging buffer", false)?;
+        self.frame_staging = HostBuffer::new(
+            &self.ctx,
+            frame_bytes,
+            upload,
+            "the frame's staging buffer",
+            false,
+        )?;
         let drawn = vk::ImageUsageFlags::COLOR_ATTACHMENT | vk::ImageUsageFlags::TRANSFER_SRC;
-        self.target = DeviceImage::new(&self.ctx, (width, height), TARGET_FORMAT, drawn, "the rendered image")?;
+        self.target = DeviceImage::new(
+            &self.ctx,
+            (width, height),
+            TARGET_FORMAT,
+            drawn,
+            "the rendered image",
+        )?;
         let attachments = [self.target.view];
         let info = vk::FramebufferCreateInfo::default()
             .render_pass(self.pipelines.render_pass)
@@ -208,9 +252,16 @@ impl Renderer {
             .layers(1);
         // SAFETY: the view is of an image of this size made for colour attachment in the render
         // pass's format.
-        self.framebuffer = unsafe { self.ctx.device.create_framebuffer(&info, None) }.call("vkCreateFramebuffer")?;
+        self.framebuffer = unsafe { self.ctx.device.create_framebuffer(&info, None) }
+            .call("vkCreateFramebuffer")?;
         let uniform = vk::BufferUsageFlags::UNIFORM_BUFFER;
-        self.params = HostBuffer::new(&self.ctx, PARAMS_HEADER + PALETTE_BYTES, uniform, "the parameters", false)?;
+        self.params = HostBuffer::new(
+            &self.ctx,
+            PARAMS_HEADER + PALETTE_BYTES,
+            uniform,
+            "the parameters",
+            false,
+        )?;
         self.write_palette();
         // A 1x1 mask so that the set is complete before the first mask arrives.
         self.fit_mask(1, 1)?;
@@ -235,7 +286,10 @@ impl Renderer {
             image_view: self.frame.view,
             image_layout: vk::ImageLayout::SHADER_READ_ONLY_OPTIMAL,
         }];
-        let sampler = [vk::DescriptorImageInfo { sampler: self.pipelines.sampler, ..Default::default() }];
+        let sampler = [vk::DescriptorImageInfo {
+            sampler: self.pipelines.sampler,
+            ..Default::default()
+        }];
         let params = [buffer_info(self.params.buffer)];
         let set = self.pipelines.set;
         let writes = [
@@ -263,16 +317,28 @@ impl Renderer {
         self.mask_staging.destroy(&self.ctx.device);
         self.mask_ready = false;
         let usage = vk::ImageUsageFlags::SAMPLED | vk::ImageUsageFlags::TRANSFER_DST;
-        self.mask = DeviceImage::new(&self.ctx, (width, height), vk::Format::R8_UINT, usage, "the mask texture")?;
+        self.mask = DeviceImage::new(
+            &self.ctx,
+            (width, height),
+            vk::Format::R8_UINT,
+            usage,
+            "the mask texture",
+        )?;
         let bytes = width as usize * height as usize;
         let upload = vk::BufferUsageFlags::TRANSFER_SRC;
-        self.mask_staging = HostBuffer::new(&self.ctx, bytes, upload, "the mask's staging buffer", false)?;
+        self.mask_staging =
+            HostBuffer::new(&self.ctx, bytes, upload, "the mask's staging buffer", false)?;
         let mask = [vk::DescriptorImageInfo {
             sampler: vk::Sampler::null(),
             image_view: self.mask.view,
             image_layout: vk::ImageLayout::SHADER_READ_ONLY_OPTIMAL,
         }];
-        let writes = [write(self.pipelines.set, binding::MASK, vk::DescriptorType::SAMPLED_IMAGE).image_info(&mask)];
+        let writes = [write(
+            self.pipelines.set,
+            binding::MASK,
+            vk::DescriptorType::SAMPLED_IMAGE,
+        )
+        .image_info(&mask)];
         // SAFETY: as in bind_fixed: no submission is pending, the view is alive.
         unsafe { self.ctx.device.update_descriptor_sets(&writes, &[]) };
         Ok(())
@@ -286,9 +352,20 @@ impl Renderer {
         let capacity = count.max(INITIAL_BOX_CAPACITY).next_power_of_two();
         self.boxes.destroy(&self.ctx.device);
         let usage = vk::BufferUsageFlags::STORAGE_BUFFER;
-        self.boxes = HostBuffer::new(&self.ctx, capacity * BOX_BYTES, usage, "the box buffer", false)?;
+        self.boxes = HostBuffer::new(
+            &self.ctx,
+            capacity * BOX_BYTES,
+            usage,
+            "the box buffer",
+            false,
+        )?;
         let info = [buffer_info(self.boxes.buffer)];
-        let writes = [write(self.pipelines.set, binding::BOXES, vk::DescriptorType::STORAGE_BUFFER).buffer_info(&info)];
+        let writes = [write(
+            self.pipelines.set,
+            binding::BOXES,
+            vk::DescriptorType::STORAGE_BUFFER,
+        )
+        .buffer_info(&info)];
         // SAFETY: as in bind_fixed: no submission is pending, the buffer is alive.
         unsafe { self.ctx.device.update_descriptor_sets(&writes, &[]) };
         Ok(())
@@ -331,11 +408,14 @@ impl Renderer {
     fn record(&mut self, has_mask: bool, boxes: u32) -> Result<(), GraphicsError> {
         self.commands.begin(&self.ctx.device)?;
         self.commands.reset_timestamps(&self.ctx.device);
-        self.commands.timestamp(&self.ctx.device, vk::PipelineStageFlags::TOP_OF_PIPE, 0);
+        self.commands
+            .timestamp(&self.ctx.device, vk::PipelineStageFlags::TOP_OF_PIPE, 0);
         self.record_uploads(has_mask);
-        self.commands.timestamp(&self.ctx.device, vk::PipelineStageFlags::TRANSFER, 1);
+        self.commands
+            .timestamp(&self.ctx.device, vk::PipelineStageFlags::TRANSFER, 1);
         self.record_draw(boxes);
-        self.commands.timestamp(&self.ctx.device, vk::PipelineStageFlags::BOTTOM_OF_PIPE, 2);
+        self.commands
+            .timestamp(&self.ctx.device, vk::PipelineStageFlags::BOTTOM_OF_PIPE, 2);
         Ok(())
     }
 
@@ -346,10 +426,19 @@ impl Renderer {
         // Old contents are discarded (UNDEFINED): every upload rewrites the whole image. The
         // previous frame's reads finished before its fence signalled.
         let to_copy = [self.frame.image, self.mask.image].map(|image| {
-            layout_barrier(image, vk::ImageLayout::UNDEFINED, vk::ImageLayout::TRANSFER_DST_OPTIMAL)
-                .dst_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+            layout_barrier(
+                image,
+                vk::ImageLayout::UNDEFINED,
+                vk::ImageLayout::TRANSFER_DST_OPTIMAL,
+            )
+            .dst_access_mask(vk::AccessFlags::TRANSFER_WRITE)
         });
-        self.barrier(vk::PipelineStageFlags::FRAGMENT_SHADER, vk::PipelineStageFlags::TRANSFER, &[], &to_copy[..uploads]);
+        self.barrier(
+            vk::PipelineStageFlags::FRAGMENT_SHADER,
+            vk::PipelineStageFlags::TRANSFER,
+            &[],
+            &to_copy[..uploads],
+        );
         self.copy_into(self.frame_staging.buffer, &self.frame);
         if has_mask {
             self.copy_into(self.mask_staging.buffer, &self.mask);
@@ -363,11 +452,21 @@ impl Renderer {
         let to_read = [
             readable(self.frame.image, uploaded),
             // Unused without a mask, but bound: its layout must be the one the set declares.
-            readable(self.mask.image, if has_mask { uploaded } else { vk::ImageLayout::UNDEFINED }),
+            readable(
+                self.mask.image,
+                if has_mask {
+                    uploaded
+                } else {
+                    vk::ImageLayout::UNDEFINED
+                },
+            ),
         ];
         let transitions = if has_mask || !self.mask_ready { 2 } else { 1 };
         self.mask_ready = true;
-        let (src, dst) = (vk::PipelineStageFlags::TRANSFER, vk::PipelineStageFlags::FRAGMENT_SHADER);
+        let (src, dst) = (
+            vk::PipelineStageFlags::TRANSFER,
+            vk::PipelineStageFlags::FRAGMENT_SHADER,
+        );
         self.barrier(src, dst, &[], &to_read[..transitions]);
     }
 
@@ -392,7 +491,10 @@ impl Renderer {
         let cb = self.commands.buffer;
         let area = vk::Rect2D {
             offset: vk::Offset2D::default(),
-            extent: vk::Extent2D { width: self.config.width, height: self.config.height },
+            extent: vk::Extent2D {
+                width: self.config.width,
+                height: self.config.height,
+            },
         };
         let begin = vk::RenderPassBeginInfo::default()
             .render_pass(self.pipelines.render_pass)
@@ -403,7 +505,14 @@ impl Renderer {
         // all written and their images in the declared layouts; the pipelines use this layout.
         unsafe {
             device.cmd_begin_render_pass(cb, &begin, vk::SubpassContents::INLINE);
-            device.cmd_bind_descriptor_sets(cb, graphics, self.pipelines.layout, 0, &[self.pipelines.set], &[]);
+            device.cmd_bind_descriptor_sets(
+                cb,
+                graphics,
+                self.pipelines.layout,
+                0,
+                &[self.pipelines.set],
+                &[],
+            );
             device.cmd_bind_pipeline(cb, graphics, self.pipelines.frame);
             device.cmd_draw(cb, 3, 1, 0, 0);
             if boxes > 0 {
@@ -436,9 +545,10 @@ impl Renderer {
     }
 
     fn gpu_timing(&self) -> Result<Option<GpuTiming>, GraphicsError> {
-        let (Some(ticks), Some((period_ns, mask))) =
-            (self.commands.read_timestamps(&self.ctx.device)?, self.ctx.timestamps)
-        else {
+        let (Some(ticks), Some((period_ns, mask))) = (
+            self.commands.read_timestamps(&self.ctx.device)?,
+            self.ctx.timestamps,
+        ) else {
             return Ok(None);
         };
         let span = |from: u64, to: u64| (to.wrapping_sub(from) & mask) as f64 * period_ns * 1e-6;
@@ -506,7 +616,11 @@ fn copy_region(extent: vk::Extent3D) -> vk::BufferImageCopy {
     }
 }
 
-fn layout_barrier(image: vk::Image, old: vk::ImageLayout, new: vk::ImageLayout) -> vk::ImageMemoryBarrier<'static> {
+fn layout_barrier(
+    image: vk::Image,
+    old: vk::ImageLayout,
+    new: vk::ImageLayout,
+) -> vk::ImageMemoryBarrier<'static> {
     vk::ImageMemoryBarrier::default()
         .old_layout(old)
         .new_layout(new)
@@ -517,9 +631,20 @@ fn layout_barrier(image: vk::Image, old: vk::ImageLayout, new: vk::ImageLayout) 
 }
 
 fn buffer_info(buffer: vk::Buffer) -> vk::DescriptorBufferInfo {
-    vk::DescriptorBufferInfo { buffer, offset: 0, range: vk::WHOLE_SIZE }
+    vk::DescriptorBufferInfo {
+        buffer,
+        offset: 0,
+        range: vk::WHOLE_SIZE,
+    }
 }
 
-fn write<'a>(set: vk::DescriptorSet, binding: u32, ty: vk::DescriptorType) -> vk::WriteDescriptorSet<'a> {
-    vk::WriteDescriptorSet::default().dst_set(set).dst_binding(binding).descriptor_type(ty)
+fn write<'a>(
+    set: vk::DescriptorSet,
+    binding: u32,
+    ty: vk::DescriptorType,
+) -> vk::WriteDescriptorSet<'a> {
+    vk::WriteDescriptorSet::default()
+        .dst_set(set)
+        .dst_binding(binding)
+        .descriptor_type(ty)
 }

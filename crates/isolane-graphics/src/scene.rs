@@ -88,7 +88,11 @@ impl Palette {
 }
 
 /// Checks that the frame has the renderer's size and the bytes its size needs.
-pub(crate) fn check_frame(frame: &FrameRef<'_>, width: u32, height: u32) -> Result<(), GraphicsError> {
+pub(crate) fn check_frame(
+    frame: &FrameRef<'_>,
+    width: u32,
+    height: u32,
+) -> Result<(), GraphicsError> {
     if (frame.width, frame.height) != (width, height) {
         return Err(GraphicsError::FrameSize {
             got_width: frame.width,
@@ -104,7 +108,10 @@ pub(crate) fn check_frame(frame: &FrameRef<'_>, width: u32, height: u32) -> Resu
 pub(crate) fn check_overlay(overlay: &Overlay<'_>) -> Result<(), GraphicsError> {
     if let Some(mask) = &overlay.mask {
         if mask.width == 0 || mask.height == 0 {
-            return Err(GraphicsError::EmptyMask { width: mask.width, height: mask.height });
+            return Err(GraphicsError::EmptyMask {
+                width: mask.width,
+                height: mask.height,
+            });
         }
         check_length("mask", mask.classes.len(), mask.width, mask.height, 1)?;
     }
@@ -152,16 +159,34 @@ mod tests {
     use super::*;
 
     fn good_box() -> BoxOverlay {
-        BoxOverlay { x0: 1.0, y0: 2.0, x1: 3.0, y1: 4.0, class: 1, score: 0.9 }
+        BoxOverlay {
+            x0: 1.0,
+            y0: 2.0,
+            x1: 3.0,
+            y1: 4.0,
+            class: 1,
+            score: 0.9,
+        }
     }
 
     #[test]
     fn a_frame_of_another_size_or_length_is_refused() {
         let rgba = vec![0u8; 4 * 4 * 4];
-        let frame = FrameRef { width: 4, height: 4, rgba: &rgba };
+        let frame = FrameRef {
+            width: 4,
+            height: 4,
+            rgba: &rgba,
+        };
         assert!(check_frame(&frame, 4, 4).is_ok());
-        assert!(matches!(check_frame(&frame, 8, 4), Err(GraphicsError::FrameSize { .. })));
-        let short = FrameRef { width: 4, height: 4, rgba: &rgba[1..] };
+        assert!(matches!(
+            check_frame(&frame, 8, 4),
+            Err(GraphicsError::FrameSize { .. })
+        ));
+        let short = FrameRef {
+            width: 4,
+            height: 4,
+            rgba: &rgba[1..],
+        };
         let err = check_frame(&short, 4, 4).unwrap_err();
         assert_eq!(err.to_string(), "the frame has 63 bytes, 4x4 needs 64");
     }
@@ -169,26 +194,74 @@ mod tests {
     #[test]
     fn masks_need_a_size_and_one_byte_per_pixel() {
         let classes = [0u8; 6];
-        let ok = Overlay { boxes: &[], mask: Some(MaskRef { width: 3, height: 2, classes: &classes }) };
+        let ok = Overlay {
+            boxes: &[],
+            mask: Some(MaskRef {
+                width: 3,
+                height: 2,
+                classes: &classes,
+            }),
+        };
         assert!(check_overlay(&ok).is_ok());
-        let empty = Overlay { boxes: &[], mask: Some(MaskRef { width: 0, height: 2, classes: &[] }) };
-        assert!(matches!(check_overlay(&empty), Err(GraphicsError::EmptyMask { .. })));
-        let long = Overlay { boxes: &[], mask: Some(MaskRef { width: 2, height: 2, classes: &classes }) };
-        assert!(matches!(check_overlay(&long), Err(GraphicsError::DataLength { what: "mask", .. })));
+        let empty = Overlay {
+            boxes: &[],
+            mask: Some(MaskRef {
+                width: 0,
+                height: 2,
+                classes: &[],
+            }),
+        };
+        assert!(matches!(
+            check_overlay(&empty),
+            Err(GraphicsError::EmptyMask { .. })
+        ));
+        let long = Overlay {
+            boxes: &[],
+            mask: Some(MaskRef {
+                width: 2,
+                height: 2,
+                classes: &classes,
+            }),
+        };
+        assert!(matches!(
+            check_overlay(&long),
+            Err(GraphicsError::DataLength { what: "mask", .. })
+        ));
     }
 
     #[test]
     fn boxes_with_nan_or_inverted_edges_are_refused_by_index() {
-        let nan = BoxOverlay { score: f32::NAN, ..good_box() };
-        let inverted = BoxOverlay { x0: 5.0, ..good_box() };
+        let nan = BoxOverlay {
+            score: f32::NAN,
+            ..good_box()
+        };
+        let inverted = BoxOverlay {
+            x0: 5.0,
+            ..good_box()
+        };
         for bad in [nan, inverted] {
             let boxes = [good_box(), bad];
-            let err = check_overlay(&Overlay { boxes: &boxes, mask: None }).unwrap_err();
-            assert!(matches!(err, GraphicsError::BadBox { index: 1, .. }), "{err}");
+            let err = check_overlay(&Overlay {
+                boxes: &boxes,
+                mask: None,
+            })
+            .unwrap_err();
+            assert!(
+                matches!(err, GraphicsError::BadBox { index: 1, .. }),
+                "{err}"
+            );
         }
         // Off the frame is fine: it is clipped.
-        let outside = BoxOverlay { x0: -50.0, x1: 1e6, ..good_box() };
-        assert!(check_overlay(&Overlay { boxes: &[outside], mask: None }).is_ok());
+        let outside = BoxOverlay {
+            x0: -50.0,
+            x1: 1e6,
+            ..good_box()
+        };
+        assert!(check_overlay(&Overlay {
+            boxes: &[outside],
+            mask: None
+        })
+        .is_ok());
     }
 
     #[test]

@@ -110,7 +110,10 @@ pub struct DeviceInfo {
 }
 
 /// The index (in `devices`) of the device to use.
-pub fn choose(devices: &[DeviceInfo], preference: &DevicePreference) -> Result<usize, GraphicsError> {
+pub fn choose(
+    devices: &[DeviceInfo],
+    preference: &DevicePreference,
+) -> Result<usize, GraphicsError> {
     let usable = || devices.iter().enumerate().filter(|(_, d)| d.can_draw);
     if usable().next().is_none() {
         return Err(GraphicsError::NoDevice);
@@ -128,7 +131,9 @@ pub fn choose(devices: &[DeviceInfo], preference: &DevicePreference) -> Result<u
         DevicePreference::Index(index) => usable().find(|(i, _)| i == index).map(|(i, _)| i),
         DevicePreference::Name(part) => {
             let part = part.to_lowercase();
-            usable().find(|(_, d)| d.name.to_lowercase().contains(&part)).map(|(i, _)| i)
+            usable()
+                .find(|(_, d)| d.name.to_lowercase().contains(&part))
+                .map(|(i, _)| i)
         }
     };
     chosen.ok_or_else(|| GraphicsError::NoMatchingDevice {
@@ -158,7 +163,12 @@ mod tests {
     use super::*;
 
     fn device(name: &str, kind: DeviceKind, vendor_id: u32) -> DeviceInfo {
-        DeviceInfo { name: name.into(), kind, vendor_id, can_draw: true }
+        DeviceInfo {
+            name: name.into(),
+            kind,
+            vendor_id,
+            can_draw: true,
+        }
     }
 
     fn lavapipe() -> DeviceInfo {
@@ -166,7 +176,11 @@ mod tests {
     }
 
     fn h100() -> DeviceInfo {
-        device("NVIDIA H100 80GB HBM3", DeviceKind::Discrete, NVIDIA_VENDOR_ID)
+        device(
+            "NVIDIA H100 80GB HBM3",
+            DeviceKind::Discrete,
+            NVIDIA_VENDOR_ID,
+        )
     }
 
     #[test]
@@ -178,7 +192,10 @@ mod tests {
     #[test]
     fn auto_prefers_nvidia_among_discrete_gpus() {
         let other = device("Other GPU", DeviceKind::Discrete, 0x1002);
-        assert_eq!(choose(&[other, h100()], &DevicePreference::Auto).unwrap(), 1);
+        assert_eq!(
+            choose(&[other, h100()], &DevicePreference::Auto).unwrap(),
+            1
+        );
     }
 
     #[test]
@@ -219,18 +236,45 @@ mod tests {
     fn devices_that_cannot_draw_are_never_chosen() {
         let mut compute_only = h100();
         compute_only.can_draw = false;
-        assert_eq!(choose(&[compute_only.clone(), lavapipe()], &DevicePreference::Auto).unwrap(), 1);
-        assert!(matches!(choose(&[compute_only], &DevicePreference::Auto), Err(GraphicsError::NoDevice)));
-        assert!(matches!(choose(&[], &DevicePreference::Auto), Err(GraphicsError::NoDevice)));
+        assert_eq!(
+            choose(&[compute_only.clone(), lavapipe()], &DevicePreference::Auto).unwrap(),
+            1
+        );
+        assert!(matches!(
+            choose(&[compute_only], &DevicePreference::Auto),
+            Err(GraphicsError::NoDevice)
+        ));
+        assert!(matches!(
+            choose(&[], &DevicePreference::Auto),
+            Err(GraphicsError::NoDevice)
+        ));
     }
 
     #[test]
     fn preferences_parse() {
-        assert_eq!("auto".parse::<DevicePreference>().unwrap(), DevicePreference::Auto);
-        assert_eq!(" GPU ".parse::<DevicePreference>().unwrap(), DevicePreference::Gpu);
-        assert_eq!("cpu".parse::<DevicePreference>().unwrap(), DevicePreference::Cpu);
-        assert_eq!("0".parse::<DevicePreference>().unwrap(), DevicePreference::Index(0));
-        assert_eq!("H100".parse::<DevicePreference>().unwrap(), DevicePreference::Name("H100".into()));
-        assert!(matches!("  ".parse::<DevicePreference>(), Err(GraphicsError::BadDevicePreference(_))));
+        assert_eq!(
+            "auto".parse::<DevicePreference>().unwrap(),
+            DevicePreference::Auto
+        );
+        assert_eq!(
+            " GPU ".parse::<DevicePreference>().unwrap(),
+            DevicePreference::Gpu
+        );
+        assert_eq!(
+            "cpu".parse::<DevicePreference>().unwrap(),
+            DevicePreference::Cpu
+        );
+        assert_eq!(
+            "0".parse::<DevicePreference>().unwrap(),
+            DevicePreference::Index(0)
+        );
+        assert_eq!(
+            "H100".parse::<DevicePreference>().unwrap(),
+            DevicePreference::Name("H100".into())
+        );
+        assert!(matches!(
+            "  ".parse::<DevicePreference>(),
+            Err(GraphicsError::BadDevicePreference(_))
+        ));
     }
 }

@@ -3,31 +3,66 @@
 
 mod common;
 
-use common::{assert_matches_reference, frame_pixels, mask, mask_classes, renderer, spread_boxes, FRAME_ALPHA};
+use common::{
+    assert_matches_reference, frame_pixels, mask, mask_classes, renderer, spread_boxes, FRAME_ALPHA,
+};
 use isolane_graphics::{BoxOverlay, FrameRef, GraphicsError, Overlay, Palette, RendererConfig};
 
 const W: u32 = 64;
 const H: u32 = 48;
 
 fn config() -> RendererConfig {
-    RendererConfig { min_score: 0.5, ..RendererConfig::new(W, H) }
+    RendererConfig {
+        min_score: 0.5,
+        ..RendererConfig::new(W, H)
+    }
 }
 
 #[test]
 fn box_edges_mask_blend_and_untouched_pixels_are_where_they_belong() {
-    let Some(mut r) = renderer(config()) else { return };
+    let Some(mut r) = renderer(config()) else {
+        return;
+    };
     let rgba = frame_pixels(W, H, 0);
-    let frame = FrameRef { width: W, height: H, rgba: &rgba };
+    let frame = FrameRef {
+        width: W,
+        height: H,
+        rgba: &rgba,
+    };
     // Half-resolution mask: class 2 over frame x 0..32, y 0..24; class 3 over x 48..64, y 24..48.
     let classes = mask_classes(W / 2, H / 2);
     let boxes = [
-        BoxOverlay { x0: 10.0, y0: 30.0, x1: 40.0, y1: 44.0, class: 1, score: 0.9 },
+        BoxOverlay {
+            x0: 10.0,
+            y0: 30.0,
+            x1: 40.0,
+            y1: 44.0,
+            class: 1,
+            score: 0.9,
+        },
         // Half off the frame: clipped.
-        BoxOverlay { x0: 50.0, y0: -5.0, x1: 80.0, y1: 10.0, class: 4, score: 0.8 },
+        BoxOverlay {
+            x0: 50.0,
+            y0: -5.0,
+            x1: 80.0,
+            y1: 10.0,
+            class: 4,
+            score: 0.8,
+        },
         // Below min_score: not drawn.
-        BoxOverlay { x0: 2.0, y0: 2.0, x1: 20.0, y1: 20.0, class: 5, score: 0.1 },
+        BoxOverlay {
+            x0: 2.0,
+            y0: 2.0,
+            x1: 20.0,
+            y1: 20.0,
+            class: 5,
+            score: 0.1,
+        },
     ];
-    let overlay = Overlay { boxes: &boxes, mask: Some(mask(W / 2, H / 2, &classes)) };
+    let overlay = Overlay {
+        boxes: &boxes,
+        mask: Some(mask(W / 2, H / 2, &classes)),
+    };
     let timing = r.render(frame, &overlay).unwrap();
     let got = r.read_back().unwrap();
     let px = |x: u32, y: u32| got[((y * W + x) * 4) as usize..][..4].to_vec();
@@ -37,7 +72,11 @@ fn box_edges_mask_blend_and_untouched_pixels_are_where_they_belong() {
 
     // Box 0's outline (2 px) in class 1's colour, its inside and outside the frame's pixels.
     assert_eq!(px(10, 35), opaque(palette.colour(1)), "left edge");
-    assert_eq!(px(11, 35), opaque(palette.colour(1)), "left edge, second pixel");
+    assert_eq!(
+        px(11, 35),
+        opaque(palette.colour(1)),
+        "left edge, second pixel"
+    );
     assert_eq!(px(39, 43), opaque(palette.colour(1)), "bottom-right corner");
     assert_eq!(px(12, 35), frame_px(12, 35), "just inside the outline");
     assert_eq!(px(9, 35), frame_px(9, 35), "just outside the box");
@@ -52,35 +91,74 @@ fn box_edges_mask_blend_and_untouched_pixels_are_where_they_belong() {
     let (f, c) = (frame_px(5, 5), palette.colour(2));
     for ch in 0..3 {
         let expected = (f32::from(f[ch]) + f32::from(c[ch])) / 2.0;
-        assert!((f32::from(px(5, 5)[ch]) - expected).abs() <= 1.0, "mask blend, channel {ch}: {:?}", px(5, 5));
+        assert!(
+            (f32::from(px(5, 5)[ch]) - expected).abs() <= 1.0,
+            "mask blend, channel {ch}: {:?}",
+            px(5, 5)
+        );
     }
-    assert_eq!(px(5, 5)[3], FRAME_ALPHA, "the blend keeps the frame's alpha");
+    assert_eq!(
+        px(5, 5)[3],
+        FRAME_ALPHA,
+        "the blend keeps the frame's alpha"
+    );
     assert_eq!(px(32, 5), frame_px(32, 5), "right of the class-2 region");
 
     let blended = assert_matches_reference(r.config(), &frame, &overlay, &got);
     assert!(blended > 500, "{blended} blended pixels");
     assert!(timing.cpu_ms > 0.0 && timing.cpu_upload_ms <= timing.cpu_ms);
     if let Some(gpu) = timing.gpu {
-        assert!(gpu.total_ms >= gpu.draw_ms && gpu.total_ms >= gpu.upload_ms, "{gpu:?}");
+        assert!(
+            gpu.total_ms >= gpu.draw_ms && gpu.total_ms >= gpu.upload_ms,
+            "{gpu:?}"
+        );
     }
 }
 
 #[test]
 fn later_frames_reuse_the_renderer_and_leave_nothing_behind() {
-    let Some(mut r) = renderer(config()) else { return };
+    let Some(mut r) = renderer(config()) else {
+        return;
+    };
     let (a, b) = (frame_pixels(W, H, 1), frame_pixels(W, H, 99));
     let classes = mask_classes(W, H);
     let boxes = spread_boxes(W, H, 5);
-    let first = Overlay { boxes: &boxes, mask: Some(mask(W, H, &classes)) };
-    r.render(FrameRef { width: W, height: H, rgba: &a }, &first).unwrap();
+    let first = Overlay {
+        boxes: &boxes,
+        mask: Some(mask(W, H, &classes)),
+    };
+    r.render(
+        FrameRef {
+            width: W,
+            height: H,
+            rgba: &a,
+        },
+        &first,
+    )
+    .unwrap();
     // No mask, no boxes: exactly the new frame.
-    r.render(FrameRef { width: W, height: H, rgba: &b }, &Overlay::default()).unwrap();
+    r.render(
+        FrameRef {
+            width: W,
+            height: H,
+            rgba: &b,
+        },
+        &Overlay::default(),
+    )
+    .unwrap();
     assert_eq!(r.read_back().unwrap(), b);
     // More boxes than the first buffer holds (it grows), and a mask of another size.
     let many = spread_boxes(W, H, 150);
     let small = mask_classes(7, 5);
-    let frame = FrameRef { width: W, height: H, rgba: &a };
-    let overlay = Overlay { boxes: &many, mask: Some(mask(7, 5, &small)) };
+    let frame = FrameRef {
+        width: W,
+        height: H,
+        rgba: &a,
+    };
+    let overlay = Overlay {
+        boxes: &many,
+        mask: Some(mask(7, 5, &small)),
+    };
     r.render(frame, &overlay).unwrap();
     let got = r.read_back().unwrap();
     assert_matches_reference(r.config(), &frame, &overlay, &got);
@@ -88,10 +166,23 @@ fn later_frames_reuse_the_renderer_and_leave_nothing_behind() {
 
 #[test]
 fn save_png_writes_what_read_back_returns() {
-    let Some(mut r) = renderer(config()) else { return };
+    let Some(mut r) = renderer(config()) else {
+        return;
+    };
     let rgba = frame_pixels(W, H, 5);
     let boxes = spread_boxes(W, H, 3);
-    r.render(FrameRef { width: W, height: H, rgba: &rgba }, &Overlay { boxes: &boxes, mask: None }).unwrap();
+    r.render(
+        FrameRef {
+            width: W,
+            height: H,
+            rgba: &rgba,
+        },
+        &Overlay {
+            boxes: &boxes,
+            mask: None,
+        },
+    )
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("frame.png");
     r.save_png(&path).unwrap();
@@ -102,18 +193,56 @@ fn save_png_writes_what_read_back_returns() {
 
 #[test]
 fn bad_input_is_a_typed_error_and_the_renderer_goes_on() {
-    let Some(mut r) = renderer(config()) else { return };
+    let Some(mut r) = renderer(config()) else {
+        return;
+    };
     assert!(matches!(r.read_back(), Err(GraphicsError::NothingRendered)));
     let small = frame_pixels(8, 8, 0);
-    let wrong_size = r.render(FrameRef { width: 8, height: 8, rgba: &small }, &Overlay::default());
-    assert!(matches!(wrong_size, Err(GraphicsError::FrameSize { .. })), "{wrong_size:?}");
+    let wrong_size = r.render(
+        FrameRef {
+            width: 8,
+            height: 8,
+            rgba: &small,
+        },
+        &Overlay::default(),
+    );
+    assert!(
+        matches!(wrong_size, Err(GraphicsError::FrameSize { .. })),
+        "{wrong_size:?}"
+    );
     let rgba = frame_pixels(W, H, 0);
-    let frame = FrameRef { width: W, height: H, rgba: &rgba };
-    let nan = [BoxOverlay { x0: f32::NAN, y0: 0.0, x1: 1.0, y1: 1.0, class: 1, score: 1.0 }];
-    assert!(matches!(r.render(frame, &Overlay { boxes: &nan, mask: None }), Err(GraphicsError::BadBox { index: 0, .. })));
+    let frame = FrameRef {
+        width: W,
+        height: H,
+        rgba: &rgba,
+    };
+    let nan = [BoxOverlay {
+        x0: f32::NAN,
+        y0: 0.0,
+        x1: 1.0,
+        y1: 1.0,
+        class: 1,
+        score: 1.0,
+    }];
+    assert!(matches!(
+        r.render(
+            frame,
+            &Overlay {
+                boxes: &nan,
+                mask: None
+            }
+        ),
+        Err(GraphicsError::BadBox { index: 0, .. })
+    ));
     let short = [0u8; 3];
-    let bad_mask = Overlay { boxes: &[], mask: Some(mask(2, 2, &short)) };
-    assert!(matches!(r.render(frame, &bad_mask), Err(GraphicsError::DataLength { what: "mask", .. })));
+    let bad_mask = Overlay {
+        boxes: &[],
+        mask: Some(mask(2, 2, &short)),
+    };
+    assert!(matches!(
+        r.render(frame, &bad_mask),
+        Err(GraphicsError::DataLength { what: "mask", .. })
+    ));
     r.render(frame, &Overlay::default()).unwrap();
     assert_eq!(r.read_back().unwrap(), rgba);
 }
@@ -122,9 +251,17 @@ fn bad_input_is_a_typed_error_and_the_renderer_goes_on() {
 fn the_device_is_named_and_a_missing_one_is_refused() {
     let Some(r) = renderer(config()) else { return };
     assert!(!r.device_name().is_empty());
-    let missing = RendererConfig { device: "no such device".parse().unwrap(), ..config() };
+    let missing = RendererConfig {
+        device: "no such device".parse().unwrap(),
+        ..config()
+    };
     match isolane_graphics::Renderer::new(missing) {
-        Err(GraphicsError::NoMatchingDevice { available, .. }) => assert!(available.contains(r.device_name())),
-        other => panic!("expected NoMatchingDevice, got {:?}", other.map(|r| r.device_name().to_string())),
+        Err(GraphicsError::NoMatchingDevice { available, .. }) => {
+            assert!(available.contains(r.device_name()))
+        }
+        other => panic!(
+            "expected NoMatchingDevice, got {:?}",
+            other.map(|r| r.device_name().to_string())
+        ),
     }
 }

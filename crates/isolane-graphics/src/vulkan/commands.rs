@@ -31,33 +31,42 @@ impl Commands {
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER)
             .queue_family_index(ctx.queue_family);
         // SAFETY: a valid device and one of its queue families.
-        self.pool = unsafe { device.create_command_pool(&info, None) }.call("vkCreateCommandPool")?;
+        self.pool =
+            unsafe { device.create_command_pool(&info, None) }.call("vkCreateCommandPool")?;
         let allocate = vk::CommandBufferAllocateInfo::default()
             .command_pool(self.pool)
             .level(vk::CommandBufferLevel::PRIMARY)
             .command_buffer_count(1);
         // SAFETY: a pool of this device.
-        self.buffer = unsafe { device.allocate_command_buffers(&allocate) }.call("vkAllocateCommandBuffers")?[0];
+        self.buffer = unsafe { device.allocate_command_buffers(&allocate) }
+            .call("vkAllocateCommandBuffers")?[0];
         // SAFETY: a valid device.
-        self.fence = unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) }.call("vkCreateFence")?;
+        self.fence = unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) }
+            .call("vkCreateFence")?;
         if ctx.timestamps.is_some() {
-            let info = vk::QueryPoolCreateInfo::default().query_type(vk::QueryType::TIMESTAMP).query_count(QUERIES);
+            let info = vk::QueryPoolCreateInfo::default()
+                .query_type(vk::QueryType::TIMESTAMP)
+                .query_count(QUERIES);
             // SAFETY: a valid device whose queue family has timestamps.
-            self.queries = unsafe { device.create_query_pool(&info, None) }.call("vkCreateQueryPool")?;
+            self.queries =
+                unsafe { device.create_query_pool(&info, None) }.call("vkCreateQueryPool")?;
         }
         Ok(())
     }
 
     /// Resets the command buffer and starts recording into it.
     pub fn begin(&self, device: &ash::Device) -> Result<(), GraphicsError> {
-        let begin = vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
         // SAFETY: the buffer is not in use (every submission is waited for) and its pool allows
         // resetting it.
         unsafe {
             device
                 .reset_command_buffer(self.buffer, vk::CommandBufferResetFlags::empty())
                 .call("vkResetCommandBuffer")?;
-            device.begin_command_buffer(self.buffer, &begin).call("vkBeginCommandBuffer")
+            device
+                .begin_command_buffer(self.buffer, &begin)
+                .call("vkBeginCommandBuffer")
         }
     }
 
@@ -71,10 +80,16 @@ impl Commands {
         // submission, so that a failed submission leaves nothing behind) and the queue is only
         // used from `&mut Renderer` methods.
         unsafe {
-            device.end_command_buffer(self.buffer).call("vkEndCommandBuffer")?;
+            device
+                .end_command_buffer(self.buffer)
+                .call("vkEndCommandBuffer")?;
             device.reset_fences(&[self.fence]).call("vkResetFences")?;
-            device.queue_submit(ctx.queue, &[submit], self.fence).call("vkQueueSubmit")?;
-            device.wait_for_fences(&[self.fence], true, timeout).call("vkWaitForFences")
+            device
+                .queue_submit(ctx.queue, &[submit], self.fence)
+                .call("vkQueueSubmit")?;
+            device
+                .wait_for_fences(&[self.fence], true, timeout)
+                .call("vkWaitForFences")
         }
     }
 
@@ -97,7 +112,10 @@ impl Commands {
     }
 
     /// The raw timestamps of the last frame, after its submission was waited for.
-    pub fn read_timestamps(&self, device: &ash::Device) -> Result<Option<[u64; QUERIES as usize]>, GraphicsError> {
+    pub fn read_timestamps(
+        &self,
+        device: &ash::Device,
+    ) -> Result<Option<[u64; QUERIES as usize]>, GraphicsError> {
         if self.queries == vk::QueryPool::null() {
             return Ok(None);
         }

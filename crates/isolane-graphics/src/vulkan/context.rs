@@ -8,6 +8,10 @@ use crate::error::VkContext;
 use crate::select::{choose, DeviceInfo, DeviceKind};
 use crate::{DevicePreference, GraphicsError};
 
+/// Vulkan 1.1: naga's SPIR-V declares storage buffers the 1.1 way (SPV_KHR_storage_buffer_storage_class,
+/// core in 1.1). Every current driver has it (lavapipe, NVIDIA: 1.3).
+const API_VERSION: u32 = vk::API_VERSION_1_1;
+
 /// Everything a renderer draws with, owned: dropping it destroys the device and the instance
 /// (the renderer destroys its own objects first).
 pub(crate) struct Context {
@@ -28,17 +32,23 @@ impl Context {
     pub fn new(preference: &DevicePreference) -> Result<Self, GraphicsError> {
         // SAFETY: loading libvulkan runs its initialisers; the loader is a well-behaved system
         // library, and the Entry is kept for as long as anything made from it.
-        let entry = unsafe { ash::Entry::load() }.map_err(|e| GraphicsError::LoaderMissing(e.to_string()))?;
+        let entry = unsafe { ash::Entry::load() }
+            .map_err(|e| GraphicsError::LoaderMissing(e.to_string()))?;
         let app = vk::ApplicationInfo::default()
             .application_name(c"isolane")
-            .api_version(vk::API_VERSION_1_0);
+            .api_version(API_VERSION);
         let create = vk::InstanceCreateInfo::default().application_info(&app);
         // SAFETY: `create` and what it points to outlive the call.
         let instance = match unsafe { entry.create_instance(&create, None) } {
             Ok(instance) => instance,
             // What the loader answers when it found no driver at all.
             Err(vk::Result::ERROR_INCOMPATIBLE_DRIVER) => return Err(GraphicsError::NoDevice),
-            Err(result) => return Err(GraphicsError::Vulkan { call: "vkCreateInstance", result }),
+            Err(result) => {
+                return Err(GraphicsError::Vulkan {
+                    call: "vkCreateInstance",
+                    result,
+                })
+            }
         };
         match open_device(&instance, preference) {
             Ok(parts) => Ok(Self {
@@ -82,9 +92,13 @@ struct DeviceParts {
     timestamps: Option<(f64, u64)>,
 }
 
-fn open_device(instance: &ash::Instance, preference: &DevicePreference) -> Result<DeviceParts, GraphicsError> {
+fn open_device(
+    instance: &ash::Instance,
+    preference: &DevicePreference,
+) -> Result<DeviceParts, GraphicsError> {
     // SAFETY: a valid instance.
-    let physicals = unsafe { instance.enumerate_physical_devices() }.call("vkEnumeratePhysicalDevices")?;
+    let physicals =
+        unsafe { instance.enumerate_physical_devices() }.call("vkEnumeratePhysicalDevices")?;
     let described: Vec<(DeviceInfo, Option<vk::QueueFamilyProperties>, usize)> =
         physicals.iter().map(|&p| describe(instance, p)).collect();
     let infos: Vec<DeviceInfo> = described.iter().map(|(info, _, _)| info.clone()).collect();
@@ -104,9 +118,11 @@ fn open_device(instance: &ash::Instance, preference: &DevicePreference) -> Resul
     let queue_info = vk::DeviceQueueCreateInfo::default()
         .queue_family_index(queue_family)
         .queue_priorities(&priorities);
-    let create = vk::DeviceCreateInfo::default().queue_create_infos(std::slice::from_ref(&queue_info));
+    let create =
+        vk::DeviceCreateInfo::default().queue_create_infos(std::slice::from_ref(&queue_info));
     // SAFETY: `create` and what it points to outlive the call; the family index is the device's.
-    let device = unsafe { instance.create_device(physical, &create, None) }.call("vkCreateDevice")?;
+    let device =
+        unsafe { instance.create_device(physical, &create, None) }.call("vkCreateDevice")?;
     // SAFETY: queue 0 of a family the device was created with.
     let queue = unsafe { device.get_device_queue(queue_family, 0) };
     Ok(DeviceParts {
@@ -116,12 +132,15 @@ fn open_device(instance: &ash::Instance, preference: &DevicePreference) -> Resul
         memory,
         limits: properties.limits,
         info,
-        timestamps: timestamp_scale(family.timestamp_valid_bits, properties.limits.timestamp_period),
+        timestamps: timestamp_scale(
+            family.timestamp_valid_bits,
+            properties.limits.timestamp_period,
+        ),
     })
 }
 
 /// The device's description and its first queue family that can draw (preferring one with
-/// timestamps), with that family's index.
+/// timestamps), with that family's index. A device below Vulkan 1.1 counts as unable to draw.
 fn describe(
     instance: &ash::Instance,
     physical: vk::PhysicalDevice,
@@ -133,7 +152,8 @@ fn describe(
             instance.get_physical_device_queue_family_properties(physical),
         )
     };
-    let graphics = |f: &&vk::QueueFamilyProperties| f.queue_flags.contains(vk::QueueFlags::GRAPHICS);
+    let graphics =
+        |f: &&vk::QueueFamilyProperties| f.queue_flags.contains(vk::QueueFlags::GRAPHICS);
     let family = families
         .iter()
         .enumerate()
@@ -149,7 +169,7 @@ fn describe(
         name,
         kind: kind(properties.device_type),
         vendor_id: properties.vendor_id,
-        can_draw: family.is_some(),
+        can_draw: family.is_some() && properties.api_version >= API_VERSION,
     };
     let index = family.map_or(0, |(i, _)| i);
     (info, family.map(|(_, f)| f), index)
@@ -170,7 +190,11 @@ fn timestamp_scale(valid_bits: u32, period_ns: f32) -> Option<(f64, u64)> {
     if valid_bits == 0 || period_ns <= 0.0 {
         return None;
     }
-    let mask = if valid_bits >= 64 { u64::MAX } else { (1u64 << valid_bits) - 1 };
+    let mask = if valid_bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << valid_bits) - 1
+    };
     Some((f64::from(period_ns), mask))
 }
 

@@ -56,7 +56,10 @@ impl HostBuffer {
         what: &'static str,
         cached: bool,
     ) -> Result<Self, GraphicsError> {
-        let mut made = Self { size, ..Self::default() };
+        let mut made = Self {
+            size,
+            ..Self::default()
+        };
         match made.create(ctx, usage, what, cached) {
             Ok(()) => Ok(made),
             Err(e) => {
@@ -82,18 +85,29 @@ impl HostBuffer {
         self.buffer = unsafe { device.create_buffer(&info, None) }.call("vkCreateBuffer")?;
         // SAFETY: the buffer was just created on this device.
         let needs = unsafe { device.get_buffer_memory_requirements(self.buffer) };
-        let required = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
-        let preferred = if cached { vk::MemoryPropertyFlags::HOST_CACHED } else { vk::MemoryPropertyFlags::empty() };
+        let required =
+            vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        let preferred = if cached {
+            vk::MemoryPropertyFlags::HOST_CACHED
+        } else {
+            vk::MemoryPropertyFlags::empty()
+        };
         let type_index = find_memory_type(&ctx.memory, needs.memory_type_bits, required, preferred)
             .ok_or(GraphicsError::NoMemoryType(what))?;
-        let allocate = vk::MemoryAllocateInfo::default().allocation_size(needs.size).memory_type_index(type_index);
+        let allocate = vk::MemoryAllocateInfo::default()
+            .allocation_size(needs.size)
+            .memory_type_index(type_index);
         // SAFETY: a memory type of this device allowed for the buffer, at its required size.
-        self.memory = unsafe { device.allocate_memory(&allocate, None) }.call("vkAllocateMemory")?;
+        self.memory =
+            unsafe { device.allocate_memory(&allocate, None) }.call("vkAllocateMemory")?;
         // SAFETY: fresh memory of the buffer's required size, offset 0, bound once.
-        unsafe { device.bind_buffer_memory(self.buffer, self.memory, 0) }.call("vkBindBufferMemory")?;
+        unsafe { device.bind_buffer_memory(self.buffer, self.memory, 0) }
+            .call("vkBindBufferMemory")?;
         // SAFETY: host-visible memory, not mapped before; it stays mapped until it is freed.
-        let mapped = unsafe { device.map_memory(self.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()) }
-            .call("vkMapMemory")?;
+        let mapped = unsafe {
+            device.map_memory(self.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+        }
+        .call("vkMapMemory")?;
         self.mapped = mapped.cast();
         Ok(())
     }
@@ -167,7 +181,11 @@ impl DeviceImage {
         usage: vk::ImageUsageFlags,
         what: &'static str,
     ) -> Result<Self, GraphicsError> {
-        let mut made = Self { width, height, ..Self::default() };
+        let mut made = Self {
+            width,
+            height,
+            ..Self::default()
+        };
         match made.create(ctx, format, usage, what) {
             Ok(()) => Ok(made),
             Err(e) => {
@@ -188,7 +206,11 @@ impl DeviceImage {
         let info = vk::ImageCreateInfo::default()
             .image_type(vk::ImageType::TYPE_2D)
             .format(format)
-            .extent(vk::Extent3D { width: self.width, height: self.height, depth: 1 })
+            .extent(vk::Extent3D {
+                width: self.width,
+                height: self.height,
+                depth: 1,
+            })
             .mip_levels(1)
             .array_layers(1)
             .samples(vk::SampleCountFlags::TYPE_1)
@@ -208,11 +230,15 @@ impl DeviceImage {
             vk::MemoryPropertyFlags::DEVICE_LOCAL,
         )
         .ok_or(GraphicsError::NoMemoryType(what))?;
-        let allocate = vk::MemoryAllocateInfo::default().allocation_size(needs.size).memory_type_index(type_index);
+        let allocate = vk::MemoryAllocateInfo::default()
+            .allocation_size(needs.size)
+            .memory_type_index(type_index);
         // SAFETY: a memory type of this device allowed for the image, at its required size.
-        self.memory = unsafe { device.allocate_memory(&allocate, None) }.call("vkAllocateMemory")?;
+        self.memory =
+            unsafe { device.allocate_memory(&allocate, None) }.call("vkAllocateMemory")?;
         // SAFETY: fresh memory of the image's required size, offset 0, bound once.
-        unsafe { device.bind_image_memory(self.image, self.memory, 0) }.call("vkBindImageMemory")?;
+        unsafe { device.bind_image_memory(self.image, self.memory, 0) }
+            .call("vkBindImageMemory")?;
         let view = vk::ImageViewCreateInfo::default()
             .image(self.image)
             .view_type(vk::ImageViewType::TYPE_2D)
@@ -235,7 +261,11 @@ impl DeviceImage {
     }
 
     pub fn extent(&self) -> vk::Extent3D {
-        vk::Extent3D { width: self.width, height: self.height, depth: 1 }
+        vk::Extent3D {
+            width: self.width,
+            height: self.height,
+            depth: 1,
+        }
     }
 }
 
@@ -244,7 +274,10 @@ mod tests {
     use super::*;
 
     fn memory(flags: &[vk::MemoryPropertyFlags]) -> vk::PhysicalDeviceMemoryProperties {
-        let mut props = vk::PhysicalDeviceMemoryProperties { memory_type_count: flags.len() as u32, ..Default::default() };
+        let mut props = vk::PhysicalDeviceMemoryProperties {
+            memory_type_count: flags.len() as u32,
+            ..Default::default()
+        };
         for (slot, f) in props.memory_types.iter_mut().zip(flags) {
             slot.property_flags = *f;
         }
@@ -254,12 +287,25 @@ mod tests {
     #[test]
     fn memory_types_prefer_the_preferred_flags_and_respect_the_allowed_bits() {
         use vk::MemoryPropertyFlags as F;
-        let props = memory(&[F::DEVICE_LOCAL, F::HOST_VISIBLE | F::HOST_COHERENT, F::HOST_VISIBLE | F::HOST_COHERENT | F::HOST_CACHED]);
+        let props = memory(&[
+            F::DEVICE_LOCAL,
+            F::HOST_VISIBLE | F::HOST_COHERENT,
+            F::HOST_VISIBLE | F::HOST_COHERENT | F::HOST_CACHED,
+        ]);
         let host = F::HOST_VISIBLE | F::HOST_COHERENT;
         assert_eq!(find_memory_type(&props, 0b111, host, F::empty()), Some(1));
-        assert_eq!(find_memory_type(&props, 0b111, host, F::HOST_CACHED), Some(2));
-        assert_eq!(find_memory_type(&props, 0b011, host, F::HOST_CACHED), Some(1));
+        assert_eq!(
+            find_memory_type(&props, 0b111, host, F::HOST_CACHED),
+            Some(2)
+        );
+        assert_eq!(
+            find_memory_type(&props, 0b011, host, F::HOST_CACHED),
+            Some(1)
+        );
         assert_eq!(find_memory_type(&props, 0b001, host, F::empty()), None);
-        assert_eq!(find_memory_type(&props, 0b110, F::empty(), F::DEVICE_LOCAL), Some(1));
+        assert_eq!(
+            find_memory_type(&props, 0b110, F::empty(), F::DEVICE_LOCAL),
+            Some(1)
+        );
     }
 }

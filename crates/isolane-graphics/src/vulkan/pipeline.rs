@@ -37,21 +37,30 @@ pub(crate) struct Pipelines {
 impl Pipelines {
     /// Fills in every object for a `width` x `height` target; on error what exists is left for
     /// `destroy`.
-    pub fn create(&mut self, device: &ash::Device, width: u32, height: u32) -> Result<(), GraphicsError> {
+    pub fn create(
+        &mut self,
+        device: &ash::Device,
+        width: u32,
+        height: u32,
+    ) -> Result<(), GraphicsError> {
         self.render_pass = render_pass(device)?;
         self.set_layout = set_layout(device)?;
         let layouts = [self.set_layout];
         let info = vk::PipelineLayoutCreateInfo::default().set_layouts(&layouts);
         // SAFETY: a valid device and a set layout of it.
-        self.layout = unsafe { device.create_pipeline_layout(&info, None) }.call("vkCreatePipelineLayout")?;
+        self.layout =
+            unsafe { device.create_pipeline_layout(&info, None) }.call("vkCreatePipelineLayout")?;
         let extent = vk::Extent2D { width, height };
         self.frame = pipeline(device, FRAME_SPIRV, self.layout, self.render_pass, extent)?;
         self.boxes = pipeline(device, BOXES_SPIRV, self.layout, self.render_pass, extent)?;
         self.sampler = sampler(device)?;
         self.pool = descriptor_pool(device)?;
-        let allocate = vk::DescriptorSetAllocateInfo::default().descriptor_pool(self.pool).set_layouts(&layouts);
+        let allocate = vk::DescriptorSetAllocateInfo::default()
+            .descriptor_pool(self.pool)
+            .set_layouts(&layouts);
         // SAFETY: a pool with room for exactly this one set.
-        let sets = unsafe { device.allocate_descriptor_sets(&allocate) }.call("vkAllocateDescriptorSets")?;
+        let sets = unsafe { device.allocate_descriptor_sets(&allocate) }
+            .call("vkAllocateDescriptorSets")?;
         self.set = sets[0];
         Ok(())
     }
@@ -85,7 +94,10 @@ fn render_pass(device: &ash::Device) -> Result<vk::RenderPass, GraphicsError> {
         .initial_layout(vk::ImageLayout::UNDEFINED)
         // Ready for read_back's copy.
         .final_layout(vk::ImageLayout::TRANSFER_SRC_OPTIMAL);
-    let colour = [vk::AttachmentReference { attachment: 0, layout: vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL }];
+    let colour = [vk::AttachmentReference {
+        attachment: 0,
+        layout: vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL,
+    }];
     let subpass = vk::SubpassDescription::default()
         .pipeline_bind_point(vk::PipelineBindPoint::GRAPHICS)
         .color_attachments(&colour);
@@ -94,7 +106,9 @@ fn render_pass(device: &ash::Device) -> Result<vk::RenderPass, GraphicsError> {
         vk::SubpassDependency::default()
             .src_subpass(vk::SUBPASS_EXTERNAL)
             .dst_subpass(0)
-            .src_stage_mask(vk::PipelineStageFlags::TRANSFER | vk::PipelineStageFlags::COLOR_ATTACHMENT_OUTPUT)
+            .src_stage_mask(
+                vk::PipelineStageFlags::TRANSFER | vk::PipelineStageFlags::COLOR_ATTACHMENT_OUTPUT,
+            )
             .dst_stage_mask(vk::PipelineStageFlags::COLOR_ATTACHMENT_OUTPUT)
             .dst_access_mask(vk::AccessFlags::COLOR_ATTACHMENT_WRITE),
         // The drawing is visible to the read-back's copy.
@@ -129,8 +143,16 @@ fn set_layout(device: &ash::Device) -> Result<vk::DescriptorSetLayout, GraphicsE
         entry(binding::FRAME, vk::DescriptorType::SAMPLED_IMAGE, fragment),
         entry(binding::SAMPLER, vk::DescriptorType::SAMPLER, fragment),
         entry(binding::MASK, vk::DescriptorType::SAMPLED_IMAGE, fragment),
-        entry(binding::PARAMS, vk::DescriptorType::UNIFORM_BUFFER, fragment | vk::ShaderStageFlags::VERTEX),
-        entry(binding::BOXES, vk::DescriptorType::STORAGE_BUFFER, vk::ShaderStageFlags::VERTEX),
+        entry(
+            binding::PARAMS,
+            vk::DescriptorType::UNIFORM_BUFFER,
+            fragment | vk::ShaderStageFlags::VERTEX,
+        ),
+        entry(
+            binding::BOXES,
+            vk::DescriptorType::STORAGE_BUFFER,
+            vk::ShaderStageFlags::VERTEX,
+        ),
     ];
     let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
     // SAFETY: a valid device; `info` and its array outlive the call.
@@ -138,14 +160,19 @@ fn set_layout(device: &ash::Device) -> Result<vk::DescriptorSetLayout, GraphicsE
 }
 
 fn descriptor_pool(device: &ash::Device) -> Result<vk::DescriptorPool, GraphicsError> {
-    let size = |ty, descriptor_count| vk::DescriptorPoolSize { ty, descriptor_count };
+    let size = |ty, descriptor_count| vk::DescriptorPoolSize {
+        ty,
+        descriptor_count,
+    };
     let sizes = [
         size(vk::DescriptorType::SAMPLED_IMAGE, 2),
         size(vk::DescriptorType::SAMPLER, 1),
         size(vk::DescriptorType::UNIFORM_BUFFER, 1),
         size(vk::DescriptorType::STORAGE_BUFFER, 1),
     ];
-    let info = vk::DescriptorPoolCreateInfo::default().max_sets(1).pool_sizes(&sizes);
+    let info = vk::DescriptorPoolCreateInfo::default()
+        .max_sets(1)
+        .pool_sizes(&sizes);
     // SAFETY: a valid device; `info` and its array outlive the call.
     unsafe { device.create_descriptor_pool(&info, None) }.call("vkCreateDescriptorPool")
 }
@@ -185,7 +212,8 @@ fn pipeline(
             .name(c"fs_main"),
     ];
     let vertex_input = vk::PipelineVertexInputStateCreateInfo::default();
-    let assembly = vk::PipelineInputAssemblyStateCreateInfo::default().topology(vk::PrimitiveTopology::TRIANGLE_LIST);
+    let assembly = vk::PipelineInputAssemblyStateCreateInfo::default()
+        .topology(vk::PrimitiveTopology::TRIANGLE_LIST);
     let viewports = [vk::Viewport {
         x: 0.0,
         y: 0.0,
@@ -194,15 +222,22 @@ fn pipeline(
         min_depth: 0.0,
         max_depth: 1.0,
     }];
-    let scissors = [vk::Rect2D { offset: vk::Offset2D::default(), extent }];
-    let viewport = vk::PipelineViewportStateCreateInfo::default().viewports(&viewports).scissors(&scissors);
+    let scissors = [vk::Rect2D {
+        offset: vk::Offset2D::default(),
+        extent,
+    }];
+    let viewport = vk::PipelineViewportStateCreateInfo::default()
+        .viewports(&viewports)
+        .scissors(&scissors);
     let raster = vk::PipelineRasterizationStateCreateInfo::default()
         .polygon_mode(vk::PolygonMode::FILL)
         .cull_mode(vk::CullModeFlags::NONE)
         .front_face(vk::FrontFace::COUNTER_CLOCKWISE)
         .line_width(1.0);
-    let multisample = vk::PipelineMultisampleStateCreateInfo::default().rasterization_samples(vk::SampleCountFlags::TYPE_1);
-    let blend_attachments = [vk::PipelineColorBlendAttachmentState::default().color_write_mask(vk::ColorComponentFlags::RGBA)];
+    let multisample = vk::PipelineMultisampleStateCreateInfo::default()
+        .rasterization_samples(vk::SampleCountFlags::TYPE_1);
+    let blend_attachments = [vk::PipelineColorBlendAttachmentState::default()
+        .color_write_mask(vk::ColorComponentFlags::RGBA)];
     let blend = vk::PipelineColorBlendStateCreateInfo::default().attachments(&blend_attachments);
     let info = vk::GraphicsPipelineCreateInfo::default()
         .stages(&stages)
@@ -217,16 +252,21 @@ fn pipeline(
         .subpass(0);
     // SAFETY: every state the pipeline needs is given and outlives the call; the module's
     // entry points and bindings match the layout (build.rs validated the shaders).
-    let made = unsafe { device.create_graphics_pipelines(vk::PipelineCache::null(), &[info], None) };
+    let made =
+        unsafe { device.create_graphics_pipelines(vk::PipelineCache::null(), &[info], None) };
     // SAFETY: the module is no longer needed once the pipeline is made (or failed).
     unsafe { device.destroy_shader_module(module, None) };
-    made.map(|p| p[0]).map_err(|(_, result)| GraphicsError::Vulkan { call: "vkCreateGraphicsPipelines", result })
+    made.map(|p| p[0])
+        .map_err(|(_, result)| GraphicsError::Vulkan {
+            call: "vkCreateGraphicsPipelines",
+            result,
+        })
 }
 
 fn shader_module(device: &ash::Device, spirv: &[u8]) -> Result<vk::ShaderModule, GraphicsError> {
     // read_spv copies into u32 words (include_bytes gives no alignment).
-    let words = ash::util::read_spv(&mut std::io::Cursor::new(spirv))
-        .map_err(GraphicsError::Shader)?;
+    let words =
+        ash::util::read_spv(&mut std::io::Cursor::new(spirv)).map_err(GraphicsError::Shader)?;
     let info = vk::ShaderModuleCreateInfo::default().code(&words);
     // SAFETY: SPIR-V that naga produced and validated at build time.
     unsafe { device.create_shader_module(&info, None) }.call("vkCreateShaderModule")

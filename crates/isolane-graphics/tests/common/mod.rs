@@ -3,7 +3,10 @@
 #![allow(dead_code)] // each test binary uses part of it
 
 use isolane_graphics::reference::{mask_class_at, render_reference};
-use isolane_graphics::{BoxOverlay, DevicePreference, FrameRef, GraphicsError, MaskRef, Overlay, Renderer, RendererConfig};
+use isolane_graphics::{
+    BoxOverlay, DevicePreference, FrameRef, GraphicsError, MaskRef, Overlay, Renderer,
+    RendererConfig,
+};
 
 /// Set to 1 to let the Vulkan tests pass on a machine without Vulkan (they fail otherwise).
 pub const SKIP_ENV: &str = "ISOLANE_SKIP_VULKAN";
@@ -14,7 +17,9 @@ pub const FRAME_ALPHA: u8 = 200;
 /// A renderer on the device `ISOLANE_VULKAN_DEVICE` names (automatic choice without it). Without
 /// a Vulkan loader or device it panics with the install hint, unless ISOLANE_SKIP_VULKAN=1.
 pub fn renderer(config: RendererConfig) -> Option<Renderer> {
-    let device = DevicePreference::from_env().expect("ISOLANE_VULKAN_DEVICE").unwrap_or(config.device.clone());
+    let device = DevicePreference::from_env()
+        .expect("ISOLANE_VULKAN_DEVICE")
+        .unwrap_or(config.device.clone());
     match Renderer::new(RendererConfig { device, ..config }) {
         Ok(r) => Some(r),
         Err(e @ (GraphicsError::LoaderMissing(_) | GraphicsError::NoDevice))
@@ -23,7 +28,10 @@ pub fn renderer(config: RendererConfig) -> Option<Renderer> {
             eprintln!("skipped ({SKIP_ENV}=1): {e}");
             None
         }
-        Err(e) => panic!("{e}\n(set {SKIP_ENV}=1 to skip the Vulkan tests on a machine without Vulkan)"),
+        Err(e @ (GraphicsError::LoaderMissing(_) | GraphicsError::NoDevice)) => {
+            panic!("{e}\n(set {SKIP_ENV}=1 to skip the Vulkan tests on a machine without Vulkan)")
+        }
+        Err(e) => panic!("{e}"),
     }
 }
 
@@ -80,22 +88,37 @@ pub fn spread_boxes(width: u32, height: u32, count: usize) -> Vec<BoxOverlay> {
 /// Checks the rendered image against the CPU reference: exactly where the frame or a box shows,
 /// within 1 where the mask is blended (the device may round the blend's last bit differently).
 /// Returns how many pixels were blended.
-pub fn assert_matches_reference(config: &RendererConfig, frame: &FrameRef<'_>, overlay: &Overlay<'_>, got: &[u8]) -> usize {
-    let expected = render_reference(config, frame, overlay).expect("the reference takes the same input");
+pub fn assert_matches_reference(
+    config: &RendererConfig,
+    frame: &FrameRef<'_>,
+    overlay: &Overlay<'_>,
+    got: &[u8],
+) -> usize {
+    let expected =
+        render_reference(config, frame, overlay).expect("the reference takes the same input");
     assert_eq!(got.len(), expected.len());
     let mut blended = 0;
     for y in 0..config.height {
         for x in 0..config.width {
             let at = ((y * config.width + x) * 4) as usize;
             let (g, e) = (&got[at..at + 4], &expected[at..at + 4]);
-            let masked = overlay.mask.as_ref().is_some_and(|m| mask_class_at(m, config.width, config.height, x, y) != 0);
+            let masked = overlay
+                .mask
+                .as_ref()
+                .is_some_and(|m| mask_class_at(m, config.width, config.height, x, y) != 0);
             let boxed = e[3] == 255;
             if masked && !boxed {
                 blended += 1;
                 let close = g.iter().zip(e).all(|(a, b)| a.abs_diff(*b) <= 1);
-                assert!(close, "blended pixel ({x}, {y}): got {g:?}, expected {e:?} within 1");
+                assert!(
+                    close,
+                    "blended pixel ({x}, {y}): got {g:?}, expected {e:?} within 1"
+                );
             } else {
-                assert_eq!(g, e, "pixel ({x}, {y}) (box: {boxed}): got {g:?}, expected {e:?} exactly");
+                assert_eq!(
+                    g, e,
+                    "pixel ({x}, {y}) (box: {boxed}): got {g:?}, expected {e:?} exactly"
+                );
             }
         }
     }
@@ -103,5 +126,9 @@ pub fn assert_matches_reference(config: &RendererConfig, frame: &FrameRef<'_>, o
 }
 
 pub fn mask(width: u32, height: u32, classes: &[u8]) -> MaskRef<'_> {
-    MaskRef { width, height, classes }
+    MaskRef {
+        width,
+        height,
+        classes,
+    }
 }
