@@ -521,13 +521,13 @@ fn reduce_block(len: usize) -> u32 {
     }
 }
 
-struct Events {
+pub(crate) struct Events {
     a: cu::CUevent,
     b: cu::CUevent,
 }
 
 impl Events {
-    fn new() -> Result<Events> {
+    pub(crate) fn new() -> Result<Events> {
         let (mut a, mut b) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: valid out-pointers, a context is current.
         unsafe {
@@ -537,7 +537,11 @@ impl Events {
         Ok(Events { a, b })
     }
     /// Milliseconds between two records on `stream` around `f`.
-    fn time(&self, stream: cu::CUstream, f: &mut dyn FnMut() -> Result<()>) -> Result<f32> {
+    pub(crate) fn time(
+        &self,
+        stream: cu::CUstream,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<f32> {
         let mut ms = 0f32;
         // SAFETY: events and stream are live.
         unsafe {
