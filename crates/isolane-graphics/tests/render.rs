@@ -165,6 +165,58 @@ fn later_frames_reuse_the_renderer_and_leave_nothing_behind() {
 }
 
 #[test]
+fn fractional_edges_cover_the_pixels_whose_centres_are_inside() {
+    let rgba = frame_pixels(W, H, 2);
+    // Edges 0.2 px or more from every pixel centre: far beyond a rasterizer's sub-pixel
+    // precision, so the coverage rule decides alone. Line width 2.6 as well.
+    let boxes = [
+        BoxOverlay {
+            x0: 10.3,
+            y0: 5.8,
+            x1: 30.7,
+            y1: 20.2,
+            class: 1,
+            score: 0.9,
+        },
+        BoxOverlay {
+            x0: 40.1,
+            y0: 25.4,
+            x1: 45.9,
+            y1: 46.6,
+            class: 6,
+            score: 0.9,
+        },
+    ];
+    let config = RendererConfig {
+        line_width: 2.6,
+        ..config()
+    };
+    let Some(mut r) = renderer(config.clone()) else {
+        return;
+    };
+    let frame = FrameRef {
+        width: W,
+        height: H,
+        rgba: &rgba,
+    };
+    let overlay = Overlay {
+        boxes: &boxes,
+        mask: None,
+    };
+    r.render(frame, &overlay).unwrap();
+    let got = r.read_back().unwrap();
+    assert_matches_reference(&config, &frame, &overlay, &got);
+    // Box 0's left band covers x 10.3..12.9: pixels 10 (centre 10.5), 11 and 12 (12.5), not 13.
+    let px = |x: u32, y: u32| got[((y * W + x) * 4) as usize..][..4].to_vec();
+    let red = vec![255, 0, 0, 255];
+    assert_eq!((px(10, 12), px(12, 12)), (red.clone(), red));
+    assert_eq!(
+        px(13, 12),
+        rgba[((12 * W + 13) * 4) as usize..][..4].to_vec()
+    );
+}
+
+#[test]
 fn save_png_writes_what_read_back_returns() {
     let Some(mut r) = renderer(config()) else {
         return;
