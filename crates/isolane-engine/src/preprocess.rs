@@ -176,15 +176,24 @@ fn centre_offset(full: usize, part: usize) -> usize {
 
 /// The model input for `frame` (HWC bytes of the plan's layout): NCHW f32, one image.
 pub fn preprocess(plan: &PreprocessPlan, frame: &[u8]) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; plan.output_len()];
+    preprocess_into(plan, frame, &mut out)?;
+    Ok(out)
+}
+
+/// [`preprocess`] into `out` (`plan.output_len()` values), allocating nothing: for a CPU
+/// stage that runs it per job.
+pub fn preprocess_into(plan: &PreprocessPlan, frame: &[u8], out: &mut [f32]) -> Result<()> {
+    let bad = |what: &str, got: usize, want: usize| {
+        Err(EngineError::InvalidArgument(format!(
+            "preprocessing: the {what} has {got} values, the plan needs {want}"
+        )))
+    };
     if frame.len() != plan.frame.bytes() {
-        return Err(EngineError::InvalidArgument(format!(
-            "preprocessing: the frame has {} bytes, {}x{}x{} needs {}",
-            frame.len(),
-            plan.frame.height,
-            plan.frame.width,
-            plan.frame.channels,
-            plan.frame.bytes()
-        )));
+        return bad("frame", frame.len(), plan.frame.bytes());
+    }
+    if out.len() != plan.output_len() {
+        return bad("output", out.len(), plan.output_len());
     }
     let attrs = resize_attrs();
     let FrameLayout {
@@ -193,40 +202,31 @@ pub fn preprocess(plan: &PreprocessPlan, frame: &[u8]) -> Result<Vec<f32>> {
         channels,
     } = plan.frame;
     let [out_h, out_w] = plan.out;
-    let rows: Vec<_> = (0..out_h)
-        .map(|oy| {
-            attrs.source(
+    let texel = |y: usize, x: usize, c: usize| f32::from(frame[(y * width + x) * channels + c]);
+    for (c, plane) in out.chunks_exact_mut(out_h * out_w).enumerate() {
+        for (oy, row) in plane.chunks_exact_mut(out_w).enumerate() {
+            let (y0, y1, wy) = attrs.source(
                 plan.crop_offset[0] + oy,
                 height,
                 plan.resized[0],
                 plan.scale[0],
-            )
-        })
-        .collect();
-    let cols: Vec<_> = (0..out_w)
-        .map(|ox| {
-            attrs.source(
-                plan.crop_offset[1] + ox,
-                width,
-                plan.resized[1],
-                plan.scale[1],
-            )
-        })
-        .collect();
-    let mut out = vec![0f32; plan.output_len()];
-    let texel = |y: usize, x: usize, c: usize| f32::from(frame[(y * width + x) * channels + c]);
-    for c in 0..3 {
-        for (oy, &(y0, y1, wy)) in rows.iter().enumerate() {
-            for (ox, &(x0, x1, wx)) in cols.iter().enumerate() {
+            );
+            for (ox, value) in row.iter_mut().enumerate() {
+                let (x0, x1, wx) = attrs.source(
+                    plan.crop_offset[1] + ox,
+                    width,
+                    plan.resized[1],
+                    plan.scale[1],
+                );
                 // The kernel's operations, in its order: fused multiply-adds throughout.
                 let top = (texel(y0, x1, c) - texel(y0, x0, c)).mul_add(wx, texel(y0, x0, c));
                 let bottom = (texel(y1, x1, c) - texel(y1, x0, c)).mul_add(wx, texel(y1, x0, c));
                 let v = (bottom - top).mul_add(wy, top);
-                out[(c * out_h + oy) * out_w + ox] = v.mul_add(plan.gain[c], plan.bias[c]);
+                *value = v.mul_add(plan.gain[c], plan.bias[c]);
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -363,6 +363,13 @@ mod tests {
         }
         let plan = raw([2, 2], None).plan(rgb(2, 2)).unwrap();
         let err = preprocess(&plan, &[0; 11]).unwrap_err().to_string();
-        assert!(err.contains("11 bytes"), "{err}");
+        assert!(err.contains("frame has 11 values"), "{err}");
+        let err = preprocess_into(&plan, &[0; 12], &mut [0.0; 5])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("output has 5 values, the plan needs 12"),
+            "{err}"
+        );
     }
 }
