@@ -128,8 +128,11 @@ impl Renderer {
         let start = Instant::now();
         check_frame(&frame, self.config.width, self.config.height)?;
         check_overlay(overlay)?;
-        if let Some(mask) = &overlay.mask {
-            self.fit_mask(mask.width, mask.height)?;
+        // Without a mask the bound one stays (any size), unless a failed resize left none.
+        match &overlay.mask {
+            Some(mask) => self.fit_mask(mask.width, mask.height)?,
+            None if self.mask.image == vk::Image::null() => self.fit_mask(1, 1)?,
+            None => {}
         }
         let visible = overlay
             .boxes
@@ -303,8 +306,11 @@ impl Renderer {
     }
 
     /// Makes the mask image and its staging buffer `width` x `height` if they are not already.
+    /// On failure neither is left (so a later call makes both again and the set never names a
+    /// destroyed view for long: no frame is drawn until a call succeeds).
     fn fit_mask(&mut self, width: u32, height: u32) -> Result<(), GraphicsError> {
-        if (self.mask.width, self.mask.height) == (width, height) {
+        let ready = self.mask.image != vk::Image::null();
+        if ready && (self.mask.width, self.mask.height) == (width, height) {
             return Ok(());
         }
         let max = self.ctx.limits.max_image_dimension2_d;
@@ -313,6 +319,15 @@ impl Renderer {
                 "the mask is {width}x{height}; this device takes at most {max} pixels a side"
             )));
         }
+        let made = self.make_mask(width, height);
+        if made.is_err() {
+            self.mask.destroy(&self.ctx.device);
+            self.mask_staging.destroy(&self.ctx.device);
+        }
+        made
+    }
+
+    fn make_mask(&mut self, width: u32, height: u32) -> Result<(), GraphicsError> {
         self.mask.destroy(&self.ctx.device);
         self.mask_staging.destroy(&self.ctx.device);
         self.mask_ready = false;

@@ -295,8 +295,26 @@ fn bad_input_is_a_typed_error_and_the_renderer_goes_on() {
         r.render(frame, &bad_mask),
         Err(GraphicsError::DataLength { what: "mask", .. })
     ));
+    // A mask wider than the device's images: refused, and the renderer goes on.
+    let wide = vec![1u8; 100_000];
+    let too_wide = Overlay {
+        boxes: &[],
+        mask: Some(mask(100_000, 1, &wide)),
+    };
+    assert!(matches!(
+        r.render(frame, &too_wide),
+        Err(GraphicsError::Config(_))
+    ));
     r.render(frame, &Overlay::default()).unwrap();
     assert_eq!(r.read_back().unwrap(), rgba);
+    let classes = mask_classes(W, H);
+    let masked = Overlay {
+        boxes: &[],
+        mask: Some(mask(W, H, &classes)),
+    };
+    r.render(frame, &masked).unwrap();
+    let got = r.read_back().unwrap();
+    assert_matches_reference(r.config(), &frame, &masked, &got);
 }
 
 #[test]
