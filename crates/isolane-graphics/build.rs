@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-const SHADERS: [&str; 2] = ["frame", "boxes"];
+const SHADERS: [&str; 3] = ["frame", "boxes", "labels"];
 
 fn main() {
     let out_dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR for build scripts");

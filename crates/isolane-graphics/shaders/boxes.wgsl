@@ -7,8 +7,9 @@ struct Params {
     mask_alpha: f32,
     has_mask: u32,
     line_width: f32,
-    _pad: f32,
+    label_scale: u32,
     palette: array<vec4<f32>, 256>,
+    font: array<vec4<u32>, 21>,
 }
 
 struct GpuBox {

@@ -7,9 +7,10 @@ struct Params {
     mask_alpha: f32,
     has_mask: u32,
     line_width: f32,
-    _pad: f32,
+    label_scale: u32,
     // Colour of each class; class 0 is background and never drawn.
     palette: array<vec4<f32>, 256>,
+    font: array<vec4<u32>, 21>,
 }
 
 @group(0) @binding(0) var frame_tex: texture_2d<f32>;

@@ -18,12 +18,16 @@ pub struct RendererConfig {
     pub line_width: f32,
     /// Boxes scoring below this are not drawn.
     pub min_score: f32,
+    /// Size in pixels of one cell of the 5x7 font of the box labels (`<class>:<score>`);
+    /// 0 draws no labels.
+    pub label_scale: u32,
     pub palette: Palette,
 }
 
 impl RendererConfig {
     /// The defaults for `width` x `height` frames: the automatic device choice, a mask at half
-    /// weight, 2-pixel outlines, every box drawn, the default palette.
+    /// weight, 2-pixel outlines, every box drawn with a label of 2-pixel cells, the default
+    /// palette.
     pub fn new(width: u32, height: u32) -> Self {
         Self {
             width,
@@ -32,6 +36,7 @@ impl RendererConfig {
             mask_alpha: 0.5,
             line_width: 2.0,
             min_score: 0.0,
+            label_scale: 2,
             palette: Palette::default(),
         }
     }
@@ -61,6 +66,12 @@ impl RendererConfig {
             return bad(format!(
                 "line_width is {}; it must be a positive number of pixels",
                 self.line_width
+            ));
+        }
+        if self.label_scale > 64 {
+            return bad(format!(
+                "label_scale is {}; at most 64 pixels a cell",
+                self.label_scale
             ));
         }
         if self.min_score.is_nan() {

@@ -19,6 +19,7 @@
 
 mod config;
 mod error;
+mod label;
 pub mod reference;
 mod renderer;
 mod scene;

@@ -2,6 +2,7 @@
 //! Vulkan output is tested against. Frame and box pixels must match it exactly; a blended mask
 //! pixel within 1 (the device may round the blend's last bit differently).
 
+use crate::label;
 use crate::scene::{check_frame, check_overlay};
 use crate::{BoxOverlay, FrameRef, GraphicsError, MaskRef, Overlay, RendererConfig};
 
@@ -17,8 +18,14 @@ pub fn render_reference(
     if let Some(mask) = &overlay.mask {
         blend_mask(config, mask, &mut image);
     }
-    for b in overlay.boxes.iter().filter(|b| b.score >= config.min_score) {
+    let visible = || overlay.boxes.iter().filter(|b| b.score >= config.min_score);
+    for b in visible() {
         draw_outline(config, b, &mut image);
+    }
+    if config.label_scale > 0 {
+        for b in visible() {
+            draw_label(config, b, &mut image);
+        }
     }
     Ok(image)
 }
@@ -76,6 +83,37 @@ fn draw_outline(config: &RendererConfig, b: &BoxOverlay, image: &mut [u8]) {
     }
 }
 
+/// The box's label over everything: each set cell of each glyph a `label_scale`-pixel square.
+fn draw_label(config: &RendererConfig, b: &BoxOverlay, image: &mut [u8]) {
+    let scale = config.label_scale;
+    let [r, g, bl] = config.palette.colour(b.class);
+    let (glyphs, count) = label::glyphs(b);
+    let (x0, y0) = label::origin(b, scale, config.line_width);
+    for (i, &glyph) in glyphs[..count].iter().enumerate() {
+        let left = i64::from(x0) + i64::from(i as u32 * label::ADVANCE * scale);
+        let cells = (0..label::GLYPH_H).flat_map(|cy| (0..label::GLYPH_W).map(move |cx| (cx, cy)));
+        for (cx, cy) in cells.filter(|&(cx, cy)| label::cell_set(glyph, cx, cy)) {
+            let (px0, py0) = (
+                left + i64::from(cx * scale),
+                i64::from(y0) + i64::from(cy * scale),
+            );
+            for y in clip(py0, scale, config.height) {
+                for x in clip(px0, scale, config.width) {
+                    let at = ((y * config.width + x) * 4) as usize;
+                    image[at..at + 4].copy_from_slice(&[r, g, bl, 255]);
+                }
+            }
+        }
+    }
+}
+
+/// `start..start + len` clipped to 0..size.
+fn clip(start: i64, len: u32, size: u32) -> std::ops::Range<u32> {
+    let lo = start.clamp(0, i64::from(size));
+    let hi = (start + i64::from(len)).clamp(0, i64::from(size));
+    lo as u32..hi.max(lo) as u32
+}
+
 /// The pixels whose centres lie in [lo, hi), clipped to 0..size.
 fn covered(lo: f32, hi: f32, size: u32) -> std::ops::Range<u32> {
     let first = (lo - 0.5).ceil().clamp(0.0, size as f32) as u32;
@@ -123,6 +161,7 @@ mod tests {
         }];
         let config = RendererConfig {
             line_width: 1.0,
+            label_scale: 0,
             ..RendererConfig::new(8, 4)
         };
         let image = render_reference(
@@ -143,6 +182,46 @@ mod tests {
         assert_eq!(px(4, 2), [255, 0, 0, 255]);
         assert_eq!(px(7, 3), [255, 0, 0, 255]);
         assert_eq!(px(5, 1), [100, 100, 100, 7]);
+    }
+
+    #[test]
+    fn a_label_by_hand() {
+        // Box class 1 at (2, 20): label "1:0.50" above it at (2, 20 - 7 - 1 = 12), scale 1.
+        let frame_rgba = vec![0u8; 40 * 30 * 4];
+        let frame = FrameRef {
+            width: 40,
+            height: 30,
+            rgba: &frame_rgba,
+        };
+        let boxes = [BoxOverlay {
+            x0: 2.0,
+            y0: 20.0,
+            x1: 30.0,
+            y1: 28.0,
+            class: 1,
+            score: 0.5,
+        }];
+        let config = RendererConfig {
+            label_scale: 1,
+            ..RendererConfig::new(40, 30)
+        };
+        let image = render_reference(
+            &config,
+            &frame,
+            &Overlay {
+                boxes: &boxes,
+                mask: None,
+            },
+        )
+        .unwrap();
+        let lit = |x: u32, y: u32| image[((y * 40 + x) * 4) as usize] == 255;
+        // The "1": its stem is cell column 2, rows 0-6 -> pixels x 4, y 12..19.
+        assert!((12..19).all(|y| lit(4, y)));
+        assert!(!lit(2, 12) && !lit(4, 11) && !lit(4, 19));
+        // The ":" (second glyph, x 8..13): cells (1..3, 1..3) and (1..3, 4..6).
+        assert!(lit(9, 13) && lit(10, 14) && !lit(9, 15) && lit(9, 16) && !lit(8, 13));
+        // Then "0", and the "." (fourth glyph, x 20..25): cells rows 5-6, columns 1-2.
+        assert!(lit(21, 17) && lit(22, 18) && !lit(21, 16) && !lit(20, 17));
     }
 
     #[test]

@@ -15,16 +15,22 @@ use crate::vulkan::commands::Commands;
 use crate::vulkan::context::Context;
 use crate::vulkan::memory::{DeviceImage, HostBuffer, COLOUR_RANGE};
 use crate::vulkan::pipeline::{binding, Pipelines, TARGET_FORMAT};
-use crate::{BoxOverlay, FrameRef, GraphicsError, MaskRef, Overlay, RendererConfig};
+use crate::{label, BoxOverlay, FrameRef, GraphicsError, MaskRef, Overlay, RendererConfig};
 
-/// Bytes of the shaders' `Params` before the palette, and of the palette (256 vec4<f32>).
+/// Bytes of the shaders' `Params` before the palette, of the palette (256 vec4<f32>) and of
+/// the font (84 rows as 21 vec4<u32>).
 const PARAMS_HEADER: usize = 32;
 const PALETTE_BYTES: usize = 256 * 16;
+const FONT_BYTES: usize = 21 * 16;
 /// Bytes of one `GpuBox` (two vec4<f32>).
 const BOX_BYTES: usize = 32;
 /// Vertices of one box outline: four edges of two triangles.
 const BOX_VERTICES: u32 = 24;
-const INITIAL_BOX_CAPACITY: usize = 64;
+/// Bytes of one `GpuGlyph` (origin, glyph, padding, colour) and vertices of its quad.
+const GLYPH_BYTES: usize = 32;
+const GLYPH_VERTICES: u32 = 6;
+/// First size of the box and glyph buffers (64 boxes).
+const INITIAL_STORAGE: usize = 64 * BOX_BYTES;
 
 /// Where a frame's time went.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -64,6 +70,7 @@ pub struct Renderer {
     framebuffer: vk::Framebuffer,
     params: HostBuffer,
     boxes: HostBuffer,
+    glyphs: HostBuffer,
     readback: HostBuffer,
     rendered: bool,
     // Last: dropped after Drop destroyed everything above.
@@ -96,6 +103,7 @@ impl Renderer {
             framebuffer: vk::Framebuffer::null(),
             params: HostBuffer::default(),
             boxes: HostBuffer::default(),
+            glyphs: HostBuffer::default(),
             readback: HostBuffer::default(),
             rendered: false,
             ctx,
@@ -134,16 +142,27 @@ impl Renderer {
             None if self.mask.image == vk::Image::null() => self.fit_mask(1, 1)?,
             None => {}
         }
-        let visible = overlay
-            .boxes
-            .iter()
-            .filter(|b| b.score >= self.config.min_score)
-            .count();
-        self.fit_boxes(visible)?;
+        let min_score = self.config.min_score;
+        let visible = || overlay.boxes.iter().filter(move |b| b.score >= min_score);
+        let boxes = visible().count();
+        let glyphs = match self.config.label_scale {
+            0 => 0,
+            _ => visible().map(|b| label::glyphs(b).1).sum(),
+        };
+        let set = self.pipelines.set;
+        let (box_slot, glyph_slot) = (binding::BOXES, binding::LABELS);
+        fit_storage(&self.ctx, set, &mut self.boxes, box_slot, boxes * BOX_BYTES)?;
+        fit_storage(
+            &self.ctx,
+            set,
+            &mut self.glyphs,
+            glyph_slot,
+            glyphs * GLYPH_BYTES,
+        )?;
         let upload_start = Instant::now();
         self.stage(&frame, overlay);
         let cpu_upload_ms = ms(upload_start.elapsed().as_secs_f64());
-        self.record(overlay.mask.is_some(), visible as u32)?;
+        self.record(overlay.mask.is_some(), boxes as u32, glyphs as u32)?;
         self.commands.submit_and_wait(&self.ctx)?;
         self.rendered = true;
         let gpu = self.gpu_timing()?;
@@ -260,15 +279,19 @@ impl Renderer {
         let uniform = vk::BufferUsageFlags::UNIFORM_BUFFER;
         self.params = HostBuffer::new(
             &self.ctx,
-            PARAMS_HEADER + PALETTE_BYTES,
+            PARAMS_HEADER + PALETTE_BYTES + FONT_BYTES,
             uniform,
             "the parameters",
             false,
         )?;
         self.write_palette();
-        // A 1x1 mask so that the set is complete before the first mask arrives.
+        self.write_font();
+        // A 1x1 mask and empty box and glyph buffers, so that the set is complete before the
+        // first frame.
         self.fit_mask(1, 1)?;
-        self.fit_boxes(INITIAL_BOX_CAPACITY)?;
+        let set = self.pipelines.set;
+        fit_storage(&self.ctx, set, &mut self.boxes, binding::BOXES, 0)?;
+        fit_storage(&self.ctx, set, &mut self.glyphs, binding::LABELS, 0)?;
         self.bind_fixed();
         Ok(())
     }
@@ -279,6 +302,15 @@ impl Renderer {
         for (class, slot) in bytes.chunks_exact_mut(16).enumerate() {
             let [r, g, b] = palette.colour(class as u8);
             write_f32s(slot, &[unorm(r), unorm(g), unorm(b), 1.0]);
+        }
+    }
+
+    /// The font after the palette: glyph g's row r is word 7g + r.
+    fn write_font(&mut self) {
+        let words = &mut self.params.bytes_mut()[PARAMS_HEADER + PALETTE_BYTES..];
+        let rows = label::FONT.iter().flatten();
+        for (slot, row) in words.chunks_exact_mut(4).zip(rows) {
+            slot.copy_from_slice(&u32::from(*row).to_ne_bytes());
         }
     }
 
@@ -359,34 +391,8 @@ impl Renderer {
         Ok(())
     }
 
-    /// Makes the box buffer hold at least `count` boxes, growing it by powers of two.
-    fn fit_boxes(&mut self, count: usize) -> Result<(), GraphicsError> {
-        if count * BOX_BYTES <= self.boxes.size && self.boxes.buffer != vk::Buffer::null() {
-            return Ok(());
-        }
-        let capacity = count.max(INITIAL_BOX_CAPACITY).next_power_of_two();
-        self.boxes.destroy(&self.ctx.device);
-        let usage = vk::BufferUsageFlags::STORAGE_BUFFER;
-        self.boxes = HostBuffer::new(
-            &self.ctx,
-            capacity * BOX_BYTES,
-            usage,
-            "the box buffer",
-            false,
-        )?;
-        let info = [buffer_info(self.boxes.buffer)];
-        let writes = [write(
-            self.pipelines.set,
-            binding::BOXES,
-            vk::DescriptorType::STORAGE_BUFFER,
-        )
-        .buffer_info(&info)];
-        // SAFETY: as in bind_fixed: no submission is pending, the buffer is alive.
-        unsafe { self.ctx.device.update_descriptor_sets(&writes, &[]) };
-        Ok(())
-    }
-
-    /// Copies the frame, the mask, the parameters and the drawn boxes into host memory.
+    /// Copies the frame, the mask, the parameters, the drawn boxes and their labels' glyphs
+    /// into host memory.
     fn stage(&mut self, frame: &FrameRef<'_>, overlay: &Overlay<'_>) {
         self.frame_staging.bytes_mut().copy_from_slice(frame.rgba);
         if let Some(mask) = &overlay.mask {
@@ -395,9 +401,25 @@ impl Renderer {
         self.write_header(overlay.mask.as_ref());
         let min_score = self.config.min_score;
         let palette = &self.config.palette;
+        let visible = || overlay.boxes.iter().filter(|b| b.score >= min_score);
         let slots = self.boxes.bytes_mut().chunks_exact_mut(BOX_BYTES);
-        for (slot, b) in slots.zip(overlay.boxes.iter().filter(|b| b.score >= min_score)) {
+        for (slot, b) in slots.zip(visible()) {
             write_f32s(slot, &gpu_box(b, palette.colour(b.class)));
+        }
+        let (scale, line_width) = (self.config.label_scale, self.config.line_width);
+        if scale == 0 {
+            return;
+        }
+        let mut slots = self.glyphs.bytes_mut().chunks_exact_mut(GLYPH_BYTES);
+        for b in visible() {
+            let (glyphs, count) = label::glyphs(b);
+            let (x, y) = label::origin(b, scale, line_width);
+            let [r, g, bl] = palette.colour(b.class);
+            for (i, glyph) in glyphs[..count].iter().enumerate() {
+                let Some(slot) = slots.next() else { return };
+                let left = x + (i as u32 * label::ADVANCE * scale) as i32;
+                write_glyph(slot, (left, y), *glyph, [r, g, bl]);
+            }
         }
     }
 
@@ -412,7 +434,7 @@ impl Renderer {
             self.config.mask_alpha.to_bits(),
             u32::from(mask.is_some()),
             self.config.line_width.to_bits(),
-            0,
+            self.config.label_scale,
         ];
         for (slot, word) in header.chunks_exact_mut(4).zip(words) {
             slot.copy_from_slice(&word.to_ne_bytes());
@@ -420,7 +442,7 @@ impl Renderer {
     }
 
     /// Records the frame: uploads, then the render pass, between timestamps.
-    fn record(&mut self, has_mask: bool, boxes: u32) -> Result<(), GraphicsError> {
+    fn record(&mut self, has_mask: bool, boxes: u32, glyphs: u32) -> Result<(), GraphicsError> {
         self.commands.begin(&self.ctx.device)?;
         self.commands.reset_timestamps(&self.ctx.device);
         self.commands
@@ -428,7 +450,7 @@ impl Renderer {
         self.record_uploads(has_mask);
         self.commands
             .timestamp(&self.ctx.device, vk::PipelineStageFlags::TRANSFER, 1);
-        self.record_draw(boxes);
+        self.record_draw(boxes, glyphs);
         self.commands
             .timestamp(&self.ctx.device, vk::PipelineStageFlags::BOTTOM_OF_PIPE, 2);
         Ok(())
@@ -500,8 +522,9 @@ impl Renderer {
         }
     }
 
-    /// The render pass: the frame with the mask, then the box outlines over it.
-    fn record_draw(&self, boxes: u32) {
+    /// The render pass: the frame with the mask, then the box outlines over it, then the
+    /// labels over those.
+    fn record_draw(&self, boxes: u32, glyphs: u32) {
         let device = &self.ctx.device;
         let cb = self.commands.buffer;
         let area = vk::Rect2D {
@@ -533,6 +556,10 @@ impl Renderer {
             if boxes > 0 {
                 device.cmd_bind_pipeline(cb, graphics, self.pipelines.boxes);
                 device.cmd_draw(cb, BOX_VERTICES, boxes, 0, 0);
+            }
+            if glyphs > 0 {
+                device.cmd_bind_pipeline(cb, graphics, self.pipelines.labels);
+                device.cmd_draw(cb, GLYPH_VERTICES, glyphs, 0, 0);
             }
             device.cmd_end_render_pass(cb);
         }
@@ -582,6 +609,7 @@ impl Drop for Renderer {
         // anyway: a lost device runs nothing more.
         let _ = unsafe { device.device_wait_idle() };
         self.readback.destroy(device);
+        self.glyphs.destroy(device);
         self.boxes.destroy(device);
         self.params.destroy(device);
         // SAFETY: this device's framebuffer (or null), no longer used.
@@ -594,6 +622,38 @@ impl Drop for Renderer {
         self.commands.destroy(device);
         self.pipelines.destroy(device);
     }
+}
+
+/// Makes the storage `buffer`, bound at `slot` of `set`, hold at least `bytes`: it grows by
+/// powers of two from `INITIAL_STORAGE` bytes, and is bound again when remade. On failure it is
+/// left empty (null) and remade by the next call.
+fn fit_storage(
+    ctx: &Context,
+    set: vk::DescriptorSet,
+    buffer: &mut HostBuffer,
+    slot: u32,
+    bytes: usize,
+) -> Result<(), GraphicsError> {
+    if bytes <= buffer.size && buffer.buffer != vk::Buffer::null() {
+        return Ok(());
+    }
+    let size = bytes.max(INITIAL_STORAGE).next_power_of_two();
+    buffer.destroy(&ctx.device);
+    let usage = vk::BufferUsageFlags::STORAGE_BUFFER;
+    *buffer = HostBuffer::new(ctx, size, usage, "a box or label buffer", false)?;
+    let info = [buffer_info(buffer.buffer)];
+    let writes = [write(set, slot, vk::DescriptorType::STORAGE_BUFFER).buffer_info(&info)];
+    // SAFETY: as in bind_fixed: no submission is pending, the buffer is alive.
+    unsafe { ctx.device.update_descriptor_sets(&writes, &[]) };
+    Ok(())
+}
+
+/// A glyph as the shader reads it: origin, glyph index, padding, colour.
+fn write_glyph(slot: &mut [u8], (x, y): (i32, i32), glyph: u8, [r, g, b]: [u8; 3]) {
+    write_f32s(&mut slot[..8], &[x as f32, y as f32]);
+    slot[8..12].copy_from_slice(&u32::from(glyph).to_ne_bytes());
+    slot[12..16].copy_from_slice(&0u32.to_ne_bytes());
+    write_f32s(&mut slot[16..], &[unorm(r), unorm(g), unorm(b), 1.0]);
 }
 
 /// A box as the shader reads it: edges, then its colour.

@@ -187,8 +187,10 @@ fn fractional_edges_cover_the_pixels_whose_centres_are_inside() {
             score: 0.9,
         },
     ];
+    // No labels: they would cover pixels checked by hand below.
     let config = RendererConfig {
         line_width: 2.6,
+        label_scale: 0,
         ..config()
     };
     let Some(mut r) = renderer(config.clone()) else {
@@ -214,6 +216,57 @@ fn fractional_edges_cover_the_pixels_whose_centres_are_inside() {
         px(13, 12),
         rgba[((12 * W + 13) * 4) as usize..][..4].to_vec()
     );
+}
+
+#[test]
+fn labels_are_drawn_above_boxes_or_inside_them_and_clipped() {
+    let rgba = frame_pixels(W, H, 4);
+    let boxes = [
+        // Room above: "1:0.50" at (4, 30 - 7 - 1 = 22), cells of 1 pixel.
+        BoxOverlay {
+            x0: 4.0,
+            y0: 30.0,
+            x1: 40.0,
+            y1: 46.0,
+            class: 1,
+            score: 0.5,
+        },
+        // At the top: inside, below the 2-pixel edge; three class digits, the score clamped to
+        // 9.99, running off the right of the frame.
+        BoxOverlay {
+            x0: 20.0,
+            y0: 1.0,
+            x1: 63.0,
+            y1: 20.0,
+            class: 255,
+            score: 42.0,
+        },
+    ];
+    let config = RendererConfig {
+        label_scale: 1,
+        ..config()
+    };
+    let Some(mut r) = renderer(config.clone()) else {
+        return;
+    };
+    let frame = FrameRef {
+        width: W,
+        height: H,
+        rgba: &rgba,
+    };
+    let overlay = Overlay {
+        boxes: &boxes,
+        mask: None,
+    };
+    r.render(frame, &overlay).unwrap();
+    let got = r.read_back().unwrap();
+    assert_matches_reference(&config, &frame, &overlay, &got);
+    let px = |x: u32, y: u32| got[((y * W + x) * 4) as usize..][..4].to_vec();
+    let red = vec![255, 0, 0, 255];
+    // The "1"'s stem: cell column 2, rows 0-6 of the first glyph.
+    assert!((22..29).all(|y| px(6, y) == red), "the 1's stem");
+    assert_ne!(px(6, 21), red);
+    assert_ne!(px(5, 22), red, "left of the stem, top row");
 }
 
 #[test]

@@ -12,6 +12,7 @@ pub(crate) const TARGET_FORMAT: vk::Format = vk::Format::R8G8B8A8_UNORM;
 /// The SPIR-V that build.rs made from shaders/*.wgsl.
 const FRAME_SPIRV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/frame.spv"));
 const BOXES_SPIRV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/boxes.spv"));
+const LABELS_SPIRV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/labels.spv"));
 
 /// Bindings of the one descriptor set (the shaders' @binding numbers).
 pub(crate) mod binding {
@@ -20,6 +21,7 @@ pub(crate) mod binding {
     pub const MASK: u32 = 2;
     pub const PARAMS: u32 = 3;
     pub const BOXES: u32 = 4;
+    pub const LABELS: u32 = 5;
 }
 
 #[derive(Default)]
@@ -29,6 +31,7 @@ pub(crate) struct Pipelines {
     pub layout: vk::PipelineLayout,
     pub frame: vk::Pipeline,
     pub boxes: vk::Pipeline,
+    pub labels: vk::Pipeline,
     pub sampler: vk::Sampler,
     pub pool: vk::DescriptorPool,
     pub set: vk::DescriptorSet,
@@ -53,6 +56,7 @@ impl Pipelines {
         let extent = vk::Extent2D { width, height };
         self.frame = pipeline(device, FRAME_SPIRV, self.layout, self.render_pass, extent)?;
         self.boxes = pipeline(device, BOXES_SPIRV, self.layout, self.render_pass, extent)?;
+        self.labels = pipeline(device, LABELS_SPIRV, self.layout, self.render_pass, extent)?;
         self.sampler = sampler(device)?;
         self.pool = descriptor_pool(device)?;
         let allocate = vk::DescriptorSetAllocateInfo::default()
@@ -72,6 +76,7 @@ impl Pipelines {
         unsafe {
             device.destroy_descriptor_pool(self.pool, None);
             device.destroy_sampler(self.sampler, None);
+            device.destroy_pipeline(self.labels, None);
             device.destroy_pipeline(self.boxes, None);
             device.destroy_pipeline(self.frame, None);
             device.destroy_pipeline_layout(self.layout, None);
@@ -153,6 +158,11 @@ fn set_layout(device: &ash::Device) -> Result<vk::DescriptorSetLayout, GraphicsE
             vk::DescriptorType::STORAGE_BUFFER,
             vk::ShaderStageFlags::VERTEX,
         ),
+        entry(
+            binding::LABELS,
+            vk::DescriptorType::STORAGE_BUFFER,
+            vk::ShaderStageFlags::VERTEX,
+        ),
     ];
     let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
     // SAFETY: a valid device; `info` and its array outlive the call.
@@ -168,7 +178,7 @@ fn descriptor_pool(device: &ash::Device) -> Result<vk::DescriptorPool, GraphicsE
         size(vk::DescriptorType::SAMPLED_IMAGE, 2),
         size(vk::DescriptorType::SAMPLER, 1),
         size(vk::DescriptorType::UNIFORM_BUFFER, 1),
-        size(vk::DescriptorType::STORAGE_BUFFER, 1),
+        size(vk::DescriptorType::STORAGE_BUFFER, 2),
     ];
     let info = vk::DescriptorPoolCreateInfo::default()
         .max_sets(1)
