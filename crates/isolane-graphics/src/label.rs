@@ -11,6 +11,9 @@ pub(crate) const ADVANCE: u32 = 6;
 /// Most glyphs in a label: 3 class digits, `:`, `d.dd`.
 pub(crate) const MAX_GLYPHS: usize = 8;
 
+/// Coordinates beyond this many pixels are treated as this far (no frame is that large).
+const FAR: f32 = (1 << 24) as f32;
+
 const DOT: u8 = 10;
 const COLON: u8 = 11;
 
@@ -87,12 +90,14 @@ pub(crate) fn glyphs(b: &BoxOverlay) -> ([u8; MAX_GLYPHS], usize) {
 /// The label's top-left pixel: just above the box, left-aligned, or just inside its top edge
 /// when there is no room above. Whole pixels, so that the glyph cells are whole pixels.
 pub(crate) fn origin(b: &BoxOverlay, scale: u32, line_width: f32) -> (i32, i32) {
-    let (x0, y0) = (b.x0.floor() as i32, b.y0.floor() as i32);
+    // Far off the frame either way is the same; the clamp keeps the arithmetic in range.
+    let whole = |v: f32| v.floor().clamp(-FAR, FAR) as i32;
+    let (x0, y0) = (whole(b.x0), whole(b.y0));
     let above = y0 - (GLYPH_H * scale) as i32 - 1;
     let y = if above >= 0 {
         above
     } else {
-        y0 + line_width.ceil() as i32 + 1
+        y0 + line_width.ceil().min(FAR) as i32 + 1
     };
     (x0, y)
 }
@@ -136,6 +141,22 @@ mod tests {
         assert_eq!(origin(&b, 2, 2.0), (10, 30 - 14 - 1));
         let top = BoxOverlay { y0: 3.0, ..b };
         assert_eq!(origin(&top, 2, 2.0), (10, 3 + 2 + 1));
+    }
+
+    #[test]
+    fn huge_coordinates_do_not_overflow() {
+        let far = BoxOverlay {
+            x0: 3e38,
+            y0: -3e38,
+            x1: 3e38,
+            y1: 3e38,
+            class: 1,
+            score: 1.0,
+        };
+        let (x, y) = origin(&far, 64, 1e30);
+        assert_eq!(x, 1 << 24);
+        // No room above -2^24: inside, below a line width clamped to 2^24 as well.
+        assert_eq!(y, -(1 << 24) + (1 << 24) + 1);
     }
 
     #[test]

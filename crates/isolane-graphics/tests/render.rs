@@ -270,6 +270,48 @@ fn labels_are_drawn_above_boxes_or_inside_them_and_clipped() {
 }
 
 #[test]
+fn huge_boxes_and_line_widths_are_clipped_not_a_panic() {
+    let rgba = frame_pixels(W, H, 6);
+    let boxes = [
+        BoxOverlay {
+            x0: -3e38,
+            y0: -3e38,
+            x1: 3e38,
+            y1: 3e38,
+            class: 2,
+            score: 1.0,
+        },
+        BoxOverlay {
+            x0: 1e9,
+            y0: 5.0,
+            x1: 2e9,
+            y1: 9.0,
+            class: 3,
+            score: 1.0,
+        },
+    ];
+    let config = RendererConfig {
+        line_width: 1e30,
+        ..config()
+    };
+    let Some(mut r) = renderer(config.clone()) else {
+        return;
+    };
+    let frame = FrameRef {
+        width: W,
+        height: H,
+        rgba: &rgba,
+    };
+    let overlay = Overlay {
+        boxes: &boxes,
+        mask: None,
+    };
+    r.render(frame, &overlay).unwrap();
+    let got = r.read_back().unwrap();
+    assert_matches_reference(&config, &frame, &overlay, &got);
+}
+
+#[test]
 fn save_png_writes_what_read_back_returns() {
     let Some(mut r) = renderer(config()) else {
         return;
