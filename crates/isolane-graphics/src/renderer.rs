@@ -136,6 +136,24 @@ impl Renderer {
         let start = Instant::now();
         check_frame(&frame, self.config.width, self.config.height)?;
         check_overlay(overlay)?;
+        let (boxes, glyphs) = self.fit_overlay(overlay)?;
+        let upload_start = Instant::now();
+        self.stage(&frame, overlay);
+        let cpu_upload_ms = ms(upload_start.elapsed().as_secs_f64());
+        self.record(overlay.mask.is_some(), boxes as u32, glyphs as u32)?;
+        self.commands.submit_and_wait(&self.ctx)?;
+        self.rendered = true;
+        let gpu = self.gpu_timing()?;
+        Ok(RenderTiming {
+            cpu_ms: ms(start.elapsed().as_secs_f64()),
+            cpu_upload_ms,
+            gpu,
+        })
+    }
+
+    /// Makes the mask image and the box and glyph buffers fit this overlay; returns how many
+    /// boxes and glyphs are drawn.
+    fn fit_overlay(&mut self, overlay: &Overlay<'_>) -> Result<(usize, usize), GraphicsError> {
         // Without a mask the bound one stays (any size), unless a failed resize left none.
         match &overlay.mask {
             Some(mask) => self.fit_mask(mask.width, mask.height)?,
@@ -150,27 +168,22 @@ impl Renderer {
             _ => visible().map(|b| label::glyphs(b).1).sum(),
         };
         let set = self.pipelines.set;
-        let (box_slot, glyph_slot) = (binding::BOXES, binding::LABELS);
-        fit_storage(&self.ctx, set, &mut self.boxes, box_slot, boxes * BOX_BYTES)?;
+        fit_storage(
+            &self.ctx,
+            set,
+            &mut self.boxes,
+            binding::BOXES,
+            boxes * BOX_BYTES,
+        )?;
+        let glyph_bytes = glyphs * GLYPH_BYTES;
         fit_storage(
             &self.ctx,
             set,
             &mut self.glyphs,
-            glyph_slot,
-            glyphs * GLYPH_BYTES,
+            binding::LABELS,
+            glyph_bytes,
         )?;
-        let upload_start = Instant::now();
-        self.stage(&frame, overlay);
-        let cpu_upload_ms = ms(upload_start.elapsed().as_secs_f64());
-        self.record(overlay.mask.is_some(), boxes as u32, glyphs as u32)?;
-        self.commands.submit_and_wait(&self.ctx)?;
-        self.rendered = true;
-        let gpu = self.gpu_timing()?;
-        Ok(RenderTiming {
-            cpu_ms: ms(start.elapsed().as_secs_f64()),
-            cpu_upload_ms,
-            gpu,
-        })
+        Ok((boxes, glyphs))
     }
 
     /// The last rendered image: RGBA, rows top to bottom.
