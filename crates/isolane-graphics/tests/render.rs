@@ -413,6 +413,19 @@ fn bad_input_is_a_typed_error_and_the_renderer_goes_on() {
 }
 
 #[test]
+fn a_size_beyond_the_device_is_refused_with_its_limit() {
+    let Some(_) = renderer(config()) else { return };
+    let huge = RendererConfig::new(1 << 20, 8);
+    match isolane_graphics::Renderer::new(huge) {
+        Err(GraphicsError::Config(text)) => assert!(text.contains("at most"), "{text}"),
+        other => panic!(
+            "expected a Config error, got {:?}",
+            other.map(|r| r.device_name().to_string())
+        ),
+    }
+}
+
+#[test]
 fn the_device_is_named_and_a_missing_one_is_refused() {
     let Some(r) = renderer(config()) else { return };
     assert!(!r.device_name().is_empty());
