@@ -155,6 +155,8 @@ pub struct Preprocessor {
     input_type: InputType,
     /// Device copies of a frame and an input for [`Preprocessor::run_host`], made on first use.
     host_io: Option<(DeviceBuffer, DeviceBuffer)>,
+    /// f16 outputs on their way to f32 in [`Preprocessor::run_host_into`].
+    half_host: Vec<u16>,
     // Last: unloaded after Drop made the context current.
     _module: Module,
 }
@@ -195,6 +197,7 @@ impl CudaBackend {
             plan: *plan,
             input_type,
             host_io: None,
+            half_host: Vec::new(),
             _module: module,
         })
     }
@@ -255,20 +258,51 @@ impl Preprocessor {
     /// f16 values are returned widened to f32 (exactly). For tests and stages whose frames are
     /// on the host; a pipeline with frames on the device calls [`Preprocessor::launch`].
     pub fn run_host(&mut self, frame: &[u8]) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; self.plan.output_len()];
+        self.run_host_into(frame, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Preprocessor::run_host`] into `out` (`plan().output_len()` values), allocating
+    /// nothing after the first call: for a stage that runs it per job.
+    pub fn run_host_into(&mut self, frame: &[u8], out: &mut [f32]) -> Result<()> {
+        if out.len() != self.plan.output_len() {
+            return Err(EngineError::InvalidArgument(format!(
+                "preprocessing: the output has {} values, the plan needs {}",
+                out.len(),
+                self.plan.output_len()
+            )));
+        }
         let (src, dst) = self.upload(frame)?;
-        let mut out = vec![0u8; self.output_bytes()];
         let stream = self.backend.stream();
-        // SAFETY: `src` holds the frame and `dst` output_bytes() (upload made them so); the
-        // copy back follows the kernel on the same stream, and `out` outlives the wait.
+        // f32 comes straight into `out`; f16 through a host buffer kept for the next call.
+        let (host, bytes) = match self.input_type {
+            InputType::F32 => (out.as_mut_ptr() as *mut c_void, std::mem::size_of_val(out)),
+            InputType::F16 => {
+                self.half_host.resize(out.len(), 0);
+                (
+                    self.half_host.as_mut_ptr() as *mut c_void,
+                    self.half_host.len() * 2,
+                )
+            }
+        };
+        // SAFETY: `src` holds the frame and `dst` output_bytes() == `bytes` (upload made them
+        // so; `out` has the plan's length); the copy back follows the kernel on the same
+        // stream, and `host` outlives the wait.
         unsafe {
             self.launch(src, dst)?;
             cu_check(
                 "cuMemcpyDtoHAsync",
-                cu::cuMemcpyDtoHAsync_v2(out.as_mut_ptr() as *mut c_void, dst, out.len(), stream),
+                cu::cuMemcpyDtoHAsync_v2(host, dst, bytes, stream),
             )?;
             cu_check("cuStreamSynchronize", cu::cuStreamSynchronize(stream))?;
         }
-        Ok(widen(&out, self.input_type))
+        if self.input_type == InputType::F16 {
+            for (value, bits) in out.iter_mut().zip(&self.half_host) {
+                *value = half::f16::from_bits(*bits).to_f32();
+            }
+        }
+        Ok(())
     }
 
     /// Device time of one launch on `frame` (copied to the device once): the median of
@@ -324,20 +358,6 @@ impl Preprocessor {
     }
 }
 
-/// Output bytes as f32 values.
-fn widen(bytes: &[u8], input_type: InputType) -> Vec<f32> {
-    match input_type {
-        InputType::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        InputType::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_bits(u16::from_ne_bytes([b[0], b[1]])).to_f32())
-            .collect(),
-    }
-}
-
 impl Drop for Preprocessor {
     fn drop(&mut self) {
         if make_current(self.backend.context()).is_err() {
@@ -360,14 +380,5 @@ mod tests {
         assert_eq!(std::mem::align_of::<KernelArgs>(), 4);
         assert!(SRC.contains("int in_h, in_w, channels, out_h, out_w, crop_top, crop_left;"));
         assert!(SRC.contains("float scale_y, scale_x;\n    float gain[3], bias[3];"));
-    }
-
-    #[test]
-    fn f16_outputs_widen_exactly() {
-        let bytes: Vec<u8> = [half::f16::from_f32(1.5), half::f16::from_f32(-2.0)]
-            .iter()
-            .flat_map(|h| h.to_bits().to_ne_bytes())
-            .collect();
-        assert_eq!(widen(&bytes, InputType::F16), [1.5, -2.0]);
     }
 }

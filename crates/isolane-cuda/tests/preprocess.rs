@@ -209,6 +209,13 @@ mod gpu {
                 exact,
                 "{input_type:?}: the kernel differs from the reference at 1080p"
             );
+            let mut again = vec![0f32; want.len()];
+            kernel.run_host_into(&pixels, &mut again).unwrap();
+            assert_eq!(
+                again, got,
+                "{input_type:?}: run_host_into differs from run_host"
+            );
+            assert!(kernel.run_host_into(&pixels, &mut again[1..]).is_err());
             let ms = kernel.device_ms(&pixels, 200).unwrap();
             println!("1920x1080 RGBA -> 3x224x224 {input_type:?}: {ms:.4} ms per launch (median of 200, device time)");
         }
