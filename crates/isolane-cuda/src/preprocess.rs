@@ -16,7 +16,7 @@ use isolane_engine::{EngineError, Result};
 use crate::error::cu_check;
 use crate::handles::{DeviceBuffer, Module};
 use crate::model::{cubin_for, device_arch, make_current, Events};
-use crate::CudaBackend;
+use crate::{CudaBackend, CudaModel};
 
 /// Threads per block.
 const BLOCK: u32 = 256;
@@ -252,6 +252,64 @@ impl Preprocessor {
             )
         })
         .map_err(EngineError::from)
+    }
+
+    /// Queues the kernel writing straight into `model`'s input (its device staging, f32),
+    /// then `model`'s job without its input copy, on the one stream the two share; pair with
+    /// `model.wait()` and read the outputs as after a run. For a one-input model of this
+    /// plan's output size, compiled on the same backend.
+    ///
+    /// # Safety
+    /// `frame` as in [`Preprocessor::launch`].
+    pub unsafe fn launch_into_model(
+        &self,
+        frame: cu::CUdeviceptr,
+        model: &mut CudaModel,
+    ) -> Result<()> {
+        let input = self.model_input(model)?;
+        // SAFETY: the caller vouches for `frame`; `input` is the model's own staging of
+        // output_bytes() (checked), written before the model's job on the same stream.
+        unsafe { self.launch(frame, input)? };
+        model.launch_from_device()
+    }
+
+    /// A host frame into `model`: copied to the device, then [`Preprocessor::launch_into_model`].
+    pub fn run_into_model(&mut self, frame: &[u8], model: &mut CudaModel) -> Result<()> {
+        let (src, _) = self.upload(frame)?;
+        // SAFETY: `src` holds the frame (upload copied it there).
+        unsafe { self.launch_into_model(src, model) }
+    }
+
+    /// The model's input staging, if this preprocessing can write it.
+    fn model_input(&self, model: &CudaModel) -> Result<cu::CUdeviceptr> {
+        let refuse = |why: String| {
+            Err(EngineError::InvalidArgument(format!(
+                "preprocessing into a model: {why}"
+            )))
+        };
+        if self.input_type != InputType::F32 {
+            return refuse(
+                "a model's device input is f32 (it casts to its precision itself)".into(),
+            );
+        }
+        if model.stream() != self.backend.stream() {
+            return refuse(
+                "the model runs on another stream; compile it on this preprocessor's backend"
+                    .into(),
+            );
+        }
+        if model.device_input(1).is_some() {
+            return refuse("the model has more than one input".into());
+        }
+        match model.device_input(0) {
+            Some((ptr, bytes)) if bytes == self.output_bytes() => Ok(ptr),
+            Some((_, bytes)) => refuse(format!(
+                "the model's input holds {} values, the preprocessing writes {}",
+                bytes / 4,
+                self.plan.output_len()
+            )),
+            None => refuse("the model has no input".into()),
+        }
     }
 
     /// A frame from host memory through the kernel and back: copy in, launch, copy out, wait.

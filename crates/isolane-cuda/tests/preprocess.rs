@@ -179,6 +179,56 @@ mod gpu {
 
     #[test]
     #[ignore = "needs a CUDA GPU"]
+    fn preprocessing_feeds_a_model_on_the_device_as_the_host_path_does() {
+        use isolane_engine::{build_model, CompiledModel, Precision, Weights};
+        let backend = CudaBackend::new(0).expect("a CUDA GPU");
+        let graph = build_model("resnet18", Weights::Synthetic { seed: 5 }).unwrap();
+        let layout = FrameLayout {
+            width: 640,
+            height: 480,
+            channels: 4,
+        };
+        let plan = plan_of(
+            layout,
+            &PreprocessSpec::imagenet([256, 341], Some([224, 224])),
+        );
+        let pixels = frame(layout, 9);
+        // The host path: the CPU reference into the model's host input, then a plain run.
+        let mut on_host = backend.compile_cuda(&graph, 1, Precision::Fp32).unwrap();
+        on_host
+            .input_mut_at(0)
+            .copy_from_slice(&preprocess(&plan, &pixels).unwrap());
+        on_host.run().unwrap();
+        let want = on_host.output_at(0).to_vec();
+        // The device path: the kernel writes the model's input staging; the job skips its copy.
+        let mut model = backend.compile_cuda(&graph, 1, Precision::Fp32).unwrap();
+        let mut kernel = backend.preprocessor(&plan, InputType::F32).unwrap();
+        for run in 0..3 {
+            // Run 0 captures the copy-free graph, the others replay it.
+            kernel.run_into_model(&pixels, &mut model).unwrap();
+            model.wait().unwrap();
+            let got = model.output_at(0);
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+            assert!(
+                worst <= 1e-4 * scale.max(1.0),
+                "run {run}: max |difference| {worst} (scale {scale})"
+            );
+        }
+        // What cannot feed a model is refused, not written.
+        let mut f16 = backend.preprocessor(&plan, InputType::F16).unwrap();
+        assert!(f16.run_into_model(&pixels, &mut model).is_err());
+        let small = plan_of(layout, &PreprocessSpec::imagenet([100, 100], None));
+        let mut wrong_size = backend.preprocessor(&small, InputType::F32).unwrap();
+        assert!(wrong_size.run_into_model(&pixels, &mut model).is_err());
+        println!("resnet18 fed on the device matches the host path (max difference within 1e-4 of the largest output)");
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
     fn a_1080p_frame_to_a_224_input_timed() {
         let backend = CudaBackend::new(0).expect("a CUDA GPU");
         let layout = FrameLayout {
