@@ -31,7 +31,39 @@ for line in sys.stdin:
         print(pkg + "--" + m["target"]["name"], m["executable"])
 ' | while read -r name exe; do cp "$exe" "stage/tests/$name"; done
     strip stage/isolane stage/tests/* 2>/dev/null || true
+    # The Vulkan loader for isolane-graphics' GPU test: the GPU machine has the NVIDIA driver
+    # but no loader, and this one needs only libc (Debian 12's, 450 KB).
+    if [ -e /usr/lib/x86_64-linux-gnu/libvulkan.so.1 ]; then
+        mkdir -p stage/lib && cp -L /usr/lib/x86_64-linux-gnu/libvulkan.so.1 stage/lib/
+    fi
     du -sh stage
+}
+
+# There: makes the staged Vulkan loader and the NVIDIA driver's Vulkan ICD findable. The loader
+# reads ICD manifests from the usual folders; where the driver library (libGLX_nvidia.so.0) is
+# present without a manifest, one is written and named in VK_ICD_FILENAMES.
+vulkan_setup() {
+    if [ -e stage/lib/libvulkan.so.1 ]; then
+        export LD_LIBRARY_PATH="$PWD/stage/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+    local f lib
+    for f in /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json; do
+        if [ -e "$f" ]; then echo "vulkan: $f"; return 0; fi
+    done
+    # (awk reads all of ldconfig's output: no SIGPIPE for pipefail to report)
+    lib=$(ldconfig -p | awk '/libGLX_nvidia\.so\.0/ { p = $NF } END { print p }')
+    if [ -z "$lib" ] && [ -e /usr/local/nvidia/lib64/libGLX_nvidia.so.0 ]; then
+        lib=/usr/local/nvidia/lib64/libGLX_nvidia.so.0
+    fi
+    if [ -z "$lib" ]; then
+        echo "vulkan: no NVIDIA Vulkan driver found (no nvidia_icd.json, no libGLX_nvidia.so.0)"
+        return 0
+    fi
+    mkdir -p /tmp/isolane-vulkan
+    printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "%s", "api_version": "1.3"}}\n' \
+        "$lib" >/tmp/isolane-vulkan/nvidia_icd.json
+    export VK_ICD_FILENAMES=/tmp/isolane-vulkan/nvidia_icd.json
+    echo "vulkan: wrote an ICD manifest for $lib"
 }
 
 run() {
@@ -39,6 +71,7 @@ run() {
     mkdir -p "$out"
     export ISOLANE_BIN="$PWD/stage/isolane"
     nvidia-smi --query-gpu=name,driver_version,memory.total,mig.mode.current --format=csv | tee "$out/gpu.txt"
+    vulkan_setup
     status=0
     for t in stage/tests/*; do
         name=$(basename "$t")

@@ -21,6 +21,7 @@ pub mod libs;
 mod model;
 pub mod options;
 pub mod plan;
+pub mod preprocess;
 pub mod synthetic;
 
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use isolane_engine::{passes, Backend, CompiledModel, EngineError, Graph, Precisi
 
 pub use model::{CudaModel, MemoryReport};
 pub use options::{BuildOptions, ConvPaths};
+pub use preprocess::{InputType, Preprocessor};
 pub use synthetic::{Synthetic, SyntheticKernel};
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.

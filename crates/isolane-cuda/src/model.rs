@@ -304,6 +304,9 @@ pub struct CudaModel {
     whole: Option<CapturedGraph>,
     /// The forward alone (no input/output copies), for measuring device time.
     compute: Option<CapturedGraph>,
+    /// The job without its input copies, for inputs written on the device
+    /// ([`CudaModel::launch_from_device`]); captured on first use.
+    from_device: Option<CapturedGraph>,
     /// The job split into consecutive pieces, one graph each ([`CudaModel::split`]); empty
     /// until split.
     pieces: Vec<CapturedGraph>,
@@ -521,13 +524,13 @@ fn reduce_block(len: usize) -> u32 {
     }
 }
 
-struct Events {
+pub(crate) struct Events {
     a: cu::CUevent,
     b: cu::CUevent,
 }
 
 impl Events {
-    fn new() -> Result<Events> {
+    pub(crate) fn new() -> Result<Events> {
         let (mut a, mut b) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: valid out-pointers, a context is current.
         unsafe {
@@ -537,7 +540,11 @@ impl Events {
         Ok(Events { a, b })
     }
     /// Milliseconds between two records on `stream` around `f`.
-    fn time(&self, stream: cu::CUstream, f: &mut dyn FnMut() -> Result<()>) -> Result<f32> {
+    pub(crate) fn time(
+        &self,
+        stream: cu::CUstream,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<f32> {
         let mut ms = 0f32;
         // SAFETY: events and stream are live.
         unsafe {
@@ -697,6 +704,7 @@ impl CudaModel {
             algo_cache: Vec::new(),
             whole: None,
             compute: None,
+            from_device: None,
             pieces: Vec::new(),
             steps: plan.steps.len(),
             step_start: Vec::with_capacity(plan.steps.len() + 1),
@@ -1164,6 +1172,40 @@ impl CudaModel {
     /// The precision this model was compiled for.
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// Where input `i`'s f32 values live on the device — the staging the job's input copy
+    /// fills — and its bytes. A producer may write the input there on this model's stream (e.g.
+    /// [`crate::Preprocessor::launch_into_model`] on the same backend) and run the job with
+    /// [`CudaModel::launch_from_device`].
+    pub fn device_input(&self, i: usize) -> Option<(cu::CUdeviceptr, usize)> {
+        let mut copies = self.launches.iter().filter_map(|l| match l {
+            Launch::HtoD { dst, bytes, .. } => Some((*dst, *bytes)),
+            _ => None,
+        });
+        copies.nth(i)
+    }
+
+    /// Launches one job without its input copies (the inputs already written to
+    /// [`CudaModel::device_input`], on this model's stream) and without waiting; pair with
+    /// [`CudaModel::wait`]. The outputs are copied to the host as in [`CudaModel::launch`].
+    pub fn launch_from_device(&mut self) -> Result<()> {
+        make_current(self.ctx)?;
+        if self.from_device.is_none() {
+            // The input copies are the launches before the first step's.
+            let first = self.step_start.first().copied().unwrap_or(0);
+            self.from_device = Some(self.capture_list(&self.launches[first..], true)?);
+        }
+        let exec = self
+            .from_device
+            .as_ref()
+            .map(CapturedGraph::exec)
+            .ok_or_else(|| EngineError::Runtime("the model has no graph".into()))?;
+        // SAFETY: exec and stream are live; the graph's buffers are owned by self.
+        cu_check("cuGraphLaunch", unsafe {
+            cu::cuGraphLaunch(exec, self.stream)
+        })
+        .map_err(EngineError::from)
     }
 
     /// Launches one job (the graph) without waiting; pair with [`CudaModel::wait`].

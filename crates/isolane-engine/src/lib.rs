@@ -11,6 +11,7 @@ pub mod ir;
 mod kernels;
 pub mod onnx;
 pub mod passes;
+pub mod preprocess;
 pub mod reference;
 pub mod synthetic;
 pub mod weights;
