@@ -50,6 +50,13 @@ vulkan_setup() {
     for f in /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json; do
         if [ -e "$f" ]; then echo "vulkan: $f"; return 0; fi
     done
+    # Where the GPU machine's container keeps the driver's manifest (outside the loader's path).
+    f=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    if [ -e "$f" ]; then
+        export VK_DRIVER_FILES=$f VK_ICD_FILENAMES=$f
+        echo "vulkan: $f"
+        return 0
+    fi
     # (awk reads all of ldconfig's output: no SIGPIPE for pipefail to report)
     lib=$(ldconfig -p | awk '/libGLX_nvidia\.so\.0/ { p = $NF } END { print p }')
     if [ -z "$lib" ] && [ -e /usr/local/nvidia/lib64/libGLX_nvidia.so.0 ]; then
