@@ -43,6 +43,16 @@ for line in sys.stdin:
 # reads ICD manifests from the usual folders; where the driver library (libGLX_nvidia.so.0) is
 # present without a manifest, one is written and named in VK_ICD_FILENAMES.
 vulkan_setup() {
+    # NVIDIA's Vulkan driver needs the GL vendor-neutral dispatch libraries (glvnd) beside the
+    # loader, which the GPU machine lacks: bring them as Debian packages, once, here:
+    #   mkdir -p .gl /tmp/amd64/partial; o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64
+    #   -oDir::State::Lists=/tmp/amd64'; apt-get $o update; (cd .gl && apt-get $o download
+    #   libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+    # and carry ".gl" with "stage": they are unpacked here (the H200 rendered with them).
+    if ls .gl/*.deb >/dev/null 2>&1; then
+        for f in .gl/*.deb; do dpkg -x "$f" /; done
+        ldconfig
+    fi
     if [ -e stage/lib/libvulkan.so.1 ]; then
         export LD_LIBRARY_PATH="$PWD/stage/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
