@@ -18,8 +18,8 @@ Steps (every number is measured in this run, nothing is typed in):
        pri       priorities only (critical streams first, best-effort MPS clients below normal)
        guard     the guard only (full-stall model), no priorities
        both      guard and priorities (isolane's default protection)
-       stretch   guard with the victims' worst p99 execution stretch of the first `none` run,
-                 and priorities
+       stretch   guard with each victim's own p99 execution stretch of the first `none` run
+                 (its workload's `stretch` key), and priorities
      each --repeats times (a short-kernel model's stretch is fixed per run: interference.md);
   3. tradeoff: --tradeoff-variants at each of --loads, under --tradeoff-mechanism.
 Every victim miss is attributed: `queued` (its job started later than the deadline allowed for
@@ -112,6 +112,8 @@ def workload_toml(args, w, mech):
     lines.append(f"duration_s = {args.duration}")
     lines.append("warmup_jobs = 50")
     lines.append(f'criticality = "{w.get("criticality", "critical")}"')
+    if w.get("stretch") and w["stretch"] > 1.0:
+        lines.append(f'stretch = {w["stretch"]:.3f}')
     if args.backend == "cuda" and mech == "green":
         lines.append(f'partition = {{ sms = {w["sms"]} }}')
     elif args.backend == "cuda" and mech == "mps":
@@ -130,8 +132,8 @@ def scenario_toml(args, mech, workloads, variant="none", stretch=None):
     prot = (f"[protection]\nenabled = {flag(enabled)}\nguard = {flag(guard)}\n"
             f"priorities = {flag(priorities)}\n"
             f"piece_us = {args.piece_us}\nmargin_us = {args.margin_us}\n")
-    if with_stretch and stretch and stretch > 1.0:
-        prot += f"stretch = {stretch:.3f}\n"
+    if with_stretch and stretch:
+        workloads = [dict(w, stretch=stretch.get(w["name"])) for w in workloads]
     body = "\n\n".join(workload_toml(args, w, mech) for w in workloads)
     return f"{device}\n{prot}\n{body}\n"
 
@@ -258,15 +260,18 @@ class Study:
                 exec_stretch=pct(ex, .99) / a["exec_p99"],
                 throughput_ips=w["throughput_ips"],
                 of_alone=w["throughput_ips"] / a["capacity"] if is_be else "",
-                held_ms=held.get("total_ms", 0), stretch=stretch or ""))
+                held_ms=held.get("total_ms", 0),
+                stretch=(stretch or {}).get(name, "")))
             if name in blame:
                 self.misses.append(dict(study=study, mechanism=mech, load=load, variant=label,
                                         repeat=rep, workload=name, **blame[name]))
 
-    def worst_stretch(self, study, mech, load):
-        rs = [r for r in self.rows if (r["study"], r["mechanism"], r["load"], r["variant"]) ==
-              (study, mech, load, "none") and r["criticality"] == "critical"]
-        return max((r["exec_stretch"] for r in rs), default=None)
+    def victim_stretches(self, study, mech, load):
+        """Each victim's p99 execution stretch in the first unprotected run of this point."""
+        rs = [r for r in self.rows if (r["study"], r["mechanism"], r["load"], r["variant"],
+                                       r["repeat"]) == (study, mech, load, "none", 0)
+              and r["criticality"] == "critical"]
+        return {r["workload"]: r["exec_stretch"] for r in rs}
 
     def compare(self, study, mech, load, variants, baselines):
         vs = self.victims_at(mech, load)
@@ -276,7 +281,8 @@ class Study:
             self.one(study, mech, load, "victims-only", 0, vs)
         for rep in range(self.args.repeats):
             for variant in variants:
-                stretch = self.worst_stretch(study, mech, load) if variant == "stretch" else None
+                stretch = (self.victim_stretches(study, mech, load) if variant == "stretch"
+                           else None)
                 self.one(study, mech, load, variant, rep, vs + [self.be], variant, stretch)
 
     def main(self):
@@ -314,7 +320,7 @@ def markdown(st):
            f"pieces of {a.piece_us} µs, margin {a.margin_us} µs; {a.duration} s per run, "
            f"{a.repeats} repeats. Variants: none (unprotected), pri (priorities only), guard "
            "(guard only, full-stall model), both (guard + priorities, the default), stretch "
-           "(guard with the victims' worst p99 execution stretch of the first unprotected run, "
+           "(guard with each victim's own p99 execution stretch of the first unprotected run, "
            "+ priorities); victims-only / only-X: the baselines without best effort.", "",
            "| mechanism | workload | alone capacity /s | alone p99 ms | alone exec p99 ms |",
            "| --- | --- | --- | --- | --- |"]

@@ -301,6 +301,7 @@ fn search_request(
         },
         plan_check: !args.no_plan_check,
         criticality: Criticality::Critical,
+        stretch: None,
         backend,
         program: None,
     };

@@ -479,6 +479,7 @@ mod tests {
             partition,
             plan_check: true,
             criticality: Criticality::Critical,
+            stretch: None,
             backend: Backend::Cuda,
             program: None,
         }

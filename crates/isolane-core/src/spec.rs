@@ -266,6 +266,11 @@ pub struct WorkloadSpec {
     pub plan_check: bool,
     #[serde(default)]
     pub criticality: Criticality,
+    /// A critical workload's own worst stretch beside best effort (≥ 1, e.g. its worst cell of
+    /// `isolane interference`): the guard charges its overlaps `1 − 1/stretch` instead of the
+    /// run's `[protection]` model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stretch: Option<f64>,
     /// The engine this workload runs on: `device.backend` unless the workload says otherwise
     /// (a CPU workload beside GPU ones gets no GPU partition).
     #[serde(default = "cpu_backend")]

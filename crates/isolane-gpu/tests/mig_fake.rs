@@ -41,6 +41,7 @@ fn plan(profiles: &[&str]) -> Plan {
                 },
                 plan_check: true,
                 criticality: Criticality::Critical,
+                stretch: None,
                 backend: Backend::Cuda,
                 program: None,
             })

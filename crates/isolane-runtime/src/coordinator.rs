@@ -109,6 +109,7 @@ impl RunPlan {
                     next_slot - 1
                 }),
                 wait: HoldWait::Sleep,
+                stretch: None,
             })
             .collect::<Vec<_>>();
         let cores = affinity::available_cores().len();
@@ -117,6 +118,7 @@ impl RunPlan {
             .zip(&self.workloads)
             .map(|(s, w)| GuardSetup {
                 wait: self.hold_wait(&w.spec, cores),
+                stretch: w.spec.stretch,
                 ..s
             })
             .collect();

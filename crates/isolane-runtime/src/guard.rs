@@ -29,14 +29,14 @@ use serde::{Deserialize, Serialize};
 use crate::clock;
 use crate::exec::{ExecError, Executor};
 
-const MAGIC: i64 = 0x0150_1a4e_6a7d;
+const MAGIC: i64 = 0x0150_1a4e_6a7e;
 
 /// What a critical slot says of its workload.
 const UNKNOWN: i64 = 0;
 const PUBLISHED: i64 = 1;
 const FINISHED: i64 = 2;
 
-/// One critical workload's published state, in the shared file (eight 8-byte words).
+/// One critical workload's published state, in the shared file (ten 8-byte words).
 #[repr(C)]
 struct Slot {
     state: AtomicI64,
@@ -49,6 +49,9 @@ struct Slot {
     /// Written by best-effort workloads under the lock: overlap reserved against job `acct_seq`.
     acct_seq: AtomicI64,
     acct_overlap: AtomicI64,
+    /// This workload's own stretch beside best effort, in thousandths (0: the run's policy).
+    stretch_milli: AtomicI64,
+    _pad: AtomicI64,
 }
 
 /// The file's first words: magic, slot count, the best-effort lock.
@@ -71,6 +74,8 @@ pub struct SlotView {
     pub service: i64,
     pub acct_seq: i64,
     pub acct_overlap: i64,
+    /// The workload's own stretch in thousandths; 0: the run's policy decides.
+    pub stretch_milli: i64,
 }
 
 impl SlotView {
@@ -85,6 +90,24 @@ impl SlotView {
             service,
             acct_seq: -1,
             acct_overlap: 0,
+            stretch_milli: 0,
+        }
+    }
+
+    /// The same job, its workload stating its own stretch beside best effort.
+    pub fn with_stretch(self, stretch: f64) -> SlotView {
+        SlotView {
+            stretch_milli: stretch_milli(Some(stretch)),
+            ..self
+        }
+    }
+
+    /// Delay per ns of overlap for this job: its workload's own stretch, else the run's.
+    fn delay_per_overlap(&self, policy: &Policy) -> f64 {
+        if self.stretch_milli >= 1000 {
+            1.0 - 1000.0 / self.stretch_milli as f64
+        } else {
+            policy.delay_per_overlap
         }
     }
 
@@ -156,7 +179,7 @@ pub fn admits(v: &SlotView, now: i64, piece_ns: i64, policy: &Policy) -> Option<
     if overlap <= 0 {
         return Some(0);
     }
-    let delay = (overlap as f64 * policy.delay_per_overlap).round() as i64;
+    let delay = (overlap as f64 * v.delay_per_overlap(policy)).round() as i64;
     let slack = v
         .deadline
         .saturating_sub(policy.margin_ns)
@@ -289,6 +312,7 @@ impl Guard {
             service: s.service.load(Ordering::Relaxed),
             acct_seq: s.acct_seq.load(Ordering::Relaxed),
             acct_overlap: s.acct_overlap.load(Ordering::Relaxed),
+            stretch_milli: s.stretch_milli.load(Ordering::Relaxed),
         }
     }
 
@@ -362,12 +386,18 @@ pub struct CriticalPublisher {
 
 impl CriticalPublisher {
     /// Slot `slot` of `guard`, with `service_ns` as the first estimate of a job's service time
-    /// (from the warm-up).
-    pub fn new(guard: Arc<Guard>, slot: usize, service_ns: i64) -> CriticalPublisher {
-        guard
-            .slot(slot)
-            .service
-            .store(service_ns.max(0), Ordering::Relaxed);
+    /// (from the warm-up) and the workload's own `stretch` beside best effort, if it states one
+    /// (otherwise the run's policy charges its overlaps).
+    pub fn new(
+        guard: Arc<Guard>,
+        slot: usize,
+        service_ns: i64,
+        stretch: Option<f64>,
+    ) -> CriticalPublisher {
+        let s = guard.slot(slot);
+        s.service.store(service_ns.max(0), Ordering::Relaxed);
+        s.stretch_milli
+            .store(stretch_milli(stretch), Ordering::Relaxed);
         CriticalPublisher { guard, slot }
     }
 
@@ -517,6 +547,11 @@ fn poll_pause() {
 
 const POLL_PAUSE_NS: i64 = 2_000;
 
+/// A stretch in thousandths for the shared file (0: none stated).
+fn stretch_milli(stretch: Option<f64>) -> i64 {
+    stretch.map_or(0, |s| (s.max(1.0) * 1000.0).round() as i64)
+}
+
 /// Moves `estimate` towards about the 90th percentile of the samples it is fed: up by a quarter
 /// of the gap when a sample is above it, down by a 36th when below (the steps' ratio, 9:1, puts
 /// the fixed point where 1 sample in 10 is above). Not the mean: a piece that runs longer than
@@ -546,6 +581,10 @@ pub struct GuardSetup {
     /// How a held best-effort piece waits ([`HoldWait`]).
     #[serde(default)]
     pub wait: HoldWait,
+    /// A critical workload's own worst stretch beside best effort (`stretch` of its workload),
+    /// overriding the run's [`Policy`] for its jobs.
+    #[serde(default)]
+    pub stretch: Option<f64>,
 }
 
 /// How a held best-effort piece waits before it asks the guard again.
@@ -588,7 +627,9 @@ impl GuardRole {
         };
         let job_ns = high_estimate(warmup_ns);
         Ok(match setup.critical_slot {
-            Some(slot) => GuardRole::Critical(CriticalPublisher::new(guard, slot, job_ns)),
+            Some(slot) => {
+                GuardRole::Critical(CriticalPublisher::new(guard, slot, job_ns, setup.stretch))
+            }
             None => {
                 exec.split(setup.piece_ns);
                 let mut hold = BestEffortHold::new(guard, setup.wait);
@@ -752,7 +793,7 @@ mod tests {
     fn the_shared_file_is_seen_by_a_second_mapping_and_reserves() {
         let g = Arc::new(Guard::create(1, stall(0)).unwrap());
         let other = Guard::open(&g.path().unwrap(), stall(0)).unwrap();
-        let p = CriticalPublisher::new(Arc::clone(&g), 0, 3 * MS);
+        let p = CriticalPublisher::new(Arc::clone(&g), 0, 3 * MS, None);
         // Unknown until published: held.
         assert!(other.try_piece(MS).is_err());
         let now = clock::now_ns();
@@ -790,7 +831,7 @@ mod tests {
     #[test]
     fn the_service_estimate_rises_at_once_and_relaxes_slowly() {
         let g = Arc::new(Guard::create(1, stall(0)).unwrap());
-        let p = CriticalPublisher::new(Arc::clone(&g), 0, MS);
+        let p = CriticalPublisher::new(Arc::clone(&g), 0, MS, None);
         p.pending(0, 0, None);
         p.ended(0, 2 * MS);
         assert_eq!(g.view(0).service, 2 * MS);
@@ -798,6 +839,28 @@ mod tests {
         p.ended(1, MS);
         let s = g.view(0).service;
         assert!(s < 2 * MS && s > 19 * MS / 10, "{s}");
+    }
+
+    #[test]
+    fn a_workloads_own_stretch_overrides_the_runs_model() {
+        // A job released at 10 ms, due at 20, 4 ms of service: 6 ms of slack. A 10-ms piece
+        // started at 10 ms overlaps it entirely (10 ms).
+        let v = SlotView::pending(1, 10 * MS, 20 * MS, 4 * MS);
+        // The run's full-stall model: 10 ms of delay, more than the slack.
+        assert_eq!(admits(&v, 10 * MS, 10 * MS, &stall(0)), None);
+        // The workload's own stretch 1.25 charges 1 − 1/1.25 = 0.2 of it: 2 ms, admitted.
+        assert_eq!(
+            admits(&v.with_stretch(1.25), 10 * MS, 10 * MS, &stall(0)),
+            Some(2 * MS)
+        );
+        // Its own 5.0 charges 0.8: 8 ms, held, even where the run's model (stretch 1.25) would
+        // have admitted it.
+        let lenient = Policy::new(0, Some(1.25));
+        assert_eq!(admits(&v, 10 * MS, 10 * MS, &lenient), Some(2 * MS));
+        assert_eq!(
+            admits(&v.with_stretch(5.0), 10 * MS, 10 * MS, &lenient),
+            None
+        );
     }
 
     #[test]

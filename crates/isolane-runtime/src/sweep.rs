@@ -152,6 +152,7 @@ pub fn point_scenario(device: DeviceSpec, workloads: &[PointWorkload]) -> Scenar
             },
             plan_check: true,
             criticality: Criticality::Critical,
+            stretch: None,
             backend: device.backend,
             program: None,
         })

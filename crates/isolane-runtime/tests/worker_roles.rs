@@ -242,6 +242,7 @@ fn spin_search(model: &str) -> SearchRequest {
             partition: PartitionSpec::default(),
             plan_check: true,
             criticality: Criticality::Critical,
+            stretch: None,
             backend: Backend::Cpu,
             program: None,
         },

@@ -42,6 +42,7 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "partition",
     "plan_check",
     "criticality",
+    "stretch",
     "backend",
     "command",
     "env",

@@ -200,6 +200,7 @@ fn placeholder_workload() -> WorkloadSpec {
         partition: PartitionSpec::default(),
         plan_check: true,
         criticality: Criticality::Critical,
+        stretch: None,
         backend: Backend::Cpu,
         program: None,
     }
@@ -629,6 +630,9 @@ impl<'a> Walk<'a> {
         let criticality = self.read(t, "criticality", Criticality::Critical, |w, v, p| {
             w.choice(v, p, CRITICALITIES)
         });
+        let stretch = self.optional(t, "stretch", 1.0, |w, v, p| {
+            w.float(v, p, &stretch_expected())
+        });
         let backend = self.workload_backend(t, device);
         WorkloadSpec {
             name: name.unwrap_or_default().to_string(),
@@ -648,6 +652,7 @@ impl<'a> Walk<'a> {
             partition,
             plan_check,
             criticality,
+            stretch,
             backend,
             program: None,
         }

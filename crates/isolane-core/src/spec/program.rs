@@ -65,6 +65,7 @@ pub const MODEL_ONLY_KEYS: &[&str] = &[
     "host",
     "plan_check",
     "criticality",
+    "stretch",
 ];
 
 /// Keys only a command workload has.

@@ -1306,4 +1306,23 @@ fn bad_criticality_and_protection_values_name_the_field_and_the_choices() {
     );
 }
 
+#[test]
+fn a_workloads_own_stretch_parses_round_trips_and_is_for_critical_work_only() {
+    let s = parse(&format!("{MIN}stretch = 1.25\n")).unwrap();
+    assert_eq!(s.workloads[0].stretch, Some(1.25));
+    let back = parse(&s.to_toml_string().unwrap()).unwrap();
+    assert_eq!(back.workloads[0].stretch, Some(1.25));
+    assert_eq!(parse(MIN).unwrap().workloads[0].stretch, None);
+    assert_err(
+        &format!("{MIN}stretch = 0.5\n"),
+        7,
+        &["workload[0].stretch", "0.5"],
+    );
+    assert_err(
+        &format!("{MIN}criticality = \"best_effort\"\nstretch = 1.5\n"),
+        8,
+        &["workload[0].stretch", "critical workloads", "best_effort"],
+    );
+}
+
 mod programs_and_backends;

@@ -292,6 +292,27 @@ impl Checker<'_, '_> {
             }
         }
         self.backend_and_partition(i, w, device);
+        self.workload_stretch(i, w);
+    }
+
+    /// A workload's own stretch: in range, and only where the guard charges it (critical work).
+    fn workload_stretch(&mut self, i: usize, w: &WorkloadSpec) {
+        let Some(s) = w.stretch else { return };
+        let path = Workload(i, "stretch");
+        if !self.positive(path, s, 1.0, MAX_STRETCH, &stretch_expected()) {
+            return;
+        }
+        if w.criticality == crate::spec::Criticality::BestEffort
+            && !self.spans.unread(Workload(i, "criticality"))
+        {
+            self.report(
+                path,
+                true,
+                "is for critical workloads (how much best effort slows this one down); this \
+                 workload is best_effort: remove stretch, or make it critical"
+                    .to_string(),
+            );
+        }
     }
 
     /// A workload's own backend against the device's, then its partition keys: a CPU workload

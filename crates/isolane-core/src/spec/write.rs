@@ -80,6 +80,8 @@ struct OutWorkload<'a> {
     partition: Option<OutPartition<'a>>,
     plan_check: bool,
     criticality: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stretch: Option<f64>,
     backend: &'static str,
 }
 
@@ -174,6 +176,7 @@ fn out_workload(w: &WorkloadSpec) -> OutWorkload<'_> {
         partition: out_partition(&w.partition),
         plan_check: w.plan_check,
         criticality: name_of(CRITICALITIES, w.criticality),
+        stretch: w.stretch,
         backend: name_of(BACKENDS, w.backend),
     }
 }
