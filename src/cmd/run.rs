@@ -66,7 +66,14 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = match &args.scenario {
-        Some(p) => super::load_scenario(Some(p))?,
+        Some(p) => {
+            let (scenario, name) = super::load_scenario(Some(p))?;
+            let apps = super::app::load_apps(p)?;
+            if !apps.is_empty() {
+                return super::app::run(scenario, name, apps, &args);
+            }
+            (scenario, name)
+        }
         None => {
             let backend = if args.cpu {
                 Some("cpu")
