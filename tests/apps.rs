@@ -1,0 +1,153 @@
+//! Applications (docs/apps.md) through the binary: the CPU examples under scenarios/apps/ run
+//! end to end and write summary.json's `apps` and apps/<app>.csv; every example validates
+//! (and the GPU one is admitted on an H100); mistakes are refused with exit code 2.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{f, isolane, run_ok, scenario, summary};
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios/apps")
+        .join(name)
+}
+
+fn app<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    s["apps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == name)
+        .unwrap_or_else(|| panic!("no app {name} in {s}"))
+}
+
+#[test]
+fn the_endoscopy_pipeline_runs_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = run_ok(isolane().arg("run").arg(example("endoscopy-cpu.toml")).arg("--out").arg(&out));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("endoscopy") && stdout.contains("flat ms"), "{stdout}");
+    let s = summary(&out);
+    assert_eq!(s["status"], "ok");
+    let a = app(&s, "endoscopy");
+    assert_eq!((a["frames"].as_u64(), a["dropped_first"].as_u64()), (Some(40), Some(10)));
+    let e = &a["end_to_end"];
+    assert_eq!(e["jobs"], 20);
+    // the tail and flatness are paper 004's: max − p95 and p90 − p10
+    let l = &e["latency_ms"];
+    assert!((f(&l["tail"]) - (f(&l["max"]) - f(&l["p95"]))).abs() < 1e-6);
+    assert!((f(&l["flatness"]) - (f(&l["p90"]) - f(&l["p10"]))).abs() < 1e-6);
+    let kinds: Vec<&str> = a["stages"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["preprocess", "model", "classify", "sink"]);
+    for st in a["stages"].as_array().unwrap() {
+        assert_eq!(f(&st["processed"]) + f(&st["skipped"]), 20.0, "{st}");
+    }
+    // a frame that reached the sink took at least its stages' own times
+    let csv = std::fs::read_to_string(out.join("apps/endoscopy.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 41);
+    assert!(csv.starts_with("frame,release_ms,end_ms,latency_ms,timeout,measured,preprocess_ms"));
+}
+
+#[test]
+fn the_ensemble_example_reports_its_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(example("ensemble-cpu.toml")).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "diverse");
+    assert_eq!(a["end_to_end"]["jobs"], 20);
+    let vote = &a["stages"][1];
+    assert_eq!(vote["kind"], "ensemble");
+    let members = vote["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    assert_eq!(members[1]["model"], "resnet18");
+    let late: u64 = members.iter().map(|m| m["made_late"].as_u64().unwrap()).sum();
+    // every late vote is blamed on exactly one member
+    let vote_late = a["end_to_end"]["timeouts"].as_u64().unwrap();
+    assert!(late <= vote_late, "{late} > {vote_late}");
+    for m in members {
+        assert!(f(&m["latency_ms"]["mean"]) > 0.0);
+        // a member's time is part of the ensemble's
+        assert!(f(&m["latency_ms"]["min"]) <= f(&vote["latency_ms"]["max"]));
+    }
+}
+
+#[test]
+fn every_app_example_validates_and_the_gpu_one_is_admitted_on_an_h100() {
+    use isolane_core::admission::{admit, AdmissionOptions};
+    let models: Vec<&str> = isolane_engine::builtin_models().iter().map(|m| m.name).collect();
+    let h100 = isolane_core::device_model::device_model("h100-sxm").unwrap();
+    let mut n = 0;
+    for e in std::fs::read_dir(example("")).unwrap() {
+        let p = e.unwrap().path();
+        let s = isolane_core::spec::Scenario::load(&p, &models)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let text = std::fs::read_to_string(&p).unwrap();
+        let apps = isolane_app::spec::parse_apps(&text, &p, &isolane_app::spec::EngineModels)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(!apps.is_empty(), "{}", p.display());
+        isolane_app::partitions::check_device(&s.device).unwrap();
+        let mut w = s.clone();
+        w.workloads = isolane_app::partitions::as_workloads(&apps);
+        w.validate(&models).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        if s.device.backend == isolane_core::spec::Backend::Cuda {
+            let mem = vec![None; w.workloads.len()];
+            admit(&w, &h100, &mem, &AdmissionOptions::default())
+                .unwrap_or_else(|r| panic!("{}: {r:?}", p.display()));
+        }
+        n += 1;
+    }
+    assert!(n >= 3);
+}
+
+fn refused(text: &str, expect: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = scenario(dir.path(), "s.toml", text);
+    let out = dir.path().join("never");
+    let o = isolane().arg("run").arg(&p).arg("--out").arg(&out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    for e in expect {
+        assert!(stderr.contains(e), "{e:?} not in: {stderr}");
+    }
+    assert!(!out.exists(), "a refused scenario wrote output");
+}
+
+const APP: &str = r#"
+[[app]]
+name = "a"
+deadline_ms = 50
+frames = 30
+[app.source]
+kind = "synthetic"
+width = 32
+height = 32
+fps = 10
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+size = [8, 8]
+[[app.stage]]
+name = "out"
+kind = "sink"
+"#;
+
+#[test]
+fn mistakes_are_refused_with_exit_2() {
+    refused(
+        &APP.replace("kind = \"preprocess\"\nsize = [8, 8]", "kind = \"graphics\""),
+        &["s.toml", "app[0].stage[0].kind", "not built yet"],
+    );
+    refused(
+        &format!("[[workload]]\nname = \"w\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 5\n{APP}"),
+        &["beside [[workload]]s"],
+    );
+    refused(
+        &format!("[device]\nbackend = \"cuda\"\nmechanism = \"mps\"\n{APP}"),
+        &["device.mechanism", "green"],
+    );
+    refused(&APP.replace("fps = 10", "fps = 10\nfpx = 3"), &["s.toml", "fpx"]);
+}
