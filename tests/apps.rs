@@ -151,3 +151,19 @@ fn mistakes_are_refused_with_exit_2() {
     );
     refused(&APP.replace("fps = 10", "fps = 10\nfpx = 3"), &["s.toml", "fpx"]);
 }
+
+#[test]
+fn compare_tests_two_runs_of_an_app() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let text = APP.replace("frames = 30", "frames = 24").replace("fps = 10", "fps = 100");
+    let p = scenario(dir.path(), "s.toml", &text);
+    for out in [&a, &b] {
+        run_ok(isolane().arg("run").arg(&p).arg("--out").arg(out));
+    }
+    let o = run_ok(isolane().arg("compare").arg(&a).arg(&b));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("app a (end to end)"), "{stdout}");
+    assert!(stdout.contains("latency flatness ms"), "{stdout}");
+    assert!(stdout.contains("Mann–Whitney U = ") && stdout.contains("n = 4 vs 4"), "{stdout}");
+}

@@ -38,6 +38,10 @@ fn model_workloads(scenario: &Scenario, apps: &[AppSpec], file: &str) -> anyhow:
     check_device(&scenario.device).map_err(|m| user(format!("{file}: device.mechanism: {m}")))?;
     let mut s = scenario.clone();
     s.workloads = as_workloads(apps);
+    if s.workloads.is_empty() {
+        // Apps of CPU operators only: no model, nothing to partition.
+        return Ok(s);
+    }
     let models: Vec<&str> = isolane_engine::builtin_models().iter().map(|m| m.name).collect();
     s.validate(&models).map_err(|e| {
         user(format!(
