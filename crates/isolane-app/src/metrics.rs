@@ -176,7 +176,7 @@ fn made_late<'a>(
 /// `frame,release_ms,end_ms,latency_ms,timeout,measured`, then each stage's own time
 /// (`<stage>_ms`, empty where it did not run). Times in ms since t0.
 pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
-    let mut out = String::from("frame,release_ms,end_ms,latency_ms,timeout,measured");
+    let mut out = String::from(isolane_core::results::APP_CSV_COLUMNS);
     for s in &app.stages {
         out.push_str(&format!(",{}_ms", s.name));
     }
@@ -208,32 +208,9 @@ pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
     out
 }
 
-/// The measured frames' end-to-end latencies (ms) of an `apps/<app>.csv` (completed frames).
-pub fn latencies_from_csv(text: &str) -> Result<Vec<f64>, String> {
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().ok_or("empty file")?.split(',').collect();
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .ok_or(format!("no `{name}` column"))
-    };
-    let (lat, measured) = (col("latency_ms")?, col("measured")?);
-    let mut out = Vec::new();
-    for (n, line) in lines.enumerate() {
-        let cells: Vec<&str> = line.split(',').collect();
-        let cell = |c: usize| cells.get(c).copied().unwrap_or("");
-        if cell(measured) != "1" || cell(lat).is_empty() {
-            continue;
-        }
-        out.push(
-            cell(lat)
-                .parse::<f64>()
-                .map_err(|e| format!("row {}: latency_ms: {e}", n + 2))?,
-        );
-    }
-    Ok(out)
-}
+/// The measured frames' end-to-end latencies (ms) of an `apps/<app>.csv`: core reads the
+/// format (`isolane_core::results::app_latencies_from_csv`), so the report reads it the same.
+pub use isolane_core::results::app_latencies_from_csv as latencies_from_csv;
 
 /// Two runs of an app compared: the two-sided Mann–Whitney U test of their measured frames'
 /// end-to-end latencies (paper 004 reports it for every pair of set-ups).

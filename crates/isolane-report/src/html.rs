@@ -784,7 +784,9 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
             ]
         })
         .collect();
-    page.table(&header, &rows);
+    if !rows.is_empty() {
+        page.table(&header, &rows);
+    }
     if let Some(t) = &r.summary.telemetry {
         let reasons = if t.throttle_reasons.is_empty() {
             "none".to_string()
@@ -842,8 +844,107 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
     if let Some(w) = &r.timeline {
         timeline_figure(page, r, w);
     }
+    apps_part(page, r)?;
     page.end();
     Ok(())
+}
+
+/// A run's apps (docs/apps.md): end to end with paper 004's metrics, each app's mean frame
+/// split into its stages' own times and the waiting between them, and the end-to-end CDFs.
+fn apps_part(page: &mut Page, r: &RunDir) -> Result<(), String> {
+    let apps = &r.summary.apps;
+    if apps.is_empty() {
+        return Ok(());
+    }
+    let header: Vec<String> = [
+        "app", "deadline ms", "frames", "timeouts %", "mean ms", "std ms", "p95 ms", "max ms",
+        "tail ms", "flatness ms",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rows: Vec<Vec<String>> = apps
+        .iter()
+        .map(|a| {
+            let m = &a.end_to_end;
+            let l = &m.latency_ms;
+            vec![
+                a.name.clone(),
+                format!("{:.1}", a.deadline_ms),
+                m.jobs.to_string(),
+                format!("{:.2}", m.timeout_pct),
+                fmt(l.mean, 3),
+                fmt(l.std, 3),
+                fmt(l.p95, 3),
+                fmt(l.max, 3),
+                fmt(l.tail, 3),
+                fmt(l.flatness, 3),
+            ]
+        })
+        .collect();
+    page.table(&header, &rows);
+    let bars: Vec<plot::StackedBar> = apps.iter().map(stage_bar).collect();
+    let svg = plot::stacked_bars_svg(
+        &format!("{}: mean frame by stage", r.label),
+        "mean time (ms)",
+        &bars,
+        W,
+        H,
+    )?;
+    let segments: usize = bars.iter().map(|b| b.segments.len()).sum();
+    let _ = write!(
+        page.body,
+        "<div class=\"grid\"><figure class=\"plot\" data-series=\"{segments}\">{svg}<figcaption>{}</figcaption></figure>",
+        escape(&format!(
+            "summary.json apps of {}: each stage's mean own time; waiting = mean end to end − their sum (queueing, hand-offs)",
+            r.label
+        ))
+    );
+    page.figures += 1;
+    let mut cdf = Chart::new(
+        format!("{}: end-to-end latency CDF", r.label),
+        "end-to-end latency (ms)",
+        "fraction of frames",
+    );
+    cdf.y_range = Some((0.0, 1.02));
+    cdf.legend_lower_right = true;
+    cdf.caption = format!(
+        "measured frames that reached the sink, apps/*.csv of {}",
+        r.label
+    );
+    for (name, lat) in &r.app_latencies_ms {
+        cdf = cdf.series(name.clone(), plot::cdf_points(lat, CDF_POINTS));
+    }
+    if !cdf.is_empty() {
+        let _ = write!(
+            page.body,
+            "<figure class=\"plot\" data-series=\"{}\">{}<figcaption>{}</figcaption></figure>",
+            cdf.series.len(),
+            plot::svg(&cdf, W, H)?,
+            escape(&cdf.caption)
+        );
+        page.figures += 1;
+    }
+    page.body.push_str("</div>");
+    Ok(())
+}
+
+/// One app's mean frame: its stages' mean own times, then what is left of the mean end to
+/// end (never negative: stages of a DAG that overlap can add up to more than it).
+fn stage_bar(a: &isolane_core::results::AppSummary) -> plot::StackedBar {
+    let mut segments: Vec<(String, f64)> = a
+        .stages
+        .iter()
+        .filter(|s| s.kind != "sink")
+        .map(|s| (s.name.clone(), s.latency_ms.mean.unwrap_or(0.0)))
+        .collect();
+    let busy: f64 = segments.iter().map(|s| s.1).sum();
+    if let Some(mean) = a.end_to_end.latency_ms.mean {
+        segments.push(("waiting".to_string(), (mean - busy).max(0.0)));
+    }
+    plot::StackedBar {
+        label: a.name.clone(),
+        segments,
+    }
 }
 
 /// The run's timeline around its worst job (`timeline::window`), one lane per workload.
@@ -902,6 +1003,7 @@ mod tests {
             isolation,
             telemetry: None,
             timeline: None,
+            app_latencies_ms: Vec::new(),
         }
     }
 

@@ -62,3 +62,35 @@ pub struct MemberSummary {
     /// that made the vote late.
     pub made_late: u64,
 }
+
+/// The first columns of `apps/<app>.csv` (one row per frame released; then each stage's own
+/// time, `<stage>_ms`; times in ms since t0, empty where there is none).
+pub const APP_CSV_COLUMNS: &str = "frame,release_ms,end_ms,latency_ms,timeout,measured";
+
+/// The end-to-end latencies (ms) of the measured frames that reached the sink, from an
+/// `apps/<app>.csv`.
+pub fn app_latencies_from_csv(text: &str) -> Result<Vec<f64>, String> {
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().ok_or("empty file")?.split(',').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or(format!("no `{name}` column"))
+    };
+    let (lat, measured) = (col("latency_ms")?, col("measured")?);
+    let mut out = Vec::new();
+    for (n, line) in lines.enumerate() {
+        let cells: Vec<&str> = line.split(',').collect();
+        let cell = |c: usize| cells.get(c).copied().unwrap_or("");
+        if cell(measured) != "1" || cell(lat).is_empty() {
+            continue;
+        }
+        out.push(
+            cell(lat)
+                .parse::<f64>()
+                .map_err(|e| format!("row {}: latency_ms: {e}", n + 2))?,
+        );
+    }
+    Ok(out)
+}

@@ -23,7 +23,9 @@ mod run;
 mod sweep;
 mod telemetry;
 
-pub use app::{AppSummary, MemberSummary, StageSummary};
+pub use app::{
+    app_latencies_from_csv, AppSummary, MemberSummary, StageSummary, APP_CSV_COLUMNS,
+};
 pub use interference::{
     interference_csv, CellKind, InterferenceCell, InterferenceIndex, INTERFERENCE_CSV_HEADER,
 };
