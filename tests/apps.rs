@@ -167,3 +167,117 @@ fn compare_tests_two_runs_of_an_app() {
     assert!(stdout.contains("latency flatness ms"), "{stdout}");
     assert!(stdout.contains("Mann–Whitney U = ") && stdout.contains("n = 4 vs 4"), "{stdout}");
 }
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/isolane-engine/tests/fixtures/onnx")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// A folder of PNGs → preprocess (to the model's 9x8 input) → a small ONNX convolution
+/// (3 → 5 channels at 9x4, standing in for a segmentation network) → per-pixel argmax → sink.
+#[test]
+fn an_image_folder_through_an_onnx_model_and_seg_argmax() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("frames");
+    std::fs::create_dir(&images).unwrap();
+    for (i, c) in [[200u8, 10, 10], [10, 200, 10], [10, 10, 200]].iter().enumerate() {
+        image::RgbImage::from_pixel(40, 30, image::Rgb(*c))
+            .save(images.join(format!("f{i}.png")))
+            .unwrap();
+    }
+    let text = format!(
+        r#"
+[[app]]
+name = "seg"
+deadline_ms = 1000
+frames = 24
+[app.source]
+kind = "images"
+dir = "frames"
+fps = 100
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+[[app.stage]]
+name = "net"
+kind = "model"
+model = "{}"
+[[app.stage]]
+name = "mask"
+kind = "seg_argmax"
+alpha = 0.4
+[[app.stage]]
+name = "out"
+kind = "sink"
+"#,
+        fixture("conv_same_lower_nobias_op16.onnx")
+    );
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "seg");
+    assert_eq!(a["source"].as_str().unwrap().split(' ').next(), Some("images"));
+    assert_eq!(a["end_to_end"]["completed"], 4, "{a}");
+    assert_eq!(a["stages"][2]["kind"], "seg_argmax");
+    assert_eq!(a["stages"][2]["processed"], 4);
+}
+
+/// A .y4m video → an ensemble of four ONNX classifiers (5 classes each) → a user ONNX voter
+/// taking their stacked outputs (a softmax over `[1, 4, 5]`) → sink.
+#[test]
+fn a_video_through_an_ensemble_with_an_onnx_voter() {
+    let dir = tempfile::tempdir().unwrap();
+    // 16x16 4:2:0: 256 luma + 2 × 64 chroma bytes per frame, two frames
+    let mut y4m = b"YUV4MPEG2 W16 H16 F30:1 Ip A1:1 C420jpeg\n".to_vec();
+    for luma in [60u8, 180] {
+        y4m.extend_from_slice(b"FRAME\n");
+        y4m.extend(std::iter::repeat_n(luma, 256));
+        y4m.extend(std::iter::repeat_n(128u8, 128));
+    }
+    std::fs::write(dir.path().join("clip.y4m"), y4m).unwrap();
+    let member = fixture("torch_mobilenet_v2_slim_op13.onnx");
+    let members: Vec<String> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| format!("{{ name = \"{n}\", model = \"{member}\" }}"))
+        .collect();
+    let text = format!(
+        r#"
+[[app]]
+name = "vote"
+deadline_ms = 1000
+frames = 24
+[app.source]
+kind = "video"
+path = "clip.y4m"
+fps = 50
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+[[app.stage]]
+name = "ens"
+kind = "ensemble"
+vote = "onnx"
+voter = "{}"
+members = [{}]
+[[app.stage]]
+name = "out"
+kind = "sink"
+"#,
+        fixture("softmax_default_op13.onnx"),
+        members.join(", ")
+    );
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "vote");
+    assert!(a["source"].as_str().unwrap().ends_with("clip.y4m"));
+    assert_eq!(a["end_to_end"]["completed"], 4, "{a}");
+    let members = a["stages"][1]["members"].as_array().unwrap();
+    assert_eq!(members.len(), 4);
+    assert_eq!(members[3]["name"], "ens.d");
+}

@@ -314,7 +314,13 @@ impl Stage for Ensemble {
             EnsembleVote::Majority => ops::vote::majority(&outputs).map(Payload::Classes),
             EnsembleVote::Mean => ops::vote::mean(&outputs, 5).map(Payload::Classes),
             EnsembleVote::Model(m) => {
-                let stacked = ops::vote::stack(&outputs).map_err(|e| e.to_string())?;
+                let mut stacked = ops::vote::stack(&outputs).map_err(|e| e.to_string())?;
+                // `[members, 1, K]` and a voter's `[1, members, K]` hold the same values in
+                // the same order: the voter takes them in its own input shape.
+                let want = m.model.input_shape();
+                if want.iter().product::<usize>() == stacked.data.len() {
+                    stacked.shape = want.to_vec();
+                }
                 return m.infer(&stacked).map(Payload::Tensor);
             }
         };
