@@ -281,3 +281,43 @@ kind = "sink"
     assert_eq!(members.len(), 4);
     assert_eq!(members[3]["name"], "ens.d");
 }
+
+#[test]
+fn flags_not_built_for_apps_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = scenario(dir.path(), "s.toml", APP);
+    for flag in [&["--trace"][..], &["--metrics-addr", "127.0.0.1:0"]] {
+        let o = isolane().arg("run").arg(&p).args(flag).arg("--out").arg(dir.path().join("x")).output().unwrap();
+        assert_eq!(o.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("not built for scenarios with [[app]]s"));
+    }
+}
+
+/// On the H100: an app whose model runs in a green context of 16 SMs (fp16), through the
+/// binary; summary.json names the partition. `scripts/gpu-test.sh` runs it with --ignored.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_app_runs_in_a_green_context_on_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = APP
+        .replace("size = [8, 8]", "")
+        .replace(
+            "[[app.stage]]\nname = \"out\"",
+            "[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"resnet18\"\n\
+             [[app.stage]]\nname = \"top\"\nkind = \"classify\"\n[[app.stage]]\nname = \"out\"",
+        )
+        .replace("fps = 10", "fps = 100")
+        .replace("frames = 30", "frames = 200\nprecision = \"fp16\"\npartition = { sms = 16 }");
+    let text = format!("[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n{text}");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "a");
+    assert_eq!(a["end_to_end"]["jobs"], 180);
+    let net = &a["stages"][1];
+    assert!(net["partition"].as_str().unwrap().contains("green"), "{net}");
+    assert_eq!(s["partitions"][0]["workload"], "a.net");
+    // 224x224 ResNet-18 in fp16 on 16 SMs: well under a 50 ms deadline
+    assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
+}

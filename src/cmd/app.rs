@@ -54,9 +54,19 @@ fn model_workloads(scenario: &Scenario, apps: &[AppSpec], file: &str) -> anyhow:
 pub fn run(
     scenario: Scenario,
     scenario_name: String,
-    apps: Vec<AppSpec>,
+    mut apps: Vec<AppSpec>,
     args: &RunArgs,
 ) -> anyhow::Result<u8> {
+    if args.trace || args.metrics_addr.is_some() {
+        return Err(user(
+            "--trace and --metrics-addr are not built for scenarios with [[app]]s yet              (docs/apps.md, What is built)",
+        ));
+    }
+    if args.no_plan_check {
+        for m in apps.iter_mut().flat_map(AppSpec::models_mut) {
+            m.plan_check = false;
+        }
+    }
     let workloads = model_workloads(&scenario, &apps, &scenario_name)?;
     let admitted = super::admit_or_refuse(&workloads, &scenario_name)?;
     let out = super::run::prepare_out(args.out.as_deref(), args.force)?;

@@ -985,6 +985,24 @@ impl AppSpec {
         out
     }
 
+    /// [`AppSpec::models`], to change (`--no-plan-check`).
+    pub fn models_mut(&mut self) -> Vec<&mut ModelSpec> {
+        let mut out = Vec::new();
+        for s in &mut self.stages {
+            match &mut s.kind {
+                StageKind::Model(m) => out.push(m),
+                StageKind::Ensemble { members, vote } => {
+                    out.extend(members.iter_mut());
+                    if let Vote::Onnx(m) = vote {
+                        out.push(m);
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
     /// The stages that read stage `j`'s output.
     pub fn consumers(&self, j: usize) -> Vec<usize> {
         (0..self.stages.len())

@@ -79,6 +79,11 @@ impl ModelNames for Names {
 }
 
 fn apps(stages: &str) -> Vec<AppSpec> {
+    apps_with_sink(stages, "")
+}
+
+/// The app with `sink` added to its sink's table (e.g. its `after`).
+fn apps_with_sink(stages: &str, sink: &str) -> Vec<AppSpec> {
     let text = format!(
         r#"
 [[app]]
@@ -98,6 +103,7 @@ size = [4, 4]
 [[app.stage]]
 name = "out"
 kind = "sink"
+{sink}
 "#
     );
     parse_apps(&text, std::path::Path::new("t.toml"), &Names).unwrap()
@@ -176,4 +182,87 @@ fn a_failing_stage_drops_its_frames_and_says_why() {
     let sink = &rec.stages[2];
     assert_eq!(sink.len(), 24);
     assert!(sink[2].end_ns.is_some() && sink[3].end_ns.is_none() && sink[23].end_ns.is_none());
+}
+
+#[test]
+fn a_sink_joins_two_branches_of_a_dag() {
+    let stages = "[[app.stage]]\nname = \"left\"\nkind = \"model\"\nmodel = \"m\"\nafter = [\"pre\"]\n\
+                  [[app.stage]]\nname = \"right\"\nkind = \"model\"\nmodel = \"m\"\nafter = [\"pre\"]\n\
+                  [[app.stage]]\nname = \"lc\"\nkind = \"classify\"\nafter = [\"left\"]\n\
+                  [[app.stage]]\nname = \"rc\"\nkind = \"classify\"\nafter = [\"right\"]";
+    let app = apps_with_sink(stages, "after = [\"lc\", \"rc\"]").remove(0);
+    let out = run(std::slice::from_ref(&app));
+    let rec = &out.apps[0];
+    assert_eq!(rec.error, None);
+    for (left, (right, sink)) in rec.stages[1].iter().zip(rec.stages[2].iter().zip(&rec.stages[5])) {
+        // the sink ends a frame after both branches ended it
+        assert!(sink.end_ns.unwrap() >= left.end_ns.unwrap().max(right.end_ns.unwrap()));
+    }
+}
+
+/// A model that takes 30 ms per frame released every 5 ms with a 10 ms deadline: with
+/// `late = "skip"` the frames that wait past their deadline are dropped, never run.
+#[test]
+fn late_frames_are_skipped_and_count_as_timeouts() {
+    struct Slow;
+    impl ModelBuilder for Slow {
+        fn build(
+            &self,
+            d: &DeviceSpec,
+            m: &ModelSpec,
+            s: u64,
+            p: Option<Partition>,
+        ) -> Result<Box<dyn CompiledModel>, String> {
+            struct Sleepy(Box<dyn CompiledModel>);
+            impl CompiledModel for Sleepy {
+                fn input_shape_at(&self, i: usize) -> &[usize] {
+                    self.0.input_shape_at(i)
+                }
+                fn output_shape_at(&self, i: usize) -> &[usize] {
+                    self.0.output_shape_at(i)
+                }
+                fn input_mut_at(&mut self, i: usize) -> &mut [f32] {
+                    self.0.input_mut_at(i)
+                }
+                fn output_at(&self, i: usize) -> &[f32] {
+                    self.0.output_at(i)
+                }
+                fn run(&mut self) -> isolane_engine::Result<()> {
+                    std::thread::sleep(std::time::Duration::from_millis(30));
+                    self.0.run()
+                }
+            }
+            Ok(Box::new(Sleepy(StandIns.build(d, m, s, p)?)))
+        }
+    }
+    let mut apps = apps("[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"m\"");
+    apps[0].deadline_ms = 10.0;
+    let stop = AtomicBool::new(false);
+    let device = DeviceSpec {
+        backend: isolane_core::spec::Backend::Cpu,
+        gpu: 0,
+        mechanism: isolane_core::spec::Mechanism::None,
+        host: isolane_core::spec::Host::Thread,
+    };
+    let timing = TimingSpec::default();
+    let out = run_apps(
+        &apps,
+        RunSettings {
+            device: &device,
+            timing: &timing,
+            models: Arc::new(Slow),
+            partitions: HashMap::new(),
+            stop: &stop,
+        },
+    )
+    .unwrap();
+    let s = isolane_app::metrics::summarize(&apps[0], &out.apps[0], &|_| "cpu".into());
+    let net = &s.stages[1];
+    // every frame either ran or was skipped; a 30 ms model cannot keep up with 5 ms frames
+    assert_eq!(net.processed + net.skipped, 4);
+    let all = &out.apps[0].stages[1];
+    let ran = all.iter().filter(|r| r.end_ns.is_some()).count();
+    assert!(ran < 24 && ran >= 1, "{ran} of 24 ran");
+    // each one that ran took the model's 30 ms, over the 10 ms deadline: all frames time out
+    assert_eq!(s.end_to_end.timeouts, 4);
 }
