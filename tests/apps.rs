@@ -48,7 +48,7 @@ fn the_endoscopy_pipeline_runs_on_the_cpu() {
     // a frame that reached the sink took at least its stages' own times
     let csv = std::fs::read_to_string(out.join("apps/endoscopy.csv")).unwrap();
     assert_eq!(csv.lines().count(), 41);
-    assert!(csv.starts_with("frame,release_ms,end_ms,latency_ms,timeout,measured,preprocess_ms"));
+    assert!(csv.starts_with("frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,preprocess_ms"));
 }
 
 #[test]

@@ -24,7 +24,9 @@ fn measured(app: &AppSpec, released: u64) -> std::ops::Range<u64> {
     first..last
 }
 
-/// Each measured frame's end-to-end record: release, the source's actual send, the sink's end.
+/// Each measured frame's end-to-end record: its release and the sink's end. No start: a
+/// workload's start lateness assumes each job waits for the previous one's end, which the
+/// frames of a pipeline do not (frame k+1 enters while frame k is still in a later stage).
 pub fn frame_records(app: &AppSpec, rec: &AppRecords) -> Vec<JobRecord> {
     let sink = rec.sink(app);
     measured(app, rec.release_ns.len() as u64)
@@ -34,7 +36,7 @@ pub fn frame_records(app: &AppSpec, rec: &AppRecords) -> Vec<JobRecord> {
             JobRecord {
                 index: k,
                 release_ns: rec.release_ns[i],
-                start_ns: Some(rec.sent_ns[i]),
+                start_ns: None,
                 end_ns: end,
                 timeout: end.is_none(),
                 held_ns: 0,
@@ -173,7 +175,7 @@ fn made_late<'a>(
 }
 
 /// `apps/<app>.csv`: one row per frame released (all of them, the dropped ones included):
-/// `frame,release_ms,end_ms,latency_ms,timeout,measured`, then each stage's own time
+/// `frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured`, then each stage's own time
 /// (`<stage>_ms`, empty where it did not run). Times in ms since t0.
 pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
     let mut out = String::from(isolane_core::results::APP_CSV_COLUMNS);
@@ -188,8 +190,9 @@ pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
         let end = sink.get(i).and_then(|s| s.end_ns);
         let timeout = end.is_none_or(|e| e - release > app.deadline_ns());
         out.push_str(&format!(
-            "{i},{},{},{},{},{}",
+            "{i},{},{},{},{},{},{}",
             ms(release),
+            rec.sent_ns.get(i).map(|s| ms(*s)).unwrap_or_default(),
             end.map(ms).unwrap_or_default(),
             end.map(|e| ms(e - release)).unwrap_or_default(),
             timeout as u8,

@@ -123,13 +123,13 @@ fn csv_round_trips_the_measured_latencies() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "frame,release_ms,end_ms,latency_ms,timeout,measured,pre_ms,ens_ms,out_ms"
+        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,pre_ms,ens_ms,out_ms"
     );
     assert_eq!(
         lines.next().unwrap(),
-        "0,0.000000,3.000000,3.000000,0,0,1.000000,1.000000,1.000000"
+        "0,0.000000,0.000000,3.000000,3.000000,0,0,1.000000,1.000000,1.000000"
     );
-    assert_eq!(lines.nth(2).unwrap(), "3,30.000000,,,1,1,1.000000,,");
+    assert_eq!(lines.nth(2).unwrap(), "3,30.000000,30.000000,,,1,1,1.000000,,");
     assert_eq!(latencies_from_csv(&csv).unwrap(), vec![5.0, 8.0]);
     assert!(latencies_from_csv("a,b\n1,2\n").unwrap_err().contains("latency_ms"));
 }

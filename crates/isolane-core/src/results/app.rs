@@ -63,9 +63,10 @@ pub struct MemberSummary {
     pub made_late: u64,
 }
 
-/// The first columns of `apps/<app>.csv` (one row per frame released; then each stage's own
+/// The first columns of `apps/<app>.csv` (one row per frame released; `sent_ms`: when the
+/// source actually sent it; then each stage's own
 /// time, `<stage>_ms`; times in ms since t0, empty where there is none).
-pub const APP_CSV_COLUMNS: &str = "frame,release_ms,end_ms,latency_ms,timeout,measured";
+pub const APP_CSV_COLUMNS: &str = "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured";
 
 /// The end-to-end latencies (ms) of the measured frames that reached the sink, from an
 /// `apps/<app>.csv`.
