@@ -25,7 +25,9 @@ use super::{user, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
                   (scenarios/quickstart.toml; `--backend cpu` picks it on a GPU machine too, \
                   `--backend cuda` insists on the GPU one). When the \
                   GPU one cannot run, a note says why (no driver, no device, a CUDA library \
-                  missing)."
+                  missing). A scenario with [[app]] tables runs its apps (pipelines and \
+                  ensembles with end-to-end deadlines) and writes summary.json's `apps` and \
+                  apps/<app>.csv (docs/apps.md)."
 )]
 pub struct RunArgs {
     /// Scenario file (TOML). Default: the built-in quickstart.

@@ -441,6 +441,7 @@ impl Validator<'_> {
             partition: a.partition,
         };
         let stages = self.stages(&at, a.stage, &defaults)?;
+        self.check_crops(&at, &source, &stages)?;
         Ok(AppSpec {
             name: a.name,
             deadline_ms: a.deadline_ms,
@@ -955,6 +956,29 @@ impl Validator<'_> {
                         got.name()
                     ),
                 ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Validator<'_> {
+    /// A crop must fit the frame; of a synthetic source the size is known now (files are
+    /// checked per frame, where a crop that does not fit fails the stage).
+    fn check_crops(&self, at: &str, source: &SourceSpec, stages: &[StageSpec]) -> Result<(), SpecError> {
+        let SourceKind::Synthetic { width, height } = source.kind else {
+            return Ok(());
+        };
+        for (j, s) in stages.iter().enumerate() {
+            if let StageKind::Preprocess(PreprocessSpec { crop: Some([x, y, w, h]), .. }) = &s.kind {
+                if u64::from(*x) + u64::from(*w) > u64::from(width)
+                    || u64::from(*y) + u64::from(*h) > u64::from(height)
+                {
+                    return Err(self.err(
+                        format!("{at}.stage[{j}].crop"),
+                        format!("[{x}, {y}, {w}, {h}] does not fit the {width}x{height} frames of the source"),
+                    ));
+                }
             }
         }
         Ok(())

@@ -169,6 +169,8 @@ fn value_rules() {
     assert!(e.contains("no such file"), "{e}");
     let e = err(&PIPELINE.replace("kind = \"synthetic\"", "kind = \"video\"\npath = \"a.mp4\"").replace("width = 64\nheight = 48\n", ""));
     assert!(e.contains("app[0].source.path") && e.contains(".y4m"), "{e}");
+    let e = err(&PIPELINE.replace("kind = \"preprocess\"", "kind = \"preprocess\"\ncrop = [10, 0, 60, 48]"));
+    assert!(e.contains("app[0].stage[0].crop") && e.contains("64x48"), "{e}");
     let e = err(&PIPELINE.replace("name = \"top\"", "name = \"source\""));
     assert!(e.contains("names the app's source"), "{e}");
     let e = err(&format!("{PIPELINE}\n{}", &PIPELINE[PIPELINE.find("[[app]]").unwrap()..]));
