@@ -27,20 +27,37 @@ fn app<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
 fn the_endoscopy_pipeline_runs_on_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let o = run_ok(isolane().arg("run").arg(example("endoscopy-cpu.toml")).arg("--out").arg(&out));
+    let o = run_ok(
+        isolane()
+            .arg("run")
+            .arg(example("endoscopy-cpu.toml"))
+            .arg("--out")
+            .arg(&out),
+    );
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("endoscopy") && stdout.contains("flat ms"), "{stdout}");
+    assert!(
+        stdout.contains("endoscopy") && stdout.contains("flat ms"),
+        "{stdout}"
+    );
     let s = summary(&out);
     assert_eq!(s["status"], "ok");
     let a = app(&s, "endoscopy");
-    assert_eq!((a["frames"].as_u64(), a["dropped_first"].as_u64()), (Some(40), Some(10)));
+    assert_eq!(
+        (a["frames"].as_u64(), a["dropped_first"].as_u64()),
+        (Some(40), Some(10))
+    );
     let e = &a["end_to_end"];
     assert_eq!(e["jobs"], 20);
     // the tail and flatness are paper 004's: max − p95 and p90 − p10
     let l = &e["latency_ms"];
     assert!((f(&l["tail"]) - (f(&l["max"]) - f(&l["p95"]))).abs() < 1e-6);
     assert!((f(&l["flatness"]) - (f(&l["p90"]) - f(&l["p10"]))).abs() < 1e-6);
-    let kinds: Vec<&str> = a["stages"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    let kinds: Vec<&str> = a["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap())
+        .collect();
     assert_eq!(kinds, ["preprocess", "model", "classify", "sink"]);
     for st in a["stages"].as_array().unwrap() {
         assert_eq!(f(&st["processed"]) + f(&st["skipped"]), 20.0, "{st}");
@@ -48,14 +65,21 @@ fn the_endoscopy_pipeline_runs_on_the_cpu() {
     // a frame that reached the sink took at least its stages' own times
     let csv = std::fs::read_to_string(out.join("apps/endoscopy.csv")).unwrap();
     assert_eq!(csv.lines().count(), 41);
-    assert!(csv.starts_with("frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,preprocess_ms"));
+    assert!(csv
+        .starts_with("frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,preprocess_ms"));
 }
 
 #[test]
 fn the_ensemble_example_reports_its_members() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    run_ok(isolane().arg("run").arg(example("ensemble-cpu.toml")).arg("--out").arg(&out));
+    run_ok(
+        isolane()
+            .arg("run")
+            .arg(example("ensemble-cpu.toml"))
+            .arg("--out")
+            .arg(&out),
+    );
     let s = summary(&out);
     let a = app(&s, "diverse");
     assert_eq!(a["end_to_end"]["jobs"], 20);
@@ -64,7 +88,10 @@ fn the_ensemble_example_reports_its_members() {
     let members = vote["members"].as_array().unwrap();
     assert_eq!(members.len(), 2);
     assert_eq!(members[1]["model"], "resnet18");
-    let late: u64 = members.iter().map(|m| m["made_late"].as_u64().unwrap()).sum();
+    let late: u64 = members
+        .iter()
+        .map(|m| m["made_late"].as_u64().unwrap())
+        .sum();
     // every late vote is blamed on exactly one member
     let vote_late = a["end_to_end"]["timeouts"].as_u64().unwrap();
     assert!(late <= vote_late, "{late} > {vote_late}");
@@ -78,7 +105,10 @@ fn the_ensemble_example_reports_its_members() {
 #[test]
 fn every_app_example_validates_and_the_gpu_one_is_admitted_on_an_h100() {
     use isolane_core::admission::{admit, AdmissionOptions};
-    let models: Vec<&str> = isolane_engine::builtin_models().iter().map(|m| m.name).collect();
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
     let h100 = isolane_core::device_model::device_model("h100-sxm").unwrap();
     let mut n = 0;
     for e in std::fs::read_dir(example("")).unwrap() {
@@ -92,7 +122,8 @@ fn every_app_example_validates_and_the_gpu_one_is_admitted_on_an_h100() {
         isolane_app::partitions::check_device(&s.device).unwrap();
         let mut w = s.clone();
         w.workloads = isolane_app::partitions::as_workloads(&apps);
-        w.validate(&models).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        w.validate(&models)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         if s.device.backend == isolane_core::spec::Backend::Cuda {
             let mem = vec![None; w.workloads.len()];
             admit(&w, &h100, &mem, &AdmissionOptions::default())
@@ -107,7 +138,13 @@ fn refused(text: &str, expect: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let p = scenario(dir.path(), "s.toml", text);
     let out = dir.path().join("never");
-    let o = isolane().arg("run").arg(&p).arg("--out").arg(&out).output().unwrap();
+    let o = isolane()
+        .arg("run")
+        .arg(&p)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{stderr}");
     for e in expect {
@@ -138,7 +175,10 @@ kind = "sink"
 #[test]
 fn mistakes_are_refused_with_exit_2() {
     refused(
-        &APP.replace("kind = \"preprocess\"\nsize = [8, 8]", "kind = \"graphics\""),
+        &APP.replace(
+            "kind = \"preprocess\"\nsize = [8, 8]",
+            "kind = \"graphics\"",
+        ),
         &["s.toml", "app[0].stage[0].kind", "not built yet"],
     );
     refused(
@@ -149,14 +189,19 @@ fn mistakes_are_refused_with_exit_2() {
         &format!("[device]\nbackend = \"cuda\"\nmechanism = \"mps\"\n{APP}"),
         &["device.mechanism", "green"],
     );
-    refused(&APP.replace("fps = 10", "fps = 10\nfpx = 3"), &["s.toml", "fpx"]);
+    refused(
+        &APP.replace("fps = 10", "fps = 10\nfpx = 3"),
+        &["s.toml", "fpx"],
+    );
 }
 
 #[test]
 fn compare_tests_two_runs_of_an_app() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-    let text = APP.replace("frames = 30", "frames = 24").replace("fps = 10", "fps = 100");
+    let text = APP
+        .replace("frames = 30", "frames = 24")
+        .replace("fps = 10", "fps = 100");
     let p = scenario(dir.path(), "s.toml", &text);
     for out in [&a, &b] {
         run_ok(isolane().arg("run").arg(&p).arg("--out").arg(out));
@@ -165,7 +210,10 @@ fn compare_tests_two_runs_of_an_app() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("app a (end to end)"), "{stdout}");
     assert!(stdout.contains("latency flatness ms"), "{stdout}");
-    assert!(stdout.contains("Mann–Whitney U = ") && stdout.contains("n = 4 vs 4"), "{stdout}");
+    assert!(
+        stdout.contains("Mann–Whitney U = ") && stdout.contains("n = 4 vs 4"),
+        "{stdout}"
+    );
 }
 
 fn fixture(name: &str) -> String {
@@ -183,7 +231,10 @@ fn an_image_folder_through_an_onnx_model_and_seg_argmax() {
     let dir = tempfile::tempdir().unwrap();
     let images = dir.path().join("frames");
     std::fs::create_dir(&images).unwrap();
-    for (i, c) in [[200u8, 10, 10], [10, 200, 10], [10, 10, 200]].iter().enumerate() {
+    for (i, c) in [[200u8, 10, 10], [10, 200, 10], [10, 10, 200]]
+        .iter()
+        .enumerate()
+    {
         image::RgbImage::from_pixel(40, 30, image::Rgb(*c))
             .save(images.join(format!("f{i}.png")))
             .unwrap();
@@ -220,7 +271,10 @@ kind = "sink"
     run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
     let s = summary(&out);
     let a = app(&s, "seg");
-    assert_eq!(a["source"].as_str().unwrap().split(' ').next(), Some("images"));
+    assert_eq!(
+        a["source"].as_str().unwrap().split(' ').next(),
+        Some("images")
+    );
     assert_eq!(a["end_to_end"]["completed"], 4, "{a}");
     assert_eq!(a["stages"][2]["kind"], "seg_argmax");
     assert_eq!(a["stages"][2]["processed"], 4);
@@ -287,9 +341,18 @@ fn flags_not_built_for_apps_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let p = scenario(dir.path(), "s.toml", APP);
     for flag in [&["--trace"][..], &["--metrics-addr", "127.0.0.1:0"]] {
-        let o = isolane().arg("run").arg(&p).args(flag).arg("--out").arg(dir.path().join("x")).output().unwrap();
+        let o = isolane()
+            .arg("run")
+            .arg(&p)
+            .args(flag)
+            .arg("--out")
+            .arg(dir.path().join("x"))
+            .output()
+            .unwrap();
         assert_eq!(o.status.code(), Some(2));
-        assert!(String::from_utf8_lossy(&o.stderr).contains("not built for scenarios with [[app]]s"));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("not built for scenarios with [[app]]s")
+        );
     }
 }
 
@@ -307,7 +370,10 @@ fn an_app_runs_in_a_green_context_on_the_gpu() {
              [[app.stage]]\nname = \"top\"\nkind = \"classify\"\n[[app.stage]]\nname = \"out\"",
         )
         .replace("fps = 10", "fps = 100")
-        .replace("frames = 30", "frames = 200\nprecision = \"fp16\"\npartition = { sms = 16 }");
+        .replace(
+            "frames = 30",
+            "frames = 200\nprecision = \"fp16\"\npartition = { sms = 16 }",
+        );
     let text = format!("[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n{text}");
     let p = scenario(dir.path(), "s.toml", &text);
     let out = dir.path().join("run");
@@ -316,7 +382,10 @@ fn an_app_runs_in_a_green_context_on_the_gpu() {
     let a = app(&s, "a");
     assert_eq!(a["end_to_end"]["jobs"], 180);
     let net = &a["stages"][1];
-    assert!(net["partition"].as_str().unwrap().contains("green"), "{net}");
+    assert!(
+        net["partition"].as_str().unwrap().contains("green"),
+        "{net}"
+    );
     assert_eq!(s["partitions"][0]["workload"], "a.net");
     // 224x224 ResNet-18 in fp16 on 16 SMs: well under a 50 ms deadline
     assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");

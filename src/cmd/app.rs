@@ -21,8 +21,8 @@ use super::user;
 
 /// The `[[app]]`s of the scenario file at `path` (none: an ordinary scenario).
 pub fn load_apps(path: &Path) -> anyhow::Result<Vec<AppSpec>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     parse_apps(&text, path, &EngineModels).map_err(user)
 }
 
@@ -42,7 +42,10 @@ fn model_workloads(scenario: &Scenario, apps: &[AppSpec], file: &str) -> anyhow:
         // Apps of CPU operators only: no model, nothing to partition.
         return Ok(s);
     }
-    let models: Vec<&str> = isolane_engine::builtin_models().iter().map(|m| m.name).collect();
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
     s.validate(&models).map_err(|e| {
         user(format!(
             "{file}: an app's model as a workload (named <app>.<stage>[.<member>]): {e}"
@@ -194,13 +197,19 @@ fn tables(scenario: &Scenario, apps: &[AppSummary]) -> String {
             ]
         })
         .collect();
-    let header = ["app", "frames", "miss %", "mean ms", "std ms", "max ms", "tail ms", "flat ms"];
+    let header = [
+        "app", "frames", "miss %", "mean ms", "std ms", "max ms", "tail ms", "flat ms",
+    ];
     let stages: Vec<Vec<String>> = apps
         .iter()
         .flat_map(|a| {
             a.stages.iter().enumerate().map(move |(j, s)| {
                 vec![
-                    if j == 0 { a.name.clone() } else { String::new() },
+                    if j == 0 {
+                        a.name.clone()
+                    } else {
+                        String::new()
+                    },
                     s.name.clone(),
                     s.kind.clone(),
                     s.processed.to_string(),
@@ -212,7 +221,9 @@ fn tables(scenario: &Scenario, apps: &[AppSummary]) -> String {
             })
         })
         .collect();
-    let stage_header = ["app", "stage", "kind", "done", "skip", "mean ms", "p95 ms", "max ms"];
+    let stage_header = [
+        "app", "stage", "kind", "done", "skip", "mean ms", "p95 ms", "max ms",
+    ];
     format!(
         "{}, apps (end to end, first and last frames dropped)\n{}\n{}",
         super::device_title(scenario),

@@ -119,8 +119,8 @@ fn compare_apps(
 ) -> anyhow::Result<usize> {
     let read = |dir: &Path, name: &str| -> anyhow::Result<Vec<f64>> {
         let p = dir.join("apps").join(format!("{name}.csv"));
-        let text = std::fs::read_to_string(&p)
-            .map_err(|e| user(format!("{}: {e}", p.display())))?;
+        let text =
+            std::fs::read_to_string(&p).map_err(|e| user(format!("{}: {e}", p.display())))?;
         isolane_app::metrics::latencies_from_csv(&text)
             .map_err(|e| user(format!("{}: {e}", p.display())))
     };

@@ -97,7 +97,10 @@ pub fn summarize(
                 kind: spec.kind.name().to_string(),
                 partition: match &spec.kind {
                     StageKind::Model(model) => partition(&model.name),
-                    StageKind::Ensemble { vote: Vote::Onnx(v), .. } => partition(&v.name),
+                    StageKind::Ensemble {
+                        vote: Vote::Onnx(v),
+                        ..
+                    } => partition(&v.name),
                     _ => "cpu".to_string(),
                 },
                 processed: ran.clone().count() as u64,

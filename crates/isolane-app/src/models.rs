@@ -81,7 +81,10 @@ pub fn input_shape(model: &ModelSpec) -> Result<Vec<usize>, String> {
         .first()
         .ok_or_else(|| format!("{}: the model has no input", model.model))?;
     let isolane_engine::ir::ValueKind::Input(dims) = &graph.values[id].kind else {
-        return Err(format!("{}: its first input is not a graph input", model.model));
+        return Err(format!(
+            "{}: its first input is not a graph input",
+            model.model
+        ));
     };
     dims.iter()
         .map(|d| match d {

@@ -130,11 +130,14 @@ fn preprocess_sizes(app: &AppSpec) -> Result<Vec<Option<[u32; 2]>>, String> {
         if p.size.is_some() {
             continue;
         }
-        let model = app.consumers(j).into_iter().find_map(|k| match &app.stages[k].kind {
-            StageKind::Model(m) => Some(m),
-            StageKind::Ensemble { members, .. } => members.first(),
-            _ => None,
-        });
+        let model = app
+            .consumers(j)
+            .into_iter()
+            .find_map(|k| match &app.stages[k].kind {
+                StageKind::Model(m) => Some(m),
+                StageKind::Ensemble { members, .. } => members.first(),
+                _ => None,
+            });
         let Some(model) = model else {
             return Err(format!(
                 "stage `{}`: no size = [width, height], and it feeds no model whose input gives one",
@@ -232,7 +235,11 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
         let mut out = Vec::new();
         for ((app, src), stages) in apps.iter().zip(source_threads).zip(stage_threads) {
             let (release_ns, sent_ns, source_error) = src.join().unwrap_or_else(|_| {
-                (Vec::new(), Vec::new(), Some("the source thread panicked".to_string()))
+                (
+                    Vec::new(),
+                    Vec::new(),
+                    Some("the source thread panicked".to_string()),
+                )
             });
             let mut records = AppRecords {
                 release_ns,
@@ -242,7 +249,10 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
             };
             for (j, h) in stages.into_iter().enumerate() {
                 let (recs, err) = h.join().unwrap_or_else(|_| {
-                    (Vec::new(), Some(format!("stage `{}` panicked", app.stages[j].name)))
+                    (
+                        Vec::new(),
+                        Some(format!("stage `{}` panicked", app.stages[j].name)),
+                    )
                 });
                 records.stages.push(recs);
                 if records.error.is_none() {
@@ -361,8 +371,8 @@ impl StageWorker<'_> {
             let first = &msgs[0];
             let payloads: Option<Vec<Arc<Payload>>> =
                 msgs.iter().map(|m| m.payload.clone()).collect();
-            let late = self.app.late == Late::Skip
-                && clock::now_ns() - t0 > first.release_ns + deadline;
+            let late =
+                self.app.late == Late::Skip && clock::now_ns() - t0 > first.release_ns + deadline;
             let mut record = StageRecord {
                 frame: first.index,
                 start_ns: None,

@@ -76,11 +76,7 @@ impl Synthetic {
                 }
             }
         }
-        Frame {
-            width,
-            height,
-            rgb,
-        }
+        Frame { width, height, rgb }
     }
 }
 
@@ -104,7 +100,10 @@ impl ImageFolder {
         let mut files: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
-                let ext = p.extension().and_then(|e| e.to_str()).map(str::to_lowercase);
+                let ext = p
+                    .extension()
+                    .and_then(|e| e.to_str())
+                    .map(str::to_lowercase);
                 matches!(ext.as_deref(), Some("png" | "jpg" | "jpeg"))
             })
             .collect();
@@ -314,7 +313,10 @@ mod tests {
         // the square of frame 0 starts at (0, 0)
         assert_eq!(Synthetic::frame(64, 48, 0).pixel(0, 0), [240, 240, 240]);
         // gradient outside it: red follows x
-        assert_eq!(Synthetic::frame(64, 48, 0).pixel(63, 47)[0], (63 * 255 / 64) as u8);
+        assert_eq!(
+            Synthetic::frame(64, 48, 0).pixel(63, 47)[0],
+            (63 * 255 / 64) as u8
+        );
     }
 
     fn write_y4m(dir: &Path, header: &str, frames: &[Vec<u8>]) -> PathBuf {
@@ -334,7 +336,11 @@ mod tests {
         // 2x2 4:2:0: 4 luma + 1 Cb + 1 Cr; frame 0 black (Y 16), frame 1 white (Y 235)
         let f0 = vec![16, 16, 16, 16, 128, 128];
         let f1 = vec![235, 235, 235, 235, 128, 128];
-        let p = write_y4m(dir.path(), "YUV4MPEG2 W2 H2 F30:1 Ip A1:1 C420jpeg", &[f0, f1]);
+        let p = write_y4m(
+            dir.path(),
+            "YUV4MPEG2 W2 H2 F30:1 Ip A1:1 C420jpeg",
+            &[f0, f1],
+        );
         let mut v = Y4m::open(&p).unwrap();
         assert_eq!(v.next_frame().unwrap().pixel(1, 1), [0, 0, 0]);
         assert_eq!(v.next_frame().unwrap().pixel(0, 0), [255, 255, 255]);
@@ -352,7 +358,10 @@ mod tests {
         let e = Y4m::open(&p).err().unwrap().to_string();
         assert!(e.contains("cut short"), "{e}");
         std::fs::write(dir.path().join("x.y4m"), b"RIFF\n").unwrap();
-        let e = Y4m::open(&dir.path().join("x.y4m")).err().unwrap().to_string();
+        let e = Y4m::open(&dir.path().join("x.y4m"))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("not a YUV4MPEG2"), "{e}");
     }
 

@@ -91,21 +91,10 @@ pub struct StageSpec {
 pub enum StageKind {
     Preprocess(PreprocessSpec),
     Model(ModelSpec),
-    Yolov8Decode {
-        conf: f32,
-        iou: f32,
-        max_det: usize,
-    },
-    SegArgmax {
-        alpha: f32,
-    },
-    Classify {
-        top_k: usize,
-    },
-    Ensemble {
-        members: Vec<ModelSpec>,
-        vote: Vote,
-    },
+    Yolov8Decode { conf: f32, iou: f32, max_det: usize },
+    SegArgmax { alpha: f32 },
+    Classify { top_k: usize },
+    Ensemble { members: Vec<ModelSpec>, vote: Vote },
     Sink,
 }
 
@@ -363,10 +352,9 @@ pub fn parse_apps(
         .enumerate()
         .map(|(i, a)| v.app(i, a))
         .collect::<Result<Vec<_>, _>>()?;
-    v.unique(
-        apps.iter().map(|a| a.name.as_str()),
-        |i| format!("app[{i}].name"),
-    )?;
+    v.unique(apps.iter().map(|a| a.name.as_str()), |i| {
+        format!("app[{i}].name")
+    })?;
     Ok(apps)
 }
 
@@ -393,7 +381,10 @@ impl Validator<'_> {
         let mut seen = BTreeSet::new();
         for (i, n) in names.enumerate() {
             if !seen.insert(n) {
-                return Err(self.err(field(i), format!("`{n}` is used twice; names must be unique")));
+                return Err(self.err(
+                    field(i),
+                    format!("`{n}` is used twice; names must be unique"),
+                ));
             }
         }
         Ok(())
@@ -584,7 +575,10 @@ impl Validator<'_> {
                 return Err(self.err(f, "`source` names the app's source; pick another name"));
             }
             if index.insert(r.name.clone(), j).is_some() {
-                return Err(self.err(f, format!("`{}` is used twice; names must be unique", r.name)));
+                return Err(self.err(
+                    f,
+                    format!("`{}` is used twice; names must be unique", r.name),
+                ));
             }
         }
         let mut stages = Vec::with_capacity(raws.len());
@@ -619,7 +613,10 @@ impl Validator<'_> {
             }]);
         };
         if after.is_empty() {
-            return Err(self.err(format!("{sat}.after"), "empty; expected at least one stage name or \"source\""));
+            return Err(self.err(
+                format!("{sat}.after"),
+                "empty; expected at least one stage name or \"source\"",
+            ));
         }
         let mut inputs = Vec::new();
         for name in after {
@@ -671,7 +668,10 @@ impl Validator<'_> {
             keys.extend(allowed);
             return Err(self.err(
                 format!("{sat}.{k}"),
-                format!("not a key of this stage kind; its keys: {}", keys.join(", ")),
+                format!(
+                    "not a key of this stage kind; its keys: {}",
+                    keys.join(", ")
+                ),
             ));
         }
         let unit = |field: &str, v: f32| -> Result<f32, SpecError> {
@@ -685,14 +685,20 @@ impl Validator<'_> {
             if (1..=100_000).contains(&v) {
                 Ok(v)
             } else {
-                Err(self.err(format!("{sat}.{field}"), format!("{v}: expected 1 to 100000")))
+                Err(self.err(
+                    format!("{sat}.{field}"),
+                    format!("{v}: expected 1 to 100000"),
+                ))
             }
         };
         Ok(match r.kind {
             KindName::Preprocess => StageKind::Preprocess(self.preprocess(sat, r)?),
             KindName::Model => {
                 let model = r.model.clone().ok_or_else(|| {
-                    self.err(format!("{sat}.model"), "missing; a model stage needs model = ...")
+                    self.err(
+                        format!("{sat}.model"),
+                        "missing; a model stage needs model = ...",
+                    )
                 })?;
                 StageKind::Model(self.model(
                     &format!("{sat}.model"),
@@ -782,7 +788,11 @@ impl Validator<'_> {
             ));
         };
         let weights = match weights {
-            Some(w) => Some(self.path(field, Some(&w), "a weights file")?.display().to_string()),
+            Some(w) => Some(
+                self.path(field, Some(&w), "a weights file")?
+                    .display()
+                    .to_string(),
+            ),
             None => None,
         };
         Ok(ModelSpec {
@@ -862,7 +872,10 @@ impl Validator<'_> {
         let [sink] = sinks[..] else {
             return Err(self.err(
                 format!("{at}.stage"),
-                format!("{} sink stages; expected exactly one kind = \"sink\"", sinks.len()),
+                format!(
+                    "{} sink stages; expected exactly one kind = \"sink\"",
+                    sinks.len()
+                ),
             ));
         };
         let mut reaches = vec![false; stages.len()];
@@ -923,7 +936,10 @@ fn io_types(kind: &StageKind) -> (Option<DataType>, DataType) {
         StageKind::Yolov8Decode { .. } => (Some(Tensor), Detections),
         StageKind::SegArgmax { .. } => (Some(Tensor), Mask),
         StageKind::Classify { .. } => (Some(Tensor), Classes),
-        StageKind::Ensemble { vote: Vote::Onnx(_), .. } => (Some(Tensor), Tensor),
+        StageKind::Ensemble {
+            vote: Vote::Onnx(_),
+            ..
+        } => (Some(Tensor), Tensor),
         StageKind::Ensemble { .. } => (Some(Tensor), Classes),
         StageKind::Sink => (None, Nothing),
     }
@@ -939,7 +955,10 @@ impl Validator<'_> {
             if s.inputs.len() != 1 {
                 return Err(self.err(
                     format!("{at}.stage[{j}].after"),
-                    format!("a {} stage reads one input; only a sink joins several", s.kind.name()),
+                    format!(
+                        "a {} stage reads one input; only a sink joins several",
+                        s.kind.name()
+                    ),
                 ));
             }
             let (got, from) = match s.inputs[0] {
@@ -965,12 +984,21 @@ impl Validator<'_> {
 impl Validator<'_> {
     /// A crop must fit the frame; of a synthetic source the size is known now (files are
     /// checked per frame, where a crop that does not fit fails the stage).
-    fn check_crops(&self, at: &str, source: &SourceSpec, stages: &[StageSpec]) -> Result<(), SpecError> {
+    fn check_crops(
+        &self,
+        at: &str,
+        source: &SourceSpec,
+        stages: &[StageSpec],
+    ) -> Result<(), SpecError> {
         let SourceKind::Synthetic { width, height } = source.kind else {
             return Ok(());
         };
         for (j, s) in stages.iter().enumerate() {
-            if let StageKind::Preprocess(PreprocessSpec { crop: Some([x, y, w, h]), .. }) = &s.kind {
+            if let StageKind::Preprocess(PreprocessSpec {
+                crop: Some([x, y, w, h]),
+                ..
+            }) = &s.kind
+            {
                 if u64::from(*x) + u64::from(*w) > u64::from(width)
                     || u64::from(*y) + u64::from(*h) > u64::from(height)
                 {

@@ -59,9 +59,10 @@ pub struct StageContext<'a> {
 pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Stage>, String> {
     Ok(match &spec.kind {
         StageKind::Preprocess(p) => {
-            let [width, height] = p.size.or(ctx.preprocess_size).ok_or(
-                "no size = [width, height], and it feeds no model whose input gives one",
-            )?;
+            let [width, height] = p
+                .size
+                .or(ctx.preprocess_size)
+                .ok_or("no size = [width, height], and it feeds no model whose input gives one")?;
             Box::new(PreprocessStage(ops::preprocess::Preprocess {
                 width,
                 height,
@@ -121,7 +122,11 @@ struct PreprocessStage(ops::preprocess::Preprocess);
 impl Stage for PreprocessStage {
     fn process(&mut self, _frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String> {
         match &*inputs[0] {
-            Payload::Frame(f) => self.0.run(f).map(Payload::Tensor).map_err(|e| e.to_string()),
+            Payload::Frame(f) => self
+                .0
+                .run(f)
+                .map(Payload::Tensor)
+                .map_err(|e| e.to_string()),
             other => Err(format!("expected a frame, got {}", other.type_name())),
         }
     }
@@ -131,7 +136,11 @@ impl Stage for PreprocessStage {
 struct Sink;
 
 impl Stage for Sink {
-    fn process(&mut self, _frame: &Arc<Frame>, _inputs: &[Arc<Payload>]) -> Result<Payload, String> {
+    fn process(
+        &mut self,
+        _frame: &Arc<Frame>,
+        _inputs: &[Arc<Payload>],
+    ) -> Result<Payload, String> {
         Ok(Payload::Done)
     }
 }
@@ -223,7 +232,9 @@ impl Ensemble {
                 thread::Builder::new()
                     .name(format!("member {}", spec.name))
                     .spawn(move || builder.serve(&*models, partition, job_rx, reply_tx, ready_tx))
-                    .map_err(|e| format!("cannot start a thread for member `{}`: {e}", spec.name))?,
+                    .map_err(|e| {
+                        format!("cannot start a thread for member `{}`: {e}", spec.name)
+                    })?,
             );
         }
         drop(ready_tx);

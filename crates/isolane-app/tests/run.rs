@@ -38,7 +38,9 @@ impl CompiledModel for ChannelMeans {
     fn run(&mut self) -> isolane_engine::Result<()> {
         self.runs += 1;
         if self.fail_after.is_some_and(|n| self.runs > n) {
-            return Err(isolane_engine::EngineError::InvalidArgument("stand-in failure".into()));
+            return Err(isolane_engine::EngineError::InvalidArgument(
+                "stand-in failure".into(),
+            ));
         }
         for c in 0..3 {
             self.output[c] = self.input[c * 16..(c + 1) * 16].iter().sum::<f32>() / 16.0;
@@ -178,7 +180,10 @@ fn a_failing_stage_drops_its_frames_and_says_why() {
     let out = run(&apps);
     let rec = &out.apps[0];
     let e = rec.error.as_deref().unwrap();
-    assert!(e.contains("stage `broken`, frame 3") && e.contains("stand-in failure"), "{e}");
+    assert!(
+        e.contains("stage `broken`, frame 3") && e.contains("stand-in failure"),
+        "{e}"
+    );
     let sink = &rec.stages[2];
     assert_eq!(sink.len(), 24);
     assert!(sink[2].end_ns.is_some() && sink[3].end_ns.is_none() && sink[23].end_ns.is_none());
@@ -194,7 +199,10 @@ fn a_sink_joins_two_branches_of_a_dag() {
     let out = run(std::slice::from_ref(&app));
     let rec = &out.apps[0];
     assert_eq!(rec.error, None);
-    for (left, (right, sink)) in rec.stages[1].iter().zip(rec.stages[2].iter().zip(&rec.stages[5])) {
+    for (left, (right, sink)) in rec.stages[1]
+        .iter()
+        .zip(rec.stages[2].iter().zip(&rec.stages[5]))
+    {
         // the sink ends a frame after both branches ended it
         assert!(sink.end_ns.unwrap() >= left.end_ns.unwrap().max(right.end_ns.unwrap()));
     }
@@ -262,7 +270,7 @@ fn late_frames_are_skipped_and_count_as_timeouts() {
     assert_eq!(net.processed + net.skipped, 4);
     let all = &out.apps[0].stages[1];
     let ran = all.iter().filter(|r| r.end_ns.is_some()).count();
-    assert!(ran < 24 && ran >= 1, "{ran} of 24 ran");
+    assert!((1..24).contains(&ran), "{ran} of 24 ran");
     // each one that ran took the model's 30 ms, over the 10 ms deadline: all frames time out
     assert_eq!(s.end_to_end.timeouts, 4);
 }

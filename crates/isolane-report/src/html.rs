@@ -857,8 +857,16 @@ fn apps_part(page: &mut Page, r: &RunDir) -> Result<(), String> {
         return Ok(());
     }
     let header: Vec<String> = [
-        "app", "deadline ms", "frames", "timeouts %", "mean ms", "std ms", "p95 ms", "max ms",
-        "tail ms", "flatness ms",
+        "app",
+        "deadline ms",
+        "frames",
+        "timeouts %",
+        "mean ms",
+        "std ms",
+        "p95 ms",
+        "max ms",
+        "tail ms",
+        "flatness ms",
     ]
     .map(String::from)
     .to_vec();

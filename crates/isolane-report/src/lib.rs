@@ -231,7 +231,11 @@ pub fn compare_table(
         ("latency max ms", num(l(a).max, 3), num(l(b).max, 3)),
         // paper 004's determinism metrics: max − p95 and p90 − p10
         ("latency tail ms", num(l(a).tail, 3), num(l(b).tail, 3)),
-        ("latency flatness ms", num(l(a).flatness, 3), num(l(b).flatness, 3)),
+        (
+            "latency flatness ms",
+            num(l(a).flatness, 3),
+            num(l(b).flatness, 3),
+        ),
         (
             "throughput img/s",
             format!("{:.1}", a.throughput_ips),

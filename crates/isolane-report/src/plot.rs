@@ -335,7 +335,11 @@ pub fn stacked_bars_svg(
             .x_label_formatter(&|v| {
                 let i = v.floor() as usize;
                 let centred = (v - v.floor() - 0.5).abs() < 1e-9;
-                if centred { labels.get(i).cloned().unwrap_or_default() } else { String::new() }
+                if centred {
+                    labels.get(i).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
             })
             .y_label_formatter(&|v| tick(*v))
             .draw()

@@ -36,7 +36,9 @@ members = [{ name = "x", model = "mobilenet_v2" }, { name = "y", model = "resnet
 name = "out"
 kind = "sink"
 "#;
-    parse_apps(text, std::path::Path::new("t.toml"), &Models).unwrap().remove(0)
+    parse_apps(text, std::path::Path::new("t.toml"), &Models)
+        .unwrap()
+        .remove(0)
 }
 
 const MS: i64 = 1_000_000;
@@ -51,13 +53,20 @@ fn rec(frame: u64, start: i64, end: i64, members: Vec<(i64, i64)>) -> StageRecor
 }
 
 fn dropped(frame: u64) -> StageRecord {
-    StageRecord { frame, start_ns: None, end_ns: None, members: vec![] }
+    StageRecord {
+        frame,
+        start_ns: None,
+        end_ns: None,
+        members: vec![],
+    }
 }
 
 /// Frame k released at 10k ms. Latencies: frame 1: 5 ms, frame 2: 8 ms (late: member y
 /// answered last), frame 3: dropped by the ensemble; frames 0 and 4 are outside the metrics.
 fn records() -> AppRecords {
-    let pre = (0..5).map(|k| rec(k, 10 * k as i64, 10 * k as i64 + 1, vec![])).collect();
+    let pre = (0..5)
+        .map(|k| rec(k, 10 * k as i64, 10 * k as i64 + 1, vec![]))
+        .collect();
     let ens = vec![
         rec(0, 1, 2, vec![(1, 2), (1, 2)]),
         rec(1, 11, 14, vec![(11, 13), (11, 12)]),
@@ -100,8 +109,13 @@ fn end_to_end_by_hand() {
 #[test]
 fn stages_and_members_by_hand() {
     let s = summarize(&app(), &records(), &|m| format!("p:{m}"));
-    let [pre, ens, sink] = &s.stages[..] else { panic!() };
-    assert_eq!((pre.kind.as_str(), pre.partition.as_str()), ("preprocess", "cpu"));
+    let [pre, ens, sink] = &s.stages[..] else {
+        panic!()
+    };
+    assert_eq!(
+        (pre.kind.as_str(), pre.partition.as_str()),
+        ("preprocess", "cpu")
+    );
     assert_eq!((pre.processed, pre.skipped), (3, 0));
     assert_eq!(pre.latency_ms.mean, Some(1.0));
     // the ensemble's own time: 3 and 6 ms; frame 3 skipped
@@ -109,7 +123,10 @@ fn stages_and_members_by_hand() {
     assert_eq!(ens.latency_ms.mean, Some(4.5));
     assert_eq!(sink.processed, 2);
     let [x, y] = &ens.members[..] else { panic!() };
-    assert_eq!((x.partition.as_str(), y.model.as_str()), ("p:ens.x", "resnet18"));
+    assert_eq!(
+        (x.partition.as_str(), y.model.as_str()),
+        ("p:ens.x", "resnet18")
+    );
     // x: 2 and 1 ms; y: 1 and 5 ms
     assert_eq!(x.latency_ms.mean, Some(1.5));
     assert_eq!(y.latency_ms.max, Some(5.0));
@@ -129,9 +146,14 @@ fn csv_round_trips_the_measured_latencies() {
         lines.next().unwrap(),
         "0,0.000000,0.000000,3.000000,3.000000,0,0,1.000000,1.000000,1.000000"
     );
-    assert_eq!(lines.nth(2).unwrap(), "3,30.000000,30.000000,,,1,1,1.000000,,");
+    assert_eq!(
+        lines.nth(2).unwrap(),
+        "3,30.000000,30.000000,,,1,1,1.000000,,"
+    );
     assert_eq!(latencies_from_csv(&csv).unwrap(), vec![5.0, 8.0]);
-    assert!(latencies_from_csv("a,b\n1,2\n").unwrap_err().contains("latency_ms"));
+    assert!(latencies_from_csv("a,b\n1,2\n")
+        .unwrap_err()
+        .contains("latency_ms"));
 }
 
 #[test]

@@ -17,9 +17,17 @@ pub fn probabilities(t: &Tensor) -> Result<Vec<f32>, BadShape> {
 /// The `k` best of `probs`, best first (ties: the lower class first).
 pub fn top_k(probs: &[f32], k: usize) -> Classes {
     let mut order: Vec<u32> = (0..probs.len() as u32).collect();
-    order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        probs[b as usize]
+            .total_cmp(&probs[a as usize])
+            .then(a.cmp(&b))
+    });
     Classes {
-        top: order.into_iter().take(k).map(|c| (c, probs[c as usize])).collect(),
+        top: order
+            .into_iter()
+            .take(k)
+            .map(|c| (c, probs[c as usize]))
+            .collect(),
     }
 }
 
@@ -29,12 +37,21 @@ mod tests {
 
     #[test]
     fn top_k_of_softmax() {
-        let t = Tensor { shape: vec![1, 4], data: vec![0.0, 3.0, 1.0, 3.0], frame_map: None };
+        let t = Tensor {
+            shape: vec![1, 4],
+            data: vec![0.0, 3.0, 1.0, 3.0],
+            frame_map: None,
+        };
         let p = probabilities(&t).unwrap();
         let c = top_k(&p, 2);
         assert_eq!(c.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3]);
         // e^3 / (1 + 2e^3 + e) = 0.4576
         assert!((c.top[0].1 - 0.457_6).abs() < 1e-4, "{c:?}");
-        assert!(probabilities(&Tensor { shape: vec![1, 2, 3], data: vec![0.0; 6], frame_map: None }).is_err());
+        assert!(probabilities(&Tensor {
+            shape: vec![1, 2, 3],
+            data: vec![0.0; 6],
+            frame_map: None
+        })
+        .is_err());
     }
 }

@@ -125,10 +125,17 @@ mod tests {
             height: 1,
             rgb: vec![10, 20, 30, 40, 50, 60],
         };
-        let p = Preprocess { width: 2, height: 1, spec: spec() };
+        let p = Preprocess {
+            width: 2,
+            height: 1,
+            spec: spec(),
+        };
         let t = p.run(&f).unwrap();
         assert_eq!(t.shape, vec![1, 3, 1, 2]);
-        let expect: Vec<f32> = [10, 40, 20, 50, 30, 60].iter().map(|v| *v as f32 / 255.0).collect();
+        let expect: Vec<f32> = [10, 40, 20, 50, 30, 60]
+            .iter()
+            .map(|v| *v as f32 / 255.0)
+            .collect();
         for (a, b) in t.data.iter().zip(&expect) {
             assert!((a - b).abs() < 1e-6, "{:?}", t.data);
         }
@@ -138,7 +145,11 @@ mod tests {
     #[test]
     fn upscaling_interpolates_with_half_pixel_centres() {
         // 2 → 4 pixels: sources -0.25 (clamped 0), 0.25, 0.75, 1.25 (clamped 1)
-        let p = Preprocess { width: 4, height: 1, spec: spec() };
+        let p = Preprocess {
+            width: 4,
+            height: 1,
+            spec: spec(),
+        };
         let t = p.run(&two_pixels()).unwrap();
         let red = &t.data[0..4];
         let expect = [0.0, 0.25, 0.75, 1.0];
@@ -153,7 +164,11 @@ mod tests {
         let mut s = spec();
         s.mean = [0.5, 0.0, 0.0];
         s.std = [0.25, 2.0, 1.0];
-        let p = Preprocess { width: 2, height: 1, spec: s.clone() };
+        let p = Preprocess {
+            width: 2,
+            height: 1,
+            spec: s.clone(),
+        };
         let t = p.run(&two_pixels()).unwrap();
         // red: (0 − 0.5)/0.25 = −2, (1 − 0.5)/0.25 = 2; green: 1/2
         assert_eq!(&t.data[0..2], &[-2.0, 2.0]);
@@ -161,7 +176,13 @@ mod tests {
         s.dtype = Dtype::F16;
         s.mean = [0.0; 3];
         s.std = [3.0; 3];
-        let t = Preprocess { width: 2, height: 1, spec: s }.run(&two_pixels()).unwrap();
+        let t = Preprocess {
+            width: 2,
+            height: 1,
+            spec: s,
+        }
+        .run(&two_pixels())
+        .unwrap();
         // 1/3 is not an f16: rounded to 0.33325195
         assert_eq!(t.data[1], half::f16::from_f32(1.0 / 3.0).to_f32());
         assert_ne!(t.data[1], 1.0 / 3.0);
@@ -171,12 +192,22 @@ mod tests {
     fn crops_before_resizing_and_refuses_a_crop_outside() {
         let mut s = spec();
         s.crop = Some([1, 0, 1, 1]);
-        let p = Preprocess { width: 1, height: 1, spec: s.clone() };
+        let p = Preprocess {
+            width: 1,
+            height: 1,
+            spec: s.clone(),
+        };
         let t = p.run(&two_pixels()).unwrap();
         assert_eq!(t.data, vec![1.0, 1.0, 1.0]);
         assert_eq!(t.frame_map.unwrap().to_frame(0.0, 0.0), (1.0, 0.0));
         s.crop = Some([1, 0, 2, 1]);
-        let e = Preprocess { width: 1, height: 1, spec: s }.run(&two_pixels()).unwrap_err();
+        let e = Preprocess {
+            width: 1,
+            height: 1,
+            spec: s,
+        }
+        .run(&two_pixels())
+        .unwrap_err();
         assert!(e.to_string().contains("does not fit the 2x1 frame"), "{e}");
     }
 }

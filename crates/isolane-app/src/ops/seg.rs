@@ -44,7 +44,11 @@ pub fn class_colour(class: u16) -> Option<[u8; 3]> {
     }
     // Well-spread hues from a multiplicative hash: same colour for the same class every run.
     let h = (class as u32).wrapping_mul(2_654_435_761);
-    Some([(h >> 24) as u8 | 0x40, (h >> 16) as u8 | 0x40, (h >> 8) as u8 | 0x40])
+    Some([
+        (h >> 24) as u8 | 0x40,
+        (h >> 16) as u8 | 0x40,
+        (h >> 8) as u8 | 0x40,
+    ])
 }
 
 fn overlay(frame: &Frame, classes: &[u16], w: usize, h: usize, alpha: f32) -> Frame {
@@ -56,9 +60,8 @@ fn overlay(frame: &Frame, classes: &[u16], w: usize, h: usize, alpha: f32) -> Fr
             let mx = (x * w / fw).min(w - 1);
             if let Some(colour) = class_colour(classes[my * w + mx]) {
                 let i = (y * fw + x) * 3;
-                for c in 0..3 {
-                    let v = out.rgb[i + c] as f32 * (1.0 - alpha) + colour[c] as f32 * alpha;
-                    out.rgb[i + c] = v.round() as u8;
+                for (px, c) in out.rgb[i..i + 3].iter_mut().zip(colour) {
+                    *px = (*px as f32 * (1.0 - alpha) + c as f32 * alpha).round() as u8;
                 }
             }
         }
@@ -73,8 +76,16 @@ mod tests {
     #[test]
     fn argmax_per_pixel_and_overlay() {
         // 2 classes, 1x2 pixels: pixel 0 → class 0, pixel 1 → class 1; a tie goes to class 0
-        let t = Tensor { shape: vec![1, 2, 1, 2], data: vec![0.9, 0.1, 0.2, 0.8], frame_map: None };
-        let frame = Frame { width: 4, height: 1, rgb: vec![100; 12] };
+        let t = Tensor {
+            shape: vec![1, 2, 1, 2],
+            data: vec![0.9, 0.1, 0.2, 0.8],
+            frame_map: None,
+        };
+        let frame = Frame {
+            width: 4,
+            height: 1,
+            rgb: vec![100; 12],
+        };
         let m = argmax_overlay(&t, &frame, 0.5).unwrap();
         assert_eq!(m.classes, vec![0, 1]);
         // the left half of the frame is background: untouched
@@ -82,14 +93,25 @@ mod tests {
         // the right half: halfway to class 1's colour
         let c = class_colour(1).unwrap();
         let blend = |v: u8| ((100.0 + v as f32) / 2.0).round() as u8;
-        assert_eq!(m.overlay.pixel(3, 0), [blend(c[0]), blend(c[1]), blend(c[2])]);
-        let tie = Tensor { shape: vec![1, 2, 1, 1], data: vec![0.5, 0.5], frame_map: None };
+        assert_eq!(
+            m.overlay.pixel(3, 0),
+            [blend(c[0]), blend(c[1]), blend(c[2])]
+        );
+        let tie = Tensor {
+            shape: vec![1, 2, 1, 1],
+            data: vec![0.5, 0.5],
+            frame_map: None,
+        };
         assert_eq!(argmax_overlay(&tie, &frame, 0.5).unwrap().classes, vec![0]);
     }
 
     #[test]
     fn refuses_other_shapes() {
-        let t = Tensor { shape: vec![1, 84, 8400], data: vec![], frame_map: None };
+        let t = Tensor {
+            shape: vec![1, 84, 8400],
+            data: vec![],
+            frame_map: None,
+        };
         let frame = Frame::black(1, 1);
         assert!(argmax_overlay(&t, &frame, 0.5).is_err());
     }

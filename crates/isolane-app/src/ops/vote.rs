@@ -64,7 +64,10 @@ pub fn stack(outputs: &[&Tensor]) -> Result<Tensor, VoteError> {
     shape.extend(&outputs[0].shape);
     Ok(Tensor {
         shape,
-        data: outputs.iter().flat_map(|o| o.data.iter().copied()).collect(),
+        data: outputs
+            .iter()
+            .flat_map(|o| o.data.iter().copied())
+            .collect(),
         frame_map: None,
     })
 }
@@ -74,7 +77,11 @@ mod tests {
     use super::*;
 
     fn logits(v: &[f32]) -> Tensor {
-        Tensor { shape: vec![1, v.len()], data: v.to_vec(), frame_map: None }
+        Tensor {
+            shape: vec![1, v.len()],
+            data: v.to_vec(),
+            frame_map: None,
+        }
     }
 
     #[test]

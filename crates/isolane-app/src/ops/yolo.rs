@@ -24,9 +24,13 @@ pub fn decode(t: &Tensor, conf: f32, iou: f32, max_det: usize) -> Result<Vec<Det
     let map = t.frame_map.unwrap_or(FrameMap::IDENTITY);
     let mut candidates = Vec::new();
     for a in 0..anchors {
-        let (class, score) = (4..rows)
-            .map(|r| (r - 4, at(r, a)))
-            .fold((0, f32::NEG_INFINITY), |best, c| if c.1 > best.1 { c } else { best });
+        let (class, score) =
+            (4..rows)
+                .map(|r| (r - 4, at(r, a)))
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |best, c| if c.1 > best.1 { c } else { best },
+                );
         if score < conf {
             continue;
         }
@@ -54,7 +58,10 @@ pub fn nms(mut boxes: Vec<Detection>, iou: f32, max_det: usize) -> Vec<Detection
         if kept.len() == max_det {
             break;
         }
-        if kept.iter().all(|k| k.class != b.class || box_iou(k, &b) <= iou) {
+        if kept
+            .iter()
+            .all(|k| k.class != b.class || box_iou(k, &b) <= iou)
+        {
             kept.push(b);
         }
     }
@@ -80,7 +87,14 @@ mod tests {
     use super::*;
 
     fn det(x1: f32, y1: f32, x2: f32, y2: f32, score: f32, class: u32) -> Detection {
-        Detection { x1, y1, x2, y2, score, class }
+        Detection {
+            x1,
+            y1,
+            x2,
+            y2,
+            score,
+            class,
+        }
     }
 
     #[test]
@@ -120,7 +134,11 @@ mod tests {
             0.9, 0.8, 0.1,    // class 0
             0.1, 0.2, 0.2,    // class 1
         ];
-        Tensor { shape: vec![1, 6, 3], data, frame_map: None }
+        Tensor {
+            shape: vec![1, 6, 3],
+            data,
+            frame_map: None,
+        }
     }
 
     #[test]
@@ -133,14 +151,26 @@ mod tests {
     #[test]
     fn maps_boxes_back_onto_the_frame() {
         let mut t = head();
-        t.frame_map = Some(FrameMap { scale_x: 2.0, scale_y: 3.0, offset_x: 100.0, offset_y: 0.0 });
+        t.frame_map = Some(FrameMap {
+            scale_x: 2.0,
+            scale_y: 3.0,
+            offset_x: 100.0,
+            offset_y: 0.0,
+        });
         let d = decode(&t, 0.5, 0.45, 300).unwrap();
         assert_eq!(d[0], det(116.0, 24.0, 124.0, 36.0, 0.9, 0));
     }
 
     #[test]
     fn refuses_other_shapes() {
-        let t = Tensor { shape: vec![1, 1000], data: vec![0.0; 1000], frame_map: None };
-        assert!(decode(&t, 0.25, 0.45, 300).unwrap_err().to_string().contains("[1, 1000]"));
+        let t = Tensor {
+            shape: vec![1, 1000],
+            data: vec![0.0; 1000],
+            frame_map: None,
+        };
+        assert!(decode(&t, 0.25, 0.45, 300)
+            .unwrap_err()
+            .to_string()
+            .contains("[1, 1000]"));
     }
 }

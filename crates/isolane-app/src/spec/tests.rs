@@ -63,7 +63,9 @@ fn a_chain_defaults_each_input_to_the_stage_above() {
     assert_eq!(a.period_ns(), 33_333_333);
     assert_eq!(a.models().len(), 1);
     assert_eq!(a.source_words(), "synthetic 64x48");
-    let StageKind::Preprocess(p) = &a.stages[0].kind else { panic!() };
+    let StageKind::Preprocess(p) = &a.stages[0].kind else {
+        panic!()
+    };
     assert_eq!((p.mean, p.std, p.size), ([0.0; 3], [1.0; 3], None));
 }
 
@@ -110,7 +112,9 @@ after = ["ens", "boxes"]
     let a = &parse(text).unwrap()[0];
     assert_eq!(a.frames, 40);
     assert_eq!(a.stages[4].inputs, vec![Input::Stage(1), Input::Stage(3)]);
-    let StageKind::Ensemble { members, vote } = &a.stages[1].kind else { panic!() };
+    let StageKind::Ensemble { members, vote } = &a.stages[1].kind else {
+        panic!()
+    };
     assert_eq!(*vote, Vote::Mean);
     assert_eq!(members[0].name, "ens.a");
     assert_eq!(members[0].partition.sms, Some(16), "the app's partition");
@@ -126,33 +130,60 @@ after = ["ens", "boxes"]
 fn graphics_is_refused_as_not_built_yet() {
     let text = PIPELINE.replace("kind = \"classify\"", "kind = \"graphics\"");
     let e = err(&text);
-    assert!(e.contains("app[0].stage[2].kind") && e.contains("not built yet"), "{e}");
+    assert!(
+        e.contains("app[0].stage[2].kind") && e.contains("not built yet"),
+        "{e}"
+    );
 }
 
 #[test]
 fn unknown_keys_and_kinds_name_what_is_allowed() {
     let e = err(&PIPELINE.replace("kind = \"classify\"", "kind = \"clasify\""));
-    assert!(e.contains("/tmp/s.toml") && e.contains("clasify") && e.contains("classify"), "{e}");
+    assert!(
+        e.contains("/tmp/s.toml") && e.contains("clasify") && e.contains("classify"),
+        "{e}"
+    );
     let e = err(&PIPELINE.replace("frames = 40", "frames = 40\nfps = 3"));
     assert!(e.contains("fps") && e.contains("deadline_ms"), "{e}");
     // a key of another kind
     let e = err(&PIPELINE.replace("kind = \"classify\"", "kind = \"classify\"\niou = 0.5"));
-    assert!(e.contains("app[0].stage[2].iou") && e.contains("top_k"), "{e}");
+    assert!(
+        e.contains("app[0].stage[2].iou") && e.contains("top_k"),
+        "{e}"
+    );
 }
 
 #[test]
 fn graph_rules() {
-    let e = err(&PIPELINE.replace("kind = \"classify\"", "kind = \"classify\"\nafter = [\"nope\"]"));
-    assert!(e.contains("unknown stage `nope`") && e.contains("source, net, pre"), "{e}");
-    let e = err(&PIPELINE.replace("kind = \"classify\"", "kind = \"classify\"\nafter = [\"out\"]"));
+    let e = err(&PIPELINE.replace(
+        "kind = \"classify\"",
+        "kind = \"classify\"\nafter = [\"nope\"]",
+    ));
+    assert!(
+        e.contains("unknown stage `nope`") && e.contains("source, net, pre"),
+        "{e}"
+    );
+    let e = err(&PIPELINE.replace(
+        "kind = \"classify\"",
+        "kind = \"classify\"\nafter = [\"out\"]",
+    ));
     assert!(e.contains("comes later"), "{e}");
     // a classify fed by the preprocess gets a tensor it can read? no: it reads a tensor and
     // the preprocess gives one, but then the model leads nowhere
-    let e = err(&PIPELINE.replace("kind = \"classify\"", "kind = \"classify\"\nafter = [\"pre\"]"));
+    let e = err(&PIPELINE.replace(
+        "kind = \"classify\"",
+        "kind = \"classify\"\nafter = [\"pre\"]",
+    ));
     assert!(e.contains("`net` does not lead to the sink"), "{e}");
     // a model reading the source gets a frame, not a tensor
-    let e = err(&PIPELINE.replace("model = \"mobilenet_v2\"", "model = \"mobilenet_v2\"\nafter = [\"source\"]"));
-    assert!(e.contains("reads a tensor, but `source` gives a frame"), "{e}");
+    let e = err(&PIPELINE.replace(
+        "model = \"mobilenet_v2\"",
+        "model = \"mobilenet_v2\"\nafter = [\"source\"]",
+    ));
+    assert!(
+        e.contains("reads a tensor, but `source` gives a frame"),
+        "{e}"
+    );
     let e = err(&PIPELINE.replace("kind = \"sink\"", "kind = \"classify\""));
     assert!(e.contains("0 sink stages"), "{e}");
 }
@@ -160,20 +191,40 @@ fn graph_rules() {
 #[test]
 fn value_rules() {
     let e = err(&PIPELINE.replace("frames = 40", "frames = 20"));
-    assert!(e.contains("app[0].frames") && e.contains("more than 20"), "{e}");
+    assert!(
+        e.contains("app[0].frames") && e.contains("more than 20"),
+        "{e}"
+    );
     let e = err(&PIPELINE.replace("deadline_ms = 50", "deadline_ms = 0"));
     assert!(e.contains("app[0].deadline_ms"), "{e}");
     let e = err(&PIPELINE.replace("model = \"mobilenet_v2\"", "model = \"alexnet\""));
-    assert!(e.contains("app[0].stage[1].model") && e.contains("resnet18"), "{e}");
+    assert!(
+        e.contains("app[0].stage[1].model") && e.contains("resnet18"),
+        "{e}"
+    );
     let e = err(&PIPELINE.replace("model = \"mobilenet_v2\"", "model = \"missing.onnx\""));
     assert!(e.contains("no such file"), "{e}");
-    let e = err(&PIPELINE.replace("kind = \"synthetic\"", "kind = \"video\"\npath = \"a.mp4\"").replace("width = 64\nheight = 48\n", ""));
-    assert!(e.contains("app[0].source.path") && e.contains(".y4m"), "{e}");
-    let e = err(&PIPELINE.replace("kind = \"preprocess\"", "kind = \"preprocess\"\ncrop = [10, 0, 60, 48]"));
-    assert!(e.contains("app[0].stage[0].crop") && e.contains("64x48"), "{e}");
+    let e = err(&PIPELINE
+        .replace("kind = \"synthetic\"", "kind = \"video\"\npath = \"a.mp4\"")
+        .replace("width = 64\nheight = 48\n", ""));
+    assert!(
+        e.contains("app[0].source.path") && e.contains(".y4m"),
+        "{e}"
+    );
+    let e = err(&PIPELINE.replace(
+        "kind = \"preprocess\"",
+        "kind = \"preprocess\"\ncrop = [10, 0, 60, 48]",
+    ));
+    assert!(
+        e.contains("app[0].stage[0].crop") && e.contains("64x48"),
+        "{e}"
+    );
     let e = err(&PIPELINE.replace("name = \"top\"", "name = \"source\""));
     assert!(e.contains("names the app's source"), "{e}");
-    let e = err(&format!("{PIPELINE}\n{}", &PIPELINE[PIPELINE.find("[[app]]").unwrap()..]));
+    let e = err(&format!(
+        "{PIPELINE}\n{}",
+        &PIPELINE[PIPELINE.find("[[app]]").unwrap()..]
+    ));
     assert!(e.contains("app[1].name") && e.contains("used twice"), "{e}");
 }
 
@@ -192,6 +243,9 @@ fn ensemble_rules() {
     assert!(err(&ok).contains("reads a tensor, but `net` gives classes"));
     let ok = ok.replace("[[app.stage]]\nname = \"top\"\nkind = \"classify\"\n\n", "");
     assert!(parse(&ok).is_ok(), "{}", err(&ok));
-    let e = err(&ok.replace("kind = \"ensemble\"", "kind = \"ensemble\"\nvote = \"onnx\""));
+    let e = err(&ok.replace(
+        "kind = \"ensemble\"",
+        "kind = \"ensemble\"\nvote = \"onnx\"",
+    ));
     assert!(e.contains("voter"), "{e}");
 }

@@ -23,9 +23,7 @@ mod run;
 mod sweep;
 mod telemetry;
 
-pub use app::{
-    app_latencies_from_csv, AppSummary, MemberSummary, StageSummary, APP_CSV_COLUMNS,
-};
+pub use app::{app_latencies_from_csv, AppSummary, MemberSummary, StageSummary, APP_CSV_COLUMNS};
 pub use interference::{
     interference_csv, CellKind, InterferenceCell, InterferenceIndex, INTERFERENCE_CSV_HEADER,
 };
