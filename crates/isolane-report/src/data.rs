@@ -361,9 +361,20 @@ fn read_device(path: &Path) -> Result<DeviceInfo, DataError> {
             None => "stall model".into(),
         },
     };
+    // A scenario copied as given (an app run's, docs/apps.md) may leave the device to core's
+    // defaults: the cpu backend, and no partitions on it or time-slicing on cuda.
+    let backend = match field("backend") {
+        b if b.is_empty() => "cpu".to_string(),
+        b => b,
+    };
+    let mechanism = match field("mechanism") {
+        m if !m.is_empty() => m,
+        _ if backend == "cuda" => "timeslice".to_string(),
+        _ => "none".to_string(),
+    };
     Ok(DeviceInfo {
-        backend: field("backend"),
-        mechanism: field("mechanism"),
+        backend,
+        mechanism,
         protection,
     })
 }
