@@ -390,3 +390,19 @@ fn an_app_runs_in_a_green_context_on_the_gpu() {
     // 224x224 ResNet-18 in fp16 on 16 SMs: well under a 50 ms deadline
     assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
 }
+
+#[test]
+fn plan_admits_an_apps_models_offline() {
+    let o = run_ok(
+        isolane()
+            .arg("plan")
+            .arg(example("tools-and-ensemble-gpu.toml"))
+            .args(["--device-model", "h100-sxm"]),
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    for w in ["tools.detector", "safety.vote.resnet", "safety.vote.convnext"] {
+        assert!(stdout.contains(w), "{w} not in:\n{stdout}");
+    }
+    // 32 + 3 × 16 SMs: the members each in their own group
+    assert!(stdout.contains("32 SMs") && stdout.contains("16 SMs"), "{stdout}");
+}

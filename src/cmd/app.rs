@@ -28,7 +28,11 @@ pub fn load_apps(path: &Path) -> anyhow::Result<Vec<AppSpec>> {
 
 /// The apps' models as the workloads of a scenario on the same device, checked by core's
 /// rules (a partition key the mechanism does not take, a precision the CPU does not run).
-fn model_workloads(scenario: &Scenario, apps: &[AppSpec], file: &str) -> anyhow::Result<Scenario> {
+pub fn model_workloads(
+    scenario: &Scenario,
+    apps: &[AppSpec],
+    file: &str,
+) -> anyhow::Result<Scenario> {
     if !scenario.workloads.is_empty() {
         return Err(user(format!(
             "{file}: [[app]]s beside [[workload]]s in one run are not built yet; put them in \
