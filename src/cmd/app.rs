@@ -51,9 +51,12 @@ pub fn model_workloads(
         .map(|m| m.name)
         .collect();
     s.validate(&models).map_err(|e| {
-        user(format!(
-            "{file}: an app's model as a workload (named <app>.<stage>[.<member>]): {e}"
-        ))
+        // Core names a workload by its index; here that is a model of an app, by its name.
+        let mut text = e.to_string();
+        for (i, w) in s.workloads.iter().enumerate() {
+            text = text.replace(&format!("workload[{i}]."), &format!("app model `{}`: ", w.name));
+        }
+        user(format!("{file}: {text}"))
     })?;
     Ok(s)
 }
