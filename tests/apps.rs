@@ -193,6 +193,16 @@ fn mistakes_are_refused_with_exit_2() {
         &APP.replace("fps = 10", "fps = 10\nfpx = 3"),
         &["s.toml", "fpx"],
     );
+    // core's workload rules, told by the model's name
+    refused(
+        &APP.replace(
+            "size = [8, 8]",
+            "size = [224, 224]\n[[app.stage]]\nname = \"net\"\nkind = \"model\"\n\
+             model = \"mobilenet_v2\"\nprecision = \"fp16\"\n\
+             [[app.stage]]\nname = \"top\"\nkind = \"classify\"",
+        ),
+        &["app model `a.net`: precision", "fp32"],
+    );
 }
 
 #[test]
