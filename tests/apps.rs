@@ -410,9 +410,128 @@ fn plan_admits_an_apps_models_offline() {
             .args(["--device-model", "h100-sxm"]),
     );
     let stdout = String::from_utf8_lossy(&o.stdout);
-    for w in ["tools.detector", "safety.vote.resnet", "safety.vote.convnext"] {
+    for w in [
+        "tools.detector",
+        "safety.vote.resnet",
+        "safety.vote.convnext",
+    ] {
         assert!(stdout.contains(w), "{w} not in:\n{stdout}");
     }
     // 32 + 3 × 16 SMs: the members each in their own group
-    assert!(stdout.contains("32 SMs") && stdout.contains("16 SMs"), "{stdout}");
+    assert!(
+        stdout.contains("32 SMs") && stdout.contains("16 SMs"),
+        "{stdout}"
+    );
+}
+
+/// A detection head in the built-in yolov8n's output layout, small enough for CI: a 1x1
+/// convolution of the `[1, 3, 8, 8]` input with zero weights and a bias per output row
+/// (`cx 4, cy 4, w 2, h 2`, class 0: 0.9, class 1: 0.1), reshaped to `[1, 6, 64]`: 64 anchors,
+/// all the same box, which the decode's NMS keeps once.
+fn write_detector(path: &Path) {
+    use isolane_engine::onnx::proto::{
+        tensor_proto::DataType, tensor_shape_proto, type_proto, GraphProto, ModelProto, NodeProto,
+        OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    use prost::Message;
+    let info = |name: &str, dims: &[i64]| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(DataType::Float as i32),
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let tensor =
+        |name: &str, dims: Vec<i64>, floats: Vec<f32>, ints: Vec<i64>, dt: DataType| TensorProto {
+            name: Some(name.into()),
+            dims,
+            data_type: Some(dt as i32),
+            float_data: floats,
+            int64_data: ints,
+            ..Default::default()
+        };
+    let node = |op: &str, inputs: &[&str], output: &str| NodeProto {
+        op_type: Some(op.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: Some("head".into()),
+        node: vec![
+            node("Conv", &["x", "w", "b"], "c"),
+            node("Reshape", &["c", "shape"], "y"),
+        ],
+        initializer: vec![
+            tensor(
+                "w",
+                vec![6, 3, 1, 1],
+                vec![0.0; 18],
+                vec![],
+                DataType::Float,
+            ),
+            tensor(
+                "b",
+                vec![6],
+                vec![4.0, 4.0, 2.0, 2.0, 0.9, 0.1],
+                vec![],
+                DataType::Float,
+            ),
+            tensor("shape", vec![3], vec![], vec![1, 6, 64], DataType::Int64),
+        ],
+        input: vec![info("x", &[1, 3, 8, 8])],
+        output: vec![info("y", &[1, 6, 64])],
+        ..Default::default()
+    };
+    let model = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    };
+    std::fs::write(path, model.encode_to_vec()).unwrap();
+}
+
+/// synthetic frames → preprocess → the detection head above (ONNX, CPU backend) →
+/// yolov8_decode → sink.
+#[test]
+fn a_detector_pipeline_decodes_through_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    write_detector(&dir.path().join("head.onnx"));
+    let text = APP
+        .replace("size = [8, 8]", "")
+        .replace(
+            "[[app.stage]]\nname = \"out\"",
+            "[[app.stage]]\nname = \"head\"\nkind = \"model\"\nmodel = \"head.onnx\"\n\
+             [[app.stage]]\nname = \"boxes\"\nkind = \"yolov8_decode\"\nconf = 0.5\n\
+             [[app.stage]]\nname = \"out\"",
+        )
+        .replace("fps = 10", "fps = 100")
+        .replace("frames = 30", "frames = 24");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "a");
+    assert_eq!(a["end_to_end"]["completed"], 4, "{a}");
+    let boxes = &a["stages"][2];
+    assert_eq!(
+        (boxes["kind"].as_str(), boxes["processed"].as_u64()),
+        (Some("yolov8_decode"), Some(4))
+    );
 }

@@ -54,7 +54,10 @@ pub fn model_workloads(
         // Core names a workload by its index; here that is a model of an app, by its name.
         let mut text = e.to_string();
         for (i, w) in s.workloads.iter().enumerate() {
-            text = text.replace(&format!("workload[{i}]."), &format!("app model `{}`: ", w.name));
+            text = text.replace(
+                &format!("workload[{i}]."),
+                &format!("app model `{}`: ", w.name),
+            );
         }
         user(format!("{file}: {text}"))
     })?;
