@@ -87,6 +87,10 @@ pub fn run(
     output::write_atomic(&out.join("scenario.toml"), &text)?;
     let stop = super::install_stop_handler()?;
     let started_at = chrono::Utc::now();
+    // Device telemetry (cuda) around the run, as for workloads: telemetry.csv and summary.json's
+    // `telemetry`. Without NVML the run goes on with a warning.
+    let mut view = super::ProgressView::new(args.quiet);
+    let telemetry = isolane_session::telemetry::start(&scenario, None, &mut view);
     let settings = |partitions: HashMap<String, Partition>| RunSettings {
         device: &scenario.device,
         timing: &scenario.timing,
@@ -121,6 +125,12 @@ pub fn run(
     };
     let outcome = outcome.map_err(|e| anyhow::anyhow!(e))?;
     let mut summary = summary(&apps, &outcome, &records, &scenario_name, started_at);
+    if let Some(t) = telemetry {
+        match t.finish(&out, Some(outcome.t0_ns), outcome.wall_s) {
+            Ok((rec, tsum)) => isolane_telemetry::attach(&mut summary, &rec, &tsum),
+            Err(e) => eprintln!("warning: device telemetry lost: {e}"),
+        }
+    }
     summary.interrupted = stop.load(std::sync::atomic::Ordering::Relaxed);
     if summary.interrupted {
         summary.status = RunStatus::Interrupted;
