@@ -14,6 +14,20 @@ fn example(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The `output` cells (what reached the sink) of the measured frames of apps/<app>.csv.
+fn sink_outputs(out: &Path, app: &str) -> Vec<String> {
+    let csv = std::fs::read_to_string(out.join("apps").join(format!("{app}.csv"))).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let measured = header.iter().position(|h| *h == "measured").unwrap();
+    assert_eq!(header.last(), Some(&"output"));
+    lines
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|c| c[measured] == "1")
+        .map(|c| c.last().unwrap().to_string())
+        .collect()
+}
+
 fn app<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     s["apps"]
         .as_array()
@@ -88,6 +102,9 @@ fn the_ensemble_example_reports_its_members() {
     let members = vote["members"].as_array().unwrap();
     assert_eq!(members.len(), 2);
     assert_eq!(members[1]["model"], "resnet18");
+    for o in sink_outputs(&out, "diverse") {
+        assert!(o.starts_with("class "), "{o}");
+    }
     let late: u64 = members
         .iter()
         .map(|m| m["made_late"].as_u64().unwrap())
@@ -288,6 +305,9 @@ kind = "sink"
     assert_eq!(a["end_to_end"]["completed"], 4, "{a}");
     assert_eq!(a["stages"][2]["kind"], "seg_argmax");
     assert_eq!(a["stages"][2]["processed"], 4);
+    for o in sink_outputs(&out, "seg") {
+        assert!(o.starts_with("mask 9x4 with "), "{o}");
+    }
 }
 
 /// A .y4m video → an ensemble of four ONNX classifiers (5 classes each) → a user ONNX voter
@@ -344,6 +364,8 @@ kind = "sink"
     let members = a["stages"][1]["members"].as_array().unwrap();
     assert_eq!(members.len(), 4);
     assert_eq!(members[3]["name"], "ens.d");
+    // the voter's softmax over [1, 4, 5]
+    assert_eq!(sink_outputs(&out, "vote"), vec!["tensor 1x4x5"; 4]);
 }
 
 #[test]
@@ -529,6 +551,14 @@ fn a_detector_pipeline_decodes_through_the_engine() {
     let s = summary(&out);
     let a = app(&s, "a");
     assert_eq!(a["end_to_end"]["completed"], 4, "{a}");
+    // every anchor holds the same box, (3, 3)-(5, 5) in the 8x8 input: one after NMS, 4x
+    // larger on the 32x32 frame
+    for o in sink_outputs(&out, "a") {
+        assert_eq!(
+            o,
+            "1 detections; best class 0 score 0.900 at 12.0 12.0 20.0 20.0"
+        );
+    }
     let boxes = &a["stages"][2];
     assert_eq!(
         (boxes["kind"].as_str(), boxes["processed"].as_u64()),

@@ -104,6 +104,43 @@ pub enum Payload {
 }
 
 impl Payload {
+    /// One line about what it holds, for the frames CSV (no commas: it is a CSV cell).
+    pub fn describe(&self) -> String {
+        match self {
+            Payload::Frame(f) => format!("frame {}x{}", f.width, f.height),
+            Payload::Tensor(t) => {
+                let dims: Vec<String> = t.shape.iter().map(usize::to_string).collect();
+                format!("tensor {}", dims.join("x"))
+            }
+            Payload::Detections(d) => match d.first() {
+                Some(b) => format!(
+                    "{} detections; best class {} score {:.3} at {:.1} {:.1} {:.1} {:.1}",
+                    d.len(),
+                    b.class,
+                    b.score,
+                    b.x1,
+                    b.y1,
+                    b.x2,
+                    b.y2
+                ),
+                None => "0 detections".to_string(),
+            },
+            Payload::Mask(m) => {
+                let classes = m
+                    .classes
+                    .iter()
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len();
+                format!("mask {}x{} with {classes} classes", m.width, m.height)
+            }
+            Payload::Classes(c) => match c.top.first() {
+                Some((class, p)) => format!("class {class} score {p:.3}"),
+                None => "no class".to_string(),
+            },
+            Payload::Done => String::new(),
+        }
+    }
+
     /// The name of its type, for messages.
     pub fn type_name(&self) -> &'static str {
         match self {
@@ -113,6 +150,47 @@ impl Payload {
             Payload::Mask(_) => "mask",
             Payload::Classes(_) => "classes",
             Payload::Done => "nothing",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions_are_one_csv_cell() {
+        let d = Payload::Detections(vec![Detection {
+            x1: 3.0,
+            y1: 3.0,
+            x2: 5.0,
+            y2: 5.0,
+            score: 0.9,
+            class: 0,
+        }]);
+        assert_eq!(
+            d.describe(),
+            "1 detections; best class 0 score 0.900 at 3.0 3.0 5.0 5.0"
+        );
+        let m = Payload::Mask(Mask {
+            width: 2,
+            height: 2,
+            classes: vec![0, 3, 3, 0],
+            overlay: Frame::black(2, 2),
+        });
+        assert_eq!(m.describe(), "mask 2x2 with 2 classes");
+        let t = Payload::Tensor(Tensor {
+            shape: vec![1, 5],
+            data: vec![0.0; 5],
+            frame_map: None,
+        });
+        assert_eq!(t.describe(), "tensor 1x5");
+        let c = Payload::Classes(Classes {
+            top: vec![(7, 0.25)],
+        });
+        assert_eq!(c.describe(), "class 7 score 0.250");
+        for p in [d, m, t, c] {
+            assert!(!p.describe().contains(','));
         }
     }
 }

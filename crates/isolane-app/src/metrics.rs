@@ -179,13 +179,14 @@ fn made_late<'a>(
 
 /// `apps/<app>.csv`: one row per frame released (all of them, the dropped ones included):
 /// `frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured`, then each stage's own time
-/// (`<stage>_ms`, empty where it did not run). Times in ms since t0.
+/// (`<stage>_ms`, empty where it did not run), then `output`: what reached the sink. Times in
+/// ms since t0.
 pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
     let mut out = String::from(isolane_core::results::APP_CSV_COLUMNS);
     for s in &app.stages {
         out.push_str(&format!(",{}_ms", s.name));
     }
-    out.push('\n');
+    out.push_str(",output\n");
     let sink = rec.sink(app);
     let range = measured(app, rec.release_ns.len() as u64);
     let ms = |ns: i64| format!("{:.6}", ns as f64 / 1e6);
@@ -209,6 +210,9 @@ pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
             out.push(',');
             out.push_str(&own.unwrap_or_default());
         }
+        let output = sink.get(i).and_then(|s| s.output.as_deref()).unwrap_or("");
+        out.push(',');
+        out.push_str(&output.replace(',', ";"));
         out.push('\n');
     }
     out

@@ -38,6 +38,9 @@ pub struct StageRecord {
     pub end_ns: Option<i64>,
     /// An ensemble's members' (start, end), in member order.
     pub members: Vec<(i64, i64)>,
+    /// The sink's only: what reached it (`Payload::describe` of each input, `; `-joined),
+    /// written after its end time was taken.
+    pub output: Option<String>,
 }
 
 /// Everything measured of one app.
@@ -364,6 +367,7 @@ impl StageWorker<'_> {
         };
         drop(ready);
         let deadline = self.app.deadline_ns();
+        let is_sink = self.app.stages[self.index].kind == StageKind::Sink;
         let mut records = Vec::with_capacity(self.app.frames as usize);
         let mut error = None;
         while let Some(msgs) = self.receive() {
@@ -378,6 +382,7 @@ impl StageWorker<'_> {
                 start_ns: None,
                 end_ns: None,
                 members: Vec::new(),
+                output: None,
             };
             let output = match payloads {
                 Some(p) if !late && error.is_none() => {
@@ -391,6 +396,10 @@ impl StageWorker<'_> {
                         .iter()
                         .map(|(s, e)| (s - t0, e - t0))
                         .collect();
+                    if is_sink {
+                        let what: Vec<String> = p.iter().map(|x| x.describe()).collect();
+                        record.output = Some(what.join("; "));
+                    }
                     match out {
                         Ok(o) => Some(Arc::new(o)),
                         Err(e) => {

@@ -49,6 +49,7 @@ fn rec(frame: u64, start: i64, end: i64, members: Vec<(i64, i64)>) -> StageRecor
         start_ns: Some(start * MS),
         end_ns: Some(end * MS),
         members: members.into_iter().map(|(s, e)| (s * MS, e * MS)).collect(),
+        output: None,
     }
 }
 
@@ -58,6 +59,7 @@ fn dropped(frame: u64) -> StageRecord {
         start_ns: None,
         end_ns: None,
         members: vec![],
+        output: None,
     }
 }
 
@@ -74,13 +76,14 @@ fn records() -> AppRecords {
         dropped(3),
         rec(4, 41, 42, vec![(41, 42), (41, 42)]),
     ];
-    let sink = vec![
+    let mut sink = vec![
         rec(0, 2, 3, vec![]),
         rec(1, 14, 15, vec![]),
         rec(2, 27, 28, vec![]),
         dropped(3),
         rec(4, 42, 43, vec![]),
     ];
+    sink[0].output = Some("class 1 score 0.500".into());
     AppRecords {
         release_ns: (0..5).map(|k| 10 * k * MS).collect(),
         sent_ns: (0..5).map(|k| 10 * k * MS).collect(),
@@ -140,15 +143,15 @@ fn csv_round_trips_the_measured_latencies() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,pre_ms,ens_ms,out_ms"
+        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,pre_ms,ens_ms,out_ms,output"
     );
     assert_eq!(
         lines.next().unwrap(),
-        "0,0.000000,0.000000,3.000000,3.000000,0,0,1.000000,1.000000,1.000000"
+        "0,0.000000,0.000000,3.000000,3.000000,0,0,1.000000,1.000000,1.000000,class 1 score 0.500"
     );
     assert_eq!(
         lines.nth(2).unwrap(),
-        "3,30.000000,30.000000,,,1,1,1.000000,,"
+        "3,30.000000,30.000000,,,1,1,1.000000,,,"
     );
     assert_eq!(latencies_from_csv(&csv).unwrap(), vec![5.0, 8.0]);
     assert!(latencies_from_csv("a,b\n1,2\n")

@@ -64,8 +64,8 @@ pub struct MemberSummary {
 }
 
 /// The first columns of `apps/<app>.csv` (one row per frame released; `sent_ms`: when the
-/// source actually sent it; then each stage's own
-/// time, `<stage>_ms`; times in ms since t0, empty where there is none).
+/// source actually sent it), followed by each stage's own time `<stage>_ms` and `output` (what
+/// reached the sink, in words); times in ms since t0, empty where there is none.
 pub const APP_CSV_COLUMNS: &str = "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured";
 
 /// The end-to-end latencies (ms) of the measured frames that reached the sink, from an
