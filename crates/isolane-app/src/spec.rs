@@ -654,14 +654,6 @@ impl Validator<'_> {
         r: &StageRaw,
         defaults: &ModelDefaults,
     ) -> Result<StageKind, SpecError> {
-        if r.kind == KindName::Graphics {
-            return Err(self.err(
-                format!("{sat}.kind"),
-                "\"graphics\" (the Vulkan render stage) is not built yet; expected one of \
-                 preprocess, model, yolov8_decode, seg_argmax, classify, ensemble, sink \
-                 (docs/apps.md, Extending)",
-            ));
-        }
         let allowed = kind_keys(r.kind);
         if let Some(k) = r.keys_set().into_iter().find(|k| !allowed.contains(k)) {
             let mut keys = vec!["name", "kind", "after"];
@@ -724,7 +716,14 @@ impl Validator<'_> {
             },
             KindName::Ensemble => self.ensemble(sat, name, r, defaults)?,
             KindName::Sink => StageKind::Sink,
-            KindName::Graphics => unreachable!("refused above"),
+            KindName::Graphics => {
+                return Err(self.err(
+                    format!("{sat}.kind"),
+                    "\"graphics\" (the Vulkan render stage) is not built yet; expected one of \
+                     preprocess, model, yolov8_decode, seg_argmax, classify, ensemble, sink \
+                     (docs/apps.md, Extending)",
+                ))
+            }
         })
     }
 
