@@ -214,11 +214,19 @@ impl Ensemble {
     ) -> Result<Ensemble, String> {
         let (reply_tx, replies) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
-        let mut jobs = Vec::new();
-        let mut threads = Vec::new();
+        // Built up in place: on any error below, dropping it closes the members' job channels
+        // and joins their threads, so that no member outlives a failed build (its model may
+        // sit in a partition the caller is about to take down).
+        let mut ens = Ensemble {
+            jobs: Vec::new(),
+            replies,
+            vote: EnsembleVote::Majority,
+            times: vec![(0, 0); members.len()],
+            outputs: vec![None; members.len()],
+            threads: Vec::new(),
+        };
         for (i, spec) in members.iter().enumerate() {
             let (job_tx, job_rx) = mpsc::channel::<Arc<Tensor>>();
-            jobs.push(job_tx);
             let partition = ctx.partitions.remove(&spec.name);
             let builder = MemberBuild {
                 spec: spec.clone(),
@@ -228,34 +236,37 @@ impl Ensemble {
             };
             let (reply_tx, ready_tx) = (reply_tx.clone(), ready_tx.clone());
             let models = ctx.models.clone();
-            threads.push(
-                thread::Builder::new()
-                    .name(format!("member {}", spec.name))
-                    .spawn(move || builder.serve(&*models, partition, job_rx, reply_tx, ready_tx))
-                    .map_err(|e| {
-                        format!("cannot start a thread for member `{}`: {e}", spec.name)
-                    })?,
-            );
+            let thread = thread::Builder::new()
+                .name(format!("member {}", spec.name))
+                .spawn(move || builder.serve(&*models, partition, job_rx, reply_tx, ready_tx))
+                .map_err(|e| format!("cannot start a thread for member `{}`: {e}", spec.name))?;
+            ens.jobs.push(job_tx);
+            ens.threads.push(thread);
         }
         drop(ready_tx);
+        // Every member answers once, built or not: wait for all before judging.
+        let mut failed = None;
         for _ in members {
-            ready_rx
-                .recv()
-                .map_err(|_| "a member thread ended before it was built".to_string())??;
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    failed.get_or_insert(e);
+                }
+                Err(_) => {
+                    failed.get_or_insert("a member thread ended before it was built".into());
+                    break;
+                }
+            }
         }
-        let vote = match vote {
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        ens.vote = match vote {
             Vote::Majority => EnsembleVote::Majority,
             Vote::Mean => EnsembleVote::Mean,
             Vote::Onnx(m) => EnsembleVote::Model(ModelStage::build(m, ctx)?),
         };
-        Ok(Ensemble {
-            jobs,
-            replies,
-            vote,
-            times: vec![(0, 0); members.len()],
-            outputs: vec![None; members.len()],
-            threads,
-        })
+        Ok(ens)
     }
 }
 

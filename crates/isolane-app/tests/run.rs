@@ -274,3 +274,50 @@ fn late_frames_are_skipped_and_count_as_timeouts() {
     // each one that ran took the model's 30 ms, over the 10 ms deadline: all frames time out
     assert_eq!(s.end_to_end.timeouts, 4);
 }
+
+/// A member whose model cannot be built fails the run's set-up with its name, and the run
+/// returns (the other members' threads are joined, not left behind).
+#[test]
+fn a_member_that_cannot_be_built_is_named() {
+    struct NoZ;
+    impl ModelBuilder for NoZ {
+        fn build(
+            &self,
+            d: &DeviceSpec,
+            m: &ModelSpec,
+            s: u64,
+            p: Option<Partition>,
+        ) -> Result<Box<dyn CompiledModel>, String> {
+            if m.name.ends_with(".z") {
+                return Err("no such model here".into());
+            }
+            StandIns.build(d, m, s, p)
+        }
+    }
+    let apps = apps("[[app.stage]]\nname = \"ens\"\nkind = \"ensemble\"\nmembers = [{ name = \"x\", model = \"m\" }, { name = \"z\", model = \"m\" }]");
+    let stop = AtomicBool::new(false);
+    let device = DeviceSpec {
+        backend: isolane_core::spec::Backend::Cpu,
+        gpu: 0,
+        mechanism: isolane_core::spec::Mechanism::None,
+        host: isolane_core::spec::Host::Thread,
+    };
+    let timing = TimingSpec::default();
+    let e = run_apps(
+        &apps,
+        RunSettings {
+            device: &device,
+            timing: &timing,
+            models: Arc::new(NoZ),
+            partitions: HashMap::new(),
+            stop: &stop,
+        },
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("app `a`") && e.contains("member `ens.z`") && e.contains("no such model"),
+        "{e}"
+    );
+}
