@@ -890,6 +890,7 @@ fn apps_part(page: &mut Page, r: &RunDir) -> Result<(), String> {
         })
         .collect();
     page.table(&header, &rows);
+    page.table(&stage_header(), &stage_rows(apps));
     let bars: Vec<plot::StackedBar> = apps.iter().map(stage_bar).collect();
     let svg = plot::stacked_bars_svg(
         &format!("{}: mean frame by stage", r.label),
@@ -934,6 +935,61 @@ fn apps_part(page: &mut Page, r: &RunDir) -> Result<(), String> {
     }
     page.body.push_str("</div>");
     Ok(())
+}
+
+fn stage_header() -> Vec<String> {
+    [
+        "app",
+        "stage",
+        "kind",
+        "partition",
+        "processed",
+        "skipped",
+        "mean ms",
+        "p95 ms",
+        "max ms",
+        "made the vote late",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Per app each stage's own time, and under an ensemble each member's.
+fn stage_rows(apps: &[isolane_core::results::AppSummary]) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    for a in apps {
+        for s in &a.stages {
+            let l = &s.latency_ms;
+            rows.push(vec![
+                a.name.clone(),
+                s.name.clone(),
+                s.kind.clone(),
+                s.partition.clone(),
+                s.processed.to_string(),
+                s.skipped.to_string(),
+                fmt(l.mean, 3),
+                fmt(l.p95, 3),
+                fmt(l.max, 3),
+                String::new(),
+            ]);
+            for m in &s.members {
+                let l = &m.latency_ms;
+                rows.push(vec![
+                    a.name.clone(),
+                    m.name.clone(),
+                    m.model.clone(),
+                    m.partition.clone(),
+                    String::new(),
+                    String::new(),
+                    fmt(l.mean, 3),
+                    fmt(l.p95, 3),
+                    fmt(l.max, 3),
+                    m.made_late.to_string(),
+                ]);
+            }
+        }
+    }
+    rows
 }
 
 /// One app's mean frame: its stages' mean own times, then what is left of the mean end to

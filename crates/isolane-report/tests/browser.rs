@@ -65,6 +65,7 @@ fn the_samples_render_every_section() {
         "timeline around the worst job",
         "mean frame by stage",
         "end-to-end latency CDF",
+        "made the vote late",
     ] {
         assert!(html.contains(section), "section `{section}` missing");
     }
