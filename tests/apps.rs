@@ -569,12 +569,19 @@ fn a_detector_pipeline_decodes_through_the_engine() {
 #[test]
 fn summarize_leaves_an_app_run_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let text = APP.replace("frames = 30", "frames = 24").replace("fps = 10", "fps = 100");
+    let text = APP
+        .replace("frames = 30", "frames = 24")
+        .replace("fps = 10", "fps = 100");
     let p = scenario(dir.path(), "s.toml", &text);
     let out = dir.path().join("run");
     run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
     let before = std::fs::read(out.join("summary.json")).unwrap();
-    let o = isolane().arg("summarize").arg(&out).arg("--force").output().unwrap();
+    let o = isolane()
+        .arg("summarize")
+        .arg(&out)
+        .arg("--force")
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("does not rebuild"));
     assert_eq!(std::fs::read(out.join("summary.json")).unwrap(), before);

@@ -5,11 +5,12 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use isolane_app::partitions::{as_workloads, check_device, workload_name};
-use isolane_app::run::{run_apps, RunOutcome, RunSettings};
+use isolane_app::run::{run_apps, RunError, RunOutcome, RunSettings};
 use isolane_app::spec::{parse_apps, AppSpec, EngineModels};
 use isolane_core::results::{AppSummary, PartitionRecord, RunStatus, RunSummary};
 use isolane_core::spec::Scenario;
@@ -72,7 +73,8 @@ pub fn run(
 ) -> anyhow::Result<u8> {
     if args.trace || args.metrics_addr.is_some() {
         return Err(user(
-            "--trace and --metrics-addr are not built for scenarios with [[app]]s yet              (docs/apps.md, What is built)",
+            "--trace and --metrics-addr are not built for scenarios with [[app]]s yet (docs/apps.md, \
+             What is built)",
         ));
     }
     if args.no_plan_check {
@@ -91,38 +93,8 @@ pub fn run(
     // `telemetry`. Without NVML the run goes on with a warning.
     let mut view = super::ProgressView::new(args.quiet);
     let telemetry = isolane_session::telemetry::start(&scenario, None, &mut view);
-    let settings = |partitions: HashMap<String, Partition>| RunSettings {
-        device: &scenario.device,
-        timing: &scenario.timing,
-        models: Arc::new(crate::app_models::AppModels),
-        partitions,
-        stop: &stop,
-    };
-    let (outcome, records) = match &admitted {
-        None => (run_apps(&apps, settings(HashMap::new())), Vec::new()),
-        Some(plan) => {
-            let ran = isolane_session::with_partitions(
-                scenario.device.gpu,
-                plan,
-                args.partitions.choices(),
-                |session| {
-                    let mut parts: HashMap<String, Partition> = HashMap::new();
-                    for w in &workloads.workloads {
-                        if let Some(g) = session.take_green_group(&w.name) {
-                            parts.insert(w.name.clone(), Box::new(g));
-                        }
-                    }
-                    let records = session.records().to_vec();
-                    Ok::<_, std::convert::Infallible>((run_apps(&apps, settings(parts)), records))
-                },
-            )
-            .map_err(super::session_error)?;
-            match ran {
-                Ok(r) => r,
-                Err(never) => match never {},
-            }
-        }
-    };
+    let (outcome, records) =
+        run_in_partitions(&scenario, &apps, &workloads, admitted, args, &stop)?;
     let outcome = outcome.map_err(|e| anyhow::anyhow!(e))?;
     let mut summary = summary(&apps, &outcome, &records, &scenario_name, started_at);
     if let Some(t) = telemetry {
@@ -144,6 +116,48 @@ pub fn run(
     }
     println!("results: {}", out.display());
     Ok(super::run::exit_for(summary.status))
+}
+
+/// Runs the apps, inside their models' partitions when the run has any (a GPU): each green
+/// group reaches its model by the model's workload name. Returns what each partition was.
+fn run_in_partitions(
+    scenario: &Scenario,
+    apps: &[AppSpec],
+    workloads: &Scenario,
+    admitted: Option<isolane_core::admission::Plan>,
+    args: &RunArgs,
+    stop: &AtomicBool,
+) -> anyhow::Result<(Result<RunOutcome, RunError>, Vec<PartitionRecord>)> {
+    let settings = |partitions: HashMap<String, Partition>| RunSettings {
+        device: &scenario.device,
+        timing: &scenario.timing,
+        models: Arc::new(crate::app_models::AppModels),
+        partitions,
+        stop,
+    };
+    let Some(plan) = admitted else {
+        return Ok((run_apps(apps, settings(HashMap::new())), Vec::new()));
+    };
+    let ran = isolane_session::with_partitions(
+        scenario.device.gpu,
+        &plan,
+        args.partitions.choices(),
+        |session| {
+            let mut parts: HashMap<String, Partition> = HashMap::new();
+            for w in &workloads.workloads {
+                if let Some(g) = session.take_green_group(&w.name) {
+                    parts.insert(w.name.clone(), Box::new(g));
+                }
+            }
+            let records = session.records().to_vec();
+            Ok::<_, std::convert::Infallible>((run_apps(apps, settings(parts)), records))
+        },
+    )
+    .map_err(super::session_error)?;
+    match ran {
+        Ok(r) => Ok(r),
+        Err(never) => match never {},
+    }
 }
 
 fn summary(

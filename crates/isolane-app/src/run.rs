@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread;
 
 use isolane_core::spec::{DeviceSpec, TimingSpec};
@@ -54,6 +54,19 @@ pub struct AppRecords {
     pub stages: Vec<Vec<StageRecord>>,
     /// The first error of a stage that failed (its later frames are dropped).
     pub error: Option<String>,
+}
+
+impl StageRecord {
+    /// A frame the stage did not run.
+    fn skipped(frame: u64) -> StageRecord {
+        StageRecord {
+            frame,
+            start_ns: None,
+            end_ns: None,
+            members: Vec::new(),
+            output: None,
+        }
+    }
 }
 
 impl AppRecords {
@@ -161,66 +174,52 @@ fn preprocess_sizes(app: &AppSpec) -> Result<Vec<Option<[u32; 2]>>, String> {
 
 /// Runs `apps` to their last frame and returns what was measured.
 pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOutcome, RunError> {
-    let setup = |app: &AppSpec, message: String| RunError::Setup {
-        app: app.name.clone(),
-        message,
-    };
     let mut sources = Vec::new();
     let mut sizes = Vec::new();
     for app in apps {
         sources.push(source::open(&app.source.kind).map_err(|e| setup(app, e.to_string()))?);
         sizes.push(preprocess_sizes(app).map_err(|m| setup(app, m))?);
     }
-    let t0 = Arc::new(std::sync::OnceLock::<i64>::new());
+    let t0 = Arc::new(OnceLock::<i64>::new());
     thread::scope(|scope| {
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), (usize, String)>>();
-        let mut stage_threads = Vec::new();
+        let (ready_tx, ready_rx) = mpsc::channel();
         let mut source_outs = Vec::new();
-        let mut built = 0;
+        let mut stage_threads = Vec::new();
         for (a, app) in apps.iter().enumerate() {
             let wiring = wire(app);
             source_outs.push(wiring.source_out);
-            let mut handles = Vec::new();
             let ins = wiring.stage_in.into_iter();
             let outs = wiring.stage_out.into_iter();
-            for (j, (inputs, outputs)) in ins.zip(outs).enumerate() {
-                let ctx = StageContext {
-                    device: settings.device,
-                    models: settings.models.clone(),
-                    seed: settings.timing.seed ^ ((a as u64) << 32 | j as u64),
-                    partitions: take_partitions(&mut settings.partitions, app, j),
-                    preprocess_size: sizes[a][j],
-                };
-                let worker = StageWorker {
-                    app,
-                    index: j,
-                    inputs,
-                    outputs,
-                    t0: t0.clone(),
-                };
-                let ready = ready_tx.clone();
-                handles.push(scope.spawn(move || worker.run(ctx, ready, a)));
-                built += 1;
-            }
+            let handles: Vec<_> = ins
+                .zip(outs)
+                .enumerate()
+                .map(|(j, (inputs, outputs))| {
+                    let ctx = StageContext {
+                        device: settings.device,
+                        models: settings.models.clone(),
+                        seed: settings.timing.seed ^ ((a as u64) << 32 | j as u64),
+                        partitions: take_partitions(&mut settings.partitions, app, j),
+                        preprocess_size: sizes[a][j],
+                    };
+                    let worker = StageWorker {
+                        app,
+                        index: j,
+                        inputs,
+                        outputs,
+                        t0: t0.clone(),
+                    };
+                    let ready = ready_tx.clone();
+                    scope.spawn(move || worker.run(ctx, ready, a))
+                })
+                .collect();
             stage_threads.push(handles);
         }
         drop(ready_tx);
-        let mut failed = None;
-        for _ in 0..built {
-            match ready_rx.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err((a, m))) => {
-                    failed.get_or_insert_with(|| setup(&apps[a], m));
-                }
-                Err(_) => break,
-            }
-        }
-        if let Some(e) = failed {
-            // Dropping the sources' senders ends every stage loop before it saw a frame.
+        let stages: usize = stage_threads.iter().map(Vec::len).sum();
+        if let Some(e) = first_setup_error(apps, &ready_rx, stages) {
+            // Dropping the sources' senders ends every stage loop before it saw a frame; the
+            // scope joins them.
             drop(source_outs);
-            for h in stage_threads.into_iter().flatten() {
-                let _ = h.join();
-            }
             return Err(e);
         }
         let start = clock::now_ns() + settings.timing.start_delay_ms as i64 * 1_000_000;
@@ -235,42 +234,75 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
                 scope.spawn(move || release_frames(app, src, outs, start, spin_ns, stop))
             })
             .collect();
-        let mut out = Vec::new();
-        for ((app, src), stages) in apps.iter().zip(source_threads).zip(stage_threads) {
-            let (release_ns, sent_ns, source_error) = src.join().unwrap_or_else(|_| {
-                (
-                    Vec::new(),
-                    Vec::new(),
-                    Some("the source thread panicked".to_string()),
-                )
-            });
-            let mut records = AppRecords {
-                release_ns,
-                sent_ns,
-                stages: Vec::new(),
-                error: source_error,
-            };
-            for (j, h) in stages.into_iter().enumerate() {
-                let (recs, err) = h.join().unwrap_or_else(|_| {
-                    (
-                        Vec::new(),
-                        Some(format!("stage `{}` panicked", app.stages[j].name)),
-                    )
-                });
-                records.stages.push(recs);
-                if records.error.is_none() {
-                    records.error = err;
-                }
-            }
-            out.push(records);
-        }
-        let wall_s = (clock::now_ns() - start) as f64 / 1e9;
+        let records = apps
+            .iter()
+            .zip(source_threads)
+            .zip(stage_threads)
+            .map(|((app, src), stages)| collect(app, src, stages))
+            .collect();
         Ok(RunOutcome {
-            apps: out,
+            apps: records,
             t0_ns: start,
-            wall_s,
+            wall_s: (clock::now_ns() - start) as f64 / 1e9,
         })
     })
+}
+
+fn setup(app: &AppSpec, message: String) -> RunError {
+    RunError::Setup {
+        app: app.name.clone(),
+        message,
+    }
+}
+
+/// Waits for every stage to say it is built; the first failure, if any.
+fn first_setup_error(
+    apps: &[AppSpec],
+    ready: &Receiver<Result<(), (usize, String)>>,
+    stages: usize,
+) -> Option<RunError> {
+    let mut failed = None;
+    for _ in 0..stages {
+        match ready.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err((a, m))) => {
+                failed.get_or_insert_with(|| setup(&apps[a], m));
+            }
+            Err(_) => break,
+        }
+    }
+    failed
+}
+
+type StageResult = (Vec<StageRecord>, Option<String>);
+
+/// One app's records, once its source and every stage have ended.
+fn collect(
+    app: &AppSpec,
+    source: thread::ScopedJoinHandle<'_, SourceResult>,
+    stages: Vec<thread::ScopedJoinHandle<'_, StageResult>>,
+) -> AppRecords {
+    let (release_ns, sent_ns, source_error) = source.join().unwrap_or_else(|_| {
+        let panicked = Some("the source thread panicked".to_string());
+        (Vec::new(), Vec::new(), panicked)
+    });
+    let mut records = AppRecords {
+        release_ns,
+        sent_ns,
+        stages: Vec::new(),
+        error: source_error,
+    };
+    for (j, h) in stages.into_iter().enumerate() {
+        let (recs, err) = h.join().unwrap_or_else(|_| {
+            let name = &app.stages[j].name;
+            (Vec::new(), Some(format!("stage `{name}` panicked")))
+        });
+        records.stages.push(recs);
+        if records.error.is_none() {
+            records.error = err;
+        }
+    }
+    records
 }
 
 /// The partitions of stage `j`'s models, renamed from `<app>.<model>` to the model's name.
@@ -344,7 +376,7 @@ struct StageWorker<'a> {
     index: usize,
     inputs: Vec<Receiver<Msg>>,
     outputs: Vec<Sender<Msg>>,
-    t0: Arc<std::sync::OnceLock<i64>>,
+    t0: Arc<OnceLock<i64>>,
 }
 
 impl StageWorker<'_> {
@@ -353,7 +385,7 @@ impl StageWorker<'_> {
         mut ctx: StageContext<'_>,
         ready: Sender<Result<(), (usize, String)>>,
         app_index: usize,
-    ) -> (Vec<StageRecord>, Option<String>) {
+    ) -> StageResult {
         let name = &self.app.stages[self.index].name;
         let mut stage = match stage::build(&self.app.stages[self.index], &mut ctx) {
             Ok(s) => {
@@ -366,51 +398,24 @@ impl StageWorker<'_> {
             }
         };
         drop(ready);
-        let deadline = self.app.deadline_ns();
-        let is_sink = self.app.stages[self.index].kind == StageKind::Sink;
         let mut records = Vec::with_capacity(self.app.frames as usize);
         let mut error = None;
         while let Some(msgs) = self.receive() {
-            let t0 = self.t0.get().copied().unwrap_or(0);
             let first = &msgs[0];
             let payloads: Option<Vec<Arc<Payload>>> =
                 msgs.iter().map(|m| m.payload.clone()).collect();
-            let late =
-                self.app.late == Late::Skip && clock::now_ns() - t0 > first.release_ns + deadline;
-            let mut record = StageRecord {
-                frame: first.index,
-                start_ns: None,
-                end_ns: None,
-                members: Vec::new(),
-                output: None,
-            };
-            let output = match payloads {
-                Some(p) if !late && error.is_none() => {
-                    let start = clock::now_ns();
-                    let out = stage.process(&first.frame, &p);
-                    let end = clock::now_ns();
-                    record.start_ns = Some(start - t0);
-                    record.end_ns = Some(end - t0);
-                    record.members = stage
-                        .member_times()
-                        .iter()
-                        .map(|(s, e)| (s - t0, e - t0))
-                        .collect();
-                    if is_sink {
-                        let what: Vec<String> = p.iter().map(|x| x.describe()).collect();
-                        record.output = Some(what.join("; "));
-                    }
+            let (record, output) = match payloads {
+                Some(p) if error.is_none() && !self.too_late(first.release_ns) => {
+                    let (record, out) = self.process(&mut *stage, first, &p);
                     match out {
-                        Ok(o) => Some(Arc::new(o)),
+                        Ok(o) => (record, Some(Arc::new(o))),
                         Err(e) => {
                             error = Some(format!("stage `{name}`, frame {}: {e}", first.index));
-                            record.start_ns = None;
-                            record.end_ns = None;
-                            None
+                            (StageRecord::skipped(first.index), None)
                         }
                     }
                 }
-                _ => None,
+                _ => (StageRecord::skipped(first.index), None),
             };
             records.push(record);
             let msg = Msg {
@@ -424,6 +429,46 @@ impl StageWorker<'_> {
             }
         }
         (records, error)
+    }
+
+    fn t0(&self) -> i64 {
+        self.t0.get().copied().unwrap_or(0)
+    }
+
+    /// `late = "skip"` and the frame's deadline has passed: it is not started.
+    fn too_late(&self, release_ns: i64) -> bool {
+        self.app.late == Late::Skip
+            && clock::now_ns() - self.t0() > release_ns + self.app.deadline_ns()
+    }
+
+    /// Runs the stage on one frame and records its times (since t0), its ensemble members'
+    /// and, for the sink, what reached it (described after the end time is taken).
+    fn process(
+        &self,
+        stage: &mut dyn stage::Stage,
+        msg: &Msg,
+        inputs: &[Arc<Payload>],
+    ) -> (StageRecord, Result<Payload, String>) {
+        let t0 = self.t0();
+        let start = clock::now_ns();
+        let out = stage.process(&msg.frame, inputs);
+        let end = clock::now_ns();
+        let is_sink = self.app.stages[self.index].kind == StageKind::Sink;
+        let record = StageRecord {
+            frame: msg.index,
+            start_ns: Some(start - t0),
+            end_ns: Some(end - t0),
+            members: stage
+                .member_times()
+                .iter()
+                .map(|(s, e)| (s - t0, e - t0))
+                .collect(),
+            output: is_sink.then(|| {
+                let what: Vec<String> = inputs.iter().map(|x| x.describe()).collect();
+                what.join("; ")
+            }),
+        };
+        (record, out)
     }
 
     /// One message from every input (they arrive in frame order), or `None` once one closes.

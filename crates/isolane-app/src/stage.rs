@@ -23,17 +23,11 @@ use crate::models::ModelBuilder;
 use crate::ops;
 use crate::spec::{ModelSpec, StageKind, StageSpec, Vote};
 
-#[derive(Debug, thiserror::Error)]
-#[error("stage `{stage}`: {message}")]
-pub struct StageError {
-    pub stage: String,
-    pub message: String,
-}
-
 /// One step of an app's graph.
 pub trait Stage: Send {
     /// Processes one frame: `inputs` has one payload per input of the stage, in `after`'s
-    /// order; `frame` is the source frame they came from.
+    /// order; `frame` is the source frame they came from. An error stops the stage (the run
+    /// drops its later frames and reports the message with the stage and frame).
     fn process(&mut self, frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String>;
 
     /// An ensemble's members' `(start, end)` times (ns, monotonic) for the frame just
