@@ -210,6 +210,10 @@ fn mistakes_are_refused_with_exit_2() {
         &APP.replace("fps = 10", "fps = 10\nfpx = 3"),
         &["s.toml", "fpx"],
     );
+    refused(
+        &APP.replace("frames = 30", "frames = 30\ncpu = [100000]"),
+        &["app[0].cpu", "100000"],
+    );
     // core's workload rules, told by the model's name
     refused(
         &APP.replace(
@@ -564,6 +568,18 @@ fn a_detector_pipeline_decodes_through_the_engine() {
         (boxes["kind"].as_str(), boxes["processed"].as_u64()),
         (Some("yolov8_decode"), Some(4))
     );
+}
+
+#[test]
+fn an_app_pinned_to_a_core_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = APP
+        .replace("frames = 30", "frames = 24\ncpu = [0]")
+        .replace("fps = 10", "fps = 100");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    assert_eq!(app(&summary(&out), "a")["end_to_end"]["jobs"], 4);
 }
 
 #[test]

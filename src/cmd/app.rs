@@ -82,6 +82,10 @@ pub fn run(
             m.plan_check = false;
         }
     }
+    for (i, app) in apps.iter().enumerate() {
+        isolane_runtime::affinity::check_cores(&app.cpu)
+            .map_err(|e| user(format!("{scenario_name}: app[{i}].cpu: {e}")))?;
+    }
     let workloads = model_workloads(&scenario, &apps, &scenario_name)?;
     let admitted = super::admit_or_refuse(&workloads, &scenario_name)?;
     let out = super::run::prepare_out(args.out.as_deref(), args.force)?;

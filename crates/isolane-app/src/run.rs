@@ -200,6 +200,7 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
                         seed: settings.timing.seed ^ ((a as u64) << 32 | j as u64),
                         partitions: take_partitions(&mut settings.partitions, app, j),
                         preprocess_size: sizes[a][j],
+                        cpu: app.cpu.clone(),
                     };
                     let worker = StageWorker {
                         app,
@@ -344,6 +345,9 @@ fn release_frames(
 ) -> SourceResult {
     let period = app.period_ns();
     let mut release_ns = Vec::with_capacity(app.frames as usize);
+    if let Err(e) = isolane_runtime::affinity::pin_current_thread(&app.cpu) {
+        return (release_ns, Vec::new(), Some(e.to_string()));
+    }
     let mut sent_ns = Vec::with_capacity(app.frames as usize);
     for k in 0..app.frames {
         let frame = match src.next_frame() {
@@ -387,7 +391,11 @@ impl StageWorker<'_> {
         app_index: usize,
     ) -> StageResult {
         let name = &self.app.stages[self.index].name;
-        let mut stage = match stage::build(&self.app.stages[self.index], &mut ctx) {
+        // Pinned before the build, so that whatever threads the stage starts inherit it.
+        let built = isolane_runtime::affinity::pin_current_thread(&self.app.cpu)
+            .map_err(|e| e.to_string())
+            .and_then(|()| stage::build(&self.app.stages[self.index], &mut ctx));
+        let mut stage = match built {
             Ok(s) => {
                 let _ = ready.send(Ok(()));
                 s

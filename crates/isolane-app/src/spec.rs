@@ -40,6 +40,9 @@ pub struct AppSpec {
     /// Frames left out of the metrics at the start and at the end.
     pub drop_frames: u64,
     pub late: Late,
+    /// CPU cores every thread of the app (source, stages, ensemble members) is pinned to;
+    /// empty: not pinned.
+    pub cpu: Vec<usize>,
     /// The partition of model stages that do not name one.
     pub partition: PartitionSpec,
     pub source: SourceSpec,
@@ -175,6 +178,8 @@ struct AppRaw {
     duration_s: Option<f64>,
     drop_frames: Option<u64>,
     late: Option<Late>,
+    #[serde(default)]
+    cpu: Vec<usize>,
     #[serde(default)]
     partition: PartitionSpec,
     precision: Option<Precision>,
@@ -427,6 +432,13 @@ impl Validator<'_> {
                 ),
             ));
         }
+        let mut cores = BTreeSet::new();
+        if let Some(c) = a.cpu.iter().find(|&&c| !cores.insert(c)) {
+            return Err(self.err(
+                format!("{at}.cpu"),
+                format!("core {c} is listed twice; expected distinct core ids"),
+            ));
+        }
         let defaults = ModelDefaults {
             precision: a.precision.unwrap_or(Precision::Fp32),
             partition: a.partition,
@@ -439,6 +451,7 @@ impl Validator<'_> {
             frames,
             drop_frames,
             late: a.late.unwrap_or(Late::Skip),
+            cpu: a.cpu,
             partition: defaults.partition,
             source,
             stages,

@@ -47,6 +47,8 @@ pub struct StageContext<'a> {
     pub partitions: HashMap<String, Partition>,
     /// The output size of a preprocess that names none: `[width, height]`.
     pub preprocess_size: Option<[u32; 2]>,
+    /// The cores the app's threads are pinned to (an ensemble's members pin theirs).
+    pub cpu: Vec<usize>,
 }
 
 /// Builds stage `spec` (on the calling thread).
@@ -227,6 +229,7 @@ impl Ensemble {
                 device: ctx.device.clone(),
                 seed: ctx.seed ^ (i as u64 + 1),
                 index: i,
+                cpu: ctx.cpu.clone(),
             };
             let (reply_tx, ready_tx) = (reply_tx.clone(), ready_tx.clone());
             let models = ctx.models.clone();
@@ -269,6 +272,7 @@ struct MemberBuild {
     device: DeviceSpec,
     seed: u64,
     index: usize,
+    cpu: Vec<usize>,
 }
 
 impl MemberBuild {
@@ -280,8 +284,10 @@ impl MemberBuild {
         replies: mpsc::Sender<MemberReply>,
         ready: mpsc::Sender<Result<(), String>>,
     ) {
-        let model = models
-            .build(&self.device, &self.spec, self.seed, partition)
+        let pinned =
+            isolane_runtime::affinity::pin_current_thread(&self.cpu).map_err(|e| e.to_string());
+        let model = pinned
+            .and_then(|()| models.build(&self.device, &self.spec, self.seed, partition))
             .and_then(|model| {
                 let mut s = ModelStage { model };
                 s.model.run().map_err(|e| e.to_string())?;

@@ -190,6 +190,15 @@ fn graph_rules() {
 
 #[test]
 fn value_rules() {
+    let e = err(&PIPELINE.replace("frames = 40", "frames = 40\ncpu = [1, 1]"));
+    assert!(
+        e.contains("app[0].cpu") && e.contains("core 1 is listed twice"),
+        "{e}"
+    );
+    assert_eq!(
+        parse(&PIPELINE.replace("frames = 40", "frames = 40\ncpu = [0]")).unwrap()[0].cpu,
+        vec![0]
+    );
     let e = err(&PIPELINE.replace("frames = 40", "frames = 20"));
     assert!(
         e.contains("app[0].frames") && e.contains("more than 20"),
