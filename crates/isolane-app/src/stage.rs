@@ -1,9 +1,9 @@
 //! The [`Stage`] trait and the built-in stages.
 //!
 //! **Extension point.** A new kind of stage (the Vulkan `graphics` render stage, a GPU
-//! `preprocess`) is a type implementing [`Stage`], plus a `kind` name in `spec.rs`
-//! (`KindName`, its keys in `kind_keys`, its input and output types in `io_types`) and an arm
-//! in [`build`]. The run gives a stage, per frame, the source frame and one payload per
+//! `preprocess`) is a type implementing [`Stage`], plus a `kind` name (`spec/raw.rs`:
+//! `KindName` and its keys in `kind_keys`; `spec.rs`: a `StageKind`; `spec/validate.rs`: its
+//! input and output types in `io_types`) and an arm in [`build`] (docs/apps.md, Extending). The run gives a stage, per frame, the source frame and one payload per
 //! input (in the order of its `after`); what it returns goes to every stage that reads it. A
 //! stage is built on the thread that runs it, so a stage holding a GPU context keeps it on one
 //! thread; its partition (if any) comes with the [`StageContext`].

@@ -1,4 +1,5 @@
 use super::*;
+use std::path::Path;
 
 struct Models;
 impl ModelNames for Models {
