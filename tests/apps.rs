@@ -214,6 +214,20 @@ fn mistakes_are_refused_with_exit_2() {
         &APP.replace("frames = 30", "frames = 30\ncpu = [100000]"),
         &["app[0].cpu", "100000"],
     );
+    // a model file that is not ONNX: refused before anything is written
+    let bad = std::env::temp_dir().join(format!("isolane-apps-bad-{}.onnx", std::process::id()));
+    std::fs::write(&bad, b"not a protobuf").unwrap();
+    refused(
+        &APP.replace(
+            "size = [8, 8]",
+            &format!(
+                "size = [8, 8]\n[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"{}\"",
+                bad.display()
+            ),
+        ),
+        &["app model `a.net`", "isolane-apps-bad"],
+    );
+    let _ = std::fs::remove_file(&bad);
     // core's workload rules, told by the model's name
     refused(
         &APP.replace(

@@ -87,6 +87,7 @@ pub fn run(
             .map_err(|e| user(format!("{scenario_name}: app[{i}].cpu: {e}")))?;
     }
     let workloads = model_workloads(&scenario, &apps, &scenario_name)?;
+    preflight(&apps, &scenario_name)?;
     let admitted = super::admit_or_refuse(&workloads, &scenario_name)?;
     let out = super::run::prepare_out(args.out.as_deref(), args.force)?;
     let text = std::fs::read(&scenario_name).unwrap_or_default();
@@ -120,6 +121,25 @@ pub fn run(
     }
     println!("results: {}", out.display());
     Ok(super::run::exit_for(summary.status))
+}
+
+/// Model files are read once before anything is written, so that one that cannot be used is
+/// the user's to fix (exit 2, no output), as a workload's is. Built-ins without a weights file
+/// cannot fail here (their names were validated).
+fn preflight(apps: &[AppSpec], file: &str) -> anyhow::Result<()> {
+    for app in apps {
+        for m in app.models() {
+            if m.model.ends_with(".onnx") || m.weights.is_some() {
+                isolane_app::models::load_graph(m, 0).map_err(|e| {
+                    user(format!(
+                        "{file}: app model `{}`: {e}",
+                        workload_name(app, &m.name)
+                    ))
+                })?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs the apps, inside their models' partitions when the run has any (a GPU): each green
