@@ -307,7 +307,10 @@ impl MemberBuild {
         let index = self.index;
         while let Ok(input) = jobs.recv() {
             let start = clock::now_ns();
-            let out = stage.infer(&input);
+            // A panic must still answer: the ensemble waits for every member's reply.
+            let out =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| stage.infer(&input)))
+                    .unwrap_or_else(|_| Err("the member's model panicked".to_string()));
             let end = clock::now_ns();
             if replies.send((index, out, start, end)).is_err() {
                 break;

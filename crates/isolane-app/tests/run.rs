@@ -112,6 +112,14 @@ kind = "sink"
 }
 
 fn run(apps: &[AppSpec]) -> isolane_app::run::RunOutcome {
+    run_with(apps, Arc::new(StandIns)).unwrap()
+}
+
+/// Runs `apps` on the CPU with `models`.
+fn run_with(
+    apps: &[AppSpec],
+    models: Arc<dyn ModelBuilder + Send>,
+) -> Result<isolane_app::run::RunOutcome, isolane_app::run::RunError> {
     let stop = AtomicBool::new(false);
     let device = DeviceSpec {
         backend: isolane_core::spec::Backend::Cpu,
@@ -125,12 +133,11 @@ fn run(apps: &[AppSpec]) -> isolane_app::run::RunOutcome {
         RunSettings {
             device: &device,
             timing: &timing,
-            models: Arc::new(StandIns),
+            models,
             partitions: HashMap::new(),
             stop: &stop,
         },
     )
-    .unwrap()
 }
 
 #[test]
@@ -245,25 +252,7 @@ fn late_frames_are_skipped_and_count_as_timeouts() {
     }
     let mut apps = apps("[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"m\"");
     apps[0].deadline_ms = 10.0;
-    let stop = AtomicBool::new(false);
-    let device = DeviceSpec {
-        backend: isolane_core::spec::Backend::Cpu,
-        gpu: 0,
-        mechanism: isolane_core::spec::Mechanism::None,
-        host: isolane_core::spec::Host::Thread,
-    };
-    let timing = TimingSpec::default();
-    let out = run_apps(
-        &apps,
-        RunSettings {
-            device: &device,
-            timing: &timing,
-            models: Arc::new(Slow),
-            partitions: HashMap::new(),
-            stop: &stop,
-        },
-    )
-    .unwrap();
+    let out = run_with(&apps, Arc::new(Slow)).unwrap();
     let s = isolane_app::metrics::summarize(&apps[0], &out.apps[0], &|_| "cpu".into());
     let net = &s.stages[1];
     // every frame either ran or was skipped; a 30 ms model cannot keep up with 5 ms frames
@@ -295,29 +284,59 @@ fn a_member_that_cannot_be_built_is_named() {
         }
     }
     let apps = apps("[[app.stage]]\nname = \"ens\"\nkind = \"ensemble\"\nmembers = [{ name = \"x\", model = \"m\" }, { name = \"z\", model = \"m\" }]");
-    let stop = AtomicBool::new(false);
-    let device = DeviceSpec {
-        backend: isolane_core::spec::Backend::Cpu,
-        gpu: 0,
-        mechanism: isolane_core::spec::Mechanism::None,
-        host: isolane_core::spec::Host::Thread,
-    };
-    let timing = TimingSpec::default();
-    let e = run_apps(
-        &apps,
-        RunSettings {
-            device: &device,
-            timing: &timing,
-            models: Arc::new(NoZ),
-            partitions: HashMap::new(),
-            stop: &stop,
-        },
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let e = run_with(&apps, Arc::new(NoZ)).err().unwrap().to_string();
     assert!(
         e.contains("app `a`") && e.contains("member `ens.z`") && e.contains("no such model"),
+        "{e}"
+    );
+}
+
+/// A member whose model panics mid-run does not hang the ensemble: the stage fails with a
+/// message and the run ends.
+#[test]
+fn a_member_that_panics_fails_the_stage_without_hanging() {
+    struct Panicky;
+    impl ModelBuilder for Panicky {
+        fn build(
+            &self,
+            d: &DeviceSpec,
+            m: &ModelSpec,
+            s: u64,
+            p: Option<Partition>,
+        ) -> Result<Box<dyn CompiledModel>, String> {
+            struct Boom(Box<dyn CompiledModel>, usize);
+            impl CompiledModel for Boom {
+                fn input_shape_at(&self, i: usize) -> &[usize] {
+                    self.0.input_shape_at(i)
+                }
+                fn output_shape_at(&self, i: usize) -> &[usize] {
+                    self.0.output_shape_at(i)
+                }
+                fn input_mut_at(&mut self, i: usize) -> &mut [f32] {
+                    self.0.input_mut_at(i)
+                }
+                fn output_at(&self, i: usize) -> &[f32] {
+                    self.0.output_at(i)
+                }
+                fn run(&mut self) -> isolane_engine::Result<()> {
+                    self.1 += 1;
+                    assert!(self.1 < 3, "stand-in model bug");
+                    self.0.run()
+                }
+            }
+            let inner = StandIns.build(d, m, s, p)?;
+            Ok(if m.name.ends_with(".y") {
+                Box::new(Boom(inner, 0))
+            } else {
+                inner
+            })
+        }
+    }
+    let apps = apps("[[app.stage]]\nname = \"ens\"\nkind = \"ensemble\"\nmembers = [{ name = \"x\", model = \"m\" }, { name = \"y\", model = \"m\" }]");
+    let out = run_with(&apps, Arc::new(Panicky)).unwrap();
+    let e = out.apps[0].error.as_deref().unwrap();
+    assert!(
+        e.contains("stage `ens`, frame 1") && e.contains("panicked"),
         "{e}"
     );
 }
