@@ -4,7 +4,8 @@
 //! end-to-end latency runs from that scheduled release to the sink's end (docs/apps.md).
 //!
 //! Stages process frames in order. With `late = "skip"` a stage does not start a frame whose
-//! deadline has already passed: it passes a drop on, and the frame counts as a timeout.
+//! deadline has already passed: it passes a drop on, and the frame counts as a timeout; the
+//! sink measures every frame that reaches it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -443,9 +444,12 @@ impl StageWorker<'_> {
         self.t0.get().copied().unwrap_or(0)
     }
 
-    /// `late = "skip"` and the frame's deadline has passed: it is not started.
+    /// `late = "skip"` and the frame's deadline has passed: it is not started. Never at the
+    /// sink: a frame that got there is measured, late or not (dropping it there would leave
+    /// the late frames' latencies out of the distribution).
     fn too_late(&self, release_ns: i64) -> bool {
         self.app.late == Late::Skip
+            && self.app.stages[self.index].kind != StageKind::Sink
             && clock::now_ns() - self.t0() > release_ns + self.app.deadline_ns()
     }
 
