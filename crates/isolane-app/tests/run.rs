@@ -265,7 +265,10 @@ fn late_frames_are_skipped_and_count_as_timeouts() {
     // and those that reached the sink late are measured, not dropped there
     let sink = &out.apps[0].stages[2];
     let measured_late = sink.iter().filter(|r| r.end_ns.is_some()).count();
-    assert_eq!(measured_late, ran, "every frame the model ran reached the sink");
+    assert_eq!(
+        measured_late, ran,
+        "every frame the model ran reached the sink"
+    );
 }
 
 /// A member whose model cannot be built fails the run's set-up with its name, and the run
