@@ -616,3 +616,41 @@ fn summarize_leaves_an_app_run_alone() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("does not rebuild"));
     assert_eq!(std::fs::read(out.join("summary.json")).unwrap(), before);
 }
+
+/// On the H100: an ensemble whose two members each have their own green context (8 and 16
+/// SMs); summary.json names each member's partition.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_ensembles_members_run_in_their_own_green_contexts() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = APP
+        .replace("size = [8, 8]", "size = [224, 224]")
+        .replace(
+            "[[app.stage]]\nname = \"out\"",
+            "[[app.stage]]\nname = \"vote\"\nkind = \"ensemble\"\nvote = \"mean\"\n\
+             members = [{ name = \"r\", model = \"resnet18\", partition = { sms = 8 } }, \
+             { name = \"m\", model = \"mobilenet_v2\", partition = { sms = 16 } }]\n\
+             [[app.stage]]\nname = \"out\"",
+        )
+        .replace("fps = 10", "fps = 50")
+        .replace("frames = 30", "frames = 100\nprecision = \"fp16\"");
+    let text = format!("[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n{text}");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let members = app(&s, "a")["stages"][1]["members"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(members[0]["partition"], "green 8 SMs", "{members:?}");
+    assert_eq!(members[1]["partition"], "green 16 SMs", "{members:?}");
+    let granted: Vec<u64> = s["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["granted_sms"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(granted.len(), 2);
+    assert!(granted.iter().all(|&g| g >= 8), "{granted:?}");
+}
