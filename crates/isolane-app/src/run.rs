@@ -30,6 +30,10 @@ pub enum RunError {
     Setup { app: String, message: String },
 }
 
+/// Records reserved up front per stage (more grow as needed): enough for most runs without
+/// reallocating while frames flow.
+const PREALLOCATED: u64 = 1 << 16;
+
 /// What a stage did with one frame (times in ns since t0).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StageRecord {
@@ -345,11 +349,11 @@ fn release_frames(
     stop: &AtomicBool,
 ) -> SourceResult {
     let period = app.period_ns();
-    let mut release_ns = Vec::with_capacity(app.frames as usize);
+    let mut release_ns = Vec::with_capacity(app.frames.min(PREALLOCATED) as usize);
     if let Err(e) = isolane_runtime::affinity::pin_current_thread(&app.cpu) {
         return (release_ns, Vec::new(), Some(e.to_string()));
     }
-    let mut sent_ns = Vec::with_capacity(app.frames as usize);
+    let mut sent_ns = Vec::with_capacity(app.frames.min(PREALLOCATED) as usize);
     for k in 0..app.frames {
         let frame = match src.next_frame() {
             Ok(f) => f,
@@ -407,7 +411,7 @@ impl StageWorker<'_> {
             }
         };
         drop(ready);
-        let mut records = Vec::with_capacity(self.app.frames as usize);
+        let mut records = Vec::with_capacity(self.app.frames.min(PREALLOCATED) as usize);
         let mut error = None;
         while let Some(msgs) = self.receive() {
             let first = &msgs[0];

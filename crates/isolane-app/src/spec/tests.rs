@@ -200,6 +200,26 @@ fn value_rules() {
         parse(&PIPELINE.replace("frames = 40", "frames = 40\ncpu = [0]")).unwrap()[0].cpu,
         vec![0]
     );
+    let e = err(&PIPELINE.replace("frames = 40", "frames = 1000000000000"));
+    assert!(
+        e.contains("app[0].frames") && e.contains("at most 10000000"),
+        "{e}"
+    );
+    let e = err(&PIPELINE.replace(
+        "frames = 40",
+        "frames = 40\ndrop_frames = 18446744073709551615",
+    ));
+    assert!(
+        e.contains("app[0].frames") && e.contains("leave none"),
+        "{e}"
+    );
+    let e = err(&PIPELINE.replace("deadline_ms = 50", "deadline_ms = 1e300"));
+    assert!(
+        e.contains("app[0].deadline_ms") && e.contains("100 days"),
+        "{e}"
+    );
+    let e = err(&PIPELINE.replace("fps = 30", "fps = 1e-9"));
+    assert!(e.contains("app[0].frames") && e.contains("100 days"), "{e}");
     let e = err(&PIPELINE.replace("frames = 40", "frames = 20"));
     assert!(
         e.contains("app[0].frames") && e.contains("more than 20"),

@@ -15,6 +15,12 @@ use super::{
     SpecError, StageKind, StageSpec, Vote, DEFAULT_DROP_FRAMES, SOURCE,
 };
 
+/// At most this many frames per app: each stage keeps a record (about 80 bytes) per frame.
+const MAX_FRAMES: u64 = 10_000_000;
+/// Times (a deadline, a run's length) up to 100 days, as a workload's: release times and
+/// deadlines stay exact in i64 nanoseconds.
+const MAX_SECONDS: f64 = 8.64e6;
+
 /// Reads the `[[app]]` tables of scenario `text` (file `path`; relative paths in it are
 /// relative to its folder). No `app` key: no apps.
 pub fn parse_apps(
@@ -94,22 +100,26 @@ impl Validator<'_> {
     fn app(&mut self, i: usize, a: AppRaw) -> Result<AppSpec, SpecError> {
         let at = format!("app[{i}]");
         self.name(&format!("{at}.name"), &a.name)?;
-        if !(a.deadline_ms.is_finite() && a.deadline_ms > 0.0) {
+        if !(a.deadline_ms.is_finite() && a.deadline_ms > 0.0 && a.deadline_ms <= MAX_SECONDS * 1e3)
+        {
             return Err(self.err(
                 format!("{at}.deadline_ms"),
-                format!("{}: expected a number of milliseconds > 0", a.deadline_ms),
+                format!(
+                    "{}: expected a number of milliseconds > 0 and at most 8.64e9 (100 days)",
+                    a.deadline_ms
+                ),
             ));
         }
         let source = self.source(&at, a.source)?;
         let frames = self.frames(&at, a.frames, a.duration_s, source.fps)?;
         let drop_frames = a.drop_frames.unwrap_or(DEFAULT_DROP_FRAMES);
-        if frames <= 2 * drop_frames {
+        if frames <= drop_frames.saturating_mul(2) {
             return Err(self.err(
                 format!("{at}.frames"),
                 format!(
                     "{frames} frames leave none to measure after dropping the first and last \
                      {drop_frames} (drop_frames); expected more than {}",
-                    2 * drop_frames
+                    drop_frames.saturating_mul(2)
                 ),
             ));
         }
@@ -146,7 +156,7 @@ impl Validator<'_> {
         duration_s: Option<f64>,
         fps: f64,
     ) -> Result<u64, SpecError> {
-        match (frames, duration_s) {
+        let n = match (frames, duration_s) {
             (Some(_), Some(_)) => Err(self.err(
                 format!("{at}.duration_s"),
                 "both frames and duration_s; expected one of them",
@@ -161,7 +171,21 @@ impl Validator<'_> {
                 format!("{at}.frames"),
                 "missing; expected frames = N or duration_s = S",
             )),
+        }?;
+        // Every stage keeps a record per frame in memory until the run ends.
+        if n > MAX_FRAMES {
+            return Err(self.err(
+                format!("{at}.frames"),
+                format!("{n} frames; expected at most {MAX_FRAMES} (about 46 hours at 60 fps)"),
+            ));
         }
+        if n as f64 / fps > MAX_SECONDS {
+            return Err(self.err(
+                format!("{at}.frames"),
+                format!("{n} frames at {fps} fps last more than 100 days; expected a shorter run"),
+            ));
+        }
+        Ok(n)
     }
 
     fn source(&self, at: &str, s: SourceRaw) -> Result<SourceSpec, SpecError> {
