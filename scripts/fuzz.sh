@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The property tests of the four parsers (scenario TOML, npy, safetensors, ONNX), run longer than
+# The property tests of the parsers (scenario TOML and its [[app]]s, npy, safetensors, ONNX), run longer than
 # `cargo test` does (which runs ISOLANE_FUZZ_CASES=3000 scenario cases and 300 per engine target).
 #
 #   scripts/fuzz.sh [CASES]      # default 20000 cases per target; a new random seed every run
@@ -13,10 +13,12 @@ cd "$(dirname "$0")/.."
 cases=${1:-20000}
 cargo test --release -p isolane-core --test fuzz_scenario --no-run
 cargo test --release -p isolane-engine --test fuzz_parsers --no-run
+cargo test --release -p isolane-app --test fuzz_spec --no-run
 ulimit -v 4194304
 export ISOLANE_FUZZ_CASES=$cases
 export ISOLANE_FUZZ_SEED=${ISOLANE_FUZZ_SEED:-random}
 status=0
 cargo test --release -p isolane-core --test fuzz_scenario -- --test-threads=1 --nocapture || status=1
 cargo test --release -p isolane-engine --test fuzz_parsers -- --test-threads=1 --nocapture || status=1
+cargo test --release -p isolane-app --test fuzz_spec -- --test-threads=1 --nocapture || status=1
 exit $status

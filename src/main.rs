@@ -2,6 +2,7 @@
 //! only declares them and maps results to exit codes (0 ok, 1 runtime failure, 2 user mistake,
 //! 130 interrupted — see docs/runtime.md).
 
+mod app_models;
 mod cmd;
 mod engine_exec;
 mod kernel_exec;

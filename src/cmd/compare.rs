@@ -69,18 +69,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
             "{}",
             isolane_report::compare_table(&wa.name, &la, &wa.metrics, &lb, &wb.metrics)
         );
-        match mann_whitney_u(&xa, &xb, MwMethod::Auto) {
-            Ok(mw) => println!(
-                "Mann–Whitney U = {:.1}, two-sided p = {:.3e} ({}, n = {} vs {})\n",
-                mw.u,
-                mw.p_value,
-                format!("{:?}", mw.method).to_lowercase(),
-                xa.len(),
-                xb.len()
-            ),
-            Err(e) => println!("Mann–Whitney U test not possible: {e}\n"),
-        }
+        println!("{}", mann_whitney_line(&xa, &xb));
     }
+    matched += compare_apps(&args, &a, &b, &la, &lb)?;
     for wb in &b.workloads {
         if !a.workloads.iter().any(|w| w.name == wb.name) {
             println!("workload `{}` is only in {}", wb.name, lb);
@@ -97,7 +88,61 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
         steal(&b)
     );
     if matched == 0 {
-        return Err(user("the two runs have no workload name in common"));
+        return Err(user("the two runs have no workload or app name in common"));
     }
     Ok(0)
+}
+
+/// The U test's line (and a blank line after it).
+fn mann_whitney_line(xa: &[f64], xb: &[f64]) -> String {
+    match mann_whitney_u(xa, xb, MwMethod::Auto) {
+        Ok(mw) => format!(
+            "Mann–Whitney U = {:.1}, two-sided p = {:.3e} ({}, n = {} vs {})\n",
+            mw.u,
+            mw.p_value,
+            format!("{:?}", mw.method).to_lowercase(),
+            xa.len(),
+            xb.len()
+        ),
+        Err(e) => format!("Mann–Whitney U test not possible: {e}\n"),
+    }
+}
+
+/// The apps of both runs (docs/apps.md): end to end side by side, and the U test of their
+/// measured frames' end-to-end latencies (apps/<app>.csv). Returns how many matched.
+fn compare_apps(
+    args: &CompareArgs,
+    a: &RunSummary,
+    b: &RunSummary,
+    la: &str,
+    lb: &str,
+) -> anyhow::Result<usize> {
+    let read = |dir: &Path, name: &str| -> anyhow::Result<Vec<f64>> {
+        let p = dir.join("apps").join(format!("{name}.csv"));
+        let text =
+            std::fs::read_to_string(&p).map_err(|e| user(format!("{}: {e}", p.display())))?;
+        isolane_app::metrics::latencies_from_csv(&text)
+            .map_err(|e| user(format!("{}: {e}", p.display())))
+    };
+    let mut matched = 0;
+    for aa in &a.apps {
+        let Some(ab) = b.apps.iter().find(|x| x.name == aa.name) else {
+            println!("app `{}` is only in {la}", aa.name);
+            continue;
+        };
+        matched += 1;
+        let title = format!("app {} (end to end)", aa.name);
+        println!(
+            "{}",
+            isolane_report::compare_table(&title, la, &aa.end_to_end, lb, &ab.end_to_end)
+        );
+        let (xa, xb) = (read(&args.run_a, &aa.name)?, read(&args.run_b, &ab.name)?);
+        println!("{}", mann_whitney_line(&xa, &xb));
+    }
+    for ab in &b.apps {
+        if !a.apps.iter().any(|x| x.name == ab.name) {
+            println!("app `{}` is only in {lb}", ab.name);
+        }
+    }
+    Ok(matched)
 }

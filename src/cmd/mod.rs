@@ -1,5 +1,6 @@
 //! Subcommands, and what they share: exit codes, scenario loading, Ctrl-C, the progress bar.
 
+pub mod app;
 pub mod bench;
 pub mod compare;
 pub mod completions;

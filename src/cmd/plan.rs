@@ -145,9 +145,23 @@ fn at_least_one(s: &str) -> Result<f64, String> {
 
 pub fn run(args: PlanArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     if args.auto {
+        if !super::app::load_apps(&args.scenario)?.is_empty() {
+            return Err(user(format!(
+                "{}: plan --auto does not plan [[app]]s yet; give their models partitions \
+                 and check them with `isolane plan` (docs/apps.md)",
+                args.scenario.display()
+            )));
+        }
         return super::plan_auto::run(&args, engine);
     }
-    let (scenario, _) = super::load_scenario(Some(&args.scenario))?;
+    let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
+    // An app's models are admitted as workloads named <app>.<stage>[.<member>] (docs/apps.md).
+    let apps = super::app::load_apps(&args.scenario)?;
+    let scenario = if apps.is_empty() {
+        scenario
+    } else {
+        super::app::model_workloads(&scenario, &apps, &name)?
+    };
     let device = resolve_device_model(&scenario, args.device_model.as_deref())?;
     let options = AdmissionOptions {
         mps_thread_budget_pct: args.mps_thread_budget,

@@ -25,7 +25,9 @@ use super::{user, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
                   (scenarios/quickstart.toml; `--backend cpu` picks it on a GPU machine too, \
                   `--backend cuda` insists on the GPU one). When the \
                   GPU one cannot run, a note says why (no driver, no device, a CUDA library \
-                  missing)."
+                  missing). A scenario with [[app]] tables runs its apps (pipelines and \
+                  ensembles with end-to-end deadlines) and writes summary.json's `apps` and \
+                  apps/<app>.csv (docs/apps.md)."
 )]
 pub struct RunArgs {
     /// Scenario file (TOML). Default: the built-in quickstart.
@@ -66,7 +68,14 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = match &args.scenario {
-        Some(p) => super::load_scenario(Some(p))?,
+        Some(p) => {
+            let (scenario, name) = super::load_scenario(Some(p))?;
+            let apps = super::app::load_apps(p)?;
+            if !apps.is_empty() {
+                return super::app::run(scenario, name, apps, &args);
+            }
+            (scenario, name)
+        }
         None => {
             let backend = if args.cpu {
                 Some("cpu")

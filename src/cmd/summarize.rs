@@ -53,6 +53,13 @@ pub fn run(args: SummarizeArgs) -> anyhow::Result<u8> {
         )));
     }
     let (scenario, _) = super::load_scenario(Some(&scenario_path))?;
+    if !super::app::load_apps(&scenario_path)?.is_empty() {
+        return Err(user(format!(
+            "{}: a run of [[app]]s; summarize does not rebuild those yet (their frames are \
+             written when the run ends, docs/apps.md)",
+            dir.display()
+        )));
+    }
     let plan = RunPlan::from_scenario(&scenario);
     let mut notes = Vec::new();
     let workloads = plan

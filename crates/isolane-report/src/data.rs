@@ -88,6 +88,9 @@ pub struct RunDir {
     pub telemetry: Option<TelemetrySeries>,
     /// A window of the run around its worst job, when jobs/*.csv are there.
     pub timeline: Option<crate::timeline::TimelineWindow>,
+    /// Per app (summary order): its measured frames' end-to-end latencies in ms, sorted
+    /// (apps/<app>.csv; docs/apps.md).
+    pub app_latencies_ms: Vec<(String, Vec<f64>)>,
 }
 
 #[derive(Debug, Clone)]
@@ -303,6 +306,7 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
     } else {
         None
     };
+    let app_latencies_ms = app_latencies(path, &summary)?;
     Ok(RunDir {
         path: path.to_path_buf(),
         label: label_of(path),
@@ -312,7 +316,25 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
         isolation,
         telemetry,
         timeline,
+        app_latencies_ms,
     })
+}
+
+/// Each app's measured end-to-end latencies, sorted, where its apps/<app>.csv is there.
+fn app_latencies(path: &Path, summary: &RunSummary) -> Result<Vec<(String, Vec<f64>)>, DataError> {
+    let mut out = Vec::new();
+    for a in &summary.apps {
+        let file = path.join("apps").join(format!("{}.csv", a.name));
+        if !file.is_file() {
+            continue;
+        }
+        let text = isolane_core::files::read_text(&file)?;
+        let mut ms = isolane_core::results::app_latencies_from_csv(&text)
+            .map_err(|e| isolane_core::files::FileError::parse(&file, e))?;
+        ms.sort_by(f64::total_cmp);
+        out.push((a.name.clone(), ms));
+    }
+    Ok(out)
 }
 
 fn read_device(path: &Path) -> Result<DeviceInfo, DataError> {
@@ -339,9 +361,20 @@ fn read_device(path: &Path) -> Result<DeviceInfo, DataError> {
             None => "stall model".into(),
         },
     };
+    // A scenario copied as given (an app run's, docs/apps.md) may leave the device to core's
+    // defaults: the cpu backend, and no partitions on it or time-slicing on cuda.
+    let backend = match field("backend") {
+        b if b.is_empty() => "cpu".to_string(),
+        b => b,
+    };
+    let mechanism = match field("mechanism") {
+        m if !m.is_empty() => m,
+        _ if backend == "cuda" => "timeslice".to_string(),
+        _ => "none".to_string(),
+    };
     Ok(DeviceInfo {
-        backend: field("backend"),
-        mechanism: field("mechanism"),
+        backend,
+        mechanism,
         protection,
     })
 }

@@ -131,6 +131,7 @@ pub fn render(dirs: &[ResultsDir], title: &str) -> Result<String, String> {
             .filter(|s| s.index.kind == "concurrency")
             .collect::<Vec<_>>(),
     )?;
+    apps_across_runs_section(&mut page, &runs)?;
     for r in &runs {
         run_section(&mut page, r)?;
     }
@@ -847,6 +848,7 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
     if let Some(w) = &r.timeline {
         timeline_figure(page, r, w);
     }
+    apps_part(page, r)?;
     page.end();
     Ok(())
 }
@@ -895,6 +897,253 @@ fn programs_table(page: &mut Page, r: &RunDir) {
     ]
     .map(String::from);
     page.table(&header, &rows);
+}
+
+/// A run's apps (docs/apps.md): end to end with paper 004's metrics, each app's mean frame
+/// split into its stages' own times and the waiting between them, and the end-to-end CDFs.
+fn apps_part(page: &mut Page, r: &RunDir) -> Result<(), String> {
+    let apps = &r.summary.apps;
+    if apps.is_empty() {
+        return Ok(());
+    }
+    let header: Vec<String> = [
+        "app",
+        "deadline ms",
+        "frames",
+        "timeouts %",
+        "mean ms",
+        "std ms",
+        "p95 ms",
+        "max ms",
+        "tail ms",
+        "flatness ms",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rows: Vec<Vec<String>> = apps
+        .iter()
+        .map(|a| {
+            let m = &a.end_to_end;
+            let l = &m.latency_ms;
+            vec![
+                a.name.clone(),
+                format!("{:.1}", a.deadline_ms),
+                m.jobs.to_string(),
+                format!("{:.2}", m.timeout_pct),
+                fmt(l.mean, 3),
+                fmt(l.std, 3),
+                fmt(l.p95, 3),
+                fmt(l.max, 3),
+                fmt(l.tail, 3),
+                fmt(l.flatness, 3),
+            ]
+        })
+        .collect();
+    page.table(&header, &rows);
+    page.table(&stage_header(), &stage_rows(apps));
+    let bars: Vec<plot::StackedBar> = apps.iter().map(stage_bar).collect();
+    let svg = plot::stacked_bars_svg(
+        &format!("{}: mean frame by stage", r.label),
+        "mean time (ms)",
+        &bars,
+        W,
+        H,
+    )?;
+    let segments: usize = bars.iter().map(|b| b.segments.len()).sum();
+    let _ = write!(
+        page.body,
+        "<div class=\"grid\"><figure class=\"plot\" data-series=\"{segments}\">{svg}<figcaption>{}</figcaption></figure>",
+        escape(&format!(
+            "summary.json apps of {}: each stage's mean own time; waiting = mean end to end − their sum (queueing, hand-offs)",
+            r.label
+        ))
+    );
+    page.figures += 1;
+    let mut cdf = Chart::new(
+        format!("{}: end-to-end latency CDF", r.label),
+        "end-to-end latency (ms)",
+        "fraction of frames",
+    );
+    cdf.y_range = Some((0.0, 1.02));
+    cdf.legend_lower_right = true;
+    cdf.caption = format!(
+        "measured frames that reached the sink, apps/*.csv of {}",
+        r.label
+    );
+    for (name, lat) in &r.app_latencies_ms {
+        cdf = cdf.series(name.clone(), plot::cdf_points(lat, CDF_POINTS));
+    }
+    if !cdf.is_empty() {
+        let _ = write!(
+            page.body,
+            "<figure class=\"plot\" data-series=\"{}\">{}<figcaption>{}</figcaption></figure>",
+            cdf.series.len(),
+            plot::svg(&cdf, W, H)?,
+            escape(&cdf.caption)
+        );
+        page.figures += 1;
+    }
+    page.body.push_str("</div>");
+    Ok(())
+}
+
+fn stage_header() -> Vec<String> {
+    [
+        "app",
+        "stage",
+        "kind",
+        "partition",
+        "processed",
+        "skipped",
+        "mean ms",
+        "p95 ms",
+        "max ms",
+        "made the vote late",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Per app each stage's own time, and under an ensemble each member's.
+fn stage_rows(apps: &[isolane_core::results::AppSummary]) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    for a in apps {
+        for s in &a.stages {
+            let l = &s.latency_ms;
+            rows.push(vec![
+                a.name.clone(),
+                s.name.clone(),
+                s.kind.clone(),
+                s.partition.clone(),
+                s.processed.to_string(),
+                s.skipped.to_string(),
+                fmt(l.mean, 3),
+                fmt(l.p95, 3),
+                fmt(l.max, 3),
+                String::new(),
+            ]);
+            for m in &s.members {
+                let l = &m.latency_ms;
+                rows.push(vec![
+                    a.name.clone(),
+                    m.name.clone(),
+                    m.model.clone(),
+                    m.partition.clone(),
+                    String::new(),
+                    String::new(),
+                    fmt(l.mean, 3),
+                    fmt(l.p95, 3),
+                    fmt(l.max, 3),
+                    m.made_late.to_string(),
+                ]);
+            }
+        }
+    }
+    rows
+}
+
+/// An app (by name) measured in several runs, e.g. alone and beside others: its end-to-end
+/// CDF per run, and each run against the first with the two-sided Mann–Whitney U test of
+/// their measured frames (paper 004's comparison).
+fn apps_across_runs_section(page: &mut Page, runs: &[&RunDir]) -> Result<(), String> {
+    let mut names: Vec<&str> = Vec::new();
+    for r in runs {
+        for (name, _) in &r.app_latencies_ms {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+    }
+    let in_runs = |name: &str| -> Vec<(&str, &Vec<f64>)> {
+        runs.iter()
+            .filter_map(|r| {
+                let lat = r.app_latencies_ms.iter().find(|(n, _)| n == name)?;
+                Some((r.label.as_str(), &lat.1))
+            })
+            .collect()
+    };
+    let compared: Vec<&str> = names.into_iter().filter(|n| in_runs(n).len() > 1).collect();
+    if compared.is_empty() {
+        return Ok(());
+    }
+    page.h2(
+        "Apps across runs",
+        "each app measured in more than one run: end to end per run, and the Mann–Whitney U \
+         test of each run against the first (a small p: the distributions differ)",
+    );
+    let header: Vec<String> = [
+        "app",
+        "run",
+        "frames",
+        "mean ms",
+        "max ms",
+        "U",
+        "p vs first",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut rows = Vec::new();
+    let mut charts = Vec::new();
+    for name in compared {
+        let runs = in_runs(name);
+        let mut cdf = Chart::new(
+            format!("{name}: end-to-end latency CDF per run"),
+            "end-to-end latency (ms)",
+            "fraction of frames",
+        );
+        cdf.y_range = Some((0.0, 1.02));
+        cdf.legend_lower_right = true;
+        cdf.caption = "measured frames that reached the sink, apps/*.csv".into();
+        let first = runs[0].1;
+        for (label, lat) in &runs {
+            cdf = cdf.series(label.to_string(), plot::cdf_points(lat, CDF_POINTS));
+            let n = lat.len() as f64;
+            let mean = (n > 0.0).then(|| lat.iter().sum::<f64>() / n);
+            let test = (!std::ptr::eq(*lat, first))
+                .then(|| {
+                    isolane_core::stats::mann_whitney_u(
+                        first,
+                        lat,
+                        isolane_core::stats::MwMethod::Auto,
+                    )
+                    .ok()
+                })
+                .flatten();
+            rows.push(vec![
+                name.to_string(),
+                label.to_string(),
+                lat.len().to_string(),
+                fmt(mean, 3),
+                fmt(lat.last().copied(), 3),
+                test.map_or("-".into(), |t| format!("{:.1}", t.u)),
+                test.map_or("-".into(), |t| format!("{:.3e}", t.p_value)),
+            ]);
+        }
+        charts.push(cdf);
+    }
+    page.table(&header, &rows);
+    page.figures(charts)?;
+    page.end();
+    Ok(())
+}
+
+/// One app's mean frame: its stages' mean own times, then what is left of the mean end to
+/// end (never negative: stages of a DAG that overlap can add up to more than it).
+fn stage_bar(a: &isolane_core::results::AppSummary) -> plot::StackedBar {
+    let mut segments: Vec<(String, f64)> = a
+        .stages
+        .iter()
+        .filter(|s| s.kind != "sink")
+        .map(|s| (s.name.clone(), s.latency_ms.mean.unwrap_or(0.0)))
+        .collect();
+    let busy: f64 = segments.iter().map(|s| s.1).sum();
+    if let Some(mean) = a.end_to_end.latency_ms.mean {
+        segments.push(("waiting".to_string(), (mean - busy).max(0.0)));
+    }
+    plot::StackedBar {
+        label: a.name.clone(),
+        segments,
+    }
 }
 
 /// The run's timeline around its worst job (`timeline::window`), one lane per workload.
@@ -953,6 +1202,7 @@ mod tests {
             isolation,
             telemetry: None,
             timeline: None,
+            app_latencies_ms: Vec::new(),
         }
     }
 
@@ -1014,6 +1264,35 @@ mod tests {
             !b.contains("no-best-effort"),
             "a run without best effort: {b}"
         );
+    }
+
+    /// Two runs of app `a` (the second slower throughout) and one of app `b`: only `a` is
+    /// compared, with the exact U test of 3 against 3 separated values (p = 2/20).
+    #[test]
+    fn apps_across_runs_are_compared_by_name() {
+        let run = |label: &str, apps: Vec<(&str, Vec<f64>)>| {
+            let mut r = iso_run(label, "green", &[]);
+            r.app_latencies_ms = apps.into_iter().map(|(n, l)| (n.to_string(), l)).collect();
+            r
+        };
+        let alone = run("alone", vec![("a", vec![1.0, 2.0, 3.0]), ("b", vec![1.0])]);
+        let shared = run("shared", vec![("a", vec![4.0, 5.0, 6.0])]);
+        let mut page = Page {
+            body: String::new(),
+            figures: 0,
+        };
+        apps_across_runs_section(&mut page, &[&alone, &shared]).unwrap();
+        let b = &page.body;
+        assert!(b.contains("Apps across runs"), "{b}");
+        assert!(b.contains("1.000e-1"), "{b}");
+        assert!(!b.contains("b: end-to-end"), "{b}");
+        assert_eq!(page.figures, 1);
+        let mut empty = Page {
+            body: String::new(),
+            figures: 0,
+        };
+        apps_across_runs_section(&mut empty, &[&alone]).unwrap();
+        assert!(empty.body.is_empty());
     }
 
     #[test]

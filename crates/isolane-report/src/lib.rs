@@ -231,6 +231,13 @@ pub fn compare_table(
         ("latency p90 ms", num(l(a).p90, 3), num(l(b).p90, 3)),
         ("latency p99 ms", num(l(a).p99, 3), num(l(b).p99, 3)),
         ("latency max ms", num(l(a).max, 3), num(l(b).max, 3)),
+        // paper 004's determinism metrics: max − p95 and p90 − p10
+        ("latency tail ms", num(l(a).tail, 3), num(l(b).tail, 3)),
+        (
+            "latency flatness ms",
+            num(l(a).flatness, 3),
+            num(l(b).flatness, 3),
+        ),
         (
             "throughput img/s",
             format!("{:.1}", a.throughput_ips),

@@ -289,3 +289,88 @@ mod tests {
         assert_eq!(cdf_points(&[2.0], 10), vec![(2.0, 1.0)]);
     }
 }
+
+/// One stacked bar: its label and its segments (label, value) from the bottom up.
+#[derive(Debug, Clone)]
+pub struct StackedBar {
+    pub label: String,
+    pub segments: Vec<(String, f64)>,
+}
+
+/// Stacked bars as a standalone `<svg>`: one bar per entry, each segment in the next palette
+/// colour, every segment named in the legend.
+pub fn stacked_bars_svg(
+    title: &str,
+    y_label: &str,
+    bars: &[StackedBar],
+    width: u32,
+    height: u32,
+) -> Result<String, String> {
+    let top = bars
+        .iter()
+        .map(|b| b.segments.iter().map(|s| s.1.max(0.0)).sum::<f64>())
+        .fold(0.0, f64::max);
+    let top = if top > 0.0 { top * 1.1 } else { 1.0 };
+    let n = bars.len().max(1) as f64;
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (width, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let mut c = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 17))
+            .margin(12)
+            .x_label_area_size(44)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0.0..n, 0.0..top)
+            .map_err(|e| e.to_string())?;
+        let labels: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
+        c.configure_mesh()
+            .disable_x_mesh()
+            .y_desc(y_label)
+            .axis_desc_style(("sans-serif", 14))
+            .label_style(("sans-serif", 12))
+            .light_line_style(RGBColor(244, 244, 244))
+            .bold_line_style(RGBColor(218, 218, 218))
+            .x_labels(bars.len() * 2 + 1)
+            .x_label_formatter(&|v| {
+                let i = v.floor() as usize;
+                let centred = (v - v.floor() - 0.5).abs() < 1e-9;
+                if centred {
+                    labels.get(i).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .y_label_formatter(&|v| tick(*v))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let mut colour = 0;
+        for (i, bar) in bars.iter().enumerate() {
+            let mut base = 0.0;
+            for (name, v) in &bar.segments {
+                let v = v.max(0.0);
+                let (r, g, b) = PALETTE[colour % PALETTE.len()];
+                colour += 1;
+                let fill = RGBColor(r, g, b);
+                let x = i as f64;
+                c.draw_series(std::iter::once(Rectangle::new(
+                    [(x + 0.2, base), (x + 0.8, base + v)],
+                    fill.filled(),
+                )))
+                .map_err(|e| e.to_string())?
+                .label(format!("{}: {name}", bar.label))
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], fill.filled()));
+                base += v;
+            }
+        }
+        c.configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(180, 180, 180))
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(out)
+}

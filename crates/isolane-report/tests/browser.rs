@@ -63,6 +63,9 @@ fn the_samples_render_every_section() {
         "temperature",
         "power",
         "timeline around the worst job",
+        "mean frame by stage",
+        "end-to-end latency CDF",
+        "made the vote late",
     ] {
         assert!(html.contains(section), "section `{section}` missing");
     }
@@ -145,7 +148,8 @@ fn run_browser(exe: &Path, args: &[String], limit: Duration) -> (bool, String, S
 /// Runs in the page after it is laid out; its verdict goes into <pre id="isolane-check"> for
 /// --dump-dom. A plot passes when its <svg> has a real size, at least 4 visible labels (title,
 /// two axis names, ticks) and, per series, at least one visible element in a series colour with
-/// real extent (a line of more than 2 points, a marker, or a timeline's job bar).
+/// real extent (a line of more than 2 points, a marker, a timeline's job bar, or a bar taller
+/// than a legend swatch).
 const CHECK_JS: &str = r#"
 <script>
 (function () {
@@ -168,7 +172,9 @@ const CHECK_JS: &str = r#"
         const b = e.getBBox();
         return b.width + b.height > 0;
       });
+      // a stacked bar's segment is a rect taller than a legend's 10-px swatch
       const drawn = coloured.filter(e => e.tagName === 'circle' || e.hasAttribute('data-job')
+        || (e.tagName === 'rect' && e.getBBox().height > 12)
         || (e.getAttribute('points') || '').trim().split(/\s+/).length > 2);
       const series = parseInt(f.dataset.series || '1', 10);
       if (coloured.length < series) why.push(coloured.length + ' coloured elements for ' + series + ' series');

@@ -196,5 +196,6 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
         partitions: Vec::new(),
         telemetry: None,
         isolation: None,
+        apps: Vec::new(),
     }
 }

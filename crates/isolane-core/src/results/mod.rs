@@ -13,7 +13,9 @@
 //! | `interference.json`, `interference.csv` | [`InterferenceIndex`], [`interference_csv`] |
 //! | `isolation.csv` | [`IsolationRow`] rows |
 //! | `summary.json`'s `telemetry` | [`TelemetrySummary`] |
+//! | `summary.json`'s `apps` | [`AppSummary`] (docs/apps.md) |
 
+mod app;
 mod interference;
 mod isolation;
 mod maxrate;
@@ -22,6 +24,7 @@ mod run;
 mod sweep;
 mod telemetry;
 
+pub use app::{app_latencies_from_csv, AppSummary, MemberSummary, StageSummary, APP_CSV_COLUMNS};
 pub use interference::{
     interference_csv, CellKind, InterferenceCell, InterferenceIndex, INTERFERENCE_CSV_HEADER,
 };

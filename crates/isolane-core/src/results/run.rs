@@ -189,6 +189,9 @@ pub struct RunSummary {
     /// `isolane isolation`: the ramp's steps (flattened: `step_s`, `steps`).
     #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<IsolationSteps>,
+    /// The scenario's `[[app]]`s: end-to-end and per-stage results (docs/apps.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub apps: Vec<super::AppSummary>,
 }
 
 fn yes() -> bool {
@@ -252,6 +255,7 @@ impl RunSummary {
             partitions: Vec::new(),
             telemetry: None,
             isolation: None,
+            apps: Vec::new(),
         }
     }
 

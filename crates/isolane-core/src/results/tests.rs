@@ -148,3 +148,55 @@ fn isolation_csv_round_trips_through_the_reader() {
         "{e}"
     );
 }
+
+/// summary.json's `apps` round-trips, is left out when there are none, and a summary written
+/// before apps existed reads with none.
+#[test]
+fn apps_round_trip_and_are_optional() {
+    let metrics = crate::metrics::workload_metrics(&[], 1, 1.0, Some(1));
+    let stats = metrics.latency_ms.clone();
+    let mut s = RunSummary::new("run");
+    assert!(!serde_json::to_string(&s).unwrap().contains("\"apps\""));
+    s.apps.push(AppSummary {
+        name: "a".into(),
+        deadline_ms: 5.0,
+        rate_hz: 30.0,
+        source: "synthetic 8x8".into(),
+        frames: 30,
+        dropped_first: 10,
+        dropped_last: 10,
+        end_to_end: metrics,
+        stages: vec![StageSummary {
+            name: "e".into(),
+            kind: "ensemble".into(),
+            partition: "cpu".into(),
+            processed: 9,
+            skipped: 1,
+            latency_ms: stats.clone(),
+            members: vec![MemberSummary {
+                name: "e.m".into(),
+                model: "resnet18".into(),
+                partition: "green 8 SMs".into(),
+                latency_ms: stats,
+                made_late: 1,
+            }],
+        }],
+    });
+    let text = serde_json::to_string(&s).unwrap();
+    let back: RunSummary = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, s);
+    let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+    old.as_object_mut().unwrap().remove("apps");
+    let back: RunSummary = serde_json::from_value(old).unwrap();
+    assert!(back.apps.is_empty());
+}
+
+#[test]
+fn app_csv_latencies_are_the_measured_completed_frames() {
+    let csv = format!(
+        "{APP_CSV_COLUMNS},pre_ms\n0,0,0,3,3,0,0,1\n1,10,10,15,5,0,1,1\n2,20,20,,,1,1,\n3,30,30,37,7,1,1,1\n"
+    );
+    assert_eq!(app_latencies_from_csv(&csv).unwrap(), vec![5.0, 7.0]);
+    let bad = format!("{APP_CSV_COLUMNS}\n0,0,0,1,x,0,1\n");
+    assert!(app_latencies_from_csv(&bad).unwrap_err().contains("row 2"));
+}

@@ -11,7 +11,9 @@ use super::limits::{
 use super::model::ModelCatalog;
 use super::{Backend, Criticality, Host, LatePolicy, Mechanism, Precision, Role};
 
-pub(super) const ROOT_KEYS: &[&str] = &["device", "timing", "protection", "workload"];
+/// `app`: the `[[app]]` tables (pipelines and ensembles), read and validated by `isolane-app`
+/// (docs/apps.md); this walk only lets them through.
+pub(super) const ROOT_KEYS: &[&str] = &["device", "timing", "protection", "workload", "app"];
 /// The keys each table of a scenario allows (also the property tests' alphabet).
 pub const DEVICE_KEYS: &[&str] = &["backend", "gpu", "mechanism", "host"];
 pub const TIMING_KEYS: &[&str] = &["spin_us", "start_delay_ms", "seed"];

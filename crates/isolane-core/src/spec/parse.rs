@@ -553,6 +553,10 @@ impl<'a> Walk<'a> {
         let path = Top("", "workload");
         let Some(v) = self.get(root, "workload") else {
             self.spans.mark_unread(path);
+            // A file of `[[app]]`s needs no workloads: its apps are isolane-app's to read.
+            if root.t.get("app").is_some() {
+                return Vec::new();
+            }
             self.report(
                 0..0,
                 "workload",

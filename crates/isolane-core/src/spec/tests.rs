@@ -1326,3 +1326,17 @@ fn a_workloads_own_stretch_parses_round_trips_and_is_for_critical_work_only() {
 }
 
 mod programs_and_backends;
+
+/// `[[app]]` tables are isolane-app's (docs/apps.md): the walk lets them through, and a file
+/// of apps needs no workload; the apps' own keys are not read here.
+#[test]
+fn apps_pass_through_and_need_no_workloads() {
+    let s = parse("[device]\nbackend = \"cpu\"\n\n[[app]]\nname = \"a\"\nanything = 1\n").unwrap();
+    assert!(s.workloads.is_empty());
+    // workloads beside apps are still read and checked
+    assert_err(
+        "[[app]]\nname = \"a\"\n\n[[workload]]\nname = \"w\"\n",
+        4,
+        &["workload[0]", "model"],
+    );
+}

@@ -1,0 +1,196 @@
+//! What flows between stages. A stage's output is one [`Payload`], shared (`Arc`) with every
+//! stage that reads it; the source frame travels beside it in every message, so an overlay
+//! or a render stage can always reach the picture.
+
+use std::sync::Arc;
+
+/// An 8-bit RGB picture, row-major HWC (`rgb.len() == width * height * 3`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    pub width: u32,
+    pub height: u32,
+    pub rgb: Vec<u8>,
+}
+
+impl Frame {
+    /// A black frame.
+    pub fn black(width: u32, height: u32) -> Frame {
+        Frame {
+            width,
+            height,
+            rgb: vec![0; width as usize * height as usize * 3],
+        }
+    }
+
+    /// Pixel (x, y) as [r, g, b].
+    pub fn pixel(&self, x: u32, y: u32) -> [u8; 3] {
+        let i = (y as usize * self.width as usize + x as usize) * 3;
+        [self.rgb[i], self.rgb[i + 1], self.rgb[i + 2]]
+    }
+}
+
+/// Where a tensor's pixels were in the frame: frame `x = tensor_x * scale_x + offset_x` (and
+/// `y` alike), so detections found in model input pixels map back onto the frame.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FrameMap {
+    pub scale_x: f32,
+    pub scale_y: f32,
+    pub offset_x: f32,
+    pub offset_y: f32,
+}
+
+impl FrameMap {
+    pub const IDENTITY: FrameMap = FrameMap {
+        scale_x: 1.0,
+        scale_y: 1.0,
+        offset_x: 0.0,
+        offset_y: 0.0,
+    };
+
+    pub fn to_frame(&self, x: f32, y: f32) -> (f32, f32) {
+        (
+            x * self.scale_x + self.offset_x,
+            y * self.scale_y + self.offset_y,
+        )
+    }
+}
+
+/// A dense f32 tensor, row-major, batch included (`[1, C, H, W]` for an image).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+    /// How the tensor's spatial axes map onto the source frame, where they do.
+    pub frame_map: Option<FrameMap>,
+}
+
+/// One detected object, in frame pixels.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Detection {
+    pub x1: f32,
+    pub y1: f32,
+    pub x2: f32,
+    pub y2: f32,
+    pub score: f32,
+    pub class: u32,
+}
+
+/// Per-pixel class ids at the model's output resolution, with the frame coloured by them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mask {
+    pub width: u32,
+    pub height: u32,
+    pub classes: Vec<u16>,
+    /// The source frame with each class's colour blended in (at the frame's size).
+    pub overlay: Frame,
+}
+
+/// A classification: classes and scores, best first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Classes {
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A stage's output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload {
+    Frame(Arc<Frame>),
+    Tensor(Tensor),
+    Detections(Vec<Detection>),
+    Mask(Mask),
+    Classes(Classes),
+    /// What a sink passes on: nothing.
+    Done,
+}
+
+impl Payload {
+    /// One line about what it holds, for the frames CSV (no commas: it is a CSV cell).
+    pub fn describe(&self) -> String {
+        match self {
+            Payload::Frame(f) => format!("frame {}x{}", f.width, f.height),
+            Payload::Tensor(t) => {
+                let dims: Vec<String> = t.shape.iter().map(usize::to_string).collect();
+                format!("tensor {}", dims.join("x"))
+            }
+            Payload::Detections(d) => match d.first() {
+                Some(b) => format!(
+                    "{} detections; best class {} score {:.3} at {:.1} {:.1} {:.1} {:.1}",
+                    d.len(),
+                    b.class,
+                    b.score,
+                    b.x1,
+                    b.y1,
+                    b.x2,
+                    b.y2
+                ),
+                None => "0 detections".to_string(),
+            },
+            Payload::Mask(m) => {
+                let classes = m
+                    .classes
+                    .iter()
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len();
+                format!("mask {}x{} with {classes} classes", m.width, m.height)
+            }
+            Payload::Classes(c) => match c.top.first() {
+                Some((class, p)) => format!("class {class} score {p:.3}"),
+                None => "no class".to_string(),
+            },
+            Payload::Done => String::new(),
+        }
+    }
+
+    /// The name of its type, for messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Payload::Frame(_) => "frame",
+            Payload::Tensor(_) => "tensor",
+            Payload::Detections(_) => "detections",
+            Payload::Mask(_) => "mask",
+            Payload::Classes(_) => "classes",
+            Payload::Done => "nothing",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions_are_one_csv_cell() {
+        let d = Payload::Detections(vec![Detection {
+            x1: 3.0,
+            y1: 3.0,
+            x2: 5.0,
+            y2: 5.0,
+            score: 0.9,
+            class: 0,
+        }]);
+        assert_eq!(
+            d.describe(),
+            "1 detections; best class 0 score 0.900 at 3.0 3.0 5.0 5.0"
+        );
+        let m = Payload::Mask(Mask {
+            width: 2,
+            height: 2,
+            classes: vec![0, 3, 3, 0],
+            overlay: Frame::black(2, 2),
+        });
+        assert_eq!(m.describe(), "mask 2x2 with 2 classes");
+        let t = Payload::Tensor(Tensor {
+            shape: vec![1, 5],
+            data: vec![0.0; 5],
+            frame_map: None,
+        });
+        assert_eq!(t.describe(), "tensor 1x5");
+        let c = Payload::Classes(Classes {
+            top: vec![(7, 0.25)],
+        });
+        assert_eq!(c.describe(), "class 7 score 0.250");
+        for p in [d, m, t, c] {
+            assert!(!p.describe().contains(','));
+        }
+    }
+}

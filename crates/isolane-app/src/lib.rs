@@ -1,0 +1,25 @@
+//! isolane-app: applications — a source of frames at a fixed rate, a DAG of stages (CPU
+//! operators, models, ensembles) and a sink, with an end-to-end deadline per frame
+//! (docs/apps.md).
+//!
+//! | module | one job |
+//! | --- | --- |
+//! | [`spec`] | the `[[app]]` tables of a scenario: types, parsing, validation |
+//! | [`data`] | what flows between stages: frames, tensors, detections, masks, classes |
+//! | [`source`] | synthetic frames, a folder of images, a `.y4m` video |
+//! | [`ops`] | the CPU operators: preprocess, YOLOv8 decode + NMS, segmentation argmax, classify, votes |
+//! | [`stage`] | the [`stage::Stage`] trait (the extension point) and the built stages |
+//! | [`partitions`] | an app's models as workloads, for partitions and admission |
+//! | [`models`] | how a model stage gets a compiled model ([`models::ModelBuilder`]) |
+//! | [`run`] | one run of the apps: threads, channels, the release schedule, the records |
+//! | [`metrics`] | records → summary.json's `apps` (paper 004's metrics), and the frames CSV |
+
+pub mod data;
+pub mod metrics;
+pub mod models;
+pub mod ops;
+pub mod partitions;
+pub mod run;
+pub mod source;
+pub mod spec;
+pub mod stage;

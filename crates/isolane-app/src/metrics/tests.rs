@@ -1,0 +1,169 @@
+use super::*;
+use crate::spec::{parse_apps, ModelNames};
+
+struct Models;
+impl ModelNames for Models {
+    fn is_builtin(&self, m: &str) -> bool {
+        matches!(m, "mobilenet_v2" | "resnet18")
+    }
+    fn builtins(&self) -> Vec<String> {
+        vec![]
+    }
+}
+
+/// 5 frames at 100 Hz, 6 ms deadline, 1 frame dropped at each end: frames 1..4 measured.
+fn app() -> AppSpec {
+    let text = r#"
+[[app]]
+name = "a"
+deadline_ms = 6
+frames = 5
+drop_frames = 1
+[app.source]
+kind = "synthetic"
+width = 4
+height = 4
+fps = 100
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+size = [4, 4]
+[[app.stage]]
+name = "ens"
+kind = "ensemble"
+members = [{ name = "x", model = "mobilenet_v2" }, { name = "y", model = "resnet18" }]
+[[app.stage]]
+name = "out"
+kind = "sink"
+"#;
+    parse_apps(text, std::path::Path::new("t.toml"), &Models)
+        .unwrap()
+        .remove(0)
+}
+
+const MS: i64 = 1_000_000;
+
+fn rec(frame: u64, start: i64, end: i64, members: Vec<(i64, i64)>) -> StageRecord {
+    StageRecord {
+        frame,
+        start_ns: Some(start * MS),
+        end_ns: Some(end * MS),
+        members: members.into_iter().map(|(s, e)| (s * MS, e * MS)).collect(),
+        output: None,
+    }
+}
+
+fn dropped(frame: u64) -> StageRecord {
+    StageRecord {
+        frame,
+        start_ns: None,
+        end_ns: None,
+        members: vec![],
+        output: None,
+    }
+}
+
+/// Frame k released at 10k ms. Latencies: frame 1: 5 ms, frame 2: 8 ms (late: member y
+/// answered last), frame 3: dropped by the ensemble; frames 0 and 4 are outside the metrics.
+fn records() -> AppRecords {
+    let pre = (0..5)
+        .map(|k| rec(k, 10 * k as i64, 10 * k as i64 + 1, vec![]))
+        .collect();
+    let ens = vec![
+        rec(0, 1, 2, vec![(1, 2), (1, 2)]),
+        rec(1, 11, 14, vec![(11, 13), (11, 12)]),
+        rec(2, 21, 27, vec![(21, 22), (21, 26)]),
+        dropped(3),
+        rec(4, 41, 42, vec![(41, 42), (41, 42)]),
+    ];
+    let mut sink = vec![
+        rec(0, 2, 3, vec![]),
+        rec(1, 14, 15, vec![]),
+        rec(2, 27, 28, vec![]),
+        dropped(3),
+        rec(4, 42, 43, vec![]),
+    ];
+    sink[0].output = Some("class 1 score 0.500".into());
+    AppRecords {
+        release_ns: (0..5).map(|k| 10 * k * MS).collect(),
+        sent_ns: (0..5).map(|k| 10 * k * MS).collect(),
+        stages: vec![pre, ens, sink],
+        error: None,
+    }
+}
+
+#[test]
+fn end_to_end_by_hand() {
+    let s = summarize(&app(), &records(), &|m| format!("p:{m}"));
+    assert_eq!((s.frames, s.dropped_first, s.dropped_last), (5, 1, 1));
+    let e = &s.end_to_end;
+    assert_eq!((e.jobs, e.completed, e.timeouts), (3, 2, 2));
+    let l = &e.latency_ms;
+    assert_eq!(l.mean, Some(6.5));
+    assert_eq!(l.max, Some(8.0));
+    assert_eq!(l.min, Some(5.0));
+    // sample std of {5, 8}: sqrt(4.5)
+    assert!((l.std.unwrap() - 4.5f64.sqrt()).abs() < 1e-9);
+    assert!((l.tail.unwrap() - (l.max.unwrap() - l.p95.unwrap())).abs() < 1e-9);
+    // 3 frames over 10 ms periods: 2 completed / 0.03 s
+    assert!((e.throughput_ips - 2.0 / 0.03).abs() < 1e-6);
+}
+
+#[test]
+fn stages_and_members_by_hand() {
+    let s = summarize(&app(), &records(), &|m| format!("p:{m}"));
+    let [pre, ens, sink] = &s.stages[..] else {
+        panic!()
+    };
+    assert_eq!(
+        (pre.kind.as_str(), pre.partition.as_str()),
+        ("preprocess", "cpu")
+    );
+    assert_eq!((pre.processed, pre.skipped), (3, 0));
+    assert_eq!(pre.latency_ms.mean, Some(1.0));
+    // the ensemble's own time: 3 and 6 ms; frame 3 skipped
+    assert_eq!((ens.processed, ens.skipped), (2, 1));
+    assert_eq!(ens.latency_ms.mean, Some(4.5));
+    assert_eq!(sink.processed, 2);
+    let [x, y] = &ens.members[..] else { panic!() };
+    assert_eq!(
+        (x.partition.as_str(), y.model.as_str()),
+        ("p:ens.x", "resnet18")
+    );
+    // x: 2 and 1 ms; y: 1 and 5 ms
+    assert_eq!(x.latency_ms.mean, Some(1.5));
+    assert_eq!(y.latency_ms.max, Some(5.0));
+    // frame 2's vote ended at 27 ms, 7 ms after its release (> 6): y answered last
+    assert_eq!((x.made_late, y.made_late), (0, 1));
+}
+
+#[test]
+fn csv_round_trips_the_measured_latencies() {
+    let csv = frames_csv(&app(), &records());
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,pre_ms,ens_ms,out_ms,output"
+    );
+    assert_eq!(
+        lines.next().unwrap(),
+        "0,0.000000,0.000000,3.000000,3.000000,0,0,1.000000,1.000000,1.000000,class 1 score 0.500"
+    );
+    assert_eq!(
+        lines.nth(2).unwrap(),
+        "3,30.000000,30.000000,,,1,1,1.000000,,,"
+    );
+    assert_eq!(latencies_from_csv(&csv).unwrap(), vec![5.0, 8.0]);
+    assert!(latencies_from_csv("a,b\n1,2\n")
+        .unwrap_err()
+        .contains("latency_ms"));
+}
+
+#[test]
+fn mann_whitney_of_two_runs() {
+    // completely separated samples of 3: exact two-sided p = 2/20
+    let r = compare(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]).unwrap();
+    assert_eq!(r.u, 0.0);
+    assert!((r.p_value - 0.1).abs() < 1e-9, "{r:?}");
+    assert!(compare(&[], &[1.0]).is_err());
+}

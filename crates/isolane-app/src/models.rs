@@ -1,0 +1,100 @@
+//! How a model stage gets its compiled model: a [`ModelBuilder`] the caller passes in (the
+//! binary's builds on the CPU or the CUDA backend, in the stage's partition; [`CpuModels`]
+//! is the CPU one). No process-wide registry: the builder is a value.
+
+use std::path::Path;
+
+use isolane_core::spec::{DeviceSpec, Precision as SpecPrecision};
+use isolane_engine::{build_model, CompiledModel, Dim, Graph, Precision, Weights};
+use isolane_runtime::partition::Partition;
+
+use crate::spec::ModelSpec;
+
+/// Builds the models of model stages and ensemble members, one per call, on the thread that
+/// will run it (a CUDA context is current per thread).
+pub trait ModelBuilder: Sync {
+    /// Compiles `model` at batch 1 for `device`, in `partition` when the run set one up for
+    /// it. `seed` seeds a built-in model's synthetic weights.
+    fn build(
+        &self,
+        device: &DeviceSpec,
+        model: &ModelSpec,
+        seed: u64,
+        partition: Option<Partition>,
+    ) -> Result<Box<dyn CompiledModel>, String>;
+}
+
+/// The engine's CPU backend, one thread per model (stages run side by side on their own
+/// threads).
+pub struct CpuModels;
+
+impl ModelBuilder for CpuModels {
+    fn build(
+        &self,
+        _device: &DeviceSpec,
+        model: &ModelSpec,
+        seed: u64,
+        _partition: Option<Partition>,
+    ) -> Result<Box<dyn CompiledModel>, String> {
+        let graph = load_graph(model, seed)?;
+        let compiled = isolane_engine::CpuBackend::new(1)
+            .compile_cpu(&graph, 1, precision(model.precision))
+            .map_err(|e| format!("{}: {e}", model.model))?;
+        Ok(Box::new(compiled))
+    }
+}
+
+/// The engine's precision of a scenario's.
+pub fn precision(p: SpecPrecision) -> Precision {
+    match p {
+        SpecPrecision::Fp32 => Precision::Fp32,
+        SpecPrecision::Tf32 => Precision::Tf32,
+        SpecPrecision::Fp16 => Precision::Fp16,
+        SpecPrecision::Bf16 => Precision::Bf16,
+    }
+}
+
+/// The graph of a built-in (seeded synthetic weights, or a safetensors file) or an ONNX file.
+pub fn load_graph(model: &ModelSpec, seed: u64) -> Result<Graph, String> {
+    let graph = if model.model.ends_with(".onnx") {
+        isolane_engine::onnx::import_file(Path::new(&model.model)).map_err(|e| e.to_string())
+    } else {
+        let weights = match &model.weights {
+            Some(p) => Weights::Safetensors(p.into()),
+            None => Weights::Synthetic { seed },
+        };
+        build_model(&model.model, weights).map_err(|e| e.to_string())
+    };
+    graph.map_err(|e| format!("{}: {e}", model.model))
+}
+
+/// The model's first input at batch 1 (`[1, C, H, W]` for an image model), without building
+/// weights: a preprocess that names no size takes its size from it.
+pub fn input_shape(model: &ModelSpec) -> Result<Vec<usize>, String> {
+    let graph = if model.model.ends_with(".onnx") {
+        load_graph(model, 0)?
+    } else {
+        build_model(&model.model, Weights::Zeros).map_err(|e| format!("{}: {e}", model.model))?
+    };
+    let id = *graph
+        .inputs
+        .first()
+        .ok_or_else(|| format!("{}: the model has no input", model.model))?;
+    let isolane_engine::ir::ValueKind::Input(dims) = &graph.values[id].kind else {
+        return Err(format!(
+            "{}: its first input is not a graph input",
+            model.model
+        ));
+    };
+    dims.iter()
+        .map(|d| match d {
+            Dim::Fixed(n) => Ok(*n),
+            Dim::Batch | Dim::BatchTimes(1) => Ok(1),
+            other => Err(format!(
+                "{}: its input has a size {other:?} fixed only at run time; give the \
+                 preprocess size = [width, height]",
+                model.model
+            )),
+        })
+        .collect()
+}

@@ -1,0 +1,255 @@
+//! The `[[app]]` tables of a scenario file: the typed spec here, serde's reading of the file
+//! in `raw`, the rules in `validate`.
+//!
+//! isolane-core's scenario walk lets the `app` key through and leaves it here: the file is
+//! parsed a second time, for its apps only, through serde (unknown keys and unknown names are
+//! refused with the line, the column and the allowed values), then every rule that involves
+//! more than one value (stage names, the DAG, what each kind accepts) is checked by field path
+//! (`app[0].stage[2].after`). Everything refused is a user error (exit code 2).
+
+use std::path::PathBuf;
+
+use isolane_core::spec::{PartitionSpec, Precision};
+use serde::Deserialize;
+
+mod raw;
+mod validate;
+
+pub use validate::parse_apps;
+
+/// The name `after` uses for an app's source.
+pub const SOURCE: &str = "source";
+
+/// Frames left out of the metrics at each end by default (paper 004: the first and last 10).
+pub const DEFAULT_DROP_FRAMES: u64 = 10;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("{file}: {message}")]
+    Syntax { file: String, message: String },
+    #[error("{file}: {field}: {message}")]
+    Invalid {
+        file: String,
+        field: String,
+        message: String,
+    },
+}
+
+/// One application.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppSpec {
+    pub name: String,
+    /// End-to-end deadline: source release to sink end.
+    pub deadline_ms: f64,
+    pub frames: u64,
+    /// Frames left out of the metrics at the start and at the end.
+    pub drop_frames: u64,
+    pub late: Late,
+    /// CPU cores every thread of the app (source, stages, ensemble members) is pinned to;
+    /// empty: not pinned.
+    pub cpu: Vec<usize>,
+    /// The partition of model stages that do not name one.
+    pub partition: PartitionSpec,
+    pub source: SourceSpec,
+    /// In the order of the file; `inputs` index into it (`None`: the source).
+    pub stages: Vec<StageSpec>,
+}
+
+/// What a stage does with a frame whose deadline passed before it could start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Late {
+    /// Drop it (counted as a timeout): sensor semantics, as a workload's `late = "skip"`.
+    Skip,
+    /// Process every frame; a backlog grows under overload.
+    Queue,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceSpec {
+    pub fps: f64,
+    pub kind: SourceKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceKind {
+    /// Deterministic frames of this size (a moving pattern; the same frames every run).
+    Synthetic { width: u32, height: u32 },
+    /// PNG/JPEG files of a folder, in name order, cycled.
+    Images { dir: PathBuf },
+    /// An uncompressed YUV4MPEG2 (`.y4m`) file, 4:2:0 / 4:4:4 8-bit, cycled.
+    Video { path: PathBuf },
+}
+
+/// Where a stage's input comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    Source,
+    Stage(usize),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageSpec {
+    pub name: String,
+    pub inputs: Vec<Input>,
+    pub kind: StageKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum StageKind {
+    Preprocess(PreprocessSpec),
+    Model(ModelSpec),
+    Yolov8Decode { conf: f32, iou: f32, max_det: usize },
+    SegArgmax { alpha: f32 },
+    Classify { top_k: usize },
+    Ensemble { members: Vec<ModelSpec>, vote: Vote },
+    Sink,
+}
+
+impl StageKind {
+    /// The name `kind =` gives it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StageKind::Preprocess(_) => "preprocess",
+            StageKind::Model(_) => "model",
+            StageKind::Yolov8Decode { .. } => "yolov8_decode",
+            StageKind::SegArgmax { .. } => "seg_argmax",
+            StageKind::Classify { .. } => "classify",
+            StageKind::Ensemble { .. } => "ensemble",
+            StageKind::Sink => "sink",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreprocessSpec {
+    /// Output `[width, height]`; `None`: the input size of the model it feeds.
+    pub size: Option<[u32; 2]>,
+    /// `[x, y, width, height]` of the frame, cut out before the resize.
+    pub crop: Option<[u32; 4]>,
+    /// Per channel (RGB), on values scaled to 0..1: `(v/255 − mean) / std`.
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    pub dtype: Dtype,
+}
+
+/// The element type a preprocess produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F32,
+    /// Rounded to f16 (what an f16 input carries); held in the engine's f32 input buffers.
+    F16,
+}
+
+/// A model of a model stage or of an ensemble's member.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    /// Unique within the app: the stage's name, or `<stage>.<member>`.
+    pub name: String,
+    /// A built-in model (`isolane models`) or an `.onnx` path (absolute once parsed).
+    pub model: String,
+    pub weights: Option<String>,
+    pub precision: Precision,
+    /// Its own partition, or the app's.
+    pub partition: PartitionSpec,
+    pub plan_check: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Vote {
+    /// The most frequent top-1 class (ties: the lowest class id).
+    Majority,
+    /// The mean of the members' softmax probabilities.
+    Mean,
+    /// A user model taking the members' outputs stacked `[members, ...]`.
+    Onnx(ModelSpec),
+}
+
+/// Whether a model string names something the engine can build: a built-in or an `.onnx`.
+pub trait ModelNames {
+    fn is_builtin(&self, model: &str) -> bool;
+    /// For the message of an unknown model.
+    fn builtins(&self) -> Vec<String>;
+}
+
+/// The engine's built-in models.
+pub struct EngineModels;
+
+impl ModelNames for EngineModels {
+    fn is_builtin(&self, model: &str) -> bool {
+        isolane_engine::model_info(model).is_some()
+    }
+    fn builtins(&self) -> Vec<String> {
+        isolane_engine::builtin_models()
+            .iter()
+            .map(|m| m.name.to_string())
+            .collect()
+    }
+}
+
+impl AppSpec {
+    /// Every model of the app (model stages, ensemble members, onnx voters), in file order.
+    pub fn models(&self) -> Vec<&ModelSpec> {
+        let mut out = Vec::new();
+        for s in &self.stages {
+            match &s.kind {
+                StageKind::Model(m) => out.push(m),
+                StageKind::Ensemble { members, vote } => {
+                    out.extend(members);
+                    if let Vote::Onnx(m) = vote {
+                        out.push(m);
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// [`AppSpec::models`], to change (`--no-plan-check`).
+    pub fn models_mut(&mut self) -> Vec<&mut ModelSpec> {
+        let mut out = Vec::new();
+        for s in &mut self.stages {
+            match &mut s.kind {
+                StageKind::Model(m) => out.push(m),
+                StageKind::Ensemble { members, vote } => {
+                    out.extend(members.iter_mut());
+                    if let Vote::Onnx(m) = vote {
+                        out.push(m);
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The stages that read stage `j`'s output.
+    pub fn consumers(&self, j: usize) -> Vec<usize> {
+        (0..self.stages.len())
+            .filter(|&k| self.stages[k].inputs.contains(&Input::Stage(j)))
+            .collect()
+    }
+
+    /// Frame period (ns).
+    pub fn period_ns(&self) -> i64 {
+        (1e9 / self.source.fps).round() as i64
+    }
+
+    pub fn deadline_ns(&self) -> i64 {
+        (self.deadline_ms * 1e6).round() as i64
+    }
+
+    /// The source in words, for summaries.
+    pub fn source_words(&self) -> String {
+        match &self.source.kind {
+            SourceKind::Synthetic { width, height } => format!("synthetic {width}x{height}"),
+            SourceKind::Images { dir } => format!("images {}", dir.display()),
+            SourceKind::Video { path } => format!("video {}", path.display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,370 @@
+//! The [`Stage`] trait and the built-in stages.
+//!
+//! **Extension point.** A new kind of stage (the Vulkan `graphics` render stage, a GPU
+//! `preprocess`) is a type implementing [`Stage`], plus a `kind` name (`spec/raw.rs`:
+//! `KindName` and its keys in `kind_keys`; `spec.rs`: a `StageKind`; `spec/validate.rs`: its
+//! input and output types in `io_types`) and an arm in [`build`] (docs/apps.md, Extending). The run gives a stage, per frame, the source frame and one payload per
+//! input (in the order of its `after`); what it returns goes to every stage that reads it. A
+//! stage is built on the thread that runs it, so a stage holding a GPU context keeps it on one
+//! thread; its partition (if any) comes with the [`StageContext`].
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+
+use isolane_core::spec::DeviceSpec;
+use isolane_engine::CompiledModel;
+use isolane_runtime::clock;
+use isolane_runtime::partition::Partition;
+
+use crate::data::{Frame, Payload, Tensor};
+use crate::models::ModelBuilder;
+use crate::ops;
+use crate::spec::{ModelSpec, StageKind, StageSpec, Vote};
+
+/// One step of an app's graph.
+pub trait Stage: Send {
+    /// Processes one frame: `inputs` has one payload per input of the stage, in `after`'s
+    /// order; `frame` is the source frame they came from. An error stops the stage (the run
+    /// drops its later frames and reports the message with the stage and frame).
+    fn process(&mut self, frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String>;
+
+    /// An ensemble's members' `(start, end)` times (ns, monotonic) for the frame just
+    /// processed, in member order; empty for other stages.
+    fn member_times(&self) -> &[(i64, i64)] {
+        &[]
+    }
+}
+
+/// What building a stage may use.
+pub struct StageContext<'a> {
+    pub device: &'a DeviceSpec,
+    /// Shared with an ensemble's member threads.
+    pub models: Arc<dyn ModelBuilder + Send>,
+    pub seed: u64,
+    /// Partitions by model name (`ModelSpec::name`); a model takes its own out.
+    pub partitions: HashMap<String, Partition>,
+    /// The output size of a preprocess that names none: `[width, height]`.
+    pub preprocess_size: Option<[u32; 2]>,
+    /// The cores the app's threads are pinned to (an ensemble's members pin theirs).
+    pub cpu: Vec<usize>,
+}
+
+/// Builds stage `spec` (on the calling thread).
+pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Stage>, String> {
+    Ok(match &spec.kind {
+        StageKind::Preprocess(p) => {
+            let [width, height] = p
+                .size
+                .or(ctx.preprocess_size)
+                .ok_or("no size = [width, height], and it feeds no model whose input gives one")?;
+            Box::new(PreprocessStage(ops::preprocess::Preprocess {
+                width,
+                height,
+                spec: p.clone(),
+            }))
+        }
+        StageKind::Model(m) => Box::new(ModelStage::build(m, ctx)?),
+        StageKind::Yolov8Decode { conf, iou, max_det } => {
+            let (conf, iou, max_det) = (*conf, *iou, *max_det);
+            Box::new(FnStage(move |_f: &Arc<Frame>, t: &Payload| {
+                ops::yolo::decode(tensor(t)?, conf, iou, max_det)
+                    .map(Payload::Detections)
+                    .map_err(|e| e.to_string())
+            }))
+        }
+        StageKind::SegArgmax { alpha } => {
+            let alpha = *alpha;
+            Box::new(FnStage(move |f: &Arc<Frame>, t: &Payload| {
+                ops::seg::argmax_overlay(tensor(t)?, f, alpha)
+                    .map(Payload::Mask)
+                    .map_err(|e| e.to_string())
+            }))
+        }
+        StageKind::Classify { top_k } => {
+            let k = *top_k;
+            Box::new(FnStage(move |_f: &Arc<Frame>, t: &Payload| {
+                let p = ops::classify::probabilities(tensor(t)?).map_err(|e| e.to_string())?;
+                Ok(Payload::Classes(ops::classify::top_k(&p, k)))
+            }))
+        }
+        StageKind::Ensemble { members, vote } => Box::new(Ensemble::build(members, vote, ctx)?),
+        StageKind::Sink => Box::new(Sink),
+    })
+}
+
+fn tensor(p: &Payload) -> Result<&Tensor, String> {
+    match p {
+        Payload::Tensor(t) => Ok(t),
+        other => Err(format!("expected a tensor, got {}", other.type_name())),
+    }
+}
+
+/// A one-input operator given as a function.
+struct FnStage<F>(F);
+
+impl<F> Stage for FnStage<F>
+where
+    F: FnMut(&Arc<Frame>, &Payload) -> Result<Payload, String> + Send,
+{
+    fn process(&mut self, frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String> {
+        (self.0)(frame, &inputs[0])
+    }
+}
+
+struct PreprocessStage(ops::preprocess::Preprocess);
+
+impl Stage for PreprocessStage {
+    fn process(&mut self, _frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String> {
+        match &*inputs[0] {
+            Payload::Frame(f) => self
+                .0
+                .run(f)
+                .map(Payload::Tensor)
+                .map_err(|e| e.to_string()),
+            other => Err(format!("expected a frame, got {}", other.type_name())),
+        }
+    }
+}
+
+/// Ends the graph; the time it finishes a frame is the frame's end to end.
+struct Sink;
+
+impl Stage for Sink {
+    fn process(
+        &mut self,
+        _frame: &Arc<Frame>,
+        _inputs: &[Arc<Payload>],
+    ) -> Result<Payload, String> {
+        Ok(Payload::Done)
+    }
+}
+
+/// A compiled model at batch 1: input tensor in, its first output out.
+struct ModelStage {
+    model: Box<dyn CompiledModel>,
+}
+
+impl ModelStage {
+    fn build(spec: &ModelSpec, ctx: &mut StageContext<'_>) -> Result<ModelStage, String> {
+        let partition = ctx.partitions.remove(&spec.name);
+        let model = ctx.models.build(ctx.device, spec, ctx.seed, partition)?;
+        let mut stage = ModelStage { model };
+        // One forward pass before the run: first runs pay for lazy set-up (page faults, a
+        // CUDA graph's first launch) that no frame should.
+        stage.model.run().map_err(|e| e.to_string())?;
+        Ok(stage)
+    }
+
+    fn infer(&mut self, t: &Tensor) -> Result<Tensor, String> {
+        let want = self.model.input_shape().to_vec();
+        if t.shape != want {
+            return Err(format!(
+                "its input is a {:?} tensor; the model takes {want:?} (give the preprocess \
+                 that size)",
+                t.shape
+            ));
+        }
+        self.model.input_mut().copy_from_slice(&t.data);
+        self.model.run().map_err(|e| e.to_string())?;
+        Ok(Tensor {
+            shape: self.model.output_shape().to_vec(),
+            data: self.model.output().to_vec(),
+            frame_map: t.frame_map,
+        })
+    }
+}
+
+impl Stage for ModelStage {
+    fn process(&mut self, _frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String> {
+        self.infer(tensor(&inputs[0])?).map(Payload::Tensor)
+    }
+}
+
+/// A member's answer: its index, its output, its start and end.
+type MemberReply = (usize, Result<Tensor, String>, i64, i64);
+
+/// Fans one input out to its members, each a model on a thread of its own (in its own
+/// partition), and votes once every member has answered.
+struct Ensemble {
+    jobs: Vec<mpsc::Sender<Arc<Tensor>>>,
+    replies: mpsc::Receiver<MemberReply>,
+    vote: EnsembleVote,
+    times: Vec<(i64, i64)>,
+    outputs: Vec<Option<Tensor>>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+enum EnsembleVote {
+    Majority,
+    Mean,
+    Model(ModelStage),
+}
+
+impl Ensemble {
+    fn build(
+        members: &[ModelSpec],
+        vote: &Vote,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Ensemble, String> {
+        let (reply_tx, replies) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        // Built up in place: on any error below, dropping it closes the members' job channels
+        // and joins their threads, so that no member outlives a failed build (its model may
+        // sit in a partition the caller is about to take down).
+        let mut ens = Ensemble {
+            jobs: Vec::new(),
+            replies,
+            vote: EnsembleVote::Majority,
+            times: vec![(0, 0); members.len()],
+            outputs: vec![None; members.len()],
+            threads: Vec::new(),
+        };
+        for (i, spec) in members.iter().enumerate() {
+            let (job_tx, job_rx) = mpsc::channel::<Arc<Tensor>>();
+            let partition = ctx.partitions.remove(&spec.name);
+            let builder = MemberBuild {
+                spec: spec.clone(),
+                device: ctx.device.clone(),
+                seed: ctx.seed ^ (i as u64 + 1),
+                index: i,
+                cpu: ctx.cpu.clone(),
+            };
+            let (reply_tx, ready_tx) = (reply_tx.clone(), ready_tx.clone());
+            let models = ctx.models.clone();
+            let thread = thread::Builder::new()
+                .name(format!("member {}", spec.name))
+                .spawn(move || builder.serve(&*models, partition, job_rx, reply_tx, ready_tx))
+                .map_err(|e| format!("cannot start a thread for member `{}`: {e}", spec.name))?;
+            ens.jobs.push(job_tx);
+            ens.threads.push(thread);
+        }
+        drop(ready_tx);
+        // Every member answers once, built or not: wait for all before judging.
+        let mut failed = None;
+        for _ in members {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    failed.get_or_insert(e);
+                }
+                Err(_) => {
+                    failed.get_or_insert("a member thread ended before it was built".into());
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        ens.vote = match vote {
+            Vote::Majority => EnsembleVote::Majority,
+            Vote::Mean => EnsembleVote::Mean,
+            Vote::Onnx(m) => EnsembleVote::Model(ModelStage::build(m, ctx)?),
+        };
+        Ok(ens)
+    }
+}
+
+struct MemberBuild {
+    spec: ModelSpec,
+    device: DeviceSpec,
+    seed: u64,
+    index: usize,
+    cpu: Vec<usize>,
+}
+
+impl MemberBuild {
+    fn serve(
+        self,
+        models: &dyn ModelBuilder,
+        partition: Option<Partition>,
+        jobs: mpsc::Receiver<Arc<Tensor>>,
+        replies: mpsc::Sender<MemberReply>,
+        ready: mpsc::Sender<Result<(), String>>,
+    ) {
+        let pinned =
+            isolane_runtime::affinity::pin_current_thread(&self.cpu).map_err(|e| e.to_string());
+        let model = pinned
+            .and_then(|()| models.build(&self.device, &self.spec, self.seed, partition))
+            .and_then(|model| {
+                let mut s = ModelStage { model };
+                s.model.run().map_err(|e| e.to_string())?;
+                Ok(s)
+            });
+        let mut stage = match model {
+            Ok(s) => {
+                let _ = ready.send(Ok(()));
+                s
+            }
+            Err(e) => {
+                let _ = ready.send(Err(format!("member `{}`: {e}", self.spec.name)));
+                return;
+            }
+        };
+        drop(ready);
+        let index = self.index;
+        while let Ok(input) = jobs.recv() {
+            let start = clock::now_ns();
+            // A panic must still answer: the ensemble waits for every member's reply.
+            let out =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| stage.infer(&input)))
+                    .unwrap_or_else(|_| Err("the member's model panicked".to_string()));
+            let end = clock::now_ns();
+            if replies.send((index, out, start, end)).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+impl Stage for Ensemble {
+    fn process(&mut self, _frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String> {
+        let input = Arc::new(tensor(&inputs[0])?.clone());
+        for job in &self.jobs {
+            job.send(input.clone())
+                .map_err(|_| "a member thread has ended".to_string())?;
+        }
+        for _ in 0..self.jobs.len() {
+            let (i, out, start, end) = self
+                .replies
+                .recv()
+                .map_err(|_| "a member thread has ended".to_string())?;
+            self.times[i] = (start, end);
+            self.outputs[i] = Some(out?);
+        }
+        let outputs: Vec<&Tensor> = self.outputs.iter().flatten().collect();
+        let vote = match &mut self.vote {
+            EnsembleVote::Majority => ops::vote::majority(&outputs).map(Payload::Classes),
+            EnsembleVote::Mean => ops::vote::mean(&outputs, 5).map(Payload::Classes),
+            EnsembleVote::Model(m) => {
+                let mut stacked = ops::vote::stack(&outputs).map_err(|e| e.to_string())?;
+                // `[members, 1, K]` and a voter's `[1, members, K]` hold the same values in
+                // the same order: the voter takes them in its own input shape.
+                let want = m.model.input_shape();
+                if want.iter().product::<usize>() == stacked.data.len() {
+                    stacked.shape = want.to_vec();
+                }
+                return m.infer(&stacked).map(Payload::Tensor);
+            }
+        };
+        vote.map_err(|e| e.to_string())
+    }
+
+    fn member_times(&self) -> &[(i64, i64)] {
+        &self.times
+    }
+}
+
+impl Drop for Ensemble {
+    fn drop(&mut self) {
+        // Closing the job channels ends the member loops; join them so that no member
+        // outlives the ensemble (and its model, in its partition, is dropped before the run
+        // takes the partitions down).
+        self.jobs.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The app runtime end to end with stand-in models (fast on any CPU): frames flow through
+//! the graph, every stage records every frame, ensembles record their members, and a stage
+//! that fails is reported without hanging the run.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use isolane_app::models::ModelBuilder;
+use isolane_app::run::{run_apps, RunSettings};
+use isolane_app::spec::{parse_apps, AppSpec, ModelNames, ModelSpec};
+use isolane_core::spec::{DeviceSpec, TimingSpec};
+use isolane_engine::CompiledModel;
+use isolane_runtime::partition::Partition;
+
+/// `[1, 3, 4, 4]` in, `[1, 3]` out: each channel's mean (a "classifier" of 3 classes), or
+/// a failure after `fail_after` runs.
+struct ChannelMeans {
+    input: Vec<f32>,
+    output: Vec<f32>,
+    runs: usize,
+    fail_after: Option<usize>,
+}
+
+impl CompiledModel for ChannelMeans {
+    fn input_shape_at(&self, _: usize) -> &[usize] {
+        &[1, 3, 4, 4]
+    }
+    fn output_shape_at(&self, _: usize) -> &[usize] {
+        &[1, 3]
+    }
+    fn input_mut_at(&mut self, _: usize) -> &mut [f32] {
+        &mut self.input
+    }
+    fn output_at(&self, _: usize) -> &[f32] {
+        &self.output
+    }
+    fn run(&mut self) -> isolane_engine::Result<()> {
+        self.runs += 1;
+        if self.fail_after.is_some_and(|n| self.runs > n) {
+            return Err(isolane_engine::EngineError::InvalidArgument(
+                "stand-in failure".into(),
+            ));
+        }
+        for c in 0..3 {
+            self.output[c] = self.input[c * 16..(c + 1) * 16].iter().sum::<f32>() / 16.0;
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`ChannelMeans`] for every model; the model named `broken` fails after warm-up
+/// and 3 frames.
+struct StandIns;
+
+impl ModelBuilder for StandIns {
+    fn build(
+        &self,
+        _: &DeviceSpec,
+        m: &ModelSpec,
+        _: u64,
+        _: Option<Partition>,
+    ) -> Result<Box<dyn CompiledModel>, String> {
+        Ok(Box::new(ChannelMeans {
+            input: vec![0.0; 48],
+            output: vec![0.0; 3],
+            runs: 0,
+            fail_after: m.name.ends_with("broken").then_some(4),
+        }))
+    }
+}
+
+struct Names;
+impl ModelNames for Names {
+    fn is_builtin(&self, _: &str) -> bool {
+        true
+    }
+    fn builtins(&self) -> Vec<String> {
+        vec![]
+    }
+}
+
+fn apps(stages: &str) -> Vec<AppSpec> {
+    apps_with_sink(stages, "")
+}
+
+/// The app with `sink` added to its sink's table (e.g. its `after`).
+fn apps_with_sink(stages: &str, sink: &str) -> Vec<AppSpec> {
+    let text = format!(
+        r#"
+[[app]]
+name = "a"
+deadline_ms = 2000
+frames = 24
+[app.source]
+kind = "synthetic"
+width = 16
+height = 12
+fps = 200
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+size = [4, 4]
+{stages}
+[[app.stage]]
+name = "out"
+kind = "sink"
+{sink}
+"#
+    );
+    parse_apps(&text, std::path::Path::new("t.toml"), &Names).unwrap()
+}
+
+fn run(apps: &[AppSpec]) -> isolane_app::run::RunOutcome {
+    run_with(apps, Arc::new(StandIns)).unwrap()
+}
+
+/// Runs `apps` on the CPU with `models`.
+fn run_with(
+    apps: &[AppSpec],
+    models: Arc<dyn ModelBuilder + Send>,
+) -> Result<isolane_app::run::RunOutcome, isolane_app::run::RunError> {
+    let stop = AtomicBool::new(false);
+    let device = DeviceSpec {
+        backend: isolane_core::spec::Backend::Cpu,
+        gpu: 0,
+        mechanism: isolane_core::spec::Mechanism::None,
+        host: isolane_core::spec::Host::Thread,
+    };
+    let timing = TimingSpec::default();
+    run_apps(
+        apps,
+        RunSettings {
+            device: &device,
+            timing: &timing,
+            models,
+            partitions: HashMap::new(),
+            stop: &stop,
+        },
+    )
+}
+
+#[test]
+fn a_pipeline_runs_every_frame_through_every_stage() {
+    let apps = apps("[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"m\"\n[[app.stage]]\nname = \"top\"\nkind = \"classify\"\ntop_k = 2");
+    let out = run(&apps);
+    let rec = &out.apps[0];
+    assert_eq!(rec.error, None);
+    assert_eq!(rec.release_ns.len(), 24);
+    // the absolute schedule: 5 ms apart
+    assert_eq!(rec.release_ns[3] - rec.release_ns[2], 5_000_000);
+    for stage in &rec.stages {
+        assert_eq!(stage.len(), 24);
+    }
+    let s = isolane_app::metrics::summarize(&apps[0], rec, &|_| "cpu".into());
+    assert_eq!(s.end_to_end.jobs, 4);
+    // a 2 s deadline holds on any machine
+    assert_eq!(s.end_to_end.completed, 4);
+    assert_eq!(s.stages.len(), 4);
+    assert_eq!(s.stages[1].processed, 4);
+    // a frame's latency covers its stages' own times
+    let own: f64 = s.stages.iter().map(|st| st.latency_ms.min.unwrap()).sum();
+    assert!(s.end_to_end.latency_ms.max.unwrap() >= own);
+}
+
+#[test]
+fn an_ensemble_records_its_members() {
+    let apps = apps("[[app.stage]]\nname = \"ens\"\nkind = \"ensemble\"\nvote = \"mean\"\nmembers = [{ name = \"x\", model = \"m\" }, { name = \"y\", model = \"m\" }, { name = \"z\", model = \"m\" }]");
+    let out = run(&apps);
+    let rec = &out.apps[0];
+    assert_eq!(rec.error, None);
+    for r in &rec.stages[1] {
+        assert_eq!(r.members.len(), 3);
+        for (s, e) in &r.members {
+            // each member ran inside the ensemble's own span
+            assert!(r.start_ns.unwrap() <= *s && s <= e && *e <= r.end_ns.unwrap());
+        }
+    }
+    let s = isolane_app::metrics::summarize(&apps[0], rec, &|_| "cpu".into());
+    assert_eq!(s.stages[1].members.len(), 3);
+    assert_eq!(s.stages[1].members[2].name, "ens.z");
+}
+
+#[test]
+fn a_failing_stage_drops_its_frames_and_says_why() {
+    let apps = apps("[[app.stage]]\nname = \"broken\"\nkind = \"model\"\nmodel = \"m\"");
+    let out = run(&apps);
+    let rec = &out.apps[0];
+    let e = rec.error.as_deref().unwrap();
+    assert!(
+        e.contains("stage `broken`, frame 3") && e.contains("stand-in failure"),
+        "{e}"
+    );
+    let sink = &rec.stages[2];
+    assert_eq!(sink.len(), 24);
+    assert!(sink[2].end_ns.is_some() && sink[3].end_ns.is_none() && sink[23].end_ns.is_none());
+}
+
+#[test]
+fn a_sink_joins_two_branches_of_a_dag() {
+    let stages = "[[app.stage]]\nname = \"left\"\nkind = \"model\"\nmodel = \"m\"\nafter = [\"pre\"]\n\
+                  [[app.stage]]\nname = \"right\"\nkind = \"model\"\nmodel = \"m\"\nafter = [\"pre\"]\n\
+                  [[app.stage]]\nname = \"lc\"\nkind = \"classify\"\nafter = [\"left\"]\n\
+                  [[app.stage]]\nname = \"rc\"\nkind = \"classify\"\nafter = [\"right\"]";
+    let app = apps_with_sink(stages, "after = [\"lc\", \"rc\"]").remove(0);
+    let out = run(std::slice::from_ref(&app));
+    let rec = &out.apps[0];
+    assert_eq!(rec.error, None);
+    for (left, (right, sink)) in rec.stages[1]
+        .iter()
+        .zip(rec.stages[2].iter().zip(&rec.stages[5]))
+    {
+        // the sink ends a frame after both branches ended it
+        assert!(sink.end_ns.unwrap() >= left.end_ns.unwrap().max(right.end_ns.unwrap()));
+    }
+}
+
+/// A model that takes 30 ms per frame released every 5 ms with a 10 ms deadline: with
+/// `late = "skip"` the frames that wait past their deadline are dropped, never run.
+#[test]
+fn late_frames_are_skipped_and_count_as_timeouts() {
+    struct Slow;
+    impl ModelBuilder for Slow {
+        fn build(
+            &self,
+            d: &DeviceSpec,
+            m: &ModelSpec,
+            s: u64,
+            p: Option<Partition>,
+        ) -> Result<Box<dyn CompiledModel>, String> {
+            struct Sleepy(Box<dyn CompiledModel>);
+            impl CompiledModel for Sleepy {
+                fn input_shape_at(&self, i: usize) -> &[usize] {
+                    self.0.input_shape_at(i)
+                }
+                fn output_shape_at(&self, i: usize) -> &[usize] {
+                    self.0.output_shape_at(i)
+                }
+                fn input_mut_at(&mut self, i: usize) -> &mut [f32] {
+                    self.0.input_mut_at(i)
+                }
+                fn output_at(&self, i: usize) -> &[f32] {
+                    self.0.output_at(i)
+                }
+                fn run(&mut self) -> isolane_engine::Result<()> {
+                    std::thread::sleep(std::time::Duration::from_millis(30));
+                    self.0.run()
+                }
+            }
+            Ok(Box::new(Sleepy(StandIns.build(d, m, s, p)?)))
+        }
+    }
+    let mut apps = apps("[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"m\"");
+    apps[0].deadline_ms = 10.0;
+    let out = run_with(&apps, Arc::new(Slow)).unwrap();
+    let s = isolane_app::metrics::summarize(&apps[0], &out.apps[0], &|_| "cpu".into());
+    let net = &s.stages[1];
+    // every frame either ran or was skipped; a 30 ms model cannot keep up with 5 ms frames
+    assert_eq!(net.processed + net.skipped, 4);
+    let all = &out.apps[0].stages[1];
+    let ran = all.iter().filter(|r| r.end_ns.is_some()).count();
+    assert!((1..24).contains(&ran), "{ran} of 24 ran");
+    // each one that ran took the model's 30 ms, over the 10 ms deadline: all frames time out
+    assert_eq!(s.end_to_end.timeouts, 4);
+    // and those that reached the sink late are measured, not dropped there
+    let sink = &out.apps[0].stages[2];
+    let measured_late = sink.iter().filter(|r| r.end_ns.is_some()).count();
+    assert_eq!(
+        measured_late, ran,
+        "every frame the model ran reached the sink"
+    );
+}
+
+/// A member whose model cannot be built fails the run's set-up with its name, and the run
+/// returns (the other members' threads are joined, not left behind).
+#[test]
+fn a_member_that_cannot_be_built_is_named() {
+    struct NoZ;
+    impl ModelBuilder for NoZ {
+        fn build(
+            &self,
+            d: &DeviceSpec,
+            m: &ModelSpec,
+            s: u64,
+            p: Option<Partition>,
+        ) -> Result<Box<dyn CompiledModel>, String> {
+            if m.name.ends_with(".z") {
+                return Err("no such model here".into());
+            }
+            StandIns.build(d, m, s, p)
+        }
+    }
+    let apps = apps("[[app.stage]]\nname = \"ens\"\nkind = \"ensemble\"\nmembers = [{ name = \"x\", model = \"m\" }, { name = \"z\", model = \"m\" }]");
+    let e = run_with(&apps, Arc::new(NoZ)).err().unwrap().to_string();
+    assert!(
+        e.contains("app `a`") && e.contains("member `ens.z`") && e.contains("no such model"),
+        "{e}"
+    );
+}
+
+/// A member whose model panics mid-run does not hang the ensemble: the stage fails with a
+/// message and the run ends.
+#[test]
+fn a_member_that_panics_fails_the_stage_without_hanging() {
+    struct Panicky;
+    impl ModelBuilder for Panicky {
+        fn build(
+            &self,
+            d: &DeviceSpec,
+            m: &ModelSpec,
+            s: u64,
+            p: Option<Partition>,
+        ) -> Result<Box<dyn CompiledModel>, String> {
+            struct Boom(Box<dyn CompiledModel>, usize);
+            impl CompiledModel for Boom {
+                fn input_shape_at(&self, i: usize) -> &[usize] {
+                    self.0.input_shape_at(i)
+                }
+                fn output_shape_at(&self, i: usize) -> &[usize] {
+                    self.0.output_shape_at(i)
+                }
+                fn input_mut_at(&mut self, i: usize) -> &mut [f32] {
+                    self.0.input_mut_at(i)
+                }
+                fn output_at(&self, i: usize) -> &[f32] {
+                    self.0.output_at(i)
+                }
+                fn run(&mut self) -> isolane_engine::Result<()> {
+                    self.1 += 1;
+                    assert!(self.1 < 3, "stand-in model bug");
+                    self.0.run()
+                }
+            }
+            let inner = StandIns.build(d, m, s, p)?;
+            Ok(if m.name.ends_with(".y") {
+                Box::new(Boom(inner, 0))
+            } else {
+                inner
+            })
+        }
+    }
+    let apps = apps("[[app.stage]]\nname = \"ens\"\nkind = \"ensemble\"\nmembers = [{ name = \"x\", model = \"m\" }, { name = \"y\", model = \"m\" }]");
+    let out = run_with(&apps, Arc::new(Panicky)).unwrap();
+    let e = out.apps[0].error.as_deref().unwrap();
+    assert!(
+        e.contains("stage `ens`, frame 1") && e.contains("panicked"),
+        "{e}"
+    );
+}

@@ -1,0 +1,291 @@
+//! `isolane run` of a scenario with `[[app]]`s: the apps' models checked as workloads (core's
+//! partition rules and admission control), their partitions set up, the apps run by
+//! isolane-app, and summary.json (`apps`), `apps/<app>.csv` and the tables written
+//! (docs/apps.md).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use isolane_app::partitions::{as_workloads, check_device, workload_name};
+use isolane_app::run::{run_apps, RunError, RunOutcome, RunSettings};
+use isolane_app::spec::{parse_apps, AppSpec, EngineModels};
+use isolane_core::results::{AppSummary, PartitionRecord, RunStatus, RunSummary};
+use isolane_core::spec::Scenario;
+use isolane_runtime::output;
+use isolane_runtime::partition::Partition;
+
+use super::run::RunArgs;
+use super::user;
+
+/// The `[[app]]`s of the scenario file at `path` (none: an ordinary scenario).
+pub fn load_apps(path: &Path) -> anyhow::Result<Vec<AppSpec>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_apps(&text, path, &EngineModels).map_err(user)
+}
+
+/// The apps' models as the workloads of a scenario on the same device, checked by core's
+/// rules (a partition key the mechanism does not take, a precision the CPU does not run).
+pub fn model_workloads(
+    scenario: &Scenario,
+    apps: &[AppSpec],
+    file: &str,
+) -> anyhow::Result<Scenario> {
+    if !scenario.workloads.is_empty() {
+        return Err(user(format!(
+            "{file}: [[app]]s beside [[workload]]s in one run are not built yet; put them in \
+             separate scenario files"
+        )));
+    }
+    check_device(&scenario.device).map_err(|m| user(format!("{file}: device.mechanism: {m}")))?;
+    let mut s = scenario.clone();
+    s.workloads = as_workloads(apps, scenario.device.backend);
+    if s.workloads.is_empty() {
+        // Apps of CPU operators only: no model, nothing to partition.
+        return Ok(s);
+    }
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
+    s.validate(&models).map_err(|e| {
+        // Core names a workload by its index; here that is a model of an app, by its name.
+        let mut text = e.to_string();
+        for (i, w) in s.workloads.iter().enumerate() {
+            text = text.replace(
+                &format!("workload[{i}]."),
+                &format!("app model `{}`: ", w.name),
+            );
+        }
+        user(format!("{file}: {text}"))
+    })?;
+    Ok(s)
+}
+
+pub fn run(
+    scenario: Scenario,
+    scenario_name: String,
+    mut apps: Vec<AppSpec>,
+    args: &RunArgs,
+) -> anyhow::Result<u8> {
+    if args.trace || args.metrics_addr.is_some() {
+        return Err(user(
+            "--trace and --metrics-addr are not built for scenarios with [[app]]s yet (docs/apps.md, \
+             What is built)",
+        ));
+    }
+    if args.no_plan_check {
+        for m in apps.iter_mut().flat_map(AppSpec::models_mut) {
+            m.plan_check = false;
+        }
+    }
+    for (i, app) in apps.iter().enumerate() {
+        isolane_runtime::affinity::check_cores(&app.cpu)
+            .map_err(|e| user(format!("{scenario_name}: app[{i}].cpu: {e}")))?;
+    }
+    let workloads = model_workloads(&scenario, &apps, &scenario_name)?;
+    preflight(&apps, &scenario_name)?;
+    let admitted = super::admit_or_refuse(&workloads, &scenario_name)?;
+    let out = super::run::prepare_out(args.out.as_deref(), args.force)?;
+    let text = std::fs::read(&scenario_name).unwrap_or_default();
+    output::write_atomic(&out.join("scenario.toml"), &text)?;
+    let stop = super::install_stop_handler()?;
+    let started_at = chrono::Utc::now();
+    // Device telemetry (cuda) around the run, as for workloads: telemetry.csv and summary.json's
+    // `telemetry`. Without NVML the run goes on with a warning.
+    let mut view = super::ProgressView::new(args.quiet);
+    let telemetry = isolane_session::telemetry::start(&scenario, None, &mut view);
+    let (outcome, records) =
+        run_in_partitions(&scenario, &apps, &workloads, admitted, args, &stop)?;
+    let outcome = outcome.map_err(|e| anyhow::anyhow!(e))?;
+    let mut summary = summary(&apps, &outcome, &records, &scenario_name, started_at);
+    if let Some(t) = telemetry {
+        match t.finish(&out, Some(outcome.t0_ns), outcome.wall_s) {
+            Ok((rec, tsum)) => isolane_telemetry::attach(&mut summary, &rec, &tsum),
+            Err(e) => eprintln!("warning: device telemetry lost: {e}"),
+        }
+    }
+    summary.interrupted = stop.load(std::sync::atomic::Ordering::Relaxed);
+    if summary.interrupted {
+        summary.status = RunStatus::Interrupted;
+    }
+    write_files(&out, &apps, &outcome, &summary)?;
+    println!("{}", tables(&scenario, &summary.apps));
+    for (app, rec) in apps.iter().zip(&outcome.apps) {
+        if let Some(e) = &rec.error {
+            eprintln!("app `{}` failed: {e}", app.name);
+        }
+    }
+    println!("results: {}", out.display());
+    Ok(super::run::exit_for(summary.status))
+}
+
+/// Model files are read once before anything is written, so that one that cannot be used is
+/// the user's to fix (exit 2, no output), as a workload's is. Built-ins without a weights file
+/// cannot fail here (their names were validated).
+fn preflight(apps: &[AppSpec], file: &str) -> anyhow::Result<()> {
+    for app in apps {
+        for m in app.models() {
+            if m.model.ends_with(".onnx") || m.weights.is_some() {
+                isolane_app::models::load_graph(m, 0).map_err(|e| {
+                    user(format!(
+                        "{file}: app model `{}`: {e}",
+                        workload_name(app, &m.name)
+                    ))
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the apps, inside their models' partitions when the run has any (a GPU): each green
+/// group reaches its model by the model's workload name. Returns what each partition was.
+fn run_in_partitions(
+    scenario: &Scenario,
+    apps: &[AppSpec],
+    workloads: &Scenario,
+    admitted: Option<isolane_core::admission::Plan>,
+    args: &RunArgs,
+    stop: &AtomicBool,
+) -> anyhow::Result<(Result<RunOutcome, RunError>, Vec<PartitionRecord>)> {
+    let settings = |partitions: HashMap<String, Partition>| RunSettings {
+        device: &scenario.device,
+        timing: &scenario.timing,
+        models: Arc::new(crate::app_models::AppModels),
+        partitions,
+        stop,
+    };
+    let Some(plan) = admitted else {
+        return Ok((run_apps(apps, settings(HashMap::new())), Vec::new()));
+    };
+    let ran = isolane_session::with_partitions(
+        scenario.device.gpu,
+        &plan,
+        args.partitions.choices(),
+        |session| {
+            let mut parts: HashMap<String, Partition> = HashMap::new();
+            for w in &workloads.workloads {
+                if let Some(g) = session.take_green_group(&w.name) {
+                    parts.insert(w.name.clone(), Box::new(g));
+                }
+            }
+            let records = session.records().to_vec();
+            Ok::<_, std::convert::Infallible>((run_apps(apps, settings(parts)), records))
+        },
+    )
+    .map_err(super::session_error)?;
+    match ran {
+        Ok(r) => Ok(r),
+        Err(never) => match never {},
+    }
+}
+
+fn summary(
+    apps: &[AppSpec],
+    outcome: &RunOutcome,
+    records: &[PartitionRecord],
+    scenario_name: &str,
+    started_at: chrono::DateTime<chrono::Utc>,
+) -> RunSummary {
+    let mut s = RunSummary::new("run");
+    s.started_at = started_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    s.host = output::host_name();
+    s.scenario = scenario_name.to_string();
+    s.t0_monotonic_ns = Some(outcome.t0_ns);
+    s.wall_s = outcome.wall_s;
+    s.partitions = records.to_vec();
+    s.apps = apps
+        .iter()
+        .zip(&outcome.apps)
+        .map(|(app, rec)| {
+            let partition = |model: &str| {
+                let name = workload_name(app, model);
+                records
+                    .iter()
+                    .find(|r| r.workload == name)
+                    .map_or_else(|| "cpu".to_string(), |r| r.partition.clone())
+            };
+            isolane_app::metrics::summarize(app, rec, &partition)
+        })
+        .collect();
+    if outcome.apps.iter().any(|r| r.error.is_some()) {
+        s.status = RunStatus::Failed;
+    }
+    s
+}
+
+/// apps/<app>.csv for every app, then summary.json last.
+fn write_files(
+    out: &Path,
+    apps: &[AppSpec],
+    outcome: &RunOutcome,
+    summary: &RunSummary,
+) -> anyhow::Result<()> {
+    let dir = out.join("apps");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (app, rec) in apps.iter().zip(&outcome.apps) {
+        let csv = isolane_app::metrics::frames_csv(app, rec);
+        output::write_atomic(&dir.join(format!("{}.csv", app.name)), csv.as_bytes())?;
+    }
+    isolane_core::results::write_json(&out.join("summary.json"), summary)?;
+    Ok(())
+}
+
+/// Per app its end to end (paper 004's metrics), then every stage's own time.
+fn tables(scenario: &Scenario, apps: &[AppSummary]) -> String {
+    use isolane_report::{ms, plain_table};
+    let e2e: Vec<Vec<String>> = apps
+        .iter()
+        .map(|a| {
+            let m = &a.end_to_end;
+            let l = &m.latency_ms;
+            vec![
+                a.name.clone(),
+                m.jobs.to_string(),
+                format!("{:.2}", m.timeout_pct),
+                ms(l.mean),
+                ms(l.std),
+                ms(l.max),
+                ms(l.tail),
+                ms(l.flatness),
+            ]
+        })
+        .collect();
+    let header = [
+        "app", "frames", "miss %", "mean ms", "std ms", "max ms", "tail ms", "flat ms",
+    ];
+    let stages: Vec<Vec<String>> = apps
+        .iter()
+        .flat_map(|a| {
+            a.stages.iter().enumerate().map(move |(j, s)| {
+                vec![
+                    if j == 0 {
+                        a.name.clone()
+                    } else {
+                        String::new()
+                    },
+                    s.name.clone(),
+                    s.processed.to_string(),
+                    s.skipped.to_string(),
+                    ms(s.latency_ms.mean),
+                    ms(s.latency_ms.p95),
+                    ms(s.latency_ms.max),
+                ]
+            })
+        })
+        .collect();
+    // Each stage's kind is in summary.json; the table keeps to 80 columns.
+    let stage_header = [
+        "app", "stage", "done", "skip", "mean ms", "p95 ms", "max ms",
+    ];
+    format!(
+        "{}, apps (end to end, first and last frames dropped)\n{}\n{}",
+        super::device_title(scenario),
+        plain_table(&header, &e2e, &[0]),
+        plain_table(&stage_header, &stages, &[0, 1])
+    )
+}

@@ -1,0 +1,656 @@
+//! Applications (docs/apps.md) through the binary: the CPU examples under scenarios/apps/ run
+//! end to end and write summary.json's `apps` and apps/<app>.csv; every example validates
+//! (and the GPU one is admitted on an H100); mistakes are refused with exit code 2.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{f, isolane, run_ok, scenario, summary};
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios/apps")
+        .join(name)
+}
+
+/// The `output` cells (what reached the sink) of the measured frames of apps/<app>.csv.
+fn sink_outputs(out: &Path, app: &str) -> Vec<String> {
+    let csv = std::fs::read_to_string(out.join("apps").join(format!("{app}.csv"))).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let measured = header.iter().position(|h| *h == "measured").unwrap();
+    assert_eq!(header.last(), Some(&"output"));
+    lines
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|c| c[measured] == "1")
+        .map(|c| c.last().unwrap().to_string())
+        .collect()
+}
+
+fn app<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    s["apps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == name)
+        .unwrap_or_else(|| panic!("no app {name} in {s}"))
+}
+
+#[test]
+fn the_endoscopy_pipeline_runs_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = run_ok(
+        isolane()
+            .arg("run")
+            .arg(example("endoscopy-cpu.toml"))
+            .arg("--out")
+            .arg(&out),
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("endoscopy") && stdout.contains("flat ms"),
+        "{stdout}"
+    );
+    let s = summary(&out);
+    assert_eq!(s["status"], "ok");
+    let a = app(&s, "endoscopy");
+    assert_eq!(
+        (a["frames"].as_u64(), a["dropped_first"].as_u64()),
+        (Some(40), Some(10))
+    );
+    let e = &a["end_to_end"];
+    assert_eq!(e["jobs"], 20);
+    // the tail and flatness are paper 004's: max − p95 and p90 − p10
+    let l = &e["latency_ms"];
+    assert!((f(&l["tail"]) - (f(&l["max"]) - f(&l["p95"]))).abs() < 1e-6);
+    assert!((f(&l["flatness"]) - (f(&l["p90"]) - f(&l["p10"]))).abs() < 1e-6);
+    let kinds: Vec<&str> = a["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["preprocess", "model", "classify", "sink"]);
+    for st in a["stages"].as_array().unwrap() {
+        assert_eq!(f(&st["processed"]) + f(&st["skipped"]), 20.0, "{st}");
+    }
+    // a frame that reached the sink took at least its stages' own times
+    let csv = std::fs::read_to_string(out.join("apps/endoscopy.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 41);
+    assert!(csv
+        .starts_with("frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,preprocess_ms"));
+}
+
+#[test]
+fn the_ensemble_example_reports_its_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    run_ok(
+        isolane()
+            .arg("run")
+            .arg(example("ensemble-cpu.toml"))
+            .arg("--out")
+            .arg(&out),
+    );
+    let s = summary(&out);
+    let a = app(&s, "diverse");
+    assert_eq!(a["end_to_end"]["jobs"], 20);
+    let vote = &a["stages"][1];
+    assert_eq!(vote["kind"], "ensemble");
+    let members = vote["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    assert_eq!(members[1]["model"], "resnet18");
+    for o in sink_outputs(&out, "diverse") {
+        assert!(o.starts_with("class "), "{o}");
+    }
+    let late: u64 = members
+        .iter()
+        .map(|m| m["made_late"].as_u64().unwrap())
+        .sum();
+    // every late vote is blamed on exactly one member
+    let vote_late = a["end_to_end"]["timeouts"].as_u64().unwrap();
+    assert!(late <= vote_late, "{late} > {vote_late}");
+    for m in members {
+        assert!(f(&m["latency_ms"]["mean"]) > 0.0);
+        // a member's time is part of the ensemble's
+        assert!(f(&m["latency_ms"]["min"]) <= f(&vote["latency_ms"]["max"]));
+    }
+}
+
+#[test]
+fn every_app_example_validates_and_the_gpu_one_is_admitted_on_an_h100() {
+    use isolane_core::admission::{admit, AdmissionOptions};
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
+    let h100 = isolane_core::device_model::device_model("h100-sxm").unwrap();
+    let mut n = 0;
+    for e in std::fs::read_dir(example("")).unwrap() {
+        let p = e.unwrap().path();
+        let s = isolane_core::spec::Scenario::load(&p, &models)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let text = std::fs::read_to_string(&p).unwrap();
+        let apps = isolane_app::spec::parse_apps(&text, &p, &isolane_app::spec::EngineModels)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(!apps.is_empty(), "{}", p.display());
+        isolane_app::partitions::check_device(&s.device).unwrap();
+        let mut w = s.clone();
+        w.workloads = isolane_app::partitions::as_workloads(&apps);
+        w.validate(&models)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        if s.device.backend == isolane_core::spec::Backend::Cuda {
+            let mem = vec![None; w.workloads.len()];
+            admit(&w, &h100, &mem, &AdmissionOptions::default())
+                .unwrap_or_else(|r| panic!("{}: {r:?}", p.display()));
+        }
+        n += 1;
+    }
+    assert!(n >= 3);
+}
+
+fn refused(text: &str, expect: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = scenario(dir.path(), "s.toml", text);
+    let out = dir.path().join("never");
+    let o = isolane()
+        .arg("run")
+        .arg(&p)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    for e in expect {
+        assert!(stderr.contains(e), "{e:?} not in: {stderr}");
+    }
+    assert!(!out.exists(), "a refused scenario wrote output");
+}
+
+const APP: &str = r#"
+[[app]]
+name = "a"
+deadline_ms = 50
+frames = 30
+[app.source]
+kind = "synthetic"
+width = 32
+height = 32
+fps = 10
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+size = [8, 8]
+[[app.stage]]
+name = "out"
+kind = "sink"
+"#;
+
+#[test]
+fn mistakes_are_refused_with_exit_2() {
+    refused(
+        &APP.replace(
+            "kind = \"preprocess\"\nsize = [8, 8]",
+            "kind = \"graphics\"",
+        ),
+        &["s.toml", "app[0].stage[0].kind", "not built yet"],
+    );
+    refused(
+        &format!("[[workload]]\nname = \"w\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 5\n{APP}"),
+        &["beside [[workload]]s"],
+    );
+    refused(
+        &format!("[device]\nbackend = \"cuda\"\nmechanism = \"mps\"\n{APP}"),
+        &["device.mechanism", "green"],
+    );
+    refused(
+        &APP.replace("fps = 10", "fps = 10\nfpx = 3"),
+        &["s.toml", "fpx"],
+    );
+    refused(
+        &APP.replace("frames = 30", "frames = 30\ncpu = [100000]"),
+        &["app[0].cpu", "100000"],
+    );
+    // a model file that is not ONNX: refused before anything is written
+    let bad = std::env::temp_dir().join(format!("isolane-apps-bad-{}.onnx", std::process::id()));
+    std::fs::write(&bad, b"not a protobuf").unwrap();
+    refused(
+        &APP.replace(
+            "size = [8, 8]",
+            &format!(
+                "size = [8, 8]\n[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"{}\"",
+                bad.display()
+            ),
+        ),
+        &["app model `a.net`", "isolane-apps-bad"],
+    );
+    let _ = std::fs::remove_file(&bad);
+    // core's workload rules, told by the model's name
+    refused(
+        &APP.replace(
+            "size = [8, 8]",
+            "size = [224, 224]\n[[app.stage]]\nname = \"net\"\nkind = \"model\"\n\
+             model = \"mobilenet_v2\"\nprecision = \"fp16\"\n\
+             [[app.stage]]\nname = \"top\"\nkind = \"classify\"",
+        ),
+        &["app model `a.net`: precision", "fp32"],
+    );
+}
+
+#[test]
+fn compare_tests_two_runs_of_an_app() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let text = APP
+        .replace("frames = 30", "frames = 24")
+        .replace("fps = 10", "fps = 100");
+    let p = scenario(dir.path(), "s.toml", &text);
+    for out in [&a, &b] {
+        run_ok(isolane().arg("run").arg(&p).arg("--out").arg(out));
+    }
+    let o = run_ok(isolane().arg("compare").arg(&a).arg(&b));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("app a (end to end)"), "{stdout}");
+    assert!(stdout.contains("latency flatness ms"), "{stdout}");
+    assert!(
+        stdout.contains("Mann–Whitney U = ") && stdout.contains("n = 4 vs 4"),
+        "{stdout}"
+    );
+}
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/isolane-engine/tests/fixtures/onnx")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// A folder of PNGs → preprocess (to the model's 9x8 input) → a small ONNX convolution
+/// (3 → 5 channels at 9x4, standing in for a segmentation network) → per-pixel argmax → sink.
+#[test]
+fn an_image_folder_through_an_onnx_model_and_seg_argmax() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("frames");
+    std::fs::create_dir(&images).unwrap();
+    for (i, c) in [[200u8, 10, 10], [10, 200, 10], [10, 10, 200]]
+        .iter()
+        .enumerate()
+    {
+        image::RgbImage::from_pixel(40, 30, image::Rgb(*c))
+            .save(images.join(format!("f{i}.png")))
+            .unwrap();
+    }
+    let text = format!(
+        r#"
+[[app]]
+name = "seg"
+deadline_ms = 1000
+frames = 24
+[app.source]
+kind = "images"
+dir = "frames"
+fps = 100
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+[[app.stage]]
+name = "net"
+kind = "model"
+model = "{}"
+[[app.stage]]
+name = "mask"
+kind = "seg_argmax"
+alpha = 0.4
+[[app.stage]]
+name = "out"
+kind = "sink"
+"#,
+        fixture("conv_same_lower_nobias_op16.onnx")
+    );
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "seg");
+    assert_eq!(
+        a["source"].as_str().unwrap().split(' ').next(),
+        Some("images")
+    );
+    assert_eq!(a["end_to_end"]["completed"], 4, "{a}");
+    assert_eq!(a["stages"][2]["kind"], "seg_argmax");
+    assert_eq!(a["stages"][2]["processed"], 4);
+    for o in sink_outputs(&out, "seg") {
+        assert!(o.starts_with("mask 9x4 with "), "{o}");
+    }
+}
+
+/// A .y4m video → an ensemble of four ONNX classifiers (5 classes each) → a user ONNX voter
+/// taking their stacked outputs (a softmax over `[1, 4, 5]`) → sink.
+#[test]
+fn a_video_through_an_ensemble_with_an_onnx_voter() {
+    let dir = tempfile::tempdir().unwrap();
+    // 16x16 4:2:0: 256 luma + 2 × 64 chroma bytes per frame, two frames
+    let mut y4m = b"YUV4MPEG2 W16 H16 F30:1 Ip A1:1 C420jpeg\n".to_vec();
+    for luma in [60u8, 180] {
+        y4m.extend_from_slice(b"FRAME\n");
+        y4m.extend(std::iter::repeat_n(luma, 256));
+        y4m.extend(std::iter::repeat_n(128u8, 128));
+    }
+    std::fs::write(dir.path().join("clip.y4m"), y4m).unwrap();
+    let member = fixture("torch_mobilenet_v2_slim_op13.onnx");
+    let members: Vec<String> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| format!("{{ name = \"{n}\", model = \"{member}\" }}"))
+        .collect();
+    let text = format!(
+        r#"
+[[app]]
+name = "vote"
+deadline_ms = 1000
+frames = 24
+[app.source]
+kind = "video"
+path = "clip.y4m"
+fps = 50
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+[[app.stage]]
+name = "ens"
+kind = "ensemble"
+vote = "onnx"
+voter = "{}"
+members = [{}]
+[[app.stage]]
+name = "out"
+kind = "sink"
+"#,
+        fixture("softmax_default_op13.onnx"),
+        members.join(", ")
+    );
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "vote");
+    assert!(a["source"].as_str().unwrap().ends_with("clip.y4m"));
+    assert_eq!(a["end_to_end"]["completed"], 4, "{a}");
+    let members = a["stages"][1]["members"].as_array().unwrap();
+    assert_eq!(members.len(), 4);
+    assert_eq!(members[3]["name"], "ens.d");
+    // the voter's softmax over [1, 4, 5]
+    assert_eq!(sink_outputs(&out, "vote"), vec!["tensor 1x4x5"; 4]);
+}
+
+#[test]
+fn flags_not_built_for_apps_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = scenario(dir.path(), "s.toml", APP);
+    for flag in [&["--trace"][..], &["--metrics-addr", "127.0.0.1:0"]] {
+        let o = isolane()
+            .arg("run")
+            .arg(&p)
+            .args(flag)
+            .arg("--out")
+            .arg(dir.path().join("x"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("not built for scenarios with [[app]]s")
+        );
+    }
+}
+
+/// On the H100: an app whose model runs in a green context of 16 SMs (fp16), through the
+/// binary; summary.json names the partition. `scripts/gpu-test.sh` runs it with --ignored.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_app_runs_in_a_green_context_on_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = APP
+        .replace("size = [8, 8]", "")
+        .replace(
+            "[[app.stage]]\nname = \"out\"",
+            "[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"resnet18\"\n\
+             [[app.stage]]\nname = \"top\"\nkind = \"classify\"\n[[app.stage]]\nname = \"out\"",
+        )
+        .replace("fps = 10", "fps = 100")
+        .replace(
+            "frames = 30",
+            "frames = 200\nprecision = \"fp16\"\npartition = { sms = 16 }",
+        );
+    let text = format!("[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n{text}");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "a");
+    assert_eq!(a["end_to_end"]["jobs"], 180);
+    let net = &a["stages"][1];
+    assert!(
+        net["partition"].as_str().unwrap().contains("green"),
+        "{net}"
+    );
+    assert_eq!(s["partitions"][0]["workload"], "a.net");
+    // 224x224 ResNet-18 in fp16 on 16 SMs: well under a 50 ms deadline
+    assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
+}
+
+#[test]
+fn plan_admits_an_apps_models_offline() {
+    let o = run_ok(
+        isolane()
+            .arg("plan")
+            .arg(example("tools-and-ensemble-gpu.toml"))
+            .args(["--device-model", "h100-sxm"]),
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    for w in [
+        "tools.detector",
+        "safety.vote.resnet",
+        "safety.vote.convnext",
+    ] {
+        assert!(stdout.contains(w), "{w} not in:\n{stdout}");
+    }
+    // 32 + 3 × 16 SMs: the members each in their own group
+    assert!(
+        stdout.contains("32 SMs") && stdout.contains("16 SMs"),
+        "{stdout}"
+    );
+}
+
+/// A detection head in the built-in yolov8n's output layout, small enough for CI: a 1x1
+/// convolution of the `[1, 3, 8, 8]` input with zero weights and a bias per output row
+/// (`cx 4, cy 4, w 2, h 2`, class 0: 0.9, class 1: 0.1), reshaped to `[1, 6, 64]`: 64 anchors,
+/// all the same box, which the decode's NMS keeps once.
+fn write_detector(path: &Path) {
+    use isolane_engine::onnx::proto::{
+        tensor_proto::DataType, tensor_shape_proto, type_proto, GraphProto, ModelProto, NodeProto,
+        OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    use prost::Message;
+    let info = |name: &str, dims: &[i64]| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(DataType::Float as i32),
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let tensor =
+        |name: &str, dims: Vec<i64>, floats: Vec<f32>, ints: Vec<i64>, dt: DataType| TensorProto {
+            name: Some(name.into()),
+            dims,
+            data_type: Some(dt as i32),
+            float_data: floats,
+            int64_data: ints,
+            ..Default::default()
+        };
+    let node = |op: &str, inputs: &[&str], output: &str| NodeProto {
+        op_type: Some(op.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: Some("head".into()),
+        node: vec![
+            node("Conv", &["x", "w", "b"], "c"),
+            node("Reshape", &["c", "shape"], "y"),
+        ],
+        initializer: vec![
+            tensor(
+                "w",
+                vec![6, 3, 1, 1],
+                vec![0.0; 18],
+                vec![],
+                DataType::Float,
+            ),
+            tensor(
+                "b",
+                vec![6],
+                vec![4.0, 4.0, 2.0, 2.0, 0.9, 0.1],
+                vec![],
+                DataType::Float,
+            ),
+            tensor("shape", vec![3], vec![], vec![1, 6, 64], DataType::Int64),
+        ],
+        input: vec![info("x", &[1, 3, 8, 8])],
+        output: vec![info("y", &[1, 6, 64])],
+        ..Default::default()
+    };
+    let model = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    };
+    std::fs::write(path, model.encode_to_vec()).unwrap();
+}
+
+/// synthetic frames → preprocess → the detection head above (ONNX, CPU backend) →
+/// yolov8_decode → sink.
+#[test]
+fn a_detector_pipeline_decodes_through_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    write_detector(&dir.path().join("head.onnx"));
+    let text = APP
+        .replace("size = [8, 8]", "")
+        .replace(
+            "[[app.stage]]\nname = \"out\"",
+            "[[app.stage]]\nname = \"head\"\nkind = \"model\"\nmodel = \"head.onnx\"\n\
+             [[app.stage]]\nname = \"boxes\"\nkind = \"yolov8_decode\"\nconf = 0.5\n\
+             [[app.stage]]\nname = \"out\"",
+        )
+        .replace("fps = 10", "fps = 100")
+        .replace("frames = 30", "frames = 24");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "a");
+    assert_eq!(a["end_to_end"]["completed"], 4, "{a}");
+    // every anchor holds the same box, (3, 3)-(5, 5) in the 8x8 input: one after NMS, 4x
+    // larger on the 32x32 frame
+    for o in sink_outputs(&out, "a") {
+        assert_eq!(
+            o,
+            "1 detections; best class 0 score 0.900 at 12.0 12.0 20.0 20.0"
+        );
+    }
+    let boxes = &a["stages"][2];
+    assert_eq!(
+        (boxes["kind"].as_str(), boxes["processed"].as_u64()),
+        (Some("yolov8_decode"), Some(4))
+    );
+}
+
+#[test]
+fn an_app_pinned_to_a_core_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = APP
+        .replace("frames = 30", "frames = 24\ncpu = [0]")
+        .replace("fps = 10", "fps = 100");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    assert_eq!(app(&summary(&out), "a")["end_to_end"]["jobs"], 4);
+}
+
+#[test]
+fn summarize_leaves_an_app_run_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = APP
+        .replace("frames = 30", "frames = 24")
+        .replace("fps = 10", "fps = 100");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let before = std::fs::read(out.join("summary.json")).unwrap();
+    let o = isolane()
+        .arg("summarize")
+        .arg(&out)
+        .arg("--force")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not rebuild"));
+    assert_eq!(std::fs::read(out.join("summary.json")).unwrap(), before);
+}
+
+/// On the H100: an ensemble whose two members each have their own green context (8 and 16
+/// SMs); summary.json names each member's partition.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_ensembles_members_run_in_their_own_green_contexts() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = APP
+        .replace("size = [8, 8]", "size = [224, 224]")
+        .replace(
+            "[[app.stage]]\nname = \"out\"",
+            "[[app.stage]]\nname = \"vote\"\nkind = \"ensemble\"\nvote = \"mean\"\n\
+             members = [{ name = \"r\", model = \"resnet18\", partition = { sms = 8 } }, \
+             { name = \"m\", model = \"mobilenet_v2\", partition = { sms = 16 } }]\n\
+             [[app.stage]]\nname = \"out\"",
+        )
+        .replace("fps = 10", "fps = 50")
+        .replace("frames = 30", "frames = 100\nprecision = \"fp16\"");
+    let text = format!("[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n{text}");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let members = app(&s, "a")["stages"][1]["members"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(members[0]["partition"], "green 8 SMs", "{members:?}");
+    assert_eq!(members[1]["partition"], "green 16 SMs", "{members:?}");
+    let granted: Vec<u64> = s["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["granted_sms"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(granted.len(), 2);
+    assert!(granted.iter().all(|&g| g >= 8), "{granted:?}");
+}
