@@ -37,6 +37,49 @@ fn app<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
         .unwrap_or_else(|| panic!("no app {name} in {s}"))
 }
 
+/// A detector's boxes rendered over each frame through Vulkan (lavapipe on the CPU in CI):
+/// every frame reaches the sink as a rendered frame of the source's size, and the render
+/// stage's own time is measured. ISOLANE_SKIP_VULKAN=1 skips it on a machine without Vulkan.
+#[test]
+fn the_render_example_draws_every_frame_through_vulkan() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = isolane()
+        .arg("run")
+        .arg(example("render-cpu.toml"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    if !o.status.success()
+        && stderr.contains("Vulkan")
+        && std::env::var("ISOLANE_SKIP_VULKAN").is_ok_and(|v| v == "1")
+    {
+        eprintln!("skipped (ISOLANE_SKIP_VULKAN=1): {stderr}");
+        return;
+    }
+    assert!(o.status.success(), "{stderr}");
+    let s = summary(&out);
+    let a = app(&s, "render");
+    let draw = a["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|st| st["name"] == "draw")
+        .unwrap();
+    assert_eq!(draw["kind"], "graphics");
+    assert!(f(&draw["processed"]) >= 1.0, "{draw}");
+    assert!(f(&draw["latency_ms"]["mean"]) > 0.0, "{draw}");
+    let csv = std::fs::read_to_string(out.join("apps/render.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 24, "{csv}");
+    assert!(
+        rows.iter().all(|r| r.ends_with("frame 160x120")),
+        "every frame reaches the sink rendered: {csv}"
+    );
+}
+
 #[test]
 fn the_endoscopy_pipeline_runs_on_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
@@ -196,7 +239,12 @@ fn mistakes_are_refused_with_exit_2() {
             "kind = \"preprocess\"\nsize = [8, 8]",
             "kind = \"graphics\"",
         ),
-        &["s.toml", "app[0].stage[0].kind", "not built yet"],
+        &[
+            "s.toml",
+            "app[0].stage[0].after",
+            "detections or a mask",
+            "frame",
+        ],
     );
     refused(
         &format!("[[workload]]\nname = \"w\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 5\n{APP}"),

@@ -99,10 +99,28 @@ pub struct StageSpec {
 pub enum StageKind {
     Preprocess(PreprocessSpec),
     Model(ModelSpec),
-    Yolov8Decode { conf: f32, iou: f32, max_det: usize },
-    SegArgmax { alpha: f32 },
-    Classify { top_k: usize },
-    Ensemble { members: Vec<ModelSpec>, vote: Vote },
+    Yolov8Decode {
+        conf: f32,
+        iou: f32,
+        max_det: usize,
+    },
+    SegArgmax {
+        alpha: f32,
+    },
+    Classify {
+        top_k: usize,
+    },
+    Ensemble {
+        members: Vec<ModelSpec>,
+        vote: Vote,
+    },
+    /// Renders the source frame with the detections or mask it reads, offscreen through Vulkan
+    /// (`device`: `auto`, `gpu`, `cpu`, an index or part of a device name; `alpha`: the mask's
+    /// weight), and passes the rendered frame on.
+    Graphics {
+        device: String,
+        alpha: f32,
+    },
     Sink,
 }
 
@@ -116,6 +134,7 @@ impl StageKind {
             StageKind::SegArgmax { .. } => "seg_argmax",
             StageKind::Classify { .. } => "classify",
             StageKind::Ensemble { .. } => "ensemble",
+            StageKind::Graphics { .. } => "graphics",
             StageKind::Sink => "sink",
         }
     }

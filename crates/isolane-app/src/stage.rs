@@ -90,6 +90,7 @@ pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Sta
             }))
         }
         StageKind::Ensemble { members, vote } => Box::new(Ensemble::build(members, vote, ctx)?),
+        StageKind::Graphics { device, alpha } => Box::new(GraphicsStage::new(device, *alpha)?),
         StageKind::Sink => Box::new(Sink),
     })
 }
@@ -126,6 +127,121 @@ impl Stage for PreprocessStage {
             other => Err(format!("expected a frame, got {}", other.type_name())),
         }
     }
+}
+
+/// Renders the source frame with the detections or mask it reads, offscreen through Vulkan
+/// (`isolane_graphics::Renderer`, made at the first frame, whose size it takes), and passes the
+/// rendered frame on. Its own time is the whole render: upload, draw, wait and read-back.
+struct GraphicsStage {
+    device: isolane_graphics::DevicePreference,
+    alpha: f32,
+    renderer: Option<isolane_graphics::Renderer>,
+    /// Reused between frames: the frame as RGBA, the read-back, the boxes, the mask's classes.
+    rgba: Vec<u8>,
+    rendered: Vec<u8>,
+    boxes: Vec<isolane_graphics::BoxOverlay>,
+    classes: Vec<u8>,
+}
+
+impl GraphicsStage {
+    fn new(device: &str, alpha: f32) -> Result<GraphicsStage, String> {
+        Ok(GraphicsStage {
+            device: device.parse().map_err(|e| format!("device: {e}"))?,
+            alpha,
+            renderer: None,
+            rgba: Vec::new(),
+            rendered: Vec::new(),
+            boxes: Vec::new(),
+            classes: Vec::new(),
+        })
+    }
+
+    /// Makes the renderer at the first frame, for its size (a later frame of another size is
+    /// refused by the renderer: a source gives one size).
+    fn make_renderer(&mut self, frame: &Frame) -> Result<(), String> {
+        if self.renderer.is_none() {
+            let config = isolane_graphics::RendererConfig {
+                device: self.device.clone(),
+                mask_alpha: self.alpha,
+                ..isolane_graphics::RendererConfig::new(frame.width, frame.height)
+            };
+            let r = isolane_graphics::Renderer::new(config).map_err(|e| e.to_string())?;
+            self.renderer = Some(r);
+        }
+        Ok(())
+    }
+}
+
+impl Stage for GraphicsStage {
+    fn process(&mut self, frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String> {
+        self.make_renderer(frame)?;
+        rgb_to_rgba(&frame.rgb, &mut self.rgba);
+        self.boxes.clear();
+        self.classes.clear();
+        let mut mask = None;
+        match &*inputs[0] {
+            Payload::Detections(d) => {
+                self.boxes
+                    .extend(d.iter().map(|b| isolane_graphics::BoxOverlay {
+                        x0: b.x1,
+                        y0: b.y1,
+                        x1: b.x2,
+                        y1: b.y2,
+                        class: b.class.min(255) as u8,
+                        score: b.score,
+                    }))
+            }
+            Payload::Mask(m) => {
+                // The renderer's palette has 256 classes; larger ids share the last colour.
+                self.classes
+                    .extend(m.classes.iter().map(|&c| c.min(255) as u8));
+                mask = Some((m.width, m.height));
+            }
+            other => {
+                return Err(format!(
+                    "expected detections or a mask, got {}",
+                    other.type_name()
+                ))
+            }
+        }
+        let (boxes, classes) = (&self.boxes, &self.classes);
+        let overlay = isolane_graphics::Overlay {
+            boxes,
+            mask: mask.map(|(width, height)| isolane_graphics::MaskRef {
+                width,
+                height,
+                classes,
+            }),
+        };
+        let frame_ref = isolane_graphics::FrameRef {
+            width: frame.width,
+            height: frame.height,
+            rgba: &self.rgba,
+        };
+        let r = self.renderer.as_mut().expect("made above");
+        r.render(frame_ref, &overlay).map_err(|e| e.to_string())?;
+        r.read_back_into(&mut self.rendered)
+            .map_err(|e| e.to_string())?;
+        Ok(Payload::Frame(Arc::new(Frame {
+            width: frame.width,
+            height: frame.height,
+            rgb: rgba_to_rgb(&self.rendered),
+        })))
+    }
+}
+
+fn rgb_to_rgba(rgb: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(rgb.len() / 3 * 4);
+    for p in rgb.chunks_exact(3) {
+        out.extend_from_slice(&[p[0], p[1], p[2], 255]);
+    }
+}
+
+fn rgba_to_rgb(rgba: &[u8]) -> Vec<u8> {
+    rgba.chunks_exact(4)
+        .flat_map(|p| [p[0], p[1], p[2]])
+        .collect()
 }
 
 /// Ends the graph; the time it finishes a frame is the frame's end to end.
@@ -366,5 +482,54 @@ impl Drop for Ensemble {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::Detection;
+
+    /// The graphics stage draws a detection's box over the source frame and passes the frame
+    /// on at its size; pixels away from the box are the frame's. Rendered through Vulkan
+    /// (lavapipe in CI); ISOLANE_SKIP_VULKAN=1 skips it on a machine without Vulkan.
+    #[test]
+    fn the_graphics_stage_draws_the_boxes_over_the_frame() {
+        let mut stage = GraphicsStage::new("auto", 0.5).unwrap();
+        let frame = Arc::new(Frame {
+            width: 64,
+            height: 48,
+            rgb: [10u8, 20, 30].repeat(64 * 48),
+        });
+        let boxes = Payload::Detections(vec![Detection {
+            x1: 8.0,
+            y1: 8.0,
+            x2: 40.0,
+            y2: 30.0,
+            score: 0.9,
+            class: 1,
+        }]);
+        let out = match stage.process(&frame, &[Arc::new(boxes)]) {
+            Ok(Payload::Frame(f)) => f,
+            Ok(other) => panic!("expected a frame, got {}", other.type_name()),
+            Err(e) if std::env::var("ISOLANE_SKIP_VULKAN").is_ok_and(|v| v == "1") => {
+                eprintln!("skipped (ISOLANE_SKIP_VULKAN=1): {e}");
+                return;
+            }
+            Err(e) => panic!("{e} (set ISOLANE_SKIP_VULKAN=1 on a machine without Vulkan)"),
+        };
+        assert_eq!((out.width, out.height), (64, 48));
+        let px = |x: usize, y: usize| &out.rgb[(y * 64 + x) * 3..][..3];
+        assert_eq!(px(60, 44), [10, 20, 30], "far from the box: the frame");
+        assert_eq!(px(20, 20), [10, 20, 30], "inside the outline: the frame");
+        assert_ne!(px(8, 20), [10, 20, 30], "the box's left edge is drawn");
+        // A second frame reuses the renderer; a tensor is refused by name.
+        let t = Payload::Tensor(Tensor {
+            shape: vec![1],
+            data: vec![0.0],
+            frame_map: None,
+        });
+        let e = stage.process(&frame, &[Arc::new(t)]).unwrap_err();
+        assert!(e.contains("detections or a mask"), "{e}");
     }
 }

@@ -61,7 +61,7 @@ pub(super) enum KindName {
     Classify,
     Ensemble,
     Sink,
-    /// Reserved: the Vulkan render stage (`crates/isolane-graphics`), not built yet.
+    /// The Vulkan render stage (`crates/isolane-graphics`).
     Graphics,
 }
 
@@ -95,6 +95,8 @@ pub(super) struct StageRaw {
     pub(super) members: Option<Vec<MemberRaw>>,
     pub(super) vote: Option<VoteName>,
     pub(super) voter: Option<String>,
+    // graphics
+    pub(super) device: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -125,7 +127,8 @@ pub(super) fn kind_keys(kind: KindName) -> &'static [&'static str] {
         KindName::SegArgmax => &["alpha"],
         KindName::Classify => &["top_k"],
         KindName::Ensemble => &["members", "vote", "voter"],
-        KindName::Sink | KindName::Graphics => &[],
+        KindName::Graphics => &["device", "alpha"],
+        KindName::Sink => &[],
     }
 }
 
@@ -148,6 +151,7 @@ impl StageRaw {
             ("max_det", self.max_det.is_some()),
             ("alpha", self.alpha.is_some()),
             ("top_k", self.top_k.is_some()),
+            ("device", self.device.is_some()),
             ("members", self.members.is_some()),
             ("vote", self.vote.is_some()),
             ("voter", self.voter.is_some()),

@@ -128,14 +128,42 @@ after = ["ens", "boxes"]
     assert_eq!(w[1].rate, isolane_core::spec::Rate::Hz(20.0));
 }
 
+/// A graphics stage reads detections or a mask, renders on the device it names, and gives a
+/// frame; after a classifier it is refused by name.
 #[test]
-fn graphics_is_refused_as_not_built_yet() {
-    let text = PIPELINE.replace("kind = \"classify\"", "kind = \"graphics\"");
-    let e = err(&text);
+fn graphics_reads_detections_or_a_mask_and_names_its_device() {
+    let detect = PIPELINE
+        .replace("model = \"mobilenet_v2\"", "model = \"yolov8n\"")
+        .replace(
+            "kind = \"classify\"",
+            "kind = \"yolov8_decode\"\n\n[[app.stage]]\nname = \"draw\"\nkind = \"graphics\"\n\
+             device = \"cpu\"\nalpha = 0.4",
+        );
+    let apps = parse(&detect).unwrap();
+    let draw = apps[0].stages.iter().find(|s| s.name == "draw").unwrap();
+    assert_eq!(
+        draw.kind,
+        StageKind::Graphics {
+            device: "cpu".into(),
+            alpha: 0.4
+        }
+    );
+    let after_classes = PIPELINE.replace(
+        "kind = \"classify\"",
+        "kind = \"classify\"\n\n[[app.stage]]\nname = \"draw\"\nkind = \"graphics\"",
+    );
+    let e = err(&after_classes);
     assert!(
-        e.contains("app[0].stage[2].kind") && e.contains("not built yet"),
+        e.contains("stage[3].after") && e.contains("detections or a mask") && e.contains("classes"),
         "{e}"
     );
+    let e = err(&detect.replace("device = \"cpu\"", "device = \" \""));
+    assert!(
+        e.contains("stage[3].device") && e.contains("auto, gpu, cpu"),
+        "{e}"
+    );
+    let e = err(&detect.replace("alpha = 0.4", "alpha = 1.5"));
+    assert!(e.contains("alpha"), "{e}");
 }
 
 #[test]

@@ -434,15 +434,20 @@ impl Validator<'_> {
             },
             KindName::Ensemble => self.ensemble(sat, name, r, defaults)?,
             KindName::Sink => StageKind::Sink,
-            KindName::Graphics => {
-                return Err(self.err(
-                    format!("{sat}.kind"),
-                    "\"graphics\" (the Vulkan render stage) is not built yet; expected one of \
-                     preprocess, model, yolov8_decode, seg_argmax, classify, ensemble, sink \
-                     (docs/apps.md, Extending)",
-                ))
-            }
+            KindName::Graphics => StageKind::Graphics {
+                device: self.render_device(sat, r.device.as_deref())?,
+                alpha: unit("alpha", r.alpha.unwrap_or(0.5))?,
+            },
         })
+    }
+
+    /// A graphics stage's `device`, as the renderer will read it (checked here, so that a bad
+    /// one is a scenario error before anything runs).
+    fn render_device(&self, sat: &str, device: Option<&str>) -> Result<String, SpecError> {
+        let text = device.unwrap_or("auto");
+        text.parse::<isolane_graphics::DevicePreference>()
+            .map(|_| text.to_string())
+            .map_err(|e| self.err(format!("{sat}.device"), e.to_string()))
     }
 
     fn preprocess(&self, sat: &str, r: &StageRaw) -> Result<PreprocessSpec, SpecError> {
@@ -658,8 +663,15 @@ fn io_types(kind: &StageKind) -> (Option<DataType>, DataType) {
             ..
         } => (Some(Tensor), Tensor),
         StageKind::Ensemble { .. } => (Some(Tensor), Classes),
+        // Detections, or a mask: `accepts` lets the mask in too.
+        StageKind::Graphics { .. } => (Some(Detections), Frame),
         StageKind::Sink => (None, Nothing),
     }
+}
+
+/// Whether a stage of `kind` that reads `want` also takes `got`.
+fn accepts(kind: &StageKind, want: DataType, got: DataType) -> bool {
+    got == want || matches!(kind, StageKind::Graphics { .. }) && got == DataType::Mask
 }
 
 impl Validator<'_> {
@@ -682,13 +694,16 @@ impl Validator<'_> {
                 Input::Source => (DataType::Frame, SOURCE.to_string()),
                 Input::Stage(k) => (io_types(&stages[k].kind).1, stages[k].name.clone()),
             };
-            if got != want {
+            if !accepts(&s.kind, want, got) {
+                let reads = match s.kind {
+                    StageKind::Graphics { .. } => "detections or a mask".to_string(),
+                    _ => want.name().to_string(),
+                };
                 return Err(self.err(
                     format!("{at}.stage[{j}].after"),
                     format!(
-                        "a {} stage reads {}, but `{from}` gives {}",
+                        "a {} stage reads {reads}, but `{from}` gives {}",
                         s.kind.name(),
-                        want.name(),
                         got.name()
                     ),
                 ));
