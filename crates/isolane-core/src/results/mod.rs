@@ -11,9 +11,11 @@
 //! | `maxrate.json` | [`MaxrateReport`] |
 //! | `sweep.json` | [`SweepIndex`] |
 //! | `interference.json`, `interference.csv` | [`InterferenceIndex`], [`interference_csv`] |
+//! | `coexec.json`, `coexec.csv` | [`CoexecIndex`], [`coexec_csv`] |
 //! | `isolation.csv` | [`IsolationRow`] rows |
 //! | `summary.json`'s `telemetry` | [`TelemetrySummary`] |
 
+mod coexec;
 mod interference;
 mod isolation;
 mod maxrate;
@@ -22,6 +24,10 @@ mod run;
 mod sweep;
 mod telemetry;
 
+pub use coexec::{
+    coexec_csv, CellMetrics, CoexecCell, CoexecIndex, CoexecJob, Intensity, IntensityThresholds,
+    PairClass, COEXEC_CSV_HEADER,
+};
 pub use interference::{
     interference_csv, CellKind, InterferenceCell, InterferenceIndex, INTERFERENCE_CSV_HEADER,
 };
