@@ -4,6 +4,7 @@
 //! file. The HTML report (`isolane report`, docs/report.md) reads results folders back
 //! (`data`), draws SVG charts (`plot`) and assembles one self-contained page (`html`).
 
+pub mod coexec;
 pub mod data;
 pub mod html;
 pub mod matrix;
@@ -16,6 +17,7 @@ use std::path::PathBuf;
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use isolane_core::metrics::WorkloadMetrics;
+pub use coexec::coexec_table;
 pub use matrix::{interference_table, stretch_grid, StretchGrid};
 pub use programs::programs_table;
 
