@@ -1,6 +1,7 @@
 //! Subcommands, and what they share: exit codes, scenario loading, Ctrl-C, the progress bar.
 
 pub mod bench;
+pub mod coexec;
 pub mod compare;
 pub mod completions;
 pub mod devices;
