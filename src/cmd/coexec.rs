@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use isolane_core::admission::AdmissionOptions;
 use isolane_core::results::{coexec_csv, CoexecCell, CoexecIndex, CoexecJob, Intensity, RunStatus};
 use isolane_core::spec::{Backend, Scenario};
 use isolane_runtime::coexec::{self as study, StudyConfig, Way};
@@ -252,7 +253,8 @@ impl Runner<'_> {
         let s = c.alone_scenario(i);
         let mut job = index.jobs[i].clone();
         eprintln!("coexec: {} alone", job.name);
-        match self.measure(&s, &job.dir, &format!("coexec job {} alone", job.name)) {
+        let name = format!("coexec job {} alone", job.name);
+        match self.measure(&s, &job.dir, &name, &AdmissionOptions::default()) {
             Ok(summary) => {
                 job.status = status_word(summary.status).into();
                 study::fill_job(&mut job, &summary);
@@ -279,7 +281,10 @@ impl Runner<'_> {
         let mut cell = study::cell(&index.jobs, pair, way.word());
         match c.concurrent_scenario(pair, way) {
             Err(reason) => skip(&mut cell, reason),
-            Ok(s) => self.run_concurrent(&s, &mut cell, (&index.jobs[pair.0], &index.jobs[pair.1])),
+            Ok(s) => {
+                let alone = (&index.jobs[pair.0], &index.jobs[pair.1]);
+                self.run_concurrent(&s, way, &mut cell, alone)
+            }
         }
         let code = status_code(&cell.status);
         index.cells.push(cell);
@@ -289,19 +294,28 @@ impl Runner<'_> {
 
     /// Runs one pair at once; a scenario that does not validate or is not admitted (a
     /// partition this GPU cannot give) is skipped with that reason.
-    fn run_concurrent(&self, s: &Scenario, cell: &mut CoexecCell, alone: (&CoexecJob, &CoexecJob)) {
+    fn run_concurrent(
+        &self,
+        s: &Scenario,
+        way: Way,
+        cell: &mut CoexecCell,
+        alone: (&CoexecJob, &CoexecJob),
+    ) {
         cell.partition_a = study::partition_words(s, 0);
         cell.partition_b = study::partition_words(s, 1);
         let name = format!("coexec {} + {} ({})", cell.a, cell.b, cell.mechanism);
         if let Err(e) = s.validate(&builtin_names()) {
             return skip(cell, format!("{e}"));
         }
-        if let Err(e) = super::admit_or_refuse(s, &name) {
+        let options = AdmissionOptions {
+            mps_thread_budget_pct: way.mps_thread_budget_pct(),
+        };
+        if let Err(e) = super::admit_or_refuse_with(s, &name, &options) {
             return skip(cell, format!("{e:#}"));
         }
         cell.dir = format!("pairs/{}+{}/{}", cell.a, cell.b, cell.mechanism);
         eprintln!("{name}");
-        match self.measure(s, &cell.dir, &name) {
+        match self.measure(s, &cell.dir, &name, &options) {
             Ok(summary) => {
                 cell.status = status_word(summary.status).into();
                 cell.reason = summary.workloads.iter().find_map(|w| w.error.clone());
@@ -315,8 +329,14 @@ impl Runner<'_> {
         }
     }
 
-    fn measure(&self, s: &Scenario, dir: &str, name: &str) -> anyhow::Result<isolane_core::results::RunSummary> {
-        let admitted = super::admit_or_refuse(s, name)?;
+    fn measure(
+        &self,
+        s: &Scenario,
+        dir: &str,
+        name: &str,
+        options: &AdmissionOptions,
+    ) -> anyhow::Result<isolane_core::results::RunSummary> {
+        let admitted = super::admit_or_refuse_with(s, name, options)?;
         let plan = RunPlan::from_scenario(s);
         let m = super::run::measure(super::run::Request {
             command: "coexec",

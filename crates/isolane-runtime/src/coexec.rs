@@ -63,6 +63,15 @@ impl Way {
         ALL_WAYS.into_iter().find(|w| w.word() == s)
     }
 
+    /// The MPS thread budget admission allows: unprovisioned MPS gives each of the two
+    /// clients 100 % on purpose (oversubscribed: each may take every SM).
+    pub fn mps_thread_budget_pct(self) -> u32 {
+        match self {
+            Way::Mps => 200,
+            _ => 100,
+        }
+    }
+
     fn mechanism(self) -> Mechanism {
         match self {
             Way::None => Mechanism::None,

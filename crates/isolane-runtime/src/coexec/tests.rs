@@ -207,6 +207,9 @@ fn each_way_gets_its_partitions_on_a_gpu() {
     assert_eq!(s.workloads[0].host, Host::Process);
     let s = c.concurrent_scenario((0, 1), Way::Mps).unwrap();
     assert_eq!(partition_words(&s, 1).as_deref(), Some("100 %"));
+    // Both at 100 %: admission must allow the oversubscription of this cell only.
+    assert_eq!(Way::Mps.mps_thread_budget_pct(), 200);
+    assert_eq!(Way::MpsProvisioned.mps_thread_budget_pct(), 100);
     let s = c.concurrent_scenario((0, 1), Way::Green).unwrap();
     assert_eq!((s.workloads[1].partition.sms, s.workloads[1].host), (Some(64), Host::Thread));
     let s = c.concurrent_scenario((0, 1), Way::Timeslice).unwrap();
