@@ -37,7 +37,10 @@ const GPU_WAYS: [&str; 5] = ["timeslice", "mps", "mps-provisioned", "green", "mi
 fn study(dir: &std::path::Path, jobs: &str) -> std::process::Command {
     let file = scenario(dir, "jobs.toml", jobs);
     let mut c = isolane();
-    c.arg("coexec").arg(file).args(["-q", "--out"]).arg(dir.join("out"));
+    c.arg("coexec")
+        .arg(file)
+        .args(["-q", "--out"])
+        .arg(dir.join("out"));
     c
 }
 
@@ -81,12 +84,23 @@ fn a_cpu_study_runs_every_pair_and_skips_the_gpu_mechanisms() {
     // 3 pairs × (sequential + none + the 5 GPU ways).
     assert_eq!(index.cells.len(), 3 * 7);
     for pair in index.cells.chunks(7) {
-        let alone = |n: &str| index.jobs.iter().find(|j| j.name == n).unwrap().wall_s.unwrap();
+        let alone = |n: &str| {
+            index
+                .jobs
+                .iter()
+                .find(|j| j.name == n)
+                .unwrap()
+                .wall_s
+                .unwrap()
+        };
         let (a, b) = (alone(&pair[0].a), alone(&pair[0].b));
         assert_eq!(pair[0].mechanism, "sequential");
         assert!(close(pair[0].m.makespan_s.unwrap(), a + b));
         let none = &pair[1];
-        assert_eq!((none.mechanism.as_str(), none.status.as_str()), ("none", "ok"));
+        assert_eq!(
+            (none.mechanism.as_str(), none.status.as_str()),
+            ("none", "ok")
+        );
         let run = out.join(&none.dir);
         let (wa, wb) = (wall(&run, &none.a), wall(&run, &none.b));
         let m = &none.m;
@@ -99,12 +113,18 @@ fn a_cpu_study_runs_every_pair_and_skips_the_gpu_mechanisms() {
         assert_eq!(m.energy_j, None);
         for (c, way) in pair[2..].iter().zip(GPU_WAYS) {
             assert_eq!((c.mechanism.as_str(), c.status.as_str()), (way, "skipped"));
-            assert!(c.reason.as_deref().unwrap().contains("needs a GPU"), "{c:?}");
+            assert!(
+                c.reason.as_deref().unwrap().contains("needs a GPU"),
+                "{c:?}"
+            );
             assert_eq!(c.m.speedup, None);
         }
     }
     let triad_sleep = &index.cells[14];
-    assert_eq!((triad_sleep.a.as_str(), triad_sleep.b.as_str()), ("triad", "sleep"));
+    assert_eq!(
+        (triad_sleep.a.as_str(), triad_sleep.b.as_str()),
+        ("triad", "sleep")
+    );
 
     // The CSV has the JSON's cells, its numbers to 6 decimals.
     let csv = std::fs::read_to_string(out.join("coexec.csv")).unwrap();
@@ -112,7 +132,12 @@ fn a_cpu_study_runs_every_pair_and_skips_the_gpu_mechanisms() {
     assert_eq!(lines.next(), Some(COEXEC_CSV_HEADER));
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), index.cells.len());
-    let col = |name: &str| COEXEC_CSV_HEADER.split(',').position(|h| h == name).unwrap();
+    let col = |name: &str| {
+        COEXEC_CSV_HEADER
+            .split(',')
+            .position(|h| h == name)
+            .unwrap()
+    };
     let none = &rows[1];
     assert_eq!(none[col("mechanism")], "none");
     let speedup: f64 = none[col("speedup")].parse().unwrap();
@@ -165,9 +190,21 @@ fn mistakes_are_refused_with_exit_2_and_run_nothing() {
             "workload \"sleep\": a command job must run to completion",
         ),
         (JOBS.into(), &["--pairs", "spin:nope"], "--pairs spin:nope"),
-        (JOBS.into(), &["--thread-pct", "spin=0"], "--thread-pct spin=0"),
-        (JOBS.into(), &["--mig-profiles", "x=1g.10gb"], "--mig-profiles x=1g.10gb"),
-        (JOBS.into(), &["--mechanisms", "nvlink"], "expected one of none, timeslice"),
+        (
+            JOBS.into(),
+            &["--thread-pct", "spin=0"],
+            "--thread-pct spin=0",
+        ),
+        (
+            JOBS.into(),
+            &["--mig-profiles", "x=1g.10gb"],
+            "--mig-profiles x=1g.10gb",
+        ),
+        (
+            JOBS.into(),
+            &["--mechanisms", "nvlink"],
+            "expected one of none, timeslice",
+        ),
     ];
     for (jobs, args, want) in cases {
         let tmp = tempfile::tempdir().unwrap();

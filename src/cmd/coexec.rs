@@ -174,7 +174,8 @@ fn check_alone(c: &StudyConfig, jobs: &[usize]) -> anyhow::Result<()> {
     for &i in jobs {
         let s = c.alone_scenario(i);
         let name = format!("coexec job {} alone", s.workloads[0].name);
-        s.validate(&models).map_err(|e| user(format!("{name}: {e}")))?;
+        s.validate(&models)
+            .map_err(|e| user(format!("{name}: {e}")))?;
         super::admit_or_refuse(&s, &name)?;
     }
     Ok(())
@@ -201,7 +202,9 @@ fn run_study(
     jobs: &[usize],
     index: &mut CoexecIndex,
 ) -> anyhow::Result<u8> {
-    index.jobs = (0..c.base.workloads.len()).map(|i| pending_job(c, i)).collect();
+    index.jobs = (0..c.base.workloads.len())
+        .map(|i| pending_job(c, i))
+        .collect();
     let mut code = 0u8;
     for &i in jobs {
         code = code.max(runner.run_alone(c, i, index)?);
@@ -357,7 +360,10 @@ impl Runner<'_> {
 }
 
 fn skip(cell: &mut CoexecCell, reason: String) {
-    eprintln!("coexec {} + {} ({}): skipped: {reason}", cell.a, cell.b, cell.mechanism);
+    eprintln!(
+        "coexec {} + {} ({}): skipped: {reason}",
+        cell.a, cell.b, cell.mechanism
+    );
     cell.status = "skipped".into();
     cell.reason = Some(reason);
 }

@@ -75,7 +75,10 @@ pub fn speedup_grid(cells: &[CoexecCell]) -> StretchGrid {
     let mut rows: Vec<String> = Vec::new();
     let mut columns: Vec<String> = Vec::new();
     for c in &concurrent {
-        for (list, key) in [(&mut rows, pair_label(c)), (&mut columns, c.mechanism.clone())] {
+        for (list, key) in [
+            (&mut rows, pair_label(c)),
+            (&mut columns, c.mechanism.clone()),
+        ] {
             if !list.contains(&key) {
                 list.push(key);
             }
@@ -109,7 +112,12 @@ pub fn slowdown_bars_svg(cells: &[CoexecCell]) -> String {
             [(&c.a, c.m.slowdown_a), (&c.b, c.m.slowdown_b)]
                 .into_iter()
                 .filter_map(move |(job, s)| {
-                    s.map(|s| (format!("{job} ({} beside, {})", other(c, job), c.mechanism), s))
+                    s.map(|s| {
+                        (
+                            format!("{job} ({} beside, {})", other(c, job), c.mechanism),
+                            s,
+                        )
+                    })
                 })
         })
         .collect();
@@ -120,7 +128,10 @@ pub fn slowdown_bars_svg(cells: &[CoexecCell]) -> String {
     const PLOT_W: f64 = 360.0;
     let label_w = 7 * bars.iter().map(|b| b.0.chars().count()).max().unwrap_or(0) + 12;
     let top = 20;
-    let (w, h) = (label_w + PLOT_W as usize + 60, top + BAR_H * bars.len() + 10);
+    let (w, h) = (
+        label_w + PLOT_W as usize + 60,
+        top + BAR_H * bars.len() + 10,
+    );
     let x_of = |s: f64| label_w as f64 + PLOT_W * s.clamp(0.0, BARS_MAX) / BARS_MAX;
     let mut out = format!(
         "<figure class=\"plot bars\"><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" \

@@ -14,10 +14,10 @@ pub mod timeline;
 
 use std::path::PathBuf;
 
+pub use coexec::coexec_table;
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use isolane_core::metrics::WorkloadMetrics;
-pub use coexec::coexec_table;
 pub use matrix::{interference_table, stretch_grid, StretchGrid};
 pub use programs::programs_table;
 

@@ -99,7 +99,9 @@ pub enum CoexecError {
     CommandStopped { file: String, name: String },
     #[error("{file}: workload \"{name}\": role \"victim\"/\"interferer\" and `ramp` are isolation keys, not allowed in a co-execution job")]
     Ramp { file: String, name: String },
-    #[error("--pairs {0}: expected NAME:NAME with two different workload names of the jobs file ({1})")]
+    #[error(
+        "--pairs {0}: expected NAME:NAME with two different workload names of the jobs file ({1})"
+    )]
     BadPair(String, String),
     #[error("--{flag} {given}: expected NAME=N with a workload name of the jobs file ({names}) and N {range}")]
     BadSplit {
@@ -211,7 +213,11 @@ pub fn split(
 
 impl StudyConfig {
     pub fn names(&self) -> Vec<&str> {
-        self.base.workloads.iter().map(|w| w.name.as_str()).collect()
+        self.base
+            .workloads
+            .iter()
+            .map(|w| w.name.as_str())
+            .collect()
     }
 
     /// The index with every job pending and no cell yet.
@@ -244,7 +250,11 @@ impl StudyConfig {
     }
 
     /// The pair at once under `way`, or why that cell cannot run.
-    pub fn concurrent_scenario(&self, (a, b): (usize, usize), way: Way) -> Result<Scenario, String> {
+    pub fn concurrent_scenario(
+        &self,
+        (a, b): (usize, usize),
+        way: Way,
+    ) -> Result<Scenario, String> {
         let on_gpu = self.base.device.backend == Backend::Cuda;
         match (on_gpu, way) {
             (false, Way::None) => {}
@@ -262,7 +272,11 @@ impl StudyConfig {
         let mut s = self.base.clone();
         s.workloads = vec![s.workloads[a].clone(), s.workloads[b].clone()];
         if way == Way::Green {
-            if let Some(w) = s.workloads.iter().find(|w| w.program.is_some() && w.on_gpu()) {
+            if let Some(w) = s
+                .workloads
+                .iter()
+                .find(|w| w.program.is_some() && w.on_gpu())
+            {
                 return Err(format!(
                     "{} is an external command: a green context exists only inside the process \
                      that creates it, so a command cannot be given one",
@@ -373,7 +387,10 @@ fn finished_wall(w: &WorkloadSummary) -> Option<f64> {
 
 /// A job's intensity: from its DRAM bandwidth use where measured, else from a `kernel:` job's
 /// FLOPs per byte.
-pub fn intensity(dram_pct: Option<f64>, work: Option<&isolane_core::spec::KernelWork>) -> Intensity {
+pub fn intensity(
+    dram_pct: Option<f64>,
+    work: Option<&isolane_core::spec::KernelWork>,
+) -> Intensity {
     if let Some(d) = dram_pct {
         return if d >= MEMORY_BOUND_DRAM_PCT {
             Intensity::Memory

@@ -91,9 +91,16 @@ fn job(name: &str, wall_s: Option<f64>, energy_j: Option<f64>) -> CoexecJob {
 #[test]
 fn speedup_and_slowdowns_come_from_the_measured_times() {
     // Alone 2 s and 3 s: one after the other 5 s. At once 3 s and 4 s: makespan 4 s.
-    let jobs = [job("a", Some(2.0), Some(100.0)), job("b", Some(3.0), Some(150.0))];
+    let jobs = [
+        job("a", Some(2.0), Some(100.0)),
+        job("b", Some(3.0), Some(150.0)),
+    ];
     let mut c = cell(&jobs, (0, 1), "mps");
-    fill_concurrent(&mut c, &summary(&[("a", 3.0), ("b", 4.0)], Some(200.0)), (&jobs[0], &jobs[1]));
+    fill_concurrent(
+        &mut c,
+        &summary(&[("a", 3.0), ("b", 4.0)], Some(200.0)),
+        (&jobs[0], &jobs[1]),
+    );
     let m = &c.m;
     assert_eq!(m.makespan_s, Some(4.0));
     assert_eq!(m.sequential_s, Some(5.0));
@@ -125,7 +132,10 @@ fn a_job_that_did_not_finish_has_no_time_to_compare() {
     let mut c = cell(&jobs, (0, 1), "timeslice");
     fill_concurrent(&mut c, &s, (&jobs[0], &jobs[1]));
     assert_eq!(c.m.slowdown_a, Some(1.5));
-    assert_eq!((c.m.slowdown_b, c.m.makespan_s, c.m.speedup), (None, None, None));
+    assert_eq!(
+        (c.m.slowdown_b, c.m.makespan_s, c.m.speedup),
+        (None, None, None)
+    );
     assert_eq!(c.m.energy_vs_sequential, None);
 }
 
@@ -134,12 +144,18 @@ fn intensity_thresholds() {
     assert_eq!(intensity(Some(40.0), None), Intensity::Memory);
     assert_eq!(intensity(Some(39.9), None), Intensity::Compute);
     // Measured DRAM use wins over the known work.
-    let triad = KernelWork { bytes: 24, flops: 2 };
+    let triad = KernelWork {
+        bytes: 24,
+        flops: 2,
+    };
     assert_eq!(intensity(Some(10.0), Some(&triad)), Intensity::Compute);
     assert_eq!(intensity(None, Some(&triad)), Intensity::Memory);
     // 4096² fp16 GEMM: 2·n³ FLOPs over 3·n²·2 bytes ≈ 1365 FLOP/B.
     let n = 4096u64;
-    let gemm = KernelWork { bytes: 6 * n * n, flops: 2 * n * n * n };
+    let gemm = KernelWork {
+        bytes: 6 * n * n,
+        flops: 2 * n * n * n,
+    };
     assert_eq!(intensity(None, Some(&gemm)), Intensity::Compute);
     let edge = KernelWork { bytes: 1, flops: 4 };
     assert_eq!(intensity(None, Some(&edge)), Intensity::Compute);
@@ -165,10 +181,24 @@ fn pairs_are_all_or_the_ones_given() {
 #[test]
 fn splits_default_and_name_their_flag() {
     let names = ["a", "b"];
-    let s = split("thread-pct", &names, &["b=70".into()], 50, 1..=100, "from 1 to 100");
+    let s = split(
+        "thread-pct",
+        &names,
+        &["b=70".into()],
+        50,
+        1..=100,
+        "from 1 to 100",
+    );
     assert_eq!(s.unwrap(), vec![50, 70]);
     for bad in ["b=0", "b=101", "x=5", "b"] {
-        let e = split("thread-pct", &names, &[bad.into()], 50, 1..=100, "from 1 to 100");
+        let e = split(
+            "thread-pct",
+            &names,
+            &[bad.into()],
+            50,
+            1..=100,
+            "from 1 to 100",
+        );
         assert!(e.unwrap_err().to_string().contains("--thread-pct"));
     }
 }
@@ -178,12 +208,21 @@ fn jobs_must_be_fixed_work() {
     let s = scenario(CPU_JOBS);
     assert_eq!(check_jobs("f", &s), Ok(()));
     let timed = scenario(&CPU_JOBS.replacen("jobs = 5", "duration_s = 1", 1));
-    assert!(matches!(check_jobs("f", &timed), Err(CoexecError::NotFixedWork { .. })));
+    assert!(matches!(
+        check_jobs("f", &timed),
+        Err(CoexecError::NotFixedWork { .. })
+    ));
     let stopped = scenario(&format!("{CPU_JOBS}duration_s = 2\n"));
-    assert!(matches!(check_jobs("f", &stopped), Err(CoexecError::CommandStopped { .. })));
+    assert!(matches!(
+        check_jobs("f", &stopped),
+        Err(CoexecError::CommandStopped { .. })
+    ));
     let mut one = s.clone();
     one.workloads.truncate(1);
-    assert!(matches!(check_jobs("f", &one), Err(CoexecError::TooFewJobs { found: 1, .. })));
+    assert!(matches!(
+        check_jobs("f", &one),
+        Err(CoexecError::TooFewJobs { found: 1, .. })
+    ));
 }
 
 #[test]
@@ -192,7 +231,13 @@ fn gpu_ways_are_skipped_on_the_cpu_with_the_reason() {
     let s = c.concurrent_scenario((0, 1), Way::None).unwrap();
     assert_eq!(s.workloads.len(), 2);
     assert_eq!(s.device.mechanism, Mechanism::None);
-    for way in [Way::Timeslice, Way::Mps, Way::MpsProvisioned, Way::Green, Way::Mig] {
+    for way in [
+        Way::Timeslice,
+        Way::Mps,
+        Way::MpsProvisioned,
+        Way::Green,
+        Way::Mig,
+    ] {
         let e = c.concurrent_scenario((0, 1), way).unwrap_err();
         assert!(e.contains("needs a GPU"), "{e}");
     }
@@ -211,7 +256,10 @@ fn each_way_gets_its_partitions_on_a_gpu() {
     assert_eq!(Way::Mps.mps_thread_budget_pct(), 200);
     assert_eq!(Way::MpsProvisioned.mps_thread_budget_pct(), 100);
     let s = c.concurrent_scenario((0, 1), Way::Green).unwrap();
-    assert_eq!((s.workloads[1].partition.sms, s.workloads[1].host), (Some(64), Host::Thread));
+    assert_eq!(
+        (s.workloads[1].partition.sms, s.workloads[1].host),
+        (Some(64), Host::Thread)
+    );
     let s = c.concurrent_scenario((0, 1), Way::Timeslice).unwrap();
     assert_eq!(partition_words(&s, 0), None);
     let e = c.concurrent_scenario((0, 2), Way::Green).unwrap_err();
