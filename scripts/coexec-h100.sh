@@ -9,7 +9,8 @@
 #
 # paper002: the jobs of scenarios/gpu/coexec-kernels.toml (STREAM triad over 1 GiB, an fp16
 #   8192³ GEMM, an L2-resident read, resnet50 fp16 batch 32; each ~2 s alone), every pair, under
-#   timeslice, mps (100 % each), mps-provisioned (50/50) and green (64 SMs each). 4 alone runs +
+#   timeslice, mps (100 % each), mps-provisioned (50/50) and green (64 SMs each); mig is
+#   listed so that its cells say why they are skipped (no profiles, MIG off). 4 alone runs +
 #   6 pairs × 4 mechanisms: about 28 runs of 2–5 s plus start-up, some 3–4 minutes of GPU time.
 # paper003: scenarios/gpu/coexec-resnet50-cpu-gpu.toml (resnet50 on the CPU, on the GPU at fp32
 #   and at fp16) at each BATCH (default 1 8 64; the paper's range is 1 2 4 8 16 32 64), every
@@ -56,7 +57,7 @@ rc=0
 case "$which" in
 paper002)
     run "$bin" coexec scenarios/gpu/coexec-kernels.toml \
-        --mechanisms timeslice,mps,mps-provisioned,green --quiet --force --wide \
+        --mechanisms timeslice,mps,mps-provisioned,green,mig --quiet --force --wide \
         --out "$results/paper002" || rc=$?
     ;;
 paper003)

@@ -310,6 +310,11 @@ impl Runner<'_> {
         if let Err(e) = s.validate(&builtin_names()) {
             return skip(cell, format!("{e}"));
         }
+        if way == Way::Mig {
+            if let Some(reason) = mig_unavailable(s.device.gpu) {
+                return skip(cell, reason);
+            }
+        }
         let options = AdmissionOptions {
             mps_thread_budget_pct: way.mps_thread_budget_pct(),
         };
@@ -356,6 +361,25 @@ impl Runner<'_> {
         super::run::write_run_files(&m)?;
         super::run::report_failures(&m.summary);
         Ok(m.summary)
+    }
+}
+
+/// Why GPU `gpu` cannot run MIG instances now, if it cannot: isolane never changes MIG mode
+/// (docs/partitions.md), so a GPU with it off skips the `mig` cells.
+fn mig_unavailable(gpu: u32) -> Option<String> {
+    let devices = match isolane_gpu::devices::list_devices() {
+        Ok(d) => d,
+        Err(e) => return Some(format!("the GPUs could not be listed: {e:#}")),
+    };
+    let d = devices.iter().find(|d| d.index == gpu)?;
+    match (d.mig.supported, d.mig.current) {
+        (false, _) => Some(format!("{} (GPU {gpu}) does not support MIG", d.name)),
+        (true, Some(true)) => None,
+        _ => Some(format!(
+            "MIG mode is off on GPU {gpu} ({}); isolane never turns it on (an administrator's \
+             `nvidia-smi -i {gpu} -mig 1`)",
+            d.name
+        )),
     }
 }
 
