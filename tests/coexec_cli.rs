@@ -215,3 +215,25 @@ fn mistakes_are_refused_with_exit_2_and_run_nothing() {
         assert!(!tmp.path().join("out").exists(), "{args:?}");
     }
 }
+
+#[test]
+fn a_failing_job_fails_its_cells_with_the_reason_and_exit_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let jobs = JOBS.replace("sleep 0.1", "exit 3");
+    let o = study(tmp.path(), &jobs)
+        .args(["--pairs", "spin:sleep", "--mechanisms", "none"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let index: CoexecIndex = read_json(&tmp.path().join("out/coexec.json")).unwrap();
+    assert_eq!(index.jobs[1].status, "failed");
+    assert_eq!(index.jobs[1].wall_s, None);
+    for c in &index.cells {
+        assert_eq!(c.status, "failed", "{c:?}");
+        assert_eq!((c.m.speedup, c.m.slowdown_b), (None, None));
+    }
+    let none = &index.cells[1];
+    assert!(none.reason.as_deref().unwrap().contains("status 3"), "{none:?}");
+    // The job that finished keeps its own measured slowdown.
+    assert!(none.m.slowdown_a.is_some());
+}
