@@ -233,7 +233,10 @@ fn a_failing_job_fails_its_cells_with_the_reason_and_exit_1() {
         assert_eq!((c.m.speedup, c.m.slowdown_b), (None, None));
     }
     let none = &index.cells[1];
-    assert!(none.reason.as_deref().unwrap().contains("status 3"), "{none:?}");
+    assert!(
+        none.reason.as_deref().unwrap().contains("status 3"),
+        "{none:?}"
+    );
     // The job that finished keeps its own measured slowdown.
     assert!(none.m.slowdown_a.is_some());
 }

@@ -85,7 +85,10 @@ fn coexec_examples_validate_and_every_h100_cell_is_admitted() {
         .map(|m| m.name)
         .collect();
     let h100 = isolane_core::device_model::device_model("h100-sxm").unwrap();
-    for name in ["gpu/coexec-kernels.toml", "gpu/coexec-resnet50-cpu-gpu.toml"] {
+    for name in [
+        "gpu/coexec-kernels.toml",
+        "gpu/coexec-resnet50-cpu-gpu.toml",
+    ] {
         let p = root.join(name);
         let base = Scenario::load(&p, &models).unwrap_or_else(|e| panic!("{name}: {e}"));
         study::check_jobs(name, &base).unwrap();

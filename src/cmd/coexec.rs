@@ -152,6 +152,7 @@ pub fn run(a: CoexecArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Res
     let code = run_study(&c, &runner, &in_pairs, &mut index)?;
     index.energy_note = study::energy_note(&index);
     write_index(&out, &index)?;
+    println!("{}", isolane_report::coexec_jobs_table(&index.jobs));
     println!("{}", isolane_report::coexec_table(&index.cells, a.wide));
     if let Some(note) = &index.energy_note {
         println!("{note}");

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use isolane_core::results::{CoexecCell, CoexecIndex};
+use isolane_core::results::{CoexecCell, CoexecIndex, CoexecJob};
 
 use crate::data::CoexecDir;
 use crate::html::{escape, Page};
@@ -14,10 +14,10 @@ use crate::num;
 const SHORT: [&str; 6] = ["pair", "mechanism", "speedup", "slow a", "slow b", "status"];
 const WIDE: [&str; 7] = [
     "class",
-    "makespan s",
-    "seq s",
-    "a s",
-    "b s",
+    "makespan ms",
+    "seq ms",
+    "a ms",
+    "b ms",
     "energy J",
     "E/seq",
 ];
@@ -55,15 +55,46 @@ fn row(c: &CoexecCell, wide: bool) -> Vec<String> {
     if wide {
         r.extend([
             c.class.word().into(),
-            num(m.makespan_s, 3),
-            num(m.sequential_s, 3),
-            num(m.wall_a_s, 3),
-            num(m.wall_b_s, 3),
+            in_ms(m.makespan_s),
+            in_ms(m.sequential_s),
+            in_ms(m.wall_a_s),
+            in_ms(m.wall_b_s),
             num(m.energy_j, 1),
             num(m.energy_vs_sequential, 2),
         ]);
     }
     r
+}
+
+const JOB_COLUMNS: [&str; 6] = [
+    "job",
+    "alone ms",
+    "energy J",
+    "DRAM %",
+    "intensity",
+    "status",
+];
+
+fn job_row(j: &CoexecJob) -> Vec<String> {
+    vec![
+        j.name.clone(),
+        in_ms(j.wall_s),
+        num(j.energy_j, 1),
+        num(j.dram_bw_util_pct, 1),
+        j.intensity.word().into(),
+        j.status.clone(),
+    ]
+}
+
+/// Each job alone: its wall time, energy, DRAM use and the intensity it was classed with.
+pub fn coexec_jobs_table(jobs: &[CoexecJob]) -> String {
+    let rows: Vec<Vec<String>> = jobs.iter().map(job_row).collect();
+    crate::plain_table(&JOB_COLUMNS, &rows, &[0, 4, 5])
+}
+
+/// Seconds shown as ms with three significant decimals at most (a CPU job may take 0.3 ms).
+fn in_ms(s: Option<f64>) -> String {
+    crate::ms(s.map(|s| s * 1e3))
 }
 
 /// Rows: pairs; columns: the mechanisms that ran; values: the speedup over sequential.
@@ -204,6 +235,9 @@ pub(crate) fn section(page: &mut Page, d: &CoexecDir) {
         page.body.push_str(&bars);
         page.figures += 1;
     }
+    let job_header: Vec<String> = JOB_COLUMNS.iter().map(|s| s.to_string()).collect();
+    let job_rows: Vec<Vec<String>> = i.jobs.iter().map(job_row).collect();
+    page.table(&job_header, &job_rows);
     let header: Vec<String> = SHORT
         .iter()
         .chain(WIDE.iter())
@@ -266,5 +300,28 @@ mod tests {
         assert!(t.contains("skipped") && t.contains("1.60"));
         assert!(t.lines().all(|l| l.chars().count() <= 80), "{t}");
         assert!(!t.contains("mixed") && coexec_table(&cells, true).contains("mixed"));
+    }
+
+    #[test]
+    fn the_jobs_table_says_what_is_not_measured_with_a_dash() {
+        let job = CoexecJob {
+            name: "triad".into(),
+            what: "kernel:triad:1MiB".into(),
+            dir: "alone/triad".into(),
+            status: "ok".into(),
+            error: None,
+            wall_s: Some(0.25),
+            energy_j: None,
+            dram_bw_util_pct: None,
+            work: None,
+            bytes_total: None,
+            intensity: isolane_core::results::Intensity::Memory,
+        };
+        let t = coexec_jobs_table(&[job]);
+        let row = t.lines().find(|l| l.contains("triad")).unwrap();
+        assert!(
+            row.contains("250.0") && row.contains("memory") && row.contains(" - "),
+            "{t}"
+        );
     }
 }

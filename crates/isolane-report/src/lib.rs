@@ -14,7 +14,7 @@ pub mod timeline;
 
 use std::path::PathBuf;
 
-pub use coexec::coexec_table;
+pub use coexec::{coexec_jobs_table, coexec_table};
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use isolane_core::metrics::WorkloadMetrics;
