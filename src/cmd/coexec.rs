@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use isolane_core::admission::AdmissionOptions;
 use isolane_core::results::{coexec_csv, CoexecCell, CoexecIndex, CoexecJob, Intensity, RunStatus};
-use isolane_core::spec::{Backend, Scenario};
+use isolane_core::spec::Scenario;
 use isolane_runtime::coexec::{self as study, StudyConfig, Way};
 use isolane_runtime::coordinator::RunPlan;
 use isolane_runtime::output;
@@ -79,16 +79,8 @@ fn config(a: &CoexecArgs) -> anyhow::Result<StudyConfig> {
     study::check_jobs(&file, &base).map_err(user)?;
     let names: Vec<String> = base.workloads.iter().map(|w| w.name.clone()).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let on_gpu = base.device.backend == Backend::Cuda;
-    let ways: Vec<Way> = if a.mechanisms.is_empty() {
-        let skip_none = on_gpu;
-        study::ALL_WAYS
-            .into_iter()
-            .filter(|w| !(skip_none && *w == Way::None))
-            .collect()
-    } else {
-        a.mechanisms.iter().filter_map(|m| Way::parse(m)).collect()
-    };
+    let given: Vec<Way> = a.mechanisms.iter().filter_map(|m| Way::parse(m)).collect();
+    let ways = study::ways(base.device.backend, &given);
     set_mig_profiles(&mut base, &names, &a.mig_profiles)?;
     let thread_pct = study::split(
         "thread-pct",

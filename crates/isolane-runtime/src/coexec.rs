@@ -83,6 +83,26 @@ impl Way {
     }
 }
 
+/// The ways to run each pair: those given (parsed by the caller; repeats dropped, order kept),
+/// else every way on the cpu (the GPU ones are then reported skipped) and every GPU way on cuda.
+pub fn ways(backend: Backend, given: &[Way]) -> Vec<Way> {
+    let wanted: Vec<Way> = if given.is_empty() {
+        ALL_WAYS
+            .into_iter()
+            .filter(|w| !(backend == Backend::Cuda && *w == Way::None))
+            .collect()
+    } else {
+        given.to_vec()
+    };
+    let mut out: Vec<Way> = Vec::new();
+    for w in wanted {
+        if !out.contains(&w) {
+            out.push(w);
+        }
+    }
+    out
+}
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum CoexecError {
     #[error("{file}: a co-execution study needs at least 2 [[workload]] jobs (found {found})")]

@@ -270,3 +270,11 @@ fn each_way_gets_its_partitions_on_a_gpu() {
     assert_eq!(alone.device.mechanism, Mechanism::Timeslice);
     assert_eq!(alone.workloads[0].name, "c");
 }
+
+#[test]
+fn default_ways_depend_on_the_backend_and_repeats_run_once() {
+    assert_eq!(ways(Backend::Cpu, &[]), ALL_WAYS.to_vec());
+    assert_eq!(ways(Backend::Cuda, &[]), ALL_WAYS[1..].to_vec());
+    let given = [Way::Green, Way::Mps, Way::Green];
+    assert_eq!(ways(Backend::Cuda, &given), vec![Way::Green, Way::Mps]);
+}
