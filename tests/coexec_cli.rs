@@ -240,3 +240,62 @@ fn a_failing_job_fails_its_cells_with_the_reason_and_exit_1() {
     // The job that finished keeps its own measured slowdown.
     assert!(none.m.slowdown_a.is_some());
 }
+
+/// On the GPU machine (`scripts/gpu-test.sh run coexec_cli`): a triad, a GEMM and a command,
+/// every mechanism. Each concurrent cell of the kernels runs and has its speedup and energy
+/// against sequential; green with the command and mig (no profiles) are skipped by reason.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_gpu_study_runs_each_mechanism_and_measures_energy() {
+    let jobs = r#"
+[device]
+backend = "cuda"
+mechanism = "timeslice"
+
+[[workload]]
+name = "triad"
+model = "kernel:triad:256MiB"
+rate_hz = "max"
+jobs = 2000
+warmup_jobs = 10
+
+[[workload]]
+name = "gemm"
+model = "kernel:gemm:4096:fp16"
+rate_hz = "max"
+jobs = 1000
+warmup_jobs = 10
+
+[[workload]]
+name = "sleep"
+command = ["sh", "-c", "sleep 0.2"]
+"#;
+    let tmp = tempfile::tempdir().unwrap();
+    run_ok(&mut study(tmp.path(), jobs));
+    let index: CoexecIndex = read_json(&tmp.path().join("out/coexec.json")).unwrap();
+    assert_eq!(index.backend, "cuda");
+    for j in &index.jobs {
+        assert_eq!(j.status, "ok", "{j:?}");
+        assert!(j.energy_j.unwrap() > 0.0, "{j:?}");
+    }
+    let cell = |a: &str, b: &str, m: &str| {
+        index
+            .cells
+            .iter()
+            .find(|c| c.a == a && c.b == b && c.mechanism == m)
+            .unwrap_or_else(|| panic!("no cell {a} + {b} {m}"))
+    };
+    for m in ["timeslice", "mps", "mps-provisioned", "green"] {
+        let c = cell("triad", "gemm", m);
+        assert_eq!(c.status, "ok", "{c:?}");
+        assert!(c.m.speedup.unwrap() > 0.0, "{c:?}");
+        assert!(c.m.energy_vs_sequential.unwrap() > 0.0, "{c:?}");
+    }
+    let green = cell("triad", "sleep", "green");
+    assert_eq!(green.status, "skipped");
+    assert!(green.reason.as_deref().unwrap().contains("external command"));
+    assert_eq!(cell("triad", "sleep", "mps").status, "ok");
+    let mig = cell("triad", "gemm", "mig");
+    assert_eq!(mig.status, "skipped");
+    assert!(mig.reason.as_deref().unwrap().contains("MIG"), "{mig:?}");
+}
