@@ -293,7 +293,11 @@ command = ["sh", "-c", "sleep 0.2"]
     }
     let green = cell("triad", "sleep", "green");
     assert_eq!(green.status, "skipped");
-    assert!(green.reason.as_deref().unwrap().contains("external command"));
+    assert!(green
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("external command"));
     assert_eq!(cell("triad", "sleep", "mps").status, "ok");
     let mig = cell("triad", "gemm", "mig");
     assert_eq!(mig.status, "skipped");
