@@ -13,6 +13,10 @@ fn failure_meaning(command: &str) -> &'static str {
             "a point failed (the other points still ran), or a runtime or GPU failure"
         }
         "interference" => "a cell failed (the other cells still ran), or a runtime or GPU failure",
+        "coexec" => {
+            "a run failed (the other runs still ran; skipped cells are not failures), or a \
+             runtime or GPU failure"
+        }
         "plan" => {
             "no GPU here to plan a backend = \"cuda\" scenario for (pass --device-model NAME to \
              plan for a GPU that is not here), or the GPU could not be queried"
@@ -37,6 +41,7 @@ fn is_interruptible(command: &str) -> bool {
         "run"
             | "isolation"
             | "interference"
+            | "coexec"
             | "maxrate"
             | "sweep"
             | "partition"

@@ -2,6 +2,7 @@
 
 pub mod app;
 pub mod bench;
+pub mod coexec;
 pub mod compare;
 pub mod completions;
 pub mod devices;
@@ -355,13 +356,22 @@ pub fn admit_or_refuse(
     scenario: &Scenario,
     file: &str,
 ) -> anyhow::Result<Option<isolane_core::admission::Plan>> {
+    admit_or_refuse_with(scenario, file, &Default::default())
+}
+
+/// [`admit_or_refuse`] with options other than the defaults (`isolane coexec`'s unprovisioned
+/// MPS cell lets every client have 100 % of the threads).
+pub fn admit_or_refuse_with(
+    scenario: &Scenario,
+    file: &str,
+    options: &isolane_core::admission::AdmissionOptions,
+) -> anyhow::Result<Option<isolane_core::admission::Plan>> {
     // A scenario whose workloads all run on the CPU (`backend = "cpu"` each) needs no GPU.
     if scenario.device.backend != Backend::Cuda || !scenario.workloads.iter().any(|w| w.on_gpu()) {
         return Ok(None);
     }
     let device = detected_device_model(scenario.device.gpu)?;
-    let options = isolane_core::admission::AdmissionOptions::default();
-    isolane_core::admission::admit(scenario, &device, &memory_estimates_mib(scenario), &options)
+    isolane_core::admission::admit(scenario, &device, &memory_estimates_mib(scenario), options)
         .map(Some)
         .map_err(|rejections| user(plan::rejection_text(file, &device, &rejections)))
 }

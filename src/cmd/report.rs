@@ -16,7 +16,8 @@ use super::user;
                   time, victim timeouts against interferer rate per mechanism), maxrate folders \
                   (maxrate.json: max stable rate per model and mechanism), interference folders \
                   (interference.json: heatmap of each victim's p99 stretch beside each \
-                  neighbour) and sweep folders \
+                  neighbour), coexec folders (coexec.json: heatmap of each pair's speedup per \
+                  mechanism, bars of each job's slowdown) and sweep folders \
                   (sweep.json: throughput, memory and power against partition size or against \
                   workloads × batch). A section appears when its data exists. A folder that is \
                   none of these is searched for results folders (a study folder, or a results \
@@ -25,8 +26,8 @@ use super::user;
                   2). See docs/report.md."
 )]
 pub struct ReportArgs {
-    /// Results folders (run, isolation, maxrate, sweep or interference), or folders that
-    /// hold them.
+    /// Results folders (run, isolation, maxrate, sweep, interference or coexec), or folders
+    /// that hold them.
     #[arg(required = true, value_name = "DIR")]
     dirs: Vec<PathBuf>,
     /// The HTML file to write. Default: DIR/report.html for one folder, ./report.html for several.

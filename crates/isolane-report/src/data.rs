@@ -20,7 +20,8 @@ pub enum DataError {
     #[error(
         "{0} is not an isolane results folder and holds none: a results folder has \
          summary.json (isolane run / isolation), maxrate.json (isolane maxrate --out), \
-         sweep.json (isolane sweep) or interference.json (isolane interference)"
+         sweep.json (isolane sweep), interference.json (isolane interference) or coexec.json \
+         (isolane coexec)"
     )]
     NotResults(PathBuf),
     #[error(transparent)]
@@ -118,12 +119,22 @@ pub struct InterferenceDir {
     pub index: InterferenceIndex,
 }
 
+/// A co-execution study (`isolane coexec`): its index (each cell's times, speedup and
+/// slowdowns are in it; the run folders are not read).
+#[derive(Debug, Clone)]
+pub struct CoexecDir {
+    pub path: PathBuf,
+    pub label: String,
+    pub index: isolane_core::results::CoexecIndex,
+}
+
 #[derive(Debug, Clone)]
 pub enum ResultsDir {
     Run(Box<RunDir>),
     Maxrate(MaxrateDir),
     Sweep(SweepDir),
     Interference(InterferenceDir),
+    Coexec(CoexecDir),
 }
 
 fn label_of(path: &Path) -> String {
@@ -140,6 +151,7 @@ pub fn is_results_dir(path: &Path) -> bool {
     [
         "sweep.json",
         "interference.json",
+        "coexec.json",
         "maxrate.json",
         "summary.json",
     ]
@@ -226,6 +238,13 @@ pub fn load(path: &Path) -> Result<ResultsDir, DataError> {
             path: path.to_path_buf(),
             label: label_of(path),
             index: read_json(&path.join("interference.json"))?,
+        }));
+    }
+    if path.join("coexec.json").is_file() {
+        return Ok(ResultsDir::Coexec(CoexecDir {
+            path: path.to_path_buf(),
+            label: label_of(path),
+            index: read_json(&path.join("coexec.json"))?,
         }));
     }
     if path.join("maxrate.json").is_file() {

@@ -33,20 +33,20 @@ fn fmt(v: Option<f64>, digits: usize) -> String {
 }
 
 /// The report's body, section by section; each section only when its data exists.
-struct Page {
-    body: String,
-    figures: usize,
+pub(crate) struct Page {
+    pub(crate) body: String,
+    pub(crate) figures: usize,
 }
 
 impl Page {
-    fn h2(&mut self, title: &str, intro: &str) {
+    pub(crate) fn h2(&mut self, title: &str, intro: &str) {
         let _ = write!(self.body, "<section><h2>{}</h2>", escape(title));
         if !intro.is_empty() {
             let _ = write!(self.body, "<p class=\"intro\">{}</p>", escape(intro));
         }
     }
 
-    fn end(&mut self) {
+    pub(crate) fn end(&mut self) {
         self.body.push_str("</section>\n");
     }
 
@@ -70,7 +70,7 @@ impl Page {
         Ok(())
     }
 
-    fn table(&mut self, header: &[String], rows: &[Vec<String>]) {
+    pub(crate) fn table(&mut self, header: &[String], rows: &[Vec<String>]) {
         self.body.push_str("<table><thead><tr>");
         for h in header {
             let _ = write!(self.body, "<th>{}</th>", escape(h));
@@ -103,7 +103,7 @@ pub fn render(dirs: &[ResultsDir], title: &str) -> Result<String, String> {
             ResultsDir::Maxrate(m) => maxrates.push(m),
             ResultsDir::Run(r) => runs.push(r),
             ResultsDir::Sweep(s) => sweeps.push(s),
-            ResultsDir::Interference(_) => {}
+            ResultsDir::Interference(_) | ResultsDir::Coexec(_) => {}
         }
     }
 
@@ -113,6 +113,11 @@ pub fn render(dirs: &[ResultsDir], title: &str) -> Result<String, String> {
     for d in dirs {
         if let ResultsDir::Interference(m) = d {
             interference_section(&mut page, m);
+        }
+    }
+    for d in dirs {
+        if let ResultsDir::Coexec(c) = d {
+            crate::coexec::section(&mut page, c);
         }
     }
     partition_section(
@@ -150,6 +155,7 @@ pub fn render(dirs: &[ResultsDir], title: &str) -> Result<String, String> {
             ResultsDir::Maxrate(m) => ("maxrate".to_string(), &m.path),
             ResultsDir::Sweep(s) => (format!("sweep {}", s.index.kind), &s.path),
             ResultsDir::Interference(m) => ("interference".to_string(), &m.path),
+            ResultsDir::Coexec(c) => ("coexec".to_string(), &c.path),
         };
         let _ = write!(
             inputs,

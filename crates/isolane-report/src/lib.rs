@@ -4,6 +4,7 @@
 //! file. The HTML report (`isolane report`, docs/report.md) reads results folders back
 //! (`data`), draws SVG charts (`plot`) and assembles one self-contained page (`html`).
 
+pub mod coexec;
 pub mod data;
 pub mod html;
 pub mod matrix;
@@ -13,6 +14,7 @@ pub mod timeline;
 
 use std::path::PathBuf;
 
+pub use coexec::{coexec_jobs_table, coexec_table};
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use isolane_core::metrics::WorkloadMetrics;

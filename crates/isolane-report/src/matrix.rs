@@ -146,6 +146,16 @@ const RED_AT: f64 = 2.0;
 /// from white (1.0, undisturbed) to red ([`RED_AT`] × or more), the value written in it; grey
 /// with `-` where the pair has no value.
 pub fn heatmap_svg(g: &StretchGrid) -> String {
+    heatmap_svg_captioned(
+        g,
+        "victim p99 execution time beside the neighbour over alone (white 1.00, red 2.00 or \
+         more)",
+    )
+}
+
+/// [`heatmap_svg`] of any grid of ratios on the same scale (white 1.0, red 2.0), with its own
+/// caption (`isolane coexec` draws its speedups with it).
+pub fn heatmap_svg_captioned(g: &StretchGrid, caption: &str) -> String {
     use std::fmt::Write as _;
     const CELL_W: usize = 96;
     const CELL_H: usize = 34;
@@ -206,9 +216,10 @@ pub fn heatmap_svg(g: &StretchGrid) -> String {
             );
         }
     }
-    out.push_str(
-        "</svg><figcaption>victim p99 execution time beside the neighbour over alone \
-         (white 1.00, red 2.00 or more)</figcaption></figure>",
+    let _ = write!(
+        out,
+        "</svg><figcaption>{}</figcaption></figure>",
+        crate::html::escape(caption)
     );
     out
 }

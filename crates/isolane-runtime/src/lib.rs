@@ -6,6 +6,7 @@
 
 pub mod affinity;
 pub mod clock;
+pub mod coexec;
 pub mod coordinator;
 pub mod exec;
 pub mod guard;

@@ -70,6 +70,8 @@ pub const OUTPUT_FILES: &[&str] = &[
     "sweep.json",
     "interference.json",
     "interference.csv",
+    "coexec.json",
+    "coexec.csv",
     "report.html",
     "trace.json",
 ];

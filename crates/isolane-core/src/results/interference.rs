@@ -219,7 +219,7 @@ pub fn interference_csv(cells: &[InterferenceCell]) -> String {
 }
 
 /// Model names may be paths with commas or quotes: quoted as RFC 4180 says.
-fn csv_field(s: &str) -> String {
+pub(crate) fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {

@@ -11,11 +11,13 @@
 //! | `maxrate.json` | [`MaxrateReport`] |
 //! | `sweep.json` | [`SweepIndex`] |
 //! | `interference.json`, `interference.csv` | [`InterferenceIndex`], [`interference_csv`] |
+//! | `coexec.json`, `coexec.csv` | [`CoexecIndex`], [`coexec_csv`] |
 //! | `isolation.csv` | [`IsolationRow`] rows |
 //! | `summary.json`'s `telemetry` | [`TelemetrySummary`] |
 //! | `summary.json`'s `apps` | [`AppSummary`] (docs/apps.md) |
 
 mod app;
+mod coexec;
 mod interference;
 mod isolation;
 mod maxrate;
@@ -25,6 +27,10 @@ mod sweep;
 mod telemetry;
 
 pub use app::{app_latencies_from_csv, AppSummary, MemberSummary, StageSummary, APP_CSV_COLUMNS};
+pub use coexec::{
+    coexec_csv, CellMetrics, CoexecCell, CoexecIndex, CoexecJob, Intensity, IntensityThresholds,
+    PairClass, COEXEC_CSV_HEADER,
+};
 pub use interference::{
     interference_csv, CellKind, InterferenceCell, InterferenceIndex, INTERFERENCE_CSV_HEADER,
 };

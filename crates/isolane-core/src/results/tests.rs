@@ -200,3 +200,58 @@ fn app_csv_latencies_are_the_measured_completed_frames() {
     let bad = format!("{APP_CSV_COLUMNS}\n0,0,0,1,x,0,1\n");
     assert!(app_latencies_from_csv(&bad).unwrap_err().contains("row 2"));
 }
+
+fn coexec_cell(reason: Option<&str>) -> CoexecCell {
+    CoexecCell {
+        a: "a,1".into(),
+        b: "b".into(),
+        mechanism: "mps".into(),
+        dir: "pairs/a,1+b/mps".into(),
+        status: "skipped".into(),
+        reason: reason.map(str::to_string),
+        class: PairClass::Mixed,
+        partition_a: Some("50 %".into()),
+        partition_b: None,
+        m: CellMetrics {
+            speedup: Some(1.25),
+            ..CellMetrics::default()
+        },
+    }
+}
+
+#[test]
+fn coexec_csv_quotes_text_and_leaves_absent_values_empty() {
+    let csv = coexec_csv(&[coexec_cell(Some("admission: \"x\", y"))]);
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some(COEXEC_CSV_HEADER));
+    assert_eq!(
+        lines.next().unwrap(),
+        "\"a,1\",b,mps,skipped,mixed,50 %,,,,,,1.250000,,,,,,\"admission: \"\"x\"\", y\",\
+         \"pairs/a,1+b/mps\""
+    );
+    assert_eq!(COEXEC_CSV_HEADER.split(',').count(), 19);
+}
+
+#[test]
+fn coexec_index_round_trips_with_flattened_metrics() {
+    let index = CoexecIndex {
+        schema_version: SCHEMA_VERSION,
+        isolane_version: "0".into(),
+        jobs_file: "jobs.toml".into(),
+        backend: "cpu".into(),
+        mechanisms: vec!["none".into()],
+        thresholds: IntensityThresholds {
+            dram_bw_util_pct: 40.0,
+            flop_per_byte: 4.0,
+        },
+        energy_note: None,
+        jobs: Vec::new(),
+        cells: vec![coexec_cell(None)],
+    };
+    let text = serde_json::to_string(&index).unwrap();
+    // The metrics sit in the cell itself, as the CSV's columns do; absent ones are left out.
+    assert!(text.contains("\"speedup\":1.25") && !text.contains("\"m\""));
+    assert!(!text.contains("makespan_s") && !text.contains("energy_note"));
+    let back: CoexecIndex = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, index);
+}
