@@ -382,7 +382,7 @@ fn concurrency(a: ConcurrencyArgs, engine: &isolane_runtime::exec::Engine) -> an
         kind: "concurrency".into(),
         model: a.model.clone(),
         backend: c.backend.as_str().into(),
-        mechanism: mechanism_name(mechanism).into(),
+        mechanism: mechanism.name().into(),
         precision: a.precision.join(","),
         device_model: None,
         unit: None,
@@ -392,16 +392,6 @@ fn concurrency(a: ConcurrencyArgs, engine: &isolane_runtime::exec::Engine) -> an
         points: Vec::new(),
     };
     run_points(index, points, c, engine)
-}
-
-fn mechanism_name(m: Mechanism) -> &'static str {
-    match m {
-        Mechanism::None => "none",
-        Mechanism::Timeslice => "timeslice",
-        Mechanism::Mps => "mps",
-        Mechanism::Mig => "mig",
-        Mechanism::Green => "green",
-    }
 }
 
 fn rate_hz(r: Rate) -> Option<f64> {

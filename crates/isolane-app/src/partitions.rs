@@ -58,17 +58,7 @@ pub fn check_device(device: &DeviceSpec) -> Result<(), String> {
             "mechanism \"{}\" with [[app]]s: app stages run on threads of the isolane process, \
              which only green contexts partition; expected mechanism = \"green\" (mps, mig and \
              timeslice need a worker process per stage, not built for apps yet)",
-            mechanism_name(m)
+            m.name()
         )),
-    }
-}
-
-fn mechanism_name(m: Mechanism) -> &'static str {
-    match m {
-        Mechanism::None => "none",
-        Mechanism::Timeslice => "timeslice",
-        Mechanism::Mps => "mps",
-        Mechanism::Mig => "mig",
-        Mechanism::Green => "green",
     }
 }

@@ -59,6 +59,13 @@ pub enum Mechanism {
     Green,
 }
 
+impl Mechanism {
+    /// The word a scenario uses for it (`mechanism = "..."`).
+    pub fn name(self) -> &'static str {
+        format::name_of(format::MECHANISMS, self)
+    }
+}
+
 /// Where a workload's code runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

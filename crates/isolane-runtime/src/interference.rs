@@ -80,16 +80,6 @@ pub struct Cell {
     pub scenario: Scenario,
 }
 
-pub fn mechanism_word(m: Mechanism) -> &'static str {
-    match m {
-        Mechanism::None => "none",
-        Mechanism::Timeslice => "timeslice",
-        Mechanism::Mps => "mps",
-        Mechanism::Mig => "mig",
-        Mechanism::Green => "green",
-    }
-}
-
 pub fn precision_word(p: Precision) -> &'static str {
     match p {
         Precision::Fp32 => "fp32",
@@ -110,7 +100,7 @@ impl MatrixConfig {
                 return Err(InterferenceError::BadLoad(f));
             }
         }
-        let word = mechanism_word(self.mechanism);
+        let word = self.mechanism.name();
         if self.backend == Backend::Cpu && self.mechanism != Mechanism::None {
             return Err(InterferenceError::NeedsCuda(word));
         }
@@ -165,7 +155,7 @@ impl MatrixConfig {
                 Backend::Cuda => "cuda",
             }
             .into(),
-            mechanism: mechanism_word(self.mechanism).into(),
+            mechanism: self.mechanism.name().into(),
             unit: self.unit().map(str::to_string),
             victim_size: self.victim_size,
             neighbour_sizes: self.neighbour_sizes.clone(),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use isolane_core::admission::{Plan, ResolvedPartition};
-use isolane_core::spec::{Backend, Host, Mechanism, Scenario};
+use isolane_core::spec::{Backend, Host, Scenario};
 use isolane_core::JobRecord;
 use isolane_metrics::{RunMetrics, WorkloadInfo};
 use isolane_runtime::jobs_stream::RecordObserver;
@@ -39,7 +39,7 @@ pub fn begin(
                 .map(|a| &a.partition);
             WorkloadInfo {
                 name: name.clone(),
-                mechanism: mechanism_word(scenario.device.mechanism).into(),
+                mechanism: scenario.device.mechanism.name().into(),
                 partition: partition_words(scenario.device.backend, resolved),
                 host: match spec.map(|s| s.host) {
                     Some(Host::Process) => "process".into(),
@@ -52,16 +52,6 @@ pub fn begin(
     let m = Arc::clone(metrics);
     let hook: SampleHook = Arc::new(move |r| m.observe_device(r));
     (Arc::new(Observer(Arc::clone(metrics))), hook)
-}
-
-fn mechanism_word(m: Mechanism) -> &'static str {
-    match m {
-        Mechanism::None => "none",
-        Mechanism::Timeslice => "timeslice",
-        Mechanism::Mps => "mps",
-        Mechanism::Mig => "mig",
-        Mechanism::Green => "green",
-    }
 }
 
 /// A partition in the words summary.json's `partitions` uses.
