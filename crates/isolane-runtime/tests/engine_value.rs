@@ -166,3 +166,56 @@ partition = { sms = 8 }
         ]
     );
 }
+
+/// An engine whose builds take a while and note when they ran.
+#[derive(Default)]
+struct SlowBuilds {
+    spans: Mutex<Vec<(std::time::Instant, std::time::Instant)>>,
+}
+
+impl EngineExecutors for SlowBuilds {
+    fn check(&self, _device: &DeviceSpec, _spec: &WorkloadSpec) -> Result<(), ExecError> {
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        _device: &DeviceSpec,
+        _spec: &WorkloadSpec,
+        seed: u64,
+        _index: usize,
+        _partition: Option<Partition>,
+    ) -> Result<Box<dyn Executor>, ExecError> {
+        let start = std::time::Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        self.spans
+            .lock()
+            .unwrap()
+            .push((start, std::time::Instant::now()));
+        Ok(Box::new(SpinExecutor::new(100_000, 0, seed)))
+    }
+}
+
+/// Workloads build one at a time (a CUDA build times its kernels on the GPU: beside another
+/// build, its choice changed from run to run), though each builds on its own thread.
+#[test]
+fn workloads_build_one_at_a_time() {
+    let text = SCENARIO.to_string()
+        + "\n[[workload]]\nname = \"c\"\nmodel = \"tiny\"\nrate_hz = 200\njobs = 2\nwarmup_jobs = 0\n";
+    let scenario = Scenario::from_toml_str(&text, "test.toml", &vec!["tiny".to_string()]).unwrap();
+    let plan = RunPlan::from_scenario(&scenario);
+    let engine = Arc::new(SlowBuilds::default());
+    let mut opts = RunOptions::new(Arc::new(AtomicBool::new(false)));
+    opts.engine = Some(engine.clone());
+    let result = coordinator::run(&plan, &opts, &mut |_| {}).unwrap();
+    assert!(result
+        .workloads
+        .iter()
+        .all(|w| w.status == WorkloadStatus::Ok));
+    let mut spans = engine.spans.lock().unwrap().clone();
+    assert_eq!(spans.len(), 3);
+    spans.sort();
+    for pair in spans.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "two builds overlapped: {pair:?}");
+    }
+}
