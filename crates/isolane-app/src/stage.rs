@@ -156,10 +156,15 @@ impl GraphicsStage {
         })
     }
 
-    /// Makes the renderer at the first frame, for its size (a later frame of another size is
-    /// refused by the renderer: a source gives one size).
+    /// Makes the renderer for `frame`'s size: at the first frame, and again when the size
+    /// changes (a folder of images of several sizes; a renderer draws at one size).
     fn make_renderer(&mut self, frame: &Frame) -> Result<(), String> {
-        if self.renderer.is_none() {
+        let fits = self
+            .renderer
+            .as_ref()
+            .is_some_and(|r| (r.config().width, r.config().height) == (frame.width, frame.height));
+        if !fits {
+            self.renderer = None;
             let config = isolane_graphics::RendererConfig {
                 device: self.device.clone(),
                 mask_alpha: self.alpha,
@@ -523,7 +528,20 @@ mod tests {
         assert_eq!(px(60, 44), [10, 20, 30], "far from the box: the frame");
         assert_eq!(px(20, 20), [10, 20, 30], "inside the outline: the frame");
         assert_ne!(px(8, 20), [10, 20, 30], "the box's left edge is drawn");
-        // A second frame reuses the renderer; a tensor is refused by name.
+        // A frame of another size (a folder of images) is rendered at its own size.
+        let small = Arc::new(Frame {
+            width: 32,
+            height: 24,
+            rgb: [10u8, 20, 30].repeat(32 * 24),
+        });
+        let none = Arc::new(Payload::Detections(Vec::new()));
+        match stage.process(&small, &[none]).unwrap() {
+            Payload::Frame(f) => {
+                assert_eq!((f.width, f.height, f.rgb.len()), (32, 24, 32 * 24 * 3))
+            }
+            other => panic!("expected a frame, got {}", other.type_name()),
+        }
+        // A tensor is refused by name.
         let t = Payload::Tensor(Tensor {
             shape: vec![1],
             data: vec![0.0],
