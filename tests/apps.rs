@@ -262,6 +262,17 @@ fn mistakes_are_refused_with_exit_2() {
         &APP.replace("frames = 30", "frames = 30\ncpu = [100000]"),
         &["app[0].cpu", "100000"],
     );
+    // a video that is not .y4m: refused before anything is written
+    let video = std::env::temp_dir().join(format!("isolane-apps-bad-{}.y4m", std::process::id()));
+    std::fs::write(&video, b"not a video").unwrap();
+    refused(
+        &APP.replace(
+            "kind = \"synthetic\"\nwidth = 32\nheight = 32",
+            &format!("kind = \"video\"\npath = \"{}\"", video.display()),
+        ),
+        &["s.toml", "app[0].source", "YUV4MPEG2"],
+    );
+    let _ = std::fs::remove_file(&video);
     // a model file that is not ONNX: refused before anything is written
     let bad = std::env::temp_dir().join(format!("isolane-apps-bad-{}.onnx", std::process::id()));
     std::fs::write(&bad, b"not a protobuf").unwrap();

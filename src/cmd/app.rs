@@ -123,11 +123,15 @@ pub fn run(
     Ok(super::run::exit_for(summary.status))
 }
 
-/// Model files are read once before anything is written, so that one that cannot be used is
-/// the user's to fix (exit 2, no output), as a workload's is. Built-ins without a weights file
+/// Sources are opened and model files read once before anything is written, so that one that
+/// cannot be used is the user's to fix (exit 2, no output), as a workload's is. Built-ins without a weights file
 /// cannot fail here (their names were validated).
 fn preflight(apps: &[AppSpec], file: &str) -> anyhow::Result<()> {
-    for app in apps {
+    for (i, app) in apps.iter().enumerate() {
+        // A source file that cannot be read (a folder without images, a file that is not
+        // .y4m) is the user's too.
+        isolane_app::source::open(&app.source.kind)
+            .map_err(|e| user(format!("{file}: app[{i}].source: {e}")))?;
         for m in app.models() {
             if m.model.ends_with(".onnx") || m.weights.is_some() {
                 isolane_app::models::load_graph(m, 0).map_err(|e| {
