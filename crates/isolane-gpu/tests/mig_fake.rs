@@ -14,6 +14,7 @@ fn plan(profiles: &[&str]) -> Plan {
             gpu: 0,
             mechanism: Mechanism::Mig,
             host: Host::Process,
+            gpus: Vec::new(),
         },
         timing: TimingSpec::default(),
         protection: ProtectionSpec::default(),
@@ -44,6 +45,7 @@ fn plan(profiles: &[&str]) -> Plan {
                 stretch: None,
                 backend: Backend::Cuda,
                 program: None,
+                gpu: None,
             })
             .collect(),
     };

@@ -492,6 +492,7 @@ fn a_partition_session_gives_each_worker_its_mps_environment_and_stops_the_daemo
                     mem_limit_mib,
                 },
                 memory_mib: None,
+                gpu: None,
             })
             .collect(),
     };

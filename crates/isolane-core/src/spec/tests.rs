@@ -49,7 +49,8 @@ fn minimal_scenario_gets_every_default() {
             backend: Backend::Cpu,
             gpu: 0,
             mechanism: Mechanism::None,
-            host: Host::Thread
+            host: Host::Thread,
+            gpus: Vec::new(),
         }
     );
     assert_eq!(s.timing, TimingSpec::default());
@@ -131,7 +132,8 @@ fn full_scenario_parses_and_round_trips() {
             backend: Backend::Cuda,
             gpu: 1,
             mechanism: Mechanism::Green,
-            host: Host::Thread
+            host: Host::Thread,
+            gpus: Vec::new(),
         }
     );
     assert_eq!(
@@ -1325,6 +1327,7 @@ fn a_workloads_own_stretch_parses_round_trips_and_is_for_critical_work_only() {
     );
 }
 
+mod gpus;
 mod programs_and_backends;
 
 /// `[[app]]` tables are isolane-app's (docs/apps.md): the walk lets them through, and a file
