@@ -432,3 +432,81 @@ fn plans_per_gpu(default_gpu: u32, plan: &Plan) -> Vec<(u32, Plan)> {
     out[0].1.workloads.extend(cpu);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole(name: &str, gpu: Option<u32>) -> AdmittedWorkload {
+        AdmittedWorkload {
+            workload: name.into(),
+            partition: ResolvedPartition::Whole,
+            memory_mib: None,
+            gpu,
+        }
+    }
+
+    fn on_cpu(name: &str) -> AdmittedWorkload {
+        AdmittedWorkload {
+            partition: ResolvedPartition::Cpu,
+            ..whole(name, None)
+        }
+    }
+
+    fn timeslice(workloads: Vec<AdmittedWorkload>) -> Plan {
+        Plan {
+            device: "h100-sxm".into(),
+            mechanism: Mechanism::Timeslice,
+            workloads,
+        }
+    }
+
+    fn names(p: &Plan) -> Vec<&str> {
+        p.workloads.iter().map(|w| w.workload.as_str()).collect()
+    }
+
+    #[test]
+    fn one_gpu_is_the_plan_itself_and_several_split_it_cpu_work_going_with_the_first() {
+        let one = timeslice(vec![on_cpu("c"), whole("a", None)]);
+        let split = plans_per_gpu(2, &one);
+        assert_eq!(split.len(), 1);
+        assert_eq!((split[0].0, names(&split[0].1)), (2, vec!["c", "a"]));
+        let two = timeslice(vec![
+            on_cpu("c"),
+            whole("a", Some(1)),
+            whole("b", Some(0)),
+            whole("d", Some(1)),
+        ]);
+        let split = plans_per_gpu(0, &two);
+        let got: Vec<_> = split.iter().map(|(g, p)| (*g, names(p))).collect();
+        assert_eq!(got, [(1, vec!["a", "d", "c"]), (0, vec!["b"])]);
+    }
+
+    #[test]
+    fn timeslice_workers_on_several_gpus_are_told_their_gpu() {
+        let plan = timeslice(vec![whole("a", Some(0)), whole("b", Some(1)), on_cpu("c")]);
+        let s = PartitionSession::set_up(0, &plan, &SessionOptions::default(), None).unwrap();
+        let gpu = |w: &str| s.worker_env().get(w).map(|e| e.clone());
+        let told = |g: &str| Some(vec![(WORKER_GPU_ENV.to_string(), g.to_string())]);
+        assert_eq!((gpu("a"), gpu("b"), gpu("c")), (told("0"), told("1"), None));
+        let described: Vec<_> = s.records().iter().map(|r| r.partition.as_str()).collect();
+        assert_eq!(
+            described,
+            [
+                "whole GPU on GPU 0",
+                "whole GPU on GPU 1",
+                "CPU (no GPU partition)"
+            ]
+        );
+        s.finish().unwrap();
+    }
+
+    #[test]
+    fn timeslice_on_one_gpu_sets_nothing_and_says_no_gpu() {
+        let plan = timeslice(vec![whole("a", None), on_cpu("c")]);
+        let s = PartitionSession::set_up(3, &plan, &SessionOptions::default(), None).unwrap();
+        assert!(s.worker_env().is_empty());
+        assert_eq!(s.records()[0].partition, "whole GPU");
+        s.finish().unwrap();
+    }
+}
