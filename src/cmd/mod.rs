@@ -369,7 +369,7 @@ pub fn detected_device_model(
 
 /// Admission takes one device model for every GPU of the scenario (each GPU's budget is its
 /// own, the rules are the first GPU's): the GPUs of a scenario on several GPUs must be alike.
-fn same_model_on_every_gpu(
+pub(super) fn same_model_on_every_gpu(
     scenario: &Scenario,
     first: &isolane_core::device_model::DeviceModel,
 ) -> anyhow::Result<()> {
