@@ -438,7 +438,7 @@ impl OneGpu<'_> {
                     }
                     return (admitted, rejections);
                 };
-                let mut requested: Vec<(usize, &str)> = Vec::new();
+                let mut requested: Vec<(usize, &WorkloadSpec, &str)> = Vec::new();
                 for &(i, w) in gpu_workloads {
                     match w.partition.mig_profile.as_deref() {
                         None => reject(
@@ -458,23 +458,20 @@ impl OneGpu<'_> {
                                 allowed: mig.profile_names().join(", "),
                             },
                         ),
-                        Some(p) => requested.push((i, p)),
+                        Some(p) => requested.push((i, w, p)),
                     }
                 }
-                let names: Vec<&str> = requested.iter().map(|(_, p)| *p).collect();
+                let names: Vec<&str> = requested.iter().map(|(_, _, p)| *p).collect();
                 match place_mig_instances(mig, &names) {
                     Some(placements) => {
-                        for ((i, _), MigPlacement { profile, start, .. }) in
+                        for (&(i, w, _), MigPlacement { profile, start, .. }) in
                             requested.iter().zip(placements)
                         {
-                            let Some(&(_, w)) = gpu_workloads.iter().find(|(j, _)| j == i) else {
-                                continue;
-                            };
                             // The profile exists: it was looked up above.
                             let Some(p) = mig.profile(profile) else {
                                 continue;
                             };
-                            if let Some(need) = estimate(*i) {
+                            if let Some(need) = estimate(i) {
                                 if need > p.memory_mib {
                                     reject(
                                         &mut rejections,
@@ -495,20 +492,17 @@ impl OneGpu<'_> {
                                     sms: p.sms,
                                     memory_mib: p.memory_mib,
                                 },
-                                memory_mib: estimate(*i),
+                                memory_mib: estimate(i),
                                 gpu: None,
                             });
                         }
                     }
                     None => {
                         let all = names.join(" + ");
-                        for (i, _) in &requested {
+                        for (_, w, _) in &requested {
                             reject(
                                 &mut rejections,
-                                &gpu_workloads
-                                    .iter()
-                                    .find(|(j, _)| j == i)
-                                    .map_or("", |(_, w)| w.name.as_str()),
+                                &w.name,
                                 RejectReason::NoMigPlacement {
                                     requested: all.clone(),
                                     device: device.name.to_string(),

@@ -486,7 +486,7 @@ mod tests {
     fn timeslice_workers_on_several_gpus_are_told_their_gpu() {
         let plan = timeslice(vec![whole("a", Some(0)), whole("b", Some(1)), on_cpu("c")]);
         let s = PartitionSession::set_up(0, &plan, &SessionOptions::default(), None).unwrap();
-        let gpu = |w: &str| s.worker_env().get(w).map(|e| e.clone());
+        let gpu = |w: &str| s.worker_env().get(w).cloned();
         let told = |g: &str| Some(vec![(WORKER_GPU_ENV.to_string(), g.to_string())]);
         assert_eq!((gpu("a"), gpu("b"), gpu("c")), (told("0"), told("1"), None));
         let described: Vec<_> = s.records().iter().map(|r| r.partition.as_str()).collect();

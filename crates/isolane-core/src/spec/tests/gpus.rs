@@ -63,9 +63,8 @@ fn two_gpus_resolve_each_gpu_workload_to_a_gpu_and_round_trip() {
 
 #[test]
 fn one_gpu_resolves_and_writes_exactly_as_before() {
-    let one = TWO_GPUS
-        .replace("gpus = [0, 1]", "gpus = [1]")
-        .replace("gpu = 1\n", "gpu = 1\n");
+    // A list of one GPU is that GPU: b's `gpu = 1` names it.
+    let one = TWO_GPUS.replace("gpus = [0, 1]", "gpus = [1]");
     let s = parse(&one).unwrap();
     assert_eq!((s.device.gpu, s.device.gpus.len()), (1, 0));
     assert!(s.workloads.iter().all(|w| w.gpu.is_none()));
