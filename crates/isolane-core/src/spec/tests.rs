@@ -242,12 +242,12 @@ fn unknown_keys_list_the_allowed_ones() {
         ],
     );
     assert_err(
-        &format!("[device]\nbackend = \"cpu\"\ngpus = 2\n{MIN}"),
+        &format!("[device]\nbackend = \"cpu\"\ngpu_count = 2\n{MIN}"),
         3,
         &[
-            "device.gpus",
+            "device.gpu_count",
             "unknown key",
-            "backend, gpu, mechanism, host",
+            "backend, gpu, gpus, mechanism, host",
         ],
     );
     assert_err(
