@@ -253,8 +253,7 @@ impl OneGpu<'_> {
         &self,
         gpu_workloads: &[(usize, &WorkloadSpec)],
     ) -> (Vec<AdmittedWorkload>, Vec<Rejection>) {
-        let (mechanism, device, options) = (self.mechanism, self.device, self.options);
-        let estimate = self.estimate;
+        let (mechanism, estimate) = (self.mechanism, self.estimate);
         let mut rejections = Vec::new();
         let mut admitted: Vec<AdmittedWorkload> = Vec::new();
         match (self.backend, mechanism) {
@@ -276,265 +275,303 @@ impl OneGpu<'_> {
                 }
             }
             (Backend::Cuda, Mechanism::Green) => {
-                let Some(rules) = device.green_rules() else {
-                    let (major, minor) = device.compute_capability;
-                    for (_, w) in gpu_workloads {
-                        reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::GreenUnsupported {
-                                device: device.name.to_string(),
-                                major,
-                                minor,
-                            },
-                        );
-                    }
-                    return (admitted, rejections);
-                };
-                let mut next_sm = 0u32;
-                let mut group = 0u32;
-                for &(i, w) in gpu_workloads {
-                    let Some(sms) = w.partition.sms else {
-                        reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::MissingPartition {
-                                field: "sms",
-                                mechanism: "green",
-                            },
-                        );
-                        continue;
-                    };
-                    if sms < rules.min_sms {
-                        reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::BelowMinimum {
-                                sms,
-                                min: rules.min_sms,
-                                device: device.name.to_string(),
-                            },
-                        );
-                        continue;
-                    }
-                    if sms % rules.step_sms != 0 {
-                        let lower = (sms / rules.step_sms * rules.step_sms).max(rules.min_sms);
-                        reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::OffStep {
-                                sms,
-                                step: rules.step_sms,
-                                lower,
-                                upper: lower + rules.step_sms,
-                                device: device.name.to_string(),
-                            },
-                        );
-                        continue;
-                    }
-                    let available = device.sm_count - next_sm;
-                    if sms > available {
-                        reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::TooManySms {
-                                sms,
-                                available,
-                                total: device.sm_count,
-                            },
-                        );
-                        continue;
-                    }
-                    admitted.push(AdmittedWorkload {
-                        workload: w.name.clone(),
-                        partition: ResolvedPartition::Green {
-                            group,
-                            sms,
-                            first_sm: next_sm,
-                        },
-                        memory_mib: estimate(i),
-                        gpu: None,
-                    });
-                    next_sm += sms;
-                    group += 1;
-                }
+                self.green(gpu_workloads, &mut admitted, &mut rejections)
             }
             (Backend::Cuda, Mechanism::Mps) => {
-                let mut total_pct = 0u32;
-                let mut total_pinned = 0u64;
-                for &(i, w) in gpu_workloads {
-                    let Some(pct) = w.partition.thread_pct else {
+                self.mps(gpu_workloads, &mut admitted, &mut rejections)
+            }
+            (Backend::Cuda, Mechanism::Mig) => {
+                self.mig(gpu_workloads, &mut admitted, &mut rejections)
+            }
+        }
+        if self.backend == Backend::Cuda && rejections.is_empty() {
+            self.memory_over_device(gpu_workloads, &mut rejections);
+        }
+        (admitted, rejections)
+    }
+
+    /// green: each group on the minimum and the step, the groups within the GPU's SMs.
+    fn green(
+        &self,
+        gpu_workloads: &[(usize, &WorkloadSpec)],
+        admitted: &mut Vec<AdmittedWorkload>,
+        rejections: &mut Vec<Rejection>,
+    ) {
+        let (device, estimate) = (self.device, self.estimate);
+        let Some(rules) = device.green_rules() else {
+            let (major, minor) = device.compute_capability;
+            for (_, w) in gpu_workloads {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::GreenUnsupported {
+                        device: device.name.to_string(),
+                        major,
+                        minor,
+                    },
+                );
+            }
+            return;
+        };
+        let mut next_sm = 0u32;
+        let mut group = 0u32;
+        for &(i, w) in gpu_workloads {
+            let Some(sms) = w.partition.sms else {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::MissingPartition {
+                        field: "sms",
+                        mechanism: "green",
+                    },
+                );
+                continue;
+            };
+            if sms < rules.min_sms {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::BelowMinimum {
+                        sms,
+                        min: rules.min_sms,
+                        device: device.name.to_string(),
+                    },
+                );
+                continue;
+            }
+            if sms % rules.step_sms != 0 {
+                let lower = (sms / rules.step_sms * rules.step_sms).max(rules.min_sms);
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::OffStep {
+                        sms,
+                        step: rules.step_sms,
+                        lower,
+                        upper: lower + rules.step_sms,
+                        device: device.name.to_string(),
+                    },
+                );
+                continue;
+            }
+            let available = device.sm_count - next_sm;
+            if sms > available {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::TooManySms {
+                        sms,
+                        available,
+                        total: device.sm_count,
+                    },
+                );
+                continue;
+            }
+            admitted.push(AdmittedWorkload {
+                workload: w.name.clone(),
+                partition: ResolvedPartition::Green {
+                    group,
+                    sms,
+                    first_sm: next_sm,
+                },
+                memory_mib: estimate(i),
+                gpu: None,
+            });
+            next_sm += sms;
+            group += 1;
+        }
+    }
+    /// mps: thread percentages within the budget, pinned limits within the memory.
+    fn mps(
+        &self,
+        gpu_workloads: &[(usize, &WorkloadSpec)],
+        admitted: &mut Vec<AdmittedWorkload>,
+        rejections: &mut Vec<Rejection>,
+    ) {
+        let (device, options, estimate) = (self.device, self.options, self.estimate);
+        let mut total_pct = 0u32;
+        let mut total_pinned = 0u64;
+        for &(i, w) in gpu_workloads {
+            let Some(pct) = w.partition.thread_pct else {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::MissingPartition {
+                        field: "thread_pct",
+                        mechanism: "mps",
+                    },
+                );
+                continue;
+            };
+            total_pct += pct;
+            if total_pct > options.mps_thread_budget_pct {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::ThreadPctOverBudget {
+                        thread_pct: pct,
+                        total: total_pct,
+                        budget: options.mps_thread_budget_pct,
+                    },
+                );
+                continue;
+            }
+            if let Some(limit) = w.partition.mem_limit_mib {
+                total_pinned += limit;
+                if total_pinned > device.memory_mib {
+                    reject(
+                        rejections,
+                        &w.name,
+                        RejectReason::PinnedMemoryOverBudget {
+                            total_mib: total_pinned,
+                            device_mib: device.memory_mib,
+                        },
+                    );
+                    continue;
+                }
+                if let Some(need) = estimate(i) {
+                    if need > limit {
                         reject(
-                            &mut rejections,
+                            rejections,
                             &w.name,
-                            RejectReason::MissingPartition {
-                                field: "thread_pct",
-                                mechanism: "mps",
-                            },
-                        );
-                        continue;
-                    };
-                    total_pct += pct;
-                    if total_pct > options.mps_thread_budget_pct {
-                        reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::ThreadPctOverBudget {
-                                thread_pct: pct,
-                                total: total_pct,
-                                budget: options.mps_thread_budget_pct,
+                            RejectReason::MemoryOverPartition {
+                                need_mib: need,
+                                have_mib: limit,
                             },
                         );
                         continue;
                     }
-                    if let Some(limit) = w.partition.mem_limit_mib {
-                        total_pinned += limit;
-                        if total_pinned > device.memory_mib {
+                }
+            }
+            admitted.push(AdmittedWorkload {
+                workload: w.name.clone(),
+                partition: ResolvedPartition::Mps {
+                    thread_pct: pct,
+                    mem_limit_mib: w.partition.mem_limit_mib,
+                },
+                memory_mib: estimate(i),
+                gpu: None,
+            });
+        }
+    }
+    /// mig: known profiles, placed all at once on the GPU's memory slices.
+    fn mig(
+        &self,
+        gpu_workloads: &[(usize, &WorkloadSpec)],
+        admitted: &mut Vec<AdmittedWorkload>,
+        rejections: &mut Vec<Rejection>,
+    ) {
+        let (device, estimate) = (self.device, self.estimate);
+        let Some(mig) = device.mig.as_ref() else {
+            for (_, w) in gpu_workloads {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::MigUnsupported {
+                        device: device.name.to_string(),
+                    },
+                );
+            }
+            return;
+        };
+        let mut requested: Vec<(usize, &WorkloadSpec, &str)> = Vec::new();
+        for &(i, w) in gpu_workloads {
+            match w.partition.mig_profile.as_deref() {
+                None => reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::MissingPartition {
+                        field: "mig_profile",
+                        mechanism: "mig",
+                    },
+                ),
+                Some(p) if mig.profile(p).is_none() => reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::UnknownMigProfile {
+                        profile: p.to_string(),
+                        device: device.name.to_string(),
+                        allowed: mig.profile_names().join(", "),
+                    },
+                ),
+                Some(p) => requested.push((i, w, p)),
+            }
+        }
+        let names: Vec<&str> = requested.iter().map(|(_, _, p)| *p).collect();
+        match place_mig_instances(mig, &names) {
+            Some(placements) => {
+                for (&(i, w, _), MigPlacement { profile, start, .. }) in
+                    requested.iter().zip(placements)
+                {
+                    // The profile exists: it was looked up above.
+                    let Some(p) = mig.profile(profile) else {
+                        continue;
+                    };
+                    if let Some(need) = estimate(i) {
+                        if need > p.memory_mib {
                             reject(
-                                &mut rejections,
+                                rejections,
                                 &w.name,
-                                RejectReason::PinnedMemoryOverBudget {
-                                    total_mib: total_pinned,
-                                    device_mib: device.memory_mib,
+                                RejectReason::MemoryOverPartition {
+                                    need_mib: need,
+                                    have_mib: p.memory_mib,
                                 },
                             );
                             continue;
                         }
-                        if let Some(need) = estimate(i) {
-                            if need > limit {
-                                reject(
-                                    &mut rejections,
-                                    &w.name,
-                                    RejectReason::MemoryOverPartition {
-                                        need_mib: need,
-                                        have_mib: limit,
-                                    },
-                                );
-                                continue;
-                            }
-                        }
                     }
                     admitted.push(AdmittedWorkload {
                         workload: w.name.clone(),
-                        partition: ResolvedPartition::Mps {
-                            thread_pct: pct,
-                            mem_limit_mib: w.partition.mem_limit_mib,
+                        partition: ResolvedPartition::Mig {
+                            profile: profile.to_string(),
+                            start,
+                            sms: p.sms,
+                            memory_mib: p.memory_mib,
                         },
                         memory_mib: estimate(i),
                         gpu: None,
                     });
                 }
             }
-            (Backend::Cuda, Mechanism::Mig) => {
-                let Some(mig) = device.mig.as_ref() else {
-                    for (_, w) in gpu_workloads {
-                        reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::MigUnsupported {
-                                device: device.name.to_string(),
-                            },
-                        );
-                    }
-                    return (admitted, rejections);
-                };
-                let mut requested: Vec<(usize, &WorkloadSpec, &str)> = Vec::new();
-                for &(i, w) in gpu_workloads {
-                    match w.partition.mig_profile.as_deref() {
-                        None => reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::MissingPartition {
-                                field: "mig_profile",
-                                mechanism: "mig",
-                            },
-                        ),
-                        Some(p) if mig.profile(p).is_none() => reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::UnknownMigProfile {
-                                profile: p.to_string(),
-                                device: device.name.to_string(),
-                                allowed: mig.profile_names().join(", "),
-                            },
-                        ),
-                        Some(p) => requested.push((i, w, p)),
-                    }
-                }
-                let names: Vec<&str> = requested.iter().map(|(_, _, p)| *p).collect();
-                match place_mig_instances(mig, &names) {
-                    Some(placements) => {
-                        for (&(i, w, _), MigPlacement { profile, start, .. }) in
-                            requested.iter().zip(placements)
-                        {
-                            // The profile exists: it was looked up above.
-                            let Some(p) = mig.profile(profile) else {
-                                continue;
-                            };
-                            if let Some(need) = estimate(i) {
-                                if need > p.memory_mib {
-                                    reject(
-                                        &mut rejections,
-                                        &w.name,
-                                        RejectReason::MemoryOverPartition {
-                                            need_mib: need,
-                                            have_mib: p.memory_mib,
-                                        },
-                                    );
-                                    continue;
-                                }
-                            }
-                            admitted.push(AdmittedWorkload {
-                                workload: w.name.clone(),
-                                partition: ResolvedPartition::Mig {
-                                    profile: profile.to_string(),
-                                    start,
-                                    sms: p.sms,
-                                    memory_mib: p.memory_mib,
-                                },
-                                memory_mib: estimate(i),
-                                gpu: None,
-                            });
-                        }
-                    }
-                    None => {
-                        let all = names.join(" + ");
-                        for (_, w, _) in &requested {
-                            reject(
-                                &mut rejections,
-                                &w.name,
-                                RejectReason::NoMigPlacement {
-                                    requested: all.clone(),
-                                    device: device.name.to_string(),
-                                },
-                            );
-                        }
-                    }
+            None => {
+                let all = names.join(" + ");
+                for (_, w, _) in &requested {
+                    reject(
+                        rejections,
+                        &w.name,
+                        RejectReason::NoMigPlacement {
+                            requested: all.clone(),
+                            device: device.name.to_string(),
+                        },
+                    );
                 }
             }
         }
+    }
 
-        // Memory over the whole device: MIG and pinned MPS limits were checked per partition above,
-        // but workloads without a limit still share the device's memory.
-        if self.backend == Backend::Cuda && rejections.is_empty() {
-            let total: u64 = gpu_workloads.iter().filter_map(|(i, _)| estimate(*i)).sum();
-            if total > device.memory_mib {
-                for &(i, w) in gpu_workloads {
-                    if estimate(i).is_some() {
-                        reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::MemoryOverDevice {
-                                total_mib: total,
-                                device_mib: device.memory_mib,
-                            },
-                        );
-                    }
+    /// Memory over the whole GPU: MIG and pinned MPS limits were checked per partition, but
+    /// workloads without a limit still share the GPU's memory.
+    fn memory_over_device(
+        &self,
+        gpu_workloads: &[(usize, &WorkloadSpec)],
+        rejections: &mut Vec<Rejection>,
+    ) {
+        let (device, estimate) = (self.device, self.estimate);
+        let total: u64 = gpu_workloads.iter().filter_map(|(i, _)| estimate(*i)).sum();
+        if total > device.memory_mib {
+            for &(i, w) in gpu_workloads {
+                if estimate(i).is_some() {
+                    reject(
+                        rejections,
+                        &w.name,
+                        RejectReason::MemoryOverDevice {
+                            total_mib: total,
+                            device_mib: device.memory_mib,
+                        },
+                    );
                 }
             }
         }
-
-        (admitted, rejections)
     }
 }
 
