@@ -167,6 +167,7 @@ mod tests {
             gpu: 0,
             mechanism: Mechanism::None,
             host: Host::Thread,
+            gpus: Vec::new(),
         }
     }
 

@@ -201,3 +201,96 @@ fn workloads_that_need_more_than_the_device_holds_are_refused() {
         "{stderr}"
     );
 }
+
+/// Green workloads of `sms` SMs, each on its GPU, on a device of GPUs 0 and 1.
+fn green_on_two_gpus(placed: &[(u32, u32)]) -> String {
+    let mut s =
+        String::from("[device]\nbackend = \"cuda\"\ngpus = [0, 1]\nmechanism = \"green\"\n");
+    for (i, (gpu, sms)) in placed.iter().enumerate() {
+        s.push_str(&format!(
+            "[[workload]]\nname = \"w{i}\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 5\n\
+             gpu = {gpu}\n[workload.partition]\nsms = {sms}\n"
+        ));
+    }
+    s
+}
+
+#[test]
+fn each_gpu_of_two_is_admitted_on_its_own_and_a_refusal_names_its_gpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ok = scenario(
+        tmp.path(),
+        "ok.toml",
+        &green_on_two_gpus(&[(0, 96), (1, 96)]),
+    );
+    let o = isolane()
+        .args(["plan", "--json", "--device-model", "h100-sxm"])
+        .arg(&ok)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let w = v["plan"]["workloads"].as_array().unwrap();
+    assert_eq!(
+        (w[0]["gpu"].as_u64(), w[1]["gpu"].as_u64()),
+        (Some(0), Some(1))
+    );
+    assert_eq!(w[1]["partition"]["first_sm"], 0, "GPU 1's SMs are its own");
+
+    let over = scenario(
+        tmp.path(),
+        "over.toml",
+        &green_on_two_gpus(&[(0, 96), (0, 96), (1, 8)]),
+    );
+    let o = isolane()
+        .args(["plan", "--device-model", "h100-sxm"])
+        .arg(&over)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("workload 'w1': on GPU 0: asks for 96 SMs"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("'w2'"), "GPU 1 fits: {stderr}");
+}
+
+#[test]
+fn a_workload_on_a_gpu_the_device_does_not_list_is_refused_with_the_allowed_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = green_on_two_gpus(&[(0, 8), (2, 8)]);
+    let sc = scenario(tmp.path(), "s.toml", &bad);
+    let o = isolane()
+        .args(["plan", "--device-model", "h100-sxm"])
+        .arg(&sc)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("workload[1].gpu") && stderr.contains("0 | 1"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn commands_built_for_one_gpu_refuse_several_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "s.toml", &green_on_two_gpus(&[(0, 8), (1, 8)]));
+    for args in [&["isolation"][..], &["plan", "--auto"], &["verify"]] {
+        let o = isolane().args(args).arg(&sc).output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("device.gpus = [0, 1]"),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains("works on one GPU"), "{args:?}: {stderr}");
+    }
+}

@@ -41,6 +41,7 @@ pub fn model_workloads(
         )));
     }
     check_device(&scenario.device).map_err(|m| user(format!("{file}: device.mechanism: {m}")))?;
+    super::refuse_several_gpus(scenario, file, "run of [[app]]s")?;
     let mut s = scenario.clone();
     s.workloads = as_workloads(apps, scenario.device.backend);
     if s.workloads.is_empty() {

@@ -76,6 +76,7 @@ fn way(s: &str) -> Result<String, String> {
 /// The jobs file and flags as the library's configuration.
 fn config(a: &CoexecArgs) -> anyhow::Result<StudyConfig> {
     let (mut base, file) = super::load_scenario(Some(&a.jobs))?;
+    super::refuse_several_gpus(&base, &file, "coexec")?;
     study::check_jobs(&file, &base).map_err(user)?;
     let names: Vec<String> = base.workloads.iter().map(|w| w.name.clone()).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();

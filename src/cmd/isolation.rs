@@ -49,6 +49,7 @@ pub struct IsolationArgs {
 pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = super::load_scenario(Some(&args.scenario))?;
     super::refuse_programs(&scenario, &scenario_name, "isolation")?;
+    super::refuse_several_gpus(&scenario, &scenario_name, "isolation")?;
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     let (plan, grid) = isolation::plan(&scenario).map_err(user)?;
     let live = super::serve_metrics(args.metrics_addr.as_deref())?;

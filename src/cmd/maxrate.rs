@@ -304,6 +304,7 @@ fn search_request(
         stretch: None,
         backend,
         program: None,
+        gpu: None,
     };
     SearchRequest {
         workload,
@@ -312,6 +313,7 @@ fn search_request(
             gpu: args.gpu,
             mechanism,
             host,
+            gpus: Vec::new(),
         },
         timing: TimingSpec {
             spin_us: args.spin_us,

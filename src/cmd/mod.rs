@@ -164,6 +164,22 @@ pub fn refuse_programs(scenario: &Scenario, file: &str, command: &str) -> anyhow
     }
 }
 
+/// Several GPUs (`device.gpus`) are built for `isolane run` and `isolane plan` (admission per
+/// GPU, partitions per GPU): the commands that search, profile, probe, ramp or pair workloads
+/// on one device refuse such a scenario by name rather than run it on its first GPU alone
+/// (docs/partitions.md, Several GPUs; a user's mistake: exit code 2).
+pub fn refuse_several_gpus(scenario: &Scenario, file: &str, command: &str) -> anyhow::Result<()> {
+    if !scenario.device.several_gpus() {
+        return Ok(());
+    }
+    let list: Vec<String> = scenario.device.gpus.iter().map(u32::to_string).collect();
+    Err(user(format!(
+        "{file}: device.gpus = [{}]: `isolane {command}` works on one GPU; several GPUs are \
+         built for `isolane run` and `isolane plan` (write device.gpu = N to use one GPU)",
+        list.join(", ")
+    )))
+}
+
 /// `plan --auto` sizes, and `verify` probes, every workload on the device: a workload with a
 /// backend of its own (a CPU one in a GPU scenario, docs/programs.md) is refused by name
 /// rather than planned or probed wrongly (exit code 2).
@@ -298,6 +314,10 @@ pub fn device_title(scenario: &Scenario) -> String {
                 .and_then(|list| list.into_iter().find(|g| g.index == d.gpu))
                 .map(|g| format!(" ({})", g.name))
                 .unwrap_or_default();
+            if d.several_gpus() {
+                let list: Vec<String> = d.gpus.iter().map(u32::to_string).collect();
+                return format!("cuda GPUs {}{name}, {mechanism}", list.join(", "));
+            }
             format!("cuda GPU {}{name}, {mechanism}", d.gpu)
         }
     }
@@ -305,11 +325,11 @@ pub fn device_title(scenario: &Scenario) -> String {
 
 /// Device-memory estimate per workload (MiB) for admission control: its model's plan, plus
 /// the CUDA context of its process — each worker process has its own; thread-hosted workloads
-/// share this process's, counted once, with the first of them. `None` on the CPU and for
-/// `spin:` models (they allocate nothing on the device).
+/// share this process's context on their GPU, counted once per GPU, with the first of them.
+/// `None` on the CPU and for `spin:` models (they allocate nothing on the device).
 pub fn memory_estimates_mib(scenario: &Scenario) -> Vec<Option<u64>> {
     use crate::engine_exec::{planned_model_mib, CUDA_PROCESS_MIB};
-    let mut own_context_counted = false;
+    let mut own_context_counted = std::collections::BTreeSet::new();
     scenario
         .workloads
         .iter()
@@ -317,8 +337,7 @@ pub fn memory_estimates_mib(scenario: &Scenario) -> Vec<Option<u64>> {
             let model = planned_model_mib(&w.device(&scenario.device), w)?;
             let context = match w.host {
                 Host::Process => CUDA_PROCESS_MIB,
-                Host::Thread if !own_context_counted => {
-                    own_context_counted = true;
+                Host::Thread if own_context_counted.insert(w.gpu_on(&scenario.device)) => {
                     CUDA_PROCESS_MIB
                 }
                 Host::Thread => 0,
@@ -335,7 +354,8 @@ pub fn detected_device_model(
     let devices = isolane_gpu::devices::list_devices()?;
     let d = devices.iter().find(|d| d.index == index).ok_or_else(|| {
         user(format!(
-            "device.gpu = {index}, but this machine has {} CUDA device(s)",
+            "device.gpu = {index}, but this machine has {} CUDA device(s) (device.gpus: every \
+             index must be one of them)",
             devices.len()
         ))
     })?;
@@ -345,6 +365,31 @@ pub fn detected_device_model(
         d.memory_mib,
         d.compute_capability,
     ))
+}
+
+/// Admission takes one device model for every GPU of the scenario (each GPU's budget is its
+/// own, the rules are the first GPU's): the GPUs of a scenario on several GPUs must be alike.
+pub(super) fn same_model_on_every_gpu(
+    scenario: &Scenario,
+    first: &isolane_core::device_model::DeviceModel,
+) -> anyhow::Result<()> {
+    for &g in scenario.device.gpus.iter().skip(1) {
+        let other = detected_device_model(g)?;
+        if other != *first {
+            return Err(user(format!(
+                "device.gpus: GPU {} is {} ({} SMs, {} MiB) but GPU {g} is {} ({} SMs, {} MiB); \
+                 the GPUs of one scenario must be of one model",
+                scenario.device.gpu,
+                first.name,
+                first.sm_count,
+                first.memory_mib,
+                other.name,
+                other.sm_count,
+                other.memory_mib
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Admission control before a run starts anything (the same check as `isolane plan`): on the
@@ -371,6 +416,7 @@ pub fn admit_or_refuse_with(
         return Ok(None);
     }
     let device = detected_device_model(scenario.device.gpu)?;
+    same_model_on_every_gpu(scenario, &device)?;
     isolane_core::admission::admit(scenario, &device, &memory_estimates_mib(scenario), options)
         .map(Some)
         .map_err(|rejections| user(plan::rejection_text(file, &device, &rejections)))

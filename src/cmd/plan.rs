@@ -218,8 +218,12 @@ pub fn resolve_device_model(
     }
     match scenario.device.backend {
         Backend::Cpu => Ok(cpu_device_model()),
-        Backend::Cuda => super::detected_device_model(scenario.device.gpu)
-            .map_err(|e| e.context("no GPU to plan for here; pass --device-model NAME to plan for a GPU that is not here")),
+        Backend::Cuda => {
+            let device = super::detected_device_model(scenario.device.gpu)
+                .map_err(|e| e.context("no GPU to plan for here; pass --device-model NAME to plan for a GPU that is not here"))?;
+            super::same_model_on_every_gpu(scenario, &device)?;
+            Ok(device)
+        }
     }
 }
 
@@ -290,6 +294,11 @@ fn plan_table(plan: &Plan) -> Table {
                 "mig".to_string(),
                 format!("{profile} at memory slice {start} ({sms} SMs, {memory_mib} MiB)"),
             ),
+        };
+        // Only a plan of several GPUs names them (one GPU's table is as it always was).
+        let details = match w.gpu {
+            Some(g) => format!("GPU {g}, {details}"),
+            None => details,
         };
         t.add_row(vec![
             w.workload.clone(),

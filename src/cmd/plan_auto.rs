@@ -31,6 +31,7 @@ const PROFILE_WARMUP: u64 = 20;
 pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
     super::refuse_programs(&scenario, &name, "plan --auto")?;
+    super::refuse_several_gpus(&scenario, &name, "plan --auto")?;
     super::refuse_mixed_backends(&scenario, &name, "plan --auto")?;
     let demands = demands(&scenario, &name)?;
     let target = Target::resolve(&scenario, args)?;

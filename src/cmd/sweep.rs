@@ -209,6 +209,7 @@ fn point_device(c: &Common, mechanism: Mechanism, host: Host) -> DeviceSpec {
         gpu: c.gpu,
         mechanism,
         host,
+        gpus: Vec::new(),
     }
 }
 

@@ -63,6 +63,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
     }
     let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
     super::refuse_programs(&scenario, &name, "verify")?;
+    super::refuse_several_gpus(&scenario, &name, "verify")?;
     super::refuse_mixed_backends(&scenario, &name, "verify")?;
     if scenario.device.mechanism == Mechanism::Mps {
         // Ctrl-C or SIGTERM while the daemon runs: stop it, then die of the signal.

@@ -43,6 +43,7 @@ pub fn as_workloads(apps: &[AppSpec], backend: Backend) -> Vec<WorkloadSpec> {
                 stretch: None,
                 backend,
                 program: None,
+                gpu: None,
             })
         })
         .collect()

@@ -126,6 +126,7 @@ fn run_with(
         gpu: 0,
         mechanism: isolane_core::spec::Mechanism::None,
         host: isolane_core::spec::Host::Thread,
+        gpus: Vec::new(),
     };
     let timing = TimingSpec::default();
     run_apps(

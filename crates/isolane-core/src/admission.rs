@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::device_model::{place_mig_instances, DeviceModel, MigPlacement};
-use crate::spec::{Backend, Mechanism, Scenario};
+use crate::spec::{Backend, Mechanism, Scenario, WorkloadSpec};
 
 /// What a workload gets once admitted.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -37,6 +37,18 @@ pub struct AdmittedWorkload {
     pub partition: ResolvedPartition,
     /// Estimated device memory of the workload, when known.
     pub memory_mib: Option<u64>,
+    /// The GPU index it runs on, given only when the scenario has several GPUs (one GPU: the
+    /// device's `gpu`; CPU workloads: none). Read it through [`AdmittedWorkload::gpu_or`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+}
+
+impl AdmittedWorkload {
+    /// The GPU index this workload runs on, `default` (the device's `gpu`) unless the plan
+    /// names one.
+    pub fn gpu_or(&self, default: u32) -> u32 {
+        self.gpu.unwrap_or(default)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -113,6 +125,10 @@ pub struct Rejection {
     #[serde(flatten)]
     pub reason: RejectReason,
     pub message: String,
+    /// The GPU whose budget refused it, given only when the scenario has several GPUs (the
+    /// message then starts "on GPU n: ").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
 }
 
 fn reject(rejections: &mut Vec<Rejection>, workload: &str, reason: RejectReason) {
@@ -120,6 +136,7 @@ fn reject(rejections: &mut Vec<Rejection>, workload: &str, reason: RejectReason)
         workload: workload.to_string(),
         message: reason.to_string(),
         reason,
+        gpu: None,
     })
 }
 
@@ -141,6 +158,10 @@ impl Default for AdmissionOptions {
 
 /// Admits every workload of `scenario` on `device`, or returns one rejection per workload that
 /// does not fit. `memory_estimate_mib[i]` is workload i's device-memory estimate, if known.
+///
+/// With several GPUs (`device.gpus`), every GPU is a `device` of its own: each one's SMs,
+/// thread percentages, memory and MIG placements are admitted separately, among the workloads
+/// on it; the plan then says each GPU workload's GPU and every rejection names its GPU.
 pub fn admit(
     scenario: &Scenario,
     device: &DeviceModel,
@@ -164,280 +185,28 @@ pub fn admit(
             workload: w.name.clone(),
             partition: ResolvedPartition::Cpu,
             memory_mib: estimate(i),
+            gpu: None,
         });
     }
-    match (scenario.device.backend, mechanism) {
-        // Every workload was admitted to the CPU above.
-        (Backend::Cpu, _) => {}
-        (Backend::Cuda, Mechanism::None) => {
-            for (_, w) in &gpu_workloads {
-                reject(&mut rejections, &w.name, RejectReason::NoMechanism);
-            }
-        }
-        (Backend::Cuda, Mechanism::Timeslice) => {
-            for (i, w) in gpu_workloads.iter().copied() {
-                admitted.push(AdmittedWorkload {
-                    workload: w.name.clone(),
-                    partition: ResolvedPartition::Whole,
-                    memory_mib: estimate(i),
-                });
-            }
-        }
-        (Backend::Cuda, Mechanism::Green) => {
-            let Some(rules) = device.green_rules() else {
-                let (major, minor) = device.compute_capability;
-                for (_, w) in &gpu_workloads {
-                    reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::GreenUnsupported {
-                            device: device.name.to_string(),
-                            major,
-                            minor,
-                        },
-                    );
-                }
-                return Err(rejections);
-            };
-            let mut next_sm = 0u32;
-            let mut group = 0u32;
-            for (i, w) in gpu_workloads.iter().copied() {
-                let Some(sms) = w.partition.sms else {
-                    reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::MissingPartition {
-                            field: "sms",
-                            mechanism: "green",
-                        },
-                    );
-                    continue;
-                };
-                if sms < rules.min_sms {
-                    reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::BelowMinimum {
-                            sms,
-                            min: rules.min_sms,
-                            device: device.name.to_string(),
-                        },
-                    );
-                    continue;
-                }
-                if sms % rules.step_sms != 0 {
-                    let lower = (sms / rules.step_sms * rules.step_sms).max(rules.min_sms);
-                    reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::OffStep {
-                            sms,
-                            step: rules.step_sms,
-                            lower,
-                            upper: lower + rules.step_sms,
-                            device: device.name.to_string(),
-                        },
-                    );
-                    continue;
-                }
-                let available = device.sm_count - next_sm;
-                if sms > available {
-                    reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::TooManySms {
-                            sms,
-                            available,
-                            total: device.sm_count,
-                        },
-                    );
-                    continue;
-                }
-                admitted.push(AdmittedWorkload {
-                    workload: w.name.clone(),
-                    partition: ResolvedPartition::Green {
-                        group,
-                        sms,
-                        first_sm: next_sm,
-                    },
-                    memory_mib: estimate(i),
-                });
-                next_sm += sms;
-                group += 1;
-            }
-        }
-        (Backend::Cuda, Mechanism::Mps) => {
-            let mut total_pct = 0u32;
-            let mut total_pinned = 0u64;
-            for (i, w) in gpu_workloads.iter().copied() {
-                let Some(pct) = w.partition.thread_pct else {
-                    reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::MissingPartition {
-                            field: "thread_pct",
-                            mechanism: "mps",
-                        },
-                    );
-                    continue;
-                };
-                total_pct += pct;
-                if total_pct > options.mps_thread_budget_pct {
-                    reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::ThreadPctOverBudget {
-                            thread_pct: pct,
-                            total: total_pct,
-                            budget: options.mps_thread_budget_pct,
-                        },
-                    );
-                    continue;
-                }
-                if let Some(limit) = w.partition.mem_limit_mib {
-                    total_pinned += limit;
-                    if total_pinned > device.memory_mib {
-                        reject(
-                            &mut rejections,
-                            &w.name,
-                            RejectReason::PinnedMemoryOverBudget {
-                                total_mib: total_pinned,
-                                device_mib: device.memory_mib,
-                            },
-                        );
-                        continue;
-                    }
-                    if let Some(need) = estimate(i) {
-                        if need > limit {
-                            reject(
-                                &mut rejections,
-                                &w.name,
-                                RejectReason::MemoryOverPartition {
-                                    need_mib: need,
-                                    have_mib: limit,
-                                },
-                            );
-                            continue;
-                        }
-                    }
-                }
-                admitted.push(AdmittedWorkload {
-                    workload: w.name.clone(),
-                    partition: ResolvedPartition::Mps {
-                        thread_pct: pct,
-                        mem_limit_mib: w.partition.mem_limit_mib,
-                    },
-                    memory_mib: estimate(i),
-                });
-            }
-        }
-        (Backend::Cuda, Mechanism::Mig) => {
-            let Some(mig) = device.mig.as_ref() else {
-                for (_, w) in &gpu_workloads {
-                    reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::MigUnsupported {
-                            device: device.name.to_string(),
-                        },
-                    );
-                }
-                return Err(rejections);
-            };
-            let mut requested: Vec<(usize, &str)> = Vec::new();
-            for (i, w) in gpu_workloads.iter().copied() {
-                match w.partition.mig_profile.as_deref() {
-                    None => reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::MissingPartition {
-                            field: "mig_profile",
-                            mechanism: "mig",
-                        },
-                    ),
-                    Some(p) if mig.profile(p).is_none() => reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::UnknownMigProfile {
-                            profile: p.to_string(),
-                            device: device.name.to_string(),
-                            allowed: mig.profile_names().join(", "),
-                        },
-                    ),
-                    Some(p) => requested.push((i, p)),
-                }
-            }
-            let names: Vec<&str> = requested.iter().map(|(_, p)| *p).collect();
-            match place_mig_instances(mig, &names) {
-                Some(placements) => {
-                    for ((i, _), MigPlacement { profile, start, .. }) in
-                        requested.iter().zip(placements)
-                    {
-                        let w = &scenario.workloads[*i];
-                        // The profile exists: it was looked up above.
-                        let Some(p) = mig.profile(profile) else {
-                            continue;
-                        };
-                        if let Some(need) = estimate(*i) {
-                            if need > p.memory_mib {
-                                reject(
-                                    &mut rejections,
-                                    &w.name,
-                                    RejectReason::MemoryOverPartition {
-                                        need_mib: need,
-                                        have_mib: p.memory_mib,
-                                    },
-                                );
-                                continue;
-                            }
-                        }
-                        admitted.push(AdmittedWorkload {
-                            workload: w.name.clone(),
-                            partition: ResolvedPartition::Mig {
-                                profile: profile.to_string(),
-                                start,
-                                sms: p.sms,
-                                memory_mib: p.memory_mib,
-                            },
-                            memory_mib: estimate(*i),
-                        });
-                    }
-                }
-                None => {
-                    let all = names.join(" + ");
-                    for (i, _) in &requested {
-                        reject(
-                            &mut rejections,
-                            &scenario.workloads[*i].name,
-                            RejectReason::NoMigPlacement {
-                                requested: all.clone(),
-                                device: device.name.to_string(),
-                            },
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    // Memory over the whole device: MIG and pinned MPS limits were checked per partition above,
-    // but workloads without a limit still share the device's memory.
-    if scenario.device.backend == Backend::Cuda && rejections.is_empty() {
-        let total: u64 = gpu_workloads.iter().filter_map(|(i, _)| estimate(*i)).sum();
-        if total > device.memory_mib {
-            for &(i, w) in &gpu_workloads {
-                if estimate(i).is_some() {
-                    reject(
-                        &mut rejections,
-                        &w.name,
-                        RejectReason::MemoryOverDevice {
-                            total_mib: total,
-                            device_mib: device.memory_mib,
-                        },
-                    );
-                }
-            }
-        }
+    let several = scenario.device.several_gpus();
+    for gpu in scenario.device.all_gpus() {
+        let on_gpu: Vec<(usize, &WorkloadSpec)> = gpu_workloads
+            .iter()
+            .copied()
+            .filter(|(_, w)| w.gpu_on(&scenario.device) == gpu)
+            .collect();
+        let one = OneGpu {
+            backend: scenario.device.backend,
+            mechanism,
+            device,
+            options,
+            estimate: &estimate,
+        };
+        let (ok, refused) = one.admit(&on_gpu);
+        // One GPU: the plan and the messages are exactly those of a single-GPU scenario.
+        let tag = several.then_some(gpu);
+        admitted.extend(ok.into_iter().map(|a| AdmittedWorkload { gpu: tag, ..a }));
+        rejections.extend(refused.into_iter().map(|r| r.on_gpu(tag)));
     }
 
     if rejections.is_empty() {
@@ -451,6 +220,358 @@ pub fn admit(
         })
     } else {
         Err(rejections)
+    }
+}
+
+impl Rejection {
+    /// The rejection as one of GPU `gpu`'s (`None`: the scenario has one GPU, left unsaid).
+    fn on_gpu(self, gpu: Option<u32>) -> Rejection {
+        match gpu {
+            None => self,
+            Some(g) => Rejection {
+                message: format!("on GPU {g}: {}", self.message),
+                gpu: Some(g),
+                ..self
+            },
+        }
+    }
+}
+
+/// Admission on one GPU: the mechanism's rules among the workloads placed on it.
+struct OneGpu<'a> {
+    backend: Backend,
+    mechanism: Mechanism,
+    device: &'a DeviceModel,
+    options: &'a AdmissionOptions,
+    estimate: &'a dyn Fn(usize) -> Option<u64>,
+}
+
+impl OneGpu<'_> {
+    /// The admitted workloads of `gpu_workloads` (each with its index in the scenario), or
+    /// the rejections.
+    fn admit(
+        &self,
+        gpu_workloads: &[(usize, &WorkloadSpec)],
+    ) -> (Vec<AdmittedWorkload>, Vec<Rejection>) {
+        let (mechanism, estimate) = (self.mechanism, self.estimate);
+        let mut rejections = Vec::new();
+        let mut admitted: Vec<AdmittedWorkload> = Vec::new();
+        match (self.backend, mechanism) {
+            // Every workload was admitted to the CPU above.
+            (Backend::Cpu, _) => {}
+            (Backend::Cuda, Mechanism::None) => {
+                for (_, w) in gpu_workloads {
+                    reject(&mut rejections, &w.name, RejectReason::NoMechanism);
+                }
+            }
+            (Backend::Cuda, Mechanism::Timeslice) => {
+                for &(i, w) in gpu_workloads {
+                    admitted.push(AdmittedWorkload {
+                        workload: w.name.clone(),
+                        partition: ResolvedPartition::Whole,
+                        memory_mib: estimate(i),
+                        gpu: None,
+                    });
+                }
+            }
+            (Backend::Cuda, Mechanism::Green) => {
+                self.green(gpu_workloads, &mut admitted, &mut rejections)
+            }
+            (Backend::Cuda, Mechanism::Mps) => {
+                self.mps(gpu_workloads, &mut admitted, &mut rejections)
+            }
+            (Backend::Cuda, Mechanism::Mig) => {
+                self.mig(gpu_workloads, &mut admitted, &mut rejections)
+            }
+        }
+        if self.backend == Backend::Cuda && rejections.is_empty() {
+            self.memory_over_device(gpu_workloads, &mut rejections);
+        }
+        (admitted, rejections)
+    }
+
+    /// green: each group on the minimum and the step, the groups within the GPU's SMs.
+    fn green(
+        &self,
+        gpu_workloads: &[(usize, &WorkloadSpec)],
+        admitted: &mut Vec<AdmittedWorkload>,
+        rejections: &mut Vec<Rejection>,
+    ) {
+        let (device, estimate) = (self.device, self.estimate);
+        let Some(rules) = device.green_rules() else {
+            let (major, minor) = device.compute_capability;
+            for (_, w) in gpu_workloads {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::GreenUnsupported {
+                        device: device.name.to_string(),
+                        major,
+                        minor,
+                    },
+                );
+            }
+            return;
+        };
+        let mut next_sm = 0u32;
+        let mut group = 0u32;
+        for &(i, w) in gpu_workloads {
+            let Some(sms) = w.partition.sms else {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::MissingPartition {
+                        field: "sms",
+                        mechanism: "green",
+                    },
+                );
+                continue;
+            };
+            if sms < rules.min_sms {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::BelowMinimum {
+                        sms,
+                        min: rules.min_sms,
+                        device: device.name.to_string(),
+                    },
+                );
+                continue;
+            }
+            if sms % rules.step_sms != 0 {
+                let lower = (sms / rules.step_sms * rules.step_sms).max(rules.min_sms);
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::OffStep {
+                        sms,
+                        step: rules.step_sms,
+                        lower,
+                        upper: lower + rules.step_sms,
+                        device: device.name.to_string(),
+                    },
+                );
+                continue;
+            }
+            let available = device.sm_count - next_sm;
+            if sms > available {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::TooManySms {
+                        sms,
+                        available,
+                        total: device.sm_count,
+                    },
+                );
+                continue;
+            }
+            admitted.push(AdmittedWorkload {
+                workload: w.name.clone(),
+                partition: ResolvedPartition::Green {
+                    group,
+                    sms,
+                    first_sm: next_sm,
+                },
+                memory_mib: estimate(i),
+                gpu: None,
+            });
+            next_sm += sms;
+            group += 1;
+        }
+    }
+    /// mps: thread percentages within the budget, pinned limits within the memory.
+    fn mps(
+        &self,
+        gpu_workloads: &[(usize, &WorkloadSpec)],
+        admitted: &mut Vec<AdmittedWorkload>,
+        rejections: &mut Vec<Rejection>,
+    ) {
+        let (device, options, estimate) = (self.device, self.options, self.estimate);
+        let mut total_pct = 0u32;
+        let mut total_pinned = 0u64;
+        for &(i, w) in gpu_workloads {
+            let Some(pct) = w.partition.thread_pct else {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::MissingPartition {
+                        field: "thread_pct",
+                        mechanism: "mps",
+                    },
+                );
+                continue;
+            };
+            total_pct += pct;
+            if total_pct > options.mps_thread_budget_pct {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::ThreadPctOverBudget {
+                        thread_pct: pct,
+                        total: total_pct,
+                        budget: options.mps_thread_budget_pct,
+                    },
+                );
+                continue;
+            }
+            if let Some(limit) = w.partition.mem_limit_mib {
+                total_pinned += limit;
+                if total_pinned > device.memory_mib {
+                    reject(
+                        rejections,
+                        &w.name,
+                        RejectReason::PinnedMemoryOverBudget {
+                            total_mib: total_pinned,
+                            device_mib: device.memory_mib,
+                        },
+                    );
+                    continue;
+                }
+                if let Some(need) = estimate(i) {
+                    if need > limit {
+                        reject(
+                            rejections,
+                            &w.name,
+                            RejectReason::MemoryOverPartition {
+                                need_mib: need,
+                                have_mib: limit,
+                            },
+                        );
+                        continue;
+                    }
+                }
+            }
+            admitted.push(AdmittedWorkload {
+                workload: w.name.clone(),
+                partition: ResolvedPartition::Mps {
+                    thread_pct: pct,
+                    mem_limit_mib: w.partition.mem_limit_mib,
+                },
+                memory_mib: estimate(i),
+                gpu: None,
+            });
+        }
+    }
+    /// mig: known profiles, placed all at once on the GPU's memory slices.
+    fn mig(
+        &self,
+        gpu_workloads: &[(usize, &WorkloadSpec)],
+        admitted: &mut Vec<AdmittedWorkload>,
+        rejections: &mut Vec<Rejection>,
+    ) {
+        let (device, estimate) = (self.device, self.estimate);
+        let Some(mig) = device.mig.as_ref() else {
+            for (_, w) in gpu_workloads {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::MigUnsupported {
+                        device: device.name.to_string(),
+                    },
+                );
+            }
+            return;
+        };
+        let mut requested: Vec<(usize, &WorkloadSpec, &str)> = Vec::new();
+        for &(i, w) in gpu_workloads {
+            match w.partition.mig_profile.as_deref() {
+                None => reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::MissingPartition {
+                        field: "mig_profile",
+                        mechanism: "mig",
+                    },
+                ),
+                Some(p) if mig.profile(p).is_none() => reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::UnknownMigProfile {
+                        profile: p.to_string(),
+                        device: device.name.to_string(),
+                        allowed: mig.profile_names().join(", "),
+                    },
+                ),
+                Some(p) => requested.push((i, w, p)),
+            }
+        }
+        let names: Vec<&str> = requested.iter().map(|(_, _, p)| *p).collect();
+        match place_mig_instances(mig, &names) {
+            Some(placements) => {
+                for (&(i, w, _), MigPlacement { profile, start, .. }) in
+                    requested.iter().zip(placements)
+                {
+                    // The profile exists: it was looked up above.
+                    let Some(p) = mig.profile(profile) else {
+                        continue;
+                    };
+                    if let Some(need) = estimate(i) {
+                        if need > p.memory_mib {
+                            reject(
+                                rejections,
+                                &w.name,
+                                RejectReason::MemoryOverPartition {
+                                    need_mib: need,
+                                    have_mib: p.memory_mib,
+                                },
+                            );
+                            continue;
+                        }
+                    }
+                    admitted.push(AdmittedWorkload {
+                        workload: w.name.clone(),
+                        partition: ResolvedPartition::Mig {
+                            profile: profile.to_string(),
+                            start,
+                            sms: p.sms,
+                            memory_mib: p.memory_mib,
+                        },
+                        memory_mib: estimate(i),
+                        gpu: None,
+                    });
+                }
+            }
+            None => {
+                let all = names.join(" + ");
+                for (_, w, _) in &requested {
+                    reject(
+                        rejections,
+                        &w.name,
+                        RejectReason::NoMigPlacement {
+                            requested: all.clone(),
+                            device: device.name.to_string(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Memory over the whole GPU: MIG and pinned MPS limits were checked per partition, but
+    /// workloads without a limit still share the GPU's memory.
+    fn memory_over_device(
+        &self,
+        gpu_workloads: &[(usize, &WorkloadSpec)],
+        rejections: &mut Vec<Rejection>,
+    ) {
+        let (device, estimate) = (self.device, self.estimate);
+        let total: u64 = gpu_workloads.iter().filter_map(|(i, _)| estimate(*i)).sum();
+        if total > device.memory_mib {
+            for &(i, w) in gpu_workloads {
+                if estimate(i).is_some() {
+                    reject(
+                        rejections,
+                        &w.name,
+                        RejectReason::MemoryOverDevice {
+                            total_mib: total,
+                            device_mib: device.memory_mib,
+                        },
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -482,6 +603,7 @@ mod tests {
             stretch: None,
             backend: Backend::Cuda,
             program: None,
+            gpu: None,
         }
     }
 
@@ -492,6 +614,7 @@ mod tests {
                 gpu: 0,
                 mechanism,
                 host: Host::Thread,
+                gpus: Vec::new(),
             },
             timing: TimingSpec::default(),
             protection: ProtectionSpec::default(),
@@ -873,5 +996,131 @@ mod tests {
             &opts(),
         ));
         assert_eq!(r[0].1, RejectReason::NoMechanism);
+    }
+
+    /// `parts` as (GPU, partition) on a device of GPUs 0 and 1.
+    fn two_gpus(mechanism: Mechanism, parts: Vec<(u32, PartitionSpec)>) -> Scenario {
+        let gpus: Vec<u32> = parts.iter().map(|(g, _)| *g).collect();
+        let mut s = scenario(mechanism, parts.into_iter().map(|(_, p)| p).collect());
+        s.device.gpus = vec![0, 1];
+        for (w, g) in s.workloads.iter_mut().zip(gpus) {
+            w.gpu = Some(g);
+        }
+        s
+    }
+
+    fn green_of(a: &AdmittedWorkload) -> (Option<u32>, u32, u32, u32) {
+        match a.partition {
+            ResolvedPartition::Green {
+                group,
+                sms,
+                first_sm,
+            } => (a.gpu, group, sms, first_sm),
+            ref other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_gpu_has_its_own_sms_and_the_plan_says_each_workloads_gpu() {
+        let h100 = device_model("h100-sxm").unwrap();
+        let s = two_gpus(
+            Mechanism::Green,
+            vec![(0, sms(96)), (1, sms(96)), (1, sms(32))],
+        );
+        let plan = admit(&s, &h100, &[], &opts()).expect("96 SMs on each of two 132-SM GPUs");
+        let groups: Vec<_> = plan.workloads.iter().map(green_of).collect();
+        // Each GPU's groups are numbered and laid out from its own SM 0.
+        assert_eq!(
+            groups,
+            [
+                (Some(0), 0, 96, 0),
+                (Some(1), 0, 96, 0),
+                (Some(1), 1, 32, 96)
+            ]
+        );
+        let json = serde_json::to_string(&plan).unwrap();
+        assert!(json.contains("\"gpu\":1"), "{json}");
+    }
+
+    #[test]
+    fn sms_over_one_gpu_are_refused_naming_that_gpu() {
+        let h100 = device_model("h100-sxm").unwrap();
+        let s = two_gpus(
+            Mechanism::Green,
+            vec![(0, sms(96)), (0, sms(96)), (1, sms(8))],
+        );
+        let r = admit(&s, &h100, &[], &opts()).expect_err("192 SMs on GPU 0");
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].workload.as_str(), r[0].gpu), ("w1", Some(0)));
+        assert!(
+            r[0].message.starts_with("on GPU 0: asks for 96 SMs"),
+            "{}",
+            r[0].message
+        );
+        let json = serde_json::to_string(&r[0]).unwrap();
+        assert!(json.contains("\"gpu\":0"), "{json}");
+    }
+
+    #[test]
+    fn thread_percentages_and_memory_are_budgets_per_gpu() {
+        let h100 = device_model("h100-sxm").unwrap();
+        let s = two_gpus(Mechanism::Mps, vec![(0, mps(80, None)), (1, mps(80, None))]);
+        let plan = admit(&s, &h100, &[Some(60_000), Some(60_000)], &opts()).expect("80% each");
+        assert_eq!(plan.workloads[1].gpu, Some(1));
+        let s = two_gpus(Mechanism::Mps, vec![(1, mps(50, None)), (1, mps(50, None))]);
+        let r = admit(&s, &h100, &[Some(60_000), Some(60_000)], &opts()).unwrap_err();
+        assert!(r.iter().all(|r| r.gpu == Some(1)), "{r:?}");
+        assert!(
+            r[0].message.contains("on GPU 1: the workloads need"),
+            "{}",
+            r[0].message
+        );
+    }
+
+    #[test]
+    fn mig_placements_are_made_per_gpu() {
+        let h100 = device_model("h100-sxm").unwrap();
+        let big = || mig("7g.80gb");
+        let s = two_gpus(Mechanism::Mig, vec![(0, big()), (1, big())]);
+        let plan = admit(&s, &h100, &[], &opts()).expect("one 7g instance on each GPU");
+        assert_eq!(
+            plan.workloads.iter().map(|a| a.gpu).collect::<Vec<_>>(),
+            [Some(0), Some(1)]
+        );
+        let s = two_gpus(Mechanism::Mig, vec![(0, big()), (0, big())]);
+        let r = admit(&s, &h100, &[], &opts()).unwrap_err();
+        assert!(
+            r[0].message.starts_with("on GPU 0: no MIG placement"),
+            "{}",
+            r[0].message
+        );
+    }
+
+    #[test]
+    fn one_gpu_plans_and_rejections_name_no_gpu() {
+        let h100 = device_model("h100-sxm").unwrap();
+        let plan = admit(
+            &scenario(Mechanism::Green, vec![sms(8)]),
+            &h100,
+            &[],
+            &opts(),
+        )
+        .unwrap();
+        assert_eq!(plan.workloads[0].gpu, None);
+        assert_eq!(plan.workloads[0].gpu_or(3), 3);
+        assert!(!serde_json::to_string(&plan).unwrap().contains("gpu"));
+        let r = admit(
+            &scenario(Mechanism::Green, vec![sms(200)]),
+            &h100,
+            &[],
+            &opts(),
+        );
+        let r = r.unwrap_err();
+        assert_eq!(r[0].gpu, None);
+        assert!(
+            r[0].message.starts_with("asks for 200 SMs"),
+            "{}",
+            r[0].message
+        );
     }
 }

@@ -78,9 +78,14 @@ pub enum Host {
 #[serde(deny_unknown_fields)]
 pub struct DeviceSpec {
     pub backend: Backend,
-    /// GPU index (ignored for the cpu backend).
+    /// GPU index (ignored for the cpu backend); with several GPUs, the first of `gpus`.
     #[serde(default)]
     pub gpu: u32,
+    /// Every GPU of a scenario on several GPUs (at least two, distinct, `gpus[0] == gpu`);
+    /// empty for one GPU, so that a single-GPU scenario reads, writes and serialises exactly
+    /// as before (docs/partitions.md, Several GPUs). Read it through [`DeviceSpec::all_gpus`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
     pub mechanism: Mechanism,
     /// Default host for every workload; a workload may override it.
     pub host: Host,
@@ -285,6 +290,11 @@ pub struct WorkloadSpec {
     /// An external program run instead of a model (`command = [...]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub program: Option<ProgramSpec>,
+    /// The GPU this workload runs on, one of the device's `gpus`. A resolved scenario holds it
+    /// only when the device has several GPUs (for every GPU workload); `None` means the
+    /// device's first GPU. Read it through [`WorkloadSpec::gpu_on`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
 }
 
 fn plan_check_default() -> bool {
@@ -408,12 +418,37 @@ impl Ramp {
     }
 }
 
+impl DeviceSpec {
+    /// Every GPU of the scenario, in the file's order: `gpus`, or `[gpu]` for one GPU.
+    pub fn all_gpus(&self) -> Vec<u32> {
+        if self.gpus.is_empty() {
+            vec![self.gpu]
+        } else {
+            self.gpus.clone()
+        }
+    }
+
+    /// Whether the scenario spreads its workloads over more than one GPU.
+    pub fn several_gpus(&self) -> bool {
+        self.gpus.len() > 1
+    }
+}
+
 impl WorkloadSpec {
+    /// The GPU index this workload runs on: its own `gpu`, else the device's first.
+    pub fn gpu_on(&self, device: &DeviceSpec) -> u32 {
+        self.gpu.unwrap_or(device.gpu)
+    }
+
     /// The device this workload runs on: the scenario's, with the workload's own backend (a
-    /// CPU workload of a GPU scenario is not partitioned: mechanism `none`).
+    /// CPU workload of a GPU scenario is not partitioned: mechanism `none`) and its own GPU
+    /// as `gpu` (what a worker falls back on when its environment names no GPU).
     pub fn device(&self, scenario: &DeviceSpec) -> DeviceSpec {
         match self.backend {
-            Backend::Cuda => scenario.clone(),
+            Backend::Cuda => DeviceSpec {
+                gpu: self.gpu_on(scenario),
+                ..scenario.clone()
+            },
             Backend::Cpu => DeviceSpec {
                 backend: Backend::Cpu,
                 mechanism: Mechanism::None,

@@ -658,6 +658,9 @@ pub mod fake {
         pub gis: Vec<GpuInstance>,
         pub cis: Vec<ComputeInstance>,
         pub calls: Vec<String>,
+        /// The GPU of each GPU instance, by id (ids are unique over every GPU): the fake
+        /// stands for several GPUs, each with its own memory slices.
+        pub gi_gpu: std::collections::BTreeMap<u32, u32>,
         next_id: u32,
     }
 
@@ -731,9 +734,11 @@ pub mod fake {
             self.call("profiles")?;
             Ok(self.profiles.clone())
         }
-        fn gpu_instances(&self, _gpu: u32) -> Result<Vec<GpuInstance>> {
+        fn gpu_instances(&self, gpu: u32) -> Result<Vec<GpuInstance>> {
             self.call("gpu_instances")?;
-            Ok(self.state.borrow().gis.clone())
+            let s = self.state.borrow();
+            let on_gpu = |g: &&GpuInstance| s.gi_gpu.get(&g.id) == Some(&gpu);
+            Ok(s.gis.iter().filter(on_gpu).cloned().collect())
         }
         fn compute_instances(&self, _gpu: u32, gi: u32) -> Result<Vec<ComputeInstance>> {
             self.call("compute_instances")?;
@@ -748,15 +753,17 @@ pub mod fake {
         }
         fn create_gpu_instance(
             &self,
-            _gpu: u32,
+            gpu: u32,
             profile_id: u32,
             start: u32,
             size: u32,
         ) -> Result<u32> {
             self.call("create_gpu_instance")?;
             let mut s = self.state.borrow_mut();
+            let on_gpu = |g: &&GpuInstance| s.gi_gpu.get(&g.id) == Some(&gpu);
             if s.gis
                 .iter()
+                .filter(on_gpu)
                 .any(|g| g.start < start + size && start < g.start + g.size)
             {
                 return Err(GpuError::Nvml {
@@ -766,6 +773,7 @@ pub mod fake {
             }
             s.next_id += 1;
             let id = s.next_id;
+            s.gi_gpu.insert(id, gpu);
             s.gis.push(GpuInstance {
                 id,
                 profile_id,
@@ -811,9 +819,9 @@ pub mod fake {
             }
             Ok(())
         }
-        fn mig_device_uuid(&self, _gpu: u32, gi: u32, ci: u32) -> Result<String> {
+        fn mig_device_uuid(&self, gpu: u32, gi: u32, ci: u32) -> Result<String> {
             self.call("mig_device_uuid")?;
-            Ok(format!("MIG-00000000-0000-0000-0000-{gi:08x}{ci:04x}"))
+            Ok(format!("MIG-{gpu:08x}-0000-0000-0000-{gi:08x}{ci:04x}"))
         }
     }
 }

@@ -914,6 +914,7 @@ fi
 if [ "$1" = "--daemon-loop" ]; then
     mkdir -p "$dir"
     echo $$ > "$dir/fake-daemon.pid"
+    echo "${CUDA_VISIBLE_DEVICES:-}" > "$dir/fake-daemon.gpu"
     : > "$dir/control"
     trap 'rm -f "$dir/control"; exit 0' TERM INT
     while [ ! -e "$dir/quit-request" ]; do sleep 0.05; done

@@ -12,12 +12,17 @@
 //!   MIG mode is already on), and per worker `CUDA_VISIBLE_DEVICES=MIG-<uuid>`.
 //! - timeslice / none: nothing to create; workers see the whole GPU.
 //!
-//! [`PartitionSession::finish`] (or drop) stops the daemon and destroys the instances, after the
+//! With several GPUs (the plan names each workload's GPU, `AdmittedWorkload::gpu`), each GPU
+//! is set up as above on its own: a split of its SMs, a private MPS daemon of its own (own pipe
+//! and log directories, `CUDA_VISIBLE_DEVICES` of that GPU), its own MIG instances; a worker of
+//! a timeslice run is told its GPU through [`WORKER_GPU_ENV`].
+//!
+//! [`PartitionSession::finish`] (or drop) stops the daemons and destroys the instances, after the
 //! workers are gone. Ctrl-C paths that cannot unwind call [`crate::mps::shutdown_all`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use isolane_core::admission::{Plan, ResolvedPartition};
+use isolane_core::admission::{AdmittedWorkload, Plan, ResolvedPartition};
 pub use isolane_core::results::PartitionRecord;
 use isolane_core::spec::Mechanism;
 
@@ -28,7 +33,8 @@ use crate::mps::{MpsDaemon, MpsOptions};
 
 /// Environment variable a worker process reads for the CUDA device index it should use, as
 /// that process sees the devices: 0 behind our MPS daemon or a MIG binding (both narrow
-/// `CUDA_VISIBLE_DEVICES` to one device), the scenario's `device.gpu` otherwise.
+/// `CUDA_VISIBLE_DEVICES` to one device), the workload's GPU otherwise (given for timeslice
+/// workers of a scenario on several GPUs; else the worker's `device.gpu`).
 pub const WORKER_GPU_ENV: &str = "ISOLANE_WORKER_GPU";
 
 /// Environment variable that tells a worker process to create its CUDA stream at the device's
@@ -82,10 +88,12 @@ pub struct SessionOptions {
 
 /// The partitions of one run; see the module docs.
 pub struct PartitionSession<'b> {
-    // Field order is drop order: green groups, then the daemon, then the MIG instances.
+    // Field order is drop order: green groups, then the daemons, then the MIG instances.
     green: BTreeMap<String, GreenGroup>,
-    daemon: Option<MpsDaemon>,
-    mig: Option<MigInstances<'b>>,
+    /// One private daemon per GPU of an MPS run.
+    daemons: Vec<MpsDaemon>,
+    /// One set of instances per GPU of a MIG run.
+    mig: Vec<MigInstances<'b>>,
     worker_env: BTreeMap<String, Vec<(String, String)>>,
     records: Vec<PartitionRecord>,
     notes: Vec<String>,
@@ -100,9 +108,10 @@ impl std::fmt::Debug for PartitionSession<'_> {
 }
 
 impl<'b> PartitionSession<'b> {
-    /// Creates the partitions of an admitted `plan` on GPU `gpu`. `mig_backend` is needed only
-    /// for mechanism mig (NVML on a real machine, a fake in tests). On error, whatever was
-    /// created is taken down again before returning.
+    /// Creates the partitions of an admitted `plan`: each workload's on the GPU the plan names
+    /// for it, GPU `gpu` (the scenario's `device.gpu`) where it names none. `mig_backend` is
+    /// needed only for mechanism mig (NVML on a real machine, a fake in tests). On error,
+    /// whatever was created is taken down again before returning.
     pub fn set_up(
         gpu: u32,
         plan: &Plan,
@@ -111,46 +120,110 @@ impl<'b> PartitionSession<'b> {
     ) -> Result<Self> {
         let mut s = PartitionSession {
             green: BTreeMap::new(),
-            daemon: None,
-            mig: None,
+            daemons: Vec::new(),
+            mig: Vec::new(),
             worker_env: BTreeMap::new(),
             records: Vec::new(),
             notes: Vec::new(),
         };
+        let per_gpu = plans_per_gpu(gpu, plan);
+        let several = per_gpu.len() > 1;
+        if several && plan.mechanism == Mechanism::Mps && options.mps.join_existing {
+            return Err(GpuError::Usage(
+                "joining an existing MPS daemon is for one GPU; a scenario on several GPUs \
+                 starts a private daemon per GPU"
+                    .into(),
+            ));
+        }
+        for (g, sub) in &per_gpu {
+            s.set_up_gpu(*g, sub, options, mig_backend)?;
+            if several {
+                s.tell_workers_their_gpu(*g, sub);
+            }
+        }
+        s.finish_records(plan, options, several.then_some(&per_gpu));
+        Ok(s)
+    }
+
+    /// The partitions of one GPU's share of the plan.
+    fn set_up_gpu(
+        &mut self,
+        gpu: u32,
+        plan: &Plan,
+        options: &SessionOptions,
+        mig_backend: Option<&'b dyn MigBackend>,
+    ) -> Result<()> {
         match plan.mechanism {
-            Mechanism::Green => s.set_up_green(gpu, plan, &options.urgency)?,
-            Mechanism::Mps => s.set_up_mps(gpu, plan, &options.mps, &options.urgency)?,
+            Mechanism::Green => self.set_up_green(gpu, plan, &options.urgency),
+            Mechanism::Mps => self.set_up_mps(gpu, plan, &options.mps, &options.urgency),
             Mechanism::Mig => {
                 let backend = mig_backend.ok_or_else(|| {
                     GpuError::Usage("mechanism mig needs NVML's MIG interface".into())
                 })?;
-                s.set_up_mig(gpu, plan, backend, options.allow_mig_reconfigure)?
+                self.set_up_mig(gpu, plan, backend, options.allow_mig_reconfigure)
             }
             Mechanism::Timeslice | Mechanism::None => {
-                for w in &plan.workloads {
-                    let env = options.urgency.worker_env(&w.workload);
-                    if !env.is_empty() {
-                        s.worker_env.insert(w.workload.clone(), env);
-                    }
-                    s.records.push(PartitionRecord {
-                        workload: w.workload.clone(),
-                        mechanism: plan.mechanism,
-                        partition: match w.partition {
-                            ResolvedPartition::Cpu => "CPU (no GPU partition)".into(),
-                            _ => "whole GPU".into(),
-                        },
-                        granted_sms: None,
-                        mig_device: None,
-                        mps_pipe_dir: None,
-                    });
-                }
+                self.set_up_whole(plan, &options.urgency);
+                Ok(())
             }
         }
-        for r in &mut s.records {
+    }
+
+    /// timeslice / none: nothing to create; the urgency's environment only.
+    fn set_up_whole(&mut self, plan: &Plan, urgency: &Urgency) {
+        for w in &plan.workloads {
+            let env = urgency.worker_env(&w.workload);
+            if !env.is_empty() {
+                self.worker_env.insert(w.workload.clone(), env);
+            }
+            self.records.push(PartitionRecord {
+                workload: w.workload.clone(),
+                mechanism: plan.mechanism,
+                partition: match w.partition {
+                    ResolvedPartition::Cpu => "CPU (no GPU partition)".into(),
+                    _ => "whole GPU".into(),
+                },
+                granted_sms: None,
+                mig_device: None,
+                mps_pipe_dir: None,
+            });
+        }
+    }
+
+    /// With several GPUs, a worker not bound to one device by MPS or MIG is told its GPU
+    /// (the index as the whole machine numbers them).
+    fn tell_workers_their_gpu(&mut self, gpu: u32, plan: &Plan) {
+        for w in &plan.workloads {
+            if matches!(w.partition, ResolvedPartition::Whole) {
+                let env = self.worker_env.entry(w.workload.clone()).or_default();
+                env.push((WORKER_GPU_ENV.into(), gpu.to_string()));
+            }
+        }
+    }
+
+    /// Records in the plan's order, each with its urgency and, with several GPUs, its GPU.
+    fn finish_records(
+        &mut self,
+        plan: &Plan,
+        options: &SessionOptions,
+        per_gpu: Option<&Vec<(u32, Plan)>>,
+    ) {
+        if per_gpu.is_some() {
+            // GPU by GPU above; one GPU keeps the order its mechanism made (MIG: placements).
+            let position = |name: &str| plan.workloads.iter().position(|w| w.workload == name);
+            self.records.sort_by_key(|r| position(&r.workload));
+        }
+        for r in &mut self.records {
             r.partition
                 .push_str(options.urgency.describe(&r.workload, plan.mechanism));
+            let gpu = per_gpu.and_then(|p| {
+                p.iter()
+                    .find(|(_, sub)| sub.workloads.iter().any(|w| w.workload == r.workload))
+            });
+            if let (Some((g, _)), false) = (gpu, r.partition.starts_with("CPU")) {
+                r.partition.push_str(&format!(" on GPU {g}"));
+            }
         }
-        Ok(s)
     }
 
     fn set_up_green(&mut self, gpu: u32, plan: &Plan, urgency: &Urgency) -> Result<()> {
@@ -229,7 +302,7 @@ impl<'b> PartitionSession<'b> {
                 });
             }
         }
-        self.daemon = Some(daemon);
+        self.daemons.push(daemon);
         Ok(())
     }
 
@@ -262,7 +335,7 @@ impl<'b> PartitionSession<'b> {
                 mps_pipe_dir: None,
             });
         }
-        self.mig = Some(inst);
+        self.mig.push(inst);
         Ok(())
     }
 
@@ -287,11 +360,17 @@ impl<'b> PartitionSession<'b> {
     }
 
     /// Something the runtime calls with each worker's pid, so that [`crate::mps::shutdown_all`]
-    /// ends our MPS clients before it stops the daemon (a no-op without our own daemon).
+    /// ends our MPS clients before it stops the daemon (a no-op without our own daemon). It
+    /// knows only the pid, so with a daemon per GPU it adopts the client into each: shutdown
+    /// stops every daemon at once, and each client is ended before any of them.
     pub fn client_adopter(&self) -> impl Fn(u32) + Send + Sync + 'static {
-        let id = self.daemon.as_ref().and_then(MpsDaemon::registration_id);
+        let ids: Vec<u64> = self
+            .daemons
+            .iter()
+            .filter_map(MpsDaemon::registration_id)
+            .collect();
         move |pid| {
-            if let Some(id) = id {
+            for &id in &ids {
                 crate::mps::adopt_client_by_id(id, pid);
             }
         }
@@ -302,12 +381,12 @@ impl<'b> PartitionSession<'b> {
     pub fn finish(mut self) -> Result<()> {
         self.green.clear();
         let mut problems = Vec::new();
-        if let Some(d) = self.daemon.take() {
+        for d in std::mem::take(&mut self.daemons) {
             if let Err(e) = d.stop() {
                 problems.push(e.to_string());
             }
         }
-        if let Some(m) = self.mig.take() {
+        for m in std::mem::take(&mut self.mig) {
             if let Err(e) = m.destroy() {
                 problems.push(e.to_string());
             }
@@ -320,5 +399,114 @@ impl<'b> PartitionSession<'b> {
                 problems.join("; ")
             )))
         }
+    }
+}
+
+/// The plan split by GPU, in the order GPUs first appear: each GPU's workloads. CPU workloads
+/// go with the first GPU's (nothing is set up for them; a GPU of CPU workloads alone would
+/// start an MPS daemon for nobody). One GPU: the plan itself.
+fn plans_per_gpu(default_gpu: u32, plan: &Plan) -> Vec<(u32, Plan)> {
+    let mut out: Vec<(u32, Plan)> = Vec::new();
+    let on_cpu = |w: &&AdmittedWorkload| matches!(w.partition, ResolvedPartition::Cpu);
+    for w in plan.workloads.iter().filter(|w| !on_cpu(w)) {
+        let g = w.gpu_or(default_gpu);
+        let at = match out.iter().position(|(og, _)| *og == g) {
+            Some(at) => at,
+            None => {
+                let empty = Plan {
+                    workloads: Vec::new(),
+                    ..plan.clone()
+                };
+                out.push((g, empty));
+                out.len() - 1
+            }
+        };
+        out[at].1.workloads.push(w.clone());
+    }
+    if out.len() <= 1 {
+        // One GPU: the whole plan, in its own order, CPU workloads among the GPU ones.
+        let gpu = out.first().map_or(default_gpu, |(g, _)| *g);
+        return vec![(gpu, plan.clone())];
+    }
+    let cpu = plan.workloads.iter().filter(on_cpu).cloned();
+    out[0].1.workloads.extend(cpu);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole(name: &str, gpu: Option<u32>) -> AdmittedWorkload {
+        AdmittedWorkload {
+            workload: name.into(),
+            partition: ResolvedPartition::Whole,
+            memory_mib: None,
+            gpu,
+        }
+    }
+
+    fn on_cpu(name: &str) -> AdmittedWorkload {
+        AdmittedWorkload {
+            partition: ResolvedPartition::Cpu,
+            ..whole(name, None)
+        }
+    }
+
+    fn timeslice(workloads: Vec<AdmittedWorkload>) -> Plan {
+        Plan {
+            device: "h100-sxm".into(),
+            mechanism: Mechanism::Timeslice,
+            workloads,
+        }
+    }
+
+    fn names(p: &Plan) -> Vec<&str> {
+        p.workloads.iter().map(|w| w.workload.as_str()).collect()
+    }
+
+    #[test]
+    fn one_gpu_is_the_plan_itself_and_several_split_it_cpu_work_going_with_the_first() {
+        let one = timeslice(vec![on_cpu("c"), whole("a", None)]);
+        let split = plans_per_gpu(2, &one);
+        assert_eq!(split.len(), 1);
+        assert_eq!((split[0].0, names(&split[0].1)), (2, vec!["c", "a"]));
+        let two = timeslice(vec![
+            on_cpu("c"),
+            whole("a", Some(1)),
+            whole("b", Some(0)),
+            whole("d", Some(1)),
+        ]);
+        let split = plans_per_gpu(0, &two);
+        let got: Vec<_> = split.iter().map(|(g, p)| (*g, names(p))).collect();
+        assert_eq!(got, [(1, vec!["a", "d", "c"]), (0, vec!["b"])]);
+    }
+
+    #[test]
+    fn timeslice_workers_on_several_gpus_are_told_their_gpu() {
+        let plan = timeslice(vec![whole("a", Some(0)), whole("b", Some(1)), on_cpu("c")]);
+        let s = PartitionSession::set_up(0, &plan, &SessionOptions::default(), None).unwrap();
+        let gpu = |w: &str| s.worker_env().get(w).cloned();
+        let told = |g: &str| Some(vec![(WORKER_GPU_ENV.to_string(), g.to_string())]);
+        assert_eq!((gpu("a"), gpu("b"), gpu("c")), (told("0"), told("1"), None));
+        let described: Vec<_> = s.records().iter().map(|r| r.partition.as_str()).collect();
+        assert_eq!(
+            described,
+            [
+                "whole GPU on GPU 0",
+                "whole GPU on GPU 1",
+                "CPU (no GPU partition)"
+            ]
+        );
+        s.finish().unwrap();
+    }
+
+    #[test]
+    fn timeslice_on_one_gpu_sets_nothing_and_says_no_gpu() {
+        let plan = timeslice(vec![whole("a", None), on_cpu("c")]);
+        let s = PartitionSession::set_up(3, &plan, &SessionOptions::default(), None).unwrap();
+        assert!(s.worker_env().is_empty());
+        assert_eq!(s.records()[0].partition, "whole GPU");
+        s.finish().unwrap();
     }
 }

@@ -8,12 +8,30 @@ use isolane_gpu::mig::fake::FakeMig;
 use isolane_gpu::mig::{self, MigBackend};
 
 fn plan(profiles: &[&str]) -> Plan {
-    let s = Scenario {
+    let dev = device_model("h100-sxm").unwrap();
+    admit(&scenario(profiles), &dev, &[], &AdmissionOptions::default()).expect("admitted")
+}
+
+/// The plan of `placed` (GPU, profile) on a device of GPUs 0 and 1.
+fn plan_on_two_gpus(placed: &[(u32, &str)]) -> Plan {
+    let profiles: Vec<&str> = placed.iter().map(|(_, p)| *p).collect();
+    let mut s = scenario(&profiles);
+    s.device.gpus = vec![0, 1];
+    for (w, (g, _)) in s.workloads.iter_mut().zip(placed) {
+        w.gpu = Some(*g);
+    }
+    let dev = device_model("h100-sxm").unwrap();
+    admit(&s, &dev, &[], &AdmissionOptions::default()).expect("admitted")
+}
+
+fn scenario(profiles: &[&str]) -> Scenario {
+    Scenario {
         device: DeviceSpec {
             backend: Backend::Cuda,
             gpu: 0,
             mechanism: Mechanism::Mig,
             host: Host::Process,
+            gpus: Vec::new(),
         },
         timing: TimingSpec::default(),
         protection: ProtectionSpec::default(),
@@ -44,11 +62,10 @@ fn plan(profiles: &[&str]) -> Plan {
                 stretch: None,
                 backend: Backend::Cuda,
                 program: None,
+                gpu: None,
             })
             .collect(),
-    };
-    let dev = device_model("h100-sxm").unwrap();
-    admit(&s, &dev, &[], &AdmissionOptions::default()).expect("admitted")
+    }
 }
 
 fn mutating(calls: &[String]) -> Vec<String> {
@@ -229,4 +246,33 @@ fn a_partition_session_without_the_allow_flag_creates_nothing() {
         .unwrap_err();
     assert!(e.to_string().contains("--allow-mig-reconfigure"), "{e}");
     assert!(mutating(&f.calls()).is_empty());
+}
+
+#[test]
+fn a_partition_session_on_two_gpus_creates_each_gpus_instances_on_it() {
+    use isolane_gpu::partitions::{PartitionSession, SessionOptions};
+    let f = FakeMig::new(true);
+    let opts = SessionOptions {
+        allow_mig_reconfigure: true,
+        ..Default::default()
+    };
+    // The same memory slices on each GPU (4g.40gb at slice 0 twice): each GPU has its own.
+    let plan = plan_on_two_gpus(&[(0, "4g.40gb"), (1, "4g.40gb"), (0, "3g.40gb")]);
+    let s = PartitionSession::set_up(0, &plan, &opts, Some(&f)).unwrap();
+    let gpu_of = |id: u32| f.state.borrow().gi_gpu[&id];
+    let gis: Vec<u32> = f.state.borrow().gis.iter().map(|g| g.id).collect();
+    assert_eq!(
+        gis.iter().map(|&id| gpu_of(id)).collect::<Vec<_>>(),
+        [0, 0, 1]
+    );
+    for (w, gpu) in [("w0", 0u32), ("w1", 1), ("w2", 0)] {
+        let env = &s.worker_env()[w];
+        assert!(env[0].1.starts_with(&format!("MIG-{gpu:08x}-")), "{env:?}");
+        assert_eq!(env[1], ("ISOLANE_WORKER_GPU".to_string(), "0".to_string()));
+        let r = s.records().iter().find(|r| r.workload == w).unwrap();
+        assert!(r.partition.ends_with(&format!(" on GPU {gpu}")), "{r:?}");
+    }
+    s.finish().unwrap();
+    assert!(f.state.borrow().gis.is_empty());
+    assert!(f.state.borrow().cis.is_empty());
 }

@@ -492,6 +492,7 @@ fn a_partition_session_gives_each_worker_its_mps_environment_and_stops_the_daemo
                     mem_limit_mib,
                 },
                 memory_mib: None,
+                gpu: None,
             })
             .collect(),
     };
@@ -554,4 +555,113 @@ fn a_partition_session_gives_each_worker_its_mps_environment_and_stops_the_daemo
     assert!(wait_gone(pid));
     assert!(!pipe.exists());
     s.finish().unwrap();
+}
+
+#[test]
+fn a_session_on_two_gpus_starts_a_daemon_per_gpu_and_binds_each_client_to_its_own() {
+    use isolane_core::admission::{AdmittedWorkload, Plan, ResolvedPartition};
+    use isolane_core::spec::Mechanism;
+    use isolane_gpu::partitions::{PartitionSession, SessionOptions};
+    let _g = serial();
+    let e = env();
+    let client = |name: &str, gpu: u32, thread_pct: u32| AdmittedWorkload {
+        workload: name.into(),
+        partition: ResolvedPartition::Mps {
+            thread_pct,
+            mem_limit_mib: Some(1024),
+        },
+        memory_mib: None,
+        gpu: Some(gpu),
+    };
+    let plan = Plan {
+        device: "h100-sxm".into(),
+        mechanism: Mechanism::Mps,
+        workloads: vec![client("a", 1, 60), client("b", 3, 80), client("c", 1, 40)],
+    };
+    let opts = SessionOptions {
+        mps: options(&e),
+        ..Default::default()
+    };
+    let s = PartitionSession::set_up(1, &plan, &opts, None).unwrap();
+    let get = |w: &str, k: &str| {
+        s.worker_env()[w]
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let pipe = |w: &str| PathBuf::from(get(w, "CUDA_MPS_PIPE_DIRECTORY"));
+    // a and c share GPU 1's daemon; b has GPU 3's, with its own pipe and log directories.
+    assert_eq!(pipe("a"), pipe("c"));
+    assert_ne!(pipe("a"), pipe("b"));
+    assert_ne!(
+        get("a", "CUDA_MPS_LOG_DIRECTORY"),
+        get("b", "CUDA_MPS_LOG_DIRECTORY")
+    );
+    for (w, gpu) in [("a", "1"), ("b", "3"), ("c", "1")] {
+        assert_eq!(get(w, "CUDA_VISIBLE_DEVICES"), gpu, "{w}");
+        // Behind its daemon a client sees its GPU as device 0.
+        assert_eq!(get(w, "ISOLANE_WORKER_GPU"), "0", "{w}");
+        assert_eq!(get(w, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=1024M", "{w}");
+        let records = s.records().iter().find(|r| r.workload == w).unwrap();
+        assert_eq!(
+            records.mps_pipe_dir.as_deref().map(PathBuf::from),
+            Some(pipe(w))
+        );
+        assert!(
+            records.partition.ends_with(&format!(" on GPU {gpu}")),
+            "{records:?}"
+        );
+    }
+    // Each daemon was started seeing only its GPU.
+    for (w, gpu) in [("a", "1"), ("b", "3")] {
+        let seen = std::fs::read_to_string(pipe(w).join("fake-daemon.gpu")).unwrap();
+        assert_eq!(seen.trim(), gpu);
+    }
+    assert_eq!(
+        s.records()
+            .iter()
+            .map(|r| r.workload.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b", "c"],
+        "records in the plan's order"
+    );
+    let pipes = [pipe("a"), pipe("b")];
+    let pids = pipes.clone().map(|p| daemon_pid(&p));
+    s.finish().unwrap();
+    for p in pids {
+        assert!(wait_gone(p));
+    }
+    assert!(pipes.iter().all(|p| !p.exists()));
+}
+
+#[test]
+fn joining_an_existing_daemon_is_refused_on_two_gpus() {
+    use isolane_core::admission::{AdmittedWorkload, Plan, ResolvedPartition};
+    use isolane_core::spec::Mechanism;
+    use isolane_gpu::partitions::{PartitionSession, SessionOptions};
+    let _g = serial();
+    let e = env();
+    let client = |name: &str, gpu: u32| AdmittedWorkload {
+        workload: name.into(),
+        partition: ResolvedPartition::Mps {
+            thread_pct: 50,
+            mem_limit_mib: None,
+        },
+        memory_mib: None,
+        gpu: Some(gpu),
+    };
+    let plan = Plan {
+        device: "h100-sxm".into(),
+        mechanism: Mechanism::Mps,
+        workloads: vec![client("a", 0), client("b", 1)],
+    };
+    let mut mps = options(&e);
+    mps.join_existing = true;
+    let opts = SessionOptions {
+        mps,
+        ..Default::default()
+    };
+    let err = PartitionSession::set_up(0, &plan, &opts, None).unwrap_err();
+    assert!(err.to_string().contains("several GPUs"), "{err}");
 }

@@ -967,7 +967,7 @@ fn drive_process(
                 protocol_version: crate::protocol::PROTOCOL_VERSION,
                 index: w.index,
                 workload: Box::new(w.spec.clone()),
-                device: w.spec.device(&shared.device),
+                device: Box::new(w.spec.device(&shared.device)),
                 timing: shared.timing.clone(),
                 schedule: w.schedule.clone(),
                 guard: shared.guard_setup(slot).cloned(),

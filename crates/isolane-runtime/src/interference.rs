@@ -138,6 +138,7 @@ impl MatrixConfig {
             gpu: self.gpu,
             mechanism: self.mechanism,
             host,
+            gpus: Vec::new(),
         }
     }
 

@@ -56,7 +56,8 @@ pub enum ToWorker {
         protocol_version: u32,
         index: usize,
         workload: Box<WorkloadSpec>,
-        device: DeviceSpec,
+        /// Boxed as the workload is: the set-up message is sent once, the other variants often.
+        device: Box<DeviceSpec>,
         timing: TimingSpec,
         schedule: Schedule,
         /// The workload's part in the run's criticality guard (`None`: unprotected).

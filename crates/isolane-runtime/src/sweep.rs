@@ -155,6 +155,7 @@ pub fn point_scenario(device: DeviceSpec, workloads: &[PointWorkload]) -> Scenar
             stretch: None,
             backend: device.backend,
             program: None,
+            gpu: None,
         })
         .collect();
     Scenario {
@@ -240,6 +241,7 @@ mod tests {
             gpu: 0,
             mechanism: Mechanism::Green,
             host: Host::Thread,
+            gpus: Vec::new(),
         };
         let s = point_scenario(green, std::slice::from_ref(&w));
         s.validate(&NoBuiltinModels)
@@ -261,6 +263,7 @@ mod tests {
             gpu: 0,
             mechanism: Mechanism::None,
             host: Host::Thread,
+            gpus: Vec::new(),
         };
         point_scenario(on_cpu, &[cpu])
             .validate(&NoBuiltinModels)

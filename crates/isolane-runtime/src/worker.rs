@@ -199,7 +199,7 @@ where
             let setup = WorkloadSetup {
                 index,
                 workload: *workload,
-                device,
+                device: *device,
                 timing,
                 schedule,
                 guard,

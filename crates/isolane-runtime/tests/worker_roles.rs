@@ -245,12 +245,14 @@ fn spin_search(model: &str) -> SearchRequest {
             stretch: None,
             backend: Backend::Cpu,
             program: None,
+            gpu: None,
         },
         device: DeviceSpec {
             backend: Backend::Cpu,
             gpu: 0,
             mechanism: Mechanism::None,
             host: Host::Process,
+            gpus: Vec::new(),
         },
         timing: TimingSpec::default(),
         config: MaxRateConfig {

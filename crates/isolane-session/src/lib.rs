@@ -297,6 +297,7 @@ mod tests {
                     workload: n.to_string(),
                     partition: ResolvedPartition::Whole,
                     memory_mib: None,
+                    gpu: None,
                 })
                 .collect(),
         }

@@ -54,6 +54,13 @@ pub fn verify(scenario: &Scenario, opts: &VerifyOptions) -> Result<VerifyReport,
             "verify needs a scenario with device.backend = \"cuda\"".into(),
         ));
     }
+    if scenario.device.several_gpus() {
+        return Err(GpuError::Usage(
+            "verify probes the partitions of one GPU; device.gpus lists several (verify each \
+             GPU's workloads in a scenario with device.gpu = N)"
+                .into(),
+        ));
+    }
     let gpu = scenario.device.gpu;
     let info = device_info(gpu)?;
     let model = isolane_gpu::devices::model_for(

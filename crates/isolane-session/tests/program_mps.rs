@@ -51,6 +51,7 @@ partition = { thread_pct = 25, mem_limit_mib = 1024 }
                 mem_limit_mib: Some(1024),
             },
             memory_mib: None,
+            gpu: None,
         }],
     };
     let out = tmp.path().join("out");

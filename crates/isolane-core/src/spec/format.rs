@@ -15,7 +15,7 @@ use super::{Backend, Criticality, Host, LatePolicy, Mechanism, Precision, Role};
 /// (docs/apps.md); this walk only lets them through.
 pub(super) const ROOT_KEYS: &[&str] = &["device", "timing", "protection", "workload", "app"];
 /// The keys each table of a scenario allows (also the property tests' alphabet).
-pub const DEVICE_KEYS: &[&str] = &["backend", "gpu", "mechanism", "host"];
+pub const DEVICE_KEYS: &[&str] = &["backend", "gpu", "gpus", "mechanism", "host"];
 pub const TIMING_KEYS: &[&str] = &["spin_us", "start_delay_ms", "seed"];
 pub const PROTECTION_KEYS: &[&str] = &[
     "enabled",
@@ -46,6 +46,7 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "criticality",
     "stretch",
     "backend",
+    "gpu",
     "command",
     "env",
     "cwd",

@@ -78,6 +78,7 @@ pub(super) fn parse(
     problems.extend(validate::check(&scenario, &walk.spans, &base_dir, models));
     if problems.is_empty() {
         resolve_files(&mut scenario, &base_dir);
+        resolve_gpus(&mut scenario);
         return Ok(scenario);
     }
     problems.sort_by_key(|(offset, _)| *offset);
@@ -112,6 +113,19 @@ fn resolve_files(s: &mut Scenario, base_dir: &Path) {
                 *cwd = a;
             }
         }
+    }
+}
+
+/// Each workload's GPU, resolved: written out for every GPU workload when the device has
+/// several GPUs (the first by default), left out with one GPU (validation has checked that a
+/// `gpu` given there names it), so that a single-GPU scenario resolves as before.
+fn resolve_gpus(s: &mut Scenario) {
+    let several = s.device.several_gpus();
+    for w in &mut s.workloads {
+        w.gpu = match (several, w.on_gpu() && w.program.is_none()) {
+            (true, true) => Some(w.gpu_on(&s.device)),
+            _ => None,
+        };
     }
 }
 
@@ -203,12 +217,14 @@ fn placeholder_workload() -> WorkloadSpec {
         stretch: None,
         backend: Backend::Cpu,
         program: None,
+        gpu: None,
     }
 }
 
 const CPU_DEVICE: DeviceSpec = DeviceSpec {
     backend: Backend::Cpu,
     gpu: 0,
+    gpus: Vec::new(),
     mechanism: Mechanism::None,
     host: Host::Thread,
 };
@@ -497,7 +513,7 @@ impl<'a> Walk<'a> {
         let backend = self.read(t, "backend", Backend::Cpu, |w, v, p| {
             w.choice(v, p, BACKENDS)
         });
-        let gpu = self.read(t, "gpu", 0, |w, v, p| w.int(v, p, GPU));
+        let (gpu, gpus) = self.device_gpus(t);
         let mechanism = match self.get(t, "mechanism") {
             Some(v) => (self.choice(v, t.path("mechanism"), MECHANISMS)).unwrap_or(Mechanism::None),
             None => self.derived(
@@ -515,6 +531,7 @@ impl<'a> Walk<'a> {
         DeviceSpec {
             backend,
             gpu,
+            gpus,
             mechanism,
             host,
         }
@@ -638,6 +655,7 @@ impl<'a> Walk<'a> {
             w.float(v, p, &stretch_expected())
         });
         let backend = self.workload_backend(t, device);
+        let gpu = self.optional(t, "gpu", device.gpu, |w, v, p| w.int(v, p, GPU));
         WorkloadSpec {
             name: name.unwrap_or_default().to_string(),
             model: model.to_string(),
@@ -659,6 +677,45 @@ impl<'a> Walk<'a> {
             stretch,
             backend,
             program: None,
+            gpu,
+        }
+    }
+
+    /// `gpu` or `gpus` (not both): the first GPU, and the list when there are several (one
+    /// entry reads as `gpu`, so that the resolved file of one GPU is as before).
+    fn device_gpus(&mut self, t: &Tbl<'a>) -> (u32, Vec<u32>) {
+        let gpu = self.read(t, "gpu", 0, |w, v, p| w.int(v, p, GPU));
+        let Some(v) = self.get(t, "gpus") else {
+            return (gpu, Vec::new());
+        };
+        let path = Top("device", "gpus");
+        if t.t.get("gpu").is_some() {
+            self.spans.mark_unread(path);
+            self.report_key(
+                path,
+                "give either gpu (one GPU) or gpus (several), not both; the first of gpus is \
+                 the default GPU of every workload",
+            );
+            return (gpu, Vec::new());
+        }
+        let expected = "a non-empty array of distinct GPU indices (integers >= 0), e.g. [0, 1]";
+        let items = match v.get_ref() {
+            DeValue::Array(items) if !items.is_empty() => items,
+            _ => {
+                self.wrong(v, path, expected);
+                return (gpu, Vec::new());
+            }
+        };
+        let mut gpus = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            match self.int::<u32>(item, path, GPU) {
+                Some(g) => gpus.push(g),
+                None => return (gpu, Vec::new()),
+            }
+        }
+        match gpus.len() {
+            1 => (gpus[0], Vec::new()),
+            _ => (gpus[0], gpus),
         }
     }
 

@@ -66,6 +66,7 @@ pub const MODEL_ONLY_KEYS: &[&str] = &[
     "plan_check",
     "criticality",
     "stretch",
+    "gpu",
 ];
 
 /// Keys only a command workload has.

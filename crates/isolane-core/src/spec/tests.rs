@@ -49,7 +49,8 @@ fn minimal_scenario_gets_every_default() {
             backend: Backend::Cpu,
             gpu: 0,
             mechanism: Mechanism::None,
-            host: Host::Thread
+            host: Host::Thread,
+            gpus: Vec::new(),
         }
     );
     assert_eq!(s.timing, TimingSpec::default());
@@ -131,7 +132,8 @@ fn full_scenario_parses_and_round_trips() {
             backend: Backend::Cuda,
             gpu: 1,
             mechanism: Mechanism::Green,
-            host: Host::Thread
+            host: Host::Thread,
+            gpus: Vec::new(),
         }
     );
     assert_eq!(
@@ -240,12 +242,12 @@ fn unknown_keys_list_the_allowed_ones() {
         ],
     );
     assert_err(
-        &format!("[device]\nbackend = \"cpu\"\ngpus = 2\n{MIN}"),
+        &format!("[device]\nbackend = \"cpu\"\ngpu_count = 2\n{MIN}"),
         3,
         &[
-            "device.gpus",
+            "device.gpu_count",
             "unknown key",
-            "backend, gpu, mechanism, host",
+            "backend, gpu, gpus, mechanism, host",
         ],
     );
     assert_err(
@@ -1325,6 +1327,7 @@ fn a_workloads_own_stretch_parses_round_trips_and_is_for_critical_work_only() {
     );
 }
 
+mod gpus;
 mod programs_and_backends;
 
 /// `[[app]]` tables are isolane-app's (docs/apps.md): the walk lets them through, and a file

@@ -172,7 +172,80 @@ impl Checker<'_, '_> {
         if !self.unread_any(&[mechanism, host]) {
             self.host_fits_mechanism(host, d.host, d.mechanism);
         }
-        self.problems.len() == before && !self.unread_any(&[backend, gpu, mechanism, host])
+        let gpus = Top("device", "gpus");
+        if !self.spans.unread(gpus) {
+            self.gpu_list(d);
+        }
+        self.problems.len() == before && !self.unread_any(&[backend, gpu, gpus, mechanism, host])
+    }
+
+    /// `gpus`: distinct indices, the first of them `gpu` (the walk sets it so; a scenario built
+    /// in code must too, since `gpu` is every workload's default).
+    fn gpu_list(&mut self, d: &DeviceSpec) {
+        let path = Top("device", "gpus");
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(dup) = d.gpus.iter().find(|g| !seen.insert(**g)) {
+            self.report(
+                path,
+                false,
+                format!(
+                    "found GPU {dup} twice in {:?}; expected distinct GPU indices, e.g. [0, 1]",
+                    d.gpus
+                ),
+            );
+        }
+        if d.gpus.first().is_some_and(|&g| g != d.gpu) {
+            self.report(
+                path,
+                false,
+                format!(
+                    "gpus starts with {} but gpu is {}; expected gpu to be the first of gpus",
+                    d.gpus[0], d.gpu
+                ),
+            );
+        }
+    }
+
+    /// A workload's `gpu`: only on a model workload on the GPU, and one of the device's GPUs.
+    fn workload_gpu(&mut self, i: usize, w: &WorkloadSpec, device: Option<&DeviceSpec>) {
+        let path = Workload(i, "gpu");
+        let Some(g) = w.gpu else { return };
+        if self.spans.unread(path) {
+            return;
+        }
+        if w.program.is_some() {
+            let message = "not allowed on a command workload: a program runs on the device's \
+                           first GPU (its partition's environment names it)";
+            self.report(path, true, message.to_string());
+            return;
+        }
+        if self.spans.unread(Workload(i, "backend")) {
+            return;
+        }
+        if !w.on_gpu() {
+            self.report(
+                path,
+                true,
+                "not allowed with backend \"cpu\": a workload on the CPU takes no GPU; remove \
+                 it, or set backend = \"cuda\""
+                    .to_string(),
+            );
+            return;
+        }
+        let Some(d) = device else { return };
+        let allowed = d.all_gpus();
+        if !allowed.contains(&g) {
+            let list = allowed.iter().map(u32::to_string).collect::<Vec<_>>();
+            self.report(
+                path,
+                false,
+                format!(
+                    "found GPU {g}; expected one of the device's GPUs: {} (device.gpu or \
+                     device.gpus)",
+                    list.join(" | ")
+                ),
+            );
+        }
     }
 
     fn mechanism_fits_backend(&mut self, b: Backend, m: Mechanism) {
@@ -272,6 +345,7 @@ impl Checker<'_, '_> {
                 NAME_EXPECTED,
             );
         }
+        self.workload_gpu(i, w, device);
         if let Some(p) = &w.program {
             self.program(i, w, p, device);
             return;

@@ -13,16 +13,20 @@ use super::{
 
 #[derive(Serialize)]
 struct OutScenario<'a> {
-    device: OutDevice,
+    device: OutDevice<'a>,
     timing: &'a TimingSpec,
     protection: &'a ProtectionSpec,
     workload: Vec<OutAny<'a>>,
 }
 
 #[derive(Serialize)]
-struct OutDevice {
+struct OutDevice<'a> {
     backend: &'static str,
-    gpu: u32,
+    /// One GPU: `gpu`; several: `gpus` alone (the file format refuses both at once).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpus: Option<&'a [u32]>,
     mechanism: &'static str,
     host: &'static str,
 }
@@ -83,6 +87,8 @@ struct OutWorkload<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     stretch: Option<f64>,
     backend: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -101,7 +107,8 @@ pub(super) fn to_toml(s: &Scenario) -> Result<String, SpecError> {
     let out = OutScenario {
         device: OutDevice {
             backend: name_of(BACKENDS, s.device.backend),
-            gpu: s.device.gpu,
+            gpu: (!s.device.several_gpus()).then_some(s.device.gpu),
+            gpus: s.device.several_gpus().then_some(&s.device.gpus[..]),
             mechanism: name_of(MECHANISMS, s.device.mechanism),
             host: name_of(HOSTS, s.device.host),
         },
@@ -178,5 +185,6 @@ fn out_workload(w: &WorkloadSpec) -> OutWorkload<'_> {
         criticality: name_of(CRITICALITIES, w.criticality),
         stretch: w.stretch,
         backend: name_of(BACKENDS, w.backend),
+        gpu: w.gpu,
     }
 }
