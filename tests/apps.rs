@@ -74,10 +74,23 @@ fn the_render_example_draws_every_frame_through_vulkan() {
     let csv = std::fs::read_to_string(out.join("apps/render.csv")).unwrap();
     let rows: Vec<&str> = csv.lines().skip(1).collect();
     assert_eq!(rows.len(), 24, "{csv}");
-    assert!(
-        rows.iter().all(|r| r.ends_with("frame 160x120")),
-        "every frame reaches the sink rendered: {csv}"
-    );
+    // Every frame the render stage drew reaches the sink as a rendered frame (a frame late
+    // enough to be skipped on a very loaded machine is not drawn, and not counted here).
+    let rendered = rows.iter().filter(|r| r.ends_with("frame 160x120")).count();
+    assert!(rendered >= 20, "{csv}");
+    // save_every = 8: the 1st, 9th, 17th ... rendered frames, as PNG files.
+    let mut saved: Vec<String> = std::fs::read_dir(out.join("apps/render/draw"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    saved.sort();
+    let expected: Vec<String> = (0..rendered)
+        .step_by(8)
+        .map(|k| format!("frame-{k:06}.png"))
+        .collect();
+    assert_eq!(saved, expected);
+    let png = std::fs::read(out.join("apps/render/draw/frame-000000.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
 }
 
 #[test]

@@ -100,7 +100,7 @@ pub fn run(
     let mut view = super::ProgressView::new(args.quiet);
     let telemetry = isolane_session::telemetry::start(&scenario, None, &mut view);
     let (outcome, records) =
-        run_in_partitions(&scenario, &apps, &workloads, admitted, args, &stop)?;
+        run_in_partitions(&scenario, &apps, &workloads, admitted, args, &stop, &out)?;
     let outcome = outcome.map_err(|e| anyhow::anyhow!(e))?;
     let mut summary = summary(&apps, &outcome, &records, &scenario_name, started_at);
     if let Some(t) = telemetry {
@@ -156,6 +156,7 @@ fn run_in_partitions(
     admitted: Option<isolane_core::admission::Plan>,
     args: &RunArgs,
     stop: &AtomicBool,
+    out: &Path,
 ) -> anyhow::Result<(Result<RunOutcome, RunError>, Vec<PartitionRecord>)> {
     let settings = |partitions: HashMap<String, Partition>| RunSettings {
         device: &scenario.device,
@@ -163,6 +164,7 @@ fn run_in_partitions(
         models: Arc::new(crate::app_models::AppModels),
         partitions,
         stop,
+        out: Some(out),
     };
     let Some(plan) = admitted else {
         return Ok((run_apps(apps, settings(HashMap::new())), Vec::new()));

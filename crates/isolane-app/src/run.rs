@@ -105,6 +105,9 @@ pub struct RunSettings<'a> {
     pub partitions: HashMap<String, Partition>,
     /// Set to stop releasing frames (Ctrl-C): what was measured is kept.
     pub stop: &'a AtomicBool,
+    /// The run's output folder: stages that save what they make (a graphics stage's
+    /// `save_every`) write under `<out>/apps/<app>/`. `None`: nothing is saved.
+    pub out: Option<&'a std::path::Path>,
 }
 
 /// The records of each app, in order, and the t0 they are relative to (monotonic ns).
@@ -206,6 +209,7 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
                         partitions: take_partitions(&mut settings.partitions, app, j),
                         preprocess_size: sizes[a][j],
                         cpu: app.cpu.clone(),
+                        save_dir: settings.out.map(|o| o.join("apps").join(&app.name)),
                     };
                     let worker = StageWorker {
                         app,

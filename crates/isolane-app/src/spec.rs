@@ -120,6 +120,8 @@ pub enum StageKind {
     Graphics {
         device: String,
         alpha: f32,
+        /// Save every n-th rendered frame as a PNG under the run's folder.
+        save_every: Option<u64>,
     },
     Sink,
 }

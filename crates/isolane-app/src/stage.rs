@@ -49,6 +49,8 @@ pub struct StageContext<'a> {
     pub preprocess_size: Option<[u32; 2]>,
     /// The cores the app's threads are pinned to (an ensemble's members pin theirs).
     pub cpu: Vec<usize>,
+    /// Where a stage saves what it makes (`<out>/apps/<app>/`); `None`: nothing is saved.
+    pub save_dir: Option<std::path::PathBuf>,
 }
 
 /// Builds stage `spec` (on the calling thread).
@@ -90,7 +92,17 @@ pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Sta
             }))
         }
         StageKind::Ensemble { members, vote } => Box::new(Ensemble::build(members, vote, ctx)?),
-        StageKind::Graphics { device, alpha } => Box::new(GraphicsStage::new(device, *alpha)?),
+        StageKind::Graphics {
+            device,
+            alpha,
+            save_every,
+        } => {
+            let mut g = GraphicsStage::new(device, *alpha)?;
+            if let (Some(n), Some(dir)) = (save_every, &ctx.save_dir) {
+                g.save = Some(SaveFrames::new(dir.join(&spec.name), *n)?);
+            }
+            Box::new(g)
+        }
         StageKind::Sink => Box::new(Sink),
     })
 }
@@ -141,6 +153,34 @@ struct GraphicsStage {
     rendered: Vec<u8>,
     boxes: Vec<isolane_graphics::BoxOverlay>,
     classes: Vec<u8>,
+    save: Option<SaveFrames>,
+}
+
+/// Every `every`-th rendered frame of a graphics stage saved as a PNG, so that a user can look
+/// at what the app drew: `<dir>/frame-<k>.png`, `k` counting the frames the stage rendered.
+struct SaveFrames {
+    dir: std::path::PathBuf,
+    every: u64,
+    rendered: u64,
+}
+
+impl SaveFrames {
+    fn new(dir: std::path::PathBuf, every: u64) -> Result<SaveFrames, String> {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        Ok(SaveFrames {
+            dir,
+            every: every.max(1),
+            rendered: 0,
+        })
+    }
+
+    /// The path to save the frame just rendered at, if it is one to save.
+    fn next(&mut self) -> Option<std::path::PathBuf> {
+        let k = self.rendered;
+        self.rendered += 1;
+        (k % self.every == 0).then(|| self.dir.join(format!("frame-{k:06}.png")))
+    }
 }
 
 impl GraphicsStage {
@@ -153,6 +193,7 @@ impl GraphicsStage {
             rendered: Vec::new(),
             boxes: Vec::new(),
             classes: Vec::new(),
+            save: None,
         })
     }
 
@@ -227,6 +268,9 @@ impl Stage for GraphicsStage {
         r.render(frame_ref, &overlay).map_err(|e| e.to_string())?;
         r.read_back_into(&mut self.rendered)
             .map_err(|e| e.to_string())?;
+        if let Some(path) = self.save.as_mut().and_then(SaveFrames::next) {
+            r.save_png(&path).map_err(|e| e.to_string())?;
+        }
         Ok(Payload::Frame(Arc::new(Frame {
             width: frame.width,
             height: frame.height,

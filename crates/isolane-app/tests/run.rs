@@ -137,6 +137,7 @@ fn run_with(
             models,
             partitions: HashMap::new(),
             stop: &stop,
+            out: None,
         },
     )
 }

@@ -97,6 +97,7 @@ pub(super) struct StageRaw {
     pub(super) voter: Option<String>,
     // graphics
     pub(super) device: Option<String>,
+    pub(super) save_every: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -127,7 +128,7 @@ pub(super) fn kind_keys(kind: KindName) -> &'static [&'static str] {
         KindName::SegArgmax => &["alpha"],
         KindName::Classify => &["top_k"],
         KindName::Ensemble => &["members", "vote", "voter"],
-        KindName::Graphics => &["device", "alpha"],
+        KindName::Graphics => &["device", "alpha", "save_every"],
         KindName::Sink => &[],
     }
 }
@@ -152,6 +153,7 @@ impl StageRaw {
             ("alpha", self.alpha.is_some()),
             ("top_k", self.top_k.is_some()),
             ("device", self.device.is_some()),
+            ("save_every", self.save_every.is_some()),
             ("members", self.members.is_some()),
             ("vote", self.vote.is_some()),
             ("voter", self.voter.is_some()),

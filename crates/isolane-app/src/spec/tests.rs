@@ -145,7 +145,8 @@ fn graphics_reads_detections_or_a_mask_and_names_its_device() {
         draw.kind,
         StageKind::Graphics {
             device: "cpu".into(),
-            alpha: 0.4
+            alpha: 0.4,
+            save_every: None,
         }
     );
     let after_classes = PIPELINE.replace(
@@ -164,6 +165,11 @@ fn graphics_reads_detections_or_a_mask_and_names_its_device() {
     );
     let e = err(&detect.replace("alpha = 0.4", "alpha = 1.5"));
     assert!(e.contains("alpha"), "{e}");
+    let e = err(&detect.replace("alpha = 0.4", "save_every = 0"));
+    assert!(
+        e.contains("stage[3].save_every") && e.contains("1 to 100000"),
+        "{e}"
+    );
 }
 
 #[test]

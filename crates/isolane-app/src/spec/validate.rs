@@ -437,6 +437,10 @@ impl Validator<'_> {
             KindName::Graphics => StageKind::Graphics {
                 device: self.render_device(sat, r.device.as_deref())?,
                 alpha: unit("alpha", r.alpha.unwrap_or(0.5))?,
+                save_every: match r.save_every {
+                    Some(n) => Some(count("save_every", n as usize)? as u64),
+                    None => None,
+                },
             },
         })
     }
