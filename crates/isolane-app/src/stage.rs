@@ -179,7 +179,8 @@ impl SaveFrames {
     fn next(&mut self) -> Option<std::path::PathBuf> {
         let k = self.rendered;
         self.rendered += 1;
-        (k % self.every == 0).then(|| self.dir.join(format!("frame-{k:06}.png")))
+        k.is_multiple_of(self.every)
+            .then(|| self.dir.join(format!("frame-{k:06}.png")))
     }
 }
 
