@@ -2282,19 +2282,10 @@ const REPLAYS_PER_TIMING: usize = 4;
 /// Captures each present path into a graph and sets its time to the best of [`TIMING_ROUNDS`]
 /// alternating rounds of [`REPLAYS_PER_TIMING`] replays ([`fastest_candidate`] says why).
 fn time_paths_as_graphs(m: &CudaModel, rec: &Recorder, paths: [&mut Candidate; 2]) -> Result<()> {
-    let mut graphs = Vec::with_capacity(2);
-    for p in paths.iter() {
-        graphs.push(match p {
-            Some((launches, _)) => Some(m.capture_list(launches, true)?),
-            None => None,
-        });
+    let mut timed: Vec<(&mut f32, CapturedGraph)> = Vec::with_capacity(2);
+    for (launches, best) in paths.into_iter().flatten() {
+        timed.push((best, m.capture_list(launches, true)?));
     }
-    let [a, b] = paths;
-    let mut timed: Vec<(&mut f32, &CapturedGraph)> = [a, b]
-        .into_iter()
-        .zip(&graphs)
-        .filter_map(|(p, g)| Some((&mut p.as_mut()?.1, g.as_ref()?)))
-        .collect();
     for _ in 0..TIMING_ROUNDS {
         for (best, graph) in timed.iter_mut() {
             let ms = rec.events.time(m.stream, &mut || {

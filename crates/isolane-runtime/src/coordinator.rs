@@ -97,10 +97,12 @@ impl RunPlan {
         );
         let guard = Guard::create(critical.iter().filter(|c| **c).count(), policy)?;
         let path = guard.path().unwrap_or_default();
+        let cores = affinity::available_cores().len();
         let mut next_slot = 0;
         let setups = critical
             .iter()
-            .map(|&c| GuardSetup {
+            .zip(&self.workloads)
+            .map(|(&c, w)| GuardSetup {
                 path: path.clone(),
                 policy,
                 piece_ns: self.protection.piece_us as i64 * 1000,
@@ -108,18 +110,8 @@ impl RunPlan {
                     next_slot += 1;
                     next_slot - 1
                 }),
-                wait: HoldWait::Sleep,
-                stretch: None,
-            })
-            .collect::<Vec<_>>();
-        let cores = affinity::available_cores().len();
-        let setups = setups
-            .into_iter()
-            .zip(&self.workloads)
-            .map(|(s, w)| GuardSetup {
                 wait: self.hold_wait(&w.spec, cores),
                 stretch: w.spec.stretch,
-                ..s
             })
             .collect();
         Ok(Some((Arc::new(guard), setups)))
