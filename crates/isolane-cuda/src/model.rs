@@ -1308,7 +1308,18 @@ impl ConvKey {
     }
 }
 
-fn conv_desc(
+/// cuDNN algorithms per convolution that the build times itself (see [`conv_descs`]).
+const CUDNN_CANDIDATES: usize = 3;
+
+/// Descriptors for the fastest few algorithms cuDNN finds for `c`, fastest first by cuDNN's
+/// own timing.
+///
+/// cuDNN's search times each algorithm once, eagerly, often as the GPU's first work after idle,
+/// so its ranking of near-equal algorithms changes from build to build (resnet18 fp16 built at
+/// 0.35 ms in most builds and 0.59 ms in one: docs/interference.md). Its top
+/// [`CUDNN_CANDIDATES`] are therefore kept and timed again by [`time_candidates`], as graphs
+/// in alternating rounds, with the GEMM path.
+fn conv_descs(
     m: &CudaModel,
     c: &ConvStep,
     dtype: DType,
@@ -1316,7 +1327,65 @@ fn conv_desc(
     ptr: &dyn Fn(Loc) -> u64,
     scratch: u64,
     ws_cap: usize,
-) -> Result<ConvDesc> {
+) -> Result<Vec<ConvDesc>> {
+    let search = conv_desc(c, dtype, precision)?;
+    let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 10] =
+        // SAFETY: the perf records are plain C structs for which all-zero bytes are valid.
+        unsafe { std::mem::zeroed() };
+    let mut got = 0;
+    // SAFETY: the descriptors are live; the buffers passed to the algorithm search are the
+    // step's own (planned together with these shapes) and the scratch holds ws_cap bytes.
+    dnn_check("cudnnFindConvolutionForwardAlgorithmEx", unsafe {
+        dnn::cudnnFindConvolutionForwardAlgorithmEx(
+            m.cudnn(),
+            search.x,
+            ptr(c.x) as *const c_void,
+            search.w,
+            ptr(c.w) as *const c_void,
+            search.conv,
+            search.y,
+            ptr(c.y) as *mut c_void,
+            perf.len() as i32,
+            &mut got,
+            perf.as_mut_ptr(),
+            scratch as *mut c_void,
+            ws_cap,
+        )
+    })?;
+    let usable = perf[..got.max(0) as usize].iter().filter(|p| {
+        p.status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS
+            && p.memory <= ws_cap
+            && (precision != Precision::Fp32
+                || p.mathType != dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
+    });
+    let mut descs = Vec::with_capacity(CUDNN_CANDIDATES);
+    let mut search = Some(search);
+    for p in usable.take(CUDNN_CANDIDATES) {
+        let mut d = match search.take() {
+            Some(d) => d,
+            None => conv_desc(c, dtype, precision)?,
+        };
+        d.algo = p.algo;
+        d.workspace = p.memory;
+        if precision != Precision::Fp32 {
+            // SAFETY: `d.conv` is live and owned by `d`.
+            dnn_check("cudnnSetConvolutionMathType", unsafe {
+                dnn::cudnnSetConvolutionMathType(d.conv, p.mathType)
+            })?;
+        }
+        descs.push(d);
+    }
+    if descs.is_empty() {
+        return Err(EngineError::Runtime(format!(
+            "cuDNN offers no convolution algorithm for x {:?} w {:?} within a {} byte workspace",
+            c.x_shape, c.w_shape, ws_cap
+        )));
+    }
+    Ok(descs)
+}
+
+/// The descriptors of convolution `c` (algorithm not yet chosen).
+fn conv_desc(c: &ConvStep, dtype: DType, precision: Precision) -> Result<ConvDesc> {
     let dt = dnn_dtype(dtype);
     let i = |v: usize| v as i32;
     let mut d = ConvDesc {
@@ -1337,9 +1406,8 @@ fn conv_desc(
         Precision::Tf32 => dnn::cudnnMathType_t::CUDNN_DEFAULT_MATH,
         Precision::Fp16 | Precision::Bf16 => dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
     };
-    // SAFETY: out-pointers are valid; the buffers passed to the algorithm search are the
-    // step's own (planned together with these shapes) and the scratch holds ws_cap bytes. The
-    // descriptors destroy themselves when `d` is dropped (here on an error, else with the model).
+    // SAFETY: out-pointers are valid. The descriptors destroy themselves when `d` is dropped
+    // (here on an error, else with the model).
     unsafe {
         dnn_check(
             "cudnnCreateTensorDescriptor",
@@ -1394,47 +1462,6 @@ fn conv_desc(
             "cudnnSetConvolutionMathType",
             dnn::cudnnSetConvolutionMathType(d.conv, math),
         )?;
-        // Benchmark every algorithm cuDNN offers on the real buffers, within the workspace cap.
-        let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 10] = std::mem::zeroed();
-        let mut got = 0;
-        dnn_check(
-            "cudnnFindConvolutionForwardAlgorithmEx",
-            dnn::cudnnFindConvolutionForwardAlgorithmEx(
-                m.cudnn(),
-                d.x,
-                ptr(c.x) as *const c_void,
-                d.w,
-                ptr(c.w) as *const c_void,
-                d.conv,
-                d.y,
-                ptr(c.y) as *mut c_void,
-                perf.len() as i32,
-                &mut got,
-                perf.as_mut_ptr(),
-                scratch as *mut c_void,
-                ws_cap,
-            ),
-        )?;
-        let ok = perf[..got as usize].iter().find(|p| {
-            p.status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS
-                && p.memory <= ws_cap
-                && (precision != Precision::Fp32
-                    || p.mathType != dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
-        });
-        let Some(best) = ok else {
-            return Err(EngineError::Runtime(format!(
-                "cuDNN offers no convolution algorithm for x {:?} w {:?} within a {} byte workspace",
-                c.x_shape, c.w_shape, ws_cap
-            )));
-        };
-        d.algo = best.algo;
-        d.workspace = best.memory;
-        if precision != Precision::Fp32 {
-            dnn_check(
-                "cudnnSetConvolutionMathType",
-                dnn::cudnnSetConvolutionMathType(d.conv, best.mathType),
-            )?;
-        }
     }
     Ok(d)
 }
@@ -1716,7 +1743,7 @@ fn mm_index(
     }
     // Time each candidate that runs (after a warm-up call) in alternating rounds, each keeping
     // its best, and keep the fastest: timed one after the other, the first ones ran while the
-    // clocks were still rising after idle (fastest_candidate says more).
+    // clocks were still rising after idle (time_candidates says more).
     let (handle, stream) = (m.cublaslt(), m.stream);
     let run =
         |cand: &MatmulDesc| run_matmul(handle, cand, a_ptr, b_ptr, c_ptr, y_ptr, scratch, stream);
@@ -2080,15 +2107,17 @@ fn record_conv(
         &mut caches.conv,
     );
     // Two ways, each timed on the real buffers; the faster one is kept:
-    // cuDNN (its best algorithm) + our epilogue kernel, or (NHWC, one group)
+    // cuDNN (one of its best algorithms) + our epilogue kernel, or (NHWC, one group)
     // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
     let paths = rec.options.conv_paths;
-    let mut dnn_path: Option<(Vec<Launch>, f32)> = None;
+    let key = ConvKey::of(c);
+    // The cuDNN candidates: the algorithm chosen for an equal convolution earlier in this
+    // build, else cuDNN's top few.
+    let mut dnn_descs: Vec<usize> = Vec::new();
     if paths.tries_cudnn() || !c.gemm_capable() {
-        let key = ConvKey::of(c);
         let found = match conv_cache.iter().find(|(k, _)| *k == key) {
-            Some((_, i)) => Ok(*i),
-            None => conv_desc(
+            Some((_, i)) => Ok(vec![*i]),
+            None => conv_descs(
                 m,
                 c,
                 dtype,
@@ -2097,30 +2126,37 @@ fn record_conv(
                 scratch,
                 ws_cap,
             )
-            .map(|d| {
-                m.convs.push(d);
-                conv_cache.push((key, m.convs.len() - 1));
-                m.convs.len() - 1
+            .map(|descs| {
+                descs
+                    .into_iter()
+                    .map(|d| {
+                        m.convs.push(d);
+                        m.convs.len() - 1
+                    })
+                    .collect()
             }),
         };
         match found {
-            Ok(idx) => {
-                let mut l = vec![Launch::Conv {
-                    conv: idx,
-                    x: rec.ptr(c.x),
-                    w: rec.ptr(c.w),
-                    y: rec.ptr(c.y),
-                }];
-                if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
-                    l.push(conv_epilogue(rec, c, true, true));
-                }
-                dnn_path = Some((l, f32::INFINITY));
-            }
+            Ok(idxs) => dnn_descs = idxs,
             Err(e) if !c.gemm_capable() => return Err(err(e)),
             Err(_) => {}
         }
     }
-    let mut gemm_path: Option<(Vec<Launch>, f32)> = None;
+    let mut candidates: Vec<TimedPath> = dnn_descs
+        .iter()
+        .map(|&idx| {
+            let mut l = vec![Launch::Conv {
+                conv: idx,
+                x: rec.ptr(c.x),
+                w: rec.ptr(c.w),
+                y: rec.ptr(c.y),
+            }];
+            if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
+                l.push(conv_epilogue(rec, c, true, true));
+            }
+            (l, f32::INFINITY)
+        })
+        .collect();
     if c.gemm_capable() && paths.tries_gemm() {
         let mut l = Vec::new();
         let b_ptr = match c.col {
@@ -2131,23 +2167,37 @@ fn record_conv(
             None => rec.ptr(c.x),
         };
         let relu = matches!(c.act, Some(Unary::Relu));
-        let key = conv_gemm_key(rec, c, relu);
+        let mm_key = conv_gemm_key(rec, c, relu);
         let res_ptr = c.residual.map_or(0, &|l| rec.ptr(l));
         let ptrs = [rec.ptr(c.w), b_ptr, res_ptr, rec.ptr(c.y)];
-        match matmul_launch(m, rec, &mut caches.mm, key, ptrs) {
+        match matmul_launch(m, rec, &mut caches.mm, mm_key, ptrs) {
             Ok(launch) => {
                 l.push(launch);
                 if c.act.is_some() && !relu {
                     l.push(conv_epilogue(rec, c, false, false));
                 }
-                gemm_path = Some((l, f32::INFINITY));
+                candidates.push((l, f32::INFINITY));
             }
-            Err(e) if dnn_path.is_none() => return Err(err(e)),
+            Err(e) if dnn_descs.is_empty() => return Err(err(e)),
             Err(_) => {}
         }
     }
-    let chosen = fastest_candidate(m, rec, err, dnn_path, gemm_path)?;
-    m.launches.extend(chosen);
+    time_candidates(m, rec, &mut candidates).map_err(err)?;
+    let n_dnn = dnn_descs.len();
+    let best_dnn = (0..n_dnn).min_by(|&a, &b| candidates[a].1.total_cmp(&candidates[b].1));
+    if let Some(i) = best_dnn {
+        if !conv_cache.iter().any(|(k, _)| *k == key) {
+            conv_cache.push((key, dnn_descs[i]));
+        }
+    }
+    // The GEMM path on a tie.
+    let chosen = match (best_dnn, candidates.len() > n_dnn) {
+        (Some(d), true) if candidates[d].1 < candidates[n_dnn].1 => d,
+        (_, true) => n_dnn,
+        (Some(d), false) => d,
+        (None, false) => return Err(err(EngineError::Runtime("no convolution path".into()))),
+    };
+    m.launches.extend(candidates.swap_remove(chosen).0);
     Ok(())
 }
 
@@ -2234,10 +2284,9 @@ fn conv_gemm_key(rec: &Recorder, c: &ConvStep, relu: bool) -> MmKey {
 }
 
 /// A convolution's candidate launches and their best time (∞ until timed).
-type Candidate = Option<(Vec<Launch>, f32)>;
+type TimedPath = (Vec<Launch>, f32);
 
-/// Times each candidate path as it will run, on the search scratch as workspace, and returns
-/// the faster one's launches (the GEMM path on a tie).
+/// Times each candidate path as it will run, on the search scratch as workspace.
 ///
 /// "As it will run" means captured in a CUDA graph, as the job is: timed as eager launches, each
 /// kernel paid its launch overhead, which the job's graph does not, and a path of fewer kernels
@@ -2246,30 +2295,14 @@ type Candidate = Option<(Vec<Launch>, f32)>;
 /// 0.41 ms with cuDNN throughout: docs/interference.md). The paths are timed in alternation,
 /// [`TIMING_ROUNDS`] times, each keeping its best: the build is often the GPU's first work after
 /// idle, and a path timed only before the clocks had risen lost to one timed after.
-fn fastest_candidate(
-    m: &mut CudaModel,
-    rec: &Recorder,
-    err: &dyn Fn(EngineError) -> EngineError,
-    mut dnn_path: Candidate,
-    mut gemm_path: Candidate,
-) -> Result<Vec<Launch>> {
+fn time_candidates(m: &mut CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -> Result<()> {
+    if paths.len() < 2 {
+        return Ok(());
+    }
     m.workspace = rec.scratch;
-    let timed = time_paths_as_graphs(m, rec, [&mut dnn_path, &mut gemm_path]);
+    let timed = time_paths_as_graphs(m, rec, paths);
     m.workspace = 0;
-    timed.map_err(err)?;
-    let chosen = match (dnn_path, gemm_path) {
-        (Some(d), Some(g)) => {
-            if g.1 <= d.1 {
-                g.0
-            } else {
-                d.0
-            }
-        }
-        (Some(d), None) => d.0,
-        (None, Some(g)) => g.0,
-        (None, None) => return Err(err(EngineError::Runtime("no convolution path".into()))),
-    };
-    Ok(chosen)
+    timed
 }
 
 /// Rounds of alternating timings of competing candidates (each keeps its best round).
@@ -2280,10 +2313,10 @@ const TIMING_ROUNDS: usize = 5;
 const REPLAYS_PER_TIMING: usize = 4;
 
 /// Captures each present path into a graph and sets its time to the best of [`TIMING_ROUNDS`]
-/// alternating rounds of [`REPLAYS_PER_TIMING`] replays ([`fastest_candidate`] says why).
-fn time_paths_as_graphs(m: &CudaModel, rec: &Recorder, paths: [&mut Candidate; 2]) -> Result<()> {
-    let mut timed: Vec<(&mut f32, CapturedGraph)> = Vec::with_capacity(2);
-    for (launches, best) in paths.into_iter().flatten() {
+/// alternating rounds of [`REPLAYS_PER_TIMING`] replays ([`time_candidates`] says why).
+fn time_paths_as_graphs(m: &CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -> Result<()> {
+    let mut timed: Vec<(&mut f32, CapturedGraph)> = Vec::with_capacity(paths.len());
+    for (launches, best) in paths.iter_mut() {
         timed.push((best, m.capture_list(launches, true)?));
     }
     for _ in 0..TIMING_ROUNDS {
