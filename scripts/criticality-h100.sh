@@ -10,9 +10,11 @@
 #   contexts and MPS with each protection lever (none / priorities / guard / both / guard with
 #   the measured stretch), 3 repeats each, plus the baselines without best effort; about 6 min.
 # tradeoff: the victims' load from 0.5 to 0.9 with and without protection (green), and
-#   time-slicing; about 6 min.
+#   time-slicing (MECHANISMS= for none); about 6 min.
 # Results under results/h100-protection/; a tarball of them (jobs CSVs included, compressed)
-# in $OUT (default /tmp/isolane-criticality). ISOLANE_BIN (default stage/isolane).
+# in $OUT (default /tmp/isolane-criticality). ISOLANE_BIN (default stage/isolane); for compare,
+# VARIANTS, MECHANISMS (default green,mps), REPEATS (default 3) and DEADLINE_BASE (alone or
+# together: protection_study.py --deadline-base) override the defaults.
 set -u
 cd "$(dirname "$0")/.."
 bin=${ISOLANE_BIN:-stage/isolane}
@@ -24,12 +26,14 @@ case "$phase" in
 compare)
     rm -rf results/h100-protection/compare results/h100-protection/alone results/h100-protection/alone.json
     python3 scripts/protection_study.py --isolane "$bin" --out results/h100-protection \
-        --mechanisms green,mps --repeats 3 --duration 3 --variants "${VARIANTS:-none,pri,guard,both,stretch}" || rc=$?
+        --mechanisms "${MECHANISMS:-green,mps}" --repeats "${REPEATS:-3}" --duration 3 --variants "${VARIANTS:-none,pri,guard,both,stretch}" \
+        --deadline-base "${DEADLINE_BASE:-alone}" || rc=$?
     ;;
 tradeoff)
     python3 scripts/protection_study.py --isolane "$bin" --out results/h100-protection/tradeoff-study \
-        --mechanisms timeslice --variants none,both --repeats 1 --duration 3 \
-        --loads 0.5,0.6,0.7,0.8,0.9 --tradeoff-variants none,both || rc=$?
+        --mechanisms "${MECHANISMS-timeslice}" --variants none,both --repeats 1 --duration 3 \
+        --loads 0.5,0.6,0.7,0.8,0.9 --tradeoff-variants "${VARIANTS:-none,both}" \
+        --deadline-base "${DEADLINE_BASE:-alone}" || rc=$?
     ;;
 *)
     echo "usage: $0 compare|tradeoff" >&2

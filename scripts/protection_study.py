@@ -2,7 +2,8 @@
 """The criticality comparison of issue 14 (docs/criticality.md), with isolane on one machine.
 
 Two critical victims at a share of their alone-in-partition capacity, with a deadline of
-`--slack` x their p99 alone, beside one best-effort model flat out, under each mechanism with
+`--slack` x their p99 alone (or, `--deadline-base together`, x their p99 in the victims-only
+baseline: both victims at that load, no best effort), beside one best-effort model flat out, under each mechanism with
 each of isolane's protection levers, repeated; then the trade-off curve (victim load).
 
     scripts/protection_study.py --out results/h100-protection              # the H100 study
@@ -18,8 +19,10 @@ Steps (every number is measured in this run, nothing is typed in):
        pri       priorities only (critical streams first, best-effort MPS clients below normal)
        guard     the guard only (full-stall model), no priorities
        both      guard and priorities (isolane's default protection)
-       stretch   guard with each victim's own p99 execution stretch of the first `none` run
-                 (its workload's `stretch` key), and priorities
+       stretch   guard with each victim's own stretch by best effort (its workload's
+                 `stretch` key), and priorities: its p99 execution time in the first `none`
+                 run over that in the victims-only baseline (what best effort adds to what
+                 the critical set does to itself, which the guard's service estimate has)
      each --repeats times (a short-kernel model's stretch is fixed per run: interference.md);
   3. tradeoff: --tradeoff-variants at each of --loads, under --tradeoff-mechanism.
 Every victim miss is attributed: `queued` (its job started later than the deadline allowed for
@@ -63,6 +66,10 @@ def parse_args():
     p.add_argument("--best-effort", default="vit_l_32:48", help="model:sms")
     p.add_argument("--load", type=float, default=0.75)
     p.add_argument("--slack", type=float, default=1.3)
+    p.add_argument("--deadline-base", choices=["alone", "together"], default="alone",
+                   help="the p99 the deadline multiplies: each victim alone in its partition, "
+                   "or in the victims-only baseline of the same point (the critical set "
+                   "together, without best effort)")
     p.add_argument("--mechanisms", default="green,mps,timeslice")
     p.add_argument("--variants", default="none,pri,guard,both,stretch")
     p.add_argument("--repeats", type=int, default=3)
@@ -209,8 +216,9 @@ class Study:
         self.be = dict(name=f"be_{be_model}", model=be_model, sms=be_sms,
                        criticality="best_effort")
         self.mechanisms = [m for m in args.mechanisms.split(",")
-                           if args.backend == "cuda" or m == "green"]
+                           if m and (args.backend == "cuda" or m == "green")]
         self.alone = {}
+        self.deadlines = {}
         self.rows = []
         self.misses = []
 
@@ -266,19 +274,32 @@ class Study:
                 self.misses.append(dict(study=study, mechanism=mech, load=load, variant=label,
                                         repeat=rep, workload=name, **blame[name]))
 
+    def exec_p99(self, study, mech, load, variant, rep=0):
+        """Each critical workload's execution p99 (ms) in one run of this point."""
+        return {r["workload"]: r["exec_p99_ms"] for r in self.rows
+                if (r["study"], r["mechanism"], r["load"], r["variant"], r["repeat"])
+                == (study, mech, load, variant, rep) and r["criticality"] == "critical"}
+
     def victim_stretches(self, study, mech, load):
-        """Each victim's p99 execution stretch in the first unprotected run of this point."""
-        rs = [r for r in self.rows if (r["study"], r["mechanism"], r["load"], r["variant"],
-                                       r["repeat"]) == (study, mech, load, "none", 0)
-              and r["criticality"] == "critical"]
-        return {r["workload"]: r["exec_stretch"] for r in rs}
+        """Each victim's stretch by best effort: its p99 execution time in the first unprotected
+        run of this point over the victims-only baseline's (over alone without baselines)."""
+        beside = self.exec_p99(study, mech, load, "none")
+        base = self.exec_p99(study, mech, load, "victims-only")
+        return {n: max(1.0, ex / base.get(n, self.alone[mech][n]["exec_p99"]))
+                for n, ex in beside.items()}
 
     def compare(self, study, mech, load, variants, baselines):
         vs = self.victims_at(mech, load)
-        if baselines:
+        if baselines or self.args.deadline_base == "together":
             for v in vs:
                 self.one(study, mech, load, f"only-{v['name']}", 0, [v])
             self.one(study, mech, load, "victims-only", 0, vs)
+        if self.args.deadline_base == "together":
+            together = {r["workload"]: r["p99_ms"] for r in self.rows
+                        if (r["study"], r["mechanism"], r["load"], r["variant"])
+                        == (study, mech, load, "victims-only")}
+            vs = [dict(v, deadline_ms=self.args.slack * together[v["name"]]) for v in vs]
+            self.deadlines[(study, mech, load)] = {v["name"]: v["deadline_ms"] for v in vs}
         for rep in range(self.args.repeats):
             for variant in variants:
                 stretch = (self.victim_stretches(study, mech, load) if variant == "stretch"
@@ -316,17 +337,27 @@ def markdown(st):
     be = st.be["name"]
     out = [f"# Criticality protection ({a.backend}, {a.precision})", "",
            f"Critical victims at {a.load:.0%} of their alone-in-partition capacity (trade-off: "
-           f"other loads), deadline {a.slack} x their p99 alone; best effort `{be}` flat out; "
+           f"other loads), deadline {a.slack} x their p99 "
+           + ("alone" if a.deadline_base == "alone" else
+              "in the victims-only baseline (both victims at that load, no best effort; the "
+              "baselines' own timeouts count against the alone deadline)")
+           + f"; best effort `{be}` flat out; "
            f"pieces of {a.piece_us} µs, margin {a.margin_us} µs; {a.duration} s per run, "
            f"{a.repeats} repeats. Variants: none (unprotected), pri (priorities only), guard "
            "(guard only, full-stall model), both (guard + priorities, the default), stretch "
-           "(guard with each victim's own p99 execution stretch of the first unprotected run, "
-           "+ priorities); victims-only / only-X: the baselines without best effort.", "",
+           "(guard with each victim's own stretch by best effort: p99 execution time in the first "
+           "unprotected run over the victims-only baseline's, + priorities); victims-only / only-X: the baselines without best effort.", "",
            "| mechanism | workload | alone capacity /s | alone p99 ms | alone exec p99 ms |",
            "| --- | --- | --- | --- | --- |"]
     for mech, ws in st.alone.items():
         out += [f"| {mech} | {n} | {w['capacity']:.1f} | {w['p99']:.3f} | {w['exec_p99']:.3f} |"
                 for n, w in ws.items()]
+    if st.deadlines:
+        out += ["", "| study | mechanism | load | " + " | ".join(
+            f"{v['name']} deadline ms" for v in st.victims) + " |",
+                "| --- | --- | --- |" + " --- |" * len(st.victims)]
+        out += [f"| {k[0]} | {k[1]} | {k[2]:.2f} | " + " | ".join(
+            f"{d[v['name']]:.3f}" for v in st.victims) + " |" for k, d in st.deadlines.items()]
     victims = [v["name"] for v in st.victims]
     for study in ("compare", "tradeoff"):
         keys = []
