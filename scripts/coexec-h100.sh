@@ -11,12 +11,11 @@
 #   8192³ GEMM, an L2-resident read, resnet50 fp16 batch 32; each ~2 s alone), every pair, under
 #   timeslice, mps (100 % each), mps-provisioned (50/50) and green (64 SMs each); mig is
 #   listed so that its cells say why they are skipped (no profiles, MIG off). 4 alone runs +
-#   6 pairs × 4 mechanisms: about 28 runs of 2–5 s plus start-up, some 3–4 minutes of GPU time
-#   (an estimate: not yet run on the H100).
+#   6 pairs × 4 mechanisms: 125 s on an H200 (2026-11-26).
 # paper003: scenarios/gpu/coexec-resnet50-cpu-gpu.toml (resnet50 on the CPU, on the GPU at fp32
 #   and at fp16) at each BATCH (default 1 8 64; the paper's range is 1 2 4 8 16 32 64), every
-#   pair under timeslice, mps and green. About 2–3 minutes per batch size (an estimate: not yet
-#   run on the H100): give at most 3 batch sizes per 10-minute call.
+#   pair under timeslice, mps and green. 48–77 s per batch size on an H200 (batches 1, 8, 64:
+#   199 s in all).
 #
 # ISOLANE_BIN (default stage/isolane), RESULTS (default results/h100-coexec) and OUT (where the
 # tarball goes, default /tmp/isolane-coexec) override the defaults. DRY_RUN=1 prints the
