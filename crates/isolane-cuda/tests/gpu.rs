@@ -377,7 +377,14 @@ fn no_allocation_and_no_host_sync_inside_a_job() {
             a1 - a0
         );
         assert_eq!(a1 - a0, 0, "{name}: run() allocated on the host");
-        assert_eq!(free0, free1, "{name}: device memory changed across jobs");
+        // Free memory is the whole device's: memory released late by an earlier test of this
+        // process (a driver pool trimmed at a synchronisation) can raise it during the jobs; an
+        // allocation inside a job can only lower it. (The former equality check failed once in a
+        // full run on an H200, its output not kept, and passed in the two runs after.)
+        assert!(
+            free1 >= free0,
+            "{name}: device memory fell across jobs ({free0} -> {free1} bytes free)"
+        );
         // A launch returns before the job is done: nothing inside the job waits on the host.
         if name == "convnext_large" {
             let t = Instant::now();
