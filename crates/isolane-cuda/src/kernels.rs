@@ -403,23 +403,28 @@ extern "C" __global__ void resize2d(const T* __restrict__ x, T* __restrict__ y, 
     }
 }
 
-// One warp per row. kind: 0 mean, 1 sum, 2 max, 3 min (model.rs's reduce_code). Min is
-// max of the negation so that one warp_max serves both; the identities are +-inf so an
-// all-(-inf) row gives -inf as the CPU backend does.
+// One warp per row. kind: 0 mean, 1 sum, 2 max, 3 min, 4 L1, 5 sum of squares, 6 L2
+// (model.rs's reduce_code; ReduceKind::apply is the definition). Min is max of the negation
+// so that one warp_max serves both; the identities are +-inf so an all-(-inf) row gives -inf
+// as the CPU backend does. L1/L2 accumulate |x| or x*x in f32: only the result is stored in T.
 extern "C" __global__ void row_reduce(const T* __restrict__ x, T* __restrict__ y, long long rows, long long hw, int kind) {
     long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
     const T* xr = x + row * hw;
     const float NEG_INF = __int_as_float(0xff800000);
+    bool extreme = kind == 2 || kind == 3;
     float sign = kind == 3 ? -1.f : 1.f;
-    float s = kind >= 2 ? NEG_INF : 0.f;
+    float s = extreme ? NEG_INF : 0.f;
     for (long long j = lane; j < hw; j += 32) {
         float v = ld(xr, j);
-        s = kind >= 2 ? fmaxf(s, sign * v) : s + v;
+        if (kind == 4) v = fabsf(v);
+        else if (kind >= 5) v = v * v;
+        s = extreme ? fmaxf(s, sign * v) : s + v;
     }
-    s = kind >= 2 ? sign * warp_max(s) : warp_sum(s);
+    s = extreme ? sign * warp_max(s) : warp_sum(s);
     if (kind == 0) s /= (float)hw;
+    if (kind == 6) s = sqrtf(s);
     if (lane == 0) st(y, row, s);
 }
 

@@ -2776,5 +2776,8 @@ fn reduce_code(kind: isolane_engine::ir::ReduceKind) -> i32 {
         ReduceKind::Sum => 1,
         ReduceKind::Max => 2,
         ReduceKind::Min => 3,
+        ReduceKind::L1 => 4,
+        ReduceKind::SumSquare => 5,
+        ReduceKind::L2 => 6,
     }
 }

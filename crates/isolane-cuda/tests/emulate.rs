@@ -516,13 +516,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             kind,
         } => {
             for r in 0..*rows {
-                let it = (0..*hw).map(|j| m.get(*x, r * hw + j));
-                let v = match kind {
-                    ReduceKind::Sum => it.sum(),
-                    ReduceKind::Mean => it.sum::<f32>() / *hw as f32,
-                    ReduceKind::Max => it.fold(f32::NEG_INFINITY, f32::max),
-                    ReduceKind::Min => it.fold(f32::INFINITY, f32::min),
-                };
+                let v = kind.apply((0..*hw).map(|j| m.get(*x, r * hw + j)), *hw);
                 m.set(*y, r, v);
             }
         }
@@ -1131,6 +1125,9 @@ fn every_reduce_kind_over_trailing_axes_computes_the_graph() {
         ReduceKind::Sum,
         ReduceKind::Max,
         ReduceKind::Min,
+        ReduceKind::L1,
+        ReduceKind::SumSquare,
+        ReduceKind::L2,
     ];
     for kind in kinds {
         for keepdims in [true, false] {

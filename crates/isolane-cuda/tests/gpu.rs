@@ -12,6 +12,7 @@ mod common;
 
 use common::{random, rel_l2};
 use isolane_cuda::CudaBackend;
+use isolane_engine::ir::ReduceKind;
 use isolane_engine::{
     build_model, builtin_models, Backend, CompiledModel, CpuBackend, Precision, Weights,
 };
@@ -286,6 +287,31 @@ fn issue12_ops_match_the_cpu_backend() {
     }
     println!("{} issue-12 graphs × fp32, fp16", graphs.len());
     assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+}
+
+/// swin_v2's cosine attention at fp16: an L2 norm of rows whose squares, and their sum, exceed
+/// fp16's 65504 while the norm does not. One `ReduceKind::L2` keeps them in f32 (as an
+/// elementwise square before a Sum, the plan check refused swin_v2_t at fp16).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_l2_norm_whose_squares_overflow_fp16_is_right_at_fp16() {
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let cpu = CpuBackend::new(1);
+    let g = common::reduce_graph(ReduceKind::L2, &[6, 32], &[-1], true, false);
+    let mut c = cpu.compile(&g, 2, Precision::Fp32).expect("cpu compile");
+    // |x| up to 2000: squares up to 4e6, row sums up to 1.3e8, norms up to about 1.1e4.
+    let x: Vec<f32> = random(c.input_mut().len(), 7)
+        .iter()
+        .map(|v| v * 2000.0)
+        .collect();
+    c.input_mut().copy_from_slice(&x);
+    c.run().expect("cpu run");
+    let mut m = gpu.compile_cuda(&g, 2, Precision::Fp16).expect("compile");
+    m.input_mut().copy_from_slice(&x);
+    m.run().expect("gpu run");
+    assert!(m.output().iter().all(|v| v.is_finite()), "{:?}", m.output());
+    let err = rel_l2(m.output(), c.output());
+    assert!(err < 1e-2, "rel L2 {err:.3e}");
 }
 
 #[test]

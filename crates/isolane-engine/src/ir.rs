@@ -167,12 +167,39 @@ pub enum Binary {
 }
 
 /// Reductions.
+///
+/// ONNX's ReduceL1, ReduceSumSquare and ReduceL2 are kinds of their own rather than an
+/// elementwise step around a Sum: the squares (and their sum) of an fp16 plan would be stored
+/// in fp16 between the steps and overflow past 65504 (swin_v2's cosine attention normalises
+/// rows whose squares do), while one reduction keeps them in f32 and stores only its result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceKind {
     Mean,
     Sum,
     Max,
     Min,
+    /// Σ|x|.
+    L1,
+    /// Σx².
+    SumSquare,
+    /// √Σx².
+    L2,
+}
+
+impl ReduceKind {
+    /// The reduction of `values` (`n` of them), in f32: the one definition the CPU backend and
+    /// the CUDA plan's emulator compute with (the CUDA `row_reduce` kernel mirrors it).
+    pub fn apply(self, values: impl Iterator<Item = f32>, n: usize) -> f32 {
+        match self {
+            ReduceKind::Sum => values.sum(),
+            ReduceKind::Mean => values.sum::<f32>() / n as f32,
+            ReduceKind::Max => values.fold(f32::NEG_INFINITY, f32::max),
+            ReduceKind::Min => values.fold(f32::INFINITY, f32::min),
+            ReduceKind::L1 => values.map(f32::abs).sum(),
+            ReduceKind::SumSquare => values.map(|v| v * v).sum(),
+            ReduceKind::L2 => values.map(|v| v * v).sum::<f32>().sqrt(),
+        }
+    }
 }
 
 /// 2-D convolution attributes (NCHW). Inputs: `x [N,C,H,W]`, `w [M, C/groups, kh, kw]`,

@@ -172,6 +172,9 @@ pub fn issue12_graphs() -> Vec<Graph> {
         ReduceKind::Sum,
         ReduceKind::Max,
         ReduceKind::Min,
+        ReduceKind::L1,
+        ReduceKind::SumSquare,
+        ReduceKind::L2,
     ];
     let sets: [(&[usize], &[i64]); 5] = [
         (&[6, 5], &[-1]),

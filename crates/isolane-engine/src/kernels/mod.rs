@@ -769,17 +769,11 @@ impl Kernel {
                 let x = io.inp(0);
                 // SAFETY: single output taken once.
                 let out = unsafe { io.out(0) };
-                let n = offsets.len() as f32;
+                let n = offsets.len();
                 out.par_iter_mut()
                     .zip(bases.par_iter())
                     .for_each(|(o, &b)| {
-                        let it = offsets.iter().map(|&off| x[b + off]);
-                        *o = match kind {
-                            ReduceKind::Sum => it.sum(),
-                            ReduceKind::Mean => it.sum::<f32>() / n,
-                            ReduceKind::Max => it.fold(f32::NEG_INFINITY, f32::max),
-                            ReduceKind::Min => it.fold(f32::INFINITY, f32::min),
-                        };
+                        *o = kind.apply(offsets.iter().map(|&off| x[b + off]), n);
                     });
             }
             Kernel::Resize(r) => resize(r, io),

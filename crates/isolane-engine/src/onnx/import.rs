@@ -1356,8 +1356,8 @@ impl<'m> Importer<'m> {
         )
     }
 
-    /// The Reduce ops. ReduceL1, ReduceL2 and ReduceSumSquare (F.normalize writes ReduceL2)
-    /// are Abs / x·x, a ReduceSum, and (L2) a Sqrt.
+    /// The Reduce ops (F.normalize writes ReduceL2); each is one `Op::Reduce` of its kind
+    /// ([`ReduceKind`] says why L1/L2/SumSquare are not split into steps).
     fn reduce(&mut self, c: &Ctx, op: &str) -> Result<Vec<Val>> {
         // Axes moved from an attribute to an input: ReduceSum at opset 13, the others at 18.
         let axes_as_input = op == "ReduceSum" || self.m.opset >= 18;
@@ -1369,9 +1369,8 @@ impl<'m> Importer<'m> {
         let keepdims = c.int("keepdims", 1)? != 0;
         let noop = c.int("noop_with_empty_axes", 0)? != 0;
         let axes = axes.unwrap_or_default();
-        let plain = matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin");
         if axes.is_empty() && noop {
-            if !plain {
+            if !matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin") {
                 return Err(c.unsupported_attr(
                     "noop_with_empty_axes",
                     format!("value 1 with no axes on {op}"),
@@ -1392,6 +1391,9 @@ impl<'m> Importer<'m> {
             "ReduceMean" => ReduceKind::Mean,
             "ReduceMax" => ReduceKind::Max,
             "ReduceMin" => ReduceKind::Min,
+            "ReduceL1" => ReduceKind::L1,
+            "ReduceL2" => ReduceKind::L2,
+            "ReduceSumSquare" => ReduceKind::SumSquare,
             _ => ReduceKind::Sum,
         };
         let reduce = Op::Reduce {
@@ -1399,28 +1401,7 @@ impl<'m> Importer<'m> {
             axes,
             keepdims,
         };
-        if plain {
-            return self.emit1(c, reduce, 1);
-        }
-        let x = (c.n.input[0].clone(), x);
-        let pre = if op == "ReduceL1" {
-            self.emit_tmp(c, Op::Unary(Unary::Abs), &[x], "abs")?
-        } else {
-            self.emit_tmp(c, Op::Binary(Binary::Mul), &[x.clone(), x], "square")?
-        };
-        let pre = (format!("{}:pre", c.r.node), pre);
-        if op != "ReduceL2" {
-            let out = self.out_name(c, 0);
-            return self.emit(c, reduce, &[pre], vec![out]);
-        }
-        let sum = self.emit_tmp(c, reduce, &[pre], "sum")?;
-        let out = self.out_name(c, 0);
-        self.emit(
-            c,
-            Op::Unary(Unary::Sqrt),
-            &[(format!("{}:sum", c.r.node), sum)],
-            vec![out],
-        )
+        self.emit1(c, reduce, 1)
     }
 
     /// GatherND on values known at import (`batch_dims` 0): swin v2's relative position bias
