@@ -350,6 +350,20 @@ impl Scenario {
         Self::from_toml_str(&text, path, models)
     }
 
+    /// Per workload of the scenario file `text` (in file order), whether it names its GPU
+    /// itself (`gpu = N`): the resolved scenario fills in every GPU workload's `gpu` when the
+    /// device has several, so only the file tells a workload pinned to a GPU from one the
+    /// planner may place (`isolane plan --auto`). Text that is not a scenario gives none.
+    pub fn workloads_naming_their_gpu(text: &str) -> Vec<bool> {
+        let Ok(doc) = text.parse::<toml::Table>() else {
+            return Vec::new();
+        };
+        let Some(toml::Value::Array(workloads)) = doc.get("workload") else {
+            return Vec::new();
+        };
+        workloads.iter().map(|w| w.get("gpu").is_some()).collect()
+    }
+
     /// The resolved scenario as TOML in the user format, every default written out, so that
     /// `from_toml_str(to_toml_string())` gives back an equal `Scenario` (DESIGN.md: the output
     /// directory's `scenario.toml`).

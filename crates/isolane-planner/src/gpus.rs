@@ -15,15 +15,31 @@ use crate::{Choice, Demand, Ladder, Options, Outcome, Point, ProfileError, Profi
 /// A plan over several GPUs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpusPlan {
-    /// Each workload's GPU (device index), in the demands' order; `None`: placed on none.
-    pub gpu_of: Vec<Option<u32>>,
-    /// Per GPU (in the order given): how much of its capacity its workloads take, in
-    /// [`Ladder::cost`] units (of [`Ladder::capacity`] each).
+    /// The GPUs planned (device indices), in the order given; empty for a plan of one GPU
+    /// (the caller's, when it wraps [`plan`]'s outcome in this type).
+    pub gpus: Vec<u32>,
+    /// Each workload's name and GPU (device index), in the demands' order; `None`: placed on
+    /// none (or one GPU).
+    pub gpu_of: Vec<(String, Option<u32>)>,
+    /// Per GPU of `gpus`: how much of its capacity its workloads take, in [`Ladder::cost`]
+    /// units (of [`Ladder::capacity`] each).
     pub used: Vec<u32>,
     /// Every GPU's plan together. `Planned`: the choices in the demands' order, `used` and
     /// `capacity` summed over the GPUs. `NoPlan`: the reasons (a GPU's own start "on GPU n:"),
     /// what was not profiled, and every GPU's (partial) plan together.
     pub outcome: Outcome,
+}
+
+impl GpusPlan {
+    /// The GPU workload `name` was placed on.
+    pub fn gpu_of(&self, name: &str) -> Option<u32> {
+        self.gpu_of.iter().find(|(n, _)| n == name)?.1
+    }
+
+    /// Each workload's GPU, in the demands' order.
+    pub fn gpus_in_order(&self) -> Vec<Option<u32>> {
+        self.gpu_of.iter().map(|(_, g)| *g).collect()
+    }
 }
 
 /// The workloads `members` (indices into the demands) of one GPU, to the profiler of all.
@@ -166,7 +182,8 @@ impl Planning<'_> {
             }
         };
         Ok(GpusPlan {
-            gpu_of,
+            gpus: self.gpus.to_vec(),
+            gpu_of: demands.iter().map(|d| d.name.clone()).zip(gpu_of).collect(),
             used,
             outcome,
         })
@@ -325,7 +342,8 @@ mod tests {
         .unwrap();
         // big1 (80 SMs) on GPU 0; big2 does not fit beside it (160 > 132): GPU 1 beside the
         // pinned one (8 SMs); small on the first GPU with room: GPU 0.
-        assert_eq!(plan.gpu_of, [Some(0), Some(0), Some(1), Some(1)]);
+        assert_eq!(plan.gpus_in_order(), [Some(0), Some(0), Some(1), Some(1)]);
+        assert_eq!(plan.gpu_of("big2"), Some(1));
         let Outcome::Planned {
             choices,
             used,
@@ -372,7 +390,7 @@ mod tests {
             "{r}"
         );
         assert!(r.contains("on GPU 3: "), "{r}");
-        assert_eq!(plan.gpu_of, [Some(2), Some(3), None]);
+        assert_eq!(plan.gpus_in_order(), [Some(2), Some(3), None]);
         assert_eq!(partial.len(), 2, "the critical ones are kept");
     }
 
@@ -431,7 +449,7 @@ mod tests {
             &mut p,
         )
         .unwrap();
-        assert_eq!(plan.gpu_of, [Some(0), Some(1)]);
+        assert_eq!(plan.gpus_in_order(), [Some(0), Some(1)]);
         assert!(
             matches!(plan.outcome, Outcome::Planned { .. }),
             "{:?}",

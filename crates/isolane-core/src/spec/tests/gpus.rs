@@ -140,3 +140,13 @@ fn a_scenario_built_in_code_is_held_to_the_same_rules() {
         "{e}"
     );
 }
+
+#[test]
+fn the_file_tells_which_workloads_name_their_gpu() {
+    let text = "[device]\nbackend = \"cuda\"\ngpus = [0, 1]\nmechanism = \"green\"\n\
+                [[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\n\
+                [[workload]]\nname = \"b\"\nmodel = \"spin:1ms\"\ngpu = 1\n";
+    assert_eq!(Scenario::workloads_naming_their_gpu(text), [false, true]);
+    assert!(Scenario::workloads_naming_their_gpu("not = [toml").is_empty());
+    assert!(Scenario::workloads_naming_their_gpu("[device]\n").is_empty());
+}
