@@ -364,6 +364,23 @@ impl Scenario {
         workloads.iter().map(|w| w.get("gpu").is_some()).collect()
     }
 
+    /// The GPU workloads of GPU `gpu` alone, as a scenario of that one GPU (`device.gpu =
+    /// gpu`, no `gpus`, no workload `gpu`): what a command that works on one GPU at a time
+    /// (`isolane verify`) takes of a scenario on several. Empty of workloads when none is on it.
+    pub fn on_one_gpu(&self, gpu: u32) -> Scenario {
+        let mut s = self.clone();
+        s.workloads = self
+            .workloads
+            .iter()
+            .filter(|w| w.on_gpu() && w.program.is_none() && w.gpu_on(&self.device) == gpu)
+            .cloned()
+            .map(|w| WorkloadSpec { gpu: None, ..w })
+            .collect();
+        s.device.gpu = gpu;
+        s.device.gpus = Vec::new();
+        s
+    }
+
     /// The resolved scenario as TOML in the user format, every default written out, so that
     /// `from_toml_str(to_toml_string())` gives back an equal `Scenario` (DESIGN.md: the output
     /// directory's `scenario.toml`).
