@@ -116,6 +116,94 @@ mod tests {
         );
     }
 
+    /// A fake GPU of constant power and a counter of `watts` J per reading; `reads` counts
+    /// its readings for the test to wait on.
+    struct Fake {
+        watts: f64,
+        n: u64,
+        reads: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl isolane_telemetry::Source for Fake {
+        fn device(&self) -> String {
+            "Fake GPU".into()
+        }
+        fn kind(&self) -> &'static str {
+            "fake"
+        }
+        fn read(&mut self) -> isolane_telemetry::Reading {
+            self.n += 1;
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            isolane_telemetry::Reading {
+                power_w: Some(self.watts),
+                energy_counter_mj: Some((self.watts * 1000.0) as u64 * self.n),
+                ..Default::default()
+            }
+        }
+    }
+
+    #[test]
+    fn a_run_on_two_gpus_writes_each_gpus_telemetry_and_attributes_it_by_gpu() {
+        let text = "[device]\nbackend = \"cuda\"\ngpus = [0, 1]\nmechanism = \"timeslice\"\n\
+                    [[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
+                    [[workload]]\nname = \"b\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
+                    gpu = 1\n";
+        let s = Scenario::from_toml_str(text, "s.toml", &NoBuiltinModels).unwrap();
+        let reads: Vec<_> = (0..2)
+            .map(|_| std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0)))
+            .collect();
+        let fake = |watts: f64, i: usize| -> Box<dyn isolane_telemetry::Source> {
+            Box::new(Fake {
+                watts,
+                n: 0,
+                reads: std::sync::Arc::clone(&reads[i]),
+            })
+        };
+        let sources = vec![(0, fake(100.0, 0)), (1, fake(300.0, 1))];
+        let t = RunTelemetry::start_sources(sources, std::time::Duration::from_millis(5), None)
+            .unwrap();
+        // Two readings per GPU make an energy: wait for three of each, however loaded the
+        // machine (the deadline only stops a broken sampler from hanging the test).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while reads
+            .iter()
+            .any(|r| r.load(std::sync::atomic::Ordering::SeqCst) < 3)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the samplers stopped reading"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut summary = isolane_core::results::RunSummary::new("run");
+        for name in ["a", "b"] {
+            let mut w = isolane_core::results::WorkloadSummary::new(name, "spin:1ms", 1);
+            w.metrics.completed = 1;
+            summary.workloads.push(w);
+        }
+        let mut seen = Warnings::default();
+        finish(
+            Some(t),
+            &s,
+            dir.path(),
+            (None, 0.0),
+            &mut summary,
+            &mut seen,
+        );
+        assert!(seen.0.is_empty(), "{:?}", seen.0);
+        assert_eq!(summary.telemetry, None);
+        let gpus: Vec<Option<u32>> = summary.telemetry_per_gpu.iter().map(|t| t.gpu).collect();
+        assert_eq!(gpus, [Some(0), Some(1)]);
+        let csv = std::fs::read_to_string(dir.path().join("telemetry.csv")).unwrap();
+        assert!(csv.starts_with("t_s,gpu,"), "{csv}");
+        // a alone on GPU 0, b alone on GPU 1: each gets its own GPU's energy.
+        let energy = |i: usize| summary.workloads[i].metrics.energy_j;
+        let per_gpu = |g: usize| summary.telemetry_per_gpu[g].energy_j;
+        assert!(per_gpu(0).is_some() && per_gpu(1).is_some(), "{summary:?}");
+        assert_eq!((energy(0), energy(1)), (per_gpu(0), per_gpu(1)));
+    }
+
     #[test]
     fn each_workload_is_attributed_to_its_own_gpu() {
         let text = "[device]\nbackend = \"cuda\"\ngpus = [1, 0]\nmechanism = \"timeslice\"\n\
