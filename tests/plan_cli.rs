@@ -283,14 +283,22 @@ fn a_workload_on_a_gpu_the_device_does_not_list_is_refused_with_the_allowed_ones
 fn commands_built_for_one_gpu_refuse_several_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let sc = scenario(tmp.path(), "s.toml", &green_on_two_gpus(&[(0, 8), (1, 8)]));
-    for args in [&["isolation"][..], &["plan", "--auto"], &["verify"]] {
+    let o = isolane().arg("isolation").arg(&sc).output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("device.gpus = [0, 1]"), "{stderr}");
+    assert!(stderr.contains("works on one GPU"), "{stderr}");
+}
+
+/// `isolane plan --auto` and `isolane verify` work per GPU now: neither refuses `device.gpus`
+/// by name (without a GPU here each fails on the missing GPU or its profiles instead).
+#[test]
+fn plan_auto_and_verify_take_several_gpus() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "s.toml", &green_on_two_gpus(&[(0, 8), (1, 8)]));
+    for args in [&["plan", "--auto"][..], &["verify", "--duration-s", "0.5"]] {
         let o = isolane().args(args).arg(&sc).output().unwrap();
         let stderr = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains("device.gpus = [0, 1]"),
-            "{args:?}: {stderr}"
-        );
-        assert!(stderr.contains("works on one GPU"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("works on one GPU"), "{args:?}: {stderr}");
     }
 }

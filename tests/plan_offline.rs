@@ -356,3 +356,117 @@ fn the_profiles_a_plan_used_are_exported_and_plan_the_same_elsewhere() {
     assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
     assert_eq!(text(&again.stdout), text(&first.stdout));
 }
+
+/// `[device] gpus = [0, 1]` of `workloads` (`(name, model, rate_hz, deadline_ms, gpu)`).
+fn two_gpus(dir: &Path, workloads: &[(&str, &str, u32, u32, Option<u32>)]) -> PathBuf {
+    let mut s =
+        String::from("[device]\nbackend = \"cuda\"\ngpus = [0, 1]\nmechanism = \"green\"\n");
+    for (name, model, rate, deadline, gpu) in workloads {
+        s.push_str(&format!(
+            "\n[[workload]]\nname = \"{name}\"\nmodel = \"{model}\"\nrate_hz = {rate}\n\
+             deadline_ms = {deadline}\nduration_s = 10\n"
+        ));
+        if let Some(g) = gpu {
+            s.push_str(&format!("gpu = {g}\n"));
+        }
+    }
+    let p = dir.join("two.toml");
+    std::fs::write(&p, s).unwrap();
+    p
+}
+
+const GEMM: &str = "kernel:gemm:1024";
+const TRIAD: &str = "kernel:triad:1GiB";
+
+#[test]
+fn two_gpus_are_planned_offline_placing_the_workloads_and_keeping_pinned_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 40 SMs each (as in offline.toml): five need 200 SMs, more than one H100's 132.
+    let sc = two_gpus(
+        tmp.path(),
+        &[
+            ("camera", GEMM, 100, 2, None),
+            ("camera2", GEMM, 100, 2, None),
+            ("camera3", GEMM, 100, 2, None),
+            ("lidar", TRIAD, 20, 5, None),
+            ("lidar2", TRIAD, 20, 5, Some(1)),
+        ],
+    );
+    let planned = tmp.path().join("planned.toml");
+    let o = isolane()
+        .args(["plan", "--auto", "--device-model", "h100-sxm", "--profiles"])
+        .arg(data("profiles"))
+        .arg("-o")
+        .arg(&planned)
+        .arg(&sc)
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    // First-fit decreasing: the cameras (busier) fill GPU 0 to 120 SMs, lidar does not fit
+    // beside them and goes beside lidar2, pinned to GPU 1.
+    assert!(
+        err.contains(
+            "green: planned in" 
+        ) && err.contains(
+            "using GPU 0: 120 SMs of 132 SMs (12 SMs spare); GPU 1: 80 SMs of 132 SMs (52 SMs spare)"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("lidar          GPU 1   40 SMs"), "{err}");
+    let written = std::fs::read_to_string(&planned).unwrap();
+    let s = isolane_core::spec::Scenario::from_toml_str(
+        &written,
+        "planned.toml",
+        &isolane_core::spec::NoBuiltinModels,
+    )
+    .unwrap();
+    let gpus: Vec<(&str, Option<u32>)> = s
+        .workloads
+        .iter()
+        .map(|w| (w.name.as_str(), w.gpu))
+        .collect();
+    assert_eq!(
+        gpus,
+        [
+            ("camera", Some(0)),
+            ("camera2", Some(0)),
+            ("camera3", Some(0)),
+            ("lidar", Some(1)),
+            ("lidar2", Some(1))
+        ],
+        "{written}"
+    );
+    assert!(written.contains("# planned: 40 SMs on GPU 1;"), "{written}");
+    // Admission per GPU takes the planned scenario as it is.
+    let o = run_ok(
+        isolane()
+            .args(["plan", "--device-model", "h100-sxm"])
+            .arg(&planned),
+    );
+    assert!(text(&o.stdout).contains("GPU 1"), "{}", text(&o.stdout));
+}
+
+#[test]
+fn two_gpus_that_cannot_hold_the_workloads_are_refused_naming_the_gpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Four cameras pinned to GPU 1 need 160 of its 132 SMs.
+    let pinned: Vec<(String, u32)> = (0..4).map(|i| (format!("cam{i}"), 1)).collect();
+    let workloads: Vec<(&str, &str, u32, u32, Option<u32>)> = pinned
+        .iter()
+        .map(|(n, g)| (n.as_str(), GEMM, 100, 2, Some(*g)))
+        .collect();
+    let sc = two_gpus(tmp.path(), &workloads);
+    let o = offline(&["--device-model", "h100-sxm"], &sc, &data("profiles"));
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("green: no plan")
+            && err.contains("on GPU 1: together they need 160 SMs of 132 SMs"),
+        "{err}"
+    );
+    assert!(
+        err.contains("best partial plan: cam0 GPU 1 40 SMs"),
+        "{err}"
+    );
+}

@@ -76,7 +76,7 @@ fn programs_run_beside_a_model_and_each_ending_is_reported() {
     );
 
     let s = summary(&out);
-    assert_eq!(s["schema_version"], 3);
+    assert_eq!(s["schema_version"], isolane_core::results::SCHEMA_VERSION);
     assert_eq!(s["status"], "failed");
     let spin = workload(&s, "spin");
     assert_eq!(spin["status"], "ok");

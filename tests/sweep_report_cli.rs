@@ -279,3 +279,68 @@ fn the_report_reads_what_the_telemetry_sampler_writes() {
     assert!(html.contains(">209.5<"), "mean power of the window");
     assert_eq!(summary.workloads[0].metrics.energy_j, Some(190.0));
 }
+
+/// A run on two GPUs: telemetry.csv's `gpu` column and summary.json's `telemetry_per_gpu`, as
+/// the sampler writes them, read back by the report as a series and a table row per GPU.
+#[test]
+fn the_report_shows_each_gpu_of_a_run_on_two_gpus() {
+    use isolane_telemetry::{GpuTelemetry, Reading, Recording, Sample};
+    let gpu = |gpu: u32, watts: f64| {
+        let samples: Vec<Sample> = (0..10)
+            .map(|k| Sample {
+                t_ns: 1_000_000_000 + k * 50_000_000,
+                reading: Reading {
+                    power_w: Some(watts),
+                    sm_clock_mhz: Some(1980.0),
+                    temperature_c: Some(40.0),
+                    sm_util_pct: Some(50.0),
+                    ..Reading::default()
+                },
+            })
+            .collect();
+        let recording = Recording {
+            device: "Fake GPU".into(),
+            source: "fake",
+            period: std::time::Duration::from_millis(50),
+            samples,
+            cpu_ns: 1_000_000,
+            wall_ns: 1_000_000_000,
+            overruns: 0,
+            refresh_every: Vec::new(),
+        };
+        let mut summary = recording.summary(None);
+        summary.gpu = Some(gpu);
+        GpuTelemetry {
+            gpu,
+            recording,
+            summary,
+        }
+    };
+    let gpus = [gpu(1, 120.0), gpu(0, 340.0)];
+    let mut summary = isolane_core::results::RunSummary::new("run");
+    summary.wall_s = 0.45;
+    for name in ["a", "b"] {
+        summary
+            .workloads
+            .push(isolane_core::results::WorkloadSummary::new(name, "m", 1));
+    }
+    let gpu_of = |name: &str| Some(if name == "a" { 1 } else { 0 });
+    isolane_telemetry::attach_gpus(&mut summary, &gpus, &gpu_of);
+    let dir = tempfile::tempdir().unwrap();
+    isolane_core::results::write_json(&dir.path().join("summary.json"), &summary).unwrap();
+    let csv = isolane_telemetry::run_csv(&gpus, 1_000_000_000);
+    std::fs::write(dir.path().join("telemetry.csv"), csv).unwrap();
+    let html = isolane_report::render_report(&[dir.path().to_path_buf()], "t").unwrap();
+    assert!(html.contains(">GPU<"), "the summary table's GPU column");
+    assert!(
+        html.contains(">120.0<") && html.contains(">340.0<"),
+        "each GPU's mean power"
+    );
+    for g in ["GPU 0", "GPU 1"] {
+        assert!(html.contains(g), "a series of {g}");
+    }
+    let back: isolane_core::results::RunSummary =
+        isolane_core::results::read_json(&dir.path().join("summary.json")).unwrap();
+    assert_eq!(back.telemetry_per_gpu.len(), 2);
+    assert_eq!(back.telemetry, None);
+}

@@ -103,12 +103,8 @@ pub fn run(
         run_in_partitions(&scenario, &apps, &workloads, admitted, args, &stop, &out)?;
     let outcome = outcome.map_err(|e| anyhow::anyhow!(e))?;
     let mut summary = summary(&apps, &outcome, &records, &scenario_name, started_at);
-    if let Some(t) = telemetry {
-        match t.finish(&out, Some(outcome.t0_ns), outcome.wall_s) {
-            Ok((rec, tsum)) => isolane_telemetry::attach(&mut summary, &rec, &tsum),
-            Err(e) => eprintln!("warning: device telemetry lost: {e}"),
-        }
-    }
+    let window = (Some(outcome.t0_ns), outcome.wall_s);
+    isolane_session::telemetry::finish(telemetry, &scenario, &out, window, &mut summary, &mut view);
     summary.interrupted = stop.load(std::sync::atomic::Ordering::Relaxed);
     if summary.interrupted {
         summary.status = RunStatus::Interrupted;

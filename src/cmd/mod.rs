@@ -164,10 +164,11 @@ pub fn refuse_programs(scenario: &Scenario, file: &str, command: &str) -> anyhow
     }
 }
 
-/// Several GPUs (`device.gpus`) are built for `isolane run` and `isolane plan` (admission per
-/// GPU, partitions per GPU): the commands that search, profile, probe, ramp or pair workloads
-/// on one device refuse such a scenario by name rather than run it on its first GPU alone
-/// (docs/partitions.md, Several GPUs; a user's mistake: exit code 2).
+/// Several GPUs (`device.gpus`) are built for `isolane run`, `isolane plan` (with `--auto`)
+/// and `isolane verify` (admission, partitions, telemetry, placement and probes per GPU): the
+/// commands that ramp or pair workloads on one device refuse such a scenario by name rather
+/// than run it on its first GPU alone (docs/partitions.md, Several GPUs; a user's mistake:
+/// exit code 2).
 pub fn refuse_several_gpus(scenario: &Scenario, file: &str, command: &str) -> anyhow::Result<()> {
     if !scenario.device.several_gpus() {
         return Ok(());
@@ -175,7 +176,8 @@ pub fn refuse_several_gpus(scenario: &Scenario, file: &str, command: &str) -> an
     let list: Vec<String> = scenario.device.gpus.iter().map(u32::to_string).collect();
     Err(user(format!(
         "{file}: device.gpus = [{}]: `isolane {command}` works on one GPU; several GPUs are \
-         built for `isolane run` and `isolane plan` (write device.gpu = N to use one GPU)",
+         built for `isolane run`, `isolane plan` and `isolane verify` (write device.gpu = N to \
+         use one GPU)",
         list.join(", ")
     )))
 }

@@ -16,8 +16,8 @@ use isolane_core::spec::{
 use isolane_planner::cache::{DeviceRecord, ProfileKey, Times};
 use isolane_planner::offline::{OfflineProfiler, OfflineProfiles, WorkloadId};
 use isolane_planner::{
-    Choice, Demand, Ladder, LearnedStretch, Options, Outcome, Point, ProfileBudget, ProfileCache,
-    ProfileError, Profiler, StretchKey, Unit,
+    Choice, Demand, GpusPlan, Ladder, LearnedStretch, Options, Outcome, Point, ProfileBudget,
+    ProfileCache, ProfileError, Profiler, StretchKey, Unit,
 };
 use isolane_runtime::exec::Engine;
 use isolane_runtime::RunPlan;
@@ -31,9 +31,9 @@ const PROFILE_WARMUP: u64 = 20;
 pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
     super::refuse_programs(&scenario, &name, "plan --auto")?;
-    super::refuse_several_gpus(&scenario, &name, "plan --auto")?;
     super::refuse_mixed_backends(&scenario, &name, "plan --auto")?;
     let demands = demands(&scenario, &name)?;
+    let spread = Spread::of(&scenario, &args.scenario)?;
     let target = Target::resolve(&scenario, args)?;
     let workloads = workload_ids(&scenario);
     let mechanisms = mechanisms(&scenario, args.mechanism.as_deref(), &target, &workloads)?;
@@ -57,9 +57,10 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
             .profile_budget
             .map(|s| ProfileBudget::new(Duration::from_secs_f64(s))),
         used: Vec::new(),
+        spread: spread.as_ref(),
     };
     let learned = target.learned();
-    let mut best: Option<(Mechanism, Ladder, Vec<Demand>, Vec<Choice>)> = None;
+    let mut best: Option<(Mechanism, Ladder, Vec<Demand>, GpusPlan)> = None;
     let mut unprofiled = false;
     let mut memory = MemoryEstimates::default();
     for mech in &mechanisms {
@@ -71,13 +72,13 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         };
         let demands = with_memory(stretched, memory.under(&scenario, *mech));
         let t = Instant::now();
-        let outcome = profiles.plan(&target, *mech, &ladder, &demands, &opts)?;
-        print_outcome(*mech, &ladder, &outcome, t.elapsed().as_secs_f64());
-        if let Outcome::NoPlan { unprofiled: u, .. } = &outcome {
+        let planned = profiles.plan(&target, *mech, &ladder, &demands, &opts)?;
+        print_outcome(*mech, &ladder, &planned, t.elapsed().as_secs_f64());
+        if let Outcome::NoPlan { unprofiled: u, .. } = &planned.outcome {
             unprofiled |= !u.is_empty();
         }
-        if let (Outcome::Planned { choices, .. }, None) = (&outcome, &best) {
-            best = Some((*mech, ladder, demands, choices.clone()));
+        if matches!(planned.outcome, Outcome::Planned { .. }) && best.is_none() {
+            best = Some((*mech, ladder, demands, planned));
         }
     }
     if unprofiled {
@@ -88,20 +89,21 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     if let Some(dir) = &args.export_profiles {
         export(target.cache(), &profiles.used, dir)?;
     }
-    let Some((mech, ladder, mut demands, mut choices)) = best else {
+    let Some((mech, ladder, mut demands, mut plan)) = best else {
         return Ok(super::EXIT_USER);
     };
     for round in 1.. {
-        let planned = planned_scenario(&scenario, mech, &ladder, &choices);
+        let choices = planned_choices(&plan);
+        let planned = planned_scenario(&scenario, mech, &ladder, choices, &plan.gpus_in_order());
         admit_planned(&planned, target.device())?;
-        emit(&planned, &choices, &ladder, args.out.as_deref())?;
+        emit(&planned, &plan, &ladder, args.out.as_deref())?;
         if !args.verify {
             return Ok(0);
         }
         let summary = verify(&planned, args, round, engine)?;
-        let missed = print_verification(&summary, &choices);
+        let missed = print_verification(&summary, choices);
         if let Some((device, l)) = &learned {
-            learn(&workloads, &choices, &summary, mech, device, l);
+            learn(&workloads, choices, &summary, mech, device, l);
         }
         if !missed {
             return Ok(0);
@@ -110,17 +112,19 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
             println!("the plan does NOT hold: a workload missed its deadline");
             return Ok(super::EXIT_FAILED);
         }
-        demands = calibrated(&demands, &choices, &summary);
+        demands = calibrated(&demands, choices, &summary);
         let t = Instant::now();
-        let outcome = profiles.plan(&target, mech, &ladder, &demands, &opts)?;
-        print_outcome(mech, &ladder, &outcome, t.elapsed().as_secs_f64());
-        match outcome {
-            Outcome::Planned { choices: next, .. } if sizes(&next) != sizes(&choices) => {
+        let next = profiles.plan(&target, mech, &ladder, &demands, &opts)?;
+        print_outcome(mech, &ladder, &next, t.elapsed().as_secs_f64());
+        match &next.outcome {
+            Outcome::Planned { choices: c, .. }
+                if sizes(c) != sizes(choices) || next.gpu_of != plan.gpu_of =>
+            {
                 println!(
                     "round {}: planned again with the measured stretch",
                     round + 1
                 );
-                choices = next;
+                plan = next;
             }
             Outcome::Planned { .. } => {
                 println!(
@@ -136,6 +140,46 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         }
     }
     unreachable!("the rounds end by returning")
+}
+
+/// The choices of a plan that holds (empty for one that does not: never asked for).
+fn planned_choices(plan: &GpusPlan) -> &[Choice] {
+    match &plan.outcome {
+        Outcome::Planned { choices, .. } => choices,
+        Outcome::NoPlan { .. } => &[],
+    }
+}
+
+/// A scenario on several GPUs (`[device] gpus`): its GPUs, and per workload the GPU the file
+/// pins it to (`gpu = N`); the planner places the others.
+struct Spread {
+    gpus: Vec<u32>,
+    pinned: Vec<Option<u32>>,
+}
+
+impl Spread {
+    /// `None` for a scenario on one GPU (or the CPU).
+    fn of(s: &Scenario, file: &Path) -> anyhow::Result<Option<Spread>> {
+        if !s.device.several_gpus() {
+            return Ok(None);
+        }
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        let named = Scenario::workloads_naming_their_gpu(&text);
+        let pinned = s
+            .workloads
+            .iter()
+            .enumerate()
+            .map(|(i, w)| match named.get(i) {
+                Some(true) => w.gpu,
+                _ => None,
+            })
+            .collect();
+        Ok(Some(Spread {
+            gpus: s.device.all_gpus(),
+            pinned,
+        }))
+    }
 }
 
 fn sizes(choices: &[Choice]) -> Vec<u32> {
@@ -263,6 +307,30 @@ struct Profiles<'a> {
     work: &'a Path,
     budget: Option<ProfileBudget>,
     used: Vec<ProfileKey>,
+    /// The GPUs to place the workloads on, for a scenario on several.
+    spread: Option<&'a Spread>,
+}
+
+/// The plan of `demands` with `profiler`: on one GPU the one-GPU search (no workload's GPU is
+/// named), on several GPUs placed per GPU ([`isolane_planner::plan_gpus`]).
+fn plan_with(
+    spread: Option<&Spread>,
+    demands: &[Demand],
+    ladder: &Ladder,
+    opts: &Options,
+    profiler: &mut dyn Profiler,
+) -> Result<GpusPlan, String> {
+    match spread {
+        Some(sp) => {
+            isolane_planner::plan_gpus(demands, &sp.pinned, &sp.gpus, ladder, opts, profiler)
+        }
+        None => Ok(GpusPlan {
+            gpus: Vec::new(),
+            gpu_of: demands.iter().map(|d| (d.name.clone(), None)).collect(),
+            used: Vec::new(),
+            outcome: isolane_planner::plan(demands, ladder, opts, profiler)?,
+        }),
+    }
 }
 
 impl Profiles<'_> {
@@ -275,7 +343,8 @@ impl Profiles<'_> {
         ladder: &Ladder,
         demands: &[Demand],
         opts: &Options,
-    ) -> anyhow::Result<Outcome> {
+    ) -> anyhow::Result<GpusPlan> {
+        let spread = self.spread;
         let outcome = match target {
             Target::Offline { store, .. } => {
                 let mut p = OfflineProfiler {
@@ -285,7 +354,7 @@ impl Profiles<'_> {
                     ladder,
                     used: Vec::new(),
                 };
-                let o = isolane_planner::plan(demands, ladder, opts, &mut p);
+                let o = plan_with(spread, demands, ladder, opts, &mut p);
                 self.used.extend(p.used);
                 o
             }
@@ -310,7 +379,7 @@ impl Profiles<'_> {
                     work: self.work,
                     used: Vec::new(),
                 };
-                let o = isolane_planner::plan(demands, ladder, opts, &mut p);
+                let o = plan_with(spread, demands, ladder, opts, &mut p);
                 self.used.extend(p.used);
                 o
             }
@@ -322,11 +391,11 @@ impl Profiles<'_> {
 /// Writes the planned scenario, with its comments, to `out` or stdout.
 fn emit(
     planned: &Scenario,
-    choices: &[Choice],
+    plan: &GpusPlan,
     ladder: &Ladder,
     out: Option<&Path>,
 ) -> anyhow::Result<()> {
-    let text = annotate(&planned.to_toml_string()?, choices, ladder);
+    let text = annotate(&planned.to_toml_string()?, plan, ladder);
     match out {
         Some(p) => {
             isolane_core::files::write_atomic(p, text.as_bytes())
@@ -345,8 +414,10 @@ enum Target {
         device: DeviceModel,
         record: DeviceRecord,
         cache: ProfileCache,
-        /// MIG mode of the GPU (`None`: unknown, or the CPU).
+        /// MIG mode of the scenario's GPUs: on only if on for all (`None`: unknown, or the
+        /// CPU).
         mig_on: Option<bool>,
+        /// The GPU a MIG message names: the first whose MIG mode is not on, else the first.
         gpu: u32,
     },
     /// A device model (`--device-model`): profiles measured on one from a folder, nothing
@@ -396,6 +467,7 @@ impl Target {
             "no GPU here to profile on; plan for a GPU that is not here with --device-model \
              NAME --profiles DIR",
         )?;
+        let (mig_on, mig_gpu) = mig_mode(&devices, &s.device.all_gpus())?;
         let d = devices
             .into_iter()
             .find(|d| d.index == s.device.gpu)
@@ -406,6 +478,8 @@ impl Target {
             d.memory_mib,
             d.compute_capability,
         );
+        // One profile set serves every GPU of one model: the scenario's GPUs must be alike.
+        super::same_model_on_every_gpu(s, &device)?;
         Ok(Target::Here {
             record: DeviceRecord {
                 gpu: d.name.clone(),
@@ -417,8 +491,8 @@ impl Target {
             },
             device,
             cache,
-            mig_on: d.mig.current,
-            gpu: s.device.gpu,
+            mig_on,
+            gpu: mig_gpu,
         })
     }
 
@@ -497,6 +571,27 @@ impl Target {
             }),
         }
     }
+}
+
+/// MIG mode over the scenario's GPUs: on only when it is on for every one of them (profile
+/// runs use the first, the planned scenario all), with the GPU to name when it is not (the
+/// first that is not on; else the first).
+fn mig_mode(
+    devices: &[isolane_gpu::devices::DeviceInfo],
+    gpus: &[u32],
+) -> anyhow::Result<(Option<bool>, u32)> {
+    let mut modes = Vec::with_capacity(gpus.len());
+    for &g in gpus {
+        let d = devices
+            .iter()
+            .find(|d| d.index == g)
+            .ok_or_else(|| user(format!("device.gpus: GPU {g}: no such GPU here")))?;
+        modes.push((g, d.mig.current));
+    }
+    Ok(match modes.iter().find(|(_, m)| *m != Some(true)) {
+        Some(&(g, m)) => (m, g),
+        None => (Some(true), gpus.first().copied().unwrap_or(0)),
+    })
 }
 
 fn mig_off(gpu: u32, name: &str) -> String {
@@ -853,6 +948,10 @@ impl RunProfiler<'_> {
         w.criticality = Criticality::Critical;
         let mut s = self.scenario.clone();
         place(&mut s, &mut w, self.mechanism, self.ladder, size, 0);
+        // A profile is of the GPU model, so it is measured on the scenario's first GPU alone
+        // (a scenario of one GPU), whichever GPU the workload may be placed on.
+        s.device.gpus.clear();
+        w.gpu = None;
         s.workloads = vec![w];
         let admitted = super::admit_or_refuse(&s, "the profile run")?;
         let plan = RunPlan::from_scenario(&s);
@@ -975,17 +1074,22 @@ fn place(
     s.device.host = w.host;
 }
 
-/// The scenario with every workload in its planned partition.
+/// The scenario with every workload in its planned partition, and on several GPUs on its
+/// planned GPU (`gpu_of`, one per workload; `None` keeps the workload's own).
 fn planned_scenario(
     s: &Scenario,
     mech: Mechanism,
     ladder: &Ladder,
     choices: &[Choice],
+    gpu_of: &[Option<u32>],
 ) -> Scenario {
     let mut out = s.clone();
     let mut workloads = std::mem::take(&mut out.workloads);
     for (k, (w, c)) in workloads.iter_mut().zip(choices).enumerate() {
         place(&mut out, w, mech, ladder, c.size, k);
+        if let Some(g) = gpu_of.get(k).copied().flatten() {
+            w.gpu = Some(g);
+        }
     }
     out.workloads = workloads;
     out
@@ -993,16 +1097,18 @@ fn planned_scenario(
 
 /// The resolved scenario with a comment above each workload: its partition, predicted p99 and
 /// p99.9, and the slack the deadline leaves beyond the p99.9.
-fn annotate(toml: &str, choices: &[Choice], ladder: &Ladder) -> String {
+fn annotate(toml: &str, plan: &GpusPlan, ladder: &Ladder) -> String {
     let mut out = String::new();
-    let mut next = choices.iter();
+    let gpus = plan.gpus_in_order();
+    let mut next = planned_choices(plan).iter().zip(gpus);
     for line in toml.lines() {
         if line.trim() == "[[workload]]" {
-            if let Some(c) = next.next() {
+            if let Some((c, gpu)) = next.next() {
                 out.push_str(&format!(
-                    "# planned: {}; predicted p99 {:.3} ms, p99.9 {:.3} ms (deadline {:.3} ms, \
+                    "# planned: {}{}; predicted p99 {:.3} ms, p99.9 {:.3} ms (deadline {:.3} ms, \
                      slack {:.3} ms); utilisation {:.2}\n",
                     partition_words(ladder, c),
+                    gpu.map_or(String::new(), |g| format!(" on GPU {g}")),
                     c.predicted_p99_ms,
                     c.predicted_tail_ms,
                     c.deadline_ms,
@@ -1025,35 +1131,60 @@ fn partition_words(ladder: &Ladder, c: &Choice) -> String {
     }
 }
 
-/// `; device memory about 2340 of 81559 MiB` when the workloads' memory is known.
-fn memory_words(ladder: &Ladder, choices: &[Choice]) -> String {
-    let known: Vec<u64> = choices.iter().filter_map(|c| c.memory_mib).collect();
-    match ladder.device_memory_mib {
-        Some(device) if !known.is_empty() && ladder.unit != Unit::Mig => format!(
-            "; device memory about {} of {device} MiB",
-            known.iter().sum::<u64>()
-        ),
-        _ => String::new(),
+/// `; device memory about 2340 of 81559 MiB` when the workloads' memory is known; on several
+/// GPUs each GPU's (`; device memory about 1734 of 81559 MiB on GPU 0, 484 on GPU 1`).
+fn memory_words(ladder: &Ladder, plan: &GpusPlan, choices: &[Choice]) -> String {
+    let Some(device) = ladder
+        .device_memory_mib
+        .filter(|_| ladder.unit != Unit::Mig)
+    else {
+        return String::new();
+    };
+    let on = |gpu: Option<u32>| -> Option<u64> {
+        let known: Vec<u64> = choices
+            .iter()
+            .filter(|c| gpu.is_none() || plan.gpu_of(&c.workload) == gpu)
+            .filter_map(|c| c.memory_mib)
+            .collect();
+        (!known.is_empty()).then(|| known.iter().sum())
+    };
+    if plan.gpus.is_empty() {
+        return on(None).map_or(String::new(), |m| {
+            format!("; device memory about {m} of {device} MiB")
+        });
     }
+    let each: Vec<String> = plan
+        .gpus
+        .iter()
+        .filter_map(|&g| on(Some(g)).map(|m| (g, m)))
+        .enumerate()
+        .map(|(k, (g, m))| match k {
+            0 => format!("{m} of {device} MiB on GPU {g}"),
+            _ => format!("{m} on GPU {g}"),
+        })
+        .collect();
+    if each.is_empty() {
+        return String::new();
+    }
+    format!("; device memory about {}", each.join(", "))
 }
 
-fn print_outcome(mech: Mechanism, ladder: &Ladder, o: &Outcome, secs: f64) {
+fn print_outcome(mech: Mechanism, ladder: &Ladder, plan: &GpusPlan, secs: f64) {
     let title = match ladder.unit {
         Unit::Cores => "cpu cores".to_string(),
         _ => mech_name(mech).to_string(),
     };
-    match o {
+    let on = |c: &Choice| gpu_words(plan, c);
+    match &plan.outcome {
         Outcome::Planned {
             choices,
             used,
             capacity,
         } => {
             eprintln!(
-                "{title}: planned in {secs:.2} s, using {} of {} ({} spare){}:",
-                ladder.describe_amount(*used),
-                ladder.describe_amount(*capacity),
-                ladder.describe_amount(capacity - used),
-                memory_words(ladder, choices)
+                "{title}: planned in {secs:.2} s, using {}{}:",
+                usage(ladder, plan, *used, *capacity),
+                memory_words(ladder, plan, choices)
             );
             for c in choices {
                 let memory = match (c.memory_mib, ladder.memory_of(c.size)) {
@@ -1063,8 +1194,9 @@ fn print_outcome(mech: Mechanism, ladder: &Ladder, o: &Outcome, secs: f64) {
                     _ => String::new(),
                 };
                 eprintln!(
-                    "  {:<14} {:>8}  p99 {:>6.3}  p99.9 {:>6.3} of {:>6.3} ms  slack {:>6.3} ms{memory}",
+                    "  {:<14} {}{:>8}  p99 {:>6.3}  p99.9 {:>6.3} of {:>6.3} ms  slack {:>6.3} ms{memory}",
                     c.workload,
+                    on(c),
                     partition_words(ladder, c),
                     c.predicted_p99_ms,
                     c.predicted_tail_ms,
@@ -1088,12 +1220,39 @@ fn print_outcome(mech: Mechanism, ladder: &Ladder, o: &Outcome, secs: f64) {
             if !partial.is_empty() {
                 let parts: Vec<String> = partial
                     .iter()
-                    .map(|c| format!("{} {}", c.workload, partition_words(ladder, c)))
+                    .map(|c| format!("{} {}{}", c.workload, on(c), partition_words(ladder, c)))
                     .collect();
                 eprintln!("  best partial plan: {}", parts.join(", "));
             }
         }
     }
+}
+
+/// `GPU 1 ` before a choice's partition on several GPUs; nothing on one.
+fn gpu_words(plan: &GpusPlan, c: &Choice) -> String {
+    plan.gpu_of(&c.workload)
+        .map_or(String::new(), |g| format!("GPU {g} "))
+}
+
+/// `96 SMs of 132 SMs (36 SMs spare)`; on several GPUs each GPU's, `GPU 0: … ; GPU 1: …`.
+fn usage(ladder: &Ladder, plan: &GpusPlan, used: u32, capacity: u32) -> String {
+    let one = |used: u32, capacity: u32| {
+        format!(
+            "{} of {} ({} spare)",
+            ladder.describe_amount(used),
+            ladder.describe_amount(capacity),
+            ladder.describe_amount(capacity.saturating_sub(used))
+        )
+    };
+    if plan.gpus.is_empty() {
+        return one(used, capacity);
+    }
+    plan.gpus
+        .iter()
+        .zip(&plan.used)
+        .map(|(g, &u)| format!("GPU {g}: {}", one(u, ladder.capacity)))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Runs the planned scenario (verification round `round`) and returns what it measured.
@@ -1241,6 +1400,32 @@ mod tests {
             measured_stretch(&choice("nobody", 1.0, 1.0), &summary),
             None
         );
+    }
+
+    /// Only a `gpu` written in the file pins a workload: the resolved scenario fills one in
+    /// for every workload, and the planner may place those the file leaves free.
+    #[test]
+    fn the_file_says_which_workloads_are_pinned_to_a_gpu() {
+        let text = "[device]\nbackend = \"cuda\"\ngpus = [0, 1]\nmechanism = \"green\"\n\
+                    [[workload]]\nname = \"free\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
+                    [[workload]]\nname = \"pinned\"\nmodel = \"spin:1ms\"\nrate_hz = 10\n\
+                    jobs = 1\ngpu = 0\n";
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.toml");
+        std::fs::write(&file, text).unwrap();
+        let s = Scenario::from_toml_str(text, &file, &isolane_core::spec::NoBuiltinModels).unwrap();
+        assert_eq!(s.workloads[0].gpu, Some(0), "resolved to the first GPU");
+        let spread = Spread::of(&s, &file).unwrap().unwrap();
+        assert_eq!(spread.gpus, [0, 1]);
+        assert_eq!(spread.pinned, [None, Some(0)]);
+        // One GPU: nothing to place.
+        let one = Scenario::from_toml_str(
+            &text.replace("gpus = [0, 1]", "gpu = 0"),
+            &file,
+            &isolane_core::spec::NoBuiltinModels,
+        )
+        .unwrap();
+        assert!(Spread::of(&one, &file).unwrap().is_none());
     }
 
     /// On this machine's GPU MIG can be planned only with MIG mode on (the profile runs need

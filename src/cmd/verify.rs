@@ -19,7 +19,8 @@ use super::user;
 #[derive(Args)]
 #[command(
     about = "Measure each partition's share of the GPU and the interference between partitions",
-    long_about = "Admits SCENARIO's partitions (backend cuda) on the GPU it names, creates them \
+    long_about = "Admits SCENARIO's partitions (backend cuda) on the GPU it names (on several \
+                  GPUs, device.gpus: every GPU's, then verifies one GPU after the other), creates them \
                   (green contexts, a private MPS daemon, MIG instances with \
                   --allow-mig-reconfigure, or plain worker processes for timeslice) and runs a \
                   compute-bound probe kernel: first on the whole GPU, then in each partition \
@@ -63,7 +64,6 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
     }
     let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
     super::refuse_programs(&scenario, &name, "verify")?;
-    super::refuse_several_gpus(&scenario, &name, "verify")?;
     super::refuse_mixed_backends(&scenario, &name, "verify")?;
     if scenario.device.mechanism == Mechanism::Mps {
         // Ctrl-C or SIGTERM while the daemon runs: stop it, then die of the signal.
@@ -79,17 +79,26 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
         verbose: !args.quiet,
     };
     if !args.quiet {
-        eprintln!("{}", time_needed(scenario.workloads.len(), args.duration_s));
+        eprintln!(
+            "{}",
+            time_needed(&partitions_per_gpu(&scenario), args.duration_s)
+        );
     }
-    let report = verify::verify(&scenario, &opts).map_err(|e: GpuError| {
+    let reports = verify::verify_each_gpu(&scenario, &opts).map_err(|e: GpuError| {
         if e.is_user_error() {
             user(format!("{name}: {e}"))
         } else {
             anyhow::Error::new(e)
         }
     })?;
-    let json = serde_json::to_string_pretty(&report)?;
-    let table = format_table(&report);
+    // One GPU: its report, as always; several: one report per GPU (each names its `gpu`).
+    let (json, table) = match reports.as_slice() {
+        [one] => (serde_json::to_string_pretty(one)?, format_table(one)),
+        all => (
+            serde_json::to_string_pretty(all)?,
+            all.iter().map(format_table).collect::<Vec<_>>().join("\n"),
+        ),
+    };
     if args.json {
         println!("{json}");
     } else {
@@ -106,14 +115,31 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// What verify says before it starts: the probe on the whole GPU, each partition alone and,
-/// with two or more, each beside the others saturating; each measurement at least 0.5 s.
-fn time_needed(partitions: usize, duration_s: f64) -> String {
-    let beside = if partitions >= 2 { partitions } else { 0 };
-    let measurements = 1 + partitions + beside;
+/// How many partitions each GPU of the scenario verifies (GPUs without workloads left out).
+fn partitions_per_gpu(s: &isolane_core::spec::Scenario) -> Vec<usize> {
+    s.device
+        .all_gpus()
+        .into_iter()
+        .map(|g| s.on_one_gpu(g).workloads.len())
+        .filter(|&n| n > 0)
+        .collect()
+}
+
+/// What verify says before it starts: per GPU, the probe on the whole GPU, each partition alone
+/// and, with two or more, each beside the others saturating; each measurement at least 0.5 s.
+fn time_needed(per_gpu: &[usize], duration_s: f64) -> String {
+    let measurements: usize = per_gpu
+        .iter()
+        .map(|&n| 1 + n + if n >= 2 { n } else { 0 })
+        .sum();
+    let partitions: usize = per_gpu.iter().sum();
+    let gpus = match per_gpu.len() {
+        1 => String::new(),
+        n => format!(" on {n} GPUs, one after the other"),
+    };
     format!(
-        "verify: {partitions} partition(s), {measurements} measurements of {:.1} s: at least ~{}\n  \
-         (plus setting the partitions up)",
+        "verify: {partitions} partition(s){gpus}, {measurements} measurements of {:.1} s: at \
+         least ~{}\n  (plus setting the partitions up)",
         duration_s.max(0.5),
         super::progress::duration_text(measurements as f64 * duration_s.max(0.5))
     )
@@ -132,10 +158,31 @@ mod tests {
     #[test]
     fn the_time_needed_counts_every_measurement() {
         // 4 partitions: whole GPU, 4 alone, 4 beside = 9 measurements of 2 s.
-        let t = super::time_needed(4, 2.0);
+        let t = super::time_needed(&[4], 2.0);
         assert!(t.contains("9 measurements of 2.0 s: at least ~18 s"), "{t}");
+        assert!(!t.contains("GPUs"), "{t}");
         // One partition has no neighbours; short measurements last 0.5 s.
-        let t = super::time_needed(1, 0.1);
+        let t = super::time_needed(&[1], 0.1);
         assert!(t.contains("2 measurements of 0.5 s: at least ~1 s"), "{t}");
+        // Two GPUs, each measured on its own: (1 + 2 + 2) + (1 + 1).
+        let t = super::time_needed(&[2, 1], 1.0);
+        assert!(
+            t.contains("3 partition(s) on 2 GPUs, one after the other, 7 measurements"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn each_gpu_with_workloads_is_verified() {
+        use isolane_core::spec::{NoBuiltinModels, Scenario};
+        let text = "[device]\nbackend = \"cuda\"\ngpus = [0, 1, 2]\nmechanism = \"green\"\n\
+                    [[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
+                    [workload.partition]\nsms = 8\n\
+                    [[workload]]\nname = \"b\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
+                    gpu = 2\n[workload.partition]\nsms = 8\n\
+                    [[workload]]\nname = \"c\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
+                    gpu = 2\n[workload.partition]\nsms = 8\n";
+        let s = Scenario::from_toml_str(text, "s.toml", &NoBuiltinModels).unwrap();
+        assert_eq!(super::partitions_per_gpu(&s), [1, 2], "GPU 1 has none");
     }
 }

@@ -350,6 +350,37 @@ impl Scenario {
         Self::from_toml_str(&text, path, models)
     }
 
+    /// Per workload of the scenario file `text` (in file order), whether it names its GPU
+    /// itself (`gpu = N`): the resolved scenario fills in every GPU workload's `gpu` when the
+    /// device has several, so only the file tells a workload pinned to a GPU from one the
+    /// planner may place (`isolane plan --auto`). Text that is not a scenario gives none.
+    pub fn workloads_naming_their_gpu(text: &str) -> Vec<bool> {
+        let Ok(doc) = text.parse::<toml::Table>() else {
+            return Vec::new();
+        };
+        let Some(toml::Value::Array(workloads)) = doc.get("workload") else {
+            return Vec::new();
+        };
+        workloads.iter().map(|w| w.get("gpu").is_some()).collect()
+    }
+
+    /// The GPU workloads of GPU `gpu` alone, as a scenario of that one GPU (`device.gpu =
+    /// gpu`, no `gpus`, no workload `gpu`): what a command that works on one GPU at a time
+    /// (`isolane verify`) takes of a scenario on several. Empty of workloads when none is on it.
+    pub fn on_one_gpu(&self, gpu: u32) -> Scenario {
+        let mut s = self.clone();
+        s.workloads = self
+            .workloads
+            .iter()
+            .filter(|w| w.on_gpu() && w.program.is_none() && w.gpu_on(&self.device) == gpu)
+            .cloned()
+            .map(|w| WorkloadSpec { gpu: None, ..w })
+            .collect();
+        s.device.gpu = gpu;
+        s.device.gpus = Vec::new();
+        s
+    }
+
     /// The resolved scenario as TOML in the user format, every default written out, so that
     /// `from_toml_str(to_toml_string())` gives back an equal `Scenario` (DESIGN.md: the output
     /// directory's `scenario.toml`).

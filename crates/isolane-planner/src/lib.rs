@@ -22,9 +22,13 @@
 //!
 //! Every GPU plan also checks device memory: a workload's estimate against its partition's
 //! memory (a MIG instance's, else the device's), and all of them together against the device.
+//!
+//! On several GPUs of one model ([`plan_gpus`]) the workloads are first placed on GPUs
+//! (pinned ones stay, the others first-fit decreasing), then each GPU is planned as above.
 
 mod budget;
 pub mod cache;
+mod gpus;
 pub mod learned;
 pub mod offline;
 mod search;
@@ -32,6 +36,7 @@ mod stretch;
 
 pub use budget::ProfileBudget;
 pub use cache::ProfileCache;
+pub use gpus::{plan_gpus, GpusPlan};
 pub use learned::{LearnedStretch, StretchKey};
 pub use search::{plan, Choice, Outcome, Unprofiled};
 pub use stretch::{stretch_from, worst_stretch};

@@ -47,10 +47,13 @@ pub struct DeviceInfo {
     pub protection: String,
 }
 
-/// telemetry.csv as columns: `t_s` and every numeric column by name.
+/// telemetry.csv as columns: `t_s`, each row's GPU in a run on several GPUs, and every
+/// numeric column by name.
 #[derive(Debug, Clone, Default)]
 pub struct TelemetrySeries {
     pub t_s: Vec<f64>,
+    /// Each row's GPU (the `gpu` column of a run on several GPUs); empty for one GPU's file.
+    pub gpu: Vec<u32>,
     pub columns: Vec<(String, Vec<Option<f64>>)>,
 }
 
@@ -62,14 +65,31 @@ impl TelemetrySeries {
             .map(|(_, v)| v.as_slice())
     }
 
-    /// `(t, value)` pairs of a column, leaving out empty cells.
+    /// `(t, value)` pairs of a column, leaving out empty cells (every GPU's rows).
     pub fn points(&self, name: &str) -> Vec<(f64, f64)> {
+        self.points_where(name, |_| true)
+    }
+
+    /// The GPUs of a file of several GPUs, in increasing order; empty for one GPU's file.
+    pub fn gpus(&self) -> Vec<u32> {
+        let set: std::collections::BTreeSet<u32> = self.gpu.iter().copied().collect();
+        set.into_iter().collect()
+    }
+
+    /// [`TelemetrySeries::points`] of GPU `gpu`'s rows only.
+    pub fn points_on(&self, name: &str, gpu: u32) -> Vec<(f64, f64)> {
+        self.points_where(name, |row| self.gpu.get(row) == Some(&gpu))
+    }
+
+    fn points_where(&self, name: &str, keep: impl Fn(usize) -> bool) -> Vec<(f64, f64)> {
         self.column(name)
             .map(|c| {
                 self.t_s
                     .iter()
                     .zip(c)
-                    .filter_map(|(t, v)| v.map(|v| (*t, v)))
+                    .enumerate()
+                    .filter(|(row, _)| keep(*row))
+                    .filter_map(|(_, (t, v))| v.map(|v| (*t, v)))
                     .collect()
             })
             .unwrap_or_default()
@@ -435,17 +455,20 @@ fn trace_error(e: isolane_trace::TraceError) -> DataError {
 }
 
 fn read_telemetry(path: &Path) -> Result<TelemetrySeries, DataError> {
+    use isolane_trace::timeline::{GPU_COLUMN, TEXT_COLUMNS};
     let csv = isolane_trace::csv::Csv::read(path, &["t_s"]).map_err(trace_error)?;
     let t = csv.col("t_s").unwrap_or(0);
+    let gpu = csv.col(GPU_COLUMN);
     let numeric: Vec<(usize, String)> = csv
         .header()
         .iter()
         .enumerate()
-        .filter(|(i, h)| *i != t && !isolane_trace::timeline::TEXT_COLUMNS.contains(&h.as_str()))
+        .filter(|(i, h)| *i != t && Some(*i) != gpu && !TEXT_COLUMNS.contains(&h.as_str()))
         .map(|(i, h)| (i, h.clone()))
         .collect();
     let mut series = TelemetrySeries {
         t_s: Vec::with_capacity(csv.rows.len()),
+        gpu: Vec::new(),
         columns: numeric
             .iter()
             .map(|(_, h)| (h.clone(), Vec::with_capacity(csv.rows.len())))
@@ -456,6 +479,15 @@ fn read_telemetry(path: &Path) -> Result<TelemetrySeries, DataError> {
             return Err(bad(path, *line, "t_s", ""));
         };
         series.t_s.push(ts);
+        if let Some(i) = gpu {
+            let cell = row.get(i).map_or("", String::as_str);
+            let g = cell.parse::<u32>().map_err(|_| {
+                let detail =
+                    format!("line {line}, column `{GPU_COLUMN}`: `{cell}` is not a GPU index");
+                DataError::from(FileError::parse(path, detail))
+            })?;
+            series.gpu.push(g);
+        }
         for ((i, name), (_, col)) in numeric.iter().zip(series.columns.iter_mut()) {
             col.push(cell_f64(path, *line, name, row, *i)?);
         }
@@ -574,5 +606,25 @@ mod tests {
         assert_eq!(t.points("power_w"), vec![(0.0, 100.5), (0.05, 120.0)]);
         assert_eq!(t.points("sm_util_pct"), vec![(0.05, 40.0)]);
         assert!(t.column("throttle_reasons").is_none());
+    }
+
+    #[test]
+    fn a_telemetry_file_of_two_gpus_is_read_per_gpu() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("telemetry.csv");
+        std::fs::write(
+            &p,
+            "t_s,gpu,power_w,throttle_reasons\n0.0,1,100,\n0.0,0,300,\n0.05,1,110,\n",
+        )
+        .unwrap();
+        let t = read_telemetry(&p).unwrap();
+        assert_eq!(t.gpus(), vec![0, 1]);
+        assert!(t.column("gpu").is_none(), "the GPU is no quantity to plot");
+        assert_eq!(t.points_on("power_w", 0), vec![(0.0, 300.0)]);
+        assert_eq!(t.points_on("power_w", 1), vec![(0.0, 100.0), (0.05, 110.0)]);
+        assert_eq!(t.points("power_w").len(), 3);
+        std::fs::write(&p, "t_s,gpu,power_w\n0.0,,100\n").unwrap();
+        let e = read_telemetry(&p).unwrap_err().to_string();
+        assert!(e.contains("telemetry.csv") && e.contains("`gpu`"), "{e}");
     }
 }

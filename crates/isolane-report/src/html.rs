@@ -1,11 +1,11 @@
 //! The HTML report: one self-contained file (inline CSS and SVG, no script, no external
 //! resource), with a section for each kind of data found in the folders given.
 
-use isolane_core::results::ProgramEnergySource;
+use isolane_core::results::{ProgramEnergySource, RunSummary, TelemetrySummary};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::data::{InterferenceDir, MaxrateDir, ResultsDir, RunDir, SweepDir};
+use crate::data::{InterferenceDir, MaxrateDir, ResultsDir, RunDir, SweepDir, TelemetrySeries};
 use crate::plot::{self, Chart};
 
 const W: u32 = 640;
@@ -797,34 +797,7 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
         page.table(&header, &rows);
     }
     programs_table(page, r);
-    if let Some(t) = &r.summary.telemetry {
-        let reasons = if t.throttle_reasons.is_empty() {
-            "none".to_string()
-        } else {
-            t.throttle_reasons.join(", ")
-        };
-        page.table(
-            &[
-                "power mean W",
-                "power max W",
-                "energy J",
-                "SM clock mean MHz",
-                "temperature max °C",
-                "throttle reasons seen",
-                "sampler CPU % of a core",
-            ]
-            .map(String::from),
-            &[vec![
-                fmt(t.power_w.map(|s| s.mean), 1),
-                fmt(t.power_w.map(|s| s.max), 1),
-                fmt(t.energy_j, 1),
-                fmt(t.sm_clock_mhz.map(|s| s.mean), 0),
-                fmt(t.temperature_c.map(|s| s.max), 0),
-                reasons,
-                fmt(Some(t.sampler_cpu_pct), 3),
-            ]],
-        );
-    }
+    telemetry_table(page, &r.summary);
     let mut cdf = Chart::new(
         format!("{}: latency CDF", r.label),
         "response time (ms)",
@@ -838,17 +811,7 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
     }
     let mut charts = vec![cdf];
     if let Some(t) = &r.telemetry {
-        for (col, title, unit) in [
-            ("power_w", "power", "power (W)"),
-            ("sm_clock_mhz", "SM clock", "SM clock (MHz)"),
-            ("temperature_c", "temperature", "temperature (°C)"),
-            ("sm_util_pct", "SM utilisation (GPM)", "SM utilisation (%)"),
-        ] {
-            let mut c = Chart::new(format!("{}: {title}", r.label), "time since t0 (s)", unit);
-            c = c.series(title, t.points(col));
-            c.caption = format!("telemetry.csv of {}", r.label);
-            charts.push(c);
-        }
+        charts.extend(telemetry_charts(&r.label, t));
     }
     page.figures(charts)?;
     if let Some(w) = &r.timeline {
@@ -857,6 +820,85 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
     apps_part(page, r)?;
     page.end();
     Ok(())
+}
+
+/// summary.json's device telemetry: one row for one GPU, a row per GPU (its first column the
+/// GPU) for a run on several.
+fn telemetry_table(page: &mut Page, summary: &RunSummary) {
+    let per_gpu: Vec<&TelemetrySummary> = match &summary.telemetry {
+        Some(t) => vec![t],
+        None => summary.telemetry_per_gpu.iter().collect(),
+    };
+    if per_gpu.is_empty() {
+        return;
+    }
+    let several = summary.telemetry.is_none();
+    let mut header: Vec<String> = Vec::new();
+    if several {
+        header.push("GPU".into());
+    }
+    header.extend(
+        [
+            "power mean W",
+            "power max W",
+            "energy J",
+            "SM clock mean MHz",
+            "temperature max °C",
+            "throttle reasons seen",
+            "sampler CPU % of a core",
+        ]
+        .map(String::from),
+    );
+    let rows: Vec<Vec<String>> = per_gpu
+        .iter()
+        .map(|t| {
+            let reasons = if t.throttle_reasons.is_empty() {
+                "none".to_string()
+            } else {
+                t.throttle_reasons.join(", ")
+            };
+            let mut row = Vec::with_capacity(header.len());
+            if several {
+                row.push(t.gpu.map_or("-".into(), |g| g.to_string()));
+            }
+            row.extend([
+                fmt(t.power_w.map(|s| s.mean), 1),
+                fmt(t.power_w.map(|s| s.max), 1),
+                fmt(t.energy_j, 1),
+                fmt(t.sm_clock_mhz.map(|s| s.mean), 0),
+                fmt(t.temperature_c.map(|s| s.max), 0),
+                reasons,
+                fmt(Some(t.sampler_cpu_pct), 3),
+            ]);
+            row
+        })
+        .collect();
+    page.table(&header, &rows);
+}
+
+/// telemetry.csv's plots over time: one series for one GPU's file, a series per GPU
+/// ("GPU n") for a run on several.
+fn telemetry_charts(label: &str, t: &TelemetrySeries) -> Vec<Chart> {
+    let gpus = t.gpus();
+    let mut charts = Vec::new();
+    for (col, title, unit) in [
+        ("power_w", "power", "power (W)"),
+        ("sm_clock_mhz", "SM clock", "SM clock (MHz)"),
+        ("temperature_c", "temperature", "temperature (°C)"),
+        ("sm_util_pct", "SM utilisation (GPM)", "SM utilisation (%)"),
+    ] {
+        let mut c = Chart::new(format!("{label}: {title}"), "time since t0 (s)", unit);
+        if gpus.is_empty() {
+            c = c.series(title, t.points(col));
+        } else {
+            for &g in &gpus {
+                c = c.series(format!("GPU {g}"), t.points_on(col, g));
+            }
+        }
+        c.caption = format!("telemetry.csv of {label}");
+        charts.push(c);
+    }
+    charts
 }
 
 /// The run's command workloads (external programs, docs/programs.md): how each ended and what

@@ -195,6 +195,7 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
         workloads,
         partitions: Vec::new(),
         telemetry: None,
+        telemetry_per_gpu: Vec::new(),
         isolation: None,
         apps: Vec::new(),
     }

@@ -264,7 +264,8 @@ pub fn measure(
                 .and_then(|a| a.memory_mib);
         }
     }
-    telemetry::finish(sampler, r.out, &result, &mut summary, observer);
+    let window = (result.t0_ns, result.wall_s);
+    telemetry::finish(sampler, r.scenario, r.out, window, &mut summary, observer);
     Ok((result, summary))
 }
 

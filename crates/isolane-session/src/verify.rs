@@ -56,8 +56,8 @@ pub fn verify(scenario: &Scenario, opts: &VerifyOptions) -> Result<VerifyReport,
     }
     if scenario.device.several_gpus() {
         return Err(GpuError::Usage(
-            "verify probes the partitions of one GPU; device.gpus lists several (verify each \
-             GPU's workloads in a scenario with device.gpu = N)"
+            "verify probes the partitions of one GPU; device.gpus lists several (verify_each_gpu \
+             verifies them one GPU at a time)"
                 .into(),
         ));
     }
@@ -109,6 +109,67 @@ pub fn verify(scenario: &Scenario, opts: &VerifyOptions) -> Result<VerifyReport,
         partitions: rows,
         notes,
     })
+}
+
+/// Runs the verification of every GPU of `scenario`, one GPU after the other: each GPU's
+/// partitions are set up, probed alone and beside each other, and taken down before the next
+/// GPU's (so the other GPUs are idle meanwhile: what one GPU's neighbours on another GPU cost
+/// it is not measured). A scenario on one GPU is [`verify`]. Admission runs first over every
+/// GPU (a refusal names its GPU), against the first GPU's model; the GPUs must be alike.
+pub fn verify_each_gpu(
+    scenario: &Scenario,
+    opts: &VerifyOptions,
+) -> Result<Vec<VerifyReport>, GpuError> {
+    if !scenario.device.several_gpus() {
+        return verify(scenario, opts).map(|r| vec![r]);
+    }
+    if scenario.device.backend != Backend::Cuda {
+        return Err(GpuError::Usage(
+            "verify needs a scenario with device.backend = \"cuda\"".into(),
+        ));
+    }
+    let model = alike_model(&scenario.device.all_gpus())?;
+    admit(scenario, &model, &[], &AdmissionOptions::default()).map_err(GpuError::Rejected)?;
+    let mut reports = Vec::new();
+    for gpu in scenario.device.all_gpus() {
+        let one = scenario.on_one_gpu(gpu);
+        if one.workloads.is_empty() {
+            continue;
+        }
+        if opts.verbose {
+            eprintln!("verify: GPU {gpu} ({} partition(s))", one.workloads.len());
+        }
+        reports.push(verify(&one, opts)?);
+    }
+    Ok(reports)
+}
+
+/// The device model of GPUs `gpus`, which must all be of it (one set of admission rules).
+fn alike_model(gpus: &[u32]) -> Result<isolane_core::device_model::DeviceModel, GpuError> {
+    let mut first: Option<(u32, isolane_core::device_model::DeviceModel)> = None;
+    for &g in gpus {
+        let info = device_info(g)?;
+        let model = isolane_gpu::devices::model_for(
+            &info.name,
+            info.sm_count,
+            info.memory_mib,
+            info.compute_capability,
+        );
+        match &first {
+            None => first = Some((g, model)),
+            Some((f, m)) if *m != model => {
+                return Err(GpuError::Usage(format!(
+                    "device.gpus: GPU {f} is {} but GPU {g} is {}; the GPUs of one scenario \
+                     must be of one model",
+                    m.name, model.name
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    first
+        .map(|(_, m)| m)
+        .ok_or_else(|| GpuError::Usage("device.gpus lists no GPU".into()))
 }
 
 fn device_info(gpu: u32) -> Result<DeviceInfo, GpuError> {

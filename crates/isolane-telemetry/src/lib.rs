@@ -190,12 +190,24 @@ impl Sampler {
         period: Duration,
         hook: Option<SampleHook>,
     ) -> Result<Sampler, TelemetryError> {
+        Self::start_with_budget(source, period, hook, READ_CPU_BUDGET)
+    }
+
+    /// [`Sampler::start_observed`] with the share of one core its reads may use: a run on
+    /// several GPUs has a sampler per GPU, and they share [`READ_CPU_BUDGET`] among them so
+    /// that the run's sampling costs what one GPU's did.
+    pub fn start_with_budget(
+        source: Box<dyn Source>,
+        period: Duration,
+        hook: Option<SampleHook>,
+        cpu_fraction: f64,
+    ) -> Result<Sampler, TelemetryError> {
         let shared = Arc::new((Mutex::new(false), Condvar::new()));
         let stopped = Arc::new(AtomicBool::new(false));
         let (s2, st2) = (Arc::clone(&shared), Arc::clone(&stopped));
         let handle = std::thread::Builder::new()
             .name("isolane:telemetry".into())
-            .spawn(move || sample_loop(source, period, hook, &s2, &st2))
+            .spawn(move || sample_loop(source, period, cpu_fraction, hook, &s2, &st2))
             .map_err(TelemetryError::Thread)?;
         Ok(Sampler {
             shared,
@@ -233,11 +245,12 @@ impl Drop for Sampler {
 fn sample_loop(
     mut source: Box<dyn Source>,
     period: Duration,
+    cpu_fraction: f64,
     hook: Option<SampleHook>,
     shared: &(Mutex<bool>, Condvar),
     stopped: &AtomicBool,
 ) -> Recording {
-    source.set_budget(period, READ_CPU_BUDGET);
+    source.set_budget(period, cpu_fraction);
     let cpu0 = thread_cpu_ns();
     let start = now_ns();
     let period_ns = (period.as_nanos() as i64).max(1);
@@ -469,6 +482,7 @@ impl Recording {
         TelemetrySummary {
             source: self.source.to_string(),
             device: self.device.clone(),
+            gpu: None,
             period_ms: self.period.as_secs_f64() * 1e3,
             samples: inside.len(),
             duration_s: (to - from).max(0) as f64 / 1e9,
@@ -517,44 +531,87 @@ impl Recording {
     /// telemetry.csv: one row per sample, `t_s` in seconds since `origin_ns` (the run's t0:
     /// samples before it are negative), empty cells for what the device did not report.
     pub fn csv(&self, origin_ns: i64) -> String {
-        use std::fmt::Write as _;
-        let (cumulative, _) = cumulative_energy_j(&self.samples);
         let mut s = String::with_capacity(160 * (self.samples.len() + 1));
         s.push_str(CSV_HEADER);
         s.push('\n');
-        let f = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_default();
-        for (sample, energy) in self.samples.iter().zip(&cumulative) {
-            let r = &sample.reading;
-            let procs: Vec<String> = r
-                .process_memory_mib
-                .iter()
-                .map(|(p, m)| format!("{p}:{m:.0}"))
-                .collect();
-            let _ = writeln!(
-                s,
-                "{:.3},{},{:.3},{},{},{},{},{},{},{},{},{},{},{},{}",
-                (sample.t_ns - origin_ns) as f64 / 1e9,
-                f(r.power_w, 2),
-                energy,
-                f(r.sm_clock_mhz, 0),
-                f(r.mem_clock_mhz, 0),
-                f(r.temperature_c, 0),
-                r.throttle_reasons
-                    .map(|b| throttle_names(b).join("|"))
-                    .unwrap_or_default(),
-                f(r.memory_used_mib, 1),
-                f(r.gpu_util_pct, 0),
-                f(r.mem_util_pct, 0),
-                f(r.sm_util_pct, 1),
-                f(r.sm_occupancy_pct, 1),
-                f(r.tensor_util_pct, 1),
-                f(r.dram_bw_util_pct, 1),
-                procs.join("|"),
-            );
+        for (t_s, cells) in self.csv_rows(origin_ns) {
+            s.push_str(&format!("{t_s:.3},{cells}\n"));
         }
         s
     }
+
+    /// Each sample as `(t_s, the cells after t_s joined by commas)`.
+    fn csv_rows(&self, origin_ns: i64) -> Vec<(f64, String)> {
+        let (cumulative, _) = cumulative_energy_j(&self.samples);
+        self.samples
+            .iter()
+            .zip(&cumulative)
+            .map(|(sample, energy)| {
+                let t_s = (sample.t_ns - origin_ns) as f64 / 1e9;
+                (t_s, csv_cells(&sample.reading, *energy))
+            })
+            .collect()
+    }
 }
+
+/// The cells of one reading after `t_s`, in [`CSV_HEADER`]'s order.
+fn csv_cells(r: &Reading, energy_j: f64) -> String {
+    let f = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_default();
+    let procs: Vec<String> = r
+        .process_memory_mib
+        .iter()
+        .map(|(p, m)| format!("{p}:{m:.0}"))
+        .collect();
+    format!(
+        "{},{:.3},{},{},{},{},{},{},{},{},{},{},{},{}",
+        f(r.power_w, 2),
+        energy_j,
+        f(r.sm_clock_mhz, 0),
+        f(r.mem_clock_mhz, 0),
+        f(r.temperature_c, 0),
+        r.throttle_reasons
+            .map(|b| throttle_names(b).join("|"))
+            .unwrap_or_default(),
+        f(r.memory_used_mib, 1),
+        f(r.gpu_util_pct, 0),
+        f(r.mem_util_pct, 0),
+        f(r.sm_util_pct, 1),
+        f(r.sm_occupancy_pct, 1),
+        f(r.tensor_util_pct, 1),
+        f(r.dram_bw_util_pct, 1),
+        procs.join("|"),
+    )
+}
+
+/// telemetry.csv of a run: one GPU's is [`Recording::csv`], unchanged from before several GPUs
+/// existed; several GPUs' have a [`CSV_GPU_COLUMN`] after `t_s` (the GPU's device index) and
+/// every GPU's samples in time order (a GPU's `energy_j` is cumulative since its own first
+/// sample). Readers pick the columns by name, so both shapes read.
+pub fn run_csv(gpus: &[GpuTelemetry], origin_ns: i64) -> String {
+    if let [one] = gpus {
+        return one.recording.csv(origin_ns);
+    }
+    let mut rows: Vec<(f64, u32, String)> = gpus
+        .iter()
+        .flat_map(|g| {
+            g.recording
+                .csv_rows(origin_ns)
+                .into_iter()
+                .map(move |(t, cells)| (t, g.gpu, cells))
+        })
+        .collect();
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let rest = CSV_HEADER.strip_prefix("t_s,").unwrap_or(CSV_HEADER);
+    let mut s = String::with_capacity(170 * (rows.len() + 1));
+    s.push_str(&format!("t_s,{CSV_GPU_COLUMN},{rest}\n"));
+    for (t_s, gpu, cells) in rows {
+        s.push_str(&format!("{t_s:.3},{gpu},{cells}\n"));
+    }
+    s
+}
+
+/// The column of telemetry.csv that names each row's GPU, in a run on several GPUs.
+pub const CSV_GPU_COLUMN: &str = "gpu";
 
 /// Columns of telemetry.csv (docs/report.md). `energy_j` is cumulative since the first sample;
 /// `throttle_reasons` and `process_memory_mib` (`pid:MiB`) are `|`-separated lists.
@@ -569,10 +626,43 @@ tensor_util_pct,dram_bw_util_pct,process_memory_mib";
 /// a thread gets this process's.
 pub fn attach(summary: &mut RunSummary, rec: &Recording, t: &TelemetrySummary) {
     summary.telemetry = Some(t.clone());
-    attach_programs(summary, rec);
-    let alone = summary.workloads.len() == 1;
+    attach_on(summary, rec, t, &|_| true);
+}
+
+/// [`attach`] for a run on any number of GPUs, `gpu_of` naming each workload's GPU (`None`:
+/// a workload on the CPU). One GPU is [`attach`]. Several GPUs fill `telemetry_per_gpu`
+/// instead of `telemetry`, and each GPU's recording is attributed among the workloads on that
+/// GPU only: a workload alone on its GPU gets that GPU's energy, a pid's memory is its memory
+/// on its own GPU, a command workload's SM share is of its GPU's processes.
+pub fn attach_gpus(
+    summary: &mut RunSummary,
+    gpus: &[GpuTelemetry],
+    gpu_of: &dyn Fn(&str) -> Option<u32>,
+) {
+    if let [one] = gpus {
+        attach(summary, &one.recording, &one.summary);
+        return;
+    }
+    summary.telemetry = None;
+    summary.telemetry_per_gpu = gpus.iter().map(|g| g.summary.clone()).collect();
+    for g in gpus {
+        attach_on(summary, &g.recording, &g.summary, &|name| {
+            gpu_of(name) == Some(g.gpu)
+        });
+    }
+}
+
+/// Attributes one device's recording among the workloads that `on` says ran on it.
+fn attach_on(
+    summary: &mut RunSummary,
+    rec: &Recording,
+    t: &TelemetrySummary,
+    on: &dyn Fn(&str) -> bool,
+) {
+    programs::attach_programs_on(summary, rec, on);
+    let alone = summary.workloads.iter().filter(|w| on(&w.name)).count() == 1;
     let own_pid = std::process::id();
-    for w in &mut summary.workloads {
+    for w in summary.workloads.iter_mut().filter(|w| on(&w.name)) {
         if w.program.is_some() {
             // A program's memory is its process tree's and its energy is attributed by its
             // SM share (attach_programs), never the device's as a whole.
@@ -596,42 +686,90 @@ pub fn attach(summary: &mut RunSummary, rec: &Recording, t: &TelemetrySummary) {
     }
 }
 
+/// One GPU's telemetry over a run: what its sampler read and the summary over the run.
+#[derive(Debug, Clone)]
+pub struct GpuTelemetry {
+    /// The device index sampled.
+    pub gpu: u32,
+    pub recording: Recording,
+    /// Over the run's window; its `gpu` is set in a run on several GPUs.
+    pub summary: TelemetrySummary,
+}
+
 /// Telemetry for one run, the way `isolane run` uses it: started before t0, finished after
-/// the run with its window, written next to the other results.
+/// the run with its window, written next to the other results. A run on several GPUs has a
+/// sampler thread per GPU (each GPU's readings on their own absolute schedule; a slow query
+/// on one GPU does not delay the other's).
 pub struct RunTelemetry {
-    sampler: Sampler,
+    samplers: Vec<(u32, Sampler)>,
 }
 
 impl RunTelemetry {
-    /// Starts sampling GPU `gpu` through NVML, showing each reading to `hook` too. Without
-    /// NVML this is an error the caller turns into a warning: a run goes on without telemetry.
+    /// Starts sampling every GPU of `gpus` through NVML, showing each reading of the first to
+    /// `hook` too (the live gauges have no GPU label: they follow the first GPU). Without NVML,
+    /// or with a GPU NVML cannot open, this is an error the caller turns into a warning: a run
+    /// goes on without telemetry.
     pub fn start(
-        gpu: u32,
+        gpus: &[u32],
         period: Duration,
         hook: Option<SampleHook>,
     ) -> Result<RunTelemetry, TelemetryError> {
-        let source = nvml::NvmlSource::open(gpu)?;
-        Ok(RunTelemetry {
-            sampler: Sampler::start_observed(Box::new(source), period, hook)?,
-        })
+        let mut sources: Vec<(u32, Box<dyn Source>)> = Vec::with_capacity(gpus.len());
+        for &gpu in gpus {
+            sources.push((gpu, Box::new(nvml::NvmlSource::open(gpu)?)));
+        }
+        Self::start_sources(sources, period, hook)
     }
 
-    /// Stops sampling; writes `telemetry.csv` into `dir` (times since `t0_ns`) and returns the
-    /// recording and its summary over the run (`t0_ns` to `t0_ns + wall_s`).
+    /// [`RunTelemetry::start`] on given sources, one per GPU (a fake in tests).
+    pub fn start_sources(
+        sources: Vec<(u32, Box<dyn Source>)>,
+        period: Duration,
+        hook: Option<SampleHook>,
+    ) -> Result<RunTelemetry, TelemetryError> {
+        let share = READ_CPU_BUDGET / sources.len().max(1) as f64;
+        let mut hook = hook;
+        let mut samplers = Vec::with_capacity(sources.len());
+        for (gpu, source) in sources {
+            // Dropping the samplers started so far (on an error) stops and joins them.
+            let sampler = Sampler::start_with_budget(source, period, hook.take(), share)?;
+            samplers.push((gpu, sampler));
+        }
+        Ok(RunTelemetry { samplers })
+    }
+
+    /// Stops sampling; writes `telemetry.csv` into `dir` (times since `t0_ns`, see
+    /// [`run_csv`]) and returns each GPU's recording and summary over the run (`t0_ns` to
+    /// `t0_ns + wall_s`), in the order the GPUs were given.
     pub fn finish(
         self,
         dir: &std::path::Path,
         t0_ns: Option<i64>,
         wall_s: f64,
-    ) -> Result<(Recording, TelemetrySummary), TelemetryError> {
-        let rec = self.sampler.stop()?;
+    ) -> Result<Vec<GpuTelemetry>, TelemetryError> {
+        let several = self.samplers.len() > 1;
         let window = t0_ns.map(|t0| (t0, t0 + (wall_s * 1e9) as i64));
-        let origin = t0_ns.unwrap_or_else(|| rec.samples.first().map_or(0, |s| s.t_ns));
-        let summary = rec.summary(window);
+        let mut gpus = Vec::with_capacity(self.samplers.len());
+        for (gpu, sampler) in self.samplers {
+            let recording = sampler.stop()?;
+            let mut summary = recording.summary(window);
+            summary.gpu = several.then_some(gpu);
+            gpus.push(GpuTelemetry {
+                gpu,
+                recording,
+                summary,
+            });
+        }
+        let origin = t0_ns.unwrap_or_else(|| {
+            gpus.iter()
+                .filter_map(|g| g.recording.samples.first().map(|s| s.t_ns))
+                .min()
+                .unwrap_or(0)
+        });
         let path = dir.join("telemetry.csv");
-        write_atomic(&path, rec.csv(origin).as_bytes())
+        write_atomic(&path, run_csv(&gpus, origin).as_bytes())
             .map_err(|source| TelemetryError::Io { path, source })?;
-        Ok((rec, summary))
+        Ok(gpus)
     }
 }
 

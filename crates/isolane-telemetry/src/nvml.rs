@@ -109,7 +109,7 @@ impl NvmlSource {
             .device_by_index(index)
             .map_err(|e| TelemetryError::Nvml {
                 call: "nvmlDeviceGetHandleByIndex_v2",
-                error: e.to_string(),
+                error: format!("GPU {index}: {e}"),
             })?;
         let name = device.name().unwrap_or_else(|_| format!("GPU {index}"));
         let gpm = device.gpm_support().unwrap_or(false);

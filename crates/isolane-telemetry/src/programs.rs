@@ -10,11 +10,20 @@ use crate::{cumulative_energy_j, energy_between_j, EnergySource, Recording, Samp
 
 /// Fills in the telemetry of every command workload of `summary` from `rec`.
 pub fn attach_programs(summary: &mut RunSummary, rec: &Recording) {
+    attach_programs_on(summary, rec, &|_| true);
+}
+
+/// [`attach_programs`] for the command workloads that `on` says ran on `rec`'s GPU.
+pub(crate) fn attach_programs_on(
+    summary: &mut RunSummary,
+    rec: &Recording,
+    on: &dyn Fn(&str) -> bool,
+) {
     let Some(t0) = summary.t0_monotonic_ns else {
         return;
     };
     let (cumulative, source) = cumulative_energy_j(&rec.samples);
-    for w in &mut summary.workloads {
+    for w in summary.workloads.iter_mut().filter(|w| on(&w.name)) {
         let Some(p) = &w.program else { continue };
         let window = (
             t0 + (p.started_s * 1e9) as i64,

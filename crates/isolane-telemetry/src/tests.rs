@@ -426,3 +426,165 @@ fn the_hook_sees_every_reading_the_recording_keeps() {
     assert!(!kept.is_empty());
     assert_eq!(*seen, kept);
 }
+
+/// Another fake GPU: twice `steady`'s power, its own device memory.
+fn busy(k: u64) -> Reading {
+    Reading {
+        power_w: Some(300.0),
+        energy_counter_mj: Some(3_000 * k),
+        ..Reading::default()
+    }
+}
+
+fn recording_of(gpu: u32, f: fn(u64) -> Reading, times_ms: &[i64]) -> GpuTelemetry {
+    let samples: Vec<Sample> = times_ms
+        .iter()
+        .enumerate()
+        .map(|(k, &t)| Sample {
+            t_ns: t * 1_000_000,
+            reading: f(k as u64),
+        })
+        .collect();
+    let recording = recording(samples);
+    let mut summary = recording.summary(None);
+    summary.gpu = Some(gpu);
+    GpuTelemetry {
+        gpu,
+        recording,
+        summary,
+    }
+}
+
+#[test]
+fn two_gpus_csv_has_a_gpu_column_and_both_gpus_rows_in_time_order() {
+    let gpus = [
+        recording_of(1, steady, &[0, 100, 200]),
+        recording_of(0, busy, &[50, 150]),
+    ];
+    let csv = run_csv(&gpus, 0);
+    let lines: Vec<&str> = csv.lines().collect();
+    let header: Vec<&str> = lines[0].split(',').collect();
+    assert_eq!(&header[..3], &["t_s", "gpu", "power_w"]);
+    assert_eq!(header.len(), CSV_HEADER.split(',').count() + 1);
+    assert_eq!(
+        &header[2..],
+        &CSV_HEADER.split(',').collect::<Vec<_>>()[1..]
+    );
+    let rows: Vec<Vec<&str>> = lines[1..].iter().map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 5);
+    let order: Vec<(&str, &str)> = rows.iter().map(|r| (r[0], r[1])).collect();
+    assert_eq!(
+        order,
+        [
+            ("0.000", "1"),
+            ("0.050", "0"),
+            ("0.100", "1"),
+            ("0.150", "0"),
+            ("0.200", "1")
+        ]
+    );
+    for r in &rows {
+        assert_eq!(r.len(), header.len(), "{r:?}");
+    }
+    // Each GPU's power and its own cumulative energy (since its own first sample).
+    assert_eq!((rows[1][2], rows[1][3]), ("300.00", "0.000"));
+    assert_eq!((rows[3][2], rows[3][3]), ("300.00", "3.000"));
+    assert_eq!((rows[2][2], rows[2][3]), ("101.00", "1.000"));
+    // One GPU: exactly the file a single-GPU run always wrote.
+    let one = [recording_of(0, steady, &[0, 100])];
+    assert_eq!(run_csv(&one, 0), one[0].recording.csv(0));
+    assert!(run_csv(&one, 0).starts_with("t_s,power_w,"));
+}
+
+#[test]
+fn on_two_gpus_each_workload_gets_its_own_gpus_energy_and_memory() {
+    let mut g0 = recording_of(0, busy, &[0, 1_000, 2_000]);
+    let mut g1 = recording_of(1, steady, &[0, 1_000, 2_000]);
+    // pid 7 (workload a) holds 300 MiB on GPU 0; the same pid number on GPU 1 is not a's.
+    g0.recording.samples[1].reading.process_memory_mib = vec![(7, 300.0), (8, 100.0)];
+    g1.recording.samples[1].reading.process_memory_mib =
+        vec![(7, 5_000.0), (std::process::id(), 900.0)];
+    let gpus = [g0, g1];
+    // a and b share GPU 0; c is alone on GPU 1, on a thread of this process; d is on the CPU.
+    let mut s = summary(&[
+        ("a", 10, 1, Some(7)),
+        ("b", 10, 1, Some(8)),
+        ("c", 10, 2, None),
+        ("d", 10, 1, None),
+    ]);
+    let gpu_of = |name: &str| match name {
+        "a" | "b" => Some(0),
+        "c" => Some(1),
+        _ => None,
+    };
+    attach_gpus(&mut s, &gpus, &gpu_of);
+    assert_eq!(s.telemetry, None, "no one object stands for two GPUs");
+    let per: Vec<(Option<u32>, Option<f64>)> = s
+        .telemetry_per_gpu
+        .iter()
+        .map(|t| (t.gpu, t.energy_j))
+        .collect();
+    assert_eq!(per, [(Some(0), Some(6.0)), (Some(1), Some(2.0))]);
+    let m = |i: usize| &s.workloads[i].metrics;
+    assert_eq!(m(0).gpu_memory_mib, Some(300.0), "a's memory on GPU 0");
+    assert_eq!(m(1).gpu_memory_mib, Some(100.0));
+    assert_eq!((m(0).energy_j, m(1).energy_j), (None, None), "GPU 0 shared");
+    assert_eq!(m(2).energy_j, Some(2.0), "c ran alone on GPU 1");
+    assert_eq!(m(2).j_per_image, Some(0.1));
+    assert_eq!(m(2).gpu_memory_mib, Some(900.0));
+    assert_eq!((m(3).energy_j, m(3).gpu_memory_mib), (None, None));
+    // summary.json: each GPU's object names its GPU; `telemetry` is left out.
+    let v = serde_json::to_value(&s).unwrap();
+    assert!(v.get("telemetry").is_none(), "{v}");
+    assert_eq!(v["telemetry_per_gpu"][1]["gpu"], 1);
+    let back: isolane_core::results::RunSummary = serde_json::from_value(v).unwrap();
+    assert_eq!(back, s);
+}
+
+#[test]
+fn on_one_gpu_attach_gpus_is_attach() {
+    let mut g = recording_of(0, steady, &[0, 1_000, 2_000]);
+    g.summary.gpu = None;
+    let mut a = summary(&[("a", 10, 2, None)]);
+    let mut b = a.clone();
+    attach_gpus(&mut a, std::slice::from_ref(&g), &|_| Some(0));
+    attach(&mut b, &g.recording, &g.summary);
+    assert_eq!(a, b);
+    assert!(a.telemetry_per_gpu.is_empty());
+    let v = serde_json::to_value(&a).unwrap();
+    assert!(v["telemetry"].get("gpu").is_none(), "{v}");
+    assert!(v.get("telemetry_per_gpu").is_none(), "{v}");
+}
+
+#[test]
+fn run_telemetry_samples_every_gpu_and_writes_one_csv() {
+    let sources: Vec<(u32, Box<dyn Source>)> = vec![
+        (1, fake(Duration::ZERO)),
+        (
+            0,
+            Box::new(Fake {
+                n: 0,
+                burn: Duration::ZERO,
+                f: busy,
+            }),
+        ),
+    ];
+    let t = RunTelemetry::start_sources(sources, Duration::from_millis(10), None).unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = t.finish(dir.path(), None, 0.0).unwrap();
+    assert_eq!(gpus.iter().map(|g| g.gpu).collect::<Vec<_>>(), [1, 0]);
+    for g in &gpus {
+        // The first reading is taken at once, whatever the machine's load.
+        assert!(!g.recording.samples.is_empty());
+        assert_eq!(g.summary.gpu, Some(g.gpu));
+    }
+    let csv = std::fs::read_to_string(dir.path().join("telemetry.csv")).unwrap();
+    assert!(csv.starts_with("t_s,gpu,power_w,"), "{csv}");
+    let gpu_cells: std::collections::BTreeSet<&str> = csv
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split(',').nth(1))
+        .collect();
+    assert_eq!(gpu_cells.into_iter().collect::<Vec<_>>(), ["0", "1"]);
+}

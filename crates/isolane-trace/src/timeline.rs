@@ -230,31 +230,60 @@ pub fn read_jobs(path: &Path) -> Result<Vec<Job>, TraceError> {
     Ok(jobs)
 }
 
-/// telemetry.csv's numeric columns as counters over `t_s` (converted to ms).
+/// The column of telemetry.csv naming each row's GPU in a run on several GPUs (absent for one
+/// GPU; isolane-telemetry's `CSV_GPU_COLUMN`).
+pub const GPU_COLUMN: &str = "gpu";
+
+/// A counter of telemetry.csv: the row's GPU (`None` in a file of one GPU) and the column.
+type CounterKey = (Option<u32>, usize);
+
+/// telemetry.csv's numeric columns as counters over `t_s` (converted to ms). A file of several
+/// GPUs (a [`GPU_COLUMN`]) has a counter per GPU and column, named `GPU n <column>`, in GPU
+/// order; a file without it one per column, named as the column.
 fn read_counters(path: &Path) -> Result<Vec<Counter>, TraceError> {
     let csv = Csv::read(path, &["t_s"])?;
     let t = csv.col("t_s").unwrap_or(0);
+    let gpu = csv.col(GPU_COLUMN);
     let numeric: Vec<usize> = (0..csv.header().len())
-        .filter(|&i| i != t && !TEXT_COLUMNS.contains(&csv.header()[i].as_str()))
+        .filter(|&i| i != t && Some(i) != gpu)
+        .filter(|&i| !TEXT_COLUMNS.contains(&csv.header()[i].as_str()))
         .collect();
-    let mut counters: Vec<Counter> = numeric
-        .iter()
-        .map(|&i| Counter {
-            name: csv.header()[i].clone(),
-            points: Vec::with_capacity(csv.rows.len()),
-        })
-        .collect();
+    // (GPU, column) → points; the GPU is `None` in a file of one GPU.
+    let mut by_key: std::collections::BTreeMap<CounterKey, Vec<(f64, f64)>> = Default::default();
     for (line, row) in &csv.rows {
         let t_ms = csv.required_f64(*line, row, t)? * 1e3;
-        for (&i, c) in numeric.iter().zip(counters.iter_mut()) {
+        let g = match gpu {
+            Some(i) => Some(gpu_index(&csv, *line, row, i)?),
+            None => None,
+        };
+        for &i in &numeric {
             // NVML reports NaN for a GPM metric it could not compute: a gap, not a value.
             if let Some(v) = csv.f64_at(*line, row, Some(i))?.filter(|v| v.is_finite()) {
-                c.points.push((t_ms, v));
+                by_key.entry((g, i)).or_default().push((t_ms, v));
             }
         }
     }
-    counters.retain(|c| !c.points.is_empty());
-    Ok(counters)
+    Ok(by_key
+        .into_iter()
+        .map(|((g, i), points)| Counter {
+            name: match g {
+                Some(g) => format!("GPU {g} {}", csv.header()[i]),
+                None => csv.header()[i].clone(),
+            },
+            points,
+        })
+        .collect())
+}
+
+/// A row's GPU index: a whole number, every row of a file of several GPUs has one.
+fn gpu_index(csv: &Csv, line: usize, row: &[String], i: usize) -> Result<u32, TraceError> {
+    let cell = row.get(i).map_or("", String::as_str);
+    cell.parse::<u32>().map_err(|_| {
+        csv.error(
+            line,
+            format!("column `{GPU_COLUMN}`: `{cell}` is not a GPU index (0, 1, …)"),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -405,5 +434,26 @@ mod tests {
         assert_eq!(names, ["power_w", "dram_bw_util_pct"]);
         assert_eq!(c[0].points, vec![(-50.0, 100.0), (50.0, 120.0)]);
         assert_eq!(c[1].points, vec![(50.0, 40.0)]);
+    }
+
+    #[test]
+    fn a_telemetry_file_of_two_gpus_has_counters_per_gpu() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "telemetry.csv",
+            "t_s,gpu,power_w,throttle_reasons\n0.0,1,100,\n0.0,0,300,\n0.05,1,110,\n",
+        );
+        let c = read_counters(&p).unwrap();
+        let names: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["GPU 0 power_w", "GPU 1 power_w"]);
+        assert_eq!(c[0].points, vec![(0.0, 300.0)]);
+        assert_eq!(c[1].points, vec![(0.0, 100.0), (50.0, 110.0)]);
+        let bad = write(d.path(), "bad.csv", "t_s,gpu,power_w\n0.0,x,100\n");
+        let e = read_counters(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("bad.csv") && e.contains("`gpu`") && e.contains("`x`"),
+            "{e}"
+        );
     }
 }

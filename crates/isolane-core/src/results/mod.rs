@@ -13,7 +13,7 @@
 //! | `interference.json`, `interference.csv` | [`InterferenceIndex`], [`interference_csv`] |
 //! | `coexec.json`, `coexec.csv` | [`CoexecIndex`], [`coexec_csv`] |
 //! | `isolation.csv` | [`IsolationRow`] rows |
-//! | `summary.json`'s `telemetry` | [`TelemetrySummary`] |
+//! | `summary.json`'s `telemetry` and `telemetry_per_gpu` | [`TelemetrySummary`] |
 //! | `summary.json`'s `apps` | [`AppSummary`] (docs/apps.md) |
 
 mod app;
@@ -51,8 +51,9 @@ use crate::files::{read_text, FileError};
 /// The version of the schema this build writes. 1: the files before `schema_version`
 /// existed; 2: `schema_version`, typed `partitions`/`isolation`, per-workload
 /// `memory_estimate_mib`; 3: per-workload `backend` and `program` (command workloads,
-/// docs/programs.md).
-pub const SCHEMA_VERSION: u32 = 3;
+/// docs/programs.md); 4: `telemetry_per_gpu` (a run on several GPUs: one `telemetry` object
+/// per GPU, each with its `gpu`).
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// What a file without `schema_version` is.
 pub(crate) fn legacy_version() -> u32 {

@@ -183,9 +183,15 @@ pub struct RunSummary {
     /// What each workload's partition was (GPU runs; absent on the CPU).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partitions: Vec<PartitionRecord>,
-    /// Device telemetry over the run, when it was sampled.
+    /// Device telemetry over the run, when it was sampled on one GPU. A run on several GPUs
+    /// leaves it out and has `telemetry_per_gpu` instead: each GPU's power, clocks and energy
+    /// are its own, and no single object could stand for them all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<TelemetrySummary>,
+    /// A run on several GPUs (`[device] gpus`): one telemetry summary per GPU sampled, in the
+    /// order of `gpus`, each naming its `gpu`. Empty for one GPU (schema 4).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub telemetry_per_gpu: Vec<TelemetrySummary>,
     /// `isolane isolation`: the ramp's steps (flattened: `step_s`, `steps`).
     #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<IsolationSteps>,
@@ -254,6 +260,7 @@ impl RunSummary {
             workloads: Vec::new(),
             partitions: Vec::new(),
             telemetry: None,
+            telemetry_per_gpu: Vec::new(),
             isolation: None,
             apps: Vec::new(),
         }

@@ -29,6 +29,10 @@ pub enum EnergySource {
 pub struct TelemetrySummary {
     pub source: String,
     pub device: String,
+    /// The GPU (device index) sampled, in a run on several GPUs (`RunSummary::telemetry_per_gpu`);
+    /// absent for one GPU, whose summary reads as it did before several GPUs existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
     pub period_ms: f64,
     /// Samples inside the window summarised (the run: t0 to its end).
     pub samples: usize,

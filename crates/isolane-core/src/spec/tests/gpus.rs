@@ -140,3 +140,38 @@ fn a_scenario_built_in_code_is_held_to_the_same_rules() {
         "{e}"
     );
 }
+
+#[test]
+fn the_file_tells_which_workloads_name_their_gpu() {
+    let text = "[device]\nbackend = \"cuda\"\ngpus = [0, 1]\nmechanism = \"green\"\n\
+                [[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\n\
+                [[workload]]\nname = \"b\"\nmodel = \"spin:1ms\"\ngpu = 1\n";
+    assert_eq!(Scenario::workloads_naming_their_gpu(text), [false, true]);
+    assert!(Scenario::workloads_naming_their_gpu("not = [toml").is_empty());
+    assert!(Scenario::workloads_naming_their_gpu("[device]\n").is_empty());
+}
+
+#[test]
+fn a_scenario_on_two_gpus_splits_into_one_scenario_per_gpu() {
+    let text = "[device]\nbackend = \"cuda\"\ngpus = [1, 0]\nmechanism = \"green\"\n\
+                [[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
+                [workload.partition]\nsms = 8\n\
+                [[workload]]\nname = \"b\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
+                gpu = 0\n[workload.partition]\nsms = 16\n";
+    let s = Scenario::from_toml_str(text, "s.toml", &NoBuiltinModels).unwrap();
+    let one = s.on_one_gpu(1);
+    assert_eq!((one.device.gpu, one.device.gpus.len()), (1, 0));
+    let names: Vec<(&str, Option<u32>)> = one
+        .workloads
+        .iter()
+        .map(|w| (w.name.as_str(), w.gpu))
+        .collect();
+    assert_eq!(names, [("a", None)], "the device's first GPU is 1");
+    let zero = s.on_one_gpu(0);
+    assert_eq!(zero.workloads.len(), 1);
+    assert_eq!(zero.workloads[0].partition.sms, Some(16));
+    assert!(!zero.device.several_gpus());
+    // Each part is a valid one-GPU scenario of its own.
+    zero.validate(&NoBuiltinModels).unwrap();
+    assert!(s.on_one_gpu(7).workloads.is_empty());
+}
