@@ -63,12 +63,7 @@ pub fn verify(scenario: &Scenario, opts: &VerifyOptions) -> Result<VerifyReport,
     }
     let gpu = scenario.device.gpu;
     let info = device_info(gpu)?;
-    let model = isolane_gpu::devices::model_for(
-        &info.name,
-        info.sm_count,
-        info.memory_mib,
-        info.compute_capability,
-    );
+    let model = model_of(&info);
     // Admission control first: nothing is created for a plan that does not fit.
     let plan =
         admit(scenario, &model, &[], &AdmissionOptions::default()).map_err(GpuError::Rejected)?;
@@ -148,13 +143,7 @@ pub fn verify_each_gpu(
 fn alike_model(gpus: &[u32]) -> Result<isolane_core::device_model::DeviceModel, GpuError> {
     let mut first: Option<(u32, isolane_core::device_model::DeviceModel)> = None;
     for &g in gpus {
-        let info = device_info(g)?;
-        let model = isolane_gpu::devices::model_for(
-            &info.name,
-            info.sm_count,
-            info.memory_mib,
-            info.compute_capability,
-        );
+        let model = model_of(&device_info(g)?);
         match &first {
             None => first = Some((g, model)),
             Some((f, m)) if *m != model => {
@@ -170,6 +159,16 @@ fn alike_model(gpus: &[u32]) -> Result<isolane_core::device_model::DeviceModel, 
     first
         .map(|(_, m)| m)
         .ok_or_else(|| GpuError::Usage("device.gpus lists no GPU".into()))
+}
+
+/// The device model (admission rules) of a listed GPU.
+fn model_of(info: &DeviceInfo) -> isolane_core::device_model::DeviceModel {
+    isolane_gpu::devices::model_for(
+        &info.name,
+        info.sm_count,
+        info.memory_mib,
+        info.compute_capability,
+    )
 }
 
 fn device_info(gpu: u32) -> Result<DeviceInfo, GpuError> {
