@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch baseline for `isolane bench`: the same models, batches and precisions, measured the
-same way, in PyTorch eager and PyTorch with CUDA graphs.
+same way, in PyTorch's configurations a user tunes: eager, CUDA graphs in NCHW, CUDA graphs in
+channels_last, and (--compile) torch.compile.
 
 A job is what an isolane workload runs: copy the float32 input from pinned host memory to the
 GPU (cast to the model's dtype there), forward, copy the float32 output back to pinned host
@@ -9,14 +10,24 @@ memory, wait (torch.cuda.synchronize). Each job is timed with a host clock; medi
 
 TF32: fp32 runs with torch.backends.cuda.matmul.allow_tf32 = False and
 torch.backends.cudnn.allow_tf32 = False (true fp32); tf32 runs with both True. fp16 / bf16 run
-the model converted with .half() / .bfloat16(). cudnn.benchmark = True. Memory format: NCHW
-(PyTorch's default).
+the model converted with .half() / .bfloat16(). cudnn.benchmark = True.
+
+Configurations, each a column (median ms per job):
+  eager       NCHW (PyTorch's default), no graph;
+  graphs      NCHW, the forward captured in one CUDA graph (PyTorch's documented recipe);
+  graphs_cl   channels_last: the model converted with .to(memory_format=torch.channels_last),
+              the input converted inside the captured graph (part of every job, as a user's
+              channels_last pipeline does it);
+  compile     (--compile MODE, e.g. reduce-overhead or max-autotune; off by default: building
+              takes tens of seconds to minutes per model) torch.compile of the NCHW model;
+              its build time is reported as compile_s.
+`best` is the fastest of graphs, graphs_cl and compile; the ratio compares it with isolane.
 
     python3 bench/pytorch_baseline.py --models resnet18,vit_b_16 --batch 1 --precisions fp16,tf32
     python3 bench/pytorch_baseline.py ... --ours ours.jsonl     # + isolane's numbers and ratios
 
 `--ours` reads the JSON lines printed by `isolane bench --json` and prints one table with
-isolane, PyTorch eager, PyTorch + CUDA graphs and the ratios (PyTorch graphs / isolane: > 1
+isolane, each PyTorch configuration, the best one and the ratio (PyTorch best / isolane: > 1
 means isolane is faster).
 """
 
@@ -68,7 +79,35 @@ def stats(times, batch, wall):
     }
 
 
-def measure(name, batch, prec, replays, warmup):
+def timed(job, batch, replays, warmup):
+    """`job` run `warmup` times untimed, then `replays` times, each timed with a host clock."""
+    for _ in range(warmup):
+        job()
+    t = []
+    w0 = time.perf_counter()
+    for _ in range(replays):
+        t0 = time.perf_counter()
+        job()
+        t.append((time.perf_counter() - t0) * 1e3)
+    return stats(t, batch, time.perf_counter() - w0)
+
+
+def graph_of(forward):
+    """`forward()` captured in a CUDA graph (warmed up on a side stream first, as PyTorch
+    documents); returns the graph and its static output."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            forward()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = forward()
+    return g, out
+
+
+def measure(name, batch, prec, replays, warmup, compile_mode=None):
     tf32 = prec == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
@@ -83,50 +122,45 @@ def measure(name, batch, prec, replays, warmup):
     host_out = torch.empty(out.shape, dtype=torch.float32).pin_memory()
     res = {}
 
-    def job_eager():
-        static_in.copy_(host_in, non_blocking=True)
-        y = model(static_in)
-        host_out.copy_(y, non_blocking=True)
-        torch.cuda.synchronize()
+    def job_of(forward):
+        def job():
+            static_in.copy_(host_in, non_blocking=True)
+            y = forward()
+            host_out.copy_(y, non_blocking=True)
+            torch.cuda.synchronize()
+        return job
 
-    with torch.inference_mode():
-        for _ in range(warmup):
-            job_eager()
-        t = []
-        w0 = time.perf_counter()
-        for _ in range(replays):
-            t0 = time.perf_counter()
-            job_eager()
-            t.append((time.perf_counter() - t0) * 1e3)
-        res["eager"] = stats(t, batch, time.perf_counter() - w0)
-
-        # CUDA graph of the forward (warm-up on a side stream first, as PyTorch documents).
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                model(static_in)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            static_out = model(static_in)
-
-        def job_graph():
+    def replay_job(g, static_out):
+        def job():
             static_in.copy_(host_in, non_blocking=True)
             g.replay()
             host_out.copy_(static_out, non_blocking=True)
             torch.cuda.synchronize()
+        return job
 
-        for _ in range(warmup):
-            job_graph()
-        t = []
-        w0 = time.perf_counter()
-        for _ in range(replays):
+    with torch.inference_mode():
+        res["eager"] = timed(job_of(lambda: model(static_in)), batch, replays, warmup)
+        g, static_out = graph_of(lambda: model(static_in))
+        res["graphs"] = timed(replay_job(g, static_out), batch, replays, warmup)
+        del g, static_out
+        if compile_mode:
+            compiled = torch.compile(model, mode=compile_mode)
             t0 = time.perf_counter()
-            job_graph()
-            t.append((time.perf_counter() - t0) * 1e3)
-        res["graphs"] = stats(t, batch, time.perf_counter() - w0)
-    del model, g
+            job = job_of(lambda: compiled(static_in))
+            job()  # the build
+            compile_s = time.perf_counter() - t0
+            res["compile"] = dict(timed(job, batch, replays, warmup), compile_s=compile_s,
+                                  mode=compile_mode)
+            del compiled
+            torch._dynamo.reset()
+        model = model.to(memory_format=torch.channels_last)
+        g, static_out = graph_of(
+            lambda: model(static_in.contiguous(memory_format=torch.channels_last)))
+        res["graphs_cl"] = timed(replay_job(g, static_out), batch, replays, warmup)
+        del g, static_out
+    res["best"] = min((k for k in ("graphs", "graphs_cl", "compile") if k in res),
+                      key=lambda k: res[k]["median_ms"])
+    del model
     torch.cuda.empty_cache()
     return res
 
@@ -138,6 +172,8 @@ def main():
     ap.add_argument("--precisions", default="fp16,tf32")
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--compile", metavar="MODE", default=None,
+                    help="also measure torch.compile(model, mode=MODE), e.g. reduce-overhead")
     ap.add_argument("--json", action="store_true", help="print JSON lines only")
     ap.add_argument("--ours", help="JSON lines from `isolane bench --json` to compare against")
     a = ap.parse_args()
@@ -152,9 +188,9 @@ def main():
     for name in a.models.split(","):
         for batch in [int(b) for b in a.batch.split(",")]:
             for prec in a.precisions.split(","):
-                r = measure(name, batch, prec, a.replays, a.warmup)
+                r = measure(name, batch, prec, a.replays, a.warmup, a.compile)
                 rec = {"model": name, "batch": batch, "precision": prec, "replays": a.replays,
-                       "eager": r["eager"], "graphs": r["graphs"]}
+                       **r}
                 if a.json:
                     print(json.dumps(rec), flush=True)
                 rows.append(rec)
@@ -162,19 +198,28 @@ def main():
         return
     dev = torch.cuda.get_device_name()
     print(f"# {dev}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
-          f"median of {a.replays} jobs (ms); ratio = PyTorch graphs / isolane (> 1: isolane faster)")
-    hdr = f"{'model':<15} {'batch':>5} {'prec':<5} {'isolane':>9} {'p99':>8} {'eager':>9} {'graphs':>9} {'p99':>8} {'ratio':>7} {'isolane img/s':>13} {'graphs img/s':>13}"
-    print(hdr)
+          f"median of {a.replays} jobs (ms); ratio = PyTorch's best / isolane (> 1: isolane faster)")
+    print(table(rows, ours))
+    sys.stdout.flush()
+
+
+def table(rows, ours):
+    """The comparison table: isolane, each PyTorch configuration (median ms), the best one and
+    the ratio best / isolane."""
+    cols = ["eager", "graphs", "graphs_cl", "compile"]
+    hdr = (f"{'model':<15} {'batch':>5} {'prec':<5} {'isolane':>9} "
+           + " ".join(f"{c:>9}" for c in cols) + f" {'best':>9} {'ratio':>6}")
+    lines = [hdr]
     for rec in rows:
         o = ours.get((rec["model"], rec["batch"], rec["precision"]))
-        om = f"{o['median_ms']:.3f}" if o else "-"
-        op = f"{o['p99_ms']:.3f}" if o else "-"
-        ratio = f"{rec['graphs']['median_ms'] / o['median_ms']:.2f}" if o else "-"
-        oi = f"{o['throughput_ips']:.0f}" if o else "-"
-        print(f"{rec['model']:<15} {rec['batch']:>5} {rec['precision']:<5} {om:>9} {op:>8} "
-              f"{rec['eager']['median_ms']:>9.3f} {rec['graphs']['median_ms']:>9.3f} {rec['graphs']['p99_ms']:>8.3f} "
-              f"{ratio:>7} {oi:>13} {rec['graphs']['throughput_ips']:>13.0f}")
-    sys.stdout.flush()
+        med = {c: rec[c]["median_ms"] for c in cols if c in rec}
+        best = med[rec["best"]]
+        cells = " ".join(f"{med[c]:>9.3f}" if c in med else f"{'-':>9}" for c in cols)
+        om = f"{o['median_ms']:>9.3f}" if o else f"{'-':>9}"
+        ratio = f"{best / o['median_ms']:>6.2f}" if o else f"{'-':>6}"
+        lines.append(f"{rec['model']:<15} {rec['batch']:>5} {rec['precision']:<5} {om} {cells} "
+                     f"{rec['best']:>9} {ratio}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

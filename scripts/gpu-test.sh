@@ -115,8 +115,10 @@ bench() {
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
     ./stage/isolane bench --model "$models" --batch "$batches" --precision "$precs" \
         --replays "$replays" --json | tee "$out/ours.jsonl"
+    # COMPILE=MODE (e.g. reduce-overhead) adds torch.compile's column: minutes per model.
     PYTHONUNBUFFERED=1 python3 bench/pytorch_baseline.py --models "$models" --batch "$batches" \
-        --precisions "$precs" --replays "$replays" --ours "$out/ours.jsonl" | tee "$out/table.txt"
+        --precisions "$precs" --replays "$replays" ${COMPILE:+--compile "$COMPILE"} \
+        --ours "$out/ours.jsonl" | tee "$out/table.txt"
 }
 
 # There: what the engine issue still has to show on the GPU, in two calls (10 minutes each at
