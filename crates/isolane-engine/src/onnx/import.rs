@@ -1588,6 +1588,9 @@ impl<'m> Importer<'m> {
             )));
         }
         let (ch, groups) = (ch.c as usize, groups as usize);
+        // The per-channel scale and bias are built at import: a channel count from a corrupt
+        // file must be refused, not allocated.
+        fold::numel(&[ch]).map_err(|e| c.bad(format!("the scale per channel: {e}")))?;
         let per_channel = |v: Val, what: &str| -> Result<Vec<f32>> {
             let Val::F(a) = v else {
                 return Err(c.bad(format!("{what} must be a float tensor known at import")));
