@@ -267,6 +267,25 @@ fn mistakes_are_refused_with_exit_2() {
         &format!("[device]\nbackend = \"cuda\"\nmechanism = \"mps\"\n{APP}"),
         &["device.mechanism", "green"],
     );
+    // A GPU preprocess on the CPU backend, by stage name; a device that is neither.
+    refused(
+        &APP.replace("size = [8, 8]", "size = [8, 8]\ndevice = \"gpu\""),
+        &[
+            "s.toml",
+            "app[0].stage[0].device",
+            "`pre`",
+            "device = \"cpu\"",
+        ],
+    );
+    refused(
+        &APP.replace("size = [8, 8]", "size = [8, 8]\ndevice = \"npu\""),
+        &[
+            "s.toml",
+            "app[0].stage[0].device",
+            "`npu`",
+            "\"cpu\" or \"gpu\"",
+        ],
+    );
     refused(
         &APP.replace("fps = 10", "fps = 10\nfpx = 3"),
         &["s.toml", "fpx"],
@@ -510,6 +529,44 @@ fn an_app_runs_in_a_green_context_on_the_gpu() {
     );
     assert_eq!(s["partitions"][0]["workload"], "a.net");
     // 224x224 ResNet-18 in fp16 on 16 SMs: well under a 50 ms deadline
+    assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
+}
+
+/// On a GPU: a 1080p app whose preprocess runs on the GPU (`device = "gpu"`, the CUDA
+/// kernel) in the green context of the detector it feeds, with a crop, through the binary.
+/// `scripts/gpu-test.sh` runs it with --ignored.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_app_preprocesses_on_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = APP
+        .replace(
+            "size = [8, 8]",
+            "device = \"gpu\"\ncrop = [240, 0, 1440, 1080]",
+        )
+        .replace("width = 32\nheight = 32", "width = 1920\nheight = 1080")
+        .replace(
+            "[[app.stage]]\nname = \"out\"",
+            "[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"resnet18\"\n\
+             [[app.stage]]\nname = \"top\"\nkind = \"classify\"\n[[app.stage]]\nname = \"out\"",
+        )
+        .replace("fps = 10", "fps = 30")
+        .replace(
+            "frames = 30",
+            "frames = 120\nprecision = \"fp16\"\npartition = { sms = 16 }",
+        );
+    let text = format!("[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n{text}");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "a");
+    assert_eq!(a["end_to_end"]["jobs"], 100);
+    let pre = &a["stages"][0];
+    assert_eq!(pre["processed"], 100, "{pre}");
+    // A 1080p frame's copy to the device, one kernel and 3x224x224 values back: far under the
+    // CPU operator's ~7 ms (results/h200-apps/); 5 ms leaves room for a loaded host.
+    assert!(f(&pre["latency_ms"]["p50"]) < 5.0, "{pre}");
     assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
 }
 

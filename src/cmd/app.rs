@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use isolane_app::partitions::{as_workloads, check_device, workload_name};
+use isolane_app::partitions::{as_workloads, check_device, check_gpu_stages, workload_name};
 use isolane_app::run::{run_apps, RunError, RunOutcome, RunSettings};
 use isolane_app::spec::{parse_apps, AppSpec, EngineModels};
 use isolane_core::results::{AppSummary, PartitionRecord, RunStatus, RunSummary};
@@ -41,6 +41,8 @@ pub fn model_workloads(
         )));
     }
     check_device(&scenario.device).map_err(|m| user(format!("{file}: device.mechanism: {m}")))?;
+    check_gpu_stages(&scenario.device, apps)
+        .map_err(|(field, m)| user(format!("{file}: {field}: {m}")))?;
     super::refuse_several_gpus(scenario, file, "run of [[app]]s")?;
     let mut s = scenario.clone();
     s.workloads = as_workloads(apps, scenario.device.backend);
@@ -165,6 +167,7 @@ fn run_in_partitions(
         partitions,
         stop,
         out: Some(out),
+        start: None,
     };
     let Some(plan) = admitted else {
         return Ok((run_apps(apps, settings(HashMap::new())), Vec::new()));
@@ -177,7 +180,7 @@ fn run_in_partitions(
             let mut parts: HashMap<String, Partition> = HashMap::new();
             for w in &workloads.workloads {
                 if let Some(g) = session.take_green_group(&w.name) {
-                    parts.insert(w.name.clone(), Box::new(g));
+                    parts.insert(w.name.clone(), crate::app_models::shared_partition(g));
                 }
             }
             let records = session.records().to_vec();

@@ -28,7 +28,7 @@ fn measured(app: &AppSpec, released: u64) -> std::ops::Range<u64> {
 /// workload's start lateness assumes each job waits for the previous one's end, which the
 /// frames of a pipeline do not (frame k+1 enters while frame k is still in a later stage).
 pub fn frame_records(app: &AppSpec, rec: &AppRecords) -> Vec<JobRecord> {
-    let sink = rec.sink(app);
+    let sink = crate::run::sink(app, rec);
     measured(app, rec.release_ns.len() as u64)
         .map(|k| {
             let i = k as usize;
@@ -187,7 +187,7 @@ pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
         out.push_str(&format!(",{}_ms", s.name));
     }
     out.push_str(",output\n");
-    let sink = rec.sink(app);
+    let sink = crate::run::sink(app, rec);
     let range = measured(app, rec.release_ns.len() as u64);
     let ms = |ns: i64| format!("{:.6}", ns as f64 / 1e6);
     for (i, &release) in rec.release_ns.iter().enumerate() {

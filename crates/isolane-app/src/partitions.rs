@@ -63,3 +63,24 @@ pub fn check_device(device: &DeviceSpec) -> Result<(), String> {
         )),
     }
 }
+
+/// A `device = "gpu"` preprocess needs the CUDA backend: on the CPU one it is refused by name.
+/// `Err((field, message))`, the field as `app[i].stage[j].device`.
+pub fn check_gpu_stages(device: &DeviceSpec, apps: &[AppSpec]) -> Result<(), (String, String)> {
+    if device.backend == Backend::Cuda {
+        return Ok(());
+    }
+    for (i, app) in apps.iter().enumerate() {
+        if let Some(&j) = app.gpu_preprocesses().first() {
+            return Err((
+                format!("app[{i}].stage[{j}].device"),
+                format!(
+                    "\"gpu\": stage `{}` runs its preprocess on the GPU, which the cpu backend \
+                     has not; expected device = \"cpu\", or [device] backend = \"cuda\"",
+                    app.stages[j].name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -172,6 +172,54 @@ fn graphics_reads_detections_or_a_mask_and_names_its_device() {
     );
 }
 
+/// A preprocess runs on the CPU unless `device = "gpu"`; any other device is refused with the
+/// file, the field and the two allowed values, and the CPU backend refuses a GPU preprocess by
+/// stage name.
+#[test]
+fn a_preprocess_names_its_device_cpu_or_gpu() {
+    let apps = parse(PIPELINE).unwrap();
+    let StageKind::Preprocess(p) = &apps[0].stages[0].kind else {
+        panic!()
+    };
+    assert_eq!(p.device, PreprocessDevice::Cpu);
+    assert!(apps[0].gpu_preprocesses().is_empty());
+    let gpu = PIPELINE.replace(
+        "kind = \"preprocess\"",
+        "kind = \"preprocess\"\ndevice = \"gpu\"",
+    );
+    let apps = parse(&gpu).unwrap();
+    let StageKind::Preprocess(p) = &apps[0].stages[0].kind else {
+        panic!()
+    };
+    assert_eq!(p.device, PreprocessDevice::Gpu);
+    assert_eq!(apps[0].gpu_preprocesses(), vec![0]);
+    assert_eq!(apps[0].fed_model(0).unwrap().name, "net");
+    let e = err(&gpu.replace("device = \"gpu\"", "device = \"tpu\""));
+    assert!(
+        e.contains("/tmp/s.toml")
+            && e.contains("app[0].stage[0].device")
+            && e.contains("`tpu`")
+            && e.contains("\"cpu\" or \"gpu\""),
+        "{e}"
+    );
+    let device = |backend| isolane_core::spec::DeviceSpec {
+        backend,
+        gpu: 0,
+        gpus: Vec::new(),
+        mechanism: isolane_core::spec::Mechanism::None,
+        host: isolane_core::spec::Host::Thread,
+    };
+    let cpu = device(isolane_core::spec::Backend::Cpu);
+    let (field, message) = crate::partitions::check_gpu_stages(&cpu, &apps).unwrap_err();
+    assert_eq!(field, "app[0].stage[0].device");
+    assert!(
+        message.contains("`pre`") && message.contains("expected device = \"cpu\""),
+        "{message}"
+    );
+    let cuda = device(isolane_core::spec::Backend::Cuda);
+    assert!(crate::partitions::check_gpu_stages(&cuda, &apps).is_ok());
+}
+
 #[test]
 fn unknown_keys_and_kinds_name_what_is_allowed() {
     let e = err(&PIPELINE.replace("kind = \"classify\"", "kind = \"clasify\""));
