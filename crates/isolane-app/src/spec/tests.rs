@@ -122,10 +122,46 @@ after = ["ens", "boxes"]
     assert_eq!(members[1].partition.sms, Some(8), "its own");
     let names: Vec<String> = a.models().iter().map(|m| m.name.clone()).collect();
     assert_eq!(names, ["ens.a", "ens.b", "det"]);
-    let w =
-        crate::partitions::as_workloads(std::slice::from_ref(a), isolane_core::spec::Backend::Cuda);
+    let w = crate::partitions::as_workloads(
+        std::slice::from_ref(a),
+        isolane_core::spec::Backend::Cuda,
+        isolane_core::spec::Host::Thread,
+    );
     assert_eq!(w[1].name, "vote.ens.b");
     assert_eq!(w[1].rate, isolane_core::spec::Rate::Hz(20.0));
+    // In a process, the app is one partition: member b's own is refused by field; without it
+    // the app is one workload named as the app, in the app's partition.
+    let (field, message) = crate::partitions::check_process_partitions(
+        std::slice::from_ref(a),
+        isolane_core::spec::Host::Process,
+    )
+    .unwrap_err();
+    assert_eq!(field, "app[0].stage[1].members[1].partition");
+    assert!(
+        message.contains("`ens.b`") && message.contains("one partition"),
+        "{message}"
+    );
+    let same = parse(&text.replace(", partition = { sms = 8 }", "")).unwrap();
+    assert!(
+        crate::partitions::check_process_partitions(&same, isolane_core::spec::Host::Process)
+            .is_ok()
+    );
+    let w = crate::partitions::as_workloads(
+        &same,
+        isolane_core::spec::Backend::Cuda,
+        isolane_core::spec::Host::Process,
+    );
+    assert_eq!(w.len(), 1);
+    assert_eq!(
+        (w[0].name.as_str(), w[0].model.as_str()),
+        ("vote", "mobilenet_v2")
+    );
+    assert_eq!(w[0].partition.sms, Some(16));
+    assert_eq!(w[0].host, isolane_core::spec::Host::Process);
+    assert_eq!(
+        crate::partitions::partition_workload(&same[0], "ens.a", isolane_core::spec::Host::Process),
+        "vote"
+    );
 }
 
 /// A graphics stage reads detections or a mask, renders on the device it names, and gives a
