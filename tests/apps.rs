@@ -707,6 +707,59 @@ fn an_app_preprocesses_on_the_gpu() {
     assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
 }
 
+/// On a GPU: two apps as MPS clients (each an `isolane worker` with 50 % of the threads), then
+/// the same two time-sliced, each with its preprocess on the GPU, through the binary;
+/// summary.json names each app's partition. `scripts/gpu-test.sh` runs it with --ignored.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn apps_run_as_mps_clients_and_time_sliced_on_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    for (mechanism, partition, expect) in [
+        ("mps", "partition = { thread_pct = 50 }", "mps 50%"),
+        ("timeslice", "", "whole GPU"),
+    ] {
+        let apps = two_apps("")
+            .replace("[device]\n\n", "")
+            .replace(
+                "kind = \"preprocess\"",
+                "kind = \"preprocess\"\ndevice = \"gpu\"",
+            )
+            .replace("model = \"mobilenet_v2\"", "model = \"resnet18\"")
+            .replace(
+                "frames = 10\ndrop_frames = 2",
+                &format!("frames = 120\nprecision = \"fp16\"\n{partition}"),
+            )
+            .replace("fps = 10", "fps = 30");
+        let text = format!("[device]\nbackend = \"cuda\"\nmechanism = \"{mechanism}\"\n{apps}");
+        let p = scenario(dir.path(), &format!("{mechanism}.toml"), &text);
+        let out = dir.path().join(mechanism);
+        run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+        let s = summary(&out);
+        assert_eq!(s["status"], "ok", "{mechanism}");
+        for name in ["left", "right"] {
+            let a = app(&s, name);
+            assert_eq!(a["end_to_end"]["jobs"], 100, "{mechanism} {a}");
+            let net = &a["stages"][1];
+            assert!(
+                net["partition"].as_str().unwrap().contains(expect),
+                "{mechanism} {net}"
+            );
+            assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{mechanism} {a}");
+        }
+        let parts: Vec<&str> = s["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["workload"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            parts,
+            ["left", "right"],
+            "{mechanism}: one partition per app"
+        );
+    }
+}
+
 #[test]
 fn plan_admits_an_apps_models_offline() {
     let o = run_ok(

@@ -22,7 +22,7 @@ use isolane_runtime::partition::Partition;
 
 use super::run::RunArgs;
 use super::user;
-use crate::app_worker::{run_in_workers, WorkerRun};
+use isolane_app::workers::{run_in_workers, WorkerRun};
 
 /// The `[[app]]`s of the scenario file at `path` (none: an ordinary scenario).
 pub fn load_apps(path: &Path) -> anyhow::Result<Vec<AppSpec>> {
@@ -235,8 +235,11 @@ fn run_in_processes(
     apps: &[AppSpec],
     admitted: Option<isolane_core::admission::Plan>,
 ) -> anyhow::Result<(Result<RunOutcome, RunError>, Vec<PartitionRecord>)> {
+    let command = isolane_runtime::worker_client::WorkerCommand::isolane()
+        .context("finding the isolane executable for the app workers")?;
     let workers = |env: &BTreeMap<String, Vec<(String, String)>>, on_start: &dyn Fn(u32)| {
         let w = WorkerRun {
+            command: &command,
             scenario: run.file,
             text: run.text,
             device: &run.scenario.device,
