@@ -4,8 +4,9 @@
 //! A green context may be current to only one thread at a time (NVIDIA's documentation), but a
 //! GPU preprocess runs in the green context of the model it feeds, on a thread of its own. So a
 //! run hands each model its green group as a [`SharedGroup`]: every use of the group (a model's
-//! build, run and drop; a preprocess's build, launch and drop) holds its lock, and the two
-//! stages take turns in their partition.
+//! build, run and drop; a preprocess's build, launch and drop) is a turn that holds its lock
+//! and leaves the context current nowhere when it ends, and the two stages take turns in their
+//! partition.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -24,9 +25,22 @@ pub fn shared_partition(group: isolane_gpu::GreenGroup) -> Partition {
     Box::new(Arc::new(Mutex::new(group)))
 }
 
-fn lock(group: &SharedGroup) -> MutexGuard<'_, isolane_gpu::GreenGroup> {
+/// A stage's turn in a shared group: the group's lock and, when the turn ends, no context
+/// current on this thread any more (NVIDIA: a green context is current to one thread at a
+/// time). Every CUDA object of ours makes its context current itself before each use.
+struct Turn<'a>(MutexGuard<'a, isolane_gpu::GreenGroup>);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        // Runs before the guard (the field) unlocks. Failing to unset only leaves the
+        // context current on this thread, which the next turn's own set-current replaces.
+        let _ = self.0.release_current();
+    }
+}
+
+fn turn(group: &SharedGroup) -> Turn<'_> {
     // A panic while the lock was held leaves nothing half-done that a CUDA call relies on.
-    group.lock().unwrap_or_else(|p| p.into_inner())
+    Turn(group.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 pub struct AppModels;
@@ -127,10 +141,8 @@ impl CompiledModel for InGroup {
         let model = self.model.as_mut().expect("dropped only in Drop");
         match &self.group {
             Some(g) => {
-                let group = lock(g);
-                group
-                    .make_current()
-                    .map_err(|e| isolane_engine::EngineError::Runtime(e.to_string()))?;
+                let _turn = turn(g);
+                // The model makes its context current itself before its launch.
                 model.run()
             }
             None => model.run(),
@@ -141,7 +153,7 @@ impl CompiledModel for InGroup {
 impl Drop for InGroup {
     fn drop(&mut self) {
         // The model's memory and graph are freed in the group's context: under its lock.
-        let _held = self.group.as_ref().map(lock);
+        let _turn = self.group.as_ref().map(turn);
         self.model = None;
     }
 }
@@ -154,8 +166,8 @@ fn build_cuda(
 ) -> Result<Box<dyn CompiledModel>, String> {
     isolane_cuda::libs::ensure_all().map_err(|e| e.to_string())?;
     let group = group_of(partition)?;
-    let held = group.as_ref().map(lock);
-    let backend = backend_in(device, held.as_deref())?;
+    let held = group.as_ref().map(turn);
+    let backend = backend_in(device, held.as_ref().map(|t| &*t.0))?;
     let graph = load_graph(model, seed)?;
     let options = isolane_cuda::CompileOptions {
         plan_check: model.plan_check && model.model.ends_with(".onnx"),
@@ -180,7 +192,7 @@ struct InGroupPreprocess {
 
 impl GpuPreprocess for InGroupPreprocess {
     fn run(&mut self, frame: &[u8], out: &mut [f32]) -> Result<(), String> {
-        let _held = self.group.as_ref().map(lock);
+        let _turn = self.group.as_ref().map(turn);
         // The preprocessor makes its context current itself before every launch and copy.
         self.pre
             .as_mut()
@@ -192,7 +204,7 @@ impl GpuPreprocess for InGroupPreprocess {
 
 impl Drop for InGroupPreprocess {
     fn drop(&mut self) {
-        let _held = self.group.as_ref().map(lock);
+        let _turn = self.group.as_ref().map(turn);
         self.pre = None;
     }
 }
@@ -205,8 +217,8 @@ fn build_preprocessor(
 ) -> Result<Box<dyn GpuPreprocess>, String> {
     isolane_cuda::libs::ensure_all().map_err(|e| e.to_string())?;
     let group = group_of(partition)?;
-    let held = group.as_ref().map(lock);
-    let backend = backend_in(device, held.as_deref())?;
+    let held = group.as_ref().map(turn);
+    let backend = backend_in(device, held.as_ref().map(|t| &*t.0))?;
     let input_type = if f16 {
         isolane_cuda::InputType::F16
     } else {
