@@ -70,11 +70,7 @@ pub fn run_in_workers(apps: &[AppSpec], run: &WorkerRun<'_>) -> Result<RunOutcom
     }
     // Dropping the clients on an error stops every worker (`stop`, then EOF).
     for (app, client) in apps.iter().zip(&mut clients) {
-        match client.recv(READY_TIMEOUT) {
-            Ok(FromWorker::AppReady) => {}
-            Ok(other) => return Err(setup_error(app, client.unexpected(&other).to_string())),
-            Err(e) => return Err(setup_error(app, e.to_string())),
-        }
+        wait_ready(client, run.stop).map_err(|m| setup_error(app, m))?;
     }
     let t0 = clock::now_ns() + run.timing.start_delay_ms as i64 * 1_000_000;
     for (app, client) in apps.iter().zip(&mut clients) {
@@ -101,6 +97,28 @@ pub fn run_in_workers(apps: &[AppSpec], run: &WorkerRun<'_>) -> Result<RunOutcom
         t0_ns: t0,
         wall_s: (clock::now_ns() - t0) as f64 / 1e9,
     })
+}
+
+/// Waits for a worker's `app_ready`, looking at the stop flag meanwhile: a Ctrl-C while the
+/// apps are being built ends the run before any frame.
+fn wait_ready(client: &mut WorkerClient, stop: &AtomicBool) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + READY_TIMEOUT;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err("interrupted before the start".into());
+        }
+        match client.recv(POLL) {
+            Ok(FromWorker::AppReady) => return Ok(()),
+            Ok(other) => return Err(client.unexpected(&other).to_string()),
+            Err(WorkerClientError::NoAnswer { .. }) if std::time::Instant::now() < deadline => {}
+            Err(WorkerClientError::NoAnswer { .. }) => {
+                return Err(format!(
+                    "the worker did not report ready within {READY_TIMEOUT:?}"
+                ))
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
 }
 
 /// The set-up of app `a`: its seed is the one its stages get in-process (`run_apps` seeds stage
