@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use isolane_app::run::{run_apps, AppRecords, RunSettings};
+use isolane_app::run::{run_apps, AppRecords, RunError, RunSettings};
 use isolane_app::spec::{parse_apps, EngineModels};
 use isolane_runtime::app_role::AppRunner;
 use isolane_runtime::protocol::AppSetup;
@@ -44,7 +44,11 @@ impl AppRunner for AppWorker {
             out: setup.out.as_deref(),
             start: Some(Box::new(start)),
         };
-        let outcome = run_apps(std::slice::from_ref(&app), settings).map_err(|e| e.to_string())?;
+        // The coordinator names the app (its worker's label): the reason alone goes back.
+        let outcome = run_apps(std::slice::from_ref(&app), settings).map_err(|e| match e {
+            RunError::Setup { message, .. } => message,
+            other => other.to_string(),
+        })?;
         outcome
             .apps
             .into_iter()

@@ -252,9 +252,10 @@ fn an_app_worker_that_cannot_be_built_names_the_app() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("app `a`") && err.contains("no size = [width, height]"),
+        err.contains("app `a`: stage `pre`: no size = [width, height]"),
         "{err}"
     );
+    assert_eq!(err.matches("app `a`").count(), 1, "named once: {err}");
 }
 
 #[test]

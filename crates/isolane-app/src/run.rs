@@ -28,6 +28,10 @@ pub enum RunError {
     /// A source or a stage could not be set up (nothing ran).
     #[error("app `{app}`: {message}")]
     Setup { app: String, message: String },
+    /// An app's worker process failed before the start (`crate::workers`); the message names
+    /// the app.
+    #[error("{0}")]
+    Worker(String),
 }
 
 /// Records reserved up front per stage (more grow as needed): enough for most runs without

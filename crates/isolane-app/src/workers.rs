@@ -47,10 +47,6 @@ pub struct WorkerRun<'a> {
 /// cannot be built stops the run before any frame (the others are aborted); one that fails
 /// later keeps its error in its records, as a failed stage does in-process.
 pub fn run_in_workers(apps: &[AppSpec], run: &WorkerRun<'_>) -> Result<RunOutcome, RunError> {
-    let setup_error = |app: &AppSpec, message: String| RunError::Setup {
-        app: app.name.clone(),
-        message,
-    };
     let mut clients = Vec::new();
     for (a, app) in apps.iter().enumerate() {
         let env = run
@@ -63,20 +59,21 @@ pub fn run_in_workers(apps: &[AppSpec], run: &WorkerRun<'_>) -> Result<RunOutcom
             setup: Box::new(setup_for(run, app, a)),
         };
         let label = format!("app `{}`", app.name);
+        // The client's errors name the app (its label).
         let client = WorkerClient::start(&label, run.command, env, &role)
-            .map_err(|e| setup_error(app, e.to_string()))?;
+            .map_err(|e| RunError::Worker(e.to_string()))?;
         (run.on_start)(client.pid());
         clients.push(client);
     }
     // Dropping the clients on an error stops every worker (`stop`, then EOF).
     for (app, client) in apps.iter().zip(&mut clients) {
-        wait_ready(client, run.stop).map_err(|m| setup_error(app, m))?;
+        wait_ready(app, client, run.stop)?;
     }
     let t0 = clock::now_ns() + run.timing.start_delay_ms as i64 * 1_000_000;
-    for (app, client) in apps.iter().zip(&mut clients) {
+    for client in &mut clients {
         client
             .send(&ToWorker::Start { t0_ns: t0 })
-            .map_err(|e| setup_error(app, e.to_string()))?;
+            .map_err(|e| RunError::Worker(e.to_string()))?;
     }
     let mut stopped = false;
     let records = apps
@@ -101,22 +98,20 @@ pub fn run_in_workers(apps: &[AppSpec], run: &WorkerRun<'_>) -> Result<RunOutcom
 
 /// Waits for a worker's `app_ready`, looking at the stop flag meanwhile: a Ctrl-C while the
 /// apps are being built ends the run before any frame.
-fn wait_ready(client: &mut WorkerClient, stop: &AtomicBool) -> Result<(), String> {
+fn wait_ready(app: &AppSpec, client: &mut WorkerClient, stop: &AtomicBool) -> Result<(), RunError> {
     let deadline = std::time::Instant::now() + READY_TIMEOUT;
     loop {
         if stop.load(Ordering::Relaxed) {
-            return Err("interrupted before the start".into());
+            return Err(RunError::Setup {
+                app: app.name.clone(),
+                message: "interrupted before the start".into(),
+            });
         }
         match client.recv(POLL) {
             Ok(FromWorker::AppReady) => return Ok(()),
-            Ok(other) => return Err(client.unexpected(&other).to_string()),
+            Ok(other) => return Err(RunError::Worker(client.unexpected(&other).to_string())),
             Err(WorkerClientError::NoAnswer { .. }) if std::time::Instant::now() < deadline => {}
-            Err(WorkerClientError::NoAnswer { .. }) => {
-                return Err(format!(
-                    "the worker did not report ready within {READY_TIMEOUT:?}"
-                ))
-            }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(RunError::Worker(e.to_string())),
         }
     }
 }

@@ -66,7 +66,8 @@ where
     if aborted {
         return Ok(DoneStatus::Interrupted);
     }
-    let records = records.map_err(|e| WorkerError::Setup(format!("app `{}`: {e}", setup.app)))?;
+    // The coordinator names the app (it started this worker for it).
+    let records = records.map_err(WorkerError::Setup)?;
     send(
         output,
         &FromWorker::AppDone {
