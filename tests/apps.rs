@@ -782,6 +782,25 @@ fn plan_admits_an_apps_models_offline() {
         stdout.contains("32 SMs") && stdout.contains("16 SMs"),
         "{stdout}"
     );
+    // Under MPS each app is one process, one client: a row per app with its thread share.
+    let o = run_ok(
+        isolane()
+            .arg("plan")
+            .arg(example("three-endoscopy-mps.toml"))
+            .args(["--device-model", "h100-sxm"]),
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    for w in ["endoscopy1", "endoscopy2", "endoscopy3"] {
+        assert!(stdout.contains(w), "{w} not in:\n{stdout}");
+    }
+    assert!(!stdout.contains("endoscopy1.detector"), "{stdout}");
+    assert_eq!(
+        stdout
+            .matches("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=33")
+            .count(),
+        3,
+        "{stdout}"
+    );
 }
 
 /// A detection head in the built-in yolov8n's output layout, small enough for CI: a 1x1
