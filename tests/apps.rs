@@ -702,6 +702,13 @@ fn an_app_preprocesses_on_the_gpu() {
     assert_eq!(a["end_to_end"]["jobs"], 100);
     let pre = &a["stages"][0];
     assert_eq!(pre["processed"], 100, "{pre}");
+    assert!(
+        pre["partition"]
+            .as_str()
+            .unwrap()
+            .starts_with("gpu, in net's partition: green"),
+        "{pre}"
+    );
     // A 1080p frame's copy to the device, one kernel and 3x224x224 values back: far under the
     // CPU operator's ~7 ms (results/h200-apps/); 5 ms leaves room for a loaded host.
     assert!(f(&pre["latency_ms"]["p50"]) < 5.0, "{pre}");

@@ -453,6 +453,13 @@ fn a_gpu_preprocess_runs_in_the_partition_of_the_model_it_feeds() {
         2,
         "the preprocess and the model were built in the one partition"
     );
+    // summary.json says where it ran: on the GPU, in its model's partition.
+    let s = isolane_app::metrics::summarize(&gpu[0], &out.apps[0], &|m| format!("green for {m}"));
+    assert_eq!(
+        s.stages[0].partition,
+        "gpu, in net's partition: green for net"
+    );
+    assert_eq!(s.stages[1].partition, "green for net");
     // The same frame through both operators.
     let frame = isolane_app::source::Synthetic::frame(16, 12, 3);
     let isolane_app::spec::StageKind::Preprocess(p) = &gpu[0].stages[0].kind else {
