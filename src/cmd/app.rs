@@ -100,7 +100,7 @@ pub fn run(
     preflight(&apps, &scenario_name)?;
     let admitted = super::admit_or_refuse(&workloads, &scenario_name)?;
     let out = super::run::prepare_out(args.out.as_deref(), args.force)?;
-    let text = std::fs::read(&scenario_name).unwrap_or_default();
+    let text = std::fs::read(&scenario_name).with_context(|| format!("reading {scenario_name}"))?;
     output::write_atomic(&out.join("scenario.toml"), &text)?;
     let stop = super::install_stop_handler()?;
     let started_at = chrono::Utc::now();
@@ -113,7 +113,9 @@ pub fn run(
             run_in_partitions(&scenario, &apps, &workloads, admitted, args, &stop, &out)?
         }
         Host::Process => {
-            let text = String::from_utf8_lossy(&text).into_owned();
+            // The workers parse the file as written to scenario.toml (read once, above).
+            let text = String::from_utf8(text.clone())
+                .with_context(|| format!("{scenario_name} is not UTF-8 text"))?;
             let run = ProcessRun {
                 scenario: &scenario,
                 file: Path::new(&scenario_name),
