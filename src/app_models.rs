@@ -1,11 +1,47 @@
-//! The models of app stages (isolane-app's `ModelBuilder`): the engine's CPU backend, or its
-//! CUDA backend in the stage's green context when the run set one up for it.
+//! The models and GPU preprocesses of app stages (isolane-app's `ModelBuilder`): the engine's
+//! CPU backend, or its CUDA backend in the stage's green context when the run set one up for it.
+//!
+//! A green context may be current to only one thread at a time (NVIDIA's documentation), but a
+//! GPU preprocess runs in the green context of the model it feeds, on a thread of its own. So a
+//! run hands each model its green group as a [`SharedGroup`]: every use of the group (a model's
+//! build, run and drop; a preprocess's build, launch and drop) is a turn that holds its lock
+//! and leaves the context current nowhere when it ends, and the two stages take turns in their
+//! partition.
 
-use isolane_app::models::{load_graph, precision, CpuModels, ModelBuilder};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use isolane_app::models::{load_graph, precision, CpuModels, GpuPreprocess, ModelBuilder};
 use isolane_app::spec::ModelSpec;
 use isolane_core::spec::{Backend, DeviceSpec};
+use isolane_engine::preprocess::PreprocessPlan;
 use isolane_engine::CompiledModel;
 use isolane_runtime::partition::Partition;
+
+/// A green group that a model stage and the GPU preprocess feeding it use in turn.
+pub type SharedGroup = Arc<Mutex<isolane_gpu::GreenGroup>>;
+
+/// A green group as an app's partition (what [`AppModels`] takes back out).
+pub fn shared_partition(group: isolane_gpu::GreenGroup) -> Partition {
+    Box::new(Arc::new(Mutex::new(group)))
+}
+
+/// A stage's turn in a shared group: the group's lock and, when the turn ends, no context
+/// current on this thread any more (NVIDIA: a green context is current to one thread at a
+/// time). Every CUDA object of ours makes its context current itself before each use.
+struct Turn<'a>(MutexGuard<'a, isolane_gpu::GreenGroup>);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        // Runs before the guard (the field) unlocks. Failing to unset only leaves the
+        // context current on this thread, which the next turn's own set-current replaces.
+        let _ = self.0.release_current();
+    }
+}
+
+fn turn(group: &SharedGroup) -> Turn<'_> {
+    // A panic while the lock was held leaves nothing half-done that a CUDA call relies on.
+    Turn(group.lock().unwrap_or_else(|p| p.into_inner()))
+}
 
 pub struct AppModels;
 
@@ -22,29 +58,103 @@ impl ModelBuilder for AppModels {
             Backend::Cuda => build_cuda(device, model, seed, partition),
         }
     }
+
+    fn preprocessor(
+        &self,
+        device: &DeviceSpec,
+        plan: &PreprocessPlan,
+        f16: bool,
+        partition: Option<Partition>,
+    ) -> Result<Box<dyn GpuPreprocess>, String> {
+        match device.backend {
+            Backend::Cpu => Err("the cpu backend runs no GPU preprocess".into()),
+            Backend::Cuda => build_preprocessor(device, plan, f16, partition),
+        }
+    }
+
+    fn share_partition(&self, partition: &Partition) -> Option<Partition> {
+        partition
+            .downcast_ref::<SharedGroup>()
+            .map(|g| Box::new(Arc::clone(g)) as Partition)
+    }
 }
 
-/// A CUDA model with the green group it runs in (dropped after the model).
+/// The green group of a partition, if the run gave one.
+fn group_of(partition: Option<Partition>) -> Result<Option<SharedGroup>, String> {
+    partition
+        .map(|p| {
+            p.downcast::<SharedGroup>()
+                .map(|g| *g)
+                .map_err(|_| "its partition is not a green group".to_string())
+        })
+        .transpose()
+}
+
+/// A CUDA backend in `group`'s green context (its stream), or on the process's device.
+fn backend_in(
+    device: &DeviceSpec,
+    group: Option<&isolane_gpu::GreenGroup>,
+) -> Result<isolane_cuda::CudaBackend, String> {
+    match group {
+        Some(g) => {
+            g.make_current().map_err(|e| e.to_string())?;
+            // SAFETY: the group (its context and stream) outlives what is built on this
+            // backend: both `InGroup` and `InGroupPreprocess` hold the group's Arc and drop
+            // their CUDA objects first (under its lock) in their Drop.
+            unsafe { isolane_cuda::CudaBackend::with_stream(g.context(), g.stream()) }
+        }
+        // A worker behind an MPS daemon sees its GPU under the index its environment gives.
+        None => isolane_cuda::CudaBackend::new(crate::engine_exec::gpu_index(device)),
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// A CUDA model with the green group it runs in (its lock held around every use).
 struct InGroup {
-    model: isolane_cuda::CudaModel,
-    _group: Option<isolane_gpu::GreenGroup>,
+    model: Option<isolane_cuda::CudaModel>,
+    group: Option<SharedGroup>,
+}
+
+impl InGroup {
+    fn model(&self) -> &isolane_cuda::CudaModel {
+        self.model.as_ref().expect("dropped only in Drop")
+    }
 }
 
 impl CompiledModel for InGroup {
     fn input_shape_at(&self, i: usize) -> &[usize] {
-        self.model.input_shape_at(i)
+        self.model().input_shape_at(i)
     }
     fn output_shape_at(&self, i: usize) -> &[usize] {
-        self.model.output_shape_at(i)
+        self.model().output_shape_at(i)
     }
     fn input_mut_at(&mut self, i: usize) -> &mut [f32] {
-        self.model.input_mut_at(i)
+        self.model
+            .as_mut()
+            .expect("dropped only in Drop")
+            .input_mut_at(i)
     }
     fn output_at(&self, i: usize) -> &[f32] {
-        self.model.output_at(i)
+        self.model().output_at(i)
     }
     fn run(&mut self) -> isolane_engine::Result<()> {
-        self.model.run()
+        let model = self.model.as_mut().expect("dropped only in Drop");
+        match &self.group {
+            Some(g) => {
+                let _turn = turn(g);
+                // The model makes its context current itself before its launch.
+                model.run()
+            }
+            None => model.run(),
+        }
+    }
+}
+
+impl Drop for InGroup {
+    fn drop(&mut self) {
+        // The model's memory and graph are freed in the group's context: under its lock.
+        let _turn = self.group.as_ref().map(turn);
+        self.model = None;
     }
 }
 
@@ -55,23 +165,9 @@ fn build_cuda(
     partition: Option<Partition>,
 ) -> Result<Box<dyn CompiledModel>, String> {
     isolane_cuda::libs::ensure_all().map_err(|e| e.to_string())?;
-    let group = partition
-        .map(|p| {
-            p.downcast::<isolane_gpu::GreenGroup>()
-                .map(|g| *g)
-                .map_err(|_| "its partition is not a green group".to_string())
-        })
-        .transpose()?;
-    let backend = match &group {
-        Some(g) => {
-            g.make_current().map_err(|e| e.to_string())?;
-            // SAFETY: the group (its context and stream) is moved into `InGroup` beside the
-            // model, which is declared first and so dropped first.
-            unsafe { isolane_cuda::CudaBackend::with_stream(g.context(), g.stream()) }
-        }
-        None => isolane_cuda::CudaBackend::new(device.gpu),
-    }
-    .map_err(|e| e.to_string())?;
+    let group = group_of(partition)?;
+    let held = group.as_ref().map(turn);
+    let backend = backend_in(device, held.as_ref().map(|t| &*t.0))?;
     let graph = load_graph(model, seed)?;
     let options = isolane_cuda::CompileOptions {
         plan_check: model.plan_check && model.model.ends_with(".onnx"),
@@ -80,8 +176,60 @@ fn build_cuda(
     let compiled = backend
         .compile_cuda_with(&graph, 1, precision(model.precision), &options)
         .map_err(|e| format!("{}: {e}", model.model))?;
+    drop(held);
     Ok(Box::new(InGroup {
-        model: compiled,
-        _group: group,
+        model: Some(compiled),
+        group,
+    }))
+}
+
+/// `isolane_cuda::preprocess` for a stage: host frames in, host values out, in the green group
+/// of the model it feeds (under its lock) or on the process's device.
+struct InGroupPreprocess {
+    pre: Option<isolane_cuda::Preprocessor>,
+    group: Option<SharedGroup>,
+}
+
+impl GpuPreprocess for InGroupPreprocess {
+    fn run(&mut self, frame: &[u8], out: &mut [f32]) -> Result<(), String> {
+        let _turn = self.group.as_ref().map(turn);
+        // The preprocessor makes its context current itself before every launch and copy.
+        self.pre
+            .as_mut()
+            .expect("dropped only in Drop")
+            .run_host_into(frame, out)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for InGroupPreprocess {
+    fn drop(&mut self) {
+        let _turn = self.group.as_ref().map(turn);
+        self.pre = None;
+    }
+}
+
+fn build_preprocessor(
+    device: &DeviceSpec,
+    plan: &PreprocessPlan,
+    f16: bool,
+    partition: Option<Partition>,
+) -> Result<Box<dyn GpuPreprocess>, String> {
+    isolane_cuda::libs::ensure_all().map_err(|e| e.to_string())?;
+    let group = group_of(partition)?;
+    let held = group.as_ref().map(turn);
+    let backend = backend_in(device, held.as_ref().map(|t| &*t.0))?;
+    let input_type = if f16 {
+        isolane_cuda::InputType::F16
+    } else {
+        isolane_cuda::InputType::F32
+    };
+    let pre = backend
+        .preprocessor(plan, input_type)
+        .map_err(|e| format!("GPU preprocess: {e}"))?;
+    drop(held);
+    Ok(Box::new(InGroupPreprocess {
+        pre: Some(pre),
+        group,
     }))
 }

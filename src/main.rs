@@ -3,6 +3,7 @@
 //! 130 interrupted — see docs/runtime.md).
 
 mod app_models;
+mod app_worker;
 mod cmd;
 mod engine_exec;
 mod kernel_exec;

@@ -139,6 +139,125 @@ fn the_endoscopy_pipeline_runs_on_the_cpu() {
         .starts_with("frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,preprocess_ms"));
 }
 
+/// Two small classifier apps, each pinned to nothing, for the process-host tests.
+fn two_apps(device: &str) -> String {
+    let one = |name: &str| {
+        APP.replace("name = \"a\"", &format!("name = \"{name}\""))
+            .replace("size = [8, 8]", "")
+            .replace(
+                "[[app.stage]]\nname = \"out\"",
+                "[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"mobilenet_v2\"\n\
+                 [[app.stage]]\nname = \"top\"\nkind = \"classify\"\n[[app.stage]]\nname = \"out\"",
+            )
+            .replace(
+                "frames = 30",
+                "frames = 10\ndrop_frames = 2\ndeadline_ms = 2000",
+            )
+            .replace("deadline_ms = 50\n", "")
+    };
+    format!("[device]\n{device}\n{}{}", one("left"), one("right"))
+}
+
+/// Writes `text` as an executable through a separate `sh` (this test process never holds the
+/// file open for writing: a child forked meanwhile by another test would keep it open and
+/// make its exec fail with "Text file busy").
+fn write_script(path: &Path, text: &str) {
+    use std::io::Write as _;
+    let mut sh = std::process::Command::new("sh")
+        .args(["-c", r#"cat > "$1" && chmod 755 "$1""#, "sh"])
+        .arg(path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    sh.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    assert!(sh.wait().unwrap().success());
+}
+
+/// Apps in worker processes (`[device] host = "process"`, how apps run under MPS and
+/// time-slicing) on the CPU: each app in an `isolane worker` of its own (a wrapper given as
+/// ISOLANE_WORKER_EXE logs every start), built, released at one t0, its records sent back. The
+/// same frames reach the sinks as when the apps are threads (the same seeds, so the same
+/// synthetic weights), and summary.json and apps/<app>.csv have the same shape.
+#[test]
+fn apps_run_in_worker_processes_as_they_do_in_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workers.log");
+    let wrapper = dir.path().join("worker.sh");
+    let real = common::isolane().get_program().to_owned();
+    write_script(
+        &wrapper,
+        &format!(
+            "#!/bin/sh\necho \"$@\" >> '{}'\nexec '{}' \"$@\"\n",
+            log.display(),
+            Path::new(&real).display()
+        ),
+    );
+    let threads = scenario(dir.path(), "threads.toml", &two_apps("backend = \"cpu\""));
+    let processes = scenario(
+        dir.path(),
+        "processes.toml",
+        &two_apps("backend = \"cpu\"\nhost = \"process\""),
+    );
+    let (a, b) = (dir.path().join("threads"), dir.path().join("processes"));
+    run_ok(isolane().arg("run").arg(&threads).arg("--out").arg(&a));
+    run_ok(
+        isolane()
+            .env("ISOLANE_WORKER_EXE", &wrapper)
+            .arg("run")
+            .arg(&processes)
+            .arg("--out")
+            .arg(&b),
+    );
+    let started = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(started.lines().collect::<Vec<_>>(), ["worker", "worker"]);
+    let (sa, sb) = (summary(&a), summary(&b));
+    assert_eq!(sb["status"], "ok");
+    for name in ["left", "right"] {
+        assert_eq!(sink_outputs(&a, name), sink_outputs(&b, name), "{name}");
+        assert_eq!(sink_outputs(&b, name).len(), 6);
+        let (x, y) = (app(&sa, name), app(&sb, name));
+        assert_eq!(y["end_to_end"]["jobs"], 6);
+        let keys = |v: &serde_json::Value| {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        assert_eq!(keys(x), keys(y));
+        assert_eq!(keys(&x["stages"][1]), keys(&y["stages"][1]));
+    }
+    let header = |dir: &Path| {
+        let csv = std::fs::read_to_string(dir.join("apps/left.csv")).unwrap();
+        csv.lines().next().unwrap().to_string()
+    };
+    assert_eq!(header(&a), header(&b));
+}
+
+/// An app that cannot be set up in its worker (a preprocess with no size that feeds no model)
+/// stops the run before any frame, with the app and the worker's reason.
+#[test]
+fn an_app_worker_that_cannot_be_built_names_the_app() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[device]\nbackend = \"cpu\"\nhost = \"process\"\n{}",
+        APP.replace("size = [8, 8]", "")
+    );
+    let p = scenario(dir.path(), "s.toml", &text);
+    let o = isolane()
+        .arg("run")
+        .arg(&p)
+        .arg("--out")
+        .arg(dir.path().join("run"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("app `a`: stage `pre`: no size = [width, height]"),
+        "{err}"
+    );
+    assert_eq!(err.matches("app `a`").count(), 1, "named once: {err}");
+}
+
 #[test]
 fn the_ensemble_example_reports_its_members() {
     let dir = tempfile::tempdir().unwrap();
@@ -194,7 +313,7 @@ fn every_app_example_validates_and_the_gpu_one_is_admitted_on_an_h100() {
         assert!(!apps.is_empty(), "{}", p.display());
         isolane_app::partitions::check_device(&s.device).unwrap();
         let mut w = s.clone();
-        w.workloads = isolane_app::partitions::as_workloads(&apps, s.device.backend);
+        w.workloads = isolane_app::partitions::as_workloads(&apps, s.device.backend, s.device.host);
         w.validate(&models)
             .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         if s.device.backend == isolane_core::spec::Backend::Cuda {
@@ -264,8 +383,46 @@ fn mistakes_are_refused_with_exit_2() {
         &["beside [[workload]]s"],
     );
     refused(
-        &format!("[device]\nbackend = \"cuda\"\nmechanism = \"mps\"\n{APP}"),
-        &["device.mechanism", "green"],
+        &format!("[device]\nbackend = \"cuda\"\nmechanism = \"mig\"\n{APP}"),
+        &["device.mechanism", "\"mig\"", "green", "mps", "timeslice"],
+    );
+    refused(
+        &format!("[device]\nbackend = \"cuda\"\nmechanism = \"green\"\nhost = \"process\"\n{APP}"),
+        &["device.mechanism", "green contexts", "host = \"thread\""],
+    );
+    // In a process an app is one partition: a model's own is refused by field.
+    refused(
+        &format!(
+            "[device]\nbackend = \"cpu\"\nhost = \"process\"\n{}",
+            APP.replace(
+                "[[app.stage]]\nname = \"out\"",
+                "[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"mobilenet_v2\"\n\
+                 partition = {}\n[[app.stage]]\nname = \"top\"\nkind = \"classify\"\n\
+                 [[app.stage]]\nname = \"out\"",
+            )
+            .replace("size = [8, 8]", "")
+            .replace("partition = {}", "partition = { sms = 8 }")
+        ),
+        &["s.toml", "app[0].stage[1].partition", "one partition"],
+    );
+    // A GPU preprocess on the CPU backend, by stage name; a device that is neither.
+    refused(
+        &APP.replace("size = [8, 8]", "size = [8, 8]\ndevice = \"gpu\""),
+        &[
+            "s.toml",
+            "app[0].stage[0].device",
+            "`pre`",
+            "device = \"cpu\"",
+        ],
+    );
+    refused(
+        &APP.replace("size = [8, 8]", "size = [8, 8]\ndevice = \"npu\""),
+        &[
+            "s.toml",
+            "app[0].stage[0].device",
+            "`npu`",
+            "\"cpu\" or \"gpu\"",
+        ],
     );
     refused(
         &APP.replace("fps = 10", "fps = 10\nfpx = 3"),
@@ -513,6 +670,104 @@ fn an_app_runs_in_a_green_context_on_the_gpu() {
     assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
 }
 
+/// On a GPU: a 1080p app whose preprocess runs on the GPU (`device = "gpu"`, the CUDA
+/// kernel) in the green context of the detector it feeds, with a crop, through the binary.
+/// `scripts/gpu-test.sh` runs it with --ignored.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_app_preprocesses_on_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = APP
+        .replace(
+            "size = [8, 8]",
+            "device = \"gpu\"\ncrop = [240, 0, 1440, 1080]",
+        )
+        .replace("width = 32\nheight = 32", "width = 1920\nheight = 1080")
+        .replace(
+            "[[app.stage]]\nname = \"out\"",
+            "[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"resnet18\"\n\
+             [[app.stage]]\nname = \"top\"\nkind = \"classify\"\n[[app.stage]]\nname = \"out\"",
+        )
+        .replace("fps = 10", "fps = 30")
+        .replace(
+            "frames = 30",
+            "frames = 120\nprecision = \"fp16\"\npartition = { sms = 16 }",
+        );
+    let text = format!("[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n{text}");
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    let a = app(&s, "a");
+    assert_eq!(a["end_to_end"]["jobs"], 100);
+    let pre = &a["stages"][0];
+    assert_eq!(pre["processed"], 100, "{pre}");
+    assert!(
+        pre["partition"]
+            .as_str()
+            .unwrap()
+            .starts_with("gpu, in net's partition: green"),
+        "{pre}"
+    );
+    // A 1080p frame's copy to the device, one kernel and 3x224x224 values back: far under the
+    // CPU operator's ~7 ms (results/h200-apps/); 5 ms leaves room for a loaded host.
+    assert!(f(&pre["latency_ms"]["p50"]) < 5.0, "{pre}");
+    assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
+}
+
+/// On a GPU: two apps as MPS clients (each an `isolane worker` with 50 % of the threads), then
+/// the same two time-sliced, each with its preprocess on the GPU, through the binary;
+/// summary.json names each app's partition. `scripts/gpu-test.sh` runs it with --ignored.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn apps_run_as_mps_clients_and_time_sliced_on_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    for (mechanism, partition, expect) in [
+        ("mps", "partition = { thread_pct = 50 }", "mps 50%"),
+        ("timeslice", "", "whole GPU"),
+    ] {
+        let apps = two_apps("")
+            .replace("[device]\n\n", "")
+            .replace(
+                "kind = \"preprocess\"",
+                "kind = \"preprocess\"\ndevice = \"gpu\"",
+            )
+            .replace("model = \"mobilenet_v2\"", "model = \"resnet18\"")
+            .replace(
+                "frames = 10\ndrop_frames = 2",
+                &format!("frames = 120\nprecision = \"fp16\"\n{partition}"),
+            )
+            .replace("fps = 10", "fps = 30");
+        let text = format!("[device]\nbackend = \"cuda\"\nmechanism = \"{mechanism}\"\n{apps}");
+        let p = scenario(dir.path(), &format!("{mechanism}.toml"), &text);
+        let out = dir.path().join(mechanism);
+        run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+        let s = summary(&out);
+        assert_eq!(s["status"], "ok", "{mechanism}");
+        for name in ["left", "right"] {
+            let a = app(&s, name);
+            assert_eq!(a["end_to_end"]["jobs"], 100, "{mechanism} {a}");
+            let net = &a["stages"][1];
+            assert!(
+                net["partition"].as_str().unwrap().contains(expect),
+                "{mechanism} {net}"
+            );
+            assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{mechanism} {a}");
+        }
+        let parts: Vec<&str> = s["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["workload"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            parts,
+            ["left", "right"],
+            "{mechanism}: one partition per app"
+        );
+    }
+}
+
 #[test]
 fn plan_admits_an_apps_models_offline() {
     let o = run_ok(
@@ -532,6 +787,25 @@ fn plan_admits_an_apps_models_offline() {
     // 32 + 3 × 16 SMs: the members each in their own group
     assert!(
         stdout.contains("32 SMs") && stdout.contains("16 SMs"),
+        "{stdout}"
+    );
+    // Under MPS each app is one process, one client: a row per app with its thread share.
+    let o = run_ok(
+        isolane()
+            .arg("plan")
+            .arg(example("three-endoscopy-mps.toml"))
+            .args(["--device-model", "h100-sxm"]),
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    for w in ["endoscopy1", "endoscopy2", "endoscopy3"] {
+        assert!(stdout.contains(w), "{w} not in:\n{stdout}");
+    }
+    assert!(!stdout.contains("endoscopy1.detector"), "{stdout}");
+    assert_eq!(
+        stdout
+            .matches("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=33")
+            .count(),
+        3,
         "{stdout}"
     );
 }

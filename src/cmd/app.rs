@@ -3,22 +3,26 @@
 //! isolane-app, and summary.json (`apps`), `apps/<app>.csv` and the tables written
 //! (docs/apps.md).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use isolane_app::partitions::{as_workloads, check_device, workload_name};
+use isolane_app::partitions::{
+    as_workloads, check_device, check_gpu_stages, check_process_partitions, partition_workload,
+    workload_name,
+};
 use isolane_app::run::{run_apps, RunError, RunOutcome, RunSettings};
 use isolane_app::spec::{parse_apps, AppSpec, EngineModels};
 use isolane_core::results::{AppSummary, PartitionRecord, RunStatus, RunSummary};
-use isolane_core::spec::Scenario;
+use isolane_core::spec::{Host, Scenario};
 use isolane_runtime::output;
 use isolane_runtime::partition::Partition;
 
 use super::run::RunArgs;
 use super::user;
+use isolane_app::workers::{run_in_workers, WorkerRun};
 
 /// The `[[app]]`s of the scenario file at `path` (none: an ordinary scenario).
 pub fn load_apps(path: &Path) -> anyhow::Result<Vec<AppSpec>> {
@@ -41,9 +45,13 @@ pub fn model_workloads(
         )));
     }
     check_device(&scenario.device).map_err(|m| user(format!("{file}: device.mechanism: {m}")))?;
+    check_gpu_stages(&scenario.device, apps)
+        .map_err(|(field, m)| user(format!("{file}: {field}: {m}")))?;
+    check_process_partitions(apps, scenario.device.host)
+        .map_err(|(field, m)| user(format!("{file}: {field}: {m}")))?;
     super::refuse_several_gpus(scenario, file, "run of [[app]]s")?;
     let mut s = scenario.clone();
-    s.workloads = as_workloads(apps, scenario.device.backend);
+    s.workloads = as_workloads(apps, scenario.device.backend, scenario.device.host);
     if s.workloads.is_empty() {
         // Apps of CPU operators only: no model, nothing to partition.
         return Ok(s);
@@ -53,7 +61,8 @@ pub fn model_workloads(
         .map(|m| m.name)
         .collect();
     s.validate(&models).map_err(|e| {
-        // Core names a workload by its index; here that is a model of an app, by its name.
+        // Core names a workload by its index; here that is a model of an app (or, in a
+        // process, the app), by its name.
         let mut text = e.to_string();
         for (i, w) in s.workloads.iter().enumerate() {
             text = text.replace(
@@ -91,7 +100,7 @@ pub fn run(
     preflight(&apps, &scenario_name)?;
     let admitted = super::admit_or_refuse(&workloads, &scenario_name)?;
     let out = super::run::prepare_out(args.out.as_deref(), args.force)?;
-    let text = std::fs::read(&scenario_name).unwrap_or_default();
+    let text = std::fs::read(&scenario_name).with_context(|| format!("reading {scenario_name}"))?;
     output::write_atomic(&out.join("scenario.toml"), &text)?;
     let stop = super::install_stop_handler()?;
     let started_at = chrono::Utc::now();
@@ -99,10 +108,28 @@ pub fn run(
     // `telemetry`. Without NVML the run goes on with a warning.
     let mut view = super::ProgressView::new(args.quiet);
     let telemetry = isolane_session::telemetry::start(&scenario, None, &mut view);
-    let (outcome, records) =
-        run_in_partitions(&scenario, &apps, &workloads, admitted, args, &stop, &out)?;
+    let (outcome, records) = match scenario.device.host {
+        Host::Thread => {
+            run_in_partitions(&scenario, &apps, &workloads, admitted, args, &stop, &out)?
+        }
+        Host::Process => {
+            // The workers parse the file as written to scenario.toml (read once, above).
+            let text = String::from_utf8(text.clone())
+                .with_context(|| format!("{scenario_name} is not UTF-8 text"))?;
+            let run = ProcessRun {
+                scenario: &scenario,
+                file: Path::new(&scenario_name),
+                text: &text,
+                args,
+                stop: &stop,
+                out: &out,
+            };
+            run_in_processes(&run, &apps, admitted)?
+        }
+    };
     let outcome = outcome.map_err(|e| anyhow::anyhow!(e))?;
-    let mut summary = summary(&apps, &outcome, &records, &scenario_name, started_at);
+    let host = scenario.device.host;
+    let mut summary = summary(&apps, &outcome, &records, &scenario_name, started_at, host);
     let window = (Some(outcome.t0_ns), outcome.wall_s);
     isolane_session::telemetry::finish(telemetry, &scenario, &out, window, &mut summary, &mut view);
     summary.interrupted = stop.load(std::sync::atomic::Ordering::Relaxed);
@@ -161,6 +188,7 @@ fn run_in_partitions(
         partitions,
         stop,
         out: Some(out),
+        start: None,
     };
     let Some(plan) = admitted else {
         return Ok((run_apps(apps, settings(HashMap::new())), Vec::new()));
@@ -173,11 +201,67 @@ fn run_in_partitions(
             let mut parts: HashMap<String, Partition> = HashMap::new();
             for w in &workloads.workloads {
                 if let Some(g) = session.take_green_group(&w.name) {
-                    parts.insert(w.name.clone(), Box::new(g));
+                    parts.insert(w.name.clone(), crate::app_models::shared_partition(g));
                 }
             }
             let records = session.records().to_vec();
             Ok::<_, std::convert::Infallible>((run_apps(apps, settings(parts)), records))
+        },
+    )
+    .map_err(super::session_error)?;
+    match ran {
+        Ok(r) => Ok(r),
+        Err(never) => match never {},
+    }
+}
+
+/// What every app worker process of a run needs from the command.
+struct ProcessRun<'a> {
+    scenario: &'a Scenario,
+    file: &'a Path,
+    text: &'a str,
+    args: &'a RunArgs,
+    stop: &'a AtomicBool,
+    out: &'a Path,
+}
+
+/// Runs each app in a worker process of its own (`host = "process"`), inside the partitions of
+/// `admitted` when the run has any: each app's process gets its workload's environment (under
+/// MPS: the private daemon's pipe, the app's thread percentage and pinned memory limit).
+fn run_in_processes(
+    run: &ProcessRun<'_>,
+    apps: &[AppSpec],
+    admitted: Option<isolane_core::admission::Plan>,
+) -> anyhow::Result<(Result<RunOutcome, RunError>, Vec<PartitionRecord>)> {
+    let command = isolane_runtime::worker_client::WorkerCommand::isolane()
+        .context("finding the isolane executable for the app workers")?;
+    let workers = |env: &BTreeMap<String, Vec<(String, String)>>, on_start: &dyn Fn(u32)| {
+        let w = WorkerRun {
+            command: &command,
+            scenario: run.file,
+            text: run.text,
+            device: &run.scenario.device,
+            timing: &run.scenario.timing,
+            out: Some(run.out),
+            no_plan_check: run.args.no_plan_check,
+            env,
+            on_start,
+            stop: run.stop,
+        };
+        run_in_workers(apps, &w)
+    };
+    let Some(plan) = admitted else {
+        return Ok((workers(&BTreeMap::new(), &|_| {}), Vec::new()));
+    };
+    let ran = isolane_session::with_partitions(
+        run.scenario.device.gpu,
+        &plan,
+        run.args.partitions.choices(),
+        |session| {
+            let env = session.worker_env().clone();
+            let adopt = session.client_adopter();
+            let records = session.records().to_vec();
+            Ok::<_, std::convert::Infallible>((workers(&env, &adopt), records))
         },
     )
     .map_err(super::session_error)?;
@@ -193,6 +277,7 @@ fn summary(
     records: &[PartitionRecord],
     scenario_name: &str,
     started_at: chrono::DateTime<chrono::Utc>,
+    host: Host,
 ) -> RunSummary {
     let mut s = RunSummary::new("run");
     s.started_at = started_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -206,7 +291,7 @@ fn summary(
         .zip(&outcome.apps)
         .map(|(app, rec)| {
             let partition = |model: &str| {
-                let name = workload_name(app, model);
+                let name = partition_workload(app, model, host);
                 records
                     .iter()
                     .find(|r| r.workload == name)

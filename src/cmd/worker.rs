@@ -1,7 +1,7 @@
 //! `isolane worker` (hidden): every child process isolane starts. The parent speaks the one
 //! protocol of `isolane_runtime::protocol` on its stdin/stdout; its first message gives the
-//! role: a workload of a `host = "process"` run, `verify`'s probe agent of one partition, or
-//! `maxrate`'s search in an MPS client.
+//! role: a workload of a `host = "process"` run, `verify`'s probe agent of one partition,
+//! `maxrate`'s search in an MPS client, or an `[[app]]` in its own process.
 
 use std::io::BufReader;
 use std::sync::atomic::AtomicBool;
@@ -29,6 +29,7 @@ pub fn run(_args: WorkerArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
     let roles = isolane_runtime::worker::WorkerRoles {
         engine: Some(engine.as_ref()),
         probes: Some(&isolane_session::verify::GpuProbes),
+        apps: Some(&crate::app_worker::AppWorker),
     };
     let code = isolane_runtime::worker::run_worker(
         BufReader::new(std::io::stdin()),

@@ -12,6 +12,7 @@
 //! | [`partitions`] | an app's models as workloads, for partitions and admission |
 //! | [`models`] | how a model stage gets a compiled model ([`models::ModelBuilder`]) |
 //! | [`run`] | one run of the apps: threads, channels, the release schedule, the records |
+//! | [`workers`] | apps in `isolane worker` processes (MPS, time-slicing): the coordinator's side |
 //! | [`metrics`] | records → summary.json's `apps` (paper 004's metrics), and the frames CSV |
 
 pub mod data;
@@ -23,3 +24,4 @@ pub mod run;
 pub mod source;
 pub mod spec;
 pub mod stage;
+pub mod workers;

@@ -15,7 +15,7 @@ use isolane_core::results::{AppSummary, MemberSummary, StageSummary};
 use isolane_core::stats::{mann_whitney_u, MannWhitney, MwMethod, StatsError};
 
 use crate::run::{AppRecords, StageRecord};
-use crate::spec::{AppSpec, StageKind, Vote};
+use crate::spec::{AppSpec, PreprocessDevice, StageKind, Vote};
 
 /// The frames the metrics cover: all but the first and last `drop_frames` released.
 fn measured(app: &AppSpec, released: u64) -> std::ops::Range<u64> {
@@ -28,7 +28,7 @@ fn measured(app: &AppSpec, released: u64) -> std::ops::Range<u64> {
 /// workload's start lateness assumes each job waits for the previous one's end, which the
 /// frames of a pipeline do not (frame k+1 enters while frame k is still in a later stage).
 pub fn frame_records(app: &AppSpec, rec: &AppRecords) -> Vec<JobRecord> {
-    let sink = rec.sink(app);
+    let sink = crate::run::sink(app, rec);
     measured(app, rec.release_ns.len() as u64)
         .map(|k| {
             let i = k as usize;
@@ -71,6 +71,14 @@ fn measured_stage<'a>(
     stage.iter().filter(move |s| range.contains(&s.frame))
 }
 
+/// Where a GPU preprocess at stage `j` ran: on the GPU, in the partition of the model it feeds.
+fn gpu_preprocess_partition(app: &AppSpec, j: usize, partition: &dyn Fn(&str) -> String) -> String {
+    match app.fed_model(j) {
+        Some(m) => format!("gpu, in {}'s partition: {}", m.name, partition(&m.name)),
+        None => "gpu".to_string(),
+    }
+}
+
 /// summary.json's entry for `app`; `partition` says where a model (by its name) ran.
 pub fn summarize(
     app: &AppSpec,
@@ -89,7 +97,8 @@ pub fn summarize(
         .stages
         .iter()
         .zip(&rec.stages)
-        .map(|(spec, records)| {
+        .enumerate()
+        .map(|(j, (spec, records))| {
             let m = measured_stage(app, rec, records);
             let ran = m.clone().filter_map(|s| Some((s.start_ns?, s.end_ns?)));
             StageSummary {
@@ -101,6 +110,9 @@ pub fn summarize(
                         vote: Vote::Onnx(v),
                         ..
                     } => partition(&v.name),
+                    StageKind::Preprocess(p) if p.device == PreprocessDevice::Gpu => {
+                        gpu_preprocess_partition(app, j, partition)
+                    }
                     _ => "cpu".to_string(),
                 },
                 processed: ran.clone().count() as u64,
@@ -187,7 +199,7 @@ pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
         out.push_str(&format!(",{}_ms", s.name));
     }
     out.push_str(",output\n");
-    let sink = rec.sink(app);
+    let sink = crate::run::sink(app, rec);
     let range = measured(app, rec.release_ns.len() as u64);
     let ms = |ns: i64| format!("{:.6}", ns as f64 / 1e6);
     for (i, &release) in rec.release_ns.iter().enumerate() {

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use isolane_core::spec::{DeviceSpec, Precision as SpecPrecision};
+use isolane_engine::preprocess::PreprocessPlan;
 use isolane_engine::{build_model, CompiledModel, Dim, Graph, Precision, Weights};
 use isolane_runtime::partition::Partition;
 
@@ -22,6 +23,36 @@ pub trait ModelBuilder: Sync {
         seed: u64,
         partition: Option<Partition>,
     ) -> Result<Box<dyn CompiledModel>, String>;
+
+    /// Builds a GPU preprocess (a `device = "gpu"` preprocess stage) computing `plan` (frames
+    /// of its layout in, its output out; values rounded to f16 when `f16`), in `partition`
+    /// when the run has one for it: the partition of the model the preprocess feeds. A
+    /// builder without a GPU refuses.
+    fn preprocessor(
+        &self,
+        device: &DeviceSpec,
+        plan: &PreprocessPlan,
+        f16: bool,
+        partition: Option<Partition>,
+    ) -> Result<Box<dyn GpuPreprocess>, String> {
+        let _ = (device, plan, f16, partition);
+        Err("this backend runs no GPU preprocess; expected device = \"cpu\"".into())
+    }
+
+    /// A second handle on `partition`, for a GPU preprocess that runs in the partition of the
+    /// model it feeds (`None`: this kind of partition cannot be shared, and the preprocess runs
+    /// outside any).
+    fn share_partition(&self, partition: &Partition) -> Option<Partition> {
+        let _ = partition;
+        None
+    }
+}
+
+/// A preprocess on the GPU, built for one frame layout and one output (its
+/// [`PreprocessPlan`]); the stage hands it host frames and takes the values back.
+pub trait GpuPreprocess: Send {
+    /// `frame`: the plan's layout (packed HWC RGB); `out`: its `output_len()` values, NCHW.
+    fn run(&mut self, frame: &[u8], out: &mut [f32]) -> Result<(), String>;
 }
 
 /// The engine's CPU backend, one thread per model (stages run side by side on their own

@@ -3,63 +3,150 @@
 //! `<app>.<model name>` with its partition, the app's frame rate and deadline. The caller
 //! checks them with core's scenario rules and admission control, sets the partitions up
 //! (`isolane_session::with_partitions`) and hands each one to [`crate::run::run_apps`] by
-//! that name.
+//! that name. With `host = "process"` (MPS, time-slicing) an app runs in a worker process of its
+//! own and is one workload, named as the app: its partition is its process's environment.
 
 use isolane_core::spec::{
     Backend, Criticality, DeviceSpec, Host, LatePolicy, Mechanism, Rate, Role, RunLength,
     WorkloadSpec,
 };
 
-use crate::spec::AppSpec;
+use crate::spec::{AppSpec, ModelSpec, StageKind};
 
 /// The workload name of `model` (a `ModelSpec::name`) of `app`.
 pub fn workload_name(app: &AppSpec, model: &str) -> String {
     format!("{}.{model}", app.name)
 }
 
-/// Every model of `apps` as a workload (thread-hosted, batch 1, at the app's frame rate, on
-/// the `backend` of the scenario's device).
-pub fn as_workloads(apps: &[AppSpec], backend: Backend) -> Vec<WorkloadSpec> {
-    apps.iter()
-        .flat_map(|app| {
-            app.models().into_iter().map(move |m| WorkloadSpec {
-                name: workload_name(app, &m.name),
-                model: m.model.clone(),
-                weights: m.weights.clone(),
-                batch: 1,
-                precision: m.precision,
-                rate: Rate::Hz(app.source.fps),
-                deadline_ms: Some(app.deadline_ms),
-                length: RunLength::Jobs(app.frames),
-                warmup_jobs: 0,
-                late: LatePolicy::Skip,
-                cpu: Vec::new(),
-                role: Role::Standalone,
-                ramp: None,
-                host: Host::Thread,
-                partition: m.partition.clone(),
-                plan_check: m.plan_check,
-                criticality: Criticality::Critical,
-                stretch: None,
-                backend,
-                program: None,
-                gpu: None,
+/// Every model of `apps` as a workload (batch 1, at the app's frame rate, on the `backend` of
+/// the scenario's device). With `host = "process"` an app is one process, i.e. one partition
+/// (one MPS client): one workload per app, named as the app, with the app's partition and its
+/// first model (admission counts that model's memory); an app without a model has none.
+pub fn as_workloads(apps: &[AppSpec], backend: Backend, host: Host) -> Vec<WorkloadSpec> {
+    let workload = |app: &AppSpec, name: String, m: &ModelSpec| WorkloadSpec {
+        name,
+        model: m.model.clone(),
+        weights: m.weights.clone(),
+        batch: 1,
+        precision: m.precision,
+        rate: Rate::Hz(app.source.fps),
+        deadline_ms: Some(app.deadline_ms),
+        length: RunLength::Jobs(app.frames),
+        warmup_jobs: 0,
+        late: LatePolicy::Skip,
+        cpu: Vec::new(),
+        role: Role::Standalone,
+        ramp: None,
+        host,
+        partition: m.partition.clone(),
+        plan_check: m.plan_check,
+        criticality: Criticality::Critical,
+        stretch: None,
+        backend,
+        program: None,
+        gpu: None,
+    };
+    match host {
+        Host::Thread => apps
+            .iter()
+            .flat_map(|app| {
+                app.models()
+                    .into_iter()
+                    .map(move |m| workload(app, workload_name(app, &m.name), m))
             })
-        })
-        .collect()
+            .collect(),
+        Host::Process => apps
+            .iter()
+            .filter_map(|app| {
+                let first = *app.models().first()?;
+                let mut w = workload(app, app.name.clone(), first);
+                w.partition = app.partition.clone();
+                Some(w)
+            })
+            .collect(),
+    }
 }
 
-/// Apps run their stages on threads of the isolane process: on the CPU, or on a GPU in green
-/// contexts. MPS clients, MIG instances and time-slicing need a process per workload, which
-/// app stages do not have yet. `Err`: why not, for the `[device]` field.
+/// The workload whose partition `model` of `app` runs in: its own (`<app>.<model>`) when the
+/// app's stages are threads, the app's (named as the app) when the app is a process.
+pub fn partition_workload(app: &AppSpec, model: &str, host: Host) -> String {
+    match host {
+        Host::Thread => workload_name(app, model),
+        Host::Process => app.name.clone(),
+    }
+}
+
+/// Where an app's stages can run: threads of the isolane process (the CPU, or a GPU in green
+/// contexts) or, with `host = "process"` (the default of mps and timeslice), a worker process
+/// per app (the CPU, an MPS client, a time slice). `Err`: why not, for the `[device]` field.
 pub fn check_device(device: &DeviceSpec) -> Result<(), String> {
-    match (device.backend, device.mechanism) {
-        (Backend::Cpu, _) | (Backend::Cuda, Mechanism::Green) => Ok(()),
-        (Backend::Cuda, m) => Err(format!(
-            "mechanism \"{}\" with [[app]]s: app stages run on threads of the isolane process, \
-             which only green contexts partition; expected mechanism = \"green\" (mps, mig and \
-             timeslice need a worker process per stage, not built for apps yet)",
+    match (device.backend, device.mechanism, device.host) {
+        (Backend::Cpu, _, _)
+        | (Backend::Cuda, Mechanism::Green, Host::Thread)
+        | (Backend::Cuda, Mechanism::Mps | Mechanism::Timeslice, Host::Process) => Ok(()),
+        (Backend::Cuda, Mechanism::Green, Host::Process) => Err(
+            "mechanism \"green\" with [[app]]s in processes: green contexts partition the \
+             threads of one process; expected host = \"thread\""
+                .into(),
+        ),
+        (Backend::Cuda, m, _) => Err(format!(
+            "mechanism \"{}\" with [[app]]s is not built yet; expected mechanism = \"green\", \
+             \"mps\" or \"timeslice\"",
             m.name()
         )),
     }
+}
+
+/// With `host = "process"` an app is one partition (its process): a model that names a
+/// partition of its own, other than the app's, is refused. `Err((field, message))`.
+pub fn check_process_partitions(apps: &[AppSpec], host: Host) -> Result<(), (String, String)> {
+    if host == Host::Thread {
+        return Ok(());
+    }
+    for (i, app) in apps.iter().enumerate() {
+        for (j, s) in app.stages.iter().enumerate() {
+            let own: Vec<(String, &ModelSpec)> = match &s.kind {
+                StageKind::Model(m) => vec![(format!("app[{i}].stage[{j}].partition"), m)],
+                StageKind::Ensemble { members, .. } => members
+                    .iter()
+                    .enumerate()
+                    .map(|(k, m)| (format!("app[{i}].stage[{j}].members[{k}].partition"), m))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if let Some((field, m)) = own.into_iter().find(|(_, m)| m.partition != app.partition) {
+                return Err((
+                    field,
+                    format!(
+                        "model `{}` names a partition of its own; with host = \"process\" (the \
+                         default of mps and timeslice) an app is one process, one partition: \
+                         give the app's partition instead",
+                        m.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A `device = "gpu"` preprocess needs the CUDA backend: on the CPU one it is refused by name.
+/// `Err((field, message))`, the field as `app[i].stage[j].device`.
+pub fn check_gpu_stages(device: &DeviceSpec, apps: &[AppSpec]) -> Result<(), (String, String)> {
+    if device.backend == Backend::Cuda {
+        return Ok(());
+    }
+    for (i, app) in apps.iter().enumerate() {
+        if let Some(&j) = app.gpu_preprocesses().first() {
+            return Err((
+                format!("app[{i}].stage[{j}].device"),
+                format!(
+                    "\"gpu\": stage `{}` runs its preprocess on the GPU, which the cpu backend \
+                     has not; expected device = \"cpu\", or [device] backend = \"cuda\"",
+                    app.stages[j].name
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -28,62 +28,26 @@ pub enum RunError {
     /// A source or a stage could not be set up (nothing ran).
     #[error("app `{app}`: {message}")]
     Setup { app: String, message: String },
+    /// An app's worker process failed before the start (`crate::workers`); the message names
+    /// the app.
+    #[error("{0}")]
+    Worker(String),
 }
 
 /// Records reserved up front per stage (more grow as needed): enough for most runs without
 /// reallocating while frames flow.
 const PREALLOCATED: u64 = 1 << 16;
 
-/// What a stage did with one frame (times in ns since t0).
-#[derive(Debug, Clone, PartialEq)]
-pub struct StageRecord {
-    pub frame: u64,
-    /// `None` when the stage did not run the frame (dropped late or upstream).
-    pub start_ns: Option<i64>,
-    pub end_ns: Option<i64>,
-    /// An ensemble's members' (start, end), in member order.
-    pub members: Vec<(i64, i64)>,
-    /// The sink's only: what reached it (`Payload::describe` of each input, `; `-joined),
-    /// written after its end time was taken.
-    pub output: Option<String>,
-}
+pub use isolane_core::app_records::{AppRecords, StageRecord};
 
-/// Everything measured of one app.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AppRecords {
-    /// Scheduled release of each frame (ns since t0).
-    pub release_ns: Vec<i64>,
-    /// When the source actually sent it.
-    pub sent_ns: Vec<i64>,
-    /// Per stage (file order), per frame it received.
-    pub stages: Vec<Vec<StageRecord>>,
-    /// The first error of a stage that failed (its later frames are dropped).
-    pub error: Option<String>,
-}
-
-impl StageRecord {
-    /// A frame the stage did not run.
-    fn skipped(frame: u64) -> StageRecord {
-        StageRecord {
-            frame,
-            start_ns: None,
-            end_ns: None,
-            members: Vec::new(),
-            output: None,
-        }
-    }
-}
-
-impl AppRecords {
-    /// The sink's records: each frame's end to end (none for an app without a sink, which
-    /// validation refuses).
-    pub fn sink<'a>(&'a self, app: &AppSpec) -> &'a [StageRecord] {
-        app.stages
-            .iter()
-            .position(|s| s.kind == StageKind::Sink)
-            .and_then(|j| self.stages.get(j))
-            .map_or(&[], Vec::as_slice)
-    }
+/// The sink's records of `rec`: each frame's end to end (none for an app without a sink, which
+/// validation refuses).
+pub fn sink<'a>(app: &AppSpec, rec: &'a AppRecords) -> &'a [StageRecord] {
+    app.stages
+        .iter()
+        .position(|s| s.kind == StageKind::Sink)
+        .and_then(|j| rec.stages.get(j))
+        .map_or(&[], Vec::as_slice)
 }
 
 /// A frame on its way: its index, scheduled release, the source frame, and the producing
@@ -108,7 +72,14 @@ pub struct RunSettings<'a> {
     /// The run's output folder: stages that save what they make (a graphics stage's
     /// `save_every`) write under `<out>/apps/<app>/`. `None`: nothing is saved.
     pub out: Option<&'a std::path::Path>,
+    /// Called once every stage is built and warmed up: the t0 (monotonic ns) to release the
+    /// first frames at, or why not to run. An app in an `isolane worker` process reports ready
+    /// here and waits for the coordinator's t0; `None`: now plus `timing.start_delay_ms`.
+    pub start: Option<StartGate<'a>>,
 }
+
+/// See [`RunSettings::start`].
+pub type StartGate<'a> = Box<dyn FnOnce() -> Result<i64, String> + 'a>;
 
 /// The records of each app, in order, and the t0 they are relative to (monotonic ns).
 pub struct RunOutcome {
@@ -154,15 +125,7 @@ fn preprocess_sizes(app: &AppSpec) -> Result<Vec<Option<[u32; 2]>>, String> {
         if p.size.is_some() {
             continue;
         }
-        let model = app
-            .consumers(j)
-            .into_iter()
-            .find_map(|k| match &app.stages[k].kind {
-                StageKind::Model(m) => Some(m),
-                StageKind::Ensemble { members, .. } => members.first(),
-                _ => None,
-            });
-        let Some(model) = model else {
+        let Some(model) = app.fed_model(j) else {
             return Err(format!(
                 "stage `{}`: no size = [width, height], and it feeds no model whose input gives one",
                 s.name
@@ -184,9 +147,11 @@ fn preprocess_sizes(app: &AppSpec) -> Result<Vec<Option<[u32; 2]>>, String> {
 pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOutcome, RunError> {
     let mut sources = Vec::new();
     let mut sizes = Vec::new();
+    let mut frame_sizes = Vec::new();
     for app in apps {
         sources.push(source::open(&app.source.kind).map_err(|e| setup(app, e.to_string()))?);
         sizes.push(preprocess_sizes(app).map_err(|m| setup(app, m))?);
+        frame_sizes.push(frame_size(app).map_err(|m| setup(app, m))?);
     }
     let t0 = Arc::new(OnceLock::<i64>::new());
     thread::scope(|scope| {
@@ -206,8 +171,14 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
                         device: settings.device,
                         models: settings.models.clone(),
                         seed: settings.timing.seed ^ ((a as u64) << 32 | j as u64),
-                        partitions: take_partitions(&mut settings.partitions, app, j),
+                        partitions: take_partitions(
+                            &mut settings.partitions,
+                            &*settings.models,
+                            app,
+                            j,
+                        ),
                         preprocess_size: sizes[a][j],
+                        frame_size: frame_sizes[a],
                         cpu: app.cpu.clone(),
                         save_dir: settings.out.map(|o| o.join("apps").join(&app.name)),
                     };
@@ -232,7 +203,23 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
             drop(source_outs);
             return Err(e);
         }
-        let start = clock::now_ns() + settings.timing.start_delay_ms as i64 * 1_000_000;
+        let start = match settings.start.take() {
+            Some(gate) => match gate() {
+                Ok(t0) => t0,
+                Err(message) => {
+                    drop(source_outs);
+                    return Err(RunError::Setup {
+                        app: apps
+                            .iter()
+                            .map(|a| a.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        message,
+                    });
+                }
+            },
+            None => clock::now_ns() + settings.timing.start_delay_ms as i64 * 1_000_000,
+        };
         let _ = t0.set(start);
         let spin_ns = settings.timing.spin_us as i64 * 1000;
         let stop = settings.stop;
@@ -315,12 +302,37 @@ fn collect(
     records
 }
 
-/// The partitions of stage `j`'s models, renamed from `<app>.<model>` to the model's name.
+/// The source's frame size, read from its first frame, for an app with a GPU preprocess (built
+/// for one frame size before the run); `None` for the others, which need not know it.
+fn frame_size(app: &AppSpec) -> Result<Option<[u32; 2]>, String> {
+    if app.gpu_preprocesses().is_empty() {
+        return Ok(None);
+    }
+    let first = source::open(&app.source.kind)
+        .and_then(|mut s| s.next_frame())
+        .map_err(|e| e.to_string())?;
+    Ok(Some([first.width, first.height]))
+}
+
+/// The partitions of stage `j`'s models, renamed from `<app>.<model>` to the model's name. A
+/// GPU preprocess gets a shared handle on the partition of the model it feeds, under its own
+/// stage name (taken before that model's stage takes the partition itself: stages are built
+/// in file order and a preprocess comes before the model it feeds).
 fn take_partitions(
     all: &mut HashMap<String, Partition>,
+    models: &dyn ModelBuilder,
     app: &AppSpec,
     j: usize,
 ) -> HashMap<String, Partition> {
+    if let StageKind::Preprocess(p) = &app.stages[j].kind {
+        let name = &app.stages[j].name;
+        let shared = (p.device == crate::spec::PreprocessDevice::Gpu)
+            .then(|| app.fed_model(j))
+            .flatten()
+            .and_then(|m| all.get(&crate::partitions::workload_name(app, &m.name)))
+            .and_then(|p| models.share_partition(p));
+        return shared.map(|p| (name.clone(), p)).into_iter().collect();
+    }
     let names: Vec<String> = match &app.stages[j].kind {
         StageKind::Model(m) => vec![m.name.clone()],
         StageKind::Ensemble { members, vote } => {

@@ -152,6 +152,28 @@ pub struct PreprocessSpec {
     pub mean: [f32; 3],
     pub std: [f32; 3],
     pub dtype: Dtype,
+    /// Where it runs: the CPU operator, or the CUDA kernel (`isolane_cuda::preprocess`).
+    pub device: PreprocessDevice,
+}
+
+/// Where a preprocess runs (`device =`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreprocessDevice {
+    Cpu,
+    /// The CUDA kernel, in the partition of the model it feeds (backend `cuda` only).
+    Gpu,
+}
+
+impl PreprocessDevice {
+    /// The words `device =` takes, for messages.
+    pub const NAMES: &'static str = "\"cpu\" or \"gpu\"";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PreprocessDevice::Cpu => "cpu",
+            PreprocessDevice::Gpu => "gpu",
+        }
+    }
 }
 
 /// The element type a preprocess produces.
@@ -244,6 +266,27 @@ impl AppSpec {
             }
         }
         out
+    }
+
+    /// The stages whose preprocess runs on the GPU (`device = "gpu"`), by index.
+    pub fn gpu_preprocesses(&self) -> Vec<usize> {
+        (0..self.stages.len())
+            .filter(|&j| {
+                matches!(&self.stages[j].kind, StageKind::Preprocess(p) if p.device == PreprocessDevice::Gpu)
+            })
+            .collect()
+    }
+
+    /// The model a preprocess at stage `j` feeds: the first model stage (or ensemble's first
+    /// member) that reads it. Its size and, on the GPU, its partition are the preprocess's.
+    pub fn fed_model(&self, j: usize) -> Option<&ModelSpec> {
+        self.consumers(j)
+            .into_iter()
+            .find_map(|k| match &self.stages[k].kind {
+                StageKind::Model(m) => Some(m),
+                StageKind::Ensemble { members, .. } => members.first(),
+                _ => None,
+            })
     }
 
     /// The stages that read stage `j`'s output.

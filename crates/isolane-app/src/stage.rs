@@ -19,9 +19,9 @@ use isolane_runtime::clock;
 use isolane_runtime::partition::Partition;
 
 use crate::data::{Frame, Payload, Tensor};
-use crate::models::ModelBuilder;
+use crate::models::{GpuPreprocess, ModelBuilder};
 use crate::ops;
-use crate::spec::{ModelSpec, StageKind, StageSpec, Vote};
+use crate::spec::{ModelSpec, PreprocessDevice, StageKind, StageSpec, Vote};
 
 /// One step of an app's graph.
 pub trait Stage: Send {
@@ -47,6 +47,9 @@ pub struct StageContext<'a> {
     pub partitions: HashMap<String, Partition>,
     /// The output size of a preprocess that names none: `[width, height]`.
     pub preprocess_size: Option<[u32; 2]>,
+    /// `[width, height]` of the source's frames (known before the run only where a stage
+    /// needs it: a GPU preprocess is built for one frame size).
+    pub frame_size: Option<[u32; 2]>,
     /// The cores the app's threads are pinned to (an ensemble's members pin theirs).
     pub cpu: Vec<usize>,
     /// Where a stage saves what it makes (`<out>/apps/<app>/`); `None`: nothing is saved.
@@ -61,11 +64,15 @@ pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Sta
                 .size
                 .or(ctx.preprocess_size)
                 .ok_or("no size = [width, height], and it feeds no model whose input gives one")?;
-            Box::new(PreprocessStage(ops::preprocess::Preprocess {
+            let op = ops::preprocess::Preprocess {
                 width,
                 height,
                 spec: p.clone(),
-            }))
+            };
+            match p.device {
+                PreprocessDevice::Cpu => Box::new(PreprocessStage(op)),
+                PreprocessDevice::Gpu => Box::new(GpuPreprocessStage::build(op, &spec.name, ctx)?),
+            }
         }
         StageKind::Model(m) => Box::new(ModelStage::build(m, ctx)?),
         StageKind::Yolov8Decode { conf, iou, max_det } => {
@@ -136,6 +143,92 @@ impl Stage for PreprocessStage {
                 .run(f)
                 .map(Payload::Tensor)
                 .map_err(|e| e.to_string()),
+            other => Err(format!("expected a frame, got {}", other.type_name())),
+        }
+    }
+}
+
+/// A preprocess on the GPU (`device = "gpu"`): the frame (its crop cut out on the host) is
+/// copied to the device, the CUDA kernel resizes and normalises it there, and the tensor comes
+/// back to host memory for the next stage (no device hand-off between stages yet). The kernel
+/// is built for one frame size, the source's first frame's; its partition is the one of the
+/// model it feeds (the run hands it over under the stage's name).
+struct GpuPreprocessStage {
+    op: ops::preprocess::Preprocess,
+    kernel: Box<dyn GpuPreprocess>,
+    /// The frame size the kernel was built for.
+    frame: [u32; 2],
+    /// The crop's pixels, packed (reused between frames).
+    cropped: Vec<u8>,
+}
+
+impl GpuPreprocessStage {
+    fn build(
+        op: ops::preprocess::Preprocess,
+        name: &str,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<GpuPreprocessStage, String> {
+        let frame = ctx
+            .frame_size
+            .ok_or("a GPU preprocess needs the source's frame size before the run")?;
+        let [_, _, cw, ch] = op
+            .crop_of(&Frame {
+                width: frame[0],
+                height: frame[1],
+                rgb: Vec::new(),
+            })
+            .map_err(|e| e.to_string())?;
+        let plan = op.kernel_plan(cw, ch)?;
+        let f16 = op.spec.dtype == crate::spec::Dtype::F16;
+        let partition = ctx.partitions.remove(name);
+        let kernel = ctx.models.preprocessor(ctx.device, &plan, f16, partition)?;
+        let mut stage = GpuPreprocessStage {
+            op,
+            kernel,
+            frame,
+            cropped: Vec::new(),
+        };
+        // One frame before the run, as a model's warm-up: the first launch pays for loading
+        // the kernel and allocating the device buffers, which no frame should.
+        let blank = Frame {
+            width: frame[0],
+            height: frame[1],
+            rgb: vec![0; frame[0] as usize * frame[1] as usize * 3],
+        };
+        stage.run(&blank)?;
+        Ok(stage)
+    }
+
+    fn run(&mut self, f: &Frame) -> Result<Tensor, String> {
+        if [f.width, f.height] != self.frame {
+            return Err(format!(
+                "a GPU preprocess takes frames of one size (the source's first, {}x{}); this \
+                 one is {}x{} (give the source frames of one size, or device = \"cpu\")",
+                self.frame[0], self.frame[1], f.width, f.height
+            ));
+        }
+        let crop = self.op.crop_of(f).map_err(|e| e.to_string())?;
+        let rgb: &[u8] = if self.op.spec.crop.is_some() {
+            ops::preprocess::cut(f, crop, &mut self.cropped);
+            &self.cropped
+        } else {
+            &f.rgb
+        };
+        let (w, h) = (self.op.width as usize, self.op.height as usize);
+        let mut data = vec![0f32; 3 * w * h];
+        self.kernel.run(rgb, &mut data)?;
+        Ok(Tensor {
+            shape: vec![1, 3, h, w],
+            data,
+            frame_map: Some(self.op.frame_map(crop)),
+        })
+    }
+}
+
+impl Stage for GpuPreprocessStage {
+    fn process(&mut self, _frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String> {
+        match &*inputs[0] {
+            Payload::Frame(f) => self.run(f).map(Payload::Tensor),
             other => Err(format!("expected a frame, got {}", other.type_name())),
         }
     }

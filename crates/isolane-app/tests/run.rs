@@ -138,6 +138,7 @@ fn run_with(
             partitions: HashMap::new(),
             stop: &stop,
             out: None,
+            start: None,
         },
     )
 }
@@ -348,4 +349,167 @@ fn a_member_that_panics_fails_the_stage_without_hanging() {
         e.contains("stage `ens`, frame 1") && e.contains("panicked"),
         "{e}"
     );
+}
+
+/// A "GPU" preprocess that is the engine's CPU reference of the CUDA kernel
+/// (`isolane_engine::preprocess`, bit-exact with it), so that the GPU stage's path runs in CI.
+struct ReferencePreprocess {
+    plan: isolane_engine::preprocess::PreprocessPlan,
+}
+
+impl isolane_app::models::GpuPreprocess for ReferencePreprocess {
+    fn run(&mut self, frame: &[u8], out: &mut [f32]) -> Result<(), String> {
+        isolane_engine::preprocess::preprocess_into(&self.plan, frame, out)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// [`StandIns`], with GPU preprocesses of [`ReferencePreprocess`]; a partition is a shared
+/// counter that every stage built in it increments.
+struct WithGpu;
+
+type Counter = Arc<std::sync::atomic::AtomicUsize>;
+
+impl ModelBuilder for WithGpu {
+    fn build(
+        &self,
+        d: &DeviceSpec,
+        m: &ModelSpec,
+        seed: u64,
+        p: Option<Partition>,
+    ) -> Result<Box<dyn CompiledModel>, String> {
+        if let Some(c) = p.and_then(|p| p.downcast::<Counter>().ok()) {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        StandIns.build(d, m, seed, None)
+    }
+
+    fn preprocessor(
+        &self,
+        _: &DeviceSpec,
+        plan: &isolane_engine::preprocess::PreprocessPlan,
+        _f16: bool,
+        p: Option<Partition>,
+    ) -> Result<Box<dyn isolane_app::models::GpuPreprocess>, String> {
+        if let Some(c) = p.and_then(|p| p.downcast::<Counter>().ok()) {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(Box::new(ReferencePreprocess { plan: *plan }))
+    }
+
+    fn share_partition(&self, p: &Partition) -> Option<Partition> {
+        p.downcast_ref::<Counter>()
+            .map(|c| Box::new(Arc::clone(c)) as Partition)
+    }
+}
+
+/// A `device = "gpu"` preprocess (here the kernel's CPU reference) gives the model the tensor
+/// the CPU preprocess would, to f32 rounding (the kernel divides by the scale where the CPU
+/// operator multiplies), with the crop's frame map, and is built in the partition of the model
+/// it feeds.
+#[test]
+fn a_gpu_preprocess_runs_in_the_partition_of_the_model_it_feeds() {
+    let net = "[[app.stage]]\nname = \"net\"\nkind = \"model\"\nmodel = \"m\"";
+    let gpu = apps_with_sink(net, "").into_iter().map(|mut a| {
+        let isolane_app::spec::StageKind::Preprocess(p) = &mut a.stages[0].kind else {
+            panic!()
+        };
+        p.device = isolane_app::spec::PreprocessDevice::Gpu;
+        p.crop = Some([2, 1, 12, 10]);
+        p.mean = [0.5, 0.4, 0.3];
+        p.std = [0.2, 0.25, 0.3];
+        a
+    });
+    let gpu: Vec<AppSpec> = gpu.collect();
+    let counter: Counter = Arc::default();
+    let mut partitions: HashMap<String, Partition> = HashMap::new();
+    partitions.insert("a.net".into(), Box::new(Arc::clone(&counter)));
+    let stop = AtomicBool::new(false);
+    let device = DeviceSpec {
+        backend: isolane_core::spec::Backend::Cuda,
+        gpu: 0,
+        mechanism: isolane_core::spec::Mechanism::Green,
+        host: isolane_core::spec::Host::Thread,
+        gpus: Vec::new(),
+    };
+    let timing = TimingSpec::default();
+    let out = run_apps(
+        &gpu,
+        RunSettings {
+            device: &device,
+            timing: &timing,
+            models: Arc::new(WithGpu),
+            partitions,
+            stop: &stop,
+            out: None,
+            start: None,
+        },
+    )
+    .unwrap();
+    assert_eq!(out.apps[0].error, None);
+    assert_eq!(out.apps[0].stages[0].len(), 24);
+    assert_eq!(
+        counter.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the preprocess and the model were built in the one partition"
+    );
+    // summary.json says where it ran: on the GPU, in its model's partition.
+    let s = isolane_app::metrics::summarize(&gpu[0], &out.apps[0], &|m| format!("green for {m}"));
+    assert_eq!(
+        s.stages[0].partition,
+        "gpu, in net's partition: green for net"
+    );
+    assert_eq!(s.stages[1].partition, "green for net");
+    // The same frame through both operators.
+    let frame = isolane_app::source::Synthetic::frame(16, 12, 3);
+    let isolane_app::spec::StageKind::Preprocess(p) = &gpu[0].stages[0].kind else {
+        panic!()
+    };
+    let op = isolane_app::ops::preprocess::Preprocess {
+        width: 4,
+        height: 4,
+        spec: p.clone(),
+    };
+    let cpu = op.run(&frame).unwrap();
+    let mut cut = Vec::new();
+    isolane_app::ops::preprocess::cut(&frame, [2, 1, 12, 10], &mut cut);
+    let plan = op.kernel_plan(12, 10).unwrap();
+    let reference = isolane_engine::preprocess::preprocess(&plan, &cut).unwrap();
+    for (a, b) in cpu.data.iter().zip(&reference) {
+        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+    }
+}
+
+/// The start gate (an app in a worker process) gives t0; a gate that refuses ends the run
+/// before any frame with its reason.
+#[test]
+fn the_start_gate_gives_t0_or_stops_the_run() {
+    let apps = apps("");
+    let stop = AtomicBool::new(false);
+    let device = DeviceSpec {
+        backend: isolane_core::spec::Backend::Cpu,
+        gpu: 0,
+        mechanism: isolane_core::spec::Mechanism::None,
+        host: isolane_core::spec::Host::Thread,
+        gpus: Vec::new(),
+    };
+    let timing = TimingSpec::default();
+    let settings = |start: isolane_app::run::StartGate<'static>| RunSettings {
+        device: &device,
+        timing: &timing,
+        models: Arc::new(StandIns),
+        partitions: HashMap::new(),
+        stop: &stop,
+        out: None,
+        start: Some(start),
+    };
+    let t0 = isolane_runtime::clock::now_ns() + 5_000_000;
+    let out = run_apps(&apps, settings(Box::new(move || Ok(t0)))).unwrap();
+    assert_eq!(out.t0_ns, t0);
+    assert_eq!(out.apps[0].stages[1].len(), 24);
+    let e = run_apps(&apps, settings(Box::new(|| Err("aborted".into()))))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("aborted"), "{e}");
 }

@@ -5,6 +5,7 @@
 #![warn(clippy::multiple_unsafe_ops_per_block)]
 
 pub mod admission;
+pub mod app_records;
 pub mod device_model;
 pub mod files;
 #[cfg(feature = "test-support")]

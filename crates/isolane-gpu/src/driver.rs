@@ -203,10 +203,11 @@ impl Drop for PrimaryContext {
     }
 }
 
-/// Makes `ctx` current on the calling thread. Crate-internal: callers pass only contexts they
-/// own (a green group's, a retained primary context's).
+/// Makes `ctx` current on the calling thread (null: none). Crate-internal: callers pass only
+/// contexts they own (a green group's, a retained primary context's) or null.
 pub(crate) fn set_current(ctx: sys::CUcontext) -> Result<()> {
-    // SAFETY: ctx is a live context handle owned by the caller's partition or primary context.
+    // SAFETY: ctx is a live context handle owned by the caller's partition or primary context,
+    // or null, which the driver takes as "unbind the calling thread's context".
     check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })
 }
 

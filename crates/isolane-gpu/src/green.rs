@@ -246,6 +246,12 @@ impl GreenGroup {
     pub fn make_current(&self) -> Result<()> {
         driver::set_current(self.context)
     }
+    /// `cuCtxSetCurrent(NULL)` on the calling thread: for threads that take turns in one group
+    /// (under a lock), each leaving no context current when its turn ends, so that the green
+    /// context is current to one thread at a time.
+    pub fn release_current(&self) -> Result<()> {
+        driver::set_current(std::ptr::null_mut())
+    }
     pub fn info(&self) -> GroupInfo {
         GroupInfo {
             group: self.index,

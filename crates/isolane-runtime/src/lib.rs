@@ -5,6 +5,7 @@
 #![warn(clippy::multiple_unsafe_ops_per_block)]
 
 pub mod affinity;
+pub mod app_role;
 pub mod clock;
 pub mod coexec;
 pub mod coordinator;

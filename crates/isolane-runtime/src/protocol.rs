@@ -3,10 +3,10 @@
 //! The coordinator's first message says which role the worker plays.
 //!
 //! ```text
-//! worker → {"type":"hello","protocol_version":4,"pid":…,"isolane_version":"…"}
+//! worker → {"type":"hello","protocol_version":5,"pid":…,"isolane_version":"…"}
 //!
 //! role workload (a `host = "process"` workload of run/isolation/sweep/interference):
-//! coord  → {"type":"setup","protocol_version":4,"index":…,"workload":{…},"device":{…},"timing":{…},"schedule":{…},"guard":…}
+//! coord  → {"type":"setup","protocol_version":5,"index":…,"workload":{…},"device":{…},"timing":{…},"schedule":{…},"guard":…}
 //! worker → {"type":"ready","warmup_ns":[…],"pieces":…}  (after pinning, model set-up and warm-up)
 //!        | {"type":"error","message":"…"}
 //! coord  → {"type":"start","t0_ns":…}                   (absolute CLOCK_MONOTONIC time)
@@ -16,15 +16,24 @@
 //! worker → {"type":"done","status":"ok"|"interrupted","cpu":…} | {"type":"error","message":"…"}
 //!
 //! role probe (`isolane verify`'s agent of one partition):
-//! coord  → {"type":"probe","protocol_version":4,"gpu":N}
+//! coord  → {"type":"probe","protocol_version":5,"gpu":N}
 //! worker → {"type":"probe_ready"}                       (the probe kernel is compiled and loaded)
 //! coord  → {"type":"measure","duration_s":…}   worker → {"type":"measured","result":{…}}
 //! coord  → {"type":"start_saturate"}           worker → {"type":"saturating"}
 //! coord  → {"type":"stop_saturate"}            worker → {"type":"saturate_stopped","launches":…}
 //! coord  → {"type":"stop"} or EOF              worker → {"type":"done","status":"ok"}
 //!
+//! role app (one `[[app]]` of `isolane run` in its own process: an MPS client, a time slice):
+//! coord  → {"type":"app","protocol_version":5,"setup":{"scenario":…,"text":…,"app":…,"device":{…},"timing":{…},"out":…,"no_plan_check":…}}
+//! worker → {"type":"app_ready"}                         (every stage built and warmed up)
+//!        | {"type":"error","message":"…"}
+//! coord  → {"type":"start","t0_ns":…} | {"type":"abort"}
+//! coord  → {"type":"stop"}                              (any time after start: Ctrl-C)
+//! worker → {"type":"app_done","records":{…}}            (isolane_core::app_records::AppRecords)
+//! worker → {"type":"done","status":"ok"|"interrupted"} | {"type":"error","message":"…"}
+//!
 //! role maxrate (`isolane maxrate`'s search in an MPS client):
-//! coord  → {"type":"maxrate","protocol_version":4,"search":{…}}
+//! coord  → {"type":"maxrate","protocol_version":5,"search":{…}}
 //! worker → {"type":"progress","event":{"event":"warmed_up"|"back_to_back"|"at_rate"|"batch_done",…}}  (repeated)
 //! coord  → {"type":"stop"}                              (any time: Ctrl-C)
 //! worker → {"type":"maxrate_done","outcome":{…}} then {"type":"done","status":"ok"}
@@ -33,6 +42,7 @@
 //! Both sides check `protocol_version` before reading anything else from the other side, so a
 //! worker executable from another isolane version fails with a clear message, not a parse error.
 
+use isolane_core::app_records::AppRecords;
 use isolane_core::probe::ProbeResult;
 use isolane_core::spec::{DeviceSpec, TimingSpec, WorkloadSpec};
 use isolane_core::JobRecord;
@@ -45,8 +55,8 @@ use crate::thread_cpu::ThreadCpu;
 
 /// Bump on any incompatible change of the messages below.
 /// 4: the first coordinator message names the role (`setup`, `probe`, `maxrate`); the probe
-/// and maxrate roles' messages.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// and maxrate roles' messages. 5: the app role.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -76,6 +86,12 @@ pub enum ToWorker {
         protocol_version: u32,
         search: Box<SearchRequest>,
     },
+    /// First message, role app: build this app of a scenario, report ready, run it from the
+    /// t0 of `start`, and send its records back.
+    App {
+        protocol_version: u32,
+        setup: Box<AppSetup>,
+    },
     Start {
         t0_ns: i64,
     },
@@ -89,6 +105,22 @@ pub enum ToWorker {
     /// Probe role: run the probe flat out until `stop_saturate`.
     StartSaturate,
     StopSaturate,
+}
+
+/// What an app worker runs: the app named `app` of the scenario `text` (the file at
+/// `scenario`, read once by the coordinator and sent whole, so that both sides read the same
+/// text; relative paths in it are relative to the file's folder).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppSetup {
+    pub scenario: std::path::PathBuf,
+    pub text: String,
+    pub app: String,
+    pub device: DeviceSpec,
+    pub timing: TimingSpec,
+    /// The run's output folder (stages that save what they make write under it).
+    pub out: Option<std::path::PathBuf>,
+    /// `isolane run --no-plan-check`.
+    pub no_plan_check: bool,
 }
 
 /// A job record on the wire:
@@ -136,6 +168,12 @@ pub enum FromWorker {
     /// Maxrate role: what the search does now.
     Progress {
         event: SearchEvent,
+    },
+    /// App role: every stage is built and warmed up; the worker waits for `start`.
+    AppReady,
+    /// App role: what the app measured (a `done` follows).
+    AppDone {
+        records: Box<AppRecords>,
     },
     /// Maxrate role: the search's outcome (a `done` follows).
     MaxrateDone {
@@ -282,6 +320,21 @@ mod tests {
                 },
                 "maxrate",
             ),
+            (
+                ToWorker::App {
+                    protocol_version: PROTOCOL_VERSION,
+                    setup: Box::new(AppSetup {
+                        scenario: "s.toml".into(),
+                        text: "[[app]]\n".into(),
+                        app: "a".into(),
+                        device: search_request().device,
+                        timing: search_request().timing,
+                        out: Some("runs/x".into()),
+                        no_plan_check: true,
+                    }),
+                },
+                "app",
+            ),
             (ToWorker::Measure { duration_s: 1.5 }, "measure"),
             (ToWorker::StartSaturate, "start_saturate"),
             (ToWorker::StopSaturate, "stop_saturate"),
@@ -315,6 +368,18 @@ mod tests {
                 "measured",
             ),
             (FromWorker::Saturating, "saturating"),
+            (FromWorker::AppReady, "app_ready"),
+            (
+                FromWorker::AppDone {
+                    records: Box::new(AppRecords {
+                        release_ns: vec![0, 10],
+                        sent_ns: vec![1, 11],
+                        stages: vec![vec![isolane_core::app_records::StageRecord::skipped(0)]],
+                        error: None,
+                    }),
+                },
+                "app_done",
+            ),
             (
                 FromWorker::SaturateStopped { launches: 7 },
                 "saturate_stopped",

@@ -1,7 +1,8 @@
 //! The worker side of every child process isolane starts: the hidden `isolane worker`
 //! subcommand runs [`run_worker`] with its stdin/stdout. The coordinator's first message
 //! says the role: a workload of a run (`setup`), `verify`'s probe agent (`probe`,
-//! [`crate::probe_role`]) or `maxrate`'s search in an MPS client (`maxrate`). See
+//! [`crate::probe_role`]), `maxrate`'s search in an MPS client (`maxrate`) or an `[[app]]` of
+//! a run (`app`, [`crate::app_role`]). See
 //! [`crate::protocol`] for the messages.
 
 use std::io::{BufRead, Write};
@@ -43,6 +44,8 @@ pub enum WorkerError {
 pub struct WorkerRoles<'a> {
     pub engine: Option<&'a dyn EngineExecutors>,
     pub probes: Option<&'a dyn ProbeFactory>,
+    /// Runs an `[[app]]` of a scenario (`isolane-app`, through the binary).
+    pub apps: Option<&'a dyn crate::app_role::AppRunner>,
 }
 
 /// Records are streamed in chunks: flushed while the loop waits for a release, or when the
@@ -117,7 +120,10 @@ pub(crate) fn send(out: &mut impl Write, msg: &FromWorker) -> Result<(), WorkerE
     Ok(())
 }
 
-fn read_line(input: &mut impl BufRead, what: &'static str) -> Result<String, WorkerError> {
+pub(crate) fn read_line(
+    input: &mut impl BufRead,
+    what: &'static str,
+) -> Result<String, WorkerError> {
     let mut line = String::new();
     if input.read_line(&mut line)? == 0 {
         return Err(WorkerError::Closed(what));
@@ -215,8 +221,14 @@ where
         ToWorker::Maxrate { search, .. } => {
             run_search(input, output, stop, roles.engine, &search).map(|s| (s, None))
         }
+        ToWorker::App { setup, .. } => {
+            let apps = roles
+                .apps
+                .ok_or_else(|| WorkerError::Setup("this worker cannot run apps".into()))?;
+            crate::app_role::serve(input, output, &setup, apps, stop).map(|s| (s, None))
+        }
         _ => Err(WorkerError::Setup(
-            "expected a role first (a `setup`, `probe` or `maxrate` message)".into(),
+            "expected a role first (a `setup`, `probe`, `maxrate` or `app` message)".into(),
         )),
     }
 }
@@ -318,7 +330,7 @@ where
 
 /// From here on the coordinator may only say `stop`; its going away means the same. The
 /// thread is detached: it ends with the process.
-fn watch_for_stop<R>(mut input: R, stop: &Arc<AtomicBool>) -> Result<(), WorkerError>
+pub(crate) fn watch_for_stop<R>(mut input: R, stop: &Arc<AtomicBool>) -> Result<(), WorkerError>
 where
     R: BufRead + Send + 'static,
 {

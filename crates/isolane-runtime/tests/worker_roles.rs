@@ -1,5 +1,6 @@
-//! `run_worker` in the probe and maxrate roles, driven over pipes as a parent process would
-//! drive `isolane worker` (no GPU: a fake probe; a `spin:` model for the search).
+//! `run_worker` in the probe, maxrate and app roles, driven over pipes as a parent process
+//! would drive `isolane worker` (no GPU: a fake probe; a `spin:` model for the search; a fake
+//! app runner).
 
 use std::io::{BufRead, BufReader, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -127,8 +128,8 @@ fn the_probe_role_measures_and_saturates_on_request() {
     };
     let mut parent = Parent::start(move |input, output| {
         let roles = WorkerRoles {
-            engine: None,
             probes: Some(&probes),
+            ..WorkerRoles::default()
         };
         run_worker(
             BufReader::new(input),
@@ -334,5 +335,137 @@ fn a_search_that_cannot_start_reports_why() {
         panic!("no error")
     };
     assert!(message.contains("needs the inference engine"), "{message}");
+    assert_eq!(parent.finish(), 1);
+}
+
+/// An app that records the t0 it was given and, until `stop`, one frame per millisecond (at
+/// most `frames`).
+struct FakeApp {
+    frames: u64,
+}
+
+impl isolane_runtime::app_role::AppRunner for FakeApp {
+    fn run(
+        &self,
+        setup: &isolane_runtime::protocol::AppSetup,
+        start: &mut dyn FnMut() -> Result<i64, String>,
+        stop: &AtomicBool,
+    ) -> Result<isolane_core::app_records::AppRecords, String> {
+        if setup.app == "unbuildable" {
+            return Err("stage `pre`: no such thing".into());
+        }
+        let t0 = start()?;
+        let mut rec = isolane_core::app_records::AppRecords {
+            stages: vec![Vec::new()],
+            ..Default::default()
+        };
+        for k in 0..self.frames {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            rec.release_ns.push(t0 + k as i64);
+            rec.stages[0].push(isolane_core::app_records::StageRecord::skipped(k));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(rec)
+    }
+}
+
+fn app_setup(app: &str) -> ToWorker {
+    ToWorker::App {
+        protocol_version: PROTOCOL_VERSION,
+        setup: Box::new(isolane_runtime::protocol::AppSetup {
+            scenario: "s.toml".into(),
+            text: String::new(),
+            app: app.into(),
+            device: spin_search("spin:1ms").device,
+            timing: TimingSpec::default(),
+            out: None,
+            no_plan_check: false,
+        }),
+    }
+}
+
+fn app_worker(frames: u64) -> Parent {
+    Parent::start(move |input, output| {
+        let app = FakeApp { frames };
+        let roles = WorkerRoles {
+            apps: Some(&app),
+            ..WorkerRoles::default()
+        };
+        run_worker(
+            BufReader::new(input),
+            output,
+            Arc::new(AtomicBool::new(false)),
+            roles,
+        )
+    })
+}
+
+/// Ready once built, released at the coordinator's t0, records back typed; `stop` ends the app
+/// early (interrupted, with what it measured); `abort` before the start runs nothing; an app
+/// that cannot be built is an error naming it.
+#[test]
+fn the_app_role_reports_ready_starts_at_t0_and_sends_its_records() {
+    let mut parent = app_worker(3);
+    parent.recv();
+    parent.send(&app_setup("a"));
+    assert_eq!(parent.recv(), FromWorker::AppReady);
+    parent.send(&ToWorker::Start { t0_ns: 1_000 });
+    let FromWorker::AppDone { records } = parent.recv() else {
+        panic!("no records")
+    };
+    assert_eq!(records.release_ns, vec![1_000, 1_001, 1_002]);
+    assert_eq!(records.stages[0].len(), 3);
+    assert!(matches!(
+        parent.recv(),
+        FromWorker::Done {
+            status: DoneStatus::Ok,
+            ..
+        }
+    ));
+    assert_eq!(parent.finish(), 0);
+
+    let mut parent = app_worker(u64::MAX);
+    parent.recv();
+    parent.send(&app_setup("a"));
+    assert_eq!(parent.recv(), FromWorker::AppReady);
+    parent.send(&ToWorker::Start { t0_ns: 0 });
+    parent.send(&ToWorker::Stop);
+    let FromWorker::AppDone { records } = parent.recv() else {
+        panic!("no records")
+    };
+    assert!(!records.release_ns.is_empty());
+    assert!(matches!(
+        parent.recv(),
+        FromWorker::Done {
+            status: DoneStatus::Interrupted,
+            ..
+        }
+    ));
+    assert_eq!(parent.finish(), 0);
+
+    let mut parent = app_worker(3);
+    parent.recv();
+    parent.send(&app_setup("a"));
+    assert_eq!(parent.recv(), FromWorker::AppReady);
+    parent.send(&ToWorker::Abort);
+    assert!(matches!(
+        parent.recv(),
+        FromWorker::Done {
+            status: DoneStatus::Interrupted,
+            ..
+        }
+    ));
+    assert_eq!(parent.finish(), 0);
+
+    let mut parent = app_worker(3);
+    parent.recv();
+    parent.send(&app_setup("unbuildable"));
+    let FromWorker::Error { message } = parent.recv() else {
+        panic!("no error")
+    };
+    // The coordinator names the app (its worker's label); the worker sends the reason.
+    assert_eq!(message, "stage `pre`: no such thing");
     assert_eq!(parent.finish(), 1);
 }

@@ -2,6 +2,8 @@
 //! (values rounded to f16 for `dtype = "f16"`).
 
 use crate::data::{Frame, FrameMap, Tensor};
+#[cfg(test)]
+use crate::spec::PreprocessDevice;
 use crate::spec::{Dtype, PreprocessSpec};
 
 /// A preprocess with its output size resolved (`size`, or the input of the model it feeds).
@@ -26,22 +28,10 @@ pub struct CropOutside {
 impl Preprocess {
     /// `[1, 3, height, width]`, with the map from its pixels back to the frame's.
     pub fn run(&self, frame: &Frame) -> Result<Tensor, CropOutside> {
-        let [cx, cy, cw, ch] = self.spec.crop.unwrap_or([0, 0, frame.width, frame.height]);
-        if cx.checked_add(cw).is_none_or(|r| r > frame.width)
-            || cy.checked_add(ch).is_none_or(|b| b > frame.height)
-        {
-            return Err(CropOutside {
-                x: cx,
-                y: cy,
-                w: cw,
-                h: ch,
-                fw: frame.width,
-                fh: frame.height,
-            });
-        }
+        let [cx, cy, cw, ch] = self.crop_of(frame)?;
         let (ow, oh) = (self.width as usize, self.height as usize);
-        let sx = cw as f32 / ow as f32;
-        let sy = ch as f32 / oh as f32;
+        let map = self.frame_map([cx, cy, cw, ch]);
+        let (sx, sy) = (map.scale_x, map.scale_y);
         let plane = ow * oh;
         let mut data = vec![0f32; 3 * plane];
         let xs = taps(ow, sx, cx, cw);
@@ -66,13 +56,74 @@ impl Preprocess {
         Ok(Tensor {
             shape: vec![1, 3, oh, ow],
             data,
-            frame_map: Some(FrameMap {
-                scale_x: sx,
-                scale_y: sy,
-                offset_x: cx as f32,
-                offset_y: cy as f32,
-            }),
+            frame_map: Some(map),
         })
+    }
+
+    /// The `[x, y, width, height]` of `frame` it reads: its crop, or the whole frame; a crop
+    /// that does not fit the frame is refused.
+    pub fn crop_of(&self, frame: &Frame) -> Result<[u32; 4], CropOutside> {
+        let [cx, cy, cw, ch] = self.spec.crop.unwrap_or([0, 0, frame.width, frame.height]);
+        if cx.checked_add(cw).is_none_or(|r| r > frame.width)
+            || cy.checked_add(ch).is_none_or(|b| b > frame.height)
+        {
+            return Err(CropOutside {
+                x: cx,
+                y: cy,
+                w: cw,
+                h: ch,
+                fw: frame.width,
+                fh: frame.height,
+            });
+        }
+        Ok([cx, cy, cw, ch])
+    }
+
+    /// The map from the output's pixels back to the frame's, for the region `crop` read.
+    pub fn frame_map(&self, [cx, cy, cw, ch]: [u32; 4]) -> FrameMap {
+        FrameMap {
+            scale_x: cw as f32 / self.width as f32,
+            scale_y: ch as f32 / self.height as f32,
+            offset_x: cx as f32,
+            offset_y: cy as f32,
+        }
+    }
+}
+
+impl Preprocess {
+    /// What the CUDA kernel (`isolane_cuda::preprocess`, bit-exact with the engine's CPU
+    /// reference) computes for this preprocess on frames whose crop is `crop_w × crop_h`: the
+    /// crop cut out first ([`cut`]), then the kernel's resize of the whole cut frame, without
+    /// its centre crop. It agrees with [`Preprocess::run`] to f32 rounding: the kernel divides by
+    /// the scale where this operator multiplies by its inverse.
+    pub fn kernel_plan(
+        &self,
+        crop_w: u32,
+        crop_h: u32,
+    ) -> Result<isolane_engine::preprocess::PreprocessPlan, String> {
+        let spec = isolane_engine::preprocess::PreprocessSpec {
+            resize: [self.height as usize, self.width as usize],
+            crop: None,
+            mean: self.spec.mean,
+            std: self.spec.std,
+        };
+        let layout = isolane_engine::preprocess::FrameLayout {
+            width: crop_w as usize,
+            height: crop_h as usize,
+            channels: 3,
+        };
+        spec.plan(layout).map_err(|e| e.to_string())
+    }
+}
+
+/// The `[x, y, width, height]` region of `frame` as packed RGB rows, into `out` (reused): what
+/// a preprocess that reads whole frames of the region's size gets.
+pub fn cut(frame: &Frame, [x, y, w, h]: [u32; 4], out: &mut Vec<u8>) {
+    out.clear();
+    let row = frame.width as usize * 3;
+    let (x, w) = (x as usize * 3, w as usize * 3);
+    for r in y as usize..(y + h) as usize {
+        out.extend_from_slice(&frame.rgb[r * row + x..r * row + x + w]);
     }
 }
 
@@ -106,6 +157,7 @@ mod tests {
             mean: [0.0; 3],
             std: [1.0; 3],
             dtype: Dtype::F32,
+            device: PreprocessDevice::Cpu,
         }
     }
 
@@ -186,6 +238,20 @@ mod tests {
         // 1/3 is not an f16: rounded to 0.33325195
         assert_eq!(t.data[1], half::f16::from_f32(1.0 / 3.0).to_f32());
         assert_ne!(t.data[1], 1.0 / 3.0);
+    }
+
+    #[test]
+    fn cut_packs_the_rows_of_a_region() {
+        let f = Frame {
+            width: 3,
+            height: 2,
+            rgb: (0..18).collect(),
+        };
+        let mut out = vec![99];
+        cut(&f, [1, 1, 2, 1], &mut out);
+        assert_eq!(out, vec![12, 13, 14, 15, 16, 17]);
+        cut(&f, [0, 0, 1, 2], &mut out);
+        assert_eq!(out, vec![0, 1, 2, 9, 10, 11]);
     }
 
     #[test]

@@ -95,7 +95,7 @@ pub(super) struct StageRaw {
     pub(super) members: Option<Vec<MemberRaw>>,
     pub(super) vote: Option<VoteName>,
     pub(super) voter: Option<String>,
-    // graphics
+    // graphics and preprocess
     pub(super) device: Option<String>,
     pub(super) save_every: Option<u64>,
 }
@@ -122,7 +122,7 @@ pub(super) enum VoteName {
 /// The keys each kind accepts besides `name`, `kind`, `after`.
 pub(super) fn kind_keys(kind: KindName) -> &'static [&'static str] {
     match kind {
-        KindName::Preprocess => &["size", "crop", "mean", "std", "dtype"],
+        KindName::Preprocess => &["size", "crop", "mean", "std", "dtype", "device"],
         KindName::Model => &["model", "weights", "precision", "partition", "plan_check"],
         KindName::Yolov8Decode => &["conf", "iou", "max_det"],
         KindName::SegArgmax => &["alpha"],

@@ -122,10 +122,46 @@ after = ["ens", "boxes"]
     assert_eq!(members[1].partition.sms, Some(8), "its own");
     let names: Vec<String> = a.models().iter().map(|m| m.name.clone()).collect();
     assert_eq!(names, ["ens.a", "ens.b", "det"]);
-    let w =
-        crate::partitions::as_workloads(std::slice::from_ref(a), isolane_core::spec::Backend::Cuda);
+    let w = crate::partitions::as_workloads(
+        std::slice::from_ref(a),
+        isolane_core::spec::Backend::Cuda,
+        isolane_core::spec::Host::Thread,
+    );
     assert_eq!(w[1].name, "vote.ens.b");
     assert_eq!(w[1].rate, isolane_core::spec::Rate::Hz(20.0));
+    // In a process, the app is one partition: member b's own is refused by field; without it
+    // the app is one workload named as the app, in the app's partition.
+    let (field, message) = crate::partitions::check_process_partitions(
+        std::slice::from_ref(a),
+        isolane_core::spec::Host::Process,
+    )
+    .unwrap_err();
+    assert_eq!(field, "app[0].stage[1].members[1].partition");
+    assert!(
+        message.contains("`ens.b`") && message.contains("one partition"),
+        "{message}"
+    );
+    let same = parse(&text.replace(", partition = { sms = 8 }", "")).unwrap();
+    assert!(
+        crate::partitions::check_process_partitions(&same, isolane_core::spec::Host::Process)
+            .is_ok()
+    );
+    let w = crate::partitions::as_workloads(
+        &same,
+        isolane_core::spec::Backend::Cuda,
+        isolane_core::spec::Host::Process,
+    );
+    assert_eq!(w.len(), 1);
+    assert_eq!(
+        (w[0].name.as_str(), w[0].model.as_str()),
+        ("vote", "mobilenet_v2")
+    );
+    assert_eq!(w[0].partition.sms, Some(16));
+    assert_eq!(w[0].host, isolane_core::spec::Host::Process);
+    assert_eq!(
+        crate::partitions::partition_workload(&same[0], "ens.a", isolane_core::spec::Host::Process),
+        "vote"
+    );
 }
 
 /// A graphics stage reads detections or a mask, renders on the device it names, and gives a
@@ -170,6 +206,54 @@ fn graphics_reads_detections_or_a_mask_and_names_its_device() {
         e.contains("stage[3].save_every") && e.contains("1 to 100000"),
         "{e}"
     );
+}
+
+/// A preprocess runs on the CPU unless `device = "gpu"`; any other device is refused with the
+/// file, the field and the two allowed values, and the CPU backend refuses a GPU preprocess by
+/// stage name.
+#[test]
+fn a_preprocess_names_its_device_cpu_or_gpu() {
+    let apps = parse(PIPELINE).unwrap();
+    let StageKind::Preprocess(p) = &apps[0].stages[0].kind else {
+        panic!()
+    };
+    assert_eq!(p.device, PreprocessDevice::Cpu);
+    assert!(apps[0].gpu_preprocesses().is_empty());
+    let gpu = PIPELINE.replace(
+        "kind = \"preprocess\"",
+        "kind = \"preprocess\"\ndevice = \"gpu\"",
+    );
+    let apps = parse(&gpu).unwrap();
+    let StageKind::Preprocess(p) = &apps[0].stages[0].kind else {
+        panic!()
+    };
+    assert_eq!(p.device, PreprocessDevice::Gpu);
+    assert_eq!(apps[0].gpu_preprocesses(), vec![0]);
+    assert_eq!(apps[0].fed_model(0).unwrap().name, "net");
+    let e = err(&gpu.replace("device = \"gpu\"", "device = \"tpu\""));
+    assert!(
+        e.contains("/tmp/s.toml")
+            && e.contains("app[0].stage[0].device")
+            && e.contains("`tpu`")
+            && e.contains("\"cpu\" or \"gpu\""),
+        "{e}"
+    );
+    let device = |backend| isolane_core::spec::DeviceSpec {
+        backend,
+        gpu: 0,
+        gpus: Vec::new(),
+        mechanism: isolane_core::spec::Mechanism::None,
+        host: isolane_core::spec::Host::Thread,
+    };
+    let cpu = device(isolane_core::spec::Backend::Cpu);
+    let (field, message) = crate::partitions::check_gpu_stages(&cpu, &apps).unwrap_err();
+    assert_eq!(field, "app[0].stage[0].device");
+    assert!(
+        message.contains("`pre`") && message.contains("expected device = \"cpu\""),
+        "{message}"
+    );
+    let cuda = device(isolane_core::spec::Backend::Cuda);
+    assert!(crate::partitions::check_gpu_stages(&cuda, &apps).is_ok());
 }
 
 #[test]

@@ -11,8 +11,8 @@ use super::raw::{
     kind_keys, AppRaw, FileRaw, KindName, SourceKindName, SourceRaw, StageRaw, VoteName,
 };
 use super::{
-    AppSpec, Dtype, Input, Late, ModelNames, ModelSpec, PreprocessSpec, SourceKind, SourceSpec,
-    SpecError, StageKind, StageSpec, Vote, DEFAULT_DROP_FRAMES, SOURCE,
+    AppSpec, Dtype, Input, Late, ModelNames, ModelSpec, PreprocessDevice, PreprocessSpec,
+    SourceKind, SourceSpec, SpecError, StageKind, StageSpec, Vote, DEFAULT_DROP_FRAMES, SOURCE,
 };
 
 /// At most this many frames per app: each stage keeps a record (about 80 bytes) per frame.
@@ -481,7 +481,25 @@ impl Validator<'_> {
             mean: r.mean.unwrap_or([0.0; 3]),
             std,
             dtype: r.dtype.unwrap_or(Dtype::F32),
+            device: self.preprocess_device(sat, r.device.as_deref())?,
         })
+    }
+
+    /// A preprocess's `device`: the CPU operator (default) or the CUDA kernel. Whether the
+    /// scenario's backend has a GPU is checked with the device (`partitions::check_device`).
+    fn preprocess_device(
+        &self,
+        sat: &str,
+        device: Option<&str>,
+    ) -> Result<PreprocessDevice, SpecError> {
+        match device.unwrap_or("cpu") {
+            "cpu" => Ok(PreprocessDevice::Cpu),
+            "gpu" => Ok(PreprocessDevice::Gpu),
+            other => Err(self.err(
+                format!("{sat}.device"),
+                format!("`{other}`: expected {}", PreprocessDevice::NAMES),
+            )),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

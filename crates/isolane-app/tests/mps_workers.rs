@@ -1,0 +1,190 @@
+//! Apps as MPS clients, through the partition session as `isolane run` sets them up, against
+//! the fake MPS control script and a shell-script worker that answers in the worker protocol's
+//! app role as `isolane worker` does (CI has no GPU): each app's process gets the private
+//! daemon's pipe directory, its app's thread percentage and pinned memory limit; every app is
+//! ready before the one t0, which each is sent, and the records come back typed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use isolane_app::spec::{parse_apps, ModelNames};
+use isolane_app::workers::{run_in_workers, WorkerRun};
+use isolane_core::admission::{AdmittedWorkload, Plan, ResolvedPartition};
+use isolane_core::spec::{Backend, DeviceSpec, Host, Mechanism, TimingSpec};
+use isolane_runtime::protocol::PROTOCOL_VERSION;
+use isolane_runtime::worker_client::WorkerCommand;
+
+struct Names;
+impl ModelNames for Names {
+    fn is_builtin(&self, _: &str) -> bool {
+        true
+    }
+    fn builtins(&self) -> Vec<String> {
+        vec![]
+    }
+}
+
+const APPS: &str = r#"
+[[app]]
+name = "endo1"
+deadline_ms = 50
+frames = 30
+partition = { thread_pct = 30, mem_limit_mib = 2048 }
+[app.source]
+kind = "synthetic"
+width = 32
+height = 32
+fps = 60
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+[[app.stage]]
+name = "net"
+kind = "model"
+model = "yolov8n"
+[[app.stage]]
+name = "out"
+kind = "sink"
+
+[[app]]
+name = "endo2"
+deadline_ms = 50
+frames = 30
+partition = { thread_pct = 60 }
+[app.source]
+kind = "synthetic"
+width = 32
+height = 32
+fps = 60
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+[[app.stage]]
+name = "net"
+kind = "model"
+model = "yolov8n"
+[[app.stage]]
+name = "out"
+kind = "sink"
+"#;
+
+/// A worker in the app role: logs its app, its MPS settings and the t0 it was sent, then
+/// answers with one frame's records.
+fn fake_worker(log: &Path) -> String {
+    format!(
+        r#"#!/bin/sh
+echo '{{"type":"hello","protocol_version":{PROTOCOL_VERSION},"pid":'$$',"isolane_version":"test"}}'
+read -r role
+app=$(printf '%s' "$role" | sed 's/.*"app":"\([^"]*\)".*/\1/')
+echo '{{"type":"app_ready"}}'
+read -r start
+t0=$(printf '%s' "$start" | sed 's/.*"t0_ns":\([0-9]*\).*/\1/')
+echo "$app $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE ${{CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:-none}} $CUDA_MPS_PIPE_DIRECTORY $t0" >> '{}'
+echo '{{"type":"app_done","records":{{"release_ns":[0],"sent_ns":[7],"stages":[[{{"frame":0,"start_ns":8,"end_ns":9}}],[],[{{"frame":0,"start_ns":20,"end_ns":21,"output":"done"}}]],"error":null}}}}'
+echo '{{"type":"done","status":"ok","cpu":null}}'
+read -r rest
+"#,
+        log.display()
+    )
+}
+
+#[test]
+fn each_app_is_an_mps_client_with_its_apps_partition() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let control = isolane_gpu::mps::write_fake_control(&bin).unwrap();
+    // The only test of this binary: nothing else reads the environment concurrently.
+    std::env::set_var(isolane_gpu::mps::CONTROL_ENV, &control);
+    // Where a system-wide daemon would listen: an empty folder of ours, so none is found.
+    std::env::set_var("CUDA_MPS_PIPE_DIRECTORY", tmp.path().join("no-daemon"));
+
+    let file = tmp.path().join("s.toml");
+    let apps = parse_apps(APPS, &file, &Names).unwrap();
+    let workloads = isolane_app::partitions::as_workloads(&apps, Backend::Cuda, Host::Process);
+    assert_eq!(workloads.len(), 2, "one MPS client per app");
+    let admitted = Plan {
+        device: "test".into(),
+        mechanism: Mechanism::Mps,
+        workloads: workloads
+            .iter()
+            .map(|w| AdmittedWorkload {
+                workload: w.name.clone(),
+                partition: ResolvedPartition::Mps {
+                    thread_pct: w.partition.thread_pct.unwrap(),
+                    mem_limit_mib: w.partition.mem_limit_mib,
+                },
+                memory_mib: None,
+                gpu: None,
+            })
+            .collect(),
+    };
+    let log = tmp.path().join("workers.log");
+    let script = tmp.path().join("worker.sh");
+    // Read by sh, never exec'd itself (a file this process just wrote may be "busy").
+    std::fs::write(&script, fake_worker(&log)).unwrap();
+    let command = WorkerCommand {
+        program: PathBuf::from("/bin/sh"),
+        args: vec![script.display().to_string()],
+        env: Vec::new(),
+    };
+    let device = DeviceSpec {
+        backend: Backend::Cuda,
+        gpu: 0,
+        gpus: Vec::new(),
+        mechanism: Mechanism::Mps,
+        host: Host::Process,
+    };
+    let timing = TimingSpec::default();
+    let stop = AtomicBool::new(false);
+    let (outcome, records) = isolane_session::with_partitions(
+        0,
+        &admitted,
+        isolane_session::PartitionChoices::default(),
+        |session| {
+            let env: BTreeMap<String, Vec<(String, String)>> = session.worker_env().clone();
+            let adopt = session.client_adopter();
+            let run = WorkerRun {
+                command: &command,
+                scenario: &file,
+                text: APPS,
+                device: &device,
+                timing: &timing,
+                out: None,
+                no_plan_check: false,
+                env: &env,
+                on_start: &adopt,
+                stop: &stop,
+            };
+            Ok::<_, std::convert::Infallible>((
+                run_in_workers(&apps, &run),
+                session.records().to_vec(),
+            ))
+        },
+    )
+    .unwrap()
+    .unwrap();
+    let outcome = outcome.unwrap();
+    let pipe_dir = records[0].mps_pipe_dir.clone().expect("an MPS partition");
+    assert_eq!(records[0].workload, "endo1");
+    assert_eq!(records[0].partition, "mps 30%, 2048 MiB pinned");
+    // The two workers write in either order.
+    let seen = std::fs::read_to_string(&log).unwrap();
+    let mut lines: Vec<&str> = seen.lines().collect();
+    lines.sort_unstable();
+    let t0 = outcome.t0_ns;
+    assert_eq!(
+        lines,
+        [
+            format!("endo1 30 0=2048M {pipe_dir} {t0}"),
+            format!("endo2 60 none {pipe_dir} {t0}")
+        ]
+    );
+    for rec in &outcome.apps {
+        assert_eq!(rec.error, None);
+        assert_eq!(rec.sent_ns, vec![7]);
+        assert_eq!(rec.stages.len(), 3);
+        assert_eq!(rec.stages[2][0].output.as_deref(), Some("done"));
+    }
+}
