@@ -289,13 +289,27 @@ plan() {
     return $status
 }
 
+# There: paper 004's study of concurrent apps (scripts/apps_study.py, docs/apps.md), with the
+# Vulkan driver made findable for the graphics stage (carry ".gl" with "stage"):
+#   RESULTS=results/h100-apps-study bash scripts/gpu-test.sh apps-study --apps 1,2,3 --duration 15
+# The results folder (per-job CSVs left out) comes back as $OUT/apps-study.tgz.
+apps_study() {
+    local out=${OUT:-/tmp/isolane-out} results=${RESULTS:-results/apps-study} status=0
+    mkdir -p "$out"
+    vulkan_setup
+    python3 scripts/apps_study.py --isolane stage/isolane --out "$results" "$@" || status=$?
+    tar czf "$out/apps-study.tgz" --exclude='*/jobs/*.csv' "$results"
+    return $status
+}
+
 case "${1:-}" in
     stage) stage ;;
+    apps-study) shift; apps_study "$@" ;;
     run) shift; run "$@" ;;
     bench) shift; bench "$@" ;;
     engine-checks) shift; engine_checks "$@" ;;
     leaks) leaks ;;
     memory) memory ;;
     plan) shift; plan "$@" ;;
-    *) echo "usage: $0 stage | run [TEST_BINARY_NAME...] | bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS] | engine-checks [PARTS] | leaks | memory | plan [NAME...]" >&2; exit 2 ;;
+    *) echo "usage: $0 stage | apps-study [ARGS] | run [TEST_BINARY_NAME...] | bench [MODELS] [BATCHES] [PRECISIONS] [REPLAYS] | engine-checks [PARTS] | leaks | memory | plan [NAME...]" >&2; exit 2 ;;
 esac
