@@ -184,6 +184,39 @@ impl<T: Clone> Arr<T> {
         }
     }
 
+    /// ONNX CumSum along `axis` (normalised): each element the sum of those before it along
+    /// the axis (`exclusive`: without itself), counted from the end when `reverse`.
+    pub fn cumsum(&self, axis: usize, exclusive: bool, reverse: bool) -> Arr<T>
+    where
+        T: Copy + Default + std::ops::Add<Output = T>,
+    {
+        let n = self.shape[axis];
+        let inner: usize = self.shape[axis + 1..].iter().product();
+        let outer: usize = self.shape[..axis].iter().product();
+        let mut out = self.data.clone();
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut acc = T::default();
+                for step in 0..n {
+                    let k = if reverse { n - 1 - step } else { step };
+                    let at = (o * n + k) * inner + i;
+                    let v = self.data[at];
+                    if exclusive {
+                        out[at] = acc;
+                        acc = acc + v;
+                    } else {
+                        acc = acc + v;
+                        out[at] = acc;
+                    }
+                }
+            }
+        }
+        Arr {
+            shape: self.shape.clone(),
+            data: out,
+        }
+    }
+
     pub fn map<U>(&self, f: impl Fn(&T) -> U) -> Arr<U> {
         Arr {
             shape: self.shape.clone(),
@@ -374,5 +407,31 @@ mod tests {
         let b = Arr::new(vec![3], vec![10, 20, 30]);
         let s = zip(&a, &b, |x, y| Ok(x + y)).unwrap();
         assert_eq!(s.data, vec![10, 21, 32, 13, 24, 35]);
+    }
+
+    #[test]
+    fn cumsum_follows_onnx_along_an_inner_axis_exclusive_and_reversed() {
+        // [[1, 2, 3], [4, 5, 6]] along axis 1 (ONNX CumSum's own examples use these flags).
+        let a = Arr::new(vec![2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(
+            a.cumsum(1, false, false).data,
+            vec![1.0, 3.0, 6.0, 4.0, 9.0, 15.0]
+        );
+        assert_eq!(
+            a.cumsum(1, true, false).data,
+            vec![0.0, 1.0, 3.0, 0.0, 4.0, 9.0]
+        );
+        assert_eq!(
+            a.cumsum(1, false, true).data,
+            vec![6.0, 5.0, 3.0, 15.0, 11.0, 6.0]
+        );
+        assert_eq!(
+            a.cumsum(1, true, true).data,
+            vec![5.0, 3.0, 0.0, 11.0, 6.0, 0.0]
+        );
+        assert_eq!(
+            a.cumsum(0, false, false).data,
+            vec![1.0, 2.0, 3.0, 5.0, 7.0, 9.0]
+        );
     }
 }

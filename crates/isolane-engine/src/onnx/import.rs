@@ -207,6 +207,24 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// An int attribute's value, without marking it read (a look before the op's own reading).
+    fn peek_int(&self, name: &str) -> Option<i64> {
+        self.n
+            .attribute
+            .iter()
+            .find(|a| a.name() == name)
+            .map(|a| a.i())
+    }
+
+    /// An ints attribute's value, without marking it read.
+    fn peek_ints(&self, name: &str) -> Option<Vec<i64>> {
+        self.n
+            .attribute
+            .iter()
+            .find(|a| a.name() == name)
+            .map(|a| a.ints.clone())
+    }
+
     /// Accepts an attribute that has no effect on inference (e.g. BatchNorm's momentum).
     fn ignore(&self, name: &str) {
         let _ = self.attr(name);
@@ -246,6 +264,9 @@ struct Importer<'m> {
     /// Every value name some node or the graph output reads.
     used: HashSet<&'m str>,
     fresh: usize,
+    /// Values the size of the batch whose rows are all equal (a ConstantOfShape([B, ...]) and
+    /// what is computed from it row by row), held with one row: [`batch_uniform`] says how.
+    uniform: HashSet<String>,
 }
 
 /// An axis normalised against a rank, or an error naming the node.
@@ -277,6 +298,7 @@ impl<'m> Importer<'m> {
             ir_consts: HashMap::new(),
             used,
             fresh: 0,
+            uniform: HashSet::new(),
         }
     }
 
@@ -335,6 +357,12 @@ impl<'m> Importer<'m> {
                 self.vals.get(name).cloned().ok_or_else(|| {
                     self.invalid(format!("graph output {name:?} is never computed"))
                 })?;
+            if self.uniform.contains(name) {
+                return Err(self.invalid(format!(
+                    "graph output {name:?} is built from a ConstantOfShape the size of the batch \
+                     without meeting the input: isolane holds such values with one row"
+                )));
+            }
             self.check_declared_output(k, &v)?;
             let id = match v {
                 Val::Dyn(d) => d.id,
@@ -540,9 +568,21 @@ impl<'m> Importer<'m> {
         if !matches!(n.domain(), "" | "ai.onnx") {
             return Err(c.unsupported_op());
         }
+        let reads_uniform = n.input.iter().any(|i| self.uniform.contains(i));
+        if reads_uniform {
+            batch_uniform::check(self, &c)?;
+        }
         let outs = self.dispatch(&c)?;
         c.check_all_read()?;
+        // (Shape's output is the shape, with the batch size in it: not a value the size of it.)
+        let makes_uniform =
+            (reads_uniform && c.op() != "Shape") || batch_uniform::made_by(self, &c);
         for (i, name) in n.output.iter().enumerate() {
+            // A row-wise op of a uniform value stays uniform unless it met a batched tensor
+            // (broadcast at run time: its result is the real batch).
+            if makes_uniform && outs.get(i).is_some_and(|v| !batch_uniform::batched(v)) {
+                self.uniform.insert(name.clone());
+            }
             if name.is_empty() {
                 continue;
             }
@@ -609,9 +649,12 @@ impl<'m> Importer<'m> {
                 Ok(vec![cast(c, x, to)?])
             }
             "ConstantOfShape" => {
-                let shape = self
-                    .ints_input(c, 0, "shape")?
-                    .ok_or_else(|| c.bad("missing shape input"))?;
+                let shape = match batch_uniform::one_row_shape(self, c)? {
+                    Some(one_row) => one_row,
+                    None => self
+                        .ints_input(c, 0, "shape")?
+                        .ok_or_else(|| c.bad("missing shape input"))?,
+                };
                 let shape: Vec<usize> = shape
                     .iter()
                     .map(|&d| {
@@ -632,6 +675,7 @@ impl<'m> Importer<'m> {
                 }])
             }
             "Range" => self.range(c),
+            "CumSum" => self.cumsum(c),
             "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" => self.compare(c, &op),
             "Not" => match self.req(c, 0)? {
                 Val::B(a) => Ok(vec![Val::B(a.map(|b| !b))]),
@@ -879,7 +923,10 @@ impl<'m> Importer<'m> {
 
     fn shape_op(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let x = self.req(c, 0)?;
-        let s = x.sym_shape().map_err(|e| c.bad(e))?;
+        let mut s = x.sym_shape().map_err(|e| c.bad(e))?;
+        if self.uniform.contains(&c.n.input[0]) {
+            s[0] = batch_uniform::BATCH;
+        }
         let r = s.len() as i64;
         let clampi = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) };
         let start = clampi(c.int("start", 0)?) as usize;
@@ -890,6 +937,26 @@ impl<'m> Importer<'m> {
             vec![]
         };
         Ok(vec![Val::I(Arr::new(vec![part.len()], part))])
+    }
+
+    /// CumSum of a float constant (positional encodings are cumulated masks); a runtime
+    /// tensor's is not supported.
+    fn cumsum(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+        let exclusive = c.int("exclusive", 0)? != 0;
+        let reverse = c.int("reverse", 0)? != 0;
+        let x = self.req(c, 0)?;
+        let axis = syms_static(c, &self.req(c, 1)?, "axis")?;
+        let &[axis] = axis.as_slice() else {
+            return Err(c.bad(format!("axis must hold one value, holds {}", axis.len())));
+        };
+        let a = norm_axis(c, axis, x.rank())?;
+        match x {
+            Val::F(arr) => Ok(vec![Val::F(arr.cumsum(a, exclusive, reverse))]),
+            other => Err(c.bad(format!(
+                "CumSum of {} is not supported (float constants only)",
+                other.kind()
+            ))),
+        }
     }
 
     fn range(&mut self, c: &Ctx) -> Result<Vec<Val>> {
@@ -1879,7 +1946,10 @@ impl<'m> Importer<'m> {
     fn reshape(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let allowzero = c.int("allowzero", 0)? != 0;
         let x = self.req(c, 0)?;
-        let shape = known_shape(c, self.req(c, 1)?)?;
+        let mut shape = known_shape(c, self.req(c, 1)?)?;
+        if self.uniform.contains(&c.n.input[0]) {
+            shape[0] = Sym::k(1);
+        }
         if allowzero && shape.iter().any(|s| *s == Sym::k(0)) {
             return Err(c.unsupported_attr(
                 "allowzero",
@@ -2654,5 +2724,138 @@ mod tests {
         // Each pad within bounds, but the padded tensor far too large.
         let e = check_pads(&shape, &[0, 1, 2, 3], &[MAX_PAD; 8]).unwrap_err();
         assert!(e.contains("far too large"), "{e}");
+    }
+}
+
+/// Values the size of the batch that do not depend on the input's rows.
+///
+/// PyTorch's classic exporter writes `torch.zeros(x.shape[0], h, w)` (edgenext's positional
+/// encoding: a mask of zeros, cumulated, through sin/cos and a 1×1 convolution, then added to
+/// the activations) as a ConstantOfShape whose shape holds the batch size, which import-time
+/// folding cannot know. Every row of such a value is the same, so it is held with one row and
+/// broadcast where it meets the batched activations, which gives each row what the model
+/// computes. That holds only while every op treats rows alike: [`check`] admits the row-wise
+/// ops whose dimension 0 stays the batch and refuses the rest by name.
+mod batch_uniform {
+    use super::*;
+
+    /// The batch size as a symbolic integer (`1·B + 0`).
+    pub(super) const BATCH: Sym = Sym { a: 1, c: 0 };
+
+    /// The shape of a ConstantOfShape whose shape input is `[B, fixed...]`, with one row.
+    pub(super) fn one_row_shape(im: &Importer, c: &Ctx) -> Result<Option<Vec<i64>>> {
+        let Some(Val::I(a)) = im.get(c, 0)? else {
+            return Ok(None);
+        };
+        match a.data.split_first() {
+            Some((&first, rest)) if first == BATCH && rest.iter().all(|s| s.is_const()) => Ok(
+                Some(std::iter::once(1).chain(rest.iter().map(|s| s.c)).collect()),
+            ),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether node `c` just created a uniform value (a ConstantOfShape of `[B, ...]`).
+    pub(super) fn made_by(im: &Importer, c: &Ctx) -> bool {
+        c.op() == "ConstantOfShape" && matches!(one_row_shape(im, c), Ok(Some(_)))
+    }
+
+    /// A value whose dimension 0 is the batch (a runtime tensor of the real batch).
+    pub(super) fn batched(v: &Val) -> bool {
+        v.sym_shape()
+            .ok()
+            .and_then(|s| s.first().copied())
+            .is_some_and(|d| !d.is_const())
+    }
+
+    /// Refuses node `c`, which reads a uniform value, unless it treats rows alike and keeps
+    /// dimension 0 the batch.
+    pub(super) fn check(im: &Importer, c: &Ctx) -> Result<()> {
+        let op = c.op();
+        let keeps_rows = match op {
+            "Identity" | "Cast" | "CastLike" | "Not" | "Neg" | "Abs" | "Sin" | "Cos" | "Exp"
+            | "Log" | "Sqrt" | "Relu" | "Sigmoid" | "Tanh" | "Erf" | "Reciprocal" | "Floor"
+            | "Ceil" | "Clip" | "HardSwish" | "Shape" | "Conv" | "BatchNormalization"
+            | "MaxPool" | "AveragePool" | "GlobalAveragePool" => true,
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "And" | "Or" | "Equal" | "Less" | "Greater"
+            | "LessOrEqual" | "GreaterOrEqual" | "Where" | "Max" | "Min" | "Mod" => {
+                broadcasts_by_row(im, c)?
+            }
+            "CumSum" => !axes_touch_rows(im, c, 1)?,
+            "Slice" => !axes_touch_rows(im, c, 3)?,
+            "Unsqueeze" | "Squeeze" => {
+                let axes = if im.m.opset >= 13 {
+                    im.ints_input(c, 1, "axes")?
+                } else {
+                    c.peek_ints("axes")
+                };
+                axes.is_some_and(|a| !a.contains(&0))
+            }
+            "Transpose" => c.peek_ints("perm").is_some_and(|p| p.first() == Some(&0)),
+            "Concat" => {
+                c.peek_int("axis")
+                    .is_some_and(|a| a != 0 && a != -rank_of(im, c))
+                    && c.n
+                        .input
+                        .iter()
+                        .all(|i| i.is_empty() || im.uniform.contains(i))
+            }
+            "Reshape" => {
+                let target = super::known_shape(c, im.req(c, 1)?).ok();
+                target.is_some_and(|t| t.first().is_some_and(|&d| d == BATCH || d == Sym::k(0)))
+            }
+            "Softmax" | "LayerNormalization" => c.peek_int("axis").unwrap_or(-1) != 0,
+            _ => false,
+        };
+        if keeps_rows {
+            return Ok(());
+        }
+        let name =
+            c.n.input
+                .iter()
+                .find(|i| im.uniform.contains(*i))
+                .cloned()
+                .unwrap_or_default();
+        Err(c.bad(format!(
+            "{op} of {name:?}, a value the size of the batch built by a ConstantOfShape \
+             (isolane holds it with one row, the rows being equal), in a way that does not \
+             treat its rows alike or moves the batch from dimension 0: not supported"
+        )))
+    }
+
+    fn rank_of(im: &Importer, c: &Ctx) -> i64 {
+        c.n.input
+            .iter()
+            .find_map(|i| im.vals.get(i))
+            .map_or(0, |v| v.rank() as i64)
+    }
+
+    /// An elementwise op of uniform values and others that broadcast along dimension 0: of
+    /// lower rank, one row, uniform too, or batched at run time.
+    fn broadcasts_by_row(im: &Importer, c: &Ctx) -> Result<bool> {
+        let rank = rank_of(im, c) as usize;
+        for (i, name) in c.n.input.iter().enumerate() {
+            if name.is_empty() || im.uniform.contains(name) {
+                continue;
+            }
+            let Some(v) = im.get(c, i)? else { continue };
+            let s = v.sym_shape().map_err(|e| c.bad(e))?;
+            let fine =
+                s.len() < rank || s.first().is_some_and(|&d| d == Sym::k(1) || !d.is_const());
+            if s.len() > rank || !fine {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether the axes of node `c` (its input `i`) include dimension 0. Absent axes do: a
+    /// Slice without them starts at axis 0, and CumSum requires its axis.
+    fn axes_touch_rows(im: &Importer, c: &Ctx, i: usize) -> Result<bool> {
+        let rank = rank_of(im, c);
+        Ok(match im.ints_input(c, i, "axes")? {
+            Some(axes) => axes.iter().any(|&a| a == 0 || a == -rank),
+            None => true,
+        })
     }
 }
