@@ -924,8 +924,8 @@ impl<'m> Importer<'m> {
     fn shape_op(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let x = self.req(c, 0)?;
         let mut s = x.sym_shape().map_err(|e| c.bad(e))?;
-        if self.uniform.contains(&c.n.input[0]) {
-            s[0] = batch_uniform::BATCH;
+        if let (true, Some(d)) = (self.uniform.contains(&c.n.input[0]), s.first_mut()) {
+            *d = batch_uniform::BATCH;
         }
         let r = s.len() as i64;
         let clampi = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) };
@@ -1947,8 +1947,8 @@ impl<'m> Importer<'m> {
         let allowzero = c.int("allowzero", 0)? != 0;
         let x = self.req(c, 0)?;
         let mut shape = known_shape(c, self.req(c, 1)?)?;
-        if self.uniform.contains(&c.n.input[0]) {
-            shape[0] = Sym::k(1);
+        if let (true, Some(d)) = (self.uniform.contains(&c.n.input[0]), shape.first_mut()) {
+            *d = Sym::k(1);
         }
         if allowzero && shape.iter().any(|s| *s == Sym::k(0)) {
             return Err(c.unsupported_attr(
