@@ -313,7 +313,7 @@ fn every_app_example_validates_and_the_gpu_one_is_admitted_on_an_h100() {
         assert!(!apps.is_empty(), "{}", p.display());
         isolane_app::partitions::check_device(&s.device).unwrap();
         let mut w = s.clone();
-        w.workloads = isolane_app::partitions::as_workloads(&apps, s.device.backend, s.device.host);
+        w.workloads = isolane_app::partitions::as_workloads(&apps, &s.device);
         w.validate(&models)
             .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         if s.device.backend == isolane_core::spec::Backend::Cuda {

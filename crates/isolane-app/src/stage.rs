@@ -103,6 +103,7 @@ pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Sta
             device,
             alpha,
             save_every,
+            ..
         } => {
             let mut g = GraphicsStage::new(device, *alpha)?;
             if let (Some(n), Some(dir)) = (save_every, &ctx.save_dir) {

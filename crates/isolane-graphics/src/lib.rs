@@ -30,4 +30,6 @@ pub use config::RendererConfig;
 pub use error::GraphicsError;
 pub use renderer::{GpuTiming, RenderTiming, Renderer};
 pub use scene::{BoxOverlay, FrameRef, MaskRef, Overlay, Palette};
-pub use select::{DeviceInfo, DeviceKind, DevicePreference, DEVICE_ENV};
+pub use select::{
+    format_gpu_uuid, parse_gpu_uuid, DeviceInfo, DeviceKind, DevicePreference, DEVICE_ENV,
+};

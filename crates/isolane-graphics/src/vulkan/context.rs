@@ -165,14 +165,29 @@ fn describe(
         .map(CStr::to_string_lossy)
         .map(|n| n.into_owned())
         .unwrap_or_else(|_| "(unnamed device)".to_string());
+    let at_least_1_1 = properties.api_version >= API_VERSION;
     let info = DeviceInfo {
         name,
         kind: kind(properties.device_type),
         vendor_id: properties.vendor_id,
-        can_draw: family.is_some() && properties.api_version >= API_VERSION,
+        can_draw: family.is_some() && at_least_1_1,
+        uuid: at_least_1_1.then(|| device_uuid(instance, physical)),
     };
     let index = family.map_or(0, |(i, _)| i);
     (info, family.map(|(_, f)| f), index)
+}
+
+/// The device's `deviceUUID` (core in Vulkan 1.1, which the caller checked the device has):
+/// for an NVIDIA GPU, the UUID CUDA gives it.
+fn device_uuid(instance: &ash::Instance, physical: vk::PhysicalDevice) -> [u8; 16] {
+    let mut id = vk::PhysicalDeviceIDProperties::default();
+    {
+        let mut properties = vk::PhysicalDeviceProperties2::default().push_next(&mut id);
+        // SAFETY: `physical` came from this instance (created for Vulkan 1.1) and supports
+        // 1.1; `properties` and the chained `id` are valid, writable and outlive the call.
+        unsafe { instance.get_physical_device_properties2(physical, &mut properties) };
+    }
+    id.device_uuid
 }
 
 fn kind(device_type: vk::PhysicalDeviceType) -> DeviceKind {
