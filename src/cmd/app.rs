@@ -101,9 +101,10 @@ pub fn run(
     }
     let workloads = model_workloads(&scenario, &apps, &scenario_name)?;
     preflight(&apps, &scenario_name)?;
+    let admitted = super::admit_or_refuse(&workloads, &scenario_name)?;
+    // After admission, which has found the GPUs (a machine without CUDA is told so there).
     isolane_app::placement::pin_render_devices(&mut apps, &scenario.device, &cuda_uuid)
         .map_err(|(field, m)| user(format!("{scenario_name}: {field}: {m}")))?;
-    let admitted = super::admit_or_refuse(&workloads, &scenario_name)?;
     let out = super::run::prepare_out(args.out.as_deref(), args.force)?;
     let text = std::fs::read(&scenario_name).with_context(|| format!("reading {scenario_name}"))?;
     output::write_atomic(&out.join("scenario.toml"), &text)?;

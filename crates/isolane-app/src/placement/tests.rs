@@ -225,3 +225,49 @@ fn several_gpus_give_each_apps_workloads_its_gpu() {
     process.mechanism = Mechanism::Mps;
     assert_eq!(gpus(&process), [Some(1), Some(0)]);
 }
+
+/// Admission counts each app's green groups on its own GPU: two apps of 104 SMs fit an H100
+/// (132 SMs) each, not one; the refusal names the GPU.
+#[test]
+fn admission_counts_each_apps_partitions_on_its_gpu() {
+    use isolane_core::admission::{admit, AdmissionOptions};
+    let h100 = isolane_core::device_model::device_model("h100-sxm").unwrap();
+    let two = device(Backend::Cuda, &[0, 1]);
+    let admitted = |gpus: [Option<u32>; 2]| {
+        let text: String = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                app(&format!("a{i}"), *g, "").replace(
+                    "kind = \"model\"",
+                    "kind = \"model\"\npartition = { sms = 104 }",
+                )
+            })
+            .collect();
+        let apps = parse(&text).unwrap();
+        let scenario = isolane_core::spec::Scenario {
+            device: two.clone(),
+            timing: Default::default(),
+            protection: Default::default(),
+            workloads: crate::partitions::as_workloads(&apps, &two),
+        };
+        let memory = vec![None; scenario.workloads.len()];
+        admit(&scenario, &h100, &memory, &AdmissionOptions::default())
+    };
+    let plan = admitted([Some(0), Some(1)]).unwrap();
+    let placed: Vec<(String, Option<u32>)> = plan
+        .workloads
+        .iter()
+        .map(|w| (w.workload.clone(), w.gpu))
+        .collect();
+    assert_eq!(
+        placed,
+        [
+            ("a0.net".to_string(), Some(0)),
+            ("a1.net".to_string(), Some(1))
+        ]
+    );
+    // Both on the first GPU (one by default): 208 SMs of its 132.
+    let refused = admitted([None, Some(0)]).unwrap_err();
+    assert!(refused.iter().all(|r| r.gpu == Some(0)), "{refused:?}");
+}
