@@ -96,6 +96,7 @@ read -r rest
 fn apps_are_mps_clients_of_their_gpus_daemon() {
     each_app_is_an_mps_client_with_its_apps_partition();
     apps_on_two_gpus_are_clients_of_their_gpus_daemons();
+    time_sliced_apps_on_two_gpus_are_told_their_gpu();
 }
 
 fn each_app_is_an_mps_client_with_its_apps_partition() {
@@ -355,6 +356,87 @@ fn apps_on_two_gpus_are_clients_of_their_gpus_daemons() {
         [
             format!("left 50 none {left} {t0} 0 0 {}", render(1)),
             format!("right 70 none {right} {t0} 1 0 {}", render(1)),
+        ]
+    );
+}
+
+/// Time-sliced, each app's process is told its GPU by index (`ISOLANE_WORKER_GPU`), sees every
+/// GPU (no `CUDA_VISIBLE_DEVICES`), and is sent its graphics stage's UUID as under MPS.
+fn time_sliced_apps_on_two_gpus_are_told_their_gpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("s.toml");
+    let text = TWO_GPUS
+        .replace("partition = { thread_pct = 50 }\n", "")
+        .replace("partition = { thread_pct = 70 }\n", "");
+    let device = DeviceSpec {
+        backend: Backend::Cuda,
+        gpu: 0,
+        gpus: vec![0, 1],
+        mechanism: Mechanism::Timeslice,
+        host: Host::Process,
+    };
+    let mut apps = parse_apps(&text, &file, &Names).unwrap();
+    let uuid = |g: u32| format!("GPU-{g}{g}{g}{g}{g}{g}{g}{g}-0000-0000-0000-000000000000");
+    isolane_app::placement::pin_render_devices(&mut apps, &device, &|g| Ok(uuid(g))).unwrap();
+    let admitted = Plan {
+        device: "test".into(),
+        mechanism: Mechanism::Timeslice,
+        workloads: isolane_app::partitions::as_workloads(&apps, &device)
+            .iter()
+            .map(|w| AdmittedWorkload {
+                workload: w.name.clone(),
+                partition: ResolvedPartition::Whole,
+                memory_mib: None,
+                gpu: w.gpu,
+            })
+            .collect(),
+    };
+    let log = tmp.path().join("workers.log");
+    let script = tmp.path().join("worker.sh");
+    std::fs::write(&script, fake_worker(&log)).unwrap();
+    let command = WorkerCommand {
+        program: PathBuf::from("/bin/sh"),
+        args: vec![script.display().to_string()],
+        env: Vec::new(),
+    };
+    let timing = TimingSpec::default();
+    let stop = AtomicBool::new(false);
+    let outcome = isolane_session::with_partitions(
+        0,
+        &admitted,
+        isolane_session::PartitionChoices::default(),
+        |session| {
+            let env = session.worker_env().clone();
+            let run = WorkerRun {
+                command: &command,
+                scenario: &file,
+                text: &text,
+                device: &device,
+                timing: &timing,
+                out: None,
+                no_plan_check: false,
+                env: &env,
+                on_start: &|_| {},
+                stop: &stop,
+            };
+            Ok::<_, std::convert::Infallible>(run_in_workers(&apps, &run))
+        },
+    )
+    .unwrap()
+    .unwrap()
+    .unwrap();
+    let seen = std::fs::read_to_string(&log).unwrap();
+    let mut lines: Vec<&str> = seen.lines().collect();
+    lines.sort_unstable();
+    let t0 = outcome.t0_ns;
+    let render = format!("\"render_devices\":{{\"draw\":\"{}\"}}", uuid(1));
+    // No MPS: no thread percentage, no limit, the test's own (unused) pipe directory.
+    let pipe = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap();
+    assert_eq!(
+        lines,
+        [
+            format!("left  none {pipe} {t0}  0 {render}"),
+            format!("right  none {pipe} {t0}  1 {render}"),
         ]
     );
 }
