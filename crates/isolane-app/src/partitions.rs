@@ -19,9 +19,10 @@ pub fn workload_name(app: &AppSpec, model: &str) -> String {
 }
 
 /// Every model of `apps` as a workload (batch 1, at the app's frame rate, on the backend of
-/// the scenario's `device`, on the app's GPU). With `host = "process"` an app is one process, i.e. one partition
-/// (one MPS client): one workload per app, named as the app, with the app's partition and its
-/// first model (admission counts that model's memory); an app without a model has none.
+/// the scenario's `device`, on the app's GPU). With `host = "process"` an app is one process,
+/// i.e. one partition (one MPS client): one workload per app, named as the app, with the app's
+/// partition and its first model (admission counts that model's memory); an app without a
+/// model has none.
 /// With several GPUs every workload names its app's GPU, as core's resolved scenario does for
 /// a `[[workload]]`: admission then counts it on that GPU, and the partition session sets its
 /// partition up there (a green group on that GPU, its GPU's MPS daemon, or a worker told its
