@@ -514,6 +514,38 @@ fn gpu_keys_outside_the_devices_gpus_are_refused_with_exit_2() {
     );
 }
 
+/// A graphics stage on a GPU's UUID that no Vulkan device has (here: a CUDA GPU whose
+/// Vulkan driver is missing) fails the run at the stage's build, before any frame, naming the
+/// UUID and listing the devices there are.
+#[test]
+fn a_render_device_uuid_no_vulkan_device_has_fails_before_any_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let uuid = "GPU-ffffffff-ffff-ffff-ffff-ffffffffffff";
+    let text = std::fs::read_to_string(example("render-cpu.toml"))
+        .unwrap()
+        .replace("save_every = 8", &format!("device = \"{uuid}\""));
+    let p = scenario(dir.path(), "s.toml", &text);
+    let out = dir.path().join("out");
+    let o = isolane()
+        .arg("run")
+        .arg(&p)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("draw") && stderr.contains("Vulkan"),
+        "{stderr}"
+    );
+    // Where there is a Vulkan driver at all (lavapipe in CI), the message names the UUID.
+    if !stderr.contains("install") {
+        assert!(stderr.contains(uuid), "{stderr}");
+    }
+    assert!(!out.join("apps").exists(), "no frame ran");
+}
+
 /// Issue 18's three set-ups on two GPUs, through the binary, a few seconds each: (a) every
 /// app on GPU 0, (b) spread, (c) compute on GPU 0 and rendering on GPU 1. Each app's MPS
 /// partition is on its GPU and every graphics stage rendered every measured frame.

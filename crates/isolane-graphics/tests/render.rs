@@ -464,6 +464,14 @@ fn a_renderer_asked_for_a_devices_uuid_opens_that_device() {
     })
     .unwrap_or_else(|e| panic!("{text}: {e}"));
     assert_eq!(by_uuid.device(), &info);
+    // Found without opening it, as an app's graphics stage checks at its build.
+    let pref = isolane_graphics::DevicePreference::Uuid(uuid);
+    assert_eq!(isolane_graphics::find_device(&pref).unwrap(), info);
+    let missing = isolane_graphics::DevicePreference::Uuid(uuid.map(|b| !b));
+    assert!(matches!(
+        isolane_graphics::find_device(&missing),
+        Err(GraphicsError::NoMatchingDevice { .. })
+    ));
     // A UUID no device has is refused, the devices listed with theirs.
     let other = uuid.map(|b| !b);
     let err = isolane_graphics::Renderer::new(RendererConfig {

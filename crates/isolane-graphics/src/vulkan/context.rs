@@ -28,28 +28,50 @@ pub(crate) struct Context {
     _entry: ash::Entry,
 }
 
+/// The Vulkan loader and an instance of API 1.1: what both a context and a look at the
+/// devices start from. The caller destroys the instance, before dropping the entry.
+fn instance() -> Result<(ash::Entry, ash::Instance), GraphicsError> {
+    // SAFETY: loading libvulkan runs its initialisers; the loader is a well-behaved system
+    // library, and the Entry is kept for as long as anything made from it.
+    let entry =
+        unsafe { ash::Entry::load() }.map_err(|e| GraphicsError::LoaderMissing(e.to_string()))?;
+    let app = vk::ApplicationInfo::default()
+        .application_name(c"isolane")
+        .api_version(API_VERSION);
+    let create = vk::InstanceCreateInfo::default().application_info(&app);
+    // SAFETY: `create` and what it points to outlive the call.
+    match unsafe { entry.create_instance(&create, None) } {
+        Ok(instance) => Ok((entry, instance)),
+        // What the loader answers when it found no driver at all.
+        Err(vk::Result::ERROR_INCOMPATIBLE_DRIVER) => Err(GraphicsError::NoDevice),
+        Err(result) => Err(GraphicsError::Vulkan {
+            call: "vkCreateInstance",
+            result,
+        }),
+    }
+}
+
+/// Every physical device the driver offers, described as [`choose`] sees them (no device is
+/// opened).
+pub(crate) fn devices() -> Result<Vec<DeviceInfo>, GraphicsError> {
+    let (_entry, instance) = instance()?;
+    // SAFETY: a valid instance.
+    let listed =
+        unsafe { instance.enumerate_physical_devices() }.call("vkEnumeratePhysicalDevices");
+    let infos = listed.map(|physicals| {
+        physicals
+            .iter()
+            .map(|&p| describe(&instance, p).0)
+            .collect()
+    });
+    // SAFETY: nothing was made from the instance (physical devices are not destroyed).
+    unsafe { instance.destroy_instance(None) };
+    infos
+}
+
 impl Context {
     pub fn new(preference: &DevicePreference) -> Result<Self, GraphicsError> {
-        // SAFETY: loading libvulkan runs its initialisers; the loader is a well-behaved system
-        // library, and the Entry is kept for as long as anything made from it.
-        let entry = unsafe { ash::Entry::load() }
-            .map_err(|e| GraphicsError::LoaderMissing(e.to_string()))?;
-        let app = vk::ApplicationInfo::default()
-            .application_name(c"isolane")
-            .api_version(API_VERSION);
-        let create = vk::InstanceCreateInfo::default().application_info(&app);
-        // SAFETY: `create` and what it points to outlive the call.
-        let instance = match unsafe { entry.create_instance(&create, None) } {
-            Ok(instance) => instance,
-            // What the loader answers when it found no driver at all.
-            Err(vk::Result::ERROR_INCOMPATIBLE_DRIVER) => return Err(GraphicsError::NoDevice),
-            Err(result) => {
-                return Err(GraphicsError::Vulkan {
-                    call: "vkCreateInstance",
-                    result,
-                })
-            }
-        };
+        let (entry, instance) = instance()?;
         match open_device(&instance, preference) {
             Ok(parts) => Ok(Self {
                 device: parts.device,
