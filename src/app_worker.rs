@@ -29,6 +29,8 @@ impl AppRunner for AppWorker {
             .into_iter()
             .find(|a| a.name == setup.app)
             .ok_or_else(|| format!("the scenario has no app `{}`", setup.app))?;
+        // The coordinator looked up the GPU UUIDs (this process may see only its own GPU).
+        isolane_app::placement::set_render_devices(&mut app, &setup.render_devices)?;
         if setup.no_plan_check {
             for m in app.models_mut() {
                 m.plan_check = false;

@@ -63,13 +63,49 @@ fn gpu_examples_are_admitted_on_an_h100() {
         .map(|m| m.name)
         .collect();
     let h100 = isolane_core::device_model::device_model("h100-sxm").unwrap();
+    let mut with_apps = 0;
     for p in &files {
-        let s = Scenario::load(p, &models).unwrap_or_else(|err| panic!("{}: {err}", p.display()));
+        let mut s =
+            Scenario::load(p, &models).unwrap_or_else(|err| panic!("{}: {err}", p.display()));
+        with_apps += usize::from(add_app_workloads(p, &mut s));
         let mem = vec![None; s.workloads.len()];
-        admit(&s, &h100, &mem, &AdmissionOptions::default())
+        let plan = admit(&s, &h100, &mem, &AdmissionOptions::default())
             .unwrap_or_else(|r| panic!("{}: {r:?}", p.display()));
+        let name = p.file_name().unwrap().to_string_lossy();
+        if name.starts_with("two-gpus-apps-") {
+            two_gpu_apps_placed(&name, &plan);
+        }
     }
     assert!(files.len() >= 4, "{files:?}");
+    assert!(with_apps >= 3, "the two-GPU app examples");
+}
+
+/// A file with `[[app]]`s: its apps' models become its workloads (as `isolane run` checks
+/// them: each on its app's GPU), checked by the apps' own rules. Returns whether it had any.
+fn add_app_workloads(p: &std::path::Path, s: &mut Scenario) -> bool {
+    let text = std::fs::read_to_string(p).unwrap();
+    let apps = isolane_app::spec::parse_apps(&text, p, &isolane_app::spec::EngineModels)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    if apps.is_empty() {
+        return false;
+    }
+    isolane_app::partitions::check_device(&s.device).unwrap();
+    isolane_app::partitions::check_gpus(&s.device, &apps)
+        .unwrap_or_else(|e| panic!("{}: {e:?}", p.display()));
+    s.workloads = isolane_app::partitions::as_workloads(&apps, &s.device);
+    true
+}
+
+/// Issue 18's set-ups: (a) every app's MPS client on GPU 0, (b) spread over both GPUs, (c)
+/// compute on GPU 0 (the graphics stages render on GPU 1, which admission does not count).
+fn two_gpu_apps_placed(name: &str, plan: &isolane_core::admission::Plan) {
+    let gpus: Vec<Option<u32>> = plan.workloads.iter().map(|w| w.gpu).collect();
+    let expected = match name {
+        "two-gpus-apps-a-one-gpu.toml" | "two-gpus-apps-c-split.toml" => [Some(0); 3],
+        "two-gpus-apps-b-spread.toml" => [Some(0), Some(1), Some(0)],
+        other => panic!("{other}: a two-GPU app example this test does not know"),
+    };
+    assert_eq!(gpus, expected, "{name}");
 }
 
 /// The co-execution examples (docs/coexec.md) are valid jobs files, and every cell the H100

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use isolane_app::partitions::{
-    as_workloads, check_device, check_gpu_stages, check_process_partitions, partition_workload,
-    workload_name,
+    as_workloads, check_device, check_gpu_stages, check_gpus, check_process_partitions,
+    partition_workload, workload_name,
 };
 use isolane_app::run::{run_apps, RunError, RunOutcome, RunSettings};
 use isolane_app::spec::{parse_apps, AppSpec, EngineModels};
@@ -49,9 +49,12 @@ pub fn model_workloads(
         .map_err(|(field, m)| user(format!("{file}: {field}: {m}")))?;
     check_process_partitions(apps, scenario.device.host)
         .map_err(|(field, m)| user(format!("{file}: {field}: {m}")))?;
-    super::refuse_several_gpus(scenario, file, "run of [[app]]s")?;
+    // Apps on several GPUs: each app's workloads name its GPU (admission and partitions per
+    // GPU, as for [[workload]]s); its graphics stages are pinned to GPUs in `run`.
+    check_gpus(&scenario.device, apps)
+        .map_err(|(field, m)| user(format!("{file}: {field}: {m}")))?;
     let mut s = scenario.clone();
-    s.workloads = as_workloads(apps, scenario.device.backend, scenario.device.host);
+    s.workloads = as_workloads(apps, &scenario.device);
     if s.workloads.is_empty() {
         // Apps of CPU operators only: no model, nothing to partition.
         return Ok(s);
@@ -99,6 +102,9 @@ pub fn run(
     let workloads = model_workloads(&scenario, &apps, &scenario_name)?;
     preflight(&apps, &scenario_name)?;
     let admitted = super::admit_or_refuse(&workloads, &scenario_name)?;
+    // After admission, which has found the GPUs (a machine without CUDA is told so there).
+    isolane_app::placement::pin_render_devices(&mut apps, &scenario.device, &cuda_uuid)
+        .map_err(|(field, m)| user(format!("{scenario_name}: {field}: {m}")))?;
     let out = super::run::prepare_out(args.out.as_deref(), args.force)?;
     let text = std::fs::read(&scenario_name).with_context(|| format!("reading {scenario_name}"))?;
     output::write_atomic(&out.join("scenario.toml"), &text)?;
@@ -145,6 +151,22 @@ pub fn run(
     }
     println!("results: {}", out.display());
     Ok(super::run::exit_for(summary.status))
+}
+
+/// The UUID of CUDA GPU `index` as this process numbers the GPUs (the numbering of
+/// `device.gpus`), for the Vulkan device of a graphics stage pinned to it.
+fn cuda_uuid(index: u32) -> Result<String, String> {
+    let devices = isolane_gpu::devices::list_devices().map_err(|e| e.to_string())?;
+    devices
+        .iter()
+        .find(|d| d.index == index)
+        .map(|d| d.uuid.clone())
+        .ok_or_else(|| {
+            format!(
+                "GPU {index} renders here, but this machine has {} CUDA device(s)",
+                devices.len()
+            )
+        })
 }
 
 /// Sources are opened and model files read once before anything is written, so that one that

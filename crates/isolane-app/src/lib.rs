@@ -10,6 +10,7 @@
 //! | [`ops`] | the CPU operators: preprocess, YOLOv8 decode + NMS, segmentation argmax, classify, votes |
 //! | [`stage`] | the [`stage::Stage`] trait (the extension point) and the built stages |
 //! | [`partitions`] | an app's models as workloads, for partitions and admission |
+//! | [`placement`] | which CUDA GPU renders each graphics stage (its Vulkan device by UUID) |
 //! | [`models`] | how a model stage gets a compiled model ([`models::ModelBuilder`]) |
 //! | [`run`] | one run of the apps: threads, channels, the release schedule, the records |
 //! | [`workers`] | apps in `isolane worker` processes (MPS, time-slicing): the coordinator's side |
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod models;
 pub mod ops;
 pub mod partitions;
+pub mod placement;
 pub mod run;
 pub mod source;
 pub mod spec;

@@ -113,6 +113,9 @@ pub fn summarize(
                     StageKind::Preprocess(p) if p.device == PreprocessDevice::Gpu => {
                         gpu_preprocess_partition(app, j, partition)
                     }
+                    // Vulkan renders outside the CUDA partitions; a stage pinned to a GPU
+                    // names it by its UUID (crate::placement).
+                    StageKind::Graphics { device, .. } => format!("vulkan, device {device}"),
                     _ => "cpu".to_string(),
                 },
                 processed: ran.clone().count() as u64,

@@ -18,11 +18,20 @@ pub fn workload_name(app: &AppSpec, model: &str) -> String {
     format!("{}.{model}", app.name)
 }
 
-/// Every model of `apps` as a workload (batch 1, at the app's frame rate, on the `backend` of
-/// the scenario's device). With `host = "process"` an app is one process, i.e. one partition
-/// (one MPS client): one workload per app, named as the app, with the app's partition and its
-/// first model (admission counts that model's memory); an app without a model has none.
-pub fn as_workloads(apps: &[AppSpec], backend: Backend, host: Host) -> Vec<WorkloadSpec> {
+/// Every model of `apps` as a workload (batch 1, at the app's frame rate, on the backend of
+/// the scenario's `device`, on the app's GPU). With `host = "process"` an app is one process,
+/// i.e. one partition (one MPS client): one workload per app, named as the app, with the app's
+/// partition and its first model (admission counts that model's memory); an app without a
+/// model has none.
+/// With several GPUs every workload names its app's GPU, as core's resolved scenario does for
+/// a `[[workload]]`: admission then counts it on that GPU, and the partition session sets its
+/// partition up there (a green group on that GPU, its GPU's MPS daemon, or a worker told its
+/// GPU).
+pub fn as_workloads(apps: &[AppSpec], device: &DeviceSpec) -> Vec<WorkloadSpec> {
+    let (backend, host) = (device.backend, device.host);
+    let gpu = |app: &AppSpec| {
+        (backend == Backend::Cuda && device.several_gpus()).then(|| app.gpu_on(device))
+    };
     let workload = |app: &AppSpec, name: String, m: &ModelSpec| WorkloadSpec {
         name,
         model: m.model.clone(),
@@ -44,7 +53,7 @@ pub fn as_workloads(apps: &[AppSpec], backend: Backend, host: Host) -> Vec<Workl
         stretch: None,
         backend,
         program: None,
-        gpu: None,
+        gpu: gpu(app),
     };
     match host {
         Host::Thread => apps
@@ -149,4 +158,48 @@ pub fn check_gpu_stages(device: &DeviceSpec, apps: &[AppSpec]) -> Result<(), (St
         }
     }
     Ok(())
+}
+
+/// Every app's `gpu` and every graphics stage's `gpu` name one of the device's GPUs (as a
+/// `[[workload]]`'s `gpu` must), and only with the CUDA backend: on the CPU there is no CUDA
+/// GPU to compute on, nor one whose UUID would find the Vulkan device that renders.
+/// `Err((field, message))`, the field as `app[i].gpu` or `app[i].stage[j].gpu`.
+pub fn check_gpus(device: &DeviceSpec, apps: &[AppSpec]) -> Result<(), (String, String)> {
+    for (i, app) in apps.iter().enumerate() {
+        let stages = app
+            .stages
+            .iter()
+            .enumerate()
+            .filter_map(|(j, s)| match s.kind {
+                StageKind::Graphics { gpu: Some(g), .. } => {
+                    Some((format!("app[{i}].stage[{j}].gpu"), g))
+                }
+                _ => None,
+            });
+        let named = app.gpu.map(|g| (format!("app[{i}].gpu"), g));
+        for (field, g) in named.into_iter().chain(stages) {
+            check_gpu(device, g).map_err(|m| (field, m))?;
+        }
+    }
+    Ok(())
+}
+
+/// One `gpu` value against the device: the messages of core's check of a workload's `gpu`.
+fn check_gpu(device: &DeviceSpec, g: u32) -> Result<(), String> {
+    if device.backend != Backend::Cuda {
+        return Err(format!(
+            "{g}: not allowed with backend \"cpu\": there is no CUDA GPU to compute or render \
+             on (a graphics stage chooses its Vulkan device with device = ... instead); remove \
+             it, or set [device] backend = \"cuda\""
+        ));
+    }
+    let allowed = device.all_gpus();
+    if allowed.contains(&g) {
+        return Ok(());
+    }
+    let list: Vec<String> = allowed.iter().map(u32::to_string).collect();
+    Err(format!(
+        "found GPU {g}; expected one of the device's GPUs: {} (device.gpu or device.gpus)",
+        list.join(" | ")
+    ))
 }

@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use isolane_core::spec::{PartitionSpec, Precision};
+use isolane_core::spec::{Backend, DeviceSpec, PartitionSpec, Precision};
 use serde::Deserialize;
 
 mod raw;
@@ -50,6 +50,10 @@ pub struct AppSpec {
     pub cpu: Vec<usize>,
     /// The partition of model stages that do not name one.
     pub partition: PartitionSpec,
+    /// The GPU of the app's compute (models, GPU preprocess) and, unless a graphics stage names
+    /// its own, of its rendering: one of `[device] gpus`; `None`: the device's first GPU.
+    /// Read it through [`AppSpec::gpu_on`].
+    pub gpu: Option<u32>,
     pub source: SourceSpec,
     /// In the order of the file; `inputs` index into it (`None`: the source).
     pub stages: Vec<StageSpec>,
@@ -122,6 +126,9 @@ pub enum StageKind {
         alpha: f32,
         /// Save every n-th rendered frame as a PNG under the run's folder.
         save_every: Option<u64>,
+        /// The CUDA GPU that renders (the Vulkan device with its UUID), where the stage names
+        /// one; `None`: the app's GPU. Read it through [`AppSpec::render_gpu`].
+        gpu: Option<u32>,
     },
     Sink,
 }
@@ -294,6 +301,36 @@ impl AppSpec {
         (0..self.stages.len())
             .filter(|&k| self.stages[k].inputs.contains(&Input::Stage(j)))
             .collect()
+    }
+
+    /// The GPU of the app's compute: its own `gpu`, else the device's first.
+    pub fn gpu_on(&self, device: &DeviceSpec) -> u32 {
+        self.gpu.unwrap_or(device.gpu)
+    }
+
+    /// The CUDA GPU a graphics stage renders on, where the run pins it to one (`None`: the
+    /// stage's `device` preference chooses, as on one GPU without `gpu` keys). A stage is
+    /// pinned when it or its app names a GPU, or when the device has several GPUs and the
+    /// stage leaves `device` at `auto` (each app then renders on its own GPU).
+    pub fn render_gpu(&self, stage: &StageSpec, device: &DeviceSpec) -> Option<u32> {
+        let StageKind::Graphics {
+            device: preference,
+            gpu,
+            ..
+        } = &stage.kind
+        else {
+            return None;
+        };
+        if device.backend != Backend::Cuda {
+            return None;
+        }
+        let auto = preference.trim().eq_ignore_ascii_case("auto");
+        match (gpu, self.gpu) {
+            (Some(g), _) => Some(*g),
+            (None, Some(g)) if auto => Some(g),
+            (None, None) if auto && device.several_gpus() => Some(device.gpu),
+            _ => None,
+        }
     }
 
     /// Frame period (ns).

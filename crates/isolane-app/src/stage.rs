@@ -103,6 +103,7 @@ pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Sta
             device,
             alpha,
             save_every,
+            ..
         } => {
             let mut g = GraphicsStage::new(device, *alpha)?;
             if let (Some(n), Some(dir)) = (save_every, &ctx.save_dir) {
@@ -279,8 +280,16 @@ impl SaveFrames {
 
 impl GraphicsStage {
     fn new(device: &str, alpha: f32) -> Result<GraphicsStage, String> {
+        let device: isolane_graphics::DevicePreference =
+            device.parse().map_err(|e| format!("device: {e}"))?;
+        // A stage pinned to a CUDA GPU (crate::placement) checks now that Vulkan has that GPU,
+        // so that a machine without its Vulkan driver fails the run before any frame; other
+        // preferences are looked at with the first frame, as before.
+        if let isolane_graphics::DevicePreference::Uuid(_) = device {
+            isolane_graphics::find_device(&device).map_err(|e| format!("device: {e}"))?;
+        }
         Ok(GraphicsStage {
-            device: device.parse().map_err(|e| format!("device: {e}"))?,
+            device,
             alpha,
             renderer: None,
             rgba: Vec::new(),

@@ -130,6 +130,7 @@ fn setup_for(run: &WorkerRun<'_>, app: &AppSpec, a: usize) -> AppSetup {
         timing,
         out: run.out.map(Path::to_path_buf),
         no_plan_check: run.no_plan_check,
+        render_devices: crate::placement::render_devices(app),
     }
 }
 

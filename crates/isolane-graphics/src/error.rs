@@ -24,7 +24,7 @@ pub enum GraphicsError {
     #[error("no Vulkan device matches {wanted}; devices found: {available}")]
     NoMatchingDevice { wanted: String, available: String },
     /// A device preference string that does not parse.
-    #[error("invalid Vulkan device preference {0:?}: expected auto, gpu, cpu, an index or part of a device name")]
+    #[error("invalid Vulkan device preference {0:?}: expected auto, gpu, cpu, an index, a GPU UUID (GPU-...) or part of a device name")]
     BadDevicePreference(String),
     /// A Vulkan call returned an error.
     #[error("Vulkan call {call} failed: {result}")]

@@ -30,4 +30,15 @@ pub use config::RendererConfig;
 pub use error::GraphicsError;
 pub use renderer::{GpuTiming, RenderTiming, Renderer};
 pub use scene::{BoxOverlay, FrameRef, MaskRef, Overlay, Palette};
-pub use select::{DeviceInfo, DeviceKind, DevicePreference, DEVICE_ENV};
+pub use select::{
+    format_gpu_uuid, parse_gpu_uuid, DeviceInfo, DeviceKind, DevicePreference, DEVICE_ENV,
+};
+
+/// The device a renderer with `preference` would open, found without opening it: a caller
+/// can check its choice before it has a frame to size a renderer by (an app's graphics stage
+/// pinned to a GPU's UUID fails at its build rather than at its first frame).
+pub fn find_device(preference: &DevicePreference) -> Result<DeviceInfo, GraphicsError> {
+    let devices = vulkan::context::devices()?;
+    let chosen = select::choose(&devices, preference)?;
+    Ok(devices[chosen].clone())
+}

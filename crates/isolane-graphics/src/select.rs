@@ -28,6 +28,11 @@ pub enum DevicePreference {
     Index(usize),
     /// The first device whose name contains this text (case-insensitive).
     Name(String),
+    /// The device with this UUID (`VkPhysicalDeviceIDProperties::deviceUUID`), written as
+    /// `nvidia-smi` and CUDA write a GPU's: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`. NVIDIA's
+    /// Vulkan driver gives a GPU the UUID CUDA gives it (`cuDeviceGetUuid`), so this finds the
+    /// Vulkan device that IS a CUDA GPU, whatever order either API lists them in.
+    Uuid([u8; 16]),
 }
 
 impl DevicePreference {
@@ -49,6 +54,9 @@ impl FromStr for DevicePreference {
         if text.is_empty() {
             return Err(GraphicsError::BadDevicePreference(text.to_string()));
         }
+        if let Some(uuid) = parse_gpu_uuid(text) {
+            return Ok(Self::Uuid(uuid));
+        }
         Ok(match text.to_ascii_lowercase().as_str() {
             "auto" => Self::Auto,
             "gpu" => Self::Gpu,
@@ -69,8 +77,41 @@ impl fmt::Display for DevicePreference {
             Self::Cpu => write!(f, "cpu"),
             Self::Index(i) => write!(f, "device index {i}"),
             Self::Name(name) => write!(f, "a name containing {name:?}"),
+            Self::Uuid(uuid) => write!(f, "UUID {}", format_gpu_uuid(uuid)),
         }
     }
+}
+
+/// `GPU-` and 32 hex digits in the groups 8-4-4-4-12 (any case): the UUID's 16 bytes.
+/// Anything else is not a UUID (it may still be part of a device name).
+pub fn parse_gpu_uuid(text: &str) -> Option<[u8; 16]> {
+    let rest = text
+        .strip_prefix("GPU-")
+        .or_else(|| text.strip_prefix("gpu-"))?;
+    let groups: Vec<&str> = rest.split('-').collect();
+    let lengths: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+    if lengths != [8, 4, 4, 4, 12] {
+        return None;
+    }
+    let hex: String = groups.concat();
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The UUID as [`parse_gpu_uuid`] reads it (lower-case hex, as `nvidia-smi -L` prints it).
+pub fn format_gpu_uuid(b: &[u8; 16]) -> String {
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }
 
 /// The kind of a Vulkan physical device.
@@ -107,6 +148,8 @@ pub struct DeviceInfo {
     pub vendor_id: u32,
     /// Whether one of its queue families can draw.
     pub can_draw: bool,
+    /// Its `deviceUUID` (Vulkan 1.1's ID properties); `None` where the device does not say.
+    pub uuid: Option<[u8; 16]>,
 }
 
 /// The index (in `devices`) of the device to use.
@@ -135,6 +178,9 @@ pub fn choose(
                 .find(|(_, d)| d.name.to_lowercase().contains(&part))
                 .map(|(i, _)| i)
         }
+        DevicePreference::Uuid(uuid) => usable()
+            .find(|(_, d)| d.uuid.as_ref() == Some(uuid))
+            .map(|(i, _)| i),
     };
     chosen.ok_or_else(|| GraphicsError::NoMatchingDevice {
         wanted: preference.to_string(),
@@ -152,7 +198,10 @@ fn describe(devices: &[DeviceInfo]) -> String {
         .enumerate()
         .map(|(i, d)| {
             let draws = if d.can_draw { "" } else { ", cannot draw" };
-            format!("{i}: {} ({:?}{draws})", d.name, d.kind)
+            let uuid = d
+                .uuid
+                .map_or_else(String::new, |u| format!(", {}", format_gpu_uuid(&u)));
+            format!("{i}: {} ({:?}{draws}{uuid})", d.name, d.kind)
         })
         .collect::<Vec<_>>()
         .join("; ")
@@ -168,6 +217,7 @@ mod tests {
             kind,
             vendor_id,
             can_draw: true,
+            uuid: None,
         }
     }
 
@@ -248,6 +298,49 @@ mod tests {
             choose(&[], &DevicePreference::Auto),
             Err(GraphicsError::NoDevice)
         ));
+    }
+
+    #[test]
+    fn a_uuid_finds_its_device_whatever_the_enumeration_order() {
+        let text = "GPU-5d4a4b1c-0f3e-2a6b-9c8d-7e6f5a4b3c2d";
+        let uuid = parse_gpu_uuid(text).unwrap();
+        assert_eq!(format_gpu_uuid(&uuid), text);
+        // The text isolane-gpu makes of a CUDA UUID (as nvidia-smi prints it) reads back.
+        let counting: [u8; 16] = std::array::from_fn(|i| i as u8);
+        assert_eq!(
+            parse_gpu_uuid("GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"),
+            Some(counting)
+        );
+        let mut first = h100();
+        first.uuid = Some([7; 16]);
+        let mut second = h100();
+        second.uuid = Some(uuid);
+        let pref: DevicePreference = text.parse().unwrap();
+        assert_eq!(pref, DevicePreference::Uuid(uuid));
+        assert_eq!(choose(&[first.clone(), second.clone()], &pref).unwrap(), 1);
+        assert_eq!(choose(&[second, first.clone()], &pref).unwrap(), 0);
+        // No device with it (lavapipe has its own UUID, never a CUDA GPU's): refused, listing
+        // the devices with their UUIDs.
+        let err = choose(&[first, lavapipe()], &pref).unwrap_err().to_string();
+        assert!(err.contains(text) && err.contains("llvmpipe"), "{err}");
+        assert!(err.contains(&format_gpu_uuid(&[7; 16])), "{err}");
+    }
+
+    #[test]
+    fn text_that_is_not_a_whole_uuid_stays_a_name() {
+        for text in [
+            "GPU-5d4a4b1c",
+            "GPU-5d4a4b1c-0f3e-2a6b-9c8d-7e6f5a4b3c2",
+            "GPU-5d4a4b1c-0f3e-2a6b-9c8d-7e6f5a4b3c2g",
+            "GPU-5d4a4b1c-0f3e-2a6b-9c8d7-e6f5a4b3c2d",
+            "GPU-é",
+        ] {
+            assert_eq!(parse_gpu_uuid(text), None, "{text}");
+            assert!(
+                matches!(text.parse(), Ok(DevicePreference::Name(_))),
+                "{text}"
+            );
+        }
     }
 
     #[test]

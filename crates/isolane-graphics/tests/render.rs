@@ -443,3 +443,43 @@ fn the_device_is_named_and_a_missing_one_is_refused() {
         ),
     }
 }
+
+/// The device's Vulkan 1.1 `deviceUUID` is read (lavapipe has one too), and a renderer asked
+/// for that UUID opens that same device: the path an app's graphics stage on CUDA GPU N takes
+/// with GPU N's UUID.
+#[test]
+fn a_renderer_asked_for_a_devices_uuid_opens_that_device() {
+    let Some(first) = common::renderer(config()) else {
+        return;
+    };
+    let info = first.device().clone();
+    let uuid = info
+        .uuid
+        .unwrap_or_else(|| panic!("{} (Vulkan 1.1) gave no deviceUUID", info.name));
+    drop(first);
+    let text = isolane_graphics::format_gpu_uuid(&uuid);
+    let by_uuid = isolane_graphics::Renderer::new(RendererConfig {
+        device: text.parse().unwrap(),
+        ..config()
+    })
+    .unwrap_or_else(|e| panic!("{text}: {e}"));
+    assert_eq!(by_uuid.device(), &info);
+    // Found without opening it, as an app's graphics stage checks at its build.
+    let pref = isolane_graphics::DevicePreference::Uuid(uuid);
+    assert_eq!(isolane_graphics::find_device(&pref).unwrap(), info);
+    let missing = isolane_graphics::DevicePreference::Uuid(uuid.map(|b| !b));
+    assert!(matches!(
+        isolane_graphics::find_device(&missing),
+        Err(GraphicsError::NoMatchingDevice { .. })
+    ));
+    // A UUID no device has is refused, the devices listed with theirs.
+    let other = uuid.map(|b| !b);
+    let err = isolane_graphics::Renderer::new(RendererConfig {
+        device: isolane_graphics::DevicePreference::Uuid(other),
+        ..config()
+    })
+    .err()
+    .expect("no device has the inverted UUID")
+    .to_string();
+    assert!(err.contains(&text), "{err}");
+}

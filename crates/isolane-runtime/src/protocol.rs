@@ -121,6 +121,12 @@ pub struct AppSetup {
     pub out: Option<std::path::PathBuf>,
     /// `isolane run --no-plan-check`.
     pub no_plan_check: bool,
+    /// The Vulkan device of each graphics stage the coordinator pinned to a CUDA GPU (stage
+    /// name → device preference, a `GPU-<uuid>`): resolved where every GPU is visible, since
+    /// a worker bound to its compute GPU (`CUDA_VISIBLE_DEVICES`) cannot look up another's
+    /// UUID. Empty: every stage keeps the file's `device`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub render_devices: std::collections::BTreeMap<String, String>,
 }
 
 /// A job record on the wire:
@@ -331,6 +337,7 @@ mod tests {
                         timing: search_request().timing,
                         out: Some("runs/x".into()),
                         no_plan_check: true,
+                        render_devices: [("draw".to_string(), "GPU-0".to_string())].into(),
                     }),
                 },
                 "app",

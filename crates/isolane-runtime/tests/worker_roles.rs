@@ -382,6 +382,7 @@ fn app_setup(app: &str) -> ToWorker {
             timing: TimingSpec::default(),
             out: None,
             no_plan_check: false,
+            render_devices: Default::default(),
         }),
     }
 }

@@ -27,6 +27,7 @@ pub(super) struct AppRaw {
     #[serde(default)]
     pub(super) partition: PartitionSpec,
     pub(super) precision: Option<Precision>,
+    pub(super) gpu: Option<u32>,
     pub(super) source: SourceRaw,
     #[serde(default)]
     pub(super) stage: Vec<StageRaw>,
@@ -98,6 +99,8 @@ pub(super) struct StageRaw {
     // graphics and preprocess
     pub(super) device: Option<String>,
     pub(super) save_every: Option<u64>,
+    // graphics
+    pub(super) gpu: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -128,7 +131,7 @@ pub(super) fn kind_keys(kind: KindName) -> &'static [&'static str] {
         KindName::SegArgmax => &["alpha"],
         KindName::Classify => &["top_k"],
         KindName::Ensemble => &["members", "vote", "voter"],
-        KindName::Graphics => &["device", "alpha", "save_every"],
+        KindName::Graphics => &["device", "alpha", "save_every", "gpu"],
         KindName::Sink => &[],
     }
 }
@@ -154,6 +157,7 @@ impl StageRaw {
             ("top_k", self.top_k.is_some()),
             ("device", self.device.is_some()),
             ("save_every", self.save_every.is_some()),
+            ("gpu", self.gpu.is_some()),
             ("members", self.members.is_some()),
             ("vote", self.vote.is_some()),
             ("voter", self.voter.is_some()),

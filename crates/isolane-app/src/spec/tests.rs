@@ -124,8 +124,7 @@ after = ["ens", "boxes"]
     assert_eq!(names, ["ens.a", "ens.b", "det"]);
     let w = crate::partitions::as_workloads(
         std::slice::from_ref(a),
-        isolane_core::spec::Backend::Cuda,
-        isolane_core::spec::Host::Thread,
+        &cuda_device(isolane_core::spec::Host::Thread),
     );
     assert_eq!(w[1].name, "vote.ens.b");
     assert_eq!(w[1].rate, isolane_core::spec::Rate::Hz(20.0));
@@ -146,11 +145,7 @@ after = ["ens", "boxes"]
         crate::partitions::check_process_partitions(&same, isolane_core::spec::Host::Process)
             .is_ok()
     );
-    let w = crate::partitions::as_workloads(
-        &same,
-        isolane_core::spec::Backend::Cuda,
-        isolane_core::spec::Host::Process,
-    );
+    let w = crate::partitions::as_workloads(&same, &cuda_device(isolane_core::spec::Host::Process));
     assert_eq!(w.len(), 1);
     assert_eq!(
         (w[0].name.as_str(), w[0].model.as_str()),
@@ -183,6 +178,7 @@ fn graphics_reads_detections_or_a_mask_and_names_its_device() {
             device: "cpu".into(),
             alpha: 0.4,
             save_every: None,
+            gpu: None,
         }
     );
     let after_classes = PIPELINE.replace(
@@ -397,4 +393,19 @@ fn ensemble_rules() {
         "kind = \"ensemble\"\nvote = \"onnx\"",
     ));
     assert!(e.contains("voter"), "{e}");
+}
+
+/// One CUDA GPU (0), under MPS for processes and green contexts for threads.
+fn cuda_device(host: isolane_core::spec::Host) -> isolane_core::spec::DeviceSpec {
+    use isolane_core::spec::{Backend, DeviceSpec, Host, Mechanism};
+    DeviceSpec {
+        backend: Backend::Cuda,
+        gpu: 0,
+        gpus: Vec::new(),
+        mechanism: match host {
+            Host::Thread => Mechanism::Green,
+            Host::Process => Mechanism::Mps,
+        },
+        host,
+    }
 }

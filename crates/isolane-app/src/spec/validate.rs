@@ -144,6 +144,7 @@ impl Validator<'_> {
             late: a.late.unwrap_or(Late::Skip),
             cpu: a.cpu,
             partition: defaults.partition,
+            gpu: a.gpu,
             source,
             stages,
         })
@@ -441,6 +442,7 @@ impl Validator<'_> {
                     Some(n) => Some(count("save_every", n as usize)? as u64),
                     None => None,
                 },
+                gpu: self.render_gpu(sat, r)?,
             },
         })
     }
@@ -452,6 +454,22 @@ impl Validator<'_> {
         text.parse::<isolane_graphics::DevicePreference>()
             .map(|_| text.to_string())
             .map_err(|e| self.err(format!("{sat}.device"), e.to_string()))
+    }
+
+    /// A graphics stage's `gpu` (the device's GPUs are checked with the device,
+    /// `partitions::check_gpus`): with a `device` preference other than `auto` the two would
+    /// choose the Vulkan device twice, so that is refused.
+    fn render_gpu(&self, sat: &str, r: &StageRaw) -> Result<Option<u32>, SpecError> {
+        match (&r.device, r.gpu) {
+            (Some(d), Some(g)) if !d.trim().eq_ignore_ascii_case("auto") => Err(self.err(
+                format!("{sat}.gpu"),
+                format!(
+                    "{g} beside device = {d:?}: both choose the Vulkan device; give gpu (the \
+                     CUDA GPU, found by its UUID) or device (a Vulkan preference), not both"
+                ),
+            )),
+            (_, g) => Ok(g),
+        }
     }
 
     fn preprocess(&self, sat: &str, r: &StageRaw) -> Result<PreprocessSpec, SpecError> {

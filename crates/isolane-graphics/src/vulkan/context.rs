@@ -28,28 +28,50 @@ pub(crate) struct Context {
     _entry: ash::Entry,
 }
 
+/// The Vulkan loader and an instance of API 1.1: what both a context and a look at the
+/// devices start from. The caller destroys the instance, before dropping the entry.
+fn instance() -> Result<(ash::Entry, ash::Instance), GraphicsError> {
+    // SAFETY: loading libvulkan runs its initialisers; the loader is a well-behaved system
+    // library, and the Entry is kept for as long as anything made from it.
+    let entry =
+        unsafe { ash::Entry::load() }.map_err(|e| GraphicsError::LoaderMissing(e.to_string()))?;
+    let app = vk::ApplicationInfo::default()
+        .application_name(c"isolane")
+        .api_version(API_VERSION);
+    let create = vk::InstanceCreateInfo::default().application_info(&app);
+    // SAFETY: `create` and what it points to outlive the call.
+    match unsafe { entry.create_instance(&create, None) } {
+        Ok(instance) => Ok((entry, instance)),
+        // What the loader answers when it found no driver at all.
+        Err(vk::Result::ERROR_INCOMPATIBLE_DRIVER) => Err(GraphicsError::NoDevice),
+        Err(result) => Err(GraphicsError::Vulkan {
+            call: "vkCreateInstance",
+            result,
+        }),
+    }
+}
+
+/// Every physical device the driver offers, described as [`choose`] sees them (no device is
+/// opened).
+pub(crate) fn devices() -> Result<Vec<DeviceInfo>, GraphicsError> {
+    let (_entry, instance) = instance()?;
+    // SAFETY: a valid instance.
+    let listed =
+        unsafe { instance.enumerate_physical_devices() }.call("vkEnumeratePhysicalDevices");
+    let infos = listed.map(|physicals| {
+        physicals
+            .iter()
+            .map(|&p| describe(&instance, p).0)
+            .collect()
+    });
+    // SAFETY: nothing was made from the instance (physical devices are not destroyed).
+    unsafe { instance.destroy_instance(None) };
+    infos
+}
+
 impl Context {
     pub fn new(preference: &DevicePreference) -> Result<Self, GraphicsError> {
-        // SAFETY: loading libvulkan runs its initialisers; the loader is a well-behaved system
-        // library, and the Entry is kept for as long as anything made from it.
-        let entry = unsafe { ash::Entry::load() }
-            .map_err(|e| GraphicsError::LoaderMissing(e.to_string()))?;
-        let app = vk::ApplicationInfo::default()
-            .application_name(c"isolane")
-            .api_version(API_VERSION);
-        let create = vk::InstanceCreateInfo::default().application_info(&app);
-        // SAFETY: `create` and what it points to outlive the call.
-        let instance = match unsafe { entry.create_instance(&create, None) } {
-            Ok(instance) => instance,
-            // What the loader answers when it found no driver at all.
-            Err(vk::Result::ERROR_INCOMPATIBLE_DRIVER) => return Err(GraphicsError::NoDevice),
-            Err(result) => {
-                return Err(GraphicsError::Vulkan {
-                    call: "vkCreateInstance",
-                    result,
-                })
-            }
-        };
+        let (entry, instance) = instance()?;
         match open_device(&instance, preference) {
             Ok(parts) => Ok(Self {
                 device: parts.device,
@@ -165,14 +187,29 @@ fn describe(
         .map(CStr::to_string_lossy)
         .map(|n| n.into_owned())
         .unwrap_or_else(|_| "(unnamed device)".to_string());
+    let at_least_1_1 = properties.api_version >= API_VERSION;
     let info = DeviceInfo {
         name,
         kind: kind(properties.device_type),
         vendor_id: properties.vendor_id,
-        can_draw: family.is_some() && properties.api_version >= API_VERSION,
+        can_draw: family.is_some() && at_least_1_1,
+        uuid: at_least_1_1.then(|| device_uuid(instance, physical)),
     };
     let index = family.map_or(0, |(i, _)| i);
     (info, family.map(|(_, f)| f), index)
+}
+
+/// The device's `deviceUUID` (core in Vulkan 1.1, which the caller checked the device has):
+/// for an NVIDIA GPU, the UUID CUDA gives it.
+fn device_uuid(instance: &ash::Instance, physical: vk::PhysicalDevice) -> [u8; 16] {
+    let mut id = vk::PhysicalDeviceIDProperties::default();
+    {
+        let mut properties = vk::PhysicalDeviceProperties2::default().push_next(&mut id);
+        // SAFETY: `physical` came from this instance (created for Vulkan 1.1) and supports
+        // 1.1; `properties` and the chained `id` are valid, writable and outlive the call.
+        unsafe { instance.get_physical_device_properties2(physical, &mut properties) };
+    }
+    id.device_uuid
 }
 
 fn kind(device_type: vk::PhysicalDeviceType) -> DeviceKind {
