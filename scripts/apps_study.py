@@ -20,7 +20,18 @@ app's max latency and the mean flatness, and their reduction against `timeslice`
     scripts/apps_study.py --out results/h100-apps-study                    # on the GPU machine
     scripts/apps_study.py --backend cpu --apps 1,2 --duration 4 --out /tmp/s   # harness check
 
-Writes <out>/<mech>-n<N>/ (each run's folder), <out>/apps-study.csv and <out>/apps-study.md;
+Two GPUs (--gpus 2, issue 18, paper 004's second lever), every app's compute under --mechanisms
+(default mps, the paper's MPS partitions) in each layout:
+  a  everything on GPU 0 (compute and graphics), GPU 1 idle;
+  b  the default multi-GPU set-up: the apps spread over the GPUs, each computing and rendering
+     on its own (the baseline of the comparison);
+  c  compute on GPU 0, every graphics stage on GPU 1 (frames through host memory).
+Each GPU's thread share or SMs are split between the apps computing on it. The paper: (c)
+against (b) cut the max latency by 35 % and raised GPU utilisation by 42 %.
+
+    scripts/apps_study.py --gpus 2 --apps 1,2,3 --out results/h100x2-apps-study
+
+Writes <out>/[<layout>-]<mech>-n<N>/ (each run's folder), <out>/apps-study.csv and <out>/apps-study.md;
 the table covers every run found in <out>, so a study split over several calls (--apps 1,2,3
 then --apps 4,5,6) ends with one table.
 Python >= 3.7, standard library only.
@@ -54,11 +65,21 @@ def parse_args():
     p.add_argument("--total-sms", type=int, default=132)
     p.add_argument("--sm-step", type=int, default=8)
     p.add_argument("--mem-limit-mib", type=int, default=4096)
+    p.add_argument("--gpus", type=int, choices=[1, 2], default=1,
+                   help="2: the layouts a, b, c on GPUs 0 and 1 (default mechanisms: mps)")
+    p.add_argument("--layouts", default="a,b,c", help="with --gpus 2: which of a, b, c")
     a = p.parse_args()
     a.apps = [int(n) for n in a.apps.split(",") if n]
     if not a.apps or any(n < 1 for n in a.apps):
         p.error("--apps: positive numbers of apps, e.g. 1,2,3")
+    if a.gpus == 2 and a.mechanisms == p.get_default("mechanisms"):
+        a.mechanisms = "mps"
     a.mechanisms = [m for m in a.mechanisms.split(",") if m]
+    a.layouts = [x for x in a.layouts.split(",") if x] if a.gpus == 2 else ["one"]
+    if any(x not in ("a", "b", "c", "one") for x in a.layouts):
+        p.error(f"--layouts: {a.layouts}; allowed: a, b, c")
+    if a.gpus == 2 and a.backend == "cpu":
+        p.error("--gpus 2 needs --backend cuda")
     bad = [m for m in a.mechanisms if m not in ("timeslice", "mps", "green")]
     if bad:
         p.error(f"--mechanisms: unknown {bad}; allowed: timeslice, mps, green")
@@ -87,27 +108,44 @@ def frames(a):
     return (1920, 1080, a.fps) if a.backend == "cuda" else (160, 120, 5)
 
 
-def partition(a, mech, n):
+def partition(a, mech, sharing):
+    """An app's partition when `sharing` apps compute on its GPU."""
     if mech == "mps":
-        return f"partition = {{ thread_pct = {max(1, 100 // n)}, mem_limit_mib = {a.mem_limit_mib} }}"
+        return (f"partition = {{ thread_pct = {max(1, 100 // sharing)}, "
+                f"mem_limit_mib = {a.mem_limit_mib} }}")
     if mech == "green":
-        return f"partition = {{ sms = {green_sms(a, n)} }}"
+        return f"partition = {{ sms = {green_sms(a, sharing)} }}"
     return None
 
 
-def scenario(a, mech, n):
-    """The scenario text of n apps under `mech`."""
+def placement(layout, i):
+    """App i's compute GPU and its graphics stage's GPU (None: one GPU, no keys)."""
+    if layout == "one":
+        return None, None
+    if layout == "b":
+        return i % 2, i % 2
+    return 0, (1 if layout == "c" else 0)
+
+
+def scenario(a, mech, n, layout="one"):
+    """The scenario text of n apps under `mech` in `layout`."""
     cuda = a.backend == "cuda"
     lines = ["[device]", f'backend = "{a.backend}"']
     if cuda:
         lines.append(f'mechanism = "{mech}"')
+    if layout != "one":
+        lines.append("gpus = [0, 1]")
     width, height, fps = frames(a)
-    for i in range(1, n + 1):
-        lines += ["", "[[app]]", f'name = "endoscopy{i}"', f"deadline_ms = {a.deadline_ms}",
+    computing = [placement(layout, i)[0] for i in range(n)]
+    for i in range(n):
+        gpu, draw_gpu = placement(layout, i)
+        lines += ["", "[[app]]", f'name = "endoscopy{i + 1}"', f"deadline_ms = {a.deadline_ms}",
                   f"duration_s = {a.duration}"]
+        if gpu is not None:
+            lines.append(f"gpu = {gpu}")
         if cuda:
             lines.append('precision = "fp16"')
-            part = partition(a, mech, n)
+            part = partition(a, mech, computing.count(gpu))
             if part:
                 lines.append(part)
         lines += ["", "[app.source]", 'kind = "synthetic"', f"width = {width}",
@@ -116,7 +154,7 @@ def scenario(a, mech, n):
                   ("detector", "model", [f'model = "{a.model}"']),
                   ("boxes", "yolov8_decode", [])]
         if a.graphics:
-            stages.append(("draw", "graphics", []))
+            stages.append(("draw", "graphics", [] if draw_gpu is None else [f"gpu = {draw_gpu}"]))
         stages.append(("display", "sink", []))
         for name, kind, extra in stages:
             lines += ["", "[[app.stage]]", f'name = "{name}"', f'kind = "{kind}"'] + extra
@@ -143,18 +181,27 @@ def run(exe, folder, text):
         return None
 
 
-def rows_of(summary, mech, n):
+def utilisation(summary):
+    """The mean GPU utilisation (%) of each GPU the run sampled, GPU 0 first."""
+    per_gpu = summary.get("telemetry_per_gpu") or [summary.get("telemetry") or {}]
+    return [(t.get("gpu_util_pct") or {}).get("mean") for t in per_gpu]
+
+
+def rows_of(summary, layout, mech, n):
     """One row per app of a run's summary.json."""
-    tele = summary.get("telemetry") or {}
-    util = (tele.get("gpu_util_pct") or {}).get("mean")
+    utils = utilisation(summary)
+    known = [u for u in utils if u is not None]
+    util = statistics.mean(known) if known else None
     out = []
     for app in summary.get("apps", []):
         e = app["end_to_end"]
         lat = e["latency_ms"]
-        out.append(dict(mechanism=mech, apps=n, app=app["name"], frames=e["jobs"],
+        out.append(dict(layout=layout, mechanism=mech, apps=n, app=app["name"],
+                        frames=e["jobs"],
                         timeout_pct=e["timeout_pct"], mean_ms=lat["mean"], max_ms=lat["max"],
                         tail_ms=lat["tail"], flatness_ms=lat["flatness"], p99_ms=lat["p99"],
-                        gpu_util_pct=util))
+                        gpu_util_pct=util,
+                        gpu_util_each=" / ".join("—" if u is None else f"{u:.0f}" for u in utils)))
     return out
 
 
@@ -170,6 +217,15 @@ def summarise(rs):
 
 def num(v, digits):
     return "—" if v is None else f"{v:.{digits}f}"
+
+
+BASELINE_NAME = {1: "timeslice", 2: "layout b"}
+
+
+def baseline(a, n, layout, mech):
+    """The configuration a result is compared with: time-slicing on one GPU; layout b (the
+    default multi-GPU set-up) under the same mechanism on two."""
+    return (n, "b", mech) if a.gpus == 2 else (n, "one", "timeslice")
 
 
 def reduction(value, base):
@@ -191,27 +247,34 @@ def markdown(a, rows):
            f"{a.deadline_ms:g} ms, {a.duration:g} s per run, graphics stage "
            f"{'on' if a.graphics else 'off'}; first and last 10 frames dropped (Holoscan's "
            "definition). Per app: `apps-study.csv`.", "",
-           "| apps | mechanism | worst max ms | mean flatness ms | mean tail ms | worst timeout % "
-           "| GPU util % | max latency vs timeslice | flatness vs timeslice |",
-           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           f"| apps | layout | mechanism | worst max ms | mean flatness ms | mean tail ms "
+           f"| worst timeout % | GPU util % (each GPU) | max latency vs {BASELINE_NAME[a.gpus]} "
+           f"| flatness vs {BASELINE_NAME[a.gpus]} | GPU util vs {BASELINE_NAME[a.gpus]} |",
+           "| ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     agg = {}
     for r in rows:
-        agg.setdefault((r["apps"], r["mechanism"]), []).append(r)
-    for (n, mech), rs in sorted(agg.items()):
+        agg.setdefault((r["apps"], r["layout"], r["mechanism"]), []).append(r)
+    for (n, layout, mech), rs in sorted(agg.items()):
         worst, flat, tail = summarise(rs)
         miss = max(r["timeout_pct"] for r in rs)
         util = rs[0]["gpu_util_pct"]
-        base = agg.get((n, "timeslice"))
-        cut_max = cut_flat = None
-        if base and mech != "timeslice":
+        base = agg.get(baseline(a, n, layout, mech))
+        cut_max = cut_flat = util_gain = None
+        if base and base is not rs:
             b_worst, b_flat, _ = summarise(base)
             cut_max = reduction(worst, b_worst)
             cut_flat = reduction(flat, b_flat)
-        out.append(f"| {n} | {mech} | {num(worst, 1)} | {num(flat, 2)} | {num(tail, 2)} | "
-                   f"{miss:.2f} | {num(util, 0)} | {change(cut_max)} | {change(cut_flat)} |")
-    out += ["", "Reductions are written as changes of the value: −25 % is a 25 % cut against "
-            "time-slicing with the same number of apps (paper 004: MPS partitions −21 to −30 % "
-            "max latency, −17 to −25 % flatness)."]
+            b_util = base[0]["gpu_util_pct"]
+            if util is not None and b_util:
+                util_gain = -(util / b_util - 1.0)
+        out.append(f"| {n} | {layout} | {mech} | {num(worst, 1)} | {num(flat, 2)} | "
+                   f"{num(tail, 2)} | {miss:.2f} | {rs[0]['gpu_util_each']} | {change(cut_max)} "
+                   f"| {change(cut_flat)} | {change(util_gain)} |")
+    out += ["", f"Changes are written as changes of the value against {BASELINE_NAME[a.gpus]} "
+            "with the same number of apps: −25 % is a 25 % cut. Paper 004: MPS partitions −21 to "
+            "−30 % max latency and −17 to −25 % flatness against no partitions on one GPU; on two "
+            "GPUs, compute and graphics split (c) −35 % max latency and +42 % GPU utilisation "
+            "against the default multi-GPU set-up (b)."]
     return "\n".join(out) + "\n"
 
 
@@ -220,13 +283,13 @@ def collect(out):
     several device calls writes one table)."""
     rows = []
     for name in sorted(os.listdir(out)):
-        m = re.fullmatch(r"(timeslice|mps|green|cpu)-n(\d+)", name)
+        m = re.fullmatch(r"(?:([abc])-)?(timeslice|mps|green|cpu)-n(\d+)", name)
         path = os.path.join(out, name, "run", "summary.json")
         if not m or not os.path.exists(path):
             continue
         try:
             with open(path) as f:
-                rows += rows_of(json.load(f), m.group(1), int(m.group(2)))
+                rows += rows_of(json.load(f), m.group(1) or "one", m.group(2), int(m.group(3)))
         except (OSError, ValueError, KeyError) as e:
             sys.stderr.write(f"{path}: left out ({e})\n")
     return rows
@@ -238,9 +301,11 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     failed = []
     for n in a.apps:
-        for mech in a.mechanisms:
-            if run(exe, os.path.join(a.out, f"{mech}-n{n}"), scenario(a, mech, n)) is None:
-                failed.append(f"{mech}-n{n}")
+        for layout in a.layouts:
+            for mech in a.mechanisms:
+                name = f"{mech}-n{n}" if layout == "one" else f"{layout}-{mech}-n{n}"
+                if run(exe, os.path.join(a.out, name), scenario(a, mech, n, layout)) is None:
+                    failed.append(name)
     rows = collect(a.out)
     if rows:
         with open(os.path.join(a.out, "apps-study.csv"), "w", newline="") as f:
