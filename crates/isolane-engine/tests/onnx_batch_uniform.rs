@@ -186,3 +186,11 @@ fn an_output_built_only_from_it_is_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn a_uniform_value_as_another_input_than_the_data_is_refused() {
+    // Clip's bound (as a convolution's weight would be): its dimension 0 is not the batch.
+    let tail = vec![node("Clip", &["x", "cs"], "y")];
+    let e = import_model(model(tail, batched("y", &[4, 3, 3]))).unwrap_err();
+    assert!(e.contains("Clip") && e.contains("ConstantOfShape"), "{e}");
+}

@@ -2772,41 +2772,65 @@ mod batch_uniform {
     /// dimension 0 the batch.
     pub(super) fn check(im: &Importer, c: &Ctx) -> Result<()> {
         let op = c.op();
-        let keeps_rows = match op {
-            "Identity" | "Cast" | "CastLike" | "Not" | "Neg" | "Abs" | "Sin" | "Cos" | "Exp"
-            | "Log" | "Sqrt" | "Relu" | "Sigmoid" | "Tanh" | "Erf" | "Reciprocal" | "Floor"
-            | "Ceil" | "Clip" | "HardSwish" | "Shape" | "Conv" | "BatchNormalization"
-            | "MaxPool" | "AveragePool" | "GlobalAveragePool" => true,
-            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "And" | "Or" | "Equal" | "Less" | "Greater"
-            | "LessOrEqual" | "GreaterOrEqual" | "Where" | "Max" | "Min" | "Mod" => {
-                broadcasts_by_row(im, c)?
-            }
-            "CumSum" => !axes_touch_rows(im, c, 1)?,
-            "Slice" => !axes_touch_rows(im, c, 3)?,
-            "Unsqueeze" | "Squeeze" => {
-                let axes = if im.m.opset >= 13 {
-                    im.ints_input(c, 1, "axes")?
-                } else {
-                    c.peek_ints("axes")
-                };
-                axes.is_some_and(|a| !a.contains(&0))
-            }
-            "Transpose" => c.peek_ints("perm").is_some_and(|p| p.first() == Some(&0)),
-            "Concat" => {
-                c.peek_int("axis")
-                    .is_some_and(|a| a != 0 && a != -rank_of(im, c))
-                    && c.n
-                        .input
-                        .iter()
-                        .all(|i| i.is_empty() || im.uniform.contains(i))
-            }
-            "Reshape" => {
-                let target = super::known_shape(c, im.req(c, 1)?).ok();
-                target.is_some_and(|t| t.first().is_some_and(|&d| d == BATCH || d == Sym::k(0)))
-            }
-            "Softmax" | "LayerNormalization" => c.peek_int("axis").unwrap_or(-1) != 0,
-            _ => false,
-        };
+        // Apart from elementwise ops and Concat, the rule is about the op's data input: a
+        // uniform weight, shape, axes or bound means something else entirely (a weight's
+        // dimension 0 is its output channels, not the batch).
+        let elementwise_or_concat = matches!(
+            op,
+            "Add"
+                | "Sub"
+                | "Mul"
+                | "Div"
+                | "Pow"
+                | "And"
+                | "Or"
+                | "Equal"
+                | "Less"
+                | "Greater"
+                | "LessOrEqual"
+                | "GreaterOrEqual"
+                | "Where"
+                | "Max"
+                | "Min"
+                | "Mod"
+                | "Concat"
+        );
+        let only_data = c.n.input.iter().skip(1).all(|i| !im.uniform.contains(i));
+        let keeps_rows = (elementwise_or_concat || only_data)
+            && match op {
+                "Identity" | "Cast" | "CastLike" | "Not" | "Neg" | "Abs" | "Sin" | "Cos"
+                | "Exp" | "Log" | "Sqrt" | "Relu" | "Sigmoid" | "Tanh" | "Erf" | "Reciprocal"
+                | "Floor" | "Ceil" | "Clip" | "HardSwish" | "Shape" | "Conv"
+                | "BatchNormalization" | "MaxPool" | "AveragePool" | "GlobalAveragePool" => true,
+                "Add" | "Sub" | "Mul" | "Div" | "Pow" | "And" | "Or" | "Equal" | "Less"
+                | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Where" | "Max" | "Min"
+                | "Mod" => broadcasts_by_row(im, c)?,
+                "CumSum" => !axes_touch_rows(im, c, 1)?,
+                "Slice" => !axes_touch_rows(im, c, 3)?,
+                "Unsqueeze" | "Squeeze" => {
+                    let axes = if im.m.opset >= 13 {
+                        im.ints_input(c, 1, "axes")?
+                    } else {
+                        c.peek_ints("axes")
+                    };
+                    axes.is_some_and(|a| !a.contains(&0))
+                }
+                "Transpose" => c.peek_ints("perm").is_some_and(|p| p.first() == Some(&0)),
+                "Concat" => {
+                    c.peek_int("axis")
+                        .is_some_and(|a| a != 0 && a != -rank_of(im, c))
+                        && c.n
+                            .input
+                            .iter()
+                            .all(|i| i.is_empty() || im.uniform.contains(i))
+                }
+                "Reshape" => {
+                    let target = super::known_shape(c, im.req(c, 1)?).ok();
+                    target.is_some_and(|t| t.first().is_some_and(|&d| d == BATCH || d == Sym::k(0)))
+                }
+                "Softmax" | "LayerNormalization" => c.peek_int("axis").unwrap_or(-1) != 0,
+                _ => false,
+            };
         if keeps_rows {
             return Ok(());
         }
