@@ -2113,10 +2113,13 @@ fn record_conv(
     let key = ConvKey::of(c);
     // The cuDNN candidates: the algorithm chosen for an equal convolution earlier in this
     // build, else cuDNN's top few.
+    let cached = conv_cache.iter().find(|(k, _)| *k == key).map(|&(_, i)| i);
     let mut dnn_descs: Vec<usize> = Vec::new();
     if paths.tries_cudnn() || !c.gemm_capable() {
-        let found = match conv_cache.iter().find(|(k, _)| *k == key) {
-            Some((_, i)) => Ok(vec![*i]),
+        // (The descriptors of the algorithms that lose stay in `m.convs`, unused: a few host
+        // objects per distinct convolution, and the launches hold indices into it.)
+        let found = match cached {
+            Some(i) => Ok(vec![i]),
             None => conv_descs(
                 m,
                 c,
@@ -2185,10 +2188,8 @@ fn record_conv(
     time_candidates(m, rec, &mut candidates).map_err(err)?;
     let n_dnn = dnn_descs.len();
     let best_dnn = (0..n_dnn).min_by(|&a, &b| candidates[a].1.total_cmp(&candidates[b].1));
-    if let Some(i) = best_dnn {
-        if !conv_cache.iter().any(|(k, _)| *k == key) {
-            conv_cache.push((key, dnn_descs[i]));
-        }
+    if let (Some(i), None) = (best_dnn, cached) {
+        conv_cache.push((key, dnn_descs[i]));
     }
     // The GEMM path on a tie.
     let chosen = match (best_dnn, candidates.len() > n_dnn) {

@@ -2742,6 +2742,27 @@ mod batch_uniform {
     /// The batch size as a symbolic integer (`1·B + 0`).
     pub(super) const BATCH: Sym = Sym { a: 1, c: 0 };
 
+    /// Elementwise ops: a uniform value may be any of their inputs if the others broadcast
+    /// along dimension 0 ([`broadcasts_by_row`]).
+    const ELEMENTWISE: &[&str] = &[
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "And",
+        "Or",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "Where",
+        "Max",
+        "Min",
+        "Mod",
+    ];
+
     /// The shape of a ConstantOfShape whose shape input is `[B, fixed...]`, with one row.
     pub(super) fn one_row_shape(im: &Importer, c: &Ctx) -> Result<Option<Vec<i64>>> {
         let Some(Val::I(a)) = im.get(c, 0)? else {
@@ -2775,36 +2796,15 @@ mod batch_uniform {
         // Apart from elementwise ops and Concat, the rule is about the op's data input: a
         // uniform weight, shape, axes or bound means something else entirely (a weight's
         // dimension 0 is its output channels, not the batch).
-        let elementwise_or_concat = matches!(
-            op,
-            "Add"
-                | "Sub"
-                | "Mul"
-                | "Div"
-                | "Pow"
-                | "And"
-                | "Or"
-                | "Equal"
-                | "Less"
-                | "Greater"
-                | "LessOrEqual"
-                | "GreaterOrEqual"
-                | "Where"
-                | "Max"
-                | "Min"
-                | "Mod"
-                | "Concat"
-        );
+        let elementwise = ELEMENTWISE.contains(&op);
         let only_data = c.n.input.iter().skip(1).all(|i| !im.uniform.contains(i));
-        let keeps_rows = (elementwise_or_concat || only_data)
+        let keeps_rows = (elementwise || op == "Concat" || only_data)
             && match op {
+                _ if elementwise => broadcasts_by_row(im, c)?,
                 "Identity" | "Cast" | "CastLike" | "Not" | "Neg" | "Abs" | "Sin" | "Cos"
                 | "Exp" | "Log" | "Sqrt" | "Relu" | "Sigmoid" | "Tanh" | "Erf" | "Reciprocal"
                 | "Floor" | "Ceil" | "Clip" | "HardSwish" | "Shape" | "Conv"
                 | "BatchNormalization" | "MaxPool" | "AveragePool" | "GlobalAveragePool" => true,
-                "Add" | "Sub" | "Mul" | "Div" | "Pow" | "And" | "Or" | "Equal" | "Less"
-                | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Where" | "Max" | "Min"
-                | "Mod" => broadcasts_by_row(im, c)?,
                 "CumSum" => !axes_touch_rows(im, c, 1)?,
                 "Slice" => !axes_touch_rows(im, c, 3)?,
                 "Unsqueeze" | "Squeeze" => {
