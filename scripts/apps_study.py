@@ -68,6 +68,8 @@ def parse_args():
     p.add_argument("--gpus", type=int, choices=[1, 2], default=1,
                    help="2: the layouts a, b, c on GPUs 0 and 1 (default mechanisms: mps)")
     p.add_argument("--layouts", default="a,b,c", help="with --gpus 2: which of a, b, c")
+    p.add_argument("--table-only", action="store_true",
+                   help="run nothing: write the table of the runs already in --out")
     a = p.parse_args()
     a.apps = [int(n) for n in a.apps.split(",") if n]
     if not a.apps or any(n < 1 for n in a.apps):
@@ -171,7 +173,8 @@ def run(exe, folder, text):
     print("$", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
-        sys.stderr.write(p.stdout + p.stderr)
+        how = f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}"
+        sys.stderr.write(f"{out}: {how}\n{p.stdout}{p.stderr}")
         return None
     try:
         with open(os.path.join(out, "summary.json")) as f:
@@ -300,7 +303,7 @@ def main():
     exe = binary(a)
     os.makedirs(a.out, exist_ok=True)
     failed = []
-    for n in a.apps:
+    for n in [] if a.table_only else a.apps:
         for layout in a.layouts:
             for mech in a.mechanisms:
                 name = f"{mech}-n{n}" if layout == "one" else f"{layout}-{mech}-n{n}"

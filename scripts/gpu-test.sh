@@ -297,7 +297,10 @@ apps_study() {
     local out=${OUT:-/tmp/isolane-out} results=${RESULTS:-results/apps-study} status=0
     mkdir -p "$out"
     vulkan_setup
-    python3 scripts/apps_study.py --isolane stage/isolane --out "$results" "$@" || status=$?
+    # STUDY_TIMEOUT=S stops the study after S seconds and still archives the runs it finished
+    # (a device call has 10 minutes); 0, the default, sets no limit.
+    timeout "${STUDY_TIMEOUT:-0}" python3 scripts/apps_study.py --isolane stage/isolane \
+        --out "$results" "$@" || status=$?
     tar czf "$out/apps-study.tgz" --exclude='*/jobs/*.csv' "$results"
     return $status
 }

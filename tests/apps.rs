@@ -903,6 +903,39 @@ fn apps_run_as_mps_clients_and_time_sliced_on_the_gpu() {
     }
 }
 
+/// On a GPU: six YOLOv8n apps at fp16 as MPS clients with 16 % of the threads each, where
+/// cuBLASLt ranks algorithms that keep semaphores in their workspace first. Before cuBLASLt had
+/// a workspace of its own, cuDNN's convolutions overwrote those semaphores and every detector
+/// gave NaN boxes (the plan check, on for every app model, now refuses such a plan). Each app
+/// must build, pass the check and decode finite boxes. `scripts/gpu-test.sh` runs it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn six_detector_apps_with_a_sixth_of_the_threads_each_compute_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = String::from("[device]\nbackend = \"cuda\"\nmechanism = \"mps\"\n");
+    for i in 1..=6 {
+        text += &format!(
+            "\n[[app]]\nname = \"cam{i}\"\ndeadline_ms = 100.0\nframes = 60\nprecision = \"fp16\"\n\
+             partition = {{ thread_pct = 16 }}\n[app.source]\nkind = \"synthetic\"\nwidth = 640\n\
+             height = 480\nfps = 30.0\n[[app.stage]]\nname = \"pre\"\nkind = \"preprocess\"\n\
+             device = \"gpu\"\n[[app.stage]]\nname = \"detector\"\nkind = \"model\"\n\
+             model = \"yolov8n\"\n[[app.stage]]\nname = \"boxes\"\nkind = \"yolov8_decode\"\n\
+             [[app.stage]]\nname = \"out\"\nkind = \"sink\"\n"
+        );
+    }
+    let p = scenario(dir.path(), "six.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    let s = summary(&out);
+    assert_eq!(s["status"], "ok");
+    for i in 1..=6 {
+        let a = app(&s, &format!("cam{i}"));
+        let boxes = &a["stages"][2];
+        // A decode that met a NaN would have failed the app (and the run's status).
+        assert!(f(&boxes["processed"]) > 0.0, "{boxes}");
+    }
+}
+
 #[test]
 fn plan_admits_an_apps_models_offline() {
     let o = run_ok(

@@ -149,6 +149,13 @@ pub fn run(
             eprintln!("app `{}` failed: {e}", app.name);
         }
     }
+    for warning in summary
+        .apps
+        .iter()
+        .filter_map(isolane_app::metrics::late_source_warning)
+    {
+        eprintln!("{warning}");
+    }
     println!("results: {}", out.display());
     Ok(super::run::exit_for(summary.status))
 }

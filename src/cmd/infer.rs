@@ -182,9 +182,10 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
     let (mut loaded, backend_line) = if args.backend == "cuda" {
         let backend =
             isolane_cuda::CudaBackend::new(args.gpu).map_err(|e| engine_error(e, &args.model))?;
-        // Built-in models are covered by the GPU tests; imported ones are checked.
+        // Every model is checked, built-ins too (one inference: the check's CPU pass is what a
+        // user of `infer` waits for anyway).
         let options = isolane_cuda::CompileOptions {
-            plan_check: !args.no_plan_check && is_onnx_path(&args.model),
+            plan_check: !args.no_plan_check,
             ..Default::default()
         };
         let m = backend

@@ -29,6 +29,47 @@ impl Frame {
     }
 }
 
+/// Frames handed downstream and reused once every reader has let go of them (`Arc::get_mut`),
+/// as a camera or a renderer cycles a few buffers: no fresh 6 MB allocation (and its page
+/// faults) per 1080p frame on the path that must keep the frame rate. Each buffer carries a tag
+/// (`T`) saying what it holds, so an update can repaint only what changed.
+pub struct FramePool<T> {
+    slots: Vec<(Arc<Frame>, T)>,
+    capacity: usize,
+}
+
+impl<T> FramePool<T> {
+    /// A pool that keeps at most `capacity` buffers; frames made while all of them are still
+    /// held downstream are not kept.
+    pub fn new(capacity: usize) -> FramePool<T> {
+        FramePool {
+            slots: Vec::new(),
+            capacity,
+        }
+    }
+
+    /// The next frame: a kept buffer that nobody else holds, brought up to date by `update`
+    /// (with its tag), or else a new one from `make`.
+    pub fn next(
+        &mut self,
+        make: impl FnOnce() -> (Frame, T),
+        update: impl FnOnce(&mut Frame, &mut T),
+    ) -> Arc<Frame> {
+        for (frame, tag) in &mut self.slots {
+            if let Some(f) = Arc::get_mut(frame) {
+                update(f, tag);
+                return frame.clone();
+            }
+        }
+        let (f, tag) = make();
+        let frame = Arc::new(f);
+        if self.slots.len() < self.capacity {
+            self.slots.push((frame.clone(), tag));
+        }
+        frame
+    }
+}
+
 /// Where a tensor's pixels were in the frame: frame `x = tensor_x * scale_x + offset_x` (and
 /// `y` alike), so detections found in model input pixels map back onto the frame.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -45,6 +45,33 @@ pub fn frame_records(app: &AppSpec, rec: &AppRecords) -> Vec<JobRecord> {
         .collect()
 }
 
+/// The source's hand-over of each measured frame against its release (`None` where the
+/// records have no hand-over times).
+fn source_lateness(app: &AppSpec, rec: &AppRecords) -> Option<LatencyStats> {
+    if rec.sent_ns.len() != rec.release_ns.len() || rec.sent_ns.is_empty() {
+        return None;
+    }
+    let range = measured(app, rec.release_ns.len() as u64);
+    let pairs = range.map(|k| (rec.release_ns[k as usize], rec.sent_ns[k as usize]));
+    Some(own_time_stats(pairs))
+}
+
+/// A warning where the source itself fell behind its schedule (p99 of its lateness over a
+/// quarter of the frame period): what was measured then includes the source's own wait.
+pub fn late_source_warning(s: &AppSummary) -> Option<String> {
+    let late = s.source_late_ms.as_ref()?;
+    let (p99, max) = (late.p99?, late.max?);
+    let period_ms = 1000.0 / s.rate_hz;
+    (p99 > period_ms / 4.0).then(|| {
+        format!(
+            "warning: app `{}`: its source handed frames over late (p99 {p99:.1} ms, max \
+             {max:.1} ms, against a period of {period_ms:.1} ms): this machine makes or reads \
+             them slower than the frame rate, and that wait is in every end-to-end latency",
+            s.name
+        )
+    })
+}
+
 /// A stage's own times as records released at their start (so that their latency is the
 /// stage's time and core computes every statistic of it).
 fn own_time_stats(times: impl Iterator<Item = (i64, i64)>) -> LatencyStats {
@@ -136,6 +163,7 @@ pub fn summarize(
         dropped_first: range.start,
         dropped_last: released - range.end,
         end_to_end,
+        source_late_ms: source_lateness(app, rec),
         stages,
     }
 }

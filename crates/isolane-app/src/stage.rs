@@ -18,7 +18,7 @@ use isolane_engine::CompiledModel;
 use isolane_runtime::clock;
 use isolane_runtime::partition::Partition;
 
-use crate::data::{Frame, Payload, Tensor};
+use crate::data::{Frame, FramePool, Payload, Tensor};
 use crate::models::{GpuPreprocess, ModelBuilder};
 use crate::ops;
 use crate::spec::{ModelSpec, PreprocessDevice, StageKind, StageSpec, Vote};
@@ -242,13 +242,19 @@ struct GraphicsStage {
     device: isolane_graphics::DevicePreference,
     alpha: f32,
     renderer: Option<isolane_graphics::Renderer>,
-    /// Reused between frames: the frame as RGBA, the read-back, the boxes, the mask's classes.
+    /// Reused between frames: the frame as RGBA, the read-back, the boxes, the mask's classes
+    /// and the frames handed on (a 1080p frame is 6–8 MB: allocating and converting it afresh
+    /// per frame cost more than the render).
     rgba: Vec<u8>,
     rendered: Vec<u8>,
     boxes: Vec<isolane_graphics::BoxOverlay>,
     classes: Vec<u8>,
+    outputs: FramePool<()>,
     save: Option<SaveFrames>,
 }
+
+/// Rendered frames a graphics stage keeps for reuse.
+const RENDERED_BUFFERS: usize = 4;
 
 /// Every `every`-th rendered frame of a graphics stage saved as a PNG, so that a user can look
 /// at what the app drew: `<dir>/frame-<k>.png`, `k` counting the frames the stage rendered.
@@ -296,6 +302,7 @@ impl GraphicsStage {
             rendered: Vec::new(),
             boxes: Vec::new(),
             classes: Vec::new(),
+            outputs: FramePool::new(RENDERED_BUFFERS),
             save: None,
         })
     }
@@ -374,26 +381,35 @@ impl Stage for GraphicsStage {
         if let Some(path) = self.save.as_mut().and_then(SaveFrames::next) {
             r.save_png(&path).map_err(|e| e.to_string())?;
         }
-        Ok(Payload::Frame(Arc::new(Frame {
-            width: frame.width,
-            height: frame.height,
-            rgb: rgba_to_rgb(&self.rendered),
-        })))
+        let (width, height, rendered) = (frame.width, frame.height, &self.rendered);
+        let out = self.outputs.next(
+            || {
+                let mut f = Frame::black(width, height);
+                rgba_to_rgb(rendered, &mut f.rgb);
+                (f, ())
+            },
+            |f, ()| {
+                (f.width, f.height) = (width, height);
+                rgba_to_rgb(rendered, &mut f.rgb);
+            },
+        );
+        Ok(Payload::Frame(out))
     }
 }
 
 fn rgb_to_rgba(rgb: &[u8], out: &mut Vec<u8>) {
-    out.clear();
-    out.reserve(rgb.len() / 3 * 4);
-    for p in rgb.chunks_exact(3) {
-        out.extend_from_slice(&[p[0], p[1], p[2], 255]);
+    out.resize(rgb.len() / 3 * 4, 255);
+    for (o, p) in out.chunks_exact_mut(4).zip(rgb.chunks_exact(3)) {
+        o[..3].copy_from_slice(p);
+        o[3] = 255;
     }
 }
 
-fn rgba_to_rgb(rgba: &[u8]) -> Vec<u8> {
-    rgba.chunks_exact(4)
-        .flat_map(|p| [p[0], p[1], p[2]])
-        .collect()
+fn rgba_to_rgb(rgba: &[u8], out: &mut Vec<u8>) {
+    out.resize(rgba.len() / 4 * 3, 0);
+    for (o, p) in out.chunks_exact_mut(3).zip(rgba.chunks_exact(4)) {
+        o.copy_from_slice(&p[..3]);
+    }
 }
 
 /// Ends the graph; the time it finishes a frame is the frame's end to end.

@@ -355,7 +355,7 @@ fn apps_on_two_gpus_are_clients_of_their_gpus_daemons() {
         lines,
         [
             format!("left 50 none {left} {t0} 0 0 {}", render(1)),
-            format!("right 70 none {right} {t0} 1 0 {}", render(1)),
+            format!("right 70 none {right} {t0} 0 0 {}", render(1)),
         ]
     );
 }

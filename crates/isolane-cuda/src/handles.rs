@@ -33,6 +33,26 @@ impl DeviceBuffer {
             ptr: dev_alloc(bytes)?,
         })
     }
+
+    /// An allocation of `bytes` set to zero.
+    pub(crate) fn zeroed(bytes: usize) -> Result<DeviceBuffer> {
+        let b = DeviceBuffer::new(bytes)?;
+        dev_zero(b.ptr, bytes)?;
+        Ok(b)
+    }
+}
+
+/// Sets `bytes` of device memory at `ptr` to zero and waits for it.
+pub(crate) fn dev_zero(ptr: u64, bytes: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: `ptr` points at `bytes` of device memory of the current context (the caller's
+    // allocation); the synchronisation below ends the memset before anything else reads it.
+    cu_check("cuMemsetD8", unsafe { cu::cuMemsetD8_v2(ptr, 0, bytes) })?;
+    // SAFETY: a context is current.
+    cu_check("cuCtxSynchronize", unsafe { cu::cuCtxSynchronize() })?;
+    Ok(())
 }
 
 impl Drop for DeviceBuffer {

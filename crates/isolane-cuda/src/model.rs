@@ -12,7 +12,9 @@ use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
 use crate::error::{cu_check, dnn_check, lt_check, rtc_check};
-use crate::handles::{dev_alloc, CapturedGraph, CublasLt, Cudnn, DeviceBuffer, Module, PinnedF32};
+use crate::handles::{
+    dev_alloc, dev_zero, CapturedGraph, CublasLt, Cudnn, DeviceBuffer, Module, PinnedF32,
+};
 use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
 use crate::options::BuildOptions;
 use crate::plan::{
@@ -313,13 +315,17 @@ pub struct CudaModel {
     ctx: cu::CUcontext,
     stream: cu::CUstream,
     precision: Precision,
-    /// The one device allocation: the weights, then the arena, then (when it fits in the
-    /// allocation's rounding) the workspace; `arena` and `workspace` point into it (the
-    /// workspace may have its own allocation, `workspace_owned`).
+    /// The one device allocation: the weights, then the arena, then (when they fit in the
+    /// allocation's rounding) the workspaces; `arena` and the workspaces point into it (a
+    /// workspace may have its own allocation, `workspace_owned` / `mm_workspace_owned`).
     weights: u64,
     arena: u64,
+    /// cuDNN's workspace.
     workspace: u64,
     workspace_owned: bool,
+    /// cuBLASLt's workspace, apart from cuDNN's and zeroed when placed ([`MM_WORKSPACE_CAP`]).
+    mm_workspace: u64,
+    mm_workspace_owned: bool,
     mem: MemoryReport,
     host_in: Vec<PinnedF32>,
     host_out: Vec<PinnedF32>,
@@ -591,9 +597,12 @@ struct Recorder<'a> {
     dtype: DType,
     es: usize,
     half_names: &'static [&'static str],
-    /// Device scratch of `ws_cap` bytes: the workspace while candidates are timed.
+    /// Device scratch of `ws_cap` bytes: cuDNN's workspace while candidates are timed.
     scratch: u64,
     ws_cap: usize,
+    /// Zeroed device scratch of `mm_ws_cap` bytes: cuBLASLt's workspace while timing.
+    mm_scratch: u64,
+    mm_ws_cap: usize,
     events: Events,
     options: BuildOptions,
 }
@@ -651,6 +660,8 @@ impl CudaModel {
         // Algorithms that need more workspace than the cap are not considered.
         let ws_cap = target.build.workspace_cap(plan.arena_bytes);
         let scratch = DeviceBuffer::new(ws_cap)?;
+        let mm_ws_cap = ws_cap.min(MM_WORKSPACE_CAP);
+        let mm_scratch = DeviceBuffer::zeroed(mm_ws_cap)?;
         let rec = Recorder {
             plan: &plan,
             const_offs: &block.const_offs,
@@ -661,6 +672,8 @@ impl CudaModel {
             half_names,
             scratch: scratch.ptr,
             ws_cap,
+            mm_scratch: mm_scratch.ptr,
+            mm_ws_cap,
             events: Events::new()?,
             options: target.build,
         };
@@ -668,8 +681,10 @@ impl CudaModel {
         // The search may have stopped with an error while timing on the scratch buffer: the
         // model must not free it a second time when it is dropped.
         m.workspace = 0;
+        m.mm_workspace = 0;
         // The algorithm search is over: nothing uses the scratch any more.
         drop(scratch);
+        drop(mm_scratch);
         recorded?;
         m.place_workspace(&plan, &block)?;
         m.instantiate()?;
@@ -688,6 +703,8 @@ impl CudaModel {
             arena: 0,
             workspace: 0,
             workspace_owned: false,
+            mm_workspace: 0,
+            mm_workspace_owned: false,
             mem: MemoryReport::default(),
             host_in: Vec::new(),
             host_out: Vec::new(),
@@ -845,20 +862,24 @@ impl CudaModel {
     /// The one workspace: the largest any chosen algorithm needs, in the weights block's
     /// rounding where it fits, else an allocation of its own; and the memory report.
     fn place_workspace(&mut self, plan: &Plan, block: &WeightBlock) -> Result<()> {
-        let ws = self
-            .convs
-            .iter()
-            .map(|c| c.workspace)
-            .chain(self.mms.iter().map(|x| x.workspace))
-            .max()
-            .unwrap_or(0);
-        let ws_offset = crate::plan::align(block.block_used);
-        if ws_offset + ws <= block.block_bytes {
-            self.workspace = self.weights + ws_offset as u64;
-        } else {
-            self.workspace = dev_alloc(ws)?;
-            self.workspace_owned = true;
-        }
+        let dnn = self.convs.iter().map(|c| c.workspace).max().unwrap_or(0);
+        let mm = self.mms.iter().map(|x| x.workspace).max().unwrap_or(0);
+        // Each in the weights allocation's rounding where it fits, else an allocation of its own.
+        let mut free = crate::plan::align(block.block_used);
+        let mut place = |bytes: usize| -> Result<(u64, bool)> {
+            if free + bytes <= block.block_bytes {
+                let at = self.weights + free as u64;
+                free = crate::plan::align(free + bytes);
+                Ok((at, false))
+            } else {
+                Ok((dev_alloc(bytes)?, true))
+            }
+        };
+        (self.workspace, self.workspace_owned) = place(dnn)?;
+        (self.mm_workspace, self.mm_workspace_owned) = place(mm)?;
+        // cuBLASLt's semaphores start at zero (MM_WORKSPACE_CAP).
+        dev_zero(self.mm_workspace, mm)?;
+        let ws = dnn + mm;
         self.mem = MemoryReport {
             weights_bytes: block.const_bytes,
             arena_bytes: plan.arena_bytes,
@@ -1069,7 +1090,7 @@ impl CudaModel {
                         *b,
                         *c,
                         *y,
-                        self.workspace,
+                        self.mm_workspace,
                         self.stream,
                     )?;
                 }
@@ -1690,21 +1711,15 @@ fn matmul_heuristics(
 ///
 /// Row-major `Y[M,N] = X[M,K] · op(B)` is computed as column-major `Yᵀ = op(B)ᵀ · Xᵀ`:
 /// cuBLASLt's A is our B operand (`a_ptr`), its B is our X (`b_ptr`).
-#[allow(clippy::too_many_arguments)]
 fn mm_index(
     m: &mut CudaModel,
+    rec: &Recorder,
     cache: &mut Vec<(MmKey, usize)>,
     key: MmKey,
-    dtype: DType,
-    precision: Precision,
-    scratch: u64,
-    ws_cap: usize,
-    events: &Events,
-    a_ptr: u64,
-    b_ptr: u64,
-    c_ptr: u64,
-    y_ptr: u64,
+    [a_ptr, b_ptr, c_ptr, y_ptr]: [u64; 4],
 ) -> Result<usize> {
+    let (dtype, precision) = (rec.dtype, rec.plan.precision);
+    let (scratch, ws_cap, events) = (rec.mm_scratch, rec.mm_ws_cap, &rec.events);
     if let Some((_, i)) = cache.iter().find(|(k, _)| *k == key) {
         return Ok(*i);
     }
@@ -1752,6 +1767,9 @@ fn mm_index(
         if r.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspace_size() > ws_cap {
             continue;
         }
+        if rec.options.first_choice && !runs.is_empty() {
+            break;
+        }
         cand.algo = r.algo;
         cand.workspace = r.workspace_size();
         if run(&cand).is_ok() {
@@ -1769,12 +1787,61 @@ fn mm_index(
         (f32::INFINITY, 0usize),
         |b, (i, t)| if *t < b.0 { (*t, *i) } else { b },
     );
+    if rec.options.search_log {
+        let times: Vec<String> = runs
+            .iter()
+            .map(|(i, t)| {
+                let algo = &results[*i].algo;
+                format!(
+                    "#{i} (id {}, cluster {}, ws {}) {t:.4} ms",
+                    algo_config(algo, lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_ID),
+                    algo_config(
+                        algo,
+                        lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID
+                    ),
+                    results[*i].workspace_size()
+                )
+            })
+            .collect();
+        eprintln!(
+            "search: matmul {mm}x{n}x{k} batch {}: {}; kept #{}",
+            key.batch,
+            times.join(", "),
+            best.1
+        );
+    }
     cand.algo = results[best.1].algo;
     cand.workspace = results[best.1].workspace_size();
     m.algo_cache.push((shape_key, cand.algo, cand.workspace));
     m.mms.push(cand);
     cache.push((key, m.mms.len() - 1));
     Ok(m.mms.len() - 1)
+}
+
+/// One `u32` attribute of a cuBLASLt algorithm's configuration, for the search log (`u32::MAX`
+/// where it cannot be read).
+fn algo_config(
+    algo: &lt::cublasLtMatmulAlgo_t,
+    attr: lt::cublasLtMatmulAlgoConfigAttributes_t,
+) -> u32 {
+    let mut v: u32 = u32::MAX;
+    let mut written = 0usize;
+    // SAFETY: `algo` is an initialised algorithm from the heuristic; the buffer is a u32 and its
+    // size is passed, as these attributes (ID, CLUSTER_SHAPE_ID) are 32-bit.
+    let r = unsafe {
+        lt::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            attr,
+            &mut v as *mut u32 as *mut c_void,
+            std::mem::size_of::<u32>(),
+            &mut written,
+        )
+    };
+    if r == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        v
+    } else {
+        u32::MAX
+    }
 }
 
 trait WorkspaceSize {
@@ -1839,6 +1906,9 @@ impl Drop for CudaModel {
         unsafe {
             if self.workspace_owned && self.workspace != 0 {
                 cu::cuMemFree_v2(self.workspace);
+            }
+            if self.mm_workspace_owned && self.mm_workspace != 0 {
+                cu::cuMemFree_v2(self.mm_workspace);
             }
             if self.weights != 0 {
                 cu::cuMemFree_v2(self.weights);
@@ -2185,19 +2255,44 @@ fn record_conv(
             Err(_) => {}
         }
     }
-    time_candidates(m, rec, &mut candidates).map_err(err)?;
+    if !rec.options.first_choice {
+        time_candidates(m, rec, &mut candidates).map_err(err)?;
+    }
     let n_dnn = dnn_descs.len();
     let best_dnn = (0..n_dnn).min_by(|&a, &b| candidates[a].1.total_cmp(&candidates[b].1));
     if let (Some(i), None) = (best_dnn, cached) {
         conv_cache.push((key, dnn_descs[i]));
     }
-    // The GEMM path on a tie.
+    // The GEMM path on a tie (cuDNN's first choice when nothing was timed).
     let chosen = match (best_dnn, candidates.len() > n_dnn) {
+        (Some(d), _) if rec.options.first_choice => d,
         (Some(d), true) if candidates[d].1 < candidates[n_dnn].1 => d,
         (_, true) => n_dnn,
         (Some(d), false) => d,
         (None, false) => return Err(err(EngineError::Runtime("no convolution path".into()))),
     };
+    if rec.options.search_log {
+        let times: Vec<String> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, (_, ms))| {
+                let what = if i < n_dnn {
+                    format!("cudnn algo {:?}", m.convs[dnn_descs[i]].algo)
+                } else {
+                    "gemm".to_string()
+                };
+                format!("{what} {:.4} ms", ms)
+            })
+            .collect();
+        eprintln!(
+            "search: conv {:?} -> {:?} k{:?} s{:?}: {}; kept {chosen}",
+            c.x_shape,
+            c.y_shape,
+            &c.w_shape[2..],
+            c.strides,
+            times.join(", ")
+        );
+    }
     m.launches.extend(candidates.swap_remove(chosen).0);
     Ok(())
 }
@@ -2300,11 +2395,21 @@ fn time_candidates(m: &mut CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -
     if paths.len() < 2 {
         return Ok(());
     }
-    m.workspace = rec.scratch;
+    (m.workspace, m.mm_workspace) = (rec.scratch, rec.mm_scratch);
     let timed = time_paths_as_graphs(m, rec, paths);
-    m.workspace = 0;
+    (m.workspace, m.mm_workspace) = (0, 0);
     timed
 }
+
+/// The most workspace a cuBLASLt algorithm may use (PyTorch gives cuBLAS 32 MiB on Hopper).
+///
+/// cuBLASLt's workspace is its own, apart from cuDNN's, and zeroed when placed: some of its
+/// algorithms (split-K and stream-K kernels with a workspace of a few bytes) keep semaphores
+/// there, which they expect at zero before a call and leave at zero after it. Shared with
+/// cuDNN, whose convolutions write their own scratch over those bytes, they computed garbage:
+/// yolov8n, vit_b_16 and resnet18 at fp16 as MPS clients with 16–33 % of the H100's threads,
+/// where cuBLASLt ranks such algorithms first, failed the plan check (NaN boxes in an app).
+const MM_WORKSPACE_CAP: usize = 32 << 20;
 
 /// Rounds of alternating timings of competing candidates (each keeps its best round).
 const TIMING_ROUNDS: usize = 5;
@@ -2525,20 +2630,7 @@ fn matmul_launch(
     key: MmKey,
     [a, b, c, y]: [u64; 4],
 ) -> Result<Launch> {
-    let mm = mm_index(
-        m,
-        mm_cache,
-        key,
-        rec.dtype,
-        rec.plan.precision,
-        rec.scratch,
-        rec.ws_cap,
-        &rec.events,
-        a,
-        b,
-        c,
-        y,
-    )?;
+    let mm = mm_index(m, rec, mm_cache, key, [a, b, c, y])?;
     Ok(Launch::Matmul { mm, a, b, c, y })
 }
 

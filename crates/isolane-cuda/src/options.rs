@@ -48,6 +48,12 @@ pub struct BuildOptions {
     /// Raises the algorithm workspace cap (half the arena) to this many MiB;
     /// `ISOLANE_CUDA_WORKSPACE_MB=N`.
     pub workspace_mib: Option<usize>,
+    /// Prints every library candidate the build times (convolution paths, cuBLASLt algorithms)
+    /// with its time, and the one kept, to stderr; `ISOLANE_CUDA_SEARCH_LOG` (any value).
+    pub search_log: bool,
+    /// Times nothing: keeps cuDNN's and cuBLASLt's own first choice (cuDNN for a convolution
+    /// both could run); `ISOLANE_CUDA_SEARCH=first`. For comparisons, not speed.
+    pub first_choice: bool,
 }
 
 impl Default for BuildOptions {
@@ -60,6 +66,8 @@ impl Default for BuildOptions {
             block_rows: false,
             exact_gelu: false,
             workspace_mib: None,
+            search_log: false,
+            first_choice: false,
         }
     }
 }
@@ -86,6 +94,8 @@ impl BuildOptions {
             block_rows: is("ISOLANE_CUDA_ROWS", "block"),
             exact_gelu: var("ISOLANE_CUDA_EXACT_GELU").is_some(),
             workspace_mib: var("ISOLANE_CUDA_WORKSPACE_MB").and_then(|v| v.parse().ok()),
+            search_log: var("ISOLANE_CUDA_SEARCH_LOG").is_some(),
+            first_choice: is("ISOLANE_CUDA_SEARCH", "first"),
         }
     }
 
@@ -125,6 +135,8 @@ mod tests {
             ("ISOLANE_CUDA_ROWS", "block"),
             ("ISOLANE_CUDA_EXACT_GELU", ""),
             ("ISOLANE_CUDA_WORKSPACE_MB", "64"),
+            ("ISOLANE_CUDA_SEARCH_LOG", "1"),
+            ("ISOLANE_CUDA_SEARCH", "first"),
         ]);
         assert_eq!(
             o,
@@ -136,6 +148,8 @@ mod tests {
                 block_rows: true,
                 exact_gelu: true,
                 workspace_mib: Some(64),
+                search_log: true,
+                first_choice: true,
             }
         );
         assert!(!o.conv_paths.tries_cudnn() && o.conv_paths.tries_gemm());

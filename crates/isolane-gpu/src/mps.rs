@@ -477,7 +477,7 @@ impl MpsDaemon {
             .arg("-d")
             .env("CUDA_MPS_PIPE_DIRECTORY", &reg.pipe_dir)
             .env("CUDA_MPS_LOG_DIRECTORY", &reg.log_dir)
-            .env("CUDA_VISIBLE_DEVICES", gpu_index.to_string())
+            .env("CUDA_VISIBLE_DEVICES", daemon_visible_device(gpu_index))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -825,6 +825,16 @@ wait
 [ -f "$root/owner" ] && rm -rf "$root"
 exit 0
 "#;
+
+/// What the daemon of GPU `gpu_index` (as this process numbers the GPUs) is told to see: the
+/// GPU's UUID where CUDA can give it, as NVIDIA's MPS guide recommends (an index would be
+/// counted among all the machine's GPUs, not among those our own CUDA_VISIBLE_DEVICES
+/// leaves), else the index.
+fn daemon_visible_device(gpu_index: u32) -> String {
+    crate::driver::device(gpu_index)
+        .and_then(crate::driver::uuid)
+        .unwrap_or_else(|_| gpu_index.to_string())
+}
 
 /// The watchdog process of one daemon of ours; see [`WATCHDOG_SCRIPT`].
 #[derive(Debug)]

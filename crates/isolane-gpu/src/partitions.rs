@@ -279,9 +279,12 @@ impl<'b> PartitionSession<'b> {
             } = w.partition
             {
                 let mut env = daemon.client_env(thread_pct, mem_limit_mib);
-                // The daemon sees only its GPU, so its clients must too (device 0 for them).
+                // A client's CUDA_VISIBLE_DEVICES counts the devices its daemon exposes, not
+                // the machine's (NVIDIA's MPS guide: a client must not keep the daemon's value):
+                // ours exposes one GPU, device 0 for its clients. "0" also overrides a value the
+                // client would otherwise inherit from us; GPU 1's index there found no device.
                 if daemon.owned() {
-                    env.push(("CUDA_VISIBLE_DEVICES".into(), gpu.to_string()));
+                    env.push(("CUDA_VISIBLE_DEVICES".into(), "0".into()));
                 }
                 env.push((
                     WORKER_GPU_ENV.into(),

@@ -531,8 +531,8 @@ fn a_partition_session_gives_each_worker_its_mps_environment_and_stops_the_daemo
         get("w0", "CUDA_MPS_PIPE_DIRECTORY").map(PathBuf::from),
         Some(pipe.clone())
     );
-    // The daemon sees only GPU 3, so its clients must be bound to it as well.
-    assert_eq!(get("w1", "CUDA_VISIBLE_DEVICES").as_deref(), Some("3"));
+    // The daemon sees only GPU 3, which it exposes to its clients as their device 0.
+    assert_eq!(get("w1", "CUDA_VISIBLE_DEVICES").as_deref(), Some("0"));
     assert_eq!(get("w1", "ISOLANE_WORKER_GPU").as_deref(), Some("0"));
     // Critical work's stream goes first; best effort's client runs below normal priority.
     assert_eq!(
@@ -599,8 +599,8 @@ fn a_session_on_two_gpus_starts_a_daemon_per_gpu_and_binds_each_client_to_its_ow
         get("b", "CUDA_MPS_LOG_DIRECTORY")
     );
     for (w, gpu) in [("a", "1"), ("b", "3"), ("c", "1")] {
-        assert_eq!(get(w, "CUDA_VISIBLE_DEVICES"), gpu, "{w}");
-        // Behind its daemon a client sees its GPU as device 0.
+        // Behind its daemon a client sees its GPU as device 0, CUDA_VISIBLE_DEVICES included.
+        assert_eq!(get(w, "CUDA_VISIBLE_DEVICES"), "0", "{w}");
         assert_eq!(get(w, "ISOLANE_WORKER_GPU"), "0", "{w}");
         assert_eq!(get(w, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=1024M", "{w}");
         let records = s.records().iter().find(|r| r.workload == w).unwrap();

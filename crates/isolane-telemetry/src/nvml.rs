@@ -17,6 +17,12 @@ use crate::{Reading, Source, TelemetryError};
 /// sampler thread per run (a sweep starts many) must not re-initialise the library each time.
 static NVML: Mutex<Option<&'static Nvml>> = Mutex::new(None);
 
+/// NVML's GPM calls are not safe to make from two threads at once, even for two GPUs: on the
+/// 2-GPU H100 machine the coordinator of a run on both GPUs died of SIGSEGV inside
+/// `nvmlGpmMetricsGet` (GPU 0's sampler) while GPU 1's sampler was in `nvmlGpmSampleGet`, in
+/// most runs (a core dump showed both threads there). Every GPM call of the process holds this.
+static GPM: Mutex<()> = Mutex::new(());
+
 fn nvml() -> Result<&'static Nvml, TelemetryError> {
     let mut g = NVML.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(n) = *g {
@@ -101,6 +107,14 @@ pub struct NvmlSource {
     budget_ns: u64,
 }
 
+impl Drop for NvmlSource {
+    fn drop(&mut self) {
+        // Freeing a GPM sample is a GPM call too.
+        let _gpm = GPM.lock().unwrap_or_else(|e| e.into_inner());
+        self.gpm_prev = None;
+    }
+}
+
 impl NvmlSource {
     /// Opens GPU `index` (NVML's index; the CUDA index when CUDA_VISIBLE_DEVICES is unset).
     pub fn open(index: u32) -> Result<NvmlSource, TelemetryError> {
@@ -112,7 +126,10 @@ impl NvmlSource {
                 error: format!("GPU {index}: {e}"),
             })?;
         let name = device.name().unwrap_or_else(|_| format!("GPU {index}"));
-        let gpm = device.gpm_support().unwrap_or(false);
+        let gpm = {
+            let _gpm = GPM.lock().unwrap_or_else(|e| e.into_inner());
+            device.gpm_support().unwrap_or(false)
+        };
         Ok(NvmlSource {
             nvml,
             device,
@@ -132,6 +149,7 @@ impl NvmlSource {
         if !self.gpm {
             return;
         }
+        let _gpm = GPM.lock().unwrap_or_else(|e| e.into_inner());
         let Ok(now) = self.device.gpm_sample() else {
             return;
         };

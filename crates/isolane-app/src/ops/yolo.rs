@@ -8,17 +8,46 @@
 
 use crate::data::{Detection, FrameMap, Tensor};
 
-#[derive(Debug, thiserror::Error, PartialEq)]
-#[error("yolov8_decode: expected a [1, 4 + classes, anchors] tensor with at least one class; found {0:?}")]
-pub struct BadShape(pub Vec<usize>);
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum DecodeError {
+    #[error("yolov8_decode: expected a [1, 4 + classes, anchors] tensor with at least one class; found {0:?}")]
+    Shape(Vec<usize>),
+    /// A wrong answer is not decoded into boxes that look right: NaN or infinite values come
+    /// from a model whose output is wrong (an overflow, a fault), never from a real scene.
+    #[error(
+        "yolov8_decode: the model's output has {count} values that are not finite (the first: \
+         {value} in row {row} of {rows}, anchor {anchor}); it is not decoded"
+    )]
+    NotFinite {
+        count: usize,
+        value: f32,
+        row: usize,
+        rows: usize,
+        anchor: usize,
+    },
+}
 
 /// Detections in frame pixels (through the tensor's frame map), best first.
-pub fn decode(t: &Tensor, conf: f32, iou: f32, max_det: usize) -> Result<Vec<Detection>, BadShape> {
+pub fn decode(
+    t: &Tensor,
+    conf: f32,
+    iou: f32,
+    max_det: usize,
+) -> Result<Vec<Detection>, DecodeError> {
     let [1, rows, anchors] = t.shape[..] else {
-        return Err(BadShape(t.shape.clone()));
+        return Err(DecodeError::Shape(t.shape.clone()));
     };
     if rows < 5 || t.data.len() != rows * anchors {
-        return Err(BadShape(t.shape.clone()));
+        return Err(DecodeError::Shape(t.shape.clone()));
+    }
+    if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
+        return Err(DecodeError::NotFinite {
+            count: t.data.iter().filter(|v| !v.is_finite()).count(),
+            value: t.data[i],
+            row: i / anchors,
+            rows,
+            anchor: i % anchors,
+        });
     }
     let at = |r: usize, a: usize| t.data[r * anchors + a];
     let map = t.frame_map.unwrap_or(FrameMap::IDENTITY);
@@ -159,6 +188,31 @@ mod tests {
         });
         let d = decode(&t, 0.5, 0.45, 300).unwrap();
         assert_eq!(d[0], det(116.0, 24.0, 124.0, 36.0, 0.9, 0));
+    }
+
+    #[test]
+    fn refuses_an_output_that_is_not_finite() {
+        let mut t = head();
+        t.data[3 * 3 + 2] = f32::NAN; // h of anchor 2 (below conf: still refused)
+        t.data[4 * 3 + 1] = f32::INFINITY;
+        let e = decode(&t, 0.25, 0.45, 300).unwrap_err();
+        let DecodeError::NotFinite {
+            count,
+            value,
+            row,
+            rows,
+            anchor,
+        } = e.clone()
+        else {
+            panic!("{e}");
+        };
+        assert_eq!((count, row, rows, anchor), (2, 3, 6, 2));
+        assert!(value.is_nan());
+        let text = e.to_string();
+        assert!(
+            text.contains("2 values that are not finite") && text.contains("row 3 of 6, anchor 2"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -26,6 +26,11 @@ pub struct AppSummary {
     /// the sink, `timeouts` against `deadline_ms` (a frame dropped on the way is one),
     /// `latency_ms` from each frame's scheduled release to the sink's end.
     pub end_to_end: WorkloadMetrics,
+    /// How late the source handed each measured frame over (its hand-over minus its scheduled
+    /// release, ms). A source that cannot make frames at its rate shows here first; its wait
+    /// is part of every end-to-end latency. Absent in summaries written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_late_ms: Option<LatencyStats>,
     /// Per stage, in the order of the file.
     pub stages: Vec<StageSummary>,
 }

@@ -166,6 +166,7 @@ fn apps_round_trip_and_are_optional() {
         dropped_first: 10,
         dropped_last: 10,
         end_to_end: metrics,
+        source_late_ms: Some(stats.clone()),
         stages: vec![StageSummary {
             name: "e".into(),
             kind: "ensemble".into(),
