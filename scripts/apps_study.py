@@ -68,6 +68,9 @@ def parse_args():
     p.add_argument("--gpus", type=int, choices=[1, 2], default=1,
                    help="2: the layouts a, b, c on GPUs 0 and 1 (default mechanisms: mps)")
     p.add_argument("--layouts", default="a,b,c", help="with --gpus 2: which of a, b, c")
+    p.add_argument("--run-slack", type=float, default=120.0,
+                   help="seconds a run may take beyond --duration (building the apps) before it "
+                        "is stopped and counted as failed")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table of the runs already in --out")
     a = p.parse_args()
@@ -163,7 +166,7 @@ def scenario(a, mech, n, layout="one"):
     return "\n".join(lines) + "\n"
 
 
-def run(exe, folder, text):
+def run(exe, folder, text, run_timeout):
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "scenario-in.toml")
     with open(path, "w") as f:
@@ -171,10 +174,22 @@ def run(exe, folder, text):
     out = os.path.join(folder, "run")
     cmd = [exe, "run", "-q", "--force", "--out", out, path]
     print("$", " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = p.communicate(timeout=run_timeout)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: isolane then stops its MPS daemons before it exits.
+        p.terminate()
+        try:
+            stdout, stderr = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, stderr = p.communicate()
+        sys.stderr.write(f"{out}: still running after {run_timeout:.0f} s, stopped\n{stdout}{stderr}")
+        return None
     if p.returncode != 0:
         how = f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}"
-        sys.stderr.write(f"{out}: {how}\n{p.stdout}{p.stderr}")
+        sys.stderr.write(f"{out}: {how}\n{stdout}{stderr}")
         return None
     try:
         with open(os.path.join(out, "summary.json")) as f:
@@ -307,7 +322,8 @@ def main():
         for layout in a.layouts:
             for mech in a.mechanisms:
                 name = f"{mech}-n{n}" if layout == "one" else f"{layout}-{mech}-n{n}"
-                if run(exe, os.path.join(a.out, name), scenario(a, mech, n, layout)) is None:
+                text = scenario(a, mech, n, layout)
+                if run(exe, os.path.join(a.out, name), text, a.duration + a.run_slack) is None:
                     failed.append(name)
     rows = collect(a.out)
     if rows:

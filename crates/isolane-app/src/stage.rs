@@ -256,6 +256,20 @@ struct GraphicsStage {
 /// Rendered frames a graphics stage keeps for reuse.
 const RENDERED_BUFFERS: usize = 4;
 
+impl Drop for GraphicsStage {
+    fn drop(&mut self) {
+        // The renderer's Vulkan device is left to the end of the process, not destroyed here:
+        // with four or more graphics stages in one process (green partitions: every app's
+        // threads share it) NVIDIA's driver 580 on the H100 hung in `vkDestroyDevice`, waiting
+        // on a thread of its own, and the run never ended (docs/apps.md, Measured on the H100).
+        // A stage is dropped once per run and `isolane run` is one run per process; the driver
+        // frees the device when the process exits.
+        if let Some(r) = self.renderer.take() {
+            std::mem::forget(r);
+        }
+    }
+}
+
 /// Every `every`-th rendered frame of a graphics stage saved as a PNG, so that a user can look
 /// at what the app drew: `<dir>/frame-<k>.png`, `k` counting the frames the stage rendered.
 struct SaveFrames {

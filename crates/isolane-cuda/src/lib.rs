@@ -18,6 +18,7 @@ pub mod error;
 mod handles;
 pub mod kernels;
 pub mod libs;
+mod mm_check;
 mod model;
 pub mod options;
 pub mod plan;

@@ -16,6 +16,7 @@ use crate::handles::{
     dev_alloc, dev_zero, CapturedGraph, CublasLt, Cudnn, DeviceBuffer, Module, PinnedF32,
 };
 use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
+use crate::mm_check::{MatmulOperands, MatmulProbe, MatmulShape};
 use crate::options::BuildOptions;
 use crate::plan::{
     act_code, binary_code, AttentionStep, ConvStep, DType, LayerNormStep, LinearStep, Loc,
@@ -1348,6 +1349,7 @@ fn conv_descs(
     ptr: &dyn Fn(Loc) -> u64,
     scratch: u64,
     ws_cap: usize,
+    keep: usize,
 ) -> Result<Vec<ConvDesc>> {
     let search = conv_desc(c, dtype, precision)?;
     let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 10] =
@@ -1379,9 +1381,9 @@ fn conv_descs(
             && (precision != Precision::Fp32
                 || p.mathType != dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
     });
-    let mut descs = Vec::with_capacity(CUDNN_CANDIDATES);
+    let mut descs = Vec::with_capacity(keep);
     let mut search = Some(search);
-    for p in usable.take(CUDNN_CANDIDATES) {
+    for p in usable.take(keep) {
         let mut d = match search.take() {
             Some(d) => d,
             None => conv_desc(c, dtype, precision)?,
@@ -1762,7 +1764,22 @@ fn mm_index(
     let (handle, stream) = (m.cublaslt(), m.stream);
     let run =
         |cand: &MatmulDesc| run_matmul(handle, cand, a_ptr, b_ptr, c_ptr, y_ptr, scratch, stream);
+    // Every candidate is checked against the CPU first (mm_check: some computed garbage as an
+    // MPS client with part of the threads); the check's run is also the warm-up call.
+    let probe = MatmulProbe::new(
+        &matmul_shape(&key),
+        &MatmulOperands {
+            x: b_ptr,
+            w: a_ptr,
+            c: c_ptr,
+            y: y_ptr,
+        },
+        dtype,
+        precision,
+        rec.arena_base..rec.arena_base + rec.plan.arena_bytes as u64,
+    )?;
     let mut runs: Vec<(usize, f32)> = Vec::new();
+    let mut wrong = Vec::new();
     for (i, r) in results[..got as usize].iter().enumerate() {
         if r.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspace_size() > ws_cap {
             continue;
@@ -1772,9 +1789,18 @@ fn mm_index(
         }
         cand.algo = r.algo;
         cand.workspace = r.workspace_size();
-        if run(&cand).is_ok() {
+        if probe.matches(stream, &mut || run(&cand))? {
             runs.push((i, f32::INFINITY));
+        } else {
+            wrong.push(i);
         }
+    }
+    if runs.is_empty() {
+        return Err(EngineError::Runtime(format!(
+            "cuBLASLt offers no algorithm that computes the {mm}×{n}×{k} matmul (batch {}) right \
+             on this GPU: its candidates {wrong:?} all disagreed with the CPU on seeded inputs",
+            key.batch
+        )));
     }
     for _ in 0..TIMING_ROUNDS {
         for (i, t) in runs.iter_mut() {
@@ -1804,7 +1830,7 @@ fn mm_index(
             })
             .collect();
         eprintln!(
-            "search: matmul {mm}x{n}x{k} batch {}: {}; kept #{}",
+            "search: matmul {mm}x{n}x{k} batch {}: {}; wrong {wrong:?}; kept #{}",
             key.batch,
             times.join(", "),
             best.1
@@ -1841,6 +1867,29 @@ fn algo_config(
         v
     } else {
         u32::MAX
+    }
+}
+
+/// What the CPU check of a matmul's candidates needs to know of its key.
+fn matmul_shape(key: &MmKey) -> MatmulShape {
+    MatmulShape {
+        m: key.m,
+        n: key.n,
+        k: key.k,
+        batch: key.batch,
+        sx: key.sa,
+        sw: key.sb,
+        sy: key.sy,
+        ldx: key.lda,
+        ldw: key.ldb,
+        ldy: key.ldy,
+        w_trans: key.b_trans,
+        alpha: f32::from_bits(key.alpha),
+        // cuBLASLt's epilogue is set for linear keys only (matmul_descriptors).
+        bias: key.bias.filter(|_| key.linear),
+        relu: key.relu && key.linear,
+        gelu: key.gelu && key.linear,
+        residual: key.residual,
     }
 }
 
@@ -2198,6 +2247,13 @@ fn record_conv(
                 &|l| rec.ptr(l),
                 scratch,
                 ws_cap,
+                // Untimed (ISOLANE_CUDA_SEARCH=first, or an MPS client with part of the
+                // threads): cuDNN's own first choice.
+                if rec.options.first_choice {
+                    1
+                } else {
+                    CUDNN_CANDIDATES
+                },
             )
             .map(|descs| {
                 descs
@@ -2403,12 +2459,10 @@ fn time_candidates(m: &mut CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -
 
 /// The most workspace a cuBLASLt algorithm may use (PyTorch gives cuBLAS 32 MiB on Hopper).
 ///
-/// cuBLASLt's workspace is its own, apart from cuDNN's, and zeroed when placed: some of its
-/// algorithms (split-K and stream-K kernels with a workspace of a few bytes) keep semaphores
-/// there, which they expect at zero before a call and leave at zero after it. Shared with
-/// cuDNN, whose convolutions write their own scratch over those bytes, they computed garbage:
-/// yolov8n, vit_b_16 and resnet18 at fp16 as MPS clients with 16–33 % of the H100's threads,
-/// where cuBLASLt ranks such algorithms first, failed the plan check (NaN boxes in an app).
+/// cuBLASLt's workspace is its own, apart from cuDNN's, and zeroed when placed, as PyTorch keeps
+/// it: some of its algorithms (split-K kernels with a workspace of a few bytes) keep semaphores
+/// there, and cuDNN's convolutions write their scratch over whatever they share. (Suspected, and
+/// ruled out, as the cause of the wrong matmuls under MPS thread limits: `mm_check`.)
 const MM_WORKSPACE_CAP: usize = 32 << 20;
 
 /// Rounds of alternating timings of competing candidates (each keeps its best round).

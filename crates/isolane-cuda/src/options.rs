@@ -54,6 +54,10 @@ pub struct BuildOptions {
     /// Times nothing: keeps cuDNN's and cuBLASLt's own first choice (cuDNN for a convolution
     /// both could run); `ISOLANE_CUDA_SEARCH=first`. For comparisons, not speed.
     pub first_choice: bool,
+    /// The process is an MPS client limited to this share of the GPU's threads
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` below 100; `None` otherwise): then the libraries'
+    /// first choices, convolutions on cuDNN ([`BuildOptions::from_vars`] says why).
+    pub mps_thread_pct: Option<u32>,
 }
 
 impl Default for BuildOptions {
@@ -68,6 +72,7 @@ impl Default for BuildOptions {
             workspace_mib: None,
             search_log: false,
             first_choice: false,
+            mps_thread_pct: None,
         }
     }
 }
@@ -82,12 +87,25 @@ impl BuildOptions {
     /// [`BuildOptions::from_env`] over any variable lookup (tests pass a map).
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> BuildOptions {
         let is = |name: &str, value: &str| var(name).is_some_and(|v| v == value);
+        let mps_thread_pct = var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|p| *p < 100.0)
+            .map(|p| p.max(0.0) as u32);
+        // As an MPS client with part of the threads, cuBLASLt's algorithms computed wrong
+        // results on the H100 (driver 580) at 16, 20 and 33 % of the threads, some of them
+        // only now and then: an algorithm that matched the CPU while the build checked it
+        // (mm_check) was wrong in the model's graph. cuDNN's first choices were right every
+        // time. So there: convolutions on cuDNN's first choice, matmuls on cuBLASLt's first
+        // (checked) choice, nothing timed; `ISOLANE_CUDA_SEARCH=timed` and `ISOLANE_CUDA_CONV`
+        // override it.
+        let limited = mps_thread_pct.is_some() && !is("ISOLANE_CUDA_SEARCH", "timed");
         BuildOptions {
             channels_last: !is("ISOLANE_CUDA_LAYOUT", "nchw"),
             fused_attention: !is("ISOLANE_CUDA_ATTENTION", "unfused"),
             conv_paths: match var("ISOLANE_CUDA_CONV").as_deref() {
                 Some("cudnn") => ConvPaths::Cudnn,
                 Some("gemm") => ConvPaths::Gemm,
+                _ if limited => ConvPaths::Cudnn,
                 _ => ConvPaths::Fastest,
             },
             depthwise_pairs: !is("ISOLANE_CUDA_DW", "window"),
@@ -95,7 +113,8 @@ impl BuildOptions {
             exact_gelu: var("ISOLANE_CUDA_EXACT_GELU").is_some(),
             workspace_mib: var("ISOLANE_CUDA_WORKSPACE_MB").and_then(|v| v.parse().ok()),
             search_log: var("ISOLANE_CUDA_SEARCH_LOG").is_some(),
-            first_choice: is("ISOLANE_CUDA_SEARCH", "first"),
+            first_choice: is("ISOLANE_CUDA_SEARCH", "first") || limited,
+            mps_thread_pct,
         }
     }
 
@@ -137,6 +156,7 @@ mod tests {
             ("ISOLANE_CUDA_WORKSPACE_MB", "64"),
             ("ISOLANE_CUDA_SEARCH_LOG", "1"),
             ("ISOLANE_CUDA_SEARCH", "first"),
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "33"),
         ]);
         assert_eq!(
             o,
@@ -150,8 +170,18 @@ mod tests {
                 workspace_mib: Some(64),
                 search_log: true,
                 first_choice: true,
+                mps_thread_pct: Some(33),
             }
         );
+        let all = with(&[("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")]);
+        assert_eq!(all, BuildOptions::default());
+        let part = with(&[("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "16")]);
+        assert!(part.first_choice && part.conv_paths == ConvPaths::Cudnn);
+        let timed = with(&[
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "16"),
+            ("ISOLANE_CUDA_SEARCH", "timed"),
+        ]);
+        assert!(!timed.first_choice && timed.conv_paths == ConvPaths::Fastest);
         assert!(!o.conv_paths.tries_cudnn() && o.conv_paths.tries_gemm());
         assert_eq!(o.workspace_cap(10 << 20), 64 << 20);
         assert_eq!(o.workspace_cap(1 << 30), 1 << 29);

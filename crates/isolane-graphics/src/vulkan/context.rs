@@ -54,6 +54,7 @@ fn instance() -> Result<(ash::Entry, ash::Instance), GraphicsError> {
 /// Every physical device the driver offers, described as [`choose`] sees them (no device is
 /// opened).
 pub(crate) fn devices() -> Result<Vec<DeviceInfo>, GraphicsError> {
+    let _turn = lifecycle();
     let (_entry, instance) = instance()?;
     // SAFETY: a valid instance.
     let listed =
@@ -69,8 +70,20 @@ pub(crate) fn devices() -> Result<Vec<DeviceInfo>, GraphicsError> {
     infos
 }
 
+/// Held while a context is made or destroyed. On the H100 (driver 580) four graphics stages of
+/// one process ending together left one thread inside `vkDestroyDevice` for good (an app run
+/// under green partitions hung at its end). Vulkan asks for external synchronisation per object
+/// only, so this works around the driver; contexts are made and destroyed once per stage, so
+/// taking turns costs nothing a frame sees.
+static LIFECYCLE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn lifecycle() -> std::sync::MutexGuard<'static, ()> {
+    LIFECYCLE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Context {
     pub fn new(preference: &DevicePreference) -> Result<Self, GraphicsError> {
+        let _turn = lifecycle();
         let (entry, instance) = instance()?;
         match open_device(&instance, preference) {
             Ok(parts) => Ok(Self {
@@ -95,6 +108,7 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        let _turn = lifecycle();
         // SAFETY: the renderer destroyed every object of the device and waited for it to be
         // idle before its context is dropped; the device is destroyed before its instance.
         unsafe {

@@ -1,0 +1,316 @@
+//! cuBLASLt's candidate algorithms checked against the CPU before the search times them.
+//!
+//! Why: as an MPS client with 16–33 % of the H100's threads, some of the algorithms cuBLASLt
+//! offered for a matmul computed something else (yolov8n, vit_b_16, resnet18 and mobilenet_v2 at
+//! fp16 failed the plan check at a Linear or at a convolution's GEMM; the same models built with
+//! cuBLASLt's and cuDNN's first choices, untimed, were right). The search timed those algorithms
+//! like the others and kept the fastest. Now every candidate first runs once on seeded random
+//! activations and its output is compared, at [`SAMPLES`] positions, with the same dot products
+//! computed on the CPU from what is on the device; one that disagrees is never timed or kept.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys as cu;
+use isolane_engine::{EngineError, Precision, Result};
+
+use crate::error::cu_check;
+use crate::plan::DType;
+
+/// Output positions compared per candidate.
+const SAMPLES: usize = 96;
+
+/// The shape and operands of one matmul as the recorder lays it out (row-major, our names):
+/// `y[b, i, j] = act(alpha · Σ_k x[b, i, k] · w[b, j, k] (+ bias[j]) (+ c[b, i, j]))`, `w`
+/// stored `[n, k]` when `w_trans`, else `[k, n]`; strides in elements.
+pub(crate) struct MatmulShape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    /// Batch strides of x, w and y (0: the same matrix for every batch entry).
+    pub sx: usize,
+    pub sw: usize,
+    pub sy: usize,
+    /// Row strides of x, w and y.
+    pub ldx: usize,
+    pub ldw: usize,
+    pub ldy: usize,
+    pub w_trans: bool,
+    pub alpha: f32,
+    /// The fused epilogue: bias, ReLU, GELU (tanh, as cuBLASLt's), residual (beta 1).
+    pub bias: Option<u64>,
+    pub relu: bool,
+    pub gelu: bool,
+    pub residual: bool,
+}
+
+/// Device pointers of one matmul's operands.
+pub(crate) struct MatmulOperands {
+    pub x: u64,
+    pub w: u64,
+    /// The residual (read only when `residual`).
+    pub c: u64,
+    pub y: u64,
+}
+
+/// The seeded inputs of one matmul and its expected output at the sampled positions.
+pub(crate) struct MatmulProbe {
+    dtype: DType,
+    /// Regions written before each candidate runs: (device pointer, bytes).
+    inputs: Vec<(u64, Vec<u8>)>,
+    y: u64,
+    /// (element offset in y, expected value).
+    expected: Vec<(usize, f64)>,
+    tolerance: f64,
+}
+
+impl MatmulShape {
+    fn x_at(&self, b: usize, i: usize, k: usize) -> usize {
+        b * self.sx + i * self.ldx + k
+    }
+    fn w_at(&self, b: usize, j: usize, k: usize) -> usize {
+        if self.w_trans {
+            b * self.sw + j * self.ldw + k
+        } else {
+            b * self.sw + k * self.ldw + j
+        }
+    }
+    fn y_at(&self, b: usize, i: usize, j: usize) -> usize {
+        b * self.sy + i * self.ldy + j
+    }
+    fn x_len(&self) -> usize {
+        self.x_at(self.batch - 1, self.m - 1, self.k - 1) + 1
+    }
+    fn w_len(&self) -> usize {
+        self.w_at(self.batch - 1, self.n - 1, self.k - 1)
+            .max(self.w_at(self.batch - 1, 0, self.k - 1))
+            + 1
+    }
+    fn y_len(&self) -> usize {
+        self.y_at(self.batch - 1, self.m - 1, self.n - 1) + 1
+    }
+}
+
+impl MatmulProbe {
+    /// Writes seeded random activations over the operands that lie in `writable` (the arena:
+    /// never the weights), reads back what every operand then holds, and computes the sampled
+    /// outputs on the CPU.
+    pub(crate) fn new(
+        s: &MatmulShape,
+        ops: &MatmulOperands,
+        dtype: DType,
+        precision: Precision,
+        writable: std::ops::Range<u64>,
+    ) -> Result<MatmulProbe> {
+        let es = dtype.size();
+        let mut rng = Lcg(0x5eed ^ (s.m * 31 + s.n * 17 + s.k) as u64);
+        let mut inputs = Vec::new();
+        let mut regions = vec![(ops.x, s.x_len()), (ops.w, s.w_len())];
+        if s.residual {
+            regions.push((ops.c, s.y_len()));
+        }
+        for &(ptr, len) in &regions {
+            let end = ptr + (len * es) as u64;
+            if writable.contains(&ptr) && end <= writable.end {
+                let values: Vec<f32> = (0..len).map(|_| rng.uniform()).collect();
+                let bytes = encode(dtype, &values);
+                upload(ptr, &bytes)?;
+                inputs.push((ptr, bytes));
+            }
+        }
+        let x = decode(dtype, &download(ops.x, s.x_len() * es)?);
+        let w = decode(dtype, &download(ops.w, s.w_len() * es)?);
+        let c = if s.residual {
+            decode(dtype, &download(ops.c, s.y_len() * es)?)
+        } else {
+            Vec::new()
+        };
+        let bias = match s.bias {
+            Some(p) => decode(dtype, &download(p, s.n * es)?),
+            None => Vec::new(),
+        };
+        let mut expected = Vec::with_capacity(SAMPLES);
+        for _ in 0..SAMPLES {
+            let (b, i, j) = (rng.below(s.batch), rng.below(s.m), rng.below(s.n));
+            let mut acc: f64 = (0..s.k)
+                .map(|k| f64::from(x[s.x_at(b, i, k)]) * f64::from(w[s.w_at(b, j, k)]))
+                .sum::<f64>()
+                * f64::from(s.alpha);
+            if s.bias.is_some() {
+                acc += f64::from(bias[j]);
+            }
+            if s.residual {
+                acc += f64::from(c[s.y_at(b, i, j)]);
+            }
+            if s.relu {
+                acc = acc.max(0.0);
+            }
+            if s.gelu {
+                let t = (0.797_884_560_802_865_4 * (acc + 0.044715 * acc * acc * acc)).tanh();
+                acc = 0.5 * acc * (1.0 + t);
+            }
+            expected.push((s.y_at(b, i, j), acc));
+        }
+        // The plan check's limits (docs/cuda.md, Plan check): a wrong algorithm misses by far more.
+        let tolerance = match precision {
+            Precision::Fp32 => 1e-4,
+            Precision::Tf32 => 5e-3,
+            Precision::Fp16 => 3e-2,
+            Precision::Bf16 => 6e-2,
+        };
+        Ok(MatmulProbe {
+            dtype,
+            inputs,
+            y: ops.y,
+            expected,
+            tolerance,
+        })
+    }
+
+    /// Restores the seeded inputs, runs the candidate (`run`, on `stream`), and says whether its
+    /// sampled outputs match the CPU's within the precision's tolerance (relative L2). A
+    /// candidate whose launch fails does not match.
+    pub(crate) fn matches(
+        &self,
+        stream: cu::CUstream,
+        run: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<bool> {
+        for (ptr, bytes) in &self.inputs {
+            upload(*ptr, bytes)?;
+        }
+        if run().is_err() {
+            return Ok(false);
+        }
+        // SAFETY: the stream is live; the candidate was issued on it.
+        if unsafe { cu::cuStreamSynchronize(stream) } != cu::CUresult::CUDA_SUCCESS {
+            return Err(EngineError::Runtime(
+                "a cuBLASLt candidate failed on the GPU while it was checked".into(),
+            ));
+        }
+        let es = self.dtype.size();
+        let (mut err, mut norm) = (0.0f64, 0.0f64);
+        for &(at, want) in &self.expected {
+            let got = decode(self.dtype, &download(self.y + (at * es) as u64, es)?)[0];
+            let got = f64::from(got);
+            if !got.is_finite() {
+                return Ok(false);
+            }
+            err += (got - want).powi(2);
+            norm += want.powi(2);
+        }
+        Ok(err.sqrt() <= self.tolerance * norm.sqrt().max(1e-6))
+    }
+}
+
+fn upload(ptr: u64, bytes: &[u8]) -> Result<()> {
+    // SAFETY: `ptr` holds at least `bytes.len()` bytes (a region of the model's own buffers,
+    // sized from the matmul's shape); the copy is synchronous.
+    cu_check("cuMemcpyHtoD", unsafe {
+        cu::cuMemcpyHtoD_v2(ptr, bytes.as_ptr() as *const c_void, bytes.len())
+    })?;
+    Ok(())
+}
+
+fn download(ptr: u64, len: usize) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; len];
+    // SAFETY: as in `upload`, in the other direction, into a host buffer of `len` bytes.
+    cu_check("cuMemcpyDtoH", unsafe {
+        cu::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, ptr, len)
+    })?;
+    Ok(out)
+}
+
+fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        DType::Bf16 => values
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+    }
+}
+
+fn decode(dtype: DType, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        DType::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+    }
+}
+
+/// A small deterministic generator: the same inputs and positions in every build.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 11
+    }
+    /// Uniform in [-1, 1).
+    fn uniform(&mut self) -> f32 {
+        (self.next() as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operand_offsets_follow_the_strides() {
+        let s = MatmulShape {
+            m: 3,
+            n: 4,
+            k: 5,
+            batch: 2,
+            sx: 15,
+            sw: 0,
+            sy: 12,
+            ldx: 5,
+            ldw: 5,
+            ldy: 4,
+            w_trans: true,
+            alpha: 1.0,
+            bias: None,
+            relu: false,
+            gelu: false,
+            residual: false,
+        };
+        assert_eq!((s.x_len(), s.w_len(), s.y_len()), (30, 20, 24));
+        let t = MatmulShape {
+            w_trans: false,
+            ldw: 4,
+            ..s
+        };
+        // w stored [k, n]: the last element is (k - 1, n - 1).
+        assert_eq!(t.w_at(0, 3, 4), 19);
+        assert_eq!(t.w_len(), 20);
+    }
+
+    #[test]
+    fn values_round_trip_through_each_dtype() {
+        let v = [0.5f32, -1.25, 3.0];
+        for d in [DType::F32, DType::F16, DType::Bf16] {
+            assert_eq!(decode(d, &encode(d, &v)), v, "{d:?}");
+        }
+    }
+}
