@@ -1341,16 +1341,18 @@ const CUDNN_CANDIDATES: usize = 3;
 /// 0.35 ms in most builds and 0.59 ms in one: docs/interference.md). Its top
 /// [`CUDNN_CANDIDATES`] are therefore kept and timed again by [`time_candidates`], as graphs
 /// in alternating rounds, with the GEMM path.
-fn conv_descs(
-    m: &CudaModel,
-    c: &ConvStep,
-    dtype: DType,
-    precision: Precision,
-    ptr: &dyn Fn(Loc) -> u64,
-    scratch: u64,
-    ws_cap: usize,
-    keep: usize,
-) -> Result<Vec<ConvDesc>> {
+///
+/// Untimed (`ISOLANE_CUDA_SEARCH=first`, or an MPS client with part of the threads:
+/// [`BuildOptions::from_vars`]), cuDNN's own first choice only.
+fn conv_descs(m: &CudaModel, c: &ConvStep, rec: &Recorder) -> Result<Vec<ConvDesc>> {
+    let (dtype, precision) = (rec.dtype, rec.plan.precision);
+    let (scratch, ws_cap) = (rec.scratch, rec.ws_cap);
+    let ptr = |l: Loc| rec.ptr(l);
+    let keep = if rec.options.first_choice {
+        1
+    } else {
+        CUDNN_CANDIDATES
+    };
     let search = conv_desc(c, dtype, precision)?;
     let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 10] =
         // SAFETY: the perf records are plain C structs for which all-zero bytes are valid.
@@ -2218,13 +2220,7 @@ fn record_conv(
     err: &dyn Fn(EngineError) -> EngineError,
     c: &ConvStep,
 ) -> Result<()> {
-    let (plan, dtype, scratch, ws_cap, conv_cache) = (
-        rec.plan,
-        rec.dtype,
-        rec.scratch,
-        rec.ws_cap,
-        &mut caches.conv,
-    );
+    let conv_cache = &mut caches.conv;
     // Two ways, each timed on the real buffers; the faster one is kept:
     // cuDNN (one of its best algorithms) + our epilogue kernel, or (NHWC, one group)
     // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
@@ -2239,23 +2235,7 @@ fn record_conv(
         // objects per distinct convolution, and the launches hold indices into it.)
         let found = match cached {
             Some(i) => Ok(vec![i]),
-            None => conv_descs(
-                m,
-                c,
-                dtype,
-                plan.precision,
-                &|l| rec.ptr(l),
-                scratch,
-                ws_cap,
-                // Untimed (ISOLANE_CUDA_SEARCH=first, or an MPS client with part of the
-                // threads): cuDNN's own first choice.
-                if rec.options.first_choice {
-                    1
-                } else {
-                    CUDNN_CANDIDATES
-                },
-            )
-            .map(|descs| {
+            None => conv_descs(m, c, rec).map(|descs| {
                 descs
                     .into_iter()
                     .map(|d| {
