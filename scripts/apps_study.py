@@ -39,6 +39,7 @@ Python >= 3.7, standard library only.
 
 import argparse
 import csv
+import gzip
 import json
 import os
 import re
@@ -71,6 +72,9 @@ def parse_args():
     p.add_argument("--run-slack", type=float, default=120.0,
                    help="seconds a run may take beyond --duration (building the apps) before it "
                         "is stopped and counted as failed")
+    p.add_argument("--warmup-s", type=float, default=1.0,
+                   help="the second table leaves out the frames released in the first this many "
+                        "seconds: a one-time stall there (frames 10-35) set most runs' max latency")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table of the runs already in --out")
     a = p.parse_args()
@@ -223,6 +227,87 @@ def rows_of(summary, layout, mech, n):
     return out
 
 
+def frame_rows(path):
+    """The rows of an app's per-frame CSV (written plain, or gzipped when committed)."""
+    for name, opener in ((path, open), (path + ".gz", gzip.open)):
+        if os.path.exists(name):
+            with opener(name, "rt", newline="") as f:
+                return list(csv.DictReader(f))
+    return []
+
+
+def percentile(sorted_values, q):
+    """Nearest rank, as the run's own statistics (q in 0..1)."""
+    if not sorted_values:
+        return None
+    i = min(len(sorted_values) - 1, max(0, int(round(q * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[i]
+
+
+def steady_rows(out, a):
+    """Per app and run: the end-to-end latency of the measured frames released after the first
+    `--warmup-s` seconds, from `apps/<app>.csv`."""
+    rows = []
+    for name in sorted(os.listdir(out)):
+        m = re.fullmatch(r"(?:([abc])-)?(timeslice|mps|green|cpu)-n(\d+)", name)
+        run_dir = os.path.join(out, name, "run")
+        if not m or not os.path.exists(os.path.join(run_dir, "summary.json")):
+            continue
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            apps = [x["name"] for x in json.load(f).get("apps", [])]
+        for app in apps:
+            frames_ = [r for r in frame_rows(os.path.join(run_dir, "apps", app + ".csv"))
+                       if r["measured"] == "1" and float(r["release_ms"]) >= a.warmup_s * 1000]
+            lat = sorted(float(r["latency_ms"]) for r in frames_ if r["latency_ms"])
+            if not frames_:
+                continue
+            late = sum(1 for r in frames_ if r["timeout"] == "1")
+            p = {q: percentile(lat, q) for q in (0.10, 0.90, 0.95, 0.99)}
+            rows.append(dict(layout=m.group(1) or "one", mechanism=m.group(2),
+                             apps=int(m.group(3)), app=app, frames=len(frames_),
+                             timeout_pct=100.0 * late / len(frames_),
+                             max_ms=lat[-1] if lat else None, p99_ms=p[0.99],
+                             tail_ms=lat[-1] - p[0.95] if lat else None,
+                             flatness_ms=p[0.90] - p[0.10] if lat else None))
+    return rows
+
+
+def steady_markdown(a, rows):
+    """The second table: the same comparison without the first `--warmup-s` seconds."""
+    base_name = BASELINE_NAME[a.gpus]
+    out = ["", f"## After the first {a.warmup_s:g} s", "",
+           f"The same runs, frames released in the first {a.warmup_s:g} s left out as well (on "
+           "the H100 a one-time stall in the first second, frames 10-35, set most runs' max "
+           "latency in the table above: docs/apps.md). Worst app's max and p99, mean flatness "
+           "and tail.", "",
+           f"| apps | layout | mechanism | worst max ms | worst p99 ms | mean flatness ms "
+           f"| mean tail ms | worst timeout % | max vs {base_name} | p99 vs {base_name} "
+           f"| flatness vs {base_name} |",
+           "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    agg = {}
+    for r in rows:
+        agg.setdefault((r["apps"], r["layout"], r["mechanism"]), []).append(r)
+
+    def worst(rs, key):
+        v = [r[key] for r in rs if r[key] is not None]
+        return max(v) if v else None
+
+    def mean(rs, key):
+        v = [r[key] for r in rs if r[key] is not None]
+        return statistics.mean(v) if v else None
+    for (n, layout, mech), rs in sorted(agg.items()):
+        base = agg.get(baseline(a, n, layout, mech))
+        cuts = ["—"] * 3
+        if base and base is not rs:
+            cuts = [change(reduction(f(rs, k), f(base, k)))
+                    for f, k in ((worst, "max_ms"), (worst, "p99_ms"), (mean, "flatness_ms"))]
+        out.append(f"| {n} | {layout} | {mech} | {num(worst(rs, 'max_ms'), 1)} "
+                   f"| {num(worst(rs, 'p99_ms'), 1)} | {num(mean(rs, 'flatness_ms'), 2)} "
+                   f"| {num(mean(rs, 'tail_ms'), 2)} | {worst(rs, 'timeout_pct'):.2f} "
+                   f"| {' | '.join(cuts)} |")
+    return "\n".join(out) + "\n"
+
+
 def summarise(rs):
     """The worst app's max latency, the mean flatness and the mean tail of one configuration
     (None where no app of it had a measured frame reach its sink)."""
@@ -331,7 +416,7 @@ def main():
             w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
             w.writeheader()
             w.writerows(rows)
-        md = markdown(a, rows)
+        md = markdown(a, rows) + steady_markdown(a, steady_rows(a.out, a))
         with open(os.path.join(a.out, "apps-study.md"), "w") as f:
             f.write(md)
         print(md)

@@ -167,3 +167,31 @@ fn mann_whitney_of_two_runs() {
     assert!((r.p_value - 0.1).abs() < 1e-9, "{r:?}");
     assert!(compare(&[], &[1.0]).is_err());
 }
+
+/// The source's own lateness over the measured frames (1, 2, 3 of 5): its hand-over minus the
+/// scheduled release; a warning only when its p99 exceeds a quarter of the period.
+#[test]
+fn the_sources_lateness_is_recorded_and_warned_about() {
+    let mut r = records();
+    r.sent_ns = vec![0, 10 * MS + MS / 2, 20 * MS, 30 * MS + 3 * MS, 40 * MS];
+    let s = summarize(&app(), &r, &|m| format!("p:{m}"));
+    let late = s.source_late_ms.as_ref().expect("hand-over times recorded");
+    assert_eq!((late.min, late.max), (Some(0.0), Some(3.0)));
+    // 100 fps: 3 ms late is over a quarter of the 10 ms period.
+    let warning = late_source_warning(&s).expect("a warning");
+    assert!(
+        warning.contains("p99 3.0 ms") && warning.contains("period of 10.0 ms"),
+        "{warning}"
+    );
+    // On time: nothing to say.
+    let on_time = summarize(&app(), &records(), &|m| format!("p:{m}"));
+    assert_eq!(on_time.source_late_ms.as_ref().unwrap().max, Some(0.0));
+    assert_eq!(late_source_warning(&on_time), None);
+    // Records without hand-over times (an older worker): no statistic.
+    let mut none = records();
+    none.sent_ns.clear();
+    assert_eq!(
+        summarize(&app(), &none, &|m| format!("p:{m}")).source_late_ms,
+        None
+    );
+}
