@@ -303,9 +303,14 @@ fn collect(
 }
 
 /// The source's frame size, read from its first frame, for an app with a GPU preprocess (built
-/// for one frame size before the run); `None` for the others, which need not know it.
+/// for one frame size before the run) or a graphics stage (its renderer made and warmed up
+/// before the run); `None` for the others, which need not know it.
 fn frame_size(app: &AppSpec) -> Result<Option<[u32; 2]>, String> {
-    if app.gpu_preprocesses().is_empty() {
+    let renders = app
+        .stages
+        .iter()
+        .any(|s| matches!(s.kind, StageKind::Graphics { .. }));
+    if app.gpu_preprocesses().is_empty() && !renders {
         return Ok(None);
     }
     let first = source::open(&app.source.kind)

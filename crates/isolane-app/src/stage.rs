@@ -106,6 +106,9 @@ pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Sta
             ..
         } => {
             let mut g = GraphicsStage::new(device, *alpha)?;
+            if let Some(size) = ctx.frame_size {
+                g.warm_up(size)?;
+            }
             if let (Some(n), Some(dir)) = (save_every, &ctx.save_dir) {
                 g.save = Some(SaveFrames::new(dir.join(&spec.name), *n)?);
             }
@@ -319,6 +322,29 @@ impl GraphicsStage {
             outputs: FramePool::new(RENDERED_BUFFERS),
             save: None,
         })
+    }
+
+    /// Makes the renderer for the source's frame size and renders and reads back one black
+    /// frame, before the run: on the H100 a renderer made at the first frame (its device,
+    /// pipelines, staging and read-back buffers) held the app's first frames for 30–40 ms, the
+    /// worst latency of most runs of paper 004's study (docs/apps.md).
+    fn warm_up(&mut self, [width, height]: [u32; 2]) -> Result<(), String> {
+        let black = Frame::black(width, height);
+        self.make_renderer(&black)?;
+        rgb_to_rgba(&black.rgb, &mut self.rgba);
+        let frame = isolane_graphics::FrameRef {
+            width,
+            height,
+            rgba: &self.rgba,
+        };
+        let none = isolane_graphics::Overlay {
+            boxes: &[],
+            mask: None,
+        };
+        let r = self.renderer.as_mut().expect("made above");
+        r.render(frame, &none).map_err(|e| e.to_string())?;
+        r.read_back_into(&mut self.rendered)
+            .map_err(|e| e.to_string())
     }
 
     /// Makes the renderer for `frame`'s size: at the first frame, and again when the size
@@ -675,6 +701,36 @@ mod tests {
     /// The graphics stage draws a detection's box over the source frame and passes the frame
     /// on at its size; pixels away from the box are the frame's. Rendered through Vulkan
     /// (lavapipe in CI); ISOLANE_SKIP_VULKAN=1 skips it on a machine without Vulkan.
+    /// A stage told the frame size before the run has its renderer made and its read-back
+    /// allocated then, so that the first frame pays neither.
+    #[test]
+    fn a_graphics_stage_warms_up_before_the_first_frame() {
+        let mut stage = GraphicsStage::new("auto", 0.5).unwrap();
+        match stage.warm_up([64, 48]) {
+            Ok(()) => {}
+            Err(e) if std::env::var("ISOLANE_SKIP_VULKAN").is_ok_and(|v| v == "1") => {
+                eprintln!("skipped (ISOLANE_SKIP_VULKAN=1): {e}");
+                return;
+            }
+            Err(e) => panic!("{e} (set ISOLANE_SKIP_VULKAN=1 on a machine without Vulkan)"),
+        }
+        assert_eq!(stage.rendered.len(), 64 * 48 * 4, "read back once");
+        let size = |s: &GraphicsStage| {
+            s.renderer
+                .as_ref()
+                .map(|r| (r.config().width, r.config().height))
+        };
+        assert_eq!(
+            size(&stage),
+            Some((64, 48)),
+            "the renderer exists before any frame"
+        );
+        let frame = Arc::new(Frame::black(64, 48));
+        let none = Payload::Detections(Vec::new());
+        stage.process(&frame, &[Arc::new(none)]).unwrap();
+        assert_eq!(size(&stage), Some((64, 48)));
+    }
+
     #[test]
     fn the_graphics_stage_draws_the_boxes_over_the_frame() {
         let mut stage = GraphicsStage::new("auto", 0.5).unwrap();
