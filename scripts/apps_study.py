@@ -284,9 +284,7 @@ def steady_markdown(a, rows):
            f"| mean tail ms | worst timeout % | max vs {base_name} | p99 vs {base_name} "
            f"| flatness vs {base_name} |",
            "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    agg = {}
-    for r in rows:
-        agg.setdefault((r["apps"], r["layout"], r["mechanism"]), []).append(r)
+    agg = by_configuration(rows)
 
     def worst(rs, key):
         v = [r[key] for r in rs if r[key] is not None]
@@ -306,6 +304,14 @@ def steady_markdown(a, rows):
                    f"| {num(mean(rs, 'tail_ms'), 2)} | {worst(rs, 'timeout_pct'):.2f} "
                    f"| {' | '.join(cuts)} |")
     return "\n".join(out) + "\n"
+
+
+def by_configuration(rows):
+    """The rows grouped by (number of apps, layout, mechanism)."""
+    agg = {}
+    for r in rows:
+        agg.setdefault((r["apps"], r["layout"], r["mechanism"]), []).append(r)
+    return agg
 
 
 def summarise(rs):
@@ -354,9 +360,7 @@ def markdown(a, rows):
            f"| worst timeout % | GPU util % (each GPU) | max latency vs {BASELINE_NAME[a.gpus]} "
            f"| flatness vs {BASELINE_NAME[a.gpus]} | GPU util vs {BASELINE_NAME[a.gpus]} |",
            "| ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
-    agg = {}
-    for r in rows:
-        agg.setdefault((r["apps"], r["layout"], r["mechanism"]), []).append(r)
+    agg = by_configuration(rows)
     for (n, layout, mech), rs in sorted(agg.items()):
         worst, flat, tail = summarise(rs)
         miss = max(r["timeout_pct"] for r in rs)
