@@ -59,6 +59,8 @@ pub(crate) struct MatmulProbe {
     /// Regions written before each candidate runs: (device pointer, bytes).
     inputs: Vec<(u64, Vec<u8>)>,
     y: u64,
+    /// The arena regions the check and the candidates wrote: (device pointer, bytes).
+    written: Vec<(u64, usize)>,
     /// (element offset in y, expected value).
     expected: Vec<(usize, f64)>,
     tolerance: f64,
@@ -158,13 +160,31 @@ impl MatmulProbe {
             Precision::Fp16 => 3e-2,
             Precision::Bf16 => 6e-2,
         };
+        let mut written: Vec<(u64, usize)> = inputs.iter().map(|(p, b)| (*p, b.len())).collect();
+        let y_bytes = s.y_len() * es;
+        if writable.contains(&ops.y) && ops.y + y_bytes as u64 <= writable.end {
+            written.push((ops.y, y_bytes));
+        }
         Ok(MatmulProbe {
             dtype,
             inputs,
             y: ops.y,
+            written,
             expected,
             tolerance,
         })
+    }
+
+    /// Puts the arena's poison (0xff bytes: NaN in f32, f16 and bf16, written when the arena is
+    /// made) back over what the check wrote and what the candidates computed from it, so that a
+    /// later read of memory no step wrote still shows up as NaN.
+    pub(crate) fn poison_again(&self) -> Result<()> {
+        for &(ptr, bytes) in &self.written {
+            // SAFETY: a region of the model's arena (or its output), sized from the matmul's
+            // shape; synchronous.
+            cu_check("cuMemsetD8", unsafe { cu::cuMemsetD8_v2(ptr, 0xff, bytes) })?;
+        }
+        Ok(())
     }
 
     /// Restores the seeded inputs, runs the candidate (`run`, on `stream`), and says whether its

@@ -1815,6 +1815,7 @@ fn mm_index(
         (f32::INFINITY, 0usize),
         |b, (i, t)| if *t < b.0 { (*t, *i) } else { b },
     );
+    probe.poison_again()?;
     if rec.options.search_log {
         let times: Vec<String> = runs
             .iter()
