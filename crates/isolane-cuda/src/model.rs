@@ -2267,7 +2267,9 @@ fn record_conv(
             (l, f32::INFINITY)
         })
         .collect();
-    if c.gemm_capable() && paths.tries_gemm() {
+    // The GEMM path also where cuDNN found nothing for a convolution it was to run alone
+    // (ISOLANE_CUDA_CONV=cudnn, or an MPS client with part of the threads).
+    if c.gemm_capable() && (paths.tries_gemm() || dnn_descs.is_empty()) {
         let mut l = Vec::new();
         let b_ptr = match c.col {
             Some(col) => {
