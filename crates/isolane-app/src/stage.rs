@@ -329,22 +329,9 @@ impl GraphicsStage {
     /// pipelines, staging and read-back buffers) held the app's first frames for 30–40 ms, the
     /// worst latency of most runs of paper 004's study (docs/apps.md).
     fn warm_up(&mut self, [width, height]: [u32; 2]) -> Result<(), String> {
-        let black = Frame::black(width, height);
-        self.make_renderer(&black)?;
-        rgb_to_rgba(&black.rgb, &mut self.rgba);
-        let frame = isolane_graphics::FrameRef {
-            width,
-            height,
-            rgba: &self.rgba,
-        };
-        let none = isolane_graphics::Overlay {
-            boxes: &[],
-            mask: None,
-        };
-        let r = self.renderer.as_mut().expect("made above");
-        r.render(frame, &none).map_err(|e| e.to_string())?;
-        r.read_back_into(&mut self.rendered)
-            .map_err(|e| e.to_string())
+        let black = Arc::new(Frame::black(width, height));
+        let nothing = Arc::new(Payload::Detections(Vec::new()));
+        self.process(&black, &[nothing]).map(drop)
     }
 
     /// Makes the renderer for `frame`'s size: at the first frame, and again when the size

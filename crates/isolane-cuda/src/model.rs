@@ -1804,17 +1804,19 @@ fn mm_index(
             key.batch
         )));
     }
-    for _ in 0..TIMING_ROUNDS {
+    // One candidate (untimed search, or the only one that passed) is kept without timing.
+    for _ in 0..if runs.len() > 1 { TIMING_ROUNDS } else { 0 } {
         for (i, t) in runs.iter_mut() {
             cand.algo = results[*i].algo;
             cand.workspace = results[*i].workspace_size();
             *t = t.min(events.time(stream, &mut || run(&cand))?);
         }
     }
-    let best = runs.iter().fold(
-        (f32::INFINITY, 0usize),
-        |b, (i, t)| if *t < b.0 { (*t, *i) } else { b },
-    );
+    // The fastest; on a tie (untimed), the first.
+    let (best, _) = *runs
+        .iter()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("at least one candidate passed (checked above)");
     probe.poison_again()?;
     if rec.options.search_log {
         let times: Vec<String> = runs
@@ -1833,14 +1835,13 @@ fn mm_index(
             })
             .collect();
         eprintln!(
-            "search: matmul {mm}x{n}x{k} batch {}: {}; wrong {wrong:?}; kept #{}",
+            "search: matmul {mm}x{n}x{k} batch {}: {}; wrong {wrong:?}; kept #{best}",
             key.batch,
             times.join(", "),
-            best.1
         );
     }
-    cand.algo = results[best.1].algo;
-    cand.workspace = results[best.1].workspace_size();
+    cand.algo = results[best].algo;
+    cand.workspace = results[best].workspace_size();
     m.algo_cache.push((shape_key, cand.algo, cand.workspace));
     m.mms.push(cand);
     cache.push((key, m.mms.len() - 1));
@@ -2267,9 +2268,11 @@ fn record_conv(
             (l, f32::INFINITY)
         })
         .collect();
-    // The GEMM path also where cuDNN found nothing for a convolution it was to run alone
-    // (ISOLANE_CUDA_CONV=cudnn, or an MPS client with part of the threads).
-    if c.gemm_capable() && (paths.tries_gemm() || dnn_descs.is_empty()) {
+    // The GEMM path where it is tried and could be kept (an untimed search keeps cuDNN's first
+    // choice), and where cuDNN found nothing (ISOLANE_CUDA_CONV=cudnn, an MPS client with part
+    // of the threads).
+    let gemm_may_win = paths.tries_gemm() && !rec.options.first_choice;
+    if c.gemm_capable() && (gemm_may_win || dnn_descs.is_empty()) {
         let mut l = Vec::new();
         let b_ptr = match c.col {
             Some(col) => {
