@@ -267,8 +267,8 @@ impl Backend for CudaBackend {
 }
 
 /// Device memory a model will take once compiled, from its plan alone (no GPU needed): the
-/// constants in the device dtype, the activation arena, and the workspace cap (half the
-/// arena, the most [`CudaModel`] lets cuDNN and cuBLASLt use). Admission control counts this
+/// constants in the device dtype, the activation arena, and the most workspace [`CudaModel`]
+/// gives its libraries ([`workspace_limit`]). Admission control counts this
 /// per workload; the per-process CUDA context comes on top (the caller's to add, once per
 /// process).
 pub fn planned_memory(graph: &Graph, batch: usize, precision: Precision) -> Result<PlannedMemory> {
@@ -286,12 +286,18 @@ pub fn planned_memory(graph: &Graph, batch: usize, precision: Precision) -> Resu
     };
     let p = plan::plan_with(&g, batch, precision, opts)?;
     let (_, weights_bytes) = p.const_layout();
-    let workspace_bytes = p.arena_bytes / 2;
+    let workspace_bytes = workspace_limit(p.arena_bytes);
     Ok(PlannedMemory {
         weights_bytes,
         arena_bytes: p.arena_bytes,
         workspace_bytes,
     })
+}
+
+/// The most workspace a model with an activation arena of `arena_bytes` takes by default:
+/// cuDNN's, at most half the arena, and cuBLASLt's own, at most half the arena and 32 MiB.
+pub fn workspace_limit(arena_bytes: usize) -> usize {
+    arena_bytes / 2 + (arena_bytes / 2).min(model::MM_WORKSPACE_CAP)
 }
 
 /// [`planned_memory`]'s answer, bytes.

@@ -2449,7 +2449,7 @@ fn time_candidates(m: &mut CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -
 /// it: some of its algorithms (split-K kernels with a workspace of a few bytes) keep semaphores
 /// there, and cuDNN's convolutions write their scratch over whatever they share. (Suspected, and
 /// ruled out, as the cause of the wrong matmuls under MPS thread limits: `mm_check`.)
-const MM_WORKSPACE_CAP: usize = 32 << 20;
+pub(crate) const MM_WORKSPACE_CAP: usize = 32 << 20;
 
 /// Rounds of alternating timings of competing candidates (each keeps its best round).
 const TIMING_ROUNDS: usize = 5;
