@@ -103,8 +103,12 @@ fn backend_in(
             // their CUDA objects first (under its lock) in their Drop.
             unsafe { isolane_cuda::CudaBackend::with_stream(g.context(), g.stream()) }
         }
-        // A worker behind an MPS daemon sees its GPU under the index its environment gives.
-        None => isolane_cuda::CudaBackend::new(crate::engine_exec::gpu_index(device)),
+        // A worker behind an MPS daemon sees its GPU under the index its environment gives,
+        // and a critical app's worker of a protected run its stream's priority.
+        None => isolane_cuda::CudaBackend::with_own_stream(
+            crate::engine_exec::gpu_index(device),
+            crate::engine_exec::worker_is_urgent(),
+        ),
     }
     .map_err(|e| e.to_string())
 }

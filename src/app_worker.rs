@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use isolane_app::protection::AppGuard;
 use isolane_app::run::{run_apps, AppRecords, RunError, RunSettings};
 use isolane_app::spec::{parse_apps, EngineModels};
 use isolane_runtime::app_role::AppRunner;
@@ -45,6 +46,14 @@ impl AppRunner for AppWorker {
             stop,
             out: setup.out.as_deref(),
             start: Some(Box::new(start)),
+            guard: AppGuard {
+                guard: None,
+                setups: setup
+                    .guard
+                    .iter()
+                    .map(|g| (app.name.clone(), g.clone()))
+                    .collect(),
+            },
         };
         // The coordinator names the app (its worker's label): the reason alone goes back.
         let outcome = run_apps(std::slice::from_ref(&app), settings).map_err(|e| match e {

@@ -142,8 +142,9 @@ fn the_endoscopy_pipeline_runs_on_the_cpu() {
     // a frame that reached the sink took at least its stages' own times
     let csv = std::fs::read_to_string(out.join("apps/endoscopy.csv")).unwrap();
     assert_eq!(csv.lines().count(), 41);
-    assert!(csv
-        .starts_with("frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,preprocess_ms"));
+    assert!(csv.starts_with(
+        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,preprocess_ms"
+    ));
 }
 
 /// Two small classifier apps, each pinned to nothing, for the process-host tests.
@@ -237,6 +238,51 @@ fn apps_run_in_worker_processes_as_they_do_in_threads() {
         csv.lines().next().unwrap().to_string()
     };
     assert_eq!(header(&a), header(&b));
+}
+
+/// Criticality protection across worker processes (docs/criticality.md, Apps): the critical
+/// app's frames and the best-effort app's holds meet in the guard's shared file, which the
+/// workers map by the path the coordinator gives them. Both apps release their frames at the
+/// same instants, so each best-effort frame waits until the critical frame beside it is done.
+#[test]
+fn a_best_effort_app_in_a_worker_waits_for_the_critical_one() {
+    let dir = tempfile::tempdir().unwrap();
+    // A margin of 999 ms before a 1 s deadline leaves a critical frame no slack: a best-effort
+    // piece may run only where it ends before the next critical release.
+    let text = two_apps("backend = \"cpu\"\nhost = \"process\"")
+        .replace("deadline_ms = 2000", "deadline_ms = 1000")
+        .replacen(
+            "name = \"right\"",
+            "name = \"right\"\ncriticality = \"best_effort\"",
+            1,
+        )
+        + "\n[protection]\nmargin_us = 999000\n";
+    let s = scenario(dir.path(), "protected.toml", &text);
+    let out = dir.path().join("run");
+    run_ok(isolane().arg("run").arg(&s).arg("--out").arg(&out));
+    let sum = summary(&out);
+    let (left, right) = (app(&sum, "left"), app(&sum, "right"));
+    assert_eq!(left["criticality"], "critical");
+    assert!(left.get("held").is_none(), "{left}");
+    assert_eq!(right["criticality"], "best_effort");
+    // Every measured best-effort frame was held (its model stage asks before each frame).
+    assert_eq!(right["held"]["pieces"], 1, "{right}");
+    assert_eq!(right["held"]["jobs_held"], 6, "{right}");
+    assert!(f(&right["held"]["total_ms"]) > 0.0);
+    assert_eq!(right["end_to_end"]["completed"], 6);
+    let csv = std::fs::read_to_string(out.join("apps/right.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let held = header.iter().position(|h| *h == "held_ms").unwrap();
+    let measured = header.iter().position(|h| *h == "measured").unwrap();
+    for row in csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+    {
+        if row[measured] == "1" {
+            assert!(row[held].parse::<f64>().unwrap() > 0.0, "{row:?}");
+        }
+    }
 }
 
 /// An app that cannot be set up in its worker (a preprocess with no size that feeds no model)

@@ -13,10 +13,12 @@ use isolane_app::partitions::{
     as_workloads, check_device, check_gpu_stages, check_gpus, check_process_partitions,
     partition_workload, workload_name,
 };
+use isolane_app::protection::{protects, AppGuard};
 use isolane_app::run::{run_apps, RunError, RunOutcome, RunSettings};
 use isolane_app::spec::{parse_apps, AppSpec, EngineModels};
 use isolane_core::results::{AppSummary, PartitionRecord, RunStatus, RunSummary};
-use isolane_core::spec::{Host, Scenario};
+use isolane_core::spec::{Criticality, Host, Scenario};
+use isolane_gpu::partitions::Urgency;
 use isolane_runtime::output;
 use isolane_runtime::partition::Partition;
 
@@ -210,6 +212,8 @@ fn run_in_partitions(
     stop: &AtomicBool,
     out: &Path,
 ) -> anyhow::Result<(Result<RunOutcome, RunError>, Vec<PartitionRecord>)> {
+    let guard = AppGuard::create(apps, &scenario.protection)
+        .context("creating the criticality guard's shared file")?;
     let settings = |partitions: HashMap<String, Partition>| RunSettings {
         device: &scenario.device,
         timing: &scenario.timing,
@@ -218,14 +222,16 @@ fn run_in_partitions(
         stop,
         out: Some(out),
         start: None,
+        guard: guard.clone(),
     };
     let Some(plan) = admitted else {
         return Ok((run_apps(apps, settings(HashMap::new())), Vec::new()));
     };
-    let ran = isolane_session::with_partitions(
+    let ran = isolane_session::with_urgent_partitions(
         scenario.device.gpu,
         &plan,
         args.partitions.choices(),
+        urgency(scenario, apps),
         |session| {
             let mut parts: HashMap<String, Partition> = HashMap::new();
             for w in &workloads.workloads {
@@ -264,6 +270,8 @@ fn run_in_processes(
 ) -> anyhow::Result<(Result<RunOutcome, RunError>, Vec<PartitionRecord>)> {
     let command = isolane_runtime::worker_client::WorkerCommand::isolane()
         .context("finding the isolane executable for the app workers")?;
+    let guard = AppGuard::create(apps, &run.scenario.protection)
+        .context("creating the criticality guard's shared file")?;
     let workers = |env: &BTreeMap<String, Vec<(String, String)>>, on_start: &dyn Fn(u32)| {
         let w = WorkerRun {
             command: &command,
@@ -276,16 +284,18 @@ fn run_in_processes(
             env,
             on_start,
             stop: run.stop,
+            guard: &guard,
         };
         run_in_workers(apps, &w)
     };
     let Some(plan) = admitted else {
         return Ok((workers(&BTreeMap::new(), &|_| {}), Vec::new()));
     };
-    let ran = isolane_session::with_partitions(
+    let ran = isolane_session::with_urgent_partitions(
         run.scenario.device.gpu,
         &plan,
         run.args.partitions.choices(),
+        urgency(run.scenario, apps),
         |session| {
             let env = session.worker_env().clone();
             let adopt = session.client_adopter();
@@ -297,6 +307,34 @@ fn run_in_processes(
     match ran {
         Ok(r) => Ok(r),
         Err(never) => match never {},
+    }
+}
+
+/// In a protected run with `[protection] priorities` on, critical apps' models go first where
+/// the hardware arbitrates (their streams at the greatest priority) and best-effort apps' MPS
+/// clients go last, as for workloads (docs/criticality.md, Apps); otherwise nobody does.
+fn urgency(scenario: &Scenario, apps: &[AppSpec]) -> Urgency {
+    if !protects(apps, &scenario.protection) || !scenario.protection.priorities {
+        return Urgency::default();
+    }
+    let host = scenario.device.host;
+    let named = |c: Criticality| {
+        apps.iter()
+            .filter(|a| a.criticality == c)
+            .flat_map(|a| {
+                let mut names: Vec<String> = a
+                    .models()
+                    .iter()
+                    .map(|m| partition_workload(a, &m.name, host))
+                    .collect();
+                names.push(a.name.clone());
+                names
+            })
+            .collect()
+    };
+    Urgency {
+        urgent: named(Criticality::Critical),
+        background: named(Criticality::BestEffort),
     }
 }
 

@@ -12,6 +12,7 @@
 //! | [`partitions`] | an app's models as workloads, for partitions and admission |
 //! | [`placement`] | which CUDA GPU renders each graphics stage (its Vulkan device by UUID) |
 //! | [`models`] | how a model stage gets a compiled model ([`models::ModelBuilder`]) |
+//! | [`protection`] | criticality protection: critical apps' frames in the guard, best-effort stages held |
 //! | [`run`] | one run of the apps: threads, channels, the release schedule, the records |
 //! | [`workers`] | apps in `isolane worker` processes (MPS, time-slicing): the coordinator's side |
 //! | [`metrics`] | records → summary.json's `apps` (paper 004's metrics), and the frames CSV |
@@ -22,6 +23,7 @@ pub mod models;
 pub mod ops;
 pub mod partitions;
 pub mod placement;
+pub mod protection;
 pub mod run;
 pub mod source;
 pub mod spec;

@@ -11,9 +11,11 @@
 
 use isolane_core::job::JobRecord;
 use isolane_core::metrics::{workload_metrics, LatencyStats};
-use isolane_core::results::{AppSummary, MemberSummary, StageSummary};
+use isolane_core::results::{AppSummary, HeldSummary, MemberSummary, StageSummary};
+use isolane_core::spec::Criticality;
 use isolane_core::stats::{mann_whitney_u, MannWhitney, MwMethod, StatsError};
 
+use crate::protection::held_stage;
 use crate::run::{AppRecords, StageRecord};
 use crate::spec::{AppSpec, PreprocessDevice, StageKind, Vote};
 
@@ -24,9 +26,10 @@ fn measured(app: &AppSpec, released: u64) -> std::ops::Range<u64> {
     first..last
 }
 
-/// Each measured frame's end-to-end record: its release and the sink's end. No start: a
-/// workload's start lateness assumes each job waits for the previous one's end, which the
-/// frames of a pipeline do not (frame k+1 enters while frame k is still in a later stage).
+/// Each measured frame's end-to-end record: its release, the sink's end, and how long the
+/// criticality guard held its stages back (their sum). No start: a workload's start lateness
+/// assumes each job waits for the previous one's end, which the frames of a pipeline do not
+/// (frame k+1 enters while frame k is still in a later stage).
 pub fn frame_records(app: &AppSpec, rec: &AppRecords) -> Vec<JobRecord> {
     let sink = crate::run::sink(app, rec);
     measured(app, rec.release_ns.len() as u64)
@@ -39,10 +42,28 @@ pub fn frame_records(app: &AppSpec, rec: &AppRecords) -> Vec<JobRecord> {
                 start_ns: None,
                 end_ns: end,
                 timeout: end.is_none(),
-                held_ns: 0,
+                held_ns: frame_held_ns(rec, i),
             }
         })
         .collect()
+}
+
+/// How long the guard held frame `i` back, over all its stages.
+fn frame_held_ns(rec: &AppRecords, i: usize) -> i64 {
+    rec.stages
+        .iter()
+        .filter_map(|s| s.get(i))
+        .map(|s| s.held_ns)
+        .sum()
+}
+
+/// A best-effort app's holds, when the guard acted on it (`None` otherwise).
+fn held(app: &AppSpec, frames: &[JobRecord]) -> Option<HeldSummary> {
+    let held_any = frames.iter().any(|f| f.held_ns > 0);
+    (app.criticality == Criticality::BestEffort && held_any).then(|| {
+        let pieces = app.stages.iter().filter(|s| held_stage(&s.kind)).count();
+        HeldSummary::of(frames, pieces as u64)
+    })
 }
 
 /// The source's hand-over of each measured frame against its release (`None` where the
@@ -165,6 +186,8 @@ pub fn summarize(
         end_to_end,
         source_late_ms: source_lateness(app, rec),
         stages,
+        criticality: app.criticality,
+        held: held(app, &frames),
     }
 }
 
@@ -221,7 +244,8 @@ fn made_late<'a>(
 }
 
 /// `apps/<app>.csv`: one row per frame released (all of them, the dropped ones included):
-/// `frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured`, then each stage's own time
+/// `frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms` (`held_ms`: how long
+/// the criticality guard held the frame's stages back), then each stage's own time
 /// (`<stage>_ms`, empty where it did not run), then `output`: what reached the sink. Times in
 /// ms since t0.
 pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
@@ -237,13 +261,14 @@ pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
         let end = sink.get(i).and_then(|s| s.end_ns);
         let timeout = end.is_none_or(|e| e - release > app.deadline_ns());
         out.push_str(&format!(
-            "{i},{},{},{},{},{},{}",
+            "{i},{},{},{},{},{},{},{}",
             ms(release),
             rec.sent_ns.get(i).map(|s| ms(*s)).unwrap_or_default(),
             end.map(ms).unwrap_or_default(),
             end.map(|e| ms(e - release)).unwrap_or_default(),
             timeout as u8,
-            range.contains(&(i as u64)) as u8
+            range.contains(&(i as u64)) as u8,
+            ms(frame_held_ns(rec, i))
         ));
         for stage in &rec.stages {
             let own = stage

@@ -19,6 +19,7 @@ use isolane_runtime::partition::Partition;
 
 use crate::data::{Frame, Payload};
 use crate::models::{input_shape, ModelBuilder};
+use crate::protection::{AppGuard, AppProtection, FramePublisher, StageHold};
 use crate::source::{self, FrameSource};
 use crate::spec::{AppSpec, Input, Late, StageKind};
 use crate::stage::{self, StageContext};
@@ -76,6 +77,8 @@ pub struct RunSettings<'a> {
     /// first frames at, or why not to run. An app in an `isolane worker` process reports ready
     /// here and waits for the coordinator's t0; `None`: now plus `timing.start_delay_ms`.
     pub start: Option<StartGate<'a>>,
+    /// The apps' parts in the run's criticality guard (default: an unprotected run).
+    pub guard: AppGuard,
 }
 
 /// See [`RunSettings::start`].
@@ -148,7 +151,12 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
     let mut sources = Vec::new();
     let mut sizes = Vec::new();
     let mut frame_sizes = Vec::new();
+    let mut protections = Vec::new();
     for app in apps {
+        protections.push(
+            AppProtection::attach(app, &settings.guard)
+                .map_err(|e| setup(app, format!("opening the criticality guard: {e}")))?,
+        );
         sources.push(source::open(&app.source.kind).map_err(|e| setup(app, e.to_string()))?);
         sizes.push(preprocess_sizes(app).map_err(|m| setup(app, m))?);
         frame_sizes.push(frame_size(app).map_err(|m| setup(app, m))?);
@@ -182,12 +190,16 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
                         cpu: app.cpu.clone(),
                         save_dir: settings.out.map(|o| o.join("apps").join(&app.name)),
                     };
+                    let is_sink = app.stages[j].kind == StageKind::Sink;
                     let worker = StageWorker {
                         app,
                         index: j,
                         inputs,
                         outputs,
                         t0: t0.clone(),
+                        hold: protections[a].stage_hold(app, j),
+                        publisher: protections[a].publisher().filter(|_| is_sink).cloned(),
+                        stop: settings.stop,
                     };
                     let ready = ready_tx.clone();
                     scope.spawn(move || worker.run(ctx, ready, a))
@@ -227,10 +239,20 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
             .iter()
             .zip(sources)
             .zip(source_outs)
-            .map(|((app, src), outs)| {
-                scope.spawn(move || release_frames(app, src, outs, start, spin_ns, stop))
+            .zip(&protections)
+            .map(|(((app, src), outs), protection)| {
+                let release = Release {
+                    t0: start,
+                    spin_ns,
+                    stop,
+                    publisher: protection.publisher().cloned(),
+                };
+                scope.spawn(move || release_frames(app, src, outs, release))
             })
             .collect();
+        // From here on only a critical app's source and sink hold its publisher: when both
+        // have ended, its slot is freed for good and best effort no longer waits for it.
+        drop(protections);
         let records = apps
             .iter()
             .zip(source_threads)
@@ -360,15 +382,28 @@ fn take_partitions(
 
 type SourceResult = (Vec<i64>, Vec<i64>, Option<String>);
 
+/// How a source releases its frames.
+struct Release<'a> {
+    t0: i64,
+    spin_ns: i64,
+    stop: &'a AtomicBool,
+    /// A critical app's: each frame is announced to the guard before it is made.
+    publisher: Option<Arc<FramePublisher>>,
+}
+
 /// The source's loop: the next frame is read before its release, then sent at it.
 fn release_frames(
     app: &AppSpec,
     mut src: Box<dyn FrameSource>,
     outs: Vec<Sender<Msg>>,
-    t0: i64,
-    spin_ns: i64,
-    stop: &AtomicBool,
+    r: Release<'_>,
 ) -> SourceResult {
+    let Release {
+        t0,
+        spin_ns,
+        stop,
+        publisher,
+    } = r;
     let period = app.period_ns();
     let mut release_ns = Vec::with_capacity(app.frames.min(PREALLOCATED) as usize);
     if let Err(e) = isolane_runtime::affinity::pin_current_thread(&app.cpu) {
@@ -376,11 +411,14 @@ fn release_frames(
     }
     let mut sent_ns = Vec::with_capacity(app.frames.min(PREALLOCATED) as usize);
     for k in 0..app.frames {
+        let release = t0 + k as i64 * period;
+        if let Some(p) = &publisher {
+            p.announce(k, release);
+        }
         let frame = match src.next_frame() {
             Ok(f) => f,
             Err(e) => return (release_ns, sent_ns, Some(e.to_string())),
         };
-        let release = t0 + k as i64 * period;
         if !clock::wait_until_ns(release, spin_ns, stop) || stop.load(Ordering::Relaxed) {
             break;
         }
@@ -407,11 +445,16 @@ struct StageWorker<'a> {
     inputs: Vec<Receiver<Msg>>,
     outputs: Vec<Sender<Msg>>,
     t0: Arc<OnceLock<i64>>,
+    /// A best-effort app's stage that competes with critical work: held by the guard.
+    hold: Option<StageHold>,
+    /// A critical app's sink: tells the guard each frame has arrived.
+    publisher: Option<Arc<FramePublisher>>,
+    stop: &'a AtomicBool,
 }
 
 impl StageWorker<'_> {
     fn run(
-        self,
+        mut self,
         mut ctx: StageContext<'_>,
         ready: Sender<Result<(), (usize, String)>>,
         app_index: usize,
@@ -441,6 +484,9 @@ impl StageWorker<'_> {
             let (record, output) = match payloads {
                 Some(p) if error.is_none() && !self.too_late(first.release_ns) => {
                     let (record, out) = self.process(&mut *stage, first, &p);
+                    if let (Some(p), Some(end)) = (&self.publisher, record.end_ns) {
+                        p.arrived(first.index, end + self.t0());
+                    }
                     match out {
                         Ok(o) => (record, Some(Arc::new(o))),
                         Err(e) => {
@@ -449,7 +495,12 @@ impl StageWorker<'_> {
                         }
                     }
                 }
-                _ => (StageRecord::skipped(first.index), None),
+                _ => {
+                    if let Some(p) = &self.publisher {
+                        p.arrived(first.index, clock::now_ns());
+                    }
+                    (StageRecord::skipped(first.index), None)
+                }
             };
             records.push(record);
             let msg = Msg {
@@ -481,15 +532,19 @@ impl StageWorker<'_> {
     /// Runs the stage on one frame and records its times (since t0), its ensemble members'
     /// and, for the sink, what reached it (described after the end time is taken).
     fn process(
-        &self,
+        &mut self,
         stage: &mut dyn stage::Stage,
         msg: &Msg,
         inputs: &[Arc<Payload>],
     ) -> (StageRecord, Result<Payload, String>) {
         let t0 = self.t0();
+        if let Some(h) = &mut self.hold {
+            h.before(self.stop);
+        }
         let start = clock::now_ns();
         let out = stage.process(&msg.frame, inputs);
         let end = clock::now_ns();
+        let held_ns = self.hold.as_mut().map_or(0, |h| h.after(end - start));
         let is_sink = self.app.stages[self.index].kind == StageKind::Sink;
         let record = StageRecord {
             frame: msg.index,
@@ -504,6 +559,7 @@ impl StageWorker<'_> {
                 let what: Vec<String> = inputs.iter().map(|x| x.describe()).collect();
                 what.join("; ")
             }),
+            held_ns,
         };
         (record, out)
     }

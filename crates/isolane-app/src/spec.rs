@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use isolane_core::spec::{Backend, DeviceSpec, PartitionSpec, Precision};
+use isolane_core::spec::{Backend, Criticality, DeviceSpec, PartitionSpec, Precision};
 use serde::Deserialize;
 
 mod raw;
@@ -54,6 +54,13 @@ pub struct AppSpec {
     /// its own, of its rendering: one of `[device] gpus`; `None`: the device's first GPU.
     /// Read it through [`AppSpec::gpu_on`].
     pub gpu: Option<u32>,
+    /// `critical` (the default): its frames' deadlines are kept; `best_effort`: its GPU stages
+    /// are held back whenever they could make a critical app's frame late, in a run with
+    /// `[protection]` enabled (docs/criticality.md, Apps).
+    pub criticality: Criticality,
+    /// A critical app's own worst stretch beside best effort (≥ 1): the guard charges overlap
+    /// with its frames `1 − 1/stretch` instead of the run's `[protection] stretch`.
+    pub stretch: Option<f64>,
     pub source: SourceSpec,
     /// In the order of the file; `inputs` index into it (`None`: the source).
     pub stages: Vec<StageSpec>,

@@ -16,6 +16,7 @@ use isolane_runtime::clock;
 use isolane_runtime::protocol::{AppSetup, FromWorker, ToWorker, PROTOCOL_VERSION};
 use isolane_runtime::worker_client::{WorkerClient, WorkerClientError, WorkerCommand};
 
+use crate::protection::AppGuard;
 use crate::run::{AppRecords, RunError, RunOutcome};
 use crate::spec::AppSpec;
 
@@ -40,6 +41,9 @@ pub struct WorkerRun<'a> {
     /// Called with each worker's pid (the session adopts MPS clients, to end them first).
     pub on_start: &'a dyn Fn(u32),
     pub stop: &'a AtomicBool,
+    /// The apps' parts in the run's criticality guard, which stays here (the workers map its
+    /// file).
+    pub guard: &'a AppGuard,
 }
 
 /// Runs each app in a worker process of its own: starts them all, waits until every one is
@@ -79,7 +83,12 @@ pub fn run_in_workers(apps: &[AppSpec], run: &WorkerRun<'_>) -> Result<RunOutcom
     let records = apps
         .iter()
         .zip(&mut clients)
-        .map(|(app, c)| records_of(app, c, run.stop, &mut stopped))
+        .map(|(app, c)| {
+            let records = records_of(app, c, run.stop, &mut stopped);
+            // A worker that died never freed its guard slot; best effort must not wait for it.
+            run.guard.finish(&app.name);
+            records
+        })
         .collect::<Vec<_>>();
     if stopped {
         for c in &mut clients {
@@ -131,6 +140,7 @@ fn setup_for(run: &WorkerRun<'_>, app: &AppSpec, a: usize) -> AppSetup {
         out: run.out.map(Path::to_path_buf),
         no_plan_check: run.no_plan_check,
         render_devices: crate::placement::render_devices(app),
+        guard: run.guard.setup(&app.name).cloned(),
     }
 }
 

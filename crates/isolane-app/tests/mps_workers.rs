@@ -159,6 +159,7 @@ fn each_app_is_an_mps_client_with_its_apps_partition() {
                 env: &env,
                 on_start: &adopt,
                 stop: &stop,
+                guard: &Default::default(),
             };
             Ok::<_, std::convert::Infallible>((
                 run_in_workers(&apps, &run),
@@ -328,6 +329,7 @@ fn apps_on_two_gpus_are_clients_of_their_gpus_daemons() {
                 env: &env,
                 on_start: &adopt,
                 stop: &stop,
+                guard: &Default::default(),
             };
             Ok::<_, std::convert::Infallible>((
                 run_in_workers(&apps, &run),
@@ -418,6 +420,7 @@ fn time_sliced_apps_on_two_gpus_are_told_their_gpu() {
                 env: &env,
                 on_start: &|_| {},
                 stop: &stop,
+                guard: &Default::default(),
             };
             Ok::<_, std::convert::Infallible>(run_in_workers(&apps, &run))
         },

@@ -139,6 +139,7 @@ fn run_with(
             stop: &stop,
             out: None,
             start: None,
+            guard: Default::default(),
         },
     )
 }
@@ -443,6 +444,7 @@ fn a_gpu_preprocess_runs_in_the_partition_of_the_model_it_feeds() {
             stop: &stop,
             out: None,
             start: None,
+            guard: Default::default(),
         },
     )
     .unwrap();
@@ -502,6 +504,7 @@ fn the_start_gate_gives_t0_or_stops_the_run() {
         stop: &stop,
         out: None,
         start: Some(start),
+        guard: Default::default(),
     };
     let t0 = isolane_runtime::clock::now_ns() + 5_000_000;
     let out = run_apps(&apps, settings(Box::new(move || Ok(t0)))).unwrap();

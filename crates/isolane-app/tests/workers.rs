@@ -84,6 +84,7 @@ fn run(dir: &Path, apps: &[AppSpec]) -> Result<isolane_app::run::RunOutcome, Str
         env: &env,
         on_start: &|_| {},
         stop: &stop,
+        guard: &Default::default(),
     };
     run_in_workers(apps, &w).map_err(|e| e.to_string())
 }

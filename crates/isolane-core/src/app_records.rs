@@ -19,6 +19,14 @@ pub struct StageRecord {
     /// written after its end time was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
+    /// How long the criticality guard held this stage back before it started the frame (a
+    /// best-effort app's GPU stage in a protected run, docs/apps.md; 0 otherwise).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub held_ns: i64,
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
 }
 
 impl StageRecord {
@@ -30,6 +38,7 @@ impl StageRecord {
             end_ns: None,
             members: Vec::new(),
             output: None,
+            held_ns: 0,
         }
     }
 }
@@ -59,6 +68,7 @@ mod tests {
         sink.output = Some("class 3 score 0.500".into());
         let mut ens = StageRecord::skipped(1);
         ens.members = vec![(1, 2), (3, 4)];
+        ens.held_ns = 7;
         let r = AppRecords {
             release_ns: vec![0, 100],
             sent_ns: vec![1, 101],

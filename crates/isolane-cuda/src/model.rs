@@ -1782,6 +1782,7 @@ fn mm_index(
     )?;
     let mut runs: Vec<(usize, f32)> = Vec::new();
     let mut wrong = Vec::new();
+    let mut failed = None;
     for (i, r) in results[..got as usize].iter().enumerate() {
         if r.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspace_size() > ws_cap {
             continue;
@@ -1791,16 +1792,23 @@ fn mm_index(
         }
         cand.algo = r.algo;
         cand.workspace = r.workspace_size();
-        if probe.matches(stream, &mut || run(&cand))? {
-            runs.push((i, f32::INFINITY));
-        } else {
-            wrong.push(i);
+        // A candidate that cannot run here (a cluster shape a small green context cannot
+        // place: time_candidates) is left out like a wrong one.
+        match probe.matches(stream, &mut || run(&cand)) {
+            Ok(true) => runs.push((i, f32::INFINITY)),
+            Ok(false) => wrong.push(i),
+            Err(e) => {
+                failed.get_or_insert(e);
+                wrong.push(i);
+            }
         }
     }
     if runs.is_empty() {
+        let failed = failed.map_or(String::new(), |e| format!(" (one failed to run: {e})"));
         return Err(EngineError::Runtime(format!(
             "cuBLASLt offers no algorithm that computes the {mm}×{n}×{k} matmul (batch {}) right \
-             on this GPU: its candidates {wrong:?} all disagreed with the CPU on seeded inputs",
+             on this GPU: its candidates {wrong:?} all disagreed with the CPU on seeded inputs \
+             or failed to run{failed}",
             key.batch
         )));
     }
@@ -2301,14 +2309,17 @@ fn record_conv(
         time_candidates(m, rec, &mut candidates).map_err(err)?;
     }
     let n_dnn = dnn_descs.len();
+    // A path that failed to run has a NaN time, which total_cmp puts after every other.
     let best_dnn = (0..n_dnn).min_by(|&a, &b| candidates[a].1.total_cmp(&candidates[b].1));
     if let (Some(i), None) = (best_dnn, cached) {
-        conv_cache.push((key, dnn_descs[i]));
+        if !candidates[i].1.is_nan() {
+            conv_cache.push((key, dnn_descs[i]));
+        }
     }
     // The GEMM path on a tie (cuDNN's first choice when nothing was timed).
     let chosen = match (best_dnn, candidates.len() > n_dnn) {
         (Some(d), _) if rec.options.first_choice => d,
-        (Some(d), true) if candidates[d].1 < candidates[n_dnn].1 => d,
+        (Some(d), true) if candidates[d].1.total_cmp(&candidates[n_dnn].1).is_lt() => d,
         (_, true) => n_dnn,
         (Some(d), false) => d,
         (None, false) => return Err(err(EngineError::Runtime("no convolution path".into()))),
@@ -2433,6 +2444,12 @@ type TimedPath = (Vec<Launch>, f32);
 /// 0.41 ms with cuDNN throughout: docs/interference.md). The paths are timed in alternation,
 /// [`TIMING_ROUNDS`] times, each keeping its best: the build is often the GPU's first work after
 /// idle, and a path timed only before the clocks had risen lost to one timed after.
+///
+/// A path that cannot run here is left out (its time NaN), as long as another can: in a green
+/// context of a few SMs some library kernels launch thread-block clusters the context cannot
+/// place (`CUDA_ERROR_INVALID_CLUSTER_SIZE` at instantiation, or cuDNN's
+/// `CUDNN_STATUS_EXECUTION_FAILED`; mobilenet_v2 in 8 SMs and resnet50 in 104 SMs beside it on
+/// the H100), and a build must not fail for a candidate it need not keep.
 fn time_candidates(m: &mut CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -> Result<()> {
     if paths.len() < 2 {
         return Ok(());
@@ -2462,8 +2479,18 @@ const REPLAYS_PER_TIMING: usize = 4;
 /// alternating rounds of [`REPLAYS_PER_TIMING`] replays ([`time_candidates`] says why).
 fn time_paths_as_graphs(m: &CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -> Result<()> {
     let mut timed: Vec<(&mut f32, CapturedGraph)> = Vec::with_capacity(paths.len());
+    let mut first_failure = None;
     for (launches, best) in paths.iter_mut() {
-        timed.push((best, m.capture_list(launches, true)?));
+        match m.capture_list(launches, true) {
+            Ok(graph) => timed.push((best, graph)),
+            Err(e) => {
+                *best = f32::NAN;
+                first_failure.get_or_insert(e);
+            }
+        }
+    }
+    if let (true, Some(e)) = (timed.is_empty(), first_failure) {
+        return Err(e);
     }
     for _ in 0..TIMING_ROUNDS {
         for (best, graph) in timed.iter_mut() {

@@ -443,6 +443,11 @@ impl CriticalPublisher {
         s.service.store(next, Ordering::Relaxed);
     }
 
+    /// Replaces the service estimate (an app's, once its first frames have measured it).
+    pub fn set_estimate(&self, service_ns: i64) {
+        self.s().service.store(service_ns.max(0), Ordering::Relaxed);
+    }
+
     /// No more jobs: best effort no longer has to leave room for this workload.
     pub fn finished(&self) {
         self.s().state.store(FINISHED, Ordering::Release);

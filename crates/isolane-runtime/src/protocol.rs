@@ -127,6 +127,10 @@ pub struct AppSetup {
     /// UUID. Empty: every stage keeps the file's `device`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub render_devices: std::collections::BTreeMap<String, String>,
+    /// The app's part in the run's criticality guard (a protected run with critical and
+    /// best-effort apps); `None`: not protected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<crate::guard::GuardSetup>,
 }
 
 /// A job record on the wire:
@@ -338,6 +342,14 @@ mod tests {
                         out: Some("runs/x".into()),
                         no_plan_check: true,
                         render_devices: [("draw".to_string(), "GPU-0".to_string())].into(),
+                        guard: Some(crate::guard::GuardSetup {
+                            path: "/dev/shm/isolane-guard-x".into(),
+                            policy: crate::guard::Policy::new(100_000, Some(1.5)),
+                            piece_ns: 250_000,
+                            critical_slot: None,
+                            wait: crate::guard::HoldWait::Sleep,
+                            stretch: None,
+                        }),
                     }),
                 },
                 "app",

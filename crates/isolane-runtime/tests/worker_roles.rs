@@ -383,6 +383,7 @@ fn app_setup(app: &str) -> ToWorker {
             out: None,
             no_plan_check: false,
             render_devices: Default::default(),
+            guard: None,
         }),
     }
 }

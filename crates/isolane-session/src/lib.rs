@@ -82,8 +82,9 @@ pub fn with_partitions<T, E>(
     with_urgent_partitions(gpu, admitted, choices, Urgency::default(), body)
 }
 
-/// [`with_partitions`], with some workloads' GPU work going first ([`urgency_of`]).
-fn with_urgent_partitions<T, E>(
+/// [`with_partitions`], with some workloads' GPU work going first ([`urgency_of`]; an app's
+/// models by their workload names).
+pub fn with_urgent_partitions<T, E>(
     gpu: u32,
     admitted: &Plan,
     choices: PartitionChoices,

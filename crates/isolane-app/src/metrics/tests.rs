@@ -50,6 +50,7 @@ fn rec(frame: u64, start: i64, end: i64, members: Vec<(i64, i64)>) -> StageRecor
         end_ns: Some(end * MS),
         members: members.into_iter().map(|(s, e)| (s * MS, e * MS)).collect(),
         output: None,
+        held_ns: 0,
     }
 }
 
@@ -60,6 +61,7 @@ fn dropped(frame: u64) -> StageRecord {
         end_ns: None,
         members: vec![],
         output: None,
+        held_ns: 0,
     }
 }
 
@@ -143,15 +145,15 @@ fn csv_round_trips_the_measured_latencies() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,pre_ms,ens_ms,out_ms,output"
+        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,pre_ms,ens_ms,out_ms,output"
     );
     assert_eq!(
         lines.next().unwrap(),
-        "0,0.000000,0.000000,3.000000,3.000000,0,0,1.000000,1.000000,1.000000,class 1 score 0.500"
+        "0,0.000000,0.000000,3.000000,3.000000,0,0,0.000000,1.000000,1.000000,1.000000,class 1 score 0.500"
     );
     assert_eq!(
         lines.nth(2).unwrap(),
-        "3,30.000000,30.000000,,,1,1,1.000000,,,"
+        "3,30.000000,30.000000,,,1,1,0.000000,1.000000,,,"
     );
     assert_eq!(latencies_from_csv(&csv).unwrap(), vec![5.0, 8.0]);
     assert!(latencies_from_csv("a,b\n1,2\n")
@@ -193,5 +195,39 @@ fn the_sources_lateness_is_recorded_and_warned_about() {
     assert_eq!(
         summarize(&app(), &none, &|m| format!("p:{m}")).source_late_ms,
         None
+    );
+}
+
+#[test]
+fn a_best_effort_apps_holds_are_summed_per_frame() {
+    let mut app = app();
+    let mut r = records();
+    // Unheld: no `held` even for a best-effort app; a critical app never has one.
+    assert_eq!(summarize(&app, &r, &|m| m.to_string()).held, None);
+    app.criticality = Criticality::BestEffort;
+    assert_eq!(summarize(&app, &r, &|m| m.to_string()).held, None);
+    // Frame 1 held 2 ms before the ensemble, frame 2 0.5 ms; frame 0 (not measured) 9 ms.
+    r.stages[1][1].held_ns = 2 * MS;
+    r.stages[1][2].held_ns = MS / 2;
+    r.stages[1][0].held_ns = 9 * MS;
+    let s = summarize(&app, &r, &|m| m.to_string());
+    assert_eq!(s.criticality, Criticality::BestEffort);
+    let h = s.held.expect("held");
+    // One held stage (the ensemble; the preprocess runs on the CPU).
+    assert_eq!((h.pieces, h.jobs_held), (1, 2));
+    assert!((h.total_ms - 2.5).abs() < 1e-9 && (h.max_ms - 2.0).abs() < 1e-9);
+    let csv = frames_csv(&app, &r);
+    let row = |k: usize| {
+        csv.lines()
+            .nth(k + 1)
+            .unwrap()
+            .split(',')
+            .nth(7)
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        (row(0), row(1), row(3)),
+        ("9.000000".into(), "2.000000".into(), "0.000000".into())
     );
 }

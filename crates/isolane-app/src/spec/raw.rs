@@ -2,7 +2,7 @@
 //! (with the line, the column and the allowed names); `validate` turns them into the typed
 //! spec.
 
-use isolane_core::spec::{PartitionSpec, Precision};
+use isolane_core::spec::{Criticality, PartitionSpec, Precision};
 use serde::Deserialize;
 
 use super::{Dtype, Late};
@@ -28,6 +28,8 @@ pub(super) struct AppRaw {
     pub(super) partition: PartitionSpec,
     pub(super) precision: Option<Precision>,
     pub(super) gpu: Option<u32>,
+    pub(super) criticality: Option<Criticality>,
+    pub(super) stretch: Option<f64>,
     pub(super) source: SourceRaw,
     #[serde(default)]
     pub(super) stage: Vec<StageRaw>,

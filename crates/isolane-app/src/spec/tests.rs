@@ -409,3 +409,23 @@ fn cuda_device(host: isolane_core::spec::Host) -> isolane_core::spec::DeviceSpec
         host,
     }
 }
+
+#[test]
+fn criticality_and_stretch_are_read_and_checked() {
+    let with = |keys: &str| PIPELINE.replace("frames = 40\n", &format!("frames = 40\n{keys}\n"));
+    let a = &parse(PIPELINE).unwrap()[0];
+    assert_eq!((a.criticality, a.stretch), (Criticality::Critical, None));
+    let a = &parse(&with("criticality = \"best_effort\"")).unwrap()[0];
+    assert_eq!(a.criticality, Criticality::BestEffort);
+    let a = &parse(&with("stretch = 1.4")).unwrap()[0];
+    assert_eq!(a.stretch, Some(1.4));
+    let e = err(&with("criticality = \"urgent\""));
+    assert!(e.contains("best_effort") && e.contains("critical"), "{e}");
+    let e = err(&with("stretch = 0.5"));
+    assert!(e.contains("app[0].stretch") && e.contains("from 1"), "{e}");
+    let e = err(&with("criticality = \"best_effort\"\nstretch = 1.5"));
+    assert!(
+        e.contains("app[0].stretch") && e.contains("critical app only"),
+        "{e}"
+    );
+}

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use isolane_core::spec::{PartitionSpec, Precision};
+use isolane_core::spec::{Criticality, PartitionSpec, Precision};
 
 use super::raw::{
     kind_keys, AppRaw, FileRaw, KindName, SourceKindName, SourceRaw, StageRaw, VoteName,
@@ -136,6 +136,22 @@ impl Validator<'_> {
         };
         let stages = self.stages(&at, a.stage, &defaults)?;
         self.check_crops(&at, &source, &stages)?;
+        let criticality = a.criticality.unwrap_or_default();
+        if let Some(s) = a.stretch {
+            if !(s.is_finite() && (1.0..=1000.0).contains(&s)) {
+                return Err(self.err(
+                    format!("{at}.stretch"),
+                    format!("{s}: expected the worst slowdown beside best effort, from 1 to 1000"),
+                ));
+            }
+            if criticality != Criticality::Critical {
+                return Err(self.err(
+                    format!("{at}.stretch"),
+                    "a best-effort app has no deadline to keep; expected stretch on a critical \
+                     app only",
+                ));
+            }
+        }
         Ok(AppSpec {
             name: a.name,
             deadline_ms: a.deadline_ms,
@@ -145,6 +161,8 @@ impl Validator<'_> {
             cpu: a.cpu,
             partition: defaults.partition,
             gpu: a.gpu,
+            criticality,
+            stretch: a.stretch,
             source,
             stages,
         })

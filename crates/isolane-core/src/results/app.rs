@@ -33,6 +33,14 @@ pub struct AppSummary {
     pub source_late_ms: Option<LatencyStats>,
     /// Per stage, in the order of the file.
     pub stages: Vec<StageSummary>,
+    /// `critical` (the default) or `best_effort` (docs/criticality.md, Apps).
+    #[serde(default)]
+    pub criticality: crate::spec::Criticality,
+    /// A best-effort app the criticality guard acted on: how its frames were held back
+    /// (`pieces`: the stages that ask the guard before each frame; a frame's hold is the sum of
+    /// its stages').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<super::HeldSummary>,
 }
 
 /// One stage's own latency (its start to its end for each frame it processed), over the
@@ -71,7 +79,8 @@ pub struct MemberSummary {
 /// The first columns of `apps/<app>.csv` (one row per frame released; `sent_ms`: when the
 /// source actually sent it), followed by each stage's own time `<stage>_ms` and `output` (what
 /// reached the sink, in words); times in ms since t0, empty where there is none.
-pub const APP_CSV_COLUMNS: &str = "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured";
+pub const APP_CSV_COLUMNS: &str =
+    "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms";
 
 /// The end-to-end latencies (ms) of the measured frames that reached the sink, from an
 /// `apps/<app>.csv`.

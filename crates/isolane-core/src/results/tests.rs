@@ -182,6 +182,13 @@ fn apps_round_trip_and_are_optional() {
                 made_late: 1,
             }],
         }],
+        criticality: crate::spec::Criticality::BestEffort,
+        held: Some(HeldSummary {
+            pieces: 2,
+            total_ms: 3.5,
+            jobs_held: 4,
+            max_ms: 1.25,
+        }),
     });
     let text = serde_json::to_string(&s).unwrap();
     let back: RunSummary = serde_json::from_str(&text).unwrap();
@@ -195,10 +202,10 @@ fn apps_round_trip_and_are_optional() {
 #[test]
 fn app_csv_latencies_are_the_measured_completed_frames() {
     let csv = format!(
-        "{APP_CSV_COLUMNS},pre_ms\n0,0,0,3,3,0,0,1\n1,10,10,15,5,0,1,1\n2,20,20,,,1,1,\n3,30,30,37,7,1,1,1\n"
+        "{APP_CSV_COLUMNS},pre_ms\n0,0,0,3,3,0,0,0,1\n1,10,10,15,5,0,1,0,1\n2,20,20,,,1,1,0,\n3,30,30,37,7,1,1,0.5,1\n"
     );
     assert_eq!(app_latencies_from_csv(&csv).unwrap(), vec![5.0, 7.0]);
-    let bad = format!("{APP_CSV_COLUMNS}\n0,0,0,1,x,0,1\n");
+    let bad = format!("{APP_CSV_COLUMNS}\n0,0,0,1,x,0,1,0\n");
     assert!(app_latencies_from_csv(&bad).unwrap_err().contains("row 2"));
 }
 
