@@ -11,7 +11,10 @@ to end. For every number of apps N and every mechanism:
   mps        each app an MPS client with 100/N % of the threads and --mem-limit-mib of pinned
              device memory (the paper's MPS partitions);
   green      each app's models in a green context of --total-sms/N SMs, rounded down to the
-             device's step (--sm-step), in threads of one process.
+             device's step (--sm-step), in threads of one process;
+  protected  (N >= 2) MPS partitions as `mps`, with isolane's criticality protection: app 1
+             critical, the others best effort (docs/criticality.md, Apps). Compared with `mps`
+             at the same N for app 1, in a table of its own.
 Per run and app: frames, timeout %, mean, max, tail (p100 - p95) and flatness (p90 - p10) of
 the end-to-end latency, and the GPU's mean utilisation (NVML). Per N and mechanism: the worst
 app's max latency and the mean flatness, and their reduction against `timeslice` at the same N
@@ -75,6 +78,9 @@ def parse_args():
     p.add_argument("--warmup-s", type=float, default=1.0,
                    help="the second table leaves out the frames released in the first this many "
                         "seconds: a one-time stall there (frames 10-35) set most runs' max latency")
+    p.add_argument("--protection-stretch", type=float, default=None,
+                   help="protected runs: [protection] stretch, the worst slowdown of app 1 beside "
+                        "best effort (default unset: a full stall, docs/criticality.md)")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table of the runs already in --out")
     a = p.parse_args()
@@ -89,11 +95,11 @@ def parse_args():
         p.error(f"--layouts: {a.layouts}; allowed: a, b, c")
     if a.gpus == 2 and a.backend == "cpu":
         p.error("--gpus 2 needs --backend cuda")
-    bad = [m for m in a.mechanisms if m not in ("timeslice", "mps", "green")]
+    bad = [m for m in a.mechanisms if m not in ("timeslice", "mps", "green", "protected")]
     if bad:
-        p.error(f"--mechanisms: unknown {bad}; allowed: timeslice, mps, green")
+        p.error(f"--mechanisms: unknown {bad}; allowed: timeslice, mps, green, protected")
     if a.backend == "cpu":
-        a.mechanisms = ["cpu"]
+        a.mechanisms = ["cpu"] + [m for m in a.mechanisms if m == "protected"]
     if a.deadline_ms is None:
         a.deadline_ms = 50.0 if a.backend == "cuda" else 2000.0
     return a
@@ -119,7 +125,7 @@ def frames(a):
 
 def partition(a, mech, sharing):
     """An app's partition when `sharing` apps compute on its GPU."""
-    if mech == "mps":
+    if mech in ("mps", "protected"):
         return (f"partition = {{ thread_pct = {max(1, 100 // sharing)}, "
                 f"mem_limit_mib = {a.mem_limit_mib} }}")
     if mech == "green":
@@ -141,7 +147,7 @@ def scenario(a, mech, n, layout="one"):
     cuda = a.backend == "cuda"
     lines = ["[device]", f'backend = "{a.backend}"']
     if cuda:
-        lines.append(f'mechanism = "{mech}"')
+        lines.append(f'mechanism = "{"mps" if mech == "protected" else mech}"')
     if layout != "one":
         lines.append("gpus = [0, 1]")
     width, height, fps = frames(a)
@@ -152,6 +158,8 @@ def scenario(a, mech, n, layout="one"):
                   f"duration_s = {a.duration}"]
         if gpu is not None:
             lines.append(f"gpu = {gpu}")
+        if mech == "protected" and i > 0:
+            lines.append('criticality = "best_effort"')
         if cuda:
             lines.append('precision = "fp16"')
             part = partition(a, mech, computing.count(gpu))
@@ -167,6 +175,8 @@ def scenario(a, mech, n, layout="one"):
         stages.append(("display", "sink", []))
         for name, kind, extra in stages:
             lines += ["", "[[app.stage]]", f'name = "{name}"', f'kind = "{kind}"'] + extra
+    if mech == "protected" and a.protection_stretch is not None:
+        lines += ["", "[protection]", f"stretch = {a.protection_stretch}"]
     return "\n".join(lines) + "\n"
 
 
@@ -219,6 +229,8 @@ def rows_of(summary, layout, mech, n):
         e = app["end_to_end"]
         lat = e["latency_ms"]
         out.append(dict(layout=layout, mechanism=mech, apps=n, app=app["name"],
+                        criticality=app.get("criticality", "critical"),
+                        held_ms=(app.get("held") or {}).get("total_ms", 0.0),
                         frames=e["jobs"],
                         timeout_pct=e["timeout_pct"], mean_ms=lat["mean"], max_ms=lat["max"],
                         tail_ms=lat["tail"], flatness_ms=lat["flatness"], p99_ms=lat["p99"],
@@ -249,7 +261,7 @@ def steady_rows(out, a):
     `--warmup-s` seconds, from `apps/<app>.csv`."""
     rows = []
     for name in sorted(os.listdir(out)):
-        m = re.fullmatch(r"(?:([abc])-)?(timeslice|mps|green|cpu)-n(\d+)", name)
+        m = re.fullmatch(r"(?:([abc])-)?(timeslice|mps|green|protected|cpu)-n(\d+)", name)
         run_dir = os.path.join(out, name, "run")
         if not m or not os.path.exists(os.path.join(run_dir, "summary.json")):
             continue
@@ -265,6 +277,7 @@ def steady_rows(out, a):
             p = {q: percentile(lat, q) for q in (0.10, 0.90, 0.95, 0.99)}
             rows.append(dict(layout=m.group(1) or "one", mechanism=m.group(2),
                              apps=int(m.group(3)), app=app, frames=len(frames_),
+                             completed=len(lat),
                              timeout_pct=100.0 * late / len(frames_),
                              max_ms=lat[-1] if lat else None, p99_ms=p[0.99],
                              tail_ms=lat[-1] - p[0.95] if lat else None,
@@ -303,6 +316,42 @@ def steady_markdown(a, rows):
                    f"| {num(worst(rs, 'p99_ms'), 1)} | {num(mean(rs, 'flatness_ms'), 2)} "
                    f"| {num(mean(rs, 'tail_ms'), 2)} | {worst(rs, 'timeout_pct'):.2f} "
                    f"| {' | '.join(cuts)} |")
+    return "\n".join(out) + "\n"
+
+
+def protection_markdown(a, rows):
+    """The protected runs against MPS alone at the same N, after the first `--warmup-s`
+    seconds: app 1 (critical) and the best-effort apps."""
+    agg = by_configuration(rows)
+    plain = "cpu" if a.backend == "cpu" else "mps"
+    pairs = [(n, agg.get((n, "one", plain)), rs) for (n, layout, mech), rs in sorted(agg.items())
+             if mech == "protected"]
+    if not pairs:
+        return ""
+    out = ["", "## Criticality protection (app 1 critical, the others best effort)", "",
+           f"After the first {a.warmup_s:g} s. `{plain}`: the same partitions, nobody protected; "
+           "`protected`: the guard and priorities on (docs/criticality.md, Apps). App 1's max, "
+           "p99, flatness and timeouts; the other apps' frames that reached the sink (of those "
+           "released) and their worst timeout %.", "",
+           "| apps | run | app 1 max ms | app 1 p99 ms | app 1 flatness ms | app 1 timeout % "
+           "| others completed % | others worst timeout % |",
+           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for n, base, prot in pairs:
+        for label, rs in ((plain, base), ("protected", prot)):
+            if not rs:
+                continue
+            first = [r for r in rs if r["app"].endswith("1")]
+            others = [r for r in rs if not r["app"].endswith("1")]
+            if not first:
+                continue
+            f1 = first[0]
+            done = sum(r["completed"] for r in others)
+            released = sum(r["frames"] for r in others)
+            worst_other = max((r["timeout_pct"] for r in others), default=None)
+            out.append(f"| {n} | {label} | {num(f1['max_ms'], 1)} | {num(f1['p99_ms'], 1)} "
+                       f"| {num(f1['flatness_ms'], 2)} | {f1['timeout_pct']:.2f} "
+                       f"| {num(100.0 * done / released if released else None, 1)} "
+                       f"| {num(worst_other, 2)} |")
     return "\n".join(out) + "\n"
 
 
@@ -390,7 +439,7 @@ def collect(out):
     several device calls writes one table)."""
     rows = []
     for name in sorted(os.listdir(out)):
-        m = re.fullmatch(r"(?:([abc])-)?(timeslice|mps|green|cpu)-n(\d+)", name)
+        m = re.fullmatch(r"(?:([abc])-)?(timeslice|mps|green|protected|cpu)-n(\d+)", name)
         path = os.path.join(out, name, "run", "summary.json")
         if not m or not os.path.exists(path):
             continue
@@ -410,6 +459,8 @@ def main():
     for n in [] if a.table_only else a.apps:
         for layout in a.layouts:
             for mech in a.mechanisms:
+                if mech == "protected" and n < 2:
+                    continue  # one app: nothing to protect it from
                 name = f"{mech}-n{n}" if layout == "one" else f"{layout}-{mech}-n{n}"
                 text = scenario(a, mech, n, layout)
                 if run(exe, os.path.join(a.out, name), text, a.duration + a.run_slack) is None:
@@ -420,7 +471,8 @@ def main():
             w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
             w.writeheader()
             w.writerows(rows)
-        md = markdown(a, rows) + steady_markdown(a, steady_rows(a.out, a))
+        steady = steady_rows(a.out, a)
+        md = markdown(a, rows) + steady_markdown(a, steady) + protection_markdown(a, steady)
         with open(os.path.join(a.out, "apps-study.md"), "w") as f:
             f.write(md)
         print(md)
