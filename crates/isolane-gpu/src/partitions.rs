@@ -135,13 +135,18 @@ impl<'b> PartitionSession<'b> {
                     .into(),
             ));
         }
+        // A plan of a scenario on several GPUs names each workload's GPU even when all of them
+        // landed on one (as admission's plan does): its workers are told that GPU (all on GPU
+        // 1, a timeslice worker would otherwise take the scenario's first), and every record
+        // says "on GPU n".
+        let named = several || plan.workloads.iter().any(|w| w.gpu.is_some());
         for (g, sub) in &per_gpu {
             s.set_up_gpu(*g, sub, options, mig_backend)?;
-            if several {
+            if named {
                 s.tell_workers_their_gpu(*g, sub);
             }
         }
-        s.finish_records(plan, options, several.then_some(&per_gpu));
+        s.finish_records(plan, options, named.then_some(&per_gpu));
         Ok(s)
     }
 
@@ -501,6 +506,17 @@ mod tests {
                 "CPU (no GPU partition)"
             ]
         );
+        s.finish().unwrap();
+    }
+
+    #[test]
+    fn a_scenario_on_several_gpus_names_and_tells_the_gpu_even_when_one_is_used() {
+        let plan = timeslice(vec![whole("a", Some(1)), whole("b", Some(1))]);
+        let s = PartitionSession::set_up(0, &plan, &SessionOptions::default(), None).unwrap();
+        let told = Some(vec![(WORKER_GPU_ENV.to_string(), "1".to_string())]);
+        assert_eq!(s.worker_env().get("a").cloned(), told);
+        let described: Vec<_> = s.records().iter().map(|r| r.partition.as_str()).collect();
+        assert_eq!(described, ["whole GPU on GPU 1", "whole GPU on GPU 1"]);
         s.finish().unwrap();
     }
 
