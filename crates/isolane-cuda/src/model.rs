@@ -1285,8 +1285,9 @@ fn pointwise_launch(
     channels: usize,
     inner: usize,
     act: Option<Unary>,
+    dtype: DType,
 ) -> Launch {
-    let (a, p0, p1) = act_code(act);
+    let (a, p0, p1) = act_code(act, dtype);
     Launch::Kernel {
         func,
         grid: elementwise_grid(n),
@@ -2110,6 +2111,7 @@ fn record_step(
             *channels,
             *inner,
             *act,
+            rec.dtype,
         )),
         StepKind::Binary { a, b, y, op, space } => {
             let n = space.numel();
@@ -2377,6 +2379,7 @@ fn conv_epilogue(rec: &Recorder, c: &ConvStep, with_bias: bool, with_res: bool) 
             c.y_shape[2] * c.y_shape[3]
         },
         c.act,
+        rec.dtype,
     )
 }
 
@@ -2512,7 +2515,7 @@ fn time_paths_as_graphs(m: &CudaModel, rec: &Recorder, paths: &mut [TimedPath]) 
 
 fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()> {
     let es = rec.es;
-    let (a, p0, p1) = act_code(c.act);
+    let (a, p0, p1) = act_code(c.act, rec.dtype);
     let v = [
         c.x_shape[0],
         c.x_shape[1],
@@ -2633,6 +2636,7 @@ fn record_linear(
             1,
             1,
             *act,
+            rec.dtype,
         ));
     }
     Ok(())

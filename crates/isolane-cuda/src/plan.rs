@@ -102,13 +102,16 @@ pub fn resize_codes(r: &ResizeAttrs) -> (i32, i32) {
     (coord, nearest)
 }
 
-/// Pointwise function codes shared with the NVRTC source (`act()` in kernels.rs).
-pub fn act_code(u: Option<Unary>) -> (i32, f32, f32) {
+/// Pointwise function codes shared with the NVRTC source (`act()` in kernels.rs), for a
+/// result stored as `dtype`.
+pub fn act_code(u: Option<Unary>, dtype: DType) -> (i32, f32, f32) {
     match u {
         None | Some(Unary::Identity) => (0, 0.0, 0.0),
         Some(Unary::Relu) => (1, 0.0, 0.0),
         Some(Unary::Relu6) => (2, 0.0, 6.0),
-        Some(Unary::Clip { min, max }) => (3, min, max),
+        Some(Unary::Clip { min, max }) => {
+            (3, storable_bound(min, dtype), storable_bound(max, dtype))
+        }
         Some(Unary::LeakyRelu { alpha }) => (4, alpha, 0.0),
         Some(Unary::Sigmoid) => (5, 0.0, 0.0),
         Some(Unary::HardSigmoid { alpha, beta }) => (6, alpha, beta),
@@ -124,6 +127,23 @@ pub fn act_code(u: Option<Unary>) -> (i32, f32, f32) {
         Some(Unary::Neg) => (16, 0.0, 0.0),
         Some(Unary::Abs) => (17, 0.0, 0.0),
         Some(Unary::Reciprocal) => (18, 0.0, 0.0),
+    }
+}
+
+/// The smallest positive fp16 value (a subnormal, 2^-24).
+const F16_TINIEST: f32 = 5.960_464_5e-8;
+
+/// A clip bound as the result can hold it: a nonzero bound too small for fp16 would be stored
+/// as zero, and a lower bound that keeps a value away from zero must keep it there. PyTorch's
+/// `F.normalize` exports `x / Clip(ReduceL2(x), min = 1e-12)`: at fp16 the bound became 0, and
+/// a zero row (swin_v2_t's padded window tokens, whose key has no bias) gave 0/0 = NaN where
+/// fp32 gives 0. Such a bound is moved out to fp16's smallest value of the same sign; bf16
+/// keeps fp32's range and every bound as it is.
+fn storable_bound(bound: f32, dtype: DType) -> f32 {
+    if dtype == DType::F16 && bound != 0.0 && bound.abs() < F16_TINIEST {
+        F16_TINIEST.copysign(bound)
+    } else {
+        bound
     }
 }
 
@@ -2580,4 +2600,31 @@ pub struct ResizeStep {
     pub scales: [f32; 2],
     /// x and y stored NHWC.
     pub nhwc: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clip_bound_too_small_for_fp16_stays_nonzero_there_only() {
+        let clip = |min: f32, max: f32| Some(Unary::Clip { min, max });
+        assert_eq!(
+            act_code(clip(1e-12, f32::INFINITY), DType::F16),
+            (3, F16_TINIEST, f32::INFINITY)
+        );
+        assert_eq!(
+            act_code(clip(-1.0, -1e-9), DType::F16),
+            (3, -1.0, -F16_TINIEST)
+        );
+        // Zero, representable bounds, and the wider formats keep their bounds.
+        assert_eq!(act_code(clip(0.0, 6.0), DType::F16), (3, 0.0, 6.0));
+        assert_eq!(act_code(clip(1e-3, 1.0), DType::F16), (3, 1e-3, 1.0));
+        for d in [DType::F32, DType::Bf16] {
+            assert_eq!(act_code(clip(1e-12, 1.0), d), (3, 1e-12, 1.0));
+        }
+        // The tiniest fp16 value is what fp16 stores it as.
+        assert_eq!(half::f16::from_f32(F16_TINIEST).to_f32(), F16_TINIEST);
+        assert_eq!(half::f16::from_f32(1e-12).to_f32(), 0.0);
+    }
 }

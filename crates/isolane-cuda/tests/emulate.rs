@@ -58,7 +58,7 @@ fn erf(x: f32) -> f32 {
 }
 
 fn act(u: Option<Unary>, x: f32) -> f32 {
-    let (k, p0, p1) = act_code(u);
+    let (k, p0, p1) = act_code(u, plan::DType::F32);
     match k {
         0 => x,
         1 => x.max(0.0),
@@ -1192,23 +1192,19 @@ fn asymmetric_conv_padding_computes_the_graph() {
     }
 }
 
-/// A device whose every value beyond `limit` in magnitude becomes infinite, as fp16's do past
-/// 65504: the plan check must call that an overflow of the precision's range, not a wrong plan.
+/// A device whose every value beyond `limit` in magnitude becomes `beyond`: infinite, as fp16's
+/// do past 65504 (the plan check must call that an overflow of the precision's range, not a
+/// wrong plan), or NaN (which it must not).
 struct Overflowing<'p> {
     inner: Emulator<'p>,
     limit: f32,
+    beyond: f32,
 }
 
 impl Overflowing<'_> {
     fn clip(&self, v: Vec<f32>) -> Vec<f32> {
         v.into_iter()
-            .map(|x| {
-                if x.abs() > self.limit {
-                    f32::INFINITY
-                } else {
-                    x
-                }
-            })
+            .map(|x| if x.abs() > self.limit { self.beyond } else { x })
             .collect()
     }
 }
@@ -1240,6 +1236,7 @@ fn plan_check_calls_an_fp16_overflow_by_its_name() {
     let mut dev = Overflowing {
         inner: Emulator::new(&p16),
         limit: 2.0,
+        beyond: f32::INFINITY,
     };
     let e = isolane_cuda::check::check_plan(&g, &opt, &p16, batch, &mut dev)
         .unwrap_err()
@@ -1249,7 +1246,18 @@ fn plan_check_calls_an_fp16_overflow_by_its_name() {
         "{e}"
     );
     assert!(
-        e.contains("is not finite where the CPU reference's reaches"),
+        e.contains("is infinite where the CPU reference's reaches"),
         "{e}"
     );
+    // A NaN is no overflow (a 0/0 is a fault of the plan): the plain message, node named.
+    let mut dev = Overflowing {
+        inner: Emulator::new(&p16),
+        limit: 2.0,
+        beyond: f32::NAN,
+    };
+    let e = isolane_cuda::check::check_plan(&g, &opt, &p16, batch, &mut dev)
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains("exceed fp16's range"), "{e}");
+    assert!(e.contains("the first node whose output diverges is"), "{e}");
 }

@@ -12,7 +12,7 @@ mod common;
 
 use common::{random, rel_l2};
 use isolane_cuda::CudaBackend;
-use isolane_engine::ir::ReduceKind;
+use isolane_engine::ir::{Binary, Dim, Graph, Op, ReduceKind, Unary};
 use isolane_engine::{
     build_model, builtin_models, Backend, CompiledModel, CpuBackend, Precision, Weights,
 };
@@ -314,6 +314,46 @@ fn an_l2_norm_whose_squares_overflow_fp16_is_right_at_fp16() {
     m.input_mut().copy_from_slice(&x);
     m.run().expect("gpu run");
     assert!(m.output().iter().all(|v| v.is_finite()), "{:?}", m.output());
+    let err = rel_l2(m.output(), c.output());
+    assert!(err < 1e-2, "rel L2 {err:.3e}");
+}
+
+/// PyTorch's `F.normalize` as exported, `x / Clip(ReduceL2(x), min = 1e-12)`, of rows one of
+/// which is zero (swin_v2_t's padded window tokens): 0 in fp32. At fp16 the bound 1e-12 was
+/// stored as 0 and the zero row came out as 0/0 = NaN (the plan check refused swin_v2_t at
+/// fp16, conformance run 4); the bound is now kept nonzero (`plan::act_code`).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn normalizing_a_zero_row_at_fp16_gives_zeros() {
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let cpu = CpuBackend::new(1);
+    let mut g = Graph::new("normalize_zero_row".to_string());
+    let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(6), Dim::Fixed(32)]);
+    let reduce = Op::Reduce {
+        kind: ReduceKind::L2,
+        axes: vec![-1],
+        keepdims: true,
+    };
+    let n = g.add_op("norm", reduce, &[x]).unwrap();
+    let clip = Op::Unary(Unary::Clip {
+        min: 1e-12,
+        max: f32::INFINITY,
+    });
+    let n = g.add_op("clip", clip, &[n]).unwrap();
+    let y = g.add_op("div", Op::Binary(Binary::Div), &[x, n]).unwrap();
+    g.add_output(y).unwrap();
+    let mut c = cpu.compile(&g, 2, Precision::Fp32).expect("cpu compile");
+    let mut x = random(c.input_mut().len(), 9);
+    for row in [2, 9] {
+        x[row * 32..(row + 1) * 32].fill(0.0);
+    }
+    c.input_mut().copy_from_slice(&x);
+    c.run().expect("cpu run");
+    let mut m = gpu.compile_cuda(&g, 2, Precision::Fp16).expect("compile");
+    m.input_mut().copy_from_slice(&x);
+    m.run().expect("gpu run");
+    assert!(m.output().iter().all(|v| v.is_finite()), "{:?}", m.output());
+    assert!(m.output()[2 * 32..3 * 32].iter().all(|v| *v == 0.0));
     let err = rel_l2(m.output(), c.output());
     assert!(err < 1e-2, "rel L2 {err:.3e}");
 }
