@@ -318,17 +318,15 @@ fn urgency(scenario: &Scenario, apps: &[AppSpec]) -> Urgency {
         return Urgency::default();
     }
     let host = scenario.device.host;
+    // Each app's partitions by their workload names: its models' on threads, its own in a
+    // worker process.
     let named = |c: Criticality| {
         apps.iter()
             .filter(|a| a.criticality == c)
             .flat_map(|a| {
-                let mut names: Vec<String> = a
-                    .models()
-                    .iter()
-                    .map(|m| partition_workload(a, &m.name, host))
-                    .collect();
-                names.push(a.name.clone());
-                names
+                a.models()
+                    .into_iter()
+                    .map(move |m| partition_workload(a, &m.name, host))
             })
             .collect()
     };

@@ -100,7 +100,6 @@ impl AppGuard {
 }
 
 /// What one app's threads do for the guard.
-#[derive(Clone)]
 pub(crate) enum AppProtection {
     Off,
     Critical(Arc<FramePublisher>),
@@ -249,15 +248,15 @@ impl FramePublisher {
 /// A best-effort stage's hold: one piece per frame, its estimate the stage's own time.
 pub(crate) struct StageHold {
     hold: BestEffortHold,
-    /// Frames processed: the first one's time seeds the estimate.
-    frames: u64,
+    /// Whether a frame's time has seeded the estimate yet (the first one does).
+    seeded: bool,
 }
 
 impl StageHold {
     fn new(guard: Arc<Guard>) -> StageHold {
         StageHold {
             hold: BestEffortHold::new(guard, HoldWait::Sleep),
-            frames: 0,
+            seeded: false,
         }
     }
 
@@ -269,12 +268,12 @@ impl StageHold {
     /// The frame took `own_ns`: returns how long it was held.
     pub(crate) fn after(&mut self, own_ns: i64) -> i64 {
         let held = self.hold.job_done();
-        if self.frames == 0 {
+        if !self.seeded {
             // Before the first frame the estimate knows nothing; from here on it tracks about
             // the 90th percentile of the stage's times.
             self.hold.seed_estimate(1, own_ns);
+            self.seeded = true;
         }
-        self.frames += 1;
         held
     }
 }

@@ -685,9 +685,6 @@ mod tests {
     use super::*;
     use crate::data::Detection;
 
-    /// The graphics stage draws a detection's box over the source frame and passes the frame
-    /// on at its size; pixels away from the box are the frame's. Rendered through Vulkan
-    /// (lavapipe in CI); ISOLANE_SKIP_VULKAN=1 skips it on a machine without Vulkan.
     /// A stage told the frame size before the run has its renderer made and its read-back
     /// allocated then, so that the first frame pays neither.
     #[test]
@@ -718,6 +715,9 @@ mod tests {
         assert_eq!(size(&stage), Some((64, 48)));
     }
 
+    /// The graphics stage draws a detection's box over the source frame and passes the frame
+    /// on at its size; pixels away from the box are the frame's. Rendered through Vulkan
+    /// (lavapipe in CI); ISOLANE_SKIP_VULKAN=1 skips it on a machine without Vulkan.
     #[test]
     fn the_graphics_stage_draws_the_boxes_over_the_frame() {
         let mut stage = GraphicsStage::new("auto", 0.5).unwrap();
