@@ -10,8 +10,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use isolane_app::data::{DeviceValues, Link};
 use isolane_app::models::{load_graph, precision, CpuModels, GpuPreprocess, ModelBuilder};
-use isolane_app::spec::ModelSpec;
+use isolane_app::spec::{ModelSpec, Transfer};
 use isolane_core::spec::{Backend, DeviceSpec};
 use isolane_engine::preprocess::PreprocessPlan;
 use isolane_engine::CompiledModel;
@@ -72,6 +73,20 @@ impl ModelBuilder for AppModels {
         }
     }
 
+    fn feed(
+        &self,
+        model: &mut dyn CompiledModel,
+        values: &dyn DeviceValues,
+        transfer: Transfer,
+    ) -> Result<Option<Link>, String> {
+        let model = model.as_any_mut().and_then(|m| m.downcast_mut::<InGroup>());
+        let values = values.as_any().downcast_ref::<CudaValues>();
+        match (model, values) {
+            (Some(m), Some(v)) => m.feed(v, transfer).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     fn share_partition(&self, partition: &Partition) -> Option<Partition> {
         partition
             .downcast_ref::<SharedGroup>()
@@ -117,11 +132,31 @@ fn backend_in(
 struct InGroup {
     model: Option<isolane_cuda::CudaModel>,
     group: Option<SharedGroup>,
+    /// Copies device values from other stages into the model's input.
+    copier: isolane_cuda::InputCopier,
+    /// The next run starts from the input already on the device (`feed`).
+    fed: bool,
 }
 
 impl InGroup {
     fn model(&self) -> &isolane_cuda::CudaModel {
         self.model.as_ref().expect("dropped only in Drop")
+    }
+
+    /// `values` (from any stage's GPU) into the model's input, for the next run.
+    fn feed(&mut self, values: &CudaValues, transfer: Transfer) -> Result<Link, String> {
+        let model = self.model.as_mut().expect("dropped only in Drop");
+        let _turn = self.group.as_ref().map(turn);
+        let path = self
+            .copier
+            .copy_into(model, values.values(), transfer == Transfer::Auto)
+            .map_err(|e| e.to_string())?;
+        self.fed = true;
+        Ok(match path {
+            isolane_cuda::CopyPath::Device => Link::Device,
+            isolane_cuda::CopyPath::Peer => Link::Peer,
+            isolane_cuda::CopyPath::Staged => Link::Staged,
+        })
     }
 }
 
@@ -143,14 +178,17 @@ impl CompiledModel for InGroup {
     }
     fn run(&mut self) -> isolane_engine::Result<()> {
         let model = self.model.as_mut().expect("dropped only in Drop");
-        match &self.group {
-            Some(g) => {
-                let _turn = turn(g);
-                // The model makes its context current itself before its launch.
-                model.run()
-            }
-            None => model.run(),
+        // The model makes its context current itself before its launch.
+        let _turn = self.group.as_ref().map(turn);
+        if std::mem::take(&mut self.fed) {
+            model.launch_from_device()?;
+            model.wait()
+        } else {
+            model.run()
         }
+    }
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
     }
 }
 
@@ -187,14 +225,65 @@ fn build_cuda(
     Ok(Box::new(InGroup {
         model: Some(compiled),
         group,
+        copier: Default::default(),
+        fed: false,
     }))
 }
 
-/// `isolane_cuda::preprocess` for a stage: host frames in, host values out, in the green group
-/// of the model it feeds (under its lock) or on the process's device.
+/// `isolane_cuda::preprocess` for a stage: host frames in, values out in host memory or left
+/// on the device ([`CudaValues`]), in the green group of the model it feeds (under its lock)
+/// or on the stage's GPU.
 struct InGroupPreprocess {
     pre: Option<isolane_cuda::Preprocessor>,
     group: Option<SharedGroup>,
+    backend: isolane_cuda::CudaBackend,
+    /// The stage's GPU, as the machine numbers them.
+    gpu: u32,
+    /// Outputs left on the device, reused once no stage holds them any more.
+    outputs: Vec<Arc<CudaValues>>,
+}
+
+/// Device outputs a GPU preprocess keeps for reuse (a frame's values are held until every
+/// stage that reads them is done; more in flight are made afresh and not kept).
+const DEVICE_OUTPUTS: usize = 4;
+
+/// A GPU preprocess's output left in device memory, with the green group it was made in
+/// (freed there, under its lock).
+struct CudaValues {
+    /// `None` only in Drop.
+    values: Option<isolane_cuda::DeviceF32>,
+    group: Option<SharedGroup>,
+    gpu: u32,
+}
+
+impl CudaValues {
+    fn values(&self) -> &isolane_cuda::DeviceF32 {
+        self.values.as_ref().expect("dropped only in Drop")
+    }
+}
+
+impl DeviceValues for CudaValues {
+    fn gpu(&self) -> u32 {
+        self.gpu
+    }
+    fn len(&self) -> usize {
+        self.values().len()
+    }
+    fn to_host(&self, out: &mut [f32]) -> Result<(), String> {
+        let _turn = self.group.as_ref().map(turn);
+        self.values().to_host(out).map_err(|e| e.to_string())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Drop for CudaValues {
+    fn drop(&mut self) {
+        // Freed in the group's context (DeviceF32's drop makes it current): under its lock.
+        let _turn = self.group.as_ref().map(turn);
+        self.values = None;
+    }
 }
 
 impl GpuPreprocess for InGroupPreprocess {
@@ -206,6 +295,39 @@ impl GpuPreprocess for InGroupPreprocess {
             .expect("dropped only in Drop")
             .run_host_into(frame, out)
             .map_err(|e| e.to_string())
+    }
+
+    fn run_to_device(&mut self, frame: &[u8]) -> Result<Option<Arc<dyn DeviceValues>>, String> {
+        let free = self.outputs.iter().position(|o| Arc::strong_count(o) == 1);
+        let out = match free {
+            Some(i) => self.outputs[i].clone(),
+            None => {
+                let _turn = self.group.as_ref().map(turn);
+                let len = self
+                    .pre
+                    .as_ref()
+                    .expect("dropped only in Drop")
+                    .plan()
+                    .output_len();
+                let values = self.backend.device_f32(len).map_err(|e| e.to_string())?;
+                let made = Arc::new(CudaValues {
+                    values: Some(values),
+                    group: self.group.clone(),
+                    gpu: self.gpu,
+                });
+                if self.outputs.len() < DEVICE_OUTPUTS {
+                    self.outputs.push(made.clone());
+                }
+                made
+            }
+        };
+        let _turn = self.group.as_ref().map(turn);
+        self.pre
+            .as_mut()
+            .expect("dropped only in Drop")
+            .run_to(frame, out.values())
+            .map_err(|e| e.to_string())?;
+        Ok(Some(out))
     }
 }
 
@@ -226,8 +348,10 @@ fn build_preprocessor(
     let group = group_of(partition)?;
     let held = group.as_ref().map(turn);
     let backend = backend_in(device, held.as_ref().map(|t| &*t.0))?;
+    // f32 values either way (rounded to half first for f16): a model's device input is f32
+    // and it casts to its precision itself.
     let input_type = if f16 {
-        isolane_cuda::InputType::F16
+        isolane_cuda::InputType::F16AsF32
     } else {
         isolane_cuda::InputType::F32
     };
@@ -238,5 +362,8 @@ fn build_preprocessor(
     Ok(Box::new(InGroupPreprocess {
         pre: Some(pre),
         group,
+        backend,
+        gpu: device.gpu,
+        outputs: Vec::new(),
     }))
 }

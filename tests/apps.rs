@@ -894,6 +894,134 @@ fn an_app_preprocesses_on_the_gpu() {
     // CPU operator's ~7 ms (results/h200-apps/); 5 ms leaves room for a loaded host.
     assert!(f(&pre["latency_ms"]["p50"]) < 5.0, "{pre}");
     assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
+    // The tensor stayed on the GPU: the model copied it device to device.
+    let net = &a["stages"][1];
+    assert_eq!(
+        net["transfer"]["links"],
+        serde_json::json!(["device"]),
+        "{net}"
+    );
+    // Handed on through the host instead, the model answers the same.
+    let host = text.replace("frames = 120", "frames = 120\ntransfer = \"host\"");
+    let p = scenario(dir.path(), "host.toml", &host);
+    let through_host = dir.path().join("host");
+    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&through_host));
+    let h = summary(&through_host);
+    assert!(app(&h, "a")["stages"][1].get("transfer").is_none());
+    same_classes(&sink_outputs(&out, "a"), &sink_outputs(&through_host, "a"));
+}
+
+/// Two runs' classifications (`class K score S` per frame) agree: the same class in at least
+/// 90 % of the frames, with scores within 0.02 there (two runs may time their way to
+/// different convolution algorithms, so the last bits differ; a wrong input differs wholly).
+fn same_classes(a: &[String], b: &[String]) {
+    let parse = |s: &String| {
+        let w: Vec<&str> = s.split_whitespace().collect();
+        assert_eq!((w[0], w[2]), ("class", "score"), "{s}");
+        (w[1].to_string(), w[3].parse::<f64>().unwrap())
+    };
+    assert!(
+        !a.is_empty() && a.len() == b.len(),
+        "{} and {} frames",
+        a.len(),
+        b.len()
+    );
+    let mut same = 0;
+    for (x, y) in a.iter().zip(b) {
+        let ((cx, sx), (cy, sy)) = (parse(x), parse(y));
+        if cx == cy {
+            same += 1;
+            assert!((sx - sy).abs() < 0.02, "{x} vs {y}");
+        }
+    }
+    assert!(
+        same * 10 >= a.len() * 9,
+        "{same} of {} frames agree",
+        a.len()
+    );
+}
+
+/// On two GPUs, one app split over them: its preprocess on GPU 0, its model on GPU 1 in a
+/// green partition. The tensor goes GPU to GPU peer to peer (`transfer = "auto"`; NVLink on
+/// the lent H100 pairs), through host memory with `transfer = "staged"`, and the model answers
+/// the same as with everything handed on through the host.
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn an_app_split_over_two_gpus_moves_its_tensor_between_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |transfer: &str| {
+        format!(
+            r#"
+[device]
+backend = "cuda"
+gpus = [0, 1]
+mechanism = "green"
+
+[[app]]
+name = "a"
+deadline_ms = 50
+frames = 150
+precision = "fp16"
+transfer = "{transfer}"
+[app.source]
+kind = "synthetic"
+width = 1920
+height = 1080
+fps = 30
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+device = "gpu"
+crop = [240, 0, 1440, 1080]
+gpu = 0
+[[app.stage]]
+name = "net"
+kind = "model"
+model = "resnet18"
+gpu = 1
+partition = {{ sms = 32 }}
+[[app.stage]]
+name = "top"
+kind = "classify"
+[[app.stage]]
+name = "out"
+kind = "sink"
+"#
+        )
+    };
+    let mut outputs = Vec::new();
+    for (transfer, link) in [
+        ("auto", Some("peer")),
+        ("staged", Some("staged")),
+        ("host", None),
+    ] {
+        let p = scenario(dir.path(), &format!("{transfer}.toml"), &text(transfer));
+        let out = dir.path().join(transfer);
+        run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+        let s = summary(&out);
+        let a = app(&s, "a");
+        let (pre, net) = (&a["stages"][0], &a["stages"][1]);
+        assert!(
+            pre["partition"].as_str().unwrap().starts_with("gpu"),
+            "{pre}"
+        );
+        assert!(
+            net["partition"].as_str().unwrap().ends_with("on GPU 1"),
+            "{net}"
+        );
+        match link {
+            Some(l) => {
+                assert_eq!(net["transfer"]["links"], serde_json::json!([l]), "{net}");
+                // 3x224x224 f32 (0.6 MB) GPU to GPU, waited for.
+                assert!(f(&net["transfer"]["latency_ms"]["p50"]) < 5.0, "{net}");
+            }
+            None => assert!(net.get("transfer").is_none(), "{net}"),
+        }
+        assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
+        outputs.push(sink_outputs(&out, "a"));
+    }
+    same_classes(&outputs[0], &outputs[2]);
+    same_classes(&outputs[1], &outputs[2]);
 }
 
 /// On a GPU: two apps as MPS clients (each an `isolane worker` with 50 % of the threads), then

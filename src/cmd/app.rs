@@ -107,6 +107,7 @@ pub fn run(
     // After admission, which has found the GPUs (a machine without CUDA is told so there).
     isolane_app::placement::pin_render_devices(&mut apps, &scenario.device, &cuda_uuid)
         .map_err(|(field, m)| user(format!("{scenario_name}: {field}: {m}")))?;
+    isolane_app::placement::resolve_compute_gpus(&mut apps, &scenario.device);
     let out = super::run::prepare_out(args.out.as_deref(), args.force)?;
     let text = std::fs::read(&scenario_name).with_context(|| format!("reading {scenario_name}"))?;
     output::write_atomic(&out.join("scenario.toml"), &text)?;

@@ -105,6 +105,66 @@ pub struct Tensor {
     pub frame_map: Option<FrameMap>,
 }
 
+/// f32 values a GPU stage left in device memory for the stages after it (a GPU preprocess's
+/// output): the backend implements it (the binary's CUDA one), so that this crate needs no GPU.
+/// The values stay unchanged while anyone holds them: the producer reuses the memory only
+/// once every reader has let go.
+pub trait DeviceValues: Send + Sync {
+    /// The GPU they are on, as the machine numbers its GPUs.
+    fn gpu(&self) -> u32;
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies them into `out` (`len()` values) and waits for the copy.
+    fn to_host(&self, out: &mut [f32]) -> Result<(), String>;
+    /// The backend's own type, for a backend's model that copies them device to device.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// A tensor left on a GPU (f32, row-major, batch included): what a GPU preprocess hands the
+/// model it feeds, unless the app says `transfer = "host"`.
+#[derive(Clone)]
+pub struct DeviceTensor {
+    pub shape: Vec<usize>,
+    pub values: Arc<dyn DeviceValues>,
+    pub frame_map: Option<FrameMap>,
+}
+
+impl DeviceTensor {
+    /// The same tensor in host memory (a download, waited for).
+    pub fn to_host(&self) -> Result<Tensor, String> {
+        let mut data = vec![0f32; self.values.len()];
+        self.values.to_host(&mut data)?;
+        Ok(Tensor {
+            shape: self.shape.clone(),
+            data,
+            frame_map: self.frame_map,
+        })
+    }
+}
+
+impl std::fmt::Debug for DeviceTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceTensor")
+            .field("shape", &self.shape)
+            .field("gpu", &self.values.gpu())
+            .field("frame_map", &self.frame_map)
+            .finish()
+    }
+}
+
+impl PartialEq for DeviceTensor {
+    /// The same memory, seen the same way.
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.values, &other.values)
+            && self.shape == other.shape
+            && self.frame_map == other.frame_map
+    }
+}
+
+pub use isolane_core::app_records::Link;
+
 /// One detected object, in frame pixels.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Detection {
@@ -137,6 +197,8 @@ pub struct Classes {
 pub enum Payload {
     Frame(Arc<Frame>),
     Tensor(Tensor),
+    /// A tensor left on a GPU.
+    Device(DeviceTensor),
     Detections(Vec<Detection>),
     Mask(Mask),
     Classes(Classes),
@@ -152,6 +214,10 @@ impl Payload {
             Payload::Tensor(t) => {
                 let dims: Vec<String> = t.shape.iter().map(usize::to_string).collect();
                 format!("tensor {}", dims.join("x"))
+            }
+            Payload::Device(t) => {
+                let dims: Vec<String> = t.shape.iter().map(usize::to_string).collect();
+                format!("tensor {} on GPU {}", dims.join("x"), t.values.gpu())
             }
             Payload::Detections(d) => match d.first() {
                 Some(b) => format!(
@@ -186,7 +252,7 @@ impl Payload {
     pub fn type_name(&self) -> &'static str {
         match self {
             Payload::Frame(_) => "frame",
-            Payload::Tensor(_) => "tensor",
+            Payload::Tensor(_) | Payload::Device(_) => "tensor",
             Payload::Detections(_) => "detections",
             Payload::Mask(_) => "mask",
             Payload::Classes(_) => "classes",

@@ -9,9 +9,12 @@
 //! - An ensemble's member: its own inference time; it *made the vote late* on a frame whose
 //!   vote ended after the deadline while this member was the last to answer.
 
+use isolane_core::app_records::Link;
 use isolane_core::job::JobRecord;
 use isolane_core::metrics::{workload_metrics, LatencyStats};
-use isolane_core::results::{AppSummary, HeldSummary, MemberSummary, StageSummary};
+use isolane_core::results::{
+    AppSummary, HeldSummary, MemberSummary, StageSummary, TransferSummary,
+};
 use isolane_core::spec::Criticality;
 use isolane_core::stats::{mann_whitney_u, MannWhitney, MwMethod, StatsError};
 
@@ -110,6 +113,35 @@ fn own_time_stats(times: impl Iterator<Item = (i64, i64)>) -> LatencyStats {
     workload_metrics(&records, 1, 0.0, None).latency_ms
 }
 
+/// A stage's input copies from device memory, where it had any.
+fn transfer_summary<'a>(
+    measured: impl Iterator<Item = &'a StageRecord>,
+) -> Option<TransferSummary> {
+    let moved: Vec<(i64, Link)> = measured.filter_map(|s| s.transfer).collect();
+    if moved.is_empty() {
+        return None;
+    }
+    let mut links = Vec::new();
+    for (_, link) in &moved {
+        if !links.contains(link) {
+            links.push(*link);
+        }
+    }
+    Some(TransferSummary {
+        links,
+        latency_ms: own_time_stats(moved.iter().map(|(ns, _)| (0, *ns))),
+    })
+}
+
+/// How long frame `i`'s values took to move between GPU stages, over all its stages.
+fn frame_transfer_ns(rec: &AppRecords, i: usize) -> i64 {
+    rec.stages
+        .iter()
+        .filter_map(|s| s.get(i)?.transfer)
+        .map(|(ns, _)| ns)
+        .sum()
+}
+
 fn measured_stage<'a>(
     app: &AppSpec,
     rec: &AppRecords,
@@ -119,11 +151,21 @@ fn measured_stage<'a>(
     stage.iter().filter(move |s| range.contains(&s.frame))
 }
 
-/// Where a GPU preprocess at stage `j` ran: on the GPU, in the partition of the model it feeds.
+/// Where a GPU preprocess at stage `j` ran: on the GPU, in the partition of the model it feeds,
+/// or outside any partition where it names another GPU than that model's.
 fn gpu_preprocess_partition(app: &AppSpec, j: usize, partition: &dyn Fn(&str) -> String) -> String {
+    let own = match &app.stages[j].kind {
+        StageKind::Preprocess(p) => p.gpu,
+        _ => None,
+    };
     match app.fed_model(j) {
-        Some(m) => format!("gpu, in {}'s partition: {}", m.name, partition(&m.name)),
-        None => "gpu".to_string(),
+        Some(m) if own.is_none() || own == m.gpu => {
+            format!("gpu, in {}'s partition: {}", m.name, partition(&m.name))
+        }
+        _ => match own {
+            Some(g) => format!("gpu, outside any partition, on GPU {g}"),
+            None => "gpu".to_string(),
+        },
     }
 }
 
@@ -169,7 +211,8 @@ pub fn summarize(
                 processed: ran.clone().count() as u64,
                 skipped: m.clone().filter(|s| s.end_ns.is_none()).count() as u64,
                 latency_ms: own_time_stats(ran),
-                members: members(app, rec, spec, m, partition),
+                members: members(app, rec, spec, m.clone(), partition),
+                transfer: transfer_summary(m),
             }
         })
         .collect();
@@ -244,8 +287,9 @@ fn made_late<'a>(
 }
 
 /// `apps/<app>.csv`: one row per frame released (all of them, the dropped ones included):
-/// `frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms` (`held_ms`: how long
-/// the criticality guard held the frame's stages back), then each stage's own time
+/// `frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,transfer_ms`
+/// (`held_ms`: how long the criticality guard held the frame's stages back; `transfer_ms`: how
+/// long its values took to move between GPU stages), then each stage's own time
 /// (`<stage>_ms`, empty where it did not run), then `output`: what reached the sink. Times in
 /// ms since t0.
 pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
@@ -261,14 +305,15 @@ pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
         let end = sink.get(i).and_then(|s| s.end_ns);
         let timeout = end.is_none_or(|e| e - release > app.deadline_ns());
         out.push_str(&format!(
-            "{i},{},{},{},{},{},{},{}",
+            "{i},{},{},{},{},{},{},{},{}",
             ms(release),
             rec.sent_ns.get(i).map(|s| ms(*s)).unwrap_or_default(),
             end.map(ms).unwrap_or_default(),
             end.map(|e| ms(e - release)).unwrap_or_default(),
             timeout as u8,
             range.contains(&(i as u64)) as u8,
-            ms(frame_held_ns(rec, i))
+            ms(frame_held_ns(rec, i)),
+            ms(frame_transfer_ns(rec, i))
         ));
         for stage in &rec.stages {
             let own = stage

@@ -3,13 +3,15 @@
 //! is the CPU one). No process-wide registry: the builder is a value.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use isolane_core::spec::{DeviceSpec, Precision as SpecPrecision};
 use isolane_engine::preprocess::PreprocessPlan;
 use isolane_engine::{build_model, CompiledModel, Dim, Graph, Precision, Weights};
 use isolane_runtime::partition::Partition;
 
-use crate::spec::ModelSpec;
+use crate::data::{DeviceValues, Link};
+use crate::spec::{ModelSpec, Transfer};
 
 /// Builds the models of model stages and ensemble members, one per call, on the thread that
 /// will run it (a CUDA context is current per thread).
@@ -39,6 +41,21 @@ pub trait ModelBuilder: Sync {
         Err("this backend runs no GPU preprocess; expected device = \"cpu\"".into())
     }
 
+    /// Copies `values` (on whichever GPU) into the first input of `model`, one this builder
+    /// built, for its next `run`, which then starts from there; `transfer` says whether a copy
+    /// between two GPUs may go peer to peer (`auto`) or goes through host memory (`staged`).
+    /// `Ok(None)`: the model takes no input from device memory, and the stage hands it the
+    /// values through the host.
+    fn feed(
+        &self,
+        model: &mut dyn CompiledModel,
+        values: &dyn DeviceValues,
+        transfer: Transfer,
+    ) -> Result<Option<Link>, String> {
+        let _ = (model, values, transfer);
+        Ok(None)
+    }
+
     /// A second handle on `partition`, for a GPU preprocess that runs in the partition of the
     /// model it feeds (`None`: this kind of partition cannot be shared, and the preprocess runs
     /// outside any).
@@ -53,6 +70,14 @@ pub trait ModelBuilder: Sync {
 pub trait GpuPreprocess: Send {
     /// `frame`: the plan's layout (packed HWC RGB); `out`: its `output_len()` values, NCHW.
     fn run(&mut self, frame: &[u8], out: &mut [f32]) -> Result<(), String>;
+
+    /// `frame` through the kernel into device memory that the stages after it copy from (the
+    /// same values [`GpuPreprocess::run`] gives); `Ok(None)`: this preprocess hands its values
+    /// on through the host only.
+    fn run_to_device(&mut self, frame: &[u8]) -> Result<Option<Arc<dyn DeviceValues>>, String> {
+        let _ = frame;
+        Ok(None)
+    }
 }
 
 /// The engine's CPU backend, one thread per model (stages run side by side on their own

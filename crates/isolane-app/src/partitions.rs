@@ -29,8 +29,13 @@ pub fn workload_name(app: &AppSpec, model: &str) -> String {
 /// GPU).
 pub fn as_workloads(apps: &[AppSpec], device: &DeviceSpec) -> Vec<WorkloadSpec> {
     let (backend, host) = (device.backend, device.host);
-    let gpu = |app: &AppSpec| {
-        (backend == Backend::Cuda && device.several_gpus()).then(|| app.gpu_on(device))
+    // A model's own GPU (its stage's `gpu`) when its app's stages are threads; an app in a
+    // worker process is on its app's GPU (check_gpus refuses a stage elsewhere).
+    let gpu = |app: &AppSpec, m: &ModelSpec| {
+        (backend == Backend::Cuda && device.several_gpus()).then(|| match host {
+            Host::Thread => app.model_gpu(m, device),
+            Host::Process => app.gpu_on(device),
+        })
     };
     let workload = |app: &AppSpec, name: String, m: &ModelSpec| WorkloadSpec {
         name,
@@ -53,7 +58,7 @@ pub fn as_workloads(apps: &[AppSpec], device: &DeviceSpec) -> Vec<WorkloadSpec> 
         stretch: None,
         backend,
         program: None,
-        gpu: gpu(app),
+        gpu: gpu(app, m),
     };
     match host {
         Host::Thread => apps
@@ -170,18 +175,45 @@ pub fn check_gpus(device: &DeviceSpec, apps: &[AppSpec]) -> Result<(), (String, 
             .stages
             .iter()
             .enumerate()
-            .filter_map(|(j, s)| match s.kind {
-                StageKind::Graphics { gpu: Some(g), .. } => {
-                    Some((format!("app[{i}].stage[{j}].gpu"), g))
-                }
-                _ => None,
-            });
+            .filter_map(|(j, s)| stage_gpu_key(s).map(|g| (j, g)));
         let named = app.gpu.map(|g| (format!("app[{i}].gpu"), g));
-        for (field, g) in named.into_iter().chain(stages) {
+        let staged = stages
+            .clone()
+            .map(|(j, g)| (format!("app[{i}].stage[{j}].gpu"), g));
+        for (field, g) in named.into_iter().chain(staged) {
             check_gpu(device, g).map_err(|m| (field, m))?;
+        }
+        // An app in a worker process is one MPS client or one time slice: of one GPU.
+        if device.host == Host::Process {
+            let own = app.gpu_on(device);
+            let elsewhere =
+                stages.filter(|(j, _)| !matches!(app.stages[*j].kind, StageKind::Graphics { .. }));
+            if let Some((j, g)) = elsewhere.into_iter().find(|&(_, g)| g != own) {
+                return Err((
+                    format!("app[{i}].stage[{j}].gpu"),
+                    format!(
+                        "{g}: with host = \"process\" (the default of mps and timeslice) an app \
+                         is one process on one GPU, GPU {own}; expected its compute stages on \
+                         GPU {own}, or mechanism = \"green\" (host = \"thread\") to spread an \
+                         app over GPUs"
+                    ),
+                ));
+            }
         }
     }
     Ok(())
+}
+
+/// The `gpu` a stage names itself: a graphics stage's render GPU, a model's, an ensemble's
+/// or a GPU preprocess's.
+fn stage_gpu_key(s: &crate::spec::StageSpec) -> Option<u32> {
+    match &s.kind {
+        StageKind::Graphics { gpu, .. } => *gpu,
+        StageKind::Model(m) => m.gpu,
+        StageKind::Ensemble { members, .. } => members.first().and_then(|m| m.gpu),
+        StageKind::Preprocess(p) => p.gpu,
+        _ => None,
+    }
 }
 
 /// One `gpu` value against the device: the messages of core's check of a workload's `gpu`.

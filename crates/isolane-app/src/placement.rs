@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use isolane_core::spec::DeviceSpec;
 
-use crate::spec::{AppSpec, StageKind};
+use crate::spec::{AppSpec, PreprocessDevice, StageKind, Vote};
 
 /// Pins every graphics stage of `apps` that [`AppSpec::render_gpu`] places on a GPU to that
 /// GPU's Vulkan device: its `device` becomes the GPU's UUID, which `uuid_of` gives for a CUDA
@@ -37,6 +37,33 @@ pub fn pin_render_devices(
         }
     }
     Ok(())
+}
+
+/// Writes every model's and every GPU preprocess's GPU into its spec ([`AppSpec::model_gpu`],
+/// [`AppSpec::stage_gpu`]): what a key left to its app or to the device is then named, so
+/// that the run and its summary read one answer.
+pub fn resolve_compute_gpus(apps: &mut [AppSpec], device: &DeviceSpec) {
+    for app in apps.iter_mut() {
+        let gpus: Vec<Option<u32>> = (0..app.stages.len())
+            .map(|j| app.stage_gpu(j, device))
+            .collect();
+        for (stage, gpu) in app.stages.iter_mut().zip(gpus) {
+            match &mut stage.kind {
+                StageKind::Model(m) => m.gpu = gpu,
+                StageKind::Ensemble { members, vote } => {
+                    let voter = match vote {
+                        Vote::Onnx(v) => Some(v),
+                        _ => None,
+                    };
+                    for m in members.iter_mut().chain(voter) {
+                        m.gpu = gpu;
+                    }
+                }
+                StageKind::Preprocess(p) if p.device == PreprocessDevice::Gpu => p.gpu = gpu,
+                _ => {}
+            }
+        }
+    }
 }
 
 /// The key that put stage `j` of app `i` on its GPU, for a message.

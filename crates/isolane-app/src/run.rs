@@ -182,13 +182,15 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
                         partitions: take_partitions(
                             &mut settings.partitions,
                             &*settings.models,
-                            app,
+                            (app, settings.device),
                             j,
                         ),
                         preprocess_size: sizes[a][j],
                         frame_size: frame_sizes[a],
                         cpu: app.cpu.clone(),
                         save_dir: settings.out.map(|o| o.join("apps").join(&app.name)),
+                        gpu: app.stage_gpu(j, settings.device),
+                        transfer: app.transfer,
                     };
                     let is_sink = app.stages[j].kind == StageKind::Sink;
                     let worker = StageWorker {
@@ -344,11 +346,12 @@ fn frame_size(app: &AppSpec) -> Result<Option<[u32; 2]>, String> {
 /// The partitions of stage `j`'s models, renamed from `<app>.<model>` to the model's name. A
 /// GPU preprocess gets a shared handle on the partition of the model it feeds, under its own
 /// stage name (taken before that model's stage takes the partition itself: stages are built
-/// in file order and a preprocess comes before the model it feeds).
+/// in file order and a preprocess comes before the model it feeds). A GPU preprocess on
+/// another GPU than that model's runs outside any partition, on its own GPU.
 fn take_partitions(
     all: &mut HashMap<String, Partition>,
     models: &dyn ModelBuilder,
-    app: &AppSpec,
+    (app, device): (&AppSpec, &DeviceSpec),
     j: usize,
 ) -> HashMap<String, Partition> {
     if let StageKind::Preprocess(p) = &app.stages[j].kind {
@@ -356,6 +359,7 @@ fn take_partitions(
         let shared = (p.device == crate::spec::PreprocessDevice::Gpu)
             .then(|| app.fed_model(j))
             .flatten()
+            .filter(|m| Some(app.model_gpu(m, device)) == app.stage_gpu(j, device))
             .and_then(|m| all.get(&crate::partitions::workload_name(app, &m.name)))
             .and_then(|p| models.share_partition(p));
         return shared.map(|p| (name.clone(), p)).into_iter().collect();
@@ -560,6 +564,7 @@ impl StageWorker<'_> {
                 what.join("; ")
             }),
             held_ns,
+            transfer: stage.transfer(),
         };
         (record, out)
     }

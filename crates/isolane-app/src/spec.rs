@@ -61,9 +61,36 @@ pub struct AppSpec {
     /// A critical app's own worst stretch beside best effort (≥ 1): the guard charges overlap
     /// with its frames `1 − 1/stretch` instead of the run's `[protection] stretch`.
     pub stretch: Option<f64>,
+    /// How a GPU stage's output reaches a GPU stage after it (`transfer =`).
+    pub transfer: Transfer,
     pub source: SourceSpec,
     /// In the order of the file; `inputs` index into it (`None`: the source).
     pub stages: Vec<StageSpec>,
+}
+
+/// How values move from a GPU stage to the GPU stage that reads them (a GPU preprocess into
+/// the model it feeds): `auto` leaves them on the GPU and copies them device to device, GPU to
+/// GPU by a peer copy where the two GPUs can reach each other; `staged` makes a copy between
+/// two GPUs go through host memory even where a peer copy could (the CUDA driver stages it);
+/// `host` hands them on through the stages' host buffers (the producer downloads, the reader
+/// uploads), as isolane did before stages handed device memory on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Transfer {
+    #[default]
+    Auto,
+    Staged,
+    Host,
+}
+
+impl Transfer {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transfer::Auto => "auto",
+            Transfer::Staged => "staged",
+            Transfer::Host => "host",
+        }
+    }
 }
 
 /// What a stage does with a frame whose deadline passed before it could start.
@@ -168,6 +195,9 @@ pub struct PreprocessSpec {
     pub dtype: Dtype,
     /// Where it runs: the CPU operator, or the CUDA kernel (`isolane_cuda::preprocess`).
     pub device: PreprocessDevice,
+    /// The GPU of a `device = "gpu"` preprocess, where it names one; `None`: the GPU of the
+    /// model it feeds. Read it through [`AppSpec::stage_gpu`].
+    pub gpu: Option<u32>,
 }
 
 /// Where a preprocess runs (`device =`).
@@ -211,6 +241,9 @@ pub struct ModelSpec {
     /// Its own partition, or the app's.
     pub partition: PartitionSpec,
     pub plan_check: bool,
+    /// The GPU its stage names (`gpu =` of a model or ensemble stage); `None`: the app's.
+    /// Read it through [`AppSpec::model_gpu`].
+    pub gpu: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -313,6 +346,29 @@ impl AppSpec {
     /// The GPU of the app's compute: its own `gpu`, else the device's first.
     pub fn gpu_on(&self, device: &DeviceSpec) -> u32 {
         self.gpu.unwrap_or(device.gpu)
+    }
+
+    /// The GPU a model of the app runs on: its stage's `gpu`, else the app's.
+    pub fn model_gpu(&self, model: &ModelSpec, device: &DeviceSpec) -> u32 {
+        model.gpu.unwrap_or_else(|| self.gpu_on(device))
+    }
+
+    /// The GPU stage `j` computes on: a model's or an ensemble's (its members'), a GPU
+    /// preprocess's own `gpu` or else the one of the model it feeds; `None` for a stage that
+    /// computes on the CPU or renders (a graphics stage: [`AppSpec::render_gpu`]).
+    pub fn stage_gpu(&self, j: usize, device: &DeviceSpec) -> Option<u32> {
+        match &self.stages[j].kind {
+            StageKind::Model(m) => Some(self.model_gpu(m, device)),
+            StageKind::Ensemble { members, .. } => {
+                members.first().map(|m| self.model_gpu(m, device))
+            }
+            StageKind::Preprocess(p) if p.device == PreprocessDevice::Gpu => Some(
+                p.gpu
+                    .or_else(|| self.fed_model(j).map(|m| self.model_gpu(m, device)))
+                    .unwrap_or_else(|| self.gpu_on(device)),
+            ),
+            _ => None,
+        }
     }
 
     /// The CUDA GPU a graphics stage renders on, where the run pins it to one (`None`: the

@@ -8,6 +8,7 @@
 //! stage is built on the thread that runs it, so a stage holding a GPU context keeps it on one
 //! thread; its partition (if any) comes with the [`StageContext`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -18,10 +19,10 @@ use isolane_engine::CompiledModel;
 use isolane_runtime::clock;
 use isolane_runtime::partition::Partition;
 
-use crate::data::{Frame, FramePool, Payload, Tensor};
+use crate::data::{DeviceTensor, Frame, FramePool, Link, Payload, Tensor};
 use crate::models::{GpuPreprocess, ModelBuilder};
 use crate::ops;
-use crate::spec::{ModelSpec, PreprocessDevice, StageKind, StageSpec, Vote};
+use crate::spec::{ModelSpec, PreprocessDevice, StageKind, StageSpec, Transfer, Vote};
 
 /// One step of an app's graph.
 pub trait Stage: Send {
@@ -34,6 +35,13 @@ pub trait Stage: Send {
     /// processed, in member order; empty for other stages.
     fn member_times(&self) -> &[(i64, i64)] {
         &[]
+    }
+
+    /// How long the frame just processed took to reach this stage's GPU from device memory
+    /// (ns, waited for inside `process`), and by which link; `None` where its input was not
+    /// on a GPU.
+    fn transfer(&self) -> Option<(i64, Link)> {
+        None
     }
 }
 
@@ -54,6 +62,22 @@ pub struct StageContext<'a> {
     pub cpu: Vec<usize>,
     /// Where a stage saves what it makes (`<out>/apps/<app>/`); `None`: nothing is saved.
     pub save_dir: Option<std::path::PathBuf>,
+    /// The GPU the stage computes on ([`crate::spec::AppSpec::stage_gpu`]); `None`: the
+    /// device's.
+    pub gpu: Option<u32>,
+    /// How values a GPU stage leaves in device memory reach the next GPU stage (the app's
+    /// `transfer`).
+    pub transfer: Transfer,
+}
+
+impl StageContext<'_> {
+    /// The device as the stage's models see it: on the stage's GPU.
+    fn stage_device(&self) -> DeviceSpec {
+        DeviceSpec {
+            gpu: self.gpu.unwrap_or(self.device.gpu),
+            ..self.device.clone()
+        }
+    }
 }
 
 /// Builds stage `spec` (on the calling thread).
@@ -78,7 +102,7 @@ pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Sta
         StageKind::Yolov8Decode { conf, iou, max_det } => {
             let (conf, iou, max_det) = (*conf, *iou, *max_det);
             Box::new(FnStage(move |_f: &Arc<Frame>, t: &Payload| {
-                ops::yolo::decode(tensor(t)?, conf, iou, max_det)
+                ops::yolo::decode(&*tensor(t)?, conf, iou, max_det)
                     .map(Payload::Detections)
                     .map_err(|e| e.to_string())
             }))
@@ -86,7 +110,7 @@ pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Sta
         StageKind::SegArgmax { alpha } => {
             let alpha = *alpha;
             Box::new(FnStage(move |f: &Arc<Frame>, t: &Payload| {
-                ops::seg::argmax_overlay(tensor(t)?, f, alpha)
+                ops::seg::argmax_overlay(&*tensor(t)?, f, alpha)
                     .map(Payload::Mask)
                     .map_err(|e| e.to_string())
             }))
@@ -94,7 +118,7 @@ pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Sta
         StageKind::Classify { top_k } => {
             let k = *top_k;
             Box::new(FnStage(move |_f: &Arc<Frame>, t: &Payload| {
-                let p = ops::classify::probabilities(tensor(t)?).map_err(|e| e.to_string())?;
+                let p = ops::classify::probabilities(&*tensor(t)?).map_err(|e| e.to_string())?;
                 Ok(Payload::Classes(ops::classify::top_k(&p, k)))
             }))
         }
@@ -118,9 +142,11 @@ pub fn build(spec: &StageSpec, ctx: &mut StageContext<'_>) -> Result<Box<dyn Sta
     })
 }
 
-fn tensor(p: &Payload) -> Result<&Tensor, String> {
+/// A tensor input in host memory: as it came, or downloaded from the GPU it was left on.
+fn tensor(p: &Payload) -> Result<Cow<'_, Tensor>, String> {
     match p {
-        Payload::Tensor(t) => Ok(t),
+        Payload::Tensor(t) => Ok(Cow::Borrowed(t)),
+        Payload::Device(t) => t.to_host().map(Cow::Owned),
         other => Err(format!("expected a tensor, got {}", other.type_name())),
     }
 }
@@ -153,13 +179,16 @@ impl Stage for PreprocessStage {
 }
 
 /// A preprocess on the GPU (`device = "gpu"`): the frame (its crop cut out on the host) is
-/// copied to the device, the CUDA kernel resizes and normalises it there, and the tensor comes
-/// back to host memory for the next stage (no device hand-off between stages yet). The kernel
-/// is built for one frame size, the source's first frame's; its partition is the one of the
-/// model it feeds (the run hands it over under the stage's name).
+/// copied to the device and the CUDA kernel resizes and normalises it there. The tensor stays
+/// in device memory for the stages after it, which copy it to their GPU ([`Link`]), unless
+/// the app says `transfer = "host"` (or the backend keeps none): then it comes back to host
+/// memory. The kernel is built for one frame size, the source's first frame's; its partition
+/// is the one of the model it feeds, when it runs on that model's GPU (the run hands it over
+/// under the stage's name).
 struct GpuPreprocessStage {
     op: ops::preprocess::Preprocess,
     kernel: Box<dyn GpuPreprocess>,
+    transfer: Transfer,
     /// The frame size the kernel was built for.
     frame: [u32; 2],
     /// The crop's pixels, packed (reused between frames).
@@ -185,10 +214,13 @@ impl GpuPreprocessStage {
         let plan = op.kernel_plan(cw, ch)?;
         let f16 = op.spec.dtype == crate::spec::Dtype::F16;
         let partition = ctx.partitions.remove(name);
-        let kernel = ctx.models.preprocessor(ctx.device, &plan, f16, partition)?;
+        let kernel = ctx
+            .models
+            .preprocessor(&ctx.stage_device(), &plan, f16, partition)?;
         let mut stage = GpuPreprocessStage {
             op,
             kernel,
+            transfer: ctx.transfer,
             frame,
             cropped: Vec::new(),
         };
@@ -203,7 +235,7 @@ impl GpuPreprocessStage {
         Ok(stage)
     }
 
-    fn run(&mut self, f: &Frame) -> Result<Tensor, String> {
+    fn run(&mut self, f: &Frame) -> Result<Payload, String> {
         if [f.width, f.height] != self.frame {
             return Err(format!(
                 "a GPU preprocess takes frames of one size (the source's first, {}x{}); this \
@@ -219,20 +251,30 @@ impl GpuPreprocessStage {
             &f.rgb
         };
         let (w, h) = (self.op.width as usize, self.op.height as usize);
+        let (shape, frame_map) = (vec![1, 3, h, w], Some(self.op.frame_map(crop)));
+        if self.transfer != Transfer::Host {
+            if let Some(values) = self.kernel.run_to_device(rgb)? {
+                return Ok(Payload::Device(DeviceTensor {
+                    shape,
+                    values,
+                    frame_map,
+                }));
+            }
+        }
         let mut data = vec![0f32; 3 * w * h];
         self.kernel.run(rgb, &mut data)?;
-        Ok(Tensor {
-            shape: vec![1, 3, h, w],
+        Ok(Payload::Tensor(Tensor {
+            shape,
             data,
-            frame_map: Some(self.op.frame_map(crop)),
-        })
+            frame_map,
+        }))
     }
 }
 
 impl Stage for GpuPreprocessStage {
     fn process(&mut self, _frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String> {
         match &*inputs[0] {
-            Payload::Frame(f) => self.run(f).map(Payload::Tensor),
+            Payload::Frame(f) => self.run(f),
             other => Err(format!("expected a frame, got {}", other.type_name())),
         }
     }
@@ -452,44 +494,93 @@ impl Stage for Sink {
     }
 }
 
-/// A compiled model at batch 1: input tensor in, its first output out.
+/// A compiled model at batch 1: input tensor in, its first output out. A tensor left on a
+/// GPU is copied into the model's input on its GPU where the backend can (timed: the stage's
+/// [`Stage::transfer`]), and else downloaded.
 struct ModelStage {
     model: Box<dyn CompiledModel>,
+    models: Arc<dyn ModelBuilder + Send>,
+    transfer: Transfer,
+    /// The last frame's input transfer.
+    moved: Option<(i64, Link)>,
 }
 
 impl ModelStage {
     fn build(spec: &ModelSpec, ctx: &mut StageContext<'_>) -> Result<ModelStage, String> {
         let partition = ctx.partitions.remove(&spec.name);
-        let model = ctx.models.build(ctx.device, spec, ctx.seed, partition)?;
-        let mut stage = ModelStage { model };
+        let model = ctx
+            .models
+            .build(&ctx.stage_device(), spec, ctx.seed, partition)?;
+        let mut stage = ModelStage {
+            model,
+            models: ctx.models.clone(),
+            transfer: ctx.transfer,
+            moved: None,
+        };
         // One forward pass before the run: first runs pay for lazy set-up (page faults, a
         // CUDA graph's first launch) that no frame should.
         stage.model.run().map_err(|e| e.to_string())?;
         Ok(stage)
     }
 
-    fn infer(&mut self, t: &Tensor) -> Result<Tensor, String> {
-        let want = self.model.input_shape().to_vec();
-        if t.shape != want {
+    fn check_shape(&self, shape: &[usize]) -> Result<(), String> {
+        let want = self.model.input_shape();
+        if shape != want {
             return Err(format!(
-                "its input is a {:?} tensor; the model takes {want:?} (give the preprocess \
-                 that size)",
-                t.shape
+                "its input is a {shape:?} tensor; the model takes {want:?} (give the preprocess \
+                 that size)"
             ));
         }
+        Ok(())
+    }
+
+    fn infer(&mut self, t: &Tensor) -> Result<Tensor, String> {
+        self.check_shape(&t.shape)?;
         self.model.input_mut().copy_from_slice(&t.data);
+        self.run(t.frame_map)
+    }
+
+    /// A tensor on a GPU into the model: device to device where the backend can, else
+    /// through host memory; the copy is timed either way.
+    fn infer_device(&mut self, t: &DeviceTensor) -> Result<Tensor, String> {
+        self.check_shape(&t.shape)?;
+        let start = clock::now_ns();
+        let fed = self
+            .models
+            .feed(&mut *self.model, &*t.values, self.transfer)?;
+        let link = match fed {
+            Some(link) => link,
+            None => {
+                t.values.to_host(self.model.input_mut())?;
+                Link::Host
+            }
+        };
+        self.moved = Some((clock::now_ns() - start, link));
+        self.run(t.frame_map)
+    }
+
+    fn run(&mut self, frame_map: Option<crate::data::FrameMap>) -> Result<Tensor, String> {
         self.model.run().map_err(|e| e.to_string())?;
         Ok(Tensor {
             shape: self.model.output_shape().to_vec(),
             data: self.model.output().to_vec(),
-            frame_map: t.frame_map,
+            frame_map,
         })
     }
 }
 
 impl Stage for ModelStage {
     fn process(&mut self, _frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String> {
-        self.infer(tensor(&inputs[0])?).map(Payload::Tensor)
+        self.moved = None;
+        match &*inputs[0] {
+            Payload::Device(t) => self.infer_device(t),
+            other => self.infer(&*tensor(other)?),
+        }
+        .map(Payload::Tensor)
+    }
+
+    fn transfer(&self) -> Option<(i64, Link)> {
+        self.moved
     }
 }
 
@@ -537,7 +628,7 @@ impl Ensemble {
             let partition = ctx.partitions.remove(&spec.name);
             let builder = MemberBuild {
                 spec: spec.clone(),
-                device: ctx.device.clone(),
+                device: ctx.stage_device(),
                 seed: ctx.seed ^ (i as u64 + 1),
                 index: i,
                 cpu: ctx.cpu.clone(),
@@ -546,7 +637,7 @@ impl Ensemble {
             let models = ctx.models.clone();
             let thread = thread::Builder::new()
                 .name(format!("member {}", spec.name))
-                .spawn(move || builder.serve(&*models, partition, job_rx, reply_tx, ready_tx))
+                .spawn(move || builder.serve(models, partition, job_rx, reply_tx, ready_tx))
                 .map_err(|e| format!("cannot start a thread for member `{}`: {e}", spec.name))?;
             ens.jobs.push(job_tx);
             ens.threads.push(thread);
@@ -589,7 +680,7 @@ struct MemberBuild {
 impl MemberBuild {
     fn serve(
         self,
-        models: &dyn ModelBuilder,
+        models: Arc<dyn ModelBuilder + Send>,
         partition: Option<Partition>,
         jobs: mpsc::Receiver<Arc<Tensor>>,
         replies: mpsc::Sender<MemberReply>,
@@ -600,7 +691,12 @@ impl MemberBuild {
         let model = pinned
             .and_then(|()| models.build(&self.device, &self.spec, self.seed, partition))
             .and_then(|model| {
-                let mut s = ModelStage { model };
+                let mut s = ModelStage {
+                    model,
+                    models: Arc::clone(&models),
+                    transfer: Transfer::Host,
+                    moved: None,
+                };
                 s.model.run().map_err(|e| e.to_string())?;
                 Ok(s)
             });
@@ -632,7 +728,8 @@ impl MemberBuild {
 
 impl Stage for Ensemble {
     fn process(&mut self, _frame: &Arc<Frame>, inputs: &[Arc<Payload>]) -> Result<Payload, String> {
-        let input = Arc::new(tensor(&inputs[0])?.clone());
+        // Members take host tensors: one download for all of them.
+        let input = Arc::new(tensor(&inputs[0])?.into_owned());
         for job in &self.jobs {
             job.send(input.clone())
                 .map_err(|_| "a member thread has ended".to_string())?;

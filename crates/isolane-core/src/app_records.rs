@@ -23,6 +23,36 @@ pub struct StageRecord {
     /// best-effort app's GPU stage in a protected run, docs/apps.md; 0 otherwise).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub held_ns: i64,
+    /// How long its input took to reach the stage's GPU from the device memory another GPU
+    /// stage left it in (ns), and by which link; `None` where its input was not on a GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<(i64, Link)>,
+}
+
+/// How a stage's input reached the GPU it computes on, when it came from device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Link {
+    /// Device to device, on one GPU.
+    Device,
+    /// GPU to GPU over the link between them (NVLink or PCIe peer to peer).
+    Peer,
+    /// GPU to GPU through host memory (the CUDA driver stages it): where the two GPUs cannot
+    /// reach each other, or the app says `transfer = "staged"`.
+    Staged,
+    /// Downloaded into host memory and uploaded again: a reader that takes no device input.
+    Host,
+}
+
+impl Link {
+    pub fn name(self) -> &'static str {
+        match self {
+            Link::Device => "device",
+            Link::Peer => "peer",
+            Link::Staged => "staged",
+            Link::Host => "host",
+        }
+    }
 }
 
 fn is_zero(v: &i64) -> bool {
@@ -39,6 +69,7 @@ impl StageRecord {
             members: Vec::new(),
             output: None,
             held_ns: 0,
+            transfer: None,
         }
     }
 }

@@ -24,6 +24,7 @@ pub mod options;
 pub mod plan;
 pub mod preprocess;
 pub mod synthetic;
+pub mod transfer;
 
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ pub use model::{CudaModel, MemoryReport};
 pub use options::{BuildOptions, ConvPaths};
 pub use preprocess::{InputType, Preprocessor};
 pub use synthetic::{Synthetic, SyntheticKernel};
+pub use transfer::{CopyPath, DeviceF32, InputCopier};
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1271,6 +1271,11 @@ impl CudaModel {
     pub fn stream(&self) -> cu::CUstream {
         self.stream
     }
+
+    /// The context this model's memory and stream belong to.
+    pub fn context(&self) -> cu::CUcontext {
+        self.ctx
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -68,6 +68,19 @@ extern "C" __global__ void preprocess_f32(const unsigned char* __restrict__ src,
         dst[i] = value(src, a, i);
 }
 
+extern "C" __global__ void preprocess_f16_as_f32(const unsigned char* __restrict__ src,
+                                                 float* __restrict__ dst, Args a) {
+    long long n = 3LL * a.out_h * a.out_w;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        unsigned short h;
+        float v;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(value(src, a, i)));
+        asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(h));
+        dst[i] = v;
+    }
+}
+
 extern "C" __global__ void preprocess_f16(const unsigned char* __restrict__ src,
                                           unsigned short* __restrict__ dst, Args a) {
     long long n = 3LL * a.out_h * a.out_w;
@@ -86,12 +99,15 @@ pub enum InputType {
     F32,
     /// IEEE half, rounded to nearest even.
     F16,
+    /// The values of `F16`, widened back to f32: what a model's f32 input staging takes from
+    /// a preprocess whose values are rounded to half (a model casts to its precision itself).
+    F16AsF32,
 }
 
 impl InputType {
     fn bytes(self) -> usize {
         match self {
-            Self::F32 => 4,
+            Self::F32 | Self::F16AsF32 => 4,
             Self::F16 => 2,
         }
     }
@@ -100,6 +116,7 @@ impl InputType {
         match self {
             Self::F32 => "preprocess_f32",
             Self::F16 => "preprocess_f16",
+            Self::F16AsF32 => "preprocess_f16_as_f32",
         }
     }
 }
@@ -287,7 +304,7 @@ impl Preprocessor {
                 "preprocessing into a model: {why}"
             )))
         };
-        if self.input_type != InputType::F32 {
+        if self.input_type.bytes() != 4 {
             return refuse(
                 "a model's device input is f32 (it casts to its precision itself)".into(),
             );
@@ -310,6 +327,35 @@ impl Preprocessor {
             )),
             None => refuse("the model has no input".into()),
         }
+    }
+
+    /// A host frame through the kernel into `out` (device values of this backend, f32: an
+    /// `F32` or `F16AsF32` preprocessor), waited for: a stage's output that the stages after
+    /// it copy from.
+    pub fn run_to(&mut self, frame: &[u8], out: &crate::DeviceF32) -> Result<()> {
+        if self.input_type.bytes() != 4 || out.len() != self.plan.output_len() {
+            return Err(EngineError::InvalidArgument(format!(
+                "preprocessing into device values: {} values of {} bytes, {} to write",
+                out.len(),
+                self.input_type.bytes(),
+                self.plan.output_len()
+            )));
+        }
+        if out.context() != self.backend.context() {
+            return Err(EngineError::InvalidArgument(
+                "preprocessing into device values of another context".into(),
+            ));
+        }
+        let (src, _) = self.upload(frame)?;
+        let stream = self.backend.stream();
+        // SAFETY: `src` holds the frame; `out` holds output_len() f32s of this context
+        // (checked) and its owner lets nobody read it until this returns; the wait ends the
+        // kernel before then.
+        unsafe {
+            self.launch(src, out.ptr())?;
+            cu_check("cuStreamSynchronize", cu::cuStreamSynchronize(stream))?;
+        }
+        Ok(())
     }
 
     /// A frame from host memory through the kernel and back: copy in, launch, copy out, wait.
@@ -335,7 +381,9 @@ impl Preprocessor {
         let stream = self.backend.stream();
         // f32 comes straight into `out`; f16 through a host buffer kept for the next call.
         let (host, bytes) = match self.input_type {
-            InputType::F32 => (out.as_mut_ptr() as *mut c_void, std::mem::size_of_val(out)),
+            InputType::F32 | InputType::F16AsF32 => {
+                (out.as_mut_ptr() as *mut c_void, std::mem::size_of_val(out))
+            }
             InputType::F16 => {
                 self.half_host.resize(out.len(), 0);
                 (

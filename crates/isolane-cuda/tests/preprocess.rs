@@ -170,6 +170,13 @@ mod gpu {
                 None,
                 "f16, {layout:?} {spec:?}"
             );
+            let mut widened = backend.preprocessor(&plan, InputType::F16AsF32).unwrap();
+            let got = widened.run_host(&pixels).unwrap();
+            assert_eq!(
+                first_difference(&got, &want_f16),
+                None,
+                "f16 as f32, {layout:?} {spec:?}"
+            );
         }
         println!(
             "{} cases: the kernel equals the CPU reference bit for bit (f32 and f16)",
@@ -227,6 +234,80 @@ mod gpu {
         println!("resnet18 fed on the device matches the host path (max difference within 1e-4 of the largest output)");
     }
 
+    /// A preprocess's output left in device memory ([`isolane_cuda::DeviceF32`]) and copied
+    /// into a model's input by [`isolane_cuda::InputCopier`]: on GPU 0 device to device, and
+    /// — where the machine has a second GPU — into a model on GPU 1 peer to peer and staged
+    /// through host memory; every path gives the host path's outputs.
+    fn handoff_matches_the_host_path(model_gpu: u32) {
+        use isolane_cuda::{CopyPath, InputCopier};
+        use isolane_engine::{build_model, CompiledModel, Precision, Weights};
+        let graph = build_model("resnet18", Weights::Synthetic { seed: 5 }).unwrap();
+        let layout = FrameLayout {
+            width: 1920,
+            height: 1080,
+            channels: 3,
+        };
+        let plan = plan_of(
+            layout,
+            &PreprocessSpec::imagenet([256, 455], Some([224, 224])),
+        );
+        let pixels = frame(layout, 4);
+        let source = CudaBackend::new(0).expect("a CUDA GPU");
+        let target = CudaBackend::new(model_gpu).expect("the model's GPU");
+        let mut on_host = target.compile_cuda(&graph, 1, Precision::Fp32).unwrap();
+        on_host
+            .input_mut_at(0)
+            .copy_from_slice(&preprocess(&plan, &pixels).unwrap());
+        on_host.run().unwrap();
+        let want = on_host.output_at(0).to_vec();
+        let mut kernel = source.preprocessor(&plan, InputType::F32).unwrap();
+        let values = source.device_f32(plan.output_len()).unwrap();
+        kernel.run_to(&pixels, &values).unwrap();
+        let mut back = vec![0f32; values.len()];
+        values.to_host(&mut back).unwrap();
+        assert_eq!(back, preprocess(&plan, &pixels).unwrap(), "to_host");
+        let mut model = target.compile_cuda(&graph, 1, Precision::Fp32).unwrap();
+        let expected: &[(bool, CopyPath)] = if model_gpu == 0 {
+            &[(true, CopyPath::Device)]
+        } else {
+            &[(true, CopyPath::Peer), (false, CopyPath::Staged)]
+        };
+        for &(peer, path) in expected {
+            let mut copier = InputCopier::default();
+            for run in 0..3 {
+                let t = std::time::Instant::now();
+                let took = copier.copy_into(&mut model, &values, peer).unwrap();
+                let copy_ms = t.elapsed().as_secs_f64() * 1e3;
+                assert_eq!(took, path, "peer allowed: {peer}");
+                model.launch_from_device().unwrap();
+                model.wait().unwrap();
+                let got = model.output_at(0);
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                assert!(
+                    worst <= 1e-4 * scale.max(1.0),
+                    "{path:?} run {run}: max |difference| {worst} (scale {scale})"
+                );
+                println!("3x224x224 f32 GPU 0 -> GPU {model_gpu}, {path:?}: copy {copy_ms:.3} ms (run {run})");
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn device_values_feed_a_model_on_the_same_gpu() {
+        handoff_matches_the_host_path(0);
+    }
+
+    #[test]
+    #[ignore = "needs two CUDA GPUs"]
+    fn device_values_feed_a_model_on_another_gpu_peer_to_peer_or_staged() {
+        handoff_matches_the_host_path(1);
+    }
+
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn a_1080p_frame_to_a_224_input_timed() {
@@ -242,12 +323,12 @@ mod gpu {
         );
         let pixels = frame(layout, 3);
         let want = preprocess(&plan, &pixels).unwrap();
-        for input_type in [InputType::F32, InputType::F16] {
+        for input_type in [InputType::F32, InputType::F16, InputType::F16AsF32] {
             let mut kernel = backend.preprocessor(&plan, input_type).unwrap();
             let got = kernel.run_host(&pixels).unwrap();
             let exact = match input_type {
                 InputType::F32 => first_difference(&got, &want).is_none(),
-                InputType::F16 => {
+                InputType::F16 | InputType::F16AsF32 => {
                     let want_f16: Vec<f32> = want
                         .iter()
                         .map(|&v| half::f16::from_f32(v).to_f32())

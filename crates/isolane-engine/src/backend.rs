@@ -119,4 +119,9 @@ pub trait CompiledModel: Send {
     fn arena_bytes(&self) -> usize {
         0
     }
+    /// The backend's own model, for a caller that knows the backend (an app's stage handing
+    /// device memory to a CUDA model); `None` where the model offers nothing beyond this trait.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }

@@ -51,6 +51,7 @@ fn rec(frame: u64, start: i64, end: i64, members: Vec<(i64, i64)>) -> StageRecor
         members: members.into_iter().map(|(s, e)| (s * MS, e * MS)).collect(),
         output: None,
         held_ns: 0,
+        transfer: None,
     }
 }
 
@@ -62,6 +63,7 @@ fn dropped(frame: u64) -> StageRecord {
         members: vec![],
         output: None,
         held_ns: 0,
+        transfer: None,
     }
 }
 
@@ -145,15 +147,15 @@ fn csv_round_trips_the_measured_latencies() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,pre_ms,ens_ms,out_ms,output"
+        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,transfer_ms,pre_ms,ens_ms,out_ms,output"
     );
     assert_eq!(
         lines.next().unwrap(),
-        "0,0.000000,0.000000,3.000000,3.000000,0,0,0.000000,1.000000,1.000000,1.000000,class 1 score 0.500"
+        "0,0.000000,0.000000,3.000000,3.000000,0,0,0.000000,0.000000,1.000000,1.000000,1.000000,class 1 score 0.500"
     );
     assert_eq!(
         lines.nth(2).unwrap(),
-        "3,30.000000,30.000000,,,1,1,0.000000,1.000000,,,"
+        "3,30.000000,30.000000,,,1,1,0.000000,0.000000,1.000000,,,"
     );
     assert_eq!(latencies_from_csv(&csv).unwrap(), vec![5.0, 8.0]);
     assert!(latencies_from_csv("a,b\n1,2\n")

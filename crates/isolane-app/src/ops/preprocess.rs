@@ -158,6 +158,7 @@ mod tests {
             std: [1.0; 3],
             dtype: Dtype::F32,
             device: PreprocessDevice::Cpu,
+            gpu: None,
         }
     }
 

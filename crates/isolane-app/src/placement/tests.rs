@@ -271,3 +271,108 @@ fn admission_counts_each_apps_partitions_on_its_gpu() {
     let refused = admitted([None, Some(0)]).unwrap_err();
     assert!(refused.iter().all(|r| r.gpu == Some(0)), "{refused:?}");
 }
+
+/// A model stage's `gpu` places its model (and its workload, so its partition) there; a GPU
+/// preprocess follows the model it feeds unless it names its own GPU; with host = "process"
+/// an app is one process on one GPU, and a compute stage elsewhere is refused by field.
+#[test]
+fn compute_stages_name_their_gpu() {
+    use crate::partitions::{as_workloads, check_gpus};
+    let text = app("a", Some(0), "")
+        .replace(
+            "kind = \"preprocess\"",
+            "kind = \"preprocess\"\ndevice = \"gpu\"",
+        )
+        .replace("model = \"yolov8n\"", "model = \"yolov8n\"\ngpu = 1");
+    let apps = parse(&text).unwrap();
+    let two = device(Backend::Cuda, &[0, 1]);
+    check_gpus(&two, &apps).unwrap();
+    assert_eq!(apps[0].stage_gpu(1, &two), Some(1), "the model's own");
+    assert_eq!(
+        apps[0].stage_gpu(0, &two),
+        Some(1),
+        "the preprocess follows it"
+    );
+    assert_eq!(apps[0].stage_gpu(2, &two), None, "decoding is on the CPU");
+    let w = as_workloads(&apps, &two);
+    assert_eq!((w[0].name.as_str(), w[0].gpu), ("a.net", Some(1)));
+    let own = parse(&text.replace("device = \"gpu\"", "device = \"gpu\"\ngpu = 0")).unwrap();
+    assert_eq!(own[0].stage_gpu(0, &two), Some(0));
+
+    let process = DeviceSpec {
+        mechanism: Mechanism::Mps,
+        host: Host::Process,
+        ..two.clone()
+    };
+    let (field, message) = check_gpus(&process, &apps).unwrap_err();
+    assert_eq!(field, "app[0].stage[1].gpu");
+    assert!(
+        message.contains("one process on one GPU, GPU 0") && message.contains("\"green\""),
+        "{message}"
+    );
+    assert_eq!(as_workloads(&apps, &process)[0].gpu, Some(0));
+    // A stage on the app's GPU is fine in a process, and a graphics stage renders anywhere.
+    let same = parse(
+        &app("a", Some(1), "gpu = 0")
+            .replace("model = \"yolov8n\"", "model = \"yolov8n\"\ngpu = 1"),
+    )
+    .unwrap();
+    check_gpus(&process, &same).unwrap();
+    let (field, message) =
+        check_gpus(&two, &parse(&text.replace("gpu = 1", "gpu = 5")).unwrap()).unwrap_err();
+    assert_eq!(field, "app[0].stage[1].gpu");
+    assert!(message.contains("found GPU 5"), "{message}");
+}
+
+/// `gpu` on a preprocess that runs on the CPU is refused; `transfer` takes auto, staged or
+/// host.
+#[test]
+fn a_cpu_preprocess_has_no_gpu_and_transfer_names_its_values() {
+    let e = parse(
+        &app("a", None, "").replace("kind = \"preprocess\"", "kind = \"preprocess\"\ngpu = 1"),
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("app[0].stage[0].gpu") && e.contains("runs on the CPU"),
+        "{e}"
+    );
+    let apps = parse(&app("a", None, "")).unwrap();
+    assert_eq!(apps[0].transfer, crate::spec::Transfer::Auto);
+    let staged = app("a", None, "").replace("frames = 40", "frames = 40\ntransfer = \"staged\"");
+    assert_eq!(
+        parse(&staged).unwrap()[0].transfer,
+        crate::spec::Transfer::Staged
+    );
+    let e = parse(&staged.replace("\"staged\"", "\"nvlink\"")).unwrap_err();
+    assert!(
+        e.contains("transfer") && e.contains("auto") && e.contains("staged") && e.contains("host"),
+        "{e}"
+    );
+}
+
+/// Resolving names every model's and GPU preprocess's GPU, from its own key, its model's, its
+/// app's or the device's.
+#[test]
+fn resolving_names_each_compute_stage_its_gpu() {
+    let text = app("a", Some(1), "").replace(
+        "kind = \"preprocess\"",
+        "kind = \"preprocess\"\ndevice = \"gpu\"",
+    ) + &app("b", None, "");
+    let mut apps = parse(&text).unwrap();
+    let two = device(Backend::Cuda, &[0, 1]);
+    super::resolve_compute_gpus(&mut apps, &two);
+    let gpu_of = |a: &AppSpec, j: usize| match &a.stages[j].kind {
+        StageKind::Model(m) => m.gpu,
+        StageKind::Preprocess(p) => p.gpu,
+        _ => None,
+    };
+    assert_eq!(
+        (gpu_of(&apps[0], 0), gpu_of(&apps[0], 1)),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        (gpu_of(&apps[1], 0), gpu_of(&apps[1], 1)),
+        (None, Some(0)),
+        "a CPU preprocess has none"
+    );
+}

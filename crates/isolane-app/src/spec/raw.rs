@@ -30,6 +30,7 @@ pub(super) struct AppRaw {
     pub(super) gpu: Option<u32>,
     pub(super) criticality: Option<Criticality>,
     pub(super) stretch: Option<f64>,
+    pub(super) transfer: Option<super::Transfer>,
     pub(super) source: SourceRaw,
     #[serde(default)]
     pub(super) stage: Vec<StageRaw>,
@@ -101,7 +102,7 @@ pub(super) struct StageRaw {
     // graphics and preprocess
     pub(super) device: Option<String>,
     pub(super) save_every: Option<u64>,
-    // graphics
+    // graphics, model, ensemble, preprocess
     pub(super) gpu: Option<u32>,
 }
 
@@ -127,12 +128,19 @@ pub(super) enum VoteName {
 /// The keys each kind accepts besides `name`, `kind`, `after`.
 pub(super) fn kind_keys(kind: KindName) -> &'static [&'static str] {
     match kind {
-        KindName::Preprocess => &["size", "crop", "mean", "std", "dtype", "device"],
-        KindName::Model => &["model", "weights", "precision", "partition", "plan_check"],
+        KindName::Preprocess => &["size", "crop", "mean", "std", "dtype", "device", "gpu"],
+        KindName::Model => &[
+            "model",
+            "weights",
+            "precision",
+            "partition",
+            "plan_check",
+            "gpu",
+        ],
         KindName::Yolov8Decode => &["conf", "iou", "max_det"],
         KindName::SegArgmax => &["alpha"],
         KindName::Classify => &["top_k"],
-        KindName::Ensemble => &["members", "vote", "voter"],
+        KindName::Ensemble => &["members", "vote", "voter", "gpu"],
         KindName::Graphics => &["device", "alpha", "save_every", "gpu"],
         KindName::Sink => &[],
     }

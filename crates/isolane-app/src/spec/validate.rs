@@ -163,6 +163,7 @@ impl Validator<'_> {
             gpu: a.gpu,
             criticality,
             stretch: a.stretch,
+            transfer: a.transfer.unwrap_or_default(),
             source,
             stages,
         })
@@ -429,7 +430,7 @@ impl Validator<'_> {
                         "missing; a model stage needs model = ...",
                     )
                 })?;
-                StageKind::Model(self.model(
+                let mut m = self.model(
                     &format!("{sat}.model"),
                     name.to_string(),
                     model,
@@ -438,7 +439,9 @@ impl Validator<'_> {
                     r.partition.clone(),
                     r.plan_check,
                     defaults,
-                )?)
+                )?;
+                m.gpu = r.gpu;
+                StageKind::Model(m)
             }
             KindName::Yolov8Decode => StageKind::Yolov8Decode {
                 conf: unit("conf", r.conf.unwrap_or(0.25))?,
@@ -507,6 +510,16 @@ impl Validator<'_> {
                 ));
             }
         }
+        let device = self.preprocess_device(sat, r.device.as_deref())?;
+        if let (Some(g), PreprocessDevice::Cpu) = (r.gpu, device) {
+            return Err(self.err(
+                format!("{sat}.gpu"),
+                format!(
+                    "{g} on a preprocess that runs on the CPU; expected gpu only beside \
+                     device = \"gpu\""
+                ),
+            ));
+        }
         let std = r.std.unwrap_or([1.0; 3]);
         if std.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
             return Err(self.err(format!("{sat}.std"), "expected three numbers > 0"));
@@ -517,7 +530,8 @@ impl Validator<'_> {
             mean: r.mean.unwrap_or([0.0; 3]),
             std,
             dtype: r.dtype.unwrap_or(Dtype::F32),
-            device: self.preprocess_device(sat, r.device.as_deref())?,
+            device,
+            gpu: r.gpu,
         })
     }
 
@@ -582,6 +596,7 @@ impl Validator<'_> {
             precision: precision.unwrap_or(defaults.precision),
             partition: partition.unwrap_or_else(|| defaults.partition.clone()),
             plan_check: plan_check.unwrap_or(true),
+            gpu: None,
         })
     }
 
@@ -640,6 +655,14 @@ impl Validator<'_> {
             (VoteName::Majority, None) => Vote::Majority,
             (VoteName::Mean, None) => Vote::Mean,
         };
+        // The members and the voter run on the stage's GPU.
+        let mut vote = vote;
+        for m in members.iter_mut().chain(match &mut vote {
+            Vote::Onnx(v) => Some(v),
+            _ => None,
+        }) {
+            m.gpu = r.gpu;
+        }
         Ok(StageKind::Ensemble { members, vote })
     }
 

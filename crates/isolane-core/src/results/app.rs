@@ -61,6 +61,21 @@ pub struct StageSummary {
     /// An ensemble's members.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<MemberSummary>,
+    /// How its input reached its GPU from the device memory another GPU stage left it in
+    /// (a model fed by a GPU preprocess); absent where its input came through the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<TransferSummary>,
+}
+
+/// A stage's input copies from device memory over its measured frames.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferSummary {
+    /// The links the copies took (`device`, `peer`, `staged`, `host`), each once, in the
+    /// order first seen.
+    pub links: Vec<crate::app_records::Link>,
+    /// Each copy's time, waited for (ms): part of the stage's own time and of the frame's end
+    /// to end.
+    pub latency_ms: LatencyStats,
 }
 
 /// One member of an ensemble.
@@ -78,9 +93,11 @@ pub struct MemberSummary {
 
 /// The first columns of `apps/<app>.csv` (one row per frame released; `sent_ms`: when the
 /// source actually sent it), followed by each stage's own time `<stage>_ms` and `output` (what
-/// reached the sink, in words); times in ms since t0, empty where there is none.
+/// reached the sink, in words); times in ms since t0, empty where there is none. `held_ms`:
+/// how long the criticality guard held the frame's stages back; `transfer_ms`: how long its
+/// values took to move between GPU stages through device memory (both summed over stages).
 pub const APP_CSV_COLUMNS: &str =
-    "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms";
+    "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,transfer_ms";
 
 /// The end-to-end latencies (ms) of the measured frames that reached the sink, from an
 /// `apps/<app>.csv`.

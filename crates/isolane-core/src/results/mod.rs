@@ -26,7 +26,10 @@ mod run;
 mod sweep;
 mod telemetry;
 
-pub use app::{app_latencies_from_csv, AppSummary, MemberSummary, StageSummary, APP_CSV_COLUMNS};
+pub use app::{
+    app_latencies_from_csv, AppSummary, MemberSummary, StageSummary, TransferSummary,
+    APP_CSV_COLUMNS,
+};
 pub use coexec::{
     coexec_csv, CellMetrics, CoexecCell, CoexecIndex, CoexecJob, Intensity, IntensityThresholds,
     PairClass, COEXEC_CSV_HEADER,

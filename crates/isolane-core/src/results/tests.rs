@@ -178,9 +178,13 @@ fn apps_round_trip_and_are_optional() {
                 name: "e.m".into(),
                 model: "resnet18".into(),
                 partition: "green 8 SMs".into(),
-                latency_ms: stats,
+                latency_ms: stats.clone(),
                 made_late: 1,
             }],
+            transfer: Some(super::TransferSummary {
+                links: vec![crate::app_records::Link::Peer],
+                latency_ms: stats,
+            }),
         }],
         criticality: crate::spec::Criticality::BestEffort,
         held: Some(HeldSummary {
