@@ -143,7 +143,7 @@ fn the_endoscopy_pipeline_runs_on_the_cpu() {
     let csv = std::fs::read_to_string(out.join("apps/endoscopy.csv")).unwrap();
     assert_eq!(csv.lines().count(), 41);
     assert!(csv.starts_with(
-        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,preprocess_ms"
+        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,transfer_ms,preprocess_ms"
     ));
 }
 
