@@ -66,7 +66,8 @@ pub trait ModelBuilder: Sync {
 }
 
 /// A preprocess on the GPU, built for one frame layout and one output (its
-/// [`PreprocessPlan`]); the stage hands it host frames and takes the values back.
+/// [`PreprocessPlan`]); the stage hands it host frames and takes the values back in host
+/// memory, or leaves them on the device for the model after it ([`GpuPreprocess::run_to_device`]).
 pub trait GpuPreprocess: Send {
     /// `frame`: the plan's layout (packed HWC RGB); `out`: its `output_len()` values, NCHW.
     fn run(&mut self, frame: &[u8], out: &mut [f32]) -> Result<(), String>;

@@ -146,7 +146,7 @@ impl InputCopier {
         let device = current_device()?;
         let path = if device == src.device {
             CopyPath::Device
-        } else if peer && self.reaches(ctx, src)? {
+        } else if peer && self.reaches(src)? {
             CopyPath::Peer
         } else {
             CopyPath::Staged
@@ -166,9 +166,9 @@ impl InputCopier {
         Ok(path)
     }
 
-    /// Whether the current context (`ctx`) reaches `src`'s peer to peer, enabling it the
+    /// Whether the current context (the model's) reaches `src`'s peer to peer, enabling it the
     /// first time (a context may refuse: then the copies are staged).
-    fn reaches(&mut self, ctx: cu::CUcontext, src: &DeviceF32) -> Result<bool> {
+    fn reaches(&mut self, src: &DeviceF32) -> Result<bool> {
         if let Some((_, ok)) = self.peers.iter().find(|(c, _)| *c == src.context()) {
             return Ok(*ok);
         }
@@ -179,8 +179,8 @@ impl InputCopier {
             cu::cuDeviceCanAccessPeer(&mut can, device, src.device)
         })?;
         let ok = can == 1 && {
-            debug_assert!(!ctx.is_null());
-            // SAFETY: `ctx` is current; `src`'s context is live (src holds its backend).
+            // SAFETY: the model's context is current; `src`'s context is live (src holds its
+            // backend).
             let r = unsafe { cu::cuCtxEnablePeerAccess(src.context(), 0) };
             matches!(
                 r,
