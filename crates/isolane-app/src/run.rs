@@ -182,7 +182,8 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
                         partitions: take_partitions(
                             &mut settings.partitions,
                             &*settings.models,
-                            (app, settings.device),
+                            app,
+                            settings.device,
                             j,
                         ),
                         preprocess_size: sizes[a][j],
@@ -351,7 +352,8 @@ fn frame_size(app: &AppSpec) -> Result<Option<[u32; 2]>, String> {
 fn take_partitions(
     all: &mut HashMap<String, Partition>,
     models: &dyn ModelBuilder,
-    (app, device): (&AppSpec, &DeviceSpec),
+    app: &AppSpec,
+    device: &DeviceSpec,
     j: usize,
 ) -> HashMap<String, Partition> {
     if let StageKind::Preprocess(p) = &app.stages[j].kind {

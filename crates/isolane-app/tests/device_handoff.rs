@@ -3,6 +3,9 @@
 //! here with a stand-in backend whose "device memory" is host memory, so that the stages'
 //! side of the hand-off runs in CI (the CUDA copies themselves: tests/apps.rs on the GPU).
 
+mod common;
+
+use common::Names;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use isolane_app::data::{DeviceValues, Link};
 use isolane_app::models::{GpuPreprocess, ModelBuilder};
 use isolane_app::run::{run_apps, RunOutcome, RunSettings};
-use isolane_app::spec::{parse_apps, AppSpec, ModelNames, ModelSpec, Transfer};
+use isolane_app::spec::{parse_apps, AppSpec, ModelSpec, Transfer};
 use isolane_core::spec::{Backend, DeviceSpec, Host, Mechanism, TimingSpec};
 use isolane_engine::preprocess::PreprocessPlan;
 use isolane_engine::CompiledModel;
@@ -167,16 +170,6 @@ impl ModelBuilder for FakeGpus {
 
     fn share_partition(&self, p: &Partition) -> Option<Partition> {
         p.downcast_ref::<()>().map(|_| Box::new(()) as Partition)
-    }
-}
-
-struct Names;
-impl ModelNames for Names {
-    fn is_builtin(&self, _: &str) -> bool {
-        true
-    }
-    fn builtins(&self) -> Vec<String> {
-        vec![]
     }
 }
 

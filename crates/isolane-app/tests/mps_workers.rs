@@ -4,26 +4,19 @@
 //! daemon's pipe directory, its app's thread percentage and pinned memory limit; every app is
 //! ready before the one t0, which each is sent, and the records come back typed.
 
+mod common;
+
+use common::Names;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use isolane_app::spec::{parse_apps, ModelNames};
+use isolane_app::spec::parse_apps;
 use isolane_app::workers::{run_in_workers, WorkerRun};
 use isolane_core::admission::{AdmittedWorkload, Plan, ResolvedPartition};
 use isolane_core::spec::{Backend, DeviceSpec, Host, Mechanism, TimingSpec};
 use isolane_runtime::protocol::PROTOCOL_VERSION;
 use isolane_runtime::worker_client::WorkerCommand;
-
-struct Names;
-impl ModelNames for Names {
-    fn is_builtin(&self, _: &str) -> bool {
-        true
-    }
-    fn builtins(&self) -> Vec<String> {
-        vec![]
-    }
-}
 
 const APPS: &str = r#"
 [[app]]

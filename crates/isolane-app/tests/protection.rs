@@ -4,6 +4,9 @@
 //! deadline; protected, the guard holds the best-effort model back whenever it could make a
 //! critical frame late, and runs it in the gaps.
 
+mod common;
+
+use common::Names;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -11,7 +14,7 @@ use std::sync::Arc;
 use isolane_app::models::ModelBuilder;
 use isolane_app::protection::AppGuard;
 use isolane_app::run::{run_apps, RunSettings};
-use isolane_app::spec::{parse_apps, AppSpec, ModelNames, ModelSpec};
+use isolane_app::spec::{parse_apps, AppSpec, ModelSpec};
 use isolane_core::spec::{Criticality, DeviceSpec, ProtectionSpec, TimingSpec};
 use isolane_engine::CompiledModel;
 use isolane_runtime::partition::Partition;
@@ -78,16 +81,6 @@ impl ModelBuilder for Burners {
             input: vec![0.0; 48],
             output: vec![0.0; 3],
         }))
-    }
-}
-
-struct Names;
-impl ModelNames for Names {
-    fn is_builtin(&self, _: &str) -> bool {
-        true
-    }
-    fn builtins(&self) -> Vec<String> {
-        vec![]
     }
 }
 

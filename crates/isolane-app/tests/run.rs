@@ -2,13 +2,16 @@
 //! the graph, every stage records every frame, ensembles record their members, and a stage
 //! that fails is reported without hanging the run.
 
+mod common;
+
+use common::Names;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use isolane_app::models::ModelBuilder;
 use isolane_app::run::{run_apps, RunSettings};
-use isolane_app::spec::{parse_apps, AppSpec, ModelNames, ModelSpec};
+use isolane_app::spec::{parse_apps, AppSpec, ModelSpec};
 use isolane_core::spec::{DeviceSpec, TimingSpec};
 use isolane_engine::CompiledModel;
 use isolane_runtime::partition::Partition;
@@ -67,16 +70,6 @@ impl ModelBuilder for StandIns {
             runs: 0,
             fail_after: m.name.ends_with("broken").then_some(4),
         }))
-    }
-}
-
-struct Names;
-impl ModelNames for Names {
-    fn is_builtin(&self, _: &str) -> bool {
-        true
-    }
-    fn builtins(&self) -> Vec<String> {
-        vec![]
     }
 }
 

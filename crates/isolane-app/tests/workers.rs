@@ -3,25 +3,18 @@
 //! leaves its app's error in its records while the other app's come back; one that cannot be
 //! built stops the run before the start, naming its app.
 
+mod common;
+
+use common::Names;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use isolane_app::spec::{parse_apps, AppSpec, ModelNames};
+use isolane_app::spec::{parse_apps, AppSpec};
 use isolane_app::workers::{run_in_workers, WorkerRun};
 use isolane_core::spec::{Backend, DeviceSpec, Host, Mechanism, TimingSpec};
 use isolane_runtime::protocol::PROTOCOL_VERSION;
 use isolane_runtime::worker_client::WorkerCommand;
-
-struct Names;
-impl ModelNames for Names {
-    fn is_builtin(&self, _: &str) -> bool {
-        true
-    }
-    fn builtins(&self) -> Vec<String> {
-        vec![]
-    }
-}
 
 fn app(name: &str) -> String {
     format!(

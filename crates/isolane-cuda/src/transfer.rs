@@ -146,7 +146,7 @@ impl InputCopier {
         let device = current_device()?;
         let path = if device == src.device {
             CopyPath::Device
-        } else if peer && self.reaches(src)? {
+        } else if peer && self.reaches(device, src)? {
             CopyPath::Peer
         } else {
             CopyPath::Staged
@@ -166,13 +166,12 @@ impl InputCopier {
         Ok(path)
     }
 
-    /// Whether the current context (the model's) reaches `src`'s peer to peer, enabling it the
-    /// first time (a context may refuse: then the copies are staged).
-    fn reaches(&mut self, src: &DeviceF32) -> Result<bool> {
+    /// Whether the current context (the model's, on `device`) reaches `src`'s peer to peer,
+    /// enabling it the first time (a context may refuse: then the copies are staged).
+    fn reaches(&mut self, device: cu::CUdevice, src: &DeviceF32) -> Result<bool> {
         if let Some((_, ok)) = self.peers.iter().find(|(c, _)| *c == src.context()) {
             return Ok(*ok);
         }
-        let device = current_device()?;
         let mut can = 0;
         // SAFETY: valid out-pointer and two device handles of this machine.
         cu_check("cuDeviceCanAccessPeer", unsafe {

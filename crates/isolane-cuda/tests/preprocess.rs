@@ -143,6 +143,36 @@ fn kernel_args_come_from_the_plan() {
 mod gpu {
     use super::*;
     use isolane_cuda::{CudaBackend, InputType};
+    use isolane_engine::{CompiledModel, Graph, Precision};
+
+    /// `graph`'s outputs on `backend` for `pixels` preprocessed by the CPU reference, put in
+    /// the model's host input: what a device path must give.
+    fn host_path(
+        backend: &CudaBackend,
+        graph: &Graph,
+        plan: &PreprocessPlan,
+        pixels: &[u8],
+    ) -> Vec<f32> {
+        let mut on_host = backend.compile_cuda(graph, 1, Precision::Fp32).unwrap();
+        on_host
+            .input_mut_at(0)
+            .copy_from_slice(&preprocess(plan, pixels).unwrap());
+        on_host.run().unwrap();
+        on_host.output_at(0).to_vec()
+    }
+
+    /// `got` is `want` within 1e-4 of `want`'s largest magnitude (at least 1).
+    fn assert_close(got: &[f32], want: &[f32], what: &str) {
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        assert!(
+            worst <= 1e-4 * scale.max(1.0),
+            "{what}: max |difference| {worst} (scale {scale})"
+        );
+    }
 
     #[test]
     #[ignore = "needs a CUDA GPU"]
@@ -187,7 +217,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn preprocessing_feeds_a_model_on_the_device_as_the_host_path_does() {
-        use isolane_engine::{build_model, CompiledModel, Precision, Weights};
+        use isolane_engine::{build_model, Weights};
         let backend = CudaBackend::new(0).expect("a CUDA GPU");
         let graph = build_model("resnet18", Weights::Synthetic { seed: 5 }).unwrap();
         let layout = FrameLayout {
@@ -200,13 +230,7 @@ mod gpu {
             &PreprocessSpec::imagenet([256, 341], Some([224, 224])),
         );
         let pixels = frame(layout, 9);
-        // The host path: the CPU reference into the model's host input, then a plain run.
-        let mut on_host = backend.compile_cuda(&graph, 1, Precision::Fp32).unwrap();
-        on_host
-            .input_mut_at(0)
-            .copy_from_slice(&preprocess(&plan, &pixels).unwrap());
-        on_host.run().unwrap();
-        let want = on_host.output_at(0).to_vec();
+        let want = host_path(&backend, &graph, &plan, &pixels);
         // The device path: the kernel writes the model's input staging; the job skips its copy.
         let mut model = backend.compile_cuda(&graph, 1, Precision::Fp32).unwrap();
         let mut kernel = backend.preprocessor(&plan, InputType::F32).unwrap();
@@ -214,16 +238,7 @@ mod gpu {
             // Run 0 captures the copy-free graph, the others replay it.
             kernel.run_into_model(&pixels, &mut model).unwrap();
             model.wait().unwrap();
-            let got = model.output_at(0);
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let worst = got
-                .iter()
-                .zip(&want)
-                .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-            assert!(
-                worst <= 1e-4 * scale.max(1.0),
-                "run {run}: max |difference| {worst} (scale {scale})"
-            );
+            assert_close(model.output_at(0), &want, &format!("run {run}"));
         }
         // What cannot feed a model is refused, not written.
         let mut f16 = backend.preprocessor(&plan, InputType::F16).unwrap();
@@ -240,7 +255,7 @@ mod gpu {
     /// through host memory; every path gives the host path's outputs.
     fn handoff_matches_the_host_path(model_gpu: u32) {
         use isolane_cuda::{CopyPath, InputCopier};
-        use isolane_engine::{build_model, CompiledModel, Precision, Weights};
+        use isolane_engine::{build_model, Weights};
         let graph = build_model("resnet18", Weights::Synthetic { seed: 5 }).unwrap();
         let layout = FrameLayout {
             width: 1920,
@@ -254,12 +269,7 @@ mod gpu {
         let pixels = frame(layout, 4);
         let source = CudaBackend::new(0).expect("a CUDA GPU");
         let target = CudaBackend::new(model_gpu).expect("the model's GPU");
-        let mut on_host = target.compile_cuda(&graph, 1, Precision::Fp32).unwrap();
-        on_host
-            .input_mut_at(0)
-            .copy_from_slice(&preprocess(&plan, &pixels).unwrap());
-        on_host.run().unwrap();
-        let want = on_host.output_at(0).to_vec();
+        let want = host_path(&target, &graph, &plan, &pixels);
         let mut kernel = source.preprocessor(&plan, InputType::F32).unwrap();
         let values = source.device_f32(plan.output_len()).unwrap();
         kernel.run_to(&pixels, &values).unwrap();
@@ -281,16 +291,7 @@ mod gpu {
                 assert_eq!(took, path, "peer allowed: {peer}");
                 model.launch_from_device().unwrap();
                 model.wait().unwrap();
-                let got = model.output_at(0);
-                let worst = got
-                    .iter()
-                    .zip(&want)
-                    .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-                assert!(
-                    worst <= 1e-4 * scale.max(1.0),
-                    "{path:?} run {run}: max |difference| {worst} (scale {scale})"
-                );
+                assert_close(model.output_at(0), &want, &format!("{path:?} run {run}"));
                 println!("3x224x224 f32 GPU 0 -> GPU {model_gpu}, {path:?}: copy {copy_ms:.3} ms (run {run})");
             }
         }
