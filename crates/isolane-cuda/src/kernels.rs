@@ -43,6 +43,16 @@ pub const KERNEL_NAMES: &[&str] = &[
     "copy_w8",
     "copy_w16",
     "dwconv_c2_k7",
+    "pointwise_v",
+    "pool2d_v",
+    "im2col_v",
+    "dwconv_v_k3_s1_o2",
+    "dwconv_v_k3_s1_o4",
+    "dwconv_v_k3_s2_o1",
+    "dwconv_v_k3_s2_o2",
+    "dwconv_v_k5_s1_o2",
+    "dwconv_v_k5_s2_o1",
+    "dwconv_v_k7_s1_o2",
 ];
 
 /// Kernels only in the f16 / bf16 modules (tensor-core `mma.sync`, sm_80 and newer).
@@ -52,10 +62,31 @@ pub const HALF_KERNEL_NAMES: &[&str] = &["attention"];
 pub const ATTN_HEAD_DIM: usize = 64;
 /// Outputs along a row per thread of the `dwconv_c2_*` kernels (2 channels each).
 pub const DWC2_OUT: usize = 8;
-/// Query rows per block of the fused attention kernel (4 warps × 16).
-pub const ATTN_ROWS: usize = 64;
-/// Threads per block of the fused attention kernel.
-pub const ATTN_THREADS: u32 = 128;
+/// The vectorised depthwise kernels (`dwconv_v_k{KW}_s{SW}_o{OUTS}`): kernel width, horizontal stride
+/// and outputs along a row per thread (register window (OUTS − 1) · SW + KW inputs of 16 bytes).
+pub const DW_VEC_SHAPES: &[(usize, usize, usize)] = &[
+    (3, 1, 2),
+    (3, 1, 4),
+    (3, 2, 1),
+    (3, 2, 2),
+    (5, 1, 2),
+    (5, 2, 1),
+    (7, 1, 2),
+];
+
+/// The name of the vectorised depthwise kernel of a [`DW_VEC_SHAPES`] entry.
+pub fn dw_vec_name(kw: usize, sw: usize, outs: usize) -> String {
+    format!("dwconv_v_k{kw}_s{sw}_o{outs}")
+}
+
+/// Bytes of one vector access of the `*_v` kernels (VW elements: 4 f32 or 8 f16/bf16).
+pub const VEC_BYTES: usize = 16;
+
+/// Query rows of each warp of the fused attention kernel.
+pub const ATTN_WARP_ROWS: usize = 16;
+/// Warps per block the fused attention kernel is built and timed with (at most 4: its
+/// `__launch_bounds__(128)`).
+pub const ATTN_WARPS: &[usize] = &[4, 2, 1];
 /// Elements per lane of the one-warp-per-row LayerNorm and softmax kernels (`layernorm_warpN`,
 /// `softmax_warpN` take rows of at most 32·N): the smallest that fits keeps registers low.
 pub const WARP_ROW_PER_LANE: &[usize] = &[4, 8, 16, 32];
@@ -160,6 +191,38 @@ extern "C" __global__ void pointwise(const T* x, T* y, const T* __restrict__ sca
                                      int k, float p0, float p1) {
     if (n < 2147483647LL) pointwise_body<int>(x, y, scale, bias, res, (int)n, (int)channels, (int)inner, k, p0, p1);
     else pointwise_body<long long>(x, y, scale, bias, res, n, channels, inner, k, p0, p1);
+}
+
+// The pointwise pass over channels-contiguous values (NHWC, or a row-major last axis):
+// VW elements per thread, each operand one 16-byte access. nv = n / VW, cv = channels / VW;
+// n and channels are multiples of VW and every pointer is 16-byte aligned (the Rust side
+// checks). x and y may be the same buffer.
+extern "C" __global__ void pointwise_v(const T* x, T* y, const T* __restrict__ scale, const T* __restrict__ bias,
+                                       const T* res, int nv, int cv, int k, float p0, float p1) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += gridDim.x * blockDim.x) {
+        long long e = (long long)i * VW;
+        float v[VW], o[VW];
+        ldv(x, e, v);
+        int ch = (i % cv) * VW;
+        if (scale) {
+            ldv(scale, ch, o);
+#pragma unroll
+            for (int j = 0; j < VW; ++j) v[j] *= o[j];
+        }
+        if (bias) {
+            ldv(bias, ch, o);
+#pragma unroll
+            for (int j = 0; j < VW; ++j) v[j] += o[j];
+        }
+        if (res) {
+            ldv(res, e, o);
+#pragma unroll
+            for (int j = 0; j < VW; ++j) v[j] += o[j];
+        }
+#pragma unroll
+        for (int j = 0; j < VW; ++j) v[j] = act(v[j], k, p0, p1);
+        stv(y, e, v);
+    }
 }
 
 // Operand 0 = y (written), 1 = a, 2 = b. The index is split into coordinates with 32-bit
@@ -357,6 +420,46 @@ extern "C" __global__ void pool2d(const T* __restrict__ x, T* __restrict__ y, Po
     }
 }
 
+// pool2d over NHWC values, VW channels per thread (16-byte loads), 32-bit indices: C a
+// multiple of VW, x and y 16-byte aligned, n · oh · ow · C / VW below 2^31 (the Rust side checks).
+extern "C" __global__ void pool2d_v(const T* __restrict__ x, T* __restrict__ y, PoolP p) {
+    int cv = p.c / VW;
+    int total = p.n * p.oh * p.ow * cv;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int c = (i % cv) * VW, r = i / cv;
+        int ow = r % p.ow; r /= p.ow;
+        int oh = r % p.oh, n = r / p.oh;
+        const T* xp = x + n * p.xs[0] + c;
+        int h0 = oh * p.sh - p.ph, w0 = ow * p.sw - p.pw;
+        float acc[VW], v[VW];
+#pragma unroll
+        for (int j = 0; j < VW; ++j) acc[j] = p.max ? -3.402823466e38f : 0.f;
+        int cnt = 0;
+        for (int a = 0; a < p.kh; ++a) {
+            int hh = h0 + a * p.dh;
+            if (hh < 0 || hh >= p.h) continue;
+            for (int b = 0; b < p.kw; ++b) {
+                int ww = w0 + b * p.dw;
+                if (ww < 0 || ww >= p.w) continue;
+                ldv(xp, hh * p.xs[2] + ww * p.xs[3], v);
+#pragma unroll
+                for (int j = 0; j < VW; ++j) acc[j] = p.max ? fmaxf(acc[j], v[j]) : acc[j] + v[j];
+                ++cnt;
+            }
+        }
+        if (!p.max) {
+            int div = cnt;
+            if (p.include_pad) {
+                int he = min(h0 + (p.kh - 1) * p.dh + 1, p.h + p.ph), we = min(w0 + (p.kw - 1) * p.dw + 1, p.w + p.pw);
+                div = ((he - h0 + p.dh - 1) / p.dh) * ((we - w0 + p.dw - 1) / p.dw);
+            }
+#pragma unroll
+            for (int j = 0; j < VW; ++j) acc[j] = div > 0 ? acc[j] / (float)div : 0.f;
+        }
+        stv(y, n * p.ys[0] + c + oh * p.ys[2] + ow * p.ys[3], acc);
+    }
+}
+
 // ONNX Resize on H and W: the same f32 operations as isolane-engine's ResizeAttrs::source, so
 // that nearest picks the same source pixel as the CPU backend. xs / ys as in pool2d.
 struct ResizeP { int n, c, h, w, oh, ow, linear, coord, nearest, pad; float sh, sw; long long xs[4], ys[4]; };
@@ -496,6 +599,25 @@ extern "C" __global__ void im2col(const T* __restrict__ x, T* __restrict__ col, 
     else im2col_body<long long>(x, col, p, total);
 }
 
+// im2col over NHWC x with C a multiple of VW: VW channels (16 bytes, copied as they are) per
+// thread; x and col 16-byte aligned, the total / VW below 2^31 (the Rust side checks).
+extern "C" __global__ void im2col_v(const T* __restrict__ x, T* __restrict__ col, ImP p) {
+    int cv = p.c / VW;
+    int kkv = p.kh * p.kw * cv;
+    int total = p.n * p.oh * p.ow * kkv;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int r = i / kkv, j = i - r * kkv;
+        int c = (j % cv) * VW, t = j / cv;
+        int b = t % p.kw, a = t / p.kw;
+        int ow = r % p.ow, q = r / p.ow;
+        int oh = q % p.oh, n = q / p.oh;
+        int ih = oh * p.sh - p.ph + a * p.dh, iw = ow * p.sw - p.pw + b * p.dw;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w) v = *(const uint4*)(x + (((long long)n * p.h + ih) * p.w + iw) * p.c + c);
+        *(uint4*)(col + (long long)i * VW) = v;
+    }
+}
+
 // Depthwise convolution, NHWC, horizontal stride and dilation 1, kernel width KW, filter
 // stored [kh, kw, M]: each thread computes 4 outputs along a row, sliding a register window
 // over KW + 3 inputs per kernel row (instead of 4·KW loads).
@@ -610,6 +732,74 @@ extern "C" __global__ void chan_mean(const T* __restrict__ x, T* __restrict__ y,
         st(y, i, s / (float)hw);
     }
 }
+
+// Depthwise convolution, NHWC (x, y and the residual channel-contiguous), one filter per
+// channel, filter [kh, kw, M], horizontal dilation 1: each thread computes VW channels (one
+// 16-byte load per input pixel and filter tap) × OUTS outputs along a row, sliding a register
+// window of (OUTS - 1) · SW + KW inputs per kernel row. M a multiple of VW, every operand
+// 16-byte aligned, the total below 2^31 (the Rust side checks).
+template <int KW, int SW, int OUTS>
+__device__ __forceinline__ void dw_v(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
+                                     const T* __restrict__ res, T* __restrict__ y, const DwP& p) {
+    const int L = (OUTS - 1) * SW + KW;
+    int cv = p.m / VW;
+    int tiles = (p.ow + OUTS - 1) / OUTS;
+    int total = p.n * p.oh * tiles * cv;
+    int xw = (int)p.xs[3];
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int c = (i % cv) * VW, r = i / cv;
+        int tw = r % tiles; r /= tiles;
+        int oh = r % p.oh, n = r / p.oh;
+        int ow0 = tw * OUTS;
+        const T* xn = x + n * p.xs[0] + c;
+        float acc[OUTS][VW];
+#pragma unroll
+        for (int o = 0; o < OUTS; ++o)
+#pragma unroll
+            for (int j = 0; j < VW; ++j) acc[o][j] = 0.f;
+        int h0 = oh * p.sh - p.ph, w0 = ow0 * SW - p.pw;
+        for (int a = 0; a < p.kh; ++a) {
+            int hh = h0 + a * p.dh;
+            if (hh < 0 || hh >= p.h) continue;
+            const T* xr = xn + hh * p.xs[2];
+            float xin[L][VW];
+#pragma unroll
+            for (int s = 0; s < L; ++s) {
+                int ww = w0 + s;
+                if (ww >= 0 && ww < p.w) ldv(xr, (long long)ww * xw, xin[s]);
+                else {
+#pragma unroll
+                    for (int j = 0; j < VW; ++j) xin[s][j] = 0.f;
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < KW; ++b) {
+                float wv[VW];
+                ldv(wt, (long long)(a * KW + b) * p.m + c, wv);
+#pragma unroll
+                for (int o = 0; o < OUTS; ++o)
+#pragma unroll
+                    for (int j = 0; j < VW; ++j) acc[o][j] += xin[o * SW + b][j] * wv[j];
+            }
+        }
+        float bv[VW], rv[VW];
+        if (bias) ldv(bias, c, bv);
+        else {
+#pragma unroll
+            for (int j = 0; j < VW; ++j) bv[j] = 0.f;
+        }
+#pragma unroll
+        for (int o = 0; o < OUTS; ++o) {
+            int ow = ow0 + o;
+            if (ow >= p.ow) break;
+            long long yo = n * p.ys[0] + c + oh * p.ys[2] + ow * p.ys[3];
+            if (res) ldv(res, yo, rv);
+#pragma unroll
+            for (int j = 0; j < VW; ++j) acc[o][j] = act(acc[o][j] + bv[j] + (res ? rv[j] : 0.f), p.act, p.p0, p.p1);
+            stv(y, yo, acc[o]);
+        }
+    }
+}
 "#;
 
 const ATTENTION: &str = r#"
@@ -617,7 +807,8 @@ const ATTENTION: &str = r#"
 // y = softmax(alpha · q kᵀ) v · oscale for each (image, head), flash-attention style (online
 // softmax over key tiles of 64, the score matrix never leaves registers). q, k and v are read
 // in place through (image, head, row) strides, y is written through its own (so the QKV
-// split and the head merge cost nothing). One block = 4 warps = 64 query rows of one head.
+// split and the head merge cost nothing). One block = 1, 2 or 4 warps = 16 query rows each, of
+// one head (fewer warps per block: more blocks where batch × heads is small, as at batch 1).
 struct AttnP { int s, heads, qtiles, pad0; float scale_log2, oscale; long long qb, qh, kb, kh, vb, vh, yb, yh; int qr, kr, vr, yr; };
 #define AD 64
 #define AKT 64
@@ -646,7 +837,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const T* __restrict_
     const T* qp = q + b * p.qb + h * p.qh;
     const T* kp = k + b * p.kb + h * p.kh;
     const T* vp = v + b * p.vb + h * p.vh;
-    int r0 = qt * 64 + warp * 16 + g, r1 = r0 + 8;
+    int r0 = qt * (blockDim.x >> 1) + warp * 16 + g, r1 = r0 + 8;
     // This warp's 16 query rows as A fragments (row g and g + 8; columns 2t.. and 2t + 8..).
     unsigned qa[4][4];
 #pragma unroll
@@ -665,7 +856,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const T* __restrict_
         __syncthreads();
         // K and V tiles (64 keys × 64) into shared memory, 16 bytes per load; keys past the
         // end are zero.
-        for (int i = threadIdx.x; i < AKT * 8; i += 128) {
+        for (int i = threadIdx.x; i < AKT * 8; i += blockDim.x) {
             int r = i >> 3, c = (i & 7) * 8;
             uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = make_uint4(0u, 0u, 0u, 0u);
             if (kt + r < p.s) {
@@ -767,6 +958,13 @@ __device__ __forceinline__ void st(T* p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) {
     float2 v = *(const float2*)(p + i); a = v.x; b = v.y; }
 __device__ __forceinline__ void st2(T* p, long long i, float a, float b) { *(float2*)(p + i) = make_float2(a, b); }
+// VW consecutive elements from i (i a multiple of VW, the pointer 16-byte aligned): one
+// 16-byte load or store.
+#define VW 4
+__device__ __forceinline__ void ldv(const T* p, long long i, float* v) {
+    float4 q = *(const float4*)(p + i); v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w; }
+__device__ __forceinline__ void stv(T* p, long long i, const float* v) {
+    *(float4*)(p + i) = make_float4(v[0], v[1], v[2], v[3]); }
 "#
         }
         DType::F16 => {
@@ -776,16 +974,26 @@ __device__ __forceinline__ float ld(const T* p, long long i) {
 __device__ __forceinline__ void st(T* p, long long i, float v) {
     unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v)); p[i] = h; }
 // Elements i and i + 1 (i even, the pointer 4-byte aligned).
-__device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) {
-    unsigned v = *(const unsigned*)(p + i);
+// Two 16-bit values in one register (lo first) to floats, and back (round to nearest even).
+__device__ __forceinline__ void u2f2(unsigned v, float& a, float& b) {
     unsigned short lo = (unsigned short)(v & 0xffffu), hi = (unsigned short)(v >> 16);
     asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(lo));
     asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(hi)); }
-__device__ __forceinline__ void st2(T* p, long long i, float a, float b) {
+__device__ __forceinline__ unsigned f2u2(float a, float b) {
     unsigned short lo, hi;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(a));
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(b));
-    *(unsigned*)(p + i) = (unsigned)lo | ((unsigned)hi << 16); }
+    return (unsigned)lo | ((unsigned)hi << 16); }
+__device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) { u2f2(*(const unsigned*)(p + i), a, b); }
+__device__ __forceinline__ void st2(T* p, long long i, float a, float b) { *(unsigned*)(p + i) = f2u2(a, b); }
+// VW consecutive elements from i (i a multiple of VW, the pointer 16-byte aligned): one
+// 16-byte load or store.
+#define VW 8
+__device__ __forceinline__ void ldv(const T* p, long long i, float* v) {
+    uint4 q = *(const uint4*)(p + i);
+    u2f2(q.x, v[0], v[1]); u2f2(q.y, v[2], v[3]); u2f2(q.z, v[4], v[5]); u2f2(q.w, v[6], v[7]); }
+__device__ __forceinline__ void stv(T* p, long long i, const float* v) {
+    *(uint4*)(p + i) = make_uint4(f2u2(v[0], v[1]), f2u2(v[2], v[3]), f2u2(v[4], v[5]), f2u2(v[6], v[7])); }
 "#
         }
         DType::Bf16 => {
@@ -794,14 +1002,23 @@ __device__ __forceinline__ float ld(const T* p, long long i) { return __uint_as_
 __device__ __forceinline__ void st(T* p, long long i, float v) {
     unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v)); p[i] = h; }
 // Elements i and i + 1 (i even, the pointer 4-byte aligned).
-__device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) {
-    unsigned v = *(const unsigned*)(p + i);
-    a = __uint_as_float(v << 16); b = __uint_as_float(v & 0xffff0000u); }
-__device__ __forceinline__ void st2(T* p, long long i, float a, float b) {
+// Two 16-bit values in one register (lo first) to floats, and back (round to nearest even).
+__device__ __forceinline__ void u2f2(unsigned v, float& a, float& b) { a = __uint_as_float(v << 16); b = __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ unsigned f2u2(float a, float b) {
     unsigned short lo, hi;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(lo) : "f"(a));
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hi) : "f"(b));
-    *(unsigned*)(p + i) = (unsigned)lo | ((unsigned)hi << 16); }
+    return (unsigned)lo | ((unsigned)hi << 16); }
+__device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) { u2f2(*(const unsigned*)(p + i), a, b); }
+__device__ __forceinline__ void st2(T* p, long long i, float a, float b) { *(unsigned*)(p + i) = f2u2(a, b); }
+// VW consecutive elements from i (i a multiple of VW, the pointer 16-byte aligned): one
+// 16-byte load or store.
+#define VW 8
+__device__ __forceinline__ void ldv(const T* p, long long i, float* v) {
+    uint4 q = *(const uint4*)(p + i);
+    u2f2(q.x, v[0], v[1]); u2f2(q.y, v[2], v[3]); u2f2(q.z, v[4], v[5]); u2f2(q.w, v[6], v[7]); }
+__device__ __forceinline__ void stv(T* p, long long i, const float* v) {
+    *(uint4*)(p + i) = make_uint4(f2u2(v[0], v[1]), f2u2(v[2], v[3]), f2u2(v[4], v[5]), f2u2(v[6], v[7])); }
 "#
         }
     }
@@ -844,6 +1061,13 @@ pub fn source(dtype: DType) -> String {
          if (total < 2147483647LL) dw_c2<{kw}, int>(x, wt, bias, res, y, p, (int)total);\n    \
          else dw_c2<{kw}, long long>(x, wt, bias, res, y, p, total);\n}}\n"
     ));
+    for &(kw, sw, outs) in DW_VEC_SHAPES {
+        s.push_str(&format!(
+            "extern \"C\" __global__ void {}(const T* x, const T* wt, const T* bias, const T* res, T* y, DwP p) {{\n    \
+             dw_v<{kw}, {sw}, {outs}>(x, wt, bias, res, y, p);\n}}\n",
+            dw_vec_name(kw, sw, outs)
+        ));
+    }
     for nr in WARP_ROW_PER_LANE {
         s.push_str(&format!(
             "extern \"C\" __global__ void layernorm_warp{nr}(const T* __restrict__ x, T* __restrict__ y, \

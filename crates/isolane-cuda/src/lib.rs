@@ -14,6 +14,7 @@
 
 pub mod check;
 pub mod convert;
+mod dnn_graph;
 pub mod error;
 mod handles;
 pub mod kernels;
@@ -206,11 +207,11 @@ impl CudaBackend {
             ));
         }
         let g = passes::optimize(graph, batch)?;
-        // Fused attention: f16/bf16 (the kernel's tensor-core types) on sm_80 and newer, at
-        // batch > 1 (at batch 1 the heads are read in place by cuBLASLt already and the three
-        // launches were measured fast), unless the build options turn it off.
+        // Fused attention: f16/bf16 (the kernel's tensor-core types) on sm_80 and newer, unless
+        // the build options turn it off (at batch 1 too, unless they keep it to batch > 1:
+        // there the unfused plan reads the heads in place as well, in three launches).
         model::make_current(self.ctx)?;
-        let fused_attention = batch > 1
+        let fused_attention = (batch > 1 || self.build.fused_attention_batch1)
             && matches!(precision, Precision::Fp16 | Precision::Bf16)
             && model::device_arch()?.0 >= 8
             && self.build.fused_attention;

@@ -11,6 +11,7 @@ use cudarc::nvrtc::sys as rtc;
 use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
+use crate::dnn_graph::{ConvGraph, ConvGraphPtrs, ConvGraphSpec};
 use crate::error::{cu_check, dnn_check, lt_check, rtc_check};
 use crate::handles::{
     dev_alloc, dev_zero, CapturedGraph, CublasLt, Cudnn, DeviceBuffer, Module, PinnedF32,
@@ -198,6 +199,11 @@ enum Launch {
         w: u64,
         y: u64,
     },
+    /// A cuDNN graph-API plan (`dnn_graph`), its epilogue fused or not.
+    ConvGraph {
+        graph: usize,
+        ptrs: Box<ConvGraphPtrs>,
+    },
     Matmul {
         mm: usize,
         a: u64,
@@ -336,6 +342,8 @@ pub struct CudaModel {
     /// kernels and the libraries'.
     module: Option<Module>,
     funcs: Vec<cu::CUfunction>,
+    /// cuDNN graph-API plans (dropped before the handle they were made with).
+    conv_graphs: Vec<ConvGraph>,
     cudnn: Option<Cudnn>,
     cublaslt: Option<CublasLt>,
     convs: Vec<ConvDesc>,
@@ -609,6 +617,11 @@ struct Recorder<'a> {
 }
 
 impl Recorder<'_> {
+    /// Elements per 16-byte access of the `*_v` kernels (4 f32, 8 f16/bf16).
+    fn vec_lanes(&self) -> usize {
+        kernels::VEC_BYTES / self.es
+    }
+
     /// The device address of an operand.
     fn ptr(&self, l: Loc) -> u64 {
         match l {
@@ -643,6 +656,8 @@ impl Recorder<'_> {
 #[derive(Default)]
 struct LibraryCaches {
     conv: Vec<(ConvKey, usize)>,
+    /// The graph-API plan kept for an equal convolution and epilogue (`m.conv_graphs` index).
+    conv_graph: Vec<(ConvGraphSpec, usize)>,
     mm: Vec<(MmKey, usize)>,
 }
 
@@ -713,6 +728,7 @@ impl CudaModel {
             out_shapes: plan.outputs.iter().map(|o| o.shape.clone()).collect(),
             module: None,
             funcs: Vec::new(),
+            conv_graphs: Vec::new(),
             cudnn: None,
             cublaslt: None,
             convs: Vec::new(),
@@ -863,7 +879,17 @@ impl CudaModel {
     /// The one workspace: the largest any chosen algorithm needs, in the weights block's
     /// rounding where it fits, else an allocation of its own; and the memory report.
     fn place_workspace(&mut self, plan: &Plan, block: &WeightBlock) -> Result<()> {
-        let dnn = self.convs.iter().map(|c| c.workspace).max().unwrap_or(0);
+        let graphs = self.launches.iter().filter_map(|l| match l {
+            Launch::ConvGraph { graph, .. } => Some(self.conv_graphs[*graph].workspace),
+            _ => None,
+        });
+        let dnn = self
+            .convs
+            .iter()
+            .map(|c| c.workspace)
+            .chain(graphs)
+            .max()
+            .unwrap_or(0);
         let mm = self.mms.iter().map(|x| x.workspace).max().unwrap_or(0);
         // Each in the weights allocation's rounding where it fits, else an allocation of its own.
         let mut free = crate::plan::align(block.block_used);
@@ -1083,6 +1109,15 @@ impl CudaModel {
                         )
                     })?;
                 }
+                Launch::ConvGraph { graph, ptrs } => {
+                    let ptrs = ConvGraphPtrs {
+                        workspace: self.workspace,
+                        ..**ptrs
+                    };
+                    // SAFETY: the plan was made for these buffers' shapes (planned together);
+                    // the workspace holds at least the plan's workspace bytes.
+                    unsafe { self.conv_graphs[*graph].execute(self.cudnn(), &ptrs) }?;
+                }
                 Launch::Matmul { mm, a, b, c, y } => {
                     run_matmul(
                         self.cublaslt(),
@@ -1127,6 +1162,9 @@ impl CudaModel {
                     .nth(*func)
                     .map_or_else(|| format!("kernel {func}"), |k| k.to_string()),
                 Launch::Conv { conv, .. } => format!("cudnn algo {:?}", self.convs[*conv].algo),
+                Launch::ConvGraph { graph, .. } => {
+                    format!("cudnn engine {}", self.conv_graphs[*graph].engine)
+                }
                 Launch::Matmul { .. } => "cublasLt".to_string(),
                 Launch::HtoD { .. } => "HtoD".to_string(),
                 Launch::DtoH { .. } => "DtoH".to_string(),
@@ -1280,7 +1318,7 @@ impl CudaModel {
 
 #[allow(clippy::too_many_arguments)]
 fn pointwise_launch(
-    func: usize,
+    rec: &Recorder,
     x: u64,
     y: u64,
     scale: Option<u64>,
@@ -1290,27 +1328,51 @@ fn pointwise_launch(
     channels: usize,
     inner: usize,
     act: Option<Unary>,
-    dtype: DType,
 ) -> Launch {
-    let (a, p0, p1) = act_code(act, dtype);
-    Launch::Kernel {
-        func,
-        grid: elementwise_grid(n),
-        block: BLOCK,
-        args: vec![
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            Arg::Ptr(scale.unwrap_or(0)),
-            Arg::Ptr(bias.unwrap_or(0)),
-            Arg::Ptr(res.unwrap_or(0)),
+    let (a, p0, p1) = act_code(act, rec.dtype);
+    let (scale, bias, res) = (scale.unwrap_or(0), bias.unwrap_or(0), res.unwrap_or(0));
+    let lanes = rec.vec_lanes();
+    // Channels contiguous (inner 1), whole vectors, 16-byte aligned: 16-byte accesses.
+    let vector = inner == 1
+        && channels.is_multiple_of(lanes)
+        && n.is_multiple_of(lanes)
+        && n / lanes <= i32::MAX as usize
+        && vec_aligned(&[x, y, scale, bias, res]);
+    let (func, threads, sizes) = if vector {
+        let sizes = [
+            Arg::I32((n / lanes) as i32),
+            Arg::I32((channels / lanes) as i32),
+        ];
+        (rec.func("pointwise_v"), n / lanes, sizes.to_vec())
+    } else {
+        let sizes = [
             Arg::I64(n as i64),
             Arg::I64(channels as i64),
             Arg::I64(inner as i64),
-            Arg::I32(a),
-            Arg::F32(p0),
-            Arg::F32(p1),
-        ],
+        ];
+        (rec.func("pointwise"), n, sizes.to_vec())
+    };
+    let mut args = vec![
+        Arg::Ptr(x),
+        Arg::Ptr(y),
+        Arg::Ptr(scale),
+        Arg::Ptr(bias),
+        Arg::Ptr(res),
+    ];
+    args.extend(sizes);
+    args.extend([Arg::I32(a), Arg::F32(p0), Arg::F32(p1)]);
+    Launch::Kernel {
+        func,
+        grid: elementwise_grid(threads),
+        block: BLOCK,
+        args,
     }
+}
+
+/// Whether every operand (0 for an absent one) suits the 16-byte accesses of the `*_v` kernels.
+fn vec_aligned(ptrs: &[u64]) -> bool {
+    ptrs.iter()
+        .all(|p| p.is_multiple_of(kernels::VEC_BYTES as u64))
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -2106,7 +2168,7 @@ fn record_step(
             inner,
             act,
         } => m.launches.push(pointwise_launch(
-            rec.func("pointwise"),
+            rec,
             rec.ptr(*x),
             rec.ptr(*y),
             scale.map(&|l| rec.ptr(l)),
@@ -2116,7 +2178,6 @@ fn record_step(
             *channels,
             *inner,
             *act,
-            rec.dtype,
         )),
         StepKind::Binary { a, b, y, op, space } => {
             let n = space.numel();
@@ -2283,6 +2344,44 @@ fn record_conv(
             (l, f32::INFINITY)
         })
         .collect();
+    // cuDNN's graph API: its heuristics' first engines, the epilogue fused where it can be.
+    let graph_first = candidates.len();
+    // (Its tensors are declared 16-byte aligned.)
+    let aligned = vec_aligned(&[
+        rec.ptr(c.x),
+        rec.ptr(c.w),
+        rec.ptr(c.y),
+        c.bias.map_or(0, &|l| rec.ptr(l)),
+        c.residual.map_or(0, &|l| rec.ptr(l)),
+    ]);
+    let graph_spec =
+        (paths.tries_cudnn() && rec.options.cudnn_graphs && !rec.options.first_choice && aligned)
+            .then(|| ConvGraphSpec::of(c, rec.dtype, rec.plan.precision))
+            .flatten();
+    let graph_idxs = match &graph_spec {
+        Some(spec) => conv_graph_candidates(m, rec, &mut caches.conv_graph, spec),
+        None => Vec::new(),
+    };
+    for &gi in &graph_idxs {
+        let g = &m.conv_graphs[gi];
+        let ptrs = ConvGraphPtrs {
+            x: rec.ptr(c.x),
+            w: rec.ptr(c.w),
+            y: rec.ptr(c.y),
+            bias: c.bias.map_or(0, &|l| rec.ptr(l)),
+            residual: c.residual.map_or(0, &|l| rec.ptr(l)),
+            workspace: 0,
+        };
+        let mut l = vec![Launch::ConvGraph {
+            graph: gi,
+            ptrs: Box::new(ptrs),
+        }];
+        if !g.fused && (c.bias.is_some() || c.residual.is_some() || c.act.is_some()) {
+            l.push(conv_epilogue(rec, c, true, true));
+        }
+        candidates.push((l, f32::INFINITY));
+    }
+    let n_dnn_all = candidates.len();
     // The GEMM path where it is tried and could be kept (an untimed search keeps cuDNN's first
     // choice), and where cuDNN found nothing (ISOLANE_CUDA_CONV=cudnn, an MPS client with part
     // of the threads).
@@ -2317,17 +2416,25 @@ fn record_conv(
     }
     let n_dnn = dnn_descs.len();
     // A path that failed to run has a NaN time, which total_cmp puts after every other.
-    let best_dnn = (0..n_dnn).min_by(|&a, &b| candidates[a].1.total_cmp(&candidates[b].1));
-    if let (Some(i), None) = (best_dnn, cached) {
+    let fastest =
+        |r: std::ops::Range<usize>| r.min_by(|&a, &b| candidates[a].1.total_cmp(&candidates[b].1));
+    let best_legacy = fastest(0..n_dnn);
+    if let (Some(i), None) = (best_legacy, cached) {
         if !candidates[i].1.is_nan() {
             conv_cache.push((key, dnn_descs[i]));
         }
     }
+    if let (Some(i), Some(spec)) = (fastest(graph_first..n_dnn_all), graph_spec) {
+        if !candidates[i].1.is_nan() && !caches.conv_graph.iter().any(|(s, _)| *s == spec) {
+            caches.conv_graph.push((spec, graph_idxs[i - graph_first]));
+        }
+    }
+    let best_dnn = fastest(0..n_dnn_all);
     // The GEMM path on a tie (cuDNN's first choice when nothing was timed).
-    let chosen = match (best_dnn, candidates.len() > n_dnn) {
+    let chosen = match (best_dnn, candidates.len() > n_dnn_all) {
         (Some(d), _) if rec.options.first_choice => d,
-        (Some(d), true) if candidates[d].1.total_cmp(&candidates[n_dnn].1).is_lt() => d,
-        (_, true) => n_dnn,
+        (Some(d), true) if candidates[d].1.total_cmp(&candidates[n_dnn_all].1).is_lt() => d,
+        (_, true) => n_dnn_all,
         (Some(d), false) => d,
         (None, false) => return Err(err(EngineError::Runtime("no convolution path".into()))),
     };
@@ -2338,6 +2445,10 @@ fn record_conv(
             .map(|(i, (_, ms))| {
                 let what = if i < n_dnn {
                     format!("cudnn algo {:?}", m.convs[dnn_descs[i]].algo)
+                } else if i < n_dnn_all {
+                    let g = &m.conv_graphs[graph_idxs[i - graph_first]];
+                    let fused = if g.fused { " fused" } else { "" };
+                    format!("cudnn engine {}{fused}", g.engine)
                 } else {
                     "gemm".to_string()
                 };
@@ -2357,12 +2468,36 @@ fn record_conv(
     Ok(())
 }
 
+/// Indices into `m.conv_graphs` of the graph-API plans to time for `spec`: the one kept for an
+/// equal convolution earlier in this build, else cuDNN's first few (none where the graph API
+/// offers none: the legacy algorithms and the GEMM path remain).
+fn conv_graph_candidates(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    cache: &mut [(ConvGraphSpec, usize)],
+    spec: &ConvGraphSpec,
+) -> Vec<usize> {
+    if let Some(&(_, i)) = cache.iter().find(|(s, _)| s == spec) {
+        return vec![i];
+    }
+    let graphs = crate::dnn_graph::conv_graphs(m.cudnn(), spec, rec.ws_cap, CUDNN_CANDIDATES)
+        .unwrap_or_else(|e| {
+            if rec.options.search_log {
+                eprintln!("search: cudnn graph for {spec:?}: {e}");
+            }
+            Vec::new()
+        });
+    let first = m.conv_graphs.len();
+    m.conv_graphs.extend(graphs);
+    (first..m.conv_graphs.len()).collect()
+}
+
 /// The pointwise pass after a cuDNN convolution (bias, residual, activation) or after its GEMM
 /// (the activation cuBLASLt's epilogue does not fuse).
 fn conv_epilogue(rec: &Recorder, c: &ConvStep, with_bias: bool, with_res: bool) -> Launch {
     let n_out: usize = c.y_shape.iter().product();
     pointwise_launch(
-        rec.func("pointwise"),
+        rec,
         rec.ptr(c.y),
         rec.ptr(c.y),
         None,
@@ -2384,7 +2519,6 @@ fn conv_epilogue(rec: &Recorder, c: &ConvStep, with_bias: bool, with_res: bool) 
             c.y_shape[2] * c.y_shape[3]
         },
         c.act,
-        rec.dtype,
     )
 }
 
@@ -2410,9 +2544,20 @@ fn im2col_launch(rec: &Recorder, c: &ConvStep, col: Loc) -> Launch {
         c.dilations[1],
     ];
     let vi = v.map(|s| s as i32);
+    let total = n * oh * ow * kh * kw * ch;
+    // Whole 16-byte vectors of channels: copied as they are, 32-bit indices.
+    let lanes = rec.vec_lanes();
+    let vector = ch.is_multiple_of(lanes)
+        && total / lanes <= i32::MAX as usize
+        && vec_aligned(&[rec.ptr(c.x), rec.ptr(col)]);
+    let (func, threads) = if vector {
+        ("im2col_v", total / lanes)
+    } else {
+        ("im2col", total)
+    };
     Launch::Kernel {
-        func: rec.func("im2col"),
-        grid: elementwise_grid(n * oh * ow * kh * kw * ch),
+        func: rec.func(func),
+        grid: elementwise_grid(threads),
         block: BLOCK,
         args: vec![
             Arg::Ptr(rec.ptr(c.x)),
@@ -2569,28 +2714,101 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
         (true, 7) => ("dwconv_s1_k7", quads),
         _ => ("dwconv", n),
     };
-    m.launches.push(Launch::Kernel {
-        func: rec.func(kernel),
-        grid: elementwise_grid(threads),
-        block: BLOCK,
-        args: vec![
-            Arg::Ptr(rec.ptr(c.x)),
-            Arg::Ptr(rec.ptr(c.w)),
-            Arg::Ptr(c.bias.map_or(0, &|l| rec.ptr(l))),
-            Arg::Ptr(c.residual.map_or(0, &|l| rec.ptr(l))),
-            Arg::Ptr(rec.ptr(c.y)),
-            Arg::Dw(Box::new(DwP {
-                v: vi,
-                p0,
-                p1,
-                whwc: c.nhwc as i32,
-                pad: 0,
-                xs: strides4(&c.x_shape, c.nhwc),
-                ys: strides4(&c.y_shape, c.nhwc),
-            })),
-        ],
-    });
+    let params = DwP {
+        v: vi,
+        p0,
+        p1,
+        whwc: c.nhwc as i32,
+        pad: 0,
+        xs: strides4(&c.x_shape, c.nhwc),
+        ys: strides4(&c.y_shape, c.nhwc),
+    };
+    let ptrs = [
+        rec.ptr(c.x),
+        rec.ptr(c.w),
+        c.bias.map_or(0, &|l| rec.ptr(l)),
+        c.residual.map_or(0, &|l| rec.ptr(l)),
+        rec.ptr(c.y),
+    ];
+    let launch = |name: &str, threads: usize| {
+        let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::Ptr(p)).collect();
+        args.push(Arg::Dw(Box::new(params)));
+        vec![Launch::Kernel {
+            func: rec.func(name),
+            grid: elementwise_grid(threads),
+            block: BLOCK,
+            args,
+        }]
+    };
+    let mut candidates: Vec<(String, TimedPath)> =
+        vec![(kernel.to_string(), (launch(kernel, threads), f32::INFINITY))];
+    for (name, threads) in dw_vec_kernels(rec, c, &ptrs) {
+        let path = (launch(&name, threads), f32::INFINITY);
+        candidates.push((name, path));
+    }
+    // Our own kernels compute the same sums in every candidate, so timing them is safe even
+    // where library algorithms are not timed (an MPS client with part of the threads): there
+    // the first vector kernel is kept untimed.
+    let chosen = if candidates.len() == 1 {
+        0
+    } else if rec.options.first_choice {
+        1
+    } else {
+        let mut paths: Vec<TimedPath> = candidates
+            .iter_mut()
+            .map(|c| std::mem::take(&mut c.1))
+            .collect();
+        time_candidates(m, rec, &mut paths)?;
+        for (c, p) in candidates.iter_mut().zip(paths) {
+            c.1 = p;
+        }
+        (0..candidates.len())
+            .min_by(|&a, &b| candidates[a].1 .1.total_cmp(&candidates[b].1 .1))
+            .unwrap_or(0)
+    };
+    if rec.options.search_log && candidates.len() > 1 {
+        let times: Vec<String> = candidates
+            .iter()
+            .map(|(name, (_, ms))| format!("{name} {ms:.4} ms"))
+            .collect();
+        eprintln!(
+            "search: depthwise {:?} -> {:?} k{:?} s{:?}: {}; kept {chosen}",
+            c.x_shape,
+            c.y_shape,
+            &c.w_shape[2..],
+            c.strides,
+            times.join(", ")
+        );
+    }
+    m.launches.extend(candidates.swap_remove(chosen).1 .0);
     Ok(())
+}
+
+/// The vectorised depthwise kernels (`kernels::DW_VEC_SHAPES`) that can run `c`, with their
+/// thread counts: NHWC, one filter per channel, whole 16-byte vectors of channels, horizontal
+/// dilation 1, the kernel width and horizontal stride of a compiled shape, aligned operands
+/// (`ptrs`) and 32-bit indices.
+fn dw_vec_kernels(rec: &Recorder, c: &ConvStep, ptrs: &[u64]) -> Vec<(String, usize)> {
+    let lanes = rec.vec_lanes();
+    let [n, ch, _, _] = c.x_shape;
+    let [_, m_out, oh, ow] = c.y_shape;
+    if !c.nhwc
+        || m_out != ch
+        || !ch.is_multiple_of(lanes)
+        || c.dilations[1] != 1
+        || !vec_aligned(ptrs)
+    {
+        return Vec::new();
+    }
+    kernels::DW_VEC_SHAPES
+        .iter()
+        .filter(|&&(kw, sw, _)| kw == c.w_shape[3] && sw == c.strides[1])
+        .map(|&(kw, sw, outs)| {
+            let threads = n * oh * ow.div_ceil(outs) * (ch / lanes);
+            (kernels::dw_vec_name(kw, sw, outs), threads)
+        })
+        .filter(|&(_, threads)| threads <= i32::MAX as usize)
+        .collect()
 }
 
 fn record_linear(
@@ -2631,7 +2849,7 @@ fn record_linear(
     m.launches.push(launch);
     if act.is_some() && !relu && !gelu {
         m.launches.push(pointwise_launch(
-            rec.func("pointwise"),
+            rec,
             rec.ptr(*y),
             rec.ptr(*y),
             None,
@@ -2641,7 +2859,6 @@ fn record_linear(
             1,
             1,
             *act,
-            rec.dtype,
         ));
     }
     Ok(())
@@ -2740,32 +2957,59 @@ fn record_attention(
             dtype.name()
         ))));
     }
-    let qtiles = seq.div_ceil(kernels::ATTN_ROWS);
     let bh = |s: &[usize; 3]| [s[0] as i64, s[1] as i64];
     let (qs, ks, vs, ys) = (bh(q_strides), bh(k_strides), bh(v_strides), bh(y_strides));
-    m.launches.push(Launch::Kernel {
-        func: rec.func("attention"),
-        grid: (qtiles * heads * batch) as u32,
-        block: kernels::ATTN_THREADS,
-        args: vec![
-            Arg::Ptr(rec.ptr(*q)),
-            Arg::Ptr(rec.ptr(*k)),
-            Arg::Ptr(rec.ptr(*v)),
-            Arg::Ptr(rec.ptr(*y)),
-            Arg::Attn(Box::new(AttnP {
-                v: [*seq as i32, *heads as i32, qtiles as i32, 0],
-                scale_log2: alpha * std::f32::consts::LOG2_E,
-                oscale: *out_scale,
-                bh: [qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], ys[0], ys[1]],
-                rows: [
-                    q_strides[2] as i32,
-                    k_strides[2] as i32,
-                    v_strides[2] as i32,
-                    y_strides[2] as i32,
-                ],
-            })),
-        ],
-    });
+    let launch = |warps: usize| {
+        let qtiles = seq.div_ceil(kernels::ATTN_WARP_ROWS * warps);
+        vec![Launch::Kernel {
+            func: rec.func("attention"),
+            grid: (qtiles * heads * batch) as u32,
+            block: (32 * warps) as u32,
+            args: vec![
+                Arg::Ptr(rec.ptr(*q)),
+                Arg::Ptr(rec.ptr(*k)),
+                Arg::Ptr(rec.ptr(*v)),
+                Arg::Ptr(rec.ptr(*y)),
+                Arg::Attn(Box::new(AttnP {
+                    v: [*seq as i32, *heads as i32, qtiles as i32, 0],
+                    scale_log2: alpha * std::f32::consts::LOG2_E,
+                    oscale: *out_scale,
+                    bh: [qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], ys[0], ys[1]],
+                    rows: [
+                        q_strides[2] as i32,
+                        k_strides[2] as i32,
+                        v_strides[2] as i32,
+                        y_strides[2] as i32,
+                    ],
+                })),
+            ],
+        }]
+    };
+    // Blocks of 4 warps fill the GPU at large batch; at batch 1 (12 heads of ViT-B) smaller
+    // blocks give more of them. Each block size computes the same sums: timed, the fastest kept
+    // (the first untimed).
+    let mut paths: Vec<TimedPath> = kernels::ATTN_WARPS
+        .iter()
+        .map(|&w| (launch(w), f32::INFINITY))
+        .collect();
+    if !rec.options.first_choice {
+        time_candidates(m, rec, &mut paths).map_err(err)?;
+    }
+    let chosen = (0..paths.len())
+        .min_by(|&a, &b| paths[a].1.total_cmp(&paths[b].1))
+        .unwrap_or(0);
+    if rec.options.search_log {
+        let times: Vec<String> = kernels::ATTN_WARPS
+            .iter()
+            .zip(&paths)
+            .map(|(w, (_, ms))| format!("{w} warps {ms:.4} ms"))
+            .collect();
+        eprintln!(
+            "search: attention batch {batch} heads {heads} seq {seq}: {}; kept {chosen}",
+            times.join(", ")
+        );
+    }
+    m.launches.extend(paths.swap_remove(chosen).0);
     Ok(())
 }
 
@@ -2889,9 +3133,20 @@ fn record_pool(m: &mut CudaModel, rec: &Recorder, pool: &PoolStep) {
     ];
     let vi = v.map(|s| s as i32);
     let n = x_shape[0] * x_shape[1] * out_hw[0] * out_hw[1];
+    // Channels contiguous and whole vectors: 16-byte loads, 32-bit indices.
+    let lanes = rec.vec_lanes();
+    let vector = *nhwc
+        && x_shape[1].is_multiple_of(lanes)
+        && n / lanes <= i32::MAX as usize
+        && vec_aligned(&[rec.ptr(*x), rec.ptr(*y)]);
+    let (func, threads) = if vector {
+        ("pool2d_v", n / lanes)
+    } else {
+        ("pool2d", n)
+    };
     m.launches.push(Launch::Kernel {
-        func: rec.func("pool2d"),
-        grid: elementwise_grid(n),
+        func: rec.func(func),
+        grid: elementwise_grid(threads),
         block: BLOCK,
         args: vec![
             Arg::Ptr(rec.ptr(*x)),

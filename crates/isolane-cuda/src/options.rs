@@ -32,11 +32,17 @@ impl ConvPaths {
 pub struct BuildOptions {
     /// Convolution activations channels-last (NHWC); `ISOLANE_CUDA_LAYOUT=nchw` turns it off.
     pub channels_last: bool,
-    /// Fused attention where it applies (batch > 1, f16/bf16, sm_80+);
+    /// Fused attention where it applies (f16/bf16, sm_80+);
     /// `ISOLANE_CUDA_ATTENTION=unfused` turns it off.
     pub fused_attention: bool,
+    /// Fused attention at batch 1 too (there the unfused plan is copy-free as well);
+    /// `ISOLANE_CUDA_ATTENTION=batched` keeps it to batch > 1.
+    pub fused_attention_batch1: bool,
     /// Convolution paths timed; `ISOLANE_CUDA_CONV`.
     pub conv_paths: ConvPaths,
+    /// cuDNN's graph API (its heuristics' engines, bias/residual/ReLU fused) among the cuDNN
+    /// candidates, besides the legacy algorithms; `ISOLANE_CUDA_CUDNN=legacy` leaves it out.
+    pub cudnn_graphs: bool,
     /// The 8-outputs × 2-channels depthwise 7×7 kernel at large batch;
     /// `ISOLANE_CUDA_DW=window` keeps the 4-output register-window kernels.
     pub depthwise_pairs: bool,
@@ -65,7 +71,9 @@ impl Default for BuildOptions {
         BuildOptions {
             channels_last: true,
             fused_attention: true,
+            fused_attention_batch1: true,
             conv_paths: ConvPaths::Fastest,
+            cudnn_graphs: true,
             depthwise_pairs: true,
             block_rows: false,
             exact_gelu: false,
@@ -102,12 +110,15 @@ impl BuildOptions {
         BuildOptions {
             channels_last: !is("ISOLANE_CUDA_LAYOUT", "nchw"),
             fused_attention: !is("ISOLANE_CUDA_ATTENTION", "unfused"),
+            fused_attention_batch1: !is("ISOLANE_CUDA_ATTENTION", "unfused")
+                && !is("ISOLANE_CUDA_ATTENTION", "batched"),
             conv_paths: match var("ISOLANE_CUDA_CONV").as_deref() {
                 Some("cudnn") => ConvPaths::Cudnn,
                 Some("gemm") => ConvPaths::Gemm,
                 _ if limited => ConvPaths::Cudnn,
                 _ => ConvPaths::Fastest,
             },
+            cudnn_graphs: !is("ISOLANE_CUDA_CUDNN", "legacy"),
             depthwise_pairs: !is("ISOLANE_CUDA_DW", "window"),
             block_rows: is("ISOLANE_CUDA_ROWS", "block"),
             exact_gelu: var("ISOLANE_CUDA_EXACT_GELU").is_some(),
@@ -150,6 +161,7 @@ mod tests {
             ("ISOLANE_CUDA_LAYOUT", "nchw"),
             ("ISOLANE_CUDA_ATTENTION", "unfused"),
             ("ISOLANE_CUDA_CONV", "gemm"),
+            ("ISOLANE_CUDA_CUDNN", "legacy"),
             ("ISOLANE_CUDA_DW", "window"),
             ("ISOLANE_CUDA_ROWS", "block"),
             ("ISOLANE_CUDA_EXACT_GELU", ""),
@@ -163,7 +175,9 @@ mod tests {
             BuildOptions {
                 channels_last: false,
                 fused_attention: false,
+                fused_attention_batch1: false,
                 conv_paths: ConvPaths::Gemm,
+                cudnn_graphs: false,
                 depthwise_pairs: false,
                 block_rows: true,
                 exact_gelu: true,
@@ -183,6 +197,8 @@ mod tests {
         ]);
         assert!(!timed.first_choice && timed.conv_paths == ConvPaths::Fastest);
         assert!(!o.conv_paths.tries_cudnn() && o.conv_paths.tries_gemm());
+        let batched = with(&[("ISOLANE_CUDA_ATTENTION", "batched")]);
+        assert!(batched.fused_attention && !batched.fused_attention_batch1);
         assert_eq!(o.workspace_cap(10 << 20), 64 << 20);
         assert_eq!(o.workspace_cap(1 << 30), 1 << 29);
     }
