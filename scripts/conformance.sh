@@ -6,17 +6,22 @@
 #
 #   bash scripts/conformance.sh stage
 #       here (dev machine, PyPI reachable): release build of isolane into ./stage/isolane, and
-#       the pure-Python wheels the default exporter needs (onnxscript, onnx-ir) into
-#       ./stage/pywheels, since the GPU machine has PyTorch but not onnxscript and no network.
-#   (device run, carry ["stage"]; add "conformance-results" only where it exists here: a carried
-#   path that is missing here is deleted there)
+#       pinned pure-Python wheels into ./stage/pywheels, since the GPU machine has PyTorch but
+#       no network: onnxscript and onnx-ir (the default exporter) and ultralytics and
+#       ultralytics-thop (yolov8n; the machine has its other needs: cv2, yaml, matplotlib...).
+#   STAGE=DIR (default stage): the staged folder that stage writes and run reads (DIR/isolane,
+#       DIR/pywheels), e.g. a copy of an existing build in a git-ignored folder of your own.
+#   (device run, carry ["stage"] (or STAGE's folder); add "conformance-results" only where it
+#   exists here: a carried path that is missing here is deleted there)
 #   bash scripts/conformance.sh run [suite.py options]
-#       there: installs the staged wheels into /tmp/isolane-conformance/pydeps where onnxscript
-#       is missing, runs the suite with a 420 s budget (one call stays under ~8 minutes; run it
-#       again to continue: exports are cached in /tmp/isolane-conformance/work while the
-#       machine is warm, results are kept in ./conformance-results), and writes
-#       $OUT/conformance.md and $OUT/conformance-results/ (carry them back to resume on a fresh
-#       machine).
+#       there: for each of onnxscript and ultralytics that does not import, extracts its staged
+#       wheels into /tmp/isolane-conformance/pydeps (on PYTHONPATH), runs the suite with a 420 s
+#       budget (BUDGET; one call stays under ~8 minutes; run it again to continue: exports are
+#       cached in /tmp/isolane-conformance/work while the machine is warm, results are kept in
+#       ./conformance-results), and writes $OUT/conformance.md, $OUT/conformance.log and
+#       $OUT/conformance-results.tgz (one JSON per case: more files than $OUT returns one by
+#       one; here `tar xzf conformance-results.tgz` gives ./conformance-results to carry back
+#       and resume on a fresh machine).
 #   bash scripts/conformance.sh local [suite.py options]
 #       here: the same with target/release/isolane (or ISOLANE_BIN) and the Python found, e.g.
 #       --backends cpu --models small.
@@ -28,33 +33,44 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 RESULTS=${RESULTS:-conformance-results}
+STAGE=${STAGE:-stage}
 
 stage() {
-    mkdir -p stage/pywheels
+    mkdir -p "$STAGE/pywheels"
     cargo build --release --bin isolane
-    cp target/release/isolane stage/isolane
-    strip stage/isolane 2>/dev/null || true
-    # Pure-Python wheels (py3-none-any), pinned to what PyTorch 2.11's exporter was tested with.
-    "$PY" -m pip download --no-deps --only-binary=:all: -d stage/pywheels \
-        "onnxscript==0.7.*" "onnx-ir==1.1.*"
-    du -sh stage
+    cp target/release/isolane "$STAGE/isolane"
+    strip "$STAGE/isolane" 2>/dev/null || true
+    # Pure-Python wheels (py3-none-any): onnxscript and onnx-ir pinned to what PyTorch 2.11's
+    # exporter was tested with; ultralytics and its thop as checked importable on the GPU machine.
+    "$PY" -m pip download --no-deps --only-binary=:all: -d "$STAGE/pywheels" \
+        "onnxscript==0.7.*" "onnx-ir==1.1.*" "ultralytics==8.4.190" "ultralytics-thop==2.2.3"
+    du -sh "$STAGE"
 }
 
-ensure_onnxscript() {
-    if "$PY" -c 'import onnxscript' 2>/dev/null; then return; fi
-    local deps=/tmp/isolane-conformance/pydeps
-    if [ ! -d "$deps/onnxscript" ]; then
-        if ! ls stage/pywheels/*.whl >/dev/null 2>&1; then
-            echo "onnxscript is not installed and stage/pywheels has no wheels: the default (dynamo) exporter will fail;" \
-                 "run 'bash scripts/conformance.sh stage' where PyPI is reachable" >&2
-            return
-        fi
+# A module that must import there, and the staged wheels (name prefixes) that provide it.
+PYDEPS="onnxscript:onnxscript,onnx_ir ultralytics:ultralytics,ultralytics_thop"
+
+ensure_pydeps() {
+    local deps=/tmp/isolane-conformance/pydeps entry mod prefix whl found
+    for entry in $PYDEPS; do
+        mod=${entry%%:*}
+        # Installed, or extracted by an earlier call on this machine.
+        if PYTHONPATH="$deps${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c "import $mod" 2>/dev/null; then continue; fi
         # Pure-Python wheels are zip files laid out for site-packages: extracting them is
         # installing them (no pip needed there).
-        mkdir -p "$deps"
-        for whl in stage/pywheels/*.whl; do "$PY" -m zipfile -e "$whl" "$deps"; done
-    fi
-    export PYTHONPATH="$deps${PYTHONPATH:+:$PYTHONPATH}"
+        found=""
+        for prefix in $(echo "${entry#*:}" | tr , ' '); do
+            for whl in "$STAGE/pywheels/$prefix"-[0-9]*.whl; do
+                [ -f "$whl" ] || continue
+                mkdir -p "$deps"
+                "$PY" -m zipfile -e "$whl" "$deps"
+                found=1
+            done
+        done
+        [ -n "$found" ] || echo "$mod is not installed and $STAGE/pywheels has no wheel of it;" \
+            "run 'bash scripts/conformance.sh stage' where PyPI is reachable" >&2
+    done
+    if [ -d "$deps" ]; then export PYTHONPATH="$deps${PYTHONPATH:+:$PYTHONPATH}"; fi
 }
 
 run_suite() {
@@ -62,18 +78,18 @@ run_suite() {
     shift
     local out=${OUT:-/tmp/isolane-conformance/out}
     mkdir -p "$out" "$RESULTS"
-    ensure_onnxscript
+    ensure_pydeps
     status=0
     "$PY" scripts/conformance/suite.py --isolane "$bin" --results "$RESULTS" \
         --table "$out/conformance.md" --budget "${BUDGET:-420}" "$@" 2>&1 | tee "$out/conformance.log" || status=$?
-    rm -rf "$out/conformance-results"
-    cp -r "$RESULTS" "$out/conformance-results"
+    rm -rf "$out/conformance-results" "$out/conformance-results.tgz"
+    tar czf "$out/conformance-results.tgz" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"
     return $status
 }
 
 case "${1:-}" in
     stage) stage ;;
-    run) shift; run_suite "$PWD/stage/isolane" "$@" ;;
+    run) shift; run_suite "$PWD/$STAGE/isolane" "$@" ;;
     local) shift; run_suite "${ISOLANE_BIN:-$PWD/target/release/isolane}" "$@" ;;
-    *) sed -n '2,25p' "$0"; exit 2 ;;
+    *) sed -n '2,31p' "$0"; exit 2 ;;
 esac
