@@ -11,6 +11,7 @@
 //! model build, like every other convolution path.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use cudarc::cudnn::sys as dnn;
 use dnn::cudnnBackendAttributeName_t as A;
@@ -159,19 +160,33 @@ impl ConvGraphSpec {
 /// A finalized execution plan for one [`ConvGraphSpec`].
 pub struct ConvGraph {
     plan: Desc,
-    /// What the plan was made from: engine config, heuristics, operation graph, operations and
-    /// tensors, in that drop order (cuDNN may refer to them while the plan lives).
-    _made_from: Vec<Desc>,
+    /// The engine configuration the plan was made of.
+    _config: Desc,
+    /// What the configuration was ranked from (heuristics, operation graph, operations,
+    /// tensors), shared by the plans of one graph: cuDNN may refer to them while a plan lives.
+    _made_from: Arc<GraphParts>,
     /// Workspace bytes the plan needs.
     pub workspace: usize,
     /// cuDNN's global engine index (for search logs).
     pub engine: i64,
+    /// Its kernel was compiled when the plan was made.
+    pub runtime_compiled: bool,
     /// Whether bias, residual and ReLU are inside the graph (else the caller's epilogue).
     pub fused: bool,
     /// The fused graph reads a bias, a residual.
     bias: bool,
     residual: bool,
 }
+
+/// Descriptors kept alive for the plans made from them, dropped in order (heuristics, graph,
+/// operations before the tensors they read).
+struct GraphParts {
+    _descs: Vec<Desc>,
+}
+
+// SAFETY: the parts are never read after the plans are made, only kept and dropped (once, when
+// the last plan goes); sharing references to them across threads shares nothing mutable.
+unsafe impl Sync for GraphParts {}
 
 /// Device pointers of one execution (0 where the graph has no such tensor).
 #[derive(Clone, Copy, Debug)]
@@ -418,15 +433,13 @@ fn engine_configs(graph: &Desc, max: usize) -> Result<(Desc, Vec<Desc>), CudaErr
     Ok((heur, cfgs))
 }
 
-/// The engine's global index of an engine configuration (-1 where cuDNN does not say).
-fn engine_index(cfg: &Desc) -> i64 {
-    let Ok(engine) = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR) else {
-        return -1;
-    };
-    let mut n = 0i64;
+/// The engine of an engine configuration.
+fn engine_of(cfg: &Desc) -> Option<Desc> {
+    let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR).ok()?;
     let mut raw = engine.0;
+    let mut n = 0i64;
     // SAFETY: room for one descriptor, created above, which cuDNN fills.
-    let ok = unsafe {
+    let status = unsafe {
         dnn::cudnnBackendGetAttribute(
             cfg.0,
             A::CUDNN_ATTR_ENGINECFG_ENGINE,
@@ -435,70 +448,94 @@ fn engine_index(cfg: &Desc) -> i64 {
             &mut n,
             &mut raw as *mut dnn::cudnnBackendDescriptor_t as *mut c_void,
         )
-    } == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-    if !ok {
-        return -1;
-    }
-    engine
-        .get_i64(A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX)
-        .unwrap_or(-1)
+    };
+    (status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS && n == 1).then_some(engine)
 }
 
-/// Whether an engine configuration may use reduced-precision math (tensor cores on f32 data
-/// are TF32, down-converted inputs, reduced-precision sums), which the fp32 precision does not
-/// allow (PyTorch filters cuDNN's engines alike without `allow_tf32`).
-fn downconverts(cfg: &Desc) -> bool {
-    let Ok(engine) = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR) else {
-        return true;
-    };
-    let mut raw = engine.0;
-    let mut n = 0i64;
-    // SAFETY: room for one descriptor, created above, which cuDNN fills.
-    let ok = unsafe {
-        dnn::cudnnBackendGetAttribute(
-            cfg.0,
-            A::CUDNN_ATTR_ENGINECFG_ENGINE,
-            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            1,
-            &mut n,
-            &mut raw as *mut dnn::cudnnBackendDescriptor_t as *mut c_void,
-        )
-    } == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-    if !ok {
-        return true;
-    }
-    let mut notes = [dnn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TYPE_COUNT; 16];
+/// Up to 16 notes of type `ty` (an enum of u32 values) an engine carries; `None` where cuDNN
+/// does not say.
+fn notes<N: Copy>(engine: &Desc, name: A, ty: T, fill: N) -> Option<Vec<N>> {
+    let mut notes = [fill; 16];
     let mut count = 0i64;
-    // SAFETY: room for 16 notes.
-    let ok = unsafe {
+    // SAFETY: room for 16 values of the type `ty` names (N is that enum).
+    let status = unsafe {
         dnn::cudnnBackendGetAttribute(
             engine.0,
-            A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-            T::CUDNN_TYPE_NUMERICAL_NOTE,
+            name,
+            ty,
             notes.len() as i64,
             &mut count,
             notes.as_mut_ptr() as *mut c_void,
         )
-    } == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-    !ok || notes[..count.clamp(0, 16) as usize].iter().any(|n| {
-        matches!(
-            n,
-            dnn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TENSOR_CORE
-                | dnn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS
-                | dnn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION
-        )
-    })
+    };
+    (status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
+        .then(|| notes[..count.clamp(0, 16) as usize].to_vec())
+}
+
+/// What the build needs to know of an engine before making a plan of it.
+struct EngineFacts {
+    /// cuDNN's global engine index (-1 where it does not say).
+    index: i64,
+    /// It may use reduced-precision math: tensor cores on f32 data are TF32, down-converted
+    /// inputs, reduced-precision sums (not allowed at fp32; PyTorch filters cuDNN's engines
+    /// alike without `allow_tf32`).
+    reduced_precision: bool,
+    /// Its kernel is compiled when the plan is made (NVRTC inside cuDNN: seconds per model).
+    runtime_compiled: bool,
+}
+
+fn engine_facts(cfg: &Desc) -> EngineFacts {
+    use dnn::cudnnBackendBehaviorNote_t as B;
+    use dnn::cudnnBackendNumericalNote_t as Nn;
+    let Some(engine) = engine_of(cfg) else {
+        return EngineFacts {
+            index: -1,
+            reduced_precision: true,
+            runtime_compiled: true,
+        };
+    };
+    let numerical = notes(
+        &engine,
+        A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+        T::CUDNN_TYPE_NUMERICAL_NOTE,
+        Nn::CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
+    );
+    let behavior = notes(
+        &engine,
+        A::CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
+        T::CUDNN_TYPE_BEHAVIOR_NOTE,
+        B::CUDNN_BEHAVIOR_NOTE_TYPE_COUNT,
+    );
+    EngineFacts {
+        index: engine
+            .get_i64(A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX)
+            .unwrap_or(-1),
+        reduced_precision: numerical.is_none_or(|n| {
+            n.iter().any(|n| {
+                matches!(
+                    n,
+                    Nn::CUDNN_NUMERICAL_NOTE_TENSOR_CORE
+                        | Nn::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS
+                        | Nn::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION
+                )
+            })
+        }),
+        runtime_compiled: behavior
+            .is_none_or(|b| b.contains(&B::CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)),
+    }
 }
 
 /// Up to `max` execution plans for `spec`, best ranked first: the fused graph's where its
 /// epilogue is only bias, residual and ReLU (`spec` says so) and such plans finalize, else the
 /// convolution alone. Plans that do not finalize on this GPU or need more than `ws_cap` bytes
-/// of workspace are left out; none at all is an error.
+/// of workspace are left out, and engines compiled at run time unless `runtime_compilation`;
+/// none at all is an error.
 pub fn conv_graphs(
     handle: dnn::cudnnHandle_t,
     spec: &ConvGraphSpec,
     ws_cap: usize,
     max: usize,
+    runtime_compilation: bool,
 ) -> Result<Vec<ConvGraph>, CudaError> {
     let has_epilogue = spec.bias || spec.residual || spec.relu;
     let mut out = Vec::new();
@@ -507,20 +544,13 @@ pub fn conv_graphs(
         if (!fused || !has_epilogue) && !out.is_empty() {
             break;
         }
-        // Each plan gets an operation graph of its own, so that what it refers to lives as
-        // long as it does; ranked configurations are taken one by one until `max` plans.
-        for rank in 0..4 * max {
-            if out.len() >= max {
-                break;
-            }
-            match plan_at(handle, spec, fused, rank, ws_cap) {
-                Ok(Some(g)) => out.push(g),
-                Ok(None) => {}
-                Err(Ranked::End) => break,
-                Err(Ranked::Failed(e)) => {
-                    first_error.get_or_insert(e);
-                }
-            }
+        let limits = Limits {
+            ws_cap,
+            max,
+            runtime_compilation,
+        };
+        if let Err(e) = plans_of_graph(handle, spec, fused, &limits, &mut out) {
+            first_error.get_or_insert(e);
         }
     }
     match (out.is_empty(), first_error) {
@@ -529,54 +559,73 @@ pub fn conv_graphs(
     }
 }
 
-/// Why [`plan_at`] has no plan: past the heuristics' last configuration, or a failure.
-enum Ranked {
-    End,
-    Failed(CudaError),
+/// Which plans [`plans_of_graph`] keeps.
+struct Limits {
+    /// Workspace bytes a plan may need.
+    ws_cap: usize,
+    /// Plans in all.
+    max: usize,
+    /// Whether engines compiled at run time are allowed.
+    runtime_compilation: bool,
 }
 
-impl From<CudaError> for Ranked {
-    fn from(e: CudaError) -> Ranked {
-        Ranked::Failed(e)
-    }
-}
-
-/// The plan of the heuristics' configuration `rank` for `spec`: `None` where it is not allowed
-/// at this precision or needs more than `ws_cap` bytes of workspace.
-fn plan_at(
+/// Adds to `out`, up to `limits.max` in all, the plans of the heuristics' configurations for
+/// `spec`'s graph (fused or not) that are allowed at this precision and by `limits` and that
+/// finalize on this GPU. One heuristics query per graph: its configurations share it.
+fn plans_of_graph(
     handle: dnn::cudnnHandle_t,
     spec: &ConvGraphSpec,
     fused: bool,
-    rank: usize,
-    ws_cap: usize,
-) -> Result<Option<ConvGraph>, Ranked> {
+    limits: &Limits,
+    out: &mut Vec<ConvGraph>,
+) -> Result<(), CudaError> {
     let (graph, parts) = operation_graph(handle, spec, fused)?;
-    let (heur, mut cfgs) = engine_configs(&graph, rank + 1)?;
-    if cfgs.len() <= rank {
-        return Err(Ranked::End);
+    // A few more configurations than plans leave room for those filtered out.
+    let (heur, cfgs) = engine_configs(&graph, 4 * limits.max)?;
+    let mut kept = vec![heur, graph];
+    kept.extend(parts);
+    let shared = Arc::new(GraphParts { _descs: kept });
+    let mut first_error = None;
+    for cfg in cfgs {
+        if out.len() >= limits.max {
+            break;
+        }
+        let facts = engine_facts(&cfg);
+        if (spec.dtype == DType::F32 && !spec.allow_tf32 && facts.reduced_precision)
+            || (facts.runtime_compiled && !limits.runtime_compilation)
+        {
+            continue;
+        }
+        let made = plan_of(handle, &cfg).and_then(|plan| {
+            let ws = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
+            Ok((plan, ws))
+        });
+        let (plan, ws) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                first_error.get_or_insert(e);
+                continue;
+            }
+        };
+        if ws < 0 || ws as usize > limits.ws_cap {
+            continue;
+        }
+        out.push(ConvGraph {
+            plan,
+            _config: cfg,
+            _made_from: Arc::clone(&shared),
+            workspace: ws as usize,
+            engine: facts.index,
+            runtime_compiled: facts.runtime_compiled,
+            fused: fused && (spec.bias || spec.residual || spec.relu),
+            bias: fused && spec.bias,
+            residual: fused && spec.residual,
+        });
     }
-    let cfg = cfgs.swap_remove(rank);
-    drop(cfgs);
-    if spec.dtype == DType::F32 && !spec.allow_tf32 && downconverts(&cfg) {
-        return Ok(None);
+    match (out.is_empty(), first_error) {
+        (true, Some(e)) => Err(e),
+        _ => Ok(()),
     }
-    let plan = plan_of(handle, &cfg)?;
-    let ws = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
-    if ws < 0 || ws as usize > ws_cap {
-        return Ok(None);
-    }
-    let engine = engine_index(&cfg);
-    let mut made_from = vec![cfg, heur, graph];
-    made_from.extend(parts);
-    Ok(Some(ConvGraph {
-        plan,
-        _made_from: made_from,
-        workspace: ws as usize,
-        engine,
-        fused: fused && (spec.bias || spec.residual || spec.relu),
-        bias: fused && spec.bias,
-        residual: fused && spec.residual,
-    }))
 }
 
 fn plan_of(handle: dnn::cudnnHandle_t, cfg: &Desc) -> Result<Desc, CudaError> {

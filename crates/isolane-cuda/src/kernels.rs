@@ -53,7 +53,17 @@ pub const KERNEL_NAMES: &[&str] = &[
     "dwconv_v_k5_s1_o2",
     "dwconv_v_k5_s2_o1",
     "dwconv_v_k7_s1_o2",
+    "layernorm_wv1",
+    "layernorm_wv2",
+    "layernorm_wv3",
+    "layernorm_wv4",
+    "layernorm_wv6",
+    "layernorm_wv8",
 ];
+
+/// 16-byte vectors per lane of the `layernorm_wv{N}` kernels (one warp per row of at most
+/// 32 · N vectors).
+pub const LN_VEC_PER_LANE: &[usize] = &[1, 2, 3, 4, 6, 8];
 
 /// Kernels only in the f16 / bf16 modules (tensor-core `mma.sync`, sm_80 and newer).
 pub const HALF_KERNEL_NAMES: &[&str] = &["attention"];
@@ -84,9 +94,10 @@ pub const VEC_BYTES: usize = 16;
 
 /// Query rows of each warp of the fused attention kernel.
 pub const ATTN_WARP_ROWS: usize = 16;
-/// Warps per block the fused attention kernel is built and timed with (at most 4: its
-/// `__launch_bounds__(128)`).
-pub const ATTN_WARPS: &[usize] = &[4, 2, 1];
+/// Block shapes the fused attention kernel is timed with: (query warps, key groups). A block
+/// has query warps × key groups warps (at most 8: its `__launch_bounds__(256)`; key groups at
+/// most the kernel's `AKG`, 2).
+pub const ATTN_BLOCKS: &[(usize, usize)] = &[(4, 1), (2, 1), (1, 1), (4, 2), (2, 2)];
 /// Elements per lane of the one-warp-per-row LayerNorm and softmax kernels (`layernorm_warpN`,
 /// `softmax_warpN` take rows of at most 32·N): the smallest that fits keeps registers low.
 pub const WARP_ROW_PER_LANE: &[usize] = &[4, 8, 16, 32];
@@ -335,6 +346,54 @@ __device__ __forceinline__ void layernorm_warp_body(const T* __restrict__ x, T* 
             if (b) o += ld(b, c);
             st(yr, c, o);
         }
+    }
+}
+
+// LayerNorm over contiguous rows of at most 32·NV·VW elements, cols a multiple of VW and every
+// operand 16-byte aligned: one warp per row, NV 16-byte vectors per lane, the row in registers.
+template <int NV>
+__device__ __forceinline__ void layernorm_wv_body(const T* __restrict__ x, T* __restrict__ y, const T* __restrict__ g,
+                                                  const T* __restrict__ b, int rows, int cols, float eps) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const T* xr = x + (long long)row * cols;
+    T* yr = y + (long long)row * cols;
+    float v[NV][VW];
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        int c = (lane + j * 32) * VW;
+        if (c < cols) ldv(xr, c, v[j]);
+        else {
+#pragma unroll
+            for (int e = 0; e < VW; ++e) v[j][e] = 0.f;
+        }
+#pragma unroll
+        for (int e = 0; e < VW; ++e) s += v[j][e];
+    }
+    float mean = warp_sum(s) / (float)cols;
+    float q = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        if ((lane + j * 32) * VW >= cols) continue;
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+            float d = v[j][e] - mean;
+            q += d * d;
+        }
+    }
+    float rstd = rsqrtf(warp_sum(q) / (float)cols + eps);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        int c = (lane + j * 32) * VW;
+        if (c >= cols) continue;
+        float gv[VW], bv[VW];
+        ldv(g, c, gv);
+        if (b) ldv(b, c, bv);
+#pragma unroll
+        for (int e = 0; e < VW; ++e) v[j][e] = (v[j][e] - mean) * rstd * gv[e] + (b ? bv[e] : 0.f);
+        stv(yr, c, v[j]);
     }
 }
 
@@ -807,9 +866,12 @@ const ATTENTION: &str = r#"
 // y = softmax(alpha · q kᵀ) v · oscale for each (image, head), flash-attention style (online
 // softmax over key tiles of 64, the score matrix never leaves registers). q, k and v are read
 // in place through (image, head, row) strides, y is written through its own (so the QKV
-// split and the head merge cost nothing). One block = 1, 2 or 4 warps = 16 query rows each, of
-// one head (fewer warps per block: more blocks where batch × heads is small, as at batch 1).
-struct AttnP { int s, heads, qtiles, pad0; float scale_log2, oscale; long long qb, qh, kb, kh, vb, vh, yb, yh; int qr, kr, vr, yr; };
+// split and the head merge cost nothing). One block = qwarps warps of 16 query rows each, of
+// one head, times kg key groups: group j takes key tiles j, j + kg, ... with its own shared
+// tiles and barrier, and the groups' partial softmax sums are merged at the end (more warps
+// per block where batch × heads gives few blocks, as at batch 1).
+struct AttnP { int s, heads, qtiles, qwarps; float scale_log2, oscale; long long qb, qh, kb, kh, vb, vh, yb, yh; int qr, kr, vr, yr; };
+#define AKG 2
 #define AD 64
 #define AKT 64
 #define ALD 72
@@ -824,20 +886,25 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     asm("cvt.rn.__MMA__x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-extern "C" __global__ void __launch_bounds__(128) attention(const T* __restrict__ q, const T* __restrict__ k,
+extern "C" __global__ void __launch_bounds__(256) attention(const T* __restrict__ q, const T* __restrict__ k,
                                                             const T* __restrict__ v, T* __restrict__ y, AttnP p) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) T ks[AKT * ALD];
-    __shared__ __align__(16) T vs[AKT * ALD];
+    __shared__ __align__(16) T kss[AKG * AKT * ALD];
+    __shared__ __align__(16) T vss[AKG * AKT * ALD];
     const float NEG_INF = __int_as_float(0xff800000);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    // This thread's key group, its warp among the group's qwarps, its index in the group.
+    int gthreads = p.qwarps * 32, kg = blockDim.x / gthreads;
+    int grp = threadIdx.x / gthreads, gt = threadIdx.x - grp * gthreads, warp = gt >> 5;
+    T* ks = kss + grp * AKT * ALD;
+    T* vs = vss + grp * AKT * ALD;
     int qt = blockIdx.x % p.qtiles;
     int bh = blockIdx.x / p.qtiles;
     int h = bh % p.heads, b = bh / p.heads;
     const T* qp = q + b * p.qb + h * p.qh;
     const T* kp = k + b * p.kb + h * p.kh;
     const T* vp = v + b * p.vb + h * p.vh;
-    int r0 = qt * (blockDim.x >> 1) + warp * 16 + g, r1 = r0 + 8;
+    int r0 = qt * p.qwarps * 16 + warp * 16 + g, r1 = r0 + 8;
     // This warp's 16 query rows as A fragments (row g and g + 8; columns 2t.. and 2t + 8..).
     unsigned qa[4][4];
 #pragma unroll
@@ -852,11 +919,12 @@ extern "C" __global__ void __launch_bounds__(128) attention(const T* __restrict_
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
-    for (int kt = 0; kt < p.s; kt += AKT) {
-        __syncthreads();
+    for (int kt = grp * AKT; kt < p.s; kt += kg * AKT) {
+        // The groups take different numbers of tiles: each syncs on a barrier of its own.
+        asm volatile("bar.sync %0, %1;" :: "r"(1 + grp), "r"(gthreads) : "memory");
         // K and V tiles (64 keys × 64) into shared memory, 16 bytes per load; keys past the
         // end are zero.
-        for (int i = threadIdx.x; i < AKT * 8; i += blockDim.x) {
+        for (int i = gt; i < AKT * 8; i += gthreads) {
             int r = i >> 3, c = (i & 7) * 8;
             uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = make_uint4(0u, 0u, 0u, 0u);
             if (kt + r < p.s) {
@@ -866,7 +934,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const T* __restrict_
             *(uint4*)(ks + r * ALD + c) = kv;
             *(uint4*)(vs + r * ALD + c) = vv;
         }
-        __syncthreads();
+        asm volatile("bar.sync %0, %1;" :: "r"(1 + grp), "r"(gthreads) : "memory");
         // Scores of 16 rows × 64 keys: 8 n-tiles of 8 keys.
         float sc[8][4];
 #pragma unroll
@@ -933,6 +1001,40 @@ extern "C" __global__ void __launch_bounds__(128) attention(const T* __restrict_
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (kg > 1) {
+        // Merge the key groups into group 0: each thread's (m, l, o) of its two rows, through
+        // the shared tiles (free now), a group at a time. A group that had no tile has
+        // m = -inf, l = 0, o = 0 and weighs nothing (group 0 always has one).
+        float* sh = (float*)kss;
+        for (int j = 1; j < kg; ++j) {
+            __syncthreads();
+            if (grp == j) {
+                float* d = sh + gt * 36;
+                d[0] = m0; d[1] = m1; d[2] = l0; d[3] = l1;
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) d[4 + nt * 4 + e] = o[nt][e];
+            }
+            __syncthreads();
+            if (grp == 0) {
+                const float* d = sh + gt * 36;
+                float n0 = fmaxf(m0, d[0]), n1 = fmaxf(m1, d[1]);
+                float a0 = exp2f(m0 - n0), b0 = exp2f(d[0] - n0), a1 = exp2f(m1 - n1), b1 = exp2f(d[1] - n1);
+                m0 = n0; m1 = n1;
+                l0 = l0 * a0 + d[2] * b0;
+                l1 = l1 * a1 + d[3] * b1;
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+                    o[nt][0] = o[nt][0] * a0 + d[4 + nt * 4] * b0;
+                    o[nt][1] = o[nt][1] * a0 + d[5 + nt * 4] * b0;
+                    o[nt][2] = o[nt][2] * a1 + d[6 + nt * 4] * b1;
+                    o[nt][3] = o[nt][3] * a1 + d[7 + nt * 4] * b1;
+                }
+            }
+        }
+        if (grp != 0) return;
+    }
     float i0 = p.oscale / l0, i1 = p.oscale / l1;
     T* yp = y + b * p.yb + h * p.yh;
 #pragma unroll
@@ -1075,6 +1177,13 @@ pub fn source(dtype: DType) -> String {
              layernorm_warp_body<{nr}>(x, y, g, b, rows, cols, eps);\n}}\n\
              extern \"C\" __global__ void softmax_warp{nr}(const T* __restrict__ x, T* __restrict__ y, int rows, int len) {{\n    \
              softmax_warp_body<{nr}>(x, y, rows, len);\n}}\n"
+        ));
+    }
+    for nv in LN_VEC_PER_LANE {
+        s.push_str(&format!(
+            "extern \"C\" __global__ void layernorm_wv{nv}(const T* __restrict__ x, T* __restrict__ y, \
+             const T* __restrict__ g, const T* __restrict__ b, int rows, int cols, float eps) {{\n    \
+             layernorm_wv_body<{nv}>(x, y, g, b, rows, cols, eps);\n}}\n"
         ));
     }
     match dtype {

@@ -2217,7 +2217,7 @@ fn record_step(
             });
         }
         StepKind::Attention(at) => record_attention(m, rec, &err, at)?,
-        StepKind::LayerNorm(ln) => record_layer_norm(m, rec, ln),
+        StepKind::LayerNorm(ln) => record_layer_norm(m, rec, ln).map_err(err)?,
         StepKind::Softmax(sm) => record_softmax(m, rec, sm),
         StepKind::Pool(pool) => record_pool(m, rec, pool),
         StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
@@ -2448,7 +2448,12 @@ fn record_conv(
                 } else if i < n_dnn_all {
                     let g = &m.conv_graphs[graph_idxs[i - graph_first]];
                     let fused = if g.fused { " fused" } else { "" };
-                    format!("cudnn engine {}{fused}", g.engine)
+                    let rtc = if g.runtime_compiled {
+                        " runtime-compiled"
+                    } else {
+                        ""
+                    };
+                    format!("cudnn engine {}{fused}{rtc}", g.engine)
                 } else {
                     "gemm".to_string()
                 };
@@ -2480,13 +2485,27 @@ fn conv_graph_candidates(
     if let Some(&(_, i)) = cache.iter().find(|(s, _)| s == spec) {
         return vec![i];
     }
-    let graphs = crate::dnn_graph::conv_graphs(m.cudnn(), spec, rec.ws_cap, CUDNN_CANDIDATES)
-        .unwrap_or_else(|e| {
-            if rec.options.search_log {
-                eprintln!("search: cudnn graph for {spec:?}: {e}");
-            }
-            Vec::new()
-        });
+    let t0 = Instant::now();
+    let graphs = crate::dnn_graph::conv_graphs(
+        m.cudnn(),
+        spec,
+        rec.ws_cap,
+        CUDNN_CANDIDATES,
+        rec.options.cudnn_runtime_compiled,
+    )
+    .unwrap_or_else(|e| {
+        if rec.options.search_log {
+            eprintln!("search: cudnn graph for {spec:?}: {e}");
+        }
+        Vec::new()
+    });
+    if rec.options.search_log {
+        eprintln!(
+            "search: {} cudnn graph plans made in {:.1} ms",
+            graphs.len(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+    }
     let first = m.conv_graphs.len();
     m.conv_graphs.extend(graphs);
     (first..m.conv_graphs.len()).collect()
@@ -2959,19 +2978,19 @@ fn record_attention(
     }
     let bh = |s: &[usize; 3]| [s[0] as i64, s[1] as i64];
     let (qs, ks, vs, ys) = (bh(q_strides), bh(k_strides), bh(v_strides), bh(y_strides));
-    let launch = |warps: usize| {
+    let launch = |(warps, key_groups): (usize, usize)| {
         let qtiles = seq.div_ceil(kernels::ATTN_WARP_ROWS * warps);
         vec![Launch::Kernel {
             func: rec.func("attention"),
             grid: (qtiles * heads * batch) as u32,
-            block: (32 * warps) as u32,
+            block: (32 * warps * key_groups) as u32,
             args: vec![
                 Arg::Ptr(rec.ptr(*q)),
                 Arg::Ptr(rec.ptr(*k)),
                 Arg::Ptr(rec.ptr(*v)),
                 Arg::Ptr(rec.ptr(*y)),
                 Arg::Attn(Box::new(AttnP {
-                    v: [*seq as i32, *heads as i32, qtiles as i32, 0],
+                    v: [*seq as i32, *heads as i32, qtiles as i32, warps as i32],
                     scale_log2: alpha * std::f32::consts::LOG2_E,
                     oscale: *out_scale,
                     bh: [qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], ys[0], ys[1]],
@@ -2985,12 +3004,13 @@ fn record_attention(
             ],
         }]
     };
-    // Blocks of 4 warps fill the GPU at large batch; at batch 1 (12 heads of ViT-B) smaller
-    // blocks give more of them. Each block size computes the same sums: timed, the fastest kept
-    // (the first untimed).
-    let mut paths: Vec<TimedPath> = kernels::ATTN_WARPS
+    // Blocks of 4 query warps fill the GPU at large batch; at batch 1 (12 heads of ViT-B)
+    // smaller blocks give more of them, and key groups more warps per block. Every shape
+    // computes the same attention (key groups add their partial sums in another order, within
+    // f32 rounding): timed, the fastest kept (the first untimed).
+    let mut paths: Vec<TimedPath> = kernels::ATTN_BLOCKS
         .iter()
-        .map(|&w| (launch(w), f32::INFINITY))
+        .map(|&b| (launch(b), f32::INFINITY))
         .collect();
     if !rec.options.first_choice {
         time_candidates(m, rec, &mut paths).map_err(err)?;
@@ -2999,10 +3019,10 @@ fn record_attention(
         .min_by(|&a, &b| paths[a].1.total_cmp(&paths[b].1))
         .unwrap_or(0);
     if rec.options.search_log {
-        let times: Vec<String> = kernels::ATTN_WARPS
+        let times: Vec<String> = kernels::ATTN_BLOCKS
             .iter()
             .zip(&paths)
-            .map(|(w, (_, ms))| format!("{w} warps {ms:.4} ms"))
+            .map(|((w, kg), (_, ms))| format!("{w} warps x {kg} key groups {ms:.4} ms"))
             .collect();
         eprintln!(
             "search: attention batch {batch} heads {heads} seq {seq}: {}; kept {chosen}",
@@ -3013,7 +3033,7 @@ fn record_attention(
     Ok(())
 }
 
-fn record_layer_norm(m: &mut CudaModel, rec: &Recorder, ln: &LayerNormStep) {
+fn record_layer_norm(m: &mut CudaModel, rec: &Recorder, ln: &LayerNormStep) -> Result<()> {
     let LayerNormStep {
         x,
         scale,
@@ -3023,41 +3043,62 @@ fn record_layer_norm(m: &mut CudaModel, rec: &Recorder, ln: &LayerNormStep) {
         cols,
         eps,
     } = ln;
-    m.launches.push(
-        // Rows of ≤ 1024: one warp per row in registers; longer: a block per row.
-        match WARP_ROW_PER_LANE
-            .iter()
-            .find(|&&nr| *cols <= 32 * nr && rec.warp_rows(*rows))
-        {
-            Some(nr) => Launch::Kernel {
-                func: rec.func(&format!("layernorm_warp{nr}")),
-                grid: rows.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
-                block: 32 * WARP_ROWS_PER_BLOCK as u32,
-                args: vec![
-                    Arg::Ptr(rec.ptr(*x)),
-                    Arg::Ptr(rec.ptr(*y)),
-                    Arg::Ptr(rec.ptr(*scale)),
-                    Arg::Ptr(bias.map_or(0, &|l| rec.ptr(l))),
-                    Arg::I32(*rows as i32),
-                    Arg::I32(*cols as i32),
-                    Arg::F32(*eps),
-                ],
-            },
-            None => Launch::Kernel {
-                func: rec.func("layernorm"),
-                grid: *rows as u32,
-                block: reduce_block(*cols),
-                args: vec![
-                    Arg::Ptr(rec.ptr(*x)),
-                    Arg::Ptr(rec.ptr(*y)),
-                    Arg::Ptr(rec.ptr(*scale)),
-                    Arg::Ptr(bias.map_or(0, &|l| rec.ptr(l))),
-                    Arg::I64(*cols as i64),
-                    Arg::F32(*eps),
-                ],
-            },
+    let ptrs = [
+        rec.ptr(*x),
+        rec.ptr(*y),
+        rec.ptr(*scale),
+        bias.map_or(0, &|l| rec.ptr(l)),
+    ];
+    let ptr_args = || ptrs.iter().map(|&p| Arg::Ptr(p));
+    let warp_kernel = |name: String, rows_per_block: usize| Launch::Kernel {
+        func: rec.func(&name),
+        grid: rows.div_ceil(rows_per_block) as u32,
+        block: 32 * rows_per_block as u32,
+        args: ptr_args()
+            .chain([
+                Arg::I32(*rows as i32),
+                Arg::I32(*cols as i32),
+                Arg::F32(*eps),
+            ])
+            .collect(),
+    };
+    // Rows of ≤ 1024: one warp per row in registers; longer: a block per row.
+    let first = match WARP_ROW_PER_LANE
+        .iter()
+        .find(|&&nr| *cols <= 32 * nr && rec.warp_rows(*rows))
+    {
+        Some(nr) => warp_kernel(format!("layernorm_warp{nr}"), WARP_ROWS_PER_BLOCK),
+        None => Launch::Kernel {
+            func: rec.func("layernorm"),
+            grid: *rows as u32,
+            block: reduce_block(*cols),
+            args: ptr_args()
+                .chain([Arg::I64(*cols as i64), Arg::F32(*eps)])
+                .collect(),
         },
-    );
+    };
+    let mut paths: Vec<TimedPath> = vec![(vec![first], f32::INFINITY)];
+    // Whole 16-byte vectors and aligned rows: one warp per row with wide loads, 8 or 2 rows
+    // per block, timed against the kernel above (the fastest kept; untimed, the first).
+    let lanes = rec.vec_lanes();
+    let vector = cols.is_multiple_of(lanes) && vec_aligned(&ptrs);
+    if let Some(nv) = kernels::LN_VEC_PER_LANE
+        .iter()
+        .find(|&&nv| vector && *cols <= 32 * nv * lanes)
+    {
+        for rows_per_block in [8, 2] {
+            let l = warp_kernel(format!("layernorm_wv{nv}"), rows_per_block);
+            paths.push((vec![l], f32::INFINITY));
+        }
+    }
+    if !rec.options.first_choice {
+        time_candidates(m, rec, &mut paths)?;
+    }
+    let chosen = (0..paths.len())
+        .min_by(|&a, &b| paths[a].1.total_cmp(&paths[b].1))
+        .unwrap_or(0);
+    m.launches.extend(paths.swap_remove(chosen).0);
+    Ok(())
 }
 
 fn record_softmax(m: &mut CudaModel, rec: &Recorder, sm: &SoftmaxStep) {

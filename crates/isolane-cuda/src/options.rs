@@ -43,6 +43,9 @@ pub struct BuildOptions {
     /// cuDNN's graph API (its heuristics' engines, bias/residual/ReLU fused) among the cuDNN
     /// candidates, besides the legacy algorithms; `ISOLANE_CUDA_CUDNN=legacy` leaves it out.
     pub cudnn_graphs: bool,
+    /// Graph-API engines whose kernels cuDNN compiles when the plan is made (seconds of NVRTC
+    /// per model build); `ISOLANE_CUDA_CUDNN=runtime-compiled` allows them.
+    pub cudnn_runtime_compiled: bool,
     /// The 8-outputs × 2-channels depthwise 7×7 kernel at large batch;
     /// `ISOLANE_CUDA_DW=window` keeps the 4-output register-window kernels.
     pub depthwise_pairs: bool,
@@ -74,6 +77,7 @@ impl Default for BuildOptions {
             fused_attention_batch1: true,
             conv_paths: ConvPaths::Fastest,
             cudnn_graphs: true,
+            cudnn_runtime_compiled: false,
             depthwise_pairs: true,
             block_rows: false,
             exact_gelu: false,
@@ -119,6 +123,7 @@ impl BuildOptions {
                 _ => ConvPaths::Fastest,
             },
             cudnn_graphs: !is("ISOLANE_CUDA_CUDNN", "legacy"),
+            cudnn_runtime_compiled: is("ISOLANE_CUDA_CUDNN", "runtime-compiled"),
             depthwise_pairs: !is("ISOLANE_CUDA_DW", "window"),
             block_rows: is("ISOLANE_CUDA_ROWS", "block"),
             exact_gelu: var("ISOLANE_CUDA_EXACT_GELU").is_some(),
@@ -178,6 +183,7 @@ mod tests {
                 fused_attention_batch1: false,
                 conv_paths: ConvPaths::Gemm,
                 cudnn_graphs: false,
+                cudnn_runtime_compiled: false,
                 depthwise_pairs: false,
                 block_rows: true,
                 exact_gelu: true,
@@ -197,6 +203,8 @@ mod tests {
         ]);
         assert!(!timed.first_choice && timed.conv_paths == ConvPaths::Fastest);
         assert!(!o.conv_paths.tries_cudnn() && o.conv_paths.tries_gemm());
+        let rtc = with(&[("ISOLANE_CUDA_CUDNN", "runtime-compiled")]);
+        assert!(rtc.cudnn_graphs && rtc.cudnn_runtime_compiled);
         let batched = with(&[("ISOLANE_CUDA_ATTENTION", "batched")]);
         assert!(batched.fused_attention && !batched.fused_attention_batch1);
         assert_eq!(o.workspace_cap(10 << 20), 64 << 20);
