@@ -174,10 +174,19 @@ fn build_cuda(
 
 /// What a passed plan check found and cost, in one line (`isolane infer`/`bench` print it too).
 pub fn plan_check_line(r: &isolane_cuda::check::CheckReport) -> String {
+    let limit = match r.sensitivity {
+        Some(s) => format!(
+            "limit {:.1e}: {} × {s:.1e}, how far rounding the weights and input to the \
+             precision alone moves this model's output",
+            r.tolerance,
+            isolane_cuda::check::SENSITIVITY_FACTOR
+        ),
+        None => format!("limit {:.0e}", r.tolerance),
+    };
     format!(
-        "plan check passed: rel L2 {:.2e} against the CPU reference (limit {:.0e}), {:.0} ms \
+        "plan check passed: rel L2 {:.2e} against the CPU reference ({limit}), {:.0} ms \
          (--no-plan-check skips it)",
-        r.rel_l2, r.tolerance, r.ms
+        r.rel_l2, r.ms
     )
 }
 

@@ -33,6 +33,66 @@ pub fn tolerance(p: Precision) -> f64 {
     }
 }
 
+/// How many times the error of rounding a model's weights and input to the precision alone
+/// (computed on the CPU) a plan's error may reach before the check calls the plan wrong, where
+/// that is more than [`tolerance`]. A model whose output moves that much with the rounding of
+/// its inputs is as sensitive on any GPU (timm's mobilenetv3_large_100 at tf32: PyTorch's own
+/// error 1.1e-2 against a tolerance of 5e-3); a plan also rounds every layer's operands, hence
+/// the factor. A wrong plan's error does not come from rounding: issue 12's ViT showed 0.11-0.52
+/// where rounding moved it by 1e-3.
+pub const SENSITIVITY_FACTOR: f64 = 3.0;
+
+/// Mantissa bits a precision keeps of an f32's 23 in its matrix products (fp16's narrower
+/// range is not modelled).
+pub fn mantissa_bits(p: Precision) -> u32 {
+    match p {
+        Precision::Fp32 => 23,
+        Precision::Tf32 | Precision::Fp16 => 10,
+        Precision::Bf16 => 7,
+    }
+}
+
+/// `v` rounded to the nearest value with `bits` mantissa bits (ties to even), as the GPU's
+/// conversions round.
+pub fn round_mantissa(v: f32, bits: u32) -> f32 {
+    if bits >= 23 || !v.is_finite() {
+        return v;
+    }
+    let drop = 23 - bits;
+    let u = v.to_bits();
+    let lsb = (u >> drop) & 1;
+    let rounded = u.wrapping_add((1u32 << (drop - 1)) - 1 + lsb) & !((1u32 << drop) - 1);
+    f32::from_bits(rounded)
+}
+
+/// How far rounding `graph`'s constants and `inputs` to `precision` moves its CPU output from
+/// `want` (the unrounded output): relative L2.
+pub fn rounding_sensitivity(
+    graph: &Graph,
+    batch: usize,
+    inputs: &[Vec<f32>],
+    want: &[Vec<f32>],
+    precision: Precision,
+) -> Result<f64> {
+    let bits = mantissa_bits(precision);
+    let mut g = graph.clone();
+    for v in &mut g.values {
+        if let ValueKind::Constant(t) = &mut v.kind {
+            let mut r = t.as_ref().clone();
+            r.data
+                .iter_mut()
+                .for_each(|x| *x = round_mantissa(*x, bits));
+            *t = std::sync::Arc::new(r);
+        }
+    }
+    let rounded: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|x| x.iter().map(|&v| round_mantissa(v, bits)).collect())
+        .collect();
+    let got = cpu_reference(&g, batch, &rounded)?;
+    Ok(rel_l2(&got.concat(), &want.concat()))
+}
+
 /// ‖a − b‖ / ‖b‖ in f64; infinite when `a` holds a NaN or an infinity, or the lengths differ.
 pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     if a.len() != b.len() || a.iter().any(|v| !v.is_finite()) {
@@ -195,7 +255,12 @@ pub fn locate_divergence(
 pub struct CheckReport {
     /// Relative L2 error of the outputs (all outputs together) against the CPU reference.
     pub rel_l2: f64,
+    /// The limit the error was held to: [`tolerance`], or [`SENSITIVITY_FACTOR`] × the
+    /// model's `sensitivity` where that is larger.
     pub tolerance: f64,
+    /// Where the error exceeded [`tolerance`]: how far rounding the weights and input to the
+    /// precision alone moves the output on the CPU ([`rounding_sensitivity`]).
+    pub sensitivity: Option<f64>,
     /// Wall time of the check: the CPU reference (its compile included) and the plan's run.
     pub ms: f64,
 }
@@ -246,13 +311,25 @@ pub fn check_plan(
     }
     let got = runner.run_plan(&inputs)?;
     let err = rel_l2(&got.concat(), &want.concat());
-    let tol = tolerance(plan.precision);
+    let base = tolerance(plan.precision);
+    let passed = |tolerance: f64, sensitivity: Option<f64>| CheckReport {
+        rel_l2: err,
+        tolerance,
+        sensitivity,
+        ms: t0.elapsed().as_secs_f64() * 1e3,
+    };
+    if err <= base {
+        return Ok(passed(base, None));
+    }
+    // Over the limit: a model this sensitive to its precision's rounding earns a wider one.
+    let sensitivity = if err.is_finite() && plan.precision != Precision::Fp32 {
+        rounding_sensitivity(graph, batch, &inputs, &want, plan.precision).ok()
+    } else {
+        None
+    };
+    let tol = sensitivity.map_or(base, |s| base.max(SENSITIVITY_FACTOR * s));
     if err <= tol {
-        return Ok(CheckReport {
-            rel_l2: err,
-            tolerance: tol,
-            ms: t0.elapsed().as_secs_f64() * 1e3,
-        });
+        return Ok(passed(tol, sensitivity));
     }
     let at = match locate_divergence(optimised, plan, batch, &inputs, runner, tol)? {
         Some(d) if d.exceeds && d.overflow && plan.precision == Precision::Fp16 => {
@@ -276,10 +353,18 @@ pub fn check_plan(
         ),
         None => "the plan stores no intermediate value to compare".to_string(),
     };
+    let widened = match sensitivity {
+        Some(s) if tol > base => format!(
+            " (the limit, {base:.0e}, widened to {SENSITIVITY_FACTOR} × {s:.1e}: rounding the \
+             weights and input to {} alone moves this model's output by {s:.1e})",
+            plan.precision
+        ),
+        _ => String::new(),
+    };
     Err(EngineError::Runtime(format!(
         "plan check failed: the cuda plan ({}, batch {batch}) disagrees with the CPU reference \
-         on a seeded random input: output rel L2 {err:.3e} > {tol:.0e}; {at}. The plan was not \
-         run; please report this with the model",
+         on a seeded random input: output rel L2 {err:.3e} > {tol:.1e}{widened}; {at}. The plan \
+         was not run; please report this with the model",
         plan.precision
     )))
 }
@@ -299,6 +384,31 @@ mod tests {
             mean.abs() < 0.03 && (var - 1.0).abs() < 0.05,
             "{mean} {var}"
         );
+    }
+
+    #[test]
+    fn mantissa_rounding_is_to_nearest_even() {
+        // 1 + 2^-11 is a tie between 1 and 1 + 2^-10 at 10 bits: even (1) wins.
+        assert_eq!(round_mantissa(1.0 + 2f32.powi(-11), 10), 1.0);
+        // 1 + 3·2^-11 ties between 1 + 2^-10 and 1 + 2^-9: even (1 + 2^-9) wins.
+        assert_eq!(
+            round_mantissa(1.0 + 3.0 * 2f32.powi(-11), 10),
+            1.0 + 2f32.powi(-9)
+        );
+        assert_eq!(
+            round_mantissa(1.0 + 2f32.powi(-10), 10),
+            1.0 + 2f32.powi(-10)
+        );
+        // bf16 keeps 7 bits: 1 + 2^-8 + 2^-12 rounds up to 1 + 2^-7.
+        assert_eq!(
+            round_mantissa(1.0 + 2f32.powi(-8) + 2f32.powi(-12), 7),
+            1.0 + 2f32.powi(-7)
+        );
+        // The sign and carries into the exponent.
+        assert_eq!(round_mantissa(-1.999_999_9, 10), -2.0);
+        assert_eq!(round_mantissa(0.3, 23), 0.3);
+        assert!(round_mantissa(f32::NAN, 7).is_nan());
+        assert_eq!(mantissa_bits(Precision::Bf16), 7);
     }
 
     #[test]

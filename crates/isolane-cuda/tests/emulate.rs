@@ -1027,16 +1027,21 @@ fn plan_check_names_the_node_of_a_wrong_plan() {
         let mut bad = p.clone();
         assert!(plan::corrupt_node(&mut bad.clone(), "no such node").is_err());
         plan::corrupt_node(&mut bad, &node).unwrap();
-        let e = isolane_cuda::check::check_plan(&g, &opt, &bad, batch, &mut Emulator::new(&bad))
-            .unwrap_err()
-            .to_string();
-        println!("{e}");
-        assert!(
-            e.contains(&format!(
-                "first node whose output diverges is `{node}` ({op})"
-            )),
-            "{node}: {e}"
-        );
+        // At bf16's rules too: the model's sensitivity to rounding does not excuse the error.
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            bad.precision = precision;
+            let e =
+                isolane_cuda::check::check_plan(&g, &opt, &bad, batch, &mut Emulator::new(&bad))
+                    .unwrap_err()
+                    .to_string();
+            println!("{e}");
+            assert!(
+                e.contains(&format!(
+                    "first node whose output diverges is `{node}` ({op})"
+                )),
+                "{node} {precision}: {e}"
+            );
+        }
     }
 }
 
@@ -1260,4 +1265,67 @@ fn plan_check_calls_an_fp16_overflow_by_its_name() {
         .to_string();
     assert!(!e.contains("exceed fp16's range"), "{e}");
     assert!(e.contains("the first node whose output diverges is"), "{e}");
+}
+
+/// A model whose output is a small difference of two large products: rounding its weights to
+/// bf16 moves the output by tens of percent, on any GPU.
+fn cancelling_products() -> Graph {
+    let mut g = Graph::new("cancelling_products");
+    let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(64)]);
+    let w = random(64 * 64, 41);
+    // The second weights differ from the first by 2^-9 relative: less than bf16's rounding.
+    let w2: Vec<f32> = w
+        .iter()
+        .zip(random(64 * 64, 42))
+        .map(|(a, r)| a * (1.0 + r * 2f32.powi(-9)))
+        .collect();
+    let w1 = g.add_constant("w1", Tensor::new(vec![64, 64], w).unwrap());
+    let w2 = g.add_constant("w2", Tensor::new(vec![64, 64], w2).unwrap());
+    let a = g.add_op("a", Op::MatMul, &[x, w1]).unwrap();
+    let b = g.add_op("b", Op::MatMul, &[x, w2]).unwrap();
+    let y = g.add_op("y", Op::Binary(Binary::Sub), &[a, b]).unwrap();
+    g.add_output(y).unwrap();
+    g
+}
+
+/// The plan check holds a model that sensitive to a wider limit: a plan that rounds its
+/// weights as the GPU does (bf16) passes, with the sensitivity reported; at fp32 nothing is
+/// widened (the same rounded plan is refused); an unrounded plan passes at the plain limit.
+#[test]
+fn plan_check_widens_its_limit_for_a_model_sensitive_to_rounding() {
+    use isolane_cuda::check::{check_plan, mantissa_bits, round_mantissa, tolerance};
+    let batch = 2;
+    let g = cancelling_products();
+    let opt = passes::optimize(&g, batch).unwrap();
+    // An f32 plan held to bf16's rules (the emulator computes in f32), as in the overflow test.
+    let mut p = plan::plan_with(&opt, batch, Precision::Fp32, PlanOptions::default()).unwrap();
+    p.precision = Precision::Bf16;
+    let exact = check_plan(&g, &opt, &p, batch, &mut Emulator::new(&p)).unwrap();
+    assert!(
+        exact.rel_l2 < 1e-5 && exact.sensitivity.is_none(),
+        "{exact:?}"
+    );
+    let bits = mantissa_bits(Precision::Bf16);
+    for c in &mut p.consts {
+        let mut t = c.as_ref().clone();
+        t.data
+            .iter_mut()
+            .for_each(|v| *v = round_mantissa(*v, bits));
+        *c = std::sync::Arc::new(t);
+    }
+    let r = check_plan(&g, &opt, &p, batch, &mut Emulator::new(&p)).unwrap();
+    let s = r.sensitivity.expect("the limit was widened");
+    assert!(r.rel_l2 > tolerance(Precision::Bf16), "{r:?}");
+    assert!(
+        s > 0.1 && r.tolerance == 3.0 * s && r.rel_l2 <= r.tolerance,
+        "{r:?}"
+    );
+    p.precision = Precision::Fp32;
+    let e = check_plan(&g, &opt, &p, batch, &mut Emulator::new(&p))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("plan check failed") && !e.contains("widened"),
+        "{e}"
+    );
 }
