@@ -905,6 +905,13 @@ impl RunProfiler<'_> {
         }
     }
 
+    /// The revision of the engine that measures this scenario's profiles: the cuda backend's
+    /// (a profile of another revision is measured again), none for the CPU backend.
+    fn engine_revision(&self) -> Option<u32> {
+        (self.scenario.device.backend == isolane_core::spec::Backend::Cuda)
+            .then_some(isolane_cuda::ENGINE_REVISION)
+    }
+
     /// Why this profile may not be measured now, if it may not.
     fn may_not_measure(&self, index: usize, size: u32) -> Option<String> {
         let what = format!(
@@ -999,12 +1006,38 @@ impl RunProfiler<'_> {
 impl Profiler for RunProfiler<'_> {
     fn profile(&mut self, index: usize, size: u32) -> Result<Point, ProfileError> {
         let key = self.key(index, size);
-        if let Some(t) = self.cache.get(&key) {
+        let revision = self.engine_revision();
+        let cached = self.cache.get(&key);
+        if let Some(t) = cached.filter(|t| t.measured_by(revision)) {
             self.used.push(key);
             return Ok(t.at(size));
         }
+        let what = || {
+            format!(
+                "the cached profile of {} in {}",
+                self.scenario.workloads[index].name,
+                describe(self.mechanism, self.ladder, size)
+            )
+        };
+        let stale = |t: &Times| {
+            format!(
+                "{} was measured by revision {} of the cuda engine, this build is revision {}",
+                what(),
+                t.engine_revision.map_or("(none recorded)".into(), |r| r.to_string()),
+                revision.map_or("(cpu)".into(), |r| r.to_string())
+            )
+        };
         if let Some(why) = self.may_not_measure(index, size) {
+            // A profile of another engine revision beats none, said so.
+            if let Some(t) = cached {
+                eprintln!("note: {}; using it ({why})", stale(&t));
+                self.used.push(key);
+                return Ok(t.at(size));
+            }
             return Err(ProfileError::NotProfiled(why));
+        }
+        if let Some(t) = &cached {
+            eprintln!("note: {}: measuring it again", stale(t));
         }
         let started = Instant::now();
         let measured = self.measure(index, size);
@@ -1012,7 +1045,7 @@ impl Profiler for RunProfiler<'_> {
             b.charge(started.elapsed());
         }
         let p = measured.map_err(|e| ProfileError::Failed(format!("{e:#}")))?;
-        match self.cache.put(&key, self.device, &Times::of(&p)) {
+        match self.cache.put(&key, self.device, &Times::of(&p, revision)) {
             Ok(()) => self.used.push(key),
             Err(e) => eprintln!(
                 "note: cannot keep the profile in {}: {e}",

@@ -38,6 +38,13 @@ pub use preprocess::{InputType, Preprocessor};
 pub use synthetic::{Synthetic, SyntheticKernel};
 pub use transfer::{CopyPath, DeviceF32, InputCopier};
 
+/// The cuda engine's revision, kept with every profile the planner measures
+/// (`isolane_planner::cache::Times::engine_revision`): bump it with any change that makes the
+/// same model's plan run at another speed (kernels, their choice, library paths), so that
+/// profiles measured by an older engine are measured again instead of mispredicting.
+/// 1: session 14 (cuDNN's graph API, the 16-byte kernels, fused attention at batch 1).
+pub const ENGINE_REVISION: u32 = 1;
+
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CompileOptions {

@@ -89,16 +89,28 @@ pub struct Times {
     /// See [`Point::exec_p999_ms`]; absent in profiles kept before it was measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec_p999_ms: Option<f64>,
+    /// The revision of the engine that measured it (`isolane_cuda::ENGINE_REVISION` for the
+    /// cuda backend); absent for the CPU backend and in profiles kept before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_revision: Option<u32>,
 }
 
 impl Times {
-    pub fn of(p: &Point) -> Times {
+    /// A profile measured by the engine of `engine_revision`.
+    pub fn of(p: &Point, engine_revision: Option<u32>) -> Times {
         Times {
             exec_p50_ms: p.exec_p50_ms,
             exec_p99_ms: p.exec_p99_ms,
             exec_mean_ms: p.exec_mean_ms,
             exec_p999_ms: p.exec_p999_ms,
+            engine_revision,
         }
+    }
+
+    /// Whether the engine of `revision` measured it: a profile of another revision (the same
+    /// model then runs at another speed) is to be measured again.
+    pub fn measured_by(&self, revision: Option<u32>) -> bool {
+        self.engine_revision == revision
     }
 
     /// The profile as the search knows it, at ladder size `size`.
@@ -251,7 +263,26 @@ mod tests {
         exec_p99_ms: 0.45,
         exec_mean_ms: 0.41,
         exec_p999_ms: Some(0.5),
+        engine_revision: Some(1),
     };
+
+    #[test]
+    fn a_profile_knows_the_engine_revision_that_measured_it() {
+        let d = tempfile::tempdir().unwrap();
+        let c = ProfileCache::new(d.path());
+        c.put(&key("48"), &h100(), &T).unwrap();
+        let back = c.get(&key("48")).unwrap();
+        assert!(back.measured_by(Some(1)));
+        assert!(!back.measured_by(Some(2)) && !back.measured_by(None));
+        // A profile kept before revisions were recorded reads back without one: measured again
+        // by a cuda build, still used by the CPU backend's.
+        let old = r#"{"exec_p50_ms": 0.4, "exec_p99_ms": 0.45, "exec_mean_ms": 0.41}"#;
+        let path = d.path().join(key("64").path());
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, old).unwrap();
+        let back = c.get(&key("64")).unwrap();
+        assert!(back.measured_by(None) && !back.measured_by(Some(1)));
+    }
 
     #[test]
     fn a_profile_is_reused_only_for_the_same_key() {

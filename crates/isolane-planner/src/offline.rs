@@ -311,6 +311,7 @@ mod tests {
             exec_p99_ms: p99,
             exec_mean_ms: p99,
             exec_p999_ms: None,
+            engine_revision: None,
         };
         c.put(&key, d, &t).unwrap();
     }
