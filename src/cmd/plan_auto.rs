@@ -1023,7 +1023,8 @@ impl Profiler for RunProfiler<'_> {
             format!(
                 "{} was measured by revision {} of the cuda engine, this build is revision {}",
                 what(),
-                t.engine_revision.map_or("(none recorded)".into(), |r| r.to_string()),
+                t.engine_revision
+                    .map_or("(none recorded)".into(), |r| r.to_string()),
                 revision.map_or("(cpu)".into(), |r| r.to_string())
             )
         };
