@@ -1020,12 +1020,17 @@ impl Profiler for RunProfiler<'_> {
             )
         };
         let stale = |t: &Times| {
+            let by = |r: Option<u32>| match r {
+                Some(r) => format!("revision {r} of the cuda engine"),
+                None => "an engine without a revision (the CPU's, or a cuda build before \
+                         revisions were recorded)"
+                    .to_string(),
+            };
             format!(
-                "{} was measured by revision {} of the cuda engine, this build is revision {}",
+                "{} was measured by {}; this build is {}",
                 what(),
-                t.engine_revision
-                    .map_or("(none recorded)".into(), |r| r.to_string()),
-                revision.map_or("(cpu)".into(), |r| r.to_string())
+                by(t.engine_revision),
+                by(revision)
             )
         };
         if let Some(why) = self.may_not_measure(index, size) {
