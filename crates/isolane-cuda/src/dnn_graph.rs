@@ -285,22 +285,14 @@ fn operation_graph(
         &[dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION],
     )?;
     conv.set_i64(A::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, &[2])?;
-    conv.set_i64(
-        A::CUDNN_ATTR_CONVOLUTION_DILATIONS,
-        &spec.dilations.map(|v| v as i64),
-    )?;
-    conv.set_i64(
-        A::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
-        &spec.strides.map(|v| v as i64),
-    )?;
-    conv.set_i64(
-        A::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
-        &spec.pads.map(|v| v as i64),
-    )?;
-    conv.set_i64(
-        A::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
-        &spec.pads.map(|v| v as i64),
-    )?;
+    for (name, values) in [
+        (A::CUDNN_ATTR_CONVOLUTION_DILATIONS, spec.dilations),
+        (A::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, spec.strides),
+        (A::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, spec.pads),
+        (A::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, spec.pads),
+    ] {
+        conv.set_i64(name, &values.map(|v| v as i64))?;
+    }
     conv.finalize()?;
 
     let epilogue = fused && (spec.bias || spec.residual || spec.relu);

@@ -1050,6 +1050,20 @@ extern "C" __global__ void __launch_bounds__(256) attention(const T* __restrict_
 }
 "#;
 
+/// The 16-bit types' pair and vector accesses, over their `u2f2` / `f2u2` conversions.
+const HALF_ACCESS: &str = r#"// Elements i and i + 1 (i even, the pointer 4-byte aligned).
+__device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) { u2f2(*(const unsigned*)(p + i), a, b); }
+__device__ __forceinline__ void st2(T* p, long long i, float a, float b) { *(unsigned*)(p + i) = f2u2(a, b); }
+// VW consecutive elements from i (i a multiple of VW, the pointer 16-byte aligned): one
+// 16-byte load or store.
+#define VW 8
+__device__ __forceinline__ void ldv(const T* p, long long i, float* v) {
+    uint4 q = *(const uint4*)(p + i);
+    u2f2(q.x, v[0], v[1]); u2f2(q.y, v[2], v[3]); u2f2(q.z, v[4], v[5]); u2f2(q.w, v[6], v[7]); }
+__device__ __forceinline__ void stv(T* p, long long i, const float* v) {
+    *(uint4*)(p + i) = make_uint4(f2u2(v[0], v[1]), f2u2(v[2], v[3]), f2u2(v[4], v[5]), f2u2(v[6], v[7])); }
+"#;
+
 fn prelude(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => {
@@ -1075,7 +1089,6 @@ __device__ __forceinline__ float ld(const T* p, long long i) {
     unsigned short h = p[i]; float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ void st(T* p, long long i, float v) {
     unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v)); p[i] = h; }
-// Elements i and i + 1 (i even, the pointer 4-byte aligned).
 // Two 16-bit values in one register (lo first) to floats, and back (round to nearest even).
 __device__ __forceinline__ void u2f2(unsigned v, float& a, float& b) {
     unsigned short lo = (unsigned short)(v & 0xffffu), hi = (unsigned short)(v >> 16);
@@ -1086,16 +1099,6 @@ __device__ __forceinline__ unsigned f2u2(float a, float b) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(a));
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(b));
     return (unsigned)lo | ((unsigned)hi << 16); }
-__device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) { u2f2(*(const unsigned*)(p + i), a, b); }
-__device__ __forceinline__ void st2(T* p, long long i, float a, float b) { *(unsigned*)(p + i) = f2u2(a, b); }
-// VW consecutive elements from i (i a multiple of VW, the pointer 16-byte aligned): one
-// 16-byte load or store.
-#define VW 8
-__device__ __forceinline__ void ldv(const T* p, long long i, float* v) {
-    uint4 q = *(const uint4*)(p + i);
-    u2f2(q.x, v[0], v[1]); u2f2(q.y, v[2], v[3]); u2f2(q.z, v[4], v[5]); u2f2(q.w, v[6], v[7]); }
-__device__ __forceinline__ void stv(T* p, long long i, const float* v) {
-    *(uint4*)(p + i) = make_uint4(f2u2(v[0], v[1]), f2u2(v[2], v[3]), f2u2(v[4], v[5]), f2u2(v[6], v[7])); }
 "#
         }
         DType::Bf16 => {
@@ -1103,7 +1106,6 @@ __device__ __forceinline__ void stv(T* p, long long i, const float* v) {
 __device__ __forceinline__ float ld(const T* p, long long i) { return __uint_as_float(((unsigned)p[i]) << 16); }
 __device__ __forceinline__ void st(T* p, long long i, float v) {
     unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v)); p[i] = h; }
-// Elements i and i + 1 (i even, the pointer 4-byte aligned).
 // Two 16-bit values in one register (lo first) to floats, and back (round to nearest even).
 __device__ __forceinline__ void u2f2(unsigned v, float& a, float& b) { a = __uint_as_float(v << 16); b = __uint_as_float(v & 0xffff0000u); }
 __device__ __forceinline__ unsigned f2u2(float a, float b) {
@@ -1111,16 +1113,6 @@ __device__ __forceinline__ unsigned f2u2(float a, float b) {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(lo) : "f"(a));
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hi) : "f"(b));
     return (unsigned)lo | ((unsigned)hi << 16); }
-__device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) { u2f2(*(const unsigned*)(p + i), a, b); }
-__device__ __forceinline__ void st2(T* p, long long i, float a, float b) { *(unsigned*)(p + i) = f2u2(a, b); }
-// VW consecutive elements from i (i a multiple of VW, the pointer 16-byte aligned): one
-// 16-byte load or store.
-#define VW 8
-__device__ __forceinline__ void ldv(const T* p, long long i, float* v) {
-    uint4 q = *(const uint4*)(p + i);
-    u2f2(q.x, v[0], v[1]); u2f2(q.y, v[2], v[3]); u2f2(q.z, v[4], v[5]); u2f2(q.w, v[6], v[7]); }
-__device__ __forceinline__ void stv(T* p, long long i, const float* v) {
-    *(uint4*)(p + i) = make_uint4(f2u2(v[0], v[1]), f2u2(v[2], v[3]), f2u2(v[4], v[5]), f2u2(v[6], v[7])); }
 "#
         }
     }
@@ -1134,6 +1126,9 @@ pub fn source(dtype: DType) -> String {
         dtype.name()
     ));
     s.push_str(prelude(dtype));
+    if dtype != DType::F32 {
+        s.push_str(HALF_ACCESS);
+    }
     s.push_str(&COMMON.replace("__MAX_RANK__", &MAX_RANK.to_string()));
     // Entry points of the templates: 32-bit index arithmetic when the size allows it.
     for (name, e) in [
