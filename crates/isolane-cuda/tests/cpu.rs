@@ -2,6 +2,9 @@
 //! planning, arena liveness, fusions, kernel source generation, the kernel cache, and the
 //! errors for missing libraries.
 
+mod common;
+
+use common::{random, rel_l2};
 use isolane_cuda::kernels::{self, KERNEL_NAMES};
 use isolane_cuda::libs;
 use isolane_cuda::plan::{
@@ -411,5 +414,184 @@ fn detection_and_segmentation_models_plan_with_their_resize() {
                 }
             }
         }
+    }
+}
+
+/// A depthwise convolution's sizes (NHWC, one filter per channel, horizontal dilation 1).
+#[derive(Clone, Copy, Debug)]
+struct Dw {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    ph: usize,
+    pw: usize,
+    dh: usize,
+}
+
+impl Dw {
+    fn out(&self) -> (usize, usize) {
+        let oh = (self.h + 2 * self.ph - self.dh * (self.kh - 1) - 1) / self.sh + 1;
+        let ow = (self.w + 2 * self.pw - (self.kw - 1) - 1) / self.sw + 1;
+        (oh, ow)
+    }
+}
+
+/// `dw_v<KW, SW, OUTS>` of kernels.rs transliterated (one loop iteration per thread, `vw`
+/// channels a thread), writing `y` (NHWC, bias and residual added) and counting the writes
+/// of every output.
+fn dw_v_emulated(
+    d: Dw,
+    outs: usize,
+    vw: usize,
+    x: &[f32],
+    wt: &[f32],
+    bias: &[f32],
+    res: &[f32],
+) -> (Vec<f32>, Vec<u32>) {
+    let (oh, ow) = d.out();
+    let mut y = vec![0f32; d.n * oh * ow * d.c];
+    let mut writes = vec![0u32; y.len()];
+    let l = (outs - 1) * d.sw + d.kw;
+    let cv = d.c / vw;
+    let tiles = ow.div_ceil(outs);
+    let total = d.n * oh * tiles * cv;
+    for i in 0..total {
+        let (c, mut r) = ((i % cv) * vw, i / cv);
+        let tw = r % tiles;
+        r /= tiles;
+        let (ohh, n) = (r % oh, r / oh);
+        let ow0 = tw * outs;
+        let mut acc = vec![vec![0f32; vw]; outs];
+        let h0 = (ohh * d.sh) as isize - d.ph as isize;
+        let w0 = (ow0 * d.sw) as isize - d.pw as isize;
+        for a in 0..d.kh {
+            let hh = h0 + (a * d.dh) as isize;
+            if hh < 0 || hh >= d.h as isize {
+                continue;
+            }
+            let xin: Vec<Vec<f32>> = (0..l)
+                .map(|s| {
+                    let ww = w0 + s as isize;
+                    (0..vw)
+                        .map(|j| {
+                            if ww >= 0 && ww < d.w as isize {
+                                x[((n * d.h + hh as usize) * d.w + ww as usize) * d.c + c + j]
+                            } else {
+                                0.0
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            for b in 0..d.kw {
+                for (o, acc_o) in acc.iter_mut().enumerate() {
+                    for (j, a_j) in acc_o.iter_mut().enumerate() {
+                        *a_j += xin[o * d.sw + b][j] * wt[(a * d.kw + b) * d.c + c + j];
+                    }
+                }
+            }
+        }
+        for (o, acc_o) in acc.iter().enumerate() {
+            let owo = ow0 + o;
+            if owo >= ow {
+                break;
+            }
+            let yo = ((n * oh + ohh) * ow + owo) * d.c + c;
+            for j in 0..vw {
+                y[yo + j] = acc_o[j] + bias[c + j] + res[yo + j];
+                writes[yo + j] += 1;
+            }
+        }
+    }
+    (y, writes)
+}
+
+/// The same convolution written out directly.
+fn dw_reference(d: Dw, x: &[f32], wt: &[f32], bias: &[f32], res: &[f32]) -> Vec<f32> {
+    let (oh, ow) = d.out();
+    let mut y = vec![0f32; d.n * oh * ow * d.c];
+    for n in 0..d.n {
+        for i in 0..oh {
+            for j in 0..ow {
+                for m in 0..d.c {
+                    let mut s = 0f32;
+                    for a in 0..d.kh {
+                        for b in 0..d.kw {
+                            let hh = (i * d.sh + a * d.dh) as isize - d.ph as isize;
+                            let ww = (j * d.sw + b) as isize - d.pw as isize;
+                            if hh >= 0 && hh < d.h as isize && ww >= 0 && ww < d.w as isize {
+                                let xi = ((n * d.h + hh as usize) * d.w + ww as usize) * d.c + m;
+                                s += x[xi] * wt[(a * d.kw + b) * d.c + m];
+                            }
+                        }
+                    }
+                    let yo = ((n * oh + i) * ow + j) * d.c + m;
+                    y[yo] = s + bias[m] + res[yo];
+                }
+            }
+        }
+    }
+    y
+}
+
+/// Every vectorised depthwise kernel shape (`DW_VEC_SHAPES`), at 8 (f16/bf16) and 4 (f32)
+/// channels a thread, on sizes with tails (output widths not a multiple of the outputs a
+/// thread computes), padding, vertical stride and dilation: each output written once, and
+/// equal to the convolution written out.
+#[test]
+fn the_vector_depthwise_kernels_write_every_output_once_and_right() {
+    let mut seed = 30;
+    for &(kw, sw, outs) in kernels::DW_VEC_SHAPES {
+        for vw in [8, 4] {
+            for (h, w, sh, ph, dh) in [(9, 11, 1, 1, 1), (10, 13, 2, 2, 1), (7, 6, 1, 0, 2)] {
+                let d = Dw {
+                    n: 2,
+                    c: 2 * vw,
+                    // At least one window fits (a 7×7 with dilation 2 spans 13 rows).
+                    h: h.max(dh * (kw - 1) + 1),
+                    w: w.max(kw),
+                    kh: kw,
+                    kw,
+                    sh,
+                    sw,
+                    ph: ph.min(kw / 2),
+                    pw: kw / 2,
+                    dh,
+                };
+                let (oh, ow) = d.out();
+                seed += 4;
+                let x = random(d.n * d.h * d.w * d.c, seed);
+                let wt = random(d.kh * d.kw * d.c, seed + 1);
+                let bias = random(d.c, seed + 2);
+                let res = random(d.n * oh * ow * d.c, seed + 3);
+                let (got, writes) = dw_v_emulated(d, outs, vw, &x, &wt, &bias, &res);
+                assert!(writes.iter().all(|&k| k == 1), "{d:?} outs {outs} vw {vw}");
+                let want = dw_reference(d, &x, &wt, &bias, &res);
+                let err = rel_l2(&got, &want);
+                assert!(err < 1e-6, "{d:?} outs {outs} vw {vw}: rel L2 {err:e}");
+            }
+        }
+    }
+    // The transliteration above follows these lines of the CUDA C (a change there must be
+    // repeated here).
+    let src = kernels::source(DType::F16);
+    for line in [
+        "const int L = (OUTS - 1) * SW + KW;",
+        "int total = p.n * p.oh * tiles * cv;",
+        "int c = (i % cv) * VW, r = i / cv;",
+        "int tw = r % tiles; r /= tiles;",
+        "int oh = r % p.oh, n = r / p.oh;",
+        "int h0 = oh * p.sh - p.ph, w0 = ow0 * SW - p.pw;",
+        "int hh = h0 + a * p.dh;",
+        "ldv(wt, (long long)(a * KW + b) * p.m + c, wv);",
+        "for (int j = 0; j < VW; ++j) acc[o][j] += xin[o * SW + b][j] * wv[j];",
+        "long long yo = n * p.ys[0] + c + oh * p.ys[2] + ow * p.ys[3];",
+    ] {
+        assert!(src.contains(line), "dw_v no longer has `{line}`");
     }
 }
