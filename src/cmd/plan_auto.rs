@@ -16,8 +16,8 @@ use isolane_core::spec::{
 use isolane_planner::cache::{DeviceRecord, ProfileKey, Times};
 use isolane_planner::offline::{OfflineProfiler, OfflineProfiles, WorkloadId};
 use isolane_planner::{
-    Choice, Demand, GpusPlan, Ladder, LearnedStretch, Options, Outcome, Point, ProfileBudget,
-    ProfileCache, ProfileError, Profiler, StretchKey, Unit,
+    Choice, Demand, GpusPlan, Ladder, Learned, LearnedStretch, Options, Outcome, Point,
+    ProfileBudget, ProfileCache, ProfileError, Profiler, StretchKey, Unit,
 };
 use isolane_runtime::exec::Engine;
 use isolane_runtime::RunPlan;
@@ -199,8 +199,21 @@ fn measured_stretch(c: &Choice, summary: &RunSummary) -> Option<f64> {
         .filter(|s| s.is_finite() && *s > 0.0)
 }
 
+/// A workload's p99 stretch as its verification run measured it: its p99 response time beside
+/// the others over its p99 execution time alone in the same partition (for the predicted p99).
+fn measured_stretch_p99(c: &Choice, summary: &RunSummary) -> Option<f64> {
+    summary
+        .workloads
+        .iter()
+        .find(|w| w.name == c.workload)
+        .and_then(|w| w.metrics.latency_ms.p99)
+        .map(|p99| p99 / c.profile.exec_p99_ms)
+        .filter(|s| s.is_finite() && *s > 0.0)
+}
+
 /// Each workload's stretch for the next round: the measured one, never below the stretch it
-/// was planned with.
+/// was planned with (the p99.9's, which the deadline is held to), and the p99's as measured
+/// (for the predicted p99 only: it follows the latest run, up or down, never below 1).
 fn calibrated(demands: &[Demand], choices: &[Choice], summary: &RunSummary) -> Vec<Demand> {
     demands
         .iter()
@@ -216,6 +229,9 @@ fn calibrated(demands: &[Demand], choices: &[Choice], summary: &RunSummary) -> V
             );
             Demand {
                 stretch: Some(stretch),
+                stretch_p99: measured_stretch_p99(c, summary)
+                    .map(|s| s.max(1.0))
+                    .or(d.stretch_p99),
                 ..d.clone()
             }
         })
@@ -256,16 +272,19 @@ fn with_learned(
         .enumerate()
         .map(
             |(i, d)| match learned.get(&stretch_key(workloads, i, mech, device)) {
-                Some(st) => {
+                Some(l) => {
                     // Below 1 is the noise of two runs, not neighbours that speed a job up.
-                    let st = st.max(1.0);
+                    let st = l.tail.max(1.0);
+                    let p99 = l.p99.map(|s| s.max(1.0));
                     eprintln!(
-                        "{}: stretch {st:.2} measured by an earlier verification beside the same \
-                     workloads",
-                        d.name
+                        "{}: stretch {st:.2} (p99: {}) measured by an earlier verification \
+                         beside the same workloads",
+                        d.name,
+                        p99.map_or("not measured".into(), |s| format!("{s:.2}"))
                     );
                     Demand {
                         stretch: Some(st),
+                        stretch_p99: p99,
                         ..d.clone()
                     }
                 }
@@ -285,10 +304,14 @@ fn learn(
     learned: &LearnedStretch,
 ) {
     for (i, c) in choices.iter().enumerate() {
-        let Some(st) = measured_stretch(c, summary) else {
+        let Some(tail) = measured_stretch(c, summary) else {
             continue;
         };
-        if let Err(e) = learned.put(&stretch_key(workloads, i, mech, device), st) {
+        let l = Learned {
+            tail,
+            p99: measured_stretch_p99(c, summary),
+        };
+        if let Err(e) = learned.put(&stretch_key(workloads, i, mech, device), l) {
             eprintln!(
                 "note: cannot keep the measured stretch of {}: {e}",
                 c.workload
@@ -727,6 +750,7 @@ fn demands(s: &Scenario, name: &str) -> anyhow::Result<Vec<Demand>> {
                 deadline_ms: w.deadline_s().unwrap_or(1.0 / hz) * 1e3,
                 critical: w.criticality == Criticality::Critical,
                 stretch: None,
+                stretch_p99: None,
                 memory_mib: None,
             })
         })
@@ -1415,6 +1439,7 @@ mod tests {
             deadline_ms: 2.0,
             critical: true,
             stretch: None,
+            stretch_p99: None,
             memory_mib: None,
         };
         // front_vit measured more than it was planned with; rear_det (planned ×2.0) less.
@@ -1434,9 +1459,27 @@ mod tests {
             (next[1].stretch.unwrap() - 2.0).abs() < 1e-9,
             "never below the plan's"
         );
+        // The p99's stretch: its p99 response over its p99 alone, as the latest run measured
+        // it (not held to the plan's), never below 1.
+        let p99 = |name: &str| {
+            let w = summary.workloads.iter().find(|w| w.name == name).unwrap();
+            w.metrics.latency_ms.p99.unwrap()
+        };
+        let front_p99 = measured_stretch_p99(&choices[0], &summary).unwrap();
+        assert!(
+            (front_p99 - p99("front_vit") / 1.299).abs() < 1e-9,
+            "{front_p99}"
+        );
+        assert!((next[0].stretch_p99.unwrap() - front_p99.max(1.0)).abs() < 1e-9);
+        let rear_p99 = (p99("rear_det") / 1.0).max(1.0);
+        assert!((next[1].stretch_p99.unwrap() - rear_p99).abs() < 1e-9);
         // A workload the run does not know has nothing measured.
         assert_eq!(
             measured_stretch(&choice("nobody", 1.0, 1.0), &summary),
+            None
+        );
+        assert_eq!(
+            measured_stretch_p99(&choice("nobody", 1.0, 1.0), &summary),
             None
         );
     }

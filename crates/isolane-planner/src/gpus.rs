@@ -310,6 +310,7 @@ mod tests {
             deadline_ms,
             critical,
             stretch: None,
+            stretch_p99: None,
             memory_mib: None,
         }
     }

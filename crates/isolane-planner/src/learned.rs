@@ -1,6 +1,6 @@
 //! Stretch learned from verification runs: what a workload's p99.9 response time beside the
 //! other workloads of a plan measured, over its p99.9 execution time alone in the same
-//! partition. An interference matrix gives the stretch of model pairs in one partition size;
+//! partition (and the same of the p99, for the predicted p99). An interference matrix gives the stretch of model pairs in one partition size;
 //! a verification run measures it for the very set of neighbours, so a later plan of the same
 //! workloads predicts from it (docs/planner.md, "Verification rounds").
 
@@ -23,12 +23,23 @@ pub struct StretchKey {
     pub neighbours: Vec<String>,
 }
 
-/// What is stored: the key in words (so a user can read the folder) and the stretch.
+/// What is stored: the key in words (so a user can read the folder) and the stretches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Entry {
     #[serde(flatten)]
     key: StretchKey,
     stretch: f64,
+    /// Absent in files kept before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stretch_p99: Option<f64>,
+}
+
+/// A learned stretch: of the p99.9 (what the search holds to the deadline) and, where it was
+/// measured, of the p99 (what the predicted p99 uses).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Learned {
+    pub tail: f64,
+    pub p99: Option<f64>,
 }
 
 impl StretchKey {
@@ -67,18 +78,23 @@ impl LearnedStretch {
     /// The stretch a verification run measured for exactly this workload and neighbours. A
     /// file that does not read back, or that belongs to another key (a CRC collision), is
     /// absent.
-    pub fn get(&self, key: &StretchKey) -> Option<f64> {
+    pub fn get(&self, key: &StretchKey) -> Option<Learned> {
         let e: Entry = read_json(&self.dir.join(key.file_name())).ok()?;
         let same = e.key == key.normalized();
-        (same && e.stretch.is_finite() && e.stretch > 0.0).then_some(e.stretch)
+        let usable = |s: f64| s.is_finite() && s > 0.0;
+        (same && usable(e.stretch)).then_some(Learned {
+            tail: e.stretch,
+            p99: e.stretch_p99.filter(|s| usable(*s)),
+        })
     }
 
     /// Keeps the latest measurement (atomically).
-    pub fn put(&self, key: &StretchKey, stretch: f64) -> std::io::Result<()> {
+    pub fn put(&self, key: &StretchKey, learned: Learned) -> std::io::Result<()> {
         let path = self.dir.join(key.file_name());
         let e = Entry {
             key: key.normalized(),
-            stretch,
+            stretch: learned.tail,
+            stretch_p99: learned.p99,
         };
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
@@ -107,11 +123,12 @@ mod tests {
         let l = LearnedStretch::new(d.path());
         let k = key(&["resnet18-b1-fp16", "mobilenet_v2-b1-fp16"]);
         assert_eq!(l.get(&k), None);
-        l.put(&k, 1.17).unwrap();
-        assert_eq!(l.get(&k), Some(1.17));
+        let learned = |tail, p99| Learned { tail, p99 };
+        l.put(&k, learned(1.17, Some(1.05))).unwrap();
+        assert_eq!(l.get(&k), Some(learned(1.17, Some(1.05))));
         assert_eq!(
             l.get(&key(&["mobilenet_v2-b1-fp16", "resnet18-b1-fp16"])),
-            Some(1.17)
+            Some(learned(1.17, Some(1.05)))
         );
         assert_eq!(l.get(&key(&["resnet18-b1-fp16"])), None);
         let other = StretchKey {
@@ -120,8 +137,12 @@ mod tests {
         };
         assert_eq!(l.get(&other), None);
         // The latest measurement wins.
-        l.put(&k, 1.30).unwrap();
-        assert_eq!(l.get(&k), Some(1.30));
+        l.put(&k, learned(1.30, None)).unwrap();
+        assert_eq!(l.get(&k), Some(learned(1.30, None)));
+        // A file kept before the p99 stretch was measured reads back without one.
+        let path = d.path().join(k.file_name());
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("stretch_p99"), "{text}");
     }
 
     #[test]

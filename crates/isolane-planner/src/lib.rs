@@ -37,7 +37,7 @@ mod stretch;
 pub use budget::ProfileBudget;
 pub use cache::ProfileCache;
 pub use gpus::{plan_gpus, GpusPlan};
-pub use learned::{LearnedStretch, StretchKey};
+pub use learned::{Learned, LearnedStretch, StretchKey};
 pub use search::{plan, Choice, Outcome, Unprofiled};
 pub use stretch::{stretch_from, worst_stretch};
 
@@ -55,8 +55,14 @@ pub struct Demand {
     /// Critical workloads are packed first when not everything fits.
     pub critical: bool,
     /// This workload's own interference stretch (e.g. from an interference matrix, beside its
-    /// actual neighbours); `None`: [`Options::stretch`].
+    /// actual neighbours); `None`: [`Options::stretch`]. It stretches the p99.9 the search
+    /// holds to the deadline.
     pub stretch: Option<f64>,
+    /// The p99 response time beside the same neighbours over the p99 alone, where a
+    /// verification run measured it: the predicted p99 uses it (`None`: `stretch`). A p99.9
+    /// ratio is one job in a thousand and carries its spikes; predicting the p99 from it
+    /// over-predicted by up to 32 % on the H100 (docs/planner.md).
+    pub stretch_p99: Option<f64>,
     /// Device memory the workload needs (MiB), when it is known (the engine's estimate).
     pub memory_mib: Option<u64>,
 }
