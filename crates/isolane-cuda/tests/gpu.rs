@@ -621,3 +621,83 @@ fn plan_check_refuses_a_wrong_plan_and_names_the_node() {
         }
     }
 }
+
+/// Session 14's kernels on shapes that select them: depthwise 3×3, 5×5 and 7×7 at strides 1 and
+/// 2 (the 16-byte vector kernels, timed against the older ones), dense, grouped and 1×1
+/// convolutions with bias and ReLU or SiLU (cuDNN's graph API, its epilogue fused or followed by
+/// ours), against the CPU backend at fp32 and fp16, batches 1 and 3. `ISOLANE_CUDA_SEARCH_LOG=1`
+/// shows which path each build kept.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn session14_kernels_match_the_cpu_backend() {
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let cpu = CpuBackend::new(1);
+    let mut graphs = Vec::new();
+    for k in [3, 5, 7] {
+        for s in [1, 2] {
+            graphs.push(common::vector_conv_graph(
+                [32, 15, 17],
+                32,
+                k,
+                s,
+                32,
+                Some(Unary::Relu),
+            ));
+        }
+    }
+    graphs.push(common::vector_conv_graph(
+        [16, 14, 14],
+        32,
+        3,
+        1,
+        1,
+        Some(Unary::Relu),
+    ));
+    graphs.push(common::vector_conv_graph([16, 14, 14], 32, 3, 2, 1, None));
+    graphs.push(common::vector_conv_graph(
+        [32, 9, 9],
+        64,
+        1,
+        1,
+        1,
+        Some(Unary::Silu),
+    ));
+    graphs.push(common::vector_conv_graph(
+        [16, 14, 14],
+        32,
+        3,
+        1,
+        2,
+        Some(Unary::Relu),
+    ));
+    let mut failures = Vec::new();
+    for g in &graphs {
+        for batch in [1, 3] {
+            let mut c = cpu.compile(g, batch, Precision::Fp32).expect("cpu compile");
+            let x = random(c.input_mut().len(), 21);
+            c.input_mut().copy_from_slice(&x);
+            c.run().expect("cpu run");
+            for p in [Precision::Fp32, Precision::Fp16] {
+                let mut m = match gpu.compile_cuda(g, batch, p) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        failures.push(format!("{} b{batch} {p}: {e}", g.name));
+                        continue;
+                    }
+                };
+                m.input_mut().copy_from_slice(&x);
+                m.run().expect("gpu run");
+                let err = rel_l2(m.output(), c.output());
+                let tol = if p == Precision::Fp32 { 1e-5 } else { 1e-2 };
+                if err > tol {
+                    failures.push(format!("{} b{batch} {p}: rel L2 {err:.3e}", g.name));
+                }
+            }
+        }
+    }
+    println!(
+        "{} session-14 graphs × batches 1, 3 × fp32, fp16",
+        graphs.len()
+    );
+    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+}

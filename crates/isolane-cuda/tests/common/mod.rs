@@ -209,3 +209,36 @@ pub fn asymmetric_conv_cases() -> Vec<([usize; 4], [usize; 2], usize)> {
         ([0, 0, 1, 1], [2, 2], 4),
     ]
 }
+
+/// A convolution of `[B, c, h, w]` into `m` channels by a `k`×`k` filter of stride `s`,
+/// padding `k / 2`, `groups` groups (`c`: depthwise), bias and `act` fused: shapes whose
+/// channels fill the 16-byte vector kernels and cuDNN's graph API (session 14).
+#[allow(dead_code)] // each test binary uses its part of this module
+pub fn vector_conv_graph(
+    [c, h, w]: [usize; 3],
+    m: usize,
+    k: usize,
+    s: usize,
+    groups: usize,
+    act: Option<isolane_engine::ir::Unary>,
+) -> Graph {
+    let mut g = Graph::new(format!(
+        "conv_c{c}_m{m}_{h}x{w}_k{k}_s{s}_g{groups}_{act:?}"
+    ));
+    let fixed = |d: &[usize]| d.iter().map(|&d| Dim::Fixed(d)).collect::<Vec<_>>();
+    let x = g.add_input("x", [vec![Dim::Batch], fixed(&[c, h, w])].concat());
+    let cg = c / groups;
+    let wt = Tensor::new(vec![m, cg, k, k], random(m * cg * k * k, 11)).unwrap();
+    let wt = g.add_constant("w", wt);
+    let b = g.add_constant("b", Tensor::new(vec![m], random(m, 12)).unwrap());
+    let a = ConvAttrs {
+        strides: [s, s],
+        pads: [k / 2; 4],
+        groups,
+        activation: act,
+        ..Default::default()
+    };
+    let y = g.add_op("conv", Op::Conv(a), &[x, wt, b]).unwrap();
+    g.add_output(y).unwrap();
+    g
+}
