@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::Names;
+use common::{ChannelMeans, Names};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,41 +64,10 @@ impl GpuPreprocess for FakeKernel {
     }
 }
 
-/// `[1, 3, 4, 4]` in, each channel's mean out, on one "GPU".
-struct FakeModel {
-    gpu: u32,
-    input: Vec<f32>,
-    output: Vec<f32>,
-}
-
-impl CompiledModel for FakeModel {
-    fn input_shape_at(&self, _: usize) -> &[usize] {
-        &[1, 3, 4, 4]
-    }
-    fn output_shape_at(&self, _: usize) -> &[usize] {
-        &[1, 3]
-    }
-    fn input_mut_at(&mut self, _: usize) -> &mut [f32] {
-        &mut self.input
-    }
-    fn output_at(&self, _: usize) -> &[f32] {
-        &self.output
-    }
-    fn run(&mut self) -> isolane_engine::Result<()> {
-        for c in 0..3 {
-            self.output[c] = self.input[c * 16..(c + 1) * 16].iter().sum::<f32>() / 16.0;
-        }
-        Ok(())
-    }
-    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
-        Some(self)
-    }
-}
-
 /// Copying between two "GPUs" takes this long, so that the transfer shows in the records.
 const PEER_COPY: std::time::Duration = std::time::Duration::from_micros(300);
 
-/// Builds [`FakeModel`]s and [`FakeKernel`]s on the GPU the run gives each stage, recording
+/// Builds [`ChannelMeans`] models and [`FakeKernel`]s on the GPU the run gives each stage, recording
 /// which (`built`: model or preprocess name → GPU) and whether it got a partition.
 #[derive(Default)]
 struct FakeGpus {
@@ -118,11 +87,7 @@ impl ModelBuilder for FakeGpus {
             .lock()
             .unwrap()
             .push((m.name.clone(), d.gpu, p.is_some()));
-        Ok(Box::new(FakeModel {
-            gpu: d.gpu,
-            input: vec![0.0; 48],
-            output: vec![0.0; 3],
-        }))
+        Ok(Box::new(ChannelMeans::new(d.gpu)))
     }
 
     fn preprocessor(
@@ -152,7 +117,7 @@ impl ModelBuilder for FakeGpus {
         let (Some(m), Some(v)) = (
             model
                 .as_any_mut()
-                .and_then(|m| m.downcast_mut::<FakeModel>()),
+                .and_then(|m| m.downcast_mut::<ChannelMeans>()),
             values.as_any().downcast_ref::<FakeValues>(),
         ) else {
             return Ok(None);

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Names;
+use common::{ChannelMeans, Names};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -15,42 +15,6 @@ use isolane_app::spec::{parse_apps, AppSpec, ModelSpec};
 use isolane_core::spec::{DeviceSpec, TimingSpec};
 use isolane_engine::CompiledModel;
 use isolane_runtime::partition::Partition;
-
-/// `[1, 3, 4, 4]` in, `[1, 3]` out: each channel's mean (a "classifier" of 3 classes), or
-/// a failure after `fail_after` runs.
-struct ChannelMeans {
-    input: Vec<f32>,
-    output: Vec<f32>,
-    runs: usize,
-    fail_after: Option<usize>,
-}
-
-impl CompiledModel for ChannelMeans {
-    fn input_shape_at(&self, _: usize) -> &[usize] {
-        &[1, 3, 4, 4]
-    }
-    fn output_shape_at(&self, _: usize) -> &[usize] {
-        &[1, 3]
-    }
-    fn input_mut_at(&mut self, _: usize) -> &mut [f32] {
-        &mut self.input
-    }
-    fn output_at(&self, _: usize) -> &[f32] {
-        &self.output
-    }
-    fn run(&mut self) -> isolane_engine::Result<()> {
-        self.runs += 1;
-        if self.fail_after.is_some_and(|n| self.runs > n) {
-            return Err(isolane_engine::EngineError::InvalidArgument(
-                "stand-in failure".into(),
-            ));
-        }
-        for c in 0..3 {
-            self.output[c] = self.input[c * 16..(c + 1) * 16].iter().sum::<f32>() / 16.0;
-        }
-        Ok(())
-    }
-}
 
 /// Builds a [`ChannelMeans`] for every model; the model named `broken` fails after warm-up
 /// and 3 frames.
@@ -65,10 +29,8 @@ impl ModelBuilder for StandIns {
         _: Option<Partition>,
     ) -> Result<Box<dyn CompiledModel>, String> {
         Ok(Box::new(ChannelMeans {
-            input: vec![0.0; 48],
-            output: vec![0.0; 3],
-            runs: 0,
             fail_after: m.name.ends_with("broken").then_some(4),
+            ..ChannelMeans::new(0)
         }))
     }
 }
