@@ -1330,48 +1330,11 @@ fn plan_check_widens_its_limit_for_a_model_sensitive_to_rounding() {
     );
 }
 
-/// The shapes of the GPU test `session14_kernels_match_the_cpu_backend` (depthwise 3×3, 5×5
-/// and 7×7 at strides 1 and 2; dense, grouped and 1×1 convolutions with ReLU or SiLU): their
-/// plans compute the graph, NHWC and NCHW, batches 1 and 3.
+/// The shapes of the GPU test `session14_kernels_match_the_cpu_backend`
+/// (`common::session14_graphs`): their plans compute the graph, NHWC and NCHW, batches 1 and 3.
 #[test]
 fn session14_kernel_shapes_plan_right() {
-    let mut graphs = Vec::new();
-    for k in [3, 5, 7] {
-        for s in [1, 2] {
-            graphs.push(common::vector_conv_graph(
-                [32, 15, 17],
-                32,
-                k,
-                s,
-                32,
-                Some(Unary::Relu),
-            ));
-        }
-    }
-    graphs.push(common::vector_conv_graph(
-        [16, 14, 14],
-        32,
-        3,
-        1,
-        1,
-        Some(Unary::Relu),
-    ));
-    graphs.push(common::vector_conv_graph(
-        [32, 9, 9],
-        64,
-        1,
-        1,
-        1,
-        Some(Unary::Silu),
-    ));
-    graphs.push(common::vector_conv_graph(
-        [16, 14, 14],
-        32,
-        3,
-        1,
-        2,
-        Some(Unary::Relu),
-    ));
+    let graphs = common::session14_graphs();
     for g in &graphs {
         for batch in [1, 3] {
             for channels_last in [true, false] {

@@ -269,28 +269,44 @@ fn resize_matches_the_cpu_backend_in_every_mode() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn issue12_ops_match_the_cpu_backend() {
+    let graphs = common::issue12_graphs();
+    let failures = mismatches_with_the_cpu_backend(&graphs, &[2], 5);
+    println!("{} issue-12 graphs × fp32, fp16", graphs.len());
+    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+}
+
+/// Every graph at every batch on the GPU at fp32 and fp16 against the CPU backend at fp32, on
+/// a random input of `seed`: the cases beyond 1e-5 (fp32) or 1e-2 (fp16) relative L2, or that
+/// did not compile, in words.
+fn mismatches_with_the_cpu_backend(graphs: &[Graph], batches: &[usize], seed: u64) -> Vec<String> {
     let gpu = CudaBackend::new(0).expect("cuda backend");
     let cpu = CpuBackend::new(1);
     let mut failures = Vec::new();
-    let graphs = common::issue12_graphs();
-    for g in &graphs {
-        let mut c = cpu.compile(g, 2, Precision::Fp32).expect("cpu compile");
-        let x = random(c.input_mut().len(), 5);
-        c.input_mut().copy_from_slice(&x);
-        c.run().expect("cpu run");
-        for p in [Precision::Fp32, Precision::Fp16] {
-            let mut m = gpu.compile_cuda(g, 2, p).expect("compile");
-            m.input_mut().copy_from_slice(&x);
-            m.run().expect("gpu run");
-            let err = rel_l2(m.output(), c.output());
-            let tol = if p == Precision::Fp32 { 1e-5 } else { 1e-2 };
-            if err > tol {
-                failures.push(format!("{} {p}: rel L2 {err:.3e}", g.name));
+    for g in graphs {
+        for &batch in batches {
+            let mut c = cpu.compile(g, batch, Precision::Fp32).expect("cpu compile");
+            let x = random(c.input_mut().len(), seed);
+            c.input_mut().copy_from_slice(&x);
+            c.run().expect("cpu run");
+            for p in [Precision::Fp32, Precision::Fp16] {
+                let mut m = match gpu.compile_cuda(g, batch, p) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        failures.push(format!("{} b{batch} {p}: {e}", g.name));
+                        continue;
+                    }
+                };
+                m.input_mut().copy_from_slice(&x);
+                m.run().expect("gpu run");
+                let err = rel_l2(m.output(), c.output());
+                let tol = if p == Precision::Fp32 { 1e-5 } else { 1e-2 };
+                if err > tol {
+                    failures.push(format!("{} b{batch} {p}: rel L2 {err:.3e}", g.name));
+                }
             }
         }
     }
-    println!("{} issue-12 graphs × fp32, fp16", graphs.len());
-    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+    failures
 }
 
 /// swin_v2's cosine attention at fp16: an L2 norm of rows whose squares, and their sum, exceed
@@ -630,71 +646,8 @@ fn plan_check_refuses_a_wrong_plan_and_names_the_node() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn session14_kernels_match_the_cpu_backend() {
-    let gpu = CudaBackend::new(0).expect("cuda backend");
-    let cpu = CpuBackend::new(1);
-    let mut graphs = Vec::new();
-    for k in [3, 5, 7] {
-        for s in [1, 2] {
-            graphs.push(common::vector_conv_graph(
-                [32, 15, 17],
-                32,
-                k,
-                s,
-                32,
-                Some(Unary::Relu),
-            ));
-        }
-    }
-    graphs.push(common::vector_conv_graph(
-        [16, 14, 14],
-        32,
-        3,
-        1,
-        1,
-        Some(Unary::Relu),
-    ));
-    graphs.push(common::vector_conv_graph([16, 14, 14], 32, 3, 2, 1, None));
-    graphs.push(common::vector_conv_graph(
-        [32, 9, 9],
-        64,
-        1,
-        1,
-        1,
-        Some(Unary::Silu),
-    ));
-    graphs.push(common::vector_conv_graph(
-        [16, 14, 14],
-        32,
-        3,
-        1,
-        2,
-        Some(Unary::Relu),
-    ));
-    let mut failures = Vec::new();
-    for g in &graphs {
-        for batch in [1, 3] {
-            let mut c = cpu.compile(g, batch, Precision::Fp32).expect("cpu compile");
-            let x = random(c.input_mut().len(), 21);
-            c.input_mut().copy_from_slice(&x);
-            c.run().expect("cpu run");
-            for p in [Precision::Fp32, Precision::Fp16] {
-                let mut m = match gpu.compile_cuda(g, batch, p) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        failures.push(format!("{} b{batch} {p}: {e}", g.name));
-                        continue;
-                    }
-                };
-                m.input_mut().copy_from_slice(&x);
-                m.run().expect("gpu run");
-                let err = rel_l2(m.output(), c.output());
-                let tol = if p == Precision::Fp32 { 1e-5 } else { 1e-2 };
-                if err > tol {
-                    failures.push(format!("{} b{batch} {p}: rel L2 {err:.3e}", g.name));
-                }
-            }
-        }
-    }
+    let graphs = common::session14_graphs();
+    let failures = mismatches_with_the_cpu_backend(&graphs, &[1, 3], 21);
     println!(
         "{} session-14 graphs × batches 1, 3 × fp32, fp16",
         graphs.len()

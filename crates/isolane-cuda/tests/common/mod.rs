@@ -242,3 +242,49 @@ pub fn vector_conv_graph(
     g.add_output(y).unwrap();
     g
 }
+
+/// Session 14's kernel shapes: depthwise 3×3, 5×5 and 7×7 at strides 1 and 2 with channels that
+/// fill the 16-byte vector kernels; dense (stride 1 and 2), 1×1 and grouped convolutions with
+/// ReLU, none or SiLU for cuDNN's graph API with its epilogue fused or not.
+#[allow(dead_code)] // each test binary uses its part of this module
+pub fn session14_graphs() -> Vec<Graph> {
+    let mut graphs = Vec::new();
+    for k in [3, 5, 7] {
+        for s in [1, 2] {
+            graphs.push(vector_conv_graph(
+                [32, 15, 17],
+                32,
+                k,
+                s,
+                32,
+                Some(Unary::Relu),
+            ));
+        }
+    }
+    graphs.push(vector_conv_graph(
+        [16, 14, 14],
+        32,
+        3,
+        1,
+        1,
+        Some(Unary::Relu),
+    ));
+    graphs.push(vector_conv_graph([16, 14, 14], 32, 3, 2, 1, None));
+    graphs.push(vector_conv_graph(
+        [32, 9, 9],
+        64,
+        1,
+        1,
+        1,
+        Some(Unary::Silu),
+    ));
+    graphs.push(vector_conv_graph(
+        [16, 14, 14],
+        32,
+        3,
+        1,
+        2,
+        Some(Unary::Relu),
+    ));
+    graphs
+}
