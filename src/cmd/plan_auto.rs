@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use isolane_core::device_model::DeviceModel;
+use isolane_core::metrics::LatencyStats;
 use isolane_core::results::{InterferenceIndex, RunSummary};
 use isolane_core::spec::{
     Backend, Criticality, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Rate, Role,
@@ -190,24 +191,28 @@ fn sizes(choices: &[Choice]) -> Vec<u32> {
 /// the others over its p99.9 execution time alone in the same partition (queueing and the
 /// neighbours' interference both count).
 fn measured_stretch(c: &Choice, summary: &RunSummary) -> Option<f64> {
-    summary
-        .workloads
-        .iter()
-        .find(|w| w.name == c.workload)
-        .and_then(|w| w.metrics.latency_ms.p999)
-        .map(|p999| p999 / c.profile.tail_ms())
-        .filter(|s| s.is_finite() && *s > 0.0)
+    measured_ratio(c, summary, |l| l.p999, c.profile.tail_ms())
 }
 
 /// A workload's p99 stretch as its verification run measured it: its p99 response time beside
 /// the others over its p99 execution time alone in the same partition (for the predicted p99).
 fn measured_stretch_p99(c: &Choice, summary: &RunSummary) -> Option<f64> {
+    measured_ratio(c, summary, |l| l.p99, c.profile.exec_p99_ms)
+}
+
+/// The workload's response-time statistic `of` in the run over `alone`, where it is known.
+fn measured_ratio(
+    c: &Choice,
+    summary: &RunSummary,
+    of: impl Fn(&LatencyStats) -> Option<f64>,
+    alone: f64,
+) -> Option<f64> {
     summary
         .workloads
         .iter()
         .find(|w| w.name == c.workload)
-        .and_then(|w| w.metrics.latency_ms.p99)
-        .map(|p99| p99 / c.profile.exec_p99_ms)
+        .and_then(|w| of(&w.metrics.latency_ms))
+        .map(|v| v / alone)
         .filter(|s| s.is_finite() && *s > 0.0)
 }
 
