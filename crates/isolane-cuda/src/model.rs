@@ -2632,6 +2632,17 @@ fn time_candidates(m: &mut CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -
     timed
 }
 
+/// Times `paths` (unless the build times nothing) and returns the index of the fastest: the
+/// first where nothing was timed, on a tie, or where every path failed to run (NaN).
+fn fastest_of(m: &mut CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -> Result<usize> {
+    if !rec.options.first_choice {
+        time_candidates(m, rec, paths)?;
+    }
+    Ok((0..paths.len())
+        .min_by(|&a, &b| paths[a].1.total_cmp(&paths[b].1))
+        .unwrap_or(0))
+}
+
 /// The most workspace a cuBLASLt algorithm may use (PyTorch gives cuBLAS 32 MiB on Hopper).
 ///
 /// cuBLASLt's workspace is its own, apart from cuDNN's, and zeroed when placed, as PyTorch keeps
@@ -2727,7 +2738,7 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
     // (7×7 only: the 3×3 pair kernel, MobileNetV2's, was not measured.)
     // The register-window kernels: 4 outputs of a row per thread.
     let quads = n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4);
-    let (kernel, threads) = match (fast, c.w_shape[3]) {
+    let (kernel, threads_older) = match (fast, c.w_shape[3]) {
         (true, 7) if pair_ok => ("dwconv_c2_k7", pairs),
         (true, 3) => ("dwconv_s1_k3", quads),
         (true, 7) => ("dwconv_s1_k7", quads),
@@ -2759,35 +2770,21 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
             args,
         }]
     };
-    let mut candidates: Vec<(String, TimedPath)> =
-        vec![(kernel.to_string(), (launch(kernel, threads), f32::INFINITY))];
-    for (name, threads) in dw_vec_kernels(rec, c, &ptrs) {
-        let path = (launch(&name, threads), f32::INFINITY);
-        candidates.push((name, path));
-    }
-    // Our own kernels compute the same sums in every candidate, so timing them is safe even
-    // where library algorithms are not timed (an MPS client with part of the threads): there
-    // the first vector kernel is kept untimed.
-    let chosen = if candidates.len() == 1 {
-        0
-    } else if rec.options.first_choice {
-        1
-    } else {
-        let mut paths: Vec<TimedPath> = candidates
-            .iter_mut()
-            .map(|c| std::mem::take(&mut c.1))
-            .collect();
-        time_candidates(m, rec, &mut paths)?;
-        for (c, p) in candidates.iter_mut().zip(paths) {
-            c.1 = p;
-        }
-        (0..candidates.len())
-            .min_by(|&a, &b| candidates[a].1 .1.total_cmp(&candidates[b].1 .1))
-            .unwrap_or(0)
-    };
-    if rec.options.search_log && candidates.len() > 1 {
-        let times: Vec<String> = candidates
+    // The vector kernels first: where nothing is timed (an MPS client with part of the
+    // threads) the first of them is kept.
+    let (mut names, threads): (Vec<String>, Vec<usize>) =
+        dw_vec_kernels(rec, c, &ptrs).into_iter().unzip();
+    names.push(kernel.to_string());
+    let mut paths: Vec<TimedPath> = names
+        .iter()
+        .zip(threads.into_iter().chain([threads_older]))
+        .map(|(name, t)| (launch(name, t), f32::INFINITY))
+        .collect();
+    let chosen = fastest_of(m, rec, &mut paths)?;
+    if rec.options.search_log && paths.len() > 1 {
+        let times: Vec<String> = names
             .iter()
+            .zip(&paths)
             .map(|(name, (_, ms))| format!("{name} {ms:.4} ms"))
             .collect();
         eprintln!(
@@ -2799,7 +2796,7 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
             times.join(", ")
         );
     }
-    m.launches.extend(candidates.swap_remove(chosen).1 .0);
+    m.launches.extend(paths.swap_remove(chosen).0);
     Ok(())
 }
 
@@ -3012,12 +3009,7 @@ fn record_attention(
         .iter()
         .map(|&b| (launch(b), f32::INFINITY))
         .collect();
-    if !rec.options.first_choice {
-        time_candidates(m, rec, &mut paths).map_err(err)?;
-    }
-    let chosen = (0..paths.len())
-        .min_by(|&a, &b| paths[a].1.total_cmp(&paths[b].1))
-        .unwrap_or(0);
+    let chosen = fastest_of(m, rec, &mut paths).map_err(err)?;
     if rec.options.search_log {
         let times: Vec<String> = kernels::ATTN_BLOCKS
             .iter()
@@ -3091,12 +3083,7 @@ fn record_layer_norm(m: &mut CudaModel, rec: &Recorder, ln: &LayerNormStep) -> R
             paths.push((vec![l], f32::INFINITY));
         }
     }
-    if !rec.options.first_choice {
-        time_candidates(m, rec, &mut paths)?;
-    }
-    let chosen = (0..paths.len())
-        .min_by(|&a, &b| paths[a].1.total_cmp(&paths[b].1))
-        .unwrap_or(0);
+    let chosen = fastest_of(m, rec, &mut paths)?;
     m.launches.extend(paths.swap_remove(chosen).0);
     Ok(())
 }
