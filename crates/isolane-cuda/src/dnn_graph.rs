@@ -111,7 +111,8 @@ const BIAS: i64 = 4;
 const RES: i64 = 5;
 
 /// What the graph computes: `y = act(conv(x, w) + bias + residual)`, NHWC activations and a
-/// KRSC filter (dims given in NCHW / KCRS order, as cuDNN's logical dims are).
+/// KRSC filter (dims given in NCHW / KCRS order, as cuDNN's logical dims are; the groups are
+/// x's channels over w's).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConvGraphSpec {
     pub x: [usize; 4],
@@ -120,7 +121,6 @@ pub struct ConvGraphSpec {
     pub pads: [usize; 2],
     pub strides: [usize; 2],
     pub dilations: [usize; 2],
-    pub groups: usize,
     pub bias: bool,
     pub residual: bool,
     pub relu: bool,
@@ -147,7 +147,6 @@ impl ConvGraphSpec {
             pads: c.pads,
             strides: c.strides,
             dilations: c.dilations,
-            groups: c.groups,
             bias: fusable && c.bias.is_some(),
             residual: fusable && c.residual.is_some(),
             relu,
