@@ -2346,14 +2346,17 @@ fn record_conv(
         .collect();
     // cuDNN's graph API: its heuristics' first engines, the epilogue fused where it can be.
     let graph_first = candidates.len();
+    let graph_ptrs = ConvGraphPtrs {
+        x: rec.ptr(c.x),
+        w: rec.ptr(c.w),
+        y: rec.ptr(c.y),
+        bias: c.bias.map_or(0, &|l| rec.ptr(l)),
+        residual: c.residual.map_or(0, &|l| rec.ptr(l)),
+        workspace: 0,
+    };
     // (Its tensors are declared 16-byte aligned.)
-    let aligned = vec_aligned(&[
-        rec.ptr(c.x),
-        rec.ptr(c.w),
-        rec.ptr(c.y),
-        c.bias.map_or(0, &|l| rec.ptr(l)),
-        c.residual.map_or(0, &|l| rec.ptr(l)),
-    ]);
+    let p = &graph_ptrs;
+    let aligned = vec_aligned(&[p.x, p.w, p.y, p.bias, p.residual]);
     let graph_spec =
         (paths.tries_cudnn() && rec.options.cudnn_graphs && !rec.options.first_choice && aligned)
             .then(|| ConvGraphSpec::of(c, rec.dtype, rec.plan.precision))
@@ -2364,17 +2367,9 @@ fn record_conv(
     };
     for &gi in &graph_idxs {
         let g = &m.conv_graphs[gi];
-        let ptrs = ConvGraphPtrs {
-            x: rec.ptr(c.x),
-            w: rec.ptr(c.w),
-            y: rec.ptr(c.y),
-            bias: c.bias.map_or(0, &|l| rec.ptr(l)),
-            residual: c.residual.map_or(0, &|l| rec.ptr(l)),
-            workspace: 0,
-        };
         let mut l = vec![Launch::ConvGraph {
             graph: gi,
-            ptrs: Box::new(ptrs),
+            ptrs: Box::new(graph_ptrs),
         }];
         if !g.fused && (c.bias.is_some() || c.residual.is_some() || c.act.is_some()) {
             l.push(conv_epilogue(rec, c, true, true));
