@@ -95,9 +95,18 @@ pub const VEC_BYTES: usize = 16;
 /// Query rows of each warp of the fused attention kernel.
 pub const ATTN_WARP_ROWS: usize = 16;
 /// Block shapes the fused attention kernel is timed with: (query warps, key groups). A block
-/// has query warps × key groups warps (at most 8: its `__launch_bounds__(256)`; key groups at
-/// most the kernel's `AKG`, 2).
-pub const ATTN_BLOCKS: &[(usize, usize)] = &[(4, 1), (2, 1), (1, 1), (4, 2), (2, 2)];
+/// has query warps × key groups warps (at most 8: its `__launch_bounds__(256)`), and
+/// [`attn_shared_bytes`] of dynamic shared memory for its key groups' tiles.
+pub const ATTN_BLOCKS: &[(usize, usize)] =
+    &[(4, 1), (2, 1), (1, 1), (4, 2), (2, 2), (2, 4), (1, 4)];
+/// Dynamic shared memory of a fused attention block of `key_groups` key groups: a K and a V
+/// tile each (64 keys × 72 elements of 2 bytes, the rows padded against bank conflicts).
+pub const fn attn_shared_bytes(key_groups: usize) -> usize {
+    key_groups * 2 * 64 * 72 * 2
+}
+/// The most dynamic shared memory any [`ATTN_BLOCKS`] shape asks for (set on the kernel at
+/// load: above 48 KiB a kernel must opt in).
+pub const ATTN_MAX_SHARED_BYTES: usize = attn_shared_bytes(4);
 /// Elements per lane of the one-warp-per-row LayerNorm and softmax kernels (`layernorm_warpN`,
 /// `softmax_warpN` take rows of at most 32·N): the smallest that fits keeps registers low.
 pub const WARP_ROW_PER_LANE: &[usize] = &[4, 8, 16, 32];
@@ -868,10 +877,11 @@ const ATTENTION: &str = r#"
 // in place through (image, head, row) strides, y is written through its own (so the QKV
 // split and the head merge cost nothing). One block = qwarps warps of 16 query rows each, of
 // one head, times kg key groups: group j takes key tiles j, j + kg, ... with its own shared
-// tiles and barrier, and the groups' partial softmax sums are merged at the end (more warps
-// per block where batch × heads gives few blocks, as at batch 1).
+// tiles (dynamic shared memory, attn_shared_bytes) and barrier, and the groups' partial softmax
+// sums are merged at the end (more warps per block where batch × heads gives few blocks, as
+// at batch 1). A tile's K and V arrive by cp.async in two groups, so the scores are computed
+// while V is still on its way; the B fragments come from shared memory by ldmatrix.
 struct AttnP { int s, heads, qtiles, qwarps; float scale_log2, oscale; long long qb, qh, kb, kh, vb, vh, yb, yh; int qr, kr, vr, yr; };
-#define AKG 2
 #define AD 64
 #define AKT 64
 #define ALD 72
@@ -879,6 +889,20 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.__MMA__.__MMA__.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Four 8×8 16-bit matrices from shared memory (lane i gives row i % 8 of matrix i / 8), as
+// stored or transposed.
+__device__ __forceinline__ void ldsm4(unsigned addr, unsigned* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldsm4t(unsigned addr, unsigned* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+// 16 bytes global → shared without registers; bytes = 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 // Two floats → one register of two 16-bit values, lo in the low half.
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
@@ -889,15 +913,15 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 extern "C" __global__ void __launch_bounds__(256) attention(const T* __restrict__ q, const T* __restrict__ k,
                                                             const T* __restrict__ v, T* __restrict__ y, AttnP p) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) T kss[AKG * AKT * ALD];
-    __shared__ __align__(16) T vss[AKG * AKT * ALD];
+    extern __shared__ __align__(16) unsigned char attn_smem[];
     const float NEG_INF = __int_as_float(0xff800000);
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     // This thread's key group, its warp among the group's qwarps, its index in the group.
     int gthreads = p.qwarps * 32, kg = blockDim.x / gthreads;
     int grp = threadIdx.x / gthreads, gt = threadIdx.x - grp * gthreads, warp = gt >> 5;
-    T* ks = kss + grp * AKT * ALD;
-    T* vs = vss + grp * AKT * ALD;
+    // The group's K tile then its V tile, AKT rows of ALD elements each (16-byte rows apart).
+    unsigned ks = (unsigned)__cvta_generic_to_shared(attn_smem) + grp * 2 * AKT * ALD * (unsigned)sizeof(T);
+    unsigned vs = ks + AKT * ALD * (unsigned)sizeof(T);
     int qt = blockIdx.x % p.qtiles;
     int bh = blockIdx.x / p.qtiles;
     int h = bh % p.heads, b = bh / p.heads;
@@ -919,32 +943,40 @@ extern "C" __global__ void __launch_bounds__(256) attention(const T* __restrict_
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    // ldmatrix: this lane's row (lane % 8) of matrix lane / 8.
+    int lr = lane & 7, lm = lane >> 3;
     for (int kt = grp * AKT; kt < p.s; kt += kg * AKT) {
         // The groups take different numbers of tiles: each syncs on a barrier of its own.
+        // This one: the group is done reading the previous tile.
         asm volatile("bar.sync %0, %1;" :: "r"(1 + grp), "r"(gthreads) : "memory");
-        // K and V tiles (64 keys × 64) into shared memory, 16 bytes per load; keys past the
-        // end are zero.
+        // K, then V (64 keys × 64, 16 bytes a copy) into shared memory; keys past the end are
+        // zero (and their scores masked below).
         for (int i = gt; i < AKT * 8; i += gthreads) {
             int r = i >> 3, c = (i & 7) * 8;
-            uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = make_uint4(0u, 0u, 0u, 0u);
-            if (kt + r < p.s) {
-                kv = *(const uint4*)(kp + (long long)(kt + r) * p.kr + c);
-                vv = *(const uint4*)(vp + (long long)(kt + r) * p.vr + c);
-            }
-            *(uint4*)(ks + r * ALD + c) = kv;
-            *(uint4*)(vs + r * ALD + c) = vv;
+            bool in = kt + r < p.s;
+            cp_async16(ks + (r * ALD + c) * (unsigned)sizeof(T), kp + (long long)(in ? kt + r : 0) * p.kr + c, in ? 16 : 0);
         }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        for (int i = gt; i < AKT * 8; i += gthreads) {
+            int r = i >> 3, c = (i & 7) * 8;
+            bool in = kt + r < p.s;
+            cp_async16(vs + (r * ALD + c) * (unsigned)sizeof(T), vp + (long long)(in ? kt + r : 0) * p.vr + c, in ? 16 : 0);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
         asm volatile("bar.sync %0, %1;" :: "r"(1 + grp), "r"(gthreads) : "memory");
-        // Scores of 16 rows × 64 keys: 8 n-tiles of 8 keys.
+        // Scores of 16 rows × 64 keys: 8 n-tiles of 8 keys. B fragments (key nt·8 + g,
+        // dims 2t.. of each 8) for two k-steps per ldmatrix.
         float sc[8][4];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+        for (int nt = 0; nt < 8; ++nt) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const T* kr = ks + (nt * 8 + g) * ALD + kk * 16 + 2 * t;
-                mma16816(sc[nt], qa[kk], *(const unsigned*)kr, *(const unsigned*)(kr + 8));
+            for (int kp2 = 0; kp2 < 2; ++kp2) {
+                unsigned bf[4];
+                ldsm4(ks + ((nt * 8 + lr) * ALD + kp2 * 32 + lm * 8) * (unsigned)sizeof(T), bf);
+                mma16816(sc[nt], qa[2 * kp2], bf[0], bf[1]);
+                mma16816(sc[nt], qa[2 * kp2 + 1], bf[2], bf[3]);
             }
         }
         // Scale (log2 domain), mask, online softmax; this thread holds rows g and g + 8.
@@ -985,15 +1017,18 @@ extern "C" __global__ void __launch_bounds__(256) attention(const T* __restrict_
             pa[nt >> 1][(nt & 1) * 2] = pack2(p00, p01);
             pa[nt >> 1][(nt & 1) * 2 + 1] = pack2(p10, p11);
         }
-        // o += P · V: B fragments (keys 2t, 2t + 1 and + 8, column g) from shared memory.
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        asm volatile("bar.sync %0, %1;" :: "r"(1 + grp), "r"(gthreads) : "memory");
+        // o += P · V: B fragments (keys 2t, 2t + 1 and + 8 of the k-step, column g) from V
+        // transposed, two n-tiles per ldmatrix.
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const T* vr = vs + (kk * 16 + 2 * t) * ALD + nt * 8 + g;
-                unsigned b0 = (unsigned)vr[0] | ((unsigned)vr[ALD] << 16);
-                unsigned b1 = (unsigned)vr[8 * ALD] | ((unsigned)vr[9 * ALD] << 16);
-                mma16816(o[nt], pa[kk], b0, b1);
+            for (int np = 0; np < 4; ++np) {
+                unsigned bf[4];
+                ldsm4t(vs + ((kk * 16 + (lm & 1) * 8 + lr) * ALD + (2 * np + (lm >> 1)) * 8) * (unsigned)sizeof(T), bf);
+                mma16816(o[2 * np], pa[kk], bf[0], bf[1]);
+                mma16816(o[2 * np + 1], pa[kk], bf[2], bf[3]);
             }
         }
     }
@@ -1005,7 +1040,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const T* __restrict_
         // Merge the key groups into group 0: each thread's (m, l, o) of its two rows, through
         // the shared tiles (free now), a group at a time. A group that had no tile has
         // m = -inf, l = 0, o = 0 and weighs nothing (group 0 always has one).
-        float* sh = (float*)kss;
+        float* sh = (float*)attn_smem;
         for (int j = 1; j < kg; ++j) {
             __syncthreads();
             if (grp == j) {

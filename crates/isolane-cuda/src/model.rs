@@ -191,6 +191,8 @@ enum Launch {
         func: usize,
         grid: u32,
         block: u32,
+        /// Dynamic shared memory in bytes (0 for kernels that declare theirs statically).
+        shared: u32,
         args: Vec<Arg>,
     },
     Conv {
@@ -815,6 +817,19 @@ impl CudaModel {
             cu_check("cuModuleGetFunction", unsafe {
                 cu::cuModuleGetFunction(&mut f, raw, c.as_ptr())
             })?;
+            if *name == "attention" && arch.0 >= 8 {
+                // Its larger block shapes take more than the 48 KiB of dynamic shared memory
+                // a kernel gets without opting in (it runs on sm_80 and newer only: every one
+                // allows at least 99 KiB).
+                // SAFETY: f is a function of the module just loaded.
+                cu_check("cuFuncSetAttribute", unsafe {
+                    cu::cuFuncSetAttribute(
+                        f,
+                        cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        kernels::ATTN_MAX_SHARED_BYTES as i32,
+                    )
+                })?;
+            }
             self.funcs.push(f);
         }
         Ok(half_names)
@@ -1064,6 +1079,7 @@ impl CudaModel {
                     func,
                     grid,
                     block,
+                    shared,
                     args,
                 } => {
                     let mut ps: Vec<*mut c_void> = args.iter().map(|a| a.as_ptr()).collect();
@@ -1078,7 +1094,7 @@ impl CudaModel {
                             *block,
                             1,
                             1,
-                            0,
+                            *shared,
                             self.stream,
                             ps.as_mut_ptr(),
                             std::ptr::null_mut(),
@@ -1365,6 +1381,7 @@ fn pointwise_launch(
         func,
         grid: elementwise_grid(threads),
         block: BLOCK,
+        shared: 0,
         args,
     }
 }
@@ -2185,6 +2202,7 @@ fn record_step(
                 func: rec.func("binary"),
                 grid: elementwise_grid(n),
                 block: BLOCK,
+                shared: 0,
                 args: vec![
                     Arg::Ptr(rec.ptr(*a)),
                     Arg::Ptr(rec.ptr(*b)),
@@ -2208,6 +2226,7 @@ fn record_step(
                 func: rec.func(name),
                 grid: elementwise_grid(n),
                 block: BLOCK,
+                shared: 0,
                 args: vec![
                     Arg::Ptr(xp),
                     Arg::Ptr(yp),
@@ -2224,6 +2243,7 @@ fn record_step(
             func: rec.func("chan_mean"),
             grid: elementwise_grid(n * c),
             block: BLOCK,
+            shared: 0,
             args: vec![
                 Arg::Ptr(rec.ptr(*x)),
                 Arg::Ptr(rec.ptr(*y)),
@@ -2242,6 +2262,7 @@ fn record_step(
             func: rec.func("row_reduce"),
             grid: (rows * 32).div_ceil(BLOCK as usize) as u32,
             block: BLOCK,
+            shared: 0,
             args: vec![
                 Arg::Ptr(rec.ptr(*x)),
                 Arg::Ptr(rec.ptr(*y)),
@@ -2262,6 +2283,7 @@ fn record_step(
                 func: rec.func("adaptive_pool"),
                 grid: elementwise_grid(n),
                 block: BLOCK,
+                shared: 0,
                 args: vec![
                     Arg::Ptr(rec.ptr(*x)),
                     Arg::Ptr(rec.ptr(*y)),
@@ -2283,6 +2305,7 @@ fn cast_launch(rec: &Recorder, kernel: &str, x: Loc, y: Loc, n: usize) -> Launch
         func: rec.func(kernel),
         grid: elementwise_grid(n),
         block: BLOCK,
+        shared: 0,
         args: vec![
             Arg::Ptr(rec.ptr(x)),
             Arg::Ptr(rec.ptr(y)),
@@ -2573,6 +2596,7 @@ fn im2col_launch(rec: &Recorder, c: &ConvStep, col: Loc) -> Launch {
         func: rec.func(func),
         grid: elementwise_grid(threads),
         block: BLOCK,
+        shared: 0,
         args: vec![
             Arg::Ptr(rec.ptr(c.x)),
             Arg::Ptr(rec.ptr(col)),
@@ -2762,6 +2786,7 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
             func: rec.func(name),
             grid: elementwise_grid(threads),
             block: BLOCK,
+            shared: 0,
             args,
         }]
     };
@@ -2976,6 +3001,7 @@ fn record_attention(
             func: rec.func("attention"),
             grid: (qtiles * heads * batch) as u32,
             block: (32 * warps * key_groups) as u32,
+            shared: kernels::attn_shared_bytes(key_groups) as u32,
             args: vec![
                 Arg::Ptr(rec.ptr(*q)),
                 Arg::Ptr(rec.ptr(*k)),
@@ -3041,6 +3067,7 @@ fn record_layer_norm(m: &mut CudaModel, rec: &Recorder, ln: &LayerNormStep) -> R
         func: rec.func(&name),
         grid: rows.div_ceil(rows_per_block) as u32,
         block: 32 * rows_per_block as u32,
+        shared: 0,
         args: ptr_args()
             .chain([
                 Arg::I32(*rows as i32),
@@ -3059,6 +3086,7 @@ fn record_layer_norm(m: &mut CudaModel, rec: &Recorder, ln: &LayerNormStep) -> R
             func: rec.func("layernorm"),
             grid: *rows as u32,
             block: reduce_block(*cols),
+            shared: 0,
             args: ptr_args()
                 .chain([Arg::I64(*cols as i64), Arg::F32(*eps)])
                 .collect(),
@@ -3100,6 +3128,7 @@ fn record_softmax(m: &mut CudaModel, rec: &Recorder, sm: &SoftmaxStep) {
                 func: rec.func(&format!("softmax_warp{nr}")),
                 grid: outer.div_ceil(WARP_ROWS_PER_BLOCK) as u32,
                 block: 32 * WARP_ROWS_PER_BLOCK as u32,
+                shared: 0,
                 args: vec![
                     Arg::Ptr(rec.ptr(*x)),
                     Arg::Ptr(rec.ptr(*y)),
@@ -3111,6 +3140,7 @@ fn record_softmax(m: &mut CudaModel, rec: &Recorder, sm: &SoftmaxStep) {
                 func: rec.func("softmax"),
                 grid: (outer * inner) as u32,
                 block: reduce_block(*len),
+                shared: 0,
                 args: vec![
                     Arg::Ptr(rec.ptr(*x)),
                     Arg::Ptr(rec.ptr(*y)),
@@ -3171,6 +3201,7 @@ fn record_pool(m: &mut CudaModel, rec: &Recorder, pool: &PoolStep) {
         func: rec.func(func),
         grid: elementwise_grid(threads),
         block: BLOCK,
+        shared: 0,
         args: vec![
             Arg::Ptr(rec.ptr(*x)),
             Arg::Ptr(rec.ptr(*y)),
@@ -3202,6 +3233,7 @@ fn record_resize(m: &mut CudaModel, rec: &Recorder, rs: &ResizeStep) {
         func: rec.func("resize2d"),
         grid: elementwise_grid(total),
         block: BLOCK,
+        shared: 0,
         args: vec![
             Arg::Ptr(rec.ptr(*x)),
             Arg::Ptr(rec.ptr(*y)),
