@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 # Usage: python3 scripts/planner_p99_retro.py  (reads results/h100-planner/session12*/)
 # Retro-computation: the predicted p99 of a verification round from the previous round's
-# measured p99 stretch (new rule) against the prediction made at the time (old rule), on the
-# committed session-12 H100 runs. Profiles: the same folder's profiles/ (p99 alone per size).
+# measured p99, on the committed session-12 H100 runs, three ways: as made at the time (the p99
+# alone × the p99.9's stretch), session 14's rule (× the previous run's p99 over its p99 alone,
+# never below 1) and session 15's (+ the previous run's p99 minus its p99 alone, never below 0:
+# the delay the neighbours add). Profiles: the same folder's profiles/ (p99 alone per size).
 import json, re, glob, os, tomllib
 base = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results", "h100-planner")
 def load(run_dir):
@@ -34,9 +36,9 @@ pairs = [
   ("session12b", "verify-batch-inspection", "verify-batch-inspection.round2", "plan-batch-inspection.txt", 2),
   ("session12b", "verify-batch-inspection.round2", "verify-batch-inspection.2", "plan-batch-inspection.2.txt", 1),
 ]
-print("| runs | workload | SMs before → after | measured p99 | old pred | error | new pred | error |")
-print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
-olds, news = [], []
+print("| runs | workload | SMs before → after | measured p99 | as made | error | ratio (s14) | error | delay (s15) | error |")
+print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+olds, ratios, delays = [], [], []
 for sess, prev, nxt, log, rnd in pairs:
     d = f"{base}/{sess}"
     if not (os.path.exists(f"{d}/{prev}") and os.path.exists(f"{d}/{nxt}")):
@@ -51,10 +53,14 @@ for sess, prev, nxt, log, rnd in pairs:
         a_next = alone(f"{d}/profiles", model, b, prec, sms)
         if not a_prev or not a_next:
             continue
-        new = a_next * max(1.0, pm[name] / a_prev)
+        ratio = a_next * max(1.0, pm[name] / a_prev)
+        delay = a_next + max(0.0, pm[name] - a_prev)
         meas = nm[name]
-        olds.append(op[name] / meas - 1); news.append(new / meas - 1)
-        print(f"| {prev} → {nxt} | {name} | {pw[name][3]} → {sms} | {meas:.3f} | {op[name]:.3f} | {op[name]/meas-1:+.0%} | {new:.3f} | {new/meas-1:+.0%} |")
+        olds.append(op[name] / meas - 1); ratios.append(ratio / meas - 1); delays.append(delay / meas - 1)
+        print(f"| {prev} → {nxt} | {name} | {pw[name][3]} → {sms} | {meas:.3f} | {op[name]:.3f} | {op[name]/meas-1:+.0%} "
+              f"| {ratio:.3f} | {ratio/meas-1:+.0%} | {delay:.3f} | {delay/meas-1:+.0%} |")
 within = lambda e: sum(abs(x) <= 0.15 for x in e)
-print(f"\nwithin 15 %: old {within(olds)}/{len(olds)}, new {within(news)}/{len(news)}; "
-      f"mean |error| old {sum(map(abs,olds))/len(olds):.1%}, new {sum(map(abs,news))/len(news):.1%}")
+mean = lambda e: sum(map(abs, e)) / len(e)
+print(f"\nwithin 15 %: as made {within(olds)}/{len(olds)}, ratio {within(ratios)}/{len(ratios)}, "
+      f"delay {within(delays)}/{len(delays)}; mean |error| as made {mean(olds):.1%}, "
+      f"ratio {mean(ratios):.1%}, delay {mean(delays):.1%}; worst |error| delay {max(map(abs, delays)):.0%}")

@@ -120,6 +120,11 @@ pub struct PlanArgs {
     /// DIR.round2, DIR.round3 ... The verdict is the last run's.
     #[arg(long, default_value_t = 3, requires = "verify", value_parser = clap::value_parser!(u32).range(1..=10))]
     pub rounds: u32,
+    /// --verify: how far (a fraction) a predicted p99 may be from the measured one. When every
+    /// deadline holds but a prediction is further off, the same partitions run again (rounds
+    /// permitting) with each p99 predicted from the delay the run measured, to check it.
+    #[arg(long, default_value_t = 0.15, requires = "verify", value_parser = fraction)]
+    pub prediction_tolerance: f64,
 }
 
 fn fraction(s: &str) -> Result<f64, String> {

@@ -43,7 +43,8 @@ pub use transfer::{CopyPath, DeviceF32, InputCopier};
 /// same model's plan run at another speed (kernels, their choice, library paths), so that
 /// profiles measured by an older engine are measured again instead of mispredicting.
 /// 1: session 14 (cuDNN's graph API, the 16-byte kernels, fused attention at batch 1).
-pub const ENGINE_REVISION: u32 = 1;
+/// 2: session 15 (the attention kernel's cp.async/ldmatrix tiles and 4 key groups).
+pub const ENGINE_REVISION: u32 = 2;
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -601,11 +601,20 @@ fn every_attention_block_shape_fits_the_kernel() {
     let source = kernels::source(DType::F16);
     assert!(source.contains("__launch_bounds__(256) attention("));
     for &(warps, key_groups) in kernels::ATTN_BLOCKS {
-        assert!(warps * key_groups <= 8, "{warps}×{key_groups} warps > 256 threads");
+        assert!(
+            warps * key_groups <= 8,
+            "{warps}×{key_groups} warps > 256 threads"
+        );
         let shared = kernels::attn_shared_bytes(key_groups);
-        assert!(shared <= kernels::ATTN_MAX_SHARED_BYTES, "{key_groups} groups");
+        assert!(
+            shared <= kernels::ATTN_MAX_SHARED_BYTES,
+            "{key_groups} groups"
+        );
         // 99 KiB: the least dynamic shared memory an sm_80+ GPU lets a block opt in to.
-        assert!(shared <= 99 * 1024, "{key_groups} groups need {shared} bytes");
+        assert!(
+            shared <= 99 * 1024,
+            "{key_groups} groups need {shared} bytes"
+        );
         // The key groups' merge passes 36 floats a thread of a group through the tiles.
         assert!(key_groups == 1 || warps * 32 * 36 * 4 <= shared);
     }

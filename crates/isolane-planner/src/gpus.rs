@@ -310,7 +310,7 @@ mod tests {
             deadline_ms,
             critical,
             stretch: None,
-            stretch_p99: None,
+            added_p99_ms: None,
             memory_mib: None,
         }
     }

@@ -1,7 +1,8 @@
 //! Stretch learned from verification runs: what a workload's p99.9 response time beside the
 //! other workloads of a plan measured, over its p99.9 execution time alone in the same
-//! partition (and the same of the p99, for the predicted p99). An interference matrix gives the stretch of model pairs in one partition size;
-//! a verification run measures it for the very set of neighbours, so a later plan of the same
+//! partition (and, for the predicted p99, the delay its p99 response time had over its p99
+//! alone). An interference matrix gives the stretch of model pairs in one partition size; a
+//! verification run measures it for the very set of neighbours, so a later plan of the same
 //! workloads predicts from it (docs/planner.md, "Verification rounds").
 
 use std::path::PathBuf;
@@ -29,17 +30,19 @@ struct Entry {
     #[serde(flatten)]
     key: StretchKey,
     stretch: f64,
-    /// Absent in files kept before it was measured.
+    /// Absent in files kept before it was measured (session 14's files have a `stretch_p99`
+    /// ratio instead, which is not read: a ratio does not carry over to other partitions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    stretch_p99: Option<f64>,
+    added_p99_ms: Option<f64>,
 }
 
-/// A learned stretch: of the p99.9 (what the search holds to the deadline) and, where it was
-/// measured, of the p99 (what the predicted p99 uses).
+/// What a verification run learned of a workload beside its neighbours: the stretch of its
+/// p99.9 (what the search holds to the deadline) and, where it was measured, the delay added
+/// to its p99 (what the predicted p99 uses; [`crate::Demand::added_p99_ms`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Learned {
     pub tail: f64,
-    pub p99: Option<f64>,
+    pub added_p99_ms: Option<f64>,
 }
 
 impl StretchKey {
@@ -84,7 +87,7 @@ impl LearnedStretch {
         let usable = |s: f64| s.is_finite() && s > 0.0;
         (same && usable(e.stretch)).then_some(Learned {
             tail: e.stretch,
-            p99: e.stretch_p99.filter(|s| usable(*s)),
+            added_p99_ms: e.added_p99_ms.filter(|d| d.is_finite() && *d >= 0.0),
         })
     }
 
@@ -94,7 +97,7 @@ impl LearnedStretch {
         let e = Entry {
             key: key.normalized(),
             stretch: learned.tail,
-            stretch_p99: learned.p99,
+            added_p99_ms: learned.added_p99_ms,
         };
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
@@ -123,12 +126,12 @@ mod tests {
         let l = LearnedStretch::new(d.path());
         let k = key(&["resnet18-b1-fp16", "mobilenet_v2-b1-fp16"]);
         assert_eq!(l.get(&k), None);
-        let learned = |tail, p99| Learned { tail, p99 };
-        l.put(&k, learned(1.17, Some(1.05))).unwrap();
-        assert_eq!(l.get(&k), Some(learned(1.17, Some(1.05))));
+        let learned = |tail, added_p99_ms| Learned { tail, added_p99_ms };
+        l.put(&k, learned(1.17, Some(0.05))).unwrap();
+        assert_eq!(l.get(&k), Some(learned(1.17, Some(0.05))));
         assert_eq!(
             l.get(&key(&["mobilenet_v2-b1-fp16", "resnet18-b1-fp16"])),
-            Some(learned(1.17, Some(1.05)))
+            Some(learned(1.17, Some(0.05)))
         );
         assert_eq!(l.get(&key(&["resnet18-b1-fp16"])), None);
         let other = StretchKey {
@@ -139,10 +142,14 @@ mod tests {
         // The latest measurement wins.
         l.put(&k, learned(1.30, None)).unwrap();
         assert_eq!(l.get(&k), Some(learned(1.30, None)));
-        // A file kept before the p99 stretch was measured reads back without one.
         let path = d.path().join(k.file_name());
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(!text.contains("stretch_p99"), "{text}");
+        assert!(!text.contains("added_p99_ms"), "{text}");
+        // Session 14's files kept the p99 as a ratio: read back with the tail's stretch only.
+        let old = text.replace("\"stretch\":", "\"stretch_p99\": 1.05, \"stretch\":");
+        assert!(old.contains("stretch_p99"), "{old}");
+        std::fs::write(&path, old).unwrap();
+        assert_eq!(l.get(&k), Some(learned(1.30, None)));
     }
 
     #[test]

@@ -58,11 +58,13 @@ pub struct Demand {
     /// actual neighbours); `None`: [`Options::stretch`]. It stretches the p99.9 the search
     /// holds to the deadline.
     pub stretch: Option<f64>,
-    /// The p99 response time beside the same neighbours over the p99 alone, where a
-    /// verification run measured it: the predicted p99 uses it (`None`: `stretch`). A p99.9
-    /// ratio is one job in a thousand and carries its spikes; predicting the p99 from it
-    /// over-predicted by up to 32 % on the H100 (docs/planner.md).
-    pub stretch_p99: Option<f64>,
+    /// The delay (ms) the neighbours and queueing add to this workload's p99, where a
+    /// verification run measured it: its p99 response time beside them minus its p99 alone in
+    /// the same partition. The predicted p99 is the p99 alone plus it (`None`: the p99 alone ×
+    /// `stretch`). A delay carries over to another partition size where a ratio does not (a
+    /// camera moved from 8 to 16 SMs beside resnet50: −23 % as a ratio, +2 % as a delay, on
+    /// the H100; docs/planner.md), and a p99.9 ratio carries one job in a thousand's spikes.
+    pub added_p99_ms: Option<f64>,
     /// Device memory the workload needs (MiB), when it is known (the engine's estimate).
     pub memory_mib: Option<u64>,
 }

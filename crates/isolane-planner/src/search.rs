@@ -128,7 +128,10 @@ fn adequate(d: &Demand, ladder: &Ladder, opts: &Options, p: Point) -> Result<Cho
     Ok(Choice {
         workload: d.name.clone(),
         size: p.size,
-        predicted_p99_ms: p.exec_p99_ms * d.stretch_p99.unwrap_or(stretch(d, opts)),
+        predicted_p99_ms: match d.added_p99_ms {
+            Some(added) => p.exec_p99_ms + added,
+            None => p.exec_p99_ms * stretch(d, opts),
+        },
         predicted_tail_ms: tail,
         deadline_ms: d.deadline_ms,
         util: util(d, &p),
@@ -508,7 +511,7 @@ mod tests {
             deadline_ms,
             critical: true,
             stretch: None,
-            stretch_p99: None,
+            added_p99_ms: None,
             memory_mib: None,
         }
     }
@@ -695,7 +698,7 @@ mod tests {
 
     /// A measured p99 stretch predicts the p99; the partition is still sized by the p99.9's.
     #[test]
-    fn the_p99_is_predicted_with_its_own_stretch_and_the_size_with_the_tails() {
+    fn the_p99_is_predicted_with_its_added_delay_and_the_size_with_the_tails() {
         let mut t = Table {
             work_ms: vec![48.0],
             calls: 0,
@@ -716,7 +719,7 @@ mod tests {
         let both = choice(
             Demand {
                 stretch: Some(1.4),
-                stretch_p99: Some(1.1),
+                added_p99_ms: Some(0.25),
                 ..demand("a", 100.0, 2.0)
             },
             &mut t,
@@ -725,7 +728,7 @@ mod tests {
         assert_eq!(both.predicted_tail_ms, tail_only.predicted_tail_ms);
         let p99 = both.profile.exec_p99_ms;
         assert!((tail_only.predicted_p99_ms - 1.4 * p99).abs() < 1e-9);
-        assert!((both.predicted_p99_ms - 1.1 * p99).abs() < 1e-9);
+        assert!((both.predicted_p99_ms - (p99 + 0.25)).abs() < 1e-9);
     }
 
     #[test]
