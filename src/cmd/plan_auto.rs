@@ -207,13 +207,16 @@ impl Spread {
     }
 }
 
-/// The plan's predicted p99s made again from `demands` (their measured delays), partitions
-/// unchanged.
+/// The plan's predictions made again from `demands` (the delays and stretches a run
+/// measured), partitions unchanged.
 fn repredict(plan: &mut GpusPlan, demands: &[Demand]) {
     if let Outcome::Planned { choices, .. } = &mut plan.outcome {
         for (c, d) in choices.iter_mut().zip(demands) {
             if let Some(added) = d.added_p99_ms {
                 c.predicted_p99_ms = c.profile.exec_p99_ms + added;
+            }
+            if let Some(stretch) = d.stretch {
+                c.predicted_tail_ms = c.profile.tail_ms() * stretch;
             }
         }
     }
@@ -1630,8 +1633,11 @@ mod tests {
         repredict(&mut plan, &demands);
         let again = planned_choices(&plan);
         assert_eq!(sizes(again), sizes(&choices));
-        for c in again {
+        for (c, d) in again.iter().zip(&demands) {
             assert!((c.predicted_p99_ms - p99(&c.workload)).abs() < 1e-9);
+            // The p99.9 with the stretch the run measured (never below the planned one).
+            let stretch = d.stretch.unwrap();
+            assert!((c.predicted_tail_ms - c.profile.tail_ms() * stretch).abs() < 1e-9);
         }
         assert!(print_verification(&summary, again, 0.15).off.is_empty());
     }
