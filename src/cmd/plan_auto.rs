@@ -90,81 +90,152 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     if let Some(dir) = &args.export_profiles {
         export(target.cache(), &profiles.used, dir)?;
     }
-    let Some((mech, ladder, mut demands, mut plan)) = best else {
+    let Some((mech, ladder, demands, plan)) = best else {
         return Ok(super::EXIT_USER);
     };
+    let rounds = Rounds {
+        scenario: &scenario,
+        target: &target,
+        args,
+        engine,
+        workloads: &workloads,
+        learned,
+        opts: &opts,
+        mech,
+        ladder: &ladder,
+    };
+    emit_and_verify(&rounds, &mut profiles, demands, plan)
+}
+
+/// What the plan's verification rounds share.
+struct Rounds<'a> {
+    scenario: &'a Scenario,
+    target: &'a Target,
+    args: &'a PlanArgs,
+    engine: &'a Engine,
+    workloads: &'a [WorkloadId],
+    learned: Option<(DeviceRecord, LearnedStretch)>,
+    opts: &'a Options,
+    mech: Mechanism,
+    ladder: &'a Ladder,
+}
+
+/// What a verification round leads to.
+enum Step {
+    /// The command's exit code.
+    Done(u8),
+    /// Another round, with these demands and this plan.
+    Again(Vec<Demand>, GpusPlan),
+}
+
+/// Emits the plan and, with --verify, runs it, up to --rounds times: a miss plans again with
+/// the measured stretch, a plan that holds with predictions off runs again to check new ones.
+fn emit_and_verify(
+    r: &Rounds,
+    profiles: &mut Profiles,
+    mut demands: Vec<Demand>,
+    mut plan: GpusPlan,
+) -> anyhow::Result<u8> {
     for round in 1.. {
         let choices = planned_choices(&plan);
-        let planned = planned_scenario(&scenario, mech, &ladder, choices, &plan.gpus_in_order());
-        admit_planned(&planned, target.device())?;
-        emit(&planned, &plan, &ladder, args.out.as_deref())?;
-        if !args.verify {
+        let planned =
+            planned_scenario(r.scenario, r.mech, r.ladder, choices, &plan.gpus_in_order());
+        admit_planned(&planned, r.target.device())?;
+        emit(&planned, &plan, r.ladder, r.args.out.as_deref())?;
+        if !r.args.verify {
             return Ok(0);
         }
-        let summary = verify(&planned, args, round, engine)?;
-        let verdict = print_verification(&summary, choices, args.prediction_tolerance);
-        if let Some((device, l)) = &learned {
-            learn(&workloads, choices, &summary, mech, device, l);
+        let summary = verify(&planned, r.args, round, r.engine)?;
+        let verdict = print_verification(&summary, choices, r.args.prediction_tolerance);
+        if let Some((device, l)) = &r.learned {
+            learn(r.workloads, choices, &summary, r.mech, device, l);
         }
-        if !verdict.missed {
-            if verdict.off.is_empty() {
-                println!(
-                    "the plan holds, every predicted p99 within {:.0} % of the measured",
-                    100.0 * args.prediction_tolerance
-                );
-                return Ok(0);
-            }
-            let off = verdict.off.join(", ");
-            if round >= args.rounds {
-                println!(
-                    "the plan holds; predicted p99 off by more than {:.0} % for {off}",
-                    100.0 * args.prediction_tolerance
-                );
-                return Ok(0);
-            }
-            // The partitions held: keep them (planning again could trade a plan that holds
-            // for one that does not) and check predictions made from what this run measured.
-            demands = calibrated(&demands, choices, &summary);
-            repredict(&mut plan, &demands);
-            println!(
-                "round {}: the plan holds but the predicted p99 was off for {off}; the same \
-                 partitions again, each p99 predicted from the delay this run measured",
-                round + 1
-            );
-            continue;
-        }
-        if round >= args.rounds {
-            println!("the plan does NOT hold: a workload missed its deadline");
-            return Ok(super::EXIT_FAILED);
-        }
-        demands = calibrated(&demands, choices, &summary);
-        let t = Instant::now();
-        let next = profiles.plan(&target, mech, &ladder, &demands, &opts)?;
-        print_outcome(mech, &ladder, &next, t.elapsed().as_secs_f64());
-        match &next.outcome {
-            Outcome::Planned { choices: c, .. }
-                if sizes(c) != sizes(choices) || next.gpu_of != plan.gpu_of =>
-            {
-                println!(
-                    "round {}: planned again with the measured stretch",
-                    round + 1
-                );
-                plan = next;
-            }
-            Outcome::Planned { .. } => {
-                println!(
-                    "the plan does NOT hold, and planning with the measured stretch gives the \
-                     same partitions"
-                );
-                return Ok(super::EXIT_FAILED);
-            }
-            Outcome::NoPlan { .. } => {
-                println!("the plan does NOT hold, and with the measured stretch there is none");
-                return Ok(super::EXIT_FAILED);
-            }
+        let step = if verdict.missed {
+            plan_again(r, profiles, round, &demands, &plan, &summary)?
+        } else {
+            check_predictions(r, round, &verdict, &demands, &plan, &summary)
+        };
+        match step {
+            Step::Done(code) => return Ok(code),
+            Step::Again(d, p) => (demands, plan) = (d, p),
         }
     }
     unreachable!("the rounds end by returning")
+}
+
+/// After a run that held: done when every prediction was within the tolerance (or no round is
+/// left); otherwise the same partitions again, predicted from what the run measured (planning
+/// again could trade a plan that holds for one that does not).
+fn check_predictions(
+    r: &Rounds,
+    round: u32,
+    verdict: &Verdict,
+    demands: &[Demand],
+    plan: &GpusPlan,
+    summary: &RunSummary,
+) -> Step {
+    let pct = 100.0 * r.args.prediction_tolerance;
+    if verdict.off.is_empty() {
+        println!("the plan holds, every predicted p99 within {pct:.0} % of the measured");
+        return Step::Done(0);
+    }
+    let off = verdict.off.join(", ");
+    if round >= r.args.rounds {
+        println!("the plan holds; predicted p99 off by more than {pct:.0} % for {off}");
+        return Step::Done(0);
+    }
+    let demands = calibrated(demands, planned_choices(plan), summary);
+    let mut plan = plan.clone();
+    repredict(&mut plan, &demands);
+    println!(
+        "round {}: the plan holds but the predicted p99 was off for {off}; the same \
+         partitions again, each p99 predicted from the delay this run measured",
+        round + 1
+    );
+    Step::Again(demands, plan)
+}
+
+/// After a run that missed: the plan made again with the stretch the run measured, if rounds
+/// are left and it changes the partitions.
+fn plan_again(
+    r: &Rounds,
+    profiles: &mut Profiles,
+    round: u32,
+    demands: &[Demand],
+    plan: &GpusPlan,
+    summary: &RunSummary,
+) -> anyhow::Result<Step> {
+    if round >= r.args.rounds {
+        println!("the plan does NOT hold: a workload missed its deadline");
+        return Ok(Step::Done(super::EXIT_FAILED));
+    }
+    let choices = planned_choices(plan);
+    let demands = calibrated(demands, choices, summary);
+    let t = Instant::now();
+    let next = profiles.plan(r.target, r.mech, r.ladder, &demands, r.opts)?;
+    print_outcome(r.mech, r.ladder, &next, t.elapsed().as_secs_f64());
+    Ok(match &next.outcome {
+        Outcome::Planned { choices: c, .. }
+            if sizes(c) != sizes(choices) || next.gpu_of != plan.gpu_of =>
+        {
+            println!(
+                "round {}: planned again with the measured stretch",
+                round + 1
+            );
+            Step::Again(demands, next)
+        }
+        Outcome::Planned { .. } => {
+            println!(
+                "the plan does NOT hold, and planning with the measured stretch gives the \
+                 same partitions"
+            );
+            Step::Done(super::EXIT_FAILED)
+        }
+        Outcome::NoPlan { .. } => {
+            println!("the plan does NOT hold, and with the measured stretch there is none");
+            Step::Done(super::EXIT_FAILED)
+        }
+    })
 }
 
 /// The choices of a plan that holds (empty for one that does not: never asked for).
