@@ -373,3 +373,33 @@ fn a_closed_pipe_ends_a_printing_command_quietly() {
         out.status
     );
 }
+
+/// `phase_ms` shifts a workload's releases (and its run with them): two workloads of one rate
+/// released out of phase, as unsynchronised cameras are.
+#[test]
+fn a_phase_shifts_a_workloads_releases() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = scenario(
+        tmp.path(),
+        "s.toml",
+        "[device]\nbackend = \"cpu\"\nmechanism = \"none\"\nhost = \"thread\"\n\n\
+         [[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 50\njobs = 4\n\
+         warmup_jobs = 0\n\n\
+         [[workload]]\nname = \"b\"\nmodel = \"spin:1ms\"\nrate_hz = 50\njobs = 4\n\
+         warmup_jobs = 0\nphase_ms = 7.5\n",
+    );
+    let out = tmp.path().join("out");
+    run_ok(isolane().args(["run", "-q", "-o"]).arg(&out).arg(&s));
+    let releases =
+        |w: &str| -> Vec<String> { jobs_rows(&out, w).iter().map(|r| r[1].clone()).collect() };
+    assert_eq!(
+        releases("a"),
+        ["0.000000", "20.000000", "40.000000", "60.000000"]
+    );
+    assert_eq!(
+        releases("b"),
+        ["7.500000", "27.500000", "47.500000", "67.500000"]
+    );
+    let resolved = std::fs::read_to_string(out.join("scenario.toml")).unwrap();
+    assert!(resolved.contains("phase_ms = 7.5"), "{resolved}");
+}

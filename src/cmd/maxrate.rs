@@ -287,6 +287,7 @@ fn search_request(
         precision,
         rate: Rate::Hz(1.0),
         deadline_ms: None,
+        phase_ms: None,
         length: RunLength::Jobs(args.jobs),
         warmup_jobs: args.warmup,
         late: LatePolicy::Skip,

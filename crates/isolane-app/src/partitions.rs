@@ -45,6 +45,7 @@ pub fn as_workloads(apps: &[AppSpec], device: &DeviceSpec) -> Vec<WorkloadSpec> 
         precision: m.precision,
         rate: Rate::Hz(app.source.fps),
         deadline_ms: Some(app.deadline_ms),
+        phase_ms: None,
         length: RunLength::Jobs(app.frames),
         warmup_jobs: 0,
         late: LatePolicy::Skip,

@@ -590,6 +590,7 @@ mod tests {
             precision: Precision::Fp32,
             rate: Rate::Hz(100.0),
             deadline_ms: None,
+            phase_ms: None,
             length: RunLength::Jobs(10),
             warmup_jobs: 0,
             late: LatePolicy::Skip,

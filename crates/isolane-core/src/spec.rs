@@ -262,6 +262,11 @@ pub struct WorkloadSpec {
     pub rate: Rate,
     /// Relative deadline in ms; defaults to the period (required for `rate = "max"`? no: unbounded).
     pub deadline_ms: Option<f64>,
+    /// When the workload's schedule starts, in ms after the run's start (`None`: at it): every
+    /// release is shifted by it, so workloads of one rate can be released out of phase, as
+    /// cameras that are not synchronised are. Its run length counts from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_ms: Option<f64>,
     pub length: RunLength,
     pub warmup_jobs: u64,
     pub late: LatePolicy,

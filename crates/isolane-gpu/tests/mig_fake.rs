@@ -46,6 +46,7 @@ fn scenario(profiles: &[&str]) -> Scenario {
                 precision: Precision::Fp32,
                 rate: Rate::Hz(10.0),
                 deadline_ms: None,
+                phase_ms: None,
                 length: RunLength::Jobs(1),
                 warmup_jobs: 0,
                 late: LatePolicy::Skip,

@@ -961,7 +961,7 @@ fn drive_process(
                 workload: Box::new(w.spec.clone()),
                 device: Box::new(w.spec.device(&shared.device)),
                 timing: shared.timing.clone(),
-                schedule: w.schedule.clone(),
+                schedule: Box::new(w.schedule.clone()),
                 guard: shared.guard_setup(slot).cloned(),
             },
         )

@@ -69,7 +69,7 @@ pub enum ToWorker {
         /// Boxed as the workload is: the set-up message is sent once, the other variants often.
         device: Box<DeviceSpec>,
         timing: TimingSpec,
-        schedule: Schedule,
+        schedule: Box<Schedule>,
         /// The workload's part in the run's criticality guard (`None`: unprotected).
         #[serde(default)]
         guard: Option<GuardSetup>,

@@ -287,6 +287,7 @@ mod tests {
             deadline_ns: Some(1_000_000),
             end: End::Jobs(100),
             late: LatePolicy::Skip,
+            phase_ns: 0,
         };
         // A VM stall of a few hundred ms (measured here) stretches the wall time: more
         // attempts before the bound counts.
@@ -311,6 +312,7 @@ mod tests {
             deadline_ns: Some(1_000_000),
             end: End::Jobs(50),
             late: LatePolicy::Queue,
+            phase_ns: 0,
         };
         let (recs, _) = run(&s, 2_000_000);
         assert!(recs.iter().all(|r| r.end_ns.is_some()));

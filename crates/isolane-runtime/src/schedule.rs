@@ -38,6 +38,10 @@ pub struct Schedule {
     pub deadline_ns: Option<i64>,
     pub end: End,
     pub late: LatePolicy,
+    /// Every release is this much after t0 later (the workload's `phase_ms`); the end counts
+    /// from it too.
+    #[serde(default)]
+    pub phase_ns: i64,
 }
 
 /// One release as the loop sees it.
@@ -62,6 +66,7 @@ impl Schedule {
             deadline_ns: spec.deadline_s().map(|d| (d * 1e9).round() as i64),
             end: end_of(spec.length),
             late: spec.late,
+            phase_ns: spec.phase_ms.map_or(0, |p| (p * 1e6).round() as i64),
         }
     }
 
@@ -73,6 +78,7 @@ impl Schedule {
             deadline_ns: Some(period_ns.round() as i64),
             end: End::Jobs(n),
             late,
+            phase_ns: 0,
         }
     }
 
@@ -115,13 +121,14 @@ impl Schedule {
         }
     }
 
-    /// Wall time the schedule spans from t0, when known.
+    /// Wall time the schedule spans from t0 (its phase included), when known.
     pub fn duration_ns(&self) -> Option<i64> {
-        match (&self.pace, self.end) {
+        let own = match (&self.pace, self.end) {
             (_, End::DurationNs(d)) => Some(d),
             (Pace::Periodic { period_ns }, End::Jobs(n)) => Some((n as f64 * period_ns) as i64),
             _ => None,
-        }
+        };
+        own.map(|d| d.saturating_add(self.phase_ns))
     }
 
     pub fn cursor(&self) -> Cursor<'_> {
@@ -169,8 +176,13 @@ impl Cursor<'_> {
                 release_ns: release_ns(self.k, *period_ns),
                 deadline_ns: s.deadline_ns,
             },
+            // In the schedule's own time (from its phase), as the others.
             Pace::ClosedLoop => Release {
-                release_ns: if self.k == 0 { 0 } else { prev_end_ns },
+                release_ns: if self.k == 0 {
+                    0
+                } else {
+                    prev_end_ns.saturating_sub(s.phase_ns)
+                },
                 deadline_ns: s.deadline_ns,
             },
             Pace::Ramp { step_ns, rates_hz } => loop {
@@ -197,7 +209,10 @@ impl Cursor<'_> {
             }
         }
         self.k += 1;
-        Some(rel)
+        Some(Release {
+            release_ns: rel.release_ns.saturating_add(s.phase_ns),
+            ..rel
+        })
     }
 }
 
@@ -213,6 +228,7 @@ mod tests {
             deadline_ns: None,
             end,
             late: LatePolicy::Skip,
+            phase_ns: 0,
         };
         // 5 Hz for 5 s: 25 jobs cover 5 s, not 4.8 s + a latency.
         assert_eq!(
@@ -254,6 +270,7 @@ mod tests {
             deadline_ns: Some(3_333_333),
             end: End::DurationNs(1_000_000_000),
             late: LatePolicy::Skip,
+            phase_ns: 0,
         };
         let r = releases(&s);
         assert_eq!(r.len(), 300);
@@ -281,6 +298,7 @@ mod tests {
             deadline_ns: None,
             end: End::DurationNs(4_000_000_000),
             late: LatePolicy::Skip,
+            phase_ns: 0,
         };
         let r: Vec<i64> = releases(&s)
             .iter()
@@ -298,11 +316,51 @@ mod tests {
             deadline_ns: None,
             end: End::Jobs(3),
             late: LatePolicy::Skip,
+            phase_ns: 0,
         };
         let mut c = s.cursor();
         assert_eq!(c.next(0).map(|r| r.release_ns), Some(0));
         assert_eq!(c.next(40).map(|r| r.release_ns), Some(40));
         assert_eq!(c.next(90).map(|r| r.release_ns), Some(90));
         assert_eq!(c.next(95), None);
+    }
+
+    /// A phase shifts every release and the end with it: the same jobs, later.
+    #[test]
+    fn a_phase_shifts_every_release_and_the_end() {
+        let s = Schedule {
+            pace: Pace::Periodic { period_ns: 1e7 },
+            deadline_ns: Some(10_000_000),
+            end: End::DurationNs(50_000_000),
+            late: LatePolicy::Skip,
+            phase_ns: 4_000_000,
+        };
+        let mut c = s.cursor();
+        let mut r = Vec::new();
+        while let Some(x) = c.next(0) {
+            r.push(x.release_ns / 1_000_000);
+        }
+        assert_eq!(r, vec![4, 14, 24, 34, 44]);
+        assert_eq!(s.expected_jobs(), Some(5));
+        assert_eq!(s.duration_ns(), Some(54_000_000));
+        assert_eq!(s.span_ns(5), Some(50_000_000));
+    }
+
+    /// Closed loop: the first job at the phase, then each when the previous ended, and the
+    /// duration counts from the phase.
+    #[test]
+    fn a_closed_loop_starts_at_its_phase() {
+        let s = Schedule {
+            pace: Pace::ClosedLoop,
+            deadline_ns: None,
+            end: End::DurationNs(100),
+            late: LatePolicy::Skip,
+            phase_ns: 1_000,
+        };
+        let mut c = s.cursor();
+        assert_eq!(c.next(0).map(|r| r.release_ns), Some(1_000));
+        assert_eq!(c.next(1_060).map(|r| r.release_ns), Some(1_060));
+        assert_eq!(c.next(1_099).map(|r| r.release_ns), Some(1_099));
+        assert_eq!(c.next(1_100).map(|r| r.release_ns), None);
     }
 }

@@ -138,6 +138,7 @@ pub fn point_scenario(device: DeviceSpec, workloads: &[PointWorkload]) -> Scenar
                 None => Rate::Max(MaxRate::Max),
             },
             deadline_ms: None,
+            phase_ms: None,
             length: RunLength::DurationS(w.duration_s),
             warmup_jobs: w.warmup_jobs,
             late: LatePolicy::Skip,

@@ -207,7 +207,7 @@ where
                 workload: *workload,
                 device: *device,
                 timing,
-                schedule,
+                schedule: *schedule,
                 guard,
             };
             run_workload(input, output, stop, roles.engine, setup)

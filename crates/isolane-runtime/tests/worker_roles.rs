@@ -233,6 +233,7 @@ fn spin_search(model: &str) -> SearchRequest {
             precision: Precision::Fp32,
             rate: Rate::Hz(1.0),
             deadline_ms: None,
+            phase_ms: None,
             length: RunLength::Jobs(20),
             warmup_jobs: 2,
             late: LatePolicy::Skip,

@@ -33,6 +33,7 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "precision",
     "rate_hz",
     "deadline_ms",
+    "phase_ms",
     "duration_s",
     "jobs",
     "warmup_jobs",
@@ -160,6 +161,10 @@ pub(super) fn seconds_expected(unit: &str, per_second: f64) -> String {
     };
     debug_assert_eq!(hi.parse::<f64>().ok(), Some(MAX_SECONDS * per_second));
     format!("a finite number of {unit} > 0, from {lo} (1 ns) to {hi} (100 days)")
+}
+
+pub(super) fn phase_expected() -> String {
+    "a finite number of milliseconds >= 0, up to 8.64e9 (100 days)".into()
 }
 
 pub(super) fn rate_expected() -> String {

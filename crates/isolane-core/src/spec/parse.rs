@@ -24,7 +24,7 @@ use toml::Spanned;
 
 use super::error::{Problem, SpecError};
 use super::format::{
-    default_host, default_mechanism, hz_expected, model_expectation, rate_expected,
+    default_host, default_mechanism, hz_expected, model_expectation, phase_expected, rate_expected,
     seconds_expected, stretch_expected, IntRule, BACKENDS, BATCH, CPU_ID, CRITICALITIES,
     DEFAULT_WARMUP_JOBS, DEVICE_KEYS, GPU, HOSTS, JOBS, LATE, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB,
     MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS, RAMP_KEYS,
@@ -204,6 +204,7 @@ fn placeholder_workload() -> WorkloadSpec {
         precision: Precision::Fp32,
         rate: Rate::Hz(1.0),
         deadline_ms: None,
+        phase_ms: None,
         length: RunLength::Jobs(1),
         warmup_jobs: DEFAULT_WARMUP_JOBS,
         late: LatePolicy::Skip,
@@ -636,6 +637,9 @@ impl<'a> Walk<'a> {
         let deadline_ms = self.optional(t, "deadline_ms", 1.0, |w, v, p| {
             w.float(v, p, &seconds_expected("milliseconds", 1e3))
         });
+        let phase_ms = self.optional(t, "phase_ms", 1.0, |w, v, p| {
+            w.float(v, p, &phase_expected())
+        });
         let length = self.length(i, t, interferer, ramp.as_ref());
         let warmup_jobs = self.read(t, "warmup_jobs", DEFAULT_WARMUP_JOBS, |w, v, p| {
             w.int(v, p, WARMUP_JOBS)
@@ -664,6 +668,7 @@ impl<'a> Walk<'a> {
             precision,
             rate,
             deadline_ms,
+            phase_ms,
             length,
             warmup_jobs,
             late,

@@ -57,6 +57,7 @@ pub const MODEL_ONLY_KEYS: &[&str] = &[
     "precision",
     "rate_hz",
     "deadline_ms",
+    "phase_ms",
     "jobs",
     "warmup_jobs",
     "late",

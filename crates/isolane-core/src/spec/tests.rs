@@ -1327,6 +1327,42 @@ fn a_workloads_own_stretch_parses_round_trips_and_is_for_critical_work_only() {
     );
 }
 
+#[test]
+fn a_phase_parses_round_trips_and_is_never_negative() {
+    let s = parse(&format!("{MIN}phase_ms = 2.5\n")).unwrap();
+    assert_eq!(s.workloads[0].phase_ms, Some(2.5));
+    let text = s.to_toml_string().unwrap();
+    assert!(text.contains("phase_ms = 2.5"), "{text}");
+    assert_eq!(parse(&text).unwrap().workloads[0].phase_ms, Some(2.5));
+    assert_eq!(
+        parse(&format!("{MIN}phase_ms = 0\n")).unwrap().workloads[0].phase_ms,
+        Some(0.0)
+    );
+    // Absent: none, and none written.
+    let s = parse(MIN).unwrap();
+    assert_eq!(s.workloads[0].phase_ms, None);
+    assert!(!s.to_toml_string().unwrap().contains("phase_ms"));
+    assert_err(
+        &format!("{MIN}phase_ms = -1\n"),
+        7,
+        &[
+            "workload[0].phase_ms",
+            "found integer -1",
+            "milliseconds >= 0",
+        ],
+    );
+    assert_err(
+        &format!("{MIN}phase_ms = \"soon\"\n"),
+        7,
+        &["workload[0].phase_ms", "milliseconds >= 0"],
+    );
+    assert_err(
+        &format!("{MIN}phase_ms = 1e300\n"),
+        7,
+        &["workload[0].phase_ms", "100 days"],
+    );
+}
+
 mod gpus;
 mod programs_and_backends;
 

@@ -16,10 +16,10 @@ use std::path::Path;
 
 use super::error::Problem;
 use super::format::{
-    default_host, hz_expected, model_expectation, name_of, rate_expected, seconds_expected,
-    stretch_expected, IntRule, BATCH, JOBS, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED,
-    NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, RAMP_EXPECTED, ROLES, SMS, SPIN_US,
-    START_DELAY_MS, STEPS, THREAD_PCT, WARMUP_JOBS,
+    default_host, hz_expected, model_expectation, name_of, phase_expected, rate_expected,
+    seconds_expected, stretch_expected, IntRule, BATCH, JOBS, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB,
+    MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, RAMP_EXPECTED, ROLES, SMS,
+    SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, WARMUP_JOBS,
 };
 use super::kernel::KernelModel;
 use super::limits::{MAX_JOBS, MAX_RATE_HZ, MAX_SECONDS, MAX_STRETCH, MIN_SECONDS};
@@ -150,6 +150,21 @@ impl Checker<'_, '_> {
             return false;
         }
         true
+    }
+
+    /// A workload's phase: 0 or more milliseconds, at most the longest run.
+    fn phase(&mut self, i: usize, w: &WorkloadSpec) {
+        let Some(x) = w.phase_ms else { return };
+        let path = Workload(i, "phase_ms");
+        // contains() is false for NaN, and the infinities are out of the range.
+        let in_range = (0.0..=MAX_SECONDS * 1e3).contains(&x);
+        if !in_range && !self.spans.unread(path) {
+            self.wrong(
+                path,
+                || format!("float {}", float_text(x)),
+                &phase_expected(),
+            );
+        }
     }
 
     fn seconds(&mut self, path: FieldPath, x: f64) -> bool {
@@ -531,6 +546,7 @@ impl Checker<'_, '_> {
             let (lo, hi) = (MIN_SECONDS * 1e3, MAX_SECONDS * 1e3);
             self.positive(Workload(i, "deadline_ms"), d, lo, hi, &expected);
         }
+        self.phase(i, w);
         if role == Some(Role::Interferer) {
             // A rate_hz or length key the walk refused leaves the job count unknown.
             let derived = !self.unread_any(&[Workload(i, "rate_hz"), FieldPath::Length(i)]);

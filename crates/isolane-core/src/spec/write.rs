@@ -70,6 +70,8 @@ struct OutWorkload<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     deadline_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    phase_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     duration_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     jobs: Option<u64>,
@@ -166,6 +168,7 @@ fn out_workload(w: &WorkloadSpec) -> OutWorkload<'_> {
         // make the file invalid.
         rate_hz: (!interferer).then_some(w.rate),
         deadline_ms: w.deadline_ms,
+        phase_ms: w.phase_ms,
         duration_s: match w.length {
             RunLength::DurationS(d) if !interferer => Some(d),
             _ => None,
