@@ -215,3 +215,50 @@ fn a_spent_profile_budget_names_what_was_not_measured() {
         "{err}"
     );
 }
+
+/// `--verify-duration` runs each workload that long in the verification run (not its own
+/// duration), leaves the planned file's own, and the table counts each workload's jobs.
+#[test]
+fn a_verification_runs_as_long_as_asked() {
+    let _cores = cores();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = scenario(tmp.path(), "s.toml", TWO);
+    let planned = tmp.path().join("planned.toml");
+    let v = tmp.path().join("v");
+    let o = run_ok(
+        isolane()
+            .args(["plan", "--auto", "--profile-jobs", "50", "--profile-cache"])
+            .arg(tmp.path().join("cache"))
+            .arg("-o")
+            .arg(&planned)
+            .args([
+                "--verify",
+                "--rounds",
+                "1",
+                "--verify-duration",
+                "2",
+                "--verify-out",
+            ])
+            .arg(&v)
+            .arg(&s),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let s = summary(&v);
+    // 2 s at 10 Hz and 8 Hz.
+    assert_eq!(workload(&s, "camera")["jobs"], 20, "{out}");
+    assert_eq!(workload(&s, "lidar")["jobs"], 16, "{out}");
+    assert!(
+        out.contains(" jobs ") && out.contains("at 95 % confidence"),
+        "{out}"
+    );
+    let text = std::fs::read_to_string(&planned).unwrap();
+    assert!(text.contains("duration_s = 1.0"), "{text}");
+    // Not a duration.
+    let o = isolane()
+        .args(["plan", "--auto", "--verify", "--verify-duration", "0"])
+        .arg(tmp.path().join("s.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("seconds > 0"));
+}
