@@ -1578,16 +1578,24 @@ mod tests {
         }
     }
 
+    /// The committed H100 verification run of three-cameras (session 9).
+    fn three_cameras_run() -> RunSummary {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/h100-planner");
+        isolane_core::results::read_json(&dir.join("verify-three-cameras/summary.json")).unwrap()
+    }
+
+    fn measured_p99(summary: &RunSummary, name: &str) -> f64 {
+        let w = summary.workloads.iter().find(|w| w.name == name).unwrap();
+        w.metrics.latency_ms.p99.unwrap()
+    }
+
     /// A verification's measured stretch is its p99.9 response over the p99.9 alone, and the
     /// next round plans with it, never with less than it planned with: the committed H100
     /// run of three-cameras (front_vit planned ×1.24 in 32 SMs, measured 1.739 ms against
     /// 1.299 ms alone: ×1.34).
     #[test]
     fn a_round_plans_with_the_stretch_its_verification_measured() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/h100-planner");
-        let summary: RunSummary =
-            isolane_core::results::read_json(&dir.join("verify-three-cameras/summary.json"))
-                .unwrap();
+        let summary = three_cameras_run();
         let choice = |name: &str, tail: f64, stretch: f64| {
             let profile = Point {
                 size: 32,
@@ -1636,10 +1644,7 @@ mod tests {
         );
         // The delay added to the p99: its p99 response minus its p99 alone, as the latest run
         // measured it (not held to the plan's), never below 0.
-        let p99 = |name: &str| {
-            let w = summary.workloads.iter().find(|w| w.name == name).unwrap();
-            w.metrics.latency_ms.p99.unwrap()
-        };
+        let p99 = |name: &str| measured_p99(&summary, name);
         let front_added = measured_added_p99(&choices[0], &summary).unwrap();
         assert!(front_added > 0.0);
         assert!(
@@ -1669,14 +1674,8 @@ mod tests {
     /// from the delays it measured, the same partitions predict its p99s exactly.
     #[test]
     fn predictions_off_by_more_than_the_tolerance_are_named_and_made_again() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/h100-planner");
-        let summary: RunSummary =
-            isolane_core::results::read_json(&dir.join("verify-three-cameras/summary.json"))
-                .unwrap();
-        let p99 = |name: &str| {
-            let w = summary.workloads.iter().find(|w| w.name == name).unwrap();
-            w.metrics.latency_ms.p99.unwrap()
-        };
+        let summary = three_cameras_run();
+        let p99 = |name: &str| measured_p99(&summary, name);
         let choice = |name: &str, alone: f64, predicted: f64| Choice {
             workload: name.into(),
             size: 32,
