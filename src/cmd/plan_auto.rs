@@ -3,7 +3,7 @@
 //! the profiles it asks for (each workload alone, closed loop, in a partition of the size asked,
 //! through the same run path as `isolane run`), writes the planned scenario and verifies it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -61,7 +61,8 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         spread: spread.as_ref(),
     };
     let learned = target.learned();
-    let mut best: Option<(Mechanism, Ladder, Vec<Demand>, GpusPlan)> = None;
+    // Every mechanism with a plan, in the order asked: the first is the one written.
+    let mut planned_all: Vec<(Mechanism, Ladder, Vec<Demand>, GpusPlan)> = Vec::new();
     let mut unprofiled = false;
     let mut memory = MemoryEstimates::default();
     for mech in &mechanisms {
@@ -78,8 +79,8 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         if let Outcome::NoPlan { unprofiled: u, .. } = &planned.outcome {
             unprofiled |= !u.is_empty();
         }
-        if matches!(planned.outcome, Outcome::Planned { .. }) && best.is_none() {
-            best = Some((*mech, ladder, demands, planned));
+        if matches!(planned.outcome, Outcome::Planned { .. }) {
+            planned_all.push((*mech, ladder, demands, planned));
         }
     }
     if unprofiled {
@@ -90,7 +91,8 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     if let Some(dir) = &args.export_profiles {
         export(target.cache(), &profiles.used, dir)?;
     }
-    let Some((mech, ladder, demands, plan)) = best else {
+    let mut planned_all = planned_all.into_iter();
+    let Some((mech, ladder, demands, plan)) = planned_all.next() else {
         return Ok(super::EXIT_USER);
     };
     let rounds = Rounds {
@@ -99,12 +101,112 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         args,
         engine,
         workloads: &workloads,
-        learned,
+        learned: learned.as_ref(),
         opts: &opts,
         mech,
         ladder: &ladder,
     };
-    emit_and_verify(&rounds, &mut profiles, demands, plan)
+    let (code, first) = emit_and_verify(&rounds, &mut profiles, demands, plan)?;
+    let others: Vec<_> = planned_all.collect();
+    if let (Some(first), false) = (first, others.is_empty()) {
+        // --mechanism all --verify: the other mechanisms' plans run too, once each, and the
+        // mechanisms are compared side by side.
+        let mut compared = vec![Compared {
+            mech,
+            spare: spare_words(&ladder, &first.0),
+            plan: first.0,
+            summary: first.1,
+        }];
+        for (mech, ladder, _, plan) in others {
+            let other = Rounds {
+                mech,
+                ladder: &ladder,
+                ..rounds
+            };
+            let summary = verify_other(&other, &plan)?;
+            let spare = spare_words(&ladder, &plan);
+            compared.push(Compared {
+                mech,
+                spare,
+                plan,
+                summary,
+            });
+        }
+        print_comparison(&compared);
+    }
+    Ok(code)
+}
+
+/// One mechanism's plan and what its verification measured.
+struct Compared {
+    mech: Mechanism,
+    /// The capacity it leaves (`44 SMs of 132 SMs (88 SMs spare)`).
+    spare: String,
+    plan: GpusPlan,
+    summary: RunSummary,
+}
+
+fn spare_words(ladder: &Ladder, plan: &GpusPlan) -> String {
+    match &plan.outcome {
+        Outcome::Planned { used, capacity, .. } => usage(ladder, plan, *used, *capacity),
+        Outcome::NoPlan { .. } => String::new(),
+    }
+}
+
+/// Runs another mechanism's plan once (beside --verify-out, in DIR.<mechanism>), prints its
+/// verification and keeps what it learned.
+fn verify_other(r: &Rounds, plan: &GpusPlan) -> anyhow::Result<RunSummary> {
+    let choices = planned_choices(plan);
+    let planned = planned_scenario(r.scenario, r.mech, r.ladder, choices, &plan.gpus_in_order());
+    admit_planned(&planned, r.target.device())?;
+    let out = r.args.verify_out.as_ref().map(|d| {
+        let mut name = d.as_os_str().to_owned();
+        name.push(format!(".{}", mech_name(r.mech)));
+        PathBuf::from(name)
+    });
+    let label = format!("{} plan, run once to compare", mech_name(r.mech));
+    let summary = run_verification(&planned, r.args, out, &label, r.engine)?;
+    print_verification(&summary, choices, r.args.prediction_tolerance);
+    if let Some((device, l)) = r.learned {
+        learn(r.workloads, choices, &summary, r.mech, device, l);
+    }
+    Ok(summary)
+}
+
+/// The mechanisms side by side: the capacity each plan leaves, and per workload the slack its
+/// deadline was predicted to leave beyond the p99.9 and the slack measured.
+fn print_comparison(compared: &[Compared]) {
+    for line in comparison_lines(compared) {
+        println!("{line}");
+    }
+}
+
+fn comparison_lines(compared: &[Compared]) -> Vec<String> {
+    let mut lines = vec![
+        "mechanisms compared (the first is the plan written; slack = deadline − p99.9, ms):".into(),
+        format!(
+            "{:<10} {:<14} {:>10} {:>10} {:>9}  verdict",
+            "mechanism", "workload", "slack pred", "measured", "timeouts"
+        ),
+    ];
+    for c in compared {
+        for (w, ch) in c.summary.workloads.iter().zip(planned_choices(&c.plan)) {
+            let lat = &w.metrics.latency_ms;
+            let measured = ch.deadline_ms - lat.p999.unwrap_or(f64::INFINITY);
+            let miss = w.metrics.timeout_pct > 0.1 || lat.p99.is_none_or(|p| p > ch.deadline_ms);
+            lines.push(format!(
+                "{:<10} {:<14} {:>10.3} {:>10.3} {:>8.2}%  {}",
+                mech_name(c.mech),
+                w.name,
+                ch.slack_ms(),
+                measured,
+                w.metrics.timeout_pct,
+                if miss { "MISSED" } else { "met" }
+            ));
+        }
+        lines.push(format!("{:<10} spare: {}", mech_name(c.mech), c.spare));
+    }
+    lines
 }
 
 /// What the plan's verification rounds share.
@@ -114,7 +216,7 @@ struct Rounds<'a> {
     args: &'a PlanArgs,
     engine: &'a Engine,
     workloads: &'a [WorkloadId],
-    learned: Option<(DeviceRecord, LearnedStretch)>,
+    learned: Option<&'a (DeviceRecord, LearnedStretch)>,
     opts: &'a Options,
     mech: Mechanism,
     ladder: &'a Ladder,
@@ -130,12 +232,13 @@ enum Step {
 
 /// Emits the plan and, with --verify, runs it, up to --rounds times: a miss plans again with
 /// the measured stretch, a plan that holds with predictions off runs again to check new ones.
+/// Returns the exit code and, when it ran, the last plan run and what it measured.
 fn emit_and_verify(
     r: &Rounds,
     profiles: &mut Profiles,
     mut demands: Vec<Demand>,
     mut plan: GpusPlan,
-) -> anyhow::Result<u8> {
+) -> anyhow::Result<(u8, Option<(GpusPlan, RunSummary)>)> {
     for round in 1.. {
         let choices = planned_choices(&plan);
         let planned =
@@ -143,11 +246,11 @@ fn emit_and_verify(
         admit_planned(&planned, r.target.device())?;
         emit(&planned, &plan, r.ladder, r.args.out.as_deref())?;
         if !r.args.verify {
-            return Ok(0);
+            return Ok((0, None));
         }
         let summary = verify(&planned, r.args, round, r.engine)?;
         let verdict = print_verification(&summary, choices, r.args.prediction_tolerance);
-        if let Some((device, l)) = &r.learned {
+        if let Some((device, l)) = r.learned {
             learn(r.workloads, choices, &summary, r.mech, device, l);
         }
         let step = if verdict.missed {
@@ -156,7 +259,7 @@ fn emit_and_verify(
             check_predictions(r, round, &verdict, &demands, &plan, &summary)
         };
         match step {
-            Step::Done(code) => return Ok(code),
+            Step::Done(code) => return Ok((code, Some((plan, summary)))),
             Step::Again(d, p) => (demands, plan) = (d, p),
         }
     }
@@ -1459,6 +1562,18 @@ fn verify(
             std::path::PathBuf::from(name)
         }
     });
+    run_verification(s, args, out, &format!("verification run {round}"), engine)
+}
+
+/// Runs a planned scenario once, in `out` (default: a new runs/ folder), each workload for
+/// --verify-duration if given, and says where (`label: DIR`).
+fn run_verification(
+    s: &Scenario,
+    args: &PlanArgs,
+    out: Option<PathBuf>,
+    label: &str,
+    engine: &Engine,
+) -> anyhow::Result<RunSummary> {
     let mut s = s.clone();
     if let Some(d) = args.verify_duration {
         for w in &mut s.workloads {
@@ -1481,7 +1596,7 @@ fn verify(
         engine,
     })?;
     super::run::write_run_files(&m)?;
-    println!("verification run {round}: {}", m.out.display());
+    println!("{label}: {}", m.out.display());
     Ok(m.summary)
 }
 
@@ -1738,6 +1853,60 @@ mod tests {
             assert!((c.predicted_tail_ms - c.profile.tail_ms() * stretch).abs() < 1e-9);
         }
         assert!(print_verification(&summary, again, 0.15).off.is_empty());
+    }
+
+    /// `--mechanism all --verify` compares each mechanism's predicted slack (deadline − p99.9)
+    /// with the one its run measured, and says what each plan leaves spare.
+    #[test]
+    fn mechanisms_are_compared_by_predicted_and_measured_slack() {
+        let summary = three_cameras_run();
+        let choices: Vec<Choice> = (summary.workloads.iter())
+            .map(|w| Choice {
+                workload: w.name.clone(),
+                size: 32,
+                predicted_p99_ms: 1.0,
+                predicted_tail_ms: 1.5,
+                deadline_ms: 2.0,
+                util: 0.5,
+                profile: Point {
+                    size: 32,
+                    exec_p50_ms: 1.0,
+                    exec_p99_ms: 1.0,
+                    exec_mean_ms: 1.0,
+                    exec_p999_ms: Some(1.0),
+                },
+                memory_mib: None,
+                mig_start: None,
+            })
+            .collect();
+        let plan = GpusPlan {
+            gpus: Vec::new(),
+            gpu_of: Vec::new(),
+            used: Vec::new(),
+            outcome: Outcome::Planned {
+                choices,
+                used: 96,
+                capacity: 132,
+            },
+        };
+        let compared = [Mechanism::Green, Mechanism::Mps].map(|mech| Compared {
+            mech,
+            spare: format!("spare of {}", mech_name(mech)),
+            plan: plan.clone(),
+            summary: summary.clone(),
+        });
+        let lines = comparison_lines(&compared);
+        let w = &summary.workloads[0];
+        let measured = 2.0 - w.metrics.latency_ms.p999.unwrap();
+        let row = lines
+            .iter()
+            .find(|l| l.starts_with("mps") && l.contains(w.name.as_str()))
+            .unwrap();
+        assert!(row.contains("0.500"), "{row}");
+        assert!(row.contains(&format!("{measured:.3}")), "{row}");
+        assert!(lines.contains(&format!("{:<10} spare: spare of mps", "mps")));
+        // One row per workload and mechanism, a spare line per mechanism, two header lines.
+        assert_eq!(lines.len(), 2 + 2 * (summary.workloads.len() + 1));
     }
 
     /// Only a `gpu` written in the file pins a workload: the resolved scenario fills one in
