@@ -109,39 +109,46 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
     let (code, first) = emit_and_verify(&rounds, &mut profiles, demands, plan)?;
     let others: Vec<_> = planned_all.collect();
     if let (Some(first), false) = (first, others.is_empty()) {
-        // --mechanism all --verify: the other mechanisms' plans run too, once each, and the
-        // mechanisms are compared side by side.
-        let mut compared = vec![Compared {
-            mech,
-            spare: spare_words(&ladder, &first.0),
-            plan: first.0,
-            summary: first.1,
-        }];
-        for (mech, ladder, _, plan) in others {
-            let other = Rounds {
-                mech,
-                ladder: &ladder,
-                ..rounds
-            };
-            // The written plan's verdict stands whatever another mechanism's run does.
-            let summary = match verify_other(&other, &plan) {
-                Ok(summary) => summary,
-                Err(e) => {
-                    eprintln!("{}: its plan could not be run: {e:#}", mech_name(mech));
-                    continue;
-                }
-            };
-            let spare = spare_words(&ladder, &plan);
-            compared.push(Compared {
-                mech,
-                spare,
-                plan,
-                summary,
-            });
-        }
-        print_comparison(&compared);
+        compare_mechanisms(&rounds, first, others);
     }
     Ok(code)
+}
+
+/// --mechanism all --verify: the other mechanisms' plans run too, once each, and the
+/// mechanisms are compared side by side with the written plan's last run (`first`).
+fn compare_mechanisms(
+    rounds: &Rounds,
+    (plan, summary): (GpusPlan, RunSummary),
+    others: Vec<(Mechanism, Ladder, Vec<Demand>, GpusPlan)>,
+) {
+    let mut compared = vec![Compared {
+        mech: rounds.mech,
+        spare: spare_words(rounds.ladder, &plan),
+        plan,
+        summary,
+    }];
+    for (mech, ladder, _, plan) in others {
+        let other = Rounds {
+            mech,
+            ladder: &ladder,
+            ..*rounds
+        };
+        // The written plan's verdict stands whatever another mechanism's run does.
+        let summary = match verify_other(&other, &plan) {
+            Ok(summary) => summary,
+            Err(e) => {
+                eprintln!("{}: its plan could not be run: {e:#}", mech_name(mech));
+                continue;
+            }
+        };
+        compared.push(Compared {
+            mech,
+            spare: spare_words(&ladder, &plan),
+            plan,
+            summary,
+        });
+    }
+    print_comparison(&compared);
 }
 
 /// One mechanism's plan and what its verification measured.
@@ -217,6 +224,7 @@ fn comparison_lines(compared: &[Compared]) -> Vec<String> {
 }
 
 /// What the plan's verification rounds share.
+#[derive(Clone, Copy)]
 struct Rounds<'a> {
     scenario: &'a Scenario,
     target: &'a Target,
