@@ -17,7 +17,7 @@ use isolane_core::spec::{
 use isolane_planner::cache::{DeviceRecord, ProfileKey, Times};
 use isolane_planner::offline::{OfflineProfiler, OfflineProfiles, WorkloadId};
 use isolane_planner::{
-    Choice, Demand, GpusPlan, Ladder, Learned, LearnedStretch, Options, Outcome, Point,
+    predicted, Choice, Demand, GpusPlan, Ladder, Learned, LearnedStretch, Options, Outcome, Point,
     ProfileBudget, ProfileCache, ProfileError, Profiler, StretchKey, Unit,
 };
 use isolane_runtime::exec::Engine;
@@ -304,7 +304,7 @@ fn check_predictions(
     }
     let demands = calibrated(demands, planned_choices(plan), summary);
     let mut plan = plan.clone();
-    repredict(&mut plan, &demands);
+    repredict(&mut plan, &demands, r.opts);
     println!(
         "round {}: the plan holds but the predicted p99 was off for {off}; the same \
          partitions again, each p99 predicted from the delay this run measured",
@@ -398,15 +398,10 @@ impl Spread {
 
 /// The plan's predictions made again from `demands` (the delays and stretches a run
 /// measured), partitions unchanged.
-fn repredict(plan: &mut GpusPlan, demands: &[Demand]) {
+fn repredict(plan: &mut GpusPlan, demands: &[Demand], opts: &Options) {
     if let Outcome::Planned { choices, .. } = &mut plan.outcome {
         for (c, d) in choices.iter_mut().zip(demands) {
-            if let Some(added) = d.added_p99_ms {
-                c.predicted_p99_ms = c.profile.exec_p99_ms + added;
-            }
-            if let Some(stretch) = d.stretch {
-                c.predicted_tail_ms = c.profile.tail_ms() * stretch;
-            }
+            (c.predicted_p99_ms, c.predicted_tail_ms) = predicted(d, &c.profile, opts);
         }
     }
 }
@@ -1858,7 +1853,7 @@ mod tests {
                 capacity: 132,
             },
         };
-        repredict(&mut plan, &demands);
+        repredict(&mut plan, &demands, &Options::default());
         let again = planned_choices(&plan);
         assert_eq!(sizes(again), sizes(&choices));
         for (c, d) in again.iter().zip(&demands) {

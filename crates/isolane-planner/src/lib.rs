@@ -38,7 +38,7 @@ pub use budget::ProfileBudget;
 pub use cache::ProfileCache;
 pub use gpus::{plan_gpus, GpusPlan};
 pub use learned::{Learned, LearnedStretch, StretchKey};
-pub use search::{plan, Choice, Outcome, Unprofiled};
+pub use search::{plan, predicted, Choice, Outcome, Unprofiled};
 pub use stretch::{stretch_from, worst_stretch};
 
 use isolane_core::device_model::{MigModel, MigProfile};

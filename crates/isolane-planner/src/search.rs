@@ -81,6 +81,17 @@ fn stretch(d: &Demand, opts: &Options) -> f64 {
     d.stretch.unwrap_or(opts.stretch)
 }
 
+/// What `d` is predicted to take at profile `p`, in ms: its p99 (the p99 alone plus the delay a
+/// run measured, or × the stretch) and its p99.9 (× the stretch, what the deadline is held to).
+pub fn predicted(d: &Demand, p: &Point, opts: &Options) -> (f64, f64) {
+    let s = stretch(d, opts);
+    let p99 = match d.added_p99_ms {
+        Some(added) => p.exec_p99_ms + added,
+        None => p.exec_p99_ms * s,
+    };
+    (p99, p.tail_ms() * s)
+}
+
 fn util(d: &Demand, p: &Point) -> f64 {
     d.rate_hz * p.exec_mean_ms / 1e3
 }
@@ -121,17 +132,14 @@ fn adequate(d: &Demand, ladder: &Ladder, opts: &Options, p: Point) -> Result<Cho
             return Err(Shortfall::Memory(need, have));
         }
     }
-    let tail = p.tail_ms() * stretch(d, opts);
+    let (p99, tail) = predicted(d, &p, opts);
     if tail > opts.margin * d.deadline_ms || util(d, &p) > opts.max_util {
         return Err(Shortfall::Time);
     }
     Ok(Choice {
         workload: d.name.clone(),
         size: p.size,
-        predicted_p99_ms: match d.added_p99_ms {
-            Some(added) => p.exec_p99_ms + added,
-            None => p.exec_p99_ms * stretch(d, opts),
-        },
+        predicted_p99_ms: p99,
         predicted_tail_ms: tail,
         deadline_ms: d.deadline_ms,
         util: util(d, &p),
