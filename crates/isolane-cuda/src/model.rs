@@ -2478,17 +2478,23 @@ fn record_conv(
                 format!("{what} {:.4} ms", ms)
             })
             .collect();
-        eprintln!(
-            "search: conv {:?} -> {:?} k{:?} s{:?}: {}; kept {chosen}",
-            c.x_shape,
-            c.y_shape,
-            &c.w_shape[2..],
-            c.strides,
-            times.join(", ")
-        );
+        log_conv_search("conv", c, &times, chosen);
     }
     m.launches.extend(candidates.swap_remove(chosen).0);
     Ok(())
+}
+
+/// The search log's line for a convolution (`ISOLANE_CUDA_SEARCH_LOG`): its shapes, each
+/// candidate's time and the one kept.
+fn log_conv_search(what: &str, c: &ConvStep, times: &[String], chosen: usize) {
+    eprintln!(
+        "search: {what} {:?} -> {:?} k{:?} s{:?}: {}; kept {chosen}",
+        c.x_shape,
+        c.y_shape,
+        &c.w_shape[2..],
+        c.strides,
+        times.join(", ")
+    );
 }
 
 /// Indices into `m.conv_graphs` of the graph-API plans to time for `spec`: the one kept for an
@@ -2807,14 +2813,7 @@ fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()>
             .zip(&paths)
             .map(|(name, (_, ms))| format!("{name} {ms:.4} ms"))
             .collect();
-        eprintln!(
-            "search: depthwise {:?} -> {:?} k{:?} s{:?}: {}; kept {chosen}",
-            c.x_shape,
-            c.y_shape,
-            &c.w_shape[2..],
-            c.strides,
-            times.join(", ")
-        );
+        log_conv_search("depthwise", c, &times, chosen);
     }
     m.launches.extend(paths.swap_remove(chosen).0);
     Ok(())
