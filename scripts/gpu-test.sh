@@ -250,7 +250,9 @@ PY
 # the warm cache and time that. The profiles and the verification runs come back as
 # $OUT/plan.tgz (commit the profiles: offline planning reads them); the printed plans and
 # tables as text files. PROFILES=DIR starts from a cache carried in. STRETCH_FROM=DIR gives
-# three-cameras its --stretch-from (default: the committed green fp16 matrix).
+# three-cameras its --stretch-from (default: the committed green fp16 matrix). PLAN_ARGS adds
+# flags to every plan (e.g. "--phases stagger"), VERIFY_ARGS to the verified ones (e.g.
+# "--verify-duration 30").
 #   bash scripts/gpu-test.sh plan [NAME...]
 plan() {
     local out=${OUT:-/tmp/isolane-out} status=0 s name rc work=/tmp/isolane-plan
@@ -262,6 +264,8 @@ plan() {
         s="scenarios/planner/$name.toml"
         local extra=()
         [ "$name" = three-cameras ] && extra=(--stretch-from "${STRETCH_FROM:-results/h100-interference/green-fp16}")
+        # shellcheck disable=SC2206 # PLAN_ARGS is a list of flags
+        extra+=(${PLAN_ARGS:-})
         # Twice: the second plan starts from the stretch the first verification measured.
         for pass in 1 2; do
             local tag=$name
@@ -269,7 +273,7 @@ plan() {
             echo "=== plan --auto --verify $name (pass $pass)"
             rc=0
             ./stage/isolane plan --auto "$s" --profile-cache "$work/profiles" "${extra[@]}" \
-                -o "$work/$tag.planned.toml" --verify --verify-out "$work/verify-$tag" \
+                -o "$work/$tag.planned.toml" --verify --verify-out "$work/verify-$tag" ${VERIFY_ARGS:-} \
                 >"$work/plan-$tag.txt" 2>"$work/plan-$tag.err" || rc=$?
             echo "exit $rc" | tee -a "$work/plan-$tag.txt"
             [ "$rc" -eq 0 ] || status=1

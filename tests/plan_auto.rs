@@ -262,3 +262,75 @@ fn a_verification_runs_as_long_as_asked() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("seconds > 0"));
 }
+
+/// `--phases stagger` releases a workload without a phase where its jobs keep clear of the
+/// others' (a phase the scenario gives is kept), writes it to the planned file, and the
+/// verification run releases the jobs there.
+#[test]
+fn staggered_releases_keep_the_jobs_apart() {
+    let _cores = cores();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = scenario(
+        tmp.path(),
+        "s.toml",
+        r#"
+[[workload]]
+name = "camera"
+model = "spin:2ms"
+rate_hz = 20
+deadline_ms = 100
+duration_s = 1
+
+[[workload]]
+name = "lidar"
+model = "spin:1ms"
+rate_hz = 40
+phase_ms = 5
+deadline_ms = 100
+duration_s = 1
+"#,
+    );
+    let planned = tmp.path().join("planned.toml");
+    let v = tmp.path().join("v");
+    let o = run_ok(
+        isolane()
+            .args(["plan", "--auto", "--profile-jobs", "30", "--profile-cache"])
+            .arg(tmp.path().join("cache"))
+            .args(["--phases", "stagger", "-o"])
+            .arg(&planned)
+            .args(["--verify", "--rounds", "1", "--verify-duration", "0.5"])
+            .arg("--verify-out")
+            .arg(&v)
+            .arg(&s),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("release phases (--phases stagger, over 50.0 ms): camera +")
+            && out.contains("lidar +5.00 ms (0 % overlapped, 0 % in phase)"),
+        "{out}"
+    );
+    let text = std::fs::read_to_string(&planned).unwrap();
+    assert!(text.contains("phase_ms = 5.0"), "{text}");
+    let first = |w: &str| -> f64 { jobs_rows(&v, w)[0][1].parse().unwrap() };
+    assert_eq!(first("lidar"), 5.0);
+    // The camera's 2 ms jobs every 50 ms miss the lidar's 1 ms jobs at 5 and 30 ms.
+    let camera = first("camera");
+    let written: Vec<f64> = (text.lines())
+        .filter_map(|l| l.strip_prefix("phase_ms = ")?.parse().ok())
+        .collect();
+    assert!(written.contains(&camera), "{camera} {text}");
+    let clear = |start: f64| camera + 2.0 <= start || camera >= start + 1.0;
+    assert!(
+        clear(5.0) && clear(30.0) && clear(55.0),
+        "camera at {camera} ms"
+    );
+    // Without --phases the scenario's own phases stay.
+    let o = run_ok(
+        isolane()
+            .args(["plan", "--auto", "--profile-cache"])
+            .arg(tmp.path().join("cache"))
+            .arg(&s),
+    );
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(text.matches("phase_ms").count(), 1, "{text}");
+}

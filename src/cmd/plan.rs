@@ -101,6 +101,13 @@ pub struct PlanArgs {
     /// changes the GPU's layout for every user while they last).
     #[arg(long, requires = "auto", conflicts_with = "device_model")]
     pub allow_mig_reconfigure: bool,
+    /// --auto: when each workload is released. `keep`: at its phase_ms (0 where it has none);
+    /// `stagger`: a workload without a phase_ms is released where its jobs overlap the other
+    /// workloads' least over the rates' common period (its p99 alone in its partition is the
+    /// busy time), as cameras triggered with offsets are. Partitions keep SMs apart, not the
+    /// copy engine or memory bandwidth (docs/planner.md, "Release phases").
+    #[arg(long, value_enum, default_value_t = Phases::Keep, requires = "auto")]
+    pub phases: Phases,
     /// --auto: write the planned scenario here instead of printing it.
     #[arg(long, short = 'o', requires = "auto", value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -130,6 +137,13 @@ pub struct PlanArgs {
     /// rate rest on one job in a thousand: at 100 Hz, 10 s gives 1000 jobs, 60 s 6000.
     #[arg(long, requires = "verify", value_name = "S", value_parser = positive_seconds)]
     pub verify_duration: Option<f64>,
+}
+
+/// `plan --auto --phases`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phases {
+    Keep,
+    Stagger,
 }
 
 fn fraction(s: &str) -> Result<f64, String> {

@@ -17,13 +17,14 @@ use isolane_core::spec::{
 use isolane_planner::cache::{DeviceRecord, ProfileKey, Times};
 use isolane_planner::offline::{OfflineProfiler, OfflineProfiles, WorkloadId};
 use isolane_planner::{
-    predicted, Choice, Demand, GpusPlan, Ladder, Learned, LearnedStretch, Options, Outcome, Point,
-    ProfileBudget, ProfileCache, ProfileError, Profiler, StretchKey, Unit,
+    predicted, stagger, Choice, Demand, GpusPlan, Ladder, Learned, LearnedStretch, Options,
+    Outcome, Periodic, Point, ProfileBudget, ProfileCache, ProfileError, Profiler, StretchKey,
+    Unit,
 };
 use isolane_runtime::exec::Engine;
 use isolane_runtime::RunPlan;
 
-use super::plan::PlanArgs;
+use super::plan::{Phases, PlanArgs};
 use super::user;
 
 /// Warm-up jobs of each profile run (excluded from its times).
@@ -69,7 +70,10 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         let ladder = ladder(&scenario, *mech, target.device())?;
         let stretched = with_stretch(&scenario, &demands, *mech, matrix.as_ref(), args.stretch);
         let stretched = match &learned {
-            Some((device, l)) => with_learned(&workloads, &stretched, *mech, device, l),
+            Some((device, l)) => {
+                let mech = learned_mechanism(*mech, args.phases);
+                with_learned(&workloads, &stretched, &mech, device, l)
+            }
             None => stretched,
         };
         let demands = with_memory(stretched, memory.under(&scenario, *mech));
@@ -171,7 +175,7 @@ fn spare_words(ladder: &Ladder, plan: &GpusPlan) -> String {
 /// verification and keeps what it learned.
 fn verify_other(r: &Rounds, plan: &GpusPlan) -> anyhow::Result<RunSummary> {
     let choices = planned_choices(plan);
-    let planned = planned_scenario(r.scenario, r.mech, r.ladder, choices, &plan.gpus_in_order());
+    let planned = planned_for(r, plan);
     admit_planned(&planned, r.target.device())?;
     let out = r.args.verify_out.as_ref().map(|d| {
         let mut name = d.as_os_str().to_owned();
@@ -182,7 +186,14 @@ fn verify_other(r: &Rounds, plan: &GpusPlan) -> anyhow::Result<RunSummary> {
     let summary = run_verification(&planned, r.args, out, &label, r.engine)?;
     print_verification(&summary, choices, r.args.prediction_tolerance);
     if let Some((device, l)) = r.learned {
-        learn(r.workloads, choices, &summary, r.mech, device, l);
+        learn(
+            r.workloads,
+            choices,
+            &summary,
+            &learned_mechanism(r.mech, r.args.phases),
+            device,
+            l,
+        );
     }
     Ok(summary)
 }
@@ -256,8 +267,7 @@ fn emit_and_verify(
 ) -> anyhow::Result<(u8, Option<(GpusPlan, RunSummary)>)> {
     for round in 1.. {
         let choices = planned_choices(&plan);
-        let planned =
-            planned_scenario(r.scenario, r.mech, r.ladder, choices, &plan.gpus_in_order());
+        let planned = planned_for(r, &plan);
         admit_planned(&planned, r.target.device())?;
         emit(&planned, &plan, r.ladder, r.args.out.as_deref())?;
         if !r.args.verify {
@@ -266,7 +276,14 @@ fn emit_and_verify(
         let summary = verify(&planned, r.args, round, r.engine)?;
         let verdict = print_verification(&summary, choices, r.args.prediction_tolerance);
         if let Some((device, l)) = r.learned {
-            learn(r.workloads, choices, &summary, r.mech, device, l);
+            learn(
+                r.workloads,
+                choices,
+                &summary,
+                &learned_mechanism(r.mech, r.args.phases),
+                device,
+                l,
+            );
         }
         let step = if verdict.missed {
             plan_again(r, profiles, round, &demands, &plan, &summary)?
@@ -480,14 +497,14 @@ fn calibrated(demands: &[Demand], choices: &[Choice], summary: &RunSummary) -> V
 fn stretch_key(
     workloads: &[WorkloadId],
     i: usize,
-    mech: Mechanism,
+    mech: &str,
     device: &DeviceRecord,
 ) -> StretchKey {
     let id = |w: &WorkloadId| format!("{}-b{}-{}", w.model, w.batch, w.precision);
     StretchKey {
         gpu: device.gpu.clone(),
         driver: device.driver.clone(),
-        mechanism: mech_name(mech).into(),
+        mechanism: mech.into(),
         workload: id(&workloads[i]),
         neighbours: (workloads.iter().enumerate())
             .filter(|(j, _)| *j != i)
@@ -496,12 +513,21 @@ fn stretch_key(
     }
 }
 
+/// The mechanism as learned stretches are kept: staggered releases (`--phases stagger`)
+/// interfere less than releases in phase, so what each measured is kept apart.
+fn learned_mechanism(mech: Mechanism, phases: Phases) -> String {
+    match phases {
+        Phases::Keep => mech_name(mech).into(),
+        Phases::Stagger => format!("{}-staggered", mech_name(mech)),
+    }
+}
+
 /// The stretch an earlier verification run measured beside the same workloads, where there is
 /// one: it replaces the matrix's and --stretch, which were measured beside other neighbours.
 fn with_learned(
     workloads: &[WorkloadId],
     demands: &[Demand],
-    mech: Mechanism,
+    mech: &str,
     device: &DeviceRecord,
     learned: &LearnedStretch,
 ) -> Vec<Demand> {
@@ -537,7 +563,7 @@ fn learn(
     workloads: &[WorkloadId],
     choices: &[Choice],
     summary: &RunSummary,
-    mech: Mechanism,
+    mech: &str,
     device: &DeviceRecord,
     learned: &LearnedStretch,
 ) {
@@ -1394,6 +1420,68 @@ fn planned_scenario(
     }
     out.workloads = workloads;
     out
+}
+
+/// The scenario a round runs and writes: the plan's partitions, and with --phases stagger its
+/// release phases.
+fn planned_for(r: &Rounds, plan: &GpusPlan) -> Scenario {
+    let choices = planned_choices(plan);
+    let gpus = plan.gpus_in_order();
+    let mut planned = planned_scenario(r.scenario, r.mech, r.ladder, choices, &gpus);
+    if r.args.phases == Phases::Stagger {
+        stagger_releases(&mut planned, choices, &gpus);
+    }
+    planned
+}
+
+/// Releases each workload without a phase of its own where its jobs overlap least those of the
+/// workloads on its GPU ([`isolane_planner::stagger`]), and says where and how much they still
+/// overlap.
+fn stagger_releases(planned: &mut Scenario, choices: &[Choice], gpu_of: &[Option<u32>]) {
+    let mut groups: Vec<Option<u32>> = gpu_of.to_vec();
+    groups.sort();
+    groups.dedup();
+    for gpu in groups {
+        let members: Vec<usize> = (0..choices.len())
+            .filter(|&i| gpu_of.get(i).copied().flatten() == gpu)
+            .collect();
+        let jobs: Vec<Periodic> = members
+            .iter()
+            .map(|&i| Periodic {
+                rate_hz: planned.workloads[i].rate.hz().unwrap_or(0.0),
+                busy_ms: choices[i].profile.exec_p99_ms,
+                fixed_ms: planned.workloads[i].phase_ms,
+            })
+            .collect();
+        let on = gpu.map_or(String::new(), |g| format!(" on GPU {g}"));
+        match stagger(&jobs) {
+            Ok(s) if !s.moved => println!(
+                "release phases{on} left as they are: staggered, a workload's jobs would overlap \
+                 the others' more than in phase (together they need more time than there is)"
+            ),
+            Ok(s) => {
+                let mut words = Vec::new();
+                for (k, &i) in members.iter().enumerate() {
+                    let w = &mut planned.workloads[i];
+                    // 10 µs steps: the search's resolution, and a short line in the file.
+                    let phase = (s.phases_ms[k] * 100.0).round() / 100.0;
+                    w.phase_ms = Some(phase);
+                    words.push(format!(
+                        "{} +{phase:.2} ms ({:.0} % overlapped, {:.0} % in phase)",
+                        w.name,
+                        100.0 * s.overlap[k],
+                        100.0 * s.overlap_in_phase[k]
+                    ));
+                }
+                println!(
+                    "release phases{on} (--phases stagger, over {:.1} ms): {}",
+                    s.hyperperiod_ms,
+                    words.join(", ")
+                );
+            }
+            Err(e) => println!("release phases{on} left as they are: {e}"),
+        }
+    }
 }
 
 /// The resolved scenario with a comment above each workload: its partition, predicted p99 and

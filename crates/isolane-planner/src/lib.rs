@@ -31,6 +31,7 @@ pub mod cache;
 mod gpus;
 pub mod learned;
 pub mod offline;
+pub mod phases;
 mod search;
 mod stretch;
 
@@ -38,6 +39,7 @@ pub use budget::ProfileBudget;
 pub use cache::ProfileCache;
 pub use gpus::{plan_gpus, GpusPlan};
 pub use learned::{Learned, LearnedStretch, StretchKey};
+pub use phases::{stagger, Periodic, StaggerError, Staggered};
 pub use search::{plan, predicted, Choice, Outcome, Unprofiled};
 pub use stretch::{stretch_from, worst_stretch};
 
