@@ -1625,6 +1625,9 @@ fn gpu_words(plan: &GpusPlan, c: &Choice) -> String {
 
 /// `96 SMs of 132 SMs (36 SMs spare)`; on several GPUs each GPU's, `GPU 0: … ; GPU 1: …`.
 fn usage(ladder: &Ladder, plan: &GpusPlan, used: u32, capacity: u32) -> String {
+    if ladder.unit == Unit::Whole {
+        return time_usage(plan);
+    }
     let one = |used: u32, capacity: u32| {
         format!(
             "{} of {} ({} spare)",
@@ -1640,6 +1643,29 @@ fn usage(ladder: &Ladder, plan: &GpusPlan, used: u32, capacity: u32) -> String {
         .iter()
         .zip(&plan.used)
         .map(|(g, &u)| format!("GPU {g}: {}", one(u, ladder.capacity)))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Time-slicing shares time, not space: the share of the GPU's time the jobs keep it busy
+/// (rate × mean execution time, summed), per GPU on several.
+fn time_usage(plan: &GpusPlan) -> String {
+    let choices = planned_choices(plan);
+    let busy = |gpu: Option<u32>| -> String {
+        let pct: f64 = (choices.iter())
+            .filter(|c| gpu.is_none() || plan.gpu_of(&c.workload) == gpu)
+            .map(|c| 100.0 * c.util)
+            .sum();
+        format!(
+            "the whole GPU in turns, {pct:.0} % of its time busy ({:.0} % spare)",
+            (100.0 - pct).max(0.0)
+        )
+    };
+    if plan.gpus.is_empty() {
+        return busy(None);
+    }
+    (plan.gpus.iter())
+        .map(|&g| format!("GPU {g}: {}", busy(Some(g))))
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -2005,6 +2031,20 @@ mod tests {
         assert!(lines.contains(&format!("{:<10} spare: spare of mps", "mps")));
         // One row per workload and mechanism, a spare line per mechanism, two header lines.
         assert_eq!(lines.len(), 2 + 2 * (summary.workloads.len() + 1));
+        // Time-slicing leaves time spare, not SMs: three workloads at utilisation 0.5 each.
+        assert_eq!(
+            spare_words(&Ladder::whole(), &plan),
+            "the whole GPU in turns, 150 % of its time busy (0 % spare)"
+        );
+        let mut two = plan.clone();
+        if let Outcome::Planned { choices, .. } = &mut two.outcome {
+            choices.truncate(1);
+            choices[0].util = 0.3;
+        }
+        assert_eq!(
+            spare_words(&Ladder::whole(), &two),
+            "the whole GPU in turns, 30 % of its time busy (70 % spare)"
+        );
     }
 
     /// Only a `gpu` written in the file pins a workload: the resolved scenario fills one in
