@@ -185,16 +185,7 @@ fn verify_other(r: &Rounds, plan: &GpusPlan) -> anyhow::Result<RunSummary> {
     let label = format!("{} plan, run once to compare", mech_name(r.mech));
     let summary = run_verification(&planned, r.args, out, &label, r.engine)?;
     print_verification(&summary, choices, r.args.prediction_tolerance);
-    if let Some((device, l)) = r.learned {
-        learn(
-            r.workloads,
-            choices,
-            &summary,
-            &learned_mechanism(r.mech, r.args.phases),
-            device,
-            l,
-        );
-    }
+    learn(r, choices, &summary);
     Ok(summary)
 }
 
@@ -275,16 +266,7 @@ fn emit_and_verify(
         }
         let summary = verify(&planned, r.args, round, r.engine)?;
         let verdict = print_verification(&summary, choices, r.args.prediction_tolerance);
-        if let Some((device, l)) = r.learned {
-            learn(
-                r.workloads,
-                choices,
-                &summary,
-                &learned_mechanism(r.mech, r.args.phases),
-                device,
-                l,
-            );
-        }
+        learn(r, choices, &summary);
         let step = if verdict.missed {
             plan_again(r, profiles, round, &demands, &plan, &summary)?
         } else {
@@ -558,15 +540,13 @@ fn with_learned(
         .collect()
 }
 
-/// Keeps each workload's measured stretch for later plans of the same workloads.
-fn learn(
-    workloads: &[WorkloadId],
-    choices: &[Choice],
-    summary: &RunSummary,
-    mech: &str,
-    device: &DeviceRecord,
-    learned: &LearnedStretch,
-) {
+/// Keeps each workload's measured stretch for later plans of the same workloads (where the
+/// target keeps learned stretches).
+fn learn(r: &Rounds, choices: &[Choice], summary: &RunSummary) {
+    let Some((device, learned)) = r.learned else {
+        return;
+    };
+    let mech = learned_mechanism(r.mech, r.args.phases);
     for (i, c) in choices.iter().enumerate() {
         let Some(tail) = measured_stretch(c, summary) else {
             continue;
@@ -575,7 +555,7 @@ fn learn(
             tail,
             added_p99_ms: measured_added_p99(c, summary),
         };
-        if let Err(e) = learned.put(&stretch_key(workloads, i, mech, device), l) {
+        if let Err(e) = learned.put(&stretch_key(r.workloads, i, &mech, device), l) {
             eprintln!(
                 "note: cannot keep the measured stretch of {}: {e}",
                 c.workload

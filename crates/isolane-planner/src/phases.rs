@@ -79,7 +79,7 @@ pub fn stagger(jobs: &[Periodic]) -> Result<Staggered, StaggerError> {
         if jobs[i].fixed_ms.is_none() {
             phases[i] = timeline.least_overlap(&jobs[i], &occupied);
         }
-        timeline.mark(&jobs[i], phases[i], &mut occupied, 1);
+        timeline.mark(&jobs[i], phases[i], &mut occupied);
     }
     let overlap = timeline.overlaps(jobs, &phases);
     let overlap_in_phase = timeline.overlaps(jobs, &fixed);
@@ -156,11 +156,11 @@ impl Timeline {
         (busy.min(period), (busy + guard).min(period))
     }
 
-    fn mark(&self, j: &Periodic, phase_ms: f64, occupied: &mut [u32], by: u32) {
+    fn mark(&self, j: &Periodic, phase_ms: f64, occupied: &mut [u32]) {
         let (_, len) = self.window(j);
         for s in self.starts(j, phase_ms) {
             for b in 0..len {
-                occupied[(s + b) % self.bins] += by;
+                occupied[(s + b) % self.bins] += 1;
             }
         }
     }
@@ -211,13 +211,13 @@ impl Timeline {
     fn overlaps(&self, jobs: &[Periodic], phases: &[f64]) -> Vec<f64> {
         let mut all = vec![0u32; self.bins];
         for (j, &p) in jobs.iter().zip(phases) {
-            self.mark(j, p, &mut all, 1);
+            self.mark(j, p, &mut all);
         }
         jobs.iter()
             .zip(phases)
             .map(|(j, &p)| {
                 let mut own = vec![0u32; self.bins];
-                self.mark(j, p, &mut own, 1);
+                self.mark(j, p, &mut own);
                 let (busy, _) = self.window(j);
                 let (mut hit, mut of) = (0usize, 0usize);
                 for s in self.starts(j, p) {
