@@ -2053,6 +2053,61 @@ mod tests {
         assert!(Spread::of(&one, &file).unwrap().is_none());
     }
 
+    /// `--phases stagger` on several GPUs staggers each GPU's workloads among themselves: a
+    /// workload alone on its GPU stays at 0, and a phase the file gives is kept.
+    #[test]
+    fn releases_are_staggered_per_gpu() {
+        let w = |name: &str, extra: &str| {
+            format!("[[workload]]\nname = \"{name}\"\nmodel = \"spin:1ms\"\nrate_hz = 100\njobs = 1\n{extra}")
+        };
+        let text = format!(
+            "[device]\nbackend = \"cuda\"\ngpus = [0, 1]\nmechanism = \"green\"\n{}{}{}{}",
+            w("big", ""),
+            w("alone", ""),
+            w("small", ""),
+            w("fixed", "phase_ms = 9.0\n")
+        );
+        let file = Path::new("s.toml");
+        let mut s =
+            Scenario::from_toml_str(&text, file, &isolane_core::spec::NoBuiltinModels).unwrap();
+        let choice = |name: &str, p99: f64| Choice {
+            workload: name.into(),
+            size: 8,
+            predicted_p99_ms: p99,
+            predicted_tail_ms: p99,
+            deadline_ms: 10.0,
+            util: p99 / 10.0,
+            profile: Point {
+                size: 8,
+                exec_p50_ms: p99,
+                exec_p99_ms: p99,
+                exec_mean_ms: p99,
+                exec_p999_ms: Some(p99),
+            },
+            memory_mib: None,
+            mig_start: None,
+        };
+        let choices = [
+            choice("big", 4.0),
+            choice("alone", 4.0),
+            choice("small", 1.0),
+            choice("fixed", 0.5),
+        ];
+        stagger_releases(&mut s, &choices, &[Some(0), Some(1), Some(0), Some(0)]);
+        let phase = |i: usize| s.workloads[i].phase_ms.unwrap();
+        assert_eq!(phase(1), 0.0, "alone on GPU 1");
+        assert_eq!(phase(3), 9.0, "the file's phase");
+        // On GPU 0 big's 4 ms (and guard) and small's 1 ms miss each other and fixed's 0.5 ms
+        // at 9 ms.
+        let (big, small) = (phase(0), phase(2));
+        let apart = |a: f64, la: f64, b: f64, lb: f64| a + la <= b || b + lb <= a;
+        assert!(apart(big, 4.4, small, 1.1), "big {big} small {small}");
+        assert!(
+            apart(big, 4.4, 9.0, 0.55) && apart(small, 1.1, 9.0, 0.55),
+            "{big} {small}"
+        );
+    }
+
     /// On this machine's GPU MIG can be planned only with MIG mode on (the profile runs need
     /// MIG instances); `--mechanism all` then leaves MIG out with that reason.
     #[test]
