@@ -303,11 +303,11 @@ duration_s = 1
             .arg(&v)
             .arg(&s),
     );
-    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        out.contains("release phases (--phases stagger, over 50.0 ms): camera +")
-            && out.contains("lidar +5.00 ms (0 % overlapped, 0 % in phase)"),
-        "{out}"
+        err.contains("release phases (--phases stagger, over 50.0 ms): camera +")
+            && err.contains("lidar +5.00 ms (0 % overlapped, 0 % in phase)"),
+        "{err}"
     );
     let text = std::fs::read_to_string(&planned).unwrap();
     assert!(text.contains("phase_ms = 5.0"), "{text}");
@@ -324,6 +324,18 @@ duration_s = 1
         clear(5.0) && clear(30.0) && clear(55.0),
         "camera at {camera} ms"
     );
+    // Without -o the planned scenario alone goes to stdout, a file as it is.
+    let o = run_ok(
+        isolane()
+            .args(["plan", "--auto", "--phases", "stagger", "--profile-cache"])
+            .arg(tmp.path().join("cache"))
+            .arg(&s),
+    );
+    let printed = tmp.path().join("printed.toml");
+    std::fs::write(&printed, &o.stdout).unwrap();
+    run_ok(isolane().args(["plan"]).arg(&printed));
+    let text = std::fs::read_to_string(&printed).unwrap();
+    assert_eq!(text.matches("phase_ms").count(), 2, "{text}");
     // Without --phases the scenario's own phases stay.
     let o = run_ok(
         isolane()

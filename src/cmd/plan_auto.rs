@@ -1416,7 +1416,7 @@ fn planned_for(r: &Rounds, plan: &GpusPlan) -> Scenario {
 
 /// Releases each workload without a phase of its own where its jobs overlap least those of the
 /// workloads on its GPU ([`isolane_planner::stagger`]), and says where and how much they still
-/// overlap.
+/// overlap (on stderr, with the plan: stdout may be the planned scenario).
 fn stagger_releases(planned: &mut Scenario, choices: &[Choice], gpu_of: &[Option<u32>]) {
     let mut groups: Vec<Option<u32>> = gpu_of.to_vec();
     groups.sort();
@@ -1435,7 +1435,7 @@ fn stagger_releases(planned: &mut Scenario, choices: &[Choice], gpu_of: &[Option
             .collect();
         let on = gpu.map_or(String::new(), |g| format!(" on GPU {g}"));
         match stagger(&jobs) {
-            Ok(s) if !s.moved => println!(
+            Ok(s) if !s.moved => eprintln!(
                 "release phases{on} left as they are: staggered, a workload's jobs would overlap \
                  the others' more than in phase (together they need more time than there is)"
             ),
@@ -1453,13 +1453,13 @@ fn stagger_releases(planned: &mut Scenario, choices: &[Choice], gpu_of: &[Option
                         100.0 * s.overlap_in_phase[k]
                     ));
                 }
-                println!(
+                eprintln!(
                     "release phases{on} (--phases stagger, over {:.1} ms): {}",
                     s.hyperperiod_ms,
                     words.join(", ")
                 );
             }
-            Err(e) => println!("release phases{on} left as they are: {e}"),
+            Err(e) => eprintln!("release phases{on} left as they are: {e}"),
         }
     }
 }
