@@ -18,8 +18,8 @@ use isolane_planner::cache::{DeviceRecord, ProfileKey, Times};
 use isolane_planner::offline::{OfflineProfiler, OfflineProfiles, WorkloadId};
 use isolane_planner::{
     predicted, stagger, Choice, Demand, GpusPlan, Ladder, Learned, LearnedStretch, Options,
-    Outcome, Periodic, Point, ProfileBudget, ProfileCache, ProfileError, Profiler, StretchKey,
-    Unit,
+    Outcome, Periodic, Point, ProfileBudget, ProfileCache, ProfileError, Profiler, StaggerError,
+    Staggered, StretchKey, Unit,
 };
 use isolane_runtime::exec::Engine;
 use isolane_runtime::RunPlan;
@@ -259,6 +259,11 @@ fn emit_and_verify(
     for round in 1.. {
         let choices = planned_choices(&plan);
         let planned = planned_for(r, &plan);
+        if round == 1 && r.args.phases == Phases::Keep {
+            for note in overlap_notes(&planned, choices, &plan.gpus_in_order()) {
+                eprintln!("{note}");
+            }
+        }
         admit_planned(&planned, r.target.device())?;
         emit(&planned, &plan, r.ladder, r.args.out.as_deref())?;
         if !r.args.verify {
@@ -1414,27 +1419,45 @@ fn planned_for(r: &Rounds, plan: &GpusPlan) -> Scenario {
     planned
 }
 
-/// Releases each workload without a phase of its own where its jobs overlap least those of the
-/// workloads on its GPU ([`isolane_planner::stagger`]), and says where and how much they still
-/// overlap (on stderr, with the plan: stdout may be the planned scenario).
-fn stagger_releases(planned: &mut Scenario, choices: &[Choice], gpu_of: &[Option<u32>]) {
+/// The phase search on each GPU's workloads: the GPU (`None` on one), the workloads' indices,
+/// and what [`isolane_planner::stagger`] chose for them.
+fn stagger_per_gpu(
+    planned: &Scenario,
+    choices: &[Choice],
+    gpu_of: &[Option<u32>],
+) -> Vec<(Option<u32>, Vec<usize>, Result<Staggered, StaggerError>)> {
     let mut groups: Vec<Option<u32>> = gpu_of.to_vec();
     groups.sort();
     groups.dedup();
-    for gpu in groups {
-        let members: Vec<usize> = (0..choices.len())
-            .filter(|&i| gpu_of.get(i).copied().flatten() == gpu)
-            .collect();
-        let jobs: Vec<Periodic> = members
-            .iter()
-            .map(|&i| Periodic {
-                rate_hz: planned.workloads[i].rate.hz().unwrap_or(0.0),
-                busy_ms: choices[i].profile.exec_p99_ms,
-                fixed_ms: planned.workloads[i].phase_ms,
-            })
-            .collect();
-        let on = gpu.map_or(String::new(), |g| format!(" on GPU {g}"));
-        match stagger(&jobs) {
+    groups
+        .into_iter()
+        .map(|gpu| {
+            let members: Vec<usize> = (0..choices.len())
+                .filter(|&i| gpu_of.get(i).copied().flatten() == gpu)
+                .collect();
+            let jobs: Vec<Periodic> = (members.iter())
+                .map(|&i| Periodic {
+                    rate_hz: planned.workloads[i].rate.hz().unwrap_or(0.0),
+                    busy_ms: choices[i].profile.exec_p99_ms,
+                    fixed_ms: planned.workloads[i].phase_ms,
+                })
+                .collect();
+            (gpu, members, stagger(&jobs))
+        })
+        .collect()
+}
+
+fn on_gpu(gpu: Option<u32>) -> String {
+    gpu.map_or(String::new(), |g| format!(" on GPU {g}"))
+}
+
+/// Releases each workload without a phase of its own where its jobs overlap least those of the
+/// workloads on its GPU, and says where and how much they still overlap (on stderr, with the
+/// plan: stdout may be the planned scenario).
+fn stagger_releases(planned: &mut Scenario, choices: &[Choice], gpu_of: &[Option<u32>]) {
+    for (gpu, members, staggered) in stagger_per_gpu(planned, choices, gpu_of) {
+        let on = on_gpu(gpu);
+        match staggered {
             Ok(s) if !s.moved => eprintln!(
                 "release phases{on} left as they are: staggered, a workload's jobs would overlap \
                  the others' more than in phase (together they need more time than there is)"
@@ -1462,6 +1485,36 @@ fn stagger_releases(planned: &mut Scenario, choices: &[Choice], gpu_of: &[Option
             Err(e) => eprintln!("release phases{on} left as they are: {e}"),
         }
     }
+}
+
+/// With the scenario's phases (--phases keep): where jobs released together overlap most of
+/// their busy time and staggering would keep them apart, says so. The neighbours' interference
+/// then comes mostly from the copy engine and memory, which partitions do not separate.
+fn overlap_notes(planned: &Scenario, choices: &[Choice], gpu_of: &[Option<u32>]) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (gpu, members, staggered) in stagger_per_gpu(planned, choices, gpu_of) {
+        let Ok(s) = staggered else { continue };
+        let sum = |v: &[f64]| v.iter().sum::<f64>();
+        let most = s.overlap_in_phase.iter().copied().fold(0.0, f64::max);
+        if !s.moved || most < 0.5 || sum(&s.overlap) > 0.5 * sum(&s.overlap_in_phase) {
+            continue;
+        }
+        let pct = |v: &[f64]| {
+            (members.iter().zip(v))
+                .map(|(&i, o)| format!("{} {:.0} %", planned.workloads[i].name, 100.0 * o))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        notes.push(format!(
+            "note{}: released as the scenario says, the jobs overlap the others' for part of \
+             their busy time ({}); released by --phases stagger: {} (docs/planner.md, \
+             \"Release phases\")",
+            on_gpu(gpu),
+            pct(&s.overlap_in_phase),
+            pct(&s.overlap)
+        ));
+    }
+    notes
 }
 
 /// The resolved scenario with a comment above each workload: its partition, predicted p99 and
@@ -2053,6 +2106,27 @@ mod tests {
         assert!(Spread::of(&one, &file).unwrap().is_none());
     }
 
+    /// A planned workload whose every statistic is `p99` ms, at utilisation p99 / 10 ms.
+    fn spin_choice(name: &str, p99: f64) -> Choice {
+        Choice {
+            workload: name.into(),
+            size: 8,
+            predicted_p99_ms: p99,
+            predicted_tail_ms: p99,
+            deadline_ms: 10.0,
+            util: p99 / 10.0,
+            profile: Point {
+                size: 8,
+                exec_p50_ms: p99,
+                exec_p99_ms: p99,
+                exec_mean_ms: p99,
+                exec_p999_ms: Some(p99),
+            },
+            memory_mib: None,
+            mig_start: None,
+        }
+    }
+
     /// `--phases stagger` on several GPUs staggers each GPU's workloads among themselves: a
     /// workload alone on its GPU stays at 0, and a phase the file gives is kept.
     #[test]
@@ -2070,28 +2144,11 @@ mod tests {
         let file = Path::new("s.toml");
         let mut s =
             Scenario::from_toml_str(&text, file, &isolane_core::spec::NoBuiltinModels).unwrap();
-        let choice = |name: &str, p99: f64| Choice {
-            workload: name.into(),
-            size: 8,
-            predicted_p99_ms: p99,
-            predicted_tail_ms: p99,
-            deadline_ms: 10.0,
-            util: p99 / 10.0,
-            profile: Point {
-                size: 8,
-                exec_p50_ms: p99,
-                exec_p99_ms: p99,
-                exec_mean_ms: p99,
-                exec_p999_ms: Some(p99),
-            },
-            memory_mib: None,
-            mig_start: None,
-        };
         let choices = [
-            choice("big", 4.0),
-            choice("alone", 4.0),
-            choice("small", 1.0),
-            choice("fixed", 0.5),
+            spin_choice("big", 4.0),
+            spin_choice("alone", 4.0),
+            spin_choice("small", 1.0),
+            spin_choice("fixed", 0.5),
         ];
         stagger_releases(&mut s, &choices, &[Some(0), Some(1), Some(0), Some(0)]);
         let phase = |i: usize| s.workloads[i].phase_ms.unwrap();
@@ -2106,6 +2163,36 @@ mod tests {
             apart(big, 4.4, 9.0, 0.55) && apart(small, 1.1, 9.0, 0.55),
             "{big} {small}"
         );
+    }
+
+    /// Planned with the scenario's phases, jobs released together that staggering would keep
+    /// apart get a note naming the overlaps both ways; jobs already apart, none.
+    #[test]
+    fn releases_in_phase_that_stagger_would_keep_apart_are_noted() {
+        let text = |camera_phase: &str| {
+            format!(
+                "[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n\
+                 [[workload]]\nname = \"batch\"\nmodel = \"spin:1ms\"\nrate_hz = 100\njobs = 1\n\
+                 [[workload]]\nname = \"camera\"\nmodel = \"spin:1ms\"\nrate_hz = 100\njobs = 1\n\
+                 {camera_phase}"
+            )
+        };
+        let scenario = |t: &str| {
+            Scenario::from_toml_str(t, Path::new("s.toml"), &isolane_core::spec::NoBuiltinModels)
+                .unwrap()
+        };
+        let choices = [spin_choice("batch", 3.6), spin_choice("camera", 0.5)];
+        let notes = overlap_notes(&scenario(&text("")), &choices, &[None, None]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains(
+                "(batch 15 %, camera 100 %); released by --phases stagger: batch 0 %, camera 0 %"
+            ),
+            "{}",
+            notes[0]
+        );
+        let apart = scenario(&text("phase_ms = 5.0\n"));
+        assert!(overlap_notes(&apart, &choices, &[None, None]).is_empty());
     }
 
     /// On this machine's GPU MIG can be planned only with MIG mode on (the profile runs need
