@@ -1419,13 +1419,22 @@ fn planned_for(r: &Rounds, plan: &GpusPlan) -> Scenario {
     planned
 }
 
-/// The phase search on each GPU's workloads: the GPU (`None` on one), the workloads' indices,
-/// and what [`isolane_planner::stagger`] chose for them.
+/// The phase search on one GPU's workloads.
+struct GpuPhases {
+    /// `None` on one GPU.
+    gpu: Option<u32>,
+    /// The workloads' indices in the scenario.
+    members: Vec<usize>,
+    /// What [`isolane_planner::stagger`] chose for them, in `members`' order.
+    staggered: Result<Staggered, StaggerError>,
+}
+
+/// The phase search on each GPU's workloads.
 fn stagger_per_gpu(
     planned: &Scenario,
     choices: &[Choice],
     gpu_of: &[Option<u32>],
-) -> Vec<(Option<u32>, Vec<usize>, Result<Staggered, StaggerError>)> {
+) -> Vec<GpuPhases> {
     let mut groups: Vec<Option<u32>> = gpu_of.to_vec();
     groups.sort();
     groups.dedup();
@@ -1442,7 +1451,11 @@ fn stagger_per_gpu(
                     fixed_ms: planned.workloads[i].phase_ms,
                 })
                 .collect();
-            (gpu, members, stagger(&jobs))
+            GpuPhases {
+                staggered: stagger(&jobs),
+                gpu,
+                members,
+            }
         })
         .collect()
 }
@@ -1455,7 +1468,12 @@ fn on_gpu(gpu: Option<u32>) -> String {
 /// workloads on its GPU, and says where and how much they still overlap (on stderr, with the
 /// plan: stdout may be the planned scenario).
 fn stagger_releases(planned: &mut Scenario, choices: &[Choice], gpu_of: &[Option<u32>]) {
-    for (gpu, members, staggered) in stagger_per_gpu(planned, choices, gpu_of) {
+    for GpuPhases {
+        gpu,
+        members,
+        staggered,
+    } in stagger_per_gpu(planned, choices, gpu_of)
+    {
         let on = on_gpu(gpu);
         match staggered {
             Ok(s) if !s.moved => eprintln!(
@@ -1492,7 +1510,12 @@ fn stagger_releases(planned: &mut Scenario, choices: &[Choice], gpu_of: &[Option
 /// then comes mostly from the copy engine and memory, which partitions do not separate.
 fn overlap_notes(planned: &Scenario, choices: &[Choice], gpu_of: &[Option<u32>]) -> Vec<String> {
     let mut notes = Vec::new();
-    for (gpu, members, staggered) in stagger_per_gpu(planned, choices, gpu_of) {
+    for GpuPhases {
+        gpu,
+        members,
+        staggered,
+    } in stagger_per_gpu(planned, choices, gpu_of)
+    {
         let Ok(s) = staggered else { continue };
         let sum = |v: &[f64]| v.iter().sum::<f64>();
         let most = s.overlap_in_phase.iter().copied().fold(0.0, f64::max);
