@@ -88,8 +88,9 @@ fn an_h100_is_planned_offline_with_every_mechanism_from_committed_profiles() {
         "{err}"
     );
     // camera: 1.1 (0.1 + 60/s) <= 1.8 ms -> 40 SMs; lidar: 1.1 (0.2 + 150/s) <= 4.5 -> 40.
+    // Several green contexts of an H100 hold 120 of its 132 SMs (DeviceModel::green_split_limit).
     assert!(
-        err.contains("green: planned") && err.contains("using 80 SMs of 132 SMs (52 SMs spare)"),
+        err.contains("green: planned") && err.contains("using 80 SMs of 120 SMs (40 SMs spare)"),
         "{err}"
     );
     assert!(
@@ -409,7 +410,7 @@ fn two_gpus_are_planned_offline_placing_the_workloads_and_keeping_pinned_ones() 
         err.contains(
             "green: planned in" 
         ) && err.contains(
-            "using GPU 0: 120 SMs of 132 SMs (12 SMs spare); GPU 1: 80 SMs of 132 SMs (52 SMs spare)"
+            "using GPU 0: 120 SMs of 120 SMs (0 SMs spare); GPU 1: 80 SMs of 120 SMs (40 SMs spare)"
         ),
         "{err}"
     );
@@ -450,7 +451,7 @@ fn two_gpus_are_planned_offline_placing_the_workloads_and_keeping_pinned_ones() 
 #[test]
 fn two_gpus_that_cannot_hold_the_workloads_are_refused_naming_the_gpu() {
     let tmp = tempfile::tempdir().unwrap();
-    // Four cameras pinned to GPU 1 need 160 of its 132 SMs.
+    // Four cameras pinned to GPU 1 need 160 of the 120 SMs its green contexts can hold.
     let pinned: Vec<(String, u32)> = (0..4).map(|i| (format!("cam{i}"), 1)).collect();
     let workloads: Vec<(&str, &str, u32, u32, Option<u32>)> = pinned
         .iter()
@@ -462,7 +463,7 @@ fn two_gpus_that_cannot_hold_the_workloads_are_refused_naming_the_gpu() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
         err.contains("green: no plan")
-            && err.contains("on GPU 1: together they need 160 SMs of 132 SMs"),
+            && err.contains("on GPU 1: together they need 160 SMs of 120 SMs"),
         "{err}"
     );
     assert!(

@@ -1118,7 +1118,16 @@ fn ladder(s: &Scenario, mech: Mechanism, device: &DeviceModel) -> anyhow::Result
             let r = device
                 .green_rules()
                 .ok_or_else(|| user(format!("{} has no green contexts", device.name)))?;
-            Ladder::green(device.sm_count, r.min_sms, r.step_sms)
+            let mut ladder = Ladder::green(device.sm_count, r.min_sms, r.step_sms);
+            // Several green contexts hold only what one split of the device gives in its
+            // smallest units (DeviceModel::green_split_limit); planned sizes are multiples of
+            // them, so the plan keeps within it even where a larger common unit would not need to.
+            if let Some((unit, groups)) = device.green_split_limit() {
+                if s.workloads.len() > 1 {
+                    ladder.capacity = ladder.capacity.min(unit * groups);
+                }
+            }
+            ladder
         }
         Mechanism::Mps => Ladder::mps(5),
         Mechanism::Mig => Ladder::mig(

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::device_model::{place_mig_instances, DeviceModel, MigPlacement};
+use crate::device_model::{place_mig_instances, DeviceModel, GreenRules, MigPlacement};
 use crate::spec::{Backend, Mechanism, Scenario, WorkloadSpec};
 
 /// What a workload gets once admitted.
@@ -58,6 +58,31 @@ pub struct Plan {
     pub workloads: Vec<AdmittedWorkload>,
 }
 
+/// The SMs a layout of these green workloads may hold together where the device's split falls
+/// short of its SM count (`DeviceModel::green_split_limit`): only when the sizes' greatest
+/// common divisor is the unit that falls short (they are split in units of it).
+fn green_split_limit(
+    device: &DeviceModel,
+    rules: &GreenRules,
+    workloads: &[(usize, &WorkloadSpec)],
+) -> Option<u32> {
+    let (unit, groups) = device.green_split_limit()?;
+    let gcd = workloads
+        .iter()
+        .filter_map(|(_, w)| w.partition.sms)
+        .filter(|&s| s >= rules.min_sms && s % rules.step_sms == 0)
+        .fold(0, gcd);
+    (gcd == unit).then_some(unit * groups)
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// Why one workload cannot be admitted.
 #[derive(Debug, Clone, PartialEq, Serialize, thiserror::Error)]
 #[serde(tag = "reason", rename_all = "snake_case")]
@@ -84,6 +109,18 @@ pub enum RejectReason {
         sms: u32,
         available: u32,
         total: u32,
+    },
+    #[error(
+        "asks for {sms} SMs but only {available} of the {together} SMs that green contexts of \
+         {device} can hold together are left after the workloads before it ({device_sms} SMs \
+         in all: the driver keeps each group within SMs scheduled together, docs/partitions.md)"
+    )]
+    BeyondGreenSplit {
+        sms: u32,
+        available: u32,
+        together: u32,
+        device_sms: u32,
+        device: String,
     },
     #[error("green contexts need compute capability 6.0 or later; {device} is {major}.{minor}")]
     GreenUnsupported {
@@ -315,6 +352,7 @@ impl OneGpu<'_> {
         };
         let mut next_sm = 0u32;
         let mut group = 0u32;
+        let limit = green_split_limit(device, &rules, gpu_workloads);
         for &(i, w) in gpu_workloads {
             let Some(sms) = w.partition.sms else {
                 reject(
@@ -363,6 +401,22 @@ impl OneGpu<'_> {
                         sms,
                         available,
                         total: device.sm_count,
+                    },
+                );
+                continue;
+            }
+            // A layout in the smallest units holds only what one split gives of them
+            // (DeviceModel::green_split_limit).
+            if let Some(together) = limit.filter(|&t| next_sm + sms > t) {
+                reject(
+                    rejections,
+                    &w.name,
+                    RejectReason::BeyondGreenSplit {
+                        sms,
+                        available: together.saturating_sub(next_sm),
+                        together,
+                        device_sms: device.sm_count,
+                        device: device.name.to_string(),
                     },
                 );
                 continue;
@@ -661,22 +715,22 @@ mod tests {
     }
 
     #[test]
-    fn sixteen_green_groups_of_eight_fit_an_h100_and_a_seventeenth_does_not() {
+    fn fifteen_green_groups_of_eight_fit_an_h100_and_a_sixteenth_does_not() {
         let h100 = device_model("h100-sxm").unwrap();
         let plan = admit(
-            &scenario(Mechanism::Green, vec![sms(8); 16]),
+            &scenario(Mechanism::Green, vec![sms(8); 15]),
             &h100,
             &[],
             &opts(),
         )
         .unwrap();
-        assert_eq!(plan.workloads.len(), 16);
-        match &plan.workloads[15].partition {
+        assert_eq!(plan.workloads.len(), 15);
+        match &plan.workloads[14].partition {
             ResolvedPartition::Green {
                 group,
                 sms,
                 first_sm,
-            } => assert_eq!((*group, *sms, *first_sm), (15, 8, 120)),
+            } => assert_eq!((*group, *sms, *first_sm), (14, 8, 112)),
             other => panic!("{other:?}"),
         }
         let r = reasons(admit(
@@ -685,16 +739,28 @@ mod tests {
             &[],
             &opts(),
         ));
-        assert_eq!(r.len(), 1);
-        assert_eq!(r[0].0, "w16");
+        // 15 groups of 8 are what one split of the H100 gives (DeviceModel::green_split_limit).
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].0, "w15");
         assert_eq!(
             r[0].1,
-            RejectReason::TooManySms {
+            RejectReason::BeyondGreenSplit {
                 sms: 8,
-                available: 4,
-                total: 132
+                available: 0,
+                together: 120,
+                device_sms: 132,
+                device: "h100-sxm".into(),
             }
         );
+        assert!(
+            r[0].1.to_string().contains("only 0 of the 120 SMs"),
+            "{}",
+            r[0].1
+        );
+        // One green context may have 128 of the 132 SMs, and two of 64 SMs are units of 64.
+        for layout in [vec![sms(128)], vec![sms(64), sms(64)]] {
+            assert!(admit(&scenario(Mechanism::Green, layout), &h100, &[], &opts()).is_ok());
+        }
     }
 
     #[test]

@@ -88,6 +88,20 @@ impl DeviceModel {
     pub fn green_rules(&self) -> Option<GreenRules> {
         green_rules(self.compute_capability.0)
     }
+
+    /// How many groups of the smallest green size one split of the device gives while keeping
+    /// each group within SMs that are scheduled together (a GPC): `(SMs a group, groups)`. On
+    /// the 132-SM GH100 (H100 SXM, H200) the GPCs are uneven and the driver gives 15 groups of
+    /// 8 (measured, driver 580). The rest can be split off only by ignoring co-scheduling, and
+    /// in such a group cuDNN's runtime-compiled kernels die of a divide error (SIGFPE,
+    /// measured), so isolane never does: a layout in units of 8 SMs holds at most 120 SMs there.
+    /// Larger units were not measured to fall short (2 × 64 SMs runs); other models: `None`.
+    pub fn green_split_limit(&self) -> Option<(u32, u32)> {
+        match self.name {
+            "h100-sxm" | "h200" => Some((8, 15)),
+            _ => None,
+        }
+    }
 }
 
 /// The 7-compute/8-memory-slice MIG layout shared by A100, H100 and H200; only the memory per

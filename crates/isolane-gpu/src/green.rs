@@ -452,47 +452,43 @@ fn split_for(
 /// One `cuDevSmResourceSplitByCount` of `input` into exactly `n` results of at least
 /// `min_count` SMs.
 ///
-/// The default split keeps each group within SMs that can be co-scheduled (one GPC), and the
-/// H100's GPCs are uneven: 132 SMs give only 15 groups of 8 that way (measured). When the
-/// default split yields too few groups, the split is repeated ignoring co-scheduling, which
-/// gives all 16; thread-block clusters then may not span a whole group, which no isolane kernel
-/// relies on.
+/// The split keeps each group within SMs that can be co-scheduled (one GPC), and the H100's
+/// GPCs are uneven: 132 SMs give only 15 groups of 8 that way (measured). Splitting again with
+/// `CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING` gives a 16th, but in it cuDNN's
+/// runtime-compiled kernels die of a divide error (SIGFPE, measured with 112 + 8 + 8 SMs on
+/// the H100, driver 580), so a layout that needs it is refused here, by name, before any model
+/// is built; admission refuses it before that (`DeviceModel::green_split_limit`).
 fn split_by_count(
     input: &sys::CUdevResource,
     n: u32,
     min_count: u32,
 ) -> Result<Vec<sys::CUdevResource>> {
-    let mut found = 0;
-    for flags in [
-        0,
-        sys::CUdevSmResourceSplit_flags::CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING
-            as std::ffi::c_uint,
-    ] {
-        let mut results: Vec<sys::CUdevResource> = (0..n).map(|_| zeroed_resource()).collect();
-        let mut remainder = zeroed_resource();
-        let mut nb: std::ffi::c_uint = n;
-        // SAFETY: `results` has room for `nb` resources (nbGroups is in/out: capacity in, count
-        // out); input is the device's SM resource; remainder is a valid out-pointer.
-        check("cuDevSmResourceSplitByCount", unsafe {
-            sys::cuDevSmResourceSplitByCount(
-                results.as_mut_ptr(),
-                &mut nb,
-                input,
-                &mut remainder,
-                flags,
-                min_count,
-            )
-        })?;
-        if nb >= n {
-            results.truncate(nb as usize);
-            return Ok(results);
-        }
-        found = found.max(nb);
+    let mut results: Vec<sys::CUdevResource> = (0..n).map(|_| zeroed_resource()).collect();
+    let mut remainder = zeroed_resource();
+    let mut nb: std::ffi::c_uint = n;
+    // SAFETY: `results` has room for `nb` resources (nbGroups is in/out: capacity in, count
+    // out); input is the device's SM resource; remainder is a valid out-pointer.
+    check("cuDevSmResourceSplitByCount", unsafe {
+        sys::cuDevSmResourceSplitByCount(
+            results.as_mut_ptr(),
+            &mut nb,
+            input,
+            &mut remainder,
+            0,
+            min_count,
+        )
+    })?;
+    if nb < n {
+        return Err(GpuError::GreenRequest(format!(
+            "the driver splits the device into only {nb} groups of at least {min_count} SMs that \
+             keep SMs scheduled together ({n} needed for these partitions); SMs split off \
+             beyond that crash cuDNN's kernels (docs/partitions.md): give the green contexts \
+             at most {} SMs together",
+            nb * min_count
+        )));
     }
-    Err(GpuError::GreenRequest(format!(
-        "the driver split the device into only {found} groups of at least {min_count} SMs \
-         ({n} needed), also when ignoring SM co-scheduling"
-    )))
+    results.truncate(nb as usize);
+    Ok(results)
 }
 
 fn make_group(

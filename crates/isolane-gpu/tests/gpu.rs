@@ -90,18 +90,18 @@ fn discovery_sees_the_h100() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn green_16_groups_of_8_sms_are_granted_8_each_on_disjoint_sms() {
-    let parts = GreenPartitioning::create(0, &[8; 16]).expect("16 × 8 SMs");
+fn green_15_groups_of_8_sms_are_granted_8_each_on_disjoint_sms() {
+    let parts = GreenPartitioning::create(0, &[8; 15]).expect("15 × 8 SMs");
     let infos = parts.infos();
     println!("{infos:?}");
-    assert_eq!(infos.len(), 16);
+    assert_eq!(infos.len(), 15);
     for i in &infos {
         assert_eq!(i.granted_sms, 8, "group {}", i.group);
     }
     // Each group alone: the SMs it ran on. Disjoint sets prove the split.
     let (mut agents, _) = {
         drop(parts);
-        green_agents(&[8; 16])
+        green_agents(&[8; 15])
     };
     let mut seen: Vec<BTreeSet<u32>> = Vec::new();
     for a in agents.iter_mut() {
@@ -123,9 +123,9 @@ fn green_16_groups_of_8_sms_are_granted_8_each_on_disjoint_sms() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn green_8_sm_group_gets_its_share_and_loses_little_beside_15_saturating_neighbours() {
+fn green_8_sm_group_gets_its_share_and_loses_little_beside_14_saturating_neighbours() {
     let whole = whole_gpu();
-    let (mut agents, granted) = green_agents(&[8; 16]);
+    let (mut agents, granted) = green_agents(&[8; 15]);
     assert!(granted.iter().all(|&g| g == 8), "granted {granted:?}");
     let alone = agents[0].measure(MEASURE).expect("alone");
     print_result("group0 alone", &alone);
@@ -137,7 +137,7 @@ fn green_8_sm_group_gets_its_share_and_loses_little_beside_15_saturating_neighbo
     for a in agents.iter_mut().skip(1) {
         a.stop_saturate().expect("stop");
     }
-    print_result("group0 beside 15 saturating", &beside);
+    print_result("group0 beside 14 saturating", &beside);
     let share = alone.blocks_per_s / whole.blocks_per_s;
     let expected = 8.0 / 132.0;
     let interference = 1.0 - beside.blocks_per_s / alone.blocks_per_s;
@@ -154,8 +154,24 @@ fn green_8_sm_group_gets_its_share_and_loses_little_beside_15_saturating_neighbo
     );
     assert!(
         interference < 0.05,
-        "lost {:.2}% beside 15 saturating neighbours (limit 5%)",
+        "lost {:.2}% beside 14 saturating neighbours (limit 5%)",
         interference * 100.0
+    );
+}
+
+/// A 16th group of 8 SMs exists only by ignoring SM co-scheduling, where cuDNN's kernels die
+/// of a divide error: it is refused by name, before any context is made.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_16th_group_of_8_sms_is_refused_with_the_reason() {
+    let e = GreenPartitioning::create(0, &[8; 16])
+        .err()
+        .expect("16 × 8 SMs refused")
+        .to_string();
+    println!("{e}");
+    assert!(
+        e.contains("only 15 groups of at least 8 SMs") && e.contains("at most 120 SMs"),
+        "{e}"
     );
 }
 
