@@ -1,5 +1,5 @@
 //! The example scenarios of `isolane verify` parse and pass admission control on the H100
-//! model; one green context more than fits is rejected.
+//! model; one green context more than one split of it holds is rejected.
 
 use isolane_core::admission::{admit, AdmissionOptions, RejectReason};
 use isolane_core::device_model::device_model;
@@ -19,9 +19,9 @@ fn the_verify_examples_are_admitted_on_the_h100() {
             4,
         ),
         (
-            "green 16x8",
-            include_str!("../scenarios/verify-green-16x8.toml"),
-            16,
+            "green 15x8",
+            include_str!("../scenarios/verify-green-15x8.toml"),
+            15,
         ),
         (
             "mps 4x25",
@@ -42,23 +42,25 @@ fn the_verify_examples_are_admitted_on_the_h100() {
 }
 
 #[test]
-fn a_seventeenth_8_sm_green_context_is_rejected() {
+fn a_sixteenth_8_sm_green_context_is_rejected() {
     let h100 = device_model("h100-sxm").unwrap();
-    let mut text = include_str!("../scenarios/verify-green-16x8.toml").to_string();
+    let mut text = include_str!("../scenarios/verify-green-15x8.toml").to_string();
     text.push_str(
-        "\n[[workload]]\nname = \"p16\"\nmodel = \"spin:1ms\"\nrate_hz = 10\nduration_s = 1\n\
+        "\n[[workload]]\nname = \"p15\"\nmodel = \"spin:1ms\"\nrate_hz = 10\nduration_s = 1\n\
          partition = { sms = 8 }\n",
     );
     let s = load(&text);
-    let r = admit(&s, &h100, &[], &AdmissionOptions::default()).expect_err("17 × 8 > 132");
+    let r = admit(&s, &h100, &[], &AdmissionOptions::default()).expect_err("16 × 8 > 120");
     assert_eq!(r.len(), 1);
-    assert_eq!(r[0].workload, "p16");
+    assert_eq!(r[0].workload, "p15");
     assert!(matches!(
         r[0].reason,
-        RejectReason::TooManySms {
+        RejectReason::BeyondGreenSplit {
             sms: 8,
-            available: 4,
-            total: 132
+            available: 0,
+            together: 120,
+            device_sms: 132,
+            ..
         }
     ));
 }
