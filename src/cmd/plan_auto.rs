@@ -1746,8 +1746,8 @@ fn print_verification(summary: &RunSummary, choices: &[Choice], tolerance: f64) 
 }
 
 /// Where a workload that missed had a job start late by more than a quarter of its deadline:
-/// its launch waited for the host (on the H100 VMs, in runs with CPU steal), which no partition
-/// changes. Says so, with the run's CPU steal; the verdict stands.
+/// its launch waited for the host, or for its previous job, which a partition of the same
+/// size does not change. Says so, with the run's CPU steal; the verdict stands.
 fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Option<String> {
     let late: Vec<String> = (summary.workloads.iter().zip(choices))
         .filter(|(w, c)| {
@@ -1765,9 +1765,9 @@ fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Option<String> {
         .cpu_steal_pct
         .map_or("not reported".into(), |p| format!("{p:.3} %"));
     Some(format!(
-        "(a job of a workload that missed started late: {}, after its release; the host delayed \
-         the launch, not the GPU (the hypervisor's CPU steal in this run: {steal}); no partition \
-         changes that: run again, or longer, to tell)",
+        "(a job of a workload that missed started late: {}, after its release; its launch \
+         waited for the host or for its previous job, not for its partition's SMs (the \
+         hypervisor's CPU steal in this run: {steal}): run again, or longer, to tell)",
         late.join(", ")
     ))
 }
