@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use isolane_core::device_model::DeviceModel;
 use isolane_core::metrics::LatencyStats;
-use isolane_core::results::{InterferenceIndex, RunSummary};
+use isolane_core::results::{InterferenceIndex, RunSummary, WorkloadSummary};
 use isolane_core::spec::{
     Backend, Criticality, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Rate, Role,
     RunLength, Scenario, WorkloadSpec,
@@ -209,7 +209,7 @@ fn comparison_lines(compared: &[Compared]) -> Vec<String> {
         for (w, ch) in c.summary.workloads.iter().zip(planned_choices(&c.plan)) {
             let lat = &w.metrics.latency_ms;
             let measured = ch.deadline_ms - lat.p999.unwrap_or(f64::INFINITY);
-            let miss = w.metrics.timeout_pct > 0.1 || lat.p99.is_none_or(|p| p > ch.deadline_ms);
+            let miss = missed(w, ch.deadline_ms);
             lines.push(format!(
                 "{:<10} {:<14} {:>10.3} {:>10.3} {:>8.2}%  {}",
                 mech_name(c.mech),
@@ -1676,6 +1676,12 @@ struct Verdict {
     off: Vec<String>,
 }
 
+/// A workload missed its deadline: more than 0.1 % timeouts, or a measured p99 above the
+/// deadline (or none measured).
+fn missed(w: &WorkloadSummary, deadline_ms: f64) -> bool {
+    w.metrics.timeout_pct > 0.1 || w.metrics.latency_ms.p99.is_none_or(|p| p > deadline_ms)
+}
+
 /// Predicted against measured p99 and p99.9 (response times, ms) per workload, and its jobs
 /// and timeouts; whether one missed its deadline (timeouts above 0.1 %, or a measured p99
 /// above it): then the plan does not hold.
@@ -1701,7 +1707,7 @@ fn print_verification(summary: &RunSummary, choices: &[Choice], tolerance: f64) 
         let lat = &w.metrics.latency_ms;
         let p99 = lat.p99.unwrap_or(f64::INFINITY);
         let p999 = lat.p999.unwrap_or(f64::INFINITY);
-        let miss = w.metrics.timeout_pct > 0.1 || p99 > c.deadline_ms;
+        let miss = missed(w, c.deadline_ms);
         verdict.missed |= miss;
         let error = c.predicted_p99_ms / p99 - 1.0;
         // Not finite (nothing measured) counts as off.
@@ -1750,9 +1756,7 @@ fn print_verification(summary: &RunSummary, choices: &[Choice], tolerance: f64) 
 /// size does not change. Says so, with the run's CPU steal; the verdict stands.
 fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Option<String> {
     let late: Vec<String> = (summary.workloads.iter().zip(choices))
-        .filter(|(w, c)| {
-            w.metrics.timeout_pct > 0.1 || w.metrics.latency_ms.p99 > Some(c.deadline_ms)
-        })
+        .filter(|(w, c)| missed(w, c.deadline_ms))
         .filter_map(|(w, c)| {
             let max_ms = w.metrics.start_lateness_us.max? / 1e3;
             (max_ms > 0.25 * c.deadline_ms).then(|| format!("{} {max_ms:.2} ms", w.name))
@@ -1953,12 +1957,10 @@ mod tests {
         assert!(print_verification(&summary, again, 0.15).off.is_empty());
     }
 
-    /// A workload that missed with a job started late by more than a quarter of its deadline
-    /// gets a note naming the host; late starts of workloads that met, or short ones, none.
-    #[test]
-    fn a_miss_with_late_starts_is_said_to_be_the_hosts() {
-        let mut summary = three_cameras_run();
-        let choices: Vec<Choice> = (summary.workloads.iter())
+    /// A plan for each workload of `summary`: 32 SMs, every time 1 ms alone, predicted p99
+    /// 1 ms and p99.9 1.5 ms against a 2 ms deadline.
+    fn one_choice_each(summary: &RunSummary) -> Vec<Choice> {
+        (summary.workloads.iter())
             .map(|w| Choice {
                 workload: w.name.clone(),
                 size: 32,
@@ -1976,7 +1978,15 @@ mod tests {
                 memory_mib: None,
                 mig_start: None,
             })
-            .collect();
+            .collect()
+    }
+
+    /// A workload that missed with a job started late by more than a quarter of its deadline
+    /// gets a note naming the host; late starts of workloads that met, or short ones, none.
+    #[test]
+    fn a_miss_with_late_starts_is_said_to_be_the_hosts() {
+        let mut summary = three_cameras_run();
+        let choices = one_choice_each(&summary);
         for w in &mut summary.workloads {
             w.metrics.timeout_pct = 0.0;
             w.metrics.latency_ms.p99 = Some(1.0);
@@ -2009,25 +2019,7 @@ mod tests {
     #[test]
     fn mechanisms_are_compared_by_predicted_and_measured_slack() {
         let summary = three_cameras_run();
-        let choices: Vec<Choice> = (summary.workloads.iter())
-            .map(|w| Choice {
-                workload: w.name.clone(),
-                size: 32,
-                predicted_p99_ms: 1.0,
-                predicted_tail_ms: 1.5,
-                deadline_ms: 2.0,
-                util: 0.5,
-                profile: Point {
-                    size: 32,
-                    exec_p50_ms: 1.0,
-                    exec_p99_ms: 1.0,
-                    exec_mean_ms: 1.0,
-                    exec_p999_ms: Some(1.0),
-                },
-                memory_mib: None,
-                mig_start: None,
-            })
-            .collect();
+        let choices = one_choice_each(&summary);
         let plan = GpusPlan {
             gpus: Vec::new(),
             gpu_of: Vec::new(),
