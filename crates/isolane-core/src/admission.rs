@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::device_model::{place_mig_instances, DeviceModel, GreenRules, MigPlacement};
+use crate::device_model::{green_unit, place_mig_instances, DeviceModel, GreenRules, MigPlacement};
 use crate::spec::{Backend, Mechanism, Scenario, WorkloadSpec};
 
 /// What a workload gets once admitted.
@@ -67,20 +67,10 @@ fn green_split_limit(
     workloads: &[(usize, &WorkloadSpec)],
 ) -> Option<u32> {
     let (unit, groups) = device.green_split_limit()?;
-    let gcd = workloads
-        .iter()
+    let sizes = (workloads.iter())
         .filter_map(|(_, w)| w.partition.sms)
-        .filter(|&s| s >= rules.min_sms && s % rules.step_sms == 0)
-        .fold(0, gcd);
-    (gcd == unit).then_some(unit * groups)
-}
-
-fn gcd(a: u32, b: u32) -> u32 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
+        .filter(|&s| s >= rules.min_sms && s % rules.step_sms == 0);
+    (green_unit(sizes) == unit).then_some(unit * groups)
 }
 
 /// Why one workload cannot be admitted.

@@ -73,6 +73,19 @@ impl MigModel {
     }
 }
 
+/// The SMs of one unit when green contexts of these sizes come from one split: their greatest
+/// common divisor (0 for none). Admission and the split itself (isolane-gpu) use it.
+pub fn green_unit(sizes: impl IntoIterator<Item = u32>) -> u32 {
+    fn gcd(a: u32, b: u32) -> u32 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    sizes.into_iter().fold(0, gcd)
+}
+
 /// A device as admission control sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeviceModel {

@@ -22,6 +22,7 @@
 
 use std::sync::Arc;
 
+use isolane_core::device_model::green_unit;
 use serde::Serialize;
 
 use crate::driver::{self, check, sys, PrimaryContext};
@@ -50,14 +51,6 @@ pub enum SplitPlan {
     Units { unit: u32, units: u32 },
     /// Split the group off the remainder, one group at a time (last resort, see module docs).
     Sequential,
-}
-
-fn gcd(a: u32, b: u32) -> u32 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
 }
 
 /// The splits to try for `sizes` on a resource of `total` SMs whose driver-reported minimum
@@ -108,7 +101,7 @@ pub fn plan_split(sizes: &[u32], total: u32, min: u32, align: u32) -> Result<Vec
             groups: sizes.len() as u32,
         });
     } else {
-        let g = sizes.iter().copied().fold(0, gcd);
+        let g = green_unit(sizes.iter().copied());
         if valid_unit(g) {
             plans.push(units(g));
         }
