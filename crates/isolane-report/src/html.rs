@@ -264,18 +264,38 @@ fn maxrate_section(page: &mut Page, dirs: &[&MaxrateDir]) {
         return;
     }
     let mut columns: Vec<String> = Vec::new();
-    let mut cells: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    // Every search of a model in a partition: two folders of the same cell (a repeat, another
+    // machine) are both shown, each named by its folder.
+    let mut cells: BTreeMap<String, BTreeMap<String, Vec<&MaxrateDir>>> = BTreeMap::new();
     for d in dirs {
         let col = d.result.column();
         if !columns.contains(&col) {
             columns.push(col.clone());
         }
-        let text = format!(
-            "{:.1} (L_max {:.2} ms)",
-            d.result.max_rate_hz, d.result.l_max_ms
-        );
-        cells.entry(d.result.row()).or_default().insert(col, text);
+        cells
+            .entry(d.result.row())
+            .or_default()
+            .entry(col)
+            .or_default()
+            .push(d);
     }
+    let cell_text = |found: &[&MaxrateDir]| -> String {
+        let one = |d: &MaxrateDir| {
+            format!(
+                "{:.1} (L_max {:.2} ms",
+                d.result.max_rate_hz, d.result.l_max_ms
+            )
+        };
+        match found {
+            [] => "-".into(),
+            [d] => format!("{})", one(d)),
+            _ => found
+                .iter()
+                .map(|d| format!("{}, {})", one(d), d.path.display()))
+                .collect::<Vec<_>>()
+                .join("; "),
+        }
+    };
     // The papers' order: the whole GPU first, then MPS, then the hard partitions.
     let rank = |c: &String| {
         ["timeslice", "mps", "mig", "green"]
@@ -287,7 +307,8 @@ fn maxrate_section(page: &mut Page, dirs: &[&MaxrateDir]) {
     page.h2(
         "Max stable inference rate",
         "Jobs/s with no deadline miss over the validation batches (Algorithm 1 of paper 000; \
-         Tables II–III), per model and mechanism.",
+         Tables II–III), per model and mechanism; a model searched more than once in the same \
+         partition has each search in its cell, named by its folder.",
     );
     let mut header = vec!["model".to_string()];
     header.extend(columns.iter().cloned());
@@ -298,7 +319,7 @@ fn maxrate_section(page: &mut Page, dirs: &[&MaxrateDir]) {
             r.extend(
                 columns
                     .iter()
-                    .map(|c| by_col.get(c).cloned().unwrap_or_else(|| "-".into())),
+                    .map(|c| cell_text(by_col.get(c).map_or(&[][..], Vec::as_slice))),
             );
             r
         })
@@ -717,6 +738,70 @@ fn concurrency_charts(
     Ok(())
 }
 
+/// Beyond this many times the slowest response, a deadline is named in the caption instead of
+/// drawn: an axis reaching it would squeeze the curves into a sliver at its left.
+const DEADLINE_AXIS_LIMIT: f64 = 10.0;
+
+/// Marks the deadlines of a latency chart's series (`deadlines`: series label, deadline ms):
+/// a dashed line per distinct deadline, in its series' colour when it is one series' alone.
+/// Series without a deadline (closed loop) or without data get none.
+fn mark_deadlines(chart: &mut Chart, deadlines: &[(&str, Option<f64>)]) {
+    let slowest = chart
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .fold(f64::NEG_INFINITY, f64::max);
+    // (deadline, indices of its series in the chart), in the series' order.
+    let mut groups: Vec<(f64, Vec<usize>)> = Vec::new();
+    for (i, s) in chart.series.iter().enumerate() {
+        let Some(d) = deadlines
+            .iter()
+            .find(|(name, _)| *name == s.label)
+            .and_then(|(_, d)| *d)
+            .filter(|d| d.is_finite() && *d > 0.0)
+        else {
+            continue;
+        };
+        match groups.iter_mut().find(|g| g.0 == d) {
+            Some(g) => g.1.push(i),
+            None => groups.push((d, vec![i])),
+        }
+    }
+    let all = groups.len() == 1 && groups[0].1.len() == chart.series.len();
+    let mut off_axis = Vec::new();
+    for (d, members) in groups {
+        let names: Vec<&str> = members
+            .iter()
+            .map(|&i| chart.series[i].label.as_str())
+            .collect();
+        let label = if all {
+            format!("deadline {} ms", crate::ms(Some(d)))
+        } else {
+            format!("deadline {} ms: {}", crate::ms(Some(d)), names.join(", "))
+        };
+        if d > slowest * DEADLINE_AXIS_LIMIT {
+            off_axis.push(label);
+            continue;
+        }
+        let colour = match members[..] {
+            [i] => plot::PALETTE[i % plot::PALETTE.len()],
+            _ => (64, 64, 64),
+        };
+        chart.vlines.push(plot::VLine {
+            label,
+            x: d,
+            colour,
+        });
+    }
+    if !off_axis.is_empty() {
+        let _ = write!(
+            chart.caption,
+            "; {} (off the axis: over {DEADLINE_AXIS_LIMIT}× the slowest response)",
+            off_axis.join("; ")
+        );
+    }
+}
+
 /// One run: its workloads' table, latency CDFs and, with telemetry, the device over time
 /// (paper 000, Figs. 6–7).
 fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
@@ -809,6 +894,13 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
     for (name, lat) in &r.latencies_ms {
         cdf = cdf.series(name.clone(), plot::cdf_points(lat, CDF_POINTS));
     }
+    let deadlines: Vec<(&str, Option<f64>)> = r
+        .summary
+        .workloads
+        .iter()
+        .map(|w| (w.name.as_str(), w.deadline_ms))
+        .collect();
+    mark_deadlines(&mut cdf, &deadlines);
     let mut charts = vec![cdf];
     if let Some(t) = &r.telemetry {
         charts.extend(telemetry_charts(&r.label, t));
@@ -1021,6 +1113,13 @@ fn apps_part(page: &mut Page, r: &RunDir) -> Result<(), String> {
     for (name, lat) in &r.app_latencies_ms {
         cdf = cdf.series(name.clone(), plot::cdf_points(lat, CDF_POINTS));
     }
+    let deadlines: Vec<(&str, Option<f64>)> = r
+        .summary
+        .apps
+        .iter()
+        .map(|a| (a.name.as_str(), Some(a.deadline_ms)))
+        .collect();
+    mark_deadlines(&mut cdf, &deadlines);
     if !cdf.is_empty() {
         let _ = write!(
             page.body,
@@ -1102,11 +1201,12 @@ fn apps_across_runs_section(page: &mut Page, runs: &[&RunDir]) -> Result<(), Str
             }
         }
     }
-    let in_runs = |name: &str| -> Vec<(&str, &Vec<f64>)> {
+    let in_runs = |name: &str| -> Vec<(&str, &Vec<f64>, Option<f64>)> {
         runs.iter()
             .filter_map(|r| {
                 let lat = r.app_latencies_ms.iter().find(|(n, _)| n == name)?;
-                Some((r.label.as_str(), &lat.1))
+                let deadline = r.summary.apps.iter().find(|a| a.name == name);
+                Some((r.label.as_str(), &lat.1, deadline.map(|a| a.deadline_ms)))
             })
             .collect()
     };
@@ -1143,7 +1243,7 @@ fn apps_across_runs_section(page: &mut Page, runs: &[&RunDir]) -> Result<(), Str
         cdf.legend_lower_right = true;
         cdf.caption = "measured frames that reached the sink, apps/*.csv".into();
         let first = runs[0].1;
-        for (label, lat) in &runs {
+        for (label, lat, _) in &runs {
             cdf = cdf.series(label.to_string(), plot::cdf_points(lat, CDF_POINTS));
             let n = lat.len() as f64;
             let mean = (n > 0.0).then(|| lat.iter().sum::<f64>() / n);
@@ -1167,6 +1267,8 @@ fn apps_across_runs_section(page: &mut Page, runs: &[&RunDir]) -> Result<(), Str
                 test.map_or("-".into(), |t| format!("{:.3e}", t.p_value)),
             ]);
         }
+        let deadlines: Vec<(&str, Option<f64>)> = runs.iter().map(|r| (r.0, r.2)).collect();
+        mark_deadlines(&mut cdf, &deadlines);
         charts.push(cdf);
     }
     page.table(&header, &rows);
@@ -1341,6 +1443,92 @@ mod tests {
         };
         apps_across_runs_section(&mut empty, &[&alone]).unwrap();
         assert!(empty.body.is_empty());
+    }
+
+    fn maxrate(folder: &str, model: &str, rate: f64) -> MaxrateDir {
+        let result = serde_json::json!({
+            "isolane_version": "0.1.0",
+            "model": model,
+            "batch": 1,
+            "config": {
+                "jobs": 100,
+                "validations": 1,
+                "step": {"relative": 0.1},
+                "acceptance": "zero_violations",
+                "max_batches": 100
+            },
+            "max_rate_hz": rate,
+            "l_max_ms": 1000.0 / rate,
+            "initial_rate_hz": rate,
+            "start_lateness_us": {"p50": null, "p99": null, "max": null},
+            "trace": []
+        });
+        MaxrateDir {
+            path: folder.into(),
+            result: serde_json::from_value(result).unwrap(),
+        }
+    }
+
+    /// Issue 31: a second search of the same model on the same device overwrote the first.
+    #[test]
+    fn maxrate_table_keeps_every_search_of_a_cell() {
+        let a = maxrate("runs/maxrate", "spin:4ms", 41.887);
+        let b = maxrate("runs/maxrate-again", "spin:4ms", 40.0);
+        let c = maxrate("runs/other", "spin:2ms", 90.0);
+        let mut page = Page {
+            body: String::new(),
+            figures: 0,
+        };
+        maxrate_section(&mut page, &[&a, &b, &c]);
+        let b = &page.body;
+        assert!(
+            b.contains(
+                "41.9 (L_max 23.87 ms, runs/maxrate); 40.0 (L_max 25.00 ms, runs/maxrate-again)"
+            ),
+            "{b}"
+        );
+        // A cell with one search needs no folder.
+        assert!(b.contains(">90.0 (L_max 11.11 ms)<"), "{b}");
+    }
+
+    #[test]
+    fn latency_cdfs_mark_each_deadline() {
+        let mut r = iso_run(
+            "run",
+            "green",
+            &[("cam", [0.0, 0.0]), ("lidar", [0.0, 0.0])],
+        );
+        r.summary.workloads[0].deadline_ms = Some(10.0);
+        r.summary.workloads[1].deadline_ms = Some(2000.0);
+        r.latencies_ms = vec![
+            ("cam".into(), vec![3.0, 4.0, 12.0]),
+            ("lidar".into(), vec![5.0, 6.0]),
+        ];
+        let mut page = Page {
+            body: String::new(),
+            figures: 0,
+        };
+        run_section(&mut page, &r).unwrap();
+        let b = &page.body;
+        // cam's in its colour, lidar's (far beyond every response) in the caption.
+        assert!(b.contains("deadline 10.00 ms: cam"), "{b}");
+        assert!(b.to_uppercase().contains(&plot::palette_hex()[0]));
+        assert!(
+            b.contains("deadline 2000 ms: lidar (off the axis: over 10× the slowest response)"),
+            "{b}"
+        );
+        // One deadline shared by every workload is named once, without names.
+        r.summary.workloads[1].deadline_ms = Some(10.0);
+        let mut page = Page {
+            body: String::new(),
+            figures: 0,
+        };
+        run_section(&mut page, &r).unwrap();
+        assert!(
+            page.body.contains("\ndeadline 10.00 ms\n<"),
+            "{}",
+            page.body
+        );
     }
 
     #[test]

@@ -33,6 +33,14 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// A dashed vertical line across a chart at `x` (a deadline), named in the legend.
+#[derive(Debug, Clone)]
+pub struct VLine {
+    pub label: String,
+    pub x: f64,
+    pub colour: (u8, u8, u8),
+}
+
 #[derive(Debug, Clone)]
 pub struct Chart {
     pub title: String,
@@ -49,6 +57,8 @@ pub struct Chart {
     pub caption: String,
     /// Legend in the lower right (CDFs rise to the upper left, where it would hide them).
     pub legend_lower_right: bool,
+    /// Vertical markers (deadlines); the x axis is widened to hold them.
+    pub vlines: Vec<VLine>,
 }
 
 impl Chart {
@@ -63,6 +73,7 @@ impl Chart {
             markers: false,
             caption: String::new(),
             legend_lower_right: false,
+            vlines: Vec::new(),
         }
     }
 
@@ -111,7 +122,8 @@ pub fn svg(chart: &Chart, width: u32, height: u32) -> Result<String, String> {
         chart
             .series
             .iter()
-            .flat_map(|s| s.points.iter().map(|p| p.0)),
+            .flat_map(|s| s.points.iter().map(|p| p.0))
+            .chain(chart.vlines.iter().map(|v| v.x).filter(|x| x.is_finite())),
     );
     let (x0, x1) = span(x0, x1);
     let (y0, y1) = match chart.y_range {
@@ -178,8 +190,23 @@ pub fn svg(chart: &Chart, width: u32, height: u32) -> Result<String, String> {
                     .map_err(|e| e.to_string())?;
             }
         }
+        for v in chart.vlines.iter().filter(|v| v.x.is_finite()) {
+            let (r, g, b) = v.colour;
+            let colour = RGBColor(r, g, b);
+            c.draw_series(DashedLineSeries::new(
+                [(v.x, y0), (v.x, y1)],
+                6,
+                4,
+                colour.stroke_width(2),
+            ))
+            .map_err(|e| e.to_string())?
+            .label(v.label.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 6, y)], colour.stroke_width(2))
+            });
+        }
         // One series is named by the title already; a legend would only hide data.
-        if chart.series.len() > 1 {
+        if chart.series.len() + chart.vlines.len() > 1 {
             c.configure_series_labels()
                 .position(if chart.legend_lower_right {
                     SeriesLabelPosition::LowerRight
@@ -267,6 +294,23 @@ mod tests {
         assert!(svg(&c, 300, 200).unwrap().contains("<circle"));
         let c = Chart::new("t", "x", "y").series("nan", vec![(f64::NAN, 1.0)]);
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn a_vertical_line_widens_the_axis_and_is_named() {
+        let mut c = Chart::new("t", "ms", "y").series("a", vec![(1.0, 0.5), (2.0, 1.0)]);
+        let plain = svg(&c, 400, 300).unwrap();
+        c.vlines.push(VLine {
+            label: "deadline 10 ms".into(),
+            x: 10.0,
+            colour: (1, 2, 3),
+        });
+        let s = svg(&c, 400, 300).unwrap();
+        assert!(s.contains("deadline 10 ms"), "no legend entry");
+        assert!(s.to_uppercase().contains("#010203"), "line not drawn");
+        // The axis reaches the deadline: a tick at 10 appears only with the line.
+        // (plotters writes each text on a line of its own)
+        assert!(s.contains(">\n10\n<") && !plain.contains(">\n10\n<"));
     }
 
     #[test]
