@@ -92,12 +92,29 @@ run() {
     status=0
     for t in stage/tests/*; do
         name=$(basename "$t")
-        # Filters match a whole staged name or its part after "--" (the test target).
-        if [ "$#" -gt 0 ] && ! printf '%s\n' "$@" | grep -qx -e "$name" -e "${name#*--}"; then continue; fi
         # The CPU timing tests have no GPU test, and their harness rejects --nocapture.
         if [ "$name" = isolane--timing ]; then continue; fi
-        echo "=== $name (--ignored)"
-        if ! "$t" --ignored --test-threads=1 --nocapture 2>&1 | tee "$out/test-$name.log" | tail -n 60; then status=1; fi
+        # Filters match a whole staged name or its part after "--" (the test target), or a test
+        # file of a crate's "suite" binary (every integration test file of a crate is a module
+        # of tests/suite.rs): `isolane-gpu--gpu` or `gpu` runs isolane-gpu--suite's gpu::.
+        modules=()
+        if [ "$#" -gt 0 ]; then
+            crate=${name%%--*}
+            dir=crates/$crate
+            [ "$crate" = isolane ] && dir=.
+            whole=0
+            for f in "$@"; do
+                if [ "$f" = "$name" ] || [ "$f" = "${name#*--}" ]; then whole=1; fi
+                m=${f#*--}
+                if [ "${name#*--}" = suite ] && [ -f "$dir/tests/$m.rs" ] &&
+                    { [ "$f" = "$m" ] || [ "${f%%--*}" = "$crate" ]; }; then
+                    modules+=("$m::")
+                fi
+            done
+            if [ "$whole" = 1 ]; then modules=(); elif [ "${#modules[@]}" -eq 0 ]; then continue; fi
+        fi
+        echo "=== $name (--ignored) ${modules[*]}"
+        if ! "$t" "${modules[@]}" --ignored --test-threads=1 --nocapture 2>&1 | tee "$out/test-$name.log" | tail -n 60; then status=1; fi
     done
     return $status
 }

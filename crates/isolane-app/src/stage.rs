@@ -781,6 +781,7 @@ impl Drop for Ensemble {
 mod tests {
     use super::*;
     use crate::data::Detection;
+    use isolane_core::system_packages::{skip_without, VULKAN};
 
     /// A stage told the frame size before the run has its renderer made and its read-back
     /// allocated then, so that the first frame pays neither.
@@ -789,11 +790,11 @@ mod tests {
         let mut stage = GraphicsStage::new("auto", 0.5).unwrap();
         match stage.warm_up([64, 48]) {
             Ok(()) => {}
-            Err(e) if std::env::var("ISOLANE_SKIP_VULKAN").is_ok_and(|v| v == "1") => {
-                eprintln!("skipped (ISOLANE_SKIP_VULKAN=1): {e}");
+            Err(e) if isolane_graphics::says_vulkan_missing(&e) => {
+                skip_without(&VULKAN, &e);
                 return;
             }
-            Err(e) => panic!("{e} (set ISOLANE_SKIP_VULKAN=1 on a machine without Vulkan)"),
+            Err(e) => panic!("{e}"),
         }
         assert_eq!(stage.rendered.len(), 64 * 48 * 4, "read back once");
         let size = |s: &GraphicsStage| {
@@ -814,7 +815,7 @@ mod tests {
 
     /// The graphics stage draws a detection's box over the source frame and passes the frame
     /// on at its size; pixels away from the box are the frame's. Rendered through Vulkan
-    /// (lavapipe in CI); ISOLANE_SKIP_VULKAN=1 skips it on a machine without Vulkan.
+    /// (lavapipe in CI); it skips on a machine without Vulkan (fails under ISOLANE_STRICT=1).
     #[test]
     fn the_graphics_stage_draws_the_boxes_over_the_frame() {
         let mut stage = GraphicsStage::new("auto", 0.5).unwrap();
@@ -834,11 +835,11 @@ mod tests {
         let out = match stage.process(&frame, &[Arc::new(boxes)]) {
             Ok(Payload::Frame(f)) => f,
             Ok(other) => panic!("expected a frame, got {}", other.type_name()),
-            Err(e) if std::env::var("ISOLANE_SKIP_VULKAN").is_ok_and(|v| v == "1") => {
-                eprintln!("skipped (ISOLANE_SKIP_VULKAN=1): {e}");
+            Err(e) if isolane_graphics::says_vulkan_missing(&e) => {
+                skip_without(&VULKAN, &e);
                 return;
             }
-            Err(e) => panic!("{e} (set ISOLANE_SKIP_VULKAN=1 on a machine without Vulkan)"),
+            Err(e) => panic!("{e}"),
         };
         assert_eq!((out.width, out.height), (64, 48));
         let px = |x: usize, y: usize| &out.rgb[(y * 64 + x) * 3..][..3];

@@ -19,6 +19,8 @@ pub mod results;
 pub mod schedule;
 pub mod spec;
 pub mod stats;
+#[cfg(feature = "test-support")]
+pub mod system_packages;
 
 pub use job::JobRecord;
 pub use metrics::WorkloadMetrics;

@@ -267,7 +267,7 @@ fn spawn_coordinator(e: &Env) -> (std::process::Child, PathBuf, i32) {
     let mut child = Command::new(exe)
         .args([
             "--exact",
-            "signal_child_helper",
+            test_name("signal_child_helper").as_str(),
             "--nocapture",
             "--test-threads=1",
         ])
@@ -664,4 +664,13 @@ fn joining_an_existing_daemon_is_refused_on_two_gpus() {
     };
     let err = PartitionSession::set_up(0, &plan, &opts, None).unwrap_err();
     assert!(err.to_string().contains("several GPUs"), "{err}");
+}
+
+/// The name libtest knows `function` of this file by: its module's path inside the test binary
+/// (tests/suite.rs makes each file a module), less the binary's own name, then the function.
+fn test_name(function: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{function}"),
+        None => function.to_string(),
+    }
 }

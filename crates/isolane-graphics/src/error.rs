@@ -75,6 +75,29 @@ pub enum GraphicsError {
     },
 }
 
+/// The start of [`GraphicsError::LoaderMissing`]'s and [`GraphicsError::NoDevice`]'s texts.
+const VULKAN_MISSING_TEXTS: [&str; 2] = [
+    "no Vulkan loader could be loaded",
+    "no Vulkan device with a graphics queue was found",
+];
+
+impl GraphicsError {
+    /// Whether the machine lacks Vulkan (no loader, or no driver with a device that draws), as
+    /// opposed to Vulkan failing: the one case where a test that renders skips.
+    pub fn is_vulkan_missing(&self) -> bool {
+        matches!(
+            self,
+            GraphicsError::LoaderMissing(_) | GraphicsError::NoDevice
+        )
+    }
+}
+
+/// [`GraphicsError::is_vulkan_missing`] for an error that reached the caller as text (an app
+/// stage's error, a command's stderr).
+pub fn says_vulkan_missing(text: &str) -> bool {
+    VULKAN_MISSING_TEXTS.iter().any(|t| text.contains(t))
+}
+
 /// Names the failed Vulkan call in the error.
 pub(crate) trait VkContext<T> {
     fn call(self, call: &'static str) -> Result<T, GraphicsError>;
@@ -83,5 +106,27 @@ pub(crate) trait VkContext<T> {
 impl<T> VkContext<T> for Result<T, vk::Result> {
     fn call(self, call: &'static str) -> Result<T, GraphicsError> {
         self.map_err(|result| GraphicsError::Vulkan { call, result })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_vulkan_is_told_from_its_text() {
+        for e in [
+            GraphicsError::LoaderMissing("libvulkan.so.1".into()),
+            GraphicsError::NoDevice,
+        ] {
+            assert!(e.is_vulkan_missing());
+            assert!(
+                says_vulkan_missing(&format!("app `a`: stage `draw`: {e}")),
+                "{e}"
+            );
+        }
+        let other = GraphicsError::NothingRendered;
+        assert!(!other.is_vulkan_missing());
+        assert!(!says_vulkan_missing(&other.to_string()));
     }
 }

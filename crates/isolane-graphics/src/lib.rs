@@ -27,7 +27,7 @@ mod select;
 mod vulkan;
 
 pub use config::RendererConfig;
-pub use error::GraphicsError;
+pub use error::{says_vulkan_missing, GraphicsError};
 pub use renderer::{GpuTiming, RenderTiming, Renderer};
 pub use scene::{BoxOverlay, FrameRef, MaskRef, Overlay, Palette};
 pub use select::{

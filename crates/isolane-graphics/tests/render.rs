@@ -1,5 +1,5 @@
 //! The renderer on a real Vulkan device (in CI Mesa's lavapipe, on the CPU): read-back pixels
-//! against the CPU reference. These tests fail without Vulkan unless ISOLANE_SKIP_VULKAN=1.
+//! against the CPU reference. Without Vulkan they skip with the install hint (they fail under ISOLANE_STRICT=1, as in CI).
 
 mod common;
 

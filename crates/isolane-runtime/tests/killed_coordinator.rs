@@ -75,7 +75,11 @@ fn a_coordinator_killed_with_sigkill_takes_its_workers_along() {
     common::write_executable(&worker, SLEEPING_WORKER);
     let pid_file = dir.path().join("worker.pid");
     let mut coordinator = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "coordinator_child_helper", "--test-threads=1"])
+        .args([
+            "--exact",
+            test_name("coordinator_child_helper").as_str(),
+            "--test-threads=1",
+        ])
         .env("ISOLANE_TEST_COORDINATOR_WORKER", &worker)
         .env("WORKER_PID_FILE", &pid_file)
         .stdout(Stdio::null())
@@ -100,4 +104,13 @@ fn a_coordinator_killed_with_sigkill_takes_its_workers_along() {
         within_20s(|| !alive(worker_pid)),
         "worker {worker_pid} outlived its coordinator's SIGKILL"
     );
+}
+
+/// The name libtest knows `function` of this file by: its module's path inside the test binary
+/// (tests/suite.rs makes each file a module), less the binary's own name, then the function.
+fn test_name(function: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{function}"),
+        None => function.to_string(),
+    }
 }

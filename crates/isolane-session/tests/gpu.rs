@@ -155,7 +155,7 @@ fn mps_daemon_is_gone_after_sigint_mid_run() {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "helper_mps_sigint_child",
+            test_name("helper_mps_sigint_child").as_str(),
             "--nocapture",
             "--test-threads=1",
         ])
@@ -261,4 +261,13 @@ fn verify_timeslice_mps_and_green_side_by_side() {
         mean("mps") < mean("timeslice"),
         "MPS should isolate better than time-slicing"
     );
+}
+
+/// The name libtest knows `function` of this file by: its module's path inside the test binary
+/// (tests/suite.rs makes each file a module), less the binary's own name, then the function.
+fn test_name(function: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{function}"),
+        None => function.to_string(),
+    }
 }

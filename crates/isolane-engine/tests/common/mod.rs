@@ -1,4 +1,5 @@
 //! ONNX models built in memory, shared by the import tests.
+#![allow(dead_code)] // each test module uses part of it
 
 use isolane_engine::onnx::proto::{
     tensor_proto::DataType, tensor_shape_proto, type_proto, GraphProto, ModelProto,

@@ -2,34 +2,27 @@
 
 #![allow(dead_code)] // each test binary uses part of it
 
+use isolane_core::system_packages::{skip_without, VULKAN};
 use isolane_graphics::reference::{mask_class_at, render_reference};
 use isolane_graphics::{
-    BoxOverlay, DevicePreference, FrameRef, GraphicsError, MaskRef, Overlay, Renderer,
-    RendererConfig,
+    BoxOverlay, DevicePreference, FrameRef, MaskRef, Overlay, Renderer, RendererConfig,
 };
-
-/// Set to 1 to let the Vulkan tests pass on a machine without Vulkan (they fail otherwise).
-pub const SKIP_ENV: &str = "ISOLANE_SKIP_VULKAN";
 
 /// The frame's alpha everywhere: box pixels (alpha 255) stand out from it.
 pub const FRAME_ALPHA: u8 = 200;
 
 /// A renderer on the device `ISOLANE_VULKAN_DEVICE` names (automatic choice without it). Without
-/// a Vulkan loader or device it panics with the install hint, unless ISOLANE_SKIP_VULKAN=1.
+/// a Vulkan loader or device: `None`, the test skips with the install hint (it fails instead
+/// under ISOLANE_STRICT=1, as in CI).
 pub fn renderer(config: RendererConfig) -> Option<Renderer> {
     let device = DevicePreference::from_env()
         .expect("ISOLANE_VULKAN_DEVICE")
         .unwrap_or(config.device.clone());
     match Renderer::new(RendererConfig { device, ..config }) {
         Ok(r) => Some(r),
-        Err(e @ (GraphicsError::LoaderMissing(_) | GraphicsError::NoDevice))
-            if std::env::var(SKIP_ENV).is_ok_and(|v| v == "1") =>
-        {
-            eprintln!("skipped ({SKIP_ENV}=1): {e}");
+        Err(e) if e.is_vulkan_missing() => {
+            skip_without(&VULKAN, &e);
             None
-        }
-        Err(e @ (GraphicsError::LoaderMissing(_) | GraphicsError::NoDevice)) => {
-            panic!("{e}\n(set {SKIP_ENV}=1 to skip the Vulkan tests on a machine without Vulkan)")
         }
         Err(e) => panic!("{e}"),
     }

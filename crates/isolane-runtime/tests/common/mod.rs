@@ -1,4 +1,5 @@
 //! Helpers shared by the runtime's integration tests.
+#![allow(dead_code)] // each test module uses part of it
 
 use std::io::Write as _;
 use std::path::Path;

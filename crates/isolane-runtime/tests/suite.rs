@@ -1,0 +1,15 @@
+//! Every integration test of this crate in one binary: one link instead of one per file
+//! (the test build's largest cost). Each file stays a module of its own name; a file
+//! that must own its process (a global allocator, its own harness, environment
+//! variables it sets) is a binary of its own (Cargo.toml, `autotests = false`).
+
+#[path = "engine_value.rs"]
+mod engine_value;
+#[path = "killed_coordinator.rs"]
+mod killed_coordinator;
+#[path = "program_host.rs"]
+mod program_host;
+#[path = "worker_env.rs"]
+mod worker_env;
+#[path = "worker_roles.rs"]
+mod worker_roles;
