@@ -237,9 +237,16 @@ pub fn admit(
     }
 
     if rejections.is_empty() {
-        // In the scenario's order, CPU workloads among the GPU ones.
-        let position = |name: &str| scenario.workloads.iter().position(|w| w.name == name);
-        admitted.sort_by_key(|a| position(&a.workload));
+        // In the scenario's order, CPU workloads among the GPU ones. One map of the names
+        // (unique, by validation): a search of the list per comparison made a plan of 64k
+        // workloads take half a minute.
+        let position: std::collections::HashMap<&str, usize> = scenario
+            .workloads
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.name.as_str(), i))
+            .collect();
+        admitted.sort_by_key(|a| position.get(a.workload.as_str()).copied());
         Ok(Plan {
             device: device.name.to_string(),
             mechanism,
@@ -447,7 +454,8 @@ impl OneGpu<'_> {
                 );
                 continue;
             };
-            total_pct += pct;
+            // Saturating: a file may hold any number of workloads (an overflow would panic).
+            total_pct = total_pct.saturating_add(pct);
             if total_pct > options.mps_thread_budget_pct {
                 reject(
                     rejections,
@@ -461,7 +469,8 @@ impl OneGpu<'_> {
                 continue;
             }
             if let Some(limit) = w.partition.mem_limit_mib {
-                total_pinned += limit;
+                // Each limit may be up to i64::MAX MiB: three of them overflow a u64.
+                total_pinned = total_pinned.saturating_add(limit);
                 if total_pinned > device.memory_mib {
                     reject(
                         rejections,
@@ -702,6 +711,58 @@ mod tests {
 
     fn opts() -> AdmissionOptions {
         AdmissionOptions::default()
+    }
+
+    /// Issue 31: `plan` of 64k workloads took 36 s, validation 0.35 s: the plan was put back
+    /// in the scenario's order by a search of the workload list per comparison of the sort
+    /// (n² log n). 100k workloads, a third of them on the CPU (admitted first, then sorted
+    /// among the GPU ones), take well under a second now; the quadratic sort took hours, so a
+    /// 30 s bound cannot be missed by a loaded machine and cannot be met by a regression.
+    #[test]
+    fn a_plan_of_100k_workloads_is_put_in_order_in_n_log_n() {
+        let n = 100_000;
+        let mut s = scenario(Mechanism::Timeslice, vec![PartitionSpec::default(); n]);
+        for w in s.workloads.iter_mut().step_by(3) {
+            w.backend = Backend::Cpu;
+        }
+        let h100 = device_model("h100-sxm").unwrap();
+        let t = std::time::Instant::now();
+        let plan = admit(&s, &h100, &[], &opts()).unwrap();
+        let took = t.elapsed();
+        assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+        assert_eq!(plan.workloads.len(), n);
+        assert!(plan
+            .workloads
+            .iter()
+            .zip(&s.workloads)
+            .all(|(a, w)| a.workload == w.name));
+        assert!(matches!(
+            plan.workloads[0].partition,
+            ResolvedPartition::Cpu
+        ));
+        assert!(matches!(
+            plan.workloads[1].partition,
+            ResolvedPartition::Whole
+        ));
+    }
+
+    /// Pinned MPS limits of up to i64::MAX MiB each: three of them overflowed the running
+    /// total (a panic); they are refused as over the device's memory.
+    #[test]
+    fn pinned_limits_beyond_u64_are_refused_not_overflowed() {
+        let h100 = device_model("h100-sxm").unwrap();
+        let limit = Some(i64::MAX as u64);
+        let r = admit(
+            &scenario(Mechanism::Mps, vec![mps(10, limit); 3]),
+            &h100,
+            &[],
+            &opts(),
+        );
+        let r = reasons(r);
+        assert_eq!(r.len(), 3);
+        assert!(r
+            .iter()
+            .all(|(_, why)| matches!(why, RejectReason::PinnedMemoryOverBudget { .. })));
     }
 
     #[test]
