@@ -243,6 +243,28 @@ pub fn read_jobs_csv_partial(path: &Path) -> Result<(Vec<JobRecord>, Option<Stri
     Ok((parse_jobs_csv(path, &text)?, None))
 }
 
+/// The largest time a jobs CSV may hold, in ms: 1e12 ms (about 31 years, far beyond any run
+/// of at most 200 days: 100 of phase and 100 of duration) keeps every time, and the difference
+/// of two, within i64 nanoseconds.
+pub const MAX_JOB_TIME_MS: f64 = 1e12;
+
+/// The columns of a jobs CSV, in order ([`JOBS_CSV_HEADER`]).
+const JOBS_CSV_FIELDS: [&str; 7] = [
+    "job",
+    "release_ms",
+    "start_ms",
+    "end_ms",
+    "latency_ms",
+    "timeout",
+    "held_ms",
+];
+
+/// Parses a jobs CSV. Every value is checked as the release loop writes it, so that a damaged or
+/// hand-edited file is refused by line and field instead of summarised into nonsense (negative
+/// latencies, NaN, a time that wraps i64): job indices below [`isolane_core::spec::limits::MAX_JOBS`]
+/// and rising (each once, in the order the metrics need), times finite from 0 to
+/// [`MAX_JOB_TIME_MS`], a start and an end together or neither, release <= start <= end, the
+/// latency the end minus the release.
 fn parse_jobs_csv(path: &Path, text: &str) -> Result<Vec<JobRecord>, OutputError> {
     let bad = |line: usize, what: &str| OutputError::Parse {
         path: path.to_path_buf(),
@@ -254,44 +276,292 @@ fn parse_jobs_csv(path: &Path, text: &str) -> Result<Vec<JobRecord>, OutputError
         Some((_, h)) if h.trim() == JOBS_CSV_HEADER_V1 => 6,
         _ => return Err(bad(1, &format!("expected the header `{JOBS_CSV_HEADER}`"))),
     };
-    let ns = |s: &str| -> Option<Option<i64>> {
-        if s.is_empty() {
-            Some(None)
-        } else {
-            s.parse::<f64>()
-                .ok()
-                .map(|v| Some((v * 1e6).round() as i64))
-        }
-    };
     let mut out = Vec::new();
+    let mut prev: Option<(u64, usize)> = None;
     for (i, line) in lines {
         if line.trim().is_empty() {
             continue;
         }
-        let f: Vec<&str> = line.split(',').collect();
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
         if f.len() != fields {
-            return Err(bad(i + 1, &format!("expected {fields} fields")));
+            return Err(bad(
+                i + 1,
+                &format!(
+                    "found {} fields; expected {fields} fields ({})",
+                    f.len(),
+                    JOBS_CSV_FIELDS[..fields].join(",")
+                ),
+            ));
         }
-        let parsed = (|| {
-            Some(JobRecord {
-                index: f[0].parse().ok()?,
-                release_ns: ns(f[1])??,
-                start_ns: ns(f[2])?,
-                end_ns: ns(f[3])?,
-                timeout: match f[5].trim() {
-                    "1" | "true" => true,
-                    "0" | "false" => false,
-                    _ => return None,
-                },
-                held_ns: match f.get(6) {
-                    Some(v) => ns(v.trim())?.unwrap_or(0),
-                    None => 0,
-                },
-            })
-        })();
-        out.push(parsed.ok_or_else(|| bad(i + 1, "malformed field"))?);
+        let r = parse_job_row(&f, prev).map_err(|e| bad(i + 1, &e))?;
+        prev = Some((r.index, i + 1));
+        out.push(r);
     }
     Ok(out)
+}
+
+/// One row's record, or what is wrong with it: "field `NAME`: found ...; expected ...".
+/// `prev` is the previous row's job index and line.
+fn parse_job_row(f: &[&str], prev: Option<(u64, usize)>) -> Result<JobRecord, String> {
+    let wrong = |k: usize, expected: &str| {
+        format!(
+            "field `{}`: found {:?}; expected {expected}",
+            JOBS_CSV_FIELDS[k], f[k]
+        )
+    };
+    let max_index = isolane_core::spec::limits::MAX_JOBS - 1;
+    let index: u64 = match f[0].parse() {
+        Ok(n) if n <= max_index => n,
+        _ => {
+            return Err(wrong(
+                0,
+                &format!("a job index, an integer from 0 to {max_index}"),
+            ))
+        }
+    };
+    if let Some((p, line)) = prev.filter(|&(p, _)| index <= p) {
+        return Err(wrong(
+            0,
+            &format!(
+                "a job index above {p}, the previous row's (line {line}): each job once, in \
+                 order"
+            ),
+        ));
+    }
+    let time_expected = format!("a finite number of milliseconds from 0 to {MAX_JOB_TIME_MS:e}");
+    // ms -> ns, or None for an empty cell.
+    let time = |k: usize| -> Result<Option<i64>, String> {
+        if f[k].is_empty() {
+            return Ok(None);
+        }
+        match f[k].parse::<f64>() {
+            Ok(v) if (0.0..=MAX_JOB_TIME_MS).contains(&v) => Ok(Some((v * 1e6).round() as i64)),
+            _ => Err(wrong(k, &time_expected)),
+        }
+    };
+    let release_ns =
+        time(1)?.ok_or_else(|| wrong(1, &format!("{time_expected} (every job has one)")))?;
+    let (start_ns, end_ns) = match (time(2)?, time(3)?) {
+        (Some(s), Some(e)) => (Some(s), Some(e)),
+        (None, None) => (None, None),
+        (None, Some(_)) => {
+            return Err(wrong(
+                2,
+                "a start, since end_ms has one (both are empty only for a skipped job)",
+            ))
+        }
+        (Some(_), None) => {
+            return Err(wrong(
+                3,
+                "an end, since start_ms has one (both are empty only for a skipped job)",
+            ))
+        }
+    };
+    if let (Some(s), Some(e)) = (start_ns, end_ns) {
+        if s < release_ns {
+            return Err(wrong(
+                2,
+                &format!("a start at or after the release, release_ms = {}", f[1]),
+            ));
+        }
+        if e < s {
+            return Err(wrong(
+                3,
+                &format!("an end at or after the start, start_ms = {}", f[2]),
+            ));
+        }
+        // Written as end - release, each rounded to the ns: a µs of slack is ample.
+        let latency_ms = (e - release_ns) as f64 / 1e6;
+        match f[4].parse::<f64>() {
+            Ok(v) if (v - latency_ms).abs() <= 1e-3 => {}
+            _ => return Err(wrong(4, &format!("end_ms - release_ms = {latency_ms:.6}"))),
+        }
+    } else if !f[4].is_empty() {
+        return Err(wrong(
+            4,
+            "an empty cell, as start_ms and end_ms (a skipped job has no latency)",
+        ));
+    }
+    let timeout = match f[5] {
+        "1" | "true" => true,
+        "0" | "false" => false,
+        _ => return Err(wrong(5, "1 or 0 (true or false)")),
+    };
+    let held_ns = match f.get(6) {
+        Some(_) => time(6)?.unwrap_or(0),
+        None => 0,
+    };
+    Ok(JobRecord {
+        index,
+        release_ns,
+        start_ns,
+        end_ns,
+        timeout,
+        held_ns,
+    })
+}
+
+/// How [`write_run_files`] puts a run's files on the disk; a test injects failures (a full
+/// disk) without filling one.
+pub trait RunFileSink {
+    /// Writes `bytes` as the whole of `path`, atomically.
+    fn replace(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+    /// Cuts `path` (created if missing) to its first `keep` bytes, then appends `bytes`.
+    fn append(&mut self, path: &Path, keep: u64, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+/// The disk itself.
+pub struct Disk;
+
+impl RunFileSink for Disk {
+    fn replace(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        isolane_core::files::write_atomic(path, bytes)
+    }
+
+    fn append(&mut self, path: &Path, keep: u64, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        f.set_len(keep)?;
+        f.write_all(bytes)?;
+        f.sync_data()
+    }
+}
+
+/// Writes a run's `jobs/<workload>.csv` (each with every record the run measured, from
+/// `workloads`: name and records), then `others` (name in `dir`, bytes) and summary.json, the
+/// last file (its presence says the run ended), to `dir`.
+///
+/// A jobs file that cannot be rewritten whole (a full disk: the rewrite needs room for a
+/// second copy) keeps the rows the run streamed to it and gets the records it still lacks
+/// appended, which needs room only for those. A file still short after that is named in
+/// summary.json's `files_incomplete` (its metrics stay those of every record measured), and
+/// the error says so and how to rebuild the summary (`isolane summarize`). Returns a note when
+/// a rewrite failed but the appends made every file whole.
+pub fn write_run_files(
+    dir: &Path,
+    workloads: &[(&str, &[JobRecord])],
+    others: &[(&str, &[u8])],
+    summary: &RunSummary,
+) -> Result<Option<String>, OutputError> {
+    write_run_files_to(&mut Disk, dir, workloads, others, summary)
+}
+
+/// [`write_run_files`] through `sink`.
+pub fn write_run_files_to(
+    sink: &mut dyn RunFileSink,
+    dir: &Path,
+    workloads: &[(&str, &[JobRecord])],
+    others: &[(&str, &[u8])],
+    summary: &RunSummary,
+) -> Result<Option<String>, OutputError> {
+    let mut failure: Option<String> = None;
+    let mut short = Vec::new();
+    for &(name, records) in workloads {
+        let path = dir.join("jobs").join(jobs_file_name(name));
+        let Err(e) = sink.replace(&path, jobs_csv(records).as_bytes()) else {
+            continue;
+        };
+        failure.get_or_insert_with(|| format!("writing {}: {e}", path.display()));
+        if let Err(held) = append_missing(sink, &path, records) {
+            short.push(format!(
+                "jobs/{} holds {held} of the {} records measured",
+                jobs_file_name(name),
+                records.len()
+            ));
+        }
+    }
+    for &(name, bytes) in others {
+        let path = dir.join(name);
+        if let Err(e) = sink.replace(&path, bytes) {
+            failure.get_or_insert_with(|| format!("writing {}: {e}", path.display()));
+            short.push(format!("{name} is missing"));
+        }
+    }
+    let Some(failure) = failure else {
+        return write_summary(sink, dir, summary).map(|()| None);
+    };
+    if short.is_empty() {
+        write_summary(sink, dir, summary)?;
+        return Ok(Some(format!(
+            "{failure}; the records each file lacked were appended to the rows streamed during \
+             the run instead, so jobs/*.csv and summary.json are whole"
+        )));
+    }
+    let files = short.join(", ");
+    let mut marked = summary.clone();
+    marked.files_incomplete = Some(format!("{files} ({failure})"));
+    let rebuild = format!(
+        "`isolane summarize --force {}` rebuilds summary.json from the records on disk",
+        dir.display()
+    );
+    let message = match write_summary(sink, dir, &marked) {
+        Ok(()) => format!(
+            "{failure}: {files}; summary.json holds the metrics of every job measured and names \
+             the short files (\"files_incomplete\"); {rebuild} alone"
+        ),
+        Err(e) => format!(
+            "{failure}: {files}, and summary.json could not be written ({e}); free space on \
+             that disk, then {}",
+            rebuild.replace(" --force", "")
+        ),
+    };
+    Err(OutputError::RunFiles(message))
+}
+
+fn write_summary(
+    sink: &mut dyn RunFileSink,
+    dir: &Path,
+    summary: &RunSummary,
+) -> Result<(), OutputError> {
+    let path = dir.join("summary.json");
+    let mut bytes = serde_json::to_vec_pretty(summary).map_err(|e| OutputError::Io {
+        path: path.clone(),
+        error: e.into(),
+    })?;
+    bytes.push(b'\n');
+    sink.replace(&path, &bytes).map_err(io(&path))
+}
+
+/// Appends to the jobs file `path`, streamed during the run, the records of `records` it lacks
+/// (a row cut off by the full disk is cut away first). `Err` holds how many records the file
+/// keeps when that fails, or when its rows are not the first of `records`.
+fn append_missing(
+    sink: &mut dyn RunFileSink,
+    path: &Path,
+    records: &[JobRecord],
+) -> Result<(), usize> {
+    let text = match isolane_core::files::read_text(path) {
+        Ok(t) => t,
+        Err(isolane_core::files::FileError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            String::new()
+        }
+        Err(_) => return Err(0),
+    };
+    let whole = text.rfind('\n').map_or(0, |i| i + 1);
+    let (keep, held) = if whole == 0 {
+        // Not even the header: the file starts over.
+        (0, 0)
+    } else {
+        let rows = parse_jobs_csv(path, &text[..whole]).map_err(|_| 0usize)?;
+        let n = rows.len();
+        // The stream wrote each workload's records in order: its rows are the first `n`.
+        if n > records.len() || (n > 0 && rows[n - 1].index != records[n - 1].index) {
+            return Err(n);
+        }
+        (whole as u64, n)
+    };
+    let mut bytes = String::new();
+    if keep == 0 {
+        bytes.push_str(JOBS_CSV_HEADER);
+        bytes.push('\n');
+    }
+    push_job_rows(&mut bytes, &records[held..]);
+    sink.append(path, keep, bytes.as_bytes()).map_err(|_| held)
 }
 
 /// This machine's host name, for summary.json.
@@ -423,5 +693,201 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert!(names.iter().all(|n| !n.contains(".tmp")), "{names:?}");
+    }
+
+    /// Issue 31: summarize took NaN, negative and overflowing times, duplicate indices and
+    /// index 2^63-1, and printed negative latencies with exit 0. Each is refused by line and
+    /// field.
+    #[test]
+    fn malformed_values_are_refused_by_line_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.csv");
+        let ok = "0,0.000000,0.001500,4.001500,4.001500,0,0";
+        for (row, field, expected) in [
+            (
+                "0,nan,0.1,1.1,1.1,0,0",
+                "release_ms",
+                "finite number of milliseconds",
+            ),
+            ("0,inf,0.1,1.1,1.1,0,0", "release_ms", "finite"),
+            ("0,-5.0,0.1,1.1,6.1,0,0", "release_ms", "from 0 to 1e12"),
+            ("0,1e300,,,,1,0", "release_ms", "from 0 to 1e12"),
+            ("0,0.0,NaN,1.1,1.1,0,0", "start_ms", "finite"),
+            ("0,0.0,0.1,-1e300,1.1,0,0", "end_ms", "from 0 to 1e12"),
+            ("0,0.0,0.1,1.1,1.1,0,-3", "held_ms", "from 0 to 1e12"),
+            ("0,,,,,1,0", "release_ms", "every job has one"),
+            (
+                "9223372036854775807,0.0,0.1,1.1,1.1,0,0",
+                "job",
+                "from 0 to 999999999999",
+            ),
+            ("-1,0.0,0.1,1.1,1.1,0,0", "job", "an integer"),
+            // Negative latency: an end before the release.
+            ("0,5.0,5.1,1.0,-4.0,0,0", "end_ms", "at or after the start"),
+            (
+                "0,5.0,1.0,6.0,1.0,0,0",
+                "start_ms",
+                "at or after the release",
+            ),
+            (
+                "0,0.0,0.1,1.1,7.0,0,0",
+                "latency_ms",
+                "end_ms - release_ms = 1.100000",
+            ),
+            ("0,0.0,,1.1,1.1,0,0", "start_ms", "a start"),
+            ("0,0.0,0.1,,1.1,0,0", "end_ms", "an end"),
+            ("0,0.0,,,1.1,1,0", "latency_ms", "empty"),
+            ("0,0.0,0.1,1.1,1.1,2,0", "timeout", "1 or 0"),
+        ] {
+            std::fs::write(&path, format!("{JOBS_CSV_HEADER}\n{row}\n")).unwrap();
+            let e = read_jobs_csv(&path).unwrap_err();
+            assert!(e.is_user_error());
+            let e = e.to_string();
+            assert!(
+                e.contains("a.csv: line 2: ")
+                    && e.contains(&format!("field `{field}`"))
+                    && e.contains(expected),
+                "{row}: {e}"
+            );
+        }
+        // The same index twice, or going back: the metrics need each job once, in order.
+        for second in ["0,1.0,1.1,2.0,1.0,0,0", "1,2.0,2.1,3.0,1.0,0,0"] {
+            let text = format!("{JOBS_CSV_HEADER}\n{ok}\n1,1.0,1.1,2.0,1.0,0,0\n{second}\n");
+            std::fs::write(&path, text).unwrap();
+            let e = read_jobs_csv(&path).unwrap_err().to_string();
+            assert!(
+                e.contains("line 4: field `job`")
+                    && e.contains("above 1, the previous row's (line 3)"),
+                "{e}"
+            );
+        }
+        // What the loop writes still reads: a skipped job, gaps in the indices, -0.
+        let text = format!("{JOBS_CSV_HEADER}\n{ok}\n3,-0.0,,,,1,0\n7,9.5,9.5,9.5,0.000000,0,\n");
+        std::fs::write(&path, text).unwrap();
+        let r = read_jobs_csv(&path).unwrap();
+        assert_eq!(r.iter().map(|r| r.index).collect::<Vec<_>>(), [0, 3, 7]);
+        assert_eq!((r[1].start_ns, r[2].latency_ns()), (None, Some(0)));
+    }
+
+    /// Property tests of the jobs CSV reader (`summarize`, `compare`): whatever the text, it
+    /// returns records or an error naming a line, never panics, and what it accepts is sound.
+    /// `cargo test` runs ISOLANE_FUZZ_CASES (default 500) cases per target; `scripts/fuzz.sh`
+    /// many more.
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Cells at or past the edges of what a field allows.
+        const CELLS: &[&str] = &[
+            "",
+            "0",
+            "1",
+            "-1",
+            "0.5",
+            "-0.0",
+            "1e12",
+            "1e13",
+            "1e300",
+            "-1e300",
+            "nan",
+            "NaN",
+            "inf",
+            "-inf",
+            "true",
+            "false",
+            "2",
+            "9223372036854775807",
+            "18446744073709551616",
+            "999999999999",
+            "1000000000000",
+            "4.001500",
+            "x",
+            " 1 ",
+        ];
+
+        fn cell() -> impl Strategy<Value = String> {
+            prop_oneof![
+                proptest::sample::select(CELLS).prop_map(str::to_string),
+                any::<f64>().prop_map(|v| format!("{v}")),
+                (0u64..1000).prop_map(|v| v.to_string()),
+                "[-0-9.,e ]{0,12}",
+            ]
+        }
+
+        fn row() -> impl Strategy<Value = String> {
+            proptest::collection::vec(cell(), 5..9).prop_map(|c| c.join(","))
+        }
+
+        /// A run's records as the release loop makes them.
+        fn records() -> impl Strategy<Value = Vec<JobRecord>> {
+            proptest::collection::vec(
+                (
+                    1u64..5,
+                    0i64..10_000_000_000,
+                    0i64..1_000_000,
+                    0i64..1_000_000_000,
+                    any::<bool>(),
+                    0i64..1_000_000,
+                ),
+                0..40,
+            )
+            .prop_map(|rows| {
+                let mut index = 0;
+                rows.into_iter()
+                    .map(|(gap, release, wait, service, ran, held)| {
+                        index += gap;
+                        JobRecord {
+                            index,
+                            release_ns: release,
+                            start_ns: ran.then_some(release + wait),
+                            end_ns: ran.then_some(release + wait + service),
+                            timeout: !ran,
+                            held_ns: held,
+                        }
+                    })
+                    .collect()
+            })
+        }
+
+        fn parse(text: &str) -> Result<Vec<JobRecord>, OutputError> {
+            parse_jobs_csv(Path::new("fuzz.csv"), text)
+        }
+
+        proptest! {
+            #![proptest_config(isolane_core::fuzz::config(500))]
+
+            #[test]
+            fn fuzz_jobs_csv_rows_are_refused_or_sound(
+                rows in proptest::collection::vec(row(), 0..8),
+                old in any::<bool>(),
+            ) {
+                let header = if old { JOBS_CSV_HEADER_V1 } else { JOBS_CSV_HEADER };
+                let text = format!("{header}\n{}\n", rows.join("\n"));
+                match parse(&text) {
+                    Ok(records) => {
+                        let mut prev = None;
+                        for r in &records {
+                            prop_assert!(prev.is_none_or(|p| r.index > p));
+                            prev = Some(r.index);
+                            prop_assert!(r.release_ns >= 0 && r.held_ns >= 0);
+                            prop_assert!(r.latency_ns().is_none_or(|l| l >= 0));
+                            prop_assert!(r.start_ns.is_some() == r.end_ns.is_some());
+                        }
+                    }
+                    Err(e) => prop_assert!(e.to_string().contains("fuzz.csv: line "), "{e}"),
+                }
+            }
+
+            #[test]
+            fn fuzz_jobs_csv_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+                let text = format!("{JOBS_CSV_HEADER}\n{}", String::from_utf8_lossy(&bytes));
+                let _ = parse(&text);
+            }
+
+            #[test]
+            fn fuzz_jobs_csv_round_trips(records in records()) {
+                prop_assert_eq!(parse(&jobs_csv(&records)).unwrap(), records);
+            }
+        }
     }
 }

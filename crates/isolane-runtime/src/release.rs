@@ -137,11 +137,16 @@ pub fn run_loop_guarded(
         let Some(rel) = cursor.next(prev_end_rel) else {
             return Ok(LoopEnd::Completed);
         };
-        let release = t0_ns + rel.release_ns;
-        guard.next_release(index, release, rel.deadline_ns.map(|d| release + d));
+        // Saturating: validation bounds every release and deadline to 100 days, but a
+        // schedule built in code (a max-rate probe at an absurd rate) may still hold a release
+        // of i64::MAX (a saturated k·T); the loop then waits for it (until stopped) instead
+        // of panicking.
+        let release = t0_ns.saturating_add(rel.release_ns);
+        let deadline = rel.deadline_ns.map(|d| release.saturating_add(d));
+        guard.next_release(index, release, deadline);
         let now = clock::now_ns();
         if now < release {
-            if release - now > spin_ns + IDLE_MIN_NS {
+            if release - now > spin_ns.saturating_add(IDLE_MIN_NS) {
                 sink.idle(release);
             }
             if !clock::wait_until_ns(release, spin_ns, stop) {
@@ -163,7 +168,7 @@ pub fn run_loop_guarded(
             }
         }
         let (start, end, held_ns) = guard.run_job(exec, index, stop)?;
-        let latency = end - release;
+        let latency = end.saturating_sub(release);
         sink.record(&JobRecord {
             index,
             release_ns: rel.release_ns,
@@ -247,6 +252,33 @@ mod tests {
                 return (r, disturbed);
             }
         }
+    }
+
+    /// Issue 31: `rate_hz = 1e-12` with `jobs = 2` made job 1's release k·T = 1e21 ns,
+    /// saturated to i64::MAX, and `t0 + release` overflowed (a panic). Now the loop waits for
+    /// it like any release, until stopped.
+    #[test]
+    fn a_release_beyond_i64_waits_until_stopped_instead_of_overflowing() {
+        let s = Schedule {
+            pace: Pace::Periodic { period_ns: 1e21 },
+            deadline_ns: Some(i64::MAX),
+            end: End::Jobs(2),
+            late: LatePolicy::Skip,
+            phase_ns: 0,
+        };
+        let mut exec = SpinExecutor::new(10_000, 0, 1);
+        let stop = AtomicBool::new(false);
+        let mut sink = VecSink::with_capacity(2, None);
+        let end = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                stop.store(true, Ordering::Relaxed);
+            });
+            run_loop(&mut exec, &s, clock::now_ns(), 0, &stop, &mut sink).unwrap()
+        });
+        assert_eq!(end, LoopEnd::Interrupted);
+        assert_eq!(sink.records.len(), 1);
+        assert!(!sink.records[0].timeout);
     }
 
     #[test]
