@@ -64,7 +64,7 @@ impl ProfileKey {
         )
     }
 
-    fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.device_dir()
             .join(format!("{}{}.json", self.stem(), clean(&self.partition)))
     }
@@ -79,6 +79,9 @@ pub struct DeviceRecord {
     /// `discovered:<name>` for a GPU without one, `cpu` for the CPU).
     pub device_model: String,
 }
+
+/// The longest execution time a profile may hold, in ms: 100 days, a deadline's bound.
+pub const MAX_PROFILE_MS: f64 = 8.64e9;
 
 /// One profile file: execution times alone in one partition (ms).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -111,6 +114,28 @@ impl Times {
     /// model then runs at another speed) is to be measured again.
     pub fn measured_by(&self, revision: Option<u32>) -> bool {
         self.engine_revision == revision
+    }
+
+    /// What is wrong with the numbers of a profile file, naming the field: every time finite,
+    /// more than 0 and at most [`MAX_PROFILE_MS`] (serde reads a negative or absurd time as
+    /// readily as a good one, and the search would plan with it).
+    pub fn check(&self) -> Result<(), String> {
+        let times = [
+            ("exec_p50_ms", Some(self.exec_p50_ms)),
+            ("exec_p99_ms", Some(self.exec_p99_ms)),
+            ("exec_mean_ms", Some(self.exec_mean_ms)),
+            ("exec_p999_ms", self.exec_p999_ms),
+        ];
+        for (field, v) in times {
+            let Some(v) = v else { continue };
+            if !(v.is_finite() && v > 0.0 && v <= MAX_PROFILE_MS) {
+                return Err(format!(
+                    "field `{field}`: found {v}; expected a finite number of milliseconds > 0, at \
+                     most {MAX_PROFILE_MS:e} (100 days)"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The profile as the search knows it, at ladder size `size`.
@@ -153,10 +178,26 @@ impl ProfileCache {
     }
 
     /// The profile for `key`, if one was stored and reads back. A file that does not parse
-    /// (written by another version, cut off) counts as absent and is measured again.
+    /// (written by another version, cut off) or holds a time that cannot be (NaN, negative,
+    /// absurd: [`Times::check`]) counts as absent and is measured again.
     pub fn get(&self, key: &ProfileKey) -> Option<Times> {
-        let text = std::fs::read_to_string(self.dir.join(key.path())).ok()?;
-        serde_json::from_str(&text).ok()
+        self.read(key).ok().flatten()
+    }
+
+    /// The profile for `key`: `Ok(None)` when there is no file, an error naming the file (and
+    /// the field) when it does not parse or holds a time that cannot be. For a folder that is
+    /// never measured again (an offline plan's `--profiles`), where a damaged file is the
+    /// user's to fix.
+    pub fn read(&self, key: &ProfileKey) -> Result<Option<Times>, String> {
+        let path = self.dir.join(key.path());
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        parse_times(&text)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// Stores a profile, and the description of its GPU if the folder has none yet (both
@@ -217,6 +258,13 @@ impl ProfileCache {
         found.sort_by_key(|p| (p.parse::<u64>().unwrap_or(u64::MAX), p.clone()));
         found
     }
+}
+
+/// A profile file's text as [`Times`], checked ([`Times::check`]).
+pub fn parse_times(text: &str) -> Result<Times, String> {
+    let t: Times = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    t.check()?;
+    Ok(t)
 }
 
 pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
@@ -330,5 +378,106 @@ mod tests {
         assert_eq!(to.devices(), vec![h100()]);
         assert_eq!(to.partitions(&key("")), ["16"]);
         assert!(c.export(&key("24"), &to).is_err(), "nothing to export");
+    }
+
+    /// Issue 31: a profile's times were taken as they read (negative, zero, 1e308), and the
+    /// search planned with them. Such a file is refused by field; the cache measures it again.
+    #[test]
+    fn a_profile_with_impossible_times_is_refused_by_field() {
+        let d = tempfile::tempdir().unwrap();
+        let c = ProfileCache::new(d.path());
+        c.put(&key("48"), &h100(), &T).unwrap();
+        let path = d.path().join(key("48").path());
+        for (text, field) in [
+            (
+                r#"{"exec_p50_ms": -0.4, "exec_p99_ms": 0.45, "exec_mean_ms": 0.41}"#,
+                "exec_p50_ms",
+            ),
+            (
+                r#"{"exec_p50_ms": 0.4, "exec_p99_ms": 0, "exec_mean_ms": 0.41}"#,
+                "exec_p99_ms",
+            ),
+            (
+                r#"{"exec_p50_ms": 0.4, "exec_p99_ms": 0.45, "exec_mean_ms": 1e308}"#,
+                "exec_mean_ms",
+            ),
+            (
+                r#"{"exec_p50_ms": 0.4, "exec_p99_ms": 0.45, "exec_mean_ms": 0.41, "exec_p999_ms": -1}"#,
+                "exec_p999_ms",
+            ),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = c.read(&key("48")).unwrap_err();
+            assert!(
+                e.contains(&path.display().to_string()) && e.contains(&format!("field `{field}`")),
+                "{e}"
+            );
+            assert_eq!(c.get(&key("48")), None);
+        }
+        // Out of f64's range, or not a number at all: serde refuses it, named by the file.
+        std::fs::write(
+            &path,
+            r#"{"exec_p50_ms": 1e999, "exec_p99_ms": 1, "exec_mean_ms": 1}"#,
+        )
+        .unwrap();
+        assert!(c
+            .read(&key("48"))
+            .unwrap_err()
+            .contains(&path.display().to_string()));
+        assert_eq!(c.read(&key("56")), Ok(None));
+    }
+
+    /// Property test of the profile reader: whatever the text, a checked profile or an error,
+    /// never a panic; a profile it accepts has usable times. `cargo test` runs
+    /// ISOLANE_FUZZ_CASES (default 500) cases; `scripts/fuzz.sh` many more.
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        const NUMBERS: &[&str] = &[
+            "0", "-0.0", "1", "-1", "0.45", "1e308", "1e999", "-1e999", "8.64e9", "8.64e10", "NaN",
+            "Infinity", "null", "\"1\"", "true", "1e-320",
+        ];
+
+        fn number() -> impl Strategy<Value = String> {
+            prop_oneof![
+                proptest::sample::select(NUMBERS).prop_map(str::to_string),
+                any::<f64>().prop_map(|v| format!("{v:e}")),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(isolane_core::fuzz::config(500))]
+
+            #[test]
+            fn fuzz_profile_files_are_refused_or_usable(
+                values in proptest::collection::vec(number(), 5),
+                keys in proptest::collection::vec(0usize..6, 0..6),
+                cut in any::<prop::sample::Index>(),
+            ) {
+                const KEYS: [&str; 6] = [
+                    "exec_p50_ms", "exec_p99_ms", "exec_mean_ms", "exec_p999_ms",
+                    "engine_revision", "other",
+                ];
+                let fields: Vec<String> = keys
+                    .iter()
+                    .zip(&values)
+                    .map(|(&k, v)| format!("\"{}\": {v}", KEYS[k]))
+                    .collect();
+                let text = format!("{{{}}}", fields.join(", "));
+                // Whole, and cut anywhere (a file half written by another version).
+                let cut_at = cut.index(text.len() + 1);
+                for t in [&text[..], &text[..cut_at]] {
+                    if let Ok(p) = parse_times(t) {
+                        for v in [p.exec_p50_ms, p.exec_p99_ms, p.exec_mean_ms]
+                            .into_iter()
+                            .chain(p.exec_p999_ms)
+                        {
+                            prop_assert!(v.is_finite() && v > 0.0 && v <= MAX_PROFILE_MS);
+                        }
+                    }
+                }
+            }
+        }
     }
 }

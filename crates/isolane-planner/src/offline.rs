@@ -175,6 +175,11 @@ impl OfflineProfiles {
         self.cache.get(key)
     }
 
+    /// As [`ProfileCache::read`]: a damaged file is an error naming it.
+    pub fn read(&self, key: &ProfileKey) -> Result<Option<Times>, String> {
+        self.cache.read(key)
+    }
+
     /// The other drivers of the device model that have the profile of `key` (which is of the
     /// chosen one): a profile measured again with a new driver only in part leaves the rest
     /// with the old one.
@@ -259,9 +264,21 @@ impl Profiler for OfflineProfiler<'_> {
     fn profile(&mut self, workload: usize, size: u32) -> Result<Point, ProfileError> {
         let w = &self.workloads[workload];
         let key = self.key(w, &self.ladder.label(size));
-        if let Some(t) = self.store.get(&key) {
-            self.used.push(key);
-            return Ok(t.at(size));
+        // A damaged file is named (file and field), not taken for a missing one: nothing here
+        // measures it again.
+        match self.store.read(&key) {
+            Ok(Some(t)) => {
+                self.used.push(key);
+                return Ok(t.at(size));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Err(ProfileError::NotProfiled(format!(
+                    "{}: the profile of {} cannot be used: {e}",
+                    w.describe(self.mechanism),
+                    self.ladder.describe(size)
+                )))
+            }
         }
         let have = self.available(w);
         let elsewhere = match self.store.other_drivers_with(&key).first() {
@@ -405,6 +422,25 @@ mod tests {
         assert!(
             e.contains("`cam` (resnet18, batch 1, fp16, mig): no profile of 7g.80gb in")
                 && e.contains("(NVIDIA A100-SXM4-80GB, driver 580.65.06); it has 1g.10gb"),
+            "{e}"
+        );
+        // A damaged profile is named with its file and field, not planned with (a negative
+        // p99 used to be taken as it read) nor called missing.
+        let key = store.key("resnet18", 1, "fp16", "mig", "1g.10gb");
+        let file = d.path().join(key.path());
+        std::fs::write(
+            &file,
+            r#"{"exec_p50_ms": 1.0, "exec_p99_ms": -1.5, "exec_mean_ms": 1.0}"#,
+        )
+        .unwrap();
+        let e = p.profile(0, 0).unwrap_err();
+        assert!(matches!(e, ProfileError::NotProfiled(_)));
+        let e = e.to_string();
+        assert!(
+            e.contains(
+                "`cam` (resnet18, batch 1, fp16, mig): the profile of 1g.10gb cannot be used"
+            ) && e.contains(&file.display().to_string())
+                && e.contains("field `exec_p99_ms`: found -1.5"),
             "{e}"
         );
     }
