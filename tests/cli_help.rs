@@ -52,11 +52,38 @@ fn plan_help_lists_the_no_gpu_exit_code() {
 }
 
 #[test]
-fn bench_without_a_gpu_suggests_the_cpu_backend() {
+fn bench_without_a_gpu_falls_back_to_the_cpu_as_run_does() {
     if std::path::Path::new("/dev/nvidiactl").exists() {
         return; // a GPU machine benches on the GPU
     }
-    let (code, _, err) = text(&["bench", "--model", "resnet18", "--replays", "1"]);
+    // Issue 31: the default backend was cuda, so a plain `bench` failed (exit 1) where `run`
+    // falls back with a note.
+    let (code, out, err) = text(&[
+        "bench",
+        "--model",
+        "resnet18",
+        "--replays",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("note: measuring on the CPU backend: cuda cannot run here"),
+        "{err}"
+    );
+    assert!(out.contains(r#""backend":"cpu""#), "{out}");
+    // Asking for cuda still insists on it, and says what to do instead.
+    let (code, _, err) = text(&[
+        "bench",
+        "--model",
+        "resnet18",
+        "--replays",
+        "1",
+        "--backend",
+        "cuda",
+    ]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("--backend cpu"), "{err}");
 }

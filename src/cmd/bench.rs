@@ -29,9 +29,10 @@ pub struct BenchArgs {
     /// on cpu.
     #[arg(long, value_delimiter = ',')]
     precision: Vec<String>,
-    /// cuda or cpu.
-    #[arg(long, default_value = "cuda")]
-    backend: String,
+    /// cuda or cpu. Default: cuda where a CUDA GPU can run it, else cpu with a note saying why
+    /// (as `isolane run` picks its quickstart); `--backend cuda` insists on the GPU.
+    #[arg(long, value_parser = ["cuda", "cpu"])]
+    backend: Option<String>,
     /// Timed jobs per configuration.
     #[arg(long, default_value_t = 200)]
     replays: usize,
@@ -157,17 +158,30 @@ fn results_table(results: &[BenchResult], wide: bool) -> String {
     }
 }
 
+/// The backend to measure on: the one asked for, else cuda where the GPU can run it and the CPU
+/// otherwise, with the reason on stderr (the same choice and note as `isolane run`'s
+/// quickstart), so that `isolane bench --model resnet18` works on a machine without a GPU.
+fn pick_backend(asked: Option<&str>, gpu_unusable: impl FnOnce() -> Option<String>) -> String {
+    match asked {
+        Some(b) => b.to_string(),
+        None => match gpu_unusable() {
+            Some(why) => {
+                eprintln!("note: measuring on the CPU backend: cuda cannot run here ({why})");
+                "cpu".into()
+            }
+            None => "cuda".into(),
+        },
+    }
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     if args.replays == 0 {
         return Err(user("--replays must be at least 1"));
     }
+    let asked = args.backend.is_some();
+    let backend = pick_backend(args.backend.as_deref(), super::gpu_unusable_reason);
     let mut precisions = Vec::new();
-    let default = [if args.backend == "cpu" {
-        "fp32"
-    } else {
-        "fp16"
-    }
-    .to_string()];
+    let default = [if backend == "cpu" { "fp32" } else { "fp16" }.to_string()];
     let wanted: &[String] = if args.precision.is_empty() {
         &default
     } else {
@@ -187,11 +201,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         return Err(user("--batch must be at least 1"));
     }
     super::check_threads(args.threads)?;
-    let cuda = match args.backend.as_str() {
+    let cuda = match backend.as_str() {
         "cuda" => Some(isolane_cuda::CudaBackend::new(args.gpu).with_context(|| {
             format!(
-                "--backend cuda (the default) needs a usable CUDA GPU {}; without one, measure \
-                 on the CPU with --backend cpu",
+                "{} needs a usable CUDA GPU {}; without one, measure on the CPU with \
+                 --backend cpu",
+                if asked {
+                    "--backend cuda"
+                } else {
+                    "the cuda backend"
+                },
                 args.gpu
             )
         })?),
@@ -259,7 +278,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
                 model.input_mut().copy_from_slice(&input);
                 let (t, wall) = time_jobs(model.as_mut(), args.warmup, args.replays)?;
                 let r = BenchResult {
-                    backend: args.backend.clone(),
+                    backend: backend.clone(),
                     model: name.clone(),
                     batch,
                     precision: p.to_string(),

@@ -16,13 +16,93 @@ use super::user;
     long_about = "Reads RUN_A/summary.json and RUN_B/summary.json and the jobs/<workload>.csv \
                   files, and for every workload present in both prints the two runs' metrics \
                   side by side and the two-sided Mann–Whitney U p-value of their response \
-                  times (a small p: the latency distributions differ)."
+                  times (a small p: the latency distributions differ). --json prints the same \
+                  as one JSON object on stdout (the tables go to stderr)."
 )]
 pub struct CompareArgs {
     /// Output directory of the first run.
     run_a: PathBuf,
     /// Output directory of the second run.
     run_b: PathBuf,
+    /// Print the comparison as one JSON object on stdout (per workload and app: both runs'
+    /// metrics and the U test; the names only in one run; each run's CPU steal); the tables go
+    /// to stderr (docs/report.md, Reading results in Python).
+    #[arg(long)]
+    json: bool,
+}
+
+/// One workload or app of both runs, as `--json` prints it.
+#[derive(serde::Serialize)]
+struct Pair<'a> {
+    name: &'a str,
+    a: &'a isolane_core::metrics::WorkloadMetrics,
+    b: &'a isolane_core::metrics::WorkloadMetrics,
+    mann_whitney: Test,
+}
+
+/// The U test of two latency samples, or why there is none.
+#[derive(serde::Serialize)]
+struct Test {
+    u: Option<f64>,
+    p_value: Option<f64>,
+    method: Option<String>,
+    n_a: usize,
+    n_b: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+impl Test {
+    fn of(xa: &[f64], xb: &[f64]) -> Test {
+        let (n_a, n_b) = (xa.len(), xb.len());
+        match mann_whitney_u(xa, xb, MwMethod::Auto) {
+            Ok(mw) => Test {
+                u: Some(mw.u),
+                p_value: Some(mw.p_value),
+                method: Some(format!("{:?}", mw.method).to_lowercase()),
+                n_a,
+                n_b,
+                error: None,
+            },
+            Err(e) => Test {
+                u: None,
+                p_value: None,
+                method: None,
+                n_a,
+                n_b,
+                error: Some(e.to_string()),
+            },
+        }
+    }
+
+    /// The line the text output prints (and a blank line after it).
+    fn line(&self) -> String {
+        match (&self.error, self.u, self.p_value, &self.method) {
+            (None, Some(u), Some(p), Some(method)) => format!(
+                "Mann–Whitney U = {u:.1}, two-sided p = {p:.3e} ({method}, n = {} vs {})\n",
+                self.n_a, self.n_b
+            ),
+            (e, ..) => format!(
+                "Mann–Whitney U test not possible: {}\n",
+                e.as_deref().unwrap_or("no result")
+            ),
+        }
+    }
+}
+
+/// What `--json` prints.
+#[derive(serde::Serialize)]
+struct Comparison<'a> {
+    run_a: &'a Path,
+    run_b: &'a Path,
+    label_a: &'a str,
+    label_b: &'a str,
+    workloads: Vec<Pair<'a>>,
+    apps: Vec<Pair<'a>>,
+    only_in_a: Vec<&'a str>,
+    only_in_b: Vec<&'a str>,
+    cpu_steal_pct_a: Option<f64>,
+    cpu_steal_pct_b: Option<f64>,
 }
 
 fn read_summary(dir: &Path) -> anyhow::Result<RunSummary> {
@@ -52,29 +132,59 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
     } else {
         (la, lb)
     };
-    let mut matched = 0;
+    // With --json, stdout is the JSON object alone: the text goes to stderr.
+    let say = |text: &str| {
+        if args.json {
+            eprintln!("{text}")
+        } else {
+            println!("{text}")
+        }
+    };
+    let mut c = Comparison {
+        run_a: &args.run_a,
+        run_b: &args.run_b,
+        label_a: &la,
+        label_b: &lb,
+        workloads: Vec::new(),
+        apps: Vec::new(),
+        only_in_a: Vec::new(),
+        only_in_b: Vec::new(),
+        cpu_steal_pct_a: a.cpu_steal_pct,
+        cpu_steal_pct_b: b.cpu_steal_pct,
+    };
     for wa in &a.workloads {
         let Some(wb) = b.workloads.iter().find(|w| w.name == wa.name) else {
-            println!("workload `{}` is only in {}", wa.name, la);
+            say(&format!("workload `{}` is only in {}", wa.name, la));
+            c.only_in_a.push(&wa.name);
             continue;
         };
-        matched += 1;
         let read = |dir: &Path, name: &str| {
             let p = dir.join("jobs").join(output::jobs_file_name(name));
             output::read_jobs_csv(&p).map_err(user)
         };
         let xa = latencies_ms(&read(&args.run_a, &wa.name)?);
         let xb = latencies_ms(&read(&args.run_b, &wb.name)?);
-        println!(
-            "{}",
-            isolane_report::compare_table(&wa.name, &la, &wa.metrics, &lb, &wb.metrics)
-        );
-        println!("{}", mann_whitney_line(&xa, &xb));
+        say(&isolane_report::compare_table(
+            &wa.name,
+            &la,
+            &wa.metrics,
+            &lb,
+            &wb.metrics,
+        ));
+        let test = Test::of(&xa, &xb);
+        say(&test.line());
+        c.workloads.push(Pair {
+            name: &wa.name,
+            a: &wa.metrics,
+            b: &wb.metrics,
+            mann_whitney: test,
+        });
     }
-    matched += compare_apps(&args, &a, &b, &la, &lb)?;
+    compare_apps(&args, &a, &b, &mut c, &say)?;
     for wb in &b.workloads {
         if !a.workloads.iter().any(|w| w.name == wb.name) {
-            println!("workload `{}` is only in {}", wb.name, lb);
+            say(&format!("workload `{}` is only in {}", wb.name, lb));
+            c.only_in_b.push(&wb.name);
         }
     }
     // A difference in the host's steal can explain a difference in the tails (docs/runtime.md).
@@ -82,41 +192,29 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
         s.cpu_steal_pct
             .map_or("not recorded".into(), |p| format!("{p:.1} %"))
     };
-    println!(
+    say(&format!(
         "CPU taken by the hypervisor during the run: {la} {}, {lb} {}",
         steal(&a),
         steal(&b)
-    );
-    if matched == 0 {
+    ));
+    if c.workloads.is_empty() && c.apps.is_empty() {
         return Err(user("the two runs have no workload or app name in common"));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&c)?);
     }
     Ok(0)
 }
 
-/// The U test's line (and a blank line after it).
-fn mann_whitney_line(xa: &[f64], xb: &[f64]) -> String {
-    match mann_whitney_u(xa, xb, MwMethod::Auto) {
-        Ok(mw) => format!(
-            "Mann–Whitney U = {:.1}, two-sided p = {:.3e} ({}, n = {} vs {})\n",
-            mw.u,
-            mw.p_value,
-            format!("{:?}", mw.method).to_lowercase(),
-            xa.len(),
-            xb.len()
-        ),
-        Err(e) => format!("Mann–Whitney U test not possible: {e}\n"),
-    }
-}
-
 /// The apps of both runs (docs/apps.md): end to end side by side, and the U test of their
-/// measured frames' end-to-end latencies (apps/<app>.csv). Returns how many matched.
-fn compare_apps(
+/// measured frames' end-to-end latencies (apps/<app>.csv), into `c`.
+fn compare_apps<'a>(
     args: &CompareArgs,
-    a: &RunSummary,
-    b: &RunSummary,
-    la: &str,
-    lb: &str,
-) -> anyhow::Result<usize> {
+    a: &'a RunSummary,
+    b: &'a RunSummary,
+    c: &mut Comparison<'a>,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<()> {
     let read = |dir: &Path, name: &str| -> anyhow::Result<Vec<f64>> {
         let p = dir.join("apps").join(format!("{name}.csv"));
         let text =
@@ -124,25 +222,36 @@ fn compare_apps(
         isolane_app::metrics::latencies_from_csv(&text)
             .map_err(|e| user(format!("{}: {e}", p.display())))
     };
-    let mut matched = 0;
+    let (la, lb) = (c.label_a, c.label_b);
     for aa in &a.apps {
         let Some(ab) = b.apps.iter().find(|x| x.name == aa.name) else {
-            println!("app `{}` is only in {la}", aa.name);
+            say(&format!("app `{}` is only in {la}", aa.name));
+            c.only_in_a.push(&aa.name);
             continue;
         };
-        matched += 1;
         let title = format!("app {} (end to end)", aa.name);
-        println!(
-            "{}",
-            isolane_report::compare_table(&title, la, &aa.end_to_end, lb, &ab.end_to_end)
-        );
+        say(&isolane_report::compare_table(
+            &title,
+            la,
+            &aa.end_to_end,
+            lb,
+            &ab.end_to_end,
+        ));
         let (xa, xb) = (read(&args.run_a, &aa.name)?, read(&args.run_b, &ab.name)?);
-        println!("{}", mann_whitney_line(&xa, &xb));
+        let test = Test::of(&xa, &xb);
+        say(&test.line());
+        c.apps.push(Pair {
+            name: &aa.name,
+            a: &aa.end_to_end,
+            b: &ab.end_to_end,
+            mann_whitney: test,
+        });
     }
     for ab in &b.apps {
         if !a.apps.iter().any(|x| x.name == ab.name) {
-            println!("app `{}` is only in {lb}", ab.name);
+            say(&format!("app `{}` is only in {lb}", ab.name));
+            c.only_in_b.push(&ab.name);
         }
     }
-    Ok(matched)
+    Ok(())
 }

@@ -93,22 +93,26 @@ pub const QUICKSTART_GPU_NAME: &str = "<built-in GPU quickstart>";
 /// Whether the GPU quickstart can run here (a CUDA device, and the CUDA backend's libraries),
 /// or why not, in the words of discovery: no driver, no device, a library missing.
 fn gpu_unusable_reason() -> Option<String> {
+    gpu_missing_reason().or_else(|| {
+        isolane_cuda::libs::ensure_all()
+            .err()
+            .map(|e| format!("a CUDA library is missing: {e}"))
+    })
+}
+
+/// Why this machine has no CUDA device to run on, if it has none: no driver, no device.
+fn gpu_missing_reason() -> Option<String> {
     use isolane_gpu::GpuError;
     match isolane_gpu::devices::list_devices() {
         // One line: the folders searched are in `isolane devices`.
-        Err(GpuError::LibraryNotFound { library, .. }) => {
-            return Some(format!(
+        Err(GpuError::LibraryNotFound { library, .. }) => Some(format!(
             "no CUDA driver: {library} not found; `isolane devices` says where it was looked for"
-        ))
-        }
-        Err(GpuError::NoDevice(why)) => return Some(format!("no CUDA device: {why}")),
-        Err(e) => return Some(format!("the CUDA driver failed: {e}")),
-        Ok(d) if d.is_empty() => return Some("no CUDA device".into()),
-        Ok(_) => {}
+        )),
+        Err(GpuError::NoDevice(why)) => Some(format!("no CUDA device: {why}")),
+        Err(e) => Some(format!("the CUDA driver failed: {e}")),
+        Ok(d) if d.is_empty() => Some("no CUDA device".into()),
+        Ok(_) => None,
     }
-    isolane_cuda::libs::ensure_all()
-        .err()
-        .map(|e| format!("a CUDA library is missing: {e}"))
 }
 
 /// The built-in quickstart: on the GPU when one is ready (unless `cpu_only`), else on the CPU.

@@ -30,12 +30,12 @@ use super::user;
 /// Warm-up jobs of each profile run (excluded from its times).
 const PROFILE_WARMUP: u64 = 20;
 
-pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
-    let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
+pub fn run(args: &PlanArgs, file: &super::ScenarioFile, engine: &Engine) -> anyhow::Result<u8> {
+    let (scenario, name) = file.scenario()?;
     super::refuse_programs(&scenario, &name, "plan --auto")?;
     super::refuse_mixed_backends(&scenario, &name, "plan --auto")?;
     let demands = demands(&scenario, &name)?;
-    let spread = Spread::of(&scenario, &args.scenario)?;
+    let spread = Spread::of(&scenario, &file.text);
     let target = Target::resolve(&scenario, args)?;
     let workloads = workload_ids(&scenario);
     let mechanisms = mechanisms(&scenario, args.mechanism.as_deref(), &target, &workloads)?;
@@ -79,7 +79,13 @@ pub fn run(args: &PlanArgs, engine: &Engine) -> anyhow::Result<u8> {
         let demands = with_memory(stretched, memory.under(&scenario, *mech));
         let t = Instant::now();
         let planned = profiles.plan(&target, *mech, &ladder, &demands, &opts)?;
-        print_outcome(*mech, &ladder, &planned, t.elapsed().as_secs_f64());
+        print_outcome(
+            *mech,
+            &ladder,
+            &planned,
+            t.elapsed().as_secs_f64(),
+            opts.margin,
+        );
         if let Outcome::NoPlan { unprofiled: u, .. } = &planned.outcome {
             unprofiled |= !u.is_empty();
         }
@@ -265,7 +271,13 @@ fn emit_and_verify(
             }
         }
         admit_planned(&planned, r.target.device())?;
-        emit(&planned, &plan, r.ladder, r.args.out.as_deref())?;
+        emit(
+            &planned,
+            &plan,
+            r.ladder,
+            r.opts.margin,
+            r.args.out.as_deref(),
+        )?;
         if !r.args.verify {
             return Ok((0, None));
         }
@@ -335,7 +347,13 @@ fn plan_again(
     let demands = calibrated(demands, choices, summary);
     let t = Instant::now();
     let next = profiles.plan(r.target, r.mech, r.ladder, &demands, r.opts)?;
-    print_outcome(r.mech, r.ladder, &next, t.elapsed().as_secs_f64());
+    print_outcome(
+        r.mech,
+        r.ladder,
+        &next,
+        t.elapsed().as_secs_f64(),
+        r.opts.margin,
+    );
     Ok(match &next.outcome {
         Outcome::Planned { choices: c, .. }
             if sizes(c) != sizes(choices) || next.gpu_of != plan.gpu_of =>
@@ -376,14 +394,12 @@ struct Spread {
 }
 
 impl Spread {
-    /// `None` for a scenario on one GPU (or the CPU).
-    fn of(s: &Scenario, file: &Path) -> anyhow::Result<Option<Spread>> {
+    /// `None` for a scenario on one GPU (or the CPU). `text`: the scenario file's.
+    fn of(s: &Scenario, text: &str) -> Option<Spread> {
         if !s.device.several_gpus() {
-            return Ok(None);
+            return None;
         }
-        let text =
-            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        let named = Scenario::workloads_naming_their_gpu(&text);
+        let named = Scenario::workloads_naming_their_gpu(text);
         let pinned = s
             .workloads
             .iter()
@@ -393,10 +409,10 @@ impl Spread {
                 _ => None,
             })
             .collect();
-        Ok(Some(Spread {
+        Some(Spread {
             gpus: s.device.all_gpus(),
             pinned,
-        }))
+        })
     }
 }
 
@@ -650,6 +666,7 @@ impl Profiles<'_> {
                     engine: self.engine,
                     work: self.work,
                     used: Vec::new(),
+                    paces: vec![None; self.workloads.len()],
                 };
                 let o = plan_with(spread, demands, ladder, opts, &mut p);
                 self.used.extend(p.used);
@@ -665,13 +682,13 @@ fn emit(
     planned: &Scenario,
     plan: &GpusPlan,
     ladder: &Ladder,
+    margin: f64,
     out: Option<&Path>,
 ) -> anyhow::Result<()> {
-    let text = annotate(&planned.to_toml_string()?, plan, ladder);
+    let text = annotate(&planned.to_toml_string()?, plan, ladder, margin);
     match out {
         Some(p) => {
-            isolane_core::files::write_atomic(p, text.as_bytes())
-                .with_context(|| format!("writing {}", p.display()))?;
+            super::write_output(p, text.as_bytes())?;
             println!("planned scenario: {}", p.display());
         }
         None => print!("{text}"),
@@ -1171,6 +1188,9 @@ struct RunProfiler<'a> {
     work: &'a Path,
     /// The keys of the profiles the plan used (for `--export-profiles`).
     used: Vec<ProfileKey>,
+    /// Per workload, the mean execution time (ms) of its last profile run: the next one's
+    /// estimate.
+    paces: Vec<Option<f64>>,
 }
 
 impl RunProfiler<'_> {
@@ -1225,7 +1245,7 @@ impl RunProfiler<'_> {
         }
     }
 
-    fn measure(&self, index: usize, size: u32) -> anyhow::Result<Point> {
+    fn measure(&self, index: usize, size: u32, expected_s: Option<f64>) -> anyhow::Result<Point> {
         let mut w = self.scenario.workloads[index].clone();
         w.rate = Rate::Max(MaxRate::Max);
         w.deadline_ms = None;
@@ -1245,7 +1265,13 @@ impl RunProfiler<'_> {
         let admitted = super::admit_or_refuse(&s, "the profile run")?;
         let plan = RunPlan::from_scenario(&s);
         let out = self.work.join(format!("w{index}-{size}"));
-        let m = super::run::measure(super::run::Request {
+        let what = format!(
+            "{} in {}",
+            self.scenario.workloads[index].name,
+            describe(self.mechanism, self.ladder, size)
+        );
+        let mut view = super::progress::ProfileProgress::start(&what, self.jobs, expected_s, false);
+        let request = super::run::Request {
             command: "plan",
             scenario: &s,
             scenario_name: "profile".into(),
@@ -1259,7 +1285,10 @@ impl RunProfiler<'_> {
                 ..Default::default()
             },
             engine: self.engine,
-        })?;
+        };
+        let m = super::run::measure_with(request, None, &mut view);
+        view.finish();
+        let m = m?;
         let r = &m.result.workloads[0];
         if let isolane_runtime::WorkloadStatus::Failed(f) = &r.status {
             anyhow::bail!(
@@ -1328,11 +1357,16 @@ impl Profiler for RunProfiler<'_> {
             eprintln!("note: {}: measuring it again", stale(t));
         }
         let started = Instant::now();
-        let measured = self.measure(index, size);
+        // An earlier profile of this workload gives the pace of this one's jobs (a larger
+        // partition is never slower, so it is an upper bound on the GPU).
+        let expected_s =
+            self.paces[index].map(|mean_ms| (self.jobs + PROFILE_WARMUP) as f64 * mean_ms / 1e3);
+        let measured = self.measure(index, size, expected_s);
         if let Some(b) = self.budget.as_mut() {
             b.charge(started.elapsed());
         }
         let p = measured.map_err(|e| ProfileError::Failed(format!("{e:#}")))?;
+        self.paces[index] = Some(p.exec_mean_ms);
         match self.cache.put(&key, self.device, &Times::of(&p, revision)) {
             Ok(()) => self.used.push(key),
             Err(e) => eprintln!(
@@ -1430,7 +1464,7 @@ fn planned_for(r: &Rounds, plan: &GpusPlan) -> Scenario {
 
 /// The resolved scenario with a comment above each workload: its partition, predicted p99 and
 /// p99.9, and the slack the deadline leaves beyond the p99.9.
-fn annotate(toml: &str, plan: &GpusPlan, ladder: &Ladder) -> String {
+fn annotate(toml: &str, plan: &GpusPlan, ladder: &Ladder, margin: f64) -> String {
     let mut out = String::new();
     let gpus = plan.gpus_in_order();
     let mut next = planned_choices(plan).iter().zip(gpus);
@@ -1448,6 +1482,13 @@ fn annotate(toml: &str, plan: &GpusPlan, ladder: &Ladder) -> String {
                     c.slack_ms(),
                     c.util
                 ));
+                if c.tail_at_risk(margin) {
+                    out.push_str(&format!(
+                        "# the p99.9 is over {:.0} % of the deadline: planned on the p99 (a CPU \
+                         core is not kept from the host's other processes)\n",
+                        margin * 100.0
+                    ));
+                }
             }
         }
         out.push_str(line);
@@ -1502,7 +1543,7 @@ fn memory_words(ladder: &Ladder, plan: &GpusPlan, choices: &[Choice]) -> String 
     format!("; device memory about {}", each.join(", "))
 }
 
-fn print_outcome(mech: Mechanism, ladder: &Ladder, plan: &GpusPlan, secs: f64) {
+fn print_outcome(mech: Mechanism, ladder: &Ladder, plan: &GpusPlan, secs: f64, margin: f64) {
     let title = match ladder.unit {
         Unit::Cores => "cpu cores".to_string(),
         _ => mech_name(mech).to_string(),
@@ -1537,6 +1578,9 @@ fn print_outcome(mech: Mechanism, ladder: &Ladder, plan: &GpusPlan, secs: f64) {
                     c.slack_ms()
                 );
             }
+            for line in tail_notes(choices, margin) {
+                eprintln!("{line}");
+            }
         }
         Outcome::NoPlan {
             reasons,
@@ -1559,6 +1603,31 @@ fn print_outcome(mech: Mechanism, ladder: &Ladder, plan: &GpusPlan, secs: f64) {
             }
         }
     }
+}
+
+/// A note per workload planned on its p99 with a p99.9 over `margin` × its deadline (a CPU
+/// core, `isolane_planner::tail_rule`), wrapped to 80 columns.
+fn tail_notes(choices: &[Choice], margin: f64) -> Vec<String> {
+    choices
+        .iter()
+        .filter(|c| c.tail_at_risk(margin))
+        .map(|c| {
+            super::run::wrap_message(
+                &format!(
+                    "note: `{}`: p99.9 {:.3} ms is over {:.0} % of its {:.3} ms deadline; \
+                     planned on its p99 ({:.3} ms): a CPU core is not kept from the host's \
+                     other processes, whose tail this is. More than 0.1 % of its jobs may miss \
+                     while the machine is as busy as during the profile (--verify measures it).",
+                    c.workload,
+                    c.predicted_tail_ms,
+                    margin * 100.0,
+                    c.deadline_ms,
+                    c.predicted_p99_ms
+                ),
+                80,
+            )
+        })
+        .collect()
 }
 
 /// `GPU 1 ` before a choice's partition on several GPUs; nothing on one.
@@ -2077,7 +2146,7 @@ mod tests {
         std::fs::write(&file, text).unwrap();
         let s = Scenario::from_toml_str(text, &file, &isolane_core::spec::NoBuiltinModels).unwrap();
         assert_eq!(s.workloads[0].gpu, Some(0), "resolved to the first GPU");
-        let spread = Spread::of(&s, &file).unwrap().unwrap();
+        let spread = Spread::of(&s, text).unwrap();
         assert_eq!(spread.gpus, [0, 1]);
         assert_eq!(spread.pinned, [None, Some(0)]);
         // One GPU: nothing to place.
@@ -2087,7 +2156,7 @@ mod tests {
             &isolane_core::spec::NoBuiltinModels,
         )
         .unwrap();
-        assert!(Spread::of(&one, &file).unwrap().is_none());
+        assert!(Spread::of(&one, text).is_none());
     }
 
     /// On this machine's GPU MIG can be planned only with MIG mode on (the profile runs need

@@ -1,6 +1,8 @@
 //! Progress of a max-rate search on a terminal: the time it should take, said up front, and a
 //! spinner per batch with the time left at least. Off the terminal (piped, CI logs) only the
-//! up-front estimate is printed, once, on stderr.
+//! up-front estimate is printed, once, on stderr. The profile runs of `plan --auto` the same
+//! way: a bar of jobs with the time left on a terminal, plain lines otherwise
+//! ([`ProfileProgress`]).
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -169,6 +171,120 @@ impl SearchProgress {
     }
 }
 
+/// One profile run of `plan --auto` as it goes: on a terminal a bar of its jobs with the time
+/// left (indicatif's, from the jobs done so far); off one a line when it starts and, once its
+/// first jobs have run, a line with the time it should take. Fed the run's progress (the
+/// session's `Observer`); warnings and notes go to stderr as a run's do.
+pub struct ProfileProgress {
+    what: String,
+    /// Jobs the run times (after its warm-up).
+    jobs: u64,
+    bar: Option<indicatif::ProgressBar>,
+    /// Off a terminal: whether the estimate line was printed.
+    estimated: bool,
+}
+
+/// Seconds into a profile run before its pace is trusted for an estimate (the first jobs are
+/// slower: caches, the CPU's frequency).
+const ESTIMATE_AFTER_S: f64 = 1.0;
+
+impl ProfileProgress {
+    /// `what`: the workload and partition (`camera in one core`); `expected_s`: how long the
+    /// run should take, where an earlier profile of the workload says (`None`: not known yet).
+    pub fn start(what: &str, jobs: u64, expected_s: Option<f64>, quiet: bool) -> Self {
+        let bar = bar_allowed(quiet).then(|| {
+            let bar = indicatif::ProgressBar::new(jobs);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {msg} {wide_bar} {pos}/{len} jobs ~{eta} left",
+            ) {
+                bar.set_style(style);
+            }
+            bar.set_message(format!("profiling {what}"));
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        });
+        if bar.is_none() && !quiet {
+            eprintln!("{}", start_line(what, jobs, expected_s));
+        }
+        ProfileProgress {
+            what: what.to_string(),
+            jobs,
+            bar,
+            estimated: quiet || expected_s.is_some(),
+        }
+    }
+
+    pub fn update(&mut self, jobs_done: u64, elapsed_s: f64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(jobs_done.min(self.jobs));
+            return;
+        }
+        if self.estimated || elapsed_s < ESTIMATE_AFTER_S || jobs_done == 0 {
+            return;
+        }
+        self.estimated = true;
+        let per_job = elapsed_s / jobs_done as f64;
+        eprintln!(
+            "  {}: ~{} per job here, ~{} left",
+            self.what,
+            ms_text(per_job),
+            duration_text(per_job * self.jobs.saturating_sub(jobs_done) as f64)
+        );
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl isolane_session::Observer for ProfileProgress {
+    fn progress(&mut self, p: &isolane_runtime::coordinator::Progress) {
+        self.update(p.jobs_done, p.elapsed_s);
+    }
+
+    fn finished(&mut self) {
+        self.finish();
+    }
+
+    fn warning(&mut self, message: &str) {
+        self.print(&format!("warning: {message}"));
+    }
+
+    fn note(&mut self, message: &str) {
+        self.print(message);
+    }
+}
+
+impl ProfileProgress {
+    /// A line above the bar (or on stderr without one).
+    fn print(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+}
+
+/// What a profile run says when it starts off a terminal.
+pub fn start_line(what: &str, jobs: u64, expected_s: Option<f64>) -> String {
+    let eta = match expected_s {
+        Some(s) => format!("~{}", duration_text(s)),
+        None => "time said once its first jobs ran".to_string(),
+    };
+    format!("profiling {what}: {jobs} jobs back to back ({eta})")
+}
+
+/// `41.2 ms`, `850 µs`.
+fn ms_text(s: f64) -> String {
+    if s >= 1e-3 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{:.0} µs", s * 1e6)
+    }
+}
+
 fn spinner() -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new_spinner();
     if let Ok(style) =
@@ -224,6 +340,33 @@ mod tests {
                 outcome: BatchOutcome { jobs, violations },
             },
         ]
+    }
+
+    #[test]
+    fn a_profile_run_off_a_terminal_says_when_it_starts_and_how_long_it_takes() {
+        assert_eq!(
+            start_line("camera in one core", 1000, Some(42.0)),
+            "profiling camera in one core: 1000 jobs back to back (~42 s)"
+        );
+        assert!(start_line("camera in one core", 1000, None).contains("once its first jobs ran"));
+        // Quiet: no bar, no line.
+        let mut p = ProfileProgress::start("camera in one core", 1000, None, true);
+        assert!(p.bar.is_none());
+        p.update(10, 2.0);
+        // Not quiet, off a terminal (cargo test's stderr is captured): the estimate waits for
+        // the run's pace, then is said once.
+        let mut p = ProfileProgress {
+            what: "camera in one core".into(),
+            jobs: 1000,
+            bar: None,
+            estimated: false,
+        };
+        p.update(3, 0.5);
+        assert!(!p.estimated, "too early to trust the pace");
+        p.update(25, 1.0);
+        assert!(p.estimated);
+        assert_eq!(ms_text(0.0412), "41.2 ms");
+        assert_eq!(ms_text(0.00085), "850 µs");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use clap::Args;
 use isolane_core::admission::Plan;
 use isolane_core::results::{RunStatus, RunSummary};
-use isolane_core::spec::Scenario;
+use isolane_core::spec::{Backend, Host, Mechanism, PartitionSpec, Precision, Scenario};
 use isolane_metrics::RunMetrics;
 use isolane_runtime::coordinator::{self, RunPlan, RunResult};
 use isolane_runtime::output;
@@ -42,8 +42,10 @@ pub struct RunArgs {
     #[arg(long, short = 'q')]
     pub quiet: bool,
     /// Without SCENARIO: which quickstart runs — `cpu` even when a GPU is present, `cuda` or an
-    /// error saying why the GPU cannot be used. Default: the GPU one when it can run.
-    #[arg(long, conflicts_with = "scenario", value_parser = ["cpu", "cuda"])]
+    /// error saying why the GPU cannot be used. Default: the GPU one when it can run. With a
+    /// SCENARIO, `cpu` runs its workloads on the CPU backend whatever its [device] says (its
+    /// partitions, GPUs and reduced precisions are dropped, each said in a note).
+    #[arg(long, value_parser = ["cpu", "cuda"])]
     pub backend: Option<String>,
     /// The old name of `--backend cpu`.
     #[arg(long, hide = true, conflicts_with_all = ["scenario", "backend"])]
@@ -62,6 +64,11 @@ pub struct RunArgs {
     /// goes on; port 0 picks a free port (the address is printed on stderr).
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
+    /// Print the result as one JSON object on stdout (`out`, `workloads_csv` and `summary`,
+    /// summary.json's content); the table and notes go to stderr (docs/report.md, Reading results
+    /// in Python).
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub partitions: super::PartitionFlags,
 }
@@ -69,10 +76,34 @@ pub struct RunArgs {
 pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = match &args.scenario {
         Some(p) => {
-            let (scenario, name) = super::load_scenario(Some(p))?;
-            let apps = super::app::load_apps(p)?;
+            let file = super::ScenarioFile::read(p)?;
+            let (mut scenario, name) = file.scenario()?;
+            let apps = file.apps()?;
+            if !apps.is_empty() && args.json {
+                return Err(user(format!(
+                    "--json: {} has [[app]]s, whose results --json does not print yet; run it \
+                     without --json and read its summary.json (`apps`) and apps/<app>.csv",
+                    p.display()
+                )));
+            }
+            if let Some(backend) = args.backend.as_deref() {
+                if !apps.is_empty() {
+                    return Err(user(format!(
+                        "--backend {backend}: {} has [[app]]s, whose stages name their own \
+                         devices; --backend overrides only a scenario of [[workload]]s (edit \
+                         the stages' device and the apps' partitions instead)",
+                        p.display()
+                    )));
+                }
+                override_backend(&mut scenario, &name, backend)?;
+            }
             if !apps.is_empty() {
-                return super::app::run(scenario, name, apps, &args);
+                return super::app::run(scenario, name, &file.text, apps, &args);
+            }
+            if needs_gpu(&scenario) {
+                if let Some(why) = super::gpu_missing_reason() {
+                    return Err(no_gpu_for(&scenario, &name, &why));
+                }
             }
             (scenario, name)
         }
@@ -102,6 +133,166 @@ pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Res
         engine,
         live.as_ref().map(|l| &l.metrics),
     )
+}
+
+/// Whether a workload of `s` runs on a CUDA GPU.
+fn needs_gpu(s: &Scenario) -> bool {
+    s.device.backend == Backend::Cuda && s.workloads.iter().any(|w| w.on_gpu())
+}
+
+/// A GPU scenario on a machine without a usable GPU: which file and field ask for cuda, why it
+/// cannot run here, and the override that runs it on the CPU (exit 1, as any GPU failure).
+fn no_gpu_for(s: &Scenario, file: &str, why: &str) -> anyhow::Error {
+    let gpu_workloads: Vec<&str> = s
+        .workloads
+        .iter()
+        .filter(|w| w.on_gpu())
+        .map(|w| w.name.as_str())
+        .collect();
+    anyhow::anyhow!(wrap_message(
+        &format!(
+            "{file}: device.backend = \"cuda\" (mechanism \"{}\"): {} on a CUDA GPU, and \
+             none can be used here: {why}.\nTo run the workloads on the CPU instead: isolane \
+             run {file} --backend cpu (partitions, GPUs and fp16/bf16/tf32 are dropped, each \
+             said in a note; rates sized for a GPU may miss their deadlines on the CPU).",
+            mechanism_word(s.device.mechanism),
+            match gpu_workloads.as_slice() {
+                [one] => format!("workload `{one}` runs"),
+                all => format!("its {} workloads run", all.len()),
+            },
+        ),
+        ERROR_WIDTH
+    ))
+}
+
+/// Columns a message printed after `error: ` wraps at, so that it reads whole in an 80-column
+/// terminal as the tables do.
+pub const ERROR_WIDTH: usize = 80 - "error: ".len();
+
+/// `text` wrapped at `width` columns (characters) on spaces, each paragraph (a line of `text`)
+/// on its own and continuation lines indented by two spaces; a word longer than a line (a path)
+/// stays whole.
+pub fn wrap_message(text: &str, width: usize) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for paragraph in text.lines() {
+        let mut line = String::new();
+        for word in paragraph.split(' ').filter(|w| !w.is_empty()) {
+            let len = line.chars().count();
+            if len > 0 && len + 1 + word.chars().count() > width {
+                out.push(std::mem::take(&mut line));
+                line.push_str("  ");
+            }
+            if !line.trim_start().is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+        out.push(line);
+    }
+    out.join("\n")
+}
+
+fn mechanism_word(m: Mechanism) -> &'static str {
+    match m {
+        Mechanism::None => "none",
+        Mechanism::Timeslice => "timeslice",
+        Mechanism::Mps => "mps",
+        Mechanism::Mig => "mig",
+        Mechanism::Green => "green",
+    }
+}
+
+/// `run SCENARIO --backend B`. `cpu`: every workload on the CPU backend, the scenario's GPU
+/// settings dropped and each drop said on stderr; `cuda`: the scenario must already be one.
+fn override_backend(s: &mut Scenario, file: &str, backend: &str) -> anyhow::Result<()> {
+    if backend == "cuda" {
+        if s.device.backend == Backend::Cuda {
+            return Ok(());
+        }
+        return Err(user(format!(
+            "--backend cuda: {file} runs on the CPU (device.backend = \"cpu\"); a GPU scenario \
+             needs [device] backend = \"cuda\" and a mechanism (docs/scenario.md); --backend \
+             cpu is the only override of a scenario's backend"
+        )));
+    }
+    for note in on_cpu(s) {
+        eprintln!(
+            "{}",
+            wrap_message(&format!("note: --backend cpu: {note}"), 80)
+        );
+    }
+    let models: Vec<&str> = isolane_engine::builtin_models()
+        .iter()
+        .map(|m| m.name)
+        .collect();
+    s.validate(&models).map_err(|e| {
+        user(format!(
+            "--backend cpu: {file} cannot run on the CPU as it is: {e}"
+        ))
+    })
+}
+
+/// The scenario with every workload on the CPU backend: no mechanism, partitions, GPUs or
+/// reduced precisions (the CPU backend runs fp32); returns what was dropped, in words.
+fn on_cpu(s: &mut Scenario) -> Vec<String> {
+    let mut notes = Vec::new();
+    let d = &mut s.device;
+    if d.backend == Backend::Cuda && d.mechanism != Mechanism::None {
+        notes.push(format!(
+            "device.backend \"cuda\" and mechanism \"{}\" dropped: the workloads run on the \
+             CPU, not partitioned",
+            mechanism_word(d.mechanism)
+        ));
+    }
+    if d.several_gpus() {
+        notes.push("device.gpus dropped".into());
+    }
+    d.backend = Backend::Cpu;
+    d.mechanism = Mechanism::None;
+    d.host = Host::Thread;
+    d.gpus.clear();
+    d.gpu = 0;
+    let (mut partitioned, mut reduced, mut pinned) = (Vec::new(), Vec::new(), Vec::new());
+    for w in &mut s.workloads {
+        if w.partition != PartitionSpec::default() {
+            partitioned.push(w.name.clone());
+        }
+        if w.program.is_none() && w.precision != Precision::Fp32 {
+            reduced.push(format!("{} ({})", w.name, precision_word(w.precision)));
+            w.precision = Precision::Fp32;
+        }
+        if w.gpu.is_some() {
+            pinned.push(w.name.clone());
+        }
+        w.partition = PartitionSpec::default();
+        w.backend = Backend::Cpu;
+        w.gpu = None;
+        if w.program.is_none() {
+            w.host = Host::Thread;
+        }
+    }
+    if !partitioned.is_empty() {
+        notes.push(format!("partitions dropped: {}", partitioned.join(", ")));
+    }
+    if !reduced.is_empty() {
+        notes.push(format!(
+            "fp32 instead of {} (the CPU backend computes in fp32)",
+            reduced.join(", ")
+        ));
+    }
+    if !pinned.is_empty() {
+        notes.push(format!("`gpu` dropped: {}", pinned.join(", ")));
+    }
+    notes
+}
+
+fn precision_word(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        Precision::Tf32 => "tf32",
+        Precision::Fp16 => "fp16",
+        Precision::Bf16 => "bf16",
+    }
 }
 
 /// Runs a scenario that is already loaded (a file, the quickstart, or a sweep point built as a
@@ -141,17 +332,38 @@ pub fn run_scenario(
     if args.trace {
         super::trace::write(&m.out, &m.out.join("trace.json"))?;
     }
-    println!("{}", results_table(&scenario, &m.summary, args.wide));
+    // With --json, stdout is the JSON object alone: the human text goes to stderr.
+    let say = |text: &str| {
+        if args.json {
+            eprintln!("{text}")
+        } else {
+            println!("{text}")
+        }
+    };
+    say(&results_table(&scenario, &m.summary, args.wide));
     let layout = isolane_report::Layout { wide: args.wide };
     if let Some(programs) = isolane_report::programs_table(&m.summary.workloads, layout) {
-        println!("{programs}");
+        say(&programs);
     }
     for line in held_lines(&m.summary) {
-        println!("{line}");
+        say(&line);
     }
     report_failures(&m.summary);
-    println!("results: {}", m.out.display());
+    say(&format!("results: {}", m.out.display()));
+    if args.json {
+        println!("{}", json_result(&m.out, &m.summary)?);
+    }
     Ok(exit_for(m.summary.status))
+}
+
+/// `run --json`'s stdout: where the results are and summary.json's content, in one object.
+fn json_result(out: &Path, summary: &RunSummary) -> anyhow::Result<String> {
+    let value = serde_json::json!({
+        "out": out,
+        "workloads_csv": out.join(WORKLOADS_CSV),
+        "summary": summary,
+    });
+    Ok(serde_json::to_string(&value)?)
 }
 
 /// One line per best-effort workload the criticality guard held back (docs/criticality.md).
@@ -209,6 +421,17 @@ pub fn measure_observed(
     r: Request<'_>,
     metrics: Option<&Arc<RunMetrics>>,
 ) -> anyhow::Result<Measured> {
+    let mut view = ProgressView::new(r.quiet);
+    measure_with(r, metrics, &mut view)
+}
+
+/// [`measure_observed`], showing the run through `view` (`plan --auto`'s profile runs show
+/// their own progress) instead of the run's progress bar.
+pub fn measure_with(
+    r: Request<'_>,
+    metrics: Option<&Arc<RunMetrics>>,
+    view: &mut dyn isolane_session::Observer,
+) -> anyhow::Result<Measured> {
     preflight(r.plan, r.engine)?;
     // Job records stream to jobs/*.csv: they must fit the output folder's disk as well.
     let out_dir = r.out.unwrap_or(Path::new("runs"));
@@ -224,7 +447,6 @@ pub fn measure_observed(
     output::write_atomic(&out.join("scenario.toml"), toml.as_bytes())?;
 
     let stop = super::install_stop_handler()?;
-    let mut view = ProgressView::new(r.quiet);
     let (result, summary) = isolane_session::measure(
         isolane_session::RunRequest {
             command: r.command,
@@ -238,7 +460,7 @@ pub fn measure_observed(
             stop,
             metrics: metrics.cloned(),
         },
-        &mut view,
+        view,
     )
     .map_err(super::session_error)?;
     Ok(Measured {
@@ -269,14 +491,146 @@ pub fn prepare_out(out: Option<&Path>, force: bool) -> anyhow::Result<PathBuf> {
     })
 }
 
-/// jobs/<workload>.csv for every workload, then summary.json last (its presence means the rest
-/// is complete).
+/// jobs/<workload>.csv for every workload and workloads.csv, then summary.json last (its
+/// presence means the rest is complete). A full disk leaves what fits, a summary that says what
+/// is short, and the way to rebuild it ([`output::write_run_files`]).
 pub fn write_run_files(m: &Measured) -> anyhow::Result<()> {
-    for w in &m.result.workloads {
-        output::write_jobs_csv(&m.out, &w.name, &w.records)?;
+    let workloads: Vec<(&str, &[isolane_core::JobRecord])> = m
+        .result
+        .workloads
+        .iter()
+        .map(|w| (w.name.as_str(), w.records.as_slice()))
+        .collect();
+    let table = workloads_csv(&m.summary);
+    let others = [(WORKLOADS_CSV, table.as_bytes())];
+    if let Some(note) = output::write_run_files(&m.out, &workloads, &others, &m.summary)? {
+        eprintln!("warning: {note}");
     }
-    isolane_core::results::write_json(&m.out.join("summary.json"), &m.summary)?;
     Ok(())
+}
+
+/// The flat per-run table, one row per workload (docs/report.md, Reading results in Python).
+pub const WORKLOADS_CSV: &str = "workloads.csv";
+
+/// workloads.csv's columns, in order. Documented in docs/report.md: a name is only ever added
+/// at the end, never renamed or removed, so that scripts reading it by name keep working.
+pub const WORKLOADS_COLUMNS: &[&str] = &[
+    "workload",
+    "model",
+    "batch",
+    "backend",
+    "host",
+    "criticality",
+    "status",
+    "mechanism",
+    "partition",
+    "rate_hz",
+    "deadline_ms",
+    "jobs",
+    "completed",
+    "timeouts",
+    "timeout_pct",
+    "throughput_ips",
+    "latency_mean_ms",
+    "latency_std_ms",
+    "latency_min_ms",
+    "latency_p10_ms",
+    "latency_p50_ms",
+    "latency_p90_ms",
+    "latency_p95_ms",
+    "latency_p99_ms",
+    "latency_p999_ms",
+    "latency_max_ms",
+    "latency_tail_ms",
+    "latency_flatness_ms",
+    "start_lateness_p50_us",
+    "start_lateness_p99_us",
+    "start_lateness_max_us",
+    "wall_s",
+    "cpu_pct",
+    "runqueue_wait_ms",
+    "gpu_memory_mib",
+    "memory_estimate_mib",
+    "energy_j",
+    "j_per_image",
+];
+
+/// summary.json's workloads as one CSV row each, under [`WORKLOADS_COLUMNS`]; a value the run
+/// does not have (no GPU memory on the CPU, no latency without a completed job) is an empty
+/// cell, which pandas reads as NaN.
+pub fn workloads_csv(summary: &RunSummary) -> String {
+    fn num(v: Option<f64>) -> String {
+        v.filter(|x| x.is_finite())
+            .map_or_else(String::new, |x| x.to_string())
+    }
+    // The serde name (`best_effort`, `cpu`), as summary.json writes it.
+    fn word<T: serde::Serialize>(v: &T) -> String {
+        match serde_json::to_value(v) {
+            Ok(serde_json::Value::String(s)) => s,
+            _ => String::new(),
+        }
+    }
+    let mut out = WORKLOADS_COLUMNS.join(",");
+    out.push('\n');
+    for w in &summary.workloads {
+        let part = summary.partitions.iter().find(|p| p.workload == w.name);
+        let m = &w.metrics;
+        let l = &m.latency_ms;
+        let row = [
+            csv_field(&w.name),
+            csv_field(&w.model),
+            w.batch.to_string(),
+            w.backend.as_ref().map_or_else(String::new, word),
+            csv_field(&w.host),
+            word(&w.criticality),
+            word(&w.status),
+            part.map_or_else(String::new, |p| word(&p.mechanism)),
+            part.map_or_else(String::new, |p| csv_field(&p.partition)),
+            num(w.rate_hz),
+            num(w.deadline_ms),
+            m.jobs.to_string(),
+            m.completed.to_string(),
+            m.timeouts.to_string(),
+            num(Some(m.timeout_pct)),
+            num(Some(m.throughput_ips)),
+            num(l.mean),
+            num(l.std),
+            num(l.min),
+            num(l.p10),
+            num(l.p50),
+            num(l.p90),
+            num(l.p95),
+            num(l.p99),
+            num(l.p999),
+            num(l.max),
+            num(l.tail),
+            num(l.flatness),
+            num(m.start_lateness_us.p50),
+            num(m.start_lateness_us.p99),
+            num(m.start_lateness_us.max),
+            num(Some(w.wall_s)),
+            num(w.cpu.as_ref().map(|c| c.cpu_pct)),
+            num(w.cpu.as_ref().map(|c| c.runqueue_wait_ms)),
+            num(m.gpu_memory_mib),
+            w.memory_estimate_mib
+                .map_or_else(String::new, |x| x.to_string()),
+            num(m.energy_j),
+            num(m.j_per_image),
+        ];
+        debug_assert_eq!(row.len(), WORKLOADS_COLUMNS.len());
+        out.push_str(&row.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// A model may be a path with commas or quotes: quoted as RFC 4180 says.
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
 }
 
 /// The results table of a run of `scenario`'s model workloads, titled with its device and
@@ -331,5 +685,104 @@ pub fn exit_for(status: RunStatus) -> u8 {
         RunStatus::Ok => 0,
         RunStatus::Failed => EXIT_FAILED,
         RunStatus::Interrupted => EXIT_INTERRUPTED,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A green H200 run committed in results/ (one workload in 48 SMs).
+    const GREEN_RUN: &str = include_str!(
+        "../../results/h200-protection/session10/together/alone/green/v0_vit_b_16/run/summary.json"
+    );
+
+    #[test]
+    fn workloads_csv_has_the_documented_columns_and_one_row_per_workload() {
+        let mut summary: RunSummary = serde_json::from_str(GREEN_RUN).unwrap();
+        // A model path with a comma stays one field.
+        let mut second = summary.workloads[0].clone();
+        second.name = "b".into();
+        second.model = "/m/a,b.onnx".into();
+        second.metrics.latency_ms.p999 = None;
+        summary.workloads.push(second);
+        let text = workloads_csv(&summary);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines[0], WORKLOADS_COLUMNS.join(","));
+        let header: Vec<&str> = lines[0].split(',').collect();
+        let row: Vec<&str> = lines[1].split(',').collect();
+        assert_eq!(row.len(), header.len(), "{text}");
+        let cell = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+        assert_eq!(cell("workload"), "v0_vit_b_16");
+        assert_eq!(cell("backend"), "cuda");
+        assert_eq!(cell("criticality"), "critical");
+        assert_eq!(cell("status"), "ok");
+        assert_eq!(cell("mechanism"), "green");
+        assert_eq!(cell("partition"), "green 48 SMs");
+        assert_eq!(cell("jobs"), "2966");
+        assert_eq!(cell("latency_p50_ms"), "1.012223");
+        assert!(lines[2].starts_with("b,\"/m/a,b.onnx\",1,"), "{}", lines[2]);
+        // A value the run lacks is an empty cell (NaN in pandas).
+        assert!(lines[2].contains(",,"), "{}", lines[2]);
+    }
+
+    #[test]
+    fn long_messages_wrap_at_words_with_indented_continuations() {
+        let text = "a scenario that asks for cuda: ".repeat(8) + "/a/very/long/path/name.toml";
+        let wrapped = wrap_message(&format!("{text}\nsecond paragraph"), ERROR_WIDTH);
+        let lines: Vec<&str> = wrapped.lines().collect();
+        assert!(lines.len() > 3, "{wrapped}");
+        assert!(
+            lines.iter().all(|l| l.chars().count() <= ERROR_WIDTH),
+            "{wrapped}"
+        );
+        assert!(
+            lines[1].starts_with("  ") && !lines[1].starts_with("   "),
+            "{wrapped}"
+        );
+        assert_eq!(*lines.last().unwrap(), "second paragraph");
+        // Nothing is lost: the words are the same.
+        let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(words(&wrapped), words(&format!("{text} second paragraph")));
+    }
+
+    #[test]
+    fn backend_cpu_runs_a_gpu_scenario_on_the_cpu_and_says_what_it_dropped() {
+        let models: Vec<&str> = isolane_engine::builtin_models()
+            .iter()
+            .map(|m| m.name)
+            .collect();
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scenarios/gpu/green-2x64-resnet18.toml"
+        );
+        let mut s = Scenario::load(path, &models).unwrap();
+        assert!(needs_gpu(&s));
+        let notes = on_cpu(&mut s).join("\n");
+        assert!(!needs_gpu(&s));
+        assert!(notes.contains("mechanism \"green\" dropped"), "{notes}");
+        assert!(notes.contains("partitions dropped: front, rear"), "{notes}");
+        assert!(s.workloads.iter().all(|w| w.backend == Backend::Cpu
+            && w.partition == PartitionSpec::default()
+            && w.precision == Precision::Fp32));
+        // The result is a scenario the CPU runs.
+        s.validate(&models).unwrap();
+        // The error without a GPU names the file, the field and the override.
+        let e = no_gpu_for(
+            &Scenario::load(path, &models).unwrap(),
+            "g.toml",
+            "no CUDA driver: libcuda not found",
+        )
+        .to_string();
+        let flat = e.split_whitespace().collect::<Vec<_>>().join(" ");
+        for want in [
+            "g.toml: device.backend = \"cuda\"",
+            "no CUDA driver",
+            "isolane run g.toml --backend cpu",
+        ] {
+            assert!(flat.contains(want), "{want}: {e}");
+        }
+        assert!(e.lines().all(|l| l.chars().count() <= ERROR_WIDTH), "{e}");
     }
 }

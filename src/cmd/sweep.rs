@@ -417,6 +417,7 @@ fn run_args(out: &Path, c: &Common) -> super::run::RunArgs {
         trace: false,
         // The sweep serves one endpoint for all its points (`run_points`).
         metrics_addr: None,
+        json: false,
         partitions: super::PartitionFlags {
             join_mps: c.join_mps,
             ..Default::default()

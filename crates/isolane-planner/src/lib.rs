@@ -18,7 +18,9 @@
 //! - **MIG** (a [`Ladder`] of GPU-instance profiles, smallest first by compute then memory
 //!   slices): the smallest profile per workload as for green, then one placement of all of
 //!   them on the GPU ([`isolane_core::device_model::place_mig_instances`]).
-//! - **CPU cores**: each workload a core of its own, profiled pinned to one core.
+//! - **CPU cores**: each workload a core of its own, profiled pinned to one core. The core is
+//!   not partitioned from the host's other processes, so there the p99 holds the deadline and
+//!   a p99.9 over it is planned and said ([`tail_rule`]).
 //!
 //! Every GPU plan also checks device memory: a workload's estimate against its partition's
 //! memory (a MIG instance's, else the device's), and all of them together against the device.
@@ -40,7 +42,7 @@ pub use cache::ProfileCache;
 pub use gpus::{plan_gpus, GpusPlan};
 pub use learned::{Learned, LearnedStretch, StretchKey};
 pub use phases::{stagger, Periodic, StaggerError, Staggered};
-pub use search::{plan, predicted, Choice, Outcome, Unprofiled};
+pub use search::{plan, predicted, tail_rule, Choice, Outcome, TailRule, Unprofiled};
 pub use stretch::{stretch_from, worst_stretch};
 
 use isolane_core::device_model::{MigModel, MigProfile};

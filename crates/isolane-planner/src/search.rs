@@ -29,6 +29,33 @@ impl Choice {
     pub fn slack_ms(&self) -> f64 {
         self.deadline_ms - self.predicted_tail_ms
     }
+
+    /// Whether the predicted p99.9 is over `margin` × the deadline: a CPU core planned on its
+    /// p99 alone ([`tail_rule`]), whose workload may miss more than 0.1 % of its deadlines.
+    pub fn tail_at_risk(&self, margin: f64) -> bool {
+        self.predicted_tail_ms > margin * self.deadline_ms
+    }
+}
+
+/// Which predicted tail a workload's deadline holds on `ladder`. On a GPU the p99.9: a 0.1 %
+/// timeout budget is a p99.9 bound, and a larger partition is there to buy it. On the CPU a
+/// workload gets one core, the most the ladder has, and that core is not partitioned from the
+/// host's other processes: a p99.9 over the deadline there is the host's (on the 2-core VM
+/// one busy process beside a profile took detector's p99.9 from 13 to 17-29 ms between runs
+/// and left its p99 at 16 ms), and refusing the plan offers nothing to change. There the p99
+/// must hold and a p99.9 over the margin is planned and said (`Choice::tail_at_risk`).
+pub fn tail_rule(ladder: &Ladder) -> TailRule {
+    match ladder.unit {
+        Unit::Cores => TailRule::P99,
+        _ => TailRule::P999,
+    }
+}
+
+/// The predicted percentile a deadline holds ([`tail_rule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailRule {
+    P999,
+    P99,
 }
 
 /// A size the search needed for a workload and did not get (planning offline without that
@@ -133,7 +160,11 @@ fn adequate(d: &Demand, ladder: &Ladder, opts: &Options, p: Point) -> Result<Cho
         }
     }
     let (p99, tail) = predicted(d, &p, opts);
-    if tail > opts.margin * d.deadline_ms || util(d, &p) > opts.max_util {
+    let held = match tail_rule(ladder) {
+        TailRule::P999 => tail,
+        TailRule::P99 => p99,
+    };
+    if held > opts.margin * d.deadline_ms || util(d, &p) > opts.max_util {
         return Err(Shortfall::Time);
     }
     Ok(Choice {
@@ -167,6 +198,22 @@ fn inadequate_at_top(
 ) -> String {
     match s {
         Shortfall::Memory(need, have) => too_little_memory(d, ladder, p.size, need, have),
+        Shortfall::Time if tail_rule(ladder) == TailRule::P99 => {
+            let (p99, _) = predicted(d, p, opts);
+            format!(
+                "`{}` cannot meet its deadline even in {} (the most a CPU workload gets): \
+                 predicted p99 {:.3} ms (p99 alone {:.3} ms) against {:.0} % of {:.3} ms, \
+                 utilisation {:.2} (at most {:.2})",
+                d.name,
+                ladder.describe(p.size),
+                p99,
+                p.exec_p99_ms,
+                opts.margin * 100.0,
+                d.deadline_ms,
+                util(d, p),
+                opts.max_util
+            )
+        }
         Shortfall::Time => format!(
             "`{}` cannot meet its deadline even in {}: predicted p99.9 {:.3} ms (p99.9 alone \
              {:.3} ms × stretch {:.2}) against {:.0} % of {:.3} ms, utilisation {:.2} (at most \
@@ -560,6 +607,70 @@ mod tests {
         assert!((c.predicted_tail_ms - 1.5 * (0.05 + 1.0)).abs() < 1e-9);
         assert!((c.slack_ms() - (2.0 - c.predicted_tail_ms)).abs() < 1e-9);
         assert!(c.predicted_p99_ms < c.predicted_tail_ms);
+    }
+
+    /// Fixed profiles, one per workload (the size is ignored).
+    struct Fixed(Vec<Point>);
+
+    impl Profiler for Fixed {
+        fn profile(&mut self, w: usize, size: u32) -> Result<Point, ProfileError> {
+            Ok(Point { size, ..self.0[w] })
+        }
+    }
+
+    fn point(p50: f64, p99: f64, p999: f64) -> Point {
+        Point {
+            size: 1,
+            exec_p50_ms: p50,
+            exec_p99_ms: p99,
+            exec_mean_ms: p50,
+            exec_p999_ms: Some(p999),
+        }
+    }
+
+    #[test]
+    fn on_the_cpu_the_p99_holds_the_deadline_and_a_host_tail_is_planned_and_said() {
+        // Issue 31: README's scenario profiled on the 2-core VM beside one busy process
+        // (detector spin:8ms~2ms at 50 Hz, 20 ms; classifier mobilenet_v2 at 10 Hz, 100 ms):
+        // both p99.9 over 90 % of the deadline, both p99 within it; the run itself missed
+        // 1.33 % and 0 %. It was refused (exit 2).
+        let demands = [
+            demand("detector", 50.0, 20.0),
+            demand("classifier", 10.0, 100.0),
+        ];
+        let measured = vec![point(8.410, 16.000, 29.368), point(43.384, 82.298, 94.827)];
+        let opts = Options::default();
+        let out = plan(
+            &demands,
+            &Ladder::cores(2),
+            &opts,
+            &mut Fixed(measured.clone()),
+        )
+        .unwrap();
+        let Outcome::Planned { choices, used, .. } = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(used, 2);
+        assert!(choices.iter().all(|c| c.tail_at_risk(opts.margin)));
+        assert_eq!(choices[0].predicted_tail_ms, 29.368);
+
+        // A p99 over the deadline is still refused, by its p99.
+        let slow = vec![point(8.4, 19.0, 29.4), measured[1]];
+        let out = plan(&demands, &Ladder::cores(2), &opts, &mut Fixed(slow)).unwrap();
+        let Outcome::NoPlan { reasons, .. } = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(reasons.len(), 1, "{reasons:?}");
+        assert!(
+            reasons[0].contains("`detector` cannot meet its deadline even in 1 core")
+                && reasons[0].contains("predicted p99 19.000 ms"),
+            "{reasons:?}"
+        );
+
+        // On a GPU the same profile's p99.9 must hold: the larger partition is there to buy it.
+        let mut one = Fixed(vec![point(8.4, 16.0, 29.4)]);
+        let out = plan(&demands[..1], &Ladder::green(16, 8, 8), &opts, &mut one).unwrap();
+        assert!(matches!(out, Outcome::NoPlan { .. }), "{out:?}");
     }
 
     /// A table whose largest size is 3 × slower than it should be (a per-run mode).
