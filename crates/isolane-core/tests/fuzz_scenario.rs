@@ -4,7 +4,10 @@
 //! negative, NaN, wrong type). `cargo test` runs a bounded number of cases
 //! (`ISOLANE_FUZZ_CASES`, default 3000, well under a second); `scripts/fuzz.sh` runs many more.
 
-use isolane_core::spec::{Scenario, DEVICE_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
+use isolane_core::spec::limits::MAX_SECONDS;
+use isolane_core::spec::{
+    Rate, Role, RunLength, Scenario, DEVICE_KEYS, TIMING_KEYS, WORKLOAD_KEYS,
+};
 use proptest::prelude::*;
 
 /// The shipped scenarios, as seeds for mutation.
@@ -32,6 +35,7 @@ const VALUES: &[&str] = &[
     "1e300",
     "-1e300",
     "1e-300",
+    "1e-12",
     "nan",
     "inf",
     "-inf",
@@ -161,6 +165,31 @@ fn parse(text: &str) {
     if let Ok(s) = Scenario::from_toml_str(text, "fuzz.toml", &models) {
         // What parsed must also survive validation and a round trip.
         let _ = s.validate(&models);
+        times_are_bounded(&s);
+    }
+}
+
+/// Every time an accepted scenario makes (a count × a period, a deadline, a phase) is at most
+/// 100 days, so that the release loop's i64 nanoseconds cannot overflow (issue 31: `jobs = 2`
+/// at `rate_hz = 1e-12` passed and overflowed).
+fn times_are_bounded(s: &Scenario) {
+    for w in &s.workloads {
+        let (Rate::Hz(hz), None, true) = (w.rate, &w.program, w.role != Role::Interferer) else {
+            continue;
+        };
+        let span_s = match w.length {
+            RunLength::Jobs(n) => n as f64 / hz,
+            RunLength::DurationS(d) => d.max(1.0 / hz),
+        };
+        assert!(span_s <= MAX_SECONDS, "{}: spans {span_s} s", w.name);
+        let deadline_s = w.deadline_s().unwrap_or(0.0);
+        assert!(
+            deadline_s <= MAX_SECONDS,
+            "{}: deadline {deadline_s} s",
+            w.name
+        );
+        let phase_s = w.phase_ms.unwrap_or(0.0) / 1e3;
+        assert!(phase_s <= MAX_SECONDS, "{}: phase {phase_s} s", w.name);
     }
 }
 

@@ -561,10 +561,30 @@ impl Checker<'_, '_> {
                 RunLength::DurationS(d) => self.seconds(Workload(i, "duration_s"), d),
                 RunLength::Jobs(n) => self.int(Workload(i, "jobs"), n, JOBS),
             };
-        if let (true, true, RunLength::DurationS(d), Rate::Hz(hz)) =
-            (rate_ok, length_ok, w.length, w.rate)
-        {
-            self.duration_jobs(i, d, hz);
+        match (rate_ok, length_ok, w.length, w.rate) {
+            (true, true, RunLength::DurationS(d), Rate::Hz(hz)) => self.duration_jobs(i, d, hz),
+            (true, true, RunLength::Jobs(n), Rate::Hz(hz)) => self.jobs_span(i, n, hz),
+            _ => {}
+        }
+    }
+
+    /// A job count at a fixed rate spans `jobs` periods, each job's deadline one period by
+    /// default: at most [`MAX_SECONDS`], as `duration_s` (issue 31: `jobs = 2` at `rate_hz =
+    /// 1e-12` released its second job 1e21 ns after t0, beyond i64, and overflowed the release
+    /// loop; at 1e-9 Hz it waited 31 years).
+    fn jobs_span(&mut self, i: usize, n: u64, hz: f64) {
+        let span_s = n as f64 / hz;
+        if span_s > MAX_SECONDS {
+            self.report(
+                Workload(i, "jobs"),
+                false,
+                format!(
+                    "found {n} jobs at rate_hz = {hz:?}: {n} periods of {:e} s = {span_s:e} s; \
+                     expected jobs / rate_hz of at most {MAX_SECONDS:e} s (100 days): fewer jobs \
+                     or a higher rate_hz",
+                    1.0 / hz
+                ),
+            );
         }
     }
 
