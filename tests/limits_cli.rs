@@ -481,3 +481,229 @@ fn a_closed_loop_model_is_checked_against_memory_once_its_warm_up_timed_it() {
         );
     }
 }
+
+// Issue 31, bad input campaign: output files, input files, error output.
+
+/// A finished run's folder (5 `spin:` jobs) in `tmp`.
+fn finished_run(tmp: &Path) -> std::path::PathBuf {
+    let sc = scenario(
+        tmp,
+        "run.toml",
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 100\njobs = 5\n",
+    );
+    let out = tmp.join("run");
+    run_ok(isolane().arg("run").arg(&sc).arg("--out").arg(&out));
+    out
+}
+
+fn mkfifo(path: &Path) {
+    assert!(std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// The machine's own devices, as every test must leave them.
+fn devices_intact() {
+    use std::os::unix::fs::FileTypeExt;
+    for d in ["/dev/null", "/dev/full"] {
+        let t = std::fs::symlink_metadata(d).unwrap().file_type();
+        assert!(t.is_char_device(), "{d} is no longer a character device");
+    }
+}
+
+#[test]
+fn output_files_replace_only_regular_files_and_make_no_folders() {
+    use std::os::unix::fs::FileTypeExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let run = finished_run(tmp.path());
+    // A FIFO (and a link to one) is refused, and stays a FIFO.
+    let fifo = tmp.path().join("fifo");
+    mkfifo(&fifo);
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    for out in [&fifo, &link] {
+        for cmd in ["trace", "report"] {
+            let o = isolane()
+                .arg(cmd)
+                .arg(&run)
+                .arg("--out")
+                .arg(out)
+                .output()
+                .unwrap();
+            refused(&o, &["FIFO", "not a regular file"]);
+        }
+    }
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // A missing folder is named, and not made.
+    let missing = tmp.path().join("no-such/report.html");
+    let o = isolane()
+        .args(["report"])
+        .arg(&run)
+        .arg("-o")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    refused(&o, &["no-such does not exist"]);
+    assert!(!tmp.path().join("no-such").exists());
+    // A link to a regular file is written through, and stays a link.
+    let target = tmp.path().join("target.json");
+    std::fs::write(&target, "old").unwrap();
+    let to_file = tmp.path().join("to-file.json");
+    std::os::unix::fs::symlink(&target, &to_file).unwrap();
+    run_ok(isolane().arg("trace").arg(&run).arg("-o").arg(&to_file));
+    assert!(std::fs::read_to_string(&target)
+        .unwrap()
+        .contains("traceEvents"));
+    assert!(std::fs::symlink_metadata(&to_file)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // A character device is written through, never replaced.
+    devices_intact();
+    run_ok(isolane().arg("trace").arg(&run).arg("-o").arg("/dev/null"));
+    devices_intact();
+}
+
+#[test]
+fn an_output_file_under_proc_gets_one_clear_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = finished_run(tmp.path());
+    let o = isolane()
+        .arg("trace")
+        .arg(&run)
+        .arg("--out")
+        .arg("/proc/x.json")
+        .output()
+        .unwrap();
+    let stderr = refused(&o, &["/proc/x.json"]);
+    // The OS error once, and no word of disk space.
+    let os_error = stderr.find("(os error").expect(&stderr);
+    assert!(!stderr[os_error + 1..].contains("(os error"), "{stderr}");
+    assert!(
+        !stderr.contains("free") && !stderr.contains("  "),
+        "{stderr}"
+    );
+    let o = isolane()
+        .args(["run", "--out", "/proc/x"])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let stderr = refused(&o, &["/proc/x"]);
+    assert!(!stderr.contains("free"), "{stderr}");
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = finished_run(tmp.path());
+    // `trace DIR | head -c 0`: the reader is gone before anything is printed.
+    let mut child = isolane()
+        .arg("trace")
+        .arg(&run)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(101), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(o.status.signal(), Some(libc::SIGPIPE), "{stderr}");
+}
+
+#[test]
+fn a_scenario_through_a_pipe_is_read_once() {
+    // An [[app]] scenario on stdin used to run nothing and say ok: its apps were read from a
+    // second, empty read of the pipe.
+    let app = "[[app]]\nname = \"a\"\ndeadline_ms = 500\nframes = 30\n[app.source]\n\
+               kind = \"synthetic\"\nwidth = 32\nheight = 32\nfps = 100\n[[app.stage]]\n\
+               name = \"pre\"\nkind = \"preprocess\"\nsize = [8, 8]\n[[app.stage]]\n\
+               name = \"out\"\nkind = \"sink\"\n";
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let mut child = isolane()
+        .args(["run", "/dev/stdin", "--out"])
+        .arg(&out)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(app.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(&out);
+    assert_eq!(s["apps"][0]["name"], "a", "{s}");
+    assert!(out.join("apps/a.csv").is_file());
+    // A named FIFO: read once, so no second open waits for a writer that never comes.
+    let fifo = tmp.path().join("s.toml");
+    mkfifo(&fifo);
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            std::fs::write(
+                &fifo,
+                "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n",
+            )
+            .unwrap()
+        })
+    };
+    let o = isolane().arg("plan").arg(&fifo).output().unwrap();
+    writer.join().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn an_endless_scenario_file_is_refused_at_the_cap() {
+    let (o, created) = {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let o = isolane()
+            .args(["run", "/dev/zero", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        (o, out.exists())
+    };
+    refused(
+        &o,
+        &[
+            "/dev/zero: cannot read the scenario file",
+            "larger than 16 MiB",
+        ],
+    );
+    assert!(!created);
+}
+
+#[test]
+fn thousands_of_problems_print_a_bounded_list() {
+    let mut text = one_workload("model = \"spin:1ms\"\nrate_hz = 10\njobs = 5\n");
+    for k in 0..20_000 {
+        text += &format!("unknown_{k} = 1\n");
+    }
+    let (o, created) = run_scenario(&text);
+    let stderr = refused(&o, &["unknown_0", "and 19950 more problem(s), not shown"]);
+    assert!(
+        stderr.lines().count() <= 60,
+        "{} lines",
+        stderr.lines().count()
+    );
+    assert!(!created);
+}

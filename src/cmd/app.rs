@@ -26,11 +26,10 @@ use super::run::RunArgs;
 use super::user;
 use isolane_app::workers::{run_in_workers, WorkerRun};
 
-/// The `[[app]]`s of the scenario file at `path` (none: an ordinary scenario).
-pub fn load_apps(path: &Path) -> anyhow::Result<Vec<AppSpec>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    parse_apps(&text, path, &EngineModels).map_err(user)
+/// The `[[app]]`s of the scenario file `path`, whose text is `text` (none: an ordinary
+/// scenario).
+pub fn apps_of(text: &str, path: &Path) -> anyhow::Result<Vec<AppSpec>> {
+    parse_apps(text, path, &EngineModels).map_err(user)
 }
 
 /// The apps' models as the workloads of a scenario on the same device, checked by core's
@@ -80,9 +79,12 @@ pub fn model_workloads(
     Ok(s)
 }
 
+/// `text`: the scenario file's text, as read once by the caller (written to scenario.toml and
+/// given to the workers).
 pub fn run(
     scenario: Scenario,
     scenario_name: String,
+    text: &str,
     mut apps: Vec<AppSpec>,
     args: &RunArgs,
 ) -> anyhow::Result<u8> {
@@ -109,8 +111,7 @@ pub fn run(
         .map_err(|(field, m)| user(format!("{scenario_name}: {field}: {m}")))?;
     isolane_app::placement::resolve_compute_gpus(&mut apps, &scenario.device);
     let out = super::run::prepare_out(args.out.as_deref(), args.force)?;
-    let text = std::fs::read(&scenario_name).with_context(|| format!("reading {scenario_name}"))?;
-    output::write_atomic(&out.join("scenario.toml"), &text)?;
+    output::write_atomic(&out.join("scenario.toml"), text.as_bytes())?;
     let stop = super::install_stop_handler()?;
     let started_at = chrono::Utc::now();
     // Device telemetry (cuda) around the run, as for workloads: telemetry.csv and summary.json's
@@ -122,13 +123,11 @@ pub fn run(
             run_in_partitions(&scenario, &apps, &workloads, admitted, args, &stop, &out)?
         }
         Host::Process => {
-            // The workers parse the file as written to scenario.toml (read once, above).
-            let text = String::from_utf8(text.clone())
-                .with_context(|| format!("{scenario_name} is not UTF-8 text"))?;
+            // The workers parse the file as written to scenario.toml (read once, by the caller).
             let run = ProcessRun {
                 scenario: &scenario,
                 file: Path::new(&scenario_name),
-                text: &text,
+                text,
                 args,
                 stop: &stop,
                 out: &out,

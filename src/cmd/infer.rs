@@ -334,7 +334,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
     print_top5(model.output(), &out_shape);
 
     if let Some(p) = &args.save_output {
-        io::write_npy(p, &out_shape, model.output()).map_err(user)?;
+        super::write_output(p, &io::npy::encode_npy(&out_shape, model.output()))?;
         println!("wrote    {} ({out_shape:?})", p.display());
     }
     Ok(0)

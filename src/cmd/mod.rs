@@ -25,7 +25,7 @@ pub mod verify;
 pub mod worker;
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -48,6 +48,20 @@ impl std::error::Error for UserError {}
 
 pub fn user(msg: impl std::fmt::Display) -> anyhow::Error {
     UserError(msg.to_string()).into()
+}
+
+/// Writes a file the user named for output (`--out FILE`, `--save-output`): only a regular
+/// file, a new path in an existing folder or a character device, never anything replaced that
+/// is not a file ([`isolane_core::files::write_output`]); a path that cannot be one is the
+/// user's (exit 2), a failed write (a full disk) a runtime failure (exit 1).
+pub fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    isolane_core::files::write_output(path, bytes).map_err(|e| {
+        if e.is_user_error() {
+            user(e)
+        } else {
+            anyhow::Error::new(e)
+        }
+    })
 }
 
 /// `--threads N` of the CPU backend (0 = one per core) against the cores this process may use:
@@ -141,16 +155,44 @@ pub fn quickstart(cpu_only: bool) -> anyhow::Result<(Scenario, String, Option<St
 /// Loads and validates a scenario; a problem with it is the user's (exit 2). Returns the
 /// scenario and how to name it in summary.json.
 pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<(Scenario, String)> {
-    let models: Vec<&str> = isolane_engine::builtin_models()
-        .iter()
-        .map(|m| m.name)
-        .collect();
     match path {
-        Some(p) => {
-            let s = Scenario::load(p, &models).map_err(user)?;
-            Ok((s, p.display().to_string()))
-        }
+        Some(p) => ScenarioFile::read(p)?.scenario(),
         None => quickstart(false).map(|(s, name, _)| (s, name)),
+    }
+}
+
+/// A scenario file, read once: a pipe, a process substitution (`<(...)`) or a FIFO gives its
+/// text only once, so its workloads and its `[[app]]`s are both parsed from this text (issue
+/// 31: `run <(cat apps.toml)` read the apps from an empty second read and ran nothing).
+pub struct ScenarioFile {
+    pub path: PathBuf,
+    pub text: String,
+}
+
+impl ScenarioFile {
+    /// Reads `path` (at most [`isolane_core::files::MAX_CONFIG_BYTES`]); a file that cannot be
+    /// read is the user's (exit 2).
+    pub fn read(path: &Path) -> anyhow::Result<ScenarioFile> {
+        let text = Scenario::read_file(path).map_err(user)?;
+        Ok(ScenarioFile {
+            path: path.to_path_buf(),
+            text,
+        })
+    }
+
+    /// The validated scenario and how to name it in summary.json.
+    pub fn scenario(&self) -> anyhow::Result<(Scenario, String)> {
+        let models: Vec<&str> = isolane_engine::builtin_models()
+            .iter()
+            .map(|m| m.name)
+            .collect();
+        let s = Scenario::from_toml_str(&self.text, &self.path, &models).map_err(user)?;
+        Ok((s, self.path.display().to_string()))
+    }
+
+    /// Its `[[app]]`s (none: an ordinary scenario).
+    pub fn apps(&self) -> anyhow::Result<Vec<isolane_app::spec::AppSpec>> {
+        app::apps_of(&self.text, &self.path)
     }
 }
 

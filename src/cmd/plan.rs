@@ -177,19 +177,20 @@ fn at_least_one(s: &str) -> Result<f64, String> {
 }
 
 pub fn run(args: PlanArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
+    let file = super::ScenarioFile::read(&args.scenario)?;
     if args.auto {
-        if !super::app::load_apps(&args.scenario)?.is_empty() {
+        if !file.apps()?.is_empty() {
             return Err(user(format!(
                 "{}: plan --auto does not plan [[app]]s yet; give their models partitions \
                  and check them with `isolane plan` (docs/apps.md)",
                 args.scenario.display()
             )));
         }
-        return super::plan_auto::run(&args, engine);
+        return super::plan_auto::run(&args, &file, engine);
     }
-    let (scenario, name) = super::load_scenario(Some(&args.scenario))?;
+    let (scenario, name) = file.scenario()?;
     // An app's models are admitted as workloads named <app>.<stage>[.<member>] (docs/apps.md).
-    let apps = super::app::load_apps(&args.scenario)?;
+    let apps = file.apps()?;
     let scenario = if apps.is_empty() {
         scenario
     } else {

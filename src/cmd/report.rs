@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use clap::Args;
 use isolane_report::ReportError;
-use isolane_runtime::output;
 
 use super::user;
 
@@ -52,7 +51,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<u8> {
         (None, [one]) if one.is_dir() => one.join("report.html"),
         (None, _) => PathBuf::from("report.html"),
     };
-    output::write_atomic(&out, html.as_bytes())?;
+    super::write_output(&out, html.as_bytes())?;
     println!("report: {}", out.display());
     Ok(0)
 }

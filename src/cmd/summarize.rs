@@ -52,8 +52,9 @@ pub fn run(args: SummarizeArgs) -> anyhow::Result<u8> {
             dir.display()
         )));
     }
-    let (scenario, _) = super::load_scenario(Some(&scenario_path))?;
-    if !super::app::load_apps(&scenario_path)?.is_empty() {
+    let file = super::ScenarioFile::read(&scenario_path)?;
+    let (scenario, _) = file.scenario()?;
+    if !file.apps()?.is_empty() {
         return Err(user(format!(
             "{}: a run of [[app]]s; summarize does not rebuild those yet (their frames are \
              written when the run ends, docs/apps.md)",

@@ -7,7 +7,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::Args;
 use isolane_core::spec::Mechanism;
 use isolane_gpu::verify::format_table;
@@ -106,8 +105,8 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
     }
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).map_err(|e| user(format!("--out {}: {e}", dir.display())))?;
-        write_atomic(&dir.join("verify.json"), json.as_bytes())?;
-        write_atomic(&dir.join("verify.txt"), table.as_bytes())?;
+        super::write_output(&dir.join("verify.json"), json.as_bytes())?;
+        super::write_output(&dir.join("verify.txt"), table.as_bytes())?;
         if !args.json {
             println!("results: {}", dir.display());
         }
@@ -143,14 +142,6 @@ fn time_needed(per_gpu: &[usize], duration_s: f64) -> String {
         duration_s.max(0.5),
         super::progress::duration_text(measurements as f64 * duration_s.max(0.5))
     )
-}
-
-/// Temp file + rename, so a reader never sees half a file.
-fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
 }
 
 #[cfg(test)]

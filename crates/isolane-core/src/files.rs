@@ -1,8 +1,19 @@
 //! The rules every crate that writes or reads a results folder shares: how a file is written
-//! (atomically) and what a workload's per-job CSV is called.
+//! (atomically), how a file a user named for output is written ([`write_output`]), how much of
+//! a text file is read ([`read_text`], [`read_config`]) and what a workload's per-job CSV is
+//! called.
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
+
+/// The most bytes isolane reads of a file a person or isolane wrote by hand or as settings (a
+/// scenario, a profile, a device description): such files are kilobytes, and a path such as
+/// `/dev/zero` must end in an error, not in all of memory.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The most bytes isolane reads of one results file (summary.json, a jobs CSV: about 60 bytes a
+/// job, so some 70 million jobs).
+pub const MAX_RESULTS_BYTES: u64 = 4 << 30;
 
 /// A file of a results folder that could not be read, or not understood: either names the
 /// file (the report, the trace and the results readers all say it the same way).
@@ -35,28 +46,102 @@ impl FileError {
     }
 }
 
-/// The text of `path`, or an error that names it.
-pub fn read_text(path: &Path) -> Result<String, FileError> {
-    std::fs::read_to_string(path).map_err(|source| FileError::io(path, source))
+/// `bytes` in the largest binary unit that divides it (`16 MiB`, `4 GiB`), for caps.
+fn cap_text(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["bytes", "KiB", "MiB", "GiB"];
+    let (mut v, mut unit) = (bytes, 0);
+    while v >= 1024 && v % 1024 == 0 && unit + 1 < UNITS.len() {
+        v /= 1024;
+        unit += 1;
+    }
+    format!("{v} {}", UNITS[unit])
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory (created if
-/// missing), synced, then renamed over `path`, so a reader (or a crash) never sees a
-/// half-written file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
+/// The text of `path`, read with one open and one pass (so a pipe, a process substitution or a
+/// FIFO works), and at most `cap` bytes of it: a larger file (or an endless one such as
+/// `/dev/zero`) is an error that says the cap. The error does not name the path: callers do.
+pub fn read_text_capped(path: &Path, cap: u64) -> std::io::Result<String> {
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "larger than {}, the most isolane reads of such a file (is it the file you \
+                 meant?)",
+                cap_text(cap)
+            ),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "not UTF-8 text (an invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })
+}
+
+/// The text of the results file `path` (at most [`MAX_RESULTS_BYTES`]), or an error that names
+/// it.
+pub fn read_text(path: &Path) -> Result<String, FileError> {
+    read_text_capped(path, MAX_RESULTS_BYTES).map_err(|source| FileError::io(path, source))
+}
+
+/// The text of the settings file `path` (a profile, a device description; at most
+/// [`MAX_CONFIG_BYTES`]), or an error that names it.
+pub fn read_config(path: &Path) -> Result<String, FileError> {
+    read_text_capped(path, MAX_CONFIG_BYTES).map_err(|source| FileError::io(path, source))
+}
+
+/// The temporary file of an atomic write: in the target's folder (a rename across file systems
+/// is not atomic), hidden, and new (`create_new`), so two writers never share one.
+fn temporary_beside(dir: &Path, path: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".{name}.tmp{}-{n}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((tmp, f)),
+            // Left behind by a killed process of the same id: take the next name.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1_000_000 => continue,
+            // The OS says only "No such file or directory" for /proc: say what was tried.
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot create a file in {}: {e}", dir.display()),
+                ))
+            }
+        }
+    }
+}
+
+/// `bytes` into a temporary file in `dir`, synced, then renamed over `path` (with `mode`, the
+/// permissions of the file it replaces, when there is one).
+fn replace_atomically(
+    dir: &Path,
+    path: &Path,
+    bytes: &[u8],
+    mode: Option<std::fs::Permissions>,
+) -> std::io::Result<()> {
+    let (tmp, mut f) = temporary_beside(dir, path)?;
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
+        if let Some(mode) = mode {
+            f.set_permissions(mode)?;
+        }
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();
@@ -64,6 +149,181 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory (created if
+/// missing), synced, then renamed over `path`, so a reader (or a crash) never sees a
+/// half-written file. For the files of a results folder isolane made; a file the user named
+/// goes through [`write_output`].
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = parent_dir(path);
+    std::fs::create_dir_all(dir)?;
+    replace_atomically(dir, path, bytes, None)
+}
+
+/// The folder `path` is in (`.` for a bare file name).
+fn parent_dir(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// Why a file the user named for output (`--out`, `--save-output`) was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputFileError {
+    /// The path names something other than a regular file or a new file in an existing
+    /// folder (a folder, a FIFO, a block device, a missing folder): never replaced or created.
+    #[error("{}: {why}", path.display())]
+    Refused { path: PathBuf, why: String },
+    /// Writing failed.
+    #[error("cannot write {}: {error}", path.display())]
+    Write {
+        path: PathBuf,
+        // Not a `#[source]`: the message holds it already, and a chain would print it twice.
+        error: std::io::Error,
+    },
+}
+
+impl OutputFileError {
+    /// The user's to fix (exit code 2): a path that cannot be an output file, or one where
+    /// this user cannot create files (permissions, a read-only or pseudo file system such as
+    /// /proc). A full disk or an I/O error is a failure (exit code 1).
+    pub fn is_user_error(&self) -> bool {
+        use std::io::ErrorKind::*;
+        match self {
+            OutputFileError::Refused { .. } => true,
+            OutputFileError::Write { error, .. } => matches!(
+                error.kind(),
+                PermissionDenied | ReadOnlyFilesystem | NotFound | IsADirectory | NotADirectory
+            ),
+        }
+    }
+}
+
+/// What a file type is, in words.
+fn kind_of(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else {
+        "a regular file"
+    }
+}
+
+/// The names of a stream this process already has open (`/dev/stdout`, `/dev/fd/3`, ...): a
+/// user who names one means "write it there", whatever it is (a pipe, a terminal, a file).
+fn names_open_stream(path: &Path) -> bool {
+    let p = path.as_os_str().to_string_lossy();
+    p == "/dev/stdout"
+        || p == "/dev/stderr"
+        || p.starts_with("/dev/fd/")
+        || p.starts_with("/proc/self/fd/")
+        || p.starts_with("/proc/thread-self/fd/")
+}
+
+/// Writes `bytes` to the file the user named `path` (`report --out`, `trace --out`, `infer
+/// --save-output`, `plan --auto -o`), the one way isolane writes such a file:
+///
+/// - a regular file (or a symbolic link to one, which stays a link) is replaced atomically,
+///   keeping its permissions; a new path in an existing folder is created atomically;
+/// - a character device (`/dev/null`, a terminal) or an open stream's name (`/dev/stdout`,
+///   `/dev/fd/N`) is written through, never replaced;
+/// - anything else (a folder, a FIFO, a socket, a block device, a link to a missing file) is
+///   refused, and so is a path whose folder does not exist: it is never created.
+pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), OutputFileError> {
+    let refuse = |why: String| OutputFileError::Refused {
+        path: path.to_path_buf(),
+        why,
+    };
+    let failed = |error: std::io::Error| OutputFileError::Write {
+        path: path.to_path_buf(),
+        error,
+    };
+    let through = || -> Result<(), OutputFileError> {
+        // Appending: a file behind /dev/stdout is written where the shell's `>` or `>>` left it.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(failed)?;
+        f.write_all(bytes).and_then(|()| f.flush()).map_err(failed)
+    };
+    if names_open_stream(path) {
+        return through();
+    }
+    let own = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            let dir = parent_dir(path);
+            return match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => replace_atomically(dir, path, bytes, None).map_err(failed),
+                Ok(m) => Err(refuse(format!(
+                    "{} is {}, not a folder",
+                    dir.display(),
+                    kind_of(m.file_type())
+                ))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(refuse(format!(
+                    "the folder {} does not exist; isolane does not create it (make it first, \
+                     or name a file in an existing folder)",
+                    dir.display()
+                ))),
+                Err(e) => Err(failed(e)),
+            };
+        }
+        Err(e) => return Err(failed(e)),
+    };
+    let (target, meta) = if own.file_type().is_symlink() {
+        match std::fs::canonicalize(path).and_then(|t| std::fs::metadata(&t).map(|m| (t, m))) {
+            Ok(found) => found,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let to = std::fs::read_link(path)
+                    .map(|t| format!(" {}", t.display()))
+                    .unwrap_or_default();
+                return Err(refuse(format!(
+                    "a symbolic link to{to}, which does not exist; name the file itself"
+                )));
+            }
+            Err(e) => return Err(failed(e)),
+        }
+    } else {
+        (path.to_path_buf(), own.clone())
+    };
+    let t = meta.file_type();
+    if t.is_file() {
+        return replace_atomically(
+            parent_dir(&target),
+            &target,
+            bytes,
+            Some(meta.permissions()),
+        )
+        .map_err(failed);
+    }
+    if std::os::unix::fs::FileTypeExt::is_char_device(&t) {
+        return through();
+    }
+    let what = if own.file_type().is_symlink() {
+        format!("a symbolic link to {}, {}", target.display(), kind_of(t))
+    } else {
+        kind_of(t).to_string()
+    };
+    Err(refuse(format!(
+        "is {what}, not a regular file; isolane writes its output only to a regular file, a \
+         new path or a character device (/dev/null, /dev/stdout)"
+    )))
 }
 
 /// A file name for a workload's CSV: the name with anything outside `[A-Za-z0-9._-]` replaced.
@@ -84,6 +344,7 @@ pub fn jobs_file_name(workload: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 
     #[test]
     fn writes_whole_files_and_leaves_no_temporary_behind() {
@@ -104,5 +365,142 @@ mod tests {
     fn job_file_names_are_safe() {
         assert_eq!(jobs_file_name("cam-0.front"), "cam-0.front.csv");
         assert_eq!(jobs_file_name("a b/c"), "a_b_c.csv");
+    }
+
+    fn mkfifo(path: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path, as mkfifo(3) requires.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+
+    /// The machine's own devices must come out of every test as they went in.
+    fn devices_intact() {
+        for d in ["/dev/null", "/dev/full"] {
+            let t = std::fs::symlink_metadata(d).unwrap().file_type();
+            assert!(t.is_char_device(), "{d} is no longer a character device");
+        }
+    }
+
+    fn refusal(path: &Path) -> String {
+        let e = write_output(path, b"x").unwrap_err();
+        assert!(e.is_user_error(), "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn an_output_file_is_new_or_regular_and_its_folder_is_never_made() {
+        let d = tempfile::tempdir().unwrap();
+        let new = d.path().join("report.html");
+        write_output(&new, b"one").unwrap();
+        std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o640)).unwrap();
+        write_output(&new, b"two").unwrap();
+        assert_eq!(std::fs::read(&new).unwrap(), b"two");
+        // Replaced, with the permissions of the file it replaced, and no temporary left.
+        let mode = std::fs::metadata(&new).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+
+        let missing = d.path().join("no-such").join("deeper").join("x.html");
+        let e = refusal(&missing);
+        assert!(e.contains("no-such/deeper does not exist"), "{e}");
+        assert!(!d.path().join("no-such").exists());
+
+        let e = refusal(d.path());
+        assert!(e.contains("is a folder, not a regular file"), "{e}");
+        let e = refusal(&new.join("x"));
+        assert!(e.contains("is a regular file, not a folder"), "{e}");
+        // /proc holds no files: said once, as the user's (another path).
+        let e = refusal(Path::new("/proc/x.json"));
+        assert!(
+            e.starts_with("cannot write /proc/x.json: cannot create a file in /proc: ")
+                && e.matches("os error").count() == 1,
+            "{e}"
+        );
+        devices_intact();
+    }
+
+    #[test]
+    fn a_link_is_written_through_to_its_file_and_a_fifo_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join("target.json");
+        std::fs::write(&target, "old").unwrap();
+        let link = d.path().join("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        write_output(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+
+        let fifo = d.path().join("fifo");
+        mkfifo(&fifo);
+        let e = refusal(&fifo);
+        assert!(e.contains("FIFO"), "{e}");
+        let to_fifo = d.path().join("to-fifo");
+        std::os::unix::fs::symlink(&fifo, &to_fifo).unwrap();
+        let e = refusal(&to_fifo);
+        assert!(
+            e.contains("a symbolic link to") && e.contains("FIFO"),
+            "{e}"
+        );
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+
+        let dangling = d.path().join("dangling");
+        std::os::unix::fs::symlink(d.path().join("gone"), &dangling).unwrap();
+        let e = refusal(&dangling);
+        assert!(e.contains("does not exist"), "{e}");
+        assert!(!d.path().join("gone").exists());
+        devices_intact();
+    }
+
+    #[test]
+    fn a_character_device_is_written_through_not_replaced() {
+        devices_intact();
+        write_output(Path::new("/dev/null"), b"discarded").unwrap();
+        devices_intact();
+        // A link in a folder of ours to /dev/null: written through the link, which stays.
+        let d = tempfile::tempdir().unwrap();
+        let link = d.path().join("null");
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+        write_output(&link, b"discarded").unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        devices_intact();
+    }
+
+    #[test]
+    fn reads_are_capped_and_happen_once() {
+        let d = tempfile::tempdir().unwrap();
+        let big = d.path().join("big.toml");
+        std::fs::write(&big, vec![b'#'; 2048]).unwrap();
+        assert_eq!(read_text_capped(&big, 2048).unwrap().len(), 2048);
+        let e = read_text_capped(&big, 1024).unwrap_err().to_string();
+        assert!(e.contains("larger than 1 KiB"), "{e}");
+        // An endless file ends in the same error.
+        let e = read_text_capped(Path::new("/dev/zero"), 4096)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("larger than 4 KiB"), "{e}");
+        let e = read_config(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("16 MiB"), "{e}");
+        std::fs::write(&big, b"ok\xff").unwrap();
+        let e = read_text_capped(&big, 1024).unwrap_err().to_string();
+        assert!(e.contains("not UTF-8") && e.contains("offset 2"), "{e}");
+        // A FIFO gives its text once: read in one open and one pass, it is all there.
+        let fifo = d.path().join("fifo");
+        mkfifo(&fifo);
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::write(&fifo, "[device]\n").unwrap())
+        };
+        assert_eq!(read_text_capped(&fifo, 1024).unwrap(), "[device]\n");
+        writer.join().unwrap();
     }
 }

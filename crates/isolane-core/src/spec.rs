@@ -348,11 +348,20 @@ impl Scenario {
         models: &dyn ModelCatalog,
     ) -> Result<Scenario, SpecError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
-            file: path.display().to_string(),
-            source,
-        })?;
-        Self::from_toml_str(&text, path, models)
+        Self::from_toml_str(&Self::read_file(path)?, path, models)
+    }
+
+    /// The text of a scenario file, read once (a pipe, a process substitution or a FIFO has
+    /// its text only once: parse every part of the file from this text) and at most
+    /// [`crate::files::MAX_CONFIG_BYTES`] of it.
+    pub fn read_file(path: impl AsRef<std::path::Path>) -> Result<String, SpecError> {
+        let path = path.as_ref();
+        crate::files::read_text_capped(path, crate::files::MAX_CONFIG_BYTES).map_err(|source| {
+            SpecError::Read {
+                file: path.display().to_string(),
+                source,
+            }
+        })
     }
 
     /// Per workload of the scenario file `text` (in file order), whether it names its GPU

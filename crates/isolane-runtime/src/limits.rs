@@ -116,7 +116,10 @@ pub const JOB_ROW_BYTES: u128 = 80;
 /// A run whose streamed job records would not fit the disk of its output folder.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error(
-    "the per-job records of this run (jobs/*.csv) need up to {need} on the disk of {dir}, which      has {free} free ({jobs} jobs; the files are streamed, then rewritten once at the end, so      twice their size must fit); lower the rate, the duration or the job count, or choose another      --out"
+    "the per-job records of this run (jobs/*.csv) need up to {need} on the disk of {dir}, which \
+     has {free} free ({jobs} jobs; the files are streamed, then rewritten once at the end, so \
+     twice their size must fit); lower the rate, the duration or the job count, or choose another \
+     --out"
 )]
 pub struct DiskTooSmall {
     need: String,
@@ -144,6 +147,12 @@ pub fn disk_free_bytes(dir: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs returned 0, so it filled `st`.
     let st = unsafe { st.assume_init() };
+    // A file system of no blocks (/proc, /sys) holds no files at all: whether the folder can be
+    // made there is for the output folder's own check to say, not a count of free bytes (issue
+    // 31: `--out /proc/x` was told the disk was too small).
+    if st.f_blocks == 0 {
+        return None;
+    }
     u64::try_from(u128::from(st.f_bavail) * u128::from(st.f_frsize)).ok()
 }
 
@@ -248,6 +257,15 @@ mod tests {
             missing.abs_diff(there) < there / 10 + (64 << 20),
             "{missing} vs {there}"
         );
+    }
+
+    #[test]
+    fn the_disk_message_has_no_runs_of_spaces_and_proc_has_no_free_space_to_count() {
+        let e = check_disk(&[demand(Some(1_000_000), 0)], 1, Path::new("/out"))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("  "), "{e}");
+        assert_eq!(disk_free_bytes(Path::new("/proc/x")), None);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use isolane_core::results::RunSummary;
 use isolane_core::JobRecord;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +31,10 @@ pub enum OutputError {
     },
     #[error("{path}: {detail}")]
     Parse { path: PathBuf, detail: String },
+    /// A run's files could not all be written (a full disk): what is missing, what was written
+    /// instead and how to rebuild ([`write_run_files`]).
+    #[error("{0}")]
+    RunFiles(String),
 }
 
 impl OutputError {
@@ -401,6 +406,169 @@ fn parse_job_row(f: &[&str], prev: Option<(u64, usize)>) -> Result<JobRecord, St
     })
 }
 
+/// How [`write_run_files`] puts a run's files on the disk; a test injects failures (a full
+/// disk) without filling one.
+pub trait RunFileSink {
+    /// Writes `bytes` as the whole of `path`, atomically.
+    fn replace(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+    /// Cuts `path` (created if missing) to its first `keep` bytes, then appends `bytes`.
+    fn append(&mut self, path: &Path, keep: u64, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+/// The disk itself.
+pub struct Disk;
+
+impl RunFileSink for Disk {
+    fn replace(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        isolane_core::files::write_atomic(path, bytes)
+    }
+
+    fn append(&mut self, path: &Path, keep: u64, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        f.set_len(keep)?;
+        f.write_all(bytes)?;
+        f.sync_data()
+    }
+}
+
+/// Writes a run's `jobs/<workload>.csv` (each with every record the run measured, from
+/// `workloads`: name and records), then `others` (name in `dir`, bytes) and summary.json, the
+/// last file (its presence says the run ended), to `dir`.
+///
+/// A jobs file that cannot be rewritten whole (a full disk: the rewrite needs room for a
+/// second copy) keeps the rows the run streamed to it and gets the records it still lacks
+/// appended, which needs room only for those. A file still short after that is named in
+/// summary.json's `files_incomplete` (its metrics stay those of every record measured), and
+/// the error says so and how to rebuild the summary (`isolane summarize`). Returns a note when
+/// a rewrite failed but the appends made every file whole.
+pub fn write_run_files(
+    dir: &Path,
+    workloads: &[(&str, &[JobRecord])],
+    others: &[(&str, &[u8])],
+    summary: &RunSummary,
+) -> Result<Option<String>, OutputError> {
+    write_run_files_to(&mut Disk, dir, workloads, others, summary)
+}
+
+/// [`write_run_files`] through `sink`.
+pub fn write_run_files_to(
+    sink: &mut dyn RunFileSink,
+    dir: &Path,
+    workloads: &[(&str, &[JobRecord])],
+    others: &[(&str, &[u8])],
+    summary: &RunSummary,
+) -> Result<Option<String>, OutputError> {
+    let mut failure: Option<String> = None;
+    let mut short = Vec::new();
+    for &(name, records) in workloads {
+        let path = dir.join("jobs").join(jobs_file_name(name));
+        let Err(e) = sink.replace(&path, jobs_csv(records).as_bytes()) else {
+            continue;
+        };
+        failure.get_or_insert_with(|| format!("writing {}: {e}", path.display()));
+        if let Err(held) = append_missing(sink, &path, records) {
+            short.push(format!(
+                "jobs/{} holds {held} of the {} records measured",
+                jobs_file_name(name),
+                records.len()
+            ));
+        }
+    }
+    for &(name, bytes) in others {
+        let path = dir.join(name);
+        if let Err(e) = sink.replace(&path, bytes) {
+            failure.get_or_insert_with(|| format!("writing {}: {e}", path.display()));
+            short.push(format!("{name} is missing"));
+        }
+    }
+    let Some(failure) = failure else {
+        return write_summary(sink, dir, summary).map(|()| None);
+    };
+    if short.is_empty() {
+        write_summary(sink, dir, summary)?;
+        return Ok(Some(format!(
+            "{failure}; the records each file lacked were appended to the rows streamed during \
+             the run instead, so jobs/*.csv and summary.json are whole"
+        )));
+    }
+    let files = short.join(", ");
+    let mut marked = summary.clone();
+    marked.files_incomplete = Some(format!("{files} ({failure})"));
+    let rebuild = format!(
+        "`isolane summarize --force {}` rebuilds summary.json from the records on disk",
+        dir.display()
+    );
+    let message = match write_summary(sink, dir, &marked) {
+        Ok(()) => format!(
+            "{failure}: {files}; summary.json holds the metrics of every job measured and names \
+             the short files (\"files_incomplete\"); {rebuild} alone"
+        ),
+        Err(e) => format!(
+            "{failure}: {files}, and summary.json could not be written ({e}); free space on \
+             that disk, then {}",
+            rebuild.replace(" --force", "")
+        ),
+    };
+    Err(OutputError::RunFiles(message))
+}
+
+fn write_summary(
+    sink: &mut dyn RunFileSink,
+    dir: &Path,
+    summary: &RunSummary,
+) -> Result<(), OutputError> {
+    let path = dir.join("summary.json");
+    let mut bytes = serde_json::to_vec_pretty(summary).map_err(|e| OutputError::Io {
+        path: path.clone(),
+        error: e.into(),
+    })?;
+    bytes.push(b'\n');
+    sink.replace(&path, &bytes).map_err(io(&path))
+}
+
+/// Appends to the jobs file `path`, streamed during the run, the records of `records` it lacks
+/// (a row cut off by the full disk is cut away first). `Err` holds how many records the file
+/// keeps when that fails, or when its rows are not the first of `records`.
+fn append_missing(
+    sink: &mut dyn RunFileSink,
+    path: &Path,
+    records: &[JobRecord],
+) -> Result<(), usize> {
+    let text = match isolane_core::files::read_text(path) {
+        Ok(t) => t,
+        Err(isolane_core::files::FileError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            String::new()
+        }
+        Err(_) => return Err(0),
+    };
+    let whole = text.rfind('\n').map_or(0, |i| i + 1);
+    let (keep, held) = if whole == 0 {
+        // Not even the header: the file starts over.
+        (0, 0)
+    } else {
+        let rows = parse_jobs_csv(path, &text[..whole]).map_err(|_| 0usize)?;
+        let n = rows.len();
+        // The stream wrote each workload's records in order: its rows are the first `n`.
+        if n > records.len() || (n > 0 && rows[n - 1].index != records[n - 1].index) {
+            return Err(n);
+        }
+        (whole as u64, n)
+    };
+    let mut bytes = String::new();
+    if keep == 0 {
+        bytes.push_str(JOBS_CSV_HEADER);
+        bytes.push('\n');
+    }
+    push_job_rows(&mut bytes, &records[held..]);
+    sink.append(path, keep, bytes.as_bytes()).map_err(|_| held)
+}
+
 /// This machine's host name, for summary.json.
 pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -726,5 +894,141 @@ mod tests {
                 prop_assert_eq!(parse(&jobs_csv(&records)).unwrap(), records);
             }
         }
+    }
+}
+
+/// A run's files on a disk that fills up (issue 31: a full disk at a run's end wrote no
+/// summary and lost the records not yet streamed), by injection rather than a full disk.
+#[cfg(test)]
+mod full_disk {
+    use super::*;
+
+    /// The disk, except that whole-file writes of the names in `full` fail as a full disk does,
+    /// and so do appends when `appends_fail`.
+    struct FillingDisk {
+        full: Vec<&'static str>,
+        appends_fail: bool,
+    }
+
+    fn no_space() -> std::io::Error {
+        std::io::Error::from_raw_os_error(libc::ENOSPC)
+    }
+
+    impl RunFileSink for FillingDisk {
+        fn replace(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+            let name = path.file_name().unwrap().to_str().unwrap();
+            if self.full.contains(&name) {
+                return Err(no_space());
+            }
+            Disk.replace(path, bytes)
+        }
+
+        fn append(&mut self, path: &Path, keep: u64, bytes: &[u8]) -> std::io::Result<()> {
+            if self.appends_fail {
+                return Err(no_space());
+            }
+            Disk.append(path, keep, bytes)
+        }
+    }
+
+    fn records(n: u64) -> Vec<JobRecord> {
+        (0..n)
+            .map(|k| JobRecord {
+                index: k,
+                release_ns: k as i64 * 1_000_000,
+                start_ns: Some(k as i64 * 1_000_000 + 7),
+                end_ns: Some(k as i64 * 1_000_000 + 400_000),
+                timeout: false,
+                held_ns: 0,
+            })
+            .collect()
+    }
+
+    /// A run folder whose `a.csv` stream stopped after 222 of 280 records, in the middle of a
+    /// row, as a full disk leaves it.
+    fn cut_short_run() -> (tempfile::TempDir, Vec<JobRecord>) {
+        let dir = tempfile::tempdir().unwrap();
+        let all = records(280);
+        let mut streamed = jobs_csv(&all[..223]);
+        streamed.truncate(streamed.len() - 10);
+        std::fs::create_dir_all(dir.path().join("jobs")).unwrap();
+        std::fs::write(dir.path().join("jobs/a.csv"), streamed).unwrap();
+        (dir, all)
+    }
+
+    fn summary() -> RunSummary {
+        RunSummary::new("run")
+    }
+
+    #[test]
+    fn the_records_held_in_memory_are_appended_when_a_rewrite_does_not_fit() {
+        let (dir, all) = cut_short_run();
+        let mut disk = FillingDisk {
+            full: vec!["a.csv"],
+            appends_fail: false,
+        };
+        let note = write_run_files_to(&mut disk, dir.path(), &[("a", &all)], &[], &summary())
+            .unwrap()
+            .unwrap();
+        assert!(
+            note.contains("appended") && note.contains("a.csv"),
+            "{note}"
+        );
+        assert_eq!(read_jobs_csv(&dir.path().join("jobs/a.csv")).unwrap(), all);
+        let s: RunSummary =
+            isolane_core::results::read_json(&dir.path().join("summary.json")).unwrap();
+        assert_eq!(s.files_incomplete, None);
+    }
+
+    #[test]
+    fn a_summary_marked_incomplete_is_written_when_the_records_do_not_fit() {
+        let (dir, all) = cut_short_run();
+        let mut disk = FillingDisk {
+            full: vec!["a.csv", "workloads.csv"],
+            appends_fail: true,
+        };
+        let e = write_run_files_to(
+            &mut disk,
+            dir.path(),
+            &[("a", &all)],
+            &[("workloads.csv", b"x\n")],
+            &summary(),
+        )
+        .unwrap_err();
+        assert!(!e.is_user_error());
+        let e = e.to_string();
+        assert!(
+            e.contains("jobs/a.csv holds 222 of the 280 records measured")
+                && e.contains("workloads.csv is missing")
+                && e.contains("No space left on device")
+                && e.contains("\"files_incomplete\"")
+                && e.contains("isolane summarize --force"),
+            "{e}"
+        );
+        let s: RunSummary =
+            isolane_core::results::read_json(&dir.path().join("summary.json")).unwrap();
+        let why = s.files_incomplete.unwrap();
+        assert!(why.contains("holds 222 of the 280"), "{why}");
+        // The streamed rows are still there for `isolane summarize`.
+        let (kept, _) = read_jobs_csv_partial(&dir.path().join("jobs/a.csv")).unwrap();
+        assert_eq!(kept, all[..222]);
+    }
+
+    #[test]
+    fn without_room_for_the_summary_the_message_says_how_to_rebuild_it() {
+        let (dir, all) = cut_short_run();
+        let mut disk = FillingDisk {
+            full: vec!["a.csv", "summary.json"],
+            appends_fail: true,
+        };
+        let e = write_run_files_to(&mut disk, dir.path(), &[("a", &all)], &[], &summary())
+            .unwrap_err()
+            .to_string();
+        let rebuild = format!("then `isolane summarize {}`", dir.path().display());
+        assert!(
+            e.contains("summary.json could not be written") && e.contains(&rebuild),
+            "{e}"
+        );
+        assert!(!dir.path().join("summary.json").exists());
     }
 }

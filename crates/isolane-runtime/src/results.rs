@@ -184,6 +184,7 @@ pub fn summarize_run(info: &RunInfo, plans: &[WorkloadPlan], result: &RunResult)
         interrupted: result.interrupted,
         complete: true,
         rebuilt_by: None,
+        files_incomplete: None,
         started_at: info
             .started_at
             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),

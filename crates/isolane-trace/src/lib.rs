@@ -24,22 +24,25 @@ pub enum TraceError {
     File(#[from] isolane_core::files::FileError),
     #[error(transparent)]
     Results(#[from] isolane_core::results::ResultsError),
-    #[error("writing {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// The trace file could not be written (`--out` names no file isolane writes, or the
+    /// write failed): said once, by [`isolane_core::files::write_output`].
+    #[error(transparent)]
+    Write(isolane_core::files::OutputFileError),
 }
 
 impl TraceError {
     /// A folder or file the user named that is not what it should be (exit code 2), rather
     /// than a failure to write the trace.
     pub fn is_user_error(&self) -> bool {
-        !matches!(self, TraceError::Write { .. })
+        match self {
+            TraceError::Write(e) => e.is_user_error(),
+            _ => true,
+        }
     }
 }
 
-/// Reads the run folder `dir` and writes its trace to `out` (atomically), only the part in
+/// Reads the run folder `dir` and writes its trace to `out` (as every output file the user
+/// names: [`isolane_core::files::write_output`]), only the part in
 /// `window` (ms since t0) when given. Returns the timeline, for the caller's summary line.
 pub fn write_trace(
     dir: &Path,
@@ -51,11 +54,6 @@ pub fn write_trace(
         timeline = timeline.window(from, to);
     }
     let json = chrome::trace_json(&timeline);
-    isolane_core::files::write_atomic(out, json.as_bytes()).map_err(|source| {
-        TraceError::Write {
-            path: out.to_path_buf(),
-            source,
-        }
-    })?;
+    isolane_core::files::write_output(out, json.as_bytes()).map_err(TraceError::Write)?;
     Ok(timeline)
 }

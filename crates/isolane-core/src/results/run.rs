@@ -165,6 +165,11 @@ pub struct RunSummary {
     /// Who wrote this summary when not the run itself (`isolane summarize`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuilt_by: Option<String>,
+    /// Set when the run could not write all its per-job records (a full disk at its end): which
+    /// `jobs/*.csv` hold fewer records than the run measured, and why. This summary's metrics
+    /// are still those of every job measured (kept in memory); absent when the files are whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_incomplete: Option<String>,
     /// UTC, RFC 3339.
     pub started_at: String,
     pub host: String,
@@ -251,6 +256,7 @@ impl RunSummary {
             interrupted: false,
             complete: true,
             rebuilt_by: None,
+            files_incomplete: None,
             started_at: String::new(),
             host: String::new(),
             scenario: String::new(),

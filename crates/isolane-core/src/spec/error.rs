@@ -68,6 +68,10 @@ impl SpecError {
     }
 }
 
+/// The most problems a refused scenario lists: a file of thousands of unknown keys would
+/// otherwise print megabytes; the rest are counted.
+pub const MAX_LISTED_PROBLEMS: usize = 50;
+
 struct ProblemList<'a> {
     file: &'a str,
     problems: &'a [Problem],
@@ -78,6 +82,18 @@ impl fmt::Display for ProblemList<'_> {
         for (i, p) in self.problems.iter().enumerate() {
             if i > 0 {
                 writeln!(f)?;
+            }
+            if i == MAX_LISTED_PROBLEMS {
+                let left = self.problems.len() - i;
+                let at = if self.file.is_empty() {
+                    String::new()
+                } else {
+                    format!("{}: ", self.file)
+                };
+                return write!(
+                    f,
+                    "{at}and {left} more problem(s), not shown: fix the ones above and run again"
+                );
             }
             // A scenario built in code has no file and no positions: the field says it all.
             if p.line == 0 {

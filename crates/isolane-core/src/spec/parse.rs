@@ -59,7 +59,7 @@ pub(super) fn parse(
             file: file.clone(),
             line,
             column,
-            message: e.message().trim().replace('\n', "; "),
+            message: syntax_message(e.message(), e.span().and_then(|s| text.get(s))),
         }
     })?;
     let mut walk = Walk {
@@ -86,6 +86,18 @@ pub(super) fn parse(
         file,
         problems: problems.into_iter().map(|(_, p)| p).collect(),
     })
+}
+
+/// toml's message on one line, naming the key where toml says only "duplicate key" (`at` is the
+/// text its span covers: the key written a second time).
+fn syntax_message(message: &str, at: Option<&str>) -> String {
+    let message = message.trim().replace('\n', "; ");
+    match at.map(str::trim).filter(|k| !k.is_empty() && k.len() <= 200) {
+        Some(key) if message == "duplicate key" => format!(
+            "duplicate key `{key}`: a key is written once per table (remove one of them)"
+        ),
+        _ => message,
+    }
 }
 
 /// `.onnx` models and weights files as absolute paths, so the resolved scenario works from any

@@ -597,7 +597,7 @@ fn ramp_values_are_checked() {
         5,
         &[
             "workload[0].ramp.to_hz",
-            "found to_hz = 2 below from_hz = 20",
+            "found to_hz = 2.0 below from_hz = 20.0",
             "from_hz <= to_hz",
         ],
     );
@@ -1378,4 +1378,74 @@ fn apps_pass_through_and_need_no_workloads() {
         4,
         &["workload[0]", "model"],
     );
+}
+
+#[test]
+fn a_tiny_rate_is_printed_the_shortest_way() {
+    // Issue 31: `rate_hz = 1e-300` came back as 0.000…0001 with 300 digits.
+    let e = err(&with_rate("1e-300", "duration_s = 1\n"));
+    assert!(e.contains("rate_hz = 1e-300: no job"), "{e}");
+    assert!(e.len() < 400, "{} bytes: {e}", e.len());
+    let e = err(&with_rate(
+        "1e-300",
+        "role = \"interferer\"\nramp = { from_hz = 1e-300, to_hz = 1, steps = 2, step_s = 1 }\n",
+    ));
+    assert!(!e.contains("0.0000000000"), "{e}");
+}
+
+#[test]
+fn a_duplicate_key_is_named() {
+    let e = err(&format!("{MIN}batch = 1\nbatch = 2\n"));
+    assert!(
+        e.starts_with("dir/s.toml:8:1: TOML syntax error: duplicate key `batch`"),
+        "{e}"
+    );
+    let e = err("[device]\nbackend = \"cpu\"\n[device]\n");
+    assert!(e.contains("duplicate key `device`"), "{e}");
+}
+
+#[test]
+fn a_file_of_many_problems_lists_a_bounded_number() {
+    // Issue 31: 650 k unknown keys printed 200 MB of errors.
+    let mut text = MIN.to_string();
+    for k in 0..5000 {
+        text += &format!("unknown_{k} = 1\n");
+    }
+    let e = parse(&text).unwrap_err();
+    assert_eq!(e.problems().len(), 5000);
+    let shown = e.to_string();
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), error::MAX_LISTED_PROBLEMS + 1, "{shown}");
+    assert!(lines[0].contains("unknown_0"), "{shown}");
+    let left = 5000 - error::MAX_LISTED_PROBLEMS;
+    assert_eq!(
+        lines[error::MAX_LISTED_PROBLEMS],
+        format!(
+            "dir/s.toml: and {left} more problem(s), not shown: fix the ones above and run again"
+        )
+    );
+}
+
+#[test]
+fn a_scenario_is_read_once_and_capped() {
+    let e = Scenario::load("/dev/zero", &MODELS)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("/dev/zero: cannot read the scenario file: larger than 16 MiB"),
+        "{e}"
+    );
+    // A FIFO holds its text once: reading it twice (as `run` did for [[app]] scenarios) would
+    // wait forever for a second writer.
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("s.toml");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path, as mkfifo(3) requires.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::write(&fifo, MIN).unwrap())
+    };
+    assert_eq!(Scenario::read_file(&fifo).unwrap(), MIN);
+    writer.join().unwrap();
 }

@@ -658,7 +658,7 @@ impl Checker<'_, '_> {
                 path("to_hz"),
                 false,
                 format!(
-                    "found to_hz = {} below from_hz = {}; expected from_hz <= to_hz (the ramp \
+                    "found to_hz = {:?} below from_hz = {:?}; expected from_hz <= to_hz (the ramp \
                      rises)",
                     r.to_hz, r.from_hz
                 ),
@@ -678,7 +678,7 @@ impl Checker<'_, '_> {
                 path,
                 false,
                 format!(
-                    "found {d} s at rate_hz = {hz}: no job would be released (duration_s × \
+                    "found {d:?} s at rate_hz = {hz:?}: no job would be released (duration_s × \
                      rate_hz = {jobs:e} < 1); expected at least one period, {:e} s",
                     1.0 / hz
                 ),
@@ -688,7 +688,7 @@ impl Checker<'_, '_> {
                 path,
                 false,
                 format!(
-                    "found {d} s at rate_hz = {hz}: {jobs:e} jobs; expected at most {MAX_JOBS} \
+                    "found {d:?} s at rate_hz = {hz:?}: {jobs:e} jobs; expected at most {MAX_JOBS} \
                      jobs (duration_s × rate_hz)"
                 ),
             );
@@ -700,7 +700,7 @@ impl Checker<'_, '_> {
         let path = Workload(i, "ramp");
         if r.total_duration_s() > MAX_SECONDS {
             let message = format!(
-                "found steps × step_s = {} × {} s = {:e} s; expected at most {MAX_SECONDS:e} s",
+                "found steps × step_s = {} × {:?} s = {:e} s; expected at most {MAX_SECONDS:e} s",
                 r.steps,
                 r.step_s,
                 r.total_duration_s()
@@ -711,7 +711,7 @@ impl Checker<'_, '_> {
         // The first step has the lowest rate: if it releases a job, every step does.
         if crate::schedule::jobs_in(r.step_s, r.from_hz) == 0 {
             let message = format!(
-                "found step_s = {} s at from_hz = {}: the first step would release no job \
+                "found step_s = {:?} s at from_hz = {:?}: the first step would release no job \
                  (step_s × from_hz < 1); expected step_s >= {:e} s",
                 r.step_s,
                 r.from_hz,
