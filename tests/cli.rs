@@ -403,3 +403,181 @@ fn a_phase_shifts_a_workloads_releases() {
     let resolved = std::fs::read_to_string(out.join("scenario.toml")).unwrap();
     assert!(resolved.contains("phase_ms = 7.5"), "{resolved}");
 }
+
+/// The python block of docs/report.md's "Reading results in Python" (```python test).
+fn pandas_recipe() -> String {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/report.md")).unwrap();
+    let start = doc.find("```python test\n").expect("the recipe's block") + 15;
+    let len = doc[start..].find("```").unwrap();
+    doc[start..start + len].to_string()
+}
+
+/// workloads.csv's columns as docs/report.md lists them (its table's first column).
+fn documented_columns() -> Vec<String> {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/report.md")).unwrap();
+    let table = &doc[doc.find("| column | meaning").expect("the columns table")..];
+    table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .flat_map(|l| {
+            let first = l.split('|').nth(1).unwrap_or("");
+            first
+                .split(',')
+                .map(|c| c.trim().trim_matches('`').to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn pandas_here() -> bool {
+    std::process::Command::new("python3")
+        .args(["-c", "import pandas"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn the_pandas_recipe_of_docs_report_md_runs() {
+    // Issue 31: Python users had no flat per-run table and no --json. The tour's step-2
+    // scenario, quicker (spin models, 0.5 s), as runs/mine, then the documented recipe.
+    let tmp = tempfile::tempdir().unwrap();
+    let text = "[device]\nbackend = \"cpu\"\n\n\
+                [[workload]]\nname = \"detector\"\nmodel = \"spin:1ms\"\nrate_hz = 50\n\
+                deadline_ms = 20\nduration_s = 0.5\n\n\
+                [[workload]]\nname = \"classifier\"\nmodel = \"spin:2ms\"\nrate_hz = 10\n\
+                duration_s = 0.5\n";
+    scenario(tmp.path(), "my-scenario.toml", text);
+    run_ok(
+        isolane()
+            .args(["run", "my-scenario.toml", "--out", "runs/mine"])
+            .current_dir(tmp.path()),
+    );
+    let csv = std::fs::read_to_string(tmp.path().join("runs/mine/workloads.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<String> = lines
+        .next()
+        .unwrap()
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    assert_eq!(header, documented_columns(), "docs/report.md's table");
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    assert!(
+        rows[0].starts_with("detector,spin:1ms,1,cpu,thread,critical,ok,"),
+        "{csv}"
+    );
+
+    if !pandas_here() {
+        eprintln!("skipped the python recipe: python3 with pandas is not here (header checked)");
+        return;
+    }
+    // `isolane` on PATH, as the recipe calls it.
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_isolane"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = std::env::join_paths(
+        std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
+    )
+    .unwrap();
+    let o = std::process::Command::new("python3")
+        .args(["-c", &pandas_recipe()])
+        .env("PATH", path)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("timeout_pct") && out.contains("classifier"),
+        "{out}"
+    );
+    assert!(tmp.path().join("runs/again/workloads.csv").is_file());
+}
+
+#[test]
+fn run_and_compare_print_json_on_stdout_and_their_tables_on_stderr() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(tmp.path(), "s.toml", SMALL);
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let o = run_ok(
+        isolane()
+            .arg("run")
+            .arg(&sc)
+            .arg("--out")
+            .arg(&a)
+            .arg("--json"),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is one JSON value");
+    assert_eq!(v["summary"]["workloads"][0]["name"], "a");
+    assert!(v["workloads_csv"]
+        .as_str()
+        .unwrap()
+        .ends_with("workloads.csv"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("miss %") && err.contains("results:"), "{err}");
+    run_ok(isolane().arg("run").arg(&sc).arg("--out").arg(&b).arg("-q"));
+    let o = run_ok(isolane().arg("compare").arg(&a).arg(&b).arg("--json"));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is one JSON value");
+    let w = &v["workloads"][0];
+    assert_eq!(w["name"], "a");
+    assert_eq!(w["a"]["jobs"], 100);
+    assert!(w["mann_whitney"]["p_value"].as_f64().is_some(), "{v}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Mann–Whitney U ="));
+}
+
+#[test]
+fn a_gpu_scenario_without_a_gpu_names_its_backend_and_runs_on_the_cpu_when_asked() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return; // a GPU machine runs it on the GPU
+    }
+    // Issue 31: a 515-column library-search line that never said the scenario asks for cuda,
+    // and `--backend cpu` was refused beside a scenario file.
+    let tmp = tempfile::tempdir().unwrap();
+    let gpu = SMALL
+        .replace("backend = \"cpu\"", "backend = \"cuda\"")
+        .replace("mechanism = \"none\"", "mechanism = \"green\"")
+        .replace(
+            "warmup_jobs = 2",
+            "warmup_jobs = 2\nprecision = \"fp16\"\npartition = { sms = 16 }",
+        );
+    let sc = scenario(tmp.path(), "gpu.toml", &gpu);
+    let o = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(tmp.path().join("out"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let flat = err.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("gpu.toml: device.backend = \"cuda\""),
+        "{err}"
+    );
+    assert!(flat.contains("--backend cpu"), "{err}");
+    assert!(err.lines().all(|l| l.chars().count() <= 80), "{err}");
+    assert!(!tmp.path().join("out").exists());
+
+    let o = run_ok(
+        isolane()
+            .arg("run")
+            .arg(&sc)
+            .args(["--backend", "cpu", "--out"])
+            .arg(tmp.path().join("out")),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("partitions dropped: a"), "{err}");
+    assert!(err.contains("fp32 instead of a (fp16)"), "{err}");
+    let s = summary(&tmp.path().join("out"));
+    assert_eq!(workload(&s, "a")["backend"], "cpu");
+}
