@@ -48,6 +48,11 @@ fn a_cpu_plan_pins_each_workload_to_a_core_and_verifies() {
     let out = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("profiled camera in one core"), "{err}");
+    // Each profile run says when it starts off a terminal (issue 31: 38-46 s without a line).
+    assert!(
+        err.contains("profiling camera in one core: 50 jobs back to back"),
+        "{err}"
+    );
     assert!(err.contains("cpu cores: planned"), "{err}");
     assert!(out.contains("camera") && out.contains("met"), "{out}");
     let text = std::fs::read_to_string(&planned).unwrap();
