@@ -297,6 +297,15 @@ pub fn check_batch_fits(graph: &Graph, batch: usize, target: Target) -> Result<(
                 "its activations",
                 "this machine's memory",
             )
+            // Which node of the model is too large (a crafted Pad or Resize, not the batch).
+            .map_err(|reason| match &fp.busiest {
+                Some(b) => format!(
+                    "{reason}; the busiest is {}, {} in f32",
+                    b.describe(),
+                    isolane_runtime::limits::human_bytes(b.largest_elements().saturating_mul(4))
+                ),
+                None => reason,
+            })
         }
         Target::Cuda { gpu, precision } => {
             // The host side: pinned f32 input and output buffers of the whole batch.

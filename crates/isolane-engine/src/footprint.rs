@@ -8,7 +8,7 @@ use crate::passes;
 
 /// What a graph needs at one batch size, in f32 elements (multiply by the element size of the
 /// precision for bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Footprint {
     /// Elements of every graph input (the batch the caller fills).
     pub input_elements: u128,
@@ -20,14 +20,51 @@ pub struct Footprint {
     /// so any memory plan holds at least this much; the CPU backend's plan holds exactly its
     /// arena, which is at least this.
     pub min_activation_elements: u128,
+    /// The node that makes the floor (the busiest one), for messages; `None` for a graph
+    /// whose nodes read and write nothing outside its inputs and weights.
+    pub busiest: Option<Busiest>,
+}
+
+/// The node whose tensors, alive at once, make [`Footprint::min_activation_elements`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Busiest {
+    /// The node's name; an ONNX import gives every node it makes the ONNX node's name.
+    pub node: String,
+    /// The engine op it runs (a Pad is imported as Concat and Expand nodes).
+    pub op: &'static str,
+    /// The elements it reads and writes outside the graph inputs and the weights.
+    pub elements: u128,
+    /// The shape of the largest of those tensors.
+    pub largest_shape: Vec<usize>,
+}
+
+impl Busiest {
+    /// The elements of its largest tensor.
+    pub fn largest_elements(&self) -> u128 {
+        self.largest_shape
+            .iter()
+            .fold(1u128, |n, &d| n.saturating_mul(d as u128))
+    }
+
+    /// `node "pad" (Concat), whose largest tensor is 1 × 3 × 200008 × 200008`, for messages.
+    pub fn describe(&self) -> String {
+        let shape: Vec<String> = self.largest_shape.iter().map(|d| d.to_string()).collect();
+        format!(
+            "node {:?} ({}), whose largest tensor is {}",
+            self.node,
+            self.op,
+            shape.join(" × ")
+        )
+    }
 }
 
 /// The footprint of `g` compiled for `batch`, from its optimised graph's shapes (the graph the
-/// backends plan): shape arithmetic only, nothing of the batch's size is allocated.
+/// backends plan): shape arithmetic, nothing of the activations' size is allocated. The passes
+/// run at `batch`, as a backend's compile runs them: a node whose inputs are all constants is
+/// folded only within the passes' bounds ([`passes::MAX_FOLD_NODE_ELEMENTS`],
+/// [`passes::fold_budget`]); past them it stays a node, and its output counts here.
 pub fn footprint(g: &Graph, batch: usize) -> Result<Footprint> {
-    // The passes do not depend on the batch (only the shapes do): optimise at batch 1, the
-    // cheapest, then take the shapes at the real batch.
-    let opt = passes::optimize(g, 1)?;
+    let opt = passes::optimize(g, batch)?;
     let shapes = opt.infer_shapes(batch)?;
     let elements = |v: ValueId| -> u128 {
         shapes[v]
@@ -36,9 +73,10 @@ pub fn footprint(g: &Graph, batch: usize) -> Result<Footprint> {
     };
     let storage = storage_roots(&opt);
     let is_input = |v: ValueId| opt.inputs.contains(&storage[v]);
-    let input_elements: u128 = opt.inputs.iter().map(|&v| elements(v)).sum();
-    let output_elements: u128 = opt.outputs.iter().map(|&v| elements(v)).sum();
-    let mut busiest: u128 = 0;
+    let sum = |vs: &[ValueId]| vs.iter().fold(0u128, |n, &v| n.saturating_add(elements(v)));
+    let input_elements = sum(&opt.inputs);
+    let output_elements = sum(&opt.outputs);
+    let mut busiest: Option<Busiest> = None;
     for n in opt.nodes.iter().filter(|n| !n.op.is_view()) {
         let mut roots: Vec<ValueId> = n
             .inputs
@@ -49,12 +87,23 @@ pub fn footprint(g: &Graph, batch: usize) -> Result<Footprint> {
             .collect();
         roots.sort_unstable();
         roots.dedup();
-        busiest = busiest.max(roots.iter().map(|&v| elements(v)).sum());
+        let here = sum(&roots);
+        if here > busiest.as_ref().map_or(0, |b| b.elements) {
+            let largest = roots.iter().copied().max_by_key(|&v| elements(v));
+            busiest = Some(Busiest {
+                node: n.name.clone(),
+                op: n.op.name(),
+                elements: here,
+                largest_shape: largest.map(|v| shapes[v].clone()).unwrap_or_default(),
+            });
+        }
     }
+    let floor = busiest.as_ref().map_or(0, |b| b.elements);
     Ok(Footprint {
         input_elements,
         output_elements,
-        min_activation_elements: input_elements.saturating_add(busiest),
+        min_activation_elements: input_elements.saturating_add(floor),
+        busiest,
     })
 }
 

@@ -16,7 +16,19 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::ir::{Binary, ConvAttrs, Graph, Node, Op, Tensor, Unary, ValueId, ValueKind};
-use crate::reference::eval_node;
+use crate::reference::eval_node_within;
+
+/// The most f32 elements constant folding evaluates for one node (256 MiB): shape constants and
+/// folded weights of real models are far below it.
+pub const MAX_FOLD_NODE_ELEMENTS: u128 = 1 << 26;
+
+/// The most f32 elements constant folding creates for a whole graph: 1 GiB, or as many as the
+/// graph's own constants where those are more (folding transposes or rescales weights, which
+/// makes at most about as many again). Bounds what a crafted model can make folding allocate
+/// by the size of its file.
+pub fn fold_budget(g: &Graph) -> u128 {
+    (1u128 << 28).max(g.constant_elements() as u128)
+}
 
 /// Which passes to run (all by default).
 #[derive(Clone, Copy, Debug)]
@@ -152,7 +164,11 @@ impl Rewriter {
         }
     }
 
+    /// Evaluates every node whose inputs are all constants, within [`MAX_FOLD_NODE_ELEMENTS`]
+    /// a node and [`fold_budget`] in all; a node past either stays a runtime node (the same
+    /// result, computed per run, and counted by the footprint as an activation).
     fn fold_constants(&mut self, batch: usize) -> Result<()> {
+        let mut budget = fold_budget(&self.g);
         for i in 0..self.g.nodes.len() {
             if self.dead[i] {
                 continue;
@@ -162,7 +178,12 @@ impl Rewriter {
                 n.inputs.iter().map(|&v| self.constant(v)).collect();
             let Some(ins) = ins else { continue };
             let refs: Vec<&Tensor> = ins.iter().map(|t| t.as_ref()).collect();
-            let outs = eval_node(n, &refs, batch)?;
+            let cap = budget.min(MAX_FOLD_NODE_ELEMENTS);
+            let Some(outs) = eval_node_within(n, &refs, batch, cap)? else {
+                continue;
+            };
+            let made: u128 = outs.iter().map(|t| t.data.len() as u128).sum();
+            budget = budget.saturating_sub(made);
             for (&o, t) in n.outputs.clone().iter().zip(outs) {
                 self.g.values[o].kind = ValueKind::Constant(Arc::new(t));
             }

@@ -11,16 +11,41 @@ use crate::kernels::{Io, Kernel, RawBuf};
 
 /// Evaluates one node on constant tensors (constant folding, references).
 pub fn eval_node(node: &Node, ins: &[&Tensor], batch: usize) -> Result<Vec<Tensor>> {
+    let limit = u128::MAX;
+    eval_node_within(node, ins, batch, limit)?
+        .ok_or_else(|| EngineError::graph(&node.name, "no output within an unlimited size"))
+}
+
+/// [`eval_node`], unless the node's outputs and scratch would hold more than `max_elements`
+/// f32 elements: `Ok(None)` then, known from the shapes before anything is allocated.
+/// Constant folding goes through this, so that a crafted model (a Pad of 1e5, an Expand to a
+/// huge shape) cannot make compiling or the footprint check allocate without bound.
+pub fn eval_node_within(
+    node: &Node,
+    ins: &[&Tensor],
+    batch: usize,
+    max_elements: u128,
+) -> Result<Option<Vec<Tensor>>> {
     let in_shapes: Vec<&[usize]> = ins.iter().map(|t| t.shape.as_slice()).collect();
     let out_shapes = infer_node(node, &in_shapes, batch)?;
+    let elements = |s: &[usize]| s.iter().fold(1u128, |n, &d| n.saturating_mul(d as u128));
+    let out_elements = out_shapes
+        .iter()
+        .fold(0u128, |n, s| n.saturating_add(elements(s)));
+    if out_elements > max_elements {
+        return Ok(None);
+    }
     if node.op.is_view() {
-        return Ok(vec![Tensor {
+        return Ok(Some(vec![Tensor {
             shape: out_shapes[0].clone(),
             data: ins[0].data.clone(),
-        }]);
+        }]));
     }
     let os: Vec<&[usize]> = out_shapes.iter().map(|s| s.as_slice()).collect();
     let kernel = Kernel::prepare(node, &in_shapes, &os)?;
+    if out_elements.saturating_add(kernel.scratch_len(1) as u128) > max_elements {
+        return Ok(None);
+    }
     let mut outs: Vec<Tensor> = out_shapes
         .iter()
         .map(|s| Tensor::zeros(s.clone()))
@@ -39,7 +64,7 @@ pub fn eval_node(node: &Node, ins: &[&Tensor], batch: usize) -> Result<Vec<Tenso
         },
         1,
     );
-    Ok(outs)
+    Ok(Some(outs))
 }
 
 /// Runs a graph node by node, unoptimised, allocating as it goes: a slow reference used to

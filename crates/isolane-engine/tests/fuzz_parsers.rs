@@ -9,7 +9,17 @@
 //! a huge Split `num_outputs` allocated terabytes, a Slice step at the edge of i64 overflowed, and
 //! so did a Conv/pool window with a huge dilation or pad and a Reshape target of huge dims
 //! (checked, then inferred).
+//!
+//! The footprint target builds small ONNX graphs with crafted sizes (pads, resizes, expands,
+//! concats, reshapes, pools, slices, constants, at and past every bound) and sends them through
+//! import and the footprint check (what `infer` and `run` do before compiling): each case must
+//! return a footprint or an error without a panic, and allocate at most 1 GiB at once (counted
+//! by this binary's allocator).
 
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -537,4 +547,408 @@ fn an_element_count_past_usize_is_none() {
     assert_eq!(checked_numel(&[]), Some(1));
     assert_eq!(checked_numel(&[usize::MAX, 2]), None);
     assert_eq!(checked_numel(&[usize::MAX, 0]), Some(0));
+}
+
+/// Counts the bytes each thread holds, so that a case can be held to a memory cap: what the
+/// footprint check and the import allocate is measured, not assumed. Only this thread's
+/// allocations count (import and footprint run on the caller's thread).
+struct Counting;
+
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
+
+fn note(delta: isize) {
+    // try_with: allocations while a thread's locals are torn down are not counted.
+    let _ = LIVE.try_with(|live| {
+        let now = live.get() + delta;
+        live.set(now);
+        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+    });
+}
+
+// SAFETY: every call forwards to the system allocator with the caller's arguments unchanged;
+// the counting touches only thread-local cells and never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout contract is passed on as is.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            note(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as for `alloc`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            note(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `System` with `layout` (every allocation goes there).
+        unsafe { System.dealloc(ptr, layout) };
+        note(-(layout.size() as isize));
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as for `dealloc`; the caller guarantees `new_size` is valid for the layout.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            note(new_size as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// `f()` and the most bytes this thread held at once while it ran, beyond what it held before.
+fn peak_bytes<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let start = LIVE.with(Cell::get);
+    PEAK.with(|p| p.set(start));
+    let r = f();
+    let peak = PEAK.with(Cell::get);
+    (r, (peak - start).max(0) as usize)
+}
+
+/// The most a footprint case may allocate: a model of a few nodes and tiny initializers, whose
+/// constants folding may make no larger than its bounds (256 MiB for one, 1 GiB in all).
+const FOOTPRINT_CAP_BYTES: usize = 1 << 30;
+
+/// One node of a crafted graph, applied to the running tensor: ops whose output size a model
+/// file sets freely, with sizes at and past every bound.
+#[derive(Debug, Clone)]
+enum Craft {
+    Pad {
+        pads: [i64; 8],
+        mode: &'static str,
+    },
+    ResizeScales([f32; 2]),
+    ResizeSizes([i64; 2]),
+    Expand(Vec<i64>),
+    /// Joined with itself `times` times along `axis`.
+    Concat {
+        axis: i64,
+        times: usize,
+    },
+    Reshape(Vec<i64>),
+    /// `+ ConstantOfShape(shape)`: a constant made at import, broadcast against the tensor.
+    AddConstantOfShape(Vec<i64>),
+    MaxPool {
+        kernel: i64,
+        pad: i64,
+        stride: i64,
+        dilation: i64,
+    },
+    Slice {
+        start: i64,
+        end: i64,
+        axis: i64,
+        step: i64,
+    },
+}
+
+/// Sizes past every bound: the issue's 3e4 and 1e5 pads, and values at the edge of every
+/// integer type.
+const CRAFT_HUGE: &[i64] = &[
+    30_000,
+    100_000,
+    1 << 20,
+    1 << 31,
+    1 << 40,
+    i64::MAX,
+    i64::MIN,
+];
+
+const CRAFT_SCALES: &[f32] = &[
+    1.0,
+    0.5,
+    2.0,
+    3.0,
+    5000.0,
+    9999.0,
+    1e4,
+    1e30,
+    0.0,
+    -1.0,
+    f32::NAN,
+];
+
+/// A size a real model would use for this field (most cases), or one past every bound (one in
+/// five), so that most graphs import and reach the footprint with some huge tensors in them.
+fn size(normal: &'static [i64]) -> impl Strategy<Value = i64> {
+    prop_oneof![
+        4 => prop::sample::select(normal),
+        1 => prop::sample::select(CRAFT_HUGE),
+    ]
+}
+
+fn sizes(normal: &'static [i64], len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<i64>> {
+    prop::collection::vec(size(normal), len)
+}
+
+fn craft() -> impl Strategy<Value = Craft> {
+    prop_oneof![
+        (
+            prop::array::uniform8(size(&[0, 1, 2, 3, -1])),
+            prop::sample::select(&["constant", "constant", "constant", "edge", "reflect"][..])
+        )
+            .prop_map(|(pads, mode)| Craft::Pad { pads, mode }),
+        prop::array::uniform2(prop::sample::select(CRAFT_SCALES)).prop_map(Craft::ResizeScales),
+        prop::array::uniform2(size(&[1, 4, 16])).prop_map(Craft::ResizeSizes),
+        sizes(&[1, 1, 1, 2, 3], 4..6).prop_map(Craft::Expand),
+        (-4i64..4, 1usize..4).prop_map(|(axis, times)| Craft::Concat { axis, times }),
+        sizes(&[0, 0, -1, 1, 2], 1..5).prop_map(Craft::Reshape),
+        sizes(&[1, 1, 1, 2, 3], 1..5).prop_map(Craft::AddConstantOfShape),
+        (
+            size(&[1, 2, 3]),
+            size(&[0, 1]),
+            size(&[1, 2]),
+            size(&[1, 2])
+        )
+            .prop_map(|(kernel, pad, stride, dilation)| Craft::MaxPool {
+                kernel,
+                pad,
+                stride,
+                dilation
+            }),
+        (
+            size(&[0, 1, -1]),
+            size(&[1, 2, -1]),
+            1i64..4,
+            size(&[1, 2, -1])
+        )
+            .prop_map(|(start, end, axis, step)| Craft::Slice {
+                start,
+                end,
+                axis,
+                step
+            }),
+    ]
+}
+
+/// An input of 4 dims (some past every bound), a dynamic batch or not, 1 to 4 crafted nodes,
+/// and the batch the footprint is asked for.
+fn crafted_model() -> impl Strategy<Value = ([i64; 4], bool, Vec<Craft>, usize)> {
+    (
+        prop::array::uniform4(prop_oneof![
+            8 => prop::sample::select(&[1i64, 2, 3, 8, 16][..]),
+            1 => prop::sample::select(&[224i64, 1 << 20, 1 << 31][..]),
+        ]),
+        any::<bool>(),
+        prop::collection::vec(craft(), 1..5),
+        prop_oneof![
+            4 => prop::sample::select(&[1usize, 2, 7][..]),
+            1 => prop::sample::select(&[1usize << 20, 1 << 40, usize::MAX][..]),
+        ],
+    )
+}
+
+/// The ONNX model of a crafted graph: `t0` (the input) through the nodes to `y`.
+fn build_crafted(
+    dims: [i64; 4],
+    dynamic: bool,
+    nodes: &[Craft],
+) -> isolane_engine::onnx::proto::ModelProto {
+    use isolane_engine::onnx::proto::{
+        attribute_proto::AttributeType, tensor_proto::DataType, tensor_shape_proto::dimension,
+        type_proto, AttributeProto, GraphProto, NodeProto, TensorProto,
+    };
+    let ints = |name: String, v: &[i64]| TensorProto {
+        name: Some(name),
+        dims: vec![v.len() as i64],
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let floats = |name: String, v: &[f32]| TensorProto {
+        name: Some(name),
+        dims: vec![v.len() as i64],
+        data_type: Some(DataType::Float as i32),
+        float_data: v.to_vec(),
+        ..Default::default()
+    };
+    let attr_ints = |name: &str, v: Vec<i64>| AttributeProto {
+        name: Some(name.into()),
+        ints: v,
+        r#type: Some(AttributeType::Ints as i32),
+        ..Default::default()
+    };
+    let attr_int = |name: &str, v: i64| AttributeProto {
+        name: Some(name.into()),
+        i: Some(v),
+        r#type: Some(AttributeType::Int as i32),
+        ..Default::default()
+    };
+    let mut g = GraphProto {
+        name: Some("crafted".into()),
+        ..Default::default()
+    };
+    let mut x = common::value_info("t0", DataType::Float, &dims);
+    if dynamic {
+        if let Some(type_proto::Value::TensorType(t)) =
+            x.r#type.as_mut().and_then(|t| t.value.as_mut())
+        {
+            if let Some(d) = t.shape.as_mut().and_then(|s| s.dim.first_mut()) {
+                d.value = Some(dimension::Value::DimParam("batch".into()));
+            }
+        }
+    }
+    g.input.push(x);
+    for (i, craft) in nodes.iter().enumerate() {
+        let (t, out) = (format!("t{i}"), format!("t{}", i + 1));
+        let k = |what: &str| format!("{what}{i}");
+        let mut n = NodeProto {
+            name: Some(format!("n{i}")),
+            output: vec![out],
+            ..Default::default()
+        };
+        let (op, inputs): (&str, Vec<String>) = match craft {
+            Craft::Pad { pads, mode } => {
+                g.initializer.push(ints(k("pads"), pads));
+                n.attribute.push(AttributeProto {
+                    name: Some("mode".into()),
+                    s: Some(mode.as_bytes().to_vec()),
+                    r#type: Some(AttributeType::String as i32),
+                    ..Default::default()
+                });
+                ("Pad", vec![t, k("pads")])
+            }
+            Craft::ResizeScales(hw) => {
+                g.initializer
+                    .push(floats(k("scales"), &[1.0, 1.0, hw[0], hw[1]]));
+                ("Resize", vec![t, String::new(), k("scales")])
+            }
+            Craft::ResizeSizes(hw) => {
+                g.initializer
+                    .push(ints(k("sizes"), &[dims[0], dims[1], hw[0], hw[1]]));
+                ("Resize", vec![t, String::new(), String::new(), k("sizes")])
+            }
+            Craft::Expand(shape) => {
+                g.initializer.push(ints(k("shape"), shape));
+                ("Expand", vec![t, k("shape")])
+            }
+            Craft::Concat { axis, times } => {
+                n.attribute.push(attr_int("axis", *axis));
+                ("Concat", vec![t; *times + 1])
+            }
+            Craft::Reshape(shape) => {
+                g.initializer.push(ints(k("shape"), shape));
+                ("Reshape", vec![t, k("shape")])
+            }
+            Craft::AddConstantOfShape(shape) => {
+                g.initializer.push(ints(k("shape"), shape));
+                g.node.push(NodeProto {
+                    name: Some(k("cos")),
+                    op_type: Some("ConstantOfShape".into()),
+                    input: vec![k("shape")],
+                    output: vec![k("ones")],
+                    ..Default::default()
+                });
+                ("Add", vec![t, k("ones")])
+            }
+            Craft::MaxPool {
+                kernel,
+                pad,
+                stride,
+                dilation,
+            } => {
+                n.attribute
+                    .push(attr_ints("kernel_shape", vec![*kernel; 2]));
+                n.attribute.push(attr_ints("pads", vec![*pad; 4]));
+                n.attribute.push(attr_ints("strides", vec![*stride; 2]));
+                n.attribute.push(attr_ints("dilations", vec![*dilation; 2]));
+                ("MaxPool", vec![t])
+            }
+            Craft::Slice {
+                start,
+                end,
+                axis,
+                step,
+            } => {
+                for (what, v) in [
+                    ("starts", start),
+                    ("ends", end),
+                    ("axes", axis),
+                    ("steps", step),
+                ] {
+                    g.initializer.push(ints(k(what), &[*v]));
+                }
+                let names = ["starts", "ends", "axes", "steps"].map(k);
+                ("Slice", std::iter::once(t).chain(names).collect())
+            }
+        };
+        n.op_type = Some(op.into());
+        n.input = inputs;
+        g.node.push(n);
+    }
+    let y = format!("t{}", nodes.len());
+    g.output.push(isolane_engine::onnx::proto::ValueInfoProto {
+        name: Some(y),
+        ..Default::default()
+    });
+    common::model(g)
+}
+
+/// The issue's reproducers, as crafted graphs, run first by the footprint target.
+#[test]
+fn the_footprint_target_holds_the_issues_reproducers() {
+    let pad = |p| Craft::Pad {
+        pads: [0, 0, p, p, 0, 0, p, p],
+        mode: "constant",
+    };
+    for nodes in [
+        vec![pad(100_000)],
+        vec![pad(30_000)],
+        vec![Craft::ResizeScales([5000.0, 5000.0])],
+    ] {
+        let (result, peak) = peak_bytes(|| import_and_footprint([1, 3, 8, 8], false, &nodes, 1));
+        let fp = result.unwrap_or_else(|e| panic!("{nodes:?}: {e}"));
+        // Past 10 GB of activations, all of it counted, none of it allocated.
+        assert!(fp.min_activation_elements * 4 > 10_000_000_000, "{fp:?}");
+        assert!(peak < 64 << 20, "{nodes:?}: {peak} bytes");
+    }
+}
+
+/// Import then footprint of a crafted graph: the path `infer` and `run` take before compiling.
+fn import_and_footprint(
+    dims: [i64; 4],
+    dynamic: bool,
+    nodes: &[Craft],
+    batch: usize,
+) -> Result<isolane_engine::footprint::Footprint, String> {
+    let m = build_crafted(dims, dynamic, nodes);
+    let model = OnnxModel::from_proto(m, Path::new("/nonexistent/crafted.onnx"))
+        .map_err(|e| e.to_string())?;
+    let g = import(&model).map_err(|e| e.to_string())?;
+    isolane_engine::footprint::footprint(&g, batch).map_err(|e| e.to_string())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Crafted shapes (pads, resizes, expands, tiles, huge dims, overflowing products) through
+    /// import and the footprint check: never a panic, never more than [`FOOTPRINT_CAP_BYTES`],
+    /// and either a footprint (whose floor holds its inputs) or an error that says something.
+    #[test]
+    fn crafted_shapes_through_the_footprint_check_never_panic_nor_allocate_past_a_cap(
+        (dims, dynamic, nodes, batch) in crafted_model()
+    ) {
+        let (result, peak) = peak_bytes(|| import_and_footprint(dims, dynamic, &nodes, batch));
+        prop_assert!(peak <= FOOTPRINT_CAP_BYTES, "{peak} bytes allocated at once");
+        match result {
+            Ok(fp) => {
+                prop_assert!(fp.min_activation_elements >= fp.input_elements);
+                let busiest = fp.busiest.as_ref().map_or(0, |b| b.elements);
+                prop_assert_eq!(fp.min_activation_elements, fp.input_elements.saturating_add(busiest));
+            }
+            Err(e) => prop_assert!(e.len() > 20, "{}", e),
+        }
+    }
 }

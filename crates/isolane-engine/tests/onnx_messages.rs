@@ -105,3 +105,257 @@ fn a_group_norm_over_far_too_many_channels_is_refused_not_allocated() {
     assert!(e.contains("the scale per channel"), "{e}");
     assert!(e.contains("too large"), "{e}");
 }
+
+/// An int64 initializer.
+fn ints(name: &str, values: &[i64]) -> isolane_engine::onnx::proto::TensorProto {
+    isolane_engine::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: vec![values.len() as i64],
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A float initializer.
+fn floats(name: &str, values: &[f32]) -> isolane_engine::onnx::proto::TensorProto {
+    isolane_engine::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: vec![values.len() as i64],
+        data_type: Some(DataType::Float as i32),
+        float_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        name: Some(name.into()),
+        op_type: Some(op.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// `x` of `dims`, its first dimension named (dynamic) when `dynamic_batch`.
+fn input(dims: &[i64], dynamic_batch: bool) -> isolane_engine::onnx::proto::ValueInfoProto {
+    use isolane_engine::onnx::proto::{tensor_shape_proto::dimension::Value, type_proto};
+    let mut vi = value_info("x", DataType::Float, dims);
+    if dynamic_batch {
+        if let Some(type_proto::Value::TensorType(t)) =
+            vi.r#type.as_mut().and_then(|t| t.value.as_mut())
+        {
+            t.shape.as_mut().unwrap().dim[0].value = Some(Value::DimParam("batch".into()));
+        }
+    }
+    vi
+}
+
+/// The reproducer: a constant `Pad` of `p` on both sides of H and W of an 8×8 input
+/// with 3 channels.
+fn pad_model(p: i64, dynamic_batch: bool) -> isolane_engine::onnx::OnnxModel {
+    let g = GraphProto {
+        name: Some("g".into()),
+        node: vec![node("pad", "Pad", &["x", "pads"], &["y"])],
+        initializer: vec![ints("pads", &[0, 0, p, p, 0, 0, p, p])],
+        input: vec![input(&[1, 3, 8, 8], dynamic_batch)],
+        output: vec![value_info("y", DataType::Float, &[])],
+        ..Default::default()
+    };
+    let mut m = model(g);
+    // The output's shape is left undeclared (rank 0 would not match).
+    if let Some(o) = m.graph.as_mut().unwrap().output.first_mut() {
+        o.r#type = None;
+    }
+    isolane_engine::onnx::OnnxModel::from_proto(m, std::path::Path::new("pad.onnx")).unwrap()
+}
+
+/// A Pad of 1e5 (and 3e4) on an 8×8 input: the footprint check evaluated the constant border
+/// (the IR's Expand of the pad value) to fold it, allocating 240 GB and aborting inside the
+/// check. The border now stays a node past the fold's bound, and the footprint is shape
+/// arithmetic that names the node, its op and its shape. Were any of it allocated, this test
+/// would abort.
+#[test]
+fn a_huge_pad_gets_a_footprint_by_arithmetic_naming_the_node_not_an_allocation() {
+    use isolane_engine::footprint::footprint;
+    for p in [100_000usize, 30_000] {
+        let g = isolane_engine::onnx::import(&pad_model(p as i64, false)).unwrap();
+        let fp = footprint(&g, 1).unwrap();
+        let side = 8 + 2 * p;
+        let out = (3 * side * side) as u128;
+        assert_eq!(fp.output_elements, out);
+        let b = fp.busiest.expect("a busiest node");
+        assert_eq!(b.node, "pad");
+        assert_eq!(b.op, "Concat");
+        assert_eq!(b.largest_shape, vec![1, 3, side, side]);
+        assert_eq!(b.largest_elements(), out);
+        assert_eq!(
+            b.describe(),
+            format!("node \"pad\" (Concat), whose largest tensor is 1 × 3 × {side} × {side}")
+        );
+        // The padded output and the border blocks it is joined from, all alive at once.
+        assert!(b.elements > out, "{b:?}");
+        assert_eq!(fp.min_activation_elements, 3 * 64 + b.elements);
+        // Compiling sees the same graph: the border along W is not folded into a constant
+        // (the one along H, 3 × p × 8 elements a side, is).
+        let opt = isolane_engine::passes::optimize(&g, 1).unwrap();
+        assert!(opt.nodes.iter().any(|n| n.op.name() == "Expand"));
+        assert!(
+            opt.constant_elements() <= 2 * 3 * p * 8 + 4,
+            "{}",
+            opt.constant_elements()
+        );
+    }
+}
+
+/// A small pad is still folded (its border becomes a constant), so models that pad by a few
+/// pixels compile as before.
+#[test]
+fn a_small_pad_border_is_still_folded_into_a_constant() {
+    let g = isolane_engine::onnx::import(&pad_model(2, false)).unwrap();
+    let opt = isolane_engine::passes::optimize(&g, 1).unwrap();
+    assert!(opt.nodes.iter().all(|n| n.op.name() != "Expand"));
+    assert!(opt.constant_elements() > 0);
+    let fp = isolane_engine::footprint::footprint(&g, 1).unwrap();
+    assert_eq!(fp.output_elements, 3 * 12 * 12);
+}
+
+/// The footprint folds at the batch it is asked for: it optimised at batch 1, which folded a
+/// batch-sized Pad border to one row, and the shapes at batch 4 no longer joined (an error,
+/// which the preflight read as "cannot tell" and let pass).
+#[test]
+fn the_footprint_of_a_padded_model_at_batch_4_is_worked_out() {
+    let g = isolane_engine::onnx::import(&pad_model(2, true)).unwrap();
+    let fp = isolane_engine::footprint::footprint(&g, 4).unwrap();
+    assert_eq!(fp.input_elements, 4 * 3 * 8 * 8);
+    assert_eq!(fp.output_elements, 4 * 3 * 12 * 12);
+}
+
+/// A Resize by 5000 of an 8×8 input: the footprint names the Resize and its 40000 × 40000
+/// output (19.2 GB of f32), by arithmetic, so the preflight can refuse it before compiling.
+#[test]
+fn a_huge_resize_is_named_by_the_footprint() {
+    let g = GraphProto {
+        name: Some("g".into()),
+        node: vec![node("up", "Resize", &["x", "", "scales"], &["y"])],
+        initializer: vec![floats("scales", &[1.0, 1.0, 5000.0, 5000.0])],
+        input: vec![input(&[1, 3, 8, 8], false)],
+        output: vec![value_info("y", DataType::Float, &[1, 3, 40000, 40000])],
+        ..Default::default()
+    };
+    let m = isolane_engine::onnx::OnnxModel::from_proto(model(g), std::path::Path::new("r.onnx"))
+        .unwrap();
+    let g = isolane_engine::onnx::import(&m).unwrap();
+    let fp = isolane_engine::footprint::footprint(&g, 1).unwrap();
+    let b = fp.busiest.unwrap();
+    assert_eq!((b.node.as_str(), b.op), ("up", "Resize"));
+    assert_eq!(b.largest_shape, vec![1, 3, 40000, 40000]);
+    assert_eq!(fp.min_activation_elements, 3 * 64 + 3 * 40000 * 40000);
+}
+
+/// A graph of `nodes` reading `x` [1, 4] and writing `y`, with `inits` as initializers and
+/// the graph inputs `inputs`.
+fn structure_error(
+    nodes: Vec<NodeProto>,
+    inits: Vec<isolane_engine::onnx::proto::TensorProto>,
+    inputs: &[&str],
+) -> String {
+    let g = GraphProto {
+        name: Some("g".into()),
+        node: nodes,
+        initializer: inits,
+        input: inputs
+            .iter()
+            .map(|n| value_info(n, DataType::Float, &[1, 4]))
+            .collect(),
+        output: vec![value_info("y", DataType::Float, &[1, 4])],
+        ..Default::default()
+    };
+    match isolane_engine::onnx::OnnxModel::from_proto(model(g), std::path::Path::new("s.onnx")) {
+        Err(e) => e.to_string(),
+        Ok(m) => isolane_engine::onnx::import(&m).unwrap_err().to_string(),
+    }
+}
+
+/// Two nodes writing one tensor were accepted, the later write silently replacing the first.
+#[test]
+fn a_tensor_written_by_two_nodes_is_refused_naming_both() {
+    let e = structure_error(
+        vec![
+            node("first", "Relu", &["x"], &["t"]),
+            node("second", "Sigmoid", &["x"], &["t"]),
+            node("last", "Relu", &["t"], &["y"]),
+        ],
+        vec![],
+        &["x"],
+    );
+    assert!(e.contains("s.onnx"), "{e}");
+    assert!(e.contains("tensor \"t\" is written twice"), "{e}");
+    assert!(e.contains("op Relu (node \"first\""), "{e}");
+    assert!(e.contains("op Sigmoid (node \"second\""), "{e}");
+    // A node writing over a graph input or an initializer.
+    let e = structure_error(vec![node("n", "Relu", &["x"], &["x"])], vec![], &["x"]);
+    assert!(
+        e.contains("tensor \"x\" is written twice, by the graph input and by op Relu (node \"n\""),
+        "{e}"
+    );
+    let e = structure_error(
+        vec![
+            node("n", "Relu", &["x"], &["w"]),
+            node("m", "Add", &["x", "w"], &["y"]),
+        ],
+        vec![floats("w", &[1.0])],
+        &["x"],
+    );
+    assert!(
+        e.contains("tensor \"w\" is written twice, by an initializer"),
+        "{e}"
+    );
+}
+
+#[test]
+fn duplicate_graph_inputs_and_initializers_are_refused() {
+    let e = structure_error(vec![node("n", "Relu", &["x"], &["y"])], vec![], &["x", "x"]);
+    assert!(e.contains("graph input \"x\" is listed twice"), "{e}");
+    let e = structure_error(
+        vec![node("n", "Add", &["x", "w"], &["y"])],
+        vec![floats("w", &[1.0]), floats("w", &[2.0])],
+        &["x"],
+    );
+    assert!(e.contains("initializer \"w\" is given twice"), "{e}");
+}
+
+#[test]
+fn a_missing_tensor_a_cycle_and_nodes_out_of_order_are_refused_by_name() {
+    let e = structure_error(
+        vec![node("n", "Add", &["x", "nowhere"], &["y"])],
+        vec![],
+        &["x"],
+    );
+    assert!(
+        e.contains("input \"nowhere\" is not produced by any node, initializer or graph input"),
+        "{e}"
+    );
+    let e = structure_error(
+        vec![
+            node("a", "Add", &["x", "b"], &["a"]),
+            node("b", "Relu", &["a"], &["b"]),
+            node("out", "Relu", &["a"], &["y"]),
+        ],
+        vec![],
+        &["x"],
+    );
+    assert!(e.contains("op Add (node \"a\""), "{e}");
+    assert!(
+        e.contains("input \"b\" is written only by a later node, op Relu (node \"b\""),
+        "{e}"
+    );
+    assert!(e.contains("or they form a cycle"), "{e}");
+    let e = structure_error(
+        vec![node("self", "Add", &["x", "y"], &["y"])],
+        vec![],
+        &["x"],
+    );
+    assert!(e.contains("input \"y\" is this node's own output"), "{e}");
+}

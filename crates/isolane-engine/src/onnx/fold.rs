@@ -135,15 +135,23 @@ pub struct Arr<T> {
     pub data: Vec<T>,
 }
 
-/// Largest constant that folding may create (elements): guards ConstantOfShape/Range/Expand
-/// against a shape that is wrong by orders of magnitude exhausting memory.
-pub const MAX_FOLD_ELEMS: usize = 1 << 26;
+/// Largest constant that folding may create (bytes, 256 MiB: 2^26 floats, 2^24 integers, which
+/// are held as [`Sym`]s): guards ConstantOfShape/Range/Expand against a shape that is wrong by
+/// orders of magnitude exhausting memory. Checked before the constant is allocated.
+pub const MAX_FOLD_BYTES: usize = 1 << 28;
 
+/// The elements of a float constant of `shape`, or an error past [`MAX_FOLD_BYTES`].
 pub fn numel(shape: &[usize]) -> Result<usize, String> {
+    numel_of::<f32>(shape)
+}
+
+/// The elements of a constant of `T`s of `shape`, or an error past [`MAX_FOLD_BYTES`].
+pub fn numel_of<T>(shape: &[usize]) -> Result<usize, String> {
+    let most = MAX_FOLD_BYTES / std::mem::size_of::<T>().max(1);
     shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .filter(|&n| n <= MAX_FOLD_ELEMS)
+        .filter(|&n| n <= most)
         .ok_or_else(|| format!("a constant of shape {shape:?} is too large to fold"))
 }
 
@@ -247,7 +255,7 @@ impl<T: Clone> Arr<T> {
         out_shape: Vec<usize>,
         src: impl Fn(&[usize]) -> usize,
     ) -> Result<Self, String> {
-        let n = numel(&out_shape)?;
+        let n = numel_of::<T>(&out_shape)?;
         let mut data = Vec::with_capacity(n);
         for_each_index(&out_shape, |_, idx| data.push(self.data[src(idx)].clone()));
         Ok(Arr {
@@ -328,7 +336,7 @@ impl<T: Clone> Arr<T> {
         let mut out = first.shape.clone();
         out[axis] = parts.iter().map(|p| p.shape[axis]).sum();
         let outer: usize = out[..axis].iter().product();
-        let mut data = Vec::with_capacity(numel(&out)?);
+        let mut data = Vec::with_capacity(numel_of::<T>(&out)?);
         for o in 0..outer {
             for p in parts {
                 let chunk: usize = p.shape[axis..].iter().product();

@@ -47,11 +47,28 @@ pub fn import(model: &OnnxModel) -> Result<Graph> {
 
 fn import_with(model: &OnnxModel, initializers: HashMap<String, tensor::Tensor>) -> Result<Graph> {
     let mut im = Importer::new(model);
+    im.check_single_assignment(&initializers)?;
+    let weights: u128 = initializers.values().map(|t| val_bytes_of(&t.data)).sum();
+    im.fold_budget = FOLD_BUDGET_BYTES.saturating_add(weights.saturating_mul(2));
     im.declare_inputs(initializers)?;
     for (i, n) in model.graph.node.iter().enumerate() {
         im.node(i, n)?;
     }
     im.finish()
+}
+
+/// The bytes that constants computed at import may hold in all, beyond twice the initializers'
+/// (which folding may transpose or cast once each).
+const FOLD_BUDGET_BYTES: u128 = 1 << 30;
+
+/// The bytes an initializer takes once held as a [`Val`].
+fn val_bytes_of(d: &Data) -> u128 {
+    let (len, size) = match d {
+        Data::F32(v) => (v.len(), std::mem::size_of::<f32>()),
+        Data::I64(v) => (v.len(), std::mem::size_of::<Sym>()),
+        Data::Bool(v) => (v.len(), std::mem::size_of::<bool>()),
+    };
+    (len as u128).saturating_mul(size as u128)
 }
 
 /// A value during import.
@@ -82,6 +99,17 @@ impl Val {
 
     fn is_dyn(&self) -> bool {
         matches!(self, Val::Dyn(_))
+    }
+
+    /// The bytes a value computed at import holds (a runtime tensor: none, it is a node).
+    fn bytes(&self) -> u128 {
+        let n = |len: usize, size: usize| (len as u128).saturating_mul(size as u128);
+        match self {
+            Val::Dyn(_) => 0,
+            Val::F(a) => n(a.data.len(), std::mem::size_of::<f32>()),
+            Val::I(a) => n(a.data.len(), std::mem::size_of::<Sym>()),
+            Val::B(a) => n(a.data.len(), std::mem::size_of::<bool>()),
+        }
     }
 
     /// The rank (same at every batch size).
@@ -263,10 +291,31 @@ struct Importer<'m> {
     ir_consts: HashMap<String, ValueId>,
     /// Every value name some node or the graph output reads.
     used: HashSet<&'m str>,
+    /// The first node (index) that writes each value name: to say why a node's input is
+    /// missing when it is written later (nodes out of order, or a cycle).
+    writers: HashMap<&'m str, usize>,
+    /// Bytes of the values computed at import so far, and the most they may reach: each
+    /// folded constant is bounded ([`fold::MAX_FOLD_BYTES`]), and so is their sum.
+    folded: u128,
+    fold_budget: u128,
     fresh: usize,
     /// Values the size of the batch whose rows are all equal (a ConstantOfShape([B, ...]) and
     /// what is computed from it row by row), held with one row: [`batch_uniform`] says how.
     uniform: HashSet<String>,
+}
+
+/// How messages name node `index` of the file: its op, its name (`#index` when it has none) and
+/// the opset.
+fn node_ref(index: usize, n: &NodeProto, opset: i64) -> NodeRef {
+    NodeRef {
+        op: n.op_type().to_string(),
+        node: if n.name().is_empty() {
+            format!("#{index}")
+        } else {
+            n.name().to_string()
+        },
+        opset,
+    }
 }
 
 /// An axis normalised against a rank, or an error naming the node.
@@ -286,6 +335,12 @@ impl<'m> Importer<'m> {
         for o in &m.outputs {
             used.insert(o.as_str());
         }
+        let mut writers = HashMap::new();
+        for (k, n) in m.graph.node.iter().enumerate() {
+            for o in n.output.iter().filter(|o| !o.is_empty()) {
+                writers.entry(o.as_str()).or_insert(k);
+            }
+        }
         let name = m
             .path
             .file_stem()
@@ -297,6 +352,9 @@ impl<'m> Importer<'m> {
             vals: HashMap::new(),
             ir_consts: HashMap::new(),
             used,
+            writers,
+            folded: 0,
+            fold_budget: FOLD_BUDGET_BYTES,
             fresh: 0,
             uniform: HashSet::new(),
         }
@@ -307,6 +365,35 @@ impl<'m> Importer<'m> {
             path: self.m.path.clone(),
             what: what.into(),
         }
+    }
+
+    /// ONNX graphs are in single-assignment form: each tensor is written once, by a graph input,
+    /// an initializer or one node. Importing a second write would silently replace the first
+    /// (the nodes after it would read the later value), so it is refused, naming both writers.
+    fn check_single_assignment(
+        &self,
+        initializers: &HashMap<String, tensor::Tensor>,
+    ) -> Result<()> {
+        let mut writer: HashMap<&str, String> = HashMap::new();
+        for i in &self.m.inputs {
+            writer.insert(i.name.as_str(), "the graph input".into());
+        }
+        for name in initializers.keys() {
+            writer.insert(name.as_str(), "an initializer".into());
+        }
+        for (k, n) in self.m.graph.node.iter().enumerate() {
+            let this = node_ref(k, n, self.m.opset);
+            for o in n.output.iter().filter(|o| !o.is_empty()) {
+                if let Some(first) = writer.get(o.as_str()) {
+                    return Err(self.invalid(format!(
+                        "tensor {o:?} is written twice, by {first} and by {this}; an ONNX graph \
+                         writes each tensor once (rename one of the outputs)"
+                    )));
+                }
+                writer.insert(o.as_str(), this.to_string());
+            }
+        }
+        Ok(())
     }
 
     fn declare_inputs(&mut self, initializers: HashMap<String, tensor::Tensor>) -> Result<()> {
@@ -432,11 +519,26 @@ impl<'m> Importer<'m> {
     fn get(&self, c: &Ctx, i: usize) -> Result<Option<Val>> {
         match c.n.input.get(i).map(String::as_str) {
             None | Some("") => Ok(None),
-            Some(name) => self.vals.get(name).cloned().map(Some).ok_or_else(|| {
-                c.bad(format!(
-                    "input {name:?} is not produced by an earlier node, an initializer or a graph input"
-                ))
-            }),
+            Some(name) => {
+                self.vals
+                    .get(name)
+                    .cloned()
+                    .map(Some)
+                    .ok_or_else(|| match self.writers.get(name) {
+                        Some(&k) if node_ref(k, &self.m.graph.node[k], self.m.opset) == c.r => c
+                            .bad(format!(
+                                "input {name:?} is this node's own output: the graph has a cycle"
+                            )),
+                        Some(&k) => c.bad(format!(
+                        "input {name:?} is written only by a later node, {}: the nodes are not in \
+                         topological order, or they form a cycle",
+                        node_ref(k, &self.m.graph.node[k], self.m.opset)
+                    )),
+                        None => c.bad(format!(
+                        "input {name:?} is not produced by any node, initializer or graph input"
+                    )),
+                    })
+            }
         }
     }
 
@@ -549,15 +651,7 @@ impl<'m> Importer<'m> {
     }
 
     fn node(&mut self, index: usize, n: &NodeProto) -> Result<()> {
-        let r = NodeRef {
-            op: n.op_type().to_string(),
-            node: if n.name().is_empty() {
-                format!("#{index}")
-            } else {
-                n.name().to_string()
-            },
-            opset: self.m.opset,
-        };
+        let r = node_ref(index, n, self.m.opset);
         let path = self.m.path.clone();
         let c = Ctx {
             n,
@@ -574,6 +668,16 @@ impl<'m> Importer<'m> {
         }
         let outs = self.dispatch(&c)?;
         c.check_all_read()?;
+        let made: u128 = outs.iter().map(Val::bytes).sum();
+        self.folded = self.folded.saturating_add(made);
+        if self.folded > self.fold_budget {
+            return Err(c.bad(format!(
+                "the values computed at import reach {} bytes here, more than the {} allowed \
+                 (1 GiB plus twice the initializers): the model's shape subgraphs build \
+                 constants far larger than any real model's",
+                self.folded, self.fold_budget
+            )));
+        }
         // (Shape's output is the shape, with the batch size in it: not a value the size of it.)
         let makes_uniform =
             (reads_uniform && c.op() != "Shape") || batch_uniform::made_by(self, &c);
@@ -662,11 +766,16 @@ impl<'m> Importer<'m> {
                             .map_err(|_| c.bad(format!("negative dimension in {shape:?}")))
                     })
                     .collect::<Result<_>>()?;
-                let n = fold::numel(&shape).map_err(|e| c.bad(e))?;
                 let value = match c.typed("value", AttributeType::Tensor)? {
                     None => Val::F(Arr::scalar(0.0)),
                     Some(a) => self.tensor_attr(c, "value", a.t.as_ref())?,
                 };
+                let n = match value {
+                    Val::I(_) => fold::numel_of::<Sym>(&shape),
+                    Val::B(_) => fold::numel_of::<bool>(&shape),
+                    _ => fold::numel(&shape),
+                }
+                .map_err(|e| c.bad(e))?;
                 Ok(vec![match value {
                     Val::F(a) if a.data.len() == 1 => Val::F(Arr::new(shape, vec![a.data[0]; n])),
                     Val::I(a) if a.data.len() == 1 => Val::I(Arr::new(shape, vec![a.data[0]; n])),
@@ -971,7 +1080,7 @@ impl<'m> Importer<'m> {
                     return Err(c.bad("delta is 0"));
                 }
                 let n = ((l as f64 - s as f64) / d as f64).ceil().max(0.0) as usize;
-                fold::numel(&[n]).map_err(|e| c.bad(e))?;
+                fold::numel_of::<Sym>(&[n]).map_err(|e| c.bad(e))?;
                 let data = (0..n as i64)
                     .map(|i| i.checked_mul(d).and_then(|v| v.checked_add(s)).map(Sym::k))
                     .collect::<Option<_>>()
@@ -2228,7 +2337,12 @@ impl<'m> Importer<'m> {
             let xs = static_shape(&x);
             let out = ir::broadcast_shapes(&xs, &t)
                 .ok_or_else(|| c.bad(format!("cannot expand {xs:?} to {t:?}")))?;
-            fold::numel(&out).map_err(|e| c.bad(e))?;
+            match x {
+                Val::I(_) => fold::numel_of::<Sym>(&out),
+                Val::B(_) => fold::numel_of::<bool>(&out),
+                _ => fold::numel(&out),
+            }
+            .map_err(|e| c.bad(e))?;
             return Ok(vec![map_arr(
                 c,
                 x,

@@ -110,6 +110,13 @@ impl OnnxModel {
         for t in &graph.initializer {
             let name = t.name().to_string();
             let mut ext = |t: &proto::TensorProto| tensor::read_external(path, t);
+            // Checked before decoding: a second tensor of one name would silently replace the
+            // first (which one a node reads would depend on the order).
+            if initializers.contains_key(&name) {
+                return Err(invalid(format!(
+                    "initializer {name:?} is given twice; each initializer needs a name of its own"
+                )));
+            }
             let value = tensor::from_proto(t, &mut ext)
                 .map_err(|e| OnnxError::from_tensor_error(path, &name, e))?;
             initializers.insert(name, value);
@@ -121,7 +128,14 @@ impl OnnxModel {
         graph.initializer.clear();
 
         let mut inputs = Vec::new();
+        let mut listed = std::collections::HashSet::new();
         for vi in &graph.input {
+            if !listed.insert(vi.name()) {
+                return Err(invalid(format!(
+                    "graph input {:?} is listed twice; each graph input needs a name of its own",
+                    vi.name()
+                )));
+            }
             // Before IR version 4 initializers were also listed as inputs; those are not fed.
             if initializers.contains_key(vi.name()) {
                 continue;
