@@ -57,7 +57,7 @@ fn an_absurd_rate_is_refused_before_anything_runs() {
 #[test]
 fn job_records_beyond_this_machines_memory_are_refused() {
     let (o, created) = run_scenario(&one_workload(
-        "model = \"spin:1ms\"\nrate_hz = 1000\njobs = 1000000000000\n",
+        "model = \"spin:1ms\"\nrate_hz = 1000000000\njobs = 1000000000000\n",
     ));
     refused(
         &o,
@@ -90,6 +90,114 @@ fn a_too_large_warmup_names_the_real_bound() {
         ],
     );
     assert!(!created);
+}
+
+/// Issue 31: `jobs = 2` at `rate_hz = 1e-12` passed validation, then the release loop
+/// overflowed computing the second release (1e21 ns); at 1e-9 Hz it waited 31 years. A count of
+/// periods is bounded as a duration is.
+#[test]
+fn a_job_count_spanning_more_than_100_days_is_refused() {
+    for rate in ["1e-12", "1e-9", "1e-7"] {
+        let (o, created) = run_scenario(&one_workload(&format!(
+            "model = \"spin:1ms\"\nrate_hz = {rate}\njobs = 2\n"
+        )));
+        refused(
+            &o,
+            &[
+                "s.toml:5:",
+                "workload[0].jobs",
+                &format!(
+                    "found 2 jobs at rate_hz = {:?}",
+                    rate.parse::<f64>().unwrap()
+                ),
+                "at most 8.64e6 s (100 days)",
+            ],
+        );
+        assert!(!created);
+    }
+    // 100 days exactly is allowed (checked without running it: `plan` validates).
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "s.toml",
+        &one_workload("model = \"spin:1ms\"\nrate_hz = 0.5\njobs = 4320000\n"),
+    );
+    let o = isolane().arg("plan").arg(&sc).output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Issue 31: `summarize` accepted NaN, negative and overflowing times, duplicate job indices
+/// and index 2^63-1, and printed negative latencies with exit 0. Each is refused with exit 2,
+/// naming the file, the line and the field, and no summary.json is written.
+#[test]
+fn summarize_refuses_malformed_records_by_file_line_and_field() {
+    let header = "job,release_ms,start_ms,end_ms,latency_ms,timeout,held_ms";
+    let good = "0,0.000000,0.001500,4.001500,4.001500,0,0";
+    for (row, field) in [
+        ("1,10.0,10.1,5.0,-5.0,0,0", "end_ms"),
+        ("1,nan,10.1,15.0,5.0,0,0", "release_ms"),
+        ("1,-10.0,10.1,15.0,25.0,0,0", "release_ms"),
+        ("1,1e300,,,,1,0", "release_ms"),
+        ("0,10.0,10.1,15.0,5.0,0,0", "job"),
+        ("9223372036854775807,10.0,10.1,15.0,5.0,0,0", "job"),
+        ("1,10.0,10.1,15.0,5.0,0,inf", "held_ms"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        std::fs::create_dir_all(dir.join("jobs")).unwrap();
+        scenario(
+            &dir,
+            "scenario.toml",
+            &one_workload("model = \"spin:1ms\"\nrate_hz = 100\njobs = 3\n"),
+        );
+        let csv = dir.join("jobs/a.csv");
+        std::fs::write(&csv, format!("{header}\n{good}\n{row}\n")).unwrap();
+        let o = isolane().arg("summarize").arg(&dir).output().unwrap();
+        refused(
+            &o,
+            &[
+                &format!("{}: line 3: field `{field}`", csv.display()),
+                "expected",
+            ],
+        );
+        assert!(!dir.join("summary.json").exists(), "{row}");
+    }
+}
+
+/// Issue 31: `sweep concurrency --workloads 100000` found its limit (the job records of
+/// 100000 closed-loop workloads) only once its first point ran: exit 1, and a folder left.
+/// Every point's limits are checked before any output exists.
+#[test]
+fn a_sweep_beyond_its_limits_is_refused_before_any_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sweep");
+    let o = isolane()
+        .args([
+            "sweep",
+            "concurrency",
+            "--backend",
+            "cpu",
+            "--model",
+            "spin:1ms",
+            "--workloads",
+            "100000",
+            "--batch",
+            "1",
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    refused(&o, &["sweep point w100000-b01", "job records"]);
+    assert!(!out.exists());
+    assert!(!tmp.path().join("runs").exists());
 }
 
 #[test]

@@ -431,9 +431,11 @@ fn run_points(
     c: &Common,
     engine: &isolane_runtime::exec::Engine,
 ) -> anyhow::Result<u8> {
-    // Every point's scenario is checked (and, on a GPU, admitted) before anything is written,
-    // so a mistake stops the sweep with nothing run (exit 2).
-    check_points(&points)?;
+    // Every point's scenario is checked (and, on a GPU, admitted), and every limit a point's
+    // run checks (models, memory for the job records, cores, the disk its jobs/*.csv need) is
+    // checked before anything is written, so a mistake stops the sweep with nothing run and
+    // no folder left (exit 2).
+    check_points(&points, c, engine)?;
     let out = super::run::prepare_out(c.out.as_deref(), c.force)?;
     index.points = points.iter().map(|p| p.entry.clone()).collect();
     write_index(&out, &index)?;
@@ -507,18 +509,32 @@ fn time_left(elapsed_s: f64, done: usize, total: usize) -> String {
 }
 
 /// Validates every point's scenario by the rules of a scenario file (a problem names the
-/// point and the field) and admits it on this machine's GPU.
-fn check_points(points: &[Point]) -> anyhow::Result<()> {
+/// point and the field), admits it on this machine's GPU, and checks what each point's run
+/// would check before its output (`run::preflight`), and the disk all their job records take
+/// together.
+fn check_points(
+    points: &[Point],
+    c: &Common,
+    engine: &isolane_runtime::exec::Engine,
+) -> anyhow::Result<()> {
     let models: Vec<&str> = isolane_engine::builtin_models()
         .iter()
         .map(|m| m.name)
         .collect();
+    let mut demands = Vec::new();
     for p in points {
         let name = format!("sweep point {}", p.entry.dir);
         p.scenario
             .validate(&models)
             .map_err(|e| user(format!("{name}: {e}")))?;
         super::admit_or_refuse(&p.scenario, &name)?;
+        let plan = isolane_runtime::RunPlan::from_scenario(&p.scenario);
+        super::run::preflight(&plan, engine).map_err(|e| e.context(name.clone()))?;
+        demands.extend(isolane_runtime::coordinator::record_demands(&plan));
+    }
+    let out_dir = c.out.as_deref().unwrap_or(Path::new("runs"));
+    if let Some(free) = isolane_runtime::limits::disk_free_bytes(out_dir) {
+        isolane_runtime::limits::check_disk(&demands, free, out_dir).map_err(user)?;
     }
     Ok(())
 }
