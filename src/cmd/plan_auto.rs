@@ -1297,6 +1297,13 @@ impl RunProfiler<'_> {
                 f.message
             );
         }
+        if self.scenario.device.backend == Backend::Cpu {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let name = &s.workloads[0].name;
+            if let Some(note) = busy_host_note(name, load_average(), cores, self.cache.dir()) {
+                eprintln!("{note}");
+            }
+        }
         let t = isolane_core::metrics::exec_times(&r.records);
         let (Some(p50), Some(p99), Some(mean)) = (t.p50, t.p99, t.mean) else {
             anyhow::bail!(
@@ -1384,6 +1391,36 @@ impl Profiler for RunProfiler<'_> {
         );
         Ok(p)
     }
+}
+
+/// The machine's load average over the last minute (/proc/loadavg), if it can be read.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// On the CPU a profile's times are the host's as much as the workload's: where other
+/// processes kept more threads runnable than the machine has cores (the profile's own one
+/// counted), the profile says so, since the tail it measured is that busy host's (issue 31: a
+/// plan refused beside other builds was made at a load of 3 on 2 cores, refused at 4).
+fn busy_host_note(workload: &str, load: Option<f64>, cores: usize, cache: &Path) -> Option<String> {
+    let load = load?;
+    (load > cores as f64).then(|| {
+        super::run::wrap_message(
+            &format!(
+                "note: the machine was busy while `{workload}` was profiled (load average \
+                 {load:.1} on {cores} cores): its times, tail included, are those of a host \
+                 this busy. On a quieter machine they are shorter: the profile is kept in {}, \
+                 so plan again then with another --profile-cache to measure it anew.",
+                cache.display()
+            ),
+            80,
+        )
+    })
 }
 
 fn describe(mech: Mechanism, ladder: &Ladder, size: u32) -> String {
@@ -2161,6 +2198,21 @@ mod tests {
 
     /// On this machine's GPU MIG can be planned only with MIG mode on (the profile runs need
     /// MIG instances); `--mechanism all` then leaves MIG out with that reason.
+    #[test]
+    fn a_cpu_profile_on_a_busy_host_says_so() {
+        let cache = Path::new("/c");
+        let note = busy_host_note("classifier", Some(3.9), 2, cache).unwrap();
+        let flat = note.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains("`classifier` was profiled (load average 3.9 on 2 cores)"),
+            "{note}"
+        );
+        assert!(note.lines().all(|l| l.chars().count() <= 80), "{note}");
+        assert!(flat.contains("kept in /c"), "{note}");
+        assert!(busy_host_note("classifier", Some(1.2), 2, cache).is_none());
+        assert!(busy_host_note("classifier", None, 2, cache).is_none());
+    }
+
     #[test]
     fn mig_is_planned_here_only_with_mig_mode_on() {
         let w = [WorkloadId {
