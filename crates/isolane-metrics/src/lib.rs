@@ -3,7 +3,9 @@
 //!
 //! [`RunMetrics`] holds the families (per-workload job, timeout and skip counters, latency and
 //! start-lateness histograms, partition info, device telemetry gauges) in a
-//! `prometheus-client` registry; [`serve`] answers `GET /metrics` from a thread of its own.
+//! `prometheus-client` registry; [`serve`] answers `GET /metrics` from a thread of its own,
+//! through the bounded HTTP server of [`http`] (concurrent connections, a connection cap,
+//! whole-request deadlines), which `isolane serve` is to reuse.
 //!
 //! Nothing here runs on a release loop's thread: job records reach [`RunMetrics::observe`]
 //! from the run's jobs writer thread, in the batches the release loops hand off anyway (a
@@ -11,17 +13,19 @@
 //! readings from the sampler's thread. The release loops' timing is therefore untouched
 //! (measured in docs/observability.md).
 
+pub mod http;
 mod server;
 
-use std::sync::atomic::AtomicU64;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use isolane_core::JobRecord;
 use isolane_telemetry::Reading;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
@@ -62,7 +66,6 @@ pub struct WorkloadInfo {
 }
 
 type HistogramFamily = Family<WorkloadLabels, Histogram, fn() -> Histogram>;
-type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Job latency buckets (s): 50 µs to 6.6 s, doubling — from a spin job to a large model's
 /// batch.
@@ -145,6 +148,43 @@ const DEVICE_GAUGES: &[DeviceGauge] = &[
     },
 ];
 
+/// The device gauges' latest values, each shown only once a reading has had it: a CPU run
+/// (no telemetry) or a GPU without GPM has no such gauge at all rather than one stuck at 0,
+/// which would read as 0 W and 0 °C.
+#[derive(Debug)]
+struct DeviceValues {
+    /// f64 bits per [`DEVICE_GAUGES`] entry; NaN: never read.
+    values: Vec<AtomicU64>,
+}
+
+impl DeviceValues {
+    fn new() -> DeviceValues {
+        DeviceValues {
+            values: DEVICE_GAUGES
+                .iter()
+                .map(|_| AtomicU64::new(f64::NAN.to_bits()))
+                .collect(),
+        }
+    }
+}
+
+impl Collector for DeviceValues {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (g, value) in DEVICE_GAUGES.iter().zip(&self.values) {
+            let v = f64::from_bits(value.load(Ordering::Relaxed));
+            if v.is_nan() {
+                continue;
+            }
+            let gauge = ConstGauge::new(v);
+            // The registry ends registered metrics' help with a full stop; these match.
+            let help = format!("{}.", g.help);
+            let metric = encoder.encode_descriptor(g.name, &help, None, gauge.metric_type())?;
+            gauge.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
 /// Per run slot (the coordinator's workload index): its labels and the end of its previous
 /// completed job, which the start lateness of the next one is measured from.
 struct Slot {
@@ -165,7 +205,7 @@ pub struct RunMetrics {
     lateness: HistogramFamily,
     partition: Family<PartitionLabels, Gauge>,
     run: Family<RunLabels, Gauge>,
-    device: Vec<FloatGauge>,
+    device: Arc<DeviceValues>,
     slots: Mutex<Vec<Slot>>,
     /// Every run begun so far and its partitions, so that the earlier ones' info can drop
     /// to 0 (a family cannot list its label sets).
@@ -244,14 +284,8 @@ impl RunMetrics {
             "the run in progress (value 1) and the runs before it (0)",
             run.clone(),
         );
-        let device = DEVICE_GAUGES
-            .iter()
-            .map(|g| {
-                let gauge = FloatGauge::default();
-                registry.register(g.name, g.help, gauge.clone());
-                gauge
-            })
-            .collect();
+        let device = Arc::new(DeviceValues::new());
+        registry.register_collector(Box::new(Arc::clone(&device)));
         RunMetrics {
             registry,
             jobs,
@@ -356,11 +390,12 @@ impl RunMetrics {
     }
 
     /// A telemetry reading: every gauge the device reported is set; the others keep their
-    /// last value. Called on the telemetry sampler's thread.
+    /// last value, or stay out of the exposition if they never had one. Called on the
+    /// telemetry sampler's thread.
     pub fn observe_device(&self, reading: &Reading) {
-        for (g, gauge) in DEVICE_GAUGES.iter().zip(&self.device) {
+        for (g, value) in DEVICE_GAUGES.iter().zip(&self.device.values) {
             if let Some(v) = (g.read)(reading).filter(|v| v.is_finite()) {
-                gauge.set(v);
+                value.store(v.to_bits(), Ordering::Relaxed);
             }
         }
     }
