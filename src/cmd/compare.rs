@@ -217,8 +217,7 @@ fn compare_apps<'a>(
 ) -> anyhow::Result<()> {
     let read = |dir: &Path, name: &str| -> anyhow::Result<Vec<f64>> {
         let p = dir.join("apps").join(format!("{name}.csv"));
-        let text =
-            std::fs::read_to_string(&p).map_err(|e| user(format!("{}: {e}", p.display())))?;
+        let text = isolane_core::files::read_text(&p).map_err(user)?;
         isolane_app::metrics::latencies_from_csv(&text)
             .map_err(|e| user(format!("{}: {e}", p.display())))
     };

@@ -190,7 +190,10 @@ impl ProfileCache {
     /// user's to fix.
     pub fn read(&self, key: &ProfileKey) -> Result<Option<Times>, String> {
         let path = self.dir.join(key.path());
-        let text = match std::fs::read_to_string(&path) {
+        let text = match isolane_core::files::read_text_capped(
+            &path,
+            isolane_core::files::MAX_CONFIG_BYTES,
+        ) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(format!("{}: {e}", path.display())),
@@ -273,7 +276,7 @@ pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> std::io::Result
 }
 
 pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::io::Result<T> {
-    let text = std::fs::read_to_string(path)?;
+    let text = isolane_core::files::read_text_capped(path, isolane_core::files::MAX_CONFIG_BYTES)?;
     serde_json::from_str(&text).map_err(|e| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -378,6 +381,21 @@ mod tests {
         assert_eq!(to.devices(), vec![h100()]);
         assert_eq!(to.partitions(&key("")), ["16"]);
         assert!(c.export(&key("24"), &to).is_err(), "nothing to export");
+    }
+
+    /// Issue 31: a profile file is read at most to a cap, so a link to an endless file (or a
+    /// huge one) is an error naming the cap, not all of memory.
+    #[test]
+    fn an_endless_profile_file_is_refused_at_the_cap() {
+        let d = tempfile::tempdir().unwrap();
+        let c = ProfileCache::new(d.path());
+        c.put(&key("48"), &h100(), &T).unwrap();
+        let path = d.path().join(key("48").path());
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        let e = c.read(&key("48")).unwrap_err();
+        assert!(e.contains("larger than 16 MiB"), "{e}");
+        assert_eq!(c.get(&key("48")), None);
     }
 
     /// Issue 31: a profile's times were taken as they read (negative, zero, 1e308), and the
