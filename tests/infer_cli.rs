@@ -260,3 +260,61 @@ fn a_negative_batch_is_refused_as_a_value_not_as_an_unknown_flag() {
         "{err}"
     );
 }
+
+/// Issue 31: `--save-output /dev/full` as root turned the device into a regular file (a
+/// temporary renamed over it). Only a regular file or a new path is replaced; a FIFO and a
+/// missing folder are refused; a link to a character device is written through. Tested on
+/// paths of a temporary folder, never on the machine's own devices, which are checked after.
+#[test]
+fn save_output_replaces_only_regular_files() {
+    use std::os::unix::fs::FileTypeExt;
+    let d = fixtures().join("onnx");
+    let model = d.join("tiny_cnn_op14.onnx");
+    let input = d.join("tiny_cnn_op14.input.npy");
+    let t = tempfile::tempdir().unwrap();
+    let infer = |out: &std::path::Path| {
+        run(&[
+            "infer",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--save-output",
+            out.to_str().unwrap(),
+            "--threads",
+            "1",
+        ])
+    };
+    let fifo = t.path().join("fifo.npy");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let (code, _, err) = infer(&fifo);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("FIFO") && err.contains("not a regular file"),
+        "{err}"
+    );
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    let (code, _, err) = infer(&t.path().join("missing/y.npy"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("missing does not exist"), "{err}");
+    assert!(!t.path().join("missing").exists());
+    let null = t.path().join("null.npy");
+    std::os::unix::fs::symlink("/dev/null", &null).unwrap();
+    let (code, _, err) = infer(&null);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::symlink_metadata(&null)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    for dev in ["/dev/null", "/dev/full"] {
+        let t = std::fs::symlink_metadata(dev).unwrap().file_type();
+        assert!(t.is_char_device(), "{dev} is no longer a character device");
+    }
+}
