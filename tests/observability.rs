@@ -147,6 +147,104 @@ fn trace_names_what_is_wrong_with_the_folder_and_exits_2() {
     assert!(!out.join("trace.json").exists());
 }
 
+/// A run of one `[[app]]` (issue 31: `trace` wrote an empty trace of it and exited 0).
+const APP: &str = r#"
+[device]
+backend = "cpu"
+
+[[app]]
+name = "a"
+deadline_ms = 50
+frames = 24
+[app.source]
+kind = "synthetic"
+width = 32
+height = 32
+fps = 100
+[[app.stage]]
+name = "pre"
+kind = "preprocess"
+size = [8, 8]
+[[app.stage]]
+name = "out"
+kind = "sink"
+"#;
+
+#[test]
+fn trace_refuses_app_runs_and_other_folders_with_what_reads_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = |dir: &Path| {
+        let o = isolane().arg("trace").arg(dir).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(!dir.join("trace.json").exists(), "{err}");
+        err
+    };
+
+    let sc = scenario(tmp.path(), "app.toml", APP);
+    let app = tmp.path().join("app");
+    run_ok(
+        isolane()
+            .arg("run")
+            .arg(&sc)
+            .arg("--out")
+            .arg(&app)
+            .arg("-q"),
+    );
+    let err = trace(&app);
+    assert!(
+        err.contains("[[app]]") && err.contains("not trace") && err.contains("stage started"),
+        "{err}"
+    );
+
+    // A max-rate folder is no killed run: the hint is the command that reads it, and it does.
+    let maxrate = tmp.path().join("maxrate");
+    run_ok(
+        isolane()
+            .args(["maxrate", "--model", "spin:1ms", "--jobs", "30"])
+            .args([
+                "--validations",
+                "1",
+                "--relative-step",
+                "0.5",
+                "-q",
+                "--out",
+            ])
+            .arg(&maxrate),
+    );
+    let err = trace(&maxrate);
+    assert!(
+        err.contains("max-rate search")
+            && err.contains("isolane report")
+            && !err.contains("summarize"),
+        "{err}"
+    );
+    run_ok(
+        isolane()
+            .arg("report")
+            .arg(&maxrate)
+            .arg("--out")
+            .arg(tmp.path().join("r.html")),
+    );
+
+    // A run killed before its summary: summarize, as suggested, makes it traceable.
+    let short = scenario(tmp.path(), "s.toml", SHORT);
+    let cut = tmp.path().join("cut");
+    run_ok(
+        isolane()
+            .arg("run")
+            .arg(&short)
+            .arg("--out")
+            .arg(&cut)
+            .arg("-q"),
+    );
+    std::fs::remove_file(cut.join("summary.json")).unwrap();
+    let err = trace(&cut);
+    assert!(err.contains("isolane summarize"), "{err}");
+    run_ok(isolane().arg("summarize").arg(&cut));
+    run_ok(isolane().arg("trace").arg(&cut));
+}
+
 /// GET `path` from `addr`; the body, or why not.
 fn get(addr: &str, path: &str) -> Result<String, String> {
     let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;

@@ -15,11 +15,37 @@ pub use timeline::{read_jobs, Counter, Job, Lane, Step, Timeline};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// No summary.json and no sign of a run killed before writing one.
     #[error(
         "{0} is not a run folder: `isolane trace` needs the summary.json that isolane run and \
-         isolation write (for a run killed before it wrote one: isolane summarize {0} first)"
+         isolation write"
     )]
     NotARun(PathBuf),
+    /// scenario.toml but no summary.json: a run killed before it ended, which `isolane
+    /// summarize` completes.
+    #[error(
+        "{0} has no summary.json: its run was killed before it wrote one; isolane summarize {0} \
+         rebuilds it from jobs/*.csv, then isolane trace {0} reads it"
+    )]
+    CutShort(PathBuf),
+    /// Another command's results folder, which has no job timeline of its own.
+    #[error(
+        "{dir} is {what}, not a run folder: `isolane trace` reads the summary.json of isolane \
+         run and isolation; {hint}"
+    )]
+    OtherResults {
+        dir: PathBuf,
+        what: &'static str,
+        hint: String,
+    },
+    /// A run of `[[app]]`s: what it records cannot be placed on a timeline.
+    #[error(
+        "{0} is a run of [[app]]s, which isolane trace does not trace yet: apps/<app>.csv keeps \
+         each frame's release and end and each stage's own time, but not when a stage started, \
+         so its stages cannot be placed on a timeline (isolane report {0} draws the apps' \
+         latencies and stage times; docs/apps.md)"
+    )]
+    Apps(PathBuf),
     #[error(transparent)]
     File(#[from] isolane_core::files::FileError),
     #[error(transparent)]

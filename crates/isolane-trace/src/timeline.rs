@@ -84,9 +84,12 @@ impl Timeline {
     pub fn load(dir: &Path) -> Result<Timeline, TraceError> {
         let summary_path = dir.join("summary.json");
         if !summary_path.is_file() {
-            return Err(TraceError::NotARun(dir.to_path_buf()));
+            return Err(not_a_run(dir));
         }
         let summary: RunSummary = read_json(&summary_path)?;
+        if !summary.apps.is_empty() {
+            return Err(TraceError::Apps(dir.to_path_buf()));
+        }
         let mut lanes = Vec::with_capacity(summary.workloads.len());
         for w in &summary.workloads {
             let file = dir.join("jobs").join(jobs_file_name(&w.name));
@@ -153,6 +156,59 @@ impl Timeline {
                 let (la, lb) = (a.1.latency_ms, b.1.latency_ms);
                 la.unwrap_or(0.0).total_cmp(&lb.unwrap_or(0.0))
             })
+    }
+}
+
+/// Why `dir`, which has no summary.json, has no timeline: another command's results folder
+/// (named, with the command that reads it, since `isolane summarize` cannot make a run of it),
+/// a run killed before it wrote its summary, or neither.
+fn not_a_run(dir: &Path) -> TraceError {
+    let d = dir.display();
+    let kinds: [(&str, &'static str, String); 4] = [
+        (
+            "maxrate.json",
+            "a max-rate search folder (maxrate.json, from isolane maxrate)",
+            format!("it keeps the search's batches, not its jobs; isolane report {d} shows it"),
+        ),
+        (
+            "interference.json",
+            "an interference matrix folder (interference.json, from isolane interference)",
+            format!(
+                "isolane report {d} draws the matrix, and each cell's run folder in it can be \
+                 traced (isolane trace {d}/<cell>)"
+            ),
+        ),
+        (
+            "sweep.json",
+            "a sweep folder (sweep.json, from isolane sweep)",
+            format!(
+                "isolane report {d} draws the sweep, and each point's run folder in it can be \
+                 traced (isolane trace {d}/<point>)"
+            ),
+        ),
+        (
+            "coexec.json",
+            "a co-execution study folder (coexec.json, from isolane coexec)",
+            format!(
+                "isolane report {d} draws the study, and each run's folder in it can be traced \
+                 (isolane trace {d}/alone/<job>)"
+            ),
+        ),
+    ];
+    for (file, what, hint) in kinds {
+        if dir.join(file).is_file() {
+            return TraceError::OtherResults {
+                dir: dir.to_path_buf(),
+                what,
+                hint,
+            };
+        }
+    }
+    // `run` and `isolation` write scenario.toml before the first job.
+    if dir.join("scenario.toml").is_file() {
+        TraceError::CutShort(dir.to_path_buf())
+    } else {
+        TraceError::NotARun(dir.to_path_buf())
     }
 }
 
@@ -453,6 +509,39 @@ mod tests {
         let e = read_counters(&bad).unwrap_err().to_string();
         assert!(
             e.contains("bad.csv") && e.contains("`gpu`") && e.contains("`x`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_folder_without_summary_is_named_with_what_reads_it() {
+        let root = tempfile::tempdir().unwrap();
+        let err = |files: &[&str]| {
+            let d = root.path().join(files.join("+"));
+            std::fs::create_dir_all(&d).unwrap();
+            for f in files {
+                write(&d, f, "{}");
+            }
+            Timeline::load(&d).unwrap_err().to_string()
+        };
+        // Issue 31: these suggested `isolane summarize`, which refuses them.
+        for (file, words) in [
+            ("maxrate.json", "max-rate search"),
+            ("interference.json", "interference matrix"),
+            ("sweep.json", "a sweep folder"),
+            ("coexec.json", "co-execution study"),
+        ] {
+            let e = err(&[file, "scenario.toml"]);
+            assert!(
+                e.contains(words) && e.contains("isolane report") && !e.contains("summarize"),
+                "{e}"
+            );
+        }
+        let e = err(&["scenario.toml"]);
+        assert!(e.contains("isolane summarize"), "{e}");
+        let e = err(&[]);
+        assert!(
+            e.contains("not a run folder") && !e.contains("summarize"),
             "{e}"
         );
     }
