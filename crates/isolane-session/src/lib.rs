@@ -246,7 +246,7 @@ pub fn measure(
     if let Some(e) = &result.jobs_stream_error {
         observer.warning(&format!(
             "the per-job records stopped streaming to jobs/ during the run ({e}); they are \
-             written in full now"
+             written from memory at the run's end (what does not fit is said then)"
         ));
     }
     let info = RunInfo {
