@@ -84,4 +84,21 @@ fn the_readme_tour_runs_as_written() {
         );
     }
     assert!(scratch.path().join("runs/maxrate/maxrate.json").is_file());
+
+    // Issue 31: on an idle machine the tour's victim missed nothing, and the step showed no
+    // interference. It shares its core with the interferer and has less slack than one of the
+    // interferer's jobs, so at the interferer's top rate some of its jobs are late.
+    let csv = std::fs::read_to_string(scratch.path().join("runs/isolation/isolation.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap_or("").split(',').collect();
+    let col = header.iter().position(|h| *h == "timeouts").unwrap();
+    let missed: Vec<u64> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(col).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(missed.len(), 4, "{csv}");
+    assert!(
+        missed[3] > 0,
+        "the victim missed no deadline at the interferer's top rate:\n{csv}"
+    );
 }
