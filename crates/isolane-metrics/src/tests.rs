@@ -581,6 +581,27 @@ fn kept_alive_connections_serve_several_requests_then_close_when_idle() {
 }
 
 #[test]
+fn an_oversized_header_is_refused_with_431() {
+    let (_m, server) = served();
+    let big = format!(
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(20 * 1024)
+    );
+    let mut c = Client::connect(server.addr());
+    // The server may answer and close before it has read it all.
+    let _ = c.stream.write_all(big.as_bytes());
+    let answer = c.response();
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+    let many: String = (0..100).map(|i| format!("X-{i}: 1\r\n")).collect();
+    let answer = get(
+        server.addr(),
+        &format!("GET /metrics HTTP/1.1\r\n{many}\r\n"),
+    );
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+    assert_quick_scrape(server.addr(), "after the oversized headers");
+}
+
+#[test]
 fn stopping_the_server_does_not_wait_for_slow_clients() {
     let (_m, server) = served();
     let addr = server.addr();
