@@ -19,7 +19,9 @@ use super::user;
                   its own, each workload's partition and the isolation steps, and every numeric \
                   telemetry.csv column as a counter track. Times are µs from the first event \
                   (telemetry starts before t0); --from-ms/--to-ms keep a part of a long run. \
-                  See docs/observability.md."
+                  A run of [[app]]s is not traced yet (exit 2: apps/<app>.csv has no start \
+                  time per stage); another command's folder is named with the command that \
+                  reads it. See docs/observability.md."
 )]
 pub struct TraceArgs {
     /// A run or isolation results folder (holds summary.json).
