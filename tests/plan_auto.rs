@@ -206,7 +206,11 @@ fn a_spent_profile_budget_names_what_was_not_measured() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&o.stderr);
+    // Wrapped to 80 columns: read as one line.
+    let err = String::from_utf8_lossy(&o.stderr)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     assert!(
         err.contains(
             "not profiled: `camera` (spin:1ms, batch 1, fp32, none) in 1 core: the profiling \

@@ -33,6 +33,11 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// stderr with its lines joined: plan --auto wraps its messages to 80 columns.
+fn flat(b: &[u8]) -> String {
+    text(b).split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// A copy of the committed profiles to change.
 fn copy_profiles(to: &Path) -> PathBuf {
     let dst = to.join("profiles");
@@ -77,7 +82,7 @@ fn an_h100_is_planned_offline_with_every_mechanism_from_committed_profiles() {
         &data("offline.toml"),
         &data("profiles"),
     );
-    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    let (out, err) = (text(&o.stdout), flat(&o.stderr));
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
         err.contains("planning offline for h100-sxm from")
@@ -132,7 +137,7 @@ fn an_h100_is_planned_offline_with_every_mechanism_from_committed_profiles() {
         .arg(data("offline.toml"))
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{}", flat(&o.stderr));
     let written = std::fs::read_to_string(&planned).unwrap();
     assert!(
         written.contains("# planned: 3g.40gb at memory slice 0; predicted p99 1.485 ms")
@@ -155,7 +160,7 @@ fn an_a100_is_planned_with_mig_and_mechanism_all_takes_what_has_profiles() {
         &data("offline.toml"),
         &data("profiles"),
     );
-    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    let (out, err) = (text(&o.stdout), flat(&o.stderr));
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(err.contains("driver 580.65.06"), "{err}");
     // The A100 profiles hold MIG only: green says what it lacks, MIG plans (14 SMs a slice:
@@ -169,7 +174,7 @@ fn an_a100_is_planned_with_mig_and_mechanism_all_takes_what_has_profiles() {
         "{err}"
     );
     assert!(
-        err.contains("mig: planned") && err.contains("p99  1.681"),
+        err.contains("mig: planned") && err.contains("p99 1.681"),
         "{err}"
     );
     assert!(out.contains("mig_profile = \"3g.40gb\""), "{out}");
@@ -194,7 +199,7 @@ fn a_missing_profile_is_named_with_what_there_is_and_how_to_get_it() {
         .arg(data("offline.toml"))
         .output()
         .unwrap();
-    let err = text(&o.stderr);
+    let err = flat(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
         err.contains(
@@ -221,9 +226,9 @@ fn a_missing_profile_is_named_with_what_there_is_and_how_to_get_it() {
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        text(&o.stderr).contains("has no profiles measured on a100-40gb (found: "),
+        flat(&o.stderr).contains("has no profiles measured on a100-40gb (found: "),
         "{}",
-        text(&o.stderr)
+        flat(&o.stderr)
     );
     let o = offline(
         &["--device-model", "h100-sxm", "--driver", "1.0"],
@@ -231,14 +236,14 @@ fn a_missing_profile_is_named_with_what_there_is_and_how_to_get_it() {
         &data("profiles"),
     );
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o.stderr).contains("drivers found: 580.159.04"));
+    assert!(flat(&o.stderr).contains("drivers found: 580.159.04"));
     let o = offline(
         &["--device-model", "b200"],
         &data("offline.toml"),
         &data("profiles"),
     );
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o.stderr).contains("allowed: h100-sxm, h200"));
+    assert!(flat(&o.stderr).contains("allowed: h100-sxm, h200"));
 }
 
 #[test]
@@ -254,7 +259,7 @@ fn mig_instances_that_do_not_fit_together_and_mig_without_profiles_are_said() {
         &s,
         &data("profiles"),
     );
-    let err = text(&o.stderr);
+    let err = flat(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
         err.contains(
@@ -282,7 +287,7 @@ fn mig_instances_that_do_not_fit_together_and_mig_without_profiles_are_said() {
         &data("offline.toml"),
         &profiles,
     );
-    let err = text(&o.stderr);
+    let err = flat(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
         err.contains(
@@ -307,7 +312,7 @@ fn device_memory_is_checked_together() {
         .replace("kernel:triad:1GiB", "kernel:triad:40GiB");
     let s = scenario(tmp.path(), "big.toml", &big);
     let o = offline(&["--device-model", "h100-sxm"], &s, &profiles);
-    let err = text(&o.stderr);
+    let err = flat(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
         err.contains("together they need about")
@@ -402,7 +407,7 @@ fn two_gpus_are_planned_offline_placing_the_workloads_and_keeping_pinned_ones() 
         .arg(&sc)
         .output()
         .unwrap();
-    let err = text(&o.stderr);
+    let err = flat(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{err}");
     // First-fit decreasing: the cameras (busier) fill GPU 0 to 120 SMs, lidar does not fit
     // beside them and goes beside lidar2, pinned to GPU 1.
@@ -414,7 +419,7 @@ fn two_gpus_are_planned_offline_placing_the_workloads_and_keeping_pinned_ones() 
         ),
         "{err}"
     );
-    assert!(err.contains("lidar          GPU 1   40 SMs"), "{err}");
+    assert!(err.contains("lidar GPU 1 40 SMs"), "{err}");
     let written = std::fs::read_to_string(&planned).unwrap();
     let s = isolane_core::spec::Scenario::from_toml_str(
         &written,
@@ -459,7 +464,7 @@ fn two_gpus_that_cannot_hold_the_workloads_are_refused_naming_the_gpu() {
         .collect();
     let sc = two_gpus(tmp.path(), &workloads);
     let o = offline(&["--device-model", "h100-sxm"], &sc, &data("profiles"));
-    let err = text(&o.stderr);
+    let err = flat(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
         err.contains("green: no plan")

@@ -95,7 +95,7 @@ pub fn run(args: &PlanArgs, file: &super::ScenarioFile, engine: &Engine) -> anyh
     }
     if unprofiled {
         if let Some(hint) = target.how_to_profile(profiles.budget.is_some()) {
-            eprintln!("{hint}");
+            eprintln!("{}", super::run::wrap_message(&hint, 80));
         }
     }
     if let Some(dir) = &args.export_profiles {
@@ -1101,7 +1101,10 @@ fn mechanisms(
         Some("all") => {
             let mut all = vec![Mechanism::Green, Mechanism::Mps, Mechanism::Timeslice];
             match target.mig_unavailable(workloads) {
-                Some(why) => eprintln!("mig: skipped: {why}"),
+                Some(why) => eprintln!(
+                    "{}",
+                    super::run::wrap_message(&format!("mig: skipped: {why}"), 80)
+                ),
                 None => all.push(Mechanism::Mig),
             }
             all
@@ -1626,20 +1629,32 @@ fn print_outcome(mech: Mechanism, ladder: &Ladder, plan: &GpusPlan, secs: f64, m
         } => {
             eprintln!("{title}: no plan ({secs:.2} s):");
             for r in reasons {
-                eprintln!("  {r}");
+                eprintln!("{}", indented(r));
             }
             for u in unprofiled {
-                eprintln!("  not profiled: {}", u.why);
+                eprintln!("{}", indented(&format!("not profiled: {}", u.why)));
             }
             if !partial.is_empty() {
                 let parts: Vec<String> = partial
                     .iter()
                     .map(|c| format!("{} {}{}", c.workload, on(c), partition_words(ladder, c)))
                     .collect();
-                eprintln!("  best partial plan: {}", parts.join(", "));
+                eprintln!(
+                    "{}",
+                    indented(&format!("best partial plan: {}", parts.join(", ")))
+                );
             }
         }
     }
+}
+
+/// A line of the plan's outcome: two spaces in, wrapped to 80 columns (continuations four in).
+fn indented(text: &str) -> String {
+    super::run::wrap_message(text, 78)
+        .lines()
+        .map(|l| format!("  {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A note per workload planned on its p99 with a p99.9 over `margin` × its deadline (a CPU
