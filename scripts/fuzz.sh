@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The property tests of the parsers (scenario TOML and its [[app]]s, npy, safetensors, ONNX, the
-# jobs CSV that summarize and compare read, the planner's profile files), run longer than
-# `cargo test` does (which runs ISOLANE_FUZZ_CASES=3000 scenario cases, 300 per engine target and
-# 500 per jobs CSV and profile target).
+# jobs CSV as summarize and compare read it and as trace and report do, the planner's profile
+# files), run longer than `cargo test` does (which runs ISOLANE_FUZZ_CASES=3000 scenario cases,
+# 300 per engine target and 500 per jobs CSV and profile target).
 #
 #   scripts/fuzz.sh [CASES]      # default 20000 cases per target; a new random seed every run
 #                                (ISOLANE_FUZZ_SEED=N replays seed N; `cargo test` replays a fixed one)
@@ -18,6 +18,7 @@ cargo test --release -p isolane-engine --test suite --no-run
 cargo test --release -p isolane-app --test suite --no-run
 cargo test --release -p isolane-runtime --lib --no-run
 cargo test --release -p isolane-planner --lib --no-run
+cargo test --release -p isolane-trace --lib --no-run
 ulimit -v 4194304
 export ISOLANE_FUZZ_CASES=$cases
 export ISOLANE_FUZZ_SEED=${ISOLANE_FUZZ_SEED:-random}
@@ -26,7 +27,9 @@ cargo test --release -p isolane-core --test fuzz_scenario -- --test-threads=1 --
 cargo test --release -p isolane-engine --test suite fuzz_parsers:: -- --test-threads=1 --nocapture || status=1
 cargo test --release -p isolane-app --test suite fuzz_spec:: -- --test-threads=1 --nocapture || status=1
 # The engine's and the apps' targets are modules of their crate's test suite; the jobs CSV's and
-# the profiles' are unit-test modules of their crates (output.rs, cache.rs): only the fuzz_ tests.
+# the profiles' are unit-test modules of their crates (output.rs, cache.rs, timeline.rs): only
+# the fuzz_ tests.
 cargo test --release -p isolane-runtime --lib fuzz_ -- --test-threads=1 --nocapture || status=1
 cargo test --release -p isolane-planner --lib fuzz_ -- --test-threads=1 --nocapture || status=1
+cargo test --release -p isolane-trace --lib fuzz_ -- --test-threads=1 --nocapture || status=1
 exit $status

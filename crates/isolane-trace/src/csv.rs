@@ -71,6 +71,28 @@ impl Csv {
         }
     }
 
+    /// Like [`Csv::f64_at`] for a time, which must be finite: the release loop never writes NaN
+    /// or an infinity into jobs/*.csv, and such a time would place nothing. (telemetry.csv may
+    /// hold NaN, a metric NVML could not compute: a gap, read by [`Csv::f64_at`].)
+    pub fn time_at(
+        &self,
+        line: usize,
+        row: &[String],
+        i: Option<usize>,
+    ) -> Result<Option<f64>, TraceError> {
+        match self.f64_at(line, row, i)? {
+            Some(v) if !v.is_finite() => Err(self.error(
+                line,
+                format!(
+                    "column `{}`: `{}` is not a finite number",
+                    i.map_or("", |i| self.header[i].as_str()),
+                    i.and_then(|i| row.get(i)).map_or("", String::as_str)
+                ),
+            )),
+            v => Ok(v),
+        }
+    }
+
     /// Like [`Csv::f64_at`] for a column that every row must fill.
     pub fn required_f64(&self, line: usize, row: &[String], i: usize) -> Result<f64, TraceError> {
         self.f64_at(line, row, Some(i))?

@@ -257,7 +257,19 @@ pub fn read_jobs(path: &Path) -> Result<Vec<Job>, TraceError> {
     };
     let mut jobs = Vec::with_capacity(csv.rows.len());
     for (line, row) in &csv.rows {
-        let index = csv.required_f64(*line, row, job)?;
+        // An integer, as the release loop writes it (`1e300` or `-1` made an index by `as`).
+        let index = row
+            .get(job)
+            .and_then(|c| c.parse::<u64>().ok())
+            .ok_or_else(|| {
+                csv.error(
+                    *line,
+                    format!(
+                        "column `job`: `{}` is not a job index (0, 1, …)",
+                        row.get(job).map_or("", String::as_str)
+                    ),
+                )
+            })?;
         let timeout = match row.get(timeout).map(String::as_str) {
             Some("1") => true,
             Some("0") => false,
@@ -272,14 +284,16 @@ pub fn read_jobs(path: &Path) -> Result<Vec<Job>, TraceError> {
             }
         };
         jobs.push(Job {
-            index: index as u64,
-            release_ms: csv.required_f64(*line, row, release)?,
-            start_ms: csv.f64_at(*line, row, Some(start))?,
-            end_ms: csv.f64_at(*line, row, Some(end))?,
-            latency_ms: csv.f64_at(*line, row, Some(latency))?,
+            index,
+            release_ms: csv
+                .time_at(*line, row, Some(release))?
+                .ok_or_else(|| csv.error(*line, "column `release_ms` is empty".to_string()))?,
+            start_ms: csv.time_at(*line, row, Some(start))?,
+            end_ms: csv.time_at(*line, row, Some(end))?,
+            latency_ms: csv.time_at(*line, row, Some(latency))?,
             timeout,
             held_ms: csv
-                .f64_at(*line, row, held.map(|h| h.0))?
+                .time_at(*line, row, held.map(|h| h.0))?
                 .map(|v| v * held.map_or(1.0, |h| h.1)),
         });
     }
@@ -409,6 +423,93 @@ mod tests {
         let p = write(d.path(), "c.csv", "job,release_ms\n0,0\n");
         let e = read_jobs(&p).unwrap_err().to_string();
         assert!(e.contains("line 1") && e.contains("`start_ms`"), "{e}");
+        // Issue 31: NaN and the infinities were read as times, and any number as an index.
+        for (row, column) in [
+            (
+                "0,nan,0,1,1,0",
+                "`release_ms`: `nan` is not a finite number",
+            ),
+            ("0,0,inf,1,1,0", "`start_ms`: `inf` is not a finite number"),
+            ("0,0,0,-inf,1,0", "`end_ms`: `-inf` is not a finite number"),
+            (
+                "0,0,0,1,NaN,0",
+                "`latency_ms`: `NaN` is not a finite number",
+            ),
+            ("1e300,0,0,1,1,0", "`job`: `1e300` is not a job index"),
+            ("-1,0,0,1,1,0", "`job`: `-1` is not a job index"),
+        ] {
+            let p = write(
+                d.path(),
+                "d.csv",
+                &format!("job,release_ms,start_ms,end_ms,latency_ms,timeout\n{row}\n"),
+            );
+            let e = read_jobs(&p).unwrap_err().to_string();
+            assert!(
+                e.contains("d.csv") && e.contains("line 2") && e.contains(column),
+                "{row}: {e}"
+            );
+        }
+    }
+
+    /// Property test of the jobs reader of `trace` and `report`: whatever the text, jobs or an
+    /// error naming the file, never a panic, and every time it returns is finite. `cargo test`
+    /// runs ISOLANE_FUZZ_CASES (default 500) cases; `scripts/fuzz.sh` many more.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const CELLS: &[&str] = &[
+            "",
+            "0",
+            "1",
+            "-1",
+            "0.5",
+            "1e300",
+            "-1e300",
+            "nan",
+            "NaN",
+            "inf",
+            "-inf",
+            "x",
+            "18446744073709551616",
+            "true",
+        ];
+        const COLUMNS: &[&str] = &[
+            "job",
+            "release_ms",
+            "start_ms",
+            "end_ms",
+            "latency_ms",
+            "timeout",
+            "held_ms",
+            "held_ns",
+            "other",
+        ];
+
+        proptest! {
+            #![proptest_config(isolane_core::fuzz::config(500))]
+
+            #[test]
+            fn fuzz_jobs_files_are_refused_or_finite(
+                header in proptest::sample::subsequence(COLUMNS, 0..COLUMNS.len()),
+                rows in proptest::collection::vec(
+                    proptest::collection::vec(proptest::sample::select(CELLS), 0..9), 0..6),
+            ) {
+                let d = tempfile::tempdir().unwrap();
+                let rows: Vec<String> = rows.iter().map(|r| r.join(",")).collect();
+                let text = format!("{}\n{}\n", header.join(","), rows.join("\n"));
+                let p = write(d.path(), "f.csv", &text);
+                match read_jobs(&p) {
+                    Ok(jobs) => {
+                        for j in jobs {
+                            let times = [Some(j.release_ms), j.start_ms, j.end_ms, j.latency_ms, j.held_ms];
+                            prop_assert!(times.iter().flatten().all(|t| t.is_finite()));
+                        }
+                    }
+                    Err(e) => prop_assert!(e.to_string().contains("f.csv"), "{e}"),
+                }
+            }
+        }
     }
 
     #[test]
