@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The property tests of the parsers (scenario TOML and its [[app]]s, npy, safetensors, ONNX, the
-# jobs CSV as summarize and compare read it and as trace and report do, the planner's profile
-# files), run longer than `cargo test` does (which runs ISOLANE_FUZZ_CASES=3000 scenario cases,
-# 300 per engine target and 500 per jobs CSV and profile target).
+# jobs CSV as summarize and compare read it and as trace and report do, summary.json, the
+# planner's profile files), run longer than `cargo test` does (which runs 3000 scenario cases,
+# 300 per engine target and for summary.json, 500 per jobs CSV and profile target).
 #
 #   scripts/fuzz.sh [CASES]      # default 20000 cases per target; a new random seed every run
 #                                (ISOLANE_FUZZ_SEED=N replays seed N; `cargo test` replays a fixed one)

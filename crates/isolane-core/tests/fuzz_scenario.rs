@@ -1,7 +1,7 @@
 //! Property tests of the scenario TOML parser and validation: whatever the text, parsing returns
 //! a scenario or an error, never panics. Two generators: byte-level mutations of the shipped
 //! scenarios, and scenarios assembled from every known key with edge-case values (huge, zero,
-//! negative, NaN, wrong type). `cargo test` runs a bounded number of cases
+//! negative, NaN, wrong type). Below them, the summary.json reader's target (mutated summaries). `cargo test` runs a bounded number of cases
 //! (`ISOLANE_FUZZ_CASES`, default 3000, well under a second); `scripts/fuzz.sh` runs many more.
 
 use isolane_core::spec::limits::MAX_SECONDS;
@@ -211,6 +211,58 @@ proptest! {
     #[test]
     fn assembled_scenarios_never_panic(text in assembled_scenario()) {
         parse(&text);
+    }
+}
+
+/// Finished runs' summary.json files (a run of workloads, a run of apps), as seeds for the
+/// results reader's target.
+const SUMMARY_SEEDS: &[&str] = &[
+    include_str!("../../isolane-report/tests/data/run-cpu/summary.json"),
+    include_str!("../../isolane-report/tests/data/apps-cpu/summary.json"),
+];
+
+proptest! {
+    #![proptest_config(isolane_core::fuzz::config(300))]
+
+    /// The reader of summary.json (`compare`, `report`, `trace`, `plan --auto --stretch-from`):
+    /// whatever a damaged file holds, a summary or an error naming the file, never a panic;
+    /// what reads back also writes and reads again the same.
+    #[test]
+    fn fuzz_mutated_summaries_are_read_or_refused(
+        seed in prop::sample::select(SUMMARY_SEEDS),
+        mutations in prop::collection::vec(mutation(), 1..8),
+    ) {
+        use isolane_core::results::{read_json, write_json, RunSummary};
+        let mut bytes = seed.as_bytes().to_vec();
+        for m in &mutations {
+            apply(&mut bytes, m);
+        }
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("summary.json");
+        std::fs::write(&path, &bytes).unwrap();
+        match read_json::<RunSummary>(&path) {
+            Ok(s) => {
+                let _ = s.total_throughput_ips();
+                write_json(&path, &s).unwrap();
+                let again: RunSummary = read_json(&path).unwrap();
+                prop_assert_eq!(
+                    serde_json::to_value(&again).unwrap(),
+                    serde_json::to_value(&s).unwrap()
+                );
+            }
+            Err(e) => prop_assert!(e.to_string().contains("summary.json"), "{e}"),
+        }
+    }
+}
+
+/// The summary seeds read: the mutations start from valid files.
+#[test]
+fn the_summary_seeds_read() {
+    let d = tempfile::tempdir().unwrap();
+    for (i, s) in SUMMARY_SEEDS.iter().enumerate() {
+        let path = d.path().join(format!("{i}.json"));
+        std::fs::write(&path, s).unwrap();
+        isolane_core::results::read_json::<isolane_core::results::RunSummary>(&path).unwrap();
     }
 }
 
