@@ -277,8 +277,16 @@ pub fn rejection_text(scenario: &str, device: &DeviceModel, rejections: &[Reject
         "{scenario}: the plan does not fit {} ({}):",
         device.name, device.description
     );
-    for r in rejections {
+    // As for a scenario's problems: thousands of refused workloads would print megabytes.
+    let shown = isolane_core::spec::MAX_LISTED_PROBLEMS;
+    for r in rejections.iter().take(shown) {
         s.push_str(&format!("\n  workload '{}': {}", r.workload, r.message));
+    }
+    if rejections.len() > shown {
+        s.push_str(&format!(
+            "\n  and {} more workload(s) refused, not shown",
+            rejections.len() - shown
+        ));
     }
     s
 }
@@ -344,4 +352,37 @@ fn plan_table(plan: &Plan) -> Table {
         ]);
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use isolane_core::admission::{RejectReason, Rejection};
+
+    /// Issue 31: the list of refused workloads is bounded, as a scenario's problems are.
+    #[test]
+    fn thousands_of_refused_workloads_print_a_bounded_list() {
+        let device = isolane_core::device_model::device_model("h100-sxm").unwrap();
+        let rejections: Vec<Rejection> = (0..1000)
+            .map(|i| Rejection {
+                workload: format!("w{i}"),
+                reason: RejectReason::MissingPartition {
+                    field: "sms",
+                    mechanism: "green",
+                },
+                message: "partition.sms is required with mechanism green".into(),
+                gpu: None,
+            })
+            .collect();
+        let text = super::rejection_text("s.toml", &device, &rejections);
+        let shown = isolane_core::spec::MAX_LISTED_PROBLEMS;
+        assert_eq!(text.lines().count(), 1 + shown + 1, "{text}");
+        assert!(text.contains("workload 'w0'") && !text.contains(&format!("'w{shown}'")));
+        assert!(
+            text.ends_with(&format!(
+                "and {} more workload(s) refused, not shown",
+                1000 - shown
+            )),
+            "{text}"
+        );
+    }
 }

@@ -21,7 +21,7 @@ pub use format::{DEVICE_KEYS, PROTECTION_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
 
 use serde::{Deserialize, Serialize};
 
-pub use error::{Problem, SpecError};
+pub use error::{Problem, SpecError, MAX_LISTED_PROBLEMS};
 pub use kernel::{KernelModel, KernelParseError, KernelWork};
 pub use model::{
     ModelCatalog, ModelParseError, ModelSource, NoBuiltinModels, SpinModel, SpinParseError,

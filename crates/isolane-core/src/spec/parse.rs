@@ -92,10 +92,13 @@ pub(super) fn parse(
 /// text its span covers: the key written a second time).
 fn syntax_message(message: &str, at: Option<&str>) -> String {
     let message = message.trim().replace('\n', "; ");
-    match at.map(str::trim).filter(|k| !k.is_empty() && k.len() <= 200) {
-        Some(key) if message == "duplicate key" => format!(
-            "duplicate key `{key}`: a key is written once per table (remove one of them)"
-        ),
+    match at
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= 200)
+    {
+        Some(key) if message == "duplicate key" => {
+            format!("duplicate key `{key}`: a key is written once per table (remove one of them)")
+        }
         _ => message,
     }
 }
