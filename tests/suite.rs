@@ -3,6 +3,10 @@
 //! that must own its process (a global allocator, its own harness, environment
 //! variables it sets) is a binary of its own (Cargo.toml, `autotests = false`).
 
+// Each file keeps its own `mod common;`, as it had as a binary of its own, so that it still
+// builds alone; the helpers are small and compiled once per module that uses them.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "apps.rs"]
 mod apps;
 #[path = "cli.rs"]
