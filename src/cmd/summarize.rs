@@ -24,7 +24,9 @@ use super::user;
                   prints the results table. A last row cut off by the kill is left out (and \
                   said so). Device telemetry and partitions are not in the records, so they are \
                   absent.\n\nExit codes: 0 rebuilt; 2 DIR is not a run folder, has a \
-                  summary.json already (without --force), or a record is malformed."
+                  summary.json already (without --force), or a record is malformed (named by file, \
+                  line and field: a time that is NaN, negative or past 1e12 ms, a job index \
+                  repeated or out of order, an end before its start or release)."
 )]
 pub struct SummarizeArgs {
     /// The run's output folder (holds scenario.toml and jobs/).
