@@ -236,6 +236,9 @@ fn override_backend(s: &mut Scenario, file: &str, backend: &str) -> anyhow::Resu
 /// reduced precisions (the CPU backend runs fp32); returns what was dropped, in words.
 fn on_cpu(s: &mut Scenario) -> Vec<String> {
     let mut notes = Vec::new();
+    if s.device.backend == Backend::Cpu && !s.workloads.iter().any(|w| w.on_gpu()) {
+        return notes; // already a CPU scenario: its hosts are its own
+    }
     let d = &mut s.device;
     if d.backend == Backend::Cuda && d.mechanism != Mechanism::None {
         notes.push(format!(
