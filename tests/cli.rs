@@ -166,15 +166,26 @@ fn quickstart_runs_without_arguments_into_a_new_runs_folder() {
 }
 
 #[test]
-fn backend_picks_the_quickstart_and_conflicts_with_a_scenario() {
-    for flags in [&["--backend", "cpu"][..], &["--cpu"][..]] {
+fn beside_a_scenario_backend_overrides_only_to_the_cpu() {
+    // `--backend cpu` runs a scenario's workloads on the CPU (issue 31; tested with a cuda
+    // scenario in a_gpu_scenario_without_a_gpu_…); `--backend cuda` cannot make a CPU
+    // scenario a GPU one, and the old `--cpu` stays the quickstart's.
+    for (flags, says) in [
+        (
+            &["--backend", "cuda"][..],
+            "--backend cuda: scenarios/quickstart.toml runs on the CPU",
+        ),
+        (&["--cpu"][..], "cannot be used with"),
+    ] {
         let o = isolane()
             .arg("run")
             .args(flags)
             .arg("scenarios/quickstart.toml")
             .output()
             .unwrap();
-        assert_eq!(o.status.code(), Some(2), "{flags:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(err.contains(says), "{flags:?}: {err}");
     }
     let help = run_ok(isolane().args(["run", "--help"]));
     let help = String::from_utf8_lossy(&help.stdout);

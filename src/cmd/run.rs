@@ -120,7 +120,10 @@ pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Res
                 ));
             }
             if let Some(why) = no_gpu {
-                eprintln!("note: running the CPU quickstart: the GPU one cannot run here ({why})");
+                let note = format!(
+                    "note: running the CPU quickstart: the GPU one cannot run here ({why})"
+                );
+                eprintln!("{}", wrap_message(&note, 80));
             }
             (scenario, name)
         }
