@@ -82,7 +82,9 @@ proptest! {
         value in prop::sample::select(VALUES),
     ) {
         let text = replace_value(SEEDS[seed], line, value);
-        let _ = parse_apps(&text, std::path::Path::new("fuzz.toml"), &Builtins);
+        if let Ok(apps) = parse_apps(&text, std::path::Path::new("fuzz.toml"), &Builtins) {
+            every_number_is_finite(&apps);
+        }
     }
 
     #[test]
@@ -93,6 +95,52 @@ proptest! {
         cut in any::<bool>(),
     ) {
         let text = mutate(SEEDS[seed], at, byte, cut);
-        let _ = parse_apps(&text, std::path::Path::new("fuzz.toml"), &Builtins);
+        if let Ok(apps) = parse_apps(&text, std::path::Path::new("fuzz.toml"), &Builtins) {
+            every_number_is_finite(&apps);
+        }
     }
+}
+
+/// What the reader accepts has no NaN or infinity in it (issue 31: every parser refuses
+/// non-finite numbers).
+fn every_number_is_finite(apps: &[isolane_app::spec::AppSpec]) {
+    use isolane_app::spec::StageKind;
+    for a in apps {
+        assert!(a.deadline_ms.is_finite() && a.source.fps.is_finite());
+        assert!(a.stretch.is_none_or(f64::is_finite));
+        for s in &a.stages {
+            if let StageKind::Preprocess(p) = &s.kind {
+                assert!(
+                    p.mean.iter().chain(&p.std).all(|v| v.is_finite()),
+                    "{}: {:?} {:?}",
+                    s.name,
+                    p.mean,
+                    p.std
+                );
+            }
+        }
+    }
+}
+
+/// Issue 31: a preprocess `mean` of NaN, an infinity or a number past f32's range (read as an
+/// infinity) was taken, and made every pixel NaN. It is refused by field.
+#[test]
+fn a_preprocess_mean_that_is_not_finite_is_refused() {
+    let seed = SEEDS[0];
+    assert!(seed.contains("mean = [0.485, 0.456, 0.406]"));
+    for bad in [
+        "[nan, 0.456, 0.406]",
+        "[0.485, inf, 0.406]",
+        "[0.485, 0.456, 1e300]",
+    ] {
+        let text = seed.replace("[0.485, 0.456, 0.406]", bad);
+        let e = parse_apps(&text, std::path::Path::new("fuzz.toml"), &Builtins)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("fuzz.toml") && e.contains(".mean") && e.contains("three finite numbers"),
+            "{bad}: {e}"
+        );
+    }
+    parse_apps(seed, std::path::Path::new("fuzz.toml"), &Builtins).unwrap();
 }

@@ -524,10 +524,19 @@ impl Validator<'_> {
         if std.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
             return Err(self.err(format!("{sat}.std"), "expected three numbers > 0"));
         }
+        // NaN, an infinity, or a number past f32's range (it reads as an infinity) would make
+        // every pixel of every frame NaN.
+        let mean = r.mean.unwrap_or([0.0; 3]);
+        if mean.iter().any(|m| !m.is_finite()) {
+            return Err(self.err(
+                format!("{sat}.mean"),
+                format!("{mean:?}: expected three finite numbers (per channel, e.g. 0.485)"),
+            ));
+        }
         Ok(PreprocessSpec {
             size: r.size,
             crop: r.crop,
-            mean: r.mean.unwrap_or([0.0; 3]),
+            mean,
             std,
             dtype: r.dtype.unwrap_or(Dtype::F32),
             device,
