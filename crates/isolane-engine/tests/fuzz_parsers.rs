@@ -11,7 +11,8 @@
 //! (checked, then inferred).
 //!
 //! The footprint target builds small ONNX graphs with crafted sizes (pads, resizes, expands,
-//! concats, reshapes, pools, slices, constants, at and past every bound) and sends them through
+//! concats, reshapes, pools, slices, constants and GatherNDs folded at import, at and past every
+//! bound) and sends them through
 //! import and the footprint check (what `infer` and `run` do before compiling): each case must
 //! return a footprint or an error without a panic, and allocate at most 1 GiB at once (counted
 //! by this binary's allocator).
@@ -646,6 +647,13 @@ enum Craft {
         stride: i64,
         dilation: i64,
     },
+    /// `+ GatherND(ConstantOfShape([rows, cols]), ConstantOfShape([tuples, 1]) of zeros)`: a
+    /// few indices copying whole rows of a constant, folded at import.
+    GatherNd {
+        rows: i64,
+        cols: i64,
+        tuples: i64,
+    },
     Slice {
         start: i64,
         end: i64,
@@ -718,6 +726,8 @@ fn craft() -> impl Strategy<Value = Craft> {
                 stride,
                 dilation
             }),
+        (size(&[1, 2]), size(&[1, 8]), size(&[1, 2, 3]))
+            .prop_map(|(rows, cols, tuples)| { Craft::GatherNd { rows, cols, tuples } }),
         (
             size(&[0, 1, -1]),
             size(&[1, 2, -1]),
@@ -865,6 +875,38 @@ fn build_crafted(
                 n.attribute.push(attr_ints("strides", vec![*stride; 2]));
                 n.attribute.push(attr_ints("dilations", vec![*dilation; 2]));
                 ("MaxPool", vec![t])
+            }
+            Craft::GatherNd { rows, cols, tuples } => {
+                g.initializer.push(ints(k("data_shape"), &[*rows, *cols]));
+                g.initializer.push(ints(k("indices_shape"), &[*tuples, 1]));
+                for (out, shape, value) in [
+                    (k("data"), k("data_shape"), floats(String::new(), &[1.0])),
+                    (k("indices"), k("indices_shape"), ints(String::new(), &[0])),
+                ] {
+                    let mut value = value;
+                    value.name = None;
+                    g.node.push(NodeProto {
+                        name: Some(out.clone()),
+                        op_type: Some("ConstantOfShape".into()),
+                        input: vec![shape],
+                        output: vec![out],
+                        attribute: vec![AttributeProto {
+                            name: Some("value".into()),
+                            t: Some(value),
+                            r#type: Some(AttributeType::Tensor as i32),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    });
+                }
+                g.node.push(NodeProto {
+                    name: Some(k("gnd")),
+                    op_type: Some("GatherND".into()),
+                    input: vec![k("data"), k("indices")],
+                    output: vec![k("table")],
+                    ..Default::default()
+                });
+                ("Add", vec![t, k("table")])
             }
             Craft::Slice {
                 start,

@@ -359,3 +359,52 @@ fn a_missing_tensor_a_cycle_and_nodes_out_of_order_are_refused_by_name() {
     );
     assert!(e.contains("input \"y\" is this node's own output"), "{e}");
 }
+
+/// `ConstantOfShape(shape)` of a one-element `value` tensor.
+fn constant_of_shape(
+    name: &str,
+    shape: &str,
+    value: isolane_engine::onnx::proto::TensorProto,
+) -> NodeProto {
+    use isolane_engine::onnx::proto::{attribute_proto::AttributeType, AttributeProto};
+    let mut n = node(name, "ConstantOfShape", &[shape], &[name]);
+    n.attribute.push(AttributeProto {
+        name: Some("value".into()),
+        t: Some(value),
+        r#type: Some(AttributeType::Tensor as i32),
+        ..Default::default()
+    });
+    n
+}
+
+/// GatherND copies a whole slice per index tuple: 2^20 zero indices into a [2, 2^20] constant
+/// made a 2^40-float (4 TiB) constant, allocated before anything was checked. Now its size is
+/// checked first and the node is named.
+#[test]
+fn a_gather_nd_that_would_fold_a_huge_constant_is_refused_before_allocating() {
+    let mut zero_i64 = ints("zero", &[0]);
+    zero_i64.name = None;
+    let mut zero_f32 = floats("zero", &[0.0]);
+    zero_f32.name = None;
+    let g = GraphProto {
+        name: Some("g".into()),
+        node: vec![
+            constant_of_shape("data", "data_shape", zero_f32),
+            constant_of_shape("indices", "indices_shape", zero_i64),
+            node("gnd", "GatherND", &["data", "indices"], &["table"]),
+            node("add", "Add", &["x", "table"], &["y"]),
+        ],
+        initializer: vec![
+            ints("data_shape", &[2, 1 << 20]),
+            ints("indices_shape", &[1 << 20, 1]),
+        ],
+        input: vec![input(&[1, 4], false)],
+        output: vec![value_info("y", DataType::Float, &[1 << 20, 1 << 20])],
+        ..Default::default()
+    };
+    let m = isolane_engine::onnx::OnnxModel::from_proto(model(g), std::path::Path::new("g.onnx"))
+        .unwrap();
+    let e = isolane_engine::onnx::import(&m).unwrap_err().to_string();
+    assert!(e.contains("op GatherND (node \"gnd\""), "{e}");
+    assert!(e.contains("is too large to fold"), "{e}");
+}

@@ -1594,13 +1594,16 @@ impl<'m> Importer<'m> {
         let dshape = &data.shape;
         let (idx, ishape, q) = nd_indices(c, &indices, dshape)?;
         let slice: usize = dshape[q..].iter().product();
-        let mut out = Vec::with_capacity(idx.len() / q * slice);
+        let mut shape = ishape[..ishape.len() - 1].to_vec();
+        shape.extend_from_slice(&dshape[q..]);
+        // Every index tuple copies a whole slice: a few indices into a large constant make an
+        // output far larger than either, so its size is checked before it is allocated.
+        let n = fold::numel(&shape).map_err(|e| c.bad(e))?;
+        let mut out = Vec::with_capacity(n);
         for tuple in idx.chunks_exact(q) {
             let at = nd_offset(c, tuple, dshape)? * slice;
             out.extend_from_slice(&data.data[at..at + slice]);
         }
-        let mut shape = ishape[..ishape.len() - 1].to_vec();
-        shape.extend_from_slice(&dshape[q..]);
         Ok(vec![Val::F(Arr::new(shape, out))])
     }
 
