@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cases=${1:-20000}
 cargo test --release -p isolane-core --test fuzz_scenario --no-run
-cargo test --release -p isolane-engine --test suite --no-run
+cargo test --release -p isolane-engine --test fuzz_parsers --no-run
 cargo test --release -p isolane-app --test suite --no-run
 cargo test --release -p isolane-runtime --lib --no-run
 cargo test --release -p isolane-planner --lib --no-run
@@ -24,9 +24,9 @@ export ISOLANE_FUZZ_CASES=$cases
 export ISOLANE_FUZZ_SEED=${ISOLANE_FUZZ_SEED:-random}
 status=0
 cargo test --release -p isolane-core --test fuzz_scenario -- --test-threads=1 --nocapture || status=1
-cargo test --release -p isolane-engine --test suite fuzz_parsers:: -- --test-threads=1 --nocapture || status=1
+cargo test --release -p isolane-engine --test fuzz_parsers -- --test-threads=1 --nocapture || status=1
 cargo test --release -p isolane-app --test suite fuzz_spec:: -- --test-threads=1 --nocapture || status=1
-# The engine's and the apps' targets are modules of their crate's test suite; the jobs CSV's and
+# The apps' targets are a module of their crate's test suite; the jobs CSV's and
 # the profiles' are unit-test modules of their crates (output.rs, cache.rs, timeline.rs): only
 # the fuzz_ tests.
 cargo test --release -p isolane-runtime --lib fuzz_ -- --test-threads=1 --nocapture || status=1

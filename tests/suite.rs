@@ -7,24 +7,18 @@
 // builds alone; the helpers are small and compiled once per module that uses them.
 #![allow(clippy::duplicate_mod)]
 
-#[path = "apps.rs"]
-mod apps;
 #[path = "cli.rs"]
 mod cli;
 #[path = "cli_help.rs"]
 mod cli_help;
 #[path = "coexec_cli.rs"]
 mod coexec_cli;
-#[path = "criticality.rs"]
-mod criticality;
 #[path = "infer_cli.rs"]
 mod infer_cli;
 #[path = "interference_cli.rs"]
 mod interference_cli;
 #[path = "limits_cli.rs"]
 mod limits_cli;
-#[path = "maxrate.rs"]
-mod maxrate;
 #[path = "observability.rs"]
 mod observability;
 #[path = "papers_digest.rs"]
@@ -37,10 +31,6 @@ mod plan_auto;
 mod plan_cli;
 #[path = "plan_offline.rs"]
 mod plan_offline;
-#[path = "process_host.rs"]
-mod process_host;
-#[path = "programs.rs"]
-mod programs;
 #[path = "readme.rs"]
 mod readme;
 #[path = "scenarios.rs"]

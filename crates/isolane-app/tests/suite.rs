@@ -11,8 +11,6 @@
 mod device_handoff;
 #[path = "fuzz_spec.rs"]
 mod fuzz_spec;
-#[path = "protection.rs"]
-mod protection;
 #[path = "run.rs"]
 mod run;
 #[path = "workers.rs"]

@@ -7,8 +7,6 @@
 // builds alone; the helpers are small and compiled once per module that uses them.
 #![allow(clippy::duplicate_mod)]
 
-#[path = "fuzz_parsers.rs"]
-mod fuzz_parsers;
 #[path = "models.rs"]
 mod models;
 #[path = "onnx_batch_uniform.rs"]
