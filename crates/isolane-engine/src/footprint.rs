@@ -77,7 +77,9 @@ pub fn footprint(g: &Graph, batch: usize) -> Result<Footprint> {
     let input_elements = sum(&opt.inputs);
     let output_elements = sum(&opt.outputs);
     let mut busiest: Option<Busiest> = None;
-    for n in opt.nodes.iter().filter(|n| !n.op.is_view()) {
+    // A view that aliases its input holds nothing of its own.
+    let aliased = |n: &&crate::ir::Node| n.outputs.first().is_some_and(|&o| storage[o] != o);
+    for n in opt.nodes.iter().filter(|n| !aliased(n)) {
         let mut roots: Vec<ValueId> = n
             .inputs
             .iter()
@@ -107,13 +109,16 @@ pub fn footprint(g: &Graph, batch: usize) -> Result<Footprint> {
     })
 }
 
-/// For every value, the value whose storage it shares: a view (reshape, flatten, ...) shares its
-/// input's, as the backends alias it; any other value is its own.
+/// For every value, the value whose storage it shares: a view (reshape, flatten, ...) of an
+/// activation shares its input's, as the backends alias it; any other value is its own (a view
+/// of a constant too large to fold is a copy into the arena).
 fn storage_roots(g: &Graph) -> Vec<ValueId> {
     let mut root: Vec<ValueId> = (0..g.values.len()).collect();
     for n in &g.nodes {
-        if n.op.is_view() {
-            if let (Some(&out), Some(&src)) = (n.outputs.first(), n.inputs.first()) {
+        if let (true, Some(&out), Some(&src)) =
+            (n.op.is_view(), n.outputs.first(), n.inputs.first())
+        {
+            if !matches!(g.values[root[src]].kind, ValueKind::Constant(_)) {
                 root[out] = root[src];
             }
         }
