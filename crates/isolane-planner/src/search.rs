@@ -203,7 +203,8 @@ fn inadequate_at_top(
             format!(
                 "`{}` cannot meet its deadline even in {} (the most a CPU workload gets): \
                  predicted p99 {:.3} ms (p99 alone {:.3} ms) against {:.0} % of {:.3} ms, \
-                 utilisation {:.2} (at most {:.2})",
+                 utilisation {:.2} (at most {:.2}); the host's other processes are in these \
+                 times (plan on a quieter machine, or with a --margin up to 1)",
                 d.name,
                 ladder.describe(p.size),
                 p99,
