@@ -46,10 +46,20 @@ pub fn import(model: &OnnxModel) -> Result<Graph> {
 }
 
 fn import_with(model: &OnnxModel, initializers: HashMap<String, tensor::Tensor>) -> Result<Graph> {
+    let weights: u128 = initializers.values().map(|t| val_bytes_of(&t.data)).sum();
+    let budget = FOLD_BUDGET_BYTES.saturating_add(weights.saturating_mul(2));
+    import_within(model, initializers, budget)
+}
+
+/// [`import_with`] with at most `fold_budget` bytes of values computed at import.
+fn import_within(
+    model: &OnnxModel,
+    initializers: HashMap<String, tensor::Tensor>,
+    fold_budget: u128,
+) -> Result<Graph> {
     let mut im = Importer::new(model);
     im.check_single_assignment(&initializers)?;
-    let weights: u128 = initializers.values().map(|t| val_bytes_of(&t.data)).sum();
-    im.fold_budget = FOLD_BUDGET_BYTES.saturating_add(weights.saturating_mul(2));
+    im.fold_budget = fold_budget;
     im.declare_inputs(initializers)?;
     for (i, n) in model.graph.node.iter().enumerate() {
         im.node(i, n)?;
@@ -2841,6 +2851,92 @@ mod tests {
         // Each pad within bounds, but the padded tensor far too large.
         let e = check_pads(&shape, &[0, 1, 2, 3], &[MAX_PAD; 8]).unwrap_err();
         assert!(e.contains("far too large"), "{e}");
+    }
+
+    /// Each folded constant within its bound, but many of them: their sum is bounded too, and
+    /// the node that passes it is named.
+    #[test]
+    fn the_values_folded_at_import_are_bounded_in_all() {
+        use super::super::proto::{
+            tensor_proto::DataType, tensor_shape_proto, type_proto, GraphProto, ModelProto,
+            OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+        };
+        let dim = |d: i64| tensor_shape_proto::Dimension {
+            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+            ..Default::default()
+        };
+        let x = ValueInfoProto {
+            name: Some("x".into()),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(DataType::Float as i32),
+                    shape: Some(TensorShapeProto {
+                        dim: vec![dim(1), dim(1024)],
+                    }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        // x + c0 + c1 + ...: each ci a ConstantOfShape([1024]) of zeros, 4 KiB.
+        let mut node = Vec::new();
+        let mut last = "x".to_string();
+        for i in 0..8 {
+            node.push(NodeProto {
+                name: Some(format!("c{i}")),
+                op_type: Some("ConstantOfShape".into()),
+                input: vec!["shape".into()],
+                output: vec![format!("c{i}")],
+                ..Default::default()
+            });
+            node.push(NodeProto {
+                name: Some(format!("add{i}")),
+                op_type: Some("Add".into()),
+                input: vec![last.clone(), format!("c{i}")],
+                output: vec![format!("s{i}")],
+                ..Default::default()
+            });
+            last = format!("s{i}");
+        }
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(GraphProto {
+                name: Some("g".into()),
+                node,
+                initializer: vec![TensorProto {
+                    name: Some("shape".into()),
+                    dims: vec![1],
+                    data_type: Some(DataType::Int64 as i32),
+                    int64_data: vec![1024],
+                    ..Default::default()
+                }],
+                input: vec![x],
+                output: vec![ValueInfoProto {
+                    name: Some(last),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let m = OnnxModel::from_proto(m, Path::new("many.onnx")).unwrap();
+        // 8 × 4 KiB fit 40 KiB; the sixth passes 20 KiB (initializers are not counted).
+        import_within(&m, m.initializers.clone(), 40 << 10).unwrap();
+        let e = import_within(&m, m.initializers.clone(), 20 << 10)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("many.onnx"), "{e}");
+        assert!(e.contains("op ConstantOfShape (node \"c5\""), "{e}");
+        assert!(
+            e.contains("values computed at import reach 24576 bytes"),
+            "{e}"
+        );
+        // The default budget leaves real models' shape subgraphs far below it.
+        import(&m).unwrap();
     }
 }
 
