@@ -65,7 +65,7 @@ pub fn optimize_with(g: &Graph, batch: usize, opts: PassOptions) -> Result<Graph
     };
     p.bypass_identities();
     if opts.fold_constants {
-        p.fold_constants(batch)?;
+        p.fold_constants(batch, fold_budget(g))?;
     }
     if opts.fold_batchnorm {
         p.fold_batchnorm();
@@ -165,10 +165,11 @@ impl Rewriter {
     }
 
     /// Evaluates every node whose inputs are all constants, within [`MAX_FOLD_NODE_ELEMENTS`]
-    /// a node and [`fold_budget`] in all; a node past either stays a runtime node (the same
-    /// result, computed per run, and counted by the footprint as an activation).
-    fn fold_constants(&mut self, batch: usize) -> Result<()> {
-        let mut budget = fold_budget(&self.g);
+    /// a node and `budget` elements in all ([`fold_budget`]); a node past either stays a
+    /// runtime node (the same result, computed per run, and counted by the footprint as an
+    /// activation).
+    fn fold_constants(&mut self, batch: usize, budget: u128) -> Result<()> {
+        let mut budget = budget;
         for i in 0..self.g.nodes.len() {
             if self.dead[i] {
                 continue;
@@ -671,5 +672,56 @@ fn transpose2(w: &Tensor) -> Tensor {
     Tensor {
         shape: vec![c, r],
         data: d,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Dim;
+
+    /// `x + e0 + e1 + ...`, each `ei` an Expand of a one-element constant to `[1, 1024]`.
+    fn expanded_constants(n: usize) -> Graph {
+        let mut g = Graph::new("g");
+        let mut last = g.add_input("x", vec![Dim::Batch, Dim::Fixed(1024)]);
+        for i in 0..n {
+            let c = g.add_constant(format!("c{i}"), Tensor::scalar(i as f32));
+            let shape = vec![Dim::Fixed(1), Dim::Fixed(1024)];
+            let e = g
+                .add_op(format!("e{i}"), Op::Expand { shape }, &[c])
+                .unwrap();
+            last = g
+                .add_op(format!("add{i}"), Op::Binary(Binary::Add), &[last, e])
+                .unwrap();
+        }
+        g.add_output(last).unwrap();
+        g
+    }
+
+    /// Folding stops where the graph's budget is spent: the rest stay runtime nodes, with the
+    /// same results.
+    #[test]
+    fn constant_folding_stops_at_its_budget_and_keeps_the_results() {
+        let g = expanded_constants(5);
+        let expands = |g: &Graph| g.nodes.iter().filter(|n| n.op.name() == "Expand").count();
+        let fold = |budget: u128| {
+            let mut p = Rewriter {
+                dead: vec![false; g.nodes.len()],
+                shapes: g.infer_shapes(2).unwrap(),
+                g: g.clone(),
+            };
+            p.fold_constants(2, budget).unwrap();
+            p.compact()
+        };
+        assert_eq!(expands(&fold(u128::MAX)), 0);
+        // 3 × 1024 elements fit 3.5 × 1024; the last two Expands stay.
+        let partly = fold(3 * 1024 + 512);
+        assert_eq!(expands(&partly), 2);
+        let x = Tensor::new(vec![2, 1024], (0..2048).map(|i| i as f32).collect()).unwrap();
+        let want = crate::reference::interpret(&g, 2, std::slice::from_ref(&x)).unwrap();
+        let got = crate::reference::interpret(&partly, 2, &[x]).unwrap();
+        assert_eq!(want, got);
+        // The default budget folds them all.
+        assert_eq!(expands(&optimize(&g, 2).unwrap()), 0);
     }
 }
