@@ -318,3 +318,151 @@ fn save_output_replaces_only_regular_files() {
         assert!(t.is_char_device(), "{dev} is no longer a character device");
     }
 }
+
+/// A one-node ONNX model of `op` on a `side`×`side` input `x`, its second input a constant
+/// (`scales` as floats for Resize, `pads` as int64 for Pad), written to `path`.
+fn write_one_node(path: &Path, op: &str, side: i64, floats: Vec<f32>, ints: Vec<i64>) {
+    use isolane_engine::onnx::proto::{
+        tensor_proto::DataType, tensor_shape_proto, type_proto, GraphProto, ModelProto, NodeProto,
+        OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    use prost::Message;
+    // No shape: the output's is left to the import to work out.
+    let info = |name: &str, dims: Option<&[i64]>| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(DataType::Float as i32),
+                shape: dims.map(|dims| TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let (inputs, arg) = if op == "Resize" {
+        let arg = TensorProto {
+            name: Some("scales".into()),
+            dims: vec![floats.len() as i64],
+            data_type: Some(DataType::Float as i32),
+            float_data: floats,
+            ..Default::default()
+        };
+        (vec!["x".to_string(), String::new(), "scales".into()], arg)
+    } else {
+        let arg = TensorProto {
+            name: Some("pads".into()),
+            dims: vec![ints.len() as i64],
+            data_type: Some(DataType::Int64 as i32),
+            int64_data: ints,
+            ..Default::default()
+        };
+        (vec!["x".to_string(), "pads".into()], arg)
+    };
+    let graph = GraphProto {
+        name: Some("crafted".into()),
+        node: vec![NodeProto {
+            name: Some("big".into()),
+            op_type: Some(op.into()),
+            input: inputs,
+            output: vec!["y".into()],
+            ..Default::default()
+        }],
+        initializer: vec![arg],
+        input: vec![info("x", Some(&[1, 3, side, side]))],
+        output: vec![info("y", None)],
+        ..Default::default()
+    };
+    let model = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    };
+    std::fs::write(path, model.encode_to_vec()).unwrap();
+}
+
+/// Issue 31's crafted models: a Pad of 1e5 and of 3e4 and a Resize by 5000 of an 8×8 input are
+/// refused by `infer` with exit 2, naming the node, before anything of their size exists. The
+/// process runs under a 6 GiB address-space cap, so a check that evaluated the tensors it
+/// checks (the Pad's 240 GB) or a run that went ahead (the Resize's 19 GB) would abort instead.
+/// The Resize by 5000 of 8×8 (19.2 GB) is refused because a CPU run's activations may take at
+/// most half of the machine's memory: on a machine with more than 38 GiB it may run, and only
+/// the same Resize of a 64×64 input is asked.
+#[test]
+fn crafted_pads_and_resizes_are_refused_before_they_allocate() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?.to_string();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map(|kb| kb * 1024);
+    let resize_fits_half = memory.is_some_and(|m| 3 * 40_000u64 * 40_000 * 4 <= m / 2);
+    let mut cases = vec![
+        (
+            "pad-1e5",
+            "Pad",
+            8,
+            vec![],
+            vec![0, 0, 100_000, 100_000, 0, 0, 100_000, 100_000],
+        ),
+        (
+            "pad-3e4",
+            "Pad",
+            8,
+            vec![],
+            vec![0, 0, 30_000, 30_000, 0, 0, 30_000, 30_000],
+        ),
+        // 320000 × 320000: more than any machine's half.
+        (
+            "resize-5000-of-64",
+            "Resize",
+            64,
+            vec![1.0, 1.0, 5000.0, 5000.0],
+            vec![],
+        ),
+    ];
+    if !resize_fits_half {
+        cases.push((
+            "resize-5000",
+            "Resize",
+            8,
+            vec![1.0, 1.0, 5000.0, 5000.0],
+            vec![],
+        ));
+    }
+    for (name, op, side, floats, ints) in cases {
+        let model = dir.path().join(format!("{name}.onnx"));
+        write_one_node(&model, op, side, floats, ints);
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 6291456 && exec \"$@\"")
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_isolane"))
+            .args(["infer", "--model"])
+            .arg(&model)
+            .args(["--random", "--threads", "1"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains("needs at least"), "{name}: {err}");
+        assert!(
+            err.contains("half of this machine's memory"),
+            "{name}: {err}"
+        );
+        assert!(err.contains("node \"big\""), "{name}: {err}");
+    }
+}
