@@ -1,0 +1,515 @@
+//! Inference bodies: a JSON header, then (binary tensor data extension) the binary tensors in
+//! the header's order, the header's length given by `Inference-Header-Content-Length`. Decoded
+//! into checked [`Tensor`]s, and encoded back.
+
+use crate::error::json_error;
+use crate::messages::{InferRequest, InferResponse, InferTensor, RequestedOutput};
+use crate::params::{param_error, BINARY_DATA, BINARY_DATA_OUTPUT, BINARY_DATA_SIZE};
+use crate::tensor::{
+    check_binary, check_json_encodable, decode_json_data, element_count, shape_text, JsonData,
+};
+use crate::{DataType, Limits, Parameter, Parameters, ProtocolError, Tensor};
+use serde::Serialize;
+use std::collections::HashSet;
+
+/// The HTTP header giving the JSON header's length when binary tensors follow it.
+pub const HEADER_LENGTH: &str = "Inference-Header-Content-Length";
+
+/// Input and output parameters of extensions isolane does not implement: refused by name
+/// rather than ignored, since ignoring them would answer a different question.
+const SHARED_MEMORY: [&str; 3] = [
+    "shared_memory_region",
+    "shared_memory_byte_size",
+    "shared_memory_offset",
+];
+
+/// An output a request asks for, and whether as binary data (`None`: as the request's
+/// `binary_data_output` says).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputChoice {
+    pub name: String,
+    pub binary: Option<bool>,
+}
+
+/// Which outputs a request asks for, and in which form.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputSelection {
+    /// The outputs named in the request; `None`: every output of the model.
+    pub requested: Option<Vec<OutputChoice>>,
+    /// The request parameter `binary_data_output`.
+    pub binary_data_output: bool,
+}
+
+impl OutputSelection {
+    /// Whether output `name` goes back as binary data: its own `binary_data`, else the
+    /// request's `binary_data_output`, else JSON.
+    pub fn binary(&self, name: &str) -> bool {
+        self.requested
+            .iter()
+            .flatten()
+            .find(|o| o.name == name)
+            .and_then(|o| o.binary)
+            .unwrap_or(self.binary_data_output)
+    }
+}
+
+/// A checked inference request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodedRequest {
+    pub id: Option<String>,
+    /// Every request parameter, as sent (the ones below included).
+    pub parameters: Parameters,
+    /// The request parameter `deadline_ms`, checked positive.
+    pub deadline_ms: Option<u64>,
+    /// In the request's order; names unique.
+    pub inputs: Vec<Tensor>,
+    pub outputs: OutputSelection,
+}
+
+/// What an inference response says besides its outputs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ResponseMeta {
+    pub model_name: String,
+    pub model_version: Option<String>,
+    /// The request's `id`, if it had one.
+    pub id: Option<String>,
+    /// `late = true` (see [`Parameters::set_late`]) for a request that completed after its
+    /// deadline.
+    pub parameters: Parameters,
+}
+
+/// A checked inference response (what a client reads).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodedResponse {
+    pub meta: ResponseMeta,
+    /// The response parameter `late`.
+    pub late: bool,
+    pub outputs: Vec<Tensor>,
+}
+
+/// An encoded body and, when binary tensors follow the JSON, the value of
+/// `Inference-Header-Content-Length`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded {
+    pub body: Vec<u8>,
+    pub header_len: Option<usize>,
+}
+
+impl Encoded {
+    /// The body's `Content-Type`.
+    pub fn content_type(&self) -> &'static str {
+        if self.header_len.is_some() {
+            "application/octet-stream"
+        } else {
+            "application/json"
+        }
+    }
+}
+
+/// Reads an `Inference-Header-Content-Length` value: decimal digits (surrounding spaces
+/// allowed, as HTTP allows them around a value).
+pub fn parse_header_length(value: &[u8]) -> Result<usize, ProtocolError> {
+    let text = value.trim_ascii();
+    let bad = || ProtocolError::HeaderLength {
+        message: format!(
+            "`{}` is not a byte count (decimal digits)",
+            String::from_utf8_lossy(&text[..text.len().min(40)])
+        ),
+    };
+    if text.is_empty() || !text.iter().all(u8::is_ascii_digit) {
+        return Err(bad());
+    }
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(bad)
+}
+
+/// Splits a body into its JSON header and its binary part (`None` without a header length).
+fn split_body<'b>(
+    body: &'b [u8],
+    header_len: Option<usize>,
+    limits: &Limits,
+    what: &'static str,
+) -> Result<(&'b str, Option<&'b [u8]>), ProtocolError> {
+    if body.len() as u64 > limits.max_body_bytes {
+        return Err(ProtocolError::TooLarge {
+            what: what.to_owned(),
+            size: body.len() as u128,
+            limit: limits.max_body_bytes,
+        });
+    }
+    let (header, binary) = match header_len {
+        None => (body, None),
+        Some(0) => {
+            return Err(ProtocolError::Unsupported {
+                feature: "a raw binary request (Inference-Header-Content-Length: 0)",
+                message: "send a JSON header naming the input, its shape and datatype".into(),
+            })
+        }
+        Some(n) if n > body.len() => {
+            return Err(ProtocolError::HeaderLength {
+                message: format!("{n} bytes, but the whole body is {} bytes", body.len()),
+            })
+        }
+        Some(n) => (&body[..n], Some(&body[n..])),
+    };
+    let header = std::str::from_utf8(header).map_err(|e| ProtocolError::Json {
+        what,
+        message: format!("the JSON header is not UTF-8 text ({e})"),
+    })?;
+    Ok((header, binary))
+}
+
+/// Checks and reads the tensors of a header, taking binary ones from `binary` in order.
+fn decode_tensors(
+    tensors: &[InferTensor],
+    binary: Option<&[u8]>,
+    role: &'static str,
+    limits: &Limits,
+) -> Result<Vec<Tensor>, ProtocolError> {
+    let mut seen = HashSet::new();
+    let mut rest = binary;
+    let mut total: u64 = 0;
+    let mut out = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let what = format!("{role} `{}`", t.name);
+        let err = |field: &'static str, message: String| ProtocolError::Tensor {
+            tensor: what.clone(),
+            field,
+            message,
+        };
+        if t.name.is_empty() {
+            return Err(err("name", "is empty".into()));
+        }
+        if !seen.insert(t.name.as_str()) {
+            return Err(ProtocolError::Duplicate {
+                kind: role,
+                name: t.name.clone(),
+            });
+        }
+        let datatype = DataType::parse(&t.datatype).ok_or_else(|| {
+            err(
+                "datatype",
+                format!(
+                    "unknown datatype `{}`; the datatypes are {}",
+                    t.datatype.chars().take(40).collect::<String>(),
+                    DataType::allowed()
+                ),
+            )
+        })?;
+        let mut shape = Vec::with_capacity(t.shape.len());
+        for (i, &d) in t.shape.iter().enumerate() {
+            let d = u64::try_from(d).map_err(|_| {
+                err(
+                    "shape",
+                    format!("dimension {i} is {d}; a dimension is 0 or more"),
+                )
+            })?;
+            shape.push(d);
+        }
+        let numel = element_count(&what, &shape)?;
+        // The fewest bytes the shape's data can take, against what the limit leaves, before any
+        // of it is read or allocated.
+        let least = u128::from(numel) * u128::from(datatype.min_element_bytes());
+        if u128::from(total) + least > u128::from(limits.max_tensor_bytes) {
+            return Err(ProtocolError::TooLarge {
+                what: format!(
+                    "{what} (shape {} of {datatype}, with the {role}s before it)",
+                    shape_text(&shape)
+                ),
+                size: u128::from(total) + least,
+                limit: limits.max_tensor_bytes,
+            });
+        }
+        let budget = limits.max_tensor_bytes - total;
+        if let Some(p) = SHARED_MEMORY.iter().find(|p| t.parameters.contains(p)) {
+            return Err(ProtocolError::Unsupported {
+                feature: "the shared memory extension",
+                message: format!("{what} has parameter `{p}`; send its data in the body"),
+            });
+        }
+        let binary_size = t.parameters.int(BINARY_DATA_SIZE, &what)?;
+        let data = match (&t.data, binary_size) {
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    "data",
+                    format!("given both as `data` and as binary (`parameters.{BINARY_DATA_SIZE}`); give one"),
+                ))
+            }
+            (None, None) => {
+                return Err(err(
+                    "data",
+                    format!("missing: give `data` (JSON) or `parameters.{BINARY_DATA_SIZE}` (binary data after the JSON)"),
+                ))
+            }
+            (Some(raw), None) => decode_json_data(
+                &what,
+                datatype,
+                &shape,
+                numel,
+                raw.get(),
+                budget,
+                limits.max_tensor_bytes,
+            )?,
+            (None, Some(size)) => {
+                let Some(body) = rest else {
+                    return Err(param_error(
+                        &what,
+                        BINARY_DATA_SIZE,
+                        format!("is given, but the body has no binary part (no {HEADER_LENGTH} header)"),
+                    ));
+                };
+                let size = u64::try_from(size).map_err(|_| {
+                    param_error(&what, BINARY_DATA_SIZE, format!("is {size}; a byte count is 0 or more"))
+                })?;
+                if size > body.len() as u64 {
+                    return Err(param_error(
+                        &what,
+                        BINARY_DATA_SIZE,
+                        format!(
+                            "is {size}, but only {} bytes of the body remain after the JSON header \
+                             and the binary {role}s before it",
+                            body.len()
+                        ),
+                    ));
+                }
+                if size > budget {
+                    return Err(ProtocolError::TooLarge {
+                        what: format!("{what}'s binary data (with the {role}s before it)"),
+                        size: u128::from(total) + u128::from(size),
+                        limit: limits.max_tensor_bytes,
+                    });
+                }
+                let (chunk, after) = body.split_at(size as usize);
+                rest = Some(after);
+                check_binary(
+                    &what,
+                    "parameters.binary_data_size",
+                    datatype,
+                    &shape,
+                    numel,
+                    chunk,
+                )?;
+                chunk.to_vec()
+            }
+        };
+        total += data.len() as u64;
+        out.push(Tensor::checked(t.name.clone(), datatype, shape, data));
+    }
+    if let Some(left) = rest.filter(|r| !r.is_empty()) {
+        return Err(ProtocolError::LeftoverBytes {
+            count: left.len() as u64,
+        });
+    }
+    Ok(out)
+}
+
+/// Decodes an inference request body. `header_len` is the `Inference-Header-Content-Length`
+/// header's value (see [`parse_header_length`]), `None` when the request has none (the whole
+/// body is JSON).
+pub fn decode_request(
+    body: &[u8],
+    header_len: Option<usize>,
+    limits: &Limits,
+) -> Result<DecodedRequest, ProtocolError> {
+    let (header, binary) = split_body(body, header_len, limits, "the inference request")?;
+    let req: InferRequest =
+        serde_json::from_str(header).map_err(|e| json_error("the inference request", &e))?;
+    let deadline_ms = req.parameters.deadline_ms()?;
+    let binary_data_output = req
+        .parameters
+        .bool(BINARY_DATA_OUTPUT, "the request")?
+        .unwrap_or(false);
+    let inputs = decode_tensors(&req.inputs, binary, "input", limits)?;
+    let requested = match &req.outputs {
+        None => None,
+        Some(outputs) => {
+            let mut seen = HashSet::new();
+            let mut choices = Vec::with_capacity(outputs.len());
+            for o in outputs {
+                let what = format!("output `{}`", o.name);
+                if o.name.is_empty() {
+                    return Err(ProtocolError::Tensor {
+                        tensor: what,
+                        field: "name",
+                        message: "is empty".into(),
+                    });
+                }
+                if !seen.insert(o.name.as_str()) {
+                    return Err(ProtocolError::Duplicate {
+                        kind: "output",
+                        name: o.name.clone(),
+                    });
+                }
+                if let Some(p) = SHARED_MEMORY.iter().find(|p| o.parameters.contains(p)) {
+                    return Err(ProtocolError::Unsupported {
+                        feature: "the shared memory extension",
+                        message: format!("{what} has parameter `{p}`"),
+                    });
+                }
+                if o.parameters.contains("classification") {
+                    return Err(ProtocolError::Unsupported {
+                        feature: "the classification extension",
+                        message: format!("{what} has parameter `classification`"),
+                    });
+                }
+                choices.push(OutputChoice {
+                    name: o.name.clone(),
+                    binary: o.parameters.bool(BINARY_DATA, &what)?,
+                });
+            }
+            Some(choices)
+        }
+    };
+    Ok(DecodedRequest {
+        id: req.id,
+        parameters: req.parameters,
+        deadline_ms,
+        inputs,
+        outputs: OutputSelection {
+            requested,
+            binary_data_output,
+        },
+    })
+}
+
+/// Decodes an inference response body (what a client does), with the same checks.
+pub fn decode_response(
+    body: &[u8],
+    header_len: Option<usize>,
+    limits: &Limits,
+) -> Result<DecodedResponse, ProtocolError> {
+    let (header, binary) = split_body(body, header_len, limits, "the inference response")?;
+    let resp: InferResponse =
+        serde_json::from_str(header).map_err(|e| json_error("the inference response", &e))?;
+    let late = resp.parameters.late()?;
+    let outputs = decode_tensors(&resp.outputs, binary, "output", limits)?;
+    Ok(DecodedResponse {
+        meta: ResponseMeta {
+            model_name: resp.model_name,
+            model_version: resp.model_version,
+            id: resp.id,
+            parameters: resp.parameters,
+        },
+        late,
+        outputs,
+    })
+}
+
+/// The header entries of tensors and their binary parts, in order.
+fn encode_tensors<'t>(
+    tensors: impl Iterator<Item = (&'t Tensor, bool)>,
+    role: &str,
+) -> Result<(Vec<InferTensor>, Vec<&'t [u8]>), ProtocolError> {
+    let mut entries = Vec::new();
+    let mut binaries = Vec::new();
+    for (t, binary) in tensors {
+        let what = format!("{role} `{}`", t.name());
+        let shape = t
+            .shape()
+            .iter()
+            .map(|&d| i64::try_from(d))
+            .collect::<Result<Vec<i64>, _>>()
+            .map_err(|_| ProtocolError::Unrepresentable {
+                tensor: what.clone(),
+                message: format!("shape {} has a dimension past int64", shape_text(t.shape())),
+            })?;
+        let mut parameters = Parameters::new();
+        let data = if binary {
+            let size = i64::try_from(t.data().len()).expect("a Vec's length fits i64");
+            parameters.insert(BINARY_DATA_SIZE, Parameter::Int(size));
+            binaries.push(t.data());
+            None
+        } else {
+            check_json_encodable(t, &what)?;
+            Some(serde_json::value::to_raw_value(&JsonData(t)).map_err(|e| {
+                ProtocolError::Unrepresentable {
+                    tensor: what.clone(),
+                    message: e.to_string(),
+                }
+            })?)
+        };
+        entries.push(InferTensor {
+            name: t.name().to_owned(),
+            shape,
+            datatype: t.datatype().name().to_owned(),
+            parameters,
+            data,
+        });
+    }
+    Ok((entries, binaries))
+}
+
+fn assemble<H: Serialize>(
+    header: &H,
+    binaries: &[&[u8]],
+    any_binary: bool,
+    what: &str,
+) -> Result<Encoded, ProtocolError> {
+    let mut body = serde_json::to_vec(header).map_err(|e| ProtocolError::Unrepresentable {
+        tensor: what.to_owned(),
+        message: e.to_string(),
+    })?;
+    let header_len = any_binary.then_some(body.len());
+    body.reserve_exact(binaries.iter().map(|b| b.len()).sum());
+    for b in binaries {
+        body.extend_from_slice(b);
+    }
+    Ok(Encoded { body, header_len })
+}
+
+/// Encodes an inference response: each output as JSON or binary data as `selection` asks
+/// ([`OutputSelection::binary`]). Which outputs to send (those requested) is the caller's.
+/// An output JSON cannot carry (NaN, infinity, BYTES that are not UTF-8) is refused.
+pub fn encode_response(
+    meta: &ResponseMeta,
+    outputs: &[Tensor],
+    selection: &OutputSelection,
+) -> Result<Encoded, ProtocolError> {
+    let (entries, binaries) = encode_tensors(
+        outputs.iter().map(|t| (t, selection.binary(t.name()))),
+        "output",
+    )?;
+    let header = InferResponse {
+        model_name: meta.model_name.clone(),
+        model_version: meta.model_version.clone(),
+        id: meta.id.clone(),
+        parameters: meta.parameters.clone(),
+        outputs: entries,
+    };
+    let any_binary = outputs.iter().any(|t| selection.binary(t.name()));
+    assemble(&header, &binaries, any_binary, "the response")
+}
+
+/// Encodes an inference request as tritonclient does (what a client, a test or the fuzz
+/// targets send): each input as JSON data or binary data (`true`), and the outputs asked for.
+pub fn encode_request(
+    id: Option<&str>,
+    parameters: &Parameters,
+    inputs: &[(&Tensor, bool)],
+    outputs: Option<&[OutputChoice]>,
+) -> Result<Encoded, ProtocolError> {
+    let (entries, binaries) = encode_tensors(inputs.iter().copied(), "input")?;
+    let header = InferRequest {
+        id: id.map(str::to_owned),
+        parameters: parameters.clone(),
+        inputs: entries,
+        outputs: outputs.map(|outs| {
+            outs.iter()
+                .map(|o| {
+                    let mut parameters = Parameters::new();
+                    if let Some(b) = o.binary {
+                        parameters.insert(BINARY_DATA, Parameter::Bool(b));
+                    }
+                    RequestedOutput {
+                        name: o.name.clone(),
+                        parameters,
+                    }
+                })
+                .collect()
+        }),
+    };
+    let any_binary = inputs.iter().any(|(_, b)| *b);
+    assemble(&header, &binaries, any_binary, "the request")
+}

@@ -1,0 +1,3 @@
+mod alloc;
+mod examples;
+mod fuzz;
