@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The property tests of the parsers (scenario TOML and its [[app]]s, npy, safetensors, ONNX, the
 # jobs CSV as summarize and compare read it and as trace and report do, summary.json, the
-# planner's profile files), run longer than `cargo test` does (which runs 3000 scenario cases,
-# 300 per engine target and for summary.json, 500 per jobs CSV and profile target).
+# planner's profile files, the inference protocol's request bodies), run longer than `cargo test`
+# does (which runs 3000 scenario cases, 300 per engine target and for summary.json, 500 per jobs
+# CSV and profile target, 500 to 1000 per protocol target).
 #
 #   scripts/fuzz.sh [CASES]      # default 20000 cases per target; a new random seed every run
 #                                (ISOLANE_FUZZ_SEED=N replays seed N; `cargo test` replays a fixed one)
@@ -19,6 +20,7 @@ cargo test --release -p isolane-app --test suite --no-run
 cargo test --release -p isolane-runtime --lib --no-run
 cargo test --release -p isolane-planner --lib --no-run
 cargo test --release -p isolane-trace --lib --no-run
+cargo test --release -p isolane-protocol --lib --no-run
 ulimit -v 4194304
 export ISOLANE_FUZZ_CASES=$cases
 export ISOLANE_FUZZ_SEED=${ISOLANE_FUZZ_SEED:-random}
@@ -32,4 +34,5 @@ cargo test --release -p isolane-app --test suite fuzz_spec:: -- --test-threads=1
 cargo test --release -p isolane-runtime --lib fuzz_ -- --test-threads=1 --nocapture || status=1
 cargo test --release -p isolane-planner --lib fuzz_ -- --test-threads=1 --nocapture || status=1
 cargo test --release -p isolane-trace --lib fuzz_ -- --test-threads=1 --nocapture || status=1
+cargo test --release -p isolane-protocol --lib fuzz_ -- --test-threads=1 --nocapture || status=1
 exit $status

@@ -298,6 +298,8 @@ struct Sink<'w> {
     /// The most bytes `out` may take (the tensor's size, or for BYTES what the limit leaves).
     cap: usize,
     limit: u64,
+    /// The bytes of the message's tensors before this one.
+    before: u64,
     error: Option<ProtocolError>,
 }
 
@@ -307,7 +309,7 @@ impl Sink<'_> {
         if need > self.cap {
             return Err(ProtocolError::TooLarge {
                 what: format!("{}'s data (with the tensors before it)", self.what),
-                size: (need as u128).max(u128::from(self.limit) + 1),
+                size: u128::from(self.before) + need as u128,
                 limit: self.limit,
             });
         }
@@ -538,6 +540,7 @@ pub(crate) fn decode_json_data(
         out: Vec::with_capacity(initial),
         cap,
         limit,
+        before: limit - budget,
         error: None,
     };
     let mut de = serde_json::Deserializer::from_str(raw);

@@ -525,6 +525,7 @@ fn the_limits_are_checked_before_reading() {
     let body = input("BYTES", "[2]", &format!(r#","data":["{long}","{long}"]"#));
     let e = decode_request(body.as_bytes(), None, &small).unwrap_err();
     assert_eq!(e.http_status(), 413, "{e}");
+    assert!(e.to_string().contains("1208 bytes"), "{e}");
     // The whole body.
     let e = decode_request(&vec![b' '; 10_001], None, &small).unwrap_err();
     assert!(e.to_string().contains("10001 bytes"), "{e}");
