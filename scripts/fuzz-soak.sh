@@ -37,6 +37,11 @@ TESTS=(
     "isolane-planner|--lib|cache::tests::fuzz::fuzz_profile_files_are_refused_or_usable"
     "isolane-trace|--lib|timeline::tests::fuzz::fuzz_jobs_files_are_refused_or_finite"
     "isolane-metrics|--lib|tests::http::arbitrary_requests_are_answered_or_closed_and_scrapes_go_on"
+    "isolane-protocol|--lib|tests::fuzz::fuzz_encoded_requests_and_responses_round_trip"
+    "isolane-protocol|--lib|tests::fuzz::fuzz_mutated_request_bodies_are_decoded_or_refused"
+    "isolane-protocol|--lib|tests::fuzz::fuzz_edited_request_headers_are_decoded_or_refused"
+    "isolane-protocol|--lib|tests::fuzz::fuzz_assembled_request_headers_are_decoded_or_refused"
+    "isolane-protocol|--lib|tests::fuzz::fuzz_arbitrary_bodies_and_header_lengths_are_refused_or_decoded"
 )
 
 stage() {
