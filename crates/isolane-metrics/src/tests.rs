@@ -636,7 +636,7 @@ fn stopping_the_server_does_not_wait_for_slow_clients() {
 #[test]
 fn arbitrary_requests_are_answered_or_closed_and_scrapes_go_on() {
     use proptest::prelude::*;
-    use proptest::test_runner::{Config, TestRunner};
+    use proptest::test_runner::TestRunner;
     let (_m, server) = served();
     let addr = server.addr();
     let starts = prop::sample::select(vec![
@@ -650,11 +650,8 @@ fn arbitrary_requests_are_answered_or_closed_and_scrapes_go_on() {
     ]);
     let junk = prop::collection::vec(any::<u8>(), 0..600);
     let ends = prop::sample::select(vec!["", "\r\n", "\r\n\r\n", "\r\n\r\nabcde"]);
-    let mut runner = TestRunner::new(Config {
-        cases: 64,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    // 64 cases in `cargo test`; ISOLANE_FUZZ_CASES and ISOLANE_FUZZ_SEED as for every target.
+    let mut runner = TestRunner::new(isolane_core::fuzz::config(64));
     runner
         .run(&(starts, junk, ends), |(start, junk, end)| {
             let mut s = TcpStream::connect(addr).unwrap();
