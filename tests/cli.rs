@@ -592,3 +592,57 @@ fn a_gpu_scenario_without_a_gpu_names_its_backend_and_runs_on_the_cpu_when_asked
     let s = summary(&tmp.path().join("out"));
     assert_eq!(workload(&s, "a")["backend"], "cpu");
 }
+
+/// An error printed to a terminal wraps at 80 columns, as the tables do; piped it stays one line
+/// (so that a log or grep has the whole message). The terminal is `script`'s pseudo-terminal
+/// (util-linux, on every Debian); the error is a long one: a job count over its 100-day bound.
+#[test]
+fn an_error_wraps_on_a_terminal_and_stays_one_line_in_a_pipe() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "long.toml",
+        &SMALL
+            .replace("rate_hz = 200", "rate_hz = 1e-12")
+            .replace("jobs = 100", "jobs = 2"),
+    );
+    let piped = isolane().arg("run").arg(&sc).output().unwrap();
+    assert_eq!(piped.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&piped.stderr);
+    let longest = err.lines().map(|l| l.chars().count()).max().unwrap();
+    assert!(
+        longest > 80,
+        "the test needs an error over 80 columns: {err}"
+    );
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped the terminal half: no `script` (util-linux) here");
+        return;
+    }
+    let command = format!(
+        "{} run {} 2>&1",
+        env!("CARGO_BIN_EXE_isolane"),
+        sc.display()
+    );
+    let tty = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("COLUMNS", "200")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&tty.stdout).replace('\r', "");
+    assert_eq!(tty.status.code(), Some(2), "{text}");
+    assert!(text.contains("error: "), "{text}");
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+    // The same words, wrapped.
+    let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(words(&text), words(&err));
+}

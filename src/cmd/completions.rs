@@ -14,9 +14,11 @@ use super::user;
 #[command(
     about = "Print shell completions (bash, zsh, fish, elvish, powershell)",
     long_about = "Print the completion script for SHELL on stdout. Install it with, for bash: \
-                  `isolane completions bash > ~/.local/share/bash-completion/completions/isolane`; \
-                  zsh: `isolane completions zsh > ~/.zfunc/_isolane` (with `fpath+=~/.zfunc` \
-                  before `compinit` in ~/.zshrc); fish: `isolane completions fish > \
+                  `mkdir -p ~/.local/share/bash-completion/completions && isolane completions \
+                  bash > ~/.local/share/bash-completion/completions/isolane`; zsh: `mkdir -p \
+                  ~/.zfunc && isolane completions zsh > ~/.zfunc/_isolane` (with \
+                  `fpath+=~/.zfunc` before `compinit` in ~/.zshrc); fish: `mkdir -p \
+                  ~/.config/fish/completions && isolane completions fish > \
                   ~/.config/fish/completions/isolane.fish`. Open a new shell afterwards."
 )]
 pub struct CompletionsArgs {

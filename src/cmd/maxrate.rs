@@ -9,8 +9,8 @@ use clap::Args;
 use isolane_core::maxrate::{Acceptance, MaxRateConfig, Step};
 use isolane_core::results::{MaxrateReport, SCHEMA_VERSION};
 use isolane_core::spec::{
-    Backend, Criticality, DeviceSpec, Host, LatePolicy, Mechanism, PartitionSpec, Precision,
-    ProtectionSpec, Rate, Role, RunLength, Scenario, TimingSpec, WorkloadSpec,
+    Backend, Criticality, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec,
+    Precision, ProtectionSpec, Rate, Role, RunLength, Scenario, TimingSpec, WorkloadSpec,
 };
 use isolane_runtime::maxrate::{self, SearchError, SearchOutcome, SearchRequest};
 use isolane_runtime::{affinity, exec, output};
@@ -285,7 +285,9 @@ fn search_request(
         weights: args.weights.clone(),
         batch: args.batch,
         precision,
-        rate: Rate::Hz(1.0),
+        // The search sets each batch's rate; until then the workload is closed-loop, so that a
+        // bound on jobs / rate_hz (a scheduled run's) is not asked of a rate nobody chose.
+        rate: Rate::Max(MaxRate::Max),
         deadline_ms: None,
         phase_ms: None,
         length: RunLength::Jobs(args.jobs),

@@ -87,7 +87,14 @@ pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            let text = format!("{e:#}");
+            // On a terminal an error wraps at 80 columns as the tables do (a library search
+            // made one 515 columns long); piped, to a log or grep, it stays a line a message.
+            if std::io::stderr().is_terminal() {
+                eprintln!("error: {}", run::wrap_message(&text, run::ERROR_WIDTH));
+            } else {
+                eprintln!("error: {text}");
+            }
             if e.chain().any(|c| c.downcast_ref::<UserError>().is_some()) {
                 ExitCode::from(EXIT_USER)
             } else {
