@@ -38,3 +38,5 @@ pub fn seed() -> RngSeed {
         None => RngSeed::Fixed(0x15_01a4e),
     }
 }
+
+pub mod alloc;

@@ -19,8 +19,6 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -550,73 +548,12 @@ fn an_element_count_past_usize_is_none() {
     assert_eq!(checked_numel(&[usize::MAX, 0]), Some(0));
 }
 
-/// Counts the bytes each thread holds, so that a case can be held to a memory cap: what the
-/// footprint check and the import allocate is measured, not assumed. Only this thread's
-/// allocations count (import and footprint run on the caller's thread).
-struct Counting;
-
-thread_local! {
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-    static PEAK: Cell<isize> = const { Cell::new(0) };
-}
-
-fn note(delta: isize) {
-    // try_with: allocations while a thread's locals are torn down are not counted.
-    let _ = LIVE.try_with(|live| {
-        let now = live.get() + delta;
-        live.set(now);
-        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
-    });
-}
-
-// SAFETY: every call forwards to the system allocator with the caller's arguments unchanged;
-// the counting touches only thread-local cells and never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's layout contract is passed on as is.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            note(layout.size() as isize);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as for `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            note(layout.size() as isize);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System` with `layout` (every allocation goes there).
-        unsafe { System.dealloc(ptr, layout) };
-        note(-(layout.size() as isize));
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: as for `dealloc`; the caller guarantees `new_size` is valid for the layout.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            note(new_size as isize - layout.size() as isize);
-        }
-        p
-    }
-}
-
+// Each case is held to a memory cap: what the footprint check and the import allocate is
+// measured (on this thread: import and footprint run on the caller's), not assumed.
 #[global_allocator]
-static COUNTING: Counting = Counting;
-
-/// `f()` and the most bytes this thread held at once while it ran, beyond what it held before.
-fn peak_bytes<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    let start = LIVE.with(Cell::get);
-    PEAK.with(|p| p.set(start));
-    let r = f();
-    let peak = PEAK.with(Cell::get);
-    (r, (peak - start).max(0) as usize)
-}
+static COUNTING: isolane_core::fuzz::alloc::ThreadCounting =
+    isolane_core::fuzz::alloc::ThreadCounting;
+use isolane_core::fuzz::alloc::peak_during as peak_bytes;
 
 /// The most a footprint case may allocate: a model of a few nodes and tiny initializers, whose
 /// constants folding may make no larger than its bounds (256 MiB for one, 1 GiB in all).
