@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::Args;
 use isolane_core::admission::Plan;
-use isolane_core::results::{RunStatus, RunSummary};
+use isolane_core::results::{workloads_csv, RunStatus, RunSummary, WORKLOADS_CSV};
 use isolane_core::spec::{Backend, Host, Mechanism, PartitionSpec, Precision, Scenario};
 use isolane_metrics::RunMetrics;
 use isolane_runtime::coordinator::{self, RunPlan, RunResult};
@@ -158,7 +158,7 @@ fn no_gpu_for(s: &Scenario, file: &str, why: &str) -> anyhow::Error {
              none can be used here: {why}.\nTo run the workloads on the CPU instead: isolane \
              run {file} --backend cpu (partitions, GPUs and fp16/bf16/tf32 are dropped, each \
              said in a note; rates sized for a GPU may miss their deadlines on the CPU).",
-            mechanism_word(s.device.mechanism),
+            s.device.mechanism.name(),
             match gpu_workloads.as_slice() {
                 [one] => format!("workload `{one}` runs"),
                 all => format!("its {} workloads run", all.len()),
@@ -193,16 +193,6 @@ pub fn wrap_message(text: &str, width: usize) -> String {
         out.push(line);
     }
     out.join("\n")
-}
-
-fn mechanism_word(m: Mechanism) -> &'static str {
-    match m {
-        Mechanism::None => "none",
-        Mechanism::Timeslice => "timeslice",
-        Mechanism::Mps => "mps",
-        Mechanism::Mig => "mig",
-        Mechanism::Green => "green",
-    }
 }
 
 /// `run SCENARIO --backend B`. `cpu`: every workload on the CPU backend, the scenario's GPU
@@ -247,7 +237,7 @@ fn on_cpu(s: &mut Scenario) -> Vec<String> {
         notes.push(format!(
             "device.backend \"cuda\" and mechanism \"{}\" dropped: the workloads run on the \
              CPU, not partitioned",
-            mechanism_word(d.mechanism)
+            d.mechanism.name()
         ));
     }
     if d.several_gpus() {
@@ -264,7 +254,7 @@ fn on_cpu(s: &mut Scenario) -> Vec<String> {
             partitioned.push(w.name.clone());
         }
         if w.program.is_none() && w.precision != Precision::Fp32 {
-            reduced.push(format!("{} ({})", w.name, precision_word(w.precision)));
+            reduced.push(format!("{} ({})", w.name, w.precision.name()));
             w.precision = Precision::Fp32;
         }
         if w.gpu.is_some() {
@@ -290,15 +280,6 @@ fn on_cpu(s: &mut Scenario) -> Vec<String> {
         notes.push(format!("`gpu` dropped: {}", pinned.join(", ")));
     }
     notes
-}
-
-fn precision_word(p: Precision) -> &'static str {
-    match p {
-        Precision::Fp32 => "fp32",
-        Precision::Tf32 => "tf32",
-        Precision::Fp16 => "fp16",
-        Precision::Bf16 => "bf16",
-    }
 }
 
 /// Runs a scenario that is already loaded (a file, the quickstart, or a sweep point built as a
@@ -515,130 +496,6 @@ pub fn write_run_files(m: &Measured) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The flat per-run table, one row per workload (docs/report.md, Reading results in Python).
-pub const WORKLOADS_CSV: &str = "workloads.csv";
-
-/// workloads.csv's columns, in order. Documented in docs/report.md: a name is only ever added
-/// at the end, never renamed or removed, so that scripts reading it by name keep working.
-pub const WORKLOADS_COLUMNS: &[&str] = &[
-    "workload",
-    "model",
-    "batch",
-    "backend",
-    "host",
-    "criticality",
-    "status",
-    "mechanism",
-    "partition",
-    "rate_hz",
-    "deadline_ms",
-    "jobs",
-    "completed",
-    "timeouts",
-    "timeout_pct",
-    "throughput_ips",
-    "latency_mean_ms",
-    "latency_std_ms",
-    "latency_min_ms",
-    "latency_p10_ms",
-    "latency_p50_ms",
-    "latency_p90_ms",
-    "latency_p95_ms",
-    "latency_p99_ms",
-    "latency_p999_ms",
-    "latency_max_ms",
-    "latency_tail_ms",
-    "latency_flatness_ms",
-    "start_lateness_p50_us",
-    "start_lateness_p99_us",
-    "start_lateness_max_us",
-    "wall_s",
-    "cpu_pct",
-    "runqueue_wait_ms",
-    "gpu_memory_mib",
-    "memory_estimate_mib",
-    "energy_j",
-    "j_per_image",
-];
-
-/// summary.json's workloads as one CSV row each, under [`WORKLOADS_COLUMNS`]; a value the run
-/// does not have (no GPU memory on the CPU, no latency without a completed job) is an empty
-/// cell, which pandas reads as NaN.
-pub fn workloads_csv(summary: &RunSummary) -> String {
-    fn num(v: Option<f64>) -> String {
-        v.filter(|x| x.is_finite())
-            .map_or_else(String::new, |x| x.to_string())
-    }
-    // The serde name (`best_effort`, `cpu`), as summary.json writes it.
-    fn word<T: serde::Serialize>(v: &T) -> String {
-        match serde_json::to_value(v) {
-            Ok(serde_json::Value::String(s)) => s,
-            _ => String::new(),
-        }
-    }
-    let mut out = WORKLOADS_COLUMNS.join(",");
-    out.push('\n');
-    for w in &summary.workloads {
-        let part = summary.partitions.iter().find(|p| p.workload == w.name);
-        let m = &w.metrics;
-        let l = &m.latency_ms;
-        let row = [
-            csv_field(&w.name),
-            csv_field(&w.model),
-            w.batch.to_string(),
-            w.backend.as_ref().map_or_else(String::new, word),
-            csv_field(&w.host),
-            word(&w.criticality),
-            word(&w.status),
-            part.map_or_else(String::new, |p| word(&p.mechanism)),
-            part.map_or_else(String::new, |p| csv_field(&p.partition)),
-            num(w.rate_hz),
-            num(w.deadline_ms),
-            m.jobs.to_string(),
-            m.completed.to_string(),
-            m.timeouts.to_string(),
-            num(Some(m.timeout_pct)),
-            num(Some(m.throughput_ips)),
-            num(l.mean),
-            num(l.std),
-            num(l.min),
-            num(l.p10),
-            num(l.p50),
-            num(l.p90),
-            num(l.p95),
-            num(l.p99),
-            num(l.p999),
-            num(l.max),
-            num(l.tail),
-            num(l.flatness),
-            num(m.start_lateness_us.p50),
-            num(m.start_lateness_us.p99),
-            num(m.start_lateness_us.max),
-            num(Some(w.wall_s)),
-            num(w.cpu.as_ref().map(|c| c.cpu_pct)),
-            num(w.cpu.as_ref().map(|c| c.runqueue_wait_ms)),
-            num(m.gpu_memory_mib),
-            w.memory_estimate_mib
-                .map_or_else(String::new, |x| x.to_string()),
-            num(m.energy_j),
-            num(m.j_per_image),
-        ];
-        debug_assert_eq!(row.len(), WORKLOADS_COLUMNS.len());
-        out.push_str(&row.join(","));
-        out.push('\n');
-    }
-    out
-}
-
-/// A model may be a path with commas or quotes: quoted as RFC 4180 says.
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
-
 /// The results table of a run of `scenario`'s model workloads, titled with its device and
 /// mechanism (command workloads have their own table: `isolane_report::programs_table`); only
 /// the title when every workload is a program.
@@ -697,41 +554,6 @@ pub fn exit_for(status: RunStatus) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A green H200 run committed in results/ (one workload in 48 SMs).
-    const GREEN_RUN: &str = include_str!(
-        "../../results/h200-protection/session10/together/alone/green/v0_vit_b_16/run/summary.json"
-    );
-
-    #[test]
-    fn workloads_csv_has_the_documented_columns_and_one_row_per_workload() {
-        let mut summary: RunSummary = serde_json::from_str(GREEN_RUN).unwrap();
-        // A model path with a comma stays one field.
-        let mut second = summary.workloads[0].clone();
-        second.name = "b".into();
-        second.model = "/m/a,b.onnx".into();
-        second.metrics.latency_ms.p999 = None;
-        summary.workloads.push(second);
-        let text = workloads_csv(&summary);
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 3, "{text}");
-        assert_eq!(lines[0], WORKLOADS_COLUMNS.join(","));
-        let header: Vec<&str> = lines[0].split(',').collect();
-        let row: Vec<&str> = lines[1].split(',').collect();
-        assert_eq!(row.len(), header.len(), "{text}");
-        let cell = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
-        assert_eq!(cell("workload"), "v0_vit_b_16");
-        assert_eq!(cell("backend"), "cuda");
-        assert_eq!(cell("criticality"), "critical");
-        assert_eq!(cell("status"), "ok");
-        assert_eq!(cell("mechanism"), "green");
-        assert_eq!(cell("partition"), "green 48 SMs");
-        assert_eq!(cell("jobs"), "2966");
-        assert_eq!(cell("latency_p50_ms"), "1.012223");
-        assert!(lines[2].starts_with("b,\"/m/a,b.onnx\",1,"), "{}", lines[2]);
-        // A value the run lacks is an empty cell (NaN in pandas).
-        assert!(lines[2].contains(",,"), "{}", lines[2]);
-    }
 
     #[test]
     fn long_messages_wrap_at_words_with_indented_continuations() {

@@ -66,6 +66,13 @@ impl Mechanism {
     }
 }
 
+impl Precision {
+    /// The word a scenario uses for it (`precision = "..."`).
+    pub fn name(self) -> &'static str {
+        format::name_of(format::PRECISIONS, self)
+    }
+}
+
 /// Where a workload's code runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

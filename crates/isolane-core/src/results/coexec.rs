@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::interference::csv_field;
+use super::csv_field;
 use super::{legacy_version, Versioned};
 use crate::spec::KernelWork;
 

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{legacy_version, Versioned};
+use super::{csv_field, legacy_version, Versioned};
 use crate::metrics::ExecTimes;
 use crate::spec::KernelWork;
 
@@ -216,15 +216,6 @@ pub fn interference_csv(cells: &[InterferenceCell]) -> String {
         out.push('\n');
     }
     out
-}
-
-/// Model names may be paths with commas or quotes: quoted as RFC 4180 says.
-pub(crate) fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ mod program;
 mod run;
 mod sweep;
 mod telemetry;
+mod workloads_csv;
 
 pub use app::{
     app_latencies_from_csv, AppSummary, MemberSummary, StageSummary, TransferSummary,
@@ -46,6 +47,18 @@ pub use program::{ProgramEnd, ProgramEnergySource, ProgramSummary};
 pub use run::{CpuSummary, HeldSummary, PartitionRecord, RunStatus, RunSummary, WorkloadSummary};
 pub use sweep::{SweepIndex, SweepPoint};
 pub use telemetry::{EnergySource, Stat, TelemetrySummary};
+pub use workloads_csv::{workloads_csv, WORKLOADS_COLUMNS, WORKLOADS_CSV};
+
+/// A CSV field as RFC 4180 says: quoted where it holds a comma, a quote or a line break (a model
+/// may be a path with any of them), its quotes doubled. The one quoting of every CSV isolane
+/// writes.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
 
 use std::path::{Path, PathBuf};
 
