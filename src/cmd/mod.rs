@@ -91,7 +91,7 @@ pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
             // On a terminal an error wraps at 80 columns as the tables do (a library search
             // made one 515 columns long); piped, to a log or grep, it stays a line a message.
             if std::io::stderr().is_terminal() {
-                eprintln!("error: {}", run::wrap_message(&text, run::ERROR_WIDTH));
+                eprintln!("error: {}", wrap_message(&text, ERROR_WIDTH));
             } else {
                 eprintln!("error: {text}");
             }
@@ -102,6 +102,33 @@ pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
             }
         }
     }
+}
+
+/// Columns a message printed after `error: ` wraps at, so that it reads whole in an 80-column
+/// terminal as the tables do.
+pub const ERROR_WIDTH: usize = 80 - "error: ".len();
+
+/// `text` wrapped at `width` columns (characters) on spaces, each paragraph (a line of `text`)
+/// on its own and continuation lines indented by two spaces; a word longer than a line (a path)
+/// stays whole.
+pub fn wrap_message(text: &str, width: usize) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for paragraph in text.lines() {
+        let mut line = String::new();
+        for word in paragraph.split(' ').filter(|w| !w.is_empty()) {
+            let len = line.chars().count();
+            if len > 0 && len + 1 + word.chars().count() > width {
+                out.push(std::mem::take(&mut line));
+                line.push_str("  ");
+            }
+            if !line.trim_start().is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+        out.push(line);
+    }
+    out.join("\n")
 }
 
 /// The scenario `isolane run` uses without a file (`scenarios/quickstart.toml`, built in).

@@ -95,7 +95,7 @@ pub fn run(args: &PlanArgs, file: &super::ScenarioFile, engine: &Engine) -> anyh
     }
     if unprofiled {
         if let Some(hint) = target.how_to_profile(profiles.budget.is_some()) {
-            eprintln!("{}", super::run::wrap_message(&hint, 80));
+            eprintln!("{}", super::wrap_message(&hint, 80));
         }
     }
     if let Some(dir) = &args.export_profiles {
@@ -1103,7 +1103,7 @@ fn mechanisms(
             match target.mig_unavailable(workloads) {
                 Some(why) => eprintln!(
                     "{}",
-                    super::run::wrap_message(&format!("mig: skipped: {why}"), 80)
+                    super::wrap_message(&format!("mig: skipped: {why}"), 80)
                 ),
                 None => all.push(Mechanism::Mig),
             }
@@ -1413,7 +1413,7 @@ fn load_average() -> Option<f64> {
 fn busy_host_note(workload: &str, load: Option<f64>, cores: usize, cache: &Path) -> Option<String> {
     let load = load?;
     (load > cores as f64).then(|| {
-        super::run::wrap_message(
+        super::wrap_message(
             &format!(
                 "note: the machine was busy while `{workload}` was profiled (load average \
                  {load:.1} on {cores} cores): its times, tail included, are those of a host \
@@ -1650,7 +1650,7 @@ fn print_outcome(mech: Mechanism, ladder: &Ladder, plan: &GpusPlan, secs: f64, m
 
 /// A line of the plan's outcome: two spaces in, wrapped to 80 columns (continuations four in).
 fn indented(text: &str) -> String {
-    super::run::wrap_message(text, 78)
+    super::wrap_message(text, 78)
         .lines()
         .map(|l| format!("  {l}"))
         .collect::<Vec<_>>()
@@ -1664,7 +1664,7 @@ fn tail_notes(choices: &[Choice], margin: f64) -> Vec<String> {
         .iter()
         .filter(|c| c.tail_at_risk(margin))
         .map(|c| {
-            super::run::wrap_message(
+            super::wrap_message(
                 &format!(
                     "note: `{}`: p99.9 {:.3} ms is over {:.0} % of its {:.3} ms deadline; \
                      planned on its p99 ({:.3} ms): a CPU core is not kept from the host's \

@@ -12,7 +12,7 @@ use isolane_metrics::RunMetrics;
 use isolane_runtime::coordinator::{self, RunPlan, RunResult};
 use isolane_runtime::output;
 
-use super::{user, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
+use super::{user, wrap_message, ProgressView, ERROR_WIDTH, EXIT_FAILED, EXIT_INTERRUPTED};
 
 #[derive(Args)]
 #[command(
@@ -166,33 +166,6 @@ fn no_gpu_for(s: &Scenario, file: &str, why: &str) -> anyhow::Error {
         ),
         ERROR_WIDTH
     ))
-}
-
-/// Columns a message printed after `error: ` wraps at, so that it reads whole in an 80-column
-/// terminal as the tables do.
-pub const ERROR_WIDTH: usize = 80 - "error: ".len();
-
-/// `text` wrapped at `width` columns (characters) on spaces, each paragraph (a line of `text`)
-/// on its own and continuation lines indented by two spaces; a word longer than a line (a path)
-/// stays whole.
-pub fn wrap_message(text: &str, width: usize) -> String {
-    let mut out: Vec<String> = Vec::new();
-    for paragraph in text.lines() {
-        let mut line = String::new();
-        for word in paragraph.split(' ').filter(|w| !w.is_empty()) {
-            let len = line.chars().count();
-            if len > 0 && len + 1 + word.chars().count() > width {
-                out.push(std::mem::take(&mut line));
-                line.push_str("  ");
-            }
-            if !line.trim_start().is_empty() {
-                line.push(' ');
-            }
-            line.push_str(word);
-        }
-        out.push(line);
-    }
-    out.join("\n")
 }
 
 /// `run SCENARIO --backend B`. `cpu`: every workload on the CPU backend, the scenario's GPU
