@@ -15,7 +15,7 @@ use isolane_core::spec::{
 use isolane_engine::{
     build_model, model_info, CompiledModel, CpuBackend, Graph, Precision, Weights,
 };
-use isolane_runtime::exec::{EngineExecutors, ExecError, Executor};
+use isolane_runtime::exec::{EngineExecutors, ExecError, Executor, TensorInfo};
 use isolane_runtime::partition::Partition;
 
 /// The engine as the runtime sees it: the CPU backend, or the CUDA backend for
@@ -166,10 +166,64 @@ fn build_cuda(
     }
     let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);
     model.input_mut().copy_from_slice(&input);
+    let io = TensorNames::of(graph);
     Ok(Box::new(CudaExecutor {
         model,
+        io,
         _group: group,
     }))
+}
+
+/// The names of a graph's inputs and outputs, in the compiled model's order, kept beside the
+/// model so that a server can describe and fill its tensors.
+struct TensorNames {
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+}
+
+impl TensorNames {
+    fn of(graph: &Graph) -> TensorNames {
+        let name = |&id: &usize| graph.values[id].name.clone();
+        TensorNames {
+            inputs: graph.inputs.iter().map(name).collect(),
+            outputs: graph.outputs.iter().map(name).collect(),
+        }
+    }
+
+    fn inputs(&self, model: &dyn CompiledModel) -> Vec<TensorInfo> {
+        (0..model.num_inputs())
+            .map(|i| TensorInfo {
+                name: self
+                    .inputs
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| format!("input{i}")),
+                shape: model.input_shape_at(i).to_vec(),
+            })
+            .collect()
+    }
+
+    fn outputs(&self, model: &dyn CompiledModel) -> Vec<TensorInfo> {
+        (0..model.num_outputs())
+            .map(|i| TensorInfo {
+                name: self
+                    .outputs
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| format!("output{i}")),
+                shape: model.output_shape_at(i).to_vec(),
+            })
+            .collect()
+    }
+}
+
+/// A model's input `i`, `None` out of range (the trait's accessors give an empty slice there).
+fn input_of(model: &mut dyn CompiledModel, i: usize) -> Option<&mut [f32]> {
+    (i < model.num_inputs()).then(|| model.input_mut_at(i))
+}
+
+fn output_of(model: &dyn CompiledModel, i: usize) -> Option<&[f32]> {
+    (i < model.num_outputs()).then(|| model.output_at(i))
 }
 
 /// What a passed plan check found and cost, in one line (`isolane infer`/`bench` print it too).
@@ -193,6 +247,7 @@ pub fn plan_check_line(r: &isolane_cuda::check::CheckReport) -> String {
 /// A model on the GPU; a job is one CUDA graph launch and the wait for its output copy.
 struct CudaExecutor {
     model: isolane_cuda::CudaModel,
+    io: TensorNames,
     // Declared after the model so that it is dropped after it: the model runs on its stream.
     _group: Option<isolane_gpu::GreenGroup>,
 }
@@ -224,6 +279,22 @@ impl Executor for CudaExecutor {
     /// would also count whatever the other workloads of this process allocated meanwhile.
     fn device_memory_mib(&self) -> Option<f64> {
         Some(self.model.memory().total_bytes as f64 / MIB as f64)
+    }
+
+    fn inputs(&self) -> Vec<TensorInfo> {
+        self.io.inputs(&self.model)
+    }
+
+    fn outputs(&self) -> Vec<TensorInfo> {
+        self.io.outputs(&self.model)
+    }
+
+    fn input_mut(&mut self, i: usize) -> Option<&mut [f32]> {
+        input_of(&mut self.model, i)
+    }
+
+    fn output(&self, i: usize) -> Option<&[f32]> {
+        output_of(&self.model, i)
     }
 }
 
@@ -461,11 +532,13 @@ impl EngineExecutors for EngineExecutorsImpl {
         let mut model = CpuBackend::new(threads)
             .compile_cpu(&graph, spec.batch as usize, precision(spec.precision))
             .map_err(|e| engine_err(spec, e))?;
+        let io = TensorNames::of(&graph);
         drop(graph);
         let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);
         model.input_mut().copy_from_slice(&input);
         Ok(Box::new(ModelExecutor {
             model: Box::new(model),
+            io,
         }))
     }
 }
@@ -473,10 +546,27 @@ impl EngineExecutors for EngineExecutorsImpl {
 /// One compiled model; a job is one forward pass over the (fixed, seeded) input batch.
 struct ModelExecutor {
     model: Box<dyn CompiledModel>,
+    io: TensorNames,
 }
 
 impl Executor for ModelExecutor {
     fn run_job(&mut self) -> Result<(), ExecError> {
         self.model.run().map_err(|e| ExecError::Job(e.to_string()))
+    }
+
+    fn inputs(&self) -> Vec<TensorInfo> {
+        self.io.inputs(self.model.as_ref())
+    }
+
+    fn outputs(&self) -> Vec<TensorInfo> {
+        self.io.outputs(self.model.as_ref())
+    }
+
+    fn input_mut(&mut self, i: usize) -> Option<&mut [f32]> {
+        input_of(self.model.as_mut(), i)
+    }
+
+    fn output(&self, i: usize) -> Option<&[f32]> {
+        output_of(self.model.as_ref(), i)
     }
 }

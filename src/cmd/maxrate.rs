@@ -308,6 +308,7 @@ fn search_request(
         backend,
         program: None,
         gpu: None,
+        serve: Default::default(),
     };
     SearchRequest {
         workload,

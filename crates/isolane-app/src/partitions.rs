@@ -60,6 +60,7 @@ pub fn as_workloads(apps: &[AppSpec], device: &DeviceSpec) -> Vec<WorkloadSpec> 
         backend,
         program: None,
         gpu: gpu(app, m),
+        serve: Default::default(),
     };
     match host {
         Host::Thread => apps

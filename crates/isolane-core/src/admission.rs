@@ -658,6 +658,7 @@ mod tests {
             backend: Backend::Cuda,
             program: None,
             gpu: None,
+            serve: Default::default(),
         }
     }
 

@@ -307,6 +307,72 @@ pub struct WorkloadSpec {
     /// device's first GPU. Read it through [`WorkloadSpec::gpu_on`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<u32>,
+    /// How `isolane serve` queues and batches this workload's requests (`[workload.serve]`);
+    /// `run` ignores it.
+    #[serde(default, skip_serializing_if = "ServeSpec::is_default")]
+    pub serve: ServeSpec,
+}
+
+/// A served model's request queue and batching (`[workload.serve]`, docs/serve.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServeSpec {
+    /// Requests waiting (taken, not yet running) at most.
+    pub queue_limit: u32,
+    /// What a request that finds the queue full gets.
+    pub when_full: WhenFull,
+    /// Dynamic batching: `None` takes the criticality's default (best effort batches what is
+    /// queued, with no delay; critical runs one request per job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batching: Option<Batching>,
+}
+
+impl ServeSpec {
+    pub const DEFAULT_QUEUE_LIMIT: u32 = 64;
+
+    pub fn is_default(&self) -> bool {
+        *self == ServeSpec::default()
+    }
+
+    /// The batching this workload gets: its own, else best effort's default (what is queued,
+    /// up to the compiled batch, no waiting), else none.
+    pub fn batching_for(&self, criticality: Criticality) -> Option<Batching> {
+        self.batching.clone().or(match criticality {
+            Criticality::BestEffort => Some(Batching::default()),
+            Criticality::Critical => None,
+        })
+    }
+}
+
+impl Default for ServeSpec {
+    fn default() -> Self {
+        ServeSpec {
+            queue_limit: ServeSpec::DEFAULT_QUEUE_LIMIT,
+            when_full: WhenFull::Refuse,
+            batching: None,
+        }
+    }
+}
+
+/// At a full queue: refuse the new request (HTTP 429), or answer the oldest queued one with a
+/// refusal and take the new one (a sensor's fresh frame matters more than a stale one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFull {
+    #[default]
+    Refuse,
+    DropOldest,
+}
+
+/// Dynamic batching of a served model (Triton's dynamic batcher): requests queued together run
+/// as one job of up to the workload's `batch` rows.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Batching {
+    /// How long the first request of a batch may wait for more, in ms (0: run what is queued).
+    pub max_delay_ms: f64,
+    /// Batch sizes (rows) worth waiting for: a batch that reaches one of them runs at once.
+    /// Empty: only the full batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferred: Vec<u32>,
 }
 
 fn plan_check_default() -> bool {

@@ -64,6 +64,7 @@ fn scenario(profiles: &[&str]) -> Scenario {
                 backend: Backend::Cuda,
                 program: None,
                 gpu: None,
+                serve: Default::default(),
             })
             .collect(),
     }

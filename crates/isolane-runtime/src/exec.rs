@@ -53,6 +53,26 @@ pub trait EngineExecutors: Send + Sync {
 /// The engine as a value the runtime is given (shared by the coordinator's workload threads).
 pub type Engine = std::sync::Arc<dyn EngineExecutors>;
 
+/// One input or output tensor of an executor, as a server describes it: its name and the shape
+/// it was compiled for, batch first. Elements are row-major f32.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+impl TensorInfo {
+    /// Elements of the whole compiled tensor.
+    pub fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Elements of one row of the batch (the shape after its first dimension).
+    pub fn row_elements(&self) -> usize {
+        self.shape.iter().skip(1).product()
+    }
+}
+
 /// Runs one job of a workload, synchronously, on the calling thread.
 ///
 /// `Send` because a thread host builds the executor on the coordinator side of a spawn in tests
@@ -77,6 +97,23 @@ pub trait Executor: Send {
     fn device_memory_mib(&self) -> Option<f64> {
         None
     }
+    /// The tensors a job reads, in order (empty: it takes no input, e.g. a `kernel:`). A
+    /// server writes a request's rows into [`Executor::input_mut`] before [`Executor::run_job`].
+    fn inputs(&self) -> Vec<TensorInfo> {
+        Vec::new()
+    }
+    /// The tensors a job writes, in order, read through [`Executor::output`] after it.
+    fn outputs(&self) -> Vec<TensorInfo> {
+        Vec::new()
+    }
+    /// The buffer of input `i` (the whole compiled batch), `None` out of range.
+    fn input_mut(&mut self, _i: usize) -> Option<&mut [f32]> {
+        None
+    }
+    /// The buffer of output `i` after the last job, `None` out of range.
+    fn output(&self, _i: usize) -> Option<&[f32]> {
+        None
+    }
 }
 
 /// A synthetic model: busy-waits on the monotonic clock for its service time. Spinning (not
@@ -88,6 +125,9 @@ pub struct SpinExecutor {
     /// Pieces per job once split (1: whole), and the current job's piece length.
     pieces: usize,
     piece_ns: i64,
+    /// A served spin model echoes its input (one value per row of the batch): what a client
+    /// sends comes back, after the service time.
+    echo: Vec<f32>,
 }
 
 impl SpinExecutor {
@@ -100,7 +140,14 @@ impl SpinExecutor {
             rng: ChaCha8Rng::seed_from_u64(seed),
             pieces: 1,
             piece_ns: 0,
+            echo: vec![0.0],
         }
+    }
+
+    /// Serves batches of `batch` rows (one value each), echoed back.
+    pub fn with_batch(mut self, batch: usize) -> Self {
+        self.echo = vec![0.0; batch.max(1)];
+        self
     }
 
     fn next_service_ns(&mut self) -> i64 {
@@ -137,7 +184,33 @@ impl Executor for SpinExecutor {
         clock::spin_until_ns(clock::now_ns() + self.piece_ns);
         Ok(())
     }
+
+    fn inputs(&self) -> Vec<TensorInfo> {
+        vec![TensorInfo {
+            name: SPIN_INPUT.to_string(),
+            shape: vec![self.echo.len(), 1],
+        }]
+    }
+
+    fn outputs(&self) -> Vec<TensorInfo> {
+        vec![TensorInfo {
+            name: SPIN_OUTPUT.to_string(),
+            shape: vec![self.echo.len(), 1],
+        }]
+    }
+
+    fn input_mut(&mut self, i: usize) -> Option<&mut [f32]> {
+        (i == 0).then_some(self.echo.as_mut_slice())
+    }
+
+    fn output(&self, i: usize) -> Option<&[f32]> {
+        (i == 0).then_some(self.echo.as_slice())
+    }
 }
+
+/// The tensor names of a served `spin:` model (one value per row, echoed).
+pub const SPIN_INPUT: &str = "input";
+pub const SPIN_OUTPUT: &str = "output";
 
 /// The seed of workload `index` of a run seeded with `seed`: one seed per scenario, distinct
 /// streams per workload.
@@ -179,11 +252,10 @@ pub fn executor_for(
     partition: Option<Partition>,
 ) -> Result<Box<dyn Executor>, ExecError> {
     match parse_spin_model(&spec.model) {
-        Some(Ok(p)) => Ok(Box::new(SpinExecutor::new(
-            p.service_ns,
-            p.jitter_ns,
-            workload_seed(seed, index),
-        ))),
+        Some(Ok(p)) => Ok(Box::new(
+            SpinExecutor::new(p.service_ns, p.jitter_ns, workload_seed(seed, index))
+                .with_batch(spec.batch as usize),
+        )),
         Some(Err(reason)) => Err(ExecError::BadModel {
             workload: spec.name.clone(),
             model: spec.model.clone(),
@@ -271,5 +343,16 @@ mod tests {
         assert!(xs.iter().all(|&x| (900_000..=1_100_000).contains(&x)));
         assert!(xs.iter().any(|&x| x != 1_000_000));
         assert_ne!(workload_seed(1, 0), workload_seed(1, 1));
+    }
+
+    #[test]
+    fn a_served_spin_model_echoes_its_rows() {
+        let mut e = SpinExecutor::new(1_000, 0, 1).with_batch(3);
+        assert_eq!(e.inputs()[0].shape, vec![3, 1]);
+        assert_eq!(e.outputs()[0].name, SPIN_OUTPUT);
+        e.input_mut(0).unwrap().copy_from_slice(&[1.0, 2.0, 3.0]);
+        e.run_job().unwrap();
+        assert_eq!(e.output(0).unwrap(), &[1.0, 2.0, 3.0]);
+        assert!(e.input_mut(1).is_none() && e.output(1).is_none());
     }
 }

@@ -157,6 +157,7 @@ pub fn point_scenario(device: DeviceSpec, workloads: &[PointWorkload]) -> Scenar
             backend: device.backend,
             program: None,
             gpu: None,
+            serve: Default::default(),
         })
         .collect();
     Scenario {

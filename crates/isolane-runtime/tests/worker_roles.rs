@@ -248,6 +248,7 @@ fn spin_search(model: &str) -> SearchRequest {
             backend: Backend::Cpu,
             program: None,
             gpu: None,
+            serve: Default::default(),
         },
         device: DeviceSpec {
             backend: Backend::Cpu,

@@ -36,7 +36,8 @@ use super::spans::{describe, FieldPath, Lines, Spans};
 use super::validate;
 use super::{
     Backend, Criticality, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec,
-    Precision, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, TimingSpec, WorkloadSpec,
+    Precision, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, ServeSpec, TimingSpec,
+    WorkloadSpec,
 };
 
 use FieldPath::{Cpu, Length, Top, Workload};
@@ -234,6 +235,7 @@ fn placeholder_workload() -> WorkloadSpec {
         backend: Backend::Cpu,
         program: None,
         gpu: None,
+        serve: ServeSpec::default(),
     }
 }
 
@@ -698,6 +700,7 @@ impl<'a> Walk<'a> {
             backend,
             program: None,
             gpu,
+            serve: ServeSpec::default(),
         }
     }
 
