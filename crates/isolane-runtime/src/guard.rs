@@ -35,6 +35,9 @@ const MAGIC: i64 = 0x0150_1a4e_6a7e;
 const UNKNOWN: i64 = 0;
 const PUBLISHED: i64 = 1;
 const FINISHED: i64 = 2;
+/// A served critical model with nothing queued: a request may arrive at any moment, due
+/// `deadline` ns (a relative deadline in this state) after it.
+const IDLE: i64 = 3;
 
 /// One critical workload's published state, in the shared file (ten 8-byte words).
 #[repr(C)]
@@ -172,6 +175,17 @@ pub fn admits(v: &SlotView, now: i64, piece_ns: i64, policy: &Policy) -> Option<
         // Between two of its jobs (or before its first): its next release is not known yet,
         // and may be now.
         UNKNOWN => return None,
+        // A request arriving now would wait for the whole piece at worst: the piece fits when
+        // that leaves the request its service time. Nothing is reserved: the request the
+        // reservation would be for does not exist yet.
+        IDLE => {
+            let slack = v
+                .deadline
+                .saturating_sub(policy.margin_ns)
+                .saturating_sub(v.service);
+            let delay = (piece_ns as f64 * v.delay_per_overlap(policy)).round() as i64;
+            return (delay <= slack).then_some(0);
+        }
         _ => {}
     }
     let begins = v.begins(now);
@@ -446,6 +460,16 @@ impl CriticalPublisher {
     /// Replaces the service estimate (an app's, once its first frames have measured it).
     pub fn set_estimate(&self, service_ns: i64) {
         self.s().service.store(service_ns.max(0), Ordering::Relaxed);
+    }
+
+    /// Nothing queued (a served model): a request may arrive at any moment, due `deadline_ns`
+    /// after it (`None`: no deadline, nothing to protect).
+    pub fn idle(&self, deadline_ns: Option<i64>) {
+        let s = self.s();
+        s.start.store(0, Ordering::Release);
+        s.deadline
+            .store(deadline_ns.unwrap_or(i64::MAX), Ordering::Release);
+        s.state.store(IDLE, Ordering::Release);
     }
 
     /// No more jobs: best effort no longer has to leave room for this workload.
@@ -733,6 +757,32 @@ mod tests {
             admits(&v, 10 * MS, 50 * MS, &Policy::new(0, Some(1.0))),
             Some(0)
         );
+    }
+
+    #[test]
+    fn an_idle_served_model_admits_pieces_its_next_request_could_absorb() {
+        // Nothing queued; a request arriving now has 5 ms, needs 3 ms: 2 ms of slack.
+        let idle = SlotView {
+            state: IDLE,
+            ..SlotView::pending(7, 0, 5 * MS, 3 * MS)
+        };
+        assert_eq!(admits(&idle, 100 * MS, 2 * MS, &stall(0)), Some(0));
+        assert_eq!(admits(&idle, 100 * MS, 2 * MS + 1, &stall(0)), None);
+        assert_eq!(admits(&idle, 100 * MS, 2 * MS, &stall(MS)), None);
+        // Nothing is reserved in this state: the next piece is judged afresh, however many
+        // ran before it.
+        let reserved = SlotView {
+            acct_seq: 7,
+            acct_overlap: 10 * MS,
+            ..idle
+        };
+        assert_eq!(admits(&reserved, 100 * MS, MS, &stall(0)), Some(0));
+        // Without a deadline there is nothing to protect.
+        let free = SlotView {
+            deadline: i64::MAX,
+            ..idle
+        };
+        assert_eq!(admits(&free, 100 * MS, 1_000 * MS, &stall(0)), Some(0));
     }
 
     #[test]
