@@ -17,7 +17,9 @@ pub mod program;
 mod spans;
 mod validate;
 mod write;
-pub use format::{DEVICE_KEYS, PROTECTION_KEYS, TIMING_KEYS, WORKLOAD_KEYS};
+pub use format::{
+    BATCHING_KEYS, DEVICE_KEYS, PROTECTION_KEYS, SERVE_KEYS, TIMING_KEYS, WORKLOAD_KEYS,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -313,8 +315,10 @@ pub struct WorkloadSpec {
     pub serve: ServeSpec,
 }
 
-/// A served model's request queue and batching (`[workload.serve]`, docs/serve.md).
+/// A served model's request queue and batching (`[workload.serve]`, docs/scenario.md; how
+/// `isolane serve` uses them: docs/serve.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ServeSpec {
     /// Requests waiting (taken, not yet running) at most.
     pub queue_limit: u32,
@@ -363,9 +367,17 @@ pub enum WhenFull {
     DropOldest,
 }
 
+impl WhenFull {
+    /// The word a scenario uses for it (`when_full = "..."`).
+    pub fn name(self) -> &'static str {
+        format::name_of(format::WHEN_FULL, self)
+    }
+}
+
 /// Dynamic batching of a served model (Triton's dynamic batcher): requests queued together run
 /// as one job of up to the workload's `batch` rows.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Batching {
     /// How long the first request of a batch may wait for more, in ms (0: run what is queued).
     pub max_delay_ms: f64,

@@ -4,12 +4,13 @@
 //! field's bounds and the "expected ..." text of every field. One place, so that a refused value
 //! is told the same bounds whether the walk (wrong type) or a rule (out of range) refused it.
 
+use super::limits::{MAX_BATCH_DELAY_MS, MAX_QUEUE_LIMIT};
 use super::limits::{
     MAX_JOBS, MAX_MARGIN_US, MAX_PIECE_US, MAX_RATE_HZ, MAX_SECONDS, MAX_SPIN_US,
     MAX_START_DELAY_MS, MAX_STRETCH, MIN_PIECE_US,
 };
 use super::model::ModelCatalog;
-use super::{Backend, Criticality, Host, LatePolicy, Mechanism, Precision, Role};
+use super::{Backend, Criticality, Host, LatePolicy, Mechanism, Precision, Role, WhenFull};
 
 /// `app`: the `[[app]]` tables (pipelines and ensembles), read and validated by `isolane-app`
 /// (docs/apps.md); this walk only lets them through.
@@ -48,11 +49,16 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "stretch",
     "backend",
     "gpu",
+    "serve",
     "command",
     "env",
     "cwd",
     "timeout_s",
 ];
+/// `[workload.serve]`: how `isolane serve` queues and batches a model's requests.
+pub const SERVE_KEYS: &[&str] = &["queue_limit", "when_full", "batching"];
+/// `[workload.serve.batching]`.
+pub const BATCHING_KEYS: &[&str] = &["max_delay_ms", "preferred"];
 pub(super) const RAMP_KEYS: &[&str] = &["from_hz", "to_hz", "steps", "step_s"];
 pub(super) const PARTITION_KEYS: &[&str] = &["sms", "thread_pct", "mem_limit_mib", "mig_profile"];
 
@@ -76,6 +82,10 @@ pub(super) const LATE: &[(&str, LatePolicy)] =
 pub(super) const CRITICALITIES: &[(&str, Criticality)] = &[
     ("critical", Criticality::Critical),
     ("best_effort", Criticality::BestEffort),
+];
+pub(super) const WHEN_FULL: &[(&str, WhenFull)] = &[
+    ("refuse", WhenFull::Refuse),
+    ("drop_oldest", WhenFull::DropOldest),
 ];
 pub(super) const ROLES: &[(&str, Role)] = &[
     ("standalone", Role::Standalone),
@@ -150,6 +160,7 @@ pub(super) const STEPS: IntRule = IntRule::new(1, U32);
 pub(super) const SMS: IntRule = IntRule::new(1, U32);
 pub(super) const THREAD_PCT: IntRule = IntRule::new(1, 100);
 pub(super) const MEM_LIMIT_MIB: IntRule = IntRule::new(1, i64::MAX as u64);
+pub(super) const QUEUE_LIMIT: IntRule = IntRule::new(1, MAX_QUEUE_LIMIT);
 
 /// What a time value may be: more than 0, from 1 ns (`MIN_SECONDS`) to 100 days
 /// ([`MAX_SECONDS`]), in seconds or milliseconds.
@@ -184,6 +195,24 @@ pub(super) fn stretch_expected() -> String {
         "a number from 1 to {MAX_STRETCH} (how many times longer a critical job may take beside \
          best effort)"
     )
+}
+
+/// `[workload.serve.batching]`'s `max_delay_ms`.
+pub(super) fn max_delay_expected() -> String {
+    format!(
+        "a finite number of milliseconds >= 0, at most {MAX_BATCH_DELAY_MS} (how long a batch's \
+         first request may wait for more)"
+    )
+}
+
+/// `[workload.serve.batching]`'s `preferred`, for a workload of `batch` rows (`None`: its batch
+/// is not known, the walk refused it).
+pub(super) fn preferred_expected(batch: Option<u32>) -> String {
+    let bound = match batch {
+        Some(b) => format!("the workload's batch ({b})"),
+        None => "the workload's batch".to_string(),
+    };
+    format!("an array of batch sizes from 1 to {bound}, strictly increasing, e.g. [4, 8]")
 }
 
 pub(super) const NAME_EXPECTED: &str = "a name of 1 to 64 letters, digits, '_', '.' or '-' (it \

@@ -37,3 +37,11 @@ pub const MAX_MARGIN_US: u64 = 1_000_000;
 
 /// Largest stated stretch of a critical job beside best effort.
 pub const MAX_STRETCH: f64 = 100.0;
+
+/// Largest `[workload.serve]` `queue_limit`: requests a served model holds waiting. Each holds
+/// its input until it runs; a deeper queue only lengthens the wait of the last request.
+pub const MAX_QUEUE_LIMIT: u64 = 65_536;
+
+/// Longest `[workload.serve.batching]` `max_delay_ms`: 10 s, beyond any request's deadline a
+/// batcher would be worth waiting for.
+pub const MAX_BATCH_DELAY_MS: f64 = 10_000.0;

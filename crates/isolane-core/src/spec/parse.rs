@@ -24,20 +24,21 @@ use toml::Spanned;
 
 use super::error::{Problem, SpecError};
 use super::format::{
-    default_host, default_mechanism, hz_expected, model_expectation, phase_expected, rate_expected,
-    seconds_expected, stretch_expected, IntRule, BACKENDS, BATCH, CPU_ID, CRITICALITIES,
-    DEFAULT_WARMUP_JOBS, DEVICE_KEYS, GPU, HOSTS, JOBS, LATE, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB,
-    MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS, RAMP_KEYS,
-    ROLES, ROOT_KEYS, SEED, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, TIMING_KEYS,
-    WARMUP_JOBS, WORKLOAD_KEYS,
+    default_host, default_mechanism, hz_expected, max_delay_expected, model_expectation,
+    phase_expected, preferred_expected, rate_expected, seconds_expected, stretch_expected, IntRule,
+    BACKENDS, BATCH, BATCHING_KEYS, CPU_ID, CRITICALITIES, DEFAULT_WARMUP_JOBS, DEVICE_KEYS, GPU,
+    HOSTS, JOBS, LATE, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED,
+    PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS, QUEUE_LIMIT, RAMP_KEYS, ROLES,
+    ROOT_KEYS, SEED, SERVE_KEYS, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, TIMING_KEYS,
+    WARMUP_JOBS, WHEN_FULL, WORKLOAD_KEYS,
 };
 use super::model::{is_onnx_path, ModelCatalog};
 use super::spans::{describe, FieldPath, Lines, Spans};
 use super::validate;
 use super::{
-    Backend, Criticality, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec,
-    Precision, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, ServeSpec, TimingSpec,
-    WorkloadSpec,
+    Backend, Batching, Criticality, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism,
+    PartitionSpec, Precision, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, ServeSpec,
+    TimingSpec, WorkloadSpec,
 };
 
 use FieldPath::{Cpu, Length, Top, Workload};
@@ -153,6 +154,8 @@ enum Kind {
     Workload(usize),
     Ramp(usize),
     Partition(usize),
+    Serve(usize),
+    Batching(usize),
 }
 
 /// A table with its span, for looking up keys and reporting.
@@ -170,6 +173,8 @@ impl Tbl<'_> {
             Kind::Workload(i) => Workload(i, key),
             Kind::Ramp(i) => FieldPath::Ramp(i, key),
             Kind::Partition(i) => FieldPath::Partition(i, key),
+            Kind::Serve(i) => FieldPath::Serve(i, key),
+            Kind::Batching(i) => FieldPath::Batching(i, key),
         }
     }
 
@@ -181,6 +186,8 @@ impl Tbl<'_> {
             Kind::Workload(i) => format!("workload[{i}]"),
             Kind::Ramp(i) => format!("workload[{i}].ramp"),
             Kind::Partition(i) => format!("workload[{i}].partition"),
+            Kind::Serve(i) => format!("workload[{i}].serve"),
+            Kind::Batching(i) => format!("workload[{i}].serve.batching"),
         }
     }
 
@@ -383,14 +390,7 @@ impl<'a> Walk<'a> {
     /// validation) in the message. Floats are refused even when integral: a count written `2.0`
     /// usually means the user confused two fields.
     fn int<T: TryFrom<u64>>(&mut self, v: &Value<'_>, path: FieldPath, rule: IntRule) -> Option<T> {
-        let n = match v.get_ref() {
-            // i128 so that a u64 seed above i64::MAX (which toml writes) reads back.
-            DeValue::Integer(i) => i128::from_str_radix(i.as_str(), i.radix()).ok(),
-            _ => None,
-        };
-        let typed = n
-            .and_then(|n| u64::try_from(n).ok())
-            .and_then(|n| T::try_from(n).ok());
+        let typed = integer(v);
         if typed.is_none() {
             self.wrong(v, path, &rule.expected());
         }
@@ -460,6 +460,17 @@ impl<'a> Walk<'a> {
             format!("missing in {where_}; expected {expected}"),
         );
     }
+}
+
+/// An integer value that fits `T` (floats refused, see [`Walk::int`]).
+fn integer<T: TryFrom<u64>>(v: &Value<'_>) -> Option<T> {
+    let n = match v.get_ref() {
+        // i128 so that a u64 seed above i64::MAX (which toml writes) reads back.
+        DeValue::Integer(i) => i128::from_str_radix(i.as_str(), i.radix()).ok(),
+        _ => None,
+    };
+    n.and_then(|n| u64::try_from(n).ok())
+        .and_then(|n| T::try_from(n).ok())
 }
 
 /// A cheap "did you mean": an allowed key at edit distance ≤ 2.
@@ -677,6 +688,8 @@ impl<'a> Walk<'a> {
         });
         let backend = self.workload_backend(t, device);
         let gpu = self.optional(t, "gpu", device.gpu, |w, v, p| w.int(v, p, GPU));
+        let batch_read = (!self.spans.unread(Workload(i, "batch"))).then_some(batch);
+        let serve = self.serve(i, t, batch_read, interferer);
         WorkloadSpec {
             name: name.unwrap_or_default().to_string(),
             model: model.to_string(),
@@ -700,7 +713,7 @@ impl<'a> Walk<'a> {
             backend,
             program: None,
             gpu,
-            serve: ServeSpec::default(),
+            serve,
         }
     }
 
@@ -903,6 +916,79 @@ impl<'a> Walk<'a> {
             let id: Option<u32> = self.int(item, Cpu(i, j), CPU_ID);
             // An unread id holds a placeholder that validation skips.
             out.push(id.map_or(usize::MAX, |c| c as usize));
+        }
+        out
+    }
+
+    /// `[workload.serve]`, for a workload of `batch` rows (`None`: the walk refused its batch).
+    /// A command workload or an interferer serves no requests (`refused`): its table is left
+    /// unread, for validation to refuse by name.
+    pub(super) fn serve(
+        &mut self,
+        i: usize,
+        t: &Tbl<'a>,
+        batch: Option<u32>,
+        refused: bool,
+    ) -> ServeSpec {
+        let d = ServeSpec::default();
+        let Some(v) = self.get(t, "serve") else {
+            return d;
+        };
+        let path = t.path("serve");
+        if refused {
+            self.spans.mark_unread(path);
+            return d;
+        }
+        let Some(st) = self.table(v, path, Kind::Serve(i)) else {
+            return d;
+        };
+        self.check_keys(&st, SERVE_KEYS);
+        ServeSpec {
+            queue_limit: self.read(&st, "queue_limit", d.queue_limit, |w, v, p| {
+                w.int(v, p, QUEUE_LIMIT)
+            }),
+            when_full: self.read(&st, "when_full", d.when_full, |w, v, p| {
+                w.choice(v, p, WHEN_FULL)
+            }),
+            batching: self.batching(i, &st, batch),
+        }
+    }
+
+    /// `[workload.serve.batching]`: written at all, it batches (an empty table: what is
+    /// queued, no delay), whatever the criticality's default.
+    fn batching(&mut self, i: usize, st: &Tbl<'a>, batch: Option<u32>) -> Option<Batching> {
+        let v = self.get(st, "batching")?;
+        let Some(bt) = self.table(v, st.path("batching"), Kind::Batching(i)) else {
+            return Some(Batching::default());
+        };
+        self.check_keys(&bt, BATCHING_KEYS);
+        let max_delay_ms = self.read(&bt, "max_delay_ms", 0.0, |w, v, p| {
+            w.float(v, p, &max_delay_expected())
+        });
+        Some(Batching {
+            max_delay_ms,
+            preferred: self.preferred(i, &bt, batch),
+        })
+    }
+
+    fn preferred(&mut self, i: usize, bt: &Tbl<'a>, batch: Option<u32>) -> Vec<u32> {
+        let Some(v) = self.get(bt, "preferred") else {
+            return Vec::new();
+        };
+        let DeValue::Array(items) = v.get_ref() else {
+            self.wrong(v, bt.path("preferred"), &preferred_expected(batch));
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (j, item) in items.iter().enumerate() {
+            let path = FieldPath::Preferred(i, j);
+            self.spans.record(path, item.span(), item);
+            let size = integer::<u32>(item);
+            if size.is_none() {
+                self.wrong(item, path, &preferred_expected(batch));
+            }
+            // An unread size holds a placeholder that validation skips.
+            out.push(size.unwrap_or(0));
         }
         out
     }

@@ -24,6 +24,12 @@ pub(super) enum FieldPath {
     Partition(usize, &'static str),
     /// `workload[i].cpu[j]`.
     Cpu(usize, usize),
+    /// `workload[i].serve.key`.
+    Serve(usize, &'static str),
+    /// `workload[i].serve.batching.key`.
+    Batching(usize, &'static str),
+    /// `workload[i].serve.batching.preferred[j]`.
+    Preferred(usize, usize),
     /// A workload's run length, which no single key holds (`duration_s`, `jobs`, or for an
     /// interferer its ramp): only ever marked unread, never reported.
     Length(usize),
@@ -38,6 +44,9 @@ impl FieldPath {
             | FieldPath::Ramp(i, _)
             | FieldPath::Partition(i, _)
             | FieldPath::Cpu(i, _)
+            | FieldPath::Serve(i, _)
+            | FieldPath::Batching(i, _)
+            | FieldPath::Preferred(i, _)
             | FieldPath::Length(i) => Some(i),
         }
     }
@@ -53,6 +62,11 @@ impl fmt::Display for FieldPath {
             FieldPath::Ramp(i, key) => write!(f, "workload[{i}].ramp.{key}"),
             FieldPath::Partition(i, key) => write!(f, "workload[{i}].partition.{key}"),
             FieldPath::Cpu(i, j) => write!(f, "workload[{i}].cpu[{j}]"),
+            FieldPath::Serve(i, key) => write!(f, "workload[{i}].serve.{key}"),
+            FieldPath::Batching(i, key) => write!(f, "workload[{i}].serve.batching.{key}"),
+            FieldPath::Preferred(i, j) => {
+                write!(f, "workload[{i}].serve.batching.preferred[{j}]")
+            }
             FieldPath::Length(i) => write!(f, "workload[{i}]"),
         }
     }
@@ -131,6 +145,11 @@ impl<'a> Spans<'a> {
 
     pub fn unread(&self, path: FieldPath) -> bool {
         !self.unread.is_empty() && self.unread.contains(&path)
+    }
+
+    /// Whether the file wrote `path` (a scenario built in code wrote nothing).
+    pub fn written(&self, path: FieldPath) -> bool {
+        self.sites.contains_key(&path)
     }
 
     /// What the file wrote for `path` ("integer 0", "string \"x\""), if it wrote it.

@@ -1449,3 +1449,319 @@ fn a_scenario_is_read_once_and_capped() {
     assert_eq!(Scenario::read_file(&fifo).unwrap(), MIN);
     writer.join().unwrap();
 }
+
+// ---- [workload.serve] ----
+
+/// A workload of batch 8 with `serve` lines after its own keys (from line 9).
+fn served(serve: &str) -> String {
+    format!(
+        "\n[[workload]]\nname = \"cam0\"\nmodel = \"spin:4ms\"\nbatch = 8\nrate_hz = 100\njobs = \
+         500\ncriticality = \"best_effort\"\n{serve}"
+    )
+}
+
+#[test]
+fn serve_defaults_come_from_the_criticality_and_are_not_written() {
+    let s = parse(MIN).unwrap();
+    let w = &s.workloads[0];
+    assert_eq!(w.serve, ServeSpec::default());
+    assert_eq!(w.serve.queue_limit, 64);
+    assert_eq!(w.serve.when_full, WhenFull::Refuse);
+    // Critical: one request per job; best effort: what is queued, with no delay.
+    assert_eq!(w.serve.batching_for(w.criticality), None);
+    assert_eq!(
+        w.serve.batching_for(Criticality::BestEffort),
+        Some(Batching {
+            max_delay_ms: 0.0,
+            preferred: Vec::new()
+        })
+    );
+    assert!(!s.to_toml_string().unwrap().contains("serve"));
+    // A table that says only the defaults is the default, and writes as none.
+    let s = parse(&served(
+        "[workload.serve]\nqueue_limit = 64\nwhen_full = \"refuse\"\n",
+    ))
+    .unwrap();
+    assert!(s.workloads[0].serve.is_default());
+    let text = s.to_toml_string().unwrap();
+    assert!(!text.contains("serve"), "{text}");
+    assert_eq!(parse(&text).unwrap(), s);
+}
+
+#[test]
+fn a_serve_table_parses_and_round_trips() {
+    let s = parse(&served(
+        "[workload.serve]\nqueue_limit = 32\nwhen_full = \"drop_oldest\"\n\
+         [workload.serve.batching]\nmax_delay_ms = 2.5\npreferred = [4, 8]\n",
+    ))
+    .unwrap();
+    assert_eq!(
+        s.workloads[0].serve,
+        ServeSpec {
+            queue_limit: 32,
+            when_full: WhenFull::DropOldest,
+            batching: Some(Batching {
+                max_delay_ms: 2.5,
+                preferred: vec![4, 8]
+            }),
+        }
+    );
+    assert_eq!(WhenFull::DropOldest.name(), "drop_oldest");
+    let text = s.to_toml_string().unwrap();
+    for line in [
+        "[workload.serve]",
+        "queue_limit = 32",
+        "when_full = \"drop_oldest\"",
+        "[workload.serve.batching]",
+        "max_delay_ms = 2.5",
+        "preferred = [4, 8]",
+    ] {
+        assert!(text.contains(line), "{line} missing in\n{text}");
+    }
+    assert_eq!(parse(&text).unwrap(), s, "{text}");
+    // Inline tables read the same; an integer delay is a number of ms.
+    let inline = parse(&served(
+        "serve = { queue_limit = 32, when_full = \"drop_oldest\", batching = { max_delay_ms = \
+         2.5, preferred = [4, 8] } }\n",
+    ))
+    .unwrap();
+    assert_eq!(inline, s);
+    let whole = parse(&served("serve.batching.max_delay_ms = 3\n")).unwrap();
+    assert_eq!(
+        whole.workloads[0]
+            .serve
+            .batching
+            .as_ref()
+            .map(|b| b.max_delay_ms),
+        Some(3.0)
+    );
+}
+
+/// An empty batching table turns batching on (a critical workload's default is off) and is
+/// written back, so that the resolved file batches too.
+#[test]
+fn an_empty_batching_table_batches_with_no_delay_and_round_trips() {
+    let text = format!("{MIN}[workload.serve.batching]\n");
+    let s = parse(&text).unwrap();
+    let serve = &s.workloads[0].serve;
+    assert_eq!(serve.queue_limit, 64);
+    assert_eq!(serve.batching, Some(Batching::default()));
+    assert!(serve.batching_for(Criticality::Critical).is_some());
+    let written = s.to_toml_string().unwrap();
+    assert!(
+        written.contains("[workload.serve.batching]\nmax_delay_ms = 0.0\n"),
+        "{written}"
+    );
+    assert!(!written.contains("preferred"), "{written}");
+    assert_eq!(parse(&written).unwrap(), s, "{written}");
+}
+
+#[test]
+fn bad_serve_values_name_the_field_and_the_allowed_values() {
+    let queue = "an integer >= 1 (at most 65536)";
+    for (v, found) in [
+        ("0", "found integer 0"),
+        ("65537", "found integer 65537"),
+        ("-1", "found integer -1"),
+        ("4.0", "found float 4.0"),
+        ("\"64\"", "found string \"64\""),
+    ] {
+        assert_err(
+            &served(&format!("[workload.serve]\nqueue_limit = {v}\n")),
+            10,
+            &["workload[0].serve.queue_limit: ", found, queue],
+        );
+    }
+    assert_err(
+        &served("[workload.serve]\nwhen_full = \"block\"\n"),
+        10,
+        &[
+            "workload[0].serve.when_full: found string \"block\"; expected one of \"refuse\" | \
+             \"drop_oldest\"",
+        ],
+    );
+    let delay = "expected a finite number of milliseconds >= 0, at most 10000";
+    for (v, found) in [
+        ("-1", "found integer -1"),
+        ("-0.5", "found float -0.5"),
+        ("10000.5", "found float 10000.5"),
+        ("nan", "found float nan"),
+        ("inf", "found float inf"),
+        ("\"2ms\"", "found string \"2ms\""),
+    ] {
+        assert_err(
+            &served(&format!("[workload.serve.batching]\nmax_delay_ms = {v}\n")),
+            10,
+            &["workload[0].serve.batching.max_delay_ms: ", found, delay],
+        );
+    }
+    assert!(parse(&served("serve.batching.max_delay_ms = 10000\n")).is_ok());
+    let sizes = "expected an array of batch sizes from 1 to the workload's batch (8), strictly \
+                 increasing, e.g. [4, 8]";
+    for (v, field, found) in [
+        ("[4, 16]", "preferred[1]", "found integer 16"),
+        ("[0]", "preferred[0]", "found integer 0"),
+        ("[-1]", "preferred[0]", "found integer -1"),
+        ("[2, \"4\"]", "preferred[1]", "found string \"4\""),
+        ("[2.0]", "preferred[0]", "found float 2.0"),
+        ("4", "preferred", "found integer 4"),
+    ] {
+        assert_err(
+            &served(&format!("[workload.serve.batching]\npreferred = {v}\n")),
+            10,
+            &[
+                &format!("workload[0].serve.batching.{field}: "),
+                found,
+                sizes,
+            ],
+        );
+    }
+    for (v, found) in [
+        ("[8, 4]", "found 4 after preferred[0] = 8"),
+        ("[1, 4, 4]", "found 4 after preferred[1] = 4"),
+    ] {
+        assert_err(
+            &served(&format!("[workload.serve.batching]\npreferred = {v}\n")),
+            10,
+            &[
+                "workload[0].serve.batching.preferred[",
+                found,
+                "expected strictly increasing batch sizes",
+            ],
+        );
+    }
+    // Every size up to the batch is allowed, and none at all.
+    assert!(parse(&served("serve.batching.preferred = [1, 2, 8]\n")).is_ok());
+    assert!(parse(&served("serve.batching.preferred = []\n")).is_ok());
+}
+
+#[test]
+fn serve_tables_refuse_unknown_keys_and_other_types() {
+    assert_err(
+        &served("[workload.serve]\nqueue_limt = 3\n"),
+        10,
+        &[
+            "workload[0].serve.queue_limt: unknown key (did you mean \"queue_limit\"?); allowed \
+             keys here: queue_limit, when_full, batching",
+        ],
+    );
+    assert_err(
+        &served("[workload.serve.batching]\nmax_dely_ms = 3\n"),
+        10,
+        &[
+            "workload[0].serve.batching.max_dely_ms: unknown key (did you mean \
+             \"max_delay_ms\"?); allowed keys here: max_delay_ms, preferred",
+        ],
+    );
+    assert_err(
+        &served("serve = 5\n"),
+        9,
+        &["workload[0].serve: found integer 5; expected a table"],
+    );
+    assert_err(
+        &served("serve = { batching = true }\n"),
+        9,
+        &["workload[0].serve.batching: found boolean true; expected a table"],
+    );
+    assert_err(
+        &served("serv = {}\n"),
+        9,
+        &["workload[0].serv: unknown key (did you mean \"serve\"?)"],
+    );
+}
+
+/// The field path names the workload by its index: the third workload's problem is
+/// `workload[2]`'s, at its own line.
+#[test]
+fn a_serve_problem_names_its_workload() {
+    let text = format!(
+        "{}\n[[workload]]\nname = \"b\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 5\n\
+         \n[[workload]]\nname = \"c\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 5\n\
+         [workload.serve]\nwhen_full = \"wait\"\n",
+        MIN
+    );
+    assert_err(
+        &text,
+        20,
+        &[
+            "workload[2].serve.when_full: found string \"wait\"",
+            "\"refuse\" | \"drop_oldest\"",
+        ],
+    );
+}
+
+#[test]
+fn a_serve_table_is_refused_on_a_command_workload_and_an_interferer() {
+    let program = "\n[[workload]]\nname = \"p\"\ncommand = [\"true\"]\n[workload.serve]\n";
+    assert_err(
+        program,
+        5,
+        &["workload[0].serve: not allowed on a command workload: `isolane serve` serves models"],
+    );
+    // Refused by name once, not for its values too.
+    let e = err(&format!("{program}queue_limit = 0\n"));
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.contains("workload[0].serve: not allowed on a command workload"),
+        "{e}"
+    );
+    let interferer = "\n[[workload]]\nname = \"noise\"\nmodel = \"spin:1ms\"\nrole = \
+                      \"interferer\"\nramp = { from_hz = 10, to_hz = 20, steps = 2, step_s = 1 \
+                      }\nserve = { queue_limit = 0 }\n";
+    let e = err(interferer);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.starts_with(&format!(
+            "{FILE}:7:1: workload[0].serve: not allowed with role \"interferer\""
+        )),
+        "{e}"
+    );
+}
+
+/// A scenario built in code is held to the same rules, by field.
+#[test]
+fn validate_checks_serve_on_the_value() {
+    let base = parse(&served("")).unwrap();
+    let problems = |s: &Scenario| -> Vec<String> {
+        let e = s.validate(&MODELS).unwrap_err();
+        e.to_string().lines().map(str::to_string).collect()
+    };
+    let mut s = base.clone();
+    s.workloads[0].serve = ServeSpec {
+        queue_limit: 0,
+        when_full: WhenFull::Refuse,
+        batching: Some(Batching {
+            max_delay_ms: f64::INFINITY,
+            preferred: vec![9],
+        }),
+    };
+    assert_eq!(
+        problems(&s),
+        [
+            "workload[0].serve.queue_limit: found integer 0; expected an integer >= 1 (at most \
+             65536)"
+                .to_string(),
+            format!(
+                "workload[0].serve.batching.max_delay_ms: found float inf; expected {}",
+                format::max_delay_expected()
+            ),
+            format!(
+                "workload[0].serve.batching.preferred[0]: found integer 9; expected {}",
+                format::preferred_expected(Some(8))
+            ),
+        ]
+    );
+    // A program's serve table is refused by name, whatever it holds.
+    let mut s = parse("\n[[workload]]\nname = \"p\"\ncommand = [\"true\"]\n").unwrap();
+    s.workloads[0].serve.queue_limit = 8;
+    assert_eq!(problems(&s).len(), 1);
+    assert!(problems(&s)[0].starts_with("workload[0].serve: not allowed on a command workload"));
+    // Valid values write and read back the same.
+    let mut s = base;
+    s.workloads[0].serve.batching = Some(Batching {
+        max_delay_ms: 0.125,
+        preferred: vec![2],
+    });
+    s.validate(&MODELS).unwrap();
+    assert_eq!(parse(&s.to_toml_string().unwrap()).unwrap(), s);
+}

@@ -16,13 +16,16 @@ use std::path::Path;
 
 use super::error::Problem;
 use super::format::{
-    default_host, hz_expected, model_expectation, name_of, phase_expected, rate_expected,
-    seconds_expected, stretch_expected, IntRule, BATCH, JOBS, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB,
-    MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, RAMP_EXPECTED, ROLES, SMS,
-    SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, WARMUP_JOBS,
+    default_host, hz_expected, max_delay_expected, model_expectation, name_of, phase_expected,
+    preferred_expected, rate_expected, seconds_expected, stretch_expected, IntRule, BATCH, JOBS,
+    MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US,
+    PRECISIONS, QUEUE_LIMIT, RAMP_EXPECTED, ROLES, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT,
+    WARMUP_JOBS,
 };
 use super::kernel::KernelModel;
-use super::limits::{MAX_JOBS, MAX_RATE_HZ, MAX_SECONDS, MAX_STRETCH, MIN_SECONDS};
+use super::limits::{
+    MAX_BATCH_DELAY_MS, MAX_JOBS, MAX_RATE_HZ, MAX_SECONDS, MAX_STRETCH, MIN_SECONDS,
+};
 use super::model::{is_onnx_path, ModelCatalog, SpinModel, SPIN_SYNTAX};
 
 /// Synthetic models (`spin:`, `kernel:`) have no weights.
@@ -31,8 +34,8 @@ pub(super) fn is_synthetic(model: &str) -> bool {
 }
 use super::spans::{FieldPath, Spans};
 use super::{
-    Backend, DeviceSpec, Host, Mechanism, PartitionSpec, Precision, ProtectionSpec, Ramp, Rate,
-    Role, RunLength, Scenario, TimingSpec, WorkloadSpec,
+    Backend, Batching, DeviceSpec, Host, Mechanism, PartitionSpec, Precision, ProtectionSpec, Ramp,
+    Rate, Role, RunLength, Scenario, ServeSpec, TimingSpec, WorkloadSpec,
 };
 
 use FieldPath::{Cpu, Partition, Top, Workload};
@@ -361,6 +364,7 @@ impl Checker<'_, '_> {
             );
         }
         self.workload_gpu(i, w, device);
+        self.serve(i, w);
         if let Some(p) = &w.program {
             self.program(i, w, p, device);
             return;
@@ -401,6 +405,84 @@ impl Checker<'_, '_> {
                  workload is best_effort: remove stretch, or make it critical"
                     .to_string(),
             );
+        }
+    }
+
+    /// `[workload.serve]`: only where `isolane serve` has requests to queue (a model workload
+    /// that is not an interferer), within its bounds.
+    fn serve(&mut self, i: usize, w: &WorkloadSpec) {
+        let path = Workload(i, "serve");
+        if w.serve == ServeSpec::default() && !self.spans.written(path) {
+            return;
+        }
+        let refusal = if w.program.is_some() {
+            Some(
+                "not allowed on a command workload: `isolane serve` serves models, and a program \
+                 has no requests to queue or batch; remove it",
+            )
+        } else if w.role == Role::Interferer && !self.spans.unread(Workload(i, "role")) {
+            Some(
+                "not allowed with role \"interferer\": an interferer's load is its ramp, not \
+                 requests to queue or batch; remove it, or set role = \"standalone\"",
+            )
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            self.report(path, true, why.to_string());
+            return;
+        }
+        if self.spans.unread(path) {
+            return;
+        }
+        let queue_limit = u64::from(w.serve.queue_limit);
+        self.int(FieldPath::Serve(i, "queue_limit"), queue_limit, QUEUE_LIMIT);
+        if let Some(b) = &w.serve.batching {
+            if !self.spans.unread(FieldPath::Serve(i, "batching")) {
+                self.batching(i, w, b);
+            }
+        }
+    }
+
+    /// A batch's delay within its bounds, and preferred sizes that a job of the workload's
+    /// `batch` rows can hold, each once, in order.
+    fn batching(&mut self, i: usize, w: &WorkloadSpec, b: &Batching) {
+        let path = FieldPath::Batching(i, "max_delay_ms");
+        // contains() is false for NaN, and the infinities are out of the range.
+        let in_range = (0.0..=MAX_BATCH_DELAY_MS).contains(&b.max_delay_ms);
+        if !in_range && !self.spans.unread(path) {
+            let x = b.max_delay_ms;
+            self.wrong(
+                path,
+                || format!("float {}", float_text(x)),
+                &max_delay_expected(),
+            );
+        }
+        // The bound is the batch only once the batch passed its own rules.
+        let batch = (!self.spans.unread(Workload(i, "batch")) && BATCH.allows(u64::from(w.batch)))
+            .then_some(w.batch);
+        let expected = preferred_expected(batch);
+        let mut last: Option<(usize, u32)> = None;
+        for (j, &n) in b.preferred.iter().enumerate() {
+            let path = FieldPath::Preferred(i, j);
+            if self.spans.unread(path) {
+                continue;
+            }
+            if n == 0 || batch.is_some_and(|b| n > b) {
+                self.wrong(path, || format!("integer {n}"), &expected);
+                continue;
+            }
+            if let Some((k, m)) = last.filter(|&(_, m)| n <= m) {
+                self.report(
+                    path,
+                    false,
+                    format!(
+                        "found {n} after preferred[{k}] = {m}; expected strictly increasing \
+                         batch sizes (each once, smallest first), e.g. [4, 8]"
+                    ),
+                );
+            }
+            last = Some((j, n));
         }
     }
 

@@ -5,10 +5,12 @@
 use serde::Serialize;
 
 use super::error::SpecError;
-use super::format::{name_of, BACKENDS, CRITICALITIES, HOSTS, LATE, MECHANISMS, PRECISIONS, ROLES};
+use super::format::{
+    name_of, BACKENDS, CRITICALITIES, HOSTS, LATE, MECHANISMS, PRECISIONS, ROLES, WHEN_FULL,
+};
 use super::{
-    PartitionSpec, ProgramSpec, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, TimingSpec,
-    WorkloadSpec,
+    PartitionSpec, ProgramSpec, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, ServeSpec,
+    TimingSpec, WorkloadSpec,
 };
 
 #[derive(Serialize)]
@@ -91,6 +93,25 @@ struct OutWorkload<'a> {
     backend: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     gpu: Option<u32>,
+    /// Written only when it is not the default, so that a scenario without one writes as before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    serve: Option<OutServe<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutServe<'a> {
+    queue_limit: u32,
+    when_full: &'static str,
+    /// `None`: the criticality's default, which the file says by leaving the table out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batching: Option<OutBatching<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutBatching<'a> {
+    max_delay_ms: f64,
+    #[serde(skip_serializing_if = "<[u32]>::is_empty")]
+    preferred: &'a [u32],
 }
 
 #[derive(Serialize)]
@@ -142,6 +163,17 @@ fn out_partition(p: &PartitionSpec) -> Option<OutPartition<'_>> {
     })
 }
 
+fn out_serve(s: &ServeSpec) -> Option<OutServe<'_>> {
+    (!s.is_default()).then(|| OutServe {
+        queue_limit: s.queue_limit,
+        when_full: name_of(WHEN_FULL, s.when_full),
+        batching: s.batching.as_ref().map(|b| OutBatching {
+            max_delay_ms: b.max_delay_ms,
+            preferred: &b.preferred,
+        }),
+    })
+}
+
 fn out_program<'a>(w: &'a WorkloadSpec, p: &'a ProgramSpec) -> OutProgram<'a> {
     OutProgram {
         name: &w.name,
@@ -189,5 +221,6 @@ fn out_workload(w: &WorkloadSpec) -> OutWorkload<'_> {
         stretch: w.stretch,
         backend: name_of(BACKENDS, w.backend),
         gpu: w.gpu,
+        serve: out_serve(&w.serve),
     }
 }

@@ -41,6 +41,7 @@ impl<'a> Walk<'a> {
         let cpu = self.cpu_list(i, t);
         let backend = self.workload_backend(t, device);
         let partition = self.partition(i, t);
+        let serve = self.serve(i, t, None, true);
         WorkloadSpec {
             name: name.unwrap_or_default().to_string(),
             rate: Rate::Max(MaxRate::Max),
@@ -50,6 +51,7 @@ impl<'a> Walk<'a> {
             host: Host::Process,
             partition,
             backend,
+            serve,
             program: Some(ProgramSpec {
                 command,
                 env,
