@@ -2,12 +2,7 @@
 //! only declares them and maps results to exit codes (0 ok, 1 runtime failure, 2 user mistake,
 //! 130 interrupted — see docs/runtime.md).
 
-mod app_models;
-mod app_worker;
 mod cmd;
-mod engine_exec;
-mod kernel_exec;
-mod seeded_input;
 
 use std::process::ExitCode;
 
@@ -138,7 +133,7 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> ExitCode {
     // The one engine of this process, passed to every command that runs workloads.
-    let engine = engine_exec::EngineExecutorsImpl::shared();
+    let engine = isolane_executors::engine::EngineExecutorsImpl::shared();
     let result = match command {
         Command::Run(a) => cmd::run::run(a, &engine),
         Command::Maxrate(a) => cmd::maxrate::run(a, &engine),

@@ -217,7 +217,7 @@ fn run_in_partitions(
     let settings = |partitions: HashMap<String, Partition>| RunSettings {
         device: &scenario.device,
         timing: &scenario.timing,
-        models: Arc::new(crate::app_models::AppModels),
+        models: Arc::new(isolane_executors::app_models::AppModels),
         partitions,
         stop,
         out: Some(out),
@@ -236,7 +236,10 @@ fn run_in_partitions(
             let mut parts: HashMap<String, Partition> = HashMap::new();
             for w in &workloads.workloads {
                 if let Some(g) = session.take_green_group(&w.name) {
-                    parts.insert(w.name.clone(), crate::app_models::shared_partition(g));
+                    parts.insert(
+                        w.name.clone(),
+                        isolane_executors::app_models::shared_partition(g),
+                    );
                 }
             }
             let records = session.records().to_vec();

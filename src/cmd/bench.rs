@@ -225,15 +225,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     for name in &args.model {
         let graph = build_model(name, Weights::Synthetic { seed: args.seed })?;
         let target = |p| match &cuda {
-            Some(_) => crate::engine_exec::Target::Cuda {
+            Some(_) => isolane_executors::engine::Target::Cuda {
                 gpu: args.gpu,
                 precision: p,
             },
-            None => crate::engine_exec::Target::Cpu,
+            None => isolane_executors::engine::Target::Cpu,
         };
         for &batch in &args.batch {
             for &p in &precisions {
-                crate::engine_exec::check_batch_fits(&graph, batch, target(p))
+                isolane_executors::engine::check_batch_fits(&graph, batch, target(p))
                     .map_err(|reason| user(format!("--batch {batch} ({name}, {p}): {reason}")))?;
             }
         }
@@ -256,8 +256,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
                                 .with_context(|| {
                                     format!("compiling {name} batch {batch} {p} for cuda")
                                 })?;
-                            let input =
-                                crate::seeded_input::random_normal(m.input_mut().len(), args.seed);
+                            let input = isolane_executors::seeded_input::random_normal(
+                                m.input_mut().len(),
+                                args.seed,
+                            );
                             m.input_mut().copy_from_slice(&input);
                             m.run()?;
                             forward_ms = Some(m.device_ms(50)?);
@@ -274,7 +276,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
                         ),
                     };
                 let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
-                let input = crate::seeded_input::random_normal(model.input_mut().len(), args.seed);
+                let input = isolane_executors::seeded_input::random_normal(
+                    model.input_mut().len(),
+                    args.seed,
+                );
                 model.input_mut().copy_from_slice(&input);
                 let (t, wall) = time_jobs(model.as_mut(), args.warmup, args.replays)?;
                 let r = BenchResult {

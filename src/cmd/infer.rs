@@ -168,14 +168,14 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
     };
 
     let target = if args.backend == "cuda" {
-        crate::engine_exec::Target::Cuda {
+        isolane_executors::engine::Target::Cuda {
             gpu: args.gpu,
             precision,
         }
     } else {
-        crate::engine_exec::Target::Cpu
+        isolane_executors::engine::Target::Cpu
     };
-    crate::engine_exec::check_batch_fits(&graph, batch, target)
+    isolane_executors::engine::check_batch_fits(&graph, batch, target)
         .map_err(|reason| user(format!("--batch {batch}: {reason}")))?;
 
     let t0 = Instant::now();
@@ -195,7 +195,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
             Some(r) => format!(
                 "cuda (GPU {}), {precision}; {}",
                 args.gpu,
-                crate::engine_exec::plan_check_line(&r)
+                isolane_executors::engine::plan_check_line(&r)
             ),
             None => format!("cuda (GPU {}), {precision}", args.gpu),
         };
@@ -273,7 +273,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
             (repeat(&one, batch), format!("{}", p.display()))
         }
         Given::Random => (
-            crate::seeded_input::random_normal(per * batch, args.seed),
+            isolane_executors::seeded_input::random_normal(per * batch, args.seed),
             format!("random N(0,1), seed {}", args.seed),
         ),
     };

@@ -411,7 +411,7 @@ pub fn device_title(scenario: &Scenario) -> String {
 /// share this process's context on their GPU, counted once per GPU, with the first of them.
 /// `None` on the CPU and for `spin:` models (they allocate nothing on the device).
 pub fn memory_estimates_mib(scenario: &Scenario) -> Vec<Option<u64>> {
-    use crate::engine_exec::{planned_model_mib, CUDA_PROCESS_MIB};
+    use isolane_executors::engine::{planned_model_mib, CUDA_PROCESS_MIB};
     let mut own_context_counted = std::collections::BTreeSet::new();
     scenario
         .workloads

@@ -29,7 +29,7 @@ pub fn run(_args: WorkerArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
     let roles = isolane_runtime::worker::WorkerRoles {
         engine: Some(engine.as_ref()),
         probes: Some(&isolane_session::verify::GpuProbes),
-        apps: Some(&crate::app_worker::AppWorker),
+        apps: Some(&isolane_executors::app_worker::AppWorker),
     };
     let code = isolane_runtime::worker::run_worker(
         BufReader::new(std::io::stdin()),

@@ -121,8 +121,8 @@ fn backend_in(
         // A worker behind an MPS daemon sees its GPU under the index its environment gives,
         // and a critical app's worker of a protected run its stream's priority.
         None => isolane_cuda::CudaBackend::with_own_stream(
-            crate::engine_exec::gpu_index(device),
-            crate::engine_exec::worker_is_urgent(),
+            crate::engine::gpu_index(device),
+            crate::engine::worker_is_urgent(),
         ),
     }
     .map_err(|e| e.to_string())

@@ -1,10 +1,10 @@
 //! Plugs the inference engine into the runtime: every workload whose model is not `spin:` is a
 //! real network (a built-in architecture or an ONNX file), compiled once for its batch and
-//! precision and run once per job, or a synthetic `kernel:` workload (`kernel_exec`).
+//! precision and run once per job, or a synthetic `kernel:` workload (`kernel.rs`).
 //!
-//! The runtime does not depend on the engine; `main` builds one [`EngineExecutorsImpl`] and
-//! passes it down (to the coordinator and to `isolane worker` alike), so both build models the
-//! same way.
+//! The runtime does not depend on the engine; the binary's `main` builds one
+//! [`EngineExecutorsImpl`] and passes it down (to the coordinator and to `isolane worker`
+//! alike), so both build models the same way.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -318,7 +318,7 @@ pub fn planned_model_mib(device: &DeviceSpec, spec: &WorkloadSpec) -> Option<u64
         return None;
     }
     if let Some(kernel) = spec.kernel() {
-        return Some(crate::kernel_exec::device_bytes(kernel).div_ceil(MIB));
+        return Some(crate::kernel::device_bytes(kernel).div_ceil(MIB));
     }
     if check_name(spec).is_err() {
         return None;
@@ -464,9 +464,9 @@ fn reads_a_file(spec: &WorkloadSpec) -> bool {
 
 impl EngineExecutors for EngineExecutorsImpl {
     fn check(&self, device: &DeviceSpec, spec: &WorkloadSpec) -> Result<(), ExecError> {
-        if let Some(kernel) = crate::kernel_exec::parse(spec)? {
+        if let Some(kernel) = crate::kernel::parse(spec)? {
             check_backend(device, spec)?;
-            return crate::kernel_exec::check(device, spec, kernel);
+            return crate::kernel::check(device, spec, kernel);
         }
         check_name(spec)?;
         check_backend(device, spec)?;
@@ -496,12 +496,12 @@ impl EngineExecutors for EngineExecutorsImpl {
         partition: Option<Partition>,
     ) -> Result<Box<dyn Executor>, ExecError> {
         check_backend(device, spec)?;
-        if let Some(kernel) = crate::kernel_exec::parse(spec)? {
+        if let Some(kernel) = crate::kernel::parse(spec)? {
             let group = match device.backend {
                 SpecBackend::Cuda => partition.map(|p| green_group(spec, p)).transpose()?,
                 SpecBackend::Cpu => None,
             };
-            return crate::kernel_exec::build(device, spec, kernel, group);
+            return crate::kernel::build(device, spec, kernel, group);
         }
         let cached = if reads_a_file(spec) {
             self.checked.lock().ok().and_then(|mut cache| {

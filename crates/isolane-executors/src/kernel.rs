@@ -1,16 +1,16 @@
 //! The synthetic `kernel:` workloads as executors (core's `spec::kernel` says what they are):
 //! on `backend = "cuda"` the GPU kernels of `isolane_cuda::synthetic`, in the workload's green
-//! context when its plan carried one (as a model is, `engine_exec::build_cuda`); on the CPU
+//! context when its plan carried one (as a model is, `engine::build_cuda`); on the CPU
 //! the equivalents of `isolane_engine::synthetic`, on the workload's own (pinned) thread.
 
 use isolane_core::spec::{Backend as SpecBackend, DeviceSpec, KernelModel, WorkloadSpec};
 use isolane_runtime::exec::{ExecError, Executor};
 
-use crate::engine_exec::{engine_err, gpu_index, precision, worker_is_urgent};
+use crate::engine::{engine_err, gpu_index, precision, worker_is_urgent};
 
 /// `Some` for a `kernel:` model; a malformed one is the user's mistake (validation catches it
 /// first in a scenario file, this covers specs built in code).
-pub fn parse(spec: &WorkloadSpec) -> Result<Option<KernelModel>, ExecError> {
+pub(crate) fn parse(spec: &WorkloadSpec) -> Result<Option<KernelModel>, ExecError> {
     if !spec.model.starts_with("kernel:") {
         return Ok(None);
     }
@@ -24,7 +24,7 @@ pub fn parse(spec: &WorkloadSpec) -> Result<Option<KernelModel>, ExecError> {
 }
 
 /// Device memory a kernel workload allocates: its buffers, and cuBLASLt's workspace for a GEMM.
-pub fn device_bytes(kernel: KernelModel) -> u64 {
+pub(crate) fn device_bytes(kernel: KernelModel) -> u64 {
     let workspace = match kernel {
         KernelModel::Gemm { .. } => isolane_cuda::synthetic::GEMM_WORKSPACE as u64,
         _ => 0,
@@ -33,7 +33,7 @@ pub fn device_bytes(kernel: KernelModel) -> u64 {
 }
 
 /// On the CPU the buffers must fit this machine's memory (a GPU's is admission control's).
-pub fn check(
+pub(crate) fn check(
     device: &DeviceSpec,
     spec: &WorkloadSpec,
     kernel: KernelModel,
@@ -58,7 +58,7 @@ pub fn check(
 
 /// Builds the executor on the calling thread: on the GPU in `group` when given, else on a
 /// stream of its own in the device's primary context.
-pub fn build(
+pub(crate) fn build(
     device: &DeviceSpec,
     spec: &WorkloadSpec,
     kernel: KernelModel,
@@ -140,7 +140,7 @@ impl Executor for GpuKernelExecutor {
     }
 
     fn device_memory_mib(&self) -> Option<f64> {
-        Some(self.kernel.device_bytes() as f64 / crate::engine_exec::MIB as f64)
+        Some(self.kernel.device_bytes() as f64 / crate::engine::MIB as f64)
     }
 }
 
