@@ -108,28 +108,8 @@ pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
 /// terminal as the tables do.
 pub const ERROR_WIDTH: usize = 80 - "error: ".len();
 
-/// `text` wrapped at `width` columns (characters) on spaces, each paragraph (a line of `text`)
-/// on its own and continuation lines indented by two spaces; a word longer than a line (a path)
-/// stays whole.
-pub fn wrap_message(text: &str, width: usize) -> String {
-    let mut out: Vec<String> = Vec::new();
-    for paragraph in text.lines() {
-        let mut line = String::new();
-        for word in paragraph.split(' ').filter(|w| !w.is_empty()) {
-            let len = line.chars().count();
-            if len > 0 && len + 1 + word.chars().count() > width {
-                out.push(std::mem::take(&mut line));
-                line.push_str("  ");
-            }
-            if !line.trim_start().is_empty() {
-                line.push(' ');
-            }
-            line.push_str(word);
-        }
-        out.push(line);
-    }
-    out.join("\n")
-}
+/// The wrapping rule of every message ([`isolane_core::text::wrap_message`]).
+pub use isolane_core::text::wrap_message;
 
 /// The scenario `isolane run` uses without a file (`scenarios/quickstart.toml`, built in).
 pub const QUICKSTART: &str = include_str!("../../scenarios/quickstart.toml");

@@ -21,6 +21,7 @@ pub mod spec;
 pub mod stats;
 #[cfg(feature = "test-support")]
 pub mod system_packages;
+pub mod text;
 
 pub use job::JobRecord;
 pub use metrics::WorkloadMetrics;

@@ -28,6 +28,7 @@
 //! On several GPUs of one model ([`plan_gpus`]) the workloads are first placed on GPUs
 //! (pinned ones stay, the others first-fit decreasing), then each GPU is planned as above.
 
+pub mod auto;
 mod budget;
 pub mod cache;
 mod gpus;
