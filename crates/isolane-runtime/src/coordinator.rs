@@ -82,7 +82,7 @@ impl RunPlan {
     }
 
     /// The guard of this plan and each workload's part in it (`None`: unprotected run).
-    fn guard(&self) -> std::io::Result<Option<(Arc<Guard>, Vec<GuardSetup>)>> {
+    pub fn guard(&self) -> std::io::Result<Option<(Arc<Guard>, Vec<GuardSetup>)>> {
         if !self.protects() || !self.protection.guard {
             return Ok(None);
         }

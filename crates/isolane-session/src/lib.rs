@@ -16,7 +16,7 @@
 //! It sits above `isolane-runtime` (which knows nothing of GPUs) and `isolane-gpu` (which
 //! knows nothing of workloads' hosts), so that neither depends on the other.
 
-mod live;
+pub mod live;
 pub mod maxrate;
 pub mod telemetry;
 pub mod verify;
@@ -272,7 +272,7 @@ pub fn measure(
 
 /// `plan` with each workload's green group (if the session made one for it) in its
 /// `partition`.
-fn plan_in(session: &mut PartitionSession<'_>, plan: &RunPlan) -> RunPlan {
+pub fn plan_in(session: &mut PartitionSession<'_>, plan: &RunPlan) -> RunPlan {
     let mut plan = plan.clone();
     for w in &mut plan.workloads {
         if let Some(group) = session.take_green_group(&w.spec.name) {

@@ -55,7 +55,7 @@ pub fn begin(
 }
 
 /// A partition in the words summary.json's `partitions` uses.
-fn partition_words(backend: Backend, p: Option<&ResolvedPartition>) -> String {
+pub fn partition_words(backend: Backend, p: Option<&ResolvedPartition>) -> String {
     match (backend, p) {
         (Backend::Cpu, _) | (_, Some(ResolvedPartition::Cpu)) => "cpu".into(),
         (_, None | Some(ResolvedPartition::Whole)) => "whole GPU".into(),

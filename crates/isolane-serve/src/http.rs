@@ -1,0 +1,305 @@
+//! The KServe v2 / Triton HTTP/REST front end (docs/serve.md, docs/protocol.md): health,
+//! metadata, model configuration, the repository index, inference (JSON tensors and the
+//! binary tensor data extension) and `GET /metrics`, on the bounded HTTP/1.1 server of
+//! `isolane_metrics::http` (connection cap, whole-request deadline, keep-alive).
+//!
+//! Every request is one access-log line (`tracing`, target `isolane::access`).
+
+use std::future::Future;
+use std::time::Instant;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use isolane_metrics::http::{text_response, Limits};
+use isolane_protocol::{
+    decode_request, encode_response, health_status, parse_header_length, ProtocolError,
+    RepositoryIndexEntry, RepositoryIndexRequest, ResponseMeta, ServerMetadata, HEADER_LENGTH,
+};
+use tokio::net::TcpListener;
+
+use crate::{wire, InferRequest, Refusal, Server};
+
+/// The server's HTTP limits: many long-lived client connections (perf_analyzer and
+/// tritonclient keep theirs open), a minute for a whole request (queueing included), the
+/// header as small as the metrics endpoint's.
+pub const LIMITS: Limits = Limits {
+    max_connections: 1024,
+    request_deadline: std::time::Duration::from_secs(60),
+    keep_alive: true,
+    idle_timeout: std::time::Duration::from_secs(120),
+    shutdown_grace: std::time::Duration::from_secs(5),
+    max_header_bytes: 16 * 1024,
+    max_headers: 100,
+};
+
+const JSON: &str = "application/json";
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves `server` on `listener` until `shutdown` completes.
+pub async fn serve_http(server: Server, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let handler = move |request: Request<Incoming>| {
+        let server = server.clone();
+        async move { answer(&server, request).await }
+    };
+    isolane_metrics::http::run(listener, LIMITS, handler, shutdown).await;
+}
+
+async fn answer(server: &Server, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let began = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let (response, model, late) = route(server, request).await;
+    let status = response.status().as_u16();
+    tracing::info!(
+        target: "isolane::access",
+        protocol = "http",
+        method = %method,
+        path = %path,
+        model = model.as_deref().unwrap_or(""),
+        status,
+        late,
+        us = began.elapsed().as_micros() as u64,
+    );
+    response
+}
+
+type Routed = (Response<Full<Bytes>>, Option<String>, bool);
+
+async fn route(server: &Server, request: Request<Incoming>) -> Routed {
+    let method = request.method().clone();
+    let path = request.uri().path().trim_end_matches('/').to_string();
+    let parts: Vec<&str> = path.split('/').skip(1).collect();
+    let plain = |r| (r, None, false);
+    match (&method, parts.as_slice()) {
+        (&Method::GET, ["metrics"]) => plain(text_response(
+            StatusCode::OK,
+            OPENMETRICS,
+            server.metrics().encode(),
+        )),
+        (&Method::GET, ["v2", "health", "live"]) => plain(health(server.is_live())),
+        (&Method::GET, ["v2", "health", "ready"]) => plain(health(server.is_ready())),
+        (&Method::GET, ["v2"]) => plain(json(StatusCode::OK, &server_metadata())),
+        (&Method::POST, ["v2", "repository", "index"]) => {
+            plain(repository_index(server, request).await)
+        }
+        (_, ["v2", "models", name, rest @ ..]) => {
+            let name = percent_decode(name);
+            let rest = match rest {
+                ["versions", _, tail @ ..] => tail,
+                tail => tail,
+            };
+            model_route(server, &method, &name, rest, request).await
+        }
+        (&Method::GET | &Method::POST, _) => plain(error(
+            StatusCode::NOT_FOUND,
+            format!("no such endpoint: {method} {path}"),
+        )),
+        _ => plain(error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not served; GET and POST are"),
+        )),
+    }
+}
+
+async fn model_route(
+    server: &Server,
+    method: &Method,
+    name: &str,
+    rest: &[&str],
+    request: Request<Incoming>,
+) -> Routed {
+    let with = |r| (r, Some(name.to_string()), false);
+    let Some(info) = server.model(name) else {
+        let refusal = server.unknown(name);
+        return with(refused(&refusal));
+    };
+    match (method, rest) {
+        (&Method::GET, []) => with(json(StatusCode::OK, &wire::metadata(info))),
+        (&Method::GET, ["ready"]) => with(health(server.is_ready())),
+        (&Method::GET, ["config"]) => with(json(StatusCode::OK, &wire::config(info))),
+        (&Method::GET, ["stats"]) => with(json(StatusCode::OK, &serde_json::json!({}))),
+        (&Method::POST, ["infer"]) => infer(server, name, request).await,
+        _ => with(error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no such endpoint for model `{name}`: {method} /{}",
+                rest.join("/")
+            ),
+        )),
+    }
+}
+
+async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Routed {
+    let fail = |r| (r, Some(name.to_string()), false);
+    let header_len = match request.headers().get(HEADER_LENGTH) {
+        None => None,
+        Some(v) => match parse_header_length(v.as_bytes()) {
+            Ok(n) => Some(n),
+            Err(e) => return fail(protocol_error(&e)),
+        },
+    };
+    let Some(info) = server.model(name) else {
+        return fail(refused(&server.unknown(name)));
+    };
+    let limits = wire::limits(info);
+    let body = match read_body(request, limits.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => return fail(protocol_error(&e)),
+    };
+    let decoded = match decode_request(&body, header_len, &limits) {
+        Ok(d) => d,
+        Err(e) => return fail(protocol_error(&e)),
+    };
+    drop(body);
+    let selection = decoded.outputs.clone();
+    let meta = ResponseMeta {
+        model_name: name.to_string(),
+        model_version: Some("1".into()),
+        id: decoded.id.clone(),
+        parameters: Default::default(),
+    };
+    let request = InferRequest {
+        outputs: selection
+            .requested
+            .as_ref()
+            .map(|r| r.iter().map(|o| o.name.clone()).collect()),
+        deadline: decoded.deadline_ms.map(std::time::Duration::from_millis),
+        inputs: decoded.inputs,
+    };
+    let response = match server.infer(name, request).await {
+        Ok(r) => r,
+        Err(refusal) => return fail(refused(&refusal)),
+    };
+    let late = response.late;
+    let mut meta = meta;
+    if late {
+        meta.parameters.set_late(true);
+    }
+    match encode_response(&meta, &response.outputs, &selection) {
+        Ok(encoded) => {
+            let content_type = encoded.content_type();
+            let mut r = Response::new(Full::new(Bytes::from(encoded.body)));
+            r.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+            if let Some(n) = encoded.header_len {
+                r.headers_mut().insert(HEADER_LENGTH, HeaderValue::from(n));
+            }
+            (r, Some(name.to_string()), late)
+        }
+        Err(e) => fail(protocol_error(&e)),
+    }
+}
+
+/// Reads a body of at most `limit` bytes (413 beyond).
+async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ProtocolError> {
+    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
+    match Limited::new(request.into_body(), limit_usize)
+        .collect()
+        .await
+    {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ProtocolError::TooLarge {
+            what: "the request body".into(),
+            size: u128::from(limit) + 1,
+            limit,
+        }),
+        Err(e) => Err(ProtocolError::Json {
+            what: "the request body",
+            message: format!("could not be read: {e}"),
+        }),
+    }
+}
+
+async fn repository_index(server: &Server, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let body = match read_body(request, 64 * 1024).await {
+        Ok(b) => b,
+        Err(e) => return protocol_error(&e),
+    };
+    let asked = match RepositoryIndexRequest::decode(&body) {
+        Ok(a) => a,
+        Err(e) => return protocol_error(&e),
+    };
+    let ready = server.is_ready();
+    let entries: Vec<RepositoryIndexEntry> = server
+        .models()
+        .filter(|_| ready || !asked.ready)
+        .map(|m| wire::index_entry(m, ready))
+        .collect();
+    json(StatusCode::OK, &entries)
+}
+
+fn server_metadata() -> ServerMetadata {
+    wire::server_metadata()
+}
+
+fn health(ok: bool) -> Response<Full<Bytes>> {
+    let status = StatusCode::from_u16(health_status(ok)).unwrap_or(StatusCode::BAD_REQUEST);
+    text_response(status, "text/plain", Bytes::new())
+}
+
+fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(value) {
+        Ok(body) => text_response(status, JSON, body),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+fn error(status: StatusCode, message: String) -> Response<Full<Bytes>> {
+    json_body(status, &message)
+}
+
+fn json_body(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({ "error": message }).to_string();
+    text_response(status, JSON, body)
+}
+
+fn protocol_error(e: &ProtocolError) -> Response<Full<Bytes>> {
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+    json_body(status, &e.to_string())
+}
+
+fn refused(r: &Refusal) -> Response<Full<Bytes>> {
+    let status = StatusCode::from_u16(r.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+    let mut response = json_body(status, &r.to_string());
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// `%XX` escapes of a path segment (a model name with a space or slash as a client sends it).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).map(|d| d as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn percent_escapes_decode_and_stray_ones_stay() {
+        assert_eq!(super::percent_decode("a%20b"), "a b");
+        assert_eq!(super::percent_decode("50%"), "50%");
+        assert_eq!(super::percent_decode("%zz%é"), "%zz%é");
+    }
+}

@@ -1,0 +1,447 @@
+//! One served model: its queue, the admission of each request against its deadline, and the
+//! thread that owns the model and runs its jobs (one request, or a dynamic batch of them).
+//!
+//! Admission predicts a request's completion when it arrives: the job running now ends at its
+//! start plus the service estimate, each job queued ahead takes the estimate, and so does the
+//! request's own. A request predicted past its deadline is refused at once; one taken that
+//! still ends late is answered with `late = true` and counted. The estimate is the median of
+//! the last jobs' service times (the warm-up's to begin with): a mean would let one preempted
+//! job refuse a burst of requests that would all have made it.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use isolane_core::spec::{Batching, Criticality, WhenFull};
+use isolane_protocol::{DataType, Tensor};
+use isolane_runtime::clock;
+use isolane_runtime::exec::{Executor, TensorInfo};
+use isolane_runtime::guard::{CriticalPublisher, GuardRole};
+use tokio::sync::oneshot;
+
+use crate::request::{
+    check_inputs, copy_le_f32, le_bytes, CheckedInputs, InferRequest, InferResponse, Refusal,
+};
+use crate::stats::ModelStats;
+
+/// What a served model is, as clients and metrics see it.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The workload's name.
+    pub name: String,
+    /// The workload's model (a built-in name, a file, `spin:`).
+    pub source: String,
+    pub inputs: Vec<TensorInfo>,
+    pub outputs: Vec<TensorInfo>,
+    /// Rows per job: the workload's `batch`, which the model was compiled for.
+    pub max_batch: usize,
+    pub criticality: Criticality,
+    /// The deadline of a request that states none.
+    pub deadline: Option<Duration>,
+    pub queue_limit: u32,
+    pub when_full: WhenFull,
+    pub batching: Option<Batching>,
+    /// `cpu` or `cuda`.
+    pub backend: &'static str,
+    /// The partition in words (`cpu`, `green 24 SMs`, `whole GPU`).
+    pub partition: String,
+    /// Median service time of the warm-up's jobs.
+    pub warm_service: Duration,
+}
+
+/// A request taken into the queue.
+struct Queued {
+    inputs: CheckedInputs,
+    reply: oneshot::Sender<Result<InferResponse, Refusal>>,
+    arrived: i64,
+    /// Absolute, ns on the monotonic clock.
+    deadline: Option<i64>,
+}
+
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Queued>,
+    rows: usize,
+    /// When the running job began (0: none running).
+    running_since: i64,
+    /// No more requests: drain what is queued, then end.
+    closing: bool,
+    /// Requests taken and not yet answered (queued or running).
+    in_flight: usize,
+}
+
+/// The state a model's submitters and its thread share.
+pub(crate) struct ServedModel {
+    pub info: ModelInfo,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    /// Median service time of recent jobs (ns), for admission.
+    service_ns: AtomicI64,
+    /// The guard's view of this model when it is critical in a protected server.
+    publisher: Option<Arc<CriticalPublisher>>,
+    pub stats: Arc<ModelStats>,
+    next_seq: AtomicU64,
+}
+
+impl ServedModel {
+    pub fn new(
+        info: ModelInfo,
+        publisher: Option<Arc<CriticalPublisher>>,
+        stats: Arc<ModelStats>,
+    ) -> ServedModel {
+        let service = info.warm_service.as_nanos().min(i64::MAX as u128) as i64;
+        if let Some(p) = &publisher {
+            p.set_estimate(service);
+            p.idle(deadline_ns(info.deadline));
+        }
+        ServedModel {
+            info,
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            service_ns: AtomicI64::new(service),
+            publisher,
+            stats,
+            next_seq: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // A panic on the model thread while holding the lock leaves the queue as it was
+        // between two whole operations: keep serving from it.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes `req` or refuses it (not ready, bad input, queue full, predicted late). The
+    /// answer comes on the receiver when its job has run.
+    pub fn submit(
+        &self,
+        req: InferRequest,
+    ) -> Result<oneshot::Receiver<Result<InferResponse, Refusal>>, Refusal> {
+        let arrived = clock::now_ns();
+        let name = &self.info.name;
+        let relative = req.deadline.or(self.info.deadline);
+        let inputs = check_inputs(
+            name,
+            &self.info.inputs,
+            &self.info.outputs,
+            self.info.max_batch,
+            req,
+        )?;
+        let (tx, rx) = oneshot::channel();
+        let mut q = self.lock();
+        if q.closing {
+            return Err(Refusal::Draining {
+                model: name.clone(),
+            });
+        }
+        if q.items.len() >= self.info.queue_limit as usize {
+            match self.info.when_full {
+                WhenFull::Refuse => {
+                    return Err(Refusal::QueueFull {
+                        model: name.clone(),
+                        limit: self.info.queue_limit,
+                    })
+                }
+                WhenFull::DropOldest => {
+                    if let Some(old) = q.items.pop_front() {
+                        q.rows -= old.inputs.rows;
+                        q.in_flight -= 1;
+                        self.stats.rejected("dropped");
+                        let _ = old.reply.send(Err(Refusal::Dropped {
+                            model: name.clone(),
+                        }));
+                    }
+                }
+            }
+        }
+        let deadline = relative.map(|d| arrived.saturating_add(duration_ns(d)));
+        if let Some(due) = deadline {
+            let (predicted, ahead) = self.predict(&q, arrived, inputs.rows);
+            if predicted > due {
+                let ms = |ns: i64| ns as f64 / 1e6;
+                return Err(Refusal::WouldBeLate {
+                    model: name.clone(),
+                    predicted_ms: ms(predicted - arrived),
+                    deadline_ms: ms(due - arrived),
+                    lateness_ms: ms(predicted - due),
+                    ahead,
+                    service_ms: ms(self.service_ns.load(Ordering::Relaxed)),
+                });
+            }
+        }
+        if let Some(p) = &self.publisher {
+            if q.items.is_empty() && q.running_since == 0 {
+                let seq = self.next_seq.load(Ordering::Relaxed);
+                p.pending(seq, arrived, deadline);
+            }
+        }
+        q.rows += inputs.rows;
+        q.in_flight += 1;
+        q.items.push_back(Queued {
+            inputs,
+            reply: tx,
+            arrived,
+            deadline,
+        });
+        self.stats.queue_length(q.items.len());
+        drop(q);
+        self.wake.notify_one();
+        Ok(rx)
+    }
+
+    /// When a request of `rows` arriving at `now` would complete, and how many jobs are ahead
+    /// of its own.
+    fn predict(&self, q: &Queue, now: i64, rows: usize) -> (i64, usize) {
+        let service = self.service_ns.load(Ordering::Relaxed);
+        let free_at = if q.running_since > 0 {
+            (q.running_since + service).max(now)
+        } else {
+            now
+        };
+        let ahead = match &self.info.batching {
+            // Batched: the queued rows and its own fill jobs of max_batch rows; it waits at
+            // most the batch delay for company.
+            Some(b) => {
+                let jobs = (q.rows + rows).div_ceil(self.info.max_batch.max(1));
+                let delay = (b.max_delay_ms * 1e6) as i64;
+                return (free_at + jobs as i64 * service + delay, jobs - 1);
+            }
+            None => q.items.len(),
+        };
+        (free_at + (ahead as i64 + 1) * service, ahead)
+    }
+
+    /// Stops taking requests; the thread answers what is queued, then ends.
+    pub fn close(&self) {
+        self.lock().closing = true;
+        self.wake.notify_all();
+    }
+
+    /// Requests taken and not answered yet.
+    pub fn in_flight(&self) -> usize {
+        self.lock().in_flight
+    }
+
+    /// The model thread's loop, until closed and empty. `stop` cuts a held best-effort piece
+    /// short at shutdown.
+    pub fn serve(&self, exec: &mut dyn Executor, role: &mut GuardRole, stop: &AtomicBool) {
+        let mut recent = Recent::new(self.service_ns.load(Ordering::Relaxed));
+        while let Some(batch) = self.next_batch() {
+            let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+            let rows: usize = batch.iter().map(|r| r.inputs.rows).sum();
+            fill_inputs(exec, &batch);
+            let ran = match &self.publisher {
+                Some(p) => run_critical(exec, p, seq),
+                None => role.run_job(exec, seq, stop),
+            };
+            let done = clock::now_ns();
+            let mut q = self.lock();
+            q.running_since = 0;
+            q.in_flight -= batch.len();
+            if let Some(p) = &self.publisher {
+                match q.items.front() {
+                    Some(next) => p.pending(seq + 1, next.arrived, next.deadline),
+                    None => p.idle(deadline_ns(self.info.deadline)),
+                }
+            }
+            drop(q);
+            match ran {
+                Ok((start, end, held)) => {
+                    let job = end - start;
+                    self.service_ns.store(recent.push(job), Ordering::Relaxed);
+                    self.stats.job(rows, job, held);
+                    self.answer(exec, batch, start, end, rows);
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    for r in batch {
+                        self.stats.rejected("failed");
+                        let _ = r.reply.send(Err(Refusal::Failed {
+                            model: self.info.name.clone(),
+                            message: message.clone(),
+                        }));
+                    }
+                }
+            }
+            let _ = done;
+        }
+    }
+
+    /// Waits for the next job's requests: one request, or (batching) what is queued up to the
+    /// compiled batch, waiting up to the batch delay for a preferred size. `None`: closed and
+    /// empty.
+    fn next_batch(&self) -> Option<Vec<Queued>> {
+        let mut q = self.lock();
+        loop {
+            if !q.items.is_empty() {
+                break;
+            }
+            if q.closing {
+                return None;
+            }
+            q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+        let max = self.info.max_batch.max(1);
+        if let Some(b) = &self.info.batching {
+            let first = q.items.front().map_or(0, |r| r.arrived);
+            let until = first.saturating_add((b.max_delay_ms * 1e6) as i64);
+            loop {
+                let rows = fitting_rows(&q.items, max);
+                let full = rows == max || b.preferred.iter().any(|&p| p as usize == rows);
+                let now = clock::now_ns();
+                // A later request that does not fit ends the batch, as does the delay.
+                let blocked = q.items.len() > fitting_count(&q.items, max);
+                if full || blocked || now >= until || q.closing {
+                    break;
+                }
+                let wait = Duration::from_nanos((until - now) as u64);
+                q = self
+                    .wake
+                    .wait_timeout(q, wait)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            }
+        }
+        let take = match &self.info.batching {
+            Some(_) => fitting_count(&q.items, max).max(1),
+            None => 1,
+        };
+        let batch: Vec<Queued> = q.items.drain(..take).collect();
+        q.rows -= batch.iter().map(|r| r.inputs.rows).sum::<usize>();
+        q.running_since = clock::now_ns();
+        self.stats.queue_length(q.items.len());
+        Some(batch)
+    }
+
+    /// Sends each request its rows of the outputs.
+    fn answer(&self, exec: &dyn Executor, batch: Vec<Queued>, start: i64, end: i64, rows: usize) {
+        let infos = &self.info.outputs;
+        let mut row = 0;
+        for r in batch {
+            let n = r.inputs.rows;
+            let outputs = r
+                .inputs
+                .outputs
+                .iter()
+                .map(|&o| {
+                    let info = &infos[o];
+                    let per = info.row_elements();
+                    let data = exec.output(o).unwrap_or(&[]);
+                    let mine = data.get(row * per..(row + n) * per).unwrap_or(&[]);
+                    let mut shape: Vec<u64> = info.shape.iter().map(|&d| d as u64).collect();
+                    if let Some(b) = shape.first_mut() {
+                        *b = n as u64;
+                    }
+                    Tensor::new(info.name.clone(), DataType::Fp32, shape, le_bytes(mine))
+                })
+                .collect::<Result<Vec<_>, _>>();
+            row += n;
+            let late = r.deadline.is_some_and(|d| end > d);
+            self.stats
+                .answered(end - r.arrived, late, (start - r.arrived).max(0));
+            let reply = outputs
+                .map(|outputs| InferResponse {
+                    outputs,
+                    late,
+                    queued_us: ((start - r.arrived).max(0) / 1000) as u64,
+                    job_us: ((end - start) / 1000) as u64,
+                    job_rows: rows,
+                })
+                .map_err(|e| Refusal::Failed {
+                    model: self.info.name.clone(),
+                    message: e.to_string(),
+                });
+            let _ = r.reply.send(reply);
+        }
+    }
+}
+
+/// A critical model's job: the guard knows when it starts and how long it took.
+fn run_critical(
+    exec: &mut dyn Executor,
+    p: &CriticalPublisher,
+    seq: u64,
+) -> Result<(i64, i64, i64), isolane_runtime::ExecError> {
+    let start = clock::now_ns();
+    p.started(start);
+    exec.run_job()?;
+    let end = clock::now_ns();
+    p.ended(seq, end - start);
+    Ok((start, end, 0))
+}
+
+/// Copies each request's rows into the model's input buffers, one after the other; the rows
+/// past them (a batch not full) are zeros, so that a job's result never depends on an earlier
+/// request's data.
+fn fill_inputs(exec: &mut dyn Executor, batch: &[Queued]) {
+    let n = batch.first().map_or(0, |r| r.inputs.tensors.len());
+    for i in 0..n {
+        let Some(buf) = exec.input_mut(i) else {
+            continue;
+        };
+        let mut at = 0;
+        for r in batch {
+            let src = r.inputs.tensors[i].data();
+            let len = (src.len() / 4).min(buf.len() - at);
+            copy_le_f32(&mut buf[at..at + len], src);
+            at += len;
+        }
+        buf[at..].fill(0.0);
+    }
+}
+
+/// How many requests from the front fit in one job of `max` rows (at least the first).
+fn fitting_count(items: &VecDeque<Queued>, max: usize) -> usize {
+    let mut rows = 0;
+    let mut n = 0;
+    for r in items {
+        if rows + r.inputs.rows > max {
+            break;
+        }
+        rows += r.inputs.rows;
+        n += 1;
+    }
+    n
+}
+
+fn fitting_rows(items: &VecDeque<Queued>, max: usize) -> usize {
+    items
+        .iter()
+        .take(fitting_count(items, max))
+        .map(|r| r.inputs.rows)
+        .sum()
+}
+
+fn duration_ns(d: Duration) -> i64 {
+    d.as_nanos().min(i64::MAX as u128) as i64
+}
+
+fn deadline_ns(d: Option<Duration>) -> Option<i64> {
+    d.map(duration_ns)
+}
+
+/// The last jobs' service times and their median.
+struct Recent {
+    times: VecDeque<i64>,
+}
+
+impl Recent {
+    const KEEP: usize = 31;
+
+    fn new(first: i64) -> Recent {
+        Recent {
+            times: VecDeque::from([first]),
+        }
+    }
+
+    fn push(&mut self, ns: i64) -> i64 {
+        if self.times.len() == Self::KEEP {
+            self.times.pop_front();
+        }
+        self.times.push_back(ns);
+        let mut v: Vec<i64> = self.times.iter().copied().collect();
+        v.sort_unstable();
+        v[v.len() / 2]
+    }
+}

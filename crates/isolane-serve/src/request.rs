@@ -1,0 +1,334 @@
+//! What a client asks a served model for and what it gets back, independent of the wire
+//! (HTTP or gRPC): checked tensors in, tensors out, and the reasons a request is refused.
+
+use std::time::Duration;
+
+use isolane_protocol::{DataType, GrpcCode, ProtocolError, Tensor};
+use isolane_runtime::exec::TensorInfo;
+
+/// One inference request, decoded by a front end.
+#[derive(Debug)]
+pub struct InferRequest {
+    /// The client's inputs, in any order; each model input exactly once.
+    pub inputs: Vec<Tensor>,
+    /// The outputs asked for (`None`: all of them).
+    pub outputs: Option<Vec<String>>,
+    /// The request's own deadline (`deadline_ms`); `None`: the model's.
+    pub deadline: Option<Duration>,
+}
+
+/// A completed request.
+#[derive(Debug)]
+pub struct InferResponse {
+    /// The outputs asked for, in the model's order, FP32 with the request's rows.
+    pub outputs: Vec<Tensor>,
+    /// Completed after its deadline (answered all the same, and counted).
+    pub late: bool,
+    /// Time in the queue and in the job it ran in (µs), for access logs.
+    pub queued_us: u64,
+    pub job_us: u64,
+    /// Rows of the job it ran in (more than the request's own when batched).
+    pub job_rows: usize,
+}
+
+/// Why a request got no answer from its model. Each maps to one HTTP status and gRPC code.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    #[error("unknown model `{name}`; served models: {served}")]
+    UnknownModel { name: String, served: String },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(
+        "model `{model}`: refused, its queue is full ({limit} requests waiting; \
+         [workload.serve] queue_limit)"
+    )]
+    QueueFull { model: String, limit: u32 },
+    #[error(
+        "model `{model}`: refused, predicted to complete {lateness_ms:.3} ms after its \
+         deadline ({predicted_ms:.3} ms predicted against a deadline of {deadline_ms:.3} ms: \
+         {ahead} queued ahead, {service_ms:.3} ms per job)"
+    )]
+    WouldBeLate {
+        model: String,
+        predicted_ms: f64,
+        deadline_ms: f64,
+        lateness_ms: f64,
+        ahead: usize,
+        service_ms: f64,
+    },
+    #[error(
+        "model `{model}`: dropped from a full queue for a newer request \
+         ([workload.serve] when_full = \"drop_oldest\")"
+    )]
+    Dropped { model: String },
+    #[error("the server is shutting down; model `{model}` takes no new requests")]
+    Draining { model: String },
+    #[error("model `{model}`: the inference failed: {message}")]
+    Failed { model: String, message: String },
+}
+
+impl Refusal {
+    /// The reason label of `isolane_serve_rejections_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::UnknownModel { .. } => "unknown_model",
+            Refusal::BadRequest(_) => "bad_request",
+            Refusal::QueueFull { .. } => "queue_full",
+            Refusal::WouldBeLate { .. } => "deadline",
+            Refusal::Dropped { .. } => "dropped",
+            Refusal::Draining { .. } => "draining",
+            Refusal::Failed { .. } => "failed",
+        }
+    }
+
+    /// 429 for the refusals a client may retry later (queue, deadline), as the issue's
+    /// interface fixes; 503 while draining.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Refusal::UnknownModel { .. } => 404,
+            Refusal::BadRequest(_) => 400,
+            Refusal::QueueFull { .. } | Refusal::WouldBeLate { .. } | Refusal::Dropped { .. } => {
+                429
+            }
+            Refusal::Draining { .. } => 503,
+            Refusal::Failed { .. } => 500,
+        }
+    }
+
+    pub fn grpc_code(&self) -> GrpcCode {
+        match self {
+            Refusal::UnknownModel { .. } => GrpcCode::NotFound,
+            Refusal::BadRequest(_) => GrpcCode::InvalidArgument,
+            Refusal::QueueFull { .. } | Refusal::WouldBeLate { .. } | Refusal::Dropped { .. } => {
+                GrpcCode::ResourceExhausted
+            }
+            Refusal::Draining { .. } => GrpcCode::Unavailable,
+            Refusal::Failed { .. } => GrpcCode::Internal,
+        }
+    }
+}
+
+impl From<ProtocolError> for Refusal {
+    fn from(e: ProtocolError) -> Self {
+        Refusal::BadRequest(e.to_string())
+    }
+}
+
+/// A request's inputs checked against its model and put in the model's input order, with
+/// their row count.
+#[derive(Debug)]
+pub(crate) struct CheckedInputs {
+    pub tensors: Vec<Tensor>,
+    pub rows: usize,
+    /// Indices (into the model's outputs) to answer with.
+    pub outputs: Vec<usize>,
+}
+
+/// Checks `req` against a model's tensors: every input present once, FP32, `[rows, ...]` with
+/// the compiled shape after the batch and `1 ≤ rows ≤ max_batch`, the same rows in every
+/// input; outputs asked for exist.
+pub(crate) fn check_inputs(
+    model: &str,
+    inputs: &[TensorInfo],
+    outputs: &[TensorInfo],
+    max_batch: usize,
+    req: InferRequest,
+) -> Result<CheckedInputs, Refusal> {
+    let bad = |m: String| Refusal::BadRequest(format!("model `{model}`: {m}"));
+    let mut given = req.inputs;
+    if let Some(extra) = given
+        .iter()
+        .find(|t| !inputs.iter().any(|i| i.name == t.name()))
+    {
+        return Err(bad(format!(
+            "unknown input `{}`; its inputs: {}",
+            extra.name(),
+            names(inputs)
+        )));
+    }
+    let mut ordered = Vec::with_capacity(inputs.len());
+    let mut rows: Option<usize> = None;
+    for info in inputs {
+        let Some(at) = given.iter().position(|t| t.name() == info.name) else {
+            return Err(bad(format!(
+                "input `{}` is missing; its inputs: {}",
+                info.name,
+                names(inputs)
+            )));
+        };
+        let t = given.swap_remove(at);
+        if t.datatype() != DataType::Fp32 {
+            return Err(bad(format!(
+                "input `{}` is {}; the model takes FP32",
+                info.name,
+                t.datatype().name()
+            )));
+        }
+        let want = &info.shape[1..];
+        let shape = t.shape();
+        let n = shape.first().copied().unwrap_or(0);
+        if shape.len() != info.shape.len()
+            || shape[1..].iter().zip(want).any(|(&a, &b)| a != b as u64)
+            || n == 0
+            || n > max_batch as u64
+        {
+            return Err(bad(format!(
+                "input `{}` has shape {:?}; the model takes [n, {}] with 1 ≤ n ≤ {max_batch}",
+                info.name,
+                shape,
+                want.iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let n = n as usize;
+        if *rows.get_or_insert(n) != n {
+            return Err(bad(format!(
+                "input `{}` has {n} rows where another input has {}; every input needs the \
+                 same batch",
+                info.name,
+                rows.unwrap_or(0)
+            )));
+        }
+        ordered.push(t);
+    }
+    let outputs = match req.outputs {
+        None => (0..outputs.len()).collect(),
+        Some(asked) => asked
+            .iter()
+            .map(|name| {
+                outputs.iter().position(|o| o.name == *name).ok_or_else(|| {
+                    bad(format!(
+                        "unknown output `{name}`; its outputs: {}",
+                        names(outputs)
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    Ok(CheckedInputs {
+        tensors: ordered,
+        rows: rows.unwrap_or(1),
+        outputs,
+    })
+}
+
+fn names(ts: &[TensorInfo]) -> String {
+    ts.iter()
+        .map(|t| format!("`{}` {:?}", t.name, t.shape))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Writes little-endian f32 bytes into `dst` (the model's buffer).
+pub(crate) fn copy_le_f32(dst: &mut [f32], src: &[u8]) {
+    for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+}
+
+/// `src` as little-endian f32 bytes.
+pub(crate) fn le_bytes(src: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(src.len() * 4);
+    for v in src {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str, shape: &[usize]) -> TensorInfo {
+        TensorInfo {
+            name: name.into(),
+            shape: shape.to_vec(),
+        }
+    }
+
+    fn fp32(name: &str, shape: &[u64]) -> Tensor {
+        let n: u64 = shape.iter().product();
+        Tensor::new(
+            name,
+            DataType::Fp32,
+            shape.to_vec(),
+            vec![0; n as usize * 4],
+        )
+        .unwrap()
+    }
+
+    fn req(inputs: Vec<Tensor>) -> InferRequest {
+        InferRequest {
+            inputs,
+            outputs: None,
+            deadline: None,
+        }
+    }
+
+    #[test]
+    fn inputs_are_put_in_the_models_order_and_rows_counted() {
+        let ins = [info("a", &[4, 3]), info("b", &[4, 2])];
+        let outs = [info("y", &[4, 1])];
+        let c = check_inputs(
+            "m",
+            &ins,
+            &outs,
+            4,
+            req(vec![fp32("b", &[2, 2]), fp32("a", &[2, 3])]),
+        )
+        .unwrap();
+        assert_eq!(c.rows, 2);
+        assert_eq!(c.tensors[0].name(), "a");
+        assert_eq!(c.outputs, vec![0]);
+    }
+
+    #[test]
+    fn each_mismatch_is_refused_by_name() {
+        let ins = [info("a", &[4, 3])];
+        let outs = [info("y", &[4, 1])];
+        let e = |r| {
+            check_inputs("m", &ins, &outs, 4, r)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(e(req(vec![fp32("a", &[5, 3])])).contains("1 ≤ n ≤ 4"));
+        assert!(e(req(vec![fp32("a", &[1, 2])])).contains("[n, 3]"));
+        assert!(e(req(vec![])).contains("input `a` is missing"));
+        assert!(e(req(vec![fp32("a", &[1, 3]), fp32("z", &[1])])).contains("unknown input `z`"));
+        let half = Tensor::new("a", DataType::Fp16, vec![1, 3], vec![0; 6]).unwrap();
+        assert!(e(req(vec![half])).contains("FP16; the model takes FP32"));
+        let mut r = req(vec![fp32("a", &[1, 3])]);
+        r.outputs = Some(vec!["nope".into()]);
+        assert!(e(r).contains("unknown output `nope`"));
+    }
+
+    #[test]
+    fn refusals_map_to_the_interfaces_codes() {
+        let late = Refusal::WouldBeLate {
+            model: "m".into(),
+            predicted_ms: 3.0,
+            deadline_ms: 1.0,
+            lateness_ms: 2.0,
+            ahead: 1,
+            service_ms: 1.5,
+        };
+        assert_eq!(late.http_status(), 429);
+        assert_eq!(late.grpc_code(), GrpcCode::ResourceExhausted);
+        assert!(late.to_string().contains("2.000 ms after its deadline"));
+        let full = Refusal::QueueFull {
+            model: "m".into(),
+            limit: 3,
+        };
+        assert_eq!((full.http_status(), full.reason()), (429, "queue_full"));
+    }
+
+    #[test]
+    fn le_round_trip() {
+        let v = [1.5f32, -0.0, f32::MAX];
+        let mut back = [0f32; 3];
+        copy_le_f32(&mut back, &le_bytes(&v));
+        assert_eq!(v.map(f32::to_bits), back.map(f32::to_bits));
+    }
+}

@@ -1,0 +1,250 @@
+//! The server's Prometheus families, per served model (`GET /metrics` on the HTTP address;
+//! docs/serve.md lists them). Updated by submitters and model threads; the scrape encodes the
+//! registry on the HTTP server's runtime, never on a model thread.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    pub model: String,
+    /// [`crate::Refusal::reason`].
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InfoLabels {
+    pub model: String,
+    pub backend: String,
+    pub partition: String,
+    pub criticality: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 20 µs to about 5 s.
+    Histogram::new(exponential_buckets(20e-6, 2.0, 19))
+}
+
+fn rows_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 11))
+}
+
+/// Every family of the server.
+pub struct ServeMetrics {
+    registry: Registry,
+    requests: Family<ModelLabels, Counter>,
+    rejections: Family<RejectionLabels, Counter>,
+    queue_length: Family<ModelLabels, Gauge>,
+    latency: Family<ModelLabels, Histogram, fn() -> Histogram>,
+    queue_time: Family<ModelLabels, Histogram, fn() -> Histogram>,
+    late: Family<ModelLabels, Counter>,
+    jobs: Family<ModelLabels, Counter>,
+    job_rows: Family<ModelLabels, Histogram, fn() -> Histogram>,
+    held: Family<ModelLabels, Counter<f64, AtomicU64>>,
+    info: Family<InfoLabels, Gauge>,
+    partition_sms: Family<ModelLabels, Gauge>,
+}
+
+impl Default for ServeMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ServeMetrics {
+    pub fn new() -> ServeMetrics {
+        let mut registry = Registry::with_prefix("isolane_serve");
+        let m = ServeMetrics {
+            requests: Family::default(),
+            rejections: Family::default(),
+            queue_length: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            queue_time: Family::new_with_constructor(latency_histogram),
+            late: Family::default(),
+            jobs: Family::default(),
+            job_rows: Family::new_with_constructor(rows_histogram),
+            held: Family::default(),
+            info: Family::default(),
+            partition_sms: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "requests",
+            "Inference requests received, taken or not",
+            m.requests.clone(),
+        );
+        registry.register(
+            "rejections",
+            "Requests refused or not answered, by reason (deadline, queue_full, dropped, \
+             draining, bad_request, unknown_model, failed)",
+            m.rejections.clone(),
+        );
+        registry.register(
+            "queue_length",
+            "Requests waiting for a job",
+            m.queue_length.clone(),
+        );
+        registry.register_with_unit(
+            "latency",
+            "From a request's arrival to its answer",
+            Unit::Seconds,
+            m.latency.clone(),
+        );
+        registry.register_with_unit(
+            "queue",
+            "From a request's arrival to the start of its job",
+            Unit::Seconds,
+            m.queue_time.clone(),
+        );
+        registry.register(
+            "late",
+            "Requests answered after their deadline (marked late = true)",
+            m.late.clone(),
+        );
+        registry.register(
+            "jobs",
+            "Jobs run (one or a batch of requests)",
+            m.jobs.clone(),
+        );
+        registry.register(
+            "job_rows",
+            "Rows per job (the requests' batch dimensions, summed)",
+            m.job_rows.clone(),
+        );
+        registry.register_with_unit(
+            "guard_held",
+            "Time best-effort jobs were held by the criticality guard",
+            Unit::Seconds,
+            m.held.clone(),
+        );
+        registry.register(
+            "model_info",
+            "A served model and its partition",
+            m.info.clone(),
+        );
+        registry.register(
+            "partition_sms",
+            "SMs of a model's green partition",
+            m.partition_sms.clone(),
+        );
+        ServeMetrics { registry, ..m }
+    }
+
+    /// The figures of one model, for its submitters and thread.
+    pub fn model(
+        self: &Arc<Self>,
+        name: &str,
+        info: (&str, &str, &str),
+        sms: Option<u32>,
+    ) -> Arc<ModelStats> {
+        let labels = ModelLabels {
+            model: name.to_string(),
+        };
+        let (backend, partition, criticality) = info;
+        self.info
+            .get_or_create(&InfoLabels {
+                model: name.to_string(),
+                backend: backend.to_string(),
+                partition: partition.to_string(),
+                criticality: criticality.to_string(),
+            })
+            .set(1);
+        if let Some(sms) = sms {
+            self.partition_sms.get_or_create(&labels).set(sms.into());
+        }
+        // Created now so that a scrape lists every model from the start.
+        let _ = self.requests.get_or_create(&labels);
+        let _ = self.late.get_or_create(&labels);
+        let _ = self.queue_length.get_or_create(&labels);
+        Arc::new(ModelStats {
+            metrics: Arc::clone(self),
+            labels,
+        })
+    }
+
+    /// A request for a model that is not served.
+    pub fn unknown_model(&self, name: &str) {
+        self.rejections
+            .get_or_create(&RejectionLabels {
+                model: name.chars().take(64).collect(),
+                reason: "unknown_model".into(),
+            })
+            .inc();
+    }
+
+    /// The exposition text.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// One model's handle on the families.
+pub struct ModelStats {
+    metrics: Arc<ServeMetrics>,
+    labels: ModelLabels,
+}
+
+impl ModelStats {
+    pub fn received(&self) {
+        self.metrics.requests.get_or_create(&self.labels).inc();
+    }
+
+    pub fn rejected(&self, reason: &str) {
+        self.metrics
+            .rejections
+            .get_or_create(&RejectionLabels {
+                model: self.labels.model.clone(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn queue_length(&self, n: usize) {
+        self.metrics
+            .queue_length
+            .get_or_create(&self.labels)
+            .set(n as i64);
+    }
+
+    pub fn job(&self, rows: usize, _job_ns: i64, held_ns: i64) {
+        self.metrics.jobs.get_or_create(&self.labels).inc();
+        self.metrics
+            .job_rows
+            .get_or_create(&self.labels)
+            .observe(rows as f64);
+        if held_ns > 0 {
+            self.metrics
+                .held
+                .get_or_create(&self.labels)
+                .inc_by(held_ns as f64 / 1e9);
+        }
+    }
+
+    pub fn answered(&self, latency_ns: i64, late: bool, queued_ns: i64) {
+        self.metrics
+            .latency
+            .get_or_create(&self.labels)
+            .observe(latency_ns as f64 / 1e9);
+        self.metrics
+            .queue_time
+            .get_or_create(&self.labels)
+            .observe(queued_ns as f64 / 1e9);
+        if late {
+            self.metrics.late.get_or_create(&self.labels).inc();
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The serving session on `spin:` models (they echo one value per row after their service
+//! time): admission, batching, queue bounds and the drain, without an engine.
+
+use std::time::Duration;
+
+use isolane_core::spec::Scenario;
+use isolane_protocol::{DataType, Tensor};
+use isolane_runtime::coordinator::RunPlan;
+use isolane_runtime::exec::{EngineExecutors, ExecError, Executor, SPIN_INPUT, SPIN_OUTPUT};
+
+use super::*;
+
+struct NoEngine;
+
+impl EngineExecutors for NoEngine {
+    fn check(
+        &self,
+        _: &isolane_core::spec::DeviceSpec,
+        _: &isolane_core::spec::WorkloadSpec,
+    ) -> Result<(), ExecError> {
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        _: &isolane_core::spec::DeviceSpec,
+        spec: &isolane_core::spec::WorkloadSpec,
+        _: u64,
+        _: usize,
+        _: Option<isolane_runtime::partition::Partition>,
+    ) -> Result<Box<dyn Executor>, ExecError> {
+        Err(ExecError::EngineUnavailable {
+            workload: spec.name.clone(),
+            model: spec.model.clone(),
+        })
+    }
+}
+
+fn server(toml: &str) -> Server {
+    server_with(toml, |_| {})
+}
+
+fn server_with(toml: &str, change: impl FnOnce(&mut Scenario)) -> Server {
+    let mut scenario =
+        Scenario::from_toml_str(toml, "t.toml", &isolane_core::spec::NoBuiltinModels)
+            .unwrap_or_else(|e| panic!("{e}"));
+    change(&mut scenario);
+    let plan = RunPlan::from_scenario(&scenario);
+    let words: Vec<_> = plan
+        .workloads
+        .iter()
+        .map(|_| ("cpu".into(), None))
+        .collect();
+    let options = ServeOptions {
+        engine: std::sync::Arc::new(NoEngine),
+        seed: 1,
+    };
+    Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn rows(values: &[f32]) -> InferRequest {
+    let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let t = Tensor::new(
+        SPIN_INPUT,
+        DataType::Fp32,
+        vec![values.len() as u64, 1],
+        data,
+    )
+    .unwrap();
+    InferRequest {
+        inputs: vec![t],
+        outputs: None,
+        deadline: None,
+    }
+}
+
+fn values(r: &InferResponse) -> Vec<f32> {
+    let t = &r.outputs[0];
+    assert_eq!(t.name(), SPIN_OUTPUT);
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+const ONE: &str = r#"
+[[workload]]
+name = "echo"
+model = "spin:2ms"
+batch = 4
+rate_hz = 10
+duration_s = 1
+deadline_ms = 5000
+"#;
+
+#[test]
+fn a_request_gets_its_own_rows_back() {
+    let s = server(ONE);
+    let info = s.model("echo").unwrap();
+    assert_eq!(info.max_batch, 4);
+    assert_eq!(info.inputs[0].shape, vec![4, 1]);
+    let r = block_on(s.infer("echo", rows(&[1.0, 2.0]))).unwrap();
+    assert_eq!(values(&r), vec![1.0, 2.0]);
+    assert_eq!(r.outputs[0].shape(), &[2, 1]);
+    assert!(!r.late);
+    let d = s.drain(Duration::from_secs(5));
+    assert_eq!(d.abandoned, 0);
+}
+
+#[test]
+fn bad_requests_are_refused_by_name() {
+    let s = server(ONE);
+    let e = block_on(s.infer("nope", rows(&[1.0]))).unwrap_err();
+    assert_eq!(e.http_status(), 404);
+    assert!(e.to_string().contains("`echo`"), "{e}");
+    let e = block_on(s.infer("echo", rows(&[1.0; 5]))).unwrap_err();
+    assert_eq!(e.http_status(), 400);
+    assert!(e.to_string().contains("1 ≤ n ≤ 4"), "{e}");
+    s.drain(Duration::from_secs(5));
+}
+
+#[test]
+fn an_impossible_deadline_is_refused_up_front_not_answered_late() {
+    let s = server(ONE);
+    let mut r = rows(&[1.0]);
+    // The spin takes 2 ms; 1 ms cannot be met even with an empty queue.
+    r.deadline = Some(Duration::from_millis(1));
+    let e = s.submit("echo", r).unwrap_err();
+    assert_eq!(e.http_status(), 429);
+    assert_eq!(e.reason(), "deadline");
+    assert!(e.to_string().contains("after its deadline"), "{e}");
+    let text = s.metrics().encode();
+    assert!(
+        text.contains(r#"isolane_serve_rejections_total{model="echo",reason="deadline"} 1"#),
+        "{text}"
+    );
+    s.drain(Duration::from_secs(5));
+}
+
+#[test]
+fn a_full_queue_refuses_and_drop_oldest_answers_the_oldest() {
+    let toml = r#"
+[[workload]]
+name = "slow"
+model = "spin:200ms"
+batch = 1
+rate_hz = "max"
+duration_s = 1
+"#;
+    let s = server_with(toml, |sc| sc.workloads[0].serve.queue_limit = 8);
+    // One running, 64 queued (the default limit), then refusals.
+    let mut pending = Vec::new();
+    let mut refused = 0;
+    for i in 0..70 {
+        match s.submit("slow", rows(&[i as f32])) {
+            Ok(rx) => pending.push(rx),
+            Err(e) => {
+                assert_eq!(e.reason(), "queue_full", "{e}");
+                refused += 1;
+            }
+        }
+    }
+    // At most one running and 8 queued.
+    assert!(refused >= 70 - 9, "{refused} refused");
+    // The drain's grace is short: what is still queued gets an error, nothing hangs.
+    let d = s.drain(Duration::from_millis(10));
+    assert!(d.abandoned > 0);
+    drop(pending);
+
+    let s = server_with(toml, |sc| {
+        sc.workloads[0].serve.queue_limit = 2;
+        sc.workloads[0].serve.when_full = isolane_core::spec::WhenFull::DropOldest;
+    });
+    let all: Vec<_> = (0..6)
+        .map(|i| s.submit("slow", rows(&[i as f32])).unwrap())
+        .collect();
+    // The first may be running already; of the rest only the two newest stay queued.
+    let answers: Vec<_> = all.into_iter().map(|rx| block_on(rx).unwrap()).collect();
+    let dropped = answers
+        .iter()
+        .filter(|a| matches!(a, Err(Refusal::Dropped { .. })))
+        .count();
+    assert!((2..=4).contains(&dropped), "{dropped} dropped");
+    assert_eq!(
+        values(answers[5].as_ref().unwrap()),
+        vec![5.0],
+        "the newest is kept"
+    );
+    s.drain(Duration::from_secs(5));
+}
+
+#[test]
+fn best_effort_batches_what_is_queued() {
+    let toml = r#"
+[[workload]]
+name = "batched"
+model = "spin:300ms"
+batch = 8
+rate_hz = 1
+duration_s = 1
+criticality = "best_effort"
+"#;
+    let s = server(toml);
+    // The first request starts a job alone; the next ones queue behind it and run together.
+    let first = s.submit("batched", rows(&[0.0])).unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    let rest: Vec<_> = (1..5)
+        .map(|i| s.submit("batched", rows(&[i as f32])).unwrap())
+        .collect();
+    let r0 = block_on(first).unwrap().unwrap();
+    assert_eq!(values(&r0), vec![0.0]);
+    for (i, rx) in rest.into_iter().enumerate() {
+        let r = block_on(rx).unwrap().unwrap();
+        assert_eq!(
+            values(&r),
+            vec![(i + 1) as f32],
+            "each request gets its own row"
+        );
+        // Queued together behind the first (with it, if it had not started yet).
+        assert!(
+            r.job_rows >= 4,
+            "the queued requests ran as one job: {}",
+            r.job_rows
+        );
+    }
+    s.drain(Duration::from_secs(5));
+}
+
+#[test]
+fn a_draining_server_refuses_new_requests_and_answers_taken_ones() {
+    let s = server(ONE);
+    let taken = s.submit("echo", rows(&[7.0])).unwrap();
+    let d = s.drain(Duration::from_secs(10));
+    assert_eq!(d.abandoned, 0);
+    assert!(!s.is_ready());
+    let r = block_on(taken).unwrap().unwrap();
+    assert_eq!(values(&r), vec![7.0]);
+    let e = s.submit("echo", rows(&[1.0])).unwrap_err();
+    assert_eq!((e.http_status(), e.reason()), (503, "draining"));
+}
