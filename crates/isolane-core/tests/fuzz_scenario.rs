@@ -4,9 +4,10 @@
 //! negative, NaN, wrong type). Below them, the summary.json reader's target (mutated summaries). `cargo test` runs a bounded number of cases
 //! (`ISOLANE_FUZZ_CASES`, default 3000, well under a second); `scripts/fuzz.sh` runs many more.
 
-use isolane_core::spec::limits::MAX_SECONDS;
+use isolane_core::spec::limits::{MAX_BATCH_DELAY_MS, MAX_QUEUE_LIMIT, MAX_SECONDS};
 use isolane_core::spec::{
-    Rate, Role, RunLength, Scenario, DEVICE_KEYS, TIMING_KEYS, WORKLOAD_KEYS,
+    Rate, Role, RunLength, Scenario, BATCHING_KEYS, DEVICE_KEYS, SERVE_KEYS, TIMING_KEYS,
+    WORKLOAD_KEYS,
 };
 use proptest::prelude::*;
 
@@ -67,6 +68,15 @@ const VALUES: &[&str] = &[
     "{ mig_profile = \"1g.10gb\" }",
     "{ from_hz = 1, to_hz = 1e300, steps = 4294967295, step_s = 1e-300 }",
     "{ from_hz = nan, to_hz = 1, steps = 0, step_s = 1 }",
+    "65536",
+    "65537",
+    "\"drop_oldest\"",
+    "[4, 8]",
+    "[8, 4]",
+    "[1, 4294967295]",
+    "{ batching = {} }",
+    "{ queue_limit = 0, when_full = \"drop_oldest\", batching = { max_delay_ms = nan, preferred = \
+     [0, 8, 4] } }",
 ];
 
 fn config() -> ProptestConfig {
@@ -145,18 +155,36 @@ fn table(keys: &[&'static str]) -> impl Strategy<Value = String> {
     .prop_map(|pairs| pairs.iter().map(|(k, v)| format!("{k} = {v}\n")).collect())
 }
 
+/// A workload's keys, then maybe its `[workload.serve]` and `[workload.serve.batching]` tables.
+fn workload_tables() -> impl Strategy<Value = String> {
+    (
+        table(WORKLOAD_KEYS),
+        prop::option::of(table(SERVE_KEYS)),
+        prop::option::of(table(BATCHING_KEYS)),
+    )
+        .prop_map(|(w, serve, batching)| {
+            let mut s = format!("[[workload]]\n{w}\n");
+            if let Some(t) = serve {
+                s += &format!("[workload.serve]\n{t}\n");
+            }
+            if let Some(t) = batching {
+                s += &format!("[workload.serve.batching]\n{t}\n");
+            }
+            s
+        })
+}
+
 fn assembled_scenario() -> impl Strategy<Value = String> {
     (
         table(DEVICE_KEYS),
         table(TIMING_KEYS),
-        prop::collection::vec(table(WORKLOAD_KEYS), 0..4),
+        prop::collection::vec(workload_tables(), 0..4),
     )
         .prop_map(|(device, timing, workloads)| {
-            let mut s = format!("[device]\n{device}\n[timing]\n{timing}\n");
-            for w in workloads {
-                s += &format!("[[workload]]\n{w}\n");
-            }
-            s
+            format!(
+                "[device]\n{device}\n[timing]\n{timing}\n{}",
+                workloads.concat()
+            )
         })
 }
 
@@ -166,6 +194,30 @@ fn parse(text: &str) {
         // What parsed must also survive validation and a round trip.
         let _ = s.validate(&models);
         times_are_bounded(&s);
+        serve_is_bounded(&s);
+    }
+}
+
+/// Every accepted `[workload.serve]` is one a server can hold: a bounded queue, a finite
+/// delay, and preferred batch sizes that a job of the workload's batch holds, in order.
+fn serve_is_bounded(s: &Scenario) {
+    for w in &s.workloads {
+        let q = u64::from(w.serve.queue_limit);
+        assert!((1..=MAX_QUEUE_LIMIT).contains(&q), "{}: queue {q}", w.name);
+        let Some(b) = &w.serve.batching else { continue };
+        assert!(
+            (0.0..=MAX_BATCH_DELAY_MS).contains(&b.max_delay_ms),
+            "{}: delay {}",
+            w.name,
+            b.max_delay_ms
+        );
+        let p = &b.preferred;
+        assert!(
+            p.iter().all(|&n| (1..=w.batch).contains(&n)) && p.windows(2).all(|x| x[0] < x[1]),
+            "{}: preferred {p:?} at batch {}",
+            w.name,
+            w.batch
+        );
     }
 }
 
