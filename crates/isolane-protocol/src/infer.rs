@@ -8,7 +8,7 @@ use crate::params::{param_error, BINARY_DATA, BINARY_DATA_OUTPUT, BINARY_DATA_SI
 use crate::tensor::{
     check_binary, check_json_encodable, decode_json_data, element_count, shape_text, JsonData,
 };
-use crate::{DataType, Limits, Parameter, Parameters, ProtocolError, Tensor};
+use crate::{DataType, Limits, Parameter, Parameters, ProtocolError, Tensor, MAX_DIMS};
 use serde::Serialize;
 use std::collections::HashSet;
 
@@ -161,6 +161,161 @@ fn split_body<'b>(
     Ok((header, binary))
 }
 
+/// A tensor's header (name, datatype, shape, parameters), checked; its data comes next.
+pub(crate) struct TensorHeader {
+    /// "input `x`": how errors name the tensor.
+    pub what: String,
+    pub name: String,
+    pub datatype: DataType,
+    pub shape: Vec<u64>,
+    pub numel: u64,
+    /// The bytes of tensor data the message's limit leaves for this tensor.
+    pub budget: u64,
+}
+
+/// The checks shared by every form a message's tensors come in (JSON `data`, the binary
+/// extension, gRPC's raw and typed contents): names unique and not empty, a known datatype, a
+/// shape whose size fits what the limit leaves before any data is read, no shared memory; and
+/// the running total of the message's tensor bytes.
+pub(crate) struct TensorChecker<'l> {
+    role: &'static str,
+    limits: &'l Limits,
+    seen: HashSet<String>,
+    total: u64,
+}
+
+impl<'l> TensorChecker<'l> {
+    /// `role`: "input" or "output".
+    pub fn new(role: &'static str, limits: &'l Limits) -> Self {
+        TensorChecker {
+            role,
+            limits,
+            seen: HashSet::new(),
+            total: 0,
+        }
+    }
+
+    /// Checks a tensor's header, before any of its data is read.
+    pub fn header(
+        &mut self,
+        name: &str,
+        datatype: &str,
+        shape: &[i64],
+        parameters: &Parameters,
+    ) -> Result<TensorHeader, ProtocolError> {
+        let role = self.role;
+        let what = format!("{role} `{name}`");
+        let err = |field: &'static str, message: String| ProtocolError::Tensor {
+            tensor: what.clone(),
+            field,
+            message,
+        };
+        if name.is_empty() {
+            return Err(err("name", "is empty".into()));
+        }
+        if !self.seen.insert(name.to_owned()) {
+            return Err(ProtocolError::Duplicate {
+                kind: role,
+                name: name.to_owned(),
+            });
+        }
+        let datatype = DataType::parse(datatype).ok_or_else(|| {
+            err(
+                "datatype",
+                format!(
+                    "unknown datatype `{}`; the datatypes are {}",
+                    datatype.chars().take(40).collect::<String>(),
+                    DataType::allowed()
+                ),
+            )
+        })?;
+        // JSON headers are refused past this while they are read; other forms come here.
+        if shape.len() > MAX_DIMS {
+            return Err(err(
+                "shape",
+                format!(
+                    "has {} dimensions; a shape has at most {MAX_DIMS}",
+                    shape.len()
+                ),
+            ));
+        }
+        let mut dims = Vec::with_capacity(shape.len());
+        for (i, &d) in shape.iter().enumerate() {
+            let d = u64::try_from(d).map_err(|_| {
+                err(
+                    "shape",
+                    format!("dimension {i} is {d}; a dimension is 0 or more"),
+                )
+            })?;
+            dims.push(d);
+        }
+        let shape = dims;
+        let numel = element_count(&what, &shape)?;
+        // The fewest bytes the shape's data can take, against what the limit leaves, before any
+        // of it is read or allocated.
+        let least = u128::from(numel) * u128::from(datatype.min_element_bytes());
+        let limit = self.limits.max_tensor_bytes;
+        if u128::from(self.total) + least > u128::from(limit) {
+            return Err(ProtocolError::TooLarge {
+                what: format!(
+                    "{what} (shape {} of {datatype}, with the {role}s before it)",
+                    shape_text(&shape)
+                ),
+                size: u128::from(self.total) + least,
+                limit,
+            });
+        }
+        if let Some(p) = SHARED_MEMORY.iter().find(|p| parameters.contains(p)) {
+            return Err(ProtocolError::Unsupported {
+                feature: "the shared memory extension",
+                message: format!("{what} has parameter `{p}`; send its data in the body"),
+            });
+        }
+        Ok(TensorHeader {
+            what,
+            name: name.to_owned(),
+            datatype,
+            shape,
+            numel,
+            budget: limit - self.total,
+        })
+    }
+
+    /// Checks `size` bytes of binary data (about to be read from `field`) against what the
+    /// limit leaves for the tensor.
+    pub fn check_binary_size(&self, h: &TensorHeader, size: u64) -> Result<(), ProtocolError> {
+        if size > h.budget {
+            return Err(ProtocolError::TooLarge {
+                what: format!(
+                    "{}'s binary data (with the {}s before it)",
+                    h.what, self.role
+                ),
+                size: u128::from(self.total) + u128::from(size),
+                limit: self.limits.max_tensor_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks binary data as the tensor's elements ([`check_binary`]) and takes it.
+    pub fn binary(
+        &mut self,
+        h: TensorHeader,
+        field: &'static str,
+        data: Vec<u8>,
+    ) -> Result<Tensor, ProtocolError> {
+        self.check_binary_size(&h, data.len() as u64)?;
+        check_binary(&h.what, field, h.datatype, &h.shape, h.numel, &data)?;
+        Ok(self.take(h, data))
+    }
+
+    /// The tensor of a checked header and data that holds its elements.
+    pub fn take(&mut self, h: TensorHeader, data: Vec<u8>) -> Tensor {
+        self.total += data.len() as u64;
+        Tensor::checked(h.name, h.datatype, h.shape, data)
+    }
+}
+
 /// Checks and reads the tensors of a header, taking binary ones from `binary` in order.
 fn decode_tensors(
     tensors: &[InferTensor],
@@ -168,69 +323,19 @@ fn decode_tensors(
     role: &'static str,
     limits: &Limits,
 ) -> Result<Vec<Tensor>, ProtocolError> {
-    let mut seen = HashSet::new();
+    let mut checker = TensorChecker::new(role, limits);
     let mut rest = binary;
-    let mut total: u64 = 0;
     let mut out = Vec::with_capacity(tensors.len());
     for t in tensors {
-        let what = format!("{role} `{}`", t.name);
+        let h = checker.header(&t.name, &t.datatype, &t.shape, &t.parameters)?;
+        let what = h.what.clone();
         let err = |field: &'static str, message: String| ProtocolError::Tensor {
             tensor: what.clone(),
             field,
             message,
         };
-        if t.name.is_empty() {
-            return Err(err("name", "is empty".into()));
-        }
-        if !seen.insert(t.name.as_str()) {
-            return Err(ProtocolError::Duplicate {
-                kind: role,
-                name: t.name.clone(),
-            });
-        }
-        let datatype = DataType::parse(&t.datatype).ok_or_else(|| {
-            err(
-                "datatype",
-                format!(
-                    "unknown datatype `{}`; the datatypes are {}",
-                    t.datatype.chars().take(40).collect::<String>(),
-                    DataType::allowed()
-                ),
-            )
-        })?;
-        let mut shape = Vec::with_capacity(t.shape.len());
-        for (i, &d) in t.shape.iter().enumerate() {
-            let d = u64::try_from(d).map_err(|_| {
-                err(
-                    "shape",
-                    format!("dimension {i} is {d}; a dimension is 0 or more"),
-                )
-            })?;
-            shape.push(d);
-        }
-        let numel = element_count(&what, &shape)?;
-        // The fewest bytes the shape's data can take, against what the limit leaves, before any
-        // of it is read or allocated.
-        let least = u128::from(numel) * u128::from(datatype.min_element_bytes());
-        if u128::from(total) + least > u128::from(limits.max_tensor_bytes) {
-            return Err(ProtocolError::TooLarge {
-                what: format!(
-                    "{what} (shape {} of {datatype}, with the {role}s before it)",
-                    shape_text(&shape)
-                ),
-                size: u128::from(total) + least,
-                limit: limits.max_tensor_bytes,
-            });
-        }
-        let budget = limits.max_tensor_bytes - total;
-        if let Some(p) = SHARED_MEMORY.iter().find(|p| t.parameters.contains(p)) {
-            return Err(ProtocolError::Unsupported {
-                feature: "the shared memory extension",
-                message: format!("{what} has parameter `{p}`; send its data in the body"),
-            });
-        }
         let binary_size = t.parameters.int(BINARY_DATA_SIZE, &what)?;
-        let data = match (&t.data, binary_size) {
+        let tensor = match (&t.data, binary_size) {
             (Some(_), Some(_)) => {
                 return Err(err(
                     "data",
@@ -243,15 +348,18 @@ fn decode_tensors(
                     format!("missing: give `data` (JSON) or `parameters.{BINARY_DATA_SIZE}` (binary data after the JSON)"),
                 ))
             }
-            (Some(raw), None) => decode_json_data(
-                &what,
-                datatype,
-                &shape,
-                numel,
-                raw.get(),
-                budget,
-                limits.max_tensor_bytes,
-            )?,
+            (Some(raw), None) => {
+                let data = decode_json_data(
+                    &what,
+                    h.datatype,
+                    &h.shape,
+                    h.numel,
+                    raw.get(),
+                    h.budget,
+                    limits.max_tensor_bytes,
+                )?;
+                checker.take(h, data)
+            }
             (None, Some(size)) => {
                 let Some(body) = rest else {
                     return Err(param_error(
@@ -274,28 +382,13 @@ fn decode_tensors(
                         ),
                     ));
                 }
-                if size > budget {
-                    return Err(ProtocolError::TooLarge {
-                        what: format!("{what}'s binary data (with the {role}s before it)"),
-                        size: u128::from(total) + u128::from(size),
-                        limit: limits.max_tensor_bytes,
-                    });
-                }
+                checker.check_binary_size(&h, size)?;
                 let (chunk, after) = body.split_at(size as usize);
                 rest = Some(after);
-                check_binary(
-                    &what,
-                    "parameters.binary_data_size",
-                    datatype,
-                    &shape,
-                    numel,
-                    chunk,
-                )?;
-                chunk.to_vec()
+                checker.binary(h, "parameters.binary_data_size", chunk.to_vec())?
             }
         };
-        total += data.len() as u64;
-        out.push(Tensor::checked(t.name.clone(), datatype, shape, data));
+        out.push(tensor);
     }
     if let Some(left) = rest.filter(|r| !r.is_empty()) {
         return Err(ProtocolError::LeftoverBytes {
@@ -303,6 +396,48 @@ fn decode_tensors(
         });
     }
     Ok(out)
+}
+
+/// Checks the outputs a request asks for (names unique and not empty, no shared memory or
+/// classification) and reads each one's `binary_data`.
+pub(crate) fn requested_outputs<'a>(
+    outputs: impl IntoIterator<Item = (&'a str, &'a Parameters)>,
+) -> Result<Vec<OutputChoice>, ProtocolError> {
+    let mut seen = HashSet::new();
+    let mut choices = Vec::new();
+    for (name, parameters) in outputs {
+        let what = format!("output `{name}`");
+        if name.is_empty() {
+            return Err(ProtocolError::Tensor {
+                tensor: what,
+                field: "name",
+                message: "is empty".into(),
+            });
+        }
+        if !seen.insert(name) {
+            return Err(ProtocolError::Duplicate {
+                kind: "output",
+                name: name.to_owned(),
+            });
+        }
+        if let Some(p) = SHARED_MEMORY.iter().find(|p| parameters.contains(p)) {
+            return Err(ProtocolError::Unsupported {
+                feature: "the shared memory extension",
+                message: format!("{what} has parameter `{p}`"),
+            });
+        }
+        if parameters.contains("classification") {
+            return Err(ProtocolError::Unsupported {
+                feature: "the classification extension",
+                message: format!("{what} has parameter `classification`"),
+            });
+        }
+        choices.push(OutputChoice {
+            name: name.to_owned(),
+            binary: parameters.bool(BINARY_DATA, &what)?,
+        });
+    }
+    Ok(choices)
 }
 
 /// Decodes an inference request body. `header_len` is the `Inference-Header-Content-Length`
@@ -324,43 +459,9 @@ pub fn decode_request(
     let inputs = decode_tensors(&req.inputs, binary, "input", limits)?;
     let requested = match &req.outputs {
         None => None,
-        Some(outputs) => {
-            let mut seen = HashSet::new();
-            let mut choices = Vec::with_capacity(outputs.len());
-            for o in outputs {
-                let what = format!("output `{}`", o.name);
-                if o.name.is_empty() {
-                    return Err(ProtocolError::Tensor {
-                        tensor: what,
-                        field: "name",
-                        message: "is empty".into(),
-                    });
-                }
-                if !seen.insert(o.name.as_str()) {
-                    return Err(ProtocolError::Duplicate {
-                        kind: "output",
-                        name: o.name.clone(),
-                    });
-                }
-                if let Some(p) = SHARED_MEMORY.iter().find(|p| o.parameters.contains(p)) {
-                    return Err(ProtocolError::Unsupported {
-                        feature: "the shared memory extension",
-                        message: format!("{what} has parameter `{p}`"),
-                    });
-                }
-                if o.parameters.contains("classification") {
-                    return Err(ProtocolError::Unsupported {
-                        feature: "the classification extension",
-                        message: format!("{what} has parameter `classification`"),
-                    });
-                }
-                choices.push(OutputChoice {
-                    name: o.name.clone(),
-                    binary: o.parameters.bool(BINARY_DATA, &what)?,
-                });
-            }
-            Some(choices)
-        }
+        Some(outputs) => Some(requested_outputs(
+            outputs.iter().map(|o| (o.name.as_str(), &o.parameters)),
+        )?),
     };
     Ok(DecodedRequest {
         id: req.id,

@@ -120,6 +120,19 @@ pub enum ModelState {
     Unloading,
 }
 
+impl ModelState {
+    /// The state's name in the protocol (`READY`, ...), as serde writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelState::Unknown => "UNKNOWN",
+            ModelState::Ready => "READY",
+            ModelState::Unavailable => "UNAVAILABLE",
+            ModelState::Loading => "LOADING",
+            ModelState::Unloading => "UNLOADING",
+        }
+    }
+}
+
 /// One model of `POST /v2/repository/index`'s answer (a JSON array of these).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RepositoryIndexEntry {

@@ -1,0 +1,766 @@
+//! The gRPC conversions: raw and typed contents read into the same tensors as the HTTP side's,
+//! the same refusals, the response's raw outputs and `late`, the status codes, the metadata
+//! messages; and that the checked-in generated code is what the .proto generates.
+
+use super::inference::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
+use super::inference::{self, InferParameter, InferTensorContents, ModelInferRequest};
+use super::*;
+use crate::{decode_request, encode_request, ConfigTensor, ModelState, BINARY_DATA, DEADLINE_MS};
+use isolane_core::system_packages::{skip_without, SystemPackage};
+use prost::Message;
+use std::path::{Path, PathBuf};
+
+fn limits() -> Limits {
+    Limits::default()
+}
+
+fn le<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+    values.iter().flat_map(|&v| f(v)).collect()
+}
+
+/// A tensor of every datatype, with the extremes of its range.
+fn every_datatype() -> Vec<Tensor> {
+    let t = |name: &str, dt: DataType, shape: Vec<u64>, data: Vec<u8>| {
+        Tensor::new(name, dt, shape, data).unwrap()
+    };
+    vec![
+        t("b", DataType::Bool, vec![2], vec![1, 0]),
+        t("u8", DataType::Uint8, vec![2], vec![0, 255]),
+        t(
+            "u16",
+            DataType::Uint16,
+            vec![1],
+            le(&[u16::MAX], u16::to_le_bytes),
+        ),
+        t(
+            "u32",
+            DataType::Uint32,
+            vec![1],
+            le(&[u32::MAX], u32::to_le_bytes),
+        ),
+        t(
+            "u64",
+            DataType::Uint64,
+            vec![1],
+            le(&[u64::MAX], u64::to_le_bytes),
+        ),
+        t("i8", DataType::Int8, vec![2], vec![0x80, 0x7f]),
+        t(
+            "i16",
+            DataType::Int16,
+            vec![2],
+            le(&[i16::MIN, i16::MAX], i16::to_le_bytes),
+        ),
+        t(
+            "i32",
+            DataType::Int32,
+            vec![1],
+            le(&[i32::MIN], i32::to_le_bytes),
+        ),
+        t(
+            "i64",
+            DataType::Int64,
+            vec![1],
+            le(&[i64::MAX], i64::to_le_bytes),
+        ),
+        t(
+            "f16",
+            DataType::Fp16,
+            vec![2],
+            le(
+                &[half::f16::MAX, half::f16::NEG_ZERO],
+                half::f16::to_le_bytes,
+            ),
+        ),
+        t(
+            "bf16",
+            DataType::Bf16,
+            vec![1],
+            le(&[half::bf16::from_f32(-1.5)], half::bf16::to_le_bytes),
+        ),
+        // Raw and typed data carry what JSON cannot: NaN and infinities.
+        t(
+            "f32",
+            DataType::Fp32,
+            vec![2, 2],
+            le(
+                &[f32::MAX, 0.1, f32::NAN, f32::NEG_INFINITY],
+                f32::to_le_bytes,
+            ),
+        ),
+        t(
+            "f64",
+            DataType::Fp64,
+            vec![1],
+            le(&[f64::MIN_POSITIVE], f64::to_le_bytes),
+        ),
+        Tensor::from_bytes_elements("s", vec![3], &["", "héllo", "\u{0}\u{ff}"]).unwrap(),
+    ]
+}
+
+/// A request through the wire: encoded by prost and decoded again, as a server receives it.
+fn over_the_wire(req: &ModelInferRequest) -> ModelInferRequest {
+    ModelInferRequest::decode(req.encode_to_vec().as_slice()).unwrap()
+}
+
+/// Compares data bit for bit (NaN != NaN as floats).
+fn same(a: &[Tensor], b: &[Tensor]) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x, y, "{}", x.name());
+    }
+}
+
+fn request(inputs: Vec<InferInputTensor>, raw: Vec<Vec<u8>>) -> ModelInferRequest {
+    ModelInferRequest {
+        model_name: "m".into(),
+        inputs,
+        raw_input_contents: raw,
+        ..Default::default()
+    }
+}
+
+fn input(name: &str, datatype: &str, shape: &[i64]) -> InferInputTensor {
+    InferInputTensor {
+        name: name.into(),
+        datatype: datatype.into(),
+        shape: shape.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn typed(name: &str, datatype: &str, shape: &[i64], c: InferTensorContents) -> InferInputTensor {
+    InferInputTensor {
+        contents: Some(c),
+        ..input(name, datatype, shape)
+    }
+}
+
+fn refuse(req: ModelInferRequest) -> ProtocolError {
+    decode_infer_request(over_the_wire(&req), &limits()).unwrap_err()
+}
+
+fn refused_with(req: ModelInferRequest, parts: &[&str]) -> ProtocolError {
+    let e = refuse(req);
+    let text = e.to_string();
+    for p in parts {
+        assert!(text.contains(p), "`{text}` lacks `{p}`");
+    }
+    e
+}
+
+fn param(choice: ParameterChoice) -> InferParameter {
+    InferParameter {
+        parameter_choice: Some(choice),
+    }
+}
+
+#[test]
+fn every_datatype_round_trips_as_raw_contents() {
+    let tensors = every_datatype();
+    let mut params = Parameters::new();
+    params.set_deadline_ms(250);
+    params.insert("priority", Parameter::Int(2));
+    let outputs = [
+        OutputChoice {
+            name: "o".into(),
+            binary: None,
+        },
+        OutputChoice {
+            name: "p".into(),
+            binary: Some(true),
+        },
+    ];
+    let req = encode_infer_request(
+        "m",
+        Some("2"),
+        Some("r1"),
+        &params,
+        &tensors,
+        Some(&outputs),
+    )
+    .unwrap();
+    let got = decode_infer_request(over_the_wire(&req), &limits()).unwrap();
+    assert_eq!(got.model_name, "m");
+    assert_eq!(got.model_version.as_deref(), Some("2"));
+    let r = &got.request;
+    assert_eq!(r.id.as_deref(), Some("r1"));
+    assert_eq!(r.deadline_ms, Some(250));
+    assert_eq!(r.parameters, params);
+    same(&r.inputs, &tensors);
+    assert_eq!(r.outputs.requested.as_deref(), Some(&outputs[..]));
+
+    // No version, id or outputs: none, none, and every output.
+    let req = encode_infer_request("m", None, None, &Parameters::new(), &tensors, None).unwrap();
+    let got = decode_infer_request(over_the_wire(&req), &limits()).unwrap();
+    assert_eq!(got.model_version, None);
+    assert_eq!(got.request.id, None);
+    assert_eq!(got.request.deadline_ms, None);
+    assert_eq!(got.request.outputs.requested, None);
+}
+
+#[test]
+fn raw_contents_decode_as_the_binary_extension_does() {
+    // The same tensors through HTTP's binary extension and through gRPC's raw contents.
+    let tensors = every_datatype();
+    let mut params = Parameters::new();
+    params.set_deadline_ms(40);
+    let with_binary: Vec<(&Tensor, bool)> = tensors.iter().map(|t| (t, true)).collect();
+    let body = encode_request(Some("x"), &params, &with_binary, None).unwrap();
+    let http = decode_request(&body.body, body.header_len, &limits()).unwrap();
+    let req = encode_infer_request("m", None, Some("x"), &params, &tensors, None).unwrap();
+    let grpc = decode_infer_request(over_the_wire(&req), &limits()).unwrap();
+    assert_eq!(grpc.request, http);
+}
+
+#[test]
+fn every_datatype_with_a_typed_field_round_trips_as_typed_contents() {
+    let tensors: Vec<Tensor> = every_datatype()
+        .into_iter()
+        .filter(|t| !matches!(t.datatype(), DataType::Fp16 | DataType::Bf16))
+        .collect();
+    let inputs = tensors
+        .iter()
+        .map(|t| InferInputTensor {
+            name: t.name().into(),
+            datatype: t.datatype().name().into(),
+            shape: t.shape().iter().map(|&d| d as i64).collect(),
+            parameters: Default::default(),
+            contents: Some(typed_contents(t).unwrap()),
+        })
+        .collect();
+    let got = decode_infer_request(over_the_wire(&request(inputs, vec![])), &limits()).unwrap();
+    same(&got.request.inputs, &tensors);
+
+    // FP16 and BF16 have no typed field: refused, pointing at the raw contents.
+    for t in every_datatype()
+        .iter()
+        .filter(|t| matches!(t.datatype(), DataType::Fp16 | DataType::Bf16))
+    {
+        assert_eq!(typed_contents(t), None);
+        let dt = t.datatype().name();
+        let e = refused_with(
+            request(vec![typed(t.name(), dt, &[1], Default::default())], vec![]),
+            &[
+                "`contents`",
+                &format!("{dt} has no typed contents field"),
+                "`raw_input_contents`",
+            ],
+        );
+        assert_eq!(e.grpc_code(), GrpcCode::InvalidArgument);
+    }
+}
+
+#[test]
+fn typed_contents_are_checked_against_the_datatype_and_shape() {
+    let ints = |v: Vec<i32>| InferTensorContents {
+        int_contents: v,
+        ..Default::default()
+    };
+    // Narrow integer types travel as int32/uint32 and must fit.
+    refused_with(
+        request(vec![typed("x", "INT8", &[2], ints(vec![1, 200]))], vec![]),
+        &[
+            "input `x`",
+            "`contents.int_contents`",
+            "element 1 (200) is out of INT8's range",
+        ],
+    );
+    refused_with(
+        request(
+            vec![typed(
+                "x",
+                "UINT16",
+                &[1],
+                InferTensorContents {
+                    uint_contents: vec![70000],
+                    ..Default::default()
+                },
+            )],
+            vec![],
+        ),
+        &["element 0 (70000) is out of UINT16's range"],
+    );
+    // The element count must be the shape's.
+    refused_with(
+        request(vec![typed("x", "INT32", &[3], ints(vec![1, 2]))], vec![]),
+        &[
+            "`contents.int_contents`",
+            "2 elements, but shape [3] holds 3",
+        ],
+    );
+    // Elements in another type's field.
+    refused_with(
+        request(vec![typed("x", "FP32", &[2], ints(vec![1, 2]))], vec![]),
+        &[
+            "`contents.int_contents`",
+            "has 2 elements; FP32 elements go in `contents.fp32_contents`",
+        ],
+    );
+    // No data at all, unless the tensor is empty.
+    refused_with(
+        request(vec![input("x", "FP32", &[2])], vec![]),
+        &["input `x`", "`contents`", "missing"],
+    );
+    let empty = decode_infer_request(
+        over_the_wire(&request(vec![input("x", "FP32", &[0, 3])], vec![])),
+        &limits(),
+    )
+    .unwrap();
+    assert_eq!(empty.request.inputs[0].shape(), &[0, 3]);
+    assert!(empty.request.inputs[0].data().is_empty());
+}
+
+#[test]
+fn raw_contents_are_checked_as_binary_data() {
+    let f32s = le(&[1.0f32, 2.0], f32::to_le_bytes);
+    // One entry per input.
+    refused_with(
+        request(
+            vec![input("a", "FP32", &[2]), input("b", "FP32", &[2])],
+            vec![f32s.clone()],
+        ),
+        &[
+            "the request",
+            "`raw_input_contents`",
+            "has 1 entries, but there are 2 inputs",
+        ],
+    );
+    // Each entry's size is the shape's.
+    refused_with(
+        request(vec![input("a", "FP32", &[2])], vec![f32s[..7].to_vec()]),
+        &[
+            "input `a`",
+            "`raw_input_contents`",
+            "7 bytes, but shape [2] of FP32 takes 2 x 4 = 8 bytes",
+        ],
+    );
+    // BOOL bytes are 0 or 1; BYTES lengths stay inside the data.
+    refused_with(
+        request(vec![input("b", "BOOL", &[2])], vec![vec![1, 2]]),
+        &["BOOL element 1 is the byte 2"],
+    );
+    refused_with(
+        request(
+            vec![input("s", "BYTES", &[1])],
+            vec![vec![9, 0, 0, 0, b'a']],
+        ),
+        &["BYTES element 0 is 9 bytes long, past the end"],
+    );
+    // Raw and typed data together.
+    let mut both = request(vec![input("a", "FP32", &[2])], vec![f32s]);
+    both.inputs[0].contents = Some(InferTensorContents {
+        fp32_contents: vec![1.0, 2.0],
+        ..Default::default()
+    });
+    refused_with(
+        both,
+        &["`contents`", "given as well as `raw_input_contents`"],
+    );
+}
+
+#[test]
+fn headers_are_checked_as_the_http_side_checks_them() {
+    let one = || vec![le(&[1.0f32], f32::to_le_bytes)];
+    refused_with(
+        request(vec![input("x", "FP33", &[1])], one()),
+        &["input `x`", "`datatype`", "unknown datatype `FP33`", "FP32"],
+    );
+    refused_with(
+        request(vec![input("x", "FP32", &[-1])], one()),
+        &["`shape`", "dimension 0 is -1"],
+    );
+    refused_with(
+        request(vec![input("x", "FP32", &[1; 65])], one()),
+        &["`shape`", "has 65 dimensions; a shape has at most 64"],
+    );
+    refused_with(
+        request(vec![input("", "FP32", &[1])], one()),
+        &["`name`", "is empty"],
+    );
+    let e = refuse(request(
+        vec![input("x", "FP32", &[1]), input("x", "FP32", &[1])],
+        vec![one()[0].clone(), one()[0].clone()],
+    ));
+    assert_eq!(
+        e,
+        ProtocolError::Duplicate {
+            kind: "input",
+            name: "x".into()
+        }
+    );
+    // Outputs: unique names, no classification.
+    let mut req = request(vec![input("x", "FP32", &[1])], one());
+    req.outputs = vec![
+        InferRequestedOutputTensor {
+            name: "y".into(),
+            parameters: Default::default(),
+        },
+        InferRequestedOutputTensor {
+            name: "y".into(),
+            parameters: Default::default(),
+        },
+    ];
+    assert_eq!(
+        refuse(req.clone()),
+        ProtocolError::Duplicate {
+            kind: "output",
+            name: "y".into()
+        }
+    );
+    req.outputs.pop();
+    req.outputs[0].parameters.insert(
+        "classification".into(),
+        param(ParameterChoice::Int64Param(3)),
+    );
+    refused_with(req, &["the classification extension is not supported"]);
+}
+
+#[test]
+fn shared_memory_is_refused_by_name() {
+    let mut x = input("x", "FP32", &[1]);
+    x.parameters.insert(
+        "shared_memory_region".into(),
+        param(ParameterChoice::StringParam("r".into())),
+    );
+    let e = refused_with(
+        request(vec![x], vec![]),
+        &["the shared memory extension", "`shared_memory_region`"],
+    );
+    assert_eq!(e.grpc_code(), GrpcCode::InvalidArgument);
+}
+
+#[test]
+fn the_limits_are_checked_before_data_is_taken() {
+    let small = Limits {
+        max_tensor_bytes: 16,
+        max_body_bytes: 1 << 20,
+    };
+    // A shape past the limit is refused from its header, whatever data follows.
+    let req = request(vec![input("x", "FP32", &[1 << 40])], vec![vec![0; 4]]);
+    let e = decode_infer_request(over_the_wire(&req), &small).unwrap_err();
+    assert!(
+        matches!(e, ProtocolError::TooLarge { limit: 16, .. }),
+        "{e}"
+    );
+    assert_eq!(e.grpc_code(), GrpcCode::ResourceExhausted);
+    // The inputs count together.
+    let req = request(
+        vec![input("a", "FP32", &[3]), input("b", "FP32", &[2])],
+        vec![vec![0; 12], vec![0; 8]],
+    );
+    let e = decode_infer_request(over_the_wire(&req), &small).unwrap_err();
+    assert!(
+        e.to_string().contains("input `b`") && e.to_string().contains("20 bytes"),
+        "{e}"
+    );
+    // BYTES: counted as read.
+    let req = request(
+        vec![typed(
+            "s",
+            "BYTES",
+            &[1],
+            InferTensorContents {
+                bytes_contents: vec![vec![b'z'; 13]],
+                ..Default::default()
+            },
+        )],
+        vec![],
+    );
+    let e = decode_infer_request(over_the_wire(&req), &small).unwrap_err();
+    assert!(matches!(e, ProtocolError::TooLarge { size: 17, .. }), "{e}");
+    // Too many inputs.
+    let many = (0..=MAX_TENSORS)
+        .map(|i| input(&format!("x{i}"), "FP32", &[0]))
+        .collect();
+    refused_with(request(many, vec![]), &["`inputs`", "at most 4096"]);
+}
+
+#[test]
+fn parameters_are_read_and_checked() {
+    let mut req = request(vec![], vec![]);
+    // tritonclient may send a deadline as uint64; it is an integer like int64.
+    req.parameters
+        .insert(DEADLINE_MS.into(), param(ParameterChoice::Uint64Param(75)));
+    req.parameters
+        .insert("w".into(), param(ParameterChoice::DoubleParam(0.5)));
+    let got = decode_infer_request(over_the_wire(&req), &limits()).unwrap();
+    assert_eq!(got.request.deadline_ms, Some(75));
+    assert_eq!(
+        got.request.parameters.get("w"),
+        Some(&Parameter::Double(0.5))
+    );
+
+    req.parameters
+        .insert(DEADLINE_MS.into(), param(ParameterChoice::Int64Param(0)));
+    refused_with(
+        req.clone(),
+        &["`deadline_ms`", "is 0; a deadline is a positive"],
+    );
+    req.parameters
+        .insert(DEADLINE_MS.into(), param(ParameterChoice::DoubleParam(7.5)));
+    refused_with(req.clone(), &["`deadline_ms`", "it is an integer"]);
+    req.parameters.insert(
+        DEADLINE_MS.into(),
+        param(ParameterChoice::Uint64Param(u64::MAX)),
+    );
+    refused_with(req.clone(), &["`deadline_ms`", "past the int64 range"]);
+    req.parameters
+        .insert(DEADLINE_MS.into(), InferParameter::default());
+    refused_with(req.clone(), &["`deadline_ms`", "has no value"]);
+    req.parameters.clear();
+    for i in 0..=MAX_PARAMETERS {
+        req.parameters
+            .insert(format!("p{i}"), param(ParameterChoice::BoolParam(true)));
+    }
+    refused_with(req, &["the request", "`parameters`", "at most 64"]);
+}
+
+#[test]
+fn a_response_carries_raw_outputs_and_late() {
+    let outputs = every_datatype();
+    let mut meta = ResponseMeta {
+        model_name: "m".into(),
+        model_version: Some("1".into()),
+        id: Some("r9".into()),
+        parameters: Parameters::new(),
+    };
+    meta.parameters.set_late(true);
+    let resp = encode_infer_response(&meta, outputs.clone()).unwrap();
+    assert_eq!(
+        resp.parameters.get("late"),
+        Some(&param(ParameterChoice::BoolParam(true)))
+    );
+    assert_eq!(resp.raw_output_contents.len(), outputs.len());
+    assert_eq!(resp.raw_output_contents[1], vec![0, 255]);
+    assert!(resp.outputs.iter().all(|o| o.contents.is_none()));
+    assert_eq!(resp.outputs[11].shape, vec![2, 2]);
+    assert_eq!(resp.outputs[11].datatype, "FP32");
+    let wire = inference::ModelInferResponse::decode(resp.encode_to_vec().as_slice()).unwrap();
+    let back = decode_infer_response(wire, &limits()).unwrap();
+    assert!(back.late);
+    assert_eq!(back.meta, meta);
+    same(&back.outputs, &outputs);
+
+    // On time: no `late` at all (absent reads as false).
+    let on_time = ResponseMeta {
+        parameters: Parameters::new(),
+        ..meta
+    };
+    let resp = encode_infer_response(&on_time, vec![]).unwrap();
+    assert!(resp.parameters.is_empty());
+    assert!(!decode_infer_response(resp, &limits()).unwrap().late);
+}
+
+#[test]
+fn a_refusal_is_a_status_with_its_code_and_message() {
+    let cases = [
+        (
+            ProtocolError::Refused {
+                reason: "predicted 40 ms late".into(),
+            },
+            tonic::Code::ResourceExhausted,
+        ),
+        (
+            ProtocolError::UnknownModel {
+                model: "m".into(),
+                version: None,
+            },
+            tonic::Code::NotFound,
+        ),
+        (
+            ProtocolError::NotReady {
+                reason: "draining".into(),
+            },
+            tonic::Code::Unavailable,
+        ),
+        (
+            ProtocolError::Unrepresentable {
+                tensor: "t".into(),
+                message: "x".into(),
+            },
+            tonic::Code::Internal,
+        ),
+        (
+            ProtocolError::Duplicate {
+                kind: "input",
+                name: "x".into(),
+            },
+            tonic::Code::InvalidArgument,
+        ),
+    ];
+    for (e, code) in cases {
+        let s = tonic::Status::from(&e);
+        assert_eq!(s.code(), code, "{e}");
+        assert_eq!(s.message(), e.to_string());
+        assert_eq!(s.code() as i32, e.grpc_code().value());
+    }
+}
+
+#[test]
+fn the_metadata_messages_convert() {
+    let server = ServerMetadata {
+        name: "isolane".into(),
+        version: "0.1.0".into(),
+        extensions: vec!["binary_tensor_data".into()],
+    };
+    let s = inference::ServerMetadataResponse::from(&server);
+    assert_eq!((s.name.as_str(), s.extensions.len()), ("isolane", 1));
+
+    let meta = ModelMetadata {
+        name: "m".into(),
+        versions: vec!["1".into()],
+        platform: "isolane".into(),
+        inputs: vec![TensorMetadata {
+            name: "input".into(),
+            datatype: DataType::Fp32,
+            shape: vec![-1, 1],
+        }],
+        outputs: vec![],
+    };
+    let m = inference::ModelMetadataResponse::from(&meta);
+    assert_eq!(m.inputs[0].datatype, "FP32");
+    assert_eq!(m.inputs[0].shape, vec![-1, 1]);
+
+    let config = ModelConfig {
+        name: "m".into(),
+        platform: "isolane".into(),
+        backend: String::new(),
+        max_batch_size: 8,
+        input: vec![ConfigTensor {
+            name: "input".into(),
+            data_type: DataType::Bytes,
+            dims: vec![1],
+        }],
+        output: vec![ConfigTensor {
+            name: "output".into(),
+            data_type: DataType::Fp16,
+            dims: vec![-1],
+        }],
+    };
+    let c = inference::ModelConfig::from(&config);
+    assert_eq!(c.max_batch_size, 8);
+    assert_eq!(c.input[0].data_type(), inference::DataType::TypeString);
+    assert_eq!(c.output[0].data_type(), inference::DataType::TypeFp16);
+    assert_eq!(c.output[0].dims, vec![-1]);
+    // The enum's numbers are the protocol's (TYPE_FP32 = 11 on the wire).
+    assert_eq!(inference::DataType::from(DataType::Fp32) as i32, 11);
+    assert_eq!(inference::DataType::from(DataType::Bf16) as i32, 14);
+
+    let index = repository_index(&[
+        RepositoryIndexEntry {
+            name: "a".into(),
+            version: None,
+            state: ModelState::Ready,
+            reason: String::new(),
+        },
+        RepositoryIndexEntry {
+            name: "b".into(),
+            version: Some("1".into()),
+            state: ModelState::Unavailable,
+            reason: "draining".into(),
+        },
+    ]);
+    let states: Vec<&str> = index.models.iter().map(|m| m.state.as_str()).collect();
+    assert_eq!(states, ["READY", "UNAVAILABLE"]);
+    // The names are serde's too (the HTTP answer).
+    for s in [
+        ModelState::Unknown,
+        ModelState::Loading,
+        ModelState::Unloading,
+    ] {
+        assert_eq!(serde_json::to_value(s).unwrap(), s.name());
+    }
+    let ready = RepositoryIndexRequest::from(&inference::RepositoryIndexRequest {
+        repository_name: String::new(),
+        ready: true,
+    });
+    assert!(ready.ready);
+}
+
+#[test]
+fn binary_data_output_parameters_are_read_as_on_http() {
+    let mut req = request(vec![], vec![]);
+    req.parameters.insert(
+        "binary_data_output".into(),
+        param(ParameterChoice::BoolParam(true)),
+    );
+    req.outputs = vec![InferRequestedOutputTensor {
+        name: "y".into(),
+        parameters: [(
+            BINARY_DATA.to_owned(),
+            param(ParameterChoice::Int64Param(1)),
+        )]
+        .into(),
+    }];
+    refused_with(req, &["output `y`", "`binary_data`", "it is a boolean"]);
+}
+
+const PROTOC: SystemPackage = SystemPackage {
+    what: "protoc, the protobuf compiler",
+    install: "apt install protobuf-compiler",
+};
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// What scripts/gen-grpc.sh writes: tonic-prost-build's output for the .proto, with a header
+/// line, formatted as CI checks it.
+fn generate(out: &Path) -> String {
+    let proto_dir = crate_dir().join("proto");
+    tonic_prost_build::configure()
+        // A client over any tonic channel, no transport: the crate needs only tonic's codegen.
+        .build_transport(false)
+        // Deterministic order (maps encode and iterate sorted).
+        .btree_map(".")
+        .emit_rerun_if_changed(false)
+        .out_dir(out)
+        .compile_protos(&[proto_dir.join("inference.proto")], &[proto_dir])
+        .expect("tonic-prost-build failed on proto/inference.proto");
+    let file = out.join("inference.rs");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "// @generated by scripts/gen-grpc.sh from proto/inference.proto with \
+             tonic-prost-build (the version in Cargo.lock). Do not edit.\n{text}"
+        ),
+    )
+    .unwrap();
+    let status = std::process::Command::new("rustfmt")
+        .args(["--edition", "2021"])
+        .arg(&file)
+        .status()
+        .expect("rustfmt runs (it comes with the Rust toolchain)");
+    assert!(status.success(), "rustfmt failed on the generated code");
+    std::fs::read_to_string(&file).unwrap()
+}
+
+/// The checked-in generated code is what the .proto generates now. With ISOLANE_GRPC_REGEN=1
+/// (scripts/gen-grpc.sh) it is rewritten instead.
+#[test]
+fn the_checked_in_generated_code_is_fresh() {
+    let protoc = std::env::var_os("PROTOC").unwrap_or_else(|| "protoc".into());
+    if let Err(e) = std::process::Command::new(&protoc)
+        .arg("--version")
+        .output()
+    {
+        skip_without(&PROTOC, &format!("`{}`: {e}", protoc.to_string_lossy()));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = generate(dir.path());
+    let checked_in = crate_dir().join("src/grpc/generated/inference.rs");
+    if std::env::var("ISOLANE_GRPC_REGEN").is_ok_and(|v| v == "1") {
+        std::fs::write(&checked_in, &fresh).unwrap();
+        eprintln!("wrote {}", checked_in.display());
+        return;
+    }
+    let old = std::fs::read_to_string(&checked_in).unwrap();
+    assert!(
+        old == fresh,
+        "{} is not what proto/inference.proto generates; run scripts/gen-grpc.sh",
+        checked_in.display()
+    );
+}
