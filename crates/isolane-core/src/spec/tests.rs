@@ -1765,3 +1765,25 @@ fn validate_checks_serve_on_the_value() {
     s.validate(&MODELS).unwrap();
     assert_eq!(parse(&s.to_toml_string().unwrap()).unwrap(), s);
 }
+
+/// docs/scenario.md's `[workload.serve]` example reads as it says.
+#[test]
+fn the_documented_serve_example_is_valid() {
+    let doc = include_str!("../../../../docs/scenario.md");
+    let at = doc.find("### `[workload.serve]`").expect("the section");
+    let start = at + doc[at..].find("```toml\n").expect("an example") + "```toml\n".len();
+    let end = start + doc[start..].find("```").expect("its end");
+    let s = Scenario::from_toml_str(&doc[start..end], "docs/scenario.md", &["resnet50"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        s.workloads[0].serve,
+        ServeSpec {
+            queue_limit: 32,
+            when_full: WhenFull::DropOldest,
+            batching: Some(Batching {
+                max_delay_ms: 2.0,
+                preferred: vec![4, 8]
+            }),
+        }
+    );
+}
