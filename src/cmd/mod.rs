@@ -14,7 +14,6 @@ pub mod maxrate;
 pub mod models;
 pub mod plan;
 pub mod plan_auto;
-mod plan_phases;
 pub mod progress;
 pub mod report;
 pub mod run;
