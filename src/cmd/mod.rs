@@ -17,6 +17,7 @@ pub mod plan_auto;
 pub mod progress;
 pub mod report;
 pub mod run;
+pub mod serve;
 pub mod summarize;
 pub mod sweep;
 pub mod trace;

@@ -139,13 +139,13 @@ pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Res
 }
 
 /// Whether a workload of `s` runs on a CUDA GPU.
-fn needs_gpu(s: &Scenario) -> bool {
+pub(super) fn needs_gpu(s: &Scenario) -> bool {
     s.device.backend == Backend::Cuda && s.workloads.iter().any(|w| w.on_gpu())
 }
 
 /// A GPU scenario on a machine without a usable GPU: which file and field ask for cuda, why it
 /// cannot run here, and the override that runs it on the CPU (exit 1, as any GPU failure).
-fn no_gpu_for(s: &Scenario, file: &str, why: &str) -> anyhow::Error {
+pub(super) fn no_gpu_for(s: &Scenario, file: &str, why: &str) -> anyhow::Error {
     let gpu_workloads: Vec<&str> = s
         .workloads
         .iter()
@@ -170,7 +170,7 @@ fn no_gpu_for(s: &Scenario, file: &str, why: &str) -> anyhow::Error {
 
 /// `run SCENARIO --backend B`. `cpu`: every workload on the CPU backend, the scenario's GPU
 /// settings dropped and each drop said on stderr; `cuda`: the scenario must already be one.
-fn override_backend(s: &mut Scenario, file: &str, backend: &str) -> anyhow::Result<()> {
+pub(super) fn override_backend(s: &mut Scenario, file: &str, backend: &str) -> anyhow::Result<()> {
     if backend == "cuda" {
         if s.device.backend == Backend::Cuda {
             return Ok(());

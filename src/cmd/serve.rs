@@ -1,0 +1,212 @@
+//! `isolane serve SCENARIO`: the scenario's workloads as models served over the KServe v2 /
+//! Triton protocol until SIGTERM or SIGINT (docs/serve.md). Flags → configuration; the
+//! session is `isolane_serve`'s.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use isolane_runtime::coordinator::RunPlan;
+use isolane_runtime::exec::{check_model, Engine, ExecError};
+use isolane_serve::{serve_plan, ServeOptions, Server};
+
+use super::user;
+
+#[derive(Args)]
+#[command(
+    about = "Serve a scenario's models over the KServe v2 / Triton protocol (HTTP and gRPC)",
+    long_about = "Loads every workload of SCENARIO into its partition, keeps it warm and serves \
+                  it under the workload's name over the KServe v2 / Triton inference protocol \
+                  until SIGTERM or SIGINT: HTTP/REST (with the binary tensor data extension and \
+                  GET /metrics) and gRPC. A request may carry its own deadline (parameter \
+                  `deadline_ms`; default the workload's): one predicted to complete late is \
+                  refused at once (HTTP 429, gRPC RESOURCE_EXHAUSTED), one that completes late \
+                  is answered with `late = true`. Critical models are protected from best-effort \
+                  ones by the guard; best-effort ones batch their queued requests \
+                  ([workload.serve], docs/serve.md). On SIGTERM or SIGINT it stops taking \
+                  requests, answers those it took, and exits 0."
+)]
+pub struct ServeArgs {
+    /// Scenario file (TOML): its workloads are the models served.
+    pub scenario: PathBuf,
+    /// HTTP/REST address (HOST:PORT; port 0: any free one).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8000")]
+    pub http: String,
+    /// `cpu` serves the workloads on the CPU backend whatever the scenario's [device] says
+    /// (as `run --backend cpu`).
+    #[arg(long, value_parser = ["cpu", "cuda"])]
+    pub backend: Option<String>,
+    /// On SIGTERM/SIGINT, how long the requests already taken may take to be answered.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub drain_timeout: f64,
+    /// No access log lines (one per request on stderr otherwise; ISOLANE_LOG filters them as
+    /// RUST_LOG does, e.g. ISOLANE_LOG=warn).
+    #[arg(long)]
+    pub no_access_log: bool,
+    #[command(flatten)]
+    pub partitions: super::PartitionFlags,
+}
+
+pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
+    if !(args.drain_timeout.is_finite() && (0.0..=3600.0).contains(&args.drain_timeout)) {
+        return Err(user(format!(
+            "--drain-timeout {}: expected seconds from 0 to 3600",
+            args.drain_timeout
+        )));
+    }
+    let file = super::ScenarioFile::read(&args.scenario)?;
+    let (mut scenario, name) = file.scenario()?;
+    if !file.apps()?.is_empty() {
+        return Err(user(format!(
+            "{}: [[app]]s are not served yet; serve takes a scenario of [[workload]]s",
+            args.scenario.display()
+        )));
+    }
+    if let Some(backend) = args.backend.as_deref() {
+        super::run::override_backend(&mut scenario, &name, backend)?;
+    }
+    if super::run::needs_gpu(&scenario) {
+        if let Some(why) = super::gpu_missing_reason() {
+            return Err(super::run::no_gpu_for(&scenario, &name, &why));
+        }
+    }
+    let admitted = super::admit_or_refuse(&scenario, &name)?;
+    let plan = RunPlan::from_scenario(&scenario);
+    for w in &plan.workloads {
+        check_model(Some(engine.as_ref()), &w.spec.device(&plan.device), &w.spec)
+            .map_err(model_error)?;
+    }
+    // Bound before anything is built: a port in use is said at once.
+    let http = bind("--http", &args.http)?;
+    if !args.no_access_log {
+        init_access_log();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .map_err(|e| anyhow::anyhow!("cannot handle signal {signal}: {e}"))?;
+    }
+    let options = ServeOptions {
+        engine: engine.clone(),
+        seed: scenario.timing.seed,
+    };
+    let grace = Duration::from_secs_f64(args.drain_timeout);
+    let served = serve_plan(
+        &plan,
+        admitted.as_ref(),
+        args.partitions.choices(),
+        &options,
+        grace,
+        |server| front_ends(server, http, &stop, grace),
+    );
+    let (fronts, drained) = served.map_err(|e| {
+        if e.is_user_error() {
+            user(e)
+        } else {
+            anyhow::anyhow!(e)
+        }
+    })?;
+    fronts?;
+    eprintln!(
+        "isolane serve: stopped; {} requests answered during the drain, {} abandoned",
+        drained.answered, drained.abandoned
+    );
+    Ok(if drained.abandoned == 0 { 0 } else { 1 })
+}
+
+fn model_error(e: ExecError) -> anyhow::Error {
+    match e {
+        ExecError::BadModel { .. } => user(e),
+        e => anyhow::anyhow!(e),
+    }
+}
+
+fn bind(flag: &str, addr: &str) -> anyhow::Result<std::net::TcpListener> {
+    use std::net::ToSocketAddrs;
+    let resolved: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|_| {
+            user(format!(
+                "{flag} `{addr}`: expected HOST:PORT, e.g. 127.0.0.1:8000 (port 0: any free one)"
+            ))
+        })?
+        .collect();
+    let listener = std::net::TcpListener::bind(&resolved[..])
+        .map_err(|e| user(format!("{flag} {addr}: cannot listen there: {e}")))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| anyhow::anyhow!("{flag} {addr}: {e}"))?;
+    Ok(listener)
+}
+
+/// One structured line per request on stderr (`ISOLANE_LOG` filters, default info).
+fn init_access_log() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ISOLANE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// Serves HTTP and gRPC until `stop` is raised, then drains `server` (no new requests, those
+/// taken answered) before the front ends stop, so that every answer reaches its client.
+fn front_ends(
+    server: &Server,
+    http: std::net::TcpListener,
+    stop: &AtomicBool,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("isolane-serve-io")
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| anyhow::anyhow!("starting the server's runtime: {e}"))?;
+    let http = {
+        let _in = runtime.enter();
+        tokio::net::TcpListener::from_std(http)?
+    };
+    let http_addr = http.local_addr()?;
+    let (done, stopped) = tokio::sync::watch::channel(false);
+    let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|d| *d).await;
+    };
+    let http_task = runtime.spawn(isolane_serve::http::serve_http(
+        server.clone(),
+        http,
+        until(stopped.clone()),
+    ));
+    let models: Vec<String> = server
+        .models()
+        .map(|m| format!("{} ({}, {})", m.name, m.partition, criticality(m)))
+        .collect();
+    println!(
+        "isolane serve: ready; HTTP on {http_addr}; models: {}",
+        models.join(", ")
+    );
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("isolane serve: stopping; no new requests, answering those taken");
+    server.drain(grace);
+    let _ = done.send(true);
+    runtime.block_on(async {
+        let _ = http_task.await;
+    });
+    Ok(())
+}
+
+fn criticality(m: &isolane_serve::ModelInfo) -> &'static str {
+    match m.criticality {
+        isolane_core::spec::Criticality::Critical => "critical",
+        isolane_core::spec::Criticality::BestEffort => "best effort",
+    }
+}
