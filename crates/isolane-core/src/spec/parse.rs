@@ -688,7 +688,10 @@ impl<'a> Walk<'a> {
         });
         let backend = self.workload_backend(t, device);
         let gpu = self.optional(t, "gpu", device.gpu, |w, v, p| w.int(v, p, GPU));
-        let batch_read = (!self.spans.unread(Workload(i, "batch"))).then_some(batch);
+        // Preferred sizes are told their bound only when the batch is one.
+        let batch_read = (!self.spans.unread(Workload(i, "batch")))
+            .then_some(batch)
+            .filter(|&b| BATCH.allows(u64::from(b)));
         let serve = self.serve(i, t, batch_read, interferer);
         WorkloadSpec {
             name: name.unwrap_or_default().to_string(),

@@ -1787,3 +1787,20 @@ fn the_documented_serve_example_is_valid() {
         }
     );
 }
+
+/// A batch that is refused itself gives the preferred sizes no bound to be told: each problem is
+/// reported once, where it is.
+#[test]
+fn preferred_sizes_beside_a_bad_batch_are_told_no_bound() {
+    let text = format!("{MIN}batch = 0\nserve.batching.preferred = [\"x\", 4]\n");
+    let e = err(&text);
+    assert!(e.contains("workload[0].batch: found integer 0"), "{e}");
+    assert!(
+        e.contains(
+            "workload[0].serve.batching.preferred[0]: found string \"x\"; expected an array of \
+             batch sizes from 1 to the workload's batch, strictly increasing"
+        ),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 2, "{e}");
+}
