@@ -1,0 +1,725 @@
+//! The KServe v2 / Triton gRPC front end (`inference.GRPCInferenceService`; docs/serve.md,
+//! docs/protocol.md): health, metadata, model configuration, the repository index and
+//! inference, over tonic. Like the HTTP front end it only decodes (isolane_protocol::grpc),
+//! submits to the [`Server`] and encodes; a refusal is the [`Refusal`]'s gRPC code with its
+//! message (RESOURCE_EXHAUSTED with the predicted lateness for a deadline that cannot be met).
+//! Methods isolane does not serve answer UNIMPLEMENTED saying what to do instead.
+//!
+//! Every call is one access-log line (`tracing`, target `isolane::access`, `protocol = "grpc"`).
+
+use std::future::Future;
+use std::time::Instant;
+
+use isolane_protocol::grpc::inference::grpc_inference_service_server::{
+    GrpcInferenceService, GrpcInferenceServiceServer,
+};
+use isolane_protocol::grpc::inference::{self as pb, ModelStreamInferResponse};
+use isolane_protocol::grpc::{decode_infer_request, encode_infer_response, repository_index};
+use isolane_protocol::{Limits, ResponseMeta};
+use tokio::net::TcpListener;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::{wire, InferRequest, Refusal, Server};
+
+/// The front end's service: the server's handle.
+#[derive(Clone)]
+pub struct GrpcFrontEnd {
+    server: Server,
+}
+
+impl GrpcFrontEnd {
+    pub fn new(server: Server) -> Self {
+        GrpcFrontEnd { server }
+    }
+
+    /// The tonic service, its message size bounded as the HTTP front end bounds a body: the
+    /// largest of the models' request limits ([`wire::limits`]); a larger message is refused
+    /// from its length prefix, before it is read.
+    pub fn into_service(self) -> GrpcInferenceServiceServer<GrpcFrontEnd> {
+        let largest = self
+            .server
+            .models()
+            .map(|m| wire::limits(m).max_body_bytes)
+            .max()
+            .unwrap_or(Limits::default().max_body_bytes);
+        let largest = usize::try_from(largest).unwrap_or(usize::MAX);
+        GrpcInferenceServiceServer::new(self).max_decoding_message_size(largest)
+    }
+}
+
+/// Serves `server` over gRPC on `listener` until `shutdown` completes; calls under way then
+/// finish (their connections close once answered).
+pub async fn serve_grpc(
+    server: Server,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        // A whole call's bound, queueing included, as the HTTP front end's request deadline;
+        // a client's own `grpc-timeout` applies when shorter.
+        .timeout(crate::http::LIMITS.request_deadline)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .serve_with_incoming_shutdown(GrpcFrontEnd::new(server).into_service(), incoming, shutdown)
+        .await
+        .map_err(std::io::Error::other)
+}
+
+/// A [`Refusal`] as the status a client gets.
+fn refused(r: &Refusal) -> Status {
+    Status::new(r.grpc_code().tonic(), r.to_string())
+}
+
+fn unimplemented(method: &str, instead: &str) -> Status {
+    Status::unimplemented(format!("{method} is not served by isolane; {instead}"))
+}
+
+const SHARED_MEMORY: &str = "the shared-memory extension is not served: send each input's data \
+     in the request (ModelInferRequest.raw_input_contents; over HTTP, the binary tensor data \
+     extension)";
+
+/// Writes a call's access-log line and passes its result on.
+fn logged<T>(
+    method: &str,
+    model: &str,
+    began: Instant,
+    late: bool,
+    result: Result<T, Status>,
+) -> Result<Response<T>, Status> {
+    let code = match &result {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    };
+    tracing::info!(
+        target: "isolane::access",
+        protocol = "grpc",
+        method,
+        model,
+        status = code as i32,
+        late,
+        us = began.elapsed().as_micros() as u64,
+    );
+    result.map(Response::new)
+}
+
+impl GrpcFrontEnd {
+    fn model(&self, name: &str) -> Result<&crate::ModelInfo, Status> {
+        self.server
+            .model(name)
+            .ok_or_else(|| refused(&self.server.unknown(name)))
+    }
+
+    /// Decodes, submits and encodes one inference; whether it completed late.
+    async fn infer(
+        &self,
+        req: pb::ModelInferRequest,
+    ) -> (Result<pb::ModelInferResponse, Status>, bool) {
+        let name = req.model_name.clone();
+        let info = match self.model(&name) {
+            Ok(i) => i,
+            Err(s) => return (Err(s), false),
+        };
+        let decoded = match decode_infer_request(req, &wire::limits(info)) {
+            Ok(d) => d.request,
+            Err(e) => return (Err(Status::from(&e)), false),
+        };
+        let mut meta = ResponseMeta {
+            model_name: name.clone(),
+            model_version: Some("1".into()),
+            id: decoded.id,
+            parameters: Default::default(),
+        };
+        let request = InferRequest {
+            outputs: decoded
+                .outputs
+                .requested
+                .map(|r| r.into_iter().map(|o| o.name).collect()),
+            deadline: decoded.deadline_ms.map(std::time::Duration::from_millis),
+            inputs: decoded.inputs,
+        };
+        let response = match self.server.infer(&name, request).await {
+            Ok(r) => r,
+            Err(refusal) => return (Err(refused(&refusal)), false),
+        };
+        let late = response.late;
+        meta.parameters.set_late(late);
+        (
+            encode_infer_response(&meta, response.outputs).map_err(|e| Status::from(&e)),
+            late,
+        )
+    }
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for GrpcFrontEnd {
+    async fn server_live(
+        &self,
+        _: Request<pb::ServerLiveRequest>,
+    ) -> Result<Response<pb::ServerLiveResponse>, Status> {
+        let live = self.server.is_live();
+        logged(
+            "ServerLive",
+            "",
+            Instant::now(),
+            false,
+            Ok(pb::ServerLiveResponse { live }),
+        )
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<pb::ServerReadyRequest>,
+    ) -> Result<Response<pb::ServerReadyResponse>, Status> {
+        let ready = self.server.is_ready();
+        logged(
+            "ServerReady",
+            "",
+            Instant::now(),
+            false,
+            Ok(pb::ServerReadyResponse { ready }),
+        )
+    }
+
+    /// Not ready (rather than an error) for a model that is not served, as the HTTP side's
+    /// 4xx: clients read either as "not ready".
+    async fn model_ready(
+        &self,
+        request: Request<pb::ModelReadyRequest>,
+    ) -> Result<Response<pb::ModelReadyResponse>, Status> {
+        let name = request.into_inner().name;
+        let ready = self.server.model(&name).is_some() && self.server.is_ready();
+        logged(
+            "ModelReady",
+            &name,
+            Instant::now(),
+            false,
+            Ok(pb::ModelReadyResponse { ready }),
+        )
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<pb::ServerMetadataRequest>,
+    ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+        let answer = pb::ServerMetadataResponse::from(&wire::server_metadata());
+        logged("ServerMetadata", "", Instant::now(), false, Ok(answer))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<pb::ModelMetadataRequest>,
+    ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
+        let began = Instant::now();
+        let name = request.into_inner().name;
+        let answer = self
+            .model(&name)
+            .map(|info| pb::ModelMetadataResponse::from(&wire::metadata(info)));
+        logged("ModelMetadata", &name, began, false, answer)
+    }
+
+    async fn model_config(
+        &self,
+        request: Request<pb::ModelConfigRequest>,
+    ) -> Result<Response<pb::ModelConfigResponse>, Status> {
+        let began = Instant::now();
+        let name = request.into_inner().name;
+        let answer = self.model(&name).map(|info| pb::ModelConfigResponse {
+            config: Some(pb::ModelConfig::from(&wire::config(info))),
+        });
+        logged("ModelConfig", &name, began, false, answer)
+    }
+
+    async fn model_infer(
+        &self,
+        request: Request<pb::ModelInferRequest>,
+    ) -> Result<Response<pb::ModelInferResponse>, Status> {
+        let began = Instant::now();
+        let request = request.into_inner();
+        let name = request.model_name.clone();
+        let (answer, late) = self.infer(request).await;
+        logged("ModelInfer", &name, began, late, answer)
+    }
+
+    type ModelStreamInferStream =
+        tonic::codegen::tokio_stream::Empty<Result<ModelStreamInferResponse, Status>>;
+
+    async fn model_stream_infer(
+        &self,
+        _: Request<Streaming<pb::ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        logged(
+            "ModelStreamInfer",
+            "",
+            Instant::now(),
+            false,
+            Err(unimplemented(
+                "ModelStreamInfer (streaming inference)",
+                "send each request with ModelInfer",
+            )),
+        )
+    }
+
+    async fn model_statistics(
+        &self,
+        request: Request<pb::ModelStatisticsRequest>,
+    ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+        let name = request.into_inner().name;
+        logged(
+            "ModelStatistics",
+            &name,
+            Instant::now(),
+            false,
+            Err(unimplemented(
+                "ModelStatistics",
+                "GET /metrics on the HTTP address has each model's requests, refusals, \
+                 latencies, queue times and jobs",
+            )),
+        )
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<pb::RepositoryIndexRequest>,
+    ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        let asked = isolane_protocol::RepositoryIndexRequest::from(request.get_ref());
+        let ready = self.server.is_ready();
+        let entries: Vec<_> = self
+            .server
+            .models()
+            .filter(|_| ready || !asked.ready)
+            .map(|m| wire::index_entry(m, ready))
+            .collect();
+        logged(
+            "RepositoryIndex",
+            "",
+            Instant::now(),
+            false,
+            Ok(repository_index(&entries)),
+        )
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<pb::RepositoryModelLoadRequest>,
+    ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+        let name = request.into_inner().model_name;
+        logged(
+            "RepositoryModelLoad",
+            &name,
+            Instant::now(),
+            false,
+            Err(unimplemented(
+                "RepositoryModelLoad",
+                "the served models are the scenario's workloads, loaded when the server starts",
+            )),
+        )
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<pb::RepositoryModelUnloadRequest>,
+    ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        let name = request.into_inner().model_name;
+        logged(
+            "RepositoryModelUnload",
+            &name,
+            Instant::now(),
+            false,
+            Err(unimplemented(
+                "RepositoryModelUnload",
+                "the served models are the scenario's workloads, kept until the server stops",
+            )),
+        )
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        _: Request<pb::SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
+        shared_memory("SystemSharedMemoryStatus")
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        _: Request<pb::SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
+        shared_memory("SystemSharedMemoryRegister")
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        _: Request<pb::SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
+        shared_memory("SystemSharedMemoryUnregister")
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _: Request<pb::CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
+        shared_memory("CudaSharedMemoryStatus")
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<pb::CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryRegisterResponse>, Status> {
+        shared_memory("CudaSharedMemoryRegister")
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<pb::CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
+        shared_memory("CudaSharedMemoryUnregister")
+    }
+}
+
+fn shared_memory<T>(method: &str) -> Result<Response<T>, Status> {
+    logged(
+        method,
+        "",
+        Instant::now(),
+        false,
+        Err(Status::unimplemented(format!("{method}: {SHARED_MEMORY}"))),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    //! A real tonic client against the front end on 127.0.0.1, over `spin:` models (they echo
+    //! one value per row after their service time).
+
+    use super::*;
+    use crate::{ServeOptions, Server};
+    use isolane_core::spec::Scenario;
+    use isolane_protocol::grpc::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use isolane_protocol::grpc::{decode_infer_response, encode_infer_request};
+    use isolane_protocol::{DataType, Parameters, Tensor};
+    use isolane_runtime::coordinator::RunPlan;
+    use isolane_runtime::exec::{EngineExecutors, ExecError, Executor, SPIN_INPUT, SPIN_OUTPUT};
+    use std::time::Duration;
+    use tonic::transport::Channel;
+
+    struct NoEngine;
+
+    impl EngineExecutors for NoEngine {
+        fn check(
+            &self,
+            _: &isolane_core::spec::DeviceSpec,
+            _: &isolane_core::spec::WorkloadSpec,
+        ) -> Result<(), ExecError> {
+            Ok(())
+        }
+
+        fn build(
+            &self,
+            _: &isolane_core::spec::DeviceSpec,
+            spec: &isolane_core::spec::WorkloadSpec,
+            _: u64,
+            _: usize,
+            _: Option<isolane_runtime::partition::Partition>,
+        ) -> Result<Box<dyn Executor>, ExecError> {
+            Err(ExecError::EngineUnavailable {
+                workload: spec.name.clone(),
+                model: spec.model.clone(),
+            })
+        }
+    }
+
+    const ECHO: &str = r#"
+[[workload]]
+name = "echo"
+model = "spin:2ms"
+batch = 4
+rate_hz = 10
+duration_s = 1
+deadline_ms = 5000
+"#;
+
+    fn server() -> Server {
+        let scenario =
+            Scenario::from_toml_str(ECHO, "t.toml", &isolane_core::spec::NoBuiltinModels)
+                .unwrap_or_else(|e| panic!("{e}"));
+        let plan = RunPlan::from_scenario(&scenario);
+        let words: Vec<_> = plan
+            .workloads
+            .iter()
+            .map(|_| ("cpu".into(), None))
+            .collect();
+        let options = ServeOptions {
+            engine: std::sync::Arc::new(NoEngine),
+            seed: 1,
+        };
+        Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn rows(values: &[f32]) -> Tensor {
+        let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor::new(
+            SPIN_INPUT,
+            DataType::Fp32,
+            vec![values.len() as u64, 1],
+            data,
+        )
+        .unwrap()
+    }
+
+    fn floats(t: &Tensor) -> Vec<f32> {
+        t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    /// Serves `server` on a free loopback port, runs `client` against it, then stops the
+    /// front end and checks that it ends.
+    fn with_client<F, Fut>(server: &Server, client: F)
+    where
+        F: FnOnce(GrpcInferenceServiceClient<Channel>) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let serving = tokio::spawn(serve_grpc(server.clone(), listener, async {
+                let _ = stopped.await;
+            }));
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            client(GrpcInferenceServiceClient::new(channel)).await;
+            let _ = stop.send(());
+            let ended = tokio::time::timeout(Duration::from_secs(30), serving).await;
+            assert!(
+                matches!(ended, Ok(Ok(Ok(())))),
+                "the front end ends after its shutdown signal: {ended:?}"
+            );
+        });
+    }
+
+    #[test]
+    fn a_tonic_client_gets_health_metadata_and_its_rows_back() {
+        let s = server();
+        with_client(&s, |mut c| async move {
+            let live = c.server_live(pb::ServerLiveRequest {}).await.unwrap();
+            assert!(live.get_ref().live);
+            let ready = c.server_ready(pb::ServerReadyRequest {}).await.unwrap();
+            assert!(ready.get_ref().ready);
+            let ready = |name: &str| pb::ModelReadyRequest {
+                name: name.into(),
+                version: String::new(),
+            };
+            assert!(c.model_ready(ready("echo")).await.unwrap().get_ref().ready);
+            assert!(!c.model_ready(ready("nope")).await.unwrap().get_ref().ready);
+
+            let meta = c
+                .server_metadata(pb::ServerMetadataRequest {})
+                .await
+                .unwrap();
+            assert_eq!(meta.get_ref().name, "isolane");
+            let m = c
+                .model_metadata(pb::ModelMetadataRequest {
+                    name: "echo".into(),
+                    version: String::new(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(m.inputs[0].name, SPIN_INPUT);
+            assert_eq!(m.inputs[0].datatype, "FP32");
+            assert_eq!(m.inputs[0].shape, vec![-1, 1]);
+            let config = c
+                .model_config(pb::ModelConfigRequest {
+                    name: "echo".into(),
+                    version: String::new(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .config
+                .unwrap();
+            assert_eq!(config.max_batch_size, 4);
+            assert_eq!(config.input[0].data_type(), pb::DataType::TypeFp32);
+            assert_eq!(config.input[0].dims, vec![1]);
+            let index = c
+                .repository_index(pb::RepositoryIndexRequest {
+                    repository_name: String::new(),
+                    ready: true,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(index.models.len(), 1);
+            assert_eq!(
+                (
+                    index.models[0].name.as_str(),
+                    index.models[0].state.as_str()
+                ),
+                ("echo", "READY")
+            );
+
+            // Raw contents, as tritonclient sends them.
+            let req = encode_infer_request(
+                "echo",
+                None,
+                Some("q1"),
+                &Parameters::new(),
+                &[rows(&[1.5, -2.0, 3.25])],
+                None,
+            )
+            .unwrap();
+            let resp = c.model_infer(req).await.unwrap().into_inner();
+            assert_eq!(resp.raw_output_contents.len(), 1);
+            let back = decode_infer_response(resp, &Limits::default()).unwrap();
+            assert_eq!(back.meta.id.as_deref(), Some("q1"));
+            assert_eq!(back.meta.model_name, "echo");
+            assert!(!back.late);
+            assert_eq!(back.outputs[0].name(), SPIN_OUTPUT);
+            assert_eq!(back.outputs[0].shape(), &[3, 1]);
+            assert_eq!(floats(&back.outputs[0]), vec![1.5, -2.0, 3.25]);
+
+            // Typed contents, and an output asked for by name.
+            let mut req = encode_infer_request(
+                "echo",
+                None,
+                None,
+                &Parameters::new(),
+                &[rows(&[7.0])],
+                Some(&[isolane_protocol::OutputChoice {
+                    name: SPIN_OUTPUT.into(),
+                    binary: None,
+                }]),
+            )
+            .unwrap();
+            req.raw_input_contents.clear();
+            req.inputs[0].contents = isolane_protocol::grpc::typed_contents(&rows(&[7.0]));
+            let resp = c.model_infer(req).await.unwrap().into_inner();
+            let back = decode_infer_response(resp, &Limits::default()).unwrap();
+            assert_eq!(floats(&back.outputs[0]), vec![7.0]);
+        });
+        assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
+    }
+
+    #[test]
+    fn refusals_carry_their_codes_and_reasons() {
+        let s = server();
+        with_client(&s, |mut c| async move {
+            let infer = |model: &str, values: &[f32], deadline_ms: Option<u64>| {
+                let mut params = Parameters::new();
+                if let Some(ms) = deadline_ms {
+                    params.set_deadline_ms(ms);
+                }
+                encode_infer_request(model, None, None, &params, &[rows(values)], None).unwrap()
+            };
+            // The spin takes 2 ms: a 1 ms deadline is refused up front, saying by how much.
+            let e = c
+                .model_infer(infer("echo", &[1.0], Some(1)))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+            assert!(
+                e.message().contains("ms after its deadline"),
+                "{}",
+                e.message()
+            );
+            // Unknown model, bad shape, bad message.
+            let e = c
+                .model_infer(infer("nope", &[1.0], None))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::NotFound);
+            assert!(e.message().contains("`echo`"), "{}", e.message());
+            // More rows than the model's batch: past its request limit before any model check
+            // (HTTP answers 413).
+            let e = c
+                .model_infer(infer("echo", &[1.0; 5], None))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::ResourceExhausted);
+            assert!(e.message().contains("limit of 16 bytes"), "{}", e.message());
+            // A shape the model does not take.
+            let mut wide = infer("echo", &[1.0, 2.0], None);
+            wide.inputs[0].shape = vec![1, 2];
+            let e = c.model_infer(wide).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert!(e.message().contains("1 ≤ n ≤ 4"), "{}", e.message());
+            let mut bad = infer("echo", &[1.0], None);
+            bad.raw_input_contents[0].pop();
+            let e = c.model_infer(bad).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert!(
+                e.message().contains("`raw_input_contents`: 3 bytes"),
+                "{}",
+                e.message()
+            );
+            let e = c
+                .model_metadata(pb::ModelMetadataRequest {
+                    name: "nope".into(),
+                    version: String::new(),
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::NotFound);
+            // A message past the model's limit is refused from its length, unread.
+            let mut huge = infer("echo", &[1.0], None);
+            huge.raw_input_contents[0] = vec![0; 1 << 20];
+            let e = c.model_infer(huge).await.unwrap_err();
+            assert_ne!(e.code(), Code::Ok);
+            assert!(e.message().contains("too large"), "{}", e.message());
+            // Not served: named, with what to do instead.
+            let e = c
+                .system_shared_memory_register(pb::SystemSharedMemoryRegisterRequest {
+                    name: "r".into(),
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unimplemented);
+            assert!(
+                e.message().contains("raw_input_contents"),
+                "{}",
+                e.message()
+            );
+            let e = c
+                .model_stream_infer(tonic::codegen::tokio_stream::empty())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unimplemented);
+            assert!(e.message().contains("ModelInfer"), "{}", e.message());
+            // The server still answers after all that.
+            let resp = c.model_infer(infer("echo", &[4.0], None)).await.unwrap();
+            let back = decode_infer_response(resp.into_inner(), &Limits::default()).unwrap();
+            assert_eq!(floats(&back.outputs[0]), vec![4.0]);
+        });
+        s.drain(Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_draining_server_is_not_ready_and_refuses_as_unavailable() {
+        let s = server();
+        s.drain(Duration::from_secs(5));
+        with_client(&s, |mut c| async move {
+            let ready = c.server_ready(pb::ServerReadyRequest {}).await.unwrap();
+            assert!(!ready.get_ref().ready);
+            let req = encode_infer_request(
+                "echo",
+                None,
+                None,
+                &Parameters::new(),
+                &[rows(&[1.0])],
+                None,
+            )
+            .unwrap();
+            let e = c.model_infer(req).await.unwrap_err();
+            assert_eq!(e.code(), Code::Unavailable);
+            assert!(e.message().contains("shutting down"), "{}", e.message());
+        });
+    }
+}
