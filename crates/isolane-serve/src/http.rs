@@ -84,6 +84,7 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
         (&Method::POST, ["v2", "repository", "index"]) => {
             plain(repository_index(server, request).await)
         }
+        (&Method::GET, ["v2", "models", "stats"]) => plain(statistics(server, None)),
         (_, ["v2", "models", name, rest @ ..]) => {
             let name = percent_decode(name);
             let rest = match rest {
@@ -119,7 +120,7 @@ async fn model_route(
         (&Method::GET, []) => with(json(StatusCode::OK, &wire::metadata(info))),
         (&Method::GET, ["ready"]) => with(health(server.is_ready())),
         (&Method::GET, ["config"]) => with(json(StatusCode::OK, &wire::config(info))),
-        (&Method::GET, ["stats"]) => with(json(StatusCode::OK, &serde_json::json!({}))),
+        (&Method::GET, ["stats"]) => with(statistics(server, Some(name))),
         (&Method::POST, ["infer"]) => infer(server, name, request).await,
         _ => with(error(
             StatusCode::NOT_FOUND,
@@ -228,6 +229,14 @@ async fn repository_index(server: &Server, request: Request<Incoming>) -> Respon
         .map(|m| wire::index_entry(m, ready))
         .collect();
     json(StatusCode::OK, &entries)
+}
+
+/// `{"model_stats": [...]}` (Triton's statistics extension; perf_analyzer reads it).
+fn statistics(server: &Server, name: Option<&str>) -> Response<Full<Bytes>> {
+    match server.statistics(name) {
+        Some(stats) => json(StatusCode::OK, &serde_json::json!({ "model_stats": stats })),
+        None => refused(&server.unknown(name.unwrap_or(""))),
+    }
 }
 
 fn server_metadata() -> ServerMetadata {

@@ -35,7 +35,7 @@ use tokio::sync::oneshot;
 
 pub use model::ModelInfo;
 pub use request::{InferRequest, InferResponse, Refusal};
-pub use stats::ServeMetrics;
+pub use stats::{InferenceStats, ModelStatistics, ServeMetrics, StatDuration};
 
 use model::ServedModel;
 
@@ -247,6 +247,15 @@ impl Server {
         })
     }
 
+    /// Triton's statistics extension: the model named, or every model (`None`); `None` back
+    /// for an unknown name.
+    pub fn statistics(&self, name: Option<&str>) -> Option<Vec<ModelStatistics>> {
+        match name {
+            Some(n) => self.find(n).map(|m| vec![m.statistics()]),
+            None => Some(self.shared.models.iter().map(|m| m.statistics()).collect()),
+        }
+    }
+
     /// Requests taken and not answered yet, all models.
     pub fn in_flight(&self) -> usize {
         self.shared.models.iter().map(|m| m.in_flight()).sum()
@@ -345,6 +354,14 @@ fn start_model(
                 workload: spec.name.clone(),
                 message: m,
             };
+            // Pinned before the model is built: a CPU model's thread pool inherits the
+            // affinity (one engine thread per listed core).
+            if !spec.cpu.is_empty() {
+                if let Err(e) = isolane_runtime::affinity::pin_current_thread(&spec.cpu) {
+                    let _ = ready_tx.send(Err(fail(e.to_string())));
+                    return;
+                }
+            }
             let built = executor_for(
                 Some(engine.as_ref()),
                 &device,

@@ -50,10 +50,12 @@ pub struct ModelInfo {
     pub warm_service: Duration,
 }
 
+type Reply = oneshot::Sender<Result<InferResponse, Refusal>>;
+
 /// A request taken into the queue.
 struct Queued {
     inputs: CheckedInputs,
-    reply: oneshot::Sender<Result<InferResponse, Refusal>>,
+    reply: Reply,
     arrived: i64,
     /// Absolute, ns on the monotonic clock.
     deadline: Option<i64>,
@@ -218,6 +220,11 @@ impl ServedModel {
         self.wake.notify_all();
     }
 
+    /// Triton's statistics extension for this model.
+    pub fn statistics(&self) -> crate::stats::ModelStatistics {
+        self.stats.statistics(&self.info.name)
+    }
+
     /// Requests taken and not answered yet.
     pub fn in_flight(&self) -> usize {
         self.lock().in_flight
@@ -230,12 +237,13 @@ impl ServedModel {
         while let Some(batch) = self.next_batch() {
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let rows: usize = batch.iter().map(|r| r.inputs.rows).sum();
+            let copy_in = clock::now_ns();
             fill_inputs(exec, &batch);
+            let input_ns = clock::now_ns() - copy_in;
             let ran = match &self.publisher {
                 Some(p) => run_critical(exec, p, seq),
                 None => role.run_job(exec, seq, stop),
             };
-            let done = clock::now_ns();
             let mut q = self.lock();
             q.running_since = 0;
             q.in_flight -= batch.len();
@@ -250,13 +258,24 @@ impl ServedModel {
                 Ok((start, end, held)) => {
                     let job = end - start;
                     self.service_ns.store(recent.push(job), Ordering::Relaxed);
-                    self.stats.job(rows, job, held);
-                    self.answer(exec, batch, start, end, rows);
+                    self.stats.job(rows, held);
+                    let requests = batch.len() as u64;
+                    let copy_out = clock::now_ns();
+                    let replies = self.answers(exec, batch, start, end, rows);
+                    let output_ns = clock::now_ns() - copy_out;
+                    // Counted before the answers go: a client that reads the statistics
+                    // after its answer finds its request in them.
+                    self.stats.phases(requests, input_ns, job, output_ns);
+                    for (tx, reply) in replies {
+                        let _ = tx.send(reply);
+                    }
                 }
                 Err(e) => {
                     let message = e.to_string();
+                    let now = clock::now_ns();
                     for r in batch {
                         self.stats.rejected("failed");
+                        self.stats.failed(now - r.arrived);
                         let _ = r.reply.send(Err(Refusal::Failed {
                             model: self.info.name.clone(),
                             message: message.clone(),
@@ -264,7 +283,6 @@ impl ServedModel {
                     }
                 }
             }
-            let _ = done;
         }
     }
 
@@ -314,10 +332,18 @@ impl ServedModel {
         Some(batch)
     }
 
-    /// Sends each request its rows of the outputs.
-    fn answer(&self, exec: &dyn Executor, batch: Vec<Queued>, start: i64, end: i64, rows: usize) {
+    /// Each request's rows of the outputs, with where to send them.
+    fn answers(
+        &self,
+        exec: &dyn Executor,
+        batch: Vec<Queued>,
+        start: i64,
+        end: i64,
+        rows: usize,
+    ) -> Vec<(Reply, Result<InferResponse, Refusal>)> {
         let infos = &self.info.outputs;
         let mut row = 0;
+        let mut replies = Vec::with_capacity(batch.len());
         for r in batch {
             let n = r.inputs.rows;
             let outputs = r
@@ -339,7 +365,7 @@ impl ServedModel {
             row += n;
             let late = r.deadline.is_some_and(|d| end > d);
             self.stats
-                .answered(end - r.arrived, late, (start - r.arrived).max(0));
+                .answered(end - r.arrived, late, (start - r.arrived).max(0), n);
             let reply = outputs
                 .map(|outputs| InferResponse {
                     outputs,
@@ -352,8 +378,9 @@ impl ServedModel {
                     model: self.info.name.clone(),
                     message: e.to_string(),
                 });
-            let _ = r.reply.send(reply);
+            replies.push((r.reply, reply));
         }
+        replies
     }
 }
 

@@ -3,6 +3,7 @@
 //! registry on the HTTP server's runtime, never on a model thread.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -171,6 +172,7 @@ impl ServeMetrics {
         Arc::new(ModelStats {
             metrics: Arc::clone(self),
             labels,
+            totals: Totals::default(),
         })
     }
 
@@ -192,10 +194,79 @@ impl ServeMetrics {
     }
 }
 
-/// One model's handle on the families.
+/// One model's handle on the families, and its counters for the statistics extension.
 pub struct ModelStats {
     metrics: Arc<ServeMetrics>,
     labels: ModelLabels,
+    pub(crate) totals: Totals,
+}
+
+/// A count and the time it took in all (ns), as Triton's statistics extension reports them.
+#[derive(Default)]
+pub(crate) struct Timed {
+    count: AtomicU64,
+    ns: AtomicU64,
+}
+
+impl Timed {
+    fn add(&self, n: u64, ns: i64) {
+        self.count.fetch_add(n, Relaxed);
+        self.ns.fetch_add(ns.max(0) as u64, Relaxed);
+    }
+
+    fn read(&self) -> StatDuration {
+        StatDuration {
+            count: self.count.load(Relaxed),
+            ns: self.ns.load(Relaxed),
+        }
+    }
+}
+
+/// The statistics extension's counters of one model (since the server started).
+#[derive(Default)]
+pub(crate) struct Totals {
+    success: Timed,
+    fail: Timed,
+    queue: Timed,
+    compute_input: Timed,
+    compute_infer: Timed,
+    compute_output: Timed,
+    /// Rows inferred, jobs run, the last answer (ms since the Unix epoch).
+    inferences: AtomicU64,
+    executions: AtomicU64,
+    last_ms: AtomicU64,
+}
+
+/// A count and its total time, in Triton's JSON (`{"count": N, "ns": T}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StatDuration {
+    pub count: u64,
+    pub ns: u64,
+}
+
+/// One model's `inference_stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct InferenceStats {
+    pub success: StatDuration,
+    pub fail: StatDuration,
+    pub queue: StatDuration,
+    pub compute_input: StatDuration,
+    pub compute_infer: StatDuration,
+    pub compute_output: StatDuration,
+    pub cache_hit: StatDuration,
+    pub cache_miss: StatDuration,
+}
+
+/// One entry of `GET /v2/models[/NAME]/stats` (`model_stats`), Triton's statistics extension.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ModelStatistics {
+    pub name: String,
+    pub version: String,
+    pub last_inference: u64,
+    pub inference_count: u64,
+    pub execution_count: u64,
+    pub inference_stats: InferenceStats,
+    pub batch_stats: Vec<serde_json::Value>,
 }
 
 impl ModelStats {
@@ -220,7 +291,8 @@ impl ModelStats {
             .set(n as i64);
     }
 
-    pub fn job(&self, rows: usize, _job_ns: i64, held_ns: i64) {
+    pub fn job(&self, rows: usize, held_ns: i64) {
+        self.totals.executions.fetch_add(1, Relaxed);
         self.metrics.jobs.get_or_create(&self.labels).inc();
         self.metrics
             .job_rows
@@ -234,7 +306,50 @@ impl ModelStats {
         }
     }
 
-    pub fn answered(&self, latency_ns: i64, late: bool, queued_ns: i64) {
+    /// A job's three phases: its inputs copied in, the model run, the outputs copied out.
+    pub fn phases(&self, requests: u64, input_ns: i64, infer_ns: i64, output_ns: i64) {
+        let t = &self.totals;
+        t.compute_input.add(requests, input_ns);
+        t.compute_infer.add(requests, infer_ns);
+        t.compute_output.add(requests, output_ns);
+    }
+
+    /// A request that got an error after it was taken.
+    pub fn failed(&self, latency_ns: i64) {
+        self.totals.fail.add(1, latency_ns);
+    }
+
+    /// The statistics extension's view of this model.
+    pub fn statistics(&self, name: &str) -> ModelStatistics {
+        let t = &self.totals;
+        ModelStatistics {
+            name: name.to_string(),
+            version: "1".into(),
+            last_inference: t.last_ms.load(Relaxed),
+            inference_count: t.inferences.load(Relaxed),
+            execution_count: t.executions.load(Relaxed),
+            inference_stats: InferenceStats {
+                success: t.success.read(),
+                fail: t.fail.read(),
+                queue: t.queue.read(),
+                compute_input: t.compute_input.read(),
+                compute_infer: t.compute_infer.read(),
+                compute_output: t.compute_output.read(),
+                ..Default::default()
+            },
+            batch_stats: Vec::new(),
+        }
+    }
+
+    pub fn answered(&self, latency_ns: i64, late: bool, queued_ns: i64, rows: usize) {
+        let t = &self.totals;
+        t.success.add(1, latency_ns);
+        t.queue.add(1, queued_ns);
+        t.inferences.fetch_add(rows as u64, Relaxed);
+        let epoch_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        t.last_ms.store(epoch_ms, Relaxed);
         self.metrics
             .latency
             .get_or_create(&self.labels)

@@ -115,6 +115,27 @@ fn a_request_gets_its_own_rows_back() {
 }
 
 #[test]
+fn statistics_count_requests_rows_and_jobs() {
+    let s = server(ONE);
+    block_on(s.infer("echo", rows(&[1.0, 2.0, 3.0]))).unwrap();
+    block_on(s.infer("echo", rows(&[4.0]))).unwrap();
+    let st = &s.statistics(Some("echo")).unwrap()[0];
+    assert_eq!((st.inference_count, st.execution_count), (4, 2));
+    let i = &st.inference_stats;
+    assert_eq!(
+        (i.success.count, i.queue.count, i.compute_infer.count),
+        (2, 2, 2)
+    );
+    // Two jobs of a 2 ms spin at least.
+    assert!(i.compute_infer.ns >= 4_000_000, "{i:?}");
+    assert!(i.success.ns >= i.compute_infer.ns);
+    assert!(st.last_inference > 0);
+    assert!(s.statistics(Some("nope")).is_none());
+    assert_eq!(s.statistics(None).unwrap().len(), 1);
+    s.drain(Duration::from_secs(5));
+}
+
+#[test]
 fn bad_requests_are_refused_by_name() {
     let s = server(ONE);
     let e = block_on(s.infer("nope", rows(&[1.0]))).unwrap_err();
