@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use isolane_core::device_model::DeviceModel;
-use isolane_core::results::InterferenceIndex;
 use isolane_core::spec::{Backend, Scenario};
 use isolane_planner::auto::{
     AutoError, Bench, Config, Ending, Event, Observer, ProfileRun, Stream, Target, Verified,
@@ -28,6 +27,8 @@ pub fn run(args: &PlanArgs, file: &super::ScenarioFile, engine: &Engine) -> anyh
     let (scenario, name) = file.scenario()?;
     super::refuse_programs(&scenario, &name, "plan --auto")?;
     super::refuse_mixed_backends(&scenario, &name, "plan --auto")?;
+    // A workload that cannot be planned is said before the device is looked for.
+    isolane_planner::auto::demands(&scenario, &name).map_err(user)?;
     let target = resolve_target(&scenario, args)?;
     let config = Config {
         options: Options {
@@ -36,10 +37,7 @@ pub fn run(args: &PlanArgs, file: &super::ScenarioFile, engine: &Engine) -> anyh
             max_util: args.max_util,
         },
         mechanism: args.mechanism.clone(),
-        matrix: match &args.stretch_from {
-            Some(p) => Some(read_matrix(p)?),
-            None => None,
-        },
+        stretch_from: args.stretch_from.clone(),
         profile_jobs: args.profile_jobs,
         profile_budget: args.profile_budget.map(Duration::from_secs_f64),
         allow_mig_reconfigure: args.allow_mig_reconfigure,
@@ -209,16 +207,6 @@ impl Bench for RunBench<'_> {
         super::write_output(p, text.as_bytes())?;
         Ok(Some(p.to_path_buf()))
     }
-}
-
-/// interference.json, or the folder holding it.
-fn read_matrix(p: &Path) -> anyhow::Result<InterferenceIndex> {
-    let file = if p.is_dir() {
-        p.join("interference.json")
-    } else {
-        p.to_path_buf()
-    };
-    isolane_core::results::read_json(&file).map_err(|e| user(format!("--stretch-from: {e}")))
 }
 
 /// Where the profiles come from: `--device-model` plans offline from a folder of profiles;

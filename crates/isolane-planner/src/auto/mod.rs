@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use isolane_core::device_model::DeviceModel;
-use isolane_core::results::{InterferenceIndex, RunSummary};
+use isolane_core::results::RunSummary;
 use isolane_core::spec::{Mechanism, Scenario};
 
 use crate::cache::DeviceRecord;
@@ -29,7 +29,7 @@ use crate::offline::{OfflineProfiles, WorkloadId};
 use crate::{Demand, GpusPlan, Ladder, LearnedStretch, Options, Outcome, Point, ProfileCache};
 
 pub use events::{Compared, Event, Stream};
-pub use scenario::{mig_off, model_id, workload_ids};
+pub use scenario::{demands, mig_off, model_id, workload_ids};
 
 use profiling::Profiles;
 use rounds::Rounds;
@@ -55,8 +55,9 @@ pub struct Config {
     pub options: Options,
     /// `--mechanism` (`green`, `mps`, `timeslice`, `mig`, `all`); `None`: the scenario's.
     pub mechanism: Option<String>,
-    /// An interference matrix to take each workload's stretch from (`--stretch-from`).
-    pub matrix: Option<InterferenceIndex>,
+    /// An interference matrix (`interference.json`, or its folder) to take each workload's
+    /// stretch from (`--stretch-from`).
+    pub stretch_from: Option<PathBuf>,
     /// Jobs of each profile run (after [`PROFILE_WARMUP`] warm-up jobs).
     pub profile_jobs: u64,
     /// The time profile runs may take in all (`--profile-budget`).
@@ -87,7 +88,7 @@ impl Default for Config {
         Config {
             options: Options::default(),
             mechanism: None,
-            matrix: None,
+            stretch_from: None,
             profile_jobs: 1000,
             profile_budget: None,
             allow_mig_reconfigure: false,
@@ -328,7 +329,7 @@ pub fn run<B: Bench>(
 ) -> Result<Finish, AutoError<B::Error>> {
     let scenario = input.scenario;
     let target = input.target;
-    let demands = scenario::demands(scenario, input.name)?;
+    let demands = scenario::demands(scenario, input.name).map_err(AutoError::User)?;
     let spread = Spread::of(scenario, input.text);
     let workloads = workload_ids(scenario);
     let mechanisms = scenario::mechanisms(
@@ -338,6 +339,10 @@ pub fn run<B: Bench>(
         &workloads,
         observer,
     )?;
+    let matrix = match &config.stretch_from {
+        Some(p) => Some(scenario::read_matrix(p)?),
+        None => None,
+    };
     let opts = &config.options;
     let mut profiles = Profiles {
         scenario,
@@ -358,7 +363,7 @@ pub fn run<B: Bench>(
             scenario,
             &demands,
             *mech,
-            config.matrix.as_ref(),
+            matrix.as_ref(),
             opts.stretch,
             observer,
         );

@@ -125,16 +125,17 @@ pub(crate) fn with_memory(demands: Vec<Demand>, memory: &[Option<u64>]) -> Vec<D
         .collect()
 }
 
-/// Each workload's rate and deadline; one without either cannot be planned.
-pub(crate) fn demands<E>(s: &Scenario, name: &str) -> Result<Vec<Demand>, AutoError<E>> {
+/// Each workload's rate and deadline; one without either cannot be planned (the error is the
+/// user's: `name` is the scenario file's).
+pub fn demands(s: &Scenario, name: &str) -> Result<Vec<Demand>, String> {
     s.workloads
         .iter()
         .map(|w| {
             let Rate::Hz(hz) = w.rate else {
-                return Err(AutoError::User(format!(
+                return Err(format!(
                     "{name}: workload `{}`: rate_hz = \"max\" cannot be planned; give it a rate",
                     w.name
-                )));
+                ));
             };
             Ok(Demand {
                 name: w.name.clone(),
@@ -147,6 +148,17 @@ pub(crate) fn demands<E>(s: &Scenario, name: &str) -> Result<Vec<Demand>, AutoEr
             })
         })
         .collect()
+}
+
+/// interference.json, or the folder holding it (`--stretch-from`).
+pub(crate) fn read_matrix<E>(p: &Path) -> Result<InterferenceIndex, AutoError<E>> {
+    let file = if p.is_dir() {
+        p.join("interference.json")
+    } else {
+        p.to_path_buf()
+    };
+    isolane_core::results::read_json(&file)
+        .map_err(|e| AutoError::User(format!("--stretch-from: {e}")))
 }
 
 /// Each workload's stretch from the matrix, beside the scenario's other models, where the
