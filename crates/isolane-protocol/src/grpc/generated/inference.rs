@@ -328,6 +328,10 @@ pub struct InferStatistics {
     pub compute_infer: ::core::option::Option<StatisticDuration>,
     #[prost(message, optional, tag = "6")]
     pub compute_output: ::core::option::Option<StatisticDuration>,
+    #[prost(message, optional, tag = "7")]
+    pub cache_hit: ::core::option::Option<StatisticDuration>,
+    #[prost(message, optional, tag = "8")]
+    pub cache_miss: ::core::option::Option<StatisticDuration>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
