@@ -1,6 +1,6 @@
 //! The KServe v2 / Triton gRPC front end (`inference.GRPCInferenceService`; docs/serve.md,
-//! docs/protocol.md): health, metadata, model configuration, the repository index and
-//! inference, over tonic. Like the HTTP front end it only decodes (isolane_protocol::grpc),
+//! docs/protocol.md): health, metadata, model configuration, statistics, the repository index
+//! and inference, over tonic. Like the HTTP front end it only decodes (isolane_protocol::grpc),
 //! submits to the [`Server`] and encodes; a refusal is the [`Refusal`]'s gRPC code with its
 //! message (RESOURCE_EXHAUSTED with the predicted lateness for a deadline that cannot be met).
 //! Methods isolane does not serve answer UNIMPLEMENTED saying what to do instead.
@@ -19,7 +19,7 @@ use isolane_protocol::{Limits, ResponseMeta};
 use tokio::net::TcpListener;
 use tonic::{Code, Request, Response, Status, Streaming};
 
-use crate::{wire, InferRequest, Refusal, Server};
+use crate::{wire, InferRequest, ModelStatistics, Refusal, Server, StatDuration};
 
 /// The front end's service: the server's handle.
 #[derive(Clone)]
@@ -259,22 +259,22 @@ impl GrpcInferenceService for GrpcFrontEnd {
         )
     }
 
+    /// Triton's statistics extension (perf_analyzer reads it around each measurement): the
+    /// model named, or every model for an empty name.
     async fn model_statistics(
         &self,
         request: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+        let began = Instant::now();
         let name = request.into_inner().name;
-        logged(
-            "ModelStatistics",
-            &name,
-            Instant::now(),
-            false,
-            Err(unimplemented(
-                "ModelStatistics",
-                "GET /metrics on the HTTP address has each model's requests, refusals, \
-                 latencies, queue times and jobs",
-            )),
-        )
+        let asked = Some(name.as_str()).filter(|n| !n.is_empty());
+        let answer = match self.server.statistics(asked) {
+            Some(stats) => Ok(pb::ModelStatisticsResponse {
+                model_stats: stats.iter().map(statistics).collect(),
+            }),
+            None => Err(refused(&self.server.unknown(&name))),
+        };
+        logged("ModelStatistics", &name, began, false, answer)
     }
 
     async fn repository_index(
@@ -372,6 +372,37 @@ impl GrpcInferenceService for GrpcFrontEnd {
         _: Request<pb::CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
         shared_memory("CudaSharedMemoryUnregister")
+    }
+}
+
+fn duration(d: &StatDuration) -> pb::StatisticDuration {
+    pb::StatisticDuration {
+        count: d.count,
+        ns: d.ns,
+    }
+}
+
+/// One model's statistics in the gRPC message. `batch_stats` stays empty: the server keeps
+/// no per-batch-size figures.
+fn statistics(s: &ModelStatistics) -> pb::ModelStatistics {
+    let i = &s.inference_stats;
+    pb::ModelStatistics {
+        name: s.name.clone(),
+        version: s.version.clone(),
+        last_inference: s.last_inference,
+        inference_count: s.inference_count,
+        execution_count: s.execution_count,
+        inference_stats: Some(pb::InferStatistics {
+            success: Some(duration(&i.success)),
+            fail: Some(duration(&i.fail)),
+            queue: Some(duration(&i.queue)),
+            compute_input: Some(duration(&i.compute_input)),
+            compute_infer: Some(duration(&i.compute_infer)),
+            compute_output: Some(duration(&i.compute_output)),
+            cache_hit: Some(duration(&i.cache_hit)),
+            cache_miss: Some(duration(&i.cache_miss)),
+        }),
+        batch_stats: Vec::new(),
     }
 }
 
@@ -604,6 +635,35 @@ deadline_ms = 5000
             let resp = c.model_infer(req).await.unwrap().into_inner();
             let back = decode_infer_response(resp, &Limits::default()).unwrap();
             assert_eq!(floats(&back.outputs[0]), vec![7.0]);
+
+            // Statistics count what was answered: two requests, four rows.
+            let stats = c
+                .model_statistics(pb::ModelStatisticsRequest {
+                    name: "echo".into(),
+                    version: String::new(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let echo = &stats.model_stats[0];
+            assert_eq!((echo.name.as_str(), echo.version.as_str()), ("echo", "1"));
+            assert_eq!(echo.inference_count, 4);
+            let success = echo.inference_stats.unwrap().success.unwrap();
+            assert_eq!(success.count, 2);
+            assert!(success.ns > 0);
+            let all = c
+                .model_statistics(pb::ModelStatisticsRequest::default())
+                .await
+                .unwrap();
+            assert_eq!(all.get_ref().model_stats.len(), 1);
+            let e = c
+                .model_statistics(pb::ModelStatisticsRequest {
+                    name: "nope".into(),
+                    version: String::new(),
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::NotFound);
         });
         assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
     }
