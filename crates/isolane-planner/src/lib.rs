@@ -27,6 +27,10 @@
 //!
 //! On several GPUs of one model ([`plan_gpus`]) the workloads are first placed on GPUs
 //! (pinned ones stay, the others first-fit decreasing), then each GPU is planned as above.
+//!
+//! The closed loop around the search (profile → plan → verify → plan again, the stretch
+//! learned from verification runs, mechanisms compared) is [`auto::run`]: what it measures
+//! comes through the caller's [`auto::Bench`], what it says goes out as [`auto::Event`]s.
 
 pub mod auto;
 mod budget;
