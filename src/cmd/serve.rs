@@ -35,6 +35,9 @@ pub struct ServeArgs {
     /// HTTP/REST address (HOST:PORT; port 0: any free one).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8000")]
     pub http: String,
+    /// gRPC address (HOST:PORT; port 0: any free one).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8001")]
+    pub grpc: String,
     /// `cpu` serves the workloads on the CPU backend whatever the scenario's [device] says
     /// (as `run --backend cpu`).
     #[arg(long, value_parser = ["cpu", "cuda"])]
@@ -81,6 +84,7 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
     }
     // Bound before anything is built: a port in use is said at once.
     let http = bind("--http", &args.http)?;
+    let grpc = bind("--grpc", &args.grpc)?;
     if !args.no_access_log {
         init_access_log();
     }
@@ -100,7 +104,7 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         args.partitions.choices(),
         &options,
         grace,
-        |server| front_ends(server, http, &stop, grace),
+        |server| front_ends(server, http, grpc, &stop, grace),
     );
     let (fronts, drained) = served.map_err(|e| {
         if e.is_user_error() {
@@ -158,6 +162,7 @@ fn init_access_log() {
 fn front_ends(
     server: &Server,
     http: std::net::TcpListener,
+    grpc: std::net::TcpListener,
     stop: &AtomicBool,
     grace: Duration,
 ) -> anyhow::Result<()> {
@@ -168,11 +173,14 @@ fn front_ends(
         .enable_time()
         .build()
         .map_err(|e| anyhow::anyhow!("starting the server's runtime: {e}"))?;
-    let http = {
+    let (http, grpc) = {
         let _in = runtime.enter();
-        tokio::net::TcpListener::from_std(http)?
+        (
+            tokio::net::TcpListener::from_std(http)?,
+            tokio::net::TcpListener::from_std(grpc)?,
+        )
     };
-    let http_addr = http.local_addr()?;
+    let (http_addr, grpc_addr) = (http.local_addr()?, grpc.local_addr()?);
     let (done, stopped) = tokio::sync::watch::channel(false);
     let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|d| *d).await;
@@ -182,12 +190,17 @@ fn front_ends(
         http,
         until(stopped.clone()),
     ));
+    let grpc_task = runtime.spawn(isolane_serve::grpc::serve_grpc(
+        server.clone(),
+        grpc,
+        until(stopped.clone()),
+    ));
     let models: Vec<String> = server
         .models()
         .map(|m| format!("{} ({}, {})", m.name, m.partition, criticality(m)))
         .collect();
     println!(
-        "isolane serve: ready; HTTP on {http_addr}; models: {}",
+        "isolane serve: ready; HTTP on {http_addr}, gRPC on {grpc_addr}; models: {}",
         models.join(", ")
     );
     use std::io::Write as _;
@@ -200,6 +213,9 @@ fn front_ends(
     let _ = done.send(true);
     runtime.block_on(async {
         let _ = http_task.await;
+        if let Ok(Err(e)) = grpc_task.await {
+            eprintln!("isolane serve: the gRPC front end stopped with an error: {e}");
+        }
     });
     Ok(())
 }
