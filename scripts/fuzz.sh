@@ -20,7 +20,7 @@ cargo test --release -p isolane-app --test suite --no-run
 cargo test --release -p isolane-runtime --lib --no-run
 cargo test --release -p isolane-planner --lib --no-run
 cargo test --release -p isolane-trace --lib --no-run
-cargo test --release -p isolane-protocol --lib --no-run
+cargo test --release -p isolane-protocol --features grpc --lib --no-run
 ulimit -v 4194304
 export ISOLANE_FUZZ_CASES=$cases
 export ISOLANE_FUZZ_SEED=${ISOLANE_FUZZ_SEED:-random}
@@ -34,5 +34,6 @@ cargo test --release -p isolane-app --test suite fuzz_spec:: -- --test-threads=1
 cargo test --release -p isolane-runtime --lib fuzz_ -- --test-threads=1 --nocapture || status=1
 cargo test --release -p isolane-planner --lib fuzz_ -- --test-threads=1 --nocapture || status=1
 cargo test --release -p isolane-trace --lib fuzz_ -- --test-threads=1 --nocapture || status=1
-cargo test --release -p isolane-protocol --lib fuzz_ -- --test-threads=1 --nocapture || status=1
+# With its gRPC decoders (feature grpc): their targets are fuzz_grpc_*.
+cargo test --release -p isolane-protocol --features grpc --lib fuzz_ -- --test-threads=1 --nocapture || status=1
 exit $status

@@ -764,3 +764,171 @@ fn the_checked_in_generated_code_is_fresh() {
         checked_in.display()
     );
 }
+
+/// The gRPC decoders' fuzz targets (`scripts/fuzz.sh` runs them longer): valid requests
+/// round-trip through raw and typed contents, and mutated or arbitrary messages are decoded
+/// into consistent tensors within the limit or refused with a 400 or 413, never a panic.
+mod fuzz {
+    use super::*;
+    use crate::tests::fuzz::{check_refusal, check_tensors, parameters, tensors, LIMITS};
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    /// Every tensor's data as typed contents (when all have a typed field), else raw.
+    fn encode(tensors: &[Tensor], params: &Parameters, typed: bool) -> ModelInferRequest {
+        let mut req = encode_infer_request("m", None, Some("r"), params, tensors, None).unwrap();
+        let contents: Option<Vec<_>> = tensors.iter().map(typed_contents).collect();
+        if let (true, Some(contents)) = (typed, contents) {
+            req.raw_input_contents.clear();
+            for (input, c) in req.inputs.iter_mut().zip(contents) {
+                input.contents = Some(c);
+            }
+        }
+        req
+    }
+
+    /// Decodes a message as a server does: refused with a 400 or 413, or decoded into
+    /// consistent tensors within the limit that decode the same again and survive a
+    /// re-encoding.
+    fn check_request(m: ModelInferRequest) -> Result<(), TestCaseError> {
+        match decode_infer_request(m.clone(), &LIMITS) {
+            Ok(r) => {
+                check_tensors(&r.request.inputs)?;
+                prop_assert_eq!(decode_infer_request(m, &LIMITS), Ok(r.clone()));
+                let again = encode_infer_request(
+                    &r.model_name,
+                    r.model_version.as_deref(),
+                    r.request.id.as_deref(),
+                    &r.request.parameters,
+                    &r.request.inputs,
+                    None,
+                );
+                prop_assert!(again.is_ok(), "{again:?}");
+                let back = decode_infer_request(over_the_wire(&again.unwrap()), &Limits::default());
+                prop_assert_eq!(back.map(|b| b.request.inputs), Ok(r.request.inputs));
+            }
+            Err(e) => check_refusal(&e)?,
+        }
+        Ok(())
+    }
+
+    fn check_response(bytes: &[u8]) -> Result<(), TestCaseError> {
+        if let Ok(m) = inference::ModelInferResponse::decode(bytes) {
+            match decode_infer_response(m, &LIMITS) {
+                Ok(r) => {
+                    check_tensors(&r.outputs)?;
+                }
+                Err(e) => check_refusal(&e)?,
+            }
+        }
+        Ok(())
+    }
+
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Set(Index, u8),
+        Insert(Index, Vec<u8>),
+        Delete(Index, usize),
+        Truncate(Index),
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            (any::<Index>(), any::<u8>()).prop_map(|(i, b)| Mutation::Set(i, b)),
+            (any::<Index>(), prop::collection::vec(any::<u8>(), 1..6))
+                .prop_map(|(i, t)| Mutation::Insert(i, t)),
+            (any::<Index>(), 1usize..8).prop_map(|(i, n)| Mutation::Delete(i, n)),
+            any::<Index>().prop_map(Mutation::Truncate),
+        ]
+    }
+
+    fn mutate(bytes: &mut Vec<u8>, m: &Mutation) {
+        let at = |i: &Index, len: usize| i.index(len + 1);
+        match m {
+            Mutation::Set(i, b) => {
+                if !bytes.is_empty() {
+                    let k = i.index(bytes.len());
+                    bytes[k] = *b;
+                }
+            }
+            Mutation::Insert(i, t) => {
+                let k = at(i, bytes.len());
+                bytes.splice(k..k, t.iter().copied());
+            }
+            Mutation::Delete(i, n) => {
+                let k = at(i, bytes.len());
+                let end = (k + n).min(bytes.len());
+                bytes.drain(k..end);
+            }
+            Mutation::Truncate(i) => {
+                let k = at(i, bytes.len());
+                bytes.truncate(k);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(isolane_core::fuzz::config(500))]
+
+        #[test]
+        fn fuzz_grpc_requests_round_trip_raw_and_typed(
+            tensors in tensors(),
+            params in parameters(),
+            typed in any::<bool>(),
+            late in any::<bool>(),
+        ) {
+            let req = encode(&tensors, &params, typed);
+            let r = decode_infer_request(over_the_wire(&req), &LIMITS).unwrap();
+            prop_assert_eq!(&r.request.inputs, &tensors);
+            prop_assert_eq!(&r.request.parameters, &params);
+            prop_assert_eq!(r.request.deadline_ms, params.deadline_ms().unwrap());
+            prop_assert_eq!(r.request.id.as_deref(), Some("r"));
+
+            let mut meta = ResponseMeta {
+                model_name: "m".into(),
+                model_version: None,
+                id: r.request.id.clone(),
+                parameters: Parameters::new(),
+            };
+            meta.parameters.set_late(late);
+            let resp = encode_infer_response(&meta, tensors.clone()).unwrap();
+            let wire =
+                inference::ModelInferResponse::decode(resp.encode_to_vec().as_slice()).unwrap();
+            let back = decode_infer_response(wire, &LIMITS).unwrap();
+            prop_assert_eq!(back.outputs, tensors);
+            prop_assert_eq!(back.late, late);
+            prop_assert_eq!(back.meta, meta);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(isolane_core::fuzz::config(1000))]
+
+        #[test]
+        fn fuzz_grpc_mutated_messages_are_decoded_or_refused(
+            tensors in tensors(),
+            params in parameters(),
+            typed in any::<bool>(),
+            mutations in prop::collection::vec(mutation(), 1..4),
+        ) {
+            let mut bytes = encode(&tensors, &params, typed).encode_to_vec();
+            for m in &mutations {
+                mutate(&mut bytes, m);
+            }
+            if let Ok(m) = ModelInferRequest::decode(bytes.as_slice()) {
+                check_request(m)?;
+            }
+            check_response(&bytes)?;
+        }
+
+        #[test]
+        fn fuzz_grpc_arbitrary_messages_are_decoded_or_refused(
+            bytes in prop::collection::vec(any::<u8>(), 0..512),
+        ) {
+            if let Ok(m) = ModelInferRequest::decode(bytes.as_slice()) {
+                check_request(m)?;
+            }
+            check_response(&bytes)?;
+        }
+    }
+}

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use proptest::sample::{select, Index};
 
 /// Small, so that a shape within the limit still dwarfs the bodies the targets make.
-const LIMITS: Limits = Limits {
+pub(crate) const LIMITS: Limits = Limits {
     max_tensor_bytes: 1 << 16,
     max_body_bytes: 1 << 16,
 };
@@ -21,7 +21,7 @@ fn allowed(body: usize, decoded: usize) -> usize {
     2 * decoded + 16 * body + 4096
 }
 
-fn check_tensors(tensors: &[Tensor]) -> Result<usize, TestCaseError> {
+pub(crate) fn check_tensors(tensors: &[Tensor]) -> Result<usize, TestCaseError> {
     let total: usize = tensors.iter().map(|t| t.data().len()).sum();
     prop_assert!(total as u64 <= LIMITS.max_tensor_bytes, "{total} bytes");
     let mut names: Vec<&str> = tensors.iter().map(Tensor::name).collect();
@@ -40,7 +40,7 @@ fn check_tensors(tensors: &[Tensor]) -> Result<usize, TestCaseError> {
     Ok(total)
 }
 
-fn check_refusal(e: &ProtocolError) -> Result<(), TestCaseError> {
+pub(crate) fn check_refusal(e: &ProtocolError) -> Result<(), TestCaseError> {
     prop_assert!(matches!(e.http_status(), 400 | 413), "{e:?}");
     prop_assert!(!e.to_string().is_empty());
     Ok(())
@@ -139,11 +139,11 @@ fn finite(dt: DataType, d: &mut [u8]) {
     }
 }
 
-fn tensors() -> impl Strategy<Value = Vec<Tensor>> {
+pub(crate) fn tensors() -> impl Strategy<Value = Vec<Tensor>> {
     (0usize..4).prop_flat_map(|n| (0..n).map(|i| tensor(format!("t{i}"))).collect::<Vec<_>>())
 }
 
-fn parameters() -> impl Strategy<Value = Parameters> {
+pub(crate) fn parameters() -> impl Strategy<Value = Parameters> {
     (
         prop::option::of(1u64..100_000),
         prop::option::of(any::<bool>()),

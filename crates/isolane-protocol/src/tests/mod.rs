@@ -1,3 +1,4 @@
 mod alloc;
 mod examples;
-mod fuzz;
+// Its strategies and checks serve the gRPC targets too (grpc/tests.rs).
+pub(crate) mod fuzz;
