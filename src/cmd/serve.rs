@@ -42,6 +42,17 @@ pub struct ServeArgs {
     /// (as `run --backend cpu`).
     #[arg(long, value_parser = ["cpu", "cuda"])]
     pub backend: Option<String>,
+    /// Record every request taken as a job of its model in DIR/jobs/<model>.csv while serving
+    /// (released at its arrival; late counts as a timeout), and write DIR/summary.json and
+    /// workloads.csv when stopped, as `run` does (`isolane trace DIR` shows the requests).
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Use --out even if it is not empty, replacing isolane's own files in it.
+    #[arg(long, requires = "out")]
+    pub force: bool,
+    /// Also write DIR/trace.json when stopped, the requests' timeline for ui.perfetto.dev.
+    #[arg(long, requires = "out")]
+    pub trace: bool,
     /// On SIGTERM/SIGINT, how long the requests already taken may take to be answered.
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     pub drain_timeout: f64,
@@ -93,9 +104,16 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .map_err(|e| anyhow::anyhow!("cannot handle signal {signal}: {e}"))?;
     }
+    let recording = match &args.out {
+        Some(dir) => Some(Recording::start(dir, args.force, &scenario, &plan)?),
+        None => None,
+    };
     let options = ServeOptions {
         engine: engine.clone(),
         seed: scenario.timing.seed,
+        records: recording
+            .as_ref()
+            .map(|r| (r.senders.clone(), isolane_runtime::clock::now_ns())),
     };
     let grace = Duration::from_secs_f64(args.drain_timeout);
     let served = serve_plan(
@@ -113,12 +131,82 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
             anyhow::anyhow!(e)
         }
     })?;
+    // The model threads have ended: only these senders keep the jobs writer going.
+    drop(options);
     fronts?;
     eprintln!(
         "isolane serve: stopped; {} requests answered during the drain, {} abandoned",
         drained.answered, drained.abandoned
     );
+    if let Some(r) = recording {
+        r.finish(&plan, args.trace)?;
+    }
     Ok(if drained.abandoned == 0 { 0 } else { 1 })
+}
+
+/// `--out DIR`: the folder, its scenario.toml, and the jobs writer the models' records go to.
+struct Recording {
+    out: PathBuf,
+    stream: isolane_runtime::jobs_stream::JobsStream,
+    senders: Vec<isolane_runtime::jobs_stream::BatchSender>,
+}
+
+impl Recording {
+    fn start(
+        dir: &std::path::Path,
+        force: bool,
+        scenario: &isolane_core::spec::Scenario,
+        plan: &RunPlan,
+    ) -> anyhow::Result<Recording> {
+        use anyhow::Context as _;
+        let toml = scenario
+            .to_toml_string()
+            .context("writing the resolved scenario")?;
+        let out = super::run::prepare_out(Some(dir), force)?;
+        isolane_runtime::output::write_atomic(&out.join("scenario.toml"), toml.as_bytes())?;
+        let names: Vec<String> = plan.workloads.iter().map(|w| w.spec.name.clone()).collect();
+        let stream = isolane_runtime::jobs_stream::JobsStream::start(Some(&out), &names, None)
+            .with_context(|| format!("{}: cannot create jobs/", out.display()))?;
+        let senders = (0..names.len()).map(|i| stream.sender(i)).collect();
+        Ok(Recording {
+            out,
+            stream,
+            senders,
+        })
+    }
+
+    /// Waits for the last records, then writes summary.json and workloads.csv from them (and
+    /// trace.json).
+    fn finish(self, plan: &RunPlan, trace: bool) -> anyhow::Result<()> {
+        use isolane_core::results::{workloads_csv, RunStatus, WORKLOADS_CSV};
+        drop(self.senders);
+        if let Err(e) = self.stream.finish() {
+            eprintln!("warning: the request records could not all be written: {e}");
+        }
+        let (mut summary, notes) = super::summarize::folder_summary(&self.out, plan, "serve")?;
+        for n in notes {
+            eprintln!("note: {n}");
+        }
+        // A server has no planned number of jobs: stopped by its signal, it is complete.
+        summary.complete = true;
+        summary.interrupted = false;
+        summary.status = RunStatus::Ok;
+        for w in &mut summary.workloads {
+            if w.status == RunStatus::Interrupted {
+                w.status = RunStatus::Ok;
+            }
+        }
+        isolane_runtime::output::write_atomic(
+            &self.out.join(WORKLOADS_CSV),
+            workloads_csv(&summary).as_bytes(),
+        )?;
+        isolane_core::results::write_json(&self.out.join("summary.json"), &summary)?;
+        if trace {
+            super::trace::write(&self.out, &self.out.join("trace.json"))?;
+        }
+        eprintln!("isolane serve: requests recorded in {}", self.out.display());
+        Ok(())
+    }
 }
 
 fn model_error(e: ExecError) -> anyhow::Error {

@@ -64,20 +64,7 @@ pub fn run(args: SummarizeArgs) -> anyhow::Result<u8> {
         )));
     }
     let plan = RunPlan::from_scenario(&scenario);
-    let mut notes = Vec::new();
-    let workloads = plan
-        .workloads
-        .iter()
-        .map(|w| {
-            // A program's outcome lives only in summary.json: its workload is not complete.
-            let planned = match w.spec.program {
-                Some(_) => None,
-                None => w.schedule.expected_jobs(),
-            };
-            recorded(dir, &w.spec.name, planned, &mut notes)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut summary = rebuild(&plan, &scenario_path, workloads);
+    let (mut summary, notes) = folder_summary(dir, &plan, "run")?;
     summary.rebuilt_by = Some("isolane summarize".into());
     isolane_core::results::write_json(&dir.join("summary.json"), &summary)?;
     println!("{}", super::run::results_table(&scenario, &summary, false));
@@ -99,6 +86,30 @@ pub fn run(args: SummarizeArgs) -> anyhow::Result<u8> {
     }
     println!("summary: {}", dir.join("summary.json").display());
     Ok(0)
+}
+
+/// The summary of the records streamed to `dir/jobs/` by a run of `plan` (or a server:
+/// `command`), by the runtime's own summary code, and notes on what was short.
+pub(super) fn folder_summary(
+    dir: &Path,
+    plan: &RunPlan,
+    command: &'static str,
+) -> anyhow::Result<(RunSummary, Vec<String>)> {
+    let mut notes = Vec::new();
+    let workloads = plan
+        .workloads
+        .iter()
+        .map(|w| {
+            // A program's outcome lives only in summary.json: its workload is not complete.
+            let planned = match w.spec.program {
+                Some(_) => None,
+                None => w.schedule.expected_jobs(),
+            };
+            recorded(dir, &w.spec.name, planned, &mut notes)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let summary = rebuild(plan, &dir.join("scenario.toml"), workloads, command);
+    Ok((summary, notes))
 }
 
 /// A workload's records as the killed run left them: `Ok` (all planned jobs recorded) or
@@ -140,7 +151,12 @@ fn recorded(
 }
 
 /// The summary of the recorded jobs, by the runtime's own summary code.
-fn rebuild(plan: &RunPlan, scenario_path: &Path, workloads: Vec<WorkloadResult>) -> RunSummary {
+fn rebuild(
+    plan: &RunPlan,
+    scenario_path: &Path,
+    workloads: Vec<WorkloadResult>,
+    command: &'static str,
+) -> RunSummary {
     let complete = workloads
         .iter()
         .all(|w| matches!(w.status, WorkloadStatus::Ok));
@@ -164,7 +180,7 @@ fn rebuild(plan: &RunPlan, scenario_path: &Path, workloads: Vec<WorkloadResult>)
         .map(chrono::DateTime::<chrono::Utc>::from)
         .unwrap_or_else(|_| chrono::Utc::now());
     let info = RunInfo {
-        command: "run",
+        command,
         started_at,
         scenario: scenario_path.display().to_string(),
     };

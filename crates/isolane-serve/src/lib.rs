@@ -31,6 +31,7 @@ use isolane_core::spec::{Backend, Criticality, Host};
 use isolane_runtime::coordinator::{RunPlan, WorkloadPlan};
 use isolane_runtime::exec::{executor_for, Engine};
 use isolane_runtime::guard::{CriticalPublisher, Guard, GuardRole, GuardSetup};
+use isolane_runtime::jobs_stream::BatchSender;
 use tokio::sync::oneshot;
 
 pub use model::ModelInfo;
@@ -46,6 +47,9 @@ pub struct ServeOptions {
     pub engine: Engine,
     /// The scenario's seed: a built-in model's synthetic weights.
     pub seed: u64,
+    /// Each workload's sink for its requests' job records (`serve --out`: jobs/<model>.csv),
+    /// in the plan's order, and the time the records count from (ns, monotonic clock).
+    pub records: Option<(Vec<BatchSender>, i64)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -339,6 +343,10 @@ fn start_model(
     let engine = options.engine.clone();
     let seed = options.seed;
     let index = w.index;
+    let records = options
+        .records
+        .as_ref()
+        .and_then(|(sinks, t0)| sinks.get(index).map(|s| (s.clone(), *t0)));
     let metrics = Arc::clone(metrics);
     let stop = Arc::clone(stop);
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<ServedModel>, ServeError>>();
@@ -436,7 +444,7 @@ fn start_model(
                 Criticality::BestEffort => "best_effort",
             };
             let stats = metrics.model(&spec.name, (info.backend, &words, criticality), sms);
-            let model = Arc::new(ServedModel::new(info, publisher, stats));
+            let model = Arc::new(ServedModel::new(info, publisher, stats, records));
             if ready_tx.send(Ok(Arc::clone(&model))).is_err() {
                 return;
             }

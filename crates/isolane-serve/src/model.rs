@@ -14,10 +14,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use isolane_core::spec::{Batching, Criticality, WhenFull};
+use isolane_core::JobRecord;
 use isolane_protocol::{DataType, Tensor};
 use isolane_runtime::clock;
 use isolane_runtime::exec::{Executor, TensorInfo};
 use isolane_runtime::guard::{CriticalPublisher, GuardRole};
+use isolane_runtime::jobs_stream::BatchSender;
 use tokio::sync::oneshot;
 
 use crate::request::{
@@ -84,6 +86,10 @@ pub(crate) struct ServedModel {
     publisher: Option<Arc<CriticalPublisher>>,
     pub stats: Arc<ModelStats>,
     next_seq: AtomicU64,
+    /// Where each answered request goes as a job record (`serve --out`), and the server's t0.
+    records: Option<(BatchSender, i64)>,
+    /// Requests recorded so far (the records' index).
+    recorded: AtomicU64,
 }
 
 impl ServedModel {
@@ -91,6 +97,7 @@ impl ServedModel {
         info: ModelInfo,
         publisher: Option<Arc<CriticalPublisher>>,
         stats: Arc<ModelStats>,
+        records: Option<(BatchSender, i64)>,
     ) -> ServedModel {
         let service = info.warm_service.as_nanos().min(i64::MAX as u128) as i64;
         if let Some(p) = &publisher {
@@ -105,6 +112,8 @@ impl ServedModel {
             publisher,
             stats,
             next_seq: AtomicU64::new(0),
+            records,
+            recorded: AtomicU64::new(0),
         }
     }
 
@@ -260,6 +269,7 @@ impl ServedModel {
                     self.service_ns.store(recent.push(job), Ordering::Relaxed);
                     self.stats.job(rows, held);
                     let requests = batch.len() as u64;
+                    self.record(&batch, Some((start, end)), held);
                     let copy_out = clock::now_ns();
                     let replies = self.answers(exec, batch, start, end, rows);
                     let output_ns = clock::now_ns() - copy_out;
@@ -271,6 +281,7 @@ impl ServedModel {
                     }
                 }
                 Err(e) => {
+                    self.record(&batch, None, 0);
                     let message = e.to_string();
                     let now = clock::now_ns();
                     for r in batch {
@@ -330,6 +341,33 @@ impl ServedModel {
         q.running_since = clock::now_ns();
         self.stats.queue_length(q.items.len());
         Some(batch)
+    }
+
+    /// The job's requests as job records (`jobs/<model>.csv`): released at their arrival, late
+    /// as a timeout; a failed job's as not run.
+    fn record(&self, batch: &[Queued], ran: Option<(i64, i64)>, held: i64) {
+        let Some((sink, t0)) = &self.records else {
+            return;
+        };
+        let first = self
+            .recorded
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let records: Vec<JobRecord> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, r)| JobRecord {
+                index: first + i as u64,
+                release_ns: r.arrived - t0,
+                start_ns: ran.map(|(s, _)| s - t0),
+                end_ns: ran.map(|(_, e)| e - t0),
+                timeout: match ran {
+                    Some((_, end)) => r.deadline.is_some_and(|d| end > d),
+                    None => true,
+                },
+                held_ns: held,
+            })
+            .collect();
+        sink.send(&records);
     }
 
     /// Each request's rows of the outputs, with where to send them.

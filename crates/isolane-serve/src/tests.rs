@@ -54,6 +54,7 @@ fn server_with(toml: &str, change: impl FnOnce(&mut Scenario)) -> Server {
     let options = ServeOptions {
         engine: std::sync::Arc::new(NoEngine),
         seed: 1,
+        records: None,
     };
     Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"))
 }
