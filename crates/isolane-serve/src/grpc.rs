@@ -481,6 +481,7 @@ deadline_ms = 5000
         let options = ServeOptions {
             engine: std::sync::Arc::new(NoEngine),
             seed: 1,
+            records: None,
         };
         Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"))
     }
