@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# `isolane serve` measured on the GPU machine (issue 32): what serving adds per request against
+# the same model in-process, the critical model's tail while the best-effort models are flooded,
+# and deadlines below what a model can do refused up front. scripts/serve_bench.py drives it.
+# The GPU machine has no Rust toolchain and no registry: the binary and the clients' wheels
+# (tritonclient, perf_analyzer and their needs missing there) are staged here and carried.
+#
+#   scripts/serve-bench.sh stage          # here: release isolane (stripped, xz) and the wheels
+#                                         # for the GPU machine's Python 3.12 into stage-serve/
+#                                         # (git-ignored; about 25 MiB; carry limit 64 MiB)
+#   (device run, carry ["stage-serve"])  bash scripts/serve-bench.sh run [DRIVER ARGS...]
+#                                         # there: wheels into /tmp, the driver on
+#                                         # scenarios/serve/h200.toml; $OUT gets summary.md,
+#                                         # summary.json, gpu.txt and serve-bench.tgz (the logs,
+#                                         # perf_analyzer's CSVs, the in-process runs)
+#
+# One device call measures everything in about 3 minutes (BENCH_TIMEOUT, default 540 s, stops
+# the driver, which then stops the server; whatever was measured is still written). Driver
+# arguments: `python3 scripts/serve_bench.py --help` (e.g. --steps overhead,critical;
+# --critical-rate 500; --flood-concurrency 32; --quick). SCENARIO=FILE serves another scenario.
+#
+# On the CPU, to check the kit (perf_analyzer's wheel needs glibc 2.38; without it, give no
+# PERF_ANALYZER and Python clients alone are used):
+#   python3 -m venv /tmp/sbvenv && /tmp/sbvenv/bin/pip install 'tritonclient[grpc,http]'
+#   INSTALL_WHEELS=0 PYTHON=/tmp/sbvenv/bin/python ISOLANE=target/debug/isolane \
+#     SCENARIO=scenarios/serve/cpu-spin.toml scripts/serve-bench.sh run --quick
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The clients' wheels, pinned (one version each: two stop the install). The GPU machine has
+# numpy, urllib3, certifi, ml-dtypes and aiohttp; tritonclient's gRPC code needs grpcio >= 1.81.1
+# and protobuf >= 6.33.5, newer than the image may hold, so both are carried too.
+PINNED=(
+    tritonclient==2.73.0 perf-analyzer==2.60.0 grpcio==1.85.3 protobuf==6.33.6
+    python-rapidjson==1.25 geventhttpclient==2.6.1 gevent==26.9.0 greenlet==3.3.2
+    zope.event==6.2 zope.interface==8.7 brotli==1.2.1
+)
+
+stage() {
+    mkdir -p stage-serve/wheels
+    cargo build --release --bin isolane
+    cp target/release/isolane stage-serve/isolane
+    strip stage-serve/isolane 2>/dev/null || true
+    if ! ./stage-serve/isolane serve --help | grep -q -- --grpc; then
+        echo "stage: this isolane has no \`serve --grpc\`; only HTTP would be measured" >&2
+    fi
+    rm -f stage-serve/isolane.xz
+    xz -T0 -6 stage-serve/isolane
+    # The GPU machine: x86-64, glibc 2.39, Python 3.12 (docs: /work/.library/device). pip
+    # matches each manylinux tag exactly, hence the list.
+    local plat=() n
+    for n in 39 38 35 34 31 28 27 24 17; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp "${plat[@]}" --platform manylinux2014_x86_64 \
+        --platform manylinux1_x86_64 -d stage-serve/wheels "${PINNED[@]}"
+    ls stage-serve/wheels
+    du -sh stage-serve
+}
+
+run() {
+    local out=${OUT:-/tmp/isolane-serve-bench} work=/tmp/serve-bench status=0
+    local python=${PYTHON:-python3} isolane=${ISOLANE:-} pa=${PERF_ANALYZER:-}
+    mkdir -p "$out"
+    rm -rf "$work" && mkdir -p "$work"
+    if [ -z "$isolane" ]; then
+        if [ -f stage-serve/isolane.xz ]; then
+            xz -dc stage-serve/isolane.xz >"$work/isolane" && chmod +x "$work/isolane"
+            isolane=$work/isolane
+        else
+            echo "run: no stage-serve/isolane.xz (scripts/serve-bench.sh stage, carry stage-serve)" >&2
+            return 2
+        fi
+    fi
+    if [ "${INSTALL_WHEELS:-1}" != 0 ]; then
+        if ! ls stage-serve/wheels/*.whl >/dev/null 2>&1; then
+            echo "run: no wheels in stage-serve/wheels (scripts/serve-bench.sh stage)" >&2
+            return 2
+        fi
+        timeout 300 "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade --target "$work/site" stage-serve/wheels/*.whl
+        export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
+        if [ -z "$pa" ] && [ -f "$work/site/perf_analyzer/bin/perf_analyzer" ]; then
+            pa=$work/site/perf_analyzer/bin/perf_analyzer
+            chmod +x "$pa"
+        fi
+    fi
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,mig.mode.current --format=csv \
+        >"$out/gpu.txt" 2>&1 || echo "no nvidia-smi" >"$out/gpu.txt"
+    cat "$out/gpu.txt"
+    mkdir -p "$work/results"
+    local args=(--isolane "$isolane" --scenario "${SCENARIO:-scenarios/serve/h200.toml}" --out "$work/results")
+    [ -n "$pa" ] && args+=(--perf-analyzer "$pa")
+    # The driver stops its server on SIGTERM (timeout's); KILL follows 60 s later if it hangs.
+    PYTHONUNBUFFERED=1 timeout -k 60 "${BENCH_TIMEOUT:-540}" "$python" scripts/serve_bench.py \
+        "${args[@]}" "$@" 2>&1 | tee "$work/results/driver.log" || status=$?
+    # A server the driver could not stop (its pid file names it) is not left behind.
+    if [ -f "$work/results/server.pid" ]; then
+        local pid
+        pid=$(cat "$work/results/server.pid")
+        if kill -0 "$pid" 2>/dev/null; then
+            echo "run: the server ($pid) outlived the driver: killed" | tee -a "$work/results/driver.log"
+            kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
+    cp "$work/results/summary.md" "$work/results/summary.json" "$out/" 2>/dev/null || status=1
+    tar czf "$out/serve-bench.tgz" -C "$work" results
+    return "$status"
+}
+
+case "${1:-}" in
+    stage) stage ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: $0 stage | run [DRIVER ARGS...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,926 @@
+#!/usr/bin/env python3
+"""Measures `isolane serve` (issue 32): what serving adds per request against the same model
+run in-process, the critical model's tail while best-effort models are flooded, and refusals
+of deadlines below what a model can do. scripts/serve-bench.sh stages and runs it (usage
+there); it also runs as is on the CPU against scenarios/serve/cpu-spin.toml.
+
+  serve_bench.py --isolane BIN --scenario S.toml --out DIR [--perf-analyzer PA] [--quick]
+
+Steps, in this order (each with its own time limit; the server is always stopped at the end):
+  inproc    each probe model (critical, batch 1) alone in-process in its own partition size:
+            `isolane run` of a one-workload copy of the scenario at rate "max" (and, on
+            cuda, `isolane bench` on the whole GPU for reference)
+  serve     `isolane serve S` on free ports, waited for until its ready line
+  overhead  each probe model at batch 1, one request at a time: perf_analyzer (gRPC, HTTP;
+            binary data) at concurrency 1 and --concurrency, and tritonclient from Python
+  critical  the critical model at --critical-rate Hz (gRPC, its scenario deadline) alone,
+            then while every best-effort model is flooded (perf_analyzer, or Python threads
+            without it) at --flood-concurrency requests in flight
+  deadline  (a) full-batch requests to the slowest model with a deadline half its measured
+            latency; (b) a burst of --burst requests at once to the critical model with a
+            deadline of twice its latency: refused up front (429 / RESOURCE_EXHAUSTED),
+            none answered late
+Writes DIR/summary.json and DIR/summary.md, and logs and CSVs beside them.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import urllib.request
+
+import numpy as np
+
+try:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+except ImportError as e:  # said once, plainly, rather than as a traceback
+    sys.exit(f"serve_bench: tritonclient is not importable ({e}); serve-bench.sh run installs it")
+
+SUMMARY = {"steps": {}, "errors": []}
+OUT = "."
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def error(step, msg):
+    log(f"{step}: ERROR {msg}")
+    SUMMARY["errors"].append(f"{step}: {msg}")
+
+
+def pct(sorted_values, q):
+    """The q-th percentile (nearest rank) of sorted values, or None."""
+    if not sorted_values:
+        return None
+    i = min(len(sorted_values) - 1, max(0, math.ceil(q / 100 * len(sorted_values)) - 1))
+    return sorted_values[i]
+
+
+def lat_stats(lat_s):
+    """p50/p99/max in ms of a list of seconds."""
+    s = sorted(lat_s)
+    f = lambda v: None if v is None else round(v * 1e3, 4)  # noqa: E731
+    return {"n": len(s), "p50_ms": f(pct(s, 50)), "p99_ms": f(pct(s, 99)), "max_ms": f(s[-1] if s else None)}
+
+
+def run_logged(cmd, timeout, name, env=None):
+    """Runs cmd with a time limit, output to OUT/name.log; returns (rc, output)."""
+    path = os.path.join(OUT, f"{name}.log")
+    log(f"$ {' '.join(cmd)}  (limit {timeout:.0f} s)")
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
+                           text=True, env=env, start_new_session=True)
+        out, rc = p.stdout, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or "") + f"\n(timed out after {timeout} s)\n"
+        rc = 124
+    with open(path, "w") as f:
+        f.write(" ".join(cmd) + "\n" + out)
+    return rc, out
+
+
+# ---------------------------------------------------------------------------------------------
+# The scenario
+
+
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+    raise ValueError(f"cannot write {v!r} as TOML")
+
+
+def alone_scenario(scenario, w, seconds):
+    """A copy of the scenario with workload w alone, in-process, closed loop, no deadline."""
+    lines = []
+    for table in ("device", "timing"):
+        if table in scenario:
+            lines.append(f"[{table}]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in scenario[table].items()]
+    lines.append("[[workload]]")
+    keep = {k: v for k, v in w.items() if k not in ("serve", "rate_hz", "deadline_ms", "duration_s", "jobs", "late")}
+    keep.update({"rate_hz": "max", "duration_s": seconds})
+    lines += [f"{k} = {toml_value(v)}" for k, v in keep.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The server
+
+
+class Server:
+    """`isolane serve` in its own process group; stop() always ends it."""
+
+    def __init__(self, args, has_grpc):
+        self.args = args
+        self.has_grpc = has_grpc
+        self.proc = None
+        self.http = self.grpc = None
+        self.stopped = None
+
+    def start(self, timeout):
+        cmd = [self.args.isolane, "serve", self.args.scenario, "--http", "127.0.0.1:0", "--no-access-log"]
+        if self.has_grpc:
+            cmd += ["--grpc", "127.0.0.1:0"]
+        if self.args.backend:
+            cmd += ["--backend", self.args.backend]
+        log(f"$ {' '.join(cmd)}")
+        self.err = open(os.path.join(OUT, "server.log"), "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err, text=True, start_new_session=True)
+        with open(os.path.join(OUT, "server.pid"), "w") as f:
+            f.write(str(self.proc.pid))
+        ready = []
+
+        def read():
+            for line in self.proc.stdout:
+                with open(os.path.join(OUT, "server.out"), "a") as f:
+                    f.write(line)
+                if "ready" in line and not ready:
+                    ready.append(line.strip())
+
+        threading.Thread(target=read, daemon=True).start()
+        end = time.time() + timeout
+        while not ready and time.time() < end and self.proc.poll() is None:
+            time.sleep(0.05)
+        if not ready:
+            rc = self.proc.poll()
+            self.stop()
+            raise RuntimeError(f"no ready line within {timeout} s (exit {rc}); see server.log")
+        line = ready[0]
+        log(line)
+        m = re.search(r"HTTP on ([^\s;,]+)", line)
+        g = re.search(r"gRPC on ([^\s;,]+)", line)
+        if not m:
+            self.stop()
+            raise RuntimeError(f"no HTTP address in the ready line: {line}")
+        self.http = m.group(1)
+        self.grpc = g.group(1) if g else None
+        SUMMARY["server"] = {"ready_line": line, "http": self.http, "grpc": self.grpc}
+        return line
+
+    def stop(self, drain_timeout=40):
+        if self.proc is None or self.stopped is not None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(drain_timeout)
+            except subprocess.TimeoutExpired:
+                error("server", f"still running {drain_timeout} s after SIGTERM: killed")
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(10)
+        self.stopped = self.proc.returncode
+        SUMMARY.setdefault("server", {})["exit_code"] = self.stopped
+        log(f"server stopped: exit {self.stopped}")
+
+    def metrics(self):
+        with urllib.request.urlopen(f"http://{self.http}/metrics", timeout=10) as r:
+            return parse_metrics(r.read().decode())
+
+
+def parse_metrics(text):
+    """{(name, frozenset(labels)): value} of a Prometheus/OpenMetrics exposition."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)", line)
+        if not m:
+            continue
+        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+        try:
+            out[(m.group(1), labels)] = float(m.group(4))
+        except ValueError:
+            pass
+    return out
+
+
+def model_figures(before, after, model):
+    """What /metrics says happened to `model` between two scrapes."""
+    def delta(name, **want):
+        total = 0.0
+        for (n, labels), v in after.items():
+            d = dict(labels)
+            if n == name and d.get("model") == model and all(d.get(k) == x for k, x in want.items()):
+                total += v - before.get((n, labels), 0.0)
+        return total
+
+    rejections = {}
+    for (n, labels), v in after.items():
+        d = dict(labels)
+        if n == "isolane_serve_rejections_total" and d.get("model") == model:
+            k = v - before.get((n, labels), 0.0)
+            if k:
+                rejections[d.get("reason", "?")] = int(k)
+    # The latency histogram's p99 (bucket upper bound) over the interval.
+    buckets = []
+    for (n, labels), v in after.items():
+        d = dict(labels)
+        if n == "isolane_serve_latency_seconds_bucket" and d.get("model") == model:
+            le = float("inf") if d["le"] == "+Inf" else float(d["le"])
+            buckets.append((le, v - before.get((n, labels), 0.0)))
+    buckets.sort()
+    p99 = None
+    if buckets and buckets[-1][1] > 0:
+        for le, c in buckets:
+            if c >= 0.99 * buckets[-1][1]:
+                p99 = le
+                break
+    rows = delta("isolane_serve_job_rows_sum")
+    jobs = delta("isolane_serve_job_rows_count")
+    return {
+        "requests": int(delta("isolane_serve_requests_total")),
+        "late": int(delta("isolane_serve_late_total")),
+        "rejections": rejections,
+        "jobs": int(jobs),
+        "rows": int(rows),
+        "mean_rows_per_job": round(rows / jobs, 2) if jobs else None,
+        "latency_p99_bucket_ms": None if p99 is None else (p99 * 1e3 if p99 != float("inf") else "inf"),
+        "guard_held_s": round(delta("isolane_serve_guard_held_seconds_total"), 4),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients
+
+
+class Client:
+    """One tritonclient (gRPC or HTTP, binary tensors) for one model; not shared by threads."""
+
+    def __init__(self, proto, url, model, meta):
+        self.proto, self.model, self.meta = proto, model, meta
+        mod = grpcclient if proto == "grpc" else httpclient
+        self.mod = mod
+        if proto == "grpc":
+            self.c = mod.InferenceServerClient(url=url)
+        else:
+            self.c = mod.InferenceServerClient(url=url, connection_timeout=30.0, network_timeout=30.0)
+
+    def infer(self, data, deadline_ms=None):
+        """One request: ("ok"|"refused"|"error", seconds, late, message)."""
+        inp = self.mod.InferInput(self.meta["input"], list(data.shape), "FP32")
+        if self.proto == "grpc":
+            inp.set_data_from_numpy(data)
+            outs = [self.mod.InferRequestedOutput(self.meta["output"])]
+        else:
+            inp.set_data_from_numpy(data, binary_data=True)
+            outs = [self.mod.InferRequestedOutput(self.meta["output"], binary_data=True)]
+        params = {"deadline_ms": int(deadline_ms)} if deadline_ms is not None else None
+        t0 = time.perf_counter()
+        try:
+            if self.proto == "grpc":
+                r = self.c.infer(self.model, [inp], outputs=outs, parameters=params, client_timeout=30.0)
+            else:
+                r = self.c.infer(self.model, [inp], outputs=outs, parameters=params)
+        except InferenceServerException as e:
+            dt = time.perf_counter() - t0
+            status = str(e.status())
+            kind = "refused" if status in ("429", "StatusCode.RESOURCE_EXHAUSTED") else "error"
+            return kind, dt, False, f"{status}: {e.message()}"
+        dt = time.perf_counter() - t0
+        resp = r.get_response()
+        if self.proto == "grpc":
+            late = "late" in resp.parameters and resp.parameters["late"].bool_param
+        else:
+            late = bool((resp.get("parameters") or {}).get("late", False))
+        return "ok", dt, late, ""
+
+    def close(self):
+        try:
+            self.c.close()
+        except Exception:
+            pass
+
+
+def model_meta(http_url, name):
+    c = httpclient.InferenceServerClient(url=http_url)
+    cfg = c.get_model_config(name)
+    md = c.get_model_metadata(name)
+    c.close()
+    return {
+        "input": md["inputs"][0]["name"],
+        "output": md["outputs"][0]["name"],
+        "dims": [int(d) for d in md["inputs"][0]["shape"][1:]],
+        "max_batch": int(cfg.get("max_batch_size", 1)) or 1,
+    }
+
+
+def data_for(meta, rows, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal([rows] + meta["dims"]).astype(np.float32)
+
+
+def sequential(client, data, n, deadline_ms=None):
+    """n requests one after another: counts and latencies of the answered ones."""
+    lat, counts, late, msgs = [], {"ok": 0, "refused": 0, "error": 0}, 0, []
+    for _ in range(n):
+        kind, dt, is_late, msg = client.infer(data, deadline_ms)
+        counts[kind] += 1
+        if kind == "ok":
+            lat.append(dt)
+            late += is_late
+        elif len(msgs) < 3:
+            msgs.append(msg)
+    return {**counts, "late": late, **lat_stats(lat), "messages": msgs}
+
+
+def paced(client, data, rate_hz, seconds, deadline_ms=None):
+    """Requests released every 1/rate_hz s (the next at once when one took longer)."""
+    lat, counts, late, msgs = [], {"ok": 0, "refused": 0, "error": 0}, 0, []
+    period = 1.0 / rate_hz
+    t0 = time.perf_counter()
+    k = 0
+    while True:
+        release = t0 + k * period
+        now = time.perf_counter()
+        if release - t0 >= seconds:
+            break
+        if release > now:
+            time.sleep(release - now)
+        kind, dt, is_late, msg = client.infer(data, deadline_ms)
+        counts[kind] += 1
+        if kind == "ok":
+            lat.append(dt)
+            late += is_late
+        elif len(msgs) < 3:
+            msgs.append(msg)
+        k += 1
+    return {**counts, "late": late, **lat_stats(lat), "messages": msgs}
+
+
+def burst(proto, url, model, meta, n, rounds, deadline_ms):
+    """rounds of n requests sent at once (n threads, each with its own client: tritonclient's
+    HTTP client may not change threads), each with deadline_ms."""
+    counts = {"ok": 0, "refused": 0, "error": 0, "late": 0}
+    lat, msgs, lock = [], [], threading.Lock()
+    data = data_for(meta, 1, seed=4)
+    start, end = threading.Barrier(n + 1), threading.Barrier(n + 1)
+
+    def worker():
+        c = Client(proto, url, model, meta)
+        try:
+            for _ in range(rounds):
+                start.wait(30)
+                kind, dt, late, msg = c.infer(data, deadline_ms)
+                with lock:
+                    counts[kind] += 1
+                    counts["late"] += late
+                    if kind == "ok":
+                        lat.append(dt)
+                    elif len(msgs) < 3:
+                        msgs.append(msg)
+                end.wait(60)
+        except threading.BrokenBarrierError:
+            pass
+        finally:
+            c.close()
+
+    ts = [threading.Thread(target=worker, daemon=True) for _ in range(n)]
+    for t in ts:
+        t.start()
+    broken = False
+    for _ in range(rounds):
+        try:
+            start.wait(30)
+            end.wait(60)
+        except threading.BrokenBarrierError:
+            broken = True
+            break
+        time.sleep(0.05)
+    if broken:
+        start.abort()
+        end.abort()
+        error("deadline", f"a burst to {model} over {proto} did not complete its rounds in time")
+    until = time.time() + 30
+    for t in ts:
+        t.join(max(0.1, until - time.time()))
+    return {**counts, **lat_stats(lat), "messages": msgs}
+
+
+def python_flood(url, model, meta, rows, concurrency, stop, result):
+    """concurrency gRPC threads sending rows-row requests to model until stop is set."""
+    data = data_for(meta, rows, seed=3)
+    counts = {"ok": 0, "refused": 0, "error": 0}
+    lock = threading.Lock()
+
+    def worker():
+        c = Client("grpc", url, model, meta)
+        while not stop.is_set():
+            kind = c.infer(data)[0]
+            with lock:
+                counts[kind] += 1
+        c.close()
+
+    ts = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    result.update(counts)
+
+
+# ---------------------------------------------------------------------------------------------
+# perf_analyzer
+
+
+def perf_analyzer(args, proto, url, model, batch, concurrency, name, warmup=200, timeout=150, extra=()):
+    """One perf_analyzer run; its CSV row as {column: value} (latencies in µs), or None."""
+    if not args.perf_analyzer:
+        return None
+    csv = os.path.join(OUT, f"{name}.csv")
+    cmd = [args.perf_analyzer, "-m", model, "-u", url, "-i", proto, "-b", str(batch),
+           "--concurrency-range", str(concurrency), "-f", csv, "--verbose-csv", "--percentile=99"]
+    # Time windows, not --request-count: with a fixed count perf_analyzer still closes its window
+    # on a whole second, and its throughput comes out as count / whole seconds (500 or 250 req/s
+    # on the CPU for any latency). Stable: the last three windows within --pa-stability %.
+    cmd += ["-p", str(args.pa_window_ms), "-s", str(args.pa_stability), "-r", "8",
+            "--warmup-request-count", str(warmup)]
+    cmd += list(extra)
+    rc, out = run_logged(cmd, timeout, name)
+    if rc != 0 or not os.path.exists(csv):
+        error(name, f"perf_analyzer exit {rc}: " + " | ".join(l for l in out.splitlines()[-4:] if l.strip()))
+        return None
+    return read_pa_csv(csv)
+
+
+def read_pa_csv(path):
+    with open(path) as f:
+        lines = [l.strip() for l in f if l.strip()]
+    if len(lines) < 2:
+        return None
+    head = lines[0].split(",")
+    row = lines[1].split(",")
+    vals = {}
+    for h, v in zip(head, row):
+        try:
+            vals[h] = float(v)
+        except ValueError:
+            vals[h] = v
+    return vals
+
+
+def pa_summary(row):
+    """perf_analyzer's figures (its CSV has µs); the server's own split of a request's time
+    (queue, compute) where the server answers ModelStatistics."""
+    if not row:
+        return None
+    g = lambda k: row.get(k)  # noqa: E731
+    ms = lambda v: None if not isinstance(v, float) else round(v / 1e3, 4)  # noqa: E731
+    out = {"infer_per_s": g("Inferences/Second"), "p50_ms": ms(g("p50 latency")), "p99_ms": ms(g("p99 latency"))}
+    for col in ("Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
+                "Server Compute Infer", "Server Compute Output", "Client Recv"):
+        if isinstance(g(col), float):
+            out[col.lower().replace(" ", "_").replace("+", "_").replace("/", "_") + "_us"] = g(col)
+    return out
+
+
+class PaFlood:
+    """perf_analyzer flooding one model in the background until stop(): a stability of 1 %
+    keeps it measuring (up to 50 windows of 4 s) until it is interrupted."""
+
+    def __init__(self, args, url, model, batch, concurrency, name):
+        self.name = name
+        self.csv = os.path.join(OUT, f"{name}.csv")
+        cmd = [args.perf_analyzer, "-m", model, "-u", url, "-i", "grpc", "-b", str(batch),
+               "--concurrency-range", str(concurrency), "-p", "4000", "-s", "1", "-r", "50", "-f", self.csv,
+               "--verbose-csv"]
+        log(f"$ {' '.join(cmd)}  (background)")
+        self.logf = open(os.path.join(OUT, f"{name}.log"), "w")
+        self.logf.write(" ".join(cmd) + "\n")
+        self.logf.flush()
+        self.p = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def stop(self):
+        if self.p.poll() is None:
+            # perf_analyzer reports what it measured on SIGINT; SIGKILL if it does not end.
+            os.killpg(self.p.pid, signal.SIGINT)
+            try:
+                self.p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(10)
+        self.logf.close()
+        return self.p.returncode
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
+
+
+def step_inproc(args, scenario, probes):
+    res = {}
+    backend = args.backend or scenario.get("device", {}).get("backend", "cpu")
+    for w in probes:
+        r = {}
+        path = os.path.join(OUT, f"inproc-{w['name']}.toml")
+        with open(path, "w") as f:
+            f.write(alone_scenario(scenario, w, args.inproc_seconds))
+        out_dir = os.path.join(OUT, f"inproc-{w['name']}")
+        cmd = [args.isolane, "run", path, "--quiet", "--out", out_dir]
+        if args.backend:
+            cmd += ["--backend", args.backend]
+        rc, _ = run_logged(cmd, args.inproc_seconds + 180, f"inproc-{w['name']}")
+        try:
+            with open(os.path.join(out_dir, "summary.json")) as f:
+                s = json.load(f)
+            ws = s["workloads"][0]
+            r["run"] = {"partition": w.get("partition", {}), "jobs": ws.get("completed"),
+                        "p50_ms": ws["latency_ms"]["p50"], "p99_ms": ws["latency_ms"]["p99"],
+                        "throughput_ips": ws.get("throughput_ips"), "exit_code": rc}
+        except (OSError, KeyError, IndexError, ValueError) as e:
+            error(f"inproc {w['name']}", f"isolane run exit {rc}, no summary ({e}); see inproc-{w['name']}.log")
+        model = w.get("model", "")
+        if backend == "cuda" and ":" not in model and not model.endswith(".onnx"):
+            cmd = [args.isolane, "bench", "--model", model, "--batch", "1", "--precision", w.get("precision", "fp16"),
+                   "--replays", "2000", "--warmup", "100", "--json"]
+            rc, out = run_logged(cmd, 240, f"bench-{w['name']}")
+            for line in out.splitlines():
+                if line.startswith("{"):
+                    try:
+                        b = json.loads(line)
+                        r["bench_whole_gpu"] = {"p50_ms": b["median_ms"], "p99_ms": b["p99_ms"],
+                                                "throughput_ips": b["throughput_ips"]}
+                    except (ValueError, KeyError):
+                        pass
+            if "bench_whole_gpu" not in r:
+                error(f"bench {w['name']}", f"exit {rc}, no JSON line; see bench-{w['name']}.log")
+        res[w["name"]] = r
+    return res
+
+
+def step_overhead(args, server, metas, probes, inproc):
+    res = {}
+    for w in probes:
+        name = w["name"]
+        meta = metas[name]
+        r = {"perf_analyzer": {}, "tritonclient": {}}
+        for proto, url in (("grpc", server.grpc), ("http", server.http)):
+            if url is None:
+                continue
+            for conc in sorted({1, args.concurrency}):
+                row = perf_analyzer(args, proto, url, name, 1, conc, f"overhead-{name}-{proto}-c{conc}")
+                r["perf_analyzer"][f"{proto}_c{conc}"] = pa_summary(row)
+            c = Client(proto, url, name, meta)
+            data = data_for(meta, 1)
+            sequential(c, data, 50)
+            r["tritonclient"][proto] = sequential(c, data, args.py_requests)
+            c.close()
+        base = (inproc.get(name) or {}).get("run")
+        if base:
+            cmp = {}
+            for key, s in r["perf_analyzer"].items():
+                if s and s.get("p50_ms") is not None:
+                    cmp[key] = {"added_us_p50": round((s["p50_ms"] - base["p50_ms"]) * 1e3, 1),
+                                "added_us_p99": round((s["p99_ms"] - base["p99_ms"]) * 1e3, 1),
+                                "throughput_ratio": round(s["infer_per_s"] / base["throughput_ips"], 4)
+                                if base.get("throughput_ips") else None}
+            for proto, s in r["tritonclient"].items():
+                if s.get("p50_ms") is not None:
+                    cmp[f"tritonclient_{proto}"] = {"added_us_p50": round((s["p50_ms"] - base["p50_ms"]) * 1e3, 1)}
+            r["against_inproc"] = cmp
+        res[name] = r
+    return res
+
+
+def step_critical(args, server, metas, critical, best_effort):
+    name = critical["name"]
+    meta = metas[name]
+    url = server.grpc or server.http
+    proto = "grpc" if server.grpc else "http"
+    res = {"model": name, "protocol": proto, "rate_hz": args.critical_rate, "deadline_ms": critical.get("deadline_ms"),
+           "seconds": args.critical_seconds}
+    data = data_for(meta, 1, seed=1)
+    for phase in ("alone", "flooded"):
+        floods, py_stop, py_threads, py_counts = [], threading.Event(), [], {}
+        if phase == "flooded":
+            for w in best_effort:
+                rows = args.flood_batch or metas[w["name"]]["max_batch"]
+                rows = min(rows, metas[w["name"]]["max_batch"])
+                if args.perf_analyzer and server.grpc:
+                    floods.append(PaFlood(args, server.grpc, w["name"], rows, args.flood_concurrency, f"flood-{w['name']}"))
+                else:
+                    py_counts[w["name"]] = {}
+                    t = threading.Thread(target=python_flood, args=(url, w["name"], metas[w["name"]], rows,
+                                         args.flood_concurrency, py_stop, py_counts[w["name"]]), daemon=True)
+                    t.start()
+                    py_threads.append(t)
+            time.sleep(args.flood_warmup)
+        before = server.metrics()
+        t0 = time.time()
+        c = Client(proto, url, name, meta)
+        client = paced(c, data, args.critical_rate, args.critical_seconds)
+        c.close()
+        after = server.metrics()
+        wall = time.time() - t0
+        ph = {"client": client, "server": {name: model_figures(before, after, name)}}
+        for w in best_effort:
+            f = model_figures(before, after, w["name"])
+            f["rows_per_s"] = round(f["rows"] / wall, 1)
+            ph["server"][w["name"]] = f
+        if phase == "flooded":
+            died = [f.name for f in floods if not f.alive()]
+            if died:
+                error("critical", f"perf_analyzer flood(s) ended before the critical stream did: {died}")
+            ph["flood"] = {"tool": "perf_analyzer" if floods else "python (tritonclient gRPC threads)",
+                           "concurrency": args.flood_concurrency, "batch": args.flood_batch or "max"}
+            for f in floods:
+                rc = f.stop()
+                ph["flood"][f.name] = {"exit_code": rc, "perf_analyzer": pa_summary(read_pa_csv(f.csv)
+                                                                                  if os.path.exists(f.csv) else None)}
+            py_stop.set()
+            for t in py_threads:
+                t.join(70)
+            if py_counts:
+                ph["flood"]["python_counts"] = py_counts
+        res[phase] = ph
+        log(f"critical {phase}: {client['ok']} ok, {client['refused']} refused, {client['late']} late, "
+            f"p50 {client['p50_ms']} ms, p99 {client['p99_ms']} ms")
+    return res
+
+
+def step_deadline(args, server, metas, critical, best_effort, probes_latency):
+    res = {}
+    # (a) the slowest model at its full batch, with a deadline half its measured latency.
+    slow = []
+    for w in [critical] + best_effort:
+        if w is None:
+            continue
+        meta = metas[w["name"]]
+        proto = "grpc" if server.grpc else "http"
+        c = Client(proto, server.grpc or server.http, w["name"], meta)
+        s = sequential(c, data_for(meta, meta["max_batch"]), 20)
+        c.close()
+        if s["p50_ms"] is not None:
+            slow.append((s["p50_ms"], w["name"], meta["max_batch"]))
+    slow.sort(reverse=True)
+    if slow:
+        p50, name, rows = slow[0]
+        deadline = max(1, math.floor(p50 / 2))
+        a = {"model": name, "rows": rows, "measured_p50_ms": p50, "deadline_ms": deadline,
+             "below_service": deadline < p50, "requests_per_protocol": args.deadline_requests}
+        before = server.metrics()
+        for proto, url in (("grpc", server.grpc), ("http", server.http)):
+            if url is None:
+                continue
+            c = Client(proto, url, name, metas[name])
+            a[proto] = sequential(c, data_for(metas[name], rows, seed=2), args.deadline_requests, deadline)
+            c.close()
+        a["server"] = model_figures(before, server.metrics(), name)
+        if not a["below_service"]:
+            error("deadline", f"every model answers a full batch in under 2 ms ({p50} ms at most): a whole-ms "
+                  "deadline cannot be below it; only the burst (b) tests refusals")
+        res["impossible"] = a
+        log(f"deadline (a): {json.dumps({k: a.get(k) for k in ('model', 'deadline_ms', 'measured_p50_ms')})} "
+            f"grpc {a.get('grpc', {}).get('refused')} refused / {a.get('grpc', {}).get('late')} late")
+    # (b) a burst at the critical model: the queue makes later requests miss a tight deadline.
+    if critical is not None:
+        name = critical["name"]
+        meta = metas[name]
+        p50 = probes_latency.get(name)
+        deadline = max(1, math.ceil(2 * p50)) if p50 else 1
+        b = {"model": name, "burst": args.burst, "rounds": args.burst_rounds, "deadline_ms": deadline,
+             "single_request_p50_ms": p50}
+        before = server.metrics()
+        for proto, url in (("grpc", server.grpc), ("http", server.http)):
+            if url is None:
+                continue
+            b[proto] = burst(proto, url, name, meta, args.burst, args.burst_rounds, deadline)
+        b["server"] = model_figures(before, server.metrics(), name)
+        res["burst"] = b
+        log(f"deadline (b): grpc {b.get('grpc', {})}")
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+def fmt(v, d=3):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{d}f}"
+    return str(v)
+
+
+def markdown(s):
+    L = [f"# isolane serve: {s.get('scenario')}", ""]
+    if s.get("device"):
+        L += [f"Device: {s['device']}", ""]
+    if s.get("server"):
+        L += [f"Server: `{s['server'].get('ready_line', '')}`; exit code {s['server'].get('exit_code')}", ""]
+    st = s["steps"]
+    inproc = st.get("inproc", {})
+    over = st.get("overhead", {})
+    if over:
+        L += ["## Overhead per request (batch 1, binary data, loopback)", "",
+              "| model | client | p50 ms | p99 ms | req/s | added µs at p50 | throughput / in-process |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for name, r in over.items():
+            base = (inproc.get(name) or {}).get("run")
+            if base:
+                L.append(f"| {name} | in-process (`isolane run`, {base['partition'] or 'whole device'}) | "
+                         f"{fmt(base['p50_ms'])} | {fmt(base['p99_ms'])} | {fmt(base.get('throughput_ips'), 0)} | - | - |")
+            bw = (inproc.get(name) or {}).get("bench_whole_gpu")
+            if bw:
+                L.append(f"| {name} | in-process (`isolane bench`, whole GPU) | {fmt(bw['p50_ms'])} | "
+                         f"{fmt(bw['p99_ms'])} | {fmt(bw['throughput_ips'], 0)} | - | - |")
+            cmp = r.get("against_inproc", {})
+            for key, p in r.get("perf_analyzer", {}).items():
+                if p:
+                    c = cmp.get(key, {})
+                    L.append(f"| {name} | perf_analyzer {key.replace('_c', ', concurrency ')} | {fmt(p['p50_ms'])} | "
+                             f"{fmt(p['p99_ms'])} | {fmt(p['infer_per_s'], 0)} | {fmt(c.get('added_us_p50'), 1)} | "
+                             f"{fmt(c.get('throughput_ratio'), 3)} |")
+            for proto, p in r.get("tritonclient", {}).items():
+                c = cmp.get(f"tritonclient_{proto}", {})
+                L.append(f"| {name} | tritonclient (Python) {proto}, concurrency 1 | {fmt(p['p50_ms'])} | "
+                         f"{fmt(p['p99_ms'])} | - | {fmt(c.get('added_us_p50'), 1)} | - |")
+        L.append("")
+    crit = st.get("critical")
+    if crit:
+        L += [f"## Critical model `{crit['model']}` ({crit['protocol']}, {crit['rate_hz']} Hz for {crit['seconds']} s, "
+              f"deadline {crit['deadline_ms']} ms)", "",
+              "| phase | answered | refused | late (client) | late (/metrics) | p50 ms | p99 ms | max ms | "
+              "/metrics p99 bucket ms | best effort rows/s |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        for phase in ("alone", "flooded"):
+            ph = crit.get(phase)
+            if not ph:
+                continue
+            c, sv = ph["client"], ph["server"][crit["model"]]
+            be = ", ".join(f"{m}: {f['rows_per_s']}" for m, f in ph["server"].items() if m != crit["model"])
+            L.append(f"| {phase} | {c['ok']} | {c['refused']} | {c['late']} | {sv['late']} | {fmt(c['p50_ms'])} | "
+                     f"{fmt(c['p99_ms'])} | {fmt(c['max_ms'])} | {fmt(sv['latency_p99_bucket_ms'])} | {be or '-'} |")
+        fl = (crit.get("flooded") or {}).get("flood")
+        if fl:
+            L += ["", f"Flood: {fl['tool']}, concurrency {fl['concurrency']} per best-effort model, batch "
+                  f"{fl['batch']} per request."]
+        L.append("")
+    dl = st.get("deadline")
+    if dl:
+        L += ["## Deadlines below what the model can do", "",
+              "| case | model | deadline ms | protocol | sent | refused | answered | late | errors |",
+              "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for case, d in dl.items():
+            for proto in ("grpc", "http"):
+                p = d.get(proto)
+                if not p:
+                    continue
+                sent = p["ok"] + p["refused"] + p["error"]
+                what = (f"full batch ({d['rows']} rows), p50 {fmt(d['measured_p50_ms'])} ms" if case == "impossible"
+                        else f"burst of {d['burst']} × {d['rounds']}")
+                L.append(f"| {what} | {d['model']} | {d['deadline_ms']} | {proto} | {sent} | {p['refused']} | "
+                         f"{p['ok']} | {p['late']} | {p['error']} |")
+        L.append("")
+    if s["errors"]:
+        L += ["## Errors", ""] + [f"- {e}" for e in s["errors"]] + [""]
+    return "\n".join(L)
+
+
+class StepTimeout(Exception):
+    pass
+
+
+def step_timeout(*_):
+    raise StepTimeout("the step ran past its time limit")
+
+
+def main():
+    global OUT
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--isolane", required=True)
+    ap.add_argument("--scenario", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--perf-analyzer", help="perf_analyzer's path (none: Python clients alone)")
+    ap.add_argument("--backend", choices=["cpu", "cuda"], help="passed to run and serve")
+    ap.add_argument("--steps", default="inproc,overhead,critical,deadline")
+    ap.add_argument("--quick", action="store_true", help="shorter everything (a check of the kit)")
+    ap.add_argument("--inproc-seconds", type=float, default=5.0)
+    ap.add_argument("--concurrency", type=int, default=4, help="the higher concurrency of the overhead step")
+    ap.add_argument("--pa-window-ms", type=int, default=2000, help="perf_analyzer's measurement window")
+    ap.add_argument("--pa-stability", type=int, default=25, help="perf_analyzer's -s (percent)")
+    ap.add_argument("--py-requests", type=int, default=1000)
+    ap.add_argument("--critical-rate", type=float, default=200.0)
+    ap.add_argument("--critical-seconds", type=float, default=10.0)
+    ap.add_argument("--flood-concurrency", type=int, default=16)
+    ap.add_argument("--flood-batch", type=int, default=1, help="rows per flood request (0: the model's batch)")
+    ap.add_argument("--flood-warmup", type=float, default=3.0)
+    ap.add_argument("--deadline-requests", type=int, default=200)
+    ap.add_argument("--burst", type=int, default=32)
+    ap.add_argument("--burst-rounds", type=int, default=10)
+    ap.add_argument("--ready-timeout", type=float, default=300.0)
+    args = ap.parse_args()
+    if args.quick:
+        args.inproc_seconds, args.pa_window_ms, args.pa_stability, args.py_requests = 2.0, 1000, 50, 200
+        args.critical_seconds, args.flood_warmup, args.deadline_requests = 4.0, 1.5, 40
+        args.burst, args.burst_rounds, args.flood_concurrency = 16, 3, 8
+    OUT = args.out
+    os.makedirs(OUT, exist_ok=True)
+    steps = set(args.steps.split(","))
+    with open(args.scenario, "rb") as f:
+        scenario = tomllib.load(f)
+    workloads = scenario.get("workload", [])
+    critical = [w for w in workloads if w.get("criticality", "critical") == "critical"]
+    best_effort = [w for w in workloads if w.get("criticality") == "best_effort"]
+    probes = [w for w in critical if w.get("batch", 1) == 1]
+    SUMMARY.update({"scenario": args.scenario, "args": vars(args), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        SUMMARY["device"] = smi.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        SUMMARY["device"] = None
+    if args.perf_analyzer:
+        rc, out = run_logged([args.perf_analyzer, "--version"], 30, "perf_analyzer-version")
+        SUMMARY["perf_analyzer"] = out.strip().splitlines()[-1] if rc == 0 and out.strip() else None
+        if rc != 0:
+            error("perf_analyzer", f"`--version` exit {rc}: not used ({out.strip()[-200:]})")
+            args.perf_analyzer = None
+    help_rc, help_out = run_logged([args.isolane, "serve", "--help"], 30, "serve-help")
+    has_grpc = "--grpc" in help_out
+    if not has_grpc:
+        error("serve", "this isolane has no `serve --grpc`: HTTP alone is measured")
+
+    server = Server(args, has_grpc)
+    stop_now = lambda *_: (server.stop(), sys.exit(130))  # noqa: E731
+    signal.signal(signal.SIGTERM, stop_now)
+    signal.signal(signal.SIGINT, stop_now)
+
+    def save():
+        with open(os.path.join(OUT, "summary.json"), "w") as f:
+            json.dump(SUMMARY, f, indent=1, default=str)
+        with open(os.path.join(OUT, "summary.md"), "w") as f:
+            f.write(markdown(SUMMARY))
+
+    try:
+        if "inproc" in steps and probes:
+            SUMMARY["steps"]["inproc"] = step_inproc(args, scenario, probes)
+            save()
+        server.start(args.ready_timeout)
+        metas = {w["name"]: model_meta(server.http, w["name"]) for w in workloads}
+        SUMMARY["models"] = metas
+        probe_p50 = {}
+        for stepname in ("overhead", "critical", "deadline"):
+            if stepname not in steps:
+                continue
+            limit = {"overhead": 420, "critical": 2 * args.critical_seconds + 2 * args.flood_warmup + 150,
+                     "deadline": 300}[stepname]
+            signal.signal(signal.SIGALRM, step_timeout)
+            signal.alarm(int(limit))
+            try:
+                if stepname == "overhead" and probes:
+                    r = step_overhead(args, server, metas, probes, SUMMARY["steps"].get("inproc", {}))
+                    for n, x in r.items():
+                        p = (x["tritonclient"].get("grpc") or x["tritonclient"].get("http") or {}).get("p50_ms")
+                        if p:
+                            probe_p50[n] = p
+                elif stepname == "critical" and critical:
+                    r = step_critical(args, server, metas, critical[0], best_effort)
+                elif stepname == "deadline":
+                    r = step_deadline(args, server, metas, critical[0] if critical else None, best_effort, probe_p50)
+                else:
+                    continue
+                SUMMARY["steps"][stepname] = r
+            except Exception as e:  # one step's failure is reported; the others still run
+                error(stepname, f"{type(e).__name__}: {e}")
+            finally:
+                signal.alarm(0)
+            save()
+    except Exception as e:
+        error("run", f"{type(e).__name__}: {e}")
+    finally:
+        server.stop()
+        save()
+    print(markdown(SUMMARY))
+    return 1 if SUMMARY["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
