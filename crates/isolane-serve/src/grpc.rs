@@ -17,6 +17,7 @@ use isolane_protocol::grpc::inference::{self as pb, ModelStreamInferResponse};
 use isolane_protocol::grpc::{decode_infer_request, encode_infer_response, repository_index};
 use isolane_protocol::{Limits, ResponseMeta};
 use tokio::net::TcpListener;
+use tonic::transport::server::Connected;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::{wire, InferRequest, ModelStatistics, Refusal, Server, StatDuration};
@@ -47,6 +48,13 @@ impl GrpcFrontEnd {
     }
 }
 
+/// Client connections served at once, as many as the HTTP front end's; one accepted beyond
+/// that is closed at once (the client sees UNAVAILABLE and may retry), never left waiting.
+pub const MAX_CONNECTIONS: usize = crate::http::LIMITS.max_connections;
+/// Calls under way at once on one connection (HTTP/2 streams; tritonclient and perf_analyzer
+/// multiplex their concurrent requests on one): each holds at most one decoded message.
+pub const MAX_STREAMS: u32 = 256;
+
 /// Serves `server` over gRPC on `listener` until `shutdown` completes; calls under way then
 /// finish (their connections close once answered).
 pub async fn serve_grpc(
@@ -54,15 +62,129 @@ pub async fn serve_grpc(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    serve_capped(server, listener, shutdown, MAX_CONNECTIONS).await
+}
+
+async fn serve_capped(
+    server: Server,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+    max_connections: usize,
+) -> std::io::Result<()> {
+    let incoming = capped_incoming(listener, max_connections);
     tonic::transport::Server::builder()
         // A whole call's bound, queueing included, as the HTTP front end's request deadline;
         // a client's own `grpc-timeout` applies when shorter.
         .timeout(crate::http::LIMITS.request_deadline)
+        .max_concurrent_streams(MAX_STREAMS)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .serve_with_incoming_shutdown(GrpcFrontEnd::new(server).into_service(), incoming, shutdown)
         .await
         .map_err(std::io::Error::other)
+}
+
+/// An accepted connection, holding its place under the cap until it closes.
+struct Capped {
+    io: tokio::net::TcpStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Connected for Capped {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Capped {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Capped {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// The connections tonic serves: accepted on a task of their own, at most `max` open at once.
+/// The task ends, closing the listener, once tonic stops taking connections (at shutdown).
+fn capped_incoming(
+    listener: TcpListener,
+    max: usize,
+) -> tonic::codegen::tokio_stream::wrappers::ReceiverStream<std::io::Result<Capped>> {
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(max));
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = tx.closed() => return,
+            };
+            let io = match accepted {
+                Ok((io, _)) => io,
+                Err(e) => {
+                    // Out of descriptors, or a connection reset before it was taken: the
+                    // listener is still good; a pause keeps a persistent error from spinning.
+                    tracing::warn!(target: "isolane::serve", "gRPC accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = std::sync::Arc::clone(&permits).try_acquire_owned() else {
+                tracing::warn!(
+                    target: "isolane::serve",
+                    "gRPC: a connection past the cap of {max} was closed"
+                );
+                continue;
+            };
+            let _ = io.set_nodelay(true);
+            let connection = Capped {
+                io,
+                _permit: permit,
+            };
+            if tx.send(Ok(connection)).await.is_err() {
+                return;
+            }
+        }
+    });
+    tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 /// A [`Refusal`] as the status a client gets.
@@ -758,6 +880,57 @@ deadline_ms = 5000
             let resp = c.model_infer(infer("echo", &[4.0], None)).await.unwrap();
             let back = decode_infer_response(resp.into_inner(), &Limits::default()).unwrap();
             assert_eq!(floats(&back.outputs[0]), vec![4.0]);
+        });
+        s.drain(Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_connection_past_the_cap_is_closed_and_its_place_comes_back() {
+        let s = server();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let serving = tokio::spawn(serve_capped(
+                s.clone(),
+                listener,
+                async {
+                    let _ = stopped.await;
+                },
+                1,
+            ));
+            // A connection and one call on it: live.
+            let call = |url: String| async move {
+                let channel = tonic::transport::Endpoint::from_shared(url)
+                    .unwrap()
+                    .connect()
+                    .await
+                    .map_err(|e| Status::unavailable(e.to_string()))?;
+                let mut c = GrpcInferenceServiceClient::new(channel);
+                c.server_live(pb::ServerLiveRequest {}).await?;
+                Ok::<_, Status>(c)
+            };
+            let first = call(url.clone()).await.unwrap();
+            // The second is past the cap of one: closed, not served.
+            assert!(call(url.clone()).await.is_err());
+            // Once the first closes, its place is free again (the server notices the close
+            // asynchronously: retried for up to 30 s).
+            drop(first);
+            let began = Instant::now();
+            while call(url.clone()).await.is_err() {
+                assert!(
+                    began.elapsed() < Duration::from_secs(30),
+                    "the closed connection's place never came back"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let _ = stop.send(());
+            let ended = tokio::time::timeout(Duration::from_secs(30), serving).await;
+            assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
         });
         s.drain(Duration::from_secs(5));
     }
