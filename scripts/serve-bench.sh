@@ -5,11 +5,12 @@
 # The GPU machine has no Rust toolchain and no registry: the binary and the clients' wheels
 # (tritonclient, perf_analyzer and their needs missing there) are staged here and carried.
 #
-#   scripts/serve-bench.sh stage          # here: release isolane (stripped, xz) and the wheels
-#                                         # for the GPU machine's Python 3.12 into stage-serve/
-#                                         # (git-ignored; about 25 MiB; carry limit 64 MiB)
+#   scripts/serve-bench.sh stage          # here: release isolane (stripped, xz) and the clients
+#                                         # installed for the GPU machine's Python 3.12 (xz) into
+#                                         # stage-serve/ (git-ignored; about 16 MiB; the carry
+#                                         # limit, 64 MiB, counts the tracked tree too)
 #   (device run, carry ["stage-serve"])  bash scripts/serve-bench.sh run [DRIVER ARGS...]
-#                                         # there: wheels into /tmp, the driver on
+#                                         # there: clients unpacked into /tmp, the driver on
 #                                         # scenarios/serve/h200.toml; $OUT gets summary.md,
 #                                         # summary.json, gpu.txt and serve-bench.tgz (the logs,
 #                                         # perf_analyzer's CSVs, the in-process runs)
@@ -22,12 +23,12 @@
 # On the CPU, to check the kit (perf_analyzer's wheel needs glibc 2.38; without it, give no
 # PERF_ANALYZER and Python clients alone are used):
 #   python3 -m venv /tmp/sbvenv && /tmp/sbvenv/bin/pip install 'tritonclient[grpc,http]'
-#   INSTALL_WHEELS=0 PYTHON=/tmp/sbvenv/bin/python ISOLANE=target/debug/isolane \
+#   STAGED_CLIENTS=0 PYTHON=/tmp/sbvenv/bin/python ISOLANE=target/debug/isolane \
 #     SCENARIO=scenarios/serve/cpu-spin.toml scripts/serve-bench.sh run --quick
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The clients' wheels, pinned (one version each: two stop the install). The GPU machine has
+# The clients' wheels, pinned (one version each). The GPU machine has
 # numpy, urllib3, certifi, ml-dtypes and aiohttp; tritonclient's gRPC code needs grpcio >= 1.81.1
 # and protobuf >= 6.33.5, newer than the image may hold, so both are carried too.
 PINNED=(
@@ -37,24 +38,33 @@ PINNED=(
 )
 
 stage() {
-    mkdir -p stage-serve/wheels
+    rm -rf stage-serve && mkdir -p stage-serve
     cargo build --release --bin isolane
     cp target/release/isolane stage-serve/isolane
     strip stage-serve/isolane 2>/dev/null || true
     if ! ./stage-serve/isolane serve --help | grep -q -- --grpc; then
         echo "stage: this isolane has no \`serve --grpc\`; only HTTP would be measured" >&2
     fi
-    rm -f stage-serve/isolane.xz
     xz -T0 -6 stage-serve/isolane
-    # The GPU machine: x86-64, glibc 2.39, Python 3.12 (docs: /work/.library/device). pip
-    # matches each manylinux tag exactly, hence the list.
-    local plat=() n
+    # The clients, installed here for the GPU machine (x86-64, glibc 2.39, Python 3.12:
+    # /work/.library/device) and carried as one archive: xz packs the stripped libraries in
+    # about half the size of the wheels, and nothing is installed there. pip matches each
+    # manylinux tag exactly, hence the list.
+    local plat=() n site
+    site=$(mktemp -d)
     for n in 39 38 35 34 31 28 27 24 17; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version 3.12 \
         --implementation cp "${plat[@]}" --platform manylinux2014_x86_64 \
-        --platform manylinux1_x86_64 -d stage-serve/wheels "${PINNED[@]}"
-    ls stage-serve/wheels
-    du -sh stage-serve
+        --platform manylinux1_x86_64 --target "$site" "${PINNED[@]}"
+    rm -rf "$site/bin" "$site/gevent/tests"
+    find "$site" -name '*.so' -exec strip --strip-unneeded {} +
+    strip "$site/perf_analyzer/bin/perf_analyzer"
+    tar cJf stage-serve/site.tar.xz -C "$site" .
+    rm -rf "$site"
+    du -sh stage-serve/*
+    # What travels: the tracked tree (about 36 MiB in session 18) and stage-serve, 64 MiB in all.
+    git ls-files -z | xargs -0 stat -c %s | awk -v s="$(du -sb stage-serve | cut -f1)" \
+        '{t += $1} END {printf "carried: %.1f MiB of 64 (tree %.1f, stage-serve %.1f)\n", (t + s) / 1048576, t / 1048576, s / 1048576}'
 }
 
 run() {
@@ -71,13 +81,12 @@ run() {
             return 2
         fi
     fi
-    if [ "${INSTALL_WHEELS:-1}" != 0 ]; then
-        if ! ls stage-serve/wheels/*.whl >/dev/null 2>&1; then
-            echo "run: no wheels in stage-serve/wheels (scripts/serve-bench.sh stage)" >&2
+    if [ "${STAGED_CLIENTS:-1}" != 0 ]; then
+        if [ ! -f stage-serve/site.tar.xz ]; then
+            echo "run: no stage-serve/site.tar.xz (scripts/serve-bench.sh stage, carry stage-serve)" >&2
             return 2
         fi
-        timeout 300 "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-            --upgrade --target "$work/site" stage-serve/wheels/*.whl
+        mkdir -p "$work/site" && tar xJf stage-serve/site.tar.xz -C "$work/site"
         export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
         if [ -z "$pa" ] && [ -f "$work/site/perf_analyzer/bin/perf_analyzer" ]; then
             pa=$work/site/perf_analyzer/bin/perf_analyzer
