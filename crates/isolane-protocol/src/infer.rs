@@ -17,7 +17,8 @@ pub const HEADER_LENGTH: &str = "Inference-Header-Content-Length";
 
 /// Input and output parameters of extensions isolane does not implement: refused by name
 /// rather than ignored, since ignoring them would answer a different question.
-const SHARED_MEMORY: [&str; 3] = [
+/// The shared memory extension's parameters, in this order: region, byte size, offset.
+pub const SHARED_MEMORY: [&str; 3] = [
     "shared_memory_region",
     "shared_memory_byte_size",
     "shared_memory_offset",
@@ -38,9 +39,96 @@ pub struct OutputSelection {
     pub requested: Option<Vec<OutputChoice>>,
     /// The request parameter `binary_data_output`.
     pub binary_data_output: bool,
+    /// Outputs to be written into registered shared memory instead of the response (the
+    /// shared memory extension; only where the server offers it).
+    pub shared: Vec<(String, SharedRef)>,
+}
+
+/// Where a tensor's data lies in a registered system shared memory region (the protocol's
+/// shared memory extension: parameters `shared_memory_region`, `shared_memory_offset`,
+/// `shared_memory_byte_size`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedRef {
+    pub region: String,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
+impl SharedRef {
+    /// A tensor's shared memory parameters: `None` when it has none; refused when the region
+    /// or byte size is missing, or a value is of the wrong type or negative.
+    pub fn from_parameters(p: &Parameters, what: &str) -> Result<Option<SharedRef>, ProtocolError> {
+        if !SHARED_MEMORY.iter().any(|k| p.contains(k)) {
+            return Ok(None);
+        }
+        let region = match p.get(SHARED_MEMORY[0]) {
+            Some(Parameter::String(r)) if !r.is_empty() => r.clone(),
+            Some(_) => {
+                return Err(param_error(
+                    what,
+                    SHARED_MEMORY[0],
+                    "is not a region's name (a non-empty string)".into(),
+                ))
+            }
+            None => {
+                return Err(param_error(
+                    what,
+                    SHARED_MEMORY[0],
+                    format!(
+                        "is missing, but `{}` or `{}` is given; name the registered region",
+                        SHARED_MEMORY[1], SHARED_MEMORY[2]
+                    ),
+                ))
+            }
+        };
+        let count = |key: &str, default: Option<u64>| -> Result<u64, ProtocolError> {
+            match (p.int(key, what)?, default) {
+                (Some(v), _) => u64::try_from(v).map_err(|_| {
+                    param_error(what, key, format!("is {v}; a byte count is 0 or more"))
+                }),
+                (None, Some(d)) => Ok(d),
+                (None, None) => Err(param_error(what, key, "is missing".into())),
+            }
+        };
+        Ok(Some(SharedRef {
+            byte_size: count(SHARED_MEMORY[1], None)?,
+            offset: count(SHARED_MEMORY[2], Some(0))?,
+            region,
+        }))
+    }
+
+    /// The parameters that say where the data is, as a response names an output written there.
+    pub fn parameters(&self) -> Parameters {
+        let mut p = Parameters::new();
+        p.insert(SHARED_MEMORY[0], Parameter::String(self.region.clone()));
+        p.insert(
+            SHARED_MEMORY[1],
+            Parameter::Int(i64::try_from(self.byte_size).unwrap_or(i64::MAX)),
+        );
+        if self.offset != 0 {
+            p.insert(
+                SHARED_MEMORY[2],
+                Parameter::Int(i64::try_from(self.offset).unwrap_or(i64::MAX)),
+            );
+        }
+        p
+    }
+}
+
+/// The shared memory regions a server has registered: where inputs given by reference are
+/// read from.
+pub trait SharedMemory {
+    /// A copy of the bytes `r` names; refused (naming the region) when it is not registered
+    /// or `r` reaches past it.
+    fn read(&self, r: &SharedRef, what: &str) -> Result<Vec<u8>, ProtocolError>;
 }
 
 impl OutputSelection {
+    /// Where output `name` goes in shared memory, if the request said so.
+    pub fn shared(&self, name: &str) -> Option<&SharedRef> {
+        self.shared.iter().find(|(n, _)| n == name).map(|(_, r)| r)
+    }
+
     /// Whether output `name` goes back as binary data: its own `binary_data`, else the
     /// request's `binary_data_output`, else JSON.
     pub fn binary(&self, name: &str) -> bool {
@@ -182,6 +270,8 @@ pub(crate) struct TensorChecker<'l> {
     limits: &'l Limits,
     seen: HashSet<String>,
     total: u64,
+    /// Whether shared memory parameters are read (the server offers the extension).
+    shared: bool,
 }
 
 impl<'l> TensorChecker<'l> {
@@ -192,6 +282,7 @@ impl<'l> TensorChecker<'l> {
             limits,
             seen: HashSet::new(),
             total: 0,
+            shared: false,
         }
     }
 
@@ -266,10 +357,12 @@ impl<'l> TensorChecker<'l> {
             });
         }
         if let Some(p) = SHARED_MEMORY.iter().find(|p| parameters.contains(p)) {
-            return Err(ProtocolError::Unsupported {
-                feature: "the shared memory extension",
-                message: format!("{what} has parameter `{p}`; send its data in the body"),
-            });
+            if !self.shared {
+                return Err(ProtocolError::Unsupported {
+                    feature: "the shared memory extension",
+                    message: format!("{what} has parameter `{p}`; send its data in the body"),
+                });
+            }
         }
         Ok(TensorHeader {
             what,
@@ -322,13 +415,32 @@ fn decode_tensors(
     binary: Option<&[u8]>,
     role: &'static str,
     limits: &Limits,
+    shm: Option<&dyn SharedMemory>,
 ) -> Result<Vec<Tensor>, ProtocolError> {
     let mut checker = TensorChecker::new(role, limits);
+    checker.shared = shm.is_some();
     let mut rest = binary;
     let mut out = Vec::with_capacity(tensors.len());
     for t in tensors {
         let h = checker.header(&t.name, &t.datatype, &t.shape, &t.parameters)?;
         let what = h.what.clone();
+        if let Some(shm) = shm {
+            if let Some(r) = SharedRef::from_parameters(&t.parameters, &what)? {
+                if t.data.is_some() || t.parameters.contains(BINARY_DATA_SIZE) {
+                    return Err(param_error(
+                        &what,
+                        SHARED_MEMORY[0],
+                        format!(
+                            "is given, and so is its data (`data` or `{BINARY_DATA_SIZE}`); give one"
+                        ),
+                    ));
+                }
+                checker.check_binary_size(&h, r.byte_size)?;
+                let data = shm.read(&r, &what)?;
+                out.push(checker.binary(h, "parameters.shared_memory_byte_size", data)?);
+                continue;
+            }
+        }
         let err = |field: &'static str, message: String| ProtocolError::Tensor {
             tensor: what.clone(),
             field,
@@ -400,8 +512,18 @@ fn decode_tensors(
 
 /// Checks the outputs a request asks for (names unique and not empty, no shared memory or
 /// classification) and reads each one's `binary_data`.
+#[cfg(feature = "grpc")]
 pub(crate) fn requested_outputs<'a>(
     outputs: impl IntoIterator<Item = (&'a str, &'a Parameters)>,
+) -> Result<Vec<OutputChoice>, ProtocolError> {
+    requested_outputs_shared(outputs, None)
+}
+
+/// [`requested_outputs`]; with `shared`, an output's shared memory parameters are read into it
+/// instead of refused.
+fn requested_outputs_shared<'a>(
+    outputs: impl IntoIterator<Item = (&'a str, &'a Parameters)>,
+    mut shared: Option<&mut Vec<(String, SharedRef)>>,
 ) -> Result<Vec<OutputChoice>, ProtocolError> {
     let mut seen = HashSet::new();
     let mut choices = Vec::new();
@@ -421,10 +543,19 @@ pub(crate) fn requested_outputs<'a>(
             });
         }
         if let Some(p) = SHARED_MEMORY.iter().find(|p| parameters.contains(p)) {
-            return Err(ProtocolError::Unsupported {
-                feature: "the shared memory extension",
-                message: format!("{what} has parameter `{p}`"),
-            });
+            match shared.as_deref_mut() {
+                Some(list) => {
+                    if let Some(r) = SharedRef::from_parameters(parameters, &what)? {
+                        list.push((name.to_owned(), r));
+                    }
+                }
+                None => {
+                    return Err(ProtocolError::Unsupported {
+                        feature: "the shared memory extension",
+                        message: format!("{what} has parameter `{p}`"),
+                    })
+                }
+            }
         }
         if parameters.contains("classification") {
             return Err(ProtocolError::Unsupported {
@@ -448,6 +579,18 @@ pub fn decode_request(
     header_len: Option<usize>,
     limits: &Limits,
 ) -> Result<DecodedRequest, ProtocolError> {
+    decode_request_with(body, header_len, limits, None)
+}
+
+/// [`decode_request`] for a server that offers the shared memory extension: inputs given by
+/// region are read from `shm`, outputs asked for in a region are listed in
+/// [`OutputSelection::shared`].
+pub fn decode_request_with(
+    body: &[u8],
+    header_len: Option<usize>,
+    limits: &Limits,
+    shm: Option<&dyn SharedMemory>,
+) -> Result<DecodedRequest, ProtocolError> {
     let (header, binary) = split_body(body, header_len, limits, "the inference request")?;
     let req: InferRequest =
         serde_json::from_str(header).map_err(|e| json_error("the inference request", &e))?;
@@ -456,11 +599,13 @@ pub fn decode_request(
         .parameters
         .bool(BINARY_DATA_OUTPUT, "the request")?
         .unwrap_or(false);
-    let inputs = decode_tensors(&req.inputs, binary, "input", limits)?;
+    let inputs = decode_tensors(&req.inputs, binary, "input", limits, shm)?;
+    let mut shared = Vec::new();
     let requested = match &req.outputs {
         None => None,
-        Some(outputs) => Some(requested_outputs(
+        Some(outputs) => Some(requested_outputs_shared(
             outputs.iter().map(|o| (o.name.as_str(), &o.parameters)),
+            shm.map(|_| &mut shared),
         )?),
     };
     Ok(DecodedRequest {
@@ -471,6 +616,7 @@ pub fn decode_request(
         outputs: OutputSelection {
             requested,
             binary_data_output,
+            shared,
         },
     })
 }
@@ -485,7 +631,7 @@ pub fn decode_response(
     let resp: InferResponse =
         serde_json::from_str(header).map_err(|e| json_error("the inference response", &e))?;
     let late = resp.parameters.late()?;
-    let outputs = decode_tensors(&resp.outputs, binary, "output", limits)?;
+    let outputs = decode_tensors(&resp.outputs, binary, "output", limits, None)?;
     Ok(DecodedResponse {
         meta: ResponseMeta {
             model_name: resp.model_name,
@@ -499,13 +645,32 @@ pub fn decode_response(
 }
 
 /// The header entries of tensors and their binary parts, in order.
+/// How a tensor's data goes in a message.
+#[derive(Clone, Copy)]
+enum Form<'a> {
+    Json,
+    Binary,
+    /// Written into shared memory by the server: the message names where, with no data.
+    Shared(&'a SharedRef),
+}
+
+impl Form<'_> {
+    fn binary(binary: bool) -> Form<'static> {
+        if binary {
+            Form::Binary
+        } else {
+            Form::Json
+        }
+    }
+}
+
 fn encode_tensors<'t>(
-    tensors: impl Iterator<Item = (&'t Tensor, bool)>,
+    tensors: impl Iterator<Item = (&'t Tensor, Form<'t>)>,
     role: &str,
 ) -> Result<(Vec<InferTensor>, Vec<&'t [u8]>), ProtocolError> {
     let mut entries = Vec::new();
     let mut binaries = Vec::new();
-    for (t, binary) in tensors {
+    for (t, form) in tensors {
         let what = format!("{role} `{}`", t.name());
         let shape = t
             .shape()
@@ -517,19 +682,26 @@ fn encode_tensors<'t>(
                 message: format!("shape {} has a dimension past int64", shape_text(t.shape())),
             })?;
         let mut parameters = Parameters::new();
-        let data = if binary {
-            let size = i64::try_from(t.data().len()).expect("a Vec's length fits i64");
-            parameters.insert(BINARY_DATA_SIZE, Parameter::Int(size));
-            binaries.push(t.data());
-            None
-        } else {
-            check_json_encodable(t, &what)?;
-            Some(serde_json::value::to_raw_value(&JsonData(t)).map_err(|e| {
-                ProtocolError::Unrepresentable {
-                    tensor: what.clone(),
-                    message: e.to_string(),
-                }
-            })?)
+        let data = match form {
+            Form::Binary => {
+                let size = i64::try_from(t.data().len()).expect("a Vec's length fits i64");
+                parameters.insert(BINARY_DATA_SIZE, Parameter::Int(size));
+                binaries.push(t.data());
+                None
+            }
+            Form::Shared(r) => {
+                parameters = r.parameters();
+                None
+            }
+            Form::Json => {
+                check_json_encodable(t, &what)?;
+                Some(serde_json::value::to_raw_value(&JsonData(t)).map_err(|e| {
+                    ProtocolError::Unrepresentable {
+                        tensor: what.clone(),
+                        message: e.to_string(),
+                    }
+                })?)
+            }
         };
         entries.push(InferTensor {
             name: t.name().to_owned(),
@@ -569,7 +741,13 @@ pub fn encode_response(
     selection: &OutputSelection,
 ) -> Result<Encoded, ProtocolError> {
     let (entries, binaries) = encode_tensors(
-        outputs.iter().map(|t| (t, selection.binary(t.name()))),
+        outputs.iter().map(|t| {
+            let form = match selection.shared(t.name()) {
+                Some(r) => Form::Shared(r),
+                None => Form::binary(selection.binary(t.name())),
+            };
+            (t, form)
+        }),
         "output",
     )?;
     let header = InferResponse {
@@ -579,7 +757,9 @@ pub fn encode_response(
         parameters: meta.parameters.clone(),
         outputs: entries,
     };
-    let any_binary = outputs.iter().any(|t| selection.binary(t.name()));
+    let any_binary = outputs
+        .iter()
+        .any(|t| selection.shared(t.name()).is_none() && selection.binary(t.name()));
     assemble(&header, &binaries, any_binary, "the response")
 }
 
@@ -591,7 +771,10 @@ pub fn encode_request(
     inputs: &[(&Tensor, bool)],
     outputs: Option<&[OutputChoice]>,
 ) -> Result<Encoded, ProtocolError> {
-    let (entries, binaries) = encode_tensors(inputs.iter().copied(), "input")?;
+    let (entries, binaries) = encode_tensors(
+        inputs.iter().map(|&(t, binary)| (t, Form::binary(binary))),
+        "input",
+    )?;
     let header = InferRequest {
         id: id.map(str::to_owned),
         parameters: parameters.clone(),

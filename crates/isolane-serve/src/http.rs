@@ -14,7 +14,7 @@ use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use isolane_metrics::http::{text_response, Limits};
 use isolane_protocol::{
-    decode_request, encode_response, health_status, parse_header_length, ProtocolError,
+    decode_request_with, encode_response, health_status, parse_header_length, ProtocolError,
     RepositoryIndexEntry, RepositoryIndexRequest, ResponseMeta, ServerMetadata, HEADER_LENGTH,
 };
 use tokio::net::TcpListener;
@@ -85,6 +85,15 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
             plain(repository_index(server, request).await)
         }
         (&Method::GET, ["v2", "models", "stats"]) => plain(statistics(server, None)),
+        (_, ["v2", "systemsharedmemory", rest @ ..]) => {
+            plain(shared_memory(server, &method, rest, request).await)
+        }
+        (_, ["v2", "cudasharedmemory", ..]) => plain(error(
+            StatusCode::BAD_REQUEST,
+            "CUDA shared memory is not served; register system shared memory \
+             (/v2/systemsharedmemory) or send the data in the body"
+                .into(),
+        )),
         (_, ["v2", "models", name, rest @ ..]) => {
             let name = percent_decode(name);
             let rest = match rest {
@@ -149,10 +158,11 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
         Ok(b) => b,
         Err(e) => return fail(protocol_error(&e)),
     };
-    let decoded = match decode_request(&body, header_len, &limits) {
-        Ok(d) => d,
-        Err(e) => return fail(protocol_error(&e)),
-    };
+    let decoded =
+        match decode_request_with(&body, header_len, &limits, Some(server.shared_memory())) {
+            Ok(d) => d,
+            Err(e) => return fail(protocol_error(&e)),
+        };
     drop(body);
     let selection = decoded.outputs.clone();
     let meta = ResponseMeta {
@@ -173,6 +183,15 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
         Ok(r) => r,
         Err(refusal) => return fail(refused(&refusal)),
     };
+    // Outputs asked for in shared memory are written there; the response only names them.
+    for t in &response.outputs {
+        if let Some(r) = selection.shared(t.name()) {
+            let what = format!("output `{}`", t.name());
+            if let Err(e) = server.shared_memory().write(r, t.data(), &what) {
+                return fail(protocol_error(&e));
+            }
+        }
+    }
     let late = response.late;
     let mut meta = meta;
     if late {
@@ -229,6 +248,64 @@ async fn repository_index(server: &Server, request: Request<Incoming>) -> Respon
         .map(|m| wire::index_entry(m, ready))
         .collect();
     json(StatusCode::OK, &entries)
+}
+
+/// The system shared memory extension: register, unregister and status of regions.
+async fn shared_memory(
+    server: &Server,
+    method: &Method,
+    rest: &[&str],
+    request: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    #[derive(serde::Deserialize)]
+    struct Register {
+        key: String,
+        #[serde(default)]
+        offset: u64,
+        byte_size: u64,
+    }
+    let regions = server.shared_memory();
+    let done = |r: Result<(), ProtocolError>| match r {
+        Ok(()) => text_response(StatusCode::OK, JSON, Bytes::new()),
+        Err(e) => protocol_error(&e),
+    };
+    match (method, rest) {
+        (&Method::GET, ["status"]) => status_of(regions.status(None)),
+        (&Method::GET, ["region", name, "status"]) => status_of(regions.status(Some(name))),
+        (&Method::POST, ["unregister"]) => done(regions.unregister(None)),
+        (&Method::POST, ["region", name, "unregister"]) => done(regions.unregister(Some(name))),
+        (&Method::POST, ["region", name, "register"]) => {
+            let name = percent_decode(name);
+            let body = match read_body(request, 64 * 1024).await {
+                Ok(b) => b,
+                Err(e) => return protocol_error(&e),
+            };
+            match serde_json::from_slice::<Register>(&body) {
+                Ok(r) => done(regions.register(&name, &r.key, r.offset, r.byte_size)),
+                Err(e) => error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "registering region `{name}`: expected {{\"key\": \"/name\", \"offset\": N, \
+                         \"byte_size\": N}}: {e}"
+                    ),
+                ),
+            }
+        }
+        _ => error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no such endpoint: {method} /v2/systemsharedmemory/{}",
+                rest.join("/")
+            ),
+        ),
+    }
+}
+
+fn status_of(s: Result<Vec<crate::shm::RegionStatus>, ProtocolError>) -> Response<Full<Bytes>> {
+    match s {
+        Ok(list) => json(StatusCode::OK, &list),
+        Err(e) => protocol_error(&e),
+    }
 }
 
 /// `{"model_stats": [...]}` (Triton's statistics extension; perf_analyzer reads it).

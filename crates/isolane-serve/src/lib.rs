@@ -17,6 +17,7 @@ pub mod grpc;
 pub mod http;
 mod model;
 mod request;
+pub mod shm;
 mod stats;
 pub mod wire;
 
@@ -86,6 +87,8 @@ struct Shared {
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     started: Instant,
+    /// The system shared memory regions clients registered.
+    regions: shm::SharedRegions,
     // Kept for as long as the models publish in it.
     _guard: Option<Arc<Guard>>,
 }
@@ -164,6 +167,7 @@ impl Server {
                 stop,
                 threads: Mutex::new(threads),
                 started: Instant::now(),
+                regions: shm::SharedRegions::default(),
                 _guard: guard.map(|(g, _)| g),
             }),
         })
@@ -201,6 +205,11 @@ impl Server {
 
     pub fn metrics(&self) -> &ServeMetrics {
         &self.shared.metrics
+    }
+
+    /// The system shared memory regions registered with this server.
+    pub fn shared_memory(&self) -> &shm::SharedRegions {
+        &self.shared.regions
     }
 
     /// Admits `req` to model `name` or refuses it at once; the answer arrives on the

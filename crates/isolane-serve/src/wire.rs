@@ -11,7 +11,12 @@ use isolane_runtime::exec::TensorInfo;
 use crate::ModelInfo;
 
 /// The protocol extensions served (Triton's names, as clients look for them).
-pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_repository", "statistics"];
+pub const EXTENSIONS: &[&str] = &[
+    "binary_tensor_data",
+    "model_repository",
+    "statistics",
+    "system_shared_memory",
+];
 
 pub fn server_metadata() -> ServerMetadata {
     ServerMetadata {

@@ -440,6 +440,7 @@ pub fn decode_infer_request(
             outputs: OutputSelection {
                 requested,
                 binary_data_output,
+                shared: Vec::new(),
             },
         },
     })

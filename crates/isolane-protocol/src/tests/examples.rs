@@ -327,6 +327,7 @@ fn every_datatype_round_trips_as_json_and_as_binary() {
         let sel = OutputSelection {
             requested: None,
             binary_data_output: binary,
+            shared: Vec::new(),
         };
         let enc = encode_response(&meta, &tensors, &sel).unwrap();
         let back = decode_response(&enc.body, enc.header_len, &limits()).unwrap();
@@ -378,6 +379,7 @@ fn outputs_json_cannot_carry_are_refused_by_element() {
             binary: Some(true),
         }]),
         binary_data_output: false,
+        shared: Vec::new(),
     };
     assert!(encode_response(&ResponseMeta::default(), &[nan], &sel).is_ok());
     let raw = Tensor::from_bytes_elements("s", vec![1], &[[0xffu8, 0xfe]]).unwrap();
@@ -938,4 +940,89 @@ fn the_metadata_messages_read_and_write_as_the_protocol_has_them() {
     assert_eq!((health_status(true), health_status(false)), (200, 400));
     let err: ErrorBody = serde_json::from_str(r#"{"error":"x"}"#).unwrap();
     assert_eq!(err.error, "x");
+}
+
+/// Regions in memory, as a server's registry would hold them.
+struct Regions(Vec<(String, Vec<u8>)>);
+
+impl crate::SharedMemory for Regions {
+    fn read(&self, r: &crate::SharedRef, what: &str) -> Result<Vec<u8>, ProtocolError> {
+        let (_, bytes) =
+            self.0
+                .iter()
+                .find(|(n, _)| *n == r.region)
+                .ok_or_else(|| ProtocolError::Refused {
+                    reason: format!("{what}: no region `{}`", r.region),
+                })?;
+        let end = (r.offset + r.byte_size) as usize;
+        bytes
+            .get(r.offset as usize..end)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| ProtocolError::Refused {
+                reason: format!("{what}: past the region"),
+            })
+    }
+}
+
+#[test]
+fn shared_memory_inputs_are_read_from_their_region_and_outputs_named_there() {
+    let floats: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let mut region = vec![0u8; 8];
+    region.extend_from_slice(&floats);
+    let shm = Regions(vec![("in0".into(), region)]);
+    let body = br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32",
+        "parameters":{"shared_memory_region":"in0","shared_memory_offset":8,
+                      "shared_memory_byte_size":16}}],
+        "outputs":[{"name":"y","parameters":{"shared_memory_region":"out0",
+                      "shared_memory_byte_size":8}}]}"#;
+    let limits = Limits::default();
+    let d = crate::decode_request_with(body, None, &limits, Some(&shm)).unwrap();
+    assert_eq!(d.inputs[0].data(), &floats[..]);
+    let out = &d.outputs.shared;
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0],
+        (
+            "y".to_string(),
+            crate::SharedRef {
+                region: "out0".into(),
+                offset: 0,
+                byte_size: 8
+            }
+        )
+    );
+    // The response names the region and carries no data for that output.
+    let y = Tensor::new("y", DataType::Fp32, vec![2], vec![0; 8]).unwrap();
+    let enc = encode_response(&ResponseMeta::default(), &[y], &d.outputs).unwrap();
+    assert_eq!(enc.header_len, None);
+    let text = String::from_utf8(enc.body).unwrap();
+    assert!(text.contains(r#""shared_memory_region":"out0""#), "{text}");
+    assert!(!text.contains("\"data\""), "{text}");
+
+    // Without the extension the parameters are refused by name, as before.
+    let e = decode_request(body, None, &limits).unwrap_err();
+    assert!(e.to_string().contains("shared memory"), "{e}");
+    // A wrong byte size for the shape, an unknown region, data given twice, no region.
+    let bad = |b: &[u8]| {
+        crate::decode_request_with(b, None, &limits, Some(&shm))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = bad(br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32",
+        "parameters":{"shared_memory_region":"in0","shared_memory_byte_size":12}}]}"#);
+    assert!(e.contains("input `x`"), "{e}");
+    let e = bad(br#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32",
+        "parameters":{"shared_memory_region":"nope","shared_memory_byte_size":4}}]}"#);
+    assert!(e.contains("no region `nope`"), "{e}");
+    let e = bad(
+        br#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1],
+        "parameters":{"shared_memory_region":"in0","shared_memory_byte_size":4}}]}"#,
+    );
+    assert!(e.contains("give one"), "{e}");
+    let e = bad(br#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32",
+        "parameters":{"shared_memory_byte_size":4}}]}"#);
+    assert!(e.contains("shared_memory_region"), "{e}");
 }

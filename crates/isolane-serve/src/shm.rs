@@ -1,0 +1,286 @@
+//! The system shared memory extension: regions a client on the same host registers by their
+//! POSIX shared memory key, mapped here once, from which inputs are read and into which
+//! outputs are written, so that a large frame does not cross the socket.
+//!
+//! A region is another process's memory: it may change while it is read, and it may be
+//! truncated under the mapping. Reads and writes therefore go through raw pointers (never a
+//! Rust reference to the shared bytes) and are bounded by the size the region was registered
+//! with; a client that shrinks its object after registering it makes the server fault on the
+//! next access, as with Triton. Shared memory is for clients the server's user trusts
+//! (docs/serve.md).
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::sync::{Arc, Mutex};
+
+use isolane_protocol::{ProtocolError, SharedMemory, SharedRef};
+use memmap2::{MmapOptions, MmapRaw};
+
+/// Regions registered at once, at most.
+pub const MAX_REGIONS: usize = 1024;
+
+/// Where POSIX shared memory objects live on Linux (`shm_open` names).
+const SHM_DIR: &str = "/dev/shm";
+
+/// A registered region, as the status endpoints describe it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RegionStatus {
+    pub name: String,
+    pub key: String,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
+struct Region {
+    status: RegionStatus,
+    map: Arc<MmapRaw>,
+}
+
+/// The server's registered regions.
+#[derive(Default)]
+pub struct SharedRegions {
+    regions: Mutex<BTreeMap<String, Region>>,
+}
+
+fn refused(reason: String) -> ProtocolError {
+    ProtocolError::Tensor {
+        tensor: "shared memory".into(),
+        field: "region",
+        message: reason,
+    }
+}
+
+impl SharedRegions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Region>> {
+        self.regions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Maps `byte_size` bytes at `offset` of the object `key` (`/name`, as `shm_open` takes
+    /// it) as region `name`.
+    pub fn register(
+        &self,
+        name: &str,
+        key: &str,
+        offset: u64,
+        byte_size: u64,
+    ) -> Result<(), ProtocolError> {
+        let object = key.strip_prefix('/').unwrap_or(key);
+        if name.is_empty() || object.is_empty() || object.contains('/') || object == ".." {
+            return Err(refused(format!(
+                "region `{name}`: key `{key}` is not a shared memory object's name (`/name`, \
+                 as shm_open takes it)"
+            )));
+        }
+        if byte_size == 0 {
+            return Err(refused(format!("region `{name}`: byte_size is 0")));
+        }
+        let mut regions = self.lock();
+        if regions.contains_key(name) {
+            return Err(refused(format!(
+                "region `{name}` is registered already; unregister it first"
+            )));
+        }
+        if regions.len() >= MAX_REGIONS {
+            return Err(refused(format!(
+                "{MAX_REGIONS} regions are registered, the most a server holds; unregister some"
+            )));
+        }
+        let path = std::path::Path::new(SHM_DIR).join(object);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| refused(format!("region `{name}`: cannot open key `{key}`: {e}")))?;
+        let size = file
+            .metadata()
+            .map_err(|e| refused(format!("region `{name}`: key `{key}`: {e}")))?
+            .len();
+        if !file.metadata().is_ok_and(|m| m.is_file())
+            || offset.checked_add(byte_size).is_none_or(|end| end > size)
+        {
+            return Err(refused(format!(
+                "region `{name}`: {byte_size} bytes at offset {offset} reach past key `{key}`, \
+                 which holds {size} bytes"
+            )));
+        }
+        let len = usize::try_from(byte_size)
+            .map_err(|_| refused(format!("region `{name}`: byte_size {byte_size} too large")))?;
+        let map = MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .map_raw(&file)
+            .map_err(|e| refused(format!("region `{name}`: cannot map key `{key}`: {e}")))?;
+        regions.insert(
+            name.to_string(),
+            Region {
+                status: RegionStatus {
+                    name: name.to_string(),
+                    key: key.to_string(),
+                    offset,
+                    byte_size,
+                },
+                map: Arc::new(map),
+            },
+        );
+        Ok(())
+    }
+
+    /// Unregisters region `name`, or every region (`None`).
+    pub fn unregister(&self, name: Option<&str>) -> Result<(), ProtocolError> {
+        let mut regions = self.lock();
+        match name {
+            None => regions.clear(),
+            Some(n) => {
+                regions
+                    .remove(n)
+                    .ok_or_else(|| refused(format!("no region `{n}` is registered")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Region `name`'s status, or every region's.
+    pub fn status(&self, name: Option<&str>) -> Result<Vec<RegionStatus>, ProtocolError> {
+        let regions = self.lock();
+        match name {
+            None => Ok(regions.values().map(|r| r.status.clone()).collect()),
+            Some(n) => regions
+                .get(n)
+                .map(|r| vec![r.status.clone()])
+                .ok_or_else(|| refused(format!("no region `{n}` is registered"))),
+        }
+    }
+
+    /// The mapping and range `r` names within it, checked against the region's size.
+    fn range(
+        &self,
+        r: &SharedRef,
+        what: &str,
+    ) -> Result<(Arc<MmapRaw>, usize, usize), ProtocolError> {
+        let regions = self.lock();
+        let region = regions.get(&r.region).ok_or_else(|| {
+            refused(format!(
+                "{what}: no region `{}` is registered (POST \
+                 /v2/systemsharedmemory/region/NAME/register first)",
+                r.region
+            ))
+        })?;
+        let size = region.status.byte_size;
+        match r.offset.checked_add(r.byte_size) {
+            Some(end) if end <= size => Ok((
+                Arc::clone(&region.map),
+                r.offset as usize,
+                r.byte_size as usize,
+            )),
+            _ => Err(refused(format!(
+                "{what}: {} bytes at offset {} reach past region `{}` ({size} bytes)",
+                r.byte_size, r.offset, r.region
+            ))),
+        }
+    }
+
+    /// Writes `data` at the start of the range `r` names (which must hold it).
+    pub fn write(&self, r: &SharedRef, data: &[u8], what: &str) -> Result<(), ProtocolError> {
+        let (map, start, len) = self.range(r, what)?;
+        if data.len() > len {
+            return Err(refused(format!(
+                "{what} has {} bytes; its shared memory range holds {len}",
+                data.len()
+            )));
+        }
+        // SAFETY: `start + data.len() <= byte_size`, the length mapped (checked by `range`);
+        // the destination is another process's memory, written through a raw pointer, never
+        // through a reference, and `data` (our own) cannot overlap it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), map.as_mut_ptr().add(start), data.len());
+        }
+        Ok(())
+    }
+}
+
+impl SharedMemory for SharedRegions {
+    fn read(&self, r: &SharedRef, what: &str) -> Result<Vec<u8>, ProtocolError> {
+        let (map, start, len) = self.range(r, what)?;
+        let mut out = vec![0u8; len];
+        // SAFETY: `start + len <= byte_size`, the length mapped (checked by `range`); the
+        // source is read through a raw pointer into our own buffer, which cannot overlap it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(map.as_ptr().add(start), out.as_mut_ptr(), len);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shared memory object of `bytes`, removed when dropped.
+    struct Object(String);
+
+    impl Object {
+        fn new(tag: &str, bytes: &[u8]) -> Object {
+            let name = format!("isolane-test-{tag}-{}", std::process::id());
+            std::fs::write(std::path::Path::new(SHM_DIR).join(&name), bytes).unwrap();
+            Object(name)
+        }
+    }
+
+    impl Drop for Object {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(std::path::Path::new(SHM_DIR).join(&self.0));
+        }
+    }
+
+    fn at(region: &str, offset: u64, byte_size: u64) -> SharedRef {
+        SharedRef {
+            region: region.into(),
+            offset,
+            byte_size,
+        }
+    }
+
+    #[test]
+    fn a_region_is_read_and_written_within_its_bounds() {
+        let obj = Object::new("rw", &[1, 2, 3, 4, 5, 6, 7, 8]);
+        let shm = SharedRegions::default();
+        shm.register("r", &format!("/{}", obj.0), 2, 4).unwrap();
+        assert_eq!(shm.read(&at("r", 0, 4), "x").unwrap(), vec![3, 4, 5, 6]);
+        assert_eq!(shm.read(&at("r", 1, 2), "x").unwrap(), vec![4, 5]);
+        assert!(shm
+            .read(&at("r", 1, 4), "x")
+            .unwrap_err()
+            .to_string()
+            .contains("reach past"));
+        shm.write(&at("r", 2, 2), &[9, 9], "y").unwrap();
+        assert_eq!(
+            std::fs::read(std::path::Path::new(SHM_DIR).join(&obj.0)).unwrap(),
+            vec![1, 2, 3, 4, 9, 9, 7, 8]
+        );
+        assert!(shm.write(&at("r", 2, 2), &[0; 3], "y").is_err());
+        assert_eq!(shm.status(None).unwrap()[0].byte_size, 4);
+        shm.unregister(Some("r")).unwrap();
+        assert!(shm
+            .read(&at("r", 0, 1), "x")
+            .unwrap_err()
+            .to_string()
+            .contains("no region `r`"));
+    }
+
+    #[test]
+    fn bad_registrations_are_refused_by_name() {
+        let obj = Object::new("bad", &[0; 16]);
+        let shm = SharedRegions::default();
+        let key = format!("/{}", obj.0);
+        let e = |r: Result<(), ProtocolError>| r.unwrap_err().to_string();
+        assert!(e(shm.register("a", "/../etc/passwd", 0, 4)).contains("not a shared memory"));
+        assert!(e(shm.register("a", "/no-such-isolane-object", 0, 4)).contains("cannot open"));
+        assert!(e(shm.register("a", &key, 8, 9)).contains("holds 16 bytes"));
+        assert!(e(shm.register("a", &key, 0, 0)).contains("byte_size is 0"));
+        shm.register("a", &key, 0, 16).unwrap();
+        assert!(e(shm.register("a", &key, 0, 16)).contains("registered already"));
+        assert!(shm.unregister(Some("b")).is_err());
+        shm.unregister(None).unwrap();
+        assert!(shm.status(None).unwrap().is_empty());
+    }
+}
