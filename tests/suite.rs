@@ -35,5 +35,7 @@ mod plan_offline;
 mod readme;
 #[path = "scenarios.rs"]
 mod scenarios;
+#[path = "serve.rs"]
+mod serve;
 #[path = "sweep_report_cli.rs"]
 mod sweep_report_cli;

@@ -24,6 +24,13 @@ pub const VULKAN: SystemPackage = SystemPackage {
     install: "apt install libvulkan1 mesa-vulkan-drivers",
 };
 
+/// Triton's Python client with its HTTP and gRPC transports (and numpy), which
+/// `isolane serve`'s end-to-end test drives the server with (tests/serve_client.py).
+pub const TRITONCLIENT: SystemPackage = SystemPackage {
+    what: "the Python modules tritonclient (HTTP and gRPC) and numpy",
+    install: "python3 -m pip install 'tritonclient[http,grpc]' numpy",
+};
+
 /// Whether [`STRICT_ENV`] is set to 1.
 pub fn strict() -> bool {
     std::env::var(STRICT_ENV).is_ok_and(|v| v == "1")

@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""`isolane serve` driven by Triton's own Python client, `tritonclient`, over HTTP and gRPC.
+
+tests/serve.rs starts the server on a scenario of three models (a real CNN, `MODEL`; a
+50 ms spin, `SPIN`; a 1 s spin, `SLOW`), computes the CNN's output on INPUT with `isolane infer`
+(EXPECT), and runs this script, which checks what a client sees:
+
+- health (server live and ready, model ready), server and model metadata, the model's
+  configuration and the repository index;
+- the CNN's outputs bit-identical to EXPECT, with binary tensor data and with JSON data
+  (HTTP), and with raw contents (gRPC);
+- a request whose own deadline (`deadline_ms` = 1) the 50 ms spin cannot meet refused at once:
+  HTTP 429 / gRPC RESOURCE_EXHAUSTED, the message saying by how much it would be late;
+- the drain: with requests in flight on SLOW, SIGTERM to PID; the server turns unready,
+  refuses a new request (HTTP 503 / gRPC UNAVAILABLE, or the connection is refused) and still
+  answers those in flight. The test then checks that the server exits 0.
+
+Each check that holds prints one `ok: ...` line; the first that fails ends the script with
+`FAILED: ...` and exit code 1. Exit code 3: tritonclient or numpy cannot be imported (the test
+skips, or fails under ISOLANE_STRICT=1).
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+try:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+except ImportError as e:  # the test turns this into a skip (or a failure when strict)
+    print(f"cannot import tritonclient[http,grpc] and numpy: {e}", file=sys.stderr)
+    sys.exit(3)
+
+# Generous: a loaded 2-core machine may be slow, and no check here is about speed.
+TIMEOUT_S = 60.0
+
+
+class Failed(Exception):
+    pass
+
+
+def check(cond, what, detail=""):
+    if not cond:
+        raise Failed(f"{what}{': ' + str(detail) if detail != '' else ''}")
+    print(f"ok: {what}", flush=True)
+
+
+def same_bits(got, want):
+    """Bit-identical float32 arrays of one shape (NaNs included, -0.0 told from 0.0)."""
+    got = np.ascontiguousarray(got, dtype=np.float32)
+    want = np.ascontiguousarray(want, dtype=np.float32)
+    return got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def diff(got, want):
+    got = np.asarray(got, dtype=np.float32)
+    want = np.asarray(want, dtype=np.float32)
+    if got.shape != want.shape:
+        return f"shape {list(got.shape)}, expected {list(want.shape)}"
+    return f"max abs difference {float(np.max(np.abs(got - want)))}"
+
+
+def http_get(addr, path):
+    """(status, body) of a plain GET; status None when the connection is refused."""
+    try:
+        with urllib.request.urlopen(f"http://{addr}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return None, ""
+
+
+def check_http(a):
+    c = httpclient.InferenceServerClient(
+        url=a.http, connection_timeout=TIMEOUT_S, network_timeout=TIMEOUT_S
+    )
+    check(c.is_server_live(), "HTTP: the server is live")
+    check(c.is_server_ready(), "HTTP: the server is ready")
+    for m in (a.model, a.spin, a.slow):
+        check(c.is_model_ready(m), f"HTTP: model {m} is ready")
+    check(not c.is_model_ready("no_such_model"), "HTTP: an unknown model is not ready")
+
+    meta = c.get_server_metadata()
+    check(meta["name"] == "isolane", "HTTP: server metadata names isolane", meta)
+    check("binary_tensor_data" in meta["extensions"], "HTTP: binary_tensor_data listed", meta)
+
+    md = c.get_model_metadata(a.model)
+    want_in = [-1] + list(a.x.shape[1:])
+    want_out = [-1] + list(a.y.shape[1:])
+    check(
+        md["name"] == a.model
+        and [i["name"] for i in md["inputs"]] == ["input"]
+        and md["inputs"][0]["shape"] == want_in
+        and md["inputs"][0]["datatype"] == "FP32"
+        and md["outputs"][0]["shape"] == want_out,
+        f"HTTP: model metadata has input [-1, ...] {want_in} and output {want_out}",
+        md,
+    )
+    a.output_name = md["outputs"][0]["name"]
+
+    cfg = c.get_model_config(a.model)
+    check(
+        cfg["name"] == a.model
+        and cfg["max_batch_size"] == a.x.shape[0]
+        and cfg["input"][0]["dims"] == list(a.x.shape[1:])
+        and cfg["input"][0]["data_type"] == "TYPE_FP32",
+        "HTTP: model config has max_batch_size and dims without the batch",
+        cfg,
+    )
+
+    index = c.get_model_repository_index()
+    states = {m["name"]: m.get("state") for m in index}
+    check(
+        states == {a.model: "READY", a.spin: "READY", a.slow: "READY"},
+        "HTTP: the repository index lists the three models READY",
+        index,
+    )
+
+    for binary in (True, False):
+        kind = "binary tensor data" if binary else "JSON data"
+        inp = httpclient.InferInput("input", list(a.x.shape), "FP32")
+        inp.set_data_from_numpy(a.x, binary_data=binary)
+        out = httpclient.InferRequestedOutput(a.output_name, binary_data=binary)
+        r = c.infer(a.model, [inp], outputs=[out], request_id=f"h5-{kind}")
+        got = r.as_numpy(a.output_name)
+        check(same_bits(got, a.y), f"HTTP, {kind}: outputs equal isolane infer's", diff(got, a.y))
+        check(r.get_response()["id"] == f"h5-{kind}", f"HTTP, {kind}: the id comes back")
+
+    one = np.array([[7.25]], dtype=np.float32)
+    inp = httpclient.InferInput("input", [1, 1], "FP32")
+    inp.set_data_from_numpy(one)
+    try:
+        c.infer(a.spin, [inp], parameters={"deadline_ms": 1})
+        raise Failed("HTTP: a 1 ms deadline on the 50 ms spin was answered, not refused")
+    except InferenceServerException as e:
+        check(
+            e.status() == "429" and "after its deadline" in e.message(),
+            "HTTP: an impossible deadline is refused with 429 and the predicted lateness",
+            f"status {e.status()}: {e.message()}",
+        )
+    r = c.infer(a.spin, [inp], parameters={"deadline_ms": 60000})
+    check(
+        same_bits(r.as_numpy("output"), one),
+        "HTTP: a deadline the spin can meet is answered (it echoes its input)",
+        r.get_response(),
+    )
+    c.close()
+
+
+def check_grpc(a):
+    c = grpcclient.InferenceServerClient(url=a.grpc)
+    check(c.is_server_live(), "gRPC: the server is live")
+    check(c.is_server_ready(), "gRPC: the server is ready")
+    check(c.is_model_ready(a.model), f"gRPC: model {a.model} is ready")
+
+    meta = c.get_server_metadata()
+    check(meta.name == "isolane", "gRPC: server metadata names isolane", meta)
+
+    md = c.get_model_metadata(a.model)
+    check(
+        md.name == a.model
+        and list(md.inputs[0].shape) == [-1] + list(a.x.shape[1:])
+        and md.outputs[0].name == a.output_name,
+        "gRPC: model metadata matches HTTP's",
+        md,
+    )
+    cfg = c.get_model_config(a.model).config
+    check(
+        cfg.name == a.model and cfg.max_batch_size == a.x.shape[0],
+        "gRPC: model config has max_batch_size",
+        cfg,
+    )
+    index = c.get_model_repository_index()
+    check(
+        sorted(m.name for m in index.models) == sorted([a.model, a.spin, a.slow]),
+        "gRPC: the repository index lists the three models",
+        index,
+    )
+
+    inp = grpcclient.InferInput("input", list(a.x.shape), "FP32")
+    inp.set_data_from_numpy(a.x)
+    r = c.infer(
+        a.model,
+        [inp],
+        outputs=[grpcclient.InferRequestedOutput(a.output_name)],
+        client_timeout=TIMEOUT_S,
+    )
+    got = r.as_numpy(a.output_name)
+    check(same_bits(got, a.y), "gRPC: outputs equal isolane infer's", diff(got, a.y))
+
+    one = np.array([[7.25]], dtype=np.float32)
+    inp = grpcclient.InferInput("input", [1, 1], "FP32")
+    inp.set_data_from_numpy(one)
+    try:
+        c.infer(a.spin, [inp], parameters={"deadline_ms": 1}, client_timeout=TIMEOUT_S)
+        raise Failed("gRPC: a 1 ms deadline on the 50 ms spin was answered, not refused")
+    except InferenceServerException as e:
+        check(
+            e.status() == "StatusCode.RESOURCE_EXHAUSTED" and "after its deadline" in e.message(),
+            "gRPC: an impossible deadline is refused with RESOURCE_EXHAUSTED and the lateness",
+            f"status {e.status()}: {e.message()}",
+        )
+    c.close()
+
+
+def requests_received(a, model):
+    """isolane_serve_requests_total of `model`, from /metrics."""
+    _, text = http_get(a.http, "/metrics")
+    for line in text.splitlines():
+        if line.startswith("isolane_serve_requests_total{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def check_drain(a):
+    """Requests in flight on the slow model, SIGTERM, a new request refused, the ones in
+    flight answered."""
+    results = {}
+
+    def http_in_flight():
+        try:
+            c = httpclient.InferenceServerClient(
+                url=a.http, connection_timeout=TIMEOUT_S, network_timeout=TIMEOUT_S
+            )
+            inp = httpclient.InferInput("input", [1, 1], "FP32")
+            inp.set_data_from_numpy(np.array([[1.5]], dtype=np.float32))
+            results["http"] = c.infer(a.slow, [inp]).as_numpy("output")
+            c.close()
+        except Exception as e:  # reported by the main thread
+            results["http"] = e
+
+    threads = [threading.Thread(target=http_in_flight)]
+    grpc_client = None
+    if a.grpc:
+        grpc_client = grpcclient.InferenceServerClient(url=a.grpc)
+        done = threading.Event()
+
+        def grpc_answered(result, error):
+            results["grpc"] = error if error is not None else result.as_numpy("output")
+            done.set()
+
+        inp = grpcclient.InferInput("input", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.array([[2.5]], dtype=np.float32))
+    for t in threads:
+        t.start()
+    if grpc_client is not None:
+        grpc_client.async_infer(a.slow, [inp], grpc_answered, client_timeout=TIMEOUT_S)
+    in_flight = 2 if a.grpc else 1
+    # Taken once counted: wait for the count, then a little longer so that each request has
+    # passed admission into the queue (the count comes first); the slow model takes a second
+    # per request, so they are still in flight when the signal comes.
+    until = time.monotonic() + TIMEOUT_S
+    while requests_received(a, a.slow) < in_flight:
+        if time.monotonic() > until:
+            raise Failed(f"the {in_flight} requests to {a.slow} never reached the server")
+        time.sleep(0.02)
+    time.sleep(0.2)
+    os.kill(a.pid, signal.SIGTERM)
+
+    until = time.monotonic() + TIMEOUT_S
+    while True:
+        status, _ = http_get(a.http, "/v2/health/ready")
+        if status != 200:
+            break
+        if time.monotonic() > until:
+            raise Failed("the server still says it is ready long after SIGTERM")
+        time.sleep(0.02)
+    check(True, f"after SIGTERM the server is no longer ready (HTTP {status})")
+
+    one = np.array([[3.0]], dtype=np.float32)
+    try:
+        c = httpclient.InferenceServerClient(url=a.http, connection_timeout=10, network_timeout=10)
+        inp = httpclient.InferInput("input", [1, 1], "FP32")
+        inp.set_data_from_numpy(one)
+        c.infer(a.spin, [inp])
+        raise Failed("HTTP: a new request after SIGTERM was answered")
+    except InferenceServerException as e:
+        check(
+            e.status() == "503" and "shutting down" in e.message(),
+            "HTTP: a new request after SIGTERM is refused (503, shutting down)",
+            f"status {e.status()}: {e.message()}",
+        )
+    except (ConnectionError, OSError) as e:
+        check(True, f"HTTP: a new request after SIGTERM finds the server closed ({e})")
+    if grpc_client is not None:
+        inp = grpcclient.InferInput("input", [1, 1], "FP32")
+        inp.set_data_from_numpy(one)
+        try:
+            grpc_client.infer(a.spin, [inp], client_timeout=10)
+            raise Failed("gRPC: a new request after SIGTERM was answered")
+        except InferenceServerException as e:
+            check(
+                e.status() == "StatusCode.UNAVAILABLE",
+                "gRPC: a new request after SIGTERM is refused (UNAVAILABLE)",
+                f"status {e.status()}: {e.message()}",
+            )
+
+    for t in threads:
+        t.join(TIMEOUT_S)
+    got = results.get("http")
+    check(
+        isinstance(got, np.ndarray) and same_bits(got, np.array([[1.5]], dtype=np.float32)),
+        "HTTP: the request in flight at SIGTERM is answered",
+        got,
+    )
+    if grpc_client is not None:
+        done.wait(TIMEOUT_S)
+        got = results.get("grpc")
+        check(
+            isinstance(got, np.ndarray) and same_bits(got, np.array([[2.5]], dtype=np.float32)),
+            "gRPC: the request in flight at SIGTERM is answered",
+            got,
+        )
+        grpc_client.close()
+    print(json.dumps({"in_flight_answered": in_flight}), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--http", required=True, help="the server's HTTP HOST:PORT")
+    p.add_argument("--grpc", help="the server's gRPC HOST:PORT (none: HTTP only)")
+    p.add_argument("--pid", type=int, required=True, help="the server's process, for SIGTERM")
+    p.add_argument("--model", required=True, help="a real model, compared with EXPECT")
+    p.add_argument("--input", required=True, help=".npy input of --model")
+    p.add_argument("--expect", required=True, help=".npy output of isolane infer on it")
+    p.add_argument("--spin", required=True, help="a spin model slower than 1 ms")
+    p.add_argument("--slow", required=True, help="a spin model of about a second (drain)")
+    a = p.parse_args()
+    a.x = np.load(a.input).astype(np.float32, copy=False)
+    a.y = np.load(a.expect).astype(np.float32, copy=False)
+    try:
+        check_http(a)
+        if a.grpc:
+            check_grpc(a)
+        check_drain(a)
+    except Failed as e:
+        print(f"FAILED: {e}", flush=True)
+        sys.exit(1)
+    except Exception as e:  # a client error where a check expected an answer
+        traceback.print_exc()
+        print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
