@@ -15,16 +15,27 @@
 #                                         # summary.json, gpu.txt and serve-bench.tgz (the logs,
 #                                         # perf_analyzer's CSVs, the in-process runs)
 #
-# One device call measures everything in about 3 minutes (BENCH_TIMEOUT, default 540 s, stops
-# the driver, which then stops the server; whatever was measured is still written). Driver
-# arguments: `python3 scripts/serve_bench.py --help` (e.g. --steps overhead,critical;
-# --critical-rate 500; --flood-concurrency 32; --quick). SCENARIO=FILE serves another scenario.
+# One device call measures everything in about 3 minutes: the `run` tool with command
+# `bash scripts/serve-bench.sh run`, carry ["stage-serve"], timeout_s 600. BENCH_TIMEOUT
+# (default 540 s) stops the driver, which then stops the server; what was measured is still
+# written. Driver arguments: `python3 scripts/serve_bench.py --help` (e.g. --steps
+# overhead,critical; --critical-rate 500; --flood-concurrency 32; --quick: a short pass).
+# SCENARIO=FILE serves another scenario. What summary.md's tables mean:
+#   overhead  `isolane run` of the critical model alone at rate "max" in its partition (24 SMs)
+#             is the in-process baseline; perf_analyzer at concurrency 1 gives the added µs at
+#             p50 (target <= 50 for gRPC), and at --concurrency its throughput / in-process
+#             (target >= 90 %); tritonclient's rows include Python's own client time.
+#   critical  the critical model's client latency and its refused and late requests, alone and
+#             while perf_analyzer floods both best-effort models (their rows/s from /metrics).
+#   deadline  refused up front (429 / RESOURCE_EXHAUSTED) against answered late: late must be 0.
 #
-# On the CPU, to check the kit (perf_analyzer's wheel needs glibc 2.38; without it, give no
-# PERF_ANALYZER and Python clients alone are used):
+# On the CPU, to check the kit (perf_analyzer's binary needs glibc 2.38: without it, give no
+# PERF_ANALYZER, and Python threads flood instead):
 #   python3 -m venv /tmp/sbvenv && /tmp/sbvenv/bin/pip install 'tritonclient[grpc,http]'
 #   STAGED_CLIENTS=0 PYTHON=/tmp/sbvenv/bin/python ISOLANE=target/debug/isolane \
 #     SCENARIO=scenarios/serve/cpu-spin.toml scripts/serve-bench.sh run --quick
+# (or, with the staged clients themselves: PYTHON=a Python 3.12 venv with numpy, ml_dtypes,
+# packaging, typing_extensions, urllib3 and certifi, as the GPU machine's image has.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -587,7 +587,11 @@ def step_overhead(args, server, metas, probes, inproc):
             if url is None:
                 continue
             for conc in sorted({1, args.concurrency}):
-                row = perf_analyzer(args, proto, url, name, 1, conc, f"overhead-{name}-{proto}-c{conc}")
+                # A refusal stops perf_analyzer: over gRPC the requests carry a deadline far above
+                # the model's (perf_analyzer sends request parameters over gRPC alone), so that
+                # requests queued behind each other at concurrency > 1 are not refused.
+                extra = ["--request-parameter", "deadline_ms:1000:int"] if proto == "grpc" else []
+                row = perf_analyzer(args, proto, url, name, 1, conc, f"overhead-{name}-{proto}-c{conc}", extra=extra)
                 r["perf_analyzer"][f"{proto}_c{conc}"] = pa_summary(row)
             c = Client(proto, url, name, meta)
             data = data_for(meta, 1)
@@ -844,7 +848,9 @@ def main():
     ap.add_argument("--steps", default="inproc,overhead,critical,deadline")
     ap.add_argument("--quick", action="store_true", help="shorter everything (a check of the kit)")
     ap.add_argument("--inproc-seconds", type=float, default=5.0)
-    ap.add_argument("--concurrency", type=int, default=4, help="the higher concurrency of the overhead step")
+    ap.add_argument("--concurrency", type=int, default=2,
+                    help="the higher concurrency of the overhead step (HTTP requests carry the model's deadline: "
+                         "as many queued as fit in it)")
     ap.add_argument("--pa-window-ms", type=int, default=2000, help="perf_analyzer's measurement window")
     ap.add_argument("--pa-stability", type=int, default=25, help="perf_analyzer's -s (percent)")
     ap.add_argument("--py-requests", type=int, default=1000)
