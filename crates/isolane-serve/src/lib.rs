@@ -104,7 +104,7 @@ pub struct Server {
 pub struct Drained {
     /// Requests that were taken and answered during the drain.
     pub answered: usize,
-    /// Requests still unanswered when the drain's time ran out (their clients got an error).
+    /// Requests still queued when the drain's time ran out: refused (503 / UNAVAILABLE).
     pub abandoned: usize,
 }
 
@@ -286,9 +286,10 @@ impl Server {
         while self.in_flight() > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(2));
         }
-        let abandoned = self.in_flight();
-        // Past the grace: a held best-effort piece stops waiting; a job already on the device
-        // still ends (there is no taking it back), and its requests get their answers.
+        // Past the grace: what is still queued is refused; a held best-effort piece stops
+        // waiting; a job already on the device still ends (there is no taking it back), and its
+        // requests get their answers.
+        let abandoned: usize = self.shared.models.iter().map(|m| m.abandon_queued()).sum();
         self.shared.stop.store(true, Ordering::Relaxed);
         let threads = std::mem::take(
             &mut *self

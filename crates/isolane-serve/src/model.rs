@@ -229,6 +229,28 @@ impl ServedModel {
         self.wake.notify_all();
     }
 
+    /// Answers every request still queued with a refusal (a drain whose time is up); the job
+    /// running goes on. Returns how many were refused.
+    pub fn abandon_queued(&self) -> usize {
+        let mut q = self.lock();
+        let dropped: Vec<Queued> = q.items.drain(..).collect();
+        q.rows = 0;
+        q.in_flight -= dropped.len();
+        self.stats.queue_length(0);
+        drop(q);
+        for r in &dropped {
+            self.stats.rejected("draining");
+            self.stats.failed(clock::now_ns() - r.arrived);
+        }
+        let n = dropped.len();
+        for r in dropped {
+            let _ = r.reply.send(Err(Refusal::Draining {
+                model: self.info.name.clone(),
+            }));
+        }
+        n
+    }
+
     /// Triton's statistics extension for this model.
     pub fn statistics(&self) -> crate::stats::ModelStatistics {
         self.stats.statistics(&self.info.name)
