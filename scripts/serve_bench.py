@@ -280,7 +280,7 @@ class Client:
         if proto == "grpc":
             self.c = mod.InferenceServerClient(url=url)
         else:
-            self.c = mod.InferenceServerClient(url=url, connection_timeout=30.0, network_timeout=30.0)
+            self.c = mod.InferenceServerClient(url=url, connection_timeout=10.0, network_timeout=10.0)
 
     def infer(self, data, deadline_ms=None):
         """One request: ("ok"|"refused"|"error", seconds, late, message)."""
@@ -295,7 +295,7 @@ class Client:
         t0 = time.perf_counter()
         try:
             if self.proto == "grpc":
-                r = self.c.infer(self.model, [inp], outputs=outs, parameters=params, client_timeout=30.0)
+                r = self.c.infer(self.model, [inp], outputs=outs, parameters=params, client_timeout=10.0)
             else:
                 r = self.c.infer(self.model, [inp], outputs=outs, parameters=params)
         except InferenceServerException as e:
@@ -303,6 +303,8 @@ class Client:
             status = str(e.status())
             kind = "refused" if status in ("429", "StatusCode.RESOURCE_EXHAUSTED") else "error"
             return kind, dt, False, f"{status}: {e.message()}"
+        except Exception as e:  # a client-side time-out or a broken connection
+            return "error", time.perf_counter() - t0, False, f"{type(e).__name__}: {e}"
         dt = time.perf_counter() - t0
         resp = r.get_response()
         if self.proto == "grpc":
@@ -339,9 +341,15 @@ def data_for(meta, rows, seed=0):
 def sequential(client, data, n, deadline_ms=None):
     """n requests one after another: counts and latencies of the answered ones."""
     lat, counts, late, msgs = [], {"ok": 0, "refused": 0, "error": 0}, 0, []
+    errors_in_a_row = 0
     for _ in range(n):
         kind, dt, is_late, msg = client.infer(data, deadline_ms)
         counts[kind] += 1
+        # A model that does not answer (each error may be a 10 s time-out) is not asked on.
+        errors_in_a_row = errors_in_a_row + 1 if kind == "error" else 0
+        if errors_in_a_row == 3:
+            msgs.append(msg)
+            break
         if kind == "ok":
             lat.append(dt)
             late += is_late
@@ -371,6 +379,9 @@ def paced(client, data, rate_hz, seconds, deadline_ms=None):
         elif len(msgs) < 3:
             msgs.append(msg)
         k += 1
+        if counts["error"] >= 3 and counts["error"] > counts["ok"]:
+            msgs.append("stopped: more errors than answers")
+            break
     return {**counts, "late": late, **lat_stats(lat), "messages": msgs}
 
 
