@@ -662,6 +662,9 @@ def step_critical(args, server, metas, critical, best_effort):
             f["rows_per_s"] = round(f["rows"] / wall, 1)
             ph["server"][w["name"]] = f
         if phase == "flooded":
+            stuck = [w["name"] for w in best_effort if not ph["server"][w["name"]]["rows"]]
+            if stuck:
+                error("critical", f"best-effort model(s) {stuck} ran no job while flooded")
             died = [f.name for f in floods if not f.alive()]
             if died:
                 error("critical", f"perf_analyzer flood(s) ended before the critical stream did: {died}")
@@ -704,6 +707,8 @@ def step_deadline(args, server, metas, critical, best_effort):
                                          "server_mean_ms": f["latency_mean_ms"]}
         if f["latency_mean_ms"]:
             served[w["name"]] = f["latency_mean_ms"]
+        if not s["ok"]:
+            error("deadline", f"{w['name']} answered none of its calibration requests: {s['messages'][:1]}")
     # (a) the slowest model at its full batch, with a deadline half its latency (whole ms).
     if served:
         name = max(served, key=served.get)
