@@ -102,6 +102,9 @@ run() {
         if [ -z "$pa" ] && [ -f "$work/site/perf_analyzer/bin/perf_analyzer" ]; then
             pa=$work/site/perf_analyzer/bin/perf_analyzer
             chmod +x "$pa"
+            # It needs glibc 2.38, libssl 3 and zlib from the machine: what is missing is said
+            # here (the driver then goes on without it).
+            ldd "$pa" 2>&1 | grep -i 'not found' && echo "run: perf_analyzer lacks the libraries above" || true
         fi
     fi
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,mig.mode.current --format=csv \
