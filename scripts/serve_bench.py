@@ -762,6 +762,34 @@ def fmt(v, d=3):
     return str(v)
 
 
+def targets(s):
+    """Issue 32's targets against what was measured: one line each."""
+    st, out = s["steps"], []
+    yes = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    for name, r in st.get("overhead", {}).items():
+        cmp = r.get("against_inproc", {})
+        g1 = cmp.get("grpc_c1", {}).get("added_us_p50")
+        if g1 is not None:
+            out.append(f"- {name}: gRPC adds {g1:.1f} µs at p50 (target <= 50 µs): {yes(g1 <= 50)}")
+        best = max((c.get("throughput_ratio") or 0 for k, c in cmp.items() if k.startswith("grpc")), default=None)
+        if best:
+            out.append(f"- {name}: gRPC throughput {best:.1%} of in-process at best (target >= 90 %): {yes(best >= 0.9)}")
+    crit = st.get("critical", {}).get("flooded")
+    if crit:
+        c = crit["client"]
+        m = st["critical"]["model"]
+        out.append(f"- {m} while best effort is flooded: p99 {fmt(c['p99_ms'])} ms, {c['late']} late, {c['refused']} refused "
+                   f"of {c['ok'] + c['refused'] + c['error']}")
+    for case, d in st.get("deadline", {}).items():
+        if case == "calibration":
+            continue
+        late = sum((d.get(p) or {}).get("late", 0) for p in ("grpc", "http"))
+        refused = sum((d.get(p) or {}).get("refused", 0) for p in ("grpc", "http"))
+        out.append(f"- deadlines below the model ({case}): {refused} refused up front, {late} answered late "
+                   f"(target 0 late): {yes(late == 0)}")
+    return ["## Targets (issue 32)", ""] + out + [""] if out else []
+
+
 def markdown(s):
     L = [f"# isolane serve: {s.get('scenario')}", ""]
     if s.get("device"):
@@ -840,6 +868,7 @@ def markdown(s):
                 L.append(f"| {what} | {d['model']} | {d['deadline_ms']} | {proto} | {sent} | {p['refused']} | "
                          f"{p['ok']} | {p['late']} | {p['error']} |")
         L.append("")
+    L += targets(s)
     if s["errors"]:
         L += ["## Errors", ""] + [f"- {e}" for e in s["errors"]] + [""]
     return "\n".join(L)
