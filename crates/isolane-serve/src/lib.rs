@@ -395,7 +395,7 @@ fn start_model(
                     return;
                 }
             };
-            let warm = match warm_up(exec.as_mut(), spec.warmup_jobs.max(3)) {
+            let warm = match warm_up(exec.as_mut(), spec.warmup_jobs.max(1)) {
                 Ok(w) => w,
                 Err(e) => {
                     let _ = ready_tx.send(Err(fail(format!("warm-up: {e}"))));

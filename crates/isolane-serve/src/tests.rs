@@ -171,10 +171,11 @@ fn a_full_queue_refuses_and_drop_oldest_answers_the_oldest() {
     let toml = r#"
 [[workload]]
 name = "slow"
-model = "spin:200ms"
+model = "spin:1s"
 batch = 1
 rate_hz = "max"
 duration_s = 1
+warmup_jobs = 1
 "#;
     let s = server_with(toml, |sc| sc.workloads[0].serve.queue_limit = 8);
     // One running, 64 queued (the default limit), then refusals.
@@ -203,7 +204,8 @@ duration_s = 1
     let all: Vec<_> = (0..6)
         .map(|i| s.submit("slow", rows(&[i as f32])).unwrap())
         .collect();
-    // The first may be running already; of the rest only the two newest stay queued.
+    // The first may be running already; of the rest only the two newest stay queued (a job
+    // takes 1 s, so the thread takes no second request while these six arrive).
     let answers: Vec<_> = all.into_iter().map(|rx| block_on(rx).unwrap()).collect();
     let dropped = answers
         .iter()
@@ -224,6 +226,7 @@ fn best_effort_batches_what_is_queued() {
 [[workload]]
 name = "batched"
 model = "spin:300ms"
+warmup_jobs = 1
 batch = 8
 rate_hz = 1
 duration_s = 1
