@@ -83,20 +83,85 @@ fn client_missing() -> Option<String> {
         Ok(o) if !o.status.success() => Some(format!(
             "`{} -c 'import tritonclient.http, tritonclient.grpc'`: {}",
             py.display(),
-            String::from_utf8_lossy(&o.stderr).trim()
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .last()
+                .unwrap_or("failed")
         )),
         Ok(_) => None,
     }
 }
 
-/// The server process, killed if the test ends before it has exited by itself.
-struct Served(Child);
+/// A running `isolane serve`: its process (killed if the test ends before it has exited by
+/// itself), its addresses from the ready line, and its stderr (the access log) in a file.
+struct Server {
+    child: Child,
+    ready: String,
+    http: String,
+    grpc: String,
+    log: PathBuf,
+}
 
-impl Drop for Served {
+impl Server {
+    /// Starts `isolane serve SCENARIO` on free ports and waits for its ready line.
+    fn start(dir: &Path, scenario: &Path) -> Server {
+        let log = dir.join("serve.log");
+        let mut child = isolane()
+            .arg("serve")
+            .arg(scenario)
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut server = Server {
+            child,
+            ready: String::new(),
+            http: String::new(),
+            grpc: String::new(),
+            log,
+        };
+        // Read on a thread of its own, so that a server that never gets ready fails the test
+        // instead of hanging it.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let ready = rx.recv_timeout(READY_WITHIN).unwrap_or_else(|_| {
+            panic!(
+                "no ready line in {READY_WITHIN:?}; stderr:\n{}",
+                server.log()
+            )
+        });
+        assert!(
+            ready.starts_with("isolane serve: ready; "),
+            "ready line {ready:?}; stderr:\n{}",
+            server.log()
+        );
+        let address = |label| {
+            address_after(&ready, label)
+                .unwrap_or_else(|| panic!("no `{label}ADDRESS` in {ready}"))
+                .to_string()
+        };
+        (server.http, server.grpc) = (address("HTTP on "), address("gRPC on "));
+        server.ready = ready;
+        server
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
     fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }
@@ -147,46 +212,15 @@ fn tritonclient_over_http_and_grpc_gets_infers_outputs_refusals_and_a_drain() {
     ]));
 
     let file = scenario(dir.path(), "serve.toml", SCENARIO);
-    let log = dir.path().join("serve.log");
-    let mut child = isolane()
-        .arg("serve")
-        .arg(&file)
-        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let served = Served(child);
-    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
-
-    // The ready line, read on a thread of its own so that a server that never gets ready
-    // fails the test instead of hanging it.
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let ready = rx
-        .recv_timeout(READY_WITHIN)
-        .unwrap_or_else(|_| panic!("no ready line in {READY_WITHIN:?}; stderr:\n{}", log_text()));
-    assert!(
-        ready.starts_with("isolane serve: ready; "),
-        "ready line {ready:?}; stderr:\n{}",
-        log_text()
-    );
-    let http = address_after(&ready, "HTTP on ").unwrap_or_else(|| panic!("{ready}"));
-    let grpc = address_after(&ready, "gRPC on ").unwrap_or_else(|| panic!("{ready}"));
+    let mut server = Server::start(dir.path(), &file);
     for m in ["mnet (cpu", "spin50 (cpu", "slow (cpu"] {
-        assert!(ready.contains(m), "{m} in {ready}");
+        assert!(server.ready.contains(m), "{m} in {}", server.ready);
     }
 
     let client = Command::new(python())
         .arg(client_script())
-        .args(["--http", http, "--grpc", grpc])
-        .args(["--pid", &served.0.id().to_string()])
+        .args(["--http", &server.http, "--grpc", &server.grpc])
+        .args(["--pid", &server.child.id().to_string()])
         .args(["--model", "mnet", "--spin", "spin50", "--slow", "slow"])
         .arg("--input")
         .arg(&x)
@@ -200,7 +234,7 @@ fn tritonclient_over_http_and_grpc_gets_infers_outputs_refusals_and_a_drain() {
         "the client failed ({:?}):\n{said}\n{}\nthe server's stderr:\n{}",
         client.status.code(),
         String::from_utf8_lossy(&client.stderr),
-        log_text()
+        server.log()
     );
     for check in [
         "ok: HTTP, binary tensor data: outputs equal isolane infer's",
@@ -220,20 +254,19 @@ fn tritonclient_over_http_and_grpc_gets_infers_outputs_refusals_and_a_drain() {
     }
 
     // The client sent SIGTERM: the server answers what it took, then exits 0 by itself.
-    let mut served = served;
     let until = Instant::now() + EXIT_WITHIN;
     let status = loop {
-        if let Some(s) = served.0.try_wait().unwrap() {
+        if let Some(s) = server.child.try_wait().unwrap() {
             break s;
         }
         assert!(
             Instant::now() < until,
             "still running {EXIT_WITHIN:?} after SIGTERM; stderr:\n{}",
-            log_text()
+            server.log()
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    let log = log_text();
+    let log = server.log();
     assert_eq!(status.code(), Some(0), "stderr:\n{log}");
     assert!(
         log.contains("isolane serve: stopping; no new requests") && log.contains(" 0 abandoned"),
@@ -245,5 +278,134 @@ fn tritonclient_over_http_and_grpc_gets_infers_outputs_refusals_and_a_drain() {
         r#"protocol="grpc" method="ModelInfer" model="mnet" status=0"#,
     ] {
         assert!(log.contains(line), "`{line}` missing from:\n{log}");
+    }
+}
+
+/// The fenced blocks of the README's serve section, as (language, body), in order.
+fn readme_serve_blocks() -> Vec<(String, String)> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let from = readme
+        .find("\n## Serving: `isolane serve`")
+        .expect("the README's serve section");
+    let section = &readme[from + 1..];
+    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+    let mut blocks = Vec::new();
+    let mut current: Option<(String, Vec<&str>)> = None;
+    for line in section.lines() {
+        match (current.as_mut(), line.strip_prefix("```")) {
+            (None, Some(lang)) => current = Some((lang.to_string(), Vec::new())),
+            (Some(_), Some("")) => {
+                let (lang, lines) = current.take().unwrap();
+                blocks.push((lang, lines.join("\n")));
+            }
+            (Some((_, lines)), _) => lines.push(line),
+            (None, None) => {}
+        }
+    }
+    blocks
+}
+
+/// The block of `lang` that contains `needle`, and the `text` block that shows its output.
+fn example<'a>(blocks: &'a [(String, String)], lang: &str, needle: &str) -> (&'a str, &'a str) {
+    let at = blocks
+        .iter()
+        .position(|(l, b)| l == lang && b.contains(needle))
+        .unwrap_or_else(|| {
+            panic!("no ```{lang} block with `{needle}` in the README's serve section")
+        });
+    let shown = blocks[at + 1..]
+        .iter()
+        .find(|(l, _)| l == "text")
+        .map_or("", |(_, b)| b.as_str());
+    (&blocks[at].1, shown)
+}
+
+/// The README's serve section runs as written: its scenario, its curl commands and its Python
+/// client, against a server on free ports (for `localhost:8000` and `8001`), and they print
+/// what the README shows (less the times, which vary).
+#[test]
+fn the_readmes_serve_examples_run_as_written() {
+    if let Some(why) = client_missing() {
+        skip_without(&TRITONCLIENT, &why);
+        return;
+    }
+    let blocks = readme_serve_blocks();
+    let dir = tempfile::tempdir().unwrap();
+    let bash = |script: &str| {
+        let o = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", script])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{script}\nfailed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+
+    // The scenario block ends with the command that serves it; the test serves it itself.
+    let (setup, _) = example(&blocks, "sh", "cat > serve.toml");
+    let (setup, command) = setup.trim_end().rsplit_once('\n').unwrap();
+    assert_eq!(command, "isolane serve serve.toml");
+    bash(setup);
+    let server = Server::start(dir.path(), &dir.path().join("serve.toml"));
+    let (_, ready) = example(&blocks, "sh", "cat > serve.toml");
+    let models = |line: &str| {
+        line.split_once("; models: ")
+            .map(|(_, m)| m.trim().to_string())
+    };
+    assert_eq!(models(&server.ready), models(ready), "{}", server.ready);
+    let local = |block: &str| {
+        block
+            .replace("localhost:8000", &server.http)
+            .replace("localhost:8001", &server.grpc)
+    };
+    // The same line, but for the figures of a refusal (times measured here and there).
+    let same = |got: &str, shown: &str| match shown.find("predicted to complete ") {
+        Some(at) => got.starts_with(&shown[..at]),
+        None => got == shown,
+    };
+
+    let (curl, shown) = example(&blocks, "sh", "curl ");
+    let got = bash(&local(curl));
+    // Sorted: /metrics lists its models in no fixed order.
+    let sorted = |t: &str| {
+        let mut v: Vec<String> = t.lines().map(str::to_string).collect();
+        v.sort();
+        v
+    };
+    let (got, shown) = (sorted(&got), sorted(shown));
+    assert_eq!(got.len(), shown.len(), "{got:#?}");
+    for (g, s) in got.iter().zip(&shown) {
+        assert!(same(g, s), "curl printed\n{g}\nwhere the README shows\n{s}");
+    }
+
+    let (python_block, shown) = example(&blocks, "python", "tritonclient");
+    let o = Command::new(python())
+        .arg("-c")
+        .arg(local(python_block))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let got = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{got}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut lines = got.lines();
+    let mut shown_lines = shown.lines();
+    // The class and whether the answer was late depend on the machine: its shape is checked.
+    let (first, shown_first) = (lines.next().unwrap_or(""), shown_lines.next().unwrap_or(""));
+    assert!(first.starts_with("(1, 1000) class "), "{first}");
+    assert!(shown_first.starts_with("(1, 1000) class "), "{shown_first}");
+    for (g, s) in lines.zip(shown_lines) {
+        assert!(
+            same(g, s),
+            "Python printed\n{g}\nwhere the README shows\n{s}"
+        );
     }
 }
