@@ -271,7 +271,7 @@ pub(crate) struct TensorChecker<'l> {
     seen: HashSet<String>,
     total: u64,
     /// Whether shared memory parameters are read (the server offers the extension).
-    shared: bool,
+    pub(crate) shared: bool,
 }
 
 impl<'l> TensorChecker<'l> {
@@ -510,18 +510,10 @@ fn decode_tensors(
     Ok(out)
 }
 
-/// Checks the outputs a request asks for (names unique and not empty, no shared memory or
-/// classification) and reads each one's `binary_data`.
-#[cfg(feature = "grpc")]
-pub(crate) fn requested_outputs<'a>(
-    outputs: impl IntoIterator<Item = (&'a str, &'a Parameters)>,
-) -> Result<Vec<OutputChoice>, ProtocolError> {
-    requested_outputs_shared(outputs, None)
-}
-
-/// [`requested_outputs`]; with `shared`, an output's shared memory parameters are read into it
-/// instead of refused.
-fn requested_outputs_shared<'a>(
+/// Checks the outputs a request asks for (names unique and not empty, no classification) and
+/// reads each one's `binary_data`; with `shared`, an output's shared memory parameters are read
+/// into it, and without, refused.
+pub(crate) fn requested_outputs_shared<'a>(
     outputs: impl IntoIterator<Item = (&'a str, &'a Parameters)>,
     mut shared: Option<&mut Vec<(String, SharedRef)>>,
 ) -> Result<Vec<OutputChoice>, ProtocolError> {

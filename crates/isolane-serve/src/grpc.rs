@@ -5,6 +5,9 @@
 //! message (RESOURCE_EXHAUSTED with the predicted lateness for a deadline that cannot be met).
 //! Methods isolane does not serve answer UNIMPLEMENTED saying what to do instead.
 //!
+//! The system shared memory extension is the HTTP front end's, over the same registry
+//! ([`Server::shared_memory`]): regions registered either way are used by requests of both.
+//!
 //! Every call is one access-log line (`tracing`, target `isolane::access`, `protocol = "grpc"`).
 
 use std::future::Future;
@@ -15,7 +18,7 @@ use isolane_protocol::grpc::inference::grpc_inference_service_server::{
 };
 use isolane_protocol::grpc::inference::{self as pb, ModelStreamInferResponse};
 use isolane_protocol::grpc::{decode_infer_request, encode_infer_response, repository_index};
-use isolane_protocol::{Limits, ResponseMeta};
+use isolane_protocol::{Limits, ProtocolError, ResponseMeta};
 use tokio::net::TcpListener;
 use tonic::transport::server::Connected;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -196,9 +199,9 @@ fn unimplemented(method: &str, instead: &str) -> Status {
     Status::unimplemented(format!("{method} is not served by isolane; {instead}"))
 }
 
-const SHARED_MEMORY: &str = "the shared-memory extension is not served: send each input's data \
-     in the request (ModelInferRequest.raw_input_contents; over HTTP, the binary tensor data \
-     extension)";
+const CUDA_SHARED_MEMORY: &str = "CUDA shared memory is not served: register system shared \
+     memory (SystemSharedMemoryRegister) or send each input's data in the request \
+     (ModelInferRequest.raw_input_contents)";
 
 /// Writes a call's access-log line and passes its result on.
 fn logged<T>(
@@ -241,10 +244,13 @@ impl GrpcFrontEnd {
             Ok(i) => i,
             Err(s) => return (Err(s), false),
         };
-        let decoded = match decode_infer_request(req, &wire::limits(info)) {
-            Ok(d) => d.request,
-            Err(e) => return (Err(Status::from(&e)), false),
-        };
+        let decoded =
+            match decode_infer_request(req, &wire::limits(info), Some(self.server.shared_memory()))
+            {
+                Ok(d) => d.request,
+                Err(e) => return (Err(Status::from(&e)), false),
+            };
+        let selection = decoded.outputs.clone();
         let mut meta = ResponseMeta {
             model_name: name.clone(),
             model_version: Some("1".into()),
@@ -263,10 +269,20 @@ impl GrpcFrontEnd {
             Ok(r) => r,
             Err(refusal) => return (Err(refused(&refusal)), false),
         };
+        // Outputs asked for in shared memory are written there; the response only names them.
+        for t in &response.outputs {
+            if let Some(r) = selection.shared(t.name()) {
+                let what = format!("output `{}`", t.name());
+                if let Err(e) = self.server.shared_memory().write(r, t.data(), &what) {
+                    return (Err(Status::from(&e)), false);
+                }
+            }
+        }
         let late = response.late;
         meta.parameters.set_late(late);
         (
-            encode_infer_response(&meta, response.outputs).map_err(|e| Status::from(&e)),
+            encode_infer_response(&meta, response.outputs, &selection)
+                .map_err(|e| Status::from(&e)),
             late,
         )
     }
@@ -454,46 +470,92 @@ impl GrpcInferenceService for GrpcFrontEnd {
         )
     }
 
+    /// The region named, or every region for an empty name.
     async fn system_shared_memory_status(
         &self,
-        _: Request<pb::SystemSharedMemoryStatusRequest>,
+        request: Request<pb::SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
-        shared_memory("SystemSharedMemoryStatus")
+        let began = Instant::now();
+        let name = request.into_inner().name;
+        let asked = Some(name.as_str()).filter(|n| !n.is_empty());
+        let answer = self
+            .server
+            .shared_memory()
+            .status(asked)
+            .map(|regions| pb::SystemSharedMemoryStatusResponse {
+                regions: regions
+                    .into_iter()
+                    .map(|r| {
+                        let status = pb::system_shared_memory_status_response::RegionStatus {
+                            name: r.name.clone(),
+                            key: r.key,
+                            offset: r.offset,
+                            byte_size: r.byte_size,
+                        };
+                        (r.name, status)
+                    })
+                    .collect(),
+            })
+            .map_err(|e| Status::from(&e));
+        logged("SystemSharedMemoryStatus", "", began, false, answer)
     }
 
     async fn system_shared_memory_register(
         &self,
-        _: Request<pb::SystemSharedMemoryRegisterRequest>,
+        request: Request<pb::SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
-        shared_memory("SystemSharedMemoryRegister")
+        let began = Instant::now();
+        let r = request.into_inner();
+        let answer = self
+            .server
+            .shared_memory()
+            .register(&r.name, &r.key, r.offset, r.byte_size);
+        logged(
+            "SystemSharedMemoryRegister",
+            "",
+            began,
+            false,
+            done(answer, pb::SystemSharedMemoryRegisterResponse {}),
+        )
     }
 
+    /// The region named, or every region for an empty name.
     async fn system_shared_memory_unregister(
         &self,
-        _: Request<pb::SystemSharedMemoryUnregisterRequest>,
+        request: Request<pb::SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
-        shared_memory("SystemSharedMemoryUnregister")
+        let began = Instant::now();
+        let name = request.into_inner().name;
+        let asked = Some(name.as_str()).filter(|n| !n.is_empty());
+        let answer = self.server.shared_memory().unregister(asked);
+        logged(
+            "SystemSharedMemoryUnregister",
+            "",
+            began,
+            false,
+            done(answer, pb::SystemSharedMemoryUnregisterResponse {}),
+        )
     }
 
     async fn cuda_shared_memory_status(
         &self,
         _: Request<pb::CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
-        shared_memory("CudaSharedMemoryStatus")
+        cuda_shared_memory("CudaSharedMemoryStatus")
     }
 
     async fn cuda_shared_memory_register(
         &self,
         _: Request<pb::CudaSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryRegisterResponse>, Status> {
-        shared_memory("CudaSharedMemoryRegister")
+        cuda_shared_memory("CudaSharedMemoryRegister")
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
         _: Request<pb::CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
-        shared_memory("CudaSharedMemoryUnregister")
+        cuda_shared_memory("CudaSharedMemoryUnregister")
     }
 }
 
@@ -528,14 +590,21 @@ fn statistics(s: &ModelStatistics) -> pb::ModelStatistics {
     }
 }
 
-fn shared_memory<T>(method: &str) -> Result<Response<T>, Status> {
+fn cuda_shared_memory<T>(method: &str) -> Result<Response<T>, Status> {
     logged(
         method,
         "",
         Instant::now(),
         false,
-        Err(Status::unimplemented(format!("{method}: {SHARED_MEMORY}"))),
+        Err(Status::unimplemented(format!(
+            "{method}: {CUDA_SHARED_MEMORY}"
+        ))),
     )
+}
+
+/// A registry call's outcome as the method's answer.
+fn done<T>(r: Result<(), ProtocolError>, answer: T) -> Result<T, Status> {
+    r.map(|()| answer).map_err(|e| Status::from(&e))
 }
 
 #[cfg(test)]
@@ -547,10 +616,13 @@ mod tests {
     use crate::{ServeOptions, Server};
     use isolane_core::spec::Scenario;
     use isolane_protocol::grpc::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use isolane_protocol::grpc::inference::InferParameter;
     use isolane_protocol::grpc::{decode_infer_response, encode_infer_request};
-    use isolane_protocol::{DataType, Parameters, Tensor};
+    use isolane_protocol::{DataType, Parameters, SharedRef, Tensor};
     use isolane_runtime::coordinator::RunPlan;
     use isolane_runtime::exec::{EngineExecutors, ExecError, Executor, SPIN_INPUT, SPIN_OUTPUT};
+    use std::collections::BTreeMap;
+    use std::path::Path;
     use std::time::Duration;
     use tonic::transport::Channel;
 
@@ -859,14 +931,14 @@ deadline_ms = 5000
             assert!(e.message().contains("too large"), "{}", e.message());
             // Not served: named, with what to do instead.
             let e = c
-                .system_shared_memory_register(pb::SystemSharedMemoryRegisterRequest {
+                .cuda_shared_memory_register(pb::CudaSharedMemoryRegisterRequest {
                     name: "r".into(),
                 })
                 .await
                 .unwrap_err();
             assert_eq!(e.code(), Code::Unimplemented);
             assert!(
-                e.message().contains("raw_input_contents"),
+                e.message().contains("register system shared memory"),
                 "{}",
                 e.message()
             );
@@ -882,6 +954,215 @@ deadline_ms = 5000
             assert_eq!(floats(&back.outputs[0]), vec![4.0]);
         });
         s.drain(Duration::from_secs(5));
+    }
+
+    /// A POSIX shared memory object (a file in /dev/shm) of `bytes`, removed when dropped.
+    struct Object(String);
+
+    impl Object {
+        fn new(tag: &str, bytes: &[u8]) -> Object {
+            let name = format!("isolane-grpc-test-{tag}-{}", std::process::id());
+            std::fs::write(Path::new("/dev/shm").join(&name), bytes).unwrap();
+            Object(name)
+        }
+
+        fn key(&self) -> String {
+            format!("/{}", self.0)
+        }
+
+        fn bytes(&self) -> Vec<u8> {
+            std::fs::read(Path::new("/dev/shm").join(&self.0)).unwrap()
+        }
+    }
+
+    impl Drop for Object {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(Path::new("/dev/shm").join(&self.0));
+        }
+    }
+
+    /// Parameters naming `byte_size` bytes at `offset` of `region`, as tritonclient sets them.
+    fn in_region(region: &str, offset: u64, byte_size: u64) -> BTreeMap<String, InferParameter> {
+        isolane_protocol::grpc::parameters_to_grpc(&in_region_parameters(region, offset, byte_size))
+    }
+
+    /// A request for the echo model reading `rows` rows from `input`, writing its output into
+    /// `output`.
+    fn shared_infer(
+        input: BTreeMap<String, InferParameter>,
+        rows: i64,
+        output: BTreeMap<String, InferParameter>,
+    ) -> pb::ModelInferRequest {
+        pb::ModelInferRequest {
+            model_name: "echo".into(),
+            inputs: vec![pb::model_infer_request::InferInputTensor {
+                name: SPIN_INPUT.into(),
+                datatype: "FP32".into(),
+                shape: vec![rows, 1],
+                parameters: input,
+                contents: None,
+            }],
+            outputs: vec![pb::model_infer_request::InferRequestedOutputTensor {
+                name: SPIN_OUTPUT.into(),
+                parameters: output,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn system_shared_memory_feeds_inputs_and_takes_outputs() {
+        let values = [1.5f32, -2.0, 3.25];
+        let mut bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        bytes.resize(32, 0);
+        let object = Object::new("io", &bytes);
+        let s = server();
+        let key = object.key();
+        with_client(&s, |mut c| async move {
+            let register = |name: &str, key: &str, offset: u64, byte_size: u64| {
+                pb::SystemSharedMemoryRegisterRequest {
+                    name: name.into(),
+                    key: key.into(),
+                    offset,
+                    byte_size,
+                }
+            };
+            c.system_shared_memory_register(register("in", &key, 0, 16))
+                .await
+                .unwrap();
+            c.system_shared_memory_register(register("out", &key, 16, 16))
+                .await
+                .unwrap();
+            let status = |name: &str| pb::SystemSharedMemoryStatusRequest { name: name.into() };
+            let all = c
+                .system_shared_memory_status(status(""))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(all.regions.len(), 2);
+            let out = &all.regions["out"];
+            assert_eq!(
+                (
+                    out.name.as_str(),
+                    out.key.as_str(),
+                    out.offset,
+                    out.byte_size
+                ),
+                ("out", key.as_str(), 16, 16)
+            );
+            let one = c.system_shared_memory_status(status("in")).await.unwrap();
+            assert_eq!(one.get_ref().regions.len(), 1);
+            assert_eq!(one.get_ref().regions["in"].byte_size, 16);
+            // Refusals carry the registry's reasons.
+            let e = c
+                .system_shared_memory_register(register("in", &key, 0, 16))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert!(
+                e.message().contains("registered already"),
+                "{}",
+                e.message()
+            );
+            let e = c
+                .system_shared_memory_register(register("x", &key, 24, 16))
+                .await
+                .unwrap_err();
+            assert!(e.message().contains("holds 32 bytes"), "{}", e.message());
+            let e = c
+                .system_shared_memory_register(register("x", "/../etc/passwd", 0, 4))
+                .await
+                .unwrap_err();
+            assert!(
+                e.message().contains("not a shared memory"),
+                "{}",
+                e.message()
+            );
+            let e = c
+                .system_shared_memory_status(status("x"))
+                .await
+                .unwrap_err();
+            assert!(e.message().contains("no region `x`"), "{}", e.message());
+
+            // Three rows read from `in`, echoed into `out` at offset 4: the response names the
+            // region, with an empty raw entry in the output's place.
+            let resp = c
+                .model_infer(shared_infer(
+                    in_region("in", 0, 12),
+                    3,
+                    in_region("out", 4, 12),
+                ))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(resp.raw_output_contents, vec![Vec::<u8>::new()]);
+            let o = &resp.outputs[0];
+            assert_eq!(
+                (o.name.as_str(), o.shape.as_slice()),
+                (SPIN_OUTPUT, &[3, 1][..])
+            );
+            let named = isolane_protocol::grpc::parameters_from_grpc(o.parameters.clone(), "o");
+            assert_eq!(named.unwrap(), in_region_parameters("out", 4, 12));
+            let written = object.bytes();
+            let echoed: Vec<f32> = written[20..32]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            assert_eq!(echoed, values);
+
+            // An output range too small for the output, a range past its region.
+            let e = c
+                .model_infer(shared_infer(
+                    in_region("in", 0, 12),
+                    3,
+                    in_region("out", 0, 8),
+                ))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert!(e.message().contains("holds 8"), "{}", e.message());
+            let e = c
+                .model_infer(shared_infer(in_region("in", 8, 12), 3, BTreeMap::new()))
+                .await
+                .unwrap_err();
+            assert!(
+                e.message().contains("reach past region `in`"),
+                "{}",
+                e.message()
+            );
+
+            // Unregistered: named in the refusal; then every region at once.
+            let unregister =
+                |name: &str| pb::SystemSharedMemoryUnregisterRequest { name: name.into() };
+            c.system_shared_memory_unregister(unregister("in"))
+                .await
+                .unwrap();
+            let e = c
+                .model_infer(shared_infer(in_region("in", 0, 4), 1, BTreeMap::new()))
+                .await
+                .unwrap_err();
+            assert!(e.message().contains("no region `in`"), "{}", e.message());
+            let e = c
+                .system_shared_memory_unregister(unregister("in"))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            c.system_shared_memory_unregister(unregister(""))
+                .await
+                .unwrap();
+            let all = c.system_shared_memory_status(status("")).await.unwrap();
+            assert!(all.get_ref().regions.is_empty());
+        });
+        s.drain(Duration::from_secs(5));
+    }
+
+    fn in_region_parameters(region: &str, offset: u64, byte_size: u64) -> Parameters {
+        SharedRef {
+            region: region.into(),
+            offset,
+            byte_size,
+        }
+        .parameters()
     }
 
     #[test]

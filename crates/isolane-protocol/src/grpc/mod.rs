@@ -9,8 +9,15 @@
 //! `contents` (`fp32_contents`, ...); a response ([`encode_infer_response`]) carries its outputs
 //! as `raw_output_contents`, and `late = true` as a `bool_param`. A [`ProtocolError`] becomes a
 //! [`tonic::Status`] with its [`ProtocolError::grpc_code`] and message.
+//!
+//! Where the server offers the system shared memory extension, an input whose parameters name
+//! a registered region (`shared_memory_region`, `shared_memory_byte_size`,
+//! `shared_memory_offset`) is read from it and has no `raw_input_contents` entry (as
+//! tritonclient sends it), and an output asked for in a region is listed in
+//! [`OutputSelection::shared`]; its response entry names the region, with an empty raw entry so
+//! that the other outputs keep their places (as Triton answers, and as tritonclient reads).
 
-use crate::infer::{requested_outputs, TensorChecker, TensorHeader};
+use crate::infer::{requested_outputs_shared, TensorChecker, TensorHeader};
 use crate::messages::{
     ModelConfig, ModelMetadata, RepositoryIndexEntry, RepositoryIndexRequest, ServerMetadata,
     TensorMetadata,
@@ -19,7 +26,8 @@ use crate::params::{param_error, BINARY_DATA_OUTPUT};
 use crate::tensor::shape_text;
 use crate::{
     DataType, DecodedRequest, DecodedResponse, GrpcCode, Limits, OutputChoice, OutputSelection,
-    Parameter, Parameters, ProtocolError, ResponseMeta, Tensor, MAX_PARAMETERS, MAX_TENSORS,
+    Parameter, Parameters, ProtocolError, ResponseMeta, SharedMemory, SharedRef, Tensor,
+    MAX_PARAMETERS, MAX_TENSORS, SHARED_MEMORY,
 };
 use std::collections::BTreeMap;
 
@@ -311,14 +319,17 @@ fn typed_data(
     })
 }
 
-/// Checks and reads a message's tensors, their data from `raw` (one entry per tensor, in order)
-/// or, when `raw` is empty, from each one's typed contents.
+/// Checks and reads a message's tensors, their data from `raw` (one entry per tensor not in
+/// shared memory, in order) or, when `raw` is empty, from each one's typed contents; with `shm`
+/// (the server offers the shared memory extension), a tensor whose parameters name a region
+/// from that region.
 fn decode_grpc_tensors(
     tensors: Vec<GrpcTensor>,
     raw: Vec<Vec<u8>>,
     role: &'static str,
     raw_field: &'static str,
     limits: &Limits,
+    shm: Option<&dyn SharedMemory>,
 ) -> Result<Vec<Tensor>, ProtocolError> {
     let scope = match role {
         "input" => "the request",
@@ -334,24 +345,63 @@ fn decode_grpc_tensors(
             ),
         });
     }
-    if !raw.is_empty() && raw.len() != tensors.len() {
+    // Every tensor's parameters first: a tensor in shared memory has no raw entry, so how many
+    // raw entries there should be is known only then.
+    let mut read = Vec::with_capacity(tensors.len());
+    for mut t in tensors {
+        let what = format!("{role} `{}`", t.name);
+        let parameters = parameters_from_grpc(std::mem::take(&mut t.parameters), &what)?;
+        let shared = match shm {
+            Some(_) => SharedRef::from_parameters(&parameters, &what)?,
+            None => None,
+        };
+        read.push((t, parameters, shared));
+    }
+    let in_message = read.iter().filter(|(_, _, r)| r.is_none()).count();
+    if !raw.is_empty() && raw.len() != in_message {
+        let message = if in_message == read.len() {
+            format!(
+                "has {} entries, but there are {} {role}s; give one per {role}, in {role} order",
+                raw.len(),
+                read.len()
+            )
+        } else {
+            format!(
+                "has {} entries, but {in_message} of the {} {role}s are not in shared memory; \
+                 give one per {role} without `{}`, in {role} order",
+                raw.len(),
+                read.len(),
+                SHARED_MEMORY[0]
+            )
+        };
         return Err(ProtocolError::Tensor {
             tensor: scope.to_owned(),
             field: raw_field,
-            message: format!(
-                "has {} entries, but there are {} {role}s; give one per {role}, in {role} order",
-                raw.len(),
-                tensors.len()
-            ),
+            message,
         });
     }
     let mut raw = raw.into_iter();
     let mut checker = TensorChecker::new(role, limits);
-    let mut out = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        let scope = format!("{role} `{}`", t.name);
-        let parameters = parameters_from_grpc(t.parameters, &scope)?;
+    checker.shared = shm.is_some();
+    let mut out = Vec::with_capacity(read.len());
+    for (t, parameters, shared) in read {
         let h = checker.header(&t.name, &t.datatype, &t.shape, &parameters)?;
+        if let (Some(r), Some(shm)) = (shared, shm) {
+            if t.contents.is_some() {
+                return Err(ProtocolError::Tensor {
+                    tensor: h.what,
+                    field: "contents",
+                    message: format!(
+                        "given, and so is parameter `{}`; give the data one way",
+                        SHARED_MEMORY[0]
+                    ),
+                });
+            }
+            checker.check_binary_size(&h, r.byte_size)?;
+            let data = shm.read(&r, &h.what)?;
+            out.push(checker.binary(h, "parameters.shared_memory_byte_size", data)?);
+            continue;
+        }
         let tensor = match (raw.next(), t.contents) {
             (Some(_), Some(_)) => {
                 return Err(ProtocolError::Tensor {
@@ -387,11 +437,14 @@ fn decode_grpc_tensors(
 }
 
 /// Decodes a `ModelInferRequest` (what a server does), with the checks, limits and errors of
-/// [`crate::decode_request`]. The inputs' data moves into the tensors without a copy when it
+/// [`crate::decode_request_with`]: with `shm`, inputs given by region are read from it and
+/// outputs asked for in a region are listed in [`OutputSelection::shared`]; without, their
+/// parameters are refused. The inputs' data moves into the tensors without a copy when it
 /// comes as `raw_input_contents`.
 pub fn decode_infer_request(
     req: ModelInferRequest,
     limits: &Limits,
+    shm: Option<&dyn SharedMemory>,
 ) -> Result<GrpcInferRequest, ProtocolError> {
     let parameters = parameters_from_grpc(req.parameters, "the request")?;
     let deadline_ms = parameters.deadline_ms()?;
@@ -414,7 +467,9 @@ pub fn decode_infer_request(
         "input",
         "raw_input_contents",
         limits,
+        shm,
     )?;
+    let mut shared = Vec::new();
     // Empty: every output of the model (gRPC has no "not given" for a repeated field).
     let requested = if req.outputs.is_empty() {
         None
@@ -425,8 +480,9 @@ pub fn decode_infer_request(
             let parameters = parameters_from_grpc(parameters, &scope)?;
             outputs.push((name, parameters));
         }
-        Some(requested_outputs(
+        Some(requested_outputs_shared(
             outputs.iter().map(|(n, p)| (n.as_str(), p)),
+            shm.map(|_| &mut shared),
         )?)
     };
     Ok(GrpcInferRequest {
@@ -440,7 +496,7 @@ pub fn decode_infer_request(
             outputs: OutputSelection {
                 requested,
                 binary_data_output,
-                shared: Vec::new(),
+                shared,
             },
         },
     })
@@ -458,23 +514,32 @@ fn shape_to_grpc(t: &Tensor, role: &str) -> Result<Vec<i64>, ProtocolError> {
 }
 
 /// Encodes an inference response (what a server answers): every output as a
-/// `raw_output_contents` entry, in order, and the response parameters (`late`). Which outputs
-/// to send (those requested) is the caller's.
+/// `raw_output_contents` entry, in order, and the response parameters (`late`). An output
+/// `selection` puts in shared memory (which the caller has written there) is named by its
+/// region's parameters, with an empty raw entry: tritonclient finds an output's raw entry by
+/// the output's place. Which outputs to send (those requested) is the caller's.
 pub fn encode_infer_response(
     meta: &ResponseMeta,
     outputs: Vec<Tensor>,
+    selection: &OutputSelection,
 ) -> Result<ModelInferResponse, ProtocolError> {
     let mut tensors = Vec::with_capacity(outputs.len());
     let mut raw = Vec::with_capacity(outputs.len());
     for t in outputs {
+        let shared = selection.shared(t.name());
         tensors.push(InferOutputTensor {
             name: t.name().to_owned(),
             datatype: t.datatype().name().to_owned(),
             shape: shape_to_grpc(&t, "output")?,
-            parameters: BTreeMap::new(),
+            parameters: shared
+                .map(|r| parameters_to_grpc(&r.parameters()))
+                .unwrap_or_default(),
             contents: None,
         });
-        raw.push(t.into_data());
+        raw.push(match shared {
+            Some(_) => Vec::new(),
+            None => t.into_data(),
+        });
     }
     Ok(ModelInferResponse {
         model_name: meta.model_name.clone(),
@@ -582,6 +647,7 @@ pub fn decode_infer_response(
         "output",
         "raw_output_contents",
         limits,
+        None,
     )?;
     Ok(DecodedResponse {
         meta: ResponseMeta {

@@ -137,7 +137,7 @@ fn typed(name: &str, datatype: &str, shape: &[i64], c: InferTensorContents) -> I
 }
 
 fn refuse(req: ModelInferRequest) -> ProtocolError {
-    decode_infer_request(over_the_wire(&req), &limits()).unwrap_err()
+    decode_infer_request(over_the_wire(&req), &limits(), None).unwrap_err()
 }
 
 fn refused_with(req: ModelInferRequest, parts: &[&str]) -> ProtocolError {
@@ -180,7 +180,7 @@ fn every_datatype_round_trips_as_raw_contents() {
         Some(&outputs),
     )
     .unwrap();
-    let got = decode_infer_request(over_the_wire(&req), &limits()).unwrap();
+    let got = decode_infer_request(over_the_wire(&req), &limits(), None).unwrap();
     assert_eq!(got.model_name, "m");
     assert_eq!(got.model_version.as_deref(), Some("2"));
     let r = &got.request;
@@ -192,7 +192,7 @@ fn every_datatype_round_trips_as_raw_contents() {
 
     // No version, id or outputs: none, none, and every output.
     let req = encode_infer_request("m", None, None, &Parameters::new(), &tensors, None).unwrap();
-    let got = decode_infer_request(over_the_wire(&req), &limits()).unwrap();
+    let got = decode_infer_request(over_the_wire(&req), &limits(), None).unwrap();
     assert_eq!(got.model_version, None);
     assert_eq!(got.request.id, None);
     assert_eq!(got.request.deadline_ms, None);
@@ -209,7 +209,7 @@ fn raw_contents_decode_as_the_binary_extension_does() {
     let body = encode_request(Some("x"), &params, &with_binary, None).unwrap();
     let http = decode_request(&body.body, body.header_len, &limits()).unwrap();
     let req = encode_infer_request("m", None, Some("x"), &params, &tensors, None).unwrap();
-    let grpc = decode_infer_request(over_the_wire(&req), &limits()).unwrap();
+    let grpc = decode_infer_request(over_the_wire(&req), &limits(), None).unwrap();
     assert_eq!(grpc.request, http);
 }
 
@@ -229,7 +229,8 @@ fn every_datatype_with_a_typed_field_round_trips_as_typed_contents() {
             contents: Some(typed_contents(t).unwrap()),
         })
         .collect();
-    let got = decode_infer_request(over_the_wire(&request(inputs, vec![])), &limits()).unwrap();
+    let got =
+        decode_infer_request(over_the_wire(&request(inputs, vec![])), &limits(), None).unwrap();
     same(&got.request.inputs, &tensors);
 
     // FP16 and BF16 have no typed field: refused, pointing at the raw contents.
@@ -305,6 +306,7 @@ fn typed_contents_are_checked_against_the_datatype_and_shape() {
     let empty = decode_infer_request(
         over_the_wire(&request(vec![input("x", "FP32", &[0, 3])], vec![])),
         &limits(),
+        None,
     )
     .unwrap();
     assert_eq!(empty.request.inputs[0].shape(), &[0, 3]);
@@ -430,6 +432,216 @@ fn shared_memory_is_refused_by_name() {
     assert_eq!(e.grpc_code(), GrpcCode::InvalidArgument);
 }
 
+/// Regions in memory, as a server's registry holds them; counts the reads.
+struct Regions {
+    regions: Vec<(&'static str, Vec<u8>)>,
+    reads: std::cell::Cell<usize>,
+}
+
+impl Regions {
+    fn new(regions: Vec<(&'static str, Vec<u8>)>) -> Regions {
+        Regions {
+            regions,
+            reads: std::cell::Cell::new(0),
+        }
+    }
+}
+
+impl SharedMemory for Regions {
+    fn read(&self, r: &SharedRef, what: &str) -> Result<Vec<u8>, ProtocolError> {
+        self.reads.set(self.reads.get() + 1);
+        let (_, bytes) = self
+            .regions
+            .iter()
+            .find(|(n, _)| *n == r.region)
+            .ok_or_else(|| ProtocolError::Refused {
+                reason: format!("{what}: no region `{}`", r.region),
+            })?;
+        bytes
+            .get(r.offset as usize..(r.offset + r.byte_size) as usize)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| ProtocolError::Refused {
+                reason: format!("{what}: past region `{}`", r.region),
+            })
+    }
+}
+
+/// Parameters naming `byte_size` bytes at `offset` of `region` (no offset parameter for 0, as
+/// tritonclient leaves it out).
+fn in_region(region: &str, offset: i64, byte_size: i64) -> BTreeMap<String, InferParameter> {
+    let mut p = BTreeMap::new();
+    p.insert(
+        SHARED_MEMORY[0].to_owned(),
+        param(ParameterChoice::StringParam(region.into())),
+    );
+    p.insert(
+        SHARED_MEMORY[1].to_owned(),
+        param(ParameterChoice::Int64Param(byte_size)),
+    );
+    if offset != 0 {
+        p.insert(
+            SHARED_MEMORY[2].to_owned(),
+            param(ParameterChoice::Int64Param(offset)),
+        );
+    }
+    p
+}
+
+fn f32s(values: &[f32]) -> Vec<u8> {
+    le(values, f32::to_le_bytes)
+}
+
+/// As tritonclient sends it: `a` and `c` in region `in` (no raw entry), `b` raw between them;
+/// output `y` asked for in region `out`, `z` in the response.
+fn shared_request() -> ModelInferRequest {
+    let mut a = input("a", "FP32", &[2, 2]);
+    a.parameters = in_region("in", 8, 16);
+    let b = input("b", "INT32", &[1]);
+    let mut c = input("c", "FP32", &[1]);
+    c.parameters = in_region("in", 0, 4);
+    let mut req = request(vec![a, b, c], vec![le(&[-7i32], i32::to_le_bytes)]);
+    req.outputs = vec![
+        InferRequestedOutputTensor {
+            name: "y".into(),
+            parameters: in_region("out", 4, 8),
+        },
+        InferRequestedOutputTensor {
+            name: "z".into(),
+            parameters: BTreeMap::new(),
+        },
+    ];
+    req
+}
+
+fn shared_regions() -> Regions {
+    let mut bytes = f32s(&[9.0, 0.0]);
+    bytes.extend(f32s(&[1.0, 2.0, 3.0, 4.0]));
+    Regions::new(vec![("in", bytes)])
+}
+
+#[test]
+fn shared_memory_inputs_are_read_from_their_region_and_outputs_named_there() {
+    let shm = shared_regions();
+    let got = decode_infer_request(over_the_wire(&shared_request()), &limits(), Some(&shm))
+        .unwrap()
+        .request;
+    assert_eq!(shm.reads.get(), 2);
+    assert_eq!(got.inputs[0].data(), &f32s(&[1.0, 2.0, 3.0, 4.0])[..]);
+    assert_eq!(got.inputs[1].data(), &(-7i32).to_le_bytes()[..]);
+    assert_eq!(got.inputs[2].data(), &f32s(&[9.0])[..]);
+    let y = SharedRef {
+        region: "out".into(),
+        offset: 4,
+        byte_size: 8,
+    };
+    assert_eq!(got.outputs.shared, vec![("y".to_string(), y.clone())]);
+    let asked: Vec<_> = got.outputs.requested.iter().flatten().collect();
+    assert_eq!(asked.len(), 2);
+
+    // The response names `y`'s region with an empty raw entry, so that `z` and `w` keep
+    // their places (tritonclient finds an output's raw entry by the output's place).
+    let outputs = vec![
+        Tensor::new("z", DataType::Fp32, vec![1], f32s(&[5.0])).unwrap(),
+        Tensor::new("y", DataType::Fp32, vec![2], f32s(&[6.0, 7.0])).unwrap(),
+        Tensor::new("w", DataType::Uint8, vec![2], vec![1, 2]).unwrap(),
+    ];
+    let resp = encode_infer_response(&ResponseMeta::default(), outputs, &got.outputs).unwrap();
+    let resp = inference::ModelInferResponse::decode(resp.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(
+        resp.raw_output_contents,
+        vec![f32s(&[5.0]), vec![], vec![1, 2]]
+    );
+    assert_eq!(resp.outputs[1].name, "y");
+    assert_eq!(resp.outputs[1].shape, vec![2]);
+    assert_eq!(
+        parameters_from_grpc(resp.outputs[1].parameters.clone(), "y").unwrap(),
+        y.parameters()
+    );
+    assert!(resp.outputs[0].parameters.is_empty());
+    // A client without the extension refuses such a response by name, as over HTTP.
+    let e = decode_infer_response(resp, &limits()).unwrap_err();
+    assert!(e.to_string().contains("shared_memory_region"), "{e}");
+
+    // Every input in shared memory: no raw entries at all.
+    let mut req = shared_request();
+    req.inputs.remove(1);
+    req.raw_input_contents.clear();
+    let got = decode_infer_request(over_the_wire(&req), &limits(), Some(&shm)).unwrap();
+    assert_eq!(got.request.inputs.len(), 2);
+}
+
+#[test]
+fn shared_memory_references_are_checked_and_refused_without_the_extension() {
+    let shm = shared_regions();
+    let refuse_shm = |req: ModelInferRequest, part: &str| {
+        let e = decode_infer_request(over_the_wire(&req), &limits(), Some(&shm)).unwrap_err();
+        assert!(e.to_string().contains(part), "`{e}` lacks `{part}`");
+        e
+    };
+    // Without the extension, an output's region is refused by name as an input's is.
+    let mut req = shared_request();
+    req.inputs.truncate(2);
+    req.inputs[0].parameters.clear();
+    req.raw_input_contents = vec![vec![0; 16], vec![0; 4]];
+    let e = refuse(req);
+    assert!(
+        e.to_string().contains("the shared memory extension") && e.to_string().contains("`y`"),
+        "{e}"
+    );
+    // A raw entry for a shared input too: the count says which inputs take one.
+    let mut req = shared_request();
+    req.raw_input_contents.push(vec![0; 4]);
+    refuse_shm(
+        req,
+        "has 2 entries, but 1 of the 3 inputs are not in shared memory",
+    );
+    // Typed contents as well as a region.
+    let mut req = shared_request();
+    req.inputs[2].contents = Some(InferTensorContents {
+        fp32_contents: vec![1.0],
+        ..Default::default()
+    });
+    refuse_shm(req, "and so is parameter `shared_memory_region`");
+    // A byte size that is not the shape's, an unknown region, a range past it.
+    let mut req = shared_request();
+    req.inputs[0].parameters = in_region("in", 8, 12);
+    refuse_shm(req, "input `a`");
+    let mut req = shared_request();
+    req.inputs[0].parameters = in_region("nope", 0, 16);
+    refuse_shm(req, "no region `nope`");
+    let mut req = shared_request();
+    req.inputs[0].parameters = in_region("in", 16, 16);
+    refuse_shm(req, "past region `in`");
+    // A region without its byte size, a byte size without its region, a negative offset.
+    let mut req = shared_request();
+    req.inputs[0].parameters.remove(SHARED_MEMORY[1]);
+    refuse_shm(
+        req,
+        "input `a`: parameter `shared_memory_byte_size`: is missing",
+    );
+    let mut req = shared_request();
+    req.outputs[0].parameters.remove(SHARED_MEMORY[0]);
+    refuse_shm(
+        req,
+        "output `y`: parameter `shared_memory_region`: is missing",
+    );
+    let mut req = shared_request();
+    req.inputs[2].parameters = in_region("in", -4, 4);
+    refuse_shm(
+        req,
+        "`shared_memory_offset`: is -4; a byte count is 0 or more",
+    );
+    // A byte size past the request's limit is refused before the region is read.
+    let small = Limits {
+        max_tensor_bytes: 8,
+        ..limits()
+    };
+    let reads = shm.reads.get();
+    let e = decode_infer_request(over_the_wire(&shared_request()), &small, Some(&shm)).unwrap_err();
+    assert!(matches!(e, ProtocolError::TooLarge { limit: 8, .. }), "{e}");
+    assert_eq!(shm.reads.get(), reads);
+}
+
 #[test]
 fn the_limits_are_checked_before_data_is_taken() {
     let small = Limits {
@@ -438,7 +650,7 @@ fn the_limits_are_checked_before_data_is_taken() {
     };
     // A shape past the limit is refused from its header, whatever data follows.
     let req = request(vec![input("x", "FP32", &[1 << 40])], vec![vec![0; 4]]);
-    let e = decode_infer_request(over_the_wire(&req), &small).unwrap_err();
+    let e = decode_infer_request(over_the_wire(&req), &small, None).unwrap_err();
     assert!(
         matches!(e, ProtocolError::TooLarge { limit: 16, .. }),
         "{e}"
@@ -449,7 +661,7 @@ fn the_limits_are_checked_before_data_is_taken() {
         vec![input("a", "FP32", &[3]), input("b", "FP32", &[2])],
         vec![vec![0; 12], vec![0; 8]],
     );
-    let e = decode_infer_request(over_the_wire(&req), &small).unwrap_err();
+    let e = decode_infer_request(over_the_wire(&req), &small, None).unwrap_err();
     assert!(
         e.to_string().contains("input `b`") && e.to_string().contains("20 bytes"),
         "{e}"
@@ -467,7 +679,7 @@ fn the_limits_are_checked_before_data_is_taken() {
         )],
         vec![],
     );
-    let e = decode_infer_request(over_the_wire(&req), &small).unwrap_err();
+    let e = decode_infer_request(over_the_wire(&req), &small, None).unwrap_err();
     assert!(matches!(e, ProtocolError::TooLarge { size: 17, .. }), "{e}");
     // Too many inputs.
     let many = (0..=MAX_TENSORS)
@@ -484,7 +696,7 @@ fn parameters_are_read_and_checked() {
         .insert(DEADLINE_MS.into(), param(ParameterChoice::Uint64Param(75)));
     req.parameters
         .insert("w".into(), param(ParameterChoice::DoubleParam(0.5)));
-    let got = decode_infer_request(over_the_wire(&req), &limits()).unwrap();
+    let got = decode_infer_request(over_the_wire(&req), &limits(), None).unwrap();
     assert_eq!(got.request.deadline_ms, Some(75));
     assert_eq!(
         got.request.parameters.get("w"),
@@ -526,7 +738,7 @@ fn a_response_carries_raw_outputs_and_late() {
         parameters: Parameters::new(),
     };
     meta.parameters.set_late(true);
-    let resp = encode_infer_response(&meta, outputs.clone()).unwrap();
+    let resp = encode_infer_response(&meta, outputs.clone(), &OutputSelection::default()).unwrap();
     assert_eq!(
         resp.parameters.get("late"),
         Some(&param(ParameterChoice::BoolParam(true)))
@@ -547,7 +759,7 @@ fn a_response_carries_raw_outputs_and_late() {
         parameters: Parameters::new(),
         ..meta
     };
-    let resp = encode_infer_response(&on_time, vec![]).unwrap();
+    let resp = encode_infer_response(&on_time, vec![], &OutputSelection::default()).unwrap();
     assert!(resp.parameters.is_empty());
     assert!(!decode_infer_response(resp, &limits()).unwrap().late);
 }
@@ -791,10 +1003,10 @@ mod fuzz {
     /// consistent tensors within the limit that decode the same again and survive a
     /// re-encoding.
     fn check_request(m: ModelInferRequest) -> Result<(), TestCaseError> {
-        match decode_infer_request(m.clone(), &LIMITS) {
+        match decode_infer_request(m.clone(), &LIMITS, None) {
             Ok(r) => {
                 check_tensors(&r.request.inputs)?;
-                prop_assert_eq!(decode_infer_request(m, &LIMITS), Ok(r.clone()));
+                prop_assert_eq!(decode_infer_request(m, &LIMITS, None), Ok(r.clone()));
                 let again = encode_infer_request(
                     &r.model_name,
                     r.model_version.as_deref(),
@@ -804,7 +1016,8 @@ mod fuzz {
                     None,
                 );
                 prop_assert!(again.is_ok(), "{again:?}");
-                let back = decode_infer_request(over_the_wire(&again.unwrap()), &Limits::default());
+                let back =
+                    decode_infer_request(over_the_wire(&again.unwrap()), &Limits::default(), None);
                 prop_assert_eq!(back.map(|b| b.request.inputs), Ok(r.request.inputs));
             }
             Err(e) => check_refusal(&e)?,
@@ -878,7 +1091,7 @@ mod fuzz {
             late in any::<bool>(),
         ) {
             let req = encode(&tensors, &params, typed);
-            let r = decode_infer_request(over_the_wire(&req), &LIMITS).unwrap();
+            let r = decode_infer_request(over_the_wire(&req), &LIMITS, None).unwrap();
             prop_assert_eq!(&r.request.inputs, &tensors);
             prop_assert_eq!(&r.request.parameters, &params);
             prop_assert_eq!(r.request.deadline_ms, params.deadline_ms().unwrap());
@@ -891,7 +1104,7 @@ mod fuzz {
                 parameters: Parameters::new(),
             };
             meta.parameters.set_late(late);
-            let resp = encode_infer_response(&meta, tensors.clone()).unwrap();
+            let resp = encode_infer_response(&meta, tensors.clone(), &OutputSelection::default()).unwrap();
             let wire =
                 inference::ModelInferResponse::decode(resp.encode_to_vec().as_slice()).unwrap();
             let back = decode_infer_response(wire, &LIMITS).unwrap();

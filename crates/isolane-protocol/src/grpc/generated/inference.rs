@@ -149,7 +149,8 @@ pub struct ModelInferRequest {
     #[prost(message, repeated, tag = "6")]
     pub outputs: ::prost::alloc::vec::Vec<model_infer_request::InferRequestedOutputTensor>,
     /// One entry per input, in the order of `inputs`: its elements as little-endian bytes (a BYTES
-    /// element a 4-byte little-endian length and its bytes), with no `contents` in any input.
+    /// element a 4-byte little-endian length and its bytes), with no `contents` in any input. An
+    /// input read from shared memory (its parameters name a region) has no entry.
     #[prost(bytes = "vec", repeated, tag = "7")]
     pub raw_input_contents: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
 }
@@ -199,7 +200,8 @@ pub struct ModelInferResponse {
         ::prost::alloc::collections::BTreeMap<::prost::alloc::string::String, InferParameter>,
     #[prost(message, repeated, tag = "5")]
     pub outputs: ::prost::alloc::vec::Vec<model_infer_response::InferOutputTensor>,
-    /// One entry per output, in the order of `outputs`, laid out as raw_input_contents.
+    /// One entry per output, in the order of `outputs`, laid out as raw_input_contents; empty for
+    /// an output written into shared memory (its parameters name the region).
     #[prost(bytes = "vec", repeated, tag = "6")]
     pub raw_output_contents: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
 }
@@ -428,17 +430,48 @@ pub struct RepositoryModelUnloadResponse {}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SystemSharedMemoryStatusRequest {
+    /// Empty: every registered region.
     #[prost(string, tag = "1")]
     pub name: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct SystemSharedMemoryStatusResponse {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct SystemSharedMemoryStatusResponse {
+    /// By region name.
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub regions: ::prost::alloc::collections::BTreeMap<
+        ::prost::alloc::string::String,
+        system_shared_memory_status_response::RegionStatus,
+    >,
+}
+/// Nested message and enum types in `SystemSharedMemoryStatusResponse`.
+pub mod system_shared_memory_status_response {
+    #[allow(clippy::all)]
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct RegionStatus {
+        #[prost(string, tag = "1")]
+        pub name: ::prost::alloc::string::String,
+        /// The shared memory object's key, as shm_open takes it ("/name").
+        #[prost(string, tag = "2")]
+        pub key: ::prost::alloc::string::String,
+        /// Where the region starts in the object, and its size, in bytes.
+        #[prost(uint64, tag = "3")]
+        pub offset: u64,
+        #[prost(uint64, tag = "4")]
+        pub byte_size: u64,
+    }
+}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SystemSharedMemoryRegisterRequest {
     #[prost(string, tag = "1")]
     pub name: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub key: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "3")]
+    pub offset: u64,
+    #[prost(uint64, tag = "4")]
+    pub byte_size: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -446,6 +479,7 @@ pub struct SystemSharedMemoryRegisterResponse {}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SystemSharedMemoryUnregisterRequest {
+    /// Empty: every registered region.
     #[prost(string, tag = "1")]
     pub name: ::prost::alloc::string::String,
 }
@@ -849,7 +883,8 @@ pub mod grpc_inference_service_client {
             ));
             self.inner.unary(req, path, codec).await
         }
-        /// The shared-memory extension: declared so that a client asking for it is told why not.
+        /// The system shared-memory extension; the CUDA one is declared so that a client asking for
+        /// it is told why not.
         pub async fn system_shared_memory_status(
             &mut self,
             request: impl tonic::IntoRequest<super::SystemSharedMemoryStatusRequest>,
@@ -1044,7 +1079,8 @@ pub mod grpc_inference_service_server {
             &self,
             request: tonic::Request<super::RepositoryModelUnloadRequest>,
         ) -> std::result::Result<tonic::Response<super::RepositoryModelUnloadResponse>, tonic::Status>;
-        /// The shared-memory extension: declared so that a client asking for it is told why not.
+        /// The system shared-memory extension; the CUDA one is declared so that a client asking for
+        /// it is told why not.
         async fn system_shared_memory_status(
             &self,
             request: tonic::Request<super::SystemSharedMemoryStatusRequest>,
