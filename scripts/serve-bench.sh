@@ -116,15 +116,18 @@ run() {
     # The driver stops its server on SIGTERM (timeout's); KILL follows 60 s later if it hangs.
     PYTHONUNBUFFERED=1 timeout -k 60 "${BENCH_TIMEOUT:-540}" "$python" scripts/serve_bench.py \
         "${args[@]}" "$@" 2>&1 | tee "$work/results/driver.log" || status=$?
-    # A server the driver could not stop (its pid file names it) is not left behind.
-    if [ -f "$work/results/server.pid" ]; then
-        local pid
-        pid=$(cat "$work/results/server.pid")
-        if kill -0 "$pid" 2>/dev/null; then
-            echo "run: the server ($pid) outlived the driver: killed" | tee -a "$work/results/driver.log"
+    # A server or flood the driver could not stop (each in a session of its own, named by its
+    # pid file) is not left running.
+    local f pid
+    for f in "$work/results"/*.pid; do
+        [ -f "$f" ] || continue
+        pid=$(cat "$f")
+        # Still ours (not a pid reused since): its command line names isolane or perf_analyzer.
+        if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qE 'isolane|perf_analyzer'; then
+            echo "run: $(basename "$f" .pid) ($pid) outlived the driver: killed" | tee -a "$work/results/driver.log"
             kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
         fi
-    fi
+    done
     cp "$work/results/summary.md" "$work/results/summary.json" "$out/" 2>/dev/null || status=1
     tar czf "$out/serve-bench.tgz" -C "$work" results
     return "$status"

@@ -526,6 +526,8 @@ class PaFlood:
         self.logf.write(" ".join(cmd) + "\n")
         self.logf.flush()
         self.p = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(os.path.join(OUT, f"{name}.pid"), "w") as f:
+            f.write(str(self.p.pid))
 
     def alive(self):
         return self.p.poll() is None
@@ -588,12 +590,11 @@ def step_inproc(args, scenario, probes):
     return res
 
 
-def step_overhead(args, server, metas, probes, inproc):
-    res = {}
+def step_overhead(args, server, metas, probes, inproc, res):
     for w in probes:
         name = w["name"]
         meta = metas[name]
-        r = {"perf_analyzer": {}, "tritonclient": {}}
+        r = res[name] = {"perf_analyzer": {}, "tritonclient": {}}
         for proto, url in (("grpc", server.grpc), ("http", server.http)):
             if url is None:
                 continue
@@ -622,61 +623,63 @@ def step_overhead(args, server, metas, probes, inproc):
                 if s.get("p50_ms") is not None:
                     cmp[f"tritonclient_{proto}"] = {"added_us_p50": round((s["p50_ms"] - base["p50_ms"]) * 1e3, 1)}
             r["against_inproc"] = cmp
-        res[name] = r
-    return res
 
 
-def step_critical(args, server, metas, critical, best_effort):
+def step_critical(args, server, metas, critical, best_effort, res):
     name = critical["name"]
     meta = metas[name]
     url = server.grpc or server.http
     proto = "grpc" if server.grpc else "http"
-    res = {"model": name, "protocol": proto, "rate_hz": args.critical_rate, "deadline_ms": critical.get("deadline_ms"),
-           "seconds": args.critical_seconds}
+    res.update({"model": name, "protocol": proto, "rate_hz": args.critical_rate,
+                "deadline_ms": critical.get("deadline_ms"), "seconds": args.critical_seconds})
     data = data_for(meta, 1, seed=1)
     for phase in ("alone", "flooded"):
         floods, py_stop, py_threads, py_counts = [], threading.Event(), [], {}
-        if phase == "flooded":
+        try:
+            if phase == "flooded":
+                for w in best_effort:
+                    rows = min(args.flood_batch or metas[w["name"]]["max_batch"], metas[w["name"]]["max_batch"])
+                    if args.perf_analyzer and server.grpc:
+                        floods.append(PaFlood(args, server.grpc, w["name"], rows, args.flood_concurrency,
+                                              f"flood-{w['name']}"))
+                    else:
+                        py_counts[w["name"]] = {}
+                        t = threading.Thread(target=python_flood, args=(url, w["name"], metas[w["name"]], rows,
+                                             args.flood_concurrency, py_stop, py_counts[w["name"]]), daemon=True)
+                        t.start()
+                        py_threads.append(t)
+                time.sleep(args.flood_warmup)
+            before = server.metrics()
+            t0 = time.time()
+            c = Client(proto, url, name, meta)
+            client = paced(c, data, args.critical_rate, args.critical_seconds)
+            c.close()
+            after = server.metrics()
+            wall = time.time() - t0
+            ph = {"client": client, "server": {name: model_figures(before, after, name)}}
             for w in best_effort:
-                rows = args.flood_batch or metas[w["name"]]["max_batch"]
-                rows = min(rows, metas[w["name"]]["max_batch"])
-                if args.perf_analyzer and server.grpc:
-                    floods.append(PaFlood(args, server.grpc, w["name"], rows, args.flood_concurrency, f"flood-{w['name']}"))
-                else:
-                    py_counts[w["name"]] = {}
-                    t = threading.Thread(target=python_flood, args=(url, w["name"], metas[w["name"]], rows,
-                                         args.flood_concurrency, py_stop, py_counts[w["name"]]), daemon=True)
-                    t.start()
-                    py_threads.append(t)
-            time.sleep(args.flood_warmup)
-        before = server.metrics()
-        t0 = time.time()
-        c = Client(proto, url, name, meta)
-        client = paced(c, data, args.critical_rate, args.critical_seconds)
-        c.close()
-        after = server.metrics()
-        wall = time.time() - t0
-        ph = {"client": client, "server": {name: model_figures(before, after, name)}}
-        for w in best_effort:
-            f = model_figures(before, after, w["name"])
-            f["rows_per_s"] = round(f["rows"] / wall, 1)
-            ph["server"][w["name"]] = f
-        if phase == "flooded":
-            stuck = [w["name"] for w in best_effort if not ph["server"][w["name"]]["rows"]]
-            if stuck:
-                error("critical", f"best-effort model(s) {stuck} ran no job while flooded")
-            died = [f.name for f in floods if not f.alive()]
-            if died:
-                error("critical", f"perf_analyzer flood(s) ended before the critical stream did: {died}")
-            ph["flood"] = {"tool": "perf_analyzer" if floods else "python (tritonclient gRPC threads)",
-                           "concurrency": args.flood_concurrency, "batch": args.flood_batch or "max"}
-            for f in floods:
-                rc = f.stop()
-                ph["flood"][f.name] = {"exit_code": rc, "perf_analyzer": pa_summary(read_pa_csv(f.csv)
-                                                                                  if os.path.exists(f.csv) else None)}
+                f = model_figures(before, after, w["name"])
+                f["rows_per_s"] = round(f["rows"] / wall, 1)
+                ph["server"][w["name"]] = f
+            if phase == "flooded":
+                stuck = [w["name"] for w in best_effort if not ph["server"][w["name"]]["rows"]]
+                if stuck:
+                    error("critical", f"best-effort model(s) {stuck} ran no job while flooded")
+                died = [f.name for f in floods if not f.alive()]
+                if died:
+                    error("critical", f"perf_analyzer flood(s) ended before the critical stream did: {died}")
+                ph["flood"] = {"tool": "perf_analyzer" if floods else "python (tritonclient gRPC threads)",
+                               "concurrency": args.flood_concurrency, "batch": args.flood_batch or "max"}
+        finally:
+            # Whatever happened (the step's time limit included), no flood outlives its phase:
+            # perf_analyzer runs in a session of its own, which the device machine would not end.
+            codes = {f.name: f.stop() for f in floods}
             py_stop.set()
             for t in py_threads:
-                t.join(70)
+                t.join(30)
+        if phase == "flooded":
+            for f in floods:
+                ph["flood"][f.name] = {"exit_code": codes[f.name]}
             if py_counts:
                 ph["flood"]["python_counts"] = py_counts
         res[phase] = ph
@@ -685,8 +688,8 @@ def step_critical(args, server, metas, critical, best_effort):
     return res
 
 
-def step_deadline(args, server, metas, critical, best_effort):
-    res = {"calibration": {}}
+def step_deadline(args, server, metas, critical, best_effort, res):
+    res["calibration"] = {}
     # The server's own latency of each model at its full batch, one request at a time (from
     # /metrics: arrival to answer, without the client's transfer, which for 8 images of
     # 224x224 takes longer than the model).
@@ -966,15 +969,15 @@ def main():
             signal.signal(signal.SIGALRM, step_timeout)
             signal.alarm(int(limit))
             try:
+                # Each step fills its part of the summary as it goes: a step stopped by its
+                # time limit (or the whole driver by SIGTERM) keeps what it had measured.
+                r = SUMMARY["steps"][stepname] = {}
                 if stepname == "overhead" and probes:
-                    r = step_overhead(args, server, metas, probes, SUMMARY["steps"].get("inproc", {}))
+                    step_overhead(args, server, metas, probes, SUMMARY["steps"].get("inproc", {}), r)
                 elif stepname == "critical" and critical:
-                    r = step_critical(args, server, metas, critical[0], best_effort)
+                    step_critical(args, server, metas, critical[0], best_effort, r)
                 elif stepname == "deadline":
-                    r = step_deadline(args, server, metas, critical[0] if critical else None, best_effort)
-                else:
-                    continue
-                SUMMARY["steps"][stepname] = r
+                    step_deadline(args, server, metas, critical[0] if critical else None, best_effort, r)
             except Exception as e:  # one step's failure is reported; the others still run
                 error(stepname, f"{type(e).__name__}: {e}")
             finally:
