@@ -336,6 +336,9 @@ def main():
     p.add_argument("--spin", required=True, help="a spin model slower than 1 ms")
     p.add_argument("--slow", required=True, help="a spin model of about a second (drain)")
     a = p.parse_args()
+    # A bound on the whole script (each call has its own too), so that a server that stops
+    # answering fails the test instead of hanging it: SIGALRM ends the process.
+    signal.alarm(300)
     a.x = np.load(a.input).astype(np.float32, copy=False)
     a.y = np.load(a.expect).astype(np.float32, copy=False)
     try:
