@@ -1,6 +1,7 @@
 //! `isolane serve` end to end, driven by Triton's own Python client (`tritonclient`, HTTP and
 //! gRPC) through tests/serve_client.py: health and metadata, outputs bit-identical to
-//! `isolane infer`'s, a refusal for an impossible deadline, and the drain on SIGTERM.
+//! `isolane infer`'s (JSON, binary data, system shared memory, gRPC), a refusal for an
+//! impossible deadline, and the drain on SIGTERM; and the README's serve examples as written.
 //! Without tritonclient the test skips (fails under ISOLANE_STRICT=1; .ci/run installs it).
 
 mod common;
@@ -239,6 +240,7 @@ fn tritonclient_over_http_and_grpc_gets_infers_outputs_refusals_and_a_drain() {
     for check in [
         "ok: HTTP, binary tensor data: outputs equal isolane infer's",
         "ok: HTTP, JSON data: outputs equal isolane infer's",
+        "ok: HTTP, shared memory: outputs equal isolane infer's",
         "ok: gRPC: outputs equal isolane infer's",
         "ok: HTTP: model metadata",
         "ok: gRPC: model metadata",

@@ -7,8 +7,8 @@ tests/serve.rs starts the server on a scenario of three models (a real CNN, `MOD
 
 - health (server live and ready, model ready), server and model metadata, the model's
   configuration and the repository index;
-- the CNN's outputs bit-identical to EXPECT, with binary tensor data and with JSON data
-  (HTTP), and with raw contents (gRPC);
+- the CNN's outputs bit-identical to EXPECT, with binary tensor data, with JSON data and
+  through system shared memory (HTTP), and with raw contents (gRPC);
 - a request whose own deadline (`deadline_ms` = 1) the 50 ms spin cannot meet refused at once:
   HTTP 429 / gRPC RESOURCE_EXHAUSTED, the message saying by how much it would be late;
 - the drain: with requests in flight on SLOW, SIGTERM to PID; the server turns unready,
@@ -136,6 +136,8 @@ def check_http(a):
         check(same_bits(got, a.y), f"HTTP, {kind}: outputs equal isolane infer's", diff(got, a.y))
         check(r.get_response()["id"] == f"h5-{kind}", f"HTTP, {kind}: the id comes back")
 
+    check_shared_memory(a, c)
+
     one = np.array([[7.25]], dtype=np.float32)
     inp = httpclient.InferInput("input", [1, 1], "FP32")
     inp.set_data_from_numpy(one)
@@ -155,6 +157,52 @@ def check_http(a):
         r.get_response(),
     )
     c.close()
+
+
+def check_shared_memory(a, c):
+    """The system shared memory extension: the input read from a region the client
+    registered, the output written into another, equal to isolane infer's."""
+    import tritonclient.utils.shared_memory as shm
+
+    key = f"/isolane_serve_test_{os.getpid()}"
+    out_bytes = a.y.nbytes
+    regions = []
+    try:
+        h_in = shm.create_shared_memory_region("x", key + "_x", a.x.nbytes)
+        regions.append(h_in)
+        h_out = shm.create_shared_memory_region("y", key + "_y", out_bytes)
+        regions.append(h_out)
+        shm.set_shared_memory_region(h_in, [a.x])
+        c.register_system_shared_memory("x", key + "_x", a.x.nbytes)
+        c.register_system_shared_memory("y", key + "_y", out_bytes)
+        status = {r["name"]: r["byte_size"] for r in c.get_system_shared_memory_status()}
+        check(
+            status == {"x": a.x.nbytes, "y": out_bytes},
+            "HTTP: both shared memory regions are registered",
+            status,
+        )
+        inp = httpclient.InferInput("input", list(a.x.shape), "FP32")
+        inp.set_shared_memory("x", a.x.nbytes)
+        out = httpclient.InferRequestedOutput(a.output_name, binary_data=True)
+        out.set_shared_memory("y", out_bytes)
+        r = c.infer(a.model, [inp], outputs=[out])
+        named = r.get_output(a.output_name)["parameters"]
+        check(
+            named.get("shared_memory_region") == "y",
+            "HTTP: the response names the output's region",
+            r.get_response(),
+        )
+        got = shm.get_contents_as_numpy(h_out, np.float32, list(a.y.shape))
+        check(
+            same_bits(got, a.y),
+            "HTTP, shared memory: outputs equal isolane infer's",
+            diff(got, a.y),
+        )
+        c.unregister_system_shared_memory()
+        check(c.get_system_shared_memory_status() == [], "HTTP: the regions are unregistered")
+    finally:
+        for h in regions:
+            shm.destroy_shared_memory_region(h)
 
 
 def check_grpc(a):
