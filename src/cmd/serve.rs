@@ -283,6 +283,12 @@ fn front_ends(
         grpc,
         until(stopped.clone()),
     ));
+    for w in server.warnings() {
+        eprintln!(
+            "{}",
+            super::wrap_message(&format!("warning: {w}"), super::ERROR_WIDTH)
+        );
+    }
     let models: Vec<String> = server
         .models()
         .map(|m| format!("{} ({}, {})", m.name, m.partition, criticality(m)))

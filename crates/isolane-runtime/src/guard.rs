@@ -491,6 +491,8 @@ pub struct BestEffortHold {
     /// Estimated length of each piece (ns): about the 90th percentile of the measured ones
     /// ([`track_upper_quantile`]).
     piece_ns: Vec<i64>,
+    /// The warm-up's estimate of each piece, which a held piece's estimate relaxes back to.
+    seed_ns: Vec<i64>,
     /// The piece in progress and when it was admitted.
     current: Option<(usize, i64)>,
     /// Held so far in the current job.
@@ -508,6 +510,7 @@ impl BestEffortHold {
         BestEffortHold {
             guard,
             piece_ns: Vec::new(),
+            seed_ns: Vec::new(),
             current: None,
             held_ns: 0,
             wait,
@@ -518,6 +521,7 @@ impl BestEffortHold {
     pub fn seed_estimate(&mut self, pieces: usize, job_ns: i64) {
         let per = job_ns / pieces.max(1) as i64;
         self.piece_ns = vec![per.max(1); pieces.max(1)];
+        self.seed_ns = self.piece_ns.clone();
     }
 
     /// Blocks until piece `i` of the current job may start (or `stop` is raised). Returns the
@@ -527,13 +531,20 @@ impl BestEffortHold {
         if self.piece_ns.len() <= i {
             self.piece_ns.resize(i + 1, 1);
         }
-        let est = self.piece_ns[i];
+        let mut est = self.piece_ns[i];
+        let seed = self.seed_ns.get(i).copied().unwrap_or(1);
         let t = clock::now_ns();
         let mut now = t;
         while let Err(at) = self.guard.try_piece(est) {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
+            // An estimate raised by pieces that ran preempted (a flood beside them) is only
+            // lowered by pieces that run; held, none does, and one above every gap would hold
+            // best effort for good (seen serving: idle critical models, best effort stuck).
+            // So while held it relaxes towards the warm-up's estimate, never below it.
+            est = relax_towards(est, seed);
+            self.piece_ns[i] = est;
             match self.wait {
                 // Asleep until the blocking critical job should be over: a best-effort thread
                 // that shares a core with critical work then wakes (and preempts it) once per
@@ -562,6 +573,16 @@ impl BestEffortHold {
     pub fn job_done(&mut self) -> i64 {
         self.end_piece();
         std::mem::take(&mut self.held_ns)
+    }
+}
+
+/// One step of a held piece's estimate back towards `seed`: a 36th of the gap, the step
+/// [`track_upper_quantile`] takes down.
+fn relax_towards(est: i64, seed: i64) -> i64 {
+    if est > seed {
+        est - (est - seed + 35) / 36
+    } else {
+        est
     }
 }
 
@@ -757,6 +778,20 @@ mod tests {
             admits(&v, 10 * MS, 50 * MS, &Policy::new(0, Some(1.0))),
             Some(0)
         );
+    }
+
+    #[test]
+    fn a_held_estimate_relaxes_to_the_warm_ups_and_no_further() {
+        let mut est = 10 * MS;
+        let mut steps = 0;
+        while est > MS && steps < 10_000 {
+            est = relax_towards(est, MS);
+            steps += 1;
+        }
+        assert_eq!(est, MS);
+        // About 36 steps per e-fold: from 10× down in a few hundred looks, not one.
+        assert!((50..500).contains(&steps), "{steps} steps");
+        assert_eq!(relax_towards(MS / 2, MS), MS / 2);
     }
 
     #[test]

@@ -90,7 +90,7 @@ struct Shared {
     /// The system shared memory regions clients registered.
     regions: shm::SharedRegions,
     // Kept for as long as the models publish in it.
-    _guard: Option<Arc<Guard>>,
+    guard: Option<Arc<Guard>>,
 }
 
 /// The serving session's handle (cheap to clone; every front end holds one).
@@ -168,9 +168,52 @@ impl Server {
                 threads: Mutex::new(threads),
                 started: Instant::now(),
                 regions: shm::SharedRegions::default(),
-                _guard: guard.map(|(g, _)| g),
+                guard: guard.map(|(g, _)| g),
             }),
         })
+    }
+
+    /// What a person should know before the first request: a critical model whose deadline
+    /// leaves less slack than a best-effort piece, beside which that best effort runs only
+    /// while no request of the critical model could arrive, which is never (docs/serve.md).
+    pub fn warnings(&self) -> Vec<String> {
+        let Some(guard) = &self.shared.guard else {
+            return Vec::new();
+        };
+        let margin = Duration::from_nanos(guard.policy().margin_ns.max(0) as u64);
+        let mut out = Vec::new();
+        for c in self
+            .models()
+            .filter(|m| m.criticality == Criticality::Critical)
+        {
+            let Some(deadline) = c.deadline else { continue };
+            let slack = deadline.saturating_sub(margin + c.warm_service);
+            for b in self
+                .models()
+                .filter(|m| m.criticality == Criticality::BestEffort)
+            {
+                let piece = b.warm_service / b.pieces.max(1) as u32;
+                if piece > slack {
+                    out.push(format!(
+                        "best-effort model `{}` will not run: each of its pieces takes about \
+                         {:.3} ms, more than the {:.3} ms that critical model `{}` leaves \
+                         (deadline {:.3} ms − service {:.3} ms − margin {:.3} ms), and a request \
+                         of `{}` may arrive at any moment; give `{}` a longer deadline_ms, or \
+                         [protection] a smaller piece_us or margin_us",
+                        b.name,
+                        ms(piece),
+                        ms(slack),
+                        c.name,
+                        ms(deadline),
+                        ms(c.warm_service),
+                        ms(margin),
+                        c.name,
+                        c.name
+                    ));
+                }
+            }
+        }
+        out
     }
 
     /// The served models, in the scenario's order.
@@ -448,6 +491,7 @@ fn start_model(
                 },
                 partition: words.clone(),
                 warm_service: Duration::from_nanos(median(&warm).max(0) as u64),
+                pieces: exec.pieces(),
             };
             let criticality = match spec.criticality {
                 Criticality::Critical => "critical",
@@ -486,6 +530,10 @@ fn warm_up(
             Ok(isolane_runtime::clock::now_ns() - t)
         })
         .collect()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 fn median(v: &[i64]) -> i64 {

@@ -50,6 +50,8 @@ pub struct ModelInfo {
     pub partition: String,
     /// Median service time of the warm-up's jobs.
     pub warm_service: Duration,
+    /// The pieces a job runs as (best effort under the guard; 1: whole).
+    pub pieces: usize,
 }
 
 type Reply = oneshot::Sender<Result<InferResponse, Refusal>>;

@@ -270,3 +270,37 @@ fn a_draining_server_refuses_new_requests_and_answers_taken_ones() {
     let e = s.submit("echo", rows(&[1.0])).unwrap_err();
     assert_eq!((e.http_status(), e.reason()), (503, "draining"));
 }
+
+#[test]
+fn a_critical_deadline_too_tight_for_any_best_effort_piece_is_said_at_start() {
+    let toml = r#"
+[[workload]]
+name = "critical"
+model = "spin:1ms"
+batch = 1
+rate_hz = 100
+duration_s = 1
+deadline_ms = 1.2
+warmup_jobs = 1
+
+[[workload]]
+name = "background"
+model = "spin:20ms"
+batch = 1
+rate_hz = "max"
+duration_s = 1
+warmup_jobs = 1
+criticality = "best_effort"
+"#;
+    let s = server(toml);
+    let w = s.warnings();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("`background` will not run"), "{}", w[0]);
+    s.drain(Duration::from_secs(5));
+    // With room for its pieces, nothing to say.
+    let s = server(&toml.replace("deadline_ms = 1.2", "deadline_ms = 50"));
+    assert!(s.warnings().is_empty(), "{:?}", s.warnings());
+    let r = block_on(s.infer("background", rows(&[3.0]))).unwrap();
+    assert_eq!(values(&r), vec![3.0]);
+    s.drain(Duration::from_secs(5));
+}
