@@ -396,6 +396,7 @@ fn start_model(
     let engine = options.engine.clone();
     let seed = options.seed;
     let index = w.index;
+    let poll_ns = plan.timing.spin_us as i64 * 1000;
     let records = options
         .records
         .as_ref()
@@ -498,7 +499,7 @@ fn start_model(
                 Criticality::BestEffort => "best_effort",
             };
             let stats = metrics.model(&spec.name, (info.backend, &words, criticality), sms);
-            let model = Arc::new(ServedModel::new(info, publisher, stats, records));
+            let model = Arc::new(ServedModel::new(info, publisher, stats, records, poll_ns));
             if ready_tx.send(Ok(Arc::clone(&model))).is_err() {
                 return;
             }
