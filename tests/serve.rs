@@ -26,8 +26,8 @@ const EXIT_WITHIN: Duration = Duration::from_secs(60);
 /// Three served models: the real CNN whose outputs are compared, a 50 ms spin that a 1 ms
 /// deadline cannot be met on, and a 1 s spin whose requests are still in flight at SIGTERM.
 /// `deadline_ms` is set because the default, the period (1 / rate_hz), would refuse a
-/// mobilenet request on a busy machine; `warmup_jobs = 0` (serve still runs 3) keeps the slow
-/// spin's warm-up at 3 s.
+/// mobilenet request on a busy machine; `warmup_jobs = 0` keeps the warm-ups to the fewest
+/// serve runs (the slow spin's is a second each).
 const SCENARIO: &str = r#"
 [device]
 backend = "cpu"
