@@ -639,15 +639,15 @@ pub fn decode_response(
 /// The header entries of tensors and their binary parts, in order.
 /// How a tensor's data goes in a message.
 #[derive(Clone, Copy)]
-enum Form<'a> {
+enum Form {
     Json,
     Binary,
-    /// Written into shared memory by the server: the message names where, with no data.
-    Shared(&'a SharedRef),
+    /// Written into shared memory by the server: the message carries no data for it.
+    Shared,
 }
 
-impl Form<'_> {
-    fn binary(binary: bool) -> Form<'static> {
+impl Form {
+    fn binary(binary: bool) -> Form {
         if binary {
             Form::Binary
         } else {
@@ -657,7 +657,7 @@ impl Form<'_> {
 }
 
 fn encode_tensors<'t>(
-    tensors: impl Iterator<Item = (&'t Tensor, Form<'t>)>,
+    tensors: impl Iterator<Item = (&'t Tensor, Form)>,
     role: &str,
 ) -> Result<(Vec<InferTensor>, Vec<&'t [u8]>), ProtocolError> {
     let mut entries = Vec::new();
@@ -681,10 +681,11 @@ fn encode_tensors<'t>(
                 binaries.push(t.data());
                 None
             }
-            Form::Shared(r) => {
-                parameters = r.parameters();
-                None
-            }
+            // Named by neither data nor parameters: the client asked for it there and knows
+            // where; perf_analyzer's HTTP client refuses an output whose parameters lack
+            // `binary_data_size` (measured on the H200: "attempt to access non-existing object
+            // member 'binary_data_size'").
+            Form::Shared => None,
             Form::Json => {
                 check_json_encodable(t, &what)?;
                 Some(serde_json::value::to_raw_value(&JsonData(t)).map_err(|e| {
@@ -735,7 +736,7 @@ pub fn encode_response(
     let (entries, binaries) = encode_tensors(
         outputs.iter().map(|t| {
             let form = match selection.shared(t.name()) {
-                Some(r) => Form::Shared(r),
+                Some(_) => Form::Shared,
                 None => Form::binary(selection.binary(t.name())),
             };
             (t, form)

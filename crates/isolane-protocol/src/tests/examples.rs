@@ -994,13 +994,14 @@ fn shared_memory_inputs_are_read_from_their_region_and_outputs_named_there() {
             }
         )
     );
-    // The response names the region and carries no data for that output.
+    // The response carries no data for that output, and no binary size.
     let y = Tensor::new("y", DataType::Fp32, vec![2], vec![0; 8]).unwrap();
     let enc = encode_response(&ResponseMeta::default(), &[y], &d.outputs).unwrap();
     assert_eq!(enc.header_len, None);
     let text = String::from_utf8(enc.body).unwrap();
-    assert!(text.contains(r#""shared_memory_region":"out0""#), "{text}");
+    assert!(text.contains(r#""name":"y""#), "{text}");
     assert!(!text.contains("\"data\""), "{text}");
+    assert!(!text.contains("binary_data_size"), "{text}");
 
     // Without the extension the parameters are refused by name, as before.
     let e = decode_request(body, None, &limits).unwrap_err();
