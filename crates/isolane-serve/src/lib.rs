@@ -89,6 +89,8 @@ struct Shared {
     started: Instant,
     /// The system shared memory regions clients registered.
     regions: shm::SharedRegions,
+    /// The first drain's outcome, which later calls return.
+    drained: Mutex<Option<Drained>>,
     // Kept for as long as the models publish in it.
     guard: Option<Arc<Guard>>,
 }
@@ -168,6 +170,7 @@ impl Server {
                 threads: Mutex::new(threads),
                 started: Instant::now(),
                 regions: shm::SharedRegions::default(),
+                drained: Mutex::new(None),
                 guard: guard.map(|(g, _)| g),
             }),
         })
@@ -318,8 +321,17 @@ impl Server {
     }
 
     /// Refuses new requests from now on (ready turns false), answers those already taken
-    /// (for at most `grace`), then stops the model threads. Idempotent.
+    /// (for at most `grace`), then stops the model threads. A later call returns the first
+    /// one's outcome.
     pub fn drain(&self, grace: Duration) -> Drained {
+        let mut done = self
+            .shared
+            .drained
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = &*done {
+            return d.clone();
+        }
         self.shared.draining.store(true, Ordering::Relaxed);
         let before = self.in_flight();
         let until = Instant::now() + grace;
@@ -344,10 +356,12 @@ impl Server {
         for t in threads {
             let _ = t.join();
         }
-        Drained {
+        let d = Drained {
             answered: before.saturating_sub(abandoned),
             abandoned,
-        }
+        };
+        *done = Some(d.clone());
+        d
     }
 }
 

@@ -264,6 +264,9 @@ fn a_draining_server_refuses_new_requests_and_answers_taken_ones() {
     let taken = s.submit("echo", rows(&[7.0])).unwrap();
     let d = s.drain(Duration::from_secs(10));
     assert_eq!(d.abandoned, 0);
+    assert_eq!(d.answered, 1, "the request taken before the drain");
+    // A second drain (serve_plan's, after the command's) reports the first.
+    assert_eq!(s.drain(Duration::from_secs(10)), d);
     assert!(!s.is_ready());
     let r = block_on(taken).unwrap().unwrap();
     assert_eq!(values(&r), vec![7.0]);
