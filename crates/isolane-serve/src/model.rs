@@ -307,7 +307,7 @@ impl ServedModel {
                     let requests = batch.len() as u64;
                     self.record(&batch, Some((start, end)), held);
                     let copy_out = clock::now_ns();
-                    let replies = self.answers(exec, batch, start, end, rows);
+                    let replies = self.answers(exec, batch, (copy_in, start, end), rows);
                     let output_ns = clock::now_ns() - copy_out;
                     // Counted before the answers go: a client that reads the statistics
                     // after its answer finds its request in them.
@@ -419,13 +419,14 @@ impl ServedModel {
         }
     }
 
-    /// Each request's rows of the outputs, with where to send them.
+    /// Each request's rows of the outputs, with where to send them. `(taken, start, end)`: when
+    /// the job took its requests from the queue (a request's queueing ends there; its input copy
+    /// is the job's), and when the model ran.
     fn answers(
         &self,
         exec: &dyn Executor,
         batch: Vec<Queued>,
-        start: i64,
-        end: i64,
+        (taken, start, end): (i64, i64, i64),
         rows: usize,
     ) -> Vec<(Reply, Result<InferResponse, Refusal>)> {
         let infos = &self.info.outputs;
@@ -452,12 +453,12 @@ impl ServedModel {
             row += n;
             let late = r.deadline.is_some_and(|d| end > d);
             self.stats
-                .answered(end - r.arrived, late, (start - r.arrived).max(0), n);
+                .answered(end - r.arrived, late, (taken - r.arrived).max(0), n);
             let reply = outputs
                 .map(|outputs| InferResponse {
                     outputs,
                     late,
-                    queued_us: ((start - r.arrived).max(0) / 1000) as u64,
+                    queued_us: ((taken - r.arrived).max(0) / 1000) as u64,
                     job_us: ((end - start) / 1000) as u64,
                     job_rows: rows,
                 })
