@@ -105,7 +105,7 @@ impl ServeMetrics {
         );
         registry.register_with_unit(
             "queue",
-            "From a request's arrival to the start of its job",
+            "From a request's arrival to its job taking it from the queue",
             Unit::Seconds,
             m.queue_time.clone(),
         );
