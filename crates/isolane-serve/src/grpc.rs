@@ -613,71 +613,20 @@ mod tests {
     //! one value per row after their service time).
 
     use super::*;
-    use crate::{ServeOptions, Server};
-    use isolane_core::spec::Scenario;
+    use crate::Server;
     use isolane_protocol::grpc::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
     use isolane_protocol::grpc::inference::InferParameter;
     use isolane_protocol::grpc::{decode_infer_response, encode_infer_request};
     use isolane_protocol::{DataType, Parameters, SharedRef, Tensor};
-    use isolane_runtime::coordinator::RunPlan;
-    use isolane_runtime::exec::{EngineExecutors, ExecError, Executor, SPIN_INPUT, SPIN_OUTPUT};
+    use isolane_runtime::exec::{SPIN_INPUT, SPIN_OUTPUT};
     use std::collections::BTreeMap;
     use std::path::Path;
     use std::time::Duration;
     use tonic::transport::Channel;
 
-    struct NoEngine;
-
-    impl EngineExecutors for NoEngine {
-        fn check(
-            &self,
-            _: &isolane_core::spec::DeviceSpec,
-            _: &isolane_core::spec::WorkloadSpec,
-        ) -> Result<(), ExecError> {
-            Ok(())
-        }
-
-        fn build(
-            &self,
-            _: &isolane_core::spec::DeviceSpec,
-            spec: &isolane_core::spec::WorkloadSpec,
-            _: u64,
-            _: usize,
-            _: Option<isolane_runtime::partition::Partition>,
-        ) -> Result<Box<dyn Executor>, ExecError> {
-            Err(ExecError::EngineUnavailable {
-                workload: spec.name.clone(),
-                model: spec.model.clone(),
-            })
-        }
-    }
-
-    const ECHO: &str = r#"
-[[workload]]
-name = "echo"
-model = "spin:2ms"
-batch = 4
-rate_hz = 10
-duration_s = 1
-deadline_ms = 5000
-"#;
-
+    /// The serving session's test server: one `spin:2ms` model `echo` of batch 4.
     fn server() -> Server {
-        let scenario =
-            Scenario::from_toml_str(ECHO, "t.toml", &isolane_core::spec::NoBuiltinModels)
-                .unwrap_or_else(|e| panic!("{e}"));
-        let plan = RunPlan::from_scenario(&scenario);
-        let words: Vec<_> = plan
-            .workloads
-            .iter()
-            .map(|_| ("cpu".into(), None))
-            .collect();
-        let options = ServeOptions {
-            engine: std::sync::Arc::new(NoEngine),
-            seed: 1,
-            records: None,
-        };
-        Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"))
+        crate::tests::server(crate::tests::ONE)
     }
 
     fn rows(values: &[f32]) -> Tensor {

@@ -36,7 +36,7 @@ impl EngineExecutors for NoEngine {
     }
 }
 
-fn server(toml: &str) -> Server {
+pub(crate) fn server(toml: &str) -> Server {
     server_with(toml, |_| {})
 }
 
@@ -91,7 +91,7 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
-const ONE: &str = r#"
+pub(crate) const ONE: &str = r#"
 [[workload]]
 name = "echo"
 model = "spin:2ms"
