@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Regenerates crates/isolane-protocol/src/grpc/generated/inference.rs (the gRPC messages, server
-# trait and client of isolane serve) from crates/isolane-protocol/proto/inference.proto.
+# trait and client of isolane serve) from crates/isolane-protocol/proto/inference.proto, or with
+# --check says whether the checked-in file is what the .proto generates (CI runs that).
 #
-# The generated file is committed so that building isolane needs no protoc and no build script.
-# Run this after editing the .proto, or after updating tonic-prost-build in Cargo.lock; the test
-# grpc::tests::the_checked_in_generated_code_is_fresh (the same generator and settings) fails
-# until then, and skips on a machine without protoc (ISOLANE_STRICT=1 makes that a failure).
+# The generated file is committed so that building isolane needs no protoc and no build script;
+# the generator is tools/grpc-gen, a crate outside the workspace, so that `cargo test` does not
+# build tonic-prost-build's tree either. Run this after editing the .proto, or after updating
+# tonic-prost-build in tools/grpc-gen/Cargo.toml.
 #
 # Needs: protoc (`apt-get install -y protobuf-compiler`, or PROTOC=/path/to/protoc) and cargo.
 set -euo pipefail
@@ -14,7 +15,11 @@ command -v "${PROTOC:-protoc}" >/dev/null || {
   echo "gen-grpc.sh: needs protoc: apt-get install -y protobuf-compiler (or set PROTOC)" >&2
   exit 2
 }
+mode=--write
+if [ "${1:-}" = --check ]; then mode=--check; fi
 cd "$repo"
-ISOLANE_GRPC_REGEN=1 ISOLANE_STRICT=1 cargo test -q -p isolane-protocol --features grpc --lib \
-  grpc::tests::the_checked_in_generated_code_is_fresh -- --exact --nocapture
-git --no-pager diff --stat -- crates/isolane-protocol/src/grpc/generated/ || true
+CARGO_TARGET_DIR="$repo/target/grpc-gen" cargo run -q --locked \
+  --manifest-path tools/grpc-gen/Cargo.toml -- "$mode"
+if [ "$mode" = --write ]; then
+  git --no-pager diff --stat -- crates/isolane-protocol/src/grpc/generated/ || true
+fi
