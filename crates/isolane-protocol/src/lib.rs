@@ -31,9 +31,10 @@ pub use infer::{
     ResponseMeta, SharedMemory, SharedRef, HEADER_LENGTH, SHARED_MEMORY,
 };
 pub use messages::{
-    health_status, ConfigTensor, ErrorBody, InferRequest, InferResponse, InferTensor, LiveResponse,
-    ModelConfig, ModelMetadata, ModelState, ReadyResponse, RepositoryIndexEntry,
-    RepositoryIndexRequest, RequestedOutput, ServerMetadata, TensorMetadata, MAX_DIMS, MAX_TENSORS,
+    health_status, ConfigTensor, DynamicBatching, ErrorBody, InferRequest, InferResponse,
+    InferTensor, LiveResponse, ModelConfig, ModelMetadata, ModelState, ReadyResponse,
+    RepositoryIndexEntry, RepositoryIndexRequest, RequestedOutput, ServerMetadata, TensorMetadata,
+    MAX_DIMS, MAX_TENSORS,
 };
 pub use params::{
     Parameter, Parameters, BINARY_DATA, BINARY_DATA_OUTPUT, BINARY_DATA_SIZE, DEADLINE_MS, LATE,

@@ -65,6 +65,18 @@ pub struct ModelConfig {
     pub input: Vec<ConfigTensor>,
     #[serde(default)]
     pub output: Vec<ConfigTensor>,
+    /// Present when the model batches requests dynamically (Triton's `dynamic_batching`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_batching: Option<DynamicBatching>,
+}
+
+/// Triton's `dynamic_batching` of a model configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DynamicBatching {
+    #[serde(default)]
+    pub preferred_batch_size: Vec<u32>,
+    #[serde(default)]
+    pub max_queue_delay_microseconds: u64,
 }
 
 /// The live answer (gRPC `ServerLiveResponse`; over HTTP the status says it).

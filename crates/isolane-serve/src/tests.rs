@@ -239,6 +239,16 @@ criticality = "best_effort"
     let rest: Vec<_> = (1..5)
         .map(|i| s.submit("batched", rows(&[i as f32])).unwrap())
         .collect();
+    // Its configuration says so, as Triton's does (perf_analyzer and clients read it).
+    let config = crate::wire::config(s.model("batched").unwrap());
+    let batching = config
+        .dynamic_batching
+        .expect("a best-effort model batches");
+    assert_eq!(batching.max_queue_delay_microseconds, 0);
+    let critical = server(ONE);
+    let unbatched = crate::wire::config(critical.model("echo").unwrap());
+    assert!(unbatched.dynamic_batching.is_none());
+    critical.drain(Duration::from_secs(5));
     let r0 = block_on(first).unwrap().unwrap();
     assert_eq!(values(&r0), vec![0.0]);
     for (i, rx) in rest.into_iter().enumerate() {

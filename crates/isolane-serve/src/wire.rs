@@ -3,8 +3,8 @@
 //! size limits of its requests.
 
 use isolane_protocol::{
-    ConfigTensor, DataType, Limits, ModelConfig, ModelMetadata, ModelState, RepositoryIndexEntry,
-    ServerMetadata, TensorMetadata,
+    ConfigTensor, DataType, DynamicBatching, Limits, ModelConfig, ModelMetadata, ModelState,
+    RepositoryIndexEntry, ServerMetadata, TensorMetadata,
 };
 use isolane_runtime::exec::TensorInfo;
 
@@ -71,6 +71,10 @@ pub fn config(info: &ModelInfo) -> ModelConfig {
         max_batch_size: info.max_batch as u32,
         input: tensors(&info.inputs),
         output: tensors(&info.outputs),
+        dynamic_batching: info.batching.as_ref().map(|b| DynamicBatching {
+            preferred_batch_size: b.preferred.clone(),
+            max_queue_delay_microseconds: (b.max_delay_ms * 1e3).round() as u64,
+        }),
     }
 }
 

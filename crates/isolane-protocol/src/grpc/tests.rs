@@ -847,6 +847,7 @@ fn the_metadata_messages_convert() {
             data_type: DataType::Fp16,
             dims: vec![-1],
         }],
+        dynamic_batching: None,
     };
     let c = inference::ModelConfig::from(&config);
     assert_eq!(c.max_batch_size, 8);
