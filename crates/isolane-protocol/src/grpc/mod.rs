@@ -739,7 +739,16 @@ impl From<&ModelConfig> for inference::ModelConfig {
                     dims: t.dims.clone(),
                 })
                 .collect(),
-            dynamic_batching: None,
+            dynamic_batching: c.dynamic_batching.as_ref().map(|b| {
+                inference::ModelDynamicBatching {
+                    preferred_batch_size: b
+                        .preferred_batch_size
+                        .iter()
+                        .map(|&n| i32::try_from(n).unwrap_or(i32::MAX))
+                        .collect(),
+                    max_queue_delay_microseconds: b.max_queue_delay_microseconds,
+                }
+            }),
         }
     }
 }

@@ -847,13 +847,21 @@ fn the_metadata_messages_convert() {
             data_type: DataType::Fp16,
             dims: vec![-1],
         }],
-        dynamic_batching: None,
+        dynamic_batching: Some(crate::DynamicBatching {
+            preferred_batch_size: vec![4, 8],
+            max_queue_delay_microseconds: 500,
+        }),
     };
     let c = inference::ModelConfig::from(&config);
     assert_eq!(c.max_batch_size, 8);
     assert_eq!(c.input[0].data_type(), inference::DataType::TypeString);
     assert_eq!(c.output[0].data_type(), inference::DataType::TypeFp16);
     assert_eq!(c.output[0].dims, vec![-1]);
+    let b = c.dynamic_batching.expect("the batching goes over gRPC too");
+    assert_eq!(
+        (b.preferred_batch_size, b.max_queue_delay_microseconds),
+        (vec![4, 8], 500)
+    );
     // The enum's numbers are the protocol's (TYPE_FP32 = 11 on the wire).
     assert_eq!(inference::DataType::from(DataType::Fp32) as i32, 11);
     assert_eq!(inference::DataType::from(DataType::Bf16) as i32, 14);
