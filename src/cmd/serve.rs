@@ -291,7 +291,10 @@ fn front_ends(
     }
     let models: Vec<String> = server
         .models()
-        .map(|m| format!("{} ({}, {})", m.name, m.partition, criticality(m)))
+        .map(|m| {
+            let criticality = m.criticality.name().replace('_', " ");
+            format!("{} ({}, {criticality})", m.name, m.partition)
+        })
         .collect();
     println!(
         "isolane serve: ready; HTTP on {http_addr}, gRPC on {grpc_addr}; models: {}",
@@ -312,11 +315,4 @@ fn front_ends(
         }
     });
     Ok(())
-}
-
-fn criticality(m: &isolane_serve::ModelInfo) -> &'static str {
-    match m.criticality {
-        isolane_core::spec::Criticality::Critical => "critical",
-        isolane_core::spec::Criticality::BestEffort => "best effort",
-    }
 }

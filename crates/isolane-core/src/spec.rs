@@ -68,6 +68,13 @@ impl Mechanism {
     }
 }
 
+impl Criticality {
+    /// The word a scenario uses for it (`criticality = "..."`).
+    pub fn name(self) -> &'static str {
+        format::name_of(format::CRITICALITIES, self)
+    }
+}
+
 impl Precision {
     /// The word a scenario uses for it (`precision = "..."`).
     pub fn name(self) -> &'static str {

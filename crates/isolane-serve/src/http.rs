@@ -15,7 +15,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use isolane_metrics::http::{text_response, Limits};
 use isolane_protocol::{
     decode_request_with, encode_response, health_status, parse_header_length, ProtocolError,
-    RepositoryIndexEntry, RepositoryIndexRequest, ResponseMeta, ServerMetadata, HEADER_LENGTH,
+    RepositoryIndexEntry, RepositoryIndexRequest, ResponseMeta, HEADER_LENGTH,
 };
 use tokio::net::TcpListener;
 
@@ -80,7 +80,7 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
         )),
         (&Method::GET, ["v2", "health", "live"]) => plain(health(server.is_live())),
         (&Method::GET, ["v2", "health", "ready"]) => plain(health(server.is_ready())),
-        (&Method::GET, ["v2"]) => plain(json(StatusCode::OK, &server_metadata())),
+        (&Method::GET, ["v2"]) => plain(json(StatusCode::OK, &wire::server_metadata())),
         (&Method::POST, ["v2", "repository", "index"]) => {
             plain(repository_index(server, request).await)
         }
@@ -91,8 +91,7 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
         (_, ["v2", "cudasharedmemory", ..]) => plain(error(
             StatusCode::BAD_REQUEST,
             "CUDA shared memory is not served; register system shared memory \
-             (/v2/systemsharedmemory) or send the data in the body"
-                .into(),
+             (/v2/systemsharedmemory) or send the data in the body",
         )),
         (_, ["v2", "models", name, rest @ ..]) => {
             let name = percent_decode(name);
@@ -316,10 +315,6 @@ fn statistics(server: &Server, name: Option<&str>) -> Response<Full<Bytes>> {
     }
 }
 
-fn server_metadata() -> ServerMetadata {
-    wire::server_metadata()
-}
-
 fn health(ok: bool) -> Response<Full<Bytes>> {
     let status = StatusCode::from_u16(health_status(ok)).unwrap_or(StatusCode::BAD_REQUEST);
     text_response(status, "text/plain", Bytes::new())
@@ -332,23 +327,21 @@ fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Byt
     }
 }
 
-fn error(status: StatusCode, message: String) -> Response<Full<Bytes>> {
-    json_body(status, &message)
-}
-
-fn json_body(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+/// `{"error": message}` with `status`.
+fn error(status: StatusCode, message: impl AsRef<str>) -> Response<Full<Bytes>> {
+    let message = message.as_ref();
     let body = serde_json::json!({ "error": message }).to_string();
     text_response(status, JSON, body)
 }
 
 fn protocol_error(e: &ProtocolError) -> Response<Full<Bytes>> {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-    json_body(status, &e.to_string())
+    error(status, e.to_string())
 }
 
 fn refused(r: &Refusal) -> Response<Full<Bytes>> {
     let status = StatusCode::from_u16(r.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-    let mut response = json_body(status, &r.to_string());
+    let mut response = error(status, r.to_string());
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
         response
             .headers_mut()
@@ -357,27 +350,12 @@ fn refused(r: &Refusal) -> Response<Full<Bytes>> {
     response
 }
 
-/// `%XX` escapes of a path segment (a model name with a space or slash as a client sends it).
+/// `%XX` escapes of a path segment (a model name with a space or slash as a client sends it);
+/// stray `%`s stay as they are.
 fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push(h << 4 | l);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex(c: u8) -> Option<u8> {
-    (c as char).to_digit(16).map(|d| d as u8)
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 #[cfg(test)]

@@ -508,10 +508,7 @@ fn start_model(
                 warm_service: Duration::from_nanos(median(&warm).max(0) as u64),
                 pieces: exec.pieces(),
             };
-            let criticality = match spec.criticality {
-                Criticality::Critical => "critical",
-                Criticality::BestEffort => "best_effort",
-            };
+            let criticality = spec.criticality.name();
             let stats = metrics.model(&spec.name, (info.backend, &words, criticality), sms);
             let model = Arc::new(ServedModel::new(info, publisher, stats, records, poll_ns));
             if ready_tx.send(Ok(Arc::clone(&model))).is_err() {
