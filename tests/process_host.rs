@@ -174,7 +174,7 @@ duration_s = 30
 
 #[test]
 fn worker_refuses_another_protocol_version() {
-    // Every role's first message is checked before it is read (protocol version 5).
+    // Every role's first message is checked before it is read (protocol version 6).
     for role in ["setup", "probe", "maxrate", "app"] {
         let mut child = isolane()
             .arg("worker")

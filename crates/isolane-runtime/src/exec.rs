@@ -55,7 +55,7 @@ pub type Engine = std::sync::Arc<dyn EngineExecutors>;
 
 /// One input or output tensor of an executor, as a server describes it: its name and the shape
 /// it was compiled for, batch first. Elements are row-major f32.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TensorInfo {
     pub name: String,
     pub shape: Vec<usize>,

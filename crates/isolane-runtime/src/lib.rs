@@ -22,6 +22,7 @@ pub mod probe_role;
 pub mod program;
 pub mod protocol;
 pub mod release;
+pub mod remote_exec;
 pub mod results;
 pub mod schedule;
 pub mod sweep;

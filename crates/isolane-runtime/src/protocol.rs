@@ -3,10 +3,10 @@
 //! The coordinator's first message says which role the worker plays.
 //!
 //! ```text
-//! worker → {"type":"hello","protocol_version":5,"pid":…,"isolane_version":"…"}
+//! worker → {"type":"hello","protocol_version":6,"pid":…,"isolane_version":"…"}
 //!
 //! role workload (a `host = "process"` workload of run/isolation/sweep/interference):
-//! coord  → {"type":"setup","protocol_version":5,"index":…,"workload":{…},"device":{…},"timing":{…},"schedule":{…},"guard":…}
+//! coord  → {"type":"setup","protocol_version":6,"index":…,"workload":{…},"device":{…},"timing":{…},"schedule":{…},"guard":…}
 //! worker → {"type":"ready","warmup_ns":[…],"pieces":…}  (after pinning, model set-up and warm-up)
 //!        | {"type":"error","message":"…"}
 //! coord  → {"type":"start","t0_ns":…}                   (absolute CLOCK_MONOTONIC time)
@@ -16,7 +16,7 @@
 //! worker → {"type":"done","status":"ok"|"interrupted","cpu":…} | {"type":"error","message":"…"}
 //!
 //! role probe (`isolane verify`'s agent of one partition):
-//! coord  → {"type":"probe","protocol_version":5,"gpu":N}
+//! coord  → {"type":"probe","protocol_version":6,"gpu":N}
 //! worker → {"type":"probe_ready"}                       (the probe kernel is compiled and loaded)
 //! coord  → {"type":"measure","duration_s":…}   worker → {"type":"measured","result":{…}}
 //! coord  → {"type":"start_saturate"}           worker → {"type":"saturating"}
@@ -24,7 +24,7 @@
 //! coord  → {"type":"stop"} or EOF              worker → {"type":"done","status":"ok"}
 //!
 //! role app (one `[[app]]` of `isolane run` in its own process: an MPS client, a time slice):
-//! coord  → {"type":"app","protocol_version":5,"setup":{"scenario":…,"text":…,"app":…,"device":{…},"timing":{…},"out":…,"no_plan_check":…}}
+//! coord  → {"type":"app","protocol_version":6,"setup":{"scenario":…,"text":…,"app":…,"device":{…},"timing":{…},"out":…,"no_plan_check":…}}
 //! worker → {"type":"app_ready"}                         (every stage built and warmed up)
 //!        | {"type":"error","message":"…"}
 //! coord  → {"type":"start","t0_ns":…} | {"type":"abort"}
@@ -32,8 +32,10 @@
 //! worker → {"type":"app_done","records":{…}}            (isolane_core::app_records::AppRecords)
 //! worker → {"type":"done","status":"ok"|"interrupted"} | {"type":"error","message":"…"}
 //!
+//! role exec (a served workload in its own process: [`crate::remote_exec`] has its messages).
+//!
 //! role maxrate (`isolane maxrate`'s search in an MPS client):
-//! coord  → {"type":"maxrate","protocol_version":5,"search":{…}}
+//! coord  → {"type":"maxrate","protocol_version":6,"search":{…}}
 //! worker → {"type":"progress","event":{"event":"warmed_up"|"back_to_back"|"at_rate"|"batch_done",…}}  (repeated)
 //! coord  → {"type":"stop"}                              (any time: Ctrl-C)
 //! worker → {"type":"maxrate_done","outcome":{…}} then {"type":"done","status":"ok"}
@@ -55,8 +57,8 @@ use crate::thread_cpu::ThreadCpu;
 
 /// Bump on any incompatible change of the messages below.
 /// 4: the first coordinator message names the role (`setup`, `probe`, `maxrate`); the probe
-/// and maxrate roles' messages. 5: the app role.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// and maxrate roles' messages. 5: the app role. 6: the exec role.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -91,6 +93,21 @@ pub enum ToWorker {
     App {
         protocol_version: u32,
         setup: Box<AppSetup>,
+    },
+    /// First message, role exec: build this model and run its jobs on request
+    /// ([`crate::remote_exec`]: a served workload in a process of its own).
+    Exec {
+        protocol_version: u32,
+        setup: Box<crate::remote_exec::ExecSetup>,
+    },
+    /// Exec role: split each job into pieces of about `piece_ns`.
+    Split {
+        piece_ns: i64,
+    },
+    /// Exec role: run piece `i` of the current job (0 reads the inputs, the last writes the
+    /// outputs).
+    RunPiece {
+        i: usize,
     },
     Start {
         t0_ns: i64,
@@ -179,6 +196,16 @@ pub enum FromWorker {
     Progress {
         event: SearchEvent,
     },
+    /// Exec role: the model is built and its tensor region exists.
+    ExecReady {
+        tensors: Box<crate::remote_exec::ExecTensors>,
+    },
+    /// Exec role: the pieces a job runs as now.
+    SplitInto {
+        pieces: usize,
+    },
+    /// Exec role: the piece ran.
+    Ran,
     /// App role: every stage is built and warmed up; the worker waits for `start`.
     AppReady,
     /// App role: what the app measured (a `done` follows).

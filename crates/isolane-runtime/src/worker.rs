@@ -221,6 +221,9 @@ where
         ToWorker::Maxrate { search, .. } => {
             run_search(input, output, stop, roles.engine, &search).map(|s| (s, None))
         }
+        ToWorker::Exec { setup, .. } => {
+            crate::remote_exec::serve(input, output, &setup, roles.engine, stop).map(|s| (s, None))
+        }
         ToWorker::App { setup, .. } => {
             let apps = roles
                 .apps
@@ -228,7 +231,8 @@ where
             crate::app_role::serve(input, output, &setup, apps, stop).map(|s| (s, None))
         }
         _ => Err(WorkerError::Setup(
-            "expected a role first (a `setup`, `probe`, `maxrate` or `app` message)".into(),
+            "expected a role first (a `setup`, `probe`, `maxrate`, `exec` or `app` message)"
+                .into(),
         )),
     }
 }
