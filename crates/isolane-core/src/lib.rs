@@ -13,6 +13,7 @@ pub mod fuzz;
 pub mod job;
 pub mod maxrate;
 pub mod metrics;
+pub mod predict;
 pub mod probe;
 pub mod process;
 pub mod results;

@@ -14,6 +14,7 @@ pub mod passes;
 pub mod preprocess;
 pub mod reference;
 pub mod synthetic;
+pub mod traffic;
 pub mod weights;
 
 pub use arch::{build_model, builtin_models, model_info, ModelInfo};
