@@ -22,6 +22,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{EngineError, Result};
+pub use crate::quant::{FakeQuantAttrs, Granularity, QuantType};
 
 /// Index of a value in [`Graph::values`].
 pub type ValueId = usize;
@@ -451,6 +452,9 @@ pub enum Op {
     Resize(ResizeAttrs),
     /// Pass-through (Dropout at inference, Identity).
     Identity,
+    /// ONNX `DequantizeLinear(QuantizeLinear(x))` with one set of parameters (what a QDQ
+    /// model's activation Q→DQ pair computes): see [`crate::quant`].
+    FakeQuant(FakeQuantAttrs),
 }
 
 impl Op {
@@ -483,6 +487,7 @@ impl Op {
             Op::Reduce { .. } => "Reduce",
             Op::Resize(_) => "Resize",
             Op::Identity => "Identity",
+            Op::FakeQuant(_) => "FakeQuant",
         }
     }
 
@@ -1158,6 +1163,10 @@ pub fn infer_node(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<us
         Op::LayerNorm { axis, .. } => infer_layer_norm(n, ins, axis)?,
         Op::Reduce { axes, keepdims, .. } => infer_reduce(n, ins, axes, keepdims)?,
         Op::Resize(r) => infer_resize(n, ins, r)?,
+        Op::FakeQuant(q) => {
+            q.layout(x).map_err(err)?;
+            x.to_vec()
+        }
     };
     Ok(vec![out])
 }

@@ -12,6 +12,7 @@ mod kernels;
 pub mod onnx;
 pub mod passes;
 pub mod preprocess;
+pub mod quant;
 pub mod reference;
 pub mod synthetic;
 pub mod traffic;

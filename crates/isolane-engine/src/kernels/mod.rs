@@ -372,6 +372,11 @@ pub(crate) enum Kernel {
         offsets: Vec<usize>,
     },
     Resize(ResizeK),
+    /// `DequantizeLinear(QuantizeLinear(x))`; the scales are indexed by element (`shape`).
+    FakeQuant {
+        attrs: Arc<crate::quant::FakeQuantAttrs>,
+        shape: Vec<usize>,
+    },
     Copy,
 }
 
@@ -510,6 +515,13 @@ impl Kernel {
             }
             Op::Reduce { kind, axes, .. } => prepare_reduce(node, ins, kind, axes)?,
             Op::Resize(r) => prepare_resize(ins, outs, r)?,
+            Op::FakeQuant(q) => {
+                q.layout(x).map_err(|m| unsupported(node, m))?;
+                Kernel::FakeQuant {
+                    attrs: Arc::new(q.clone()),
+                    shape: x.to_vec(),
+                }
+            }
         })
     }
 
@@ -652,6 +664,15 @@ impl Kernel {
                         o.copy_from_slice(i);
                         apply_act(Some(u), o);
                     });
+            }
+            Kernel::FakeQuant { attrs, shape } => {
+                let x = io.inp(0);
+                // SAFETY: single output taken once.
+                let out = unsafe { io.out(0) };
+                out.par_chunks_mut(CHUNK)
+                    .zip(x.par_chunks(CHUNK))
+                    .enumerate()
+                    .for_each(|(k, (o, i))| attrs.apply_into(shape, i, o, k * CHUNK));
             }
             Kernel::Copy => {
                 let x = io.inp(0);

@@ -25,6 +25,9 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+#[path = "quant.rs"]
+mod quant;
+
 /// Batch sizes at which runtime shapes are evaluated to tell batch-dependent dims apart.
 const SAMPLES: [usize; 2] = [2, 3];
 
@@ -89,6 +92,8 @@ enum Val {
     F(Arr<f32>),
     I(Arr<Sym>),
     B(Arr<bool>),
+    /// A QuantizeLinear of a runtime tensor, which only a DequantizeLinear may read.
+    Q(Box<quant::Pending>),
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +109,7 @@ impl Val {
             Val::F(_) => "a float constant",
             Val::I(_) => "an integer constant",
             Val::B(_) => "a bool constant",
+            Val::Q(_) => "a quantized runtime tensor (a QuantizeLinear output)",
         }
     }
 
@@ -115,7 +121,7 @@ impl Val {
     fn bytes(&self) -> u128 {
         let n = |len: usize, size: usize| (len as u128).saturating_mul(size as u128);
         match self {
-            Val::Dyn(_) => 0,
+            Val::Dyn(_) | Val::Q(_) => 0,
             Val::F(a) => n(a.data.len(), std::mem::size_of::<f32>()),
             Val::I(a) => n(a.data.len(), std::mem::size_of::<Sym>()),
             Val::B(a) => n(a.data.len(), std::mem::size_of::<bool>()),
@@ -126,6 +132,7 @@ impl Val {
     fn rank(&self) -> usize {
         match self {
             Val::Dyn(d) => d.shapes[0].len(),
+            Val::Q(q) => q.x.shapes[0].len(),
             Val::F(a) => a.shape.len(),
             Val::I(a) => a.shape.len(),
             Val::B(a) => a.shape.len(),
@@ -154,6 +161,7 @@ impl Val {
             Val::F(a) => Ok(st(&a.shape)),
             Val::I(a) => Ok(st(&a.shape)),
             Val::B(a) => Ok(st(&a.shape)),
+            Val::Q(q) => Val::Dyn(q.x.clone()).sym_shape(),
         }
     }
 }
@@ -312,6 +320,8 @@ struct Importer<'m> {
     /// Values the size of the batch whose rows are all equal (a ConstantOfShape([B, ...]) and
     /// what is computed from it row by row), held with one row: [`batch_uniform`] says how.
     uniform: HashSet<String>,
+    /// Element types of quantized constants, and the FakeQuants made (`quant`).
+    quant: quant::State,
 }
 
 /// How messages name node `index` of the file: its op, its name (`#index` when it has none) and
@@ -367,6 +377,7 @@ impl<'m> Importer<'m> {
             fold_budget: FOLD_BUDGET_BYTES,
             fresh: 0,
             uniform: HashSet::new(),
+            quant: quant::State::default(),
         }
     }
 
@@ -408,6 +419,7 @@ impl<'m> Importer<'m> {
 
     fn declare_inputs(&mut self, initializers: HashMap<String, tensor::Tensor>) -> Result<()> {
         for (name, t) in initializers {
+            self.note_initializer_type(&name, t.onnx_type);
             let v = match t.data {
                 Data::F32(v) => Val::F(Arr::new(t.shape, v)),
                 Data::I64(v) => Val::I(Arr::new(t.shape, v.into_iter().map(Sym::k).collect())),
@@ -676,6 +688,7 @@ impl<'m> Importer<'m> {
         if reads_uniform {
             batch_uniform::check(self, &c)?;
         }
+        self.check_quantized_readers(&c)?;
         let outs = self.dispatch(&c)?;
         c.check_all_read()?;
         let made: u128 = outs.iter().map(Val::bytes).sum();
@@ -734,7 +747,13 @@ impl<'m> Importer<'m> {
                 }
                 Ok(vec![self.req(c, 0)?])
             }
-            "Constant" => Ok(vec![self.constant(c)?]),
+            "Constant" => {
+                let v = self.constant(c)?;
+                self.note_constant_type(c);
+                Ok(vec![v])
+            }
+            "QuantizeLinear" => self.quantize_linear(c),
+            "DequantizeLinear" => self.dequantize_linear(c),
             "Shape" => self.shape_op(c),
             "Size" => {
                 let x = self.req(c, 0)?;
@@ -2701,6 +2720,7 @@ fn sym_to_dim(s: Sym, reshape: bool) -> Result<Dim, String> {
 fn static_shape(v: &Val) -> Vec<usize> {
     match v {
         Val::Dyn(d) => d.shapes[0].clone(),
+        Val::Q(q) => q.x.shapes[0].clone(),
         Val::F(a) => a.shape.clone(),
         Val::I(a) => a.shape.clone(),
         Val::B(a) => a.shape.clone(),
@@ -2729,7 +2749,9 @@ fn map_arr(
         Val::F(a) => f(a).map(Val::F),
         Val::I(a) => i(a).map(Val::I),
         Val::B(a) => b(a).map(Val::B),
-        Val::Dyn(_) => return Err(c.bad("internal: structural fold of a runtime tensor")),
+        Val::Dyn(_) | Val::Q(_) => {
+            return Err(c.bad("internal: structural fold of a runtime tensor"))
+        }
     };
     r.map_err(|e| c.bad(e))
 }

@@ -60,12 +60,26 @@ impl Data {
 pub struct Tensor {
     pub shape: Vec<usize>,
     pub data: Data,
+    /// The ONNX data type the file stored it as (`TensorProto.DataType`): `data` widens it,
+    /// and QuantizeLinear needs the zero point's own type (int8 or uint8, float8) to know
+    /// its output's range.
+    pub onnx_type: i32,
 }
 
 impl Tensor {
     pub fn new(shape: Vec<usize>, data: Data) -> Self {
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
-        Tensor { shape, data }
+        use tensor_proto::DataType as T;
+        let onnx_type = match data {
+            Data::F32(_) => T::Float,
+            Data::I64(_) => T::Int64,
+            Data::Bool(_) => T::Bool,
+        } as i32;
+        Tensor {
+            shape,
+            data,
+            onnx_type,
+        }
     }
 
     pub fn f32(shape: Vec<usize>, v: Vec<f32>) -> Self {
@@ -116,7 +130,7 @@ fn elem_size(dt: tensor_proto::DataType) -> Option<usize> {
         T::Float | T::Int32 | T::Uint32 => 4,
         T::Double | T::Int64 | T::Uint64 => 8,
         T::Int16 | T::Uint16 | T::Float16 | T::Bfloat16 => 2,
-        T::Int8 | T::Uint8 | T::Bool => 1,
+        T::Int8 | T::Uint8 | T::Bool | T::Float8e4m3fn => 1,
         _ => return None,
     })
 }
@@ -129,6 +143,22 @@ pub fn f16_bits_to_f32(bits: u16) -> f32 {
 /// A bfloat16 bit pattern as f32; exact (bf16 is the top half of an f32).
 pub fn bf16_bits_to_f32(bits: u16) -> f32 {
     half::bf16::from_bits(bits).to_f32()
+}
+
+/// A float8 e4m3fn bit pattern as f32 (exact): sign, 4 exponent bits of bias 7, 3 mantissa
+/// bits, exponent 0 subnormal, `S.1111.111` NaN (no infinities).
+pub fn e4m3fn_bits_to_f32(b: u8) -> f32 {
+    let (e, m) = (((b >> 3) & 0xF) as i32, (b & 7) as f32);
+    let mag = match (e, b & 0x7F) {
+        (_, 0x7F) => f32::NAN,
+        (0, _) => m * (1.0 / 512.0),
+        _ => (8.0 + m) * f32::from_bits(((e - 10 + 127) as u32) << 23),
+    };
+    if b & 0x80 != 0 {
+        -mag
+    } else {
+        mag
+    }
 }
 
 /// Decodes little-endian raw bytes of type `dt` (length already checked).
@@ -180,6 +210,7 @@ fn decode_raw(dt: tensor_proto::DataType, raw: &[u8]) -> Data {
         T::Uint16 => Data::I64(u16s().map(|v| v as i64).collect()),
         T::Int8 => Data::I64(raw.iter().map(|&b| b as i8 as i64).collect()),
         T::Uint8 => Data::I64(raw.iter().map(|&b| b as i64).collect()),
+        T::Float8e4m3fn => Data::F32(raw.iter().map(|&b| e4m3fn_bits_to_f32(b)).collect()),
         _ => Data::Bool(raw.iter().map(|&b| b != 0).collect()), // T::Bool: elem_size allows no other
     }
 }
@@ -222,6 +253,16 @@ fn decode_typed(dt: tensor_proto::DataType, t: &TensorProto) -> (Data, usize) {
             Data::Bool(t.int32_data.iter().map(|&x| x != 0).collect()),
             t.int32_data.len(),
         ),
+        // int32_data holds float8 as its bit pattern in the low 8 bits.
+        T::Float8e4m3fn => (
+            Data::F32(
+                t.int32_data
+                    .iter()
+                    .map(|&x| e4m3fn_bits_to_f32(x as u8))
+                    .collect(),
+            ),
+            t.int32_data.len(),
+        ),
         // int32_data holds INT32, INT16, INT8, UINT16, UINT8 (one value per int32).
         _ => (
             Data::I64(t.int32_data.iter().map(|&x| x as i64).collect()),
@@ -257,7 +298,7 @@ pub fn from_proto(
         T::try_from(t.data_type()).map_err(|_| format!("unknown data type {}", t.data_type()))?;
     let size = elem_size(dt).ok_or_else(|| {
         format!(
-            "data type {} is not supported (isolane reads float32/64, float16, bfloat16 and integer/bool tensors)",
+            "data type {} is not supported (isolane reads float32/64, float16, bfloat16, float8e4m3fn and integer/bool tensors)",
             dt.as_str_name()
         )
     })?;
@@ -288,6 +329,7 @@ pub fn from_proto(
         return Ok(Tensor {
             shape,
             data: decode_raw(dt, raw),
+            onnx_type: dt as i32,
         });
     }
 
@@ -295,7 +337,11 @@ pub fn from_proto(
     if have != numel {
         return Err(format!("holds {have} values, but shape {:?} needs {numel}", t.dims).into());
     }
-    Ok(Tensor { shape, data })
+    Ok(Tensor {
+        shape,
+        data,
+        onnx_type: dt as i32,
+    })
 }
 
 /// Why a tensor could not be decoded: its own fields, or its external data file.

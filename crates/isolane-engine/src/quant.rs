@@ -1,0 +1,384 @@
+//! Quantization as ONNX defines it (QuantizeLinear / DequantizeLinear), in f32: the one
+//! definition that the ONNX importer folds constant weights with and that the CPU backend runs
+//! for [`crate::ir::Op::FakeQuant`] (a QuantizeLinear → DequantizeLinear pair on a runtime
+//! tensor).
+//!
+//! Every step is the spec's and exact in f32: `x / scale` is one IEEE division (onnxruntime
+//! divides too, it does not multiply by a reciprocal), rounding is half to even, the integer
+//! `q = round(x / scale) + zero_point` is saturated to its type's range, and
+//! `(q − zero_point) · scale` is one f32 product of an exact integer. float8 e4m3fn rounds
+//! `x / scale` half to even onto its grid (3 mantissa bits, subnormals down to 2⁻⁹) and
+//! saturates to ±448, or gives NaN past it when the node says `saturate = 0`.
+
+use std::fmt;
+
+/// The element type a QuantizeLinear produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantType {
+    Int8,
+    Uint8,
+    Int16,
+    Uint16,
+    /// ONNX FLOAT8E4M3FN: no infinities, one NaN pattern, largest finite 448.
+    Float8E4M3Fn,
+}
+
+impl QuantType {
+    /// The ONNX `TensorProto.DataType` number, and back.
+    pub fn onnx_type(self) -> i32 {
+        match self {
+            QuantType::Uint8 => 2,
+            QuantType::Int8 => 3,
+            QuantType::Uint16 => 4,
+            QuantType::Int16 => 5,
+            QuantType::Float8E4M3Fn => 17,
+        }
+    }
+
+    /// The type of ONNX data type `t`, if isolane quantizes to it.
+    pub fn from_onnx(t: i32) -> Option<QuantType> {
+        [
+            QuantType::Uint8,
+            QuantType::Int8,
+            QuantType::Uint16,
+            QuantType::Int16,
+            QuantType::Float8E4M3Fn,
+        ]
+        .into_iter()
+        .find(|q| q.onnx_type() == t)
+    }
+
+    /// The saturation range of an integer type (float8: ±448).
+    pub fn range(self) -> (f32, f32) {
+        match self {
+            QuantType::Int8 => (-128.0, 127.0),
+            QuantType::Uint8 => (0.0, 255.0),
+            QuantType::Int16 => (-32768.0, 32767.0),
+            QuantType::Uint16 => (0.0, 65535.0),
+            QuantType::Float8E4M3Fn => (-E4M3_MAX, E4M3_MAX),
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        self == QuantType::Float8E4M3Fn
+    }
+}
+
+impl fmt::Display for QuantType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QuantType::Int8 => "int8",
+            QuantType::Uint8 => "uint8",
+            QuantType::Int16 => "int16",
+            QuantType::Uint16 => "uint16",
+            QuantType::Float8E4M3Fn => "float8e4m3fn",
+        })
+    }
+}
+
+/// Which scale (and zero point) each element uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Granularity {
+    /// One scale for the whole tensor.
+    PerTensor,
+    /// One scale per index of dimension `axis` (opset 13).
+    PerAxis { axis: i64 },
+    /// One scale per `block` consecutive indices of dimension `axis` (opset 21): the scales
+    /// have the input's shape with that dimension `ceil(d / block)`.
+    Blocked { axis: i64, block: usize },
+}
+
+/// `DequantizeLinear(QuantizeLinear(x))` with one set of parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FakeQuantAttrs {
+    pub qtype: QuantType,
+    /// float8 only: out-of-range values saturate (true, ONNX's default) or become NaN.
+    pub saturate: bool,
+    pub granularity: Granularity,
+    /// C-order, as the granularity says (one per tensor, per axis index, or per block).
+    pub scales: Vec<f32>,
+    /// One per scale; integers (0 for float8).
+    pub zero_points: Vec<f32>,
+}
+
+/// The largest finite float8 e4m3fn value.
+pub const E4M3_MAX: f32 = 448.0;
+
+/// `v` rounded half to even onto the float8 e4m3fn grid, as an f32 (exact: every e4m3 value
+/// is an f32). Past ±448 (after rounding) it saturates to ±448, or is NaN when `saturate` is
+/// false; ±∞ likewise; NaN stays NaN.
+pub fn round_e4m3fn(v: f32, saturate: bool) -> f32 {
+    if v.is_nan() {
+        return f32::NAN;
+    }
+    let a = v.abs();
+    if a.is_infinite() {
+        return if saturate {
+            E4M3_MAX.copysign(v)
+        } else {
+            f32::NAN
+        };
+    }
+    // The spacing of the grid around `a`: 2^(e − 3) for a normal e4m3 number of exponent e
+    // (e ≥ −6), 2⁻⁹ among the subnormals. Powers of two, so the division and product are exact.
+    let e = if a >= f32::MIN_POSITIVE {
+        ((a.to_bits() >> 23) as i32 - 127).max(-6)
+    } else {
+        -6
+    };
+    let quantum = f32::from_bits(((e - 3 + 127) as u32) << 23);
+    let r = (a / quantum).round_ties_even() * quantum;
+    let r = if r > E4M3_MAX {
+        if saturate {
+            E4M3_MAX
+        } else {
+            f32::NAN
+        }
+    } else {
+        r
+    };
+    r.copysign(v)
+}
+
+/// The ONNX QuantizeLinear value of `x` (the integer, or the float8 value, as an f32).
+#[inline]
+pub fn quantize(x: f32, scale: f32, zero_point: f32, qtype: QuantType, saturate: bool) -> f32 {
+    let v = x / scale;
+    if qtype.is_float() {
+        return round_e4m3fn(v, saturate);
+    }
+    let (lo, hi) = qtype.range();
+    // Adding the (integral) zero point before or after rounding is the same; |v| past 2^24
+    // saturates whatever the addition rounds to. NaN stays NaN (the spec leaves it open).
+    (v.round_ties_even() + zero_point).clamp(lo, hi)
+}
+
+/// The ONNX DequantizeLinear value of `q`.
+#[inline]
+pub fn dequantize(q: f32, scale: f32, zero_point: f32) -> f32 {
+    (q - zero_point) * scale
+}
+
+impl FakeQuantAttrs {
+    /// How many scales a tensor of `shape` needs, with the granularity's dimension resolved:
+    /// `(outer, d, inner, per-axis count)`, or why the scales do not fit it.
+    pub fn layout(&self, shape: &[usize]) -> Result<(usize, usize, usize, usize), String> {
+        let (axis, per) = match self.granularity {
+            Granularity::PerTensor => {
+                let n = shape.iter().product();
+                return self.count_is(1).map(|_| (1, n, 1, 1));
+            }
+            Granularity::PerAxis { axis } => (axis, 1),
+            Granularity::Blocked { axis, block } => (axis, block.max(1)),
+        };
+        let a = crate::ir::norm_axis(axis, shape.len())
+            .ok_or_else(|| format!("axis {axis} is out of range for shape {shape:?}"))?;
+        let outer: usize = shape[..a].iter().product();
+        let d = shape[a];
+        let inner: usize = shape[a + 1..].iter().product();
+        let want = match self.granularity {
+            Granularity::Blocked { .. } => outer * d.div_ceil(per) * inner,
+            _ => d,
+        };
+        self.count_is(want)
+            .map(|_| (outer, d, inner, d.div_ceil(per)))
+    }
+
+    fn count_is(&self, want: usize) -> Result<(), String> {
+        if self.scales.len() != want || self.zero_points.len() != want {
+            return Err(format!(
+                "{} scales and {} zero points for a tensor that needs {want}",
+                self.scales.len(),
+                self.zero_points.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The scale index of every element of a C-order tensor of `shape` whose layout is
+    /// `(outer, d, inner, blocks)` from [`FakeQuantAttrs::layout`], for element `i`.
+    #[inline]
+    fn param_index(&self, i: usize, (_, d, inner, blocks): (usize, usize, usize, usize)) -> usize {
+        match self.granularity {
+            Granularity::PerTensor => 0,
+            Granularity::PerAxis { .. } => (i / inner) % d,
+            Granularity::Blocked { block, .. } => {
+                let (o, rest) = (i / (d * inner), i % (d * inner));
+                let (a, j) = (rest / inner, rest % inner);
+                (o * blocks + a / block.max(1)) * inner + j
+            }
+        }
+    }
+
+    /// QuantizeLinear of `x` (C-order, `shape`) into `out`: integers (or float8 values) as f32.
+    pub fn quantize_into(&self, shape: &[usize], x: &[f32], out: &mut [f32], start: usize) {
+        let Ok(l) = self.layout(shape) else { return };
+        for (k, (o, &v)) in out.iter_mut().zip(x).enumerate() {
+            let p = self.param_index(start + k, l);
+            *o = quantize(
+                v,
+                self.scales[p],
+                self.zero_points[p],
+                self.qtype,
+                self.saturate,
+            );
+        }
+    }
+
+    /// `DequantizeLinear(QuantizeLinear(x))` of the elements `start..start + x.len()` of a
+    /// C-order tensor of `shape`, into `out`.
+    pub fn apply_into(&self, shape: &[usize], x: &[f32], out: &mut [f32], start: usize) {
+        let Ok(l) = self.layout(shape) else { return };
+        if self.granularity == Granularity::PerTensor {
+            let (s, z) = (self.scales[0], self.zero_points[0]);
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = dequantize(quantize(v, s, z, self.qtype, self.saturate), s, z);
+            }
+            return;
+        }
+        for (k, (o, &v)) in out.iter_mut().zip(x).enumerate() {
+            let p = self.param_index(start + k, l);
+            let (s, z) = (self.scales[p], self.zero_points[p]);
+            *o = dequantize(quantize(v, s, z, self.qtype, self.saturate), s, z);
+        }
+    }
+}
+
+/// DequantizeLinear of known values `q` (C-order, `shape`) with the scales and zero points of
+/// `attrs` (whose `qtype` and `saturate` are not used).
+pub fn dequantize_all(
+    attrs: &FakeQuantAttrs,
+    shape: &[usize],
+    q: &[f32],
+) -> Result<Vec<f32>, String> {
+    let l = attrs.layout(shape)?;
+    Ok(q.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let p = attrs.param_index(i, l);
+            dequantize(v, attrs.scales[p], attrs.zero_points[p])
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every finite e4m3fn value, from its bits (sign, 4 exponent bits of bias 7, 3 mantissa
+    /// bits; exponent 0 subnormal; 0x7F/0xFF NaN).
+    fn e4m3_values() -> Vec<f32> {
+        (0u8..=0xFE)
+            .filter(|b| b & 0x7F != 0x7F)
+            .map(|b| {
+                let (s, e, m) = ((b >> 7) as i32, ((b >> 3) & 0xF) as i32, (b & 7) as f32);
+                let mag = if e == 0 {
+                    m / 8.0 * 2f32.powi(-6)
+                } else {
+                    (1.0 + m / 8.0) * 2f32.powi(e - 7)
+                };
+                if s == 1 {
+                    -mag
+                } else {
+                    mag
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn e4m3_grid_points_are_fixed_and_midpoints_round_to_even() {
+        let mut pos: Vec<f32> = e4m3_values().into_iter().filter(|v| *v >= 0.0).collect();
+        pos.sort_by(f32::total_cmp);
+        pos.dedup();
+        assert_eq!(pos.len(), 127);
+        assert_eq!(*pos.last().unwrap(), 448.0);
+        for &v in &pos {
+            assert_eq!(round_e4m3fn(v, true), v);
+            assert_eq!(round_e4m3fn(-v, true), -v);
+        }
+        for w in pos.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            let mid = (a + b) / 2.0; // exact: both are on a grid finer than f32's
+                                     // The even neighbour has an even mantissa: its bits (in units of the grid) are even.
+            let q = if a == 0.0 { 2f32.powi(-9) } else { b - a };
+            let even = if ((a / q).round() as i64) % 2 == 0 {
+                a
+            } else {
+                b
+            };
+            assert_eq!(round_e4m3fn(mid, true), even, "midpoint of {a} and {b}");
+            assert_eq!(round_e4m3fn(mid.next_down(), true), a);
+            assert_eq!(round_e4m3fn(mid.next_up(), true), b);
+        }
+    }
+
+    #[test]
+    fn e4m3_saturates_or_gives_nan_past_448() {
+        // 464 is the midpoint of 448 and 480 (which would be the NaN pattern): ties to 448.
+        assert_eq!(round_e4m3fn(464.0, false), 448.0);
+        assert!(round_e4m3fn(464.5, false).is_nan());
+        assert_eq!(round_e4m3fn(464.5, true), 448.0);
+        assert_eq!(round_e4m3fn(-1e9, true), -448.0);
+        assert_eq!(round_e4m3fn(f32::INFINITY, true), 448.0);
+        assert!(round_e4m3fn(f32::NEG_INFINITY, false).is_nan());
+        assert!(round_e4m3fn(f32::NAN, true).is_nan());
+        // Below half the smallest subnormal (2^-10): zero, with the sign kept.
+        assert_eq!(round_e4m3fn(2f32.powi(-10), true), 0.0);
+        assert!(round_e4m3fn(-(2f32.powi(-10)), true).is_sign_negative());
+        assert_eq!(round_e4m3fn(2f32.powi(-10).next_up(), true), 2f32.powi(-9));
+    }
+
+    #[test]
+    fn integer_quantization_rounds_half_to_even_and_saturates() {
+        let q = |x: f32, t| quantize(x, 0.5, 0.0, t, true);
+        assert_eq!(q(1.25, QuantType::Int8), 2.0); // 2.5 → 2
+        assert_eq!(q(1.75, QuantType::Int8), 4.0); // 3.5 → 4
+        assert_eq!(q(-1.25, QuantType::Int8), -2.0);
+        assert_eq!(q(1000.0, QuantType::Int8), 127.0);
+        assert_eq!(q(-1000.0, QuantType::Int8), -128.0);
+        assert_eq!(q(-3.0, QuantType::Uint8), 0.0);
+        assert_eq!(quantize(-3.0, 0.5, 10.0, QuantType::Uint8, true), 4.0);
+        assert_eq!(quantize(1e9, 1.0, 3.0, QuantType::Uint16, true), 65535.0);
+        assert_eq!(dequantize(4.0, 0.5, 10.0), -3.0);
+    }
+
+    #[test]
+    fn per_axis_and_blocked_parameters_follow_the_element_index() {
+        // x of shape [2, 3, 2], per axis 1: element (i, j, k) uses scale j.
+        let a = FakeQuantAttrs {
+            qtype: QuantType::Int8,
+            saturate: true,
+            granularity: Granularity::PerAxis { axis: 1 },
+            scales: vec![1.0, 2.0, 4.0],
+            zero_points: vec![0.0; 3],
+        };
+        let x: Vec<f32> = (0..12).map(|i| i as f32 + 0.9).collect();
+        let mut y = vec![0.0; 12];
+        a.apply_into(&[2, 3, 2], &x, &mut y, 0);
+        let want: Vec<f32> = (0..12)
+            .map(|i| {
+                let s = [1.0, 2.0, 4.0][(i / 2) % 3];
+                ((i as f32 + 0.9) / s).round_ties_even() * s
+            })
+            .collect();
+        assert_eq!(y, want);
+        // The same elements fed in two pieces give the same result.
+        let mut y2 = vec![0.0; 12];
+        a.apply_into(&[2, 3, 2], &x[..5], &mut y2[..5], 0);
+        a.apply_into(&[2, 3, 2], &x[5..], &mut y2[5..], 5);
+        assert_eq!(y2, want);
+        // Blocked on axis 1 of [1, 5] by 2: scales [1, 3] (ceil(5 / 2) = 3 blocks).
+        let b = FakeQuantAttrs {
+            granularity: Granularity::Blocked { axis: 1, block: 2 },
+            scales: vec![1.0, 10.0, 100.0],
+            zero_points: vec![0.0; 3],
+            ..a.clone()
+        };
+        let mut y = vec![0.0; 5];
+        b.apply_into(&[1, 5], &[1.4, 1.4, 14.0, 16.0, 140.0], &mut y, 0);
+        assert_eq!(y, vec![1.0, 1.0, 10.0, 20.0, 100.0]);
+        assert!(b.layout(&[1, 6]).is_ok() && b.layout(&[1, 7]).is_err());
+        assert!(a.layout(&[2, 4, 2]).is_err());
+    }
+}
