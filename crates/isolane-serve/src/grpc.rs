@@ -43,7 +43,7 @@ impl GrpcFrontEnd {
         let largest = self
             .server
             .models()
-            .map(|m| wire::limits(m).max_body_bytes)
+            .map(|m| wire::limits(&m).max_body_bytes)
             .max()
             .unwrap_or(Limits::default().max_body_bytes);
         let largest = usize::try_from(largest).unwrap_or(usize::MAX);
@@ -228,7 +228,7 @@ fn logged<T>(
 }
 
 impl GrpcFrontEnd {
-    fn model(&self, name: &str) -> Result<&crate::ModelInfo, Status> {
+    fn model(&self, name: &str) -> Result<std::sync::Arc<crate::ModelInfo>, Status> {
         self.server
             .model(name)
             .ok_or_else(|| refused(&self.server.unknown(name)))
@@ -244,12 +244,14 @@ impl GrpcFrontEnd {
             Ok(i) => i,
             Err(s) => return (Err(s), false),
         };
-        let decoded =
-            match decode_infer_request(req, &wire::limits(info), Some(self.server.shared_memory()))
-            {
-                Ok(d) => d.request,
-                Err(e) => return (Err(Status::from(&e)), false),
-            };
+        let decoded = match decode_infer_request(
+            req,
+            &wire::limits(&info),
+            Some(self.server.shared_memory()),
+        ) {
+            Ok(d) => d.request,
+            Err(e) => return (Err(Status::from(&e)), false),
+        };
         let selection = decoded.outputs.clone();
         let mut meta = ResponseMeta {
             model_name: name.clone(),
@@ -325,7 +327,7 @@ impl GrpcInferenceService for GrpcFrontEnd {
         request: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let name = request.into_inner().name;
-        let ready = self.server.model(&name).is_some() && self.server.is_ready();
+        let ready = self.server.is_model_ready(&name);
         logged(
             "ModelReady",
             &name,
@@ -351,7 +353,7 @@ impl GrpcInferenceService for GrpcFrontEnd {
         let name = request.into_inner().name;
         let answer = self
             .model(&name)
-            .map(|info| pb::ModelMetadataResponse::from(&wire::metadata(info)));
+            .map(|info| pb::ModelMetadataResponse::from(&wire::metadata(&info)));
         logged("ModelMetadata", &name, began, false, answer)
     }
 
@@ -362,7 +364,7 @@ impl GrpcInferenceService for GrpcFrontEnd {
         let began = Instant::now();
         let name = request.into_inner().name;
         let answer = self.model(&name).map(|info| pb::ModelConfigResponse {
-            config: Some(pb::ModelConfig::from(&wire::config(info))),
+            config: Some(pb::ModelConfig::from(&wire::config(&info))),
         });
         logged("ModelConfig", &name, began, false, answer)
     }
@@ -420,13 +422,7 @@ impl GrpcInferenceService for GrpcFrontEnd {
         request: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
         let asked = isolane_protocol::RepositoryIndexRequest::from(request.get_ref());
-        let ready = self.server.is_ready();
-        let entries: Vec<_> = self
-            .server
-            .models()
-            .filter(|_| ready || !asked.ready)
-            .map(|m| wire::index_entry(m, ready))
-            .collect();
+        let entries = self.server.repository_index(asked.ready);
         logged(
             "RepositoryIndex",
             "",
@@ -440,34 +436,35 @@ impl GrpcInferenceService for GrpcFrontEnd {
         &self,
         request: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        let name = request.into_inner().model_name;
-        logged(
-            "RepositoryModelLoad",
-            &name,
-            Instant::now(),
-            false,
-            Err(unimplemented(
-                "RepositoryModelLoad",
-                "the served models are the scenario's workloads, loaded when the server starts",
-            )),
-        )
+        let began = Instant::now();
+        let request = request.into_inner();
+        let name = request.model_name;
+        let answer = if request.parameters.is_empty() {
+            let (server, owned) = (self.server.clone(), name.clone());
+            changed(tokio::task::spawn_blocking(move || server.load_model(&owned)).await)
+                .map(|_| pb::RepositoryModelLoadResponse {})
+        } else {
+            let given: Vec<&str> = request.parameters.keys().map(String::as_str).collect();
+            Err(Status::invalid_argument(format!(
+                "load parameters ({}) are not taken: a served model is its scenario workload, \
+                 loaded with the settings it last had; change those with isolane ctl resize",
+                given.join(", ")
+            )))
+        };
+        logged("RepositoryModelLoad", &name, began, false, answer)
     }
 
     async fn repository_model_unload(
         &self,
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        let began = Instant::now();
         let name = request.into_inner().model_name;
-        logged(
-            "RepositoryModelUnload",
-            &name,
-            Instant::now(),
-            false,
-            Err(unimplemented(
-                "RepositoryModelUnload",
-                "the served models are the scenario's workloads, kept until the server stops",
-            )),
-        )
+        let (server, owned) = (self.server.clone(), name.clone());
+        let answer =
+            changed(tokio::task::spawn_blocking(move || server.unload_model(&owned)).await)
+                .map(|_| pb::RepositoryModelUnloadResponse {});
+        logged("RepositoryModelUnload", &name, began, false, answer)
     }
 
     /// The region named, or every region for an empty name.
@@ -605,6 +602,26 @@ fn cuda_shared_memory<T>(method: &str) -> Result<Response<T>, Status> {
 /// A registry call's outcome as the method's answer.
 fn done<T>(r: Result<(), ProtocolError>, answer: T) -> Result<T, Status> {
     r.map(|()| answer).map_err(|e| Status::from(&e))
+}
+
+/// A load's or unload's outcome as a gRPC status (a refusal's code and words).
+fn changed(
+    done: Result<Result<crate::Change, crate::ControlError>, tokio::task::JoinError>,
+) -> Result<crate::Change, Status> {
+    match done {
+        Ok(Ok(change)) => Ok(change),
+        Ok(Err(e)) => {
+            let code = match e.status {
+                404 => Code::NotFound,
+                409 => Code::FailedPrecondition,
+                503 => Code::Unavailable,
+                500 => Code::Internal,
+                _ => Code::InvalidArgument,
+            };
+            Err(Status::new(code, e.message))
+        }
+        Err(e) => Err(Status::internal(format!("the change's thread failed: {e}"))),
+    }
 }
 
 #[cfg(test)]

@@ -84,6 +84,16 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
         (&Method::POST, ["v2", "repository", "index"]) => {
             plain(repository_index(server, request).await)
         }
+        (&Method::POST, ["v2", "repository", "models", name, action @ ("load" | "unload")]) => {
+            let (r, model) =
+                crate::control_http::repository(server, &percent_decode(name), action, request)
+                    .await;
+            (r, model, false)
+        }
+        (_, ["isolane", "v1", rest @ ..]) => {
+            let (r, model) = crate::control_http::admin(server, &method, rest, request).await;
+            (r, model, false)
+        }
         (&Method::GET, ["v2", "models", "stats"]) => plain(statistics(server, None)),
         (_, ["v2", "systemsharedmemory", rest @ ..]) => {
             plain(shared_memory(server, &method, rest, request).await)
@@ -125,9 +135,9 @@ async fn model_route(
         return with(refused(&refusal));
     };
     match (method, rest) {
-        (&Method::GET, []) => with(json(StatusCode::OK, &wire::metadata(info))),
-        (&Method::GET, ["ready"]) => with(health(server.is_ready())),
-        (&Method::GET, ["config"]) => with(json(StatusCode::OK, &wire::config(info))),
+        (&Method::GET, []) => with(json(StatusCode::OK, &wire::metadata(&info))),
+        (&Method::GET, ["ready"]) => with(health(server.is_model_ready(name))),
+        (&Method::GET, ["config"]) => with(json(StatusCode::OK, &wire::config(&info))),
         (&Method::GET, ["stats"]) => with(statistics(server, Some(name))),
         (&Method::POST, ["infer"]) => infer(server, name, request).await,
         _ => with(error(
@@ -152,7 +162,7 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
     let Some(info) = server.model(name) else {
         return fail(refused(&server.unknown(name)));
     };
-    let limits = wire::limits(info);
+    let limits = wire::limits(&info);
     let body = match read_body(request, limits.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => return fail(protocol_error(&e)),
@@ -212,7 +222,10 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
 }
 
 /// Reads a body of at most `limit` bytes (413 beyond).
-async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ProtocolError> {
+pub(crate) async fn read_body(
+    request: Request<Incoming>,
+    limit: u64,
+) -> Result<Bytes, ProtocolError> {
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
     match Limited::new(request.into_body(), limit_usize)
         .collect()
@@ -240,12 +253,7 @@ async fn repository_index(server: &Server, request: Request<Incoming>) -> Respon
         Ok(a) => a,
         Err(e) => return protocol_error(&e),
     };
-    let ready = server.is_ready();
-    let entries: Vec<RepositoryIndexEntry> = server
-        .models()
-        .filter(|_| ready || !asked.ready)
-        .map(|m| wire::index_entry(m, ready))
-        .collect();
+    let entries: Vec<RepositoryIndexEntry> = server.repository_index(asked.ready);
     json(StatusCode::OK, &entries)
 }
 
@@ -320,7 +328,7 @@ fn health(ok: bool) -> Response<Full<Bytes>> {
     text_response(status, "text/plain", Bytes::new())
 }
 
-fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
+pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
     match serde_json::to_vec(value) {
         Ok(body) => text_response(status, JSON, body),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
@@ -328,7 +336,7 @@ fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Byt
 }
 
 /// `{"error": message}` with `status`.
-fn error(status: StatusCode, message: impl AsRef<str>) -> Response<Full<Bytes>> {
+pub(crate) fn error(status: StatusCode, message: impl AsRef<str>) -> Response<Full<Bytes>> {
     let message = message.as_ref();
     let body = serde_json::json!({ "error": message }).to_string();
     text_response(status, JSON, body)
@@ -352,7 +360,7 @@ fn refused(r: &Refusal) -> Response<Full<Bytes>> {
 
 /// `%XX` escapes of a path segment (a model name with a space or slash as a client sends it);
 /// stray `%`s stay as they are.
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
         .decode_utf8_lossy()
         .into_owned()

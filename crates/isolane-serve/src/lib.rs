@@ -13,7 +13,10 @@
 //! Served here: thread-hosted workloads (the CPU, green contexts). Worker processes (MPS,
 //! MIG, time slices) are refused at start with their reason (docs/serve.md).
 
+mod control;
+mod control_http;
 pub mod grpc;
+mod host;
 pub mod http;
 mod model;
 mod request;
@@ -28,14 +31,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use isolane_core::admission::Plan;
-use isolane_core::spec::{Backend, Criticality, Host};
-use isolane_runtime::coordinator::{RunPlan, WorkloadPlan};
-use isolane_runtime::exec::{executor_for, Engine};
+use isolane_core::spec::{Backend, Criticality, DeviceSpec, Host, WorkloadSpec};
+use isolane_runtime::coordinator::RunPlan;
+use isolane_runtime::exec::Engine;
 use isolane_runtime::guard::{CriticalPublisher, Guard, GuardRole, GuardSetup};
 use isolane_runtime::jobs_stream::BatchSender;
 use tokio::sync::oneshot;
 
-pub use model::ModelInfo;
+pub use control::{Change, ControlError, ModelStatus};
+pub use host::{ProcessHosts, WorkerStarted};
+pub use model::{Load, ModelInfo};
 pub use request::{InferRequest, InferResponse, Refusal};
 pub use stats::{InferenceStats, ModelStatistics, ServeMetrics, StatDuration};
 
@@ -80,12 +85,20 @@ impl ServeError {
 /// A running server's shared state.
 struct Shared {
     models: Vec<Arc<ServedModel>>,
+    /// Each model's instance and what it was built from, in the models' order.
+    slots: Vec<Slot>,
     by_name: HashMap<String, usize>,
     metrics: Arc<ServeMetrics>,
     draining: AtomicBool,
     /// Cuts a held best-effort piece short at shutdown.
     stop: Arc<AtomicBool>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// What a new instance is built with.
+    context: InstanceContext,
+    /// Held by a change from its checks to its end, and by the drain: one change at a time,
+    /// checked against the partitions as the last change left them.
+    control: Mutex<()>,
+    /// The scenario's `[protection] enabled`.
+    protection: bool,
     started: Instant,
     /// The system shared memory regions clients registered.
     regions: shm::SharedRegions,
@@ -93,6 +106,35 @@ struct Shared {
     drained: Mutex<Option<Drained>>,
     // Kept for as long as the models publish in it.
     guard: Option<Arc<Guard>>,
+}
+
+/// One served model's instance: the thread that owns its executor, and the workload it was
+/// built from (a change builds the next instance from a changed copy).
+struct Slot {
+    /// The workload's position in the scenario (seeds its random stream, names its guard part).
+    index: usize,
+    spec: Mutex<WorkloadSpec>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The last change, for `ctl status`.
+    last: Mutex<Option<Change>>,
+}
+
+/// What every instance is built with, whichever model it serves.
+#[derive(Clone)]
+struct InstanceContext {
+    device: DeviceSpec,
+    engine: Engine,
+    seed: u64,
+    poll_ns: i64,
+    guard: Option<Arc<Guard>>,
+    /// Each workload's part in the guard, in the plan's order.
+    setups: Vec<Option<GuardSetup>>,
+    records: Option<(Vec<BatchSender>, i64)>,
+    metrics: Arc<ServeMetrics>,
+    stop: Arc<AtomicBool>,
+    /// How `host = "process"` workloads' workers start (`None`: this executable's, without
+    /// a partition environment).
+    processes: Option<ProcessHosts>,
 }
 
 /// The serving session's handle (cheap to clone; every front end holds one).
@@ -119,37 +161,66 @@ impl Server {
         words: &[(String, Option<u32>)],
         options: &ServeOptions,
     ) -> Result<Server, ServeError> {
+        Server::start_with(plan, words, options, None)
+    }
+
+    /// [`Server::start`], with the worker processes of `host = "process"` workloads started
+    /// as `processes` says (their partition environment: [`serve_plan`] passes its session's).
+    pub fn start_with(
+        plan: &RunPlan,
+        words: &[(String, Option<u32>)],
+        options: &ServeOptions,
+        processes: Option<ProcessHosts>,
+    ) -> Result<Server, ServeError> {
         refuse_unservable(plan)?;
         let guard = plan.guard().map_err(ServeError::Guard)?;
         let metrics = Arc::new(ServeMetrics::new());
         let stop = Arc::new(AtomicBool::new(false));
+        let context = InstanceContext {
+            device: plan.device.clone(),
+            engine: options.engine.clone(),
+            seed: options.seed,
+            poll_ns: plan.timing.spin_us as i64 * 1000,
+            setups: (0..plan.workloads.len())
+                .map(|i| guard.as_ref().and_then(|(_, s)| s.get(i).cloned()))
+                .collect(),
+            guard: guard.as_ref().map(|(g, _)| Arc::clone(g)),
+            records: options.records.clone(),
+            metrics: Arc::clone(&metrics),
+            stop: Arc::clone(&stop),
+            processes,
+        };
         let mut models = Vec::new();
-        let mut threads = Vec::new();
+        let mut slots = Vec::new();
         for (i, w) in plan.workloads.iter().enumerate() {
-            let setup = guard.as_ref().and_then(|(_, s)| s.get(i).cloned());
             let (words, sms) = words.get(i).cloned().unwrap_or(("cpu".into(), None));
-            let started = start_model(
-                plan,
-                w,
+            let started = spawn_instance(
+                &context,
+                w.index,
+                w.spec.clone(),
                 (words, sms),
-                options,
-                guard.as_ref().map(|(g, _)| Arc::clone(g)),
-                setup,
-                &metrics,
-                &stop,
+                w.partition.take(),
+                None,
             );
             match started {
-                Ok((model, thread)) => {
+                Ok((model, thread, _)) => {
                     models.push(model);
-                    threads.push(thread);
+                    slots.push(Slot {
+                        index: w.index,
+                        spec: Mutex::new(w.spec.clone()),
+                        thread: Mutex::new(Some(thread)),
+                        last: Mutex::new(None),
+                    });
                 }
                 Err(e) => {
                     stop.store(true, Ordering::Relaxed);
                     for m in &models {
                         m.close();
                     }
-                    for t in threads {
-                        let _ = t.join();
+                    for s in slots {
+                        if let Some(t) = s.thread.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                            let _ = t.join();
+                        }
                     }
                     return Err(e);
                 }
@@ -158,16 +229,19 @@ impl Server {
         let by_name = models
             .iter()
             .enumerate()
-            .map(|(i, m)| (m.info.name.clone(), i))
+            .map(|(i, m)| (m.info().name.clone(), i))
             .collect();
         Ok(Server {
             shared: Arc::new(Shared {
                 models,
+                slots,
                 by_name,
                 metrics,
                 draining: AtomicBool::new(false),
                 stop,
-                threads: Mutex::new(threads),
+                context,
+                control: Mutex::new(()),
+                protection: plan.protection.enabled,
                 started: Instant::now(),
                 regions: shm::SharedRegions::default(),
                 drained: Mutex::new(None),
@@ -219,13 +293,19 @@ impl Server {
         out
     }
 
-    /// The served models, in the scenario's order.
-    pub fn models(&self) -> impl Iterator<Item = &ModelInfo> {
-        self.shared.models.iter().map(|m| &m.info)
+    /// The served models as they are now, in the scenario's order (an unloaded one too).
+    pub fn models(&self) -> impl Iterator<Item = Arc<ModelInfo>> + '_ {
+        self.shared.models.iter().map(|m| m.info())
     }
 
-    pub fn model(&self, name: &str) -> Option<&ModelInfo> {
-        self.find(name).map(|m| &m.info)
+    /// A served model as it is now (loaded or not).
+    pub fn model(&self, name: &str) -> Option<Arc<ModelInfo>> {
+        self.find(name).map(|m| m.info())
+    }
+
+    /// Whether model `name` is served and ready: loaded, and the server not draining.
+    pub fn is_model_ready(&self, name: &str) -> bool {
+        self.is_ready() && self.find(name).is_some_and(|m| m.is_loaded())
     }
 
     fn find(&self, name: &str) -> Option<&Arc<ServedModel>> {
@@ -289,7 +369,7 @@ impl Server {
                 .shared
                 .models
                 .iter()
-                .map(|m| format!("`{}`", m.info.name))
+                .map(|m| format!("`{}`", m.info().name))
                 .collect::<Vec<_>>()
                 .join(", "),
         }
@@ -333,6 +413,12 @@ impl Server {
             return d.clone();
         }
         self.shared.draining.store(true, Ordering::Relaxed);
+        // A change under way ends first (its new instance serves or was never switched in).
+        let _control = self
+            .shared
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let before = self.in_flight();
         let until = Instant::now() + grace;
         for m in &self.shared.models {
@@ -346,15 +432,11 @@ impl Server {
         // requests get their answers.
         let abandoned: usize = self.shared.models.iter().map(|m| m.abandon_queued()).sum();
         self.shared.stop.store(true, Ordering::Relaxed);
-        let threads = std::mem::take(
-            &mut *self
-                .shared
-                .threads
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        for t in threads {
-            let _ = t.join();
+        for slot in &self.shared.slots {
+            let thread = slot.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(t) = thread {
+                let _ = t.join();
+            }
         }
         let d = Drained {
             answered: before.saturating_sub(abandoned),
@@ -365,8 +447,7 @@ impl Server {
     }
 }
 
-/// Serving runs models on threads of this process; a workload hosted in a worker process
-/// (MPS, MIG, time slices) or an external program cannot be served yet.
+/// Serving runs models: an external program or a `kernel:` takes no requests.
 fn refuse_unservable(plan: &RunPlan) -> Result<(), ServeError> {
     for w in &plan.workloads {
         let name = &w.spec.name;
@@ -374,13 +455,6 @@ fn refuse_unservable(plan: &RunPlan) -> Result<(), ServeError> {
             return Err(ServeError::Refused(format!(
                 "workload `{name}` runs a program (`command`), which has no inputs to serve; \
                  serve takes models"
-            )));
-        }
-        if w.spec.host == Host::Process {
-            return Err(ServeError::Refused(format!(
-                "workload `{name}`: host = \"process\" (mechanisms mps, mig and timeslice) is \
-                 not served yet; serve runs models on threads of its own process: the CPU, or \
-                 green contexts on a GPU (docs/serve.md)"
             )));
         }
         if w.spec.kernel().is_some() {
@@ -392,32 +466,27 @@ fn refuse_unservable(plan: &RunPlan) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Builds workload `w`'s model on its own thread and waits until it is warm.
-#[allow(clippy::too_many_arguments)]
-fn start_model(
-    plan: &RunPlan,
-    w: &WorkloadPlan,
+/// A started instance: its model, its thread, and how it took over (a later instance).
+type Started = (Arc<ServedModel>, JoinHandle<()>, Option<model::TakeOver>);
+
+/// Builds an instance of workload `spec` (scenario position `index`) on a thread of its own,
+/// in `partition`, pinned to `spec.cpu`, and waits until it is warm. A first instance
+/// (`existing` none) makes the served model; a later one takes `existing`'s queue over from
+/// the instance serving it (which ends after its job) once warm, and says how that went.
+/// `words`: the partition in words, and its SMs on a GPU.
+fn spawn_instance(
+    ctx: &InstanceContext,
+    index: usize,
+    spec: WorkloadSpec,
     (words, sms): (String, Option<u32>),
-    options: &ServeOptions,
-    guard: Option<Arc<Guard>>,
-    setup: Option<GuardSetup>,
-    metrics: &Arc<ServeMetrics>,
-    stop: &Arc<AtomicBool>,
-) -> Result<(Arc<ServedModel>, JoinHandle<()>), ServeError> {
-    let spec = w.spec.clone();
-    let device = spec.device(&plan.device);
-    let partition = w.partition.take();
-    let engine = options.engine.clone();
-    let seed = options.seed;
-    let index = w.index;
-    let poll_ns = plan.timing.spin_us as i64 * 1000;
-    let records = options
-        .records
-        .as_ref()
-        .and_then(|(sinks, t0)| sinks.get(index).map(|s| (s.clone(), *t0)));
-    let metrics = Arc::clone(metrics);
-    let stop = Arc::clone(stop);
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<ServedModel>, ServeError>>();
+    partition: Option<isolane_runtime::partition::Partition>,
+    existing: Option<(Arc<ServedModel>, i64)>,
+) -> Result<Started, ServeError> {
+    let ctx = ctx.clone();
+    let device = spec.device(&ctx.device);
+    let words = control::cpu_words(device.backend, &spec.cpu, words);
+    let (ready_tx, ready_rx) =
+        mpsc::channel::<Result<(Arc<ServedModel>, Option<model::TakeOver>), ServeError>>();
     let name = spec.name.clone();
     let failed = |message: String| ServeError::Model {
         workload: name.clone(),
@@ -438,13 +507,13 @@ fn start_model(
                     return;
                 }
             }
-            let built = executor_for(
-                Some(engine.as_ref()),
+            let built = host::build_executor(
+                &ctx.engine,
                 &device,
                 &spec,
-                seed,
-                index,
+                (ctx.seed, index),
                 partition,
+                ctx.processes.as_ref(),
             );
             let mut exec = match built {
                 Ok(e) => e,
@@ -460,10 +529,11 @@ fn start_model(
                     return;
                 }
             };
+            let setup = ctx.setups.get(index).cloned().flatten();
             let critical = spec.criticality == Criticality::Critical;
             let mut role = match (&setup, critical) {
                 (Some(s), false) => {
-                    match GuardRole::attach(Some(s), guard.as_ref(), exec.as_mut(), &warm) {
+                    match GuardRole::attach(Some(s), ctx.guard.as_ref(), exec.as_mut(), &warm) {
                         Ok(r) => r,
                         Err(e) => {
                             let _ = ready_tx.send(Err(fail(format!("the guard: {e}"))));
@@ -472,22 +542,6 @@ fn start_model(
                     }
                 }
                 _ => GuardRole::Off,
-            };
-            let publisher = match (&setup, &guard) {
-                (
-                    Some(GuardSetup {
-                        critical_slot: Some(slot),
-                        stretch,
-                        ..
-                    }),
-                    Some(g),
-                ) => Some(Arc::new(CriticalPublisher::new(
-                    Arc::clone(g),
-                    *slot,
-                    median(&warm),
-                    *stretch,
-                ))),
-                _ => None,
             };
             let info = ModelInfo {
                 name: spec.name.clone(),
@@ -505,20 +559,68 @@ fn start_model(
                     Backend::Cuda => "cuda",
                 },
                 partition: words.clone(),
+                // The thread's own mask, as the kernel has it (the cores it was pinned to).
+                cpu: if spec.cpu.is_empty() {
+                    Vec::new()
+                } else {
+                    isolane_runtime::affinity::available_cores()
+                },
+                sms,
                 warm_service: Duration::from_nanos(median(&warm).max(0) as u64),
                 pieces: exec.pieces(),
             };
             let criticality = spec.criticality.name();
-            let stats = metrics.model(&spec.name, (info.backend, &words, criticality), sms);
-            let model = Arc::new(ServedModel::new(info, publisher, stats, records, poll_ns));
-            if ready_tx.send(Ok(Arc::clone(&model))).is_err() {
+            let (model, instance, took) = match existing {
+                Some((model, requested)) => {
+                    model.stats.describe((&words, criticality), sms);
+                    model.set_info(info);
+                    let instance = model.next_instance();
+                    let took = model.take_over(instance, median(&warm).max(0), requested);
+                    model.stats.set_ready(true);
+                    (model, instance, Some(took))
+                }
+                None => {
+                    let publisher = match (&setup, &ctx.guard) {
+                        (
+                            Some(GuardSetup {
+                                critical_slot: Some(slot),
+                                stretch,
+                                ..
+                            }),
+                            Some(g),
+                        ) => Some(Arc::new(CriticalPublisher::new(
+                            Arc::clone(g),
+                            *slot,
+                            median(&warm),
+                            *stretch,
+                        ))),
+                        _ => None,
+                    };
+                    let records = ctx
+                        .records
+                        .as_ref()
+                        .and_then(|(sinks, t0)| sinks.get(index).map(|s| (s.clone(), *t0)));
+                    let stats =
+                        ctx.metrics
+                            .model(&spec.name, (info.backend, &words, criticality), sms);
+                    let model = Arc::new(ServedModel::new(
+                        info,
+                        publisher,
+                        stats,
+                        records,
+                        ctx.poll_ns,
+                    ));
+                    (model, 0, None)
+                }
+            };
+            if ready_tx.send(Ok((Arc::clone(&model), took))).is_err() {
                 return;
             }
-            model.serve(exec.as_mut(), &mut role, &stop);
+            model.serve(instance, exec.as_mut(), &mut role, &ctx.stop);
         })
         .map_err(|e| failed(format!("cannot start its thread: {e}")))?;
     match ready_rx.recv() {
-        Ok(Ok(model)) => Ok((model, thread)),
+        Ok(Ok((model, took))) => Ok((model, thread, took)),
         Ok(Err(e)) => {
             let _ = thread.join();
             Err(e)
@@ -585,14 +687,15 @@ pub fn serve_plan<T>(
             )
         })
         .collect();
-    let run = |plan: &RunPlan| -> Result<(T, Drained), ServeError> {
-        let server = Server::start(plan, &words, options)?;
-        let out = body(&server);
-        let drained = server.drain(grace);
-        Ok((out, drained))
-    };
+    let run =
+        |plan: &RunPlan, processes: Option<ProcessHosts>| -> Result<(T, Drained), ServeError> {
+            let server = Server::start_with(plan, &words, options, processes)?;
+            let out = body(&server);
+            let drained = server.drain(grace);
+            Ok((out, drained))
+        };
     let Some(admitted) = admitted else {
-        return run(plan);
+        return run(plan, None);
     };
     let urgency = isolane_session::urgency_of(plan);
     isolane_session::with_urgent_partitions(
@@ -602,7 +705,25 @@ pub fn serve_plan<T>(
         urgency,
         |session| {
             let plan = isolane_session::plan_in(session, plan);
-            run(&plan)
+            let processes = match plan.workloads.iter().any(|w| w.spec.host == Host::Process) {
+                true => {
+                    let adopt = session.client_adopter();
+                    let started: WorkerStarted = Arc::new(adopt);
+                    let command = isolane_runtime::worker_client::WorkerCommand::isolane()
+                        .map_err(|e| {
+                            ServeError::Refused(format!(
+                                "cannot find the isolane executable for the worker processes: {e}"
+                            ))
+                        })?;
+                    Some(ProcessHosts {
+                        command,
+                        env: session.worker_env().clone(),
+                        on_start: Some(started),
+                    })
+                }
+                false => None,
+            };
+            run(&plan, processes)
         },
     )?
 }

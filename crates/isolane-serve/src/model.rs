@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use isolane_core::spec::{Batching, Criticality, WhenFull};
@@ -49,6 +49,10 @@ pub struct ModelInfo {
     pub backend: &'static str,
     /// The partition in words (`cpu`, `green 24 SMs`, `whole GPU`).
     pub partition: String,
+    /// The cores its threads are pinned to (none: unpinned).
+    pub cpu: Vec<usize>,
+    /// The SMs of its green partition, on a GPU.
+    pub sms: Option<u32>,
     /// Median service time of the warm-up's jobs.
     pub warm_service: Duration,
     /// The pieces a job runs as (best effort under the guard; 1: whole).
@@ -76,11 +80,76 @@ struct Queue {
     closing: bool,
     /// Requests taken and not yet answered (queued or running).
     in_flight: usize,
+    /// The instance that may take jobs from the queue: an instance whose number this is not
+    /// has been replaced (or the model unloaded) and ends after the job it runs.
+    instance: u64,
+    /// Unloaded (Triton's repository extension): new requests are refused; no instance runs.
+    unloaded: bool,
+    /// When the replaced instance stopped serving (its last job's end, or the switch when it
+    /// ran none): the start of the pause, which ends when the new instance may take a job.
+    handoff_from: i64,
+    /// Arrivals and answers of the last [`WINDOW_NS`], for the model's load (`ctl status`).
+    window: Window,
+}
+
+/// How far back a model's load is measured (`ctl status`: rate and p99).
+pub(crate) const WINDOW_NS: i64 = 10_000_000_000;
+/// Entries kept at most per list, whatever the rate (100 k requests in the window).
+const WINDOW_CAP: usize = 100_000;
+
+#[derive(Default)]
+struct Window {
+    arrivals: VecDeque<i64>,
+    /// (answered at, latency), ns.
+    answers: VecDeque<(i64, i64)>,
+}
+
+impl Window {
+    fn prune(&mut self, now: i64) {
+        let from = now - WINDOW_NS;
+        while self.arrivals.front().is_some_and(|&t| t < from) || self.arrivals.len() > WINDOW_CAP {
+            self.arrivals.pop_front();
+        }
+        while self.answers.front().is_some_and(|&(t, _)| t < from)
+            || self.answers.len() > WINDOW_CAP
+        {
+            self.answers.pop_front();
+        }
+    }
+}
+
+/// A model's load over the last [`WINDOW_NS`] (or since it started, when younger).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Load {
+    /// Requests that reached the model (taken or refused), per second.
+    pub rate_hz: f64,
+    /// Requests waiting for a job now.
+    pub queued: usize,
+    /// Requests taken and not answered yet.
+    pub in_flight: usize,
+    /// The 99th percentile of the window's answers' latencies (ms); `None` without answers.
+    pub p99_ms: Option<f64>,
+    pub answered: usize,
+    /// The admission's service estimate now (ms).
+    pub service_ms: f64,
+}
+
+/// How an instance's take-over went: from the change's request to the new instance serving,
+/// and the pause within it (no instance could take a request).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TakeOver {
+    /// ns from the request to the new instance serving.
+    pub took_ns: i64,
+    /// ns during which the model served nothing: from the old instance's last job (or the
+    /// switch) to the new instance free to take one; `None` when no instance was serving
+    /// before (a load).
+    pub pause_ns: Option<i64>,
 }
 
 /// The state a model's submitters and its thread share.
 pub(crate) struct ServedModel {
-    pub info: ModelInfo,
+    /// What the model is now (a change replaces it; readers take a snapshot).
+    info: RwLock<Arc<ModelInfo>>,
     queue: Mutex<Queue>,
     wake: Condvar,
     /// The 90th percentile of recent jobs' service times (ns), for admission.
@@ -99,6 +168,11 @@ pub(crate) struct ServedModel {
     /// arriving meanwhile is taken without a wake-up, which costs tens of µs on a machine
     /// whose cores sleep.
     poll_ns: i64,
+    /// Instance numbers handed out so far (the first instance is 0).
+    instances: AtomicU64,
+    /// When the model was first served (ns, monotonic clock): its load's window is shorter
+    /// before [`WINDOW_NS`] has passed.
+    started: i64,
 }
 
 impl ServedModel {
@@ -115,7 +189,7 @@ impl ServedModel {
             p.idle(deadline_ns(info.deadline));
         }
         ServedModel {
-            info,
+            info: RwLock::new(Arc::new(info)),
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             service_ns: AtomicI64::new(service),
@@ -126,7 +200,19 @@ impl ServedModel {
             recorded: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
             poll_ns,
+            instances: AtomicU64::new(1),
+            started: clock::now_ns(),
         }
+    }
+
+    /// What the model is now.
+    pub fn info(&self) -> Arc<ModelInfo> {
+        Arc::clone(&self.info.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Replaces what the model is (a change of its deadline, criticality or partition).
+    pub fn set_info(&self, info: ModelInfo) {
+        *self.info.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(info);
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -142,28 +228,29 @@ impl ServedModel {
         req: InferRequest,
     ) -> Result<oneshot::Receiver<Result<InferResponse, Refusal>>, Refusal> {
         let arrived = clock::now_ns();
-        let name = &self.info.name;
-        let relative = req.deadline.or(self.info.deadline);
-        let inputs = check_inputs(
-            name,
-            &self.info.inputs,
-            &self.info.outputs,
-            self.info.max_batch,
-            req,
-        )?;
+        let info = self.info();
+        let name = &info.name;
+        let relative = req.deadline.or(info.deadline);
+        let inputs = check_inputs(name, &info.inputs, &info.outputs, info.max_batch, req)?;
         let (tx, rx) = oneshot::channel();
         let mut q = self.lock();
+        q.window.arrivals.push_back(arrived);
         if q.closing {
             return Err(Refusal::Draining {
                 model: name.clone(),
             });
         }
-        if q.items.len() >= self.info.queue_limit as usize {
-            match self.info.when_full {
+        if q.unloaded {
+            return Err(Refusal::Unloaded {
+                model: name.clone(),
+            });
+        }
+        if q.items.len() >= info.queue_limit as usize {
+            match info.when_full {
                 WhenFull::Refuse => {
                     return Err(Refusal::QueueFull {
                         model: name.clone(),
-                        limit: self.info.queue_limit,
+                        limit: info.queue_limit,
                     })
                 }
                 WhenFull::DropOldest => {
@@ -180,7 +267,7 @@ impl ServedModel {
         }
         let deadline = relative.map(|d| arrived.saturating_add(duration_ns(d)));
         if let Some(due) = deadline {
-            let (predicted, ahead) = self.predict(&q, arrived, inputs.rows);
+            let (predicted, ahead) = self.predict(&info, &q, arrived, inputs.rows);
             if predicted > due {
                 let ms = |ns: i64| ns as f64 / 1e6;
                 return Err(Refusal::WouldBeLate {
@@ -216,18 +303,18 @@ impl ServedModel {
 
     /// When a request of `rows` arriving at `now` would complete, and how many jobs are ahead
     /// of its own.
-    fn predict(&self, q: &Queue, now: i64, rows: usize) -> (i64, usize) {
+    fn predict(&self, info: &ModelInfo, q: &Queue, now: i64, rows: usize) -> (i64, usize) {
         let service = self.service_ns.load(Ordering::Relaxed);
         let free_at = if q.running_since > 0 {
             (q.running_since + service).max(now)
         } else {
             now
         };
-        let ahead = match &self.info.batching {
+        let ahead = match &info.batching {
             // Batched: the queued rows and its own fill jobs of max_batch rows; it waits at
             // most the batch delay for company.
             Some(b) => {
-                let jobs = (q.rows + rows).div_ceil(self.info.max_batch.max(1));
+                let jobs = (q.rows + rows).div_ceil(info.max_batch.max(1));
                 let delay = (b.max_delay_ms * 1e6) as i64;
                 return (free_at + jobs as i64 * service + delay, jobs - 1);
             }
@@ -245,6 +332,98 @@ impl ServedModel {
     /// Answers every request still queued with a refusal (a drain whose time is up); the job
     /// running goes on. Returns how many were refused.
     pub fn abandon_queued(&self) -> usize {
+        let name = self.info().name.clone();
+        self.abandon_queued_as("draining", || Refusal::Draining {
+            model: name.clone(),
+        })
+    }
+
+    /// A number no instance has had yet, for the next one.
+    pub fn next_instance(&self) -> u64 {
+        self.instances.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether the model takes requests (not unloaded).
+    pub fn is_loaded(&self) -> bool {
+        !self.lock().unloaded
+    }
+
+    /// Makes `instance` (built and warm, its jobs taking `service_ns`) the one that takes the
+    /// queue's jobs, as one step under the queue's lock: the instance it replaces ends after
+    /// the job it runs, if any, which this waits for. `requested`: when the change was asked
+    /// for (ns, monotonic clock). Requests queued meanwhile stay queued for the new instance.
+    pub fn take_over(&self, instance: u64, service_ns: i64, requested: i64) -> TakeOver {
+        let mut q = self.lock();
+        let serving_before = !q.unloaded;
+        q.instance = instance;
+        q.unloaded = false;
+        q.handoff_from = if q.running_since == 0 {
+            clock::now_ns()
+        } else {
+            0
+        };
+        // From now on admission predicts with the new instance's service time.
+        self.service_ns.store(service_ns, Ordering::Relaxed);
+        if let Some(p) = &self.publisher {
+            p.set_estimate(service_ns);
+        }
+        self.wake.notify_all();
+        while q.running_since != 0 {
+            q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+        let now = clock::now_ns();
+        TakeOver {
+            took_ns: now - requested,
+            pause_ns: serving_before.then(|| now - q.handoff_from),
+        }
+    }
+
+    /// Triton's unload: new requests are refused from now on; those taken are answered for at
+    /// most `grace` (past it, what is still queued is refused); then no instance serves (its
+    /// thread ends after its job). Returns how many queued requests were refused.
+    pub fn unload(&self, grace: Duration) -> usize {
+        self.lock().unloaded = true;
+        let until = clock::now_ns().saturating_add(duration_ns(grace));
+        while self.in_flight() > 0 && clock::now_ns() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let name = self.info().name.clone();
+        let abandoned = self.abandon_queued_as("unloaded", || Refusal::Unloaded {
+            model: name.clone(),
+        });
+        let none = self.next_instance();
+        let mut q = self.lock();
+        q.instance = none;
+        self.wake.notify_all();
+        while q.running_since != 0 {
+            q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+        abandoned
+    }
+
+    /// The model's load now ([`Load`]).
+    pub fn load(&self) -> Load {
+        let now = clock::now_ns();
+        let mut q = self.lock();
+        q.window.prune(now);
+        let span = (now - self.started).clamp(1_000_000, WINDOW_NS);
+        let mut latencies: Vec<i64> = q.window.answers.iter().map(|&(_, l)| l).collect();
+        latencies.sort_unstable();
+        let p99 = (!latencies.is_empty()).then(|| {
+            let i = (latencies.len() * 99).div_ceil(100).max(1) - 1;
+            latencies[i.min(latencies.len() - 1)] as f64 / 1e6
+        });
+        Load {
+            rate_hz: q.window.arrivals.len() as f64 / (span as f64 / 1e9),
+            queued: q.items.len(),
+            in_flight: q.in_flight,
+            p99_ms: p99,
+            answered: latencies.len(),
+            service_ms: self.service_ns.load(Ordering::Relaxed) as f64 / 1e6,
+        }
+    }
+
+    fn abandon_queued_as(&self, reason: &str, refusal: impl Fn() -> Refusal) -> usize {
         let mut q = self.lock();
         let dropped: Vec<Queued> = q.items.drain(..).collect();
         self.queued.store(0, Ordering::Release);
@@ -253,21 +432,19 @@ impl ServedModel {
         self.stats.queue_length(0);
         drop(q);
         for r in &dropped {
-            self.stats.rejected("draining");
+            self.stats.rejected(reason);
             self.stats.failed(clock::now_ns() - r.arrived);
         }
         let n = dropped.len();
         for r in dropped {
-            let _ = r.reply.send(Err(Refusal::Draining {
-                model: self.info.name.clone(),
-            }));
+            let _ = r.reply.send(Err(refusal()));
         }
         n
     }
 
     /// Triton's statistics extension for this model.
     pub fn statistics(&self) -> crate::stats::ModelStatistics {
-        self.stats.statistics(&self.info.name)
+        self.stats.statistics(&self.info().name)
     }
 
     /// Requests taken and not answered yet.
@@ -275,11 +452,18 @@ impl ServedModel {
         self.lock().in_flight
     }
 
-    /// The model thread's loop, until closed and empty. `stop` cuts a held best-effort piece
-    /// short at shutdown.
-    pub fn serve(&self, exec: &mut dyn Executor, role: &mut GuardRole, stop: &AtomicBool) {
+    /// Instance `instance`'s loop, until the model is closed and empty or the instance
+    /// replaced. `stop` cuts a held best-effort piece short at shutdown.
+    pub fn serve(
+        &self,
+        instance: u64,
+        exec: &mut dyn Executor,
+        role: &mut GuardRole,
+        stop: &AtomicBool,
+    ) {
         let mut recent = Recent::new(self.service_ns.load(Ordering::Relaxed));
-        while let Some(batch) = self.next_batch() {
+        while let Some(batch) = self.next_batch(instance) {
+            let info = self.info();
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let rows: usize = batch.iter().map(|r| r.inputs.rows).sum();
             let copy_in = clock::now_ns();
@@ -292,10 +476,22 @@ impl ServedModel {
             let mut q = self.lock();
             q.running_since = 0;
             q.in_flight -= batch.len();
+            if let Ok((_, end, _)) = &ran {
+                for r in &batch {
+                    q.window.answers.push_back((*end, end - r.arrived));
+                }
+                q.window.prune(*end);
+            }
+            if q.instance != instance {
+                // Replaced while this job ran: the pause starts now; the new instance waits
+                // for it.
+                q.handoff_from = clock::now_ns();
+                self.wake.notify_all();
+            }
             if let Some(p) = &self.publisher {
                 match q.items.front() {
                     Some(next) => p.pending(seq + 1, next.arrived, next.deadline),
-                    None => p.idle(deadline_ns(self.info.deadline)),
+                    None => p.idle(deadline_ns(info.deadline)),
                 }
             }
             drop(q);
@@ -324,7 +520,7 @@ impl ServedModel {
                         self.stats.rejected("failed");
                         self.stats.failed(now - r.arrived);
                         let _ = r.reply.send(Err(Refusal::Failed {
-                            model: self.info.name.clone(),
+                            model: info.name.clone(),
                             message: message.clone(),
                         }));
                     }
@@ -336,10 +532,14 @@ impl ServedModel {
     /// Waits for the next job's requests: one request, or (batching) what is queued up to the
     /// compiled batch, waiting up to the batch delay for a preferred size. `None`: closed and
     /// empty.
-    fn next_batch(&self) -> Option<Vec<Queued>> {
+    fn next_batch(&self, instance: u64) -> Option<Vec<Queued>> {
         self.poll();
+        let info = self.info();
         let mut q = self.lock();
         loop {
+            if q.instance != instance {
+                return None;
+            }
             if !q.items.is_empty() {
                 break;
             }
@@ -348,8 +548,8 @@ impl ServedModel {
             }
             q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
         }
-        let max = self.info.max_batch.max(1);
-        if let Some(b) = &self.info.batching {
+        let max = info.max_batch.max(1);
+        if let Some(b) = &info.batching {
             let first = q.items.front().map_or(0, |r| r.arrived);
             let until = first.saturating_add((b.max_delay_ms * 1e6) as i64);
             loop {
@@ -358,7 +558,7 @@ impl ServedModel {
                 let now = clock::now_ns();
                 // A later request that does not fit ends the batch, as does the delay.
                 let blocked = q.items.len() > fitting_count(&q.items, max);
-                if full || blocked || now >= until || q.closing {
+                if full || blocked || now >= until || q.closing || q.instance != instance {
                     break;
                 }
                 let wait = Duration::from_nanos((until - now) as u64);
@@ -369,7 +569,10 @@ impl ServedModel {
                     .unwrap_or_else(|p| p.into_inner().0);
             }
         }
-        let take = match &self.info.batching {
+        if q.instance != instance {
+            return None;
+        }
+        let take = match &info.batching {
             Some(_) => fitting_count(&q.items, max).max(1),
             None => 1,
         };
@@ -429,7 +632,8 @@ impl ServedModel {
         (taken, start, end): (i64, i64, i64),
         rows: usize,
     ) -> Vec<(Reply, Result<InferResponse, Refusal>)> {
-        let infos = &self.info.outputs;
+        let info = self.info();
+        let infos = &info.outputs;
         let mut row = 0;
         let mut replies = Vec::with_capacity(batch.len());
         for r in batch {
@@ -463,7 +667,7 @@ impl ServedModel {
                     job_rows: rows,
                 })
                 .map_err(|e| Refusal::Failed {
-                    model: self.info.name.clone(),
+                    model: info.name.clone(),
                     message: e.to_string(),
                 });
             replies.push((r.reply, reply));

@@ -63,6 +63,13 @@ pub enum Refusal {
     Dropped { model: String },
     #[error("the server is shutting down; model `{model}` takes no new requests")]
     Draining { model: String },
+    /// Triton's answer for a model unloaded through the repository extension (404 /
+    /// NOT_FOUND, its words).
+    #[error(
+        "Request for unknown model: '{model}' has no available versions (unloaded; \
+         POST /v2/repository/models/{model}/load loads it again)"
+    )]
+    Unloaded { model: String },
     #[error("model `{model}`: the inference failed: {message}")]
     Failed { model: String, message: String },
 }
@@ -77,6 +84,7 @@ impl Refusal {
             Refusal::WouldBeLate { .. } => "deadline",
             Refusal::Dropped { .. } => "dropped",
             Refusal::Draining { .. } => "draining",
+            Refusal::Unloaded { .. } => "unloaded",
             Refusal::Failed { .. } => "failed",
         }
     }
@@ -85,7 +93,7 @@ impl Refusal {
     /// interface fixes; 503 while draining.
     pub fn http_status(&self) -> u16 {
         match self {
-            Refusal::UnknownModel { .. } => 404,
+            Refusal::UnknownModel { .. } | Refusal::Unloaded { .. } => 404,
             Refusal::BadRequest(_) => 400,
             Refusal::QueueFull { .. } | Refusal::WouldBeLate { .. } | Refusal::Dropped { .. } => {
                 429
@@ -97,7 +105,7 @@ impl Refusal {
 
     pub fn grpc_code(&self) -> GrpcCode {
         match self {
-            Refusal::UnknownModel { .. } => GrpcCode::NotFound,
+            Refusal::UnknownModel { .. } | Refusal::Unloaded { .. } => GrpcCode::NotFound,
             Refusal::BadRequest(_) => GrpcCode::InvalidArgument,
             Refusal::QueueFull { .. } | Refusal::WouldBeLate { .. } | Refusal::Dropped { .. } => {
                 GrpcCode::ResourceExhausted

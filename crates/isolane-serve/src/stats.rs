@@ -38,6 +38,19 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(20e-6, 2.0, 19))
 }
 
+/// A change's time, from its request to the new instance serving, and its pause (1 µs to
+/// about 65 s: a rebuilt model on a busy machine takes seconds).
+fn change_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-6, 2.0, 27))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChangeLabels {
+    pub model: String,
+    /// `resize`, `reload`, `load`, `unload`, `settings` (deadline or criticality only).
+    pub kind: String,
+}
+
 fn rows_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 2.0, 11))
 }
@@ -56,6 +69,10 @@ pub struct ServeMetrics {
     held: Family<ModelLabels, Counter<f64, AtomicU64>>,
     info: Family<InfoLabels, Gauge>,
     partition_sms: Family<ModelLabels, Gauge>,
+    ready: Family<ModelLabels, Gauge>,
+    changes: Family<ChangeLabels, Counter>,
+    change_time: Family<ChangeLabels, Histogram, fn() -> Histogram>,
+    change_pause: Family<ChangeLabels, Histogram, fn() -> Histogram>,
 }
 
 impl Default for ServeMetrics {
@@ -79,6 +96,10 @@ impl ServeMetrics {
             held: Family::default(),
             info: Family::default(),
             partition_sms: Family::default(),
+            ready: Family::default(),
+            changes: Family::default(),
+            change_time: Family::new_with_constructor(change_histogram),
+            change_pause: Family::new_with_constructor(change_histogram),
             registry: Registry::default(),
         };
         registry.register(
@@ -140,6 +161,30 @@ impl ServeMetrics {
             "SMs of a model's green partition",
             m.partition_sms.clone(),
         );
+        registry.register(
+            "model_ready",
+            "1 while a model is loaded and takes requests, 0 once unloaded",
+            m.ready.clone(),
+        );
+        registry.register(
+            "changes",
+            "Changes made to a model while serving, by kind (resize, reload, load, unload, \
+             settings)",
+            m.changes.clone(),
+        );
+        registry.register_with_unit(
+            "change",
+            "From a change's request to the model's new instance serving",
+            Unit::Seconds,
+            m.change_time.clone(),
+        );
+        registry.register_with_unit(
+            "change_pause",
+            "Time a change left its model serving nothing (the old instance's last job to the \
+             new instance free to take one)",
+            Unit::Seconds,
+            m.change_pause.clone(),
+        );
         ServeMetrics { registry, ..m }
     }
 
@@ -165,12 +210,19 @@ impl ServeMetrics {
         if let Some(sms) = sms {
             self.partition_sms.get_or_create(&labels).set(sms.into());
         }
+        self.ready.get_or_create(&labels).set(1);
         // Created now so that a scrape lists every model from the start.
         let _ = self.requests.get_or_create(&labels);
         let _ = self.late.get_or_create(&labels);
         let _ = self.queue_length.get_or_create(&labels);
         Arc::new(ModelStats {
             metrics: Arc::clone(self),
+            info: std::sync::Mutex::new(InfoLabels {
+                model: name.to_string(),
+                backend: backend.to_string(),
+                partition: partition.to_string(),
+                criticality: criticality.to_string(),
+            }),
             labels,
             totals: Totals::default(),
         })
@@ -198,6 +250,8 @@ impl ServeMetrics {
 pub struct ModelStats {
     metrics: Arc<ServeMetrics>,
     labels: ModelLabels,
+    /// The labels of its `model_info` now (a change replaces them).
+    info: std::sync::Mutex<InfoLabels>,
     pub(crate) totals: Totals,
 }
 
@@ -270,6 +324,54 @@ pub struct ModelStatistics {
 }
 
 impl ModelStats {
+    /// The model's partition or criticality changed: `model_info` lists it with its new
+    /// labels only, and `partition_sms` has its new size (none: removed).
+    pub fn describe(&self, (partition, criticality): (&str, &str), sms: Option<u32>) {
+        let mut info = self.info.lock().unwrap_or_else(|p| p.into_inner());
+        self.metrics.info.remove(&info);
+        info.partition = partition.to_string();
+        info.criticality = criticality.to_string();
+        self.metrics.info.get_or_create(&info).set(1);
+        match sms {
+            Some(n) => {
+                self.metrics
+                    .partition_sms
+                    .get_or_create(&self.labels)
+                    .set(n.into());
+            }
+            None => {
+                self.metrics.partition_sms.remove(&self.labels);
+            }
+        }
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.metrics
+            .ready
+            .get_or_create(&self.labels)
+            .set(i64::from(ready));
+    }
+
+    /// A change of `kind` took `took_ns` from its request to the new instance serving, and
+    /// left the model serving nothing for `pause_ns` (none when nothing served before).
+    pub fn changed(&self, kind: &str, took_ns: i64, pause_ns: Option<i64>) {
+        let labels = ChangeLabels {
+            model: self.labels.model.clone(),
+            kind: kind.to_string(),
+        };
+        self.metrics.changes.get_or_create(&labels).inc();
+        self.metrics
+            .change_time
+            .get_or_create(&labels)
+            .observe(took_ns.max(0) as f64 / 1e9);
+        if let Some(p) = pause_ns {
+            self.metrics
+                .change_pause
+                .get_or_create(&labels)
+                .observe(p.max(0) as f64 / 1e9);
+        }
+    }
+
     pub fn received(&self) {
         self.metrics.requests.get_or_create(&self.labels).inc();
     }

@@ -240,13 +240,13 @@ criticality = "best_effort"
         .map(|i| s.submit("batched", rows(&[i as f32])).unwrap())
         .collect();
     // Its configuration says so, as Triton's does (perf_analyzer and clients read it).
-    let config = crate::wire::config(s.model("batched").unwrap());
+    let config = crate::wire::config(&s.model("batched").unwrap());
     let batching = config
         .dynamic_batching
         .expect("a best-effort model batches");
     assert_eq!(batching.max_queue_delay_microseconds, 0);
     let critical = server(ONE);
-    let unbatched = crate::wire::config(critical.model("echo").unwrap());
+    let unbatched = crate::wire::config(&critical.model("echo").unwrap());
     assert!(unbatched.dynamic_batching.is_none());
     critical.drain(Duration::from_secs(5));
     let r0 = block_on(first).unwrap().unwrap();
@@ -315,5 +315,196 @@ criticality = "best_effort"
     assert!(s.warnings().is_empty(), "{:?}", s.warnings());
     let r = block_on(s.infer("background", rows(&[3.0]))).unwrap();
     assert_eq!(values(&r), vec![3.0]);
+    s.drain(Duration::from_secs(5));
+}
+
+/// The first and last cores this process may use (the same one on a one-core machine).
+fn two_cores() -> (usize, usize) {
+    let cores = isolane_runtime::affinity::available_cores();
+    (cores[0], *cores.last().unwrap())
+}
+
+fn set(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_resize_under_a_request_stream_moves_the_model_and_loses_nothing() {
+    let (first, last) = two_cores();
+    let s = server_with(ONE, |sc| {
+        sc.workloads[0].cpu = vec![first];
+        // Room for the whole stream on a loaded machine: a full queue is not what is tested.
+        sc.workloads[0].serve.queue_limit = 1000;
+    });
+    assert_eq!(s.model("echo").unwrap().cpu, vec![first]);
+    // A stream of requests, one every millisecond or so, while the model moves to another
+    // core.
+    let stream = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            (0..150)
+                .map(|i| {
+                    std::thread::sleep(Duration::from_millis(1));
+                    (i, s.submit("echo", rows(&[i as f32])))
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    let change = s
+        .change("echo", &set(&[("cpu", &last.to_string())]))
+        .unwrap();
+    let sent = stream.join().unwrap();
+    assert_eq!(change.kind, "resize");
+    assert_eq!(change.partition, format!("cpu {last}"));
+    assert!(
+        change.what[0].starts_with(&format!("cpu {first} → {last}")),
+        "{change:?}"
+    );
+    let pause = change.pause_ms.expect("an instance served before");
+    assert!(pause >= 0.0 && pause <= change.took_ms, "{change:?}");
+    // The new instance's thread is pinned where it was asked (its own mask, read back).
+    assert_eq!(s.model("echo").unwrap().cpu, vec![last]);
+    // Every request taken before, during and after the move is answered with its own value.
+    for (i, taken) in sent {
+        let rx = taken.unwrap_or_else(|e| panic!("request {i} refused: {e}"));
+        let answer = block_on(rx).unwrap().unwrap();
+        assert_eq!(values(&answer), vec![i as f32]);
+    }
+    let text = s.metrics().encode();
+    assert!(
+        text.contains(r#"isolane_serve_changes_total{model="echo",kind="resize"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"isolane_serve_change_pause_seconds_count{model="echo",kind="resize"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("partition=\"cpu {last}\"")),
+        "{text}"
+    );
+    let status = s.status();
+    assert_eq!(status[0].cpu, vec![last]);
+    assert_eq!(status[0].last_change.as_ref(), Some(&change));
+    assert!(status[0].load.answered >= 150, "{:?}", status[0].load);
+    assert!(status[0].load.rate_hz > 0.0 && status[0].load.p99_ms.is_some());
+    assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
+}
+
+#[test]
+fn an_unloaded_model_refuses_and_is_not_ready_until_loaded_again() {
+    let s = server(
+        &ONE.replace("spin:2ms", "spin:200ms")
+            .replace("deadline_ms = 5000", "deadline_ms = 5000\nwarmup_jobs = 1"),
+    );
+    // Taken before the unload: answered all the same.
+    let taken = s.submit("echo", rows(&[5.0])).unwrap();
+    let unloaded = s.unload_model("echo").unwrap();
+    assert_eq!((unloaded.kind, unloaded.abandoned), ("unload", 0));
+    assert_eq!(values(&block_on(taken).unwrap().unwrap()), vec![5.0]);
+    assert!(!s.is_model_ready("echo"));
+    assert!(s.is_ready(), "the server itself stays ready");
+    let e = s.submit("echo", rows(&[1.0])).unwrap_err();
+    assert_eq!((e.http_status(), e.reason()), (404, "unloaded"));
+    assert!(e.to_string().contains("has no available versions"), "{e}");
+    let index = s.repository_index(false);
+    assert_eq!(index[0].state, isolane_protocol::ModelState::Unavailable);
+    assert_eq!(index[0].reason, "unloaded");
+    assert!(s.repository_index(true).is_empty());
+    assert!(s
+        .metrics()
+        .encode()
+        .contains(r#"isolane_serve_model_ready{model="echo"} 0"#));
+    // A resize waits for a load; an unload of an unloaded model does nothing.
+    let e = s
+        .change("echo", &set(&[("deadline_ms", "900")]))
+        .unwrap_err();
+    assert_eq!(e.status, 409);
+    assert_eq!(
+        s.unload_model("echo").unwrap().what,
+        vec!["already unloaded"]
+    );
+
+    let loaded = s.load_model("echo").unwrap();
+    assert_eq!((loaded.kind, loaded.pause_ms), ("load", None));
+    assert!(s.is_model_ready("echo"));
+    let r = block_on(s.infer("echo", rows(&[6.0]))).unwrap();
+    assert_eq!(values(&r), vec![6.0]);
+    // Loading a loaded model rebuilds it; the new instance takes over after a pause.
+    let reloaded = s.load_model("echo").unwrap();
+    assert_eq!(reloaded.kind, "reload");
+    assert!(reloaded.pause_ms.is_some());
+    let r = block_on(s.infer("echo", rows(&[7.0]))).unwrap();
+    assert_eq!(values(&r), vec![7.0]);
+    assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
+    let e = s.load_model("echo").unwrap_err();
+    assert_eq!(e.status, 503, "{e}");
+}
+
+#[test]
+fn changes_are_checked_first_and_a_refusal_names_the_limit() {
+    let (first, last) = two_cores();
+    let toml = format!(
+        "{ONE}\n[[workload]]\nname = \"other\"\nmodel = \"spin:1ms\"\nbatch = 1\nrate_hz = 10\n\
+         duration_s = 1\n"
+    );
+    let s = server_with(&toml, |sc| {
+        sc.workloads[0].cpu = vec![first];
+        sc.workloads[1].cpu = vec![last];
+    });
+    let refused = |pairs: &[(&str, &str)]| s.change("echo", &set(pairs)).unwrap_err();
+    if first != last {
+        let e = refused(&[("cpu", &last.to_string())]);
+        assert_eq!(e.status, 409);
+        assert!(e.message.contains("model `other`'s"), "{e}");
+    }
+    let e = refused(&[("cpu", "100000")]);
+    assert!(
+        e.status == 409 && e.message.contains("does not exist"),
+        "{e}"
+    );
+    let e = refused(&[("cpu", "two")]);
+    assert!(e.status == 400 && e.message.contains("e.g. cpu=2,3"), "{e}");
+    let e = refused(&[("thread_pct", "30")]);
+    assert!(e.status == 409 && e.message.contains("MPS"), "{e}");
+    let e = refused(&[("thread_pct", "300")]);
+    assert!(e.status == 400 && e.message.contains("1 to 100"), "{e}");
+    let e = refused(&[("sms", "48")]);
+    assert!(e.status == 400 && e.message.contains("cpu=LIST"), "{e}");
+    // The spin takes 2 ms: a 1 ms deadline would refuse every request.
+    let e = refused(&[("deadline_ms", "1")]);
+    assert!(
+        e.status == 409 && e.message.contains("shorter than one of its jobs"),
+        "{e}"
+    );
+    let e = refused(&[("memory", "1")]);
+    assert!(
+        e.status == 400 && e.message.contains("deadline_ms=MS"),
+        "{e}"
+    );
+    // Both are critical and [protection] is on: one turned best effort would go unguarded.
+    let e = refused(&[("criticality", "best_effort")]);
+    assert!(e.status == 409 && e.message.contains("guard"), "{e}");
+    // One refused setting refuses the change: nothing of it was made.
+    let e = refused(&[("deadline_ms", "100"), ("cpu", "100000")]);
+    assert_eq!(e.status, 409);
+    assert_eq!(
+        s.model("echo").unwrap().deadline,
+        Some(Duration::from_secs(5))
+    );
+    // A deadline alone replaces no instance; the model serves on.
+    let c = s.change("echo", &set(&[("deadline_ms", "900")])).unwrap();
+    assert_eq!((c.kind, c.pause_ms), ("settings", None));
+    assert_eq!(c.what, vec!["deadline_ms 5000 → 900"]);
+    let status = &s.status()[0];
+    assert_eq!(status.deadline_ms, Some(900.0));
+    let mut r = rows(&[1.0]);
+    r.deadline = None;
+    assert!(block_on(s.infer("echo", r)).is_ok());
+    assert_eq!(s.change("nope", &[]).unwrap_err().status, 404);
     s.drain(Duration::from_secs(5));
 }

@@ -405,24 +405,60 @@ pub mod repository_index_response {
         pub reason: ::prost::alloc::string::String,
     }
 }
+/// A load's or unload's parameters (Triton's: a load's `config` and `file:` contents, an
+/// unload's `unload_dependents`); isolane refuses a load that carries any, rather than drop them.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ModelRepositoryParameter {
+    #[prost(
+        oneof = "model_repository_parameter::ParameterChoice",
+        tags = "1, 2, 3, 4"
+    )]
+    pub parameter_choice: ::core::option::Option<model_repository_parameter::ParameterChoice>,
+}
+/// Nested message and enum types in `ModelRepositoryParameter`.
+pub mod model_repository_parameter {
+    #[allow(clippy::all)]
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum ParameterChoice {
+        #[prost(bool, tag = "1")]
+        BoolParam(bool),
+        #[prost(int64, tag = "2")]
+        Int64Param(i64),
+        #[prost(string, tag = "3")]
+        StringParam(::prost::alloc::string::String),
+        #[prost(bytes, tag = "4")]
+        BytesParam(::prost::alloc::vec::Vec<u8>),
+    }
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct RepositoryModelLoadRequest {
     #[prost(string, tag = "1")]
     pub repository_name: ::prost::alloc::string::String,
     #[prost(string, tag = "2")]
     pub model_name: ::prost::alloc::string::String,
+    #[prost(btree_map = "string, message", tag = "3")]
+    pub parameters: ::prost::alloc::collections::BTreeMap<
+        ::prost::alloc::string::String,
+        ModelRepositoryParameter,
+    >,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct RepositoryModelLoadResponse {}
 #[allow(clippy::all)]
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct RepositoryModelUnloadRequest {
     #[prost(string, tag = "1")]
     pub repository_name: ::prost::alloc::string::String,
     #[prost(string, tag = "2")]
     pub model_name: ::prost::alloc::string::String,
+    #[prost(btree_map = "string, message", tag = "3")]
+    pub parameters: ::prost::alloc::collections::BTreeMap<
+        ::prost::alloc::string::String,
+        ModelRepositoryParameter,
+    >,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]

@@ -1,0 +1,623 @@
+//! Control while serving (docs/serve.md, "Control while serving"): a model's partition,
+//! deadline and criticality changed, and the model unloaded and loaded again, without stopping
+//! the server.
+//!
+//! As Triton's model instances: a served model is its queue, admission and statistics (shared)
+//! plus one running instance (a thread, its executor, its partition). A change that needs
+//! another partition builds a new instance there and warms it while the old one serves; then
+//! the new one takes the queue over and the old one ends after the job it runs. Requests queue
+//! meanwhile and are answered; admission predicts with the new instance's service time from
+//! the switch on. The pause (the time the model served nothing) is the handoff: from the old
+//! instance's last job to the new one free to take a job. Every change is checked first
+//! (cores that exist and no other model holds, a deadline the model can meet, a criticality
+//! the guard can follow), and a refusal names the limit.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use isolane_core::spec::{Backend, Criticality};
+use isolane_protocol::RepositoryIndexEntry;
+use isolane_runtime::clock;
+
+use crate::model::{Load, ServedModel};
+use crate::{spawn_instance, ModelInfo, Server};
+
+/// The keys a change may set (`ctl resize NAME KEY=VALUE…`).
+pub const KEYS: &str = "cpu=LIST (cores, e.g. 2,3 or 0-3), sms=N (green SMs, on a GPU), \
+                        thread_pct=P (MPS), deadline_ms=MS, criticality=critical|best_effort";
+
+/// How long an unload waits for the requests it took to be answered.
+pub const UNLOAD_GRACE: Duration = Duration::from_secs(30);
+
+/// A change made while serving, as `ctl` and the metrics report it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Change {
+    pub model: String,
+    /// `resize` (a new instance in another partition), `reload` (a new instance in the same
+    /// one), `load`, `unload`, `settings` (deadline or criticality: no new instance).
+    pub kind: &'static str,
+    /// What changed, in words (`cpu 0 → 1`, `deadline_ms 50 → 20`).
+    pub what: Vec<String>,
+    /// From the request to the new instance serving (to the model unloaded, for an unload;
+    /// to the settings replaced, for `settings`), ms.
+    pub took_ms: f64,
+    /// The time the model served nothing, ms; none when no instance served before (a load) or
+    /// none was replaced (`settings`, `unload`).
+    pub pause_ms: Option<f64>,
+    /// Requests still queued when an unload's time ran out, refused.
+    pub abandoned: usize,
+    /// The model's partition afterwards, in words.
+    pub partition: String,
+}
+
+/// A refused or failed change: the HTTP status it is answered with, and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct ControlError {
+    /// 400 a malformed change, 404 an unknown model, 409 one the server's state or
+    /// partitions refuse, 503 while draining, 500 a new instance that failed (the old one
+    /// still serves).
+    pub status: u16,
+    pub message: String,
+}
+
+impl ControlError {
+    fn new(status: u16, message: impl Into<String>) -> ControlError {
+        ControlError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+/// One model as `ctl status` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ModelStatus {
+    pub name: String,
+    /// `READY` or `UNAVAILABLE` (unloaded, or the server draining), as the repository index.
+    pub state: &'static str,
+    pub backend: &'static str,
+    pub partition: String,
+    pub cpu: Vec<usize>,
+    pub sms: Option<u32>,
+    pub criticality: &'static str,
+    pub deadline_ms: Option<f64>,
+    pub load: Load,
+    pub last_change: Option<Change>,
+}
+
+impl Server {
+    /// The repository index: every model with its state (`READY`, or `UNAVAILABLE` with the
+    /// reason: unloaded, or the server shutting down); `ready_only` lists the ready ones.
+    pub fn repository_index(&self, ready_only: bool) -> Vec<RepositoryIndexEntry> {
+        let serving = self.is_ready();
+        self.shared
+            .models
+            .iter()
+            .filter_map(|m| {
+                let loaded = m.is_loaded();
+                let ready = serving && loaded;
+                if ready_only && !ready {
+                    return None;
+                }
+                let mut entry = crate::wire::index_entry(&m.info(), ready);
+                if serving && !loaded {
+                    entry.reason = "unloaded".into();
+                }
+                Some(entry)
+            })
+            .collect()
+    }
+
+    /// Every model's partition, criticality, deadline and load.
+    pub fn status(&self) -> Vec<ModelStatus> {
+        let ready = self.is_ready();
+        self.shared
+            .models
+            .iter()
+            .zip(&self.shared.slots)
+            .map(|(m, slot)| {
+                let info = m.info();
+                ModelStatus {
+                    name: info.name.clone(),
+                    state: if ready && m.is_loaded() {
+                        "READY"
+                    } else {
+                        "UNAVAILABLE"
+                    },
+                    backend: info.backend,
+                    partition: info.partition.clone(),
+                    cpu: info.cpu.clone(),
+                    sms: info.sms,
+                    criticality: info.criticality.name(),
+                    deadline_ms: info.deadline.map(|d| d.as_secs_f64() * 1e3),
+                    load: m.load(),
+                    last_change: lock(&slot.last).clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Changes model `name`'s settings (`KEY=VALUE`s, [`KEYS`]), all checked before any is
+    /// made. A new partition (`cpu`) starts a new instance there, which takes over once warm;
+    /// a deadline or criticality alone replaces no instance.
+    pub fn change(
+        &self,
+        name: &str,
+        settings: &[(String, String)],
+    ) -> Result<Change, ControlError> {
+        let requested = clock::now_ns();
+        let (i, model) = self.control_target(name)?;
+        let _one = lock(&self.shared.control);
+        self.refuse_while_draining(name)?;
+        if !model.is_loaded() {
+            return Err(ControlError::new(
+                409,
+                format!(
+                    "model `{name}` is unloaded; load it first (POST \
+                     /v2/repository/models/{name}/load, or isolane ctl load {name})"
+                ),
+            ));
+        }
+        if settings.is_empty() {
+            return Err(ControlError::new(
+                400,
+                format!("model `{name}`: nothing to change; expected KEY=VALUE: {KEYS}"),
+            ));
+        }
+        let slot = &self.shared.slots[i];
+        let info = model.info();
+        let mut spec = lock(&slot.spec).clone();
+        let mut what = Vec::new();
+        let mut rebuild = false;
+        let mut seen: Vec<&str> = Vec::new();
+        for (key, value) in settings {
+            let bad = |allowed: &str| {
+                ControlError::new(
+                    400,
+                    format!("model `{name}`: {key}=`{value}`: expected {allowed}"),
+                )
+            };
+            if seen.contains(&key.as_str()) {
+                return Err(ControlError::new(
+                    400,
+                    format!("model `{name}`: {key} is given twice"),
+                ));
+            }
+            seen.push(key);
+            match key.as_str() {
+                "cpu" => {
+                    if info.backend != "cpu" {
+                        return Err(ControlError::new(
+                            400,
+                            format!(
+                                "model `{name}` runs on the GPU: cpu= moves a CPU model's \
+                                 threads; a green partition is resized with sms=N"
+                            ),
+                        ));
+                    }
+                    let cores = parse_cores(value)
+                        .ok_or_else(|| bad("core numbers, e.g. cpu=2,3 or cpu=0-3"))?;
+                    self.check_cores(i, &cores)?;
+                    what.push(format!(
+                        "cpu {} → {}",
+                        cores_words(&spec.cpu),
+                        cores_words(&cores)
+                    ));
+                    spec.cpu = cores;
+                    rebuild = true;
+                }
+                "sms" => {
+                    let sms: u32 = value
+                        .parse()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| bad("a positive number of SMs, e.g. sms=48"))?;
+                    return Err(if info.backend == "cpu" {
+                        ControlError::new(
+                            400,
+                            format!(
+                                "model `{name}` runs on the CPU: its partition is its cores \
+                                 (cpu=LIST); sms= sizes a green partition on a GPU"
+                            ),
+                        )
+                    } else {
+                        ControlError::new(
+                            409,
+                            format!(
+                                "model `{name}`: sms={sms}: a green context cannot be created \
+                                 while serving yet (its partition was set up with the \
+                                 server's); restart serve with the new size"
+                            ),
+                        )
+                    });
+                }
+                "thread_pct" => {
+                    value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|p| (1..=100).contains(p))
+                        .ok_or_else(|| bad("a percentage from 1 to 100, e.g. thread_pct=30"))?;
+                    return Err(ControlError::new(
+                        409,
+                        format!(
+                            "model `{name}`: thread_pct sets an MPS client's share of the GPU, \
+                             and serve hosts no MPS clients (its models run on threads of its \
+                             own process: the CPU, or green contexts); resize a green \
+                             partition with sms=N, a CPU model with cpu=LIST"
+                        ),
+                    ));
+                }
+                "deadline_ms" => {
+                    let ms: f64 = value
+                        .parse()
+                        .ok()
+                        .filter(|d: &f64| d.is_finite() && *d > 0.0 && *d <= 3_600_000.0)
+                        .ok_or_else(|| bad("milliseconds above 0, at most 3600000"))?;
+                    let service = model.load().service_ms;
+                    if ms < service {
+                        return Err(ControlError::new(
+                            409,
+                            format!(
+                                "model `{name}`: deadline_ms={ms} is shorter than one of its \
+                                 jobs ({service:.3} ms now): every request would be refused"
+                            ),
+                        ));
+                    }
+                    what.push(format!(
+                        "deadline_ms {} → {ms}",
+                        info.deadline
+                            .map_or("none".into(), |d| format!("{}", d.as_secs_f64() * 1e3))
+                    ));
+                    spec.deadline_ms = Some(ms);
+                }
+                "criticality" => {
+                    let c = match value.as_str() {
+                        "critical" => Criticality::Critical,
+                        "best_effort" => Criticality::BestEffort,
+                        _ => return Err(bad("critical or best_effort")),
+                    };
+                    self.check_criticality(i, c)?;
+                    what.push(format!(
+                        "criticality {} → {}",
+                        spec.criticality.name(),
+                        c.name()
+                    ));
+                    spec.criticality = c;
+                }
+                _ => {
+                    return Err(ControlError::new(
+                        400,
+                        format!("model `{name}`: unknown setting `{key}`; expected {KEYS}"),
+                    ))
+                }
+            }
+        }
+        let change = if rebuild {
+            self.new_instance(i, &model, spec, "resize", requested)?
+        } else {
+            let info = ModelInfo {
+                criticality: spec.criticality,
+                deadline: spec.deadline_s().map(Duration::from_secs_f64),
+                batching: spec.serve.batching_for(spec.criticality),
+                ..(*info).clone()
+            };
+            model
+                .stats
+                .describe((&info.partition, spec.criticality.name()), info.sms);
+            let partition = info.partition.clone();
+            model.set_info(info);
+            *lock(&slot.spec) = spec;
+            Change {
+                model: name.to_string(),
+                kind: "settings",
+                what: Vec::new(),
+                took_ms: ms_since(requested),
+                pause_ms: None,
+                abandoned: 0,
+                partition,
+            }
+        };
+        Ok(self.record(i, &model, Change { what, ..change }))
+    }
+
+    /// Triton's load: an unloaded model is built again (its last settings) and serves; a
+    /// loaded one is rebuilt in its partition and the new instance takes over (a reload).
+    pub fn load_model(&self, name: &str) -> Result<Change, ControlError> {
+        let requested = clock::now_ns();
+        let (i, model) = self.control_target(name)?;
+        let _one = lock(&self.shared.control);
+        self.refuse_while_draining(name)?;
+        let spec = lock(&self.shared.slots[i].spec).clone();
+        let info = model.info();
+        if info.sms.is_some() {
+            return Err(ControlError::new(
+                409,
+                format!(
+                    "model `{name}` runs in a green partition of {} SMs, made when the server \
+                     started; a green context cannot be created while serving yet, so it is \
+                     neither rebuilt nor loaded again; restart serve",
+                    info.sms.unwrap_or(0)
+                ),
+            ));
+        }
+        let loaded = model.is_loaded();
+        if !loaded {
+            // Another model may have moved onto its cores while it was unloaded.
+            if !spec.cpu.is_empty() {
+                self.check_cores(i, &spec.cpu)?;
+            }
+        }
+        let kind = if loaded { "reload" } else { "load" };
+        let change = self.new_instance(i, &model, spec, kind, requested)?;
+        Ok(self.record(i, &model, change))
+    }
+
+    /// Triton's unload: new requests are refused (404, "has no available versions"), those
+    /// taken are answered (for at most [`UNLOAD_GRACE`]), then its instance ends and frees
+    /// its executor. Unloading an unloaded model does nothing.
+    pub fn unload_model(&self, name: &str) -> Result<Change, ControlError> {
+        let requested = clock::now_ns();
+        let (i, model) = self.control_target(name)?;
+        let _one = lock(&self.shared.control);
+        self.refuse_while_draining(name)?;
+        let info = model.info();
+        let mut change = Change {
+            model: name.to_string(),
+            kind: "unload",
+            what: Vec::new(),
+            took_ms: 0.0,
+            pause_ms: None,
+            abandoned: 0,
+            partition: info.partition.clone(),
+        };
+        if !model.is_loaded() {
+            change.what.push("already unloaded".into());
+            change.took_ms = ms_since(requested);
+            return Ok(change);
+        }
+        model.stats.set_ready(false);
+        change.abandoned = model.unload(UNLOAD_GRACE);
+        if let Some(t) = lock(&self.shared.slots[i].thread).take() {
+            let _ = t.join();
+        }
+        change.took_ms = ms_since(requested);
+        Ok(self.record(i, &model, change))
+    }
+
+    /// Builds model `i`'s next instance from `spec` and lets it take over; the old instance's
+    /// thread is joined (its executor freed) before this returns.
+    fn new_instance(
+        &self,
+        i: usize,
+        model: &Arc<ServedModel>,
+        spec: isolane_core::spec::WorkloadSpec,
+        kind: &'static str,
+        requested: i64,
+    ) -> Result<Change, ControlError> {
+        let slot = &self.shared.slots[i];
+        let info = model.info();
+        let name = info.name.clone();
+        let words = (info.partition.clone(), info.sms);
+        let (_, thread, took) = spawn_instance(
+            &self.shared.context,
+            slot.index,
+            spec.clone(),
+            words,
+            None,
+            Some((Arc::clone(model), requested)),
+        )
+        .map_err(|e| {
+            ControlError::new(
+                500,
+                format!("{e}; the model's instance before the change still serves"),
+            )
+        })?;
+        let old = lock(&slot.thread).replace(thread);
+        if let Some(t) = old {
+            let _ = t.join();
+        }
+        *lock(&slot.spec) = spec;
+        let took = took.unwrap_or(crate::model::TakeOver {
+            took_ns: clock::now_ns() - requested,
+            pause_ns: None,
+        });
+        Ok(Change {
+            model: name,
+            kind,
+            what: Vec::new(),
+            took_ms: took.took_ns as f64 / 1e6,
+            pause_ms: took.pause_ns.map(|p| p as f64 / 1e6),
+            abandoned: 0,
+            partition: model.info().partition.clone(),
+        })
+    }
+
+    /// Counts and keeps `change`, and says it on the access log.
+    fn record(&self, i: usize, model: &ServedModel, change: Change) -> Change {
+        let ns = |ms: f64| (ms * 1e6) as i64;
+        model
+            .stats
+            .changed(change.kind, ns(change.took_ms), change.pause_ms.map(ns));
+        tracing::info!(
+            target: "isolane::access",
+            protocol = "control",
+            model = change.model.as_str(),
+            change = change.kind,
+            what = change.what.join("; ").as_str(),
+            partition = change.partition.as_str(),
+            took_us = (change.took_ms * 1e3) as u64,
+            pause_us = change.pause_ms.map(|p| (p * 1e3) as u64),
+        );
+        *lock(&self.shared.slots[i].last) = Some(change.clone());
+        change
+    }
+
+    fn control_target(&self, name: &str) -> Result<(usize, Arc<ServedModel>), ControlError> {
+        match self.shared.by_name.get(name) {
+            Some(&i) => Ok((i, Arc::clone(&self.shared.models[i]))),
+            None => Err(ControlError::new(404, self.unknown(name).to_string())),
+        }
+    }
+
+    fn refuse_while_draining(&self, name: &str) -> Result<(), ControlError> {
+        if self.shared.draining.load(Ordering::Relaxed) {
+            return Err(ControlError::new(
+                503,
+                format!("the server is shutting down; model `{name}` is not changed"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `cores` for model `i`: not empty, no core twice, each available to this process and
+    /// held by no other loaded model (its own may be kept).
+    fn check_cores(&self, i: usize, cores: &[usize]) -> Result<(), ControlError> {
+        let name = self.shared.models[i].info().name.clone();
+        let mut sorted = cores.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != cores.len() {
+            return Err(ControlError::new(
+                400,
+                format!(
+                    "model `{name}`: cpu={}: a core is listed twice",
+                    cores_words(cores)
+                ),
+            ));
+        }
+        let available = isolane_runtime::affinity::available_cores();
+        for &c in cores {
+            if !available.contains(&c) {
+                return Err(ControlError::new(
+                    409,
+                    format!(
+                        "model `{name}`: cpu core {c} does not exist or is not available to \
+                         the server (available: {})",
+                        cores_words(&available)
+                    ),
+                ));
+            }
+            for (j, other) in self.shared.models.iter().enumerate() {
+                let theirs = other.info();
+                if j != i && other.is_loaded() && theirs.cpu.contains(&c) {
+                    return Err(ControlError::new(
+                        409,
+                        format!(
+                            "model `{name}`: cpu core {c} is model `{}`'s (cpu {}); free \
+                             cores: {}",
+                            theirs.name,
+                            cores_words(&theirs.cpu),
+                            cores_words(&self.free_cores(i, &available))
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The available cores no loaded model but `i` is pinned to.
+    fn free_cores(&self, i: usize, available: &[usize]) -> Vec<usize> {
+        available
+            .iter()
+            .copied()
+            .filter(|c| {
+                !self
+                    .shared
+                    .models
+                    .iter()
+                    .enumerate()
+                    .any(|(j, m)| j != i && m.is_loaded() && m.info().cpu.contains(c))
+            })
+            .collect()
+    }
+
+    /// Whether model `i` may become `to`: the guard's critical slots and best-effort pieces
+    /// are set when the server starts, so a protected server keeps its criticalities, and an
+    /// unprotected one may not end up with both kinds unless `[protection]` is off.
+    fn check_criticality(&self, i: usize, to: Criticality) -> Result<(), ControlError> {
+        let name = self.shared.models[i].info().name.clone();
+        if self.shared.context.guard.is_some() {
+            return Err(ControlError::new(
+                409,
+                format!(
+                    "model `{name}`: criticality cannot change while the criticality guard \
+                     protects this server: its critical slots and best-effort pieces are set \
+                     when the server starts ([protection]); change the scenario and restart \
+                     serve"
+                ),
+            ));
+        }
+        let kinds: Vec<Criticality> = self
+            .shared
+            .models
+            .iter()
+            .enumerate()
+            .map(|(j, m)| if j == i { to } else { m.info().criticality })
+            .collect();
+        let mixed =
+            kinds.contains(&Criticality::Critical) && kinds.contains(&Criticality::BestEffort);
+        if mixed && self.shared.protection {
+            return Err(ControlError::new(
+                409,
+                format!(
+                    "model `{name}`: criticality = {} would put critical and best-effort \
+                     models side by side without the criticality guard, which is set up only \
+                     when the server starts with both; restart serve with the changed \
+                     scenario, or set [protection] enabled = false",
+                    to.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `2,3`, `0-3`, `0-1,4`: the cores, in the order given (None: not that).
+pub(crate) fn parse_cores(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if a > b || b - a > 4096 {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    (!out.is_empty() && out.len() <= 4096).then_some(out)
+}
+
+/// A core list in words (`2,3`; `none`: unpinned).
+pub(crate) fn cores_words(cores: &[usize]) -> String {
+    if cores.is_empty() {
+        return "none".into();
+    }
+    cores
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A CPU model's partition in words: `cpu` unpinned, `cpu 2,3` pinned.
+pub(crate) fn cpu_words(backend: Backend, cores: &[usize], words: String) -> String {
+    match backend {
+        Backend::Cpu if !cores.is_empty() => format!("cpu {}", cores_words(cores)),
+        _ => words,
+    }
+}
+
+fn ms_since(t: i64) -> f64 {
+    (clock::now_ns() - t) as f64 / 1e6
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
