@@ -25,6 +25,9 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+mod extra;
+mod older;
+
 #[path = "quant.rs"]
 mod quant;
 
@@ -736,6 +739,11 @@ impl<'m> Importer<'m> {
             "Identity" => Ok(vec![self.req(c, 0)?]),
             "Dropout" => {
                 c.ignore("seed");
+                // Before opset 12 the ratio is an attribute: it only matters in training.
+                c.ignore("ratio");
+                if c.int("is_test", 1)? == 0 {
+                    return Err(c.unsupported_attr("is_test", "value 0 (training)"));
+                }
                 if let Some(t) = self.get(c, 2)? {
                     let on = match &t {
                         Val::B(a) => a.data.iter().any(|&b| b),
@@ -860,14 +868,10 @@ impl<'m> Importer<'m> {
                 let alpha = c.float("alpha", 0.01)?;
                 self.emit1(c, Op::Unary(Unary::LeakyRelu { alpha }), 1)
             }
+            "Clip" if opset < 11 => self.clip_v6(c),
             "Clip" => self.clip(c),
             "Conv" => self.conv(c),
-            "BatchNormalization" => {
-                let eps = c.float("epsilon", 1e-5)?;
-                c.ignore("momentum"); // only used when updating running stats in training
-                c.int_default_only("training_mode", 0)?;
-                self.emit1(c, Op::BatchNorm { eps }, 5)
-            }
+            "BatchNormalization" => self.batch_norm(c),
             "MaxPool" | "AveragePool" => self.pool(c, op == "MaxPool"),
             "GlobalAveragePool" => {
                 let x = self.req(c, 0)?;
@@ -962,11 +966,15 @@ impl<'m> Importer<'m> {
                 }
             }
             "Concat" => self.concat(c),
+            "Split" if opset < 13 => self.split_v2(c),
             "Split" => self.split(c),
+            "Slice" if opset < 10 => self.slice_v1(c),
             "Slice" => self.slice(c),
             "Gather" => self.gather(c),
+            "Unsqueeze" | "Squeeze" if opset < 13 => self.squeeze_v1(c, op == "Unsqueeze"),
             "Unsqueeze" | "Squeeze" => self.squeeze(c, op == "Unsqueeze"),
             "Expand" => self.expand(c),
+            "Softmax" if opset < 13 => self.softmax_v1(c),
             "Softmax" => {
                 let axis = c.int("axis", -1)?;
                 let x = self.req(c, 0)?;
@@ -985,6 +993,8 @@ impl<'m> Importer<'m> {
             }
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL2" | "ReduceL1"
             | "ReduceSumSquare" => self.reduce(c, &op),
+            "Upsample" if opset < 10 => self.upsample(c),
+            "Resize" if opset < 11 => self.upsample(c),
             "Resize" => self.resize(c),
             // Gelu entered the default domain at opset 20 (`approximate`: "none" or "tanh").
             "Gelu" if opset >= 20 => {
@@ -1001,7 +1011,9 @@ impl<'m> Importer<'m> {
                 self.emit1(c, Op::Unary(u), 1)
             }
             "GroupNormalization" => self.group_norm(c),
+            "Pad" if opset < 11 => self.pad_v2(c),
             "Pad" => self.pad(c),
+            "Tile" => self.tile(c),
             "InstanceNormalization" => self.instance_norm(c),
             "Einsum" => self.einsum(c),
             "ScatterND" => self.scatter_nd(c),
@@ -1565,7 +1577,7 @@ impl<'m> Importer<'m> {
     /// ([`ReduceKind`] says why L1/L2/SumSquare are not split into steps).
     fn reduce(&mut self, c: &Ctx, op: &str) -> Result<Vec<Val>> {
         // Axes moved from an attribute to an input: ReduceSum at opset 13, the others at 18.
-        let axes_as_input = op == "ReduceSum" || self.m.opset >= 18;
+        let axes_as_input = (op == "ReduceSum" && self.m.opset >= 13) || self.m.opset >= 18;
         let axes = if axes_as_input {
             self.ints_input(c, 1, "axes")?
         } else {

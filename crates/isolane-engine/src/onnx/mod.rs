@@ -1,4 +1,4 @@
-//! ONNX import: an ONNX file (opsets 13–21) → the engine's graph IR.
+//! ONNX import: an ONNX file (opsets 7–21) → the engine's graph IR.
 //!
 //! `proto` is generated from the vendored `onnx.proto` by `tools/regen-onnx-proto.sh` and committed,
 //! so building needs no protoc. `model` decodes and checks a file; `import` turns the graph into IR,

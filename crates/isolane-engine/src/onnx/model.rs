@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The opsets of the default domain that the importer knows, op by op (see docs/onnx.md).
-pub const MIN_OPSET: i64 = 13;
+pub const MIN_OPSET: i64 = 7;
 pub const MAX_OPSET: i64 = 21;
 
 /// One dimension of a graph input as the file declares it.
