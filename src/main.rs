@@ -41,6 +41,7 @@ enum Command {
     Man(cmd::completions::ManArgs),
     Summarize(cmd::summarize::SummarizeArgs),
     Trace(cmd::trace::TraceArgs),
+    Explain(cmd::explain::ExplainArgs),
     Serve(cmd::serve::ServeArgs),
     /// Internal: one workload of a `host = "process"` run, driven by the coordinator over
     /// stdin/stdout.
@@ -154,6 +155,7 @@ fn run(command: Command) -> ExitCode {
         Command::Man(a) => cmd::completions::man(a, cli()),
         Command::Summarize(a) => cmd::summarize::run(a),
         Command::Trace(a) => cmd::trace::run(a),
+        Command::Explain(a) => cmd::explain::run(a),
         Command::Serve(a) => cmd::serve::run(a, &engine),
         Command::Worker(a) => cmd::worker::run(a, &engine),
     };

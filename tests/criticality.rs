@@ -174,3 +174,91 @@ fn a_killed_critical_worker_frees_best_effort() {
     // Best effort ran to its own end (4 s), not held from the kill (~1.5 s) on.
     assert!(last_end > 3500.0, "best effort stopped at {last_end} ms");
 }
+
+/// `isolane explain` (issue 34, "Explain every miss") on the unprotected pair plus a third
+/// workload on core 1: the critical workload's late jobs are attributed to `besteffort`, which
+/// shares its core, and never to `other`, which ran at the same time on another core; the
+/// report draws the same. Only explain.json is added to the run folder.
+#[test]
+fn explain_names_the_neighbour_on_the_same_core() {
+    let _core0 = core0();
+    let tmp = tempfile::tempdir().unwrap();
+    let text = scenario_text("thread", "best_effort", "[protection]\nenabled = false")
+        .replace("duration_s = 3", "duration_s = 1")
+        + r#"
+[[workload]]
+name = "other"
+model = "spin:2ms"
+rate_hz = 100
+deadline_ms = 5
+duration_s = 1
+warmup_jobs = 20
+cpu = [1]
+"#;
+    let s = scenario(tmp.path(), "explain.toml", &text);
+    let out = tmp.path().join("r");
+    run_ok(isolane().args(["run", "-q", "--out"]).arg(&out).arg(&s));
+    let c = workload(&summary(&out), "critical").clone();
+    // Unprotected, the two on core 0 take turns: about half the critical jobs miss.
+    assert!(f(&c["timeout_pct"]) > 10.0, "{c}");
+    let files = |d: &std::path::Path| {
+        let mut v: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = files(&out);
+    let o = run_ok(isolane().arg("explain").arg(&out));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("beside besteffort") && !stdout.contains("beside other"),
+        "{stdout}"
+    );
+    let mut after = files(&out);
+    after.retain(|f| f != "explain.json");
+    assert_eq!(before, after, "explain adds explain.json and nothing else");
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("explain.json")).unwrap()).unwrap();
+    let crit = e["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "critical")
+        .unwrap();
+    assert_eq!(f(&crit["late_pct"]), f(&c["timeout_pct"]), "{crit}");
+    let causes = crit["causes"].as_array().unwrap();
+    assert_eq!(causes[0]["cause"], "neighbour", "{crit}");
+    assert_eq!(causes[0]["neighbour"], "besteffort", "{crit}");
+    // Most of the late share is the neighbour's, whatever else the machine runs.
+    assert!(
+        f(&causes[0]["late_pct"]) > f(&crit["late_pct"]) / 2.0,
+        "{crit}"
+    );
+    assert!(causes.iter().all(|c| c["neighbour"] != "other"), "{crit}");
+    let neighbours: Vec<&str> = crit["neighbours"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(neighbours, ["besteffort"], "{crit}");
+    let sum: f64 = causes.iter().map(|c| f(&c["late_pct"])).sum();
+    assert!((sum - f(&crit["late_pct"])).abs() < 1e-6, "{crit}");
+
+    let html = tmp.path().join("report.html");
+    run_ok(isolane().arg("report").arg(&out).arg("-o").arg(&html));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("Why jobs were late") && page.contains("beside besteffort"),
+        "no explanation in the report"
+    );
+
+    // A run folder without its per-job records is refused, naming what is missing (exit 2).
+    std::fs::remove_file(out.join("jobs").join("critical.csv")).unwrap();
+    let o = isolane().arg("explain").arg(&out).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("critical.csv: missing"), "{err}");
+}

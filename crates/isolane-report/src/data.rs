@@ -112,6 +112,10 @@ pub struct RunDir {
     /// Per app (summary order): its measured frames' end-to-end latencies in ms, sorted
     /// (apps/<app>.csv; docs/apps.md).
     pub app_latencies_ms: Vec<(String, Vec<f64>)>,
+    /// Why its late jobs were late: explain.json when `isolane explain` wrote one (with the
+    /// memory figures it was given), else worked out here; `None` for a folder without what
+    /// it needs (no jobs/, a run of apps).
+    pub explanation: Option<crate::explain::Explanation>,
 }
 
 #[derive(Debug, Clone)]
@@ -346,6 +350,11 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
         None
     };
     let app_latencies_ms = app_latencies(path, &summary)?;
+    let explanation = match crate::explain::read_explanation(path)? {
+        Some(e) => Some(e),
+        // A folder explain cannot read (older results, apps) just has no such section.
+        None => crate::explain::explain_dir(path, None).ok(),
+    };
     Ok(RunDir {
         path: path.to_path_buf(),
         label: label_of(path),
@@ -356,6 +365,7 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
         telemetry,
         timeline,
         app_latencies_ms,
+        explanation,
     })
 }
 

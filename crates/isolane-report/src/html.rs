@@ -909,8 +909,100 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
     if let Some(w) = &r.timeline {
         timeline_figure(page, r, w);
     }
+    explain_part(page, r)?;
     apps_part(page, r)?;
     page.end();
+    Ok(())
+}
+
+/// Why the run's late jobs were late (`isolane explain`; docs/interference.md): per workload
+/// with late jobs, each cause's share of its jobs and its time, and the shares as a bar.
+fn explain_part(page: &mut Page, r: &RunDir) -> Result<(), String> {
+    let Some(e) = &r.explanation else {
+        return Ok(());
+    };
+    let late: Vec<&crate::explain::WorkloadExplanation> =
+        e.workloads.iter().filter(|w| w.late > 0).collect();
+    if late.is_empty() {
+        return Ok(());
+    }
+    let _ = write!(
+        page.body,
+        "<h3>Why jobs were late</h3><p class=\"intro\">{}</p>",
+        escape(&format!(
+            "Each late job counts once, split among its causes by their time: the neighbours \
+             that ran beside it, the host (a late start with no neighbour on its cores), the \
+             guard's holds, its own service time beyond its typical. Per workload the shares \
+             add up to its late %. Copy-engine waits: {}",
+            e.copy_engine
+        ))
+    );
+    let header: Vec<String> = ["workload", "late %", "cause", "share of jobs %", "time ms"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut rows = Vec::new();
+    for w in &late {
+        for (i, c) in w.causes.iter().enumerate() {
+            let memory = match (&c.cause.neighbour, i) {
+                (Some(n), _) => w
+                    .neighbours
+                    .iter()
+                    .find(|x| &x.name == n)
+                    .map(|x| match &x.memory {
+                        Some(m) => format!(" ({})", m.words()),
+                        None => " (memory intensity unknown)".to_string(),
+                    })
+                    .unwrap_or_default(),
+                _ => String::new(),
+            };
+            rows.push(vec![
+                if i == 0 {
+                    w.name.clone()
+                } else {
+                    String::new()
+                },
+                if i == 0 {
+                    format!("{:.2}", w.late_pct)
+                } else {
+                    String::new()
+                },
+                format!("{}{memory}", c.cause.words()),
+                format!("{:.2}", c.late_pct.unwrap_or(0.0)),
+                crate::ms(Some(c.time_ms)),
+            ]);
+        }
+    }
+    page.table(&header, &rows);
+    let bars: Vec<plot::StackedBar> = late
+        .iter()
+        .map(|w| plot::StackedBar {
+            label: w.name.clone(),
+            segments: w
+                .causes
+                .iter()
+                .map(|c| (c.cause.words(), c.late_pct.unwrap_or(0.0)))
+                .collect(),
+        })
+        .collect();
+    let svg = plot::stacked_bars_svg(
+        &format!("{}: why jobs were late", r.label),
+        "late jobs (% of the workload's jobs)",
+        &bars,
+        W,
+        H,
+    )?;
+    let segments: usize = bars.iter().map(|b| b.segments.len()).sum();
+    let _ = write!(
+        page.body,
+        "<div class=\"grid\"><figure class=\"plot\" data-series=\"{segments}\">{svg}<figcaption>{}</figcaption></figure></div>",
+        escape(&format!(
+            "jobs/*.csv of {} attributed by isolane explain: each bar is a workload's late %, \
+             split by cause",
+            r.label
+        ))
+    );
+    page.figures += 1;
     Ok(())
 }
 
@@ -1353,6 +1445,7 @@ mod tests {
             telemetry: None,
             timeline: None,
             app_latencies_ms: Vec::new(),
+            explanation: None,
         }
     }
 
@@ -1529,6 +1622,92 @@ mod tests {
             "{}",
             page.body
         );
+    }
+
+    #[test]
+    fn the_run_says_why_its_jobs_were_late() {
+        use crate::explain::{Cause, CauseKind, CauseShare, Explanation, Neighbour};
+        use crate::explain::{MemoryFigures, WorkloadExplanation};
+        let mut r = iso_run("run", "green", &[("cam", [0.0, 0.0]), ("be", [0.0, 0.0])]);
+        let share = |cause: Cause, pct: f64, ms: f64| CauseShare {
+            cause,
+            late_pct: Some(pct),
+            time_ms: ms,
+        };
+        let workload = |name: &str, late: u64, causes: Vec<CauseShare>| WorkloadExplanation {
+            name: name.into(),
+            model: "resnet18".into(),
+            criticality: isolane_core::spec::Criticality::Critical,
+            deadline_ms: Some(1.0),
+            jobs: 100,
+            late,
+            late_pct: late as f64,
+            typical_service_ms: Some(0.5),
+            typical_from: String::new(),
+            neighbours: vec![
+                Neighbour {
+                    name: "be".into(),
+                    model: "vit_l_32".into(),
+                    shares: "GPU 0".into(),
+                    memory: Some(MemoryFigures {
+                        dram_gb_s: Some(812.5),
+                        l2_mib: None,
+                        source: None,
+                    }),
+                },
+                Neighbour {
+                    name: "x<y>".into(),
+                    model: "m".into(),
+                    shares: "GPU 0".into(),
+                    memory: None,
+                },
+            ],
+            causes,
+            late_jobs: Vec::new(),
+        };
+        r.explanation = Some(Explanation {
+            schema_version: 1,
+            run: "run".into(),
+            memory_profiles: None,
+            copy_engine: "not recorded".into(),
+            workloads: vec![
+                workload(
+                    "cam",
+                    3,
+                    vec![
+                        share(Cause::neighbour("be"), 2.0, 4.0),
+                        share(Cause::neighbour("x<y>"), 0.5, 1.0),
+                        share(Cause::of(CauseKind::Host), 0.5, 0.2),
+                    ],
+                ),
+                workload("be", 0, Vec::new()),
+            ],
+        });
+        let mut page = Page {
+            body: String::new(),
+            figures: 0,
+        };
+        run_section(&mut page, &r).unwrap();
+        let b = &page.body;
+        assert!(b.contains("<h3>Why jobs were late</h3>"), "{b}");
+        assert!(b.contains("beside be (DRAM 812.5 GB/s)"), "{b}");
+        assert!(
+            b.contains("beside x&lt;y&gt; (memory intensity unknown)"),
+            "{b}"
+        );
+        assert!(b.contains("host: late start"), "{b}");
+        assert!(b.contains("why jobs were late</text>") || b.contains("why jobs were late"));
+        assert!(b.contains("Copy-engine waits: not recorded"), "{b}");
+        // No late job anywhere: no such part.
+        for w in &mut r.explanation.as_mut().unwrap().workloads {
+            w.late = 0;
+        }
+        let mut page = Page {
+            body: String::new(),
+            figures: 0,
+        };
+        run_section(&mut page, &r).unwrap();
+        assert!(!page.body.contains("Why jobs were late"), "{}", page.body);
     }
 
     #[test]

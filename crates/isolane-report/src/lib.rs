@@ -6,6 +6,7 @@
 
 pub mod coexec;
 pub mod data;
+pub mod explain;
 pub mod html;
 pub mod matrix;
 pub mod plot;
