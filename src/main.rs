@@ -43,6 +43,7 @@ enum Command {
     Trace(cmd::trace::TraceArgs),
     Explain(cmd::explain::ExplainArgs),
     Serve(cmd::serve::ServeArgs),
+    Export(cmd::export::ExportArgs),
     /// Internal: one workload of a `host = "process"` run, driven by the coordinator over
     /// stdin/stdout.
     #[command(hide = true)]
@@ -157,6 +158,7 @@ fn run(command: Command) -> ExitCode {
         Command::Trace(a) => cmd::trace::run(a),
         Command::Explain(a) => cmd::explain::run(a),
         Command::Serve(a) => cmd::serve::run(a, &engine),
+        Command::Export(a) => cmd::export::run(a),
         Command::Worker(a) => cmd::worker::run(a, &engine),
     };
     cmd::exit_code(result)

@@ -476,3 +476,208 @@ fn two_gpus_that_cannot_hold_the_workloads_are_refused_naming_the_gpu() {
         "{err}"
     );
 }
+
+/// Plans tests/data/offline.toml offline with `mechanism` into DIR/MECHANISM.toml.
+fn planned(dir: &Path, mechanism: &str) -> PathBuf {
+    let out = dir.join(format!("{mechanism}.toml"));
+    let o = isolane()
+        .args([
+            "plan",
+            "--auto",
+            "--device-model",
+            "h100-sxm",
+            "--mechanism",
+            mechanism,
+        ])
+        .arg("--profiles")
+        .arg(data("profiles"))
+        .arg("-o")
+        .arg(&out)
+        .arg(data("offline.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", flat(&o.stderr));
+    out
+}
+
+fn export(args: &[&str], scenario: &Path, out: &Path) -> Output {
+    isolane()
+        .arg("export")
+        .args(args)
+        .arg(scenario)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_plan_made_offline_is_exported_to_k8s_mps_and_mig_parted_with_its_capacity() {
+    let tmp = tempfile::tempdir().unwrap();
+    let green = planned(tmp.path(), "green");
+    let k8s = tmp.path().join("k8s");
+    let profiles = data("profiles");
+    let o = export(
+        &[
+            "k8s",
+            "--image",
+            "registry.example/isolane:0.1.0",
+            "--capacity",
+            profiles.to_str().unwrap(),
+        ],
+        &green,
+        &k8s,
+    );
+    let err = flat(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    // The GPU of the profiles picks the nodes; the green contexts are said not to map.
+    let ds = std::fs::read_to_string(k8s.join("daemonset.yaml")).unwrap();
+    assert!(
+        ds.contains("nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3"),
+        "{ds}"
+    );
+    assert!(
+        err.contains("note: green contexts have no Kubernetes surface"),
+        "{err}"
+    );
+    let notes = std::fs::read_to_string(k8s.join("NOTES.txt")).unwrap();
+    assert!(
+        notes.contains("green contexts have no Kubernetes surface"),
+        "{notes}"
+    );
+    let claim = std::fs::read_to_string(k8s.join("resourceclaimtemplate.yaml")).unwrap();
+    assert!(
+        claim.contains("productName == 'NVIDIA H100 80GB HBM3'"),
+        "{claim}"
+    );
+    // camera in 40 SMs: the committed profile's p99 (it has no p99.9), on its GPU and driver.
+    let cap = std::fs::read_to_string(k8s.join("capacity.yaml")).unwrap();
+    assert!(cap.contains("partition: green 40 SMs"), "{cap}");
+    assert!(cap.contains("p999_alone_ms: 1.76"), "{cap}");
+    assert!(cap.contains("driver: 580.159.04"), "{cap}");
+    assert!(cap.contains("max_stable_rate_hz: not measured"), "{cap}");
+    assert!(
+        err.contains("max stable rate not measured for `camera`, `lidar`"),
+        "{err}"
+    );
+
+    // An MPS export of the green plan is refused, naming the field.
+    let o = export(&["mps"], &green, &tmp.path().join("mps-of-green"));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        flat(&o.stderr).contains("device.mechanism = \"green\""),
+        "{}",
+        flat(&o.stderr)
+    );
+    assert!(!tmp.path().join("mps-of-green").exists());
+
+    let mps = planned(tmp.path(), "mps");
+    let o = export(&["mps"], &mps, &tmp.path().join("mps"));
+    assert_eq!(o.status.code(), Some(0), "{}", flat(&o.stderr));
+    let camera = std::fs::read_to_string(tmp.path().join("mps/clients/camera.env")).unwrap();
+    assert!(
+        camera.contains("export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30\n"),
+        "{camera}"
+    );
+    assert!(tmp.path().join("mps/mps-daemon.sh").is_file());
+
+    let mig = planned(tmp.path(), "mig");
+    let o = export(&["mig-parted"], &mig, &tmp.path().join("mig"));
+    assert_eq!(o.status.code(), Some(0), "{}", flat(&o.stderr));
+    let layout = std::fs::read_to_string(tmp.path().join("mig/mig-parted.yaml")).unwrap();
+    assert!(layout.contains("3g.40gb: 2"), "{layout}");
+}
+
+#[test]
+fn export_refuses_bad_input_with_exit_2_and_leaves_files_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let green = planned(tmp.path(), "green");
+    let refused = |args: &[&str], scenario: &Path, out: &Path, says: &str| {
+        let o = export(args, scenario, out);
+        let err = flat(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    };
+    let fresh = tmp.path().join("fresh");
+    // Not planned: the workload and its field are named.
+    refused(
+        &["k8s", "--image", "i:1"],
+        &data("offline.toml"),
+        &fresh,
+        "workload[0] (`camera`): partition.sms is missing",
+    );
+    refused(&["k8s"], &green, &fresh, "--image:");
+    refused(&["k8s", "--image", "i:1"], &green, &fresh, "--gpu-product:");
+    refused(
+        &[
+            "k8s",
+            "--image",
+            "i:1",
+            "--kind",
+            "deployment",
+            "--replicas",
+            "0",
+        ],
+        &green,
+        &fresh,
+        "--replicas 0: expected 1 to 10000",
+    );
+    refused(
+        &[
+            "k8s",
+            "--image",
+            "i:1",
+            "--replicas",
+            "2",
+            "--gpu-product",
+            "NVIDIA H100",
+        ],
+        &green,
+        &fresh,
+        "--replicas applies to --kind deployment only",
+    );
+    refused(
+        &[
+            "k8s",
+            "--image",
+            "i:1",
+            "--name",
+            "Big_Name",
+            "--kind",
+            "deployment",
+        ],
+        &green,
+        &fresh,
+        "expected 1 to 52 lowercase letters",
+    );
+    refused(
+        &["mig-parted", "--image", "i:1"],
+        &green,
+        &fresh,
+        "--image applies to",
+    );
+    refused(
+        &["k8s", "--image", "i:1", "--capacity", "/nonexistent/run"],
+        &green,
+        &fresh,
+        "no such file or folder",
+    );
+    assert!(!fresh.exists());
+    // An occupied folder is refused without --force, and its file kept.
+    let used = tmp.path().join("used");
+    std::fs::create_dir(&used).unwrap();
+    std::fs::write(used.join("daemonset.yaml"), "mine").unwrap();
+    let args = ["k8s", "--image", "i:1", "--kind", "deployment"];
+    refused(&args, &green, &used, "pass --force");
+    assert_eq!(
+        std::fs::read_to_string(used.join("daemonset.yaml")).unwrap(),
+        "mine"
+    );
+    // With --force the export's own names are replaced: no stale DaemonSet beside the Deployment.
+    let mut forced = args.to_vec();
+    forced.push("--force");
+    let o = export(&forced, &green, &used);
+    assert_eq!(o.status.code(), Some(0), "{}", flat(&o.stderr));
+    assert!(!used.join("daemonset.yaml").exists());
+    assert!(used.join("deployment.yaml").is_file());
+}

@@ -6,6 +6,7 @@ pub mod coexec;
 pub mod compare;
 pub mod completions;
 pub mod devices;
+pub mod export;
 pub mod explain;
 pub mod help;
 pub mod infer;

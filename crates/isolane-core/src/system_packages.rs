@@ -31,6 +31,13 @@ pub const TRITONCLIENT: SystemPackage = SystemPackage {
     install: "python3 -m pip install 'tritonclient[http,grpc]' numpy",
 };
 
+/// kubernetes-validate (PyPI: the Kubernetes JSON schemas, with jsonschema and PyYAML), which
+/// the tests of `isolane export` check every manifest with (crates/isolane-export/validate).
+pub const KUBERNETES_VALIDATE: SystemPackage = SystemPackage {
+    what: "the Python package kubernetes-validate",
+    install: "python3 -m pip install kubernetes-validate",
+};
+
 /// Whether [`STRICT_ENV`] is set to 1.
 pub fn strict() -> bool {
     std::env::var(STRICT_ENV).is_ok_and(|v| v == "1")
