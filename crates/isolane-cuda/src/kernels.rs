@@ -59,6 +59,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "layernorm_wv4",
     "layernorm_wv6",
     "layernorm_wv8",
+    "fake_quant",
 ];
 
 /// 16-byte vectors per lane of the `layernorm_wv{N}` kernels (one warp per row of at most
@@ -798,6 +799,43 @@ extern "C" __global__ void chan_mean(const T* __restrict__ x, T* __restrict__ y,
         float s = 0.f;
         for (long long j = 0; j < hw; ++j) s += ld(xp, j * c);
         st(y, i, s / (float)hw);
+    }
+}
+
+// v rounded half to even onto float8 e4m3fn's grid (isolane_engine::quant::round_e4m3fn):
+// ±448 past it when saturating, else NaN; NaN stays NaN.
+__device__ __forceinline__ float round_e4m3fn(float v, int saturate) {
+    if (v != v) return v;
+    float a = fabsf(v);
+    if (a > 3.402823466e38f) return saturate ? copysignf(448.f, v) : __int_as_float(0x7fc00000);
+    int e = a >= 1.17549435e-38f ? (__float_as_int(a) >> 23) - 127 : -6;
+    if (e < -6) e = -6;
+    float q = __int_as_float((e - 3 + 127) << 23);  // the grid's spacing: a power of two
+    float r = rintf(__fdiv_rn(a, q)) * q;
+    if (r > 448.f) r = saturate ? 448.f : __int_as_float(0x7fc00000);
+    return copysignf(r, v);
+}
+
+// y = DequantizeLinear(QuantizeLinear(x)) (ONNX; isolane_engine::quant), in f32: an IEEE
+// division, rounding half to even, saturation to [lo, hi] (integers) or float8 e4m3fn, then
+// (q - z) * s. Element i uses channel (i / inner) % channels of scale[] and zp[], or s0 and z0
+// when scale is null (per tensor).
+extern "C" __global__ void fake_quant(const T* x, T* y, const T* __restrict__ scale, const T* __restrict__ zp,
+                                      float s0, float z0, long long n, long long channels, long long inner,
+                                      float lo, float hi, int fp8, int saturate) {
+    GRID_STRIDE(i, n) {
+        float s = s0, z = z0;
+        if (scale) {
+            long long c = (i / inner) % channels;
+            s = ld(scale, c);
+            z = ld(zp, c);
+        }
+        float v = __fdiv_rn(ld(x, i), s);
+        float q;
+        if (fp8) q = round_e4m3fn(v, saturate);
+        else if (v != v) q = v;
+        else q = fminf(fmaxf(rintf(v) + z, lo), hi);
+        st(y, i, __fmul_rn(q - z, s));
     }
 }
 

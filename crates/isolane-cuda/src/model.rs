@@ -2272,6 +2272,30 @@ fn record_step(
             ],
         }),
         StepKind::Resize(rs) => record_resize(m, rec, rs),
+        StepKind::FakeQuant(fq) => {
+            let (lo, hi) = fq.qtype.range();
+            m.launches.push(Launch::Kernel {
+                func: rec.func("fake_quant"),
+                grid: elementwise_grid(fq.n),
+                block: BLOCK,
+                shared: 0,
+                args: vec![
+                    Arg::Ptr(rec.ptr(fq.x)),
+                    Arg::Ptr(rec.ptr(fq.y)),
+                    Arg::Ptr(fq.params.map_or(0, |[s, _]| rec.ptr(s))),
+                    Arg::Ptr(fq.params.map_or(0, |[_, z]| rec.ptr(z))),
+                    Arg::F32(fq.scale),
+                    Arg::F32(fq.zero_point),
+                    Arg::I64(fq.n as i64),
+                    Arg::I64(fq.channels as i64),
+                    Arg::I64(fq.inner as i64),
+                    Arg::F32(lo),
+                    Arg::F32(hi),
+                    Arg::I32(fq.qtype.is_float() as i32),
+                    Arg::I32(fq.saturate as i32),
+                ],
+            });
+        }
         StepKind::AdaptivePool {
             x,
             y,

@@ -15,6 +15,7 @@ use isolane_engine::ir::{
     NearestMode, Node, Op, PoolAttrs, ReduceKind, ResizeAttrs, ResizeMode, Tensor, Unary,
     ValueKind,
 };
+use isolane_engine::quant::{FakeQuantAttrs, Granularity, QuantType};
 use isolane_engine::{EngineError, Precision, Result};
 
 /// Alignment of every storage in the arena and every constant in the weights buffer
@@ -369,6 +370,27 @@ pub enum StepKind {
         x_shape: [usize; 4],
         out_hw: [usize; 2],
     },
+    /// `y = DequantizeLinear(QuantizeLinear(x))` (a QDQ model's activation pair), computed in
+    /// f32 as `isolane_engine::quant` does.
+    FakeQuant(FakeQuantStep),
+}
+
+/// A [`StepKind::FakeQuant`]: element `i` uses the scale and zero point of channel
+/// `(i / inner) % channels`, read from the constants `params` (scales, zero points), or
+/// `scale` and `zero_point` (f32 kernel arguments, exact at every precision) when there is one
+/// channel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FakeQuantStep {
+    pub x: Loc,
+    pub y: Loc,
+    pub n: usize,
+    pub channels: usize,
+    pub inner: usize,
+    pub params: Option<[Loc; 2]>,
+    pub scale: f32,
+    pub zero_point: f32,
+    pub qtype: QuantType,
+    pub saturate: bool,
 }
 
 impl StepKind {
@@ -1647,6 +1669,73 @@ impl Planner<'_> {
         Ok(Lowered::Steps)
     }
 
+    /// Lowers `Op::FakeQuant(q)`: one elementwise pass (the `fake_quant` kernel). A first
+    /// step: the activations stay in the plan's dtype and the neighbouring convolutions and
+    /// matrix products run in it; int8 / fp8 tensor-core kernels with the Q/DQ fused into
+    /// them are next (issue 33).
+    fn lower_fake_quant(&mut self, c: &NodeCtx, q: &FakeQuantAttrs) -> Result<Lowered> {
+        let p = self;
+        let (name, outs, out_shape, x0) = (c.name, &c.outs, &c.out_shape, c.x0);
+        let shape = p.shapes[x0].clone();
+        let rank = shape.len();
+        let strided = p.vstrides[x0].is_some();
+        let (x, keep, channels, inner) = match q.granularity {
+            Granularity::PerTensor if !strided => (p.raw(x0, name)?, p.nhwc[x0], 1, 1),
+            Granularity::PerTensor => (p.plain(x0, name)?, false, 1, 1),
+            Granularity::PerAxis { axis } => {
+                let a = norm_axis(axis, rank)
+                    .ok_or_else(|| unsupported(name, format!("axis {axis} of rank {rank}")))?;
+                if p.es < 4 && matches!(q.qtype, QuantType::Int16 | QuantType::Uint16) {
+                    return Err(unsupported(
+                        name,
+                        "per-axis int16 / uint16 quantization runs on cuda at fp32 and tf32 only \
+                         (its zero points are not exact in fp16 or bf16 storage)",
+                    ));
+                }
+                if p.nhwc[x0] && !strided && a == 1 && rank == 4 {
+                    (p.raw(x0, name)?, true, shape[1], 1)
+                } else {
+                    (
+                        p.plain(x0, name)?,
+                        false,
+                        shape[a],
+                        shape[a + 1..].iter().product(),
+                    )
+                }
+            }
+            Granularity::Blocked { .. } => {
+                return Err(unsupported(
+                    name,
+                    "blocked quantization of a runtime tensor (blocked weights fold at import)",
+                ))
+            }
+        };
+        let params = if q.scales.len() > 1 {
+            let s = Tensor::new(vec![q.scales.len()], q.scales.clone())?;
+            let z = Tensor::new(vec![q.zero_points.len()], q.zero_points.clone())?;
+            Some([p.new_const(s), p.new_const(z)])
+        } else {
+            None
+        };
+        let y = p.output(outs[0], keep);
+        p.push(
+            name,
+            StepKind::FakeQuant(FakeQuantStep {
+                x,
+                y,
+                n: out_shape.iter().product(),
+                channels,
+                inner,
+                params,
+                scale: q.scales[0],
+                zero_point: q.zero_points[0],
+                qtype: q.qtype,
+                saturate: q.saturate,
+            }),
+        );
+        Ok(Lowered::Steps)
+    }
+
     /// Scale folding: `x · c` with `c` a scalar constant, consumed only by a MatMul, becomes
     /// that matmul's alpha (the output aliases `x`). Returns whether it folded.
     fn fold_scalar_into_matmul_alpha(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
@@ -2359,6 +2448,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
             Op::GlobalAveragePool => p.lower_global_average_pool(&c),
             Op::AdaptiveAvgPool { output } => p.lower_adaptive_average_pool(&c, output),
             Op::Reduce { kind, axes, .. } => p.lower_reduce(&c, *kind, axes),
+            Op::FakeQuant(q) => p.lower_fake_quant(&c, q),
             other => {
                 return Err(unsupported(
                     name,

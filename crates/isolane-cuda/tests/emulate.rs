@@ -13,7 +13,7 @@ use isolane_cuda::plan::{
     MatMulStep, Plan, PlanOptions, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided,
 };
 use isolane_engine::ir::{
-    Binary, CoordMode, Dim, Graph, NearestMode, Op, ReduceKind, ResizeAttrs, ResizeMode,
+    Binary, ConvAttrs, CoordMode, Dim, Graph, NearestMode, Op, ReduceKind, ResizeAttrs, ResizeMode,
     ResizeSize, Tensor, Unary,
 };
 use isolane_engine::{build_model, passes, Backend, CpuBackend, Precision, Weights};
@@ -588,6 +588,20 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             }
         }
         StepKind::AdaptivePool { .. } => panic!("not emulated"),
+        StepKind::FakeQuant(fq) => {
+            use isolane_engine::quant::{dequantize, quantize};
+            for i in 0..fq.n {
+                let (s, z) = match fq.params {
+                    Some([sl, zl]) => {
+                        let c = (i / fq.inner) % fq.channels;
+                        (m.get(sl, c), m.get(zl, c))
+                    }
+                    None => (fq.scale, fq.zero_point),
+                };
+                let q = quantize(m.get(fq.x, i), s, z, fq.qtype, fq.saturate);
+                m.set(fq.y, i, dequantize(q, s, z));
+            }
+        }
     }
 }
 
@@ -1342,4 +1356,93 @@ fn session14_kernel_shapes_plan_right() {
             }
         }
     }
+}
+
+/// QDQ models (isolane-engine's fixtures, from onnxruntime) plan into `fake_quant` steps that
+/// compute what onnxruntime does: the Q → DQ pairs on the input bit for bit (int8, uint8,
+/// int16, float8; per tensor and per axis), onnxruntime's `quantize_static` models as the CPU
+/// backend does (docs/onnx.md); in both layouts.
+#[test]
+fn fake_quant_plans_compute_qdq_models() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../isolane-engine/tests/fixtures/onnx/qdq/"
+    );
+    for name in [
+        "exact_int8_per_tensor_op13",
+        "exact_uint8_per_axis_op13",
+        "exact_int16_per_axis_op21",
+        "exact_fp8_e4m3fn_saturate1_op19",
+        "exact_fp8_e4m3fn_per_axis_op21",
+        "static_cnn_s8s8_per_channel",
+        "static_cnn_u8s8_per_tensor",
+        "static_mlp_u8s8_per_channel",
+    ] {
+        let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
+        let x = isolane_engine::io::read_npy(format!("{dir}{name}.input.npy")).unwrap();
+        let want = isolane_engine::io::read_npy(format!("{dir}{name}.output.npy")).unwrap();
+        let batch = x.shape[0];
+        let opt = passes::optimize(&g, batch).unwrap();
+        for channels_last in [true, false] {
+            let opts = PlanOptions {
+                channels_last,
+                ..Default::default()
+            };
+            let p = plan::plan_with(&opt, batch, Precision::Fp32, opts).unwrap();
+            assert!(
+                p.steps
+                    .iter()
+                    .any(|s| matches!(s.kind, StepKind::FakeQuant(_))),
+                "{name}: no fake_quant step"
+            );
+            let got = run(&p, &x.data);
+            if name.starts_with("exact_") {
+                let bad = got
+                    .iter()
+                    .zip(&want.data)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(bad, 0, "{name} channels_last {channels_last}");
+            } else {
+                let err = rel_l2(&got, &want.data);
+                assert!(err < 1e-2, "{name} channels_last {channels_last}: {err:e}");
+            }
+        }
+    }
+}
+
+/// A per-channel FakeQuant of a convolution's output, which the channels-last plan keeps
+/// NHWC (the channel is then the innermost index), computes the graph in both layouts.
+#[test]
+fn per_channel_fake_quant_of_an_nhwc_value_computes_the_graph() {
+    use isolane_engine::quant::{FakeQuantAttrs, Granularity, QuantType};
+    let mut g = Graph::new("conv_fake_quant_conv");
+    let x = g.add_input(
+        "x",
+        vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(6), Dim::Fixed(6)],
+    );
+    let w1 = g.add_constant(
+        "w1",
+        Tensor::new(vec![4, 3, 3, 3], random(108, 31)).unwrap(),
+    );
+    let w2 = g.add_constant("w2", Tensor::new(vec![2, 4, 1, 1], random(8, 32)).unwrap());
+    let conv = |pads| {
+        Op::Conv(ConvAttrs {
+            pads,
+            ..Default::default()
+        })
+    };
+    let c1 = g.add_op("c1", conv([1; 4]), &[x, w1]).unwrap();
+    let fq = Op::FakeQuant(FakeQuantAttrs {
+        qtype: QuantType::Int8,
+        saturate: true,
+        granularity: Granularity::PerAxis { axis: 1 },
+        scales: vec![0.05, 0.1, 0.2, 0.4],
+        zero_points: vec![0.0, 1.0, -2.0, 3.0],
+    });
+    let q = g.add_op("q", fq, &[c1]).unwrap();
+    let y = g.add_op("c2", conv([0; 4]), &[q, w2]).unwrap();
+    g.add_output(y).unwrap();
+    check(&g, 2, true, 1e-5);
+    check(&g, 2, false, 1e-5);
 }
