@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 mod extra;
 mod older;
+mod volume;
 
 #[path = "quant.rs"]
 mod quant;
@@ -870,9 +871,12 @@ impl<'m> Importer<'m> {
             }
             "Clip" if opset < 11 => self.clip_v6(c),
             "Clip" => self.clip(c),
+            "Conv" if self.input_rank(c) == 5 => self.conv3d(c),
             "Conv" => self.conv(c),
             "BatchNormalization" => self.batch_norm(c),
+            "MaxPool" | "AveragePool" if self.input_rank(c) == 5 => self.pool3d(c, op == "MaxPool"),
             "MaxPool" | "AveragePool" => self.pool(c, op == "MaxPool"),
+            "GlobalAveragePool" if self.input_rank(c) != 4 => self.global_average_nd(c),
             "GlobalAveragePool" => {
                 let x = self.req(c, 0)?;
                 if x.rank() != 4 {
