@@ -3,6 +3,7 @@
 pub mod arch;
 pub mod arena;
 pub mod backend;
+pub mod calibrate;
 pub mod cpu;
 pub mod error;
 pub mod footprint;
