@@ -179,6 +179,12 @@ pub fn admits(v: &SlotView, now: i64, piece_ns: i64, policy: &Policy) -> Option<
         // that leaves the request its service time. Nothing is reserved: the request the
         // reservation would be for does not exist yet.
         IDLE => {
+            // A request with the model's deadline could not be met even alone (serve refuses
+            // it up front): holding best effort would protect nothing and starve it for good
+            // (seen on the H200: an MPS-served critical model slower than its deadline).
+            if v.deadline < v.service {
+                return Some(0);
+            }
             let slack = v
                 .deadline
                 .saturating_sub(policy.margin_ns)
@@ -818,6 +824,19 @@ mod tests {
             ..idle
         };
         assert_eq!(admits(&free, 100 * MS, 1_000 * MS, &stall(0)), Some(0));
+        // A model slower than its deadline has no request to protect: its requests are
+        // refused, and best effort runs.
+        let hopeless = SlotView {
+            state: IDLE,
+            ..SlotView::pending(7, 0, 2 * MS, 2 * MS + 78_000)
+        };
+        assert_eq!(admits(&hopeless, 100 * MS, 10 * MS, &stall(0)), Some(0));
+        // At its deadline exactly it can still be met: protected.
+        let tight = SlotView {
+            service: 2 * MS,
+            ..hopeless
+        };
+        assert_eq!(admits(&tight, 100 * MS, MS, &stall(0)), None);
     }
 
     #[test]
