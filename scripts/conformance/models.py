@@ -36,17 +36,29 @@ TIMM = [
     "timm/levit_128s", "timm/poolformer_s12", "timm/ghostnet_100", "timm/rexnet_100",
     "timm/convnext_atto", "timm/mixer_s16_224", "timm/dla34", "timm/repvgg_a0",
     "timm/mobilevit_xxs", "timm/edgenext_xx_small", "timm/fastvit_t8",
+    # BatchNormalization in training mode over the weights (ScaledStdConv2d), and Tile (XCiT).
+    "timm/nf_resnet26", "timm/xcit_nano_12_p16_224",
 ]
+# torchvision's video classifiers: 3-D Conv and pooling, input [1, 3, 8, 112, 112].
+TV_VIDEO = ["r3d_18", "mc3_18", "r2plus1d_18"]
 OTHER = ["yolov8n"]
 
-ALL = TV_CLASSIFICATION + TV_SEGMENTATION + TV_DETECTION_BACKBONES + TIMM + OTHER
+ALL = TV_CLASSIFICATION + TV_SEGMENTATION + TV_DETECTION_BACKBONES + TIMM + TV_VIDEO + OTHER
 GROUPS = {
     "all": ALL,
     "torchvision": TV_CLASSIFICATION,
     "segmentation": TV_SEGMENTATION,
     "detection": TV_DETECTION_BACKBONES,
     "timm": TIMM,
+    "video": TV_VIDEO,
     "other": OTHER,
+    # Exported again at opsets 11 and 12 (--exporters classic11,classic12): older exports.
+    "opsets": [
+        "resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0",
+        "regnet_y_400mf", "densenet121", "googlenet", "inception_v3", "shufflenet_v2_x1_0",
+        "squeezenet1_1", "mnasnet1_0", "convnext_tiny", "alexnet", "vit_b_16", "swin_t",
+        "lraspp_mobilenet_v3_large", "fcn_resnet50", "r3d_18", "timm/resnet26d",
+    ],
     # A quick, CPU-friendly subset (small models of every kind).
     "small": [
         "resnet18", "mobilenet_v3_small", "densenet121", "squeezenet1_1", "shufflenet_v2_x1_0",
@@ -92,11 +104,18 @@ class OneOutput(torch.nn.Module):
 
 
 def is_classifier(name):
-    return name in TV_CLASSIFICATION or name in TIMM
+    return name in TV_CLASSIFICATION or name in TIMM or name in TV_VIDEO
 
 
 def input_size(name):
     return INPUT.get(name, 224)
+
+
+def input_shape(name):
+    """The input of one sample: [1, 3, S, S], or [1, 3, T, H, W] for a video model."""
+    if name in TV_VIDEO:
+        return (1, 3, 8, 112, 112)
+    return (1, 3, input_size(name), input_size(name))
 
 
 def build(name):

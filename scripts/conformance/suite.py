@@ -8,6 +8,9 @@ For each model (scripts/conformance/models.py) and exporter:
            onnxscript's optimizer), exactly what a user of current PyTorch gets
   fp16w    the classic export with every float initializer stored as float16 behind a Cast
            (weight-only fp16 conversion; not run by default: --exporters fp16w)
+  classic11, classic12
+           the classic export at opset 11 or 12, as older export scripts and model zoos
+           have them (not run by default: --exporters classic11,classic12 --models opsets)
 the weights are the model's own seeded random initialisation with every tensor that it leaves
 constant (BatchNorm running statistics and affine parameters, LayerNorm parameters, zero
 heads) randomised (tools/reference/export.py), so BatchNorm is non-trivial. The reference is
@@ -42,7 +45,9 @@ sys.path.insert(0, HERE)
 
 import models as registry  # noqa: E402
 
-EXPORTERS = ("classic", "dynamo", "fp16w")
+EXPORTERS = ("classic", "dynamo", "fp16w", "classic11", "classic12")
+# The classic exporter's opset per exporter name.
+CLASSIC_OPSETS = {"classic": 17, "classic11": 11, "classic12": 12}
 BACKENDS = ("cpu", "cuda")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 # Relative L2 limits. fp32: 1e-4 (issue 12). The others are about twice the largest error
@@ -96,8 +101,7 @@ def export_one(name, exporter, work, seed):
     model = registry.build(name)
     randomise_constants(model, torch.Generator().manual_seed(seed + 1))
     wrapped = registry.OneOutput(model).eval()
-    size = registry.input_size(name)
-    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(seed + 2))
+    x = torch.randn(*registry.input_shape(name), generator=torch.Generator().manual_seed(seed + 2))
     with torch.no_grad():
         y = wrapped(x)
     np.save(os.path.join(mdir, "input.npy"), x.numpy().astype(np.float32))
@@ -110,9 +114,9 @@ def export_one(name, exporter, work, seed):
     t0 = time.time()
     # Not under no_grad: there nn.MultiheadAttention takes its fused fast path, which the
     # classic exporter cannot export (as a user's export script would not use no_grad either).
-    if exporter == "classic":
+    if exporter in CLASSIC_OPSETS:
         torch.onnx.export(
-            wrapped, (x,), path, dynamo=False, opset_version=CLASSIC_OPSET,
+            wrapped, (x,), path, dynamo=False, opset_version=CLASSIC_OPSETS[exporter],
             input_names=["input"], output_names=["output"],
             dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
         )
