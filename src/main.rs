@@ -43,6 +43,7 @@ enum Command {
     Trace(cmd::trace::TraceArgs),
     Explain(cmd::explain::ExplainArgs),
     Serve(cmd::serve::ServeArgs),
+    Ctl(cmd::ctl::CtlArgs),
     Export(cmd::export::ExportArgs),
     /// Internal: one workload of a `host = "process"` run, driven by the coordinator over
     /// stdin/stdout.
@@ -158,6 +159,7 @@ fn run(command: Command) -> ExitCode {
         Command::Trace(a) => cmd::trace::run(a),
         Command::Explain(a) => cmd::explain::run(a),
         Command::Serve(a) => cmd::serve::run(a, &engine),
+        Command::Ctl(a) => cmd::ctl::run(a),
         Command::Export(a) => cmd::export::run(a),
         Command::Worker(a) => cmd::worker::run(a, &engine),
     };

@@ -411,3 +411,192 @@ fn the_readmes_serve_examples_run_as_written() {
         );
     }
 }
+
+/// One HTTP/1.1 request to a server (the connection closed after it): status and body.
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(EXIT_WITHIN)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+/// `isolane ctl` against a real server: a resize under a stream of requests (every one
+/// answered with its own value), the status, refusals that exit 2 with the server's reason,
+/// an unload (requests refused with Triton's 404, not ready) and a load that serves again.
+#[test]
+fn ctl_resizes_unloads_and_loads_a_model_while_it_serves() {
+    let cores = isolane_runtime::affinity::available_cores();
+    let (first, last) = (cores[0], *cores.last().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "ctl.toml",
+        &format!(
+            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"echo\"\nmodel = \
+             \"spin:5ms\"\nbatch = 1\nrate_hz = 20\nduration_s = 1\ndeadline_ms = 60000\n\
+             warmup_jobs = 1\ncpu = [{first}]\n\n[workload.serve]\nqueue_limit = 1000\n"
+        ),
+    );
+    let server = Server::start(dir.path(), &file);
+    assert!(
+        server
+            .ready
+            .contains(&format!("echo (cpu {first}, critical)")),
+        "{}",
+        server.ready
+    );
+    let ctl = |args: &[&str]| {
+        isolane()
+            .args(["ctl", "--server", &server.http])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let infer = |v: u32| {
+        let body = format!(
+            r#"{{"inputs":[{{"name":"input","shape":[1,1],"datatype":"FP32","data":[{v}]}}]}}"#
+        );
+        http(&server.http, "POST", "/v2/models/echo/infer", &body)
+    };
+
+    let addr = server.http.clone();
+    let stream = std::thread::spawn(move || {
+        (0..60u32)
+            .map(|v| {
+                std::thread::sleep(Duration::from_millis(5));
+                let body = format!(
+                    r#"{{"inputs":[{{"name":"input","shape":[1,1],"datatype":"FP32","data":[{v}]}}]}}"#
+                );
+                (v, http(&addr, "POST", "/v2/models/echo/infer", &body))
+            })
+            .collect::<Vec<_>>()
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let resized = ctl(&["resize", "echo", &format!("cpu={last}")]);
+    let said = String::from_utf8_lossy(&resized.stdout).into_owned();
+    assert!(
+        resized.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&resized.stderr)
+    );
+    assert!(
+        said.starts_with(&format!(
+            "model `echo`: resize (cpu {first} → {last}), new instance serving after "
+        )) && said.contains(", paused ")
+            && said
+                .trim_end()
+                .ends_with(&format!("; partition cpu {last}")),
+        "{said}"
+    );
+    for (v, (status, body)) in stream.join().unwrap() {
+        assert_eq!(status, 200, "request {v}: {body}");
+        assert!(
+            body.contains(&format!(r#""data":[{v}.0]"#)),
+            "request {v}: {body}"
+        );
+    }
+
+    let status = ctl(&["status"]);
+    let table = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(status.status.success(), "{table}");
+    let row = table.lines().find(|l| l.starts_with("echo ")).unwrap_or("");
+    for cell in [
+        "READY",
+        &format!("cpu {last}"),
+        "critical",
+        "60000 ms",
+        "/s",
+        "resize",
+    ] {
+        assert!(row.contains(cell), "`{cell}` missing from\n{table}");
+    }
+    let json = ctl(&["--json", "status"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["models"][0]["cpu"], serde_json::json!([last]));
+    assert!(v["models"][0]["load"]["p99_ms"].as_f64().is_some(), "{v}");
+
+    // Refused: exit 2 with the server's reason, and nothing changed.
+    for (args, reason) in [
+        (vec!["resize", "echo", "thread_pct=30"], "MPS"),
+        (vec!["resize", "echo", "cpu=100000"], "does not exist"),
+        (
+            vec!["resize", "echo", "deadline_ms=1"],
+            "shorter than one of its jobs",
+        ),
+        (vec!["resize", "echo", "colour=red"], "unknown setting"),
+        (vec!["resize", "nope", "cpu=0"], "unknown model `nope`"),
+    ] {
+        let o = ctl(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(reason),
+            "{args:?}: `{reason}` missing from {err}"
+        );
+    }
+
+    let unloaded = ctl(&["unload", "echo"]);
+    assert!(
+        unloaded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&unloaded.stderr)
+    );
+    let (code, body) = infer(1);
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("has no available versions"), "{body}");
+    assert_eq!(
+        http(&server.http, "GET", "/v2/models/echo/ready", "").0,
+        400
+    );
+    let (_, index) = http(&server.http, "POST", "/v2/repository/index", "{}");
+    assert!(index.contains(r#""state":"UNAVAILABLE""#), "{index}");
+    let loaded = ctl(&["load", "echo"]);
+    let said = String::from_utf8_lossy(&loaded.stdout).into_owned();
+    assert!(
+        loaded.status.success() && said.starts_with("model `echo`: load"),
+        "{said}"
+    );
+    let (code, body) = infer(7);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        http(&server.http, "GET", "/v2/models/echo/ready", "").0,
+        200
+    );
+
+    let (_, metrics) = http(&server.http, "GET", "/metrics", "");
+    for family in [
+        r#"isolane_serve_changes_total{model="echo",kind="resize"} 1"#,
+        r#"isolane_serve_change_pause_seconds_count{model="echo",kind="resize"} 1"#,
+        r#"isolane_serve_changes_total{model="echo",kind="load"} 1"#,
+        r#"isolane_serve_model_ready{model="echo"} 1"#,
+    ] {
+        assert!(
+            metrics.contains(family),
+            "`{family}` missing from\n{metrics}"
+        );
+    }
+    let log = server.log();
+    assert!(
+        log.contains(r#"protocol="control" model="echo" change="resize""#)
+            && log.contains("pause_us="),
+        "{log}"
+    );
+}

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod coexec;
 pub mod compare;
 pub mod completions;
+pub mod ctl;
 pub mod devices;
 pub mod export;
 pub mod explain;

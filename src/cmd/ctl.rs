@@ -1,0 +1,336 @@
+//! `isolane ctl [--server ADDR] status|resize|load|unload`: control a running `isolane serve`
+//! through its HTTP address (docs/serve.md, "Control while serving"). Flags → one HTTP request;
+//! the server makes and checks the change.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use super::user;
+
+#[derive(Args)]
+#[command(
+    about = "Control a running `isolane serve`: status, resize, load, unload",
+    long_about = "Talks to a running `isolane serve` through its HTTP address. `status` lists \
+                  each model's partition, criticality, deadline and load (request rate, queue, \
+                  p99 over the last 10 s) and its last change. `resize NAME KEY=VALUE…` moves a \
+                  model to another partition (cpu=2,3: the cores of a CPU model) or changes its \
+                  deadline_ms or criticality: the server checks every setting first, builds the \
+                  model's new instance and warms it while the old one serves, then switches; \
+                  the reply says how long that took and how long the model served nothing. \
+                  `load` and `unload` are Triton's repository load and unload. A refused change \
+                  exits 2 with the server's reason."
+)]
+pub struct CtlArgs {
+    /// The server's HTTP address (`isolane serve --http`).
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        default_value = "127.0.0.1:8000",
+        global = true
+    )]
+    pub server: String,
+    /// Print the server's JSON answer instead of words.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub action: CtlAction,
+}
+
+#[derive(Subcommand)]
+pub enum CtlAction {
+    /// Each model's state, partition, criticality, deadline, load and last change.
+    Status,
+    /// Change a model while it serves: cpu=LIST (cores), sms=N (green SMs on a GPU),
+    /// thread_pct=P (MPS), deadline_ms=MS, criticality=critical|best_effort.
+    Resize {
+        /// The model (its workload's name).
+        name: String,
+        /// KEY=VALUE settings, all checked before any is made.
+        #[arg(required = true, value_name = "KEY=VALUE")]
+        settings: Vec<String>,
+    },
+    /// Load a model again (a loaded one is rebuilt and its new instance takes over).
+    Load {
+        /// The model (its workload's name).
+        name: String,
+    },
+    /// Unload a model: new requests are refused, those taken are answered, its instance ends.
+    Unload {
+        /// The model (its workload's name).
+        name: String,
+    },
+}
+
+/// How long a change may take to be answered: building and warming a model; the server cuts
+/// an HTTP request at 60 s.
+const ANSWER_WITHIN: Duration = Duration::from_secs(90);
+
+pub fn run(args: CtlArgs) -> anyhow::Result<u8> {
+    let (method, path, body) = match &args.action {
+        CtlAction::Status => ("GET", "/isolane/v1/status".to_string(), None),
+        CtlAction::Resize { name, settings } => (
+            "POST",
+            format!("/isolane/v1/models/{}/resize", escape(name)),
+            Some(settings_json(settings)?),
+        ),
+        CtlAction::Load { name } => (
+            "POST",
+            format!("/v2/repository/models/{}/load", escape(name)),
+            None,
+        ),
+        CtlAction::Unload { name } => (
+            "POST",
+            format!("/v2/repository/models/{}/unload", escape(name)),
+            None,
+        ),
+    };
+    let (status, answer) = request(&args.server, method, &path, body.as_deref())?;
+    let value: Value = serde_json::from_slice(&answer).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: the answer to {method} {path} (HTTP {status}) is not JSON: {e}",
+            args.server
+        )
+    })?;
+    if !(200..300).contains(&status) {
+        let message = value
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("no reason given");
+        let text = format!("{} refused: {message} (HTTP {status})", args.server);
+        // A change refused or malformed is the user's to fix; a failed build is not.
+        return if (400..500).contains(&status) || status == 503 {
+            Err(user(text))
+        } else {
+            Err(anyhow::anyhow!(text))
+        };
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(0);
+    }
+    match &args.action {
+        CtlAction::Status => print_status(&value),
+        _ => println!("{}", change_words(&value)),
+    }
+    Ok(0)
+}
+
+/// `KEY=VALUE`s as the resize body (`{"KEY": "VALUE", ...}`), each key once.
+fn settings_json(settings: &[String]) -> anyhow::Result<String> {
+    let mut map = serde_json::Map::new();
+    for s in settings {
+        let Some((key, value)) = s.split_once('=') else {
+            return Err(user(format!(
+                "`{s}`: expected KEY=VALUE, e.g. cpu=2,3, deadline_ms=20 or \
+                 criticality=best_effort"
+            )));
+        };
+        if map
+            .insert(key.to_string(), Value::String(value.to_string()))
+            .is_some()
+        {
+            return Err(user(format!("`{key}` is given twice")));
+        }
+    }
+    Ok(Value::Object(map).to_string())
+}
+
+/// A model name as one path segment (`%XX` for anything but unreserved characters).
+fn escape(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// One HTTP/1.1 request, the connection closed after it: the status and the body.
+fn request(
+    server: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> anyhow::Result<(u16, Vec<u8>)> {
+    let unreachable = |why: String| {
+        user(format!(
+            "cannot reach isolane serve at {server}: {why}; --server names the HTTP address \
+             that `isolane serve` printed when ready (default 127.0.0.1:8000)"
+        ))
+    };
+    let addr = server
+        .to_socket_addrs()
+        .map_err(|e| unreachable(format!("not a HOST:PORT ({e})")))?
+        .next()
+        .ok_or_else(|| unreachable("no address".into()))?;
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| unreachable(e.to_string()))?;
+    stream.set_read_timeout(Some(ANSWER_WITHIN))?;
+    let body = body.unwrap_or("");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {server}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .map_err(|e| anyhow::anyhow!("{server}: no answer to {method} {path}: {e}"))?;
+    parse_response(&answer).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{server}: the answer to {method} {path} is not an HTTP response: {:?}",
+            String::from_utf8_lossy(&answer[..answer.len().min(200)])
+        )
+    })
+}
+
+/// The status and body of a whole HTTP/1.1 response with a Content-Length (or none, then
+/// the rest of the connection).
+fn parse_response(raw: &[u8]) -> Option<(u16, Vec<u8>)> {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..end]).ok()?;
+    let status: u16 = head.split(' ').nth(1)?.parse().ok()?;
+    let body = &raw[end + 4..];
+    let length = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse::<usize>().ok())?
+    });
+    let body = match length {
+        Some(n) => body.get(..n)?,
+        None => body,
+    };
+    Some((status, body.to_vec()))
+}
+
+fn print_status(value: &Value) {
+    let rows: Vec<Vec<String>> = value
+        .get("models")
+        .and_then(Value::as_array)
+        .map(|models| models.iter().map(status_row).collect())
+        .unwrap_or_default();
+    let header = [
+        "model",
+        "state",
+        "partition",
+        "criticality",
+        "deadline",
+        "rate",
+        "queue",
+        "p99",
+        "last change",
+    ];
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", text.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+fn status_row(m: &Value) -> Vec<String> {
+    let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let load = m.get("load").cloned().unwrap_or(Value::Null);
+    let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    vec![
+        s("name"),
+        s("state"),
+        s("partition"),
+        s("criticality").replace('_', " "),
+        num(m, "deadline_ms").map_or("none".into(), |d| format!("{d} ms")),
+        num(&load, "rate_hz").map_or(String::new(), |r| format!("{r:.1}/s")),
+        num(&load, "queued").map_or(String::new(), |q| format!("{q}")),
+        num(&load, "p99_ms").map_or("-".into(), |p| format!("{p:.3} ms")),
+        m.get("last_change")
+            .filter(|c| !c.is_null())
+            .map_or("-".into(), change_words),
+    ]
+}
+
+/// `model `echo`: resize (cpu 0 → 1), serving after 41.2 ms, paused 0.120 ms; partition cpu 1`.
+fn change_words(c: &Value) -> String {
+    let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("");
+    let what: Vec<&str> = c
+        .get("what")
+        .and_then(Value::as_array)
+        .map(|w| w.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let took = c.get("took_ms").and_then(Value::as_f64).unwrap_or(0.0);
+    let mut text = format!("model `{}`: {}", s("model"), s("kind"));
+    if !what.is_empty() {
+        text += &format!(" ({})", what.join("; "));
+    }
+    text += &match s("kind") {
+        "unload" => format!(", unloaded after {took:.1} ms"),
+        "settings" => format!(", in effect after {took:.3} ms, no new instance"),
+        _ => format!(", new instance serving after {took:.1} ms"),
+    };
+    if let Some(p) = c.get("pause_ms").and_then(Value::as_f64) {
+        text += &format!(", paused {p:.3} ms");
+    }
+    if let Some(n) = c
+        .get("abandoned")
+        .and_then(Value::as_u64)
+        .filter(|&n| n > 0)
+    {
+        text += &format!(", {n} queued requests refused");
+    }
+    text + &format!("; partition {}", s("partition"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_become_one_object_and_a_key_twice_is_refused() {
+        let body = settings_json(&["cpu=2,3".into(), "deadline_ms=20".into()]).unwrap();
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["cpu"], "2,3");
+        assert_eq!(v["deadline_ms"], "20");
+        assert!(settings_json(&["cpu".into()]).is_err());
+        assert!(settings_json(&["cpu=1".into(), "cpu=2".into()]).is_err());
+        assert_eq!(escape("a b/c"), "a%20b%2Fc");
+    }
+
+    #[test]
+    fn a_response_is_read_up_to_its_length() {
+        let raw = b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\n\r\n{}junk";
+        assert_eq!(parse_response(raw), Some((409, b"{}".to_vec())));
+        assert_eq!(parse_response(b"garbage"), None);
+    }
+
+    #[test]
+    fn a_change_is_said_in_one_line() {
+        let c = serde_json::json!({
+            "model": "echo", "kind": "resize", "what": ["cpu 0 → 1"], "took_ms": 41.0,
+            "pause_ms": 0.12, "abandoned": 0, "partition": "cpu 1"
+        });
+        assert_eq!(
+            change_words(&c),
+            "model `echo`: resize (cpu 0 → 1), new instance serving after 41.0 ms, paused \
+             0.120 ms; partition cpu 1"
+        );
+    }
+}
