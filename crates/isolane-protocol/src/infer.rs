@@ -9,6 +9,7 @@ use crate::tensor::{
     check_binary, check_json_encodable, decode_json_data, element_count, shape_text, JsonData,
 };
 use crate::{DataType, Limits, Parameter, Parameters, ProtocolError, Tensor, MAX_DIMS};
+use bytes::Bytes;
 use serde::Serialize;
 use std::collections::HashSet;
 
@@ -395,7 +396,7 @@ impl<'l> TensorChecker<'l> {
         &mut self,
         h: TensorHeader,
         field: &'static str,
-        data: Vec<u8>,
+        data: Bytes,
     ) -> Result<Tensor, ProtocolError> {
         self.check_binary_size(&h, data.len() as u64)?;
         check_binary(&h.what, field, h.datatype, &h.shape, h.numel, &data)?;
@@ -403,16 +404,19 @@ impl<'l> TensorChecker<'l> {
     }
 
     /// The tensor of a checked header and data that holds its elements.
-    pub fn take(&mut self, h: TensorHeader, data: Vec<u8>) -> Tensor {
+    pub fn take(&mut self, h: TensorHeader, data: impl Into<Bytes>) -> Tensor {
+        let data = data.into();
         self.total += data.len() as u64;
         Tensor::checked(h.name, h.datatype, h.shape, data)
     }
 }
 
-/// Checks and reads the tensors of a header, taking binary ones from `binary` in order.
+/// Checks and reads the tensors of a header, taking binary ones from `binary` in order: as
+/// slices of `owner` (the body `binary` is part of) where there is one, else as copies.
 fn decode_tensors(
     tensors: &[InferTensor],
     binary: Option<&[u8]>,
+    owner: Option<&Bytes>,
     role: &'static str,
     limits: &Limits,
     shm: Option<&dyn SharedMemory>,
@@ -437,7 +441,7 @@ fn decode_tensors(
                 }
                 checker.check_binary_size(&h, r.byte_size)?;
                 let data = shm.read(&r, &what)?;
-                out.push(checker.binary(h, "parameters.shared_memory_byte_size", data)?);
+                out.push(checker.binary(h, "parameters.shared_memory_byte_size", data.into())?);
                 continue;
             }
         }
@@ -497,7 +501,11 @@ fn decode_tensors(
                 checker.check_binary_size(&h, size)?;
                 let (chunk, after) = body.split_at(size as usize);
                 rest = Some(after);
-                checker.binary(h, "parameters.binary_data_size", chunk.to_vec())?
+                let data = match owner {
+                    Some(b) => b.slice_ref(chunk),
+                    None => Bytes::copy_from_slice(chunk),
+                };
+                checker.binary(h, "parameters.binary_data_size", data)?
             }
         };
         out.push(tensor);
@@ -583,6 +591,27 @@ pub fn decode_request_with(
     limits: &Limits,
     shm: Option<&dyn SharedMemory>,
 ) -> Result<DecodedRequest, ProtocolError> {
+    decode_request_in(body, None, header_len, limits, shm)
+}
+
+/// [`decode_request_with`] for a body a server holds as [`Bytes`]: each binary input is a
+/// slice of `body`, not a copy of its part (the body's memory lives as long as an input).
+pub fn decode_request_bytes(
+    body: &Bytes,
+    header_len: Option<usize>,
+    limits: &Limits,
+    shm: Option<&dyn SharedMemory>,
+) -> Result<DecodedRequest, ProtocolError> {
+    decode_request_in(body, Some(body), header_len, limits, shm)
+}
+
+fn decode_request_in(
+    body: &[u8],
+    owner: Option<&Bytes>,
+    header_len: Option<usize>,
+    limits: &Limits,
+    shm: Option<&dyn SharedMemory>,
+) -> Result<DecodedRequest, ProtocolError> {
     let (header, binary) = split_body(body, header_len, limits, "the inference request")?;
     let req: InferRequest =
         serde_json::from_str(header).map_err(|e| json_error("the inference request", &e))?;
@@ -591,7 +620,7 @@ pub fn decode_request_with(
         .parameters
         .bool(BINARY_DATA_OUTPUT, "the request")?
         .unwrap_or(false);
-    let inputs = decode_tensors(&req.inputs, binary, "input", limits, shm)?;
+    let inputs = decode_tensors(&req.inputs, binary, owner, "input", limits, shm)?;
     let mut shared = Vec::new();
     let requested = match &req.outputs {
         None => None,
@@ -623,7 +652,7 @@ pub fn decode_response(
     let resp: InferResponse =
         serde_json::from_str(header).map_err(|e| json_error("the inference response", &e))?;
     let late = resp.parameters.late()?;
-    let outputs = decode_tensors(&resp.outputs, binary, "output", limits, None)?;
+    let outputs = decode_tensors(&resp.outputs, binary, None, "output", limits, None)?;
     Ok(DecodedResponse {
         meta: ResponseMeta {
             model_name: resp.model_name,

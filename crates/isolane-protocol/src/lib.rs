@@ -26,9 +26,9 @@ mod tensor;
 pub use datatype::DataType;
 pub use error::{GrpcCode, ProtocolError};
 pub use infer::{
-    decode_request, decode_request_with, decode_response, encode_request, encode_response,
-    parse_header_length, DecodedRequest, DecodedResponse, Encoded, OutputChoice, OutputSelection,
-    ResponseMeta, SharedMemory, SharedRef, HEADER_LENGTH, SHARED_MEMORY,
+    decode_request, decode_request_bytes, decode_request_with, decode_response, encode_request,
+    encode_response, parse_header_length, DecodedRequest, DecodedResponse, Encoded, OutputChoice,
+    OutputSelection, ResponseMeta, SharedMemory, SharedRef, HEADER_LENGTH, SHARED_MEMORY,
 };
 pub use messages::{
     health_status, ConfigTensor, DynamicBatching, ErrorBody, InferRequest, InferResponse,

@@ -2,6 +2,7 @@
 //! from a JSON `data` array or from binary data, and the writing of it back as JSON.
 
 use crate::{DataType, ProtocolError};
+use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserializer, Serialize, Serializer};
@@ -10,12 +11,16 @@ use std::fmt;
 /// A tensor as an engine takes it: `data` is row-major little-endian elements, BOOL one byte of
 /// 0 or 1, BYTES each element a 4-byte little-endian length and its bytes. Always consistent:
 /// built only by [`Tensor::new`] (which checks) or by the decoders (which check the same).
+///
+/// The data is [`Bytes`]: a tensor decoded from a body or a gRPC message it came in is a slice
+/// of that message's buffer, not a copy (a 602 KB frame is otherwise copied once more per
+/// request), and a clone shares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tensor {
     name: String,
     datatype: DataType,
     shape: Vec<u64>,
-    data: Vec<u8>,
+    data: Bytes,
 }
 
 impl Tensor {
@@ -26,6 +31,16 @@ impl Tensor {
         datatype: DataType,
         shape: Vec<u64>,
         data: Vec<u8>,
+    ) -> Result<Tensor, ProtocolError> {
+        Tensor::with_bytes(name, datatype, shape, Bytes::from(data))
+    }
+
+    /// [`Tensor::new`] of data held as [`Bytes`] (shared, not copied).
+    pub fn with_bytes(
+        name: impl Into<String>,
+        datatype: DataType,
+        shape: Vec<u64>,
+        data: Bytes,
     ) -> Result<Tensor, ProtocolError> {
         let name = name.into();
         let what = format!("tensor `{name}`");
@@ -67,7 +82,7 @@ impl Tensor {
         name: String,
         datatype: DataType,
         shape: Vec<u64>,
-        data: Vec<u8>,
+        data: Bytes,
     ) -> Tensor {
         Tensor {
             name,
@@ -94,7 +109,12 @@ impl Tensor {
         &self.data
     }
 
-    pub fn into_data(self) -> Vec<u8> {
+    /// The elements' bytes, shared with this tensor's other clones (no copy).
+    pub fn bytes(&self) -> &Bytes {
+        &self.data
+    }
+
+    pub fn into_data(self) -> Bytes {
         self.data
     }
 

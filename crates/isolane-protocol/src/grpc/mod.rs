@@ -29,6 +29,7 @@ use crate::{
     Parameter, Parameters, ProtocolError, ResponseMeta, SharedMemory, SharedRef, Tensor,
     MAX_PARAMETERS, MAX_TENSORS, SHARED_MEMORY,
 };
+use bytes::Bytes;
 use std::collections::BTreeMap;
 
 /// The generated messages (package `inference`), and the service's server trait
@@ -325,7 +326,7 @@ fn typed_data(
 /// from that region.
 fn decode_grpc_tensors(
     tensors: Vec<GrpcTensor>,
-    raw: Vec<Vec<u8>>,
+    raw: Vec<Bytes>,
     role: &'static str,
     raw_field: &'static str,
     limits: &Limits,
@@ -399,7 +400,7 @@ fn decode_grpc_tensors(
             }
             checker.check_binary_size(&h, r.byte_size)?;
             let data = shm.read(&r, &h.what)?;
-            out.push(checker.binary(h, "parameters.shared_memory_byte_size", data)?);
+            out.push(checker.binary(h, "parameters.shared_memory_byte_size", data.into())?);
             continue;
         }
         let tensor = match (raw.next(), t.contents) {
@@ -420,7 +421,7 @@ fn decode_grpc_tensors(
                 checker.take(h, data)
             }
             // An empty tensor's contents may be left out altogether.
-            (None, None) if h.numel == 0 => checker.take(h, Vec::new()),
+            (None, None) if h.numel == 0 => checker.take(h, Bytes::new()),
             (None, None) => {
                 return Err(ProtocolError::Tensor {
                     tensor: h.what,
@@ -439,8 +440,8 @@ fn decode_grpc_tensors(
 /// Decodes a `ModelInferRequest` (what a server does), with the checks, limits and errors of
 /// [`crate::decode_request_with`]: with `shm`, inputs given by region are read from it and
 /// outputs asked for in a region are listed in [`OutputSelection::shared`]; without, their
-/// parameters are refused. The inputs' data moves into the tensors without a copy when it
-/// comes as `raw_input_contents`.
+/// parameters are refused. An input's data that comes as `raw_input_contents` becomes its
+/// tensor's without a copy (each entry is a `Bytes` slice of the message tonic read).
 pub fn decode_infer_request(
     req: ModelInferRequest,
     limits: &Limits,
@@ -537,7 +538,7 @@ pub fn encode_infer_response(
             contents: None,
         });
         raw.push(match shared {
-            Some(_) => Vec::new(),
+            Some(_) => Bytes::new(),
             None => t.into_data(),
         });
     }
@@ -592,7 +593,7 @@ pub fn encode_infer_request(
         parameters: parameters_to_grpc(parameters),
         inputs: tensors,
         outputs,
-        raw_input_contents: inputs.iter().map(|t| t.data().to_vec()).collect(),
+        raw_input_contents: inputs.iter().map(|t| t.bytes().clone()).collect(),
     })
 }
 

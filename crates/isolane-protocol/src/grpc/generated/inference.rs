@@ -151,8 +151,8 @@ pub struct ModelInferRequest {
     /// One entry per input, in the order of `inputs`: its elements as little-endian bytes (a BYTES
     /// element a 4-byte little-endian length and its bytes), with no `contents` in any input. An
     /// input read from shared memory (its parameters name a region) has no entry.
-    #[prost(bytes = "vec", repeated, tag = "7")]
-    pub raw_input_contents: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+    #[prost(bytes = "bytes", repeated, tag = "7")]
+    pub raw_input_contents: ::prost::alloc::vec::Vec<::prost::bytes::Bytes>,
 }
 /// Nested message and enum types in `ModelInferRequest`.
 pub mod model_infer_request {
@@ -202,8 +202,8 @@ pub struct ModelInferResponse {
     pub outputs: ::prost::alloc::vec::Vec<model_infer_response::InferOutputTensor>,
     /// One entry per output, in the order of `outputs`, laid out as raw_input_contents; empty for
     /// an output written into shared memory (its parameters name the region).
-    #[prost(bytes = "vec", repeated, tag = "6")]
-    pub raw_output_contents: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+    #[prost(bytes = "bytes", repeated, tag = "6")]
+    pub raw_output_contents: ::prost::alloc::vec::Vec<::prost::bytes::Bytes>,
 }
 /// Nested message and enum types in `ModelInferResponse`.
 pub mod model_infer_response {

@@ -1,0 +1,495 @@
+//! What the front ends add to a request, on the CPU (issue 32's "Measure": at batch 1 over
+//! loopback with binary data, ≤ 50 µs added at p50 for gRPC, throughput ≥ 90 % of in-process).
+//!
+//! One server, two models: `frame`, shaped as mobilenet_v2 (input [1, 3, 224, 224] FP32: a
+//! 602,112-byte body; output [1, 1000]) whose job spins for `--service-us`, and `tiny`, a
+//! `spin:` model of one value (4 bytes each way). Each is measured in-process
+//! ([`Server::infer`], the request built before the clock starts), over gRPC (a tonic client,
+//! raw contents, as tritonclient sends them) and over HTTP (binary tensor data on a kept-alive
+//! connection): p50 and p90 at concurrency 1, and requests per second at concurrency 1 and 2.
+//! The front ends run on a 2-worker runtime as `isolane serve`'s do; the client on a thread of
+//! its own.
+//!
+//!   cargo run --release -p isolane-serve --example serve_overhead -- [--service-us 375]
+//!       [--requests 2000] [--models frame,tiny] [--paths grpc,http]
+//!
+//! On a machine with few cores the model thread's spin and the client compete with the front
+//! ends for them: compare runs on one machine, not figures across machines.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use isolane_core::spec::{DeviceSpec, Scenario, WorkloadSpec};
+use isolane_protocol::grpc::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use isolane_protocol::grpc::inference::ModelInferRequest;
+use isolane_protocol::grpc::{decode_infer_response, encode_infer_request};
+use isolane_protocol::{encode_request, DataType, Limits, OutputChoice, Parameters, Tensor};
+use isolane_runtime::clock;
+use isolane_runtime::coordinator::RunPlan;
+use isolane_runtime::exec::{EngineExecutors, ExecError, Executor, TensorInfo};
+use isolane_serve::{InferRequest, ServeOptions, Server};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// A model shaped as mobilenet_v2 whose job spins for its service time.
+struct Frame {
+    service_ns: i64,
+    input: Vec<f32>,
+    output: Vec<f32>,
+}
+
+const FRAME_IN: [usize; 4] = [1, 3, 224, 224];
+const FRAME_OUT: [usize; 2] = [1, 1000];
+
+impl Executor for Frame {
+    fn run_job(&mut self) -> Result<(), ExecError> {
+        clock::spin_until_ns(clock::now_ns() + self.service_ns);
+        // Something of the input reaches the output, as a model's would.
+        self.output[0] = self.input[0];
+        Ok(())
+    }
+
+    fn inputs(&self) -> Vec<TensorInfo> {
+        vec![TensorInfo {
+            name: "input".into(),
+            shape: FRAME_IN.to_vec(),
+        }]
+    }
+
+    fn outputs(&self) -> Vec<TensorInfo> {
+        vec![TensorInfo {
+            name: "output".into(),
+            shape: FRAME_OUT.to_vec(),
+        }]
+    }
+
+    fn input_mut(&mut self, i: usize) -> Option<&mut [f32]> {
+        (i == 0).then_some(self.input.as_mut_slice())
+    }
+
+    fn output(&self, i: usize) -> Option<&[f32]> {
+        (i == 0).then_some(self.output.as_slice())
+    }
+}
+
+struct FrameEngine {
+    service_ns: i64,
+}
+
+impl EngineExecutors for FrameEngine {
+    fn check(&self, _: &DeviceSpec, _: &WorkloadSpec) -> Result<(), ExecError> {
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        _: &DeviceSpec,
+        _: &WorkloadSpec,
+        _: u64,
+        _: usize,
+        _: Option<isolane_runtime::partition::Partition>,
+    ) -> Result<Box<dyn Executor>, ExecError> {
+        Ok(Box::new(Frame {
+            service_ns: self.service_ns,
+            input: vec![0.0; FRAME_IN.iter().product()],
+            output: vec![0.0; FRAME_OUT.iter().product()],
+        }))
+    }
+}
+
+struct Args {
+    service_us: u64,
+    requests: usize,
+    models: Vec<String>,
+    /// Front ends measured besides the in-process baseline (always measured first).
+    paths: Vec<Path>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        service_us: 375,
+        requests: 2000,
+        models: vec!["frame".into(), "tiny".into()],
+        paths: vec![Path::Grpc, Path::Http],
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--service-us" => a.service_us = value.parse().expect("--service-us: µs"),
+            "--requests" => a.requests = value.parse().expect("--requests: a count"),
+            "--models" => a.models = value.split(',').map(str::to_owned).collect(),
+            "--paths" => {
+                a.paths = value
+                    .split(',')
+                    .map(|p| match p {
+                        "grpc" => Path::Grpc,
+                        "http" => Path::Http,
+                        _ => panic!("--paths: grpc and/or http, not {p}"),
+                    })
+                    .collect()
+            }
+            _ => panic!("unknown flag {flag}; flags: --service-us, --requests, --models, --paths"),
+        }
+    }
+    a
+}
+
+fn scenario(service_us: u64) -> String {
+    format!(
+        r#"
+[timing]
+spin_us = 200
+
+[[workload]]
+name = "frame"
+model = "frame"
+batch = 1
+rate_hz = 10
+duration_s = 1
+warmup_jobs = 20
+
+[[workload]]
+name = "tiny"
+model = "spin:{service_us}us"
+batch = 1
+rate_hz = 10
+duration_s = 1
+warmup_jobs = 20
+"#
+    )
+}
+
+/// The input a client sends to `model`: seeded values, FP32.
+fn input(model: &str) -> Tensor {
+    let (name, shape): (&str, Vec<u64>) = match model {
+        "frame" => ("input", FRAME_IN.iter().map(|&d| d as u64).collect()),
+        _ => ("input", vec![1, 1]),
+    };
+    let n: u64 = shape.iter().product();
+    let data: Vec<u8> = (0..n)
+        .flat_map(|i| ((i % 251) as f32 / 251.0).to_le_bytes())
+        .collect();
+    Tensor::new(name, DataType::Fp32, shape, data).unwrap()
+}
+
+#[derive(Clone, Copy)]
+enum Path {
+    InProcess,
+    Grpc,
+    Http,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::InProcess => "in-process",
+            Path::Grpc => "gRPC",
+            Path::Http => "HTTP",
+        }
+    }
+}
+
+/// One client: sends a request and waits for its answer, `n` times; each one's µs.
+struct Client {
+    path: Path,
+    model: String,
+    server: Server,
+    grpc: Option<(
+        GrpcInferenceServiceClient<tonic::transport::Channel>,
+        ModelInferRequest,
+    )>,
+    http: Option<(BufReader<TcpStream>, Vec<u8>)>,
+    tensor: Tensor,
+}
+
+impl Client {
+    async fn new(
+        path: Path,
+        model: &str,
+        server: &Server,
+        grpc_addr: std::net::SocketAddr,
+        http_addr: std::net::SocketAddr,
+    ) -> Client {
+        let tensor = input(model);
+        let outputs = [OutputChoice {
+            name: "output".into(),
+            binary: Some(true),
+        }];
+        let grpc = match path {
+            Path::Grpc => {
+                let channel =
+                    tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))
+                        .unwrap()
+                        .tcp_nodelay(true)
+                        .connect()
+                        .await
+                        .unwrap();
+                let client = GrpcInferenceServiceClient::new(channel)
+                    .max_decoding_message_size(64 << 20)
+                    .max_encoding_message_size(64 << 20);
+                let req = encode_infer_request(
+                    model,
+                    None,
+                    None,
+                    &Parameters::new(),
+                    std::slice::from_ref(&tensor),
+                    Some(&outputs),
+                )
+                .unwrap();
+                Some((client, req))
+            }
+            _ => None,
+        };
+        let http = match path {
+            Path::Http => {
+                let stream = TcpStream::connect(http_addr).await.unwrap();
+                stream.set_nodelay(true).unwrap();
+                let body =
+                    encode_request(None, &Parameters::new(), &[(&tensor, true)], Some(&outputs))
+                        .unwrap();
+                let mut wire = format!(
+                    "POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {http_addr}\r\n\
+                     Content-Type: application/octet-stream\r\n\
+                     Inference-Header-Content-Length: {}\r\nContent-Length: {}\r\n\r\n",
+                    body.header_len.unwrap(),
+                    body.body.len()
+                )
+                .into_bytes();
+                wire.extend_from_slice(&body.body);
+                Some((BufReader::with_capacity(1 << 16, stream), wire))
+            }
+            _ => None,
+        };
+        Client {
+            path,
+            model: model.into(),
+            server: server.clone(),
+            grpc,
+            http,
+            tensor,
+        }
+    }
+
+    /// One request; its µs.
+    async fn once(&mut self) -> f64 {
+        match self.path {
+            Path::InProcess => {
+                let req = InferRequest {
+                    inputs: vec![self.tensor.clone()],
+                    outputs: None,
+                    deadline: None,
+                };
+                let t = Instant::now();
+                let r = self.server.infer(&self.model, req).await.unwrap();
+                let us = t.elapsed().as_secs_f64() * 1e6;
+                assert!(!r.outputs.is_empty());
+                us
+            }
+            Path::Grpc => {
+                let (client, req) = self.grpc.as_mut().unwrap();
+                let req = req.clone();
+                let t = Instant::now();
+                let resp = client.model_infer(req).await.unwrap().into_inner();
+                let back = decode_infer_response(resp, &Limits::default()).unwrap();
+                let us = t.elapsed().as_secs_f64() * 1e6;
+                assert_eq!(back.outputs.len(), 1);
+                us
+            }
+            Path::Http => {
+                let (stream, wire) = self.http.as_mut().unwrap();
+                let t = Instant::now();
+                stream.get_mut().write_all(wire).await.unwrap();
+                let mut line = String::new();
+                stream.read_line(&mut line).await.unwrap();
+                assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+                let mut length = 0usize;
+                loop {
+                    line.clear();
+                    stream.read_line(&mut line).await.unwrap();
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if let Some((k, v)) = line.split_once(':') {
+                        if k.eq_ignore_ascii_case("content-length") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                }
+                let mut body = vec![0; length];
+                stream.read_exact(&mut body).await.unwrap();
+                t.elapsed().as_secs_f64() * 1e6
+            }
+        }
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// CPU time (ns) the front ends' runtime threads have used so far: what a request costs them,
+/// whatever else the machine runs meanwhile (`/proc/self/task/*/schedstat`).
+fn front_end_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.starts_with("isolane-serve-i"))
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+struct Figures {
+    p10: f64,
+    p50: f64,
+    p90: f64,
+    rps1: f64,
+    rps2: f64,
+    /// The front ends' CPU time per request at concurrency 1.
+    cpu_us: f64,
+}
+
+async fn measure(
+    path: Path,
+    model: &str,
+    server: &Server,
+    addrs: (std::net::SocketAddr, std::net::SocketAddr),
+    n: usize,
+) -> Figures {
+    let mut c = Client::new(path, model, server, addrs.0, addrs.1).await;
+    for _ in 0..n / 10 {
+        c.once().await;
+    }
+    let began = Instant::now();
+    let cpu = front_end_cpu_ns();
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        times.push(c.once().await);
+    }
+    let rps1 = n as f64 / began.elapsed().as_secs_f64();
+    let cpu_us = (front_end_cpu_ns() - cpu) as f64 / n as f64 / 1e3;
+    times.sort_by(f64::total_cmp);
+    // Two clients at once: what the server sustains when a request waits behind another.
+    let mut d = Client::new(path, model, server, addrs.0, addrs.1).await;
+    let began = Instant::now();
+    let half = n / 2;
+    let one = async {
+        for _ in 0..half {
+            c.once().await;
+        }
+    };
+    let two = async {
+        for _ in 0..half {
+            d.once().await;
+        }
+    };
+    tokio::join!(one, two);
+    let rps2 = (2 * half) as f64 / began.elapsed().as_secs_f64();
+    Figures {
+        p10: percentile(&times, 0.1),
+        cpu_us,
+        p50: percentile(&times, 0.5),
+        p90: percentile(&times, 0.9),
+        rps1,
+        rps2,
+    }
+}
+
+fn main() {
+    let a = args();
+    let scenario = Scenario::from_toml_str(&scenario(a.service_us), "overhead.toml", &["frame"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let plan = RunPlan::from_scenario(&scenario);
+    let words: Vec<_> = plan
+        .workloads
+        .iter()
+        .map(|_| ("cpu".into(), None))
+        .collect();
+    let options = ServeOptions {
+        engine: Arc::new(FrameEngine {
+            service_ns: a.service_us as i64 * 1000,
+        }),
+        seed: 1,
+        records: None,
+    };
+    let server = Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("isolane-serve-io")
+        .enable_io()
+        .enable_time()
+        .build()
+        .unwrap();
+    let (http, grpc) = runtime.block_on(async {
+        (
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        )
+    });
+    let addrs = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|d| *d).await;
+    };
+    runtime.spawn(isolane_serve::http::serve_http(
+        server.clone(),
+        http,
+        until(stopped.clone()),
+    ));
+    runtime.spawn(isolane_serve::grpc::serve_grpc(
+        server.clone(),
+        grpc,
+        until(stopped.clone()),
+    ));
+    let client = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "service {} µs, {} requests per row (µs at concurrency 1, `added` at p50; the front \
+         ends' CPU µs per request; req/s at concurrency 1 and 2, the better against in-process)",
+        a.service_us, a.requests
+    );
+    println!(
+        "{:<6} {:<10} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7}",
+        "model", "path", "p10", "p50", "p90", "added", "cpu", "req/s 1", "req/s 2", "% of in"
+    );
+    for model in &a.models {
+        let mut base: Option<Figures> = None;
+        for path in std::iter::once(Path::InProcess).chain(a.paths.iter().copied()) {
+            let f = client.block_on(measure(path, model, &server, addrs, a.requests));
+            let (added, share) = match &base {
+                Some(b) => (
+                    f.p50 - b.p50,
+                    100.0 * f.rps2.max(f.rps1) / b.rps2.max(b.rps1),
+                ),
+                None => (0.0, 100.0),
+            };
+            println!(
+                "{:<6} {:<10} {:>8.1} {:>8.1} {:>8.1} {:>+8.1} {:>7.1} {:>8.0} {:>8.0} {:>6.0}%",
+                model,
+                path.name(),
+                f.p10,
+                f.p50,
+                f.p90,
+                added,
+                f.cpu_us,
+                f.rps1,
+                f.rps2,
+                share
+            );
+            if base.is_none() {
+                base = Some(f);
+            }
+        }
+    }
+    let _ = stop.send(true);
+    server.drain(Duration::from_secs(5));
+    drop(runtime);
+}
