@@ -1,5 +1,5 @@
 //! `isolane explain RUN_DIR`: each late job's time attributed to its causes, per workload a
-//! table, written to RUN_DIR/explain.json (isolane_report::explain; docs/interference.md).
+//! table, written to RUN_DIR/explain.json (isolane_report::explain; docs/criticality.md).
 
 use std::path::PathBuf;
 
@@ -24,10 +24,9 @@ use super::user;
                   up to its late %. Prints a table per workload and writes RUN_DIR/explain.json \
                   (rewritten each time; no other file is touched), which isolane report draws. \
                   Copy-engine waits are not in the job records: said so. See \
-                  docs/interference.md, \"Why jobs were late\".\n\nExit codes: 0 explained; 2 \
-                  RUN_DIR lacks what is needed (named: summary.json, scenario.toml, a \
-                  jobs/<workload>.csv) or a file is malformed (named by file, line and field); \
-                  1 explain.json could not be written."
+                  docs/criticality.md, \"Why jobs were late\". RUN_DIR without what is \
+                  needed (summary.json, scenario.toml, a jobs/<workload>.csv) is refused with \
+                  what is missing (exit 2)."
 )]
 pub struct ExplainArgs {
     /// A run or isolation results folder (holds summary.json and jobs/).

@@ -29,6 +29,7 @@ fn failure_meaning(command: &str) -> &'static str {
         "verify" => "a runtime or GPU failure (verify needs a CUDA GPU)",
         "report" => "a chart could not be drawn or the page not written",
         "trace" => "the trace file could not be written",
+        "explain" => "RUN_DIR/explain.json could not be written (the table is printed first)",
         "completions" | "man" => "the output could not be written",
         _ => "a runtime failure",
     }

@@ -915,7 +915,7 @@ fn run_section(page: &mut Page, r: &RunDir) -> Result<(), String> {
     Ok(())
 }
 
-/// Why the run's late jobs were late (`isolane explain`; docs/interference.md): per workload
+/// Why the run's late jobs were late (`isolane explain`; docs/criticality.md): per workload
 /// with late jobs, each cause's share of its jobs and its time, and the shares as a bar.
 fn explain_part(page: &mut Page, r: &RunDir) -> Result<(), String> {
     let Some(e) = &r.explanation else {

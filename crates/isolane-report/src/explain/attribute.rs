@@ -1,5 +1,5 @@
 //! The attribution itself: each job's time beyond what it needs by itself, split among the
-//! causes that were there while it waited and ran (docs/interference.md, "Why jobs were
+//! causes that were there while it waited and ran (docs/criticality.md, "Why jobs were
 //! late"). Everything here works on records in memory, so that the arithmetic is tested with
 //! hand-built jobs whose right answer is known.
 
@@ -229,7 +229,8 @@ fn median(v: &mut [f64]) -> Option<f64> {
 const HOST: usize = 0;
 const GUARD: usize = 1;
 const OWN: usize = 2;
-const FIRST_NEIGHBOUR: usize = 3;
+const TYPICAL: usize = 3;
+const FIRST_NEIGHBOUR: usize = 4;
 
 /// Adds `amount` to `into`, split as `by` is (its causes' shares); what `by` cannot explain
 /// (more than its total) is the workload's own.
@@ -359,9 +360,10 @@ fn explain_one(
             let mut job_parts = parts.clone();
             if sum <= 0.0 {
                 // Nothing beyond its typical service: its deadline is shorter than what it
-                // needs by itself.
-                job_parts[OWN] = over.unwrap_or(0.0).max(0.0);
-                shares[OWN] += 1.0;
+                // needs by itself (as measured in this run: `typical_from` says whether
+                // neighbours ran beside the jobs it is the median of).
+                job_parts[TYPICAL] = over.unwrap_or(0.0).max(0.0);
+                shares[TYPICAL] += 1.0;
             } else {
                 for (s, p) in shares.iter_mut().zip(&parts) {
                     *s += p / sum;
@@ -476,6 +478,7 @@ fn causes_of(
                 HOST => Cause::of(CauseKind::Host),
                 GUARD => Cause::of(CauseKind::Guard),
                 OWN => Cause::of(CauseKind::OwnService),
+                TYPICAL => Cause::of(CauseKind::DeadlineBelowTypical),
                 n => Cause::neighbour(&all[n - FIRST_NEIGHBOUR].name),
             },
             late_pct: shares.map(|s| {
@@ -713,9 +716,10 @@ mod tests {
         let out = explain_run(&[workload("v", &[], Some(0.5), jobs)], &none);
         let w = &out[0];
         assert_eq!(w.late, 10);
-        let own = cause(w, &Cause::of(CauseKind::OwnService)).unwrap();
+        let own = cause(w, &Cause::of(CauseKind::DeadlineBelowTypical)).unwrap();
         assert!((own.late_pct.unwrap() - 100.0).abs() < 1e-9);
         assert!((own.time_ms - 5.0).abs() < 1e-9, "0.5 ms over, 10 times");
+        assert_eq!(w.causes.len(), 1, "{:?}", w.causes);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Why a run's jobs were late (`isolane explain RUN_DIR`, the report's "Why jobs were late";
-//! docs/interference.md). A module of the report crate rather than a crate of its own: it
+//! docs/criticality.md). A module of the report crate rather than a crate of its own: it
 //! reads a run folder as the report does (through isolane-trace) and the report draws it
 //! (docs/design.md).
 //!
@@ -91,9 +91,11 @@ pub enum CauseKind {
     Host,
     /// The criticality guard held it.
     Guard,
-    /// Its own running time beyond its typical while no neighbour ran beside it, or a
-    /// deadline below what it needs by itself.
+    /// Its own running time beyond its typical while no neighbour ran beside it.
     OwnService,
+    /// Nothing beyond its typical service: its deadline is below what it needs by itself, as
+    /// measured in this run (`typical_from` says whether neighbours ran beside those jobs).
+    DeadlineBelowTypical,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -118,7 +120,8 @@ impl Cause {
         }
     }
 
-    /// `beside besteffort`, `host: late start`, `guard holds`, `own service time`.
+    /// `beside besteffort`, `host: late start`, `guard holds`, `own service time`, `deadline
+    /// below typical service`.
     pub fn words(&self) -> String {
         match (self.cause, &self.neighbour) {
             (CauseKind::Neighbour, Some(n)) => format!("beside {n}"),
@@ -126,6 +129,7 @@ impl Cause {
             (CauseKind::Host, _) => "host: late start".into(),
             (CauseKind::Guard, _) => "guard holds".into(),
             (CauseKind::OwnService, _) => "own service time".into(),
+            (CauseKind::DeadlineBelowTypical, _) => "deadline below typical service".into(),
         }
     }
 }
