@@ -399,8 +399,29 @@ fn two_gpus_are_planned_offline_placing_the_workloads_and_keeping_pinned_ones() 
         ],
     );
     let planned = tmp.path().join("planned.toml");
+    // Spread (the default): each on the GPU whose workloads need the least of it so far.
     let o = isolane()
         .args(["plan", "--auto", "--device-model", "h100-sxm", "--profiles"])
+        .arg(data("profiles"))
+        .arg(&sc)
+        .output()
+        .unwrap();
+    let err = flat(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("camera3 GPU 1 40 SMs") && err.contains("lidar GPU 0 40 SMs"),
+        "{err}"
+    );
+    let o = isolane()
+        .args([
+            "plan",
+            "--auto",
+            "--objective",
+            "pack",
+            "--device-model",
+            "h100-sxm",
+        ])
+        .arg("--profiles")
         .arg(data("profiles"))
         .arg("-o")
         .arg(&planned)
@@ -409,8 +430,8 @@ fn two_gpus_are_planned_offline_placing_the_workloads_and_keeping_pinned_ones() 
         .unwrap();
     let err = flat(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{err}");
-    // First-fit decreasing: the cameras (busier) fill GPU 0 to 120 SMs, lidar does not fit
-    // beside them and goes beside lidar2, pinned to GPU 1.
+    // First-fit decreasing (`--objective pack`): the cameras (busier) fill GPU 0 to 120 SMs,
+    // lidar does not fit beside them and goes beside lidar2, pinned to GPU 1.
     assert!(
         err.contains(
             "green: planned in" 

@@ -108,6 +108,16 @@ pub struct PlanArgs {
     /// copy engine or memory bandwidth (docs/planner.md, "Release phases").
     #[arg(long, value_enum, default_value_t = Phases::Keep, requires = "auto")]
     pub phases: Phases,
+    /// --auto, on several GPUs: `spread` puts each workload on the GPU whose workloads need
+    /// the least of it so far (fewer neighbours in each GPU's memory system, more slack);
+    /// `pack`, on the first where the plan holds (the fewest GPUs). docs/planner.md.
+    #[arg(long, value_enum, default_value_t = Objective::Spread, requires = "auto")]
+    pub objective: Objective,
+    /// --auto: where no verification or matrix measured a workload's stretch, plan it with
+    /// --stretch instead of the stretch predicted from the neighbours' memory-system demand
+    /// (docs/planner.md, "Predicted stretch").
+    #[arg(long, requires = "auto")]
+    pub no_predict: bool,
     /// --auto: write the planned scenario here instead of printing it.
     #[arg(long, short = 'o', requires = "auto", value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -137,6 +147,13 @@ pub struct PlanArgs {
     /// rate rest on one job in a thousand: at 100 Hz, 10 s gives 1000 jobs, 60 s 6000.
     #[arg(long, requires = "verify", value_name = "S", value_parser = positive_seconds)]
     pub verify_duration: Option<f64>,
+}
+
+/// `plan --auto --objective`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Objective {
+    Spread,
+    Pack,
 }
 
 /// `plan --auto --phases`.

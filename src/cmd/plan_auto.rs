@@ -35,6 +35,10 @@ pub fn run(args: &PlanArgs, file: &super::ScenarioFile, engine: &Engine) -> anyh
             margin: args.margin,
             stretch: args.stretch,
             max_util: args.max_util,
+            objective: match args.objective {
+                super::plan::Objective::Spread => isolane_planner::Objective::Spread,
+                super::plan::Objective::Pack => isolane_planner::Objective::Pack,
+            },
         },
         mechanism: args.mechanism.clone(),
         stretch_from: args.stretch_from.clone(),
@@ -54,6 +58,7 @@ pub fn run(args: &PlanArgs, file: &super::ScenarioFile, engine: &Engine) -> anyh
         // A profile of another revision of the cuda engine is measured again.
         engine_revision: (scenario.device.backend == Backend::Cuda)
             .then_some(isolane_cuda::ENGINE_REVISION),
+        predict: !args.no_predict,
     };
     let work = tempfile::tempdir().context("a folder for the profile runs")?;
     let mut bench = RunBench {
@@ -110,6 +115,25 @@ impl Bench for RunBench<'_> {
 
     fn memory_estimates(&mut self, scenario: &Scenario) -> Vec<Option<u64>> {
         super::memory_estimates_mib(scenario)
+    }
+
+    fn memory_profiles(
+        &mut self,
+        scenario: &Scenario,
+        device: &DeviceModel,
+    ) -> Vec<Option<isolane_core::predict::MemoryProfile>> {
+        let Some(sys) = isolane_core::predict::memory_system(device.name) else {
+            return Vec::new();
+        };
+        (scenario.workloads.iter())
+            .map(|w| {
+                isolane_executors::engine::memory_profile(
+                    &w.device(&scenario.device),
+                    w,
+                    sys.l2_bytes,
+                )
+            })
+            .collect()
     }
 
     /// The same check `isolane run` makes, on the device planned for.

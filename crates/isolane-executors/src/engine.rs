@@ -336,6 +336,38 @@ pub fn planned_model_mib(device: &DeviceSpec, spec: &WorkloadSpec) -> Option<u64
     Some((planned.total_bytes() as u64).div_ceil(MIB))
 }
 
+/// A workload's memory-system demand per job (`isolane_core::predict`), computed from its
+/// model's graph at its batch and precision against an L2 of `l2_bytes`
+/// (`isolane_engine::traffic`): what the planner predicts interference from. `None` on the
+/// CPU, for `kernel:` and `spin:` models, and for a model that cannot be loaded.
+pub fn memory_profile(
+    device: &DeviceSpec,
+    spec: &WorkloadSpec,
+    l2_bytes: u64,
+) -> Option<isolane_core::predict::MemoryProfile> {
+    if device.backend != SpecBackend::Cuda || spec.kernel().is_some() || check_name(spec).is_err() {
+        return None;
+    }
+    let graph = if is_onnx(&spec.model) {
+        load_graph(spec, 0).ok()?
+    } else {
+        build_model(&spec.model, Weights::Zeros).ok()?
+    };
+    let element_bytes = match precision(spec.precision) {
+        Precision::Fp16 | Precision::Bf16 => 2,
+        Precision::Fp32 | Precision::Tf32 => 4,
+    };
+    let t = isolane_engine::traffic::traffic(&graph, spec.batch as usize, element_bytes, l2_bytes)
+        .ok()?;
+    Some(isolane_core::predict::MemoryProfile {
+        dram_bytes_per_job: t.dram_bytes() as f64,
+        resident: t.resident(),
+        l2_footprint_bytes: t.l2_footprint() as f64,
+        flops_per_job: t.flops,
+        source: isolane_core::predict::ProfileSource::Computed,
+    })
+}
+
 /// Where a model is to run, for [`check_batch_fits`].
 #[derive(Debug, Clone, Copy)]
 pub enum Target {

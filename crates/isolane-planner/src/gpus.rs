@@ -10,7 +10,9 @@
 //! GPU. The GPUs are alike, so one [`Ladder`] and one set of profiles serve them all.
 
 use crate::search::plan;
-use crate::{Choice, Demand, Ladder, Options, Outcome, Point, ProfileError, Profiler, Unprofiled};
+use crate::{
+    Choice, Demand, Ladder, Objective, Options, Outcome, Point, ProfileError, Profiler, Unprofiled,
+};
 
 /// A plan over several GPUs.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,15 +94,24 @@ impl Planning<'_> {
         })
     }
 
-    /// Puts workload `w` on the first GPU whose plan holds with it; the reason when none does.
+    /// Puts workload `w` on a GPU whose plan holds with it (packing: the first; spreading: the
+    /// one whose workloads need the least of it alone, `cost` per workload, then the first);
+    /// the reason when none does.
     fn place(
         &mut self,
         w: usize,
         members: &mut [Vec<usize>],
+        cost: &[u32],
         unprofiled: &mut Vec<Unprofiled>,
     ) -> Result<Option<String>, String> {
+        let mut order: Vec<usize> = (0..self.gpus.len()).collect();
+        if self.opts.objective == Objective::Spread {
+            let load = |slot: usize| -> u32 { members[slot].iter().map(|&i| cost[i]).sum() };
+            order.sort_by_key(|&slot| (load(slot), slot));
+        }
         let mut why = Vec::new();
-        for (slot, gpu) in self.gpus.iter().enumerate() {
+        for slot in order {
+            let gpu = &self.gpus[slot];
             let mut with = members[slot].clone();
             with.push(w);
             with.sort_unstable();
@@ -119,11 +130,13 @@ impl Planning<'_> {
                         .next()
                         .or_else(|| u.first().map(|x| format!("not profiled: {}", x.why)))
                         .unwrap_or_default();
-                    why.push(format!("on GPU {gpu}: {first}"));
+                    why.push((slot, format!("on GPU {gpu}: {first}")));
                     unprofiled.extend(u);
                 }
             }
         }
+        why.sort();
+        let why: Vec<String> = why.into_iter().map(|(_, w)| w).collect();
         Ok(Some(format!(
             "`{}` fits on none of GPUs {} beside the workloads placed there before it ({})",
             self.demands[w].name,
@@ -224,9 +237,22 @@ pub fn plan_gpus(
     let mut reasons = Vec::new();
     let mut unprofiled = Vec::new();
     let mut needs = Vec::new();
-    for i in (0..demands.len()).filter(|&i| pinned[i].is_none()) {
+    // What each workload needs alone: the load a spread placement balances (a pinned one's
+    // too; one that cannot be planned alone counts nothing).
+    let mut cost = vec![0u32; demands.len()];
+    for i in 0..demands.len() {
+        let pinned_here = pinned[i].is_some();
+        if pinned_here && planning.opts.objective == Objective::Pack {
+            continue;
+        }
         match planning.need(i)? {
-            Ok(n) => needs.push(n),
+            Ok(n) => {
+                cost[i] = n.cost;
+                if !pinned_here {
+                    needs.push(n);
+                }
+            }
+            Err(_) if pinned_here => {}
             Err((r, u)) => {
                 reasons.extend(r);
                 unprofiled.extend(u);
@@ -240,7 +266,7 @@ pub fn plan_gpus(
             .then(a.workload.cmp(&b.workload))
     });
     for need in needs {
-        if let Some(why) = planning.place(need.workload, &mut members, &mut unprofiled)? {
+        if let Some(why) = planning.place(need.workload, &mut members, &cost, &mut unprofiled)? {
             reasons.push(why);
         }
     }
@@ -315,6 +341,14 @@ mod tests {
         }
     }
 
+    /// First-fit decreasing, what these tests were written for.
+    fn pack() -> Options {
+        Options {
+            objective: Objective::Pack,
+            ..Options::default()
+        }
+    }
+
     /// 132 SMs from 8 in steps of 8 (an H100's green ladder).
     fn green() -> Ladder {
         Ladder::green(132, 8, 8)
@@ -332,15 +366,7 @@ mod tests {
         ];
         let mut p = Table(vec![72.0, 720.0, 720.0, 72.0]);
         let pinned = [None, None, None, Some(1)];
-        let plan = plan_gpus(
-            &demands,
-            &pinned,
-            &[0, 1],
-            &green(),
-            &Options::default(),
-            &mut p,
-        )
-        .unwrap();
+        let plan = plan_gpus(&demands, &pinned, &[0, 1], &green(), &pack(), &mut p).unwrap();
         // big1 (80 SMs) on GPU 0; big2 does not fit beside it (160 > 132): GPU 1 beside the
         // pinned one (8 SMs); small on the first GPU with room: GPU 0.
         assert_eq!(plan.gpus_in_order(), [Some(0), Some(0), Some(1), Some(1)]);
@@ -373,7 +399,7 @@ mod tests {
             &[None, None, None],
             &[2, 3],
             &green(),
-            &Options::default(),
+            &pack(),
             &mut p,
         )
         .unwrap();
@@ -404,7 +430,7 @@ mod tests {
             &[Some(1), Some(1)],
             &[0, 1],
             &green(),
-            &Options::default(),
+            &pack(),
             &mut p,
         )
         .unwrap();
@@ -420,7 +446,7 @@ mod tests {
             &[Some(5), None],
             &[0, 1],
             &green(),
-            &Options::default(),
+            &pack(),
             &mut p,
         );
         assert!(bad.unwrap_err().contains("GPU 5"));
@@ -446,7 +472,7 @@ mod tests {
             &[None, None],
             &[0, 1],
             &Ladder::whole(),
-            &Options::default(),
+            &pack(),
             &mut p,
         )
         .unwrap();
@@ -456,5 +482,39 @@ mod tests {
             "{:?}",
             plan.outcome
         );
+    }
+
+    /// Three light workloads that one GPU holds: packed, all on GPU 0 (GPU 1 idle); spread
+    /// (the default), each on the GPU whose workloads need the least of it so far: 0, 1, 0.
+    #[test]
+    fn spreading_puts_each_workload_beside_the_fewest_neighbours() {
+        let demands = vec![
+            demand("a", 10.0, true),
+            demand("b", 10.0, true),
+            demand("c", 10.0, false),
+        ];
+        let place = |opts: &Options| {
+            let mut p = Table(vec![72.0, 72.0, 72.0]);
+            plan_gpus(&demands, &[None; 3], &[0, 1], &green(), opts, &mut p)
+                .unwrap()
+                .gpus_in_order()
+        };
+        assert_eq!(place(&pack()), [Some(0), Some(0), Some(0)]);
+        assert_eq!(place(&Options::default()), [Some(0), Some(1), Some(0)]);
+        // A GPU that would not hold it is passed over, however idle: a pinned workload of
+        // 128 SMs leaves 4 of GPU 1's 132, so spreading puts every other one on GPU 0.
+        let mut p = Table(vec![72.0, 72.0, 72.0, 1152.0]);
+        let mut with_big = demands.clone();
+        with_big.push(demand("big", 10.0, true));
+        let plan = plan_gpus(
+            &with_big,
+            &[None, None, None, Some(1)],
+            &[0, 1],
+            &green(),
+            &Options::default(),
+            &mut p,
+        )
+        .unwrap();
+        assert_eq!(plan.gpus_in_order(), [Some(0), Some(0), Some(0), Some(1)]);
     }
 }

@@ -39,6 +39,7 @@ mod gpus;
 pub mod learned;
 pub mod offline;
 pub mod phases;
+pub mod predicted;
 mod search;
 mod stretch;
 
@@ -271,6 +272,28 @@ impl Ladder {
     }
 }
 
+/// Where the workloads go on several GPUs (`--objective`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Objective {
+    /// Each on the GPU whose workloads take the least of it so far, where the plan still
+    /// holds: fewer neighbours share each GPU's memory system, so each keeps more slack (on two
+    /// H200s, packing a held-out scenario onto GPU 0 stretched it 1.11–1.61×, issue 34).
+    #[default]
+    Spread,
+    /// Each on the first GPU where the plan still holds (first-fit decreasing): the fewest
+    /// GPUs, the others left for other work.
+    Pack,
+}
+
+impl Objective {
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Spread => "spread",
+            Objective::Pack => "pack",
+        }
+    }
+}
+
 /// How much margin a plan keeps.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Options {
@@ -282,6 +305,8 @@ pub struct Options {
     /// Largest utilisation (rate × mean execution time) a workload, or for time-slicing all of
     /// them together, may have: above it queues build up.
     pub max_util: f64,
+    /// Where the workloads go on several GPUs.
+    pub objective: Objective,
 }
 
 impl Default for Options {
@@ -290,6 +315,7 @@ impl Default for Options {
             margin: 0.9,
             stretch: 1.0,
             max_util: 0.8,
+            objective: Objective::Spread,
         }
     }
 }

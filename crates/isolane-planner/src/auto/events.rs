@@ -50,6 +50,19 @@ pub enum Event<'a> {
         stretch: f64,
         added_p99_ms: Option<f64>,
     },
+    /// A workload's stretch predicted from the memory-system demand of the workloads planned
+    /// on its GPU (`isolane_core::predict`), and the stretch it was planned with.
+    PredictedStretch {
+        workload: &'a str,
+        predicted: f64,
+        planned_with: f64,
+        /// The neighbours' DRAM bandwidth while they run, as a share of the peak.
+        dram_share: f64,
+        /// The share of the L2 they hold or stream through during one of its jobs.
+        l2_share: f64,
+        /// The neighbour that alone would stretch it most, and by how much.
+        worst: Option<(&'a str, f64)>,
+    },
     /// A cached profile of another engine revision is used: it may not be measured now.
     StaleProfileUsed { stale: &'a str, why: &'a str },
     /// A cached profile of another engine revision is measured again.
@@ -166,6 +179,24 @@ impl Event<'_> {
                 "{workload}: stretch {stretch:.2} (p99: {}) measured by an earlier verification \
                  beside the same workloads",
                 added_p99_ms.map_or("not measured".into(), |a| format!("+{a:.3} ms"))
+            )],
+            Event::PredictedStretch {
+                workload,
+                predicted,
+                planned_with,
+                dram_share,
+                l2_share,
+                worst,
+            } => vec![wrap_message(
+                &format!(
+                    "{workload}: stretch {predicted:.2} predicted beside the workloads planned \
+                     on its GPU (their DRAM {:.1} % of the peak while they run, {:.0} % of the \
+                     L2{}); planned with {planned_with:.2}",
+                    100.0 * dram_share,
+                    100.0 * l2_share,
+                    worst.map_or(String::new(), |(n, s)| format!("; most from {n}, {s:.2}"))
+                ),
+                80,
             )],
             Event::StaleProfileUsed { stale, why } => {
                 vec![format!("note: {stale}; using it ({why})")]

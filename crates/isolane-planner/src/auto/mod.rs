@@ -13,6 +13,7 @@
 
 mod events;
 mod phases;
+mod predicted;
 mod profiling;
 mod rounds;
 mod scenario;
@@ -81,6 +82,9 @@ pub struct Config {
     /// The revision of the engine that measures profiles here (a cached profile of another
     /// revision is measured again); `None` for an engine without one (the CPU's).
     pub engine_revision: Option<u32>,
+    /// Predict each workload's stretch beside its neighbours where nothing measured it
+    /// (`isolane_core::predict`; `--no-predict` turns it off).
+    pub predict: bool,
 }
 
 impl Default for Config {
@@ -100,6 +104,7 @@ impl Default for Config {
             rounds: 3,
             prediction_tolerance: 0.15,
             engine_revision: None,
+            predict: true,
         }
     }
 }
@@ -240,6 +245,18 @@ pub trait Bench {
     /// not pass is never written.
     fn admit(&mut self, planned: &Scenario, device: &DeviceModel) -> Result<(), Self::Error>;
 
+    /// Each workload's memory-system demand per job (`isolane_core::predict`), from its
+    /// model, for the device planned for: from it the first plan predicts each workload's
+    /// stretch beside its neighbours. `None` (or a shorter list): not known, that workload's
+    /// stretch is not predicted (nor its share of a neighbour's).
+    fn memory_profiles(
+        &mut self,
+        _scenario: &Scenario,
+        _device: &DeviceModel,
+    ) -> Vec<Option<isolane_core::predict::MemoryProfile>> {
+        Vec::new()
+    }
+
     /// Measures a profile: the workload's execution times over the run's jobs (ms).
     fn profile(&mut self, run: &ProfileRun<'_>) -> Result<Point, Self::Error>;
 
@@ -357,6 +374,10 @@ pub fn run<B: Bench>(
     let mut planned_all: Vec<(Mechanism, Ladder, Vec<Demand>, GpusPlan)> = Vec::new();
     let mut unprofiled = false;
     let mut memory = MemoryEstimates::default();
+    let traffic = match config.predict {
+        true => bench.memory_profiles(scenario, target.device()),
+        false => Vec::new(),
+    };
     for mech in &mechanisms {
         let ladder = scenario::ladder(scenario, *mech, target.device())?;
         let stretched = scenario::with_stretch(
@@ -377,6 +398,18 @@ pub fn run<B: Bench>(
         let demands = scenario::with_memory(stretched, memory.under(scenario, *mech, &mut *bench));
         let t = Instant::now();
         let planned = profiles.plan(target, *mech, &ladder, &demands, opts, bench, observer)?;
+        let (demands, planned) = predicted::with_predicted(
+            &mut profiles,
+            target,
+            *mech,
+            &ladder,
+            demands,
+            planned,
+            &traffic,
+            opts,
+            bench,
+            observer,
+        )?;
         observer.event(&Event::Outcome {
             mechanism: *mech,
             ladder: &ladder,

@@ -67,6 +67,8 @@ struct FakeBench {
     verified: Vec<(Vec<Option<u32>>, Option<PathBuf>)>,
     written: Vec<String>,
     refuse: bool,
+    /// Each workload's memory-system demand, as the engine would compute it.
+    traffic: Vec<Option<isolane_core::predict::MemoryProfile>>,
 }
 
 impl FakeBench {
@@ -78,6 +80,7 @@ impl FakeBench {
             verified: Vec::new(),
             written: Vec::new(),
             refuse: false,
+            traffic: Vec::new(),
         }
     }
 }
@@ -87,6 +90,14 @@ impl Bench for FakeBench {
 
     fn memory_estimates(&mut self, scenario: &Scenario) -> Vec<Option<u64>> {
         vec![None; scenario.workloads.len()]
+    }
+
+    fn memory_profiles(
+        &mut self,
+        _scenario: &Scenario,
+        _device: &DeviceModel,
+    ) -> Vec<Option<isolane_core::predict::MemoryProfile>> {
+        self.traffic.clone()
     }
 
     fn admit(&mut self, _planned: &Scenario, device: &DeviceModel) -> Result<(), String> {
@@ -636,4 +647,70 @@ fn mig_is_planned_here_only_with_mig_mode_on() {
         .mig_unavailable(&w)
         .unwrap();
     assert!(l40s.contains("has no MIG"), "{l40s}");
+}
+
+/// The first plan holds the deadlines to the stretch the memory system is predicted to cause
+/// (isolane_core::predict, the H200's fitted coefficients), not to 1: two workloads that each
+/// stream 9.6 GB a job take, at 8 SMs (8 ms a job), a quarter of the H200's DRAM bandwidth and
+/// the whole L2 from each other: ×1.53, 12.3 ms of the 9 allowed, so 16 SMs; there the
+/// neighbour runs twice as fast and takes half the bandwidth: ×1.84, 7.4 ms, and the plan
+/// stays. Without profiles, 8 SMs each (as before).
+#[test]
+fn the_first_plan_holds_the_deadlines_to_the_predicted_stretch() {
+    use isolane_core::predict::{MemoryProfile, ProfileSource};
+    let plan = |traffic: Vec<Option<MemoryProfile>>, predict: bool| {
+        let cache = tempfile::tempdir().unwrap();
+        let target = here("h200", None, cache.path());
+        let scenario = two_cameras();
+        let input = Input {
+            scenario: &scenario,
+            name: "two.toml",
+            text: TWO_CAMERAS,
+            target: &target,
+        };
+        let mut bench = FakeBench::new(Vec::new());
+        bench.traffic = traffic;
+        let mut said = Said::default();
+        let config = Config {
+            predict,
+            ..Config::default()
+        };
+        let finish = run(&input, &config, &mut bench, &mut said).unwrap();
+        let Outcome::Planned { choices, .. } = &finish.written.unwrap().plan.outcome else {
+            panic!("no plan");
+        };
+        let sizes: Vec<u32> = choices.iter().map(|c| c.size).collect();
+        (sizes, said)
+    };
+    let (alone, said) = plan(Vec::new(), true);
+    assert_eq!(alone, [8, 8]);
+    assert!(!said.any(Stream::Stderr, "predicted"));
+    let streaming = Some(MemoryProfile {
+        dram_bytes_per_job: 9.6e9,
+        resident: false,
+        l2_footprint_bytes: 9.6e9,
+        flops_per_job: 0.0,
+        source: ProfileSource::Computed,
+    });
+    let (sizes, said) = plan(vec![streaming; 2], true);
+    assert_eq!(sizes, [16, 16]);
+    assert!(
+        said.any(
+            Stream::Stderr,
+            "a: stretch 1.84 predicted beside the workloads planned on its GPU (their DRAM \
+             50.0 % of the peak while they run, 100 % of the L2; most from b, 1.84); planned \
+             with 1.84"
+        ),
+        "{:?}",
+        said.0
+    );
+    // A workload the engine has no profile of keeps the stated stretch, and is no one's
+    // neighbour: b alone, its neighbour unknown, stretches by nothing.
+    let (sizes, said) = plan(vec![None, streaming], true);
+    assert_eq!(sizes, [8, 8]);
+    assert!(said.any(Stream::Stderr, "b: stretch 1.00 predicted"));
+    // `--no-predict`: planned with --stretch, as before.
+    let (sizes, said) = plan(vec![streaming; 2], false);
+    assert_eq!(sizes, [8, 8]);
+    assert!(!said.any(Stream::Stderr, "predicted"));
 }
