@@ -529,6 +529,49 @@ mod tests {
         assert!(c.models[0].measured_on[0].file.ends_with("b/maxrate.json"));
     }
 
+    /// A committed H100 plan and two verification runs of it (results/h100-planner/
+    /// session15/a): the first ran `inspect` in 24 SMs, the plan (and the second run) in 32.
+    #[test]
+    fn runs_of_the_plan_give_the_worst_p999_of_the_planned_partition_with_their_gpu() {
+        let dir =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../results/h100-planner/session15/a");
+        let text = std::fs::read_to_string(dir.join("inspection-line.2.planned.toml")).unwrap();
+        let s = testing::parse(&text);
+        let m = Measurements::read(
+            &[
+                dir.join("verify-inspection-line"),
+                dir.join("verify-inspection-line.2/summary.json"),
+            ],
+            &testing::MODELS,
+        )
+        .unwrap();
+        let plan = Planned::new(&s, "planned.toml").unwrap();
+        let (c, notes) = capacity(plan, &m);
+        let get = |name: &str| c.models.iter().find(|e| e.workload == name).unwrap();
+        // inspect: only the run in its planned 32 SMs counts (2.743 ms in 24 SMs does not).
+        let inspect = get("inspect");
+        assert_eq!(inspect.p999_ms, Measured::Value(2.244607));
+        assert_eq!(inspect.slack_ms, Measured::Value(0.755393));
+        assert_eq!(inspect.timeout_pct, Measured::Value(0.0));
+        assert_eq!(inspect.measured_on[0].gpu, "NVIDIA H100 80GB HBM3");
+        assert!(inspect.measured_on[0].driver.starts_with("not recorded"));
+        assert!(
+            notes.iter().any(|n| n.contains(
+                "verify-inspection-line/summary.json measured \
+                                               `inspect` as resnet50 in green 24 SMs"
+            )),
+            "{notes:?}"
+        );
+        // cam_b ran in its planned 8 SMs both times: the worse p99.9 is kept, with its run.
+        let cam_b = get("cam_b");
+        assert_eq!(cam_b.p999_ms, Measured::Value(1.378303));
+        assert_eq!(cam_b.timeout_pct, Measured::Value(0.0));
+        assert!(cam_b.measured_on[0]
+            .file
+            .contains("verify-inspection-line/summary.json"));
+        assert_eq!(measured_gpus(plan, &m), ["NVIDIA H100 80GB HBM3"]);
+    }
+
     #[test]
     fn a_path_that_is_no_measurement_is_refused_with_what_is_taken() {
         let dir = tempfile::tempdir().unwrap();

@@ -2,7 +2,7 @@
 
 use isolane_core::spec::Scenario;
 
-pub const MODELS: [&str; 3] = ["resnet18", "resnet50", "mobilenet_v2"];
+pub const MODELS: [&str; 4] = ["resnet18", "resnet50", "mobilenet_v2", "vit_b_16"];
 
 pub fn parse(text: &str) -> Scenario {
     Scenario::from_toml_str(text, "planned.toml", &MODELS).unwrap()
