@@ -468,3 +468,48 @@ pub fn read_external(model_path: &Path, t: &TensorProto) -> Result<Vec<u8>, Exte
     f.read_exact(&mut buf).map_err(|e| err(e.to_string()))?;
     Ok(buf)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every float8 e4m3fn bit pattern decodes, from raw bytes and from int32_data alike, to a
+    /// value of its grid (0x7F and 0xFF to NaN), and 0x7E is 448.
+    #[test]
+    fn float8_e4m3fn_initializers_decode_every_pattern() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let raw = TensorProto {
+            dims: vec![256],
+            data_type: Some(tensor_proto::DataType::Float8e4m3fn as i32),
+            raw_data: Some(bytes.clone()),
+            ..Default::default()
+        };
+        let typed = TensorProto {
+            raw_data: None,
+            int32_data: bytes.iter().map(|&b| b as i32).collect(),
+            ..raw.clone()
+        };
+        let mut no_external = |_: &TensorProto| -> Result<Vec<u8>, ExternalError> {
+            unreachable!("no external data")
+        };
+        for t in [raw, typed] {
+            let d = from_proto(&t, &mut no_external).unwrap();
+            assert_eq!(d.onnx_type, tensor_proto::DataType::Float8e4m3fn as i32);
+            let Data::F32(v) = d.data else {
+                panic!("not f32")
+            };
+            for (b, x) in bytes.iter().zip(&v) {
+                if b & 0x7F == 0x7F {
+                    assert!(x.is_nan(), "{b:#x}");
+                } else {
+                    assert_eq!(crate::quant::round_e4m3fn(*x, false), *x, "{b:#x}");
+                    assert_eq!(x.is_sign_negative(), b & 0x80 != 0, "{b:#x}");
+                }
+            }
+            assert_eq!(
+                (v[0x7E], v[0xFE], v[0x01], v[0x08]),
+                (448.0, -448.0, 1.0 / 512.0, 1.0 / 64.0)
+            );
+        }
+    }
+}
