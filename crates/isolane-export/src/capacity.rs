@@ -221,15 +221,26 @@ pub fn capacity(plan: Planned<'_>, m: &Measurements) -> (Capacity, Vec<String>) 
             .map(|e| format!("`{}`", e.workload))
             .collect()
     };
-    for (what, names) in [
-        ("max stable rate", missing(|e| &e.max_stable_rate_hz)),
-        ("p99.9 in a run of the plan", missing(|e| &e.p999_ms)),
-        ("p99.9 alone", missing(|e| &e.p999_alone_ms)),
+    for (what, names, source) in [
+        (
+            "max stable rate",
+            missing(|e| &e.max_stable_rate_hz),
+            "the maxrate.json of `isolane maxrate --out DIR` in the planned partition",
+        ),
+        (
+            "p99.9 in a run of the plan",
+            missing(|e| &e.p999_ms),
+            "a run folder of the plan: `isolane run PLANNED -o DIR`",
+        ),
+        (
+            "p99.9 alone",
+            missing(|e| &e.p999_alone_ms),
+            "a profile folder: `isolane plan --auto --export-profiles DIR`",
+        ),
     ] {
         if !names.is_empty() {
             notes.push(format!(
-                "capacity.yaml: {what} not measured for {} (give --capacity with a maxrate.json, \
-                 a run folder of the plan, or a profile folder)",
+                "capacity.yaml: {what} not measured for {} (--capacity takes {source})",
                 names.join(", ")
             ));
         }
@@ -477,6 +488,16 @@ mod tests {
         }
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(notes[0].contains("max stable rate not measured for `inspect`, `cam`"));
+        assert!(
+            notes[0].contains("--capacity takes the maxrate.json"),
+            "{}",
+            notes[0]
+        );
+        assert!(
+            notes[1].contains("--capacity takes a run folder"),
+            "{}",
+            notes[1]
+        );
         let text = file(&c).text;
         assert!(text.contains("max_stable_rate_hz: not measured"), "{text}");
         assert!(text.contains("partition: green 32 SMs"), "{text}");

@@ -424,6 +424,13 @@ pub fn export(plan: Planned<'_>, o: &Options) -> Result<Export, ExportError> {
         ));
     }
 
+    if !uses_gpu && o.kind == Kind::DaemonSet {
+        notes.push(
+            "no workload runs on a GPU: the DaemonSet has no node selector and runs a pod on \
+             every node; add one, or export with --kind deployment"
+                .into(),
+        );
+    }
     let (scenario_text, renumbered) = scenario_for_pod(s)?;
     if renumbered {
         notes.push(format!(
@@ -1107,6 +1114,10 @@ mod tests {
         let e = export(Planned::new(&s, "p.toml").unwrap(), &o).unwrap();
         let ds = file(&e, DAEMONSET_FILE);
         assert!(!ds.contains("nvidia.com"), "{ds}");
+        assert!(e
+            .notes
+            .iter()
+            .any(|n| n.contains("runs a pod on every node")));
         assert!(!e.files.iter().any(|f| f.path == CLAIM_FILE));
     }
 
