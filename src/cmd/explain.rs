@@ -18,7 +18,8 @@ use super::user;
                   with their memory intensity when --memory gives it; the host (a start later \
                   than the job could start, with no neighbour on its cores); the criticality \
                   guard's holds (held_ms); and its own service time beyond its typical (the \
-                  median of its jobs that ran with no neighbour beside them). A job queued behind \
+                  median of its jobs that ran with no neighbour beside them, or of its jobs in a \
+                  run alone given with --alone). A job queued behind \
                   its own earlier job inherits that job's causes. Each late job counts once, \
                   split among its causes by their time, so per workload the causes' shares add \
                   up to its late %. Prints a table per workload and writes RUN_DIR/explain.json \
@@ -35,6 +36,11 @@ pub struct ExplainArgs {
     /// source), to name each neighbour's memory intensity; without it, "unknown".
     #[arg(long, value_name = "FILE")]
     pub memory: Option<PathBuf>,
+    /// A run folder of the workloads alone (repeatable): each workload's typical service time
+    /// is then taken from its jobs there, not from the run's own (where every job may have run
+    /// beside a neighbour); a workload none of them has keeps its own.
+    #[arg(long, value_name = "DIR")]
+    pub alone: Vec<PathBuf>,
     /// Every column at its natural width (no fitting to 80 columns).
     #[arg(long)]
     pub wide: bool,
@@ -45,8 +51,12 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<u8> {
         Some(p) => Some((p.as_path(), MemoryProfiles::load(p).map_err(user)?)),
         None => None,
     };
-    let e = explain::explain_dir(&args.run_dir, profiles.as_ref().map(|(p, m)| (*p, m)))
-        .map_err(user)?;
+    let e = explain::explain_dir(
+        &args.run_dir,
+        profiles.as_ref().map(|(p, m)| (*p, m)),
+        &args.alone,
+    )
+    .map_err(user)?;
     print!("{}", render(&e, args.wide));
     let path = explain::write_explanation(&args.run_dir, &e)?;
     println!("explain: {}", path.display());

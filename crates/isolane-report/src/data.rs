@@ -353,7 +353,7 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
     let explanation = match crate::explain::read_explanation(path)? {
         Some(e) => Some(e),
         // A folder explain cannot read (older results, apps) just has no such section.
-        None => crate::explain::explain_dir(path, None).ok(),
+        None => crate::explain::explain_dir(path, None, &[]).ok(),
     };
     Ok(RunDir {
         path: path.to_path_buf(),

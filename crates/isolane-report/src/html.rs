@@ -1669,6 +1669,7 @@ mod tests {
             schema_version: 1,
             run: "run".into(),
             memory_profiles: None,
+            alone: Vec::new(),
             copy_engine: "not recorded".into(),
             workloads: vec![
                 workload(

@@ -262,33 +262,59 @@ pub fn explain_run(
     workloads: &[WorkloadRecords],
     memory: &dyn Fn(&str) -> Option<crate::explain::MemoryFigures>,
 ) -> Vec<WorkloadExplanation> {
+    explain_run_against(workloads, memory, &|_| None)
+}
+
+/// A workload's typical service time taken from elsewhere (a run of it alone): ms, and where
+/// from in words.
+pub type Baseline = (f64, String);
+
+/// [`explain_run`] with each workload's typical service time from `baseline` (by workload
+/// name) where it gives one, instead of from the run's own jobs.
+pub fn explain_run_against(
+    workloads: &[WorkloadRecords],
+    memory: &dyn Fn(&str) -> Option<crate::explain::MemoryFigures>,
+    baseline: &dyn Fn(&str) -> Option<Baseline>,
+) -> Vec<WorkloadExplanation> {
     let busy: Vec<Vec<Busy>> = workloads.iter().map(busy_of).collect();
     workloads
         .iter()
         .enumerate()
         .filter(|(_, w)| w.program.is_none())
-        .map(|(v, _)| explain_one(workloads, &busy, v, memory))
+        .map(|(v, w)| explain_one(workloads, &busy, v, memory, baseline(&w.name)))
         .collect()
 }
 
-fn explain_one(
-    all: &[WorkloadRecords],
-    busy: &[Vec<Busy>],
-    v: usize,
-    memory: &dyn Fn(&str) -> Option<crate::explain::MemoryFigures>,
-) -> WorkloadExplanation {
-    let w = &all[v];
-    let beside: Vec<usize> = (0..all.len())
-        .filter(|&n| n != v && w.placement.runs_beside(&all[n].placement))
-        .collect();
-    let on_cores: Vec<usize> = beside
+/// Each workload's typical service time in this run (ms, `None` without a completed job) and
+/// which jobs it is the median of: what a run of the workloads alone gives
+/// [`explain_run_against`].
+pub fn typical_times(workloads: &[WorkloadRecords]) -> Vec<(String, Option<f64>, String)> {
+    let busy: Vec<Vec<Busy>> = workloads.iter().map(busy_of).collect();
+    workloads
         .iter()
-        .copied()
-        .filter(|&n| w.placement.shares_cores(&all[n].placement))
-        .collect();
-    let deadline = w.deadline_ms.filter(|d| d.is_finite() && *d > 0.0);
+        .enumerate()
+        .filter(|(_, w)| w.program.is_none())
+        .map(|(v, w)| {
+            let beside = beside_of(workloads, v);
+            let (splits, covers) = splits_and_covers(w, &busy, &beside);
+            let t = typical_of(&splits, &covers);
+            (w.name.clone(), t.ms, t.from)
+        })
+        .collect()
+}
 
-    // Completed jobs' splits (by position in `w.jobs`) and what ran beside each.
+fn beside_of(all: &[WorkloadRecords], v: usize) -> Vec<usize> {
+    (0..all.len())
+        .filter(|&n| n != v && all[v].placement.runs_beside(&all[n].placement))
+        .collect()
+}
+
+/// Each job's split (`None` for a skipped one) and what ran beside it while it ran.
+fn splits_and_covers(
+    w: &WorkloadRecords,
+    busy: &[Vec<Busy>],
+    beside: &[usize],
+) -> (Vec<Option<Split>>, Vec<Option<Cover>>) {
     let mut splits: Vec<Option<Split>> = Vec::with_capacity(w.jobs.len());
     let mut prev_end = f64::NEG_INFINITY;
     for j in &w.jobs {
@@ -298,11 +324,35 @@ fn explain_one(
         }
         splits.push(s);
     }
-    let run_cover: Vec<Option<Cover>> = splits
+    let covers = splits
         .iter()
-        .map(|s| s.map(|s| cover(busy, &beside, s.start, s.end)))
+        .map(|s| s.map(|s| cover(busy, beside, s.start, s.end)))
         .collect();
-    let typical = typical_of(&splits, &run_cover);
+    (splits, covers)
+}
+
+fn explain_one(
+    all: &[WorkloadRecords],
+    busy: &[Vec<Busy>],
+    v: usize,
+    memory: &dyn Fn(&str) -> Option<crate::explain::MemoryFigures>,
+    baseline: Option<Baseline>,
+) -> WorkloadExplanation {
+    let w = &all[v];
+    let beside = beside_of(all, v);
+    let on_cores: Vec<usize> = beside
+        .iter()
+        .copied()
+        .filter(|&n| w.placement.shares_cores(&all[n].placement))
+        .collect();
+    let deadline = w.deadline_ms.filter(|d| d.is_finite() && *d > 0.0);
+
+    // Completed jobs' splits (by position in `w.jobs`) and what ran beside each.
+    let (splits, run_cover) = splits_and_covers(w, busy, &beside);
+    let typical = match baseline {
+        Some((ms, from)) => Typical { ms: Some(ms), from },
+        None => typical_of(&splits, &run_cover),
+    };
 
     let slots = FIRST_NEIGHBOUR + all.len();
     let mut totals = vec![0.0; slots];
@@ -779,6 +829,44 @@ mod tests {
             "{}",
             out[0].typical_from
         );
+    }
+
+    #[test]
+    fn a_typical_time_from_a_run_alone_puts_the_usual_slowdown_on_the_neighbour() {
+        // Every job ran 2 ms beside `n`, against 1.5 ms; alone it takes 1 ms.
+        let jobs: Vec<Job> = (0..20)
+            .map(|k| {
+                let r = 10.0 * k as f64;
+                job(k, r, r, r + 2.0, 1.5, 0.0)
+            })
+            .collect();
+        let v = workload("v", &[0], Some(1.5), jobs);
+        let n = workload("n", &[0], None, vec![job(0, 0.0, 0.0, 300.0, 999.0, 0.0)]);
+        let own = explain_run(&[v.clone(), n.clone()], &none);
+        assert_eq!(
+            own[0].causes[0].cause,
+            Cause::of(CauseKind::DeadlineBelowTypical),
+            "typical from its own disturbed jobs: {:?}",
+            own[0].causes
+        );
+        let alone = typical_times(&[victim_alone()]);
+        assert_eq!(alone[0].1, Some(1.0));
+        let out = explain_run_against(&[v, n], &none, &|name| {
+            (name == "v").then(|| (1.0, "alone".to_string()))
+        });
+        let w = &out[0];
+        assert_eq!(w.typical_from, "alone");
+        let by_n = cause(w, &Cause::neighbour("n")).unwrap();
+        assert!(
+            (by_n.late_pct.unwrap() - 100.0).abs() < 1e-9,
+            "{:?}",
+            w.causes
+        );
+        assert!((by_n.time_ms - 20.0).abs() < 1e-9, "{:?}", w.causes);
+    }
+
+    fn victim_alone() -> WorkloadRecords {
+        workload("v", &[0], Some(1.5), victim(20, &[], 1.0, 0.0))
     }
 
     #[test]

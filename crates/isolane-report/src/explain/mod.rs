@@ -23,7 +23,9 @@ use isolane_core::results::{read_json, RunStatus, RunSummary};
 use isolane_core::spec::Criticality;
 use serde::{Deserialize, Serialize};
 
-pub use attribute::{explain_run, Placement, WorkloadRecords, MIN_CLEAN_JOBS};
+pub use attribute::{
+    explain_run, explain_run_against, typical_times, Placement, WorkloadRecords, MIN_CLEAN_JOBS,
+};
 pub use memory::{MemoryFigures, MemoryProfiles};
 
 /// explain.json's schema; a file of a newer one is refused by name.
@@ -41,6 +43,9 @@ pub struct Explanation {
     /// The memory profile file given (`--memory`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_profiles: Option<String>,
+    /// The run folders (`--alone`) the typical service times were taken from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alone: Vec<String>,
     /// Why copy-engine waits are not among the causes.
     pub copy_engine: String,
     pub workloads: Vec<WorkloadExplanation>,
@@ -170,11 +175,52 @@ pub enum ExplainError {
 }
 
 /// Reads the run folder `dir` and explains its late jobs; `memory` names neighbours' memory
-/// figures by model.
+/// figures by model; a workload of the same name in one of the `alone` run folders (the first
+/// that has a completed job of it) gives its typical service time, and a workload none of them
+/// has keeps its own (its `typical_from` says which).
 pub fn explain_dir(
     dir: &Path,
     memory: Option<(&Path, &MemoryProfiles)>,
+    alone: &[PathBuf],
 ) -> Result<Explanation, ExplainError> {
+    let records = load_records(dir)?;
+    let mut baselines: Vec<(String, attribute::Baseline)> = Vec::new();
+    for a in alone {
+        for (name, ms, from) in attribute::typical_times(&load_records(a)?) {
+            if let Some(ms) = ms.filter(|_| !baselines.iter().any(|(n, _)| *n == name)) {
+                let from = format!("from {}: {from}", a.display());
+                baselines.push((name, (ms, from)));
+            }
+        }
+    }
+    let of = |model: &str| memory.and_then(|(_, m)| m.of(model));
+    let base = |name: &str| {
+        baselines
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, b)| b.clone())
+    };
+    let workloads = attribute::explain_run_against(&records, &of, &base);
+    let gpu = records.iter().any(|r| r.placement.gpu.is_some());
+    Ok(Explanation {
+        schema_version: SCHEMA_VERSION,
+        run: dir.display().to_string(),
+        memory_profiles: memory.map(|(p, _)| p.display().to_string()),
+        alone: alone.iter().map(|a| a.display().to_string()).collect(),
+        copy_engine: if gpu {
+            "not recorded: jobs/*.csv times each job from start to end, not its copies, so a \
+             copy's wait for the copy engine is inside its service time (under a neighbour or \
+             its own service time)"
+                .into()
+        } else {
+            "none: a CPU run has no copy engine".into()
+        },
+        workloads,
+    })
+}
+
+/// Every workload's records and placement in the run folder `dir`.
+pub fn load_records(dir: &Path) -> Result<Vec<WorkloadRecords>, ExplainError> {
     let d = dir.display();
     let summary_path = dir.join("summary.json");
     if !summary_path.is_file() {
@@ -251,23 +297,7 @@ pub fn explain_dir(
             program,
         });
     }
-    let of = |model: &str| memory.and_then(|(_, m)| m.of(model));
-    let workloads = explain_run(&records, &of);
-    let gpu = records.iter().any(|r| r.placement.gpu.is_some());
-    Ok(Explanation {
-        schema_version: SCHEMA_VERSION,
-        run: dir.display().to_string(),
-        memory_profiles: memory.map(|(p, _)| p.display().to_string()),
-        copy_engine: if gpu {
-            "not recorded: jobs/*.csv times each job from start to end, not its copies, so a \
-             copy's wait for the copy engine is inside its service time (under a neighbour or \
-             its own service time)"
-                .into()
-        } else {
-            "none: a CPU run has no copy engine".into()
-        },
-        workloads,
-    })
+    Ok(records)
 }
 
 /// explain.json of a run folder, when there is one.
@@ -438,7 +468,7 @@ mod tests {
     fn a_run_folder_is_explained_and_written_back_next_to_its_files() {
         let d = folder();
         let mem = MemoryProfiles::parse("[[model]]\nmodel = \"spin:5ms\"\nl2_mib = 1\n").unwrap();
-        let e = explain_dir(d.path(), Some((Path::new("mem.toml"), &mem))).unwrap();
+        let e = explain_dir(d.path(), Some((Path::new("mem.toml"), &mem)), &[]).unwrap();
         let crit = &e.workloads[0];
         assert_eq!((crit.name.as_str(), crit.late), ("crit", 1));
         assert_eq!(crit.causes[0].cause, Cause::neighbour("be"));
@@ -473,7 +503,7 @@ mod tests {
     fn what_is_missing_is_named() {
         let d = folder();
         std::fs::remove_file(d.path().join("jobs/crit.csv")).unwrap();
-        let e = explain_dir(d.path(), None).unwrap_err().to_string();
+        let e = explain_dir(d.path(), None, &[]).unwrap_err().to_string();
         assert!(
             e.contains("jobs/crit.csv: missing") && e.contains("per-job records"),
             "{e}"
@@ -481,17 +511,17 @@ mod tests {
 
         let d = folder();
         std::fs::remove_file(d.path().join("scenario.toml")).unwrap();
-        let e = explain_dir(d.path(), None).unwrap_err().to_string();
+        let e = explain_dir(d.path(), None, &[]).unwrap_err().to_string();
         assert!(e.contains("scenario.toml: missing"), "{e}");
 
         let d = folder();
         std::fs::remove_file(d.path().join("summary.json")).unwrap();
-        let e = explain_dir(d.path(), None).unwrap_err().to_string();
+        let e = explain_dir(d.path(), None, &[]).unwrap_err().to_string();
         assert!(e.contains("isolane summarize"), "{e}");
 
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("sweep.json"), "{}").unwrap();
-        let e = explain_dir(d.path(), None).unwrap_err().to_string();
+        let e = explain_dir(d.path(), None, &[]).unwrap_err().to_string();
         assert!(e.contains("a sweep folder"), "{e}");
 
         let d = folder();
@@ -500,7 +530,7 @@ mod tests {
             "[[workload]]\nname = \"crit\"\n",
         )
         .unwrap();
-        let e = explain_dir(d.path(), None).unwrap_err().to_string();
+        let e = explain_dir(d.path(), None, &[]).unwrap_err().to_string();
         assert!(e.contains("no [[workload]] named `be`"), "{e}");
 
         let d = folder();
@@ -509,7 +539,7 @@ mod tests {
             SCENARIO.replace("cpu = [0]\n\n", "cpu = [\"zero\"]\n\n"),
         )
         .unwrap();
-        let e = explain_dir(d.path(), None).unwrap_err().to_string();
+        let e = explain_dir(d.path(), None, &[]).unwrap_err().to_string();
         assert!(
             e.contains("workload[0].cpu") && e.contains("core numbers"),
             "{e}"
@@ -517,8 +547,49 @@ mod tests {
 
         let d = folder();
         std::fs::write(d.path().join("jobs/be.csv"), "job,release_ms\n0,0\n").unwrap();
-        let e = explain_dir(d.path(), None).unwrap_err().to_string();
+        let e = explain_dir(d.path(), None, &[]).unwrap_err().to_string();
         assert!(e.contains("be.csv") && e.contains("`start_ms`"), "{e}");
+    }
+
+    #[test]
+    fn a_run_alone_gives_the_typical_service_time() {
+        let d = folder();
+        // `crit` alone: its jobs take 0.5 ms, so job 7's 3 ms is 2.5 ms beyond.
+        let alone = folder();
+        let mut crit = String::from("job,release_ms,start_ms,end_ms,latency_ms,timeout\n");
+        for k in 0..12 {
+            let r = 10.0 * k as f64;
+            crit.push_str(&format!("{k},{r},{r},{},0.5,0\n", r + 0.5));
+        }
+        std::fs::write(alone.path().join("jobs/crit.csv"), crit).unwrap();
+        let e = explain_dir(d.path(), None, &[alone.path().to_path_buf()]).unwrap();
+        let crit = &e.workloads[0];
+        assert_eq!(crit.typical_service_ms, Some(0.5));
+        assert!(
+            crit.typical_from.starts_with("from "),
+            "{}",
+            crit.typical_from
+        );
+        assert!(
+            (crit.causes[0].time_ms - 2.5).abs() < 1e-9,
+            "{:?}",
+            crit.causes
+        );
+        assert_eq!(e.alone, [alone.path().display().to_string()]);
+        // A workload no run alone completed a job of keeps its own typical time.
+        std::fs::write(
+            alone.path().join("jobs/be.csv"),
+            "job,release_ms,start_ms,end_ms,latency_ms,timeout\n0,0,,,,1\n",
+        )
+        .unwrap();
+        let e = explain_dir(d.path(), None, &[alone.path().to_path_buf()]).unwrap();
+        assert!(e.workloads[0].typical_from.starts_with("from "));
+        assert_eq!(e.workloads[1].typical_service_ms, Some(5.0));
+        assert!(
+            e.workloads[1].typical_from.starts_with("the median"),
+            "{:?}",
+            e.workloads[1]
+        );
     }
 
     #[test]
