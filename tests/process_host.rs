@@ -255,3 +255,149 @@ jobs = 50
         "{broken}"
     );
 }
+
+/// Served in worker processes (`host = "process"`, which MPS, MIG and time slices need): a
+/// critical model and a best-effort one the guard splits into pieces, each in an `isolane
+/// worker` of its own; what a client sends comes back (a `spin:` model echoes its rows), and
+/// SIGTERM drains the server and ends its workers.
+const SERVED_IN_WORKERS: &str = r#"
+[device]
+backend = "cpu"
+mechanism = "none"
+host = "process"
+
+[[workload]]
+name = "crit"
+model = "spin:2ms"
+criticality = "critical"
+rate_hz = 50
+duration_s = 1
+deadline_ms = 60000
+warmup_jobs = 1
+
+[[workload]]
+name = "be"
+model = "spin:20ms"
+batch = 2
+criticality = "best_effort"
+rate_hz = 10
+duration_s = 1
+deadline_ms = 60000
+warmup_jobs = 1
+"#;
+
+/// One HTTP/1.1 request on a connection of its own: (status, body).
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut s, &mut text).unwrap();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+fn outputs(body: &str) -> Vec<f64> {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    v["outputs"][0]["data"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no outputs in {body}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn serve_runs_process_hosted_models_in_workers_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(dir.path(), "served.toml", SERVED_IN_WORKERS);
+    let log = dir.path().join("serve.log");
+    let mut child = isolane()
+        .arg("serve")
+        .arg(&file)
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let stderr = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert!(
+        ready.starts_with("isolane serve: ready; "),
+        "{ready:?}; stderr:\n{}",
+        stderr()
+    );
+    let at = ready.find("HTTP on ").unwrap() + "HTTP on ".len();
+    let addr = ready[at..]
+        .split([',', ';', ' '])
+        .next()
+        .unwrap()
+        .to_string();
+    let workers: Vec<u32> = ["crit", "be"]
+        .iter()
+        .flat_map(|name| {
+            let pids = worker_pids(child.id(), name);
+            assert_eq!(pids.len(), 1, "one worker for `{name}`: {pids:?}");
+            pids
+        })
+        .collect();
+
+    let one = r#"{"inputs":[{"name":"input","shape":[1,1],"datatype":"FP32","data":[7.5]}]}"#;
+    let (status, body) = http(&addr, "POST", "/v2/models/crit/infer", one);
+    assert_eq!(status, 200, "{body}; stderr:\n{}", stderr());
+    assert_eq!(outputs(&body), vec![7.5]);
+    // The best-effort model runs in pieces the guard may hold (split in its worker).
+    let two = r#"{"inputs":[{"name":"input","shape":[2,1],"datatype":"FP32","data":[1.25,-3]}]}"#;
+    for _ in 0..3 {
+        let (status, body) = http(&addr, "POST", "/v2/models/be/infer", two);
+        assert_eq!(status, 200, "{body}; stderr:\n{}", stderr());
+        assert_eq!(outputs(&body), vec![1.25, -3.0]);
+    }
+    let (status, body) = http(&addr, "GET", "/v2/models/be/ready", "");
+    assert_eq!(status, 200, "{body}");
+
+    // SAFETY: kill sends a signal to the child this test started and still holds.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let until = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "no exit; stderr:\n{}", stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", stderr());
+    // The workers end with the server (reparented, a finished one is reaped at once).
+    let gone = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+            st.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    while !workers.iter().all(gone) {
+        assert!(
+            Instant::now() < until,
+            "workers {workers:?} outlived the server"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -100,15 +100,8 @@ pub enum ToWorker {
         protocol_version: u32,
         setup: Box<crate::remote_exec::ExecSetup>,
     },
-    /// Exec role: split each job into pieces of about `piece_ns`.
-    Split {
-        piece_ns: i64,
-    },
-    /// Exec role: run piece `i` of the current job (0 reads the inputs, the last writes the
-    /// outputs).
-    RunPiece {
-        i: usize,
-    },
+    /// Exec role: a command waits in the shared header ([`crate::remote_exec`]).
+    Wake,
     Start {
         t0_ns: i64,
     },
@@ -200,12 +193,8 @@ pub enum FromWorker {
     ExecReady {
         tensors: Box<crate::remote_exec::ExecTensors>,
     },
-    /// Exec role: the pieces a job runs as now.
-    SplitInto {
-        pieces: usize,
-    },
-    /// Exec role: the piece ran.
-    Ran,
+    /// Exec role: an answer waits in the shared header.
+    Wake,
     /// App role: every stage is built and warmed up; the worker waits for `start`.
     AppReady,
     /// App role: what the app measured (a `done` follows).

@@ -4,26 +4,36 @@
 //! Serving a workload whose partition is a process (an MPS client, a MIG instance, a time
 //! slice) needs the model in that process and its requests in the server's. The server's model
 //! thread keeps everything it does for a thread host (queue, admission, batching, the guard's
-//! holds between pieces) and only the job itself crosses: the tensors through a shared file
-//! both processes map, the commands as protocol lines. A job costs one pipe round trip and a
-//! copy of its tensors on the worker's side (the engine's buffers are its own: pinned host
-//! memory on a GPU).
+//! holds between pieces) and only the job itself crosses, through a file both processes map
+//! (in `/dev/shm`): a header of commands and answers, then the tensors. The engine's buffers
+//! are the worker's own (pinned host memory on a GPU), so a job's tensors are copied once more
+//! than on a thread.
+//!
+//! A command is a sequence number the client bumps in the header, an answer one the worker
+//! bumps. Each side spins on the other's number for a while before it sleeps on its pipe, and
+//! the other rings it (a `wake` line) only when it says it sleeps: a job asked of a worker that
+//! is spinning costs no system call and no wake-up. Through pipe lines alone a job cost about
+//! 0.75 ms more than in-process on the H200 (three threads woken per job: the worker's, the
+//! client's reader, the model thread). The pipes keep the set-up, the worker's errors and the
+//! stop:
 //!
 //! ```text
-//! coord  → {"type":"exec","protocol_version":…,"setup":{"index":…,"workload":{…},"device":{…},"seed":…,"region":"/dev/shm/…"}}
-//! worker → {"type":"exec_ready","inputs":[{"name":…,"shape":[…]}],"outputs":[…],"pieces":1,"device_memory_mib":…}
+//! coord  → {"type":"exec","protocol_version":…,"setup":{"index":…,"workload":{…},"device":{…},"seed":…,"region":"/dev/shm/…","spin_us":…}}
+//! worker → {"type":"exec_ready","tensors":{"inputs":[{"name":…,"shape":[…]}],"outputs":[…],"pieces":1,"device_memory_mib":…}}
 //!        | {"type":"error","message":"…"}
-//! coord  → {"type":"split","piece_ns":…}    worker → {"type":"split_into","pieces":…}
-//! coord  → {"type":"run_piece","i":…}       worker → {"type":"ran"} | {"type":"error",…}
+//! coord  → {"type":"wake"}       (a command is in the header and the worker said it sleeps)
+//! worker → {"type":"wake"}       (an answer is in the header and the client said it sleeps)
+//! worker → {"type":"error","message":"…"}   (before a failed command's answer)
 //! coord  → {"type":"stop"} or EOF           worker → {"type":"done","status":"ok"}
 //! ```
-//! `run_piece` 0 reads the inputs from the region first; the last piece writes the outputs
-//! there (an unsplit job is piece 0 of 1). The region holds every input, then every output,
-//! as little-endian f32 in the executor's order, each at an offset aligned to 64 bytes.
+//! Commands: split into pieces of about N ns (answer: the pieces), run piece i (0 reads the
+//! inputs from the region first; the last writes the outputs there; an unsplit job is piece 0
+//! of 1). The tensors follow the header as little-endian f32 in the executor's order, inputs
+//! then outputs, each at an offset aligned to 64 bytes.
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +41,7 @@ use isolane_core::spec::{DeviceSpec, WorkloadSpec};
 use memmap2::MmapMut;
 use serde::{Deserialize, Serialize};
 
+use crate::clock;
 use crate::exec::{self, EngineExecutors, ExecError, Executor, TensorInfo};
 use crate::protocol::{DoneStatus, FromWorker, ToWorker, PROTOCOL_VERSION};
 use crate::worker::{read_line, send, WorkerError};
@@ -47,6 +58,9 @@ pub struct ExecSetup {
     /// The file the worker creates and sizes for the tensors; the client maps it after
     /// `exec_ready`. It must not exist yet.
     pub region: PathBuf,
+    /// How long the worker spins for the next command after an answer before it sleeps
+    /// (`[timing] spin_us`).
+    pub spin_us: u64,
 }
 
 /// The executor's tensors as the worker reports them.
@@ -59,7 +73,25 @@ pub struct ExecTensors {
     pub device_memory_mib: Option<f64>,
 }
 
-/// Where each tensor lies in the region (in f32 elements), inputs first.
+/// The header's words (i64 each): what the client asks, what the worker answers, and who
+/// sleeps.
+const CMD_SEQ: usize = 0;
+const CMD: usize = 1;
+const ARG: usize = 2;
+const DONE_SEQ: usize = 3;
+const STATUS: usize = 4;
+const RESULT: usize = 5;
+const WORKER_SLEEPS: usize = 6;
+const CLIENT_SLEEPS: usize = 7;
+/// The header's size in f32 elements (64 bytes: one cache line, eight words).
+const HEADER: usize = 16;
+
+const CMD_SPLIT: i64 = 1;
+const CMD_RUN_PIECE: i64 = 2;
+const STATUS_OK: i64 = 0;
+const STATUS_FAILED: i64 = 1;
+
+/// Where each tensor lies in the region (in f32 elements), inputs first, after the header.
 #[derive(Debug, Clone)]
 struct Layout {
     inputs: Vec<(usize, usize)>,
@@ -71,7 +103,7 @@ impl Layout {
     fn of(t: &ExecTensors) -> Layout {
         // 64 bytes: a cache line, so that no tensor shares one with its neighbour.
         const ALIGN: usize = 16;
-        let mut at = 0;
+        let mut at = HEADER;
         let mut place = |infos: &[TensorInfo]| -> Vec<(usize, usize)> {
             infos
                 .iter()
@@ -87,7 +119,7 @@ impl Layout {
         Layout {
             inputs,
             outputs,
-            bytes: at.max(1) * 4,
+            bytes: at * 4,
         }
     }
 }
@@ -110,7 +142,7 @@ pub fn region_path(index: usize) -> PathBuf {
     ))
 }
 
-/// A mapped region of f32 tensors.
+/// A mapped region: the header, then f32 tensors.
 struct Region {
     map: MmapMut,
 }
@@ -141,23 +173,46 @@ impl Region {
     }
 
     fn map(file: &std::fs::File) -> std::io::Result<Region> {
-        // SAFETY: the file is private to this server and its one worker (created new in the
-        // server's own directory), and the two never touch it at the same time: the protocol
-        // hands it back and forth (the client writes inputs before `run_piece` and reads
-        // outputs after `ran`; the worker the other way round).
+        // SAFETY: the file is this server's and its one worker's (created new under a name
+        // unique to them, unlinked once both have mapped it). The header is only touched
+        // through atomics; the tensors are handed back and forth by the header's sequence
+        // numbers (the client writes inputs before a command and reads outputs after its
+        // answer; the worker the other way round), so the two never touch them at once.
         let map = unsafe { MmapMut::map_mut(file)? };
         Ok(Region { map })
     }
 
+    fn word(&self, i: usize) -> &AtomicI64 {
+        assert!(i < HEADER / 2, "header word {i}");
+        let word = self.map[i * 8..].as_ptr().cast::<i64>().cast_mut();
+        // SAFETY: the map is page-aligned, so the header's word i (of eight, checked above) is
+        // 8-byte aligned and in bounds; AtomicI64 has i64's layout; the other process touches
+        // these words only atomically too, and the reference lives no longer than the map.
+        unsafe { AtomicI64::from_ptr(word) }
+    }
+
     fn floats(&mut self, (start, len): (usize, usize)) -> &mut [f32] {
-        let bytes: &mut [u8] = &mut self.map[start * 4..(start + len) * 4];
-        // The map is page-aligned and every offset a multiple of 4 bytes, so the cast holds.
-        bytemuck::cast_slice_mut(bytes)
+        bytemuck::cast_slice_mut(&mut self.map[start * 4..(start + len) * 4])
     }
 
     fn floats_ref(&self, (start, len): (usize, usize)) -> &[f32] {
         bytemuck::cast_slice(&self.map[start * 4..(start + len) * 4])
     }
+}
+
+/// Spins until `ready()` or `spin_ns` have passed; true when ready.
+fn spin_until(spin_ns: i64, ready: impl Fn() -> bool) -> bool {
+    if ready() {
+        return true;
+    }
+    let until = clock::now_ns().saturating_add(spin_ns);
+    while clock::now_ns() < until {
+        if ready() {
+            return true;
+        }
+        std::hint::spin_loop();
+    }
+    ready()
 }
 
 /// A model running in a worker process (see the module's text).
@@ -166,6 +221,9 @@ pub struct RemoteExecutor {
     tensors: ExecTensors,
     layout: Layout,
     region: Region,
+    seq: i64,
+    /// How long the model thread spins for an answer before it sleeps.
+    wait_spin_ns: i64,
     /// How long a piece may take before the worker is taken for hung.
     piece_timeout: Duration,
     name: String,
@@ -173,12 +231,15 @@ pub struct RemoteExecutor {
 
 impl RemoteExecutor {
     /// Starts `command` with `env` (the partition's environment) as the worker that builds
-    /// `setup`'s model, and waits until it is built.
+    /// `setup`'s model, and waits until it is built. `wait_spin` is how long a job's answer is
+    /// spun for before the model thread sleeps (a GPU job ends within milliseconds; a CPU job
+    /// needs the cores this thread would spin on).
     pub fn start(
         command: &WorkerCommand,
         env: &[(String, String)],
         setup: ExecSetup,
         build_timeout: Duration,
+        wait_spin: Duration,
     ) -> Result<RemoteExecutor, ExecError> {
         let name = setup.workload.name.clone();
         let region_path = setup.region.clone();
@@ -210,6 +271,8 @@ impl RemoteExecutor {
             tensors,
             layout,
             region,
+            seq: 0,
+            wait_spin_ns: wait_spin.as_nanos().min(i64::MAX as u128) as i64,
             piece_timeout: Duration::from_secs(600),
             name,
         })
@@ -220,26 +283,73 @@ impl RemoteExecutor {
         self.client.pid()
     }
 
-    fn ask(&mut self, msg: &ToWorker) -> Result<FromWorker, ExecError> {
+    /// Puts a command in the header, rings the worker if it sleeps, and waits for its answer:
+    /// the result word, or the worker's error.
+    fn command(&mut self, cmd: i64, arg: i64) -> Result<i64, ExecError> {
+        let r = &self.region;
+        r.word(CMD).store(cmd, Ordering::Relaxed);
+        r.word(ARG).store(arg, Ordering::Relaxed);
+        self.seq += 1;
+        let seq = self.seq;
+        r.word(CMD_SEQ).store(seq, Ordering::SeqCst);
         let name = &self.name;
         let failed = |e: WorkerClientError| ExecError::Job(format!("workload `{name}`: {e}"));
-        self.client.send(msg).map_err(failed)?;
-        self.client.recv(self.piece_timeout).map_err(failed)
+        if r.word(WORKER_SLEEPS).load(Ordering::SeqCst) != 0 {
+            self.client.send(&ToWorker::Wake).map_err(failed)?;
+        }
+        let done = || self.region.word(DONE_SEQ).load(Ordering::SeqCst) == seq;
+        if !spin_until(self.wait_spin_ns, done) {
+            self.region.word(CLIENT_SLEEPS).store(1, Ordering::SeqCst);
+            while !done() {
+                match self.client.recv(self.piece_timeout) {
+                    // A wake for an earlier answer, or for this one: look again.
+                    Ok(FromWorker::Wake) => {}
+                    Ok(other) => {
+                        self.region.word(CLIENT_SLEEPS).store(0, Ordering::SeqCst);
+                        return Err(ExecError::Job(format!(
+                            "workload `{name}`: {}",
+                            self.client.unexpected(&other)
+                        )));
+                    }
+                    Err(e) => {
+                        self.region.word(CLIENT_SLEEPS).store(0, Ordering::SeqCst);
+                        return Err(failed(e));
+                    }
+                }
+            }
+            self.region.word(CLIENT_SLEEPS).store(0, Ordering::SeqCst);
+        }
+        if self.region.word(STATUS).load(Ordering::Acquire) == STATUS_OK {
+            return Ok(self.region.word(RESULT).load(Ordering::Acquire));
+        }
+        // The worker sent its error line before the answer; wakes may come first.
+        loop {
+            match self.client.recv(Duration::from_secs(10)) {
+                Ok(FromWorker::Wake) => {}
+                Ok(other) => {
+                    return Err(ExecError::Job(format!(
+                        "workload `{name}`: {}",
+                        self.client.unexpected(&other)
+                    )))
+                }
+                Err(WorkerClientError::Failed { message, .. }) => {
+                    return Err(ExecError::Job(format!("workload `{name}`: {message}")))
+                }
+                Err(e) => return Err(failed(e)),
+            }
+        }
     }
 }
 
 impl Executor for RemoteExecutor {
     fn run_job(&mut self) -> Result<(), ExecError> {
-        match self.tensors.pieces {
-            1 => self.run_piece(0),
-            n => (0..n).try_for_each(|i| self.run_piece(i)),
-        }
+        (0..self.tensors.pieces).try_for_each(|i| self.run_piece(i))
     }
 
     fn split(&mut self, piece_ns: i64) {
         // A worker that cannot answer keeps its pieces; its next job reports the failure.
-        if let Ok(FromWorker::SplitInto { pieces }) = self.ask(&ToWorker::Split { piece_ns }) {
-            self.tensors.pieces = pieces.max(1);
+        if let Ok(pieces) = self.command(CMD_SPLIT, piece_ns) {
+            self.tensors.pieces = (pieces.max(1)) as usize;
         }
     }
 
@@ -248,14 +358,7 @@ impl Executor for RemoteExecutor {
     }
 
     fn run_piece(&mut self, i: usize) -> Result<(), ExecError> {
-        match self.ask(&ToWorker::RunPiece { i })? {
-            FromWorker::Ran => Ok(()),
-            other => Err(ExecError::Job(format!(
-                "workload `{}`: {}",
-                self.name,
-                self.client.unexpected(&other)
-            ))),
-        }
+        self.command(CMD_RUN_PIECE, i as i64).map(|_| ())
     }
 
     fn device_memory_mib(&self) -> Option<f64> {
@@ -282,9 +385,9 @@ impl Executor for RemoteExecutor {
 }
 
 /// The worker's side: builds the model in this process (whose environment is its partition),
-/// creates the region, then runs pieces until told to stop.
+/// creates the region, then answers commands until told to stop.
 pub(crate) fn serve<R, W>(
-    mut input: R,
+    input: R,
     output: &mut W,
     setup: &ExecSetup,
     engine: Option<&dyn EngineExecutors>,
@@ -297,9 +400,8 @@ where
     let w = &setup.workload;
     crate::affinity::pin_current_thread(&w.cpu)
         .map_err(|e| WorkerError::Setup(format!("workload `{}`: {e}", w.name)))?;
-    let mut exec =
-        exec::executor_for(engine, &setup.device, w, setup.seed, setup.index, None)?;
-    let mut tensors = ExecTensors {
+    let mut exec = exec::executor_for(engine, &setup.device, w, setup.seed, setup.index, None)?;
+    let tensors = ExecTensors {
         inputs: exec.inputs(),
         outputs: exec.outputs(),
         pieces: exec.pieces(),
@@ -327,43 +429,123 @@ where
             tensors: Box::new(tensors.clone()),
         },
     )?;
+    let mut worker = ExecWorker {
+        input,
+        exec,
+        region,
+        layout,
+        pieces: tensors.pieces,
+        spin_ns: (setup.spin_us as i64).saturating_mul(1000),
+        seen: 0,
+    };
     loop {
-        let line = match read_line(&mut input, "stopping the worker") {
-            Ok(l) => l,
-            // The server went away: nothing is left to answer.
-            Err(WorkerError::Closed(_)) => return Ok(DoneStatus::Ok),
-            Err(e) => return Err(e),
-        };
-        if stop.load(std::sync::atomic::Ordering::Relaxed) {
-            return Ok(DoneStatus::Interrupted);
+        if !worker.next_command()? || stop.load(Ordering::Relaxed) {
+            return Ok(DoneStatus::Ok);
         }
-        let msg: ToWorker = serde_json::from_str(&line)
-            .map_err(|e| WorkerError::Setup(format!("malformed message from the server: {e}")))?;
-        let reply = match msg {
-            ToWorker::Stop => return Ok(DoneStatus::Ok),
-            ToWorker::Split { piece_ns } => {
-                exec.split(piece_ns);
-                tensors.pieces = exec.pieces().max(1);
-                FromWorker::SplitInto {
-                    pieces: tensors.pieces,
+        worker.answer(output)?;
+    }
+}
+
+/// The worker's state between commands.
+struct ExecWorker<R> {
+    input: R,
+    exec: Box<dyn Executor>,
+    region: Region,
+    layout: Layout,
+    pieces: usize,
+    spin_ns: i64,
+    /// The last command answered.
+    seen: i64,
+}
+
+impl<R: BufRead> ExecWorker<R> {
+    /// Waits for the next command: spins, then sleeps on the pipe until woken. False when
+    /// told to stop (a `stop` line, or the client gone).
+    fn next_command(&mut self) -> Result<bool, WorkerError> {
+        let seen = self.seen;
+        let asked = |r: &Region| r.word(CMD_SEQ).load(Ordering::SeqCst) != seen;
+        if spin_until(self.spin_ns, || asked(&self.region)) {
+            return Ok(true);
+        }
+        loop {
+            self.region.word(WORKER_SLEEPS).store(1, Ordering::SeqCst);
+            if asked(&self.region) {
+                self.region.word(WORKER_SLEEPS).store(0, Ordering::SeqCst);
+                return Ok(true);
+            }
+            let line = match read_line(&mut self.input, "stopping the worker") {
+                Ok(l) => l,
+                // The server went away: nothing is left to answer.
+                Err(WorkerError::Closed(_)) => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            self.region.word(WORKER_SLEEPS).store(0, Ordering::SeqCst);
+            match serde_json::from_str::<ToWorker>(&line) {
+                Ok(ToWorker::Wake) => {
+                    if asked(&self.region) {
+                        return Ok(true);
+                    }
+                }
+                Ok(ToWorker::Stop) => return Ok(false),
+                Ok(other) => {
+                    return Err(WorkerError::Setup(format!(
+                        "unexpected message for the exec role: {}",
+                        serde_json::to_string(&other).unwrap_or_default()
+                    )))
+                }
+                Err(e) => {
+                    return Err(WorkerError::Setup(format!(
+                        "malformed message from the server: {e}"
+                    )))
                 }
             }
-            ToWorker::RunPiece { i } => {
-                match run_piece(exec.as_mut(), &mut region, &layout, i, tensors.pieces) {
-                    Ok(()) => FromWorker::Ran,
-                    Err(e) => FromWorker::Error {
+        }
+    }
+
+    /// Runs the command in the header and answers it (its error goes on the pipe first).
+    fn answer<W: Write>(&mut self, output: &mut W) -> Result<(), WorkerError> {
+        let r = &self.region;
+        let seq = r.word(CMD_SEQ).load(Ordering::SeqCst);
+        let cmd = r.word(CMD).load(Ordering::Relaxed);
+        let arg = r.word(ARG).load(Ordering::Relaxed);
+        let outcome = match cmd {
+            CMD_SPLIT => {
+                self.exec.split(arg);
+                self.pieces = self.exec.pieces().max(1);
+                Ok(self.pieces as i64)
+            }
+            CMD_RUN_PIECE => run_piece(
+                self.exec.as_mut(),
+                &mut self.region,
+                &self.layout,
+                usize::try_from(arg).unwrap_or(usize::MAX),
+                self.pieces,
+            )
+            .map(|()| 0),
+            other => Err(ExecError::Job(format!("unknown command {other}"))),
+        };
+        let r = &self.region;
+        match outcome {
+            Ok(result) => {
+                r.word(RESULT).store(result, Ordering::Relaxed);
+                r.word(STATUS).store(STATUS_OK, Ordering::Relaxed);
+            }
+            Err(e) => {
+                send(
+                    output,
+                    &FromWorker::Error {
                         message: e.to_string(),
                     },
-                }
+                )?;
+                r.word(STATUS).store(STATUS_FAILED, Ordering::Relaxed);
             }
-            other => {
-                return Err(WorkerError::Setup(format!(
-                    "unexpected message for the exec role: {}",
-                    serde_json::to_string(&other).unwrap_or_default()
-                )))
-            }
-        };
-        send(output, &reply)?;
+        }
+        self.seen = seq;
+        r.word(DONE_SEQ).store(seq, Ordering::SeqCst);
+        if r.word(CLIENT_SLEEPS).load(Ordering::SeqCst) != 0 {
+            send(output, &FromWorker::Wake)?;
+        }
+        Ok(())
     }
 }
 
@@ -414,7 +596,7 @@ mod tests {
     }
 
     #[test]
-    fn the_layout_keeps_tensors_apart_and_aligned() {
+    fn the_layout_keeps_tensors_apart_and_aligned_after_the_header() {
         let t = ExecTensors {
             inputs: vec![info("a", &[1, 3]), info("b", &[2, 16])],
             outputs: vec![info("y", &[1, 1])],
@@ -422,8 +604,8 @@ mod tests {
             device_memory_mib: None,
         };
         let l = Layout::of(&t);
-        assert_eq!(l.inputs, vec![(0, 3), (16, 32)]);
-        assert_eq!(l.outputs, vec![(48, 1)]);
-        assert_eq!(l.bytes, 64 * 4);
+        assert_eq!(l.inputs, vec![(16, 3), (32, 32)]);
+        assert_eq!(l.outputs, vec![(64, 1)]);
+        assert_eq!(l.bytes, 80 * 4);
     }
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use isolane_core::spec::{DeviceSpec, Host, WorkloadSpec};
+use isolane_core::spec::{Backend, DeviceSpec, Host, WorkloadSpec};
 use isolane_runtime::exec::{executor_for, Engine, ExecError, Executor};
 use isolane_runtime::partition::Partition;
 use isolane_runtime::remote_exec::{region_path, ExecSetup, RemoteExecutor};
@@ -44,13 +44,17 @@ impl ProcessHosts {
 /// context behind an MPS daemon).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// How long a GPU job's answer is spun for before the model thread sleeps (longer jobs pay
+/// one wake-up, a few µs against their milliseconds).
+const WAIT_SPIN_GPU: Duration = Duration::from_millis(5);
+
 /// Builds `spec`'s model where its host says: here (in `partition`, a green group) or in a
 /// worker process started through `processes`.
 pub(crate) fn build_executor(
     engine: &Engine,
     device: &DeviceSpec,
     spec: &WorkloadSpec,
-    (seed, index): (u64, usize),
+    (seed, index, spin_ns): (u64, usize, i64),
     partition: Option<Partition>,
     processes: Option<&ProcessHosts>,
 ) -> Result<Box<dyn Executor>, ExecError> {
@@ -75,13 +79,20 @@ pub(crate) fn build_executor(
         device: device.clone(),
         seed,
         region: region_path(index),
+        spin_us: (spin_ns.max(0) / 1000) as u64,
+    };
+    // A GPU job ends within milliseconds: its answer is spun for, as a thread host's stream
+    // synchronisation would. A CPU job needs the cores this thread would spin on.
+    let wait_spin = match device.backend {
+        Backend::Cuda => WAIT_SPIN_GPU,
+        Backend::Cpu => Duration::ZERO,
     };
     // The workload's name on the worker's command line, as a run's workers have it (`ps`).
     let mut command = processes.command.clone();
     command
         .args
         .extend(["--workload".into(), spec.name.clone()]);
-    let remote = RemoteExecutor::start(&command, &env, setup, BUILD_TIMEOUT)?;
+    let remote = RemoteExecutor::start(&command, &env, setup, BUILD_TIMEOUT, wait_spin)?;
     if let Some(started) = &processes.on_start {
         started(remote.pid());
     }

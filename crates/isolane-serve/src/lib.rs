@@ -500,8 +500,9 @@ fn spawn_instance(
                 message: m,
             };
             // Pinned before the model is built: a CPU model's thread pool inherits the
-            // affinity (one engine thread per listed core).
-            if !spec.cpu.is_empty() {
+            // affinity (one engine thread per listed core). A worker process pins itself;
+            // the thread that drives it stays off its cores.
+            if !spec.cpu.is_empty() && spec.host != Host::Process {
                 if let Err(e) = isolane_runtime::affinity::pin_current_thread(&spec.cpu) {
                     let _ = ready_tx.send(Err(fail(e.to_string())));
                     return;
@@ -511,7 +512,7 @@ fn spawn_instance(
                 &ctx.engine,
                 &device,
                 &spec,
-                (ctx.seed, index),
+                (ctx.seed, index, ctx.poll_ns),
                 partition,
                 ctx.processes.as_ref(),
             );
