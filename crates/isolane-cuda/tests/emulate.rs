@@ -1446,3 +1446,46 @@ fn per_channel_fake_quant_of_an_nhwc_value_computes_the_graph() {
     check(&g, 2, true, 1e-5);
     check(&g, 2, false, 1e-5);
 }
+
+/// The engine's ONNX fixtures of the forms imported as other ops (opsets 7–12, Tile, 3-D
+/// Conv and pooling, training-mode BatchNormalization over a weight): their plans (NHWC and
+/// NCHW) against the CPU backend, and the NHWC plan against the fixture's expected output
+/// (onnxruntime's; the ONNX reference evaluator's for the training-mode BatchNormalization).
+#[test]
+fn older_opsets_tile_and_3d_window_plans_compute_the_graph() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../isolane-engine/tests/fixtures/onnx/"
+    );
+    for name in [
+        "tiny_cnn_op7",
+        "softmax_coerced_op11",
+        "upsample_linear_op8",
+        "resize10_nearest_down_op10",
+        "batchnorm_spatial0_op7",
+        "clip_attrs_op9",
+        "pad_attrs_op10",
+        "tile_op13",
+        "tile_batch_op11",
+        "bn_training_weight_std_op15",
+        "conv3d_basic_op13",
+        "conv3d_stride_groups_op11",
+        "maxpool3d_ceil_op12",
+        "avgpool3d_exclude_pad_ceil_op11",
+        "global_avgpool_5d_op13",
+    ] {
+        let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
+        let x = isolane_engine::io::read_npy(format!("{dir}{name}.input.npy")).unwrap();
+        let want = isolane_engine::io::read_npy(format!("{dir}{name}.output.npy")).unwrap();
+        let batch = x.shape[0];
+        check(&g, batch, true, 1e-5);
+        check(&g, batch, false, 1e-5);
+        let opt = passes::optimize(&g, batch).unwrap();
+        let p = plan::plan(&opt, batch, Precision::Fp32).unwrap();
+        let err = rel_l2(&run(&p, &x.data), &want.data);
+        assert!(
+            err < 1e-5,
+            "{name}: plan vs the expected output: rel L2 {err:e}"
+        );
+    }
+}
