@@ -408,3 +408,52 @@ fn a_gather_nd_that_would_fold_a_huge_constant_is_refused_before_allocating() {
     assert!(e.contains("op GatherND (node \"gnd\""), "{e}");
     assert!(e.contains("is too large to fold"), "{e}");
 }
+
+/// A DequantizeLinear of a constant weight with `block_size` i64::MAX (opset 21): the block
+/// count `ceil(d / block)` overflowed i64 and panicked; it is one block.
+#[test]
+fn a_huge_quantization_block_is_one_block_not_an_overflow() {
+    use isolane_engine::onnx::proto::{
+        attribute_proto::AttributeType, AttributeProto, TensorProto,
+    };
+    let mut dq = node("dq", "DequantizeLinear", &["wq", "ws"], &["w"]);
+    for (name, v) in [("axis", 0), ("block_size", i64::MAX)] {
+        dq.attribute.push(AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Int as i32),
+            i: Some(v),
+            ..Default::default()
+        });
+    }
+    let wq = TensorProto {
+        name: Some("wq".into()),
+        dims: vec![4, 2],
+        data_type: Some(DataType::Int8 as i32),
+        raw_data: Some([1i8, -2, 3, -4, 5, -6, 7, -8].map(|v| v as u8).to_vec()),
+        ..Default::default()
+    };
+    let mut ws = floats("ws", &[0.5, 0.25]);
+    ws.dims = vec![1, 2];
+    let g = GraphProto {
+        name: Some("g".into()),
+        node: vec![dq, node("mm", "MatMul", &["x", "w"], &["y"])],
+        initializer: vec![wq, ws],
+        input: vec![value_info("x", DataType::Float, &[1, 4])],
+        output: vec![value_info("y", DataType::Float, &[1, 2])],
+        ..Default::default()
+    };
+    let mut m = model(g);
+    m.opset_import[0].version = Some(21);
+    m.ir_version = Some(10);
+    let m =
+        isolane_engine::onnx::OnnxModel::from_proto(m, std::path::Path::new("dq.onnx")).unwrap();
+    let g = isolane_engine::onnx::import(&m).unwrap();
+    let y = isolane_engine::reference::interpret(
+        &g,
+        1,
+        &[isolane_engine::Tensor::new(vec![1, 4], vec![1.0, 1.0, 1.0, 1.0]).unwrap()],
+    )
+    .unwrap();
+    // Column sums of the dequantized weight: (1 + 3 + 5 + 7)·0.5, (−2 − 4 − 6 − 8)·0.25.
+    assert_eq!(y[0].data, vec![8.0, -5.0]);
+}

@@ -322,7 +322,7 @@ impl Importer<'_> {
                 .enumerate()
                 .map(|(i, d)| {
                     if i == a {
-                        Sym::k((d.c + block - 1) / block)
+                        Sym::k(d.c.saturating_add(block - 1) / block)
                     } else {
                         *d
                     }
