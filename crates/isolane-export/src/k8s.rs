@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use isolane_core::spec::{Host, Mechanism, Scenario};
+use isolane_core::spec::{Mechanism, Scenario};
 use serde::Serialize;
 
 use crate::{dns_label, user, Export, ExportError, ExportFile, Planned};
@@ -451,12 +451,11 @@ pub fn export(plan: Planned<'_>, o: &Options) -> Result<Export, ExportError> {
                 w.weights.as_deref().unwrap_or(&w.model)
             ));
         }
-        if w.host == Host::Process || w.kernel().is_some() || w.program.is_some() {
+        if w.kernel().is_some() || w.program.is_some() {
             notes.push(format!(
-                "`{}`: isolane serve of this build refuses it at start (host = \"process\": \
-                 mechanisms mps, mig and timeslice; `kernel:` models; `command` programs; \
-                 docs/serve.md, Not served yet): the pod will exit with code 2 until serve \
-                 takes it",
+                "`{}`: isolane serve refuses it at start (`kernel:` models and `command` \
+                 programs take no requests; docs/serve.md, Not served yet): the pod will exit \
+                 with code 2",
                 w.name
             ));
         }
@@ -1061,7 +1060,12 @@ mod tests {
         let d = file(&e, DEPLOYMENT_FILE);
         assert!(d.contains("- --join-mps"), "{d}");
         assert!(d.contains("replicas: 2"), "{d}");
-        assert!(e.notes.iter().any(|n| n.contains("refuses it at start")));
+        // serve runs each MPS client's model in a worker process of its own.
+        assert!(
+            !e.notes.iter().any(|n| n.contains("refuses it at start")),
+            "{:?}",
+            e.notes
+        );
     }
 
     #[test]
