@@ -264,7 +264,14 @@ fn status_row(m: &Value) -> Vec<String> {
         num(&load, "p99_ms").map_or("-".into(), |p| format!("{p:.3} ms")),
         m.get("last_change")
             .filter(|c| !c.is_null())
-            .map_or("-".into(), change_words),
+            .map_or("-".into(), |c| {
+                let words = change_words(c);
+                // The row names the model already.
+                match words.split_once(": ") {
+                    Some((_, rest)) => rest.to_string(),
+                    None => words,
+                }
+            }),
     ]
 }
 

@@ -239,15 +239,19 @@ impl Server {
                         .ok()
                         .filter(|p| (1..=100).contains(p))
                         .ok_or_else(|| bad("a percentage from 1 to 100, e.g. thread_pct=30"))?;
-                    return Err(ControlError::new(
-                        409,
+                    let why = if info.partition.starts_with("mps") {
+                        "a new MPS client with another share is not started while serving \
+                         yet; restart serve with the new thread_pct"
+                            .to_string()
+                    } else {
                         format!(
-                            "model `{name}`: thread_pct sets an MPS client's share of the GPU, \
-                             and serve hosts no MPS clients (its models run on threads of its \
-                             own process: the CPU, or green contexts); resize a green \
-                             partition with sms=N, a CPU model with cpu=LIST"
-                        ),
-                    ));
+                            "thread_pct sets an MPS client's share of the GPU, and this model \
+                             is not one (its partition: {}); resize a green partition with \
+                             sms=N, a CPU model with cpu=LIST",
+                            info.partition
+                        )
+                    };
+                    return Err(ControlError::new(409, format!("model `{name}`: {why}")));
                 }
                 "deadline_ms" => {
                     let ms: f64 = value

@@ -109,7 +109,7 @@ impl ServeMetrics {
         );
         registry.register(
             "rejections",
-            "Requests refused or not answered, by reason (deadline, queue_full, dropped, \
+            "Requests refused or not answered, by reason (deadline, queue_full, dropped, unloaded, \
              draining, bad_request, unknown_model, failed)",
             m.rejections.clone(),
         );
