@@ -1467,6 +1467,7 @@ fn older_opsets_tile_and_3d_window_plans_compute_the_graph() {
         "pad_attrs_op10",
         "tile_op13",
         "tile_batch_op11",
+        "tile_by_batch_op13",
         "bn_training_weight_std_op15",
         "conv3d_basic_op13",
         "conv3d_stride_groups_op11",

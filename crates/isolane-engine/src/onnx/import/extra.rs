@@ -144,20 +144,59 @@ impl Importer<'_> {
     }
 
     /// Tile (opsets 6 and 13): output axis k is `repeats[k]` copies of the input's axis k.
-    /// Per repeated axis: Reshape `[…, 1, d, …]` → Expand `[…, r, d, …]` → Reshape
+    /// A repeat that depends on the batch (XCiT's positional encoding, `pos.repeat(B, 1, 1,
+    /// 1)`) is supported on an axis of size 1, where Tile is a broadcast: one Expand. Every
+    /// other repeated axis: Reshape `[…, 1, d, …]` → Expand `[…, r, d, …]` → Reshape
     /// `[…, r·d, …]` (one more dimension at a time, within every backend's rank); folded
     /// when the input is known at import.
     pub(super) fn tile(&mut self, c: &Ctx) -> Result<Vec<Val>> {
-        let x = self.req(c, 0)?;
-        let repeats = self
-            .ints_input(c, 1, "repeats")?
-            .ok_or_else(|| c.bad("the repeats input is required"))?;
+        let mut x = self.req(c, 0)?;
+        let mut reps: Vec<Sym> = match self.req(c, 1)? {
+            Val::I(a) => a.data,
+            v => {
+                return Err(c.bad(format!(
+                    "repeats is {}; expected integers known at import",
+                    v.kind()
+                )))
+            }
+        };
         let r = x.rank();
-        if repeats.len() != r {
+        if reps.len() != r {
             return Err(c.bad(format!(
-                "repeats {repeats:?} must hold one value per input dimension ({r})"
+                "repeats {} must hold one value per input dimension ({r})",
+                fmt_syms(&reps)
             )));
         }
+        let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+        let by_batch: Vec<usize> = (0..r).filter(|&k| !reps[k].is_const()).collect();
+        if !by_batch.is_empty() {
+            let mut target = xs.clone();
+            for &k in &by_batch {
+                if xs[k] != Sym::k(1) || reps[k].a < 0 || reps[k].c < 0 {
+                    return Err(c.bad(format!(
+                        "repeats {} depends on the batch size on axis {k}, of size {}; isolane \
+                         supports that only on an axis of size 1 (a broadcast)",
+                        fmt_syms(&reps),
+                        xs[k]
+                    )));
+                }
+                target[k] = reps[k];
+                reps[k] = Sym::k(1);
+            }
+            let dims: Vec<Dim> = target
+                .iter()
+                .map(|&s| sym_to_dim(s, false))
+                .collect::<Result<_, _>>()
+                .map_err(|e| c.bad(format!("tiled shape {}: {e}", fmt_syms(&target))))?;
+            check_dims_size(&dims).map_err(|e| c.bad(format!("the tiled shape {e}")))?;
+            x = self.emit_tmp(
+                c,
+                Op::Expand { shape: dims },
+                &[(c.n.input[0].clone(), x)],
+                "broadcast",
+            )?;
+        }
+        let repeats: Vec<i64> = reps.iter().map(|s| s.c).collect();
         if let Some(bad) = repeats.iter().find(|&&v| v < 1) {
             return Err(c.bad(format!(
                 "repeats {repeats:?}: a repeat of {bad} is not supported (at least 1; 0 \
@@ -187,7 +226,7 @@ impl Importer<'_> {
             }
             .map_err(|e| c.bad(e))?;
         }
-        let mut cur = (c.n.input[0].clone(), x);
+        let mut cur = (format!("{}:broadcast", c.r.node), x);
         let last = repeats.iter().rposition(|&v| v > 1).unwrap_or(0);
         for (k, &rep) in repeats.iter().enumerate() {
             if rep == 1 {
