@@ -235,6 +235,11 @@ impl ServedModel {
         let (tx, rx) = oneshot::channel();
         let mut q = self.lock();
         q.window.arrivals.push_back(arrived);
+        // Pruned by time when jobs end; bounded here too, for a model whose requests are all
+        // refused.
+        if q.window.arrivals.len() > WINDOW_CAP {
+            q.window.arrivals.pop_front();
+        }
         if q.closing {
             return Err(Refusal::Draining {
                 model: name.clone(),

@@ -508,3 +508,69 @@ fn changes_are_checked_first_and_a_refusal_names_the_limit() {
     assert_eq!(s.change("nope", &[]).unwrap_err().status, 404);
     s.drain(Duration::from_secs(5));
 }
+
+#[test]
+fn under_the_guard_both_kinds_move_and_answer_what_they_took() {
+    let (first, last) = two_cores();
+    // Each model holds a core of its own; a one-core machine cannot pin them apart.
+    if first == last {
+        eprintln!("skipped: one core available");
+        return;
+    }
+    let toml = r#"
+[[workload]]
+name = "critical"
+model = "spin:1ms"
+batch = 1
+rate_hz = 100
+duration_s = 1
+deadline_ms = 500
+warmup_jobs = 1
+
+[[workload]]
+name = "background"
+model = "spin:5ms"
+batch = 2
+rate_hz = "max"
+duration_s = 1
+warmup_jobs = 1
+criticality = "best_effort"
+"#;
+    let s = server_with(toml, |sc| {
+        sc.workloads[0].cpu = vec![first];
+        sc.workloads[1].cpu = vec![last];
+    });
+    assert!(s.shared.context.guard.is_some(), "a protected server");
+    let taken: Vec<_> = (0..6)
+        .map(|i| {
+            let name = if i % 2 == 0 { "critical" } else { "background" };
+            (i, s.submit(name, rows(&[i as f32])).unwrap())
+        })
+        .collect();
+    // Each moves onto the core it already has (no other model holds it): a new instance,
+    // with its part in the guard, takes the queue over.
+    let c = s
+        .change("background", &set(&[("cpu", &last.to_string())]))
+        .unwrap();
+    assert_eq!(c.kind, "resize");
+    let c = s
+        .change("critical", &set(&[("cpu", &first.to_string())]))
+        .unwrap();
+    assert_eq!(c.kind, "resize");
+    for (i, rx) in taken {
+        assert_eq!(values(&block_on(rx).unwrap().unwrap()), vec![i as f32]);
+    }
+    assert_eq!(
+        values(&block_on(s.infer("background", rows(&[9.0]))).unwrap()),
+        vec![9.0]
+    );
+    assert_eq!(
+        values(&block_on(s.infer("critical", rows(&[8.0]))).unwrap()),
+        vec![8.0]
+    );
+    let e = s
+        .change("critical", &set(&[("criticality", "best_effort")]))
+        .unwrap_err();
+    assert!(e.status == 409 && e.message.contains("guard"), "{e}");
+    assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
+}
