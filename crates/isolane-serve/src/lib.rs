@@ -413,14 +413,23 @@ impl Server {
             return d.clone();
         }
         self.shared.draining.store(true, Ordering::Relaxed);
-        // A change under way ends first (its new instance serves or was never switched in).
-        let _control = self
-            .shared
-            .control
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
         let before = self.in_flight();
         let until = Instant::now() + grace;
+        // A change under way ends first (its new instance serves or was never switched in), so
+        // that every instance's thread is joined below. It waits for the old instance's job,
+        // which a held best-effort piece could make endless: past the grace, held pieces stop.
+        let _control = loop {
+            match self.shared.control.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if Instant::now() >= until {
+                        self.shared.stop.store(true, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        };
         for m in &self.shared.models {
             m.close();
         }

@@ -574,3 +574,53 @@ criticality = "best_effort"
     assert!(e.status == 409 && e.message.contains("guard"), "{e}");
     assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
 }
+
+#[test]
+fn a_drain_ends_a_change_that_waits_for_a_held_best_effort_job() {
+    // `background` never runs beside `critical` (its piece is longer than the critical
+    // model's slack): its job is held, and a change of it waits for that job to end.
+    let toml = r#"
+[[workload]]
+name = "critical"
+model = "spin:1ms"
+batch = 1
+rate_hz = 100
+duration_s = 1
+deadline_ms = 1.2
+warmup_jobs = 1
+
+[[workload]]
+name = "background"
+model = "spin:20ms"
+batch = 1
+rate_hz = "max"
+duration_s = 1
+warmup_jobs = 1
+criticality = "best_effort"
+"#;
+    let s = server(toml);
+    assert_eq!(s.warnings().len(), 1, "{:?}", s.warnings());
+    let held = s.submit("background", rows(&[1.0])).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let change = {
+        let s = s.clone();
+        std::thread::spawn(move || s.load_model("background"))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(s.drain(Duration::from_millis(100)));
+        });
+    }
+    // Generous: the point is that it ends at all (it waited for good before).
+    let drained = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the drain ended");
+    assert_eq!(drained.abandoned, 0);
+    let reloaded = change.join().unwrap().unwrap();
+    assert_eq!(reloaded.kind, "reload");
+    // The held job was cut short by the stop and still answered (an error or its rows).
+    assert!(block_on(held).is_ok());
+}
