@@ -1219,4 +1219,74 @@ mod tests {
             assert!(e.message().contains("shutting down"), "{}", e.message());
         });
     }
+
+    #[test]
+    fn repository_unload_and_load_over_grpc() {
+        let s = server();
+        with_client(&s, |mut c| async move {
+            let infer_request = |values: &[f32]| {
+                encode_infer_request(
+                    "echo",
+                    None,
+                    None,
+                    &Parameters::new(),
+                    &[rows(values)],
+                    None,
+                )
+                .unwrap()
+            };
+            let ready = |name: &str| pb::ModelReadyRequest {
+                name: name.into(),
+                version: String::new(),
+            };
+            c.repository_model_unload(pb::RepositoryModelUnloadRequest {
+                model_name: "echo".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            assert!(!c.model_ready(ready("echo")).await.unwrap().get_ref().ready);
+            let e = c.model_infer(infer_request(&[1.0])).await.unwrap_err();
+            assert_eq!(e.code(), Code::NotFound);
+            assert!(
+                e.message().contains("has no available versions"),
+                "{}",
+                e.message()
+            );
+            // A load carrying a configuration is refused rather than ignored.
+            let mut with_config = pb::RepositoryModelLoadRequest {
+                model_name: "echo".into(),
+                ..Default::default()
+            };
+            with_config.parameters.insert(
+                "config".into(),
+                pb::ModelRepositoryParameter {
+                    parameter_choice: Some(
+                        pb::model_repository_parameter::ParameterChoice::StringParam("{}".into()),
+                    ),
+                },
+            );
+            let e = c.repository_model_load(with_config).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert!(e.message().contains("config"), "{}", e.message());
+            c.repository_model_load(pb::RepositoryModelLoadRequest {
+                model_name: "echo".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            assert!(c.model_ready(ready("echo")).await.unwrap().get_ref().ready);
+            let answer = c.model_infer(infer_request(&[2.0])).await.unwrap();
+            assert_eq!(answer.get_ref().model_name, "echo");
+            let e = c
+                .repository_model_load(pb::RepositoryModelLoadRequest {
+                    model_name: "nope".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::NotFound);
+        });
+        s.drain(Duration::from_secs(5));
+    }
 }
