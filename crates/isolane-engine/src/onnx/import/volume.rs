@@ -90,12 +90,15 @@ impl Window3 {
         Ok((out, reach.max(padded)))
     }
 
-    /// The gathered depth indices: for each output depth, its window's `kd` positions.
-    fn depth_indices(&self, out: usize) -> Vec<i64> {
+    /// The gathered depth indices: for each output depth, its window's `kd` positions. Their
+    /// count is bounded as a folded constant's (a corrupt file's depth of 2^38 must be refused,
+    /// not allocated).
+    fn depth_indices(&self, out: usize) -> Result<Vec<i64>, String> {
         let (s, dl, k) = (self.strides[0], self.dilations[0], self.kernel[0]);
-        (0..out)
+        fold::numel_of::<i64>(&[out, k]).map_err(|e| format!("the depth windows: {e}"))?;
+        Ok((0..out)
             .flat_map(|o| (0..k).map(move |z| (o * s + z * dl) as i64))
-            .collect()
+            .collect())
     }
 }
 
@@ -221,7 +224,7 @@ impl Importer<'_> {
             [win.pads[0], win.pads[3] + extra],
             0.0,
         )?;
-        let idx = win.depth_indices(d_out);
+        let idx = win.depth_indices(d_out).map_err(|e| c.bad(e))?;
         let gathered = self.emit_tmp(
             c,
             Op::Gather {
@@ -385,7 +388,7 @@ impl Importer<'_> {
             let v = self.pad_axis(c, cur, 1, [before as i64, after as i64], "constant", fill)?;
             cur = (format!("{}:depth_padded", c.r.node), v);
         }
-        let idx = win.depth_indices(d_out);
+        let idx = win.depth_indices(d_out).map_err(|e| c.bad(e))?;
         let gathered = self.emit_tmp(
             c,
             Op::Gather {
@@ -489,5 +492,40 @@ impl Importer<'_> {
             keepdims: true,
         };
         self.emit1(c, op, 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Window3;
+
+    fn win(k: usize, s: usize, dil: usize, pads: [usize; 2]) -> Window3 {
+        Window3 {
+            kernel: [k, 1, 1],
+            strides: [s, 1, 1],
+            dilations: [dil, 1, 1],
+            pads: [pads[0], 0, 0, pads[1], 0, 0],
+        }
+    }
+
+    /// Output depths as ONNX/PyTorch define them, and how far the windows reach.
+    #[test]
+    fn depth_follows_the_onnx_output_size() {
+        // floor((7 + 2 - 3) / 2) + 1 = 4, windows within the 9 padded.
+        assert_eq!(win(3, 2, 1, [1, 1]).depth(7, false), Ok((4, 9)));
+        // ceil((8 - 3) / 2) + 1 = 4 (dilation 2: 3 deep): the last window reaches 9 > 8.
+        assert_eq!(win(2, 2, 2, [0, 0]).depth(8, true), Ok((4, 9)));
+        // ceil mode's last window would start in the right padding: dropped (PyTorch's rule).
+        assert_eq!(win(2, 2, 1, [1, 1]).depth(3, true), Ok((2, 5)));
+        assert!(win(5, 1, 1, [0, 0]).depth(3, false).is_err());
+    }
+
+    /// A depth from a corrupt file is refused before its index list is built.
+    #[test]
+    fn depth_windows_are_bounded_before_they_are_listed() {
+        let w = win(3, 1, 1, [1, 1]);
+        assert_eq!(w.depth_indices(2), Ok(vec![0, 1, 2, 1, 2, 3]));
+        let e = w.depth_indices(1 << 38).unwrap_err();
+        assert!(e.contains("too large"), "{e}");
     }
 }
