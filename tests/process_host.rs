@@ -174,8 +174,8 @@ duration_s = 30
 
 #[test]
 fn worker_refuses_another_protocol_version() {
-    // Every role's first message is checked before it is read (protocol version 6).
-    for role in ["setup", "probe", "maxrate", "app"] {
+    // Every role's first message is checked before it is read.
+    for role in ["setup", "probe", "maxrate", "app", "exec"] {
         let mut child = isolane()
             .arg("worker")
             .stdin(Stdio::piped())
@@ -188,7 +188,10 @@ fn worker_refuses_another_protocol_version() {
         let hello: serde_json::Value =
             serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
         assert_eq!(hello["type"], "hello");
-        assert_eq!(hello["protocol_version"], 5);
+        assert_eq!(
+            hello["protocol_version"],
+            isolane_runtime::protocol::PROTOCOL_VERSION
+        );
         writeln!(stdin, r#"{{"type":"{role}","protocol_version":99}}"#).unwrap();
         let err: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
         assert_eq!(err["type"], "error", "{role}");
