@@ -231,8 +231,7 @@ where
             crate::app_role::serve(input, output, &setup, apps, stop).map(|s| (s, None))
         }
         _ => Err(WorkerError::Setup(
-            "expected a role first (a `setup`, `probe`, `maxrate`, `exec` or `app` message)"
-                .into(),
+            "expected a role first (a `setup`, `probe`, `maxrate`, `exec` or `app` message)".into(),
         )),
     }
 }
