@@ -234,24 +234,32 @@ impl Server {
                     });
                 }
                 "thread_pct" => {
-                    value
+                    let pct = value
                         .parse::<u32>()
                         .ok()
                         .filter(|p| (1..=100).contains(p))
                         .ok_or_else(|| bad("a percentage from 1 to 100, e.g. thread_pct=30"))?;
-                    let why = if info.partition.starts_with("mps") {
-                        "a new MPS client with another share is not started while serving \
-                         yet; restart serve with the new thread_pct"
-                            .to_string()
-                    } else {
-                        format!(
-                            "thread_pct sets an MPS client's share of the GPU, and this model \
-                             is not one (its partition: {}); resize a green partition with \
-                             sms=N, a CPU model with cpu=LIST",
-                            info.partition
-                        )
-                    };
-                    return Err(ControlError::new(409, format!("model `{name}`: {why}")));
+                    if !info.partition.starts_with("mps") {
+                        return Err(ControlError::new(
+                            409,
+                            format!(
+                                "model `{name}`: thread_pct sets an MPS client's share of the \
+                                 GPU, and this model is not one (its partition: {}); resize a \
+                                 green partition with sms=N, a CPU model with cpu=LIST",
+                                info.partition
+                            ),
+                        ));
+                    }
+                    self.check_thread_pct(i, pct)?;
+                    what.push(format!(
+                        "thread_pct {} → {pct}",
+                        spec.partition
+                            .thread_pct
+                            .map_or("none".into(), |p| p.to_string())
+                    ));
+                    // A new MPS client: its share is fixed when CUDA starts in its process.
+                    spec.partition.thread_pct = Some(pct);
+                    rebuild = true;
                 }
                 "deadline_ms" => {
                     let ms: f64 = value
@@ -403,7 +411,10 @@ impl Server {
         let slot = &self.shared.slots[i];
         let info = model.info();
         let name = info.name.clone();
-        let words = (info.partition.clone(), info.sms);
+        let words = (
+            mps_words(&info.partition, spec.partition.thread_pct),
+            info.sms,
+        );
         let (_, thread, took) = spawn_instance(
             &self.shared.context,
             slot.index,
@@ -477,6 +488,32 @@ impl Server {
 
     /// `cores` for model `i`: not empty, no core twice, each available to this process and
     /// held by no other loaded model (its own may be kept).
+    /// MPS admission's rule for a new share: the served clients' thread percentages add up
+    /// to at most 100 (`isolane_core::admission`'s default budget).
+    fn check_thread_pct(&self, i: usize, pct: u32) -> Result<(), ControlError> {
+        let budget = isolane_core::admission::AdmissionOptions::default().mps_thread_budget_pct;
+        let others: u32 = self
+            .shared
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i && self.shared.models[j].is_loaded())
+            .filter_map(|(_, slot)| lock(&slot.spec).partition.thread_pct)
+            .sum();
+        if others + pct > budget {
+            let name = self.shared.models[i].info().name.clone();
+            return Err(ControlError::new(
+                409,
+                format!(
+                    "model `{name}`: thread_pct={pct}: the other MPS clients hold {others}%, \
+                     and the shares may add up to {budget}% at most (at most {}% here)",
+                    budget.saturating_sub(others)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn check_cores(&self, i: usize, cores: &[usize]) -> Result<(), ControlError> {
         let name = self.shared.models[i].info().name.clone();
         let mut sorted = cores.to_vec();
@@ -624,4 +661,31 @@ fn ms_since(t: i64) -> f64 {
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An MPS partition's words with its share now (`mps 20%` → `mps 40%`; the rest kept).
+fn mps_words(words: &str, thread_pct: Option<u32>) -> String {
+    match (words.strip_prefix("mps "), thread_pct) {
+        (Some(rest), Some(p)) => {
+            let tail = rest.find('%').map_or("", |k| &rest[k + 1..]);
+            format!("mps {p}%{tail}")
+        }
+        _ => words.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mps_words;
+
+    #[test]
+    fn an_mps_partitions_words_follow_its_new_share() {
+        assert_eq!(mps_words("mps 20%", Some(40)), "mps 40%");
+        assert_eq!(
+            mps_words("mps 20%, 4096 MiB pinned", Some(35)),
+            "mps 35%, 4096 MiB pinned"
+        );
+        assert_eq!(mps_words("green 24 SMs", Some(40)), "green 24 SMs");
+        assert_eq!(mps_words("mps 20%", None), "mps 20%");
+    }
 }

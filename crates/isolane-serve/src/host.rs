@@ -40,6 +40,9 @@ impl ProcessHosts {
     }
 }
 
+/// The variable that gives an MPS client its share of the GPU's threads.
+const MPS_THREAD_PCT: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+
 /// How long a worker may take to build its model (a large model on the CPU, a first CUDA
 /// context behind an MPS daemon).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(600);
@@ -72,7 +75,16 @@ pub(crate) fn build_executor(
             &local
         }
     };
-    let env = processes.env.get(&spec.name).cloned().unwrap_or_default();
+    let mut env = processes.env.get(&spec.name).cloned().unwrap_or_default();
+    // An MPS client's share is its workload's now (`ctl resize NAME thread_pct=P` starts a new
+    // client with the new one; the session's environment has the share it started with).
+    if let Some(pct) = spec.partition.thread_pct {
+        for (key, value) in &mut env {
+            if key == MPS_THREAD_PCT {
+                *value = pct.to_string();
+            }
+        }
+    }
     let setup = ExecSetup {
         index,
         workload: spec.clone(),
