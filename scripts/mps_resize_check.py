@@ -2,10 +2,10 @@
 """An MPS client's share changed while it serves (issue 35), on a GPU machine.
 
     python3 scripts/mps_resize_check.py --isolane ISOLANE --scenario scenarios/serve/h200-mps.toml \
-        --model mobilenet_v2 --to 60 [--rate 100] [--seconds 8]
+        --model mobilenet_v2 --to 10 [--rate 100] [--seconds 8] [--deadline-ms 50]
 
 Starts `isolane serve`, sends the model requests at --rate (HTTP, binary data, a seeded
-random image) for --seconds, and halfway through runs `isolane ctl resize MODEL
+random image, each with its own --deadline-ms) for --seconds, and halfway through runs `isolane ctl resize MODEL
 thread_pct=TO`. Prints one JSON line: the change's reply (time to serving, pause), the model's
 service estimate before and after (ctl status), and the requests answered, refused, late and
 failed (none may be lost: every request gets an answer or a refusal). Then asks for a share over
@@ -46,6 +46,9 @@ def main():
     p.add_argument("--to", type=int, required=True)
     p.add_argument("--rate", type=float, default=100.0)
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--deadline-ms", type=int, default=50,
+                   help="each request's own deadline, whole ms as the protocol takes it (the "
+                        "scenario's may be tighter than the model can keep at a small share)")
     a = p.parse_args()
     server = subprocess.Popen([a.isolane, "serve", a.scenario, "--http", "127.0.0.1:0",
                                "--grpc", "127.0.0.1:0"], stdout=subprocess.PIPE,
@@ -80,7 +83,8 @@ def main():
         time.sleep(max(0.0, due - time.monotonic()))
         i = httpclient.InferInput(meta["inputs"][0]["name"], shape, "FP32")
         i.set_data_from_numpy(x, binary_data=True)
-        pending.append(client.async_infer(a.model, [i]))
+        pending.append(client.async_infer(a.model, [i],
+                                          parameters={"deadline_ms": a.deadline_ms}))
         k += 1
     for r in pending:
         with lock:
