@@ -289,31 +289,6 @@ deadline_ms = 60000
 warmup_jobs = 1
 "#;
 
-/// One HTTP/1.1 request on a connection of its own: (status, body).
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut s, &mut text).unwrap();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
-}
-
 fn outputs(body: &str) -> Vec<f64> {
     let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
     v["outputs"][0]["data"]
@@ -328,36 +303,13 @@ fn outputs(body: &str) -> Vec<f64> {
 fn serve_runs_process_hosted_models_in_workers_of_their_own() {
     let dir = tempfile::tempdir().unwrap();
     let file = scenario(dir.path(), "served.toml", SERVED_IN_WORKERS);
-    let log = dir.path().join("serve.log");
-    let mut child = isolane()
-        .arg("serve")
-        .arg(&file)
-        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let stderr = || std::fs::read_to_string(&log).unwrap_or_default();
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    assert!(
-        ready.starts_with("isolane serve: ready; "),
-        "{ready:?}; stderr:\n{}",
-        stderr()
-    );
-    let at = ready.find("HTTP on ").unwrap() + "HTTP on ".len();
-    let addr = ready[at..]
-        .split([',', ';', ' '])
-        .next()
-        .unwrap()
-        .to_string();
+    let mut server = ServeProcess::start(dir.path(), &file);
+    let pid = server.child.id();
+    let addr = server.http.clone();
     let workers: Vec<u32> = ["crit", "be"]
         .iter()
         .flat_map(|name| {
-            let pids = worker_pids(child.id(), name);
+            let pids = worker_pids(pid, name);
             assert_eq!(pids.len(), 1, "one worker for `{name}`: {pids:?}");
             pids
         })
@@ -365,29 +317,29 @@ fn serve_runs_process_hosted_models_in_workers_of_their_own() {
 
     let one = r#"{"inputs":[{"name":"input","shape":[1,1],"datatype":"FP32","data":[7.5]}]}"#;
     let (status, body) = http(&addr, "POST", "/v2/models/crit/infer", one);
-    assert_eq!(status, 200, "{body}; stderr:\n{}", stderr());
+    assert_eq!(status, 200, "{body}; stderr:\n{}", server.log());
     assert_eq!(outputs(&body), vec![7.5]);
     // The best-effort model runs in pieces the guard may hold (split in its worker).
     let two = r#"{"inputs":[{"name":"input","shape":[2,1],"datatype":"FP32","data":[1.25,-3]}]}"#;
     for _ in 0..3 {
         let (status, body) = http(&addr, "POST", "/v2/models/be/infer", two);
-        assert_eq!(status, 200, "{body}; stderr:\n{}", stderr());
+        assert_eq!(status, 200, "{body}; stderr:\n{}", server.log());
         assert_eq!(outputs(&body), vec![1.25, -3.0]);
     }
     let (status, body) = http(&addr, "GET", "/v2/models/be/ready", "");
     assert_eq!(status, 200, "{body}");
 
     // SAFETY: kill sends a signal to the child this test started and still holds.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
     let until = Instant::now() + Duration::from_secs(60);
     let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = server.child.try_wait().unwrap() {
             break s;
         }
-        assert!(Instant::now() < until, "no exit; stderr:\n{}", stderr());
+        assert!(Instant::now() < until, "no exit; stderr:\n{}", server.log());
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert_eq!(status.code(), Some(0), "stderr:\n{}", stderr());
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", server.log());
     // The workers end with the server (reparented, a finished one is reaped at once).
     let gone = |pid: &u32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {

@@ -6,10 +6,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -20,7 +18,6 @@ use isolane_core::system_packages::{skip_without, TRITONCLIENT};
 const DEFAULT_SEED: &str = "22026830";
 
 /// Generous bounds for a loaded 2-core machine; none is a measurement.
-const READY_WITHIN: Duration = Duration::from_secs(120);
 const EXIT_WITHIN: Duration = Duration::from_secs(60);
 
 /// Three served models: the real CNN whose outputs are compared, a 50 ms spin that a 1 ms
@@ -93,88 +90,6 @@ fn client_missing() -> Option<String> {
     }
 }
 
-/// A running `isolane serve`: its process (killed if the test ends before it has exited by
-/// itself), its addresses from the ready line, and its stderr (the access log) in a file.
-struct Server {
-    child: Child,
-    ready: String,
-    http: String,
-    grpc: String,
-    log: PathBuf,
-}
-
-impl Server {
-    /// Starts `isolane serve SCENARIO` on free ports and waits for its ready line.
-    fn start(dir: &Path, scenario: &Path) -> Server {
-        let log = dir.join("serve.log");
-        let mut child = isolane()
-            .arg("serve")
-            .arg(scenario)
-            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut server = Server {
-            child,
-            ready: String::new(),
-            http: String::new(),
-            grpc: String::new(),
-            log,
-        };
-        // Read on a thread of its own, so that a server that never gets ready fails the test
-        // instead of hanging it.
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let ready = rx.recv_timeout(READY_WITHIN).unwrap_or_else(|_| {
-            panic!(
-                "no ready line in {READY_WITHIN:?}; stderr:\n{}",
-                server.log()
-            )
-        });
-        assert!(
-            ready.starts_with("isolane serve: ready; "),
-            "ready line {ready:?}; stderr:\n{}",
-            server.log()
-        );
-        let address = |label| {
-            address_after(&ready, label)
-                .unwrap_or_else(|| panic!("no `{label}ADDRESS` in {ready}"))
-                .to_string()
-        };
-        (server.http, server.grpc) = (address("HTTP on "), address("gRPC on "));
-        server.ready = ready;
-        server
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// The address after `label` in the ready line
-/// (`isolane serve: ready; HTTP on 127.0.0.1:PORT, gRPC on 127.0.0.1:PORT; models: ...`).
-fn address_after<'a>(line: &'a str, label: &str) -> Option<&'a str> {
-    let rest = &line[line.find(label)? + label.len()..];
-    let end = rest.find([',', ';', ' ']).unwrap_or(rest.len());
-    Some(&rest[..end]).filter(|a| a.contains(':'))
-}
-
 /// A fixed pseudo-random image in [-2, 2) (an xorshift; nothing is read from outside).
 fn image() -> Vec<f32> {
     let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -213,7 +128,7 @@ fn tritonclient_over_http_and_grpc_gets_infers_outputs_refusals_and_a_drain() {
     ]));
 
     let file = scenario(dir.path(), "serve.toml", SCENARIO);
-    let mut server = Server::start(dir.path(), &file);
+    let mut server = ServeProcess::start(dir.path(), &file);
     for m in ["mnet (cpu", "spin50 (cpu", "slow (cpu"] {
         assert!(server.ready.contains(m), "{m} in {}", server.ready);
     }
@@ -353,7 +268,7 @@ fn the_readmes_serve_examples_run_as_written() {
     let (setup, command) = setup.trim_end().rsplit_once('\n').unwrap();
     assert_eq!(command, "isolane serve serve.toml");
     bash(setup);
-    let server = Server::start(dir.path(), &dir.path().join("serve.toml"));
+    let server = ServeProcess::start(dir.path(), &dir.path().join("serve.toml"));
     let (_, ready) = example(&blocks, "sh", "cat > serve.toml");
     let models = |line: &str| {
         line.split_once("; models: ")
@@ -412,32 +327,6 @@ fn the_readmes_serve_examples_run_as_written() {
     }
 }
 
-/// One HTTP/1.1 request to a server (the connection closed after it): status and body.
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(EXIT_WITHIN)).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let status = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
-}
-
 /// `isolane ctl` against a real server: a resize under a stream of requests (every one
 /// answered with its own value), the status, refusals that exit 2 with the server's reason,
 /// an unload (requests refused with Triton's 404, not ready) and a load that serves again.
@@ -455,7 +344,7 @@ fn ctl_resizes_unloads_and_loads_a_model_while_it_serves() {
              warmup_jobs = 1\ncpu = [{first}]\n\n[workload.serve]\nqueue_limit = 1000\n"
         ),
     );
-    let server = Server::start(dir.path(), &file);
+    let server = ServeProcess::start(dir.path(), &file);
     assert!(
         server
             .ready

@@ -1,8 +1,10 @@
 //! Helpers shared by the integration tests of the `isolane` binary.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 
 /// The binary under test: `ISOLANE_BIN` when set (the staged binary on the GPU machine, where
 /// the build's path does not exist), else the one cargo built.
@@ -248,4 +250,116 @@ pub mod papers {
         let t = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         serde_json::from_str(&t).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
     }
+}
+
+/// Generous bounds for `isolane serve` on a loaded 2-core machine; none is a measurement.
+pub const SERVE_READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(120);
+pub const SERVE_EXIT_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A running `isolane serve`: its process (killed if the test ends before it has exited by
+/// itself), its addresses from the ready line, and its stderr (the access log) in a file.
+pub struct ServeProcess {
+    pub child: Child,
+    pub ready: String,
+    pub http: String,
+    pub grpc: String,
+    pub log: PathBuf,
+}
+
+impl ServeProcess {
+    /// Starts `isolane serve SCENARIO` on free ports and waits for its ready line.
+    pub fn start(dir: &Path, scenario: &Path) -> ServeProcess {
+        let log = dir.join("serve.log");
+        let mut child = isolane()
+            .arg("serve")
+            .arg(scenario)
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut server = ServeProcess {
+            child,
+            ready: String::new(),
+            http: String::new(),
+            grpc: String::new(),
+            log,
+        };
+        // Read on a thread of its own, so that a server that never gets ready fails the test
+        // instead of hanging it.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let ready = rx.recv_timeout(SERVE_READY_WITHIN).unwrap_or_else(|_| {
+            panic!(
+                "no ready line in {SERVE_READY_WITHIN:?}; stderr:\n{}",
+                server.log()
+            )
+        });
+        assert!(
+            ready.starts_with("isolane serve: ready; "),
+            "ready line {ready:?}; stderr:\n{}",
+            server.log()
+        );
+        let address = |label| {
+            address_after(&ready, label)
+                .unwrap_or_else(|| panic!("no `{label}ADDRESS` in {ready}"))
+                .to_string()
+        };
+        (server.http, server.grpc) = (address("HTTP on "), address("gRPC on "));
+        server.ready = ready;
+        server
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The address after `label` in the ready line
+/// (`isolane serve: ready; HTTP on 127.0.0.1:PORT, gRPC on 127.0.0.1:PORT; models: ...`).
+fn address_after<'a>(line: &'a str, label: &str) -> Option<&'a str> {
+    let rest = &line[line.find(label)? + label.len()..];
+    let end = rest.find([',', ';', ' ']).unwrap_or(rest.len());
+    Some(&rest[..end]).filter(|a| a.contains(':'))
+}
+
+/// One HTTP/1.1 request to a server (the connection closed after it): status and body.
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(SERVE_EXIT_WITHIN)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
 }
