@@ -488,25 +488,29 @@ impl Server {
 
     /// `cores` for model `i`: not empty, no core twice, each available to this process and
     /// held by no other loaded model (its own may be kept).
-    /// MPS admission's rule for a new share: the served clients' thread percentages add up
-    /// to at most 100 (`isolane_core::admission`'s default budget).
+    /// MPS admission's rule for a new share: the thread percentages of the clients served on
+    /// one GPU add up to at most 100 (`isolane_core::admission`'s default budget).
     fn check_thread_pct(&self, i: usize, pct: u32) -> Result<(), ControlError> {
         let budget = isolane_core::admission::AdmissionOptions::default().mps_thread_budget_pct;
+        let gpu = lock(&self.shared.slots[i].spec).gpu;
         let others: u32 = self
             .shared
             .slots
             .iter()
             .enumerate()
             .filter(|&(j, _)| j != i && self.shared.models[j].is_loaded())
-            .filter_map(|(_, slot)| lock(&slot.spec).partition.thread_pct)
+            .map(|(_, slot)| lock(&slot.spec).clone())
+            .filter(|spec| spec.gpu == gpu)
+            .filter_map(|spec| spec.partition.thread_pct)
             .sum();
         if others + pct > budget {
             let name = self.shared.models[i].info().name.clone();
             return Err(ControlError::new(
                 409,
                 format!(
-                    "model `{name}`: thread_pct={pct}: the other MPS clients hold {others}%, \
-                     and the shares may add up to {budget}% at most (at most {}% here)",
+                    "model `{name}`: thread_pct={pct}: the other MPS clients on its GPU hold \
+                     {others}%, and the shares may add up to {budget}% at most (at most {}% \
+                     here)",
                     budget.saturating_sub(others)
                 ),
             ));
