@@ -148,8 +148,9 @@ pub struct DecodedRequest {
     pub id: Option<String>,
     /// Every request parameter, as sent (the ones below included).
     pub parameters: Parameters,
-    /// The request parameter `deadline_ms`, checked positive.
-    pub deadline_ms: Option<u64>,
+    /// The request parameter `deadline_ms` in milliseconds (a fraction allowed), checked
+    /// positive and within int64's range.
+    pub deadline_ms: Option<f64>,
     /// In the request's order; names unique.
     pub inputs: Vec<Tensor>,
     pub outputs: OutputSelection,

@@ -156,17 +156,30 @@ impl Parameters {
         }
     }
 
-    /// A request's `deadline_ms`: a positive integer of milliseconds, or none.
-    pub fn deadline_ms(&self) -> Result<Option<u64>, ProtocolError> {
-        match self.int(DEADLINE_MS, "the request")? {
-            None => Ok(None),
-            Some(ms) if ms > 0 => Ok(Some(ms as u64)),
-            Some(ms) => Err(param_error(
-                "the request",
-                DEADLINE_MS,
-                format!("is {ms}; a deadline is a positive number of milliseconds"),
-            )),
+    /// A request's `deadline_ms`: a positive number of milliseconds (a fraction allowed: a
+    /// critical model's deadline may be 1.5 ms), or none. Past int64's range it is refused,
+    /// as an integer there would be.
+    pub fn deadline_ms(&self) -> Result<Option<f64>, ProtocolError> {
+        let ms = match self.0.get(DEADLINE_MS) {
+            None => return Ok(None),
+            Some(Parameter::Int(i)) => *i as f64,
+            Some(Parameter::Double(x)) if x.is_finite() => *x,
+            Some(p) => {
+                return Err(param_error(
+                    "the request",
+                    DEADLINE_MS,
+                    format!("is {}; it is a number of milliseconds", p.kind()),
+                ))
+            }
+        };
+        if ms > 0.0 && ms <= i64::MAX as f64 {
+            return Ok(Some(ms));
         }
+        Err(param_error(
+            "the request",
+            DEADLINE_MS,
+            format!("is {ms}; a deadline is a positive number of milliseconds"),
+        ))
     }
 
     /// Sets a request's `deadline_ms` (a value past int64 is kept at int64's largest).

@@ -279,7 +279,9 @@ impl GrpcFrontEnd {
                 .outputs
                 .requested
                 .map(|r| r.into_iter().map(|o| o.name).collect()),
-            deadline: decoded.deadline_ms.map(std::time::Duration::from_millis),
+            deadline: decoded
+                .deadline_ms
+                .map(|ms| std::time::Duration::from_secs_f64(ms / 1e3)),
             inputs: decoded.inputs,
         };
         let response = match self.server.infer(&name, request).await {

@@ -191,7 +191,9 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
             .requested
             .as_ref()
             .map(|r| r.iter().map(|o| o.name.clone()).collect()),
-        deadline: decoded.deadline_ms.map(std::time::Duration::from_millis),
+        deadline: decoded
+            .deadline_ms
+            .map(|ms| std::time::Duration::from_secs_f64(ms / 1e3)),
         inputs: decoded.inputs,
     };
     let response = match server.infer(name, request).await {

@@ -183,7 +183,7 @@ fn every_datatype_round_trips_as_raw_contents() {
     assert_eq!(got.model_version.as_deref(), Some("2"));
     let r = &got.request;
     assert_eq!(r.id.as_deref(), Some("r1"));
-    assert_eq!(r.deadline_ms, Some(250));
+    assert_eq!(r.deadline_ms, Some(250.0));
     assert_eq!(r.parameters, params);
     same(&r.inputs, &tensors);
     assert_eq!(r.outputs.requested.as_deref(), Some(&outputs[..]));
@@ -698,7 +698,7 @@ fn parameters_are_read_and_checked() {
     req.parameters
         .insert("w".into(), param(ParameterChoice::DoubleParam(0.5)));
     let got = decode_infer_request(over_the_wire(&req), &limits(), None).unwrap();
-    assert_eq!(got.request.deadline_ms, Some(75));
+    assert_eq!(got.request.deadline_ms, Some(75.0));
     assert_eq!(
         got.request.parameters.get("w"),
         Some(&Parameter::Double(0.5))
@@ -710,9 +710,19 @@ fn parameters_are_read_and_checked() {
         req.clone(),
         &["`deadline_ms`", "is 0; a deadline is a positive"],
     );
+    // A fraction of a millisecond is a deadline too (a critical model's may be 1.5 ms).
     req.parameters
         .insert(DEADLINE_MS.into(), param(ParameterChoice::DoubleParam(7.5)));
-    refused_with(req.clone(), &["`deadline_ms`", "it is an integer"]);
+    let got = decode_infer_request(over_the_wire(&req), &limits(), None).unwrap();
+    assert_eq!(got.request.deadline_ms, Some(7.5));
+    req.parameters.insert(
+        DEADLINE_MS.into(),
+        param(ParameterChoice::StringParam("7".into())),
+    );
+    refused_with(
+        req.clone(),
+        &["`deadline_ms`", "it is a number of milliseconds"],
+    );
     req.parameters.insert(
         DEADLINE_MS.into(),
         param(ParameterChoice::Uint64Param(u64::MAX)),

@@ -190,7 +190,7 @@ fn a_tritonclient_body_with_bytes_and_no_outputs_is_read() {
         r.inputs[1].bytes_elements().unwrap(),
         vec![&b"hello"[..], b""]
     );
-    assert_eq!(r.deadline_ms, Some(25));
+    assert_eq!(r.deadline_ms, Some(25.0));
     assert_eq!(r.outputs.requested, None);
     assert!(r.outputs.binary("anything"));
     assert_eq!(r.parameters.get("priority"), Some(&Parameter::Int(1)));
@@ -205,7 +205,7 @@ fn a_curl_body_with_nested_data_is_read() {
         r.inputs[0].data(),
         le(&[1.0f32, 2.5, -3.0, 0.1, 1e-3, -0.0], f32::to_le_bytes)
     );
-    assert_eq!(r.deadline_ms, Some(20));
+    assert_eq!(r.deadline_ms, Some(20.0));
     assert!(!r.outputs.binary("y"));
     // A scalar: shape [] holds one element.
     let body =
@@ -314,7 +314,7 @@ fn every_datatype_round_trips_as_json_and_as_binary() {
         assert_eq!(enc.header_len.is_some(), binary);
         let r = decode_request(&enc.body, enc.header_len, &limits()).unwrap();
         assert_eq!(r.inputs, tensors, "binary: {binary}");
-        assert_eq!(r.deadline_ms, Some(15));
+        assert_eq!(r.deadline_ms, Some(15.0));
         assert_eq!(r.id.as_deref(), Some("id-1"));
 
         let mut meta = ResponseMeta {
@@ -696,7 +696,7 @@ fn parameters_are_checked() {
         &[
             "the request",
             "`deadline_ms`",
-            "is a string; it is an integer",
+            "is a string; it is a number of milliseconds",
         ],
     );
     refused_with(
@@ -704,9 +704,12 @@ fn parameters_are_checked() {
         &["`deadline_ms`", "is 0; a deadline is a positive number"],
     );
     refused_with(&req(r#"{"deadline_ms":-5}"#), &["is -5"]);
+    // A fraction of a millisecond is a deadline too; past int64's range it is refused.
+    let r = decode_request(req(r#"{"deadline_ms":2.5}"#).as_bytes(), None, &limits()).unwrap();
+    assert_eq!(r.deadline_ms, Some(2.5));
     refused_with(
-        &req(r#"{"deadline_ms":2.5}"#),
-        &["a number with a fraction"],
+        &req(r#"{"deadline_ms":1e300}"#),
+        &["`deadline_ms`", "positive number"],
     );
     refused_with(
         &req(r#"{"binary_data_output":1}"#),
@@ -738,7 +741,7 @@ fn parameters_are_checked() {
         &limits(),
     )
     .unwrap();
-    assert_eq!(r.deadline_ms, Some(20));
+    assert_eq!(r.deadline_ms, Some(20.0));
     assert_eq!(r.parameters.get("x"), Some(&Parameter::Double(1.5)));
     assert_eq!(r.parameters.len(), 4);
     // A response's `late`.
