@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::error::{EngineError, Result};
 use crate::ir::{Graph, NodeId, Op, Tensor, ValueId, ValueKind};
 use crate::quant::{FakeQuantAttrs, Granularity, QuantType};
-use crate::reference::eval_node;
+use crate::reference::interpret_seeing;
 
 /// How an activation's range is chosen from its calibration values.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -284,53 +284,18 @@ fn run_all(
     watch: &[ValueId],
     mut see: impl FnMut(ValueId, &Tensor),
 ) -> Result<()> {
-    let shapes = g.infer_shapes(batch)?;
     for (si, inputs) in samples.iter().enumerate() {
-        if inputs.len() != g.inputs.len() {
-            return Err(EngineError::InvalidArgument(format!(
-                "calibration sample {si} has {} inputs, the model {}",
-                inputs.len(),
-                g.inputs.len()
-            )));
-        }
-        let mut vals: Vec<Option<Arc<Tensor>>> = vec![None; g.values.len()];
-        for (&i, t) in g.inputs.iter().zip(inputs) {
-            if t.shape != shapes[i] {
-                return Err(EngineError::InvalidArgument(format!(
-                    "calibration sample {si}: input `{}` has shape {:?}, the model takes {:?}",
-                    g.values[i].name, t.shape, shapes[i]
-                )));
-            }
-            vals[i] = Some(Arc::new(t.clone()));
-        }
-        for (i, v) in g.values.iter().enumerate() {
-            if let ValueKind::Constant(t) = &v.kind {
-                vals[i] = Some(t.clone());
-            }
-        }
-        for &v in watch {
-            if let Some(t) = &vals[v] {
+        let mut watched = |v: ValueId, t: &Tensor| {
+            if watch.contains(&v) {
                 see(v, t);
             }
-        }
-        for n in &g.nodes {
-            let ins: Vec<Arc<Tensor>> = n
-                .inputs
-                .iter()
-                .map(|&i| {
-                    vals[i]
-                        .clone()
-                        .ok_or_else(|| EngineError::graph(&n.name, "input not computed"))
-                })
-                .collect::<Result<_>>()?;
-            let refs: Vec<&Tensor> = ins.iter().map(|t| t.as_ref()).collect();
-            for (&o, t) in n.outputs.iter().zip(eval_node(n, &refs, batch)?) {
-                if watch.contains(&o) {
-                    see(o, &t);
-                }
-                vals[o] = Some(Arc::new(t));
+        };
+        interpret_seeing(g, batch, inputs, &mut watched).map_err(|e| match e {
+            EngineError::InvalidArgument(m) => {
+                EngineError::InvalidArgument(format!("calibration sample {si}: {m}"))
             }
-        }
+            e => e,
+        })?;
     }
     Ok(())
 }

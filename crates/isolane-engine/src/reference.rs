@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::error::{EngineError, Result};
-use crate::ir::{infer_node, Graph, Node, Tensor, ValueKind};
+use crate::ir::{infer_node, Graph, Node, Tensor, ValueId, ValueKind};
 use crate::kernels::{Io, Kernel, RawBuf};
 
 /// Evaluates one node on constant tensors (constant folding, references).
@@ -70,6 +70,17 @@ pub fn eval_node_within(
 /// Runs a graph node by node, unoptimised, allocating as it goes: a slow reference used to
 /// check the passes and the compiled backends.
 pub fn interpret(g: &Graph, batch: usize, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    interpret_seeing(g, batch, inputs, &mut |_, _| {})
+}
+
+/// [`interpret`], showing `see` every value as it becomes known: the inputs and constants
+/// first, then each node's outputs (calibration reads the activations this way).
+pub fn interpret_seeing(
+    g: &Graph,
+    batch: usize,
+    inputs: &[Tensor],
+    see: &mut dyn FnMut(ValueId, &Tensor),
+) -> Result<Vec<Tensor>> {
     let shapes = g.infer_shapes(batch)?;
     if inputs.len() != g.inputs.len() {
         return Err(EngineError::InvalidArgument(format!(
@@ -93,6 +104,11 @@ pub fn interpret(g: &Graph, batch: usize, inputs: &[Tensor]) -> Result<Vec<Tenso
             vals[i] = Some(t.clone());
         }
     }
+    for (i, t) in vals.iter().enumerate() {
+        if let Some(t) = t {
+            see(i, t);
+        }
+    }
     for n in &g.nodes {
         let ins: Vec<Arc<Tensor>> = n
             .inputs
@@ -106,6 +122,7 @@ pub fn interpret(g: &Graph, batch: usize, inputs: &[Tensor]) -> Result<Vec<Tenso
         let refs: Vec<&Tensor> = ins.iter().map(|t| t.as_ref()).collect();
         let outs = eval_node(n, &refs, batch)?;
         for (&o, t) in n.outputs.iter().zip(outs) {
+            see(o, &t);
             vals[o] = Some(Arc::new(t));
         }
     }
