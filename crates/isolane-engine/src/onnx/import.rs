@@ -1869,23 +1869,30 @@ impl<'m> Importer<'m> {
         scale: Vec<f32>,
         bias: Vec<f32>,
     ) -> Result<Vec<Val>> {
-        let mut affine_shape = vec![scale.len()];
-        affine_shape.extend(std::iter::repeat_n(1, rank - 2));
+        let mut shape = vec![scale.len()];
+        shape.extend(std::iter::repeat_n(1, rank - 2));
+        self.affine(c, (format!("{}:normed", c.r.node), x), &shape, scale, bias)
+    }
+
+    /// `x·scale + bias` with constant `scale` and `bias` of `shape` (broadcast against `x`),
+    /// the node's output.
+    pub(super) fn affine(
+        &mut self,
+        c: &Ctx,
+        x: (String, Val),
+        shape: &[usize],
+        scale: Vec<f32>,
+        bias: Vec<f32>,
+    ) -> Result<Vec<Val>> {
         let scale = (
             format!("{}:scale", c.r.node),
-            Val::F(Arr::new(affine_shape.clone(), scale)),
+            Val::F(Arr::new(shape.to_vec(), scale)),
         );
         let bias = (
             format!("{}:bias", c.r.node),
-            Val::F(Arr::new(affine_shape, bias)),
+            Val::F(Arr::new(shape.to_vec(), bias)),
         );
-        let scaled = self.binary(
-            c,
-            Binary::Mul,
-            (format!("{}:normed", c.r.node), x),
-            scale,
-            1,
-        )?;
+        let scaled = self.binary(c, Binary::Mul, x, scale, 1)?;
         let scaled = scaled
             .into_iter()
             .next()

@@ -60,27 +60,7 @@ impl Importer<'_> {
             a.push(s as f32);
             b.push((beta as f64 - mu as f64 * s) as f32);
         }
-        let scaled = self.binary(
-            c,
-            Binary::Mul,
-            (c.n.input[0].clone(), x),
-            (
-                format!("{}:a", c.r.node),
-                Val::F(Arr::new(sample.clone(), a)),
-            ),
-            1,
-        )?;
-        let scaled = scaled
-            .into_iter()
-            .next()
-            .ok_or_else(|| c.bad("no output"))?;
-        self.binary(
-            c,
-            Binary::Add,
-            (format!("{}:scaled", c.r.node), scaled),
-            (format!("{}:b", c.r.node), Val::F(Arr::new(sample, b))),
-            0,
-        )
+        self.affine(c, (c.n.input[0].clone(), x), &sample, a, b)
     }
 
     /// `training_mode = 1` normalises with the input's own statistics: per channel (dim 1), the
