@@ -15,6 +15,7 @@ pub mod passes;
 pub mod preprocess;
 pub mod quant;
 pub mod reference;
+pub mod saved;
 pub mod synthetic;
 pub mod traffic;
 pub mod weights;
