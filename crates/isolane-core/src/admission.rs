@@ -717,6 +717,71 @@ pub fn predicted_misses(
     misses
 }
 
+/// What a run does before it starts about the critical deadlines predicted to miss
+/// (`[protection] admission`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Foresight {
+    /// Nothing is predicted to miss (or nothing could be predicted, or `admission = "off"`).
+    Clear,
+    /// The run goes ahead; these are said first.
+    Warn(Vec<PredictedMiss>),
+    /// The run is refused (exit 2).
+    Refuse(Vec<PredictedMiss>),
+}
+
+impl Foresight {
+    /// The text a person reads: one line per predicted miss, naming the workload, the
+    /// neighbour that stretches it most and the predicted stretch, and the key that decides.
+    /// `file` names the scenario. Empty when clear.
+    pub fn text(&self, file: &str) -> String {
+        let (misses, what) = match self {
+            Foresight::Clear => return String::new(),
+            Foresight::Warn(m) => (
+                m,
+                "the run goes ahead ([protection] admission = \"refuse\" refuses it, \"off\" \
+                 predicts nothing)",
+            ),
+            Foresight::Refuse(m) => (
+                m,
+                "refused by [protection] admission = \"refuse\" (\"warn\" runs it anyway)",
+            ),
+        };
+        let mut out = format!(
+            "{file}: {} critical deadline{} predicted to miss beside {} neighbours (the memory \
+             system's stretch, docs/interference.md); {what}:",
+            misses.len(),
+            if misses.len() == 1 { " is" } else { "s are" },
+            if misses.len() == 1 { "its" } else { "their" },
+        );
+        for m in misses {
+            out.push_str("\n  ");
+            out.push_str(&m.to_string());
+        }
+        out
+    }
+}
+
+/// [`predicted_misses`] as `[protection] admission` of `scenario` asks: warn, refuse or not
+/// predict at all.
+pub fn foresee(
+    scenario: &Scenario,
+    device: &DeviceModel,
+    profiles: &[Option<crate::predict::MemoryProfile>],
+    alone_p99_ms: &[Option<f64>],
+) -> Foresight {
+    use crate::spec::AdmissionMode;
+    let mode = scenario.protection.admission;
+    if mode == AdmissionMode::Off {
+        return Foresight::Clear;
+    }
+    let misses = predicted_misses(scenario, device, profiles, alone_p99_ms);
+    match (misses.is_empty(), mode) {
+        (true, _) | (_, AdmissionMode::Off) => Foresight::Clear,
+        (false, AdmissionMode::Warn) => Foresight::Warn(misses),
+        (false, AdmissionMode::Refuse) => Foresight::Refuse(misses),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1402,5 +1467,74 @@ mod tests {
         let mut ts = trio.clone();
         ts.device.mechanism = Mechanism::Timeslice;
         assert_eq!(predicted_misses(&ts, &h200, &profiles, &alone), []);
+    }
+
+    /// `[protection] admission` on the same recorded trio: warn by default (the pair and the
+    /// stretch said), refuse when asked, nothing when off or when the prediction holds.
+    #[test]
+    fn admission_warns_or_refuses_a_predicted_miss_as_the_scenario_asks() {
+        use crate::predict::{MemoryProfile, ProfileSource};
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../results/h200-protection/final/compare/green-load75-none/r0/scenario-in.toml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let models = ["vit_b_16", "resnet18", "vit_l_32"];
+        let with = |extra: &str| {
+            let t = text.replacen("[protection]\n", &format!("[protection]\n{extra}\n"), 1);
+            Scenario::from_toml_str(&t, std::path::Path::new(path), &models).unwrap()
+        };
+        let profile = |dram: f64, resident: bool, l2: f64| {
+            Some(MemoryProfile {
+                dram_bytes_per_job: dram,
+                resident,
+                l2_footprint_bytes: l2,
+                flops_per_job: 0.0,
+                source: ProfileSource::Computed,
+            })
+        };
+        let profiles = [
+            profile(173_135_336.0, false, 173_135_336.0),
+            profile(0.0, true, 25_376_464.0),
+            profile(613_070_848.0, false, 613_070_848.0),
+        ];
+        let alone = [Some(0.99946), Some(0.345151), Some(1.076108)];
+        let h200 = device_model("h200").unwrap();
+        let warned = foresee(&with(""), &h200, &profiles, &alone);
+        let Foresight::Warn(m) = &warned else {
+            panic!("{warned:?}")
+        };
+        assert_eq!(m.len(), 1);
+        let t = warned.text("trio.toml");
+        assert!(
+            t.starts_with(
+                "trio.toml: 1 critical deadline is predicted to miss beside its neighbours"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("the run goes ahead"), "{t}");
+        assert!(
+            t.contains("'v0_vit_b_16'") && t.contains("'be_vit_l_32'") && t.contains("1.37"),
+            "{t}"
+        );
+        let refused = foresee(&with("admission = \"refuse\""), &h200, &profiles, &alone);
+        assert!(
+            matches!(&refused, Foresight::Refuse(r) if r == m),
+            "{refused:?}"
+        );
+        assert!(refused
+            .text("trio.toml")
+            .contains("refused by [protection] admission"));
+        assert_eq!(
+            foresee(&with("admission = \"off\""), &h200, &profiles, &alone),
+            Foresight::Clear
+        );
+        assert_eq!(Foresight::Clear.text("trio.toml"), "");
+        // A deadline the prediction says holds: clear, whatever the mode.
+        let ok_alone = [Some(0.9), Some(0.345151), Some(1.076108)];
+        assert_eq!(
+            foresee(&with("admission = \"refuse\""), &h200, &profiles, &ok_alone),
+            Foresight::Clear
+        );
     }
 }

@@ -152,6 +152,38 @@ pub struct ProtectionSpec {
     /// Best-effort work held back by the guard (with `enabled`); `false` leaves the priorities
     /// alone, to measure one lever without the other.
     pub guard: bool,
+    /// What a run does when a critical deadline is predicted to miss beside its neighbours
+    /// (`admission::predicted_misses`): warn (the default), refuse (exit 2) or say nothing.
+    pub admission: AdmissionMode,
+    /// L2 cache set aside for critical models' weights (MiB, 0: none): CUDA's persisting-L2
+    /// limit and an access-policy window over each critical model's weights.
+    pub l2_persist_mib: u64,
+    /// A critical job with slack yields, piece by piece, to a critical job without (the guard).
+    pub slack_order: bool,
+    /// Best-effort pieces are charged the delay their memory intensity is predicted to cause
+    /// (`crate::predict`), not a full stall: compute-heavy pieces overlap critical jobs.
+    pub share: bool,
+}
+
+/// `[protection] admission`: what a predicted miss of a critical deadline does to a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionMode {
+    /// The run goes ahead, and says which workload is predicted to miss, beside whom, by how much.
+    #[default]
+    Warn,
+    /// The run is refused (exit 2) with the same text.
+    Refuse,
+    /// Nothing is predicted.
+    Off,
+}
+
+impl AdmissionMode {
+    pub const ALL: [(&'static str, AdmissionMode); 3] = [
+        ("warn", AdmissionMode::Warn),
+        ("refuse", AdmissionMode::Refuse),
+        ("off", AdmissionMode::Off),
+    ];
 }
 
 impl Default for ProtectionSpec {
@@ -163,6 +195,10 @@ impl Default for ProtectionSpec {
             stretch: None,
             priorities: true,
             guard: true,
+            admission: AdmissionMode::Warn,
+            l2_persist_mib: 0,
+            slack_order: false,
+            share: false,
         }
     }
 }

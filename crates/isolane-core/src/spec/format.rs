@@ -25,6 +25,10 @@ pub const PROTECTION_KEYS: &[&str] = &[
     "stretch",
     "priorities",
     "guard",
+    "admission",
+    "l2_persist_mib",
+    "slack_order",
+    "share",
 ];
 pub const WORKLOAD_KEYS: &[&str] = &[
     "name",
@@ -152,6 +156,9 @@ pub(super) const START_DELAY_MS: IntRule = IntRule::new(0, MAX_START_DELAY_MS);
 pub(super) const SEED: IntRule = IntRule::new(0, u64::MAX);
 pub(super) const PIECE_US: IntRule = IntRule::new(MIN_PIECE_US, MAX_PIECE_US);
 pub(super) const MARGIN_US: IntRule = IntRule::new(0, MAX_MARGIN_US);
+/// The L2 set aside: at most a GiB (an H200 has 60 MB of L2; the device's own limit is checked
+/// where the model is built).
+pub(super) const L2_PERSIST_MIB: IntRule = IntRule::new(0, 1024);
 pub(super) const BATCH: IntRule = IntRule::new(1, U32);
 pub(super) const JOBS: IntRule = IntRule::new(1, MAX_JOBS);
 pub(super) const WARMUP_JOBS: IntRule = IntRule::new(0, MAX_JOBS);

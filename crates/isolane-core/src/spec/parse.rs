@@ -27,18 +27,18 @@ use super::format::{
     default_host, default_mechanism, hz_expected, max_delay_expected, model_expectation,
     phase_expected, preferred_expected, rate_expected, seconds_expected, stretch_expected, IntRule,
     BACKENDS, BATCH, BATCHING_KEYS, CPU_ID, CRITICALITIES, DEFAULT_WARMUP_JOBS, DEVICE_KEYS, GPU,
-    HOSTS, JOBS, LATE, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED,
-    PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS, QUEUE_LIMIT, RAMP_KEYS, ROLES,
-    ROOT_KEYS, SEED, SERVE_KEYS, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, TIMING_KEYS,
-    WARMUP_JOBS, WHEN_FULL, WORKLOAD_KEYS,
+    HOSTS, JOBS, L2_PERSIST_MIB, LATE, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED,
+    NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS, QUEUE_LIMIT, RAMP_KEYS,
+    ROLES, ROOT_KEYS, SEED, SERVE_KEYS, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT,
+    TIMING_KEYS, WARMUP_JOBS, WHEN_FULL, WORKLOAD_KEYS,
 };
 use super::model::{is_onnx_path, ModelCatalog};
 use super::spans::{describe, FieldPath, Lines, Spans};
 use super::validate;
 use super::{
-    Backend, Batching, Criticality, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism,
-    PartitionSpec, Precision, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, ServeSpec,
-    TimingSpec, WorkloadSpec,
+    AdmissionMode, Backend, Batching, Criticality, DeviceSpec, Host, LatePolicy, MaxRate,
+    Mechanism, PartitionSpec, Precision, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario,
+    ServeSpec, TimingSpec, WorkloadSpec,
 };
 
 use FieldPath::{Cpu, Length, Top, Workload};
@@ -592,6 +592,14 @@ impl<'a> Walk<'a> {
             }),
             priorities: self.read(t, "priorities", d.priorities, |w, v, p| w.boolean(v, p)),
             guard: self.read(t, "guard", d.guard, |w, v, p| w.boolean(v, p)),
+            admission: self.read(t, "admission", d.admission, |w, v, p| {
+                w.choice(v, p, &AdmissionMode::ALL)
+            }),
+            l2_persist_mib: self.read(t, "l2_persist_mib", d.l2_persist_mib, |w, v, p| {
+                w.int(v, p, L2_PERSIST_MIB)
+            }),
+            slack_order: self.read(t, "slack_order", d.slack_order, |w, v, p| w.boolean(v, p)),
+            share: self.read(t, "share", d.share, |w, v, p| w.boolean(v, p)),
         }
     }
 

@@ -1259,7 +1259,7 @@ fn validation_time_grows_linearly_with_the_workloads() {
 #[test]
 fn criticality_and_protection_parse_with_defaults_and_round_trip() {
     let s = parse(&format!(
-        "[protection]\npiece_us = 500\nmargin_us = 0\nstretch = 1.5\npriorities = false\nguard = false\n{MIN}criticality = \"best_effort\"\n"
+        "[protection]\npiece_us = 500\nmargin_us = 0\nstretch = 1.5\npriorities = false\nguard = false\nadmission = \"refuse\"\nl2_persist_mib = 24\nslack_order = true\nshare = true\n{MIN}criticality = \"best_effort\"\n"
     ))
     .unwrap();
     assert_eq!(s.workloads[0].criticality, Criticality::BestEffort);
@@ -1272,6 +1272,10 @@ fn criticality_and_protection_parse_with_defaults_and_round_trip() {
             stretch: Some(1.5),
             priorities: false,
             guard: false,
+            admission: AdmissionMode::Refuse,
+            l2_persist_mib: 24,
+            slack_order: true,
+            share: true,
         }
     );
     let d = parse(MIN).unwrap();
@@ -1305,6 +1309,32 @@ fn bad_criticality_and_protection_values_name_the_field_and_the_choices() {
             "unknown key",
             "enabled, piece_us, margin_us",
         ],
+    );
+    // The levers of issue 34: each bad value names its field and what it allows.
+    assert_err(
+        &format!("[protection]\nadmission = \"block\"\n{MIN}"),
+        2,
+        &["protection.admission", "\"warn\" | \"refuse\" | \"off\""],
+    );
+    assert_err(
+        &format!("[protection]\nl2_persist_mib = 4096\n{MIN}"),
+        2,
+        &["protection.l2_persist_mib", "1024"],
+    );
+    assert_err(
+        &format!("[protection]\nl2_persist_mib = -1\n{MIN}"),
+        2,
+        &["protection.l2_persist_mib"],
+    );
+    assert_err(
+        &format!("[protection]\nslack_order = \"yes\"\n{MIN}"),
+        2,
+        &["protection.slack_order", "true or false"],
+    );
+    assert_err(
+        &format!("[protection]\nshare = 1\n{MIN}"),
+        2,
+        &["protection.share", "true or false"],
     );
 }
 

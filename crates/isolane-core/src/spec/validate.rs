@@ -18,9 +18,9 @@ use super::error::Problem;
 use super::format::{
     default_host, hz_expected, max_delay_expected, model_expectation, name_of, phase_expected,
     preferred_expected, rate_expected, seconds_expected, stretch_expected, IntRule, BATCH, JOBS,
-    MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US,
-    PRECISIONS, QUEUE_LIMIT, RAMP_EXPECTED, ROLES, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT,
-    WARMUP_JOBS,
+    L2_PERSIST_MIB, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED,
+    PARTITION_KEYS, PIECE_US, PRECISIONS, QUEUE_LIMIT, RAMP_EXPECTED, ROLES, SMS, SPIN_US,
+    START_DELAY_MS, STEPS, THREAD_PCT, WARMUP_JOBS,
 };
 use super::kernel::KernelModel;
 use super::limits::{
@@ -320,6 +320,11 @@ impl Checker<'_, '_> {
     fn protection(&mut self, p: &ProtectionSpec) {
         self.int(Top("protection", "piece_us"), p.piece_us, PIECE_US);
         self.int(Top("protection", "margin_us"), p.margin_us, MARGIN_US);
+        self.int(
+            Top("protection", "l2_persist_mib"),
+            p.l2_persist_mib,
+            L2_PERSIST_MIB,
+        );
         if let Some(s) = p.stretch {
             let expected = stretch_expected();
             self.positive(Top("protection", "stretch"), s, 1.0, MAX_STRETCH, &expected);
