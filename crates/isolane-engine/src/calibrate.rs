@@ -6,11 +6,16 @@
 //! Weights (constant operands) get one symmetric scale per output channel (Conv, Linear) or
 //! per tensor (a constant MatMul / Gemm operand), from their largest magnitude; activations one
 //! symmetric scale per tensor from the calibration set: the largest magnitude seen (`MinMax`)
-//! or a percentile of the magnitudes (`Percentile`), read off a histogram. The graph is first
-//! optimised for the batch (BatchNorm folded into its convolution), so the weights quantized
-//! are the ones that run.
+//! or a percentile of the magnitudes (`Percentile`), read off a histogram, or the clipping
+//! threshold that loses the least information (`Entropy`, TensorRT's KL-divergence method).
+//! The graph is first optimised for the batch (BatchNorm folded into its convolution), so the
+//! weights quantized are the ones that run.
+//!
+//! [`load_calibration_set`] reads a folder of `.npy` files or images into samples, and
+//! [`top1_agreement`] says how often the quantized model's top-1 class is the float model's.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{EngineError, Result};
@@ -26,6 +31,33 @@ pub enum CalibMethod {
     /// The given percentile (e.g. 99.99) of the magnitudes seen: outliers saturate and the
     /// rest get a finer grid.
     Percentile(f64),
+    /// The threshold whose clipped 128-level quantization of the magnitudes' histogram is
+    /// closest to it in KL divergence (TensorRT's entropy calibration; int8 only: float8's
+    /// grid is not uniform).
+    Entropy,
+}
+
+/// The method names a scenario's `calibration_method` and the command line take.
+pub const METHOD_NAMES: [&str; 3] = ["percentile", "entropy", "minmax"];
+
+impl CalibMethod {
+    /// The method called `name` ([`METHOD_NAMES`]); percentile is the 99.99th.
+    pub fn from_name(name: &str) -> Option<CalibMethod> {
+        match name {
+            "percentile" => Some(CalibMethod::Percentile(99.99)),
+            "entropy" => Some(CalibMethod::Entropy),
+            "minmax" => Some(CalibMethod::MinMax),
+            _ => None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            CalibMethod::MinMax => "minmax",
+            CalibMethod::Percentile(_) => "percentile",
+            CalibMethod::Entropy => "entropy",
+        }
+    }
 }
 
 /// What [`quantize_model`] makes.
@@ -80,6 +112,12 @@ pub fn quantize_model(
             return Err(bad(format!("percentile {p} is not in (0, 100]")));
         }
     }
+    if opts.method == CalibMethod::Entropy && opts.qtype != QuantType::Int8 {
+        return Err(bad(format!(
+            "entropy calibration models int8's uniform grid; for {} use \"percentile\" or \"minmax\"",
+            opts.qtype
+        )));
+    }
     let g = crate::passes::optimize(g, batch)?;
     let (acts, weights) = targets(&g);
     // Two passes over the calibration set: the largest magnitudes, then histograms over them.
@@ -92,7 +130,7 @@ pub fn quantize_model(
     let bins = opts.bins.max(16);
     let range: HashMap<ValueId, f32> = match opts.method {
         CalibMethod::MinMax => amax.clone(),
-        CalibMethod::Percentile(p) => {
+        CalibMethod::Percentile(_) | CalibMethod::Entropy => {
             let mut hist: HashMap<ValueId, Vec<u64>> =
                 acts.iter().map(|&v| (v, vec![0; bins])).collect();
             run_all(&g, batch, samples, &acts, |v, t| {
@@ -105,7 +143,13 @@ pub fn quantize_model(
                 }
             })?;
             acts.iter()
-                .map(|&v| (v, percentile(&hist[&v], amax[&v], p)))
+                .map(|&v| {
+                    let r = match opts.method {
+                        CalibMethod::Percentile(p) => percentile(&hist[&v], amax[&v], p),
+                        _ => entropy_threshold(&hist[&v], amax[&v], ENTROPY_LEVELS),
+                    };
+                    (v, r)
+                })
                 .collect()
         }
     };
@@ -318,6 +362,282 @@ fn percentile(hist: &[u64], top: f32, p: f64) -> f32 {
     top
 }
 
+/// Quantization levels on one side of int8's symmetric grid (0..=127).
+const ENTROPY_LEVELS: usize = 128;
+
+/// The magnitude threshold (a bin edge, at least `levels` bins up) that TensorRT's entropy
+/// calibration picks from a histogram of magnitudes over `[0, top]`: for each candidate edge
+/// `i`, P is the first `i` bins with everything above folded into bin `i − 1` (what clipping
+/// does), Q is those `i` bins merged into `levels` equal groups and spread back evenly over
+/// each group's non-empty bins (what quantizing them does); the edge of least KL(P‖Q) wins.
+fn entropy_threshold(hist: &[u64], top: f32, levels: usize) -> f32 {
+    let bins = hist.len();
+    let total: u64 = hist.iter().sum();
+    if total == 0 || top <= 0.0 || bins <= levels {
+        return top;
+    }
+    // above[i]: the count in bins i.. (clipped into bin i − 1 by a threshold at edge i).
+    let mut above = vec![0u64; bins + 1];
+    for i in (0..bins).rev() {
+        above[i] = above[i + 1] + hist[i];
+    }
+    let mut best = (f64::INFINITY, bins);
+    let mut q = vec![0f64; bins];
+    for (i, &clipped) in above.iter().enumerate().skip(levels) {
+        let p_total = total as f64;
+        let q_total = (total - clipped) as f64;
+        if q_total == 0.0 {
+            continue;
+        }
+        for l in 0..levels {
+            let (a, b) = (l * i / levels, (l + 1) * i / levels);
+            let group = &hist[a..b];
+            let nonzero = group.iter().filter(|&&c| c > 0).count();
+            let sum: u64 = group.iter().sum();
+            for (j, &c) in group.iter().enumerate() {
+                q[a + j] = if c > 0 {
+                    sum as f64 / nonzero as f64
+                } else {
+                    0.0
+                };
+            }
+        }
+        let mut kl = 0.0;
+        for j in 0..i {
+            let pc = hist[j] as f64 + if j == i - 1 { clipped as f64 } else { 0.0 };
+            if pc == 0.0 {
+                continue;
+            }
+            let p = pc / p_total;
+            // An empty Q bin where P has mass (the clipped outliers in an empty last bin):
+            // smoothed as TensorRT does, a small but finite loss rather than an infinite one.
+            let qv = (q[j] / q_total).max(1e-12);
+            kl += p * (p / qv).ln();
+        }
+        if kl < best.0 {
+            best = (kl, i);
+        }
+    }
+    top * best.1 as f32 / bins as f32
+}
+
+/// Calibration (or held-out) samples read from a folder, batched for the model.
+#[derive(Clone, Debug)]
+pub struct CalibrationSet {
+    /// Each a list of the graph's inputs at the batch; the last batch is filled by repeating
+    /// items from the start (they are not counted twice by [`top1_agreement`]).
+    pub samples: Vec<Vec<Tensor>>,
+    /// Distinct items read (images, or rows of the `.npy` files).
+    pub items: usize,
+    /// Files read, in name order.
+    pub files: Vec<PathBuf>,
+}
+
+/// Reads every `.npy`, `.png`, `.jpg` and `.jpeg` file of `dir` (in name order; other files
+/// and hidden ones are skipped) as items of the graph's single input at `batch`: a `.npy`
+/// holds one item (the input's shape without the batch, or with a leading 1) or several (a
+/// leading count); an image is decoded and prepared as torchvision's ImageNet transform does
+/// (resize the shorter side to `side · 256 / 224`, centre crop), for an input of shape
+/// `[3, side, side]`. At most `limit` items are kept.
+pub fn load_calibration_set(
+    dir: &Path,
+    g: &Graph,
+    batch: usize,
+    limit: usize,
+) -> Result<CalibrationSet> {
+    let bad = |m: String| EngineError::InvalidArgument(format!("calibration set: {m}"));
+    if g.inputs.len() != 1 {
+        return Err(bad(format!(
+            "the model has {} inputs; a calibration folder feeds models of one input",
+            g.inputs.len()
+        )));
+    }
+    let shapes = g.infer_shapes(batch)?;
+    let full = &shapes[g.inputs[0]];
+    if full.first() != Some(&batch) {
+        return Err(bad(format!(
+            "the model's input has shape {full:?}, without the batch ({batch}) first"
+        )));
+    }
+    let item: Vec<usize> = full[1..].to_vec();
+    let per: usize = item.iter().product();
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| bad(format!("cannot read folder {}: {e}", dir.display())))?;
+    let mut files: Vec<PathBuf> = Vec::new();
+    for e in entries {
+        let e = e.map_err(|e| bad(format!("cannot read folder {}: {e}", dir.display())))?;
+        let p = e.path();
+        let hidden = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with('.'));
+        if !hidden && p.is_file() && kind_of(&p).is_some() {
+            files.push(p);
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(bad(format!(
+            "no .npy, .png, .jpg or .jpeg file in {}",
+            dir.display()
+        )));
+    }
+    let mut data: Vec<f32> = Vec::new();
+    let mut used = Vec::new();
+    for f in &files {
+        if data.len() / per.max(1) >= limit {
+            break;
+        }
+        used.push(f.clone());
+        match kind_of(f) {
+            Some(FileKind::Npy) => {
+                let t = crate::io::read_npy(f).map_err(|e| bad(e.to_string()))?;
+                let rows = if t.shape == item {
+                    1
+                } else if t.shape.len() == item.len() + 1 && t.shape[1..] == item[..] {
+                    t.shape[0]
+                } else {
+                    return Err(bad(format!(
+                        "{} has shape {:?}; the model takes items of shape {item:?} (or \
+                         [count, ...] of them)",
+                        f.display(),
+                        t.shape
+                    )));
+                };
+                let take = rows.min(limit - data.len() / per.max(1));
+                data.extend_from_slice(&t.data[..take * per]);
+            }
+            Some(FileKind::Image) => {
+                let side = match item[..] {
+                    [3, h, w] if h == w && h > 0 => h,
+                    _ => {
+                        return Err(bad(format!(
+                            "{} is an image; the model's input items are {item:?}, not \
+                             [3, side, side] (use .npy files)",
+                            f.display()
+                        )))
+                    }
+                };
+                let img = crate::io::image::decode(f).map_err(|e| bad(e.to_string()))?;
+                data.extend(crate::io::image::preprocess(&img, side * 256 / 224, side));
+            }
+            None => {}
+        }
+    }
+    let items = data.len() / per.max(1);
+    if items == 0 {
+        return Err(bad(format!("no items in {}", dir.display())));
+    }
+    let n_batches = items.div_ceil(batch);
+    let mut samples = Vec::with_capacity(n_batches);
+    for b in 0..n_batches {
+        let mut x = Vec::with_capacity(batch * per);
+        for k in 0..batch {
+            let i = (b * batch + k) % items;
+            x.extend_from_slice(&data[i * per..(i + 1) * per]);
+        }
+        samples.push(vec![Tensor::new(full.clone(), x)?]);
+    }
+    Ok(CalibrationSet {
+        samples,
+        items,
+        files: used,
+    })
+}
+
+enum FileKind {
+    Npy,
+    Image,
+}
+
+fn kind_of(p: &Path) -> Option<FileKind> {
+    let ext = p.extension()?.to_str()?.to_ascii_lowercase();
+    match ext.as_str() {
+        "npy" => Some(FileKind::Npy),
+        "png" | "jpg" | "jpeg" => Some(FileKind::Image),
+        _ => None,
+    }
+}
+
+/// How the quantized model's answers compare with the float model's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Agreement {
+    /// Items compared.
+    pub items: usize,
+    /// Items whose top-1 class (the largest of the first output's row) is the float model's.
+    pub same_top1: usize,
+    /// ‖quantized − float‖ / ‖float‖ over the first output of every compared item.
+    pub rel_l2: f64,
+}
+
+impl Agreement {
+    pub fn top1(&self) -> f64 {
+        if self.items == 0 {
+            0.0
+        } else {
+            self.same_top1 as f64 / self.items as f64
+        }
+    }
+}
+
+/// Runs `float` and `quantized` on the CPU backend (fp32, `threads` threads) over the first
+/// `items` items of `samples` (batches of `batch`) and compares the first outputs' rows.
+pub fn top1_agreement(
+    float: &Graph,
+    quantized: &Graph,
+    batch: usize,
+    samples: &[Vec<Tensor>],
+    items: usize,
+    threads: usize,
+) -> Result<Agreement> {
+    use crate::backend::{Backend, Precision};
+    let cpu = crate::CpuBackend::new(threads.max(1));
+    let mut mf = cpu.compile(float, batch, Precision::Fp32)?;
+    let mut mq = cpu.compile(quantized, batch, Precision::Fp32)?;
+    let (mut same, mut seen, mut num, mut den) = (0, 0, 0f64, 0f64);
+    for s in samples {
+        for (i, t) in s.iter().enumerate() {
+            let (a, b) = (mf.input_mut_at(i), mq.input_mut_at(i));
+            if a.len() != t.data.len() || b.len() != t.data.len() {
+                return Err(EngineError::InvalidArgument(format!(
+                    "agreement: input {i} has {} values, the model takes {}",
+                    t.data.len(),
+                    a.len()
+                )));
+            }
+            a.copy_from_slice(&t.data);
+            b.copy_from_slice(&t.data);
+        }
+        mf.run()?;
+        mq.run()?;
+        let row = mf.output().len() / batch.max(1);
+        if row == 0 {
+            break;
+        }
+        for (a, b) in mq.output().chunks(row).zip(mf.output().chunks(row)) {
+            if seen == items {
+                break;
+            }
+            seen += 1;
+            same += (argmax(a) == argmax(b)) as usize;
+            for (x, y) in a.iter().zip(b) {
+                num += ((x - y) as f64).powi(2);
+                den += (*y as f64).powi(2);
+            }
+        }
+    }
+    Ok(Agreement {
+        items: seen,
+        same_top1: same,
+        rel_l2: if den > 0.0 { (num / den).sqrt() } else { 0.0 },
+    })
+}
+
+/// The index of the largest value (the first of equals); NaN never wins.
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,10 +694,6 @@ mod tests {
         g
     }
 
-    fn argmax(v: &[f32]) -> usize {
-        (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
-    }
-
     /// Top-1 agreement with the float model on held-out inputs, and the relative L2 distance.
     fn agreement(f: &Graph, q: &Graph, batch: usize, seeds: std::ops::Range<u64>) -> (f64, f64) {
         let cpu = CpuBackend::new(1);
@@ -412,6 +728,7 @@ mod tests {
         for (qtype, method) in [
             (QuantType::Int8, CalibMethod::Percentile(99.99)),
             (QuantType::Int8, CalibMethod::MinMax),
+            (QuantType::Int8, CalibMethod::Entropy),
             (QuantType::Float8E4M3Fn, CalibMethod::MinMax),
         ] {
             let opts = CalibOptions {
@@ -427,7 +744,14 @@ mod tests {
             // int8 with 127 steps a side moves each quantized tensor by well under 1 %;
             // float8 e4m3fn rounds to 3 mantissa bits (up to 6.25 % an element), three
             // times over here.
-            let limit = if qtype.is_float() { 0.15 } else { 0.05 };
+            // Entropy clips each activation where the KL loss is least, trading its tails
+            // for a finer grid: on this untrained network's spread-out activations the
+            // clipped tails move the output more than on a trained one.
+            let limit = match (qtype.is_float(), method) {
+                (true, _) => 0.15,
+                (false, CalibMethod::Entropy) => 0.12,
+                (false, _) => 0.05,
+            };
             assert!(
                 top1 >= 0.9 && err < limit,
                 "{qtype} {method:?}: {top1} {err}"
@@ -451,5 +775,118 @@ mod tests {
         let s = vec![vec![Tensor::zeros(vec![1, 3, 10, 10])]];
         assert!(quantize_model(&g, 1, &s, &bad).is_err());
         assert!(quantize_model(&g, 1, &[], &CalibOptions::default()).is_err());
+    }
+
+    #[test]
+    fn entropy_clips_a_few_far_outliers_and_keeps_a_flat_range() {
+        // A bulk in the first 10 % of the range and a handful of values at its top: clipping
+        // them costs little, and 128 levels over the bulk instead of over the whole range
+        // keep its shape, so the threshold falls far below the largest magnitude.
+        let mut h = vec![0u64; 2048];
+        for (i, c) in h.iter_mut().enumerate().take(200) {
+            *c = 1000 + (i as u64 * 7919) % 300;
+        }
+        h[2047] = 3;
+        let t = entropy_threshold(&h, 10.0, ENTROPY_LEVELS);
+        assert!(t < 2.0, "threshold {t}");
+        assert!(t >= 10.0 * 128.0 / 2048.0, "threshold {t}");
+        // Values spread evenly over the whole range: clipping any of them loses more than
+        // the grid's coarseness, so nothing is clipped.
+        let flat = vec![500u64; 2048];
+        let t = entropy_threshold(&flat, 10.0, ENTROPY_LEVELS);
+        assert!(t > 9.0, "threshold {t}");
+        assert_eq!(entropy_threshold(&[0; 2048], 3.0, ENTROPY_LEVELS), 3.0);
+    }
+
+    #[test]
+    fn entropy_is_refused_for_float8_and_method_names_round_trip() {
+        let g = tiny_cnn();
+        let s = vec![vec![Tensor::zeros(vec![1, 3, 10, 10])]];
+        let opts = CalibOptions {
+            qtype: QuantType::Float8E4M3Fn,
+            method: CalibMethod::Entropy,
+            ..Default::default()
+        };
+        let e = quantize_model(&g, 1, &s, &opts).unwrap_err().to_string();
+        assert!(e.contains("entropy") && e.contains("percentile"), "{e}");
+        for n in METHOD_NAMES {
+            assert_eq!(CalibMethod::from_name(n).unwrap().name(), n);
+        }
+        assert_eq!(CalibMethod::from_name("kl"), None);
+    }
+
+    #[test]
+    fn a_folder_of_npy_files_is_batched_and_the_agreement_is_measured() {
+        let g = tiny_cnn();
+        let dir = tempfile::tempdir().unwrap();
+        // One item, one file of three items (a leading count), one of shape [1, 3, 10, 10],
+        // and a file that is not read.
+        let w = |name: &str, shape: Vec<usize>, seed| {
+            let n = shape.iter().product();
+            crate::io::write_npy(dir.path().join(name), &shape, &rand(n, seed)).unwrap();
+        };
+        w("a.npy", vec![3, 10, 10], 7);
+        w("b.npy", vec![3, 3, 10, 10], 8);
+        w("c.npy", vec![1, 3, 10, 10], 9);
+        std::fs::write(dir.path().join("notes.txt"), "not a sample").unwrap();
+        let set = load_calibration_set(dir.path(), &g, 2, 100).unwrap();
+        assert_eq!((set.items, set.files.len(), set.samples.len()), (5, 3, 3));
+        // The fifth item's batch is filled with the first item again.
+        let last = &set.samples[2][0];
+        assert_eq!(last.shape, vec![2, 3, 10, 10]);
+        assert_eq!(last.data[300..], set.samples[0][0].data[..300]);
+        let few = load_calibration_set(dir.path(), &g, 2, 2).unwrap();
+        assert_eq!((few.items, few.samples.len()), (2, 1));
+
+        let q = quantize_model(&g, 2, &set.samples, &CalibOptions::default()).unwrap();
+        let a = top1_agreement(&g, &q.graph, 2, &set.samples, set.items, 1).unwrap();
+        assert_eq!(a.items, 5);
+        assert!(
+            a.top1() >= 0.8 && a.rel_l2 > 1e-4 && a.rel_l2 < 0.05,
+            "{a:?}"
+        );
+        // A model that answers differently is caught: the classifier's weights negated.
+        let mut wrong = g.clone();
+        for v in &mut wrong.values {
+            if v.name == "wl" {
+                if let ValueKind::Constant(t) = &mut v.kind {
+                    let neg: Vec<f32> = t.data.iter().map(|x| -x).collect();
+                    *t = Arc::new(Tensor::new(t.shape.clone(), neg).unwrap());
+                }
+            }
+        }
+        let a = top1_agreement(&g, &wrong, 2, &set.samples, set.items, 1).unwrap();
+        assert!(a.top1() < 0.5 && a.rel_l2 > 1.0, "{a:?}");
+    }
+
+    #[test]
+    fn bad_calibration_folders_are_refused_by_name() {
+        let g = tiny_cnn();
+        let dir = tempfile::tempdir().unwrap();
+        let e = load_calibration_set(dir.path(), &g, 1, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no .npy, .png, .jpg or .jpeg file"), "{e}");
+        crate::io::write_npy(dir.path().join("x.npy"), &[3, 9, 10], &[0.0; 270]).unwrap();
+        let e = load_calibration_set(dir.path(), &g, 1, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("x.npy") && e.contains("[3, 9, 10]"), "{e}");
+        std::fs::write(dir.path().join("x.npy"), b"garbage").unwrap();
+        let e = load_calibration_set(dir.path(), &g, 1, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("x.npy"), "{e}");
+        std::fs::remove_file(dir.path().join("x.npy")).unwrap();
+        std::fs::write(dir.path().join("y.png"), b"not a png").unwrap();
+        let e = load_calibration_set(dir.path(), &g, 1, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("y.png") && e.contains("decode"), "{e}");
+        let missing = dir.path().join("none");
+        let e = load_calibration_set(&missing, &g, 1, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot read folder"), "{e}");
     }
 }
