@@ -54,7 +54,10 @@ struct Slot {
     acct_overlap: AtomicI64,
     /// This workload's own stretch beside best effort, in thousandths (0: the run's policy).
     stretch_milli: AtomicI64,
-    _pad: AtomicI64,
+    /// Written by the critical workload itself: how long it held its published job between its
+    /// pieces so far, yielding to another critical job (`[protection] slack_order`). It delays
+    /// the job's end as best effort's overlap does, so it counts against the job's slack.
+    held: AtomicI64,
 }
 
 /// The file's first words: magic, slot count, the best-effort lock.
@@ -79,6 +82,8 @@ pub struct SlotView {
     pub acct_overlap: i64,
     /// The workload's own stretch in thousandths; 0: the run's policy decides.
     pub stretch_milli: i64,
+    /// Held between its own pieces so far, yielding to another critical job.
+    pub held: i64,
 }
 
 impl SlotView {
@@ -94,6 +99,7 @@ impl SlotView {
             acct_seq: -1,
             acct_overlap: 0,
             stretch_milli: 0,
+            held: 0,
         }
     }
 
@@ -105,12 +111,16 @@ impl SlotView {
         }
     }
 
-    /// Delay per ns of overlap for this job: its workload's own stretch, else the run's.
-    fn delay_per_overlap(&self, policy: &Policy) -> f64 {
+    /// Delay per ns of overlap for this job: its workload's own stretch, else (with
+    /// `[protection] share`) the stretch the piece's memory intensity is predicted to cause it,
+    /// else the run's.
+    fn delay_per_overlap(&self, policy: &Policy, piece: Option<&Intensity>) -> f64 {
         if self.stretch_milli >= 1000 {
-            1.0 - 1000.0 / self.stretch_milli as f64
-        } else {
-            policy.delay_per_overlap
+            return 1.0 - 1000.0 / self.stretch_milli as f64;
+        }
+        match (policy.share, piece) {
+            (Some(model), Some(i)) => 1.0 - 1.0 / model.stretch(i, self.service),
+            _ => policy.delay_per_overlap,
         }
     }
 
@@ -138,13 +148,27 @@ impl SlotView {
         }
     }
 
-    /// The delay best effort has reserved against the published job.
+    /// The delay best effort has reserved against the published job, and the time it held
+    /// itself yielding to other critical jobs.
     fn reserved(&self) -> i64 {
+        self.overlap_reserved().saturating_add(self.held)
+    }
+
+    /// Best effort's reservation alone (the delay its pieces may still add).
+    fn overlap_reserved(&self) -> i64 {
         if self.acct_seq == self.seq {
             self.acct_overlap
         } else {
             0
         }
+    }
+
+    /// When the published job is expected to end: from its start (or release, not before
+    /// `now`), its service estimate and the delays reserved against it.
+    fn expected_end(&self, now: i64) -> i64 {
+        self.begins(now)
+            .saturating_add(self.service)
+            .saturating_add(self.reserved())
     }
 }
 
@@ -156,6 +180,14 @@ pub struct Policy {
     /// Delay a critical job may suffer per ns of overlap with best effort: 1 (a full stall, the
     /// default) or `1 − 1/stretch` for a stated worst stretch (`[protection] stretch`).
     pub delay_per_overlap: f64,
+    /// Critical jobs with slack yield, piece by piece, to critical jobs without
+    /// (`[protection] slack_order`; [`yields`]).
+    #[serde(default)]
+    pub slack_order: bool,
+    /// Best-effort pieces are charged the stretch their memory intensity is predicted to cause
+    /// (`[protection] share`), by this device's fitted model; `None`: the stall or stated model.
+    #[serde(default)]
+    pub share: Option<ShareModel>,
 }
 
 impl Policy {
@@ -163,13 +195,128 @@ impl Policy {
         Policy {
             margin_ns,
             delay_per_overlap: stretch.map_or(1.0, |s| (1.0 - 1.0 / s).clamp(0.0, 1.0)),
+            slack_order: false,
+            share: None,
         }
+    }
+
+    /// The policy a scenario's `[protection]` table asks for; `share` is the device's model,
+    /// used only when the table turns `share` on (none is fitted for the device, or the
+    /// mechanism is not one that splits the SMs only: the stall or stated model stays).
+    pub fn of(p: &isolane_core::spec::ProtectionSpec, share: Option<ShareModel>) -> Policy {
+        Policy {
+            slack_order: p.slack_order,
+            share: if p.share { share } else { None },
+            ..Policy::new(p.margin_us as i64 * 1000, p.stretch)
+        }
+    }
+}
+
+/// The interference model a sharing guard charges best-effort pieces by
+/// (`isolane_core::predict`): a victim's stretch is `1 + dram × DRAM + l2 × L2`, the piece's
+/// share of the device's DRAM bandwidth and of its L2.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ShareModel {
+    /// Stretch per unit of DRAM share.
+    pub dram: f64,
+    /// Stretch per unit of L2 share.
+    pub l2: f64,
+    /// The device's peak DRAM bandwidth (bytes/s) and L2 (bytes), the shares' scales.
+    pub dram_bytes_per_s: f64,
+    pub l2_bytes: u64,
+}
+
+impl ShareModel {
+    /// The fitted model of a device model under a mechanism (`None` where nothing is fitted).
+    pub fn fitted(device_model: &str, mechanism: isolane_core::spec::Mechanism) -> Option<Self> {
+        let f = isolane_core::predict::fitted(device_model, mechanism)?;
+        let sys = isolane_core::predict::memory_system(device_model)?;
+        Some(ShareModel {
+            dram: f.coefficients.dram,
+            l2: f.coefficients.l2,
+            dram_bytes_per_s: sys.dram_bytes_per_s,
+            l2_bytes: sys.l2_bytes,
+        })
+    }
+
+    fn memory_system(&self) -> isolane_core::predict::MemorySystem {
+        isolane_core::predict::MemorySystem {
+            dram_bytes_per_s: self.dram_bytes_per_s,
+            l2_bytes: self.l2_bytes,
+        }
+    }
+
+    /// The stretch a piece of intensity `i` is predicted to cause a critical job of
+    /// `victim_service_ns` (a streaming piece pushes more of the L2 through the longer the
+    /// victim runs). Never below 1, and 1 for figures that are not numbers.
+    pub fn stretch(&self, i: &Intensity, victim_service_ns: i64) -> f64 {
+        let l2 = (i.l2_resident + i.l2_per_ns * victim_service_ns.max(0) as f64).clamp(0.0, 1.0);
+        let s = 1.0 + self.dram * i.dram + self.l2 * l2;
+        if s.is_finite() {
+            s.max(1.0)
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
+/// What a best-effort piece asks of the memory system while it runs, as shares of the
+/// device's (from `isolane_core::predict::MemoryProfile` and its measured length).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Intensity {
+    /// Its DRAM bandwidth as a share of the device's peak.
+    pub dram: f64,
+    /// The share of the L2 it keeps (its weights and activations stay there).
+    pub l2_resident: f64,
+    /// The share of the L2 it pushes through per ns (a streaming piece).
+    pub l2_per_ns: f64,
+}
+
+impl Intensity {
+    /// A job's figures spread evenly over its `job_ns`: each of its pieces takes the job's
+    /// bandwidth. `None` for a job without a length.
+    pub fn of_job(
+        p: &isolane_core::predict::MemoryProfile,
+        job_ns: i64,
+        sys: &isolane_core::predict::MemorySystem,
+    ) -> Option<Intensity> {
+        if job_ns <= 0 || sys.dram_bytes_per_s <= 0.0 || sys.l2_bytes == 0 {
+            return None;
+        }
+        let bytes_per_ns = p.dram_bytes_per_job / job_ns as f64;
+        let l2 = sys.l2_bytes as f64;
+        Some(Intensity {
+            dram: (bytes_per_ns * 1e9 / sys.dram_bytes_per_s).max(0.0),
+            l2_resident: if p.resident {
+                (p.l2_footprint_bytes / l2).clamp(0.0, 1.0)
+            } else {
+                0.0
+            },
+            l2_per_ns: if p.resident {
+                0.0
+            } else {
+                (bytes_per_ns / l2).max(0.0)
+            },
+        })
     }
 }
 
 /// The delay (ns) a piece of `piece_ns` started at `now` could add to the critical job `v`
 /// describes, if its slack allows it (the delay to reserve), or `None`: hold the piece.
 pub fn admits(v: &SlotView, now: i64, piece_ns: i64, policy: &Policy) -> Option<i64> {
+    admits_piece(v, now, piece_ns, policy, None)
+}
+
+/// [`admits`] for a piece of a known memory intensity: with `[protection] share`, the piece
+/// is charged the delay its intensity is predicted to cause (a compute-heavy piece little of
+/// its overlap, a memory-heavy one more), not a full stall.
+pub fn admits_piece(
+    v: &SlotView,
+    now: i64,
+    piece_ns: i64,
+    policy: &Policy,
+    piece: Option<&Intensity>,
+) -> Option<i64> {
     match v.state {
         FINISHED => return Some(0),
         // Between two of its jobs (or before its first): its next release is not known yet,
@@ -189,7 +336,7 @@ pub fn admits(v: &SlotView, now: i64, piece_ns: i64, policy: &Policy) -> Option<
                 .deadline
                 .saturating_sub(policy.margin_ns)
                 .saturating_sub(v.service);
-            let delay = (piece_ns as f64 * v.delay_per_overlap(policy)).round() as i64;
+            let delay = (piece_ns as f64 * v.delay_per_overlap(policy, piece)).round() as i64;
             return (delay <= slack).then_some(0);
         }
         _ => {}
@@ -199,7 +346,7 @@ pub fn admits(v: &SlotView, now: i64, piece_ns: i64, policy: &Policy) -> Option<
     if overlap <= 0 {
         return Some(0);
     }
-    let delay = (overlap as f64 * v.delay_per_overlap(policy)).round() as i64;
+    let delay = (overlap as f64 * v.delay_per_overlap(policy, piece)).round() as i64;
     let slack = v
         .deadline
         .saturating_sub(policy.margin_ns)
@@ -217,10 +364,59 @@ pub fn retry_at(v: &SlotView, now: i64) -> i64 {
     if v.state != PUBLISHED {
         return soon;
     }
-    v.begins(now)
-        .saturating_add(v.service)
-        .saturating_add(v.reserved())
-        .clamp(soon, now + MAX_HOLD_SLEEP_NS)
+    v.expected_end(now).clamp(soon, now + MAX_HOLD_SLEEP_NS)
+}
+
+/// Whether critical job `me` (its next piece of `piece_ns` started `now`, `remaining_ns` of its
+/// service still to run) yields to critical job `other`, and until when (`[protection]
+/// slack_order`). It yields only when all of these hold:
+///
+/// - its piece would run while `other` does;
+/// - `other` has no slack for it: the delay the piece may cause (the run's delay model) is more
+///   than what is left before `other`'s deadline less the margin;
+/// - `me` has more slack than `other`, and still ends in time (margin kept) if it waits until
+///   `other`'s expected end.
+///
+/// So a job never yields itself late, and of two jobs only the one with more slack yields:
+/// they never wait for each other.
+pub fn yields(
+    me: &SlotView,
+    remaining_ns: i64,
+    other: &SlotView,
+    now: i64,
+    piece_ns: i64,
+    policy: &Policy,
+) -> Option<i64> {
+    if other.state != PUBLISHED || me.deadline == i64::MAX || other.deadline == i64::MAX {
+        return None;
+    }
+    let other_begins = other.begins(now);
+    let overlap = now
+        .saturating_add(piece_ns)
+        .saturating_sub(other_begins.max(now));
+    if overlap <= 0 {
+        return None;
+    }
+    let other_end = other.expected_end(now);
+    let other_slack = other
+        .deadline
+        .saturating_sub(policy.margin_ns)
+        .saturating_sub(other_end);
+    let delay = (overlap as f64 * policy.delay_per_overlap).round() as i64;
+    if delay <= other_slack {
+        return None;
+    }
+    // `me` is running (its start is published) or about to: what is left of it runs from now.
+    // Its own holds are past (in `now`); best effort's reservation may still delay it.
+    let my_end = now
+        .saturating_add(remaining_ns)
+        .saturating_add(me.overlap_reserved());
+    let my_slack = me
+        .deadline
+        .saturating_sub(policy.margin_ns)
+        .saturating_sub(my_end);
+    let wait = other_end.saturating_sub(now).max(0);
+    (my_slack > other_slack && my_slack >= wait).then_some(other_end)
 }
 
 /// Longest sleep of a held piece before it asks again, whatever the estimates say (they may be
@@ -333,6 +529,7 @@ impl Guard {
             acct_seq: s.acct_seq.load(Ordering::Relaxed),
             acct_overlap: s.acct_overlap.load(Ordering::Relaxed),
             stretch_milli: s.stretch_milli.load(Ordering::Relaxed),
+            held: s.held.load(Ordering::Relaxed),
         }
     }
 
@@ -358,6 +555,11 @@ impl Guard {
     /// Tries to start a best-effort piece of `piece_ns` now: reserves the delay it may add to every
     /// critical job it would overlap and returns true, or returns false and reserves nothing.
     pub fn try_piece(&self, piece_ns: i64) -> Result<(), i64> {
+        self.try_piece_with(piece_ns, None)
+    }
+
+    /// [`Guard::try_piece`] for a piece of a known memory intensity ([`admits_piece`]).
+    pub fn try_piece_with(&self, piece_ns: i64, piece: Option<&Intensity>) -> Result<(), i64> {
         let _l = self.lock();
         let now = clock::now_ns();
         // Two passes over the slots with the same `now` (no allocation): check all, then
@@ -365,7 +567,7 @@ impl Guard {
         // pass reserves what it sees then, which is what the next decision will count.
         let retry = (0..self.slots)
             .map(|i| self.view(i))
-            .filter(|v| admits(v, now, piece_ns, &self.policy).is_none())
+            .filter(|v| admits_piece(v, now, piece_ns, &self.policy, piece).is_none())
             .map(|v| retry_at(&v, now))
             .min();
         if let Some(at) = retry {
@@ -373,7 +575,7 @@ impl Guard {
         }
         for i in 0..self.slots {
             let v = self.view(i);
-            let Some(o) = admits(&v, now, piece_ns, &self.policy) else {
+            let Some(o) = admits_piece(&v, now, piece_ns, &self.policy, piece) else {
                 continue;
             };
             if o == 0 {
@@ -387,6 +589,36 @@ impl Guard {
             s.acct_overlap.fetch_add(o, Ordering::Relaxed);
         }
         Ok(())
+    }
+}
+
+impl Guard {
+    /// Whether critical slot `me`'s next piece of `piece_ns` may start now, `remaining_ns` of its
+    /// job still to run: `Err(retry_at)` while it yields to another critical job ([`yields`]).
+    /// Lock-free: critical workloads only read the others' slots.
+    pub fn critical_may_run(&self, me: usize, remaining_ns: i64, piece_ns: i64) -> Result<(), i64> {
+        if !self.policy.slack_order || me >= self.slots {
+            return Ok(());
+        }
+        let now = clock::now_ns();
+        let mine = self.view(me);
+        let until = (0..self.slots)
+            .filter(|&i| i != me)
+            .filter_map(|i| {
+                yields(
+                    &mine,
+                    remaining_ns,
+                    &self.view(i),
+                    now,
+                    piece_ns,
+                    &self.policy,
+                )
+            })
+            .min();
+        match until {
+            Some(at) => Err(at.clamp(now + POLL_NS as i64, now + MAX_HOLD_SLEEP_NS)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -429,6 +661,7 @@ impl CriticalPublisher {
     pub fn pending(&self, seq: u64, release: i64, deadline: Option<i64>) {
         let s = self.s();
         s.start.store(0, Ordering::Release);
+        s.held.store(0, Ordering::Release);
         s.seq.store(seq as i64, Ordering::Release);
         s.release.store(release, Ordering::Release);
         s.deadline
@@ -453,7 +686,7 @@ impl CriticalPublisher {
         } else {
             0
         };
-        let sample = (service_ns - overlap).max(0);
+        let sample = (service_ns - overlap - s.held.load(Ordering::Relaxed)).max(0);
         let est = s.service.load(Ordering::Relaxed);
         let next = if sample >= est {
             sample
@@ -461,6 +694,39 @@ impl CriticalPublisher {
             est - (est - sample) / 128
         };
         s.service.store(next, Ordering::Relaxed);
+    }
+
+    /// Blocks while the current job's next piece (of `piece_ns`, `remaining_ns` of the job left)
+    /// yields to another critical job, or until `stop`; `started`: the job has begun, so the
+    /// hold delays its published end (before its start, its begin moves with the clock).
+    /// Returns the time held.
+    pub fn yield_before_piece(
+        &self,
+        remaining_ns: i64,
+        piece_ns: i64,
+        started: bool,
+        stop: &AtomicBool,
+    ) -> i64 {
+        let t = clock::now_ns();
+        let mut last = t;
+        while self
+            .guard
+            .critical_may_run(self.slot, remaining_ns, piece_ns)
+            .is_err()
+        {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            // Polled, not slept: a critical job that yields resumes within microseconds of the
+            // other's end (a sleeping thread wakes tens of microseconds late).
+            poll_pause();
+            let now = clock::now_ns();
+            if started {
+                self.s().held.fetch_add(now - last, Ordering::Relaxed);
+            }
+            last = now;
+        }
+        last - t
     }
 
     /// Replaces the service estimate (an app's, once its first frames have measured it).
@@ -504,6 +770,8 @@ pub struct BestEffortHold {
     /// Held so far in the current job.
     held_ns: i64,
     wait: HoldWait,
+    /// Each piece's memory intensity (the job's, spread evenly), for a sharing guard.
+    intensity: Option<Intensity>,
 }
 
 /// The shortest sleep of a held piece between two looks at the guard. Sleeping (not spinning)
@@ -520,6 +788,7 @@ impl BestEffortHold {
             current: None,
             held_ns: 0,
             wait,
+            intensity: None,
         }
     }
 
@@ -541,7 +810,7 @@ impl BestEffortHold {
         let seed = self.seed_ns.get(i).copied().unwrap_or(1);
         let t = clock::now_ns();
         let mut now = t;
-        while let Err(at) = self.guard.try_piece(est) {
+        while let Err(at) = self.guard.try_piece_with(est, self.intensity.as_ref()) {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
@@ -674,6 +943,21 @@ impl GuardRole {
         exec: &mut dyn Executor,
         warmup_ns: &[i64],
     ) -> std::io::Result<GuardRole> {
+        GuardRole::attach_with(setup, guard, exec, warmup_ns, None)
+    }
+
+    /// [`GuardRole::attach`] knowing a best-effort workload's memory-system demand per job
+    /// (`isolane_core::predict::MemoryProfile`, e.g. the engine's `memory_profile`): with
+    /// `[protection] share` its pieces are charged by their predicted intensity. A critical
+    /// workload under `[protection] slack_order` is split into pieces too, between which it
+    /// may yield to a critical job without slack.
+    pub fn attach_with(
+        setup: Option<&GuardSetup>,
+        guard: Option<&Arc<Guard>>,
+        exec: &mut dyn Executor,
+        warmup_ns: &[i64],
+        traffic: Option<&isolane_core::predict::MemoryProfile>,
+    ) -> std::io::Result<GuardRole> {
         let Some(setup) = setup else {
             return Ok(GuardRole::Off);
         };
@@ -682,14 +966,23 @@ impl GuardRole {
             None => Arc::new(Guard::open(&setup.path, setup.policy)?),
         };
         let job_ns = high_estimate(warmup_ns);
+        let policy = guard.policy();
         Ok(match setup.critical_slot {
             Some(slot) => {
+                if policy.slack_order {
+                    exec.split(setup.piece_ns);
+                }
                 GuardRole::Critical(CriticalPublisher::new(guard, slot, job_ns, setup.stretch))
             }
             None => {
                 exec.split(setup.piece_ns);
+                let intensity = match (policy.share, traffic) {
+                    (Some(m), Some(t)) => Intensity::of_job(t, job_ns, &m.memory_system()),
+                    _ => None,
+                };
                 let mut hold = BestEffortHold::new(guard, setup.wait);
                 hold.seed_estimate(exec.pieces(), job_ns);
+                hold.intensity = intensity;
                 GuardRole::BestEffort(hold)
             }
         })
@@ -709,6 +1002,25 @@ impl GuardRole {
                 let start = clock::now_ns();
                 exec.run_job()?;
                 Ok((start, clock::now_ns(), 0))
+            }
+            GuardRole::Critical(p) if exec.pieces() > 1 && p.guard.policy().slack_order => {
+                // Piece by piece, yielding to critical jobs without slack: each piece's share of
+                // the service estimate says what is left of the job.
+                let n = exec.pieces() as i64;
+                let est = p.s().service.load(Ordering::Relaxed);
+                let piece = est / n;
+                let held_before = p.yield_before_piece(est, piece, false, stop);
+                let start = clock::now_ns();
+                p.started(start);
+                exec.run_piece(0)?;
+                let mut held = 0;
+                for i in 1..exec.pieces() {
+                    held += p.yield_before_piece(est * (n - i as i64) / n, piece, true, stop);
+                    exec.run_piece(i)?;
+                }
+                let end = clock::now_ns();
+                p.ended(index, end - start);
+                Ok((start, end, held_before + held))
             }
             GuardRole::Critical(p) => {
                 let start = clock::now_ns();
@@ -989,6 +1301,273 @@ mod tests {
             }
             assert!((99_000..=101_000).contains(&e), "from {start}: {e}");
         }
+    }
+
+    fn running(seq: i64, start: i64, deadline: i64, service: i64) -> SlotView {
+        SlotView {
+            start,
+            ..SlotView::pending(seq, start, deadline, service)
+        }
+    }
+
+    #[test]
+    fn a_critical_job_with_slack_yields_to_one_without_until_its_expected_end() {
+        let p = Policy {
+            slack_order: true,
+            ..stall(0)
+        };
+        // B runs since 10 ms, 2 ms of service, due at 12.1: 0.1 ms of slack. A (due at 20,
+        // 3 ms left) would overlap it with a 0.5 ms piece: it yields until B's end, 12 ms.
+        let b = running(1, 10 * MS, 12 * MS + MS / 10, 2 * MS);
+        let a = running(1, 10 * MS, 20 * MS, 4 * MS);
+        assert_eq!(yields(&a, 3 * MS, &b, 11 * MS, MS / 2, &p), Some(12 * MS));
+        // B with slack for the piece's whole overlap: A runs.
+        let roomy = running(1, 10 * MS, 13 * MS, 2 * MS);
+        assert_eq!(yields(&a, 3 * MS, &roomy, 11 * MS, MS / 2, &p), None);
+        // A that could not wait until B's end and still make its own deadline runs: never
+        // yield oneself late. Due at 14.9 with 3 ms left: waiting 1 ms leaves -0.1 ms.
+        let a_tight = running(1, 10 * MS, 14 * MS + 9 * MS / 10, 4 * MS);
+        assert_eq!(yields(&a_tight, 3 * MS, &b, 11 * MS, MS / 2, &p), None);
+        // The margin comes off A's slack as well: 1 ms of margin leaves A 5 ms.
+        let margin = Policy {
+            margin_ns: 5 * MS + MS / 2,
+            ..p
+        };
+        assert_eq!(yields(&a, 3 * MS, &b, 11 * MS, MS / 2, &margin), None);
+        // A piece that ends before B's release overlaps nothing.
+        let b_later = SlotView::pending(2, 13 * MS, 15 * MS, 2 * MS);
+        assert_eq!(yields(&a, 3 * MS, &b_later, 11 * MS, MS / 2, &p), None);
+        // B between jobs, finished, or without a deadline: nothing to yield to.
+        assert_eq!(
+            yields(&a, 3 * MS, &SlotView::unknown(), 11 * MS, MS, &p),
+            None
+        );
+        assert_eq!(
+            yields(&a, 3 * MS, &SlotView::finished(), 11 * MS, MS, &p),
+            None
+        );
+        let free = SlotView {
+            deadline: i64::MAX,
+            ..b
+        };
+        assert_eq!(yields(&a, 3 * MS, &free, 11 * MS, MS, &p), None);
+    }
+
+    #[test]
+    fn of_two_critical_jobs_only_the_one_with_more_slack_yields() {
+        let p = Policy {
+            slack_order: true,
+            ..stall(0)
+        };
+        // Both running since 10 ms with 2 ms of service; X due at 12.2 (0.2 ms of slack), Y
+        // at 12.3 (0.3 ms). A 1 ms piece of either would eat more than the other's slack.
+        let x = running(1, 10 * MS, 12 * MS + MS / 5, 2 * MS);
+        let y = running(1, 10 * MS, 12 * MS + 3 * MS / 10, 2 * MS);
+        let now = 11 * MS;
+        // Each has 1 ms left. Y has more slack but waiting for X's end (12) would end it at 13,
+        // past 12.3: it cannot afford the wait, and X has less slack: neither yields.
+        assert_eq!(yields(&y, MS, &x, now, MS, &p), None);
+        assert_eq!(yields(&x, MS, &y, now, MS, &p), None);
+        // With Y due at 14, Y yields to X, and X never to Y.
+        let y = running(1, 10 * MS, 14 * MS, 2 * MS);
+        assert_eq!(yields(&y, MS, &x, now, MS, &p), Some(12 * MS));
+        assert_eq!(yields(&x, MS, &y, now, MS, &p), None);
+        // Time Y already held itself counts against its own slack as its published end moves
+        // (X sees it), but not twice against its own remaining time.
+        let y_held = SlotView { held: MS / 2, ..y };
+        assert_eq!(y_held.expected_end(now), 12 * MS + MS / 2);
+        assert_eq!(yields(&y_held, MS, &x, now, MS, &p), Some(12 * MS));
+    }
+
+    #[test]
+    fn slack_order_is_off_unless_asked_and_reads_the_published_slots() {
+        let now = clock::now_ns();
+        for (order, held) in [(false, false), (true, true)] {
+            let policy = Policy {
+                slack_order: order,
+                ..stall(0)
+            };
+            let g = Arc::new(Guard::create(2, policy).unwrap());
+            let roomy = CriticalPublisher::new(Arc::clone(&g), 0, 2 * MS, None);
+            let tight = CriticalPublisher::new(Arc::clone(&g), 1, 2 * MS, None);
+            roomy.pending(0, now, Some(now + 50 * MS));
+            roomy.started(now);
+            tight.pending(0, now, Some(now + 2 * MS + MS / 10));
+            tight.started(now);
+            assert_eq!(
+                g.critical_may_run(0, MS, MS).is_err(),
+                held,
+                "order {order}"
+            );
+            // The tight job never yields to the roomy one.
+            assert!(g.critical_may_run(1, MS, MS).is_ok());
+            // Its end frees the roomy one.
+            tight.ended(0, 2 * MS);
+            assert!(g.critical_may_run(0, MS, MS).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_critical_job_under_slack_order_runs_in_pieces_and_waits_for_a_tight_one() {
+        let policy = Policy {
+            slack_order: true,
+            ..stall(0)
+        };
+        let g = Arc::new(Guard::create(2, policy).unwrap());
+        let setup = GuardSetup {
+            path: g.path().unwrap(),
+            policy,
+            piece_ns: MS,
+            critical_slot: Some(0),
+            wait: HoldWait::Poll,
+            stretch: None,
+        };
+        let mut exec = crate::exec::SpinExecutor::new(4 * MS, 0, 1);
+        let mut role = GuardRole::attach(Some(&setup), Some(&g), &mut exec, &[4 * MS; 4]).unwrap();
+        assert_eq!(exec.pieces(), 4, "split into pieces of 1 ms");
+        // Slot 1: a job running now with 0.1 ms of slack, which ends 20 ms from now.
+        let tight = CriticalPublisher::new(Arc::clone(&g), 1, 2 * MS, None);
+        let now = clock::now_ns();
+        tight.pending(0, now, Some(now + 2 * MS + MS / 10));
+        tight.started(now);
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let ended = clock::now_ns();
+            tight.ended(0, 2 * MS);
+            ended
+        });
+        let release = clock::now_ns();
+        role.next_release(0, release, Some(release + 1_000 * MS));
+        let stop = AtomicBool::new(false);
+        let (start, end, held) = role.run_job(&mut exec, 0, &stop).unwrap();
+        let ended = ender.join().unwrap();
+        // It waited for the tight job's end before its first piece, held (and said so).
+        assert!(
+            start >= ended,
+            "started {} ms before the end",
+            (ended - start) / MS
+        );
+        assert!(held >= 10 * MS, "held {held} ns");
+        assert!(end - start >= 4 * MS);
+        // Without slack order the same job runs whole at once.
+        let off = Arc::new(Guard::create(2, stall(0)).unwrap());
+        let mut whole = crate::exec::SpinExecutor::new(4 * MS, 0, 1);
+        let setup = GuardSetup {
+            policy: stall(0),
+            ..setup
+        };
+        GuardRole::attach(Some(&setup), Some(&off), &mut whole, &[4 * MS; 4]).unwrap();
+        assert_eq!(whole.pieces(), 1);
+    }
+
+    #[test]
+    fn a_sharing_guard_charges_a_piece_the_stretch_its_intensity_predicts() {
+        // The H200's fit: a piece taking 10 % of the DRAM bandwidth and no L2 stretches a
+        // victim 1 + 1.2359 × 0.1 = 1.124: it is charged 0.11 of its overlap.
+        let model = ShareModel::fitted("h200", isolane_core::spec::Mechanism::Green).unwrap();
+        let light = Intensity {
+            dram: 0.1,
+            l2_resident: 0.0,
+            l2_per_ns: 0.0,
+        };
+        let s = model.stretch(&light, 3 * MS);
+        assert!((s - 1.12359).abs() < 1e-4, "{s}");
+        let share = Policy {
+            share: Some(model),
+            ..stall(0)
+        };
+        // Running since 10 ms, 3 ms service, due at 14: 1 ms of slack. A 5 ms piece is held
+        // under the stall model, admitted as a light piece (charged ~0.55 ms).
+        let v = running(0, 10 * MS, 14 * MS, 3 * MS);
+        assert_eq!(
+            admits_piece(&v, 10 * MS, 5 * MS, &stall(0), Some(&light)),
+            None
+        );
+        let charged = admits_piece(&v, 10 * MS, 5 * MS, &share, Some(&light)).unwrap();
+        assert!((540_000..560_000).contains(&charged), "{charged}");
+        // A memory-heavy piece (80 % of the bandwidth, streaming the L2): stretch ~2.2, charged
+        // over half its overlap: held.
+        let heavy = Intensity {
+            dram: 0.8,
+            l2_resident: 0.0,
+            l2_per_ns: 1.0 / (3 * MS) as f64,
+        };
+        assert!(model.stretch(&heavy, 3 * MS) > 2.0);
+        assert_eq!(
+            admits_piece(&v, 10 * MS, 5 * MS, &share, Some(&heavy)),
+            None
+        );
+        // ... but paced, not stalled: a 1.5 ms piece fits the 1 ms of slack.
+        assert!(admits_piece(&v, 10 * MS, 3 * MS / 2, &share, Some(&heavy)).is_some());
+        assert_eq!(
+            admits_piece(&v, 10 * MS, 3 * MS / 2, &stall(0), Some(&heavy)),
+            None
+        );
+        // A piece of unknown intensity keeps the stall model; a victim's own stretch wins.
+        assert_eq!(admits_piece(&v, 10 * MS, 5 * MS, &share, None), None);
+        assert_eq!(
+            admits_piece(&v.with_stretch(5.0), 10 * MS, 5 * MS, &share, Some(&light)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_jobs_intensity_comes_from_its_profile_and_length() {
+        use isolane_core::predict::{memory_system, MemoryProfile, ProfileSource};
+        let sys = memory_system("h200").unwrap();
+        // vit_l_32 at fp16 (613 MB per job, streaming) in 1.076 ms: 613e6 / 1.076e-3 s is
+        // 570 GB/s, 11.9 % of 4.8 TB/s.
+        let streaming = MemoryProfile {
+            dram_bytes_per_job: 613_070_848.0,
+            resident: false,
+            l2_footprint_bytes: 613_070_848.0,
+            flops_per_job: 0.0,
+            source: ProfileSource::Computed,
+        };
+        let i = Intensity::of_job(&streaming, 1_076_108, &sys).unwrap();
+        assert!((i.dram - 0.1187).abs() < 1e-3, "{i:?}");
+        assert_eq!(i.l2_resident, 0.0);
+        // A 1 ms victim sees 570 kB/µs × 1000 µs = 570 MB pushed through 60 MB: all of it.
+        assert!(i.l2_per_ns * MS as f64 > 1.0);
+        // resnet18: resident, 25 MB of 60.
+        let resident = MemoryProfile {
+            dram_bytes_per_job: 0.0,
+            resident: true,
+            l2_footprint_bytes: 25_376_464.0,
+            ..streaming
+        };
+        let r = Intensity::of_job(&resident, 345_151, &sys).unwrap();
+        assert_eq!((r.dram, r.l2_per_ns), (0.0, 0.0));
+        assert!((r.l2_resident - 0.4229).abs() < 1e-3, "{r:?}");
+        assert_eq!(Intensity::of_job(&streaming, 0, &sys), None);
+    }
+
+    #[test]
+    fn the_protection_table_sets_the_levers() {
+        use isolane_core::spec::{Mechanism, ProtectionSpec};
+        let model = ShareModel::fitted("h200", Mechanism::Mps);
+        assert!(model.is_some());
+        // Time-slicing has no fitted memory-system model.
+        assert_eq!(ShareModel::fitted("h200", Mechanism::Timeslice), None);
+        let d = Policy::of(&ProtectionSpec::default(), model);
+        assert_eq!(d, Policy::new(100_000, None), "defaults: today's guard");
+        let on = ProtectionSpec {
+            slack_order: true,
+            share: true,
+            stretch: Some(2.0),
+            ..ProtectionSpec::default()
+        };
+        let p = Policy::of(&on, model);
+        assert!(p.slack_order);
+        assert_eq!(p.share, model);
+        assert_eq!(p.delay_per_overlap, 0.5);
+        // A policy travels to worker processes: it reads back the same, and an older
+        // coordinator's (without the levers) reads as today's.
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<Policy>(&text).unwrap(), p);
+        let old: Policy =
+            serde_json::from_str(r#"{"margin_ns":100000,"delay_per_overlap":1.0}"#).unwrap();
+        assert_eq!(old, Policy::new(100_000, None));
     }
 
     #[test]
