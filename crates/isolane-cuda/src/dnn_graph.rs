@@ -632,6 +632,84 @@ fn plan_of(handle: dnn::cudnnHandle_t, cfg: &Desc) -> Result<Desc, CudaError> {
 }
 
 impl ConvGraph {
+    /// The plan as cuDNN serialises it (`CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION`: the
+    /// engine, its knob settings and what it was made for), for a saved plan
+    /// ([`crate::saved`]).
+    pub fn to_json(&self) -> Result<String, CudaError> {
+        let mut count = 0i64;
+        // SAFETY: a length query (no elements requested) on a finalized plan.
+        dnn_check("cudnnBackendGetAttribute", unsafe {
+            dnn::cudnnBackendGetAttribute(
+                self.plan.0,
+                A::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+                T::CUDNN_TYPE_CHAR,
+                0,
+                &mut count,
+                std::ptr::null_mut(),
+            )
+        })?;
+        let mut buf = vec![0u8; count.max(0) as usize];
+        let mut got = 0i64;
+        // SAFETY: `buf` has room for `count` chars, which cuDNN fills.
+        dnn_check("cudnnBackendGetAttribute", unsafe {
+            dnn::cudnnBackendGetAttribute(
+                self.plan.0,
+                A::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+                T::CUDNN_TYPE_CHAR,
+                buf.len() as i64,
+                &mut got,
+                buf.as_mut_ptr() as *mut c_void,
+            )
+        })?;
+        buf.truncate(got.clamp(0, buf.len() as i64) as usize);
+        while buf.last() == Some(&0) {
+            buf.pop();
+        }
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// A plan made again from [`ConvGraph::to_json`]'s text on `handle` (no heuristics, no
+    /// choice: cuDNN finalizes exactly that engine and knobs, or refuses), with the facts the
+    /// text was saved with.
+    pub fn from_json(
+        handle: dnn::cudnnHandle_t,
+        json: &str,
+        engine: i64,
+        fused: bool,
+        bias: bool,
+        residual: bool,
+    ) -> Result<ConvGraph, CudaError> {
+        let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
+        plan.set(
+            A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
+            T::CUDNN_TYPE_HANDLE,
+            &[handle],
+        )?;
+        plan.set(
+            A::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+            T::CUDNN_TYPE_CHAR,
+            json.as_bytes(),
+        )?;
+        plan.finalize()?;
+        let ws = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
+        Ok(ConvGraph {
+            plan,
+            _config: Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)?,
+            _made_from: Arc::new(GraphParts { _descs: Vec::new() }),
+            workspace: ws.max(0) as usize,
+            engine,
+            runtime_compiled: false,
+            fused,
+            bias,
+            residual,
+        })
+    }
+
+    /// Whether bias and residual are read inside the graph.
+    pub fn reads(&self) -> (bool, bool) {
+        (self.bias, self.residual)
+    }
+
     /// Queues the convolution on the handle's stream.
     ///
     /// # Safety

@@ -24,6 +24,7 @@ mod model;
 pub mod options;
 pub mod plan;
 pub mod preprocess;
+pub mod saved;
 pub mod synthetic;
 pub mod transfer;
 
@@ -215,18 +216,7 @@ impl CudaBackend {
             ));
         }
         let g = passes::optimize(graph, batch)?;
-        // Fused attention: f16/bf16 (the kernel's tensor-core types) on sm_80 and newer, unless
-        // the build options turn it off (at batch 1 too, unless they keep it to batch > 1:
-        // there the unfused plan reads the heads in place as well, in three launches).
-        model::make_current(self.ctx)?;
-        let fused_attention = (batch > 1 || self.build.fused_attention_batch1)
-            && matches!(precision, Precision::Fp16 | Precision::Bf16)
-            && model::device_arch()?.0 >= 8
-            && self.build.fused_attention;
-        let opts = plan::PlanOptions {
-            channels_last: self.build.channels_last,
-            fused_attention,
-        };
+        let opts = self.plan_options(batch, precision)?;
         let mut p = plan::plan_with(&g, batch, precision, opts)?;
         if let Some(node) = &options.corrupt_node {
             plan::corrupt_node(&mut p, node)?;
@@ -248,6 +238,24 @@ impl CudaBackend {
             m.set_plan_check(report);
         }
         Ok(m)
+    }
+}
+
+impl CudaBackend {
+    /// The layout and attention form a compile plans with here (a saved plan keeps them).
+    fn plan_options(&self, batch: usize, precision: Precision) -> Result<plan::PlanOptions> {
+        // Fused attention: f16/bf16 (the kernel's tensor-core types) on sm_80 and newer, unless
+        // the build options turn it off (at batch 1 too, unless they keep it to batch > 1:
+        // there the unfused plan reads the heads in place as well, in three launches).
+        model::make_current(self.ctx)?;
+        let fused_attention = (batch > 1 || self.build.fused_attention_batch1)
+            && matches!(precision, Precision::Fp16 | Precision::Bf16)
+            && model::device_arch()?.0 >= 8
+            && self.build.fused_attention;
+        Ok(plan::PlanOptions {
+            channels_last: self.build.channels_last,
+            fused_attention,
+        })
     }
 }
 

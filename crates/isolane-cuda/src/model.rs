@@ -616,6 +616,9 @@ struct Recorder<'a> {
     mm_ws_cap: usize,
     events: Events,
     options: BuildOptions,
+    /// The choices made among timed candidates: recorded, or replayed from a saved plan
+    /// (`crate::saved`), in which case nothing is timed.
+    choices: std::cell::RefCell<crate::saved::ChoiceLog>,
 }
 
 impl Recorder<'_> {
@@ -665,6 +668,16 @@ struct LibraryCaches {
 
 impl CudaModel {
     pub(crate) fn build(plan: Plan, target: &Target) -> Result<CudaModel> {
+        Self::build_logged(plan, target, crate::saved::ChoiceLog::record()).map(|(m, _)| m)
+    }
+
+    /// [`CudaModel::build`], its choices among timed candidates recorded in `log` and
+    /// returned, or taken from it (a replaying log: nothing timed).
+    pub(crate) fn build_logged(
+        plan: Plan,
+        target: &Target,
+        log: crate::saved::ChoiceLog,
+    ) -> Result<(CudaModel, crate::saved::ChoiceLog)> {
         let t0 = Instant::now();
         make_current(target.ctx)?;
         let free_before = free_mem()?;
@@ -694,8 +707,10 @@ impl CudaModel {
             mm_ws_cap,
             events: Events::new()?,
             options: target.build,
+            choices: std::cell::RefCell::new(log),
         };
         let recorded = m.record_launches(&rec);
+        let mut log = rec.choices.into_inner();
         // The search may have stopped with an error while timing on the scratch buffer: the
         // model must not free it a second time when it is dropped.
         m.workspace = 0;
@@ -704,11 +719,19 @@ impl CudaModel {
         drop(scratch);
         drop(mm_scratch);
         recorded?;
+        log.finish()?;
+        if !log.replaying() {
+            log.matmuls = m
+                .algo_cache
+                .iter()
+                .map(|(k, algo, _)| (k.clone(), algo.data))
+                .collect();
+        }
         m.place_workspace(&plan, &block)?;
         m.instantiate()?;
         m.mem.device_delta_bytes = free_before.saturating_sub(free_mem()?);
         m.build_ms = t0.elapsed().as_secs_f64() * 1e3;
-        Ok(m)
+        Ok((m, log))
     }
 
     /// The model with its shapes and layout from `plan` and nothing allocated yet.
@@ -1813,6 +1836,47 @@ fn mm_index(
         return Ok(*i);
     }
     let (desc, a, b, d) = matmul_descriptors(&key, dtype, precision)?;
+    let shape_key = format!(
+        "{:?}",
+        MmKey {
+            bias: key.bias.map(|_| 1),
+            ..key.clone()
+        }
+    );
+    // A saved plan's algorithm for this shape: checked by cuBLASLt for these descriptors
+    // (which also says its workspace), never searched or timed.
+    let saved = rec
+        .choices
+        .borrow()
+        .replaying()
+        .then(|| rec.choices.borrow().matmul(&shape_key));
+    if let Some(saved) = saved {
+        let cand = MatmulDesc {
+            desc,
+            a,
+            b,
+            d,
+            algo: saved.unwrap_or(lt::cublasLtMatmulAlgo_t { data: [0; 8] }),
+            workspace: 0,
+            alpha: f32::from_bits(key.alpha),
+            beta: if key.residual { 1.0 } else { 0.0 },
+        };
+        let Some(algo) = saved else {
+            return Err(EngineError::InvalidArgument(format!(
+                "the saved plan has no cuBLASLt algorithm for the {}×{}×{} matmul (batch {}) \
+                 of the plan made from its graph; build it again with `isolane build`",
+                key.m, key.n, key.k, key.batch
+            )));
+        };
+        let ws = crate::saved::checked_matmul_algo(m.cublaslt(), (desc, a, b, d), &algo)?;
+        let cand = MatmulDesc {
+            workspace: ws,
+            ..cand
+        };
+        m.mms.push(cand);
+        cache.push((key, m.mms.len() - 1));
+        return Ok(m.mms.len() - 1);
+    }
     let (results, got) = matmul_heuristics(m.cublaslt(), (desc, a, b, d), ws_cap)?;
     let (mm, n, k) = (key.m, key.n, key.k);
     let mut cand = MatmulDesc {
@@ -1831,13 +1895,6 @@ fn mm_index(
             key.batch
         )));
     }
-    let shape_key = format!(
-        "{:?}",
-        MmKey {
-            bias: key.bias.map(|_| 1),
-            ..key.clone()
-        }
-    );
     if let Some((_, algo, ws)) = m.algo_cache.iter().find(|(k, _, _)| *k == shape_key) {
         cand.algo = *algo;
         cand.workspace = *ws;
@@ -2345,6 +2402,10 @@ fn record_conv(
     err: &dyn Fn(EngineError) -> EngineError,
     c: &ConvStep,
 ) -> Result<()> {
+    let saved = rec.choices.borrow_mut().take("a convolution")?;
+    if let Some(choice) = saved {
+        return replay_conv(m, rec, caches, c, choice).map_err(err);
+    }
     let conv_cache = &mut caches.conv;
     // Two ways, each timed on the real buffers; the faster one is kept:
     // cuDNN (one of its best algorithms) + our epilogue kernel, or (NHWC, one group)
@@ -2504,7 +2565,140 @@ fn record_conv(
             .collect();
         log_conv_search("conv", c, &times, chosen);
     }
+    let choice = if chosen < n_dnn {
+        let d = &m.convs[dnn_descs[chosen]];
+        match crate::saved::conv_math(d.conv) {
+            Some(math) => crate::saved::Choice::ConvLegacy {
+                algo: d.algo as u32,
+                math,
+            },
+            None => crate::saved::Choice::Unsaveable("cuDNN did not say a math type".into()),
+        }
+    } else if chosen < n_dnn_all {
+        let g = &m.conv_graphs[graph_idxs[chosen - graph_first]];
+        let (bias, residual) = g.reads();
+        match g.to_json() {
+            Ok(json) => crate::saved::Choice::ConvGraph {
+                json,
+                engine: g.engine,
+                fused: g.fused,
+                bias,
+                residual,
+            },
+            Err(e) => crate::saved::Choice::Unsaveable(format!(
+                "cuDNN did not serialise a graph-API plan: {e}"
+            )),
+        }
+    } else {
+        crate::saved::Choice::ConvGemm
+    };
+    rec.choices.borrow_mut().note(choice);
     m.launches.extend(candidates.swap_remove(chosen).0);
+    Ok(())
+}
+
+/// A convolution's launches from a saved plan's choice: the one path, nothing timed.
+fn replay_conv(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    c: &ConvStep,
+    choice: crate::saved::Choice,
+) -> Result<()> {
+    use crate::saved::Choice;
+    let has_epilogue = c.bias.is_some() || c.residual.is_some() || c.act.is_some();
+    match choice {
+        Choice::ConvLegacy { algo, math } => {
+            let (Some(algo), Some(math)) =
+                (crate::saved::conv_algo(algo), crate::saved::math_type(math))
+            else {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the saved plan holds cuDNN algorithm {algo} with math type {math}, which \
+                     cuDNN does not have"
+                )));
+            };
+            let mut d = conv_desc(c, rec.dtype, rec.plan.precision)?;
+            d.algo = algo;
+            if rec.plan.precision != Precision::Fp32 {
+                // SAFETY: `d.conv` is live and owned by `d`.
+                dnn_check("cudnnSetConvolutionMathType", unsafe {
+                    dnn::cudnnSetConvolutionMathType(d.conv, math)
+                })?;
+            }
+            let mut ws = 0usize;
+            // SAFETY: the descriptors are live; a valid out-pointer.
+            dnn_check("cudnnGetConvolutionForwardWorkspaceSize", unsafe {
+                dnn::cudnnGetConvolutionForwardWorkspaceSize(
+                    m.cudnn(),
+                    d.x,
+                    d.w,
+                    d.conv,
+                    d.y,
+                    d.algo,
+                    &mut ws,
+                )
+            })?;
+            d.workspace = ws;
+            m.convs.push(d);
+            m.launches.push(Launch::Conv {
+                conv: m.convs.len() - 1,
+                x: rec.ptr(c.x),
+                w: rec.ptr(c.w),
+                y: rec.ptr(c.y),
+            });
+            if has_epilogue {
+                m.launches.push(conv_epilogue(rec, c, true, true));
+            }
+        }
+        Choice::ConvGraph {
+            json,
+            engine,
+            fused,
+            bias,
+            residual,
+        } => {
+            let g = ConvGraph::from_json(m.cudnn(), &json, engine, fused, bias, residual)?;
+            m.conv_graphs.push(g);
+            m.launches.push(Launch::ConvGraph {
+                graph: m.conv_graphs.len() - 1,
+                ptrs: Box::new(ConvGraphPtrs {
+                    x: rec.ptr(c.x),
+                    w: rec.ptr(c.w),
+                    y: rec.ptr(c.y),
+                    bias: c.bias.map_or(0, &|l| rec.ptr(l)),
+                    residual: c.residual.map_or(0, &|l| rec.ptr(l)),
+                    workspace: 0,
+                }),
+            });
+            if !fused && has_epilogue {
+                m.launches.push(conv_epilogue(rec, c, true, true));
+            }
+        }
+        Choice::ConvGemm if c.gemm_capable() => {
+            let b_ptr = match c.col {
+                Some(col) => {
+                    m.launches.push(im2col_launch(rec, c, col));
+                    rec.ptr(col)
+                }
+                None => rec.ptr(c.x),
+            };
+            let relu = matches!(c.act, Some(Unary::Relu));
+            let mm_key = conv_gemm_key(rec, c, relu);
+            let res_ptr = c.residual.map_or(0, &|l| rec.ptr(l));
+            let ptrs = [rec.ptr(c.w), b_ptr, res_ptr, rec.ptr(c.y)];
+            let launch = matmul_launch(m, rec, &mut caches.mm, mm_key, ptrs)?;
+            m.launches.push(launch);
+            if c.act.is_some() && !relu {
+                m.launches.push(conv_epilogue(rec, c, false, false));
+            }
+        }
+        other => {
+            return Err(EngineError::InvalidArgument(format!(
+                "the saved plan holds {other:?} for a convolution it cannot run so; build it \
+                 again with `isolane build`"
+            )))
+        }
+    }
     Ok(())
 }
 
@@ -2684,12 +2878,20 @@ fn time_candidates(m: &mut CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -
 /// Times `paths` (unless the build times nothing) and returns the index of the fastest: the
 /// first where nothing was timed, on a tie, or where every path failed to run (NaN).
 fn fastest_of(m: &mut CudaModel, rec: &Recorder, paths: &mut [TimedPath]) -> Result<usize> {
+    let what = m.names.last().cloned().unwrap_or_default();
+    if let Some(i) = rec.choices.borrow_mut().pick(paths.len(), &what)? {
+        return Ok(i);
+    }
     if !rec.options.first_choice {
         time_candidates(m, rec, paths)?;
     }
-    Ok((0..paths.len())
+    let i = (0..paths.len())
         .min_by(|&a, &b| paths[a].1.total_cmp(&paths[b].1))
-        .unwrap_or(0))
+        .unwrap_or(0);
+    rec.choices
+        .borrow_mut()
+        .note(crate::saved::Choice::Pick(i as u32));
+    Ok(i)
 }
 
 /// The most workspace a cuBLASLt algorithm may use (PyTorch gives cuBLAS 32 MiB on Hopper).

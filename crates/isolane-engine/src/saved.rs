@@ -248,6 +248,17 @@ pub fn model_hash(graph: &Graph) -> String {
     format!("{:08x}-{}", crc32fast::hash(&b), b.len())
 }
 
+/// The identity of a tensor's bits (CRC-32 and length): a saved plan keeps one per output
+/// of its check run, and a load compares them, so outputs are compared bit for bit without
+/// keeping them.
+pub fn bits_hash(values: &[f32]) -> String {
+    let mut h = crc32fast::Hasher::new();
+    for v in values {
+        h.update(&v.to_bits().to_le_bytes());
+    }
+    format!("{:08x}-{}", h.finalize(), values.len())
+}
+
 /// Little-endian, length-prefixed writing (the backend's part uses it too).
 #[derive(Default)]
 pub struct Writer {

@@ -1,0 +1,647 @@
+//! Saved plans on the cuda backend (`isolane build`, docs/cuda.md "Saved plans").
+//!
+//! A build records every choice it makes among timed candidates ([`ChoiceLog`]): per
+//! convolution the path (a legacy cuDNN algorithm and math type, a cuDNN graph-API execution
+//! plan as cuDNN serialises it, or the im2col + cuBLASLt GEMM path), per cuBLASLt matmul shape
+//! the algorithm (`cublasLtMatmulAlgo_t`, which cuBLASLt documents as serialisable for the same
+//! library version), and per depthwise convolution, attention and LayerNorm the kernel picked.
+//! A load replays them: the same plan is made from the saved fused graph, and each choice is
+//! taken from the file instead of timed (cuBLASLt's algorithm checked by
+//! `cublasLtMatmulAlgoCheck`, cuDNN's workspace asked of cuDNN), so nothing is timed and the
+//! libraries choose nothing by SM count. The file's key holds what the choices are valid for
+//! (GPU, SM count, compute capability, driver, cuDNN, cuBLASLt and NVRTC versions, engine
+//! revision); a load anywhere else is refused.
+//!
+//! At build time the model runs once on a seeded input and the bits of each output are kept
+//! (their hash); a load runs the same input and refuses a model whose bits differ, so a loaded
+//! plan is known to compute what the built one did (whose outputs the plan check compared with
+//! the CPU reference).
+
+use cudarc::cublaslt::sys as lt;
+use cudarc::cudnn::sys as dnn;
+use cudarc::driver::sys as cu;
+use cudarc::nvrtc::sys as rtc;
+use isolane_engine::saved::{self as file, Reader, SavedPlan, Writer};
+use isolane_engine::{passes, CompiledModel, EngineError, Graph, Precision, Result};
+
+use crate::error::{cu_check, rtc_check};
+use crate::{model, plan, CudaBackend, CudaModel};
+
+/// One choice a build made among timed candidates, in the order the build meets them.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Choice {
+    /// The index among a step's candidate kernels (depthwise, attention, LayerNorm).
+    Pick(u32),
+    /// A convolution by cuDNN's legacy API: `cudnnConvolutionFwdAlgo_t`, `cudnnMathType_t`.
+    ConvLegacy { algo: u32, math: u32 },
+    /// A convolution by a cuDNN graph-API execution plan, as cuDNN serialises it.
+    ConvGraph {
+        json: String,
+        engine: i64,
+        fused: bool,
+        bias: bool,
+        residual: bool,
+    },
+    /// A convolution by im2col + a cuBLASLt GEMM (its algorithm is a matmul choice).
+    ConvGemm,
+    /// A choice that cannot be saved (why): the build goes on, saving it is refused.
+    Unsaveable(String),
+}
+
+/// The choices of one build: recorded, or replayed from a saved plan.
+#[derive(Debug, Default)]
+pub(crate) struct ChoiceLog {
+    replay: bool,
+    steps: Vec<Choice>,
+    next: usize,
+    /// cuBLASLt algorithms by matmul shape (the build's own algorithm cache's key).
+    pub(crate) matmuls: Vec<(String, [u64; 8])>,
+}
+
+impl ChoiceLog {
+    pub(crate) fn record() -> ChoiceLog {
+        ChoiceLog::default()
+    }
+
+    pub(crate) fn replay(steps: Vec<Choice>, matmuls: Vec<(String, [u64; 8])>) -> ChoiceLog {
+        ChoiceLog {
+            replay: true,
+            steps,
+            next: 0,
+            matmuls,
+        }
+    }
+
+    pub(crate) fn replaying(&self) -> bool {
+        self.replay
+    }
+
+    /// Records a choice (nothing while replaying: the choice came from the log).
+    pub(crate) fn note(&mut self, c: Choice) {
+        if !self.replay {
+            self.steps.push(c);
+        }
+    }
+
+    /// While replaying, the next choice (for `what`, named in errors); `None` while recording.
+    pub(crate) fn take(&mut self, what: &str) -> Result<Option<Choice>> {
+        if !self.replay {
+            return Ok(None);
+        }
+        let c = self.steps.get(self.next).cloned().ok_or_else(|| {
+            stale(format!(
+                "it has {} choices and the plan made here needs more (at {what})",
+                self.steps.len()
+            ))
+        })?;
+        self.next += 1;
+        Ok(Some(c))
+    }
+
+    /// While replaying, the saved index among `n` candidates of `what`.
+    pub(crate) fn pick(&mut self, n: usize, what: &str) -> Result<Option<usize>> {
+        match self.take(what)? {
+            None => Ok(None),
+            Some(Choice::Pick(i)) if (i as usize) < n => Ok(Some(i as usize)),
+            Some(c) => Err(stale(format!(
+                "at {what} (one of {n} kernels) it holds {c:?}"
+            ))),
+        }
+    }
+
+    /// While replaying, the saved algorithm of a matmul shape.
+    pub(crate) fn matmul(&self, shape_key: &str) -> Option<lt::cublasLtMatmulAlgo_t> {
+        self.matmuls
+            .iter()
+            .find(|(k, _)| k == shape_key)
+            .map(|(_, data)| lt::cublasLtMatmulAlgo_t { data: *data })
+    }
+
+    /// Every saved choice was used (a replay that used fewer made another plan).
+    pub(crate) fn finish(&self) -> Result<()> {
+        if self.replay && self.next != self.steps.len() {
+            return Err(stale(format!(
+                "it has {} choices and the plan made here used {}",
+                self.steps.len(),
+                self.next
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A saved plan whose choices do not fit the plan made from its graph: a file written by
+/// another engine that kept the revision, or damaged in a way the checksum missed.
+fn stale(msg: String) -> EngineError {
+    EngineError::InvalidArgument(format!(
+        "the saved plan's choices do not fit the plan made from its graph: {msg}; build it \
+         again with `isolane build`"
+    ))
+}
+
+/// The cuda backend's part of a saved plan.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct CudaPart {
+    pub channels_last: bool,
+    pub fused_attention: bool,
+    pub steps: Vec<Choice>,
+    pub matmuls: Vec<(String, [u64; 8])>,
+    /// [`file::bits_hash`] of each output of the check run ([`probe_input`]).
+    pub outputs: Vec<String>,
+}
+
+impl CudaPart {
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.bool(self.channels_last);
+        w.bool(self.fused_attention);
+        w.usize(self.steps.len());
+        for c in &self.steps {
+            match c {
+                Choice::Pick(i) => {
+                    w.u8(0);
+                    w.u32(*i)
+                }
+                Choice::ConvLegacy { algo, math } => {
+                    w.u8(1);
+                    w.u32(*algo);
+                    w.u32(*math);
+                }
+                Choice::ConvGraph {
+                    json,
+                    engine,
+                    fused,
+                    bias,
+                    residual,
+                } => {
+                    w.u8(2);
+                    w.str(json);
+                    w.i64(*engine);
+                    w.bool(*fused);
+                    w.bool(*bias);
+                    w.bool(*residual);
+                }
+                Choice::ConvGemm => w.u8(3),
+                Choice::Unsaveable(why) => {
+                    w.u8(4);
+                    w.str(why)
+                }
+            }
+        }
+        w.usize(self.matmuls.len());
+        for (k, data) in &self.matmuls {
+            w.str(k);
+            data.iter().for_each(|&d| w.u64(d));
+        }
+        w.usize(self.outputs.len());
+        self.outputs.iter().for_each(|h| w.str(h));
+        w.into_bytes()
+    }
+
+    pub(crate) fn from_bytes(b: &[u8]) -> std::result::Result<CudaPart, String> {
+        let mut r = Reader::new(b);
+        let channels_last = r.bool()?;
+        let fused_attention = r.bool()?;
+        let n = r.count(1)?;
+        let mut steps = Vec::with_capacity(n);
+        for _ in 0..n {
+            steps.push(match r.u8()? {
+                0 => Choice::Pick(r.u32()?),
+                1 => Choice::ConvLegacy {
+                    algo: r.u32()?,
+                    math: r.u32()?,
+                },
+                2 => Choice::ConvGraph {
+                    json: r.str()?,
+                    engine: r.i64()?,
+                    fused: r.bool()?,
+                    bias: r.bool()?,
+                    residual: r.bool()?,
+                },
+                3 => Choice::ConvGemm,
+                4 => Choice::Unsaveable(r.str()?),
+                t => return Err(format!("an unknown kind of choice {t}")),
+            });
+        }
+        let n = r.count(8 + 64)?;
+        let mut matmuls = Vec::with_capacity(n);
+        for _ in 0..n {
+            let k = r.str()?;
+            let mut data = [0u64; 8];
+            for d in &mut data {
+                *d = r.u64()?;
+            }
+            matmuls.push((k, data));
+        }
+        let n = r.count(8)?;
+        let outputs = (0..n)
+            .map(|_| r.str())
+            .collect::<std::result::Result<_, _>>()?;
+        r.end()?;
+        Ok(CudaPart {
+            channels_last,
+            fused_attention,
+            steps,
+            matmuls,
+            outputs,
+        })
+    }
+}
+
+/// The legacy convolution algorithm numbered `v` (`None` past cuDNN's enum).
+pub(crate) fn conv_algo(v: u32) -> Option<dnn::cudnnConvolutionFwdAlgo_t> {
+    use dnn::cudnnConvolutionFwdAlgo_t as F;
+    [
+        F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+    ]
+    .into_iter()
+    .find(|a| *a as u32 == v)
+}
+
+/// The cuDNN math type numbered `v`.
+pub(crate) fn math_type(v: u32) -> Option<dnn::cudnnMathType_t> {
+    use dnn::cudnnMathType_t as M;
+    [
+        M::CUDNN_DEFAULT_MATH,
+        M::CUDNN_TENSOR_OP_MATH,
+        M::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+        M::CUDNN_FMA_MATH,
+    ]
+    .into_iter()
+    .find(|m| *m as u32 == v)
+}
+
+/// The key fields of the GPU at `dev` and the libraries loaded here: what a saved plan's
+/// choices are valid for. The SM count is the device's (a green context or MPS share of it
+/// loads the same plan); a MIG instance is a device of its own.
+pub fn gpu_key_of(dev: cu::CUdevice) -> Result<Vec<(String, String)>> {
+    let rt = |e: crate::error::CudaError| EngineError::Runtime(e.to_string());
+    let mut name = [0u8; 256];
+    // SAFETY: the buffer holds 256 bytes, its length is passed; the driver is initialised.
+    cu_check("cuDeviceGetName", unsafe {
+        cu::cuDeviceGetName(name.as_mut_ptr() as *mut std::ffi::c_char, 256, dev)
+    })
+    .map_err(rt)?;
+    let name = String::from_utf8_lossy(&name[..name.iter().position(|&b| b == 0).unwrap_or(0)])
+        .into_owned();
+    let attr = |a: cu::CUdevice_attribute| -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: valid out-pointer and device.
+        cu_check("cuDeviceGetAttribute", unsafe {
+            cu::cuDeviceGetAttribute(&mut v, a, dev)
+        })
+        .map_err(rt)?;
+        Ok(v)
+    };
+    use cu::CUdevice_attribute as At;
+    let sms = attr(At::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    let cc = (
+        attr(At::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        attr(At::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    );
+    let mut driver = 0;
+    // SAFETY: valid out-pointer.
+    cu_check("cuDriverGetVersion", unsafe {
+        cu::cuDriverGetVersion(&mut driver)
+    })
+    .map_err(rt)?;
+    let (mut vmaj, mut vmin) = (0, 0);
+    // SAFETY: valid out-pointers; NVRTC is loaded (libs::ensure_all).
+    rtc_check("nvrtcVersion", unsafe {
+        rtc::nvrtcVersion(&mut vmaj, &mut vmin)
+    })
+    .map_err(rt)?;
+    // SAFETY: plain version queries of loaded libraries.
+    let (cudnn, cublaslt) = unsafe { (dnn::cudnnGetVersion(), lt::cublasLtGetVersion()) };
+    Ok(vec![
+        ("GPU".into(), name),
+        ("SM count".into(), sms.to_string()),
+        ("compute capability".into(), format!("{}.{}", cc.0, cc.1)),
+        ("driver".into(), driver.to_string()),
+        ("cuDNN".into(), cudnn.to_string()),
+        ("cuBLASLt".into(), cublaslt.to_string()),
+        ("NVRTC".into(), format!("{vmaj}.{vmin}")),
+        (
+            file::FIELD_ENGINE.into(),
+            format!("cuda {}", crate::ENGINE_REVISION),
+        ),
+    ])
+}
+
+/// [`gpu_key_of`] for device `index`, without a context (the check before a run).
+pub fn gpu_key(index: u32) -> Result<Vec<(String, String)>> {
+    crate::libs::ensure_all().map_err(EngineError::Runtime)?;
+    let rt = |e: isolane_gpu::GpuError| EngineError::Runtime(e.to_string());
+    isolane_gpu::driver::init().map_err(rt)?;
+    gpu_key_of(isolane_gpu::driver::device(index).map_err(rt)?)
+}
+
+/// What a plan for `precision` and `batch` on this GPU must have in its key.
+pub fn expected_key(
+    gpu: Vec<(String, String)>,
+    precision: Precision,
+    batch: usize,
+) -> Vec<(String, String)> {
+    let mut key = vec![
+        (file::FIELD_DEVICE.to_string(), "cuda".to_string()),
+        (file::FIELD_PRECISION.into(), precision.as_str().into()),
+        (file::FIELD_BATCH.into(), batch.to_string()),
+    ];
+    key.extend(gpu);
+    key
+}
+
+/// The check run's input `i` of `n` elements: fixed values in [-1, 1), the same at build and
+/// at load.
+pub fn probe_input(i: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|j| ((j.wrapping_mul(2_654_435_761) ^ (i * 97)) % 2000) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+/// Runs the check input through `m` and returns each output's [`file::bits_hash`].
+fn probe(m: &mut CudaModel) -> Result<Vec<String>> {
+    for i in 0..m.num_inputs() {
+        let n = m.input_mut_at(i).len();
+        m.input_mut_at(i).copy_from_slice(&probe_input(i, n));
+    }
+    m.run()?;
+    Ok((0..m.num_outputs())
+        .map(|i| file::bits_hash(m.output_at(i)))
+        .collect())
+}
+
+impl CudaBackend {
+    /// The key fields of this backend's GPU ([`gpu_key_of`]).
+    pub fn gpu_key(&self) -> Result<Vec<(String, String)>> {
+        model::make_current(self.ctx)?;
+        let mut dev: cu::CUdevice = 0;
+        // SAFETY: valid out-pointer, a context is current.
+        cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })
+            .map_err(|e| EngineError::Runtime(e.to_string()))?;
+        gpu_key_of(dev)
+    }
+
+    fn target(&self) -> model::Target {
+        model::Target {
+            ctx: self.ctx,
+            stream: self.stream,
+            build: self.build,
+            keep: self
+                ._owned
+                .clone()
+                .map(|o| o as std::sync::Arc<dyn std::any::Any + Send + Sync>),
+        }
+    }
+
+    /// Compiles `graph` as [`CudaBackend::compile_cuda`] does (plan check included) and
+    /// returns the model with its saved plan (`model` and its hash name the source in the
+    /// key). Refused where a choice cannot be saved.
+    pub fn build_saved(
+        &self,
+        graph: &Graph,
+        model_name: &str,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<(CudaModel, SavedPlan)> {
+        if batch == 0 {
+            return Err(EngineError::InvalidArgument(
+                "batch must be at least 1".into(),
+            ));
+        }
+        let g = passes::optimize(graph, batch)?;
+        let opts = self.plan_options(batch, precision)?;
+        let p = plan::plan_with(&g, batch, precision, opts)?;
+        let (mut m, log) = CudaModel::build_logged(p.clone(), &self.target(), ChoiceLog::record())?;
+        let report = crate::check_model(&mut m, graph, &g, &p, batch)?;
+        m.set_plan_check(report);
+        if let Some(Choice::Unsaveable(why)) = log
+            .steps
+            .iter()
+            .find(|c| matches!(c, Choice::Unsaveable(_)))
+        {
+            return Err(EngineError::Unsupported(format!(
+                "this plan cannot be saved: {why}"
+            )));
+        }
+        let outputs = probe(&mut m)?;
+        let part = CudaPart {
+            channels_last: opts.channels_last,
+            fused_attention: opts.fused_attention,
+            steps: log.steps,
+            matmuls: log.matmuls,
+            outputs,
+        };
+        let mut key = expected_key(self.gpu_key()?, precision, batch);
+        key.push((file::FIELD_MODEL.into(), model_name.into()));
+        key.push((file::FIELD_MODEL_HASH.into(), file::model_hash(graph)));
+        Ok((
+            m,
+            SavedPlan {
+                key,
+                graph: g,
+                backend: part.to_bytes(),
+            },
+        ))
+    }
+
+    /// The model of a saved plan, for `precision` and `batch` (the caller's, checked against
+    /// the key with this GPU's fields), its choices replayed, nothing timed; `file` names it in
+    /// errors. A model whose outputs on the check input differ in any bit from the built one's
+    /// is refused.
+    pub fn load_saved(
+        &self,
+        saved: &SavedPlan,
+        file: &str,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<CudaModel> {
+        let here = expected_key(self.gpu_key()?, precision, batch);
+        saved
+            .check_key(file, &here)
+            .map_err(|e| EngineError::InvalidArgument(e.to_string()))?;
+        let part = CudaPart::from_bytes(&saved.backend).map_err(|msg| {
+            EngineError::InvalidArgument(
+                file::SavedPlanError::Corrupt {
+                    file: file.into(),
+                    msg: format!("its cuda part: {msg}"),
+                }
+                .to_string(),
+            )
+        })?;
+        let opts = plan::PlanOptions {
+            channels_last: part.channels_last,
+            fused_attention: part.fused_attention,
+        };
+        let p = plan::plan_with(&saved.graph, batch, precision, opts)?;
+        let log = ChoiceLog::replay(part.steps.clone(), part.matmuls.clone());
+        let (mut m, _) = CudaModel::build_logged(p, &self.target(), log)
+            .map_err(|e| EngineError::InvalidArgument(format!("saved plan `{file}`: {e}")))?;
+        let got = probe(&mut m)?;
+        if let Some(i) = (0..got.len()).find(|&i| part.outputs.get(i) != Some(&got[i])) {
+            return Err(EngineError::Runtime(format!(
+                "saved plan `{file}`: output {i} computes other bits here than where the plan \
+                 was built (bits {} there, {} here): a library kernel's result depends on \
+                 where it runs (docs/cuda.md, Saved plans); build the plan again here",
+                part.outputs.get(i).map_or("(none)", String::as_str),
+                got[i]
+            )));
+        }
+        Ok(m)
+    }
+}
+
+/// Reads `cudnnGetConvolutionMathType` of a legacy convolution descriptor.
+pub(crate) fn conv_math(conv: dnn::cudnnConvolutionDescriptor_t) -> Option<u32> {
+    let mut math = dnn::cudnnMathType_t::CUDNN_DEFAULT_MATH;
+    // SAFETY: a live descriptor and a valid out-pointer.
+    let r = unsafe { dnn::cudnnGetConvolutionMathType(conv, &mut math) };
+    (r == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS).then_some(math as u32)
+}
+
+/// The workspace a saved cuBLASLt algorithm needs for these descriptors, or an error where
+/// cuBLASLt says it cannot run them (`cublasLtMatmulAlgoCheck`).
+pub(crate) fn checked_matmul_algo(
+    handle: lt::cublasLtHandle_t,
+    (desc, a, b, d): (
+        lt::cublasLtMatmulDesc_t,
+        lt::cublasLtMatrixLayout_t,
+        lt::cublasLtMatrixLayout_t,
+        lt::cublasLtMatrixLayout_t,
+    ),
+    algo: &lt::cublasLtMatmulAlgo_t,
+) -> Result<usize> {
+    // SAFETY: an all-zero heuristic result is a valid plain C struct for cuBLASLt to fill.
+    let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptors are complete and live; `algo` and `result` are valid pointers.
+    crate::error::lt_check("cublasLtMatmulAlgoCheck", unsafe {
+        lt::cublasLtMatmulAlgoCheck(handle, desc, a, b, d, d, algo, &mut result)
+    })
+    .map_err(|e| EngineError::Runtime(format!("the saved cuBLASLt algorithm: {e}")))?;
+    Ok(result.workspaceSize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part() -> CudaPart {
+        CudaPart {
+            channels_last: true,
+            fused_attention: false,
+            steps: vec![
+                Choice::ConvLegacy { algo: 1, math: 2 },
+                Choice::ConvGraph {
+                    json: "{\"engineId\": 48, \"knobs\": {\"SPLIT_K\": 1}}".into(),
+                    engine: 48,
+                    fused: true,
+                    bias: true,
+                    residual: false,
+                },
+                Choice::ConvGemm,
+                Choice::Pick(3),
+            ],
+            matmuls: vec![(
+                "MmKey { m: 1, n: 1000 }".into(),
+                [1, 2, 3, u64::MAX, 5, 6, 7, 8],
+            )],
+            outputs: vec![file::bits_hash(&[1.0, -0.0, f32::NAN])],
+        }
+    }
+
+    #[test]
+    fn the_cuda_part_round_trips_and_refuses_damage() {
+        let p = part();
+        let b = p.to_bytes();
+        assert_eq!(CudaPart::from_bytes(&b).unwrap(), p);
+        for cut in [0, 1, 5, b.len() / 2, b.len() - 1] {
+            assert!(CudaPart::from_bytes(&b[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad = b.clone();
+        bad[2] = 200;
+        assert!(CudaPart::from_bytes(&bad).is_err());
+    }
+
+    #[test]
+    fn a_replay_gives_the_choices_back_in_order_and_checks_their_kind_and_count() {
+        let p = part();
+        let mut log = ChoiceLog::replay(p.steps.clone(), p.matmuls.clone());
+        assert!(log.replaying());
+        assert_eq!(
+            log.take("conv a").unwrap(),
+            Some(Choice::ConvLegacy { algo: 1, math: 2 })
+        );
+        assert!(log.finish().is_err(), "choices left over");
+        log.take("conv b").unwrap();
+        log.take("conv c").unwrap();
+        assert_eq!(log.pick(4, "attention").unwrap(), Some(3));
+        log.finish().unwrap();
+        let e = log.take("one more").unwrap_err().to_string();
+        assert!(e.contains("one more") && e.contains("isolane build"), "{e}");
+        // A pick out of range, or of the wrong kind, is refused.
+        let mut log = ChoiceLog::replay(p.steps[3..].to_vec(), vec![]);
+        assert!(log.pick(3, "layer norm").is_err());
+        let mut log = ChoiceLog::replay(p.steps.clone(), vec![]);
+        assert!(log.pick(8, "depthwise").is_err());
+        assert_eq!(
+            ChoiceLog::replay(vec![], p.matmuls.clone())
+                .matmul("MmKey { m: 1, n: 1000 }")
+                .map(|a| a.data[3]),
+            Some(u64::MAX)
+        );
+        // Recording never replays.
+        let mut rec = ChoiceLog::record();
+        assert_eq!(rec.take("x").unwrap(), None);
+        assert_eq!(rec.pick(2, "x").unwrap(), None);
+        rec.note(Choice::Pick(1));
+        assert_eq!(rec.steps, vec![Choice::Pick(1)]);
+    }
+
+    #[test]
+    fn saved_enums_map_back_to_cudnn_values_only() {
+        for v in 0..8 {
+            assert_eq!(conv_algo(v).map(|a| a as u32), Some(v));
+        }
+        assert!(conv_algo(8).is_none() && conv_algo(u32::MAX).is_none());
+        for v in 0..4 {
+            assert_eq!(math_type(v).map(|m| m as u32), Some(v));
+        }
+        assert!(math_type(4).is_none());
+    }
+
+    #[test]
+    fn the_expected_key_holds_device_precision_batch_and_the_gpu_fields() {
+        let gpu = vec![
+            ("GPU".to_string(), "NVIDIA H200".to_string()),
+            ("SM count".to_string(), "132".to_string()),
+        ];
+        let k = expected_key(gpu, Precision::Fp16, 8);
+        let get = |f: &str| k.iter().find(|(a, _)| a == f).map(|(_, v)| v.as_str());
+        assert_eq!(get("device"), Some("cuda"));
+        assert_eq!(get("precision"), Some("fp16"));
+        assert_eq!(get("batch"), Some("8"));
+        assert_eq!(get("SM count"), Some("132"));
+        // A plan built on another GPU is refused naming the field and both values.
+        let mut other = k.clone();
+        other[3].1 = "NVIDIA H100 80GB HBM3".into();
+        let saved = SavedPlan {
+            key: other,
+            graph: Graph::default(),
+            backend: vec![],
+        };
+        let e = saved.check_key("r.isoplan", &k).unwrap_err().to_string();
+        assert!(
+            e.contains("GPU \"NVIDIA H100 80GB HBM3\"") && e.contains("\"NVIDIA H200\""),
+            "{e}"
+        );
+        assert_eq!(probe_input(0, 5), probe_input(0, 5));
+        assert!(probe_input(1, 100).iter().all(|v| (-1.0..1.0).contains(v)));
+    }
+}
