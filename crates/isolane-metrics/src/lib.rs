@@ -13,6 +13,7 @@
 //! readings from the sampler's thread. The release loops' timing is therefore untouched
 //! (measured in docs/observability.md).
 
+mod apps;
 pub mod http;
 mod server;
 
@@ -29,6 +30,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
+pub use apps::{AppInfo, AppMeters};
 pub use server::{serve, MetricsServer, ServeError};
 
 /// The label set of every per-workload family.
@@ -206,6 +208,8 @@ pub struct RunMetrics {
     partition: Family<PartitionLabels, Gauge>,
     run: Family<RunLabels, Gauge>,
     device: Arc<DeviceValues>,
+    /// The apps' per-stage families (`isolane_stage_*`).
+    stages: apps::StageFamilies,
     slots: Mutex<Vec<Slot>>,
     /// Every run begun so far and its partitions, so that the earlier ones' info can drop
     /// to 0 (a family cannot list its label sets).
@@ -286,6 +290,7 @@ impl RunMetrics {
         );
         let device = Arc::new(DeviceValues::new());
         registry.register_collector(Box::new(Arc::clone(&device)));
+        let stages = apps::StageFamilies::register(&mut registry);
         RunMetrics {
             registry,
             jobs,
@@ -299,6 +304,7 @@ impl RunMetrics {
             partition,
             run,
             device,
+            stages,
             slots: Mutex::new(Vec::new()),
             runs: Mutex::new(Vec::new()),
         }
@@ -307,41 +313,10 @@ impl RunMetrics {
     /// A run starts: `workloads[slot]` is the coordinator's workload `slot`. Earlier runs'
     /// counters stay (Prometheus counters only grow); their run and partition info drop to 0.
     pub fn begin_run(&self, command: &str, scenario: &str, workloads: &[WorkloadInfo]) {
-        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
-        for (run, partitions) in runs.iter() {
-            self.run.get_or_create(run).set(0);
-            for p in partitions {
-                self.partition.get_or_create(p).set(0);
-            }
+        self.announce(command, scenario, workloads);
+        for w in workloads {
+            self.show(&w.name, true);
         }
-        let partitions: Vec<PartitionLabels> = workloads
-            .iter()
-            .map(|w| PartitionLabels {
-                workload: w.name.clone(),
-                mechanism: w.mechanism.clone(),
-                partition: w.partition.clone(),
-                host: w.host.clone(),
-            })
-            .collect();
-        for p in &partitions {
-            self.partition.get_or_create(p).set(1);
-            let labels = WorkloadLabels {
-                workload: p.workload.clone(),
-            };
-            // Every family shows the workload from the start, at 0.
-            drop(self.jobs.get_or_create(&labels));
-            drop(self.completed.get_or_create(&labels));
-            drop(self.timeouts.get_or_create(&labels));
-            drop(self.skipped.get_or_create(&labels));
-            drop(self.held_jobs.get_or_create(&labels));
-            drop(self.held_seconds.get_or_create(&labels));
-        }
-        let current = RunLabels {
-            command: command.into(),
-            scenario: scenario.into(),
-        };
-        self.run.get_or_create(&current).set(1);
-        runs.push((current, partitions));
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         *slots = workloads
             .iter()
@@ -352,6 +327,51 @@ impl RunMetrics {
                 prev_end_ns: None,
             })
             .collect();
+    }
+
+    /// The run and its partitions, now current; the earlier runs' info drops to 0.
+    fn announce(&self, command: &str, scenario: &str, partitions: &[WorkloadInfo]) {
+        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        for (run, partitions) in runs.iter() {
+            self.run.get_or_create(run).set(0);
+            for p in partitions {
+                self.partition.get_or_create(p).set(0);
+            }
+        }
+        let partitions: Vec<PartitionLabels> = partitions
+            .iter()
+            .map(|w| PartitionLabels {
+                workload: w.name.clone(),
+                mechanism: w.mechanism.clone(),
+                partition: w.partition.clone(),
+                host: w.host.clone(),
+            })
+            .collect();
+        for p in &partitions {
+            self.partition.get_or_create(p).set(1);
+        }
+        let current = RunLabels {
+            command: command.into(),
+            scenario: scenario.into(),
+        };
+        self.run.get_or_create(&current).set(1);
+        runs.push((current, partitions));
+    }
+
+    /// Every per-workload family shows `workload` from the start, at 0 (`held`: the guard's
+    /// count of held jobs too).
+    fn show(&self, workload: &str, held: bool) {
+        let labels = WorkloadLabels {
+            workload: workload.into(),
+        };
+        drop(self.jobs.get_or_create(&labels));
+        drop(self.completed.get_or_create(&labels));
+        drop(self.timeouts.get_or_create(&labels));
+        drop(self.skipped.get_or_create(&labels));
+        if held {
+            drop(self.held_jobs.get_or_create(&labels));
+        }
+        drop(self.held_seconds.get_or_create(&labels));
     }
 
     /// Records of workload `slot`, in the order its loop produced them. Called on the jobs
