@@ -18,6 +18,7 @@ mod dnn_graph;
 pub mod error;
 mod handles;
 pub mod kernels;
+pub mod l2;
 pub mod libs;
 mod mm_check;
 mod model;

@@ -368,6 +368,9 @@ pub struct CudaModel {
     build_ms: f64,
     /// The plan check's result, when it ran.
     check: Option<crate::check::CheckReport>,
+    /// The access-policy window over the weights that every graph captured from now on sets
+    /// on its kernel nodes ([`CudaModel::persist_weights_in_l2`]).
+    l2_window: Option<crate::l2::Window>,
     _keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
@@ -771,6 +774,7 @@ impl CudaModel {
             const_offsets: plan.const_layout().0,
             dtype: plan.dtype,
             build_ms: 0.0,
+            l2_window: None,
             check: None,
             _keep: target.keep.clone(),
         }
@@ -995,6 +999,40 @@ impl CudaModel {
         Ok(self.pieces.len())
     }
 
+    /// Sets `mib` of the L2 aside in the model's context (CUDA's persisting-L2 limit, kept if
+    /// already larger) and puts an access-policy window over the model's weights on its stream
+    /// and on every kernel node of its graphs, captured again with it: a critical model's
+    /// weights then stay in the L2 beside neighbours that stream through it
+    /// (`[protection] l2_persist_mib`). Before [`CudaModel::split`] (pieces captured earlier
+    /// would not have it). More than the device sets aside is an error naming the key.
+    pub fn persist_weights_in_l2(&mut self, mib: u64) -> Result<crate::l2::Persisted> {
+        make_current(self.ctx)?;
+        let limits = crate::l2::limits()?;
+        let bytes = crate::l2::persist_bytes(mib, &limits)?;
+        let Some(window) = crate::l2::window(
+            self.weights,
+            self.mem.weights_bytes,
+            bytes,
+            limits.max_window_bytes,
+        ) else {
+            return Err(EngineError::Unsupported(
+                "[protection] l2_persist_mib: the model has no weights to keep in the L2".into(),
+            ));
+        };
+        crate::l2::set_aside(bytes)?;
+        // SAFETY: the model's own stream, live, of the current context.
+        unsafe { crate::l2::on_stream(self.stream, &window)? };
+        self.l2_window = Some(window);
+        self.from_device = None;
+        self.whole = Some(self.capture(true)?);
+        self.compute = Some(self.capture(false)?);
+        self.pieces.clear();
+        Ok(crate::l2::Persisted {
+            persist_bytes: bytes,
+            window,
+        })
+    }
+
     /// Pieces a job runs as: 1 until [`CudaModel::split`].
     pub fn pieces(&self) -> usize {
         self.pieces.len().max(1)
@@ -1039,6 +1077,16 @@ impl CudaModel {
             }
             issued?;
             cu_check("cuStreamEndCapture", ended)?;
+        }
+        if let Some(w) = &self.l2_window {
+            // SAFETY: the captured graph, live and not instantiated yet.
+            if let Err(e) = unsafe { crate::l2::on_graph(graph, w) } {
+                // SAFETY: the graph is ours and has no instance.
+                unsafe {
+                    cu::cuGraphDestroy(graph);
+                }
+                return Err(e);
+            }
         }
         let mut exec: cu::CUgraphExec = std::ptr::null_mut();
         // SAFETY: graph is a complete captured graph; valid out-pointer.

@@ -726,3 +726,35 @@ fn qdq_fixtures_run_on_the_gpu() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `[protection] l2_persist_mib`: a model whose weights are given persisting L2 (the limit set,
+/// the window on its stream and on every kernel node of its graphs, captured again) computes
+/// exactly what it computed before, split or whole; more than the device sets aside is refused
+/// naming the key.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn weights_kept_in_the_l2_change_no_output() {
+    let g = build_model("resnet18", Weights::Synthetic { seed: 3 }).unwrap();
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let mut m = gpu.compile_cuda(&g, 1, Precision::Fp16).expect("compile");
+    let x = random(m.input_mut().len(), 11);
+    m.input_mut().copy_from_slice(&x);
+    m.run().expect("run");
+    let before = m.output().to_vec();
+    let limits = isolane_cuda::l2::limits().expect("limits");
+    println!("device limits: {limits:?}");
+    let p = m.persist_weights_in_l2(16).expect("persist 16 MiB");
+    println!("persisted: {p:?}");
+    assert_eq!(p.persist_bytes, 16 << 20);
+    assert!(p.window.bytes > 0 && p.window.hit_ratio > 0.0);
+    m.run().expect("run with the window");
+    assert_eq!(m.output(), &before[..], "the window changed the output");
+    m.split(0.05).expect("split");
+    for i in 0..m.pieces() {
+        m.run_piece(i).expect("piece");
+    }
+    assert_eq!(m.output(), &before[..], "pieces with the window differ");
+    let too_much = (limits.max_persisting_bytes >> 20) as u64 + 1;
+    let e = m.persist_weights_in_l2(too_much).unwrap_err().to_string();
+    assert!(e.contains("l2_persist_mib"), "{e}");
+}
