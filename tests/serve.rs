@@ -489,3 +489,152 @@ fn ctl_resizes_unloads_and_loads_a_model_while_it_serves() {
         "{log}"
     );
 }
+
+/// `serve --autoplan` on the CPU: a best-effort model's request rate triples, the loop
+/// re-plans from the profiles in its cache and gives the model a second core while it serves;
+/// every request is answered with its own value, and the decisions are in /metrics, the log
+/// and `--out`'s autoplan.csv.
+#[test]
+fn autoplan_gives_a_model_whose_load_triples_another_core_while_it_serves() {
+    let cores = isolane_runtime::affinity::available_cores();
+    assert!(cores.len() >= 2, "a second core to give: {cores:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = dir.path().join("profiles");
+    // The planner's input, given here so that its decision is known (`plan --auto` measures
+    // these): one core takes 30 ms a job, so past 26.7 requests a second it is over 80 %
+    // busy; two take 10 ms.
+    let cache = isolane_planner::ProfileCache::new(&profiles);
+    let device = isolane_planner::cache::DeviceRecord {
+        gpu: isolane_planner::cpu_name(),
+        driver: "none".into(),
+        device_model: "cpu".into(),
+    };
+    for (size, ms) in [(1, 30.0), (2, 10.0)] {
+        let key = isolane_planner::cache::ProfileKey {
+            gpu: device.gpu.clone(),
+            driver: device.driver.clone(),
+            model: "spin:2ms".into(),
+            batch: 1,
+            precision: "fp32".into(),
+            mechanism: "none".into(),
+            partition: size.to_string(),
+        };
+        let t = isolane_planner::cache::Times {
+            exec_p50_ms: ms,
+            exec_p99_ms: ms,
+            exec_mean_ms: ms,
+            exec_p999_ms: Some(ms),
+            engine_revision: None,
+        };
+        cache.put(&key, &device, &t).unwrap();
+    }
+    let file = scenario(
+        dir.path(),
+        "auto.toml",
+        &format!(
+            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"be\"\nmodel = \
+             \"spin:2ms\"\nbatch = 1\nprecision = \"fp32\"\nrate_hz = 20\nduration_s = 1\n\
+             deadline_ms = 60000\nwarmup_jobs = 1\ncriticality = \"best_effort\"\n\
+             cpu = [{}]\n\n[workload.serve]\nqueue_limit = 1000\n",
+            cores[0]
+        ),
+    );
+    let out = dir.path().join("out");
+    let server = ServeProcess::start_with(
+        dir.path(),
+        &file,
+        &[
+            "--autoplan",
+            "--autoplan-dwell",
+            "1",
+            "--profile-cache",
+            profiles.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    // `senders` threads, each sending a request every 50 ms (20 a second) until `until`.
+    let send = |senders: u32, first: u32, until: Instant| {
+        (0..senders)
+            .map(|k| {
+                let addr = server.http.clone();
+                std::thread::spawn(move || {
+                    let mut sent = Vec::new();
+                    let mut v = first + k * 100_000;
+                    let mut next = Instant::now();
+                    while Instant::now() < until {
+                        let body = format!(
+                            r#"{{"inputs":[{{"name":"input","shape":[1,1],"datatype":"FP32","data":[{v}]}}]}}"#
+                        );
+                        sent.push((v, http(&addr, "POST", "/v2/models/be/infer", &body)));
+                        v += 1;
+                        next += Duration::from_millis(50);
+                        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                    }
+                    sent
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut answers = Vec::new();
+    for t in send(1, 0, Instant::now() + Duration::from_secs(3)) {
+        answers.extend(t.join().unwrap());
+    }
+    // Tripled until the model has its second core (or a generous bound).
+    let grown = Instant::now() + Duration::from_secs(60);
+    let status = || {
+        let (_, body) = http(&server.http, "GET", "/isolane/v1/status", "");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let mut last = serde_json::Value::Null;
+    while Instant::now() < grown {
+        for t in send(3, 1_000_000, Instant::now() + Duration::from_secs(2)) {
+            answers.extend(t.join().unwrap());
+        }
+        last = status();
+        if last["models"][0]["cpu"].as_array().map_or(0, |c| c.len()) == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        last["models"][0]["cpu"].as_array().map(|c| c.len()),
+        Some(2),
+        "no second core: {last}\n{}",
+        server.log()
+    );
+    assert!(answers.len() > 100, "{} requests", answers.len());
+    for (v, (code, body)) in &answers {
+        assert_eq!(*code, 200, "request {v}: {body}");
+        assert!(
+            body.contains(&format!(r#""data":[{v}.0]"#)),
+            "request {v}: {body}"
+        );
+    }
+    let (_, metrics) = http(&server.http, "GET", "/metrics", "");
+    for family in [
+        r#"isolane_serve_autoplan_decisions_total{reason="load_change",action="resize"} 1"#,
+        r#"isolane_serve_changes_total{model="be",kind="resize"} 1"#,
+        "isolane_serve_autoplan_unplannable_total 0",
+    ] {
+        assert!(
+            metrics.contains(family),
+            "`{family}` missing from\n{metrics}"
+        );
+    }
+    assert!(
+        !metrics.contains(r#"isolane_serve_rejections_total{model="be""#),
+        "{metrics}"
+    );
+    let log = server.log();
+    assert!(
+        log.contains("isolane::autoplan") && log.contains(r#"action="resize""#),
+        "{log}"
+    );
+    let csv = std::fs::read_to_string(out.join("autoplan.csv")).unwrap();
+    let resized: Vec<&str> = csv.lines().filter(|l| l.contains(",resize,")).collect();
+    assert_eq!(resized.len(), 1, "{csv}");
+    assert!(
+        resized[0].contains("load_change") && resized[0].contains("be 1 core → 2 cores"),
+        "{csv}"
+    );
+}

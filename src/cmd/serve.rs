@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::Args;
 use isolane_runtime::coordinator::RunPlan;
 use isolane_runtime::exec::{check_model, Engine, ExecError};
+use isolane_serve::autoplan::{Autoplan, AutoplanOptions, CachedProfiles};
 use isolane_serve::{serve_plan, ServeOptions, Server};
 
 use super::user;
@@ -60,6 +61,42 @@ pub struct ServeArgs {
     /// RUST_LOG does, e.g. ISOLANE_LOG=warn).
     #[arg(long)]
     pub no_access_log: bool,
+    /// Re-plan the partitions while serving: when a critical model's p99 passes the margin
+    /// or a model's request rate moves past --autoplan-load-change, plan again with the
+    /// planner from the profiles in --profile-cache (measuring nothing) and resize the models
+    /// live (CPU cores, green SMs, MPS thread %). A critical model is never shrunk.
+    #[arg(long)]
+    pub autoplan: bool,
+    /// The planner's margin: a predicted tail holds within this fraction of the deadline, and
+    /// a critical model's measured p99 past it triggers a re-plan.
+    #[arg(
+        long,
+        value_name = "FRACTION",
+        default_value_t = 0.9,
+        requires = "autoplan"
+    )]
+    pub autoplan_margin: f64,
+    /// A model's request rate this fraction away from the rate it was planned for (0.5: ±50 %)
+    /// triggers a re-plan.
+    #[arg(
+        long,
+        value_name = "FRACTION",
+        default_value_t = 0.5,
+        requires = "autoplan"
+    )]
+    pub autoplan_load_change: f64,
+    /// At least this long between two re-plans (and from the start to the first).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 10.0,
+        requires = "autoplan"
+    )]
+    pub autoplan_dwell: f64,
+    /// Where --autoplan reads the profiles it plans from (`isolane plan --auto`'s cache;
+    /// default as there: $XDG_CACHE_HOME/isolane/profiles or ~/.cache/isolane/profiles).
+    #[arg(long, value_name = "DIR", requires = "autoplan")]
+    pub profile_cache: Option<PathBuf>,
     #[command(flatten)]
     pub partitions: super::PartitionFlags,
 }
@@ -89,6 +126,10 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
     }
     let admitted = super::admit_or_refuse(&scenario, &name)?;
     let plan = RunPlan::from_scenario(&scenario);
+    let autoplan = match args.autoplan {
+        true => Some(autoplan_setup(&args, &scenario, &plan)?),
+        false => None,
+    };
     for w in &plan.workloads {
         check_model(Some(engine.as_ref()), &w.spec.device(&plan.device), &w.spec)
             .map_err(model_error)?;
@@ -122,7 +163,10 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         args.partitions.choices(),
         &options,
         grace,
-        |server| front_ends(server, http, grpc, &stop, grace),
+        |server| {
+            let decisions = recording.as_ref().map(|r| r.out.join(AUTOPLAN_CSV));
+            front_ends(server, (http, grpc), &stop, grace, autoplan, decisions)
+        },
     );
     let (fronts, drained) = served.map_err(|e| {
         if e.is_user_error() {
@@ -249,10 +293,11 @@ fn init_access_log() {
 /// taken answered) before the front ends stop, so that every answer reaches its client.
 fn front_ends(
     server: &Server,
-    http: std::net::TcpListener,
-    grpc: std::net::TcpListener,
+    (http, grpc): (std::net::TcpListener, std::net::TcpListener),
     stop: &AtomicBool,
     grace: Duration,
+    autoplan: Option<Autoplan>,
+    decisions: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -302,10 +347,22 @@ fn front_ends(
     );
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
+    let autoplan_stop = Arc::new(AtomicBool::new(false));
+    let autoplan_thread = match autoplan {
+        Some(a) => Some(spawn_autoplan(server, a, &autoplan_stop, decisions)?),
+        None => None,
+    };
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(20));
     }
     eprintln!("isolane serve: stopping; no new requests, answering those taken");
+    // The loop ends first: no change starts while the server drains.
+    autoplan_stop.store(true, Ordering::Relaxed);
+    if let Some(t) = autoplan_thread {
+        if t.join().is_err() {
+            eprintln!("isolane serve: the autoplan loop ended with a panic");
+        }
+    }
     server.drain(grace);
     let _ = done.send(true);
     runtime.block_on(async {
@@ -315,4 +372,232 @@ fn front_ends(
         }
     });
     Ok(())
+}
+
+/// `--out`'s file of autoplan decisions, one row each (docs/serve.md, "Autoplan").
+const AUTOPLAN_CSV: &str = "autoplan.csv";
+
+/// The autoplan loop on a thread of its own; its decisions also go to `decisions` (a CSV of
+/// `t_ms` since the server started, `reason`, `action`, `why`, `what`).
+fn spawn_autoplan(
+    server: &Server,
+    autoplan: Autoplan,
+    stop: &Arc<AtomicBool>,
+    decisions: Option<PathBuf>,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    use std::io::Write as _;
+    let mut file = match &decisions {
+        Some(p) => {
+            let mut f = std::fs::File::create(p)
+                .map_err(|e| anyhow::anyhow!("{}: cannot create it: {e}", p.display()))?;
+            writeln!(f, "t_ms,reason,action,why,what")?;
+            Some(f)
+        }
+        None => None,
+    };
+    let (server, stop) = (server.clone(), Arc::clone(stop));
+    let t0 = isolane_runtime::clock::now_ns();
+    std::thread::Builder::new()
+        .name("serve-autoplan".into())
+        .spawn(move || {
+            server.autoplan(autoplan, &stop, |e| {
+                if let Some(f) = file.as_mut() {
+                    let row = format!(
+                        "{:.3},{},{},{},{}",
+                        (e.at_ns - t0) as f64 / 1e6,
+                        e.reason,
+                        e.action,
+                        csv_cell(&e.why),
+                        csv_cell(&e.what)
+                    );
+                    if let Err(err) = writeln!(f, "{row}").and_then(|_| f.flush()) {
+                        eprintln!("warning: {AUTOPLAN_CSV}: {err}");
+                    }
+                }
+            })
+        })
+        .map_err(|e| anyhow::anyhow!("cannot start the autoplan loop: {e}"))
+}
+
+/// A CSV cell: quoted, with its quotes doubled.
+fn csv_cell(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// What `--autoplan` plans with: the flags checked, each model's profile key, the ladder of
+/// the partitions (cores, green SMs, MPS thread %) and, on a GPU with fitted coefficients,
+/// the interference prediction. A model whose partition cannot be resized live is refused by
+/// name (exit 2).
+fn autoplan_setup(
+    args: &ServeArgs,
+    scenario: &isolane_core::spec::Scenario,
+    plan: &RunPlan,
+) -> anyhow::Result<Autoplan> {
+    use isolane_core::spec::{Backend, Mechanism, Rate};
+    use isolane_planner::{Ladder, Unit};
+    let fraction = |flag: &str, v: f64, max: f64| {
+        if v.is_finite() && v > 0.0 && v <= max {
+            Ok(v)
+        } else {
+            Err(user(format!(
+                "{flag} {v}: expected a fraction above 0, at most {max}"
+            )))
+        }
+    };
+    let margin = fraction("--autoplan-margin", args.autoplan_margin, 1.0)?;
+    let load_change = fraction("--autoplan-load-change", args.autoplan_load_change, 100.0)?;
+    if !(args.autoplan_dwell.is_finite() && (0.0..=3600.0).contains(&args.autoplan_dwell)) {
+        return Err(user(format!(
+            "--autoplan-dwell {}: expected seconds from 0 to 3600",
+            args.autoplan_dwell
+        )));
+    }
+    let backend = scenario.device.backend;
+    let mechanism = match backend {
+        Backend::Cpu => Mechanism::None,
+        Backend::Cuda => scenario.device.mechanism,
+    };
+    for w in &plan.workloads {
+        let spec = &w.spec;
+        let movable = match (spec.device(&plan.device).backend, mechanism) {
+            (Backend::Cpu, _) => !spec.cpu.is_empty(),
+            (Backend::Cuda, Mechanism::Green) => spec.partition.sms.is_some(),
+            (Backend::Cuda, Mechanism::Mps) => spec.partition.thread_pct.is_some(),
+            _ => false,
+        };
+        if !movable {
+            return Err(user(format!(
+                "{}: workload `{}`: --autoplan resizes partitions it can plan: a CPU model's \
+                 cores (cpu = [...]), a green context's SMs (partition.sms) or an MPS client's \
+                 thread % (partition.thread_pct); this one has none of them (mechanism {})",
+                args.scenario.display(),
+                spec.name,
+                mechanism.name()
+            )));
+        }
+    }
+    let cache = isolane_planner::ProfileCache::new(
+        args.profile_cache
+            .clone()
+            .unwrap_or_else(isolane_planner::ProfileCache::default_dir),
+    );
+    let (ladder, gpu, driver, interference) = match backend {
+        Backend::Cpu => {
+            let n = isolane_runtime::affinity::available_cores().len() as u32;
+            let ladder = Ladder {
+                unit: Unit::Cores,
+                sizes: (1..=n).collect(),
+                capacity: n,
+                device_memory_mib: None,
+                mig: None,
+            };
+            (
+                ladder,
+                isolane_planner::cpu_name(),
+                "none".to_string(),
+                None,
+            )
+        }
+        Backend::Cuda => {
+            let devices = isolane_gpu::devices::list_devices()
+                .map_err(|e| anyhow::anyhow!("--autoplan: the GPUs: {e}"))?;
+            let d = devices
+                .into_iter()
+                .find(|d| d.index == scenario.device.gpu)
+                .ok_or_else(|| {
+                    user(format!(
+                        "device.gpu = {}: no such GPU here",
+                        scenario.device.gpu
+                    ))
+                })?;
+            let model = isolane_gpu::devices::model_for(
+                &d.name,
+                d.sm_count,
+                d.memory_mib,
+                d.compute_capability,
+            );
+            let ladder = match mechanism {
+                Mechanism::Green => {
+                    let r = model.green_rules().ok_or_else(|| {
+                        user(format!("--autoplan: {} has no green contexts", model.name))
+                    })?;
+                    let mut l = Ladder::green(model.sm_count, r.min_sms, r.step_sms);
+                    // As plan --auto: several green contexts hold what one split gives.
+                    if let Some((unit, groups)) = model.green_split_limit() {
+                        if plan.workloads.len() > 1 {
+                            l.capacity = l.capacity.min(unit * groups);
+                        }
+                    }
+                    l
+                }
+                _ => Ladder::mps(5),
+            };
+            let interference = match (
+                isolane_core::predict::fitted(model.name, mechanism),
+                isolane_core::predict::memory_system(model.name),
+            ) {
+                (Some(f), Some(system)) => Some(isolane_serve::autoplan::Interference {
+                    memory: plan
+                        .workloads
+                        .iter()
+                        .map(|w| {
+                            isolane_executors::engine::memory_profile(
+                                &w.spec.device(&plan.device),
+                                &w.spec,
+                                system.l2_bytes,
+                            )
+                        })
+                        .collect(),
+                    system,
+                    coefficients: f.coefficients,
+                }),
+                _ => None,
+            };
+            let driver = d
+                .driver_version
+                .clone()
+                .unwrap_or(d.cuda_driver_version.clone());
+            (ladder, d.name.clone(), driver, interference)
+        }
+    };
+    let ids = isolane_planner::auto::workload_ids(scenario);
+    let models = plan
+        .workloads
+        .iter()
+        .map(|w| {
+            let id = ids.iter().find(|i| i.name == w.spec.name);
+            (
+                w.spec.name.clone(),
+                id.map_or_else(|| w.spec.model.clone(), |i| i.model.clone()),
+                w.spec.batch,
+                id.map_or_else(String::new, |i| i.precision.clone()),
+            )
+        })
+        .collect();
+    Ok(Autoplan {
+        options: AutoplanOptions {
+            margin,
+            load_change,
+            dwell: Duration::from_secs_f64(args.autoplan_dwell),
+            ..AutoplanOptions::default()
+        },
+        profiles: CachedProfiles {
+            cache,
+            gpu,
+            driver,
+            mechanism: mechanism.name().to_string(),
+            models,
+            ladder: ladder.clone(),
+        },
+        ladder,
+        planned_hz: plan
+            .workloads
+            .iter()
+            .map(|w| match w.spec.rate {
+                Rate::Hz(hz) => hz,
+                _ => 0.0,
+            })
+            .collect(),
+        interference,
+    })
 }

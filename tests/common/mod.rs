@@ -269,11 +269,17 @@ pub struct ServeProcess {
 impl ServeProcess {
     /// Starts `isolane serve SCENARIO` on free ports and waits for its ready line.
     pub fn start(dir: &Path, scenario: &Path) -> ServeProcess {
+        ServeProcess::start_with(dir, scenario, &[])
+    }
+
+    /// [`ServeProcess::start`] with more flags (`--autoplan`, ...).
+    pub fn start_with(dir: &Path, scenario: &Path, flags: &[&str]) -> ServeProcess {
         let log = dir.join("serve.log");
         let mut child = isolane()
             .arg("serve")
             .arg(scenario)
             .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())

@@ -34,6 +34,21 @@ pub struct ProfileKey {
     pub partition: String,
 }
 
+/// This machine's CPU as [`ProfileKey::gpu`] names it for CPU profiles: `cpu <model name>`
+/// (/proc/cpuinfo's), `cpu cpu` where it cannot be read.
+pub fn cpu_name() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "cpu".into());
+    format!("cpu {model}")
+}
+
 /// A name made safe for a path: anything but ASCII letters, digits and dots becomes `_`.
 pub(crate) fn clean(s: &str) -> String {
     s.chars()

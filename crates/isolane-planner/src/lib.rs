@@ -44,7 +44,7 @@ mod search;
 mod stretch;
 
 pub use budget::ProfileBudget;
-pub use cache::ProfileCache;
+pub use cache::{cpu_name, ProfileCache};
 pub use gpus::{plan_gpus, GpusPlan};
 pub use learned::{Learned, LearnedStretch, StretchKey};
 pub use phases::{stagger, Periodic, StaggerError, Staggered};

@@ -663,7 +663,7 @@ fn ms_since(t: i64) -> f64 {
     (clock::now_ns() - t) as f64 / 1e6
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

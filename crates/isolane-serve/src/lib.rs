@@ -13,6 +13,7 @@
 //! Served here: thread-hosted workloads (the CPU, green contexts). Worker processes (MPS,
 //! MIG, time slices) are refused at start with their reason (docs/serve.md).
 
+pub mod autoplan;
 mod control;
 mod control_http;
 pub mod grpc;

@@ -73,6 +73,17 @@ pub struct ServeMetrics {
     changes: Family<ChangeLabels, Counter>,
     change_time: Family<ChangeLabels, Histogram, fn() -> Histogram>,
     change_pause: Family<ChangeLabels, Histogram, fn() -> Histogram>,
+    autoplan: Family<AutoplanLabels, Counter>,
+    unplannable: Counter,
+}
+
+/// A decision of `serve --autoplan` (autoplan.rs).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AutoplanLabels {
+    /// What triggered it: `critical_p99`, `load_change`.
+    pub reason: String,
+    /// `resize`, `keep`, `unplannable`, `failed`.
+    pub action: String,
 }
 
 impl Default for ServeMetrics {
@@ -100,6 +111,8 @@ impl ServeMetrics {
             changes: Family::default(),
             change_time: Family::new_with_constructor(change_histogram),
             change_pause: Family::new_with_constructor(change_histogram),
+            autoplan: Family::default(),
+            unplannable: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -185,7 +198,33 @@ impl ServeMetrics {
             Unit::Seconds,
             m.change_pause.clone(),
         );
+        registry.register(
+            "autoplan_decisions",
+            "Re-plans of serve --autoplan, by what triggered them (critical_p99, load_change) \
+             and what was done (resize, keep, unplannable, failed)",
+            m.autoplan.clone(),
+        );
+        registry.register(
+            "autoplan_unplannable",
+            "Re-plans of serve --autoplan that found no plan (nothing was changed)",
+            m.unplannable.clone(),
+        );
         ServeMetrics { registry, ..m }
+    }
+
+    /// A re-plan of serve --autoplan: what triggered it and what was done.
+    pub fn autoplan_decision(&self, reason: &str, action: &str) {
+        self.autoplan
+            .get_or_create(&AutoplanLabels {
+                reason: reason.to_string(),
+                action: action.to_string(),
+            })
+            .inc();
+    }
+
+    /// A re-plan that found no plan.
+    pub fn autoplan_unplannable(&self) {
+        self.unplannable.inc();
     }
 
     /// The figures of one model, for its submitters and thread.

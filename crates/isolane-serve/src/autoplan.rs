@@ -1,0 +1,1003 @@
+//! `isolane serve --autoplan` (docs/serve.md, "Autoplan"): a loop that watches each model's
+//! measured p99 against its deadline and the rate it actually gets, and re-plans the
+//! partitions with the planner when a critical model's p99 passes its margin or a model's
+//! load moves by more than a set fraction from the rate its partition was planned for.
+//!
+//! The re-plan is `isolane plan --auto`'s search ([`isolane_planner::plan`]) over the
+//! profiles already measured (the profile cache; nothing is measured while serving), with the
+//! observed rates as the demands and, on a GPU whose memory system has fitted coefficients,
+//! the stretch [`isolane_core::predict`] predicts beside the other models. The new partitions
+//! are applied through the change path `ctl resize` uses ([`Server::change`]): smaller ones
+//! first, so that the cores (or SMs, or thread %) they free are there for the larger ones.
+//!
+//! It never oscillates: a trigger needs a change larger than the fraction from the rate the
+//! last re-plan was made for (or a p99 that fell back below the re-arm line since it last
+//! fired), and two re-plans are at least the dwell time apart. It never shrinks a critical
+//! model: a critical model keeps at least its partition, and a plan that then does not fit is
+//! reported as unplannable and changes nothing. Every decision is logged with its reason
+//! (target `isolane::autoplan`) and counted in /metrics.
+//!
+//! The decisions are pure functions of the observed figures ([`decide`], [`replan`],
+//! [`assign_cores`]): unit-tested without time or a server.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use isolane_core::predict::{Coefficients, MemoryProfile, MemorySystem};
+use isolane_planner::cache::{ProfileCache, ProfileKey};
+use isolane_planner::{
+    Choice, Demand, GpusPlan, Ladder, Options, Outcome, Point, ProfileError, Profiler, Unit,
+};
+
+use crate::Server;
+
+/// How the loop decides (`serve --autoplan-margin`, `--autoplan-load-change`,
+/// `--autoplan-dwell`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AutoplanOptions {
+    /// A critical model's measured p99 past `margin` × its deadline triggers a re-plan; the
+    /// plan holds each predicted tail within it (the planner's `--margin`).
+    pub margin: f64,
+    /// A model's request rate more than this fraction away from the rate its partition was
+    /// planned for triggers a re-plan (0.5: ±50 %).
+    pub load_change: f64,
+    /// Two re-plans (and the start and the first re-plan) are at least this far apart.
+    pub dwell: Duration,
+    /// How often the figures are read.
+    pub every: Duration,
+}
+
+impl Default for AutoplanOptions {
+    fn default() -> Self {
+        AutoplanOptions {
+            margin: 0.9,
+            load_change: 0.5,
+            dwell: Duration::from_secs(10),
+            every: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A p99 that triggered is not a trigger again until it falls below (margin − this) × the
+/// deadline: a p99 hovering at the margin would otherwise fire at every dwell's end.
+pub const P99_REARM: f64 = 0.1;
+
+/// Below this rate (Hz) a change of load is measured against it instead: a model going from
+/// 0.1 to 0.3 requests a second has not tripled its load in any sense a partition feels.
+pub const RATE_FLOOR_HZ: f64 = 1.0;
+
+/// The deadline a model without one is planned with (ms): an hour, the longest deadline a
+/// change may set; its partition is then sized by its rate alone.
+pub const NO_DEADLINE_MS: f64 = 3_600_000.0;
+
+/// One model as the loop sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    pub name: String,
+    pub critical: bool,
+    pub deadline_ms: Option<f64>,
+    /// Requests that reached it per second, over the server's window (10 s).
+    pub rate_hz: f64,
+    /// The p99 of the window's answers (ms); none without answers.
+    pub p99_ms: Option<f64>,
+    /// Its partition now, in the ladder's unit (cores, SMs, thread %).
+    pub size: u32,
+}
+
+/// Why a re-plan was asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Trigger {
+    /// A critical model's measured p99 passed margin × its deadline.
+    CriticalP99 {
+        model: String,
+        p99_ms: f64,
+        limit_ms: f64,
+    },
+    /// A model's rate moved more than the fraction from the rate it was planned for.
+    LoadChange {
+        model: String,
+        planned_hz: f64,
+        now_hz: f64,
+    },
+}
+
+impl Trigger {
+    /// The metric's `reason` label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Trigger::CriticalP99 { .. } => "critical_p99",
+            Trigger::LoadChange { .. } => "load_change",
+        }
+    }
+
+    /// In words, for the log.
+    pub fn words(&self) -> String {
+        match self {
+            Trigger::CriticalP99 {
+                model,
+                p99_ms,
+                limit_ms,
+            } => format!("critical `{model}`: p99 {p99_ms:.3} ms past {limit_ms:.3} ms"),
+            Trigger::LoadChange {
+                model,
+                planned_hz,
+                now_hz,
+            } => format!("`{model}`: {now_hz:.1} requests/s, planned for {planned_hz:.1}"),
+        }
+    }
+}
+
+/// What the loop keeps between two looks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct State {
+    /// Per model, the rate its partition was last planned for (Hz).
+    pub planned_hz: Vec<f64>,
+    /// Per model, whether its p99 may trigger.
+    pub armed: Vec<bool>,
+    /// When the last re-plan was made (s; the start counts as one).
+    pub last_plan_s: f64,
+}
+
+impl State {
+    /// The state at `now_s` of models whose partitions were planned for `planned_hz` (the
+    /// scenario's rates).
+    pub fn new(planned_hz: Vec<f64>, now_s: f64) -> State {
+        State {
+            armed: vec![true; planned_hz.len()],
+            planned_hz,
+            last_plan_s: now_s,
+        }
+    }
+}
+
+/// What to do after a look.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Nothing triggered.
+    Steady,
+    /// Something triggered, within the dwell time of the last re-plan: wait `left_s`.
+    Dwell { triggers: Vec<Trigger>, left_s: f64 },
+    /// Re-plan now.
+    Replan { triggers: Vec<Trigger> },
+}
+
+/// The triggers in `observed` against `state`, and whether to act on them at `now_s`. A
+/// re-plan takes the observed rates as the new planned ones and disarms the p99s that fired,
+/// whatever the re-plan then finds: a plan that cannot be made is not tried again until the
+/// figures move again.
+pub fn decide(
+    state: &mut State,
+    observed: &[Observed],
+    now_s: f64,
+    opts: &AutoplanOptions,
+) -> Decision {
+    let mut triggers = Vec::new();
+    for (i, o) in observed.iter().enumerate() {
+        if let (true, Some(deadline), Some(p99)) = (o.critical, o.deadline_ms, o.p99_ms) {
+            let limit = opts.margin * deadline;
+            if p99 < (opts.margin - P99_REARM) * deadline {
+                state.armed[i] = true;
+            } else if p99 > limit && state.armed[i] {
+                triggers.push(Trigger::CriticalP99 {
+                    model: o.name.clone(),
+                    p99_ms: p99,
+                    limit_ms: limit,
+                });
+            }
+        }
+        let planned = state.planned_hz[i];
+        if (o.rate_hz - planned).abs() > opts.load_change * planned.max(RATE_FLOOR_HZ) {
+            triggers.push(Trigger::LoadChange {
+                model: o.name.clone(),
+                planned_hz: planned,
+                now_hz: o.rate_hz,
+            });
+        }
+    }
+    if triggers.is_empty() {
+        return Decision::Steady;
+    }
+    let left = opts.dwell.as_secs_f64() - (now_s - state.last_plan_s);
+    if left > 0.0 {
+        return Decision::Dwell {
+            triggers,
+            left_s: left,
+        };
+    }
+    for t in &triggers {
+        if let Trigger::CriticalP99 { model, .. } = t {
+            if let Some(i) = observed.iter().position(|o| &o.name == model) {
+                state.armed[i] = false;
+            }
+        }
+    }
+    state.planned_hz = observed.iter().map(|o| o.rate_hz).collect();
+    state.last_plan_s = now_s;
+    Decision::Replan { triggers }
+}
+
+/// A model's partition changed by a re-plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resize {
+    /// Its position among the observed models.
+    pub model: usize,
+    pub name: String,
+    pub from: u32,
+    pub to: u32,
+}
+
+/// What a re-plan found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Replanned {
+    /// These partitions change (smaller ones first).
+    Resize(Vec<Resize>),
+    /// The plan is the partitions there are.
+    Same,
+    /// No plan: why, one line per cause. Nothing changes.
+    Unplannable(Vec<String>),
+}
+
+/// The interference the planner holds each model to on a GPU: per model its memory profile
+/// (in the observed order), the device's memory system and the fitted coefficients
+/// ([`isolane_core::predict`]).
+#[derive(Debug, Clone)]
+pub struct Interference {
+    pub memory: Vec<Option<MemoryProfile>>,
+    pub system: MemorySystem,
+    pub coefficients: Coefficients,
+}
+
+/// Plans made again at most with the stretches the last plan predicts (as `plan --auto`).
+const PASSES: usize = 3;
+
+/// The partitions for `observed` (their observed rates, their deadlines) on `ladder`, from
+/// `profiles`. A critical model keeps at least the partition it has.
+pub fn replan(
+    observed: &[Observed],
+    ladder: &Ladder,
+    opts: &AutoplanOptions,
+    interference: Option<&Interference>,
+    profiles: &mut dyn Profiler,
+) -> Replanned {
+    let options = Options {
+        margin: opts.margin,
+        ..Options::default()
+    };
+    let mut demands: Vec<Demand> = observed
+        .iter()
+        .map(|o| Demand {
+            name: o.name.clone(),
+            rate_hz: o.rate_hz,
+            deadline_ms: o.deadline_ms.unwrap_or(NO_DEADLINE_MS),
+            critical: o.critical,
+            stretch: None,
+            added_p99_ms: None,
+            memory_mib: None,
+        })
+        .collect();
+    let mut profiles = AtMost {
+        inner: profiles,
+        ladder,
+    };
+    let mut outcome = match isolane_planner::plan(&demands, ladder, &options, &mut profiles) {
+        Ok(o) => o,
+        Err(e) => return Replanned::Unplannable(vec![e]),
+    };
+    if let Some(f) = interference {
+        for _ in 0..PASSES {
+            let wrapped = GpusPlan {
+                gpus: Vec::new(),
+                gpu_of: demands.iter().map(|d| (d.name.clone(), None)).collect(),
+                used: Vec::new(),
+                outcome,
+            };
+            let predicted = isolane_planner::predicted::predicted_stretches(
+                &wrapped,
+                &f.memory,
+                &f.coefficients,
+                &f.system,
+            );
+            outcome = wrapped.outcome;
+            let mut raised = false;
+            for (d, p) in demands.iter_mut().zip(&predicted) {
+                let now = d.stretch.unwrap_or(options.stretch);
+                if let Some(p) = p.as_ref().filter(|p| p.stretch > now + 0.005) {
+                    d.stretch = Some(p.stretch);
+                    raised = true;
+                }
+            }
+            if !raised {
+                break;
+            }
+            outcome = match isolane_planner::plan(&demands, ladder, &options, &mut profiles) {
+                Ok(o) => o,
+                Err(e) => return Replanned::Unplannable(vec![e]),
+            };
+        }
+    }
+    let choices: Vec<Choice> = match outcome {
+        Outcome::Planned { choices, .. } => choices,
+        Outcome::NoPlan {
+            mut reasons,
+            unprofiled,
+            ..
+        } => {
+            reasons.extend(unprofiled.into_iter().map(|u| u.why));
+            return Replanned::Unplannable(reasons);
+        }
+    };
+    let mut sizes = Vec::with_capacity(observed.len());
+    let mut kept = Vec::new();
+    for (o, c) in observed.iter().zip(&choices) {
+        if o.critical && c.size < o.size {
+            kept.push(format!("`{}` {}", o.name, ladder.describe(o.size)));
+            sizes.push(o.size);
+        } else {
+            sizes.push(c.size);
+        }
+    }
+    let used: u32 = sizes.iter().map(|&s| ladder.cost(s)).sum();
+    if used > ladder.capacity {
+        let each: Vec<String> = observed
+            .iter()
+            .zip(&sizes)
+            .map(|(o, &s)| format!("{} {}", o.name, ladder.describe(s)))
+            .collect();
+        return Replanned::Unplannable(vec![format!(
+            "a critical model is never shrunk for another ({} kept), and then together they \
+             need {} of {} ({})",
+            kept.join(", "),
+            ladder.describe_amount(used),
+            ladder.describe_amount(ladder.capacity),
+            each.join(", ")
+        )]);
+    }
+    let mut resizes: Vec<Resize> = observed
+        .iter()
+        .zip(&sizes)
+        .enumerate()
+        .filter(|(_, (o, &s))| o.size != s)
+        .map(|(i, (o, &s))| Resize {
+            model: i,
+            name: o.name.clone(),
+            from: o.size,
+            to: s,
+        })
+        .collect();
+    if resizes.is_empty() {
+        return Replanned::Same;
+    }
+    // Smaller first: what they free is what the larger ones take.
+    resizes.sort_by_key(|r| (r.to > r.from, r.model));
+    Replanned::Resize(resizes)
+}
+
+/// A size without a profile takes the profile of the largest smaller size that has one: the
+/// planner's own assumption that a larger partition is never slower makes it an upper bound,
+/// and a cache rarely holds every size (`plan --auto` measures 4–5 of a ladder, and one core a
+/// CPU workload).
+struct AtMost<'a> {
+    inner: &'a mut dyn Profiler,
+    ladder: &'a Ladder,
+}
+
+impl Profiler for AtMost<'_> {
+    fn profile(&mut self, workload: usize, size: u32) -> Result<Point, ProfileError> {
+        let first = match self.inner.profile(workload, size) {
+            Err(ProfileError::NotProfiled(why)) => why,
+            other => return other,
+        };
+        let below = self.ladder.sizes.iter().rev().filter(|&&s| s < size);
+        for &smaller in below {
+            match self.inner.profile(workload, smaller) {
+                Ok(p) => return Ok(Point { size, ..p }),
+                Err(ProfileError::NotProfiled(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ProfileError::NotProfiled(first))
+    }
+}
+
+/// Each model's cores after a re-plan to `sizes` (cores each), from the cores it has
+/// (`current`, in the models' order) and the cores there are (`available`): a model keeps its
+/// first cores (a smaller one the first `size`), and a larger one takes the lowest free ones.
+/// `Err` when the cores there are do not hold them (said in words).
+pub fn assign_cores(
+    current: &[Vec<usize>],
+    sizes: &[u32],
+    available: &[usize],
+) -> Result<Vec<Vec<usize>>, String> {
+    let mut out: Vec<Vec<usize>> = current
+        .iter()
+        .zip(sizes)
+        .map(|(cores, &n)| {
+            cores
+                .iter()
+                .copied()
+                .filter(|c| available.contains(c))
+                .take(n as usize)
+                .collect()
+        })
+        .collect();
+    let mut free: Vec<usize> = available
+        .iter()
+        .copied()
+        .filter(|c| !out.iter().any(|mine| mine.contains(c)))
+        .collect();
+    free.sort_unstable();
+    free.reverse();
+    for (mine, &n) in out.iter_mut().zip(sizes) {
+        while mine.len() < n as usize {
+            match free.pop() {
+                Some(c) => mine.push(c),
+                None => {
+                    return Err(format!(
+                        "{} cores are asked for and {} are available to the server",
+                        sizes.iter().sum::<u32>(),
+                        available.len()
+                    ))
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The profiles a re-plan reads: the cache's files of one device (CPU or GPU model and
+/// driver) and mechanism, one model key per served model. A profile that is not there is
+/// named (never measured: the models are serving).
+pub struct CachedProfiles {
+    pub cache: ProfileCache,
+    /// As [`ProfileKey::gpu`] and [`ProfileKey::driver`].
+    pub gpu: String,
+    pub driver: String,
+    /// As [`ProfileKey::mechanism`] (`green`, `mps`, `none` on the CPU).
+    pub mechanism: String,
+    /// Per served model, in the server's order: its name, and its model, batch and precision
+    /// as the cache keys them.
+    pub models: Vec<(String, String, u32, String)>,
+    pub ladder: Ladder,
+}
+
+impl CachedProfiles {
+    fn key(&self, workload: usize, size: u32) -> Option<ProfileKey> {
+        let (_, model, batch, precision) = self.models.get(workload)?;
+        Some(ProfileKey {
+            gpu: self.gpu.clone(),
+            driver: self.driver.clone(),
+            model: model.clone(),
+            batch: *batch,
+            precision: precision.clone(),
+            mechanism: self.mechanism.clone(),
+            partition: self.ladder.label(size),
+        })
+    }
+}
+
+impl Profiler for CachedProfiles {
+    fn profile(&mut self, workload: usize, size: u32) -> Result<Point, ProfileError> {
+        let Some(key) = self.key(workload, size) else {
+            return Err(ProfileError::Failed(format!(
+                "no model {workload} to profile"
+            )));
+        };
+        let (name, model, batch, precision) = &self.models[workload];
+        let what = format!(
+            "`{name}` ({model}, batch {batch}, {precision}, {}) in {}",
+            self.mechanism,
+            self.ladder.describe(size)
+        );
+        match self.cache.read(&key) {
+            Ok(Some(t)) => Ok(t.at(size)),
+            Ok(None) => Err(ProfileError::NotProfiled(format!(
+                "{what}: no profile in {} for {} (driver {}); nothing is measured while \
+                 serving: measure it with isolane plan --auto (it keeps its profiles there)",
+                self.cache.dir().display(),
+                self.gpu,
+                self.driver
+            ))),
+            Err(e) => Err(ProfileError::NotProfiled(format!(
+                "{what}: the profile cannot be used: {e}"
+            ))),
+        }
+    }
+}
+
+/// Everything the loop needs besides the server.
+pub struct Autoplan {
+    pub options: AutoplanOptions,
+    /// The sizes a partition may have: cores on the CPU, SMs for green contexts, thread % for
+    /// MPS.
+    pub ladder: Ladder,
+    pub profiles: CachedProfiles,
+    /// Per model, the rate its partition was planned for (the scenario's), in the server's
+    /// order.
+    pub planned_hz: Vec<f64>,
+    pub interference: Option<Interference>,
+}
+
+/// One decision, as the log, the metrics and `--out`'s autoplan.csv have it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Event {
+    /// ns on the monotonic clock.
+    pub at_ns: i64,
+    /// `critical_p99`, `load_change` (the first trigger's; all are in `why`).
+    pub reason: &'static str,
+    /// `resize`, `keep` (the plan is what there is), `unplannable`, `failed` (a change was
+    /// refused or failed; what was applied before it stays).
+    pub action: &'static str,
+    pub why: String,
+    /// The changes made, or why none could be.
+    pub what: String,
+}
+
+impl Server {
+    /// Runs `plan`'s loop until `stop` is raised or the server drains; each decision goes to
+    /// `on_event` as well as to the log and the metrics.
+    pub fn autoplan(
+        &self,
+        mut plan: Autoplan,
+        stop: &AtomicBool,
+        mut on_event: impl FnMut(&Event),
+    ) {
+        let t0 = Instant::now();
+        let mut state = State::new(plan.planned_hz.clone(), 0.0);
+        let mut waiting_for_unloaded = false;
+        while !stop.load(Ordering::Relaxed) && !self.shared.draining.load(Ordering::Relaxed) {
+            sleep_unless(stop, plan.options.every);
+            let Some(observed) = self.observe(plan.ladder.unit) else {
+                if !waiting_for_unloaded {
+                    tracing::info!(
+                        target: "isolane::autoplan",
+                        "a model is unloaded: its partition is not planned for, and nothing \
+                         is re-planned until it is loaded again"
+                    );
+                }
+                waiting_for_unloaded = true;
+                continue;
+            };
+            waiting_for_unloaded = false;
+            let now_s = t0.elapsed().as_secs_f64();
+            let triggers = match decide(&mut state, &observed, now_s, &plan.options) {
+                Decision::Steady => continue,
+                Decision::Dwell { triggers, left_s } => {
+                    tracing::debug!(
+                        target: "isolane::autoplan",
+                        why = words(&triggers).as_str(),
+                        dwell_left_s = left_s,
+                        "triggered within the dwell time; waiting"
+                    );
+                    continue;
+                }
+                Decision::Replan { triggers } => triggers,
+            };
+            let event = self.act(&mut plan, &observed, &triggers);
+            let metrics = &self.shared.metrics;
+            metrics.autoplan_decision(event.reason, event.action);
+            if event.action == "unplannable" {
+                metrics.autoplan_unplannable();
+                tracing::warn!(
+                    target: "isolane::autoplan",
+                    reason = event.reason,
+                    action = event.action,
+                    why = event.why.as_str(),
+                    what = event.what.as_str(),
+                );
+            } else {
+                tracing::info!(
+                    target: "isolane::autoplan",
+                    reason = event.reason,
+                    action = event.action,
+                    why = event.why.as_str(),
+                    what = event.what.as_str(),
+                );
+            }
+            on_event(&event);
+        }
+    }
+
+    /// Every model's figures, in the server's order; `None` while a model is unloaded.
+    fn observe(&self, unit: Unit) -> Option<Vec<Observed>> {
+        let mut out = Vec::with_capacity(self.shared.models.len());
+        for (m, slot) in self.shared.models.iter().zip(&self.shared.slots) {
+            if !m.is_loaded() {
+                return None;
+            }
+            let info = m.info();
+            let load = m.load();
+            let size = match unit {
+                Unit::Cores => info.cpu.len() as u32,
+                Unit::Sms => info.sms.unwrap_or(0),
+                Unit::ThreadPct => crate::control::lock(&slot.spec)
+                    .partition
+                    .thread_pct
+                    .unwrap_or(0),
+                _ => 0,
+            };
+            out.push(Observed {
+                name: info.name.clone(),
+                critical: info.criticality == isolane_core::spec::Criticality::Critical,
+                deadline_ms: info.deadline.map(|d| d.as_secs_f64() * 1e3),
+                rate_hz: load.rate_hz,
+                p99_ms: load.p99_ms,
+                size,
+            });
+        }
+        Some(out)
+    }
+
+    /// Re-plans and applies what changed.
+    fn act(&self, plan: &mut Autoplan, observed: &[Observed], triggers: &[Trigger]) -> Event {
+        let mut event = Event {
+            at_ns: isolane_runtime::clock::now_ns(),
+            reason: triggers.first().map_or("load_change", Trigger::reason),
+            action: "keep",
+            why: words(triggers),
+            what: String::new(),
+        };
+        let resizes = match replan(
+            observed,
+            &plan.ladder,
+            &plan.options,
+            plan.interference.as_ref(),
+            &mut plan.profiles,
+        ) {
+            Replanned::Same => {
+                event.what = "the plan is the partitions there are".into();
+                return event;
+            }
+            Replanned::Unplannable(why) => {
+                event.action = "unplannable";
+                event.what = why.join("; ");
+                return event;
+            }
+            Replanned::Resize(r) => r,
+        };
+        let settings = match self.settings_for(&plan.ladder, observed, &resizes) {
+            Ok(s) => s,
+            Err(e) => {
+                event.action = "unplannable";
+                event.what = e;
+                return event;
+            }
+        };
+        let mut done = Vec::new();
+        for (r, setting) in resizes.iter().zip(settings) {
+            let said = format!(
+                "{} {} → {}",
+                r.name,
+                plan.ladder.describe(r.from),
+                plan.ladder.describe(r.to)
+            );
+            match self.change(&r.name, &[setting]) {
+                Ok(c) => done.push(format!(
+                    "{said} (paused {})",
+                    c.pause_ms.map_or("none".into(), |p| format!("{p:.3} ms"))
+                )),
+                Err(e) => {
+                    event.action = "failed";
+                    done.push(format!("{said} refused: {}", e.message));
+                    break;
+                }
+            }
+        }
+        if event.action == "keep" {
+            event.action = "resize";
+        }
+        event.what = done.join("; ");
+        event
+    }
+
+    /// The `KEY=VALUE` each resize is made with: the cores it gets on the CPU, its SMs or
+    /// thread % on a GPU.
+    fn settings_for(
+        &self,
+        ladder: &Ladder,
+        observed: &[Observed],
+        resizes: &[Resize],
+    ) -> Result<Vec<(String, String)>, String> {
+        match ladder.unit {
+            Unit::Cores => {
+                let current: Vec<Vec<usize>> = self
+                    .shared
+                    .models
+                    .iter()
+                    .map(|m| m.info().cpu.clone())
+                    .collect();
+                let mut sizes: Vec<u32> = observed.iter().map(|o| o.size).collect();
+                for r in resizes {
+                    sizes[r.model] = r.to;
+                }
+                let available = isolane_runtime::affinity::available_cores();
+                let cores = assign_cores(&current, &sizes, &available)?;
+                Ok(resizes
+                    .iter()
+                    .map(|r| {
+                        let list = crate::control::cores_words(&cores[r.model]);
+                        ("cpu".to_string(), list)
+                    })
+                    .collect())
+            }
+            Unit::Sms => Ok(resizes
+                .iter()
+                .map(|r| ("sms".to_string(), r.to.to_string()))
+                .collect()),
+            Unit::ThreadPct => Ok(resizes
+                .iter()
+                .map(|r| ("thread_pct".to_string(), r.to.to_string()))
+                .collect()),
+            _ => Err(format!(
+                "{} partitions are not resized while serving",
+                ladder.describe(1)
+            )),
+        }
+    }
+}
+
+fn words(triggers: &[Trigger]) -> String {
+    triggers
+        .iter()
+        .map(Trigger::words)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Sleeps `d`, waking early when `stop` is raised.
+fn sleep_unless(stop: &AtomicBool, d: Duration) {
+    let until = Instant::now() + d;
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= until {
+            break;
+        }
+        std::thread::sleep((until - now).min(Duration::from_millis(20)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> AutoplanOptions {
+        AutoplanOptions {
+            dwell: Duration::from_secs(10),
+            ..AutoplanOptions::default()
+        }
+    }
+
+    fn model(name: &str, critical: bool, rate_hz: f64, p99_ms: f64, size: u32) -> Observed {
+        Observed {
+            name: name.into(),
+            critical,
+            deadline_ms: Some(100.0),
+            rate_hz,
+            p99_ms: Some(p99_ms),
+            size,
+        }
+    }
+
+    /// Profiles as a table: per model, per size, the mean (= p50 = p99 = p99.9) in ms.
+    struct Table(Vec<Vec<(u32, f64)>>);
+
+    impl Profiler for Table {
+        fn profile(&mut self, w: usize, size: u32) -> Result<Point, ProfileError> {
+            let ms = self.0[w]
+                .iter()
+                .find(|(s, _)| *s == size)
+                .map(|&(_, ms)| ms)
+                .ok_or_else(|| ProfileError::NotProfiled(format!("model {w} at {size}")))?;
+            Ok(Point {
+                size,
+                exec_p50_ms: ms,
+                exec_p99_ms: ms,
+                exec_mean_ms: ms,
+                exec_p999_ms: Some(ms),
+            })
+        }
+    }
+
+    fn cores(n: u32) -> Ladder {
+        Ladder {
+            unit: Unit::Cores,
+            sizes: (1..=n).collect(),
+            capacity: n,
+            device_memory_mib: None,
+            mig: None,
+        }
+    }
+
+    #[test]
+    fn a_load_change_past_the_fraction_replans_once_the_dwell_is_over() {
+        let mut s = State::new(vec![20.0, 10.0], 0.0);
+        let o = opts();
+        let steady = [
+            model("be", false, 28.0, 5.0, 1),
+            model("c", true, 10.0, 5.0, 1),
+        ];
+        assert_eq!(decide(&mut s, &steady, 20.0, &o), Decision::Steady);
+        let tripled = [
+            model("be", false, 60.0, 5.0, 1),
+            model("c", true, 10.0, 5.0, 1),
+        ];
+        let d = decide(&mut s, &tripled, 5.0, &o);
+        assert!(
+            matches!(&d, Decision::Dwell { left_s, .. } if (*left_s - 5.0).abs() < 1e-9),
+            "{d:?}"
+        );
+        let Decision::Replan { triggers } = decide(&mut s, &tripled, 12.0, &o) else {
+            panic!("no re-plan");
+        };
+        assert_eq!(
+            triggers,
+            vec![Trigger::LoadChange {
+                model: "be".into(),
+                planned_hz: 20.0,
+                now_hz: 60.0
+            }]
+        );
+        assert_eq!(s.planned_hz, vec![60.0, 10.0]);
+        // The same load again triggers nothing: planned for it now.
+        assert_eq!(decide(&mut s, &tripled, 30.0, &o), Decision::Steady);
+    }
+
+    #[test]
+    fn a_load_wobbling_within_the_fraction_never_replans() {
+        let mut s = State::new(vec![20.0], 0.0);
+        let o = opts();
+        for (i, rate) in [12.0, 29.0, 11.0, 29.5, 20.0, 10.5].into_iter().enumerate() {
+            let d = decide(
+                &mut s,
+                &[model("be", false, rate, 5.0, 1)],
+                100.0 + i as f64,
+                &o,
+            );
+            assert_eq!(d, Decision::Steady, "{rate} Hz");
+        }
+        // Below the floor, 0.1 → 0.9 Hz is no change of load.
+        let mut s = State::new(vec![0.1], 0.0);
+        let d = decide(&mut s, &[model("be", false, 0.4, 5.0, 1)], 100.0, &o);
+        assert_eq!(d, Decision::Steady);
+    }
+
+    #[test]
+    fn a_critical_p99_fires_once_and_rearms_only_below_the_band() {
+        let mut s = State::new(vec![10.0], 0.0);
+        let o = opts();
+        let hot = [model("c", true, 10.0, 95.0, 1)];
+        let Decision::Replan { triggers } = decide(&mut s, &hot, 20.0, &o) else {
+            panic!("no re-plan");
+        };
+        assert_eq!(triggers[0].reason(), "critical_p99");
+        // Still hot: disarmed, so no re-plan at every dwell's end.
+        assert_eq!(decide(&mut s, &hot, 40.0, &o), Decision::Steady);
+        // Between the re-arm line (80 ms) and the margin (90 ms): still disarmed.
+        assert_eq!(
+            decide(&mut s, &[model("c", true, 10.0, 85.0, 1)], 60.0, &o),
+            Decision::Steady
+        );
+        assert_eq!(
+            decide(&mut s, &[model("c", true, 10.0, 70.0, 1)], 61.0, &o),
+            Decision::Steady
+        );
+        assert!(matches!(
+            decide(&mut s, &hot, 80.0, &o),
+            Decision::Replan { .. }
+        ));
+        // A best-effort model's p99 never triggers.
+        let mut s = State::new(vec![10.0], 0.0);
+        assert_eq!(
+            decide(&mut s, &[model("be", false, 10.0, 500.0, 1)], 20.0, &o),
+            Decision::Steady
+        );
+    }
+
+    #[test]
+    fn replan_grows_a_busier_model_and_shrinks_an_idle_one_smaller_first() {
+        // 15 ms a job on one core, 7.5 on two: at 60 Hz one core is 90 % busy (> 80 %).
+        let mut t = Table(vec![
+            vec![(1, 15.0), (2, 7.5), (3, 5.0)],
+            vec![(1, 2.0), (2, 1.0)],
+        ]);
+        let observed = [
+            model("be", false, 60.0, 5.0, 1),
+            model("other", false, 1.0, 5.0, 2),
+        ];
+        let r = replan(&observed, &cores(3), &opts(), None, &mut t);
+        assert_eq!(
+            r,
+            Replanned::Resize(vec![
+                Resize {
+                    model: 1,
+                    name: "other".into(),
+                    from: 2,
+                    to: 1
+                },
+                Resize {
+                    model: 0,
+                    name: "be".into(),
+                    from: 1,
+                    to: 2
+                },
+            ])
+        );
+        let same = [
+            model("be", false, 20.0, 5.0, 1),
+            model("other", false, 1.0, 5.0, 1),
+        ];
+        assert_eq!(
+            replan(&same, &cores(3), &opts(), None, &mut t),
+            Replanned::Same
+        );
+    }
+
+    #[test]
+    fn a_critical_model_is_never_shrunk_to_make_room() {
+        let mut t = Table(vec![vec![(1, 2.0), (2, 1.0)], vec![(1, 15.0), (2, 7.5)]]);
+        // The critical model needs one core and has two; the best-effort one needs two.
+        let observed = [
+            model("c", true, 10.0, 5.0, 2),
+            model("be", false, 60.0, 5.0, 1),
+        ];
+        let Replanned::Unplannable(why) = replan(&observed, &cores(3), &opts(), None, &mut t)
+        else {
+            panic!("planned");
+        };
+        assert!(
+            why[0].contains("never shrunk") && why[0].contains("`c` 2 cores"),
+            "{why:?}"
+        );
+        // With a fourth core there is room: the critical one keeps its two.
+        let Replanned::Resize(r) = replan(&observed, &cores(4), &opts(), None, &mut t) else {
+            panic!("not planned");
+        };
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].name.as_str(), r[0].to), ("be", 2));
+    }
+
+    #[test]
+    fn a_missing_profile_makes_the_plan_unplannable_with_its_words() {
+        // Only two cores profiled: one core has no profile, nor anything smaller.
+        let mut t = Table(vec![vec![(2, 7.5)]]);
+        let Replanned::Unplannable(why) = replan(
+            &[model("be", false, 60.0, 5.0, 1)],
+            &cores(3),
+            &opts(),
+            None,
+            &mut t,
+        ) else {
+            panic!("planned");
+        };
+        assert!(why.iter().any(|w| w.contains("model 0 at 1")), "{why:?}");
+        // Three cores are taken as no faster than two (their profile is missing): at 120 Hz
+        // two cores are 90 % busy, so no size is enough.
+        let Replanned::Unplannable(why) = replan(
+            &[model("be", false, 120.0, 5.0, 1)],
+            &cores(3),
+            &opts(),
+            None,
+            &mut t,
+        ) else {
+            panic!("planned");
+        };
+        assert!(why[0].contains("even in 3 cores"), "{why:?}");
+    }
+
+    #[test]
+    fn cores_are_kept_where_they_are_and_taken_lowest_first() {
+        let cur = vec![vec![3], vec![0, 1]];
+        assert_eq!(
+            assign_cores(&cur, &[2, 1], &[0, 1, 2, 3]).unwrap(),
+            vec![vec![3, 1], vec![0]]
+        );
+        assert_eq!(
+            assign_cores(&cur, &[1, 3], &[0, 1, 2, 3]).unwrap(),
+            vec![vec![3], vec![0, 1, 2]]
+        );
+        let e = assign_cores(&cur, &[2, 3], &[0, 1, 2, 3]).unwrap_err();
+        assert!(
+            e.contains("5 cores") && e.contains("4 are available"),
+            "{e}"
+        );
+    }
+}
