@@ -646,3 +646,110 @@ fn an_error_wraps_on_a_terminal_and_stays_one_line_in_a_pipe() {
     let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     assert_eq!(words(&text), words(&err));
 }
+
+/// `isolane build` on the CPU, then the plan run by a scenario; another batch, a truncated file,
+/// another format version and a GPU precision on the CPU are each refused with exit code 2,
+/// naming the file and what is wrong, before any output exists.
+#[test]
+fn a_saved_plan_is_built_run_and_refused_where_it_does_not_fit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = tmp.path().join("m.isoplan");
+    let o = isolane()
+        .args([
+            "build",
+            "mobilenet_v2",
+            "--device",
+            "cpu",
+            "--batch",
+            "1",
+            "-o",
+        ])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("model hash"), "{stdout}");
+    let with = |model: &str, extra: &str| {
+        SMALL
+            .replace("spin:1ms~0.2ms", model)
+            .replace("rate_hz = 200", "rate_hz = 50")
+            .replace("jobs = 100", &format!("jobs = 10{extra}"))
+    };
+    let out = tmp.path().join("out");
+    let sc = scenario(
+        tmp.path(),
+        "plan.toml",
+        &with(&plan.display().to_string(), ""),
+    );
+    run_ok(isolane().arg("run").arg(&sc).arg("--out").arg(&out));
+    let s = summary(&out);
+    assert_eq!(workload(&s, "a")["jobs"], 10, "{s}");
+
+    let refused = |name: &str, model: &str, extra: &str, wants: &[&str]| {
+        let sc = scenario(tmp.path(), name, &with(model, extra));
+        let out = tmp.path().join(format!("out-{name}"));
+        let o = isolane()
+            .arg("run")
+            .arg(&sc)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{name}: {stderr}");
+        for w in wants {
+            assert!(stderr.contains(w), "{name}: wants {w:?}: {stderr}");
+        }
+        assert!(!out.exists(), "{name}");
+    };
+    let p = plan.display().to_string();
+    refused(
+        "batch.toml",
+        &p,
+        "\nbatch = 2",
+        &["m.isoplan", "batch \"1\"", "\"2\""],
+    );
+    let bytes = std::fs::read(&plan).unwrap();
+    let cut = tmp.path().join("cut.isoplan");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    refused(
+        "cut.toml",
+        &cut.display().to_string(),
+        "",
+        &["cut.isoplan", "truncated"],
+    );
+    let mut v9 = bytes.clone();
+    v9[8..12].copy_from_slice(&9u32.to_le_bytes());
+    let old = tmp.path().join("v9.isoplan");
+    std::fs::write(&old, &v9).unwrap();
+    refused(
+        "v9.toml",
+        &old.display().to_string(),
+        "",
+        &["v9.isoplan", "format version 9"],
+    );
+
+    let o = isolane()
+        .args([
+            "build",
+            "mobilenet_v2",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp16",
+            "-o",
+        ])
+        .arg(tmp.path().join("x.isoplan"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("fp32 only"), "{stderr}");
+    assert!(!tmp.path().join("x.isoplan").exists());
+}

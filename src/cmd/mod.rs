@@ -2,6 +2,7 @@
 
 pub mod app;
 pub mod bench;
+pub mod build;
 pub mod coexec;
 pub mod compare;
 pub mod completions;

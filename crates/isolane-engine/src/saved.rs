@@ -49,6 +49,30 @@ pub fn is_saved_plan_path(model: &str) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case(EXTENSION))
 }
 
+/// What a CPU plan for `precision` and `batch` must have in its key (the CPU backend's
+/// revision: its kernels compute the same bits on any x86-64 it runs on).
+pub fn cpu_key(precision: crate::Precision, batch: usize) -> Vec<(String, String)> {
+    vec![
+        (FIELD_DEVICE.into(), "cpu".into()),
+        (FIELD_PRECISION.into(), precision.as_str().into()),
+        (FIELD_BATCH.into(), batch.to_string()),
+        (FIELD_ENGINE.into(), format!("cpu {CPU_REVISION}")),
+    ]
+}
+
+/// The CPU backend's saved plan of `graph` for `batch`: the graph after the passes (what a
+/// compile would make of it), keyed by [`cpu_key`], `model` and its hash.
+pub fn cpu_plan(graph: &Graph, model: &str, batch: usize) -> crate::Result<SavedPlan> {
+    let mut key = cpu_key(crate::Precision::Fp32, batch);
+    key.push((FIELD_MODEL.into(), model.into()));
+    key.push((FIELD_MODEL_HASH.into(), model_hash(graph)));
+    Ok(SavedPlan {
+        key,
+        graph: crate::passes::optimize(graph, batch)?,
+        backend: Vec::new(),
+    })
+}
+
 /// A saved plan in memory.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SavedPlan {

@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use isolane_core::spec::{
     Backend as SpecBackend, DeviceSpec, Host, ModelSource, Precision as SpecPrecision, WorkloadSpec,
 };
+use isolane_engine::saved::{self as saved_file, is_saved_plan_path, SavedPlan};
 use isolane_engine::{
     build_model, model_info, CompiledModel, CpuBackend, Graph, Precision, Weights,
 };
@@ -60,6 +61,9 @@ pub(crate) fn engine_err(spec: &WorkloadSpec, message: impl std::fmt::Display) -
 }
 
 fn load_graph(spec: &WorkloadSpec, seed: u64) -> Result<Graph, ExecError> {
+    if is_saved_plan_path(&spec.model) {
+        return load_saved(spec).map(|s| s.graph);
+    }
     if is_onnx(&spec.model) {
         return isolane_engine::onnx::import_file(Path::new(&spec.model))
             .map_err(|e| bad_model(spec, e));
@@ -69,6 +73,41 @@ fn load_graph(spec: &WorkloadSpec, seed: u64) -> Result<Graph, ExecError> {
         None => Weights::Synthetic { seed },
     };
     build_model(&spec.model, weights).map_err(|e| bad_model(spec, e))
+}
+
+/// A saved plan (`isolane build`), its precision and batch checked against the workload's
+/// (a plan is compiled for one of each).
+fn load_saved(spec: &WorkloadSpec) -> Result<SavedPlan, ExecError> {
+    let saved = SavedPlan::load(Path::new(&spec.model)).map_err(|e| bad_model(spec, e))?;
+    let here = [
+        (
+            saved_file::FIELD_PRECISION,
+            precision(spec.precision).as_str().to_string(),
+        ),
+        (saved_file::FIELD_BATCH, spec.batch.to_string()),
+    ]
+    .map(|(k, v)| (k.to_string(), v));
+    saved
+        .check_key(&spec.model, &here)
+        .map_err(|e| bad_model(spec, e))?;
+    Ok(saved)
+}
+
+/// The key a saved plan must have to run on `device` (its GPU's fields on cuda).
+fn saved_key_here(
+    device: &DeviceSpec,
+    spec: &WorkloadSpec,
+) -> Result<Vec<(String, String)>, ExecError> {
+    let p = precision(spec.precision);
+    let batch = spec.batch as usize;
+    match device.backend {
+        SpecBackend::Cuda => {
+            let gpu =
+                isolane_cuda::saved::gpu_key(gpu_index(device)).map_err(|e| engine_err(spec, e))?;
+            Ok(isolane_cuda::saved::expected_key(gpu, p, batch))
+        }
+        SpecBackend::Cpu => Ok(saved_file::cpu_key(p, batch)),
+    }
 }
 
 /// A model file or weights file that cannot be used is the user's to fix (exit code 2).
@@ -137,7 +176,71 @@ fn build_cuda(
     seed: u64,
     group: Option<isolane_gpu::GreenGroup>,
 ) -> Result<Box<dyn Executor>, ExecError> {
-    let backend = match &group {
+    let backend = cuda_backend(device, spec, &group)?;
+    // Imported models are checked against the CPU reference before their first job;
+    // built-ins are covered by the GPU tests (docs/cuda.md, Plan check).
+    let options = isolane_cuda::CompileOptions {
+        plan_check: spec.plan_check && is_onnx(&spec.model),
+        ..Default::default()
+    };
+    let model = backend
+        .compile_cuda_with(
+            graph,
+            spec.batch as usize,
+            precision(spec.precision),
+            &options,
+        )
+        .map_err(|e| engine_err(spec, e))?;
+    Ok(cuda_executor(spec, model, graph, seed, group))
+}
+
+/// A saved plan's model: on cuda its choices replayed (nothing timed; the load checks its key
+/// against this GPU and its outputs' bits against the build's), on the CPU its fused graph
+/// compiled.
+fn build_saved(
+    device: &DeviceSpec,
+    spec: &WorkloadSpec,
+    seed: u64,
+    partition: Option<Partition>,
+) -> Result<Box<dyn Executor>, ExecError> {
+    let saved = load_saved(spec)?;
+    if device.backend == SpecBackend::Cuda {
+        let group = partition.map(|p| green_group(spec, p)).transpose()?;
+        let backend = cuda_backend(device, spec, &group)?;
+        let model = backend
+            .load_saved(
+                &saved,
+                &spec.model,
+                spec.batch as usize,
+                precision(spec.precision),
+            )
+            .map_err(|e| engine_err(spec, e))?;
+        return Ok(cuda_executor(spec, model, &saved.graph, seed, group));
+    }
+    saved
+        .check_key(&spec.model, &saved_key_here(device, spec)?)
+        .map_err(|e| bad_model(spec, e))?;
+    let threads = spec.cpu.len().max(1);
+    let mut model = CpuBackend::new(threads)
+        .compile_cpu(&saved.graph, spec.batch as usize, precision(spec.precision))
+        .map_err(|e| engine_err(spec, e))?;
+    let io = TensorNames::of(&saved.graph);
+    let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);
+    model.input_mut().copy_from_slice(&input);
+    Ok(Box::new(ModelExecutor {
+        model: Box::new(model),
+        io,
+    }))
+}
+
+/// The CUDA backend a workload's model is built on: in its green context when its plan carried
+/// one (`group`), else on a stream of its own in the device's primary context.
+fn cuda_backend(
+    device: &DeviceSpec,
+    spec: &WorkloadSpec,
+    group: &Option<isolane_gpu::GreenGroup>,
+) -> Result<isolane_cuda::CudaBackend, ExecError> {
+    match group {
         Some(g) => {
             g.make_current().map_err(|e| engine_err(spec, e))?;
             // SAFETY: the group (its context and stream) is moved into the executor below and
@@ -146,32 +249,28 @@ fn build_cuda(
         }
         None => isolane_cuda::CudaBackend::with_own_stream(gpu_index(device), worker_is_urgent()),
     }
-    .map_err(|e| engine_err(spec, e))?;
-    // Imported models are checked against the CPU reference before their first job;
-    // built-ins are covered by the GPU tests (docs/cuda.md, Plan check).
-    let options = isolane_cuda::CompileOptions {
-        plan_check: spec.plan_check && is_onnx(&spec.model),
-        ..Default::default()
-    };
-    let mut model = backend
-        .compile_cuda_with(
-            graph,
-            spec.batch as usize,
-            precision(spec.precision),
-            &options,
-        )
-        .map_err(|e| engine_err(spec, e))?;
+    .map_err(|e| engine_err(spec, e))
+}
+
+/// The executor of a model compiled (or loaded) on cuda, its input seeded.
+fn cuda_executor(
+    spec: &WorkloadSpec,
+    mut model: isolane_cuda::CudaModel,
+    graph: &Graph,
+    seed: u64,
+    group: Option<isolane_gpu::GreenGroup>,
+) -> Box<dyn Executor> {
     if let Some(r) = model.plan_check() {
         eprintln!("workload {}: {}", spec.name, plan_check_line(&r));
     }
     let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);
     model.input_mut().copy_from_slice(&input);
     let io = TensorNames::of(graph);
-    Ok(Box::new(CudaExecutor {
+    Box::new(CudaExecutor {
         model,
         io,
         _group: group,
-    }))
+    })
 }
 
 /// The names of a graph's inputs and outputs, in the compiled model's order, kept beside the
@@ -505,10 +604,18 @@ impl EngineExecutors for EngineExecutorsImpl {
         // Files are read now, before any output exists, so that a corrupt ONNX file or a
         // safetensors file with a wrong or missing tensor stops the run at once; and a batch
         // that does not fit this machine is refused before it is allocated.
+        if is_saved_plan_path(&spec.model) {
+            // Before any output exists: a plan built for another GPU, driver, library or
+            // engine is refused naming the field and both values.
+            let saved = load_saved(spec)?;
+            saved
+                .check_key(&spec.model, &saved_key_here(device, spec)?)
+                .map_err(|e| bad_model(spec, e))?;
+        }
         let graph = shape_graph(spec)?;
         check_batch_fits(&graph, spec.batch as usize, target(device, spec))
             .map_err(|reason| bad_model(spec, format!("batch = {}: {reason}", spec.batch)))?;
-        if reads_a_file(spec) {
+        if reads_a_file(spec) && !is_saved_plan_path(&spec.model) {
             // A worker process builds its own copy; only thread hosts can reuse this one.
             if spec.host == Host::Thread {
                 if let Ok(mut cache) = self.checked.lock() {
@@ -534,6 +641,9 @@ impl EngineExecutors for EngineExecutorsImpl {
                 SpecBackend::Cpu => None,
             };
             return crate::kernel::build(device, spec, kernel, group);
+        }
+        if is_saved_plan_path(&spec.model) {
+            return build_saved(device, spec, seed, partition);
         }
         let cached = if reads_a_file(spec) {
             self.checked.lock().ok().and_then(|mut cache| {

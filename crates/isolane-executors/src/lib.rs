@@ -10,5 +10,6 @@
 pub mod app_models;
 pub mod app_worker;
 pub mod engine;
+pub mod saved_plan;
 mod kernel;
 pub mod seeded_input;

@@ -169,7 +169,7 @@ pub enum ModelSource {
     Kernel(super::kernel::KernelModel),
     /// A built-in architecture of the engine, by name.
     Builtin(String),
-    /// An ONNX file (absolute after validation).
+    /// An ONNX file or a saved plan (`.isoplan`) (absolute after validation).
     Onnx(PathBuf),
 }
 
@@ -189,8 +189,11 @@ impl ModelSource {
     }
 }
 
+/// A model given as a file: an ONNX file, or a saved plan (`.isoplan`, `isolane build`), which
+/// is validated, resolved and read like one.
 pub(crate) fn is_onnx_path(model: &str) -> bool {
-    model.to_ascii_lowercase().ends_with(".onnx")
+    let m = model.to_ascii_lowercase();
+    m.ends_with(".onnx") || m.ends_with(".isoplan")
 }
 
 #[cfg(test)]
