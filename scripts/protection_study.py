@@ -51,6 +51,19 @@ VARIANTS = {
     "guard": (True, True, False, False),
     "both": (True, True, True, False),
     "stretch": (True, True, True, True),
+    # issue 34's levers, each with the guard and priorities ("both"), then all together
+    "slack": (True, True, True, False),
+    "share": (True, True, True, False),
+    "l2": (True, True, True, False),
+    "levers": (True, True, True, False),
+}
+
+# [protection] keys each lever variant adds (docs/scenario.md); --l2-mib sets l2_persist_mib.
+LEVER_KEYS = {
+    "slack": ["slack_order = true"],
+    "share": ["share = true"],
+    "l2": ["l2_persist_mib = {l2}"],
+    "levers": ["slack_order = true", "share = true", "l2_persist_mib = {l2}"],
 }
 
 
@@ -79,6 +92,10 @@ def parse_args():
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--piece-us", type=int, default=100)
     p.add_argument("--margin-us", type=int, default=20)
+    p.add_argument("--alone-only", action="store_true",
+                   help="measure each workload alone (alone.json) and stop")
+    p.add_argument("--l2-mib", type=int, default=24,
+                   help="l2_persist_mib of the l2 and levers variants")
     p.add_argument("--skip-alone", action="store_true",
                    help="reuse <out>/alone.json from an earlier run of this script")
     args = p.parse_args()
@@ -139,6 +156,7 @@ def scenario_toml(args, mech, workloads, variant="none", stretch=None):
     prot = (f"[protection]\nenabled = {flag(enabled)}\nguard = {flag(guard)}\n"
             f"priorities = {flag(priorities)}\n"
             f"piece_us = {args.piece_us}\nmargin_us = {args.margin_us}\n")
+    prot += "".join(k.format(l2=args.l2_mib) + "\n" for k in LEVER_KEYS.get(variant, []))
     if with_stretch and stretch:
         workloads = [dict(w, stretch=stretch.get(w["name"])) for w in workloads]
     body = "\n\n".join(workload_toml(args, w, mech) for w in workloads)
@@ -254,6 +272,11 @@ class Study:
         names = [w["name"] for w in workloads if w.get("criticality") != "best_effort"]
         deadlines = {w["name"]: w["deadline_ms"] for w in workloads if w.get("deadline_ms")}
         blame = attribute(run_dir, names, deadlines)
+        # What admission predicted before the run (`[protection] admission`, on by default):
+        # the workloads its warning named.
+        with open(os.path.join(folder, "log.txt")) as f:
+            warned = [line.split("'")[1] for line in f
+                      if line.strip().startswith("workload '") and "predicted p99" in line]
         for name, w in s.items():
             ex = [e - st for _, st, e, _ in jobs(run_dir, name)]
             a = self.alone[mech][name]
@@ -269,7 +292,8 @@ class Study:
                 throughput_ips=w["throughput_ips"],
                 of_alone=w["throughput_ips"] / a["capacity"] if is_be else "",
                 held_ms=held.get("total_ms", 0),
-                stretch=(stretch or {}).get(name, "")))
+                stretch=(stretch or {}).get(name, ""),
+                predicted_miss=int(name in warned)))
             if name in blame:
                 self.misses.append(dict(study=study, mechanism=mech, load=load, variant=label,
                                         repeat=rep, workload=name, **blame[name]))
@@ -309,6 +333,8 @@ class Study:
     def main(self):
         os.makedirs(self.args.out, exist_ok=True)
         self.measure_alone()
+        if self.args.alone_only:
+            return
         for mech in self.mechanisms:
             variants = self.args.variants.split(",")
             if mech == "timeslice":  # two victims at 75 % each cannot share by turns: no levers
@@ -346,7 +372,9 @@ def markdown(st):
            f"{a.repeats} repeats. Variants: none (unprotected), pri (priorities only), guard "
            "(guard only, full-stall model), both (guard + priorities, the default), stretch "
            "(guard with each victim's own stretch by best effort: p99 execution time in the first "
-           "unprotected run over the victims-only baseline's, + priorities); victims-only / only-X: the baselines without best effort.", "",
+           "unprotected run over the victims-only baseline's, + priorities); slack / share / l2: "
+           "both + `slack_order` / `share` / `l2_persist_mib` (issue 34's levers), levers: all "
+           "three; victims-only / only-X: the baselines without best effort.", "",
            "| mechanism | workload | alone capacity /s | alone p99 ms | alone exec p99 ms |",
            "| --- | --- | --- | --- | --- |"]
     for mech, ws in st.alone.items():
@@ -370,8 +398,9 @@ def markdown(st):
         out += ["", f"## {study}: median (worst) over repeats", "",
                 "| mechanism | load | variant | runs | " + " | ".join(
                     f"{v} timeouts %" for v in victims) + " | victim max ms | best effort "
-                "of alone | misses queued / slow (beside the other victim) |",
-                "| --- | --- | --- | --- |" + " --- |" * len(victims) + " --- | --- | --- |"]
+                "of alone | misses queued / slow (beside the other victim) | admission "
+                "predicted a miss of |",
+                "| --- | --- | --- | --- |" + " --- |" * len(victims) + " --- | --- | --- | --- |"]
         for k in keys:
             rs = [r for r in st.rows if r["study"] == study
                   and (r["mechanism"], r["load"], r["variant"]) == k]
@@ -387,10 +416,11 @@ def markdown(st):
             q = sum(m["queued"] for m in ms)
             s = sum(m["slow"] for m in ms)
             sv = sum(m["slow_beside_victim"] for m in ms)
+            warned = sorted({r["workload"] for r in rs if r.get("predicted_miss")})
             out.append(f"| {k[0]} | {k[1]:.2f} | {k[2]} | {len(runs)} | " + " | ".join(cells) +
                        f" | {max(mx):.2f} | " +
                        (f"{statistics.median(b):.0%} ({min(b):.0%})" if b else "—") +
-                       f" | {q} / {s} ({sv}) |")
+                       f" | {q} / {s} ({sv}) | {', '.join(warned) or '—'} |")
     return "\n".join(out) + "\n"
 
 

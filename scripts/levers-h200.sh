@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Issue 34's isolation levers measured on the H200 (docs/criticality.md "Levers"), with a
+# staged build:
+#
+#   here:   bash scripts/gpu-test.sh stage
+#   device: (carry ["stage"])  bash scripts/levers-h200.sh [a|b|c|all]
+#
+# Three trios, each two critical CNNs (a light one in 24 SMs, a heavier one in 48) at LOAD
+# (0.75) of their capacity alone in their partition, deadline 1.3 x their p99 alone there
+# (DEADLINE_BASE=together: 1.3 x their p99 in the victims-only run), beside a transformer flat
+# out as best effort in 48 SMs (scripts/protection_study.py; fp16, green contexts, thread host):
+#   a  resnet18:24 + resnet50:48, best effort vit_l_32:48   (the issue's light/heavy CNN case)
+#   b  mobilenet_v2:24 + convnext_base:48, best effort vit_b_16:48
+#   c  mobilenet_v2:24 + resnet50:48, best effort vit_l_32:48
+# Variants (VARIANTS_A for trio a, VARIANTS for b and c): none (unprotected), both (guard +
+# priorities: today's default), slack (+ slack_order), share (+ share), l2 (+ l2_persist_mib =
+# L2_MIB), levers (all three). Each point once (REPEATS=1), DURATION_S (2) s a run, about 15 s a
+# run with its builds: about 3 min for a, 2 min each for b and c.
+# Before the comparisons, each workload's alone run is written into the profile cache (as
+# `plan --auto` would measure it), so that admission's prediction (`[protection] admission`,
+# on by default) has each p99 alone: the victims-only and trio runs then say, in their logs,
+# which critical workload is predicted to miss beside its neighbours; protection.md's last
+# column names them.
+#
+# BACKEND=cpu runs the same steps with spin stand-ins (a check of the script, not a measurement).
+# MECHANISMS (default green; green,mps adds MPS, each calibrated on its own), ISOLANE_BIN
+# (stage/isolane), RESULTS (results/h200-levers), OUT (the summary's folder, /tmp/levers).
+# Writes $OUT/levers.md (each trio's protection.md) and $OUT/<trio>-protection.csv.
+set -u
+cd "$(dirname "$0")/.."
+
+which=${1:-all}
+case "$which" in
+a | b | c | all) ;;
+*)
+    echo "usage: levers-h200.sh [a|b|c|all] (got \`$which\`)" >&2
+    exit 2
+    ;;
+esac
+for f in stage/*.xz; do
+    [ -f "$f" ] && xz -d -f "$f" && chmod +x "${f%.xz}"
+done
+bin=${ISOLANE_BIN:-$PWD/stage/isolane}
+results=${RESULTS:-results/h200-levers}
+out=${OUT:-/tmp/levers}
+mechs=${MECHANISMS:-green}
+mkdir -p "$results" "$out"
+# The profile cache admission reads: a folder of this run's own (nothing older is trusted).
+export XDG_CACHE_HOME=$PWD/$results/cache
+rev=$(sed -n 's/^pub const ENGINE_REVISION: u32 = \([0-9]*\);/\1/p' crates/isolane-cuda/src/lib.rs)
+
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,temperature.gpu \
+        --format=csv,noheader | tee "$results/gpu.txt"
+fi
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null)
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader -i 0 2>/dev/null)
+
+# Each alone run of a study into the profile cache, keyed as `plan --auto` keys its profiles.
+cache_profiles() {
+    python3 - "$1" "$XDG_CACHE_HOME/isolane/profiles" "$gpu" "$driver" "$rev" <<'PY'
+import csv, json, os, re, sys
+study, cache, gpu, driver, rev = sys.argv[1:]
+clean = lambda s: re.sub(r"[^A-Za-z0-9.]", "_", s)
+d = os.path.join(cache, clean(gpu), clean(driver))
+os.makedirs(d, exist_ok=True)
+with open(os.path.join(d, "device.json"), "w") as f:
+    json.dump({"gpu": gpu, "driver": driver, "device_model": "h200"}, f)
+alone = os.path.join(study, "alone")
+for mech in sorted(os.listdir(alone)) if os.path.isdir(alone) else []:
+    for w in sorted(os.listdir(os.path.join(alone, mech))):
+        folder = os.path.join(alone, mech, w)
+        text = open(os.path.join(folder, "scenario-in.toml")).read()
+        model = re.search(r'^model = "(.*)"', text, re.M).group(1)
+        sms = re.search(r"sms = (\d+)", text)
+        pct = re.search(r"thread_pct = (\d+)", text)
+        part = sms.group(1) if mech == "green" and sms else pct.group(1) if pct else None
+        if part is None:
+            continue
+        with open(os.path.join(folder, "run", "jobs", w + ".csv")) as f:
+            ex = sorted(float(r["end_ms"]) - float(r["start_ms"])
+                        for r in csv.DictReader(f) if r["end_ms"])
+        if not ex:
+            continue
+        q = lambda p: ex[min(len(ex) - 1, int(len(ex) * p))]
+        times = {"exec_p50_ms": q(.5), "exec_p99_ms": q(.99),
+                 "exec_mean_ms": sum(ex) / len(ex), "exec_p999_ms": q(.999),
+                 "engine_revision": int(rev)}
+        with open(os.path.join(d, f"{model}-b1-fp16-{mech}-{part}.json"), "w") as f:
+            json.dump(times, f)
+        print(f"profile: {model} {mech} {part}: exec p99 {times['exec_p99_ms']:.3f} ms")
+PY
+}
+
+study() { # name victims best-effort variants
+    local name=$1 dir=$results/$1
+    local common=(--out "$dir" --victims "$2" --best-effort "$3" --mechanisms "$mechs"
+        --load "${LOAD:-0.75}" --deadline-base "${DEADLINE_BASE:-alone}"
+        --duration "${DURATION_S:-2}" --repeats "${REPEATS:-1}" --l2-mib "${L2_MIB:-24}"
+        --isolane "$bin" --backend "${BACKEND:-cuda}")
+    echo "=== trio $name: $2 beside $3 ($4)"
+    # The alone runs first (no variants), into the cache, then the comparison reusing them.
+    python3 scripts/protection_study.py "${common[@]}" --alone-only \
+        >"$dir.alone.log" 2>&1 || { tail -n 20 "$dir.alone.log"; return 1; }
+    cache_profiles "$dir" | tee -a "$dir.alone.log"
+    python3 scripts/protection_study.py "${common[@]}" --variants "$4" --skip-alone \
+        >"$dir.log" 2>&1 || { tail -n 20 "$dir.log"; return 1; }
+    { echo "## Trio $name: $2, best effort $3"; echo; sed 1d "$dir/protection.md"; echo; } \
+        >>"$out/levers.md"
+    cp "$dir/protection.csv" "$out/$name-protection.csv"
+    tail -n 12 "$dir/protection.md"
+}
+
+mkdir -p "$results"
+: >"$out/levers.md"
+rc=0
+all="none,both,slack,share,l2,levers"
+[ "$which" = a ] || [ "$which" = all ] &&
+    { study a resnet18:24,resnet50:48 vit_l_32:48 "${VARIANTS_A:-$all}" || rc=1; }
+[ "$which" = b ] || [ "$which" = all ] &&
+    { study b mobilenet_v2:24,convnext_base:48 vit_b_16:48 "${VARIANTS:-none,both,levers}" || rc=1; }
+[ "$which" = c ] || [ "$which" = all ] &&
+    { study c mobilenet_v2:24,resnet50:48 vit_l_32:48 "${VARIANTS:-none,both,levers}" || rc=1; }
+exit $rc
