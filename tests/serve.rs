@@ -638,3 +638,34 @@ fn autoplan_gives_a_model_whose_load_triples_another_core_while_it_serves() {
         "{csv}"
     );
 }
+
+/// `--autoplan` refuses at start (exit 2, naming the workload or the flag) what it could not
+/// resize: an unpinned CPU model, and margins outside (0, 1].
+#[test]
+fn autoplan_refuses_a_model_it_cannot_resize_and_a_bad_margin() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "unpinned.toml",
+        "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"loose\"\nmodel = \
+         \"spin:1ms\"\nbatch = 1\nrate_hz = 20\nduration_s = 1\n",
+    );
+    for (flags, said) in [
+        (vec!["--autoplan"], "workload `loose`: --autoplan resizes"),
+        (
+            vec!["--autoplan", "--autoplan-margin", "1.5"],
+            "--autoplan-margin 1.5: expected a fraction above 0, at most 1",
+        ),
+    ] {
+        let o = isolane()
+            .arg("serve")
+            .arg(&file)
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .args(&flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(err.contains(said), "{flags:?}: `{said}` missing from {err}");
+    }
+}

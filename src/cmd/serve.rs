@@ -459,6 +459,17 @@ fn autoplan_setup(
     };
     for w in &plan.workloads {
         let spec = &w.spec;
+        if spec.device(&plan.device).backend == Backend::Cuda && mechanism == Mechanism::Green {
+            // The change path refuses sms= until a green context can be made while serving
+            // (docs/serve.md, "Not served yet"): every resize the loop made would fail.
+            return Err(user(format!(
+                "{}: workload `{}`: --autoplan cannot resize a green partition yet (a green \
+                 context is not created while serving); it resizes CPU cores and MPS thread \
+                 shares (mechanism = \"mps\")",
+                args.scenario.display(),
+                spec.name
+            )));
+        }
         let movable = match (spec.device(&plan.device).backend, mechanism) {
             (Backend::Cpu, _) => !spec.cpu.is_empty(),
             (Backend::Cuda, Mechanism::Green) => spec.partition.sms.is_some(),
