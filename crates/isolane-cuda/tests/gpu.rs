@@ -758,3 +758,145 @@ fn weights_kept_in_the_l2_change_no_output() {
     let e = m.persist_weights_in_l2(too_much).unwrap_err().to_string();
     assert!(e.contains("l2_persist_mib"), "{e}");
 }
+
+/// Saved plans (issue 33): each model is built once on the whole GPU (compiled, timed, plan
+/// checked) and saved; the saved bytes are read back and loaded on the whole GPU and in green
+/// contexts of 16, 64 and 128 SMs. Every load replays the saved choices (nothing timed) and
+/// refuses a model whose outputs on the check input differ in any bit from the built one's,
+/// so a load that succeeds computes the same bits there; a seeded input's outputs are also
+/// compared bit for bit with the built model's here. Prints build and load times (the figures
+/// scripts/saved-plan-h200.sh reports). `ISOLANE_TEST_MODELS` narrows the models (default
+/// resnet50, mobilenet_v2, vit_b_16), `ISOLANE_SAVED_PRECISION` the precision (fp16).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn saved_plans_load_untimed_with_the_same_bits_in_every_green_size() {
+    use isolane_engine::saved::SavedPlan;
+    let models: Vec<String> = std::env::var("ISOLANE_TEST_MODELS")
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_else(|_| {
+            ["resnet50", "mobilenet_v2", "vit_b_16"]
+                .map(String::from)
+                .to_vec()
+        });
+    let precision: Precision = std::env::var("ISOLANE_SAVED_PRECISION")
+        .unwrap_or_else(|_| "fp16".into())
+        .parse()
+        .expect("precision");
+    let whole = CudaBackend::new(0).expect("cuda backend");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for name in &models {
+        let g = build_model(name, Weights::Synthetic { seed: 3 }).expect("model");
+        let t0 = Instant::now();
+        let (mut built, saved) = whole
+            .build_saved(&g, name, 1, precision)
+            .expect("build_saved");
+        let build_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let bytes = saved.to_bytes();
+        let input = random(built.input_mut().len(), 11);
+        built.input_mut().copy_from_slice(&input);
+        built.run().unwrap();
+        let want = bits(built.output());
+        drop(built);
+        let t0 = Instant::now();
+        let back = SavedPlan::from_bytes("m.isoplan", &bytes).expect("read back");
+        let read_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t0 = Instant::now();
+        let mut loaded = whole
+            .load_saved(&back, "m.isoplan", 1, precision)
+            .expect("load on the whole GPU");
+        let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+        loaded.input_mut().copy_from_slice(&input);
+        loaded.run().unwrap();
+        assert!(
+            bits(loaded.output()) == want,
+            "{name}: whole GPU, other bits"
+        );
+        drop(loaded);
+        println!(
+            "saved plan {name} {}: build {build_ms:.0} ms (plan check included), file {:.1} MiB \
+             read {read_ms:.1} ms, load {load_ms:.1} ms, whole GPU bits identical",
+            precision.as_str(),
+            bytes.len() as f64 / 1048576.0
+        );
+        for sms in [16u32, 64, 128] {
+            let parts = isolane_gpu::GreenPartitioning::create(0, &[sms]).expect("green context");
+            let group = &parts.groups()[0];
+            group.make_current().expect("make current");
+            // SAFETY: the group's context and stream outlive the backend and the model (dropped
+            // first).
+            let green = unsafe { CudaBackend::with_stream(group.context(), group.stream()) }
+                .expect("backend");
+            let t0 = Instant::now();
+            let mut m = green
+                .load_saved(&back, "m.isoplan", 1, precision)
+                .unwrap_or_else(|e| panic!("{name} in {sms} SMs: {e}"));
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            m.input_mut().copy_from_slice(&input);
+            m.run().unwrap();
+            let same = bits(m.output()) == want;
+            println!(
+                "saved plan {name}: green {} SMs: load {ms:.1} ms, bits identical: {same}",
+                group.granted_sms()
+            );
+            assert!(same, "{name} in {sms} SMs: other bits");
+            drop(m);
+        }
+        // A plan for another GPU is refused, naming the field and both values.
+        let mut other = back.clone();
+        for (k, v) in other.key.iter_mut() {
+            if k == "GPU" {
+                *v = "Another GPU".into();
+            }
+        }
+        let e = whole
+            .load_saved(&other, "m.isoplan", 1, precision)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("\"Another GPU\"") && e.contains("GPU"), "{e}");
+    }
+}
+
+/// The saved plans of `ISOLANE_SAVED_PLAN_DIR` (`*.isoplan`, batch 1, precision
+/// `ISOLANE_SAVED_PRECISION` or fp16) loaded in this process: under MPS with
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` set, a load that succeeds computed the built model's bits
+/// on the check input (scripts/saved-plan-h200.sh runs it so). Skips without the variable.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn saved_plans_from_files_load_here() {
+    let Ok(dir) = std::env::var("ISOLANE_SAVED_PLAN_DIR") else {
+        println!("ISOLANE_SAVED_PLAN_DIR not set: nothing to load");
+        return;
+    };
+    let precision: Precision = std::env::var("ISOLANE_SAVED_PRECISION")
+        .unwrap_or_else(|_| "fp16".into())
+        .parse()
+        .expect("precision");
+    let share = std::env::var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").unwrap_or("-".into());
+    let whole = CudaBackend::new(0).expect("cuda backend");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("plan folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "isoplan"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .isoplan in {dir}");
+    let mut failed = Vec::new();
+    for f in &files {
+        let t0 = Instant::now();
+        let saved = isolane_engine::saved::SavedPlan::load(f).expect("read");
+        let r = whole.load_saved(&saved, &f.display().to_string(), 1, precision);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        match r {
+            Ok(_) => println!(
+                "saved plan {}: MPS share {share}: read + load {ms:.1} ms, bits identical: true",
+                f.display()
+            ),
+            Err(e) => {
+                println!("saved plan {}: MPS share {share}: {e}", f.display());
+                failed.push(f.display().to_string());
+            }
+        }
+    }
+    assert!(failed.is_empty(), "refused: {failed:?}");
+}
