@@ -895,24 +895,180 @@ kind = "sink"
     assert_eq!(sink_outputs(&out, "vote"), vec!["tensor 1x4x5"; 4]);
 }
 
+/// The trace's events of `file`.
+fn trace_events(file: &Path) -> Vec<serde_json::Value> {
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    doc["traceEvents"].as_array().unwrap().clone()
+}
+
+/// `run --trace` of an app: a track for the app (each frame from its release to the sink's
+/// end, its release and deadline marked) and one per stage (each frame it ran, from its start
+/// to its end), which `isolane trace` makes again from the folder; a folder whose frames CSV
+/// has no stage starts (written before they were recorded) is refused by name.
 #[test]
-fn flags_not_built_for_apps_are_refused() {
+fn an_app_run_traces_its_frames_and_stages() {
     let dir = tempfile::tempdir().unwrap();
-    let p = scenario(dir.path(), "s.toml", APP);
-    for flag in [&["--trace"][..], &["--metrics-addr", "127.0.0.1:0"]] {
-        let o = isolane()
+    let p = scenario(dir.path(), "s.toml", &every_frame(APP));
+    let out = dir.path().join("run");
+    let o = run_ok(
+        isolane()
             .arg("run")
             .arg(&p)
-            .args(flag)
-            .arg("--out")
-            .arg(dir.path().join("x"))
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(2));
-        assert!(
-            String::from_utf8_lossy(&o.stderr).contains("not built for scenarios with [[app]]s")
-        );
+            .args(["--trace", "--out"])
+            .arg(&out),
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("trace.json"));
+    let ev = trace_events(&out.join("trace.json"));
+    let track = |name: &str| {
+        ev.iter()
+            .find(|e| e["name"] == "thread_name" && e["args"]["name"] == name)
+            .and_then(|e| e["tid"].as_u64())
+            .unwrap_or_else(|| panic!("no track `{name}`"))
+    };
+    let on = |tid: u64, name: &str| -> Vec<&serde_json::Value> {
+        ev.iter()
+            .filter(|e| e["pid"] == 1 && e["tid"] == tid && e["name"] == name)
+            .collect()
+    };
+    let app = track("a (app, 10 fps, deadline 50 ms)");
+    let (pre, sink) = (track("a/pre (preprocess, cpu)"), track("a/out (sink, cpu)"));
+    // late = "queue": every one of the 30 frames reaches the sink.
+    assert_eq!(on(app, "release").len(), 30);
+    assert_eq!(on(app, "deadline").len(), 30);
+    let frames = [on(app, "frame"), on(app, "frame (timeout)")].concat();
+    assert_eq!(frames.len(), 30);
+    let (pres, sinks) = (on(pre, "a/pre"), on(sink, "a/out"));
+    assert_eq!((pres.len(), sinks.len()), (30, 30));
+    // Each frame's stages lie inside its span, in the app's order.
+    let ts = |e: &serde_json::Value| e["ts"].as_f64().unwrap();
+    let end = |e: &serde_json::Value| ts(e) + e["dur"].as_f64().unwrap();
+    fn of<'a>(spans: &[&'a serde_json::Value], k: u64) -> &'a serde_json::Value {
+        spans.iter().find(|e| e["args"]["frame"] == k).unwrap()
     }
+    for k in 0..30 {
+        let (f, p, s) = (of(&frames, k), of(&pres, k), of(&sinks, k));
+        assert!(ts(f) <= ts(p) && end(p) <= ts(s) + 1e-3, "frame {k}");
+        assert!((end(s) - end(f)).abs() < 5e-3, "frame {k} ends at the sink");
+    }
+    let again = dir.path().join("again.json");
+    run_ok(isolane().arg("trace").arg(&out).arg("--out").arg(&again));
+    assert_eq!(trace_events(&again), ev);
+
+    // Without the starts' columns (a folder of an earlier isolane): refused by name.
+    let csv_path = out.join("apps/a.csv");
+    let csv = std::fs::read_to_string(&csv_path).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let keep: Vec<usize> = (0..header.len())
+        .filter(|&i| !header[i].ends_with(".start_ms"))
+        .collect();
+    let old: String = csv
+        .lines()
+        .map(|l| {
+            let c: Vec<&str> = l.split(',').collect();
+            keep.iter().map(|&i| c[i]).collect::<Vec<_>>().join(",") + "\n"
+        })
+        .collect();
+    std::fs::write(&csv_path, old).unwrap();
+    let o = isolane().arg("trace").arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("no `pre.start_ms` column"), "{err}");
+}
+
+/// A sample's value: `name{labels} value`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// `--metrics-addr` of an app run: the app's figures (frames, end-to-end latency) and each
+/// stage's are served while it runs; what was scraped is part of what the run recorded.
+#[test]
+fn an_app_run_serves_its_metrics_while_it_runs() {
+    use std::io::BufRead as _;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let long = APP
+        .replace("frames = 30", "frames = 100000")
+        .replace("fps = 10", "fps = 50");
+    let p = scenario(dir.path(), "s.toml", &long);
+    let out = dir.path().join("run");
+    let mut child = isolane()
+        .arg("run")
+        .arg(&p)
+        .arg("--out")
+        .arg(&out)
+        .args(["--quiet", "--metrics-addr", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The address comes on stderr; the rest is drained so the run never blocks.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(url) = line.strip_prefix("metrics: http://") {
+                let _ = tx.send(url.trim_end_matches("/metrics").to_string());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("no metrics address on stderr");
+    // Polled until frames have gone through: a loaded machine only makes it take longer.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (text, scraped) = loop {
+        let (status, text) = common::http(&addr, "GET", "/metrics", "");
+        let frames = sample(&text, "isolane_jobs_total{workload=\"a\"}");
+        let pre = sample(&text, "isolane_stage_frames_total{app=\"a\",stage=\"pre\"}");
+        if let (200, Some(frames), Some(pre)) = (status, frames, pre) {
+            if frames >= 5.0 && pre >= 5.0 {
+                break (text, frames);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no frames counted in time:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let log = reader.join().unwrap();
+    for family in [
+        "# TYPE isolane_jobs counter",
+        "# TYPE isolane_latency_seconds histogram",
+        "isolane_latency_seconds_count{workload=\"a\"}",
+        "isolane_timeouts_total{workload=\"a\"}",
+        "# TYPE isolane_stage_latency_seconds histogram",
+        "isolane_stage_latency_seconds_count{app=\"a\",stage=\"out\"}",
+        "isolane_stage_skipped_total{app=\"a\",stage=\"pre\"}",
+        "isolane_stage_held_seconds_total{app=\"a\",stage=\"pre\"}",
+        "isolane_run{command=\"run\"",
+    ] {
+        assert!(text.contains(family), "no `{family}` in:\n{text}\n{log}");
+    }
+    assert_eq!(text.lines().last(), Some("# EOF"));
+    // Every frame scraped had been released; the CSV has a row per frame released.
+    let rows = std::fs::read_to_string(out.join("apps/a.csv"))
+        .unwrap()
+        .lines()
+        .count()
+        - 1;
+    assert!(
+        scraped <= rows as f64,
+        "scraped {scraped}, released {rows}\n{log}"
+    );
 }
 
 /// On the H100: an app whose model runs in a green context of 16 SMs (fp16), through the

@@ -14,6 +14,7 @@
 //! | [`models`] | how a model stage gets a compiled model ([`models::ModelBuilder`]) |
 //! | [`protection`] | criticality protection: critical apps' frames in the guard, best-effort stages held |
 //! | [`run`] | one run of the apps: threads, channels, the release schedule, the records |
+//! | [`session`] | `isolane run` of apps: checks, partitions, telemetry, live metrics, the files written |
 //! | [`workers`] | apps in `isolane worker` processes (MPS, time-slicing): the coordinator's side |
 //! | [`metrics`] | records → summary.json's `apps` (paper 004's metrics), and the frames CSV |
 
@@ -25,6 +26,7 @@ pub mod partitions;
 pub mod placement;
 pub mod protection;
 pub mod run;
+pub mod session;
 pub mod source;
 pub mod spec;
 pub mod stage;

@@ -290,12 +290,16 @@ fn made_late<'a>(
 /// `frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,transfer_ms`
 /// (`held_ms`: how long the criticality guard held the frame's stages back; `transfer_ms`: how
 /// long its values took to move between GPU stages), then each stage's own time
-/// (`<stage>_ms`, empty where it did not run), then `output`: what reached the sink. Times in
-/// ms since t0.
+/// (`<stage>_ms`, empty where it did not run), then when each stage started the frame
+/// (`<stage>.start_ms`, ms since t0: where the trace places it; a stage name has no `.`, so
+/// no stage's own-time column can take that name), then `output`: what reached the sink.
 pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
     let mut out = String::from(isolane_core::results::APP_CSV_COLUMNS);
     for s in &app.stages {
         out.push_str(&format!(",{}_ms", s.name));
+    }
+    for s in &app.stages {
+        out.push_str(&format!(",{}.start_ms", s.name));
     }
     out.push_str(",output\n");
     let sink = crate::run::sink(app, rec);
@@ -322,6 +326,11 @@ pub fn frames_csv(app: &AppSpec, rec: &AppRecords) -> String {
                 .map(ms);
             out.push(',');
             out.push_str(&own.unwrap_or_default());
+        }
+        for stage in &rec.stages {
+            let start = stage.get(i).and_then(|s| s.end_ns.and(s.start_ns)).map(ms);
+            out.push(',');
+            out.push_str(&start.unwrap_or_default());
         }
         let output = sink.get(i).and_then(|s| s.output.as_deref()).unwrap_or("");
         out.push(',');

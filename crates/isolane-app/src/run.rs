@@ -147,7 +147,17 @@ fn preprocess_sizes(app: &AppSpec) -> Result<Vec<Option<[u32; 2]>>, String> {
 }
 
 /// Runs `apps` to their last frame and returns what was measured.
-pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOutcome, RunError> {
+pub fn run_apps(apps: &[AppSpec], settings: RunSettings<'_>) -> Result<RunOutcome, RunError> {
+    run_apps_observed(apps, settings, None)
+}
+
+/// [`run_apps`], showing each stage's every frame to `meters` (live metrics,
+/// `--metrics-addr`) as the stage hands it on; app `a` and stage `j` are `apps[a].stages[j]`.
+pub fn run_apps_observed(
+    apps: &[AppSpec],
+    mut settings: RunSettings<'_>,
+    meters: Option<&isolane_metrics::AppMeters>,
+) -> Result<RunOutcome, RunError> {
     let mut sources = Vec::new();
     let mut sizes = Vec::new();
     let mut frame_sizes = Vec::new();
@@ -203,6 +213,7 @@ pub fn run_apps(apps: &[AppSpec], mut settings: RunSettings<'_>) -> Result<RunOu
                         hold: protections[a].stage_hold(app, j),
                         publisher: protections[a].publisher().filter(|_| is_sink).cloned(),
                         stop: settings.stop,
+                        meters,
                     };
                     let ready = ready_tx.clone();
                     scope.spawn(move || worker.run(ctx, ready, a))
@@ -456,6 +467,7 @@ struct StageWorker<'a> {
     /// A critical app's sink: tells the guard each frame has arrived.
     publisher: Option<Arc<FramePublisher>>,
     stop: &'a AtomicBool,
+    meters: Option<&'a isolane_metrics::AppMeters>,
 }
 
 impl StageWorker<'_> {
@@ -508,6 +520,9 @@ impl StageWorker<'_> {
                     (StageRecord::skipped(first.index), None)
                 }
             };
+            if let Some(m) = self.meters {
+                m.stage_done(app_index, self.index, first.release_ns, &record);
+            }
             records.push(record);
             let msg = Msg {
                 index: first.index,

@@ -7,6 +7,7 @@
 //! | 1 | workloads | one per workload: each job an `X` span from its start to its end (`cat` `job`, or `job,timeout` for a missed deadline), its release an instant; a skipped job an instant `skipped` |
 //! | 1 | workloads | a command workload's track: one `X` span (`cat` `program`) from its program's start to its end, named by how it ended |
 //! | 1 | workloads | `<workload>: held`, when the jobs CSV has the guard's holds (`held_ms`): an `X` span `held` (`cat` `hold`) as long as the job's total hold, from its release (the CSV keeps the sum, not where the pauses fell) |
+//! | 1 | apps (a run of `[[app]]`s) | one per app: each frame an `X` span `frame` (`cat` `frame`, or `frame,timeout`) from its release to the sink's end, its release and its deadline instants, a frame dropped on the way an instant `dropped`; then one per stage, `<app>/<stage>`: each frame it ran an `X` span named after the track (`cat` `stage`), one it did not run an instant `skipped`; the app's holds as a workload's |
 //! | 2 | run | `partitions`: an instant per workload's partition, at the start of the trace (set up before t0), and `t0`; `isolation steps`: an `X` span per step of the ramp |
 //! | 3 | device telemetry | a counter track (`C`) per numeric telemetry.csv column |
 //!
@@ -16,7 +17,7 @@
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::timeline::{Job, Timeline};
+use crate::timeline::{Job, Lane, LaneKind, Timeline};
 
 const PID_WORKLOADS: u32 = 1;
 const PID_RUN: u32 = 2;
@@ -110,7 +111,11 @@ pub fn trace_json(t: &Timeline) -> String {
     for (i, lane) in t.lanes.iter().enumerate() {
         let tid = i as u32 + 1;
         for job in &lane.jobs {
-            job_events(&clock, job, tid, lane.deadline_ms, &mut events);
+            match lane.kind {
+                LaneKind::Workload => job_events(&clock, job, tid, lane.deadline_ms, &mut events),
+                LaneKind::App => frame_events(&clock, job, tid, lane, &mut events),
+                LaneKind::Stage => stage_events(&clock, job, tid, lane, &mut events),
+            }
         }
         if let Some(p) = &lane.program {
             events.push(Event {
@@ -170,12 +175,13 @@ pub fn trace_json(t: &Timeline) -> String {
 
 /// `M` events: the processes and each workload's thread, in the scenario's order.
 fn names(t: &Timeline) -> Vec<Event> {
+    let apps = t.lanes.iter().any(|l| l.kind != LaneKind::Workload);
     let mut m = vec![
         metadata(
             "process_name",
             PID_WORKLOADS,
             0,
-            json!({"name": "workloads"}),
+            json!({"name": if apps { "apps" } else { "workloads" }}),
         ),
         metadata(
             "process_sort_index",
@@ -283,6 +289,107 @@ fn job_events(clock: &Clock, job: &Job, tid: u32, deadline_ms: Option<f64>, out:
             cname,
             args,
             ..event("skipped", "i", release, PID_WORKLOADS, tid)
+        }),
+    }
+}
+
+/// An app's frame: its release and deadline (instants), its span from the release to the
+/// sink's end or, dropped on the way, an instant; its hold.
+fn frame_events(clock: &Clock, job: &Job, tid: u32, lane: &Lane, out: &mut Vec<Event>) {
+    let release = clock.us(job.release_ms);
+    out.push(Event {
+        cat: "release",
+        s: Some("t"),
+        args: json!({ "frame": job.index }),
+        ..event("release", "i", release, PID_WORKLOADS, tid)
+    });
+    if let Some(d) = lane.deadline_ms {
+        out.push(Event {
+            cat: "deadline",
+            s: Some("t"),
+            args: json!({ "frame": job.index }),
+            ..event(
+                "deadline",
+                "i",
+                clock.us(job.release_ms + d),
+                PID_WORKLOADS,
+                tid,
+            )
+        });
+    }
+    if let Some(held) = job.held_ms.filter(|h| *h > 0.0) {
+        out.push(Event {
+            cat: "hold",
+            dur: Some(Clock::dur(0.0, held)),
+            args: json!({ "frame": job.index, "held_ms": held }),
+            ..event("held", "X", release, PID_WORKLOADS, TID_HELD_BASE + tid)
+        });
+    }
+    let mut args = json!({
+        "frame": job.index,
+        "release_ms": job.release_ms,
+        "end_ms": job.end_ms,
+        "latency_ms": job.latency_ms,
+        "deadline_ms": lane.deadline_ms,
+        "timeout": job.timeout,
+        "held_ms": job.held_ms,
+    });
+    if let Some(map) = args.as_object_mut() {
+        map.retain(|_, v| !v.is_null());
+    }
+    let cname = job.timeout.then_some("terrible");
+    match (job.start_ms, job.end_ms) {
+        (Some(s), Some(e)) => out.push(Event {
+            cat: if job.timeout {
+                "frame,timeout"
+            } else {
+                "frame"
+            },
+            dur: Some(Clock::dur(s, e)),
+            cname,
+            args,
+            ..event(
+                if job.timeout {
+                    "frame (timeout)"
+                } else {
+                    "frame"
+                },
+                "X",
+                clock.us(s),
+                PID_WORKLOADS,
+                tid,
+            )
+        }),
+        _ => out.push(Event {
+            cat: "frame,timeout",
+            s: Some("t"),
+            cname,
+            args,
+            ..event("dropped", "i", release, PID_WORKLOADS, tid)
+        }),
+    }
+}
+
+/// A stage's frame: a span from its start to its end, named after the stage's track, or an
+/// instant at the frame's release where the stage did not run it.
+fn stage_events(clock: &Clock, job: &Job, tid: u32, lane: &Lane, out: &mut Vec<Event>) {
+    match (job.start_ms, job.end_ms) {
+        (Some(s), Some(e)) => out.push(Event {
+            cat: "stage",
+            dur: Some(Clock::dur(s, e)),
+            args: json!({
+                "frame": job.index,
+                "release_ms": job.release_ms,
+                "start_ms": s,
+                "own_ms": job.latency_ms,
+            }),
+            ..event(lane.name.clone(), "X", clock.us(s), PID_WORKLOADS, tid)
+        }),
+        _ => out.push(Event {
+            cat: "stage,skipped",
+            s: Some("t"),
+            args: json!({ "frame": job.index, "release_ms": job.release_ms }),
+            ..event("skipped", "i", clock.us(job.release_ms), PID_WORKLOADS, tid)
         }),
     }
 }

@@ -2,7 +2,8 @@
 //! Perfetto JSON file (`isolane trace`, `run --trace`; docs/observability.md).
 //!
 //! [`Timeline::load`] reads summary.json, jobs/*.csv (by column name: the criticality guard's
-//! `held_ms` column is used when present) and telemetry.csv;
+//! `held_ms` column is used when present) or, for a run of `[[app]]`s, apps/<app>.csv (each
+//! frame end to end, and each stage's start and own time), and telemetry.csv;
 //! [`chrome::trace_json`] turns it into trace events; [`write_trace`] does both.
 
 pub mod chrome;
@@ -11,7 +12,7 @@ pub mod timeline;
 
 use std::path::{Path, PathBuf};
 
-pub use timeline::{read_jobs, Counter, Job, Lane, Step, Timeline};
+pub use timeline::{read_jobs, Counter, Job, Lane, LaneKind, Step, Timeline};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
@@ -38,14 +39,20 @@ pub enum TraceError {
         what: &'static str,
         hint: String,
     },
-    /// A run of `[[app]]`s: what it records cannot be placed on a timeline.
+    /// A run of `[[app]]`s written before the frames CSV kept when each stage started.
     #[error(
-        "{0} is a run of [[app]]s, which isolane trace does not trace yet: apps/<app>.csv keeps \
-         each frame's release and end and each stage's own time, but not when a stage started, \
-         so its stages cannot be placed on a timeline (isolane report {0} draws the apps' \
-         latencies and stage times; docs/apps.md)"
+        "{file} has no `{stage}.start_ms` column: {dir} is a run of [[app]]s written before \
+         isolane recorded when each stage started a frame, so its stages cannot be placed on a \
+         timeline (run it again to trace it; isolane report {dir} draws the apps' latencies \
+         and stage times; docs/apps.md)",
+        file = file.display(),
+        dir = dir.display()
     )]
-    Apps(PathBuf),
+    Apps {
+        dir: PathBuf,
+        file: PathBuf,
+        stage: String,
+    },
     #[error(transparent)]
     File(#[from] isolane_core::files::FileError),
     #[error(transparent)]

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use isolane_core::files::jobs_file_name;
-use isolane_core::results::{read_json, PartitionRecord, RunSummary};
+use isolane_core::results::{read_json, AppSummary, PartitionRecord, RunSummary};
 
 use crate::csv::Csv;
 use crate::TraceError;
@@ -24,15 +24,31 @@ pub struct Job {
     pub held_ms: Option<f64>,
 }
 
-/// One workload's track.
+/// One workload's track, or an app's or one of its stages'.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lane {
     pub name: String,
+    /// A workload's model; an app's rate and deadline; a stage's kind and partition.
     pub model: String,
     pub deadline_ms: Option<f64>,
     pub jobs: Vec<Job>,
     /// A command workload's program: one span, no jobs (docs/programs.md).
     pub program: Option<ProgramSpan>,
+    pub kind: LaneKind,
+}
+
+/// What a lane's jobs are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LaneKind {
+    /// A workload's jobs.
+    #[default]
+    Workload,
+    /// An app's frames, end to end: each from its release to the sink's end (`start_ms` is
+    /// the release), `timeout` against the app's deadline.
+    App,
+    /// A stage of an app: each frame it ran from its start to its end, a frame it did not run
+    /// (dropped) with no start.
+    Stage,
 }
 
 /// When a command workload's program ran (ms since t0) and how it ended.
@@ -87,10 +103,10 @@ impl Timeline {
             return Err(not_a_run(dir));
         }
         let summary: RunSummary = read_json(&summary_path)?;
-        if !summary.apps.is_empty() {
-            return Err(TraceError::Apps(dir.to_path_buf()));
-        }
         let mut lanes = Vec::with_capacity(summary.workloads.len());
+        for app in &summary.apps {
+            lanes.extend(app_lanes(dir, app)?);
+        }
         for w in &summary.workloads {
             let file = dir.join("jobs").join(jobs_file_name(&w.name));
             let jobs = if file.is_file() {
@@ -109,6 +125,7 @@ impl Timeline {
                     ended: p.end.words().to_string(),
                     exit_code: w.exit_code,
                 }),
+                kind: LaneKind::Workload,
             });
         }
         let tel = dir.join("telemetry.csv");
@@ -210,6 +227,119 @@ fn not_a_run(dir: &Path) -> TraceError {
     } else {
         TraceError::NotARun(dir.to_path_buf())
     }
+}
+
+/// An app's lane (its frames end to end) and one per stage, from apps/<app>.csv by column
+/// name: `frame`, `release_ms`, `end_ms`, `latency_ms`, `timeout`, `held_ms` (optional) and
+/// per stage `<stage>_ms` (own time) and `<stage>.start_ms`. A file without the starts was
+/// written before they were recorded: its stages have no place on a timeline.
+fn app_lanes(dir: &Path, app: &AppSummary) -> Result<Vec<Lane>, TraceError> {
+    let path = dir.join("apps").join(format!("{}.csv", app.name));
+    let csv = Csv::read(
+        &path,
+        &["frame", "release_ms", "end_ms", "latency_ms", "timeout"],
+    )?;
+    let col = |n: &str| csv.col(n).unwrap_or(0);
+    let (frame, release, end, latency, timeout) = (
+        col("frame"),
+        col("release_ms"),
+        col("end_ms"),
+        col("latency_ms"),
+        col("timeout"),
+    );
+    let held = csv.col("held_ms");
+    // Per stage: (own time, start) columns.
+    let mut stage_cols = Vec::with_capacity(app.stages.len());
+    for s in &app.stages {
+        match (
+            csv.col(&format!("{}_ms", s.name)),
+            csv.col(&format!("{}.start_ms", s.name)),
+        ) {
+            (Some(own), Some(start)) => stage_cols.push((own, start)),
+            _ => {
+                return Err(TraceError::Apps {
+                    dir: dir.to_path_buf(),
+                    file: path,
+                    stage: s.name.clone(),
+                })
+            }
+        }
+    }
+    let mut frames = Vec::with_capacity(csv.rows.len());
+    let mut stages: Vec<Vec<Job>> = vec![Vec::with_capacity(csv.rows.len()); app.stages.len()];
+    for (line, row) in &csv.rows {
+        let index = row
+            .get(frame)
+            .and_then(|c| c.parse::<u64>().ok())
+            .ok_or_else(|| {
+                csv.error(
+                    *line,
+                    format!(
+                        "column `frame`: `{}` is not a frame index (0, 1, …)",
+                        row.get(frame).map_or("", String::as_str)
+                    ),
+                )
+            })?;
+        let release_ms = csv
+            .time_at(*line, row, Some(release))?
+            .ok_or_else(|| csv.error(*line, "column `release_ms` is empty".to_string()))?;
+        let end_ms = csv.time_at(*line, row, Some(end))?;
+        let timed_out = match row.get(timeout).map(String::as_str) {
+            Some("1") => true,
+            Some("0") => false,
+            other => {
+                return Err(csv.error(
+                    *line,
+                    format!(
+                        "column `timeout`: `{}` is not 0 or 1",
+                        other.unwrap_or_default()
+                    ),
+                ))
+            }
+        };
+        frames.push(Job {
+            index,
+            release_ms,
+            start_ms: end_ms.map(|_| release_ms),
+            end_ms,
+            latency_ms: csv.time_at(*line, row, Some(latency))?,
+            timeout: timed_out,
+            held_ms: csv.time_at(*line, row, held)?,
+        });
+        for (jobs, &(own, start)) in stages.iter_mut().zip(&stage_cols) {
+            let start_ms = csv.time_at(*line, row, Some(start))?;
+            let own_ms = csv.time_at(*line, row, Some(own))?;
+            let ran = start_ms.zip(own_ms);
+            jobs.push(Job {
+                index,
+                release_ms,
+                start_ms: ran.map(|r| r.0),
+                end_ms: ran.map(|(s, o)| s + o),
+                latency_ms: ran.map(|r| r.1),
+                timeout: ran.is_none(),
+                held_ms: None,
+            });
+        }
+    }
+    let mut lanes = vec![Lane {
+        name: app.name.clone(),
+        model: format!("app, {} fps, deadline {} ms", app.rate_hz, app.deadline_ms),
+        deadline_ms: Some(app.deadline_ms),
+        jobs: frames,
+        program: None,
+        kind: LaneKind::App,
+    }];
+    for (s, jobs) in app.stages.iter().zip(stages) {
+        lanes.push(Lane {
+            name: format!("{}/{}", app.name, s.name),
+            model: format!("{}, {}", s.kind, s.partition),
+            deadline_ms: None,
+            jobs,
+            program: None,
+            kind: LaneKind::Stage,
+        });
+    }
+    Ok(lanes)
 }
 
 fn steps_of(summary: &RunSummary) -> Vec<Step> {
@@ -538,6 +668,7 @@ mod tests {
                     job(3, 35.0, Some(36.0)),
                 ],
                 program: None,
+                kind: LaneKind::Workload,
             }],
             partitions: Vec::new(),
             steps: vec![

@@ -147,15 +147,17 @@ fn csv_round_trips_the_measured_latencies() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,transfer_ms,pre_ms,ens_ms,out_ms,output"
+        "frame,release_ms,sent_ms,end_ms,latency_ms,timeout,measured,held_ms,transfer_ms,pre_ms,ens_ms,out_ms,\
+         pre.start_ms,ens.start_ms,out.start_ms,output"
     );
     assert_eq!(
         lines.next().unwrap(),
-        "0,0.000000,0.000000,3.000000,3.000000,0,0,0.000000,0.000000,1.000000,1.000000,1.000000,class 1 score 0.500"
+        "0,0.000000,0.000000,3.000000,3.000000,0,0,0.000000,0.000000,1.000000,1.000000,1.000000,\
+         0.000000,1.000000,2.000000,class 1 score 0.500"
     );
     assert_eq!(
         lines.nth(2).unwrap(),
-        "3,30.000000,30.000000,,,1,1,0.000000,0.000000,1.000000,,,"
+        "3,30.000000,30.000000,,,1,1,0.000000,0.000000,1.000000,,,30.000000,,,"
     );
     assert_eq!(latencies_from_csv(&csv).unwrap(), vec![5.0, 8.0]);
     assert!(latencies_from_csv("a,b\n1,2\n")
