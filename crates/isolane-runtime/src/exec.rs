@@ -97,6 +97,17 @@ pub trait Executor: Send {
     fn device_memory_mib(&self) -> Option<f64> {
         None
     }
+    /// Sets `mib` of the GPU's L2 aside for this model's weights (`[protection]
+    /// l2_persist_mib`, a critical model of a protected run), before it is split. Default: an
+    /// executor with no weights on a GPU (CPU, `spin:`, `kernel:`) has nothing to keep there.
+    fn persist_weights_in_l2(&mut self, _mib: u64) -> Result<(), ExecError> {
+        Ok(())
+    }
+    /// What one job asks of the GPU's memory system (`isolane_core::predict`), for a sharing
+    /// guard (`[protection] share`) to charge its pieces by; `None` where not known.
+    fn memory_profile(&self) -> Option<isolane_core::predict::MemoryProfile> {
+        None
+    }
     /// The tensors a job reads, in order (empty: it takes no input, e.g. a `kernel:`). A
     /// server writes a request's rows into [`Executor::input_mut`] before [`Executor::run_job`].
     fn inputs(&self) -> Vec<TensorInfo> {

@@ -188,6 +188,10 @@ pub struct Policy {
     /// (`[protection] share`), by this device's fitted model; `None`: the stall or stated model.
     #[serde(default)]
     pub share: Option<ShareModel>,
+    /// L2 set aside for each critical model's weights (MiB; `[protection] l2_persist_mib`),
+    /// applied when its workload attaches ([`Executor::persist_weights_in_l2`]).
+    #[serde(default)]
+    pub l2_persist_mib: u64,
 }
 
 impl Policy {
@@ -197,6 +201,7 @@ impl Policy {
             delay_per_overlap: stretch.map_or(1.0, |s| (1.0 - 1.0 / s).clamp(0.0, 1.0)),
             slack_order: false,
             share: None,
+            l2_persist_mib: 0,
         }
     }
 
@@ -207,6 +212,7 @@ impl Policy {
         Policy {
             slack_order: p.slack_order,
             share: if p.share { share } else { None },
+            l2_persist_mib: p.l2_persist_mib,
             ..Policy::new(p.margin_us as i64 * 1000, p.stretch)
         }
     }
@@ -947,10 +953,11 @@ impl GuardRole {
     }
 
     /// [`GuardRole::attach`] knowing a best-effort workload's memory-system demand per job
-    /// (`isolane_core::predict::MemoryProfile`, e.g. the engine's `memory_profile`): with
-    /// `[protection] share` its pieces are charged by their predicted intensity. A critical
-    /// workload under `[protection] slack_order` is split into pieces too, between which it
-    /// may yield to a critical job without slack.
+    /// (`isolane_core::predict::MemoryProfile`, e.g. the engine's `memory_profile`; else the
+    /// executor's own, [`Executor::memory_profile`]): with `[protection] share` its pieces are
+    /// charged by their predicted intensity. A critical workload gets its L2 set aside
+    /// (`[protection] l2_persist_mib`) and, under `[protection] slack_order`, is split into
+    /// pieces too, between which it may yield to a critical job without slack.
     pub fn attach_with(
         setup: Option<&GuardSetup>,
         guard: Option<&Arc<Guard>>,
@@ -969,6 +976,10 @@ impl GuardRole {
         let policy = guard.policy();
         Ok(match setup.critical_slot {
             Some(slot) => {
+                if policy.l2_persist_mib > 0 {
+                    exec.persist_weights_in_l2(policy.l2_persist_mib)
+                        .map_err(|e| std::io::Error::other(e.to_string()))?;
+                }
                 if policy.slack_order {
                     exec.split(setup.piece_ns);
                 }
@@ -976,7 +987,8 @@ impl GuardRole {
             }
             None => {
                 exec.split(setup.piece_ns);
-                let intensity = match (policy.share, traffic) {
+                let own = exec.memory_profile();
+                let intensity = match (policy.share, traffic.or(own.as_ref())) {
                     (Some(m), Some(t)) => Intensity::of_job(t, job_ns, &m.memory_system()),
                     _ => None,
                 };
@@ -1460,6 +1472,105 @@ mod tests {
         assert_eq!(whole.pieces(), 1);
     }
 
+    /// A spin job that says what a GPU model would: its memory-system demand, and the L2
+    /// asked for its weights.
+    struct Recording {
+        spin: crate::exec::SpinExecutor,
+        persisted: Vec<u64>,
+        refuse_above: u64,
+    }
+
+    impl Executor for Recording {
+        fn run_job(&mut self) -> Result<(), ExecError> {
+            self.spin.run_job()
+        }
+        fn split(&mut self, piece_ns: i64) {
+            self.spin.split(piece_ns)
+        }
+        fn pieces(&self) -> usize {
+            self.spin.pieces()
+        }
+        fn run_piece(&mut self, i: usize) -> Result<(), ExecError> {
+            self.spin.run_piece(i)
+        }
+        fn persist_weights_in_l2(&mut self, mib: u64) -> Result<(), ExecError> {
+            if mib > self.refuse_above {
+                return Err(ExecError::Job(format!("l2_persist_mib = {mib}: too much")));
+            }
+            self.persisted.push(mib);
+            Ok(())
+        }
+        fn memory_profile(&self) -> Option<isolane_core::predict::MemoryProfile> {
+            Some(isolane_core::predict::MemoryProfile {
+                dram_bytes_per_job: 480_000.0,
+                resident: false,
+                l2_footprint_bytes: 480_000.0,
+                flops_per_job: 0.0,
+                source: isolane_core::predict::ProfileSource::Computed,
+            })
+        }
+    }
+
+    #[test]
+    fn attaching_sets_a_critical_models_l2_aside_and_charges_best_effort_by_its_profile() {
+        use isolane_core::spec::{Mechanism, ProtectionSpec};
+        let spec = ProtectionSpec {
+            l2_persist_mib: 24,
+            share: true,
+            ..ProtectionSpec::default()
+        };
+        let policy = Policy::of(&spec, ShareModel::fitted("h200", Mechanism::Green));
+        let g = Arc::new(Guard::create(1, policy).unwrap());
+        let setup = GuardSetup {
+            path: g.path().unwrap(),
+            policy,
+            piece_ns: MS,
+            critical_slot: Some(0),
+            wait: HoldWait::Poll,
+            stretch: None,
+        };
+        let exec = |refuse_above| Recording {
+            spin: crate::exec::SpinExecutor::new(MS, 0, 1),
+            persisted: Vec::new(),
+            refuse_above,
+        };
+        let mut critical = exec(u64::MAX);
+        GuardRole::attach(Some(&setup), Some(&g), &mut critical, &[MS; 4]).unwrap();
+        assert_eq!(critical.persisted, [24]);
+        // More than the device sets aside: the workload fails to start, naming the key.
+        let e = GuardRole::attach(Some(&setup), Some(&g), &mut exec(16), &[MS; 4])
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("l2_persist_mib = 24"), "{e}");
+        // Best effort: no L2, and its pieces take its profile's intensity: 480 kB a 1 ms job
+        // is 0.48 GB/s, 0.01 % of the H200's 4.8 TB/s.
+        let mut be = exec(u64::MAX);
+        let be_setup = GuardSetup {
+            critical_slot: None,
+            ..setup.clone()
+        };
+        let role = GuardRole::attach(Some(&be_setup), Some(&g), &mut be, &[MS; 4]).unwrap();
+        assert!(be.persisted.is_empty());
+        let GuardRole::BestEffort(hold) = role else {
+            panic!("not best effort")
+        };
+        let i = hold
+            .intensity
+            .expect("an intensity from the executor's profile");
+        assert!((i.dram - 1e-4).abs() < 1e-6, "{i:?}");
+        // Without `share`, none: the stall model.
+        let stall_setup = GuardSetup {
+            policy: Policy::new(100_000, None),
+            ..be_setup
+        };
+        let off = Arc::new(Guard::create(1, stall_setup.policy).unwrap());
+        let role = GuardRole::attach(Some(&stall_setup), Some(&off), &mut exec(0), &[MS; 4]);
+        let Ok(GuardRole::BestEffort(hold)) = role else {
+            panic!("not best effort")
+        };
+        assert_eq!(hold.intensity, None);
+    }
+
     #[test]
     fn a_sharing_guard_charges_a_piece_the_stretch_its_intensity_predicts() {
         // The H200's fit: a piece taking 10 % of the DRAM bandwidth and no L2 stretches a
@@ -1557,7 +1668,14 @@ mod tests {
             stretch: Some(2.0),
             ..ProtectionSpec::default()
         };
-        let p = Policy::of(&on, model);
+        let p = Policy::of(
+            &ProtectionSpec {
+                l2_persist_mib: 24,
+                ..on
+            },
+            model,
+        );
+        assert_eq!(p.l2_persist_mib, 24);
         assert!(p.slack_order);
         assert_eq!(p.share, model);
         assert_eq!(p.delay_per_overlap, 0.5);
