@@ -285,6 +285,7 @@ fn search_request(
         weights: args.weights.clone(),
         batch: args.batch,
         precision,
+        calibration: None,
         // The search sets each batch's rate; until then the workload is closed-loop, so that a
         // bound on jobs / rate_hz (a scheduled run's) is not asked of a rate nobody chose.
         rate: Rate::Max(MaxRate::Max),

@@ -108,6 +108,9 @@ pub fn precision(p: SpecPrecision) -> Precision {
         SpecPrecision::Tf32 => Precision::Tf32,
         SpecPrecision::Fp16 => Precision::Fp16,
         SpecPrecision::Bf16 => Precision::Bf16,
+        // Refused by the app's validation (a workload's calibration quantizes these); an
+        // app model stage never holds them.
+        SpecPrecision::Int8 | SpecPrecision::Fp8 => Precision::Fp32,
     }
 }
 

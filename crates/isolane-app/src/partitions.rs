@@ -43,6 +43,7 @@ pub fn as_workloads(apps: &[AppSpec], device: &DeviceSpec) -> Vec<WorkloadSpec> 
         weights: m.weights.clone(),
         batch: 1,
         precision: m.precision,
+        calibration: None,
         rate: Rate::Hz(app.source.fps),
         deadline_ms: Some(app.deadline_ms),
         phase_ms: None,

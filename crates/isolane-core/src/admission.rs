@@ -795,6 +795,7 @@ mod tests {
             weights: None,
             batch: 1,
             precision: Precision::Fp32,
+            calibration: None,
             rate: Rate::Hz(100.0),
             deadline_ms: None,
             phase_ms: None,

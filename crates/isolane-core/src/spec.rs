@@ -219,6 +219,38 @@ pub enum Precision {
     Tf32,
     Fp16,
     Bf16,
+    /// A float model quantized to int8 from its `calibration` set (activations per tensor,
+    /// weights per output channel; docs/engine.md, Post-training quantization), run with
+    /// fp16 between the quantized ops on cuda and fp32 on the CPU.
+    Int8,
+    /// As `Int8`, to float8 e4m3fn.
+    Fp8,
+}
+
+impl Precision {
+    /// Whether the model is quantized from a calibration set.
+    pub fn quantized(self) -> bool {
+        matches!(self, Precision::Int8 | Precision::Fp8)
+    }
+}
+
+/// How a `precision = "int8"` or `"fp8"` workload's model is calibrated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalibrationSpec {
+    /// A folder of `.npy` files or images (`calibration`), absolute once resolved.
+    pub dir: String,
+    /// `calibration_method`; percentile (the 99.99th) unless written.
+    pub method: CalibrationMethod,
+}
+
+/// How an activation's range is chosen from the calibration set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CalibrationMethod {
+    Percentile,
+    Entropy,
+    Minmax,
 }
 
 /// Fixed release rate, or closed loop.
@@ -311,6 +343,10 @@ pub struct WorkloadSpec {
     pub weights: Option<String>,
     pub batch: u32,
     pub precision: Precision,
+    /// With precision "int8" or "fp8": the calibration set and method (`calibration`,
+    /// `calibration_method`); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<CalibrationSpec>,
     pub rate: Rate,
     /// Relative deadline in ms; defaults to the period (required for `rate = "max"`? no: unbounded).
     pub deadline_ms: Option<f64>,

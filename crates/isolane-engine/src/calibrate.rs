@@ -421,6 +421,11 @@ fn entropy_threshold(hist: &[u64], top: f32, levels: usize) -> f32 {
     top * best.1 as f32 / bins as f32
 }
 
+/// Items a workload's calibration folder is read for at most: enough for stable ranges
+/// (TensorRT suggests about 500 images for ImageNet; the reference evaluator that calibrates
+/// is single-threaded, so fewer keep a start-up short).
+pub const CALIBRATION_ITEMS: usize = 64;
+
 /// Calibration (or held-out) samples read from a folder, batched for the model.
 #[derive(Clone, Debug)]
 pub struct CalibrationSet {

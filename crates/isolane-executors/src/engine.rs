@@ -50,7 +50,77 @@ pub(crate) fn precision(p: SpecPrecision) -> Precision {
         SpecPrecision::Tf32 => Precision::Tf32,
         SpecPrecision::Fp16 => Precision::Fp16,
         SpecPrecision::Bf16 => Precision::Bf16,
+        // The float precision between a quantized model's quantized ops on cuda; the CPU
+        // backend runs the quantized graph at fp32 ([`cpu_precision`]).
+        SpecPrecision::Int8 | SpecPrecision::Fp8 => Precision::Fp16,
     }
+}
+
+/// The CPU backend's precision for a workload: fp32, which is also what it runs an int8 or
+/// fp8 workload's quantized graph at.
+fn cpu_precision(p: SpecPrecision) -> Precision {
+    if p.quantized() {
+        Precision::Fp32
+    } else {
+        precision(p)
+    }
+}
+
+/// A `precision = "int8"` or `"fp8"` workload's graph quantized from its calibration folder
+/// (docs/engine.md, Post-training quantization), with its top-1 agreement with the float
+/// graph over that folder printed; any other workload's graph as it is.
+fn quantized(spec: &WorkloadSpec, graph: Graph) -> Result<Graph, ExecError> {
+    use isolane_core::spec::CalibrationMethod as M;
+    use isolane_engine::calibrate::{self, CalibMethod, CalibOptions};
+    use isolane_engine::quant::QuantType;
+    let qtype = match spec.precision {
+        SpecPrecision::Int8 => QuantType::Int8,
+        SpecPrecision::Fp8 => QuantType::Float8E4M3Fn,
+        _ => return Ok(graph),
+    };
+    let Some(c) = spec.calibration.as_ref().filter(|c| !c.dir.is_empty()) else {
+        return Err(bad_model(
+            spec,
+            "precision int8 and fp8 need calibration = \"DIR\" (a folder of .npy files or images)",
+        ));
+    };
+    let method = match c.method {
+        M::Percentile => CalibMethod::Percentile(99.99),
+        M::Entropy => CalibMethod::Entropy,
+        M::Minmax => CalibMethod::MinMax,
+    };
+    let batch = spec.batch as usize;
+    let set = calibrate::load_calibration_set(
+        Path::new(&c.dir),
+        &graph,
+        batch,
+        calibrate::CALIBRATION_ITEMS,
+    )
+    .map_err(|e| bad_model(spec, e))?;
+    let opts = CalibOptions {
+        qtype,
+        method,
+        ..Default::default()
+    };
+    let q = calibrate::quantize_model(&graph, batch, &set.samples, &opts)
+        .map_err(|e| bad_model(spec, e))?;
+    let threads = spec.cpu.len().max(1);
+    let a = calibrate::top1_agreement(&graph, &q.graph, batch, &set.samples, set.items, threads)
+        .map_err(|e| engine_err(spec, e))?;
+    eprintln!(
+        "workload {}: {qtype} from {} calibration items ({}): {} activations and {} weights \
+         quantized; top-1 agreement with fp32 {}/{} ({:.1} %), relative L2 {:.2e}",
+        spec.name,
+        set.items,
+        method.name(),
+        q.activations,
+        q.weights,
+        a.same_top1,
+        a.items,
+        100.0 * a.top1(),
+        a.rel_l2
+    );
+    Ok(q.graph)
 }
 
 pub(crate) fn engine_err(spec: &WorkloadSpec, message: impl std::fmt::Display) -> ExecError {
@@ -664,6 +734,7 @@ impl EngineExecutors for EngineExecutorsImpl {
                 load_graph(spec, seed)?
             }
         };
+        let graph = quantized(spec, graph)?;
         if device.backend == SpecBackend::Cuda {
             let group = partition.map(|p| green_group(spec, p)).transpose()?;
             return build_cuda(device, spec, &graph, seed, group);
@@ -672,7 +743,7 @@ impl EngineExecutors for EngineExecutorsImpl {
         // created here, on the workload's pinned thread, so its threads inherit that affinity.
         let threads = spec.cpu.len().max(1);
         let mut model = CpuBackend::new(threads)
-            .compile_cpu(&graph, spec.batch as usize, precision(spec.precision))
+            .compile_cpu(&graph, spec.batch as usize, cpu_precision(spec.precision))
             .map_err(|e| engine_err(spec, e))?;
         let io = TensorNames::of(&graph);
         drop(graph);

@@ -44,6 +44,7 @@ fn scenario(profiles: &[&str]) -> Scenario {
                 weights: None,
                 batch: 1,
                 precision: Precision::Fp32,
+                calibration: None,
                 rate: Rate::Hz(10.0),
                 deadline_ms: None,
                 phase_ms: None,

@@ -86,6 +86,8 @@ pub fn precision_word(p: Precision) -> &'static str {
         Precision::Tf32 => "tf32",
         Precision::Fp16 => "fp16",
         Precision::Bf16 => "bf16",
+        Precision::Int8 => "int8",
+        Precision::Fp8 => "fp8",
     }
 }
 

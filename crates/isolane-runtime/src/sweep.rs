@@ -133,6 +133,7 @@ pub fn point_scenario(device: DeviceSpec, workloads: &[PointWorkload]) -> Scenar
             weights: None,
             batch: w.batch,
             precision: w.precision,
+            calibration: None,
             rate: match w.rate_hz {
                 Some(h) => Rate::Hz(h),
                 None => Rate::Max(MaxRate::Max),

@@ -231,6 +231,7 @@ fn spin_search(model: &str) -> SearchRequest {
             weights: None,
             batch: 1,
             precision: Precision::Fp32,
+            calibration: None,
             rate: Rate::Hz(1.0),
             deadline_ms: None,
             phase_ms: None,

@@ -573,6 +573,18 @@ impl Validator<'_> {
         plan_check: Option<bool>,
         defaults: &ModelDefaults,
     ) -> Result<ModelSpec, SpecError> {
+        let p = precision.unwrap_or(defaults.precision);
+        if p.quantized() {
+            // int8 / fp8 quantize a model from a calibration folder, a [[workload]] key.
+            return Err(self.err(
+                format!("{}precision", field.trim_end_matches("model")),
+                format!(
+                    "\"{}\" is for [[workload]]s (with their calibration folder); expected one \
+                     of \"fp32\" | \"tf32\" | \"fp16\" | \"bf16\"",
+                    if p == Precision::Int8 { "int8" } else { "fp8" }
+                ),
+            ));
+        }
         let model = if model.ends_with(".onnx") {
             let p = self.path(field, Some(&model), "an .onnx file")?;
             if !p.is_file() {

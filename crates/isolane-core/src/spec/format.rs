@@ -10,7 +10,9 @@ use super::limits::{
     MAX_START_DELAY_MS, MAX_STRETCH, MIN_PIECE_US,
 };
 use super::model::ModelCatalog;
-use super::{Backend, Criticality, Host, LatePolicy, Mechanism, Precision, Role, WhenFull};
+use super::{
+    Backend, CalibrationMethod, Criticality, Host, LatePolicy, Mechanism, Precision, Role, WhenFull,
+};
 
 /// `app`: the `[[app]]` tables (pipelines and ensembles), read and validated by `isolane-app`
 /// (docs/apps.md); this walk only lets them through.
@@ -36,6 +38,8 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "weights",
     "batch",
     "precision",
+    "calibration",
+    "calibration_method",
     "rate_hz",
     "deadline_ms",
     "phase_ms",
@@ -80,7 +84,17 @@ pub(super) const PRECISIONS: &[(&str, Precision)] = &[
     ("tf32", Precision::Tf32),
     ("fp16", Precision::Fp16),
     ("bf16", Precision::Bf16),
+    ("int8", Precision::Int8),
+    ("fp8", Precision::Fp8),
 ];
+pub(super) const CALIBRATION_METHODS: &[(&str, CalibrationMethod)] = &[
+    ("percentile", CalibrationMethod::Percentile),
+    ("entropy", CalibrationMethod::Entropy),
+    ("minmax", CalibrationMethod::Minmax),
+];
+/// What `calibration` holds.
+pub(super) const CALIBRATION_EXPECTED: &str =
+    "a folder of .npy files or images (relative to the scenario file's)";
 pub(super) const LATE: &[(&str, LatePolicy)] =
     &[("skip", LatePolicy::Skip), ("queue", LatePolicy::Queue)];
 pub(super) const CRITICALITIES: &[(&str, Criticality)] = &[

@@ -140,6 +140,7 @@ impl KernelModel {
 /// Bytes of one matrix element stored at `p` (tf32 is stored as f32).
 pub fn element_bytes(p: Precision) -> u64 {
     match p {
+        Precision::Int8 | Precision::Fp8 => 1,
         Precision::Fp16 | Precision::Bf16 => 2,
         Precision::Fp32 | Precision::Tf32 => 4,
     }
@@ -151,6 +152,8 @@ fn precision_word(p: Precision) -> &'static str {
         Precision::Tf32 => "tf32",
         Precision::Fp16 => "fp16",
         Precision::Bf16 => "bf16",
+        Precision::Int8 => "int8",
+        Precision::Fp8 => "fp8",
     }
 }
 

@@ -26,19 +26,19 @@ use super::error::{Problem, SpecError};
 use super::format::{
     default_host, default_mechanism, hz_expected, max_delay_expected, model_expectation,
     phase_expected, preferred_expected, rate_expected, seconds_expected, stretch_expected, IntRule,
-    BACKENDS, BATCH, BATCHING_KEYS, CPU_ID, CRITICALITIES, DEFAULT_WARMUP_JOBS, DEVICE_KEYS, GPU,
-    HOSTS, JOBS, L2_PERSIST_MIB, LATE, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED,
-    NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS, QUEUE_LIMIT, RAMP_KEYS,
-    ROLES, ROOT_KEYS, SEED, SERVE_KEYS, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT,
-    TIMING_KEYS, WARMUP_JOBS, WHEN_FULL, WORKLOAD_KEYS,
+    BACKENDS, BATCH, BATCHING_KEYS, CALIBRATION_EXPECTED, CALIBRATION_METHODS, CPU_ID,
+    CRITICALITIES, DEFAULT_WARMUP_JOBS, DEVICE_KEYS, GPU, HOSTS, JOBS, L2_PERSIST_MIB, LATE,
+    MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US,
+    PRECISIONS, PROTECTION_KEYS, QUEUE_LIMIT, RAMP_KEYS, ROLES, ROOT_KEYS, SEED, SERVE_KEYS, SMS,
+    SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, TIMING_KEYS, WARMUP_JOBS, WHEN_FULL, WORKLOAD_KEYS,
 };
 use super::model::{is_onnx_path, ModelCatalog};
 use super::spans::{describe, FieldPath, Lines, Spans};
 use super::validate;
 use super::{
-    AdmissionMode, Backend, Batching, Criticality, DeviceSpec, Host, LatePolicy, MaxRate,
-    Mechanism, PartitionSpec, Precision, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario,
-    ServeSpec, TimingSpec, WorkloadSpec,
+    AdmissionMode, Backend, Batching, CalibrationMethod, CalibrationSpec, Criticality, DeviceSpec,
+    Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Precision, ProtectionSpec, Ramp, Rate,
+    Role, RunLength, Scenario, ServeSpec, TimingSpec, WorkloadSpec,
 };
 
 use FieldPath::{Cpu, Length, Top, Workload};
@@ -123,6 +123,11 @@ fn resolve_files(s: &mut Scenario, base_dir: &Path) {
         }
         if let Some(a) = w.weights.as_deref().and_then(absolute) {
             w.weights = Some(a);
+        }
+        if let Some(c) = w.calibration.as_mut() {
+            if let Some(a) = absolute(&c.dir) {
+                c.dir = a;
+            }
         }
         let cwd = w.program.as_mut().and_then(|p| p.cwd.as_mut());
         if let Some(cwd) = cwd {
@@ -225,6 +230,7 @@ fn placeholder_workload() -> WorkloadSpec {
         weights: None,
         batch: 1,
         precision: Precision::Fp32,
+        calibration: None,
         rate: Rate::Hz(1.0),
         deadline_ms: None,
         phase_ms: None,
@@ -667,6 +673,7 @@ impl<'a> Walk<'a> {
         let precision = self.read(t, "precision", Precision::Fp32, |w, v, p| {
             w.choice(v, p, PRECISIONS)
         });
+        let calibration = self.calibration(t);
         let ramp = self.ramp(i, t, role);
         let interferer = role == Role::Interferer && !self.spans.unread(Workload(i, "role"));
         let rate = self.rate(i, t, interferer, ramp.as_ref());
@@ -707,6 +714,7 @@ impl<'a> Walk<'a> {
             weights,
             batch,
             precision,
+            calibration,
             rate,
             deadline_ms,
             phase_ms,
@@ -786,6 +794,27 @@ impl<'a> Walk<'a> {
         }
         let s = self.string(v, path, "a path to a .safetensors file");
         Some(s.unwrap_or_default().to_string())
+    }
+
+    /// `calibration` and `calibration_method`, read whatever the precision (validation says
+    /// where they do not belong); a method without a folder keeps the folder empty.
+    fn calibration(&mut self, t: &Tbl<'a>) -> Option<CalibrationSpec> {
+        let dir = self.optional(t, "calibration", String::new(), |w, v, p| {
+            w.string(v, p, CALIBRATION_EXPECTED).map(str::to_string)
+        });
+        let method = self.optional(
+            t,
+            "calibration_method",
+            CalibrationMethod::Percentile,
+            |w, v, p| w.choice(v, p, CALIBRATION_METHODS),
+        );
+        if dir.is_none() && method.is_none() {
+            return None;
+        }
+        Some(CalibrationSpec {
+            dir: dir.unwrap_or_default(),
+            method: method.unwrap_or(CalibrationMethod::Percentile),
+        })
     }
 
     /// Only an interferer ramps: another role's ramp is left unread, for validation to refuse.

@@ -55,6 +55,8 @@ pub const MODEL_ONLY_KEYS: &[&str] = &[
     "weights",
     "batch",
     "precision",
+    "calibration",
+    "calibration_method",
     "rate_hz",
     "deadline_ms",
     "phase_ms",

@@ -1834,3 +1834,102 @@ fn preferred_sizes_beside_a_bad_batch_are_told_no_bound() {
     );
     assert_eq!(e.lines().count(), 2, "{e}");
 }
+
+#[test]
+fn int8_and_fp8_take_a_calibration_folder_resolved_absolute() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("cal")).unwrap();
+    let scen = dir.path().join("s.toml");
+    let text = "[[workload]]\nname = \"a\"\nmodel = \"resnet18\"\nprecision = \"int8\"\n\
+                calibration = \"cal\"\nrate_hz = 5\njobs = 5\n";
+    let s = Scenario::from_toml_str(text, &scen, &MODELS).unwrap();
+    let w = &s.workloads[0];
+    let abs = dir.path().canonicalize().unwrap();
+    assert_eq!(w.precision, Precision::Int8);
+    assert_eq!(
+        w.calibration,
+        Some(CalibrationSpec {
+            dir: abs.join("cal").to_str().unwrap().to_string(),
+            method: CalibrationMethod::Percentile,
+        })
+    );
+    // Written and read back from anywhere; on the CPU backend too.
+    let again = Scenario::from_toml_str(&s.to_toml_string().unwrap(), "/elsewhere/r.toml", &MODELS)
+        .unwrap();
+    assert_eq!(again, s);
+    let fp8 = text
+        .replace("\"int8\"", "\"fp8\"")
+        .replace("jobs = 5\n", "jobs = 5\ncalibration_method = \"minmax\"\n");
+    let s = Scenario::from_toml_str(&fp8, &scen, &MODELS).unwrap();
+    let w = &s.workloads[0];
+    assert_eq!(w.precision, Precision::Fp8);
+    assert_eq!(
+        w.calibration.as_ref().unwrap().method,
+        CalibrationMethod::Minmax
+    );
+    let e = Scenario::from_toml_str(&text.replace("= \"cal\"", "= \"nope\""), &scen, &MODELS)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(":5:15: workload[0].calibration: ") && e.contains("nope is not a folder"),
+        "{e}"
+    );
+}
+
+#[test]
+fn calibration_keys_are_refused_where_they_mean_nothing() {
+    const W: &str = "[[workload]]\nname = \"a\"\nmodel = \"resnet18\"\nrate_hz = 5\njobs = 5\n";
+    assert_err(
+        &format!("{W}precision = \"int8\"\n"),
+        1,
+        &[
+            "workload[0].calibration: missing in [workload[0]]",
+            "a folder of .npy files or images",
+            "precision = \"int8\" quantizes the model from it",
+        ],
+    );
+    assert_err(
+        &format!("{W}precision = \"fp32\"\ncalibration = \"cal\"\n"),
+        7,
+        &[
+            "workload[0].calibration: only with precision = \"int8\" or \"fp8\"",
+            "this workload's precision is \"fp32\"",
+        ],
+    );
+    let e = err(&format!(
+        "{W}precision = \"int8\"\ncalibration_method = \"kl\"\n"
+    ));
+    assert!(
+        e.contains(
+            ":7:22: workload[0].calibration_method: found string \"kl\"; expected one of \
+                    \"percentile\" | \"entropy\" | \"minmax\""
+        ),
+        "{e}"
+    );
+    assert_err(
+        &format!("{W}precision = \"int9\"\n"),
+        6,
+        &["workload[0].precision", "\"int8\" | \"fp8\""],
+    );
+    let e = err(&format!(
+        "{W}precision = \"fp8\"\ncalibration = \".\"\ncalibration_method = \"entropy\"\n"
+    ));
+    assert!(
+        e.contains("workload[0].calibration_method: found \"entropy\" with precision \"fp8\"")
+            && e.contains("\"percentile\" | \"minmax\""),
+        "{e}"
+    );
+    let e = err(
+        "[[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 5\njobs = 5\n\
+         precision = \"int8\"\ncalibration = \".\"\n",
+    );
+    assert!(
+        e.contains("workload[0].precision: found \"int8\" with a spin: or kernel: model"),
+        "{e}"
+    );
+    // The CPU backend runs int8 (its quantized graph at fp32), not fp16.
+    let e = err(&format!(
+        "{W}precision = \"fp16\"\n[device]\nbackend = \"cpu\"\n"
+    ));
+    assert!(e.contains("expected \"fp32\", \"int8\" or \"fp8\""), "{e}");
+}

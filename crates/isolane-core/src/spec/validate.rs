@@ -17,10 +17,10 @@ use std::path::Path;
 use super::error::Problem;
 use super::format::{
     default_host, hz_expected, max_delay_expected, model_expectation, name_of, phase_expected,
-    preferred_expected, rate_expected, seconds_expected, stretch_expected, IntRule, BATCH, JOBS,
-    L2_PERSIST_MIB, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED,
-    PARTITION_KEYS, PIECE_US, PRECISIONS, QUEUE_LIMIT, RAMP_EXPECTED, ROLES, SMS, SPIN_US,
-    START_DELAY_MS, STEPS, THREAD_PCT, WARMUP_JOBS,
+    preferred_expected, rate_expected, seconds_expected, stretch_expected, IntRule, BATCH,
+    CALIBRATION_EXPECTED, JOBS, L2_PERSIST_MIB, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED,
+    NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, QUEUE_LIMIT, RAMP_EXPECTED, ROLES, SMS,
+    SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, WARMUP_JOBS,
 };
 use super::kernel::KernelModel;
 use super::limits::{
@@ -34,8 +34,8 @@ pub(super) fn is_synthetic(model: &str) -> bool {
 }
 use super::spans::{FieldPath, Spans};
 use super::{
-    Backend, Batching, DeviceSpec, Host, Mechanism, PartitionSpec, Precision, ProtectionSpec, Ramp,
-    Rate, Role, RunLength, Scenario, ServeSpec, TimingSpec, WorkloadSpec,
+    Backend, Batching, CalibrationMethod, DeviceSpec, Host, Mechanism, PartitionSpec, Precision,
+    ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, ServeSpec, TimingSpec, WorkloadSpec,
 };
 
 use FieldPath::{Cpu, Partition, Top, Workload};
@@ -375,6 +375,7 @@ impl Checker<'_, '_> {
             return;
         }
         self.model_and_weights(i, w);
+        self.calibration(i, w);
         self.int(Workload(i, "batch"), u64::from(w.batch), BATCH);
         let backend_ok = device.is_some() && !self.spans.unread(Workload(i, "backend"));
         if backend_ok {
@@ -541,15 +542,99 @@ impl Checker<'_, '_> {
 
     fn precision_fits_backend(&mut self, i: usize, p: Precision, b: Backend) {
         let path = Workload(i, "precision");
-        if b == Backend::Cpu && p != Precision::Fp32 && !self.spans.unread(path) {
+        let cpu_runs = matches!(p, Precision::Fp32 | Precision::Int8 | Precision::Fp8);
+        if b == Backend::Cpu && !cpu_runs && !self.spans.unread(path) {
             self.report(
                 path,
                 false,
                 format!(
-                    "found \"{}\" with backend \"cpu\"; expected \"fp32\" (tf32, fp16 and bf16 \
-                     need backend = \"cuda\")",
+                    "found \"{}\" with backend \"cpu\"; expected \"fp32\", \"int8\" or \"fp8\" \
+                     (tf32, fp16 and bf16 need backend = \"cuda\")",
                     name_of(PRECISIONS, p)
                 ),
+            );
+        }
+    }
+
+    /// `precision = "int8"` / `"fp8"` quantizes a model's graph from a calibration folder:
+    /// the folder is required there and refused elsewhere; entropy calibration is int8's.
+    fn calibration(&mut self, i: usize, w: &WorkloadSpec) {
+        let precision = Workload(i, "precision");
+        let (dir_path, method_path) = (
+            Workload(i, "calibration"),
+            Workload(i, "calibration_method"),
+        );
+        if self.spans.unread(precision) {
+            return;
+        }
+        let name = name_of(PRECISIONS, w.precision);
+        if !w.precision.quantized() {
+            for (path, key) in [
+                (dir_path, "calibration"),
+                (method_path, "calibration_method"),
+            ] {
+                if self.spans.written(path) {
+                    self.report(
+                        path,
+                        true,
+                        format!(
+                            "only with precision = \"int8\" or \"fp8\" (it calibrates the \
+                             quantized model); this workload's precision is \"{name}\": remove \
+                             {key}, or set precision = \"int8\""
+                        ),
+                    );
+                }
+            }
+            return;
+        }
+        if is_synthetic(&w.model) {
+            self.report(
+                precision,
+                false,
+                format!(
+                    "found \"{name}\" with a spin: or kernel: model (nothing to quantize); \
+                     expected one of \"fp32\" | \"tf32\" | \"fp16\" | \"bf16\", or a built-in \
+                     or .onnx model"
+                ),
+            );
+            return;
+        }
+        let dir = w.calibration.as_ref().map(|c| c.dir.as_str()).unwrap_or("");
+        if dir.is_empty() {
+            if !self.spans.unread(dir_path) {
+                self.report_missing(
+                    Workload(i, ""),
+                    dir_path,
+                    &format!(
+                        "{CALIBRATION_EXPECTED}: precision = \"{name}\" quantizes the model from it"
+                    ),
+                );
+            }
+        } else if !self.spans.unread(dir_path) {
+            let p = resolve(self.base_dir, dir);
+            if !p.is_dir() {
+                self.report(
+                    dir_path,
+                    false,
+                    format!(
+                        "{} is not a folder (relative paths are relative to the scenario \
+                         file's directory); expected {CALIBRATION_EXPECTED}",
+                        p.display()
+                    ),
+                );
+            }
+        }
+        let entropy = w
+            .calibration
+            .as_ref()
+            .is_some_and(|c| c.method == CalibrationMethod::Entropy);
+        if entropy && w.precision == Precision::Fp8 && !self.spans.unread(method_path) {
+            self.report(
+                method_path,
+                false,
+                "found \"entropy\" with precision \"fp8\"; expected \"percentile\" | \"minmax\" \
+                 (entropy calibration models int8's uniform grid)"
+                    .to_string(),
             );
         }
     }

@@ -6,7 +6,8 @@ use serde::Serialize;
 
 use super::error::SpecError;
 use super::format::{
-    name_of, BACKENDS, CRITICALITIES, HOSTS, LATE, MECHANISMS, PRECISIONS, ROLES, WHEN_FULL,
+    name_of, BACKENDS, CALIBRATION_METHODS, CRITICALITIES, HOSTS, LATE, MECHANISMS, PRECISIONS,
+    ROLES, WHEN_FULL,
 };
 use super::{
     PartitionSpec, ProgramSpec, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, ServeSpec,
@@ -67,6 +68,10 @@ struct OutWorkload<'a> {
     weights: Option<&'a str>,
     batch: u32,
     precision: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    calibration: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    calibration_method: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     rate_hz: Option<Rate>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -196,6 +201,11 @@ fn out_workload(w: &WorkloadSpec) -> OutWorkload<'_> {
         weights: w.weights.as_deref(),
         batch: w.batch,
         precision: name_of(PRECISIONS, w.precision),
+        calibration: w.calibration.as_ref().map(|c| c.dir.as_str()),
+        calibration_method: w
+            .calibration
+            .as_ref()
+            .map(|c| name_of(CALIBRATION_METHODS, c.method)),
         // An interferer's rate and length follow from its ramp; writing them would
         // make the file invalid.
         rate_hz: (!interferer).then_some(w.rate),
