@@ -74,6 +74,24 @@ pub fn persist_bytes(mib: u64, limits: &Limits) -> Result<usize> {
     Ok(asked)
 }
 
+/// The L2 of the device of the current context (bytes): what a model's traffic is computed
+/// against (`isolane_engine::traffic`), for a sharing guard's profile of it.
+pub fn l2_bytes() -> Result<usize> {
+    let mut dev: cu::CUdevice = 0;
+    // SAFETY: valid out-pointer; a context is current.
+    cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
+    let mut v = 0;
+    // SAFETY: valid out-pointer and device.
+    cu_check("cuDeviceGetAttribute", unsafe {
+        cu::cuDeviceGetAttribute(
+            &mut v,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+            dev,
+        )
+    })?;
+    Ok(v.max(0) as usize)
+}
+
 /// The limits of the device of the current context.
 pub fn limits() -> Result<Limits> {
     let mut dev: cu::CUdevice = 0;
