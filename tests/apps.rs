@@ -1072,7 +1072,8 @@ fn an_app_run_serves_its_metrics_while_it_runs() {
 }
 
 /// On the H100: an app whose model runs in a green context of 16 SMs (fp16), through the
-/// binary; summary.json names the partition. `scripts/gpu-test.sh` runs it with --ignored.
+/// binary; summary.json names the partition, and `--trace` draws the model stage on it.
+/// `scripts/gpu-test.sh` runs it with --ignored.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn an_app_runs_in_a_green_context_on_the_gpu() {
@@ -1092,16 +1093,38 @@ fn an_app_runs_in_a_green_context_on_the_gpu() {
     let text = format!("[device]\nbackend = \"cuda\"\nmechanism = \"green\"\n{text}");
     let p = scenario(dir.path(), "s.toml", &text);
     let out = dir.path().join("run");
-    run_ok(isolane().arg("run").arg(&p).arg("--out").arg(&out));
+    run_ok(
+        isolane()
+            .arg("run")
+            .arg(&p)
+            .args(["--trace", "--out"])
+            .arg(&out),
+    );
     let s = summary(&out);
     let a = app(&s, "a");
     assert_eq!(a["end_to_end"]["jobs"], 180);
     let net = &a["stages"][1];
-    assert!(
-        net["partition"].as_str().unwrap().contains("green"),
-        "{net}"
-    );
+    let partition = net["partition"].as_str().unwrap();
+    assert!(partition.contains("green"), "{net}");
     assert_eq!(s["partitions"][0]["workload"], "a.net");
+    // The trace has the model stage on its partition's track, each of the 200 frames on it
+    // (run or skipped), and the partition's set-up.
+    let ev = trace_events(&out.join("trace.json"));
+    let track = format!("a/net (model, {partition})");
+    let tid = ev
+        .iter()
+        .find(|e| e["name"] == "thread_name" && e["args"]["name"] == track.as_str())
+        .and_then(|e| e["tid"].as_u64())
+        .unwrap_or_else(|| panic!("no track `{track}`"));
+    let on = |name: &str| {
+        ev.iter()
+            .filter(|e| e["pid"] == 1 && e["tid"] == tid && e["name"] == name)
+            .count()
+    };
+    assert_eq!(on("a/net") + on("skipped"), 200, "every frame on `{track}`");
+    assert!(ev.iter().any(|e| e["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("partition set-up: a.net: green"))));
     // 224x224 ResNet-18 in fp16 on 16 SMs: well under a 50 ms deadline
     assert!(f(&a["end_to_end"]["timeout_pct"]) < 5.0, "{a}");
 }
