@@ -661,10 +661,8 @@ impl ConvGraph {
                 buf.as_mut_ptr() as *mut c_void,
             )
         })?;
+        // Kept as cuDNN wrote it (its terminating NUL too), as cuDNN's frontend keeps it.
         buf.truncate(got.clamp(0, buf.len() as i64) as usize);
-        while buf.last() == Some(&0) {
-            buf.pop();
-        }
         Ok(String::from_utf8_lossy(&buf).into_owned())
     }
 

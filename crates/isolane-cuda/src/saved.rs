@@ -144,6 +144,11 @@ fn stale(msg: String) -> EngineError {
 pub(crate) struct CudaPart {
     pub channels_last: bool,
     pub fused_attention: bool,
+    /// The build options that change a step's launches without a timed choice
+    /// (`depthwise_pairs`, `block_rows`, `exact_gelu`): a load records with the build's.
+    pub depthwise_pairs: bool,
+    pub block_rows: bool,
+    pub exact_gelu: bool,
     pub steps: Vec<Choice>,
     pub matmuls: Vec<(String, [u64; 8])>,
     /// [`file::bits_hash`] of each output of the check run ([`probe_input`]).
@@ -155,6 +160,9 @@ impl CudaPart {
         let mut w = Writer::default();
         w.bool(self.channels_last);
         w.bool(self.fused_attention);
+        w.bool(self.depthwise_pairs);
+        w.bool(self.block_rows);
+        w.bool(self.exact_gelu);
         w.usize(self.steps.len());
         for c in &self.steps {
             match c {
@@ -202,6 +210,9 @@ impl CudaPart {
         let mut r = Reader::new(b);
         let channels_last = r.bool()?;
         let fused_attention = r.bool()?;
+        let depthwise_pairs = r.bool()?;
+        let block_rows = r.bool()?;
+        let exact_gelu = r.bool()?;
         let n = r.count(1)?;
         let mut steps = Vec::with_capacity(n);
         for _ in 0..n {
@@ -241,6 +252,9 @@ impl CudaPart {
         Ok(CudaPart {
             channels_last,
             fused_attention,
+            depthwise_pairs,
+            block_rows,
+            exact_gelu,
             steps,
             matmuls,
             outputs,
@@ -435,6 +449,9 @@ impl CudaBackend {
         let part = CudaPart {
             channels_last: opts.channels_last,
             fused_attention: opts.fused_attention,
+            depthwise_pairs: self.build.depthwise_pairs,
+            block_rows: self.build.block_rows,
+            exact_gelu: self.build.exact_gelu,
             steps: log.steps,
             matmuls: log.matmuls,
             outputs,
@@ -482,7 +499,11 @@ impl CudaBackend {
         };
         let p = plan::plan_with(&saved.graph, batch, precision, opts)?;
         let log = ChoiceLog::replay(part.steps.clone(), part.matmuls.clone());
-        let (mut m, _) = CudaModel::build_logged(p, &self.target(), log)
+        let mut target = self.target();
+        target.build.depthwise_pairs = part.depthwise_pairs;
+        target.build.block_rows = part.block_rows;
+        target.build.exact_gelu = part.exact_gelu;
+        let (mut m, _) = CudaModel::build_logged(p, &target, log)
             .map_err(|e| EngineError::InvalidArgument(format!("saved plan `{file}`: {e}")))?;
         let got = probe(&mut m)?;
         if let Some(i) = (0..got.len()).find(|&i| part.outputs.get(i) != Some(&got[i])) {
@@ -536,6 +557,9 @@ mod tests {
         CudaPart {
             channels_last: true,
             fused_attention: false,
+            depthwise_pairs: true,
+            block_rows: false,
+            exact_gelu: true,
             steps: vec![
                 Choice::ConvLegacy { algo: 1, math: 2 },
                 Choice::ConvGraph {
@@ -602,6 +626,53 @@ mod tests {
         assert_eq!(rec.pick(2, "x").unwrap(), None);
         rec.note(Choice::Pick(1));
         assert_eq!(rec.steps, vec![Choice::Pick(1)]);
+    }
+
+    /// A load makes its plan from the saved fused graph: it must be the plan the build made
+    /// from the model (the choices are replayed step by step onto it), at every precision and
+    /// in both layouts.
+    #[test]
+    fn the_plan_made_from_a_saved_graph_is_the_builds_plan() {
+        use isolane_engine::{build_model, Weights};
+        for (name, batch) in [("mobilenet_v2", 1), ("vit_b_16", 2)] {
+            let g = build_model(name, Weights::Synthetic { seed: 5 }).unwrap();
+            let fused = passes::optimize(&g, batch).unwrap();
+            let saved = SavedPlan {
+                key: vec![],
+                graph: fused.clone(),
+                backend: vec![],
+            };
+            let back = SavedPlan::from_bytes("p.isoplan", &saved.to_bytes()).unwrap();
+            for precision in [Precision::Fp32, Precision::Fp16] {
+                for (channels_last, fused_attention) in
+                    [(true, false), (false, false), (true, true)]
+                {
+                    let opts = plan::PlanOptions {
+                        channels_last,
+                        fused_attention,
+                    };
+                    let built = plan::plan_with(&fused, batch, precision, opts).unwrap();
+                    let loaded = plan::plan_with(&back.graph, batch, precision, opts).unwrap();
+                    let shape = |p: &plan::Plan| {
+                        format!(
+                            "{:?} {:?} {} {:?} {:?} {:?} {:?} {:?}",
+                            p.steps,
+                            p.storages,
+                            p.arena_bytes,
+                            p.filter_nhwc,
+                            p.filter_dw_hwc,
+                            p.inputs,
+                            p.outputs,
+                            p.probes
+                        )
+                    };
+                    assert!(
+                        shape(&built) == shape(&loaded) && built.consts == loaded.consts,
+                        "{name} {precision:?} {opts:?}: another plan from the saved graph"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
