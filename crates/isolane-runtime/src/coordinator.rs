@@ -1,5 +1,11 @@
 //! Runs every workload of a run at once: thread hosts and worker processes, the start barrier,
 //! the common `t0`, Ctrl-C, and collecting the records.
+//!
+//! A run is a session whose instances are driven by their fixed-rate schedules: each
+//! thread-hosted workload's instance is built and warmed up through the session's
+//! [`Instances`] (as `isolane serve`'s models are), then its release loop runs on the same
+//! thread from the common t0. A worker process builds its instance and runs the same loop
+//! itself (the `setup` role), in the build turn of the same [`Instances`].
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -19,13 +25,14 @@ use isolane_core::JobRecord;
 
 use crate::exec::{Engine, EngineExecutors};
 use crate::guard::{Guard, GuardRole, GuardSetup, HoldWait, Policy};
+use crate::instance::{GuardPart, How, Instances, PrepareError};
 use crate::jobs_stream::{BatchSender, JobsStream, RecordObserver, StreamingSink};
 use crate::partition::PartitionHandle;
 use crate::program::{run_program, ProgramLaunch, ProgramOutcome};
 use crate::protocol::{
     check_version, record_from_wire, truncate, DoneStatus, FromWorker, ToWorker,
 };
-use crate::release::{capacity_for, run_loop_guarded, warm_up, LoopEnd};
+use crate::release::{capacity_for, run_loop_guarded, LoopEnd};
 use crate::schedule::Schedule;
 use crate::thread_cpu::ThreadCpu;
 use crate::{affinity, clock, exec};
@@ -393,35 +400,10 @@ impl Gate {
 
 struct Shared {
     gate: Gate,
-    stop: Arc<AtomicBool>,
     done: Vec<AtomicU64>,
-    timing: TimingSpec,
-    device: DeviceSpec,
-    engine: Option<Engine>,
-    /// The run's criticality guard and each workload's part in it (by slot).
-    guard: Option<(Arc<Guard>, Vec<GuardSetup>)>,
-    /// Held by the one workload that builds and warms up at a time. A CUDA build times its
-    /// candidate kernels on the GPU and keeps the fastest; timed beside another workload's
-    /// build or warm-up, they were measured under interference that the run does not have,
-    /// and the choice (and the model's speed, up to 1.9× for resnet18 in 32 SMs) changed from
-    /// run to run (docs/interference.md).
-    prepare_turn: Mutex<()>,
-}
-
-impl Shared {
-    fn guard_setup(&self, slot: usize) -> Option<&GuardSetup> {
-        self.guard.as_ref().and_then(|(_, s)| s.get(slot))
-    }
-
-    /// Marks workload `slot`'s critical slot finished (a no-op for best effort and
-    /// unprotected runs).
-    fn guard_done(&self, slot: usize) {
-        if let Some((g, setups)) = &self.guard {
-            if let Some(c) = setups.get(slot).and_then(|s| s.critical_slot) {
-                g.finish(c);
-            }
-        }
-    }
+    /// What the run's instances are built with: the engine, the guard, the stop flag and the
+    /// turn that lets one workload build and warm up at a time.
+    instances: Instances,
 }
 
 /// Readiness report of one workload to the coordinator.
@@ -475,13 +457,9 @@ pub fn run(
             state: Mutex::new(GateState::Waiting),
             cv: Condvar::new(),
         },
-        stop: Arc::clone(&opts.stop),
         done: plan.workloads.iter().map(|_| AtomicU64::new(0)).collect(),
-        timing: plan.timing.clone(),
-        device: plan.device.clone(),
-        engine: opts.engine.clone(),
-        guard: plan.guard().map_err(PlanError::Guard)?,
-        prepare_turn: Mutex::new(()),
+        instances: Instances::new(plan, opts.engine.clone(), Arc::clone(&opts.stop))
+            .map_err(PlanError::Guard)?,
     });
     // Records flow to the writer thread when files or an observer want them.
     let stream = if opts.jobs_dir.is_some() || opts.observer.is_some() {
@@ -537,7 +515,7 @@ pub fn run(
                 };
                 // However the workload ended (a worker killed, a model that failed to build
                 // before it ever published a job), best effort must stop leaving room for it.
-                shared.guard_done(slot);
+                shared.instances.guard_done(slot);
                 // When this workload ended: the run's wall time is the latest of these, not the
                 // moment the coordinator's polling noticed.
                 (result, clock::now_ns())
@@ -673,6 +651,8 @@ fn failed(name: &str, f: Failure, records: Vec<JobRecord>) -> WorkloadResult {
     }
 }
 
+/// A thread-hosted workload: its instance is prepared on this thread through the session's
+/// [`Instances`], then driven by its fixed-rate schedule from the common t0.
 fn drive_thread(
     slot: usize,
     w: &WorkloadPlan,
@@ -681,41 +661,26 @@ fn drive_thread(
     out: Option<BatchSender>,
 ) -> WorkloadResult {
     let name = &w.spec.name;
-    let prepared = (|| -> Result<_, String> {
-        affinity::pin_current_thread(&w.spec.cpu).map_err(|e| format!("workload `{name}`: {e}"))?;
-        let _turn = shared
-            .prepare_turn
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let mut executor = exec::executor_for(
-            shared.engine.as_deref(),
-            &w.spec.device(&shared.device),
-            &w.spec,
-            shared.timing.seed,
-            w.index,
-            w.partition.take(),
-        )
-        .map_err(|e| e.to_string())?;
-        let mut warmup = Vec::with_capacity(crate::release::warmup_capacity(w.spec.warmup_jobs));
-        warm_up(
-            executor.as_mut(),
-            w.spec.warmup_jobs,
-            &mut warmup,
-            &shared.stop,
-        )
-        .map_err(|e| e.to_string())?;
-        check_closed_loop_records(w, &warmup)?;
-        let role = GuardRole::attach(
-            shared.guard_setup(slot),
-            shared.guard.as_ref().map(|(g, _)| g),
-            executor.as_mut(),
-            &warmup,
-        )
-        .map_err(|e| format!("workload `{name}`: cannot join the criticality guard: {e}"))?;
-        Ok((executor, warmup, role))
-    })();
+    let check = |warmup: &[i64]| check_closed_loop_records(w, warmup);
+    let how = How {
+        warmup_jobs: w.spec.warmup_jobs,
+        pin: true,
+        guard: GuardPart::Full,
+        build: None,
+        check: Some(&check),
+    };
+    let prepared = shared
+        .instances
+        .prepare(slot, &w.spec, w.index, w.partition.take(), how)
+        .map_err(|e| match e {
+            PrepareError::Pin(e) => format!("workload `{name}`: {e}"),
+            PrepareError::Guard(e) => {
+                format!("workload `{name}`: cannot join the criticality guard: {e}")
+            }
+            e => e.to_string(),
+        });
     let (mut executor, warmup, mut role) = match prepared {
-        Ok(p) => p,
+        Ok(p) => (p.executor, p.warmup_ns, p.role),
         Err(e) => return failed(name, Failure::msg(e), Vec::new()),
     };
     reporter.ready();
@@ -739,14 +704,14 @@ fn drive_thread(
         Some(&shared.done[slot]),
         out,
     );
-    let spin_ns = shared.timing.spin_us as i64 * 1000;
+    let spin_ns = shared.instances.timing().spin_us as i64 * 1000;
     let cpu_at_t0 = ThreadCpu::now();
     let end = run_loop_guarded(
         executor.as_mut(),
         &w.schedule,
         t0,
         spin_ns,
-        &shared.stop,
+        shared.instances.stop(),
         &mut sink,
         &mut role,
     );
@@ -822,7 +787,8 @@ fn drive_program(
     let Some(t0) = shared.gate.wait() else {
         return result;
     };
-    if !clock::wait_until_ns(t0, 0, &shared.stop) {
+    let stop = shared.instances.stop();
+    if !clock::wait_until_ns(t0, 0, stop) {
         return result;
     }
     let launch = ProgramLaunch {
@@ -837,7 +803,7 @@ fn drive_program(
             hook(name, pid);
         }
     };
-    let outcome = run_program(&launch, t0, &shared.stop, &on_start);
+    let outcome = run_program(&launch, t0, stop, &on_start);
     result.pid = outcome.pids.first().copied();
     result.status = match (outcome.end, outcome.failure(program)) {
         (ProgramEnd::Interrupted, _) => WorkloadStatus::Interrupted,
@@ -949,20 +915,17 @@ fn drive_process(
         let line = read_line(&mut out).ok_or("the worker closed its output before saying hello")?;
         check_version(&line, "worker").map_err(|e| e.to_string())?;
         // The worker builds and warms up between this set-up and its answer.
-        let _turn = shared
-            .prepare_turn
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _turn = shared.instances.turn();
         send_line(
             &mut stdin,
             &ToWorker::Setup {
                 protocol_version: crate::protocol::PROTOCOL_VERSION,
                 index: w.index,
                 workload: Box::new(w.spec.clone()),
-                device: Box::new(w.spec.device(&shared.device)),
-                timing: shared.timing.clone(),
+                device: Box::new(w.spec.device(shared.instances.device())),
+                timing: shared.instances.timing().clone(),
                 schedule: Box::new(w.schedule.clone()),
-                guard: shared.guard_setup(slot).cloned(),
+                guard: shared.instances.guard_setup(slot).cloned(),
             },
         )
         .map_err(|e| format!("cannot send the set-up to the worker: {e}"))?;
@@ -993,8 +956,11 @@ fn drive_process(
                 let expected = w.schedule.expected_jobs().unwrap_or(0);
                 result.records.reserve(expected.min(8_000_000) as usize);
                 let finished = Arc::new(AtomicBool::new(false));
-                let watcher =
-                    spawn_stop_watcher(stdin, Arc::clone(&shared.stop), Arc::clone(&finished));
+                let watcher = spawn_stop_watcher(
+                    stdin,
+                    Arc::clone(shared.instances.stop()),
+                    Arc::clone(&finished),
+                );
                 while let Some(line) = read_line(&mut out) {
                     match serde_json::from_str::<FromWorker>(&line) {
                         Ok(FromWorker::Jobs { records }) => {

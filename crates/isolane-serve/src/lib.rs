@@ -10,8 +10,14 @@
 //! hold. The front ends ([`http`], [`grpc`]) only decode, submit and encode. [`serve_plan`]
 //! sets the partitions up around a server and takes them down after its drain.
 //!
-//! Served here: thread-hosted workloads (the CPU, green contexts). Worker processes (MPS,
-//! MIG, time slices) are refused at start with their reason (docs/serve.md).
+//! The server is a session of model instances as `isolane run` is: each instance is built,
+//! warmed up and given its part in the guard by `isolane_runtime::instance::Instances`, the
+//! same code that builds a run's; a run drives its instances by their fixed-rate schedules,
+//! the server by the requests in each model's queue.
+//!
+//! A `host = "thread"` workload (the CPU, green contexts) runs on its model's thread; a
+//! `host = "process"` one (MPS, MIG, time slices) in a worker of its own that the model's
+//! thread drives as an executor ([`ProcessHosts`], docs/serve.md).
 
 pub mod autoplan;
 mod control;
@@ -32,10 +38,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use isolane_core::admission::Plan;
-use isolane_core::spec::{Backend, Criticality, DeviceSpec, Host, WorkloadSpec};
+use isolane_core::spec::{Backend, Criticality, Host, WorkloadSpec};
 use isolane_runtime::coordinator::RunPlan;
 use isolane_runtime::exec::Engine;
-use isolane_runtime::guard::{CriticalPublisher, Guard, GuardRole, GuardSetup};
+use isolane_runtime::guard::{CriticalPublisher, Guard, GuardSetup};
+use isolane_runtime::instance::{GuardPart, How, Instances, PrepareError, Prepared};
 use isolane_runtime::jobs_stream::BatchSender;
 use tokio::sync::oneshot;
 
@@ -123,16 +130,15 @@ struct Slot {
 /// What every instance is built with, whichever model it serves.
 #[derive(Clone)]
 struct InstanceContext {
-    device: DeviceSpec,
+    /// The session's instances: the device, the guard and each workload's part in it, the
+    /// stop flag, the build turn (shared with `run`'s coordinator).
+    instances: Arc<Instances>,
     engine: Engine,
     seed: u64,
     poll_ns: i64,
     guard: Option<Arc<Guard>>,
-    /// Each workload's part in the guard, in the plan's order.
-    setups: Vec<Option<GuardSetup>>,
     records: Option<(Vec<BatchSender>, i64)>,
     metrics: Arc<ServeMetrics>,
-    stop: Arc<AtomicBool>,
     /// How `host = "process"` workloads' workers start (`None`: this executable's, without
     /// a partition environment).
     processes: Option<ProcessHosts>,
@@ -174,21 +180,18 @@ impl Server {
         processes: Option<ProcessHosts>,
     ) -> Result<Server, ServeError> {
         refuse_unservable(plan)?;
-        let guard = plan.guard().map_err(ServeError::Guard)?;
         let metrics = Arc::new(ServeMetrics::new());
         let stop = Arc::new(AtomicBool::new(false));
+        let instances = Instances::new(plan, Some(options.engine.clone()), Arc::clone(&stop))
+            .map_err(ServeError::Guard)?;
         let context = InstanceContext {
-            device: plan.device.clone(),
+            guard: instances.guard().cloned(),
+            instances: Arc::new(instances),
             engine: options.engine.clone(),
             seed: options.seed,
             poll_ns: plan.timing.spin_us as i64 * 1000,
-            setups: (0..plan.workloads.len())
-                .map(|i| guard.as_ref().and_then(|(_, s)| s.get(i).cloned()))
-                .collect(),
-            guard: guard.as_ref().map(|(g, _)| Arc::clone(g)),
             records: options.records.clone(),
             metrics: Arc::clone(&metrics),
-            stop: Arc::clone(&stop),
             processes,
         };
         let mut models = Vec::new();
@@ -240,13 +243,13 @@ impl Server {
                 metrics,
                 draining: AtomicBool::new(false),
                 stop,
-                context,
                 control: Mutex::new(()),
                 protection: plan.protection.enabled,
                 started: Instant::now(),
                 regions: shm::SharedRegions::default(),
                 drained: Mutex::new(None),
-                guard: guard.map(|(g, _)| g),
+                guard: context.guard.clone(),
+                context,
             }),
         })
     }
@@ -493,7 +496,7 @@ fn spawn_instance(
     existing: Option<(Arc<ServedModel>, i64)>,
 ) -> Result<Started, ServeError> {
     let ctx = ctx.clone();
-    let device = spec.device(&ctx.device);
+    let device = spec.device(ctx.instances.device());
     let words = control::cpu_words(device.backend, &spec.cpu, words);
     let (ready_tx, ready_rx) =
         mpsc::channel::<Result<(Arc<ServedModel>, Option<model::TakeOver>), ServeError>>();
@@ -511,49 +514,43 @@ fn spawn_instance(
             };
             // Pinned before the model is built: a CPU model's thread pool inherits the
             // affinity (one engine thread per listed core). A worker process pins itself;
-            // the thread that drives it stays off its cores.
-            if !spec.cpu.is_empty() && spec.host != Host::Process {
-                if let Err(e) = isolane_runtime::affinity::pin_current_thread(&spec.cpu) {
-                    let _ = ready_tx.send(Err(fail(e.to_string())));
-                    return;
-                }
-            }
-            let built = host::build_executor(
-                &ctx.engine,
-                &device,
-                &spec,
-                (ctx.seed, index, ctx.poll_ns),
-                partition,
-                ctx.processes.as_ref(),
-            );
-            let mut exec = match built {
-                Ok(e) => e,
+            // the thread that drives it stays off its cores. A critical model publishes to
+            // the guard through its queue (below), not through a role of its own.
+            let mut build = |partition| {
+                host::build_executor(
+                    &ctx.engine,
+                    &device,
+                    &spec,
+                    (ctx.seed, index, ctx.poll_ns),
+                    partition,
+                    ctx.processes.as_ref(),
+                )
+            };
+            let how = How {
+                warmup_jobs: spec.warmup_jobs.max(1),
+                pin: spec.host != Host::Process,
+                guard: GuardPart::BestEffortOnly,
+                build: Some(&mut build),
+                check: None,
+            };
+            let prepared = ctx.instances.prepare(index, &spec, index, partition, how);
+            let Prepared {
+                executor: mut exec,
+                warmup_ns: warm,
+                mut role,
+            } = match prepared {
+                Ok(p) => p,
                 Err(e) => {
-                    let _ = ready_tx.send(Err(fail(e.to_string())));
+                    let message = match e {
+                        PrepareError::WarmUp(e) => format!("warm-up: {e}"),
+                        PrepareError::Guard(e) => format!("the guard: {e}"),
+                        e => e.to_string(),
+                    };
+                    let _ = ready_tx.send(Err(fail(message)));
                     return;
                 }
             };
-            let warm = match warm_up(exec.as_mut(), spec.warmup_jobs.max(1)) {
-                Ok(w) => w,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(fail(format!("warm-up: {e}"))));
-                    return;
-                }
-            };
-            let setup = ctx.setups.get(index).cloned().flatten();
-            let critical = spec.criticality == Criticality::Critical;
-            let mut role = match (&setup, critical) {
-                (Some(s), false) => {
-                    match GuardRole::attach(Some(s), ctx.guard.as_ref(), exec.as_mut(), &warm) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(fail(format!("the guard: {e}"))));
-                            return;
-                        }
-                    }
-                }
-                _ => GuardRole::Off,
-            };
+            let setup = ctx.instances.guard_setup(index).cloned();
             let info = ModelInfo {
                 name: spec.name.clone(),
                 source: spec.model.clone(),
@@ -627,7 +624,7 @@ fn spawn_instance(
             if ready_tx.send(Ok((Arc::clone(&model), took))).is_err() {
                 return;
             }
-            model.serve(instance, exec.as_mut(), &mut role, &ctx.stop);
+            model.serve(instance, exec.as_mut(), &mut role, ctx.instances.stop());
         })
         .map_err(|e| failed(format!("cannot start its thread: {e}")))?;
     match ready_rx.recv() {
@@ -641,20 +638,6 @@ fn spawn_instance(
             Err(failed("its thread ended while the model was built".into()))
         }
     }
-}
-
-/// Runs `n` jobs on the model's seeded input; their service times (ns).
-fn warm_up(
-    exec: &mut dyn isolane_runtime::exec::Executor,
-    n: u64,
-) -> Result<Vec<i64>, isolane_runtime::ExecError> {
-    (0..n)
-        .map(|_| {
-            let t = isolane_runtime::clock::now_ns();
-            exec.run_job()?;
-            Ok(isolane_runtime::clock::now_ns() - t)
-        })
-        .collect()
 }
 
 fn ms(d: Duration) -> f64 {
