@@ -638,6 +638,63 @@ pub fn top1_agreement(
     })
 }
 
+/// What [`quantize_from_folder`] did, for a report line.
+#[derive(Clone, Debug)]
+pub struct QuantizeReport {
+    pub qtype: QuantType,
+    pub method: CalibMethod,
+    /// Calibration items read.
+    pub items: usize,
+    pub activations: usize,
+    pub weights: usize,
+    /// The quantized model against the float model over the calibration items.
+    pub agreement: Agreement,
+}
+
+impl std::fmt::Display for QuantizeReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = &self.agreement;
+        write!(
+            f,
+            "{} from {} calibration items ({}): {} activations and {} weights quantized; top-1 \
+             agreement with fp32 {}/{} ({:.1} %), relative L2 {:.2e}",
+            self.qtype,
+            self.items,
+            self.method.name(),
+            self.activations,
+            self.weights,
+            a.same_top1,
+            a.items,
+            100.0 * a.top1(),
+            a.rel_l2
+        )
+    }
+}
+
+/// `g` quantized at `batch` from the first [`CALIBRATION_ITEMS`] items of folder `dir`
+/// ([`load_calibration_set`], [`quantize_model`]), and its top-1 agreement with `g` over
+/// them on the CPU backend (`threads` threads).
+pub fn quantize_from_folder(
+    g: &Graph,
+    batch: usize,
+    dir: &Path,
+    opts: &CalibOptions,
+    threads: usize,
+) -> Result<(Graph, QuantizeReport)> {
+    let set = load_calibration_set(dir, g, batch, CALIBRATION_ITEMS)?;
+    let q = quantize_model(g, batch, &set.samples, opts)?;
+    let agreement = top1_agreement(g, &q.graph, batch, &set.samples, set.items, threads)?;
+    let report = QuantizeReport {
+        qtype: opts.qtype,
+        method: opts.method,
+        items: set.items,
+        activations: q.activations,
+        weights: q.weights,
+        agreement,
+    };
+    Ok((q.graph, report))
+}
+
 /// The index of the largest value (the first of equals); NaN never wins.
 fn argmax(v: &[f32]) -> usize {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
@@ -849,6 +906,18 @@ mod tests {
         assert!(
             a.top1() >= 0.8 && a.rel_l2 > 1e-4 && a.rel_l2 < 0.05,
             "{a:?}"
+        );
+        // The same through the one call a workload makes, with its report line.
+        let opts = CalibOptions::default();
+        let (q2, r) = quantize_from_folder(&g, 2, dir.path(), &opts, 1).unwrap();
+        assert_eq!(q2, q.graph);
+        assert_eq!((r.items, r.activations, r.weights), (5, 3, 3));
+        assert_eq!(r.agreement, a);
+        let line = r.to_string();
+        assert!(
+            line.starts_with("int8 from 5 calibration items (percentile): 3 activations")
+                && line.contains(&format!("top-1 agreement with fp32 {}/5", a.same_top1)),
+            "{line}"
         );
         // A model that answers differently is caught: the classifier's weights negated.
         let mut wrong = g.clone();

@@ -89,38 +89,18 @@ fn quantized(spec: &WorkloadSpec, graph: Graph) -> Result<Graph, ExecError> {
         M::Entropy => CalibMethod::Entropy,
         M::Minmax => CalibMethod::MinMax,
     };
-    let batch = spec.batch as usize;
-    let set = calibrate::load_calibration_set(
-        Path::new(&c.dir),
-        &graph,
-        batch,
-        calibrate::CALIBRATION_ITEMS,
-    )
-    .map_err(|e| bad_model(spec, e))?;
     let opts = CalibOptions {
         qtype,
         method,
         ..Default::default()
     };
-    let q = calibrate::quantize_model(&graph, batch, &set.samples, &opts)
-        .map_err(|e| bad_model(spec, e))?;
     let threads = spec.cpu.len().max(1);
-    let a = calibrate::top1_agreement(&graph, &q.graph, batch, &set.samples, set.items, threads)
-        .map_err(|e| engine_err(spec, e))?;
-    eprintln!(
-        "workload {}: {qtype} from {} calibration items ({}): {} activations and {} weights \
-         quantized; top-1 agreement with fp32 {}/{} ({:.1} %), relative L2 {:.2e}",
-        spec.name,
-        set.items,
-        method.name(),
-        q.activations,
-        q.weights,
-        a.same_top1,
-        a.items,
-        100.0 * a.top1(),
-        a.rel_l2
-    );
-    Ok(q.graph)
+    let dir = Path::new(&c.dir);
+    let (q, report) =
+        calibrate::quantize_from_folder(&graph, spec.batch as usize, dir, &opts, threads)
+            .map_err(|e| bad_model(spec, e))?;
+    eprintln!("workload {}: {report}", spec.name);
+    Ok(q)
 }
 
 pub(crate) fn engine_err(spec: &WorkloadSpec, message: impl std::fmt::Display) -> ExecError {
@@ -671,6 +651,14 @@ impl EngineExecutors for EngineExecutorsImpl {
         }
         check_name(spec)?;
         check_backend(device, spec)?;
+        if spec.precision.quantized() && is_saved_plan_path(&spec.model) {
+            return Err(bad_model(
+                spec,
+                "precision int8 and fp8 quantize a model from its calibration folder at start; \
+                 a saved plan holds a graph already compiled (save a QDQ .onnx model's plan, or \
+                 give the float model here)",
+            ));
+        }
         // Files are read now, before any output exists, so that a corrupt ONNX file or a
         // safetensors file with a wrong or missing tensor stops the run at once; and a batch
         // that does not fit this machine is refused before it is allocated.
@@ -685,6 +673,16 @@ impl EngineExecutors for EngineExecutorsImpl {
         let graph = shape_graph(spec)?;
         check_batch_fits(&graph, spec.batch as usize, target(device, spec))
             .map_err(|reason| bad_model(spec, format!("batch = {}: {reason}", spec.batch)))?;
+        if let Some(c) = spec.calibration.as_ref() {
+            // The calibration files are read now too (calibrating waits for build).
+            isolane_engine::calibrate::load_calibration_set(
+                Path::new(&c.dir),
+                &graph,
+                spec.batch as usize,
+                isolane_engine::calibrate::CALIBRATION_ITEMS,
+            )
+            .map_err(|e| bad_model(spec, e))?;
+        }
         if reads_a_file(spec) && !is_saved_plan_path(&spec.model) {
             // A worker process builds its own copy; only thread hosts can reuse this one.
             if spec.host == Host::Thread {
@@ -781,5 +779,63 @@ impl Executor for ModelExecutor {
 
     fn output(&self, i: usize) -> Option<&[f32]> {
         output_of(self.model.as_ref(), i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isolane_core::spec::{NoBuiltinModels, Scenario};
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../isolane-engine/tests/fixtures/onnx")
+            .join(name)
+    }
+
+    fn run_once(e: &EngineExecutorsImpl, device: &DeviceSpec, w: &WorkloadSpec) -> Vec<f32> {
+        e.check(device, w).unwrap();
+        let mut x = e.build(device, w, 7, 0, None).unwrap();
+        x.run_job().unwrap();
+        x.output(0).unwrap().to_vec()
+    }
+
+    #[test]
+    fn an_int8_workload_runs_its_model_quantized_from_the_calibration_folder() {
+        let dir = std::env::temp_dir().join(format!("isolane-int8-{}", std::process::id()));
+        let cal = dir.join("cal");
+        std::fs::create_dir_all(&cal).unwrap();
+        std::fs::copy(fixture("tiny_cnn_op14.input.npy"), cal.join("a.npy")).unwrap();
+        let text = format!(
+            "[[workload]]\nname = \"q\"\nmodel = \"{}\"\nprecision = \"int8\"\n\
+             calibration = \"cal\"\nrate_hz = 5\njobs = 1\n",
+            fixture("tiny_cnn_op14.onnx").display()
+        );
+        let s = Scenario::from_toml_str(&text, dir.join("s.toml"), &NoBuiltinModels).unwrap();
+        let (device, w) = (&s.device, &s.workloads[0]);
+        let e = EngineExecutorsImpl::default();
+        let q = run_once(&e, device, w);
+        let float = WorkloadSpec {
+            precision: SpecPrecision::Fp32,
+            calibration: None,
+            ..w.clone()
+        };
+        let f = run_once(&e, device, &float);
+        // Quantized: near the float model's answer, not equal to it.
+        let (num, den) = q.iter().zip(&f).fold((0f64, 0f64), |(n, d), (a, b)| {
+            (n + ((a - b) as f64).powi(2), d + (*b as f64).powi(2))
+        });
+        let rel = (num / den).sqrt();
+        assert!(rel > 1e-5 && rel < 0.1, "relative L2 {rel}");
+        // A calibration file of another shape stops the run at check, naming the file.
+        std::fs::write(
+            cal.join("b.npy"),
+            isolane_engine::io::npy::encode_npy(&[3, 5, 5], &[0.0; 75]),
+        )
+        .unwrap();
+        let err = e.check(device, w).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(err, ExecError::BadModel { .. }), "{err}");
+        assert!(err.to_string().contains("b.npy"), "{err}");
     }
 }
