@@ -35,6 +35,7 @@
 pub mod auto;
 mod budget;
 pub mod cache;
+pub mod foresee;
 mod gpus;
 pub mod learned;
 pub mod offline;
