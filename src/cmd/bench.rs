@@ -1,11 +1,8 @@
 //! `isolane bench`: latency and throughput of one model on one backend, measured job by job
 //! the way a workload runs it (input copy in, forward, output copy out, wait).
 
-use std::time::Instant;
-
-use anyhow::Context as _;
 use clap::Args;
-use isolane_engine::{build_model, model_info, CompiledModel, CpuBackend, Precision, Weights};
+use isolane_executors::bench::{self, BenchError, BenchRequest};
 
 use super::user;
 
@@ -56,264 +53,50 @@ pub struct BenchArgs {
     wide: bool,
 }
 
-/// One measured configuration.
-#[derive(Debug, serde::Serialize)]
-pub struct BenchResult {
-    pub backend: String,
-    pub model: String,
-    pub batch: usize,
-    pub precision: String,
-    pub replays: usize,
-    pub median_ms: f64,
-    pub p99_ms: f64,
-    pub mean_ms: f64,
-    pub min_ms: f64,
-    pub throughput_ips: f64,
-    pub compile_ms: f64,
-    pub weights_mib: Option<f64>,
-    pub arena_mib: f64,
-    pub workspace_mib: Option<f64>,
-    pub device_mib: Option<f64>,
-    /// cuda: device time of the forward alone (no copies), median of 50 event-timed replays.
-    pub forward_ms: Option<f64>,
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn time_jobs(
-    m: &mut dyn CompiledModel,
-    warmup: usize,
-    replays: usize,
-) -> anyhow::Result<(Vec<f64>, f64)> {
-    for _ in 0..warmup {
-        m.run()?;
-    }
-    let mut t = Vec::with_capacity(replays);
-    let start = Instant::now();
-    for _ in 0..replays {
-        let t0 = Instant::now();
-        m.run()?;
-        t.push(t0.elapsed().as_secs_f64() * 1e3);
-    }
-    let wall = start.elapsed().as_secs_f64();
-    t.sort_by(|a, b| a.total_cmp(b));
-    Ok((t, wall))
-}
-
-/// The results as a table: model, batch, precision, median and p99 latency, throughput and
-/// device memory; `wide` adds the backend, mean and min latency, compile time, weights, arena,
-/// workspace and the forward's device time.
-fn results_table(results: &[BenchResult], wide: bool) -> String {
-    let o = |v: Option<f64>, d: usize| isolane_report::num(v, d);
-    let mut header = vec![
-        "model", "batch", "prec", "p50 ms", "p99 ms", "img/s", "dev MiB",
-    ];
-    if wide {
-        header.extend([
-            "backend",
-            "mean ms",
-            "min ms",
-            "build ms",
-            "wts MiB",
-            "arena MiB",
-            "ws MiB",
-            "fwd ms",
-        ]);
-    }
-    let rows: Vec<Vec<String>> = results
-        .iter()
-        .map(|r| {
-            let mut row = vec![
-                r.model.clone(),
-                r.batch.to_string(),
-                r.precision.clone(),
-                isolane_report::ms(Some(r.median_ms)),
-                isolane_report::ms(Some(r.p99_ms)),
-                isolane_report::rate(r.throughput_ips),
-                o(r.device_mib, 1),
-            ];
-            if wide {
-                row.extend([
-                    r.backend.clone(),
-                    isolane_report::ms(Some(r.mean_ms)),
-                    isolane_report::ms(Some(r.min_ms)),
-                    format!("{:.0}", r.compile_ms),
-                    o(r.weights_mib, 1),
-                    format!("{:.1}", r.arena_mib),
-                    o(r.workspace_mib, 1),
-                    isolane_report::ms(r.forward_ms),
-                ]);
-            }
-            row
-        })
-        .collect();
-    let text_columns: &[usize] = if wide { &[0, 2, 7] } else { &[0, 2] };
-    if wide {
-        isolane_report::wide_table(&header, &rows, text_columns)
-    } else {
-        isolane_report::plain_table(&header, &rows, text_columns)
-    }
-}
-
-/// The backend to measure on: the one asked for, else cuda where the GPU can run it and the CPU
-/// otherwise, with the reason on stderr (the same choice and note as `isolane run`'s
-/// quickstart), so that `isolane bench --model resnet18` works on a machine without a GPU.
-fn pick_backend(asked: Option<&str>, gpu_unusable: impl FnOnce() -> Option<String>) -> String {
-    match asked {
-        Some(b) => b.to_string(),
-        None => match gpu_unusable() {
-            Some(why) => {
-                eprintln!("note: measuring on the CPU backend: cuda cannot run here ({why})");
-                "cpu".into()
-            }
-            None => "cuda".into(),
-        },
-    }
-}
-
 pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     if args.replays == 0 {
         return Err(user("--replays must be at least 1"));
     }
-    let asked = args.backend.is_some();
-    let backend = pick_backend(args.backend.as_deref(), super::gpu_unusable_reason);
-    let mut precisions = Vec::new();
-    let default = [if backend == "cpu" { "fp32" } else { "fp16" }.to_string()];
-    let wanted: &[String] = if args.precision.is_empty() {
-        &default
-    } else {
-        &args.precision
-    };
-    for p in wanted {
-        precisions.push(p.parse::<Precision>().map_err(user)?);
-    }
-    for m in &args.model {
-        if model_info(m).is_none() {
-            return Err(user(format!(
-                "--model: unknown model `{m}` (see `isolane models`)"
-            )));
-        }
-    }
-    if args.batch.contains(&0) {
-        return Err(user("--batch must be at least 1"));
-    }
     super::check_threads(args.threads)?;
-    let cuda = match backend.as_str() {
-        "cuda" => Some(isolane_cuda::CudaBackend::new(args.gpu).with_context(|| {
-            format!(
-                "{} needs a usable CUDA GPU {}; without one, measure on the CPU with \
-                 --backend cpu",
-                if asked {
-                    "--backend cuda"
-                } else {
-                    "the cuda backend"
-                },
-                args.gpu
-            )
-        })?),
-        "cpu" => None,
-        other => {
-            return Err(user(format!(
-                "--backend: `{other}` is not a backend (cuda, cpu)"
-            )))
-        }
+    let request = BenchRequest {
+        models: args.model,
+        batches: args.batch,
+        precisions: args.precision,
+        backend: args.backend,
+        replays: args.replays,
+        warmup: args.warmup,
+        gpu: args.gpu,
+        threads: args.threads,
+        seed: args.seed,
     };
-    let mut results = Vec::new();
-    for name in &args.model {
-        let graph = build_model(name, Weights::Synthetic { seed: args.seed })?;
-        let target = |p| match &cuda {
-            Some(_) => isolane_executors::engine::Target::Cuda {
-                gpu: args.gpu,
-                precision: p,
-            },
-            None => isolane_executors::engine::Target::Cpu,
-        };
-        for &batch in &args.batch {
-            for &p in &precisions {
-                isolane_executors::engine::check_batch_fits(&graph, batch, target(p))
-                    .map_err(|reason| user(format!("--batch {batch} ({name}, {p}): {reason}")))?;
-            }
-        }
-        for &batch in &args.batch {
-            for &p in &precisions {
-                let t0 = Instant::now();
-                let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
-                let mut forward_ms = None;
-                let (mut model, mem): (Box<dyn CompiledModel>, Option<isolane_cuda::MemoryReport>) =
-                    match &cuda {
-                        Some(b) => {
-                            // Built-in models only: covered by the GPU tests, so no plan check
-                            // (it would add a CPU forward pass to every compile).
-                            let options = isolane_cuda::CompileOptions {
-                                plan_check: false,
-                                ..Default::default()
-                            };
-                            let mut m = b
-                                .compile_cuda_with(&graph, batch, p, &options)
-                                .with_context(|| {
-                                    format!("compiling {name} batch {batch} {p} for cuda")
-                                })?;
-                            let input = isolane_executors::seeded_input::random_normal(
-                                m.input_mut().len(),
-                                args.seed,
-                            );
-                            m.input_mut().copy_from_slice(&input);
-                            m.run()?;
-                            forward_ms = Some(m.device_ms(50)?);
-                            let mem = m.memory();
-                            (Box::new(m), Some(mem))
-                        }
-                        None => (
-                            Box::new(
-                                CpuBackend::new(args.threads)
-                                    .compile_cpu(&graph, batch, p)
-                                    .with_context(|| format!("compiling {name} for cpu"))?,
-                            ),
-                            None,
-                        ),
-                    };
-                let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
-                let input = isolane_executors::seeded_input::random_normal(
-                    model.input_mut().len(),
-                    args.seed,
+    let json = args.json;
+    let results = bench::bench(
+        &request,
+        super::gpu_unusable_reason,
+        &mut |note| eprintln!("{note}"),
+        &mut |r| {
+            if json {
+                let line =
+                    serde_json::to_string(r).map_err(|e| BenchError::Output(e.to_string()))?;
+                println!("{line}");
+            } else {
+                eprintln!(
+                    "measured {} batch {} {}: median {:.3} ms",
+                    r.model, r.batch, r.precision, r.median_ms
                 );
-                model.input_mut().copy_from_slice(&input);
-                let (t, wall) = time_jobs(model.as_mut(), args.warmup, args.replays)?;
-                let r = BenchResult {
-                    backend: backend.clone(),
-                    model: name.clone(),
-                    batch,
-                    precision: p.to_string(),
-                    replays: args.replays,
-                    median_ms: percentile(&t, 0.5),
-                    p99_ms: percentile(&t, 0.99),
-                    mean_ms: t.iter().sum::<f64>() / t.len() as f64,
-                    min_ms: t[0],
-                    throughput_ips: (args.replays * batch) as f64 / wall,
-                    compile_ms,
-                    weights_mib: mem.map(|m| mib(m.weights_bytes)),
-                    arena_mib: mib(model.arena_bytes()),
-                    workspace_mib: mem.map(|m| mib(m.workspace_bytes)),
-                    device_mib: mem.map(|m| mib(m.device_delta_bytes)),
-                    forward_ms,
-                };
-                if args.json {
-                    println!("{}", serde_json::to_string(&r)?);
-                } else {
-                    eprintln!(
-                        "measured {} batch {} {}: median {:.3} ms",
-                        r.model, r.batch, r.precision, r.median_ms
-                    );
-                }
-                results.push(r);
             }
+            Ok(())
+        },
+    )
+    .map_err(|e| {
+        if e.is_user_error() {
+            user(e)
+        } else {
+            anyhow::Error::new(e)
         }
-    }
-    if !args.json {
-        println!("{}", results_table(&results, args.wide));
+    })?;
+    if !json {
+        println!("{}", bench::results_table(&results, args.wide));
     }
     Ok(0)
 }

@@ -18,7 +18,6 @@ pub mod maxrate;
 pub mod models;
 pub mod plan;
 pub mod plan_auto;
-pub mod progress;
 pub mod report;
 pub mod run;
 pub mod serve;
@@ -304,62 +303,7 @@ pub fn install_stop_handler() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
-/// A progress bar on stderr with the time left (the run's planned length, or its jobs, done so
-/// far), only when stdout is a terminal and not `--quiet`: piped output stays clean.
-pub struct ProgressView {
-    bar: Option<indicatif::ProgressBar>,
-}
-
-impl ProgressView {
-    pub fn new(quiet: bool) -> Self {
-        let bar = (!quiet && std::io::stdout().is_terminal()).then(|| {
-            let bar = indicatif::ProgressBar::new(1000);
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% ~{eta} left, {msg}",
-            ) {
-                bar.set_style(style);
-            }
-            bar
-        });
-        ProgressView { bar }
-    }
-
-    pub fn update(&self, p: &isolane_runtime::coordinator::Progress) {
-        let Some(bar) = &self.bar else { return };
-        let frac = match (p.planned_s, p.jobs_expected) {
-            (Some(s), _) if s > 0.0 => p.elapsed_s / s,
-            (_, Some(n)) if n > 0 => p.jobs_done as f64 / n as f64,
-            _ => 0.0,
-        };
-        bar.set_position((frac.clamp(0.0, 1.0) * 1000.0) as u64);
-        bar.set_message(format!("{} jobs", p.jobs_done));
-    }
-
-    pub fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
-        }
-    }
-}
-
-/// What a run shows a person: the progress bar on stdout, warnings and notes on stderr.
-impl isolane_session::Observer for ProgressView {
-    fn progress(&mut self, p: &isolane_runtime::coordinator::Progress) {
-        self.update(p);
-    }
-
-    fn finished(&mut self) {
-        self.finish();
-    }
-
-    fn warning(&mut self, message: &str) {
-        eprintln!("warning: {message}");
-    }
-
-    fn note(&mut self, message: &str) {
-        eprintln!("{message}");
-    }
-}
+pub use isolane_session::progress::ProgressView;
 
 /// The title of a results table: where the workloads ran and how the device was shared, e.g.
 /// `cuda GPU 0 (NVIDIA H100 80GB HBM3), green contexts` or `cpu, no partitions`.

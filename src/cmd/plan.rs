@@ -3,10 +3,11 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-use isolane_core::admission::{self, AdmissionOptions, Plan, Rejection, ResolvedPartition};
+use isolane_core::admission::{self, AdmissionOptions};
 use isolane_core::device_model::{self, DeviceModel};
 use isolane_core::spec::{Backend, Scenario};
+use isolane_report::admission::plan_table;
+pub use isolane_report::admission::rejection_text;
 
 use super::user;
 
@@ -286,120 +287,5 @@ pub(super) fn cpu_device_model() -> DeviceModel {
         memory_mib: 0,
         compute_capability: (0, 0),
         mig: None,
-    }
-}
-
-pub fn rejection_text(scenario: &str, device: &DeviceModel, rejections: &[Rejection]) -> String {
-    let mut s = format!(
-        "{scenario}: the plan does not fit {} ({}):",
-        device.name, device.description
-    );
-    // As for a scenario's problems: thousands of refused workloads would print megabytes.
-    let shown = isolane_core::spec::MAX_LISTED_PROBLEMS;
-    for r in rejections.iter().take(shown) {
-        s.push_str(&format!("\n  workload '{}': {}", r.workload, r.message));
-    }
-    if rejections.len() > shown {
-        s.push_str(&format!(
-            "\n  and {} more workload(s) refused, not shown",
-            rejections.len() - shown
-        ));
-    }
-    s
-}
-
-fn plan_table(plan: &Plan) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header(vec!["workload", "partition", "details", "mem MiB"]);
-    // 80 columns: a long details cell wraps between words.
-    isolane_report::fit(&mut t, isolane_report::Layout::default());
-    for w in &plan.workloads {
-        let (kind, details) = match &w.partition {
-            ResolvedPartition::Cpu => ("cpu".to_string(), "no device partition".to_string()),
-            ResolvedPartition::Whole => (
-                "timeslice".to_string(),
-                "whole GPU, taking turns".to_string(),
-            ),
-            ResolvedPartition::Green {
-                group,
-                sms,
-                first_sm,
-            } => (
-                "green".to_string(),
-                format!(
-                    "group {group}: {sms} SMs (split positions {first_sm}..{})",
-                    first_sm + sms
-                ),
-            ),
-            ResolvedPartition::Mps {
-                thread_pct,
-                mem_limit_mib,
-            } => (
-                "mps".to_string(),
-                match mem_limit_mib {
-                    Some(m) => format!(
-                        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={thread_pct}, pinned memory {m} MiB"
-                    ),
-                    None => format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={thread_pct}"),
-                },
-            ),
-            ResolvedPartition::Mig {
-                profile,
-                start,
-                sms,
-                memory_mib,
-            } => (
-                "mig".to_string(),
-                format!("{profile} at memory slice {start} ({sms} SMs, {memory_mib} MiB)"),
-            ),
-        };
-        // Only a plan of several GPUs names them (one GPU's table is as it always was).
-        let details = match w.gpu {
-            Some(g) => format!("GPU {g}, {details}"),
-            None => details,
-        };
-        t.add_row(vec![
-            w.workload.clone(),
-            kind,
-            details,
-            w.memory_mib
-                .map(|m| m.to_string())
-                .unwrap_or_else(|| "-".into()),
-        ]);
-    }
-    t
-}
-
-#[cfg(test)]
-mod tests {
-    use isolane_core::admission::{RejectReason, Rejection};
-
-    /// Issue 31: the list of refused workloads is bounded, as a scenario's problems are.
-    #[test]
-    fn thousands_of_refused_workloads_print_a_bounded_list() {
-        let device = isolane_core::device_model::device_model("h100-sxm").unwrap();
-        let rejections: Vec<Rejection> = (0..1000)
-            .map(|i| Rejection {
-                workload: format!("w{i}"),
-                reason: RejectReason::MissingPartition {
-                    field: "sms",
-                    mechanism: "green",
-                },
-                message: "partition.sms is required with mechanism green".into(),
-                gpu: None,
-            })
-            .collect();
-        let text = super::rejection_text("s.toml", &device, &rejections);
-        let shown = isolane_core::spec::MAX_LISTED_PROBLEMS;
-        assert_eq!(text.lines().count(), 1 + shown + 1, "{text}");
-        assert!(text.contains("workload 'w0'") && !text.contains(&format!("'w{shown}'")));
-        assert!(
-            text.ends_with(&format!(
-                "and {} more workload(s) refused, not shown",
-                1000 - shown
-            )),
-            "{text}"
-        );
     }
 }

@@ -155,8 +155,12 @@ impl Bench for RunBench<'_> {
         let admitted = super::admit_or_refuse(s, "the profile run")?;
         let plan = RunPlan::from_scenario(s);
         let out = self.work.join(format!("w{}-{}", run.workload, run.size));
-        let mut view =
-            super::progress::ProfileProgress::start(&run.what, run.jobs, run.expected_s, false);
+        let mut view = isolane_session::progress::ProfileProgress::start(
+            &run.what,
+            run.jobs,
+            run.expected_s,
+            false,
+        );
         let request = super::run::Request {
             command: "plan",
             scenario: s,

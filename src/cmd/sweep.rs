@@ -505,7 +505,10 @@ fn time_left(elapsed_s: f64, done: usize, total: usize) -> String {
         return String::new();
     }
     let left = elapsed_s / done as f64 * (total - done) as f64;
-    format!(" (~{} left)", super::progress::duration_text(left))
+    format!(
+        " (~{} left)",
+        isolane_session::progress::duration_text(left)
+    )
 }
 
 /// Validates every point's scenario by the rules of a scenario file (a problem names the

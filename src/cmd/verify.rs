@@ -140,7 +140,7 @@ fn time_needed(per_gpu: &[usize], duration_s: f64) -> String {
         "verify: {partitions} partition(s){gpus}, {measurements} measurements of {:.1} s: at \
          least ~{}\n  (plus setting the partitions up)",
         duration_s.max(0.5),
-        super::progress::duration_text(measurements as f64 * duration_s.max(0.5))
+        isolane_session::progress::duration_text(measurements as f64 * duration_s.max(0.5))
     )
 }
 

@@ -9,7 +9,9 @@
 
 pub mod app_models;
 pub mod app_worker;
+pub mod bench;
 pub mod engine;
-pub mod saved_plan;
+pub mod infer;
 mod kernel;
+pub mod saved_plan;
 pub mod seeded_input;

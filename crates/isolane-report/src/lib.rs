@@ -4,7 +4,9 @@
 //! file. The HTML report (`isolane report`, docs/report.md) reads results folders back
 //! (`data`), draws SVG charts (`plot`) and assembles one self-contained page (`html`).
 
+pub mod admission;
 pub mod coexec;
+pub mod compare;
 pub mod data;
 pub mod explain;
 pub mod html;

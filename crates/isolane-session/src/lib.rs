@@ -18,6 +18,8 @@
 
 pub mod live;
 pub mod maxrate;
+pub mod progress;
+pub mod search;
 pub mod telemetry;
 pub mod verify;
 

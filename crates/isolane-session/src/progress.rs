@@ -1,4 +1,5 @@
-//! Progress of a max-rate search on a terminal: the time it should take, said up front, and a
+//! What a person sees of a run, a max-rate search and a profile run on a terminal: a run's bar
+//! ([`ProgressView`]). Progress of a max-rate search: the time it should take, said up front, and a
 //! spinner per batch with the time left at least. Off the terminal (piped, CI logs) only the
 //! up-front estimate is printed, once, on stderr. The profile runs of `plan --auto` the same
 //! way: a bar of jobs with the time left on a terminal, plain lines otherwise
@@ -239,7 +240,7 @@ impl ProfileProgress {
     }
 }
 
-impl isolane_session::Observer for ProfileProgress {
+impl crate::Observer for ProfileProgress {
     fn progress(&mut self, p: &isolane_runtime::coordinator::Progress) {
         self.update(p.jobs_done, p.elapsed_s);
     }
@@ -294,6 +295,63 @@ fn spinner() -> indicatif::ProgressBar {
     }
     bar.enable_steady_tick(Duration::from_millis(200));
     bar
+}
+
+/// A progress bar on stderr with the time left (the run's planned length, or its jobs, done so
+/// far), only when stdout is a terminal and not `--quiet`: piped output stays clean.
+pub struct ProgressView {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl ProgressView {
+    pub fn new(quiet: bool) -> Self {
+        let bar = (!quiet && std::io::stdout().is_terminal()).then(|| {
+            let bar = indicatif::ProgressBar::new(1000);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% ~{eta} left, {msg}",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        });
+        ProgressView { bar }
+    }
+
+    pub fn update(&self, p: &isolane_runtime::coordinator::Progress) {
+        let Some(bar) = &self.bar else { return };
+        let frac = match (p.planned_s, p.jobs_expected) {
+            (Some(s), _) if s > 0.0 => p.elapsed_s / s,
+            (_, Some(n)) if n > 0 => p.jobs_done as f64 / n as f64,
+            _ => 0.0,
+        };
+        bar.set_position((frac.clamp(0.0, 1.0) * 1000.0) as u64);
+        bar.set_message(format!("{} jobs", p.jobs_done));
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// What a run shows a person: the progress bar on stdout, warnings and notes on stderr.
+impl crate::Observer for ProgressView {
+    fn progress(&mut self, p: &isolane_runtime::coordinator::Progress) {
+        self.update(p);
+    }
+
+    fn finished(&mut self) {
+        self.finish();
+    }
+
+    fn warning(&mut self, message: &str) {
+        eprintln!("warning: {message}");
+    }
+
+    fn note(&mut self, message: &str) {
+        eprintln!("{message}");
+    }
 }
 
 #[cfg(test)]

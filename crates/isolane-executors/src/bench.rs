@@ -1,0 +1,325 @@
+//! `isolane bench`'s work: latency and throughput of one model on one backend, measured job by
+//! job the way a workload runs it (input copy in, forward, output copy out, wait).
+
+use std::time::Instant;
+
+use isolane_engine::{
+    build_model, model_info, CompiledModel, CpuBackend, EngineError, Precision, Weights,
+};
+
+/// What to measure (the flags of `isolane bench`).
+#[derive(Debug, Clone)]
+pub struct BenchRequest {
+    /// Built-in models.
+    pub models: Vec<String>,
+    pub batches: Vec<usize>,
+    /// Precisions as written; none: fp16 on cuda, fp32 on cpu.
+    pub precisions: Vec<String>,
+    /// `"cuda"` or `"cpu"` (`None`: cuda where it can run, else cpu).
+    pub backend: Option<String>,
+    /// Timed jobs per configuration.
+    pub replays: usize,
+    /// Untimed jobs first.
+    pub warmup: usize,
+    pub gpu: u32,
+    /// CPU threads (0 = all cores).
+    pub threads: usize,
+    /// Seed of the synthetic weights and the input.
+    pub seed: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A flag's value (exit code 2 at the CLI).
+    #[error("{0}")]
+    User(String),
+    /// The engine failed, doing what `doing` says.
+    #[error("{doing}")]
+    Engine {
+        doing: String,
+        #[source]
+        source: EngineError,
+    },
+    #[error(transparent)]
+    Run(#[from] EngineError),
+    /// A result could not be passed on (written as JSON).
+    #[error("{0}")]
+    Output(String),
+}
+
+impl BenchError {
+    /// Whether this is the user's mistake (exit code 2) rather than a runtime failure.
+    pub fn is_user_error(&self) -> bool {
+        matches!(self, BenchError::User(_))
+    }
+}
+
+fn user(msg: impl std::fmt::Display) -> BenchError {
+    BenchError::User(msg.to_string())
+}
+
+fn doing(what: String) -> impl FnOnce(EngineError) -> BenchError {
+    move |source| BenchError::Engine {
+        doing: what,
+        source,
+    }
+}
+
+/// One measured configuration.
+#[derive(Debug, serde::Serialize)]
+pub struct BenchResult {
+    pub backend: String,
+    pub model: String,
+    pub batch: usize,
+    pub precision: String,
+    pub replays: usize,
+    pub median_ms: f64,
+    pub p99_ms: f64,
+    pub mean_ms: f64,
+    pub min_ms: f64,
+    pub throughput_ips: f64,
+    pub compile_ms: f64,
+    pub weights_mib: Option<f64>,
+    pub arena_mib: f64,
+    pub workspace_mib: Option<f64>,
+    pub device_mib: Option<f64>,
+    /// cuda: device time of the forward alone (no copies), median of 50 event-timed replays.
+    pub forward_ms: Option<f64>,
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn time_jobs(
+    m: &mut dyn CompiledModel,
+    warmup: usize,
+    replays: usize,
+) -> Result<(Vec<f64>, f64), EngineError> {
+    for _ in 0..warmup {
+        m.run()?;
+    }
+    let mut t = Vec::with_capacity(replays);
+    let start = Instant::now();
+    for _ in 0..replays {
+        let t0 = Instant::now();
+        m.run()?;
+        t.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    let wall = start.elapsed().as_secs_f64();
+    t.sort_by(|a, b| a.total_cmp(b));
+    Ok((t, wall))
+}
+
+/// The results as a table: model, batch, precision, median and p99 latency, throughput and
+/// device memory; `wide` adds the backend, mean and min latency, compile time, weights, arena,
+/// workspace and the forward's device time.
+pub fn results_table(results: &[BenchResult], wide: bool) -> String {
+    let o = |v: Option<f64>, d: usize| isolane_report::num(v, d);
+    let mut header = vec![
+        "model", "batch", "prec", "p50 ms", "p99 ms", "img/s", "dev MiB",
+    ];
+    if wide {
+        header.extend([
+            "backend",
+            "mean ms",
+            "min ms",
+            "build ms",
+            "wts MiB",
+            "arena MiB",
+            "ws MiB",
+            "fwd ms",
+        ]);
+    }
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            let mut row = vec![
+                r.model.clone(),
+                r.batch.to_string(),
+                r.precision.clone(),
+                isolane_report::ms(Some(r.median_ms)),
+                isolane_report::ms(Some(r.p99_ms)),
+                isolane_report::rate(r.throughput_ips),
+                o(r.device_mib, 1),
+            ];
+            if wide {
+                row.extend([
+                    r.backend.clone(),
+                    isolane_report::ms(Some(r.mean_ms)),
+                    isolane_report::ms(Some(r.min_ms)),
+                    format!("{:.0}", r.compile_ms),
+                    o(r.weights_mib, 1),
+                    format!("{:.1}", r.arena_mib),
+                    o(r.workspace_mib, 1),
+                    isolane_report::ms(r.forward_ms),
+                ]);
+            }
+            row
+        })
+        .collect();
+    let text_columns: &[usize] = if wide { &[0, 2, 7] } else { &[0, 2] };
+    if wide {
+        isolane_report::wide_table(&header, &rows, text_columns)
+    } else {
+        isolane_report::plain_table(&header, &rows, text_columns)
+    }
+}
+
+/// The backend to measure on: the one asked for, else cuda where the GPU can run it and the CPU
+/// otherwise, with the reason on stderr (the same choice and note as `isolane run`'s
+/// quickstart), so that `isolane bench --model resnet18` works on a machine without a GPU.
+fn pick_backend(
+    asked: Option<&str>,
+    gpu_unusable: impl FnOnce() -> Option<String>,
+    note: &mut dyn FnMut(String),
+) -> String {
+    match asked {
+        Some(b) => b.to_string(),
+        None => match gpu_unusable() {
+            Some(why) => {
+                note(format!(
+                    "note: measuring on the CPU backend: cuda cannot run here ({why})"
+                ));
+                "cpu".into()
+            }
+            None => "cuda".into(),
+        },
+    }
+}
+
+/// Measures every model × batch × precision; `gpu_unusable` says why cuda cannot run here,
+/// if it cannot. Each result goes to `measured` as soon as it is known, notes to `note`.
+pub fn bench(
+    args: &BenchRequest,
+    gpu_unusable: impl FnOnce() -> Option<String>,
+    note: &mut dyn FnMut(String),
+    measured: &mut dyn FnMut(&BenchResult) -> Result<(), BenchError>,
+) -> Result<Vec<BenchResult>, BenchError> {
+    if args.replays == 0 {
+        return Err(user("--replays must be at least 1"));
+    }
+    let asked = args.backend.is_some();
+    let backend = pick_backend(args.backend.as_deref(), gpu_unusable, note);
+    let mut precisions = Vec::new();
+    let default = [if backend == "cpu" { "fp32" } else { "fp16" }.to_string()];
+    let wanted: &[String] = if args.precisions.is_empty() {
+        &default
+    } else {
+        &args.precisions
+    };
+    for p in wanted {
+        precisions.push(p.parse::<Precision>().map_err(user)?);
+    }
+    for m in &args.models {
+        if model_info(m).is_none() {
+            return Err(user(format!(
+                "--model: unknown model `{m}` (see `isolane models`)"
+            )));
+        }
+    }
+    if args.batches.contains(&0) {
+        return Err(user("--batch must be at least 1"));
+    }
+    let cuda = match backend.as_str() {
+        "cuda" => Some(
+            isolane_cuda::CudaBackend::new(args.gpu).map_err(doing(format!(
+                "{} needs a usable CUDA GPU {}; without one, measure on the CPU with \
+                 --backend cpu",
+                if asked {
+                    "--backend cuda"
+                } else {
+                    "the cuda backend"
+                },
+                args.gpu
+            )))?,
+        ),
+        "cpu" => None,
+        other => {
+            return Err(user(format!(
+                "--backend: `{other}` is not a backend (cuda, cpu)"
+            )))
+        }
+    };
+    let mut results = Vec::new();
+    for name in &args.models {
+        let graph = build_model(name, Weights::Synthetic { seed: args.seed })?;
+        let target = |p| match &cuda {
+            Some(_) => crate::engine::Target::Cuda {
+                gpu: args.gpu,
+                precision: p,
+            },
+            None => crate::engine::Target::Cpu,
+        };
+        for &batch in &args.batches {
+            for &p in &precisions {
+                crate::engine::check_batch_fits(&graph, batch, target(p))
+                    .map_err(|reason| user(format!("--batch {batch} ({name}, {p}): {reason}")))?;
+            }
+        }
+        for &batch in &args.batches {
+            for &p in &precisions {
+                let t0 = Instant::now();
+                let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+                let mut forward_ms = None;
+                let (mut model, mem): (Box<dyn CompiledModel>, Option<isolane_cuda::MemoryReport>) =
+                    match &cuda {
+                        Some(b) => {
+                            // Built-in models only: covered by the GPU tests, so no plan check
+                            // (it would add a CPU forward pass to every compile).
+                            let options = isolane_cuda::CompileOptions {
+                                plan_check: false,
+                                ..Default::default()
+                            };
+                            let mut m =
+                                b.compile_cuda_with(&graph, batch, p, &options)
+                                    .map_err(doing(format!(
+                                        "compiling {name} batch {batch} {p} for cuda"
+                                    )))?;
+                            let input =
+                                crate::seeded_input::random_normal(m.input_mut().len(), args.seed);
+                            m.input_mut().copy_from_slice(&input);
+                            m.run()?;
+                            forward_ms = Some(m.device_ms(50)?);
+                            let mem = m.memory();
+                            (Box::new(m), Some(mem))
+                        }
+                        None => (
+                            Box::new(
+                                CpuBackend::new(args.threads)
+                                    .compile_cpu(&graph, batch, p)
+                                    .map_err(doing(format!("compiling {name} for cpu")))?,
+                            ),
+                            None,
+                        ),
+                    };
+                let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+                let input = crate::seeded_input::random_normal(model.input_mut().len(), args.seed);
+                model.input_mut().copy_from_slice(&input);
+                let (t, wall) = time_jobs(model.as_mut(), args.warmup, args.replays)?;
+                let r = BenchResult {
+                    backend: backend.clone(),
+                    model: name.clone(),
+                    batch,
+                    precision: p.to_string(),
+                    replays: args.replays,
+                    median_ms: percentile(&t, 0.5),
+                    p99_ms: percentile(&t, 0.99),
+                    mean_ms: t.iter().sum::<f64>() / t.len() as f64,
+                    min_ms: t[0],
+                    throughput_ips: (args.replays * batch) as f64 / wall,
+                    compile_ms,
+                    weights_mib: mem.map(|m| mib(m.weights_bytes)),
+                    arena_mib: mib(model.arena_bytes()),
+                    workspace_mib: mem.map(|m| mib(m.workspace_bytes)),
+                    device_mib: mem.map(|m| mib(m.device_delta_bytes)),
+                    forward_ms,
+                };
+                measured(&r)?;
+                results.push(r);
+            }
+        }
+    }
+    Ok(results)
+}

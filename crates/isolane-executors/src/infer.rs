@@ -1,0 +1,482 @@
+//! `isolane infer`'s work: one model on one input, its output and top-5 classes, so anyone can
+//! compare isolane with their framework exactly. The lines a person reads go to the caller's
+//! `say`, one at a time as they become known; the raw output comes back to the caller.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use isolane_engine::backend::{CompiledModel, Precision};
+use isolane_engine::io::{self, image};
+use isolane_engine::ir::ValueKind;
+use isolane_engine::{build_model, CpuBackend, EngineError, Graph, Weights};
+
+/// What to run, on what (the flags of `isolane infer`).
+#[derive(Debug, Clone)]
+pub struct InferRequest {
+    /// A built-in model name, or a path to an .onnx file.
+    pub model: String,
+    /// A safetensors state dict for a built-in model (`None`: seeded synthetic weights).
+    pub weights: Option<PathBuf>,
+    pub weights_seed: u64,
+    /// `"cpu"` or `"cuda"`.
+    pub backend: String,
+    /// `fp32`, `tf32`, `fp16` or `bf16`, as the user wrote it.
+    pub precision: String,
+    pub gpu: u32,
+    /// CPU threads (0 = one per core).
+    pub threads: usize,
+    pub source: Source,
+    /// Seed of a random input.
+    pub seed: u64,
+    pub batch: Option<usize>,
+    /// Timed runs after the first one.
+    pub repeat: usize,
+    /// Time every step of one more run.
+    pub profile: bool,
+    /// Compare an imported model's compiled cuda plan with the CPU reference first.
+    pub plan_check: bool,
+}
+
+/// Where the input comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// An image file (PNG or JPEG).
+    Image(PathBuf),
+    /// Seeded standard-normal values.
+    Random,
+    /// A .npy tensor: the whole input `[B, ...]` or one sample.
+    Npy(PathBuf),
+}
+
+/// The raw output of the run.
+pub struct Inferred {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InferError {
+    /// A mistake in the request or the files it names (exit code 2 at the CLI).
+    #[error("{0}")]
+    User(String),
+    /// The engine failed running the model.
+    #[error("running {model}")]
+    Engine {
+        model: String,
+        #[source]
+        source: EngineError,
+    },
+    #[error("internal: {0}")]
+    Internal(&'static str),
+}
+
+impl InferError {
+    /// Whether this is the user's mistake (exit code 2) rather than a runtime failure.
+    pub fn is_user_error(&self) -> bool {
+        matches!(self, InferError::User(_))
+    }
+}
+
+fn user(msg: impl std::fmt::Display) -> InferError {
+    InferError::User(msg.to_string())
+}
+
+/// The compiled model, on whichever backend was asked for.
+enum Loaded {
+    Cpu(isolane_engine::cpu::CpuModel),
+    // Boxed: the CUDA model is the larger of the two by far.
+    Cuda(Box<isolane_cuda::CudaModel>),
+}
+
+impl Loaded {
+    fn model(&mut self) -> &mut dyn CompiledModel {
+        match self {
+            Loaded::Cpu(m) => m,
+            Loaded::Cuda(m) => m.as_mut(),
+        }
+    }
+
+    /// (step, ms) of one timed run, step by step.
+    fn profile(&mut self) -> Result<Vec<(String, f64)>, EngineError> {
+        match self {
+            Loaded::Cpu(m) => Ok(m.profile()),
+            Loaded::Cuda(m) => Ok(m
+                .profile()?
+                .into_iter()
+                .map(|(node, kind, ms)| (format!("{node} ({kind})"), ms))
+                .collect()),
+        }
+    }
+}
+
+/// Runs the model once (and `repeat` more times, and once more profiled), saying what it did
+/// through `say`, line by line; returns the output.
+pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferred, InferError> {
+    let precision: Precision = args.precision.parse().map_err(user)?;
+    if args.backend == "cpu" && precision != Precision::Fp32 {
+        return Err(user(format!(
+            "--precision {precision}: the CPU backend runs fp32 only (use --backend cuda)"
+        )));
+    }
+    if args.batch == Some(0) {
+        return Err(user("--batch must be at least 1"));
+    }
+    let (graph, described) = load_model(args)?;
+    let rank = input_rank(&graph)?;
+
+    // The input tensor as given, before the batch is known.
+    enum Given {
+        Sample(Vec<usize>, Vec<f32>),
+        Batch(Vec<usize>, Vec<f32>),
+        Random,
+        Image(PathBuf),
+    }
+    let npy = match &args.source {
+        Source::Npy(p) => p.as_path(),
+        _ => Path::new(""),
+    };
+    let given = if let Source::Npy(p) = &args.source {
+        let t = io::read_npy(p).map_err(user)?;
+        if t.shape.len() == rank {
+            Given::Batch(t.shape, t.data)
+        } else if t.shape.len() + 1 == rank {
+            Given::Sample(t.shape, t.data)
+        } else {
+            return Err(user(format!(
+                "{}: shape {:?} does not fit the model's rank-{rank} input",
+                p.display(),
+                t.shape
+            )));
+        }
+    } else if let Source::Image(p) = &args.source {
+        Given::Image(p.clone())
+    } else {
+        Given::Random
+    };
+    let batch = match (&given, args.batch) {
+        (Given::Batch(s, _), Some(b)) if s[0] != b => {
+            return Err(user(format!(
+                "--batch {b}, but {} holds a batch of {}",
+                npy.display(),
+                s[0]
+            )))
+        }
+        (Given::Batch(s, _), _) => s[0],
+        (_, b) => b.unwrap_or(1),
+    };
+
+    let target = if args.backend == "cuda" {
+        crate::engine::Target::Cuda {
+            gpu: args.gpu,
+            precision,
+        }
+    } else {
+        crate::engine::Target::Cpu
+    };
+    crate::engine::check_batch_fits(&graph, batch, target)
+        .map_err(|reason| user(format!("--batch {batch}: {reason}")))?;
+
+    let t0 = Instant::now();
+    let (mut loaded, backend_line) = if args.backend == "cuda" {
+        let backend =
+            isolane_cuda::CudaBackend::new(args.gpu).map_err(|e| engine_error(e, &args.model))?;
+        // Every model is checked, built-ins too (one inference: the check's CPU pass is what a
+        // user of `infer` waits for anyway).
+        let options = isolane_cuda::CompileOptions {
+            plan_check: args.plan_check,
+            ..Default::default()
+        };
+        let m = backend
+            .compile_cuda_with(&graph, batch, precision, &options)
+            .map_err(|e| engine_error(e, &args.model))?;
+        let line = match m.plan_check() {
+            Some(r) => format!(
+                "cuda (GPU {}), {precision}; {}",
+                args.gpu,
+                crate::engine::plan_check_line(&r)
+            ),
+            None => format!("cuda (GPU {}), {precision}", args.gpu),
+        };
+        (Loaded::Cuda(Box::new(m)), line)
+    } else {
+        let m = CpuBackend::new(args.threads)
+            .compile_cpu(&graph, batch, Precision::Fp32)
+            .map_err(|e| engine_error(e, &args.model))?;
+        let line = format!("cpu, {} thread(s), fp32", m.threads());
+        (Loaded::Cpu(m), line)
+    };
+    let compile_s = t0.elapsed().as_secs_f64();
+    let model = loaded.model();
+    let in_shape = model.input_shape().to_vec();
+    if in_shape.first() != Some(&batch) {
+        return Err(user(format!(
+            "{} has a fixed batch of {}; use --batch {} (or re-export it with a dynamic batch axis)",
+            args.model,
+            in_shape.first().copied().unwrap_or(0),
+            in_shape.first().copied().unwrap_or(0)
+        )));
+    }
+    let sample_shape = in_shape[1..].to_vec();
+    let per: usize = sample_shape.iter().product();
+
+    let (data, from) = match given {
+        Given::Batch(s, d) => {
+            if s != in_shape {
+                return Err(user(format!(
+                    "{}: shape {s:?}, but the model's input is {in_shape:?}",
+                    npy.display()
+                )));
+            }
+            (d, format!("{}", npy.display()))
+        }
+        Given::Sample(s, d) => {
+            if s != sample_shape {
+                return Err(user(format!(
+                    "{}: shape {s:?}, but one sample of the model's input is {sample_shape:?}",
+                    npy.display()
+                )));
+            }
+            (
+                repeat(&d, batch),
+                format!("{} (repeated ×{batch})", npy.display()),
+            )
+        }
+        Given::Image(p) => {
+            let one = image_input(&p, &sample_shape)?;
+            (repeat(&one, batch), format!("{}", p.display()))
+        }
+        Given::Random => (
+            crate::seeded_input::random_normal(per * batch, args.seed),
+            format!("random N(0,1), seed {}", args.seed),
+        ),
+    };
+    check_finite(&data, &from)?;
+    model.input_mut().copy_from_slice(&data);
+
+    let t1 = Instant::now();
+    model.run().map_err(|e| engine_error(e, &args.model))?;
+    let first_ms = t1.elapsed().as_secs_f64() * 1e3;
+
+    say(format!("model    {described}"));
+    say(format!(
+        "backend  {backend_line}; compiled for batch {batch} in {compile_s:.2} s"
+    ));
+    say(format!("input    {in_shape:?} from {from}"));
+    for i in 0..model.num_outputs() {
+        say(format!("output   {:?}", model.output_shape_at(i)));
+    }
+    say(format!("run      {first_ms:.2} ms (first run)"));
+
+    if args.repeat > 0 {
+        let mut times = Vec::with_capacity(args.repeat);
+        for _ in 0..args.repeat {
+            let t = Instant::now();
+            model.run().map_err(|e| engine_error(e, &args.model))?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        let q =
+            |p: f64| times[((p * (times.len() - 1) as f64).round() as usize).min(times.len() - 1)];
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        say(format!(
+            "latency  over {} runs: median {:.3} ms, p99 {:.3} ms, min {:.3} ms, mean {:.3} ms",
+            times.len(),
+            q(0.5),
+            q(0.99),
+            times[0],
+            mean
+        ));
+    }
+
+    if args.profile {
+        let mut steps = loaded.profile().map_err(|e| engine_error(e, &args.model))?;
+        let total: f64 = steps.iter().map(|s| s.1).sum();
+        steps.sort_by(|a, b| b.1.total_cmp(&a.1));
+        say(format!(
+            "profile  one run, {total:.2} ms in {} steps; the slowest:",
+            steps.len()
+        ));
+        for (name, ms) in steps.iter().take(15) {
+            say(format!(
+                "  {ms:8.3} ms  {:5.1}%  {name}",
+                100.0 * ms / total.max(1e-9)
+            ));
+        }
+    }
+
+    let model = loaded.model();
+    let shape = model.output_shape().to_vec();
+    top5(model.output(), &shape, say);
+    Ok(Inferred {
+        shape,
+        data: model.output().to_vec(),
+    })
+}
+
+/// Reads a built-in or an ONNX file; returns the graph and a one-line description.
+/// As in scenarios (isolane-core's ModelSource): a name ending in .onnx is a file, anything
+/// else a built-in name.
+fn is_onnx_path(model: &str) -> bool {
+    Path::new(model)
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+fn load_model(args: &InferRequest) -> Result<(Graph, String), InferError> {
+    let path = Path::new(&args.model);
+    if is_onnx_path(&args.model) {
+        if args.weights.is_some() {
+            return Err(user(format!(
+                "--weights applies to built-in models; {} carries its own weights",
+                path.display()
+            )));
+        }
+        // Every import failure concerns the file the user gave: exit code 2, file named.
+        let g = isolane_engine::onnx::import_file(path).map_err(user)?;
+        return Ok((g, format!("{} (ONNX)", path.display())));
+    }
+    let (weights, what) = match &args.weights {
+        Some(p) => (
+            Weights::Safetensors(p.clone()),
+            format!("weights {}", p.display()),
+        ),
+        None => (
+            Weights::Synthetic {
+                seed: args.weights_seed,
+            },
+            format!("synthetic weights, seed {}", args.weights_seed),
+        ),
+    };
+    let g = build_model(&args.model, weights).map_err(|e| engine_error(e, &args.model))?;
+    Ok((g, format!("{} (built-in, {what})", args.model)))
+}
+
+/// Unknown models and bad weight files are the user's mistakes (exit 2); the rest is ours.
+fn engine_error(e: EngineError, model: &str) -> InferError {
+    match e {
+        EngineError::UnknownModel { .. }
+        | EngineError::Weights { .. }
+        | EngineError::InvalidArgument(_) => user(e),
+        other => InferError::Engine {
+            model: model.to_string(),
+            source: other,
+        },
+    }
+}
+
+fn input_rank(g: &Graph) -> Result<usize, InferError> {
+    if g.inputs.len() != 1 {
+        return Err(user(format!(
+            "the model has {} inputs; `isolane infer` feeds models with exactly one",
+            g.inputs.len()
+        )));
+    }
+    // The first dim is the batch (Dim::Batch), or fixed in a fixed-batch ONNX export.
+    match &g.values[g.inputs[0]].kind {
+        ValueKind::Input(dims) => Ok(dims.len()),
+        _ => Err(InferError::Internal("graph input is not an input value")),
+    }
+}
+
+/// One image, preprocessed for a `[3, S, S]` input.
+fn image_input(path: &Path, sample: &[usize]) -> Result<Vec<f32>, InferError> {
+    let [3, h, w] = sample else {
+        return Err(user(format!(
+            "--image: the model's input {sample:?} (per sample) is not an RGB image [3, H, W]"
+        )));
+    };
+    if h != w {
+        return Err(user(format!(
+            "--image: the model's input is {h}x{w}; only square inputs are supported (use --input with a .npy)"
+        )));
+    }
+    let img = image::decode(path).map_err(user)?;
+    // torchvision's ImageNet transform at 224 is Resize(256) + CenterCrop(224); other sizes
+    // keep that ratio.
+    let resize = ((*h as f64) * 256.0 / 224.0).round() as usize;
+    Ok(image::preprocess(&img, resize, *h))
+}
+
+fn repeat(one: &[f32], n: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(one.len() * n);
+    for _ in 0..n {
+        v.extend_from_slice(one);
+    }
+    v
+}
+
+/// An input with NaN or infinite values gives an output that means nothing (an all-NaN image
+/// can still give a finite top-5: max-pooling and ReLU drop NaNs), so it is refused (exit 2).
+fn check_finite(data: &[f32], from: &str) -> Result<(), InferError> {
+    let bad = data.iter().filter(|v| !v.is_finite()).count();
+    if bad == 0 {
+        return Ok(());
+    }
+    Err(user(format!(
+        "{from}: {bad} of the {} input values are NaN or infinite; every value must be a finite \
+         number",
+        data.len()
+    )))
+}
+
+/// Top-5 classes with softmax probabilities, for outputs shaped `[B, K]`.
+fn top5(out: &[f32], shape: &[usize], say: &mut dyn FnMut(String)) {
+    let bad = out.iter().filter(|v| !v.is_finite()).count();
+    if bad > 0 {
+        say(format!(
+            "(the output has {bad} NaN or infinite values of {}: no top-5; a NaN comes from the \
+             model's weights or an overflow at this precision)",
+            out.len()
+        ));
+        return;
+    }
+    if out.is_empty() {
+        say("(the output is empty)".to_string());
+        return;
+    }
+    let [b, k] = shape else {
+        let (lo, hi) = out
+            .iter()
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &x| {
+                (l.min(x), h.max(x))
+            });
+        let mean = out.iter().map(|&x| x as f64).sum::<f64>() / out.len().max(1) as f64;
+        say(format!(
+            "(not a classifier output: min {lo:.4}, max {hi:.4}, mean {mean:.4})"
+        ));
+        return;
+    };
+    let names = if *k == 1000 {
+        io::imagenet_classes()
+    } else {
+        None
+    };
+    const SHOWN: usize = 4;
+    for i in 0..(*b).min(SHOWN) {
+        let row = &out[i * k..(i + 1) * k];
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exps: Vec<f64> = row.iter().map(|&x| ((x - max) as f64).exp()).collect();
+        let sum: f64 = exps.iter().sum();
+        let mut idx: Vec<usize> = (0..*k).collect();
+        idx.sort_by(|&a, &c| row[c].total_cmp(&row[a]));
+        if *b > 1 {
+            say(format!("sample {i}:"));
+        }
+        say("  rank  class  probability  logit      name".to_string());
+        for (r, &c) in idx.iter().take(5).enumerate() {
+            let name = names.as_ref().and_then(|n| n.get(c)).copied().unwrap_or("");
+            say(format!(
+                "  {:>4}  {c:>5}  {:>11.5}  {:>9.4}  {name}",
+                r + 1,
+                exps[c] / sum,
+                row[c]
+            ));
+        }
+    }
+    if *b > SHOWN {
+        say(format!(
+            "({} more samples not shown; --save-output writes them all)",
+            b - SHOWN
+        ));
+    }
+}
