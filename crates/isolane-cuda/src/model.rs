@@ -671,7 +671,7 @@ struct LibraryCaches {
 
 impl CudaModel {
     pub(crate) fn build(plan: Plan, target: &Target) -> Result<CudaModel> {
-        Self::build_logged(plan, target, crate::saved::ChoiceLog::record()).map(|(m, _)| m)
+        Self::build_logged(plan, target, crate::saved::ChoiceLog::none()).map(|(m, _)| m)
     }
 
     /// [`CudaModel::build`], its choices among timed candidates recorded in `log` and
@@ -723,7 +723,7 @@ impl CudaModel {
         drop(mm_scratch);
         recorded?;
         log.finish()?;
-        if !log.replaying() {
+        if log.recording() {
             log.matmuls = m
                 .algo_cache
                 .iter()
@@ -2613,7 +2613,30 @@ fn record_conv(
             .collect();
         log_conv_search("conv", c, &times, chosen);
     }
-    let choice = if chosen < n_dnn {
+    if rec.choices.borrow().recording() {
+        rec.choices.borrow_mut().note(conv_choice(
+            m,
+            &dnn_descs,
+            &graph_idxs,
+            [n_dnn, graph_first, n_dnn_all],
+            chosen,
+        ));
+    }
+    m.launches.extend(candidates.swap_remove(chosen).0);
+    Ok(())
+}
+
+/// The saved form of convolution path `chosen` among the candidates of [`record_conv`]: the
+/// legacy descriptors `dnn_descs` first, then the graph-API plans `graph_idxs` (from
+/// `graph_first` to `n_dnn_all`), then the GEMM path.
+fn conv_choice(
+    m: &CudaModel,
+    dnn_descs: &[usize],
+    graph_idxs: &[usize],
+    [n_dnn, graph_first, n_dnn_all]: [usize; 3],
+    chosen: usize,
+) -> crate::saved::Choice {
+    if chosen < n_dnn {
         let d = &m.convs[dnn_descs[chosen]];
         match crate::saved::conv_math(d.conv) {
             Some(math) => crate::saved::Choice::ConvLegacy {
@@ -2639,10 +2662,7 @@ fn record_conv(
         }
     } else {
         crate::saved::Choice::ConvGemm
-    };
-    rec.choices.borrow_mut().note(choice);
-    m.launches.extend(candidates.swap_remove(chosen).0);
-    Ok(())
+    }
 }
 
 /// A convolution's launches from a saved plan's choice: the one path, nothing timed.

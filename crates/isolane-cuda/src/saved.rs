@@ -52,6 +52,9 @@ pub(crate) enum Choice {
 #[derive(Debug, Default)]
 pub(crate) struct ChoiceLog {
     replay: bool,
+    /// Choices are kept (for a saved plan); otherwise (every other build) nothing is noted,
+    /// and no choice is serialised.
+    recording: bool,
     steps: Vec<Choice>,
     next: usize,
     /// cuBLASLt algorithms by matmul shape (the build's own algorithm cache's key).
@@ -59,13 +62,28 @@ pub(crate) struct ChoiceLog {
 }
 
 impl ChoiceLog {
+    /// A log that keeps the build's choices.
     pub(crate) fn record() -> ChoiceLog {
+        ChoiceLog {
+            recording: true,
+            ..ChoiceLog::default()
+        }
+    }
+
+    /// A log that neither keeps nor gives choices: a build that is not saved.
+    pub(crate) fn none() -> ChoiceLog {
         ChoiceLog::default()
+    }
+
+    /// Whether choices are kept.
+    pub(crate) fn recording(&self) -> bool {
+        self.recording
     }
 
     pub(crate) fn replay(steps: Vec<Choice>, matmuls: Vec<(String, [u64; 8])>) -> ChoiceLog {
         ChoiceLog {
             replay: true,
+            recording: false,
             steps,
             next: 0,
             matmuls,
@@ -78,7 +96,7 @@ impl ChoiceLog {
 
     /// Records a choice (nothing while replaying: the choice came from the log).
     pub(crate) fn note(&mut self, c: Choice) {
-        if !self.replay {
+        if self.recording {
             self.steps.push(c);
         }
     }
@@ -620,6 +638,11 @@ mod tests {
                 .map(|a| a.data[3]),
             Some(u64::MAX)
         );
+        // A log of a build that is not saved keeps nothing.
+        let mut none = ChoiceLog::none();
+        none.note(Choice::Pick(1));
+        assert!(none.steps.is_empty() && !none.recording());
+        assert_eq!(none.take("x").unwrap(), None);
         // Recording never replays.
         let mut rec = ChoiceLog::record();
         assert_eq!(rec.take("x").unwrap(), None);
