@@ -13,7 +13,9 @@
 //! The server is a session of model instances as `isolane run` is: each instance is built,
 //! warmed up and given its part in the guard by `isolane_runtime::instance::Instances`, the
 //! same code that builds a run's; a run drives its instances by their fixed-rate schedules,
-//! the server by the requests in each model's queue.
+//! the server by the requests in each model's queue. A server may also release some
+//! workloads on their fixed-rate schedules beside the served models ([`Server::start_releasing`],
+//! `released.rs`): jobs beside requests, in one session, under one guard.
 //!
 //! A `host = "thread"` workload (the CPU, green contexts) runs on its model's thread; a
 //! `host = "process"` one (MPS, MIG, time slices) in a worker of its own that the model's
@@ -26,6 +28,7 @@ pub mod grpc;
 mod host;
 pub mod http;
 mod model;
+mod released;
 mod request;
 pub mod shm;
 mod stats;
@@ -49,6 +52,7 @@ use tokio::sync::oneshot;
 pub use control::{Change, ControlError, ModelStatus};
 pub use host::{ProcessHosts, WorkerStarted};
 pub use model::{Load, ModelInfo};
+pub use released::ReleasedRun;
 pub use request::{InferRequest, InferResponse, Refusal};
 pub use stats::{InferenceStats, ModelStatistics, ServeMetrics, StatDuration};
 
@@ -112,6 +116,12 @@ struct Shared {
     regions: shm::SharedRegions,
     /// The first drain's outcome, which later calls return.
     drained: Mutex<Option<Drained>>,
+    /// The workloads released on their schedules beside the served models, and what they ran
+    /// (once drained).
+    released: Vec<released::Released>,
+    released_runs: Mutex<Vec<ReleasedRun>>,
+    /// Raised when the drain begins: the released workloads release no more jobs.
+    release_stop: Arc<AtomicBool>,
     // Kept for as long as the models publish in it.
     guard: Option<Arc<Guard>>,
 }
@@ -179,7 +189,28 @@ impl Server {
         options: &ServeOptions,
         processes: Option<ProcessHosts>,
     ) -> Result<Server, ServeError> {
-        refuse_unservable(plan)?;
+        Server::start_releasing(plan, words, options, processes, &[])
+    }
+
+    /// [`Server::start_with`], where the workloads named in `released` are not served but
+    /// released on their own fixed-rate schedules (as `isolane run` releases them) from one
+    /// t0, taken once every instance is warm; the drain stops them, and
+    /// [`Server::released_runs`] says what they ran.
+    pub fn start_releasing(
+        plan: &RunPlan,
+        words: &[(String, Option<u32>)],
+        options: &ServeOptions,
+        processes: Option<ProcessHosts>,
+        released: &[String],
+    ) -> Result<Server, ServeError> {
+        for name in released {
+            if !plan.workloads.iter().any(|w| &w.spec.name == name) {
+                return Err(ServeError::Refused(format!(
+                    "released workload `{name}` is not a workload of the scenario"
+                )));
+            }
+        }
+        refuse_unservable(plan, released)?;
         let metrics = Arc::new(ServeMetrics::new());
         let stop = Arc::new(AtomicBool::new(false));
         let instances = Instances::new(plan, Some(options.engine.clone()), Arc::clone(&stop))
@@ -196,18 +227,30 @@ impl Server {
         };
         let mut models = Vec::new();
         let mut slots = Vec::new();
+        let start = Arc::new(released::Start::default());
+        let release_stop = Arc::new(AtomicBool::new(false));
+        let mut releasing = Vec::new();
         for (i, w) in plan.workloads.iter().enumerate() {
             let (words, sms) = words.get(i).cloned().unwrap_or(("cpu".into(), None));
-            let started = spawn_instance(
-                &context,
-                w.index,
-                w.spec.clone(),
-                (words, sms),
-                w.partition.take(),
-                None,
-            );
-            match started {
-                Ok((model, thread, _)) => {
+            let started = if released.contains(&w.spec.name) {
+                released::spawn(
+                    &context,
+                    i,
+                    w,
+                    Arc::clone(&start),
+                    Arc::clone(&release_stop),
+                )
+                .map(|r| releasing.push(r))
+            } else {
+                spawn_instance(
+                    &context,
+                    w.index,
+                    w.spec.clone(),
+                    (words, sms),
+                    w.partition.take(),
+                    None,
+                )
+                .map(|(model, thread, _)| {
                     models.push(model);
                     slots.push(Slot {
                         index: w.index,
@@ -215,21 +258,33 @@ impl Server {
                         thread: Mutex::new(Some(thread)),
                         last: Mutex::new(None),
                     });
+                })
+            };
+            if let Err(e) = started {
+                stop.store(true, Ordering::Relaxed);
+                release_stop.store(true, Ordering::Relaxed);
+                start.open(None);
+                for m in &models {
+                    m.close();
                 }
-                Err(e) => {
-                    stop.store(true, Ordering::Relaxed);
-                    for m in &models {
-                        m.close();
+                for s in slots {
+                    if let Some(t) = s.thread.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                        let _ = t.join();
                     }
-                    for s in slots {
-                        if let Some(t) = s.thread.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                            let _ = t.join();
-                        }
-                    }
-                    return Err(e);
                 }
+                for r in releasing {
+                    if let Some(t) = r.thread.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                        let _ = t.join();
+                    }
+                }
+                return Err(e);
             }
         }
+        // Every instance is warm: the released workloads' common t0.
+        let delay_ns = (plan.timing.start_delay_ms as i64).saturating_mul(1_000_000);
+        start.open(Some(
+            isolane_runtime::clock::now_ns().saturating_add(delay_ns),
+        ));
         let by_name = models
             .iter()
             .enumerate()
@@ -248,6 +303,9 @@ impl Server {
                 started: Instant::now(),
                 regions: shm::SharedRegions::default(),
                 drained: Mutex::new(None),
+                released: releasing,
+                released_runs: Mutex::new(Vec::new()),
+                release_stop,
                 guard: context.guard.clone(),
                 context,
             }),
@@ -404,6 +462,16 @@ impl Server {
         self.shared.models.iter().map(|m| m.in_flight()).sum()
     }
 
+    /// What the released workloads ([`Server::start_releasing`]) ran, in the scenario's
+    /// order; empty before the drain.
+    pub fn released_runs(&self) -> Vec<ReleasedRun> {
+        self.shared
+            .released_runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Refuses new requests from now on (ready turns false), answers those already taken
     /// (for at most `grace`), then stops the model threads. A later call returns the first
     /// one's outcome.
@@ -417,6 +485,7 @@ impl Server {
             return d.clone();
         }
         self.shared.draining.store(true, Ordering::Relaxed);
+        self.shared.release_stop.store(true, Ordering::Relaxed);
         let before = self.in_flight();
         let until = Instant::now() + grace;
         // A change under way ends first (its new instance serves or was never switched in), so
@@ -451,6 +520,18 @@ impl Server {
                 let _ = t.join();
             }
         }
+        let mut runs = Vec::new();
+        for r in &self.shared.released {
+            let thread = r.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(Ok(run)) = thread.map(|t| t.join()) {
+                runs.push(run);
+            }
+        }
+        *self
+            .shared
+            .released_runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = runs;
         let d = Drained {
             answered: before.saturating_sub(abandoned),
             abandoned,
@@ -461,7 +542,7 @@ impl Server {
 }
 
 /// Serving runs models: an external program or a `kernel:` takes no requests.
-fn refuse_unservable(plan: &RunPlan) -> Result<(), ServeError> {
+fn refuse_unservable(plan: &RunPlan, released: &[String]) -> Result<(), ServeError> {
     for w in &plan.workloads {
         let name = &w.spec.name;
         if w.spec.program.is_some() {
@@ -470,7 +551,8 @@ fn refuse_unservable(plan: &RunPlan) -> Result<(), ServeError> {
                  serve takes models"
             )));
         }
-        if w.spec.kernel().is_some() {
+        // A released `kernel:` takes no inputs, and needs none.
+        if w.spec.kernel().is_some() && !released.contains(name) {
             return Err(ServeError::Refused(format!(
                 "workload `{name}`: a `kernel:` workload has no inputs to serve"
             )));
