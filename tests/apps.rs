@@ -955,10 +955,32 @@ fn an_app_run_traces_its_frames_and_stages() {
     run_ok(isolane().arg("trace").arg(&out).arg("--out").arg(&again));
     assert_eq!(trace_events(&again), ev);
 
-    // Without the starts' columns (a folder of an earlier isolane): refused by name.
+    // A start that is not a time: refused with the file, line and column.
     let csv_path = out.join("apps/a.csv");
     let csv = std::fs::read_to_string(&csv_path).unwrap();
     let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let start = header.iter().position(|h| *h == "pre.start_ms").unwrap();
+    let bad: String = csv
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut c: Vec<&str> = l.split(',').collect();
+            if i == 1 {
+                c[start] = "soon";
+            }
+            c.join(",") + "\n"
+        })
+        .collect();
+    std::fs::write(&csv_path, bad).unwrap();
+    let o = isolane().arg("trace").arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("a.csv") && err.contains("line 2") && err.contains("`pre.start_ms`: `soon`"),
+        "{err}"
+    );
+
+    // Without the starts' columns (a folder of an earlier isolane): refused by name.
     let keep: Vec<usize> = (0..header.len())
         .filter(|&i| !header[i].ends_with(".start_ms"))
         .collect();
