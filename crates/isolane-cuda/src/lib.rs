@@ -17,6 +17,7 @@ pub mod convert;
 mod dnn_graph;
 pub mod error;
 mod handles;
+pub mod int8;
 pub mod kernels;
 pub mod l2;
 pub mod libs;

@@ -1,0 +1,418 @@
+//! The int8 tensor-core path's lowering decisions and its arithmetic, on the CPU (issue 33):
+//! which quantized matrix products of an optimised graph can run as an int8 × int8 → int32
+//! GEMM (cuBLASLt `CUBLAS_COMPUTE_32I`) followed by one dequantizing epilogue, and what that
+//! epilogue computes.
+//!
+//! A product qualifies when its activation input is a per-tensor, symmetric int8
+//! [`Op::FakeQuant`] (zero point 0: the int8 value is `round(x / s)` itself) and its weight is
+//! a constant whose every output channel lies on one symmetric int8 grid (what calibration and
+//! a QDQ file's weight DequantizeLinear fold to). Then
+//! `y[m, n] = Σ_k (qx[m, k]·sx)(qw[n, k]·sw[n]) = sx·sw[n]·Σ_k qx[m, k]·qw[n, k]`, the sum an
+//! exact int32 (|Σ| ≤ 128·127·K < 2³¹ for K ≤ [`MAX_K`] = 132 104), so one scaling per output replaces
+//! the float GEMM on dequantized values. What is not on this path keeps the fake-quant steps
+//! (docs/cuda.md), and [`int8_paths`] says why.
+//!
+//! The plan does not yet emit these steps: the cuBLASLt int8 call, its layouts and the
+//! epilogue kernel have not run on a GPU. This module is what the plan will consult, tested
+//! against the CPU backend's FakeQuant graph.
+
+use isolane_engine::ir::{Graph, NodeId, Op, Tensor, Unary};
+use isolane_engine::quant::{Granularity, QuantType};
+
+/// cuBLASLt's int8 IMMA kernels want K and N (the leading dimensions of the int8 operands)
+/// in multiples of 4 bytes.
+pub const INT8_ALIGN: usize = 4;
+
+/// Largest K whose int32 sum of int8 products cannot overflow (128 · 127 · K < 2³¹).
+pub const MAX_K: usize = (i32::MAX as usize) / (128 * 127);
+
+/// A matrix product that runs as an int8 GEMM: `y[M, N] = epilogue(qx[M, K] · qw[N, K]ᵀ)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Int8Gemm {
+    /// The node (Linear, or a convolution read as a GEMM over its NHWC im2col).
+    pub node: NodeId,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// The activation's scale.
+    pub x_scale: f32,
+    /// Integer weights, `[N, K]` row-major (a convolution's in its filter's `[M, C, kh, kw]`
+    /// order per row; the NHWC lowering reorders them to `[M, kh, kw, C]`).
+    pub w: Vec<i8>,
+    /// One scale per output channel.
+    pub w_scales: Vec<f32>,
+    /// The convolution is 1×1, stride 1, unpadded: x itself is the `[M, K]` matrix, no im2col.
+    pub direct: bool,
+}
+
+/// Which path each quantized matrix product takes: the int8 GEMM, or the fake-quant steps
+/// with the reason.
+pub fn int8_paths(g: &Graph, batch: usize) -> Vec<(String, Result<Int8Gemm, String>)> {
+    let Ok(shapes) = g.infer_shapes(batch) else {
+        return Vec::new();
+    };
+    g.nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| matches!(n.op, Op::Conv(_) | Op::Linear { .. } | Op::MatMul))
+        .filter(|(_, n)| quantized_input(g, n.inputs[0]).is_some())
+        .map(|(i, n)| (n.name.clone(), classify(g, &shapes, i)))
+        .collect()
+}
+
+/// The FakeQuant that produces `v`, if one does.
+fn quantized_input(g: &Graph, v: usize) -> Option<&isolane_engine::quant::FakeQuantAttrs> {
+    let p = g.producer(v)?;
+    match &g.nodes[p].op {
+        Op::FakeQuant(a) => Some(a),
+        _ => None,
+    }
+}
+
+/// Whether node `ni` (a Conv, Linear or MatMul whose input is quantized) runs as an int8 GEMM.
+pub fn classify(g: &Graph, shapes: &[Vec<usize>], ni: NodeId) -> Result<Int8Gemm, String> {
+    let n = &g.nodes[ni];
+    let fq = quantized_input(g, n.inputs[0]).ok_or("its input is not quantized")?;
+    if fq.qtype != QuantType::Int8 {
+        return Err(format!("its input is quantized to {}, not int8", fq.qtype));
+    }
+    if fq.granularity != Granularity::PerTensor {
+        return Err("its input has more than one scale (per axis or per block)".into());
+    }
+    if fq.zero_points.first() != Some(&0.0) {
+        return Err("its input's zero point is not 0 (asymmetric)".into());
+    }
+    let x_scale = fq.scales[0];
+    let w = match n.inputs.get(1).and_then(|&v| g.constant(v)) {
+        Some(w) => w,
+        None => return Err("its weight is not a constant".into()),
+    };
+    let x_shape = &shapes[n.inputs[0]];
+    let (m, nn, k, direct) = match &n.op {
+        Op::Linear { .. } => {
+            let (&kk, rows) = x_shape.split_last().ok_or("a scalar input")?;
+            (rows.iter().product(), w.shape[0], kk, true)
+        }
+        Op::Conv(a) => {
+            if a.groups != 1 {
+                return Err(format!(
+                    "a grouped convolution ({} groups) is not one GEMM",
+                    a.groups
+                ));
+            }
+            let y = &shapes[n.outputs[0]];
+            let [mc, c, kh, kw] = w.shape[..] else {
+                return Err(format!("a filter of shape {:?}, not 2-D", w.shape));
+            };
+            let direct = kh == 1 && kw == 1 && a.strides == [1, 1] && a.pads == [0; 4];
+            (y[0] * y[2] * y[3], mc, c * kh * kw, direct)
+        }
+        _ => return Err("a MatMul: only Linear and Conv weights are quantized per channel".into()),
+    };
+    if k % INT8_ALIGN != 0 || nn % INT8_ALIGN != 0 {
+        return Err(format!(
+            "K = {k} and N = {nn} must be multiples of {INT8_ALIGN} for cuBLASLt's int8 kernels"
+        ));
+    }
+    if k > MAX_K {
+        return Err(format!(
+            "K = {k} could overflow the int32 sum (at most {MAX_K})"
+        ));
+    }
+    let (wq, w_scales) = int8_weights(w)?;
+    Ok(Int8Gemm {
+        node: ni,
+        m,
+        n: nn,
+        k,
+        x_scale,
+        w: wq,
+        w_scales,
+        direct,
+    })
+}
+
+/// The integers and per-output-channel scales of a weight whose every channel (dimension 0)
+/// lies on a symmetric int8 grid, such that `q · s` gives back each f32 weight exactly; or the
+/// first channel that does not.
+///
+/// The grid's scale is not stored (the weights were folded to f32 at import or calibration),
+/// so it is found from the channel's largest magnitude, which symmetric quantization puts at
+/// ±127 (`s = amax / 127`, or an f32 neighbour of it: `fl(127 · s) / 127` may round away).
+pub fn int8_weights(w: &Tensor) -> Result<(Vec<i8>, Vec<f32>), String> {
+    let rows = w.shape.first().copied().unwrap_or(1).max(1);
+    let per = w.data.len() / rows;
+    let mut q = Vec::with_capacity(w.data.len());
+    let mut scales = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let row = &w.data[r * per..(r + 1) * per];
+        let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+        if amax == 0.0 {
+            // An all-zero channel is on every grid.
+            q.extend(std::iter::repeat_n(0i8, per));
+            scales.push(1.0);
+            continue;
+        }
+        let s0 = amax / 127.0;
+        let found = [s0, s0.next_up(), s0.next_down()]
+            .into_iter()
+            .find_map(|s| on_grid(row, s).map(|qs| (s, qs)));
+        let Some((s, qs)) = found else {
+            return Err(format!(
+                "output channel {r} of the weight is not on one int8 grid (not a quantized weight)"
+            ));
+        };
+        q.extend(qs);
+        scales.push(s);
+    }
+    Ok((q, scales))
+}
+
+/// The integers of `row` on the grid of scale `s`, if each one's `q · s` is the value exactly.
+fn on_grid(row: &[f32], s: f32) -> Option<Vec<i8>> {
+    row.iter()
+        .map(|&v| {
+            let q = (v / s).round_ties_even();
+            (q.abs() <= 127.0 && q * s == v).then_some(q as i8)
+        })
+        .collect()
+}
+
+/// `qx[M, K] · qw[N, K]ᵀ` in int32, what the tensor cores compute (exact).
+pub fn int8_gemm_reference(qx: &[i8], qw: &[i8], m: usize, n: usize, k: usize) -> Vec<i32> {
+    let mut acc = vec![0i32; m * n];
+    for i in 0..m {
+        let a = &qx[i * k..(i + 1) * k];
+        for j in 0..n {
+            let b = &qw[j * k..(j + 1) * k];
+            acc[i * n + j] = a.iter().zip(b).map(|(&x, &w)| x as i32 * w as i32).sum();
+        }
+    }
+    acc
+}
+
+/// The activation's int8 values as the quantize kernel makes them: `round(x / s)` half to
+/// even, saturated to [−128, 127] (the FakeQuant's own rule, `isolane_engine::quant`).
+pub fn quantize_reference(x: &[f32], s: f32) -> Vec<i8> {
+    x.iter()
+        .map(|&v| isolane_engine::quant::quantize(v, s, 0.0, QuantType::Int8, true) as i8)
+        .collect()
+}
+
+/// The epilogue: `act(acc[m, n] · (sx · sw[n]) + bias[n])`, in f32, row-major `[M, N]`. The
+/// product of scales is formed once per channel (one rounding), then one multiply-add per
+/// output: within a few ulp of the float GEMM on dequantized values, which rounds K products
+/// and K sums.
+pub fn epilogue_reference(
+    acc: &[i32],
+    n: usize,
+    x_scale: f32,
+    w_scales: &[f32],
+    bias: Option<&[f32]>,
+    act: Option<Unary>,
+) -> Vec<f32> {
+    let scale: Vec<f32> = w_scales.iter().map(|&s| x_scale * s).collect();
+    acc.iter()
+        .enumerate()
+        .map(|(i, &a)| {
+            let c = i % n;
+            let v = (a as f32).mul_add(scale[c], bias.map_or(0.0, |b| b[c]));
+            match act {
+                Some(Unary::Relu) => v.max(0.0),
+                Some(Unary::Relu6) => v.clamp(0.0, 6.0),
+                _ => v,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isolane_engine::calibrate::{quantize_model, CalibOptions};
+    use isolane_engine::ir::{ConvAttrs, Dim};
+    use isolane_engine::quant::FakeQuantAttrs;
+    use isolane_engine::{Backend, CpuBackend, Precision};
+
+    fn rand(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn constant(g: &mut Graph, name: &str, shape: Vec<usize>, seed: u64, s: f32) -> usize {
+        let n = shape.iter().product();
+        let d = rand(n, seed).into_iter().map(|v| v * s).collect();
+        g.add_constant(name, Tensor::new(shape, d).unwrap())
+    }
+
+    /// Conv 3×3 (K = 27) → Conv 1×1 (K = 8) → Conv 3×3 (K = 72) → pool → Linear (K = 16),
+    /// quantized by calibration.
+    fn quantized_cnn(batch: usize) -> (Graph, Graph) {
+        let mut g = Graph::new("q");
+        let x = g.add_input(
+            "x",
+            vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(8), Dim::Fixed(8)],
+        );
+        let relu = |pads| {
+            Op::Conv(ConvAttrs {
+                pads,
+                activation: Some(Unary::Relu),
+                ..Default::default()
+            })
+        };
+        let w1 = constant(&mut g, "w1", vec![8, 3, 3, 3], 1, 0.4);
+        let b1 = constant(&mut g, "b1", vec![8], 2, 0.1);
+        let w2 = constant(&mut g, "w2", vec![8, 8, 1, 1], 3, 0.4);
+        let b2 = constant(&mut g, "b2", vec![8], 4, 0.1);
+        let w3 = constant(&mut g, "w3", vec![16, 8, 3, 3], 5, 0.2);
+        let b3 = constant(&mut g, "b3", vec![16], 6, 0.1);
+        let wl = constant(&mut g, "wl", vec![12, 16], 7, 0.5);
+        let bl = constant(&mut g, "bl", vec![12], 8, 0.1);
+        let h = g.add_op("c1", relu([1; 4]), &[x, w1, b1]).unwrap();
+        let h = g.add_op("c2", relu([0; 4]), &[h, w2, b2]).unwrap();
+        let h = g.add_op("c3", relu([1; 4]), &[h, w3, b3]).unwrap();
+        let h = g.add_op("pool", Op::GlobalAveragePool, &[h]).unwrap();
+        let h = g.add_op("flat", Op::Flatten { axis: 1 }, &[h]).unwrap();
+        let y = g
+            .add_op("fc", Op::Linear { activation: None }, &[h, wl, bl])
+            .unwrap();
+        g.add_output(y).unwrap();
+        let samples: Vec<Vec<Tensor>> = (0..4)
+            .map(|s| vec![Tensor::new(vec![batch, 3, 8, 8], rand(batch * 192, 50 + s)).unwrap()])
+            .collect();
+        let q = quantize_model(&g, batch, &samples, &CalibOptions::default()).unwrap();
+        (g, q.graph)
+    }
+
+    #[test]
+    fn lowering_decisions_name_the_path_of_each_quantized_product() {
+        let (_, q) = quantized_cnn(2);
+        let paths = int8_paths(&q, 2);
+        let by_name = |name: &str| {
+            paths
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("{name} in {paths:?}"))
+                .1
+                .clone()
+        };
+        // K = 3·3·3 = 27: cuBLASLt's int8 kernels want multiples of 4.
+        let e = by_name("c1").unwrap_err();
+        assert!(e.contains("K = 27"), "{e}");
+        let c2 = by_name("c2").unwrap();
+        assert_eq!((c2.m, c2.n, c2.k, c2.direct), (2 * 8 * 8, 8, 8, true));
+        let c3 = by_name("c3").unwrap();
+        assert_eq!((c3.m, c3.n, c3.k, c3.direct), (2 * 8 * 8, 16, 72, false));
+        let fc = by_name("fc").unwrap();
+        assert_eq!((fc.m, fc.n, fc.k), (2, 12, 16));
+        // Per-channel scales recovered; every weight given back exactly by q · s.
+        let w = q.constant(q.nodes[fc.node].inputs[1]).unwrap();
+        for (i, &v) in w.data.iter().enumerate() {
+            assert_eq!(fc.w[i] as f32 * fc.w_scales[i / 16], v);
+        }
+        assert!(fc.w.iter().any(|&v| v.unsigned_abs() == 127));
+    }
+
+    #[test]
+    fn what_is_not_int8_keeps_the_fake_quant_path_with_its_reason() {
+        let (float, q) = quantized_cnn(1);
+        // The float model has no quantized product at all.
+        assert!(int8_paths(&float, 1).is_empty());
+        // A weight off the grid (the float weight behind a quantized input).
+        let mut g = q.clone();
+        let fc = g.nodes.iter().position(|n| n.name == "fc").unwrap();
+        let wv = g.nodes[fc].inputs[1];
+        let wl_id = float.values.iter().position(|v| v.name == "wl").unwrap();
+        let wl = float.constant(wl_id).unwrap().clone();
+        g.values[wv].kind = isolane_engine::ir::ValueKind::Constant(wl);
+        let shapes = g.infer_shapes(1).unwrap();
+        let e = classify(&g, &shapes, fc).unwrap_err();
+        assert!(e.contains("not on one int8 grid"), "{e}");
+        // uint8 activations, and an asymmetric zero point.
+        for (qtype, zp, want) in [
+            (QuantType::Uint8, 0.0, "uint8"),
+            (QuantType::Int8, 3.0, "zero point"),
+        ] {
+            let mut g = q.clone();
+            let p = g.producer(g.nodes[fc].inputs[0]).unwrap();
+            if let Op::FakeQuant(a) = &mut g.nodes[p].op {
+                *a = FakeQuantAttrs {
+                    qtype,
+                    zero_points: vec![zp],
+                    ..a.clone()
+                };
+            }
+            let e = classify(&g, &shapes, fc).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn int8_gemm_and_epilogue_compute_what_the_fake_quant_graph_does() {
+        // Linear 64 → 32 behind an int8 FakeQuant, quantized weights: the CPU backend's
+        // FakeQuant graph against quantize → int32 GEMM → epilogue.
+        let (m, k, n) = (5, 64, 32);
+        let mut g = Graph::new("lin");
+        let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(k)]);
+        let w = constant(&mut g, "w", vec![n, k], 11, 0.3);
+        let b = constant(&mut g, "b", vec![n], 12, 0.2);
+        let h = g.add_op("pre", Op::Unary(Unary::Identity), &[x]).unwrap();
+        let y = g
+            .add_op(
+                "fc",
+                Op::Linear {
+                    activation: Some(Unary::Relu),
+                },
+                &[h, w, b],
+            )
+            .unwrap();
+        g.add_output(y).unwrap();
+        let samples = vec![vec![Tensor::new(vec![m, k], rand(m * k, 13)).unwrap()]];
+        let q = quantize_model(&g, m, &samples, &CalibOptions::default())
+            .unwrap()
+            .graph;
+        let paths = int8_paths(&q, m);
+        let Some((_, Ok(gemm))) = paths.iter().find(|(name, _)| name == "fc") else {
+            panic!("{paths:?}");
+        };
+        let cpu = CpuBackend::new(1);
+        let mut model = cpu.compile(&q, m, Precision::Fp32).unwrap();
+        let input = rand(m * k, 99);
+        model.input_mut().copy_from_slice(&input);
+        model.run().unwrap();
+        let want = model.output().to_vec();
+
+        let qx = quantize_reference(&input, gemm.x_scale);
+        let acc = int8_gemm_reference(&qx, &gemm.w, m, n, k);
+        let bias = q.constant(q.nodes[gemm.node].inputs[2]).unwrap();
+        let got = epilogue_reference(
+            &acc,
+            n,
+            gemm.x_scale,
+            &gemm.w_scales,
+            Some(&bias.data),
+            Some(Unary::Relu),
+        );
+        let top = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            // Both round: the float GEMM K products and sums, the epilogue two steps.
+            assert!((a - b).abs() <= 1e-5 * top, "output {i}: {a} against {b}");
+        }
+        assert!(want.iter().any(|&v| v > 0.0) && want.contains(&0.0));
+    }
+
+    #[test]
+    fn the_int32_sum_cannot_overflow_below_max_k() {
+        let k = MAX_K;
+        let acc = int8_gemm_reference(&vec![-128; k], &vec![-127; k], 1, 1, k);
+        assert_eq!(acc[0] as i64, 128 * 127 * k as i64);
+        assert!(128 * 127 * (k as i64 + 1) > i32::MAX as i64);
+    }
+}
