@@ -2,18 +2,14 @@
 //! `isolane_runtime::interference::MatrixConfig`; each cell is run by `run`'s own `measure`
 //! into its own folder, then reduced to the victim's stretch (`fill_cell`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use isolane_core::results::{
-    interference_csv, CellKind, InterferenceCell, InterferenceIndex, RunStatus,
-};
 use isolane_core::spec::{self, Mechanism, Precision};
-use isolane_runtime::coordinator::RunPlan;
-use isolane_runtime::interference::{self as matrix, Cell, MatrixConfig, References, VictimRate};
-use isolane_runtime::output;
+use isolane_runtime::interference::{MatrixConfig, VictimRate};
+use isolane_session::studies::interference;
 
-use super::{user, EXIT_FAILED, EXIT_INTERRUPTED};
+use super::user;
 
 #[derive(Args)]
 #[command(
@@ -200,195 +196,19 @@ fn model_path(model: &str) -> anyhow::Result<String> {
 
 pub fn run(a: InterferenceArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let c = config(&a)?;
-    check_cells(&c)?;
-    let out = super::run::prepare_out(a.out.as_deref(), a.force)?;
-    let mut index = c.index(env!("CARGO_PKG_VERSION"));
-    let runner = Runner {
-        out: &out,
-        args: &a,
+    let runs = super::studies::StudyRuns {
+        quiet: a.quiet,
+        partitions: &a.partitions,
         engine,
     };
-    let code = run_matrix(&c, &runner, &mut index)?;
-    write_index(&out, &index)?;
+    interference::check(&c, &runs).map_err(super::studies::study_error)?;
+    let out = super::run::prepare_out(a.out.as_deref(), a.force)?;
+    let (code, index) = interference::run(&c, &out, &runs, env!("CARGO_PKG_VERSION"))
+        .map_err(super::studies::study_error)?;
     println!(
         "{}",
         isolane_report::interference_table(&index.cells, a.wide)
     );
     println!("results: {}", out.display());
     Ok(code)
-}
-
-/// Every cell's scenario is validated and, on a GPU, admitted before anything runs (the
-/// rates are not known yet; admission does not depend on them), so a mistake runs nothing.
-fn check_cells(c: &MatrixConfig) -> anyhow::Result<()> {
-    let models: Vec<&str> = isolane_engine::builtin_models()
-        .iter()
-        .map(|m| m.name)
-        .collect();
-    let mut cells = c.capacity_cells();
-    for (v, p) in c.each_victim() {
-        cells.extend(c.rated_cells(v, p, 1.0));
-    }
-    for &p in &c.precisions {
-        cells.extend(c.neighbour_cells(p));
-    }
-    for cell in &cells {
-        let name = format!("interference cell {}", cell.entry.dir);
-        cell.scenario
-            .validate(&models)
-            .map_err(|e| user(format!("{name}: {e}")))?;
-        super::admit_or_refuse(&cell.scenario, &name)?;
-    }
-    Ok(())
-}
-
-/// What every cell's run needs.
-struct Runner<'a> {
-    out: &'a Path,
-    args: &'a InterferenceArgs,
-    engine: &'a isolane_runtime::exec::Engine,
-}
-
-/// Runs precision by precision: the neighbours alone (if asked for), then victim by victim its
-/// capacity, alone and pair cells. Returns the exit code.
-fn run_matrix(
-    c: &MatrixConfig,
-    runner: &Runner<'_>,
-    index: &mut InterferenceIndex,
-) -> anyhow::Result<u8> {
-    let mut code = 0u8;
-    for &p in &c.precisions {
-        for cell in c.neighbour_cells(p) {
-            let entry = runner.run_cell(&cell, References::default(), index)?;
-            code = code.max(cell_code(&entry));
-            if code == EXIT_INTERRUPTED {
-                return Ok(code);
-            }
-        }
-        for (vi, victim) in c.victims.iter().enumerate() {
-            code = code.max(run_victim(c, runner, index, (vi, victim), p)?);
-            if code == EXIT_INTERRUPTED {
-                return Ok(code);
-            }
-        }
-    }
-    Ok(code)
-}
-
-/// A cell's contribution to the exit code: 0 ok, 130 interrupted, 1 otherwise.
-fn cell_code(entry: &InterferenceCell) -> u8 {
-    match entry.status.as_str() {
-        "ok" => 0,
-        "interrupted" => EXIT_INTERRUPTED,
-        _ => EXIT_FAILED,
-    }
-}
-
-/// One victim at one precision: its capacity (for a load fraction), then alone and beside each
-/// neighbour at the rate that gives.
-fn run_victim(
-    c: &MatrixConfig,
-    runner: &Runner<'_>,
-    index: &mut InterferenceIndex,
-    v: (usize, &str),
-    p: Precision,
-) -> anyhow::Result<u8> {
-    let mut jobs_per_s = None;
-    if let Some(cell) = c.capacity_cell(v, p) {
-        let entry = runner.run_cell(&cell, References::default(), index)?;
-        if entry.status == "interrupted" {
-            return Ok(EXIT_INTERRUPTED);
-        }
-        jobs_per_s = entry.victim_jobs_per_s;
-    }
-    let Some(rate_hz) = c.victim_rate_hz(jobs_per_s) else {
-        eprintln!(
-            "interference: no capacity measured for {}; its cells are skipped",
-            v.1
-        );
-        return Ok(EXIT_FAILED);
-    };
-    let mut code = 0u8;
-    let mut alone: Option<InterferenceCell> = None;
-    for cell in c.rated_cells(v, p, rate_hz) {
-        let neighbour = matrix::neighbour_reference(&index.cells, &cell.entry).cloned();
-        let refs = References {
-            alone: alone.as_ref(),
-            neighbour_alone: neighbour.as_ref(),
-        };
-        let entry = runner.run_cell(&cell, refs, index)?;
-        code = code.max(cell_code(&entry));
-        if code == EXIT_INTERRUPTED {
-            break;
-        }
-        if entry.kind == CellKind::Alone {
-            alone = Some(entry);
-        }
-    }
-    Ok(code)
-}
-
-impl Runner<'_> {
-    /// Runs one cell into its folder, fills its entry, appends it to the index and rewrites
-    /// the index files (a matrix cut short keeps every cell that ran).
-    fn run_cell(
-        &self,
-        cell: &Cell,
-        refs: References<'_>,
-        index: &mut InterferenceIndex,
-    ) -> anyhow::Result<InterferenceCell> {
-        let mut entry = cell.entry.clone();
-        eprintln!("interference cell {}: {}", index.cells.len() + 1, entry.dir);
-        match self.measure(cell) {
-            Ok(m) => {
-                super::run::write_run_files(&m)?;
-                super::run::report_failures(&m.summary);
-                entry.status = status_word(m.summary.status).into();
-                matrix::fill_cell(&mut entry, &m.result, &m.summary, refs);
-            }
-            Err(e) => {
-                eprintln!("interference cell {}: {e:#}", entry.dir);
-                entry.status = "error".into();
-                entry.error = Some(format!("{e:#}"));
-            }
-        }
-        index.cells.push(entry.clone());
-        write_index(self.out, index)?;
-        Ok(entry)
-    }
-
-    fn measure(&self, cell: &Cell) -> anyhow::Result<super::run::Measured> {
-        let name = format!("interference cell {}", cell.entry.dir);
-        let admitted = super::admit_or_refuse(&cell.scenario, &name)?;
-        let plan = RunPlan::from_scenario(&cell.scenario);
-        super::run::measure(super::run::Request {
-            command: "interference",
-            scenario: &cell.scenario,
-            scenario_name: name,
-            admitted: admitted.as_ref(),
-            plan: &plan,
-            out: Some(&self.out.join(&cell.entry.dir)),
-            force: true,
-            quiet: self.args.quiet,
-            partitions: &self.args.partitions,
-            engine: self.engine,
-        })
-    }
-}
-
-fn status_word(s: RunStatus) -> &'static str {
-    match s {
-        RunStatus::Ok => "ok",
-        RunStatus::Failed => "failed",
-        RunStatus::Interrupted => "interrupted",
-    }
-}
-
-fn write_index(out: &Path, index: &InterferenceIndex) -> anyhow::Result<()> {
-    isolane_core::results::write_json(&out.join("interference.json"), index)?;
-    output::write_atomic(
-        &out.join("interference.csv"),
-        interference_csv(&index.cells).as_bytes(),
-    )?;
-    Ok(())
 }

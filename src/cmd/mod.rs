@@ -21,6 +21,7 @@ pub mod plan_auto;
 pub mod report;
 pub mod run;
 pub mod serve;
+pub mod studies;
 pub mod summarize;
 pub mod sweep;
 pub mod trace;

@@ -6,14 +6,18 @@
 use isolane_core::spec::limits::{MAX_RATE_HZ, MAX_SECONDS, MIN_SECONDS};
 use std::path::{Path, PathBuf};
 
+use std::cell::OnceCell;
+
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use isolane_core::results::{RunSummary, SweepIndex, SweepPoint, SCHEMA_VERSION};
+use isolane_core::results::{SweepIndex, SweepPoint, SCHEMA_VERSION};
 use isolane_core::spec::{self, DeviceSpec, Host, Mechanism, ModelSource, Precision, Scenario};
-use isolane_runtime::output;
+use isolane_runtime::coordinator::RunPlan;
 use isolane_runtime::sweep::{self, PointWorkload};
+use isolane_session::studies::sweep::{self as study, Point, PointRuns};
+use isolane_session::studies::Failure;
 
-use super::{user, EXIT_FAILED, EXIT_INTERRUPTED};
+use super::user;
 
 #[derive(Args)]
 #[command(
@@ -194,12 +198,6 @@ pub fn run(args: SweepArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::R
         SweepKind::Partition(a) => partition(a, engine),
         SweepKind::Concurrency(a) => concurrency(a, engine),
     }
-}
-
-/// A point to run: its index entry and its scenario.
-struct Point {
-    entry: SweepPoint,
-    scenario: Scenario,
 }
 
 /// Where every workload of a point runs.
@@ -426,179 +424,67 @@ fn run_args(out: &Path, c: &Common) -> super::run::RunArgs {
 }
 
 fn run_points(
-    mut index: SweepIndex,
+    index: SweepIndex,
     points: Vec<Point>,
     c: &Common,
     engine: &isolane_runtime::exec::Engine,
 ) -> anyhow::Result<u8> {
-    // Every point's scenario is checked (and, on a GPU, admitted), and every limit a point's
-    // run checks (models, memory for the job records, cores, the disk its jobs/*.csv need) is
-    // checked before anything is written, so a mistake stops the sweep with nothing run and
-    // no folder left (exit 2).
-    check_points(&points, c, engine)?;
+    let runs = SweepRuns {
+        common: c,
+        engine,
+        live: OnceCell::new(),
+    };
+    let out_dir = c.out.as_deref().unwrap_or(Path::new("runs"));
+    study::check_points(&points, &runs, out_dir).map_err(super::studies::study_error)?;
     let out = super::run::prepare_out(c.out.as_deref(), c.force)?;
-    index.points = points.iter().map(|p| p.entry.clone()).collect();
-    write_index(&out, &index)?;
-    let live = super::serve_metrics(c.metrics_addr.as_deref())?;
-
-    let total = points.len();
-    let mut code = 0u8;
-    let started = std::time::Instant::now();
-    for (i, p) in points.iter().enumerate() {
-        let dir = out.join(&p.entry.dir);
-        let scenario = dir.join("scenario.toml");
-        // Written first so that a point that fails before its run still shows what it was.
-        let toml = p
-            .scenario
-            .to_toml_string()
-            .context("writing a point's scenario")?;
-        output::write_atomic(&scenario, toml.as_bytes())?;
-        eprintln!(
-            "sweep point {}/{total}: {}{}",
-            i + 1,
-            p.entry.dir,
-            time_left(started.elapsed().as_secs_f64(), i, total)
-        );
-        let result = super::run::run_scenario(
-            p.scenario.clone(),
-            scenario.display().to_string(),
-            &run_args(&dir, c),
-            engine,
-            live.as_ref().map(|l| &l.metrics),
-        );
-        let entry = &mut index.points[i];
-        match result {
-            Ok(rc) => {
-                entry.exit_code = Some(rc);
-                entry.status = match rc {
-                    0 => "ok",
-                    EXIT_INTERRUPTED => "interrupted",
-                    _ => "failed",
-                }
-                .into();
-            }
-            Err(e) => {
-                entry.status = "error".into();
-                entry.error = Some(format!("{e:#}"));
-                eprintln!("sweep point {}: {e:#}", p.entry.dir);
-            }
-        }
-        write_index(&out, &index)?;
-        match index.points[i].status.as_str() {
-            "interrupted" => {
-                code = EXIT_INTERRUPTED;
-                break;
-            }
-            "ok" => {}
-            _ => code = EXIT_FAILED,
-        }
-    }
-    println!("{}", points_table(&out, &index));
+    let (code, table) = study::run_points(index, &points, &out, &runs, &mut || {
+        let live =
+            super::serve_metrics(c.metrics_addr.as_deref()).map_err(super::studies::failure)?;
+        let _ = runs.live.set(live);
+        Ok(())
+    })
+    .map_err(super::studies::study_error)?;
+    println!("{table}");
     println!("sweep: {}", out.display());
     Ok(code)
 }
 
-/// ` (~3 min 10 s left)` after `done` of `total` points took `elapsed_s`, from their mean time;
-/// nothing before the first point has ended.
-fn time_left(elapsed_s: f64, done: usize, total: usize) -> String {
-    if done == 0 {
-        return String::new();
+/// The points' runs: `isolane run`'s own, one endpoint of live metrics for all of them.
+struct SweepRuns<'a> {
+    common: &'a Common,
+    engine: &'a isolane_runtime::exec::Engine,
+    live: OnceCell<Option<super::LiveMetrics>>,
+}
+
+impl PointRuns for SweepRuns<'_> {
+    fn models(&self) -> Vec<&'static str> {
+        super::studies::builtin_names()
     }
-    let left = elapsed_s / done as f64 * (total - done) as f64;
-    format!(
-        " (~{} left)",
-        isolane_session::progress::duration_text(left)
-    )
-}
 
-/// Validates every point's scenario by the rules of a scenario file (a problem names the
-/// point and the field), admits it on this machine's GPU, and checks what each point's run
-/// would check before its output (`run::preflight`), and the disk all their job records take
-/// together.
-fn check_points(
-    points: &[Point],
-    c: &Common,
-    engine: &isolane_runtime::exec::Engine,
-) -> anyhow::Result<()> {
-    let models: Vec<&str> = isolane_engine::builtin_models()
-        .iter()
-        .map(|m| m.name)
-        .collect();
-    let mut demands = Vec::new();
-    for p in points {
-        let name = format!("sweep point {}", p.entry.dir);
-        p.scenario
-            .validate(&models)
-            .map_err(|e| user(format!("{name}: {e}")))?;
-        super::admit_or_refuse(&p.scenario, &name)?;
-        let plan = isolane_runtime::RunPlan::from_scenario(&p.scenario);
-        super::run::preflight(&plan, engine).map_err(|e| e.context(name.clone()))?;
-        demands.extend(isolane_runtime::coordinator::record_demands(&plan));
+    fn admit(&self, s: &Scenario, name: &str) -> Result<(), Failure> {
+        super::admit_or_refuse(s, name)
+            .map(drop)
+            .map_err(super::studies::failure)
     }
-    let out_dir = c.out.as_deref().unwrap_or(Path::new("runs"));
-    if let Some(free) = isolane_runtime::limits::disk_free_bytes(out_dir) {
-        isolane_runtime::limits::check_disk(&demands, free, out_dir).map_err(user)?;
+
+    fn preflight(&self, plan: &RunPlan, name: &str) -> Result<(), Failure> {
+        super::run::preflight(plan, self.engine)
+            .map_err(|e| super::studies::failure(e.context(name.to_string())))
     }
-    Ok(())
-}
 
-fn write_index(out: &Path, index: &SweepIndex) -> anyhow::Result<()> {
-    isolane_core::results::write_json(&out.join("sweep.json"), index)?;
-    Ok(())
-}
+    fn run(&self, s: Scenario, name: String, dir: &Path) -> Result<u8, Failure> {
+        let live = self.live.get().and_then(Option::as_ref);
+        super::run::run_scenario(
+            s,
+            name,
+            &run_args(dir, self.common),
+            self.engine,
+            live.map(|l| &l.metrics),
+        )
+        .map_err(super::studies::failure)
+    }
 
-/// Per point: its parameters, status, total and per-workload throughput, and mean power when
-/// telemetry was sampled.
-fn points_table(out: &Path, index: &SweepIndex) -> String {
-    let rows: Vec<Vec<String>> = index
-        .points
-        .iter()
-        .map(|p| {
-            let summary: Option<RunSummary> =
-                isolane_core::results::read_json(&out.join(&p.dir).join("summary.json")).ok();
-            let (total, n) = summary.as_ref().map_or((f64::NAN, 0), |s| {
-                (s.total_throughput_ips(), s.workloads.len())
-            });
-            let power = summary
-                .as_ref()
-                .and_then(|s| s.telemetry.as_ref())
-                .and_then(|t| t.power_w)
-                .map(|p| p.mean);
-            let size = match (p.sms, p.thread_pct, p.workloads, p.batch) {
-                (Some(s), _, _, _) => format!("{s} SMs"),
-                (_, Some(t), _, _) => format!("{t} %"),
-                (_, _, Some(w), Some(b)) => format!("{w} × batch {b}"),
-                _ => String::new(),
-            };
-            vec![
-                p.dir.clone(),
-                size,
-                p.status.clone(),
-                isolane_report::num(Some(total), 1),
-                isolane_report::num((n > 0).then(|| total / n as f64), 1),
-                isolane_report::num(power, 1),
-            ]
-        })
-        .collect();
-    isolane_report::plain_table(
-        &[
-            "point",
-            "size",
-            "status",
-            "images/s",
-            "per workload",
-            "power W",
-        ],
-        &rows,
-        &[0, 1, 2],
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_time_left_is_the_mean_point_time_over_the_points_to_come() {
-        assert_eq!(super::time_left(5.0, 0, 4), "");
-        assert_eq!(super::time_left(20.0, 2, 8), " (~1 min 0 s left)");
+    fn say(&self, line: &str) {
+        eprintln!("{line}");
     }
 }

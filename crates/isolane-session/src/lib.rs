@@ -20,6 +20,7 @@ pub mod live;
 pub mod maxrate;
 pub mod progress;
 pub mod search;
+pub mod studies;
 pub mod telemetry;
 pub mod verify;
 
