@@ -727,6 +727,83 @@ fn qdq_fixtures_run_on_the_gpu() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// `precision = "int8"` and `"fp8"` as a workload runs them: a float model calibrated on the
+/// CPU (`calibrate::quantize_model`), its QDQ graph compiled on cuda at fp16 (the float
+/// precision between the quantized ops), against the CPU backend's fp32 run of the same graph:
+/// within fp16's tolerance, and the same top-1 class per image. It prints which matrix
+/// products the int8 tensor-core path would take (`isolane_cuda::int8`) and why the others
+/// would not.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn calibrated_int8_and_fp8_models_run_on_the_gpu() {
+    use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
+    use isolane_engine::quant::QuantType;
+    use isolane_engine::Tensor;
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let cpu = CpuBackend::new(0);
+    let batch = 2;
+    let mut failures = Vec::new();
+    for model in ["mobilenet_v2", "resnet18"] {
+        let g = build_model(model, Weights::Synthetic { seed: 1 }).expect("model");
+        let n = batch * 3 * 224 * 224;
+        let samples: Vec<Vec<Tensor>> = (0..2)
+            .map(|s| vec![Tensor::new(vec![batch, 3, 224, 224], random(n, 40 + s)).unwrap()])
+            .collect();
+        for (qtype, method) in [
+            (QuantType::Int8, CalibMethod::Percentile(99.99)),
+            (QuantType::Int8, CalibMethod::Entropy),
+            (QuantType::Float8E4M3Fn, CalibMethod::MinMax),
+        ] {
+            let opts = CalibOptions {
+                qtype,
+                method,
+                ..Default::default()
+            };
+            let q = quantize_model(&g, batch, &samples, &opts).expect("calibration");
+            if qtype == QuantType::Int8 && method == CalibMethod::Entropy {
+                let paths = isolane_cuda::int8::int8_paths(&q.graph, batch);
+                let int8 = paths.iter().filter(|(_, p)| p.is_ok()).count();
+                println!(
+                    "{model}: {int8} of {} quantized products fit the int8 path",
+                    paths.len()
+                );
+                for (name, p) in paths.iter().filter(|(_, p)| p.is_err()).take(5) {
+                    println!("  {name}: {}", p.as_ref().unwrap_err());
+                }
+            }
+            let x = random(n, 77);
+            let mut c = cpu.compile(&q.graph, batch, Precision::Fp32).expect("cpu");
+            c.input_mut().copy_from_slice(&x);
+            c.run().expect("cpu run");
+            let mut m = match gpu.compile_cuda(&q.graph, batch, Precision::Fp16) {
+                Ok(m) => m,
+                Err(e) => {
+                    failures.push(format!("{model} {qtype} {method:?}: {e}"));
+                    continue;
+                }
+            };
+            m.input_mut().copy_from_slice(&x);
+            m.run().expect("gpu run");
+            let (got, want) = (m.output(), c.output());
+            let err = rel_l2(got, want);
+            let classes = want.len() / batch;
+            let argmax = |v: &[f32]| (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b });
+            let same = got
+                .chunks(classes)
+                .zip(want.chunks(classes))
+                .filter(|(a, b)| argmax(a) == argmax(b))
+                .count();
+            println!("{model} {qtype} {method:?}: rel L2 {err:.3e}, top-1 {same}/{batch}");
+            if err >= tolerance(Precision::Fp16) || same != batch {
+                failures.push(format!(
+                    "{model} {qtype} {method:?}: {err:.3e}, top-1 {same}/{batch}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// `[protection] l2_persist_mib`: a model whose weights are given persisting L2 (the limit set,
 /// the window on its stream and on every kernel node of its graphs, captured again) computes
 /// exactly what it computed before, split or whole; more than the device sets aside is refused
