@@ -383,7 +383,7 @@ struct AtMost<'a> {
 
 impl Profiler for AtMost<'_> {
     fn profile(&mut self, workload: usize, size: u32) -> Result<Point, ProfileError> {
-        let first = match self.inner.profile(workload, size) {
+        let mut missing = match self.inner.profile(workload, size) {
             Err(ProfileError::NotProfiled(why)) => why,
             other => return other,
         };
@@ -391,11 +391,12 @@ impl Profiler for AtMost<'_> {
         for &smaller in below {
             match self.inner.profile(workload, smaller) {
                 Ok(p) => return Ok(Point { size, ..p }),
-                Err(ProfileError::NotProfiled(_)) => continue,
+                Err(ProfileError::NotProfiled(why)) => missing = why,
                 Err(e) => return Err(e),
             }
         }
-        Err(ProfileError::NotProfiled(first))
+        // The smallest size's words: the profile to measure first.
+        Err(ProfileError::NotProfiled(missing))
     }
 }
 
@@ -559,6 +560,11 @@ impl Server {
             };
             waiting_for_unloaded = false;
             let now_s = t0.elapsed().as_secs_f64();
+            // A rate over less than a whole window is not the load yet (a model that took no
+            // requests before the server was ready would look idle, and be shrunk).
+            if now_s < crate::model::WINDOW_NS as f64 / 1e9 {
+                continue;
+            }
             let triggers = match decide(&mut state, &observed, now_s, &plan.options) {
                 Decision::Steady => continue,
                 Decision::Dwell { triggers, left_s } => {
