@@ -5,7 +5,8 @@
 # ["stage"]): stage/isolane and stage/tests/isolane-cuda--gpu. Under 4 minutes.
 #
 #   1. `isolane build M --precision fp16 --batch 1` for resnet50, mobilenet_v2, vit_b_16 (the
-#      command's wall time: process start, weights, compile, timing and plan check);
+#      command's wall time: process start, weights, compile, timing and plan check), then
+#      `isolane bench` of the built-in against the plan file (its compile_ms is the load's);
 #   2. isolane-cuda's gpu::saved_plans_load_untimed_with_the_same_bits_in_every_green_size:
 #      build time against load time in-process, and loads on the whole GPU and in green contexts
 #      of 16, 64 and 128 SMs, each compared bit for bit with the built model;
@@ -44,6 +45,35 @@ for m in $models; do
     else
         echo "| $m | FAILED: $(tail -c 200 "$out/build-$m.log" | tr '\n' ' ') | |" >>"$md"
     fi
+done
+{
+    echo
+    echo "## 1b. isolane bench: compile (built-in) against load (saved plan), fresh process each, fp16 batch 1"
+    echo
+    echo "| model | compile, built-in (ms) | load, saved plan (ms) | median job, built-in (ms) | median job, saved plan (ms) |"
+    echo "| --- | ---: | ---: | ---: | ---: |"
+} >>"$md"
+for m in $models; do
+    [ -f "$plans/$m.isoplan" ] || continue
+    timeout 60 "$bin" bench --model "$m" --backend cuda --precision fp16 --replays 200 --json \
+        >"$out/bench-$m.json" 2>"$out/bench-$m.err"
+    timeout 60 "$bin" bench --model "$plans/$m.isoplan" --backend cuda --precision fp16 \
+        --replays 200 --json >"$out/bench-$m-plan.json" 2>"$out/bench-$m-plan.err"
+    python3 - "$m" "$out/bench-$m.json" "$out/bench-$m-plan.json" >>"$md" <<'PY'
+import json, sys
+def first(path):
+    try:
+        for line in open(path):
+            line = line.strip()
+            if line.startswith("{"):
+                return json.loads(line)
+    except OSError:
+        pass
+    return None
+a, b = first(sys.argv[2]), first(sys.argv[3])
+f = lambda r, k: f"{r[k]:.3f}" if r and k in r else "FAILED"
+print(f"| {sys.argv[1]} | {f(a, 'compile_ms')} | {f(b, 'compile_ms')} | {f(a, 'median_ms')} | {f(b, 'median_ms')} |")
+PY
 done
 {
     echo

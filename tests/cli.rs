@@ -691,6 +691,53 @@ fn a_saved_plan_is_built_run_and_refused_where_it_does_not_fit() {
     let s = summary(&out);
     assert_eq!(workload(&s, "a")["jobs"], 10, "{s}");
 
+    // infer and bench take the plan too: infer's output is the built-in's, bit for bit.
+    let a = tmp.path().join("a.npy");
+    let b = tmp.path().join("b.npy");
+    for (model, out) in [(plan.to_str().unwrap(), &a), ("mobilenet_v2", &b)] {
+        run_ok(
+            isolane()
+                .args([
+                    "infer",
+                    "--model",
+                    model,
+                    "--random",
+                    "--seed",
+                    "3",
+                    "--save-output",
+                ])
+                .arg(out),
+        );
+    }
+    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
+    let o = isolane()
+        .args([
+            "infer",
+            "--model",
+            plan.to_str().unwrap(),
+            "--random",
+            "--batch",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("batch \"1\"") && stderr.contains("\"2\""),
+        "{stderr}"
+    );
+    let o = run_ok(isolane().args([
+        "bench",
+        "--model",
+        plan.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--replays",
+        "2",
+    ]));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("m.isoplan"));
+
     let refused = |name: &str, model: &str, extra: &str, wants: &[&str]| {
         let sc = scenario(tmp.path(), name, &with(model, extra));
         let out = tmp.path().join(format!("out-{name}"));

@@ -1001,6 +1001,20 @@ mod tests {
         }
     }
 
+    /// Loading a CPU plan compiles its fused graph, whose passes run again: they must leave it
+    /// as it is, so that the loaded model is the built one, node for node (same kernels, same
+    /// speed), not only the same bits.
+    #[test]
+    fn the_passes_leave_a_saved_graph_as_it_is() {
+        for (model, batch) in [("resnet18", 1), ("mobilenet_v2", 2), ("vit_b_16", 1)] {
+            let g = build_model(model, Weights::Zeros).unwrap();
+            let fused = passes::optimize(&g, batch).unwrap();
+            let again = passes::optimize(&fused, batch).unwrap();
+            assert_eq!(again.nodes, fused.nodes, "{model}");
+            assert_eq!(again.values.len(), fused.values.len(), "{model}");
+        }
+    }
+
     #[test]
     fn every_op_round_trips() {
         use crate::quant::QuantType;

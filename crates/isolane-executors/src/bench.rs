@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use isolane_engine::saved::{is_saved_plan_path, SavedPlan};
 use isolane_engine::{
     build_model, model_info, CompiledModel, CpuBackend, EngineError, Precision, Weights,
 };
@@ -10,7 +11,7 @@ use isolane_engine::{
 /// What to measure (the flags of `isolane bench`).
 #[derive(Debug, Clone)]
 pub struct BenchRequest {
-    /// Built-in models.
+    /// Built-in models, or saved plans (`.isoplan`, loaded instead of compiled).
     pub models: Vec<String>,
     pub batches: Vec<usize>,
     /// Precisions as written; none: fp16 on cuda, fp32 on cpu.
@@ -213,7 +214,7 @@ pub fn bench(
         precisions.push(p.parse::<Precision>().map_err(user)?);
     }
     for m in &args.models {
-        if model_info(m).is_none() {
+        if model_info(m).is_none() && !is_saved_plan_path(m) {
             return Err(user(format!(
                 "--model: unknown model `{m}` (see `isolane models`)"
             )));
@@ -244,7 +245,17 @@ pub fn bench(
     };
     let mut results = Vec::new();
     for name in &args.models {
-        let graph = build_model(name, Weights::Synthetic { seed: args.seed })?;
+        // A saved plan (`isolane build`) is loaded instead of compiled: its compile time is
+        // the load's.
+        let saved = if is_saved_plan_path(name) {
+            Some(SavedPlan::load(std::path::Path::new(name)).map_err(user)?)
+        } else {
+            None
+        };
+        let graph = match &saved {
+            Some(s) => s.graph.clone(),
+            None => build_model(name, Weights::Synthetic { seed: args.seed })?,
+        };
         let target = |p| match &cuda {
             Some(_) => crate::engine::Target::Cuda {
                 gpu: args.gpu,
@@ -272,11 +283,20 @@ pub fn bench(
                                 plan_check: false,
                                 ..Default::default()
                             };
-                            let mut m =
-                                b.compile_cuda_with(&graph, batch, p, &options)
-                                    .map_err(doing(format!(
-                                        "compiling {name} batch {batch} {p} for cuda"
-                                    )))?;
+                            let mut m = match &saved {
+                                // A plan built for another batch, precision or GPU is the
+                                // user's to rebuild (exit code 2).
+                                Some(s) => b.load_saved(s, name, batch, p).map_err(|e| match e {
+                                    EngineError::InvalidArgument(m) => user(m),
+                                    e => doing(format!("loading {name} batch {batch} {p}"))(e),
+                                }),
+                                None => {
+                                    b.compile_cuda_with(&graph, batch, p, &options)
+                                        .map_err(doing(format!(
+                                            "compiling {name} batch {batch} {p} for cuda"
+                                        )))
+                                }
+                            }?;
                             let input =
                                 crate::seeded_input::random_normal(m.input_mut().len(), args.seed);
                             m.input_mut().copy_from_slice(&input);
@@ -285,14 +305,20 @@ pub fn bench(
                             let mem = m.memory();
                             (Box::new(m), Some(mem))
                         }
-                        None => (
-                            Box::new(
-                                CpuBackend::new(args.threads)
-                                    .compile_cpu(&graph, batch, p)
-                                    .map_err(doing(format!("compiling {name} for cpu")))?,
-                            ),
-                            None,
-                        ),
+                        None => {
+                            if let Some(s) = &saved {
+                                s.check_key(name, &isolane_engine::saved::cpu_key(p, batch))
+                                    .map_err(user)?;
+                            }
+                            (
+                                Box::new(
+                                    CpuBackend::new(args.threads)
+                                        .compile_cpu(&graph, batch, p)
+                                        .map_err(doing(format!("compiling {name} for cpu")))?,
+                                ),
+                                None,
+                            )
+                        }
                     };
                 let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
                 let input = crate::seeded_input::random_normal(model.input_mut().len(), args.seed);

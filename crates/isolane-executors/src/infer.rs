@@ -8,6 +8,7 @@ use std::time::Instant;
 use isolane_engine::backend::{CompiledModel, Precision};
 use isolane_engine::io::{self, image};
 use isolane_engine::ir::ValueKind;
+use isolane_engine::saved::{is_saved_plan_path, SavedPlan};
 use isolane_engine::{build_model, CpuBackend, EngineError, Graph, Weights};
 
 /// What to run, on what (the flags of `isolane infer`).
@@ -121,7 +122,23 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
     if args.batch == Some(0) {
         return Err(user("--batch must be at least 1"));
     }
-    let (graph, described) = load_model(args)?;
+    // A saved plan (`isolane build`): its fused graph, loaded below without compiling it again.
+    let saved = if is_saved_plan_path(&args.model) {
+        Some(SavedPlan::load(Path::new(&args.model)).map_err(user)?)
+    } else {
+        None
+    };
+    let (graph, described) = match &saved {
+        Some(s) => (
+            s.graph.clone(),
+            format!(
+                "{} (saved plan, batch {})",
+                args.model,
+                s.batch().unwrap_or(0)
+            ),
+        ),
+        None => load_model(args)?,
+    };
     let rank = input_rank(&graph)?;
 
     // The input tensor as given, before the batch is known.
@@ -162,7 +179,9 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
             )))
         }
         (Given::Batch(s, _), _) => s[0],
-        (_, b) => b.unwrap_or(1),
+        (_, b) => b
+            .or_else(|| saved.as_ref().and_then(SavedPlan::batch))
+            .unwrap_or(1),
     };
 
     let target = if args.backend == "cuda" {
@@ -186,9 +205,11 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
             plan_check: args.plan_check,
             ..Default::default()
         };
-        let m = backend
-            .compile_cuda_with(&graph, batch, precision, &options)
-            .map_err(|e| engine_error(e, &args.model))?;
+        let m = match &saved {
+            Some(s) => backend.load_saved(s, &args.model, batch, precision),
+            None => backend.compile_cuda_with(&graph, batch, precision, &options),
+        }
+        .map_err(|e| engine_error(e, &args.model))?;
         let line = match m.plan_check() {
             Some(r) => format!(
                 "cuda (GPU {}), {precision}; {}",
@@ -199,6 +220,13 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
         };
         (Loaded::Cuda(Box::new(m)), line)
     } else {
+        if let Some(s) = &saved {
+            s.check_key(
+                &args.model,
+                &isolane_engine::saved::cpu_key(precision, batch),
+            )
+            .map_err(user)?;
+        }
         let m = CpuBackend::new(args.threads)
             .compile_cpu(&graph, batch, Precision::Fp32)
             .map_err(|e| engine_error(e, &args.model))?;
