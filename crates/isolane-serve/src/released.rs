@@ -16,7 +16,8 @@ use isolane_core::spec::Host;
 use isolane_core::JobRecord;
 use isolane_runtime::coordinator::WorkloadPlan;
 use isolane_runtime::instance::{GuardPart, How};
-use isolane_runtime::release::{capacity_for, run_loop_guarded, LoopEnd, VecSink};
+use isolane_runtime::jobs_stream::BatchSender;
+use isolane_runtime::release::{capacity_for, run_loop_guarded, LoopEnd, RecordSink};
 
 use crate::{host, InstanceContext, ServeError};
 
@@ -162,7 +163,18 @@ fn release(
     run.t0_ns = Some(t0);
     let hint = (!run.warmup_ns.is_empty())
         .then(|| run.warmup_ns.iter().sum::<i64>() / run.warmup_ns.len() as i64);
-    let mut sink = VecSink::with_capacity(capacity_for(&w.schedule, hint), None);
+    // `serve --out`: the records join the served models' in jobs/<workload>.csv, on the
+    // server's time base, while the schedule goes on.
+    let out = ctx.records.as_ref().and_then(|(sinks, records_t0)| {
+        sinks
+            .get(w.index)
+            .map(|s| (s.clone(), t0.saturating_sub(*records_t0)))
+    });
+    let mut sink = Shifted {
+        records: Vec::with_capacity(capacity_for(&w.schedule, hint)),
+        out,
+        sent: 0,
+    };
     let spin_ns = ctx.instances.timing().spin_us as i64 * 1000;
     let end = run_loop_guarded(
         prepared.executor.as_mut(),
@@ -173,15 +185,26 @@ fn release(
         &mut sink,
         &mut prepared.role,
     );
+    sink.flush();
     run.records = sink.records;
     run.end = end.map_err(|e| e.to_string());
-    // `serve --out`: the records join the served models' in jobs/<workload>.csv, on the
-    // server's time base.
-    if let Some((sinks, records_t0)) = &ctx.records {
-        if let Some(out) = sinks.get(w.index) {
-            let shift = t0 - records_t0;
-            let shifted: Vec<JobRecord> = run
-                .records
+    run
+}
+
+/// Keeps a released workload's records (relative to its t0) and hands them, moved to the
+/// server's time base, to `serve --out`'s writer whenever the loop waits for a release.
+struct Shifted {
+    records: Vec<JobRecord>,
+    /// The writer, and the ns from the server's time base to the released t0.
+    out: Option<(BatchSender, i64)>,
+    /// Records before this index have been handed to the writer.
+    sent: usize,
+}
+
+impl Shifted {
+    fn flush(&mut self) {
+        if let Some((out, shift)) = &self.out {
+            let shifted: Vec<JobRecord> = self.records[self.sent..]
                 .iter()
                 .map(|r| JobRecord {
                     release_ns: r.release_ns + shift,
@@ -192,8 +215,20 @@ fn release(
                 .collect();
             out.send(&shifted);
         }
+        self.sent = self.records.len();
     }
-    run
+}
+
+impl RecordSink for Shifted {
+    fn record(&mut self, rec: &JobRecord) {
+        self.records.push(*rec);
+    }
+
+    // Called only with a wait ahead (IDLE_MIN_NS beyond the spin): the copy costs no job's
+    // timing.
+    fn idle(&mut self, _until_ns: i64) {
+        self.flush();
+    }
 }
 
 #[cfg(test)]
@@ -237,6 +272,14 @@ mod tests {
     }
 
     fn start(tick: &str, released: &[&str]) -> Result<Server, crate::ServeError> {
+        start_with(tick, released, None)
+    }
+
+    fn start_with(
+        tick: &str,
+        released: &[&str],
+        records: Option<(Vec<BatchSender>, i64)>,
+    ) -> Result<Server, crate::ServeError> {
         let toml = format!(
             "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"echo\"\n\
              model = \"spin:300us\"\nrate_hz = 100\njobs = 1\nwarmup_jobs = 1\n\n\
@@ -255,7 +298,7 @@ mod tests {
         let options = ServeOptions {
             engine: Arc::new(NoEngine),
             seed: 1,
-            records: None,
+            records,
         };
         let released: Vec<String> = released.iter().map(|s| s.to_string()).collect();
         Server::start_releasing(&plan, &words, &options, None, &released)
@@ -324,6 +367,51 @@ mod tests {
                 panic!("job {k} did not run under `queue`");
             };
             assert!(start >= r.release_ns && end - start >= 200_000, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn serve_out_gets_the_released_jobs_on_the_servers_time_base() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = ["echo".to_string(), "tick".to_string()];
+        let stream =
+            isolane_runtime::jobs_stream::JobsStream::start(Some(dir.path()), &names, None)
+                .unwrap();
+        let base = isolane_runtime::clock::now_ns();
+        let records = Some((vec![stream.sender(0), stream.sender(1)], base));
+        let s = start_with(
+            "rate_hz = 200
+jobs = 10",
+            &["tick"],
+            records,
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while s.shared.released.iter().any(|r| {
+            r.thread
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|t| !t.is_finished())
+        }) && std::time::Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s.drain(Duration::from_secs(5));
+        let run = s.released_runs().remove(0);
+        drop(s);
+        stream.finish().unwrap();
+        let path = dir.path().join("jobs/tick.csv");
+        let written = isolane_runtime::output::read_jobs_csv(&path).unwrap();
+        assert_eq!(written.len(), 10);
+        // Each job as it ran, moved from the released t0 to the server's base.
+        let shift = run.t0_ns.unwrap() - base;
+        assert!(shift > 0);
+        for (w, r) in written.iter().zip(&run.records) {
+            assert_eq!(w.index, r.index);
+            assert_eq!(w.release_ns, r.release_ns + shift, "{w:?}");
+            assert_eq!(w.end_ns, r.end_ns.map(|e| e + shift), "{w:?}");
         }
     }
 
