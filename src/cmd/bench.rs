@@ -16,7 +16,8 @@ use super::user;
                   lists in --model, --batch and --precision measure every combination."
 )]
 pub struct BenchArgs {
-    /// Built-in model(s), comma-separated (see `isolane models`).
+    /// Built-in model(s), comma-separated (see `isolane models`), or saved plans (.isoplan,
+    /// `isolane build`: loaded, not compiled).
     #[arg(long, value_delimiter = ',', required = true)]
     model: Vec<String>,
     /// Batch size(s), comma-separated.

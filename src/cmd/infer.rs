@@ -13,14 +13,15 @@ use super::user;
     about = "Run one model on an image, a .npy tensor or random data; print the top-5 classes",
     long_about = "Runs a model once on one input and prints the output shape and, for \
                   classifiers, the top-5 classes with softmax probabilities. MODEL is a built-in \
-                  name (see `isolane models`) or a path to an .onnx file. Images are decoded \
+                  name (see `isolane models`), a path to an .onnx file or a saved plan \
+                  (.isoplan, `isolane build`). Images are decoded \
                   (PNG, JPEG), resized (shorter side 256) and centre-cropped to 224 and \
                   normalised with the ImageNet mean and std, as torchvision's classification \
                   transform does (for other input sizes S: resize to S·256/224, crop S). \
                   `--save-output` writes the raw output tensor as .npy."
 )]
 pub struct InferArgs {
-    /// A built-in model name, or a path to an .onnx file.
+    /// A built-in model name, a path to an .onnx file, or a saved plan (.isoplan).
     #[arg(long, value_name = "MODEL")]
     model: String,
     /// A safetensors state dict (torchvision/Ultralytics names) for a built-in model; without
