@@ -10,7 +10,8 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use isolane_core::spec::{
-    Backend as SpecBackend, DeviceSpec, Host, ModelSource, Precision as SpecPrecision, WorkloadSpec,
+    Backend as SpecBackend, DeviceSpec, Host, Mechanism, ModelSource, Precision as SpecPrecision,
+    WorkloadSpec,
 };
 use isolane_engine::saved::{self as saved_file, is_saved_plan_path, SavedPlan};
 use isolane_engine::{
@@ -664,16 +665,23 @@ impl EngineExecutors for EngineExecutorsImpl {
         // that does not fit this machine is refused before it is allocated.
         if is_saved_plan_path(&spec.model) {
             // Before any output exists: a plan built for another GPU, driver, library or
-            // engine is refused naming the field and both values.
+            // engine is refused naming the field and both values. (A MIG instance is a device of
+            // its own, which only its worker sees: there the load checks the GPU's fields.)
             let saved = load_saved(spec)?;
-            saved
-                .check_key(&spec.model, &saved_key_here(device, spec)?)
-                .map_err(|e| bad_model(spec, e))?;
+            if !(device.backend == SpecBackend::Cuda && device.mechanism == Mechanism::Mig) {
+                saved
+                    .check_key(&spec.model, &saved_key_here(device, spec)?)
+                    .map_err(|e| bad_model(spec, e))?;
+            }
         }
         let graph = shape_graph(spec)?;
         check_batch_fits(&graph, spec.batch as usize, target(device, spec))
             .map_err(|reason| bad_model(spec, format!("batch = {}: {reason}", spec.batch)))?;
-        if let Some(c) = spec.calibration.as_ref() {
+        if let Some(c) = spec
+            .calibration
+            .as_ref()
+            .filter(|_| spec.precision.quantized())
+        {
             // The calibration files are read now too (calibrating waits for build).
             isolane_engine::calibrate::load_calibration_set(
                 Path::new(&c.dir),

@@ -1933,3 +1933,19 @@ fn calibration_keys_are_refused_where_they_mean_nothing() {
     ));
     assert!(e.contains("expected \"fp32\", \"int8\" or \"fp8\""), "{e}");
 }
+
+#[test]
+fn a_calibration_left_on_a_float_precision_is_not_written() {
+    // `run --backend cpu` may set a GPU workload's precision in code; the file written for
+    // the run must still be read back.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("cal")).unwrap();
+    let text = "[[workload]]\nname = \"a\"\nmodel = \"resnet18\"\nprecision = \"int8\"\n\
+                calibration = \"cal\"\nrate_hz = 5\njobs = 5\n";
+    let mut s = Scenario::from_toml_str(text, dir.path().join("s.toml"), &MODELS).unwrap();
+    s.workloads[0].precision = Precision::Fp32;
+    let written = s.to_toml_string().unwrap();
+    assert!(!written.contains("calibration"), "{written}");
+    let again = Scenario::from_toml_str(&written, "/elsewhere/r.toml", &MODELS).unwrap();
+    assert_eq!(again.workloads[0].calibration, None);
+}

@@ -195,17 +195,17 @@ fn out_program<'a>(w: &'a WorkloadSpec, p: &'a ProgramSpec) -> OutProgram<'a> {
 
 fn out_workload(w: &WorkloadSpec) -> OutWorkload<'_> {
     let interferer = w.role == Role::Interferer;
+    let calibration = w.calibration.as_ref().filter(|_| w.precision.quantized());
     OutWorkload {
         name: &w.name,
         model: &w.model,
         weights: w.weights.as_deref(),
         batch: w.batch,
         precision: name_of(PRECISIONS, w.precision),
-        calibration: w.calibration.as_ref().map(|c| c.dir.as_str()),
-        calibration_method: w
-            .calibration
-            .as_ref()
-            .map(|c| name_of(CALIBRATION_METHODS, c.method)),
+        // Only where they mean something: a scenario whose precision was changed in code
+        // (`run --backend cpu` of a GPU scenario) stays a valid file.
+        calibration: calibration.map(|c| c.dir.as_str()),
+        calibration_method: calibration.map(|c| name_of(CALIBRATION_METHODS, c.method)),
         // An interferer's rate and length follow from its ramp; writing them would
         // make the file invalid.
         rate_hz: (!interferer).then_some(w.rate),
