@@ -201,6 +201,33 @@ class Server:
             return parse_metrics(r.read().decode())
 
 
+def stage_totals(http, model):
+    """The server's own stage breakdown of `model` so far (the statistics extension's
+    `isolane_stages`): {(protocol, stage): (count, ns)}; empty from a server without it."""
+    try:
+        with urllib.request.urlopen(f"http://{http}/v2/models/{model}/stats", timeout=10) as r:
+            stats = json.loads(r.read().decode())["model_stats"][0]
+    except Exception as e:  # noqa: BLE001 - a missing breakdown is reported, not fatal
+        log(f"stage breakdown of {model}: {e}")
+        return {}
+    return {(t["protocol"], t["stage"]): (t["count"], t["ns"]) for t in stats.get("isolane_stages", [])}
+
+
+def stage_means(before, after, proto):
+    """Mean µs per stage of `proto`'s requests answered between two `stage_totals`, in the
+    server's order, and their sum (the server's span)."""
+    out = {}
+    for (p, stage), (count, ns) in after.items():
+        if p != proto:
+            continue
+        c0, ns0 = before.get((p, stage), (0, 0))
+        if count > c0:
+            out[stage] = round((ns - ns0) / (count - c0) / 1e3, 1)
+    if out:
+        out["server"] = round(sum(out.values()), 1)
+    return out
+
+
 def parse_metrics(text):
     """{(name, frozenset(labels)): value} of a Prometheus/OpenMetrics exposition."""
     out = {}
@@ -603,8 +630,12 @@ def step_overhead(args, server, metas, probes, inproc, res):
                 # the model's (perf_analyzer sends request parameters over gRPC alone), so that
                 # requests queued behind each other at concurrency > 1 are not refused.
                 extra = ["--request-parameter", "deadline_ms:1000:int"] if proto == "grpc" else []
+                before = stage_totals(server.http, name) if conc == 1 else {}
                 row = perf_analyzer(args, proto, url, name, 1, conc, f"overhead-{name}-{proto}-c{conc}", extra=extra)
                 r["perf_analyzer"][f"{proto}_c{conc}"] = pa_summary(row)
+                if conc == 1:
+                    # Where the server's time went, per request of this run (its warm-up too).
+                    r.setdefault("stages", {})[proto] = stage_means(before, stage_totals(server.http, name), proto)
             c = Client(proto, url, name, meta)
             data = data_for(meta, 1)
             sequential(c, data, 50)
@@ -833,6 +864,18 @@ def markdown(s):
                 L.append(f"| {name} | tritonclient (Python) {proto}, concurrency 1 | {fmt(p['p50_ms'])} | "
                          f"{fmt(p['p99_ms'])} | - | {fmt(c.get('added_us_p50'), 1)} | - |")
         L.append("")
+        staged = [(name, proto, m) for name, r in over.items() for proto, m in r.get("stages", {}).items() if m]
+        if staged:
+            order = [k for k in staged[0][2] if k != "server"]
+            L += ["### Where the server's time went (perf_analyzer, concurrency 1; mean µs per stage)", "",
+                  "From the call's header to its response built, as the server stamps them (the statistics "
+                  "extension's `isolane_stages`); the client's latency beyond `server` is the socket and the client.", "",
+                  "| model | protocol | " + " | ".join(order) + " | server |",
+                  "| --- | --- | " + " | ".join("---:" for _ in order) + " | ---: |"]
+            for name, proto, m in staged:
+                L.append(f"| {name} | {proto} | " + " | ".join(fmt(m.get(k), 1) for k in order)
+                         + f" | {fmt(m.get('server'), 1)} |")
+            L.append("")
     crit = st.get("critical")
     if crit:
         L += [f"## Critical model `{crit['model']}` ({crit['protocol']}, {crit['rate_hz']} Hz for {crit['seconds']} s, "

@@ -4,14 +4,20 @@
 //! One server, two models: `frame`, shaped as mobilenet_v2 (input [1, 3, 224, 224] FP32: a
 //! 602,112-byte body; output [1, 1000]) whose job spins for `--service-us`, and `tiny`, a
 //! `spin:` model of one value (4 bytes each way). Each is measured in-process
-//! ([`Server::infer`], the request built before the clock starts), over gRPC (a tonic client,
-//! raw contents, as tritonclient sends them) and over HTTP (binary tensor data on a kept-alive
-//! connection): p50 and p90 at concurrency 1, and requests per second at concurrency 1 and 2.
-//! The front ends run on a 2-worker runtime as `isolane serve`'s do; the client on a thread of
-//! its own.
+//! ([`Server::infer`], the request built before the clock starts), over plain TCP (`loopback`:
+//! the request's tensor bytes to an echo task on the front ends' runtime and an answer of the
+//! output's size back, no model: what the socket alone costs), over gRPC (a tonic client, raw
+//! contents, as tritonclient sends them) and over HTTP (binary tensor data on a kept-alive
+//! connection): p50 and p90 at concurrency 1, the front ends' CPU time and the process's minor
+//! page faults per request, and requests per second at concurrency 1 and 2. A second table
+//! splits each front end's mean request into the server's own stages (the statistics
+//! extension's `isolane_stages`: receive, decode, queue, input, infer, output, wake, encode)
+//! and what the client waited beyond them (`outside`: the socket both ways and the client).
+//! The front ends run on a 2-worker runtime as `isolane serve`'s do (`--io-threads N`; 0: one
+//! current-thread runtime); the client on a thread of its own.
 //!
 //!   cargo run --release -p isolane-serve --example serve_overhead -- [--service-us 375]
-//!       [--requests 2000] [--models frame,tiny] [--paths grpc,http]
+//!       [--requests 2000] [--models frame,tiny] [--paths grpc,http] [--io-threads 2]
 //!
 //! On a machine with few cores the model thread's spin and the client compete with the front
 //! ends for them: compare runs on one machine, not figures across machines.
@@ -103,6 +109,9 @@ struct Args {
     models: Vec<String>,
     /// Front ends measured besides the in-process baseline (always measured first).
     paths: Vec<Path>,
+    /// The front ends' runtime: its worker threads (`isolane serve`'s: 2), or 0 for one
+    /// current-thread runtime on a thread of its own.
+    io_threads: usize,
 }
 
 fn args() -> Args {
@@ -111,6 +120,7 @@ fn args() -> Args {
         requests: 2000,
         models: vec!["frame".into(), "tiny".into()],
         paths: vec![Path::Grpc, Path::Http],
+        io_threads: 2,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -118,6 +128,7 @@ fn args() -> Args {
         match flag.as_str() {
             "--service-us" => a.service_us = value.parse().expect("--service-us: µs"),
             "--requests" => a.requests = value.parse().expect("--requests: a count"),
+            "--io-threads" => a.io_threads = value.parse().expect("--io-threads: a count"),
             "--models" => a.models = value.split(',').map(str::to_owned).collect(),
             "--paths" => {
                 a.paths = value
@@ -173,9 +184,12 @@ fn input(model: &str) -> Tensor {
     Tensor::new(name, DataType::Fp32, shape, data).unwrap()
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum Path {
     InProcess,
+    /// The request's bytes over plain TCP and an answer of the response's size back, to and
+    /// from an echo task on the front ends' runtime: what the socket alone costs.
+    Loopback,
     Grpc,
     Http,
 }
@@ -184,9 +198,53 @@ impl Path {
     fn name(self) -> &'static str {
         match self {
             Path::InProcess => "in-process",
+            Path::Loopback => "loopback",
             Path::Grpc => "gRPC",
             Path::Http => "HTTP",
         }
+    }
+
+    /// The statistics extension's name of its front end.
+    fn protocol(self) -> Option<&'static str> {
+        match self {
+            Path::Grpc => Some("grpc"),
+            Path::Http => Some("http"),
+            _ => None,
+        }
+    }
+}
+
+/// The bytes a loopback exchange carries each way for `model`: its request body's tensor and
+/// its output.
+fn loopback_sizes(model: &str) -> (usize, usize) {
+    match model {
+        "frame" => (
+            FRAME_IN.iter().product::<usize>() * 4,
+            FRAME_OUT.iter().product::<usize>() * 4,
+        ),
+        _ => (4, 4),
+    }
+}
+
+/// Serves loopback exchanges: each is an 8-byte header (the request's and the answer's
+/// length, u32 LE) and the request's bytes, answered with the answer's bytes. Buffers are
+/// reused, as a server's should be.
+async fn echo(listener: tokio::net::TcpListener) {
+    while let Ok((mut io, _)) = listener.accept().await {
+        io.set_nodelay(true).unwrap();
+        tokio::spawn(async move {
+            let (mut inb, mut outb) = (Vec::new(), Vec::new());
+            let mut head = [0u8; 8];
+            while io.read_exact(&mut head).await.is_ok() {
+                let n = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+                let m = u32::from_le_bytes(head[4..].try_into().unwrap()) as usize;
+                inb.resize(n, 0);
+                outb.resize(m, 7);
+                if io.read_exact(&mut inb).await.is_err() || io.write_all(&outb).await.is_err() {
+                    return;
+                }
+            }
+        });
     }
 }
 
@@ -200,6 +258,8 @@ struct Client {
         ModelInferRequest,
     )>,
     http: Option<(BufReader<TcpStream>, Vec<u8>)>,
+    /// The connection, the request (header and bytes) and the answer's buffer.
+    loopback: Option<(TcpStream, Vec<u8>, Vec<u8>)>,
     tensor: Tensor,
 }
 
@@ -208,8 +268,7 @@ impl Client {
         path: Path,
         model: &str,
         server: &Server,
-        grpc_addr: std::net::SocketAddr,
-        http_addr: std::net::SocketAddr,
+        (grpc_addr, http_addr, echo_addr): Addrs,
     ) -> Client {
         let tensor = input(model);
         let outputs = [OutputChoice {
@@ -261,12 +320,26 @@ impl Client {
             }
             _ => None,
         };
+        let loopback = match path {
+            Path::Loopback => {
+                let stream = TcpStream::connect(echo_addr).await.unwrap();
+                stream.set_nodelay(true).unwrap();
+                let (n, m) = loopback_sizes(model);
+                let mut wire = Vec::with_capacity(8 + n);
+                wire.extend_from_slice(&(n as u32).to_le_bytes());
+                wire.extend_from_slice(&(m as u32).to_le_bytes());
+                wire.extend_from_slice(&tensor.data()[..n]);
+                Some((stream, wire, vec![0; m]))
+            }
+            _ => None,
+        };
         Client {
             path,
             model: model.into(),
             server: server.clone(),
             grpc,
             http,
+            loopback,
             tensor,
         }
     }
@@ -285,6 +358,13 @@ impl Client {
                 let us = t.elapsed().as_secs_f64() * 1e6;
                 assert!(!r.outputs.is_empty());
                 us
+            }
+            Path::Loopback => {
+                let (stream, wire, answer) = self.loopback.as_mut().unwrap();
+                let t = Instant::now();
+                stream.write_all(wire).await.unwrap();
+                stream.read_exact(answer).await.unwrap();
+                t.elapsed().as_secs_f64() * 1e6
             }
             Path::Grpc => {
                 let (client, req) = self.grpc.as_mut().unwrap();
@@ -345,38 +425,89 @@ fn front_end_cpu_ns() -> u64 {
         .sum()
 }
 
+/// Minor page faults of this process so far (`/proc/self/stat`, field 10): a fresh buffer per
+/// request faults its pages in each time.
+fn minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // The fields after the command's closing parenthesis, from field 3 on.
+            let rest = s.rsplit_once(')')?.1.to_string();
+            rest.split_whitespace().nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// The statistics extension's per-stage totals of `model` through `protocol`: (stage, count,
+/// ns), in the server's order.
+fn stage_totals(server: &Server, model: &str, protocol: &str) -> Vec<(String, u64, u64)> {
+    server
+        .statistics(Some(model))
+        .and_then(|s| s.into_iter().next())
+        .map(|s| {
+            s.isolane_stages
+                .iter()
+                .filter(|t| t.protocol == protocol)
+                .map(|t| (t.stage.to_string(), t.count, t.ns))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 struct Figures {
     p10: f64,
     p50: f64,
     p90: f64,
+    /// The mean at concurrency 1 (the stages are means too).
+    mean: f64,
     rps1: f64,
     rps2: f64,
     /// The front ends' CPU time per request at concurrency 1.
     cpu_us: f64,
+    /// Minor page faults per request at concurrency 1 (the whole process: client included).
+    faults: f64,
+    /// Mean µs per stage at concurrency 1, as the server measured them.
+    stages: Vec<(String, f64)>,
 }
 
-async fn measure(
-    path: Path,
-    model: &str,
-    server: &Server,
-    addrs: (std::net::SocketAddr, std::net::SocketAddr),
-    n: usize,
-) -> Figures {
-    let mut c = Client::new(path, model, server, addrs.0, addrs.1).await;
+type Addrs = (
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+);
+
+async fn measure(path: Path, model: &str, server: &Server, addrs: Addrs, n: usize) -> Figures {
+    let mut c = Client::new(path, model, server, addrs).await;
     for _ in 0..n / 10 {
         c.once().await;
     }
+    let protocol = path.protocol().unwrap_or("");
+    let before = stage_totals(server, model, protocol);
     let began = Instant::now();
     let cpu = front_end_cpu_ns();
+    let faults = minor_faults();
     let mut times = Vec::with_capacity(n);
     for _ in 0..n {
         times.push(c.once().await);
     }
     let rps1 = n as f64 / began.elapsed().as_secs_f64();
     let cpu_us = (front_end_cpu_ns() - cpu) as f64 / n as f64 / 1e3;
+    let faults = (minor_faults() - faults) as f64 / n as f64;
+    let stages = stage_totals(server, model, protocol)
+        .into_iter()
+        .map(|(stage, count, ns)| {
+            let (c0, ns0) = before
+                .iter()
+                .find(|b| b.0 == stage)
+                .map_or((0, 0), |b| (b.1, b.2));
+            let us = (ns - ns0) as f64 / (count - c0).max(1) as f64 / 1e3;
+            (stage, us)
+        })
+        .collect();
+    let mean = times.iter().sum::<f64>() / n as f64;
     times.sort_by(f64::total_cmp);
     // Two clients at once: what the server sustains when a request waits behind another.
-    let mut d = Client::new(path, model, server, addrs.0, addrs.1).await;
+    let mut d = Client::new(path, model, server, addrs).await;
     let began = Instant::now();
     let half = n / 2;
     let one = async {
@@ -396,8 +527,11 @@ async fn measure(
         cpu_us,
         p50: percentile(&times, 0.5),
         p90: percentile(&times, 0.9),
+        mean,
         rps1,
         rps2,
+        faults,
+        stages,
     }
 }
 
@@ -419,60 +553,96 @@ fn main() {
         records: None,
     };
     let server = Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("isolane-serve-io")
-        .enable_io()
-        .enable_time()
-        .build()
-        .unwrap();
-    let (http, grpc) = runtime.block_on(async {
-        (
-            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        )
-    });
-    let addrs = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+    let bind = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        l
+    };
+    let (http, grpc, echoes) = (bind(), bind(), bind());
+    let addrs = (
+        grpc.local_addr().unwrap(),
+        http.local_addr().unwrap(),
+        echoes.local_addr().unwrap(),
+    );
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|d| *d).await;
     };
-    runtime.spawn(isolane_serve::http::serve_http(
-        server.clone(),
-        http,
-        until(stopped.clone()),
-    ));
-    runtime.spawn(isolane_serve::grpc::serve_grpc(
-        server.clone(),
-        grpc,
-        until(stopped.clone()),
-    ));
+    let front_ends = {
+        let (server, stopped) = (server.clone(), stopped.clone());
+        async move {
+            let listen = |l| tokio::net::TcpListener::from_std(l).unwrap();
+            let (http, grpc, echoes) = (listen(http), listen(grpc), listen(echoes));
+            tokio::spawn(echo(echoes));
+            let (_, grpc) = tokio::join!(
+                isolane_serve::http::serve_http(server.clone(), http, until(stopped.clone())),
+                isolane_serve::grpc::serve_grpc(server, grpc, until(stopped)),
+            );
+            grpc.unwrap();
+        }
+    };
+    let serving = if a.io_threads == 0 {
+        std::thread::Builder::new()
+            .name("isolane-serve-io".into())
+            .spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(front_ends)
+            })
+            .unwrap()
+    } else {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(a.io_threads)
+            .thread_name("isolane-serve-io")
+            .enable_all()
+            .build()
+            .unwrap();
+        std::thread::spawn(move || runtime.block_on(front_ends))
+    };
     let client = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     println!(
-        "service {} µs, {} requests per row (µs at concurrency 1, `added` at p50; the front \
-         ends' CPU µs per request; req/s at concurrency 1 and 2, the better against in-process)",
+        "service {} µs, {} requests per row (µs at concurrency 1, `added` at p50, for loopback \
+         its whole p50; the front ends' CPU µs and the process's minor page faults per request; \
+         req/s at concurrency 1 and 2, the better against in-process)",
         a.service_us, a.requests
     );
     println!(
-        "{:<6} {:<10} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7}",
-        "model", "path", "p10", "p50", "p90", "added", "cpu", "req/s 1", "req/s 2", "% of in"
+        "{:<6} {:<10} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>7}",
+        "model",
+        "path",
+        "p10",
+        "p50",
+        "p90",
+        "added",
+        "cpu",
+        "faults",
+        "req/s 1",
+        "req/s 2",
+        "% of in"
     );
+    let mut breakdown = Vec::new();
     for model in &a.models {
         let mut base: Option<Figures> = None;
-        for path in std::iter::once(Path::InProcess).chain(a.paths.iter().copied()) {
+        let paths = [Path::InProcess, Path::Loopback]
+            .into_iter()
+            .chain(a.paths.iter().copied());
+        for path in paths {
             let f = client.block_on(measure(path, model, &server, addrs, a.requests));
-            let (added, share) = match &base {
-                Some(b) => (
+            let (added, share) = match (&base, path) {
+                (_, Path::Loopback) => (f.p50, f64::NAN),
+                (Some(b), _) => (
                     f.p50 - b.p50,
                     100.0 * f.rps2.max(f.rps1) / b.rps2.max(b.rps1),
                 ),
-                None => (0.0, 100.0),
+                (None, _) => (0.0, 100.0),
             };
             println!(
-                "{:<6} {:<10} {:>8.1} {:>8.1} {:>8.1} {:>+8.1} {:>7.1} {:>8.0} {:>8.0} {:>6.0}%",
+                "{:<6} {:<10} {:>8.1} {:>8.1} {:>8.1} {:>+8.1} {:>7.1} {:>7.1} {:>8.0} {:>8.0} {:>6.0}%",
                 model,
                 path.name(),
                 f.p10,
@@ -480,16 +650,41 @@ fn main() {
                 f.p90,
                 added,
                 f.cpu_us,
+                f.faults,
                 f.rps1,
                 f.rps2,
                 share
             );
+            if !f.stages.is_empty() {
+                breakdown.push((model.clone(), path, f.mean, f.stages.clone()));
+            }
             if base.is_none() {
                 base = Some(f);
             }
         }
     }
-    let _ = stop.send(true);
+    // Where a request's time went: the server's stages (means at concurrency 1), and what the
+    // client waited beyond them (the socket both ways, the client's own encoding and wake-ups).
+    if let Some((_, _, _, first)) = breakdown.first() {
+        println!();
+        println!("mean µs per stage at concurrency 1 (the server's own stamps; `outside`: the client's mean minus the server's span)");
+        let mut head = format!("{:<6} {:<6}", "model", "path");
+        for (stage, _) in first {
+            head += &format!(" {stage:>8}");
+        }
+        head += &format!(" {:>8} {:>8} {:>8}", "server", "client", "outside");
+        println!("{head}");
+        for (model, path, mean, stages) in &breakdown {
+            let mut line = format!("{:<6} {:<6}", model, path.name());
+            for (_, us) in stages {
+                line += &format!(" {us:>8.1}");
+            }
+            let server: f64 = stages.iter().map(|(_, us)| us).sum();
+            line += &format!(" {server:>8.1} {mean:>8.1} {:>8.1}", mean - server);
+            println!("{line}");
+        }
+    }
     server.drain(Duration::from_secs(5));
-    drop(runtime);
+    let _ = stop.send(true);
+    let _ = serving.join();
 }

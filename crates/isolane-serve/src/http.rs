@@ -17,8 +17,11 @@ use isolane_protocol::{
     decode_request_bytes, encode_response, health_status, parse_header_length, ProtocolError,
     RepositoryIndexEntry, RepositoryIndexRequest, ResponseMeta, HEADER_LENGTH,
 };
+use isolane_runtime::clock;
 use tokio::net::TcpListener;
 
+use crate::request::FrontStamps;
+use crate::stats::Protocol;
 use crate::{wire, InferRequest, Refusal, Server};
 
 /// The server's HTTP limits: many long-lived client connections (perf_analyzer and
@@ -156,6 +159,11 @@ async fn model_route(
 }
 
 async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Routed {
+    // hyper calls the handler once the header is in, before the body is read.
+    let mut stamps = FrontStamps {
+        header: clock::now_ns(),
+        ..Default::default()
+    };
     let fail = |r| (r, Some(name.to_string()), false);
     let header_len = match request.headers().get(HEADER_LENGTH) {
         None => None,
@@ -172,6 +180,7 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
         Ok(b) => b,
         Err(e) => return fail(protocol_error(&e)),
     };
+    stamps.body = clock::now_ns();
     // Binary inputs stay slices of the body (no copy); it is freed with the last of them.
     let decoded =
         match decode_request_bytes(&body, header_len, &limits, Some(server.shared_memory())) {
@@ -200,6 +209,7 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
         Ok(r) => r,
         Err(refusal) => return fail(refused(&refusal)),
     };
+    stamps.resumed = clock::now_ns();
     // Outputs asked for in shared memory are written there; the response only names them.
     for t in &response.outputs {
         if let Some(r) = selection.shared(t.name()) {
@@ -216,6 +226,11 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
     }
     match encode_response(&meta, &response.outputs, &selection) {
         Ok(encoded) => {
+            stamps.encoded = clock::now_ns();
+            if let Some(m) = server.find(name) {
+                m.stats
+                    .stages(Protocol::Http, &stamps.stages(&response.stamps));
+            }
             let content_type = encoded.content_type();
             let mut r = Response::new(Full::new(Bytes::from(encoded.body)));
             r.headers_mut()

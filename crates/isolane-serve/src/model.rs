@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 
 use crate::request::{
     check_inputs, copy_le_f32, le_bytes, CheckedInputs, InferRequest, InferResponse, Refusal,
+    Stamps,
 };
 use crate::stats::ModelStats;
 
@@ -509,11 +510,15 @@ impl ServedModel {
                     self.record(&batch, Some((start, end)), held);
                     let copy_out = clock::now_ns();
                     let replies = self.answers(exec, batch, (copy_in, start, end), rows);
-                    let output_ns = clock::now_ns() - copy_out;
+                    let answered = clock::now_ns();
                     // Counted before the answers go: a client that reads the statistics
                     // after its answer finds its request in them.
-                    self.stats.phases(requests, input_ns, job, output_ns);
-                    for (tx, reply) in replies {
+                    self.stats
+                        .phases(requests, input_ns, job, answered - copy_out);
+                    for (tx, mut reply) in replies {
+                        if let Ok(r) = &mut reply {
+                            r.stamps.answered = answered;
+                        }
                         let _ = tx.send(reply);
                     }
                 }
@@ -670,6 +675,13 @@ impl ServedModel {
                     queued_us: ((taken - r.arrived).max(0) / 1000) as u64,
                     job_us: ((end - start) / 1000) as u64,
                     job_rows: rows,
+                    stamps: Stamps {
+                        arrived: r.arrived,
+                        picked: taken,
+                        started: start,
+                        done: end,
+                        answered: 0,
+                    },
                 })
                 .map_err(|e| Refusal::Failed {
                     model: info.name.clone(),

@@ -29,6 +29,107 @@ pub struct InferResponse {
     pub job_us: u64,
     /// Rows of the job it ran in (more than the request's own when batched).
     pub job_rows: usize,
+    /// When it passed each stage of its model's queue and job, for the front ends' stage
+    /// breakdown ([`Stage`]).
+    pub stamps: Stamps,
+}
+
+/// When a request passed each stage inside the serving core (ns on
+/// `isolane_runtime::clock`'s monotonic clock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stamps {
+    /// Handed to its model (admission's start).
+    pub arrived: i64,
+    /// Its job took it from the queue (the input copy's start).
+    pub picked: i64,
+    /// The model began.
+    pub started: i64,
+    /// The model ended.
+    pub done: i64,
+    /// Its answer, outputs copied, was handed back to the front end.
+    pub answered: i64,
+}
+
+/// The stages of a request's time in the server, in order, from its header's arrival to its
+/// response built; what the statistics extension reports per front end (`isolane_stages`),
+/// so that the time outside them (the socket, the client) is what a client's latency has on
+/// top of their sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Header to body read in full (gRPC: and parsed as protobuf by tonic).
+    Receive,
+    /// The body decoded as a KServe request, up to its submission to the model.
+    Decode,
+    /// Submission to its job taking it: admission, the queue, the model thread's wake-up.
+    Queue,
+    /// The job's input copy.
+    Input,
+    /// The model's run.
+    Infer,
+    /// The outputs copied into the response.
+    Output,
+    /// The answer handed over to the front end's task running again.
+    Wake,
+    /// The response encoded (and shared-memory outputs written).
+    Encode,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 8] = [
+        Stage::Receive,
+        Stage::Decode,
+        Stage::Queue,
+        Stage::Input,
+        Stage::Infer,
+        Stage::Output,
+        Stage::Wake,
+        Stage::Encode,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Receive => "receive",
+            Stage::Decode => "decode",
+            Stage::Queue => "queue",
+            Stage::Input => "input",
+            Stage::Infer => "infer",
+            Stage::Output => "output",
+            Stage::Wake => "wake",
+            Stage::Encode => "encode",
+        }
+    }
+}
+
+/// What a front end saw of one answered request (ns, the same clock as [`Stamps`]): its
+/// header's arrival, its body read, its task resumed with the answer, its response built.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FrontStamps {
+    pub header: i64,
+    pub body: i64,
+    pub resumed: i64,
+    pub encoded: i64,
+}
+
+impl FrontStamps {
+    /// Each stage's ns for a request the core stamped `core`, in [`Stage::ALL`]'s order.
+    pub fn stages(&self, core: &Stamps) -> [i64; 8] {
+        let points = [
+            self.header,
+            self.body,
+            core.arrived,
+            core.picked,
+            core.started,
+            core.done,
+            core.answered,
+            self.resumed,
+            self.encoded,
+        ];
+        let mut out = [0; 8];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = (points[i + 1] - points[i]).max(0);
+        }
+        out
+    }
 }
 
 /// Why a request got no answer from its model. Each maps to one HTTP status and gRPC code.
@@ -330,6 +431,31 @@ mod tests {
             limit: 3,
         };
         assert_eq!((full.http_status(), full.reason()), (429, "queue_full"));
+    }
+
+    #[test]
+    fn stages_are_the_gaps_between_stamps_in_order() {
+        let front = FrontStamps {
+            header: 100,
+            body: 150,
+            resumed: 1_000,
+            encoded: 1_010,
+        };
+        let core = Stamps {
+            arrived: 160,
+            picked: 200,
+            started: 230,
+            done: 900,
+            answered: 950,
+        };
+        assert_eq!(front.stages(&core), [50, 10, 40, 30, 670, 50, 50, 10]);
+        // A stamp missing (0) or out of order counts as no time, never as negative time.
+        let early = FrontStamps {
+            resumed: 0,
+            ..front
+        };
+        assert_eq!(early.stages(&core), [50, 10, 40, 30, 670, 50, 0, 1_010]);
+        assert_eq!(Stage::ALL.map(Stage::name)[6], "wake");
     }
 
     #[test]

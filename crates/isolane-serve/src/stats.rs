@@ -13,6 +13,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::request::Stage;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabels {
     pub model: String,
@@ -328,6 +330,33 @@ pub(crate) struct Totals {
     inferences: AtomicU64,
     executions: AtomicU64,
     last_ms: AtomicU64,
+    /// Each front end's answered requests, per stage ([`Protocol`], [`Stage`]).
+    stages: [[Timed; Stage::ALL.len()]; 2],
+}
+
+/// The front end a request came through, as the stage breakdown names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Grpc,
+    Http,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::Http => "http",
+        }
+    }
+}
+
+/// One front end's requests in one stage: how many, and their time in it in all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StageStatistics {
+    pub protocol: &'static str,
+    pub stage: &'static str,
+    pub count: u64,
+    pub ns: u64,
 }
 
 /// A count and its total time, in Triton's JSON (`{"count": N, "ns": T}`).
@@ -360,6 +389,11 @@ pub struct ModelStatistics {
     pub execution_count: u64,
     pub inference_stats: InferenceStats,
     pub batch_stats: Vec<serde_json::Value>,
+    /// isolane's own field: where answered requests' time went per front end and stage
+    /// (docs/serve.md); clients that do not know it skip it, and the gRPC message has no place
+    /// for it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub isolane_stages: Vec<StageStatistics>,
 }
 
 impl ModelStats {
@@ -479,6 +513,28 @@ impl ModelStats {
                 ..Default::default()
             },
             batch_stats: Vec::new(),
+            isolane_stages: [Protocol::Grpc, Protocol::Http]
+                .into_iter()
+                .flat_map(|p| {
+                    Stage::ALL.iter().map(move |&s| {
+                        let d = t.stages[p as usize][s as usize].read();
+                        StageStatistics {
+                            protocol: p.name(),
+                            stage: s.name(),
+                            count: d.count,
+                            ns: d.ns,
+                        }
+                    })
+                })
+                .filter(|s| s.count > 0)
+                .collect(),
+        }
+    }
+
+    /// An answered request's time per stage ([`crate::request::FrontStamps::stages`]), through `protocol`.
+    pub fn stages(&self, protocol: Protocol, ns: &[i64; Stage::ALL.len()]) {
+        for (timed, &n) in self.totals.stages[protocol as usize].iter().zip(ns) {
+            timed.add(1, n);
         }
     }
 
