@@ -24,7 +24,7 @@ use isolane_core::spec::{
 use isolane_core::JobRecord;
 
 use crate::exec::{Engine, EngineExecutors};
-use crate::guard::{Guard, GuardRole, GuardSetup, HoldWait, Policy};
+use crate::guard::{Guard, GuardRole, GuardSetup, HoldWait, Policy, ShareModel};
 use crate::instance::{GuardPart, How, Instances, PrepareError};
 use crate::jobs_stream::{BatchSender, JobsStream, RecordObserver, StreamingSink};
 use crate::partition::PartitionHandle;
@@ -58,6 +58,9 @@ pub struct RunPlan {
     pub timing: TimingSpec,
     /// How critical workloads are protected from best-effort ones (when the plan has both).
     pub protection: ProtectionSpec,
+    /// The GPU's fitted interference model, for `[protection] share` (set by the session from
+    /// the admitted plan; `None`: not fitted for the device, or on the CPU).
+    pub share: Option<ShareModel>,
 }
 
 impl RunPlan {
@@ -78,6 +81,7 @@ impl RunPlan {
                 .collect(),
             timing: scenario.timing.clone(),
             protection: scenario.protection,
+            share: None,
         }
     }
 
@@ -98,10 +102,7 @@ impl RunPlan {
             .iter()
             .map(|w| guarded(w) == Some(Criticality::Critical))
             .collect();
-        let policy = Policy::new(
-            self.protection.margin_us as i64 * 1000,
-            self.protection.stretch,
-        );
+        let policy = Policy::of(&self.protection, self.share);
         let guard = Guard::create(critical.iter().filter(|c| **c).count(), policy)?;
         let path = guard.path().unwrap_or_default();
         let cores = affinity::available_cores().len();
@@ -1109,6 +1110,38 @@ mod tests {
         )
         .unwrap();
         RunPlan::from_scenario(&s)
+    }
+
+    /// Issue 34's levers parsed and validated but reached no guard: the policy was built from
+    /// the margin and stretch alone.
+    #[test]
+    fn the_guard_takes_the_scenarios_levers_and_the_gpus_share_model() {
+        let s = isolane_core::spec::Scenario::from_toml_str(
+            "[device]\nbackend = \"cpu\"\n\n[protection]\nmargin_us = 300\n\
+             slack_order = true\nshare = true\n\n[[workload]]\nname = \"c\"\n\
+             model = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\n[[workload]]\nname = \"b\"\n\
+             model = \"spin:1ms\"\nrate_hz = 10\njobs = 1\ncriticality = \"best_effort\"\n",
+            "t.toml",
+            &Vec::<String>::new(),
+        )
+        .unwrap();
+        let mut p = RunPlan::from_scenario(&s);
+        let policy = |p: &RunPlan| p.guard().unwrap().unwrap().0.policy();
+        assert!(policy(&p).slack_order);
+        assert_eq!(policy(&p).margin_ns, 300_000);
+        // No model fitted (the CPU): `share` has nothing to price by.
+        assert_eq!(policy(&p).share, None);
+        let fitted = ShareModel {
+            dram: 1.5,
+            l2: 0.25,
+            dram_bytes_per_s: 4.8e12,
+            l2_bytes: 50 << 20,
+        };
+        p.share = Some(fitted);
+        assert_eq!(policy(&p).share, Some(fitted));
+        // Without `share = true` the fitted model is not used.
+        p.protection.share = false;
+        assert_eq!(policy(&p).share, None);
     }
 
     #[test]

@@ -107,6 +107,7 @@ pub fn plan(scenario: &Scenario) -> Result<(RunPlan, StepGrid), IsolationError> 
             workloads,
             timing: scenario.timing.clone(),
             protection: scenario.protection,
+            share: None,
         },
         grid,
     ))

@@ -780,7 +780,10 @@ pub fn serve_plan<T>(
         choices,
         urgency,
         |session| {
-            let plan = isolane_session::plan_in(session, plan);
+            let mut plan = isolane_session::plan_in(session, plan);
+            // `[protection] share` prices best-effort pieces by this GPU's fitted model.
+            plan.share =
+                isolane_runtime::guard::ShareModel::fitted(&admitted.device, admitted.mechanism);
             let processes = match plan.workloads.iter().any(|w| w.spec.host == Host::Process) {
                 true => {
                     let adopt = session.client_adopter();

@@ -139,7 +139,10 @@ pub fn run_in_partitions(
         return Ok((coordinator::run(plan, &opts, progress)?, Vec::new()));
     };
     let ran = with_urgent_partitions(gpu, admitted, choices, urgency_of(plan), |session| {
-        let plan = plan_in(session, plan);
+        let mut plan = plan_in(session, plan);
+        // `[protection] share` prices best-effort pieces by this GPU's fitted model.
+        plan.share =
+            isolane_runtime::guard::ShareModel::fitted(&admitted.device, admitted.mechanism);
         opts.worker_env = session.worker_env().clone();
         let adopt = session.client_adopter();
         opts.on_worker_start = Some(Arc::new(move |_name: &str, pid: u32| adopt(pid)));
