@@ -12,7 +12,7 @@
 #      of 16, 64 and 128 SMs, each compared bit for bit with the built model;
 #   3. the plan files of step 1 loaded as MPS clients at 25 % and 50 % of the threads
 #      (gpu::saved_plans_from_files_load_here under an MPS daemon of this script's own), and run
-#      by `isolane run` on the whole GPU and as MPS workloads (a load checks the outputs' bits
+#      by `isolane run` on the whole GPU (time-sliced) and as MPS workloads (a load checks the outputs' bits
 #      of the check input against the build's and refuses a model that differs).
 # Logs and saved-plan.md go to $OUT.
 set -u
@@ -110,15 +110,16 @@ else
     echo "MPS daemon did not start (see $mps_dir/log)" >>"$md"
 fi
 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-# The same files as workloads of isolane run: whole GPU (mechanism none), then MPS shares
-# (isolane's own daemon). A load that computes other bits fails the run.
-for mech in none mps; do
+# The same files as workloads of isolane run: the whole GPU time-sliced, then MPS shares
+# (isolane's own daemon), each workload in a worker process. A load that computes other bits
+# fails the run.
+for mech in timeslice mps; do
     sc=$plans/run-$mech.toml
     {
         echo '[device]'
         echo 'backend = "cuda"'
         echo "mechanism = \"$mech\""
-        [ "$mech" = mps ] && echo 'host = "process"'
+        echo 'host = "process"'
         for m in $models; do
             echo
             echo '[[workload]]'
