@@ -492,8 +492,8 @@ fn ctl_resizes_unloads_and_loads_a_model_while_it_serves() {
 
 /// `serve --autoplan` on the CPU: a best-effort model's request rate triples, the loop
 /// re-plans from the profiles in its cache and gives the model a second core while it serves;
-/// every request is answered with its own value, and the decisions are in /metrics, the log
-/// and `--out`'s autoplan.csv.
+/// every request is answered with its own value, and the decisions are in /metrics, the log,
+/// `--out`'s autoplan.csv and the trace.
 #[test]
 fn autoplan_gives_a_model_whose_load_triples_another_core_while_it_serves() {
     let cores = isolane_runtime::affinity::available_cores();
@@ -551,6 +551,7 @@ fn autoplan_gives_a_model_whose_load_triples_another_core_while_it_serves() {
             profiles.to_str().unwrap(),
             "--out",
             out.to_str().unwrap(),
+            "--trace",
         ],
     );
     // `senders` threads, each sending a request every 50 ms (20 a second) until `until`.
@@ -636,6 +637,28 @@ fn autoplan_gives_a_model_whose_load_triples_another_core_while_it_serves() {
     assert!(
         resized[0].contains("load_change") && resized[0].contains("be 1 core → 2 cores"),
         "{csv}"
+    );
+    let mut server = server;
+    let term = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let until = Instant::now() + EXIT_WITHIN;
+    let exit = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "still running; {}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(exit.code(), Some(0), "{}", server.log());
+    let trace = std::fs::read_to_string(out.join("trace.json")).unwrap();
+    assert!(
+        trace.contains(r#""name":"autoplan: resize""#) && trace.contains(r#""cat":"autoplan""#),
+        "{}\n{}",
+        &trace[..trace.len().min(2000)],
+        server.log()
     );
 }
 

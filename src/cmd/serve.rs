@@ -149,13 +149,19 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         Some(dir) => Some(Recording::start(dir, args.force, &scenario, &plan)?),
         None => None,
     };
+    // The records' t0, which autoplan.csv and the trace's autoplan events count from too.
+    let t0 = isolane_runtime::clock::now_ns();
     let options = ServeOptions {
         engine: engine.clone(),
         seed: scenario.timing.seed,
-        records: recording
-            .as_ref()
-            .map(|r| (r.senders.clone(), isolane_runtime::clock::now_ns())),
+        records: recording.as_ref().map(|r| (r.senders.clone(), t0)),
     };
+    let decisions = Decisions {
+        csv: recording.as_ref().map(|r| r.out.join(AUTOPLAN_CSV)),
+        t0,
+        kept: Arc::default(),
+    };
+    let kept = Arc::clone(&decisions.kept);
     let grace = Duration::from_secs_f64(args.drain_timeout);
     let served = serve_plan(
         &plan,
@@ -163,10 +169,7 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         args.partitions.choices(),
         &options,
         grace,
-        |server| {
-            let decisions = recording.as_ref().map(|r| r.out.join(AUTOPLAN_CSV));
-            front_ends(server, (http, grpc), &stop, grace, autoplan, decisions)
-        },
+        |server| front_ends(server, (http, grpc), &stop, grace, autoplan, decisions),
     );
     let (fronts, drained) = served.map_err(|e| {
         if e.is_user_error() {
@@ -183,7 +186,8 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         drained.answered, drained.abandoned
     );
     if let Some(r) = recording {
-        r.finish(&plan, args.trace)?;
+        let kept = kept.lock().unwrap_or_else(|p| p.into_inner());
+        r.finish(&plan, args.trace, &kept)?;
     }
     Ok(if drained.abandoned == 0 { 0 } else { 1 })
 }
@@ -221,7 +225,12 @@ impl Recording {
 
     /// Waits for the last records, then writes summary.json and workloads.csv from them (and
     /// trace.json).
-    fn finish(self, plan: &RunPlan, trace: bool) -> anyhow::Result<()> {
+    fn finish(
+        self,
+        plan: &RunPlan,
+        trace: bool,
+        decisions: &[(f64, isolane_serve::autoplan::Event)],
+    ) -> anyhow::Result<()> {
         use isolane_core::results::{workloads_csv, RunStatus, WORKLOADS_CSV};
         drop(self.senders);
         if let Err(e) = self.stream.finish() {
@@ -246,7 +255,11 @@ impl Recording {
         )?;
         isolane_core::results::write_json(&self.out.join("summary.json"), &summary)?;
         if trace {
-            super::trace::write(&self.out, &self.out.join("trace.json"))?;
+            let path = self.out.join("trace.json");
+            super::trace::write(&self.out, &path)?;
+            if !decisions.is_empty() {
+                trace_decisions(&path, decisions)?;
+            }
         }
         eprintln!("isolane serve: requests recorded in {}", self.out.display());
         Ok(())
@@ -297,7 +310,7 @@ fn front_ends(
     stop: &AtomicBool,
     grace: Duration,
     autoplan: Option<Autoplan>,
-    decisions: Option<PathBuf>,
+    decisions: Decisions,
 ) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -377,16 +390,63 @@ fn front_ends(
 /// `--out`'s file of autoplan decisions, one row each (docs/serve.md, "Autoplan").
 const AUTOPLAN_CSV: &str = "autoplan.csv";
 
-/// The autoplan loop on a thread of its own; its decisions also go to `decisions` (a CSV of
-/// `t_ms` since the server started, `reason`, `action`, `why`, `what`).
+/// Where autoplan's decisions go besides the log and the metrics: `--out`'s autoplan.csv
+/// (`t_ms` since `t0`, `reason`, `action`, `why`, `what`), and kept for the trace.
+struct Decisions {
+    csv: Option<PathBuf>,
+    /// ns on the monotonic clock: the request records' t0.
+    t0: i64,
+    /// (ms since t0, the decision).
+    kept: Arc<std::sync::Mutex<Vec<(f64, isolane_serve::autoplan::Event)>>>,
+}
+
+/// Each decision as an instant on a track `autoplan` of the trace's `run` process, at its time
+/// since t0 (`otherData.t0_us` places t0 in the trace).
+fn trace_decisions(
+    path: &std::path::Path,
+    decisions: &[(f64, isolane_serve::autoplan::Event)],
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    // The `run` process of isolane-trace's trace (pid 2); its tracks 1 and 2 are the
+    // partitions and the isolation steps.
+    const PID_RUN: u32 = 2;
+    const TID_AUTOPLAN: u32 = 3;
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
+    let t0_us = doc["otherData"]["t0_us"].as_f64().unwrap_or(0.0);
+    let Some(events) = doc["traceEvents"].as_array_mut() else {
+        anyhow::bail!("{}: no traceEvents", path.display());
+    };
+    events.push(serde_json::json!({
+        "name": "thread_name", "ph": "M", "pid": PID_RUN, "tid": TID_AUTOPLAN,
+        "args": {"name": "autoplan"},
+    }));
+    for (t_ms, e) in decisions {
+        events.push(serde_json::json!({
+            "name": format!("autoplan: {}", e.action),
+            "cat": "autoplan",
+            "ph": "i",
+            "s": "t",
+            "ts": ((t0_us + t_ms * 1e3) * 1e3).round() / 1e3,
+            "pid": PID_RUN,
+            "tid": TID_AUTOPLAN,
+            "args": {"reason": e.reason, "why": e.why, "what": e.what},
+        }));
+    }
+    isolane_runtime::output::write_atomic(path, serde_json::to_string(&doc)?.as_bytes())?;
+    Ok(())
+}
+
+/// The autoplan loop on a thread of its own; its decisions also go to `decisions`.
 fn spawn_autoplan(
     server: &Server,
     autoplan: Autoplan,
     stop: &Arc<AtomicBool>,
-    decisions: Option<PathBuf>,
+    decisions: Decisions,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
     use std::io::Write as _;
-    let mut file = match &decisions {
+    let mut file = match &decisions.csv {
         Some(p) => {
             let mut f = std::fs::File::create(p)
                 .map_err(|e| anyhow::anyhow!("{}: cannot create it: {e}", p.display()))?;
@@ -396,15 +456,19 @@ fn spawn_autoplan(
         None => None,
     };
     let (server, stop) = (server.clone(), Arc::clone(stop));
-    let t0 = isolane_runtime::clock::now_ns();
     std::thread::Builder::new()
         .name("serve-autoplan".into())
         .spawn(move || {
             server.autoplan(autoplan, &stop, |e| {
+                let t_ms = (e.at_ns - decisions.t0) as f64 / 1e6;
+                decisions
+                    .kept
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((t_ms, e.clone()));
                 if let Some(f) = file.as_mut() {
                     let row = format!(
-                        "{:.3},{},{},{},{}",
-                        (e.at_ns - t0) as f64 / 1e6,
+                        "{t_ms:.3},{},{},{},{}",
                         e.reason,
                         e.action,
                         csv_cell(&e.why),

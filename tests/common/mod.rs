@@ -297,9 +297,13 @@ impl ServeProcess {
         // instead of hanging it.
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
+            let mut out = BufReader::new(stdout);
             let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = out.read_line(&mut line);
             let _ = tx.send(line);
+            // Kept open to the end: what the server prints later (`trace: ...` after its drain)
+            // must not meet a closed pipe.
+            let _ = std::io::copy(&mut out, &mut std::io::sink());
         });
         let ready = rx.recv_timeout(SERVE_READY_WITHIN).unwrap_or_else(|_| {
             panic!(
