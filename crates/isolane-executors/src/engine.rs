@@ -663,7 +663,7 @@ impl EngineExecutors for EngineExecutorsImpl {
         // Files are read now, before any output exists, so that a corrupt ONNX file or a
         // safetensors file with a wrong or missing tensor stops the run at once; and a batch
         // that does not fit this machine is refused before it is allocated.
-        if is_saved_plan_path(&spec.model) {
+        let graph = if is_saved_plan_path(&spec.model) {
             // Before any output exists: a plan built for another GPU, driver, library or
             // engine is refused naming the field and both values. (A MIG instance is a device of
             // its own, which only its worker sees: there the load checks the GPU's fields.)
@@ -673,8 +673,11 @@ impl EngineExecutors for EngineExecutorsImpl {
                     .check_key(&spec.model, &saved_key_here(device, spec)?)
                     .map_err(|e| bad_model(spec, e))?;
             }
-        }
-        let graph = shape_graph(spec)?;
+            // Its graph, read once here, is what the batch is checked on.
+            saved.graph
+        } else {
+            shape_graph(spec)?
+        };
         check_batch_fits(&graph, spec.batch as usize, target(device, spec))
             .map_err(|reason| bad_model(spec, format!("batch = {}: {reason}", spec.batch)))?;
         if let Some(c) = spec
