@@ -73,7 +73,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     let json = args.json;
     let results = bench::bench(
         &request,
-        super::gpu_unusable_reason,
+        isolane_executors::machine::gpu_unusable_reason,
         &mut |note| eprintln!("{note}"),
         &mut |r| {
             if json {

@@ -10,6 +10,7 @@ pub mod ctl;
 pub mod devices;
 pub mod explain;
 pub mod export;
+pub mod foresee;
 pub mod help;
 pub mod infer;
 pub mod interference;
@@ -34,8 +35,7 @@ use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use anyhow::Context as _;
-use isolane_core::spec::{Backend, Host, Scenario};
+use isolane_core::spec::Scenario;
 
 /// A mistake of the user's (bad scenario, bad flag value, unreadable file, occupied output
 /// directory): exit code 2. Everything else that fails is a runtime failure: exit code 1.
@@ -115,59 +115,21 @@ pub const ERROR_WIDTH: usize = 80 - "error: ".len();
 /// The wrapping rule of every message ([`isolane_core::text::wrap_message`]).
 pub use isolane_core::text::wrap_message;
 
-/// The scenario `isolane run` uses without a file (`scenarios/quickstart.toml`, built in).
-pub const QUICKSTART: &str = include_str!("../../scenarios/quickstart.toml");
-pub const QUICKSTART_NAME: &str = "<built-in quickstart>";
-/// The same on a machine with a CUDA GPU (`scenarios/quickstart-gpu.toml`).
-pub const QUICKSTART_GPU: &str = include_str!("../../scenarios/quickstart-gpu.toml");
-pub const QUICKSTART_GPU_NAME: &str = "<built-in GPU quickstart>";
+pub use isolane_executors::machine::{device_title, gpu_missing_reason, memory_estimates_mib};
 
-/// Whether the GPU quickstart can run here (a CUDA device, and the CUDA backend's libraries),
-/// or why not, in the words of discovery: no driver, no device, a library missing.
-fn gpu_unusable_reason() -> Option<String> {
-    gpu_missing_reason().or_else(|| {
-        isolane_cuda::libs::ensure_all()
-            .err()
-            .map(|e| format!("a CUDA library is missing: {e}"))
-    })
-}
-
-/// Why this machine has no CUDA device to run on, if it has none: no driver, no device.
-fn gpu_missing_reason() -> Option<String> {
-    use isolane_gpu::GpuError;
-    match isolane_gpu::devices::list_devices() {
-        // One line: the folders searched are in `isolane devices`.
-        Err(GpuError::LibraryNotFound { library, .. }) => Some(format!(
-            "no CUDA driver: {library} not found; `isolane devices` says where it was looked for"
-        )),
-        Err(GpuError::NoDevice(why)) => Some(format!("no CUDA device: {why}")),
-        Err(e) => Some(format!("the CUDA driver failed: {e}")),
-        Ok(d) if d.is_empty() => Some("no CUDA device".into()),
-        Ok(_) => None,
+/// A finding about this machine at the CLI's edge: a scenario that does not fit it is the
+/// user's (exit 2).
+fn machine_error(e: isolane_executors::machine::MachineError) -> anyhow::Error {
+    if e.is_user_error() {
+        user(e)
+    } else {
+        anyhow::Error::new(e)
     }
 }
 
-/// The built-in quickstart: on the GPU when one is ready (unless `cpu_only`), else on the CPU.
-/// Returns the scenario, its name, and why the GPU was not used when it could have been asked
-/// for (`None` with `cpu_only` or on the GPU).
+/// [`isolane_executors::machine::quickstart`].
 pub fn quickstart(cpu_only: bool) -> anyhow::Result<(Scenario, String, Option<String>)> {
-    let models: Vec<&str> = isolane_engine::builtin_models()
-        .iter()
-        .map(|m| m.name)
-        .collect();
-    let no_gpu = if cpu_only {
-        None
-    } else {
-        gpu_unusable_reason()
-    };
-    let (text, name) = if cpu_only || no_gpu.is_some() {
-        (QUICKSTART, QUICKSTART_NAME)
-    } else {
-        (QUICKSTART_GPU, QUICKSTART_GPU_NAME)
-    };
-    let s = Scenario::from_toml_str(text, name, &models)
-        .map_err(|e| anyhow::anyhow!("the built-in quickstart scenario is invalid: {e}"))?;
-    Ok((s, name.to_string(), no_gpu))
+    isolane_executors::machine::quickstart(cpu_only).map_err(machine_error)
 }
 
 /// Loads and validates a scenario; a problem with it is the user's (exit 2). Returns the
@@ -214,201 +176,43 @@ impl ScenarioFile {
     }
 }
 
-/// Command workloads (external programs, docs/programs.md) run only under `isolane run`: a
-/// program has no jobs to search a rate for, profile, verify or ramp. `command` names the
-/// subcommand refusing them (a user's mistake: exit code 2).
+/// The checks of `isolane_session::checks` at the CLI's edge: a refusal is the user's (exit 2).
 pub fn refuse_programs(scenario: &Scenario, file: &str, command: &str) -> anyhow::Result<()> {
-    match scenario.workloads.iter().find(|w| w.program.is_some()) {
-        None => Ok(()),
-        Some(w) => Err(user(format!(
-            "{file}: workload `{}` is a command workload (an external program), which only \
-             `isolane run` runs; `isolane {command}` needs model workloads (remove it, or run \
-             the scenario with `isolane run`)",
-            w.name
-        ))),
-    }
+    isolane_session::checks::refuse_programs(scenario, file, command).map_err(user)
 }
 
-/// Several GPUs (`device.gpus`) are built for `isolane run`, `isolane plan` (with `--auto`)
-/// and `isolane verify` (admission, partitions, telemetry, placement and probes per GPU): the
-/// commands that ramp or pair workloads on one device refuse such a scenario by name rather
-/// than run it on its first GPU alone (docs/partitions.md, Several GPUs; a user's mistake:
-/// exit code 2).
 pub fn refuse_several_gpus(scenario: &Scenario, file: &str, command: &str) -> anyhow::Result<()> {
-    if !scenario.device.several_gpus() {
-        return Ok(());
-    }
-    let list: Vec<String> = scenario.device.gpus.iter().map(u32::to_string).collect();
-    Err(user(format!(
-        "{file}: device.gpus = [{}]: `isolane {command}` works on one GPU; several GPUs are \
-         built for `isolane run`, `isolane plan` and `isolane verify` (write device.gpu = N to \
-         use one GPU)",
-        list.join(", ")
-    )))
+    isolane_session::checks::refuse_several_gpus(scenario, file, command).map_err(user)
 }
 
-/// `plan --auto` sizes, and `verify` probes, every workload on the device: a workload with a
-/// backend of its own (a CPU one in a GPU scenario, docs/programs.md) is refused by name
-/// rather than planned or probed wrongly (exit code 2).
 pub fn refuse_mixed_backends(scenario: &Scenario, file: &str, command: &str) -> anyhow::Result<()> {
-    let name = |b: Backend| match b {
-        Backend::Cpu => "cpu",
-        Backend::Cuda => "cuda",
-    };
-    match scenario
-        .workloads
-        .iter()
-        .find(|w| w.backend != scenario.device.backend)
-    {
-        None => Ok(()),
-        Some(w) => Err(user(format!(
-            "{file}: workload `{}` runs on backend \"{}\" and the device on \"{}\"; `isolane \
-             {command}` takes every workload to the device's backend (remove its backend key, \
-             or give the GPU workloads a scenario of their own)",
-            w.name,
-            name(w.backend),
-            name(scenario.device.backend)
-        ))),
-    }
+    isolane_session::checks::refuse_mixed_backends(scenario, file, command).map_err(user)
 }
 
-/// Ctrl-C (SIGINT) and SIGTERM raise the returned flag: the run stops releasing jobs and
-/// writes what it measured. A second Ctrl-C while stopping exits at once (code 130), after
-/// stopping any MPS daemon this process started and its clients (an exit skips destructors).
+/// Ctrl-C and SIGTERM raise the returned flag ([`isolane_session::signals::install_stop_handler`]).
 pub fn install_stop_handler() -> anyhow::Result<Arc<AtomicBool>> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let stop = Arc::new(AtomicBool::new(false));
-    // The first signal raises the flag inside the handler itself, so a stop is never missed
-    // even if the watcher thread below is slow to be scheduled.
-    for sig in [SIGINT, SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .context("installing the Ctrl-C handler")?;
-    }
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .context("installing the Ctrl-C handler")?;
-    std::thread::Builder::new()
-        .name("isolane:signals".into())
-        .spawn(move || {
-            let mut seen = 0;
-            for _ in signals.forever() {
-                seen += 1;
-                if seen >= 2 {
-                    for e in isolane_gpu::mps::shutdown_all() {
-                        eprintln!("isolane: stopping the MPS daemon: {e}");
-                    }
-                    std::process::exit(i32::from(EXIT_INTERRUPTED));
-                }
-            }
-        })
-        .context("starting the signal thread")?;
-    Ok(stop)
+    Ok(isolane_session::signals::install_stop_handler()?)
 }
 
 pub use isolane_session::progress::ProgressView;
 
-/// The title of a results table: where the workloads ran and how the device was shared, e.g.
-/// `cuda GPU 0 (NVIDIA H100 80GB HBM3), green contexts` or `cpu, no partitions`.
-pub fn device_title(scenario: &Scenario) -> String {
-    use isolane_core::spec::Mechanism;
-    let d = &scenario.device;
-    let mechanism = match d.mechanism {
-        Mechanism::None => "no partitions",
-        Mechanism::Timeslice => "time-slicing",
-        Mechanism::Mps => "MPS",
-        Mechanism::Mig => "MIG",
-        Mechanism::Green => "green contexts",
-    };
-    match d.backend {
-        Backend::Cpu => format!("cpu, {mechanism}"),
-        Backend::Cuda => {
-            let name = isolane_gpu::devices::list_devices()
-                .ok()
-                .and_then(|list| list.into_iter().find(|g| g.index == d.gpu))
-                .map(|g| format!(" ({})", g.name))
-                .unwrap_or_default();
-            if d.several_gpus() {
-                let list: Vec<String> = d.gpus.iter().map(u32::to_string).collect();
-                return format!("cuda GPUs {}{name}, {mechanism}", list.join(", "));
-            }
-            format!("cuda GPU {}{name}, {mechanism}", d.gpu)
-        }
-    }
-}
-
-/// Device-memory estimate per workload (MiB) for admission control: its model's plan, plus
-/// the CUDA context of its process — each worker process has its own; thread-hosted workloads
-/// share this process's context on their GPU, counted once per GPU, with the first of them.
-/// `None` on the CPU and for `spin:` models (they allocate nothing on the device).
-pub fn memory_estimates_mib(scenario: &Scenario) -> Vec<Option<u64>> {
-    use isolane_executors::engine::{planned_model_mib, CUDA_PROCESS_MIB};
-    let mut own_context_counted = std::collections::BTreeSet::new();
-    scenario
-        .workloads
-        .iter()
-        .map(|w| {
-            let model = planned_model_mib(&w.device(&scenario.device), w)?;
-            let context = match w.host {
-                Host::Process => CUDA_PROCESS_MIB,
-                Host::Thread if own_context_counted.insert(w.gpu_on(&scenario.device)) => {
-                    CUDA_PROCESS_MIB
-                }
-                Host::Thread => 0,
-            };
-            Some(model + context)
-        })
-        .collect()
-}
-
-/// The device model of GPU `index` of this machine, as discovered through the CUDA driver.
+/// [`isolane_executors::machine::detected_device_model`].
 pub fn detected_device_model(
     index: u32,
 ) -> anyhow::Result<isolane_core::device_model::DeviceModel> {
-    let devices = isolane_gpu::devices::list_devices()?;
-    let d = devices.iter().find(|d| d.index == index).ok_or_else(|| {
-        user(format!(
-            "device.gpu = {index}, but this machine has {} CUDA device(s) (device.gpus: every \
-             index must be one of them)",
-            devices.len()
-        ))
-    })?;
-    Ok(isolane_gpu::devices::model_for(
-        &d.name,
-        d.sm_count,
-        d.memory_mib,
-        d.compute_capability,
-    ))
+    isolane_executors::machine::detected_device_model(index).map_err(machine_error)
 }
 
-/// Admission takes one device model for every GPU of the scenario (each GPU's budget is its
-/// own, the rules are the first GPU's): the GPUs of a scenario on several GPUs must be alike.
+/// [`isolane_executors::machine::same_model_on_every_gpu`].
 pub(super) fn same_model_on_every_gpu(
     scenario: &Scenario,
     first: &isolane_core::device_model::DeviceModel,
 ) -> anyhow::Result<()> {
-    for &g in scenario.device.gpus.iter().skip(1) {
-        let other = detected_device_model(g)?;
-        if other != *first {
-            return Err(user(format!(
-                "device.gpus: GPU {} is {} ({} SMs, {} MiB) but GPU {g} is {} ({} SMs, {} MiB); \
-                 the GPUs of one scenario must be of one model",
-                scenario.device.gpu,
-                first.name,
-                first.sm_count,
-                first.memory_mib,
-                other.name,
-                other.sm_count,
-                other.memory_mib
-            )));
-        }
-    }
-    Ok(())
+    isolane_executors::machine::same_model_on_every_gpu(scenario, first).map_err(machine_error)
 }
 
-/// Admission control before a run starts anything (the same check as `isolane plan`): on the
-/// CPU there is nothing to partition; on a GPU every workload's partition must fit the device
-/// of this machine, or the run is refused with one reason per workload (exit 2).
-///
-/// Returns the admitted plan (`None` on the CPU).
+/// Admission before a run starts anything ([`isolane_executors::machine::admit`]); a refusal
+/// is the user's (exit 2). Returns the admitted plan (`None` on the CPU).
 pub fn admit_or_refuse(
     scenario: &Scenario,
     file: &str,
@@ -423,15 +227,7 @@ pub fn admit_or_refuse_with(
     file: &str,
     options: &isolane_core::admission::AdmissionOptions,
 ) -> anyhow::Result<Option<isolane_core::admission::Plan>> {
-    // A scenario whose workloads all run on the CPU (`backend = "cpu"` each) needs no GPU.
-    if scenario.device.backend != Backend::Cuda || !scenario.workloads.iter().any(|w| w.on_gpu()) {
-        return Ok(None);
-    }
-    let device = detected_device_model(scenario.device.gpu)?;
-    same_model_on_every_gpu(scenario, &device)?;
-    isolane_core::admission::admit(scenario, &device, &memory_estimates_mib(scenario), options)
-        .map(Some)
-        .map_err(|rejections| user(plan::rejection_text(file, &device, &rejections)))
+    isolane_executors::machine::admit(scenario, file, options).map_err(machine_error)
 }
 
 /// The live metrics of a command's runs and the endpoint serving them (`--metrics-addr`);

@@ -13,5 +13,6 @@ pub mod bench;
 pub mod engine;
 pub mod infer;
 mod kernel;
+pub mod machine;
 pub mod saved_plan;
 pub mod seeded_input;
