@@ -272,6 +272,9 @@ pub fn run_scenario(
             .for_each(|w| w.plan_check = false);
     }
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
+    // A critical deadline predicted to miss beside its neighbours is said (or refused) before
+    // anything runs ([protection] admission).
+    super::foresee::foresee_or_refuse(&scenario, &scenario_name)?;
     let plan = RunPlan::from_scenario(&scenario);
     let m = measure_observed(
         Request {
