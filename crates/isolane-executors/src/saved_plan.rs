@@ -84,6 +84,12 @@ pub fn build(req: &BuildRequest, say: &mut dyn FnMut(String)) -> Result<SavedPla
         .map_err(|e: EngineError| user(format!("--precision: {e}")))?;
     let t0 = Instant::now();
     let graph = if req.model.to_ascii_lowercase().ends_with(".onnx") {
+        if req.weights.is_some() {
+            return Err(user(format!(
+                "--weights applies to built-in models; {} carries its own weights",
+                req.model
+            )));
+        }
         isolane_engine::onnx::import_file(Path::new(&req.model)).map_err(|e| user(e.to_string()))?
     } else {
         let weights = match &req.weights {
@@ -270,6 +276,13 @@ mod tests {
         let e = build(&req, &mut |_| {}).err().unwrap();
         assert!(
             e.is_user_error() && e.to_string().contains(".isoplan"),
+            "{e}"
+        );
+        let mut req = request(dir.path(), "m.onnx", "fp32", 1);
+        req.weights = Some(dir.path().join("w.safetensors"));
+        let e = build(&req, &mut |_| {}).err().unwrap();
+        assert!(
+            e.is_user_error() && e.to_string().contains("own weights"),
             "{e}"
         );
         let mut req = request(dir.path(), "resnet18", "fp32", 1);
