@@ -534,7 +534,19 @@ fn autoplan_setup(
                 spec.name
             )));
         }
-        let movable = match (spec.device(&plan.device).backend, mechanism) {
+        let own = spec.device(&plan.device).backend;
+        if own != backend {
+            // One ladder is planned: cores, or the GPU's SMs or thread shares.
+            return Err(user(format!(
+                "{}: workload `{}` runs on the {} and the scenario's device is the {}: \
+                 --autoplan plans one kind of partition, all models on the CPU or all on the GPU",
+                args.scenario.display(),
+                spec.name,
+                backend_word(own),
+                backend_word(backend)
+            )));
+        }
+        let movable = match (own, mechanism) {
             (Backend::Cpu, _) => !spec.cpu.is_empty(),
             (Backend::Cuda, Mechanism::Green) => spec.partition.sms.is_some(),
             (Backend::Cuda, Mechanism::Mps) => spec.partition.thread_pct.is_some(),
@@ -675,4 +687,11 @@ fn autoplan_setup(
             .collect(),
         interference,
     })
+}
+
+fn backend_word(b: isolane_core::spec::Backend) -> &'static str {
+    match b {
+        isolane_core::spec::Backend::Cpu => "CPU",
+        isolane_core::spec::Backend::Cuda => "GPU",
+    }
 }
