@@ -209,6 +209,9 @@ impl Instances {
                 .guard_setup(slot)
                 .filter(|_| spec.criticality != Criticality::Critical),
         };
+        if how.guard == GuardPart::BestEffortOnly && setup.is_none() {
+            self.set_l2_aside(slot, executor.as_mut())?;
+        }
         let role = GuardRole::attach(setup, self.guard(), executor.as_mut(), &warmup_ns)
             .map_err(PrepareError::Guard)?;
         Ok(Prepared {
@@ -216,6 +219,24 @@ impl Instances {
             warmup_ns,
             role,
         })
+    }
+}
+
+impl Instances {
+    /// A critical served model publishes through its queue and takes no guard role, but its
+    /// weights get their L2 set aside (`[protection] l2_persist_mib`) as a run's critical
+    /// workload's do when it joins the guard.
+    fn set_l2_aside(&self, slot: usize, executor: &mut dyn Executor) -> Result<(), PrepareError> {
+        let (Some(guard), Some(setup)) = (self.guard(), self.guard_setup(slot)) else {
+            return Ok(());
+        };
+        let mib = guard.policy().l2_persist_mib;
+        if setup.critical_slot.is_none() || mib == 0 {
+            return Ok(());
+        }
+        executor
+            .persist_weights_in_l2(mib)
+            .map_err(|e| PrepareError::Guard(std::io::Error::other(e.to_string())))
     }
 }
 
@@ -274,6 +295,49 @@ mod tests {
             .prepare(1, &w[1].spec, 1, None, how(GuardPart::BestEffortOnly))
             .unwrap();
         assert!(matches!(b.role, GuardRole::BestEffort(_)));
+    }
+
+    /// Records the L2 it was asked to set aside.
+    struct L2Probe(Arc<std::sync::atomic::AtomicU64>);
+
+    impl Executor for L2Probe {
+        fn run_job(&mut self) -> Result<(), ExecError> {
+            Ok(())
+        }
+
+        fn persist_weights_in_l2(&mut self, mib: u64) -> Result<(), ExecError> {
+            self.0.store(mib, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    /// HH's wiring note: a served critical model took no guard role, so `l2_persist_mib`
+    /// never reached it; it does now, as a run's critical workload's role gives it.
+    #[test]
+    fn a_served_critical_model_gets_its_l2_set_aside() {
+        let p = plan(&format!("[protection]\nl2_persist_mib = 6\n\n{PAIR}"));
+        let instances = Instances::new(&p, None, Arc::new(AtomicBool::new(false))).unwrap();
+        for (slot, part, want) in [
+            (0, GuardPart::BestEffortOnly, 6),
+            (0, GuardPart::Full, 6),
+            // Best effort keeps no L2.
+            (1, GuardPart::BestEffortOnly, 0),
+        ] {
+            let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let probe = Arc::clone(&asked);
+            let mut build = move |_: Option<Partition>| -> Result<Box<dyn Executor>, ExecError> {
+                Ok(Box::new(L2Probe(Arc::clone(&probe))))
+            };
+            let how = How {
+                build: Some(&mut build),
+                ..how(part)
+            };
+            instances
+                .prepare(slot, &p.workloads[slot].spec, slot, None, how)
+                .unwrap();
+            let got = asked.load(std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(got, want, "slot {slot} {part:?}");
+        }
     }
 
     #[test]
