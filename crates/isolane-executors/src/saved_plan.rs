@@ -49,11 +49,17 @@ impl BuildError {
     }
 }
 
-/// An engine error of a model the user gave: the model's fault (exit 2) unless the machine's.
+/// An engine error of a model the user gave: the model's or the request's fault (exit 2), or
+/// else the machine's (a library, memory, a failed run: exit 1).
 fn classify(e: EngineError) -> BuildError {
     match e {
-        EngineError::Runtime(m) => BuildError::Failed(m),
-        e => BuildError::User(e.to_string()),
+        EngineError::InvalidGraph { .. }
+        | EngineError::Shape { .. }
+        | EngineError::Unsupported(_)
+        | EngineError::UnknownModel { .. }
+        | EngineError::Weights { .. }
+        | EngineError::InvalidArgument(_) => BuildError::User(e.to_string()),
+        e => BuildError::Failed(e.to_string()),
     }
 }
 
