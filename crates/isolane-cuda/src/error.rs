@@ -1,13 +1,14 @@
 //! A failed CUDA library call, kept as data: which library, which call, and the status code
 //! it returned (with the library's name for it), so callers can tell an out-of-memory from a
-//! launch failure without parsing text. It becomes the engine's `EngineError::Runtime` at the
-//! crate boundary with the same text as before.
+//! launch failure without parsing text. At the crate boundary it becomes the engine's
+//! structured error, never a string: an allocation failure `EngineError::OutOfMemory`, any
+//! other status `EngineError::Library` with the same library, call, code and name.
 
 use cudarc::cublaslt::sys as lt;
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as rtc;
-use isolane_engine::EngineError;
+use isolane_engine::{EngineError, LibraryFailure, OutOfMemory};
 use std::ffi::CStr;
 
 /// The CUDA library a call belongs to.
@@ -34,9 +35,94 @@ pub struct CudaError {
     pub detail: Option<String>,
 }
 
+impl Library {
+    /// The library's name as its users write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Library::Driver => "CUDA driver",
+            Library::Cudnn => "cuDNN",
+            Library::CublasLt => "cuBLASLt",
+            Library::Nvrtc => "NVRTC",
+        }
+    }
+}
+
+/// Statuses that mean an allocation did not fit, by the name each library gives them (cuDNN
+/// 9 splits its ALLOC_FAILED into a host and a device one; `cudaErrorMemoryAllocation` is the
+/// runtime API's name, for a call that reports it).
+const OUT_OF_MEMORY: &[&str] = &[
+    "CUDA_ERROR_OUT_OF_MEMORY",
+    "cudaErrorMemoryAllocation",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+    "NVRTC_ERROR_OUT_OF_MEMORY",
+];
+
+impl CudaError {
+    /// Whether the call failed for want of memory.
+    pub fn is_out_of_memory(&self) -> bool {
+        OUT_OF_MEMORY.contains(&self.status.as_str())
+    }
+
+    /// Whether the memory it lacked is the host's (a page-locked or a library's host buffer)
+    /// rather than the GPU's.
+    fn host_memory(&self) -> bool {
+        self.call == "cuMemHostAlloc" || self.status.contains("HOST_ALLOCATION")
+    }
+
+    /// The call as the engine's structured failure.
+    pub fn failure(&self) -> LibraryFailure {
+        LibraryFailure {
+            library: self.library.name(),
+            call: self.call,
+            code: self.code,
+            status: self.status.clone(),
+            detail: self.detail.clone(),
+        }
+    }
+
+    /// The engine's error for an allocation of `bytes` (`what`) that this call refused: an
+    /// out-of-memory with the bytes asked and free (`free`, where known), or, for another
+    /// status, the library failure itself.
+    pub fn allocating(self, what: &str, bytes: u64, free: Option<u64>) -> EngineError {
+        if !self.is_out_of_memory() {
+            return self.into();
+        }
+        EngineError::from(OutOfMemory {
+            what: what.to_string(),
+            requested_bytes: Some(bytes),
+            free_bytes: free,
+            ..oom_of(&self)
+        })
+    }
+}
+
+fn oom_of(e: &CudaError) -> OutOfMemory {
+    OutOfMemory {
+        what: match e.library {
+            Library::Driver => "an allocation".into(),
+            l => format!("{}'s allocation", l.name()),
+        },
+        memory: if e.host_memory() {
+            "host memory".into()
+        } else {
+            "the GPU's memory".into()
+        },
+        requested_bytes: None,
+        free_bytes: None,
+        reported_by: Some(e.failure()),
+    }
+}
+
 impl From<CudaError> for EngineError {
     fn from(e: CudaError) -> Self {
-        EngineError::Runtime(e.to_string())
+        if e.is_out_of_memory() {
+            oom_of(&e).into()
+        } else {
+            e.failure().into()
+        }
     }
 }
 
@@ -90,6 +176,7 @@ pub fn rtc_check(call: &'static str, r: rtc::nvrtcResult) -> Result<(), CudaErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use isolane_engine::ErrorKind;
 
     #[test]
     fn a_failed_call_keeps_library_call_and_code_and_reads_as_before() {
@@ -99,9 +186,11 @@ mod tests {
         assert_eq!(e.code, 2);
         assert_eq!(e.to_string(), "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY");
         let engine: EngineError = e.into();
+        assert_eq!(engine.kind(), ErrorKind::OutOfMemory);
         assert_eq!(
             engine.to_string(),
-            "runtime error: cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY"
+            "out of memory: an allocation of the GPU's memory \
+             (cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY)"
         );
         assert!(cu_check("cuInit", cu::CUresult::CUDA_SUCCESS).is_ok());
         let lt = lt_check(
@@ -120,5 +209,145 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!((rtc.library, rtc.code), (Library::Nvrtc, 6));
+    }
+
+    fn status(library: Library, call: &'static str, code: i64, status: &str) -> CudaError {
+        failed(library, call, code, status.to_string())
+    }
+
+    #[test]
+    fn every_libraries_allocation_failure_becomes_out_of_memory() {
+        for (library, call, code, name, memory) in [
+            (
+                Library::Driver,
+                "cuMemAlloc",
+                2,
+                "CUDA_ERROR_OUT_OF_MEMORY",
+                "the GPU's",
+            ),
+            (
+                Library::Driver,
+                "cuMemHostAlloc",
+                2,
+                "CUDA_ERROR_OUT_OF_MEMORY",
+                "host",
+            ),
+            (
+                Library::Driver,
+                "cudaMalloc",
+                2,
+                "cudaErrorMemoryAllocation",
+                "the GPU's",
+            ),
+            (
+                Library::CublasLt,
+                "cublasLtMatmul",
+                3,
+                "CUBLAS_STATUS_ALLOC_FAILED",
+                "the GPU's",
+            ),
+            (
+                Library::Cudnn,
+                "cudnnBackendFinalize",
+                4004,
+                "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+                "the GPU's",
+            ),
+            (
+                Library::Cudnn,
+                "cudnnCreate",
+                4003,
+                "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+                "host",
+            ),
+            (
+                Library::Cudnn,
+                "cudnnCreate",
+                2,
+                "CUDNN_STATUS_ALLOC_FAILED",
+                "the GPU's",
+            ),
+            (
+                Library::Nvrtc,
+                "nvrtcCompileProgram",
+                1,
+                "NVRTC_ERROR_OUT_OF_MEMORY",
+                "the GPU's",
+            ),
+        ] {
+            let e = status(library, call, code, name);
+            assert!(e.is_out_of_memory(), "{name}");
+            let EngineError::OutOfMemory(m) = EngineError::from(e.clone()) else {
+                panic!("{name} did not become OutOfMemory");
+            };
+            assert_eq!(m.memory, format!("{memory} memory"), "{name}");
+            let f = m.reported_by.expect("the call that refused");
+            assert_eq!((f.library, f.call, f.code), (library.name(), call, code));
+            assert_eq!(f.status, name);
+            // At an allocation site the bytes asked and free are kept.
+            let EngineError::OutOfMemory(m) =
+                e.allocating("the activation arena", 5 << 30, Some(1 << 30))
+            else {
+                panic!("{name} at an allocation did not become OutOfMemory");
+            };
+            assert_eq!(m.what, "the activation arena");
+            assert_eq!(
+                (m.requested_bytes, m.free_bytes),
+                (Some(5 << 30), Some(1 << 30))
+            );
+        }
+    }
+
+    #[test]
+    fn any_other_status_stays_a_library_failure_with_its_call() {
+        for (library, call, code, name) in [
+            (
+                Library::Driver,
+                "cuLaunchKernel",
+                719,
+                "CUDA_ERROR_LAUNCH_FAILED",
+            ),
+            (
+                Library::Driver,
+                "cuModuleLoadData",
+                209,
+                "CUDA_ERROR_NO_BINARY_FOR_GPU",
+            ),
+            (
+                Library::CublasLt,
+                "cublasLtMatmul",
+                13,
+                "CUBLAS_STATUS_EXECUTION_FAILED",
+            ),
+            (
+                Library::Cudnn,
+                "cudnnBackendExecute",
+                3000,
+                "CUDNN_STATUS_NOT_SUPPORTED",
+            ),
+            (
+                Library::Nvrtc,
+                "nvrtcCompileProgram",
+                6,
+                "NVRTC_ERROR_COMPILATION",
+            ),
+        ] {
+            let e = CudaError {
+                detail: Some("said the library".into()),
+                ..status(library, call, code, name)
+            };
+            assert!(!e.is_out_of_memory(), "{name}");
+            let engine = EngineError::from(e.clone());
+            assert_eq!(engine.kind(), ErrorKind::Library, "{name}");
+            let EngineError::Library(f) = &engine else {
+                unreachable!()
+            };
+            assert_eq!(f.library, library.name());
+            assert_eq!((f.call, f.code, f.status.as_str()), (call, code, name));
+            assert_eq!(f.detail.as_deref(), Some("said the library"));
+            assert_eq!(engine.to_string(), e.to_string());
+            // Not an out-of-memory, even at an allocation site.
+            assert_eq!(e.allocating("x", 1, None).kind(), ErrorKind::Library);
+        }
     }
 }

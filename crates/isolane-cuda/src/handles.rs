@@ -18,8 +18,18 @@ pub(crate) fn dev_alloc(bytes: usize) -> Result<u64> {
     // SAFETY: valid out-pointer, a context is current (set by the caller).
     cu_check("cuMemAlloc", unsafe {
         cu::cuMemAlloc_v2(&mut p, bytes.max(256))
-    })?;
+    })
+    .map_err(|e| e.allocating("a device buffer", bytes as u64, device_free_bytes()))?;
     Ok(p)
+}
+
+/// Free bytes of the current context's device, for an out-of-memory's message (`None` when
+/// the driver cannot say).
+pub(crate) fn device_free_bytes() -> Option<u64> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers, a context is current.
+    let r = unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) };
+    (r == cu::CUresult::CUDA_SUCCESS).then_some(free as u64)
 }
 
 /// A device allocation, freed when dropped (with its context current, as while building).
@@ -191,7 +201,8 @@ impl PinnedF32 {
         // SAFETY: valid out-pointer; a context is current.
         cu_check("cuMemHostAlloc", unsafe {
             cu::cuMemHostAlloc(&mut p, (len * 4).max(4), cu::CU_MEMHOSTALLOC_PORTABLE)
-        })?;
+        })
+        .map_err(|e| e.allocating("a page-locked input or output buffer", len as u64 * 4, None))?;
         // SAFETY: freshly allocated, at least len f32s long; zeroed so the first read is
         // defined.
         unsafe { std::ptr::write_bytes(p as *mut f32, 0, len) };

@@ -693,9 +693,11 @@ impl CudaModel {
 
         // Algorithms that need more workspace than the cap are not considered.
         let ws_cap = target.build.workspace_cap(plan.arena_bytes);
-        let scratch = DeviceBuffer::new(ws_cap)?;
+        let scratch = DeviceBuffer::new(ws_cap)
+            .map_err(|e| e.for_allocation("the algorithm search's workspace"))?;
         let mm_ws_cap = ws_cap.min(MM_WORKSPACE_CAP);
-        let mm_scratch = DeviceBuffer::zeroed(mm_ws_cap)?;
+        let mm_scratch = DeviceBuffer::zeroed(mm_ws_cap)
+            .map_err(|e| e.for_allocation("the matrix products' search workspace"))?;
         let rec = Recorder {
             plan: &plan,
             const_offs: &block.const_offs,
@@ -791,7 +793,8 @@ impl CudaModel {
         let weights_span = crate::plan::align(const_bytes);
         let block_used = weights_span + plan.arena_bytes;
         let block_bytes = block_used.div_ceil(ALLOC_GRANULARITY).max(1) * ALLOC_GRANULARITY;
-        self.weights = dev_alloc(block_bytes)?;
+        self.weights = dev_alloc(block_bytes)
+            .map_err(|e| e.for_allocation("the weights and the activation arena"))?;
         // SAFETY: the device buffer holds const_bytes; host is const_bytes long; synchronous.
         cu_check("cuMemcpyHtoD", unsafe {
             cu::cuMemcpyHtoD_v2(self.weights, host.as_ptr() as *const c_void, const_bytes)
@@ -941,7 +944,8 @@ impl CudaModel {
                 free = crate::plan::align(free + bytes);
                 Ok((at, false))
             } else {
-                Ok((dev_alloc(bytes)?, true))
+                let at = dev_alloc(bytes).map_err(|e| e.for_allocation("a library workspace"))?;
+                Ok((at, true))
             }
         };
         (self.workspace, self.workspace_owned) = place(dnn)?;
@@ -2267,10 +2271,7 @@ fn record_step(
     caches: &mut LibraryCaches,
     step: &Step,
 ) -> Result<()> {
-    let err = |e: EngineError| match e {
-        EngineError::Runtime(s) => EngineError::Runtime(format!("node `{}`: {s}", step.name)),
-        other => other,
-    };
+    let err = |e: EngineError| e.at_node(&step.name);
     let es = rec.es;
     match &step.kind {
         StepKind::CastIn { x, y, n } => m.launches.push(cast_launch(rec, "cast_in", *x, *y, *n)),

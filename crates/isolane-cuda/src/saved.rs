@@ -314,7 +314,7 @@ pub(crate) fn math_type(v: u32) -> Option<dnn::cudnnMathType_t> {
 /// choices are valid for. The SM count is the device's (a green context or MPS share of it
 /// loads the same plan); a MIG instance is a device of its own.
 pub fn gpu_key_of(dev: cu::CUdevice) -> Result<Vec<(String, String)>> {
-    let rt = |e: crate::error::CudaError| EngineError::Runtime(e.to_string());
+    let rt = |e: crate::error::CudaError| EngineError::from(e);
     let mut name = [0u8; 256];
     // SAFETY: the buffer holds 256 bytes, its length is passed; the driver is initialised.
     cu_check("cuDeviceGetName", unsafe {

@@ -23,6 +23,6 @@ pub mod weights;
 pub use arch::{build_model, builtin_models, model_info, ModelInfo};
 pub use backend::{Backend, CompiledModel, Precision};
 pub use cpu::CpuBackend;
-pub use error::{EngineError, Result};
+pub use error::{EngineError, ErrorKind, LibraryFailure, OutOfMemory, Result};
 pub use ir::{Dim, Graph, Op, Tensor, ValueId};
 pub use weights::Weights;

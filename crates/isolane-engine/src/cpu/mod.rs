@@ -244,7 +244,9 @@ impl CpuModel {
             output_copies,
         } = place_values(g, &shapes)?;
         let arena_len = assign_offsets(&mut storages, ARENA_RULES) / F32_BYTES;
-        let mut arena = vec![0.0f32; arena_len];
+        // Fallible: a batch whose arena the process cannot map (an address-space limit) is an
+        // out-of-memory the caller reports, not an abort.
+        let mut arena = crate::error::try_zeroed_f32(arena_len, "the activation arena")?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("isolane-cpu-{i}"))
@@ -263,7 +265,7 @@ impl CpuModel {
             .max()
             .unwrap_or(0);
         // 16 spare elements so that the scratch can start on a cache line (see `scratch_buf`).
-        let scratch = vec![0.0f32; scratch_len + 16];
+        let scratch = crate::error::try_zeroed_f32(scratch_len + 16, "the kernels' scratch")?;
         let base = arena.as_mut_ptr();
         let buf = |l: Loc, len: usize| -> RawBuf {
             match l {
