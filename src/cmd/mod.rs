@@ -119,7 +119,7 @@ pub use isolane_executors::machine::{device_title, gpu_missing_reason, memory_es
 
 /// A finding about this machine at the CLI's edge: a scenario that does not fit it is the
 /// user's (exit 2).
-fn machine_error(e: isolane_executors::machine::MachineError) -> anyhow::Error {
+pub(super) fn machine_error(e: isolane_executors::machine::MachineError) -> anyhow::Error {
     if e.is_user_error() {
         user(e)
     } else {
@@ -201,14 +201,6 @@ pub fn detected_device_model(
     index: u32,
 ) -> anyhow::Result<isolane_core::device_model::DeviceModel> {
     isolane_executors::machine::detected_device_model(index).map_err(machine_error)
-}
-
-/// [`isolane_executors::machine::same_model_on_every_gpu`].
-pub(super) fn same_model_on_every_gpu(
-    scenario: &Scenario,
-    first: &isolane_core::device_model::DeviceModel,
-) -> anyhow::Result<()> {
-    isolane_executors::machine::same_model_on_every_gpu(scenario, first).map_err(machine_error)
 }
 
 /// Admission before a run starts anything ([`isolane_executors::machine::admit`]); a refusal

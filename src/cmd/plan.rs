@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use isolane_core::admission::{self, AdmissionOptions};
-use isolane_core::device_model::{self, DeviceModel};
-use isolane_core::spec::{Backend, Scenario};
+use isolane_core::device_model::DeviceModel;
+use isolane_core::spec::Scenario;
 use isolane_report::admission::plan_table;
 pub use isolane_report::admission::rejection_text;
 
@@ -254,38 +254,10 @@ pub fn run(args: PlanArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Re
     }
 }
 
-/// The device a scenario is planned against: the named offline model, the CPU (no partitions),
-/// or the GPU of this machine.
+/// [`isolane_executors::machine::resolve_device_model`].
 pub fn resolve_device_model(
     scenario: &Scenario,
     name: Option<&str>,
 ) -> anyhow::Result<DeviceModel> {
-    if let Some(name) = name {
-        return device_model::device_model(name).ok_or_else(|| {
-            user(format!(
-                "--device-model: unknown device model '{name}'; allowed: {}",
-                device_model::device_model_names().join(", ")
-            ))
-        });
-    }
-    match scenario.device.backend {
-        Backend::Cpu => Ok(cpu_device_model()),
-        Backend::Cuda => {
-            let device = super::detected_device_model(scenario.device.gpu)
-                .map_err(|e| e.context("no GPU to plan for here; pass --device-model NAME to plan for a GPU that is not here"))?;
-            super::same_model_on_every_gpu(scenario, &device)?;
-            Ok(device)
-        }
-    }
-}
-
-pub(super) fn cpu_device_model() -> DeviceModel {
-    DeviceModel {
-        name: "cpu",
-        description: "the CPU of this machine (no partitions)",
-        sm_count: 0,
-        memory_mib: 0,
-        compute_capability: (0, 0),
-        mig: None,
-    }
+    isolane_executors::machine::resolve_device_model(scenario, name).map_err(super::machine_error)
 }

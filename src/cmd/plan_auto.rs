@@ -11,11 +11,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use isolane_core::device_model::DeviceModel;
 use isolane_core::spec::{Backend, Scenario};
+use isolane_executors::machine;
 use isolane_planner::auto::{
-    AutoError, Bench, Config, Ending, Event, Observer, ProfileRun, Stream, Target, Verified,
+    AutoError, Bench, Config, Ending, Event, Observer, ProfileRun, Stream, Verified,
 };
-use isolane_planner::cache::DeviceRecord;
-use isolane_planner::offline::OfflineProfiles;
 use isolane_planner::{Options, Point, ProfileCache};
 use isolane_runtime::exec::Engine;
 use isolane_runtime::RunPlan;
@@ -29,7 +28,18 @@ pub fn run(args: &PlanArgs, file: &super::ScenarioFile, engine: &Engine) -> anyh
     super::refuse_mixed_backends(&scenario, &name, "plan --auto")?;
     // A workload that cannot be planned is said before the device is looked for.
     isolane_planner::auto::demands(&scenario, &name).map_err(user)?;
-    let target = resolve_target(&scenario, args)?;
+    let cache_dir = (args.profiles.clone())
+        .or_else(|| args.profile_cache.clone())
+        .unwrap_or_else(ProfileCache::default_dir);
+    let target = isolane_executors::machine::plan_target(
+        &scenario,
+        &args.scenario,
+        args.device_model.as_deref(),
+        cache_dir,
+        args.driver.as_deref(),
+        &mut |line| eprintln!("{line}"),
+    )
+    .map_err(super::machine_error)?;
     let config = Config {
         options: Options {
             margin: args.margin,
@@ -186,7 +196,9 @@ impl Bench for RunBench<'_> {
         }
         if s.device.backend == Backend::Cpu {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            if let Some(note) = busy_host_note(name, load_average(), cores, &self.cache_dir) {
+            if let Some(note) =
+                machine::busy_host_note(name, machine::load_average(), cores, &self.cache_dir)
+            {
                 eprintln!("{note}");
             }
         }
@@ -234,157 +246,5 @@ impl Bench for RunBench<'_> {
         };
         super::write_output(p, text.as_bytes())?;
         Ok(Some(p.to_path_buf()))
-    }
-}
-
-/// Where the profiles come from: `--device-model` plans offline from a folder of profiles;
-/// otherwise this machine's GPU (or CPU), with its profile cache.
-fn resolve_target(s: &Scenario, args: &PlanArgs) -> anyhow::Result<Target> {
-    let cache_dir = || {
-        args.profiles
-            .clone()
-            .or_else(|| args.profile_cache.clone())
-            .unwrap_or_else(ProfileCache::default_dir)
-    };
-    if let Some(name) = &args.device_model {
-        if s.device.backend == Backend::Cpu {
-            return Err(user(format!(
-                "--device-model plans for a GPU, but {}'s backend is cpu",
-                args.scenario.display()
-            )));
-        }
-        let device = super::plan::resolve_device_model(s, Some(name))?;
-        let store = OfflineProfiles::open(&cache_dir(), device.name, args.driver.as_deref())
-            .map_err(user)?;
-        eprintln!("{}", store.describe());
-        return Ok(Target::Offline { device, store });
-    }
-    let cache = ProfileCache::new(cache_dir());
-    if s.device.backend == Backend::Cpu {
-        return Ok(Target::Here {
-            device: super::plan::cpu_device_model(),
-            record: DeviceRecord {
-                gpu: cpu_name(),
-                driver: "none".into(),
-                device_model: "cpu".into(),
-            },
-            cache,
-            mig_on: None,
-            gpu: 0,
-        });
-    }
-    let devices = isolane_gpu::devices::list_devices().context(
-        "no GPU here to profile on; plan for a GPU that is not here with --device-model \
-         NAME --profiles DIR",
-    )?;
-    let (mig_on, mig_gpu) = mig_mode(&devices, &s.device.all_gpus())?;
-    let d = devices
-        .into_iter()
-        .find(|d| d.index == s.device.gpu)
-        .ok_or_else(|| user(format!("device.gpu = {}: no such GPU here", s.device.gpu)))?;
-    let device =
-        isolane_gpu::devices::model_for(&d.name, d.sm_count, d.memory_mib, d.compute_capability);
-    // One profile set serves every GPU of one model: the scenario's GPUs must be alike.
-    super::same_model_on_every_gpu(s, &device)?;
-    Ok(Target::Here {
-        record: DeviceRecord {
-            gpu: d.name.clone(),
-            driver: d
-                .driver_version
-                .clone()
-                .unwrap_or(d.cuda_driver_version.clone()),
-            device_model: device.name.to_string(),
-        },
-        device,
-        cache,
-        mig_on,
-        gpu: mig_gpu,
-    })
-}
-
-/// MIG mode over the scenario's GPUs: on only when it is on for every one of them (profile
-/// runs use the first, the planned scenario all), with the GPU to name when it is not (the
-/// first that is not on; else the first).
-fn mig_mode(
-    devices: &[isolane_gpu::devices::DeviceInfo],
-    gpus: &[u32],
-) -> anyhow::Result<(Option<bool>, u32)> {
-    let mut modes = Vec::with_capacity(gpus.len());
-    for &g in gpus {
-        let d = devices
-            .iter()
-            .find(|d| d.index == g)
-            .ok_or_else(|| user(format!("device.gpus: GPU {g}: no such GPU here")))?;
-        modes.push((g, d.mig.current));
-    }
-    Ok(match modes.iter().find(|(_, m)| *m != Some(true)) {
-        Some(&(g, m)) => (m, g),
-        None => (Some(true), gpus.first().copied().unwrap_or(0)),
-    })
-}
-
-/// The CPU's model name, as the cache knows this machine's CPU.
-fn cpu_name() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "cpu".into());
-    format!("cpu {model}")
-}
-
-/// The machine's load average over the last minute (/proc/loadavg), if it can be read.
-fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// On the CPU a profile's times are the host's as much as the workload's: where other
-/// processes kept more threads runnable than the machine has cores (the profile's own one
-/// counted), the profile says so, since the tail it measured is that busy host's (issue 31: a
-/// plan refused beside other builds was made at a load of 3 on 2 cores, refused at 4).
-fn busy_host_note(workload: &str, load: Option<f64>, cores: usize, cache: &Path) -> Option<String> {
-    let load = load?;
-    (load > cores as f64).then(|| {
-        super::wrap_message(
-            &format!(
-                "note: the machine was busy while `{workload}` was profiled (load average \
-                 {load:.1} on {cores} cores): its times, tail included, are those of a host \
-                 this busy. On a quieter machine they are shorter: the profile is kept in {}, \
-                 so plan again then with another --profile-cache to measure it anew.",
-                cache.display()
-            ),
-            80,
-        )
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A CPU profile measured while other processes kept more threads runnable than the
-    /// machine has cores says so, wrapped to 80 columns, naming where it is kept.
-    #[test]
-    fn a_cpu_profile_on_a_busy_host_says_so() {
-        let cache = Path::new("/c");
-        let note = busy_host_note("classifier", Some(3.9), 2, cache).unwrap();
-        let flat = note.split_whitespace().collect::<Vec<_>>().join(" ");
-        assert!(
-            flat.contains("`classifier` was profiled (load average 3.9 on 2 cores)"),
-            "{note}"
-        );
-        assert!(note.lines().all(|l| l.chars().count() <= 80), "{note}");
-        assert!(flat.contains("kept in /c"), "{note}");
-        assert!(busy_host_note("classifier", Some(1.2), 2, cache).is_none());
-        assert!(busy_host_note("classifier", None, 2, cache).is_none());
     }
 }

@@ -2,10 +2,16 @@
 //! (and why CUDA cannot run here), the built-in quickstart scenario that fits it, the device
 //! memory each workload will take, and admission of a scenario against it.
 
+use std::path::{Path, PathBuf};
+
 use isolane_core::admission::{AdmissionOptions, Plan};
 use isolane_core::device_model::DeviceModel;
 use isolane_core::spec::{Backend, Host, Scenario, SpecError};
 use isolane_gpu::GpuError;
+use isolane_planner::auto::Target;
+use isolane_planner::cache::DeviceRecord;
+use isolane_planner::offline::OfflineProfiles;
+use isolane_planner::ProfileCache;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
@@ -17,12 +23,25 @@ pub enum MachineError {
     Gpu(#[from] GpuError),
     #[error("the built-in quickstart scenario is invalid: {0}")]
     Quickstart(SpecError),
+    #[error(
+        "no GPU to plan for here; pass --device-model NAME to plan for a GPU that is not here"
+    )]
+    NoGpuHere(#[source] Box<MachineError>),
+    #[error(
+        "no GPU here to profile on; plan for a GPU that is not here with --device-model NAME \
+         --profiles DIR"
+    )]
+    NoGpuToProfile(#[source] GpuError),
 }
 
 impl MachineError {
     /// Whether this is the user's mistake (exit code 2) rather than a runtime failure.
     pub fn is_user_error(&self) -> bool {
-        matches!(self, MachineError::User(_))
+        match self {
+            MachineError::User(_) => true,
+            MachineError::NoGpuHere(e) => e.is_user_error(),
+            _ => false,
+        }
     }
 }
 
@@ -208,4 +227,197 @@ pub fn admit(
                 &rejections,
             ))
         })
+}
+
+/// The device a scenario is planned against: the named offline model, the CPU (no partitions),
+/// or the GPU of this machine.
+pub fn resolve_device_model(
+    scenario: &Scenario,
+    name: Option<&str>,
+) -> Result<DeviceModel, MachineError> {
+    if let Some(name) = name {
+        return isolane_core::device_model::device_model(name).ok_or_else(|| {
+            user(format!(
+                "--device-model: unknown device model '{name}'; allowed: {}",
+                isolane_core::device_model::device_model_names().join(", ")
+            ))
+        });
+    }
+    match scenario.device.backend {
+        Backend::Cpu => Ok(cpu_device_model()),
+        Backend::Cuda => {
+            let device = detected_device_model(scenario.device.gpu)
+                .map_err(|e| MachineError::NoGpuHere(Box::new(e)))?;
+            same_model_on_every_gpu(scenario, &device)?;
+            Ok(device)
+        }
+    }
+}
+
+/// The CPU of this machine as a device to plan for: nothing to partition.
+pub fn cpu_device_model() -> DeviceModel {
+    DeviceModel {
+        name: "cpu",
+        description: "the CPU of this machine (no partitions)",
+        sm_count: 0,
+        memory_mib: 0,
+        compute_capability: (0, 0),
+        mig: None,
+    }
+}
+
+/// Where the profiles come from: `--device-model` plans offline from a folder of profiles;
+/// otherwise this machine's GPU (or CPU), with its profile cache.
+/// `file` names the scenario, `cache_dir` is the profiles' folder, `driver` the driver whose
+/// offline profiles to take; `note` gets what the offline store holds.
+pub fn plan_target(
+    s: &Scenario,
+    file: &Path,
+    device_model: Option<&str>,
+    cache_dir: PathBuf,
+    driver: Option<&str>,
+    note: &mut dyn FnMut(String),
+) -> Result<Target, MachineError> {
+    if let Some(name) = device_model {
+        if s.device.backend == Backend::Cpu {
+            return Err(user(format!(
+                "--device-model plans for a GPU, but {}'s backend is cpu",
+                file.display()
+            )));
+        }
+        let device = resolve_device_model(s, Some(name))?;
+        let store = OfflineProfiles::open(&cache_dir, device.name, driver).map_err(user)?;
+        note(store.describe());
+        return Ok(Target::Offline { device, store });
+    }
+    let cache = ProfileCache::new(cache_dir);
+    if s.device.backend == Backend::Cpu {
+        return Ok(Target::Here {
+            device: cpu_device_model(),
+            record: DeviceRecord {
+                gpu: cpu_name(),
+                driver: "none".into(),
+                device_model: "cpu".into(),
+            },
+            cache,
+            mig_on: None,
+            gpu: 0,
+        });
+    }
+    let devices = isolane_gpu::devices::list_devices().map_err(MachineError::NoGpuToProfile)?;
+    let (mig_on, mig_gpu) = mig_mode(&devices, &s.device.all_gpus())?;
+    let d = devices
+        .into_iter()
+        .find(|d| d.index == s.device.gpu)
+        .ok_or_else(|| user(format!("device.gpu = {}: no such GPU here", s.device.gpu)))?;
+    let device =
+        isolane_gpu::devices::model_for(&d.name, d.sm_count, d.memory_mib, d.compute_capability);
+    // One profile set serves every GPU of one model: the scenario's GPUs must be alike.
+    same_model_on_every_gpu(s, &device)?;
+    Ok(Target::Here {
+        record: DeviceRecord {
+            gpu: d.name.clone(),
+            driver: d
+                .driver_version
+                .clone()
+                .unwrap_or(d.cuda_driver_version.clone()),
+            device_model: device.name.to_string(),
+        },
+        device,
+        cache,
+        mig_on,
+        gpu: mig_gpu,
+    })
+}
+
+/// MIG mode over the scenario's GPUs: on only when it is on for every one of them (profile
+/// runs use the first, the planned scenario all), with the GPU to name when it is not (the
+/// first that is not on; else the first).
+fn mig_mode(
+    devices: &[isolane_gpu::devices::DeviceInfo],
+    gpus: &[u32],
+) -> Result<(Option<bool>, u32), MachineError> {
+    let mut modes = Vec::with_capacity(gpus.len());
+    for &g in gpus {
+        let d = devices
+            .iter()
+            .find(|d| d.index == g)
+            .ok_or_else(|| user(format!("device.gpus: GPU {g}: no such GPU here")))?;
+        modes.push((g, d.mig.current));
+    }
+    Ok(match modes.iter().find(|(_, m)| *m != Some(true)) {
+        Some(&(g, m)) => (m, g),
+        None => (Some(true), gpus.first().copied().unwrap_or(0)),
+    })
+}
+
+/// The CPU's model name, as the cache knows this machine's CPU.
+fn cpu_name() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "cpu".into());
+    format!("cpu {model}")
+}
+
+/// The machine's load average over the last minute (/proc/loadavg), if it can be read.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// On the CPU a profile's times are the host's as much as the workload's: where other
+/// processes kept more threads runnable than the machine has cores (the profile's own one
+/// counted), the profile says so, since the tail it measured is that busy host's (issue 31: a
+/// plan refused beside other builds was made at a load of 3 on 2 cores, refused at 4).
+pub fn busy_host_note(
+    workload: &str,
+    load: Option<f64>,
+    cores: usize,
+    cache: &Path,
+) -> Option<String> {
+    let load = load?;
+    (load > cores as f64).then(|| {
+        isolane_core::text::wrap_message(
+            &format!(
+                "note: the machine was busy while `{workload}` was profiled (load average \
+                 {load:.1} on {cores} cores): its times, tail included, are those of a host \
+                 this busy. On a quieter machine they are shorter: the profile is kept in {}, \
+                 so plan again then with another --profile-cache to measure it anew.",
+                cache.display()
+            ),
+            80,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CPU profile measured while other processes kept more threads runnable than the
+    /// machine has cores says so, wrapped to 80 columns, naming where it is kept.
+    #[test]
+    fn a_cpu_profile_on_a_busy_host_says_so() {
+        let cache = Path::new("/c");
+        let note = busy_host_note("classifier", Some(3.9), 2, cache).unwrap();
+        let flat = note.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains("`classifier` was profiled (load average 3.9 on 2 cores)"),
+            "{note}"
+        );
+        assert!(note.lines().all(|l| l.chars().count() <= 80), "{note}");
+        assert!(flat.contains("kept in /c"), "{note}");
+        assert!(busy_host_note("classifier", Some(1.2), 2, cache).is_none());
+        assert!(busy_host_note("classifier", None, 2, cache).is_none());
+    }
 }
