@@ -12,7 +12,7 @@ use isolane_engine::ir::Unary;
 use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 
 use crate::dnn_graph::{ConvGraph, ConvGraphPtrs, ConvGraphSpec};
-use crate::error::{cu_check, dnn_check, lt_check, rtc_check};
+use crate::error::{cu_check, dnn_check, lt_check, rtc_check, CudaError};
 use crate::handles::{
     dev_alloc, dev_zero, CapturedGraph, CublasLt, Cudnn, DeviceBuffer, Module, PinnedF32,
 };
@@ -478,9 +478,18 @@ pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec
                     .trim_end_matches('\0')
                     .to_string()
             };
-            return Err(EngineError::Runtime(format!(
-                "nvrtcCompileProgram: {r:?}: {log}"
-            )));
+            // A library failure with the compiler's log as its detail (an out-of-memory
+            // becomes one, as from any call).
+            let failed = rtc_check("nvrtcCompileProgram", r)
+                .err()
+                .map(|e| CudaError {
+                    detail: Some(log),
+                    ..e
+                });
+            return Err(failed.map_or_else(
+                || EngineError::Runtime("nvrtcCompileProgram failed".into()),
+                EngineError::from,
+            ));
         }
         let mut n = 0usize;
         // SAFETY: prog compiled; the buffer has the size NVRTC reported.

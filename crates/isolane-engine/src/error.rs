@@ -110,6 +110,26 @@ pub struct OutOfMemory {
     pub reported_by: Option<LibraryFailure>,
 }
 
+impl OutOfMemory {
+    /// Whether the memory that ran out is the host's rather than a GPU's.
+    pub fn on_host(&self) -> bool {
+        self.memory == "host memory"
+    }
+
+    /// What may make it fit, in the words of the flags and scenario keys that change it.
+    pub fn hint(&self) -> &'static str {
+        if self.on_host() {
+            "a smaller batch (--batch, or `batch` in the scenario) needs less; or give this \
+             process more memory (an address-space limit such as `ulimit -v`, a container's \
+             memory limit)"
+        } else {
+            "a smaller batch (--batch, or `batch` in the scenario) needs less; or give the \
+             model a partition with more memory (`mem_limit_mib` under mps, a larger \
+             `mig_profile`), or leave fewer models on this GPU"
+        }
+    }
+}
+
 /// `b` bytes in the largest binary unit that keeps it at least 1 (`1.5 GiB`).
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -226,6 +246,10 @@ mod tests {
             reported_by: None,
         });
         assert_eq!(oom.kind(), ErrorKind::OutOfMemory);
+        let EngineError::OutOfMemory(m) = &oom else {
+            unreachable!()
+        };
+        assert!(!m.on_host() && m.hint().contains("mem_limit_mib"));
         assert_eq!(
             oom.to_string(),
             "out of memory: the activation arena asked for 3.0 GiB, 1.0 GiB free of GPU 0's memory"

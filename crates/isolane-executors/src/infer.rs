@@ -60,10 +60,11 @@ pub enum InferError {
     /// A mistake in the request or the files it names (exit code 2 at the CLI).
     #[error("{0}")]
     User(String),
-    /// The engine failed running the model.
-    #[error("running {model}")]
+    /// The engine failed running the model (at its batch, once that is known).
+    #[error("running {model}{}", .batch.map(|b| format!(" at batch {b}")).unwrap_or_default())]
     Engine {
         model: String,
+        batch: Option<usize>,
         #[source]
         source: EngineError,
     },
@@ -197,8 +198,8 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
 
     let t0 = Instant::now();
     let (mut loaded, backend_line) = if args.backend == "cuda" {
-        let backend =
-            isolane_cuda::CudaBackend::new(args.gpu).map_err(|e| engine_error(e, &args.model))?;
+        let backend = isolane_cuda::CudaBackend::new(args.gpu)
+            .map_err(|e| engine_error(e, &args.model, Some(batch)))?;
         // Every model is checked, built-ins too (one inference: the check's CPU pass is what a
         // user of `infer` waits for anyway).
         let options = isolane_cuda::CompileOptions {
@@ -209,7 +210,7 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
             Some(s) => backend.load_saved(s, &args.model, batch, precision),
             None => backend.compile_cuda_with(&graph, batch, precision, &options),
         }
-        .map_err(|e| engine_error(e, &args.model))?;
+        .map_err(|e| engine_error(e, &args.model, Some(batch)))?;
         let line = match m.plan_check() {
             Some(r) => format!(
                 "cuda (GPU {}), {precision}; {}",
@@ -229,7 +230,7 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
         }
         let m = CpuBackend::new(args.threads)
             .compile_cpu(&graph, batch, Precision::Fp32)
-            .map_err(|e| engine_error(e, &args.model))?;
+            .map_err(|e| engine_error(e, &args.model, Some(batch)))?;
         let line = format!("cpu, {} thread(s), fp32", m.threads());
         (Loaded::Cpu(m), line)
     };
@@ -282,7 +283,9 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
     model.input_mut().copy_from_slice(&data);
 
     let t1 = Instant::now();
-    model.run().map_err(|e| engine_error(e, &args.model))?;
+    model
+        .run()
+        .map_err(|e| engine_error(e, &args.model, Some(batch)))?;
     let first_ms = t1.elapsed().as_secs_f64() * 1e3;
 
     say(format!("model    {described}"));
@@ -299,7 +302,9 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
         let mut times = Vec::with_capacity(args.repeat);
         for _ in 0..args.repeat {
             let t = Instant::now();
-            model.run().map_err(|e| engine_error(e, &args.model))?;
+            model
+                .run()
+                .map_err(|e| engine_error(e, &args.model, Some(batch)))?;
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
         times.sort_by(f64::total_cmp);
@@ -317,7 +322,9 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
     }
 
     if args.profile {
-        let mut steps = loaded.profile().map_err(|e| engine_error(e, &args.model))?;
+        let mut steps = loaded
+            .profile()
+            .map_err(|e| engine_error(e, &args.model, Some(batch)))?;
         let total: f64 = steps.iter().map(|s| s.1).sum();
         steps.sort_by(|a, b| b.1.total_cmp(&a.1));
         say(format!(
@@ -375,18 +382,23 @@ fn load_model(args: &InferRequest) -> Result<(Graph, String), InferError> {
             format!("synthetic weights, seed {}", args.weights_seed),
         ),
     };
-    let g = build_model(&args.model, weights).map_err(|e| engine_error(e, &args.model))?;
+    let g = build_model(&args.model, weights).map_err(|e| engine_error(e, &args.model, None))?;
     Ok((g, format!("{} (built-in, {what})", args.model)))
 }
 
-/// Unknown models and bad weight files are the user's mistakes (exit 2); the rest is ours.
-fn engine_error(e: EngineError, model: &str) -> InferError {
+/// A model the engine cannot take (unknown, bad weights, a malformed graph, an op or precision
+/// the backend lacks) and a request that does not fit are the user's mistakes (exit 2, naming
+/// the model or its file); an out-of-memory and a library failure keep their structure up to
+/// the CLI, which tells them apart (exit 3 and 1).
+fn engine_error(e: EngineError, model: &str, batch: Option<usize>) -> InferError {
     match e {
         EngineError::UnknownModel { .. }
         | EngineError::Weights { .. }
         | EngineError::InvalidArgument(_) => user(e),
+        e if e.is_bad_model() => user(format!("{model}: {e}")),
         other => InferError::Engine {
             model: model.to_string(),
+            batch,
             source: other,
         },
     }
