@@ -267,6 +267,8 @@ impl PartitionFlags {
         isolane_session::PartitionChoices {
             allow_mig_reconfigure: self.allow_mig_reconfigure,
             join_mps: self.join_mps,
+            // Only a server resizes green groups while it runs.
+            ..Default::default()
         }
     }
 }

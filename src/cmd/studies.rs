@@ -17,6 +17,15 @@ pub fn failure(e: anyhow::Error) -> Failure {
     }
 }
 
+/// A study's failure at the CLI's edge: the user's is exit code 2.
+pub fn failure_error(f: Failure) -> anyhow::Error {
+    if f.user {
+        super::user(f)
+    } else {
+        anyhow::Error::new(f)
+    }
+}
+
 /// A study's error at the CLI's edge: the user's is exit code 2.
 pub fn study_error(e: StudyError) -> anyhow::Error {
     if e.is_user_error() {

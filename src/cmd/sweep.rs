@@ -10,10 +10,9 @@ use std::cell::OnceCell;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use isolane_core::results::{SweepIndex, SweepPoint, SCHEMA_VERSION};
-use isolane_core::spec::{self, DeviceSpec, Host, Mechanism, ModelSource, Precision, Scenario};
+use isolane_core::results::SweepIndex;
+use isolane_core::spec::{self, Scenario};
 use isolane_runtime::coordinator::RunPlan;
-use isolane_runtime::sweep::{self, PointWorkload};
 use isolane_session::studies::sweep::{self as study, Point, PointRuns};
 use isolane_session::studies::Failure;
 
@@ -48,13 +47,6 @@ enum Backend {
 }
 
 impl Backend {
-    fn as_str(self) -> &'static str {
-        match self {
-            Backend::Cpu => "cpu",
-            Backend::Cuda => "cuda",
-        }
-    }
-
     fn spec(self) -> spec::Backend {
         match self {
             Backend::Cpu => spec::Backend::Cpu,
@@ -200,39 +192,6 @@ pub fn run(args: SweepArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::R
     }
 }
 
-/// Where every workload of a point runs.
-fn point_device(c: &Common, mechanism: Mechanism, host: Host) -> DeviceSpec {
-    DeviceSpec {
-        backend: c.backend.spec(),
-        gpu: c.gpu,
-        mechanism,
-        host,
-        gpus: Vec::new(),
-    }
-}
-
-/// `--precision` as the scenario's type (a mistake names the flag and what is allowed).
-fn precision(v: &str) -> anyhow::Result<Precision> {
-    serde_json::from_value(serde_json::Value::String(v.to_string())).map_err(|_| {
-        user(format!(
-            "--precision {v}: expected one of fp32, tf32, fp16, bf16"
-        ))
-    })
-}
-
-/// `--model` as a point's scenario names it: an `.onnx` path made absolute, since the point's
-/// `scenario.toml` lives in the point's folder (as a scenario file's own paths come back
-/// absolute from parsing).
-fn point_model(model: &str) -> anyhow::Result<String> {
-    match ModelSource::classify(model) {
-        Ok(ModelSource::Onnx(path)) => Ok(std::path::absolute(&path)
-            .with_context(|| format!("--model {model}: resolving the path"))?
-            .display()
-            .to_string()),
-        _ => Ok(model.to_string()),
-    }
-}
-
 fn partition(a: PartitionArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let c = &a.common;
     let device = match (&a.device_model, c.backend) {
@@ -246,151 +205,42 @@ fn partition(a: PartitionArgs, engine: &isolane_runtime::exec::Engine) -> anyhow
         (None, Backend::Cpu) => isolane_core::device_model::device_model("h100-sxm")
             .context("the built-in h100-sxm device model is missing")?,
     };
-    let sizes = match (a.mechanism, a.sizes.is_empty()) {
-        (PartitionMechanism::Green, true) => sweep::green_sizes(&device).map_err(user)?,
-        (PartitionMechanism::Green, false) => {
-            sweep::check_green_sizes(&device, &a.sizes).map_err(user)?;
-            a.sizes.clone()
-        }
-        (PartitionMechanism::Mps, true) => sweep::mps_sizes(),
-        (PartitionMechanism::Mps, false) => {
-            sweep::check_mps_sizes(&a.sizes).map_err(user)?;
-            a.sizes.clone()
-        }
-    };
-    let (mechanism, host, unit) = match (c.backend, a.mechanism) {
-        (Backend::Cpu, PartitionMechanism::Green) => (Mechanism::None, Host::Thread, "sms"),
-        (Backend::Cpu, PartitionMechanism::Mps) => (Mechanism::None, Host::Thread, "thread_pct"),
-        (Backend::Cuda, PartitionMechanism::Green) => (Mechanism::Green, Host::Thread, "sms"),
-        (Backend::Cuda, PartitionMechanism::Mps) => (Mechanism::Mps, Host::Process, "thread_pct"),
-    };
-    let point_precision = precision(&a.precision)?;
-    let model = point_model(&a.model)?;
-    let on_gpu = c.backend == Backend::Cuda;
-    let points = sizes
-        .iter()
-        .map(|&size| {
-            let green = a.mechanism == PartitionMechanism::Green;
-            let w = PointWorkload {
-                name: sweep::workload_name(&a.model),
-                model: model.clone(),
-                batch: a.batch,
-                precision: point_precision,
-                rate_hz: rate_hz(c.rate),
-                duration_s: c.duration_s,
-                warmup_jobs: c.warmup,
-                sms: (on_gpu && green).then_some(size),
-                thread_pct: (on_gpu && !green).then_some(size),
-            };
-            Point {
-                entry: SweepPoint {
-                    dir: format!("{unit}-{size:03}"),
-                    status: "pending".into(),
-                    sms: green.then_some(size),
-                    thread_pct: (!green).then_some(size),
-                    batch: Some(a.batch),
-                    precision: Some(a.precision.clone()),
-                    ..SweepPoint::default()
-                },
-                scenario: sweep::point_scenario(point_device(c, mechanism, host), &[w]),
-            }
-        })
-        .collect();
-    let index = SweepIndex {
-        schema_version: SCHEMA_VERSION,
-        isolane_version: env!("CARGO_PKG_VERSION").into(),
-        kind: "partition".into(),
+    let sweep = study::PartitionSweep {
         model: a.model.clone(),
-        backend: c.backend.as_str().into(),
-        mechanism: match a.mechanism {
-            PartitionMechanism::Green => "green",
-            PartitionMechanism::Mps => "mps",
-        }
-        .into(),
+        green: a.mechanism == PartitionMechanism::Green,
+        sizes: a.sizes.clone(),
+        batch: a.batch,
         precision: a.precision.clone(),
-        device_model: Some(device.name.to_string()),
-        unit: Some(unit.into()),
-        partition_applied: on_gpu,
-        rate_hz: rate_hz(c.rate),
-        duration_s: c.duration_s,
-        points: Vec::new(),
     };
+    let (index, points) =
+        study::partition_points(&common(c), &sweep, &device, env!("CARGO_PKG_VERSION"))
+            .map_err(super::studies::failure_error)?;
     run_points(index, points, c, engine)
 }
 
 fn concurrency(a: ConcurrencyArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let c = &a.common;
-    for (flag, list) in [("workloads", &a.workloads), ("batch", &a.batch)] {
-        if list.is_empty() || list.contains(&0) {
-            return Err(user(format!(
-                "--{flag}: expected a comma-separated list of numbers ≥ 1"
-            )));
-        }
-    }
-    if a.precision.is_empty() {
-        return Err(user("--precision: the list is empty"));
-    }
-    let (mechanism, host) = match (c.backend, a.mechanism) {
-        (Backend::Cpu, _) => (Mechanism::None, Host::Thread),
-        (Backend::Cuda, ConcurrencyMechanism::Timeslice) => (Mechanism::Timeslice, Host::Process),
-        (Backend::Cuda, ConcurrencyMechanism::Mps) => (Mechanism::Mps, Host::Process),
-    };
-    let model = point_model(&a.model)?;
-    let several_precisions = a.precision.len() > 1;
-    let mut points = Vec::new();
-    for precision_flag in &a.precision {
-        let point_precision = precision(precision_flag)?;
-        for &n in &a.workloads {
-            for &b in &a.batch {
-                let ws: Vec<PointWorkload> = (0..n)
-                    .map(|i| PointWorkload {
-                        name: format!("{}-{i}", sweep::workload_name(&a.model)),
-                        model: model.clone(),
-                        batch: b,
-                        precision: point_precision,
-                        rate_hz: rate_hz(c.rate),
-                        duration_s: c.duration_s,
-                        warmup_jobs: c.warmup,
-                        sms: None,
-                        // Equal shares that add up to at most 100 % (admission's budget).
-                        thread_pct: (mechanism == Mechanism::Mps).then(|| (100 / n).max(1)),
-                    })
-                    .collect();
-                let dir = if several_precisions {
-                    format!("{precision_flag}-w{n}-b{b:02}")
-                } else {
-                    format!("w{n}-b{b:02}")
-                };
-                points.push(Point {
-                    entry: SweepPoint {
-                        dir,
-                        status: "pending".into(),
-                        workloads: Some(n),
-                        batch: Some(b),
-                        precision: Some(precision_flag.clone()),
-                        ..SweepPoint::default()
-                    },
-                    scenario: sweep::point_scenario(point_device(c, mechanism, host), &ws),
-                });
-            }
-        }
-    }
-    let index = SweepIndex {
-        schema_version: SCHEMA_VERSION,
-        isolane_version: env!("CARGO_PKG_VERSION").into(),
-        kind: "concurrency".into(),
+    let sweep = study::ConcurrencySweep {
         model: a.model.clone(),
-        backend: c.backend.as_str().into(),
-        mechanism: mechanism.name().into(),
-        precision: a.precision.join(","),
-        device_model: None,
-        unit: None,
-        partition_applied: c.backend == Backend::Cuda && mechanism == Mechanism::Mps,
+        workloads: a.workloads.clone(),
+        batch: a.batch.clone(),
+        precision: a.precision.clone(),
+        mps: a.mechanism == ConcurrencyMechanism::Mps,
+    };
+    let (index, points) = study::concurrency_points(&common(c), &sweep, env!("CARGO_PKG_VERSION"))
+        .map_err(super::studies::failure_error)?;
+    run_points(index, points, c, engine)
+}
+
+/// The flags every point shares, as the library takes them.
+fn common(c: &Common) -> study::SweepCommon {
+    study::SweepCommon {
+        backend: c.backend.spec(),
+        gpu: c.gpu,
         rate_hz: rate_hz(c.rate),
         duration_s: c.duration_s,
-        points: Vec::new(),
-    };
-    run_points(index, points, c, engine)
+        warmup: c.warmup,
+    }
 }
 
 fn rate_hz(r: Rate) -> Option<f64> {

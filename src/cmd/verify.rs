@@ -73,6 +73,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
         choices: isolane_session::PartitionChoices {
             allow_mig_reconfigure: args.allow_mig_reconfigure,
             join_mps: args.join_mps,
+            ..Default::default()
         },
         worker: None,
         verbose: !args.quiet,

@@ -4,10 +4,12 @@
 
 use std::path::Path;
 
-use isolane_core::results::{RunSummary, SweepIndex, SweepPoint};
-use isolane_core::spec::Scenario;
+use isolane_core::device_model::DeviceModel;
+use isolane_core::results::{RunSummary, SweepIndex, SweepPoint, SCHEMA_VERSION};
+use isolane_core::spec::{Backend, DeviceSpec, Host, Mechanism, ModelSource, Precision, Scenario};
 use isolane_runtime::coordinator::RunPlan;
 use isolane_runtime::output;
+use isolane_runtime::sweep::{self, PointWorkload};
 
 use super::{Failure, StudyError, EXIT_FAILED, EXIT_INTERRUPTED};
 
@@ -185,6 +187,238 @@ fn points_table(out: &Path, index: &SweepIndex) -> String {
         &rows,
         &[0, 1, 2],
     )
+}
+
+/// What every point of a sweep shares (its flags).
+#[derive(Debug, Clone)]
+pub struct SweepCommon {
+    pub backend: Backend,
+    pub gpu: u32,
+    /// Release rate per workload (`None`: closed loop).
+    pub rate_hz: Option<f64>,
+    pub duration_s: f64,
+    pub warmup: u64,
+}
+
+/// `sweep partition`'s flags.
+#[derive(Debug, Clone)]
+pub struct PartitionSweep {
+    pub model: String,
+    /// Green contexts by SMs; otherwise MPS by thread percentage.
+    pub green: bool,
+    /// Empty: every size of the device (green) or 10, 20, …, 100 (mps).
+    pub sizes: Vec<u32>,
+    pub batch: u32,
+    pub precision: String,
+}
+
+/// `sweep concurrency`'s flags.
+#[derive(Debug, Clone)]
+pub struct ConcurrencySweep {
+    pub model: String,
+    pub workloads: Vec<u32>,
+    pub batch: Vec<u32>,
+    pub precision: Vec<String>,
+    /// MPS with equal thread shares; otherwise separate processes taking turns.
+    pub mps: bool,
+}
+
+fn backend_name(b: Backend) -> &'static str {
+    match b {
+        Backend::Cpu => "cpu",
+        Backend::Cuda => "cuda",
+    }
+}
+
+/// Where every workload of a point runs.
+fn point_device(c: &SweepCommon, mechanism: Mechanism, host: Host) -> DeviceSpec {
+    DeviceSpec {
+        backend: c.backend,
+        gpu: c.gpu,
+        mechanism,
+        host,
+        gpus: Vec::new(),
+    }
+}
+
+/// `--precision` as the scenario's type (a mistake names the flag and what is allowed).
+fn precision(v: &str) -> Result<Precision, Failure> {
+    serde_json::from_value(serde_json::Value::String(v.to_string())).map_err(|_| {
+        Failure::user(format!(
+            "--precision {v}: expected one of fp32, tf32, fp16, bf16"
+        ))
+    })
+}
+
+/// `--model` as a point's scenario names it: an `.onnx` path made absolute, since the point's
+/// `scenario.toml` lives in the point's folder (as a scenario file's own paths come back
+/// absolute from parsing).
+fn point_model(model: &str) -> Result<String, Failure> {
+    match ModelSource::classify(model) {
+        Ok(ModelSource::Onnx(path)) => Ok(std::path::absolute(&path)
+            .map_err(|e| Failure {
+                text: format!("--model {model}: resolving the path: {e}"),
+                user: false,
+            })?
+            .display()
+            .to_string()),
+        _ => Ok(model.to_string()),
+    }
+}
+
+/// `sweep partition`'s points: one model alone at each partition size of `device` (green:
+/// SMs by its granularity; mps: thread percentages).
+pub fn partition_points(
+    c: &SweepCommon,
+    a: &PartitionSweep,
+    device: &DeviceModel,
+    version: &str,
+) -> Result<(SweepIndex, Vec<Point>), Failure> {
+    let sizes = match (a.green, a.sizes.is_empty()) {
+        (true, true) => sweep::green_sizes(device).map_err(Failure::user)?,
+        (true, false) => {
+            sweep::check_green_sizes(device, &a.sizes).map_err(Failure::user)?;
+            a.sizes.clone()
+        }
+        (false, true) => sweep::mps_sizes(),
+        (false, false) => {
+            sweep::check_mps_sizes(&a.sizes).map_err(Failure::user)?;
+            a.sizes.clone()
+        }
+    };
+    let (mechanism, host, unit) = match (c.backend, a.green) {
+        (Backend::Cpu, true) => (Mechanism::None, Host::Thread, "sms"),
+        (Backend::Cpu, false) => (Mechanism::None, Host::Thread, "thread_pct"),
+        (Backend::Cuda, true) => (Mechanism::Green, Host::Thread, "sms"),
+        (Backend::Cuda, false) => (Mechanism::Mps, Host::Process, "thread_pct"),
+    };
+    let point_precision = precision(&a.precision)?;
+    let model = point_model(&a.model)?;
+    let on_gpu = c.backend == Backend::Cuda;
+    let points = sizes
+        .iter()
+        .map(|&size| {
+            let green = a.green;
+            let w = PointWorkload {
+                name: sweep::workload_name(&a.model),
+                model: model.clone(),
+                batch: a.batch,
+                precision: point_precision,
+                rate_hz: c.rate_hz,
+                duration_s: c.duration_s,
+                warmup_jobs: c.warmup,
+                sms: (on_gpu && green).then_some(size),
+                thread_pct: (on_gpu && !green).then_some(size),
+            };
+            Point {
+                entry: SweepPoint {
+                    dir: format!("{unit}-{size:03}"),
+                    status: "pending".into(),
+                    sms: green.then_some(size),
+                    thread_pct: (!green).then_some(size),
+                    batch: Some(a.batch),
+                    precision: Some(a.precision.clone()),
+                    ..SweepPoint::default()
+                },
+                scenario: sweep::point_scenario(point_device(c, mechanism, host), &[w]),
+            }
+        })
+        .collect();
+    let index = SweepIndex {
+        schema_version: SCHEMA_VERSION,
+        isolane_version: version.into(),
+        kind: "partition".into(),
+        model: a.model.clone(),
+        backend: backend_name(c.backend).into(),
+        mechanism: if a.green { "green" } else { "mps" }.into(),
+        precision: a.precision.clone(),
+        device_model: Some(device.name.to_string()),
+        unit: Some(unit.into()),
+        partition_applied: on_gpu,
+        rate_hz: c.rate_hz,
+        duration_s: c.duration_s,
+        points: Vec::new(),
+    };
+    Ok((index, points))
+}
+
+/// `sweep concurrency`'s points: N copies of one model at once for each N × batch × precision.
+pub fn concurrency_points(
+    c: &SweepCommon,
+    a: &ConcurrencySweep,
+    version: &str,
+) -> Result<(SweepIndex, Vec<Point>), Failure> {
+    for (flag, list) in [("workloads", &a.workloads), ("batch", &a.batch)] {
+        if list.is_empty() || list.contains(&0) {
+            return Err(Failure::user(format!(
+                "--{flag}: expected a comma-separated list of numbers ≥ 1"
+            )));
+        }
+    }
+    if a.precision.is_empty() {
+        return Err(Failure::user("--precision: the list is empty"));
+    }
+    let (mechanism, host) = match (c.backend, a.mps) {
+        (Backend::Cpu, _) => (Mechanism::None, Host::Thread),
+        (Backend::Cuda, false) => (Mechanism::Timeslice, Host::Process),
+        (Backend::Cuda, true) => (Mechanism::Mps, Host::Process),
+    };
+    let model = point_model(&a.model)?;
+    let several_precisions = a.precision.len() > 1;
+    let mut points = Vec::new();
+    for precision_flag in &a.precision {
+        let point_precision = precision(precision_flag)?;
+        for &n in &a.workloads {
+            for &b in &a.batch {
+                let ws: Vec<PointWorkload> = (0..n)
+                    .map(|i| PointWorkload {
+                        name: format!("{}-{i}", sweep::workload_name(&a.model)),
+                        model: model.clone(),
+                        batch: b,
+                        precision: point_precision,
+                        rate_hz: c.rate_hz,
+                        duration_s: c.duration_s,
+                        warmup_jobs: c.warmup,
+                        sms: None,
+                        // Equal shares that add up to at most 100 % (admission's budget).
+                        thread_pct: (mechanism == Mechanism::Mps).then(|| (100 / n).max(1)),
+                    })
+                    .collect();
+                let dir = if several_precisions {
+                    format!("{precision_flag}-w{n}-b{b:02}")
+                } else {
+                    format!("w{n}-b{b:02}")
+                };
+                points.push(Point {
+                    entry: SweepPoint {
+                        dir,
+                        status: "pending".into(),
+                        workloads: Some(n),
+                        batch: Some(b),
+                        precision: Some(precision_flag.clone()),
+                        ..SweepPoint::default()
+                    },
+                    scenario: sweep::point_scenario(point_device(c, mechanism, host), &ws),
+                });
+            }
+        }
+    }
+    let index = SweepIndex {
+        schema_version: SCHEMA_VERSION,
+        isolane_version: version.into(),
+        kind: "concurrency".into(),
+        model: a.model.clone(),
+        backend: backend_name(c.backend).into(),
+        mechanism: mechanism.name().into(),
+        precision: a.precision.join(","),
+        device_model: None,
+        unit: None,
+        partition_applied: c.backend == Backend::Cuda && mechanism == Mechanism::Mps,
+        rate_hz: c.rate_hz,
+        duration_s: c.duration_s,
+        points: Vec::new(),
+    };
+    Ok((index, points))
 }
 
 #[cfg(test)]
