@@ -5,9 +5,8 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use isolane_export::capacity::Measurements;
-use isolane_export::k8s::{Claim, Kind, Options};
-use isolane_export::{ExportError, Format, Planned};
+use isolane_export::command::{self, ExportFlags};
+use isolane_export::ExportError;
 
 use super::user;
 
@@ -70,61 +69,30 @@ pub struct ExportArgs {
 }
 
 pub fn run(args: ExportArgs) -> anyhow::Result<u8> {
-    let k8s_only = [
-        ("--image", args.image.is_some()),
-        ("--kind", args.kind.is_some()),
-        ("--replicas", args.replicas.is_some()),
-        ("--claim", args.claim.is_some()),
-        ("--gpu-product", args.gpu_product.is_some()),
-        ("--namespace", args.namespace.is_some()),
-    ];
-    if args.format != "k8s" {
-        if let Some((flag, _)) = k8s_only.iter().find(|(_, given)| *given) {
-            return Err(user(format!(
-                "{flag} applies to `isolane export k8s` only, not to `{}`",
-                args.format
-            )));
-        }
-    }
-    if args.format == "mps" && args.name.is_some() {
-        return Err(user(
-            "--name applies to `isolane export k8s` and `mig-parted`, not to `mps`",
-        ));
-    }
-    let file = super::ScenarioFile::read(&args.scenario)?;
+    let flags = ExportFlags {
+        format: args.format,
+        scenario: args.scenario,
+        out: args.out,
+        force: args.force,
+        capacity: args.capacity,
+        name: args.name,
+        image: args.image,
+        kind: args.kind,
+        replicas: args.replicas,
+        claim: args.claim,
+        gpu_product: args.gpu_product,
+        namespace: args.namespace,
+    };
+    command::check_flags(&flags).map_err(export_error)?;
+    let file = super::ScenarioFile::read(&flags.scenario)?;
     let (scenario, name) = file.scenario()?;
     let models: Vec<&str> = isolane_engine::builtin_models()
         .iter()
         .map(|m| m.name)
         .collect();
-    let plan = Planned::new(&scenario, &name).map_err(export_error)?;
-    let measurements = Measurements::read(&args.capacity, &models).map_err(export_error)?;
-    let stem = args
-        .scenario
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let default_name = {
-        let base = isolane_export::dns_label(&stem, 44);
-        if base.is_empty() {
-            "isolane".to_string()
-        } else {
-            format!("isolane-{base}")
-        }
-    };
-    let object_name = args.name.clone().unwrap_or(default_name);
-    let format = match args.format.as_str() {
-        "k8s" => Format::K8s(k8s_options(
-            &args,
-            object_name,
-            &isolane_export::capacity::measured_gpus(plan, &measurements),
-        )?),
-        "mps" => Format::Mps,
-        _ => Format::MigParted { name: object_name },
-    };
-    let export = isolane_export::export(&format, plan, &measurements).map_err(export_error)?;
-    isolane_export::write_export(&args.out, args.force, format.files(), &export)
-        .map_err(export_error)?;
+    let warn = &mut |line: String| eprintln!("{line}");
+    let (format, export) =
+        command::export_planned(&flags, &scenario, &name, &models, warn).map_err(export_error)?;
     for n in &export.notes {
         eprintln!("note: {n}");
     }
@@ -133,85 +101,10 @@ pub fn run(args: ExportArgs) -> anyhow::Result<u8> {
         "isolane export {}: wrote {} files to {}: {}",
         format.word(),
         names.len(),
-        args.out.display(),
+        flags.out.display(),
         names.join(", ")
     );
     Ok(0)
-}
-
-/// The k8s flags; `measured`: the GPUs the plan's capacity was measured on.
-fn k8s_options(args: &ExportArgs, name: String, measured: &[String]) -> anyhow::Result<Options> {
-    let image = args.image.clone().ok_or_else(|| {
-        user(
-            "--image: `isolane export k8s` needs the container image that has the isolane \
-             binary on its PATH (e.g. --image registry.example/isolane:0.1.0)",
-        )
-    })?;
-    if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
-        return Err(user(format!(
-            "--image {image:?}: expected an image reference without spaces (REGISTRY/NAME:TAG)"
-        )));
-    }
-    isolane_export::k8s::check_name(&name).map_err(export_error)?;
-    if let Some(ns) = &args.namespace {
-        if ns.is_empty() || ns.len() > 63 || isolane_export::dns_label(ns, 63) != *ns {
-            return Err(user(format!(
-                "--namespace {ns:?}: expected 1 to 63 lowercase letters, digits and `-`, \
-                 starting and ending with a letter or digit"
-            )));
-        }
-    }
-    let kind = match args.kind.as_deref() {
-        Some("deployment") => {
-            let replicas = args.replicas.unwrap_or(1);
-            if !(1..=10_000).contains(&replicas) {
-                return Err(user(format!(
-                    "--replicas {replicas}: expected 1 to 10000 pods"
-                )));
-            }
-            Kind::Deployment { replicas }
-        }
-        _ if args.replicas.is_some() => {
-            return Err(user(
-                "--replicas applies to --kind deployment only (a DaemonSet runs a pod on each \
-                 node of the plan's GPU)",
-            ))
-        }
-        _ => Kind::DaemonSet,
-    };
-    let claim = match args.claim.as_deref() {
-        Some("device-plugin") => Claim::DevicePlugin,
-        _ => Claim::Dra,
-    };
-    let gpu_product = match (&args.gpu_product, measured) {
-        (Some(p), _) => {
-            if !measured.is_empty() && !measured.contains(p) {
-                eprintln!(
-                    "warning: --gpu-product {p:?}, but the --capacity measurements were taken \
-                     on {}; capacity.yaml's numbers may not hold on it",
-                    measured.join(", ")
-                );
-            }
-            Some(p.clone())
-        }
-        (None, [one]) => Some(one.clone()),
-        (None, []) => None,
-        (None, several) => {
-            return Err(user(format!(
-                "--gpu-product: the --capacity measurements were taken on several GPUs ({}); \
-                 give the one the pods are for",
-                several.join(", ")
-            )))
-        }
-    };
-    Ok(Options {
-        name,
-        image,
-        namespace: args.namespace.clone(),
-        kind,
-        claim,
-        gpu_product,
-    })
 }
 
 fn export_error(e: ExportError) -> anyhow::Error {

@@ -12,6 +12,7 @@
 //! as a note ([`Export::notes`]), which the CLI prints and NOTES.txt keeps: never dropped.
 
 pub mod capacity;
+pub mod command;
 pub mod k8s;
 pub mod mig;
 pub mod mps;
