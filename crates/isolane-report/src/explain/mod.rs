@@ -15,6 +15,7 @@
 
 pub mod attribute;
 pub mod memory;
+pub mod render;
 
 use std::path::{Path, PathBuf};
 
