@@ -466,3 +466,42 @@ fn crafted_pads_and_resizes_are_refused_before_they_allocate() {
         assert!(err.contains("node \"big\""), "{name}: {err}");
     }
 }
+
+/// An allocation the process cannot make is an out-of-memory, exit code 3, with the model, its
+/// batch, the bytes asked and a hint, not an abort (`vec!` aborts the process on a failed
+/// allocation) nor a runtime failure (1). The address-space limit makes it deterministic:
+/// resnet18's CPU arena at batch 256 is about 1.1 GiB, more than the 1 GiB the process gets,
+/// while the up-front check (against half of this machine's memory) lets it through and batch
+/// 1 runs within the same limit.
+#[test]
+fn an_arena_beyond_the_address_space_exits_3_naming_model_batch_and_bytes() {
+    let limited = |batch: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 1048576 && exec \"$@\"")
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_isolane"))
+            .args(["infer", "--model", "resnet18", "--random", "--threads", "1"])
+            .args(["--batch", batch])
+            .output()
+            .unwrap()
+    };
+    let o = limited("1");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = limited("256");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    for needle in [
+        "running resnet18 at batch 256: out of memory: the activation arena asked for",
+        "GiB of host memory",
+        "hint: a smaller batch",
+    ] {
+        assert!(err.contains(needle), "expected {needle:?} in:\n{err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}

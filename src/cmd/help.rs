@@ -51,6 +51,12 @@ fn is_interruptible(command: &str) -> bool {
     )
 }
 
+/// Commands whose engine errors reach the exit code whole, so that an out-of-memory is told
+/// apart from other failures (exit 3).
+fn may_run_out_of_memory(command: &str) -> bool {
+    matches!(command, "infer" | "bench")
+}
+
 /// The "Exit codes" paragraph of one command's help (a paragraph, so that clap wraps it
 /// cleanly at any width).
 pub fn exit_codes_text(command: &str) -> String {
@@ -59,6 +65,12 @@ pub fn exit_codes_text(command: &str) -> String {
          file (the message names it; nothing is run)",
         failure_meaning(command)
     );
+    if may_run_out_of_memory(command) {
+        s.push_str(
+            "; 3 out of memory: the model at its batch did not fit (the message names the \
+             allocation and the bytes asked, and a hint follows)",
+        );
+    }
     if is_interruptible(command) {
         s.push_str("; 130 interrupted by Ctrl-C (what was measured is written)");
     }
@@ -162,5 +174,7 @@ mod tests {
         assert!(!exit_codes_text("models").contains("130"));
         assert!(exit_codes_text("plan").contains("--device-model"));
         assert!(exit_codes_text("bench").contains("--backend cpu"));
+        assert!(exit_codes_text("infer").contains("; 3 out of memory"));
+        assert!(!exit_codes_text("run").contains("; 3 "));
     }
 }

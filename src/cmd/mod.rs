@@ -85,6 +85,8 @@ pub fn check_threads(threads: usize) -> anyhow::Result<()> {
 /// Exit codes of docs/runtime.md.
 pub const EXIT_FAILED: u8 = 1;
 pub const EXIT_USER: u8 = 2;
+/// The model at its batch did not fit the memory it was given (an allocation was refused).
+pub const EXIT_OUT_OF_MEMORY: u8 = 3;
 pub const EXIT_INTERRUPTED: u8 = 130;
 
 pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
@@ -99,13 +101,32 @@ pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
             } else {
                 eprintln!("error: {text}");
             }
-            if e.chain().any(|c| c.downcast_ref::<UserError>().is_some()) {
-                ExitCode::from(EXIT_USER)
-            } else {
-                ExitCode::from(EXIT_FAILED)
+            if let Some(m) = out_of_memory(&e) {
+                eprintln!("hint: {}", m.hint());
             }
+            ExitCode::from(failure_code(&e))
         }
     }
+}
+
+/// The exit code of a failed command: an out-of-memory anywhere in its chain (the engine's
+/// error kept as its source) 3, a user's mistake 2, anything else 1.
+pub fn failure_code(e: &anyhow::Error) -> u8 {
+    if out_of_memory(e).is_some() {
+        EXIT_OUT_OF_MEMORY
+    } else if e.chain().any(|c| c.downcast_ref::<UserError>().is_some()) {
+        EXIT_USER
+    } else {
+        EXIT_FAILED
+    }
+}
+
+fn out_of_memory(e: &anyhow::Error) -> Option<&isolane_engine::OutOfMemory> {
+    e.chain()
+        .find_map(|c| match c.downcast_ref::<isolane_engine::EngineError>()? {
+            isolane_engine::EngineError::OutOfMemory(m) => Some(m.as_ref()),
+            _ => None,
+        })
 }
 
 /// Columns a message printed after `error: ` wraps at, so that it reads whole in an 80-column
