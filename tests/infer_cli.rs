@@ -504,4 +504,20 @@ fn an_arena_beyond_the_address_space_exits_3_naming_model_batch_and_bytes() {
         assert!(err.contains(needle), "expected {needle:?} in:\n{err}");
     }
     assert!(!err.contains("panicked"), "{err}");
+    // bench keeps the engine's error as its source too.
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1048576 && exec \"$@\"")
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_isolane"))
+        .args(["bench", "--backend", "cpu", "--model", "resnet18"])
+        .args(["--threads", "1", "--batch", "256"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("compiling resnet18 batch 256 for cpu: out of memory"),
+        "{err}"
+    );
 }

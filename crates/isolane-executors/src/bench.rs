@@ -314,7 +314,9 @@ pub fn bench(
                                 Box::new(
                                     CpuBackend::new(args.threads)
                                         .compile_cpu(&graph, batch, p)
-                                        .map_err(doing(format!("compiling {name} for cpu")))?,
+                                        .map_err(doing(format!(
+                                            "compiling {name} batch {batch} for cpu"
+                                        )))?,
                                 ),
                                 None,
                             )
