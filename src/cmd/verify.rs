@@ -81,7 +81,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
     if !args.quiet {
         eprintln!(
             "{}",
-            time_needed(&partitions_per_gpu(&scenario), args.duration_s)
+            verify::time_needed(&verify::partitions_per_gpu(&scenario), args.duration_s)
         );
     }
     let reports = verify::verify_each_gpu(&scenario, &opts).map_err(|e: GpuError| {
@@ -113,68 +113,4 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
         }
     }
     Ok(0)
-}
-
-/// How many partitions each GPU of the scenario verifies (GPUs without workloads left out).
-fn partitions_per_gpu(s: &isolane_core::spec::Scenario) -> Vec<usize> {
-    s.device
-        .all_gpus()
-        .into_iter()
-        .map(|g| s.on_one_gpu(g).workloads.len())
-        .filter(|&n| n > 0)
-        .collect()
-}
-
-/// What verify says before it starts: per GPU, the probe on the whole GPU, each partition alone
-/// and, with two or more, each beside the others saturating; each measurement at least 0.5 s.
-fn time_needed(per_gpu: &[usize], duration_s: f64) -> String {
-    let measurements: usize = per_gpu
-        .iter()
-        .map(|&n| 1 + n + if n >= 2 { n } else { 0 })
-        .sum();
-    let partitions: usize = per_gpu.iter().sum();
-    let gpus = match per_gpu.len() {
-        1 => String::new(),
-        n => format!(" on {n} GPUs, one after the other"),
-    };
-    format!(
-        "verify: {partitions} partition(s){gpus}, {measurements} measurements of {:.1} s: at \
-         least ~{}\n  (plus setting the partitions up)",
-        duration_s.max(0.5),
-        isolane_session::progress::duration_text(measurements as f64 * duration_s.max(0.5))
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_time_needed_counts_every_measurement() {
-        // 4 partitions: whole GPU, 4 alone, 4 beside = 9 measurements of 2 s.
-        let t = super::time_needed(&[4], 2.0);
-        assert!(t.contains("9 measurements of 2.0 s: at least ~18 s"), "{t}");
-        assert!(!t.contains("GPUs"), "{t}");
-        // One partition has no neighbours; short measurements last 0.5 s.
-        let t = super::time_needed(&[1], 0.1);
-        assert!(t.contains("2 measurements of 0.5 s: at least ~1 s"), "{t}");
-        // Two GPUs, each measured on its own: (1 + 2 + 2) + (1 + 1).
-        let t = super::time_needed(&[2, 1], 1.0);
-        assert!(
-            t.contains("3 partition(s) on 2 GPUs, one after the other, 7 measurements"),
-            "{t}"
-        );
-    }
-
-    #[test]
-    fn each_gpu_with_workloads_is_verified() {
-        use isolane_core::spec::{NoBuiltinModels, Scenario};
-        let text = "[device]\nbackend = \"cuda\"\ngpus = [0, 1, 2]\nmechanism = \"green\"\n\
-                    [[workload]]\nname = \"a\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
-                    [workload.partition]\nsms = 8\n\
-                    [[workload]]\nname = \"b\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
-                    gpu = 2\n[workload.partition]\nsms = 8\n\
-                    [[workload]]\nname = \"c\"\nmodel = \"spin:1ms\"\nrate_hz = 10\njobs = 1\n\
-                    gpu = 2\n[workload.partition]\nsms = 8\n";
-        let s = Scenario::from_toml_str(text, "s.toml", &NoBuiltinModels).unwrap();
-        assert_eq!(super::partitions_per_gpu(&s), [1, 2], "GPU 1 has none");
-    }
 }
