@@ -295,7 +295,7 @@ pub fn plan_target(
         return Ok(Target::Here {
             device: cpu_device_model(),
             record: DeviceRecord {
-                gpu: cpu_name(),
+                gpu: isolane_planner::cache::cpu_name(),
                 driver: "none".into(),
                 device_model: "cpu".into(),
             },
@@ -349,20 +349,6 @@ fn mig_mode(
         Some(&(g, m)) => (m, g),
         None => (Some(true), gpus.first().copied().unwrap_or(0)),
     })
-}
-
-/// The CPU's model name, as the cache knows this machine's CPU.
-fn cpu_name() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "cpu".into());
-    format!("cpu {model}")
 }
 
 /// The machine's load average over the last minute (/proc/loadavg), if it can be read.
