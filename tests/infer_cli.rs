@@ -520,4 +520,25 @@ fn an_arena_beyond_the_address_space_exits_3_naming_model_batch_and_bytes() {
         err.contains("compiling resnet18 batch 256 for cpu: out of memory"),
         "{err}"
     );
+    // So does build, which writes no plan.
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("r.isoplan");
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1048576 && exec \"$@\"")
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_isolane"))
+        .args([
+            "build", "resnet18", "--device", "cpu", "--batch", "256", "-o",
+        ])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("building resnet18 for batch 256 on cpu: out of memory"),
+        "{err}"
+    );
+    assert!(!plan.exists());
 }

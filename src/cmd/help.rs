@@ -54,7 +54,7 @@ fn is_interruptible(command: &str) -> bool {
 /// Commands whose engine errors reach the exit code whole, so that an out-of-memory is told
 /// apart from other failures (exit 3).
 fn may_run_out_of_memory(command: &str) -> bool {
-    matches!(command, "infer" | "bench")
+    matches!(command, "infer" | "bench" | "build")
 }
 
 /// The "Exit codes" paragraph of one command's help (a paragraph, so that clap wraps it

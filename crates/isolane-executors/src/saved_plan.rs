@@ -31,17 +31,31 @@ pub struct BuildRequest {
 pub enum BuildError {
     User(String),
     Failed(String),
+    /// The engine failed doing `what` (not the user's input): its error is kept whole as the
+    /// source, so that the CLI tells an out-of-memory (exit 3) from a library failure (1).
+    Engine {
+        what: String,
+        source: EngineError,
+    },
 }
 
 impl std::fmt::Display for BuildError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             BuildError::User(m) | BuildError::Failed(m) => f.write_str(m),
+            BuildError::Engine { what, .. } => f.write_str(what),
         }
     }
 }
 
-impl std::error::Error for BuildError {}
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BuildError::Engine { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
 
 impl BuildError {
     pub fn is_user_error(&self) -> bool {
@@ -49,17 +63,17 @@ impl BuildError {
     }
 }
 
-/// An engine error of a model the user gave: the model's or the request's fault (exit 2), or
-/// else the machine's (a library, memory, a failed run: exit 1).
-fn classify(e: EngineError) -> BuildError {
-    match e {
+/// An engine error of a model the user gave while doing `what`: the model's or the request's
+/// fault (exit 2), or else the machine's (memory: exit 3; a library, a failed run: exit 1).
+fn classify(what: String) -> impl FnOnce(EngineError) -> BuildError {
+    move |e| match e {
         EngineError::InvalidGraph { .. }
         | EngineError::Shape { .. }
         | EngineError::Unsupported(_)
         | EngineError::UnknownModel { .. }
         | EngineError::Weights { .. }
         | EngineError::InvalidArgument(_) => BuildError::User(e.to_string()),
-        e => BuildError::Failed(e.to_string()),
+        source => BuildError::Engine { what, source },
     }
 }
 
@@ -106,6 +120,10 @@ pub fn build(req: &BuildRequest, say: &mut dyn FnMut(String)) -> Result<SavedPla
         };
         build_model(&req.model, weights).map_err(|e| user(e.to_string()))?
     };
+    let doing = format!(
+        "building {} for batch {} on {}",
+        req.model, req.batch, req.device
+    );
     let saved = match req.device.as_str() {
         "cpu" => {
             if precision != Precision::Fp32 {
@@ -115,18 +133,20 @@ pub fn build(req: &BuildRequest, say: &mut dyn FnMut(String)) -> Result<SavedPla
                     precision.as_str()
                 )));
             }
-            let saved = saved::cpu_plan(&graph, &req.model, req.batch).map_err(classify)?;
+            let saved =
+                saved::cpu_plan(&graph, &req.model, req.batch).map_err(classify(doing.clone()))?;
             // Compiled once here, so that a plan that cannot run at this batch is never written.
             CpuBackend::new(1)
                 .compile_cpu(&saved.graph, req.batch, precision)
-                .map_err(classify)?;
+                .map_err(classify(doing))?;
             saved
         }
         "cuda" => {
-            let backend = isolane_cuda::CudaBackend::new(req.gpu).map_err(classify)?;
+            let backend =
+                isolane_cuda::CudaBackend::new(req.gpu).map_err(classify(doing.clone()))?;
             let (model, saved) = backend
                 .build_saved(&graph, &req.model, req.batch, precision)
-                .map_err(classify)?;
+                .map_err(classify(doing))?;
             say(format!(
                 "compiled {} for batch {} at {} on cuda in {:.0} ms (plan built and timed in \
                  {:.0} ms)",
@@ -173,7 +193,7 @@ pub fn load_cpu(
         .map_err(|e| BuildError::User(e.to_string()))?;
     let m = CpuBackend::new(threads)
         .compile_cpu(&saved.graph, batch, precision)
-        .map_err(classify)?;
+        .map_err(classify(format!("loading {file} for batch {batch} on cpu")))?;
     Ok(Box::new(m))
 }
 
@@ -187,10 +207,11 @@ pub fn load_cuda(
 ) -> Result<isolane_cuda::CudaModel, BuildError> {
     let file = path.display().to_string();
     let saved = SavedPlan::load(path).map_err(|e| BuildError::User(e.to_string()))?;
-    let backend = isolane_cuda::CudaBackend::new(gpu).map_err(classify)?;
+    let doing = format!("loading {file} for batch {batch} on cuda");
+    let backend = isolane_cuda::CudaBackend::new(gpu).map_err(classify(doing.clone()))?;
     backend
         .load_saved(&saved, &file, batch, precision)
-        .map_err(classify)
+        .map_err(classify(doing))
 }
 
 #[cfg(test)]
