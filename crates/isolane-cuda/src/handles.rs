@@ -240,3 +240,34 @@ impl Drop for PinnedF32 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isolane_engine::EngineError;
+
+    /// What the driver answers a device allocation no GPU holds: an out-of-memory with the
+    /// bytes asked and the device's free bytes, and the call that refused it.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn an_allocation_beyond_the_gpu_is_out_of_memory_with_bytes_asked_and_free() {
+        let backend = crate::CudaBackend::new(0).expect("needs a CUDA GPU");
+        crate::model::make_current(backend.context()).unwrap();
+        let asked = 1usize << 50; // 1 PiB
+        let e = dev_alloc(asked).expect_err("1 PiB allocated");
+        let EngineError::OutOfMemory(m) = &e else {
+            panic!("not an out-of-memory: {e}");
+        };
+        assert_eq!(m.requested_bytes, Some(1 << 50));
+        assert!(m.free_bytes.is_some_and(|f| f > 0), "{e}");
+        assert_eq!(m.memory, "the GPU's memory");
+        let by = m.reported_by.as_ref().expect("the refusing call");
+        assert_eq!(
+            (by.call, by.status.as_str()),
+            ("cuMemAlloc", "CUDA_ERROR_OUT_OF_MEMORY")
+        );
+        // A later allocation still works: the failure left the context usable.
+        let ok = DeviceBuffer::new(1 << 20).expect("1 MiB after the failure");
+        drop(ok);
+    }
+}
