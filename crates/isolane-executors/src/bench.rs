@@ -59,10 +59,19 @@ fn user(msg: impl std::fmt::Display) -> BenchError {
     BenchError::User(msg.to_string())
 }
 
+/// The engine's error while doing `what`: a model it cannot take (a malformed graph, an op or
+/// precision the backend lacks) is the user's (exit 2); anything else keeps the error whole as
+/// the source, so that the CLI tells an out-of-memory (exit 3) from a library failure (1).
 fn doing(what: String) -> impl FnOnce(EngineError) -> BenchError {
-    move |source| BenchError::Engine {
-        doing: what,
-        source,
+    move |source| {
+        if source.is_bad_model() {
+            user(format!("{what}: {source}"))
+        } else {
+            BenchError::Engine {
+                doing: what,
+                source,
+            }
+        }
     }
 }
 
@@ -350,4 +359,35 @@ pub fn bench(
         }
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_the_engine_cannot_take_is_the_users_and_memory_keeps_its_source() {
+        let e = doing("compiling m batch 1 for cpu".into())(EngineError::Unsupported(
+            "op `Tile`".into(),
+        ));
+        assert!(e.is_user_error());
+        assert_eq!(
+            e.to_string(),
+            "compiling m batch 1 for cpu: unsupported: op `Tile`"
+        );
+        let oom = isolane_engine::OutOfMemory {
+            what: "the activation arena".into(),
+            memory: "host memory".into(),
+            requested_bytes: Some(1 << 30),
+            free_bytes: None,
+            reported_by: None,
+        };
+        let e = doing("compiling m batch 64 for cpu".into())(oom.into());
+        assert!(!e.is_user_error());
+        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<EngineError>());
+        assert!(
+            matches!(source, Some(EngineError::OutOfMemory(_))),
+            "{source:?}"
+        );
+    }
 }
