@@ -6,11 +6,8 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use isolane_core::spec::Scenario;
 use isolane_runtime::coexec::{self as study, StudyConfig, Way};
 use isolane_session::studies::coexec;
-
-use super::user;
 
 #[derive(Args)]
 #[command(
@@ -72,60 +69,16 @@ fn way(s: &str) -> Result<String, String> {
 
 /// The jobs file and flags as the library's configuration.
 fn config(a: &CoexecArgs) -> anyhow::Result<StudyConfig> {
-    let (mut base, file) = super::load_scenario(Some(&a.jobs))?;
+    let (base, file) = super::load_scenario(Some(&a.jobs))?;
     super::refuse_several_gpus(&base, &file, "coexec")?;
-    study::check_jobs(&file, &base).map_err(user)?;
-    let names: Vec<String> = base.workloads.iter().map(|w| w.name.clone()).collect();
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let given: Vec<Way> = a.mechanisms.iter().filter_map(|m| Way::parse(m)).collect();
-    let ways = study::ways(base.device.backend, &given);
-    set_mig_profiles(&mut base, &names, &a.mig_profiles)?;
-    let thread_pct = study::split(
-        "thread-pct",
-        &names,
-        &a.thread_pct,
-        study::DEFAULT_THREAD_PCT,
-        1..=100,
-        "from 1 to 100",
-    )
-    .map_err(user)?;
-    let green_sms = study::split(
-        "green-sms",
-        &names,
-        &a.green_sms,
-        study::DEFAULT_GREEN_SMS,
-        1..=u32::MAX,
-        "at least 1",
-    )
-    .map_err(user)?;
-    let pairs = study::pairs(&names, &a.pairs).map_err(user)?;
-    Ok(StudyConfig {
-        jobs_file: file,
-        base,
-        pairs,
-        ways,
-        thread_pct,
-        green_sms,
-    })
-}
-
-/// `--mig-profiles NAME=PROFILE`: kept on the job for its mig cells.
-fn set_mig_profiles(base: &mut Scenario, names: &[&str], given: &[String]) -> anyhow::Result<()> {
-    for g in given {
-        let i = g
-            .split_once('=')
-            .and_then(|(n, p)| Some((names.iter().position(|x| *x == n)?, p)))
-            .filter(|(_, p)| !p.is_empty());
-        let Some((i, p)) = i else {
-            return Err(user(format!(
-                "--mig-profiles {g}: expected NAME=PROFILE with a workload name of the jobs \
-                 file ({}) and a MIG profile such as 3g.40gb",
-                names.join(", ")
-            )));
-        };
-        base.workloads[i].partition.mig_profile = Some(p.to_string());
-    }
-    Ok(())
+    let flags = coexec::CoexecFlags {
+        pairs: a.pairs.clone(),
+        mechanisms: a.mechanisms.clone(),
+        thread_pct: a.thread_pct.clone(),
+        green_sms: a.green_sms.clone(),
+        mig_profiles: a.mig_profiles.clone(),
+    };
+    coexec::config(&flags, base, file).map_err(super::studies::failure_error)
 }
 
 pub fn run(a: CoexecArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {

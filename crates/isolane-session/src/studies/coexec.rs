@@ -13,6 +13,78 @@ use isolane_runtime::output;
 
 use super::{status_word, Failure, RunError, Runs, StudyError, EXIT_FAILED, EXIT_INTERRUPTED};
 
+/// The flags of `isolane coexec` that shape the study (comma lists as the user gave them).
+#[derive(Debug, Clone, Default)]
+pub struct CoexecFlags {
+    /// `NAME:NAME` pairs (none: every pair).
+    pub pairs: Vec<String>,
+    /// Ways to run a pair at once, each one [`Way::parse`] takes (none: the backend's all).
+    pub mechanisms: Vec<String>,
+    /// `NAME=PCT`.
+    pub thread_pct: Vec<String>,
+    /// `NAME=SMS`.
+    pub green_sms: Vec<String>,
+    /// `NAME=PROFILE`.
+    pub mig_profiles: Vec<String>,
+}
+
+/// The jobs file (`base`, named `file`) and the flags as the study's configuration; a
+/// mistake is the user's.
+pub fn config(a: &CoexecFlags, mut base: Scenario, file: String) -> Result<StudyConfig, Failure> {
+    study::check_jobs(&file, &base).map_err(Failure::user)?;
+    let names: Vec<String> = base.workloads.iter().map(|w| w.name.clone()).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let given: Vec<Way> = a.mechanisms.iter().filter_map(|m| Way::parse(m)).collect();
+    let ways = study::ways(base.device.backend, &given);
+    set_mig_profiles(&mut base, &names, &a.mig_profiles)?;
+    let thread_pct = study::split(
+        "thread-pct",
+        &names,
+        &a.thread_pct,
+        study::DEFAULT_THREAD_PCT,
+        1..=100,
+        "from 1 to 100",
+    )
+    .map_err(Failure::user)?;
+    let green_sms = study::split(
+        "green-sms",
+        &names,
+        &a.green_sms,
+        study::DEFAULT_GREEN_SMS,
+        1..=u32::MAX,
+        "at least 1",
+    )
+    .map_err(Failure::user)?;
+    let pairs = study::pairs(&names, &a.pairs).map_err(Failure::user)?;
+    Ok(StudyConfig {
+        jobs_file: file,
+        base,
+        pairs,
+        ways,
+        thread_pct,
+        green_sms,
+    })
+}
+
+/// `--mig-profiles NAME=PROFILE`: kept on the job for its mig cells.
+fn set_mig_profiles(base: &mut Scenario, names: &[&str], given: &[String]) -> Result<(), Failure> {
+    for g in given {
+        let i = g
+            .split_once('=')
+            .and_then(|(n, p)| Some((names.iter().position(|x| *x == n)?, p)))
+            .filter(|(_, p)| !p.is_empty());
+        let Some((i, p)) = i else {
+            return Err(Failure::user(format!(
+                "--mig-profiles {g}: expected NAME=PROFILE with a workload name of the jobs \
+                 file ({}) and a MIG profile such as 3g.40gb",
+                names.join(", ")
+            )));
+        };
+        base.workloads[i].partition.mig_profile = Some(p.to_string());
+    }
+    Ok(())
+}
+
 /// Runs the study into `out` (checked by [`check`] before `out` was made); returns the exit
 /// code (0, 1: a run failed, 130: interrupted) and the index as written.
 pub fn run(
