@@ -1,7 +1,6 @@
 //! `isolane coexec`: the co-execution study (issue 17 item 5, docs/coexec.md). The jobs file
-//! and flags → an `isolane_runtime::coexec::StudyConfig`; each job alone and each pair at once
-//! is run by `run`'s own `measure` into its own folder, then reduced to times, speedup and
-//! slowdowns (`fill_job`, `fill_concurrent`).
+//! and flags → an `isolane_runtime::coexec::StudyConfig` (`isolane_session::studies::coexec`,
+//! which also runs the study); each run is `run`'s own `measure` (`cmd::studies::StudyRuns`).
 
 use std::path::PathBuf;
 

@@ -1,6 +1,6 @@
 //! `isolane interference`: the interference matrix (issue 14). Flags → a
-//! `isolane_runtime::interference::MatrixConfig`; each cell is run by `run`'s own `measure`
-//! into its own folder, then reduced to the victim's stretch (`fill_cell`).
+//! `isolane_runtime::interference::MatrixConfig`; `isolane_session::studies::interference` runs
+//! the matrix, each cell through `run`'s own `measure` (`cmd::studies::StudyRuns`).
 
 use std::path::PathBuf;
 

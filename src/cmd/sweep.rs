@@ -1,7 +1,8 @@
 //! `isolane sweep partition|concurrency`: one results folder holding `sweep.json` and one
-//! ordinary run folder per point. Each point's scenario is generated
-//! (`isolane_runtime::sweep`), written into its folder and run by `isolane run`'s own code, so
-//! a point is exactly a run (admission, partitions, telemetry included).
+//! ordinary run folder per point. The points are built and run by
+//! `isolane_session::studies::sweep` (scenarios from `isolane_runtime::sweep`); each is written
+//! into its folder and run by `isolane run`'s own code (`SweepRuns` below), so a point is
+//! exactly a run (admission, partitions, telemetry included).
 
 use isolane_core::spec::limits::{MAX_RATE_HZ, MAX_SECONDS, MIN_SECONDS};
 use std::path::{Path, PathBuf};
