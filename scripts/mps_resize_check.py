@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""An MPS client's share changed while it serves (issue 35), on a GPU machine.
+"""An MPS client's share, or a green partition's SMs, changed while it serves (issue 35), on a
+GPU machine.
 
     python3 scripts/mps_resize_check.py --isolane ISOLANE --scenario scenarios/serve/h200-mps.toml \
         --model mobilenet_v2 --to 10 [--rate 100] [--seconds 8] [--deadline-ms 50]
+    python3 scripts/mps_resize_check.py --isolane ISOLANE --scenario scenarios/serve/h200.toml \
+        --model mobilenet_v2 --key sms --to 16 --over 128
 
 Starts `isolane serve`, sends the model requests at --rate (HTTP, binary data, a seeded
 random image, each with its own --deadline-ms) for --seconds, and halfway through runs `isolane ctl resize MODEL
-thread_pct=TO`. Prints one JSON line: the change's reply (time to serving, pause), the model's
+KEY=TO` (KEY: thread_pct, or sms for a green partition). Prints one JSON line: the change's reply (time to serving, pause), the model's
 service estimate before and after (ctl status), and the requests answered, refused, late and
 failed (none may be lost: every request gets an answer or a refusal). Then asks for a share over
 the budget and checks it is refused (exit 2). The server is stopped with SIGTERM.
@@ -44,6 +47,9 @@ def main():
     p.add_argument("--scenario", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--to", type=int, required=True)
+    p.add_argument("--key", default="thread_pct", choices=["thread_pct", "sms"])
+    p.add_argument("--over", type=int, default=None,
+                   help="a size over the budget, refused (default: 100 %% of the threads, or 128 SMs)")
     p.add_argument("--rate", type=float, default=100.0)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--deadline-ms", type=int, default=50,
@@ -69,7 +75,7 @@ def main():
 
     def resize():
         time.sleep(a.seconds / 2)
-        out = ctl(a.isolane, addr, "resize", a.model, f"thread_pct={a.to}")
+        out = ctl(a.isolane, addr, "resize", a.model, f"{a.key}={a.to}")
         change["rc"] = out.returncode
         change["reply"] = out.stdout.strip() or out.stderr.strip()
 
@@ -99,11 +105,12 @@ def main():
             counts[key] += 1
     t.join()
     after = status_of(a.isolane, addr, a.model)
-    over = ctl(a.isolane, addr, "resize", a.model, "thread_pct=100")
+    over_to = a.over if a.over is not None else (100 if a.key == "thread_pct" else 128)
+    over = ctl(a.isolane, addr, "resize", a.model, f"{a.key}={over_to}")
     os.killpg(server.pid, signal.SIGTERM)
     code = server.wait(timeout=120)
     print(json.dumps({
-        "model": a.model, "to": a.to, "change": change, "counts": counts,
+        "model": a.model, "key": a.key, "to": a.to, "change": change, "counts": counts,
         "before": {"partition": before["partition"], "service_ms": before["load"]["service_ms"]},
         "after": {"partition": after["partition"], "service_ms": after["load"]["service_ms"]},
         "over_budget": {"rc": over.returncode, "said": (over.stderr or over.stdout).strip()[:300]},

@@ -125,6 +125,9 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         }
     }
     let admitted = super::admit_or_refuse(&scenario, &name)?;
+    // As `run` does: a critical deadline predicted to miss beside its neighbours is said (or
+    // refused) before any model is built ([protection] admission).
+    super::foresee::foresee_or_refuse(&scenario, &name)?;
     let plan = RunPlan::from_scenario(&scenario);
     let autoplan = match args.autoplan {
         true => Some(autoplan_setup(&args, &scenario, &plan)?),
@@ -523,17 +526,6 @@ fn autoplan_setup(
     };
     for w in &plan.workloads {
         let spec = &w.spec;
-        if spec.device(&plan.device).backend == Backend::Cuda && mechanism == Mechanism::Green {
-            // The change path refuses sms= until a green context can be made while serving
-            // (docs/serve.md, "Not served yet"): every resize the loop made would fail.
-            return Err(user(format!(
-                "{}: workload `{}`: --autoplan cannot resize a green partition yet (a green \
-                 context is not created while serving); it resizes CPU cores and MPS thread \
-                 shares (mechanism = \"mps\")",
-                args.scenario.display(),
-                spec.name
-            )));
-        }
         let own = spec.device(&plan.device).backend;
         if own != backend {
             // One ladder is planned: cores, or the GPU's SMs or thread shares.

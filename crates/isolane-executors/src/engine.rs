@@ -317,9 +317,15 @@ fn cuda_executor(
     let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);
     model.input_mut().copy_from_slice(&input);
     let io = TensorNames::of(graph);
+    // The device's L2 is read in the model's own context (current here); a guard that shares
+    // charges this model's pieces by what one job asks of the memory system.
+    let profile = isolane_cuda::l2::l2_bytes()
+        .ok()
+        .and_then(|l2| profile_of(graph, spec, l2 as u64));
     Box::new(CudaExecutor {
         model,
         io,
+        profile,
         _group: group,
     })
 }
@@ -398,6 +404,7 @@ pub fn plan_check_line(r: &isolane_cuda::check::CheckReport) -> String {
 struct CudaExecutor {
     model: isolane_cuda::CudaModel,
     io: TensorNames,
+    profile: Option<isolane_core::predict::MemoryProfile>,
     // Declared after the model so that it is dropped after it: the model runs on its stream.
     _group: Option<isolane_gpu::GreenGroup>,
 }
@@ -423,6 +430,17 @@ impl Executor for CudaExecutor {
         self.model
             .run_piece(i)
             .map_err(|e| ExecError::Job(e.to_string()))
+    }
+
+    fn persist_weights_in_l2(&mut self, mib: u64) -> Result<(), ExecError> {
+        self.model
+            .persist_weights_in_l2(mib)
+            .map(drop)
+            .map_err(|e| ExecError::Job(e.to_string()))
+    }
+
+    fn memory_profile(&self) -> Option<isolane_core::predict::MemoryProfile> {
+        self.profile
     }
 
     /// The model's own allocations (weights, arena, workspace), exact: the free-memory drop
@@ -503,11 +521,20 @@ pub fn memory_profile(
     } else {
         build_model(&spec.model, Weights::Zeros).ok()?
     };
+    profile_of(&graph, spec, l2_bytes)
+}
+
+/// [`memory_profile`] of a graph at hand (the one a model was just built from).
+fn profile_of(
+    graph: &Graph,
+    spec: &WorkloadSpec,
+    l2_bytes: u64,
+) -> Option<isolane_core::predict::MemoryProfile> {
     let element_bytes = match precision(spec.precision) {
         Precision::Fp16 | Precision::Bf16 => 2,
         Precision::Fp32 | Precision::Tf32 => 4,
     };
-    let t = isolane_engine::traffic::traffic(&graph, spec.batch as usize, element_bytes, l2_bytes)
+    let t = isolane_engine::traffic::traffic(graph, spec.batch as usize, element_bytes, l2_bytes)
         .ok()?;
     Some(isolane_core::predict::MemoryProfile {
         dram_bytes_per_job: t.dram_bytes() as f64,

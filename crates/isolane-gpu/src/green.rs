@@ -30,7 +30,7 @@ use crate::error::{GpuError, Result};
 use crate::loader;
 
 /// Functions this module needs; absent on drivers before CUDA 12.4.
-const GREEN_SYMBOLS: &[&str] = &[
+pub(crate) const GREEN_SYMBOLS: &[&str] = &[
     "cuDeviceGetDevResource",
     "cuDevSmResourceSplitByCount",
     "cuDevResourceGenerateDesc",
@@ -138,7 +138,7 @@ pub fn assign_units(unit_sms: &[u32], requested: &[u32]) -> Result<Vec<std::ops:
     Ok(out)
 }
 
-fn zeroed_resource() -> sys::CUdevResource {
+pub(crate) fn zeroed_resource() -> sys::CUdevResource {
     // SAFETY: CUdevResource is a plain C struct (enum tag 0 = CU_DEV_RESOURCE_TYPE_INVALID,
     // byte arrays, a union of plain structs); all-zero is a valid value, and the driver expects
     // zero-initialised structs.
@@ -146,7 +146,7 @@ fn zeroed_resource() -> sys::CUdevResource {
 }
 
 /// The SM part of a resource the driver filled in.
-fn sm_part(r: &sys::CUdevResource) -> Result<sys::CUdevSmResource> {
+pub(crate) fn sm_part(r: &sys::CUdevResource) -> Result<sys::CUdevSmResource> {
     if r.type_ != sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM {
         return Err(GpuError::Other(format!(
             "expected an SM resource, the driver returned {:?}",
@@ -186,7 +186,7 @@ pub fn device_sm_info(device_index: u32) -> Result<DriverSmInfo> {
     })
 }
 
-const GREEN_HINT: &str =
+pub(crate) const GREEN_HINT: &str =
     "green contexts need a CUDA 12.4 or later driver (CUDA 13.0 API used here)";
 
 /// One group: its green context, the context handle to make current, and its stream.
@@ -204,6 +204,9 @@ pub struct GreenGroup {
     stream: sys::CUstream,
     // Keeps the device's primary context retained while the group lives.
     _primary: Arc<PrimaryContext>,
+    /// A resizable group's hold on its units of the pool's split (`green_pool`), given back
+    /// after the context is destroyed (fields drop after `Drop::drop`).
+    lease: Option<crate::green_pool::Lease>,
     _not_sync: std::marker::PhantomData<std::cell::Cell<()>>,
 }
 
@@ -244,6 +247,9 @@ impl GreenGroup {
     /// context is current to one thread at a time.
     pub fn release_current(&self) -> Result<()> {
         driver::set_current(std::ptr::null_mut())
+    }
+    pub(crate) fn set_lease(&mut self, lease: crate::green_pool::Lease) {
+        self.lease = Some(lease);
     }
     pub fn info(&self) -> GroupInfo {
         GroupInfo {
@@ -484,7 +490,7 @@ fn split_by_count(
     Ok(results)
 }
 
-fn make_group(
+pub(crate) fn make_group(
     dev: sys::CUdevice,
     index: usize,
     requested: u32,
@@ -511,6 +517,7 @@ fn make_group(
         context: std::ptr::null_mut(),
         stream: std::ptr::null_mut(),
         _primary: Arc::clone(primary),
+        lease: None,
         _not_sync: std::marker::PhantomData,
     };
     // SAFETY: desc from cuDevResourceGenerateDesc; the default-stream flag is required by the

@@ -21,6 +21,7 @@
 //! workers are gone. Ctrl-C paths that cannot unwind call [`crate::mps::shutdown_all`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use isolane_core::admission::{AdmittedWorkload, Plan, ResolvedPartition};
 pub use isolane_core::results::PartitionRecord;
@@ -28,6 +29,7 @@ use isolane_core::spec::Mechanism;
 
 use crate::error::{GpuError, Result};
 use crate::green::{GreenGroup, GreenPartitioning};
+use crate::green_pool::GreenPool;
 use crate::mig::{MigBackend, MigInstances};
 use crate::mps::{MpsDaemon, MpsOptions};
 
@@ -84,12 +86,18 @@ pub struct SessionOptions {
     /// `--allow-mig-reconfigure`: creating MIG instances changes the GPU for every user.
     pub allow_mig_reconfigure: bool,
     pub urgency: Urgency,
+    /// Green partitions made so that they can be resized while serving: one split of the
+    /// device at its finest unit, each group a combination of units (`GreenPool`). Off for
+    /// `run`, whose groups come from the split that fits their sizes best.
+    pub resizable_green: bool,
 }
 
 /// The partitions of one run; see the module docs.
 pub struct PartitionSession<'b> {
     // Field order is drop order: green groups, then the daemons, then the MIG instances.
     green: BTreeMap<String, GreenGroup>,
+    /// The split the green groups were made from, when they may be resized while serving.
+    green_pool: Option<Arc<GreenPool>>,
     /// One private daemon per GPU of an MPS run.
     daemons: Vec<MpsDaemon>,
     /// One set of instances per GPU of a MIG run.
@@ -120,6 +128,7 @@ impl<'b> PartitionSession<'b> {
     ) -> Result<Self> {
         let mut s = PartitionSession {
             green: BTreeMap::new(),
+            green_pool: None,
             daemons: Vec::new(),
             mig: Vec::new(),
             worker_env: BTreeMap::new(),
@@ -159,7 +168,7 @@ impl<'b> PartitionSession<'b> {
         mig_backend: Option<&'b dyn MigBackend>,
     ) -> Result<()> {
         match plan.mechanism {
-            Mechanism::Green => self.set_up_green(gpu, plan, &options.urgency),
+            Mechanism::Green => self.set_up_green(gpu, plan, options),
             Mechanism::Mps => self.set_up_mps(gpu, plan, &options.mps, &options.urgency),
             Mechanism::Mig => {
                 let backend = mig_backend.ok_or_else(|| {
@@ -231,7 +240,8 @@ impl<'b> PartitionSession<'b> {
         }
     }
 
-    fn set_up_green(&mut self, gpu: u32, plan: &Plan, urgency: &Urgency) -> Result<()> {
+    fn set_up_green(&mut self, gpu: u32, plan: &Plan, options: &SessionOptions) -> Result<()> {
+        let urgency = &options.urgency;
         let mut names = Vec::new();
         let mut sizes = Vec::new();
         for w in &plan.workloads {
@@ -241,15 +251,25 @@ impl<'b> PartitionSession<'b> {
             }
         }
         let urgent: Vec<bool> = names.iter().map(|n| urgency.urgent.contains(n)).collect();
-        let parts = GreenPartitioning::create_with_urgency(gpu, &sizes, &urgent)?;
-        let driver = parts.sm_info();
-        self.notes.push(format!(
-            "green: split {:?}; the driver's minimum group is {} SMs, alignment {}",
-            parts.plan(),
-            driver.min_partition_sms,
-            driver.coscheduled_alignment
-        ));
-        for (name, group) in names.into_iter().zip(parts.into_groups()) {
+        let groups = match options.resizable_green {
+            true => self.set_up_green_pool(gpu, &names, &sizes, &urgent)?,
+            false => None,
+        };
+        let groups = match groups {
+            Some(groups) => groups,
+            None => {
+                let parts = GreenPartitioning::create_with_urgency(gpu, &sizes, &urgent)?;
+                let driver = parts.sm_info();
+                self.notes.push(format!(
+                    "green: split {:?}; the driver's minimum group is {} SMs, alignment {}",
+                    parts.plan(),
+                    driver.min_partition_sms,
+                    driver.coscheduled_alignment
+                ));
+                parts.into_groups()
+            }
+        };
+        for (name, group) in names.into_iter().zip(groups) {
             self.records.push(PartitionRecord {
                 workload: name.clone(),
                 mechanism: Mechanism::Green,
@@ -352,6 +372,50 @@ impl<'b> PartitionSession<'b> {
         &self.worker_env
     }
 
+    /// The groups of a resizable split (`None`, with a note, where the sizes are not
+    /// multiples of the driver's unit: the groups are then made as `run` makes them, and a
+    /// resize is refused).
+    fn set_up_green_pool(
+        &mut self,
+        gpu: u32,
+        names: &[String],
+        sizes: &[u32],
+        urgent: &[bool],
+    ) -> Result<Option<Vec<GreenGroup>>> {
+        let wanted: Vec<(String, u32, bool)> = names
+            .iter()
+            .zip(sizes)
+            .zip(urgent)
+            .map(|((n, s), u)| (n.clone(), *s, *u))
+            .collect();
+        match GreenPool::create(gpu, &wanted) {
+            Ok((pool, groups)) => {
+                let driver = pool.sm_info();
+                self.notes.push(format!(
+                    "green: split into units of {} SMs, resizable while serving ({} SMs free); \
+                     alignment {}",
+                    pool.unit_sms(),
+                    pool.free_sms(),
+                    driver.coscheduled_alignment
+                ));
+                self.green_pool = Some(pool);
+                Ok(Some(groups))
+            }
+            Err(GpuError::GreenRequest(why)) => {
+                self.notes.push(format!(
+                    "green: not resizable while serving ({why}); split to fit the sizes"
+                ));
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The split green partitions are resized from while serving (`None`: not resizable).
+    pub fn green_pool(&self) -> Option<Arc<GreenPool>> {
+        self.green_pool.clone()
+    }
+
     /// Takes `workload`'s green group (its stream confines the workload's kernels).
     pub fn take_green_group(&mut self, workload: &str) -> Option<GreenGroup> {
         self.green.remove(workload)
@@ -388,6 +452,7 @@ impl<'b> PartitionSession<'b> {
     /// reports every failure.
     pub fn finish(mut self) -> Result<()> {
         self.green.clear();
+        self.green_pool = None;
         let mut problems = Vec::new();
         for d in std::mem::take(&mut self.daemons) {
             if let Err(e) = d.stop() {

@@ -504,6 +504,7 @@ fn a_partition_session_gives_each_worker_its_mps_environment_and_stops_the_daemo
             urgent: ["w0".to_string()].into(),
             background: ["w1".to_string()].into(),
         },
+        ..Default::default()
     };
     let s = PartitionSession::set_up(3, &plan, &opts, None).unwrap();
     let pipe = PathBuf::from(s.records()[0].mps_pipe_dir.clone().unwrap());

@@ -34,6 +34,18 @@ impl PartitionHandle {
     }
 }
 
+/// Makes a new partition for a model while it serves (`ctl resize NAME sms=N`): implemented by
+/// the session over the GPU's partitions, so that the server need not know how they are made.
+pub trait Repartition: Send + Sync {
+    /// SMs a green partition's size is a multiple of (the driver's unit).
+    fn green_unit_sms(&self) -> u32;
+    /// SMs no green partition holds now.
+    fn free_green_sms(&self) -> u32;
+    /// A new green partition of `sms` SMs for `workload` (index `index` in its scenario): its
+    /// own SMs first, then free ones, never another model's. The error says why not, in words.
+    fn green(&self, index: usize, workload: &str, sms: u32) -> Result<Partition, String>;
+}
+
 impl std::fmt::Debug for PartitionHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let held = self.0.lock().map(|slot| slot.is_some()).unwrap_or(false);

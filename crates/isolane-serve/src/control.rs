@@ -171,6 +171,8 @@ impl Server {
         let mut spec = lock(&slot.spec).clone();
         let mut what = Vec::new();
         let mut rebuild = false;
+        // A green partition's new size: a new green context, made before the new instance.
+        let mut green: Option<u32> = None;
         let mut seen: Vec<&str> = Vec::new();
         for (key, value) in settings {
             let bad = |allowed: &str| {
@@ -214,24 +216,30 @@ impl Server {
                         .ok()
                         .filter(|&n| n > 0)
                         .ok_or_else(|| bad("a positive number of SMs, e.g. sms=48"))?;
-                    return Err(if info.backend == "cpu" {
-                        ControlError::new(
+                    if info.backend == "cpu" {
+                        return Err(ControlError::new(
                             400,
                             format!(
                                 "model `{name}` runs on the CPU: its partition is its cores \
                                  (cpu=LIST); sms= sizes a green partition on a GPU"
                             ),
-                        )
-                    } else {
-                        ControlError::new(
+                        ));
+                    }
+                    let Some(from) = info.sms else {
+                        return Err(ControlError::new(
                             409,
                             format!(
-                                "model `{name}`: sms={sms}: a green context cannot be created \
-                                 while serving yet (its partition was set up with the \
-                                 server's); restart serve with the new size"
+                                "model `{name}` runs in {}, not in a green partition: \
+                                 thread_pct=P resizes an MPS client",
+                                info.partition
                             ),
-                        )
-                    });
+                        ));
+                    };
+                    let unit = self.check_green(name, from, sms)?;
+                    what.push(format!("sms {from} → {sms} (units of {unit})"));
+                    spec.partition.sms = Some(sms);
+                    green = Some(sms);
+                    rebuild = true;
                 }
                 "thread_pct" => {
                     let pct = value
@@ -307,7 +315,11 @@ impl Server {
             }
         }
         let change = if rebuild {
-            self.new_instance(i, &model, spec, "resize", requested)?
+            let partition = match green {
+                Some(sms) => Some(self.green_partition(slot.index, name, sms)?),
+                None => None,
+            };
+            self.new_instance(i, &model, spec, "resize", requested, partition)?
         } else {
             let info = ModelInfo {
                 criticality: spec.criticality,
@@ -343,17 +355,23 @@ impl Server {
         self.refuse_while_draining(name)?;
         let spec = lock(&self.shared.slots[i].spec).clone();
         let info = model.info();
-        if info.sms.is_some() {
-            return Err(ControlError::new(
-                409,
-                format!(
-                    "model `{name}` runs in a green partition of {} SMs, made when the server \
-                     started; a green context cannot be created while serving yet, so it is \
-                     neither rebuilt nor loaded again; restart serve",
-                    info.sms.unwrap_or(0)
-                ),
-            ));
-        }
+        // A green model is loaded again in a new green context of its size: its own SMs
+        // (a reload), or free ones (a load after an unload freed them).
+        let green = match info.sms {
+            Some(sms) if lock(&self.shared.repartition).is_some() => {
+                Some(self.green_partition(self.shared.slots[i].index, name, sms)?)
+            }
+            Some(sms) => {
+                return Err(ControlError::new(
+                    409,
+                    format!(
+                        "model `{name}` runs in a green partition of {sms} SMs that cannot be \
+                         made again while serving (serve's start notes say why); restart serve"
+                    ),
+                ))
+            }
+            None => None,
+        };
         let loaded = model.is_loaded();
         if !loaded {
             // Another model may have moved onto its cores while it was unloaded.
@@ -362,7 +380,7 @@ impl Server {
             }
         }
         let kind = if loaded { "reload" } else { "load" };
-        let change = self.new_instance(i, &model, spec, kind, requested)?;
+        let change = self.new_instance(i, &model, spec, kind, requested, green)?;
         Ok(self.record(i, &model, change))
     }
 
@@ -407,20 +425,27 @@ impl Server {
         spec: isolane_core::spec::WorkloadSpec,
         kind: &'static str,
         requested: i64,
+        partition: Option<(isolane_runtime::partition::Partition, u32)>,
     ) -> Result<Change, ControlError> {
         let slot = &self.shared.slots[i];
         let info = model.info();
         let name = info.name.clone();
-        let words = (
-            mps_words(&info.partition, spec.partition.thread_pct),
-            info.sms,
-        );
+        let (partition, words) = match partition {
+            Some((p, sms)) => (Some(p), (green_words(sms), Some(sms))),
+            None => (
+                None,
+                (
+                    mps_words(&info.partition, spec.partition.thread_pct),
+                    info.sms,
+                ),
+            ),
+        };
         let (_, thread, took) = spawn_instance(
             &self.shared.context,
             slot.index,
             spec.clone(),
             words,
-            None,
+            partition,
             Some((Arc::clone(model), requested)),
         )
         .map_err(|e| {
@@ -447,6 +472,65 @@ impl Server {
             abandoned: 0,
             partition: model.info().partition.clone(),
         })
+    }
+
+    /// Checks a green resize of model `name` from `from` to `to` SMs against the driver's unit
+    /// and the free SMs before anything is made; returns the unit.
+    fn check_green(&self, name: &str, from: u32, to: u32) -> Result<u32, ControlError> {
+        let Some(rp) = lock(&self.shared.repartition).clone() else {
+            return Err(ControlError::new(
+                409,
+                format!(
+                    "model `{name}`: sms={to}: this server's green partitions cannot be resized \
+                     (serve's start notes say why: sizes that are not multiples of the \
+                     driver's unit); restart serve with the new size"
+                ),
+            ));
+        };
+        let unit = rp.green_unit_sms();
+        if !to.is_multiple_of(unit) {
+            return Err(ControlError::new(
+                400,
+                format!(
+                    "model `{name}`: sms={to}: expected a multiple of {unit} SMs (the driver's \
+                     unit of a green partition), e.g. sms={}",
+                    (to / unit).max(1) * unit
+                ),
+            ));
+        }
+        let free = rp.free_green_sms();
+        if to > from && to - from > free {
+            return Err(ControlError::new(
+                409,
+                format!(
+                    "model `{name}`: sms={to}: it holds {from} SMs and {free} are free; \
+                     shrink another model first (isolane ctl resize OTHER sms=N)"
+                ),
+            ));
+        }
+        Ok(unit)
+    }
+
+    /// A new green partition of `sms` SMs for model `name`, before its new instance is built.
+    fn green_partition(
+        &self,
+        index: usize,
+        name: &str,
+        sms: u32,
+    ) -> Result<(isolane_runtime::partition::Partition, u32), ControlError> {
+        let rp = lock(&self.shared.repartition).clone().ok_or_else(|| {
+            ControlError::new(
+                409,
+                format!("model `{name}`: green partitions cannot be resized"),
+            )
+        })?;
+        let p = rp.green(index, name, sms).map_err(|e| {
+            ControlError::new(
+                409,
+                format!("model `{name}`: sms={sms}: {e}; the model still serves as before"),
+            )
+        })?;
+        Ok((p, sms))
     }
 
     /// Counts and keeps `change`, and says it on the access log.
@@ -668,6 +752,16 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// An MPS partition's words with its share now (`mps 20%` → `mps 40%`; the rest kept).
+/// A green partition in words, as serve's start names it (`isolane_session::live`).
+fn green_words(sms: u32) -> String {
+    let green = isolane_core::admission::ResolvedPartition::Green {
+        group: 0,
+        sms,
+        first_sm: 0,
+    };
+    isolane_session::live::partition_words(isolane_core::spec::Backend::Cuda, Some(&green))
+}
+
 fn mps_words(words: &str, thread_pct: Option<u32>) -> String {
     match (words.strip_prefix("mps "), thread_pct) {
         (Some(rest), Some(p)) => {

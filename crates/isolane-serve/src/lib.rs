@@ -122,6 +122,9 @@ struct Shared {
     released_runs: Mutex<Vec<ReleasedRun>>,
     /// Raised when the drain begins: the released workloads release no more jobs.
     release_stop: Arc<AtomicBool>,
+    /// Where a resized green partition comes from (`None`: green partitions cannot be resized
+    /// here: none, or not made resizable).
+    repartition: Mutex<Option<Arc<dyn isolane_runtime::partition::Repartition>>>,
     // Kept for as long as the models publish in it.
     guard: Option<Arc<Guard>>,
 }
@@ -306,6 +309,7 @@ impl Server {
                 released: releasing,
                 released_runs: Mutex::new(Vec::new()),
                 release_stop,
+                repartition: Mutex::new(None),
                 guard: context.guard.clone(),
                 context,
             }),
@@ -763,15 +767,23 @@ pub fn serve_plan<T>(
             )
         })
         .collect();
-    let run =
-        |plan: &RunPlan, processes: Option<ProcessHosts>| -> Result<(T, Drained), ServeError> {
-            let server = Server::start_with(plan, &words, options, processes)?;
-            let out = body(&server);
-            let drained = server.drain(grace);
-            Ok((out, drained))
-        };
+    let run = |plan: &RunPlan,
+               processes: Option<ProcessHosts>,
+               repartition: Option<Arc<dyn isolane_runtime::partition::Repartition>>|
+     -> Result<(T, Drained), ServeError> {
+        let server = Server::start_with(plan, &words, options, processes)?;
+        *control::lock(&server.shared.repartition) = repartition;
+        let out = body(&server);
+        let drained = server.drain(grace);
+        Ok((out, drained))
+    };
     let Some(admitted) = admitted else {
-        return run(plan, None);
+        return run(plan, None, None);
+    };
+    // A green partition is resized while serving from one split at the driver's unit.
+    let choices = isolane_session::PartitionChoices {
+        resizable_green: true,
+        ..choices
     };
     let urgency = isolane_session::urgency_of(plan);
     isolane_session::with_urgent_partitions(
@@ -802,7 +814,7 @@ pub fn serve_plan<T>(
                 }
                 false => None,
             };
-            run(&plan, processes)
+            run(&plan, processes, isolane_session::repartition_of(session))
         },
     )?
 }

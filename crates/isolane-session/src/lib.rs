@@ -52,6 +52,9 @@ pub struct PartitionChoices {
     pub allow_mig_reconfigure: bool,
     /// mps: use an MPS daemon that is already running for the GPU instead of refusing.
     pub join_mps: bool,
+    /// green: make the groups resizable while serving (one split at the driver's unit;
+    /// `isolane serve` asks for it, [`repartition_of`]).
+    pub resizable_green: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +111,7 @@ pub fn with_urgent_partitions<T, E>(
         },
         allow_mig_reconfigure: choices.allow_mig_reconfigure,
         urgency,
+        resizable_green: choices.resizable_green,
     };
     let mut session = PartitionSession::set_up(
         gpu,
@@ -281,6 +285,41 @@ pub fn measure(
 
 /// `plan` with each workload's green group (if the session made one for it) in its
 /// `partition`.
+/// The session's green partitions as something a server resizes through (`None`: they
+/// were not made resizable, or there are none).
+pub fn repartition_of(
+    session: &PartitionSession<'_>,
+) -> Option<std::sync::Arc<dyn isolane_runtime::partition::Repartition>> {
+    let pool = session.green_pool()?;
+    Some(std::sync::Arc::new(GreenResizes(pool)))
+}
+
+/// [`isolane_runtime::partition::Repartition`] over a GPU's resizable green split.
+struct GreenResizes(std::sync::Arc<isolane_gpu::GreenPool>);
+
+impl isolane_runtime::partition::Repartition for GreenResizes {
+    fn green_unit_sms(&self) -> u32 {
+        self.0.unit_sms()
+    }
+
+    fn free_green_sms(&self) -> u32 {
+        self.0.free_sms()
+    }
+
+    fn green(
+        &self,
+        index: usize,
+        workload: &str,
+        sms: u32,
+    ) -> Result<isolane_runtime::partition::Partition, String> {
+        let group = self
+            .0
+            .group(index, workload, sms)
+            .map_err(|e| e.to_string())?;
+        Ok(Box::new(group))
+    }
+}
+
 pub fn plan_in(session: &mut PartitionSession<'_>, plan: &RunPlan) -> RunPlan {
     let mut plan = plan.clone();
     for w in &mut plan.workloads {

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Session 20's GPU checks in few device calls: each named step runs under its own time limit,
+# its log kept; $OUT gets steps.txt, each step's summary markdown, and s20.tgz (every log).
+#
+#   here:   STAGE_PACKAGES="-p isolane-cuda -p isolane" bash scripts/gpu-test.sh stage, then
+#           xz the binaries that are carried (stage/isolane.xz, stage/tests/NAME.xz);
+#           for serve steps: scripts/serve-bench.sh stage (stage-serve/)
+#   device: (carry ["stage"] or ["stage-serve"])  bash scripts/session20-gpu.sh STEP...
+#
+# Steps (each script's own header says what it measures):
+#   saved     scripts/saved-plan-h200.sh: saved plans, load against build, bits across partitions
+#   l2        isolane-cuda's GPU test: weights kept in the L2 change no output
+#   int8test  isolane-cuda's GPU test: calibrated int8/fp8 models run on the GPU
+#   int8      scripts/int8-h200.sh: fp16 against int8 (needs torch + onnxruntime there)
+#   apps      the apps GPU test: an app in a green context, with its trace
+#   levers-a, levers-b, levers-c   scripts/levers-h200.sh's trios
+#   sms       a green partition resized while serving (scripts/mps_resize_check.py --key sms)
+#   replan    scripts/replan-h200.sh run: fixed, ctl and --autoplan under a changing load
+#   overhead  scripts/serve-bench.sh run --steps inproc,overhead
+set -u
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/s20}
+work=/tmp/s20-work
+mkdir -p "$out" "$work"
+for f in stage/isolane.xz stage/tests/*.xz; do
+    [ -e "$f" ] && xz -d -f "$f"
+done
+[ -d stage ] && chmod +x stage/isolane stage/tests/* 2>/dev/null
+isolane=$PWD/stage/isolane
+if [ ! -x "$isolane" ] && [ -e stage-serve/isolane.xz ]; then
+    xz -dc stage-serve/isolane.xz >"$work/isolane" && chmod +x "$work/isolane"
+    isolane=$work/isolane
+fi
+site() {
+    if [ -e stage-serve/site.tar.xz ] && [ ! -d "$work/site" ]; then
+        mkdir -p "$work/site" && tar xJf stage-serve/site.tar.xz -C "$work/site"
+    fi
+    export PYTHONPATH=$work/site${PYTHONPATH:+:$PYTHONPATH}
+}
+step() {
+    local name=$1 limit=$2 start rc
+    shift 2
+    start=$(date +%s)
+    timeout "$limit" "$@" >"$work/$name.log" 2>&1
+    rc=$?
+    echo "$name: exit $rc, $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"
+    tail -5 "$work/$name.log"
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader >"$out/gpu.txt" 2>&1
+for s in "$@"; do
+    case $s in
+    saved) step saved 270 env OUT="$work/saved" ISOLANE_BIN="$isolane" bash scripts/saved-plan-h200.sh ;;
+    l2) step l2 150 stage/tests/isolane-cuda--gpu weights_kept_in_the_l2_change_no_output --ignored --nocapture ;;
+    int8test) step int8test 150 stage/tests/isolane-cuda--gpu calibrated_int8_and_fp8_models_run_on_the_gpu --ignored --nocapture ;;
+    int8) step int8 300 env OUT="$work/int8" ISOLANE_BIN="$isolane" bash scripts/int8-h200.sh ;;
+    apps) step apps 150 stage/tests/isolane--apps an_app_runs_in_a_green_context_on_the_gpu --ignored --nocapture ;;
+    levers-a | levers-b | levers-c) step "$s" 330 env OUT="$work/$s" ISOLANE_BIN="$isolane" bash scripts/levers-h200.sh "${s#levers-}" ;;
+    sms)
+        site
+        step sms 150 python3 scripts/mps_resize_check.py --isolane "$isolane" \
+            --scenario scenarios/serve/h200.toml --model mobilenet_v2 --key sms --to 16 --over 128
+        ;;
+    replan) step replan 440 env OUT="$work/replan" ISOLANE="$isolane" bash scripts/replan-h200.sh run ;;
+    overhead) step overhead 300 env OUT="$work/overhead" ISOLANE="$isolane" bash scripts/serve-bench.sh run --steps inproc,overhead ;;
+    *) echo "unknown step $s" | tee -a "$out/steps.txt" ;;
+    esac
+done
+# Each step's summary beside the tarball (at most 8 files come back).
+for md in "$work"/*/*.md; do
+    [ -e "$md" ] && cp "$md" "$out/$(basename "$(dirname "$md")")-$(basename "$md")"
+done 2>/dev/null
+ls "$out" | head -20
+cp /tmp/mps-resize-server.log "$work/" 2>/dev/null
+tar czf "$out/s20.tgz" -C "$work" --exclude=site --exclude=isolane . 2>/dev/null
+ls -la "$out"
