@@ -31,6 +31,8 @@ if [ ! -x "$isolane" ] && [ -e stage-serve/isolane.xz ]; then
     xz -dc stage-serve/isolane.xz >"$work/isolane" && chmod +x "$work/isolane"
     isolane=$work/isolane
 fi
+# The staged integration tests run this binary (tests/common's ISOLANE_BIN).
+export ISOLANE_BIN=$isolane
 site() {
     if [ -e stage-serve/site.tar.xz ] && [ ! -d "$work/site" ]; then
         mkdir -p "$work/site" && tar xJf stage-serve/site.tar.xz -C "$work/site"

@@ -619,6 +619,52 @@ fn plans_of_graph(
     }
 }
 
+/// The plan of cuDNN engine `engine` for `spec`'s graph (fused as a build's choice says), as
+/// the heuristics offer it: how a saved plan makes a graph-API convolution again, nothing
+/// timed. `None`: the heuristics do not offer that engine here (or its plan needs more than
+/// `ws_cap` bytes of workspace). Made from the engine's configuration, not from the plan's
+/// JSON text: restoring an execution plan from JSON crashed the process on the H200 (cuDNN 9,
+/// a double free, session 20).
+pub fn conv_graph_of_engine(
+    handle: dnn::cudnnHandle_t,
+    spec: &ConvGraphSpec,
+    fused: bool,
+    engine: i64,
+    ws_cap: usize,
+) -> Result<Option<ConvGraph>, CudaError> {
+    let has_epilogue = spec.bias || spec.residual || spec.relu;
+    // A build without an epilogue made its graph as the fused one (the convolution alone).
+    let graph_fused = fused || !has_epilogue;
+    let (graph, parts) = operation_graph(handle, spec, graph_fused)?;
+    let (heur, cfgs) = engine_configs(&graph, 64)?;
+    let mut kept = vec![heur, graph];
+    kept.extend(parts);
+    let shared = Arc::new(GraphParts { _descs: kept });
+    for cfg in cfgs {
+        let facts = engine_facts(&cfg);
+        if facts.index != engine {
+            continue;
+        }
+        let plan = plan_of(handle, &cfg)?;
+        let ws = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
+        if ws < 0 || ws as usize > ws_cap {
+            return Ok(None);
+        }
+        return Ok(Some(ConvGraph {
+            plan,
+            _config: cfg,
+            _made_from: shared,
+            workspace: ws as usize,
+            engine: facts.index,
+            runtime_compiled: facts.runtime_compiled,
+            fused: graph_fused && has_epilogue,
+            bias: graph_fused && spec.bias,
+            residual: graph_fused && spec.residual,
+        }));
+    }
+    Ok(None)
+}
+
 fn plan_of(handle: dnn::cudnnHandle_t, cfg: &Desc) -> Result<Desc, CudaError> {
     let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
     plan.set(
@@ -664,43 +710,6 @@ impl ConvGraph {
         // Kept as cuDNN wrote it (its terminating NUL too), as cuDNN's frontend keeps it.
         buf.truncate(got.clamp(0, buf.len() as i64) as usize);
         Ok(String::from_utf8_lossy(&buf).into_owned())
-    }
-
-    /// A plan made again from [`ConvGraph::to_json`]'s text on `handle` (no heuristics, no
-    /// choice: cuDNN finalizes exactly that engine and knobs, or refuses), with the facts the
-    /// text was saved with.
-    pub fn from_json(
-        handle: dnn::cudnnHandle_t,
-        json: &str,
-        engine: i64,
-        fused: bool,
-        bias: bool,
-        residual: bool,
-    ) -> Result<ConvGraph, CudaError> {
-        let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
-        plan.set(
-            A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
-            T::CUDNN_TYPE_HANDLE,
-            &[handle],
-        )?;
-        plan.set(
-            A::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
-            T::CUDNN_TYPE_CHAR,
-            json.as_bytes(),
-        )?;
-        plan.finalize()?;
-        let ws = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
-        Ok(ConvGraph {
-            plan,
-            _config: Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)?,
-            _made_from: Arc::new(GraphParts { _descs: Vec::new() }),
-            workspace: ws.max(0) as usize,
-            engine,
-            runtime_compiled: false,
-            fused,
-            bias,
-            residual,
-        })
     }
 
     /// Whether bias and residual are read inside the graph.

@@ -1912,7 +1912,7 @@ fn mm_index(
         .replaying()
         .then(|| rec.choices.borrow().matmul(&shape_key));
     if let Some(saved) = saved {
-        let cand = MatmulDesc {
+        let mut cand = MatmulDesc {
             desc,
             a,
             b,
@@ -1929,11 +1929,10 @@ fn mm_index(
                 key.m, key.n, key.k, key.batch
             )));
         };
-        let ws = crate::saved::checked_matmul_algo(m.cublaslt(), (desc, a, b, d), &algo)?;
-        let cand = MatmulDesc {
-            workspace: ws,
-            ..cand
-        };
+        // Set in place: `MatmulDesc { workspace, ..cand }` would copy the descriptor handles
+        // (all `Copy`) and leave `cand` to destroy them when dropped, a double free at the
+        // model's end (the H200 aborted so, session 20).
+        cand.workspace = crate::saved::checked_matmul_algo(m.cublaslt(), (desc, a, b, d), &algo)?;
         m.mms.push(cand);
         cache.push((key, m.mms.len() - 1));
         return Ok(m.mms.len() - 1);
@@ -2735,7 +2734,29 @@ fn replay_conv(
             bias,
             residual,
         } => {
-            let g = ConvGraph::from_json(m.cudnn(), &json, engine, fused, bias, residual)?;
+            // The JSON is kept in the file (it names the engine and knobs the build timed),
+            // but the plan is made again from the engine's configuration.
+            let _ = (json, bias, residual);
+            let spec = ConvGraphSpec::of(c, rec.dtype, rec.plan.precision).ok_or_else(|| {
+                EngineError::InvalidArgument(
+                    "the saved plan holds a cuDNN graph for a convolution the graph API does \
+                     not take here; build it again with `isolane build`"
+                        .into(),
+                )
+            })?;
+            let g = crate::dnn_graph::conv_graph_of_engine(
+                m.cudnn(),
+                &spec,
+                fused,
+                engine,
+                rec.ws_cap,
+            )?
+            .ok_or_else(|| {
+                EngineError::InvalidArgument(format!(
+                    "the saved plan's cuDNN engine {engine} is not offered for this \
+                     convolution here; build it again with `isolane build`"
+                ))
+            })?;
             m.conv_graphs.push(g);
             m.launches.push(Launch::ConvGraph {
                 graph: m.conv_graphs.len() - 1,

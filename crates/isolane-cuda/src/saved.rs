@@ -311,8 +311,9 @@ pub(crate) fn math_type(v: u32) -> Option<dnn::cudnnMathType_t> {
 }
 
 /// The key fields of the GPU at `dev` and the libraries loaded here: what a saved plan's
-/// choices are valid for. The SM count is the device's (a green context or MPS share of it
-/// loads the same plan); a MIG instance is a device of its own.
+/// choices are valid for. No SM count: an MPS client's device reports its thread share's SMs
+/// (38 of 132 at 25 % on the H200, session 20), and a plan is meant to load in any partition of
+/// the GPU; a load's check run refuses one whose bits differ wherever it is.
 pub fn gpu_key_of(dev: cu::CUdevice) -> Result<Vec<(String, String)>> {
     let rt = |e: crate::error::CudaError| EngineError::from(e);
     let mut name = [0u8; 256];
@@ -333,7 +334,6 @@ pub fn gpu_key_of(dev: cu::CUdevice) -> Result<Vec<(String, String)>> {
         Ok(v)
     };
     use cu::CUdevice_attribute as At;
-    let sms = attr(At::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     let cc = (
         attr(At::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
         attr(At::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
@@ -354,7 +354,6 @@ pub fn gpu_key_of(dev: cu::CUdevice) -> Result<Vec<(String, String)>> {
     let (cudnn, cublaslt) = unsafe { (dnn::cudnnGetVersion(), lt::cublasLtGetVersion()) };
     Ok(vec![
         ("GPU".into(), name),
-        ("SM count".into(), sms.to_string()),
         ("compute capability".into(), format!("{}.{}", cc.0, cc.1)),
         ("driver".into(), driver.to_string()),
         ("cuDNN".into(), cudnn.to_string()),
@@ -714,14 +713,14 @@ mod tests {
     fn the_expected_key_holds_device_precision_batch_and_the_gpu_fields() {
         let gpu = vec![
             ("GPU".to_string(), "NVIDIA H200".to_string()),
-            ("SM count".to_string(), "132".to_string()),
+            ("compute capability".to_string(), "9.0".to_string()),
         ];
         let k = expected_key(gpu, Precision::Fp16, 8);
         let get = |f: &str| k.iter().find(|(a, _)| a == f).map(|(_, v)| v.as_str());
         assert_eq!(get("device"), Some("cuda"));
         assert_eq!(get("precision"), Some("fp16"));
         assert_eq!(get("batch"), Some("8"));
-        assert_eq!(get("SM count"), Some("132"));
+        assert_eq!(get("compute capability"), Some("9.0"));
         // A plan built on another GPU is refused naming the field and both values.
         let mut other = k.clone();
         other[3].1 = "NVIDIA H100 80GB HBM3".into();

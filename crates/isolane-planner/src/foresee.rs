@@ -86,7 +86,10 @@ mod tests {
         assert!(p99[1].is_some_and(|t| t > 0.0), "{p99:?}");
         assert_eq!(p99[2], None);
         // Measured by another engine than this one: not used.
-        assert_eq!(alone_p99_ms(&cache, &record, &s, Some(7)), [None, None, None]);
+        assert_eq!(
+            alone_p99_ms(&cache, &record, &s, Some(7)),
+            [None, None, None]
+        );
         // Another driver's GPU has no profiles here.
         let other = DeviceRecord {
             driver: "590.1".into(),

@@ -242,12 +242,20 @@ fn point_device(c: &SweepCommon, mechanism: Mechanism, host: Host) -> DeviceSpec
 }
 
 /// `--precision` as the scenario's type (a mistake names the flag and what is allowed).
+/// int8 and fp8 are refused here: they need a calibration folder, which a sweep has no flag for.
 fn precision(v: &str) -> Result<Precision, Failure> {
-    serde_json::from_value(serde_json::Value::String(v.to_string())).map_err(|_| {
+    let refused = |why: &str| {
         Failure::user(format!(
-            "--precision {v}: expected one of fp32, tf32, fp16, bf16"
+            "--precision {v}: expected one of fp32, tf32, fp16, bf16{why}"
         ))
-    })
+    };
+    match serde_json::from_value::<Precision>(serde_json::Value::String(v.to_string())) {
+        Ok(p) if p.quantized() => Err(refused(
+            " (int8 and fp8 need a calibration folder: a scenario's `calibration` key)",
+        )),
+        Ok(p) => Ok(p),
+        Err(_) => Err(refused("")),
+    }
 }
 
 /// `--model` as a point's scenario names it: an `.onnx` path made absolute, since the point's
