@@ -309,25 +309,13 @@ impl GreenPartitioning {
         sms_per_group: &[u32],
         urgent: &[bool],
     ) -> Result<Self> {
-        let dev = driver::device(device_index)?;
-        loader::require_cuda_symbols(GREEN_SYMBOLS, GREEN_HINT)?;
-        let primary = Arc::new(PrimaryContext::retain(dev)?);
-
-        let mut full = zeroed_resource();
-        // SAFETY: valid out-pointer to a zeroed CUdevResource.
-        check("cuDeviceGetDevResource", unsafe {
-            sys::cuDeviceGetDevResource(
-                dev,
-                &mut full,
-                sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
-            )
-        })?;
-        let sm = sm_part(&full)?;
-        let sm_info = DriverSmInfo {
-            sm_count: sm.smCount,
-            min_partition_sms: sm.minSmPartitionSize,
-            coscheduled_alignment: sm.smCoscheduledAlignment,
-        };
+        let DeviceSms {
+            dev,
+            primary,
+            full,
+            sm,
+            info: sm_info,
+        } = DeviceSms::of(device_index)?;
         let plans = plan_split(
             sms_per_group,
             sm.smCount,
@@ -391,6 +379,46 @@ impl GreenPartitioning {
     /// retained until it is dropped.
     pub fn into_groups(self) -> Vec<GreenGroup> {
         self.groups
+    }
+}
+
+/// A device's whole SM resource as its driver reports it, with the primary context retained:
+/// what every split of it (`GreenPartitioning`, `GreenPool`) starts from.
+pub(crate) struct DeviceSms {
+    pub dev: sys::CUdevice,
+    pub primary: Arc<PrimaryContext>,
+    pub full: sys::CUdevResource,
+    pub sm: sys::CUdevSmResource,
+    pub info: DriverSmInfo,
+}
+
+impl DeviceSms {
+    pub fn of(device_index: u32) -> Result<DeviceSms> {
+        let dev = driver::device(device_index)?;
+        loader::require_cuda_symbols(GREEN_SYMBOLS, GREEN_HINT)?;
+        let primary = Arc::new(PrimaryContext::retain(dev)?);
+        let mut full = zeroed_resource();
+        // SAFETY: valid out-pointer to a zeroed CUdevResource.
+        check("cuDeviceGetDevResource", unsafe {
+            sys::cuDeviceGetDevResource(
+                dev,
+                &mut full,
+                sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
+            )
+        })?;
+        let sm = sm_part(&full)?;
+        let info = DriverSmInfo {
+            sm_count: sm.smCount,
+            min_partition_sms: sm.minSmPartitionSize,
+            coscheduled_alignment: sm.smCoscheduledAlignment,
+        };
+        Ok(DeviceSms {
+            dev,
+            primary,
+            full,
+            sm,
+            info,
+        })
     }
 }
 

@@ -14,11 +14,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::driver::{self, check, sys, PrimaryContext};
+use crate::driver::{check, sys, PrimaryContext};
 use crate::error::{GpuError, Result};
-use crate::green::GREEN_SYMBOLS;
-use crate::green::{make_group, sm_part, zeroed_resource, DriverSmInfo, GreenGroup, GREEN_HINT};
-use crate::loader;
+use crate::green::{make_group, zeroed_resource, DeviceSms, DriverSmInfo, GreenGroup};
 
 /// Which units of the split each live group holds. Pure bookkeeping: tested without a GPU.
 #[derive(Debug, Default)]
@@ -139,19 +137,13 @@ impl GreenPool {
         device_index: u32,
         groups: &[(String, u32, bool)],
     ) -> Result<(Arc<GreenPool>, Vec<GreenGroup>)> {
-        let dev = driver::device(device_index)?;
-        loader::require_cuda_symbols(GREEN_SYMBOLS, GREEN_HINT)?;
-        let primary = Arc::new(PrimaryContext::retain(dev)?);
-        let mut full = zeroed_resource();
-        // SAFETY: valid out-pointer to a zeroed CUdevResource.
-        check("cuDeviceGetDevResource", unsafe {
-            sys::cuDeviceGetDevResource(
-                dev,
-                &mut full,
-                sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
-            )
-        })?;
-        let sm = sm_part(&full)?;
+        let DeviceSms {
+            dev,
+            primary,
+            full,
+            sm,
+            info: sm_info,
+        } = DeviceSms::of(device_index)?;
         let unit = sm.minSmPartitionSize.max(1);
         if let Some((name, sms, _)) = groups
             .iter()
@@ -194,11 +186,7 @@ impl GreenPool {
             unit_sms: unit,
             ledger: Arc::new(Mutex::new(UnitLedger::new(nb as usize))),
             urgent: groups.iter().map(|(n, _, u)| (n.clone(), *u)).collect(),
-            sm_info: DriverSmInfo {
-                sm_count: sm.smCount,
-                min_partition_sms: sm.minSmPartitionSize,
-                coscheduled_alignment: sm.smCoscheduledAlignment,
-            },
+            sm_info,
         });
         let mut made = Vec::with_capacity(groups.len());
         for (index, (name, sms, _)) in groups.iter().enumerate() {
