@@ -238,38 +238,13 @@ mod tests {
     use isolane_core::spec::Scenario;
     use isolane_protocol::{DataType, Tensor};
     use isolane_runtime::coordinator::RunPlan;
-    use isolane_runtime::exec::{EngineExecutors, ExecError, Executor, SPIN_INPUT};
+    use isolane_runtime::exec::SPIN_INPUT;
 
     use crate::{InferRequest, ServeOptions, Server};
 
     use super::*;
 
-    /// `spin:` models only: they need no engine.
-    struct NoEngine;
-
-    impl EngineExecutors for NoEngine {
-        fn check(
-            &self,
-            _: &isolane_core::spec::DeviceSpec,
-            _: &isolane_core::spec::WorkloadSpec,
-        ) -> Result<(), ExecError> {
-            Ok(())
-        }
-
-        fn build(
-            &self,
-            _: &isolane_core::spec::DeviceSpec,
-            spec: &isolane_core::spec::WorkloadSpec,
-            _: u64,
-            _: usize,
-            _: Option<isolane_runtime::partition::Partition>,
-        ) -> Result<Box<dyn Executor>, ExecError> {
-            Err(ExecError::EngineUnavailable {
-                workload: spec.name.clone(),
-                model: spec.model.clone(),
-            })
-        }
-    }
+    use crate::tests::NoEngine;
 
     fn start(tick: &str, released: &[&str]) -> Result<Server, crate::ServeError> {
         start_with(tick, released, None)

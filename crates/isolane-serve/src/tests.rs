@@ -10,7 +10,8 @@ use isolane_runtime::exec::{EngineExecutors, ExecError, Executor, SPIN_INPUT, SP
 
 use super::*;
 
-struct NoEngine;
+/// `spin:` models only: they need no engine (the released workloads' tests use it too).
+pub(crate) struct NoEngine;
 
 impl EngineExecutors for NoEngine {
     fn check(
