@@ -692,3 +692,96 @@ fn autoplan_refuses_a_model_it_cannot_resize_and_a_bad_margin() {
         assert!(err.contains(said), "{flags:?}: `{said}` missing from {err}");
     }
 }
+
+/// `serve --release NAME` releases a workload on its own fixed-rate schedule beside the served
+/// models, as `run` releases it: it is not served, its jobs go to --out's jobs/, and serve says
+/// what it ran when stopped.
+#[test]
+fn serve_releases_a_fixed_rate_workload_beside_the_served_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "beside.toml",
+        "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"served\"\nmodel = \"spin:1ms\"\n\
+         batch = 1\nrate_hz = 10\nduration_s = 1\ndeadline_ms = 5000\n\n[[workload]]\n\
+         name = \"ticker\"\nmodel = \"spin:1ms\"\nbatch = 1\nrate_hz = 20\nduration_s = 60\n\
+         deadline_ms = 5000\n",
+    );
+    let out = dir.path().join("out");
+    let server = ServeProcess::start_with(
+        dir.path(),
+        &file,
+        &["--release", "ticker", "--out", out.to_str().unwrap()],
+    );
+    let body = r#"{"inputs":[{"name":"input","shape":[1,1],"datatype":"FP32","data":[7]}]}"#;
+    let (code, answer) = http(&server.http, "POST", "/v2/models/served/infer", body);
+    assert_eq!(code, 200, "{answer}");
+    assert!(answer.contains(r#""data":[7.0]"#), "{answer}");
+    // The released workload is not a served model.
+    let (code, answer) = http(&server.http, "POST", "/v2/models/ticker/infer", body);
+    assert_ne!(code, 200, "{answer}");
+    // Its jobs are released while the server serves (20 a second).
+    let csv = out.join("jobs").join("ticker.csv");
+    let until = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(&csv).map_or(0, |t| t.lines().count()) < 5 {
+        assert!(Instant::now() < until, "no released jobs; {}", server.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut server = server;
+    let term = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let until = Instant::now() + EXIT_WITHIN;
+    let exit = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "still running; {}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(exit.code(), Some(0), "{}", server.log());
+    let log = server.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("released `ticker`:"))
+        .unwrap_or_else(|| panic!("no released line in\n{log}"));
+    let jobs: u64 = line
+        .split("released `ticker`: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(jobs >= 4, "{line}");
+    assert!(line.contains("stopped by the drain"), "{line}");
+}
+
+/// A `--release` name that is not a workload of the scenario is refused at start (exit 2).
+#[test]
+fn serve_refuses_to_release_an_unknown_workload() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "one.toml",
+        "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"served\"\nmodel = \"spin:1ms\"\n\
+         batch = 1\nrate_hz = 10\nduration_s = 1\n",
+    );
+    let o = isolane()
+        .args([
+            "serve",
+            file.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+        ])
+        .args(["127.0.0.1:0", "--release", "nosuch"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`nosuch` is not a workload of the scenario"),
+        "{err}"
+    );
+}

@@ -61,6 +61,12 @@ pub struct ServeArgs {
     /// RUST_LOG does, e.g. ISOLANE_LOG=warn).
     #[arg(long)]
     pub no_access_log: bool,
+    /// Release this workload of the scenario on its own fixed-rate schedule (rate_hz,
+    /// duration_s, deadline_ms, as `run` releases it) beside the served models instead of
+    /// serving it; repeatable. Its jobs go to --out's jobs/ like the requests', and a line
+    /// per workload says what it ran when serve stops.
+    #[arg(long = "release", value_name = "WORKLOAD")]
+    pub release: Vec<String>,
     /// Re-plan the partitions while serving: when a critical model's p99 passes the margin
     /// or a model's request rate moves past --autoplan-load-change, plan again with the
     /// planner from the profiles in --profile-cache (measuring nothing) and resize the models
@@ -158,6 +164,7 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         engine: engine.clone(),
         seed: scenario.timing.seed,
         records: recording.as_ref().map(|r| (r.senders.clone(), t0)),
+        released: args.release.clone(),
     };
     let decisions = Decisions {
         csv: recording.as_ref().map(|r| r.out.join(AUTOPLAN_CSV)),
@@ -174,7 +181,7 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         grace,
         |server| front_ends(server, (http, grpc), &stop, grace, autoplan, decisions),
     );
-    let (fronts, drained) = served.map_err(|e| {
+    let (fronts, drained, released) = served.map_err(|e| {
         if e.is_user_error() {
             user(e)
         } else {
@@ -188,11 +195,33 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         "isolane serve: stopped; {} requests answered during the drain, {} abandoned",
         drained.answered, drained.abandoned
     );
+    for run in &released {
+        eprintln!("isolane serve: {}", released_line(run));
+    }
     if let Some(r) = recording {
         let kept = kept.lock().unwrap_or_else(|p| p.into_inner());
         r.finish(&plan, args.trace, &kept)?;
     }
     Ok(if drained.abandoned == 0 { 0 } else { 1 })
+}
+
+/// What a released workload ran, in one line: its jobs, completed, late, p99 (the run's
+/// metrics, `isolane_core::metrics`).
+fn released_line(run: &isolane_serve::ReleasedRun) -> String {
+    let m = isolane_core::metrics::workload_metrics(&run.records, 1, 0.0, None);
+    let p99 = m
+        .latency_ms
+        .p99
+        .map_or("-".to_string(), |ms| format!("{ms:.3} ms"));
+    let end = match &run.end {
+        Ok(isolane_runtime::release::LoopEnd::Completed) => "completed".to_string(),
+        Ok(_) => "stopped by the drain".to_string(),
+        Err(e) => format!("failed: {e}"),
+    };
+    format!(
+        "released `{}`: {} jobs, {} completed, {} late, p99 {p99} ({end})",
+        run.name, m.jobs, m.completed, m.timeouts
+    )
 }
 
 /// `--out DIR`: the folder, its scenario.toml, and the jobs writer the models' records go to.

@@ -551,6 +551,7 @@ fn main() {
         }),
         seed: 1,
         records: None,
+        released: Vec::new(),
     };
     let server = Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"));
     let bind = || {

@@ -68,6 +68,9 @@ pub struct ServeOptions {
     /// Each workload's sink for its requests' job records (`serve --out`: jobs/<model>.csv),
     /// in the plan's order, and the time the records count from (ns, monotonic clock).
     pub records: Option<(Vec<BatchSender>, i64)>,
+    /// Workloads released on their own fixed-rate schedules beside the served models
+    /// (`serve --release NAME`), as `run` releases them; not served.
+    pub released: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -736,6 +739,10 @@ fn median(v: &[i64]) -> i64 {
     s.get(s.len() / 2).copied().unwrap_or(0)
 }
 
+/// What [`serve_plan`] returns: `body`'s result, how the drain went, and what the released
+/// workloads ran ([`ServeOptions::released`]).
+pub type Served<T> = (T, Drained, Vec<ReleasedRun>);
+
 /// Sets up `admitted`'s partitions on `gpu` (none on the CPU), starts a [`Server`] in them,
 /// runs `body` with it (the front ends, until they are told to stop), drains the server for
 /// at most `grace`, and takes the partitions down.
@@ -746,7 +753,7 @@ pub fn serve_plan<T>(
     options: &ServeOptions,
     grace: Duration,
     body: impl FnOnce(&Server) -> T,
-) -> Result<(T, Drained), ServeError> {
+) -> Result<Served<T>, ServeError> {
     let words: Vec<(String, Option<u32>)> = plan
         .workloads
         .iter()
@@ -770,12 +777,12 @@ pub fn serve_plan<T>(
     let run = |plan: &RunPlan,
                processes: Option<ProcessHosts>,
                repartition: Option<Arc<dyn isolane_runtime::partition::Repartition>>|
-     -> Result<(T, Drained), ServeError> {
-        let server = Server::start_with(plan, &words, options, processes)?;
+     -> Result<Served<T>, ServeError> {
+        let server = Server::start_releasing(plan, &words, options, processes, &options.released)?;
         *control::lock(&server.shared.repartition) = repartition;
         let out = body(&server);
         let drained = server.drain(grace);
-        Ok((out, drained))
+        Ok((out, drained, server.released_runs()))
     };
     let Some(admitted) = admitted else {
         return run(plan, None, None);

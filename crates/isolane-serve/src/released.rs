@@ -274,6 +274,7 @@ mod tests {
             engine: Arc::new(NoEngine),
             seed: 1,
             records,
+            released: Vec::new(),
         };
         let released: Vec<String> = released.iter().map(|s| s.to_string()).collect();
         Server::start_releasing(&plan, &words, &options, None, &released)

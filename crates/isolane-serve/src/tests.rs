@@ -56,6 +56,7 @@ fn server_with(toml: &str, change: impl FnOnce(&mut Scenario)) -> Server {
         engine: std::sync::Arc::new(NoEngine),
         seed: 1,
         records: None,
+        released: Vec::new(),
     };
     Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"))
 }
