@@ -251,7 +251,16 @@ impl<'b> PartitionSession<'b> {
             }
         }
         let urgent: Vec<bool> = names.iter().map(|n| urgency.urgent.contains(n)).collect();
-        let groups = match options.resizable_green {
+        // One split is resized from: with green partitions on a second GPU, none is (a resize
+        // must never take another GPU's units), and this GPU is split as `run` splits it.
+        let second_gpu = !self.green.is_empty();
+        if second_gpu {
+            self.green_pool = None;
+            self.notes.push(
+                "green: not resizable while serving (green partitions on more than one GPU)".into(),
+            );
+        }
+        let groups = match options.resizable_green && !second_gpu {
             true => self.set_up_green_pool(gpu, &names, &sizes, &urgent)?,
             false => None,
         };
