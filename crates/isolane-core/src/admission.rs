@@ -1404,9 +1404,29 @@ mod tests {
     /// profiles of the three models (predict/h200-models.csv) and each one's p99 alone in its
     /// partition, measured in the same study: vit_b_16 ×1.37 beside resnet18 and vit_l_32,
     /// 1.369 ms of a 1.323 ms deadline, most from vit_l_32; nothing else.
+    /// vit_b_16, resnet18 and vit_l_32 at fp16, batch 1, in the H200's 60 MB of L2: each
+    /// one's memory profile and its p99 alone (ms), as recorded.
+    fn h200_trio() -> ([Option<crate::predict::MemoryProfile>; 3], [Option<f64>; 3]) {
+        use crate::predict::{MemoryProfile, ProfileSource};
+        let profile = |dram: f64, resident: bool, l2: f64| {
+            Some(MemoryProfile {
+                dram_bytes_per_job: dram,
+                resident,
+                l2_footprint_bytes: l2,
+                flops_per_job: 0.0,
+                source: ProfileSource::Computed,
+            })
+        };
+        let profiles = [
+            profile(173_135_336.0, false, 173_135_336.0),
+            profile(0.0, true, 25_376_464.0),
+            profile(613_070_848.0, false, 613_070_848.0),
+        ];
+        (profiles, [Some(0.99946), Some(0.345151), Some(1.076108)])
+    }
+
     #[test]
     fn a_critical_deadline_predicted_to_miss_beside_its_neighbours_is_named() {
-        use crate::predict::{MemoryProfile, ProfileSource};
         let dir = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../results/h200-protection/final/compare"
@@ -1421,22 +1441,7 @@ mod tests {
             )
             .unwrap()
         };
-        let profile = |dram: f64, resident: bool, l2: f64| {
-            Some(MemoryProfile {
-                dram_bytes_per_job: dram,
-                resident,
-                l2_footprint_bytes: l2,
-                flops_per_job: 0.0,
-                source: ProfileSource::Computed,
-            })
-        };
-        // vit_b_16, resnet18, vit_l_32 at fp16, batch 1, in the H200's 60 MB of L2.
-        let profiles = [
-            profile(173_135_336.0, false, 173_135_336.0),
-            profile(0.0, true, 25_376_464.0),
-            profile(613_070_848.0, false, 613_070_848.0),
-        ];
-        let alone = [Some(0.99946), Some(0.345151), Some(1.076108)];
+        let (profiles, alone) = h200_trio();
         let h200 = device_model("h200").unwrap();
         let trio = load("none");
         let misses = predicted_misses(&trio, &h200, &profiles, &alone);
@@ -1474,7 +1479,6 @@ mod tests {
     /// stretch said), refuse when asked, nothing when off or when the prediction holds.
     #[test]
     fn admission_warns_or_refuses_a_predicted_miss_as_the_scenario_asks() {
-        use crate::predict::{MemoryProfile, ProfileSource};
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../results/h200-protection/final/compare/green-load75-none/r0/scenario-in.toml"
@@ -1485,21 +1489,7 @@ mod tests {
             let t = text.replacen("[protection]\n", &format!("[protection]\n{extra}\n"), 1);
             Scenario::from_toml_str(&t, std::path::Path::new(path), &models).unwrap()
         };
-        let profile = |dram: f64, resident: bool, l2: f64| {
-            Some(MemoryProfile {
-                dram_bytes_per_job: dram,
-                resident,
-                l2_footprint_bytes: l2,
-                flops_per_job: 0.0,
-                source: ProfileSource::Computed,
-            })
-        };
-        let profiles = [
-            profile(173_135_336.0, false, 173_135_336.0),
-            profile(0.0, true, 25_376_464.0),
-            profile(613_070_848.0, false, 613_070_848.0),
-        ];
-        let alone = [Some(0.99946), Some(0.345151), Some(1.076108)];
+        let (profiles, alone) = h200_trio();
         let h200 = device_model("h200").unwrap();
         let warned = foresee(&with(""), &h200, &profiles, &alone);
         let Foresight::Warn(m) = &warned else {

@@ -570,12 +570,8 @@ fn plans_of_graph(
     limits: &Limits,
     out: &mut Vec<ConvGraph>,
 ) -> Result<(), CudaError> {
-    let (graph, parts) = operation_graph(handle, spec, fused)?;
     // A few more configurations than plans leave room for those filtered out.
-    let (heur, cfgs) = engine_configs(&graph, 4 * limits.max)?;
-    let mut kept = vec![heur, graph];
-    kept.extend(parts);
-    let shared = Arc::new(GraphParts { _descs: kept });
+    let (cfgs, shared) = configurations(handle, spec, fused, 4 * limits.max)?;
     let mut first_error = None;
     for cfg in cfgs {
         if out.len() >= limits.max {
@@ -601,17 +597,15 @@ fn plans_of_graph(
         if ws < 0 || ws as usize > limits.ws_cap {
             continue;
         }
-        out.push(ConvGraph {
+        out.push(ConvGraph::made(
             plan,
-            _config: cfg,
-            _made_from: Arc::clone(&shared),
-            workspace: ws as usize,
-            engine: facts.index,
-            runtime_compiled: facts.runtime_compiled,
-            fused: fused && (spec.bias || spec.residual || spec.relu),
-            bias: fused && spec.bias,
-            residual: fused && spec.residual,
-        });
+            cfg,
+            &shared,
+            ws as usize,
+            &facts,
+            spec,
+            fused,
+        ));
     }
     match (out.is_empty(), first_error) {
         (true, Some(e)) => Err(e),
@@ -635,11 +629,7 @@ pub fn conv_graph_of_engine(
     let has_epilogue = spec.bias || spec.residual || spec.relu;
     // A build without an epilogue made its graph as the fused one (the convolution alone).
     let graph_fused = fused || !has_epilogue;
-    let (graph, parts) = operation_graph(handle, spec, graph_fused)?;
-    let (heur, cfgs) = engine_configs(&graph, 64)?;
-    let mut kept = vec![heur, graph];
-    kept.extend(parts);
-    let shared = Arc::new(GraphParts { _descs: kept });
+    let (cfgs, shared) = configurations(handle, spec, graph_fused, 64)?;
     for cfg in cfgs {
         let facts = engine_facts(&cfg);
         if facts.index != engine {
@@ -650,19 +640,57 @@ pub fn conv_graph_of_engine(
         if ws < 0 || ws as usize > ws_cap {
             return Ok(None);
         }
-        return Ok(Some(ConvGraph {
+        return Ok(Some(ConvGraph::made(
             plan,
-            _config: cfg,
-            _made_from: shared,
-            workspace: ws as usize,
-            engine: facts.index,
-            runtime_compiled: facts.runtime_compiled,
-            fused: graph_fused && has_epilogue,
-            bias: graph_fused && spec.bias,
-            residual: graph_fused && spec.residual,
-        }));
+            cfg,
+            &shared,
+            ws as usize,
+            &facts,
+            spec,
+            graph_fused,
+        )));
     }
     Ok(None)
+}
+
+/// Up to `max` of the heuristics' engine configurations for `spec`'s graph (fused or not),
+/// with the descriptors they were made from, which every plan of them keeps alive.
+fn configurations(
+    handle: dnn::cudnnHandle_t,
+    spec: &ConvGraphSpec,
+    fused: bool,
+    max: usize,
+) -> Result<(Vec<Desc>, Arc<GraphParts>), CudaError> {
+    let (graph, parts) = operation_graph(handle, spec, fused)?;
+    let (heur, cfgs) = engine_configs(&graph, max)?;
+    let mut kept = vec![heur, graph];
+    kept.extend(parts);
+    Ok((cfgs, Arc::new(GraphParts { _descs: kept })))
+}
+
+impl ConvGraph {
+    /// The finalized `plan` of configuration `cfg` of `spec`'s graph, fused or not.
+    fn made(
+        plan: Desc,
+        cfg: Desc,
+        shared: &Arc<GraphParts>,
+        workspace: usize,
+        facts: &EngineFacts,
+        spec: &ConvGraphSpec,
+        fused: bool,
+    ) -> ConvGraph {
+        ConvGraph {
+            plan,
+            _config: cfg,
+            _made_from: Arc::clone(shared),
+            workspace,
+            engine: facts.index,
+            runtime_compiled: facts.runtime_compiled,
+            fused: fused && (spec.bias || spec.residual || spec.relu),
+            bias: fused && spec.bias,
+            residual: fused && spec.residual,
+        }
+    }
 }
 
 fn plan_of(handle: dnn::cudnnHandle_t, cfg: &Desc) -> Result<Desc, CudaError> {

@@ -113,15 +113,18 @@ impl Drop for Lease {
 /// handle that belongs to one thread.
 struct Units(Vec<sys::CUdevResource>);
 
-// SAFETY: see `Units`: plain data, only read (under the pool's mutex) to generate descriptors.
+// SAFETY: see `Units`: plain data, never written after the split, only read (copied) to
+// generate descriptors.
 unsafe impl Send for Units {}
+// SAFETY: as for Send: shared access only copies the plain structs.
+unsafe impl Sync for Units {}
 
 /// One split of a GPU at its finest unit, shared out among green groups and re-shared while
 /// serving.
 pub struct GreenPool {
     dev: sys::CUdevice,
     primary: Arc<PrimaryContext>,
-    units: Mutex<Units>,
+    units: Units,
     unit_sms: u32,
     ledger: Arc<Mutex<UnitLedger>>,
     /// Whose streams are made at the greatest priority, by workload (kept for their resizes).
@@ -182,7 +185,7 @@ impl GreenPool {
         let pool = Arc::new(GreenPool {
             dev,
             primary,
-            units: Mutex::new(Units(results)),
+            units: Units(results),
             unit_sms: unit,
             ledger: Arc::new(Mutex::new(UnitLedger::new(nb as usize))),
             urgent: groups.iter().map(|(n, _, u)| (n.clone(), *u)).collect(),
@@ -236,10 +239,8 @@ impl GreenPool {
             ledger: Arc::clone(&self.ledger),
             id,
         };
-        let mut resources: Vec<sys::CUdevResource> = {
-            let units = lock(&self.units);
-            chosen.iter().map(|&u| units.0[u]).collect()
-        };
+        let mut resources: Vec<sys::CUdevResource> =
+            chosen.iter().map(|&u| self.units.0[u]).collect();
         let urgent = self.urgent.get(workload).copied().unwrap_or(false);
         let mut g = make_group(self.dev, index, sms, urgent, &mut resources, &self.primary)?;
         g.set_lease(lease);

@@ -286,9 +286,9 @@ fn a_draining_server_refuses_new_requests_and_answers_taken_ones() {
     assert_eq!((e.http_status(), e.reason()), (503, "draining"));
 }
 
-#[test]
-fn a_critical_deadline_too_tight_for_any_best_effort_piece_is_said_at_start() {
-    let toml = r#"
+/// A critical model whose 1.2 ms deadline leaves less slack than the 20 ms piece of its
+/// best-effort neighbour, which therefore never runs beside it.
+const TIGHT_CRITICAL_BESIDE_LONG_PIECES: &str = r#"
 [[workload]]
 name = "critical"
 model = "spin:1ms"
@@ -307,13 +307,17 @@ duration_s = 1
 warmup_jobs = 1
 criticality = "best_effort"
 "#;
-    let s = server(toml);
+
+#[test]
+fn a_critical_deadline_too_tight_for_any_best_effort_piece_is_said_at_start() {
+    let s = server(TIGHT_CRITICAL_BESIDE_LONG_PIECES);
     let w = s.warnings();
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(w[0].contains("`background` will not run"), "{}", w[0]);
     s.drain(Duration::from_secs(5));
     // With room for its pieces, nothing to say.
-    let s = server(&toml.replace("deadline_ms = 1.2", "deadline_ms = 50"));
+    let s =
+        server(&TIGHT_CRITICAL_BESIDE_LONG_PIECES.replace("deadline_ms = 1.2", "deadline_ms = 50"));
     assert!(s.warnings().is_empty(), "{:?}", s.warnings());
     let r = block_on(s.infer("background", rows(&[3.0]))).unwrap();
     assert_eq!(values(&r), vec![3.0]);
@@ -581,26 +585,7 @@ criticality = "best_effort"
 fn a_drain_ends_a_change_that_waits_for_a_held_best_effort_job() {
     // `background` never runs beside `critical` (its piece is longer than the critical
     // model's slack): its job is held, and a change of it waits for that job to end.
-    let toml = r#"
-[[workload]]
-name = "critical"
-model = "spin:1ms"
-batch = 1
-rate_hz = 100
-duration_s = 1
-deadline_ms = 1.2
-warmup_jobs = 1
-
-[[workload]]
-name = "background"
-model = "spin:20ms"
-batch = 1
-rate_hz = "max"
-duration_s = 1
-warmup_jobs = 1
-criticality = "best_effort"
-"#;
-    let s = server(toml);
+    let s = server(TIGHT_CRITICAL_BESIDE_LONG_PIECES);
     assert_eq!(s.warnings().len(), 1, "{:?}", s.warnings());
     let held = s.submit("background", rows(&[1.0])).unwrap();
     std::thread::sleep(Duration::from_millis(20));
