@@ -49,7 +49,10 @@ pub use cache::{cpu_name, ProfileCache};
 pub use gpus::{plan_gpus, GpusPlan};
 pub use learned::{Learned, LearnedStretch, StretchKey};
 pub use phases::{stagger, Periodic, StaggerError, Staggered};
-pub use search::{plan, predicted, tail_rule, Choice, Outcome, TailRule, Unprofiled};
+pub use search::{
+    plan, plan_capped, predicted, tail_rule, Capped, CappedPlan, Choice, Outcome, TailRule,
+    Unprofiled,
+};
 pub use stretch::{stretch_from, worst_stretch};
 
 use isolane_core::device_model::{MigModel, MigProfile};

@@ -455,6 +455,243 @@ fn partial(demands: &[Demand], ladder: &Ladder, choices: Vec<Choice>) -> Vec<Cho
     kept
 }
 
+/// A best-effort workload a [`plan_capped`] plan gives less than its demand needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capped {
+    pub workload: String,
+    /// The size it gets: what the critical workloads (and the other best-effort ones' share)
+    /// leave.
+    pub size: u32,
+    /// The smallest size that would meet its demand; `None` when not even the ladder's largest
+    /// does.
+    pub wanted: Option<u32>,
+    /// Its predicted figures at `size` against its deadline, in words.
+    pub why: String,
+}
+
+/// A [`plan_capped`] plan: the outcome, and the best-effort workloads it caps (none when the
+/// outcome is the plan [`plan`] makes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CappedPlan {
+    pub outcome: Outcome,
+    pub capped: Vec<Capped>,
+}
+
+/// The best plan for `demands` that keeps every critical one (`serve --autoplan`): where
+/// [`plan`] finds none because a best-effort workload needs more than is left (or more than
+/// the ladder has), each critical workload still gets its smallest adequate size (at least
+/// `floors[w]`, the partition it must not lose), and the best-effort workloads share what is
+/// left: each its smallest size first (at least its floor), then one ladder step at a time
+/// in turn, each up to the smallest size that meets its demand (the largest when none does).
+/// Those left short are [`CappedPlan::capped`]. It is [`Outcome::NoPlan`] only when the
+/// critical workloads cannot be kept (one inadequate or unprofiled, or together too large),
+/// when the best-effort ones cannot get even their smallest sizes beside them, or on a ladder
+/// whose sizes are not simply shares (MIG, time-slicing: [`plan`]'s outcome). `Err` only
+/// when measuring failed.
+pub fn plan_capped(
+    demands: &[Demand],
+    ladder: &Ladder,
+    opts: &Options,
+    floors: &[u32],
+    profiler: &mut dyn Profiler,
+) -> Result<CappedPlan, String> {
+    if matches!(ladder.unit, Unit::Mig | Unit::Whole) {
+        let outcome = plan(demands, ladder, opts, profiler)?;
+        return Ok(CappedPlan {
+            outcome,
+            capped: Vec::new(),
+        });
+    }
+    if ladder.sizes.is_empty() {
+        return Err("no partition size to plan with".into());
+    }
+    let mut m = Measured {
+        profiler,
+        seen: HashMap::new(),
+    };
+    let floor = |w: usize| floors.get(w).copied().unwrap_or(0);
+    // The smallest ladder size at least `n` (the largest when none is).
+    let at_least = |n: u32| {
+        let top = *ladder.sizes.last().expect("checked non-empty");
+        ladder
+            .sizes
+            .iter()
+            .copied()
+            .find(|&s| s >= n)
+            .unwrap_or(top)
+    };
+    let no_plan = |reasons: Vec<String>, unprofiled: Vec<Unprofiled>| CappedPlan {
+        outcome: Outcome::NoPlan {
+            reasons,
+            unprofiled,
+            partial: Vec::new(),
+        },
+        capped: Vec::new(),
+    };
+    let mut reasons = Vec::new();
+    let mut unprofiled = Vec::new();
+    // Per workload: its size now, the size it wants, and (best effort) why it is short when
+    // not even the ladder's largest size is enough.
+    let mut size = vec![0u32; demands.len()];
+    let mut want = vec![0u32; demands.len()];
+    let mut inadequate: Vec<Option<String>> = vec![None; demands.len()];
+    for (w, d) in demands.iter().enumerate() {
+        match smallest(w, d, ladder, opts, &mut m)? {
+            Search::Found(c) => want[w] = at_least(c.size.max(floor(w))),
+            Search::Inadequate(r) if d.critical => reasons.push(r),
+            Search::Inadequate(r) => {
+                want[w] = *ladder.sizes.last().expect("checked non-empty");
+                inadequate[w] = Some(r);
+            }
+            Search::Unprofiled(u) => unprofiled.push(u),
+        }
+        if d.critical {
+            size[w] = want[w];
+        }
+    }
+    if !reasons.is_empty() || !unprofiled.is_empty() {
+        return Ok(no_plan(reasons, unprofiled));
+    }
+    let critical_cost: u32 = demands
+        .iter()
+        .zip(&size)
+        .filter(|(d, _)| d.critical)
+        .map(|(_, &s)| ladder.cost(s))
+        .sum();
+    if critical_cost > ladder.capacity {
+        let each: Vec<String> = demands
+            .iter()
+            .zip(&size)
+            .filter(|(d, _)| d.critical)
+            .map(|(d, &s)| format!("{} {}", d.name, ladder.describe(s)))
+            .collect();
+        return Ok(no_plan(
+            vec![format!(
+                "the critical workloads alone need {} of {} ({})",
+                ladder.describe_amount(critical_cost),
+                ladder.describe_amount(ladder.capacity),
+                each.join(", ")
+            )],
+            Vec::new(),
+        ));
+    }
+    let mut left = ladder.capacity - critical_cost;
+    let best_effort: Vec<usize> = (0..demands.len())
+        .filter(|&w| !demands[w].critical)
+        .collect();
+    for &w in &best_effort {
+        size[w] = at_least(floor(w)).min(want[w]);
+    }
+    let start: u32 = best_effort.iter().map(|&w| ladder.cost(size[w])).sum();
+    if start > left {
+        let each: Vec<String> = best_effort
+            .iter()
+            .map(|&w| format!("{} {}", demands[w].name, ladder.describe(size[w])))
+            .collect();
+        return Ok(no_plan(
+            vec![format!(
+                "the critical workloads leave {} of {}, and the best-effort ones need at least \
+                 {} ({})",
+                ladder.describe_amount(left),
+                ladder.describe_amount(ladder.capacity),
+                ladder.describe_amount(start),
+                each.join(", ")
+            )],
+            Vec::new(),
+        ));
+    }
+    left -= start;
+    // One step each in turn, so that two short workloads share what is left instead of the
+    // first taking it all.
+    loop {
+        let mut grew = false;
+        for &w in &best_effort {
+            if size[w] >= want[w] {
+                continue;
+            }
+            let Some(next) = ladder.sizes.iter().copied().find(|&s| s > size[w]) else {
+                continue;
+            };
+            let more = ladder.cost(next) - ladder.cost(size[w]);
+            if more <= left {
+                left -= more;
+                size[w] = next;
+                grew = true;
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    let mut choices = Vec::with_capacity(demands.len());
+    let mut capped = Vec::new();
+    for (w, d) in demands.iter().enumerate() {
+        let p = match point(&mut m, d, w, size[w])? {
+            Ok(p) => p,
+            Err(u) => {
+                unprofiled.push(u);
+                continue;
+            }
+        };
+        let c = choice_at(d, opts, p);
+        if !d.critical && (size[w] < want[w] || inadequate[w].is_some()) {
+            let wanted = inadequate[w].is_none().then_some(want[w]);
+            capped.push(Capped {
+                workload: d.name.clone(),
+                size: size[w],
+                wanted,
+                why: format!(
+                    "`{}` gets {} ({}): predicted p99.9 {:.3} ms against {:.0} % of {:.3} ms, \
+                     utilisation {:.2} (at most {:.2})",
+                    d.name,
+                    ladder.describe(size[w]),
+                    match wanted {
+                        Some(s) => format!("its demand needs {}", ladder.describe(s)),
+                        None => format!("not even {} meets its demand", ladder.describe(want[w])),
+                    },
+                    c.predicted_tail_ms,
+                    opts.margin * 100.0,
+                    d.deadline_ms,
+                    c.util,
+                    opts.max_util
+                ),
+            });
+        }
+        choices.push(c);
+    }
+    if !unprofiled.is_empty() {
+        return Ok(no_plan(Vec::new(), unprofiled));
+    }
+    let misfits = pack(ladder, &mut choices);
+    if !misfits.is_empty() {
+        return Ok(no_plan(misfits, Vec::new()));
+    }
+    Ok(CappedPlan {
+        outcome: Outcome::Planned {
+            used: choices.iter().map(|c| ladder.cost(c.size)).sum(),
+            capacity: ladder.capacity,
+            choices,
+        },
+        capped,
+    })
+}
+
+/// The choice for `d` at profile `p`, whether or not it meets its demand there.
+fn choice_at(d: &Demand, opts: &Options, p: Point) -> Choice {
+    let (p99, tail) = predicted(d, &p, opts);
+    Choice {
+        workload: d.name.clone(),
+        size: p.size,
+        predicted_p99_ms: p99,
+        predicted_tail_ms: tail,
+        deadline_ms: d.deadline_ms,
+        util: util(d, &p),
+        profile: p,
+        memory_mib: d.memory_mib,
+        mig_start: None,
+    }
+}
+
 fn time_sliced(
     demands: &[Demand],
     ladder: &Ladder,
@@ -1140,5 +1377,157 @@ mod tests {
             panic!()
         };
         assert_eq!(unprofiled.len(), 2);
+    }
+    /// MPS thread shares shaped as session 20's H200 run (results/h200-control,
+    /// scenarios/serve/h200-replan.toml): per workload the mean job time at 100 % (ms), which
+    /// scales as 100 / share; p99 = p99.9 = 1.1 × mean. mobilenet_v2 1.7 ms at 20 % (the
+    /// 1.6-1.9 ms measured there); resnet50 (batch 8) needing every thread near 200 requests/s
+    /// and more than there are at 300, as the logged decisions said.
+    struct Shares(Vec<f64>);
+
+    impl Profiler for Shares {
+        fn profile(&mut self, w: usize, size: u32) -> Result<Point, ProfileError> {
+            let mean = self.0[w] * 100.0 / size as f64;
+            Ok(Point {
+                size,
+                exec_p50_ms: mean,
+                exec_p99_ms: 1.1 * mean,
+                exec_mean_ms: mean,
+                exec_p999_ms: None,
+            })
+        }
+    }
+
+    fn h200_replan(resnet50_hz: f64) -> Vec<Demand> {
+        vec![
+            demand("mobilenet_v2", 100.0, 5.0),
+            Demand {
+                critical: false,
+                ..demand("resnet50", resnet50_hz, 50.0)
+            },
+            Demand {
+                critical: false,
+                ..demand("vit_b_16", 50.0, 100.0)
+            },
+        ]
+    }
+
+    fn sizes(out: &Outcome) -> Vec<u32> {
+        match out {
+            Outcome::Planned { choices, .. } => choices.iter().map(|c| c.size).collect(),
+            _ => panic!("{out:?}"),
+        }
+    }
+
+    #[test]
+    fn a_best_effort_load_past_what_is_left_is_capped_not_unplannable() {
+        let h200 = || Shares(vec![0.34, 3.9, 1.5]);
+        let ladder = Ladder::mps(5);
+        let opts = Options::default();
+        // The critical model holds 20 % and must keep it.
+        let floors = [20, 0, 0];
+        // resnet50's tripled rate: no share is enough, so plan() has no plan at all.
+        let out = plan(&h200_replan(300.0), &ladder, &opts, &mut h200()).unwrap();
+        assert!(matches!(out, Outcome::NoPlan { .. }), "{out:?}");
+        let p = plan_capped(&h200_replan(300.0), &ladder, &opts, &floors, &mut h200()).unwrap();
+        // mobilenet_v2 keeps its 20 % (10 % would do), vit_b_16 gets the 10 % it needs, and
+        // resnet50 everything else.
+        assert_eq!(sizes(&p.outcome), vec![20, 70, 10]);
+        assert_eq!(p.capped.len(), 1, "{:?}", p.capped);
+        let c = &p.capped[0];
+        assert_eq!(
+            (c.workload.as_str(), c.size, c.wanted),
+            ("resnet50", 70, None)
+        );
+        assert!(
+            c.why.contains("gets 70 %") && c.why.contains("not even 100 %"),
+            "{}",
+            c.why
+        );
+        // At 200/s 100 % would do: capped with the share it wanted.
+        let p = plan_capped(&h200_replan(200.0), &ladder, &opts, &floors, &mut h200()).unwrap();
+        assert_eq!(sizes(&p.outcome), vec![20, 70, 10]);
+        assert_eq!(p.capped[0].wanted, Some(100));
+        assert!(p.capped[0].why.contains("its demand needs 100 %"));
+        // At its own 100/s everyone's demand is met: plan()'s plan, the floor kept, no cap.
+        let p = plan_capped(&h200_replan(100.0), &ladder, &opts, &floors, &mut h200()).unwrap();
+        assert_eq!(sizes(&p.outcome), vec![20, 50, 10]);
+        assert!(p.capped.is_empty());
+        let out = plan(&h200_replan(100.0), &ladder, &opts, &mut h200()).unwrap();
+        assert_eq!(sizes(&out), vec![10, 50, 10]);
+    }
+
+    #[test]
+    fn a_capped_plan_is_no_plan_only_when_the_critical_workloads_cannot_be_kept() {
+        let ladder = Ladder::mps(5);
+        let opts = Options::default();
+        // A critical workload no share can hold.
+        let mut d = h200_replan(100.0);
+        d[0].deadline_ms = 0.3;
+        let p = plan_capped(
+            &d,
+            &ladder,
+            &opts,
+            &[20, 0, 0],
+            &mut Shares(vec![0.34, 3.9, 1.5]),
+        )
+        .unwrap();
+        let Outcome::NoPlan { reasons, .. } = &p.outcome else {
+            panic!("{p:?}")
+        };
+        assert!(
+            reasons[0].contains("`mobilenet_v2` cannot meet its deadline even in 100 %"),
+            "{reasons:?}"
+        );
+        // Two critical ones whose floors add up past the GPU.
+        let mut d = h200_replan(100.0);
+        d[1].critical = true;
+        let p = plan_capped(
+            &d,
+            &ladder,
+            &opts,
+            &[60, 60, 0],
+            &mut Shares(vec![0.34, 3.9, 1.5]),
+        )
+        .unwrap();
+        let Outcome::NoPlan { reasons, .. } = &p.outcome else {
+            panic!("{p:?}")
+        };
+        assert!(
+            reasons[0].contains("the critical workloads alone need 120 % of 100 %"),
+            "{reasons:?}"
+        );
+        // Critical floors that leave the best-effort ones not even their smallest share.
+        let p = plan_capped(
+            &h200_replan(100.0),
+            &ladder,
+            &opts,
+            &[95, 0, 0],
+            &mut Shares(vec![0.34, 3.9, 1.5]),
+        )
+        .unwrap();
+        let Outcome::NoPlan { reasons, .. } = &p.outcome else {
+            panic!("{p:?}")
+        };
+        assert!(
+            reasons[0].contains("leave 5 % of 100 %") && reasons[0].contains("at least 10 %"),
+            "{reasons:?}"
+        );
+    }
+
+    #[test]
+    fn two_short_best_effort_workloads_share_what_is_left_in_turn() {
+        let mut d = h200_replan(300.0);
+        d[2].rate_hz = 1000.0;
+        let p = plan_capped(
+            &d,
+            &Ladder::mps(5),
+            &Options::default(),
+            &[20, 0, 0],
+            &mut Shares(vec![0.34, 3.9, 1.5]),
+        )
+        .unwrap();
+        assert_eq!(sizes(&p.outcome), vec![20, 40, 40]);
+        assert_eq!(p.capped.len(), 2);
     }
 }

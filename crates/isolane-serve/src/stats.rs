@@ -77,6 +77,7 @@ pub struct ServeMetrics {
     change_pause: Family<ChangeLabels, Histogram, fn() -> Histogram>,
     autoplan: Family<AutoplanLabels, Counter>,
     unplannable: Counter,
+    capped: Family<ModelLabels, Counter>,
 }
 
 /// A decision of `serve --autoplan` (autoplan.rs).
@@ -115,6 +116,7 @@ impl ServeMetrics {
             change_pause: Family::new_with_constructor(change_histogram),
             autoplan: Family::default(),
             unplannable: Counter::default(),
+            capped: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -211,6 +213,12 @@ impl ServeMetrics {
             "Re-plans of serve --autoplan that found no plan (nothing was changed)",
             m.unplannable.clone(),
         );
+        registry.register(
+            "autoplan_best_effort_capped",
+            "Plans of serve --autoplan that gave a best-effort model less than its load needs \
+             (what the critical models leave), by model",
+            m.capped.clone(),
+        );
         ServeMetrics { registry, ..m }
     }
 
@@ -227,6 +235,15 @@ impl ServeMetrics {
     /// A re-plan that found no plan.
     pub fn autoplan_unplannable(&self) {
         self.unplannable.inc();
+    }
+
+    /// A plan that gave best-effort `model` less than its load needs.
+    pub fn autoplan_capped(&self, model: &str) {
+        self.capped
+            .get_or_create(&ModelLabels {
+                model: model.to_string(),
+            })
+            .inc();
     }
 
     /// The figures of one model, for its submitters and thread.
