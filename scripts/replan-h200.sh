@@ -2,9 +2,12 @@
 # Issue 35's measurement on the H200: three models served as MPS clients
 # (scenarios/serve/h200-replan.toml) while resnet50's request rate triples for 20 s and falls,
 # served three ways by scripts/replan_h200.py: fixed shares, `isolane ctl resize` at the load
-# changes, and `serve --autoplan`. Per mode and model: sent, answered, late, refused, failed
-# (none may be: a lost request would be one), p50/p99/max client latency; each resize's time to
-# the new client serving and its pause; autoplan's decisions. About 3 minutes in all.
+# changes (then `ctl load resnet50`: a rebuilt model's pause), and `serve --autoplan`, which
+# grows resnet50 to what the critical model leaves (best_effort_capped) and shrinks it back
+# when the rate falls. Per mode and model: sent, answered, late, refused, failed (none may be:
+# a lost request would be one), p50/p99/max client latency; whether the critical model kept
+# <= 0.1 % late; each resize's and the reload's time to the new client serving and its pause;
+# autoplan's decisions. About 4.5 minutes in all (70 s of profiles, then 3 × about 65 s).
 #
 #   scripts/replan-h200.sh stage    # here: scripts/serve-bench.sh stage (release isolane and
 #                                   # the HTTP client's wheels for the GPU machine, stage-serve/)
@@ -13,9 +16,12 @@
 #                                   # replan.tgz (the servers' logs, autoplan.csv, each request)
 #
 # `run` first has `isolane plan --auto --mechanism mps` measure the profiles --autoplan plans
-# from (each model alone at a few thread shares, at most PROFILE_BUDGET s, default 45) into a
-# fresh cache; what it plans is not used. Environment: ISOLANE (a binary instead of the staged
-# one), PYTHON, SCENARIO, MODES (default fixed,manual,autoplan), REPLAN_TIMEOUT (default 420 s).
+# from (each model alone at the thread shares its search visits, 100 jobs each, at most
+# PROFILE_BUDGET s, default 70) into a fresh cache, seeded from PROFILES (default
+# results/h200-control/profiles, when there: profiles of the same GPU and driver are not
+# measured again); what it plans is not used. $OUT/profiles.tgz has the cache, to commit as
+# PROFILES. Environment: ISOLANE (a binary instead of the staged one), PYTHON, SCENARIO, MODES
+# (default fixed,manual,autoplan), REPLAN_TIMEOUT (default 240 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,16 +50,23 @@ run() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,mig.mode.current --format=csv \
         >"$out/gpu.txt" 2>&1 || echo "no nvidia-smi" >"$out/gpu.txt"
     cat "$out/gpu.txt"
-    local cache=$work/profiles
-    echo "replan: profiling for --autoplan (at most ${PROFILE_BUDGET:-45} s)"
+    local cache=$work/profiles budget=${PROFILE_BUDGET:-70}
+    local seed=${PROFILES:-results/h200-control/profiles}
+    mkdir -p "$cache"
+    if [ -d "$seed" ]; then
+        cp -r "$seed/." "$cache/"
+        echo "replan: profile cache seeded from $seed"
+    fi
+    echo "replan: profiling for --autoplan (at most $budget s)"
     # Its exit code is the plan's (2 where the scenario's shares cannot be planned); the
     # profiles it measured are in the cache either way.
-    timeout -k 30 300 "$isolane" plan --auto "$scenario" --mechanism mps --profile-jobs 200 \
-        --profile-budget "${PROFILE_BUDGET:-45}" --profile-cache "$cache" \
+    timeout -k 10 "$((budget + 60))" "$isolane" plan --auto "$scenario" --mechanism mps \
+        --profile-jobs 100 --profile-budget "$budget" --profile-cache "$cache" \
         -o "$work/results/planned.toml" >"$work/results/plan.log" 2>&1 || true
     tail -n 30 "$work/results/plan.log"
     find "$cache" -name '*.json' | sort | sed "s|$cache/||" | tee "$work/results/profiles.txt"
-    PYTHONUNBUFFERED=1 timeout -k 60 "${REPLAN_TIMEOUT:-420}" "$python" scripts/replan_h200.py \
+    tar czf "$out/profiles.tgz" -C "$cache" .
+    PYTHONUNBUFFERED=1 timeout -k 30 "${REPLAN_TIMEOUT:-240}" "$python" scripts/replan_h200.py \
         --isolane "$isolane" --scenario "$scenario" --out "$work/results" \
         --profile-cache "$cache" --modes "${MODES:-fixed,manual,autoplan}" "$@" \
         2>&1 | tee "$work/results/driver.log" || status=$?

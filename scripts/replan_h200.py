@@ -2,8 +2,8 @@
 """Issue 35's measurement: a served best-effort model's load triples and falls, served three ways.
 
     python3 scripts/replan_h200.py --isolane ISOLANE --scenario scenarios/serve/h200-replan.toml \
-        --out DIR [--modes fixed,manual,autoplan] [--base-s 4] [--high-s 20] [--after-s 6] \
-        [--profile-cache DIR] [--grow resnet50=50] [--shrink resnet50=30]
+        --out DIR [--modes fixed,manual,autoplan] [--base-s 6] [--high-s 20] [--after-s 15] \
+        [--profile-cache DIR] [--grow resnet50=50] [--shrink resnet50=30] [--reload resnet50]
 
 For each mode it starts `isolane serve` on the scenario and sends every model requests at its
 scenario rate (HTTP, binary tensor data, one row each, open loop from a few threads per model),
@@ -12,14 +12,18 @@ then its own again for --after-s. The modes:
 
   fixed     the scenario's shares throughout;
   manual    `isolane ctl resize` at the two load changes (--grow when the load triples, --shrink
-            when it falls);
+            when it falls), then `isolane ctl load` of --reload's model halfway through the
+            last phase: a loaded model rebuilt in its partition (a reload), whose pause is a
+            rebuilt model's;
   autoplan  `isolane serve --autoplan --autoplan-dwell 3 --profile-cache DIR` (the profiles that
-            `isolane plan --auto` measured there first).
+            `isolane plan --auto` measured there first). The last phase is long enough (15 s)
+            for the 10 s rate window to see the fall and the loop to shrink back.
 
 Per mode and model: requests sent, answered, refused (429/503, counted by reason), failed (any
 other error: a lost request would be one), late (answered with `late = true`), the p50/p99/max
-of the answered ones' client latency; and each resize (from the server's access log, with its
-pause, and for autoplan the decisions of autoplan.csv). DIR gets summary.md, summary.json and
+of the answered ones' client latency, and for the critical model whether it kept the issue's
+<= 0.1 % late with none lost; and each resize or reload (from the server's access log, with its
+time to serve and its pause, and for autoplan the decisions of autoplan.csv). DIR gets summary.md, summary.json and
 each mode's server log, autoplan.csv and requests CSV.
 """
 import argparse
@@ -111,7 +115,8 @@ def pct(v, q):
 
 
 def resizes_from_log(log_path):
-    """The server's control lines of resizes: model, what, to serving and pause (ms)."""
+    """The server's control lines of resizes and reloads: kind, model, what, to serving and
+    pause (ms)."""
     def field(line, key):
         m = re.search(key + r'=(?:"([^"]*)"|(\S+))', line)
         return None if m is None else (m.group(1) if m.group(1) is not None else m.group(2))
@@ -121,8 +126,9 @@ def resizes_from_log(log_path):
 
     out = []
     for line in open(log_path, errors="replace"):
-        if 'protocol="control"' in line and 'change="resize"' in line:
-            out.append({"model": field(line, "model"), "what": field(line, "what"),
+        kind = field(line, "change")
+        if 'protocol="control"' in line and kind in ("resize", "reload"):
+            out.append({"kind": kind, "model": field(line, "model"), "what": field(line, "what"),
                         "took_ms": ms(field(line, "took_us")),
                         "pause_ms": ms(field(line, "pause_us"))})
     return out
@@ -154,12 +160,16 @@ def run_mode(a, mode, rates, workdir):
         for t in threads:
             t.start()
         if mode == "manual":
-            for at, setting in ((a.base_s, a.grow), (a.base_s + a.high_s, a.shrink)):
+            changes = [(a.base_s, ["resize", *a.grow.split("=")]),
+                       (a.base_s + a.high_s, ["resize", *a.shrink.split("=")])]
+            if a.reload:
+                changes.append((a.base_s + a.high_s + a.after_s / 2, ["load", a.reload]))
+            for at, change in changes:
                 time.sleep(max(0.0, t0 + at - time.monotonic()))
-                model, value = setting.split("=")
-                r = subprocess.run([a.isolane, "ctl", "--server", addr, "--json", "resize", model,
-                                    f"thread_pct={value}"], capture_output=True, text=True,
-                                   timeout=300)
+                cmd = [a.isolane, "ctl", "--server", addr, "--json", change[0], change[1]]
+                if change[0] == "resize":
+                    cmd.append(f"thread_pct={change[2]}")
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
                 events.append({"t_s": round(time.monotonic() - t0, 3), "rc": r.returncode,
                                "reply": (r.stdout or r.stderr).strip()})
         for t in threads:
@@ -197,8 +207,10 @@ def fmt(v, d=3):
 def summary_md(a, results):
     L = ["# Re-planning while serving on the H200 (issue 35)", "",
          f"`{a.scenario}`; `{a.surge}`'s request rate ×3 from {a.base_s} s for {a.high_s} s, then "
-         f"back for {a.after_s} s; manual: `ctl resize` {a.grow} then {a.shrink}; autoplan: "
-         f"dwell {a.dwell} s. Client latency over HTTP (binary data), one row per request.", "",
+         f"back for {a.after_s} s; manual: `ctl resize` {a.grow} then {a.shrink}"
+         + (f", then `ctl load {a.reload}` (a reload)" if a.reload else "")
+         + f"; autoplan: dwell {a.dwell} s. Client latency over HTTP (binary data), one row per "
+         "request. Lost: a request neither answered nor refused (failed).", "",
          "| mode | model | sent | answered | late | late % | refused | failed | p50 ms | p99 ms | max ms |",
          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for mode, r in results.items():
@@ -210,12 +222,23 @@ def summary_md(a, results):
             L.append(f"| {mode} | {m} | {s['sent']} | {s['answered']} | {s['late']} | "
                      f"{fmt(late_pct, 2)} | {s['refused']} | {s['failed']} | {fmt(s['p50_ms'])} | "
                      f"{fmt(s['p99_ms'])} | {fmt(s['max_ms'])} |")
-    L += ["", "## Resizes (the server's access log)", "",
-          "| mode | model | what | to serving ms | pause ms |", "| --- | --- | --- | ---: | ---: |"]
+    L += ["", f"## The critical model ({a.critical}): at most 0.1 % late, none lost", "",
+          "| mode | late % | refused | lost | held |", "| --- | ---: | ---: | ---: | --- |"]
+    for mode, r in results.items():
+        s = r.get("models", {}).get(a.critical)
+        if s is None:
+            continue
+        late_pct = 100.0 * s["late"] / s["answered"] if s["answered"] else None
+        held = late_pct is not None and late_pct <= 0.1 and s["failed"] == 0
+        L.append(f"| {mode} | {fmt(late_pct, 2)} | {s['refused']} | {s['failed']} | "
+                 f"{'yes' if held else 'no'} |")
+    L += ["", "## Resizes and reloads (the server's access log)", "",
+          "| mode | change | model | what | to serving ms | pause ms |",
+          "| --- | --- | --- | --- | ---: | ---: |"]
     for mode, r in results.items():
         for z in r.get("resizes", []):
-            L.append(f"| {mode} | {z['model']} | {z['what']} | {fmt(z['took_ms'], 1)} | "
-                     f"{fmt(z['pause_ms'])} |")
+            L.append(f"| {mode} | {z.get('kind', 'resize')} | {z['model']} | {z['what'] or ''} | "
+                     f"{fmt(z['took_ms'], 1)} | {fmt(z['pause_ms'])} |")
     for mode, r in results.items():
         if r.get("decisions"):
             L += ["", f"## {mode}: decisions (autoplan.csv)", "", "```text", *r["decisions"], "```"]
@@ -232,12 +255,15 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--modes", default="fixed,manual,autoplan")
     p.add_argument("--surge", default="resnet50")
-    p.add_argument("--base-s", type=float, default=4.0)
+    p.add_argument("--base-s", type=float, default=6.0)
     p.add_argument("--high-s", type=float, default=20.0)
-    p.add_argument("--after-s", type=float, default=6.0)
+    p.add_argument("--after-s", type=float, default=15.0)
     p.add_argument("--dwell", type=float, default=3.0)
     p.add_argument("--grow", default="resnet50=50")
     p.add_argument("--shrink", default="resnet50=30")
+    p.add_argument("--reload", default="resnet50",
+                   help="manual mode: this model is reloaded (rebuilt in its partition); '' for none")
+    p.add_argument("--critical", default="mobilenet_v2")
     p.add_argument("--profile-cache", default=os.path.expanduser("~/.cache/isolane/profiles"))
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -250,10 +276,11 @@ def main():
         except Exception as e:
             results[mode] = {"error": str(e)[:500]}
         print(json.dumps(results[mode])[:2000], flush=True)
-    with open(os.path.join(a.out, "summary.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(a.out, "summary.md"), "w") as f:
-        f.write(summary_md(a, results))
+        # After each mode, so that a run cut short by its time limit still says what it did.
+        with open(os.path.join(a.out, "summary.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        with open(os.path.join(a.out, "summary.md"), "w") as f:
+            f.write(summary_md(a, results))
     print(open(os.path.join(a.out, "summary.md")).read())
     lost = any(s["failed"] for r in results.values() for s in r.get("models", {}).values())
     return 1 if lost or any("error" in r for r in results.values()) else 0
