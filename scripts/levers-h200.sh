@@ -12,10 +12,16 @@
 #   a  resnet18:24 + resnet50:48, best effort vit_l_32:48   (the light/heavy CNN case)
 #   b  mobilenet_v2:24 + convnext_base:48, best effort vit_b_16:48
 #   c  mobilenet_v2:24 + resnet50:48, best effort vit_l_32:48
-# Variants (VARIANTS_A for trio a, VARIANTS for b and c): none (unprotected), both (guard +
-# priorities: today's default), slack (+ slack_order), share (+ share), l2 (+ l2_persist_mib =
-# L2_MIB), levers (all three). Each point once (REPEATS=1), DURATION_S (2) s a run, about 15 s a
-# run with its builds: about 3 min for a, 2 min each for b and c.
+# Variants (VARIANTS, default both,share,slack; VARIANTS_A for trio a alone): both (guard +
+# priorities: the default protection), share (+ share: the sharing guard, session 21: each
+# best-effort piece charged the delay the fitted model predicts for what is left of each critical
+# job it overlaps, against that job's slack, the service estimate the p99 of its last 256 jobs;
+# held only until what is left fits), slack (+ slack_order: a critical job with slack delays its
+# start, whole, while one without runs), and on request none (unprotected), l2
+# (+ l2_persist_mib = L2_MIB), levers (all three). protection_study.py runs the baselines first
+# in the same call: each victim alone at its rate, and victims-only (both, no best effort).
+# Each point once (REPEATS=1), DURATION_S (2) s a run, about 15 s a run with its builds: about
+# 2.5 min a trio on green (9 runs), about 4.5 min with MECHANISMS=green,mps.
 # Before the comparisons, each workload's alone run is written into the profile cache (as
 # `plan --auto` would measure it), so that admission's prediction (`[protection] admission`,
 # on by default) has each p99 alone: the victims-only and trio runs then say, in their logs,
@@ -114,11 +120,11 @@ study() { # name victims best-effort variants
 mkdir -p "$results"
 : >"$out/levers.md"
 rc=0
-all="none,both,slack,share,l2,levers"
+variants=${VARIANTS:-both,share,slack}
 [ "$which" = a ] || [ "$which" = all ] &&
-    { study a resnet18:24,resnet50:48 vit_l_32:48 "${VARIANTS_A:-$all}" || rc=1; }
+    { study a resnet18:24,resnet50:48 vit_l_32:48 "${VARIANTS_A:-$variants}" || rc=1; }
 [ "$which" = b ] || [ "$which" = all ] &&
-    { study b mobilenet_v2:24,convnext_base:48 vit_b_16:48 "${VARIANTS:-none,both,levers}" || rc=1; }
+    { study b mobilenet_v2:24,convnext_base:48 vit_b_16:48 "$variants" || rc=1; }
 [ "$which" = c ] || [ "$which" = all ] &&
-    { study c mobilenet_v2:24,resnet50:48 vit_l_32:48 "${VARIANTS:-none,both,levers}" || rc=1; }
+    { study c mobilenet_v2:24,resnet50:48 vit_l_32:48 "$variants" || rc=1; }
 exit $rc
