@@ -9,7 +9,9 @@
 //! output's size back, no model: what the socket alone costs), over gRPC (a tonic client, raw
 //! contents, as tritonclient sends them) and over HTTP (binary tensor data on a kept-alive
 //! connection): p50 and p90 at concurrency 1, the front ends' CPU time and the process's minor
-//! page faults per request, and requests per second at concurrency 1 and 2. A second table
+//! page faults per request, and requests per second (with p50 and p99) at each concurrency of
+//! `--concurrency` (that many clients at once, each on its own connection, all on the client's
+//! one thread), the best against in-process's best. A second table
 //! splits each front end's mean request into the server's own stages (the statistics
 //! extension's `isolane_stages`: receive, decode, queue, input, infer, output, wake, encode)
 //! and what the client waited beyond them (`outside`: the socket both ways and the client).
@@ -18,6 +20,11 @@
 //!
 //!   cargo run --release -p isolane-serve --example serve_overhead -- [--service-us 375]
 //!       [--requests 2000] [--models frame,tiny] [--paths grpc,http] [--io-threads 2]
+//!       [--concurrency 1,2,4] [--spin-us 200] [--answer-spin-us auto|N]
+//!
+//! `--spin-us` is the scenario's `[timing] spin_us` (the model thread's poll of its queue, and
+//! the front ends' poll for an answer); `--answer-spin-us` sets the front ends' poll apart
+//! (`Server::set_answer_spin`; `auto`: the server's default, none below 8 cores).
 //!
 //! On a machine with few cores the model thread's spin and the client compete with the front
 //! ends for them: compare runs on one machine, not figures across machines.
@@ -112,6 +119,12 @@ struct Args {
     /// The front ends' runtime: its worker threads (`isolane serve`'s: 2), or 0 for one
     /// current-thread runtime on a thread of its own.
     io_threads: usize,
+    /// Clients at once in the throughput rows.
+    concurrency: Vec<usize>,
+    /// The scenario's `[timing] spin_us`.
+    spin_us: u64,
+    /// The front ends' answer spin (µs; `None`: the server's default).
+    answer_spin_us: Option<u64>,
 }
 
 fn args() -> Args {
@@ -121,6 +134,9 @@ fn args() -> Args {
         models: vec!["frame".into(), "tiny".into()],
         paths: vec![Path::Grpc, Path::Http],
         io_threads: 2,
+        concurrency: vec![1, 2, 4],
+        spin_us: 200,
+        answer_spin_us: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -130,6 +146,23 @@ fn args() -> Args {
             "--requests" => a.requests = value.parse().expect("--requests: a count"),
             "--io-threads" => a.io_threads = value.parse().expect("--io-threads: a count"),
             "--models" => a.models = value.split(',').map(str::to_owned).collect(),
+            "--concurrency" => {
+                a.concurrency = value
+                    .split(',')
+                    .map(|c| c.parse().expect("--concurrency: counts, comma-separated"))
+                    .collect();
+                assert!(
+                    a.concurrency.iter().all(|&c| c >= 1),
+                    "--concurrency: counts of 1 or more"
+                );
+            }
+            "--spin-us" => a.spin_us = value.parse().expect("--spin-us: µs"),
+            "--answer-spin-us" => {
+                a.answer_spin_us = match value.as_str() {
+                    "auto" => None,
+                    v => Some(v.parse().expect("--answer-spin-us: auto or µs")),
+                }
+            }
             "--paths" => {
                 a.paths = value
                     .split(',')
@@ -140,17 +173,20 @@ fn args() -> Args {
                     })
                     .collect()
             }
-            _ => panic!("unknown flag {flag}; flags: --service-us, --requests, --models, --paths"),
+            _ => panic!(
+                "unknown flag {flag}; flags: --service-us, --requests, --models, --paths, \
+                 --io-threads, --concurrency, --spin-us, --answer-spin-us"
+            ),
         }
     }
     a
 }
 
-fn scenario(service_us: u64) -> String {
+fn scenario(service_us: u64, spin_us: u64) -> String {
     format!(
         r#"
 [timing]
-spin_us = 200
+spin_us = {spin_us}
 
 [[workload]]
 name = "frame"
@@ -461,7 +497,8 @@ struct Figures {
     /// The mean at concurrency 1 (the stages are means too).
     mean: f64,
     rps1: f64,
-    rps2: f64,
+    /// Requests per second and latencies with that many clients at once.
+    levels: Vec<Level>,
     /// The front ends' CPU time per request at concurrency 1.
     cpu_us: f64,
     /// Minor page faults per request at concurrency 1 (the whole process: client included).
@@ -476,7 +513,76 @@ type Addrs = (
     std::net::SocketAddr,
 );
 
-async fn measure(path: Path, model: &str, server: &Server, addrs: Addrs, n: usize) -> Figures {
+/// Throughput with `clients` clients at once.
+struct Level {
+    clients: usize,
+    rps: f64,
+    p50: f64,
+    p99: f64,
+}
+
+/// `n` requests from `clients` clients at once, each on its own connection, all on this
+/// thread (a request's encoding and the next one's sending overlap the others' waits, as the
+/// server's receive and decode should overlap a running job).
+async fn at_once(
+    path: Path,
+    model: &str,
+    server: &Server,
+    addrs: Addrs,
+    n: usize,
+    clients: usize,
+) -> Level {
+    let mut ready = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let mut c = Client::new(path, model, server, addrs).await;
+        for _ in 0..10 {
+            c.once().await;
+        }
+        ready.push(c);
+    }
+    let each = (n / clients).max(1);
+    let began = Instant::now();
+    let tasks: Vec<_> = ready
+        .into_iter()
+        .map(|mut c| {
+            tokio::spawn(async move {
+                let mut times = Vec::with_capacity(each);
+                for _ in 0..each {
+                    times.push(c.once().await);
+                }
+                times
+            })
+        })
+        .collect();
+    let mut times = Vec::with_capacity(each * clients);
+    for t in tasks {
+        times.extend(t.await.expect("a client task"));
+    }
+    let rps = times.len() as f64 / began.elapsed().as_secs_f64();
+    times.sort_by(f64::total_cmp);
+    Level {
+        clients,
+        rps,
+        p50: percentile(&times, 0.5),
+        p99: percentile(&times, 0.99),
+    }
+}
+
+impl Figures {
+    /// The level of the most requests per second.
+    fn best(&self) -> Option<&Level> {
+        self.levels.iter().max_by(|a, b| a.rps.total_cmp(&b.rps))
+    }
+}
+
+async fn measure(
+    path: Path,
+    model: &str,
+    server: &Server,
+    addrs: Addrs,
+    n: usize,
+    concurrency: &[usize],
+) -> Figures {
     let mut c = Client::new(path, model, server, addrs).await;
     for _ in 0..n / 10 {
         c.once().await;
@@ -506,22 +612,10 @@ async fn measure(path: Path, model: &str, server: &Server, addrs: Addrs, n: usiz
         .collect();
     let mean = times.iter().sum::<f64>() / n as f64;
     times.sort_by(f64::total_cmp);
-    // Two clients at once: what the server sustains when a request waits behind another.
-    let mut d = Client::new(path, model, server, addrs).await;
-    let began = Instant::now();
-    let half = n / 2;
-    let one = async {
-        for _ in 0..half {
-            c.once().await;
-        }
-    };
-    let two = async {
-        for _ in 0..half {
-            d.once().await;
-        }
-    };
-    tokio::join!(one, two);
-    let rps2 = (2 * half) as f64 / began.elapsed().as_secs_f64();
+    let mut levels = Vec::new();
+    for &clients in concurrency {
+        levels.push(at_once(path, model, server, addrs, n, clients).await);
+    }
     Figures {
         p10: percentile(&times, 0.1),
         cpu_us,
@@ -529,7 +623,7 @@ async fn measure(path: Path, model: &str, server: &Server, addrs: Addrs, n: usiz
         p90: percentile(&times, 0.9),
         mean,
         rps1,
-        rps2,
+        levels,
         faults,
         stages,
     }
@@ -537,8 +631,12 @@ async fn measure(path: Path, model: &str, server: &Server, addrs: Addrs, n: usiz
 
 fn main() {
     let a = args();
-    let scenario = Scenario::from_toml_str(&scenario(a.service_us), "overhead.toml", &["frame"])
-        .unwrap_or_else(|e| panic!("{e}"));
+    let scenario = Scenario::from_toml_str(
+        &scenario(a.service_us, a.spin_us),
+        "overhead.toml",
+        &["frame"],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let plan = RunPlan::from_scenario(&scenario);
     let words: Vec<_> = plan
         .workloads
@@ -554,6 +652,9 @@ fn main() {
         released: Vec::new(),
     };
     let server = Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"));
+    if let Some(us) = a.answer_spin_us {
+        server.set_answer_spin(Duration::from_micros(us));
+    }
     let bind = || {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.set_nonblocking(true).unwrap();
@@ -607,43 +708,42 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "service {} µs, {} requests per row (µs at concurrency 1, `added` at p50, for loopback \
-         its whole p50; the front ends' CPU µs and the process's minor page faults per request; \
-         req/s at concurrency 1 and 2, the better against in-process)",
-        a.service_us, a.requests
+        "service {} µs, {} requests per row, spin_us {}, answer spin {} (µs at concurrency 1, \
+         `added` at p50, for loopback its whole p50; the front ends' CPU µs and the process's \
+         minor page faults per request; req/s at concurrency 1)",
+        a.service_us,
+        a.requests,
+        a.spin_us,
+        a.answer_spin_us
+            .map_or("auto".to_string(), |us| format!("{us} µs"))
     );
     println!(
-        "{:<6} {:<10} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>7}",
-        "model",
-        "path",
-        "p10",
-        "p50",
-        "p90",
-        "added",
-        "cpu",
-        "faults",
-        "req/s 1",
-        "req/s 2",
-        "% of in"
+        "{:<6} {:<10} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8}",
+        "model", "path", "p10", "p50", "p90", "added", "cpu", "faults", "req/s 1"
     );
     let mut breakdown = Vec::new();
+    let mut sweeps = Vec::new();
     for model in &a.models {
         let mut base: Option<Figures> = None;
         let paths = [Path::InProcess, Path::Loopback]
             .into_iter()
             .chain(a.paths.iter().copied());
         for path in paths {
-            let f = client.block_on(measure(path, model, &server, addrs, a.requests));
-            let (added, share) = match (&base, path) {
-                (_, Path::Loopback) => (f.p50, f64::NAN),
-                (Some(b), _) => (
-                    f.p50 - b.p50,
-                    100.0 * f.rps2.max(f.rps1) / b.rps2.max(b.rps1),
-                ),
-                (None, _) => (0.0, 100.0),
+            let f = client.block_on(measure(
+                path,
+                model,
+                &server,
+                addrs,
+                a.requests,
+                &a.concurrency,
+            ));
+            let added = match (&base, path) {
+                (_, Path::Loopback) => f.p50,
+                (Some(b), _) => f.p50 - b.p50,
+                (None, _) => 0.0,
             };
             println!(
-                "{:<6} {:<10} {:>8.1} {:>8.1} {:>8.1} {:>+8.1} {:>7.1} {:>7.1} {:>8.0} {:>8.0} {:>6.0}%",
+                "{:<6} {:<10} {:>8.1} {:>8.1} {:>8.1} {:>+8.1} {:>7.1} {:>7.1} {:>8.0}",
                 model,
                 path.name(),
                 f.p10,
@@ -652,10 +752,18 @@ fn main() {
                 added,
                 f.cpu_us,
                 f.faults,
-                f.rps1,
-                f.rps2,
-                share
+                f.rps1
             );
+            if path != Path::Loopback {
+                let in_best = base
+                    .as_ref()
+                    .and_then(|b| b.best())
+                    .or_else(|| f.best())
+                    .map_or(f64::NAN, |l| l.rps);
+                for l in &f.levels {
+                    sweeps.push((model.clone(), path, l.clients, l.rps, l.p50, l.p99, in_best));
+                }
+            }
             if !f.stages.is_empty() {
                 breakdown.push((model.clone(), path, f.mean, f.stages.clone()));
             }
@@ -663,6 +771,26 @@ fn main() {
                 base = Some(f);
             }
         }
+    }
+    // What the server sustains with requests waiting behind each other: each level's
+    // throughput against in-process's best level.
+    println!();
+    println!("throughput with N clients at once (µs; `% of in`: against in-process's best level)");
+    println!(
+        "{:<6} {:<10} {:>3} {:>8} {:>8} {:>8} {:>7}",
+        "model", "path", "N", "req/s", "p50", "p99", "% of in"
+    );
+    for (model, path, n, rps, p50, p99, in_best) in &sweeps {
+        println!(
+            "{:<6} {:<10} {:>3} {:>8.0} {:>8.1} {:>8.1} {:>6.0}%",
+            model,
+            path.name(),
+            n,
+            rps,
+            p50,
+            p99,
+            100.0 * rps / in_best
+        );
     }
     // Where a request's time went: the server's stages (means at concurrency 1), and what the
     // client waited beyond them (the socket both ways, the client's own encoding and wake-ups).

@@ -306,7 +306,7 @@ impl GrpcFrontEnd {
                 .map(|ms| std::time::Duration::from_secs_f64(ms / 1e3)),
             inputs: decoded.inputs,
         };
-        let response = match self.server.infer(&name, request).await {
+        let response = match self.server.answer(&name, request).await {
             Ok(r) => r,
             Err(refusal) => return (Err(refused(&refusal)), false),
         };
@@ -1338,6 +1338,40 @@ mod tests {
                 .await
                 .unwrap_err();
             assert_eq!(e.code(), Code::NotFound);
+        });
+        s.drain(Duration::from_secs(5));
+    }
+
+    /// Front ends polling for their answers (`Server::set_answer_spin`), on one thread with
+    /// the client: requests sent at once (the first polled for, those queued behind it more
+    /// than 2 ms ahead parked) each get their own rows back.
+    #[test]
+    fn answers_polled_for_on_one_thread_still_serve_requests_at_once() {
+        let s = server();
+        s.set_answer_spin(Duration::from_millis(50));
+        with_client(&s, |c| async move {
+            let ask = |v: f32| {
+                let mut c = c.clone();
+                async move {
+                    let req = encode_infer_request(
+                        "echo",
+                        None,
+                        None,
+                        &Parameters::new(),
+                        &[rows(&[v, -v])],
+                        None,
+                    )
+                    .unwrap();
+                    let resp = c.model_infer(req).await.unwrap().into_inner();
+                    let back = decode_infer_response(resp, &Limits::default()).unwrap();
+                    floats(&back.outputs[0])
+                }
+            };
+            let (a, b, d) = tokio::join!(ask(1.0), ask(2.0), ask(3.0));
+            assert_eq!(
+                (a, b, d),
+                (vec![1.0, -1.0], vec![2.0, -2.0], vec![3.0, -3.0])
+            );
         });
         s.drain(Duration::from_secs(5));
     }

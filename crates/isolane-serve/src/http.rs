@@ -205,7 +205,7 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
             .map(|ms| std::time::Duration::from_secs_f64(ms / 1e3)),
         inputs: decoded.inputs,
     };
-    let response = match server.infer(name, request).await {
+    let response = match server.answer(name, request).await {
         Ok(r) => r,
         Err(refusal) => return fail(refused(&refusal)),
     };

@@ -169,6 +169,9 @@ pub(crate) struct ServedModel {
     /// arriving meanwhile is taken without a wake-up, which costs tens of µs on a machine
     /// whose cores sleep.
     poll_ns: i64,
+    /// How long past its answer's predicted time a front end polls for it before its task
+    /// parks (0: it parks at once); see [`HotWait`].
+    answer_spin_ns: AtomicI64,
     /// Instance numbers handed out so far (the first instance is 0).
     instances: AtomicU64,
     /// When the model was first served (ns, monotonic clock): its load's window is shorter
@@ -201,6 +204,7 @@ impl ServedModel {
             recorded: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
             poll_ns,
+            answer_spin_ns: AtomicI64::new(default_answer_spin_ns(poll_ns, cores())),
             instances: AtomicU64::new(1),
             started: clock::now_ns(),
         }
@@ -693,6 +697,116 @@ impl ServedModel {
     }
 }
 
+/// The fewest cores on which a front end polls for an answer due soon by default: below it
+/// the polling would take the core the model's thread, the other front-end worker or a local
+/// client needs (`isolane serve` runs 2 front-end workers and a thread per model, each of which
+/// polls its own queue for `[timing] spin_us` after a job).
+pub(crate) const ANSWER_SPIN_MIN_CORES: usize = 8;
+
+/// An answer predicted further ahead than this is waited for parked: polling a core for longer
+/// than a 2 ms job costs more than the wake-up it saves (tens of µs).
+const ANSWER_SPIN_AHEAD_NS: i64 = 2_000_000;
+
+/// The front ends' default answer spin: the model thread's `poll_ns` (`[timing] spin_us`) on a
+/// machine of [`ANSWER_SPIN_MIN_CORES`] cores or more, none on fewer.
+pub(crate) fn default_answer_spin_ns(poll_ns: i64, cores: usize) -> i64 {
+    if cores >= ANSWER_SPIN_MIN_CORES {
+        poll_ns.max(0)
+    } else {
+        0
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl ServedModel {
+    /// Until when (ns, monotonic clock) a front end that has just submitted a request polls for
+    /// its answer: the answer's predicted time plus the answer spin; `None`: it parks at once
+    /// (no spin, or the answer is further than [`ANSWER_SPIN_AHEAD_NS`] ahead). The request is
+    /// queued or running (or answered) already, so every job still queued may be ahead of it.
+    fn answer_spin_until(&self) -> Option<i64> {
+        let spin = self.answer_spin_ns.load(Ordering::Relaxed);
+        if spin <= 0 {
+            return None;
+        }
+        let info = self.info();
+        let service = self.service_ns.load(Ordering::Relaxed);
+        let now = clock::now_ns();
+        let q = self.lock();
+        let free_at = if q.running_since > 0 {
+            (q.running_since + service).max(now)
+        } else {
+            now
+        };
+        let due = match &info.batching {
+            Some(b) => {
+                let jobs = q.rows.div_ceil(info.max_batch.max(1)) as i64;
+                free_at + jobs * service + (b.max_delay_ms * 1e6) as i64
+            }
+            None => free_at + q.items.len() as i64 * service,
+        };
+        drop(q);
+        (due - now <= ANSWER_SPIN_AHEAD_NS).then(|| due.saturating_add(spin))
+    }
+}
+
+/// Waits for an answer by polling it until `until` (ns, monotonic clock), yielding to the
+/// runtime's other tasks between polls, then parked. While it polls, its worker thread stays
+/// awake (tokio runs a yielded task again after a non-blocking look at the sockets), so the
+/// answer is taken without the wake-up of a parked worker, and the model's thread sends it
+/// without waking anyone; the other connections' tasks still run in between. `None`: the
+/// sender went without an answer.
+async fn answer_polled<T>(mut rx: oneshot::Receiver<T>, until: i64) -> Option<T> {
+    loop {
+        match rx.try_recv() {
+            Ok(answer) => return Some(answer),
+            // The receiver is spent once it has said so: awaiting it now would panic.
+            Err(oneshot::error::TryRecvError::Closed) => return None,
+            Err(oneshot::error::TryRecvError::Empty) => {}
+        }
+        if clock::now_ns() >= until {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    rx.await.ok()
+}
+
+impl crate::Server {
+    /// From now on, the front ends poll for each answer of the models served now until `spin`
+    /// past its predicted time (when that is at most 2 ms ahead) before their task parks;
+    /// `Duration::ZERO`: they park at once. The default is `[timing] spin_us` on a machine of
+    /// 8 cores or more and none on fewer (docs/serve.md, "Waiting for answers").
+    pub fn set_answer_spin(&self, spin: Duration) {
+        for m in &self.shared.models {
+            m.answer_spin_ns.store(duration_ns(spin), Ordering::Relaxed);
+        }
+    }
+
+    /// The front ends' inference: submits and waits for the answer, polling for it first when
+    /// it is due soon ([`crate::Server::set_answer_spin`]).
+    pub(crate) async fn answer(
+        &self,
+        name: &str,
+        req: InferRequest,
+    ) -> Result<InferResponse, Refusal> {
+        let rx = self.submit(name, req)?;
+        let until = self.find(name).and_then(|m| m.answer_spin_until());
+        let answer = match until {
+            Some(until) => answer_polled(rx, until).await,
+            None => rx.await.ok(),
+        };
+        answer.unwrap_or_else(|| {
+            Err(Refusal::Failed {
+                model: name.to_string(),
+                message: "the model's thread ended before answering".into(),
+            })
+        })
+    }
+}
+
 /// A critical model's job: the guard knows when it starts and how long it took.
 fn run_critical(
     exec: &mut dyn Executor,
@@ -779,5 +893,105 @@ impl Recent {
         let mut v: Vec<i64> = self.times.iter().copied().collect();
         v.sort_unstable();
         v[(v.len() * 9 / 10).min(v.len() - 1)]
+    }
+}
+
+#[cfg(test)]
+mod answer_spin_tests {
+    use super::*;
+    use crate::tests::{server, ONE};
+    use isolane_runtime::exec::SPIN_INPUT;
+
+    fn one_row(v: f32) -> InferRequest {
+        InferRequest {
+            inputs: vec![Tensor::new(
+                SPIN_INPUT,
+                DataType::Fp32,
+                vec![1, 1],
+                v.to_le_bytes().to_vec(),
+            )
+            .unwrap()],
+            outputs: None,
+            deadline: None,
+        }
+    }
+
+    #[test]
+    fn front_ends_poll_for_answers_only_on_machines_with_cores_to_spare() {
+        for cores in [1, 2, ANSWER_SPIN_MIN_CORES - 1] {
+            assert_eq!(default_answer_spin_ns(200_000, cores), 0, "{cores} cores");
+        }
+        assert_eq!(
+            default_answer_spin_ns(200_000, ANSWER_SPIN_MIN_CORES),
+            200_000
+        );
+        assert_eq!(default_answer_spin_ns(200_000, 128), 200_000);
+        // `[timing] spin_us = 0` turns it off everywhere.
+        assert_eq!(default_answer_spin_ns(0, 128), 0);
+    }
+
+    #[test]
+    fn a_polled_answer_arrives_while_polling_or_after_and_a_lost_one_is_none() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let later = |ms: u64, v: u32| {
+            let (tx, rx) = oneshot::channel::<u32>();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(ms));
+                let _ = tx.send(v);
+            });
+            rx
+        };
+        // Polled for long enough: taken while polling.
+        let polled = later(5, 1);
+        let far = clock::now_ns() + 10_000_000_000;
+        assert_eq!(rt.block_on(answer_polled(polled, far)), Some(1));
+        // The polling ends before the answer: the parked wait still gets it.
+        let parked = later(30, 2);
+        let soon = clock::now_ns();
+        assert_eq!(rt.block_on(answer_polled(parked, soon)), Some(2));
+        // The sender gone without an answer: none (neither a hang nor a panic), whether it
+        // went while polling or while parked.
+        let (tx, rx) = oneshot::channel::<u32>();
+        drop(tx);
+        assert_eq!(rt.block_on(answer_polled(rx, far)), None);
+        let (tx, rx) = oneshot::channel::<u32>();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            drop(tx);
+        });
+        assert_eq!(rt.block_on(answer_polled(rx, clock::now_ns())), None);
+    }
+
+    #[test]
+    fn an_answer_is_polled_for_only_when_set_and_due_within_the_bound() {
+        let s = server(ONE);
+        let m = Arc::clone(s.find("echo").unwrap());
+        s.set_answer_spin(Duration::ZERO);
+        assert_eq!(m.answer_spin_until(), None, "off");
+        s.set_answer_spin(Duration::from_micros(300));
+        // Nothing queued or running: due now, polled for the spin past it.
+        let before = clock::now_ns();
+        let until = m
+            .answer_spin_until()
+            .expect("an idle model's answer is due now");
+        let after = clock::now_ns();
+        assert!(until >= before + 300_000 && until <= after + 300_000);
+        s.drain(Duration::from_secs(5));
+
+        // A one-second job running (or queued): its answer is far ahead, waited for parked.
+        let slow = server(
+            "[[workload]]\nname = \"slow\"\nmodel = \"spin:1s\"\nbatch = 1\nrate_hz = 1\n\
+             duration_s = 1\ndeadline_ms = 60000\nwarmup_jobs = 1\n",
+        );
+        slow.set_answer_spin(Duration::from_micros(300));
+        let m = Arc::clone(slow.find("slow").unwrap());
+        let rx = slow.submit("slow", one_row(1.0)).unwrap();
+        assert_eq!(m.answer_spin_until(), None, "due a second ahead");
+        let answer = rx.blocking_recv().unwrap().unwrap();
+        assert_eq!(answer.outputs[0].data(), &1.0f32.to_le_bytes());
+        slow.drain(Duration::from_secs(5));
     }
 }
