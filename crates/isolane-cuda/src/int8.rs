@@ -12,33 +12,46 @@
 //! the float GEMM on dequantized values. What is not on this path keeps the fake-quant steps
 //! (docs/cuda.md), and [`int8_paths`] says why.
 //!
-//! The plan does not yet emit these steps: the cuBLASLt int8 call, its layouts and the
-//! epilogue kernel have not run on a GPU. This module is what the plan will consult, tested
-//! against the CPU backend's FakeQuant graph.
+//! float8 e4m3 (`precision = "fp8"`) takes the same path on Hopper's FP8 tensor cores: the
+//! activation quantized per tensor onto e4m3's grid, the weight's every channel on one e4m3 grid
+//! (`s = amax / 448`), the product accumulated in f32 by cuBLASLt (exact up to f32 rounding of
+//! the sum, not bit-exact as int32 is), and the same epilogue.
+//!
+//! The plan ([`crate::plan`]) consults [`classify`] for each product and emits a
+//! [`crate::plan::StepKind::QuantGemm`] for those that qualify.
 
 use isolane_engine::ir::{Graph, NodeId, Op, Tensor, Unary};
 use isolane_engine::quant::{Granularity, QuantType};
 
-/// cuBLASLt's int8 IMMA kernels want K and N (the leading dimensions of the int8 operands)
-/// in multiples of 4 bytes.
+/// cuBLASLt's int8 IMMA kernels on Hopper take the "TN" format in plain column-major order
+/// (the COL32 orders are for Turing and Ampere), with cuBLAS's m and k (our N and K) in
+/// multiples of 4 and 4-byte aligned pointers.
 pub const INT8_ALIGN: usize = 4;
+
+/// cuBLASLt's FP8 kernels want every dimension and pointer 16-byte aligned: K and N in
+/// multiples of 16.
+pub const FP8_ALIGN: usize = 16;
 
 /// Largest K whose int32 sum of int8 products cannot overflow (128 · 127 · K < 2³¹).
 pub const MAX_K: usize = (i32::MAX as usize) / (128 * 127);
 
-/// A matrix product that runs as an int8 GEMM: `y[M, N] = epilogue(qx[M, K] · qw[N, K]ᵀ)`.
+/// A matrix product that runs as an int8 (or fp8) GEMM:
+/// `y[M, N] = epilogue(qx[M, K] · qw[N, K]ᵀ)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Int8Gemm {
     /// The node (Linear, or a convolution read as a GEMM over its NHWC im2col).
     pub node: NodeId,
+    /// [`QuantType::Int8`] or [`QuantType::Float8E4M3Fn`].
+    pub qtype: QuantType,
     pub m: usize,
     pub n: usize,
     pub k: usize,
     /// The activation's scale.
     pub x_scale: f32,
-    /// Integer weights, `[N, K]` row-major (a convolution's in its filter's `[M, C, kh, kw]`
-    /// order per row; the NHWC lowering reorders them to `[M, kh, kw, C]`).
-    pub w: Vec<i8>,
+    /// The quantized weights as f32 (integers in [−127, 127], or e4m3 values: exact),
+    /// `[N, K]` row-major (a convolution's in its filter's `[M, C, kh, kw]` order per row; the
+    /// NHWC lowering reorders them to `[M, kh, kw, C]`).
+    pub w: Vec<f32>,
     /// One scale per output channel.
     pub w_scales: Vec<f32>,
     /// The convolution is 1×1, stride 1, unpadded: x itself is the `[M, K]` matrix, no im2col.
@@ -73,8 +86,14 @@ fn quantized_input(g: &Graph, v: usize) -> Option<&isolane_engine::quant::FakeQu
 pub fn classify(g: &Graph, shapes: &[Vec<usize>], ni: NodeId) -> Result<Int8Gemm, String> {
     let n = &g.nodes[ni];
     let fq = quantized_input(g, n.inputs[0]).ok_or("its input is not quantized")?;
-    if fq.qtype != QuantType::Int8 {
-        return Err(format!("its input is quantized to {}, not int8", fq.qtype));
+    let qtype = fq.qtype;
+    if !matches!(qtype, QuantType::Int8 | QuantType::Float8E4M3Fn) {
+        return Err(format!(
+            "its input is quantized to {qtype}, not int8 or float8e4m3fn"
+        ));
+    }
+    if !fq.saturate {
+        return Err("its quantization does not saturate (NaN past the range)".into());
     }
     if fq.granularity != Granularity::PerTensor {
         return Err("its input has more than one scale (per axis or per block)".into());
@@ -83,6 +102,11 @@ pub fn classify(g: &Graph, shapes: &[Vec<usize>], ni: NodeId) -> Result<Int8Gemm
         return Err("its input's zero point is not 0 (asymmetric)".into());
     }
     let x_scale = fq.scales[0];
+    if !(x_scale.is_finite() && x_scale > 0.0) {
+        return Err(format!(
+            "its input's scale {x_scale} is not a positive number"
+        ));
+    }
     let w = match n.inputs.get(1).and_then(|&v| g.constant(v)) {
         Some(w) => w,
         None => return Err("its weight is not a constant".into()),
@@ -109,19 +133,27 @@ pub fn classify(g: &Graph, shapes: &[Vec<usize>], ni: NodeId) -> Result<Int8Gemm
         }
         _ => return Err("a MatMul: only Linear and Conv weights are quantized per channel".into()),
     };
-    if k % INT8_ALIGN != 0 || nn % INT8_ALIGN != 0 {
+    let (align, lib) = match qtype {
+        QuantType::Int8 => (INT8_ALIGN, "int8"),
+        _ => (FP8_ALIGN, "fp8"),
+    };
+    if k % align != 0 || nn % align != 0 {
         return Err(format!(
-            "K = {k} and N = {nn} must be multiples of {INT8_ALIGN} for cuBLASLt's int8 kernels"
+            "K = {k} and N = {nn} must be multiples of {align} for cuBLASLt's {lib} kernels"
         ));
     }
-    if k > MAX_K {
+    if qtype == QuantType::Int8 && k > MAX_K {
         return Err(format!(
             "K = {k} could overflow the int32 sum (at most {MAX_K})"
         ));
     }
-    let (wq, w_scales) = int8_weights(w)?;
+    let (wq, w_scales) = match qtype {
+        QuantType::Int8 => int8_weights(w)?,
+        _ => fp8_weights(w)?,
+    };
     Ok(Int8Gemm {
         node: ni,
+        qtype,
         m,
         n: nn,
         k,
@@ -139,7 +171,36 @@ pub fn classify(g: &Graph, shapes: &[Vec<usize>], ni: NodeId) -> Result<Int8Gemm
 /// The grid's scale is not stored (the weights were folded to f32 at import or calibration),
 /// so it is found from the channel's largest magnitude, which symmetric quantization puts at
 /// ±127 (`s = amax / 127`, or an f32 neighbour of it: `fl(127 · s) / 127` may round away).
-pub fn int8_weights(w: &Tensor) -> Result<(Vec<i8>, Vec<f32>), String> {
+pub fn int8_weights(w: &Tensor) -> Result<(Vec<f32>, Vec<f32>), String> {
+    channel_grids(w, 127.0, "int8", on_grid)
+}
+
+/// [`int8_weights`] for float8 e4m3: each channel's values on e4m3's grid scaled by `s`
+/// (`amax` at ±448), given back exactly by `q · s`.
+pub fn fp8_weights(w: &Tensor) -> Result<(Vec<f32>, Vec<f32>), String> {
+    channel_grids(
+        w,
+        isolane_engine::quant::E4M3_MAX,
+        "float8 e4m3",
+        |row, s| {
+            row.iter()
+                .map(|&v| {
+                    let q = isolane_engine::quant::round_e4m3fn(v / s, true);
+                    (q * s == v).then_some(q)
+                })
+                .collect()
+        },
+    )
+}
+
+/// Each channel's grid values and scale (`amax / top` or an f32 neighbour), where `fit` puts
+/// the whole channel on the grid of a scale exactly.
+fn channel_grids(
+    w: &Tensor,
+    top: f32,
+    what: &str,
+    fit: impl Fn(&[f32], f32) -> Option<Vec<f32>>,
+) -> Result<(Vec<f32>, Vec<f32>), String> {
     let rows = w.shape.first().copied().unwrap_or(1).max(1);
     let per = w.data.len() / rows;
     let mut q = Vec::with_capacity(w.data.len());
@@ -149,17 +210,17 @@ pub fn int8_weights(w: &Tensor) -> Result<(Vec<i8>, Vec<f32>), String> {
         let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
         if amax == 0.0 {
             // An all-zero channel is on every grid.
-            q.extend(std::iter::repeat_n(0i8, per));
+            q.extend(std::iter::repeat_n(0f32, per));
             scales.push(1.0);
             continue;
         }
-        let s0 = amax / 127.0;
+        let s0 = amax / top;
         let found = [s0, s0.next_up(), s0.next_down()]
             .into_iter()
-            .find_map(|s| on_grid(row, s).map(|qs| (s, qs)));
+            .find_map(|s| fit(row, s).map(|qs| (s, qs)));
         let Some((s, qs)) = found else {
             return Err(format!(
-                "output channel {r} of the weight is not on one int8 grid (not a quantized weight)"
+                "output channel {r} of the weight is not on one {what} grid (not a quantized weight)"
             ));
         };
         q.extend(qs);
@@ -169,17 +230,37 @@ pub fn int8_weights(w: &Tensor) -> Result<(Vec<i8>, Vec<f32>), String> {
 }
 
 /// The integers of `row` on the grid of scale `s`, if each one's `q · s` is the value exactly.
-fn on_grid(row: &[f32], s: f32) -> Option<Vec<i8>> {
+fn on_grid(row: &[f32], s: f32) -> Option<Vec<f32>> {
     row.iter()
         .map(|&v| {
             let q = (v / s).round_ties_even();
-            (q.abs() <= 127.0 && q * s == v).then_some(q as i8)
+            (q.abs() <= 127.0 && q * s == v).then_some(q)
         })
         .collect()
 }
 
+/// The byte of float8 e4m3fn (1 sign, 4 exponent bits biased by 7, 3 mantissa bits) that
+/// holds `v`, a value on its grid (what [`fp8_weights`] and the quantize kernel produce);
+/// NaN for anything else is the caller's bug, so it maps to e4m3fn's NaN, 0x7f.
+pub fn e4m3_bits(v: f32) -> u8 {
+    let sign = if v.is_sign_negative() { 0x80u8 } else { 0 };
+    let a = v.abs();
+    if a.is_nan() || a > isolane_engine::quant::E4M3_MAX {
+        return 0x7f;
+    }
+    if a < 2f32.powi(-6) {
+        // Subnormal: a multiple of 2⁻⁹.
+        let m = (a * 512.0).round_ties_even() as u8;
+        return sign | m.min(7);
+    }
+    let bits = a.to_bits();
+    let e = ((bits >> 23) as i32 - 127 + 7) as u8;
+    let m = ((bits >> 20) & 7) as u8;
+    sign | (e << 3) | m
+}
+
 /// `qx[M, K] · qw[N, K]ᵀ` in int32, what the tensor cores compute (exact).
-pub fn int8_gemm_reference(qx: &[i8], qw: &[i8], m: usize, n: usize, k: usize) -> Vec<i32> {
+pub fn int8_gemm_reference(qx: &[i8], qw: &[f32], m: usize, n: usize, k: usize) -> Vec<i32> {
     let mut acc = vec![0i32; m * n];
     for i in 0..m {
         let a = &qx[i * k..(i + 1) * k];
@@ -315,9 +396,9 @@ mod tests {
         // Per-channel scales recovered; every weight given back exactly by q · s.
         let w = q.constant(q.nodes[fc.node].inputs[1]).unwrap();
         for (i, &v) in w.data.iter().enumerate() {
-            assert_eq!(fc.w[i] as f32 * fc.w_scales[i / 16], v);
+            assert_eq!(fc.w[i] * fc.w_scales[i / 16], v);
         }
-        assert!(fc.w.iter().any(|&v| v.unsigned_abs() == 127));
+        assert!(fc.w.iter().any(|&v| v.abs() == 127.0));
     }
 
     #[test]
@@ -411,8 +492,66 @@ mod tests {
     #[test]
     fn the_int32_sum_cannot_overflow_below_max_k() {
         let k = MAX_K;
-        let acc = int8_gemm_reference(&vec![-128; k], &vec![-127; k], 1, 1, k);
+        let acc = int8_gemm_reference(&vec![-128; k], &vec![-127.0; k], 1, 1, k);
         assert_eq!(acc[0] as i64, 128 * 127 * k as i64);
         assert!(128 * 127 * (k as i64 + 1) > i32::MAX as i64);
+    }
+
+    /// The value of e4m3fn byte `b` (the spec's decoding), NaN for 0x7f / 0xff.
+    fn e4m3_value(b: u8) -> f32 {
+        let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+        let (e, m) = ((b >> 3) & 15, b & 7);
+        if e == 15 && m == 7 {
+            return f32::NAN;
+        }
+        sign * if e == 0 {
+            m as f32 * 2f32.powi(-9)
+        } else {
+            (1.0 + m as f32 / 8.0) * 2f32.powi(e as i32 - 7)
+        }
+    }
+
+    #[test]
+    fn e4m3_bits_encodes_every_value_of_the_grid() {
+        for b in 0..=255u8 {
+            let v = e4m3_value(b);
+            if v.is_nan() {
+                assert_eq!(e4m3_bits(v) & 0x7f, 0x7f);
+                continue;
+            }
+            // −0 and +0 are both zero; every other byte comes back as itself.
+            assert_eq!(e4m3_value(e4m3_bits(v)), v, "byte {b:#04x} = {v}");
+            if v != 0.0 {
+                assert_eq!(e4m3_bits(v), b, "{v}");
+            }
+        }
+        assert_eq!(e4m3_bits(448.0), 0x7e);
+        assert_eq!(e4m3_bits(-2f32.powi(-9)), 0x81);
+    }
+
+    #[test]
+    fn fp8_weights_recover_each_channels_e4m3_grid() {
+        let (m, k) = (3, 16);
+        let scales = [0.01f32, 0.5, 3.0];
+        let mut data = Vec::new();
+        for s in scales {
+            for j in 0..k {
+                // e4m3 values from the subnormals to 448, one channel reaching ±448.
+                let q = isolane_engine::quant::round_e4m3fn((j as f32 - 7.5) * 59.7, true);
+                data.push(q * s);
+            }
+        }
+        let w = Tensor::new(vec![m, k], data.clone()).unwrap();
+        let (q, s) = fp8_weights(&w).unwrap();
+        for (i, v) in data.iter().enumerate() {
+            assert_eq!(q[i] * s[i / k], *v, "weight {i}");
+            assert!(!e4m3_value(e4m3_bits(q[i])).is_nan());
+        }
+        // A weight off every e4m3 grid (0.3 and 0.31 share none with 448 at the top) is
+        // named by its channel.
+        let mut off = data;
+        off[k + 1] = 0.5 * 0.31;
+        let e = fp8_weights(&Tensor::new(vec![m, k], off).unwrap()).unwrap_err();
+        assert!(e.contains("output channel 1") && e.contains("e4m3"), "{e}");
     }
 }

@@ -60,6 +60,8 @@ pub const KERNEL_NAMES: &[&str] = &[
     "layernorm_wv6",
     "layernorm_wv8",
     "fake_quant",
+    "quantize_q8",
+    "dequant_epilogue",
 ];
 
 /// 16-byte vectors per lane of the `layernorm_wv{N}` kernels (one warp per row of at most
@@ -837,6 +839,52 @@ extern "C" __global__ void fake_quant(const T* x, T* y, const T* __restrict__ sc
         else q = fminf(fmaxf(rintf(v) + z, lo), hi);
         st(y, i, __fmul_rn(q - z, s));
     }
+}
+
+// The byte of float8 e4m3fn holding r, a value on its grid (round_e4m3fn's result; NaN as
+// 0x7f, e4m3fn's NaN): 1 sign, 4 exponent bits biased by 7, 3 mantissa bits (crate::int8::e4m3_bits).
+__device__ __forceinline__ unsigned char e4m3_bits(float r) {
+    unsigned int b = __float_as_uint(r);
+    unsigned char sign = (b >> 31) ? 0x80 : 0;
+    float a = fabsf(r);
+    if (a != a) return 0x7f;
+    if (a < 0.015625f) { int m = (int)rintf(a * 512.f); return sign | (unsigned char)(m > 7 ? 7 : m); }
+    int e = (int)((b >> 23) & 0xff) - 127 + 7;
+    return sign | (unsigned char)(e << 3) | (unsigned char)((b >> 20) & 7);
+}
+
+// The activations of an int8 / fp8 GEMM quantized (crate::int8::quantize_reference): x / s by
+// one IEEE division, then round half to even saturated to [-128, 127] (int8; NaN, which int8
+// cannot hold, to 0), or onto e4m3fn's grid saturated to +-448, stored as its byte (fp8).
+extern "C" __global__ void quantize_q8(const T* __restrict__ x, signed char* __restrict__ q, float s,
+                                       long long n, int fp8) {
+    GRID_STRIDE(i, n) {
+        float v = __fdiv_rn(ld(x, i), s);
+        if (fp8) ((unsigned char*)q)[i] = e4m3_bits(round_e4m3fn(v, 1));
+        else q[i] = v != v ? (signed char)0 : (signed char)fminf(fmaxf(rintf(v), -128.f), 127.f);
+    }
+}
+
+// The dequantizing epilogue of an int8 / fp8 GEMM (crate::int8::epilogue_reference):
+// y = act(acc * scale[c] + bias[c] + res), c = i % n, one fused multiply-add; acc [rows, n] is
+// int32 (fp8 = 0) or f32 (fp8 = 1), scale f32; bias and res may be null.
+template <typename I>
+__device__ __forceinline__ void dequant_body(const void* __restrict__ acc, T* y, const float* __restrict__ scale,
+                                             const T* __restrict__ bias, const T* res, I total, I n, int fp8,
+                                             int k, float p0, float p1) {
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
+        I c = i % n;
+        float a = fp8 ? ((const float*)acc)[i] : (float)((const int*)acc)[i];
+        float v = fmaf(a, scale[c], bias ? ld(bias, c) : 0.f);
+        if (res) v += ld(res, i);
+        st(y, i, act(v, k, p0, p1));
+    }
+}
+extern "C" __global__ void dequant_epilogue(const void* __restrict__ acc, T* y, const float* __restrict__ scale,
+                                            const T* __restrict__ bias, const T* res, long long total, long long n,
+                                            int fp8, int k, float p0, float p1) {
+    if (total < 2147483647LL) dequant_body<int>(acc, y, scale, bias, res, (int)total, (int)n, fp8, k, p0, p1);
+    else dequant_body<long long>(acc, y, scale, bias, res, total, n, fp8, k, p0, p1);
 }
 
 // Depthwise convolution, NHWC (x, y and the residual channel-contiguous), one filter per

@@ -24,6 +24,9 @@ use crate::plan::{
     MatMulStep, Plan, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided, MAX_RANK,
 };
 
+#[path = "quant_gemm.rs"]
+mod quant_gemm;
+
 // ---------------------------------------------------------------------------------------------
 // Error plumbing: every library call is checked and named.
 
@@ -676,6 +679,8 @@ struct LibraryCaches {
     /// The graph-API plan kept for an equal convolution and epilogue (`m.conv_graphs` index).
     conv_graph: Vec<(ConvGraphSpec, usize)>,
     mm: Vec<(MmKey, usize)>,
+    /// The quantized GEMMs' (`quant_gemm`), by type and shape.
+    quant: Vec<(String, usize)>,
 }
 
 impl CudaModel {
@@ -2288,6 +2293,7 @@ fn record_step(
         StepKind::DwConv(c) => record_dw_conv(m, rec, c)?,
         StepKind::Linear(l) => record_linear(m, rec, caches, &err, l)?,
         StepKind::MatMul(mm_step) => record_matmul(m, rec, caches, &err, mm_step)?,
+        StepKind::QuantGemm(q) => quant_gemm::record_quant_gemm(m, rec, caches, &err, q)?,
         StepKind::Pointwise {
             x,
             y,

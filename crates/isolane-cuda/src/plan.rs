@@ -373,6 +373,67 @@ pub enum StepKind {
     /// `y = DequantizeLinear(QuantizeLinear(x))` (a QDQ model's activation pair), computed in
     /// f32 as `isolane_engine::quant` does.
     FakeQuant(FakeQuantStep),
+    /// A quantized matrix product on the int8 (or fp8) tensor cores (`crate::int8`): quantize
+    /// x, one cuBLASLt GEMM, one dequantizing epilogue.
+    QuantGemm(Box<QuantGemmStep>),
+}
+
+/// A [`StepKind::QuantGemm`]: `y[M, N] = act(acc · scale[n] + bias[n] + residual)` with
+/// `acc = q(x)[M, K] · w[N, K]ᵀ`, where `q(x) = sat(round(x / x_scale))` on int8's or e4m3's
+/// grid, `acc` an exact int32 (int8) or an f32 (fp8) sum, and `scale[n] = x_scale · w_scale[n]`.
+///
+/// Run as (1) the im2col of a convolution that is not a direct GEMM (`conv`, into `col`, in
+/// the activation dtype), (2) the quantize kernel (`x` or `col` → `xq`, one byte each),
+/// (3) cuBLASLt (`xq`, `w` → `acc`), (4) the epilogue kernel (`acc` → `y`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantGemmStep {
+    /// [`QuantType::Int8`] or [`QuantType::Float8E4M3Fn`].
+    pub qtype: QuantType,
+    /// The activations before quantization: `[M, K]` rows (a Linear's input, a direct 1×1
+    /// convolution's NHWC input), or the convolution's NHWC input that `conv` im2cols.
+    pub x: Loc,
+    /// The convolution's geometry when x is im2col'ed first (`col` is then its matrix).
+    pub conv: Option<ConvStep>,
+    /// Whether `xq` was quantized by an earlier QuantGemm step from the same `x` (then this
+    /// step runs only the GEMM and the epilogue).
+    pub xq_ready: bool,
+    /// Quantized `[M, K]` (one byte per element; storage offsets count bytes, `offset` 0).
+    pub xq: Loc,
+    /// Quantized weight `[N, K]`, a constant in [`ConstRepr::I8`] or [`ConstRepr::E4M3`]
+    /// (a convolution's rows in `[kh, kw, C]` order, its im2col's).
+    pub w: Loc,
+    /// The accumulator `[M, N]`: int32 (int8) or f32 (fp8).
+    pub acc: Loc,
+    /// `[N]` f32 constant ([`ConstRepr::F32`]): `x_scale · w_scale[n]`.
+    pub scale: Loc,
+    pub bias: Option<Loc>,
+    pub residual: Option<Loc>,
+    pub y: Loc,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub x_scale: f32,
+    pub act: Option<Unary>,
+}
+
+/// How a constant is stored on the device when not in the activation dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConstRepr {
+    /// Exact integers in [−128, 127], one byte each.
+    I8,
+    /// Values on float8 e4m3fn's grid, one byte each ([`crate::int8::e4m3_bits`]).
+    E4M3,
+    /// f32 whatever the activation dtype (scales that f16 would round or flush).
+    F32,
+}
+
+impl ConstRepr {
+    pub fn size(self) -> usize {
+        match self {
+            ConstRepr::I8 | ConstRepr::E4M3 => 1,
+            ConstRepr::F32 => 4,
+        }
+    }
 }
 
 /// A [`StepKind::FakeQuant`]: element `i` uses the scale and zero point of channel
@@ -493,6 +554,8 @@ pub struct Plan {
     pub outputs: Vec<Io>,
     /// Every value a step computes that can be read back, in node order (see [`Probe`]).
     pub probes: Vec<Probe>,
+    /// Constants stored otherwise than in `dtype` (the quantized GEMMs' weights and scales).
+    pub const_repr: Vec<(usize, ConstRepr)>,
 }
 
 impl Plan {
@@ -504,7 +567,16 @@ impl Plan {
         let mut host = Vec::with_capacity(bytes);
         for (i, (c, &off)) in self.consts.iter().zip(&offs).enumerate() {
             host.resize(off, 0);
-            if self.filter_nhwc.contains(&i) && c.shape.len() == 4 {
+            if let Some(r) = self.repr_of(i) {
+                match r {
+                    // Exact integers in [−128, 127] (the planner made them so).
+                    ConstRepr::I8 => host.extend(c.data.iter().map(|&v| v as i8 as u8)),
+                    ConstRepr::E4M3 => {
+                        host.extend(c.data.iter().map(|&v| crate::int8::e4m3_bits(v)))
+                    }
+                    ConstRepr::F32 => host.extend(c.data.iter().flat_map(|v| v.to_le_bytes())),
+                }
+            } else if self.filter_nhwc.contains(&i) && c.shape.len() == 4 {
                 // [M, C/g, kh, kw] → [M, kh, kw, C/g] (cuDNN's NHWC filter layout, and the
                 // column order of our im2col).
                 let [m, cg, kh, kw] = [c.shape[0], c.shape[1], c.shape[2], c.shape[3]];
@@ -542,11 +614,20 @@ impl Plan {
     pub fn const_layout(&self) -> (Vec<usize>, usize) {
         let mut offs = Vec::with_capacity(self.consts.len());
         let mut at = 0;
-        for c in &self.consts {
+        for (i, c) in self.consts.iter().enumerate() {
             offs.push(at);
-            at += align(c.numel() * self.dtype.size());
+            let es = self.repr_of(i).map_or(self.dtype.size(), ConstRepr::size);
+            at += align(c.numel() * es);
         }
         (offs, at)
+    }
+
+    /// How constant `i` is stored, when not in `dtype`.
+    pub fn repr_of(&self, i: usize) -> Option<ConstRepr> {
+        self.const_repr
+            .iter()
+            .find(|(c, _)| *c == i)
+            .map(|&(_, r)| r)
     }
 }
 
@@ -627,6 +708,12 @@ struct Planner<'g> {
     vstrides: Vec<Option<Vec<usize>>>,
     probes: Vec<Probe>,
     t: usize,
+    /// Node → the quantized GEMM it runs as (`crate::int8::classify`), when it does.
+    quant: Vec<Option<crate::int8::Int8Gemm>>,
+    /// Value → its quantized `[M, K]` rows already made (location, scale, type), for a second
+    /// direct GEMM of the same activations.
+    quantized_of: Vec<Option<(Loc, f32, QuantType)>>,
+    const_repr: Vec<(usize, ConstRepr)>,
 }
 
 impl Planner<'_> {
@@ -2297,6 +2384,185 @@ impl Planner<'_> {
     }
 }
 
+/// The quantized GEMMs (`crate::int8`, docs/cuda.md "int8 and fp8").
+impl Planner<'_> {
+    /// Decides which products run as quantized GEMMs (`self.quant`) and returns, per node,
+    /// whether it is a FakeQuant whose every reader is one of them (it then emits nothing).
+    /// A convolution needs the channels-last plan (its GEMM reads NHWC rows).
+    fn find_quant_gemms(&mut self, pat: &Patterns) -> Vec<bool> {
+        let g = self.g;
+        for (ni, n) in g.nodes.iter().enumerate() {
+            let eligible = match &n.op {
+                Op::Conv(_) => self.opts.channels_last,
+                Op::Linear { .. } => true,
+                _ => false,
+            };
+            if eligible {
+                self.quant[ni] = crate::int8::classify(g, &self.shapes, ni).ok();
+            }
+        }
+        g.nodes
+            .iter()
+            .map(|n| {
+                matches!(n.op, Op::FakeQuant(_))
+                    && !pat.is_output[n.outputs[0]]
+                    && !pat.users_of[n.outputs[0]].is_empty()
+                    && pat.users_of[n.outputs[0]].iter().all(|&u| {
+                        self.quant[u].is_some()
+                            && g.nodes[u].inputs[0] == n.outputs[0]
+                            && g.nodes[u].inputs[1..].iter().all(|&i| i != n.outputs[0])
+                    })
+            })
+            .collect()
+    }
+
+    /// Lowers a Conv or Linear that [`Planner::find_quant_gemms`] chose: the FakeQuant's input
+    /// quantized (after an im2col for a convolution that is not 1×1 stride 1), the GEMM, the
+    /// epilogue into the node's output.
+    fn lower_quant_gemm(&mut self, c: &NodeCtx) -> Result<Lowered> {
+        let q = self.quant[c.ni]
+            .clone()
+            .ok_or_else(|| unsupported(c.name, "no quantized GEMM was chosen"))?;
+        let (g, name, n) = (self.g, c.name, c.n);
+        let fq = g
+            .producer(c.x0)
+            .ok_or_else(|| unsupported(name, "the quantized input has no producer"))?;
+        let u = g.nodes[fq].inputs[0];
+        let (mm, nn, k) = (q.m, q.n, q.k);
+        let mut rows_of_u = true;
+        let (x, mut conv, wrows) = match &n.op {
+            Op::Conv(a) => {
+                let xs = four(&self.shapes[u], name)?;
+                let x = self.channels_last(u, name)?;
+                let (x, xs, pads) = self.pad_asymmetric(name, x, xs, a.pads, true)?;
+                rows_of_u = xs == four(&self.shapes[u], name)?;
+                let ws = four(&c.in_shapes[1], name)?;
+                // [M, C, kh, kw] → [M, kh, kw, C]: the im2col's column order (and a 1×1's
+                // channel order).
+                let [mo, ch, kh, kw] = ws;
+                let mut wr = vec![0f32; q.w.len()];
+                for o in 0..mo {
+                    for ci in 0..ch {
+                        for i in 0..kh * kw {
+                            wr[(o * kh * kw + i) * ch + ci] = q.w[(o * ch + ci) * kh * kw + i];
+                        }
+                    }
+                }
+                let conv = if q.direct {
+                    None
+                } else {
+                    let col = self.new_storage(mm * k * self.es);
+                    // w and y are set below, once they exist (the im2col reads neither).
+                    Some(ConvStep {
+                        x,
+                        w: x,
+                        bias: None,
+                        residual: None,
+                        y: x,
+                        x_shape: xs,
+                        w_shape: ws,
+                        y_shape: four(&c.out_shape, name)?,
+                        pads,
+                        strides: a.strides,
+                        dilations: a.dilations,
+                        groups: 1,
+                        act: None,
+                        nhwc: true,
+                        col: Some(Loc::Storage { id: col, offset: 0 }),
+                    })
+                };
+                (x, conv, wr)
+            }
+            _ => (self.plain(u, name)?, None, q.w.clone()),
+        };
+        let repr = if q.qtype == QuantType::Int8 {
+            ConstRepr::I8
+        } else {
+            ConstRepr::E4M3
+        };
+        let w = self.new_const(Tensor::new(vec![nn, k], wrows)?);
+        if let Loc::Const { id, .. } = w {
+            self.const_repr.push((id, repr));
+        }
+        let sc: Vec<f32> = q.w_scales.iter().map(|&s| q.x_scale * s).collect();
+        let scale = self.new_const(Tensor::new(vec![nn], sc)?);
+        if let Loc::Const { id, .. } = scale {
+            self.const_repr.push((id, ConstRepr::F32));
+        }
+        let bias = match n.inputs.get(2) {
+            Some(&b) => Some(self.raw(b, name)?),
+            None => None,
+        };
+        let (residual, act, nhwc) = match &n.op {
+            Op::Conv(a) => {
+                let r = match (a.residual, n.inputs.get(3)) {
+                    (true, Some(&r)) => Some(self.channels_last(r, name)?),
+                    _ => None,
+                };
+                (r, a.activation, true)
+            }
+            Op::Linear { activation } => (None, *activation, false),
+            _ => {
+                return Err(unsupported(
+                    name,
+                    "a quantized GEMM of neither Conv nor Linear",
+                ))
+            }
+        };
+        // Direct rows of the same activations at the same scale are quantized once.
+        let reuse = match self.quantized_of[u] {
+            Some((l, s, t)) if conv.is_none() && rows_of_u && s == q.x_scale && t == q.qtype => {
+                self.touch(l);
+                Some(l)
+            }
+            _ => None,
+        };
+        let xq = match reuse {
+            Some(l) => l,
+            None => {
+                let l = Loc::Storage {
+                    id: self.new_storage(mm * k),
+                    offset: 0,
+                };
+                if conv.is_none() && rows_of_u {
+                    self.quantized_of[u] = Some((l, q.x_scale, q.qtype));
+                }
+                l
+            }
+        };
+        let acc = Loc::Storage {
+            id: self.new_storage(mm * nn * 4),
+            offset: 0,
+        };
+        let y = self.output(c.outs[0], nhwc);
+        if let Some(cv) = conv.as_mut() {
+            (cv.w, cv.y) = (w, y);
+        }
+        self.push(
+            name,
+            StepKind::QuantGemm(Box::new(QuantGemmStep {
+                qtype: q.qtype,
+                x,
+                conv,
+                xq_ready: reuse.is_some(),
+                xq,
+                w,
+                acc,
+                scale,
+                bias,
+                residual,
+                y,
+                m: mm,
+                n: nn,
+                k,
+                x_scale: q.x_scale,
+                act,
+            })),
+        );
+        Ok(Lowered::Steps)
+    }
+}
+
 impl<'g> Planner<'g> {
     fn new(g: &'g Graph, shapes: Vec<Vec<usize>>, es: usize, opts: PlanOptions) -> Planner<'g> {
         let nv = g.values.len();
@@ -2322,6 +2588,9 @@ impl<'g> Planner<'g> {
             vstrides: vec![None; nv],
             probes: Vec::new(),
             t: 0,
+            quant: vec![None; g.nodes.len()],
+            quantized_of: vec![None; nv],
+            const_repr: Vec::new(),
         }
     }
 
@@ -2404,13 +2673,15 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     let mut p = Planner::new(g, g.infer_shapes(batch)?, dtype.size(), opts);
     let inputs = p.stage_inputs(dtype);
     let pat = Patterns::find(g, &p.shapes, opts);
+    let fq_skip = p.find_quant_gemms(&pat);
     for (ni, n) in g.nodes.iter().enumerate() {
         if ni > 0 {
             p.record_probes(&g.nodes[ni - 1]);
         }
         p.t = ni + 1;
-        // Folded transposes produce nothing; their matmul reads the source.
-        if pat.folded_t[n.outputs[0]].is_some() || pat.attn_skip[ni] {
+        // Folded transposes produce nothing; their matmul reads the source. A FakeQuant read
+        // only by quantized GEMMs produces nothing either: they quantize its input.
+        if pat.folded_t[n.outputs[0]].is_some() || pat.attn_skip[ni] || fq_skip[ni] {
             continue;
         }
         let c = NodeCtx::new(&p.shapes, ni, n);
@@ -2419,6 +2690,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         }
         let name = c.name;
         let lowered = match &n.op {
+            Op::Conv(_) | Op::Linear { .. } if p.quant[ni].is_some() => p.lower_quant_gemm(&c),
             Op::Conv(a) => p.lower_conv(&c, a),
             Op::Linear { activation } => p.lower_linear(&c, activation),
             Op::MatMul if pat.attn_at[ni].is_some() => p.lower_attention(&c, &pat),
@@ -2484,6 +2756,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         inputs,
         outputs,
         probes: p.probes,
+        const_repr: p.const_repr,
     })
 }
 

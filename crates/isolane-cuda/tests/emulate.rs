@@ -10,7 +10,8 @@ use common::{random, reduce_graph, rel_l2};
 use isolane_cuda::check::StepRunner;
 use isolane_cuda::plan::{
     self, act_code, binary_code, phys_strides, AttentionStep, LayerNormStep, LinearStep, Loc,
-    MatMulStep, Plan, PlanOptions, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided,
+    MatMulStep, Plan, PlanOptions, PoolStep, QuantGemmStep, ResizeStep, SoftmaxStep, Step,
+    StepKind, Strided,
 };
 use isolane_engine::ir::{
     Binary, ConvAttrs, CoordMode, Dim, Graph, NearestMode, Op, ReduceKind, ResizeAttrs, ResizeMode,
@@ -23,6 +24,9 @@ struct Mem {
     weights: Vec<f32>,
     st_off: Vec<usize>,
     c_off: Vec<usize>,
+    /// The one-byte quantized storages of `QuantGemm` steps (by storage id), as their values:
+    /// the f32 arena has one slot per 4 bytes.
+    quantized: std::collections::HashMap<usize, Vec<f64>>,
 }
 
 impl Mem {
@@ -131,6 +135,7 @@ impl<'p> Emulator<'p> {
                 .collect(),
             st_off: p.storages.iter().map(|s| s.offset / 4).collect(),
             c_off: c_offs.iter().map(|o| o / 4).collect(),
+            quantized: Default::default(),
         };
         Emulator { p, m }
     }
@@ -588,6 +593,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             }
         }
         StepKind::AdaptivePool { .. } => panic!("not emulated"),
+        StepKind::QuantGemm(q) => exec_quant_gemm(p, m, q),
         StepKind::FakeQuant(fq) => {
             use isolane_engine::quant::{dequantize, quantize};
             for i in 0..fq.n {
@@ -602,6 +608,100 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                 m.set(fq.y, i, dequantize(q, s, z));
             }
         }
+    }
+}
+
+/// A quantized GEMM as the GPU runs it: im2col (NHWC, columns in `[kh, kw, C]` order), the
+/// quantize kernel's rounding, an exact sum (int32 on the GPU; f32 for fp8, exact here in f64
+/// for e4m3 products), the epilogue's one multiply-add per output.
+fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
+    use isolane_engine::quant::quantize;
+    let rows: Vec<f32> = match &q.conv {
+        Some(c) => {
+            let [n, ch, h, wd] = c.x_shape;
+            let [_, _, kh, kw] = c.w_shape;
+            let [_, _, oh, ow] = c.y_shape;
+            let xs = s4(&c.x_shape, true);
+            let mut col = Vec::with_capacity(q.m * q.k);
+            for b in 0..n {
+                for y0 in 0..oh {
+                    for x0 in 0..ow {
+                        for a in 0..kh {
+                            for bb in 0..kw {
+                                let ih = (y0 * c.strides[0] + a * c.dilations[0]) as isize
+                                    - c.pads[0] as isize;
+                                let iw = (x0 * c.strides[1] + bb * c.dilations[1]) as isize
+                                    - c.pads[1] as isize;
+                                for ci in 0..ch {
+                                    let inside = ih >= 0
+                                        && iw >= 0
+                                        && (ih as usize) < h
+                                        && (iw as usize) < wd;
+                                    col.push(if inside {
+                                        let xi = b * xs[0]
+                                            + ci * xs[1]
+                                            + ih as usize * xs[2]
+                                            + iw as usize * xs[3];
+                                        m.get(c.x, xi)
+                                    } else {
+                                        0.0
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            col
+        }
+        None => (0..q.m * q.k).map(|i| m.get(q.x, i)).collect(),
+    };
+    assert_eq!(rows.len(), q.m * q.k);
+    let Loc::Storage { id: xid, .. } = q.xq else {
+        panic!("xq is a constant")
+    };
+    if q.xq_ready {
+        let made = m
+            .quantized
+            .get(&xid)
+            .expect("xq_ready but nothing quantized it");
+        let again: Vec<f64> = rows
+            .iter()
+            .map(|&v| quantize(v, q.x_scale, 0.0, q.qtype, true) as f64)
+            .collect();
+        assert_eq!(made, &again, "a reused xq holds other activations");
+    } else {
+        let xq = rows
+            .iter()
+            .map(|&v| quantize(v, q.x_scale, 0.0, q.qtype, true) as f64)
+            .collect();
+        m.quantized.insert(xid, xq);
+    }
+    let xq = m.quantized[&xid].clone();
+    let Loc::Const { id: wid, .. } = q.w else {
+        panic!("a computed quantized weight")
+    };
+    assert!(
+        p.repr_of(wid).is_some(),
+        "the weight is stored in the activation dtype"
+    );
+    let w = &p.consts[wid].data;
+    let mut out = vec![0f32; q.m * q.n];
+    for r in 0..q.m {
+        for j in 0..q.n {
+            let acc: f64 = (0..q.k)
+                .map(|kk| xq[r * q.k + kk] * w[j * q.k + kk] as f64)
+                .sum();
+            let mut v =
+                (acc as f32).mul_add(m.get(q.scale, j), q.bias.map_or(0.0, |b| m.get(b, j)));
+            if let Some(rl) = q.residual {
+                v += m.get(rl, r * q.n + j);
+            }
+            out[r * q.n + j] = act(q.act, v);
+        }
+    }
+    for (i, v) in out.into_iter().enumerate() {
+        m.set(q.y, i, v);
     }
 }
 
@@ -1488,5 +1588,162 @@ fn older_opsets_tile_and_3d_window_plans_compute_the_graph() {
             err < 1e-5,
             "{name}: plan vs the expected output: rel L2 {err:e}"
         );
+    }
+}
+
+/// A small CNN for the quantized GEMM path: a 3×3 convolution on 3 channels (K = 27: not on
+/// the path), a direct 1×1 (16 → 16), a 3×3 stride-2 convolution through the im2col
+/// (K = 144 → 32), a 1×1 whose sum with the block input is fused as a residual, a pool and a
+/// Linear (32 → 16): every K and N a multiple of 16, so that fp8 takes the same path.
+fn quant_cnn() -> Graph {
+    let mut g = Graph::new("quant_cnn");
+    let x = g.add_input(
+        "x",
+        vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(12), Dim::Fixed(12)],
+    );
+    let mut seed = 70;
+    let mut w = |g: &mut Graph, name: &str, shape: Vec<usize>, s: f32| {
+        seed += 1;
+        let n: usize = shape.iter().product();
+        let d = random(n, seed).into_iter().map(|v| v * s).collect();
+        g.add_constant(name, Tensor::new(shape, d).unwrap())
+    };
+    let conv = |pads: [usize; 4], strides: [usize; 2]| {
+        Op::Conv(ConvAttrs {
+            pads,
+            strides,
+            activation: Some(Unary::Relu),
+            ..Default::default()
+        })
+    };
+    let (w1, b1) = (
+        w(&mut g, "w1", vec![16, 3, 3, 3], 0.4),
+        w(&mut g, "b1", vec![16], 0.1),
+    );
+    let (w2, b2) = (
+        w(&mut g, "w2", vec![16, 16, 1, 1], 0.3),
+        w(&mut g, "b2", vec![16], 0.1),
+    );
+    let (w3, b3) = (
+        w(&mut g, "w3", vec![32, 16, 3, 3], 0.15),
+        w(&mut g, "b3", vec![32], 0.1),
+    );
+    let (w4, b4) = (
+        w(&mut g, "w4", vec![32, 32, 1, 1], 0.2),
+        w(&mut g, "b4", vec![32], 0.1),
+    );
+    let (wl, bl) = (
+        w(&mut g, "wl", vec![16, 32], 0.3),
+        w(&mut g, "bl", vec![16], 0.1),
+    );
+    let h = g.add_op("c1", conv([1; 4], [1, 1]), &[x, w1, b1]).unwrap();
+    let h = g.add_op("c2", conv([0; 4], [1, 1]), &[h, w2, b2]).unwrap();
+    let h3 = g.add_op("c3", conv([1; 4], [2, 2]), &[h, w3, b3]).unwrap();
+    let c4 = Op::Conv(ConvAttrs::default());
+    let h = g.add_op("c4", c4, &[h3, w4, b4]).unwrap();
+    let h = g.add_op("add", Op::Binary(Binary::Add), &[h, h3]).unwrap();
+    let h = g.add_op("relu", Op::Unary(Unary::Relu), &[h]).unwrap();
+    let h = g.add_op("pool", Op::GlobalAveragePool, &[h]).unwrap();
+    let h = g.add_op("flat", Op::Flatten { axis: 1 }, &[h]).unwrap();
+    let lin = Op::Linear { activation: None };
+    let y = g.add_op("fc", lin, &[h, wl, bl]).unwrap();
+    g.add_output(y).unwrap();
+    g
+}
+
+/// The quantized graph of [`quant_cnn`] (calibrated on seeded inputs) and its plan at fp32.
+fn quant_cnn_plan(qtype: isolane_engine::quant::QuantType, batch: usize) -> (Graph, Plan) {
+    use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
+    let g = quant_cnn();
+    let samples: Vec<Vec<Tensor>> = (0..3)
+        .map(|s| vec![Tensor::new(vec![batch, 3, 12, 12], random(batch * 432, 90 + s)).unwrap()])
+        .collect();
+    let opts = CalibOptions {
+        qtype,
+        method: CalibMethod::MinMax,
+        ..Default::default()
+    };
+    let q = quantize_model(&g, batch, &samples, &opts).unwrap().graph;
+    let p = plan::plan_with(&q, batch, Precision::Fp32, PlanOptions::default()).unwrap();
+    (q, p)
+}
+
+/// Quantized products plan into QuantGemm steps (direct 1×1, im2col, Linear; the 3-channel
+/// stem keeps its fake-quant steps), their weights stored one byte each and their scales in
+/// f32, and the emulated plan computes what the CPU backend computes from the QDQ graph: the
+/// same integers, summed exactly, scaled once (int8 and fp8).
+#[test]
+fn quantized_products_plan_into_quant_gemms_that_compute_the_graph() {
+    use isolane_cuda::plan::ConstRepr;
+    use isolane_engine::quant::QuantType;
+    for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
+        for batch in [1, 3] {
+            let (q, p) = quant_cnn_plan(qtype, batch);
+            let gemms: Vec<(&str, &QuantGemmStep)> = p
+                .steps
+                .iter()
+                .filter_map(|s| match &s.kind {
+                    StepKind::QuantGemm(g) => Some((s.name.as_str(), &**g)),
+                    _ => None,
+                })
+                .collect();
+            let names: Vec<&str> = gemms.iter().map(|(n, _)| *n).collect();
+            assert_eq!(names, ["c2", "c3", "c4", "fc"], "{qtype} batch {batch}");
+            let by = |n: &str| gemms.iter().find(|(m, _)| *m == n).unwrap().1;
+            let (c2, c3, c4, fc) = (by("c2"), by("c3"), by("c4"), by("fc"));
+            assert!(c2.conv.is_none() && c3.conv.is_some() && c4.conv.is_none());
+            assert_eq!((c2.m, c2.n, c2.k), (batch * 144, 16, 16));
+            assert_eq!((c3.m, c3.n, c3.k), (batch * 36, 32, 144));
+            assert_eq!((fc.m, fc.n, fc.k), (batch, 16, 32));
+            assert!(c4.residual.is_some(), "the add is fused into c4");
+            // c1 (K = 27) stays on the fake-quant path: its input's FakeQuant is planned.
+            assert!(p
+                .steps
+                .iter()
+                .any(|s| matches!(s.kind, StepKind::FakeQuant(_))));
+            // Buffer sizes: one byte per quantized element, 4 per accumulator.
+            for g in [c2, c3, c4, fc] {
+                let bytes = |l: Loc| match l {
+                    Loc::Storage { id, .. } => p.storages[id].bytes,
+                    Loc::Const { .. } => panic!("a constant"),
+                };
+                assert_eq!(bytes(g.xq), g.m * g.k);
+                assert_eq!(bytes(g.acc), g.m * g.n * 4);
+                let Loc::Const { id: w, .. } = g.w else {
+                    panic!()
+                };
+                let Loc::Const { id: s, .. } = g.scale else {
+                    panic!()
+                };
+                let want = if qtype == QuantType::Int8 {
+                    ConstRepr::I8
+                } else {
+                    ConstRepr::E4M3
+                };
+                assert_eq!(p.repr_of(w), Some(want));
+                assert_eq!(p.repr_of(s), Some(ConstRepr::F32));
+                let (offs, _) = p.const_layout();
+                let host = p.weights_host();
+                let wb = &host[offs[w]..offs[w] + g.n * g.k];
+                for (b, v) in wb.iter().zip(&p.consts[w].data) {
+                    let back = if qtype == QuantType::Int8 {
+                        *b as i8 as f32
+                    } else {
+                        assert_eq!(*b, isolane_cuda::int8::e4m3_bits(*v));
+                        *v
+                    };
+                    assert_eq!(back, *v);
+                }
+            }
+            let mut cpu = CpuBackend::new(1)
+                .compile(&q, batch, Precision::Fp32)
+                .unwrap();
+            let x = random(cpu.input_mut().len(), 5);
+            cpu.input_mut().copy_from_slice(&x);
+            cpu.run().unwrap();
+            let got = run(&p, &x);
+            let err = rel_l2(&got, cpu.output());
+            assert!(err < 1e-5, "{qtype} batch {batch}: rel L2 {err:e}");
+        }
     }
 }
