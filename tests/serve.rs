@@ -662,6 +662,132 @@ fn autoplan_gives_a_model_whose_load_triples_another_core_while_it_serves() {
     );
 }
 
+/// `serve --autoplan` on the CPU when a best-effort model's tripled load needs more cores than
+/// the critical model leaves: the critical model keeps its core, the best-effort one gets what
+/// is left and is said capped (`best_effort_capped` in the log, its counter in /metrics), and
+/// nothing is "unplannable". Session 20's H200 run answered this case "unplannable" and
+/// changed nothing.
+#[test]
+fn autoplan_caps_a_best_effort_load_past_what_the_critical_model_leaves() {
+    let cores = isolane_runtime::affinity::available_cores();
+    assert!(cores.len() >= 2, "two cores, one each: {cores:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = dir.path().join("profiles");
+    // One core per profile (a larger size takes the largest smaller one's): the critical
+    // model 2 ms a job; the best-effort one 30 ms, so past 26.7 requests a second no number
+    // of cores is enough for it.
+    let cache = isolane_planner::ProfileCache::new(&profiles);
+    let device = isolane_planner::cache::DeviceRecord {
+        gpu: isolane_planner::cpu_name(),
+        driver: "none".into(),
+        device_model: "cpu".into(),
+    };
+    for (model, ms) in [("spin:1ms", 2.0), ("spin:2ms", 30.0)] {
+        let key = isolane_planner::cache::ProfileKey {
+            gpu: device.gpu.clone(),
+            driver: device.driver.clone(),
+            model: model.into(),
+            batch: 1,
+            precision: "fp32".into(),
+            mechanism: "none".into(),
+            partition: "1".into(),
+        };
+        let t = isolane_planner::cache::Times {
+            exec_p50_ms: ms,
+            exec_p99_ms: ms,
+            exec_mean_ms: ms,
+            exec_p999_ms: Some(ms),
+            engine_revision: None,
+        };
+        cache.put(&key, &device, &t).unwrap();
+    }
+    let file = scenario(
+        dir.path(),
+        "capped.toml",
+        &format!(
+            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"c\"\nmodel = \
+             \"spin:1ms\"\nbatch = 1\nprecision = \"fp32\"\nrate_hz = 1\nduration_s = 1\n\
+             deadline_ms = 1000\nwarmup_jobs = 1\ncriticality = \"critical\"\ncpu = [{}]\n\n\
+             [[workload]]\nname = \"be\"\nmodel = \"spin:2ms\"\nbatch = 1\nprecision = \
+             \"fp32\"\nrate_hz = 20\nduration_s = 1\ndeadline_ms = 60000\nwarmup_jobs = 1\n\
+             criticality = \"best_effort\"\ncpu = [{}]\n\n[workload.serve]\nqueue_limit = 1000\n",
+            cores[0], cores[1]
+        ),
+    );
+    let server = ServeProcess::start_with(
+        dir.path(),
+        &file,
+        &[
+            "--autoplan",
+            "--autoplan-dwell",
+            "1",
+            "--profile-cache",
+            profiles.to_str().unwrap(),
+        ],
+    );
+    let capped = r#"isolane_serve_autoplan_best_effort_capped_total{model="be"}"#;
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut answers = Vec::new();
+    let mut metrics = String::new();
+    // 60 requests a second to `be` (three senders, one each 50 ms) until it is capped.
+    while Instant::now() < until {
+        let senders: Vec<_> = (0..3u32)
+            .map(|k| {
+                let addr = server.http.clone();
+                std::thread::spawn(move || {
+                    let mut sent = Vec::new();
+                    let mut v = k * 100_000;
+                    let stop = Instant::now() + Duration::from_secs(2);
+                    let mut next = Instant::now();
+                    while Instant::now() < stop {
+                        let body = format!(
+                            r#"{{"inputs":[{{"name":"input","shape":[1,1],"datatype":"FP32","data":[{v}]}}]}}"#
+                        );
+                        sent.push((v, http(&addr, "POST", "/v2/models/be/infer", &body)));
+                        v += 1;
+                        next += Duration::from_millis(50);
+                        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                    }
+                    sent
+                })
+            })
+            .collect();
+        for t in senders {
+            answers.extend(t.join().unwrap());
+        }
+        metrics = http(&server.http, "GET", "/metrics", "").1;
+        if metrics.contains(capped) {
+            break;
+        }
+    }
+    assert!(
+        metrics.contains(capped) && metrics.contains("isolane_serve_autoplan_unplannable_total 0"),
+        "{metrics}\n{}",
+        server.log()
+    );
+    for (v, (code, body)) in &answers {
+        assert_eq!(*code, 200, "request {v}: {body}");
+    }
+    let (_, body) = http(&server.http, "GET", "/isolane/v1/status", "");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // The critical model kept its core; the best-effort one has every other core there is.
+    assert_eq!(
+        status["models"][0]["cpu"],
+        serde_json::json!([cores[0]]),
+        "{status}"
+    );
+    assert_eq!(
+        status["models"][1]["cpu"].as_array().map(|c| c.len()),
+        Some(cores.len() - 1),
+        "{status}"
+    );
+    let log = server.log();
+    assert!(
+        log.contains(r#"reason="best_effort_capped""#) && log.contains(r#"model="be""#),
+        "{log}"
+    );
+}
+
 /// `--autoplan` refuses at start (exit 2, naming the workload or the flag) what it could not
 /// resize: an unpinned CPU model, and margins outside (0, 1].
 #[test]
