@@ -1,5 +1,18 @@
 //! Subcommands, and what they share: exit codes, scenario loading, Ctrl-C, the progress bar.
 
+/// A library error at the CLI's edge: one its type says is the user's (`is_user_error`) exits
+/// 2, any other 1.
+macro_rules! blame {
+    ($e:expr) => {{
+        let e = $e;
+        if e.is_user_error() {
+            $crate::cmd::user(e)
+        } else {
+            anyhow::Error::new(e)
+        }
+    }};
+}
+
 pub mod app;
 pub mod bench;
 pub mod build;
@@ -37,18 +50,9 @@ use std::sync::Arc;
 
 use isolane_core::spec::Scenario;
 
-/// A mistake of the user's (bad scenario, bad flag value, unreadable file, occupied output
-/// directory): exit code 2. Everything else that fails is a runtime failure: exit code 1.
-#[derive(Debug)]
-pub struct UserError(pub String);
-
-impl std::fmt::Display for UserError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UserError {}
+/// A mistake of the user's: exit code 2 (`isolane_core::user_error`). Everything else that
+/// fails is a runtime failure: exit code 1.
+pub use isolane_core::user_error::UserError;
 
 pub fn user(msg: impl std::fmt::Display) -> anyhow::Error {
     UserError(msg.to_string()).into()
@@ -129,12 +133,8 @@ fn out_of_memory(e: &anyhow::Error) -> Option<&isolane_engine::OutOfMemory> {
         })
 }
 
-/// Columns a message printed after `error: ` wraps at, so that it reads whole in an 80-column
-/// terminal as the tables do.
-pub const ERROR_WIDTH: usize = 80 - "error: ".len();
-
-/// The wrapping rule of every message ([`isolane_core::text::wrap_message`]).
-pub use isolane_core::text::wrap_message;
+/// The wrapping rule of every message, and its width after `error: `.
+pub use isolane_core::text::{wrap_message, ERROR_WIDTH};
 
 pub use isolane_executors::machine::{device_title, gpu_missing_reason, memory_estimates_mib};
 

@@ -7,12 +7,12 @@ use anyhow::Context as _;
 use clap::Args;
 use isolane_core::admission::Plan;
 use isolane_core::results::{workloads_csv, RunStatus, RunSummary, WORKLOADS_CSV};
-use isolane_core::spec::{Backend, Host, Mechanism, PartitionSpec, Precision, Scenario};
+use isolane_core::spec::Scenario;
 use isolane_metrics::RunMetrics;
 use isolane_runtime::coordinator::{self, RunPlan, RunResult};
 use isolane_runtime::output;
 
-use super::{user, wrap_message, ProgressView, ERROR_WIDTH, EXIT_FAILED, EXIT_INTERRUPTED};
+use super::{user, wrap_message, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
 
 #[derive(Args)]
 #[command(
@@ -138,121 +138,22 @@ pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Res
     )
 }
 
-/// Whether a workload of `s` runs on a CUDA GPU.
-pub(super) fn needs_gpu(s: &Scenario) -> bool {
-    s.device.backend == Backend::Cuda && s.workloads.iter().any(|w| w.on_gpu())
-}
+pub(super) use isolane_core::backend::needs_gpu;
 
-/// A GPU scenario on a machine without a usable GPU: which file and field ask for cuda, why it
-/// cannot run here, and the override that runs it on the CPU (exit 1, as any GPU failure).
+/// A GPU scenario on a machine without a usable GPU (exit 1, as any GPU failure).
 pub(super) fn no_gpu_for(s: &Scenario, file: &str, why: &str) -> anyhow::Error {
-    let gpu_workloads: Vec<&str> = s
-        .workloads
-        .iter()
-        .filter(|w| w.on_gpu())
-        .map(|w| w.name.as_str())
-        .collect();
-    anyhow::anyhow!(wrap_message(
-        &format!(
-            "{file}: device.backend = \"cuda\" (mechanism \"{}\"): {} on a CUDA GPU, and \
-             none can be used here: {why}.\nTo run the workloads on the CPU instead: isolane \
-             run {file} --backend cpu (partitions, GPUs and fp16/bf16/tf32 are dropped, each \
-             said in a note; rates sized for a GPU may miss their deadlines on the CPU).",
-            s.device.mechanism.name(),
-            match gpu_workloads.as_slice() {
-                [one] => format!("workload `{one}` runs"),
-                all => format!("its {} workloads run", all.len()),
-            },
-        ),
-        ERROR_WIDTH
-    ))
+    anyhow::anyhow!(isolane_core::backend::no_gpu_text(s, file, why))
 }
 
-/// `run SCENARIO --backend B`. `cpu`: every workload on the CPU backend, the scenario's GPU
-/// settings dropped and each drop said on stderr; `cuda`: the scenario must already be one.
+/// `run SCENARIO --backend B` ([`isolane_core::backend::override_backend`]); its notes go to
+/// stderr.
 pub(super) fn override_backend(s: &mut Scenario, file: &str, backend: &str) -> anyhow::Result<()> {
-    if backend == "cuda" {
-        if s.device.backend == Backend::Cuda {
-            return Ok(());
-        }
-        return Err(user(format!(
-            "--backend cuda: {file} runs on the CPU (device.backend = \"cpu\"); a GPU scenario \
-             needs [device] backend = \"cuda\" and a mechanism (docs/scenario.md); --backend \
-             cpu is the only override of a scenario's backend"
-        )));
-    }
-    for note in on_cpu(s) {
-        eprintln!(
-            "{}",
-            wrap_message(&format!("note: --backend cpu: {note}"), 80)
-        );
-    }
     let models: Vec<&str> = isolane_engine::builtin_models()
         .iter()
         .map(|m| m.name)
         .collect();
-    s.validate(&models).map_err(|e| {
-        user(format!(
-            "--backend cpu: {file} cannot run on the CPU as it is: {e}"
-        ))
-    })
-}
-
-/// The scenario with every workload on the CPU backend: no mechanism, partitions, GPUs or
-/// reduced precisions (the CPU backend runs fp32); returns what was dropped, in words.
-fn on_cpu(s: &mut Scenario) -> Vec<String> {
-    let mut notes = Vec::new();
-    if s.device.backend == Backend::Cpu && !s.workloads.iter().any(|w| w.on_gpu()) {
-        return notes; // already a CPU scenario: its hosts are its own
-    }
-    let d = &mut s.device;
-    if d.backend == Backend::Cuda && d.mechanism != Mechanism::None {
-        notes.push(format!(
-            "device.backend \"cuda\" and mechanism \"{}\" dropped: the workloads run on the \
-             CPU, not partitioned",
-            d.mechanism.name()
-        ));
-    }
-    if d.several_gpus() {
-        notes.push("device.gpus dropped".into());
-    }
-    d.backend = Backend::Cpu;
-    d.mechanism = Mechanism::None;
-    d.host = Host::Thread;
-    d.gpus.clear();
-    d.gpu = 0;
-    let (mut partitioned, mut reduced, mut pinned) = (Vec::new(), Vec::new(), Vec::new());
-    for w in &mut s.workloads {
-        if w.partition != PartitionSpec::default() {
-            partitioned.push(w.name.clone());
-        }
-        if w.program.is_none() && w.precision != Precision::Fp32 {
-            reduced.push(format!("{} ({})", w.name, w.precision.name()));
-            w.precision = Precision::Fp32;
-        }
-        if w.gpu.is_some() {
-            pinned.push(w.name.clone());
-        }
-        w.partition = PartitionSpec::default();
-        w.backend = Backend::Cpu;
-        w.gpu = None;
-        if w.program.is_none() {
-            w.host = Host::Thread;
-        }
-    }
-    if !partitioned.is_empty() {
-        notes.push(format!("partitions dropped: {}", partitioned.join(", ")));
-    }
-    if !reduced.is_empty() {
-        notes.push(format!(
-            "fp32 instead of {} (the CPU backend computes in fp32)",
-            reduced.join(", ")
-        ));
-    }
-    if !pinned.is_empty() {
-        notes.push(format!("`gpu` dropped: {}", pinned.join(", ")));
-    }
-    notes
+    isolane_core::backend::override_backend(s, file, backend, &models, &mut |n| eprintln!("{n}"))
+        .map_err(anyhow::Error::new)
 }
 
 /// Runs a scenario that is already loaded (a file, the quickstart, or a sweep point built as a
@@ -308,45 +209,18 @@ pub fn run_scenario(
     if let Some(programs) = isolane_report::programs_table(&m.summary.workloads, layout) {
         say(&programs);
     }
-    for line in held_lines(&m.summary) {
+    for line in isolane_report::run_text::held_lines(&m.summary) {
         say(&line);
     }
     report_failures(&m.summary);
     say(&format!("results: {}", m.out.display()));
     if args.json {
-        println!("{}", json_result(&m.out, &m.summary)?);
+        println!(
+            "{}",
+            isolane_report::run_text::json_result(&m.out, &m.summary)?
+        );
     }
     Ok(exit_for(m.summary.status))
-}
-
-/// `run --json`'s stdout: where the results are and summary.json's content, in one object.
-fn json_result(out: &Path, summary: &RunSummary) -> anyhow::Result<String> {
-    let value = serde_json::json!({
-        "out": out,
-        "workloads_csv": out.join(WORKLOADS_CSV),
-        "summary": summary,
-    });
-    Ok(serde_json::to_string(&value)?)
-}
-
-/// One line per best-effort workload the criticality guard held back (docs/criticality.md).
-fn held_lines(summary: &RunSummary) -> Vec<String> {
-    summary
-        .workloads
-        .iter()
-        .filter_map(|w| {
-            let h = w.held.as_ref()?;
-            Some(format!(
-                "{} (best effort): held {:.2} s, {} of {} jobs, max {:.2} ms, {} pieces/job",
-                w.name,
-                h.total_ms / 1e3,
-                h.jobs_held,
-                w.metrics.jobs,
-                h.max_ms,
-                h.pieces
-            ))
-        })
-        .collect()
 }
 
 /// One run of an admitted scenario, as `run` and `isolation` make it.
@@ -435,23 +309,11 @@ pub fn measure_with(
 
 /// Models and CPU cores are checked before any output exists.
 pub fn preflight(plan: &RunPlan, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<()> {
-    coordinator::preflight(plan, Some(engine.as_ref())).map_err(|e| {
-        if e.is_user_error() {
-            user(e)
-        } else {
-            anyhow::Error::new(e)
-        }
-    })
+    coordinator::preflight(plan, Some(engine.as_ref())).map_err(|e| blame!(e))
 }
 
 pub fn prepare_out(out: Option<&Path>, force: bool) -> anyhow::Result<PathBuf> {
-    output::prepare_out_dir(out, force, Path::new(".")).map_err(|e| {
-        if e.is_user_error() {
-            user(e)
-        } else {
-            anyhow::Error::new(e)
-        }
-    })
+    output::prepare_out_dir(out, force, Path::new(".")).map_err(|e| blame!(e))
 }
 
 /// jobs/<workload>.csv for every workload and workloads.csv, then summary.json last (its
@@ -472,50 +334,15 @@ pub fn write_run_files(m: &Measured) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The results table of a run of `scenario`'s model workloads, titled with its device and
-/// mechanism (command workloads have their own table: `isolane_report::programs_table`); only
-/// the title when every workload is a program.
+/// The results table of a run of `scenario`, titled with its device and mechanism.
 pub fn results_table(scenario: &Scenario, summary: &RunSummary, wide: bool) -> String {
-    let models: Vec<&isolane_core::results::WorkloadSummary> = summary
-        .workloads
-        .iter()
-        .filter(|w| w.program.is_none())
-        .collect();
-    if models.is_empty() {
-        return super::device_title(scenario);
-    }
-    let status: Vec<String> = models.iter().map(|w| w.status.word().to_string()).collect();
-    let rows: Vec<isolane_report::ResultRow> = models
-        .iter()
-        .zip(&status)
-        .map(|(w, s)| isolane_report::ResultRow {
-            workload: &w.name,
-            status: s,
-            metrics: &w.metrics,
-        })
-        .collect();
-    isolane_report::results_table(
-        &super::device_title(scenario),
-        &rows,
-        isolane_report::Layout { wide },
-    )
+    let title = super::device_title(scenario);
+    isolane_report::run_text::run_results_table(&title, summary, wide)
 }
 
 pub fn report_failures(summary: &RunSummary) {
-    for w in &summary.workloads {
-        if let Some(e) = &w.error {
-            eprintln!("workload `{}` failed: {e}", w.name);
-        }
-    }
-    if summary.interrupted {
-        eprintln!("interrupted: results cover the jobs released before Ctrl-C");
-    }
-    // Above 1 % the host's share shows in the tail latencies of a VM (docs/runtime.md).
-    if let Some(steal) = summary.cpu_steal_pct.filter(|&p| p > 1.0) {
-        eprintln!(
-            "note: the hypervisor took {steal:.1} % of this machine's CPU during the run\n  \
-             (summary.json cpu_steal_pct): late starts and missed deadlines may be the host's"
-        );
+    for line in isolane_report::run_text::failure_lines(summary) {
+        eprintln!("{line}");
     }
 }
 
@@ -524,69 +351,5 @@ pub fn exit_for(status: RunStatus) -> u8 {
         RunStatus::Ok => 0,
         RunStatus::Failed => EXIT_FAILED,
         RunStatus::Interrupted => EXIT_INTERRUPTED,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_messages_wrap_at_words_with_indented_continuations() {
-        let text = "a scenario that asks for cuda: ".repeat(8) + "/a/very/long/path/name.toml";
-        let wrapped = wrap_message(&format!("{text}\nsecond paragraph"), ERROR_WIDTH);
-        let lines: Vec<&str> = wrapped.lines().collect();
-        assert!(lines.len() > 3, "{wrapped}");
-        assert!(
-            lines.iter().all(|l| l.chars().count() <= ERROR_WIDTH),
-            "{wrapped}"
-        );
-        assert!(
-            lines[1].starts_with("  ") && !lines[1].starts_with("   "),
-            "{wrapped}"
-        );
-        assert_eq!(*lines.last().unwrap(), "second paragraph");
-        // Nothing is lost: the words are the same.
-        let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
-        assert_eq!(words(&wrapped), words(&format!("{text} second paragraph")));
-    }
-
-    #[test]
-    fn backend_cpu_runs_a_gpu_scenario_on_the_cpu_and_says_what_it_dropped() {
-        let models: Vec<&str> = isolane_engine::builtin_models()
-            .iter()
-            .map(|m| m.name)
-            .collect();
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/scenarios/gpu/green-2x64-resnet18.toml"
-        );
-        let mut s = Scenario::load(path, &models).unwrap();
-        assert!(needs_gpu(&s));
-        let notes = on_cpu(&mut s).join("\n");
-        assert!(!needs_gpu(&s));
-        assert!(notes.contains("mechanism \"green\" dropped"), "{notes}");
-        assert!(notes.contains("partitions dropped: front, rear"), "{notes}");
-        assert!(s.workloads.iter().all(|w| w.backend == Backend::Cpu
-            && w.partition == PartitionSpec::default()
-            && w.precision == Precision::Fp32));
-        // The result is a scenario the CPU runs.
-        s.validate(&models).unwrap();
-        // The error without a GPU names the file, the field and the override.
-        let e = no_gpu_for(
-            &Scenario::load(path, &models).unwrap(),
-            "g.toml",
-            "no CUDA driver: libcuda not found",
-        )
-        .to_string();
-        let flat = e.split_whitespace().collect::<Vec<_>>().join(" ");
-        for want in [
-            "g.toml: device.backend = \"cuda\"",
-            "no CUDA driver",
-            "isolane run g.toml --backend cpu",
-        ] {
-            assert!(flat.contains(want), "{want}: {e}");
-        }
-        assert!(e.lines().all(|l| l.chars().count() <= ERROR_WIDTH), "{e}");
     }
 }

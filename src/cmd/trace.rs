@@ -71,21 +71,7 @@ pub fn write(dir: &Path, out: &Path) -> anyhow::Result<()> {
 /// [`write`] of the part in `window` (ms since t0); a folder or file that is not what it
 /// should be is the user's mistake (exit 2).
 fn write_window(dir: &Path, out: &Path, window: Option<(f64, f64)>) -> anyhow::Result<()> {
-    let t = isolane_trace::write_trace(dir, out, window).map_err(|e| {
-        if e.is_user_error() {
-            user(e)
-        } else {
-            anyhow::Error::new(e)
-        }
-    })?;
-    let jobs: usize = t.lanes.iter().map(|l| l.jobs.len()).sum();
-    // Two short lines: the tables' 80 columns hold for ordinary paths.
-    println!(
-        "trace: {} ({jobs} jobs of {} workloads, {} counters)\n\
-         open it in ui.perfetto.dev or chrome://tracing",
-        out.display(),
-        t.lanes.len(),
-        t.counters.len()
-    );
+    let t = isolane_trace::write_trace(dir, out, window).map_err(|e| blame!(e))?;
+    println!("{}", isolane_trace::written_line(&t, out));
     Ok(())
 }

@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod app_records;
+pub mod backend;
 pub mod device_model;
 pub mod files;
 #[cfg(feature = "test-support")]
@@ -23,6 +24,7 @@ pub mod stats;
 #[cfg(feature = "test-support")]
 pub mod system_packages;
 pub mod text;
+pub mod user_error;
 
 pub use job::JobRecord;
 pub use metrics::WorkloadMetrics;

@@ -1,6 +1,10 @@
 //! Messages for a terminal: the one wrapping rule every command's notes, errors and the
 //! planner's events share, so that they read whole in 80 columns as the tables do.
 
+/// Columns a message printed after `error: ` wraps at, so that it reads whole in an
+/// 80-column terminal as the tables do.
+pub const ERROR_WIDTH: usize = 80 - "error: ".len();
+
 /// `text` wrapped at `width` columns (characters) on spaces, each paragraph (a line of `text`)
 /// on its own and continuation lines indented by two spaces; a word longer than a line (a path)
 /// stays whole.
@@ -37,5 +41,25 @@ mod tests {
             "one two three\n  four\n  /a/path/longer/than/the/line\n  five"
         );
         assert!(wrap_message("a\nb c", 80).starts_with("a\nb c"));
+    }
+
+    #[test]
+    fn long_messages_wrap_at_words_with_indented_continuations() {
+        let text = "a scenario that asks for cuda: ".repeat(8) + "/a/very/long/path/name.toml";
+        let wrapped = wrap_message(&format!("{text}\nsecond paragraph"), ERROR_WIDTH);
+        let lines: Vec<&str> = wrapped.lines().collect();
+        assert!(lines.len() > 3, "{wrapped}");
+        assert!(
+            lines.iter().all(|l| l.chars().count() <= ERROR_WIDTH),
+            "{wrapped}"
+        );
+        assert!(
+            lines[1].starts_with("  ") && !lines[1].starts_with("   "),
+            "{wrapped}"
+        );
+        assert_eq!(*lines.last().unwrap(), "second paragraph");
+        // Nothing is lost: the words are the same.
+        let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(words(&wrapped), words(&format!("{text} second paragraph")));
     }
 }

@@ -13,6 +13,7 @@ pub mod html;
 pub mod matrix;
 pub mod plot;
 pub mod programs;
+pub mod run_text;
 pub mod timeline;
 
 use std::path::PathBuf;

@@ -22,8 +22,10 @@
 //! thread drives as an executor ([`ProcessHosts`], docs/serve.md).
 
 pub mod autoplan;
+pub mod cli_session;
 mod control;
 mod control_http;
+pub mod ctl_client;
 pub mod grpc;
 mod host;
 pub mod http;

@@ -90,3 +90,16 @@ pub fn write_trace(
     isolane_core::files::write_output(out, json.as_bytes()).map_err(TraceError::Write)?;
     Ok(timeline)
 }
+
+/// The summary line of a trace written to `out`: two short lines, so that the tables' 80
+/// columns hold for ordinary paths.
+pub fn written_line(timeline: &Timeline, out: &Path) -> String {
+    let jobs: usize = timeline.lanes.iter().map(|l| l.jobs.len()).sum();
+    format!(
+        "trace: {} ({jobs} jobs of {} workloads, {} counters)\n\
+         open it in ui.perfetto.dev or chrome://tracing",
+        out.display(),
+        timeline.lanes.len(),
+        timeline.counters.len()
+    )
+}

@@ -1,0 +1,91 @@
+//! What `isolane run` (and the commands that run a scenario the same way) says when a run
+//! ends: the results table, the guard's held lines, the failures and notes, and `--json`'s
+//! object. The caller prints the lines where they belong.
+
+use std::path::Path;
+
+use isolane_core::results::{RunSummary, WorkloadSummary, WORKLOADS_CSV};
+
+use crate::{Layout, ResultRow};
+
+/// The results table of a run's model workloads under `title` (the device and mechanism;
+/// command workloads have their own table: [`crate::programs_table`]); only the title when
+/// every workload is a program.
+pub fn run_results_table(title: &str, summary: &RunSummary, wide: bool) -> String {
+    let models: Vec<&WorkloadSummary> = summary
+        .workloads
+        .iter()
+        .filter(|w| w.program.is_none())
+        .collect();
+    if models.is_empty() {
+        return title.to_string();
+    }
+    let status: Vec<String> = models.iter().map(|w| w.status.word().to_string()).collect();
+    let rows: Vec<ResultRow> = models
+        .iter()
+        .zip(&status)
+        .map(|(w, s)| ResultRow {
+            workload: &w.name,
+            status: s,
+            metrics: &w.metrics,
+        })
+        .collect();
+    crate::results_table(title, &rows, Layout { wide })
+}
+
+/// One line per best-effort workload the criticality guard held back (docs/criticality.md).
+pub fn held_lines(summary: &RunSummary) -> Vec<String> {
+    summary
+        .workloads
+        .iter()
+        .filter_map(|w| {
+            let h = w.held.as_ref()?;
+            Some(format!(
+                "{} (best effort): held {:.2} s, {} of {} jobs, max {:.2} ms, {} pieces/job",
+                w.name,
+                h.total_ms / 1e3,
+                h.jobs_held,
+                w.metrics.jobs,
+                h.max_ms,
+                h.pieces
+            ))
+        })
+        .collect()
+}
+
+/// What went wrong in a run, for stderr: each workload's failure, an interruption, and a
+/// hypervisor that took a visible share of the CPU.
+pub fn failure_lines(summary: &RunSummary) -> Vec<String> {
+    let mut lines: Vec<String> = summary
+        .workloads
+        .iter()
+        .filter_map(|w| {
+            Some(format!(
+                "workload `{}` failed: {}",
+                w.name,
+                w.error.as_ref()?
+            ))
+        })
+        .collect();
+    if summary.interrupted {
+        lines.push("interrupted: results cover the jobs released before Ctrl-C".into());
+    }
+    // Above 1 % the host's share shows in the tail latencies of a VM (docs/runtime.md).
+    if let Some(steal) = summary.cpu_steal_pct.filter(|&p| p > 1.0) {
+        lines.push(format!(
+            "note: the hypervisor took {steal:.1} % of this machine's CPU during the run\n  \
+             (summary.json cpu_steal_pct): late starts and missed deadlines may be the host's"
+        ));
+    }
+    lines
+}
+
+/// `run --json`'s stdout: where the results are and summary.json's content, in one object.
+pub fn json_result(out: &Path, summary: &RunSummary) -> serde_json::Result<String> {
+    let value = serde_json::json!({
+        "out": out,
+        "workloads_csv": out.join(WORKLOADS_CSV),
+        "summary": summary,
+    });
+    serde_json::to_string(&value)
+}
