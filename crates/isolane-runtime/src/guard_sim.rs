@@ -1,0 +1,267 @@
+//! A replay of trio a's timeline on the H200 (results/h200-levers/trio-a.md: resnet18 in 24
+//! SMs and resnet50 in 48, critical at 75 % of their capacity alone, deadline 1.3 × their p99
+//! alone; vit_l_32 flat out as best effort in 48 SMs, pieces of about 100 µs) through the
+//! guard's own decisions ([`admits_piece`], [`retry_at_piece`], the service estimates), with
+//! each job's progress slowed at every instant by the fitted interference model
+//! (`isolane_core::predict`: the H200's coefficients and the profiles of `h200-models.csv`)
+//! for whatever runs beside it: the other critical model and best effort's pieces. So it
+//! checks the decisions against the model they are taken by, not the GPU: "predicted
+//! lateness". One job in [`OUTLIER_EVERY`] runs [`OUTLIER`] × its time alone (the H200's
+//! slow jobs beside the other victim: resnet18 up to 0.58 ms of 0.26): those miss with or
+//! without best effort.
+
+use super::*;
+use isolane_core::predict::{
+    fitted, memory_system, Coefficients, MemoryProfile, MemorySystem, Neighbour, ProfileSource,
+    Terms,
+};
+use isolane_core::spec::Mechanism;
+
+const US: i64 = 1_000;
+const STEP: i64 = US;
+/// One job in this many is an outlier when the replay has them.
+pub const OUTLIER_EVERY: u64 = 211;
+const OUTLIER: f64 = 1.8;
+
+/// A model's recorded profile: `h200-models.csv` (fp16, batch 1).
+fn profile(model: &str) -> MemoryProfile {
+    let csv = include_str!("../../isolane-core/src/predict/h200-models.csv");
+    let line = csv
+        .lines()
+        .find(|l| l.starts_with(&format!("{model},fp16,1,")))
+        .unwrap_or_else(|| panic!("{model} not in h200-models.csv"));
+    let f: Vec<&str> = line.split(',').collect();
+    MemoryProfile {
+        dram_bytes_per_job: f[7].parse().unwrap(),
+        l2_footprint_bytes: f[8].parse().unwrap(),
+        resident: f[9] == "true",
+        flops_per_job: 0.0,
+        source: ProfileSource::Computed,
+    }
+}
+
+/// One workload of the trio: trio-a.md's alone figures (capacity /s, p99 ms).
+struct Workload {
+    name: &'static str,
+    exec_ns: i64,
+    p99_ns: i64,
+    neighbour: Neighbour,
+}
+
+fn workload(name: &'static str, capacity_per_s: f64, p99_ms: f64) -> Workload {
+    let exec_ms = 1e3 / capacity_per_s;
+    Workload {
+        name,
+        exec_ns: (exec_ms * 1e6) as i64,
+        p99_ns: (p99_ms * 1e6) as i64,
+        neighbour: Neighbour {
+            name: name.into(),
+            profile: profile(name),
+            exec_ms,
+        },
+    }
+}
+
+struct Critical {
+    w: Workload,
+    period: i64,
+    deadline: i64,
+    view: SlotView,
+    recent: Option<RecentService>,
+    /// The job running: (its release, its work left in ns alone).
+    running: Option<(i64, f64)>,
+    jobs: u64,
+    late: u64,
+    late_seqs: Vec<i64>,
+    outliers: bool,
+    rng: u64,
+}
+
+impl Critical {
+    fn work(&mut self, seq: u64) -> f64 {
+        // A deterministic ±2 % around the time alone (an LCG), and the outliers.
+        self.rng = self
+            .rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let jitter = ((self.rng >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 0.04;
+        let outlier = if self.outliers && seq % OUTLIER_EVERY == OUTLIER_EVERY - 1 {
+            OUTLIER
+        } else {
+            1.0
+        };
+        self.w.exec_ns as f64 * (1.0 + jitter) * outlier
+    }
+}
+
+/// What one replay measured.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Per critical model: (name, late %).
+    pub late_pct: Vec<(&'static str, f64)>,
+    /// Best effort's time running pieces, of the time (what it gets alone: all of it).
+    pub best_effort: f64,
+    /// Per critical model, the sequence numbers of its late jobs.
+    pub late_seqs: Vec<Vec<i64>>,
+}
+
+/// The guard as it stood before the sharing lever's pacing: its delay charged over the whole
+/// overlap and the stall model's decaying maximum as the service estimate.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Guarding {
+    /// No best effort (the victims-only baseline).
+    VictimsOnly,
+    /// Best effort under a policy, service estimates as that policy's publisher keeps them.
+    Guarded(Policy),
+    /// Best effort unprotected.
+    None,
+}
+
+/// Replays `seconds` of trio a under `guarding`, deadlines `deadline_x` × each p99 alone, with
+/// or without `outliers`.
+pub fn trio_a(guarding: Guarding, seconds: f64, deadline_x: f64, outliers: bool) -> Outcome {
+    let sys: MemorySystem = memory_system("h200").unwrap();
+    let coeffs: Coefficients = fitted("h200", Mechanism::Green).unwrap().coefficients;
+    let critical = [
+        workload("resnet18", 3982.1, 0.262),
+        workload("resnet50", 2411.5, 0.420),
+    ];
+    let be = workload("vit_l_32", 1053.2, 0.961);
+    // vit_l_32 split into pieces of about 100 µs: its job over ten.
+    let piece_ns = be.exec_ns / 10;
+    let intensity = Intensity::of_job(&be.neighbour.profile, be.exec_ns, &sys).unwrap();
+    let sharing = matches!(guarding, Guarding::Guarded(p) if p.share.is_some());
+    let mut crit: Vec<Critical> = critical
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let period = (1e9 / (0.75 * 1e9 / w.exec_ns as f64)) as i64;
+            let deadline = (deadline_x * w.p99_ns as f64) as i64;
+            // The warm-up's estimate: the p99 alone.
+            let seed = w.p99_ns;
+            Critical {
+                view: SlotView::pending(0, 0, deadline, seed),
+                recent: sharing.then(|| RecentService::new(seed)),
+                period,
+                deadline,
+                w,
+                running: None,
+                jobs: 0,
+                late: 0,
+                late_seqs: Vec::new(),
+                outliers,
+                rng: 0x5eed + i as u64,
+            }
+        })
+        .collect();
+    let end_t = (seconds * 1e9) as i64;
+    let mut piece_end: Option<i64> = None;
+    let mut retry = 0i64;
+    let mut busy = 0i64;
+    let mut t = 0;
+    while t < end_t {
+        // Starts: a released job whose workload is free.
+        for c in crit.iter_mut() {
+            if c.running.is_none() && c.view.release <= t {
+                c.view.start = t.max(1);
+                let work = c.work(c.view.seq as u64);
+                c.running = Some((c.view.release, work));
+            }
+        }
+        // Progress over this step, each slowed by what runs beside it.
+        let be_on = piece_end.is_some() && guarding != Guarding::VictimsOnly;
+        for k in 0..crit.len() {
+            let Some((release, left)) = crit[k].running else {
+                continue;
+            };
+            let mut beside: Vec<Neighbour> = Vec::new();
+            for (j, o) in crit.iter().enumerate() {
+                if j != k && o.running.is_some() {
+                    beside.push(o.w.neighbour.clone());
+                }
+            }
+            if be_on {
+                beside.push(be.neighbour.clone());
+            }
+            let victim_ms = crit[k].w.exec_ns as f64 / 1e6;
+            let s = coeffs.stretch(&Terms::beside(&beside, victim_ms, &sys));
+            let left = left - STEP as f64 / s;
+            let c = &mut crit[k];
+            if left > 0.0 {
+                c.running = Some((release, left));
+                continue;
+            }
+            // Ended: recorded, the estimate updated as `CriticalPublisher::ended` does, the
+            // next job published.
+            let done = t + STEP;
+            c.jobs += 1;
+            if done - release > c.deadline {
+                c.late += 1;
+                c.late_seqs.push(c.view.seq);
+            }
+            let v = c.view;
+            let overlap = if v.acct_seq == v.seq {
+                v.acct_overlap
+            } else {
+                0
+            };
+            let sample = (done - v.start - overlap).max(0);
+            let service = match c.recent.as_mut() {
+                Some(r) => r.push(sample),
+                None => decaying_max(v.service, sample),
+            };
+            let next = v.seq + 1;
+            let release = next * c.period;
+            c.view = SlotView {
+                acct_seq: v.acct_seq,
+                acct_overlap: v.acct_overlap,
+                ..SlotView::pending(next, release, release + c.deadline, service)
+            };
+            c.running = None;
+        }
+        // Best effort: a piece ends, or the next one asks.
+        if let Some(e) = piece_end {
+            if t >= e {
+                busy += piece_ns;
+                piece_end = None;
+            }
+        }
+        if piece_end.is_none() && t >= retry {
+            match guarding {
+                Guarding::VictimsOnly => {}
+                Guarding::None => piece_end = Some(t + piece_ns),
+                Guarding::Guarded(policy) => {
+                    let i = Some(&intensity);
+                    let held = crit
+                        .iter()
+                        .filter(|c| admits_piece(&c.view, t, piece_ns, &policy, i).is_none())
+                        .map(|c| retry_at_piece(&c.view, t, &policy, i))
+                        .min();
+                    match held {
+                        Some(at) => retry = at,
+                        None => {
+                            for c in crit.iter_mut() {
+                                let o = admits_piece(&c.view, t, piece_ns, &policy, i).unwrap();
+                                if c.view.acct_seq != c.view.seq {
+                                    c.view.acct_seq = c.view.seq;
+                                    c.view.acct_overlap = 0;
+                                }
+                                c.view.acct_overlap += o;
+                            }
+                            piece_end = Some(t + piece_ns);
+                        }
+                    }
+                }
+            }
+        }
+        t += STEP;
+    }
+    Outcome {
+        late_pct: crit
+            .iter()
+            .map(|c| (c.w.name, 100.0 * c.late as f64 / c.jobs.max(1) as f64))
+            .collect(),
+        best_effort: busy as f64 / end_t as f64,
+        late_seqs: crit.iter().map(|c| c.late_seqs.clone()).collect(),
+    }
+}
