@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# int8 against fp16 on the H200 (issue 33, "Measure"), with the staged binary (scripts/gpu-test.sh
-# stage; carry ["stage"]). Runs from the repository root on the GPU machine, under 5 minutes:
-#   1. exports torchvision's resnet50 and mobilenet_v2 (seeded random weights: the machine is
-#      offline) to ONNX with a dynamic batch, writes a calibration folder of 16 .npy items and
-#      quantizes each model with onnxruntime's quantize_static (QDQ, int8 per channel);
+# int8 and fp8 against fp16 on the H200 (issue 33, "Measure"), with the staged binaries
+# (STAGE_PACKAGES="-p isolane-cuda -p isolane" scripts/gpu-test.sh stage; carry ["stage"]). Runs
+# from the repository root on the GPU machine, under 5 minutes (a deadline, DEADLINE_S = 280,
+# skips the rows left when it passes, saying so):
+#   0. the correctness test of the tensor-core path, when its binary is staged
+#      (stage/tests/isolane-cuda--gpu quant_gemm_path_matches_the_exact_reference_layer_by_layer:
+#      every QuantGemm layer's error, cuBLASLt's candidates and choice, top-1), log in $OUT;
+#   1. exports torchvision's resnet50, mobilenet_v2, convnext_base and vit_b_16 (seeded random
+#      weights: the machine is offline) to ONNX with a dynamic batch and writes a calibration
+#      folder of 8 .npy items (ORT=1: also onnxruntime's quantize_static QDQ models, slow);
 #   2. runs each model alone, closed loop, at batch 1 and 64 (`isolane run`, one workload):
 #        fp16        the float model at fp16
-#        int8        the float model with precision = "int8", calibration = the folder
-#                    (isolane's calibration; its top-1 agreement line is kept)
-#        ort-qdq     onnxruntime's QDQ model at fp16 (its Q/DQ pairs as fake-quant steps)
+#        int8        precision = "int8", calibration = the folder (percentile): the quantized
+#                    Conv/Linear products on cuBLASLt's int8 tensor-core GEMM (docs/cuda.md)
+#        fp8         precision = "fp8" (minmax): the same on the e4m3 GEMM
+#        ort-qdq     (ORT=1) onnxruntime's QDQ model at fp16
 #   3. writes $OUT/int8.md: p50 latency (ms per job, host copies included) and throughput
-#      (images/s) per row, int8's ratio to fp16, and the agreement lines.
+#      (images/s) per row, the ratio to fp16, the calibration's top-1 agreement lines, and how
+#      many products each model ran on the tensor-core path (the build's search log).
 # Targets (issue 33): resnet50 int8 batch 1 <= 0.25 ms; int8 at batch 64 >= 1.6x fp16's
-# throughput. Until the int8 tensor-core path exists, int8 runs fake-quant steps between fp16
-# convolutions, so expect it slower than fp16: this script measures where it stands.
+# throughput.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/int8-h200}
@@ -23,11 +29,24 @@ for f in stage/*.xz; do
 done
 bin=${ISOLANE_BIN:-$PWD/stage/isolane}
 work=${WORK:-/tmp/isolane-int8}
-models=${MODELS:-resnet50 mobilenet_v2}
+models=${MODELS:-resnet50 mobilenet_v2 convnext_base vit_b_16}
 batches=${BATCHES:-1 64}
+variants=${VARIANTS:-fp16 int8 fp8}
+deadline=$(($(date +%s) + ${DEADLINE_S:-280}))
 mkdir -p "$work/cal"
 
-echo "=== export and quantize_static ($models)"
+t=stage/tests/isolane-cuda--gpu
+if [ -e "$t.xz" ] && [ ! -e "$t" ]; then xz -d -f "$t.xz"; fi
+if [ -e "$t" ]; then
+    chmod +x "$t"
+    echo "=== the tensor-core path's correctness test"
+    timeout 100 "$t" quant_gemm_path_matches_the_exact_reference_layer_by_layer --ignored \
+        --nocapture >"$out/quant-gemm-test.log" 2>&1
+    echo "test exit $?" | tee -a "$out/quant-gemm-test.log"
+    grep -E "QuantGemm steps|compile failed|panicked|test result" "$out/quant-gemm-test.log"
+fi
+
+echo "=== export ($models)"
 python3 - "$work" $models <<'PY' 2>&1 | tee "$out/export.log" | tail -n 20
 import os, sys
 import numpy as np
@@ -36,7 +55,7 @@ import torch, torchvision
 work, names = sys.argv[1], sys.argv[2:]
 rng = np.random.default_rng(0)
 # Calibration items: ImageNet-normalised inputs are roughly N(0, 1) per channel.
-items = [rng.standard_normal((3, 224, 224)).astype(np.float32) for _ in range(16)]
+items = [rng.standard_normal((3, 224, 224)).astype(np.float32) for _ in range(8)]
 for i, x in enumerate(items):
     np.save(os.path.join(work, "cal", f"{i:02d}.npy"), x)
 for name in names:
@@ -51,6 +70,8 @@ for name in names:
     except TypeError:
         torch.onnx.export(m, x, path, **kw)
     print(f"{name}: exported {path}")
+    if os.environ.get("ORT") != "1":
+        continue
     try:
         from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                               quantize_static)
@@ -73,8 +94,13 @@ PY
 
 # One closed-loop workload alone: prints "p50_ms throughput_ips" or "FAIL reason".
 run_one() { # model_file batch precision extra_keys tag
-    local dir="$work/runs/$5" scen="$work/$5.toml" jobs=400
-    [ "$2" -gt 1 ] && jobs=100
+    local dir="$work/runs/$5" scen="$work/$5.toml" jobs=300 left
+    [ "$2" -gt 1 ] && jobs=40
+    left=$((deadline - $(date +%s)))
+    if [ "$left" -lt 20 ]; then
+        echo "FAIL skipped: the script's deadline (DEADLINE_S) passed"
+        return
+    fi
     cat >"$scen" <<EOF
 [device]
 backend = "cuda"
@@ -90,7 +116,8 @@ jobs = $jobs
 warmup_jobs = 20
 EOF
     rm -rf "$dir"
-    if timeout 150 "$bin" run "$scen" --out "$dir" --quiet >"$out/$5.log" 2>&1; then
+    [ "$left" -gt 120 ] && left=120
+    if ISOLANE_CUDA_SEARCH_LOG=1 timeout "$left" "$bin" run "$scen" --out "$dir" --quiet >"$out/$5.log" 2>&1; then
         python3 - "$dir/summary.json" <<'PY'
 import json, sys
 w = json.load(open(sys.argv[1]))["workloads"][0]
@@ -102,23 +129,24 @@ PY
 }
 
 {
-    echo "# int8 against fp16 on the H200"
+    echo "# int8 and fp8 against fp16 on the H200"
     echo
     echo "torchvision models with seeded random weights, one workload alone, closed loop;"
-    echo "p50 latency per job (host copies included) and throughput. int8: isolane's"
-    echo "calibration (percentile, 16 random-normal items) of the float model; ort-qdq:"
-    echo "onnxruntime's quantize_static QDQ model at fp16. Both run fake-quant steps between"
-    echo "fp16 kernels (no int8 tensor-core path yet)."
+    echo "p50 latency per job (host copies included) and throughput. int8 / fp8: isolane's"
+    echo "calibration (8 random-normal items) of the float model; the quantized Conv/Linear"
+    echo "products on cuBLASLt's int8 / e4m3 tensor-core GEMMs, the rest fake-quant at fp16."
     echo
     echo "| model | batch | variant | p50 ms | images/s | vs fp16 throughput |"
     echo "| --- | ---: | --- | ---: | ---: | ---: |"
     for m in $models; do
         for b in $batches; do
             fp16=""
-            for v in fp16 int8 ort-qdq; do
+            for v in $variants; do
                 case $v in
                     fp16) r=$(run_one "$work/$m.onnx" "$b" fp16 "" "$m-b$b-$v") ;;
                     int8) r=$(run_one "$work/$m.onnx" "$b" int8 "calibration = \"$work/cal\"" "$m-b$b-$v") ;;
+                    fp8) r=$(run_one "$work/$m.onnx" "$b" fp8 "calibration = \"$work/cal\"
+calibration_method = \"minmax\"" "$m-b$b-$v") ;;
                     ort-qdq)
                         [ -f "$work/$m.qdq.onnx" ] || continue
                         r=$(run_one "$work/$m.qdq.onnx" "$b" fp16 "" "$m-b$b-$v") ;;
@@ -138,6 +166,22 @@ PY
     echo
     echo "## isolane's calibration: top-1 agreement with fp32 over the calibration items"
     echo
-    grep -h "calibration items" "$out"/*-int8.log | sed 's/^/    /'
+    grep -h "calibration items" "$out"/*-int8.log "$out"/*-fp8.log 2>/dev/null | sed 's/^/    /'
+    echo
+    echo "## GEMMs on the tensor cores per run (search log: distinct shapes, and the first failure)"
+    echo
+    for f in "$out"/*-int8.log "$out"/*-fp8.log; do
+        [ -f "$f" ] || continue
+        n=$(grep -c -E "search: (int8|float8e4m3fn) gemm" "$f")
+        e=$(grep -m1 -E "cuBLASLt offers no|no .* algorithm of cuBLASLt" "$f" | cut -c1-160)
+        echo "    $(basename "$f" .log): $n GEMM shapes ${e:+; $e}"
+    done
+    if [ -f "$out/quant-gemm-test.log" ]; then
+        echo
+        echo "## The tensor-core path's correctness test"
+        echo
+        grep -E "QuantGemm steps|compile failed|on the tensor-core path|test result|exit" \
+            "$out/quant-gemm-test.log" | sed 's/^/    /'
+    fi
 } >"$out/int8.md"
 cat "$out/int8.md"

@@ -1591,70 +1591,10 @@ fn older_opsets_tile_and_3d_window_plans_compute_the_graph() {
     }
 }
 
-/// A small CNN for the quantized GEMM path: a 3×3 convolution on 3 channels (K = 27: not on
-/// the path), a direct 1×1 (16 → 16), a 3×3 stride-2 convolution through the im2col
-/// (K = 144 → 32), a 1×1 whose sum with the block input is fused as a residual, a pool and a
-/// Linear (32 → 16): every K and N a multiple of 16, so that fp8 takes the same path.
-fn quant_cnn() -> Graph {
-    let mut g = Graph::new("quant_cnn");
-    let x = g.add_input(
-        "x",
-        vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(12), Dim::Fixed(12)],
-    );
-    let mut seed = 70;
-    let mut w = |g: &mut Graph, name: &str, shape: Vec<usize>, s: f32| {
-        seed += 1;
-        let n: usize = shape.iter().product();
-        let d = random(n, seed).into_iter().map(|v| v * s).collect();
-        g.add_constant(name, Tensor::new(shape, d).unwrap())
-    };
-    let conv = |pads: [usize; 4], strides: [usize; 2]| {
-        Op::Conv(ConvAttrs {
-            pads,
-            strides,
-            activation: Some(Unary::Relu),
-            ..Default::default()
-        })
-    };
-    let (w1, b1) = (
-        w(&mut g, "w1", vec![16, 3, 3, 3], 0.4),
-        w(&mut g, "b1", vec![16], 0.1),
-    );
-    let (w2, b2) = (
-        w(&mut g, "w2", vec![16, 16, 1, 1], 0.3),
-        w(&mut g, "b2", vec![16], 0.1),
-    );
-    let (w3, b3) = (
-        w(&mut g, "w3", vec![32, 16, 3, 3], 0.15),
-        w(&mut g, "b3", vec![32], 0.1),
-    );
-    let (w4, b4) = (
-        w(&mut g, "w4", vec![32, 32, 1, 1], 0.2),
-        w(&mut g, "b4", vec![32], 0.1),
-    );
-    let (wl, bl) = (
-        w(&mut g, "wl", vec![16, 32], 0.3),
-        w(&mut g, "bl", vec![16], 0.1),
-    );
-    let h = g.add_op("c1", conv([1; 4], [1, 1]), &[x, w1, b1]).unwrap();
-    let h = g.add_op("c2", conv([0; 4], [1, 1]), &[h, w2, b2]).unwrap();
-    let h3 = g.add_op("c3", conv([1; 4], [2, 2]), &[h, w3, b3]).unwrap();
-    let c4 = Op::Conv(ConvAttrs::default());
-    let h = g.add_op("c4", c4, &[h3, w4, b4]).unwrap();
-    let h = g.add_op("add", Op::Binary(Binary::Add), &[h, h3]).unwrap();
-    let h = g.add_op("relu", Op::Unary(Unary::Relu), &[h]).unwrap();
-    let h = g.add_op("pool", Op::GlobalAveragePool, &[h]).unwrap();
-    let h = g.add_op("flat", Op::Flatten { axis: 1 }, &[h]).unwrap();
-    let lin = Op::Linear { activation: None };
-    let y = g.add_op("fc", lin, &[h, wl, bl]).unwrap();
-    g.add_output(y).unwrap();
-    g
-}
-
-/// The quantized graph of [`quant_cnn`] (calibrated on seeded inputs) and its plan at fp32.
+/// The quantized graph of [`common::quant_cnn`] (calibrated on seeded inputs) and its plan at fp32.
 fn quant_cnn_plan(qtype: isolane_engine::quant::QuantType, batch: usize) -> (Graph, Plan) {
     use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
-    let g = quant_cnn();
+    let g = common::quant_cnn();
     let samples: Vec<Vec<Tensor>> = (0..3)
         .map(|s| vec![Tensor::new(vec![batch, 3, 12, 12], random(batch * 432, 90 + s)).unwrap()])
         .collect();

@@ -816,6 +816,179 @@ fn calibrated_int8_and_fp8_models_run_on_the_gpu() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The int8 and fp8 tensor-core path (`QuantGemm` steps: quantize kernel, cuBLASLt int8 GEMM
+/// with an int32 D or e4m3 with an f32 D, dequantizing epilogue) against the exact CPU
+/// reference of the same QDQ graph: the small CNN of the emulator test and resnet50, each
+/// quantized by calibration, compiled at fp16. Prints what a failure needs in one go: how many
+/// products took the path and why the others did not, each GEMM's cuBLASLt candidates and
+/// choice (the search log), the error of every layer the path computed, and the output's
+/// error against quantization's own effect, with top-1.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quant_gemm_path_matches_the_exact_reference_layer_by_layer() {
+    use isolane_cuda::check::StepRunner;
+    use isolane_cuda::plan::{self, PlanOptions, StepKind};
+    use isolane_cuda::{BuildOptions, CompileOptions};
+    use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
+    use isolane_engine::quant::QuantType;
+    use isolane_engine::{passes, reference::eval_node, Tensor};
+    let build = BuildOptions {
+        search_log: true,
+        ..BuildOptions::from_env()
+    };
+    let gpu = CudaBackend::new(0)
+        .expect("cuda backend")
+        .with_build_options(build);
+    let cpu = CpuBackend::new(0);
+    let mut failures = Vec::new();
+    for (model, batch) in [("quant_cnn", 3), ("resnet50", 2)] {
+        let g = if model == "quant_cnn" {
+            common::quant_cnn()
+        } else {
+            build_model(model, Weights::Synthetic { seed: 1 }).expect("model")
+        };
+        let shape = g.infer_shapes(batch).expect("shapes")[g.inputs[0]].clone();
+        let n: usize = shape.iter().product();
+        let samples: Vec<Vec<Tensor>> = (0..2)
+            .map(|s| vec![Tensor::new(shape.clone(), random(n, 40 + s)).unwrap()])
+            .collect();
+        for (qtype, method) in [
+            (QuantType::Int8, CalibMethod::Percentile(99.99)),
+            (QuantType::Float8E4M3Fn, CalibMethod::MinMax),
+        ] {
+            let what = format!("{model} {qtype} batch {batch}");
+            let opts = CalibOptions {
+                qtype,
+                method,
+                ..Default::default()
+            };
+            let q = quantize_model(&g, batch, &samples, &opts)
+                .expect("calibration")
+                .graph;
+            let paths = isolane_cuda::int8::int8_paths(&q, batch);
+            let taken = paths.iter().filter(|(_, p)| p.is_ok()).count();
+            println!(
+                "{what}: {taken} of {} quantized products on the tensor-core path",
+                paths.len()
+            );
+            for (name, p) in paths.iter().filter(|(_, p)| p.is_err()).take(5) {
+                println!("  fake-quant {name}: {}", p.as_ref().unwrap_err());
+            }
+            // The plan the compile makes (CNNs: no attention to fuse).
+            let opt = passes::optimize(&q, batch).expect("optimize");
+            let p = plan::plan_with(&opt, batch, Precision::Fp16, PlanOptions::default())
+                .expect("plan");
+            let gemm_nodes: Vec<(String, String)> = p
+                .steps
+                .iter()
+                .filter_map(|s| match &s.kind {
+                    StepKind::QuantGemm(g) => Some((
+                        s.name.clone(),
+                        format!(
+                            "{}x{}x{}{}",
+                            g.m,
+                            g.n,
+                            g.k,
+                            if g.conv.is_some() { " im2col" } else { "" }
+                        ),
+                    )),
+                    _ => None,
+                })
+                .collect();
+            if gemm_nodes.is_empty() {
+                failures.push(format!("{what}: no QuantGemm step planned"));
+                continue;
+            }
+            let x = random(n, 77);
+            let compile = CompileOptions {
+                plan_check: false,
+                ..Default::default()
+            };
+            let mut m = match gpu.compile_cuda_with(&q, batch, Precision::Fp16, &compile) {
+                Ok(m) => m,
+                Err(e) => {
+                    println!("{what}: compile failed: {e}");
+                    failures.push(format!("{what}: {e}"));
+                    continue;
+                }
+            };
+            // Every layer of the path against the CPU reference of the same optimised graph.
+            let mut values: Vec<Option<Tensor>> = vec![None; opt.values.len()];
+            values[opt.inputs[0]] = Some(Tensor::new(shape.clone(), x.clone()).unwrap());
+            for (v, val) in opt.values.iter().enumerate() {
+                if let isolane_engine::ir::ValueKind::Constant(t) = &val.kind {
+                    values[v] = Some(t.as_ref().clone());
+                }
+            }
+            for node in &opt.nodes {
+                let ins: Vec<&Tensor> = node
+                    .inputs
+                    .iter()
+                    .map(|&i| values[i].as_ref().unwrap())
+                    .collect();
+                let outs = eval_node(node, &ins, batch).expect("reference");
+                for (&o, t) in node.outputs.iter().zip(outs) {
+                    values[o] = Some(t);
+                }
+            }
+            m.write_inputs(std::slice::from_ref(&x)).expect("inputs");
+            let mut done = 0;
+            let mut worst = (0f64, String::new());
+            for pr in &p.probes {
+                let Some((_, dims)) = gemm_nodes.iter().find(|(n, _)| *n == pr.node) else {
+                    continue;
+                };
+                if pr.ready > done {
+                    m.run_steps(done, pr.ready).expect("steps");
+                    done = pr.ready;
+                }
+                let got = pr.gather(&m.read(pr.loc, pr.span()).expect("read"));
+                let want = &values[pr.value].as_ref().unwrap().data;
+                let err = rel_l2(&got, want);
+                let top = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+                println!(
+                    "  layer {} ({dims}): rel L2 {err:.3e}, max |ref| {top:.3e}",
+                    pr.node
+                );
+                // A NaN is the worst of all.
+                if err.is_nan() || err > worst.0 {
+                    worst = (err, pr.node.clone());
+                }
+            }
+            m.input_mut().copy_from_slice(&x);
+            m.run().expect("gpu run");
+            let mut c = cpu.compile(&q, batch, Precision::Fp32).expect("cpu");
+            c.input_mut().copy_from_slice(&x);
+            c.run().expect("cpu run");
+            let mut f = cpu.compile(&g, batch, Precision::Fp32).expect("cpu float");
+            f.input_mut().copy_from_slice(&x);
+            f.run().expect("cpu float run");
+            let quantization = rel_l2(c.output(), f.output());
+            let (got, want) = (m.output(), c.output());
+            let err = rel_l2(got, want);
+            let classes = want.len() / batch;
+            let argmax = |v: &[f32]| (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b });
+            let same = got
+                .chunks(classes)
+                .zip(want.chunks(classes))
+                .filter(|(a, b)| argmax(a) == argmax(b))
+                .count();
+            println!(
+                "{what}: {} QuantGemm steps, worst layer {} {:.3e}; output rel L2 {err:.3e} \
+                 (quantization itself {quantization:.3e}), top-1 {same}/{batch}",
+                gemm_nodes.len(),
+                worst.1,
+                worst.0
+            );
+            if err.is_nan() || err >= tolerance(Precision::Fp16).max(quantization) || same != batch
+            {
+                failures.push(format!("{what}: {err:.3e}, top-1 {same}/{batch}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// `[protection] l2_persist_mib`: a model whose weights are given persisting L2 (the limit set,
 /// the window on its stream and on every kernel node of its graphs, captured again) computes
 /// exactly what it computed before, split or whole; more than the device sets aside is refused

@@ -288,3 +288,64 @@ pub fn session14_graphs() -> Vec<Graph> {
     ));
     graphs
 }
+
+/// A small CNN for the quantized GEMM path: a 3×3 convolution on 3 channels (K = 27: not on
+/// the path), a direct 1×1 (16 → 16), a 3×3 stride-2 convolution through the im2col
+/// (K = 144 → 32), a 1×1 whose sum with the block input is fused as a residual, a pool and a
+/// Linear (32 → 16): every K and N a multiple of 16, so that fp8 takes the same path.
+#[allow(dead_code)] // each test binary uses its part of this module
+pub fn quant_cnn() -> Graph {
+    let mut g = Graph::new("quant_cnn");
+    let x = g.add_input(
+        "x",
+        vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(12), Dim::Fixed(12)],
+    );
+    let mut seed = 70;
+    let mut w = |g: &mut Graph, name: &str, shape: Vec<usize>, s: f32| {
+        seed += 1;
+        let n: usize = shape.iter().product();
+        let d = random(n, seed).into_iter().map(|v| v * s).collect();
+        g.add_constant(name, Tensor::new(shape, d).unwrap())
+    };
+    let conv = |pads: [usize; 4], strides: [usize; 2]| {
+        Op::Conv(ConvAttrs {
+            pads,
+            strides,
+            activation: Some(Unary::Relu),
+            ..Default::default()
+        })
+    };
+    let (w1, b1) = (
+        w(&mut g, "w1", vec![16, 3, 3, 3], 0.4),
+        w(&mut g, "b1", vec![16], 0.1),
+    );
+    let (w2, b2) = (
+        w(&mut g, "w2", vec![16, 16, 1, 1], 0.3),
+        w(&mut g, "b2", vec![16], 0.1),
+    );
+    let (w3, b3) = (
+        w(&mut g, "w3", vec![32, 16, 3, 3], 0.15),
+        w(&mut g, "b3", vec![32], 0.1),
+    );
+    let (w4, b4) = (
+        w(&mut g, "w4", vec![32, 32, 1, 1], 0.2),
+        w(&mut g, "b4", vec![32], 0.1),
+    );
+    let (wl, bl) = (
+        w(&mut g, "wl", vec![16, 32], 0.3),
+        w(&mut g, "bl", vec![16], 0.1),
+    );
+    let h = g.add_op("c1", conv([1; 4], [1, 1]), &[x, w1, b1]).unwrap();
+    let h = g.add_op("c2", conv([0; 4], [1, 1]), &[h, w2, b2]).unwrap();
+    let h3 = g.add_op("c3", conv([1; 4], [2, 2]), &[h, w3, b3]).unwrap();
+    let c4 = Op::Conv(ConvAttrs::default());
+    let h = g.add_op("c4", c4, &[h3, w4, b4]).unwrap();
+    let h = g.add_op("add", Op::Binary(Binary::Add), &[h, h3]).unwrap();
+    let h = g.add_op("relu", Op::Unary(Unary::Relu), &[h]).unwrap();
+    let h = g.add_op("pool", Op::GlobalAveragePool, &[h]).unwrap();
+    let h = g.add_op("flat", Op::Flatten { axis: 1 }, &[h]).unwrap();
+    let lin = Op::Linear { activation: None };
+    let y = g.add_op("fc", lin, &[h, wl, bl]).unwrap();
+    g.add_output(y).unwrap();
+    g
+}
