@@ -820,8 +820,9 @@ fn autoplan_refuses_a_model_it_cannot_resize_and_a_bad_margin() {
 }
 
 /// `serve --release NAME` releases a workload on its own fixed-rate schedule beside the served
-/// models, as `run` releases it: it is not served, its jobs go to --out's jobs/, and serve says
-/// what it ran when stopped.
+/// models, as `run` releases it (here in a worker process, as `run`'s `host = "process"`): it
+/// is not served, its jobs go to --out's jobs/ and to /metrics (run's families under
+/// `isolane_serve_released_`), and serve says what it ran when stopped.
 #[test]
 fn serve_releases_a_fixed_rate_workload_beside_the_served_models() {
     let dir = tempfile::tempdir().unwrap();
@@ -831,7 +832,7 @@ fn serve_releases_a_fixed_rate_workload_beside_the_served_models() {
         "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"served\"\nmodel = \"spin:1ms\"\n\
          batch = 1\nrate_hz = 10\nduration_s = 1\ndeadline_ms = 5000\n\n[[workload]]\n\
          name = \"ticker\"\nmodel = \"spin:1ms\"\nbatch = 1\nrate_hz = 20\nduration_s = 60\n\
-         deadline_ms = 5000\n",
+         deadline_ms = 5000\nhost = \"process\"\n",
     );
     let out = dir.path().join("out");
     let server = ServeProcess::start_with(
@@ -853,6 +854,24 @@ fn serve_releases_a_fixed_rate_workload_beside_the_served_models() {
         assert!(Instant::now() < until, "no released jobs; {}", server.log());
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The same jobs reach /metrics (before the file: the writer counts a batch first).
+    let (code, metrics) = http(&server.http, "GET", "/metrics", "");
+    assert_eq!(code, 200, "{metrics}");
+    let counted = |family: &str| -> u64 {
+        let prefix = format!("isolane_serve_released_{family}{{workload=\"ticker\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no `{prefix}` in\n{metrics}"))
+    };
+    assert!(counted("jobs_total") >= 4, "{metrics}");
+    assert!(counted("jobs_completed_total") >= 4, "{metrics}");
+    assert!(counted("latency_seconds_count") >= 4, "{metrics}");
+    assert!(
+        !metrics.contains(r#"released_jobs_total{workload="served"}"#),
+        "{metrics}"
+    );
     let mut server = server;
     let term = Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])

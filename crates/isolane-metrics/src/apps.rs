@@ -120,13 +120,13 @@ impl RunMetrics {
     ) -> AppMeters {
         self.announce(command, scenario, partitions);
         // No workload of the coordinator's: a stray `observe` finds no slot.
-        self.slots.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.job.clear();
         let apps = apps
             .iter()
             .map(|a| {
                 // The guard's count of held jobs has no app figure: a frame is held stage by
                 // stage (isolane_stage_held_seconds_total).
-                self.show(&a.name, false);
+                self.job.show(&a.name, false);
                 let w = WorkloadLabels {
                     workload: a.name.clone(),
                 };
@@ -134,12 +134,12 @@ impl RunMetrics {
                 AppMeter {
                     deadline_ns: a.deadline_ns,
                     sink: a.sink,
-                    jobs: self.jobs.get_or_create_owned(&w),
-                    completed: self.completed.get_or_create_owned(&w),
-                    timeouts: self.timeouts.get_or_create_owned(&w),
-                    skipped: self.skipped.get_or_create_owned(&w),
-                    held_seconds: self.held_seconds.get_or_create_owned(&w),
-                    latency: self.latency.get_or_create_owned(&w),
+                    jobs: self.job.jobs.get_or_create_owned(&w),
+                    completed: self.job.completed.get_or_create_owned(&w),
+                    timeouts: self.job.timeouts.get_or_create_owned(&w),
+                    skipped: self.job.skipped.get_or_create_owned(&w),
+                    held_seconds: self.job.held_seconds.get_or_create_owned(&w),
+                    latency: self.job.latency.get_or_create_owned(&w),
                     stages: a
                         .stages
                         .iter()

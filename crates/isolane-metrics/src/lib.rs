@@ -187,30 +187,189 @@ impl Collector for DeviceValues {
     }
 }
 
-/// Per run slot (the coordinator's workload index): its labels and the end of its previous
+/// Per slot (the coordinator's workload index): its labels and the end of its previous
 /// completed job, which the start lateness of the next one is measured from.
 struct Slot {
     labels: WorkloadLabels,
     prev_end_ns: Option<i64>,
 }
 
+/// The per-workload families of fixed-rate jobs (jobs, completed, timeouts, skipped, held,
+/// latency, start lateness), fed from job records by the releasing session's slot: `run`'s
+/// (in [`RunMetrics`]) and the workloads `isolane serve --release` releases beside its
+/// models (in its own registry, under `isolane_serve_released_`; docs/metrics.md). One
+/// implementation of what a released job counts as, whoever releases it.
+pub struct JobMeters {
+    pub(crate) jobs: Family<WorkloadLabels, Counter>,
+    pub(crate) completed: Family<WorkloadLabels, Counter>,
+    pub(crate) timeouts: Family<WorkloadLabels, Counter>,
+    pub(crate) skipped: Family<WorkloadLabels, Counter>,
+    held_jobs: Family<WorkloadLabels, Counter>,
+    pub(crate) held_seconds: Family<WorkloadLabels, Counter<f64, AtomicU64>>,
+    pub(crate) latency: HistogramFamily,
+    lateness: HistogramFamily,
+    /// By slot; `None`: not a released workload (a served model's slot in a server).
+    slots: Mutex<Vec<Option<Slot>>>,
+}
+
+impl Default for JobMeters {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl JobMeters {
+    pub fn new() -> JobMeters {
+        JobMeters {
+            jobs: Family::default(),
+            completed: Family::default(),
+            timeouts: Family::default(),
+            skipped: Family::default(),
+            held_jobs: Family::default(),
+            held_seconds: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            lateness: Family::new_with_constructor(lateness_histogram),
+            slots: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Registers the families in `registry`, named `jobs`, `timeouts`, `latency` … after its
+    /// prefix: `isolane_` in a run's, `isolane_serve_released_` in a server's.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "jobs",
+            "jobs released (completed or skipped)",
+            self.jobs.clone(),
+        );
+        registry.register(
+            "jobs_completed",
+            "jobs that ran to their end",
+            self.completed.clone(),
+        );
+        registry.register(
+            "timeouts",
+            "jobs that missed their deadline (skipped ones included)",
+            self.timeouts.clone(),
+        );
+        registry.register(
+            "jobs_skipped",
+            "jobs not run because their deadline had passed before they could start (late = skip)",
+            self.skipped.clone(),
+        );
+        registry.register(
+            "jobs_held",
+            "best-effort jobs the criticality guard held back (docs/criticality.md)",
+            self.held_jobs.clone(),
+        );
+        registry.register_with_unit(
+            "held",
+            "time the criticality guard held jobs back, before their start and between pieces",
+            Unit::Seconds,
+            self.held_seconds.clone(),
+        );
+        registry.register_with_unit(
+            "latency",
+            "response time of completed jobs, from the scheduled release to the end",
+            Unit::Seconds,
+            self.latency.clone(),
+        );
+        registry.register_with_unit(
+            "start_lateness",
+            "actual start - max(release, end of the previous job)",
+            Unit::Seconds,
+            self.lateness.clone(),
+        );
+    }
+
+    /// Releasing starts: `workloads[slot]` names slot `slot`'s workload (`None`: a slot that
+    /// releases nothing). Its series show from now on, at 0; earlier ones keep their counts
+    /// (Prometheus counters only grow).
+    pub fn begin(&self, workloads: &[Option<&str>]) {
+        for w in workloads.iter().flatten() {
+            self.show(w, true);
+        }
+        *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = workloads
+            .iter()
+            .map(|w| {
+                w.map(|w| Slot {
+                    labels: WorkloadLabels {
+                        workload: w.to_string(),
+                    },
+                    prev_end_ns: None,
+                })
+            })
+            .collect();
+    }
+
+    /// No slot is releasing: a stray [`JobMeters::observe`] finds none.
+    pub(crate) fn clear(&self) {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Every family shows `workload` from the start, at 0 (`held`: the guard's count of held
+    /// jobs too).
+    pub(crate) fn show(&self, workload: &str, held: bool) {
+        let labels = WorkloadLabels {
+            workload: workload.into(),
+        };
+        drop(self.jobs.get_or_create(&labels));
+        drop(self.completed.get_or_create(&labels));
+        drop(self.timeouts.get_or_create(&labels));
+        drop(self.skipped.get_or_create(&labels));
+        if held {
+            drop(self.held_jobs.get_or_create(&labels));
+        }
+        drop(self.held_seconds.get_or_create(&labels));
+    }
+
+    /// Records of slot `slot`, in the order its loop produced them (a slot that releases
+    /// nothing is ignored). Called on the jobs writer thread (never a release loop's).
+    pub fn observe(&self, slot: usize, records: &[JobRecord]) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(Some(s)) = slots.get_mut(slot) else {
+            return;
+        };
+        let jobs = self.jobs.get_or_create_owned(&s.labels);
+        let completed = self.completed.get_or_create_owned(&s.labels);
+        let timeouts = self.timeouts.get_or_create_owned(&s.labels);
+        let skipped = self.skipped.get_or_create_owned(&s.labels);
+        let held_jobs = self.held_jobs.get_or_create_owned(&s.labels);
+        let held_seconds = self.held_seconds.get_or_create_owned(&s.labels);
+        let latency = self.latency.get_or_create_owned(&s.labels);
+        let lateness = self.lateness.get_or_create_owned(&s.labels);
+        for r in records {
+            jobs.inc();
+            if r.timeout {
+                timeouts.inc();
+            }
+            if r.held_ns > 0 {
+                held_jobs.inc();
+                held_seconds.inc_by(r.held_ns as f64 / 1e9);
+            }
+            let (Some(start), Some(end)) = (r.start_ns, r.end_ns) else {
+                skipped.inc();
+                continue;
+            };
+            completed.inc();
+            latency.observe((end - r.release_ns) as f64 / 1e9);
+            // As core's metrics compute it: from the later of the release and the previous end.
+            let scheduled = s.prev_end_ns.map_or(r.release_ns, |p| p.max(r.release_ns));
+            lateness.observe((start - scheduled).max(0) as f64 / 1e9);
+            s.prev_end_ns = Some(end);
+        }
+    }
+}
+
 /// Every metric of a command's runs (a sweep's points add to the same counters).
 pub struct RunMetrics {
     registry: Registry,
-    jobs: Family<WorkloadLabels, Counter>,
-    completed: Family<WorkloadLabels, Counter>,
-    timeouts: Family<WorkloadLabels, Counter>,
-    skipped: Family<WorkloadLabels, Counter>,
-    held_jobs: Family<WorkloadLabels, Counter>,
-    held_seconds: Family<WorkloadLabels, Counter<f64, AtomicU64>>,
-    latency: HistogramFamily,
-    lateness: HistogramFamily,
+    /// The per-workload job families.
+    pub(crate) job: JobMeters,
     partition: Family<PartitionLabels, Gauge>,
     run: Family<RunLabels, Gauge>,
     device: Arc<DeviceValues>,
     /// The apps' per-stage families (`isolane_stage_*`).
     stages: apps::StageFamilies,
-    slots: Mutex<Vec<Slot>>,
     /// Every run begun so far and its partitions, so that the earlier ones' info can drop
     /// to 0 (a family cannot list its label sets).
     runs: Mutex<Vec<(RunLabels, Vec<PartitionLabels>)>>,
@@ -225,59 +384,10 @@ impl Default for RunMetrics {
 impl RunMetrics {
     pub fn new() -> RunMetrics {
         let mut registry = Registry::default();
-        let jobs = Family::<WorkloadLabels, Counter>::default();
-        let completed = Family::<WorkloadLabels, Counter>::default();
-        let timeouts = Family::<WorkloadLabels, Counter>::default();
-        let skipped = Family::<WorkloadLabels, Counter>::default();
-        let held_jobs = Family::<WorkloadLabels, Counter>::default();
-        let held_seconds = Family::<WorkloadLabels, Counter<f64, AtomicU64>>::default();
-        let latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
-        let lateness: HistogramFamily = Family::new_with_constructor(lateness_histogram);
+        let job = JobMeters::new();
+        job.register(registry.sub_registry_with_prefix("isolane"));
         let partition = Family::<PartitionLabels, Gauge>::default();
         let run = Family::<RunLabels, Gauge>::default();
-        registry.register(
-            "isolane_jobs",
-            "jobs released (completed or skipped)",
-            jobs.clone(),
-        );
-        registry.register(
-            "isolane_jobs_completed",
-            "jobs that ran to their end",
-            completed.clone(),
-        );
-        registry.register(
-            "isolane_timeouts",
-            "jobs that missed their deadline (skipped ones included)",
-            timeouts.clone(),
-        );
-        registry.register(
-            "isolane_jobs_skipped",
-            "jobs not run because their deadline had passed before they could start (late = skip)",
-            skipped.clone(),
-        );
-        registry.register(
-            "isolane_jobs_held",
-            "best-effort jobs the criticality guard held back (docs/criticality.md)",
-            held_jobs.clone(),
-        );
-        registry.register_with_unit(
-            "isolane_held",
-            "time the criticality guard held jobs back, before their start and between pieces",
-            Unit::Seconds,
-            held_seconds.clone(),
-        );
-        registry.register_with_unit(
-            "isolane_latency",
-            "response time of completed jobs, from the scheduled release to the end",
-            Unit::Seconds,
-            latency.clone(),
-        );
-        registry.register_with_unit(
-            "isolane_start_lateness",
-            "actual start - max(release, end of the previous job)",
-            Unit::Seconds,
-            lateness.clone(),
-        );
         registry.register(
             "isolane_partition",
             "the partition each workload runs in (value 1)",
@@ -293,19 +403,11 @@ impl RunMetrics {
         let stages = apps::StageFamilies::register(&mut registry);
         RunMetrics {
             registry,
-            jobs,
-            completed,
-            timeouts,
-            skipped,
-            held_jobs,
-            held_seconds,
-            latency,
-            lateness,
+            job,
             partition,
             run,
             device,
             stages,
-            slots: Mutex::new(Vec::new()),
             runs: Mutex::new(Vec::new()),
         }
     }
@@ -314,19 +416,8 @@ impl RunMetrics {
     /// counters stay (Prometheus counters only grow); their run and partition info drop to 0.
     pub fn begin_run(&self, command: &str, scenario: &str, workloads: &[WorkloadInfo]) {
         self.announce(command, scenario, workloads);
-        for w in workloads {
-            self.show(&w.name, true);
-        }
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        *slots = workloads
-            .iter()
-            .map(|w| Slot {
-                labels: WorkloadLabels {
-                    workload: w.name.clone(),
-                },
-                prev_end_ns: None,
-            })
-            .collect();
+        let names: Vec<Option<&str>> = workloads.iter().map(|w| Some(w.name.as_str())).collect();
+        self.job.begin(&names);
     }
 
     /// The run and its partitions, now current; the earlier runs' info drops to 0.
@@ -358,55 +449,10 @@ impl RunMetrics {
         runs.push((current, partitions));
     }
 
-    /// Every per-workload family shows `workload` from the start, at 0 (`held`: the guard's
-    /// count of held jobs too).
-    fn show(&self, workload: &str, held: bool) {
-        let labels = WorkloadLabels {
-            workload: workload.into(),
-        };
-        drop(self.jobs.get_or_create(&labels));
-        drop(self.completed.get_or_create(&labels));
-        drop(self.timeouts.get_or_create(&labels));
-        drop(self.skipped.get_or_create(&labels));
-        if held {
-            drop(self.held_jobs.get_or_create(&labels));
-        }
-        drop(self.held_seconds.get_or_create(&labels));
-    }
-
     /// Records of workload `slot`, in the order its loop produced them. Called on the jobs
     /// writer thread (never a release loop's).
     pub fn observe(&self, slot: usize, records: &[JobRecord]) {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = slots.get_mut(slot) else { return };
-        let jobs = self.jobs.get_or_create_owned(&s.labels);
-        let completed = self.completed.get_or_create_owned(&s.labels);
-        let timeouts = self.timeouts.get_or_create_owned(&s.labels);
-        let skipped = self.skipped.get_or_create_owned(&s.labels);
-        let held_jobs = self.held_jobs.get_or_create_owned(&s.labels);
-        let held_seconds = self.held_seconds.get_or_create_owned(&s.labels);
-        let latency = self.latency.get_or_create_owned(&s.labels);
-        let lateness = self.lateness.get_or_create_owned(&s.labels);
-        for r in records {
-            jobs.inc();
-            if r.timeout {
-                timeouts.inc();
-            }
-            if r.held_ns > 0 {
-                held_jobs.inc();
-                held_seconds.inc_by(r.held_ns as f64 / 1e9);
-            }
-            let (Some(start), Some(end)) = (r.start_ns, r.end_ns) else {
-                skipped.inc();
-                continue;
-            };
-            completed.inc();
-            latency.observe((end - r.release_ns) as f64 / 1e9);
-            // As core's metrics compute it: from the later of the release and the previous end.
-            let scheduled = s.prev_end_ns.map_or(r.release_ns, |p| p.max(r.release_ns));
-            lateness.observe((start - scheduled).max(0) as f64 / 1e9);
-            s.prev_end_ns = Some(end);
-        }
+        self.job.observe(slot, records);
     }
 
     /// A telemetry reading: every gauge the device reported is set; the others keep their

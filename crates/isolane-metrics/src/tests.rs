@@ -37,6 +37,45 @@ fn value(text: &str, prefix: &str) -> f64 {
         .unwrap_or_else(|| panic!("no `{prefix}` in:\n{text}"))
 }
 
+/// A server's released workloads: run's job families in its own registry, under its prefix,
+/// for the slots that release only (a served model's slot counts nothing here).
+#[test]
+fn job_meters_count_the_releasing_slots_under_a_servers_prefix() {
+    let meters = JobMeters::new();
+    let mut registry = Registry::with_prefix("isolane_serve");
+    meters.register(registry.sub_registry_with_prefix("released"));
+    meters.begin(&[None, Some("tick")]);
+    meters.observe(0, &[rec(0, 0, Some(0), Some(10), false)]);
+    meters.observe(1, &[rec(0, 0, Some(0), Some(1_000), false)]);
+    meters.observe(1, &[rec(1, 10, None, None, true)]);
+    let mut t = String::new();
+    prometheus_client::encoding::text::encode(&mut t, &registry).unwrap();
+    let tick = "{workload=\"tick\"}";
+    assert_eq!(
+        value(&t, &format!("isolane_serve_released_jobs_total{tick}")),
+        2.0
+    );
+    assert_eq!(
+        value(
+            &t,
+            &format!("isolane_serve_released_jobs_skipped_total{tick}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &t,
+            &format!("isolane_serve_released_latency_seconds_count{tick}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        t.matches("workload=").count(),
+        t.matches(tick).count(),
+        "{t}"
+    );
+}
+
 #[test]
 fn records_become_counters_and_histograms_per_workload() {
     let m = RunMetrics::new();

@@ -1,11 +1,13 @@
-//! Runs every workload of a run at once: thread hosts and worker processes, the start barrier,
-//! the common `t0`, Ctrl-C, and collecting the records.
+//! Releases workloads on their fixed-rate schedules: thread hosts, worker processes and
+//! command programs, the start barrier, the common `t0`, stopping, and collecting the records.
 //!
-//! A run is a session whose instances are driven by their fixed-rate schedules: each
-//! thread-hosted workload's instance is built and warmed up through the session's
-//! [`Instances`] (as `isolane serve`'s models are), then its release loop runs on the same
-//! thread from the common t0. A worker process builds its instance and runs the same loop
-//! itself (the `setup` role), in the build turn of the same [`Instances`].
+//! [`Releasing`] is the session handle that does it for some or all of a plan's workloads,
+//! with the session's [`Instances`]: each thread-hosted workload's instance is built and
+//! warmed up through them (as `isolane serve`'s models are), then its release loop runs on the
+//! same thread from the common t0; a worker process builds its instance and runs the same loop
+//! itself (the `setup` role), in the build turn of the same [`Instances`]. [`run`] releases
+//! every workload of a plan (`isolane run` and the studies); `isolane serve --release` releases
+//! some beside the models it serves, through the same handle (isolane-serve's `released.rs`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -401,10 +403,14 @@ impl Gate {
 
 struct Shared {
     gate: Gate,
+    /// Jobs done so far, by plan slot.
     done: Vec<AtomicU64>,
-    /// What the run's instances are built with: the engine, the guard, the stop flag and the
-    /// turn that lets one workload build and warm up at a time.
-    instances: Instances,
+    /// What the session's instances are built with: the engine, the guard, the stop flag and
+    /// the turn that lets one instance build and warm up at a time.
+    instances: Arc<Instances>,
+    /// Raised to stop releasing (Ctrl-C in a run, the drain in a server); the released
+    /// workloads keep what they measured.
+    stop: Arc<AtomicBool>,
 }
 
 /// Readiness report of one workload to the coordinator.
@@ -436,128 +442,280 @@ impl Drop for Reporter {
     }
 }
 
-/// Runs a plan to the end (or until `opts.stop`), calling `progress` about ten times a second.
+/// A driver thread: the workload's result and when it ended (ns, monotonic clock).
+type Driver = std::io::Result<std::thread::JoinHandle<(WorkloadResult, i64)>>;
+
+/// The fixed-rate side of a session, as a handle: some workloads of a plan, each released on
+/// its own schedule by its host (a thread that builds its instance through the session's
+/// [`Instances`] and runs the release loop, an `isolane worker` process that does the same,
+/// or a command workload's program), from one t0, under the session's guard, its records
+/// streamed as they are measured. `isolane run` (and every study) releases all of a plan's
+/// workloads through it ([`run`]); `isolane serve` the ones named by `--release`, beside the
+/// models it serves from the same [`Instances`] (isolane-serve's `Server`). One
+/// implementation of releasing, failure isolation (a workload that fails ends alone),
+/// stopping and collecting records for both.
+///
+/// Its life: [`Releasing::start`] (the hosts begin to build and warm up, one at a time),
+/// [`Releasing::wait_ready`] (the start barrier), [`Releasing::go`] (the common t0, or none:
+/// abort), then [`Releasing::finish`] once the schedules ended or the stop flag was raised.
+pub struct Releasing {
+    shared: Arc<Shared>,
+    /// Each released workload's plan slot, name and driver.
+    drivers: Vec<(usize, String, Driver)>,
+    reports: mpsc::Receiver<Report>,
+    stream: Option<JobsStream>,
+    t0: Option<i64>,
+    opened: bool,
+}
+
+/// What [`Releasing::wait_ready`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Barrier {
+    /// Workloads warm and waiting for t0.
+    pub ready: usize,
+    /// Workloads whose host failed before it was ready (see their results).
+    pub failed: usize,
+    /// The stop flag was raised before every workload had reported.
+    pub stopped: bool,
+}
+
+/// What the released workloads ran, once they have all ended.
+pub struct Finished {
+    /// In the order of the slots given to [`Releasing::start`].
+    pub workloads: Vec<WorkloadResult>,
+    /// When the last of them ended (ns, monotonic clock; `i64::MIN` when none started).
+    pub end_ns: i64,
+    /// Why streaming the records stopped, if it did ([`RunResult::jobs_stream_error`]).
+    pub jobs_stream_error: Option<String>,
+}
+
+impl Releasing {
+    /// Starts a host for each of `plan`'s workloads in `slots` (plan slots, ascending), built
+    /// through `instances` (made from the same plan). Records stream to `opts.jobs_dir`'s
+    /// jobs/ and `opts.observer` by plan slot; the release loops stop at `opts.stop`.
+    pub fn start(
+        plan: &RunPlan,
+        slots: &[usize],
+        instances: Arc<Instances>,
+        opts: &RunOptions,
+    ) -> Result<Releasing, PlanError> {
+        let hosts_processes = slots
+            .iter()
+            .filter_map(|&s| plan.workloads.get(s))
+            .any(|w| w.spec.host == Host::Process && w.spec.program.is_none());
+        let worker_exe = if hosts_processes {
+            Some(
+                match (&opts.worker_exe, std::env::var_os("ISOLANE_WORKER_EXE")) {
+                    (Some(p), _) => p.clone(),
+                    (None, Some(p)) => PathBuf::from(p),
+                    (None, None) => std::env::current_exe().map_err(PlanError::WorkerExe)?,
+                },
+            )
+        } else {
+            None
+        };
+        let shared = Arc::new(Shared {
+            gate: Gate {
+                state: Mutex::new(GateState::Waiting),
+                cv: Condvar::new(),
+            },
+            done: plan.workloads.iter().map(|_| AtomicU64::new(0)).collect(),
+            instances,
+            stop: Arc::clone(&opts.stop),
+        });
+        // Records flow to the writer thread when files or an observer want them.
+        let stream = if opts.jobs_dir.is_some() || opts.observer.is_some() {
+            let names: Vec<String> = plan.workloads.iter().map(|w| w.spec.name.clone()).collect();
+            let dir = opts.jobs_dir.as_deref();
+            Some(
+                JobsStream::start(dir, &names, opts.observer.clone()).map_err(|source| {
+                    PlanError::JobsFiles {
+                        dir: dir.map(PathBuf::from).unwrap_or_default(),
+                        source,
+                    }
+                })?,
+            )
+        } else {
+            None
+        };
+        let (tx, reports) = mpsc::channel::<Report>();
+        let mut drivers = Vec::with_capacity(slots.len());
+        for &slot in slots {
+            let Some(w) = plan.workloads.get(slot) else {
+                continue;
+            };
+            let w = w.clone();
+            let shared = Arc::clone(&shared);
+            let mut reporter = Reporter {
+                tx: tx.clone(),
+                sent: false,
+            };
+            let exe = worker_exe.clone();
+            let name = w.spec.name.clone();
+            let env = opts.worker_env.get(&name).cloned().unwrap_or_default();
+            let hook = opts.on_worker_start.clone();
+            let out = stream.as_ref().map(|s| s.sender(slot));
+            let program_dir = opts.jobs_dir.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("isolane:{}", truncate(&name, 8)))
+                .spawn(move || {
+                    let result = match (&w.spec.program, w.spec.host, exe) {
+                        (Some(program), _, _) => {
+                            let launch = ProgramHost {
+                                env: &env,
+                                hook: hook.as_ref(),
+                                out_dir: program_dir.as_deref(),
+                            };
+                            drive_program(&w, program, &shared, &mut reporter, &launch)
+                        }
+                        (None, Host::Process, Some(exe)) => {
+                            let launch = WorkerLaunch {
+                                exe: &exe,
+                                env: &env,
+                                hook: hook.as_ref(),
+                            };
+                            drive_process(slot, &w, &shared, &mut reporter, &launch, out)
+                        }
+                        _ => drive_thread(slot, &w, &shared, &mut reporter, out),
+                    };
+                    // However the workload ended (a worker killed, a model that failed to
+                    // build before it ever published a job), best effort must stop leaving
+                    // room for it.
+                    shared.instances.guard_done(slot);
+                    // When this workload ended: the run's wall time is the latest of these,
+                    // not the moment the coordinator's polling noticed.
+                    (result, clock::now_ns())
+                });
+            drivers.push((slot, name, spawned));
+        }
+        Ok(Releasing {
+            shared,
+            drivers,
+            reports,
+            stream,
+            t0: None,
+            opened: false,
+        })
+    }
+
+    /// The start barrier: waits until every workload is warm (or has failed), or the stop
+    /// flag is raised first.
+    pub fn wait_ready(&self) -> Barrier {
+        let mut b = Barrier {
+            ready: 0,
+            failed: 0,
+            stopped: false,
+        };
+        // A thread that could not be spawned dropped its reporter, which reported it failed.
+        while b.ready + b.failed < self.drivers.len() {
+            match self.reports.recv_timeout(Duration::from_millis(20)) {
+                Ok(Report::Ready) => b.ready += 1,
+                Ok(Report::Failed) => b.failed += 1,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if self.shared.stop.load(Ordering::Relaxed) {
+                        b.stopped = true;
+                        break;
+                    }
+                }
+                // Every driver has ended.
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        b
+    }
+
+    /// Opens the barrier: every warm workload releases its schedule from `t0` (ns, monotonic
+    /// clock); `None` aborts them. Only the first call counts.
+    pub fn go(&mut self, t0: Option<i64>) {
+        if self.opened {
+            return;
+        }
+        self.opened = true;
+        self.t0 = t0;
+        self.shared.gate.open(match t0 {
+            Some(t0) => GateState::Go(t0),
+            None => GateState::Abort,
+        });
+    }
+
+    /// The common t0, once [`Releasing::go`] gave one.
+    pub fn t0(&self) -> Option<i64> {
+        self.t0
+    }
+
+    /// Whether any released workload is still going.
+    pub fn running(&self) -> bool {
+        self.drivers
+            .iter()
+            .any(|(_, _, h)| h.as_ref().is_ok_and(|h| !h.is_finished()))
+    }
+
+    /// Jobs the released workloads have done so far.
+    pub fn jobs_done(&self) -> u64 {
+        self.shared
+            .done
+            .iter()
+            .map(|d| d.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Waits for every released workload to end (the gate is opened with none if it was not
+    /// yet: they stop before t0) and collects what each ran.
+    pub fn finish(mut self) -> Finished {
+        self.go(None);
+        let mut end = i64::MIN;
+        let mut workloads = Vec::with_capacity(self.drivers.len());
+        for (_, name, h) in self.drivers.drain(..) {
+            let result = match h {
+                Ok(h) => match h.join() {
+                    Ok((r, ended)) => {
+                        end = end.max(ended);
+                        r
+                    }
+                    Err(_) => failed(
+                        &name,
+                        Failure::msg("the workload's thread panicked"),
+                        Vec::new(),
+                    ),
+                },
+                Err(e) => failed(
+                    &name,
+                    Failure::msg(format!("cannot start a thread: {e}")),
+                    Vec::new(),
+                ),
+            };
+            workloads.push(result);
+        }
+        let jobs_stream_error = self.stream.take().and_then(|s| s.finish().err());
+        Finished {
+            workloads,
+            end_ns: end,
+            jobs_stream_error,
+        }
+    }
+}
+
+/// Runs a plan to the end (or until `opts.stop`), calling `progress` about ten times a second:
+/// a session whose every workload is released ([`Releasing`]).
 pub fn run(
     plan: &RunPlan,
     opts: &RunOptions,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<RunResult, PlanError> {
-    let worker_exe = if plan.workloads.iter().any(|w| w.spec.host == Host::Process) {
-        Some(
-            match (&opts.worker_exe, std::env::var_os("ISOLANE_WORKER_EXE")) {
-                (Some(p), _) => p.clone(),
-                (None, Some(p)) => PathBuf::from(p),
-                (None, None) => std::env::current_exe().map_err(PlanError::WorkerExe)?,
-            },
-        )
-    } else {
-        None
-    };
-    let shared = Arc::new(Shared {
-        gate: Gate {
-            state: Mutex::new(GateState::Waiting),
-            cv: Condvar::new(),
-        },
-        done: plan.workloads.iter().map(|_| AtomicU64::new(0)).collect(),
-        instances: Instances::new(plan, opts.engine.clone(), Arc::clone(&opts.stop))
-            .map_err(PlanError::Guard)?,
-    });
-    // Records flow to the writer thread when files or an observer want them.
-    let stream = if opts.jobs_dir.is_some() || opts.observer.is_some() {
-        let names: Vec<String> = plan.workloads.iter().map(|w| w.spec.name.clone()).collect();
-        let dir = opts.jobs_dir.as_deref();
-        Some(
-            JobsStream::start(dir, &names, opts.observer.clone()).map_err(|source| {
-                PlanError::JobsFiles {
-                    dir: dir.map(PathBuf::from).unwrap_or_default(),
-                    source,
-                }
-            })?,
-        )
-    } else {
-        None
-    };
-    let (tx, rx) = mpsc::channel::<Report>();
-    let mut handles = Vec::with_capacity(plan.workloads.len());
-    for (slot, w) in plan.workloads.iter().enumerate() {
-        let w = w.clone();
-        let shared = Arc::clone(&shared);
-        let mut reporter = Reporter {
-            tx: tx.clone(),
-            sent: false,
-        };
-        let exe = worker_exe.clone();
-        let name = w.spec.name.clone();
-        let env = opts.worker_env.get(&name).cloned().unwrap_or_default();
-        let hook = opts.on_worker_start.clone();
-        let out = stream.as_ref().map(|s| s.sender(slot));
-        let program_dir = opts.jobs_dir.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("isolane:{}", truncate(&name, 8)))
-            .spawn(move || {
-                let result = match (&w.spec.program, w.spec.host, exe) {
-                    (Some(program), _, _) => {
-                        let launch = ProgramHost {
-                            env: &env,
-                            hook: hook.as_ref(),
-                            out_dir: program_dir.as_deref(),
-                        };
-                        drive_program(&w, program, &shared, &mut reporter, &launch)
-                    }
-                    (None, Host::Process, Some(exe)) => {
-                        let launch = WorkerLaunch {
-                            exe: &exe,
-                            env: &env,
-                            hook: hook.as_ref(),
-                        };
-                        drive_process(slot, &w, &shared, &mut reporter, &launch, out)
-                    }
-                    _ => drive_thread(slot, &w, &shared, &mut reporter, out),
-                };
-                // However the workload ended (a worker killed, a model that failed to build
-                // before it ever published a job), best effort must stop leaving room for it.
-                shared.instances.guard_done(slot);
-                // When this workload ended: the run's wall time is the latest of these, not the
-                // moment the coordinator's polling noticed.
-                (result, clock::now_ns())
-            });
-        handles.push((name, spawned));
-    }
-    drop(tx);
-
-    // Barrier: wait for every workload to be ready or to have failed.
-    let (mut ready, mut reported) = (0, 0);
-    // A thread that could not be spawned dropped its reporter, which reported it failed.
-    let n_live = handles.len();
-    let mut aborted = false;
-    while reported < n_live {
-        match rx.recv_timeout(Duration::from_millis(20)) {
-            Ok(Report::Ready) => {
-                ready += 1;
-                reported += 1;
-            }
-            Ok(Report::Failed) => reported += 1,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if opts.stop.load(Ordering::Relaxed) {
-                    aborted = true;
-                    break;
-                }
-            }
-            // Every driver has ended.
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-    }
+    let instances = Instances::new(plan, opts.engine.clone(), Arc::clone(&opts.stop))
+        .map_err(PlanError::Guard)?;
+    let every: Vec<usize> = (0..plan.workloads.len()).collect();
+    let mut releasing = Releasing::start(plan, &every, Arc::new(instances), opts)?;
+    let barrier = releasing.wait_ready();
     let steal = clock::StealMeter::start();
-    let t0 = if aborted || ready == 0 {
-        shared.gate.open(GateState::Abort);
+    let t0 = if barrier.stopped || barrier.ready == 0 {
         None
     } else {
         // Bounded by validation (1 hour); saturating all the same.
         let delay_ns = (plan.timing.start_delay_ms as i64).saturating_mul(1_000_000);
-        let t0 = clock::now_ns().saturating_add(delay_ns);
-        shared.gate.open(GateState::Go(t0));
-        Some(t0)
+        Some(clock::now_ns().saturating_add(delay_ns))
     };
+    releasing.go(t0);
 
     let expected: Option<u64> = plan
         .workloads
@@ -574,57 +732,31 @@ pub fn run(
         })
         .collect::<Option<Vec<i64>>>()
         .map(|v| v.into_iter().max().unwrap_or(0) as f64 / 1e9);
-    while handles
-        .iter()
-        .any(|(_, h)| h.as_ref().is_ok_and(|h| !h.is_finished()))
-    {
+    while releasing.running() {
         std::thread::sleep(Duration::from_millis(100));
         let p = Progress {
-            jobs_done: shared.done.iter().map(|d| d.load(Ordering::Relaxed)).sum(),
+            jobs_done: releasing.jobs_done(),
             jobs_expected: expected,
             elapsed_s: t0.map_or(0.0, |t0| (clock::now_ns() - t0).max(0) as f64 / 1e9),
             planned_s,
         };
         progress(&p);
     }
-    let mut end = i64::MIN;
-    let mut workloads = Vec::with_capacity(handles.len());
-    for (name, h) in handles {
-        let result = match h {
-            Ok(h) => match h.join() {
-                Ok((r, ended)) => {
-                    end = end.max(ended);
-                    r
-                }
-                Err(_) => failed(
-                    &name,
-                    Failure::msg("the workload's thread panicked"),
-                    Vec::new(),
-                ),
-            },
-            Err(e) => failed(
-                &name,
-                Failure::msg(format!("cannot start a thread: {e}")),
-                Vec::new(),
-            ),
-        };
-        workloads.push(result);
-    }
+    let finished = releasing.finish();
     let wall_s = match t0 {
-        Some(t0) if end > t0 => (end - t0) as f64 / 1e9,
+        Some(t0) if finished.end_ns > t0 => (finished.end_ns - t0) as f64 / 1e9,
         _ => 0.0,
     };
     // Read after the workloads ended (a little past `end`): the interval is the run's, to
     // within the start delay and the join's few ms.
     let cpu_steal_pct = t0.and(steal.pct());
-    let jobs_stream_error = stream.and_then(|s| s.finish().err());
     Ok(RunResult {
         t0_ns: t0,
         wall_s,
         interrupted: opts.stop.load(Ordering::Relaxed),
-        workloads,
+        workloads: finished.workloads,
         cpu_steal_pct,
-        jobs_stream_error,
+        jobs_stream_error: finished.jobs_stream_error,
     })
 }
 
@@ -712,7 +844,7 @@ fn drive_thread(
         &w.schedule,
         t0,
         spin_ns,
-        shared.instances.stop(),
+        &shared.stop,
         &mut sink,
         &mut role,
     );
@@ -788,7 +920,7 @@ fn drive_program(
     let Some(t0) = shared.gate.wait() else {
         return result;
     };
-    let stop = shared.instances.stop();
+    let stop = &shared.stop;
     if !clock::wait_until_ns(t0, 0, stop) {
         return result;
     }
@@ -957,11 +1089,8 @@ fn drive_process(
                 let expected = w.schedule.expected_jobs().unwrap_or(0);
                 result.records.reserve(expected.min(8_000_000) as usize);
                 let finished = Arc::new(AtomicBool::new(false));
-                let watcher = spawn_stop_watcher(
-                    stdin,
-                    Arc::clone(shared.instances.stop()),
-                    Arc::clone(&finished),
-                );
+                let watcher =
+                    spawn_stop_watcher(stdin, Arc::clone(&shared.stop), Arc::clone(&finished));
                 while let Some(line) = read_line(&mut out) {
                     match serde_json::from_str::<FromWorker>(&line) {
                         Ok(FromWorker::Jobs { records }) => {

@@ -121,12 +121,10 @@ struct Shared {
     regions: shm::SharedRegions,
     /// The first drain's outcome, which later calls return.
     drained: Mutex<Option<Drained>>,
-    /// The workloads released on their schedules beside the served models, and what they ran
-    /// (once drained).
-    released: Vec<released::Released>,
+    /// The workloads released on their schedules beside the served models (`None`: none),
+    /// and what they ran (once drained).
+    released: Option<released::Released>,
     released_runs: Mutex<Vec<ReleasedRun>>,
-    /// Raised when the drain begins: the released workloads release no more jobs.
-    release_stop: Arc<AtomicBool>,
     /// Where a resized green partition comes from (`None`: green partitions cannot be resized
     /// here: none, or not made resizable).
     repartition: Mutex<Option<Arc<dyn isolane_runtime::partition::Repartition>>>,
@@ -235,64 +233,55 @@ impl Server {
         };
         let mut models = Vec::new();
         let mut slots = Vec::new();
-        let start = Arc::new(released::Start::default());
-        let release_stop = Arc::new(AtomicBool::new(false));
-        let mut releasing = Vec::new();
+        // The released workloads' hosts build in the same turn as the served models.
+        let releasing = released::Released::start(&context, plan, released)?;
+        let mut started = Ok(());
         for (i, w) in plan.workloads.iter().enumerate() {
+            if released.contains(&w.spec.name) {
+                continue;
+            }
             let (words, sms) = words.get(i).cloned().unwrap_or(("cpu".into(), None));
-            let started = if released.contains(&w.spec.name) {
-                released::spawn(
-                    &context,
-                    i,
-                    w,
-                    Arc::clone(&start),
-                    Arc::clone(&release_stop),
-                )
-                .map(|r| releasing.push(r))
-            } else {
-                spawn_instance(
-                    &context,
-                    w.index,
-                    w.spec.clone(),
-                    (words, sms),
-                    w.partition.take(),
-                    None,
-                )
-                .map(|(model, thread, _)| {
-                    models.push(model);
-                    slots.push(Slot {
-                        index: w.index,
-                        spec: Mutex::new(w.spec.clone()),
-                        thread: Mutex::new(Some(thread)),
-                        last: Mutex::new(None),
-                    });
-                })
-            };
-            if let Err(e) = started {
-                stop.store(true, Ordering::Relaxed);
-                release_stop.store(true, Ordering::Relaxed);
-                start.open(None);
-                for m in &models {
-                    m.close();
-                }
-                for s in slots {
-                    if let Some(t) = s.thread.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                        let _ = t.join();
-                    }
-                }
-                for r in releasing {
-                    if let Some(t) = r.thread.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                        let _ = t.join();
-                    }
-                }
-                return Err(e);
+            started = spawn_instance(
+                &context,
+                w.index,
+                w.spec.clone(),
+                (words, sms),
+                w.partition.take(),
+                None,
+            )
+            .map(|(model, thread, _)| {
+                models.push(model);
+                slots.push(Slot {
+                    index: w.index,
+                    spec: Mutex::new(w.spec.clone()),
+                    thread: Mutex::new(Some(thread)),
+                    last: Mutex::new(None),
+                });
+            });
+            if started.is_err() {
+                break;
             }
         }
-        // Every instance is warm: the released workloads' common t0.
-        let delay_ns = (plan.timing.start_delay_ms as i64).saturating_mul(1_000_000);
-        start.open(Some(
-            isolane_runtime::clock::now_ns().saturating_add(delay_ns),
-        ));
+        // Every served instance is warm: the released workloads' common t0, once theirs are.
+        if let (Ok(()), Some(r)) = (&started, &releasing) {
+            let delay_ns = (plan.timing.start_delay_ms as i64).saturating_mul(1_000_000);
+            started = r.go(isolane_runtime::clock::now_ns().saturating_add(delay_ns));
+        }
+        if let Err(e) = started {
+            stop.store(true, Ordering::Relaxed);
+            if let Some(r) = &releasing {
+                r.finish();
+            }
+            for m in &models {
+                m.close();
+            }
+            for s in slots {
+                if let Some(t) = s.thread.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                    let _ = t.join();
+                }
+            }
+            return Err(e);
+        }
         let by_name = models
             .iter()
             .enumerate()
@@ -313,7 +302,6 @@ impl Server {
                 drained: Mutex::new(None),
                 released: releasing,
                 released_runs: Mutex::new(Vec::new()),
-                release_stop,
                 repartition: Mutex::new(None),
                 guard: context.guard.clone(),
                 context,
@@ -494,7 +482,9 @@ impl Server {
             return d.clone();
         }
         self.shared.draining.store(true, Ordering::Relaxed);
-        self.shared.release_stop.store(true, Ordering::Relaxed);
+        if let Some(r) = &self.shared.released {
+            r.stop();
+        }
         let before = self.in_flight();
         let until = Instant::now() + grace;
         // A change under way ends first (its new instance serves or was never switched in), so
@@ -529,13 +519,12 @@ impl Server {
                 let _ = t.join();
             }
         }
-        let mut runs = Vec::new();
-        for r in &self.shared.released {
-            let thread = r.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(Ok(run)) = thread.map(|t| t.join()) {
-                runs.push(run);
-            }
-        }
+        let runs = self
+            .shared
+            .released
+            .as_ref()
+            .map(|r| r.finish())
+            .unwrap_or_default();
         *self
             .shared
             .released_runs
@@ -794,38 +783,30 @@ pub fn serve_plan<T>(
         resizable_green: true,
         ..choices
     };
-    let urgency = isolane_session::urgency_of(plan);
-    isolane_session::with_urgent_partitions(
-        plan.device.gpu,
-        admitted,
-        choices,
-        urgency,
-        |session| {
-            let mut plan = isolane_session::plan_in(session, plan);
-            // `[protection] share` prices best-effort pieces by this GPU's fitted model.
-            plan.share =
-                isolane_runtime::guard::ShareModel::fitted(&admitted.device, admitted.mechanism);
-            let processes = match plan.workloads.iter().any(|w| w.spec.host == Host::Process) {
-                true => {
-                    let adopt = session.client_adopter();
-                    let started: WorkerStarted = Arc::new(adopt);
-                    let command = isolane_runtime::worker_client::WorkerCommand::isolane()
-                        .map_err(|e| {
-                            ServeError::Refused(format!(
-                                "cannot find the isolane executable for the worker processes: {e}"
-                            ))
-                        })?;
-                    Some(ProcessHosts {
-                        command,
-                        env: session.worker_env().clone(),
-                        on_start: Some(started),
-                    })
-                }
-                false => None,
-            };
-            run(&plan, processes, isolane_session::repartition_of(session))
-        },
-    )?
+    isolane_session::in_partitions(plan.device.gpu, admitted, choices, plan, |placed| {
+        let processes = match placed
+            .plan
+            .workloads
+            .iter()
+            .any(|w| w.spec.host == Host::Process)
+        {
+            true => {
+                let command =
+                    isolane_runtime::worker_client::WorkerCommand::isolane().map_err(|e| {
+                        ServeError::Refused(format!(
+                            "cannot find the isolane executable for the worker processes: {e}"
+                        ))
+                    })?;
+                Some(ProcessHosts {
+                    command,
+                    env: placed.worker_env,
+                    on_start: Some(placed.adopt),
+                })
+            }
+            false => None,
+        };
+        run(&placed.plan, processes, placed.repartition)
+    })?
 }
 
 #[cfg(test)]

@@ -1,25 +1,26 @@
-//! Fixed-rate jobs beside requests: a workload of the served scenario that is not served but
-//! released on its own schedule (`rate_hz`, `jobs` or `duration_s`, `late`, `deadline_ms`,
-//! `phase_ms`), as `isolane run` releases it. Its instance is one of the server's: built,
-//! warmed up and given its part in the guard by the server's `Instances`, like a served
-//! model's; then the release loop drives it on that same thread
-//! (`isolane_runtime::release::run_loop_guarded`), so the timing is a run's (docs/design.md,
-//! "Timing semantics"): an absolute schedule from one t0 common to every released workload,
-//! taken once all the server's instances are warm (`[timing] start_delay_ms` after), the late
-//! policy, response times from the scheduled release.
+//! Fixed-rate jobs beside requests: workloads of the served scenario that are not served but
+//! released on their own schedules (`rate_hz`, `jobs` or `duration_s`, `late`, `deadline_ms`,
+//! `phase_ms`), as `isolane run` releases them: by the same [`Releasing`] session handle
+//! (isolane-runtime's coordinator), with the server's `Instances` (one build at a time, the
+//! server's guard). So a released workload's host is a run's: a thread host builds its
+//! instance and runs the release loop on that thread; a `host = "process"` one is an
+//! `isolane worker` that runs the loop itself; a workload that fails ends alone, its failure
+//! said at the stop. The timing is a run's (docs/design.md, "Timing semantics"): an absolute
+//! schedule from one t0 common to every released workload, taken once all the server's
+//! instances are warm (`[timing] start_delay_ms` after), the late policy, response times from
+//! the scheduled release. Their records reach `/metrics` (run's families under
+//! `isolane_serve_released_`) and `serve --out`'s jobs/ from the releasing session's jobs
+//! writer, never from a release loop's thread.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{mpsc, Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use isolane_core::spec::Host;
 use isolane_core::JobRecord;
-use isolane_runtime::coordinator::WorkloadPlan;
-use isolane_runtime::instance::{GuardPart, How};
-use isolane_runtime::jobs_stream::BatchSender;
-use isolane_runtime::release::{capacity_for, run_loop_guarded, LoopEnd, RecordSink};
+use isolane_runtime::coordinator::{Releasing, RunOptions, RunPlan, WorkloadStatus};
+use isolane_runtime::jobs_stream::{BatchSender, RecordObserver};
+use isolane_runtime::release::LoopEnd;
 
-use crate::{host, InstanceContext, ServeError};
+use crate::{InstanceContext, ServeError, ServeMetrics};
 
 /// What a released workload ran, once the server has drained.
 #[derive(Debug, Clone)]
@@ -30,204 +31,190 @@ pub struct ReleasedRun {
     /// The warm-up jobs' service times (ns).
     pub warmup_ns: Vec<i64>,
     /// `Completed`: every scheduled job was released; `Interrupted`: the drain stopped it (or
-    /// the server never started); `Err`: a job failed.
+    /// the server never started); `Err`: it failed (a job, its worker process).
     pub end: Result<LoopEnd, String>,
     /// The released workloads' t0 (ns, monotonic clock); `None` if it never started.
     pub t0_ns: Option<i64>,
 }
 
-/// The start of every released workload: the common t0, or none (the server did not start).
-#[derive(Default)]
-pub(crate) struct Start {
-    t0: Mutex<Option<Option<i64>>>,
-    cv: Condvar,
-}
-
-impl Start {
-    pub(crate) fn open(&self, t0: Option<i64>) {
-        *self.t0.lock().unwrap_or_else(|p| p.into_inner()) = Some(t0);
-        self.cv.notify_all();
-    }
-
-    fn wait(&self) -> Option<i64> {
-        let mut g = self.t0.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(t0) = *g {
-                return t0;
-            }
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-}
-
-/// A released workload's thread, in the server's state.
+/// The released workloads of a server: their releasing session, until the drain ends it.
 pub(crate) struct Released {
-    pub(crate) thread: Mutex<Option<JoinHandle<ReleasedRun>>>,
-}
-
-/// Builds and warms up plan slot `slot`'s workload `w` on a thread of its own and returns once
-/// it is warm; the thread then waits for `start` and releases its jobs until its schedule ends
-/// or `stop` is raised (the drain).
-pub(crate) fn spawn(
-    ctx: &InstanceContext,
-    slot: usize,
-    w: &WorkloadPlan,
-    start: Arc<Start>,
+    releasing: Mutex<Option<Releasing>>,
+    /// Raised when the drain begins: no more jobs are released.
     stop: Arc<AtomicBool>,
-) -> Result<Released, ServeError> {
-    let ctx = ctx.clone();
-    let w = w.clone();
-    let name = w.spec.name.clone();
-    let failed = |message: String| ServeError::Model {
-        workload: name.clone(),
-        message,
-    };
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
-    let thread = std::thread::Builder::new()
-        .name(format!("release-{}", w.spec.name))
-        .spawn(move || {
-            let run = release(&ctx, slot, &w, &start, &stop, &ready_tx);
-            // However it ended, best effort stops leaving room for it.
-            ctx.instances.guard_done(slot);
-            run
-        })
-        .map_err(|e| failed(format!("cannot start its thread: {e}")))?;
-    match ready_rx.recv() {
-        Ok(Ok(())) => Ok(Released {
-            thread: Mutex::new(Some(thread)),
-        }),
-        Ok(Err(message)) => {
-            let _ = thread.join();
-            Err(failed(message))
-        }
-        Err(_) => {
-            let _ = thread.join();
-            Err(failed("its thread ended while the model was built".into()))
-        }
-    }
+    observer: Arc<Observer>,
 }
 
-fn release(
-    ctx: &InstanceContext,
-    slot: usize,
-    w: &WorkloadPlan,
-    start: &Start,
-    stop: &AtomicBool,
-    ready: &mpsc::Sender<Result<(), String>>,
-) -> ReleasedRun {
-    let spec = &w.spec;
-    let mut run = ReleasedRun {
-        name: spec.name.clone(),
-        records: Vec::new(),
-        warmup_ns: Vec::new(),
-        end: Ok(LoopEnd::Interrupted),
-        t0_ns: None,
-    };
-    let device = spec.device(ctx.instances.device());
-    let mut build = |partition| {
-        host::build_executor(
-            &ctx.engine,
-            &device,
-            spec,
-            (ctx.seed, w.index, ctx.poll_ns),
-            partition,
-            ctx.processes.as_ref(),
-        )
-    };
-    let how = How {
-        warmup_jobs: spec.warmup_jobs,
-        pin: spec.host != Host::Process,
-        guard: GuardPart::Full,
-        build: Some(&mut build),
-        check: None,
-    };
-    let prepared = ctx
-        .instances
-        .prepare(slot, spec, w.index, w.partition.take(), how);
-    let mut prepared = match prepared {
-        Ok(p) => p,
-        Err(e) => {
-            let message = e.to_string();
-            let _ = ready.send(Err(message.clone()));
-            run.end = Err(message);
-            return run;
+impl Released {
+    /// Starts the hosts of `plan`'s workloads named in `names` (building in the server's
+    /// build turn, beside the served models' builds); they wait for [`Released::go`].
+    /// `None` when nothing is released.
+    pub(crate) fn start(
+        ctx: &InstanceContext,
+        plan: &RunPlan,
+        names: &[String],
+    ) -> Result<Option<Released>, ServeError> {
+        let slots: Vec<usize> = (0..plan.workloads.len())
+            .filter(|&i| names.contains(&plan.workloads[i].spec.name))
+            .collect();
+        if slots.is_empty() {
+            return Ok(None);
         }
-    };
-    run.warmup_ns = std::mem::take(&mut prepared.warmup_ns);
-    if ready.send(Ok(())).is_err() {
-        return run;
-    }
-    let Some(t0) = start.wait() else {
-        return run;
-    };
-    run.t0_ns = Some(t0);
-    let hint = (!run.warmup_ns.is_empty())
-        .then(|| run.warmup_ns.iter().sum::<i64>() / run.warmup_ns.len() as i64);
-    // `serve --out`: the records join the served models' in jobs/<workload>.csv, on the
-    // server's time base, while the schedule goes on.
-    let out = ctx.records.as_ref().and_then(|(sinks, records_t0)| {
-        sinks
-            .get(w.index)
-            .map(|s| (s.clone(), t0.saturating_sub(*records_t0)))
-    });
-    let mut sink = Shifted {
-        records: Vec::with_capacity(capacity_for(&w.schedule, hint)),
-        out,
-        sent: 0,
-    };
-    let spin_ns = ctx.instances.timing().spin_us as i64 * 1000;
-    let end = run_loop_guarded(
-        prepared.executor.as_mut(),
-        &w.schedule,
-        t0,
-        spin_ns,
-        stop,
-        &mut sink,
-        &mut prepared.role,
-    );
-    sink.flush();
-    run.records = sink.records;
-    run.end = end.map_err(|e| e.to_string());
-    run
-}
-
-/// Keeps a released workload's records (relative to its t0) and hands them, moved to the
-/// server's time base, to `serve --out`'s writer whenever the loop waits for a release.
-struct Shifted {
-    records: Vec<JobRecord>,
-    /// The writer, and the ns from the server's time base to the released t0.
-    out: Option<(BatchSender, i64)>,
-    /// Records before this index have been handed to the writer.
-    sent: usize,
-}
-
-impl Shifted {
-    fn flush(&mut self) {
-        if let Some((out, shift)) = &self.out {
-            let shifted: Vec<JobRecord> = self.records[self.sent..]
+        let stop = Arc::new(AtomicBool::new(false));
+        // `serve --out`: the records join the served models' in jobs/<workload>.csv.
+        let observer = Arc::new(Observer {
+            metrics: Arc::clone(&ctx.metrics),
+            out: plan
+                .workloads
                 .iter()
-                .map(|r| JobRecord {
-                    release_ns: r.release_ns + shift,
-                    start_ns: r.start_ns.map(|s| s + shift),
-                    end_ns: r.end_ns.map(|e| e + shift),
-                    ..*r
+                .map(|w| {
+                    let (sinks, _) = ctx.records.as_ref()?;
+                    sinks.get(w.index).cloned()
                 })
-                .collect();
-            out.send(&shifted);
+                .collect(),
+            base_ns: ctx.records.as_ref().map(|(_, base)| *base),
+            shift_ns: AtomicI64::new(0),
+        });
+        let names: Vec<Option<&str>> = plan
+            .workloads
+            .iter()
+            .enumerate()
+            .map(|(i, w)| slots.contains(&i).then_some(w.spec.name.as_str()))
+            .collect();
+        ctx.metrics.released().begin(&names);
+        let mut opts = RunOptions::new(Arc::clone(&stop));
+        opts.engine = Some(ctx.engine.clone());
+        opts.observer = Some(Arc::clone(&observer) as Arc<dyn RecordObserver>);
+        if let Some(p) = &ctx.processes {
+            // A released worker is started as a run's: `<program> worker --workload NAME`,
+            // with its partition's environment and the command's own.
+            opts.worker_exe = Some(p.command.program.clone());
+            opts.worker_env = p.env.clone();
+            for &s in &slots {
+                let env = opts
+                    .worker_env
+                    .entry(plan.workloads[s].spec.name.clone())
+                    .or_default();
+                env.extend(p.command.env.iter().cloned());
+            }
+            if let Some(started) = p.on_start.clone() {
+                opts.on_worker_start = Some(Arc::new(move |_: &str, pid: u32| started(pid)));
+            }
         }
-        self.sent = self.records.len();
+        let releasing = Releasing::start(plan, &slots, Arc::clone(&ctx.instances), &opts)
+            .map_err(|e| ServeError::Partitions(isolane_session::SessionError::Run(e)))?;
+        Ok(Some(Released {
+            releasing: Mutex::new(Some(releasing)),
+            stop,
+            observer,
+        }))
+    }
+
+    /// Waits until every released workload is warm, then releases them all from `t0` (ns,
+    /// monotonic clock). A workload that could not be built or warmed up fails the start:
+    /// every released one is stopped, and its error said.
+    pub(crate) fn go(&self, t0: i64) -> Result<(), ServeError> {
+        let mut guard = self.releasing.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(releasing) = guard.as_mut() else {
+            return Ok(());
+        };
+        let barrier = releasing.wait_ready();
+        if barrier.failed == 0 && !barrier.stopped {
+            if let Some(base) = self.observer.base_ns {
+                self.observer
+                    .shift_ns
+                    .store(t0.saturating_sub(base), Ordering::Relaxed);
+            }
+            releasing.go(Some(t0));
+            return Ok(());
+        }
+        drop(guard);
+        let runs = self.finish();
+        let failed = runs
+            .into_iter()
+            .find_map(|r| r.end.err().map(|e| (r.name, e)));
+        Err(match failed {
+            Some((workload, message)) => ServeError::Model { workload, message },
+            None => ServeError::Refused("the released workloads were stopped before t0".into()),
+        })
+    }
+
+    /// Stops releasing (the drain, or a failed start): what is running ends its job.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops releasing, waits for every released workload to end and says what each ran
+    /// (in the scenario's order); empty after the first call.
+    pub(crate) fn finish(&self) -> Vec<ReleasedRun> {
+        self.stop();
+        let releasing = self
+            .releasing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(releasing) = releasing else {
+            return Vec::new();
+        };
+        let t0_ns = releasing.t0();
+        releasing
+            .finish()
+            .workloads
+            .into_iter()
+            .map(|w| ReleasedRun {
+                end: match w.status {
+                    WorkloadStatus::Ok => Ok(LoopEnd::Completed),
+                    WorkloadStatus::Interrupted => Ok(LoopEnd::Interrupted),
+                    WorkloadStatus::Failed(f) => Err(f.message),
+                },
+                name: w.name,
+                records: w.records,
+                warmup_ns: w.warmup_ns,
+                t0_ns,
+            })
+            .collect()
+    }
+
+    /// Whether any released workload is still going.
+    #[cfg(test)]
+    pub(crate) fn running(&self) -> bool {
+        self.releasing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|r| r.running())
     }
 }
 
-impl RecordSink for Shifted {
-    fn record(&mut self, rec: &JobRecord) {
-        self.records.push(*rec);
-    }
+/// Sees the released workloads' records on the releasing session's jobs writer: counts them
+/// in `/metrics`, and hands them to `serve --out`'s writer on the server's time base.
+struct Observer {
+    metrics: Arc<ServeMetrics>,
+    /// `serve --out`'s sink of each plan slot.
+    out: Vec<Option<BatchSender>>,
+    /// The time `serve --out`'s records count from (ns, monotonic clock).
+    base_ns: Option<i64>,
+    /// The released t0 less that base (ns), set before t0.
+    shift_ns: AtomicI64,
+}
 
-    // Called only with a wait ahead (IDLE_MIN_NS beyond the spin): the copy costs no job's
-    // timing.
-    fn idle(&mut self, _until_ns: i64) {
-        self.flush();
+impl RecordObserver for Observer {
+    fn records(&self, slot: usize, records: &[JobRecord]) {
+        self.metrics.released().observe(slot, records);
+        let Some(Some(out)) = self.out.get(slot) else {
+            return;
+        };
+        let shift = self.shift_ns.load(Ordering::Relaxed);
+        let shifted: Vec<JobRecord> = records
+            .iter()
+            .map(|r| JobRecord {
+                release_ns: r.release_ns + shift,
+                start_ns: r.start_ns.map(|s| s + shift),
+                end_ns: r.end_ns.map(|e| e + shift),
+                ..*r
+            })
+            .collect();
+        out.send(&shifted);
     }
 }
 
@@ -315,13 +302,7 @@ mod tests {
         while std::time::Instant::now() < deadline {
             // The drain stops the schedule: wait for its end first (the queue policy runs every
             // job, however late).
-            let done = s.shared.released.iter().all(|r| {
-                r.thread
-                    .lock()
-                    .unwrap()
-                    .as_ref()
-                    .is_none_or(|t| t.is_finished())
-            });
+            let done = !s.shared.released.as_ref().is_some_and(|r| r.running());
             if done {
                 s.drain(Duration::from_secs(5));
                 runs = s.released_runs();
@@ -344,6 +325,52 @@ mod tests {
             };
             assert!(start >= r.release_ns && end - start >= 200_000, "{r:?}");
         }
+        // Every job reached /metrics, in run's families under the server's prefix; a served
+        // model has none of them.
+        let text = s.metrics().encode();
+        for line in [
+            r#"isolane_serve_released_jobs_total{workload="tick"} 20"#,
+            r#"isolane_serve_released_jobs_completed_total{workload="tick"} 20"#,
+            r#"isolane_serve_released_latency_seconds_count{workload="tick"} 20"#,
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "`{line}` missing from\n{text}"
+            );
+        }
+        assert!(
+            !text.contains(r#"released_jobs_total{workload="echo"}"#),
+            "{text}"
+        );
+    }
+
+    /// A released workload whose model cannot be built fails the server's start with its
+    /// error, as a served model's does, and stops whatever was built.
+    #[test]
+    fn a_released_workload_that_cannot_be_built_fails_the_start() {
+        let toml = "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"echo\"\n\
+                    model = \"spin:300us\"\nrate_hz = 100\njobs = 1\n\n[[workload]]\n\
+                    name = \"tick\"\nmodel = \"toy\"\nrate_hz = 100\njobs = 5\n";
+        let scenario = Scenario::from_toml_str(toml, "t.toml", &["toy"]).unwrap();
+        let plan = RunPlan::from_scenario(&scenario);
+        let words: Vec<_> = plan
+            .workloads
+            .iter()
+            .map(|_| ("cpu".into(), None))
+            .collect();
+        let options = ServeOptions {
+            engine: Arc::new(NoEngine),
+            seed: 1,
+            records: None,
+            released: Vec::new(),
+        };
+        let e = Server::start_releasing(&plan, &words, &options, None, &["tick".into()])
+            .err()
+            .unwrap();
+        assert!(!e.is_user_error());
+        let said = e.to_string();
+        assert!(said.starts_with("workload `tick`: "), "{said}");
+        assert!(said.contains("toy"), "{said}");
     }
 
     #[test]
@@ -364,13 +391,8 @@ jobs = 10",
         .unwrap();
         std::thread::sleep(Duration::from_millis(200));
         let until = std::time::Instant::now() + Duration::from_secs(20);
-        while s.shared.released.iter().any(|r| {
-            r.thread
-                .lock()
-                .unwrap()
-                .as_ref()
-                .is_some_and(|t| !t.is_finished())
-        }) && std::time::Instant::now() < until
+        while s.shared.released.as_ref().is_some_and(|r| r.running())
+            && std::time::Instant::now() < until
         {
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -77,6 +77,9 @@ pub struct ServeMetrics {
     change_pause: Family<ChangeLabels, Histogram, fn() -> Histogram>,
     autoplan: Family<AutoplanLabels, Counter>,
     unplannable: Counter,
+    /// The jobs of the workloads released beside the models (`serve --release`), in run's
+    /// families under `isolane_serve_released_` (released.rs feeds them).
+    released: isolane_metrics::JobMeters,
     capped: Family<ModelLabels, Counter>,
 }
 
@@ -116,6 +119,7 @@ impl ServeMetrics {
             change_pause: Family::new_with_constructor(change_histogram),
             autoplan: Family::default(),
             unplannable: Counter::default(),
+            released: isolane_metrics::JobMeters::new(),
             capped: Family::default(),
             registry: Registry::default(),
         };
@@ -219,6 +223,8 @@ impl ServeMetrics {
              (what the critical models leave), by model",
             m.capped.clone(),
         );
+        m.released
+            .register(registry.sub_registry_with_prefix("released"));
         ServeMetrics { registry, ..m }
     }
 
@@ -244,6 +250,11 @@ impl ServeMetrics {
                 model: model.to_string(),
             })
             .inc();
+    }
+
+    /// The released workloads' job families.
+    pub fn released(&self) -> &isolane_metrics::JobMeters {
+        &self.released
     }
 
     /// The figures of one model, for its submitters and thread.

@@ -27,6 +27,7 @@ pub mod studies;
 pub mod telemetry;
 pub mod verify;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -130,6 +131,48 @@ pub fn with_urgent_partitions<T, E>(
     }
 }
 
+/// A plan placed in its partitions: what a session's hosts get from them.
+pub struct Placed {
+    /// The plan with each workload's green group (if the session made one for it) in its
+    /// `partition`, and the GPU's fitted interference model for `[protection] share`.
+    pub plan: RunPlan,
+    /// Each worker process's (or program's) partition environment, by workload name: MPS
+    /// thread share and pipe directory, MIG device, client priority.
+    pub worker_env: BTreeMap<String, Vec<(String, String)>>,
+    /// To be called with each worker's pid once it runs (an MPS client the session adopts).
+    pub adopt: Arc<dyn Fn(u32) + Send + Sync>,
+    /// What each workload got (summary.json's `partitions`).
+    pub records: Vec<PartitionRecord>,
+    /// Where a resized green partition comes from (`None`: not made resizable, or none).
+    pub repartition: Option<Arc<dyn isolane_runtime::partition::Repartition>>,
+}
+
+/// Sets up the partitions of `admitted` on GPU `gpu` (critical work first where `plan`
+/// protects it: [`urgency_of`]), runs `body` with `plan` placed in them, and takes them down
+/// after `body` has returned (and dropped the plan with any group no workload took). The one
+/// partition set-up of a session, whether its workloads are released (`run`, the studies) or
+/// served (`isolane serve`). Errors as [`with_partitions`].
+pub fn in_partitions<T, E>(
+    gpu: u32,
+    admitted: &Plan,
+    choices: PartitionChoices,
+    plan: &RunPlan,
+    body: impl FnOnce(Placed) -> Result<T, E>,
+) -> Result<Result<T, E>, SessionError> {
+    with_urgent_partitions(gpu, admitted, choices, urgency_of(plan), |session| {
+        let mut plan = plan_in(session, plan);
+        plan.share =
+            isolane_runtime::guard::ShareModel::fitted(&admitted.device, admitted.mechanism);
+        body(Placed {
+            plan,
+            worker_env: session.worker_env().clone(),
+            adopt: Arc::new(session.client_adopter()),
+            records: session.records().to_vec(),
+            repartition: repartition_of(session),
+        })
+    })
+}
+
 /// Runs `plan` on GPU `gpu` inside the partitions of `admitted` (`None`: on the CPU, or
 /// nothing to partition): each workload gets its partition, the coordinator runs them with
 /// `opts` (whose `engine` builds the models), and the partitions are taken down after every
@@ -145,18 +188,11 @@ pub fn run_in_partitions(
     let Some(admitted) = admitted else {
         return Ok((coordinator::run(plan, &opts, progress)?, Vec::new()));
     };
-    let ran = with_urgent_partitions(gpu, admitted, choices, urgency_of(plan), |session| {
-        let mut plan = plan_in(session, plan);
-        // `[protection] share` prices best-effort pieces by this GPU's fitted model.
-        plan.share =
-            isolane_runtime::guard::ShareModel::fitted(&admitted.device, admitted.mechanism);
-        opts.worker_env = session.worker_env().clone();
-        let adopt = session.client_adopter();
+    let ran = in_partitions(gpu, admitted, choices, plan, |placed| {
+        opts.worker_env = placed.worker_env;
+        let adopt = placed.adopt;
         opts.on_worker_start = Some(Arc::new(move |_name: &str, pid: u32| adopt(pid)));
-        let records = session.records().to_vec();
-        // The plan (with any group no workload took, after a failed build) is dropped here,
-        // before the partitions are taken down.
-        coordinator::run(&plan, &opts, progress).map(|result| (result, records))
+        coordinator::run(&placed.plan, &opts, progress).map(|result| (result, placed.records))
     })?;
     Ok(ran?)
 }
