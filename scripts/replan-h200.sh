@@ -7,7 +7,7 @@
 # when the rate falls. Per mode and model: sent, answered, late, refused, failed (none may be:
 # a lost request would be one), p50/p99/max client latency; whether the critical model kept
 # <= 0.1 % late; each resize's and the reload's time to the new client serving and its pause;
-# autoplan's decisions. About 4.5 minutes in all (70 s of profiles, then 3 × about 65 s).
+# autoplan's decisions. About 4.5 minutes in all (80 s of profiles, then 3 × about 55 s).
 #
 #   scripts/replan-h200.sh stage    # here: scripts/serve-bench.sh stage (release isolane and
 #                                   # the HTTP client's wheels for the GPU machine, stage-serve/)
@@ -17,7 +17,7 @@
 #
 # `run` first has `isolane plan --auto --mechanism mps` measure the profiles --autoplan plans
 # from (each model alone at the thread shares its search visits, 100 jobs each, at most
-# PROFILE_BUDGET s, default 70) into a fresh cache, seeded from PROFILES (default
+# PROFILE_BUDGET s, default 80) into a fresh cache, seeded from PROFILES (default
 # results/h200-control/profiles, when there: profiles of the same GPU and driver are not
 # measured again); what it plans is not used. $OUT/profiles.tgz has the cache, to commit as
 # PROFILES. Environment: ISOLANE (a binary instead of the staged one), PYTHON, SCENARIO, MODES
@@ -50,7 +50,7 @@ run() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,mig.mode.current --format=csv \
         >"$out/gpu.txt" 2>&1 || echo "no nvidia-smi" >"$out/gpu.txt"
     cat "$out/gpu.txt"
-    local cache=$work/profiles budget=${PROFILE_BUDGET:-70}
+    local cache=$work/profiles budget=${PROFILE_BUDGET:-80}
     local seed=${PROFILES:-results/h200-control/profiles}
     mkdir -p "$cache"
     if [ -d "$seed" ]; then
