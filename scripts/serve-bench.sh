@@ -23,8 +23,15 @@
 # SCENARIO=FILE serves another scenario. What summary.md's tables mean:
 #   overhead  `isolane run` of the critical model alone at rate "max" in its partition (24 SMs)
 #             is the in-process baseline; perf_analyzer at concurrency 1 gives the added µs at
-#             p50 (target <= 50 for gRPC), and at --concurrency its throughput / in-process
-#             (target >= 90 %); tritonclient's rows include Python's own client time.
+#             p50 (target <= 50 for gRPC) and the server's stages; the sweep over
+#             --concurrencies (1,2,4,8) the best throughput / in-process (target >= 90 %) with
+#             the concurrency it took and its p50/p99, over gRPC and HTTP (binary data) and gRPC
+#             with system shared memory (`grpc-shm`); tritonclient's rows include Python's own
+#             client time. Then, the main server stopped, one server of the probe alone per
+#             --ab-spin-us value (0,2000) with [timing] spin_us set to it, at concurrency 1:
+#             the spin A/B (docs/serve.md, "Waiting for answers").
+#             `--steps inproc,overhead` takes about 4 minutes on the H200 (estimated: 14
+#             perf_analyzer runs of 5 to 12 s, three server starts); --ab-spin-us '' saves one.
 #   critical  the critical model's client latency and its refused and late requests, alone and
 #             while perf_analyzer floods both best-effort models (their rows/s from /metrics).
 #   deadline  refused up front (429 / RESOURCE_EXHAUSTED) against answered late: late must be 0.

@@ -11,8 +11,12 @@ Steps, in this order (each with its own time limit; the server is always stopped
             `isolane run` of a one-workload copy of the scenario at rate "max" (and, on
             cuda, `isolane bench` on the whole GPU for reference)
   serve     `isolane serve S` on free ports, waited for until its ready line
-  overhead  each probe model at batch 1, one request at a time: perf_analyzer (gRPC, HTTP;
-            binary data) at concurrency 1 and --concurrency, and tritonclient from Python
+  overhead  each probe model at batch 1: perf_analyzer over gRPC and HTTP (binary data) and
+            gRPC with system shared memory, at each of --concurrencies (1, 2, 4, 8): the best
+            throughput against in-process with the concurrency it took and its p50/p99; the
+            server's stages at concurrency 1; tritonclient from Python at concurrency 1. Then,
+            once the main server has stopped, a server of the probes alone per --ab-spin-us
+            value ([timing] spin_us set to it), at concurrency 1: the spin A/B
   critical  the critical model at --critical-rate Hz (gRPC, its scenario deadline) alone,
             then while every best-effort model is flooded (perf_analyzer, or Python threads
             without it) at --flood-concurrency requests in flight
@@ -128,29 +132,31 @@ def alone_scenario(scenario, w, seconds):
 class Server:
     """`isolane serve` in its own process group; stop() always ends it."""
 
-    def __init__(self, args, has_grpc):
+    def __init__(self, args, has_grpc, scenario=None, name="server"):
         self.args = args
+        self.scenario = scenario or args.scenario
+        self.name = name
         self.has_grpc = has_grpc
         self.proc = None
         self.http = self.grpc = None
         self.stopped = None
 
     def start(self, timeout):
-        cmd = [self.args.isolane, "serve", self.args.scenario, "--http", "127.0.0.1:0", "--no-access-log"]
+        cmd = [self.args.isolane, "serve", self.scenario, "--http", "127.0.0.1:0", "--no-access-log"]
         if self.has_grpc:
             cmd += ["--grpc", "127.0.0.1:0"]
         if self.args.backend:
             cmd += ["--backend", self.args.backend]
         log(f"$ {' '.join(cmd)}")
-        self.err = open(os.path.join(OUT, "server.log"), "w")
+        self.err = open(os.path.join(OUT, f"{self.name}.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err, text=True, start_new_session=True)
-        with open(os.path.join(OUT, "server.pid"), "w") as f:
+        with open(os.path.join(OUT, f"{self.name}.pid"), "w") as f:
             f.write(str(self.proc.pid))
         ready = []
 
         def read():
             for line in self.proc.stdout:
-                with open(os.path.join(OUT, "server.out"), "a") as f:
+                with open(os.path.join(OUT, f"{self.name}.out"), "a") as f:
                     f.write(line)
                 if "ready" in line and not ready:
                     ready.append(line.strip())
@@ -162,7 +168,7 @@ class Server:
         if not ready:
             rc = self.proc.poll()
             self.stop()
-            raise RuntimeError(f"no ready line within {timeout} s (exit {rc}); see server.log")
+            raise RuntimeError(f"no ready line within {timeout} s (exit {rc}); see {self.name}.log")
         line = ready[0]
         log(line)
         m = re.search(r"HTTP on ([^\s;,]+)", line)
@@ -172,7 +178,8 @@ class Server:
             raise RuntimeError(f"no HTTP address in the ready line: {line}")
         self.http = m.group(1)
         self.grpc = g.group(1) if g else None
-        SUMMARY["server"] = {"ready_line": line, "http": self.http, "grpc": self.grpc}
+        if self.name == "server":
+            SUMMARY["server"] = {"ready_line": line, "http": self.http, "grpc": self.grpc}
         return line
 
     def stop(self, drain_timeout=40):
@@ -193,8 +200,9 @@ class Server:
                     pass
                 self.proc.wait(10)
         self.stopped = self.proc.returncode
-        SUMMARY.setdefault("server", {})["exit_code"] = self.stopped
-        log(f"server stopped: exit {self.stopped}")
+        if self.name == "server":
+            SUMMARY.setdefault("server", {})["exit_code"] = self.stopped
+        log(f"{self.name} stopped: exit {self.stopped}")
 
     def metrics(self):
         with urllib.request.urlopen(f"http://{self.http}/metrics", timeout=10) as r:
@@ -356,6 +364,7 @@ def model_meta(http_url, name):
         "input": md["inputs"][0]["name"],
         "output": md["outputs"][0]["name"],
         "dims": [int(d) for d in md["inputs"][0]["shape"][1:]],
+        "output_dims": [int(d) for d in md["outputs"][0]["shape"][1:]],
         "max_batch": int(cfg.get("max_batch_size", 1)) or 1,
     }
 
@@ -617,31 +626,74 @@ def step_inproc(args, scenario, probes):
     return res
 
 
-def step_overhead(args, server, metas, probes, inproc, res):
+def overhead_paths(args, server, meta):
+    """The client paths the overhead step measures: (key, protocol, url, extra perf_analyzer
+    flags). `grpc-shm` is gRPC with the tensors in system shared memory (perf_analyzer registers
+    the regions; the documented zero-copy local path) beside binary data over the socket."""
+    paths = []
+    if server.grpc:
+        paths.append(("grpc", "grpc", server.grpc, []))
+    paths.append(("http", "http", server.http, []))
+    if server.grpc and args.shm:
+        out_bytes = 4 * math.prod(meta.get("output_dims") or [1]) or 4
+        paths.append(("grpc-shm", "grpc", server.grpc,
+                      ["--shared-memory", "system", "--output-shared-memory-size", str(max(out_bytes, 64))]))
+    return paths
+
+
+def sweep_levels(args, proto, deadline_ms, service_ms):
+    """The concurrencies measured over `proto`, and those left out. perf_analyzer stops at the
+    first refusal, and over HTTP it cannot send a request's own deadline: a level whose queue
+    (concurrency x the model's latency) would not fit in the model's deadline is left out there;
+    over gRPC each request carries a deadline of 1 s."""
+    levels = sorted(set([1] + args.concurrencies))
+    if proto == "grpc" or not deadline_ms or not service_ms:
+        return levels, []
+    keep = [c for c in levels if c == 1 or c * service_ms <= 0.8 * deadline_ms]
+    return keep, [c for c in levels if c not in keep]
+
+
+def step_overhead(args, server, metas, probes, inproc, res, spin_us=None):
+    """Each probe model at batch 1: perf_analyzer at each concurrency of the sweep over every
+    path, the server's stages at concurrency 1, and tritonclient at concurrency 1.
+    `spin_us`: this server's `[timing] spin_us` when it is an A/B server (then concurrency 1
+    alone, without tritonclient)."""
     for w in probes:
         name = w["name"]
         meta = metas[name]
-        r = res[name] = {"perf_analyzer": {}, "tritonclient": {}}
-        for proto, url in (("grpc", server.grpc), ("http", server.http)):
-            if url is None:
+        base = (inproc.get(name) or {}).get("run")
+        r = res[name] = {"perf_analyzer": {}, "tritonclient": {}, "skipped": {}}
+        if spin_us is not None:
+            r["spin_us"] = spin_us
+        for key, proto, url, pa_extra in overhead_paths(args, server, meta):
+            if spin_us is not None and key == "grpc-shm":
                 continue
-            for conc in sorted({1, args.concurrency}):
+            levels, skipped = sweep_levels(args, proto, w.get("deadline_ms"), base and base.get("p99_ms"))
+            if spin_us is not None:
+                levels, skipped = [1], []
+            if skipped:
+                r["skipped"][key] = skipped
+            for conc in levels:
                 # A refusal stops perf_analyzer: over gRPC the requests carry a deadline far above
                 # the model's (perf_analyzer sends request parameters over gRPC alone), so that
                 # requests queued behind each other at concurrency > 1 are not refused.
-                extra = ["--request-parameter", "deadline_ms:1000:int"] if proto == "grpc" else []
+                extra = (["--request-parameter", "deadline_ms:1000:int"] if proto == "grpc" else []) + pa_extra
                 before = stage_totals(server.http, name) if conc == 1 else {}
-                row = perf_analyzer(args, proto, url, name, 1, conc, f"overhead-{name}-{proto}-c{conc}", extra=extra)
-                r["perf_analyzer"][f"{proto}_c{conc}"] = pa_summary(row)
+                tag = f"-spin{spin_us}" if spin_us is not None else ""
+                row = perf_analyzer(args, proto, url, name, 1, conc, f"overhead-{name}-{key}-c{conc}{tag}", extra=extra)
+                r["perf_analyzer"][f"{key}_c{conc}"] = pa_summary(row)
                 if conc == 1:
                     # Where the server's time went, per request of this run (its warm-up too).
-                    r.setdefault("stages", {})[proto] = stage_means(before, stage_totals(server.http, name), proto)
+                    r.setdefault("stages", {})[key] = stage_means(before, stage_totals(server.http, name), proto)
+            if key == "grpc-shm" or (spin_us is not None and args.perf_analyzer):
+                continue
             c = Client(proto, url, name, meta)
             data = data_for(meta, 1)
             sequential(c, data, 50)
+            before = stage_totals(server.http, name)
             r["tritonclient"][proto] = sequential(c, data, args.py_requests)
+            r.setdefault("stages_tritonclient", {})[proto] = stage_means(before, stage_totals(server.http, name), proto)
             c.close()
-        base = (inproc.get(name) or {}).get("run")
         if base:
             cmp = {}
             for key, s in r["perf_analyzer"].items():
@@ -654,6 +706,45 @@ def step_overhead(args, server, metas, probes, inproc, res):
                 if s.get("p50_ms") is not None:
                     cmp[f"tritonclient_{proto}"] = {"added_us_p50": round((s["p50_ms"] - base["p50_ms"]) * 1e3, 1)}
             r["against_inproc"] = cmp
+        r["best"] = best_throughput(r)
+
+
+def split_key(key):
+    """("grpc-shm", 4) of "grpc-shm_c4"."""
+    path, conc = key.rsplit("_c", 1)
+    return path, int(conc)
+
+
+def best_throughput(r):
+    """Per path, the concurrency of the sweep with the most requests per second, with its
+    latencies and its share of in-process throughput."""
+    best = {}
+    for key, s in r.get("perf_analyzer", {}).items():
+        if not s or s.get("infer_per_s") is None:
+            continue
+        path, conc = split_key(key)
+        if path not in best or s["infer_per_s"] > best[path]["infer_per_s"]:
+            best[path] = {"concurrency": conc, "infer_per_s": s["infer_per_s"], "p50_ms": s["p50_ms"],
+                          "p99_ms": s["p99_ms"],
+                          "throughput_ratio": r.get("against_inproc", {}).get(key, {}).get("throughput_ratio")}
+    return best
+
+
+def spin_scenario(scenario, probes, spin_us):
+    """The probe workloads alone (each in its own partition, as in the scenario) with `[timing]
+    spin_us` set: the A/B server of the answer spin and the model thread's poll."""
+    lines = []
+    for table in ("device", "timing", "protection"):
+        values = dict(scenario.get(table, {}))
+        if table == "timing":
+            values["spin_us"] = spin_us
+        if values:
+            lines.append(f"[{table}]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+    for w in probes:
+        lines.append("[[workload]]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in w.items()]
+    return "\n".join(lines) + "\n"
 
 
 def step_critical(args, server, metas, critical, best_effort, res):
@@ -805,9 +896,12 @@ def targets(s):
         g1 = cmp.get("grpc_c1", {}).get("added_us_p50")
         if g1 is not None:
             out.append(f"- {name}: gRPC adds {g1:.1f} µs at p50 (target <= 50 µs): {yes(g1 <= 50)}")
-        best = max((c.get("throughput_ratio") or 0 for k, c in cmp.items() if k.startswith("grpc")), default=None)
-        if best:
-            out.append(f"- {name}: gRPC throughput {best:.1%} of in-process at best (target >= 90 %): {yes(best >= 0.9)}")
+        best = (r.get("best") or {}).get("grpc")
+        if best and best.get("throughput_ratio"):
+            ratio = best["throughput_ratio"]
+            out.append(f"- {name}: gRPC (binary data) throughput {ratio:.1%} of in-process at best, at concurrency "
+                       f"{best['concurrency']} (p50 {fmt(best['p50_ms'])} ms, p99 {fmt(best['p99_ms'])} ms; target >= 90 %): "
+                       f"{yes(ratio >= 0.9)}")
     crit = st.get("critical", {}).get("flooded")
     if crit:
         c = crit["client"]
@@ -853,10 +947,11 @@ def markdown(s):
             for key, p in r.get("perf_analyzer", {}).items():
                 if p:
                     c = cmp.get(key, {})
+                    path, conc = split_key(key)
                     # Added latency means something one request at a time; at higher
                     # concurrency the requests queue behind each other and throughput tells.
-                    added = c.get("added_us_p50") if key.endswith("_c1") else None
-                    L.append(f"| {name} | perf_analyzer {key.replace('_c', ', concurrency ')} | {fmt(p['p50_ms'])} | "
+                    added = c.get("added_us_p50") if conc == 1 else None
+                    L.append(f"| {name} | perf_analyzer {path}, concurrency {conc} | {fmt(p['p50_ms'])} | "
                              f"{fmt(p['p99_ms'])} | {fmt(p['infer_per_s'], 0)} | {fmt(added, 1)} | "
                              f"{fmt(c.get('throughput_ratio'), 3)} |")
             for proto, p in r.get("tritonclient", {}).items():
@@ -864,6 +959,21 @@ def markdown(s):
                 L.append(f"| {name} | tritonclient (Python) {proto}, concurrency 1 | {fmt(p['p50_ms'])} | "
                          f"{fmt(p['p99_ms'])} | - | {fmt(c.get('added_us_p50'), 1)} | - |")
         L.append("")
+        bests = [(name, path, b) for name, r in over.items() for path, b in r.get("best", {}).items()]
+        if bests:
+            L += ["### Best throughput of the concurrency sweep (perf_analyzer, batch 1)", "",
+                  "`grpc-shm`: gRPC with the input and output tensors in system shared memory "
+                  "(perf_analyzer's `--shared-memory system`), beside binary data over the socket.", "",
+                  "| model | path | concurrency | req/s | p50 ms | p99 ms | throughput / in-process |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+            for name, path, b in bests:
+                L.append(f"| {name} | {path} | {b['concurrency']} | {fmt(b['infer_per_s'], 0)} | {fmt(b['p50_ms'])} | "
+                         f"{fmt(b['p99_ms'])} | {fmt(b['throughput_ratio'], 3)} |")
+            for name, r in over.items():
+                for path, levels in r.get("skipped", {}).items():
+                    L.append(f"\n{name} over {path}: concurrency {', '.join(map(str, levels))} left out (perf_analyzer "
+                             "cannot send a request's own deadline over HTTP, and the model's would refuse that queue).")
+            L.append("")
         staged = [(name, proto, m) for name, r in over.items() for proto, m in r.get("stages", {}).items() if m]
         if staged:
             order = [k for k in staged[0][2] if k != "server"]
@@ -876,6 +986,34 @@ def markdown(s):
                 L.append(f"| {name} | {proto} | " + " | ".join(fmt(m.get(k), 1) for k in order)
                          + f" | {fmt(m.get('server'), 1)} |")
             L.append("")
+    ab = st.get("overhead_spin")
+    if ab:
+        L += ["### The spin A/B (perf_analyzer, concurrency 1; a server of the probe models alone per `[timing] spin_us`)", "",
+              "`spin_us` bounds the model thread's poll of its queue after a job and, on a machine of 8 cores or more, "
+              "the front end's poll for an answer past its predicted time (docs/serve.md, \"Waiting for answers\"). "
+              "`scenario`: the main server above, the scenario's own setting.", "",
+              "| model | path | spin_us | p50 ms | added µs at p50 | queue µs | wake µs | in the server µs |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        runs = [("scenario", over)] + [(str(v), res) for v, res in ab.items()]
+        for name in over:
+            for path in ("grpc", "http"):
+                for label, res in runs:
+                    r = res.get(name) or {}
+                    client = "perf_analyzer"
+                    p = (r.get("perf_analyzer") or {}).get(f"{path}_c1")
+                    st_ = (r.get("stages") or {}).get(path, {})
+                    added = (r.get("against_inproc") or {}).get(f"{path}_c1", {}).get("added_us_p50")
+                    if not p:
+                        # Without perf_analyzer (the CPU kit check): tritonclient's rows.
+                        client = "tritonclient"
+                        p = (r.get("tritonclient") or {}).get(path)
+                        st_ = (r.get("stages_tritonclient") or {}).get(path, {})
+                        added = (r.get("against_inproc") or {}).get(f"tritonclient_{path}", {}).get("added_us_p50")
+                    if not p or p.get("p50_ms") is None:
+                        continue
+                    L.append(f"| {name} | {path} ({client}) | {label} | {fmt(p['p50_ms'])} | {fmt(added, 1)} | "
+                             f"{fmt(st_.get('queue'), 1)} | {fmt(st_.get('wake'), 1)} | {fmt(st_.get('server'), 1)} |")
+        L.append("")
     crit = st.get("critical")
     if crit:
         L += [f"## Critical model `{crit['model']}` ({crit['protocol']}, {crit['rate_hz']} Hz for {crit['seconds']} s, "
@@ -939,10 +1077,16 @@ def main():
     ap.add_argument("--steps", default="inproc,overhead,critical,deadline")
     ap.add_argument("--quick", action="store_true", help="shorter everything (a check of the kit)")
     ap.add_argument("--inproc-seconds", type=float, default=5.0)
-    ap.add_argument("--concurrency", type=int, default=2,
-                    help="the higher concurrency of the overhead step (HTTP requests carry the model's deadline: "
-                         "as many queued as fit in it)")
-    ap.add_argument("--pa-window-ms", type=int, default=2000, help="perf_analyzer's measurement window")
+    ap.add_argument("--concurrencies", default=None,
+                    help="the overhead step's concurrency sweep (over HTTP, only the levels whose queue fits in the "
+                         "model's deadline: perf_analyzer cannot send a request's own deadline there; default 1,2,4,8, "
+                         "--quick 1,2)")
+    ap.add_argument("--no-shm", dest="shm", action="store_false",
+                    help="leave out perf_analyzer's gRPC row with system shared memory")
+    ap.add_argument("--ab-spin-us", default=None,
+                    help="after the overhead step, a server of the probe models alone per value with [timing] spin_us "
+                         "set to it, measured at concurrency 1 (empty: none; default 0,2000, --quick 0)")
+    ap.add_argument("--pa-window-ms", type=int, default=1500, help="perf_analyzer's measurement window")
     ap.add_argument("--pa-stability", type=int, default=25, help="perf_analyzer's -s (percent)")
     ap.add_argument("--py-requests", type=int, default=1000)
     ap.add_argument("--critical-rate", type=float, default=200.0)
@@ -959,6 +1103,17 @@ def main():
         args.inproc_seconds, args.pa_window_ms, args.pa_stability, args.py_requests = 2.0, 1000, 50, 200
         args.critical_seconds, args.flood_warmup, args.deadline_requests = 4.0, 1.5, 40
         args.burst, args.burst_rounds, args.flood_concurrency = 16, 3, 8
+    if args.concurrencies is None:
+        args.concurrencies = "1,2" if args.quick else "1,2,4,8"
+    if args.ab_spin_us is None:
+        args.ab_spin_us = "0" if args.quick else "0,2000"
+    try:
+        args.concurrencies = [int(c) for c in args.concurrencies.split(",") if c.strip()]
+        args.ab_spin_us = [int(v) for v in args.ab_spin_us.split(",") if v.strip()]
+    except ValueError:
+        ap.error("--concurrencies and --ab-spin-us take comma-separated whole numbers")
+    if any(c < 1 for c in args.concurrencies) or any(v < 0 for v in args.ab_spin_us):
+        ap.error("--concurrencies takes counts of 1 or more, --ab-spin-us µs of 0 or more")
     OUT = args.out
     os.makedirs(OUT, exist_ok=True)
     steps = set(args.steps.split(","))
@@ -1031,6 +1186,30 @@ def main():
     finally:
         server.stop()
         save()
+    if "overhead" in steps and probes and args.ab_spin_us:
+        # After the main server: its partitions are free for the probes' own.
+        SUMMARY["steps"]["overhead_spin"] = {}
+        for spin_us in args.ab_spin_us:
+            path = os.path.join(OUT, f"spin{spin_us}.toml")
+            with open(path, "w") as f:
+                f.write(spin_scenario(scenario, probes, spin_us))
+            ab = Server(args, has_grpc, scenario=path, name=f"server-spin{spin_us}")
+            stop_now = lambda *_: (ab.stop(), sys.exit(130))  # noqa: E731
+            signal.signal(signal.SIGTERM, stop_now)
+            signal.signal(signal.SIGINT, stop_now)
+            signal.signal(signal.SIGALRM, step_timeout)
+            signal.alarm(180)
+            try:
+                ab.start(args.ready_timeout)
+                ab_metas = {w["name"]: model_meta(ab.http, w["name"]) for w in probes}
+                r = SUMMARY["steps"]["overhead_spin"][spin_us] = {}
+                step_overhead(args, ab, ab_metas, probes, SUMMARY["steps"].get("inproc", {}), r, spin_us=spin_us)
+            except Exception as e:  # noqa: BLE001 - reported; the other values still run
+                error(f"spin A/B {spin_us}", f"{type(e).__name__}: {e}")
+            finally:
+                signal.alarm(0)
+                ab.stop()
+                save()
     print(markdown(SUMMARY))
     return 1 if SUMMARY["errors"] else 0
 

@@ -589,10 +589,22 @@ impl GrpcInferenceService for GrpcFrontEnd {
         )
     }
 
+    /// Every region's status is an empty answer (none can be registered); one region's is
+    /// refused, saying what to do instead.
     async fn cuda_shared_memory_status(
         &self,
-        _: Request<pb::CudaSharedMemoryStatusRequest>,
+        request: Request<pb::CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
+        if request.get_ref().name.is_empty() {
+            let none = pb::CudaSharedMemoryStatusResponse {};
+            return logged(
+                "CudaSharedMemoryStatus",
+                "",
+                Instant::now(),
+                false,
+                Ok(none),
+            );
+        }
         cuda_shared_memory("CudaSharedMemoryStatus")
     }
 
@@ -603,11 +615,21 @@ impl GrpcInferenceService for GrpcFrontEnd {
         cuda_shared_memory("CudaSharedMemoryRegister")
     }
 
+    /// Succeeds: no CUDA region can be registered, so none is after it. Triton's clients clear
+    /// both kinds of region before using shared memory (perf_analyzer's
+    /// `UnregisterAllSharedMemory` asks for system and CUDA ones), which is no error here.
     async fn cuda_shared_memory_unregister(
         &self,
         _: Request<pb::CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
-        cuda_shared_memory("CudaSharedMemoryUnregister")
+        let done = pb::CudaSharedMemoryUnregisterResponse {};
+        logged(
+            "CudaSharedMemoryUnregister",
+            "",
+            Instant::now(),
+            false,
+            Ok(done),
+        )
     }
 }
 
@@ -976,6 +998,23 @@ mod tests {
                 "{}",
                 e.message()
             );
+            // What a Triton client clearing every region asks (perf_analyzer's shared memory
+            // mode does, for both kinds): no error, as none can be registered.
+            c.cuda_shared_memory_unregister(pb::CudaSharedMemoryUnregisterRequest {
+                name: String::new(),
+            })
+            .await
+            .unwrap();
+            c.cuda_shared_memory_status(pb::CudaSharedMemoryStatusRequest {
+                name: String::new(),
+            })
+            .await
+            .unwrap();
+            let e = c
+                .cuda_shared_memory_status(pb::CudaSharedMemoryStatusRequest { name: "r".into() })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unimplemented);
             let e = c
                 .model_stream_infer(tonic::codegen::tokio_stream::empty())
                 .await

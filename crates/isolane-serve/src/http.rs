@@ -106,6 +106,18 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
         (_, ["v2", "systemsharedmemory", rest @ ..]) => {
             plain(shared_memory(server, &method, rest, request).await)
         }
+        // No CUDA region can be registered: unregistering leaves none, as asked, and every
+        // region's status is an empty list (Triton's clients clear both kinds of region before
+        // using shared memory; perf_analyzer's shared memory mode does).
+        (&Method::POST, ["v2", "cudasharedmemory", "unregister"])
+        | (&Method::POST, ["v2", "cudasharedmemory", "region", _, "unregister"]) => {
+            plain(text_response(StatusCode::OK, JSON, Bytes::new()))
+        }
+        (&Method::GET, ["v2", "cudasharedmemory", "status"]) => plain(text_response(
+            StatusCode::OK,
+            JSON,
+            Bytes::from_static(b"[]"),
+        )),
         (_, ["v2", "cudasharedmemory", ..]) => plain(error(
             StatusCode::BAD_REQUEST,
             "CUDA shared memory is not served; register system shared memory \
@@ -391,6 +403,57 @@ pub(crate) fn percent_decode(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// One request on its own connection to the front end at `addr`: the status line and the
+    /// body.
+    async fn ask(addr: std::net::SocketAddr, method: &str, path: &str) -> (String, String) {
+        let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\
+             Connection: close\r\n\r\n"
+        );
+        io.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        io.read_to_string(&mut answer).await.unwrap();
+        let status = answer.lines().next().unwrap_or("").to_string();
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, body.to_string())
+    }
+
+    /// Clearing every CUDA region and reading their status, as a Triton client does before it
+    /// uses shared memory, succeed (none can be registered); registering one is still
+    /// refused, saying what to do instead.
+    #[test]
+    fn cuda_regions_unregister_and_list_as_none_and_registering_one_is_refused() {
+        let s = crate::tests::server(crate::tests::ONE);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let serving = tokio::spawn(super::serve_http(s.clone(), listener, async {
+                let _ = stopped.await;
+            }));
+            let (status, _) = ask(addr, "POST", "/v2/cudasharedmemory/unregister").await;
+            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+            let (status, _) = ask(addr, "POST", "/v2/cudasharedmemory/region/r/unregister").await;
+            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+            let (status, body) = ask(addr, "GET", "/v2/cudasharedmemory/status").await;
+            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+            assert_eq!(body, "[]");
+            let (status, body) = ask(addr, "POST", "/v2/cudasharedmemory/region/r/register").await;
+            assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+            assert!(body.contains("register system shared memory"), "{body}");
+            let _ = stop.send(());
+            let _ = serving.await;
+        });
+        s.drain(std::time::Duration::from_secs(5));
+    }
+
     #[test]
     fn percent_escapes_decode_and_stray_ones_stay() {
         assert_eq!(super::percent_decode("a%20b"), "a b");
