@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Session 20's GPU checks in few device calls: each named step runs under its own time limit,
-# its log kept; $OUT gets steps.txt, each step's summary markdown, and s20.tgz (every log).
+# A session's GPU checks in few device calls (sessions 20 and 21): each named step runs under its
+# own time limit, its log kept; $OUT gets steps.txt, each step's summary markdown, and steps.tgz
+# (every log).
 #
 #   here:   STAGE_PACKAGES="-p isolane-cuda -p isolane" bash scripts/gpu-test.sh stage, then
 #           xz the binaries that are carried (stage/isolane.xz, stage/tests/NAME.xz);
 #           for serve steps: scripts/serve-bench.sh stage (stage-serve/)
-#   device: (carry ["stage"] or ["stage-serve"])  bash scripts/session20-gpu.sh STEP...
+#   device: (carry ["stage"] or ["stage-serve"])  bash scripts/session-gpu.sh STEP...
 #
 # Steps (each script's own header says what it measures):
 #   saved     scripts/saved-plan-h200.sh: saved plans, load against build, bits across partitions
 #   l2        isolane-cuda's GPU test: weights kept in the L2 change no output
 #   int8test  isolane-cuda's GPU test: calibrated int8/fp8 models run on the GPU
-#   int8      scripts/int8-h200.sh: fp16 against int8 (needs torch + onnxruntime there)
+#   quantgemm isolane-cuda's GPU test: the int8/fp8 tensor-core path against the exact reference
+#   int8      scripts/int8-h200.sh: fp16 against int8 and fp8 (needs torch there)
+#   plans     scripts/predict-h200.sh plans (SCENARIOS=... to pick): the first plan's hit rate
 #   apps      the apps GPU test: an app in a green context, with its trace
 #   levers-a, levers-b, levers-c   scripts/levers-h200.sh's trios
 #   sms       a green partition resized while serving (scripts/mps_resize_check.py --key sms)
@@ -19,8 +22,8 @@
 #   overhead  scripts/serve-bench.sh run --steps inproc,overhead
 set -u
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp/s20}
-work=/tmp/s20-work
+out=${OUT:-/tmp/gpu-steps}
+work=/tmp/gpu-steps-work
 mkdir -p "$out" "$work"
 for f in stage/isolane.xz stage/tests/*.xz; do
     [ -e "$f" ] && xz -d -f "$f"
@@ -54,6 +57,8 @@ for s in "$@"; do
     saved) step saved 270 env OUT="$work/saved" ISOLANE_BIN="$isolane" bash scripts/saved-plan-h200.sh ;;
     l2) step l2 150 stage/tests/isolane-cuda--gpu weights_kept_in_the_l2_change_no_output --ignored --nocapture ;;
     int8test) step int8test 150 stage/tests/isolane-cuda--gpu calibrated_int8_and_fp8_models_run_on_the_gpu --ignored --nocapture ;;
+    quantgemm) step quantgemm 200 stage/tests/isolane-cuda--gpu quant_gemm_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture ;;
+    plans) step plans 560 env OUT="$work/plans" ISOLANE_BIN="$isolane" bash scripts/predict-h200.sh plans ;;
     int8) step int8 300 env OUT="$work/int8" ISOLANE_BIN="$isolane" bash scripts/int8-h200.sh ;;
     apps) step apps 150 stage/tests/isolane--apps an_app_runs_in_a_green_context_on_the_gpu --ignored --nocapture ;;
     levers-a | levers-b | levers-c) step "$s" 330 env OUT="$work/$s" ISOLANE_BIN="$isolane" bash scripts/levers-h200.sh "${s#levers-}" ;;
@@ -73,5 +78,5 @@ for md in "$work"/*/*.md; do
 done 2>/dev/null
 ls "$out" | head -20
 cp /tmp/mps-resize-server.log "$work/" 2>/dev/null
-tar czf "$out/s20.tgz" -C "$work" --exclude=site --exclude=isolane . 2>/dev/null
+tar czf "$out/steps.tgz" -C "$work" --exclude=site --exclude=isolane . 2>/dev/null
 ls -la "$out"
