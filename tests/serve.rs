@@ -788,6 +788,75 @@ fn autoplan_caps_a_best_effort_load_past_what_the_critical_model_leaves() {
     );
 }
 
+/// While another model is rebuilt (`ctl load` of a loaded model: a new instance built and
+/// warmed while the old one serves, as every resize does), a critical model's requests are
+/// all answered, none refused, late or lost: only the moved model's requests queue.
+#[test]
+fn a_critical_model_serves_through_another_models_rebuilds() {
+    let cores = isolane_runtime::affinity::available_cores();
+    assert!(cores.len() >= 2, "two cores, one each: {cores:?}");
+    let dir = tempfile::tempdir().unwrap();
+    // A deadline far from the job's 2 ms: late here would be the rebuild's doing, never the
+    // loaded machine's.
+    let file = scenario(
+        dir.path(),
+        "two.toml",
+        &format!(
+            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"c\"\nmodel = \
+             \"spin:2ms\"\nbatch = 1\nrate_hz = 50\nduration_s = 1\ndeadline_ms = 2000\n\
+             warmup_jobs = 1\ncriticality = \"critical\"\ncpu = [{}]\n\n[[workload]]\n\
+             name = \"be\"\nmodel = \"spin:2ms\"\nbatch = 1\nrate_hz = 50\nduration_s = 1\n\
+             deadline_ms = 60000\nwarmup_jobs = 20\ncriticality = \"best_effort\"\n\
+             cpu = [{}]\n\n[workload.serve]\nqueue_limit = 1000\n",
+            cores[0], cores[1]
+        ),
+    );
+    let server = ServeProcess::start(dir.path(), &file);
+    let stream = |model: &'static str| {
+        let addr = server.http.clone();
+        std::thread::spawn(move || {
+            (0..150u32)
+                .map(|v| {
+                    std::thread::sleep(Duration::from_millis(10));
+                    let body = format!(
+                        r#"{{"inputs":[{{"name":"input","shape":[1,1],"datatype":"FP32","data":[{v}]}}]}}"#
+                    );
+                    (v, http(&addr, "POST", &format!("/v2/models/{model}/infer"), &body))
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let (critical, other) = (stream("c"), stream("be"));
+    for _ in 0..3 {
+        let out = isolane()
+            .args(["ctl", "--server", &server.http, "load", "be"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("reload"),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for (v, (status, body)) in critical.join().unwrap() {
+        assert_eq!(status, 200, "c's request {v}: {body}");
+        assert!(
+            body.contains(&format!(r#""data":[{v}.0]"#)) && !body.contains(r#""late":true"#),
+            "c's request {v}: {body}"
+        );
+    }
+    for (v, (status, body)) in other.join().unwrap() {
+        assert_eq!(status, 200, "be's request {v}: {body}");
+    }
+    let (_, metrics) = http(&server.http, "GET", "/metrics", "");
+    assert!(
+        !metrics.contains(r#"isolane_serve_rejections_total{model="c""#)
+            && metrics.contains(r#"isolane_serve_changes_total{model="be",kind="reload"} 3"#),
+        "{metrics}"
+    );
+}
+
 /// `--autoplan` refuses at start (exit 2, naming the workload or the flag) what it could not
 /// resize: an unpinned CPU model, and margins outside (0, 1].
 #[test]
