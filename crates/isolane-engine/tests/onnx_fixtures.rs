@@ -353,3 +353,110 @@ fn bad_qdq_files_are_refused_naming_the_reason() {
     }
     assert!(n >= 9, "{n} bad QDQ files");
 }
+
+/// The QOperator fixtures (tools/fixtures/make_qop_fixtures.py: onnxruntime's
+/// `quantize_static(..., quant_format=QuantFormat.QOperator)` and `quantize_dynamic`) against
+/// onnxruntime's outputs on the same input.
+///
+/// - `exact_*` (hand-made QLinearConv, QLinearMatMul and DynamicQuantizeLinear on rounding
+///   ties, the saturation bounds and nonzero zero points) and `EXACT`: isolane computes the integer products on `q − zero_point` exactly and
+///   requantizes with the f32 multiplier onnxruntime computes, so QLinearConv, QLinearMatMul,
+///   QGemm, QLinearGlobalAveragePool, QLinearConcat, QLinearLeakyRelu, ConvInteger,
+///   MatMulInteger and DynamicQuantizeLinear give onnxruntime's bits: the files made of them
+///   only (and of float ops that are exact) must match bit for bit.
+/// - `FLOAT_SUM`: a float GlobalAveragePool sums in another order than onnxruntime's before a
+///   DynamicQuantizeLinear, whose range spans the whole batch: one ulp there moves the scale of
+///   every element after it, by an ulp. Within 1e-5 relative L2, the float fixtures' bound.
+/// - The rest: QLinearAdd, QLinearMul, QLinearSigmoid and QLinearSoftmax are computed as
+///   their specs write them, `quantize(f(dequantize(a), dequantize(b)))`, while onnxruntime
+///   uses fixed-point multipliers (QLinearAdd's AVX2 kernel) or lookup tables of its own
+///   functions: an element next to a rounding boundary may go to the other neighbour, one
+///   quantum away. At least 90 % of their elements equal, a relative L2 error below 1e-2 and
+///   below onnxruntime's own distance to the float model. (Today they are all equal too.)
+#[test]
+fn qoperator_fixtures_match_onnxruntime() {
+    const EXACT: [&str; 4] = [
+        "static_convnet_u8s8_per_channel",
+        "static_convnet_s8s8_per_tensor",
+        "dynamic_mlp_s8_per_channel",
+        "dynamic_mlp_u8_per_tensor",
+    ];
+    const FLOAT_SUM: [&str; 1] = ["dynamic_cnn_s8_per_tensor"];
+    let backend = CpuBackend::new(2);
+    let qop = dir().join("qop");
+    let mut names: Vec<String> = std::fs::read_dir(&qop)
+        .expect("qop fixture dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 15, "qop fixtures missing: {names:?}");
+    let mut failures = Vec::new();
+    for name in &names {
+        let onnx = qop.join(format!("{name}.onnx"));
+        let x = read_npy(qop.join(format!("{name}.input.npy"))).unwrap();
+        let y = read_npy(qop.join(format!("{name}.output.npy"))).unwrap();
+        let got = (|| -> Result<Vec<f32>, String> {
+            let g = import_file(&onnx).map_err(|e| e.to_string())?;
+            let mut m = backend
+                .compile(&g, x.shape[0], Precision::Fp32)
+                .map_err(|e| e.to_string())?;
+            m.input_mut().copy_from_slice(&x.data);
+            m.run().map_err(|e| e.to_string())?;
+            if m.output_shape() != y.shape.as_slice() {
+                return Err(format!(
+                    "output shape {:?}, onnxruntime {:?}",
+                    m.output_shape(),
+                    y.shape
+                ));
+            }
+            Ok(m.output().to_vec())
+        })();
+        let got = match got {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let equal = got
+            .iter()
+            .zip(&y.data)
+            .filter(|(a, b)| a.to_bits() == b.to_bits())
+            .count();
+        let err = rel_l2(&got, &y.data);
+        println!("{name:40} {equal} of {} equal, rel L2 {err:.2e}", got.len());
+        if name.starts_with("exact_") || EXACT.contains(&name.as_str()) {
+            if equal != got.len() {
+                failures.push(format!(
+                    "{name}: {} of {} elements differ from onnxruntime's bits",
+                    got.len() - equal,
+                    got.len()
+                ));
+            }
+            continue;
+        }
+        if FLOAT_SUM.contains(&name.as_str()) {
+            if err > 1e-5 {
+                failures.push(format!("{name}: relative L2 {err:.3e} > 1e-5"));
+            }
+            continue;
+        }
+        let f = read_npy(qop.join(format!("{name}.float_output.npy"))).unwrap();
+        let quant_err = rel_l2(&y.data, &f.data);
+        if equal * 10 < got.len() * 9 {
+            failures.push(format!(
+                "{name}: only {equal} of {} elements equal",
+                got.len()
+            ));
+        }
+        if err > 1e-2 || err >= quant_err {
+            failures.push(format!(
+                "{name}: relative L2 {err:.3e} (limit 1e-2 and the quantization error \
+                 {quant_err:.2e})"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

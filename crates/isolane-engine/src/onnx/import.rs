@@ -685,16 +685,21 @@ impl<'m> Importer<'m> {
             path: &path,
             read: RefCell::new(vec![false; n.attribute.len()]),
         };
-        if !matches!(n.domain(), "" | "ai.onnx") {
+        let known_domain = matches!(n.domain(), "" | "ai.onnx")
+            || (n.domain() == "com.microsoft" && quant::is_contrib(n.op_type()));
+        if !known_domain {
             return Err(c.unsupported_op());
         }
         let reads_uniform = n.input.iter().any(|i| self.uniform.contains(i));
         if reads_uniform {
             batch_uniform::check(self, &c)?;
         }
-        self.check_quantized_readers(&c)?;
+        let int_outputs = self.quantized_readers(&c)?;
         let outs = self.dispatch(&c)?;
         c.check_all_read()?;
+        if let Some(t) = int_outputs {
+            self.tag_int_outputs(n, &outs, t);
+        }
         let made: u128 = outs.iter().map(Val::bytes).sum();
         self.folded = self.folded.saturating_add(made);
         if self.folded > self.fold_budget {
@@ -762,6 +767,19 @@ impl<'m> Importer<'m> {
                 Ok(vec![v])
             }
             "QuantizeLinear" => self.quantize_linear(c),
+            "QLinearConv"
+            | "QLinearMatMul"
+            | "ConvInteger"
+            | "MatMulInteger"
+            | "DynamicQuantizeLinear"
+            | "QLinearAdd"
+            | "QLinearMul"
+            | "QLinearGlobalAveragePool"
+            | "QLinearConcat"
+            | "QLinearLeakyRelu"
+            | "QLinearSigmoid"
+            | "QLinearSoftmax"
+            | "QGemm" => self.qoperator(c, &op),
             "DequantizeLinear" => self.dequantize_linear(c),
             "Shape" => self.shape_op(c),
             "Size" => {
@@ -1460,10 +1478,17 @@ impl<'m> Importer<'m> {
     fn conv(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let x = self.req(c, 0)?;
         let w = self.req(c, 1)?;
+        let op = self.conv_op(c, &x, &w)?;
+        self.emit1(c, op, 3)
+    }
+
+    /// The IR Conv for a 2-D convolution of `x` by weights `w` with the node's attributes
+    /// (Conv's, and QLinearConv's and ConvInteger's, which are the same).
+    fn conv_op(&mut self, c: &Ctx, x: &Val, w: &Val) -> Result<Op> {
         let ws = w.sym_shape().map_err(|e| c.bad(e))?;
         // A float constant input (a positional encoding computed from constants, as edgenext's)
         // becomes an IR constant; the passes then fold the Conv at compile time.
-        let xshape = match &x {
+        let xshape = match x {
             Val::Dyn(d) => d.shapes[0].clone(),
             Val::F(a) => a.shape.clone(),
             other => {
@@ -1499,18 +1524,14 @@ impl<'m> Importer<'m> {
         }
         let hw = [xshape[2], xshape[3]];
         let pads = self.window_pads(c, hw, kernel, strides, dilations)?;
-        self.emit1(
-            c,
-            Op::Conv(ir::ConvAttrs {
-                strides,
-                pads,
-                dilations,
-                groups: groups as usize,
-                activation: None,
-                residual: false,
-            }),
-            3,
-        )
+        Ok(Op::Conv(ir::ConvAttrs {
+            strides,
+            pads,
+            dilations,
+            groups: groups as usize,
+            activation: None,
+            residual: false,
+        }))
     }
 
     fn pool(&mut self, c: &Ctx, max: bool) -> Result<Vec<Val>> {
