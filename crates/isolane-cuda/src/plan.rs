@@ -710,9 +710,10 @@ struct Planner<'g> {
     t: usize,
     /// Node → the quantized GEMM it runs as (`crate::int8::classify`), when it does.
     quant: Vec<Option<crate::int8::Int8Gemm>>,
-    /// Value → its quantized `[M, K]` rows already made (location, scale, type), for a second
-    /// direct GEMM of the same activations.
-    quantized_of: Vec<Option<(Loc, f32, QuantType)>>,
+    /// Value → its quantized `[M, K]` rows already made (location, scale, type, whether the
+    /// rows are NHWC pixels or the value's own last axis), for a second direct GEMM of the same
+    /// activations.
+    quantized_of: Vec<Option<(Loc, f32, QuantType, bool)>>,
     const_repr: Vec<(usize, ConstRepr)>,
 }
 
@@ -2432,6 +2433,15 @@ impl Planner<'_> {
         let mut rows_of_u = true;
         let (x, mut conv, wrows) = match &n.op {
             Op::Conv(a) => {
+                if self.vstrides[u].is_some() {
+                    // Not met so far: a convolution's input is never a strided view (only
+                    // stride-aware readers get those), and a FakeQuant between them keeps it so.
+                    return Err(unsupported(
+                        name,
+                        "a quantized convolution of a strided view (report it: the plan would \
+                         need an NHWC copy first)",
+                    ));
+                }
                 let xs = four(&self.shapes[u], name)?;
                 let x = self.channels_last(u, name)?;
                 let (x, xs, pads) = self.pad_asymmetric(name, x, xs, a.pads, true)?;
@@ -2511,7 +2521,9 @@ impl Planner<'_> {
         };
         // Direct rows of the same activations at the same scale are quantized once.
         let reuse = match self.quantized_of[u] {
-            Some((l, s, t)) if conv.is_none() && rows_of_u && s == q.x_scale && t == q.qtype => {
+            Some((l, s, t, px))
+                if conv.is_none() && rows_of_u && s == q.x_scale && t == q.qtype && px == nhwc =>
+            {
                 self.touch(l);
                 Some(l)
             }
@@ -2525,7 +2537,7 @@ impl Planner<'_> {
                     offset: 0,
                 };
                 if conv.is_none() && rows_of_u {
-                    self.quantized_of[u] = Some((l, q.x_scale, q.qtype));
+                    self.quantized_of[u] = Some((l, q.x_scale, q.qtype, nhwc));
                 }
                 l
             }

@@ -1687,3 +1687,63 @@ fn quantized_products_plan_into_quant_gemms_that_compute_the_graph() {
         }
     }
 }
+
+/// Two Linears reading one quantized activation (as a transformer's q, k and v projections
+/// do): the activation is quantized once, the second GEMM reuses it, and the plan computes
+/// the graph.
+#[test]
+fn one_quantized_activation_read_by_two_gemms_is_quantized_once() {
+    use isolane_engine::calibrate::{quantize_model, CalibOptions};
+    let mut g = Graph::new("two_linears");
+    let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(5), Dim::Fixed(32)]);
+    let mut seed = 200;
+    let mut w = |g: &mut Graph, name: &str, shape: Vec<usize>| {
+        seed += 1;
+        let n: usize = shape.iter().product();
+        let d = random(n, seed).into_iter().map(|v| v * 0.3).collect();
+        g.add_constant(name, Tensor::new(shape, d).unwrap())
+    };
+    let (wa, ba) = (w(&mut g, "wa", vec![32, 32]), w(&mut g, "ba", vec![32]));
+    let (wb, bb) = (w(&mut g, "wb", vec![32, 32]), w(&mut g, "bb", vec![32]));
+    let h = g.add_op("pre", Op::Unary(Unary::Relu), &[x]).unwrap();
+    let lin = || Op::Linear { activation: None };
+    let a = g.add_op("a", lin(), &[h, wa, ba]).unwrap();
+    let b = g.add_op("b", lin(), &[h, wb, bb]).unwrap();
+    let y = g.add_op("sum", Op::Binary(Binary::Mul), &[a, b]).unwrap();
+    g.add_output(y).unwrap();
+    let batch = 2;
+    let samples = vec![vec![Tensor::new(
+        vec![batch, 5, 32],
+        random(batch * 160, 3),
+    )
+    .unwrap()]];
+    let q = quantize_model(&g, batch, &samples, &CalibOptions::default())
+        .unwrap()
+        .graph;
+    let p = plan::plan_with(&q, batch, Precision::Fp32, PlanOptions::default()).unwrap();
+    let gemms: Vec<&QuantGemmStep> = p
+        .steps
+        .iter()
+        .filter_map(|s| match &s.kind {
+            StepKind::QuantGemm(g) => Some(&**g),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        gemms.len(),
+        2,
+        "{:?}",
+        p.steps.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    assert!(!gemms[0].xq_ready && gemms[1].xq_ready);
+    assert_eq!(gemms[0].xq, gemms[1].xq);
+    assert_eq!((gemms[1].m, gemms[1].n, gemms[1].k), (batch * 5, 32, 32));
+    let mut cpu = CpuBackend::new(1)
+        .compile(&q, batch, Precision::Fp32)
+        .unwrap();
+    let x = random(cpu.input_mut().len(), 8);
+    cpu.input_mut().copy_from_slice(&x);
+    cpu.run().unwrap();
+    let err = rel_l2(&run(&p, &x), cpu.output());
+    assert!(err < 1e-5, "rel L2 {err:e}");
+}
