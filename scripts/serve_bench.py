@@ -649,7 +649,7 @@ def sweep_levels(args, proto, deadline_ms, service_ms):
     levels = sorted(set([1] + args.concurrencies))
     if proto == "grpc" or not deadline_ms or not service_ms:
         return levels, []
-    keep = [c for c in levels if c == 1 or c * service_ms <= 0.8 * deadline_ms]
+    keep = [c for c in levels if c == 1 or c * service_ms <= 0.6 * deadline_ms]
     return keep, [c for c in levels if c not in keep]
 
 
@@ -988,7 +988,7 @@ def markdown(s):
             L.append("")
     ab = st.get("overhead_spin")
     if ab:
-        L += ["### The spin A/B (perf_analyzer, concurrency 1; a server of the probe models alone per `[timing] spin_us`)", "",
+        L += ["### The spin A/B (concurrency 1, perf_analyzer where there is one; a server of the probe models alone per `[timing] spin_us`)", "",
               "`spin_us` bounds the model thread's poll of its queue after a job and, on a machine of 8 cores or more, "
               "the front end's poll for an answer past its predicted time (docs/serve.md, \"Waiting for answers\"). "
               "`scenario`: the main server above, the scenario's own setting.", "",
