@@ -30,8 +30,9 @@
 #             client time. Then, the main server stopped, one server of the probe alone per
 #             --ab-spin-us value (0,2000) with [timing] spin_us set to it, at concurrency 1:
 #             the spin A/B (docs/serve.md, "Waiting for answers").
-#             `--steps inproc,overhead` takes about 4 minutes on the H200 (estimated: 14
-#             perf_analyzer runs of 5 to 12 s, three server starts); --ab-spin-us '' saves one.
+#             The sweep's levels above 1, the shared memory rows and the A/B servers start
+#             only within the driver's --budget-s (250 s; scripts/session-gpu.sh gives the
+#             overhead step 300 s): what is left out for time is listed in summary.md.
 #   critical  the critical model's client latency and its refused and late requests, alone and
 #             while perf_analyzer floods both best-effort models (their rows/s from /metrics).
 #   deadline  refused up front (429 / RESOURCE_EXHAUSTED) against answered late: late must be 0.

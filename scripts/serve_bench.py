@@ -51,6 +51,17 @@ except ImportError as e:  # said once, plainly, rather than as a traceback
 
 SUMMARY = {"steps": {}, "errors": []}
 OUT = "."
+BEGAN = time.time()
+
+
+def time_left(args, need_s, what):
+    """Whether `need_s` more seconds fit in --budget-s; what is left out for lack of them is said
+    in the summary (a step cut by its caller's time limit would lose everything instead)."""
+    if time.time() - BEGAN + need_s <= args.budget_s:
+        return True
+    SUMMARY.setdefault("left_out", []).append(f"{what} (--budget-s {args.budget_s:.0f})")
+    log(f"left out for time: {what}")
+    return False
 
 
 def log(msg):
@@ -674,6 +685,9 @@ def step_overhead(args, server, metas, probes, inproc, res, spin_us=None):
             if skipped:
                 r["skipped"][key] = skipped
             for conc in levels:
+                optional = conc > 1 or key == "grpc-shm"
+                if args.perf_analyzer and optional and not time_left(args, 15, f"{name} {key} at concurrency {conc}"):
+                    continue
                 # A refusal stops perf_analyzer: over gRPC the requests carry a deadline far above
                 # the model's (perf_analyzer sends request parameters over gRPC alone), so that
                 # requests queued behind each other at concurrency > 1 are not refused.
@@ -1052,6 +1066,8 @@ def markdown(s):
                 L.append(f"| {what} | {d['model']} | {d['deadline_ms']} | {proto} | {sent} | {p['refused']} | "
                          f"{p['ok']} | {p['late']} | {p['error']} |")
         L.append("")
+    if s.get("left_out"):
+        L += ["## Left out for time", ""] + [f"- {x}" for x in s["left_out"]] + [""]
     L += targets(s)
     if s["errors"]:
         L += ["## Errors", ""] + [f"- {e}" for e in s["errors"]] + [""]
@@ -1098,6 +1114,10 @@ def main():
     ap.add_argument("--burst", type=int, default=32)
     ap.add_argument("--burst-rounds", type=int, default=10)
     ap.add_argument("--ready-timeout", type=float, default=300.0)
+    ap.add_argument("--budget-s", type=float, default=250.0,
+                    help="the overhead step's sweep levels above 1, its shared memory rows and the spin A/B "
+                         "servers start only while the driver has run less than this minus what each takes "
+                         "(15 s, 60 s); what is left out is said (scripts/session-gpu.sh gives the step 300 s)")
     args = ap.parse_args()
     if args.quick:
         args.inproc_seconds, args.pa_window_ms, args.pa_stability, args.py_requests = 2.0, 1000, 50, 200
@@ -1190,6 +1210,8 @@ def main():
         # After the main server: its partitions are free for the probes' own.
         SUMMARY["steps"]["overhead_spin"] = {}
         for spin_us in args.ab_spin_us:
+            if not time_left(args, 60, f"the spin A/B server with spin_us {spin_us}"):
+                continue
             path = os.path.join(OUT, f"spin{spin_us}.toml")
             with open(path, "w") as f:
                 f.write(spin_scenario(scenario, probes, spin_us))
