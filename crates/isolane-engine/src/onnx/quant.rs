@@ -1111,6 +1111,27 @@ impl Importer<'_> {
         let yt = self.out_type(c, yzi, at)?;
         let yz = self.qzp(c, yzi, None, Some(IntType::Q(yt)), false)?;
         let yz = self.zp_const(c, yz, "output")?[0];
+        let bias = match self.get(c, 6)? {
+            Some(cv) if gemm => {
+                let Val::I(ca) = &cv else {
+                    return Err(c.bad(format!(
+                        "the bias C is {}; QGemm's is an int32 constant",
+                        cv.kind()
+                    )));
+                };
+                if ca.data.len() != 1 && !(ca.shape.iter().rev().skip(1).all(|&d| d == 1)) {
+                    return Err(c.bad(format!(
+                        "the bias C has shape {:?}; isolane supports a scalar or a row of N",
+                        ca.shape
+                    )));
+                }
+                Some(syms_static(c, &cv, "the bias")?)
+            }
+            _ => None,
+        };
+        let bias_max = bias.as_ref().map_or(0.0, |v| {
+            v.iter().fold(0f64, |m, x| m.max((*x as f64).abs()))
+        });
         let (b, bs, shift) = match b.1 {
             Val::F(bq) => {
                 let bq = if trans_b {
@@ -1150,7 +1171,7 @@ impl Importer<'_> {
                     _ => 65535.0,
                 };
                 let bmax = centred.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
-                let shift = Self::shift_for(k as f64 * amax * bmax + 2f64.powi(31));
+                let shift = Self::shift_for(k as f64 * amax * bmax + bias_max);
                 let bk = self.qconst(
                     c,
                     "B",
@@ -1174,29 +1195,13 @@ impl Importer<'_> {
             String::new(),
             self.emit_tmp(c, Op::MatMul, &[a, b], "accumulator")?,
         );
-        if gemm {
-            if let Some(cv) = self.get(c, 6)? {
-                let Val::I(ca) = &cv else {
-                    return Err(c.bad(format!(
-                        "the bias C is {}; QGemm's is an int32 constant",
-                        cv.kind()
-                    )));
-                };
-                if ca.data.len() != 1 && !(ca.shape.iter().rev().skip(1).all(|&d| d == 1)) {
-                    return Err(c.bad(format!(
-                        "the bias C has shape {:?}; isolane supports a scalar or a row of N",
-                        ca.shape
-                    )));
-                }
-                let v = syms_static(c, &cv, "the bias")?;
-                let len = v.len();
-                let bias = self.qconst(
-                    c,
-                    "bias",
-                    Arr::new(vec![len], v.iter().map(|&x| x as f32 * shift).collect()),
-                );
-                acc = self.qbin(c, Binary::Add, acc, bias, "biased")?;
-            }
+        if let Some(v) = &bias {
+            let bias = self.qconst(
+                c,
+                "bias",
+                Arr::new(vec![v.len()], v.iter().map(|&x| x as f32 * shift).collect()),
+            );
+            acc = self.qbin(c, Binary::Add, acc, bias, "biased")?;
         }
         // onnxruntime's multipliers: `a_scale · b_scale / y_scale` (QGemm: `alpha · a_scale ·
         // b_scale`, then `/ y_scale`), left to right in f32; the shift undone exactly.
