@@ -72,6 +72,7 @@ struct Critical {
     running: Option<(i64, f64)>,
     jobs: u64,
     late: u64,
+    latencies: Vec<i64>,
     late_seqs: Vec<i64>,
     outliers: bool,
     rng: u64,
@@ -103,6 +104,16 @@ pub struct Outcome {
     pub best_effort: f64,
     /// Per critical model, the sequence numbers of its late jobs.
     pub late_seqs: Vec<Vec<i64>>,
+    /// Per critical model, its p99 latency (ns).
+    pub p99_ns: Vec<i64>,
+}
+
+/// Each critical model's deadline: `x` × its p99 alone, or × its p99 in the victims-only
+/// replay (the two deadlines).
+#[derive(Clone, Copy, Debug)]
+pub enum Deadlines {
+    Alone(f64),
+    Together(f64),
 }
 
 /// The guard as it stood before the sharing lever's pacing: its delay charged over the whole
@@ -117,9 +128,20 @@ pub enum Guarding {
     None,
 }
 
-/// Replays `seconds` of trio a under `guarding`, deadlines `deadline_x` × each p99 alone, with
-/// or without `outliers`.
-pub fn trio_a(guarding: Guarding, seconds: f64, deadline_x: f64, outliers: bool) -> Outcome {
+/// Replays `seconds` of trio a under `guarding`, with `deadlines`, with or without `outliers`.
+pub fn trio_a(guarding: Guarding, seconds: f64, deadlines: Deadlines, outliers: bool) -> Outcome {
+    let deadline = |k: usize, p99_alone: i64| match deadlines {
+        Deadlines::Alone(x) => (x * p99_alone as f64) as i64,
+        Deadlines::Together(x) => {
+            let base = trio_a(
+                Guarding::VictimsOnly,
+                seconds,
+                Deadlines::Alone(1e3),
+                outliers,
+            );
+            (x * base.p99_ns[k] as f64) as i64
+        }
+    };
     let sys: MemorySystem = memory_system("h200").unwrap();
     let coeffs: Coefficients = fitted("h200", Mechanism::Green).unwrap().coefficients;
     let critical = [
@@ -136,7 +158,7 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadline_x: f64, outliers: bool)
         .enumerate()
         .map(|(i, w)| {
             let period = (1e9 / (0.75 * 1e9 / w.exec_ns as f64)) as i64;
-            let deadline = (deadline_x * w.p99_ns as f64) as i64;
+            let deadline = deadline(i, w.p99_ns);
             // The warm-up's estimate: the p99 alone.
             let seed = w.p99_ns;
             Critical {
@@ -148,10 +170,31 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadline_x: f64, outliers: bool)
                 running: None,
                 jobs: 0,
                 late: 0,
+                latencies: Vec::new(),
                 late_seqs: Vec::new(),
                 outliers,
                 rng: 0x5eed + i as u64,
             }
+        })
+        .collect();
+    // Each critical model's stretch beside: [the other running][best effort running].
+    let stretch: Vec<[[f64; 2]; 2]> = (0..crit.len())
+        .map(|k| {
+            let victim_ms = crit[k].w.exec_ns as f64 / 1e6;
+            let of = |other: bool, be_on: bool| {
+                let mut beside: Vec<Neighbour> = Vec::new();
+                if other {
+                    beside.push(crit[1 - k].w.neighbour.clone());
+                }
+                if be_on {
+                    beside.push(be.neighbour.clone());
+                }
+                coeffs.stretch(&Terms::beside(&beside, victim_ms, &sys))
+            };
+            [
+                [of(false, false), of(false, true)],
+                [of(true, false), of(true, true)],
+            ]
         })
         .collect();
     let end_t = (seconds * 1e9) as i64;
@@ -174,17 +217,11 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadline_x: f64, outliers: bool)
             let Some((release, left)) = crit[k].running else {
                 continue;
             };
-            let mut beside: Vec<Neighbour> = Vec::new();
-            for (j, o) in crit.iter().enumerate() {
-                if j != k && o.running.is_some() {
-                    beside.push(o.w.neighbour.clone());
-                }
-            }
-            if be_on {
-                beside.push(be.neighbour.clone());
-            }
-            let victim_ms = crit[k].w.exec_ns as f64 / 1e6;
-            let s = coeffs.stretch(&Terms::beside(&beside, victim_ms, &sys));
+            let other_on = crit
+                .iter()
+                .enumerate()
+                .any(|(j, o)| j != k && o.running.is_some());
+            let s = stretch[k][usize::from(other_on)][usize::from(be_on)];
             let left = left - STEP as f64 / s;
             let c = &mut crit[k];
             if left > 0.0 {
@@ -195,6 +232,7 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadline_x: f64, outliers: bool)
             // next job published.
             let done = t + STEP;
             c.jobs += 1;
+            c.latencies.push(done - release);
             if done - release > c.deadline {
                 c.late += 1;
                 c.late_seqs.push(c.view.seq);
@@ -263,5 +301,13 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadline_x: f64, outliers: bool)
             .collect(),
         best_effort: busy as f64 / end_t as f64,
         late_seqs: crit.iter().map(|c| c.late_seqs.clone()).collect(),
+        p99_ns: crit
+            .iter_mut()
+            .map(|c| {
+                c.latencies.sort_unstable();
+                let n = c.latencies.len();
+                c.latencies.get(n * 99 / 100).copied().unwrap_or(0)
+            })
+            .collect(),
     }
 }
