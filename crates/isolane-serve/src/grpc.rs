@@ -640,8 +640,7 @@ fn duration(d: &StatDuration) -> pb::StatisticDuration {
     }
 }
 
-/// One model's statistics in the gRPC message. `batch_stats` stays empty: the server keeps
-/// no per-batch-size figures.
+/// One model's statistics in the gRPC message, its `batch_stats` as HTTP's.
 fn statistics(s: &ModelStatistics) -> pb::ModelStatistics {
     let i = &s.inference_stats;
     pb::ModelStatistics {
@@ -660,7 +659,16 @@ fn statistics(s: &ModelStatistics) -> pb::ModelStatistics {
             cache_hit: Some(duration(&i.cache_hit)),
             cache_miss: Some(duration(&i.cache_miss)),
         }),
-        batch_stats: Vec::new(),
+        batch_stats: s
+            .batch_stats
+            .iter()
+            .map(|b| pb::InferBatchStatistics {
+                batch_size: b.batch_size,
+                compute_input: Some(duration(&b.compute_input)),
+                compute_infer: Some(duration(&b.compute_infer)),
+                compute_output: Some(duration(&b.compute_output)),
+            })
+            .collect(),
     }
 }
 
@@ -889,6 +897,17 @@ mod tests {
             let success = echo.inference_stats.unwrap().success.unwrap();
             assert_eq!(success.count, 2);
             assert!(success.ns > 0);
+            // Per batch size, as HTTP's: a job of 1 row and one of 3, each with its 2 ms spin.
+            let sizes: Vec<_> = echo
+                .batch_stats
+                .iter()
+                .map(|b| (b.batch_size, b.compute_infer.unwrap().count))
+                .collect();
+            assert_eq!(sizes, [(1, 1), (3, 1)]);
+            assert!(echo
+                .batch_stats
+                .iter()
+                .all(|b| b.compute_infer.unwrap().ns >= 2_000_000));
             let all = c
                 .model_statistics(pb::ModelStatisticsRequest::default())
                 .await
@@ -915,6 +934,12 @@ mod tests {
         assert!(own.iter().all(|t| t.count == 2), "{own:?}");
         let infer = own.iter().find(|t| t.stage == "infer").unwrap();
         assert!(infer.ns >= 4_000_000, "{own:?}");
+        // HTTP's JSON has the same entries, in Triton's names.
+        let json = serde_json::to_value(&s.statistics(Some("echo")).unwrap()[0]).unwrap();
+        let batches = json["batch_stats"].as_array().unwrap();
+        assert_eq!(batches.len(), 2, "{json}");
+        assert_eq!(batches[1]["batch_size"], 3, "{json}");
+        assert_eq!(batches[1]["compute_infer"]["count"], 1, "{json}");
         assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
     }
 

@@ -56,7 +56,7 @@ pub use host::{ProcessHosts, WorkerStarted};
 pub use model::{Load, ModelInfo};
 pub use released::ReleasedRun;
 pub use request::{InferRequest, InferResponse, Refusal};
-pub use stats::{InferenceStats, ModelStatistics, ServeMetrics, StatDuration};
+pub use stats::{BatchStatistics, InferenceStats, ModelStatistics, ServeMetrics, StatDuration};
 
 use model::ServedModel;
 

@@ -518,7 +518,7 @@ impl ServedModel {
                     // Counted before the answers go: a client that reads the statistics
                     // after its answer finds its request in them.
                     self.stats
-                        .phases(requests, input_ns, job, answered - copy_out);
+                        .phases((requests, rows as u64), input_ns, job, answered - copy_out);
                     for (tx, mut reply) in replies {
                         if let Ok(r) = &mut reply {
                             r.stamps.answered = answered;

@@ -360,6 +360,8 @@ pub(crate) struct Totals {
     last_ms: AtomicU64,
     /// Each front end's answered requests, per stage ([`Protocol`], [`Stage`]).
     stages: [[Timed; Stage::ALL.len()]; 2],
+    /// Jobs by their batch size (rows): each one's input, infer and output time (`batch_stats`).
+    batches: std::sync::Mutex<std::collections::BTreeMap<u64, [StatDuration; 3]>>,
 }
 
 /// The front end a request came through, as the stage breakdown names it.
@@ -394,6 +396,16 @@ pub struct StatDuration {
     pub ns: u64,
 }
 
+/// One batch size's jobs (`batch_stats`, Triton's `InferBatchStatistics`): how many ran with
+/// `batch_size` rows, and their input, infer and output time in all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BatchStatistics {
+    pub batch_size: u64,
+    pub compute_input: StatDuration,
+    pub compute_infer: StatDuration,
+    pub compute_output: StatDuration,
+}
+
 /// One model's `inference_stats`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct InferenceStats {
@@ -416,7 +428,8 @@ pub struct ModelStatistics {
     pub inference_count: u64,
     pub execution_count: u64,
     pub inference_stats: InferenceStats,
-    pub batch_stats: Vec<serde_json::Value>,
+    /// By batch size, ascending; what gRPC answers carry too.
+    pub batch_stats: Vec<BatchStatistics>,
     /// isolane's own field: where answered requests' time went per front end and stage
     /// (docs/serve.md); clients that do not know it skip it, and the gRPC message has no place
     /// for it.
@@ -509,12 +522,25 @@ impl ModelStats {
         }
     }
 
-    /// A job's three phases: its inputs copied in, the model run, the outputs copied out.
-    pub fn phases(&self, requests: u64, input_ns: i64, infer_ns: i64, output_ns: i64) {
+    /// A job's three phases: its inputs copied in, the model run, the outputs copied out;
+    /// `(requests, rows)`: the requests it answered and their rows (its batch size).
+    pub fn phases(
+        &self,
+        (requests, rows): (u64, u64),
+        input_ns: i64,
+        infer_ns: i64,
+        output_ns: i64,
+    ) {
         let t = &self.totals;
         t.compute_input.add(requests, input_ns);
         t.compute_infer.add(requests, infer_ns);
         t.compute_output.add(requests, output_ns);
+        let mut batches = t.batches.lock().unwrap_or_else(|p| p.into_inner());
+        let b = batches.entry(rows).or_default();
+        for (d, ns) in b.iter_mut().zip([input_ns, infer_ns, output_ns]) {
+            d.count += 1;
+            d.ns += ns.max(0) as u64;
+        }
     }
 
     /// A request that got an error after it was taken.
@@ -540,7 +566,18 @@ impl ModelStats {
                 compute_output: t.compute_output.read(),
                 ..Default::default()
             },
-            batch_stats: Vec::new(),
+            batch_stats: t
+                .batches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|(&batch_size, &[input, infer, output])| BatchStatistics {
+                    batch_size,
+                    compute_input: input,
+                    compute_infer: infer,
+                    compute_output: output,
+                })
+                .collect(),
             isolane_stages: [Protocol::Grpc, Protocol::Http]
                 .into_iter()
                 .flat_map(|p| {
