@@ -170,7 +170,7 @@ pub(crate) struct ServedModel {
     /// whose cores sleep.
     poll_ns: i64,
     /// How long past its answer's predicted time a front end polls for it before its task
-    /// parks (0: it parks at once); see [`HotWait`].
+    /// parks (0: it parks at once; `answer_spin_until`, `Server::set_answer_spin`).
     answer_spin_ns: AtomicI64,
     /// Instance numbers handed out so far (the first instance is 0).
     instances: AtomicU64,
