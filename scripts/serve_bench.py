@@ -938,6 +938,10 @@ def markdown(s):
         L += [f"Device: {s['device']}", ""]
     if s.get("server"):
         L += [f"Server: `{s['server'].get('ready_line', '')}`; exit code {s['server'].get('exit_code')}", ""]
+    if s.get("cores"):
+        on = s["cores"] >= 8
+        L += [f"Host: {s['cores']} cores: the front ends {'poll for' if on else 'park until'} answers due within 2 ms "
+              f"({'8 cores or more' if on else 'fewer than 8 cores'}; docs/serve.md, \"Waiting for answers\").", ""]
     st = s["steps"]
     inproc = st.get("inproc", {})
     over = st.get("overhead", {})
@@ -1005,7 +1009,7 @@ def markdown(s):
         L += ["### The spin A/B (concurrency 1, perf_analyzer where there is one; a server of the probe models alone per `[timing] spin_us`)", "",
               "`spin_us` bounds the model thread's poll of its queue after a job and, on a machine of 8 cores or more, "
               "the front end's poll for an answer past its predicted time (docs/serve.md, \"Waiting for answers\"). "
-              "`scenario`: the main server above, the scenario's own setting.", "",
+              "`scenario`: the main server above, with the scenario's own setting (200 µs when it sets none).", "",
               "| model | path | spin_us | p50 ms | added µs at p50 | queue µs | wake µs | in the server µs |",
               "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
         runs = [("scenario", over)] + [(str(v), res) for v, res in ab.items()]
@@ -1143,7 +1147,7 @@ def main():
     critical = [w for w in workloads if w.get("criticality", "critical") == "critical"]
     best_effort = [w for w in workloads if w.get("criticality") == "best_effort"]
     probes = [w for w in critical if w.get("batch", 1) == 1]
-    SUMMARY.update({"scenario": args.scenario, "args": vars(args), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    SUMMARY.update({"scenario": args.scenario, "args": vars(args), "cores": len(os.sched_getaffinity(0)), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30)
