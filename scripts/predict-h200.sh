@@ -17,7 +17,10 @@
 #   profiles alone (one cache, RESULTS/profiles, kept between calls; learned stretches removed
 #   before each plan) and verified once (`--rounds 1`), with the predicted stretch and again
 #   with `--no-predict`; round 1's verdict is the first plan's (hits.txt: one line per
-#   scenario and way; each verification's table has predicted against measured p99).
+#   scenario and way; each verification's table has predicted against measured p99; OUT/hits.md:
+#   the same as a table with each way's hit rate). A call stops starting scenarios once
+#   TIME_BUDGET_S (default 400) seconds have passed, and says which it left for the next call,
+#   so that a call under the device's 10-minute limit always brings its results back.
 #
 # ISOLANE_BIN (default stage/isolane), RESULTS (default results/h200-predict), DURATION_S,
 # VERIFY_S (default 10: each verification's duration) and OUT (the tarball's folder, default
@@ -37,6 +40,7 @@ bin=${ISOLANE_BIN:-stage/isolane}
 results=${RESULTS:-results/h200-predict}
 duration=${DURATION_S:-3}
 verify_s=${VERIFY_S:-10}
+budget=${TIME_BUDGET_S:-400}
 out=${OUT:-/tmp/isolane-predict}
 [ -z "${DRY_RUN:-}" ] && mkdir -p "$results" "$out"
 
@@ -74,10 +78,15 @@ fi
 if [ "$which" != matrix ]; then
     cache=$results/profiles
     [ -z "${DRY_RUN:-}" ] && : >"$results/hits.txt"
+    left=()
     for sc in ${SCENARIOS:-scenarios/planner/*.toml}; do
         grep -q '^mechanism = "green"' "$sc" || continue
         grep -q '^gpus' "$sc" && continue
         name=$(basename "$sc" .toml)
+        if [ -z "${DRY_RUN:-}" ] && [ "$SECONDS" -ge "$budget" ]; then
+            left+=("$sc")
+            continue
+        fi
         for way in predict nopredict; do
             flag=()
             [ "$way" = nopredict ] && flag=(--no-predict)
@@ -86,6 +95,8 @@ if [ "$which" != matrix ]; then
             so=/dev/stdout se=/dev/stderr
             if [ -z "${DRY_RUN:-}" ]; then
                 rm -rf "$cache"/*/*/stretch
+                # A folder of an earlier call on this machine: --verify-out wants it empty.
+                rm -rf "$dir"
                 mkdir -p "$dir"
                 so=$dir/stdout.txt se=$dir/stderr.txt
             fi
@@ -98,6 +109,25 @@ if [ "$which" != matrix ]; then
             echo "$name $way: $verdict" | tee -a "$results/hits.txt"
         done
     done
+    if [ -z "${DRY_RUN:-}" ]; then
+        {
+            echo "# First plan's hit rate (plan --auto --verify --rounds 1, VERIFY_S=$verify_s s)"
+            echo
+            echo "| scenario | predicted stretch | --no-predict |"
+            echo "| --- | --- | --- |"
+            awk '{w = $2; sub(":", "", w); v = $3; for (i = 4; i <= NF; i++) v = v " " $i;
+                  r[$1 "/" w] = v; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
+                END { for (i = 1; i <= n; i++) { s = order[i];
+                      printf "| %s | %s | %s |\n", s, r[s "/predict"], r[s "/nopredict"] } }' \
+                "$results/hits.txt"
+            echo
+            for way in predict nopredict; do
+                awk -v w="$way" '$2 == w ":" { n++; if ($3 == "holds") h++ }
+                    END { printf "%s: %d of %d first plans hold\n", w, h, n }' "$results/hits.txt"
+            done
+            [ ${#left[@]} -gt 0 ] && echo && echo "Not started (time budget): ${left[*]}"
+        } | tee "$out/hits.md"
+    fi
 fi
 
 [ -z "${DRY_RUN:-}" ] && tar -czf "$out/predict.tar.gz" "$results" && echo "wrote $out/predict.tar.gz"
