@@ -940,8 +940,8 @@ def markdown(s):
         L += [f"Server: `{s['server'].get('ready_line', '')}`; exit code {s['server'].get('exit_code')}", ""]
     if s.get("cores"):
         on = s["cores"] >= 8
-        L += [f"Host: {s['cores']} cores: the front ends {'poll for' if on else 'park until'} answers due within 2 ms "
-              f"({'8 cores or more' if on else 'fewer than 8 cores'}; docs/serve.md, \"Waiting for answers\").", ""]
+        how = "poll for answers due within 2 ms (8 cores or more)" if on else "park until each answer comes (fewer than 8)"
+        L += [f"Host: {s['cores']} cores: the front ends {how}; docs/serve.md, \"Waiting for answers\".", ""]
     st = s["steps"]
     inproc = st.get("inproc", {})
     over = st.get("overhead", {})
