@@ -1121,7 +1121,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=250.0,
                     help="the overhead step's sweep levels above 1, its shared memory rows and the spin A/B "
                          "servers start only while the driver has run less than this minus what each takes "
-                         "(15 s, 60 s); what is left out is said (scripts/session-gpu.sh gives the step 300 s)")
+                         "(15 s, 45 s); what is left out is said (scripts/session-gpu.sh gives the step 300 s)")
     args = ap.parse_args()
     if args.quick:
         args.inproc_seconds, args.pa_window_ms, args.pa_stability, args.py_requests = 2.0, 1000, 50, 200
@@ -1214,7 +1214,7 @@ def main():
         # After the main server: its partitions are free for the probes' own.
         SUMMARY["steps"]["overhead_spin"] = {}
         for spin_us in args.ab_spin_us:
-            if not time_left(args, 60, f"the spin A/B server with spin_us {spin_us}"):
+            if not time_left(args, 45, f"the spin A/B server with spin_us {spin_us}"):
                 continue
             path = os.path.join(OUT, f"spin{spin_us}.toml")
             with open(path, "w") as f:
