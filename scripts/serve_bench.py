@@ -676,29 +676,33 @@ def step_overhead(args, server, metas, probes, inproc, res, spin_us=None):
         r = res[name] = {"perf_analyzer": {}, "tritonclient": {}, "skipped": {}}
         if spin_us is not None:
             r["spin_us"] = spin_us
-        for key, proto, url, pa_extra in overhead_paths(args, server, meta):
-            if spin_us is not None and key == "grpc-shm":
-                continue
+        paths = [p for p in overhead_paths(args, server, meta) if spin_us is None or p[0] != "grpc-shm"]
+        runs = []
+        for key, proto, url, pa_extra in paths:
             levels, skipped = sweep_levels(args, proto, w.get("deadline_ms"), base and base.get("p99_ms"))
             if spin_us is not None:
                 levels, skipped = [1], []
             if skipped:
                 r["skipped"][key] = skipped
-            for conc in levels:
-                optional = conc > 1 or key == "grpc-shm"
-                if args.perf_analyzer and optional and not time_left(args, 15, f"{name} {key} at concurrency {conc}"):
-                    continue
-                # A refusal stops perf_analyzer: over gRPC the requests carry a deadline far above
-                # the model's (perf_analyzer sends request parameters over gRPC alone), so that
-                # requests queued behind each other at concurrency > 1 are not refused.
-                extra = (["--request-parameter", "deadline_ms:1000:int"] if proto == "grpc" else []) + pa_extra
-                before = stage_totals(server.http, name) if conc == 1 else {}
-                tag = f"-spin{spin_us}" if spin_us is not None else ""
-                row = perf_analyzer(args, proto, url, name, 1, conc, f"overhead-{name}-{key}-c{conc}{tag}", extra=extra)
-                r["perf_analyzer"][f"{key}_c{conc}"] = pa_summary(row)
-                if conc == 1:
-                    # Where the server's time went, per request of this run (its warm-up too).
-                    r.setdefault("stages", {})[key] = stage_means(before, stage_totals(server.http, name), proto)
+            runs += [(conc, key, proto, url, pa_extra) for conc in levels]
+        # Every path at concurrency 1 first, then the sweep level by level: what --budget-s
+        # leaves out is the highest levels.
+        runs.sort(key=lambda run: run[0])
+        for conc, key, proto, url, pa_extra in runs:
+            if args.perf_analyzer and conc > 1 and not time_left(args, 15, f"{name} {key} at concurrency {conc}"):
+                continue
+            # A refusal stops perf_analyzer: over gRPC the requests carry a deadline far above
+            # the model's (perf_analyzer sends request parameters over gRPC alone), so that
+            # requests queued behind each other at concurrency > 1 are not refused.
+            extra = (["--request-parameter", "deadline_ms:1000:int"] if proto == "grpc" else []) + pa_extra
+            before = stage_totals(server.http, name) if conc == 1 else {}
+            tag = f"-spin{spin_us}" if spin_us is not None else ""
+            row = perf_analyzer(args, proto, url, name, 1, conc, f"overhead-{name}-{key}-c{conc}{tag}", extra=extra)
+            r["perf_analyzer"][f"{key}_c{conc}"] = pa_summary(row)
+            if conc == 1:
+                # Where the server's time went, per request of this run (its warm-up too).
+                r.setdefault("stages", {})[key] = stage_means(before, stage_totals(server.http, name), proto)
+        for key, proto, url, _ in paths:
             if key == "grpc-shm" or (spin_us is not None and args.perf_analyzer):
                 continue
             c = Client(proto, url, name, meta)
