@@ -15,6 +15,8 @@
 #   quantgemm isolane-cuda's GPU test: the int8/fp8 tensor-core path against the exact reference
 #   int8      scripts/int8-h200.sh: fp16 against int8 and fp8 (needs torch there)
 #   plans     scripts/predict-h200.sh plans (SCENARIOS=... to pick): the first plan's hit rate
+#   qop       scripts/qop-h200.sh: QOperator fixtures on cuda against the CPU and onnxruntime
+#   onepath   scripts/one-run-path-h200.sh: run and serve --release through one session
 #   apps      the apps GPU test: an app in a green context, with its trace
 #   levers-a, levers-b, levers-c   scripts/levers-h200.sh's trios
 #   sms       a green partition resized while serving (scripts/mps_resize_check.py --key sms)
@@ -59,6 +61,8 @@ for s in "$@"; do
     int8test) step int8test 150 stage/tests/isolane-cuda--gpu calibrated_int8_and_fp8_models_run_on_the_gpu --ignored --nocapture ;;
     quantgemm) step quantgemm 200 stage/tests/isolane-cuda--gpu quant_gemm_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture ;;
     plans) step plans 560 env OUT="$work/plans" ISOLANE_BIN="$isolane" bash scripts/predict-h200.sh plans ;;
+    qop) step qop 90 env OUT="$work/qop" ISOLANE_BIN="$isolane" bash scripts/qop-h200.sh ;;
+    onepath) step onepath 300 env OUT="$work/onepath" ISOLANE_BIN="$isolane" bash scripts/one-run-path-h200.sh ;;
     int8) step int8 300 env OUT="$work/int8" ISOLANE_BIN="$isolane" bash scripts/int8-h200.sh ;;
     apps) step apps 150 stage/tests/isolane--apps an_app_runs_in_a_green_context_on_the_gpu --ignored --nocapture ;;
     levers-a | levers-b | levers-c) step "$s" 330 env OUT="$work/$s" ISOLANE_BIN="$isolane" bash scripts/levers-h200.sh "${s#levers-}" ;;
