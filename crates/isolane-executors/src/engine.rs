@@ -104,6 +104,18 @@ fn quantized(spec: &WorkloadSpec, graph: Graph) -> Result<Graph, ExecError> {
     Ok(q)
 }
 
+/// An engine error of building `spec`'s model: an out-of-memory kept as one (exit 3), the
+/// rest as [`engine_err`].
+fn build_err(spec: &WorkloadSpec, e: isolane_engine::EngineError) -> ExecError {
+    if e.kind() == isolane_engine::ErrorKind::OutOfMemory {
+        return ExecError::OutOfMemory {
+            workload: spec.name.clone(),
+            message: e.to_string(),
+        };
+    }
+    engine_err(spec, e)
+}
+
 pub(crate) fn engine_err(spec: &WorkloadSpec, message: impl std::fmt::Display) -> ExecError {
     ExecError::Engine {
         workload: spec.name.clone(),
@@ -241,7 +253,7 @@ fn build_cuda(
             precision(spec.precision),
             &options,
         )
-        .map_err(|e| engine_err(spec, e))?;
+        .map_err(|e| build_err(spec, e))?;
     Ok(cuda_executor(spec, model, graph, seed, group))
 }
 
@@ -265,7 +277,7 @@ fn build_saved(
                 spec.batch as usize,
                 precision(spec.precision),
             )
-            .map_err(|e| engine_err(spec, e))?;
+            .map_err(|e| build_err(spec, e))?;
         return Ok(cuda_executor(spec, model, &saved.graph, seed, group));
     }
     saved
@@ -274,7 +286,7 @@ fn build_saved(
     let threads = spec.cpu.len().max(1);
     let mut model = CpuBackend::new(threads)
         .compile_cpu(&saved.graph, spec.batch as usize, precision(spec.precision))
-        .map_err(|e| engine_err(spec, e))?;
+        .map_err(|e| build_err(spec, e))?;
     let io = TensorNames::of(&saved.graph);
     let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);
     model.input_mut().copy_from_slice(&input);
@@ -780,7 +792,7 @@ impl EngineExecutors for EngineExecutorsImpl {
         let threads = spec.cpu.len().max(1);
         let mut model = CpuBackend::new(threads)
             .compile_cpu(&graph, spec.batch as usize, cpu_precision(spec.precision))
-            .map_err(|e| engine_err(spec, e))?;
+            .map_err(|e| build_err(spec, e))?;
         let io = TensorNames::of(&graph);
         drop(graph);
         let input = crate::seeded_input::random_normal(model.input_mut().len(), seed);

@@ -23,8 +23,19 @@ pub enum ExecError {
     EngineUnavailable { workload: String, model: String },
     #[error("workload `{workload}`: {message}")]
     Engine { workload: String, message: String },
+    /// The engine's out-of-memory (an allocation of the model at its batch did not fit), told
+    /// apart so that a worker and `isolane run` exit 3 for it as `infer` does.
+    #[error("workload `{workload}`: {message}")]
+    OutOfMemory { workload: String, message: String },
     #[error("job failed: {0}")]
     Job(String),
+}
+
+impl ExecError {
+    /// Whether the engine ran out of memory (exit code 3).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, ExecError::OutOfMemory { .. })
+    }
 }
 
 /// How real models plug in without this crate depending on the engine: the binary builds one

@@ -161,6 +161,8 @@ where
             );
             match e {
                 WorkerError::Protocol(_) => 2,
+                // As the CLI's exit codes: the coordinator reads it as the worker's exit status.
+                WorkerError::Exec(e) if e.is_out_of_memory() => 3,
                 _ => 1,
             }
         }

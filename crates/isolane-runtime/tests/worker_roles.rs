@@ -474,3 +474,73 @@ fn the_app_role_reports_ready_starts_at_t0_and_sends_its_records() {
     assert_eq!(message, "stage `pre`: no such thing");
     assert_eq!(parent.finish(), 1);
 }
+
+/// An engine whose every model is an out-of-memory at build, as the engine reports one.
+struct OutOfMemoryEngine;
+
+impl isolane_runtime::exec::EngineExecutors for OutOfMemoryEngine {
+    fn check(
+        &self,
+        _device: &DeviceSpec,
+        _spec: &WorkloadSpec,
+    ) -> Result<(), isolane_runtime::exec::ExecError> {
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        _device: &DeviceSpec,
+        spec: &WorkloadSpec,
+        _seed: u64,
+        _index: usize,
+        _partition: Option<isolane_runtime::partition::Partition>,
+    ) -> Result<Box<dyn isolane_runtime::exec::Executor>, isolane_runtime::exec::ExecError> {
+        Err(isolane_runtime::exec::ExecError::OutOfMemory {
+            workload: spec.name.clone(),
+            message: "out of memory: the activation arena asked for 1.1 GiB".into(),
+        })
+    }
+}
+
+/// A workload worker whose model does not fit exits 3, as `infer` does (the coordinator keeps
+/// the worker's exit status in the workload's summary), and says why; another failure of the
+/// same worker is still 1.
+#[test]
+fn a_workload_worker_out_of_memory_exits_3() {
+    static ENGINE: OutOfMemoryEngine = OutOfMemoryEngine;
+    let setup = |model: &str| {
+        let mut spec = spin_search(model).workload;
+        spec.name = "big".into();
+        ToWorker::Setup {
+            protocol_version: PROTOCOL_VERSION,
+            index: 0,
+            schedule: Box::new(isolane_runtime::schedule::Schedule::from_workload(&spec)),
+            workload: Box::new(spec),
+            device: Box::new(spin_search(model).device),
+            timing: TimingSpec::default(),
+            guard: None,
+        }
+    };
+    for (model, code) in [("resnet18", 3), ("spin:nonsense", 1)] {
+        let mut parent = Parent::start(|input, output| {
+            run_worker(
+                BufReader::new(input),
+                output,
+                Arc::new(AtomicBool::new(false)),
+                WorkerRoles {
+                    engine: Some(&ENGINE),
+                    ..WorkerRoles::default()
+                },
+            )
+        });
+        parent.recv();
+        parent.send(&setup(model));
+        let FromWorker::Error { message } = parent.recv() else {
+            panic!("{model}: no error")
+        };
+        if code == 3 {
+            assert!(message.contains("out of memory"), "{message}");
+        }
+        assert_eq!(parent.finish(), code, "{model}: {message}");
+    }
+}
