@@ -7,6 +7,7 @@ mod cmd;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use isolane_session::signals::closed_pipe;
 
 #[derive(Parser)]
 #[command(
@@ -63,7 +64,8 @@ impl Command {
     /// Commands that only print and start no process: for them a closed pipe (`isolane models |
     /// head`) ends the process quietly, as for any Unix filter. The others keep Rust's default
     /// (SIGPIPE ignored) so that a coordinator writing to a worker that died gets an error it
-    /// reports, not a silent death.
+    /// reports, not a silent death; their `println!` on a closed pipe ends them quietly too
+    /// ([`closed_pipe`]).
     fn only_prints(&self) -> bool {
         matches!(
             self,
@@ -77,61 +79,20 @@ impl Command {
     }
 }
 
-fn restore_default_sigpipe() {
-    // SAFETY: signal(2) with a valid signal number and SIG_DFL; called before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
-/// Whether a panic is `println!`'s on a closed stdout (or stderr): `isolane trace DIR | head -c
-/// 0` closes the pipe before anything is printed.
-fn closed_pipe_panic(payload: &(dyn std::any::Any + Send)) -> bool {
-    let text = payload
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| payload.downcast_ref::<&str>().copied())
-        .unwrap_or("");
-    let epipe = std::io::Error::from_raw_os_error(libc::EPIPE).to_string();
-    text.starts_with("failed printing to std") && text.ends_with(&epipe)
-}
-
-/// A closed pipe ends a command quietly, as it ends other Unix tools (killed by SIGPIPE), for
-/// every command: the ones that start processes keep SIGPIPE ignored (see
-/// [`Command::only_prints`]), so their `println!` panics instead. The panic says nothing, the
-/// command unwinds (partitions and processes are released on the way, as for an error), and
-/// [`main`] then ends by SIGPIPE.
-fn quiet_on_closed_pipe() {
-    let report = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if !closed_pipe_panic(info.payload()) {
-            report(info);
-        }
-    }));
-}
-
-/// Ends the process as a closed pipe ends a Unix filter: by SIGPIPE (a shell sees 141).
-fn end_by_sigpipe() -> ExitCode {
-    restore_default_sigpipe();
-    // SAFETY: raise(3) with a valid signal number; SIGPIPE's action is the default (end).
-    unsafe {
-        libc::raise(libc::SIGPIPE);
-    }
-    ExitCode::from(128 + libc::SIGPIPE as u8)
-}
-
 fn main() -> ExitCode {
     let parsed = match Cli::from_arg_matches(&cli().get_matches()) {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
     if parsed.command.only_prints() {
-        restore_default_sigpipe();
+        closed_pipe::restore_default_sigpipe();
     }
-    quiet_on_closed_pipe();
+    closed_pipe::quiet_on_closed_pipe();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(parsed.command))) {
         Ok(code) => code,
-        Err(payload) if closed_pipe_panic(payload.as_ref()) => end_by_sigpipe(),
+        Err(payload) if closed_pipe::is_closed_pipe_panic(payload.as_ref()) => {
+            closed_pipe::end_by_sigpipe()
+        }
         Err(payload) => std::panic::resume_unwind(payload),
     }
 }

@@ -8,20 +8,14 @@ use std::sync::Arc;
 
 use isolane_app::session::{self, AppRun, AppRunError};
 use isolane_app::spec::AppSpec;
-use isolane_core::results::AppSummary;
 use isolane_core::spec::Scenario;
 use isolane_runtime::output;
 
 use super::run::RunArgs;
-use super::user;
 
 /// A library error at the CLI's edge: the user's mistakes exit 2.
 fn cli_error(e: AppRunError) -> anyhow::Error {
-    if e.is_user_error() {
-        user(e)
-    } else {
-        anyhow::Error::new(e)
-    }
+    blame!(e)
 }
 
 /// The `[[app]]`s of the scenario file `path`, whose text is `text` (none: an ordinary
@@ -77,7 +71,11 @@ pub fn run(
     })
     .map_err(cli_error)?;
     let summary = &ran.summary;
-    println!("{}", tables(&scenario, &summary.apps));
+    let title = super::device_title(&scenario);
+    println!(
+        "{}",
+        isolane_report::run_text::apps_tables(&title, &summary.apps)
+    );
     for (app, rec) in apps.iter().zip(&ran.outcome.apps) {
         if let Some(e) = &rec.error {
             eprintln!("app `{}` failed: {e}", app.name);
@@ -95,59 +93,4 @@ pub fn run(
     }
     println!("results: {}", out.display());
     Ok(super::run::exit_for(summary.status))
-}
-
-/// Per app its end to end (paper 004's metrics), then every stage's own time.
-fn tables(scenario: &Scenario, apps: &[AppSummary]) -> String {
-    use isolane_report::{ms, plain_table};
-    let e2e: Vec<Vec<String>> = apps
-        .iter()
-        .map(|a| {
-            let m = &a.end_to_end;
-            let l = &m.latency_ms;
-            vec![
-                a.name.clone(),
-                m.jobs.to_string(),
-                format!("{:.2}", m.timeout_pct),
-                ms(l.mean),
-                ms(l.std),
-                ms(l.max),
-                ms(l.tail),
-                ms(l.flatness),
-            ]
-        })
-        .collect();
-    let header = [
-        "app", "frames", "miss %", "mean ms", "std ms", "max ms", "tail ms", "flat ms",
-    ];
-    let stages: Vec<Vec<String>> = apps
-        .iter()
-        .flat_map(|a| {
-            a.stages.iter().enumerate().map(move |(j, s)| {
-                vec![
-                    if j == 0 {
-                        a.name.clone()
-                    } else {
-                        String::new()
-                    },
-                    s.name.clone(),
-                    s.processed.to_string(),
-                    s.skipped.to_string(),
-                    ms(s.latency_ms.mean),
-                    ms(s.latency_ms.p95),
-                    ms(s.latency_ms.max),
-                ]
-            })
-        })
-        .collect();
-    // Each stage's kind is in summary.json; the table keeps to 80 columns.
-    let stage_header = [
-        "app", "stage", "done", "skip", "mean ms", "p95 ms", "max ms",
-    ];
-    format!(
-        "{}, apps (end to end, first and last frames dropped)\n{}\n{}",
-        super::device_title(scenario),
-        plain_table(&header, &e2e, &[0]),
-        plain_table(&stage_header, &stages, &[0, 1])
-    )
 }

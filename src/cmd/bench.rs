@@ -89,13 +89,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
             Ok(())
         },
     )
-    .map_err(|e| {
-        if e.is_user_error() {
-            user(e)
-        } else {
-            anyhow::Error::new(e)
-        }
-    })?;
+    .map_err(|e| blame!(e))?;
     if !json {
         println!("{}", bench::results_table(&results, args.wide));
     }

@@ -7,8 +7,6 @@ use std::path::PathBuf;
 use clap::Args;
 use isolane_executors::saved_plan::{self, BuildRequest};
 
-use super::user;
-
 #[derive(Args)]
 #[command(
     about = "Compile a model once for a batch, precision and device and save the plan (.isoplan)",
@@ -61,12 +59,6 @@ pub fn run(args: BuildArgs) -> anyhow::Result<u8> {
         gpu: args.gpu,
         out: args.out,
     };
-    saved_plan::build(&req, &mut |line| println!("{line}")).map_err(|e| {
-        if e.is_user_error() {
-            user(e)
-        } else {
-            anyhow::Error::new(e)
-        }
-    })?;
+    saved_plan::build(&req, &mut |line| println!("{line}")).map_err(|e| blame!(e))?;
     Ok(0)
 }

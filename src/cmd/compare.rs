@@ -4,8 +4,6 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::user;
-
 #[derive(Args)]
 #[command(
     about = "Compare two runs' workloads side by side, with a Mann–Whitney U test",
@@ -36,13 +34,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
             println!("{text}")
         }
     };
-    let json = isolane_report::compare::compare(&args.run_a, &args.run_b, &say).map_err(|e| {
-        if e.is_user_error() {
-            user(e)
-        } else {
-            anyhow::Error::new(e)
-        }
-    })?;
+    let json =
+        isolane_report::compare::compare(&args.run_a, &args.run_b, &say).map_err(|e| blame!(e))?;
     if args.json {
         println!("{json}");
     }

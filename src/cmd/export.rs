@@ -8,8 +8,6 @@ use clap::Args;
 use isolane_export::command::{self, ExportFlags};
 use isolane_export::ExportError;
 
-use super::user;
-
 #[derive(Args)]
 #[command(
     about = "Export a planned scenario: Kubernetes manifests, MPS client settings or a MIG layout",
@@ -108,9 +106,5 @@ pub fn run(args: ExportArgs) -> anyhow::Result<u8> {
 }
 
 fn export_error(e: ExportError) -> anyhow::Error {
-    if e.is_user_error() {
-        user(e)
-    } else {
-        anyhow::Error::new(e)
-    }
+    blame!(e)
 }

@@ -6,8 +6,6 @@ use std::path::PathBuf;
 use clap::Args;
 use isolane_executors::infer::{self, InferRequest};
 
-use super::user;
-
 #[derive(Args)]
 #[command(
     about = "Run one model on an image, a .npy tensor or random data; print the top-5 classes",
@@ -103,13 +101,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
         profile: args.profile,
         plan_check: !args.no_plan_check,
     };
-    let out = infer::infer(&request, &mut |line| println!("{line}")).map_err(|e| {
-        if e.is_user_error() {
-            user(e)
-        } else {
-            anyhow::Error::new(e)
-        }
-    })?;
+    let out = infer::infer(&request, &mut |line| println!("{line}")).map_err(|e| blame!(e))?;
     if let Some(p) = &args.save_output {
         let npy = isolane_engine::io::npy::encode_npy(&out.shape, &out.data);
         super::write_output(p, &npy)?;

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use isolane_core::flag_values::{positive, run_seconds};
 use isolane_core::spec::{self, Mechanism, Precision};
 use isolane_runtime::interference::{MatrixConfig, VictimRate};
 use isolane_session::studies::interference;
@@ -65,7 +66,7 @@ pub struct InterferenceArgs {
     #[arg(long)]
     neighbour_alone: bool,
     /// Seconds each cell runs (after warm-up).
-    #[arg(long, default_value_t = 5.0, value_parser = seconds)]
+    #[arg(long, default_value_t = 5.0, value_parser = run_seconds)]
     duration_s: f64,
     /// Warm-up jobs of each workload before each cell's t0.
     #[arg(long, default_value_t = 20)]
@@ -106,23 +107,6 @@ enum PrecisionFlag {
     Tf32,
     Fp16,
     Bf16,
-}
-
-fn positive(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a number > 0")),
-    }
-}
-
-fn seconds(s: &str) -> Result<f64, String> {
-    use isolane_core::spec::limits::{MAX_SECONDS, MIN_SECONDS};
-    match positive(s) {
-        Ok(v) if (MIN_SECONDS..=MAX_SECONDS).contains(&v) => Ok(v),
-        _ => Err(format!(
-            "`{s}` is not a number of seconds from {MIN_SECONDS:e} to {MAX_SECONDS:e}"
-        )),
-    }
 }
 
 /// The flags as the library's configuration.

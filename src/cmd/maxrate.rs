@@ -3,11 +3,12 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use isolane_core::flag_values::positive;
 use isolane_core::spec::TimingSpec;
 use isolane_session::maxrate::Searched;
 use isolane_session::search::{self, MaxrateFlags, SearchCommandError};
 
-use super::{user, EXIT_INTERRUPTED};
+use super::EXIT_INTERRUPTED;
 
 #[derive(Args)]
 #[command(
@@ -92,13 +93,6 @@ pub struct MaxrateArgs {
     quiet: bool,
 }
 
-fn positive(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a number > 0")),
-    }
-}
-
 pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let flags = MaxrateFlags {
         model: args.model,
@@ -152,9 +146,5 @@ pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
 }
 
 fn search_error(e: SearchCommandError) -> anyhow::Error {
-    if e.is_user_error() {
-        user(e)
-    } else {
-        anyhow::Error::new(e)
-    }
+    blame!(e)
 }

@@ -23,7 +23,6 @@ pub mod ctl;
 pub mod devices;
 pub mod explain;
 pub mod export;
-pub mod foresee;
 pub mod help;
 pub mod infer;
 pub mod interference;
@@ -63,13 +62,7 @@ pub fn user(msg: impl std::fmt::Display) -> anyhow::Error {
 /// is not a file ([`isolane_core::files::write_output`]); a path that cannot be one is the
 /// user's (exit 2), a failed write (a full disk) a runtime failure (exit 1).
 pub fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    isolane_core::files::write_output(path, bytes).map_err(|e| {
-        if e.is_user_error() {
-            user(e)
-        } else {
-            anyhow::Error::new(e)
-        }
-    })
+    isolane_core::files::write_output(path, bytes).map_err(|e| blame!(e))
 }
 
 /// `--threads N` of the CPU backend (0 = one per core) against the cores this process may use:
@@ -141,11 +134,7 @@ pub use isolane_executors::machine::{device_title, gpu_missing_reason, memory_es
 /// A finding about this machine at the CLI's edge: a scenario that does not fit it is the
 /// user's (exit 2).
 pub(super) fn machine_error(e: isolane_executors::machine::MachineError) -> anyhow::Error {
-    if e.is_user_error() {
-        user(e)
-    } else {
-        anyhow::Error::new(e)
-    }
+    blame!(e)
 }
 
 /// [`isolane_executors::machine::quickstart`].
@@ -243,30 +232,15 @@ pub fn admit_or_refuse_with(
     isolane_executors::machine::admit(scenario, file, options).map_err(machine_error)
 }
 
-/// The live metrics of a command's runs and the endpoint serving them (`--metrics-addr`);
-/// the endpoint stops when this is dropped, at the command's end.
-pub struct LiveMetrics {
-    pub metrics: Arc<isolane_metrics::RunMetrics>,
-    _server: isolane_metrics::MetricsServer,
-}
+pub use isolane_session::live::LiveMetrics;
 
 /// Starts serving live metrics at `addr` (HOST:PORT; port 0 picks a free one) before anything
 /// runs, and says where on stderr. An address that cannot be used is the user's mistake.
 pub fn serve_metrics(addr: Option<&str>) -> anyhow::Result<Option<LiveMetrics>> {
     let Some(addr) = addr else { return Ok(None) };
-    let metrics = Arc::new(isolane_metrics::RunMetrics::new());
-    let server = isolane_metrics::serve(addr, Arc::clone(&metrics)).map_err(|e| {
-        if e.is_user_error() {
-            user(e)
-        } else {
-            anyhow::Error::new(e)
-        }
-    })?;
-    eprintln!("metrics: http://{}/metrics", server.addr());
-    Ok(Some(LiveMetrics {
-        metrics,
-        _server: server,
-    }))
+    let live = LiveMetrics::serve(addr).map_err(|e| blame!(e))?;
+    eprintln!("metrics: http://{}/metrics", live.addr());
+    Ok(Some(live))
 }
 
 /// Flags of the commands that set partitions up.
@@ -296,9 +270,5 @@ impl PartitionFlags {
 
 /// A session's error at the CLI's edge: a refused partition request is the user's (exit 2).
 pub fn session_error(e: isolane_session::SessionError) -> anyhow::Error {
-    if e.is_user_error() {
-        user(e)
-    } else {
-        anyhow::Error::new(e)
-    }
+    blame!(e)
 }

@@ -5,6 +5,9 @@ use std::path::PathBuf;
 use clap::Args;
 use isolane_core::admission::{self, AdmissionOptions};
 use isolane_core::device_model::DeviceModel;
+use isolane_core::flag_values::{
+    at_least_one, factor, fraction, seconds_or_none, seconds_within_a_day,
+};
 use isolane_core::spec::Scenario;
 use isolane_report::admission::plan_table;
 pub use isolane_report::admission::rejection_text;
@@ -53,7 +56,7 @@ pub struct PlanArgs {
     pub margin: f64,
     /// --auto: multiply alone execution times by this for the neighbours (e.g. the worst p99
     /// stretch `isolane interference` measured for the mechanism).
-    #[arg(long, default_value_t = 1.0, requires = "auto", value_parser = at_least_one)]
+    #[arg(long, default_value_t = 1.0, requires = "auto", value_parser = factor)]
     pub stretch: f64,
     /// --auto: take each workload's stretch from an interference matrix (interference.json or
     /// its folder, measured with the same mechanism): its worst p99 stretch beside the
@@ -66,7 +69,7 @@ pub struct PlanArgs {
     pub max_util: f64,
     /// --auto: jobs of each profile run (1000 by default, so that its p99.9, the tail a 0.1 %
     /// timeout budget must fit, is measured rather than guessed).
-    #[arg(long, default_value_t = 1000, requires = "auto", value_parser = super::help::at_least_one)]
+    #[arg(long, default_value_t = 1000, requires = "auto", value_parser = at_least_one)]
     pub profile_jobs: u64,
     /// --auto: where profiles are kept (default ~/.cache/isolane/profiles).
     #[arg(long, requires = "auto", value_name = "DIR")]
@@ -96,7 +99,7 @@ pub struct PlanArgs {
     pub export_profiles: Option<PathBuf>,
     /// --auto: spend at most this many seconds measuring profiles; what is left unmeasured is
     /// named (0: plan from the cache alone).
-    #[arg(long, requires = "auto", conflicts_with = "device_model", value_name = "S", value_parser = seconds)]
+    #[arg(long, requires = "auto", conflicts_with = "device_model", value_name = "S", value_parser = seconds_or_none)]
     pub profile_budget: Option<f64>,
     /// --auto --mechanism mig: let the profile runs create MIG instances (MIG mode must be on;
     /// changes the GPU's layout for every user while they last).
@@ -146,7 +149,7 @@ pub struct PlanArgs {
     /// --verify: run every workload this many seconds in each verification run instead of its
     /// own duration_s or jobs (the planned file keeps its own). A p99.9 and a 0.1 % timeout
     /// rate rest on one job in a thousand: at 100 Hz, 10 s gives 1000 jobs, 60 s 6000.
-    #[arg(long, requires = "verify", value_name = "S", value_parser = positive_seconds)]
+    #[arg(long, requires = "verify", value_name = "S", value_parser = seconds_within_a_day)]
     pub verify_duration: Option<f64>,
 }
 
@@ -162,36 +165,6 @@ pub enum Objective {
 pub enum Phases {
     Keep,
     Stagger,
-}
-
-fn fraction(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a number in (0, 1]")),
-    }
-}
-
-fn seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a number of seconds >= 0")),
-    }
-}
-
-fn positive_seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
-        _ => Err(format!(
-            "`{s}` is not a number of seconds > 0 (at most 86400)"
-        )),
-    }
-}
-
-fn at_least_one(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 1.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a number >= 1")),
-    }
 }
 
 pub fn run(args: PlanArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {

@@ -175,7 +175,9 @@ pub fn run_scenario(
     let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
     // A critical deadline predicted to miss beside its neighbours is said (or refused) before
     // anything runs ([protection] admission).
-    super::foresee::foresee_or_refuse(&scenario, &scenario_name)?;
+    isolane_executors::foresee::foresee_or_refuse(&scenario, &scenario_name, &mut |l| {
+        eprintln!("{l}")
+    })?;
     let plan = RunPlan::from_scenario(&scenario);
     let m = measure_observed(
         Request {

@@ -122,7 +122,7 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
     let admitted = super::admit_or_refuse(&scenario, &name)?;
     // As `run` does: a critical deadline predicted to miss beside its neighbours is said (or
     // refused) before any model is built ([protection] admission).
-    super::foresee::foresee_or_refuse(&scenario, &name)?;
+    isolane_executors::foresee::foresee_or_refuse(&scenario, &name, &mut |l| eprintln!("{l}"))?;
     let config = ServeConfig {
         scenario_path: args.scenario,
         http: args.http,

@@ -28,11 +28,7 @@ pub fn failure_error(f: Failure) -> anyhow::Error {
 
 /// A study's error at the CLI's edge: the user's is exit code 2.
 pub fn study_error(e: StudyError) -> anyhow::Error {
-    if e.is_user_error() {
-        super::user(e)
-    } else {
-        anyhow::Error::new(e)
-    }
+    blame!(e)
 }
 
 pub fn builtin_names() -> Vec<&'static str> {

@@ -4,7 +4,6 @@
 //! into its folder and run by `isolane run`'s own code (`SweepRuns` below), so a point is
 //! exactly a run (admission, partitions, telemetry included).
 
-use isolane_core::spec::limits::{MAX_RATE_HZ, MAX_SECONDS, MIN_SECONDS};
 use std::path::{Path, PathBuf};
 
 use std::cell::OnceCell;
@@ -82,7 +81,7 @@ struct Common {
     #[arg(long, default_value = "max", value_parser = parse_rate)]
     rate: Rate,
     /// Seconds each point runs (after warm-up).
-    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    #[arg(long, default_value_t = 10.0, value_parser = isolane_core::flag_values::run_seconds)]
     duration_s: f64,
     /// Warm-up jobs per workload before each point's t0.
     #[arg(long, default_value_t = 20)]
@@ -149,41 +148,12 @@ struct ConcurrencyArgs {
     common: Common,
 }
 
+/// A rate in Hz, or `max` (`None`): closed loop.
 #[derive(Clone, Copy)]
-enum Rate {
-    Max,
-    Hz(f64),
-}
+struct Rate(Option<f64>);
 
 fn parse_rate(s: &str) -> Result<Rate, String> {
-    if s == "max" {
-        return Ok(Rate::Max);
-    }
-    match positive(s) {
-        Ok(hz) if hz <= MAX_RATE_HZ => Ok(Rate::Hz(hz)),
-        Ok(_) => Err(format!(
-            "`{s}` is above {MAX_RATE_HZ:e} Hz (one job per ns, the clock's resolution)"
-        )),
-        Err(e) => Err(e),
-    }
-}
-
-/// A duration flag: as a scenario's `duration_s`, 1 ns to 100 days.
-fn seconds(s: &str) -> Result<f64, String> {
-    match positive(s) {
-        Ok(v) if (MIN_SECONDS..=MAX_SECONDS).contains(&v) => Ok(v),
-        _ => Err(format!(
-            "`{s}` is not a number of seconds from {MIN_SECONDS:e} (1 ns) to {MAX_SECONDS:e} \
-             (100 days)"
-        )),
-    }
-}
-
-fn positive(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a number > 0")),
-    }
+    isolane_core::flag_values::rate_or_max(s).map(Rate)
 }
 
 pub fn run(args: SweepArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
@@ -238,16 +208,9 @@ fn common(c: &Common) -> study::SweepCommon {
     study::SweepCommon {
         backend: c.backend.spec(),
         gpu: c.gpu,
-        rate_hz: rate_hz(c.rate),
+        rate_hz: c.rate.0,
         duration_s: c.duration_s,
         warmup: c.warmup,
-    }
-}
-
-fn rate_hz(r: Rate) -> Option<f64> {
-    match r {
-        Rate::Max => None,
-        Rate::Hz(h) => Some(h),
     }
 }
 

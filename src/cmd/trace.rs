@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use isolane_core::flag_values::millis;
 
 use super::user;
 
@@ -36,13 +37,6 @@ pub struct TraceArgs {
     /// Only up to this time (ms since t0).
     #[arg(long, value_name = "MS", value_parser = millis)]
     pub to_ms: Option<f64>,
-}
-
-fn millis(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() => Ok(v),
-        _ => Err(format!("`{s}` is not a time in ms (a number, e.g. 1500)")),
-    }
 }
 
 pub fn run(args: TraceArgs) -> anyhow::Result<u8> {

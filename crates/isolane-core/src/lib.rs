@@ -8,7 +8,9 @@ pub mod admission;
 pub mod app_records;
 pub mod backend;
 pub mod device_model;
+pub mod exit_codes;
 pub mod files;
+pub mod flag_values;
 #[cfg(feature = "test-support")]
 pub mod fuzz;
 pub mod job;

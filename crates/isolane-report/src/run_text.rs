@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use isolane_core::results::{RunSummary, WorkloadSummary, WORKLOADS_CSV};
+use isolane_core::results::{AppSummary, RunSummary, WorkloadSummary, WORKLOADS_CSV};
 
 use crate::{Layout, ResultRow};
 
@@ -88,4 +88,60 @@ pub fn json_result(out: &Path, summary: &RunSummary) -> serde_json::Result<Strin
         "summary": summary,
     });
     serde_json::to_string(&value)
+}
+
+/// The tables of a run of `[[app]]`s under `title` (the device): per app its end to end (paper
+/// 004's metrics), then every stage's own time.
+pub fn apps_tables(title: &str, apps: &[AppSummary]) -> String {
+    use crate::{ms, plain_table};
+    let e2e: Vec<Vec<String>> = apps
+        .iter()
+        .map(|a| {
+            let m = &a.end_to_end;
+            let l = &m.latency_ms;
+            vec![
+                a.name.clone(),
+                m.jobs.to_string(),
+                format!("{:.2}", m.timeout_pct),
+                ms(l.mean),
+                ms(l.std),
+                ms(l.max),
+                ms(l.tail),
+                ms(l.flatness),
+            ]
+        })
+        .collect();
+    let header = [
+        "app", "frames", "miss %", "mean ms", "std ms", "max ms", "tail ms", "flat ms",
+    ];
+    let stages: Vec<Vec<String>> = apps
+        .iter()
+        .flat_map(|a| {
+            a.stages.iter().enumerate().map(move |(j, s)| {
+                vec![
+                    if j == 0 {
+                        a.name.clone()
+                    } else {
+                        String::new()
+                    },
+                    s.name.clone(),
+                    s.processed.to_string(),
+                    s.skipped.to_string(),
+                    ms(s.latency_ms.mean),
+                    ms(s.latency_ms.p95),
+                    ms(s.latency_ms.max),
+                ]
+            })
+        })
+        .collect();
+    // Each stage's kind is in summary.json; the table keeps to 80 columns.
+    let stage_header = [
+        "app", "stage", "done", "skip", "mean ms", "p95 ms", "max ms",
+    ];
+    format!(
+        "{}, apps (end to end, first and last frames dropped)\n{}\n{}",
+        title,
+        plain_table(&header, &e2e, &[0]),
+        plain_table(&stage_header, &stages, &[0, 1])
+    )
 }

@@ -11,6 +11,27 @@ use isolane_metrics::{RunMetrics, WorkloadInfo};
 use isolane_runtime::jobs_stream::RecordObserver;
 use isolane_telemetry::SampleHook;
 
+/// The live metrics of a command's runs and the endpoint serving them (`--metrics-addr`);
+/// the endpoint stops when this is dropped, at the command's end.
+pub struct LiveMetrics {
+    pub metrics: Arc<RunMetrics>,
+    server: isolane_metrics::MetricsServer,
+}
+
+impl LiveMetrics {
+    /// Starts serving at `addr` (HOST:PORT; port 0 picks a free one) before anything runs.
+    pub fn serve(addr: &str) -> Result<LiveMetrics, isolane_metrics::ServeError> {
+        let metrics = Arc::new(RunMetrics::new());
+        let server = isolane_metrics::serve(addr, Arc::clone(&metrics))?;
+        Ok(LiveMetrics { metrics, server })
+    }
+
+    /// Where it serves (the port picked when 0 was asked for).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.server.addr()
+    }
+}
+
 /// The runtime's observer, feeding the metrics.
 struct Observer(Arc<RunMetrics>);
 

@@ -44,3 +44,53 @@ pub fn install_stop_handler() -> Result<Arc<AtomicBool>, SignalError> {
         .map_err(SignalError::Thread)?;
     Ok(stop)
 }
+
+/// A closed pipe ends a command quietly, as it ends other Unix tools (`isolane models | head`):
+/// the process's SIGPIPE handling and the panic `println!` makes on a closed stdout.
+pub mod closed_pipe {
+    /// SIGPIPE back to its default action (end the process), for a command that only prints;
+    /// call it before any thread starts.
+    pub fn restore_default_sigpipe() {
+        // SAFETY: signal(2) with a valid signal number and SIG_DFL; called before any thread
+        // starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+
+    /// Whether a panic is `println!`'s on a closed stdout (or stderr): `isolane trace DIR |
+    /// head -c 0` closes the pipe before anything is printed.
+    pub fn is_closed_pipe_panic(payload: &(dyn std::any::Any + Send)) -> bool {
+        let text = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        let epipe = std::io::Error::from_raw_os_error(libc::EPIPE).to_string();
+        text.starts_with("failed printing to std") && text.ends_with(&epipe)
+    }
+
+    /// A closed pipe ends a command quietly, as it ends other Unix tools (killed by SIGPIPE),
+    /// for every command: the ones that start processes keep SIGPIPE ignored (the binary's
+    /// `Command::only_prints`), so their `println!` panics instead. The panic says nothing, the
+    /// command unwinds (partitions and processes are released on the way, as for an error),
+    /// and the caller then ends by [`end_by_sigpipe`].
+    pub fn quiet_on_closed_pipe() {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !is_closed_pipe_panic(info.payload()) {
+                report(info);
+            }
+        }));
+    }
+
+    /// Ends the process as a closed pipe ends a Unix filter: by SIGPIPE (a shell sees 141).
+    pub fn end_by_sigpipe() -> std::process::ExitCode {
+        restore_default_sigpipe();
+        // SAFETY: raise(3) with a valid signal number; SIGPIPE's action is the default (end).
+        unsafe {
+            libc::raise(libc::SIGPIPE);
+        }
+        std::process::ExitCode::from(128 + libc::SIGPIPE as u8)
+    }
+}

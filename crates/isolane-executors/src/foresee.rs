@@ -2,19 +2,25 @@
 //! stretch each critical workload is predicted to suffer beside the workloads on its GPU
 //! (`isolane_core::admission::foresee`), from each model's memory-system demand (the
 //! engine's traffic) and its p99 alone in its partition (the profile cache `plan --auto`
-//! fills). A predicted miss is said before anything runs, or refuses the run (exit 2).
+//! fills). A predicted miss is said before anything runs, or refuses the run (exit 2). The
+//! CLI's `run`, `serve` and `isolation` call it after admission.
 
 use isolane_core::admission::{foresee, Foresight};
 use isolane_core::spec::{AdmissionMode, Backend, Scenario};
 use isolane_planner::cache::{DeviceRecord, ProfileCache};
 
-use super::user;
+use isolane_core::user_error::{user, UserError};
 
 /// Warns of (or, with `admission = "refuse"`, refuses) a scenario whose critical deadlines are
-/// predicted to miss beside their neighbours on this machine's GPU. Quiet on the CPU, with
-/// `admission = "off"`, and where nothing can be predicted (no fitted model for this GPU, no
-/// profiles); under `"refuse"` it says which workloads it could not predict.
-pub fn foresee_or_refuse(scenario: &Scenario, file: &str) -> anyhow::Result<()> {
+/// predicted to miss beside their neighbours on this machine's GPU; the warning and notes go
+/// to `say` (the CLI's stderr). Quiet on the CPU, with `admission = "off"`, and where nothing
+/// can be predicted (no fitted model for this GPU, no profiles); under `"refuse"` it says which
+/// workloads it could not predict.
+pub fn foresee_or_refuse(
+    scenario: &Scenario,
+    file: &str,
+    say: &mut dyn FnMut(&str),
+) -> Result<(), UserError> {
     let mode = scenario.protection.admission;
     if mode == AdmissionMode::Off
         || scenario.device.backend != Backend::Cuda
@@ -47,9 +53,7 @@ pub fn foresee_or_refuse(scenario: &Scenario, file: &str) -> anyhow::Result<()> 
         Some(isolane_cuda::ENGINE_REVISION),
     );
     let profiles: Vec<_> = (scenario.workloads.iter())
-        .map(|w| {
-            isolane_executors::engine::memory_profile(&w.device(&scenario.device), w, sys.l2_bytes)
-        })
+        .map(|w| crate::engine::memory_profile(&w.device(&scenario.device), w, sys.l2_bytes))
         .collect();
     if mode == AdmissionMode::Refuse {
         let unknown: Vec<&str> = (scenario.workloads.iter().enumerate())
@@ -57,19 +61,19 @@ pub fn foresee_or_refuse(scenario: &Scenario, file: &str) -> anyhow::Result<()> 
             .map(|(_, w)| w.name.as_str())
             .collect();
         if !unknown.is_empty() {
-            eprintln!(
+            say(&format!(
                 "note: {file}: admission predicts nothing for {} (no profile alone in its \
                  partition in {}, or no memory-system figures for its model; `isolane plan \
                  --auto` measures them)",
                 unknown.join(", "),
                 cache.dir().display()
-            );
+            ));
         }
     }
     match foresee(scenario, &device, &profiles, &alone) {
         Foresight::Clear => Ok(()),
         f @ Foresight::Warn(_) => {
-            eprintln!("warning: {}", f.text(file));
+            say(&format!("warning: {}", f.text(file)));
             Ok(())
         }
         f @ Foresight::Refuse(_) => Err(user(f.text(file))),
