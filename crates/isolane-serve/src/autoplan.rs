@@ -1115,25 +1115,31 @@ mod tests {
         // Session 20 on the H200: resnet50's rate tripled and autoplan said "unplannable"
         // (110 % of the threads) and changed nothing. Now the critical model keeps its 20 %,
         // vit_b_16 gets the 10 % it needs, resnet50 the rest, said capped; when the rate falls
-        // it is shrunk back after the dwell; in between nothing moves.
+        // it is shrunk back once the dwell since the last re-plan is over; in between nothing
+        // moves. The dwell (25 s) is longer than the surge here, so that the fall waits.
         let o = AutoplanOptions {
-            dwell: Duration::from_secs(3),
+            dwell: Duration::from_secs(25),
             ..AutoplanOptions::default()
         };
         let ladder = Ladder::mps(5);
         let mut sizes = [20, 30, 30];
         let mut state = State::new(vec![100.0, 100.0, 50.0], 0.0);
         let mut replans = Vec::new();
-        // One look every half second: 100/s for 10 s, 300/s for 20 s, 100/s for 20 s.
-        for step in 0..100 {
+        let mut waited = Vec::new();
+        // One look every half second: 100/s for 26 s, 300/s for 20 s, 100/s for 24 s.
+        for step in 0..140 {
             let t = step as f64 * 0.5;
-            let hz = if (10.0..30.0).contains(&t) {
+            let hz = if (26.0..46.0).contains(&t) {
                 300.0
             } else {
                 100.0
             };
             let observed = h200(hz, sizes, 2.0);
-            let Decision::Replan { .. } = decide(&mut state, &observed, t, &o) else {
+            let d = decide(&mut state, &observed, t, &o);
+            if let Decision::Dwell { .. } = d {
+                waited.push(t);
+            }
+            let Decision::Replan { .. } = d else {
                 continue;
             };
             let r = replan(&observed, &ladder, &o, None, &mut H200Shares);
@@ -1147,7 +1153,7 @@ mod tests {
         }
         assert_eq!(replans.len(), 2, "{replans:#?}");
         let (t, r, after) = &replans[0];
-        assert_eq!(*t, 10.0);
+        assert_eq!(*t, 26.0);
         let Replanned::Resize { resizes, capped } = r else {
             panic!("{r:?}")
         };
@@ -1163,8 +1169,10 @@ mod tests {
             (capped[0].workload.as_str(), capped[0].wanted),
             ("resnet50", None)
         );
+        // The fall at 46 s waits for the dwell's end (26 + 25 s).
+        assert_eq!(waited.first().zip(waited.last()), Some((&46.0, &50.5)));
         let (t, r, after) = &replans[1];
-        assert_eq!(*t, 30.0);
+        assert_eq!(*t, 51.0);
         assert!(
             matches!(r, Replanned::Resize { capped, .. } if capped.is_empty()),
             "{r:?}"
