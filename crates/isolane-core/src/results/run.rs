@@ -215,7 +215,27 @@ impl Versioned for RunSummary {
     }
 }
 
+impl RunSummary {
+    /// Whether the run failed only because models did not fit: some workload failed, and
+    /// every one that failed ran out of memory ([`WorkloadSummary::out_of_memory`]). `run`
+    /// exits 3 then, as `infer` does.
+    pub fn failed_out_of_memory(&self) -> bool {
+        failed_out_of_memory(&self.workloads)
+    }
+}
+
+fn failed_out_of_memory(workloads: &[WorkloadSummary]) -> bool {
+    let mut failed = workloads.iter().filter(|w| w.status == RunStatus::Failed);
+    failed.clone().next().is_some() && failed.all(WorkloadSummary::out_of_memory)
+}
+
 impl WorkloadSummary {
+    /// Whether it failed because its model at its batch did not fit: its worker process exited
+    /// 3, the engine's out-of-memory (a thread-hosted workload's failure carries no exit code).
+    pub fn out_of_memory(&self) -> bool {
+        self.status == RunStatus::Failed && self.host == "process" && self.exit_code == Some(3)
+    }
+
     /// A workload that has run no job yet (its metrics are those of no records).
     pub fn new(name: &str, model: &str, batch: u32) -> WorkloadSummary {
         WorkloadSummary {
@@ -282,5 +302,33 @@ impl RunSummary {
 
     pub fn workload(&self, name: &str) -> Option<&WorkloadSummary> {
         self.workloads.iter().find(|w| w.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_failed_out_of_memory_when_every_failure_is_a_worker_exit_3() {
+        let failed = |host: &str, code: Option<i32>| {
+            let mut w = WorkloadSummary::new("w", "resnet18", 256);
+            w.status = RunStatus::Failed;
+            w.host = host.into();
+            w.exit_code = code;
+            w
+        };
+        let ok = WorkloadSummary::new("ok", "resnet18", 1);
+        let oom = failed("process", Some(3));
+        assert!(oom.out_of_memory());
+        assert!(!failed("thread", Some(3)).out_of_memory());
+        assert!(!failed("process", Some(1)).out_of_memory());
+        assert!(failed_out_of_memory(&[ok.clone(), oom.clone()]));
+        assert!(!failed_out_of_memory(&[
+            oom.clone(),
+            failed("process", Some(1))
+        ]));
+        assert!(!failed_out_of_memory(&[ok.clone()]));
+        assert!(!failed_out_of_memory(&[]));
     }
 }
