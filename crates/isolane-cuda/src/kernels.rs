@@ -62,6 +62,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "fake_quant",
     "quantize_q8",
     "dequant_epilogue",
+    "im2col_b4",
 ];
 
 /// 16-byte vectors per lane of the `layernorm_wv{N}` kernels (one warp per row of at most
@@ -651,23 +652,30 @@ extern "C" __global__ void dwconv(const T* __restrict__ x, const T* __restrict__
 // NHWC x → col[(n, oh, ow), (a, b, c)], zero outside the padded input (all-zero bits are 0.0
 // in every dtype). The column order matches the KRSC filter layout.
 struct ImP { int n, h, w, c, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw; };
-template <typename I>
-__device__ __forceinline__ void im2col_body(const T* __restrict__ x, T* __restrict__ col, const ImP& p, I total) {
+template <typename E, typename I>
+__device__ __forceinline__ void im2col_body(const E* __restrict__ x, E* __restrict__ col, const ImP& p, I total) {
     I kk = (I)p.kh * p.kw * p.c;
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
         I r = i / kk; int j = (int)(i - r * kk);
         int c = j % p.c; int t = j / p.c; int b = t % p.kw; int a = t / p.kw;
         int ow = (int)(r % p.ow); I q = r / p.ow; int oh = (int)(q % p.oh); int n = (int)(q / p.oh);
         int ih = oh * p.sh - p.ph + a * p.dh, iw = ow * p.sw - p.pw + b * p.dw;
-        T v = 0;
+        E v = 0;
         if (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w) v = x[(((long long)n * p.h + ih) * p.w + iw) * p.c + c];
         col[i] = v;
     }
 }
 extern "C" __global__ void im2col(const T* __restrict__ x, T* __restrict__ col, ImP p) {
     long long total = (long long)p.n * p.oh * p.ow * p.kh * p.kw * p.c;
-    if (total < 2147483647LL) im2col_body<int>(x, col, p, (int)total);
-    else im2col_body<long long>(x, col, p, total);
+    if (total < 2147483647LL) im2col_body<T, int>(x, col, p, (int)total);
+    else im2col_body<T, long long>(x, col, p, total);
+}
+// im2col of quantized bytes (the int8 / fp8 GEMMs' activations as their producer left them),
+// 4 channels per 32-bit word: p.c counts words (C / 4); a zero byte is 0 in int8 and e4m3.
+extern "C" __global__ void im2col_b4(const unsigned int* __restrict__ x, unsigned int* __restrict__ col, ImP p) {
+    long long total = (long long)p.n * p.oh * p.ow * p.kh * p.kw * p.c;
+    if (total < 2147483647LL) im2col_body<unsigned int, int>(x, col, p, (int)total);
+    else im2col_body<unsigned int, long long>(x, col, p, total);
 }
 
 // im2col over NHWC x with C a multiple of VW: VW channels (16 bytes, copied as they are) per
@@ -866,25 +874,35 @@ extern "C" __global__ void quantize_q8(const T* __restrict__ x, signed char* __r
 }
 
 // The dequantizing epilogue of an int8 / fp8 GEMM (crate::int8::epilogue_reference):
-// y = act(acc * scale[c] + bias[c] + res), c = i % n, one fused multiply-add; acc [rows, n] is
-// int32 (fp8 = 0) or f32 (fp8 = 1), scale f32; bias and res may be null.
+// v = act(acc * scale[c] + bias[c] + res), c = i % n, one fused multiply-add; acc [rows, n] is
+// int32 (fp8 = 0) or f32 (fp8 = 1), scale f32; bias and res may be null. v is stored in T
+// (yq = 0), or quantized by ys for the next GEMM as quantize_q8 would (yq = 1: int8, 2: e4m3).
 template <typename I>
-__device__ __forceinline__ void dequant_body(const void* __restrict__ acc, T* y, const float* __restrict__ scale,
+__device__ __forceinline__ void dequant_body(const void* __restrict__ acc, void* y, const float* __restrict__ scale,
                                              const T* __restrict__ bias, const T* res, I total, I n, int fp8,
-                                             int k, float p0, float p1) {
+                                             int k, float p0, float p1, float ys, int yq) {
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
         I c = i % n;
         float a = fp8 ? ((const float*)acc)[i] : (float)((const int*)acc)[i];
         float v = fmaf(a, scale[c], bias ? ld(bias, c) : 0.f);
         if (res) v += ld(res, i);
-        st(y, i, act(v, k, p0, p1));
+        v = act(v, k, p0, p1);
+        if (yq == 0) {
+            st((T*)y, i, v);
+        } else {
+            // The value as stored in T first: what the FakeQuant step would have read.
+            T t; st(&t, 0, v);
+            float r = __fdiv_rn(ld(&t, 0), ys);
+            if (yq == 2) ((unsigned char*)y)[i] = e4m3_bits(round_e4m3fn(r, 1));
+            else ((signed char*)y)[i] = r != r ? (signed char)0 : (signed char)fminf(fmaxf(rintf(r), -128.f), 127.f);
+        }
     }
 }
-extern "C" __global__ void dequant_epilogue(const void* __restrict__ acc, T* y, const float* __restrict__ scale,
+extern "C" __global__ void dequant_epilogue(const void* __restrict__ acc, void* y, const float* __restrict__ scale,
                                             const T* __restrict__ bias, const T* res, long long total, long long n,
-                                            int fp8, int k, float p0, float p1) {
-    if (total < 2147483647LL) dequant_body<int>(acc, y, scale, bias, res, (int)total, (int)n, fp8, k, p0, p1);
-    else dequant_body<long long>(acc, y, scale, bias, res, total, n, fp8, k, p0, p1);
+                                            int fp8, int k, float p0, float p1, float ys, int yq) {
+    if (total < 2147483647LL) dequant_body<int>(acc, y, scale, bias, res, (int)total, (int)n, fp8, k, p0, p1, ys, yq);
+    else dequant_body<long long>(acc, y, scale, bias, res, total, n, fp8, k, p0, p1, ys, yq);
 }
 
 // Depthwise convolution, NHWC (x, y and the residual channel-contiguous), one filter per

@@ -392,7 +392,12 @@ pub struct QuantGemmStep {
     /// The activations before quantization: `[M, K]` rows (a Linear's input, a direct 1×1
     /// convolution's NHWC input), or the convolution's NHWC input that `conv` im2cols.
     pub x: Loc,
-    /// The convolution's geometry when x is im2col'ed first (`col` is then its matrix).
+    /// `x` is already quantized (one byte per element, NHWC or rows): its producer's epilogue
+    /// wrote it ([`QuantGemmStep::y_scale`]). No quantize kernel runs; an im2col copies bytes
+    /// straight into `xq`.
+    pub x_quantized: bool,
+    /// The convolution's geometry when x is im2col'ed first (`col` is then its matrix: in
+    /// the activation dtype, or `xq` itself when `x_quantized`).
     pub conv: Option<ConvStep>,
     /// Whether `xq` was quantized by an earlier QuantGemm step from the same `x` (then this
     /// step runs only the GEMM and the epilogue).
@@ -409,6 +414,9 @@ pub struct QuantGemmStep {
     pub bias: Option<Loc>,
     pub residual: Option<Loc>,
     pub y: Loc,
+    /// The epilogue quantizes its result by this scale (to `qtype`, one byte per element)
+    /// for the next GEMMs, which alone read it, instead of storing it in the activation dtype.
+    pub y_scale: Option<f32>,
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -715,6 +723,8 @@ struct Planner<'g> {
     /// activations.
     quantized_of: Vec<Option<(Loc, f32, QuantType, bool)>>,
     const_repr: Vec<(usize, ConstRepr)>,
+    /// Node → it is a FakeQuant that emits nothing (`find_quant_gemms`).
+    fq_skip: Vec<bool>,
 }
 
 impl Planner<'_> {
@@ -2419,8 +2429,10 @@ impl Planner<'_> {
 
     /// Lowers a Conv or Linear that [`Planner::find_quant_gemms`] chose: the FakeQuant's input
     /// quantized (after an im2col for a convolution that is not 1×1 stride 1), the GEMM, the
-    /// epilogue into the node's output.
-    fn lower_quant_gemm(&mut self, c: &NodeCtx) -> Result<Lowered> {
+    /// epilogue into the node's output. Where that input was left quantized by its producer's
+    /// epilogue ([`Planner::quantized_output`]), nothing is quantized again: a direct GEMM
+    /// reads those bytes, an im2col copies them.
+    fn lower_quant_gemm(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<Lowered> {
         let q = self.quant[c.ni]
             .clone()
             .ok_or_else(|| unsupported(c.name, "no quantized GEMM was chosen"))?;
@@ -2430,6 +2442,15 @@ impl Planner<'_> {
             .ok_or_else(|| unsupported(name, "the quantized input has no producer"))?;
         let u = g.nodes[fq].inputs[0];
         let (mm, nn, k) = (q.m, q.n, q.k);
+        let nhwc = matches!(n.op, Op::Conv(_));
+        // The input exists only as the bytes its producer's epilogue wrote.
+        let pre = self.loc[u]
+            .is_none()
+            .then_some(self.quantized_of[u])
+            .flatten();
+        if let Some((l, _, _, _)) = pre {
+            self.touch(l);
+        }
         let mut rows_of_u = true;
         let (x, mut conv, wrows) = match &n.op {
             Op::Conv(a) => {
@@ -2443,8 +2464,14 @@ impl Planner<'_> {
                     ));
                 }
                 let xs = four(&self.shapes[u], name)?;
-                let x = self.channels_last(u, name)?;
-                let (x, xs, pads) = self.pad_asymmetric(name, x, xs, a.pads, true)?;
+                let (x, xs, pads) = match pre {
+                    // Symmetric padding only (`quantized_output` checked it).
+                    Some((l, ..)) => (l, xs, [a.pads[0], a.pads[1]]),
+                    None => {
+                        let x = self.channels_last(u, name)?;
+                        self.pad_asymmetric(name, x, xs, a.pads, true)?
+                    }
+                };
                 rows_of_u = xs == four(&self.shapes[u], name)?;
                 let ws = four(&c.in_shapes[1], name)?;
                 // [M, C, kh, kw] → [M, kh, kw, C]: the im2col's column order (and a 1×1's
@@ -2461,7 +2488,14 @@ impl Planner<'_> {
                 let conv = if q.direct {
                     None
                 } else {
-                    let col = self.new_storage(mm * k * self.es);
+                    // The im2col of bytes writes the quantized matrix itself (below).
+                    let col = match pre {
+                        Some(_) => None,
+                        None => Some(Loc::Storage {
+                            id: self.new_storage(mm * k * self.es),
+                            offset: 0,
+                        }),
+                    };
                     // w and y are set below, once they exist (the im2col reads neither).
                     Some(ConvStep {
                         x,
@@ -2478,12 +2512,15 @@ impl Planner<'_> {
                         groups: 1,
                         act: None,
                         nhwc: true,
-                        col: Some(Loc::Storage { id: col, offset: 0 }),
+                        col,
                     })
                 };
                 (x, conv, wr)
             }
-            _ => (self.plain(u, name)?, None, q.w.clone()),
+            _ => match pre {
+                Some((l, ..)) => (l, None, q.w.clone()),
+                None => (self.plain(u, name)?, None, q.w.clone()),
+            },
         };
         let repr = if q.qtype == QuantType::Int8 {
             ConstRepr::I8
@@ -2503,15 +2540,15 @@ impl Planner<'_> {
             Some(&b) => Some(self.raw(b, name)?),
             None => None,
         };
-        let (residual, act, nhwc) = match &n.op {
+        let (residual, act) = match &n.op {
             Op::Conv(a) => {
                 let r = match (a.residual, n.inputs.get(3)) {
                     (true, Some(&r)) => Some(self.channels_last(r, name)?),
                     _ => None,
                 };
-                (r, a.activation, true)
+                (r, a.activation)
             }
-            Op::Linear { activation } => (None, *activation, false),
+            Op::Linear { activation } => (None, *activation),
             _ => {
                 return Err(unsupported(
                     name,
@@ -2519,19 +2556,31 @@ impl Planner<'_> {
                 ))
             }
         };
-        // Direct rows of the same activations at the same scale are quantized once.
+        // Rows of the same activations at the same scale are quantized once: by the producer's
+        // epilogue, or by the first direct GEMM that reads them.
         let reuse = match self.quantized_of[u] {
             Some((l, s, t, px))
-                if conv.is_none() && rows_of_u && s == q.x_scale && t == q.qtype && px == nhwc =>
+                if (conv.is_none() || pre.is_some())
+                    && rows_of_u
+                    && s == q.x_scale
+                    && t == q.qtype
+                    && px == nhwc =>
             {
                 self.touch(l);
                 Some(l)
             }
             _ => None,
         };
-        let xq = match reuse {
-            Some(l) => l,
-            None => {
+        if pre.is_some() && reuse.is_none() {
+            return Err(unsupported(
+                name,
+                "its input was quantized by its producer for another scale or layout",
+            ));
+        }
+        let xq = match (&conv, reuse) {
+            (None, Some(l)) => l,
+            // A matrix of its own (an im2col's, of the producer's bytes or of floats).
+            _ => {
                 let l = Loc::Storage {
                     id: self.new_storage(mm * k),
                     offset: 0,
@@ -2546,17 +2595,36 @@ impl Planner<'_> {
             id: self.new_storage(mm * nn * 4),
             offset: 0,
         };
-        let y = self.output(c.outs[0], nhwc);
+        let out = c.outs[0];
+        let y_quant = self.quantized_output(c.ni, out, nhwc, pat);
+        let y = match y_quant {
+            Some((s, t)) => {
+                // Only the next GEMMs read this value, quantized: no float storage, no probe.
+                let l = Loc::Storage {
+                    id: self.new_storage(mm * nn),
+                    offset: 0,
+                };
+                self.quantized_of[out] = Some((l, s, t, nhwc));
+                self.def_t[out] = self.t;
+                l
+            }
+            None => self.output(out, nhwc),
+        };
         if let Some(cv) = conv.as_mut() {
             (cv.w, cv.y) = (w, y);
+            if pre.is_some() {
+                cv.col = Some(xq);
+            }
         }
+        let xq_ready = conv.is_none() && reuse.is_some();
         self.push(
             name,
             StepKind::QuantGemm(Box::new(QuantGemmStep {
                 qtype: q.qtype,
                 x,
+                x_quantized: pre.is_some(),
                 conv,
-                xq_ready: reuse.is_some(),
+                xq_ready,
                 xq,
                 w,
                 acc,
@@ -2564,6 +2632,7 @@ impl Planner<'_> {
                 bias,
                 residual,
                 y,
+                y_scale: y_quant.map(|(s, _)| s),
                 m: mm,
                 n: nn,
                 k,
@@ -2572,6 +2641,56 @@ impl Planner<'_> {
             })),
         );
         Ok(Lowered::Steps)
+    }
+
+    /// Whether node `ni`'s output `v` (rows NHWC when `nhwc`) may leave its epilogue quantized
+    /// for the next GEMMs: `v` is read only by one FakeQuant (not a graph output) that emits
+    /// nothing, every reader of that FakeQuant runs as a quantized GEMM of the same type and
+    /// layout (a convolution after a convolution, a Linear after a Linear) that needs no
+    /// padding copy, and the bytes the im2col copies are whole 4-byte words (C a multiple of
+    /// 4). Returns the FakeQuant's scale and type.
+    fn quantized_output(
+        &self,
+        ni: usize,
+        v: usize,
+        nhwc: bool,
+        pat: &Patterns,
+    ) -> Option<(f32, QuantType)> {
+        let g = self.g;
+        let producer_type = self.quant[ni].as_ref()?.qtype;
+        if pat.is_output[v] || pat.users_of[v].len() != 1 {
+            return None;
+        }
+        let f = pat.users_of[v][0];
+        let Op::FakeQuant(fq) = &g.nodes[f].op else {
+            return None;
+        };
+        let fv = g.nodes[f].outputs[0];
+        if !self.fq_skip[f] || fq.qtype != producer_type || fq.scales.len() != 1 {
+            return None;
+        }
+        let channels = *self.shapes[v].last()?;
+        let fits = pat.users_of[fv].iter().all(|&r| {
+            let Some(q) = &self.quant[r] else {
+                return false;
+            };
+            match &g.nodes[r].op {
+                Op::Conv(a) => {
+                    let c = if self.shapes[v].len() == 4 {
+                        self.shapes[v][1]
+                    } else {
+                        0
+                    };
+                    nhwc && a.pads[0] == a.pads[2]
+                        && a.pads[1] == a.pads[3]
+                        && (q.direct || c % 4 == 0)
+                        && q.qtype == fq.qtype
+                }
+                Op::Linear { .. } => !nhwc && channels == q.k && q.qtype == fq.qtype,
+                _ => false,
+            }
+        });
+        fits.then_some((fq.scales[0], fq.qtype))
     }
 }
 
@@ -2603,6 +2722,7 @@ impl<'g> Planner<'g> {
             quant: vec![None; g.nodes.len()],
             quantized_of: vec![None; nv],
             const_repr: Vec::new(),
+            fq_skip: Vec::new(),
         }
     }
 
@@ -2685,7 +2805,8 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     let mut p = Planner::new(g, g.infer_shapes(batch)?, dtype.size(), opts);
     let inputs = p.stage_inputs(dtype);
     let pat = Patterns::find(g, &p.shapes, opts);
-    let fq_skip = p.find_quant_gemms(&pat);
+    p.fq_skip = p.find_quant_gemms(&pat);
+    let fq_skip = p.fq_skip.clone();
     for (ni, n) in g.nodes.iter().enumerate() {
         if ni > 0 {
             p.record_probes(&g.nodes[ni - 1]);
@@ -2702,7 +2823,9 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         }
         let name = c.name;
         let lowered = match &n.op {
-            Op::Conv(_) | Op::Linear { .. } if p.quant[ni].is_some() => p.lower_quant_gemm(&c),
+            Op::Conv(_) | Op::Linear { .. } if p.quant[ni].is_some() => {
+                p.lower_quant_gemm(&c, &pat)
+            }
             Op::Conv(a) => p.lower_conv(&c, a),
             Op::Linear { activation } => p.lower_linear(&c, activation),
             Op::MatMul if pat.attn_at[ni].is_some() => p.lower_attention(&c, &pat),

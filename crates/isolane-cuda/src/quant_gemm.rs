@@ -78,13 +78,17 @@ pub(super) fn record_quant_gemm(
             let col = c
                 .col
                 .ok_or_else(|| err(EngineError::Runtime("an im2col without its matrix".into())))?;
-            m.launches.push(im2col_launch(rec, c, col));
+            m.launches.push(if q.x_quantized {
+                im2col_bytes_launch(rec, c, col).map_err(err)?
+            } else {
+                im2col_launch(rec, c, col)
+            });
             col
         }
         None => q.x,
     };
     let rows = q.m * q.k;
-    if !q.xq_ready {
+    if !q.xq_ready && !q.x_quantized {
         m.launches.push(Launch::Kernel {
             func: rec.func("quantize_q8"),
             grid: elementwise_grid(rows),
@@ -109,6 +113,11 @@ pub(super) fn record_quant_gemm(
     });
     let (k, p0, p1) = act_code(q.act, rec.dtype);
     let total = q.m * q.n;
+    let yq = match (q.y_scale, q.qtype) {
+        (None, _) => 0,
+        (Some(_), QuantType::Int8) => 1,
+        (Some(_), _) => 2,
+    };
     m.launches.push(Launch::Kernel {
         func: rec.func("dequant_epilogue"),
         grid: elementwise_grid(total),
@@ -126,9 +135,54 @@ pub(super) fn record_quant_gemm(
             Arg::I32(k),
             Arg::F32(p0),
             Arg::F32(p1),
+            Arg::F32(q.y_scale.unwrap_or(1.0)),
+            Arg::I32(yq),
         ],
     });
     Ok(())
+}
+
+/// The im2col of a convolution's quantized NHWC input (one byte per element, as its
+/// producer's epilogue left it) into the quantized matrix, 4 channels per 32-bit word.
+fn im2col_bytes_launch(rec: &Recorder, c: &ConvStep, col: Loc) -> Result<Launch> {
+    let [n, ch, h, w] = c.x_shape;
+    let [_, _, oh, ow] = c.y_shape;
+    let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
+    if !ch.is_multiple_of(4) {
+        return Err(EngineError::Runtime(format!(
+            "an im2col of quantized bytes with {ch} channels, not whole 4-byte words"
+        )));
+    }
+    let v = [
+        n,
+        h,
+        w,
+        ch / 4,
+        oh,
+        ow,
+        kh,
+        kw,
+        c.strides[0],
+        c.strides[1],
+        c.pads[0],
+        c.pads[1],
+        c.dilations[0],
+        c.dilations[1],
+    ];
+    let words = n * oh * ow * kh * kw * ch / 4;
+    Ok(Launch::Kernel {
+        func: rec.func("im2col_b4"),
+        grid: elementwise_grid(words),
+        block: BLOCK,
+        shared: 0,
+        args: vec![
+            Arg::Ptr(rec.ptr(c.x)),
+            Arg::Ptr(rec.ptr(col)),
+            Arg::Im(Box::new(ImP {
+                v: v.map(|s| s as i32),
+            })),
+        ],
+    })
 }
 
 /// The index in `m.mms` of the GEMM for `q`'s shape: made once per (type, M, N, K) of the

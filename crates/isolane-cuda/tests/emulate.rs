@@ -616,6 +616,21 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
 /// for e4m3 products), the epilogue's one multiply-add per output.
 fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
     use isolane_engine::quant::quantize;
+    let sid = |l: Loc| match l {
+        Loc::Storage { id, .. } => id,
+        Loc::Const { .. } => panic!("a quantized constant"),
+    };
+    // x as floats, or (x_quantized) the bytes its producer's epilogue left.
+    let xq_in = q.x_quantized.then(|| {
+        m.quantized
+            .get(&sid(q.x))
+            .expect("x_quantized but no producer quantized it")
+            .clone()
+    });
+    let get = |m: &Mem, i: usize| match &xq_in {
+        Some(v) => v[i] as f32,
+        None => m.get(q.x, i),
+    };
     let rows: Vec<f32> = match &q.conv {
         Some(c) => {
             let [n, ch, h, wd] = c.x_shape;
@@ -642,7 +657,7 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
                                             + ci * xs[1]
                                             + ih as usize * xs[2]
                                             + iw as usize * xs[3];
-                                        m.get(c.x, xi)
+                                        get(m, xi)
                                     } else {
                                         0.0
                                     });
@@ -654,13 +669,16 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
             }
             col
         }
-        None => (0..q.m * q.k).map(|i| m.get(q.x, i)).collect(),
+        None => (0..q.m * q.k).map(|i| get(m, i)).collect(),
     };
     assert_eq!(rows.len(), q.m * q.k);
-    let Loc::Storage { id: xid, .. } = q.xq else {
-        panic!("xq is a constant")
-    };
-    if q.xq_ready {
+    let xid = sid(q.xq);
+    if q.x_quantized {
+        // Already on the grid: the im2col copied bytes (or the rows are x itself).
+        assert_eq!(q.conv.is_none(), xid == sid(q.x));
+        m.quantized
+            .insert(xid, rows.iter().map(|&v| v as f64).collect());
+    } else if q.xq_ready {
         let made = m
             .quantized
             .get(&xid)
@@ -700,8 +718,20 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
             out[r * q.n + j] = act(q.act, v);
         }
     }
-    for (i, v) in out.into_iter().enumerate() {
-        m.set(q.y, i, v);
+    match q.y_scale {
+        // Quantized for the next GEMMs, as their quantize step would have.
+        Some(s) => {
+            let yq = out
+                .iter()
+                .map(|&v| quantize(v, s, 0.0, q.qtype, true) as f64)
+                .collect();
+            m.quantized.insert(sid(q.y), yq);
+        }
+        None => {
+            for (i, v) in out.into_iter().enumerate() {
+                m.set(q.y, i, v);
+            }
+        }
     }
 }
 
@@ -1636,6 +1666,12 @@ fn quantized_products_plan_into_quant_gemms_that_compute_the_graph() {
             assert_eq!((c3.m, c3.n, c3.k), (batch * 36, 32, 144));
             assert_eq!((fc.m, fc.n, fc.k), (batch, 16, 32));
             assert!(c4.residual.is_some(), "the add is fused into c4");
+            // c2's output is read only by c3's quantized im2col: c2's epilogue quantizes it,
+            // c3 copies bytes and quantizes nothing; c3's output is also the residual of c4,
+            // so it is stored in full and c4 quantizes it itself.
+            assert!(c2.y_scale.is_some() && c3.x_quantized, "{c2:?}\n{c3:?}");
+            assert!(c3.y_scale.is_none() && !c4.x_quantized);
+            assert!(c4.y_scale.is_none(), "c4 → add → relu → pool is not a GEMM");
             // c1 (K = 27) stays on the fake-quant path: its input's FakeQuant is planned.
             assert!(p
                 .steps
