@@ -328,7 +328,7 @@ mod tests {
             oom.clone(),
             failed("process", Some(1))
         ]));
-        assert!(!failed_out_of_memory(&[ok.clone()]));
+        assert!(!failed_out_of_memory(std::slice::from_ref(&ok)));
         assert!(!failed_out_of_memory(&[]));
     }
 }
