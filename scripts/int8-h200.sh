@@ -19,7 +19,8 @@
 #      (images/s) per row, the ratio to fp16, the calibration's top-1 agreement lines, and how
 #      many products each model ran on the tensor-core path (the build's search log).
 # Targets (issue 33): resnet50 int8 batch 1 <= 0.25 ms; int8 at batch 64 >= 1.6x fp16's
-# throughput.
+# throughput. Batch 1 rows run first; when the deadline leaves batch-64 rows out, a second
+# call measures them: MODELS="convnext_base vit_b_16" BATCHES=64 TEST=0 bash scripts/int8-h200.sh
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/int8-h200}
@@ -37,7 +38,7 @@ mkdir -p "$work/cal"
 
 t=stage/tests/isolane-cuda--gpu
 if [ -e "$t.xz" ] && [ ! -e "$t" ]; then xz -d -f "$t.xz"; fi
-if [ -e "$t" ]; then
+if [ -e "$t" ] && [ "${TEST:-1}" = 1 ]; then
     chmod +x "$t"
     echo "=== the tensor-core path's correctness test"
     timeout 100 "$t" quant_gemm_path_matches_the_exact_reference_layer_by_layer --ignored \
@@ -138,8 +139,11 @@ PY
     echo
     echo "| model | batch | variant | p50 ms | images/s | vs fp16 throughput |"
     echo "| --- | ---: | --- | ---: | ---: | ---: |"
-    for m in $models; do
-        for b in $batches; do
+    # Every batch-1 row first: a batch-64 int8 / fp8 row calibrates 64 rows on the CPU's
+    # reference interpreter (tens of seconds for convnext_base and vit_b_16), so the deadline
+    # may leave some out; run those alone then (MODELS=... BATCHES=64).
+    for b in $batches; do
+        for m in $models; do
             fp16=""
             for v in $variants; do
                 case $v in

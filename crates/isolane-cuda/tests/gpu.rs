@@ -731,8 +731,7 @@ fn qdq_fixtures_run_on_the_gpu() {
 /// CPU (`calibrate::quantize_model`), its QDQ graph compiled on cuda at fp16 (the float
 /// precision between the quantized ops), against the CPU backend's fp32 run of the same graph:
 /// within fp16's tolerance, and the same top-1 class per image. It prints which matrix
-/// products the int8 tensor-core path would take (`isolane_cuda::int8`) and why the others
-/// would not.
+/// products take the int8 tensor-core path (`isolane_cuda::int8`) and why the others do not.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn calibrated_int8_and_fp8_models_run_on_the_gpu() {
