@@ -542,3 +542,71 @@ fn an_arena_beyond_the_address_space_exits_3_naming_model_batch_and_bytes() {
     );
     assert!(!plan.exists());
 }
+
+/// `--precision int8` / `fp8` quantize the model from `--calibration` first (then run it: at
+/// fp32 on the CPU, at fp16 on cuda with its products on the tensor cores) and say how the
+/// quantized model agrees with the float one; the calibration flags are checked by name.
+#[test]
+fn int8_and_fp8_quantize_from_a_calibration_folder() {
+    let d = fixtures().join("onnx");
+    let model = d.join("tiny_cnn_op14.onnx");
+    let input = d.join("tiny_cnn_op14.input.npy");
+    let cal = tempfile::tempdir().unwrap();
+    std::fs::copy(&input, cal.path().join("items.npy")).unwrap();
+    let (m, i, c) = (
+        model.to_str().unwrap(),
+        input.to_str().unwrap(),
+        cal.path().to_str().unwrap(),
+    );
+    for (precision, method) in [("int8", "entropy"), ("fp8", "minmax")] {
+        let (code, out, err) = run(&[
+            "infer",
+            "--model",
+            m,
+            "--input",
+            i,
+            "--precision",
+            precision,
+            "--calibration",
+            c,
+            "--calibration-method",
+            method,
+            "--threads",
+            "1",
+        ]);
+        assert_eq!(code, 0, "{precision}: {out}{err}");
+        let q = if precision == "int8" {
+            "int8"
+        } else {
+            "float8e4m3fn"
+        };
+        assert!(
+            out.contains(&format!("calibration: {q} from 2 calibration items"))
+                && out.contains("top-1 agreement"),
+            "{out}"
+        );
+        assert!(out.contains("sample 1:"), "{out}");
+    }
+    let cases: [(&[&str], &str); 3] = [
+        (&["--precision", "int8"], "--calibration DIR"),
+        (
+            &[
+                "--precision",
+                "fp8",
+                "--calibration",
+                c,
+                "--calibration-method",
+                "entropy",
+            ],
+            "entropy",
+        ),
+        (&["--calibration", c], "are for --precision int8 or fp8"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["infer", "--model", m, "--input", i];
+        args.extend_from_slice(extra);
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+}

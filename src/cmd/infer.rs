@@ -32,9 +32,17 @@ pub struct InferArgs {
     /// The backend that runs the model.
     #[arg(long, default_value = "cpu", value_name = "BACKEND", value_parser = ["cpu", "cuda"])]
     backend: String,
-    /// Numeric precision (the CPU backend runs fp32 only).
-    #[arg(long, default_value = "fp32", value_parser = ["fp32", "tf32", "fp16", "bf16"])]
+    /// Numeric precision (the CPU backend runs fp32 only). int8 / fp8: the model quantized
+    /// from --calibration first, then run at fp16 on cuda (its products on the int8 / fp8
+    /// tensor cores), fp32 on the CPU.
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "tf32", "fp16", "bf16", "int8", "fp8"])]
     precision: String,
+    /// Calibration folder (.npy files or images of the model's input) for --precision int8 / fp8.
+    #[arg(long, value_name = "DIR")]
+    calibration: Option<PathBuf>,
+    /// How --calibration sets each activation's scale (default percentile; entropy is int8 only).
+    #[arg(long, value_name = "METHOD", value_parser = ["percentile", "entropy", "minmax"])]
+    calibration_method: Option<String>,
     /// GPU index (backend cuda).
     #[arg(long, default_value_t = 0)]
     gpu: u32,
@@ -92,6 +100,8 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
         weights_seed: args.weights_seed,
         backend: args.backend,
         precision: args.precision,
+        calibration: args.calibration,
+        calibration_method: args.calibration_method,
         gpu: args.gpu,
         threads: args.threads,
         source,

@@ -21,8 +21,13 @@ pub struct InferRequest {
     pub weights_seed: u64,
     /// `"cpu"` or `"cuda"`.
     pub backend: String,
-    /// `fp32`, `tf32`, `fp16` or `bf16`, as the user wrote it.
+    /// `fp32`, `tf32`, `fp16`, `bf16`, or `int8` / `fp8` (the model quantized from
+    /// `calibration` first, then run at fp16 on cuda, fp32 on the CPU), as the user wrote it.
     pub precision: String,
+    /// The calibration folder (.npy files or images) of `int8` / `fp8`.
+    pub calibration: Option<PathBuf>,
+    /// `percentile` (the default), `entropy` (int8 only) or `minmax`.
+    pub calibration_method: Option<String>,
     pub gpu: u32,
     /// CPU threads (0 = one per core).
     pub threads: usize,
@@ -111,10 +116,67 @@ impl Loaded {
     }
 }
 
+/// The float precision a request runs at and, for `int8` / `fp8`, how to quantize the model
+/// first (cuda runs the quantized graph at fp16 with its products on the int8 / fp8 tensor
+/// cores, docs/cuda.md; the CPU at fp32).
+fn parse_precision(
+    args: &InferRequest,
+) -> Result<
+    (
+        Precision,
+        Option<(isolane_engine::calibrate::CalibOptions, PathBuf)>,
+    ),
+    InferError,
+> {
+    use isolane_engine::calibrate::{CalibMethod, CalibOptions};
+    use isolane_engine::quant::QuantType;
+    let qtype = match args.precision.as_str() {
+        "int8" => QuantType::Int8,
+        "fp8" => QuantType::Float8E4M3Fn,
+        p => {
+            if args.calibration.is_some() || args.calibration_method.is_some() {
+                return Err(user(format!(
+                    "--calibration and --calibration-method are for --precision int8 or fp8, \
+                     not {p}"
+                )));
+            }
+            return Ok((p.parse().map_err(user)?, None));
+        }
+    };
+    let Some(dir) = args.calibration.clone() else {
+        return Err(user(format!(
+            "--precision {} needs --calibration DIR (a folder of .npy files or images of the \
+             model's input)",
+            args.precision
+        )));
+    };
+    let method = match args.calibration_method.as_deref() {
+        None | Some("percentile") => CalibMethod::Percentile(99.99),
+        Some("entropy") => CalibMethod::Entropy,
+        Some("minmax") => CalibMethod::MinMax,
+        Some(m) => {
+            return Err(user(format!(
+                "--calibration-method {m}: expected percentile, entropy or minmax"
+            )))
+        }
+    };
+    let float = if args.backend == "cuda" {
+        Precision::Fp16
+    } else {
+        Precision::Fp32
+    };
+    let opts = CalibOptions {
+        qtype,
+        method,
+        ..Default::default()
+    };
+    Ok((float, Some((opts, dir))))
+}
+
 /// Runs the model once (and `repeat` more times, and once more profiled), saying what it did
 /// through `say`, line by line; returns the output.
 pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferred, InferError> {
-    let precision: Precision = args.precision.parse().map_err(user)?;
+    let (precision, quantize) = parse_precision(args)?;
     if args.backend == "cpu" && precision != Precision::Fp32 {
         return Err(user(format!(
             "--precision {precision}: the CPU backend runs fp32 only (use --backend cuda)"
@@ -140,6 +202,13 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
         ),
         None => load_model(args)?,
     };
+    if quantize.is_some() && saved.is_some() {
+        return Err(user(format!(
+            "--precision {}: a saved plan is already compiled at its own precision; quantize the \
+             model it was built from",
+            args.precision
+        )));
+    }
     let rank = input_rank(&graph)?;
 
     // The input tensor as given, before the batch is known.
@@ -195,6 +264,21 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
     };
     crate::engine::check_batch_fits(&graph, batch, target)
         .map_err(|reason| user(format!("--batch {batch}: {reason}")))?;
+    let graph = match &quantize {
+        Some((opts, dir)) => {
+            let threads = if args.threads == 0 {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            } else {
+                args.threads
+            };
+            let (q, report) =
+                isolane_engine::calibrate::quantize_from_folder(&graph, batch, dir, opts, threads)
+                    .map_err(|e| user(format!("--calibration {}: {e}", dir.display())))?;
+            say(format!("calibration: {report}"));
+            q
+        }
+        None => graph,
+    };
 
     let t0 = Instant::now();
     let (mut loaded, backend_line) = if args.backend == "cuda" {
