@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use isolane_core::results::{IsolationSteps, StepResult};
+use isolane_core::results::IsolationSteps;
 use isolane_runtime::isolation;
 use isolane_runtime::output;
 
@@ -74,7 +74,7 @@ pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyho
         &m.out.join("isolation.csv"),
         isolane_core::results::isolation_csv(&steps).as_bytes(),
     )?;
-    println!("{}", steps_table(&steps));
+    println!("{}", isolane_report::run_text::steps_table(&steps));
     m.summary.isolation = Some(IsolationSteps {
         step_s: grid.step_s,
         steps,
@@ -91,40 +91,4 @@ pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyho
     super::run::report_failures(&m.summary);
     println!("results: {}", m.out.display());
     Ok(super::run::exit_for(m.summary.status))
-}
-
-fn steps_table(steps: &[StepResult]) -> String {
-    use isolane_report::ms;
-    let rows: Vec<Vec<String>> = steps
-        .iter()
-        .flat_map(|s| {
-            s.victims.iter().map(move |v| {
-                let m = &v.metrics;
-                vec![
-                    s.step.to_string(),
-                    format!("{:.1}", s.interferer_rate_hz),
-                    v.victim.clone(),
-                    m.jobs.to_string(),
-                    format!("{:.2}", m.timeout_pct),
-                    ms(m.latency_ms.p50),
-                    ms(m.latency_ms.p99),
-                    ms(m.latency_ms.max),
-                ]
-            })
-        })
-        .collect();
-    isolane_report::plain_table(
-        &[
-            "step",
-            "interferer Hz",
-            "victim",
-            "jobs",
-            "miss %",
-            "p50 ms",
-            "p99 ms",
-            "max ms",
-        ],
-        &rows,
-        &[2],
-    )
 }

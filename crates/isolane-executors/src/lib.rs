@@ -13,6 +13,7 @@ pub mod bench;
 pub mod engine;
 pub mod foresee;
 pub mod infer;
+pub mod listing;
 mod kernel;
 pub mod machine;
 pub mod saved_plan;

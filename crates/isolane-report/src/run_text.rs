@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use isolane_core::results::{AppSummary, RunSummary, WorkloadSummary, WORKLOADS_CSV};
+use isolane_core::results::{AppSummary, RunSummary, StepResult, WorkloadSummary, WORKLOADS_CSV};
 
 use crate::{Layout, ResultRow};
 
@@ -143,5 +143,42 @@ pub fn apps_tables(title: &str, apps: &[AppSummary]) -> String {
         title,
         plain_table(&header, &e2e, &[0]),
         plain_table(&stage_header, &stages, &[0, 1])
+    )
+}
+
+/// `isolane isolation`'s table: per step and victim, its jobs, misses and latencies.
+pub fn steps_table(steps: &[StepResult]) -> String {
+    use crate::ms;
+    let rows: Vec<Vec<String>> = steps
+        .iter()
+        .flat_map(|s| {
+            s.victims.iter().map(move |v| {
+                let m = &v.metrics;
+                vec![
+                    s.step.to_string(),
+                    format!("{:.1}", s.interferer_rate_hz),
+                    v.victim.clone(),
+                    m.jobs.to_string(),
+                    format!("{:.2}", m.timeout_pct),
+                    ms(m.latency_ms.p50),
+                    ms(m.latency_ms.p99),
+                    ms(m.latency_ms.max),
+                ]
+            })
+        })
+        .collect();
+    crate::plain_table(
+        &[
+            "step",
+            "interferer Hz",
+            "victim",
+            "jobs",
+            "miss %",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+        ],
+        &rows,
+        &[2],
     )
 }
