@@ -152,8 +152,8 @@ impl SlotView {
     /// the job before it, which overran, and the jobs released behind it are queued too, with
     /// less slack than it shows. (In the replay of trio a, every miss the sharing guard added
     /// was such a job, one to four behind a slow one.)
-    fn backlog(&self, now: i64, policy: &Policy) -> bool {
-        self.begins(now).saturating_sub(self.release) > policy.margin_ns.max(POLL_NS as i64)
+    fn backlog(&self, now: i64) -> bool {
+        self.begins(now).saturating_sub(self.release) > BACKLOG_NS
     }
 
     /// The delay best effort has reserved against the published job, and the time it held
@@ -366,7 +366,7 @@ pub fn admits_piece(
     // job that runs past its estimate (its end is unknown) and for a backlog (see
     // [`SlotView::backlog`]). Under the stall model, as before, a piece is charged its whole
     // overlap against what is left before the deadline.
-    if f < 1.0 && (v.start > 0 && end <= now || v.backlog(now, policy)) {
+    if f < 1.0 && (v.start > 0 && end <= now || v.backlog(now)) {
         return None;
     }
     let delay = charge(overlap, end.saturating_sub(from), f);
@@ -435,7 +435,7 @@ pub fn retry_at_piece(v: &SlotView, now: i64, policy: &Policy, piece: Option<&In
         .deadline
         .saturating_sub(policy.margin_ns)
         .saturating_sub(end);
-    let at = if f > 0.0 && f < 1.0 && slack > 0 && !v.backlog(now, policy) {
+    let at = if f > 0.0 && f < 1.0 && slack > 0 && !v.backlog(now) {
         end.saturating_sub((slack as f64 * (1.0 - f) / f) as i64)
     } else {
         end
@@ -494,6 +494,11 @@ pub fn yields(
     let wait = other_end.saturating_sub(now).max(0);
     (my_slack > other_slack && my_slack >= wait).then_some(other_end)
 }
+
+/// How late after its release a job may begin before a sharing guard takes it for a backlog
+/// ([`SlotView::backlog`]): more than a release loop's wake-up (it spins the last `spin_us`),
+/// and not the margin, which a user raises to be safer (a looser backlog test would not be).
+const BACKLOG_NS: i64 = 20_000;
 
 /// Longest sleep of a held piece before it asks again, whatever the estimates say (they may be
 /// high: a job that ends early must not keep best effort asleep long).
@@ -1936,6 +1941,9 @@ mod tests {
             ..SlotView::pending(4, 10 * MS, 20 * MS, MS)
         };
         assert_eq!(admits(&queued, 10 * MS + MS / 2, MS / 10, &p), None);
+        // Whatever the margin: a larger one is asked for safety, not for a looser test.
+        let safe = Policy::new(MS, Some(1.25));
+        assert_eq!(admits(&queued, 10 * MS + MS / 2, MS / 10, &safe), None);
         // On time: admitted.
         let on_time = running(4, 10 * MS, 20 * MS, MS);
         assert!(admits(&on_time, 10 * MS + MS / 2, MS / 10, &p).is_some());
