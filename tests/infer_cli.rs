@@ -610,3 +610,72 @@ fn int8_and_fp8_quantize_from_a_calibration_folder() {
         assert!(err.contains(want), "{extra:?}: {err}");
     }
 }
+
+/// `bench --precision int8,fp8 --calibration DIR`: each row quantized from the folder first
+/// (its agreement line noted), labelled by the quantized precision; the calibration flags are
+/// checked by name before anything is compiled.
+#[test]
+fn bench_measures_int8_and_fp8_rows_from_a_calibration_folder() {
+    let cal = tempfile::tempdir().unwrap();
+    // One item of seeded values in [-1, 1).
+    let mut state = 7u64;
+    let item: Vec<f32> = (0..3 * 224 * 224)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect();
+    isolane_engine::io::write_npy(cal.path().join("0.npy"), &[3, 224, 224], &item).unwrap();
+    let c = cal.path().to_str().unwrap();
+    let base = [
+        "bench",
+        "--model",
+        "mobilenet_v2",
+        "--backend",
+        "cpu",
+        "--replays",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    ];
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--precision", "int8,fp8", "--calibration", c]);
+    args.extend_from_slice(&["--calibration-method", "minmax"]);
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{out}{err}");
+    for p in ["int8", "fp8"] {
+        assert!(out.contains(&format!(r#""precision":"{p}""#)), "{out}");
+    }
+    assert!(
+        err.contains("mobilenet_v2 batch 1 int8: int8 from 1 calibration items"),
+        "{err}"
+    );
+    let cases: [(&[&str], &str); 3] = [
+        (&["--precision", "int8"], "--calibration DIR"),
+        (
+            &["--precision", "fp16", "--calibration", c],
+            "are for --precision int8 or fp8",
+        ),
+        (
+            &[
+                "--precision",
+                "int8",
+                "--calibration",
+                c,
+                "--calibration-method",
+                "mean",
+            ],
+            "--calibration-method",
+        ),
+    ];
+    for (extra, want) in cases {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+}

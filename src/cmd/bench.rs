@@ -23,10 +23,17 @@ pub struct BenchArgs {
     /// Batch size(s), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1", value_parser = super::help::at_least_one_usize)]
     batch: Vec<usize>,
-    /// Precision(s): fp32, tf32, fp16, bf16 (cpu: fp32 only). Default: fp16 on cuda, fp32
-    /// on cpu.
+    /// Precision(s): fp32, tf32, fp16, bf16 (cpu: fp32 only), int8, fp8 (the model quantized
+    /// from --calibration at each batch, then run at fp16 on cuda with its products on the
+    /// tensor cores, fp32 on cpu). Default: fp16 on cuda, fp32 on cpu.
     #[arg(long, value_delimiter = ',')]
     precision: Vec<String>,
+    /// Calibration folder (.npy files or images of the model's input) for int8 / fp8.
+    #[arg(long, value_name = "DIR")]
+    calibration: Option<std::path::PathBuf>,
+    /// How --calibration sets each activation's scale (default percentile; entropy is int8 only).
+    #[arg(long, value_name = "METHOD", value_parser = ["percentile", "entropy", "minmax"])]
+    calibration_method: Option<String>,
     /// cuda or cpu. Default: cuda where a CUDA GPU can run it, else cpu with a note saying why
     /// (as `isolane run` picks its quickstart); `--backend cuda` insists on the GPU.
     #[arg(long, value_parser = ["cuda", "cpu"])]
@@ -63,6 +70,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         models: args.model,
         batches: args.batch,
         precisions: args.precision,
+        calibration: args.calibration,
+        calibration_method: args.calibration_method,
         backend: args.backend,
         replays: args.replays,
         warmup: args.warmup,

@@ -14,8 +14,14 @@ pub struct BenchRequest {
     /// Built-in models, or saved plans (`.isoplan`, loaded instead of compiled).
     pub models: Vec<String>,
     pub batches: Vec<usize>,
-    /// Precisions as written; none: fp16 on cuda, fp32 on cpu.
+    /// Precisions as written; none: fp16 on cuda, fp32 on cpu. `int8` / `fp8`: each model
+    /// quantized from `calibration` (at each batch) first, then run at fp16 on cuda (its
+    /// products on the int8 / fp8 tensor cores, docs/cuda.md), fp32 on the CPU.
     pub precisions: Vec<String>,
+    /// The calibration folder (.npy files or images) of `int8` / `fp8`.
+    pub calibration: Option<std::path::PathBuf>,
+    /// `percentile` (the default), `entropy` (int8 only) or `minmax`.
+    pub calibration_method: Option<String>,
     /// `"cuda"` or `"cpu"` (`None`: cuda where it can run, else cpu).
     pub backend: Option<String>,
     /// Timed jobs per configuration.
@@ -199,6 +205,37 @@ fn pick_backend(
     }
 }
 
+/// The calibration method of int8 / fp8 rows; the calibration flags without such a row, or
+/// such a row without a folder, are the user's mistakes.
+fn calibration_method(
+    args: &BenchRequest,
+    quantized: bool,
+) -> Result<isolane_engine::calibrate::CalibMethod, BenchError> {
+    use isolane_engine::calibrate::CalibMethod;
+    if !quantized {
+        if args.calibration.is_some() || args.calibration_method.is_some() {
+            return Err(user(
+                "--calibration and --calibration-method are for --precision int8 or fp8",
+            ));
+        }
+        return Ok(CalibMethod::Percentile(99.99));
+    }
+    if args.calibration.is_none() {
+        return Err(user(
+            "--precision int8 and fp8 need --calibration DIR (a folder of .npy files or images \
+             of the model's input)",
+        ));
+    }
+    match args.calibration_method.as_deref() {
+        None | Some("percentile") => Ok(CalibMethod::Percentile(99.99)),
+        Some("entropy") => Ok(CalibMethod::Entropy),
+        Some("minmax") => Ok(CalibMethod::MinMax),
+        Some(m) => Err(user(format!(
+            "--calibration-method {m}: expected percentile, entropy or minmax"
+        ))),
+    }
+}
+
 /// Measures every model × batch × precision; `gpu_unusable` says why cuda cannot run here,
 /// if it cannot. Each result goes to `measured` as soon as it is known, notes to `note`.
 pub fn bench(
@@ -219,9 +256,28 @@ pub fn bench(
     } else {
         &args.precisions
     };
+    let float = if backend == "cpu" {
+        Precision::Fp32
+    } else {
+        Precision::Fp16
+    };
+    let mut quantized = false;
     for p in wanted {
-        precisions.push(p.parse::<Precision>().map_err(user)?);
+        let q = match p.as_str() {
+            "int8" => Some(isolane_engine::quant::QuantType::Int8),
+            "fp8" => Some(isolane_engine::quant::QuantType::Float8E4M3Fn),
+            _ => None,
+        };
+        quantized |= q.is_some();
+        precisions.push(match q {
+            Some(q) => (float, Some(q), p.clone()),
+            None => {
+                let f = p.parse::<Precision>().map_err(user)?;
+                (f, None, f.to_string())
+            }
+        });
     }
+    let method = calibration_method(args, quantized)?;
     for m in &args.models {
         if model_info(m).is_none() && !is_saved_plan_path(m) {
             return Err(user(format!(
@@ -265,6 +321,12 @@ pub fn bench(
             Some(s) => s.graph.clone(),
             None => build_model(name, Weights::Synthetic { seed: args.seed })?,
         };
+        if saved.is_some() && quantized {
+            return Err(user(format!(
+                "--precision int8/fp8: {name} is a saved plan, already compiled at its own \
+                 precision; bench the model it was built from"
+            )));
+        }
         let target = |p| match &cuda {
             Some(_) => crate::engine::Target::Cuda {
                 gpu: args.gpu,
@@ -273,13 +335,36 @@ pub fn bench(
             None => crate::engine::Target::Cpu,
         };
         for &batch in &args.batches {
-            for &p in &precisions {
+            for &(p, _, _) in &precisions {
                 crate::engine::check_batch_fits(&graph, batch, target(p))
                     .map_err(|reason| user(format!("--batch {batch} ({name}, {p}): {reason}")))?;
             }
         }
         for &batch in &args.batches {
-            for &p in &precisions {
+            for (p, qtype, label) in &precisions {
+                let p = *p;
+                // int8 / fp8: the model quantized at this batch (not timed as compile).
+                let graph = match (qtype, &args.calibration) {
+                    (Some(q), Some(dir)) => {
+                        let opts = isolane_engine::calibrate::CalibOptions {
+                            qtype: *q,
+                            method,
+                            ..Default::default()
+                        };
+                        let threads = if args.threads == 0 {
+                            std::thread::available_parallelism().map_or(1, |n| n.get())
+                        } else {
+                            args.threads
+                        };
+                        let (g, report) = isolane_engine::calibrate::quantize_from_folder(
+                            &graph, batch, dir, &opts, threads,
+                        )
+                        .map_err(|e| user(format!("--calibration {}: {e}", dir.display())))?;
+                        note(format!("{name} batch {batch} {label}: {report}"));
+                        std::borrow::Cow::Owned(g)
+                    }
+                    _ => std::borrow::Cow::Borrowed(&graph),
+                };
                 let t0 = Instant::now();
                 let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
                 let mut forward_ms = None;
@@ -339,7 +424,7 @@ pub fn bench(
                     backend: backend.clone(),
                     model: name.clone(),
                     batch,
-                    precision: p.to_string(),
+                    precision: label.clone(),
                     replays: args.replays,
                     median_ms: percentile(&t, 0.5),
                     p99_ms: percentile(&t, 0.99),
