@@ -194,6 +194,10 @@ fn corrupted_bytes_never_panic() {
         "shape_chain_expand_where_op15",
         "resize_linear_sizes_axes_op18",
         "torch_vit_tiny_op17",
+        // The QOperator import: integer tensors, com.microsoft ops, DynamicQuantizeLinear.
+        "qop/static_cnn2_u8s8_per_channel",
+        "qop/static_cnn_u8s8_per_channel",
+        "qop/dynamic_cnn_s8_per_tensor",
     ] {
         let path = dir().join(format!("{name}.onnx"));
         let good = std::fs::read(&path).unwrap();
