@@ -3,7 +3,6 @@
 //! writes summary.json's `apps` and `apps/<app>.csv`; docs/apps.md), admission, then the
 //! tables and `--trace`.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use isolane_app::session::{self, AppRun, AppRunError};
@@ -16,12 +15,6 @@ use super::run::RunArgs;
 /// A library error at the CLI's edge: the user's mistakes exit 2.
 fn cli_error(e: AppRunError) -> anyhow::Error {
     blame!(e)
-}
-
-/// The `[[app]]`s of the scenario file `path`, whose text is `text` (none: an ordinary
-/// scenario).
-pub fn apps_of(text: &str, path: &Path) -> anyhow::Result<Vec<AppSpec>> {
-    session::apps_of(text, path).map_err(cli_error)
 }
 
 /// The apps' models as the workloads of a scenario on the same device, checked by core's

@@ -42,7 +42,7 @@ pub mod verify;
 pub mod worker;
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -146,45 +146,12 @@ pub fn quickstart(cpu_only: bool) -> anyhow::Result<(Scenario, String, Option<St
 /// scenario and how to name it in summary.json.
 pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<(Scenario, String)> {
     match path {
-        Some(p) => ScenarioFile::read(p)?.scenario(),
+        Some(p) => Ok(ScenarioFile::read(p)?.scenario()?),
         None => quickstart(false).map(|(s, name, _)| (s, name)),
     }
 }
 
-/// A scenario file, read once: a pipe, a process substitution (`<(...)`) or a FIFO gives its
-/// text only once, so its workloads and its `[[app]]`s are both parsed from this text (issue
-/// 31: `run <(cat apps.toml)` read the apps from an empty second read and ran nothing).
-pub struct ScenarioFile {
-    pub path: PathBuf,
-    pub text: String,
-}
-
-impl ScenarioFile {
-    /// Reads `path` (at most [`isolane_core::files::MAX_CONFIG_BYTES`]); a file that cannot be
-    /// read is the user's (exit 2).
-    pub fn read(path: &Path) -> anyhow::Result<ScenarioFile> {
-        let text = Scenario::read_file(path).map_err(user)?;
-        Ok(ScenarioFile {
-            path: path.to_path_buf(),
-            text,
-        })
-    }
-
-    /// The validated scenario and how to name it in summary.json.
-    pub fn scenario(&self) -> anyhow::Result<(Scenario, String)> {
-        let models: Vec<&str> = isolane_engine::builtin_models()
-            .iter()
-            .map(|m| m.name)
-            .collect();
-        let s = Scenario::from_toml_str(&self.text, &self.path, &models).map_err(user)?;
-        Ok((s, self.path.display().to_string()))
-    }
-
-    /// Its `[[app]]`s (none: an ordinary scenario).
-    pub fn apps(&self) -> anyhow::Result<Vec<isolane_app::spec::AppSpec>> {
-        app::apps_of(&self.text, &self.path)
-    }
-}
+pub use isolane_app::scenario_file::ScenarioFile;
 
 /// The checks of `isolane_session::checks` at the CLI's edge: a refusal is the user's (exit 2).
 pub fn refuse_programs(scenario: &Scenario, file: &str, command: &str) -> anyhow::Result<()> {

@@ -222,6 +222,10 @@ pub fn run_scenario(
             isolane_report::run_text::json_result(&m.out, &m.summary)?
         );
     }
+    // Workers whose models did not fit, and no other failure: 3, as `infer` exits.
+    if m.summary.status == RunStatus::Failed && m.summary.failed_out_of_memory() {
+        return Ok(super::EXIT_OUT_OF_MEMORY);
+    }
     Ok(exit_for(m.summary.status))
 }
 

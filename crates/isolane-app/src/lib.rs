@@ -26,6 +26,7 @@ pub mod partitions;
 pub mod placement;
 pub mod protection;
 pub mod run;
+pub mod scenario_file;
 pub mod session;
 pub mod source;
 pub mod spec;

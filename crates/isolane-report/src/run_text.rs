@@ -182,3 +182,38 @@ pub fn steps_table(steps: &[StepResult]) -> String {
         &[2],
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interrupted_run_on_a_busy_host_says_both_and_only_the_title_without_models() {
+        let mut s = RunSummary::new("run");
+        assert!(failure_lines(&s).is_empty());
+        assert_eq!(run_results_table("cpu", &s, false), "cpu");
+        s.interrupted = true;
+        s.cpu_steal_pct = Some(2.5);
+        let lines = failure_lines(&s);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].starts_with("interrupted:"), "{lines:?}");
+        assert!(
+            lines[1].contains("took 2.5 % of this machine's CPU"),
+            "{lines:?}"
+        );
+        // A steal of 1 % or less is a VM's usual noise: nothing said.
+        s.cpu_steal_pct = Some(1.0);
+        assert_eq!(failure_lines(&s).len(), 1);
+        assert!(held_lines(&s).is_empty());
+    }
+
+    #[test]
+    fn json_result_names_the_folder_its_table_and_the_summary() {
+        let s = RunSummary::new("run");
+        let v: serde_json::Value =
+            serde_json::from_str(&json_result(Path::new("runs/x"), &s).unwrap()).unwrap();
+        assert_eq!(v["out"], "runs/x");
+        assert_eq!(v["workloads_csv"], "runs/x/workloads.csv");
+        assert_eq!(v["summary"]["command"], "run");
+    }
+}
