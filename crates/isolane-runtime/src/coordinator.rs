@@ -1273,6 +1273,54 @@ mod tests {
         assert_eq!(policy(&p).share, None);
     }
 
+    /// A server releases some of its plan's workloads: only those slots get a host, their
+    /// records stream by plan slot, and nothing runs before `go`. (Both critical: a
+    /// best-effort one would be held for a critical slot that no one drives here, where a
+    /// server's served model publishes through its queue.)
+    #[test]
+    fn releasing_some_slots_runs_only_those_from_the_t0_given() {
+        struct Seen(Mutex<Vec<(usize, usize)>>);
+        impl RecordObserver for Seen {
+            fn records(&self, slot: usize, records: &[JobRecord]) {
+                self.0.lock().unwrap().push((slot, records.len()));
+            }
+        }
+        let p = plan(&[("served", false, &[]), ("tick", false, &[])]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let instances = Arc::new(Instances::new(&p, None, Arc::clone(&stop)).unwrap());
+        let seen = Arc::new(Seen(Mutex::new(Vec::new())));
+        let mut opts = RunOptions::new(stop);
+        opts.observer = Some(Arc::clone(&seen) as Arc<dyn RecordObserver>);
+        let mut r = Releasing::start(&p, &[1], instances, &opts).unwrap();
+        let b = r.wait_ready();
+        assert_eq!((b.ready, b.failed, b.stopped), (1, 0, false));
+        assert_eq!(r.jobs_done(), 0);
+        let t0 = clock::now_ns() + 1_000_000;
+        r.go(Some(t0));
+        assert_eq!(r.t0(), Some(t0));
+        let done = r.finish();
+        assert_eq!(done.workloads.len(), 1);
+        let tick = &done.workloads[0];
+        assert_eq!(tick.name, "tick");
+        assert_eq!(tick.status, WorkloadStatus::Ok);
+        assert_eq!(tick.records.len(), 1);
+        assert!(done.end_ns > t0);
+        assert_eq!(*seen.0.lock().unwrap(), [(1, 1)]);
+    }
+
+    /// Finished before `go`: the hosts are aborted at the barrier, nothing released.
+    #[test]
+    fn a_releasing_finished_before_go_releases_nothing() {
+        let p = plan(&[("tick", false, &[])]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let instances = Arc::new(Instances::new(&p, None, Arc::clone(&stop)).unwrap());
+        let r = Releasing::start(&p, &[0], instances, &RunOptions::new(stop)).unwrap();
+        assert_eq!(r.wait_ready().ready, 1);
+        let done = r.finish();
+        assert_eq!(done.workloads[0].status, WorkloadStatus::Interrupted);
+        assert!(done.workloads[0].records.is_empty());
+    }
+
     #[test]
     fn best_effort_polls_only_on_a_core_of_its_own() {
         // Pinned onto the critical workload's core: its polls would preempt it.
