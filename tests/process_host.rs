@@ -356,3 +356,60 @@ fn serve_runs_process_hosted_models_in_workers_of_their_own() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A process-hosted workload whose model does not fit its worker's memory fails alone, its
+/// worker exits 3 (summary.json's `exit_code`), and `run` exits 3 as `infer` does. The
+/// address-space limit makes the out-of-memory deterministic: resnet18's CPU arena at batch
+/// 256 is about 1.1 GiB, more than the 1 GiB each process gets; the spin workload fits.
+#[test]
+fn a_worker_out_of_memory_fails_its_workload_and_run_exits_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "s.toml",
+        r#"
+[device]
+backend = "cpu"
+mechanism = "none"
+host = "process"
+
+[[workload]]
+name = "fine"
+model = "spin:1ms"
+rate_hz = 100
+jobs = 20
+late = "queue"
+
+[[workload]]
+name = "big"
+model = "resnet18"
+batch = 256
+rate_hz = 1
+jobs = 1
+"#,
+    );
+    let out = tmp.path().join("out");
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1048576 && exec \"$@\"")
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_isolane"))
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .arg("-q")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    let s = summary(&out);
+    assert_eq!(workload(&s, "fine")["status"], "ok");
+    let big = workload(&s, "big");
+    assert_eq!(big["status"], "failed");
+    assert_eq!(big["exit_code"], 3, "{big}");
+    assert!(
+        big["error"].as_str().unwrap().contains("out of memory"),
+        "{big}"
+    );
+}

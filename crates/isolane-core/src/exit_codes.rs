@@ -71,6 +71,12 @@ pub fn exit_codes_text(command: &str) -> String {
              allocation and the bytes asked, and a hint follows)",
         );
     }
+    if command == "run" {
+        s.push_str(
+            "; 3 out of memory: every workload that failed ran out of memory in its worker \
+             process (host = \"process\"): its model at its batch did not fit",
+        );
+    }
     if is_interruptible(command) {
         s.push_str("; 130 interrupted by Ctrl-C (what was measured is written)");
     }
@@ -89,6 +95,7 @@ mod tests {
         assert!(exit_codes_text("plan").contains("--device-model"));
         assert!(exit_codes_text("bench").contains("--backend cpu"));
         assert!(exit_codes_text("infer").contains("; 3 out of memory"));
-        assert!(!exit_codes_text("run").contains("; 3 "));
+        assert!(exit_codes_text("run").contains("; 3 out of memory"));
+        assert!(!exit_codes_text("sweep").contains("; 3 "));
     }
 }
