@@ -63,6 +63,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "quantize_q8",
     "dequant_epilogue",
     "im2col_b4",
+    "qgemm_fallback",
 ];
 
 /// 16-byte vectors per lane of the `layernorm_wv{N}` kernels (one warp per row of at most
@@ -870,6 +871,36 @@ extern "C" __global__ void quantize_q8(const T* __restrict__ x, signed char* __r
         float v = __fdiv_rn(ld(x, i), s);
         if (fp8) ((unsigned char*)q)[i] = e4m3_bits(round_e4m3fn(v, 1));
         else q[i] = v != v ? (signed char)0 : (signed char)fminf(fmaxf(rintf(v), -128.f), 127.f);
+    }
+}
+
+// The value of e4m3fn byte b (NaN for 0x7f / 0xff).
+__device__ __forceinline__ float e4m3_value(unsigned char b) {
+    unsigned int e = (b >> 3) & 15, m = b & 7, sign = (unsigned int)(b >> 7) << 31;
+    if (e == 15 && m == 7) return __int_as_float(0x7fc00000);
+    if (e == 0) return __uint_as_float(sign | __float_as_uint((float)m * 0.001953125f));
+    return __uint_as_float(sign | ((e - 7 + 127) << 23) | (m << 20));
+}
+
+// acc[r, c] = sum_k x[r, k] * w[c, k] on the CUDA cores, one output per thread: the int8 / fp8
+// GEMM where cuBLASLt offers no tensor-core algorithm for a shape (slow, but the model runs).
+// int8 (fp8 = 0): an exact int32 sum; e4m3 bytes (fp8 = 1): an f32 sum.
+extern "C" __global__ void qgemm_fallback(const signed char* __restrict__ x, const signed char* __restrict__ w,
+                                          void* acc, long long m, long long n, long long k, int fp8) {
+    GRID_STRIDE(i, m * n) {
+        long long r = i / n, c = i - r * n;
+        const signed char* xr = x + r * k;
+        const signed char* wc = w + c * k;
+        if (fp8) {
+            float s = 0.f;
+            for (long long j = 0; j < k; ++j)
+                s = fmaf(e4m3_value((unsigned char)xr[j]), e4m3_value((unsigned char)wc[j]), s);
+            ((float*)acc)[i] = s;
+        } else {
+            int s = 0;
+            for (long long j = 0; j < k; ++j) s += (int)xr[j] * (int)wc[j];
+            ((int*)acc)[i] = s;
+        }
     }
 }
 

@@ -679,8 +679,9 @@ struct LibraryCaches {
     /// The graph-API plan kept for an equal convolution and epilogue (`m.conv_graphs` index).
     conv_graph: Vec<(ConvGraphSpec, usize)>,
     mm: Vec<(MmKey, usize)>,
-    /// The quantized GEMMs' (`quant_gemm`), by type and shape.
-    quant: Vec<(String, usize)>,
+    /// The quantized GEMMs' (`quant_gemm`), by type and shape: the matmul, or `None` where
+    /// cuBLASLt had no algorithm (the CUDA-core fallback kernel runs instead).
+    quant: Vec<(String, Option<usize>)>,
 }
 
 impl CudaModel {
@@ -2293,7 +2294,9 @@ fn record_step(
         StepKind::DwConv(c) => record_dw_conv(m, rec, c)?,
         StepKind::Linear(l) => record_linear(m, rec, caches, &err, l)?,
         StepKind::MatMul(mm_step) => record_matmul(m, rec, caches, &err, mm_step)?,
-        StepKind::QuantGemm(q) => quant_gemm::record_quant_gemm(m, rec, caches, &err, q)?,
+        StepKind::QuantGemm(q) => {
+            quant_gemm::record_quant_gemm(m, rec, caches, (&step.name, &err), q)?
+        }
         StepKind::Pointwise {
             x,
             y,

@@ -69,7 +69,7 @@ pub(super) fn record_quant_gemm(
     m: &mut CudaModel,
     rec: &Recorder,
     caches: &mut LibraryCaches,
-    err: &dyn Fn(EngineError) -> EngineError,
+    (name, err): (&str, &dyn Fn(EngineError) -> EngineError),
     q: &QuantGemmStep,
 ) -> Result<()> {
     let fp8 = q.qtype != QuantType::Int8;
@@ -103,13 +103,48 @@ pub(super) fn record_quant_gemm(
             ],
         });
     }
-    let mm = quant_matmul(m, rec, caches, q).map_err(err)?;
-    m.launches.push(Launch::Matmul {
-        mm,
-        a: rec.ptr(q.w),
-        b: rec.ptr(q.xq),
-        c: 0,
-        y: rec.ptr(q.acc),
+    let key = format!("{} {}x{}x{}", q.qtype, q.m, q.n, q.k);
+    let mm = match caches.quant.iter().find(|(k, _)| *k == key) {
+        Some((_, mm)) => *mm,
+        None => {
+            // Where cuBLASLt has no algorithm for a shape (or fails to make one), the model
+            // still runs: that GEMM on the CUDA cores, said once per shape.
+            let mm = match quant_matmul(m, rec, q) {
+                Ok(i) => Some(i),
+                Err(e) => {
+                    eprintln!(
+                        "note: the {key} GEMM of `{name}` runs on the CUDA cores (slow): {e}"
+                    );
+                    None
+                }
+            };
+            caches.quant.push((key, mm));
+            mm
+        }
+    };
+    m.launches.push(match mm {
+        Some(mm) => Launch::Matmul {
+            mm,
+            a: rec.ptr(q.w),
+            b: rec.ptr(q.xq),
+            c: 0,
+            y: rec.ptr(q.acc),
+        },
+        None => Launch::Kernel {
+            func: rec.func("qgemm_fallback"),
+            grid: elementwise_grid(q.m * q.n),
+            block: BLOCK,
+            shared: 0,
+            args: vec![
+                Arg::Ptr(rec.ptr(q.xq)),
+                Arg::Ptr(rec.ptr(q.w)),
+                Arg::Ptr(rec.ptr(q.acc)),
+                Arg::I64(q.m as i64),
+                Arg::I64(q.n as i64),
+                Arg::I64(q.k as i64),
+                Arg::I32(fp8 as i32),
+            ],
+        },
     });
     let (k, p0, p1) = act_code(q.act, rec.dtype);
     let total = q.m * q.n;
@@ -185,20 +220,11 @@ fn im2col_bytes_launch(rec: &Recorder, c: &ConvStep, col: Loc) -> Result<Launch>
     })
 }
 
-/// The index in `m.mms` of the GEMM for `q`'s shape: made once per (type, M, N, K) of the
-/// model, its algorithm the fastest of cuBLASLt's heuristic candidates (the first when the
+/// The index in `m.mms` of a new GEMM for `q`'s shape (the caller keeps one per (type, M, N,
+/// K) of the model), its algorithm the fastest of cuBLASLt's heuristic candidates (the first when the
 /// search is untimed or a saved plan replays: an int32 sum is exact whatever the algorithm,
 /// so int8 needs no saved choice; fp8's f32 sum may round differently per algorithm).
-fn quant_matmul(
-    m: &mut CudaModel,
-    rec: &Recorder,
-    caches: &mut LibraryCaches,
-    q: &QuantGemmStep,
-) -> Result<usize> {
-    let key = format!("{} {}x{}x{}", q.qtype, q.m, q.n, q.k);
-    if let Some((_, i)) = caches.quant.iter().find(|(k, _)| *k == key) {
-        return Ok(*i);
-    }
+fn quant_matmul(m: &mut CudaModel, rec: &Recorder, q: &QuantGemmStep) -> Result<usize> {
     let descs = quant_descriptors(q)?;
     let (desc, a, b, d) = descs;
     let int8 = q.qtype == QuantType::Int8;
@@ -289,6 +315,5 @@ fn quant_matmul(
     cand.algo = results[best].algo;
     cand.workspace = results[best].workspace_size();
     m.mms.push(cand);
-    caches.quant.push((key, m.mms.len() - 1));
     Ok(m.mms.len() - 1)
 }
