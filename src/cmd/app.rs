@@ -85,5 +85,5 @@ pub fn run(
         super::trace::write(&out, &out.join("trace.json"))?;
     }
     println!("results: {}", out.display());
-    Ok(super::run::exit_for(summary.status))
+    Ok(super::exit_for(summary.status))
 }

@@ -65,7 +65,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     if args.replays == 0 {
         return Err(user("--replays must be at least 1"));
     }
-    super::check_threads(args.threads)?;
+    isolane_core::flag_values::check_threads(args.threads).map_err(super::user)?;
     let request = BenchRequest {
         models: args.model,
         batches: args.batch,

@@ -84,10 +84,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<u8> {
     command::check_flags(&flags).map_err(export_error)?;
     let file = super::ScenarioFile::read(&flags.scenario)?;
     let (scenario, name) = file.scenario()?;
-    let models: Vec<&str> = isolane_engine::builtin_models()
-        .iter()
-        .map(|m| m.name)
-        .collect();
+    let models = isolane_executors::machine::builtin_names();
     let warn = &mut |line: String| eprintln!("{line}");
     let (format, export) =
         command::export_planned(&flags, &scenario, &name, &models, warn).map_err(export_error)?;

@@ -88,7 +88,7 @@ struct Source {
 }
 
 pub fn run(args: InferArgs) -> anyhow::Result<u8> {
-    super::check_threads(args.threads)?;
+    isolane_core::flag_values::check_threads(args.threads).map_err(super::user)?;
     let source = match (args.source.image, args.source.input) {
         (Some(p), _) => infer::Source::Image(p),
         (None, Some(p)) => infer::Source::Npy(p),

@@ -10,7 +10,7 @@ use isolane_core::spec::{self, Mechanism, Precision};
 use isolane_runtime::interference::{MatrixConfig, VictimRate};
 use isolane_session::studies::interference;
 
-use super::user;
+use super::{user, BackendFlag};
 
 #[derive(Args)]
 #[command(
@@ -88,12 +88,6 @@ pub struct InterferenceArgs {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BackendFlag {
-    Cpu,
-    Cuda,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum MechanismFlag {
     Green,
     Mps,
@@ -111,10 +105,7 @@ enum PrecisionFlag {
 
 /// The flags as the library's configuration.
 fn config(a: &InterferenceArgs) -> anyhow::Result<MatrixConfig> {
-    let backend = match a.backend {
-        BackendFlag::Cpu => spec::Backend::Cpu,
-        BackendFlag::Cuda => spec::Backend::Cuda,
-    };
+    let backend: spec::Backend = a.backend.into();
     let on_gpu = backend == spec::Backend::Cuda;
     let mechanism = match (a.mechanism, on_gpu) {
         (Some(MechanismFlag::Green), _) | (None, true) => Mechanism::Green,

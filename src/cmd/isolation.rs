@@ -90,5 +90,5 @@ pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyho
     );
     super::run::report_failures(&m.summary);
     println!("results: {}", m.out.display());
-    Ok(super::run::exit_for(m.summary.status))
+    Ok(super::exit_for(m.summary.status))
 }

@@ -116,10 +116,7 @@ pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
         spin_us: args.spin_us,
         quiet: args.quiet,
     };
-    let models: Vec<&str> = isolane_engine::builtin_models()
-        .iter()
-        .map(|m| m.name)
-        .collect();
+    let models = isolane_executors::machine::builtin_names();
     let request = search::request(&flags, &models).map_err(search_error)?;
     let admitted = super::admit_or_refuse(&search::scenario(&request), "maxrate arguments")?;
     search::check(&flags, engine, &request).map_err(search_error)?;

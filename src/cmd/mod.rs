@@ -65,26 +65,10 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     isolane_core::files::write_output(path, bytes).map_err(|e| blame!(e))
 }
 
-/// `--threads N` of the CPU backend (0 = one per core) against the cores this process may use:
-/// more threads than cores only take turns on them, and a typo such as 100000 would start that
-/// many threads.
-pub fn check_threads(threads: usize) -> anyhow::Result<()> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if threads > cores {
-        return Err(user(format!(
-            "--threads {threads}: this machine has {cores} CPU core(s) available to isolane; \
-             expected 0 (one thread per core) to {cores}"
-        )));
-    }
-    Ok(())
-}
-
 /// Exit codes of docs/runtime.md.
-pub const EXIT_FAILED: u8 = 1;
-pub const EXIT_USER: u8 = 2;
-/// The model at its batch did not fit the memory it was given (an allocation was refused).
-pub const EXIT_OUT_OF_MEMORY: u8 = 3;
-pub const EXIT_INTERRUPTED: u8 = 130;
+pub use isolane_core::exit_codes::{
+    exit_for, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_USER,
+};
 
 pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
     match result {
@@ -129,7 +113,7 @@ fn out_of_memory(e: &anyhow::Error) -> Option<&isolane_engine::OutOfMemory> {
 /// The wrapping rule of every message, and its width after `error: `.
 pub use isolane_core::text::{wrap_message, ERROR_WIDTH};
 
-pub use isolane_executors::machine::{device_title, gpu_missing_reason, memory_estimates_mib};
+pub use isolane_executors::machine::{device_title, memory_estimates_mib};
 
 /// A finding about this machine at the CLI's edge: a scenario that does not fit it is the
 /// user's (exit 2).
@@ -208,6 +192,22 @@ pub fn serve_metrics(addr: Option<&str>) -> anyhow::Result<Option<LiveMetrics>> 
     let live = LiveMetrics::serve(addr).map_err(|e| blame!(e))?;
     eprintln!("metrics: http://{}/metrics", live.addr());
     Ok(Some(live))
+}
+
+/// `--backend cpu|cuda` of the studies (`sweep`, `interference`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendFlag {
+    Cpu,
+    Cuda,
+}
+
+impl From<BackendFlag> for isolane_core::spec::Backend {
+    fn from(b: BackendFlag) -> Self {
+        match b {
+            BackendFlag::Cpu => isolane_core::spec::Backend::Cpu,
+            BackendFlag::Cuda => isolane_core::spec::Backend::Cuda,
+        }
+    }
 }
 
 /// Flags of the commands that set partitions up.

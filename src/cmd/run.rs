@@ -8,11 +8,12 @@ use clap::Args;
 use isolane_core::admission::Plan;
 use isolane_core::results::{workloads_csv, RunStatus, RunSummary, WORKLOADS_CSV};
 use isolane_core::spec::Scenario;
+use isolane_executors::run_input::{run_input, RunInput};
 use isolane_metrics::RunMetrics;
 use isolane_runtime::coordinator::{self, RunPlan, RunResult};
 use isolane_runtime::output;
 
-use super::{user, wrap_message, ProgressView, EXIT_FAILED, EXIT_INTERRUPTED};
+use super::{exit_for, user, ProgressView};
 
 #[derive(Args)]
 #[command(
@@ -74,59 +75,20 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
-    let (scenario, scenario_name) = match &args.scenario {
-        Some(p) => {
-            let file = super::ScenarioFile::read(p)?;
-            let (mut scenario, name) = file.scenario()?;
-            let apps = file.apps()?;
-            if !apps.is_empty() && args.json {
-                return Err(user(format!(
-                    "--json: {} has [[app]]s, whose results --json does not print yet; run it \
-                     without --json and read its summary.json (`apps`) and apps/<app>.csv",
-                    p.display()
-                )));
-            }
-            if let Some(backend) = args.backend.as_deref() {
-                if !apps.is_empty() {
-                    return Err(user(format!(
-                        "--backend {backend}: {} has [[app]]s, whose stages name their own \
-                         devices; --backend overrides only a scenario of [[workload]]s (edit \
-                         the stages' device and the apps' partitions instead)",
-                        p.display()
-                    )));
-                }
-                override_backend(&mut scenario, &name, backend)?;
-            }
-            if !apps.is_empty() {
-                return super::app::run(scenario, name, &file.text, apps, &args);
-            }
-            if needs_gpu(&scenario) {
-                if let Some(why) = super::gpu_missing_reason() {
-                    return Err(no_gpu_for(&scenario, &name, &why));
-                }
-            }
-            (scenario, name)
-        }
-        None => {
-            let backend = if args.cpu {
-                Some("cpu")
-            } else {
-                args.backend.as_deref()
-            };
-            let (scenario, name, no_gpu) = super::quickstart(backend == Some("cpu"))?;
-            if let (Some(why), Some("cuda")) = (&no_gpu, backend) {
-                return Err(anyhow::anyhow!(
-                    "--backend cuda: the GPU quickstart cannot run here ({why})"
-                ));
-            }
-            if let Some(why) = no_gpu {
-                let note = format!(
-                    "note: running the CPU quickstart: the GPU one cannot run here ({why})"
-                );
-                eprintln!("{}", wrap_message(&note, 80));
-            }
-            (scenario, name)
-        }
+    // `--cpu` conflicts with SCENARIO and `--backend`: it is `--backend cpu`'s old name.
+    let backend = args.cpu.then_some("cpu").or(args.backend.as_deref());
+    let input = run_input(args.scenario.as_deref(), backend, args.json, &mut |n| {
+        eprintln!("{n}")
+    })
+    .map_err(|e| blame!(e))?;
+    let (scenario, scenario_name) = match input {
+        RunInput::Workloads { scenario, name } => (scenario, name),
+        RunInput::Apps {
+            scenario,
+            name,
+            file,
+            apps,
+        } => return super::app::run(scenario, name, &file.text, apps, &args),
     };
     let live = super::serve_metrics(args.metrics_addr.as_deref())?;
     run_scenario(
@@ -136,24 +98,6 @@ pub fn run(args: RunArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Res
         engine,
         live.as_ref().map(|l| &l.metrics),
     )
-}
-
-pub(super) use isolane_core::backend::needs_gpu;
-
-/// A GPU scenario on a machine without a usable GPU (exit 1, as any GPU failure).
-pub(super) fn no_gpu_for(s: &Scenario, file: &str, why: &str) -> anyhow::Error {
-    anyhow::anyhow!(isolane_core::backend::no_gpu_text(s, file, why))
-}
-
-/// `run SCENARIO --backend B` ([`isolane_core::backend::override_backend`]); its notes go to
-/// stderr.
-pub(super) fn override_backend(s: &mut Scenario, file: &str, backend: &str) -> anyhow::Result<()> {
-    let models: Vec<&str> = isolane_engine::builtin_models()
-        .iter()
-        .map(|m| m.name)
-        .collect();
-    isolane_core::backend::override_backend(s, file, backend, &models, &mut |n| eprintln!("{n}"))
-        .map_err(anyhow::Error::new)
 }
 
 /// Runs a scenario that is already loaded (a file, the quickstart, or a sweep point built as a
@@ -349,13 +293,5 @@ pub fn results_table(scenario: &Scenario, summary: &RunSummary, wide: bool) -> S
 pub fn report_failures(summary: &RunSummary) {
     for line in isolane_report::run_text::failure_lines(summary) {
         eprintln!("{line}");
-    }
-}
-
-pub fn exit_for(status: RunStatus) -> u8 {
-    match status {
-        RunStatus::Ok => 0,
-        RunStatus::Failed => EXIT_FAILED,
-        RunStatus::Interrupted => EXIT_INTERRUPTED,
     }
 }

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use isolane_executors::run_input::workloads_here;
 use isolane_runtime::exec::Engine;
 use isolane_serve::cli_session::{self, AutoplanFlags, ServeConfig};
 
@@ -111,14 +112,8 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
             args.scenario.display()
         )));
     }
-    if let Some(backend) = args.backend.as_deref() {
-        super::run::override_backend(&mut scenario, &name, backend)?;
-    }
-    if super::run::needs_gpu(&scenario) {
-        if let Some(why) = super::gpu_missing_reason() {
-            return Err(super::run::no_gpu_for(&scenario, &name, &why));
-        }
-    }
+    let note = &mut |n: &str| eprintln!("{n}");
+    workloads_here(&mut scenario, &name, args.backend.as_deref(), note).map_err(|e| blame!(e))?;
     let admitted = super::admit_or_refuse(&scenario, &name)?;
     // As `run` does: a critical deadline predicted to miss beside its neighbours is said (or
     // refused) before any model is built ([protection] admission).

@@ -31,12 +31,7 @@ pub fn study_error(e: StudyError) -> anyhow::Error {
     blame!(e)
 }
 
-pub fn builtin_names() -> Vec<&'static str> {
-    isolane_engine::builtin_models()
-        .iter()
-        .map(|m| m.name)
-        .collect()
-}
+pub use isolane_executors::machine::builtin_names;
 
 /// `coexec`'s and `interference`'s runs: `run`'s `measure`, then the run folder's files.
 pub struct StudyRuns<'a> {

@@ -11,12 +11,12 @@ use std::cell::OnceCell;
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use isolane_core::results::SweepIndex;
-use isolane_core::spec::{self, Scenario};
+use isolane_core::spec::Scenario;
 use isolane_runtime::coordinator::RunPlan;
 use isolane_session::studies::sweep::{self as study, Point, PointRuns};
 use isolane_session::studies::Failure;
 
-use super::user;
+use super::{user, BackendFlag};
 
 #[derive(Args)]
 #[command(
@@ -41,21 +41,6 @@ enum SweepKind {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Backend {
-    Cpu,
-    Cuda,
-}
-
-impl Backend {
-    fn spec(self) -> spec::Backend {
-        match self {
-            Backend::Cpu => spec::Backend::Cpu,
-            Backend::Cuda => spec::Backend::Cuda,
-        }
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum PartitionMechanism {
     Green,
     Mps,
@@ -73,7 +58,7 @@ struct Common {
     /// Engine backend. On `cpu` the points are run without partitions (a dry run of the
     /// machinery with spin models).
     #[arg(long, value_enum, default_value = "cuda")]
-    backend: Backend,
+    backend: BackendFlag,
     /// GPU index (cuda).
     #[arg(long, default_value_t = 0)]
     gpu: u32,
@@ -172,8 +157,8 @@ fn partition(a: PartitionArgs, engine: &isolane_runtime::exec::Engine) -> anyhow
                 isolane_core::device_model::device_model_names().join(", ")
             ))
         })?,
-        (None, Backend::Cuda) => super::detected_device_model(c.gpu)?,
-        (None, Backend::Cpu) => isolane_core::device_model::device_model("h100-sxm")
+        (None, BackendFlag::Cuda) => super::detected_device_model(c.gpu)?,
+        (None, BackendFlag::Cpu) => isolane_core::device_model::device_model("h100-sxm")
             .context("the built-in h100-sxm device model is missing")?,
     };
     let sweep = study::PartitionSweep {
@@ -206,7 +191,7 @@ fn concurrency(a: ConcurrencyArgs, engine: &isolane_runtime::exec::Engine) -> an
 /// The flags every point shares, as the library takes them.
 fn common(c: &Common) -> study::SweepCommon {
     study::SweepCommon {
-        backend: c.backend.spec(),
+        backend: c.backend.into(),
         gpu: c.gpu,
         rate_hz: c.rate.0,
         duration_s: c.duration_s,

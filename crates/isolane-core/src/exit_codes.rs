@@ -2,6 +2,26 @@
 //! ends with: 0 success, 2 a mistake in the input, 130 interrupted are the same everywhere;
 //! what 1 means, and whether 3 (out of memory) or 130 can happen, depends on the command.
 
+use crate::results::RunStatus;
+
+/// A runtime failure.
+pub const EXIT_FAILED: u8 = 1;
+/// A mistake in the input: nothing was run.
+pub const EXIT_USER: u8 = 2;
+/// The model at its batch did not fit the memory it was given (an allocation was refused).
+pub const EXIT_OUT_OF_MEMORY: u8 = 3;
+/// Interrupted by Ctrl-C; what was measured is written.
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// The exit code of a run that ended with `status`.
+pub fn exit_for(status: RunStatus) -> u8 {
+    match status {
+        RunStatus::Ok => 0,
+        RunStatus::Failed => EXIT_FAILED,
+        RunStatus::Interrupted => EXIT_INTERRUPTED,
+    }
+}
+
 /// What exit code 1 means for each command; 0, 2 and 130 mean the same everywhere.
 fn failure_meaning(command: &str) -> &'static str {
     match command {

@@ -100,6 +100,20 @@ pub fn at_least_one_usize(s: &str) -> Result<usize, String> {
     usize::try_from(v).map_err(|_| format!("{s} is too large"))
 }
 
+/// `--threads N` of the CPU backend (0 = one per core) against the cores this process may use:
+/// more threads than cores only take turns on them, and a typo such as 100000 would start that
+/// many threads.
+pub fn check_threads(threads: usize) -> Result<(), String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads > cores {
+        return Err(format!(
+            "--threads {threads}: this machine has {cores} CPU core(s) available to isolane; \
+             expected 0 (one thread per core) to {cores}"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,5 +16,6 @@ pub mod infer;
 pub mod listing;
 mod kernel;
 pub mod machine;
+pub mod run_input;
 pub mod saved_plan;
 pub mod seeded_input;

@@ -49,7 +49,8 @@ fn user(msg: impl std::fmt::Display) -> MachineError {
     MachineError::User(msg.to_string())
 }
 
-fn builtin_names() -> Vec<&'static str> {
+/// The names of the engine's built-in models, as scenario validation takes them.
+pub fn builtin_names() -> Vec<&'static str> {
     isolane_engine::builtin_models()
         .iter()
         .map(|m| m.name)
