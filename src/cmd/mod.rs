@@ -157,13 +157,6 @@ pub fn install_stop_handler() -> anyhow::Result<Arc<AtomicBool>> {
 
 pub use isolane_session::progress::ProgressView;
 
-/// [`isolane_executors::machine::detected_device_model`].
-pub fn detected_device_model(
-    index: u32,
-) -> anyhow::Result<isolane_core::device_model::DeviceModel> {
-    isolane_executors::machine::detected_device_model(index).map_err(machine_error)
-}
-
 /// Admission before a run starts anything ([`isolane_executors::machine::admit`]); a refusal
 /// is the user's (exit 2). Returns the admitted plan (`None` on the CPU).
 pub fn admit_or_refuse(

@@ -9,7 +9,6 @@ use isolane_core::flag_values::{
     at_least_one, factor, fraction, seconds_or_none, seconds_within_a_day,
 };
 use isolane_core::spec::Scenario;
-use isolane_report::admission::plan_table;
 pub use isolane_report::admission::rejection_text;
 
 use super::user;
@@ -192,39 +191,17 @@ pub fn run(args: PlanArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Re
         mps_thread_budget_pct: args.mps_thread_budget,
     };
     let estimates = super::memory_estimates_mib(&scenario);
-    match admission::admit(&scenario, &device, &estimates, &options) {
-        Ok(plan) => {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &serde_json::json!({ "admitted": true, "plan": plan })
-                    )?
-                );
-            } else {
-                println!("admitted on {} ({}):", device.name, device.description);
-                println!("{}", plan_table(&plan));
-            }
-            Ok(0)
+    let admitted = admission::admit(&scenario, &device, &estimates, &options);
+    let file = args.scenario.display().to_string();
+    match isolane_report::admission::answer(&file, &device, &admitted, args.json)? {
+        (true, text) => println!("{text}"),
+        (false, text) if args.json => {
+            println!("{text}");
+            return Ok(super::EXIT_USER);
         }
-        Err(rejections) => {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &serde_json::json!({ "admitted": false, "rejections": rejections })
-                    )?
-                );
-                Ok(super::EXIT_USER)
-            } else {
-                Err(user(rejection_text(
-                    &args.scenario.display().to_string(),
-                    &device,
-                    &rejections,
-                )))
-            }
-        }
+        (false, text) => return Err(user(text)),
     }
+    Ok(0)
 }
 
 /// [`isolane_executors::machine::resolve_device_model`].

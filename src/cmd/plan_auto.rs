@@ -135,15 +135,7 @@ impl Bench for RunBench<'_> {
         let Some(sys) = isolane_core::predict::memory_system(device.name) else {
             return Vec::new();
         };
-        (scenario.workloads.iter())
-            .map(|w| {
-                isolane_executors::engine::memory_profile(
-                    &w.device(&scenario.device),
-                    w,
-                    sys.l2_bytes,
-                )
-            })
-            .collect()
+        isolane_executors::foresee::memory_profiles(scenario, sys.l2_bytes)
     }
 
     /// The same check `isolane run` makes, on the device planned for.

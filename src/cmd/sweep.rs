@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 
 use std::cell::OnceCell;
 
-use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use isolane_core::results::SweepIndex;
 use isolane_core::spec::Scenario;
@@ -16,7 +15,7 @@ use isolane_runtime::coordinator::RunPlan;
 use isolane_session::studies::sweep::{self as study, Point, PointRuns};
 use isolane_session::studies::Failure;
 
-use super::{user, BackendFlag};
+use super::BackendFlag;
 
 #[derive(Args)]
 #[command(
@@ -150,17 +149,10 @@ pub fn run(args: SweepArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::R
 
 fn partition(a: PartitionArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let c = &a.common;
-    let device = match (&a.device_model, c.backend) {
-        (Some(name), _) => isolane_core::device_model::device_model(name).ok_or_else(|| {
-            user(format!(
-                "--device-model: unknown `{name}` (allowed: {})",
-                isolane_core::device_model::device_model_names().join(", ")
-            ))
-        })?,
-        (None, BackendFlag::Cuda) => super::detected_device_model(c.gpu)?,
-        (None, BackendFlag::Cpu) => isolane_core::device_model::device_model("h100-sxm")
-            .context("the built-in h100-sxm device model is missing")?,
-    };
+    let on_gpu = c.backend == BackendFlag::Cuda;
+    let device =
+        isolane_executors::machine::sweep_device_model(a.device_model.as_deref(), on_gpu, c.gpu)
+            .map_err(super::machine_error)?;
     let sweep = study::PartitionSweep {
         model: a.model.clone(),
         green: a.mechanism == PartitionMechanism::Green,

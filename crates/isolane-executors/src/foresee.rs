@@ -52,9 +52,7 @@ pub fn foresee_or_refuse(
         scenario,
         Some(isolane_cuda::ENGINE_REVISION),
     );
-    let profiles: Vec<_> = (scenario.workloads.iter())
-        .map(|w| crate::engine::memory_profile(&w.device(&scenario.device), w, sys.l2_bytes))
-        .collect();
+    let profiles = memory_profiles(scenario, sys.l2_bytes);
     if mode == AdmissionMode::Refuse {
         let unknown: Vec<&str> = (scenario.workloads.iter().enumerate())
             .filter(|(i, w)| w.on_gpu() && (alone[*i].is_none() || profiles[*i].is_none()))
@@ -78,4 +76,15 @@ pub fn foresee_or_refuse(
         }
         f @ Foresight::Refuse(_) => Err(user(f.text(file))),
     }
+}
+
+/// Each workload's memory-system demand on a GPU with `l2_bytes` of L2 (`None` where the
+/// engine cannot say: a CPU workload, a kernel, a model it cannot read).
+pub fn memory_profiles(
+    scenario: &Scenario,
+    l2_bytes: u64,
+) -> Vec<Option<isolane_core::predict::MemoryProfile>> {
+    (scenario.workloads.iter())
+        .map(|w| crate::engine::memory_profile(&w.device(&scenario.device), w, l2_bytes))
+        .collect()
 }

@@ -237,12 +237,7 @@ pub fn resolve_device_model(
     name: Option<&str>,
 ) -> Result<DeviceModel, MachineError> {
     if let Some(name) = name {
-        return isolane_core::device_model::device_model(name).ok_or_else(|| {
-            user(format!(
-                "--device-model: unknown device model '{name}'; allowed: {}",
-                isolane_core::device_model::device_model_names().join(", ")
-            ))
-        });
+        return named_device_model(name);
     }
     match scenario.device.backend {
         Backend::Cpu => Ok(cpu_device_model()),
@@ -252,6 +247,31 @@ pub fn resolve_device_model(
             same_model_on_every_gpu(scenario, &device)?;
             Ok(device)
         }
+    }
+}
+
+/// `--device-model NAME`: one of the offline device models.
+pub fn named_device_model(name: &str) -> Result<DeviceModel, MachineError> {
+    isolane_core::device_model::device_model(name).ok_or_else(|| {
+        user(format!(
+            "--device-model: unknown device model '{name}'; allowed: {}",
+            isolane_core::device_model::device_model_names().join(", ")
+        ))
+    })
+}
+
+/// The device whose green rules size `sweep partition`'s points: `--device-model`, else this
+/// machine's GPU `gpu` on cuda, else (on the CPU, where the points run without partitions)
+/// h100-sxm's.
+pub fn sweep_device_model(
+    name: Option<&str>,
+    on_gpu: bool,
+    gpu: u32,
+) -> Result<DeviceModel, MachineError> {
+    match (name, on_gpu) {
+        (Some(name), _) => named_device_model(name),
+        (None, true) => detected_device_model(gpu),
+        (None, false) => named_device_model("h100-sxm"),
     }
 }
 

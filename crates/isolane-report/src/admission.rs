@@ -26,6 +26,33 @@ pub fn rejection_text(scenario: &str, device: &DeviceModel, rejections: &[Reject
     s
 }
 
+/// `isolane plan`'s answer for `scenario` on `device`: whether it was admitted, and what to
+/// print: the JSON object (`json`: `admitted` and the plan or the rejections), or words (the
+/// plan's table under the device's name, or [`rejection_text`]).
+pub fn answer(
+    scenario: &str,
+    device: &DeviceModel,
+    admitted: &Result<Plan, Vec<Rejection>>,
+    json: bool,
+) -> serde_json::Result<(bool, String)> {
+    let text = match (admitted, json) {
+        (Ok(plan), true) => {
+            serde_json::to_string_pretty(&serde_json::json!({ "admitted": true, "plan": plan }))?
+        }
+        (Err(rejections), true) => serde_json::to_string_pretty(
+            &serde_json::json!({ "admitted": false, "rejections": rejections }),
+        )?,
+        (Ok(plan), false) => format!(
+            "admitted on {} ({}):\n{}",
+            device.name,
+            device.description,
+            plan_table(plan)
+        ),
+        (Err(rejections), false) => rejection_text(scenario, device, rejections),
+    };
+    Ok((admitted.is_ok(), text))
+}
+
 /// The admitted plan: each workload's partition, its details and its memory.
 pub fn plan_table(plan: &Plan) -> Table {
     let mut t = Table::new();
@@ -110,6 +137,14 @@ mod tests {
             })
             .collect();
         let text = super::rejection_text("s.toml", &device, &rejections);
+        // `plan`'s answer is that text, or the same rejections as JSON.
+        let refused = Err(rejections.clone());
+        let (admitted, words) = super::answer("s.toml", &device, &refused, false).unwrap();
+        assert!(!admitted && words == text);
+        let (_, json) = super::answer("s.toml", &device, &refused, true).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["admitted"], false);
+        assert_eq!(v["rejections"].as_array().map(Vec::len), Some(1000));
         let shown = isolane_core::spec::MAX_LISTED_PROBLEMS;
         assert_eq!(text.lines().count(), 1 + shown + 1, "{text}");
         assert!(text.contains("workload 'w0'") && !text.contains(&format!("'w{shown}'")));
