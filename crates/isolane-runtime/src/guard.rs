@@ -39,7 +39,7 @@ const FINISHED: i64 = 2;
 /// `deadline` ns (a relative deadline in this state) after it.
 const IDLE: i64 = 3;
 
-/// One critical workload's published state, in the shared file (ten 8-byte words).
+/// One critical workload's published state, in the shared file (twelve 8-byte words).
 #[repr(C)]
 struct Slot {
     state: AtomicI64,
@@ -58,15 +58,24 @@ struct Slot {
     /// pieces so far, yielding to another critical job (`[protection] slack_order`). It delays
     /// the job's end as best effort's overlap does, so it counts against the job's slack.
     held: AtomicI64,
+    /// The closed loop of a sharing guard ([`Feedback`]), written by the critical workload at
+    /// each job's end: the measured delay per unit of the model's, in thousandths (0: no loop,
+    /// the model's charge stands).
+    gain_milli: AtomicI64,
+    /// Its budget's credit, in thousandths of a job: best effort may begin overlapping a job
+    /// only by spending [`CREDIT_JOB`] of it (subtracted under the lock).
+    credit: AtomicI64,
 }
 
-/// The file's first words: magic, slot count, the best-effort lock.
+/// The file's first words: magic, slot count, the best-effort lock, and when the last
+/// admitted best-effort piece is expected to end (a critical job that began after it ran
+/// without best effort: the loop's clean samples).
 #[repr(C)]
 struct Header {
     magic: AtomicI64,
     slots: AtomicI64,
     lock: AtomicI64,
-    _pad: AtomicI64,
+    be_until: AtomicI64,
 }
 
 /// A plain copy of a slot, as one decision sees it.
@@ -84,6 +93,10 @@ pub struct SlotView {
     pub stretch_milli: i64,
     /// Held between its own pieces so far, yielding to another critical job.
     pub held: i64,
+    /// The loop's measured delay per unit of the model's, in thousandths (0: no loop).
+    pub gain_milli: i64,
+    /// The loop's budget credit, in thousandths of a job.
+    pub credit: i64,
 }
 
 impl SlotView {
@@ -100,7 +113,34 @@ impl SlotView {
             acct_overlap: 0,
             stretch_milli: 0,
             held: 0,
+            gain_milli: 0,
+            credit: 0,
         }
+    }
+
+    /// The same job under a sharing guard's closed loop: the measured `gain` on the model's
+    /// delay and `credit` thousandths of a job of budget.
+    pub fn with_loop(self, gain: f64, credit: i64) -> SlotView {
+        SlotView {
+            gain_milli: (gain * 1000.0).round().max(1.0) as i64,
+            credit,
+            ..self
+        }
+    }
+
+    /// The loop's gain on the model's delay (1 without a loop).
+    fn gain(&self) -> f64 {
+        if self.gain_milli > 0 {
+            self.gain_milli as f64 / 1000.0
+        } else {
+            1.0
+        }
+    }
+
+    /// Whether best effort may not begin overlapping this job: a loop runs, nothing was
+    /// reserved against the job yet and its budget has no whole job of credit left.
+    fn over_budget(&self) -> bool {
+        self.gain_milli > 0 && self.acct_seq != self.seq && self.credit < CREDIT_JOB
     }
 
     /// The same job, its workload stating its own stretch beside best effort.
@@ -200,6 +240,12 @@ pub struct Policy {
     /// applied when its workload attaches ([`Executor::persist_weights_in_l2`]).
     #[serde(default)]
     pub l2_persist_mib: u64,
+    /// A sharing guard's closed loop ([`Feedback`]): each critical workload measures what the
+    /// pieces admitted beside its jobs really cost them and corrects the model's charge, and
+    /// a budget per critical workload bounds the share of its jobs best effort may overlap.
+    /// On with `share` ([`Policy::of`]); off: the fitted model alone (open loop).
+    #[serde(default)]
+    pub feedback: bool,
 }
 
 impl Policy {
@@ -210,6 +256,7 @@ impl Policy {
             slack_order: false,
             share: None,
             l2_persist_mib: 0,
+            feedback: false,
         }
     }
 
@@ -220,6 +267,7 @@ impl Policy {
         Policy {
             slack_order: p.slack_order,
             share: if p.share { share } else { None },
+            feedback: p.share && share.is_some(),
             l2_persist_mib: p.l2_persist_mib,
             ..Policy::new(p.margin_us as i64 * 1000, p.stretch)
         }
@@ -350,7 +398,8 @@ pub fn admits_piece(
                 .deadline
                 .saturating_sub(policy.margin_ns)
                 .saturating_sub(v.service);
-            let delay = charge(piece_ns, v.service, v.delay_per_overlap(policy, piece));
+            let f = v.delay_per_overlap(policy, piece);
+            let delay = gained(charge(piece_ns, v.service, f), f, v);
             return (delay <= slack).then_some(0);
         }
         _ => {}
@@ -366,10 +415,10 @@ pub fn admits_piece(
     // job that runs past its estimate (its end is unknown) and for a backlog (see
     // [`SlotView::backlog`]). Under the stall model, as before, a piece is charged its whole
     // overlap against what is left before the deadline.
-    if f < 1.0 && (v.start > 0 && end <= now || v.backlog(now)) {
+    if v.over_budget() || f < 1.0 && (v.start > 0 && end <= now || v.backlog(now)) {
         return None;
     }
-    let delay = charge(overlap, end.saturating_sub(from), f);
+    let delay = gained(charge(overlap, end.saturating_sub(from), f), f, v);
     let slack = v
         .deadline
         .saturating_sub(policy.margin_ns)
@@ -389,11 +438,21 @@ pub fn admits_piece(
             .saturating_sub(v.release)
             .saturating_sub(policy.margin_ns)
             .saturating_sub(v.service);
-        if charge(spill, v.service, f) > next_slack {
+        if gained(charge(spill, v.service, f), f, v) > next_slack {
             return None;
         }
     }
     Some(delay)
+}
+
+/// A partial stretch's charge times the loop's measured gain ([`Feedback`]); the stall
+/// model's (`f` = 1) is already the worst a piece can do.
+fn gained(delay: i64, f: f64, v: &SlotView) -> i64 {
+    if f < 1.0 {
+        (delay as f64 * v.gain()).round() as i64
+    } else {
+        delay
+    }
 }
 
 /// The delay a piece adds to a critical job it overlaps for `overlap` ns, `remaining` ns of
@@ -435,8 +494,9 @@ pub fn retry_at_piece(v: &SlotView, now: i64, policy: &Policy, piece: Option<&In
         .deadline
         .saturating_sub(policy.margin_ns)
         .saturating_sub(end);
-    let at = if f > 0.0 && f < 1.0 && slack > 0 && !v.backlog(now) {
-        end.saturating_sub((slack as f64 * (1.0 - f) / f) as i64)
+    // Charged gain × f / (1 − f) per ns of the job left; over budget, not before the next job.
+    let at = if f > 0.0 && f < 1.0 && slack > 0 && !v.backlog(now) && !v.over_budget() {
+        end.saturating_sub((slack as f64 * (1.0 - f) / (f * v.gain())) as i64)
     } else {
         end
     };
@@ -611,6 +671,8 @@ impl Guard {
             acct_overlap: s.acct_overlap.load(Ordering::Relaxed),
             stretch_milli: s.stretch_milli.load(Ordering::Relaxed),
             held: s.held.load(Ordering::Relaxed),
+            gain_milli: s.gain_milli.load(Ordering::Relaxed),
+            credit: s.credit.load(Ordering::Relaxed),
         }
     }
 
@@ -666,9 +728,15 @@ impl Guard {
             if v.acct_seq != v.seq {
                 s.acct_seq.store(v.seq, Ordering::Relaxed);
                 s.acct_overlap.store(0, Ordering::Relaxed);
+                if v.gain_milli > 0 {
+                    s.credit.fetch_sub(CREDIT_JOB, Ordering::Relaxed);
+                }
             }
             s.acct_overlap.fetch_add(o, Ordering::Relaxed);
         }
+        self.header()
+            .be_until
+            .fetch_max(now.saturating_add(piece_ns), Ordering::Relaxed);
         Ok(())
     }
 }
@@ -718,6 +786,9 @@ pub struct CriticalPublisher {
     /// Under a sharing guard: the recent service times the estimate is taken from
     /// ([`RecentService`]); `None`: the decaying maximum.
     recent: Option<std::sync::Mutex<RecentService>>,
+    /// Under a sharing guard's closed loop ([`Policy::feedback`]): the loop, which keeps the
+    /// estimate itself (`recent` is then `None`).
+    feedback: Option<std::sync::Mutex<Feedback>>,
 }
 
 /// The service estimate of a sharing guard (`[protection] share`): about the 99th percentile of
@@ -766,6 +837,158 @@ impl RecentService {
     }
 }
 
+/// Credit (thousandths) that best effort spends to begin overlapping one critical job.
+pub const CREDIT_JOB: i64 = 1000;
+/// The most credit a budget banks: two jobs, so that a budget that grew while best effort was
+/// elsewhere is not spent on a run of consecutive jobs.
+const CREDIT_CAP: i64 = 2 * CREDIT_JOB;
+/// A budget's share of jobs best effort may overlap: where it starts, its floor (best effort
+/// keeps probing, so the gain stays measured), its ceiling (one job in eight at least runs
+/// without best effort: the clean samples the gain is measured against) and its growth per
+/// job that kept its slack.
+const BUDGET_START: f64 = 0.25;
+const BUDGET_MIN: f64 = 1.0 / 32.0;
+const BUDGET_MAX: f64 = 7.0 / 8.0;
+const BUDGET_STEP: f64 = 1.0 / 64.0;
+/// A job that ends within max(margin, this part of its relative deadline) of its deadline
+/// backs its budget off.
+const NEAR_PART: i64 = 32;
+/// A job without best effort moves the gain this part of the way back towards 1.
+const GAIN_RELAX_JOBS: f64 = 256.0;
+/// The gain's bounds: the model may be wrong by much, not without limit.
+const GAIN_MIN: f64 = 0.5;
+const GAIN_MAX: f64 = 16.0;
+/// Weight of one job in the loop's running figures (about the last 16 count).
+const LOOP_WEIGHT: f64 = 1.0 / 16.0;
+/// The prior of the gain: the model's charge, as if 50 µs of it had been measured exactly (a
+/// first overlapped job's noise does not set the gain alone).
+const GAIN_PRIOR_NS: f64 = 50_000.0;
+
+/// A sharing guard's closed loop for one critical workload (`[protection] share`): the
+/// fitted model is an open-loop guess (on the H200 it under-predicted what vit_l_32's pieces
+/// did to resnet50, 3.88 % late), so each finished job corrects it:
+///
+/// - **gain**: the job's service time beyond the mean of its clean jobs (no best effort
+///   beside them), over the delay the model charged the pieces admitted beside it, summed
+///   over the last jobs: the measured delay per unit of the model's. The guard charges each
+///   piece the model's delay times this gain.
+/// - **budget**: the share of its jobs best effort may begin to overlap (credit a job's
+///   end adds and an overlap's first piece spends). A job that ends within max(margin, an
+///   eighth of its relative deadline) of its deadline, or late, or begins behind a backlog,
+///   halves it and voids the credit at once; each job that kept its slack adds 1/64.
+///
+/// So whatever the model says, a victim near its deadline sees best effort's overlap cut
+/// within one job, and best effort regains it only while the victim's jobs keep slack.
+#[derive(Debug, Clone)]
+pub struct Feedback {
+    recent: RecentService,
+    clean_mean: f64,
+    excess: f64,
+    charged: f64,
+    gain: f64,
+    budget: f64,
+}
+
+/// What a finished job teaches the loop: the slot's new service estimate, gain (thousandths)
+/// and the credit to add; `backed_off`: void the credit first.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Learned {
+    pub service: i64,
+    pub gain_milli: i64,
+    pub credit: i64,
+    pub backed_off: bool,
+}
+
+impl Feedback {
+    pub fn new(seed_ns: i64) -> Feedback {
+        Feedback {
+            recent: RecentService::new(seed_ns),
+            clean_mean: seed_ns.max(0) as f64,
+            excess: GAIN_PRIOR_NS,
+            charged: GAIN_PRIOR_NS,
+            gain: 1.0,
+            budget: BUDGET_START,
+        }
+    }
+
+    pub fn gain(&self) -> f64 {
+        self.gain
+    }
+
+    pub fn budget(&self) -> f64 {
+        self.budget
+    }
+
+    /// Job `v` (as published at its end: its release, deadline, start and best effort's
+    /// reservation, charged with the gain in `v`) ran `service_ns` of its own (its holds
+    /// excluded) and ended at `end`. `clean`: no best-effort piece was admitted since it
+    /// began (one charged to the job before may have run into it: such a job teaches nothing).
+    pub fn ended(
+        &mut self,
+        v: &SlotView,
+        end: i64,
+        service_ns: i64,
+        clean: bool,
+        margin_ns: i64,
+    ) -> Learned {
+        let service = service_ns.max(0) as f64;
+        let reserved = v.overlap_reserved();
+        let sample = if reserved > 0 {
+            let model = reserved as f64 / v.gain();
+            // Not clipped at 0: a job faster than the clean mean is evidence too (clipping
+            // biased the gain upwards by the jobs' own jitter: 1.2 where the truth was 1).
+            let excess = service - self.clean_mean;
+            self.excess = self.excess * (1.0 - LOOP_WEIGHT) + excess;
+            self.charged = self.charged * (1.0 - LOOP_WEIGHT) + model;
+            self.gain = (self.excess / self.charged).clamp(GAIN_MIN, GAIN_MAX);
+            // The estimate stays the job's own service time: what best effort added, as now
+            // measured, is taken out.
+            (service - self.gain * model).max(0.0)
+        } else {
+            if clean {
+                self.clean_mean += (service - self.clean_mean) * LOOP_WEIGHT;
+            }
+            // A gain that keeps best effort out entirely is never measured again: without
+            // new evidence it drifts back towards the model's (the budget catches a probe
+            // that finds it was right). In the replay of trio a a gain of 1.2 learned in its
+            // first jobs otherwise held best effort for good.
+            self.excess += (self.charged - self.excess) / GAIN_RELAX_JOBS;
+            self.gain = (self.excess / self.charged).clamp(GAIN_MIN, GAIN_MAX);
+            service
+        };
+        let relative = v.deadline.saturating_sub(v.release);
+        let near = relative.saturating_sub(margin_ns.max(relative / NEAR_PART));
+        let backed_off =
+            v.deadline != i64::MAX && (end.saturating_sub(v.release) > near || v.backlog(end));
+        self.budget = if backed_off {
+            (self.budget / 2.0).max(BUDGET_MIN)
+        } else {
+            (self.budget + BUDGET_STEP).min(BUDGET_MAX)
+        };
+        Learned {
+            service: self.recent.push(sample.round() as i64),
+            gain_milli: (self.gain * 1000.0).round() as i64,
+            credit: (self.budget * CREDIT_JOB as f64).round() as i64,
+            backed_off,
+        }
+    }
+}
+
+/// Applies what a job taught ([`Feedback::ended`]) to a slot's words: the estimate and gain
+/// stored, the credit voided on a back-off, then topped up to at most [`CREDIT_CAP`] (best
+/// effort only subtracts it, under its lock: a race leaves it off by one top-up at worst).
+fn apply_learned(s: &Slot, l: &Learned) {
+    s.service.store(l.service, Ordering::Relaxed);
+    s.gain_milli.store(l.gain_milli.max(1), Ordering::Relaxed);
+    if l.backed_off {
+        s.credit.fetch_min(0, Ordering::Relaxed);
+    }
+    let c = s.credit.fetch_add(l.credit, Ordering::Relaxed) + l.credit;
+    if c > CREDIT_CAP {
+        s.credit.fetch_sub(c - CREDIT_CAP, Ordering::Relaxed);
+    }
+}
+
 impl CriticalPublisher {
     /// Slot `slot` of `guard`, with `service_ns` as the first estimate of a job's service time
     /// (from the warm-up) and the workload's own `stretch` beside best effort, if it states one
@@ -778,16 +1001,25 @@ impl CriticalPublisher {
     ) -> CriticalPublisher {
         let s = guard.slot(slot);
         s.service.store(service_ns.max(0), Ordering::Relaxed);
+        // No job charged yet (the file starts zeroed, and the first job is number 0).
+        s.acct_seq.store(-1, Ordering::Relaxed);
+        s.acct_overlap.store(0, Ordering::Relaxed);
         s.stretch_milli
             .store(stretch_milli(stretch), Ordering::Relaxed);
-        let recent = guard
-            .policy()
-            .share
-            .map(|_| std::sync::Mutex::new(RecentService::new(service_ns)));
+        let policy = guard.policy();
+        let looped = policy.share.is_some() && policy.feedback;
+        let recent = (policy.share.is_some() && !looped)
+            .then(|| std::sync::Mutex::new(RecentService::new(service_ns)));
+        let feedback = looped.then(|| std::sync::Mutex::new(Feedback::new(service_ns)));
+        if looped {
+            s.gain_milli.store(1000, Ordering::Relaxed);
+            s.credit.store(CREDIT_JOB, Ordering::Relaxed);
+        }
         CriticalPublisher {
             guard,
             slot,
             recent,
+            feedback,
         }
     }
 
@@ -818,6 +1050,32 @@ impl CriticalPublisher {
     /// may have added.
     pub fn ended(&self, seq: u64, service_ns: i64) {
         let s = self.s();
+        if let Some(fb) = &self.feedback {
+            let v = self.guard.view(self.slot);
+            s.state.store(UNKNOWN, Ordering::Release);
+            let own = (service_ns - v.held).max(0);
+            let end = v.start.saturating_add(service_ns);
+            let clean = self.guard.header().be_until.load(Ordering::Relaxed) < v.start;
+            let v = SlotView {
+                // A reservation against another job (the one before) is not this one's.
+                acct_overlap: if v.acct_seq == seq as i64 {
+                    v.acct_overlap
+                } else {
+                    0
+                },
+                acct_seq: v.seq,
+                ..v
+            };
+            let l = fb.lock().unwrap_or_else(|e| e.into_inner()).ended(
+                &v,
+                end,
+                own,
+                clean,
+                self.guard.policy().margin_ns,
+            );
+            apply_learned(s, &l);
+            return;
+        }
         s.state.store(UNKNOWN, Ordering::Release);
         let overlap = if s.acct_seq.load(Ordering::Relaxed) == seq as i64 {
             s.acct_overlap.load(Ordering::Relaxed)
@@ -1850,6 +2108,14 @@ mod tests {
         }
     }
 
+    /// The sharing guard with its closed loop, as `[protection] share` runs it.
+    fn looped() -> Policy {
+        Policy {
+            feedback: true,
+            ..sharing()
+        }
+    }
+
     #[test]
     fn the_replay_of_trio_a_gives_best_effort_work_and_no_predicted_miss() {
         // Trio a as recorded on the H200 (deadlines 1.3 × p99 alone, margin 20 µs), every job
@@ -1857,9 +2123,15 @@ mod tests {
         // beside it. Unprotected, both critical models miss everything; today's stall model
         // holds them but best effort gets (almost) nothing, as measured on the H200.
         let alone = sim::Deadlines::Alone(1.3);
-        let none = sim::trio_a(sim::Guarding::None, 1.0, alone, false);
+        let none = sim::trio_a(sim::Guarding::None, 1.0, alone, false, 1.0);
         assert!(none.late_pct.iter().all(|(_, l)| *l > 90.0), "{none:?}");
-        let stalled = sim::trio_a(sim::Guarding::Guarded(stall(20_000)), 1.0, alone, false);
+        let stalled = sim::trio_a(
+            sim::Guarding::Guarded(stall(20_000)),
+            1.0,
+            alone,
+            false,
+            1.0,
+        );
         assert!(
             stalled.late_pct.iter().all(|(_, l)| *l == 0.0),
             "{stalled:?}"
@@ -1867,16 +2139,22 @@ mod tests {
         assert!(stalled.best_effort < 0.01, "{stalled:?}");
         // The sharing guard: no predicted miss, and best effort runs over a quarter of the
         // time (under today's `share`, charged over the whole overlap, 2 %).
-        let share = sim::trio_a(sim::Guarding::Guarded(sharing()), 1.0, alone, false);
+        let share = sim::trio_a(sim::Guarding::Guarded(sharing()), 1.0, alone, false, 1.0);
         assert!(share.late_pct.iter().all(|(_, l)| *l == 0.0), "{share:?}");
         assert!(share.best_effort > 0.25, "{share:?}");
         // With the deadlines at 1.3 × each p99 in the victims-only replay (the second
         // deadline), both targets: no predicted miss, best effort over 30 % of alone.
         let together = sim::Deadlines::Together(1.3);
-        let roomy = sim::trio_a(sim::Guarding::Guarded(sharing()), 1.0, together, false);
+        let roomy = sim::trio_a(sim::Guarding::Guarded(sharing()), 1.0, together, false, 1.0);
         assert!(roomy.late_pct.iter().all(|(_, l)| *l == 0.0), "{roomy:?}");
         assert!(roomy.best_effort > 0.3, "{roomy:?}");
-        let stalled = sim::trio_a(sim::Guarding::Guarded(stall(20_000)), 1.0, together, false);
+        let stalled = sim::trio_a(
+            sim::Guarding::Guarded(stall(20_000)),
+            1.0,
+            together,
+            false,
+            1.0,
+        );
         // (The stall model: 13 %.)
         assert!(stalled.best_effort < roomy.best_effort / 3.0, "{stalled:?}");
     }
@@ -1888,8 +2166,8 @@ mod tests {
         // guard holds best effort during a backlog; what it still adds are jobs queued behind
         // an outlier that it had charged before the outlier was seen to overrun.
         for x in [sim::Deadlines::Alone(1.3), sim::Deadlines::Together(1.3)] {
-            let base = sim::trio_a(sim::Guarding::VictimsOnly, 1.0, x, true);
-            let share = sim::trio_a(sim::Guarding::Guarded(sharing()), 1.0, x, true);
+            let base = sim::trio_a(sim::Guarding::VictimsOnly, 1.0, x, true, 1.0);
+            let share = sim::trio_a(sim::Guarding::Guarded(sharing()), 1.0, x, true, 1.0);
             for k in 0..2 {
                 let (name, b) = base.late_pct[k];
                 let s = share.late_pct[k].1;
@@ -1981,5 +2259,135 @@ mod tests {
             p.ended(k, if k == 100 { 580_000 } else { 250_000 });
         }
         assert_eq!(g.view(0).service, 250_000);
+    }
+
+    #[test]
+    fn the_closed_loop_contains_a_stretch_the_model_under_predicts() {
+        // The H200's trio a (00:41 UTC, session 21): best effort's pieces slowed resnet50 more
+        // than the fitted model said (share: 3.88 % late, 97 misses queued). The replay with
+        // pieces really twice the model's stretch, the H200's slow outliers, and the
+        // victims-only deadline: the open loop (the fitted model alone) adds misses behind
+        // the outliers; the closed loop learns the gain and backs its budget off, and adds at
+        // most a third of them, still giving best effort work.
+        let x = sim::Deadlines::Together(1.3);
+        let base = sim::trio_a(sim::Guarding::VictimsOnly, 2.0, x, true, 2.0);
+        let open = sim::trio_a(sim::Guarding::Guarded(sharing()), 2.0, x, true, 2.0);
+        let closed = sim::trio_a(sim::Guarding::Guarded(looped()), 2.0, x, true, 2.0);
+        let added = |o: &sim::Outcome| -> f64 {
+            (0..2)
+                .map(|k| (o.late_pct[k].1 - base.late_pct[k].1).max(0.0))
+                .sum()
+        };
+        assert!(added(&open) > 0.8, "open {open:?} base {base:?}");
+        assert!(
+            added(&closed) <= added(&open) / 3.0,
+            "closed {closed:?} open {open:?}"
+        );
+        assert!(closed.best_effort > 0.05, "{closed:?}");
+        // What it learned of resnet50 (48 SMs, the one vit_l_32 hurts most): more than the
+        // model's delay, and about the truth's.
+        let (gain, _) = closed.learned[1];
+        assert!(gain > 1.2 && gain < 3.0, "{closed:?}");
+    }
+
+    #[test]
+    fn where_the_model_holds_the_closed_loop_keeps_best_effort_over_30_percent() {
+        // Pieces as the model says, the victims-only deadline: no predicted miss and best
+        // effort over the 30 % (the loop's ceiling keeps one job in eight clean: the
+        // open loop's 69 % is not reached).
+        let x = sim::Deadlines::Together(1.3);
+        let closed = sim::trio_a(sim::Guarding::Guarded(looped()), 2.0, x, false, 1.0);
+        assert!(closed.late_pct.iter().all(|(_, l)| *l == 0.0), "{closed:?}");
+        assert!(closed.best_effort > 0.3, "{closed:?}");
+    }
+
+    #[test]
+    fn the_loops_gain_follows_the_measured_delay_and_its_budget_backs_off_at_once() {
+        // Clean jobs of 300 µs, then overlapped ones the model charged 20 µs that took 40 µs
+        // longer: the gain goes to 2.
+        let mut fb = Feedback::new(300_000);
+        let deadline = 1_000_000;
+        let job = |seq: i64, reserved: i64| SlotView {
+            start: seq * MS + 1,
+            acct_seq: seq,
+            acct_overlap: reserved,
+            ..SlotView::pending(seq, seq * MS, seq * MS + deadline, 300_000).with_loop(1.0, 0)
+        };
+        for seq in 0..50 {
+            fb.ended(&job(seq, 0), seq * MS + 300_000, 300_000, true, 20_000);
+            // Each job that kept its slack grows the budget by 1/64 from 1/4, up to 7/8.
+            let grown = BUDGET_START + (seq + 1) as f64 * BUDGET_STEP;
+            assert_eq!(fb.budget(), grown.min(BUDGET_MAX));
+        }
+        let mut l = None;
+        for seq in 50..150 {
+            let v = job(seq, 20_000);
+            l = Some(fb.ended(&v, seq * MS + 340_000, 340_000, false, 20_000));
+        }
+        let l = l.unwrap();
+        assert!((fb.gain() - 2.0).abs() < 0.1, "{}", fb.gain());
+        assert_eq!(l.gain_milli, (fb.gain() * 1000.0).round() as i64);
+        // The estimate is the job's own time, the measured delay taken out.
+        // (The window's 99th percentile: a sample from before the gain had risen.)
+        assert!(l.service >= 300_000 && l.service < 320_000, "{l:?}");
+        let before = fb.budget();
+        // A job 10 µs before its deadline (within the 20 µs margin): halved at once, the credit
+        // voided.
+        let near = fb.ended(&job(150, 0), 150 * MS + 990_000, 990_000, true, 20_000);
+        assert!(near.backed_off);
+        assert_eq!(fb.budget(), before / 2.0);
+        // A job that began behind a backlog backs off too.
+        let queued = SlotView {
+            start: 151 * MS + 100_000,
+            ..job(151, 0)
+        };
+        assert!(
+            fb.ended(&queued, 151 * MS + 400_000, 300_000, true, 20_000)
+                .backed_off
+        );
+    }
+
+    #[test]
+    fn best_effort_spends_a_victims_credit_to_overlap_a_job_and_waits_without_it() {
+        let p = Policy::new(0, Some(1.25));
+        // Running since 10 ms, 1 ms of service, due at 12: room for a piece.
+        let v = running(3, 10 * MS, 12 * MS, MS);
+        let now = 10 * MS + MS / 10;
+        assert!(admits(&v.with_loop(1.0, CREDIT_JOB), now, MS / 10, &p).is_some());
+        // Without a job's credit it may not begin overlapping it; once it has (reserved
+        // against this job), its later pieces need none.
+        let broke = v.with_loop(1.0, CREDIT_JOB - 1);
+        assert_eq!(admits(&broke, now, MS / 10, &p), None);
+        let begun = SlotView {
+            acct_seq: 3,
+            acct_overlap: 1,
+            ..broke
+        };
+        assert!(admits(&begun, now, MS / 10, &p).is_some());
+        // The gain multiplies the charge: 0.2 of a 0.1 ms overlap at gain 2 is 40 µs.
+        assert_eq!(
+            admits(&v.with_loop(2.0, CREDIT_JOB), now, MS / 10, &p),
+            Some(40_000)
+        );
+        // Through the shared file: the publisher under `share` starts a loop with one job of
+        // credit, the first admitted piece spends it, and the next job waits for the credit
+        // its end adds.
+        let g = Arc::new(Guard::create(1, looped()).unwrap());
+        let pubr = CriticalPublisher::new(Arc::clone(&g), 0, 300_000, None);
+        assert_eq!((g.view(0).gain_milli, g.view(0).credit), (1000, CREDIT_JOB));
+        let t = clock::now_ns();
+        pubr.pending(0, t, Some(t + 100 * MS));
+        pubr.started(t);
+        assert!(g.try_piece(10_000).is_ok());
+        assert_eq!(g.view(0).credit, 0);
+        assert!(g.view(0).acct_overlap > 0);
+        pubr.ended(0, 310_000);
+        // Kept its slack: a quarter of a job plus 1/64 of credit, not a whole one.
+        let c = g.view(0).credit;
+        assert!(c > 0 && c < CREDIT_JOB, "{c}");
+        let t = clock::now_ns();
+        pubr.pending(1, t, Some(t + 100 * MS));
+        pubr.started(t);
+        assert!(g.try_piece(10_000).is_err());
     }
 }

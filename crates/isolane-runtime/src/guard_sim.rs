@@ -6,7 +6,10 @@
 //! (`isolane_core::predict`: the H200's coefficients and the profiles of `h200-models.csv`)
 //! for whatever runs beside it: the other critical model and best effort's pieces. So it
 //! checks the decisions against the model they are taken by, not the GPU: "predicted
-//! lateness". One job in [`OUTLIER_EVERY`] runs [`OUTLIER`] × its time alone (the H200's
+//! lateness". With `truth` ≠ 1, best effort's pieces really slow the victims `truth` times
+//! what the model predicts (the H200's trio a: the model under-predicted what vit_l_32 did to
+//! resnet50), which the guard only learns through its closed loop ([`Feedback`]), as on the
+//! GPU: the loop's decisions against a world that is not the model. One job in [`OUTLIER_EVERY`] runs [`OUTLIER`] × its time alone (the H200's
 //! slow jobs beside the other victim: resnet18 up to 0.58 ms of 0.26): those miss with or
 //! without best effort.
 
@@ -68,6 +71,7 @@ struct Critical {
     deadline: i64,
     view: SlotView,
     recent: Option<RecentService>,
+    feedback: Option<Feedback>,
     /// The job running: (its release, its work left in ns alone).
     running: Option<(i64, f64)>,
     jobs: u64,
@@ -106,6 +110,8 @@ pub struct Outcome {
     pub late_seqs: Vec<Vec<i64>>,
     /// Per critical model, its p99 latency (ns).
     pub p99_ns: Vec<i64>,
+    /// Per critical model under a closed loop, its gain and budget at the end.
+    pub learned: Vec<(f64, f64)>,
 }
 
 /// Each critical model's deadline: `x` × its p99 alone, or × its p99 in the victims-only
@@ -128,8 +134,15 @@ pub enum Guarding {
     None,
 }
 
-/// Replays `seconds` of trio a under `guarding`, with `deadlines`, with or without `outliers`.
-pub fn trio_a(guarding: Guarding, seconds: f64, deadlines: Deadlines, outliers: bool) -> Outcome {
+/// Replays `seconds` of trio a under `guarding`, with `deadlines`, with or without `outliers`;
+/// best effort's pieces slow each victim `truth` × the model's predicted stretch beyond 1.
+pub fn trio_a(
+    guarding: Guarding,
+    seconds: f64,
+    deadlines: Deadlines,
+    outliers: bool,
+    truth: f64,
+) -> Outcome {
     let deadline = |k: usize, p99_alone: i64| match deadlines {
         Deadlines::Alone(x) => (x * p99_alone as f64) as i64,
         Deadlines::Together(x) => {
@@ -138,6 +151,7 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadlines: Deadlines, outliers: 
                 seconds,
                 Deadlines::Alone(1e3),
                 outliers,
+                truth,
             );
             (x * base.p99_ns[k] as f64) as i64
         }
@@ -153,6 +167,10 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadlines: Deadlines, outliers: 
     let piece_ns = be.exec_ns / 10;
     let intensity = Intensity::of_job(&be.neighbour.profile, be.exec_ns, &sys).unwrap();
     let sharing = matches!(guarding, Guarding::Guarded(p) if p.share.is_some());
+    let (looped, margin) = match guarding {
+        Guarding::Guarded(p) => (sharing && p.feedback, p.margin_ns),
+        _ => (false, 0),
+    };
     let mut crit: Vec<Critical> = critical
         .into_iter()
         .enumerate()
@@ -161,9 +179,15 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadlines: Deadlines, outliers: 
             let deadline = deadline(i, w.p99_ns);
             // The warm-up's estimate: the p99 alone.
             let seed = w.p99_ns;
+            let view = SlotView::pending(0, 0, deadline, seed);
             Critical {
-                view: SlotView::pending(0, 0, deadline, seed),
-                recent: sharing.then(|| RecentService::new(seed)),
+                view: if looped {
+                    view.with_loop(1.0, CREDIT_JOB)
+                } else {
+                    view
+                },
+                recent: (sharing && !looped).then(|| RecentService::new(seed)),
+                feedback: looped.then(|| Feedback::new(seed)),
                 period,
                 deadline,
                 w,
@@ -191,14 +215,20 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadlines: Deadlines, outliers: 
                 }
                 coeffs.stretch(&Terms::beside(&beside, victim_ms, &sys))
             };
+            let real = |other: bool| {
+                let without = of(other, false);
+                without + truth * (of(other, true) - without)
+            };
             [
-                [of(false, false), of(false, true)],
-                [of(true, false), of(true, true)],
+                [of(false, false), real(false)],
+                [of(true, false), real(true)],
             ]
         })
         .collect();
     let end_t = (seconds * 1e9) as i64;
     let mut piece_end: Option<i64> = None;
+    // When the last admitted piece was to end (the guard file's `be_until`).
+    let mut be_until = i64::MIN;
     let mut retry = 0i64;
     let mut busy = 0i64;
     let mut t = 0;
@@ -244,15 +274,29 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadlines: Deadlines, outliers: 
                 0
             };
             let sample = (done - v.start - overlap).max(0);
-            let service = match c.recent.as_mut() {
-                Some(r) => r.push(sample),
-                None => decaying_max(v.service, sample),
+            let (mut gain_milli, mut credit) = (v.gain_milli, v.credit);
+            let service = match (c.feedback.as_mut(), c.recent.as_mut()) {
+                // As `CriticalPublisher::ended` and `apply_learned` do.
+                (Some(fb), _) => {
+                    let clean = be_until < v.start;
+                    let l = fb.ended(&v, done, done - v.start, clean, margin);
+                    gain_milli = l.gain_milli.max(1);
+                    if l.backed_off {
+                        credit = credit.min(0);
+                    }
+                    credit = (credit + l.credit).min(CREDIT_CAP);
+                    l.service
+                }
+                (None, Some(r)) => r.push(sample),
+                (None, None) => decaying_max(v.service, sample),
             };
             let next = v.seq + 1;
             let release = next * c.period;
             c.view = SlotView {
                 acct_seq: v.acct_seq,
                 acct_overlap: v.acct_overlap,
+                gain_milli,
+                credit,
                 ..SlotView::pending(next, release, release + c.deadline, service)
             };
             c.running = None;
@@ -278,15 +322,23 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadlines: Deadlines, outliers: 
                     match held {
                         Some(at) => retry = at,
                         None => {
+                            // As `Guard::try_piece_with` reserves.
                             for c in crit.iter_mut() {
                                 let o = admits_piece(&c.view, t, piece_ns, &policy, i).unwrap();
+                                if o == 0 {
+                                    continue;
+                                }
                                 if c.view.acct_seq != c.view.seq {
                                     c.view.acct_seq = c.view.seq;
                                     c.view.acct_overlap = 0;
+                                    if c.view.gain_milli > 0 {
+                                        c.view.credit -= CREDIT_JOB;
+                                    }
                                 }
                                 c.view.acct_overlap += o;
                             }
                             piece_end = Some(t + piece_ns);
+                            be_until = be_until.max(t + piece_ns);
                         }
                     }
                 }
@@ -295,6 +347,10 @@ pub fn trio_a(guarding: Guarding, seconds: f64, deadlines: Deadlines, outliers: 
         t += STEP;
     }
     Outcome {
+        learned: crit
+            .iter()
+            .filter_map(|c| c.feedback.as_ref().map(|f| (f.gain(), f.budget())))
+            .collect(),
         late_pct: crit
             .iter()
             .map(|c| (c.w.name, 100.0 * c.late as f64 / c.jobs.max(1) as f64))
