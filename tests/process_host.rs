@@ -363,15 +363,46 @@ fn serve_runs_process_hosted_models_in_workers_of_their_own() {
 /// 256 is about 1.1 GiB, more than the 1 GiB each process gets; the spin workload fits.
 #[test]
 fn a_worker_out_of_memory_fails_its_workload_and_run_exits_3() {
+    let (o, s) = run_out_of_memory("process");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert_eq!(workload(&s, "fine")["status"], "ok");
+    let big = workload(&s, "big");
+    assert_eq!(big["status"], "failed");
+    assert_eq!(big["exit_code"], 3, "{big}");
+    assert!(
+        big["error"].as_str().unwrap().contains("out of memory"),
+        "{big}"
+    );
+}
+
+/// The same with thread hosts: the failed workload has no exit code of its own, so
+/// summary.json says `ran_out_of_memory`, and `run` still exits 3.
+#[test]
+fn a_thread_out_of_memory_fails_its_workload_and_run_exits_3() {
+    let (o, s) = run_out_of_memory("thread");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert_eq!(workload(&s, "fine")["status"], "ok");
+    let big = workload(&s, "big");
+    assert_eq!(big["status"], "failed");
+    assert_eq!(big["ran_out_of_memory"], true, "{big}");
+    assert!(
+        big["error"].as_str().unwrap().contains("out of memory"),
+        "{big}"
+    );
+}
+
+fn run_out_of_memory(host: &str) -> (std::process::Output, serde_json::Value) {
     let tmp = tempfile::tempdir().unwrap();
     let sc = scenario(
         tmp.path(),
         "s.toml",
-        r#"
+        &r#"
 [device]
 backend = "cpu"
 mechanism = "none"
-host = "process"
+host = "HOST"
 
 [[workload]]
 name = "fine"
@@ -386,7 +417,8 @@ model = "resnet18"
 batch = 256
 rate_hz = 1
 jobs = 1
-"#,
+"#
+        .replace("HOST", host),
     );
     let out = tmp.path().join("out");
     let o = std::process::Command::new("sh")
@@ -401,15 +433,6 @@ jobs = 1
         .arg("-q")
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{err}");
     let s = summary(&out);
-    assert_eq!(workload(&s, "fine")["status"], "ok");
-    let big = workload(&s, "big");
-    assert_eq!(big["status"], "failed");
-    assert_eq!(big["exit_code"], 3, "{big}");
-    assert!(
-        big["error"].as_str().unwrap().contains("out of memory"),
-        "{big}"
-    );
+    (o, s)
 }

@@ -214,6 +214,10 @@ pub struct Failure {
     pub exit_code: Option<i32>,
     /// The signal that killed the worker process.
     pub signal: Option<i32>,
+    /// The engine ran out of device or host memory building or warming the model in this
+    /// process (a thread host; a worker says so by exiting 3), so that `run` exits 3 as `infer`
+    /// does.
+    pub out_of_memory: bool,
 }
 
 impl Failure {
@@ -222,6 +226,7 @@ impl Failure {
             message: message.into(),
             exit_code: None,
             signal: None,
+            out_of_memory: false,
         }
     }
 }
@@ -805,16 +810,26 @@ fn drive_thread(
     let prepared = shared
         .instances
         .prepare(slot, &w.spec, w.index, w.partition.take(), how)
-        .map_err(|e| match e {
-            PrepareError::Pin(e) => format!("workload `{name}`: {e}"),
-            PrepareError::Guard(e) => {
-                format!("workload `{name}`: cannot join the criticality guard: {e}")
+        .map_err(|e| {
+            let out_of_memory = matches!(
+                &e,
+                PrepareError::Build(x) | PrepareError::WarmUp(x) if x.is_out_of_memory()
+            );
+            let message = match e {
+                PrepareError::Pin(e) => format!("workload `{name}`: {e}"),
+                PrepareError::Guard(e) => {
+                    format!("workload `{name}`: cannot join the criticality guard: {e}")
+                }
+                e => e.to_string(),
+            };
+            Failure {
+                out_of_memory,
+                ..Failure::msg(message)
             }
-            e => e.to_string(),
         });
     let (mut executor, warmup, mut role) = match prepared {
         Ok(p) => (p.executor, p.warmup_ns, p.role),
-        Err(e) => return failed(name, Failure::msg(e), Vec::new()),
+        Err(f) => return failed(name, f, Vec::new()),
     };
     reporter.ready();
     let mut result = WorkloadResult {
@@ -948,6 +963,7 @@ fn drive_program(
             },
             exit_code: outcome.exit_code,
             signal: outcome.signal,
+            out_of_memory: false,
         }),
     };
     result.program = Some(outcome);
@@ -1174,6 +1190,7 @@ fn finish(
                 message: String::new(),
                 exit_code: st.code(),
                 signal: st.signal(),
+                out_of_memory: false,
             };
             f.message = match (st.signal(), st.code(), error) {
                 (Some(sig), _, _) => {

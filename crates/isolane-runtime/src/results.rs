@@ -41,14 +41,15 @@ pub fn summarize_workload(
     // The engine's own count; telemetry replaces it with the process's peak where that is
     // this workload's alone (a worker process, or the only workload).
     metrics.gpu_memory_mib = result.device_memory_mib;
-    let (status, error, signal, exit_code) = match &result.status {
-        WorkloadStatus::Ok => (RunStatus::Ok, None, None, None),
-        WorkloadStatus::Interrupted => (RunStatus::Interrupted, None, None, None),
+    let (status, error, signal, exit_code, ran_out_of_memory) = match &result.status {
+        WorkloadStatus::Ok => (RunStatus::Ok, None, None, None, false),
+        WorkloadStatus::Interrupted => (RunStatus::Interrupted, None, None, None, false),
         WorkloadStatus::Failed(f) => (
             RunStatus::Failed,
             Some(f.message.clone()),
             f.signal,
             f.exit_code,
+            f.out_of_memory,
         ),
     };
     WorkloadSummary {
@@ -65,6 +66,7 @@ pub fn summarize_workload(
         error,
         signal,
         exit_code,
+        ran_out_of_memory,
         pid: result.pid,
         wall_s,
         memory_estimate_mib: None,

@@ -56,6 +56,10 @@ pub struct WorkloadSummary {
     pub signal: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// A thread-hosted workload whose model ran out of memory being built or warmed up (a
+    /// worker process says so by its exit code 3 instead).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ran_out_of_memory: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
     /// Wall time the throughput is computed over: t0 to the workload's last release or end.
@@ -231,9 +235,10 @@ fn failed_out_of_memory(workloads: &[WorkloadSummary]) -> bool {
 
 impl WorkloadSummary {
     /// Whether it failed because its model at its batch did not fit: its worker process exited
-    /// 3, the engine's out-of-memory (a thread-hosted workload's failure carries no exit code).
+    /// 3, the engine's out-of-memory, or its thread found the engine out of memory.
     pub fn out_of_memory(&self) -> bool {
-        self.status == RunStatus::Failed && self.host == "process" && self.exit_code == Some(3)
+        self.status == RunStatus::Failed
+            && (self.ran_out_of_memory || self.host == "process" && self.exit_code == Some(3))
     }
 
     /// A workload that has run no job yet (its metrics are those of no records).
@@ -249,6 +254,7 @@ impl WorkloadSummary {
             error: None,
             signal: None,
             exit_code: None,
+            ran_out_of_memory: false,
             pid: None,
             wall_s: 0.0,
             memory_estimate_mib: None,
