@@ -1,10 +1,9 @@
 //! `isolane summarize DIR`: rebuilds summary.json of a run that was cut short (killed before it
 //! could write it) from the resolved scenario and the per-job records it streamed to jobs/.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
-use isolane_core::results::RunSummary;
 use isolane_runtime::coordinator::RunPlan;
 
 use super::user;
@@ -34,23 +33,8 @@ pub struct SummarizeArgs {
 
 pub fn run(args: SummarizeArgs) -> anyhow::Result<u8> {
     let dir = &args.dir;
-    let scenario_path = dir.join("scenario.toml");
-    if !scenario_path.is_file() {
-        return Err(user(format!(
-            "{}: no scenario.toml, so not the folder of an `isolane run` (it writes one before \
-             the run starts)",
-            dir.display()
-        )));
-    }
-    if dir.join("summary.json").exists() && !args.force {
-        return Err(user(format!(
-            "{}: has a summary.json already (its run ended and wrote it, or summarize did); pass \
-             --force to rebuild it from jobs/*.csv (without any device telemetry and \
-             partitions it holds)",
-            dir.display()
-        )));
-    }
-    let file = super::ScenarioFile::read(&scenario_path)?;
+    isolane_session::rebuild::check_folder(dir, args.force).map_err(user)?;
+    let file = super::ScenarioFile::read(&dir.join("scenario.toml"))?;
     let (scenario, _) = file.scenario()?;
     if !file.apps()?.is_empty() {
         return Err(user(format!(
@@ -60,35 +44,18 @@ pub fn run(args: SummarizeArgs) -> anyhow::Result<u8> {
         )));
     }
     let plan = RunPlan::from_scenario(&scenario);
-    let (mut summary, notes) = folder_summary(dir, &plan, "run")?;
+    // A malformed record is the user's (exit 2).
+    let (mut summary, notes) =
+        isolane_session::rebuild::folder_summary(dir, &plan, "run").map_err(user)?;
     summary.rebuilt_by = Some("isolane summarize".into());
     isolane_core::results::write_json(&dir.join("summary.json"), &summary)?;
     println!("{}", super::run::results_table(&scenario, &summary, false));
     for n in &notes {
         eprintln!("note: {n}");
     }
-    let jobs_recorded: u64 = summary.workloads.iter().map(|w| w.metrics.jobs).sum();
-    let planned: Option<u64> = plan
-        .workloads
-        .iter()
-        .map(|w| w.schedule.expected_jobs())
-        .sum();
-    if !summary.complete {
-        let of = planned.map_or(String::new(), |p| format!(" of {p} planned"));
-        eprintln!(
-            "note: the run was cut short: {jobs_recorded} job(s){of} were recorded; summary.json says \
-             \"complete\": false"
-        );
+    if let Some(note) = isolane_session::rebuild::cut_short_note(&summary, &plan) {
+        eprintln!("{note}");
     }
     println!("summary: {}", dir.join("summary.json").display());
     Ok(0)
-}
-
-/// [`isolane_session::rebuild::folder_summary`]; a malformed record is the user's (exit 2).
-pub(super) fn folder_summary(
-    dir: &Path,
-    plan: &RunPlan,
-    command: &'static str,
-) -> anyhow::Result<(RunSummary, Vec<String>)> {
-    isolane_session::rebuild::folder_summary(dir, plan, command).map_err(user)
 }

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use clap::Args;
 use isolane_core::spec::Mechanism;
-use isolane_gpu::verify::format_table;
 use isolane_gpu::GpuError;
 use isolane_session::verify::{self, VerifyOptions};
 
@@ -91,14 +90,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
             anyhow::Error::new(e)
         }
     })?;
-    // One GPU: its report, as always; several: one report per GPU (each names its `gpu`).
-    let (json, table) = match reports.as_slice() {
-        [one] => (serde_json::to_string_pretty(one)?, format_table(one)),
-        all => (
-            serde_json::to_string_pretty(all)?,
-            all.iter().map(format_table).collect::<Vec<_>>().join("\n"),
-        ),
-    };
+    let (json, table) = verify::report_texts(&reports)?;
     if args.json {
         println!("{json}");
     } else {

@@ -114,3 +114,61 @@ fn rebuild(
     }
     summary
 }
+
+/// `isolane summarize DIR`'s folder: a run's (it holds scenario.toml, written before the run
+/// starts) without a summary.json, unless `force` (which replaces it).
+pub fn check_folder(dir: &Path, force: bool) -> Result<(), String> {
+    if !dir.join("scenario.toml").is_file() {
+        return Err(format!(
+            "{}: no scenario.toml, so not the folder of an `isolane run` (it writes one before \
+             the run starts)",
+            dir.display()
+        ));
+    }
+    if dir.join("summary.json").exists() && !force {
+        return Err(format!(
+            "{}: has a summary.json already (its run ended and wrote it, or summarize did); pass \
+             --force to rebuild it from jobs/*.csv (without any device telemetry and \
+             partitions it holds)",
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
+/// What a rebuilt summary of a run cut short says of it: the jobs recorded (of those planned,
+/// where the schedules say).
+pub fn cut_short_note(summary: &RunSummary, plan: &RunPlan) -> Option<String> {
+    if summary.complete {
+        return None;
+    }
+    let jobs_recorded: u64 = summary.workloads.iter().map(|w| w.metrics.jobs).sum();
+    let planned: Option<u64> = plan
+        .workloads
+        .iter()
+        .map(|w| w.schedule.expected_jobs())
+        .sum();
+    let of = planned.map_or(String::new(), |p| format!(" of {p} planned"));
+    Some(format!(
+        "note: the run was cut short: {jobs_recorded} job(s){of} were recorded; summary.json says \
+         \"complete\": false"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summarize_takes_a_run_folder_and_keeps_a_summary_unless_forced() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = check_folder(dir.path(), false).unwrap_err();
+        assert!(e.contains("no scenario.toml"), "{e}");
+        std::fs::write(dir.path().join("scenario.toml"), "").unwrap();
+        assert_eq!(check_folder(dir.path(), false), Ok(()));
+        std::fs::write(dir.path().join("summary.json"), "{}").unwrap();
+        let e = check_folder(dir.path(), false).unwrap_err();
+        assert!(e.contains("has a summary.json already") && e.contains("--force"), "{e}");
+        assert_eq!(check_folder(dir.path(), true), Ok(()));
+    }
+}

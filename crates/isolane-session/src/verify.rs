@@ -468,6 +468,19 @@ pub fn time_needed(per_gpu: &[usize], duration_s: f64) -> String {
     )
 }
 
+/// What `isolane verify` prints and writes of its reports: the JSON and the table of one GPU's
+/// report as always; of several, one report per GPU (each names its `gpu`).
+pub fn report_texts(reports: &[VerifyReport]) -> serde_json::Result<(String, String)> {
+    use isolane_gpu::verify::format_table;
+    Ok(match reports {
+        [one] => (serde_json::to_string_pretty(one)?, format_table(one)),
+        all => (
+            serde_json::to_string_pretty(all)?,
+            all.iter().map(format_table).collect::<Vec<_>>().join("\n"),
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
