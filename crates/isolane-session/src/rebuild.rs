@@ -168,7 +168,10 @@ mod tests {
         assert_eq!(check_folder(dir.path(), false), Ok(()));
         std::fs::write(dir.path().join("summary.json"), "{}").unwrap();
         let e = check_folder(dir.path(), false).unwrap_err();
-        assert!(e.contains("has a summary.json already") && e.contains("--force"), "{e}");
+        assert!(
+            e.contains("has a summary.json already") && e.contains("--force"),
+            "{e}"
+        );
         assert_eq!(check_folder(dir.path(), true), Ok(()));
     }
 }
