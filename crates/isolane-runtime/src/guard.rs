@@ -887,6 +887,7 @@ pub struct Feedback {
     charged: f64,
     gain: f64,
     budget: f64,
+    last_overlapped: bool,
 }
 
 /// What a finished job teaches the loop: the slot's new service estimate, gain (thousandths)
@@ -908,6 +909,7 @@ impl Feedback {
             charged: GAIN_PRIOR_NS,
             gain: 1.0,
             budget: BUDGET_START,
+            last_overlapped: false,
         }
     }
 
@@ -958,8 +960,9 @@ impl Feedback {
         };
         let relative = v.deadline.saturating_sub(v.release);
         let near = relative.saturating_sub(margin_ns.max(relative / NEAR_PART));
-        let backed_off =
-            v.deadline != i64::MAX && (end.saturating_sub(v.release) > near || v.backlog(end));
+        let backed_off = v.deadline != i64::MAX
+            && (end.saturating_sub(v.release) > near || v.backlog(end) && self.last_overlapped);
+        self.last_overlapped = reserved > 0;
         self.budget = if backed_off {
             (self.budget / 2.0).max(BUDGET_MIN)
         } else {
@@ -2284,10 +2287,14 @@ mod tests {
             "closed {closed:?} open {open:?}"
         );
         assert!(closed.best_effort > 0.05, "{closed:?}");
-        // What it learned of resnet50 (48 SMs, the one vit_l_32 hurts most): more than the
-        // model's delay, and about the truth's.
-        let (gain, _) = closed.learned[1];
-        assert!(gain > 1.2 && gain < 3.0, "{closed:?}");
+        // What it learned of resnet50 (48 SMs, the one vit_l_32 hurts most): a higher gain
+        // than where the pieces cost what the model says (its charge is a reservation for
+        // the worst overlap, so the gain is not the truth's factor itself).
+        let as_modelled = sim::trio_a(sim::Guarding::Guarded(looped()), 2.0, x, true, 1.0);
+        assert!(
+            closed.learned[1].0 > as_modelled.learned[1].0,
+            "{closed:?} {as_modelled:?}"
+        );
     }
 
     #[test]
@@ -2336,13 +2343,23 @@ mod tests {
         let near = fb.ended(&job(150, 0), 150 * MS + 990_000, 990_000, true, 20_000);
         assert!(near.backed_off);
         assert_eq!(fb.budget(), before / 2.0);
-        // A job that began behind a backlog backs off too.
-        let queued = SlotView {
-            start: 151 * MS + 100_000,
-            ..job(151, 0)
+        // A job that began behind a backlog backs off too when best effort overlapped the job
+        // before it (which it then helped to overrun), not otherwise.
+        let queued = |seq: i64, reserved: i64| SlotView {
+            start: seq * MS + 100_000,
+            ..job(seq, reserved)
         };
+        let at = |seq: i64| seq * MS + 400_000;
         assert!(
-            fb.ended(&queued, 151 * MS + 400_000, 300_000, true, 20_000)
+            !fb.ended(&queued(151, 0), at(151), 300_000, true, 0)
+                .backed_off
+        );
+        assert!(
+            !fb.ended(&queued(152, 10), at(152), 300_000, false, 0)
+                .backed_off
+        );
+        assert!(
+            fb.ended(&queued(153, 0), at(153), 300_000, true, 0)
                 .backed_off
         );
     }
