@@ -15,8 +15,9 @@
 # Variants (VARIANTS, default both,share,slack; VARIANTS_A for trio a alone): both (guard +
 # priorities: the default protection), share (+ share: the sharing guard, session 21: each
 # best-effort piece charged the delay the fitted model predicts for what is left of each critical
-# job it overlaps, against that job's slack, the service estimate the p99 of its last 256 jobs;
-# held only until what is left fits), slack (+ slack_order: a critical job with slack delays its
+# job it overlaps, times the gain that job's workload measures on its own jobs (overlapped vs
+# clean), against that job's slack and within that workload's budget of overlapped jobs, which
+# halves at once on a job near its deadline; held only until what is left fits), slack (+ slack_order: a critical job with slack delays its
 # start, whole, while one without runs), and on request none (unprotected), l2
 # (+ l2_persist_mib = L2_MIB), levers (all three). protection_study.py runs the baselines first
 # in the same call: each victim alone at its rate, and victims-only (both, no best effort).
