@@ -18,12 +18,13 @@
 //! timing is a thread host's), while `serve` drives it as an executor through the `exec` role
 //! ([`crate::remote_exec`]), built through [`Instances::prepare`] like any other.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use isolane_core::spec::{Criticality, DeviceSpec, TimingSpec, WorkloadSpec};
 
 use crate::affinity::{self, AffinityError};
+use crate::clock;
 use crate::coordinator::RunPlan;
 use crate::exec::{self, Engine, ExecError, Executor};
 use crate::guard::{Guard, GuardRole, GuardSetup};
@@ -86,6 +87,12 @@ pub enum GuardPart {
     /// now (a change while serving may have changed it): a critical served model publishes
     /// through its queue instead, which knows when requests wait.
     BestEffortOnly,
+    /// As `BestEffortOnly`, for an instance that replaces one while the models serve (a
+    /// resize, a reload): a best-effort model's warm-up jobs after its first run held by the
+    /// guard, piece by piece, as its served jobs are. On the H200 a replacement's warm-up ran
+    /// unprotected beside the serving critical model, which went past its deadline. The build
+    /// itself (a CUDA build's timing runs) is one call the guard cannot split or hold.
+    Replacement,
 }
 
 /// How one instance is prepared.
@@ -192,28 +199,56 @@ impl Instances {
             ),
         }
         .map_err(PrepareError::Build)?;
-        let mut warmup_ns = Vec::with_capacity(warmup_capacity(how.warmup_jobs));
-        warm_up(
-            executor.as_mut(),
-            how.warmup_jobs,
-            &mut warmup_ns,
-            &self.stop,
-        )
-        .map_err(PrepareError::WarmUp)?;
-        if let Some(check) = how.check {
-            check(&warmup_ns).map_err(PrepareError::Checked)?;
-        }
         let setup = match how.guard {
             GuardPart::Full => self.guard_setup(slot),
-            GuardPart::BestEffortOnly => self
+            GuardPart::BestEffortOnly | GuardPart::Replacement => self
                 .guard_setup(slot)
                 .filter(|_| spec.criticality != Criticality::Critical),
         };
-        if how.guard == GuardPart::BestEffortOnly && setup.is_none() {
+        // Only a replacement: at the start no critical model publishes yet, and a held
+        // warm-up would wait for one that waits for this instance's turn.
+        let held =
+            how.guard == GuardPart::Replacement && setup.is_some_and(|s| s.critical_slot.is_none());
+        let mut warmup_ns = Vec::with_capacity(warmup_capacity(how.warmup_jobs));
+        // A held warm-up's first job runs as it is: its time is what the guard's estimate of
+        // the jobs held after it starts from.
+        let first = if held {
+            how.warmup_jobs.min(1)
+        } else {
+            how.warmup_jobs
+        };
+        warm_up(executor.as_mut(), first, &mut warmup_ns, &self.stop)
+            .map_err(PrepareError::WarmUp)?;
+        let check = |warmup_ns: &[i64]| match how.check {
+            Some(check) => check(warmup_ns).map_err(PrepareError::Checked),
+            None => Ok(()),
+        };
+        if !held {
+            check(&warmup_ns)?;
+        }
+        if how.guard != GuardPart::Full && setup.is_none() {
             self.set_l2_aside(slot, executor.as_mut())?;
         }
-        let role = GuardRole::attach(setup, self.guard(), executor.as_mut(), &warmup_ns)
+        let mut role = GuardRole::attach(setup, self.guard(), executor.as_mut(), &warmup_ns)
             .map_err(PrepareError::Guard)?;
+        if let (true, GuardRole::BestEffort(hold)) = (held, &mut role) {
+            for _ in first..how.warmup_jobs {
+                if self.stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                // Its service time is the pieces' own, not the holds between them.
+                let mut ran = 0;
+                for i in 0..executor.pieces() {
+                    hold.before_piece(i, &self.stop);
+                    let a = clock::now_ns();
+                    executor.run_piece(i).map_err(PrepareError::WarmUp)?;
+                    ran += clock::now_ns() - a;
+                }
+                hold.job_done();
+                warmup_ns.push(ran);
+            }
+            check(&warmup_ns)?;
+        }
         Ok(Prepared {
             executor,
             warmup_ns,
@@ -295,6 +330,50 @@ mod tests {
             .prepare(1, &w[1].spec, 1, None, how(GuardPart::BestEffortOnly))
             .unwrap();
         assert!(matches!(b.role, GuardRole::BestEffort(_)));
+    }
+
+    #[test]
+    fn a_best_effort_replacement_warms_up_held_by_the_guard_and_a_first_instance_does_not() {
+        // On the H200 a resize's new instance warmed up beside the serving critical model,
+        // unprotected, and the critical model went past its deadline. A replacement's
+        // warm-up is now held while the critical slot has no room (here: not known yet, as
+        // between two of its jobs), and goes on once it has.
+        let p = plan(PAIR);
+        let instances = Instances::new(&p, None, Arc::new(AtomicBool::new(false))).unwrap();
+        let guard = Arc::clone(instances.guard().unwrap());
+        let critical = instances.guard_setup(0).unwrap().critical_slot.unwrap();
+        let w = &p.workloads;
+        // A first instance (the start: nobody publishes yet) is not held.
+        let b = instances
+            .prepare(1, &w[1].spec, 1, None, how(GuardPart::BestEffortOnly))
+            .unwrap();
+        assert_eq!(b.warmup_ns.len(), 3);
+        let released = std::thread::scope(|s| {
+            let released = s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                let at = clock::now_ns();
+                crate::guard::CriticalPublisher::new(Arc::clone(&guard), critical, 200_000, None)
+                    .finished();
+                at
+            });
+            let b = instances
+                .prepare(1, &w[1].spec, 1, None, how(GuardPart::Replacement))
+                .unwrap();
+            let done = clock::now_ns();
+            assert!(matches!(b.role, GuardRole::BestEffort(_)));
+            assert_eq!(b.warmup_ns.len(), 3, "{:?}", b.warmup_ns);
+            // Each held job's time is its own run, not the wait.
+            assert!(
+                b.warmup_ns.iter().all(|&t| t < 300_000_000),
+                "{:?}",
+                b.warmup_ns
+            );
+            (released.join().unwrap(), done)
+        });
+        assert!(
+            released.1 > released.0,
+            "the replacement's warm-up ended before the critical slot let best effort run"
+        );
     }
 
     /// Records the L2 it was asked to set aside.

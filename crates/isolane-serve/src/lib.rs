@@ -609,7 +609,12 @@ fn spawn_instance(
             let how = How {
                 warmup_jobs: spec.warmup_jobs.max(1),
                 pin: spec.host != Host::Process,
-                guard: GuardPart::BestEffortOnly,
+                // A replacement warms up beside the models serving: held by the guard.
+                guard: if existing.is_some() {
+                    GuardPart::Replacement
+                } else {
+                    GuardPart::BestEffortOnly
+                },
                 build: Some(&mut build),
                 check: None,
             };
