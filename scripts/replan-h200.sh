@@ -22,6 +22,11 @@
 # measured again); what it plans is not used. $OUT/profiles.tgz has the cache, to commit as
 # PROFILES. Environment: ISOLANE (a binary instead of the staged one), PYTHON, SCENARIO, MODES
 # (default fixed,manual,autoplan), REPLAN_TIMEOUT (default 240 s).
+#
+# SCENARIO=scenarios/serve/h200-replan-green.toml runs the same three ways in green contexts
+# (SMs of each model's own instead of MPS thread shares, which are caps on shared SMs): the
+# profiles are measured with --mechanism green, the manual resizes are `sms=`, and a second
+# OUT folder keeps the two runs apart. One scenario a call (each about 4.5 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +34,9 @@ run() {
     local out=${OUT:-/tmp/isolane-replan} work=/tmp/replan status=0
     local python=${PYTHON:-python3} isolane=${ISOLANE:-}
     local scenario=${SCENARIO:-scenarios/serve/h200-replan.toml}
+    local mechanism
+    mechanism=$(sed -n 's/^mechanism *= *"\([a-z_]*\)".*/\1/p' "$scenario" | head -n 1)
+    mechanism=${mechanism:-mps}
     mkdir -p "$out"
     rm -rf "$work" && mkdir -p "$work/results"
     if [ -z "$isolane" ]; then
@@ -57,10 +65,10 @@ run() {
         cp -r "$seed/." "$cache/"
         echo "replan: profile cache seeded from $seed"
     fi
-    echo "replan: profiling for --autoplan (at most $budget s)"
+    echo "replan: $scenario ($mechanism): profiling for --autoplan (at most $budget s)"
     # Its exit code is the plan's (2 where the scenario's shares cannot be planned); the
     # profiles it measured are in the cache either way.
-    timeout -k 10 "$((budget + 60))" "$isolane" plan --auto "$scenario" --mechanism mps \
+    timeout -k 10 "$((budget + 60))" "$isolane" plan --auto "$scenario" --mechanism "$mechanism" \
         --profile-jobs 100 --profile-budget "$budget" --profile-cache "$cache" \
         -o "$work/results/planned.toml" >"$work/results/plan.log" 2>&1 || true
     tail -n 30 "$work/results/plan.log"

@@ -72,6 +72,37 @@ def scenario_rates(path):
     return {w["name"]: float(w["rate_hz"]) for w in s["workload"]}
 
 
+def scenario_mechanism(path):
+    """[device] mechanism of the scenario (mps, green, ...)."""
+    import tomllib
+    with open(path, "rb") as f:
+        return tomllib.load(f).get("device", {}).get("mechanism", "mps")
+
+
+# The `ctl resize` key of a partition, and the manual mode's default grow and shrink (the
+# surge model's size when its load triples and when it falls), per mechanism.
+RESIZE = {"mps": ("thread_pct", "resnet50=50", "resnet50=30"),
+          "green": ("sms", "resnet50=56", "resnet50=40")}
+
+
+def refusal_kind(message):
+    """A refusal's reason, from its message (crates/isolane-serve/src/request.rs, Refusal)."""
+    if "after its deadline" in message:
+        return "predicted late"
+    if "queue is full" in message:
+        return "queue full"
+    if "unloaded" in message or "not ready" in message:
+        return "unloaded"
+    if "shutting down" in message:
+        return "draining"
+    return "other"
+
+
+def number_after(message, words):
+    m = re.search(r"([0-9.]+) ms " + words, message)
+    return float(m.group(1)) if m else None
+
+
 def sender(addr, model, rate_of, t0, until, records, lock):
     """Sends `model` requests at rate_of(t) / SENDERS a second until `until` (open loop: a late
     answer delays the next send, never drops it)."""
@@ -94,13 +125,14 @@ def sender(addr, model, rate_of, t0, until, records, lock):
         try:
             r = client.infer(model, [inp], outputs=outs)
             late = bool((r.get_response().get("parameters") or {}).get("late", False))
-            mine.append((sent - t0, (time.monotonic() - sent) * 1e3, "late" if late else "ok"))
+            mine.append((sent - t0, (time.monotonic() - sent) * 1e3, "late" if late else "ok", ""))
         except InferenceServerException as e:
             status = str(e.status() or "")
             kind = "refused" if status in ("429", "503") else f"failed {status}"
-            mine.append((sent - t0, (time.monotonic() - sent) * 1e3, kind))
+            mine.append((sent - t0, (time.monotonic() - sent) * 1e3, kind, e.message() or ""))
         except Exception as e:  # a connection lost, a timeout: counted as failed, never hidden
-            mine.append((sent - t0, (time.monotonic() - sent) * 1e3, f"failed {type(e).__name__}"))
+            mine.append((sent - t0, (time.monotonic() - sent) * 1e3, f"failed {type(e).__name__}",
+                         str(e)[:200]))
         nxt += SENDERS / rate_of(sent - t0)
     client.close()
     with lock:
@@ -168,7 +200,7 @@ def run_mode(a, mode, rates, workdir):
                 time.sleep(max(0.0, t0 + at - time.monotonic()))
                 cmd = [a.isolane, "ctl", "--server", addr, "--json", change[0], change[1]]
                 if change[0] == "resize":
-                    cmd.append(f"thread_pct={change[2]}")
+                    cmd.append(f"{a.resize_key}={change[2]}")
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
                 events.append({"t_s": round(time.monotonic() - t0, 3), "rc": r.returncode,
                                "reply": (r.stdout or r.stderr).strip()})
@@ -177,9 +209,10 @@ def run_mode(a, mode, rates, workdir):
     finally:
         stop_server(server)
     with open(os.path.join(workdir, f"{mode}-requests.csv"), "w") as f:
-        f.write("model,t_s,latency_ms,outcome\n")
+        f.write("model,t_s,latency_ms,outcome,why\n")
         for r in sorted(records, key=lambda r: r[1]):
-            f.write(f"{r[0]},{r[1]:.4f},{r[2]:.3f},{r[3]}\n")
+            why = r[4].replace('"', "'")
+            f.write(f'{r[0]},{r[1]:.4f},{r[2]:.3f},{r[3]},"{why}"\n')
     per_model = {}
     for m in rates:
         mine = [r for r in records if r[0] == m]
@@ -191,6 +224,7 @@ def run_mode(a, mode, rates, workdir):
             "failed": sum(r[3].startswith("failed") for r in mine),
             "p50_ms": pct(answered, 50), "p99_ms": pct(answered, 99),
             "max_ms": max(answered) if answered else None,
+            "refusals": refusals([r for r in mine if r[3] == "refused"]),
         }
     decisions = []
     csv = os.path.join(out_dir, "autoplan.csv")
@@ -198,6 +232,28 @@ def run_mode(a, mode, rates, workdir):
         decisions = open(csv).read().splitlines()[1:]
     return {"models": per_model, "resizes": resizes_from_log(log), "ctl": events,
             "decisions": decisions, "exit": server.returncode}
+
+
+def refusals(refused):
+    """Per reason: how many, from when to when (s), and for those predicted late the service
+    time per job admission predicted with and the predicted lateness (ms, median and max)."""
+    out = {}
+    for r in refused:
+        kind = refusal_kind(r[4])
+        k = out.setdefault(kind, {"n": 0, "first_s": r[1], "last_s": r[1], "service_ms": [],
+                                  "lateness_ms": []})
+        k["n"] += 1
+        k["first_s"] = min(k["first_s"], r[1])
+        k["last_s"] = max(k["last_s"], r[1])
+        for key, words in (("service_ms", "per job"), ("lateness_ms", "after its deadline")):
+            v = number_after(r[4], words)
+            if v is not None:
+                k[key].append(v)
+    for k in out.values():
+        for key in ("service_ms", "lateness_ms"):
+            v = k.pop(key)
+            k[key] = {"p50": pct(v, 50), "max": max(v)} if v else None
+    return out
 
 
 def fmt(v, d=3):
@@ -232,6 +288,19 @@ def summary_md(a, results):
         held = late_pct is not None and late_pct <= 0.1 and s["failed"] == 0
         L.append(f"| {mode} | {fmt(late_pct, 2)} | {s['refused']} | {s['failed']} | "
                  f"{'yes' if held else 'no'} |")
+    L += ["", "## Why requests were refused", "",
+          "Admission refuses a request predicted to complete after its deadline (queued ahead "
+          "plus the service time per job it predicts with, the p90 of the model's recent jobs).",
+          "", "| mode | model | reason | refused | from s | to s | service ms p50 / max | "
+          "predicted lateness ms p50 / max |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for mode, r in results.items():
+        for m, s in r.get("models", {}).items():
+            for kind, k in s.get("refusals", {}).items():
+                sv, lt = k.get("service_ms"), k.get("lateness_ms")
+                L.append(f"| {mode} | {m} | {kind} | {k['n']} | {k['first_s']:.1f} | "
+                         f"{k['last_s']:.1f} | "
+                         + (f"{fmt(sv['p50'])} / {fmt(sv['max'])}" if sv else "–") + " | "
+                         + (f"{fmt(lt['p50'])} / {fmt(lt['max'])}" if lt else "–") + " |")
     L += ["", "## Resizes and reloads (the server's access log)", "",
           "| mode | change | model | what | to serving ms | pause ms |",
           "| --- | --- | --- | --- | ---: | ---: |"]
@@ -259,13 +328,23 @@ def main():
     p.add_argument("--high-s", type=float, default=20.0)
     p.add_argument("--after-s", type=float, default=15.0)
     p.add_argument("--dwell", type=float, default=3.0)
-    p.add_argument("--grow", default="resnet50=50")
-    p.add_argument("--shrink", default="resnet50=30")
+    p.add_argument("--grow", default=None,
+                   help="manual mode: MODEL=SIZE when the load triples (thread % under MPS, SMs "
+                        "for green contexts; default by the scenario's mechanism)")
+    p.add_argument("--shrink", default=None, help="manual mode: MODEL=SIZE when it falls")
     p.add_argument("--reload", default="resnet50",
                    help="manual mode: this model is reloaded (rebuilt in its partition); '' for none")
     p.add_argument("--critical", default="mobilenet_v2")
     p.add_argument("--profile-cache", default=os.path.expanduser("~/.cache/isolane/profiles"))
     a = p.parse_args()
+    mechanism = scenario_mechanism(a.scenario)
+    if mechanism not in RESIZE:
+        print(f"replan: {a.scenario}: mechanism {mechanism!r}; this driver resizes "
+              f"{', '.join(RESIZE)} partitions", file=sys.stderr)
+        return 2
+    a.resize_key, grow, shrink = RESIZE[mechanism]
+    a.grow = a.grow or grow
+    a.shrink = a.shrink or shrink
     os.makedirs(a.out, exist_ok=True)
     rates = scenario_rates(a.scenario)
     results = {}
