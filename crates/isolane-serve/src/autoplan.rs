@@ -179,8 +179,12 @@ impl State {
     }
 
     /// Records the resizes a re-plan applied at `now_s` for `observed`: the best-effort models
-    /// it grew are what a critical p99 past its margin soon after undoes.
+    /// it grew are what a critical p99 past its margin soon after undoes. A re-plan that
+    /// changed nothing leaves the last grow the suspect.
     pub fn applied(&mut self, observed: &[Observed], resizes: &[Resize], now_s: f64) {
+        if resizes.is_empty() {
+            return;
+        }
         self.grown = resizes
             .iter()
             .filter(|r| r.to > r.from && !observed.get(r.model).is_some_and(|o| o.critical))
@@ -808,7 +812,6 @@ impl Server {
                             now_s - state.grown_at_s
                         ));
                     }
-                    state.applied(&observed, &[], now_s);
                     event
                 }
             };
@@ -1524,6 +1527,8 @@ mod tests {
             },
         ];
         state.applied(&before, &grow, 10.0);
+        // A re-plan that changes nothing in between leaves the grow the suspect.
+        state.applied(&before, &[], 10.2);
         let hurt = h200(155.5, [20, 50, 5], 5.135);
         let d = decide(&mut state, &hurt, 10.5, &o);
         let Decision::Undo { triggers, resizes } = &d else {
