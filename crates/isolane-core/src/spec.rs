@@ -158,10 +158,13 @@ pub struct ProtectionSpec {
     /// L2 cache set aside for critical models' weights (MiB, 0: none): CUDA's persisting-L2
     /// limit and an access-policy window over each critical model's weights.
     pub l2_persist_mib: u64,
-    /// A critical job with slack yields, piece by piece, to a critical job without (the guard).
+    /// A critical job with slack delays its start, whole, while a critical job without slack
+    /// runs, and only as long as it still keeps its own deadline (the guard).
     pub slack_order: bool,
-    /// Best-effort pieces are charged the delay their memory intensity is predicted to cause
-    /// (`crate::predict`), not a full stall: compute-heavy pieces overlap critical jobs.
+    /// The sharing guard: a best-effort piece may overlap critical jobs when the delay its
+    /// memory intensity is predicted to cause them (`crate::predict`), corrected by each
+    /// victim's measured stretch, fits their slack and their budget of overlapped jobs, which
+    /// halves on a job that ends near its deadline (docs/criticality.md); not a full stall.
     pub share: bool,
 }
 
