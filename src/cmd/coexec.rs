@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use isolane_runtime::coexec::{self as study, StudyConfig, Way};
+use isolane_runtime::coexec::StudyConfig;
 use isolane_session::studies::coexec;
 
 #[derive(Args)]
@@ -29,7 +29,7 @@ pub struct CoexecArgs {
     /// Ways to run a pair at once, comma-separated: none (cpu), timeslice, mps (100 % each),
     /// mps-provisioned (--thread-pct), green (--green-sms), mig (--mig-profiles). Default: all
     /// of them on the cpu (the GPU ones are reported skipped), all but none on cuda.
-    #[arg(long, value_delimiter = ',', value_parser = way)]
+    #[arg(long, value_delimiter = ',', value_parser = coexec::way_flag)]
     mechanisms: Vec<String>,
     /// mps-provisioned: a job's thread %, NAME=PCT comma-separated (default 50 each).
     #[arg(long, value_delimiter = ',')]
@@ -54,16 +54,6 @@ pub struct CoexecArgs {
     wide: bool,
     #[command(flatten)]
     partitions: super::PartitionFlags,
-}
-
-fn way(s: &str) -> Result<String, String> {
-    match Way::parse(s) {
-        Some(_) => Ok(s.to_string()),
-        None => Err(format!(
-            "`{s}` is not a mechanism; expected one of {}",
-            study::ALL_WAYS.map(Way::word).join(", ")
-        )),
-    }
 }
 
 /// The jobs file and flags as the library's configuration.

@@ -13,6 +13,18 @@ use isolane_runtime::output;
 
 use super::{status_word, Failure, RunError, Runs, StudyError, EXIT_FAILED, EXIT_INTERRUPTED};
 
+/// One of `--mechanisms`' values, checked where clap parses it: a way two workloads can share
+/// the device.
+pub fn way_flag(s: &str) -> Result<String, String> {
+    match Way::parse(s) {
+        Some(_) => Ok(s.to_string()),
+        None => Err(format!(
+            "`{s}` is not a mechanism; expected one of {}",
+            study::ALL_WAYS.map(Way::word).join(", ")
+        )),
+    }
+}
+
 /// The flags of `isolane coexec` that shape the study (comma lists as the user gave them).
 #[derive(Debug, Clone, Default)]
 pub struct CoexecFlags {
