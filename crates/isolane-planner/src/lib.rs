@@ -50,7 +50,7 @@ pub use gpus::{plan_gpus, GpusPlan};
 pub use learned::{Learned, LearnedStretch, StretchKey};
 pub use phases::{stagger, Periodic, StaggerError, Staggered};
 pub use search::{
-    plan, plan_capped, predicted, tail_rule, Capped, CappedPlan, Choice, Outcome, TailRule,
+    plan, plan_capped, predicted, tail_rule, Capped, CappedPlan, Choice, Keep, Outcome, TailRule,
     Unprofiled,
 };
 pub use stretch::{stretch_from, worst_stretch};

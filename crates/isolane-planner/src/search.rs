@@ -477,22 +477,53 @@ pub struct CappedPlan {
     pub capped: Vec<Capped>,
 }
 
-/// The best plan for `demands` that keeps every critical one (`serve --autoplan`): where
-/// [`plan`] finds none because a best-effort workload needs more than is left (or more than
-/// the ladder has), each critical workload still gets its smallest adequate size (at least
-/// `floors[w]`, the partition it must not lose), and the best-effort workloads share what is
-/// left: each its smallest size first (at least its floor), then one ladder step at a time
-/// in turn, each up to the smallest size that meets its demand (the largest when none does).
-/// Those left short are [`CappedPlan::capped`]. It is [`Outcome::NoPlan`] only when the
-/// critical workloads cannot be kept (one inadequate or unprofiled, or together too large),
-/// when the best-effort ones cannot get even their smallest sizes beside them, or on a ladder
-/// whose sizes are not simply shares (MIG, time-slicing: [`plan`]'s outcome). `Err` only
-/// when measuring failed.
+/// What a workload keeps of the partition it has in a [`plan_capped`] plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Keep {
+    /// Nothing: it gets what its demand needs, then its share of the spare (a best-effort
+    /// workload whose load fell).
+    #[default]
+    Nothing,
+    /// This size, unless another workload's demand needs the room (a best-effort workload
+    /// whose load did not change).
+    Unless(u32),
+    /// This size before any other best-effort workload's demand: a critical workload's floor
+    /// (the plan keeps it or there is none), a best-effort workload whose load rose (it
+    /// yields only to the critical ones).
+    Firm(u32),
+}
+
+impl Keep {
+    /// The size it keeps (0 for [`Keep::Nothing`]).
+    pub fn size(self) -> u32 {
+        match self {
+            Keep::Nothing => 0,
+            Keep::Unless(s) | Keep::Firm(s) => s,
+        }
+    }
+}
+
+/// The best plan for `demands` that keeps every critical one (`serve --autoplan`), and leaves
+/// nothing idle that a best-effort workload could use (work-conserving). Each critical
+/// workload gets its smallest adequate size, at least what it keeps (`keep[w]`, the partition
+/// it must not lose); it never gets more. The best-effort workloads share the rest, one ladder
+/// step each in turn at every stage: first each its smallest size, then those that keep
+/// [`Keep::Firm`] up to it (their load rose: no other best-effort demand shrinks them), then
+/// each up to the smallest size that meets its demand (the largest when none does), then those
+/// that keep [`Keep::Unless`] up to it (kept unless another's demand needed the room), and at
+/// last the spare: one step at a time to the best-effort workload with the highest predicted
+/// utilisation (rate × mean job time) at the size it has, so that the spare goes where the load
+/// is heaviest against the profiles (a workload with no load takes none). Those left short of
+/// their demand are [`CappedPlan::capped`]. It is [`Outcome::NoPlan`] only when the critical
+/// workloads cannot be kept (one inadequate or unprofiled, or together too large), when the
+/// best-effort ones cannot get even their smallest sizes beside them, or on a ladder whose
+/// sizes are not simply shares (MIG, time-slicing: [`plan`]'s outcome). `Err` only when
+/// measuring failed.
 pub fn plan_capped(
     demands: &[Demand],
     ladder: &Ladder,
     opts: &Options,
-    floors: &[u32],
+    keep: &[Keep],
     profiler: &mut dyn Profiler,
 ) -> Result<CappedPlan, String> {
     if matches!(ladder.unit, Unit::Mig | Unit::Whole) {
@@ -509,7 +540,14 @@ pub fn plan_capped(
         profiler,
         seen: HashMap::new(),
     };
-    let floor = |w: usize| floors.get(w).copied().unwrap_or(0);
+    let keep = |w: usize| keep.get(w).copied().unwrap_or_default();
+    let floor = |w: usize| {
+        if demands[w].critical {
+            keep(w).size()
+        } else {
+            0
+        }
+    };
     // The smallest ladder size at least `n` (the largest when none is).
     let at_least = |n: u32| {
         let top = *ladder.sizes.last().expect("checked non-empty");
@@ -580,7 +618,7 @@ pub fn plan_capped(
         .filter(|&w| !demands[w].critical)
         .collect();
     for &w in &best_effort {
-        size[w] = at_least(floor(w)).min(want[w]);
+        size[w] = ladder.sizes[0];
     }
     let start: u32 = best_effort.iter().map(|&w| ladder.cost(size[w])).sum();
     if start > left {
@@ -601,27 +639,49 @@ pub fn plan_capped(
         ));
     }
     left -= start;
-    // One step each in turn, so that two short workloads share what is left instead of the
-    // first taking it all.
+    let firm: Vec<u32> = (0..demands.len())
+        .map(|w| match keep(w) {
+            Keep::Firm(s) => at_least(s),
+            _ => 0,
+        })
+        .collect();
+    let unless: Vec<u32> = (0..demands.len())
+        .map(|w| match keep(w) {
+            Keep::Unless(s) => at_least(s),
+            _ => 0,
+        })
+        .collect();
+    grow_in_turn(ladder, &best_effort, &mut size, &firm, &mut left);
+    grow_in_turn(ladder, &best_effort, &mut size, &want, &mut left);
+    grow_in_turn(ladder, &best_effort, &mut size, &unless, &mut left);
+    // The spare: one step at a time to the busiest at the size it has, which evens out the
+    // predicted utilisations (the share of its partition's time each workload's load takes).
     loop {
-        let mut grew = false;
+        let mut busiest: Option<(usize, u32, f64)> = None;
         for &w in &best_effort {
-            if size[w] >= want[w] {
-                continue;
-            }
             let Some(next) = ladder.sizes.iter().copied().find(|&s| s > size[w]) else {
                 continue;
             };
-            let more = ladder.cost(next) - ladder.cost(size[w]);
-            if more <= left {
-                left -= more;
-                size[w] = next;
-                grew = true;
+            if ladder.cost(next) - ladder.cost(size[w]) > left {
+                continue;
+            }
+            // A size it has no profile for is not given: the plan must be predictable.
+            let (Ok(now), Ok(_)) = (
+                point(&mut m, &demands[w], w, size[w])?,
+                point(&mut m, &demands[w], w, next)?,
+            ) else {
+                continue;
+            };
+            let u = util(&demands[w], &now);
+            if u > 0.0 && busiest.is_none_or(|(_, _, b)| u > b) {
+                busiest = Some((w, next, u));
             }
         }
-        if !grew {
+        let Some((w, next, _)) = busiest else {
             break;
-        }
+        };
+        left -= ladder.cost(next) - ladder.cost(size[w]);
+        size[w] = next;
     }
     let mut choices = Vec::with_capacity(demands.len());
     let mut capped = Vec::new();
@@ -674,6 +734,38 @@ pub fn plan_capped(
         },
         capped,
     })
+}
+
+/// Grows each of `workloads` one ladder step in turn toward its `target` while what is `left`
+/// holds the step, so that two short workloads share what is left instead of the first taking
+/// it all.
+fn grow_in_turn(
+    ladder: &Ladder,
+    workloads: &[usize],
+    size: &mut [u32],
+    target: &[u32],
+    left: &mut u32,
+) {
+    loop {
+        let mut grew = false;
+        for &w in workloads {
+            if size[w] >= target[w] {
+                continue;
+            }
+            let Some(next) = ladder.sizes.iter().copied().find(|&s| s > size[w]) else {
+                continue;
+            };
+            let more = ladder.cost(next) - ladder.cost(size[w]);
+            if more <= *left {
+                *left -= more;
+                size[w] = next;
+                grew = true;
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
 }
 
 /// The choice for `d` at profile `p`, whether or not it meets its demand there.
@@ -1425,7 +1517,7 @@ mod tests {
         let ladder = Ladder::mps(5);
         let opts = Options::default();
         // The critical model holds 20 % and must keep it.
-        let floors = [20, 0, 0];
+        let floors = [Keep::Firm(20), Keep::Nothing, Keep::Nothing];
         // resnet50's tripled rate: no share is enough, so plan() has no plan at all.
         let out = plan(&h200_replan(300.0), &ladder, &opts, &mut h200()).unwrap();
         assert!(matches!(out, Outcome::NoPlan { .. }), "{out:?}");
@@ -1449,9 +1541,12 @@ mod tests {
         assert_eq!(sizes(&p.outcome), vec![20, 70, 10]);
         assert_eq!(p.capped[0].wanted, Some(100));
         assert!(p.capped[0].why.contains("its demand needs 100 %"));
-        // At its own 100/s everyone's demand is met: plan()'s plan, the floor kept, no cap.
+        // At its own 100/s everyone's demand is met (plan()'s 50 % and 10 %, the floor kept, no
+        // cap), and the spare 20 % goes to the best-effort ones 5 % at a time, the busiest
+        // first: resnet50 (utilisation 0.78 at 50 %), vit_b_16 (0.75 at 10 %), then resnet50
+        // (0.71 at 55 %, 0.65 at 60 %) over vit_b_16 (0.50 at 15 %).
         let p = plan_capped(&h200_replan(100.0), &ladder, &opts, &floors, &mut h200()).unwrap();
-        assert_eq!(sizes(&p.outcome), vec![20, 50, 10]);
+        assert_eq!(sizes(&p.outcome), vec![20, 65, 15]);
         assert!(p.capped.is_empty());
         let out = plan(&h200_replan(100.0), &ladder, &opts, &mut h200()).unwrap();
         assert_eq!(sizes(&out), vec![10, 50, 10]);
@@ -1468,7 +1563,7 @@ mod tests {
             &d,
             &ladder,
             &opts,
-            &[20, 0, 0],
+            &[Keep::Firm(20), Keep::Nothing, Keep::Nothing],
             &mut Shares(vec![0.34, 3.9, 1.5]),
         )
         .unwrap();
@@ -1486,7 +1581,7 @@ mod tests {
             &d,
             &ladder,
             &opts,
-            &[60, 60, 0],
+            &[Keep::Firm(60), Keep::Firm(60), Keep::Nothing],
             &mut Shares(vec![0.34, 3.9, 1.5]),
         )
         .unwrap();
@@ -1502,7 +1597,7 @@ mod tests {
             &h200_replan(100.0),
             &ladder,
             &opts,
-            &[95, 0, 0],
+            &[Keep::Firm(95), Keep::Nothing, Keep::Nothing],
             &mut Shares(vec![0.34, 3.9, 1.5]),
         )
         .unwrap();
@@ -1523,7 +1618,7 @@ mod tests {
             &d,
             &Ladder::mps(5),
             &Options::default(),
-            &[20, 0, 0],
+            &[Keep::Firm(20), Keep::Nothing, Keep::Nothing],
             &mut Shares(vec![0.34, 3.9, 1.5]),
         )
         .unwrap();

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 use isolane_core::predict::{Coefficients, MemoryProfile, MemorySystem};
 use isolane_planner::cache::{ProfileCache, ProfileKey};
 use isolane_planner::{
-    Capped, Choice, Demand, GpusPlan, Ladder, Options, Outcome, Point, ProfileError, Profiler, Unit,
+    Capped, Choice, Demand, GpusPlan, Keep, Ladder, Options, Outcome, Point, ProfileError,
+    Profiler, Unit,
 };
 
 use crate::Server;
@@ -354,7 +355,8 @@ pub struct Interference {
 /// Plans made again at most with the stretches the last plan predicts (as `plan --auto`).
 const PASSES: usize = 3;
 
-/// [`replan_within`] with no ceilings.
+/// [`replan_within`] with no ceilings and no rates planned for before: no best-effort model
+/// keeps its partition for its own sake.
 pub fn replan(
     observed: &[Observed],
     ladder: &Ladder,
@@ -363,14 +365,23 @@ pub fn replan(
     profiles: &mut dyn Profiler,
 ) -> Replanned {
     let none = vec![None; observed.len()];
-    replan_within(observed, ladder, opts, interference, &none, profiles)
+    replan_within(observed, &[], ladder, opts, interference, &none, profiles)
 }
 
 /// The partitions for `observed` (their observed rates, their deadlines) on `ladder`, from
 /// `profiles`: [`isolane_planner::plan_capped`]'s, which keeps every critical model (never
-/// below the partition it has) and gives the best-effort ones what is left, those short of
-/// their load `capped`; a best-effort model never above its ceiling (`ceilings`, per model:
-/// an undo's hold). Unplannable only when the critical models cannot be kept.
+/// below the partition it has) and gives the best-effort ones all that is left
+/// (work-conserving), those short of their load `capped`; a best-effort model never above its
+/// ceiling (`ceilings`, per model: an undo's hold). Unplannable only when the critical models
+/// cannot be kept.
+///
+/// Against `planned_hz` (per model, the rate its partition was planned for; empty: none), a
+/// best-effort model whose rate rose past the load-change fraction keeps the partition it has
+/// whatever the other best-effort models need ([`Keep::Firm`]: only a critical model's need
+/// shrinks it), one whose rate stayed within the fraction keeps it unless another model's
+/// demand needs the room ([`Keep::Unless`]), and one whose rate fell keeps nothing: it gets
+/// what its demand needs and its share of the spare, which goes one step at a time to the
+/// best-effort model busiest against its profile.
 ///
 /// A critical model whose measured p99 is past margin × its deadline is planned with the
 /// stretch that p99 shows over its profile in the partition it has: the profiles are times
@@ -384,6 +395,7 @@ pub fn replan(
 /// to what that plan gives them, said in `notes`.
 pub fn replan_within(
     observed: &[Observed],
+    planned_hz: &[f64],
     ladder: &Ladder,
     opts: &AutoplanOptions,
     interference: Option<&Interference>,
@@ -442,10 +454,26 @@ pub fn replan_within(
             }
         }
     }
-    // A critical model keeps at least the partition it has.
-    let floors: Vec<u32> = observed
+    // A critical model keeps at least the partition it has; a best-effort one as its load
+    // moved.
+    let floors: Vec<Keep> = observed
         .iter()
-        .map(|o| if o.critical { o.size } else { 0 })
+        .enumerate()
+        .map(|(i, o)| {
+            if o.critical {
+                return Keep::Firm(o.size);
+            }
+            let Some(&before) = planned_hz.get(i) else {
+                return Keep::Nothing;
+            };
+            if (o.rate_hz - before).abs() <= opts.load_change * before.max(RATE_FLOOR_HZ) {
+                Keep::Unless(o.size)
+            } else if o.rate_hz > before {
+                Keep::Firm(o.size)
+            } else {
+                Keep::Nothing
+            }
+        })
         .collect();
     let mut notes = Vec::new();
     let planned = match plan_with(
@@ -537,7 +565,7 @@ fn plan_with(
     demands: &mut [Demand],
     ladder: &Ladder,
     options: &Options,
-    floors: &[u32],
+    floors: &[Keep],
     interference: Option<&Interference>,
     profiles: &mut dyn Profiler,
 ) -> Result<(Vec<Choice>, Vec<Capped>), Vec<String>> {
@@ -784,6 +812,8 @@ impl Server {
             if now_s < crate::model::WINDOW_NS as f64 / 1e9 {
                 continue;
             }
+            // The rates the partitions were planned for: a re-plan takes the observed ones.
+            let planned_hz = state.planned_hz.clone();
             let event = match decide(&mut state, &observed, now_s, &plan.options) {
                 Decision::Steady => continue,
                 Decision::Dwell { triggers, left_s } => {
@@ -797,7 +827,8 @@ impl Server {
                 }
                 Decision::Replan { triggers } => {
                     let ceilings = state.ceilings_at(now_s);
-                    let (event, applied) = self.act(&mut plan, &observed, &triggers, &ceilings);
+                    let (event, applied) =
+                        self.act(&mut plan, &observed, &planned_hz, &triggers, &ceilings);
                     state.applied(&observed, &applied, now_s);
                     event
                 }
@@ -897,12 +928,14 @@ impl Server {
         &self,
         plan: &mut Autoplan,
         observed: &[Observed],
+        planned_hz: &[f64],
         triggers: &[Trigger],
         ceilings: &[Option<u32>],
     ) -> (Event, Vec<Resize>) {
         let mut event = self.event(triggers);
         let (resizes, capped, notes) = match replan_within(
             observed,
+            planned_hz,
             &plan.ladder,
             &plan.options,
             plan.interference.as_ref(),
@@ -1246,12 +1279,23 @@ mod tests {
             model("other", false, 1.0, 5.0, 1),
         ];
         assert_eq!(
-            replan(&same, &cores(3), &opts(), None, &mut t),
+            replan(&same, &cores(2), &opts(), None, &mut t),
             Replanned::Same {
                 capped: Vec::new(),
                 notes: Vec::new()
             }
         );
+        // A third core is not left idle: it goes to the busier (utilisation 0.30 against
+        // 0.001).
+        let Replanned::Resize { resizes, .. } = replan(&same, &cores(3), &opts(), None, &mut t)
+        else {
+            panic!("the spare core is left idle");
+        };
+        let moves: Vec<(&str, u32, u32)> = resizes
+            .iter()
+            .map(|z| (z.name.as_str(), z.from, z.to))
+            .collect();
+        assert_eq!(moves, vec![("be", 1, 2)]);
     }
 
     #[test]
@@ -1366,7 +1410,7 @@ mod tests {
         }
     }
 
-    /// The three models with resnet50 at `resnet50_hz`, in partitions `sizes` (thread %).
+    /// The three models with resnet50 at `resnet50_hz`, in partitions `sizes` (thread % or SMs).
     fn h200(resnet50_hz: f64, sizes: [u32; 3], mobilenet_p99_ms: f64) -> Vec<Observed> {
         let m = |name: &str, critical, deadline_ms, rate_hz, p99_ms, size| Observed {
             name: String::from(name),
@@ -1453,7 +1497,9 @@ mod tests {
             matches!(r, Replanned::Resize { capped, .. } if capped.is_empty()),
             "{r:?}"
         );
-        assert_eq!(*after, [20, 50, 10]);
+        // Back to what its demand needs (50 %), and the spare 20 % shared 5 % at a time by
+        // utilisation, the busiest first.
+        assert_eq!(*after, [20, 65, 15]);
     }
 
     #[test]
@@ -1553,6 +1599,7 @@ mod tests {
         ));
         let r = replan_within(
             &undone,
+            &[],
             &Ladder::mps(5),
             &o,
             None,
@@ -1574,6 +1621,7 @@ mod tests {
         assert_eq!(state.ceilings_at(28.5), vec![None, None, None]);
         let r = replan_within(
             &undone,
+            &[],
             &Ladder::mps(5),
             &o,
             None,
@@ -1630,6 +1678,133 @@ mod tests {
         assert!(
             notes.iter().any(|n| n.contains("measured stretch 4.")),
             "{notes:?}"
+        );
+    }
+
+    /// Green contexts shaped as session 21's H200 run (scenarios/serve/h200-replan-green.toml,
+    /// 132 SMs in units of 8): mean job time at 8 SMs (ms), scaling as 8 / SMs, p99 = 1.1 ×
+    /// mean; each model's 8 SMs are adequate for its scenario load, as the run's profiles said
+    /// (resnet50's 16 SMs at 297 requests/s).
+    struct GreenSms;
+
+    impl Profiler for GreenSms {
+        fn profile(&mut self, w: usize, size: u32) -> Result<Point, ProfileError> {
+            let mean = [1.0, 3.2, 6.0][w] * 8.0 / size as f64;
+            Ok(Point {
+                size,
+                exec_p50_ms: mean,
+                exec_p99_ms: 1.1 * mean,
+                exec_mean_ms: mean,
+                exec_p999_ms: None,
+            })
+        }
+    }
+
+    #[test]
+    fn a_best_effort_load_rise_grows_it_into_the_idle_sms_and_shrinks_no_one() {
+        // The H200 run at 01:08 UTC: resnet50's rate rose 100 → 179.6 → 296.8 → 138.9
+        // requests/s and autoplan shrank resnet50 and vit_b_16 40 → 8 SMs (the smallest the
+        // profiles call adequate), leaving ~90 SMs idle, then 8 → 16 → 8. Now the model whose
+        // load rose keeps its 40 SMs and takes the idle ones, vit_b_16 (load unchanged) keeps
+        // its 40, and less than one unit of 8 is left idle.
+        let o = AutoplanOptions {
+            dwell: Duration::from_secs(3),
+            ..AutoplanOptions::default()
+        };
+        let ladder = Ladder::green(132, 8, 8);
+        let mut sizes = [24, 40, 40];
+        let mut state = State::new(vec![100.0, 100.0, 50.0], 0.0);
+        let mut seen = Vec::new();
+        for (t, hz) in [(15.1, 179.6), (21.0, 296.8), (39.2, 138.9)] {
+            let observed = h200(hz, sizes, 2.0);
+            let planned_hz = state.planned_hz.clone();
+            let d = decide(&mut state, &observed, t, &o);
+            assert!(matches!(d, Decision::Replan { .. }), "{t}: {d:?}");
+            let r = replan_within(
+                &observed,
+                &planned_hz,
+                &ladder,
+                &o,
+                None,
+                &state.ceilings_at(t),
+                &mut GreenSms,
+            );
+            let resizes = match &r {
+                Replanned::Resize { resizes, .. } => resizes.clone(),
+                Replanned::Same { .. } => Vec::new(),
+                Replanned::Unplannable(why) => panic!("{t}: {why:?}"),
+            };
+            for z in &resizes {
+                // Load rose (resnet50, twice) or did not change (vit_b_16): never shrunk.
+                assert!(
+                    z.to >= z.from || (z.name == "resnet50" && hz < 179.6),
+                    "{t}: {z:?}"
+                );
+                sizes[z.model] = z.to;
+            }
+            let idle = 132 - sizes.iter().sum::<u32>();
+            assert!(idle < 8, "{t}: {idle} SMs idle in {sizes:?}");
+            seen.push(sizes);
+        }
+        // The spare went where the load is: resnet50 at 179.6/s is busier at 40 SMs
+        // (utilisation 0.11) than vit_b_16 at 40 (0.06), down to 0.07 at 64.
+        assert_eq!(seen, vec![[24, 64, 40], [24, 64, 40], [24, 64, 40]]);
+    }
+
+    #[test]
+    fn a_best_effort_model_whose_load_did_not_change_yields_only_to_anothers_need() {
+        let ladder = Ladder::green(132, 8, 8);
+        let o = AutoplanOptions::default();
+        // resnet50 at 2500/s needs 80 SMs; vit_b_16 (load unchanged) gives up 16 of its 40 for
+        // it, keeping what is left.
+        let observed = h200(2500.0, [24, 40, 40], 2.0);
+        let r = replan_within(
+            &observed,
+            &[100.0, 100.0, 50.0],
+            &ladder,
+            &o,
+            None,
+            &[None, None, None],
+            &mut GreenSms,
+        );
+        let Replanned::Resize {
+            resizes, capped, ..
+        } = &r
+        else {
+            panic!("{r:?}")
+        };
+        let moves: Vec<(&str, u32, u32)> = resizes
+            .iter()
+            .map(|z| (z.name.as_str(), z.from, z.to))
+            .collect();
+        assert_eq!(moves, vec![("vit_b_16", 40, 24), ("resnet50", 40, 80)]);
+        assert!(capped.is_empty(), "{capped:?}");
+        // vit_b_16's load rose too: it keeps its 40 and resnet50 gets the rest, capped.
+        let mut busier = observed.clone();
+        busier[2].rate_hz = 100.0;
+        let r = replan_within(
+            &busier,
+            &[100.0, 100.0, 50.0],
+            &ladder,
+            &o,
+            None,
+            &[None, None, None],
+            &mut GreenSms,
+        );
+        let Replanned::Resize {
+            resizes, capped, ..
+        } = &r
+        else {
+            panic!("{r:?}")
+        };
+        let moves: Vec<(&str, u32, u32)> = resizes
+            .iter()
+            .map(|z| (z.name.as_str(), z.from, z.to))
+            .collect();
+        assert_eq!(moves, vec![("resnet50", 40, 64)]);
+        assert_eq!(
+            (capped[0].workload.as_str(), capped[0].wanted),
+            ("resnet50", Some(80))
         );
     }
 }
