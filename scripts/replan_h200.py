@@ -288,6 +288,19 @@ def summary_md(a, results):
         held = late_pct is not None and late_pct <= 0.1 and s["failed"] == 0
         L.append(f"| {mode} | {fmt(late_pct, 2)} | {s['refused']} | {s['failed']} | "
                  f"{'yes' if held else 'no'} |")
+    fixed = results.get("fixed", {}).get("models", {})
+    auto = results.get("autoplan", {}).get("models", {})
+    best_effort = [m for m in auto if m != a.critical and m in fixed]
+    if best_effort:
+        # Work-conserving re-plans (session 21): autoplan should give best effort at least the
+        # fixed partitions' service, so its p99 should not be far past the fixed run's.
+        L += ["", "## Best effort: autoplan against the fixed partitions", "",
+              "| model | fixed p99 ms | autoplan p99 ms | autoplan / fixed |",
+              "| --- | ---: | ---: | ---: |"]
+        for m in best_effort:
+            f99, a99 = fixed[m]["p99_ms"], auto[m]["p99_ms"]
+            ratio = a99 / f99 if f99 and a99 is not None else None
+            L.append(f"| {m} | {fmt(f99)} | {fmt(a99)} | {fmt(ratio, 2)} |")
     L += ["", "## Why requests were refused", "",
           "Admission refuses a request predicted to complete after its deadline (queued ahead "
           "plus the service time per job it predicts with, the p90 of the model's recent jobs).",
