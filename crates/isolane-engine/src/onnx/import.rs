@@ -465,6 +465,7 @@ impl<'m> Importer<'m> {
 
     fn finish(mut self) -> Result<Graph> {
         let outputs = self.m.outputs.clone();
+        self.unshift_outputs(&outputs)?;
         for (k, name) in outputs.iter().enumerate() {
             let v =
                 self.vals.get(name).cloned().ok_or_else(|| {
@@ -866,13 +867,17 @@ impl<'m> Importer<'m> {
                     _ => Binary::Pow,
                 };
                 let (x, y) = (self.req(c, 0)?, self.req(c, 1)?);
-                self.binary(
-                    c,
-                    b,
-                    (c.n.input[0].clone(), x),
-                    (c.n.input[1].clone(), y),
-                    0,
-                )
+                let (n0, n1) = (&c.n.input[0], &c.n.input[1]);
+                let (x, y) = if b == Binary::Mul {
+                    // A scaled-down integer accumulator's factor moves into the other operand.
+                    (
+                        self.shifted_operand(c, n0, x, n1)?,
+                        self.shifted_operand(c, n1, y, n0)?,
+                    )
+                } else {
+                    ((n0.clone(), x), (n1.clone(), y))
+                };
+                self.binary(c, b, x, y, 0)
             }
             "Max" | "Min" | "Sum" | "Mean" => self.variadic(c, &op),
             "Mod" => self.modulo(c),

@@ -35,6 +35,12 @@ pub(super) struct State {
     made: HashMap<String, Val>,
     /// Runtime tensors that hold integers (QOperator values), and their element types.
     ints: HashMap<String, IntType>,
+    /// Runtime tensors held scaled down by a power of two (ConvInteger's and MatMulInteger's
+    /// int32 accumulators, and their casts and moves), with the factor `2^p` that restores
+    /// them: an unscaled accumulator overflows fp16 on cuda (65504). The factor is folded
+    /// into the scale that multiplies the accumulator (exact: only exponents move), else
+    /// applied where another op reads the tensor.
+    shifts: HashMap<String, f32>,
 }
 
 /// The scales, zero points and type of one QuantizeLinear or DequantizeLinear.
@@ -525,6 +531,7 @@ impl Importer<'_> {
                 self.materialize(c, name, &p)?;
             }
         }
+        self.carry_shifts(c, mover)?;
         let mut moved: Option<IntType> = None;
         let mut floats = false;
         for name in &c.n.input {
@@ -556,6 +563,129 @@ impl Importer<'_> {
             ));
         }
         Ok(if mover { moved } else { None })
+    }
+
+    /// Where node `c` reads tensors held scaled down by `2^-p` ([`State::shifts`]): a Cast to
+    /// float, a move (one common factor) and Shape/Size keep the scaling (on the node's
+    /// outputs), a Mul by a constant or a runtime scalar folds it into that operand
+    /// ([`Importer::shifted_operand`]), DequantizeLinear into its scale; any other reader
+    /// gets the restored values.
+    fn carry_shifts(&mut self, c: &Ctx, mover: bool) -> Result<()> {
+        let shifted: Vec<(String, f32)> =
+            c.n.input
+                .iter()
+                .filter_map(|n| self.quant.shifts.get(n).map(|&f| (n.clone(), f)))
+                .collect();
+        let Some(&(_, f)) = shifted.first() else {
+            return Ok(());
+        };
+        let op = c.op();
+        let runtime_ins =
+            c.n.input
+                .iter()
+                .filter(|n| matches!(self.vals.get(*n), Some(Val::Dyn(_))))
+                .count();
+        let keep = match op {
+            "Shape" | "Size" | "DequantizeLinear" => return Ok(()),
+            "Cast" => true,
+            _ if mover => shifted.len() == runtime_ins && shifted.iter().all(|(_, g)| *g == f),
+            "Mul" => {
+                return if shifted.len() == 1 && self.shift_foldable(c, &shifted[0].0) {
+                    Ok(())
+                } else {
+                    self.unshift_all(&shifted)
+                }
+            }
+            _ => false,
+        };
+        if !keep {
+            return self.unshift_all(&shifted);
+        }
+        for out in c.n.output.iter().filter(|o| !o.is_empty()) {
+            self.quant.shifts.insert(out.clone(), f);
+        }
+        Ok(())
+    }
+
+    fn unshift_all(&mut self, shifted: &[(String, f32)]) -> Result<()> {
+        for (name, f) in shifted {
+            self.unshift(name, *f)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the other operand of a Mul that reads the shifted `name` can take the factor:
+    /// a float constant, or a float runtime tensor that does not grow with the batch (the
+    /// dynamic scale products, `x_scale · w_scale`, one or one per channel).
+    fn shift_foldable(&self, c: &Ctx, name: &str) -> bool {
+        let other = c.n.input.iter().find(|n| n.as_str() != name);
+        match other.and_then(|o| self.vals.get(o)) {
+            Some(Val::F(_)) => true,
+            Some(Val::Dyn(d)) => d.shapes[0] == d.shapes[1],
+            _ => false,
+        }
+    }
+
+    /// The operand `(name, value)` of a Mul node, with the factor of a shifted other operand
+    /// folded into it (see [`Importer::carry_shifts`]): `x · 2^-p · (s · 2^p)` is `x · s`,
+    /// exactly at f32, and in range at fp16.
+    pub(super) fn shifted_operand(
+        &mut self,
+        c: &Ctx,
+        name: &str,
+        v: Val,
+        other: &str,
+    ) -> Result<(String, Val)> {
+        let Some(&f) = self.quant.shifts.get(other) else {
+            return Ok((name.to_string(), v));
+        };
+        if self.quant.shifts.contains_key(name) {
+            return Err(c.bad("internal: both operands of a Mul are shifted"));
+        }
+        let fc = self.qconst(c, "unshift", Arr::scalar(f));
+        self.qbin(c, Binary::Mul, (name.to_string(), v), fc, "scale_unshifted")
+    }
+
+    /// Restores the shifted runtime tensor `name` (`· 2^p`) for a reader that cannot take the
+    /// factor, or a graph output. At fp16 the restored integers may exceed its range again.
+    pub(super) fn unshift(&mut self, name: &str, f: f32) -> Result<()> {
+        self.quant.shifts.remove(name);
+        let Some(Val::Dyn(d)) = self.vals.get(name).cloned() else {
+            return Ok(());
+        };
+        let k = self.g.add_constant(
+            format!("{name}/unshift"),
+            ir::Tensor {
+                shape: vec![],
+                data: vec![f],
+            },
+        );
+        let id = self
+            .g
+            .add_op(
+                format!("{name}/unshifted"),
+                Op::Binary(Binary::Mul),
+                &[d.id, k],
+            )
+            .map_err(|e| self.invalid(e.to_string()))?;
+        self.vals.insert(
+            name.to_string(),
+            Val::Dyn(Dyn {
+                id,
+                shapes: d.shapes,
+            }),
+        );
+        Ok(())
+    }
+
+    /// Restores every shifted graph output (see [`Importer::unshift`]).
+    pub(super) fn unshift_outputs(&mut self, outputs: &[String]) -> Result<()> {
+        for name in outputs {
+            if let Some(&f) = self.quant.shifts.get(name) {
+                self.unshift(name, f)?;
+            }
+        }
+        Ok(())
     }
 
     /// Records that the runtime outputs of node `n` hold integers of type `t`.
@@ -1033,7 +1163,13 @@ impl Importer<'_> {
             .map(|(i, &q)| q - wz[if wz.len() == 1 { 0 } else { i / per.max(1) }])
             .collect();
         // The accumulator's bound, to scale it into fp16's range (exactly: a power of two).
+        // ConvInteger's input arrives centred on a zero point that may be known only at run
+        // time: `|x − z|` is then at most the type's span.
         let xmax = match xt {
+            Some(IntType::Q(t)) if requant.is_none() => {
+                let (lo, hi) = t.range();
+                (hi - lo) as f64
+            }
             Some(IntType::Q(t)) => {
                 let (lo, hi) = t.range();
                 (lo - xz).abs().max((hi - xz).abs()) as f64
@@ -1044,11 +1180,7 @@ impl Importer<'_> {
         let bmax = bias
             .as_ref()
             .map_or(0.0, |b| b.iter().fold(0f64, |a, v| a.max(v.abs())));
-        let shift = if requant.is_some() {
-            Self::shift_for(per as f64 * xmax * wmax + bmax)
-        } else {
-            1.0
-        };
+        let shift = Self::shift_for(per as f64 * xmax * wmax + bmax);
         let wk = self.qconst(
             c,
             "weight",
@@ -1065,7 +1197,10 @@ impl Importer<'_> {
         let Some((xs, ws, ys, yt, yz)) = requant else {
             let out = self.out_name(c, 0);
             let v = self.emit(c, op, &ins, vec![out.clone()])?.remove(0);
-            self.quant.ints.insert(out, IntType::Int32);
+            self.quant.ints.insert(out.clone(), IntType::Int32);
+            if shift != 1.0 {
+                self.quant.shifts.insert(out, 1.0 / shift);
+            }
             return Ok(vec![v]);
         };
         let acc = self.emit_tmp(c, op, &ins, "accumulator")?;
@@ -1255,27 +1390,43 @@ impl Importer<'_> {
         let az = self.qzp(c, 2, None, at, true)?;
         let a = self.minus_zp(c, a, az)?;
         let (b, bt) = self.qin(c, 1)?;
-        let b = match b.1 {
+        let (b, shift) = match b.1 {
             Val::F(bq) => {
                 let n = bq.shape.last().copied().unwrap_or(1);
+                let k = bq.shape.len().checked_sub(2).map_or(1, |i| bq.shape[i]);
                 let bz = self.qzp(c, 3, Some(n), bt, false)?;
                 let bz = self.zp_const(c, bz, "B")?;
-                let centred = bq
+                let centred: Vec<f32> = bq
                     .data
                     .iter()
                     .enumerate()
                     .map(|(i, &q)| q - bz[if bz.len() == 1 { 0 } else { i % n }])
                     .collect();
-                self.qconst(c, "B", Arr::new(bq.shape, centred))
+                // The accumulator's bound (A's zero point may be a runtime value: `|a − z|`
+                // is at most the type's span), to scale it into fp16's range.
+                let amax = match at {
+                    Some(IntType::Q(t)) => {
+                        let (lo, hi) = t.range();
+                        (hi - lo) as f64
+                    }
+                    _ => 65535.0,
+                };
+                let bmax = centred.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                let shift = Self::shift_for(k as f64 * amax * bmax);
+                let scaled = centred.iter().map(|v| v * shift).collect();
+                (self.qconst(c, "B", Arr::new(bq.shape, scaled)), shift)
             }
             v => {
                 let bz = self.qzp(c, 3, None, bt, true)?;
-                self.minus_zp(c, (b.0, v), bz)?
+                (self.minus_zp(c, (b.0, v), bz)?, 1.0)
             }
         };
         let out = self.out_name(c, 0);
         let v = self.emit(c, Op::MatMul, &[a, b], vec![out.clone()])?;
-        self.quant.ints.insert(out, IntType::Int32);
+        self.quant.ints.insert(out.clone(), IntType::Int32);
+        if shift != 1.0 {
+            self.quant.shifts.insert(out, 1.0 / shift);
+        }
         Ok(v)
     }
 
@@ -1307,13 +1458,17 @@ impl Importer<'_> {
         let span = self.qbin(c, Binary::Sub, hi, lo.clone(), "span")?;
         let qrange = self.qconst(c, "qrange", Arr::scalar(255.0));
         let s0 = self.qbin(c, Binary::Div, span.clone(), qrange, "scale")?;
-        // `1 − min(span · 2^100 · 2^100, 1)`: 1 for a zero span, 0 for any positive one (the
-        // least subnormal, 2^-149, reaches 2^51), so that an all-zero input gets scale 1.
-        let big = self.qconst(c, "big", Arr::scalar(2f32.powi(100)));
-        let t = self.qbin(c, Binary::Mul, span, big.clone(), "span_big")?;
-        let t = self.qbin(c, Binary::Mul, t, big, "span_big")?;
+        // `1 − t` with `t = min(t · 2^14, 1)` eleven times from the span: 1 for a zero span,
+        // 0 for any positive one (f32's least subnormal, 2^-149, reaches 2^5), so that an
+        // all-zero input gets scale 1. Every constant and step stays within fp16's range
+        // (a larger factor such as 2^100 is +inf there, and 0 · inf is NaN).
         let one = self.qconst(c, "one", Arr::scalar(1.0));
-        let t = self.qbin(c, Binary::Min, t, one.clone(), "positive")?;
+        let step = self.qconst(c, "step", Arr::scalar(2f32.powi(14)));
+        let mut t = span;
+        for _ in 0..11 {
+            let u = self.qbin(c, Binary::Mul, t, step.clone(), "span_up")?;
+            t = self.qbin(c, Binary::Min, u, one.clone(), "positive")?;
+        }
         let t = self.qbin(c, Binary::Sub, one, t, "empty")?;
         let scale_name = self.out_name(c, 1);
         let scale = self
@@ -1452,6 +1607,11 @@ impl Importer<'_> {
                 ))
             }
         };
+        // A shifted accumulator's factor goes into the scale (exact: a power of two).
+        let mut p = p;
+        if let Some(f) = self.quant.shifts.get(&c.n.input[0]) {
+            p.scales.iter_mut().for_each(|s| *s *= f);
+        }
         let x = (c.n.input[0].clone(), Val::Dyn(d));
         let k = if p.zero_points.iter().all(|z| *z == 0.0) {
             x
