@@ -181,19 +181,29 @@ fn the_guard_keeps_a_critical_apps_deadlines_beside_best_effort() {
     };
     // The critical app alone on core 0: what the machine gives it with no best effort (≈ 0 %
     // on a quiet machine; where other processes take core 0, they do with or without the
-    // guard, so protection is judged against this).
-    let alone = timeout_pct(&run(&apps[..1], &on)[0].0);
-    let (unprotected, unprotected_held): (Vec<_>, Vec<_>) = run(&apps, &off).into_iter().unzip();
-    let (protected, protected_held): (Vec<_>, Vec<_>) = run(&apps, &on).into_iter().unzip();
-    let (u, p) = (timeout_pct(&unprotected[0]), timeout_pct(&protected[0]));
-    // Unprotected, a 6 ms frame with a 15 ms neighbour on its core takes about 12 ms or more:
-    // most frames miss. Protected, the neighbour runs only where it ends before the next
-    // frame or fits its slack: no more misses than alone (two frames of 45 allowed).
-    assert!(u >= 30.0, "unprotected critical timeouts {u:.0} %");
-    assert!(
-        p <= alone.max(5.0) + 5.0,
-        "protected critical timeouts {p:.0} % (alone {alone:.0} %, unprotected {u:.0} %)"
-    );
+    // guard, so protection is judged against this). The three runs are sequential, so a load
+    // that comes or goes between them moves `alone` and `protected` apart (a full `cargo test`
+    // on 2 cores: alone 0 %, protected 15 %, once in about ten suites): the comparison is
+    // tried up to three times, and a guard that does not protect fails all three.
+    let mut tries = Vec::new();
+    let (unprotected, unprotected_held, protected, protected_held) = loop {
+        let alone = timeout_pct(&run(&apps[..1], &on)[0].0);
+        let (unprotected, unprotected_held): (Vec<_>, Vec<_>) =
+            run(&apps, &off).into_iter().unzip();
+        let (protected, protected_held): (Vec<_>, Vec<_>) = run(&apps, &on).into_iter().unzip();
+        let (u, p) = (timeout_pct(&unprotected[0]), timeout_pct(&protected[0]));
+        // Unprotected, a 6 ms frame with a 15 ms neighbour on its core takes about 12 ms or
+        // more: most frames miss. Protected, the neighbour runs only where it ends before the
+        // next frame or fits its slack: no more misses than alone (two frames of 45 allowed).
+        if u >= 30.0 && p <= alone.max(5.0) + 5.0 {
+            break (unprotected, unprotected_held, protected, protected_held);
+        }
+        tries.push(format!(
+            "critical timeouts: unprotected {u:.0} % (at least 30 asked), protected {p:.0} % \
+             (alone {alone:.0} %)"
+        ));
+        assert!(tries.len() < 3, "{tries:#?}");
+    };
     assert!(unprotected.iter().all(|s| s.held.is_none()));
     assert!(
         !unprotected_held.contains(&true),
