@@ -1,6 +1,6 @@
 //! `isolane coexec`: the co-execution study (issue 17 item 5, docs/coexec.md). The jobs file
 //! and flags → an `isolane_runtime::coexec::StudyConfig` (`isolane_session::studies::coexec`,
-//! which also runs the study); each run is `run`'s own `measure` (`cmd::studies::StudyRuns`).
+//! which also runs the study); each run is `run`'s own `measure` (`isolane_session::study_runs::StudyRuns`).
 
 use std::path::PathBuf;
 
@@ -73,8 +73,9 @@ fn config(a: &CoexecArgs) -> anyhow::Result<StudyConfig> {
 pub fn run(a: CoexecArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let c = config(&a)?;
     let runs = super::studies::StudyRuns {
+        machine: &super::studies::Executors,
         quiet: a.quiet,
-        partitions: &a.partitions,
+        choices: a.partitions.choices(),
         engine,
     };
     coexec::check(&c, &runs).map_err(super::studies::study_error)?;

@@ -1,6 +1,6 @@
 //! `isolane interference`: the interference matrix (issue 14). Flags → a
 //! `isolane_runtime::interference::MatrixConfig`; `isolane_session::studies::interference` runs
-//! the matrix, each cell through `run`'s own `measure` (`cmd::studies::StudyRuns`).
+//! the matrix, each cell through `run`'s own `measure` (`isolane_session::study_runs::StudyRuns`).
 
 use std::path::PathBuf;
 
@@ -172,8 +172,9 @@ fn model_path(model: &str) -> anyhow::Result<String> {
 pub fn run(a: InterferenceArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let c = config(&a)?;
     let runs = super::studies::StudyRuns {
+        machine: &super::studies::Executors,
         quiet: a.quiet,
-        partitions: &a.partitions,
+        choices: a.partitions.choices(),
         engine,
     };
     interference::check(&c, &runs).map_err(super::studies::study_error)?;

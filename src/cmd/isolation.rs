@@ -63,7 +63,7 @@ pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyho
             out: args.out.as_deref(),
             force: args.force,
             quiet: args.quiet,
-            partitions: &args.partitions,
+            choices: args.partitions.choices(),
             engine,
         },
         live.as_ref().map(|l| &l.metrics),

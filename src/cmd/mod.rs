@@ -227,8 +227,3 @@ impl PartitionFlags {
         }
     }
 }
-
-/// A session's error at the CLI's edge: a refused partition request is the user's (exit 2).
-pub fn session_error(e: isolane_session::SessionError) -> anyhow::Error {
-    blame!(e)
-}

@@ -9,7 +9,6 @@ use isolane_core::flag_values::{
     at_least_one, factor, fraction, seconds_or_none, seconds_within_a_day,
 };
 use isolane_core::spec::Scenario;
-pub use isolane_report::admission::rejection_text;
 
 use super::user;
 

@@ -1,89 +1,59 @@
-//! The studies' runs (`isolane_session::studies`) made by `isolane run`'s own path.
+//! The studies' runs (`isolane_session::study_runs`) and `plan --auto`'s, with the machine layer
+//! (`isolane_executors::machine`) lent to them.
 
 use std::path::Path;
 
 use isolane_core::admission::AdmissionOptions;
 use isolane_core::spec::Scenario;
-use isolane_runtime::coordinator::RunPlan;
-use isolane_session::studies::{Failure, Ran, RunError, Runs, StudyError};
+use isolane_session::run_path::Machine;
 
-/// A failure as a study records it: its whole text, and whether it is the user's.
-pub fn failure(e: anyhow::Error) -> Failure {
-    Failure {
-        text: format!("{e:#}"),
-        user: e
-            .chain()
-            .any(|c| c.downcast_ref::<super::UserError>().is_some()),
-    }
-}
-
-/// A study's failure at the CLI's edge: the user's is exit code 2.
-pub fn failure_error(f: Failure) -> anyhow::Error {
-    if f.user {
-        super::user(f)
-    } else {
-        anyhow::Error::new(f)
-    }
-}
-
-/// A study's error at the CLI's edge: the user's is exit code 2.
-pub fn study_error(e: StudyError) -> anyhow::Error {
-    blame!(e)
-}
+pub use isolane_session::study_runs::{failure, failure_error, study_error, StudyRuns};
 
 pub use isolane_executors::machine::builtin_names;
 
-/// `coexec`'s and `interference`'s runs: `run`'s `measure`, then the run folder's files.
-pub struct StudyRuns<'a> {
-    pub quiet: bool,
-    pub partitions: &'a super::PartitionFlags,
-    pub engine: &'a isolane_runtime::exec::Engine,
-}
+/// This machine, as the session's runs ask about it.
+pub struct Executors;
 
-impl Runs for StudyRuns<'_> {
-    fn models(&self) -> Vec<&'static str> {
+impl Machine for Executors {
+    fn admit(
+        &self,
+        scenario: &Scenario,
+        name: &str,
+        options: &AdmissionOptions,
+    ) -> anyhow::Result<Option<isolane_core::admission::Plan>> {
+        super::admit_or_refuse_with(scenario, name, options)
+    }
+
+    fn memory_estimates(&self, scenario: &Scenario) -> Vec<Option<u64>> {
+        super::memory_estimates_mib(scenario)
+    }
+
+    fn memory_profiles(
+        &self,
+        scenario: &Scenario,
+        l2_bytes: u64,
+    ) -> Vec<Option<isolane_core::predict::MemoryProfile>> {
+        isolane_executors::foresee::memory_profiles(scenario, l2_bytes)
+    }
+
+    fn busy_host_note(&self, workload: &str, cache_dir: &Path) -> Option<String> {
+        use isolane_executors::machine::{busy_host_note, load_average};
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        busy_host_note(workload, load_average(), cores, cache_dir)
+    }
+
+    fn builtin_names(&self) -> Vec<&'static str> {
         builtin_names()
     }
 
-    fn admit(&self, s: &Scenario, name: &str, options: &AdmissionOptions) -> Result<(), Failure> {
-        super::admit_or_refuse_with(s, name, options)
-            .map(drop)
-            .map_err(failure)
-    }
-
-    fn measure(
+    fn foresee(
         &self,
-        command: &'static str,
-        s: &Scenario,
+        scenario: &Scenario,
         name: &str,
-        dir: &Path,
-        options: &AdmissionOptions,
-    ) -> Result<Ran, RunError> {
-        let admitted = super::admit_or_refuse_with(s, name, options)
-            .map_err(|e| RunError::Measuring(failure(e)))?;
-        let plan = RunPlan::from_scenario(s);
-        let m = super::run::measure(super::run::Request {
-            command,
-            scenario: s,
-            scenario_name: name.to_string(),
-            admitted: admitted.as_ref(),
-            plan: &plan,
-            out: Some(dir),
-            force: true,
-            quiet: self.quiet,
-            partitions: self.partitions,
-            engine: self.engine,
-        })
-        .map_err(|e| RunError::Measuring(failure(e)))?;
-        super::run::write_run_files(&m).map_err(|e| RunError::Writing(failure(e)))?;
-        super::run::report_failures(&m.summary);
-        Ok(Ran {
-            result: m.result,
-            summary: m.summary,
-        })
-    }
-
-    fn say(&self, line: &str) {
-        eprintln!("{line}");
+        say: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<()> {
+        Ok(isolane_executors::foresee::foresee_or_refuse(
+            scenario, name, say,
+        )?)
     }
 }

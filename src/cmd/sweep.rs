@@ -1,7 +1,7 @@
 //! `isolane sweep partition|concurrency`: one results folder holding `sweep.json` and one
 //! ordinary run folder per point. The points are built and run by
 //! `isolane_session::studies::sweep` (scenarios from `isolane_runtime::sweep`); each is written
-//! into its folder and run by `isolane run`'s own code (`SweepRuns` below), so a point is
+//! into its folder and run by `isolane run`'s own path (`SweepRuns` below), so a point is
 //! exactly a run (admission, partitions, telemetry included).
 
 use std::path::{Path, PathBuf};
@@ -12,6 +12,7 @@ use clap::{Args, Subcommand};
 use isolane_core::results::SweepIndex;
 use isolane_core::spec::Scenario;
 use isolane_runtime::coordinator::RunPlan;
+use isolane_session::run_path;
 use isolane_session::studies::sweep::{self as study, Point, PointRuns};
 use isolane_session::studies::Failure;
 
@@ -191,29 +192,6 @@ fn common(c: &Common) -> study::SweepCommon {
     }
 }
 
-/// `isolane run`'s arguments for one point (its scenario is given as a value).
-fn run_args(out: &Path, c: &Common) -> super::run::RunArgs {
-    super::run::RunArgs {
-        scenario: None,
-        out: Some(out.to_path_buf()),
-        force: true,
-        quiet: c.quiet,
-        backend: None,
-        cpu: false,
-        // Each point's scenario carries its workloads' own `plan_check`.
-        no_plan_check: false,
-        wide: false,
-        trace: false,
-        // The sweep serves one endpoint for all its points (`run_points`).
-        metrics_addr: None,
-        json: false,
-        partitions: super::PartitionFlags {
-            join_mps: c.join_mps,
-            ..Default::default()
-        },
-    }
-}
-
 fn run_points(
     index: SweepIndex,
     points: Vec<Point>,
@@ -265,14 +243,22 @@ impl PointRuns for SweepRuns<'_> {
 
     fn run(&self, s: Scenario, name: String, dir: &Path) -> Result<u8, Failure> {
         let live = self.live.get().and_then(Option::as_ref);
-        super::run::run_scenario(
-            s,
-            name,
-            &run_args(dir, self.common),
-            self.engine,
-            live.map(|l| &l.metrics),
-        )
-        .map_err(super::studies::failure)
+        let flags = run_path::ScenarioRun {
+            machine: &super::studies::Executors,
+            out: Some(dir),
+            force: true,
+            quiet: self.common.quiet,
+            // Each point's scenario carries its workloads' own `plan_check`.
+            no_plan_check: false,
+            choices: isolane_session::PartitionChoices {
+                join_mps: self.common.join_mps,
+                ..Default::default()
+            },
+            engine: self.engine,
+        };
+        run_path::run_scenario(s, name, &flags, live.map(|l| &l.metrics))
+            .and_then(|(s, m)| run_path::report(&super::device_title(&s), &m, false, false))
+            .map_err(super::studies::failure)
     }
 
     fn say(&self, line: &str) {

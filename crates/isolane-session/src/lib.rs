@@ -16,14 +16,17 @@
 //! It sits above `isolane-runtime` (which knows nothing of GPUs) and `isolane-gpu` (which
 //! knows nothing of workloads' hosts), so that neither depends on the other.
 
+pub mod auto_bench;
 pub mod checks;
 pub mod live;
 pub mod maxrate;
 pub mod progress;
 pub mod rebuild;
+pub mod run_path;
 pub mod search;
 pub mod signals;
 pub mod studies;
+pub mod study_runs;
 pub mod telemetry;
 pub mod verify;
 
