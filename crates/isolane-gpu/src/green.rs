@@ -169,6 +169,12 @@ pub struct DriverSmInfo {
 pub fn device_sm_info(device_index: u32) -> Result<DriverSmInfo> {
     let dev = driver::device(device_index)?;
     loader::require_cuda_symbols(&["cuDeviceGetDevResource"], GREEN_HINT)?;
+    let (_, sm) = device_sm_resource(dev)?;
+    Ok(DriverSmInfo::of(&sm))
+}
+
+/// The device's whole SM resource as the driver fills it in, and its SM part.
+fn device_sm_resource(dev: sys::CUdevice) -> Result<(sys::CUdevResource, sys::CUdevSmResource)> {
     let mut full = zeroed_resource();
     // SAFETY: valid out-pointer to a zeroed CUdevResource; dev from cuDeviceGet.
     check("cuDeviceGetDevResource", unsafe {
@@ -179,11 +185,17 @@ pub fn device_sm_info(device_index: u32) -> Result<DriverSmInfo> {
         )
     })?;
     let sm = sm_part(&full)?;
-    Ok(DriverSmInfo {
-        sm_count: sm.smCount,
-        min_partition_sms: sm.minSmPartitionSize,
-        coscheduled_alignment: sm.smCoscheduledAlignment,
-    })
+    Ok((full, sm))
+}
+
+impl DriverSmInfo {
+    fn of(sm: &sys::CUdevSmResource) -> DriverSmInfo {
+        DriverSmInfo {
+            sm_count: sm.smCount,
+            min_partition_sms: sm.minSmPartitionSize,
+            coscheduled_alignment: sm.smCoscheduledAlignment,
+        }
+    }
 }
 
 pub(crate) const GREEN_HINT: &str =
@@ -397,21 +409,8 @@ impl DeviceSms {
         let dev = driver::device(device_index)?;
         loader::require_cuda_symbols(GREEN_SYMBOLS, GREEN_HINT)?;
         let primary = Arc::new(PrimaryContext::retain(dev)?);
-        let mut full = zeroed_resource();
-        // SAFETY: valid out-pointer to a zeroed CUdevResource.
-        check("cuDeviceGetDevResource", unsafe {
-            sys::cuDeviceGetDevResource(
-                dev,
-                &mut full,
-                sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
-            )
-        })?;
-        let sm = sm_part(&full)?;
-        let info = DriverSmInfo {
-            sm_count: sm.smCount,
-            min_partition_sms: sm.minSmPartitionSize,
-            coscheduled_alignment: sm.smCoscheduledAlignment,
-        };
+        let (full, sm) = device_sm_resource(dev)?;
+        let info = DriverSmInfo::of(&sm);
         Ok(DeviceSms {
             dev,
             primary,
