@@ -1073,6 +1073,18 @@ impl Importer<'_> {
         2f32.powi(-p)
     }
 
+    /// Constant integer weights less their zero point (`zp[channel(i)]` for element `i`, or
+    /// the one zero point), and the largest magnitude among them (the accumulator's bound).
+    fn centred(q: &[f32], zp: &[f32], channel: impl Fn(usize) -> usize) -> (Vec<f32>, f64) {
+        let centred: Vec<f32> = q
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v - zp[if zp.len() == 1 { 0 } else { channel(i) }])
+            .collect();
+        let max = centred.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+        (centred, max)
+    }
+
     fn qlinear_conv(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let (x, xt) = self.qin(c, 0)?;
         let xs = self.qscale(c, 1, None)?[0];
@@ -1156,12 +1168,7 @@ impl Importer<'_> {
         let per: usize = w.shape[1..].iter().product();
         let op = self.conv_op(c, &x.1, &Val::F(w.clone()))?;
         let x = self.minus_zp(c, x, Zp::Const(vec![xz]))?;
-        let centred: Vec<f32> = w
-            .data
-            .iter()
-            .enumerate()
-            .map(|(i, &q)| q - wz[if wz.len() == 1 { 0 } else { i / per.max(1) }])
-            .collect();
+        let (centred, wmax) = Self::centred(&w.data, wz, |i| i / per.max(1));
         // The accumulator's bound, to scale it into fp16's range (exactly: a power of two).
         // ConvInteger's input arrives centred on a zero point that may be known only at run
         // time: `|x − z|` is then at most the type's span.
@@ -1176,7 +1183,6 @@ impl Importer<'_> {
             }
             _ => 65535.0,
         };
-        let wmax = centred.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
         let bmax = bias
             .as_ref()
             .map_or(0.0, |b| b.iter().fold(0f64, |a, v| a.max(v.abs())));
@@ -1288,12 +1294,7 @@ impl Importer<'_> {
                 let bs = self.qscale(c, 4, Some(n))?;
                 let bz = self.qzp(c, 5, Some(n), bt, false)?;
                 let bz = self.zp_const(c, bz, "B")?;
-                let centred: Vec<f32> = bq
-                    .data
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &q)| q - bz[if bz.len() == 1 { 0 } else { i % n }])
-                    .collect();
+                let (centred, bmax) = Self::centred(&bq.data, &bz, |i| i % n);
                 let amax = match at {
                     Some(IntType::Q(t)) => {
                         let (lo, hi) = t.range();
@@ -1305,7 +1306,6 @@ impl Importer<'_> {
                     }
                     _ => 65535.0,
                 };
-                let bmax = centred.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
                 let shift = Self::shift_for(k as f64 * amax * bmax + bias_max);
                 let bk = self.qconst(
                     c,
@@ -1396,12 +1396,7 @@ impl Importer<'_> {
                 let k = bq.shape.len().checked_sub(2).map_or(1, |i| bq.shape[i]);
                 let bz = self.qzp(c, 3, Some(n), bt, false)?;
                 let bz = self.zp_const(c, bz, "B")?;
-                let centred: Vec<f32> = bq
-                    .data
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &q)| q - bz[if bz.len() == 1 { 0 } else { i % n }])
-                    .collect();
+                let (centred, bmax) = Self::centred(&bq.data, &bz, |i| i % n);
                 // The accumulator's bound (A's zero point may be a runtime value: `|a − z|`
                 // is at most the type's span), to scale it into fp16's range.
                 let amax = match at {
@@ -1411,7 +1406,6 @@ impl Importer<'_> {
                     }
                     _ => 65535.0,
                 };
-                let bmax = centred.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
                 let shift = Self::shift_for(k as f64 * amax * bmax);
                 let scaled = centred.iter().map(|v| v * shift).collect();
                 (self.qconst(c, "B", Arr::new(bq.shape, scaled)), shift)
