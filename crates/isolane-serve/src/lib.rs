@@ -636,6 +636,7 @@ fn spawn_instance(
                 }
             };
             let setup = ctx.instances.guard_setup(index).cloned();
+            let warm_median = median(&warm);
             let info = ModelInfo {
                 name: spec.name.clone(),
                 source: spec.model.clone(),
@@ -659,7 +660,7 @@ fn spawn_instance(
                     isolane_runtime::affinity::available_cores()
                 },
                 sms,
-                warm_service: Duration::from_nanos(median(&warm).max(0) as u64),
+                warm_service: Duration::from_nanos(warm_median.max(0) as u64),
                 pieces: exec.pieces(),
             };
             let criticality = spec.criticality.name();
@@ -668,7 +669,7 @@ fn spawn_instance(
                     model.stats.describe((&words, criticality), sms);
                     model.set_info(info);
                     let instance = model.next_instance();
-                    let took = model.take_over(instance, median(&warm).max(0), requested);
+                    let took = model.take_over(instance, warm_median.max(0), requested);
                     model.stats.set_ready(true);
                     (model, instance, Some(took))
                 }
@@ -684,7 +685,7 @@ fn spawn_instance(
                         ) => Some(Arc::new(CriticalPublisher::new(
                             Arc::clone(g),
                             *slot,
-                            median(&warm),
+                            warm_median,
                             *stretch,
                         ))),
                         _ => None,
