@@ -6,13 +6,18 @@
 #   device: (carry ["stage"])  bash scripts/levers-h200.sh [a|b|c|all]
 #
 # Three trios, each two critical CNNs (a light one in 24 SMs, a heavier one in 48) at LOAD
-# (0.75) of their capacity alone in their partition, deadline 1.3 x their p99 alone there
-# (DEADLINE_BASE=together: 1.3 x their p99 in the victims-only run), beside a transformer flat
-# out as best effort in 48 SMs (scripts/protection_study.py; fp16, green contexts, thread host):
+# (0.75) of their capacity alone in their partition, beside a transformer flat out as best
+# effort in 48 SMs (scripts/protection_study.py; fp16, green contexts, thread host), under both
+# of the deadlines (DEADLINE_BASE=both, the default: 1.3 x each p99 alone in its
+# partition, then 1.3 x its p99 in the victims-only run, the median of its repeats; alone or
+# together for one):
 #   a  resnet18:24 + resnet50:48, best effort vit_l_32:48   (the light/heavy CNN case)
 #   b  mobilenet_v2:24 + convnext_base:48, best effort vit_b_16:48
 #   c  mobilenet_v2:24 + resnet50:48, best effort vit_l_32:48
-# Variants (VARIANTS, default both,share,slack; VARIANTS_A for trio a alone): both (guard +
+# Variants (VARIANTS, default share,share@25; VARIANTS_A for trio a alone; VARIANT@N: with
+# best-effort pieces of N µs instead of 100, e.g. share@25: pieces short enough to fit the
+# gaps between a light CNN's jobs, ~85 µs for resnet18 at 75 %, where a 100 µs piece never
+# fits; docs/criticality.md "Levers"): both (guard +
 # priorities: the default protection), share (+ share: the sharing guard, session 21: each
 # best-effort piece charged the delay the fitted model predicts for what is left of each critical
 # job it overlaps, times the gain that job's workload measures on its own jobs (overlapped vs
@@ -21,8 +26,14 @@
 # start, whole, while one without runs), and on request none (unprotected), l2
 # (+ l2_persist_mib = L2_MIB), levers (all three). protection_study.py runs the baselines first
 # in the same call: each victim alone at its rate, and victims-only (both, no best effort).
-# Each point once (REPEATS=1), DURATION_S (2) s a run, about 15 s a run with its builds: about
-# 2.5 min a trio on green (9 runs), about 4.5 min with MECHANISMS=green,mps.
+# Each row REPEATS times (3; the victims-only baseline too: on the H200 it moved from 2.44 to
+# 0.02 % between two calls), the median and the spread (min-max) reported; repeat by repeat,
+# so that BUDGET_S (240 s for a trio, its alone runs included: no run starts after it) cuts
+# repeats, never whole rows; the rows not run are listed. DURATION_S (2) s a run, up to about
+# 15 s a run with its builds: 20 runs a trio with the defaults (3 alone, 2 each-victim-alone,
+# 3 victims-only, 2 variants x 2 deadlines x 3). One trio a step of scripts/session-gpu.sh
+# (levers-a, levers-b, levers-c; levers-mps: trio a under MPS, MECHANISMS=mps), each under
+# 5 minutes.
 # Before the comparisons, each workload's alone run is written into the profile cache (as
 # `plan --auto` would measure it), so that admission's prediction (`[protection] admission`,
 # on by default) has each p99 alone: the victims-only and trio runs then say, in their logs,
@@ -100,18 +111,24 @@ PY
 }
 
 study() { # name victims best-effort variants
+    # Another mechanism's study of the same trio keeps its own folder (trio a on green and
+    # under MPS in one session).
     local name=$1 dir=$results/$1
+    [ "$mechs" = green ] || { name=$1-${mechs//,/-} && dir=$results/$name; }
+    local began=$SECONDS
     local common=(--out "$dir" --victims "$2" --best-effort "$3" --mechanisms "$mechs"
-        --load "${LOAD:-0.75}" --deadline-base "${DEADLINE_BASE:-alone}"
-        --duration "${DURATION_S:-2}" --repeats "${REPEATS:-1}" --l2-mib "${L2_MIB:-24}"
+        --load "${LOAD:-0.75}" --deadline-base "${DEADLINE_BASE:-both}"
+        --duration "${DURATION_S:-2}" --repeats "${REPEATS:-3}" --l2-mib "${L2_MIB:-24}"
         --isolane "$bin" --backend "${BACKEND:-cuda}")
     echo "=== trio $name: $2 beside $3 ($4)"
     # The alone runs first (no variants), into the cache, then the comparison reusing them.
     python3 scripts/protection_study.py "${common[@]}" --alone-only \
         >"$dir.alone.log" 2>&1 || { tail -n 20 "$dir.alone.log"; return 1; }
     cache_profiles "$dir" | tee -a "$dir.alone.log"
+    local left=$((${BUDGET_S:-240} - (SECONDS - began)))
     python3 scripts/protection_study.py "${common[@]}" --variants "$4" --skip-alone \
-        >"$dir.log" 2>&1 || { tail -n 20 "$dir.log"; return 1; }
+        --budget-s "$((left > 1 ? left : 1))" >"$dir.log" 2>&1 ||
+        { tail -n 20 "$dir.log"; return 1; }
     { echo "## Trio $name: $2, best effort $3"; echo; sed 1d "$dir/protection.md"; echo; } \
         >>"$out/levers.md"
     cp "$dir/protection.csv" "$out/$name-protection.csv"
@@ -121,7 +138,7 @@ study() { # name victims best-effort variants
 mkdir -p "$results"
 : >"$out/levers.md"
 rc=0
-variants=${VARIANTS:-both,share,slack}
+variants=${VARIANTS:-share,share@25}
 [ "$which" = a ] || [ "$which" = all ] &&
     { study a resnet18:24,resnet50:48 vit_l_32:48 "${VARIANTS_A:-$variants}" || rc=1; }
 [ "$which" = b ] || [ "$which" = all ] &&

@@ -23,13 +23,19 @@ Steps (every number is measured in this run, nothing is typed in):
                  `stretch` key), and priorities: its p99 execution time in the first `none`
                  run over that in the victims-only baseline (what best effort adds to what
                  the critical set does to itself, which the guard's service estimate has)
-     each --repeats times (a short-kernel model's stretch is fixed per run: interference.md);
+     each --repeats times (a short-kernel model's stretch is fixed per run: interference.md),
+     the victims-only baseline too (on the H200 it moved from 2.44 to 0.02 % between two
+     calls); repeat by repeat, so that a study cut short by --budget-s still has every row;
+     `VARIANT@N` runs VARIANT with best-effort pieces of N µs (piece_us) instead of
+     --piece-us, e.g. share@25: pieces short enough to fit the gaps between critical jobs;
+     --deadline-base both runs the variants under each deadline (alone, then together);
   3. tradeoff: --tradeoff-variants at each of --loads, under --tradeoff-mechanism.
 Every victim miss is attributed: `queued` (its job started later than the deadline allowed for
 its execution: an earlier job overran) or `slow` (its own execution took too long), and for a
 slow one whether the other victim was running meanwhile.
 Writes <out>/protection.csv (one row per run and workload), <out>/misses.csv and
-<out>/protection.md (tables: per run, and the median / worst over repeats).
+<out>/protection.md (tables: the median and the spread, min-max, over repeats), rewritten after
+every run.
 Python >= 3.7, standard library only.
 """
 
@@ -41,6 +47,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 TOTAL_SMS = 132
 
@@ -79,10 +86,14 @@ def parse_args():
     p.add_argument("--best-effort", default="vit_l_32:48", help="model:sms")
     p.add_argument("--load", type=float, default=0.75)
     p.add_argument("--slack", type=float, default=1.3)
-    p.add_argument("--deadline-base", choices=["alone", "together"], default="alone",
+    p.add_argument("--deadline-base", choices=["alone", "together", "both"], default="alone",
                    help="the p99 the deadline multiplies: each victim alone in its partition, "
                    "or in the victims-only baseline of the same point (the critical set "
-                   "together, without best effort)")
+                   "together, without best effort: the median over its repeats), or both "
+                   "(the variants run under each)")
+    p.add_argument("--budget-s", type=float, default=0,
+                   help="start no run after this many seconds (0: no limit); the rows left "
+                   "out are listed in protection.md")
     p.add_argument("--mechanisms", default="green,mps,timeslice")
     p.add_argument("--variants", default="none,pri,guard,both,stretch")
     p.add_argument("--repeats", type=int, default=3)
@@ -100,10 +111,20 @@ def parse_args():
                    help="reuse <out>/alone.json from an earlier run of this script")
     args = p.parse_args()
     unknown = [v for v in args.variants.split(",") + args.tradeoff_variants.split(",")
-               if v not in VARIANTS]
+               if lever(v)[0] not in VARIANTS or lever(v)[1] == 0]
     if unknown:
-        p.error(f"unknown variant(s) {unknown}; allowed: {', '.join(VARIANTS)}")
+        p.error(f"unknown variant(s) {unknown}; allowed: {', '.join(VARIANTS)}, each "
+                "optionally @N for pieces of N µs (N >= 20)")
     return args
+
+
+def lever(variant):
+    """(variant, piece µs or None) of `share@25`; (name, 0) for a piece length that is not
+    an integer of at least 20 µs (the scenario's bound)."""
+    name, at, us = variant.partition("@")
+    if not at:
+        return name, None
+    return name, int(us) if us.isdigit() and int(us) >= 20 else 0
 
 
 def binary(args):
@@ -151,11 +172,12 @@ def scenario_toml(args, mech, workloads, variant="none", stretch=None):
         device = f'[device]\nbackend = "cuda"\nmechanism = "{mech}"\nhost = "{host}"\n'
     else:
         device = '[device]\nbackend = "cpu"\nhost = "thread"\n'
+    variant, piece_us = lever(variant)
     enabled, guard, priorities, with_stretch = VARIANTS[variant]
     flag = lambda b: "true" if b else "false"
     prot = (f"[protection]\nenabled = {flag(enabled)}\nguard = {flag(guard)}\n"
             f"priorities = {flag(priorities)}\n"
-            f"piece_us = {args.piece_us}\nmargin_us = {args.margin_us}\n")
+            f"piece_us = {piece_us or args.piece_us}\nmargin_us = {args.margin_us}\n")
     prot += "".join(k.format(l2=args.l2_mib) + "\n" for k in LEVER_KEYS.get(variant, []))
     if with_stretch and stretch:
         workloads = [dict(w, stretch=stretch.get(w["name"])) for w in workloads]
@@ -239,6 +261,10 @@ class Study:
         self.deadlines = {}
         self.rows = []
         self.misses = []
+        # The victims-only runs' folders, to score them against the together deadline too.
+        self.victims_only = {}
+        self.started = time.time()
+        self.skipped = []
 
     def measure_alone(self):
         path = os.path.join(self.args.out, "alone.json")
@@ -264,11 +290,20 @@ class Study:
                      deadline_ms=self.args.slack * self.alone[mech][v["name"]]["p99"])
                 for v in self.victims]
 
-    def one(self, study, mech, load, label, rep, workloads, variant="none", stretch=None):
-        folder = os.path.join(self.args.out, study, f"{mech}-load{round(load * 100)}-{label}",
-                              f"r{rep}")
+    def one(self, study, mech, load, label, rep, workloads, variant="none", stretch=None,
+            base="alone"):
+        if self.args.budget_s and time.time() - self.started > self.args.budget_s:
+            self.skipped.append(f"{mech} {base} {label} r{rep}")
+            print(f"over --budget-s {self.args.budget_s:.0f}: {self.skipped[-1]} not run",
+                  flush=True)
+            return
+        tag = "" if base == "alone" else "-" + base
+        folder = os.path.join(self.args.out, study,
+                              f"{mech}-load{round(load * 100)}-{label}{tag}", f"r{rep}")
         s = run(self.exe, folder, scenario_toml(self.args, mech, workloads, variant, stretch))
         run_dir = os.path.join(folder, "run")
+        if label == "victims-only":
+            self.victims_only[(study, mech, load, rep)] = run_dir
         names = [w["name"] for w in workloads if w.get("criticality") != "best_effort"]
         deadlines = {w["name"]: w["deadline_ms"] for w in workloads if w.get("deadline_ms")}
         blame = attribute(run_dir, names, deadlines)
@@ -283,7 +318,7 @@ class Study:
             held = w.get("held") or {}
             is_be = name == self.be["name"]
             self.rows.append(dict(
-                study=study, mechanism=mech, load=load, variant=label, repeat=rep,
+                study=study, mechanism=mech, load=load, base=base, variant=label, repeat=rep,
                 workload=name, criticality=w.get("criticality", ""),
                 jobs=w["jobs"], timeout_pct=w["timeout_pct"],
                 p50_ms=w["latency_ms"]["p50"], p99_ms=w["latency_ms"]["p99"],
@@ -295,8 +330,32 @@ class Study:
                 stretch=(stretch or {}).get(name, ""),
                 predicted_miss=int(name in warned)))
             if name in blame:
-                self.misses.append(dict(study=study, mechanism=mech, load=load, variant=label,
-                                        repeat=rep, workload=name, **blame[name]))
+                self.misses.append(dict(study=study, mechanism=mech, load=load, base=base,
+                                        variant=label, repeat=rep, workload=name,
+                                        **blame[name]))
+        self.write(quiet=True)
+
+    def rescore_victims_only(self, study, mech, load, deadlines):
+        """The victims-only runs (no best effort: the guard has nothing to hold) scored against
+        the together deadline, as rows of that base."""
+        for (st, m, ld, rep), run_dir in sorted(self.victims_only.items()):
+            if (st, m, ld) != (study, mech, load):
+                continue
+            for r in [r for r in self.rows if r["base"] == "alone" and r["repeat"] == rep
+                      and (r["study"], r["mechanism"], r["load"], r["variant"])
+                      == (study, mech, load, "victims-only")]:
+                name = r["workload"]
+                with open(os.path.join(run_dir, "jobs", name + ".csv")) as f:
+                    lat = [float(j["end_ms"]) - float(j["release_ms"]) if j["end_ms"]
+                           else float("inf") for j in csv.DictReader(f)]
+                late = sum(1 for x in lat if x > deadlines[name])
+                self.rows.append(dict(r, base="together",
+                                      timeout_pct=100.0 * late / max(1, len(lat))))
+            blame = attribute(run_dir, list(deadlines), deadlines)
+            for name, n in blame.items():
+                self.misses.append(dict(study=study, mechanism=mech, load=load,
+                                        base="together", variant="victims-only", repeat=rep,
+                                        workload=name, **n))
 
     def exec_p99(self, study, mech, load, variant, rep=0):
         """Each critical workload's execution p99 (ms) in one run of this point."""
@@ -314,21 +373,40 @@ class Study:
 
     def compare(self, study, mech, load, variants, baselines):
         vs = self.victims_at(mech, load)
-        if baselines or self.args.deadline_base == "together":
+        bases = (["alone", "together"] if self.args.deadline_base == "both"
+                 else [self.args.deadline_base])
+        # The baselines first, the victims-only one repeated: the together deadline is the
+        # median of its p99s, and the row itself moved between calls on the H200.
+        if baselines:
             for v in vs:
                 self.one(study, mech, load, f"only-{v['name']}", 0, [v])
-            self.one(study, mech, load, "victims-only", 0, vs)
-        if self.args.deadline_base == "together":
-            together = {r["workload"]: r["p99_ms"] for r in self.rows
-                        if (r["study"], r["mechanism"], r["load"], r["variant"])
-                        == (study, mech, load, "victims-only")}
-            vs = [dict(v, deadline_ms=self.args.slack * together[v["name"]]) for v in vs]
-            self.deadlines[(study, mech, load)] = {v["name"]: v["deadline_ms"] for v in vs}
+        if baselines or "together" in bases:
+            for rep in range(self.args.repeats):
+                self.one(study, mech, load, "victims-only", rep, vs)
+        by_base = {"alone": vs}
+        if "together" in bases:
+            p99s = {}
+            for r in self.rows:
+                if (r["study"], r["mechanism"], r["load"], r["variant"], r["base"]) \
+                        == (study, mech, load, "victims-only", "alone"):
+                    p99s.setdefault(r["workload"], []).append(r["p99_ms"])
+            if len(p99s) < len(vs):
+                self.skipped.append(f"{mech} together: no victims-only run, no deadline")
+                bases.remove("together")
+            else:
+                dl = {n: self.args.slack * statistics.median(p) for n, p in p99s.items()}
+                by_base["together"] = [dict(v, deadline_ms=dl[v["name"]]) for v in vs]
+                self.deadlines[(study, mech, load)] = dl
+                self.rescore_victims_only(study, mech, load, dl)
+        # Repeat by repeat, each base and variant once in each: a study cut short by
+        # --budget-s has fewer repeats of every row rather than no row of some.
         for rep in range(self.args.repeats):
-            for variant in variants:
-                stretch = (self.victim_stretches(study, mech, load) if variant == "stretch"
-                           else None)
-                self.one(study, mech, load, variant, rep, vs + [self.be], variant, stretch)
+            for base in bases:
+                for variant in variants:
+                    stretch = (self.victim_stretches(study, mech, load) if variant == "stretch"
+                               else None)
+                    self.one(study, mech, load, variant, rep, by_base[base] + [self.be],
+                             variant, stretch, base=base)
 
     def main(self):
         os.makedirs(self.args.out, exist_ok=True)
@@ -345,7 +423,7 @@ class Study:
                          self.args.tradeoff_variants.split(","), baselines=False)
         self.write()
 
-    def write(self):
+    def write(self, quiet=False):
         out = self.args.out
         for name, rows in (("protection.csv", self.rows), ("misses.csv", self.misses)):
             if rows:
@@ -355,7 +433,8 @@ class Study:
                     wr.writerows(rows)
         with open(os.path.join(out, "protection.md"), "w") as f:
             f.write(markdown(self))
-        print(open(os.path.join(out, "protection.md")).read())
+        if not quiet:
+            print(open(os.path.join(out, "protection.md")).read())
 
 
 def markdown(st):
@@ -364,17 +443,22 @@ def markdown(st):
     out = [f"# Criticality protection ({a.backend}, {a.precision})", "",
            f"Critical victims at {a.load:.0%} of their alone-in-partition capacity (trade-off: "
            f"other loads), deadline {a.slack} x their p99 "
-           + ("alone" if a.deadline_base == "alone" else
-              "in the victims-only baseline (both victims at that load, no best effort; the "
-              "baselines' own timeouts count against the alone deadline)")
+           + {"alone": "alone",
+              "together": "in the victims-only baseline (both victims at that load, no best "
+              "effort: the median of its repeats' p99; the baselines' own timeouts count "
+              "against the alone deadline unless the row's base says together)",
+              "both": "alone (base `alone`) and, in rows of base `together`, x their p99 in "
+              "the victims-only baseline (the median of its repeats' p99; its runs scored "
+              "against both)"}[a.deadline_base]
            + f"; best effort `{be}` flat out; "
            f"pieces of {a.piece_us} µs, margin {a.margin_us} µs; {a.duration} s per run, "
-           f"{a.repeats} repeats. Variants: none (unprotected), pri (priorities only), guard "
+           f"{a.repeats} repeats (each cell: median [min-max] over them). Variants: none (unprotected), pri (priorities only), guard "
            "(guard only, full-stall model), both (guard + priorities, the default), stretch "
            "(guard with each victim's own stretch by best effort: p99 execution time in the first "
            "unprotected run over the victims-only baseline's, + priorities); slack / share / l2: "
            "both + `slack_order` / `share` / `l2_persist_mib` (issue 34's levers), levers: all "
-           "three; victims-only / only-X: the baselines without best effort.", "",
+           "three; VARIANT@N: with pieces of N µs; victims-only / only-X: the baselines without "
+           "best effort.", "",
            "| mechanism | workload | alone capacity /s | alone p99 ms | alone exec p99 ms |",
            "| --- | --- | --- | --- | --- |"]
     for mech, ws in st.alone.items():
@@ -390,37 +474,43 @@ def markdown(st):
     for study in ("compare", "tradeoff"):
         keys = []
         for r in st.rows:
-            k = (r["mechanism"], r["load"], r["variant"])
+            k = (r["mechanism"], r["load"], r["base"], r["variant"])
             if r["study"] == study and k not in keys:
                 keys.append(k)
         if not keys:
             continue
-        out += ["", f"## {study}: median (worst) over repeats", "",
-                "| mechanism | load | variant | runs | " + " | ".join(
+        out += ["", f"## {study}: median [min-max] over repeats", "",
+                "| mechanism | load | deadline base | variant | runs | " + " | ".join(
                     f"{v} timeouts %" for v in victims) + " | victim max ms | best effort "
                 "of alone | misses queued / slow (beside the other victim) | admission "
                 "predicted a miss of |",
-                "| --- | --- | --- | --- |" + " --- |" * len(victims) + " --- | --- | --- | --- |"]
+                "| --- | --- | --- | --- | --- |" + " --- |" * len(victims)
+                + " --- | --- | --- | --- |"]
         for k in keys:
             rs = [r for r in st.rows if r["study"] == study
-                  and (r["mechanism"], r["load"], r["variant"]) == k]
+                  and (r["mechanism"], r["load"], r["base"], r["variant"]) == k]
             runs = sorted({r["repeat"] for r in rs})
             cells = []
             for v in victims:
                 t = [r["timeout_pct"] for r in rs if r["workload"] == v]
-                cells.append(f"{statistics.median(t):.2f} ({max(t):.2f})" if t else "—")
+                cells.append(f"{statistics.median(t):.2f} [{min(t):.2f}-{max(t):.2f}]"
+                             if t else "—")
             mx = [r["max_ms"] for r in rs if r["workload"] in victims]
             b = [r["of_alone"] for r in rs if r["workload"] == be]
             ms = [m for m in st.misses if m["study"] == study
-                  and (m["mechanism"], m["load"], m["variant"]) == k]
+                  and (m["mechanism"], m["load"], m["base"], m["variant"]) == k]
             q = sum(m["queued"] for m in ms)
             s = sum(m["slow"] for m in ms)
             sv = sum(m["slow_beside_victim"] for m in ms)
             warned = sorted({r["workload"] for r in rs if r.get("predicted_miss")})
-            out.append(f"| {k[0]} | {k[1]:.2f} | {k[2]} | {len(runs)} | " + " | ".join(cells) +
-                       f" | {max(mx):.2f} | " +
-                       (f"{statistics.median(b):.0%} ({min(b):.0%})" if b else "—") +
+            out.append(f"| {k[0]} | {k[1]:.2f} | {k[2]} | {k[3]} | {len(runs)} | "
+                       + " | ".join(cells) + f" | {max(mx):.2f} | " +
+                       (f"{statistics.median(b):.1%} [{min(b):.1%}-{max(b):.1%}]" if b
+                        else "—") +
                        f" | {q} / {s} ({sv}) | {', '.join(warned) or '—'} |")
+    if st.skipped:
+        out += ["", f"Not run (over --budget-s {a.budget_s:.0f} s, or no baseline): "
+                + ", ".join(st.skipped) + "."]
     return "\n".join(out) + "\n"
 
 

@@ -18,7 +18,8 @@
 #   qop       scripts/qop-h200.sh: QOperator fixtures on cuda against the CPU and onnxruntime
 #   onepath   scripts/one-run-path-h200.sh: run and serve --release through one session
 #   apps      the apps GPU test: an app in a green context, with its trace
-#   levers-a, levers-b, levers-c   scripts/levers-h200.sh's trios
+#   levers-a, levers-b, levers-c   scripts/levers-h200.sh's trios (green, both deadlines, 3 repeats)
+#   levers-mps   trio a under MPS
 #   sms       a green partition resized while serving (scripts/mps_resize_check.py --key sms)
 #   replan    scripts/replan-h200.sh run: fixed, ctl and --autoplan under a changing load
 #   overhead  scripts/serve-bench.sh run --steps inproc,overhead
@@ -65,7 +66,8 @@ for s in "$@"; do
     onepath) step onepath 300 env OUT="$work/onepath" ISOLANE_BIN="$isolane" bash scripts/one-run-path-h200.sh ;;
     int8) step int8 300 env OUT="$work/int8" ISOLANE_BIN="$isolane" bash scripts/int8-h200.sh ;;
     apps) step apps 150 stage/tests/isolane--apps an_app_runs_in_a_green_context_on_the_gpu --ignored --nocapture ;;
-    levers-a | levers-b | levers-c) step "$s" 330 env OUT="$work/$s" ISOLANE_BIN="$isolane" bash scripts/levers-h200.sh "${s#levers-}" ;;
+    levers-a | levers-b | levers-c) step "$s" 300 env OUT="$work/$s" ISOLANE_BIN="$isolane" bash scripts/levers-h200.sh "${s#levers-}" ;;
+    levers-mps) step "$s" 300 env OUT="$work/$s" ISOLANE_BIN="$isolane" MECHANISMS=mps bash scripts/levers-h200.sh a ;;
     sms)
         site
         step sms 150 python3 scripts/mps_resize_check.py --isolane "$isolane" \
