@@ -15,6 +15,9 @@
 #   quantgemm isolane-cuda's GPU test: the int8/fp8 tensor-core path against the exact reference
 #   int8      scripts/int8-h200.sh: fp16 against int8 and fp8 (needs torch there)
 #   plans     scripts/predict-h200.sh plans (SCENARIOS=... to pick): the first plan's hit rate
+#   plans-1, plans-2  the same in two calls of under 5 minutes (batch-1 scenarios, then the
+#             batched ones); before plans-2, extract plans-1's predict.tar.gz (from steps.tgz)
+#             in the repository so that its profiles and verdicts travel
 #   qop       scripts/qop-h200.sh: QOperator fixtures on cuda against the CPU and onnxruntime
 #   onepath   scripts/one-run-path-h200.sh: run and serve --release through one session
 #   apps      the apps GPU test: an app in a green context, with its trace
@@ -62,6 +65,13 @@ for s in "$@"; do
     int8test) step int8test 150 stage/tests/isolane-cuda--gpu calibrated_int8_and_fp8_models_run_on_the_gpu --ignored --nocapture ;;
     quantgemm) step quantgemm 200 stage/tests/isolane-cuda--gpu quant_gemm_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture ;;
     plans) step plans 560 env OUT="$work/plans" ISOLANE_BIN="$isolane" bash scripts/predict-h200.sh plans ;;
+    plans-1 | plans-2)
+        p=scenarios/planner
+        sc="$p/robot-arm.toml $p/endoscopy.toml $p/edge-box.toml $p/three-cameras.toml"
+        [ "$s" = plans-2 ] && sc="$p/image-service.toml $p/heavy-inspection.toml $p/inspection-line.toml $p/batch-inspection.toml"
+        step "$s" 300 env OUT="$work/$s" ISOLANE_BIN="$isolane" SCENARIOS="$sc" PROFILE_JOBS=500 \
+            TIME_BUDGET_S=200 CALL_LIMIT_S=280 bash scripts/predict-h200.sh plans
+        ;;
     qop) step qop 90 env OUT="$work/qop" ISOLANE_BIN="$isolane" bash scripts/qop-h200.sh ;;
     onepath) step onepath 300 env OUT="$work/onepath" ISOLANE_BIN="$isolane" bash scripts/one-run-path-h200.sh ;;
     int8) step int8 300 env OUT="$work/int8" ISOLANE_BIN="$isolane" bash scripts/int8-h200.sh ;;
