@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::device_model::{green_unit, place_mig_instances, DeviceModel, GreenRules, MigPlacement};
-use crate::spec::{Backend, Criticality, Mechanism, Scenario, WorkloadSpec};
+use crate::spec::{Backend, Criticality, DeviceSpec, Mechanism, Scenario, WorkloadSpec};
 
 /// What a workload gets once admitted.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -668,9 +668,26 @@ pub fn predicted_misses(
     profiles: &[Option<crate::predict::MemoryProfile>],
     alone_p99_ms: &[Option<f64>],
 ) -> Vec<PredictedMiss> {
+    misses_among(
+        &scenario.device,
+        &scenario.workloads,
+        device,
+        profiles,
+        alone_p99_ms,
+    )
+}
+
+/// [`predicted_misses`] of `workloads` on the device `spec` describes.
+fn misses_among(
+    spec: &DeviceSpec,
+    workloads: &[WorkloadSpec],
+    device: &DeviceModel,
+    profiles: &[Option<crate::predict::MemoryProfile>],
+    alone_p99_ms: &[Option<f64>],
+) -> Vec<PredictedMiss> {
     use crate::predict::{fitted, memory_system, predict, Neighbour};
     let (Some(f), Some(sys)) = (
-        fitted(device.name, scenario.device.mechanism),
+        fitted(device.name, spec.mechanism),
         memory_system(device.name),
     ) else {
         return Vec::new();
@@ -680,18 +697,18 @@ pub fn predicted_misses(
         let t = alone_p99_ms.get(i).copied().flatten()?;
         (t.is_finite() && t > 0.0).then_some((p, t))
     };
-    let on_gpu = |w: &WorkloadSpec| scenario.device.backend == Backend::Cuda && w.on_gpu();
+    let on_gpu = |w: &WorkloadSpec| spec.backend == Backend::Cuda && w.on_gpu();
     let mut misses = Vec::new();
-    for (i, w) in scenario.workloads.iter().enumerate() {
+    for (i, w) in workloads.iter().enumerate() {
         let (Some((_, alone)), true) = (known(i), on_gpu(w)) else {
             continue;
         };
         let (Some(deadline_s), Criticality::Critical) = (w.deadline_s(), w.criticality) else {
             continue;
         };
-        let gpu = w.gpu_on(&scenario.device);
-        let neighbours: Vec<Neighbour> = (scenario.workloads.iter().enumerate())
-            .filter(|&(j, o)| j != i && on_gpu(o) && o.gpu_on(&scenario.device) == gpu)
+        let gpu = w.gpu_on(spec);
+        let neighbours: Vec<Neighbour> = (workloads.iter().enumerate())
+            .filter(|&(j, o)| j != i && on_gpu(o) && o.gpu_on(spec) == gpu)
             .filter_map(|(j, o)| {
                 let (profile, exec_ms) = known(j)?;
                 Some(Neighbour {
@@ -715,6 +732,55 @@ pub fn predicted_misses(
         }
     }
     misses
+}
+
+/// One served workload as a change would leave it (or as it is), with what the prediction
+/// needs: its memory-system demand and its p99 alone in the partition it would have.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Live {
+    pub spec: WorkloadSpec,
+    pub profile: Option<crate::predict::MemoryProfile>,
+    pub alone_p99_ms: Option<f64>,
+}
+
+/// Admission of a change while serving (`isolane ctl resize/load`, `serve --autoplan`'s
+/// re-plans), beyond SMs and memory: the critical workloads that the served set `after` the
+/// change is predicted to push past their deadlines beside their neighbours, where `before`
+/// it they were predicted to meet them or to miss by less. A workload already predicted to
+/// miss by as much is not the change's doing (a change that relieves it is never refused).
+/// Warns or refuses as `[protection] admission` (`mode`) says; nothing is predicted where
+/// [`predicted_misses`] predicts nothing.
+pub fn foresee_change(
+    spec: &DeviceSpec,
+    device: &DeviceModel,
+    mode: crate::spec::AdmissionMode,
+    before: &[Live],
+    after: &[Live],
+) -> Foresight {
+    use crate::spec::AdmissionMode;
+    if mode == AdmissionMode::Off {
+        return Foresight::Clear;
+    }
+    let misses = |set: &[Live]| {
+        let workloads: Vec<WorkloadSpec> = set.iter().map(|l| l.spec.clone()).collect();
+        let profiles: Vec<_> = set.iter().map(|l| l.profile).collect();
+        let alone: Vec<_> = set.iter().map(|l| l.alone_p99_ms).collect();
+        misses_among(spec, &workloads, device, &profiles, &alone)
+    };
+    let was = misses(before);
+    // A prediction within a nanosecond of the one before is the same one.
+    let pushed: Vec<PredictedMiss> = (misses(after).into_iter())
+        .filter(|m| {
+            !was.iter().any(|b| {
+                b.workload == m.workload && b.predicted_p99_ms >= m.predicted_p99_ms - 1e-6
+            })
+        })
+        .collect();
+    match (pushed.is_empty(), mode) {
+        (true, _) | (_, AdmissionMode::Off) => Foresight::Clear,
+        (false, AdmissionMode::Warn) => Foresight::Warn(pushed),
+        (false, AdmissionMode::Refuse) => Foresight::Refuse(pushed),
+    }
 }
 
 /// What a run does before it starts about the critical deadlines predicted to miss
@@ -758,6 +824,40 @@ impl Foresight {
             out.push_str(&m.to_string());
         }
         out
+    }
+}
+
+impl Foresight {
+    /// The text of a change's foresight ([`foresee_change`]) on one line, for a refusal's
+    /// answer or the log: `what` names the change (`model `cam`: sms 48 → 16`). Empty when
+    /// clear.
+    pub fn change_text(&self, what: &str) -> String {
+        let (misses, verdict) = match self {
+            Foresight::Clear => return String::new(),
+            Foresight::Warn(m) => (
+                m,
+                "made anyway ([protection] admission = \"refuse\" refuses it, \"off\" predicts \
+                 nothing)",
+            ),
+            Foresight::Refuse(m) => (
+                m,
+                "refused by [protection] admission = \"refuse\" (\"warn\" makes it with a \
+                 warning); nothing was changed",
+            ),
+        };
+        let each: Vec<String> = misses.iter().map(|m| m.to_string()).collect();
+        let one = misses.len() == 1;
+        format!(
+            "{what}: {} critical workload{} predicted to miss {} deadline{} beside {} \
+             neighbours after it (the memory system's stretch, docs/interference.md): {}; \
+             {verdict}",
+            misses.len(),
+            if one { " is" } else { "s are" },
+            if one { "its" } else { "their" },
+            if one { "" } else { "s" },
+            if one { "its" } else { "their" },
+            each.join("; ")
+        )
     }
 }
 
@@ -1473,6 +1573,88 @@ mod tests {
         let mut ts = trio.clone();
         ts.device.mechanism = Mechanism::Timeslice;
         assert_eq!(predicted_misses(&ts, &h200, &profiles, &alone), []);
+    }
+
+    /// A change while serving, on the recorded H200 trio: loading the best-effort vit_l_32
+    /// beside the two critical models (which alone together hold) is predicted to push
+    /// vit_b_16 past its deadline, and is refused or warned of, naming the pair and the
+    /// stretch; unloading it again is never refused, nor a change that leaves a predicted
+    /// miss no worse; a deadline cut below the prediction is the change's doing.
+    #[test]
+    fn a_live_change_that_pushes_a_critical_deadline_past_the_prediction_is_refused() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../results/h200-protection/final/compare/green-load75-none/r0/scenario-in.toml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let s = Scenario::from_toml_str(
+            &text,
+            std::path::Path::new(path),
+            &["vit_b_16", "resnet18", "vit_l_32"],
+        )
+        .unwrap();
+        let (profiles, alone) = h200_trio();
+        let live: Vec<Live> = (0..3)
+            .map(|i| Live {
+                spec: s.workloads[i].clone(),
+                profile: profiles[i],
+                alone_p99_ms: alone[i],
+            })
+            .collect();
+        let h200 = device_model("h200").unwrap();
+        let (victims, trio) = (&live[..2], &live[..]);
+        let load = foresee_change(&s.device, &h200, AdmissionMode::Refuse, victims, trio);
+        let Foresight::Refuse(m) = &load else {
+            panic!("{load:?}")
+        };
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!(m[0].workload, "v0_vit_b_16");
+        assert_eq!(m[0].worst_neighbour.as_ref().unwrap().0, "be_vit_l_32");
+        let t = load.change_text("model `be_vit_l_32`: load");
+        assert!(
+            t.starts_with(
+                "model `be_vit_l_32`: load: 1 critical workload is predicted to miss its \
+                 deadline beside its neighbours after it"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("'v0_vit_b_16'") && t.contains("stretch 1.37") && t.contains("refused"),
+            "{t}"
+        );
+        assert!(!t.contains('\n'), "{t}");
+        // Warned of and made under "warn"; nothing predicted under "off".
+        assert!(matches!(
+            foresee_change(&s.device, &h200, AdmissionMode::Warn, victims, trio),
+            Foresight::Warn(w) if w == *m
+        ));
+        assert_eq!(
+            foresee_change(&s.device, &h200, AdmissionMode::Off, victims, trio),
+            Foresight::Clear
+        );
+        // Unloading it relieves vit_b_16; the same set again changes nothing.
+        for (before, after) in [(trio, victims), (trio, trio)] {
+            assert_eq!(
+                foresee_change(&s.device, &h200, AdmissionMode::Refuse, before, after),
+                Foresight::Clear
+            );
+        }
+        // A deadline cut from 1.3232 to 1.0 ms, below vit_b_16's predicted p99 beside
+        // resnet18 alone (0.999 ms × its stretch), is refused; 1.2 ms is not.
+        let cut = |ms: f64| {
+            let mut after = victims.to_vec();
+            after[0].spec.deadline_ms = Some(ms);
+            foresee_change(&s.device, &h200, AdmissionMode::Refuse, victims, &after)
+        };
+        assert!(matches!(cut(1.0), Foresight::Refuse(m) if m[0].workload == "v0_vit_b_16"));
+        assert_eq!(cut(1.2), Foresight::Clear);
+        // A neighbour with no profile in its partition is not predicted: the change is made.
+        let mut unknown = trio.to_vec();
+        unknown[2].alone_p99_ms = None;
+        assert_eq!(
+            foresee_change(&s.device, &h200, AdmissionMode::Refuse, victims, &unknown),
+            Foresight::Clear
+        );
     }
 
     /// `[protection] admission` on the same recorded trio: warn by default (the pair and the
