@@ -112,6 +112,8 @@ pub struct Outcome {
     pub p99_ns: Vec<i64>,
     /// Per critical model under a closed loop, its gain and budget at the end.
     pub learned: Vec<(f64, f64)>,
+    /// The share of the time no critical job ran (the gaps best effort can fill for free).
+    pub idle: f64,
 }
 
 /// Each critical model's deadline: `x` × its p99 alone, or × its p99 in the victims-only
@@ -143,16 +145,60 @@ pub fn trio_a(
     outliers: bool,
     truth: f64,
 ) -> Outcome {
+    replay(&Replay {
+        guarding,
+        seconds,
+        deadlines,
+        outliers,
+        truth,
+        ..Replay::default()
+    })
+}
+
+/// One replay's set-up: [`trio_a`]'s arguments, best effort's piece length and the critical
+/// models' release phases.
+#[derive(Clone, Copy)]
+pub struct Replay {
+    pub guarding: Guarding,
+    pub seconds: f64,
+    pub deadlines: Deadlines,
+    pub outliers: bool,
+    pub truth: f64,
+    /// Best effort's job is split into this many pieces (vit_l_32's ~0.95 ms: 10 of ~95 µs).
+    pub pieces: i64,
+}
+
+impl Default for Replay {
+    fn default() -> Replay {
+        Replay {
+            guarding: Guarding::VictimsOnly,
+            seconds: 1.0,
+            deadlines: Deadlines::Alone(1.3),
+            outliers: false,
+            truth: 1.0,
+            pieces: 10,
+        }
+    }
+}
+
+/// Replays trio a as `r` says.
+pub fn replay(r: &Replay) -> Outcome {
+    let Replay {
+        guarding,
+        seconds,
+        deadlines,
+        outliers,
+        truth,
+        pieces,
+    } = *r;
     let deadline = |k: usize, p99_alone: i64| match deadlines {
         Deadlines::Alone(x) => (x * p99_alone as f64) as i64,
         Deadlines::Together(x) => {
-            let base = trio_a(
-                Guarding::VictimsOnly,
-                seconds,
-                Deadlines::Alone(1e3),
-                outliers,
-                truth,
-            );
+            let base = replay(&Replay {
+                guarding: Guarding::VictimsOnly,
+                deadlines: Deadlines::Alone(1e3),
+                ..*r
+            });
             (x * base.p99_ns[k] as f64) as i64
         }
     };
@@ -163,8 +209,7 @@ pub fn trio_a(
         workload("resnet50", 2411.5, 0.420),
     ];
     let be = workload("vit_l_32", 1053.2, 0.961);
-    // vit_l_32 split into pieces of about 100 µs: its job over ten.
-    let piece_ns = be.exec_ns / 10;
+    let piece_ns = be.exec_ns / pieces.max(1);
     let intensity = Intensity::of_job(&be.neighbour.profile, be.exec_ns, &sys).unwrap();
     let sharing = matches!(guarding, Guarding::Guarded(p) if p.share.is_some());
     let (looped, margin) = match guarding {
@@ -231,6 +276,7 @@ pub fn trio_a(
     let mut be_until = i64::MIN;
     let mut retry = 0i64;
     let mut busy = 0i64;
+    let mut idle_steps = 0i64;
     let mut t = 0;
     while t < end_t {
         // Starts: a released job whose workload is free.
@@ -240,6 +286,9 @@ pub fn trio_a(
                 let work = c.work(c.view.seq as u64);
                 c.running = Some((c.view.release, work));
             }
+        }
+        if crit.iter().all(|c| c.running.is_none()) {
+            idle_steps += 1;
         }
         // Progress over this step, each slowed by what runs beside it.
         let be_on = piece_end.is_some() && guarding != Guarding::VictimsOnly;
@@ -356,6 +405,7 @@ pub fn trio_a(
             .map(|c| (c.w.name, 100.0 * c.late as f64 / c.jobs.max(1) as f64))
             .collect(),
         best_effort: busy as f64 / end_t as f64,
+        idle: (idle_steps * STEP) as f64 / end_t as f64,
         late_seqs: crit.iter().map(|c| c.late_seqs.clone()).collect(),
         p99_ns: crit
             .iter_mut()
