@@ -43,7 +43,8 @@
 # BACKEND=cpu runs the same steps with spin stand-ins (a check of the script, not a measurement).
 # MECHANISMS (default green; green,mps adds MPS, each calibrated on its own), ISOLANE_BIN
 # (stage/isolane), RESULTS (results/h200-levers), OUT (the summary's folder, /tmp/levers).
-# Writes $OUT/levers.md (each trio's protection.md) and $OUT/<trio>-protection.csv.
+# Writes $OUT/levers.md (each trio's protection.md), $OUT/<trio>-protection.csv,
+# <trio>-misses.csv and <trio>-study.log.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -132,6 +133,9 @@ study() { # name victims best-effort variants
     { echo "## Trio $name: $2, best effort $3"; echo; sed 1d "$dir/protection.md"; echo; } \
         >>"$out/levers.md"
     cp "$dir/protection.csv" "$out/$name-protection.csv"
+    # The misses' attribution and the study's log (each run's command, in order: its timing).
+    cp "$dir/misses.csv" "$out/$name-misses.csv" 2>/dev/null
+    cp "$dir.log" "$out/$name-study.log"
     tail -n 12 "$dir/protection.md"
 }
 
