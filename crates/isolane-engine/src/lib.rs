@@ -5,6 +5,7 @@ pub mod arena;
 pub mod backend;
 pub mod calibrate;
 pub mod cpu;
+pub mod decompose;
 pub mod error;
 pub mod footprint;
 pub mod io;

@@ -37,6 +37,9 @@ pub struct PassOptions {
     pub fold_batchnorm: bool,
     pub to_linear: bool,
     pub fuse: bool,
+    /// General Gemms and reversing Slices rewritten into ops every backend lowers, first
+    /// (`crate::decompose`).
+    pub decompose: bool,
 }
 
 impl Default for PassOptions {
@@ -46,6 +49,7 @@ impl Default for PassOptions {
             fold_batchnorm: true,
             to_linear: true,
             fuse: true,
+            decompose: true,
         }
     }
 }
@@ -58,14 +62,20 @@ pub fn optimize(g: &Graph, batch: usize) -> Result<Graph> {
 /// Runs the selected passes.
 pub fn optimize_with(g: &Graph, batch: usize, opts: PassOptions) -> Result<Graph> {
     g.validate()?;
+    let budget = fold_budget(g);
+    let g = if opts.decompose {
+        crate::decompose::general_forms(g, batch)?
+    } else {
+        g.clone()
+    };
     let mut p = Rewriter {
         dead: vec![false; g.nodes.len()],
         shapes: g.infer_shapes(batch)?,
-        g: g.clone(),
+        g,
     };
     p.bypass_identities();
     if opts.fold_constants {
-        p.fold_constants(batch, fold_budget(g))?;
+        p.fold_constants(batch, budget)?;
     }
     if opts.fold_batchnorm {
         p.fold_batchnorm();
@@ -661,7 +671,7 @@ impl Rewriter {
     }
 }
 
-fn transpose2(w: &Tensor) -> Tensor {
+pub(crate) fn transpose2(w: &Tensor) -> Tensor {
     let (r, c) = (w.shape[0], w.shape[1]);
     let mut d = vec![0.0; r * c];
     for i in 0..r {
