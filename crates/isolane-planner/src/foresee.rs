@@ -1,11 +1,20 @@
-//! What admission's prediction before a run (`[protection] admission`,
-//! `isolane_core::admission::foresee`) takes from the profile cache: each workload's p99
-//! execution time alone in its partition, as `plan --auto` measured it on this GPU.
+//! What admission's prediction (`isolane_core::admission::foresee` before a run,
+//! `foresee_change` for a change while serving; `[protection] admission`) takes from the
+//! profile cache: each workload's p99 execution time alone in its partition, as `plan --auto`
+//! measured it on this GPU.
 
-use isolane_core::spec::{Mechanism, PartitionSpec, Scenario};
+use std::collections::HashMap;
+
+use isolane_core::admission::{foresee_change, Foresight, Live};
+use isolane_core::device_model::DeviceModel;
+use isolane_core::predict::{fitted, memory_system, MemoryProfile};
+use isolane_core::spec::{
+    AdmissionMode, Backend, Mechanism, PartitionSpec, Scenario, WorkloadSpec,
+};
 
 use crate::auto::workload_ids;
 use crate::cache::{DeviceRecord, ProfileCache, ProfileKey};
+use crate::offline::WorkloadId;
 
 /// The partition as the cache's file names label it (`48` SMs, `25` %, `1g.10gb`); `None`
 /// for a mechanism without partitions of its own (time-slicing) or a partition without its
@@ -19,10 +28,33 @@ fn label(mechanism: Mechanism, p: &PartitionSpec) -> Option<String> {
     }
 }
 
+/// One workload's p99 execution time alone in `partition` (ms), from `cache`'s profile of
+/// the GPU and driver `record` names measured by the engine of `revision` (a profile of
+/// another revision ran another engine's kernels, as the planner also judges).
+fn alone_in(
+    cache: &ProfileCache,
+    record: &DeviceRecord,
+    mechanism: Mechanism,
+    id: &WorkloadId,
+    partition: &PartitionSpec,
+    revision: Option<u32>,
+) -> Option<f64> {
+    let key = ProfileKey {
+        gpu: record.gpu.clone(),
+        driver: record.driver.clone(),
+        model: id.model.clone(),
+        batch: id.batch,
+        precision: id.precision.clone(),
+        mechanism: mechanism.name().into(),
+        partition: label(mechanism, partition)?,
+    };
+    let t = cache.get(&key)?;
+    t.measured_by(revision).then_some(t.exec_p99_ms)
+}
+
 /// Each workload's p99 execution time alone in its partition (ms) from `cache`'s profiles of
-/// the GPU and driver `record` names, measured by the engine of `revision` (a profile of
-/// another revision ran another engine's kernels, as the planner also judges); `None` where
-/// no such profile is kept, for a workload on the CPU and a partition without a size.
+/// the GPU and driver `record` names, measured by the engine of `revision`; `None` where no
+/// such profile is kept, for a workload on the CPU and a partition without a size.
 pub fn alone_p99_ms(
     cache: &ProfileCache,
     record: &DeviceRecord,
@@ -35,19 +67,103 @@ pub fn alone_p99_ms(
             if !w.on_gpu() {
                 return None;
             }
-            let key = ProfileKey {
-                gpu: record.gpu.clone(),
-                driver: record.driver.clone(),
-                model: id.model,
-                batch: id.batch,
-                precision: id.precision,
-                mechanism: mechanism.name().into(),
-                partition: label(mechanism, &w.partition)?,
-            };
-            let t = cache.get(&key)?;
-            t.measured_by(revision).then_some(t.exec_p99_ms)
+            alone_in(cache, record, mechanism, &id, &w.partition, revision)
         })
         .collect()
+}
+
+/// Admission of a change while serving, from what the server was started with: each served
+/// workload's memory-system demand (its model's, which no change alters) and the cache's
+/// profiles of this GPU, read again for each change (a partition's new size has its own).
+pub struct LiveForesight {
+    scenario: Scenario,
+    device: DeviceModel,
+    cache: ProfileCache,
+    record: DeviceRecord,
+    revision: Option<u32>,
+    /// Per served workload, by name: its model as the cache keys it, and its demand.
+    served: HashMap<String, (WorkloadId, Option<MemoryProfile>)>,
+}
+
+impl LiveForesight {
+    /// The foresight of `scenario`'s changes on `device`; `memory` gives a workload's
+    /// memory-system demand on a GPU with this L2 (bytes). `None` where nothing would ever be
+    /// predicted: `[protection] admission = "off"`, no GPU workload, or no fitted model for
+    /// the device and mechanism (then no demand is computed).
+    pub fn new(
+        scenario: &Scenario,
+        device: DeviceModel,
+        cache: ProfileCache,
+        record: DeviceRecord,
+        revision: Option<u32>,
+        memory: &dyn Fn(&WorkloadSpec, u64) -> Option<MemoryProfile>,
+    ) -> Option<LiveForesight> {
+        let on_gpu = scenario.device.backend == Backend::Cuda
+            && scenario.workloads.iter().any(|w| w.on_gpu());
+        if scenario.protection.admission == AdmissionMode::Off || !on_gpu {
+            return None;
+        }
+        fitted(device.name, scenario.device.mechanism)?;
+        let sys = memory_system(device.name)?;
+        let served = (scenario.workloads.iter().zip(workload_ids(scenario)))
+            .map(|(w, id)| (w.name.clone(), (id, memory(w, sys.l2_bytes))))
+            .collect();
+        Some(LiveForesight {
+            scenario: scenario.clone(),
+            device,
+            cache,
+            record,
+            revision,
+            served,
+        })
+    }
+
+    /// What `[protection] admission` says of the served set becoming `after` from `before`
+    /// (each the loaded workloads, the changed one as it is and as it would be).
+    pub fn foresee(&self, before: &[WorkloadSpec], after: &[WorkloadSpec]) -> Foresight {
+        let live =
+            |set: &[WorkloadSpec]| -> Vec<Live> { set.iter().map(|w| self.live(w)).collect() };
+        foresee_change(
+            &self.scenario.device,
+            &self.device,
+            self.scenario.protection.admission,
+            &live(before),
+            &live(after),
+        )
+    }
+
+    /// The served workloads that a prediction cannot include as they are in `set` (no profile
+    /// alone in their partition, or no demand for their model), by name.
+    pub fn unknown(&self, set: &[WorkloadSpec]) -> Vec<String> {
+        (set.iter())
+            .filter(|w| w.on_gpu())
+            .map(|w| (w, self.live(w)))
+            .filter(|(_, l)| l.profile.is_none() || l.alone_p99_ms.is_none())
+            .map(|(w, _)| w.name.clone())
+            .collect()
+    }
+
+    fn live(&self, w: &WorkloadSpec) -> Live {
+        let (profile, alone) = match self.served.get(&w.name) {
+            Some((id, profile)) => (
+                *profile,
+                alone_in(
+                    &self.cache,
+                    &self.record,
+                    self.scenario.device.mechanism,
+                    id,
+                    &w.partition,
+                    self.revision,
+                ),
+            ),
+            None => (None, None),
+        };
+        Live {
+            spec: w.clone(),
+            profile,
+            alone_p99_ms: alone,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -96,5 +212,109 @@ mod tests {
             ..record
         };
         assert_eq!(alone_p99_ms(&cache, &other, &s, None), [None, None, None]);
+    }
+
+    /// `ctl load` of the best-effort vit_l_32 beside the two critical models of the recorded
+    /// H200 trio (results/h200-protection/final/compare, green-load75: each model's p99 alone
+    /// in its partition as profiles in a cache, the engine's traffic of each model from
+    /// h200-models.csv): refused under "refuse", naming the pair; its load in a partition the
+    /// cache has no profile of is not predicted, and the workload is named as unknown.
+    #[test]
+    fn a_live_load_is_refused_from_the_caches_profiles_and_the_models_traffic() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../results/h200-protection/final/compare/green-load75-none/r0/scenario-in.toml"
+        );
+        let text = std::fs::read_to_string(path).unwrap().replacen(
+            "[protection]\n",
+            "[protection]\nadmission = \"refuse\"\n",
+            1,
+        );
+        let s = Scenario::from_toml_str(
+            &text,
+            std::path::Path::new(path),
+            &["vit_b_16", "resnet18", "vit_l_32"],
+        )
+        .unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ProfileCache::new(tmp.path());
+        let record = DeviceRecord {
+            gpu: "NVIDIA H200".into(),
+            driver: "580.159.04".into(),
+            device_model: "h200".into(),
+        };
+        // The trio's p99s alone in 48, 32 and 48 SMs (its runs' alone cells).
+        for (w, p99) in s.workloads.iter().zip([0.99946, 0.345151, 1.076108]) {
+            let key = ProfileKey {
+                gpu: record.gpu.clone(),
+                driver: record.driver.clone(),
+                model: w.model.clone(),
+                batch: 1,
+                precision: "fp16".into(),
+                mechanism: "green".into(),
+                partition: w.partition.sms.unwrap().to_string(),
+            };
+            let t = crate::cache::Times {
+                exec_p50_ms: p99,
+                exec_p99_ms: p99,
+                exec_mean_ms: p99,
+                exec_p999_ms: Some(p99),
+                engine_revision: Some(4),
+            };
+            cache.put(&key, &record, &t).unwrap();
+        }
+        let csv = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../isolane-core/src/predict/h200-models.csv"
+        ))
+        .unwrap();
+        let memory = |w: &WorkloadSpec, _l2: u64| {
+            let row: Vec<&str> = csv
+                .lines()
+                .map(|l| l.split(',').collect::<Vec<_>>())
+                .find(|r| r[0] == w.model && r[2] == "1")?
+                .clone();
+            Some(MemoryProfile {
+                dram_bytes_per_job: row[7].parse().ok()?,
+                l2_footprint_bytes: row[8].parse().ok()?,
+                resident: row[9] == "true",
+                flops_per_job: row[6].parse::<f64>().ok()? * 1e9,
+                source: isolane_core::predict::ProfileSource::Computed,
+            })
+        };
+        let h200 = isolane_core::device_model::device_model("h200").unwrap();
+        let live = LiveForesight::new(&s, h200.clone(), cache, record, Some(4), &memory).unwrap();
+        let (victims, trio) = (&s.workloads[..2], &s.workloads[..]);
+        let f = live.foresee(victims, trio);
+        let Foresight::Refuse(m) = &f else {
+            panic!("{f:?}")
+        };
+        assert_eq!(m[0].workload, "v0_vit_b_16");
+        assert_eq!(m[0].worst_neighbour.as_ref().unwrap().0, "be_vit_l_32");
+        assert!((1.35..1.40).contains(&m[0].stretch), "{m:?}");
+        assert_eq!(live.unknown(trio), Vec::<String>::new());
+        // In 24 SMs vit_l_32 has no profile here: nothing predicted, and it is named.
+        let mut small = trio.to_vec();
+        small[2].partition.sms = Some(24);
+        assert_eq!(live.foresee(victims, &small), Foresight::Clear);
+        assert_eq!(live.unknown(&small), ["be_vit_l_32"]);
+        // Profiles of another engine revision are not this engine's times.
+        let (c2, r2) = (ProfileCache::new(tmp.path()), live.record.clone());
+        let other = LiveForesight::new(&s, h200.clone(), c2, r2, Some(5), &memory).unwrap();
+        assert_eq!(other.foresee(victims, trio), Foresight::Clear);
+        // Nothing to predict with admission off, or on a GPU without a fitted model.
+        let off = Scenario::from_toml_str(
+            &text.replace("admission = \"refuse\"", "admission = \"off\""),
+            std::path::Path::new(path),
+            &["vit_b_16", "resnet18", "vit_l_32"],
+        )
+        .unwrap();
+        let none = |s: &Scenario, model: &str| {
+            let d = isolane_core::device_model::device_model(model).unwrap();
+            let c = ProfileCache::new(tmp.path());
+            LiveForesight::new(s, d, c, live.record.clone(), Some(4), &memory).is_none()
+        };
+        assert!(none(&off, "h200"));
+        assert!(none(&s, "h100-sxm"));
     }
 }
