@@ -1,0 +1,856 @@
+//! Convolutions: cuDNN descriptors and graph-API plans, the im2col + GEMM path, depthwise kernels, and the timed choice among them.
+
+use super::*;
+
+pub(super) struct ConvDesc {
+    pub(super) x: dnn::cudnnTensorDescriptor_t,
+    pub(super) w: dnn::cudnnFilterDescriptor_t,
+    pub(super) conv: dnn::cudnnConvolutionDescriptor_t,
+    pub(super) y: dnn::cudnnTensorDescriptor_t,
+    pub(super) algo: dnn::cudnnConvolutionFwdAlgo_t,
+    pub(super) workspace: usize,
+}
+
+impl Drop for ConvDesc {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by `conv_desc` for this value alone (null where
+        // creation had not happened yet) and is destroyed once, here. Descriptors are host
+        // objects, independent of the cuDNN handle.
+        unsafe {
+            if !self.x.is_null() {
+                dnn::cudnnDestroyTensorDescriptor(self.x);
+            }
+            if !self.y.is_null() {
+                dnn::cudnnDestroyTensorDescriptor(self.y);
+            }
+            if !self.w.is_null() {
+                dnn::cudnnDestroyFilterDescriptor(self.w);
+            }
+            if !self.conv.is_null() {
+                dnn::cudnnDestroyConvolutionDescriptor(self.conv);
+            }
+        }
+    }
+}
+
+pub(super) fn dnn_dtype(d: DType) -> dnn::cudnnDataType_t {
+    match d {
+        DType::F32 => dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+        DType::F16 => dnn::cudnnDataType_t::CUDNN_DATA_HALF,
+        DType::Bf16 => dnn::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+    }
+}
+
+/// Fewest threads for which the depthwise pair kernel (`dwconv_c2_*`) is chosen.
+pub(super) const DWC2_MIN_THREADS: usize = 1 << 17;
+
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct ConvKey {
+    pub(super) x: [usize; 4],
+    pub(super) w: [usize; 4],
+    pub(super) pads: [usize; 2],
+    pub(super) strides: [usize; 2],
+    pub(super) dil: [usize; 2],
+    pub(super) groups: usize,
+}
+
+impl ConvKey {
+    pub(super) fn of(c: &ConvStep) -> ConvKey {
+        ConvKey {
+            x: c.x_shape,
+            w: c.w_shape,
+            pads: c.pads,
+            strides: c.strides,
+            dil: c.dilations,
+            groups: c.groups,
+        }
+    }
+}
+
+/// cuDNN algorithms per convolution that the build times itself (see [`conv_descs`]).
+pub(super) const CUDNN_CANDIDATES: usize = 3;
+
+/// Descriptors for the fastest few algorithms cuDNN finds for `c`, fastest first by cuDNN's
+/// own timing.
+///
+/// cuDNN's search times each algorithm once, eagerly, often as the GPU's first work after idle,
+/// so its ranking of near-equal algorithms changes from build to build (resnet18 fp16 built at
+/// 0.35 ms in most builds and 0.59 ms in one: docs/interference.md). Its top
+/// [`CUDNN_CANDIDATES`] are therefore kept and timed again by [`time_candidates`], as graphs
+/// in alternating rounds, with the GEMM path.
+///
+/// Untimed (`ISOLANE_CUDA_SEARCH=first`, or an MPS client with part of the threads:
+/// [`BuildOptions::from_vars`]), cuDNN's own first choice only.
+pub(super) fn conv_descs(m: &CudaModel, c: &ConvStep, rec: &Recorder) -> Result<Vec<ConvDesc>> {
+    let (dtype, precision) = (rec.dtype, rec.plan.precision);
+    let (scratch, ws_cap) = (rec.scratch, rec.ws_cap);
+    let ptr = |l: Loc| rec.ptr(l);
+    let keep = if rec.options.first_choice {
+        1
+    } else {
+        CUDNN_CANDIDATES
+    };
+    let search = conv_desc(c, dtype, precision)?;
+    let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 10] =
+        // SAFETY: the perf records are plain C structs for which all-zero bytes are valid.
+        unsafe { std::mem::zeroed() };
+    let mut got = 0;
+    // SAFETY: the descriptors are live; the buffers passed to the algorithm search are the
+    // step's own (planned together with these shapes) and the scratch holds ws_cap bytes.
+    dnn_check("cudnnFindConvolutionForwardAlgorithmEx", unsafe {
+        dnn::cudnnFindConvolutionForwardAlgorithmEx(
+            m.cudnn(),
+            search.x,
+            ptr(c.x) as *const c_void,
+            search.w,
+            ptr(c.w) as *const c_void,
+            search.conv,
+            search.y,
+            ptr(c.y) as *mut c_void,
+            perf.len() as i32,
+            &mut got,
+            perf.as_mut_ptr(),
+            scratch as *mut c_void,
+            ws_cap,
+        )
+    })?;
+    let usable = perf[..got.max(0) as usize].iter().filter(|p| {
+        p.status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS
+            && p.memory <= ws_cap
+            && (precision != Precision::Fp32
+                || p.mathType != dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
+    });
+    let mut descs = Vec::with_capacity(keep);
+    let mut search = Some(search);
+    for p in usable.take(keep) {
+        let mut d = match search.take() {
+            Some(d) => d,
+            None => conv_desc(c, dtype, precision)?,
+        };
+        d.algo = p.algo;
+        d.workspace = p.memory;
+        if precision != Precision::Fp32 {
+            // SAFETY: `d.conv` is live and owned by `d`.
+            dnn_check("cudnnSetConvolutionMathType", unsafe {
+                dnn::cudnnSetConvolutionMathType(d.conv, p.mathType)
+            })?;
+        }
+        descs.push(d);
+    }
+    if descs.is_empty() {
+        return Err(EngineError::Runtime(format!(
+            "cuDNN offers no convolution algorithm for x {:?} w {:?} within a {} byte workspace",
+            c.x_shape, c.w_shape, ws_cap
+        )));
+    }
+    Ok(descs)
+}
+
+/// The descriptors of convolution `c` (algorithm not yet chosen).
+pub(super) fn conv_desc(c: &ConvStep, dtype: DType, precision: Precision) -> Result<ConvDesc> {
+    let dt = dnn_dtype(dtype);
+    let i = |v: usize| v as i32;
+    let mut d = ConvDesc {
+        x: std::ptr::null_mut(),
+        w: std::ptr::null_mut(),
+        conv: std::ptr::null_mut(),
+        y: std::ptr::null_mut(),
+        algo: dnn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        workspace: 0,
+    };
+    let fmt = if c.nhwc {
+        dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
+    } else {
+        dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW
+    };
+    let math = match precision {
+        Precision::Fp32 => dnn::cudnnMathType_t::CUDNN_FMA_MATH,
+        Precision::Tf32 => dnn::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+        Precision::Fp16 | Precision::Bf16 => dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+    };
+    // SAFETY: out-pointers are valid. The descriptors destroy themselves when `d` is dropped
+    // (here on an error, else with the model).
+    unsafe {
+        dnn_check(
+            "cudnnCreateTensorDescriptor",
+            dnn::cudnnCreateTensorDescriptor(&mut d.x),
+        )?;
+        dnn_check(
+            "cudnnCreateTensorDescriptor",
+            dnn::cudnnCreateTensorDescriptor(&mut d.y),
+        )?;
+        dnn_check(
+            "cudnnCreateFilterDescriptor",
+            dnn::cudnnCreateFilterDescriptor(&mut d.w),
+        )?;
+        dnn_check(
+            "cudnnCreateConvolutionDescriptor",
+            dnn::cudnnCreateConvolutionDescriptor(&mut d.conv),
+        )?;
+        let [n, ch, h, w] = c.x_shape;
+        dnn_check(
+            "cudnnSetTensor4dDescriptor",
+            dnn::cudnnSetTensor4dDescriptor(d.x, fmt, dt, i(n), i(ch), i(h), i(w)),
+        )?;
+        let [n, ch, h, w] = c.y_shape;
+        dnn_check(
+            "cudnnSetTensor4dDescriptor",
+            dnn::cudnnSetTensor4dDescriptor(d.y, fmt, dt, i(n), i(ch), i(h), i(w)),
+        )?;
+        let [k, cg, kh, kw] = c.w_shape;
+        dnn_check(
+            "cudnnSetFilter4dDescriptor",
+            dnn::cudnnSetFilter4dDescriptor(d.w, dt, fmt, i(k), i(cg), i(kh), i(kw)),
+        )?;
+        dnn_check(
+            "cudnnSetConvolution2dDescriptor",
+            dnn::cudnnSetConvolution2dDescriptor(
+                d.conv,
+                i(c.pads[0]),
+                i(c.pads[1]),
+                i(c.strides[0]),
+                i(c.strides[1]),
+                i(c.dilations[0]),
+                i(c.dilations[1]),
+                dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            ),
+        )?;
+        dnn_check(
+            "cudnnSetConvolutionGroupCount",
+            dnn::cudnnSetConvolutionGroupCount(d.conv, i(c.groups)),
+        )?;
+        dnn_check(
+            "cudnnSetConvolutionMathType",
+            dnn::cudnnSetConvolutionMathType(d.conv, math),
+        )?;
+    }
+    Ok(d)
+}
+
+pub(super) fn record_conv(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    err: &dyn Fn(EngineError) -> EngineError,
+    c: &ConvStep,
+) -> Result<()> {
+    let saved = rec.choices.borrow_mut().take("a convolution")?;
+    if let Some(choice) = saved {
+        return replay_conv(m, rec, caches, c, choice).map_err(err);
+    }
+    let conv_cache = &mut caches.conv;
+    // Two ways, each timed on the real buffers; the faster one is kept:
+    // cuDNN (one of its best algorithms) + our epilogue kernel, or (NHWC, one group)
+    // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
+    let paths = rec.options.conv_paths;
+    let key = ConvKey::of(c);
+    // The cuDNN candidates: the algorithm chosen for an equal convolution earlier in this
+    // build, else cuDNN's top few.
+    let cached = conv_cache.iter().find(|(k, _)| *k == key).map(|&(_, i)| i);
+    let mut dnn_descs: Vec<usize> = Vec::new();
+    if paths.tries_cudnn() || !c.gemm_capable() {
+        // (The descriptors of the algorithms that lose stay in `m.convs`, unused: a few host
+        // objects per distinct convolution, and the launches hold indices into it.)
+        let found = match cached {
+            Some(i) => Ok(vec![i]),
+            None => conv_descs(m, c, rec).map(|descs| {
+                descs
+                    .into_iter()
+                    .map(|d| {
+                        m.convs.push(d);
+                        m.convs.len() - 1
+                    })
+                    .collect()
+            }),
+        };
+        match found {
+            Ok(idxs) => dnn_descs = idxs,
+            Err(e) if !c.gemm_capable() => return Err(err(e)),
+            Err(_) => {}
+        }
+    }
+    let mut candidates: Vec<TimedPath> = dnn_descs
+        .iter()
+        .map(|&idx| {
+            let mut l = vec![Launch::Conv {
+                conv: idx,
+                x: rec.ptr(c.x),
+                w: rec.ptr(c.w),
+                y: rec.ptr(c.y),
+            }];
+            if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
+                l.push(conv_epilogue(rec, c, true, true));
+            }
+            (l, f32::INFINITY)
+        })
+        .collect();
+    // cuDNN's graph API: its heuristics' first engines, the epilogue fused where it can be.
+    let graph_first = candidates.len();
+    let graph_ptrs = ConvGraphPtrs {
+        x: rec.ptr(c.x),
+        w: rec.ptr(c.w),
+        y: rec.ptr(c.y),
+        bias: c.bias.map_or(0, &|l| rec.ptr(l)),
+        residual: c.residual.map_or(0, &|l| rec.ptr(l)),
+        workspace: 0,
+    };
+    // (Its tensors are declared 16-byte aligned.)
+    let p = &graph_ptrs;
+    let aligned = vec_aligned(&[p.x, p.w, p.y, p.bias, p.residual]);
+    let graph_spec =
+        (paths.tries_cudnn() && rec.options.cudnn_graphs && !rec.options.first_choice && aligned)
+            .then(|| ConvGraphSpec::of(c, rec.dtype, rec.plan.precision))
+            .flatten();
+    let graph_idxs = match &graph_spec {
+        Some(spec) => conv_graph_candidates(m, rec, &mut caches.conv_graph, spec),
+        None => Vec::new(),
+    };
+    for &gi in &graph_idxs {
+        let g = &m.conv_graphs[gi];
+        let mut l = vec![Launch::ConvGraph {
+            graph: gi,
+            ptrs: Box::new(graph_ptrs),
+        }];
+        if !g.fused && (c.bias.is_some() || c.residual.is_some() || c.act.is_some()) {
+            l.push(conv_epilogue(rec, c, true, true));
+        }
+        candidates.push((l, f32::INFINITY));
+    }
+    let n_dnn_all = candidates.len();
+    // The GEMM path where it is tried and could be kept (an untimed search keeps cuDNN's first
+    // choice), and where cuDNN found nothing (ISOLANE_CUDA_CONV=cudnn, an MPS client with part
+    // of the threads).
+    let gemm_may_win = paths.tries_gemm() && !rec.options.first_choice;
+    if c.gemm_capable() && (gemm_may_win || dnn_descs.is_empty()) {
+        let mut l = Vec::new();
+        let b_ptr = match c.col {
+            Some(col) => {
+                l.push(im2col_launch(rec, c, col));
+                rec.ptr(col)
+            }
+            None => rec.ptr(c.x),
+        };
+        let relu = matches!(c.act, Some(Unary::Relu));
+        let mm_key = conv_gemm_key(rec, c, relu);
+        let res_ptr = c.residual.map_or(0, &|l| rec.ptr(l));
+        let ptrs = [rec.ptr(c.w), b_ptr, res_ptr, rec.ptr(c.y)];
+        match matmul_launch(m, rec, &mut caches.mm, mm_key, ptrs) {
+            Ok(launch) => {
+                l.push(launch);
+                if c.act.is_some() && !relu {
+                    l.push(conv_epilogue(rec, c, false, false));
+                }
+                candidates.push((l, f32::INFINITY));
+            }
+            Err(e) if dnn_descs.is_empty() => return Err(err(e)),
+            Err(_) => {}
+        }
+    }
+    if !rec.options.first_choice {
+        time_candidates(m, rec, &mut candidates).map_err(err)?;
+    }
+    let n_dnn = dnn_descs.len();
+    // A path that failed to run has a NaN time, which total_cmp puts after every other.
+    let fastest =
+        |r: std::ops::Range<usize>| r.min_by(|&a, &b| candidates[a].1.total_cmp(&candidates[b].1));
+    let best_legacy = fastest(0..n_dnn);
+    if let (Some(i), None) = (best_legacy, cached) {
+        if !candidates[i].1.is_nan() {
+            conv_cache.push((key, dnn_descs[i]));
+        }
+    }
+    if let (Some(i), Some(spec)) = (fastest(graph_first..n_dnn_all), graph_spec) {
+        if !candidates[i].1.is_nan() && !caches.conv_graph.iter().any(|(s, _)| *s == spec) {
+            caches.conv_graph.push((spec, graph_idxs[i - graph_first]));
+        }
+    }
+    let best_dnn = fastest(0..n_dnn_all);
+    // The GEMM path on a tie (cuDNN's first choice when nothing was timed).
+    let chosen = match (best_dnn, candidates.len() > n_dnn_all) {
+        (Some(d), _) if rec.options.first_choice => d,
+        (Some(d), true) if candidates[d].1.total_cmp(&candidates[n_dnn_all].1).is_lt() => d,
+        (_, true) => n_dnn_all,
+        (Some(d), false) => d,
+        (None, false) => return Err(err(EngineError::Runtime("no convolution path".into()))),
+    };
+    if rec.options.search_log {
+        let times: Vec<String> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, (_, ms))| {
+                let what = if i < n_dnn {
+                    format!("cudnn algo {:?}", m.convs[dnn_descs[i]].algo)
+                } else if i < n_dnn_all {
+                    let g = &m.conv_graphs[graph_idxs[i - graph_first]];
+                    let fused = if g.fused { " fused" } else { "" };
+                    let rtc = if g.runtime_compiled {
+                        " runtime-compiled"
+                    } else {
+                        ""
+                    };
+                    format!("cudnn engine {}{fused}{rtc}", g.engine)
+                } else {
+                    "gemm".to_string()
+                };
+                format!("{what} {:.4} ms", ms)
+            })
+            .collect();
+        log_conv_search("conv", c, &times, chosen);
+    }
+    if rec.choices.borrow().recording() {
+        rec.choices.borrow_mut().note(conv_choice(
+            m,
+            &dnn_descs,
+            &graph_idxs,
+            [n_dnn, graph_first, n_dnn_all],
+            chosen,
+        ));
+    }
+    m.launches.extend(candidates.swap_remove(chosen).0);
+    Ok(())
+}
+
+/// The saved form of convolution path `chosen` among the candidates of [`record_conv`]: the
+/// legacy descriptors `dnn_descs` first, then the graph-API plans `graph_idxs` (from
+/// `graph_first` to `n_dnn_all`), then the GEMM path.
+pub(super) fn conv_choice(
+    m: &CudaModel,
+    dnn_descs: &[usize],
+    graph_idxs: &[usize],
+    [n_dnn, graph_first, n_dnn_all]: [usize; 3],
+    chosen: usize,
+) -> crate::saved::Choice {
+    if chosen < n_dnn {
+        let d = &m.convs[dnn_descs[chosen]];
+        match crate::saved::conv_math(d.conv) {
+            Some(math) => crate::saved::Choice::ConvLegacy {
+                algo: d.algo as u32,
+                math,
+            },
+            None => crate::saved::Choice::Unsaveable("cuDNN did not say a math type".into()),
+        }
+    } else if chosen < n_dnn_all {
+        let g = &m.conv_graphs[graph_idxs[chosen - graph_first]];
+        let (bias, residual) = g.reads();
+        match g.to_json() {
+            Ok(json) => crate::saved::Choice::ConvGraph {
+                json,
+                engine: g.engine,
+                fused: g.fused,
+                bias,
+                residual,
+            },
+            Err(e) => crate::saved::Choice::Unsaveable(format!(
+                "cuDNN did not serialise a graph-API plan: {e}"
+            )),
+        }
+    } else {
+        crate::saved::Choice::ConvGemm
+    }
+}
+
+/// A convolution's launches from a saved plan's choice: the one path, nothing timed.
+pub(super) fn replay_conv(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    c: &ConvStep,
+    choice: crate::saved::Choice,
+) -> Result<()> {
+    use crate::saved::Choice;
+    let has_epilogue = c.bias.is_some() || c.residual.is_some() || c.act.is_some();
+    match choice {
+        Choice::ConvLegacy { algo, math } => {
+            let (Some(algo), Some(math)) =
+                (crate::saved::conv_algo(algo), crate::saved::math_type(math))
+            else {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the saved plan holds cuDNN algorithm {algo} with math type {math}, which \
+                     cuDNN does not have"
+                )));
+            };
+            let mut d = conv_desc(c, rec.dtype, rec.plan.precision)?;
+            d.algo = algo;
+            if rec.plan.precision != Precision::Fp32 {
+                // SAFETY: `d.conv` is live and owned by `d`.
+                dnn_check("cudnnSetConvolutionMathType", unsafe {
+                    dnn::cudnnSetConvolutionMathType(d.conv, math)
+                })?;
+            }
+            let mut ws = 0usize;
+            // SAFETY: the descriptors are live; a valid out-pointer.
+            dnn_check("cudnnGetConvolutionForwardWorkspaceSize", unsafe {
+                dnn::cudnnGetConvolutionForwardWorkspaceSize(
+                    m.cudnn(),
+                    d.x,
+                    d.w,
+                    d.conv,
+                    d.y,
+                    d.algo,
+                    &mut ws,
+                )
+            })?;
+            d.workspace = ws;
+            m.convs.push(d);
+            m.launches.push(Launch::Conv {
+                conv: m.convs.len() - 1,
+                x: rec.ptr(c.x),
+                w: rec.ptr(c.w),
+                y: rec.ptr(c.y),
+            });
+            if has_epilogue {
+                m.launches.push(conv_epilogue(rec, c, true, true));
+            }
+        }
+        Choice::ConvGraph {
+            json,
+            engine,
+            fused,
+            bias,
+            residual,
+        } => {
+            // The JSON is kept in the file (it names the engine and knobs the build timed),
+            // but the plan is made again from the engine's configuration.
+            let _ = (json, bias, residual);
+            let spec = ConvGraphSpec::of(c, rec.dtype, rec.plan.precision).ok_or_else(|| {
+                EngineError::InvalidArgument(
+                    "the saved plan holds a cuDNN graph for a convolution the graph API does \
+                     not take here; build it again with `isolane build`"
+                        .into(),
+                )
+            })?;
+            let g = crate::dnn_graph::conv_graph_of_engine(
+                m.cudnn(),
+                &spec,
+                fused,
+                engine,
+                rec.ws_cap,
+            )?
+            .ok_or_else(|| {
+                EngineError::InvalidArgument(format!(
+                    "the saved plan's cuDNN engine {engine} is not offered for this \
+                     convolution here; build it again with `isolane build`"
+                ))
+            })?;
+            m.conv_graphs.push(g);
+            m.launches.push(Launch::ConvGraph {
+                graph: m.conv_graphs.len() - 1,
+                ptrs: Box::new(ConvGraphPtrs {
+                    x: rec.ptr(c.x),
+                    w: rec.ptr(c.w),
+                    y: rec.ptr(c.y),
+                    bias: c.bias.map_or(0, &|l| rec.ptr(l)),
+                    residual: c.residual.map_or(0, &|l| rec.ptr(l)),
+                    workspace: 0,
+                }),
+            });
+            if !fused && has_epilogue {
+                m.launches.push(conv_epilogue(rec, c, true, true));
+            }
+        }
+        Choice::ConvGemm if c.gemm_capable() => {
+            let b_ptr = match c.col {
+                Some(col) => {
+                    m.launches.push(im2col_launch(rec, c, col));
+                    rec.ptr(col)
+                }
+                None => rec.ptr(c.x),
+            };
+            let relu = matches!(c.act, Some(Unary::Relu));
+            let mm_key = conv_gemm_key(rec, c, relu);
+            let res_ptr = c.residual.map_or(0, &|l| rec.ptr(l));
+            let ptrs = [rec.ptr(c.w), b_ptr, res_ptr, rec.ptr(c.y)];
+            let launch = matmul_launch(m, rec, &mut caches.mm, mm_key, ptrs)?;
+            m.launches.push(launch);
+            if c.act.is_some() && !relu {
+                m.launches.push(conv_epilogue(rec, c, false, false));
+            }
+        }
+        other => {
+            return Err(EngineError::InvalidArgument(format!(
+                "the saved plan holds {other:?} for a convolution it cannot run so; build it \
+                 again with `isolane build`"
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// The search log's line for a convolution (`ISOLANE_CUDA_SEARCH_LOG`): its shapes, each
+/// candidate's time and the one kept.
+pub(super) fn log_conv_search(what: &str, c: &ConvStep, times: &[String], chosen: usize) {
+    eprintln!(
+        "search: {what} {:?} -> {:?} k{:?} s{:?}: {}; kept {chosen}",
+        c.x_shape,
+        c.y_shape,
+        &c.w_shape[2..],
+        c.strides,
+        times.join(", ")
+    );
+}
+
+/// Indices into `m.conv_graphs` of the graph-API plans to time for `spec`: the one kept for an
+/// equal convolution earlier in this build, else cuDNN's first few (none where the graph API
+/// offers none: the legacy algorithms and the GEMM path remain).
+pub(super) fn conv_graph_candidates(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    cache: &mut [(ConvGraphSpec, usize)],
+    spec: &ConvGraphSpec,
+) -> Vec<usize> {
+    if let Some(&(_, i)) = cache.iter().find(|(s, _)| s == spec) {
+        return vec![i];
+    }
+    let t0 = Instant::now();
+    let graphs = crate::dnn_graph::conv_graphs(
+        m.cudnn(),
+        spec,
+        rec.ws_cap,
+        CUDNN_CANDIDATES,
+        rec.options.cudnn_runtime_compiled,
+    )
+    .unwrap_or_else(|e| {
+        if rec.options.search_log {
+            eprintln!("search: cudnn graph for {spec:?}: {e}");
+        }
+        Vec::new()
+    });
+    if rec.options.search_log {
+        eprintln!(
+            "search: {} cudnn graph plans made in {:.1} ms",
+            graphs.len(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    let first = m.conv_graphs.len();
+    m.conv_graphs.extend(graphs);
+    (first..m.conv_graphs.len()).collect()
+}
+
+/// The pointwise pass after a cuDNN convolution (bias, residual, activation) or after its GEMM
+/// (the activation cuBLASLt's epilogue does not fuse).
+pub(super) fn conv_epilogue(
+    rec: &Recorder,
+    c: &ConvStep,
+    with_bias: bool,
+    with_res: bool,
+) -> Launch {
+    let n_out: usize = c.y_shape.iter().product();
+    pointwise_launch(
+        rec,
+        rec.ptr(c.y),
+        rec.ptr(c.y),
+        None,
+        if with_bias {
+            c.bias.map(&|l| rec.ptr(l))
+        } else {
+            None
+        },
+        if with_res {
+            c.residual.map(&|l| rec.ptr(l))
+        } else {
+            None
+        },
+        n_out,
+        c.y_shape[1],
+        if c.nhwc {
+            1
+        } else {
+            c.y_shape[2] * c.y_shape[3]
+        },
+        c.act,
+    )
+}
+
+/// The im2col kernel that lowers a convolution's input into `col` for the GEMM path.
+pub(super) fn im2col_launch(rec: &Recorder, c: &ConvStep, col: Loc) -> Launch {
+    let [n, ch, h, w] = c.x_shape;
+    let [_, _, oh, ow] = c.y_shape;
+    let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
+    let v = [
+        n,
+        h,
+        w,
+        ch,
+        oh,
+        ow,
+        kh,
+        kw,
+        c.strides[0],
+        c.strides[1],
+        c.pads[0],
+        c.pads[1],
+        c.dilations[0],
+        c.dilations[1],
+    ];
+    let vi = v.map(|s| s as i32);
+    let total = n * oh * ow * kh * kw * ch;
+    // Whole 16-byte vectors of channels: copied as they are, 32-bit indices.
+    let lanes = rec.vec_lanes();
+    let vector = ch.is_multiple_of(lanes)
+        && total / lanes <= i32::MAX as usize
+        && vec_aligned(&[rec.ptr(c.x), rec.ptr(col)]);
+    let (func, threads) = if vector {
+        ("im2col_v", total / lanes)
+    } else {
+        ("im2col", total)
+    };
+    Launch::Kernel {
+        func: rec.func(func),
+        grid: elementwise_grid(threads),
+        block: BLOCK,
+        shared: 0,
+        args: vec![
+            Arg::Ptr(rec.ptr(c.x)),
+            Arg::Ptr(rec.ptr(col)),
+            Arg::Im(Box::new(ImP { v: vi })),
+        ],
+    }
+}
+
+/// The cuBLASLt GEMM of a convolution's GEMM path: `y[n·oh·ow, M] = col · wᵀ` with the bias,
+/// ReLU and residual fused.
+pub(super) fn conv_gemm_key(rec: &Recorder, c: &ConvStep, relu: bool) -> MmKey {
+    let [n, ch, _, _] = c.x_shape;
+    let [_, _, oh, ow] = c.y_shape;
+    let (kh, kw) = (c.w_shape[2], c.w_shape[3]);
+    MmKey {
+        relu,
+        residual: c.residual.is_some(),
+        ..MmKey::linear(
+            n * oh * ow,
+            c.w_shape[0],
+            kh * kw * ch,
+            c.bias.map(&|l| rec.ptr(l)),
+        )
+    }
+}
+
+pub(super) fn record_dw_conv(m: &mut CudaModel, rec: &Recorder, c: &ConvStep) -> Result<()> {
+    let es = rec.es;
+    let (a, p0, p1) = act_code(c.act, rec.dtype);
+    let v = [
+        c.x_shape[0],
+        c.x_shape[1],
+        c.x_shape[2],
+        c.x_shape[3],
+        c.y_shape[1],
+        c.y_shape[2],
+        c.y_shape[3],
+        c.w_shape[2],
+        c.w_shape[3],
+        c.strides[0],
+        c.strides[1],
+        c.pads[0],
+        c.pads[1],
+        c.dilations[0],
+        c.dilations[1],
+        0,
+    ];
+    let mut vi = v.map(|s| s as i32);
+    vi[15] = a;
+    let n: usize = c.y_shape.iter().product();
+    // The register-window kernels: NHWC, horizontal stride and dilation 1.
+    let fast = c.nhwc && c.strides[1] == 1 && c.dilations[1] == 1;
+    // Channel pairs, 8 outputs per thread: also one filter per channel, M
+    // even and every operand 2-element aligned.
+    // `BuildOptions::depthwise_pairs` off (ISOLANE_CUDA_DW=window) keeps the 4-output kernels.
+    let pair_ok = fast
+        && rec.options.depthwise_pairs
+        && c.y_shape[1] == c.x_shape[1]
+        && c.y_shape[1].is_multiple_of(2)
+        && [Some(c.x), Some(c.w), c.bias, c.residual, Some(c.y)]
+            .iter()
+            .flatten()
+            .all(|l| rec.ptr(*l).is_multiple_of(2 * es as u64));
+    let pairs = n.div_ceil(c.y_shape[3]) / 2 * c.y_shape[3].div_ceil(kernels::DWC2_OUT);
+    // With few threads (batch 1) the 4-output kernel fills the GPU better
+    // (measured: convnext_base fp16 batch 1 1.04 ms with it, 1.21 with the
+    // pair kernel; batch 64 13.1 ms vs 10.2 ms).
+    let pair_ok = pair_ok && pairs >= DWC2_MIN_THREADS;
+    // (7×7 only: the 3×3 pair kernel, MobileNetV2's, was not measured.)
+    // The register-window kernels: 4 outputs of a row per thread.
+    let quads = n.div_ceil(c.y_shape[3]) * c.y_shape[3].div_ceil(4);
+    let (kernel, threads_older) = match (fast, c.w_shape[3]) {
+        (true, 7) if pair_ok => ("dwconv_c2_k7", pairs),
+        (true, 3) => ("dwconv_s1_k3", quads),
+        (true, 7) => ("dwconv_s1_k7", quads),
+        _ => ("dwconv", n),
+    };
+    let params = DwP {
+        v: vi,
+        p0,
+        p1,
+        whwc: c.nhwc as i32,
+        pad: 0,
+        xs: strides4(&c.x_shape, c.nhwc),
+        ys: strides4(&c.y_shape, c.nhwc),
+    };
+    let ptrs = [
+        rec.ptr(c.x),
+        rec.ptr(c.w),
+        c.bias.map_or(0, &|l| rec.ptr(l)),
+        c.residual.map_or(0, &|l| rec.ptr(l)),
+        rec.ptr(c.y),
+    ];
+    let launch = |name: &str, threads: usize| {
+        let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::Ptr(p)).collect();
+        args.push(Arg::Dw(Box::new(params)));
+        vec![Launch::Kernel {
+            func: rec.func(name),
+            grid: elementwise_grid(threads),
+            block: BLOCK,
+            shared: 0,
+            args,
+        }]
+    };
+    // The vector kernels first: where nothing is timed (an MPS client with part of the
+    // threads) the first of them is kept.
+    let (mut names, threads): (Vec<String>, Vec<usize>) =
+        dw_vec_kernels(rec, c, &ptrs).into_iter().unzip();
+    names.push(kernel.to_string());
+    let mut paths: Vec<TimedPath> = names
+        .iter()
+        .zip(threads.into_iter().chain([threads_older]))
+        .map(|(name, t)| (launch(name, t), f32::INFINITY))
+        .collect();
+    let chosen = fastest_of(m, rec, &mut paths)?;
+    if rec.options.search_log && paths.len() > 1 {
+        let times: Vec<String> = names
+            .iter()
+            .zip(&paths)
+            .map(|(name, (_, ms))| format!("{name} {ms:.4} ms"))
+            .collect();
+        log_conv_search("depthwise", c, &times, chosen);
+    }
+    m.launches.extend(paths.swap_remove(chosen).0);
+    Ok(())
+}
+
+/// The vectorised depthwise kernels (`kernels::DW_VEC_SHAPES`) that can run `c`, with their
+/// thread counts: NHWC, one filter per channel, whole 16-byte vectors of channels, horizontal
+/// dilation 1, the kernel width and horizontal stride of a compiled shape, aligned operands
+/// (`ptrs`) and 32-bit indices.
+pub(super) fn dw_vec_kernels(rec: &Recorder, c: &ConvStep, ptrs: &[u64]) -> Vec<(String, usize)> {
+    let lanes = rec.vec_lanes();
+    let [n, ch, _, _] = c.x_shape;
+    let [_, m_out, oh, ow] = c.y_shape;
+    if !c.nhwc
+        || m_out != ch
+        || !ch.is_multiple_of(lanes)
+        || c.dilations[1] != 1
+        || !vec_aligned(ptrs)
+    {
+        return Vec::new();
+    }
+    kernels::DW_VEC_SHAPES
+        .iter()
+        .filter(|&&(kw, sw, _)| kw == c.w_shape[3] && sw == c.strides[1])
+        .map(|&(kw, sw, outs)| {
+            let threads = n * oh * ow.div_ceil(outs) * (ch / lanes);
+            (kernels::dw_vec_name(kw, sw, outs), threads)
+        })
+        .filter(|&(_, threads)| threads <= i32::MAX as usize)
+        .collect()
+}

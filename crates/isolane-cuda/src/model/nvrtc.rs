@@ -1,0 +1,121 @@
+//! The device's compute capability and the NVRTC compile of kernel sources, through the disk cache.
+
+use super::*;
+
+pub(crate) fn device_arch() -> Result<(i32, i32)> {
+    let mut dev: cu::CUdevice = 0;
+    // SAFETY: valid out-pointer, a context is current.
+    cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: valid out-pointers and device.
+    unsafe {
+        cu_check(
+            "cuDeviceGetAttribute",
+            cu::cuDeviceGetAttribute(
+                &mut major,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                dev,
+            ),
+        )?;
+        cu_check(
+            "cuDeviceGetAttribute",
+            cu::cuDeviceGetAttribute(
+                &mut minor,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                dev,
+            ),
+        )?;
+    }
+    Ok((major, minor))
+}
+
+/// Compiles (or loads from the disk cache) the kernels for `dtype` and returns the cubin.
+pub(super) fn kernel_cubin(dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
+    cubin_for(kernels::source(dtype), "isolane_kernels.cu", arch)
+}
+
+/// Compiles `src` (no headers) with NVRTC for `arch`, or loads it from the disk cache.
+pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
+    let arch_s = format!("sm_{}{}", arch.0, arch.1);
+    let options = vec![
+        format!("--gpu-architecture={arch_s}"),
+        "-default-device".to_string(),
+    ];
+    let (mut vmaj, mut vmin) = (0, 0);
+    // SAFETY: valid out-pointers; libnvrtc is loaded (libs::ensure_all ran before).
+    rtc_check("nvrtcVersion", unsafe {
+        rtc::nvrtcVersion(&mut vmaj, &mut vmin)
+    })?;
+    let key = kernels::cache_key(&src, &arch_s, (vmaj, vmin), &options);
+    let dir = kernels::cache_dir();
+    if let Some(d) = &dir {
+        if let Some(c) = kernels::cache_read(d, &key) {
+            return Ok(c);
+        }
+    }
+    let csrc = CString::new(src).map_err(|e| EngineError::Runtime(e.to_string()))?;
+    let name = CString::new(file).map_err(|e| EngineError::Runtime(e.to_string()))?;
+    let copts: Vec<CString> = options
+        .iter()
+        .map(|o| CString::new(o.as_str()).expect("options have no NUL"))
+        .collect();
+    let popts: Vec<*const std::ffi::c_char> = copts.iter().map(|c| c.as_ptr()).collect();
+    let mut prog: rtc::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: the source and name strings outlive the program; no headers are passed.
+    rtc_check("nvrtcCreateProgram", unsafe {
+        rtc::nvrtcCreateProgram(
+            &mut prog,
+            csrc.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    })?;
+    // SAFETY: prog is live; the option pointers are valid NUL-terminated strings.
+    let r = unsafe { rtc::nvrtcCompileProgram(prog, popts.len() as i32, popts.as_ptr()) };
+    let result = (|| {
+        if r != rtc::nvrtcResult::NVRTC_SUCCESS {
+            let mut n = 0usize;
+            // SAFETY: prog is live; the log buffer has the size NVRTC reported.
+            let log = unsafe {
+                rtc::nvrtcGetProgramLogSize(prog, &mut n);
+                let mut buf = vec![0u8; n.max(1)];
+                rtc::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut std::ffi::c_char);
+                String::from_utf8_lossy(&buf)
+                    .trim_end_matches('\0')
+                    .to_string()
+            };
+            // A library failure with the compiler's log as its detail (an out-of-memory
+            // becomes one, as from any call).
+            let failed = rtc_check("nvrtcCompileProgram", r)
+                .err()
+                .map(|e| CudaError {
+                    detail: Some(log),
+                    ..e
+                });
+            return Err(failed.map_or_else(
+                || EngineError::Runtime("nvrtcCompileProgram failed".into()),
+                EngineError::from,
+            ));
+        }
+        let mut n = 0usize;
+        // SAFETY: prog compiled; the buffer has the size NVRTC reported.
+        unsafe {
+            rtc_check("nvrtcGetCUBINSize", rtc::nvrtcGetCUBINSize(prog, &mut n))?;
+            let mut buf = vec![0u8; n];
+            rtc_check(
+                "nvrtcGetCUBIN",
+                rtc::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char),
+            )?;
+            Ok(buf)
+        }
+    })();
+    // SAFETY: prog was created above and is destroyed once.
+    unsafe { rtc::nvrtcDestroyProgram(&mut prog) };
+    let cubin = result?;
+    if let Some(d) = &dir {
+        kernels::cache_write(d, &key, &cubin);
+    }
+    Ok(cubin)
+}

@@ -1,0 +1,343 @@
+//! Running a built model: graph launches and waits, eager issue of the launches (the plan check's replay, profiles), and host I/O through [`CompiledModel`].
+
+use super::*;
+
+impl CudaModel {
+    /// Pieces a job runs as: 1 until [`CudaModel::split`].
+    pub fn pieces(&self) -> usize {
+        self.pieces.len().max(1)
+    }
+
+    /// Runs piece `i` of a split job and waits for it (unsplit: the whole job).
+    pub fn run_piece(&mut self, i: usize) -> Result<()> {
+        let Some(exec) = self.pieces.get(i).map(CapturedGraph::exec) else {
+            return self.run();
+        };
+        make_current(self.ctx)?;
+        // SAFETY: exec and stream are live; the piece's buffers are owned by self.
+        cu_check("cuGraphLaunch", unsafe {
+            cu::cuGraphLaunch(exec, self.stream)
+        })?;
+        self.wait()
+    }
+
+    /// Device time of the forward alone (the graph without the input/output copies): the
+    /// median of `replays` replays, each timed with events, in milliseconds.
+    pub fn device_ms(&mut self, replays: usize) -> Result<f64> {
+        make_current(self.ctx)?;
+        let ev = Events::new()?;
+        let mut t = Vec::with_capacity(replays.max(1));
+        for _ in 0..replays.max(1) {
+            let exec = self
+                .compute
+                .as_ref()
+                .map_or(std::ptr::null_mut(), CapturedGraph::exec);
+            let stream = self.stream;
+            let ms = ev.time(stream, &mut || {
+                // SAFETY: exec and stream are live.
+                Ok(cu_check("cuGraphLaunch", unsafe {
+                    cu::cuGraphLaunch(exec, stream)
+                })?)
+            })?;
+            t.push(ms as f64);
+        }
+        t.sort_by(|a, b| a.total_cmp(b));
+        Ok(t[t.len() / 2])
+    }
+
+    /// Issues every launch on the stream (eagerly, or into a capture); `copies`: include the
+    /// input and output copies.
+    pub(super) fn issue(&self, copies: bool) -> Result<()> {
+        self.issue_list(&self.launches, copies)
+    }
+
+    pub(super) fn issue_list(&self, launches: &[Launch], copies: bool) -> Result<()> {
+        for l in launches {
+            if !copies && matches!(l, Launch::HtoD { .. } | Launch::DtoH { .. }) {
+                continue;
+            }
+            match l {
+                Launch::Kernel {
+                    func,
+                    grid,
+                    block,
+                    shared,
+                    args,
+                } => {
+                    let mut ps: Vec<*mut c_void> = args.iter().map(|a| a.as_ptr()).collect();
+                    // SAFETY: the argument list matches the kernel's signature (built next to
+                    // it above); every pointer is into this model's arena or weights.
+                    cu_check("cuLaunchKernel", unsafe {
+                        cu::cuLaunchKernel(
+                            self.funcs[*func],
+                            *grid,
+                            1,
+                            1,
+                            *block,
+                            1,
+                            1,
+                            *shared,
+                            self.stream,
+                            ps.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        )
+                    })?;
+                }
+                Launch::Conv { conv, x, w, y } => {
+                    let c = &self.convs[*conv];
+                    let (one, zero) = (1f32, 0f32);
+                    // SAFETY: descriptors match the buffers (planned together); the workspace
+                    // holds at least c.workspace bytes; alpha/beta are f32 as cuDNN requires
+                    // for float, half and bfloat16 data.
+                    dnn_check("cudnnConvolutionForward", unsafe {
+                        dnn::cudnnConvolutionForward(
+                            self.cudnn(),
+                            &one as *const f32 as *const c_void,
+                            c.x,
+                            *x as *const c_void,
+                            c.w,
+                            *w as *const c_void,
+                            c.conv,
+                            c.algo,
+                            self.workspace as *mut c_void,
+                            c.workspace,
+                            &zero as *const f32 as *const c_void,
+                            c.y,
+                            *y as *mut c_void,
+                        )
+                    })?;
+                }
+                Launch::ConvGraph { graph, ptrs } => {
+                    let ptrs = ConvGraphPtrs {
+                        workspace: self.workspace,
+                        ..**ptrs
+                    };
+                    // SAFETY: the plan was made for these buffers' shapes (planned together);
+                    // the workspace holds at least the plan's workspace bytes.
+                    unsafe { self.conv_graphs[*graph].execute(self.cudnn(), &ptrs) }?;
+                }
+                Launch::Matmul { mm, a, b, c, y } => {
+                    run_matmul(
+                        self.cublaslt(),
+                        &self.mms[*mm],
+                        *a,
+                        *b,
+                        *c,
+                        *y,
+                        self.mm_workspace,
+                        self.stream,
+                    )?;
+                }
+                Launch::HtoD { dst, src, bytes } => {
+                    // SAFETY: src is a pinned host buffer of `bytes` owned by this model; dst
+                    // is its staging storage in the arena.
+                    cu_check("cuMemcpyHtoDAsync", unsafe {
+                        cu::cuMemcpyHtoDAsync_v2(*dst, *src, *bytes, self.stream)
+                    })?;
+                }
+                Launch::DtoH { dst, src, bytes } => {
+                    // SAFETY: as above, in the other direction.
+                    cu_check("cuMemcpyDtoHAsync", unsafe {
+                        cu::cuMemcpyDtoHAsync_v2(*dst, *src, *bytes, self.stream)
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the launches one by one (not the graph), each timed with events: (step name,
+    /// what ran, milliseconds), in order. For finding slow steps; allocates.
+    pub fn profile(&mut self) -> Result<Vec<(String, String, f64)>> {
+        make_current(self.ctx)?;
+        let ev = Events::new()?;
+        let mut out = Vec::new();
+        for (i, l) in self.launches.iter().enumerate() {
+            let what = match l {
+                Launch::Kernel { func, .. } => KERNEL_NAMES
+                    .iter()
+                    .chain(HALF_KERNEL_NAMES)
+                    .nth(*func)
+                    .map_or_else(|| format!("kernel {func}"), |k| k.to_string()),
+                Launch::Conv { conv, .. } => format!("cudnn algo {:?}", self.convs[*conv].algo),
+                Launch::ConvGraph { graph, .. } => {
+                    format!("cudnn engine {}", self.conv_graphs[*graph].engine)
+                }
+                Launch::Matmul { .. } => "cublasLt".to_string(),
+                Launch::HtoD { .. } => "HtoD".to_string(),
+                Launch::DtoH { .. } => "DtoH".to_string(),
+            };
+            let one = std::slice::from_ref(l);
+            let ms = ev.time(self.stream, &mut || self.issue_list(one, true))?;
+            out.push((
+                self.names.get(i).cloned().unwrap_or_default(),
+                what,
+                ms as f64,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Where input `i`'s f32 values live on the device — the staging the job's input copy
+    /// fills — and its bytes. A producer may write the input there on this model's stream (e.g.
+    /// [`crate::Preprocessor::launch_into_model`] on the same backend) and run the job with
+    /// [`CudaModel::launch_from_device`].
+    pub fn device_input(&self, i: usize) -> Option<(cu::CUdeviceptr, usize)> {
+        let mut copies = self.launches.iter().filter_map(|l| match l {
+            Launch::HtoD { dst, bytes, .. } => Some((*dst, *bytes)),
+            _ => None,
+        });
+        copies.nth(i)
+    }
+
+    /// Launches one job without its input copies (the inputs already written to
+    /// [`CudaModel::device_input`], on this model's stream) and without waiting; pair with
+    /// [`CudaModel::wait`]. The outputs are copied to the host as in [`CudaModel::launch`].
+    pub fn launch_from_device(&mut self) -> Result<()> {
+        make_current(self.ctx)?;
+        if self.from_device.is_none() {
+            // The input copies are the launches before the first step's.
+            let first = self.step_start.first().copied().unwrap_or(0);
+            self.from_device = Some(self.capture_list(&self.launches[first..], true)?);
+        }
+        let exec = self
+            .from_device
+            .as_ref()
+            .map(CapturedGraph::exec)
+            .ok_or_else(|| EngineError::Runtime("the model has no graph".into()))?;
+        // SAFETY: exec and stream are live; the graph's buffers are owned by self.
+        cu_check("cuGraphLaunch", unsafe {
+            cu::cuGraphLaunch(exec, self.stream)
+        })
+        .map_err(EngineError::from)
+    }
+
+    /// Launches one job (the graph) without waiting; pair with [`CudaModel::wait`].
+    pub fn launch(&mut self) -> Result<()> {
+        let exec = self
+            .whole
+            .as_ref()
+            .map(CapturedGraph::exec)
+            .ok_or_else(|| EngineError::Runtime("the model has no graph".into()))?;
+        make_current(self.ctx)?;
+        // SAFETY: exec and stream are live; the graph's buffers are owned by self.
+        cu_check("cuGraphLaunch", unsafe {
+            cu::cuGraphLaunch(exec, self.stream)
+        })
+        .map_err(EngineError::from)
+    }
+
+    /// True when the last launched job has finished (never blocks).
+    pub fn is_done(&self) -> Result<bool> {
+        // SAFETY: the stream is live.
+        let r = unsafe { cu::cuStreamQuery(self.stream) };
+        match r {
+            cu::CUresult::CUDA_SUCCESS => Ok(true),
+            cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => cu_check("cuStreamQuery", e)
+                .map(|_| false)
+                .map_err(EngineError::from),
+        }
+    }
+
+    /// Waits for the last launched job (the output copy is its last node).
+    pub fn wait(&self) -> Result<()> {
+        // SAFETY: the stream is live.
+        cu_check("cuStreamSynchronize", unsafe {
+            cu::cuStreamSynchronize(self.stream)
+        })
+        .map_err(EngineError::from)
+    }
+}
+
+/// The plan check's step-by-step replay: the same launches the graph holds, issued eagerly.
+impl crate::check::StepRunner for CudaModel {
+    fn run_plan(&mut self, inputs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+        self.write_inputs(inputs)?;
+        self.run()?;
+        Ok((0..self.num_outputs())
+            .map(|i| self.output_at(i).to_vec())
+            .collect())
+    }
+
+    fn write_inputs(&mut self, inputs: &[Vec<f32>]) -> Result<()> {
+        for (i, x) in inputs.iter().enumerate() {
+            let buf = self.input_mut_at(i);
+            if buf.len() != x.len() {
+                return Err(EngineError::InvalidArgument(format!(
+                    "input {i}: {} values for a buffer of {}",
+                    x.len(),
+                    buf.len()
+                )));
+            }
+            buf.copy_from_slice(x);
+        }
+        Ok(())
+    }
+
+    fn run_steps(&mut self, from: usize, to: usize) -> Result<()> {
+        make_current(self.ctx)?;
+        // Step 0 starts with the input copies (the launches before the first step).
+        let first = if from == 0 {
+            0
+        } else {
+            self.step_start[from.min(self.steps)]
+        };
+        let last = self.step_start[to.min(self.steps)];
+        let launches = self.launches.get(first..last).ok_or_else(|| {
+            EngineError::InvalidArgument(format!("steps {from}..{to} of {}", self.steps))
+        })?;
+        self.issue_list(launches, true)?;
+        self.wait()
+    }
+
+    fn read(&mut self, loc: Loc, len: usize) -> Result<Vec<f32>> {
+        make_current(self.ctx)?;
+        let es = self.dtype.size();
+        let src = self.device_span(loc, len).ok_or_else(|| {
+            EngineError::InvalidArgument(format!("{len} elements at {loc:?} are outside the model"))
+        })?;
+        let mut raw = vec![0u8; len * es];
+        // SAFETY: src..src + len * es lies inside this model's arena or weights (checked
+        // above); raw holds len * es bytes; synchronous copy (the stream was synchronised
+        // after the last step).
+        cu_check("cuMemcpyDtoH", unsafe {
+            cu::cuMemcpyDtoH_v2(raw.as_mut_ptr() as *mut c_void, src, raw.len())
+        })?;
+        Ok(crate::convert::to_f32(&raw, self.dtype))
+    }
+}
+
+impl CompiledModel for CudaModel {
+    fn num_inputs(&self) -> usize {
+        self.host_in.len()
+    }
+    fn num_outputs(&self) -> usize {
+        self.host_out.len()
+    }
+    fn input_shape_at(&self, i: usize) -> &[usize] {
+        self.in_shapes.get(i).map_or(&[], |s| s.as_slice())
+    }
+    fn output_shape_at(&self, i: usize) -> &[usize] {
+        self.out_shapes.get(i).map_or(&[], |s| s.as_slice())
+    }
+    fn input_mut_at(&mut self, i: usize) -> &mut [f32] {
+        match self.host_in.get_mut(i) {
+            Some(b) => b.as_mut_slice(),
+            None => &mut [],
+        }
+    }
+    fn output_at(&self, i: usize) -> &[f32] {
+        match self.host_out.get(i) {
+            Some(b) => b.as_slice(),
+            None => &[],
+        }
+    }
+    fn run(&mut self) -> Result<()> {
+        self.launch()?;
+        self.wait()
+    }
+    fn arena_bytes(&self) -> usize {
+        self.mem.arena_bytes
+    }
+}
