@@ -11,6 +11,7 @@ pub mod coexec;
 pub mod coordinator;
 pub mod exec;
 pub mod guard;
+pub mod handle;
 pub mod instance;
 pub mod interference;
 pub mod isolation;

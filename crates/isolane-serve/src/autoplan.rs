@@ -883,8 +883,10 @@ impl Server {
 
     /// Every model's figures, in the server's order; `None` while a model is unloaded.
     fn observe(&self, unit: Unit) -> Option<Vec<Observed>> {
-        let mut out = Vec::with_capacity(self.shared.models.len());
-        for (m, slot) in self.shared.models.iter().zip(&self.shared.slots) {
+        let slots = self.shared.coordinator.slots();
+        let mut out = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let m = slot.front();
             if !m.is_loaded() {
                 return None;
             }
@@ -893,10 +895,7 @@ impl Server {
             let size = match unit {
                 Unit::Cores => info.cpu.len() as u32,
                 Unit::Sms => info.sms.unwrap_or(0),
-                Unit::ThreadPct => crate::control::lock(&slot.spec)
-                    .partition
-                    .thread_pct
-                    .unwrap_or(0),
+                Unit::ThreadPct => slot.spec().partition.thread_pct.unwrap_or(0),
                 _ => 0,
             };
             out.push(Observed {

@@ -21,7 +21,7 @@ use isolane_protocol::RepositoryIndexEntry;
 use isolane_runtime::clock;
 
 use crate::model::{Load, ServedModel};
-use crate::{spawn_instance, ModelInfo, Server};
+use crate::{ModelInfo, Server};
 
 /// The keys a change may set (`ctl resize NAME KEY=VALUE…`).
 pub const KEYS: &str = "cpu=LIST (cores, e.g. 2,3 or 0-3), sms=N (green SMs, on a GPU), \
@@ -116,8 +116,8 @@ impl Server {
         self.shared
             .models
             .iter()
-            .zip(&self.shared.slots)
-            .map(|(m, slot)| {
+            .zip(&self.shared.last)
+            .map(|(m, last)| {
                 let info = m.info();
                 ModelStatus {
                     name: info.name.clone(),
@@ -133,7 +133,7 @@ impl Server {
                     criticality: info.criticality.name(),
                     deadline_ms: info.deadline.map(|d| d.as_secs_f64() * 1e3),
                     load: m.load(),
-                    last_change: lock(&slot.last).clone(),
+                    last_change: lock(last).clone(),
                 }
             })
             .collect()
@@ -149,7 +149,8 @@ impl Server {
     ) -> Result<Change, ControlError> {
         let requested = clock::now_ns();
         let (i, model) = self.control_target(name)?;
-        let _one = lock(&self.shared.control);
+        let coordinator = &self.shared.coordinator;
+        let _one = coordinator.change_turn();
         self.refuse_while_draining(name)?;
         if !model.is_loaded() {
             return Err(ControlError::new(
@@ -166,9 +167,9 @@ impl Server {
                 format!("model `{name}`: nothing to change; expected KEY=VALUE: {KEYS}"),
             ));
         }
-        let slot = &self.shared.slots[i];
+        let slot = &coordinator.slots()[i];
         let info = model.info();
-        let mut spec = lock(&slot.spec).clone();
+        let mut spec = slot.spec();
         let mut what = Vec::new();
         let mut rebuild = false;
         // A green partition's new size: a new green context, made before the new instance.
@@ -314,9 +315,11 @@ impl Server {
                 }
             }
         }
+        let kind = if rebuild { "resize" } else { "settings" };
+        self.admit(i, kind, &spec, green.or(info.sms))?;
         let change = if rebuild {
             let partition = match green {
-                Some(sms) => Some(self.green_partition(slot.index, name, sms)?),
+                Some(sms) => Some(self.green_partition(slot.index(), name, sms)?),
                 None => None,
             };
             self.new_instance(i, &model, spec, "resize", requested, partition)?
@@ -332,7 +335,7 @@ impl Server {
                 .describe((&info.partition, spec.criticality.name()), info.sms);
             let partition = info.partition.clone();
             model.set_info(info);
-            *lock(&slot.spec) = spec;
+            coordinator.set_spec(i, spec);
             Change {
                 model: name.to_string(),
                 kind: "settings",
@@ -351,15 +354,18 @@ impl Server {
     pub fn load_model(&self, name: &str) -> Result<Change, ControlError> {
         let requested = clock::now_ns();
         let (i, model) = self.control_target(name)?;
-        let _one = lock(&self.shared.control);
+        let coordinator = &self.shared.coordinator;
+        let _one = coordinator.change_turn();
         self.refuse_while_draining(name)?;
-        let spec = lock(&self.shared.slots[i].spec).clone();
+        let spec = coordinator.slots()[i].spec();
         let info = model.info();
+        let loaded = model.is_loaded();
+        self.admit(i, if loaded { "resize" } else { "add" }, &spec, info.sms)?;
         // A green model is loaded again in a new green context of its size: its own SMs
         // (a reload), or free ones (a load after an unload freed them).
         let green = match info.sms {
-            Some(sms) if lock(&self.shared.repartition).is_some() => {
-                Some(self.green_partition(self.shared.slots[i].index, name, sms)?)
+            Some(sms) if coordinator.repartition().is_some() => {
+                Some(self.green_partition(coordinator.slots()[i].index(), name, sms)?)
             }
             Some(sms) => {
                 return Err(ControlError::new(
@@ -372,7 +378,6 @@ impl Server {
             }
             None => None,
         };
-        let loaded = model.is_loaded();
         if !loaded {
             // Another model may have moved onto its cores while it was unloaded.
             if !spec.cpu.is_empty() {
@@ -390,7 +395,7 @@ impl Server {
     pub fn unload_model(&self, name: &str) -> Result<Change, ControlError> {
         let requested = clock::now_ns();
         let (i, model) = self.control_target(name)?;
-        let _one = lock(&self.shared.control);
+        let _one = self.shared.coordinator.change_turn();
         self.refuse_while_draining(name)?;
         let info = model.info();
         let mut change = Change {
@@ -408,16 +413,18 @@ impl Server {
             return Ok(change);
         }
         model.stats.set_ready(false);
-        change.abandoned = model.unload(UNLOAD_GRACE);
-        if let Some(t) = lock(&self.shared.slots[i].thread).take() {
-            let _ = t.join();
-        }
+        // Its instance's thread ends and is joined: its executor and partition are freed.
+        change.abandoned = self
+            .shared
+            .coordinator
+            .remove(i, |m| m.unload(UNLOAD_GRACE));
         change.took_ms = ms_since(requested);
         Ok(self.record(i, &model, change))
     }
 
-    /// Builds model `i`'s next instance from `spec` and lets it take over; the old instance's
-    /// thread is joined (its executor freed) before this returns.
+    /// Builds model `i`'s next instance from `spec` and lets it take over (an unloaded
+    /// model's: it is added); the old instance's thread is joined (its executor freed)
+    /// before this returns.
     fn new_instance(
         &self,
         i: usize,
@@ -427,10 +434,9 @@ impl Server {
         requested: i64,
         partition: Option<(isolane_runtime::partition::Partition, u32)>,
     ) -> Result<Change, ControlError> {
-        let slot = &self.shared.slots[i];
         let info = model.info();
         let name = info.name.clone();
-        let (partition, words) = match partition {
+        let (partition, (words, sms)) = match partition {
             Some((p, sms)) => (Some(p), (green_words(sms), Some(sms))),
             None => (
                 None,
@@ -440,25 +446,22 @@ impl Server {
                 ),
             ),
         };
-        let (_, thread, took) = spawn_instance(
-            &self.shared.context,
-            slot.index,
-            spec.clone(),
-            words,
-            partition,
-            Some((Arc::clone(model), requested)),
-        )
-        .map_err(|e| {
+        let place = crate::place(self.shared.coordinator.driver(), &spec, words, sms);
+        let coordinator = &self.shared.coordinator;
+        let made = if model.is_loaded() {
+            coordinator.resize(i, spec, place, partition, requested)
+        } else {
+            coordinator.add(i, spec, place, partition, requested)
+        };
+        let took = made.map_err(|e| {
             ControlError::new(
                 500,
-                format!("{e}; the model's instance before the change still serves"),
+                format!(
+                    "{}; the model's instance before the change still serves",
+                    crate::model_error(e)
+                ),
             )
         })?;
-        let old = lock(&slot.thread).replace(thread);
-        if let Some(t) = old {
-            let _ = t.join();
-        }
-        *lock(&slot.spec) = spec;
         let took = took.unwrap_or(crate::model::TakeOver {
             took_ns: clock::now_ns() - requested,
             pause_ns: None,
@@ -474,10 +477,25 @@ impl Server {
         })
     }
 
+    /// The session's admission of a change to model `i` (`Server::set_admission`), before
+    /// anything is made: its refusal is a 409 naming the model.
+    fn admit(
+        &self,
+        i: usize,
+        kind: &'static str,
+        to: &isolane_core::spec::WorkloadSpec,
+        sms: Option<u32>,
+    ) -> Result<(), ControlError> {
+        self.shared
+            .coordinator
+            .admit(i, kind, to, sms)
+            .map_err(|why| ControlError::new(409, format!("model `{}`: {why}", to.name)))
+    }
+
     /// Checks a green resize of model `name` from `from` to `to` SMs against the driver's unit
     /// and the free SMs before anything is made; returns the unit.
     fn check_green(&self, name: &str, from: u32, to: u32) -> Result<u32, ControlError> {
-        let Some(rp) = lock(&self.shared.repartition).clone() else {
+        let Some(rp) = self.shared.coordinator.repartition() else {
             return Err(ControlError::new(
                 409,
                 format!(
@@ -518,7 +536,7 @@ impl Server {
         name: &str,
         sms: u32,
     ) -> Result<(isolane_runtime::partition::Partition, u32), ControlError> {
-        let rp = lock(&self.shared.repartition).clone().ok_or_else(|| {
+        let rp = self.shared.coordinator.repartition().ok_or_else(|| {
             ControlError::new(
                 409,
                 format!("model `{name}`: green partitions cannot be resized"),
@@ -549,13 +567,13 @@ impl Server {
             took_us = (change.took_ms * 1e3) as u64,
             pause_us = change.pause_ms.map(|p| (p * 1e3) as u64),
         );
-        *lock(&self.shared.slots[i].last) = Some(change.clone());
+        *lock(&self.shared.last[i]) = Some(change.clone());
         change
     }
 
     fn control_target(&self, name: &str) -> Result<(usize, Arc<ServedModel>), ControlError> {
-        match self.shared.by_name.get(name) {
-            Some(&i) => Ok((i, Arc::clone(&self.shared.models[i]))),
+        match self.shared.coordinator.position(name) {
+            Some(i) => Ok((i, Arc::clone(&self.shared.models[i]))),
             None => Err(ControlError::new(404, self.unknown(name).to_string())),
         }
     }
@@ -576,14 +594,11 @@ impl Server {
     /// one GPU add up to at most 100 (`isolane_core::admission`'s default budget).
     fn check_thread_pct(&self, i: usize, pct: u32) -> Result<(), ControlError> {
         let budget = isolane_core::admission::AdmissionOptions::default().mps_thread_budget_pct;
-        let gpu = lock(&self.shared.slots[i].spec).gpu;
-        let others: u32 = self
-            .shared
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|&(j, _)| j != i && self.shared.models[j].is_loaded())
-            .map(|(_, slot)| lock(&slot.spec).clone())
+        let coordinator = &self.shared.coordinator;
+        let gpu = coordinator.slots()[i].spec().gpu;
+        let others: u32 = coordinator
+            .loaded_specs_but(i)
+            .into_iter()
             .filter(|spec| spec.gpu == gpu)
             .filter_map(|spec| spec.partition.thread_pct)
             .sum();
@@ -668,7 +683,7 @@ impl Server {
     /// unprotected one may not end up with both kinds unless `[protection]` is off.
     fn check_criticality(&self, i: usize, to: Criticality) -> Result<(), ControlError> {
         let name = self.shared.models[i].info().name.clone();
-        if self.shared.context.guard.is_some() {
+        if self.shared.guard.is_some() {
             return Err(ControlError::new(
                 409,
                 format!(

@@ -36,10 +36,8 @@ pub mod shm;
 mod stats;
 pub mod wire;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use isolane_core::admission::Plan;
@@ -47,7 +45,8 @@ use isolane_core::spec::{Backend, Criticality, Host, WorkloadSpec};
 use isolane_runtime::coordinator::RunPlan;
 use isolane_runtime::exec::Engine;
 use isolane_runtime::guard::{CriticalPublisher, Guard, GuardSetup};
-use isolane_runtime::instance::{GuardPart, How, Instances, PrepareError, Prepared};
+use isolane_runtime::handle::{AdmitChange, Coordinator, Driver, InstanceError, Place, Start};
+use isolane_runtime::instance::{Instances, PrepareError, Prepared};
 use isolane_runtime::jobs_stream::BatchSender;
 use tokio::sync::oneshot;
 
@@ -101,19 +100,19 @@ impl ServeError {
 
 /// A running server's shared state.
 struct Shared {
+    /// The session's handle: each served model's slot (its front, the [`ServedModel`], and
+    /// the instance serving it), and the changes made to them (add, remove, resize), one at a
+    /// time, checked against the partitions as the last change left them.
+    coordinator: Coordinator<InstanceContext>,
+    /// The coordinator's fronts, in its order (the front ends' view; the set of models is
+    /// the scenario's and does not change while serving, only their instances do).
     models: Vec<Arc<ServedModel>>,
-    /// Each model's instance and what it was built from, in the models' order.
-    slots: Vec<Slot>,
-    by_name: HashMap<String, usize>,
+    /// Each model's last change, for `ctl status`, in the models' order.
+    last: Vec<Mutex<Option<Change>>>,
     metrics: Arc<ServeMetrics>,
     draining: AtomicBool,
     /// Cuts a held best-effort piece short at shutdown.
     stop: Arc<AtomicBool>,
-    /// What a new instance is built with.
-    context: InstanceContext,
-    /// Held by a change from its checks to its end, and by the drain: one change at a time,
-    /// checked against the partitions as the last change left them.
-    control: Mutex<()>,
     /// The scenario's `[protection] enabled`.
     protection: bool,
     started: Instant,
@@ -125,25 +124,12 @@ struct Shared {
     /// and what they ran (once drained).
     released: Option<released::Released>,
     released_runs: Mutex<Vec<ReleasedRun>>,
-    /// Where a resized green partition comes from (`None`: green partitions cannot be resized
-    /// here: none, or not made resizable).
-    repartition: Mutex<Option<Arc<dyn isolane_runtime::partition::Repartition>>>,
     // Kept for as long as the models publish in it.
     guard: Option<Arc<Guard>>,
 }
 
-/// One served model's instance: the thread that owns its executor, and the workload it was
-/// built from (a change builds the next instance from a changed copy).
-struct Slot {
-    /// The workload's position in the scenario (seeds its random stream, names its guard part).
-    index: usize,
-    spec: Mutex<WorkloadSpec>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    /// The last change, for `ctl status`.
-    last: Mutex<Option<Change>>,
-}
-
-/// What every instance is built with, whichever model it serves.
+/// What every instance is built with, whichever model it serves: the coordinator's
+/// [`Driver`] of served models.
 #[derive(Clone)]
 struct InstanceContext {
     /// The session's instances: the device, the guard and each workload's part in it, the
@@ -231,82 +217,79 @@ impl Server {
             metrics: Arc::clone(&metrics),
             processes,
         };
-        let mut models = Vec::new();
-        let mut slots = Vec::new();
         // The released workloads' hosts build in the same turn as the served models.
         let releasing = released::Released::start(&context, plan, released)?;
-        let mut started = Ok(());
-        for (i, w) in plan.workloads.iter().enumerate() {
-            if released.contains(&w.spec.name) {
-                continue;
-            }
-            let (words, sms) = words.get(i).cloned().unwrap_or(("cpu".into(), None));
-            started = spawn_instance(
-                &context,
-                w.index,
-                w.spec.clone(),
-                (words, sms),
-                w.partition.take(),
-                None,
-            )
-            .map(|(model, thread, _)| {
-                models.push(model);
-                slots.push(Slot {
-                    index: w.index,
-                    spec: Mutex::new(w.spec.clone()),
-                    thread: Mutex::new(Some(thread)),
-                    last: Mutex::new(None),
-                });
-            });
-            if started.is_err() {
-                break;
-            }
-        }
-        // Every served instance is warm: the released workloads' common t0, once theirs are.
-        if let (Ok(()), Some(r)) = (&started, &releasing) {
-            let delay_ns = (plan.timing.start_delay_ms as i64).saturating_mul(1_000_000);
-            started = r.go(isolane_runtime::clock::now_ns().saturating_add(delay_ns));
-        }
-        if let Err(e) = started {
-            stop.store(true, Ordering::Relaxed);
-            if let Some(r) = &releasing {
-                r.finish();
-            }
-            for m in &models {
-                m.close();
-            }
-            for s in slots {
-                if let Some(t) = s.thread.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                    let _ = t.join();
-                }
-            }
-            return Err(e);
-        }
-        let by_name = models
+        let starts = plan
+            .workloads
             .iter()
             .enumerate()
-            .map(|(i, m)| (m.info().name.clone(), i))
+            .filter(|(_, w)| !released.contains(&w.spec.name))
+            .map(|(i, w)| {
+                let (words, sms) = words.get(i).cloned().unwrap_or(("cpu".into(), None));
+                Start {
+                    index: w.index,
+                    place: place(&context, &w.spec, words, sms),
+                    spec: w.spec.clone(),
+                    partition: w.partition.take(),
+                }
+            })
+            .collect();
+        let coordinator =
+            Coordinator::start(Arc::clone(&context.instances), context.clone(), starts)
+                .map_err(model_error);
+        // Every served instance is warm: the released workloads' common t0, once theirs are.
+        let started = match (coordinator, &releasing) {
+            (Ok(c), Some(r)) => {
+                let delay_ns = (plan.timing.start_delay_ms as i64).saturating_mul(1_000_000);
+                match r.go(isolane_runtime::clock::now_ns().saturating_add(delay_ns)) {
+                    Ok(()) => Ok(c),
+                    Err(e) => Err((e, Some(c))),
+                }
+            }
+            (Ok(c), None) => Ok(c),
+            (Err(e), _) => Err((e, None)),
+        };
+        let coordinator = match started {
+            Ok(c) => c,
+            Err((e, started)) => {
+                stop.store(true, Ordering::Relaxed);
+                if let Some(r) = &releasing {
+                    r.finish();
+                }
+                if let Some(c) = started {
+                    c.end();
+                }
+                return Err(e);
+            }
+        };
+        let models: Vec<Arc<ServedModel>> = coordinator
+            .slots()
+            .iter()
+            .map(|s| Arc::clone(s.front()))
             .collect();
         Ok(Server {
             shared: Arc::new(Shared {
+                last: models.iter().map(|_| Mutex::new(None)).collect(),
                 models,
-                slots,
-                by_name,
+                coordinator,
                 metrics,
                 draining: AtomicBool::new(false),
                 stop,
-                control: Mutex::new(()),
                 protection: plan.protection.enabled,
                 started: Instant::now(),
                 regions: shm::SharedRegions::default(),
                 drained: Mutex::new(None),
                 released: releasing,
                 released_runs: Mutex::new(Vec::new()),
-                repartition: Mutex::new(None),
                 guard: context.guard.clone(),
-                context,
             }),
         })
+    }
+
+    /// Asks `admission` about every change made while serving (`ctl resize`, `ctl load`,
+    /// autoplan's re-plans) before anything is made; its refusal is the change's (409).
+    pub fn set_admission(&self, admission: Option<Arc<dyn AdmitChange>>) {
+        self.shared.coordinator.set_admission(admission);
     }
 
     /// What a person should know before the first request: a critical model whose deadline
@@ -368,10 +351,7 @@ impl Server {
     }
 
     fn find(&self, name: &str) -> Option<&Arc<ServedModel>> {
-        self.shared
-            .by_name
-            .get(name)
-            .map(|&i| &self.shared.models[i])
+        self.shared.coordinator.front(name)
     }
 
     /// Live: the process serves (also while draining).
@@ -491,16 +471,13 @@ impl Server {
         // that every instance's thread is joined below. It waits for the old instance's job,
         // which a held best-effort piece could make endless: past the grace, held pieces stop.
         let _control = loop {
-            match self.shared.control.try_lock() {
-                Ok(g) => break g,
-                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    if Instant::now() >= until {
-                        self.shared.stop.store(true, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
+            if let Some(turn) = self.shared.coordinator.try_change_turn() {
+                break turn;
             }
+            if Instant::now() >= until {
+                self.shared.stop.store(true, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(2));
         };
         for m in &self.shared.models {
             m.close();
@@ -513,12 +490,7 @@ impl Server {
         // requests get their answers.
         let abandoned: usize = self.shared.models.iter().map(|m| m.abandon_queued()).sum();
         self.shared.stop.store(true, Ordering::Relaxed);
-        for slot in &self.shared.slots {
-            let thread = slot.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(t) = thread {
-                let _ = t.join();
-            }
-        }
+        self.shared.coordinator.join();
         let runs = self
             .shared
             .released
@@ -559,170 +531,178 @@ fn refuse_unservable(plan: &RunPlan, released: &[String]) -> Result<(), ServeErr
     Ok(())
 }
 
-/// A started instance: its model, its thread, and how it took over (a later instance).
-type Started = (Arc<ServedModel>, JoinHandle<()>, Option<model::TakeOver>);
+/// A served model's place: a CPU model's in its cores (`cpu 2,3`), else `words`; `sms` on a
+/// GPU.
+fn place(ctx: &InstanceContext, spec: &WorkloadSpec, words: String, sms: Option<u32>) -> Place {
+    let backend = spec.device(ctx.instances.device()).backend;
+    Place {
+        words: control::cpu_words(backend, &spec.cpu, words),
+        sms,
+    }
+}
 
-/// Builds an instance of workload `spec` (scenario position `index`) on a thread of its own,
-/// in `partition`, pinned to `spec.cpu`, and waits until it is warm. A first instance
-/// (`existing` none) makes the served model; a later one takes `existing`'s queue over from
-/// the instance serving it (which ends after its job) once warm, and says how that went.
-/// `words`: the partition in words, and its SMs on a GPU.
-fn spawn_instance(
-    ctx: &InstanceContext,
-    index: usize,
-    spec: WorkloadSpec,
-    (words, sms): (String, Option<u32>),
-    partition: Option<isolane_runtime::partition::Partition>,
-    existing: Option<(Arc<ServedModel>, i64)>,
-) -> Result<Started, ServeError> {
-    let ctx = ctx.clone();
-    let device = spec.device(ctx.instances.device());
-    let words = control::cpu_words(device.backend, &spec.cpu, words);
-    let (ready_tx, ready_rx) =
-        mpsc::channel::<Result<(Arc<ServedModel>, Option<model::TakeOver>), ServeError>>();
-    let name = spec.name.clone();
-    let failed = |message: String| ServeError::Model {
-        workload: name.clone(),
-        message,
-    };
-    let thread = std::thread::Builder::new()
-        .name(format!("serve-{}", spec.name))
-        .spawn(move || {
-            let fail = |m: String| ServeError::Model {
-                workload: spec.name.clone(),
-                message: m,
-            };
-            // Pinned before the model is built: a CPU model's thread pool inherits the
-            // affinity (one engine thread per listed core). A worker process pins itself;
-            // the thread that drives it stays off its cores. A critical model publishes to
-            // the guard through its queue (below), not through a role of its own.
-            let mut build = |partition| {
-                host::build_executor(
-                    &ctx.engine,
-                    &device,
-                    &spec,
-                    (ctx.seed, index, ctx.poll_ns),
-                    partition,
-                    ctx.processes.as_ref(),
-                )
-            };
-            let how = How {
-                warmup_jobs: spec.warmup_jobs.max(1),
-                pin: spec.host != Host::Process,
-                // A replacement warms up beside the models serving: held by the guard.
-                guard: if existing.is_some() {
-                    GuardPart::Replacement
-                } else {
-                    GuardPart::BestEffortOnly
-                },
-                build: Some(&mut build),
-                check: None,
-            };
-            let prepared = ctx.instances.prepare(index, &spec, index, partition, how);
-            let Prepared {
-                executor: mut exec,
-                warmup_ns: warm,
-                mut role,
-            } = match prepared {
-                Ok(p) => p,
-                Err(e) => {
-                    let message = match e {
-                        PrepareError::WarmUp(e) => format!("warm-up: {e}"),
-                        PrepareError::Guard(e) => format!("the guard: {e}"),
-                        e => e.to_string(),
-                    };
-                    let _ = ready_tx.send(Err(fail(message)));
-                    return;
-                }
-            };
-            let setup = ctx.instances.guard_setup(index).cloned();
-            let warm_median = median(&warm);
-            let info = ModelInfo {
-                name: spec.name.clone(),
-                source: spec.model.clone(),
-                inputs: exec.inputs(),
-                outputs: exec.outputs(),
-                max_batch: spec.batch.max(1) as usize,
-                criticality: spec.criticality,
-                deadline: spec.deadline_s().map(Duration::from_secs_f64),
-                queue_limit: spec.serve.queue_limit.max(1),
-                when_full: spec.serve.when_full,
-                batching: spec.serve.batching_for(spec.criticality),
-                backend: match device.backend {
-                    Backend::Cpu => "cpu",
-                    Backend::Cuda => "cuda",
-                },
-                partition: words.clone(),
-                // The thread's own mask, as the kernel has it (the cores it was pinned to).
-                cpu: if spec.cpu.is_empty() {
-                    Vec::new()
-                } else {
-                    isolane_runtime::affinity::available_cores()
-                },
-                sms,
-                warm_service: Duration::from_nanos(warm_median.max(0) as u64),
-                pieces: exec.pieces(),
-            };
-            let criticality = spec.criticality.name();
-            let (model, instance, took) = match existing {
-                Some((model, requested)) => {
-                    model.stats.describe((&words, criticality), sms);
-                    model.set_info(info);
-                    let instance = model.next_instance();
-                    let took = model.take_over(instance, warm_median.max(0), requested);
-                    model.stats.set_ready(true);
-                    (model, instance, Some(took))
-                }
-                None => {
-                    let publisher = match (&setup, &ctx.guard) {
-                        (
-                            Some(GuardSetup {
-                                critical_slot: Some(slot),
-                                stretch,
-                                ..
-                            }),
-                            Some(g),
-                        ) => Some(Arc::new(CriticalPublisher::new(
-                            Arc::clone(g),
-                            *slot,
-                            warm_median,
-                            *stretch,
-                        ))),
-                        _ => None,
-                    };
-                    let records = ctx
-                        .records
-                        .as_ref()
-                        .and_then(|(sinks, t0)| sinks.get(index).map(|s| (s.clone(), *t0)));
-                    let stats =
-                        ctx.metrics
-                            .model(&spec.name, (info.backend, &words, criticality), sms);
-                    let model = Arc::new(ServedModel::new(
-                        info,
-                        publisher,
-                        stats,
-                        records,
-                        ctx.poll_ns,
-                    ));
-                    (model, 0, None)
-                }
-            };
-            if ready_tx.send(Ok((Arc::clone(&model), took))).is_err() {
-                return;
-            }
-            model.serve(instance, exec.as_mut(), &mut role, ctx.instances.stop());
-        })
-        .map_err(|e| failed(format!("cannot start its thread: {e}")))?;
-    match ready_rx.recv() {
-        Ok(Ok((model, took))) => Ok((model, thread, took)),
-        Ok(Err(e)) => {
-            let _ = thread.join();
-            Err(e)
+fn model_error(e: InstanceError) -> ServeError {
+    ServeError::Model {
+        workload: e.workload,
+        message: e.message,
+    }
+}
+
+impl isolane_runtime::handle::Front for ServedModel {
+    fn is_loaded(&self) -> bool {
+        ServedModel::is_loaded(self)
+    }
+}
+
+impl isolane_runtime::handle::Submit for ServedModel {
+    type Input = InferRequest;
+    type Answer = oneshot::Receiver<Result<InferResponse, Refusal>>;
+    type Refusal = Refusal;
+    fn submit(&self, req: InferRequest) -> Result<Self::Answer, Refusal> {
+        ServedModel::submit(self, req)
+    }
+}
+
+/// Served models' instances: built where the workload's host says, warmed up (at least one
+/// job: admission predicts from it), then serving the model's queue until another instance
+/// takes it over or it is unloaded or closed.
+impl Driver for InstanceContext {
+    type Front = ServedModel;
+    type Took = model::TakeOver;
+
+    fn build(
+        &self,
+        spec: &WorkloadSpec,
+        index: usize,
+        partition: Option<isolane_runtime::partition::Partition>,
+    ) -> Result<Box<dyn isolane_runtime::exec::Executor>, isolane_runtime::exec::ExecError> {
+        host::build_executor(
+            &self.engine,
+            &spec.device(self.instances.device()),
+            spec,
+            (self.seed, index, self.poll_ns),
+            partition,
+            self.processes.as_ref(),
+        )
+    }
+
+    fn warmup_jobs(&self, spec: &WorkloadSpec) -> u64 {
+        spec.warmup_jobs.max(1)
+    }
+
+    fn thread_name(&self, spec: &WorkloadSpec) -> String {
+        format!("serve-{}", spec.name)
+    }
+
+    fn prepare_failed(&self, e: PrepareError) -> String {
+        match e {
+            PrepareError::WarmUp(e) => format!("warm-up: {e}"),
+            PrepareError::Guard(e) => format!("the guard: {e}"),
+            e => e.to_string(),
         }
-        Err(_) => {
-            let _ = thread.join();
-            Err(failed("its thread ended while the model was built".into()))
+    }
+
+    /// A first instance makes the served model (a critical one publishes to the guard through
+    /// its queue); a later one takes its queue over from the instance serving it (which ends
+    /// after its job).
+    fn warm(
+        &self,
+        index: usize,
+        spec: &WorkloadSpec,
+        place: &Place,
+        prepared: &Prepared,
+        existing: Option<(&Arc<ServedModel>, i64)>,
+    ) -> (Arc<ServedModel>, u64, Option<model::TakeOver>) {
+        let exec = &prepared.executor;
+        let device = spec.device(self.instances.device());
+        let warm_median = median(&prepared.warmup_ns);
+        let (words, sms) = (&place.words, place.sms);
+        let info = ModelInfo {
+            name: spec.name.clone(),
+            source: spec.model.clone(),
+            inputs: exec.inputs(),
+            outputs: exec.outputs(),
+            max_batch: spec.batch.max(1) as usize,
+            criticality: spec.criticality,
+            deadline: spec.deadline_s().map(Duration::from_secs_f64),
+            queue_limit: spec.serve.queue_limit.max(1),
+            when_full: spec.serve.when_full,
+            batching: spec.serve.batching_for(spec.criticality),
+            backend: match device.backend {
+                Backend::Cpu => "cpu",
+                Backend::Cuda => "cuda",
+            },
+            partition: words.clone(),
+            // The thread's own mask, as the kernel has it (the cores it was pinned to).
+            cpu: if spec.cpu.is_empty() {
+                Vec::new()
+            } else {
+                isolane_runtime::affinity::available_cores()
+            },
+            sms,
+            warm_service: Duration::from_nanos(warm_median.max(0) as u64),
+            pieces: exec.pieces(),
+        };
+        let criticality = spec.criticality.name();
+        if let Some((model, requested)) = existing {
+            model.stats.describe((words, criticality), sms);
+            model.set_info(info);
+            let instance = model.next_instance();
+            let took = model.take_over(instance, warm_median.max(0), requested);
+            model.stats.set_ready(true);
+            return (Arc::clone(model), instance, Some(took));
         }
+        let setup = self.instances.guard_setup(index).cloned();
+        let publisher = match (&setup, &self.guard) {
+            (
+                Some(GuardSetup {
+                    critical_slot: Some(slot),
+                    stretch,
+                    ..
+                }),
+                Some(g),
+            ) => Some(Arc::new(CriticalPublisher::new(
+                Arc::clone(g),
+                *slot,
+                warm_median,
+                *stretch,
+            ))),
+            _ => None,
+        };
+        let records = self
+            .records
+            .as_ref()
+            .and_then(|(sinks, t0)| sinks.get(index).map(|s| (s.clone(), *t0)));
+        let stats = self
+            .metrics
+            .model(&spec.name, (info.backend, words, criticality), sms);
+        let model = Arc::new(ServedModel::new(
+            info,
+            publisher,
+            stats,
+            records,
+            self.poll_ns,
+        ));
+        (model, 0, None)
+    }
+
+    fn drive(
+        &self,
+        model: &ServedModel,
+        instance: u64,
+        mut prepared: Prepared,
+        stop: &Arc<AtomicBool>,
+    ) {
+        model.serve(
+            instance,
+            prepared.executor.as_mut(),
+            &mut prepared.role,
+            stop,
+        );
+    }
+
+    fn close(&self, model: &ServedModel) {
+        model.close();
     }
 }
 
@@ -776,7 +756,7 @@ pub fn serve_plan<T>(
                repartition: Option<Arc<dyn isolane_runtime::partition::Repartition>>|
      -> Result<Served<T>, ServeError> {
         let server = Server::start_releasing(plan, &words, options, processes, &options.released)?;
-        *control::lock(&server.shared.repartition) = repartition;
+        server.shared.coordinator.set_repartition(repartition);
         let out = body(&server);
         let drained = server.drain(grace);
         Ok((out, drained, server.released_runs()))

@@ -546,7 +546,7 @@ criticality = "best_effort"
         sc.workloads[0].cpu = vec![first];
         sc.workloads[1].cpu = vec![last];
     });
-    assert!(s.shared.context.guard.is_some(), "a protected server");
+    assert!(s.shared.guard.is_some(), "a protected server");
     let taken: Vec<_> = (0..6)
         .map(|i| {
             let name = if i % 2 == 0 { "critical" } else { "background" };
@@ -610,4 +610,55 @@ fn a_drain_ends_a_change_that_waits_for_a_held_best_effort_job() {
     assert_eq!(reloaded.kind, "reload");
     // The held job was cut short by the stop and still answered (an error or its rows).
     assert!(block_on(held).is_ok());
+}
+
+/// The coordinator's admission hook (for an interference-aware admission of changes) sees
+/// every change made while serving before anything is made, and its refusal is a 409 that
+/// leaves the model as it was.
+#[test]
+fn a_change_the_admission_hook_refuses_is_a_409_with_nothing_made() {
+    use isolane_runtime::handle::{AdmitChange, Proposed};
+    struct NoResize(Mutex<Vec<String>>);
+    impl AdmitChange for NoResize {
+        fn admit(&self, p: &Proposed<'_>) -> Result<(), String> {
+            let from = p.from.map_or("unloaded".into(), |f| format!("{:?}", f.cpu));
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{} {} {from} → {:?}", p.kind, p.to.name, p.to.cpu));
+            match p.kind {
+                "resize" => Err("the predicted interference is past the margin".into()),
+                _ => Ok(()),
+            }
+        }
+    }
+    let (_, last) = two_cores();
+    let s = server(ONE);
+    let hook = Arc::new(NoResize(Mutex::new(Vec::new())));
+    s.set_admission(Some(Arc::clone(&hook) as Arc<dyn AdmitChange>));
+    let e = s
+        .change("echo", &set(&[("cpu", &last.to_string())]))
+        .unwrap_err();
+    assert_eq!(e.status, 409);
+    assert_eq!(
+        e.message,
+        "model `echo`: the predicted interference is past the margin"
+    );
+    assert_eq!(s.model("echo").unwrap().partition, "cpu");
+    assert!(s.status()[0].last_change.is_none());
+    let r = block_on(s.infer("echo", rows(&[3.0]))).unwrap();
+    assert_eq!(values(&r), vec![3.0]);
+    // A deadline is a settings change; an unload is not asked about; a load is an add.
+    s.change("echo", &set(&[("deadline_ms", "900")])).unwrap();
+    s.unload_model("echo").unwrap();
+    assert_eq!(s.load_model("echo").unwrap().kind, "load");
+    assert_eq!(
+        *hook.0.lock().unwrap(),
+        [
+            format!("resize echo [] → [{last}]"),
+            "settings echo [] → []".to_string(),
+            "add echo unloaded → []".to_string(),
+        ]
+    );
+    assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
 }
