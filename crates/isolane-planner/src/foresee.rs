@@ -132,6 +132,25 @@ impl LiveForesight {
         )
     }
 
+    /// What `[protection] admission` says of one served workload changed from `from` (`None`:
+    /// unloaded) to `to`, of `sms` SMs afterwards in a green partition (its spec's own
+    /// otherwise), beside `others`, the other loaded workloads as they are.
+    pub fn change(
+        &self,
+        from: Option<&WorkloadSpec>,
+        to: &WorkloadSpec,
+        sms: Option<u32>,
+        others: &[WorkloadSpec],
+    ) -> Foresight {
+        let mut to = to.clone();
+        if let (Some(n), Mechanism::Green) = (sms, self.scenario.device.mechanism) {
+            to.partition.sms = Some(n);
+        }
+        let before: Vec<WorkloadSpec> = others.iter().chain(from).cloned().collect();
+        let after: Vec<WorkloadSpec> = others.iter().chain([&to]).cloned().collect();
+        self.foresee(&before, &after)
+    }
+
     /// The served workloads that a prediction cannot include as they are in `set` (no profile
     /// alone in their partition, or no demand for their model), by name.
     pub fn unknown(&self, set: &[WorkloadSpec]) -> Vec<String> {
@@ -293,6 +312,20 @@ mod tests {
         assert_eq!(m[0].worst_neighbour.as_ref().unwrap().0, "be_vit_l_32");
         assert!((1.35..1.40).contains(&m[0].stretch), "{m:?}");
         assert_eq!(live.unknown(trio), Vec::<String>::new());
+        // The same change as the server asks it: vit_l_32 loaded (from unloaded) beside the
+        // two; unloaded again it is not asked about (an unload frees, never refused).
+        assert_eq!(live.change(None, &trio[2], Some(48), victims), f);
+        // Resized from 24 SMs (no profile: not predicted) to 48, where the cache has one.
+        let mut from = trio[2].clone();
+        from.partition.sms = Some(24);
+        assert_eq!(live.change(Some(&from), &from, Some(48), victims), f);
+        // A deadline change of vit_b_16 beside resnet18 alone: cut below its prediction.
+        let mut cut = trio[0].clone();
+        cut.deadline_ms = Some(1.0);
+        assert!(matches!(
+            live.change(Some(&trio[0]), &cut, Some(48), &trio[1..2]),
+            Foresight::Refuse(m) if m[0].workload == "v0_vit_b_16"
+        ));
         // In 24 SMs vit_l_32 has no profile here: nothing predicted, and it is named.
         let mut small = trio.to_vec();
         small[2].partition.sms = Some(24);
