@@ -2,13 +2,16 @@
 //! it returned (with the library's name for it), so callers can tell an out-of-memory from a
 //! launch failure without parsing text. At the crate boundary it becomes the engine's
 //! structured error, never a string: an allocation failure `EngineError::OutOfMemory`, any
-//! other status `EngineError::Library` with the same library, call, code and name.
+//! other status `EngineError::Library` with the same library, call, code and name. The driver
+//! calls isolane-gpu makes for this crate (initialising, finding the device, its context)
+//! cross the boundary the same way ([`from_gpu`]).
 
 use cudarc::cublaslt::sys as lt;
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as rtc;
 use isolane_engine::{EngineError, LibraryFailure, OutOfMemory};
+use isolane_gpu::GpuError;
 use std::ffi::CStr;
 
 /// The CUDA library a call belongs to.
@@ -126,6 +129,18 @@ impl From<CudaError> for EngineError {
     }
 }
 
+/// The engine's error for a failure of isolane-gpu's driver layer: a failed call is the same
+/// structured error as this crate's own calls ([`CudaError`]'s conversion), a device index
+/// that does not exist the caller's mistake, and no usable GPU (no library, no device) a
+/// runtime failure with isolane-gpu's message.
+pub fn from_gpu(e: GpuError) -> EngineError {
+    match e {
+        GpuError::Cuda { call, code, value } => failed(Library::Driver, call, value, code).into(),
+        e if e.is_user_error() => EngineError::InvalidArgument(e.to_string()),
+        e => EngineError::Runtime(e.to_string()),
+    }
+}
+
 fn failed(library: Library, call: &'static str, code: i64, status: String) -> CudaError {
     CudaError {
         library,
@@ -209,6 +224,46 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!((rtc.library, rtc.code), (Library::Nvrtc, 6));
+    }
+
+    #[test]
+    fn isolane_gpus_failed_driver_calls_keep_their_structure_across_the_boundary() {
+        let oom = from_gpu(GpuError::Cuda {
+            call: "cuDevicePrimaryCtxRetain",
+            code: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+            value: 2,
+        });
+        let EngineError::OutOfMemory(m) = &oom else {
+            panic!("not an out-of-memory: {oom}");
+        };
+        let f = m.reported_by.as_ref().expect("the refusing call");
+        assert_eq!(
+            (f.library, f.call, f.code, f.status.as_str()),
+            (
+                "CUDA driver",
+                "cuDevicePrimaryCtxRetain",
+                2,
+                "CUDA_ERROR_OUT_OF_MEMORY"
+            )
+        );
+        let failed = from_gpu(GpuError::Cuda {
+            call: "cuInit",
+            code: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH".into(),
+            value: 803,
+        });
+        assert_eq!(failed.kind(), ErrorKind::Library);
+        assert_eq!(
+            failed.to_string(),
+            "cuInit: CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"
+        );
+        let index = from_gpu(GpuError::DeviceIndex { index: 3, count: 1 });
+        assert_eq!(index.kind(), ErrorKind::InvalidArgument);
+        assert!(
+            index.to_string().contains("GPU 3 does not exist"),
+            "{index}"
+        );
+        let none = from_gpu(GpuError::NoDevice("no device".into()));
+        assert_eq!(none.kind(), ErrorKind::Runtime);
     }
 
     fn status(library: Library, call: &'static str, code: i64, status: &str) -> CudaError {

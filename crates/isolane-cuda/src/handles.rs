@@ -12,17 +12,6 @@ use isolane_engine::Result;
 
 use crate::error::{cu_check, dnn_check, lt_check};
 
-/// A raw device allocation of at least `bytes` (256 at least); the caller frees it.
-pub(crate) fn dev_alloc(bytes: usize) -> Result<u64> {
-    let mut p: cu::CUdeviceptr = 0;
-    // SAFETY: valid out-pointer, a context is current (set by the caller).
-    cu_check("cuMemAlloc", unsafe {
-        cu::cuMemAlloc_v2(&mut p, bytes.max(256))
-    })
-    .map_err(|e| e.allocating("a device buffer", bytes as u64, device_free_bytes()))?;
-    Ok(p)
-}
-
 /// Free bytes of the current context's device, for an out-of-memory's message (`None` when
 /// the driver cannot say).
 pub(crate) fn device_free_bytes() -> Option<u64> {
@@ -32,34 +21,84 @@ pub(crate) fn device_free_bytes() -> Option<u64> {
     (r == cu::CUresult::CUDA_SUCCESS).then_some(free as u64)
 }
 
-/// A device allocation, freed when dropped (with its context current, as while building).
+/// A span of device memory: its address and its size in bytes. It owns nothing: a view of a
+/// [`DeviceBuffer`] or of part of one (a model's weights and arena share one allocation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct DeviceSpan {
+    ptr: u64,
+    bytes: usize,
+}
+
+impl DeviceSpan {
+    /// No memory (a workspace no algorithm needs, a model before its upload).
+    pub(crate) const EMPTY: DeviceSpan = DeviceSpan { ptr: 0, bytes: 0 };
+
+    /// `bytes` of device memory at `ptr`, which the caller knows to be allocated.
+    pub(crate) fn new(ptr: u64, bytes: usize) -> DeviceSpan {
+        DeviceSpan { ptr, bytes }
+    }
+
+    pub(crate) fn ptr(self) -> u64 {
+        self.ptr
+    }
+
+    pub(crate) fn bytes(self) -> usize {
+        self.bytes
+    }
+
+    /// The `bytes` at `offset` in this span, or `None` where they would reach past its end.
+    pub(crate) fn slice(self, offset: usize, bytes: usize) -> Option<DeviceSpan> {
+        let end = offset.checked_add(bytes)?;
+        (end <= self.bytes).then_some(DeviceSpan {
+            ptr: self.ptr + offset as u64,
+            bytes,
+        })
+    }
+}
+
+/// A device allocation of `bytes` (256 at least, as the driver is asked for), freed when
+/// dropped (with its context current, as while building).
 pub(crate) struct DeviceBuffer {
     pub(crate) ptr: u64,
+    bytes: usize,
 }
 
 impl DeviceBuffer {
+    /// An allocation in the current context; the driver's refusal is an out-of-memory with
+    /// the bytes asked and free.
     pub(crate) fn new(bytes: usize) -> Result<DeviceBuffer> {
-        Ok(DeviceBuffer {
-            ptr: dev_alloc(bytes)?,
+        let mut p: cu::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer, a context is current (set by the caller).
+        cu_check("cuMemAlloc", unsafe {
+            cu::cuMemAlloc_v2(&mut p, bytes.max(256))
         })
+        .map_err(|e| e.allocating("a device buffer", bytes as u64, device_free_bytes()))?;
+        Ok(DeviceBuffer { ptr: p, bytes })
     }
 
     /// An allocation of `bytes` set to zero.
     pub(crate) fn zeroed(bytes: usize) -> Result<DeviceBuffer> {
         let b = DeviceBuffer::new(bytes)?;
-        dev_zero(b.ptr, bytes)?;
+        dev_zero(b.span())?;
         Ok(b)
+    }
+
+    /// The whole allocation, as asked for.
+    pub(crate) fn span(&self) -> DeviceSpan {
+        DeviceSpan::new(self.ptr, self.bytes)
     }
 }
 
-/// Sets `bytes` of device memory at `ptr` to zero and waits for it.
-pub(crate) fn dev_zero(ptr: u64, bytes: usize) -> Result<()> {
-    if bytes == 0 {
+/// Sets the span's device memory to zero and waits for it.
+pub(crate) fn dev_zero(span: DeviceSpan) -> Result<()> {
+    if span.bytes == 0 {
         return Ok(());
     }
-    // SAFETY: `ptr` points at `bytes` of device memory of the current context (the caller's
+    // SAFETY: the span is allocated device memory of the current context (the caller's
     // allocation); the synchronisation below ends the memset before anything else reads it.
-    cu_check("cuMemsetD8", unsafe { cu::cuMemsetD8_v2(ptr, 0, bytes) })?;
+    cu_check("cuMemsetD8", unsafe {
+        cu::cuMemsetD8_v2(span.ptr, 0, span.bytes)
+    })?;
     // SAFETY: a context is current.
     cu_check("cuCtxSynchronize", unsafe { cu::cuCtxSynchronize() })?;
     Ok(())
@@ -246,6 +285,18 @@ mod tests {
     use super::*;
     use isolane_engine::EngineError;
 
+    #[test]
+    fn a_span_slices_only_inside_itself() {
+        let s = DeviceSpan::new(0x1000, 512);
+        assert_eq!(s.slice(0, 512), Some(s));
+        assert_eq!(s.slice(256, 256), Some(DeviceSpan::new(0x1100, 256)));
+        assert_eq!(s.slice(512, 0), Some(DeviceSpan::new(0x1200, 0)));
+        assert_eq!(s.slice(256, 257), None);
+        assert_eq!(s.slice(513, 0), None);
+        assert_eq!(s.slice(usize::MAX, 2), None);
+        assert_eq!(DeviceSpan::EMPTY.slice(0, 1), None);
+    }
+
     /// What the driver answers a device allocation no GPU holds: an out-of-memory with the
     /// bytes asked and the device's free bytes, and the call that refused it.
     #[test]
@@ -254,7 +305,7 @@ mod tests {
         let backend = crate::CudaBackend::new(0).expect("needs a CUDA GPU");
         crate::model::make_current(backend.context()).unwrap();
         let asked = 1usize << 50; // 1 PiB
-        let e = dev_alloc(asked).expect_err("1 PiB allocated");
+        let e = DeviceBuffer::new(asked).err().expect("1 PiB allocated");
         let EngineError::OutOfMemory(m) = &e else {
             panic!("not an out-of-memory: {e}");
         };

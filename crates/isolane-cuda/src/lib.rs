@@ -35,7 +35,7 @@ use std::sync::Arc;
 use cudarc::driver::sys as cu;
 use isolane_engine::{passes, Backend, CompiledModel, EngineError, Graph, Precision, Result};
 
-pub use model::{CudaModel, MemoryReport};
+pub use model::{CudaModel, MemoryReport, Slots};
 pub use options::{BuildOptions, ConvPaths};
 pub use preprocess::{InputType, Preprocessor};
 pub use synthetic::{Synthetic, SyntheticKernel};
@@ -119,10 +119,9 @@ impl CudaBackend {
     /// (a critical workload of a protected run, docs/criticality.md), else the default.
     pub fn with_own_stream(index: u32, urgent: bool) -> Result<CudaBackend> {
         libs::ensure_all().map_err(EngineError::Runtime)?;
-        let rt = |e: isolane_gpu::GpuError| EngineError::Runtime(e.to_string());
-        isolane_gpu::driver::init().map_err(rt)?;
-        let dev = isolane_gpu::driver::device(index).map_err(rt)?;
-        let primary = isolane_gpu::driver::PrimaryContext::retain(dev).map_err(rt)?;
+        isolane_gpu::driver::init().map_err(error::from_gpu)?;
+        let dev = isolane_gpu::driver::device(index).map_err(error::from_gpu)?;
+        let primary = isolane_gpu::driver::PrimaryContext::retain(dev).map_err(error::from_gpu)?;
         let ctx = primary.raw();
         model::make_current(ctx)?;
         let mut priority = 0;
@@ -163,7 +162,7 @@ impl CudaBackend {
     /// the backend and every model compiled with it.
     pub unsafe fn with_stream(ctx: cu::CUcontext, stream: cu::CUstream) -> Result<CudaBackend> {
         libs::ensure_all().map_err(EngineError::Runtime)?;
-        isolane_gpu::driver::init().map_err(|e| EngineError::Runtime(e.to_string()))?;
+        isolane_gpu::driver::init().map_err(error::from_gpu)?;
         Ok(CudaBackend {
             ctx,
             stream,

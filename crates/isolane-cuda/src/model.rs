@@ -14,7 +14,7 @@ use isolane_engine::{CompiledModel, EngineError, Precision, Result};
 use crate::dnn_graph::{ConvGraph, ConvGraphPtrs, ConvGraphSpec};
 use crate::error::{cu_check, dnn_check, lt_check, rtc_check, CudaError};
 use crate::handles::{
-    dev_alloc, dev_zero, CapturedGraph, CublasLt, Cudnn, DeviceBuffer, Module, PinnedF32,
+    dev_zero, CapturedGraph, CublasLt, Cudnn, DeviceBuffer, DeviceSpan, Module, PinnedF32,
 };
 use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_LANE};
 use crate::mm_check::{MatmulOperands, MatmulProbe, MatmulShape};
@@ -49,8 +49,8 @@ use timing::*;
 
 pub(crate) use matmul::MM_WORKSPACE_CAP;
 pub(crate) use nvrtc::{cubin_for, device_arch};
-pub(crate) use timing::Events;
 pub use slots::Slots;
+pub(crate) use timing::Events;
 
 /// Makes `ctx` current on this thread if it is not already (cheap: no allocation).
 pub(crate) fn make_current(ctx: cu::CUcontext) -> Result<()> {
@@ -106,17 +106,20 @@ pub struct CudaModel {
     ctx: cu::CUcontext,
     stream: cu::CUstream,
     precision: Precision,
-    /// The one device allocation: the weights, then the arena, then (when they fit in the
-    /// allocation's rounding) the workspaces; `arena` and the workspaces point into it (a
-    /// workspace may have its own allocation, `workspace_owned` / `mm_workspace_owned`).
-    weights: u64,
-    arena: u64,
-    /// cuDNN's workspace.
-    workspace: u64,
-    workspace_owned: bool,
+    /// The one device allocation (`None` until the weights are uploaded): the weights, then
+    /// the arena, then (when they fit in the allocation's rounding) the workspaces. Dropped
+    /// after the graphs, whose nodes use it.
+    block: Option<DeviceBuffer>,
+    /// The weights and the activation arena, in `block`.
+    weights: DeviceSpan,
+    arena: DeviceSpan,
+    /// cuDNN's workspace, in `block` or `own_workspaces` (the search's scratch while
+    /// candidates are timed).
+    workspace: DeviceSpan,
     /// cuBLASLt's workspace, apart from cuDNN's and zeroed when placed ([`MM_WORKSPACE_CAP`]).
-    mm_workspace: u64,
-    mm_workspace_owned: bool,
+    mm_workspace: DeviceSpan,
+    /// The workspaces that did not fit in `block`'s rounding.
+    own_workspaces: Vec<DeviceBuffer>,
     mem: MemoryReport,
     host_in: Vec<PinnedF32>,
     host_out: Vec<PinnedF32>,
@@ -215,23 +218,10 @@ impl Drop for CudaModel {
             return;
         }
         // SAFETY: the stream is synchronised first so that no job still uses what the fields
-        // below free when they drop (graphs first, then the libraries, the module, the pinned
-        // buffers: declaration order).
+        // free when they drop (graphs first, then the device memory, the libraries, the
+        // module, the pinned buffers: declaration order).
         unsafe {
             cu::cuStreamSynchronize(self.stream);
-        }
-        // SAFETY: the weights block and an own workspace were allocated by this model and are
-        // freed exactly once, here; the graphs that use them are never launched again.
-        unsafe {
-            if self.workspace_owned && self.workspace != 0 {
-                cu::cuMemFree_v2(self.workspace);
-            }
-            if self.mm_workspace_owned && self.mm_workspace != 0 {
-                cu::cuMemFree_v2(self.mm_workspace);
-            }
-            if self.weights != 0 {
-                cu::cuMemFree_v2(self.weights);
-            }
         }
     }
 }

@@ -369,9 +369,8 @@ pub fn gpu_key_of(dev: cu::CUdevice) -> Result<Vec<(String, String)>> {
 /// [`gpu_key_of`] for device `index`, without a context (the check before a run).
 pub fn gpu_key(index: u32) -> Result<Vec<(String, String)>> {
     crate::libs::ensure_all().map_err(EngineError::Runtime)?;
-    let rt = |e: isolane_gpu::GpuError| EngineError::Runtime(e.to_string());
-    isolane_gpu::driver::init().map_err(rt)?;
-    gpu_key_of(isolane_gpu::driver::device(index).map_err(rt)?)
+    isolane_gpu::driver::init().map_err(crate::error::from_gpu)?;
+    gpu_key_of(isolane_gpu::driver::device(index).map_err(crate::error::from_gpu)?)
 }
 
 /// What a plan for `precision` and `batch` on this GPU must have in its key.
@@ -415,8 +414,7 @@ impl CudaBackend {
         model::make_current(self.ctx)?;
         let mut dev: cu::CUdevice = 0;
         // SAFETY: valid out-pointer, a context is current.
-        cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })
-            .map_err(|e| EngineError::Runtime(e.to_string()))?;
+        cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
         gpu_key_of(dev)
     }
 
@@ -520,8 +518,11 @@ impl CudaBackend {
         target.build.depthwise_pairs = part.depthwise_pairs;
         target.build.block_rows = part.block_rows;
         target.build.exact_gelu = part.exact_gelu;
-        let (mut m, _) = CudaModel::build_logged(p, &target, log)
-            .map_err(|e| EngineError::InvalidArgument(format!("saved plan `{file}`: {e}")))?;
+        let (mut m, _) = CudaModel::build_logged(p, &target, log).map_err(|e| match e {
+            // Memory this GPU lacks, not a fault of the plan: exit 3 as for any build.
+            EngineError::OutOfMemory(_) => e,
+            e => EngineError::InvalidArgument(format!("saved plan `{file}`: {e}")),
+        })?;
         let got = probe(&mut m)?;
         if let Some(i) = (0..got.len()).find(|&i| part.outputs.get(i) != Some(&got[i])) {
             return Err(EngineError::Runtime(format!(

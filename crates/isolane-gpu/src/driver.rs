@@ -28,13 +28,14 @@ pub fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
         Err(GpuError::Cuda {
             call,
             code: error_name(r),
+            value: r as i64,
         })
     }
 }
 
 /// Finds libcuda (see [`crate::loader`]) and runs `cuInit(0)` once per process.
 pub fn init() -> Result<()> {
-    static INIT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    static INIT: OnceLock<std::result::Result<(), sys::CUresult>> = OnceLock::new();
     loader::ensure(NvLib::Cuda)?;
     let r = INIT.get_or_init(|| {
         // SAFETY: cuInit has no preconditions; libcuda is loaded (checked above), so cudarc's
@@ -43,18 +44,15 @@ pub fn init() -> Result<()> {
         if r == sys::CUresult::CUDA_SUCCESS {
             Ok(())
         } else {
-            Err(error_name(r))
+            Err(r)
         }
     });
-    match r {
+    match *r {
         Ok(()) => Ok(()),
-        Err(code) if code == "CUDA_ERROR_NO_DEVICE" => Err(GpuError::NoDevice(
+        Err(sys::CUresult::CUDA_ERROR_NO_DEVICE) => Err(GpuError::NoDevice(
             "the CUDA driver reports no device (cuInit: CUDA_ERROR_NO_DEVICE)".into(),
         )),
-        Err(code) => Err(GpuError::Cuda {
-            call: "cuInit",
-            code: code.clone(),
-        }),
+        Err(r) => check("cuInit", r),
     }
 }
 

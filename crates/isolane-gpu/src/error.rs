@@ -24,8 +24,13 @@ pub enum GpuError {
         symbol: String,
         hint: String,
     },
+    /// A driver call that failed: its name, the result's name and its number.
     #[error("{call} failed: {code}")]
-    Cuda { call: &'static str, code: String },
+    Cuda {
+        call: &'static str,
+        code: String,
+        value: i64,
+    },
     #[error("NVRTC could not compile the probe kernel: {0}")]
     Nvrtc(String),
     #[error("{call} failed: {error}")]

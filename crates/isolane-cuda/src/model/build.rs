@@ -34,8 +34,8 @@ impl CudaModel {
         let rec = Recorder {
             plan: &plan,
             const_offs: &block.const_offs,
-            arena_base: m.arena,
-            weights_base: m.weights,
+            arena_base: m.arena.ptr(),
+            weights_base: m.weights.ptr(),
             dtype: plan.dtype,
             es: plan.dtype.size(),
             half_names,
@@ -49,11 +49,8 @@ impl CudaModel {
         };
         let recorded = m.record_launches(&rec);
         let mut log = rec.choices.into_inner();
-        // The search may have stopped with an error while timing on the scratch buffer: the
-        // model must not free it a second time when it is dropped.
-        m.workspace = 0;
-        m.mm_workspace = 0;
-        // The algorithm search is over: nothing uses the scratch any more.
+        // The algorithm search is over: nothing uses the scratch any more (the workspaces
+        // point at it only while candidates are timed).
         drop(scratch);
         drop(mm_scratch);
         recorded?;
@@ -78,12 +75,12 @@ impl CudaModel {
             ctx: target.ctx,
             stream: target.stream,
             precision: plan.precision,
-            weights: 0,
-            arena: 0,
-            workspace: 0,
-            workspace_owned: false,
-            mm_workspace: 0,
-            mm_workspace_owned: false,
+            block: None,
+            weights: DeviceSpan::EMPTY,
+            arena: DeviceSpan::EMPTY,
+            workspace: DeviceSpan::EMPTY,
+            mm_workspace: DeviceSpan::EMPTY,
+            own_workspaces: Vec::new(),
             mem: MemoryReport::default(),
             host_in: Vec::new(),
             host_out: Vec::new(),

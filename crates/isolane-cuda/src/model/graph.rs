@@ -54,8 +54,8 @@ impl CudaModel {
         let limits = crate::l2::limits()?;
         let bytes = crate::l2::persist_bytes(mib, &limits)?;
         let Some(window) = crate::l2::window(
-            self.weights,
-            self.mem.weights_bytes,
+            self.weights.ptr(),
+            self.weights.bytes(),
             bytes,
             limits.max_window_bytes,
         ) else {

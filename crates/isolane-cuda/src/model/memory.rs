@@ -17,12 +17,12 @@ pub(super) fn free_mem() -> Result<usize> {
 }
 
 /// Where [`CudaModel::upload_weights`] put the weights: each constant's offset, their bytes,
-/// and the one allocation's used and rounded sizes (the arena follows the weights).
+/// and the bytes of the one allocation that they and the arena use (the rest is the driver's
+/// rounding).
 pub(super) struct WeightBlock {
     pub(super) const_offs: Vec<usize>,
     pub(super) const_bytes: usize,
     pub(super) block_used: usize,
-    pub(super) block_bytes: usize,
 }
 
 impl CudaModel {
@@ -37,25 +37,39 @@ impl CudaModel {
         let weights_span = crate::plan::align(const_bytes);
         let block_used = weights_span + plan.arena_bytes;
         let block_bytes = block_used.div_ceil(ALLOC_GRANULARITY).max(1) * ALLOC_GRANULARITY;
-        self.weights = dev_alloc(block_bytes)
+        let block = DeviceBuffer::new(block_bytes)
             .map_err(|e| e.for_allocation("the weights and the activation arena"))?;
-        // SAFETY: the device buffer holds const_bytes; host is const_bytes long; synchronous.
+        let whole = block.span();
+        self.block = Some(block);
+        let inside = |offset, bytes| {
+            whole.slice(offset, bytes).ok_or_else(|| {
+                EngineError::Runtime(format!(
+                    "{bytes} bytes at {offset} are outside the model's allocation of {block_bytes}"
+                ))
+            })
+        };
+        self.weights = inside(0, const_bytes)?;
+        self.arena = inside(weights_span, plan.arena_bytes)?;
+        // SAFETY: the weights span is allocated device memory of const_bytes; host is
+        // const_bytes long; synchronous.
         cu_check("cuMemcpyHtoD", unsafe {
-            cu::cuMemcpyHtoD_v2(self.weights, host.as_ptr() as *const c_void, const_bytes)
+            cu::cuMemcpyHtoD_v2(
+                self.weights.ptr(),
+                host.as_ptr() as *const c_void,
+                self.weights.bytes(),
+            )
         })?;
         drop(host);
-        self.arena = self.weights + weights_span as u64;
         // Poison the arena once so that a read of unwritten memory shows up as NaN in tests
         // (0xff bytes are NaN in f32, f16 and bf16).
-        // SAFETY: the arena holds arena_bytes; synchronous memset.
+        // SAFETY: the arena span is allocated device memory; synchronous memset.
         cu_check("cuMemsetD8", unsafe {
-            cu::cuMemsetD8_v2(self.arena, 0xff, plan.arena_bytes)
+            cu::cuMemsetD8_v2(self.arena.ptr(), 0xff, self.arena.bytes())
         })?;
         Ok(WeightBlock {
             const_offs,
             const_bytes,
             block_used,
-            block_bytes,
         })
     }
 
@@ -88,21 +102,26 @@ impl CudaModel {
             .unwrap_or(0);
         let mm = self.mms.iter().map(|x| x.workspace).max().unwrap_or(0);
         // Each in the weights allocation's rounding where it fits, else an allocation of its own.
+        let whole = self
+            .block
+            .as_ref()
+            .map_or(DeviceSpan::EMPTY, DeviceBuffer::span);
         let mut free = crate::plan::align(block.block_used);
-        let mut place = |bytes: usize| -> Result<(u64, bool)> {
-            if free + bytes <= block.block_bytes {
-                let at = self.weights + free as u64;
+        let mut place = |bytes: usize| -> Result<DeviceSpan> {
+            if let Some(at) = whole.slice(free, bytes) {
                 free = crate::plan::align(free + bytes);
-                Ok((at, false))
-            } else {
-                let at = dev_alloc(bytes).map_err(|e| e.for_allocation("a library workspace"))?;
-                Ok((at, true))
+                return Ok(at);
             }
+            let own =
+                DeviceBuffer::new(bytes).map_err(|e| e.for_allocation("a library workspace"))?;
+            let at = own.span();
+            self.own_workspaces.push(own);
+            Ok(at)
         };
-        (self.workspace, self.workspace_owned) = place(dnn)?;
-        (self.mm_workspace, self.mm_workspace_owned) = place(mm)?;
+        self.workspace = place(dnn)?;
+        self.mm_workspace = place(mm)?;
         // cuBLASLt's semaphores start at zero (MM_WORKSPACE_CAP).
-        dev_zero(self.mm_workspace, mm)?;
+        dev_zero(self.mm_workspace)?;
         let ws = dnn + mm;
         self.mem = MemoryReport {
             weights_bytes: block.const_bytes,
@@ -114,22 +133,16 @@ impl CudaModel {
         Ok(())
     }
 
-    /// Device address of `len` elements at a plan location, if they lie inside the arena or
-    /// the weights.
-    pub(super) fn device_span(&self, l: Loc, len: usize) -> Option<u64> {
+    /// The device memory of `len` elements at a plan location, if they lie inside the arena
+    /// or the weights.
+    pub(super) fn device_span(&self, l: Loc, len: usize) -> Option<DeviceSpan> {
         let es = self.dtype.size();
-        let (base, start, limit) = match l {
-            Loc::Storage { id, offset } => (
-                self.arena,
-                self.storage_offsets.get(id)? + offset * es,
-                self.mem.arena_bytes,
-            ),
-            Loc::Const { id, offset } => (
-                self.weights,
-                self.const_offsets.get(id)? + offset * es,
-                self.mem.weights_bytes,
-            ),
+        let (span, start) = match l {
+            Loc::Storage { id, offset } => {
+                (self.arena, self.storage_offsets.get(id)? + offset * es)
+            }
+            Loc::Const { id, offset } => (self.weights, self.const_offsets.get(id)? + offset * es),
         };
-        (start + len * es <= limit).then_some(base + start as u64)
+        span.slice(start, len.checked_mul(es)?)
     }
 }

@@ -99,7 +99,7 @@ impl CudaModel {
                             *w as *const c_void,
                             c.conv,
                             c.algo,
-                            self.workspace as *mut c_void,
+                            self.workspace.ptr() as *mut c_void,
                             c.workspace,
                             &zero as *const f32 as *const c_void,
                             c.y,
@@ -109,7 +109,7 @@ impl CudaModel {
                 }
                 Launch::ConvGraph { graph, ptrs } => {
                     let ptrs = ConvGraphPtrs {
-                        workspace: self.workspace,
+                        workspace: self.workspace.ptr(),
                         ..**ptrs
                     };
                     // SAFETY: the plan was made for these buffers' shapes (planned together);
@@ -124,7 +124,7 @@ impl CudaModel {
                         *b,
                         *c,
                         *y,
-                        self.mm_workspace,
+                        self.mm_workspace.ptr(),
                         self.stream,
                     )?;
                 }
@@ -293,16 +293,14 @@ impl crate::check::StepRunner for CudaModel {
 
     fn read(&mut self, loc: Loc, len: usize) -> Result<Vec<f32>> {
         make_current(self.ctx)?;
-        let es = self.dtype.size();
         let src = self.device_span(loc, len).ok_or_else(|| {
             EngineError::InvalidArgument(format!("{len} elements at {loc:?} are outside the model"))
         })?;
-        let mut raw = vec![0u8; len * es];
-        // SAFETY: src..src + len * es lies inside this model's arena or weights (checked
-        // above); raw holds len * es bytes; synchronous copy (the stream was synchronised
-        // after the last step).
+        let mut raw = vec![0u8; src.bytes()];
+        // SAFETY: src lies inside this model's arena or weights (checked above); raw holds
+        // its bytes; synchronous copy (the stream was synchronised after the last step).
         cu_check("cuMemcpyDtoH", unsafe {
-            cu::cuMemcpyDtoH_v2(raw.as_mut_ptr() as *mut c_void, src, raw.len())
+            cu::cuMemcpyDtoH_v2(raw.as_mut_ptr() as *mut c_void, src.ptr(), raw.len())
         })?;
         Ok(crate::convert::to_f32(&raw, self.dtype))
     }

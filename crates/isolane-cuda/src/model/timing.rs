@@ -75,9 +75,12 @@ pub(super) fn time_candidates(
     if paths.len() < 2 {
         return Ok(());
     }
-    (m.workspace, m.mm_workspace) = (rec.scratch, rec.mm_scratch);
+    (m.workspace, m.mm_workspace) = (
+        DeviceSpan::new(rec.scratch, rec.ws_cap),
+        DeviceSpan::new(rec.mm_scratch, rec.mm_ws_cap),
+    );
     let timed = time_paths_as_graphs(m, rec, paths);
-    (m.workspace, m.mm_workspace) = (0, 0);
+    (m.workspace, m.mm_workspace) = (DeviceSpan::EMPTY, DeviceSpan::EMPTY);
     timed
 }
 
