@@ -1,0 +1,238 @@
+//! [`Slots`]: several sets of pinned input and output buffers for one model, so that a server
+//! writes the next job's input while the job before runs on the GPU (docs/serve.md, "Input
+//! slots"). The model's own buffers and graph stay as they are for `run`.
+
+use super::*;
+
+/// `n` sets of pinned host buffers for a model's inputs and outputs, each launched as a job on
+/// the model's stream: the copies from the slot's inputs, the model's forward graph (without
+/// its own copies), the copies to the slot's outputs, then the slot's event. Jobs of several
+/// slots queue on the one stream, in launch order, so they share the model's arena safely.
+///
+/// A slot whose job is launched and not seen done is *in flight*: its buffers are not handed
+/// out ([`Slots::input_mut`], [`Slots::output`] say `None`), so nothing writes an input the
+/// copy engine may still read, nor reads an output it may still write.
+pub struct Slots {
+    ins: Vec<Vec<PinnedF32>>,
+    outs: Vec<Vec<PinnedF32>>,
+    events: Vec<cu::CUevent>,
+    in_flight: Vec<bool>,
+    /// The model's stream and context, checked at each launch: the device addresses below
+    /// belong to that model's arena.
+    stream: cu::CUstream,
+    ctx: cu::CUcontext,
+    /// Device addresses and bytes of the model's input and output staging.
+    to_device: Vec<Span>,
+    from_device: Vec<Span>,
+}
+
+/// A device address and a size in bytes.
+type Span = (u64, usize);
+
+// SAFETY: the buffers and events are owned by this value and used only through `&mut self`
+// (or `&self` for reading an output that is not in flight); the driver allows events and
+// pinned memory to be used from any thread.
+unsafe impl Send for Slots {}
+
+impl CudaModel {
+    /// Device addresses and sizes (bytes) of the input copies' destinations and the output
+    /// copies' sources: the first launches are the input copies and the last the output copies
+    /// (`record_launches`).
+    fn staging(&self) -> (Vec<Span>, Vec<Span>) {
+        let n_in = self.host_in.len();
+        let n_out = self.host_out.len();
+        let ins = self.launches[..n_in.min(self.launches.len())]
+            .iter()
+            .filter_map(|l| match l {
+                Launch::HtoD { dst, bytes, .. } => Some((*dst, *bytes)),
+                _ => None,
+            })
+            .collect();
+        let outs = self.launches[self.launches.len().saturating_sub(n_out)..]
+            .iter()
+            .filter_map(|l| match l {
+                Launch::DtoH { src, bytes, .. } => Some((*src, *bytes)),
+                _ => None,
+            })
+            .collect();
+        (ins, outs)
+    }
+}
+
+impl Slots {
+    /// `n` slots (at least 1) for `model`, in its context.
+    pub fn new(model: &CudaModel, n: usize) -> Result<Slots> {
+        make_current(model.ctx)?;
+        let (to_device, from_device) = model.staging();
+        if to_device.len() != model.host_in.len() || from_device.len() != model.host_out.len() {
+            return Err(EngineError::Runtime(
+                "the model's launches do not start with its input copies and end with its \
+                 output copies"
+                    .into(),
+            ));
+        }
+        let mut s = Slots {
+            ins: Vec::new(),
+            outs: Vec::new(),
+            events: Vec::new(),
+            in_flight: Vec::new(),
+            stream: model.stream,
+            ctx: model.ctx,
+            to_device,
+            from_device,
+        };
+        for _ in 0..n.max(1) {
+            let ins = s
+                .to_device
+                .iter()
+                .map(|&(_, bytes)| PinnedF32::new(bytes / 4))
+                .collect::<Result<Vec<_>>>()?;
+            let outs = s
+                .from_device
+                .iter()
+                .map(|&(_, bytes)| PinnedF32::new(bytes / 4))
+                .collect::<Result<Vec<_>>>()?;
+            let mut ev: cu::CUevent = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; the model's context is current. No timing: the
+            // event only marks a job's end, and timing makes record and query dearer.
+            cu_check("cuEventCreate", unsafe {
+                cu::cuEventCreate(&mut ev, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+            })?;
+            s.events.push(ev);
+            s.ins.push(ins);
+            s.outs.push(outs);
+            s.in_flight.push(false);
+        }
+        Ok(s)
+    }
+
+    /// How many slots there are.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Never true: there is at least one slot.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Whether `slot`'s job is launched and not yet seen done.
+    pub fn in_flight(&self, slot: usize) -> bool {
+        self.in_flight.get(slot).copied().unwrap_or(false)
+    }
+
+    /// Input `i` of `slot`; `None` out of range or while the slot is in flight.
+    pub fn input_mut(&mut self, slot: usize, i: usize) -> Option<&mut [f32]> {
+        if self.in_flight(slot) {
+            return None;
+        }
+        self.ins
+            .get_mut(slot)?
+            .get_mut(i)
+            .map(PinnedF32::as_mut_slice)
+    }
+
+    /// Output `i` of `slot` after its job; `None` out of range or while it is in flight.
+    pub fn output(&self, slot: usize, i: usize) -> Option<&[f32]> {
+        if self.in_flight(slot) {
+            return None;
+        }
+        self.outs.get(slot)?.get(i).map(PinnedF32::as_slice)
+    }
+
+    /// Launches `slot`'s job on `model`'s stream behind whatever is queued there, without
+    /// waiting. The slot is in flight until [`Slots::is_done`] or [`Slots::wait`] sees it end.
+    pub fn launch(&mut self, model: &mut CudaModel, slot: usize) -> Result<()> {
+        if model.stream != self.stream || model.ctx != self.ctx {
+            return Err(EngineError::InvalidArgument(
+                "input slots launched on another model than theirs".into(),
+            ));
+        }
+        if slot >= self.len() || self.in_flight[slot] {
+            return Err(EngineError::InvalidArgument(format!(
+                "input slot {slot} of {} is not free",
+                self.len()
+            )));
+        }
+        let exec = model
+            .compute
+            .as_ref()
+            .map(CapturedGraph::exec)
+            .ok_or_else(|| EngineError::Runtime("the model has no graph".into()))?;
+        make_current(self.ctx)?;
+        // From here the copy engine may read the slot's inputs: in flight even if a later
+        // call fails, so that no one writes them until the stream is seen past it.
+        self.in_flight[slot] = true;
+        for (&(dst, bytes), src) in self.to_device.iter().zip(&self.ins[slot]) {
+            // SAFETY: src is a pinned buffer of bytes / 4 f32s owned by self and not handed out
+            // while in flight; dst is the model's input staging of `bytes` (checked to be this
+            // model's by its stream above); the model's stream is live.
+            cu_check("cuMemcpyHtoDAsync", unsafe {
+                cu::cuMemcpyHtoDAsync_v2(dst, src.ptr() as *const c_void, bytes, self.stream)
+            })?;
+        }
+        // SAFETY: exec and stream are live; the graph's buffers are owned by the model.
+        cu_check("cuGraphLaunch", unsafe {
+            cu::cuGraphLaunch(exec, self.stream)
+        })?;
+        for (&(src, bytes), dst) in self.from_device.iter().zip(&self.outs[slot]) {
+            // SAFETY: as for the input copies, the other way.
+            cu_check("cuMemcpyDtoHAsync", unsafe {
+                cu::cuMemcpyDtoHAsync_v2(dst.ptr() as *mut c_void, src, bytes, self.stream)
+            })?;
+        }
+        // SAFETY: the event and stream are live, of the current context.
+        cu_check("cuEventRecord", unsafe {
+            cu::cuEventRecord(self.events[slot], self.stream)
+        })?;
+        Ok(())
+    }
+
+    /// Whether `slot`'s job has ended (never blocks); a slot not in flight is done.
+    pub fn is_done(&mut self, slot: usize) -> Result<bool> {
+        if !self.in_flight(slot) {
+            return Ok(true);
+        }
+        // SAFETY: the event is live and was recorded by `launch`.
+        match unsafe { cu::cuEventQuery(self.events[slot]) } {
+            cu::CUresult::CUDA_SUCCESS => {
+                self.in_flight[slot] = false;
+                Ok(true)
+            }
+            cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => cu_check("cuEventQuery", e)
+                .map(|_| false)
+                .map_err(EngineError::from),
+        }
+    }
+
+    /// Waits for `slot`'s job as [`CudaModel::wait`] waits for a whole job (the context's own
+    /// scheduling: the same wait as `run`'s).
+    pub fn wait(&mut self, slot: usize) -> Result<()> {
+        if !self.in_flight(slot) {
+            return Ok(());
+        }
+        // SAFETY: the event is live and was recorded by `launch`.
+        cu_check("cuEventSynchronize", unsafe {
+            cu::cuEventSynchronize(self.events[slot])
+        })?;
+        self.in_flight[slot] = false;
+        Ok(())
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        if make_current(self.ctx).is_err() {
+            return;
+        }
+        for &ev in &self.events {
+            // SAFETY: each event was created in `new` and is destroyed once, here, after the
+            // job that recorded it (if any) has ended: the buffers it copies are freed next.
+            unsafe {
+                cu::cuEventSynchronize(ev);
+                cu::cuEventDestroy_v2(ev);
+            }
+        }
+    }
+}
