@@ -538,3 +538,95 @@ fn qoperator_fixtures_stay_finite_at_fp16() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The trained digits CNN (scripts/int8_accuracy_train.py: scikit-learn's digits, 99.4 % on
+/// its 360 held-out items in torch and onnxruntime), so that int8 / fp8 accuracy means
+/// something (random weights have no accuracy to lose).
+///
+/// - fp32: isolane's CPU backend gives onnxruntime's outputs (1e-5 relative L2, the float
+///   fixtures' bound) and so exactly its answers and its accuracy.
+/// - isolane's own calibration (`calibrate::quantize_model` on the script's 64 calibration
+///   items, as `--precision int8|fp8 --calibration DIR` does): int8 percentile and entropy,
+///   fp8 percentile keep >= 98 % top-1 agreement with fp32 and lose at most one point of
+///   accuracy. The bounds are the data's: onnxruntime's own int8 and fp8 files score 100 %
+///   and 99.4 % agreement on these items, and one point is 3.6 of 360 items.
+/// - onnxruntime's QDQ files (quantize_static, per-channel int8; fp8 e4m3 at opset 19):
+///   onnxruntime's outputs within the `static_*` QDQ fixtures' bound (a value a few ulps from a
+///   rounding boundary of a QuantizeLinear may go one quantum the other way), below
+///   onnxruntime's own quantization error, and the same top-1 answer on every item but at
+///   most one.
+#[test]
+fn trained_digits_model_keeps_its_accuracy_quantized() {
+    use isolane_engine::calibrate::{
+        cpu_reference, load_calibration_set, quantize_model, score_top1, CalibMethod, CalibOptions,
+    };
+    use isolane_engine::quant::QuantType;
+    let digits = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/digits");
+    let x = read_npy(digits.join("heldout.npy")).unwrap();
+    let labels = isolane_engine::io::read_npy_labels(digits.join("heldout_labels.npy")).unwrap();
+    let n = x.shape[0];
+    assert_eq!((n, labels.len()), (360, 360));
+    let fp32 = import_file(digits.join("digits.onnx")).unwrap();
+    let ort = read_npy(digits.join("ort_digits.npy")).unwrap();
+    let reference = cpu_reference(&fp32, n, &x.data, 2).unwrap();
+    let err = rel_l2(&reference, &ort.data);
+    assert!(err < 1e-5, "fp32: relative L2 {err:.2e} from onnxruntime");
+    let ort_scores = score_top1(&ort.data, &ort.data, &labels).unwrap();
+    let own = score_top1(&reference, &ort.data, &labels).unwrap();
+    println!("{:30} isolane {own}; onnxruntime {ort_scores}", "fp32");
+    assert_eq!(own.correct, ort_scores.correct);
+    assert_eq!(own.agree, n);
+    // The model is really trained: the bounds below would mean little otherwise.
+    assert!(own.accuracy() >= 0.98, "fp32 accuracy {own}");
+
+    let mut failures = Vec::new();
+    let check = |what: &str, s: isolane_engine::calibrate::Scores| {
+        let lost = own.correct as f64 - s.correct as f64;
+        (s.agree * 100 < n * 98 || lost > 0.01 * n as f64)
+            .then(|| format!("{what}: {s}; fp32 {own}"))
+    };
+    let calib_batch = 64;
+    let set = load_calibration_set(&digits.join("calibration"), &fp32, calib_batch, 64).unwrap();
+    assert_eq!(set.items, 64);
+    for (qtype, method) in [
+        (QuantType::Int8, CalibMethod::Percentile(99.99)),
+        (QuantType::Int8, CalibMethod::Entropy),
+        (QuantType::Float8E4M3Fn, CalibMethod::Percentile(99.99)),
+    ] {
+        let opts = CalibOptions {
+            qtype,
+            method,
+            ..Default::default()
+        };
+        let q = quantize_model(&fp32, calib_batch, &set.samples, &opts).unwrap();
+        assert!(q.weights >= 5 && q.activations >= 5, "{q:?}");
+        let out = cpu_reference(&q.graph, n, &x.data, 2).unwrap();
+        let s = score_top1(&out, &reference, &labels).unwrap();
+        let what = format!("isolane {qtype} {}", method.name());
+        println!("{what:30} {s}");
+        failures.extend(check(&what, s));
+    }
+    for name in ["digits_int8_qdq", "digits_fp8_qdq"] {
+        let g = import_file(digits.join(format!("{name}.onnx"))).unwrap();
+        let theirs = read_npy(digits.join(format!("ort_{name}.npy"))).unwrap();
+        let out = cpu_reference(&g, n, &x.data, 2).unwrap();
+        let err = rel_l2(&out, &theirs.data);
+        let quant_err = rel_l2(&theirs.data, &ort.data);
+        let same = score_top1(&out, &theirs.data, &labels).unwrap();
+        let s = score_top1(&out, &reference, &labels).unwrap();
+        println!(
+            "{name:30} {s}; onnxruntime's outputs: relative L2 {err:.2e} (its quantization \
+             error {quant_err:.2e}), same answer on {}/{n}",
+            same.agree
+        );
+        failures.extend(check(name, s));
+        if err > 1e-2 || err >= quant_err || same.agree + 1 < n {
+            failures.push(format!(
+                "{name}: relative L2 {err:.2e} from onnxruntime (quantization error \
+                 {quant_err:.2e}), same answer on {}/{n}",
+                same.agree
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

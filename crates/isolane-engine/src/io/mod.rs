@@ -7,4 +7,4 @@ pub mod npy;
 
 pub use self::image::{load_image, preprocess, ImageError};
 pub use classes::imagenet_classes;
-pub use npy::{read_npy, write_npy, NpyError, NpyTensor};
+pub use npy::{read_npy, read_npy_labels, write_npy, NpyError, NpyTensor};

@@ -1,4 +1,5 @@
-//! NumPy `.npy` files (format versions 1.0–3.0), f32 only, C-order.
+//! NumPy `.npy` files (format versions 1.0–3.0), f32 only, C-order (and integer class labels,
+//! [`read_npy_labels`]).
 //!
 //! A small implementation rather than `ndarray-npy`: isolane needs one dtype and no ndarray, and the
 //! format is a short text header plus raw little-endian data. Reading also accepts `<f8` (converted
@@ -49,6 +50,94 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<NpyTensor, NpyError> {
 
 /// Parses the bytes of a `.npy` file.
 pub fn parse_npy(bytes: &[u8]) -> Result<NpyTensor, String> {
+    let (descr, shape, data) = split_npy(bytes)?;
+    let elem = match descr {
+        "<f4" | "=f4" | "|f4" => 4,
+        "<f8" | "=f8" => 8,
+        other => {
+            return Err(format!(
+                "dtype {other:?} is not supported (isolane reads float32 '<f4' or float64 '<f8')"
+            ))
+        }
+    };
+    let data = checked_data(descr, &shape, elem, data)?;
+    let data = if elem == 4 {
+        data.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    } else {
+        data.chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
+            .collect()
+    };
+    Ok(NpyTensor { shape, data })
+}
+
+/// Reads class labels: a C-order array of integers (any of NumPy's little-endian int or uint
+/// dtypes, as `np.save(labels)` writes them; int64 by default) or of floats that are whole
+/// numbers, of shape `[N]` or `[N, 1]`. Negative or fractional labels are errors.
+pub fn read_npy_labels(path: impl AsRef<Path>) -> Result<Vec<usize>, NpyError> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|source| NpyError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_npy_labels(&bytes).map_err(|what| NpyError::Format {
+        path: path.to_path_buf(),
+        what,
+    })
+}
+
+/// Parses the bytes of a labels `.npy` file ([`read_npy_labels`]).
+pub fn parse_npy_labels(bytes: &[u8]) -> Result<Vec<usize>, String> {
+    let (descr, shape, data) = split_npy(bytes)?;
+    if !(shape.len() == 1 || (shape.len() == 2 && shape[1] == 1)) {
+        return Err(format!(
+            "labels have shape {shape:?}; expected [N] or [N, 1] (one class per item)"
+        ));
+    }
+    let code = descr.trim_start_matches(['<', '=', '|']);
+    let (elem, kind) = match code {
+        "i1" | "u1" | "b1" => (1, code.as_bytes()[0]),
+        "i2" | "u2" => (2, code.as_bytes()[0]),
+        "i4" | "u4" | "f4" => (4, code.as_bytes()[0]),
+        "i8" | "u8" | "f8" => (8, code.as_bytes()[0]),
+        _ => {
+            return Err(format!(
+                "labels of dtype {descr:?} are not supported (expected little-endian integers \
+                 such as int64 '<i8', or whole-number floats)"
+            ))
+        }
+    };
+    let data = checked_data(descr, &shape, elem, data)?;
+    data.chunks_exact(elem)
+        .enumerate()
+        .map(|(i, c)| {
+            let mut b = [0u8; 8];
+            b[..elem].copy_from_slice(c);
+            let v: f64 = match (kind, elem) {
+                (b'i', _) => {
+                    // Sign-extend from the element's width.
+                    let shift = 64 - 8 * elem as u32;
+                    ((i64::from_le_bytes(b) << shift) >> shift) as f64
+                }
+                (b'f', 4) => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+                (b'f', _) => f64::from_le_bytes(b),
+                _ => u64::from_le_bytes(b) as f64,
+            };
+            if v >= 0.0 && v.fract() == 0.0 && v < u32::MAX as f64 {
+                Ok(v as usize)
+            } else {
+                Err(format!(
+                    "label {i} is {v}; labels are class indices (whole numbers >= 0)"
+                ))
+            }
+        })
+        .collect()
+}
+
+/// The dtype, the shape and the data of a C-order `.npy` file.
+fn split_npy(bytes: &[u8]) -> Result<(&str, Vec<usize>, &[u8]), String> {
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
         return Err("no NUMPY magic (not a .npy file?)".into());
     }
@@ -82,21 +171,21 @@ pub fn parse_npy(bytes: &[u8]) -> Result<NpyTensor, String> {
         );
     }
     let descr = descr.trim().trim_matches(|c| c == '\'' || c == '"');
-    let elem = match descr {
-        "<f4" | "=f4" | "|f4" => 4,
-        "<f8" | "=f8" => 8,
-        other => {
-            return Err(format!(
-                "dtype {other:?} is not supported (isolane reads float32 '<f4' or float64 '<f8')"
-            ))
-        }
-    };
     let shape = parse_shape(shape_s)?;
+    Ok((descr, shape, &bytes[end..]))
+}
+
+/// `data`, checked to hold exactly the `shape`'s elements of `elem` bytes.
+fn checked_data<'a>(
+    descr: &str,
+    shape: &[usize],
+    elem: usize,
+    data: &'a [u8],
+) -> Result<&'a [u8], String> {
     let numel = shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or("shape overflows")?;
-    let data = &bytes[end..];
     let want = numel.checked_mul(elem).ok_or("shape overflows")?;
     if data.len() != want {
         return Err(format!(
@@ -104,16 +193,7 @@ pub fn parse_npy(bytes: &[u8]) -> Result<NpyTensor, String> {
             data.len()
         ));
     }
-    let data = if elem == 4 {
-        data.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    } else {
-        data.chunks_exact(8)
-            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
-            .collect()
-    };
-    Ok(NpyTensor { shape, data })
+    Ok(data)
 }
 
 /// The text after `'key':` up to the next top-level comma or closing brace. Enough for the fixed
@@ -235,5 +315,57 @@ mod tests {
         let at = b.windows(3).position(|w| w == b"<f4").unwrap();
         b[at + 1] = b'i';
         assert!(parse_npy(&b).unwrap_err().contains("<i4"));
+    }
+
+    /// `bytes` of a 1.0 `.npy` file of dtype `descr` and `shape` holding `data`.
+    fn npy_of(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+        let mut header =
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        header.push('\n');
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&[1, 0]);
+        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        b.extend_from_slice(header.as_bytes());
+        b.extend_from_slice(data);
+        b
+    }
+
+    #[test]
+    fn labels_read_numpys_integer_and_whole_float_dtypes() {
+        let i8s: Vec<u8> = [3i64, 0, 9].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(
+            parse_npy_labels(&npy_of("<i8", "(3,)", &i8s)),
+            Ok(vec![3, 0, 9])
+        );
+        assert_eq!(
+            parse_npy_labels(&npy_of("|u1", "(3, 1)", &[7, 1, 255])),
+            Ok(vec![7, 1, 255])
+        );
+        let f4s: Vec<u8> = [2f32, 5.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(
+            parse_npy_labels(&npy_of("<f4", "(2,)", &f4s)),
+            Ok(vec![2, 5])
+        );
+        let i2s: Vec<u8> = [4i16, 1].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(
+            parse_npy_labels(&npy_of("<i2", "(2,)", &i2s)),
+            Ok(vec![4, 1])
+        );
+    }
+
+    #[test]
+    fn labels_that_are_not_class_indices_are_refused_by_item() {
+        let neg: Vec<u8> = [1i32, -1].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let e = parse_npy_labels(&npy_of("<i4", "(2,)", &neg)).unwrap_err();
+        assert!(e.contains("label 1 is -1"), "{e}");
+        let frac: Vec<u8> = [0.5f64].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let e = parse_npy_labels(&npy_of("<f8", "(1,)", &frac)).unwrap_err();
+        assert!(e.contains("label 0 is 0.5"), "{e}");
+        let e = parse_npy_labels(&npy_of("<i8", "(1, 2)", &[0; 16])).unwrap_err();
+        assert!(e.contains("expected [N] or [N, 1]"), "{e}");
+        let e = parse_npy_labels(&npy_of("<U1", "(1,)", &[0; 4])).unwrap_err();
+        assert!(e.contains("not supported"), "{e}");
+        let e = parse_npy_labels(&npy_of("<i8", "(2,)", &[0; 12])).unwrap_err();
+        assert!(e.contains("truncated"), "{e}");
     }
 }
