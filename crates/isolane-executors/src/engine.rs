@@ -335,6 +335,7 @@ fn cuda_executor(
         .ok()
         .and_then(|l2| profile_of(graph, spec, l2 as u64));
     Box::new(CudaExecutor {
+        slots: None,
         model,
         io,
         profile,
@@ -414,6 +415,9 @@ pub fn plan_check_line(r: &isolane_cuda::check::CheckReport) -> String {
 
 /// A model on the GPU; a job is one CUDA graph launch and the wait for its output copy.
 struct CudaExecutor {
+    /// A server's input/output slots ([`Executor::prepare_slots`]); before the model so that
+    /// they drop first (their drop waits for their jobs).
+    slots: Option<isolane_cuda::Slots>,
     model: isolane_cuda::CudaModel,
     io: TensorNames,
     profile: Option<isolane_core::predict::MemoryProfile>,
@@ -475,6 +479,64 @@ impl Executor for CudaExecutor {
 
     fn output(&self, i: usize) -> Option<&[f32]> {
         output_of(&self.model, i)
+    }
+
+    /// Slots of their own beside the model's buffers (which `run_job` keeps using); a model
+    /// split into pieces keeps one: its jobs run piece by piece under the guard.
+    fn prepare_slots(&mut self, n: usize) -> usize {
+        if n < 2 || self.model.pieces() > 1 {
+            return 1;
+        }
+        if self.slots.as_ref().is_none_or(|s| s.len() < n) {
+            match isolane_cuda::Slots::new(&self.model, n) {
+                Ok(s) => self.slots = Some(s),
+                Err(e) => {
+                    eprintln!("cannot make {n} input slots ({e}); the model serves from one");
+                    self.slots = None;
+                }
+            }
+        }
+        self.slots.as_ref().map_or(1, |s| s.len())
+    }
+
+    fn slot_input_mut(&mut self, slot: usize, i: usize) -> Option<&mut [f32]> {
+        match &mut self.slots {
+            Some(s) => s.input_mut(slot, i),
+            None if slot == 0 => input_of(&mut self.model, i),
+            None => None,
+        }
+    }
+
+    fn launch_slot(&mut self, slot: usize) -> Result<(), ExecError> {
+        match &mut self.slots {
+            Some(s) => s
+                .launch(&mut self.model, slot)
+                .map_err(|e| ExecError::Job(e.to_string())),
+            None if slot == 0 => self.run_job(),
+            None => Err(ExecError::Job(format!("input slot {slot} of 1"))),
+        }
+    }
+
+    fn slot_done(&mut self, slot: usize) -> Result<bool, ExecError> {
+        match &mut self.slots {
+            Some(s) => s.is_done(slot).map_err(|e| ExecError::Job(e.to_string())),
+            None => Ok(true),
+        }
+    }
+
+    fn wait_slot(&mut self, slot: usize) -> Result<(), ExecError> {
+        match &mut self.slots {
+            Some(s) => s.wait(slot).map_err(|e| ExecError::Job(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn slot_output(&self, slot: usize, i: usize) -> Option<&[f32]> {
+        match &self.slots {
+            Some(s) => s.output(slot, i),
+            None if slot == 0 => self.output(i),
+            None => None,
+        }
     }
 }
 

@@ -136,6 +136,48 @@ pub trait Executor: Send {
     fn output(&self, _i: usize) -> Option<&[f32]> {
         None
     }
+    /// Makes up to `n` input/output slots, each a set of buffers a job can be launched from
+    /// without waiting ([`Executor::launch_slot`]), so that a server writes the next job's input
+    /// while the one before runs; returns how many it has. Default: 1, which is
+    /// [`Executor::input_mut`], [`Executor::run_job`] and [`Executor::output`] (the job runs at
+    /// its launch). Only for a whole-job executor outside the guard: pieces are not slotted.
+    fn prepare_slots(&mut self, _n: usize) -> usize {
+        1
+    }
+    /// Input `i` of `slot`; `None` out of range or while `slot`'s job is in flight (launched
+    /// and not seen done), so that nothing writes an input a job may still read.
+    fn slot_input_mut(&mut self, slot: usize, i: usize) -> Option<&mut [f32]> {
+        if slot == 0 {
+            self.input_mut(i)
+        } else {
+            None
+        }
+    }
+    /// Starts `slot`'s job behind those already launched and returns without waiting where the
+    /// executor can (the default runs it to its end).
+    fn launch_slot(&mut self, slot: usize) -> Result<(), ExecError> {
+        if slot == 0 {
+            self.run_job()
+        } else {
+            Err(ExecError::Job(format!("input slot {slot} of 1")))
+        }
+    }
+    /// Whether `slot`'s job has ended, without blocking; once it says so the slot is free.
+    fn slot_done(&mut self, _slot: usize) -> Result<bool, ExecError> {
+        Ok(true)
+    }
+    /// Waits for `slot`'s job to end; the slot is then free.
+    fn wait_slot(&mut self, _slot: usize) -> Result<(), ExecError> {
+        Ok(())
+    }
+    /// Output `i` of `slot` after its job; `None` out of range or while it is in flight.
+    fn slot_output(&self, slot: usize, i: usize) -> Option<&[f32]> {
+        if slot == 0 {
+            self.output(i)
+        } else {
+            None
+        }
+    }
 }
 
 /// A synthetic model: busy-waits on the monotonic clock for its service time. Spinning (not

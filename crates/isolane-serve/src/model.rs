@@ -77,6 +77,9 @@ struct Queue {
     rows: usize,
     /// When the running job began (0: none running).
     running_since: i64,
+    /// Jobs launched behind the running one, into free input slots (`serve_slotted`): each
+    /// starts when the one before ends.
+    staged: usize,
     /// No more requests: drain what is queued, then end.
     closing: bool,
     /// Requests taken and not yet answered (queued or running).
@@ -345,7 +348,7 @@ impl ServedModel {
         rows: usize,
     ) -> (i64, usize) {
         let free_at = if q.running_since > 0 {
-            (q.running_since + service).max(now)
+            (q.running_since + service).max(now) + q.staged as i64 * service
         } else {
             now
         };
@@ -500,20 +503,70 @@ impl ServedModel {
         role: &mut GuardRole,
         stop: &AtomicBool,
     ) {
+        // Slots only for whole jobs outside the guard: a critical model's publisher and a
+        // guarded model's role time each job from its start, one at a time.
+        if self.publisher.is_none() && matches!(role, GuardRole::Off) {
+            let slots = exec.prepare_slots(SLOTS);
+            if slots >= 2 {
+                return self.serve_slotted(instance, exec, slots);
+            }
+        }
         let mut recent = Recent::new(self.service_ns.load(Ordering::Relaxed));
         while let Some(batch) = self.next_batch(instance) {
-            let info = self.info();
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let rows: usize = batch.iter().map(|r| r.inputs.rows).sum();
             let copy_in = clock::now_ns();
-            fill_inputs(exec, &batch);
+            fill_inputs(exec, None, &batch);
             let input_ns = clock::now_ns() - copy_in;
             let ran = match &self.publisher {
                 Some(p) => run_critical(exec, p, seq),
                 None => role.run_job(exec, seq, stop),
             };
+            let job = Job {
+                batch,
+                slot: None,
+                seq,
+                rows,
+                taken: copy_in,
+                input_ns,
+            };
+            self.complete(instance, exec, job, ran, &mut recent, After::Idle);
+        }
+    }
+
+    /// A job's end: the queue's bookkeeping, the service estimate, statistics, records and the
+    /// answers (or each request's failure). `after`: what runs once it has ended.
+    fn complete(
+        &self,
+        instance: u64,
+        exec: &dyn Executor,
+        job: Job,
+        ran: Result<(i64, i64, i64), isolane_runtime::ExecError>,
+        recent: &mut Recent,
+        after: After,
+    ) {
+        let Job {
+            batch,
+            slot,
+            seq,
+            rows,
+            taken: copy_in,
+            input_ns,
+        } = job;
+        let info = self.info();
+        {
             let mut q = self.lock();
-            q.running_since = 0;
+            match after {
+                After::Idle => {
+                    q.running_since = 0;
+                    q.staged = 0;
+                }
+                After::Next => {
+                    q.running_since = ran.as_ref().map_or_else(|_| clock::now_ns(), |r| r.1);
+                    q.staged = q.staged.saturating_sub(1);
+                }
+                After::Same => q.staged = q.staged.saturating_sub(1),
+            }
             q.in_flight -= batch.len();
             if let Ok((_, end, _)) = &ran {
                 for r in &batch {
@@ -534,39 +587,39 @@ impl ServedModel {
                 }
             }
             drop(q);
-            match ran {
-                Ok((start, end, held)) => {
-                    let job = end - start;
-                    self.service_ns.store(recent.push(job), Ordering::Relaxed);
-                    self.stats.job(rows, held);
-                    let requests = batch.len() as u64;
-                    self.record(&batch, Some((start, end)), held);
-                    let copy_out = clock::now_ns();
-                    let replies = self.answers(exec, batch, (copy_in, start, end), rows);
-                    let answered = clock::now_ns();
-                    // Counted before the answers go: a client that reads the statistics
-                    // after its answer finds its request in them.
-                    self.stats
-                        .phases((requests, rows as u64), input_ns, job, answered - copy_out);
-                    for (tx, mut reply) in replies {
-                        if let Ok(r) = &mut reply {
-                            r.stamps.answered = answered;
-                        }
-                        let _ = tx.send(reply);
+        }
+        match ran {
+            Ok((start, end, held)) => {
+                let job = end - start;
+                self.service_ns.store(recent.push(job), Ordering::Relaxed);
+                self.stats.job(rows, held);
+                let requests = batch.len() as u64;
+                self.record(&batch, Some((start, end)), held);
+                let copy_out = clock::now_ns();
+                let replies = self.answers(exec, slot, batch, (copy_in, start, end), rows);
+                let answered = clock::now_ns();
+                // Counted before the answers go: a client that reads the statistics
+                // after its answer finds its request in them.
+                self.stats
+                    .phases((requests, rows as u64), input_ns, job, answered - copy_out);
+                for (tx, mut reply) in replies {
+                    if let Ok(r) = &mut reply {
+                        r.stamps.answered = answered;
                     }
+                    let _ = tx.send(reply);
                 }
-                Err(e) => {
-                    self.record(&batch, None, 0);
-                    let message = e.to_string();
-                    let now = clock::now_ns();
-                    for r in batch {
-                        self.stats.rejected("failed");
-                        self.stats.failed(now - r.arrived);
-                        let _ = r.reply.send(Err(Refusal::Failed {
-                            model: info.name.clone(),
-                            message: message.clone(),
-                        }));
-                    }
+            }
+            Err(e) => {
+                self.record(&batch, None, 0);
+                let message = e.to_string();
+                let now = clock::now_ns();
+                for r in batch {
+                    self.stats.rejected("failed");
+                    self.stats.failed(now - r.arrived);
+                    let _ = r.reply.send(Err(Refusal::Failed {
+                        model: info.name.clone(),
+                        message: message.clone(),
+                    }));
                 }
             }
         }
@@ -627,6 +680,155 @@ impl ServedModel {
         Some(batch)
     }
 
+    /// The next job's requests if a job could start with them now, without waiting: one
+    /// request, or (batching) a batch that is full, of a preferred size, blocked by the next
+    /// request, or past its delay (the same rule as [`ServedModel::next_batch`], which would
+    /// wait). The job is staged behind the running one (`Queue::staged`).
+    fn try_next_batch(&self, instance: u64) -> Option<Vec<Queued>> {
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let info = self.info();
+        let mut q = self.lock();
+        if q.instance != instance || q.items.is_empty() {
+            return None;
+        }
+        let max = info.max_batch.max(1);
+        let take = match &info.batching {
+            Some(b) => {
+                let rows = fitting_rows(&q.items, max);
+                let full = rows == max || b.preferred.iter().any(|&p| p as usize == rows);
+                let blocked = q.items.len() > fitting_count(&q.items, max);
+                let first = q.items.front().map_or(0, |r| r.arrived);
+                let until = first.saturating_add((b.max_delay_ms * 1e6) as i64);
+                if !(full || blocked || q.closing || clock::now_ns() >= until) {
+                    return None;
+                }
+                fitting_count(&q.items, max).max(1)
+            }
+            None => 1,
+        };
+        let batch: Vec<Queued> = q.items.drain(..take).collect();
+        self.queued.store(q.items.len(), Ordering::Release);
+        q.rows -= batch.iter().map(|r| r.inputs.rows).sum::<usize>();
+        q.staged += 1;
+        self.stats.queue_length(q.items.len());
+        Some(batch)
+    }
+
+    /// Instance `instance`'s loop on an executor of `slots` input slots: the next job's input
+    /// is written into a free slot and launched behind the running job while it runs, so the
+    /// model does not idle between jobs for the input's copy and the answers (docs/serve.md,
+    /// "Input slots"). A slot is written only when free: taken by no job, or its job seen done.
+    fn serve_slotted(&self, instance: u64, exec: &mut dyn Executor, slots: usize) {
+        let mut recent = Recent::new(self.service_ns.load(Ordering::Relaxed));
+        // Jobs launched, oldest first, each with the time it started (its launch, or the end
+        // of the job before it).
+        let mut flights: VecDeque<(Job, i64)> = VecDeque::with_capacity(slots);
+        let mut free: Vec<usize> = (0..slots).rev().collect();
+        loop {
+            // Stage: into a free slot, a job's requests if there are any (waiting for them
+            // only when nothing runs).
+            if let Some(&slot) = free.last() {
+                let next = if flights.is_empty() {
+                    self.next_batch(instance)
+                } else {
+                    self.try_next_batch(instance)
+                };
+                match next {
+                    Some(batch) => {
+                        free.pop();
+                        let (job, staged) = self.stage(exec, slot, batch);
+                        let launched = clock::now_ns();
+                        match staged.and_then(|()| exec.launch_slot(slot)) {
+                            Ok(()) => flights.push_back((job, launched)),
+                            Err(e) => {
+                                // Whatever of it did start has to end before the slot is
+                                // written again.
+                                let _ = exec.wait_slot(slot);
+                                free.push(slot);
+                                let after = if flights.is_empty() {
+                                    After::Idle
+                                } else {
+                                    After::Same
+                                };
+                                self.complete(instance, exec, job, Err(e), &mut recent, after);
+                            }
+                        }
+                        continue;
+                    }
+                    None if flights.is_empty() => return,
+                    None => {}
+                }
+            }
+            // The oldest job: polled while a slot is free, so that a request arriving meanwhile
+            // is staged behind it; waited for when every slot is taken.
+            let slot = flights
+                .front()
+                .map(|(j, _)| j.slot.unwrap_or(0))
+                .unwrap_or(0);
+            let done = if free.is_empty() {
+                exec.wait_slot(slot).map(|()| true)
+            } else {
+                loop {
+                    match exec.slot_done(slot) {
+                        Ok(false) if self.queued.load(Ordering::Acquire) == 0 => {
+                            std::hint::spin_loop()
+                        }
+                        other => break other,
+                    }
+                }
+            };
+            if matches!(done, Ok(false)) {
+                continue;
+            }
+            let end = clock::now_ns();
+            let Some((job, start)) = flights.pop_front() else {
+                continue;
+            };
+            free.push(slot);
+            let after = match flights.front_mut() {
+                Some((_, next_start)) => {
+                    // It has been queued behind this one on the device: it starts now.
+                    *next_start = (*next_start).max(end);
+                    After::Next
+                }
+                None => After::Idle,
+            };
+            let ran = done.map(|_| (start, end, 0));
+            self.complete(instance, exec, job, ran, &mut recent, after);
+        }
+    }
+
+    /// Writes `batch`'s rows into `slot`'s inputs: the job to launch from it, and an error
+    /// when the slot handed out no buffer for an input (it must not run on another job's data).
+    fn stage(
+        &self,
+        exec: &mut dyn Executor,
+        slot: usize,
+        batch: Vec<Queued>,
+    ) -> (Job, Result<(), isolane_runtime::ExecError>) {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let rows: usize = batch.iter().map(|r| r.inputs.rows).sum();
+        let taken = clock::now_ns();
+        let missing = fill_inputs(exec, Some(slot), &batch);
+        let staged = match missing {
+            Some(i) => Err(isolane_runtime::ExecError::Job(format!(
+                "input slot {slot} gave no buffer for input {i} (busy or out of range)"
+            ))),
+            None => Ok(()),
+        };
+        let job = Job {
+            batch,
+            slot: Some(slot),
+            seq,
+            rows,
+            taken,
+            input_ns: clock::now_ns() - taken,
+        };
+        (job, staged)
+    }
+
     /// The job's requests as job records (`jobs/<model>.csv`): released at their arrival, late
     /// as a timeout; a failed job's as not run.
     fn record(&self, batch: &[Queued], ran: Option<(i64, i64)>, held: i64) {
@@ -671,6 +873,7 @@ impl ServedModel {
     fn answers(
         &self,
         exec: &dyn Executor,
+        slot: Option<usize>,
         batch: Vec<Queued>,
         (taken, start, end): (i64, i64, i64),
         rows: usize,
@@ -688,7 +891,11 @@ impl ServedModel {
                 .map(|&o| {
                     let info = &infos[o];
                     let per = info.row_elements();
-                    let data = exec.output(o).unwrap_or(&[]);
+                    let data = match slot {
+                        Some(s) => exec.slot_output(s, o),
+                        None => exec.output(o),
+                    }
+                    .unwrap_or(&[]);
                     let mine = data.get(row * per..(row + n) * per).unwrap_or(&[]);
                     let mut shape: Vec<u64> = info.shape.iter().map(|&d| d as u64).collect();
                     if let Some(b) = shape.first_mut() {
@@ -724,6 +931,31 @@ impl ServedModel {
         }
         replies
     }
+}
+
+/// What runs once a job has ended ([`ServedModel::complete`]).
+#[derive(Clone, Copy)]
+enum After {
+    /// Nothing: the model is idle.
+    Idle,
+    /// The job staged behind it, which starts now.
+    Next,
+    /// The running job goes on (the one that ended was staged and never ran).
+    Same,
+}
+
+/// Input slots a served model asks its executor for: the running job's and the next one's.
+const SLOTS: usize = 2;
+
+/// One job of a served model: its requests, the slot its input is in (`None`: the executor's
+/// one input), and when they were taken from the queue and how long their input's copy took.
+struct Job {
+    batch: Vec<Queued>,
+    slot: Option<usize>,
+    seq: u64,
+    rows: usize,
+    taken: i64,
+    input_ns: i64,
 }
 
 /// The fewest cores on which a front end polls for an answer due soon by default: below it
@@ -765,7 +997,7 @@ impl ServedModel {
         let now = clock::now_ns();
         let q = self.lock();
         let free_at = if q.running_since > 0 {
-            (q.running_since + service).max(now)
+            (q.running_since + service).max(now) + q.staged as i64 * service
         } else {
             now
         };
@@ -850,13 +1082,20 @@ fn run_critical(
     Ok((start, end, 0))
 }
 
-/// Copies each request's rows into the model's input buffers, one after the other; the rows
-/// past them (a batch not full) are zeros, so that a job's result never depends on an earlier
-/// request's data.
-fn fill_inputs(exec: &mut dyn Executor, batch: &[Queued]) {
+/// Copies each request's rows into the model's input buffers (`slot`'s, or the executor's one
+/// set), one after the other; the rows past them (a batch not full) are zeros, so that a job's
+/// result never depends on an earlier request's data. Returns the first input that had no
+/// buffer.
+fn fill_inputs(exec: &mut dyn Executor, slot: Option<usize>, batch: &[Queued]) -> Option<usize> {
     let n = batch.first().map_or(0, |r| r.inputs.tensors.len());
+    let mut missing = None;
     for i in 0..n {
-        let Some(buf) = exec.input_mut(i) else {
+        let buf = match slot {
+            Some(s) => exec.slot_input_mut(s, i),
+            None => exec.input_mut(i),
+        };
+        let Some(buf) = buf else {
+            missing = missing.or(Some(i));
             continue;
         };
         let mut at = 0;
@@ -868,6 +1107,7 @@ fn fill_inputs(exec: &mut dyn Executor, batch: &[Queued]) {
         }
         buf[at..].fill(0.0);
     }
+    missing
 }
 
 /// How many requests from the front fit in one job of `max` rows (at least the first).
@@ -1094,5 +1334,243 @@ mod admission_tests {
             Err(Refusal::WouldBeLate { .. })
         ));
         s.drain(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    //! The hand-off between a served model's input slots, on an executor that behaves as a
+    //! GPU stream does: launched jobs run one after the other, each reading its slot's input
+    //! when it runs, and a slot is in flight from its launch until it is seen done.
+    use super::*;
+    use isolane_core::spec::{Criticality, WhenFull};
+    use isolane_runtime::exec::{ExecError, SPIN_INPUT, SPIN_OUTPUT};
+    use std::sync::mpsc;
+
+    /// Two slots of one value each; a job doubles its input and takes `JOB_NS` after the one
+    /// before it ends. A value of -1 fails its launch.
+    struct Stream {
+        inputs: [f32; 2],
+        outputs: [f32; 2],
+        /// Launched and not seen done: (slot, the time it ends).
+        queued: VecDeque<(usize, i64)>,
+        /// Writes asked for a slot in flight (each refused), and the most jobs queued at once.
+        busy_writes: Arc<AtomicUsize>,
+        most_queued: Arc<AtomicUsize>,
+    }
+
+    const JOB_NS: i64 = 2_000_000;
+
+    impl Stream {
+        fn in_flight(&self, slot: usize) -> bool {
+            self.queued.iter().any(|&(s, _)| s == slot)
+        }
+
+        /// Ends (in order) every queued job whose time has come: it reads its input now.
+        fn advance(&mut self) {
+            let now = clock::now_ns();
+            while let Some(&(slot, end)) = self.queued.front() {
+                if end > now {
+                    break;
+                }
+                self.outputs[slot] = self.inputs[slot] * 2.0;
+                self.queued.pop_front();
+            }
+        }
+    }
+
+    impl Executor for Stream {
+        fn run_job(&mut self) -> Result<(), ExecError> {
+            unreachable!("a slotted model launches its jobs")
+        }
+        fn inputs(&self) -> Vec<TensorInfo> {
+            vec![TensorInfo {
+                name: SPIN_INPUT.into(),
+                shape: vec![1, 1],
+            }]
+        }
+        fn outputs(&self) -> Vec<TensorInfo> {
+            vec![TensorInfo {
+                name: SPIN_OUTPUT.into(),
+                shape: vec![1, 1],
+            }]
+        }
+        fn prepare_slots(&mut self, _n: usize) -> usize {
+            2
+        }
+        fn slot_input_mut(&mut self, slot: usize, i: usize) -> Option<&mut [f32]> {
+            self.advance();
+            if self.in_flight(slot) {
+                self.busy_writes.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            (i == 0 && slot < 2).then(|| std::slice::from_mut(&mut self.inputs[slot]))
+        }
+        fn launch_slot(&mut self, slot: usize) -> Result<(), ExecError> {
+            if self.inputs[slot] == -1.0 {
+                return Err(ExecError::Job("refused at launch".into()));
+            }
+            let after = self
+                .queued
+                .back()
+                .map_or(clock::now_ns(), |&(_, e)| e.max(clock::now_ns()));
+            self.queued.push_back((slot, after + JOB_NS));
+            self.most_queued
+                .fetch_max(self.queued.len(), Ordering::Relaxed);
+            Ok(())
+        }
+        fn slot_done(&mut self, slot: usize) -> Result<bool, ExecError> {
+            self.advance();
+            Ok(!self.in_flight(slot))
+        }
+        fn wait_slot(&mut self, slot: usize) -> Result<(), ExecError> {
+            while !self.slot_done(slot)? {
+                std::thread::yield_now();
+            }
+            Ok(())
+        }
+        fn slot_output(&self, slot: usize, i: usize) -> Option<&[f32]> {
+            (i == 0 && !self.in_flight(slot)).then(|| std::slice::from_ref(&self.outputs[slot]))
+        }
+    }
+
+    fn model() -> Arc<ServedModel> {
+        let tensor = |name: &str| TensorInfo {
+            name: name.into(),
+            shape: vec![1, 1],
+        };
+        let info = ModelInfo {
+            name: "slots".into(),
+            source: "test".into(),
+            inputs: vec![tensor(SPIN_INPUT)],
+            outputs: vec![tensor(SPIN_OUTPUT)],
+            max_batch: 1,
+            criticality: Criticality::BestEffort,
+            deadline: None,
+            queue_limit: 64,
+            when_full: WhenFull::Refuse,
+            batching: None,
+            backend: "cpu",
+            partition: "cpu".into(),
+            cpu: Vec::new(),
+            sms: None,
+            warm_service: Duration::from_nanos(JOB_NS as u64),
+            pieces: 1,
+        };
+        let stats = Arc::new(crate::stats::ServeMetrics::new()).model(
+            "slots",
+            ("cpu", "cpu", "best_effort"),
+            None,
+        );
+        Arc::new(ServedModel::new(info, None, stats, None, 0))
+    }
+
+    fn request(v: f32) -> InferRequest {
+        InferRequest {
+            inputs: vec![Tensor::new(
+                SPIN_INPUT,
+                DataType::Fp32,
+                vec![1, 1],
+                v.to_le_bytes().to_vec(),
+            )
+            .unwrap()],
+            outputs: None,
+            deadline: None,
+        }
+    }
+
+    /// Runs the model's loop on a thread with a fresh [`Stream`]; returns the refused writes,
+    /// the most jobs queued at once, and the thread.
+    fn serving(
+        m: &Arc<ServedModel>,
+    ) -> (
+        Arc<AtomicUsize>,
+        Arc<AtomicUsize>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let busy = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let mut exec = Stream {
+            inputs: [0.0; 2],
+            outputs: [0.0; 2],
+            queued: VecDeque::new(),
+            busy_writes: Arc::clone(&busy),
+            most_queued: Arc::clone(&most),
+        };
+        let (m2, (tx, rx)) = (Arc::clone(m), mpsc::channel());
+        let t = std::thread::spawn(move || {
+            let mut role = GuardRole::Off;
+            tx.send(()).unwrap();
+            m2.serve(0, &mut exec, &mut role, &AtomicBool::new(false));
+        });
+        rx.recv().unwrap();
+        (busy, most, t)
+    }
+
+    fn value(r: Result<InferResponse, Refusal>) -> f32 {
+        let r = r.unwrap_or_else(|e| panic!("{e:?}"));
+        f32::from_le_bytes(r.outputs[0].data().try_into().unwrap())
+    }
+
+    #[test]
+    fn the_next_job_is_staged_in_the_free_slot_and_each_answer_is_its_own() {
+        let m = model();
+        // Queued before the loop starts: every job after the first finds one running.
+        let rxs: Vec<_> = (0..24)
+            .map(|i| m.submit(request(i as f32)).unwrap())
+            .collect();
+        let (busy, most, t) = serving(&m);
+        for (i, rx) in rxs.into_iter().enumerate() {
+            assert_eq!(
+                value(rx.blocking_recv().unwrap()),
+                2.0 * i as f32,
+                "request {i}"
+            );
+        }
+        m.close();
+        t.join().unwrap();
+        assert_eq!(
+            busy.load(Ordering::Relaxed),
+            0,
+            "a slot in flight was written"
+        );
+        assert_eq!(
+            most.load(Ordering::Relaxed),
+            2,
+            "no job was ever launched behind a running one"
+        );
+        let q = m.lock();
+        assert_eq!((q.in_flight, q.running_since, q.staged), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_failed_launch_or_a_client_gone_frees_its_slot() {
+        let m = model();
+        let mut rxs: Vec<_> = (0..6)
+            .map(|i| m.submit(request(i as f32)).unwrap())
+            .collect();
+        // A job refused at its launch, behind a running one, and a client that gave up.
+        rxs[2] = m.submit(request(-1.0)).unwrap();
+        drop(m.submit(request(100.0)).unwrap());
+        let rest: Vec<_> = (6..12)
+            .map(|i| m.submit(request(i as f32)).unwrap())
+            .collect();
+        let (busy, _, t) = serving(&m);
+        for (i, rx) in rxs.into_iter().enumerate() {
+            let answer = rx.blocking_recv().unwrap();
+            if i == 2 {
+                assert!(matches!(answer, Err(Refusal::Failed { .. })), "{answer:?}");
+            } else if i < 6 {
+                assert_eq!(value(answer), 2.0 * i as f32);
+            }
+        }
+        // Both slots still serve after them.
+        for (i, rx) in (6..12).zip(rest) {
+            assert_eq!(value(rx.blocking_recv().unwrap()), 2.0 * i as f32);
+        }
+        m.close();
+        t.join().unwrap();
+        assert_eq!(busy.load(Ordering::Relaxed), 0);
+        assert_eq!(m.lock().in_flight, 0);
     }
 }
