@@ -20,6 +20,13 @@ Steps, in this order (each with its own time limit; the server is always stopped
   critical  the critical model at --critical-rate Hz (gRPC, its scenario deadline) alone,
             then while every best-effort model is flooded (perf_analyzer, or Python threads
             without it) at --flood-concurrency requests in flight
+  floor     after the main server: the protocol floor, a model that does almost nothing (a
+            GlobalAveragePool of the probe's input shape, an ONNX file this script writes) served
+            beside the probe by a server of the two alone with the scenario's settings: both at
+            concurrency 1 over gRPC, HTTP and gRPC with system shared memory, and the floor
+            in-process (`isolane run` at rate "max"). What a request adds at p50 then splits into
+            the floor's (client, socket and server plumbing for the same body) and what the
+            model's path adds above it
   deadline  (a) full-batch requests to the slowest model with a deadline half its measured
             latency; (b) a burst of --burst requests at once to the critical model with a
             deadline of twice its latency: refused up front (429 / RESOURCE_EXHAUSTED),
@@ -122,8 +129,9 @@ def toml_value(v):
     raise ValueError(f"cannot write {v!r} as TOML")
 
 
-def alone_scenario(scenario, w, seconds):
-    """A copy of the scenario with workload w alone, in-process, closed loop, no deadline."""
+def alone_scenario(scenario, w, seconds, rate_hz="max"):
+    """A copy of the scenario with workload w alone, in-process, closed loop (or at `rate_hz`),
+    no deadline."""
     lines = []
     for table in ("device", "timing"):
         if table in scenario:
@@ -131,7 +139,7 @@ def alone_scenario(scenario, w, seconds):
             lines += [f"{k} = {toml_value(v)}" for k, v in scenario[table].items()]
     lines.append("[[workload]]")
     keep = {k: v for k, v in w.items() if k not in ("serve", "rate_hz", "deadline_ms", "duration_s", "jobs", "late")}
-    keep.update({"rate_hz": "max", "duration_s": seconds})
+    keep.update({"rate_hz": rate_hz, "duration_s": seconds})
     lines += [f"{k} = {toml_value(v)}" for k, v in keep.items()]
     return "\n".join(lines) + "\n"
 
@@ -596,14 +604,14 @@ class PaFlood:
 # Steps
 
 
-def step_inproc(args, scenario, probes):
+def step_inproc(args, scenario, probes, rate_hz="max"):
     res = {}
     backend = args.backend or scenario.get("device", {}).get("backend", "cpu")
     for w in probes:
         r = {}
         path = os.path.join(OUT, f"inproc-{w['name']}.toml")
         with open(path, "w") as f:
-            f.write(alone_scenario(scenario, w, args.inproc_seconds))
+            f.write(alone_scenario(scenario, w, args.inproc_seconds, rate_hz))
         out_dir = os.path.join(OUT, f"inproc-{w['name']}")
         cmd = [args.isolane, "run", path, "--quiet", "--out", out_dir]
         if args.backend:
@@ -619,7 +627,7 @@ def step_inproc(args, scenario, probes):
         except (OSError, KeyError, IndexError, ValueError) as e:
             error(f"inproc {w['name']}", f"isolane run exit {rc}, no summary ({e}); see inproc-{w['name']}.log")
         model = w.get("model", "")
-        if backend == "cuda" and ":" not in model and not model.endswith(".onnx"):
+        if backend == "cuda" and ":" not in model and not model.endswith(".onnx") and rate_hz == "max":
             cmd = [args.isolane, "bench", "--model", model, "--batch", "1", "--precision", w.get("precision", "fp16"),
                    "--replays", "2000", "--warmup", "100", "--json"]
             rc, out = run_logged(cmd, 240, f"bench-{w['name']}")
@@ -676,7 +684,8 @@ def step_overhead(args, server, metas, probes, inproc, res, spin_us=None):
         r = res[name] = {"perf_analyzer": {}, "tritonclient": {}, "skipped": {}}
         if spin_us is not None:
             r["spin_us"] = spin_us
-        paths = [p for p in overhead_paths(args, server, meta) if spin_us is None or p[0] != "grpc-shm"]
+        floor = spin_us == "floor"
+        paths = [p for p in overhead_paths(args, server, meta) if spin_us is None or floor or p[0] != "grpc-shm"]
         runs = []
         for key, proto, url, pa_extra in paths:
             levels, skipped = sweep_levels(args, proto, w.get("deadline_ms"), base and base.get("p99_ms"))
@@ -750,11 +759,12 @@ def best_throughput(r):
 
 def spin_scenario(scenario, probes, spin_us):
     """The probe workloads alone (each in its own partition, as in the scenario) with `[timing]
-    spin_us` set: the A/B server of the answer spin and the model thread's poll."""
+    spin_us` set (None: the scenario's own): the A/B server of the answer spin and the model
+    thread's poll, and the floor's server."""
     lines = []
     for table in ("device", "timing", "protection"):
         values = dict(scenario.get(table, {}))
-        if table == "timing":
+        if table == "timing" and spin_us is not None:
             values["spin_us"] = spin_us
         if values:
             lines.append(f"[{table}]")
@@ -763,6 +773,128 @@ def spin_scenario(scenario, probes, spin_us):
         lines.append("[[workload]]")
         lines += [f"{k} = {toml_value(v)}" for k, v in w.items()]
     return "\n".join(lines) + "\n"
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(num, value):
+    """One protobuf field: an int as a varint, bytes or str length-delimited."""
+    if isinstance(value, int):
+        return _varint(num << 3) + _varint(value)
+    if isinstance(value, str):
+        value = value.encode()
+    return _varint(num << 3 | 2) + _varint(len(value)) + value
+
+
+def _value_info(name, dims):
+    """onnx.ValueInfoProto of an f32 tensor (elem_type 1) of `dims`."""
+    shape = b"".join(_field(1, _field(1, d)) for d in dims)
+    tensor = _field(1, 1) + _field(2, shape)
+    return _field(1, name) + _field(2, _field(1, tensor))
+
+
+def floor_onnx(dims, input_name="input"):
+    """The protocol floor's model, as ONNX bytes (no onnx package on the GPU machine): one
+    GlobalAveragePool of a 1 x dims input, opset 13. The engine runs it in a few µs, so a served
+    request of it costs what the protocol and the server's plumbing cost for that body."""
+    node = _field(1, input_name) + _field(2, "output") + _field(4, "GlobalAveragePool")
+    out_dims = [1] + list(dims[:1]) + [1] * (len(dims) - 1)
+    graph = (_field(1, node) + _field(2, "floor") + _field(11, _value_info(input_name, [1] + list(dims)))
+             + _field(12, _value_info("output", out_dims)))
+    opset = _field(1, "") + _field(2, 13)
+    return _field(1, 8) + _field(2, "serve_bench") + _field(7, graph) + _field(8, opset)
+
+
+def floor_workloads(probes, metas):
+    """Per probe model, its floor: the same device, partition and precision, the floor ONNX of
+    its input shape (written into the output folder) in place of the model."""
+    floors = []
+    for w in probes:
+        meta = metas.get(w["name"]) or {}
+        dims = meta.get("dims")
+        if not dims or len(dims) < 2:
+            error(f"floor {w['name']}", f"input shape {dims} is not [C, ...]: no floor model")
+            continue
+        path = os.path.abspath(os.path.join(OUT, f"floor-{w['name']}.onnx"))
+        with open(path, "wb") as f:
+            f.write(floor_onnx(dims, meta.get("input") or "input"))
+        fw = {k: v for k, v in w.items() if k not in ("weights", "calibration")}
+        fw.update({"name": f"{w['name']}_floor", "model": path})
+        floors.append(fw)
+    return floors
+
+
+def step_floor(args, has_grpc, scenario, probes, metas, inproc, res):
+    """The protocol floor: a server of the probes and their floors alone (the scenario's own
+    settings); each at concurrency 1 over every path, and the floors in-process."""
+    floors = floor_workloads(probes, metas)
+    if not floors:
+        return
+    fl_inproc = step_inproc(args, scenario, floors)
+    res["inproc"] = fl_inproc
+    # The probe in-process at the rate gRPC reached at concurrency 1: is its job slower with the
+    # GPU idle between jobs (as when served one request at a time) than back to back?
+    paced = res["inproc_paced"] = {}
+    over = SUMMARY["steps"].get("overhead") or {}
+    for w in probes:
+        o = over.get(w["name"]) or {}
+        rate = (((o.get("perf_analyzer") or {}).get("grpc_c1") or {}).get("infer_per_s")
+                or 1e3 / (((o.get("tritonclient") or {}).get("grpc") or {}).get("p50_ms") or math.inf))
+        if not rate:
+            continue
+        pw = dict(w, name=f"{w['name']}_paced")
+        got = step_inproc(args, scenario, [pw], rate_hz=round(rate))
+        paced[w["name"]] = dict((got.get(pw["name"]) or {}).get("run") or {}, rate_hz=round(rate))
+    path = os.path.join(OUT, "floor.toml")
+    with open(path, "w") as f:
+        f.write(spin_scenario(scenario, probes + floors, None))
+    server = Server(args, has_grpc, scenario=path, name="server-floor")
+    try:
+        server.start(args.ready_timeout)
+        fmetas = {w["name"]: model_meta(server.http, w["name"]) for w in probes + floors}
+        res["models"] = {w["name"]: w["model"] for w in floors}
+        both = {**inproc, **fl_inproc}
+        r = res["served"] = {}
+        step_overhead(args, server, fmetas, floors + probes, both, r, spin_us="floor")
+    finally:
+        server.stop()
+
+
+def floor_split(s):
+    """Per probe and path: what a request adds at p50 over its in-process latency, split into
+    the floor's own (the same body through the protocol to a model that does nothing) and the
+    model path's above it, both measured in the floor's server."""
+    fl = s["steps"].get("floor") or {}
+    served = fl.get("served") or {}
+    rows = []
+    for name, r in served.items():
+        if name.endswith("_floor"):
+            continue
+        f = served.get(f"{name}_floor") or {}
+        for path in ("grpc", "http", "grpc-shm"):
+            # perf_analyzer's rows; without it (the CPU kit check) tritonclient's.
+            key, client, stages = f"{path}_c1", "perf_analyzer", "stages"
+            if ((r.get("perf_analyzer") or {}).get(key) or {}).get("p50_ms") is None:
+                key, client, stages = f"tritonclient_{path}", "tritonclient", "stages_tritonclient"
+            mine = (r.get("against_inproc") or {}).get(key, {}).get("added_us_p50")
+            floor = (f.get("against_inproc") or {}).get(key, {}).get("added_us_p50")
+            if mine is None or floor is None:
+                continue
+            runs = f.get("perf_analyzer") if client == "perf_analyzer" else f.get("tritonclient")
+            rows.append({"model": name, "path": path, "client": client, "added_us": mine, "floor_us": floor,
+                         "above_floor_us": round(mine - floor, 1),
+                         "floor_p50_ms": ((runs or {}).get(key if client == "perf_analyzer" else path) or {}).get("p50_ms"),
+                         "floor_stages": (f.get(stages) or {}).get(path),
+                         "stages": (r.get(stages) or {}).get(path)})
+    return rows
 
 
 def step_critical(args, server, metas, critical, best_effort, res):
@@ -920,6 +1052,10 @@ def targets(s):
             out.append(f"- {name}: gRPC (binary data) throughput {ratio:.1%} of in-process at best, at concurrency "
                        f"{best['concurrency']} (p50 {fmt(best['p50_ms'])} ms, p99 {fmt(best['p99_ms'])} ms; target >= 90 %): "
                        f"{yes(ratio >= 0.9)}")
+    for x in floor_split(s):
+        if x["path"] == "grpc":
+            out.append(f"- {x['model']}: of gRPC's {x['added_us']:.1f} µs added at p50 (the floor's server), the protocol "
+                       f"floor is {x['floor_us']:.1f} µs and the model's path adds {x['above_floor_us']:.1f} µs above it")
     crit = st.get("critical", {}).get("flooded")
     if crit:
         c = crit["client"]
@@ -1036,6 +1172,37 @@ def markdown(s):
                     L.append(f"| {name} | {path} ({client}) | {label} | {fmt(p['p50_ms'])} | {fmt(added, 1)} | "
                              f"{fmt(st_.get('queue'), 1)} | {fmt(st_.get('wake'), 1)} | {fmt(st_.get('server'), 1)} |")
         L.append("")
+    split = floor_split(s)
+    if split:
+        L += ["### The protocol floor (concurrency 1; a server of the probe and its floor alone)", "",
+              "The floor is a model that does almost nothing (a GlobalAveragePool) with the probe's input shape: a "
+              "request to it carries the same body through the same client, socket and server plumbing. "
+              "`added`: the served p50 minus the same model's in-process p50 (`isolane run`, the same partition), "
+              "both measured here; `above the floor`: what the model's own path adds beyond the floor's.", "",
+              "| model | path | added µs at p50 | the floor's added µs | above the floor µs | floor p50 ms | "
+              "floor in the server µs | model in the server µs |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for x in split:
+            L.append(f"| {x['model']} | {x['path']} ({x['client']}) | {fmt(x['added_us'], 1)} | {fmt(x['floor_us'], 1)} | "
+                     f"{fmt(x['above_floor_us'], 1)} | {fmt(x['floor_p50_ms'])} | "
+                     f"{fmt((x['floor_stages'] or {}).get('server'), 1)} | {fmt((x['stages'] or {}).get('server'), 1)} |")
+        L.append("")
+        for name, pr in ((st.get("floor") or {}).get("inproc_paced") or {}).items():
+            base = (inproc.get(name) or {}).get("run") or {}
+            if pr.get("p50_ms") is not None and base.get("p50_ms") is not None:
+                L += [f"{name} in-process at {pr['rate_hz']} Hz (the rate of gRPC at concurrency 1, the GPU idle "
+                      f"between jobs): p50 {fmt(pr['p50_ms'])} ms, against {fmt(base['p50_ms'])} ms back to back.", ""]
+        fstages = [(n, p, m) for n, r in ((st.get("floor") or {}).get("served") or {}).items()
+                   for p in ("grpc", "http", "grpc-shm")
+                   for m in [((r.get("stages") or {}).get(p) or (r.get("stages_tritonclient") or {}).get(p))] if m]
+        if fstages:
+            order = [k for k in fstages[0][2] if k != "server"]
+            L += ["Stages in the floor's server (mean µs per request):", "",
+                  "| model | protocol | " + " | ".join(order) + " | server |",
+                  "| --- | --- | " + " | ".join("---:" for _ in order) + " | ---: |"]
+            for n, p, m in fstages:  # perf_analyzer's runs (tritonclient's on the CPU check)
+                L.append(f"| {n} | {p} | " + " | ".join(fmt(m.get(k), 1) for k in order) + f" | {fmt(m.get('server'), 1)} |")
+            L.append("")
     crit = st.get("critical")
     if crit:
         L += [f"## Critical model `{crit['model']}` ({crit['protocol']}, {crit['rate_hz']} Hz for {crit['seconds']} s, "
@@ -1214,6 +1381,20 @@ def main():
     finally:
         server.stop()
         save()
+    if "floor" in steps and probes and SUMMARY.get("models"):
+        # After the main server: its partitions are free for the floor's server.
+        if time_left(args, 60, "the protocol floor's server"):
+            r = SUMMARY["steps"]["floor"] = {}
+            signal.signal(signal.SIGALRM, step_timeout)
+            signal.alarm(200)
+            try:
+                step_floor(args, has_grpc, scenario, probes, SUMMARY["models"],
+                           SUMMARY["steps"].get("inproc", {}), r)
+            except Exception as e:  # noqa: BLE001 - reported; the rest still runs
+                error("floor", f"{type(e).__name__}: {e}")
+            finally:
+                signal.alarm(0)
+                save()
     if "overhead" in steps and probes and args.ab_spin_us:
         # After the main server: its partitions are free for the probes' own.
         SUMMARY["steps"]["overhead_spin"] = {}

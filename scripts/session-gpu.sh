@@ -25,7 +25,8 @@
 #   levers-mps   trio a under MPS
 #   sms       a green partition resized while serving (scripts/mps_resize_check.py --key sms)
 #   replan    scripts/replan-h200.sh run: fixed, ctl and --autoplan under a changing load
-#   overhead  scripts/serve-bench.sh run --steps inproc,overhead
+#   overhead  scripts/serve-bench.sh run --steps inproc,overhead,floor (the protocol floor in place
+#             of the spin A/B, measured in session 21, to stay within the step's 300 s)
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu-steps}
@@ -84,7 +85,7 @@ for s in "$@"; do
             --scenario scenarios/serve/h200.toml --model mobilenet_v2 --key sms --to 16 --over 128
         ;;
     replan) step replan 440 env OUT="$work/replan" ISOLANE="$isolane" bash scripts/replan-h200.sh run ;;
-    overhead) step overhead 300 env OUT="$work/overhead" ISOLANE="$isolane" bash scripts/serve-bench.sh run --steps inproc,overhead ;;
+    overhead) step overhead 300 env OUT="$work/overhead" ISOLANE="$isolane" bash scripts/serve-bench.sh run --steps inproc,overhead,floor --ab-spin-us '' ;;
     *) echo "unknown step $s" | tee -a "$out/steps.txt" ;;
     esac
 done
