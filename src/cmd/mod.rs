@@ -66,9 +66,7 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 }
 
 /// Exit codes of docs/runtime.md.
-pub use isolane_core::exit_codes::{
-    exit_for, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_USER,
-};
+pub use isolane_core::exit_codes::{exit_for, EXIT_INTERRUPTED, EXIT_USER};
 
 pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
     match result {
@@ -90,24 +88,14 @@ pub fn exit_code(result: anyhow::Result<u8>) -> ExitCode {
     }
 }
 
-/// The exit code of a failed command: an out-of-memory anywhere in its chain (the engine's
-/// error kept as its source) 3, a user's mistake 2, anything else 1.
+/// The exit code of a failed command ([`isolane_executors::exit::failure_code`]): 3 for an
+/// out-of-memory anywhere in its chain, 2 for a user's mistake, else 1.
 pub fn failure_code(e: &anyhow::Error) -> u8 {
-    if out_of_memory(e).is_some() {
-        EXIT_OUT_OF_MEMORY
-    } else if e.chain().any(|c| c.downcast_ref::<UserError>().is_some()) {
-        EXIT_USER
-    } else {
-        EXIT_FAILED
-    }
+    isolane_executors::exit::failure_code(e.as_ref())
 }
 
 fn out_of_memory(e: &anyhow::Error) -> Option<&isolane_engine::OutOfMemory> {
-    e.chain()
-        .find_map(|c| match c.downcast_ref::<isolane_engine::EngineError>()? {
-            isolane_engine::EngineError::OutOfMemory(m) => Some(m.as_ref()),
-            _ => None,
-        })
+    isolane_executors::exit::out_of_memory(e.as_ref())
 }
 
 /// The wrapping rule of every message, and its width after `error: `.

@@ -11,6 +11,7 @@ pub mod app_models;
 pub mod app_worker;
 pub mod bench;
 pub mod engine;
+pub mod exit;
 pub mod foresee;
 pub mod infer;
 mod kernel;
