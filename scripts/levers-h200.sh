@@ -14,10 +14,12 @@
 #   a  resnet18:24 + resnet50:48, best effort vit_l_32:48   (the issue's light/heavy CNN case)
 #   b  mobilenet_v2:24 + convnext_base:48, best effort vit_b_16:48
 #   c  mobilenet_v2:24 + resnet50:48, best effort vit_l_32:48
-# Variants (VARIANTS, default share,share@25; VARIANTS_A for trio a alone; VARIANT@N: with
-# best-effort pieces of N µs instead of 100, e.g. share@25: pieces short enough to fit the
-# gaps between a light CNN's jobs, ~85 µs for resnet18 at 75 %, where a 100 µs piece never
-# fits; docs/criticality.md "Levers"): both (guard +
+# Variants (VARIANTS, default both,share; VARIANTS_A for trio a alone; VARIANT@N: with
+# best-effort pieces of N µs instead of 100, e.g. share@25). Since session 22 `share` sizes
+# best effort's pieces to the critical workloads' gaps between jobs itself (half the narrowest
+# median gap, 20 µs at least, never longer than piece_us: about 24 µs for resnet18 at 75 %,
+# whose ~85 µs gaps no 100 µs piece fits; docs/criticality.md "Gap-sized pieces"); each run's
+# log says the length it chose, collected in $OUT/<trio>-pieces.txt. both (guard +
 # priorities: the default protection), share (+ share: the sharing guard, session 21: each
 # best-effort piece charged the delay the fitted model predicts for what is left of each critical
 # job it overlaps, times the gain that job's workload measures on its own jobs (overlapped vs
@@ -44,7 +46,7 @@
 # MECHANISMS (default green; green,mps adds MPS, each calibrated on its own), ISOLANE_BIN
 # (stage/isolane), RESULTS (results/h200-levers), OUT (the summary's folder, /tmp/levers).
 # Writes $OUT/levers.md (each trio's protection.md), $OUT/<trio>-protection.csv,
-# <trio>-misses.csv and <trio>-study.log.
+# <trio>-misses.csv, <trio>-study.log and <trio>-pieces.txt (the piece lengths share chose).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -136,13 +138,15 @@ study() { # name victims best-effort variants
     # The misses' attribution and the study's log (each run's command, in order: its timing).
     cp "$dir/misses.csv" "$out/$name-misses.csv" 2>/dev/null
     cp "$dir.log" "$out/$name-study.log"
+    grep -h "best effort: pieces of" "$dir"/compare/*/r*/log.txt 2>/dev/null | sort | uniq -c \
+        >"$out/$name-pieces.txt"
     tail -n 12 "$dir/protection.md"
 }
 
 mkdir -p "$results"
 : >"$out/levers.md"
 rc=0
-variants=${VARIANTS:-share,share@25}
+variants=${VARIANTS:-both,share}
 [ "$which" = a ] || [ "$which" = all ] &&
     { study a resnet18:24,resnet50:48 vit_l_32:48 "${VARIANTS_A:-$variants}" || rc=1; }
 [ "$which" = b ] || [ "$which" = all ] &&

@@ -80,6 +80,9 @@ struct Critical {
     late_seqs: Vec<i64>,
     outliers: bool,
     rng: u64,
+    /// The idle gaps before its jobs and their median, as its publisher keeps them.
+    gaps: Gaps,
+    gap: Option<i64>,
 }
 
 impl Critical {
@@ -114,6 +117,8 @@ pub struct Outcome {
     pub learned: Vec<(f64, f64)>,
     /// The share of the time no critical job ran (the gaps best effort can fill for free).
     pub idle: f64,
+    /// Best effort's piece length at the end (ns).
+    pub piece_ns: i64,
 }
 
 /// Each critical model's deadline: `x` × its p99 alone, or × its p99 in the victims-only
@@ -166,6 +171,9 @@ pub struct Replay {
     pub truth: f64,
     /// Best effort's job is split into this many pieces (vit_l_32's ~0.95 ms: 10 of ~95 µs).
     pub pieces: i64,
+    /// Under a sharing guard, best effort splits its job again once the critical models have
+    /// measured their gaps between jobs, as [`BestEffortHold::fit_gaps`] does.
+    pub fit_gaps: bool,
 }
 
 impl Default for Replay {
@@ -177,6 +185,7 @@ impl Default for Replay {
             outliers: false,
             truth: 1.0,
             pieces: 10,
+            fit_gaps: false,
         }
     }
 }
@@ -190,6 +199,7 @@ pub fn replay(r: &Replay) -> Outcome {
         outliers,
         truth,
         pieces,
+        fit_gaps,
     } = *r;
     let deadline = |k: usize, p99_alone: i64| match deadlines {
         Deadlines::Alone(x) => (x * p99_alone as f64) as i64,
@@ -209,9 +219,10 @@ pub fn replay(r: &Replay) -> Outcome {
         workload("resnet50", 2411.5, 0.420),
     ];
     let be = workload("vit_l_32", 1053.2, 0.961);
-    let piece_ns = be.exec_ns / pieces.max(1);
+    let mut piece_ns = be.exec_ns / pieces.max(1);
     let intensity = Intensity::of_job(&be.neighbour.profile, be.exec_ns, &sys).unwrap();
     let sharing = matches!(guarding, Guarding::Guarded(p) if p.share.is_some());
+    let mut unfitted = fit_gaps && sharing;
     let (looped, margin) = match guarding {
         Guarding::Guarded(p) => (sharing && p.feedback, p.margin_ns),
         _ => (false, 0),
@@ -243,6 +254,8 @@ pub fn replay(r: &Replay) -> Outcome {
                 late_seqs: Vec::new(),
                 outliers,
                 rng: 0x5eed + i as u64,
+                gaps: Gaps::new(),
+                gap: None,
             }
         })
         .collect();
@@ -341,6 +354,10 @@ pub fn replay(r: &Replay) -> Outcome {
             };
             let next = v.seq + 1;
             let release = next * c.period;
+            c.gaps.last_end = done;
+            if let Some(m) = c.gaps.released(release) {
+                c.gap = Some(m);
+            }
             c.view = SlotView {
                 acct_seq: v.acct_seq,
                 acct_overlap: v.acct_overlap,
@@ -356,6 +373,10 @@ pub fn replay(r: &Replay) -> Outcome {
                 busy += piece_ns;
                 piece_end = None;
             }
+        }
+        if unfitted && piece_end.is_none() && crit.iter().all(|c| c.gap.is_some()) {
+            piece_ns = gap_piece_ns(crit.iter().filter_map(|c| c.gap).min(), piece_ns);
+            unfitted = false;
         }
         if piece_end.is_none() && t >= retry {
             match guarding {
@@ -406,6 +427,7 @@ pub fn replay(r: &Replay) -> Outcome {
             .collect(),
         best_effort: busy as f64 / end_t as f64,
         idle: (idle_steps * STEP) as f64 / end_t as f64,
+        piece_ns,
         late_seqs: crit.iter().map(|c| c.late_seqs.clone()).collect(),
         p99_ns: crit
             .iter_mut()
