@@ -236,3 +236,76 @@ impl Drop for Slots {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isolane_engine::{build_model, Weights};
+
+    fn input(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+            .collect()
+    }
+
+    /// Two jobs launched from the two slots back to back (the second queued behind the first on
+    /// the stream) each give their slot the output `run` gives that input, bit for bit, whichever
+    /// input each slot holds; a slot in flight hands out no buffer and refuses a second launch;
+    /// the model's own buffers still run as before.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn input_slots_give_each_job_its_own_output() {
+        let g = build_model("mobilenet_v2", Weights::Synthetic { seed: 3 }).unwrap();
+        let gpu = crate::CudaBackend::new(0).expect("cuda backend");
+        let mut m = gpu.compile_cuda(&g, 1, Precision::Fp16).expect("compile");
+        let n = m.input_mut_at(0).len();
+        let xs = [input(n, 1), input(n, 2)];
+        let mut reference = Vec::new();
+        for x in &xs {
+            m.input_mut_at(0).copy_from_slice(x);
+            m.run().expect("run");
+            reference.push(m.output_at(0).to_vec());
+        }
+        assert_ne!(reference[0], reference[1], "two inputs, one output");
+        let mut s = Slots::new(&m, 2).expect("two slots");
+        assert_eq!(s.len(), 2);
+        for round in 0..50 {
+            // Odd rounds swap the inputs, so a slot that read the other's buffer would show.
+            let which = |slot: usize| (slot + round) % 2;
+            for slot in 0..2 {
+                s.input_mut(slot, 0)
+                    .expect("a free slot's input")
+                    .copy_from_slice(&xs[which(slot)]);
+                s.launch(&mut m, slot).expect("launch");
+                assert!(s.in_flight(slot));
+                assert!(
+                    s.input_mut(slot, 0).is_none(),
+                    "a slot in flight was handed out"
+                );
+                assert!(s.output(slot, 0).is_none());
+                assert!(
+                    s.launch(&mut m, slot).is_err(),
+                    "a slot in flight launched twice"
+                );
+            }
+            for slot in 0..2 {
+                s.wait(slot).expect("wait");
+                assert_eq!(
+                    s.output(slot, 0).expect("a done slot's output"),
+                    &reference[which(slot)][..],
+                    "round {round}, slot {slot}"
+                );
+            }
+        }
+        // Polled to its end as a server polls it.
+        s.input_mut(0, 0).unwrap().copy_from_slice(&xs[1]);
+        s.launch(&mut m, 0).unwrap();
+        while !s.is_done(0).unwrap() {
+            std::hint::spin_loop();
+        }
+        assert_eq!(s.output(0, 0).unwrap(), &reference[1][..]);
+        m.input_mut_at(0).copy_from_slice(&xs[0]);
+        m.run().expect("run after the slots");
+        assert_eq!(m.output_at(0), &reference[0][..]);
+    }
+}
