@@ -703,15 +703,10 @@ fn export_refuses_bad_input_with_exit_2_and_leaves_files_alone() {
     assert!(used.join("deployment.yaml").is_file());
 }
 
-/// The first plan of real models on an H200 (offline, synthetic profiles of `work`/SMs + 0.1
-/// ms) holds each deadline to the stretch predicted from the engine's profiles of its
-/// neighbours (docs/planner.md, "Predicted stretch"): resnet18 beside vit_b_16, which streams
-/// its 173 MB of weights through the L2, ×1.26 (measured ×1.21–1.24 on the H200), so 24 SMs
-/// where stretch 1 gave 16; `--no-predict` plans as before.
-#[test]
-fn the_first_plan_on_an_h200_holds_the_deadlines_to_the_predicted_stretch() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("profiles/NVIDIA_H200/580.159.04");
+/// Synthetic H200 profiles of resnet18 and vit_b_16 in green partitions of 8 to 128 SMs
+/// (work / SMs + 0.1 ms), in `root`/profiles.
+fn h200_profiles(root: &std::path::Path) {
+    let dir = root.join("profiles/NVIDIA_H200/580.159.04");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("device.json"),
@@ -732,6 +727,17 @@ fn the_first_plan_on_an_h200_holds_the_deadlines_to_the_predicted_stretch() {
             .unwrap();
         }
     }
+}
+
+/// The first plan of real models on an H200 (offline, synthetic profiles of `work`/SMs + 0.1
+/// ms) holds each deadline to the stretch predicted from the engine's profiles of its
+/// neighbours (docs/planner.md, "Predicted stretch"): resnet18 beside vit_b_16, which streams
+/// its 173 MB of weights through the L2, ×1.26 (measured ×1.21–1.24 on the H200), so 24 SMs
+/// where stretch 1 gave 16; `--no-predict` plans as before.
+#[test]
+fn the_first_plan_on_an_h200_holds_the_deadlines_to_the_predicted_stretch() {
+    let tmp = tempfile::tempdir().unwrap();
+    h200_profiles(tmp.path());
     let sc = tmp.path().join("s.toml");
     std::fs::write(
         &sc,
@@ -767,5 +773,53 @@ fn the_first_plan_on_an_h200_holds_the_deadlines_to_the_predicted_stretch() {
     assert!(
         alone.contains("cam 16 SMs") && !alone.contains("predicted beside"),
         "{alone}"
+    );
+}
+
+/// Issue 34, placement: over two H200s `spread` is the default and the prediction is each
+/// GPU's own. Spread, resnet18 and vit_b_16 each get a GPU: no neighbour, stretch 1,
+/// resnet18 in 16 SMs. Packed (`--objective pack`), both on GPU 0: resnet18 is planned with
+/// the stretch vit_b_16's traffic is predicted to cause there (1.26), in 24 SMs.
+#[test]
+fn over_two_h200s_spread_is_the_default_and_the_prediction_is_each_gpus_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    h200_profiles(tmp.path());
+    let sc = tmp.path().join("s.toml");
+    std::fs::write(
+        &sc,
+        "[device]\nbackend = \"cuda\"\nmechanism = \"green\"\ngpus = [0, 1]\n\
+         [[workload]]\nname = \"cam\"\nmodel = \"resnet18\"\nprecision = \"fp16\"\n\
+         rate_hz = 500\ndeadline_ms = 1.0\nduration_s = 5\n\
+         [[workload]]\nname = \"vit\"\nmodel = \"vit_b_16\"\nprecision = \"fp16\"\n\
+         rate_hz = 200\ndeadline_ms = 2.0\nduration_s = 5\n",
+    )
+    .unwrap();
+    let plan = |extra: &[&str]| {
+        let o = isolane()
+            .args(["plan", "--auto", "--device-model", "h200", "--profiles"])
+            .arg(tmp.path().join("profiles"))
+            .args(extra)
+            .arg(&sc)
+            .output()
+            .unwrap();
+        let err = flat(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        err
+    };
+    let spread = plan(&[]);
+    assert!(
+        spread.contains(
+            "cam: stretch 1.00 predicted beside the workloads planned on its GPU (their DRAM \
+             0.0 % of the peak while they run, 0 % of the L2)"
+        ) && spread.contains("cam GPU 1 16 SMs")
+            && spread.contains("vit GPU 0"),
+        "{spread}"
+    );
+    let packed = plan(&["--objective", "pack"]);
+    assert!(
+        packed.contains("cam: stretch 1.26 predicted beside the workloads planned on its GPU")
+            && packed.contains("cam GPU 0 24 SMs")
+            && packed.contains("vit GPU 0"),
+        "{packed}"
     );
 }
