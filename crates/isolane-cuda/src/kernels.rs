@@ -64,6 +64,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "dequant_epilogue",
     "im2col_b4",
     "qgemm_fallback",
+    "dequantize_q8",
 ];
 
 /// 16-byte vectors per lane of the `layernorm_wv{N}` kernels (one warp per row of at most
@@ -880,6 +881,17 @@ __device__ __forceinline__ float e4m3_value(unsigned char b) {
     if (e == 15 && m == 7) return __int_as_float(0x7fc00000);
     if (e == 0) return __uint_as_float(sign | __float_as_uint((float)m * 0.001953125f));
     return __uint_as_float(sign | ((e - 7 + 127) << 23) | (m << 20));
+}
+
+// y = q * s from quantized bytes (int8, or e4m3fn when fp8): the values the fake-quant kernel
+// gives for the same x with zero point 0, for a quantized product's float alternative reading
+// its producer's bytes (crate::plan::QuantFloat).
+extern "C" __global__ void dequantize_q8(const signed char* __restrict__ q, T* __restrict__ y, float s,
+                                         long long n, int fp8) {
+    GRID_STRIDE(i, n) {
+        float v = fp8 ? e4m3_value((unsigned char)q[i]) : (float)q[i];
+        st(y, i, __fmul_rn(v, s));
+    }
 }
 
 // acc[r, c] = sum_k x[r, k] * w[c, k] on the CUDA cores, one output per thread: the int8 / fp8

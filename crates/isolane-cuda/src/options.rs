@@ -27,6 +27,33 @@ impl ConvPaths {
     }
 }
 
+/// Which way a quantized product runs (`ISOLANE_CUDA_QUANT`): its candidates are timed and the
+/// fastest kept per layer, or one is forced where it is built (the int8 GEMM otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum QuantPaths {
+    /// The int8 (fp8) GEMM, cuDNN's int8 convolution and the float step, timed.
+    #[default]
+    Fastest,
+    /// `ISOLANE_CUDA_QUANT=gemm`: im2col + quantize + cuBLASLt GEMM + epilogue.
+    Gemm,
+    /// `ISOLANE_CUDA_QUANT=cudnn`: cuDNN's int8 convolution where planned.
+    Cudnn,
+    /// `ISOLANE_CUDA_QUANT=float`: the float step with the fake-quant values.
+    Float,
+}
+
+impl QuantPaths {
+    /// The candidate index forced (`crate::plan::QuantAlternatives`' order), if any.
+    pub fn forced(self) -> Option<usize> {
+        match self {
+            QuantPaths::Fastest => None,
+            QuantPaths::Gemm => Some(0),
+            QuantPaths::Cudnn => Some(1),
+            QuantPaths::Float => Some(2),
+        }
+    }
+}
+
 /// How the CUDA backend plans and builds, beyond graph, batch and precision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BuildOptions {
@@ -40,6 +67,8 @@ pub struct BuildOptions {
     pub fused_attention_batch1: bool,
     /// Convolution paths timed; `ISOLANE_CUDA_CONV`.
     pub conv_paths: ConvPaths,
+    /// Quantized products' paths timed or forced; `ISOLANE_CUDA_QUANT`.
+    pub quant_paths: QuantPaths,
     /// cuDNN's graph API (its heuristics' engines, bias/residual/ReLU fused) among the cuDNN
     /// candidates, besides the legacy algorithms; `ISOLANE_CUDA_CUDNN=legacy` leaves it out.
     pub cudnn_graphs: bool,
@@ -76,6 +105,7 @@ impl Default for BuildOptions {
             fused_attention: true,
             fused_attention_batch1: true,
             conv_paths: ConvPaths::Fastest,
+            quant_paths: QuantPaths::Fastest,
             cudnn_graphs: true,
             cudnn_runtime_compiled: false,
             depthwise_pairs: true,
@@ -122,6 +152,12 @@ impl BuildOptions {
                 _ if limited => ConvPaths::Cudnn,
                 _ => ConvPaths::Fastest,
             },
+            quant_paths: match var("ISOLANE_CUDA_QUANT").as_deref() {
+                Some("gemm") => QuantPaths::Gemm,
+                Some("cudnn") => QuantPaths::Cudnn,
+                Some("float") => QuantPaths::Float,
+                _ => QuantPaths::Fastest,
+            },
             cudnn_graphs: !is("ISOLANE_CUDA_CUDNN", "legacy"),
             cudnn_runtime_compiled: is("ISOLANE_CUDA_CUDNN", "runtime-compiled"),
             depthwise_pairs: !is("ISOLANE_CUDA_DW", "window"),
@@ -166,6 +202,7 @@ mod tests {
             ("ISOLANE_CUDA_LAYOUT", "nchw"),
             ("ISOLANE_CUDA_ATTENTION", "unfused"),
             ("ISOLANE_CUDA_CONV", "gemm"),
+            ("ISOLANE_CUDA_QUANT", "float"),
             ("ISOLANE_CUDA_CUDNN", "legacy"),
             ("ISOLANE_CUDA_DW", "window"),
             ("ISOLANE_CUDA_ROWS", "block"),
@@ -182,6 +219,7 @@ mod tests {
                 fused_attention: false,
                 fused_attention_batch1: false,
                 conv_paths: ConvPaths::Gemm,
+                quant_paths: QuantPaths::Float,
                 cudnn_graphs: false,
                 cudnn_runtime_compiled: false,
                 depthwise_pairs: false,
@@ -220,6 +258,11 @@ mod tests {
             ("ISOLANE_CUDA_WORKSPACE_MB", "lots"),
         ]);
         assert_eq!(o, BuildOptions::default());
+        let q = |v: &str| with(&[("ISOLANE_CUDA_QUANT", v)]).quant_paths.forced();
+        assert_eq!(
+            [q("gemm"), q("cudnn"), q("float"), q("int8")],
+            [Some(0), Some(1), Some(2), None]
+        );
         let cudnn = with(&[("ISOLANE_CUDA_CONV", "cudnn")]).conv_paths;
         assert!(cudnn.tries_cudnn() && !cudnn.tries_gemm());
     }

@@ -422,6 +422,44 @@ pub struct QuantGemmStep {
     pub k: usize,
     pub x_scale: f32,
     pub act: Option<Unary>,
+    /// The other ways this product may run, timed against the int8 GEMM at build so that the
+    /// faster is kept per layer (docs/cuda.md "int8 and fp8": the timed choice).
+    pub alt: Option<Box<QuantAlternatives>>,
+}
+
+/// The alternatives of a [`QuantGemmStep`] to its im2col + quantize + GEMM + epilogue:
+/// `(int8 GEMM, cuDNN int8 convolution, float step)` are candidates 0, 1 and 2 of the build's
+/// timed choice, in that order whether or not 1 exists (a saved plan names the index).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantAlternatives {
+    /// cuDNN's implicit-GEMM int8 convolution (int8 only, a convolution that is not a direct
+    /// GEMM, C and N multiples of 4): `x` (NHWC bytes: x quantized whole into `xb` by the
+    /// quantize kernel, or the producer's bytes themselves when `x_quantized`) convolved with
+    /// the quantized KRSC filter (`QuantGemmStep::w`) into `y` = `QuantGemmStep::acc` as f32
+    /// (the exact int32 sums converted), then the step's epilogue reading an f32 accumulator.
+    /// No im2col, no int32 round-trip.
+    pub dnn_conv: Option<ConvStep>,
+    /// Where `dnn_conv` reads x quantized; `None` when `x_quantized` (x itself).
+    pub xb: Option<Loc>,
+    /// The float step that keeps the model's fake-quant semantics.
+    pub float: QuantFloat,
+}
+
+/// The float form of a quantized product, as the fake-quant steps compute it: x's values
+/// `dequantize(quantize(x))` in the activation dtype (`xf`: by the fake-quant kernel from x's
+/// floats, or by the dequantize kernel from the producer's bytes), the ordinary Conv or Linear
+/// step on them with the dequantized weights, its result quantized into `y` when the step's
+/// output is bytes (`yf` then holds the float result first).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantFloat {
+    pub xf: Loc,
+    /// Elements of x (and `xf`).
+    pub x_n: usize,
+    /// [`StepKind::Conv`] or [`StepKind::Linear`], reading `xf`, writing `yf` or `y`.
+    pub product: StepKind,
+    pub yf: Option<Loc>,
+    /// Later steps read this step's `xq` (`xq_ready`): the float path fills it too.
+    pub fills_xq: bool,
 }
 
 /// How a constant is stored on the device when not in the activation dtype.
@@ -2452,7 +2490,8 @@ impl Planner<'_> {
             self.touch(l);
         }
         let mut rows_of_u = true;
-        let (x, mut conv, wrows) = match &n.op {
+        // `tmpl`: a convolution's geometry as this step reads x (its alternatives', too).
+        let (x, mut conv, wrows, tmpl) = match &n.op {
             Op::Conv(a) => {
                 if self.vstrides[u].is_some() {
                     // Not met so far: a convolution's input is never a strided view (only
@@ -2485,6 +2524,24 @@ impl Planner<'_> {
                         }
                     }
                 }
+                // w and y are set below, once they exist (the im2col reads neither).
+                let tmpl = ConvStep {
+                    x,
+                    w: x,
+                    bias: None,
+                    residual: None,
+                    y: x,
+                    x_shape: xs,
+                    w_shape: ws,
+                    y_shape: four(&c.out_shape, name)?,
+                    pads,
+                    strides: a.strides,
+                    dilations: a.dilations,
+                    groups: 1,
+                    act: None,
+                    nhwc: true,
+                    col: None,
+                };
                 let conv = if q.direct {
                     None
                 } else {
@@ -2496,30 +2553,16 @@ impl Planner<'_> {
                             offset: 0,
                         }),
                     };
-                    // w and y are set below, once they exist (the im2col reads neither).
                     Some(ConvStep {
-                        x,
-                        w: x,
-                        bias: None,
-                        residual: None,
-                        y: x,
-                        x_shape: xs,
-                        w_shape: ws,
-                        y_shape: four(&c.out_shape, name)?,
-                        pads,
-                        strides: a.strides,
-                        dilations: a.dilations,
-                        groups: 1,
-                        act: None,
-                        nhwc: true,
                         col,
+                        ..tmpl.clone()
                     })
                 };
-                (x, conv, wr)
+                (x, conv, wr, Some(tmpl))
             }
             _ => match pre {
-                Some((l, ..)) => (l, None, q.w.clone()),
-                None => (self.plain(u, name)?, None, q.w.clone()),
+                Some((l, ..)) => (l, None, q.w.clone(), None),
+                None => (self.plain(u, name)?, None, q.w.clone(), None),
             },
         };
         let repr = if q.qtype == QuantType::Int8 {
@@ -2617,6 +2660,7 @@ impl Planner<'_> {
             }
         }
         let xq_ready = conv.is_none() && reuse.is_some();
+        let alt = self.quant_alternatives(c, (&q, tmpl, pre.is_some()), w, [acc, y], y_quant)?;
         self.push(
             name,
             StepKind::QuantGemm(Box::new(QuantGemmStep {
@@ -2638,9 +2682,117 @@ impl Planner<'_> {
                 k,
                 x_scale: q.x_scale,
                 act,
+                alt: Some(Box::new(alt)),
             })),
         );
         Ok(Lowered::Steps)
+    }
+
+    /// The alternatives of the quantized product of node `c` ([`QuantAlternatives`]): `q` its
+    /// GEMM, `tmpl` a convolution's geometry as the step reads x (`x_quantized`: x is its
+    /// producer's bytes), `w` the quantized weight, `acc` and `y` the step's accumulator and
+    /// output (bytes when `y_quant`). The float step's bias and residual are the step's own.
+    fn quant_alternatives(
+        &mut self,
+        c: &NodeCtx,
+        (q, tmpl, x_quantized): (&crate::int8::Int8Gemm, Option<ConvStep>, bool),
+        w: Loc,
+        [acc, y]: [Loc; 2],
+        y_quant: Option<(f32, QuantType)>,
+    ) -> Result<QuantAlternatives> {
+        let (n, name, es) = (c.n, c.name, self.es);
+        let (mm, nn, k) = (q.m, q.n, q.k);
+        let x_n = tmpl.as_ref().map_or(mm * k, |t| t.x_shape.iter().product());
+        let fresh = |p: &mut Self, bytes: usize| Loc::Storage {
+            id: p.new_storage(bytes),
+            offset: 0,
+        };
+        let xf = fresh(self, x_n * es);
+        let yf = y_quant.map(|_| fresh(self, mm * nn * es));
+        // The graph's weight itself: on the quantization grid, as the fake-quant steps read it.
+        let wf = self.raw(n.inputs[1], name)?;
+        let bias = match n.inputs.get(2) {
+            Some(&b) => Some(self.raw(b, name)?),
+            None => None,
+        };
+        let product = match (&tmpl, &n.op) {
+            (Some(t), Op::Conv(a)) => {
+                let residual = match (a.residual, n.inputs.get(3)) {
+                    (true, Some(&r)) => Some(self.channels_last(r, name)?),
+                    _ => None,
+                };
+                let Loc::Const { id, .. } = wf else {
+                    return Err(unsupported(
+                        name,
+                        "a quantized convolution's computed filter",
+                    ));
+                };
+                if !self.filter_nhwc.contains(&id) {
+                    self.filter_nhwc.push(id);
+                }
+                let mut f = ConvStep {
+                    x: xf,
+                    w: wf,
+                    bias,
+                    residual,
+                    y: yf.unwrap_or(y),
+                    act: a.activation,
+                    ..t.clone()
+                };
+                if !f.direct_gemm() {
+                    f.col = Some(fresh(self, mm * k * es));
+                }
+                StepKind::Conv(f)
+            }
+            (None, Op::Linear { activation }) => StepKind::Linear(LinearStep {
+                x: xf,
+                w: wf,
+                bias,
+                y: yf.unwrap_or(y),
+                m: mm,
+                n: nn,
+                k,
+                act: *activation,
+                residual: None,
+            }),
+            _ => {
+                return Err(unsupported(
+                    name,
+                    "a quantized GEMM of neither Conv nor Linear",
+                ))
+            }
+        };
+        // cuDNN's int8 convolutions take NHWC int8 with C a multiple of 4 (INT8_EXT_CONFIG:
+        // int32 sums, f32 y); a direct 1×1 is already one GEMM on x's bytes.
+        let (dnn_conv, xb) = match &tmpl {
+            Some(t)
+                if q.qtype == QuantType::Int8
+                    && !q.direct
+                    && t.x_shape[1].is_multiple_of(4)
+                    && nn.is_multiple_of(4) =>
+            {
+                let xb = (!x_quantized).then(|| fresh(self, x_n));
+                let conv = ConvStep {
+                    x: xb.unwrap_or(t.x),
+                    w,
+                    y: acc,
+                    ..t.clone()
+                };
+                (Some(conv), xb)
+            }
+            _ => (None, None),
+        };
+        Ok(QuantAlternatives {
+            dnn_conv,
+            xb,
+            float: QuantFloat {
+                xf,
+                x_n,
+                product,
+                yf,
+                fills_xq: false,
+            },
+        })
     }
 
     /// Whether node `ni`'s output `v` (rows NHWC when `nhwc`) may leave its epilogue quantized
@@ -2871,6 +3023,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     if let Some(last) = g.nodes.last() {
         p.record_probes(last);
     }
+    mark_shared_xq(&mut p.steps);
     let end = g.nodes.len() + 1;
     let outputs = p.stage_outputs(dtype, end)?;
     // Inputs' staging stays reserved for the whole run (written before the graph starts).
@@ -2893,6 +3046,27 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         probes: p.probes,
         const_repr: p.const_repr,
     })
+}
+
+/// Marks the quantized GEMMs whose quantize kernel fills an `xq` that later ones read
+/// (`xq_ready`): their float alternative must fill it too.
+fn mark_shared_xq(steps: &mut [Step]) {
+    let shared: Vec<Loc> = steps
+        .iter()
+        .filter_map(|s| match &s.kind {
+            StepKind::QuantGemm(q) if q.xq_ready => Some(q.xq),
+            _ => None,
+        })
+        .collect();
+    for s in steps.iter_mut() {
+        if let StepKind::QuantGemm(q) = &mut s.kind {
+            if !q.xq_ready && shared.contains(&q.xq) {
+                if let Some(alt) = q.alt.as_mut() {
+                    alt.float.fills_xq = true;
+                }
+            }
+        }
+    }
 }
 
 /// Test hook of the plan check: a deliberately wrong plan. Negates the stored output of

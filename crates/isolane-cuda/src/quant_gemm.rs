@@ -14,7 +14,7 @@
 //! scale pointers cannot).
 
 use super::*;
-use crate::plan::QuantGemmStep;
+use crate::plan::{QuantFloat, QuantGemmStep};
 use isolane_engine::quant::QuantType;
 
 /// The descriptor and layouts of one quantized GEMM shape.
@@ -64,8 +64,413 @@ fn quant_descriptors(
     Ok((desc, a, b, d))
 }
 
-/// The step's launches: im2col, quantize, GEMM, epilogue.
+/// The step's launches: the fastest of its int8 GEMM (im2col, quantize, GEMM, epilogue),
+/// cuDNN's int8 convolution and the float step ([`QuantAlternatives`]), timed as they will run
+/// (captured in a graph, as `record_conv` times a convolution's paths).
 pub(super) fn record_quant_gemm(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    (name, err): (&str, &dyn Fn(EngineError) -> EngineError),
+    q: &QuantGemmStep,
+) -> Result<()> {
+    let start = m.launches.len();
+    record_int8_gemm(m, rec, caches, (name, err), q)?;
+    let Some(alt) = q.alt.as_deref() else {
+        return Ok(());
+    };
+    let gemm = m.launches.split_off(start);
+    // Each candidate is built whatever is chosen, in this order, so that a saved plan's
+    // choices (the float convolution's own, then the pick) replay in the order they were made.
+    let mut paths: [Result<Vec<Launch>>; 3] = [
+        Ok(gemm),
+        Err(EngineError::Runtime(
+            "not a convolution cuDNN takes in int8".into(),
+        )),
+        Err(EngineError::Runtime("not built".into())),
+    ];
+    if let Some(dc) = &alt.dnn_conv {
+        paths[1] = dnn_int8_conv(m, rec, q, alt.xb, dc);
+    }
+    paths[2] = float_path(m, rec, caches, err, q, &alt.float);
+    let what = format!("the quantized product `{name}`");
+    let saved = rec.choices.borrow_mut().pick(paths.len(), &what)?;
+    let (chosen, times) = match saved {
+        Some(i) => (i, [None; 3]),
+        None => {
+            let built = paths.each_ref().map(|p| p.is_ok());
+            let forced = rec.options.quant_paths.forced();
+            let times = if rec.options.first_choice || forced.is_some() {
+                [None; 3]
+            } else {
+                time_paths(m, rec, &paths).map_err(err)?
+            };
+            let i = match forced {
+                Some(f) if built[f] => f,
+                _ => choose_path(&built, &times),
+            };
+            rec.choices
+                .borrow_mut()
+                .note(crate::saved::Choice::Pick(i as u32));
+            (i, times)
+        }
+    };
+    if rec.options.search_log {
+        eprintln!("{}", describe_choice(name, q.qtype, &paths, &times, chosen));
+    }
+    let [a, b, c] = paths;
+    let launches = match chosen {
+        0 => a,
+        1 => b,
+        _ => c,
+    }
+    .map_err(|e| {
+        err(EngineError::Runtime(format!(
+            "the saved plan chose path {chosen} of {what}, which cannot be built here: {e}"
+        )))
+    })?;
+    m.launches.extend(launches);
+    Ok(())
+}
+
+/// The candidates' best times where they are timed (`None`: not built, or failed to run).
+fn time_paths(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    paths: &[Result<Vec<Launch>>; 3],
+) -> Result<[Option<f32>; 3]> {
+    let built: Vec<usize> = (0..3).filter(|&i| paths[i].is_ok()).collect();
+    let mut timed: Vec<TimedPath> = built
+        .iter()
+        .map(|&i| match &paths[i] {
+            Ok(l) => (l.clone(), f32::INFINITY),
+            Err(_) => (Vec::new(), f32::NAN),
+        })
+        .collect();
+    time_candidates(m, rec, &mut timed)?;
+    let mut times = [None; 3];
+    for (&i, (_, ms)) in built.iter().zip(&timed) {
+        times[i] = ms.is_finite().then_some(*ms);
+    }
+    Ok(times)
+}
+
+/// Which candidate runs: the fastest timed one; on a tie or where nothing was timed the
+/// earliest built (the int8 GEMM before cuDNN's int8 convolution before the float step: the
+/// quantized path is the model's own arithmetic, and what ran before this choice existed).
+pub(crate) fn choose_path(built: &[bool; 3], times: &[Option<f32>; 3]) -> usize {
+    let timed = (0..3)
+        .filter_map(|i| times[i].map(|t| (i, t)))
+        .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    match timed {
+        Some((i, _)) => i,
+        None => (0..3).find(|&i| built[i]).unwrap_or(0),
+    }
+}
+
+/// The per-layer line of the search log: each candidate's time or why it was not built, and
+/// the one kept.
+fn describe_choice(
+    name: &str,
+    qtype: QuantType,
+    paths: &[Result<Vec<Launch>>; 3],
+    times: &[Option<f32>; 3],
+    chosen: usize,
+) -> String {
+    let label = [
+        format!("{qtype} gemm"),
+        format!("cudnn {qtype} conv"),
+        "float (fake-quant)".to_string(),
+    ];
+    let each: Vec<String> = (0..3)
+        .map(|i| match (&paths[i], times[i]) {
+            (Err(e), _) => format!("{}: none ({e})", label[i]),
+            (Ok(_), Some(t)) => format!("{} {t:.4} ms", label[i]),
+            (Ok(_), None) => format!("{} untimed", label[i]),
+        })
+        .collect();
+    format!(
+        "search: quantized `{name}`: {}; kept {}",
+        each.join(", "),
+        label[chosen]
+    )
+}
+
+/// cuDNN's int8 convolution: x quantized whole (unless its producer left it in bytes), the
+/// convolution into the accumulator as f32, the epilogue.
+fn dnn_int8_conv(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    q: &QuantGemmStep,
+    xb: Option<Loc>,
+    c: &ConvStep,
+) -> Result<Vec<Launch>> {
+    let d = int8_conv_desc(m, rec, c)?;
+    m.convs.push(d);
+    let mut l = Vec::new();
+    if let Some(xb) = xb {
+        let n: usize = c.x_shape.iter().product();
+        l.push(quantize_launch(rec, q.x, xb, q.x_scale, n, false));
+    }
+    l.push(Launch::Conv {
+        conv: m.convs.len() - 1,
+        x: rec.ptr(c.x),
+        w: rec.ptr(c.w),
+        y: rec.ptr(c.y),
+    });
+    l.push(epilogue_launch(rec, q, true));
+    Ok(l)
+}
+
+/// The descriptors of an int8 convolution (NHWC int8 x and KRSC int8 filter, int32 sums, f32
+/// y: cuDNN's INT8_EXT_CONFIG) with cuDNN's first algorithm for it that fits the workspace.
+fn int8_conv_desc(m: &CudaModel, rec: &Recorder, c: &ConvStep) -> Result<ConvDesc> {
+    let i = |v: usize| v as i32;
+    let nhwc = dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC;
+    let (i8t, f32t) = (
+        dnn::cudnnDataType_t::CUDNN_DATA_INT8,
+        dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+    );
+    let mut d = ConvDesc {
+        x: std::ptr::null_mut(),
+        w: std::ptr::null_mut(),
+        conv: std::ptr::null_mut(),
+        y: std::ptr::null_mut(),
+        algo: dnn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        workspace: 0,
+    };
+    // SAFETY: out-pointers are valid; the descriptors destroy themselves when `d` is dropped
+    // (here on an error, else with the model).
+    unsafe {
+        dnn_check(
+            "cudnnCreateTensorDescriptor",
+            dnn::cudnnCreateTensorDescriptor(&mut d.x),
+        )?;
+        dnn_check(
+            "cudnnCreateTensorDescriptor",
+            dnn::cudnnCreateTensorDescriptor(&mut d.y),
+        )?;
+        dnn_check(
+            "cudnnCreateFilterDescriptor",
+            dnn::cudnnCreateFilterDescriptor(&mut d.w),
+        )?;
+        dnn_check(
+            "cudnnCreateConvolutionDescriptor",
+            dnn::cudnnCreateConvolutionDescriptor(&mut d.conv),
+        )?;
+        let [n, ch, h, w] = c.x_shape;
+        dnn_check(
+            "cudnnSetTensor4dDescriptor",
+            dnn::cudnnSetTensor4dDescriptor(d.x, nhwc, i8t, i(n), i(ch), i(h), i(w)),
+        )?;
+        let [n, ch, h, w] = c.y_shape;
+        dnn_check(
+            "cudnnSetTensor4dDescriptor",
+            dnn::cudnnSetTensor4dDescriptor(d.y, nhwc, f32t, i(n), i(ch), i(h), i(w)),
+        )?;
+        let [k, cg, kh, kw] = c.w_shape;
+        dnn_check(
+            "cudnnSetFilter4dDescriptor",
+            dnn::cudnnSetFilter4dDescriptor(d.w, i8t, nhwc, i(k), i(cg), i(kh), i(kw)),
+        )?;
+        dnn_check(
+            "cudnnSetConvolution2dDescriptor",
+            dnn::cudnnSetConvolution2dDescriptor(
+                d.conv,
+                i(c.pads[0]),
+                i(c.pads[1]),
+                i(c.strides[0]),
+                i(c.strides[1]),
+                i(c.dilations[0]),
+                i(c.dilations[1]),
+                dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                dnn::cudnnDataType_t::CUDNN_DATA_INT32,
+            ),
+        )?;
+        dnn_check(
+            "cudnnSetConvolutionMathType",
+            dnn::cudnnSetConvolutionMathType(
+                d.conv,
+                dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+            ),
+        )?;
+    }
+    let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 10] =
+        // SAFETY: the perf records are plain C structs for which all-zero bytes are valid.
+        unsafe { std::mem::zeroed() };
+    let mut got = 0;
+    // SAFETY: the descriptors are live; cuDNN writes at most `perf.len()` records.
+    dnn_check("cudnnGetConvolutionForwardAlgorithm_v7", unsafe {
+        dnn::cudnnGetConvolutionForwardAlgorithm_v7(
+            m.cudnn(),
+            d.x,
+            d.w,
+            d.conv,
+            d.y,
+            perf.len() as i32,
+            &mut got,
+            perf.as_mut_ptr(),
+        )
+    })?;
+    let found = perf[..got.max(0) as usize]
+        .iter()
+        .find(|p| p.status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= rec.ws_cap);
+    let Some(p) = found else {
+        let states: Vec<String> = perf[..got.max(0) as usize]
+            .iter()
+            .map(|p| format!("{:?} {:?} ws {}", p.algo, p.status, p.memory))
+            .collect();
+        return Err(EngineError::Runtime(format!(
+            "cuDNN offers no int8 algorithm for x {:?} w {:?} within {} bytes: {states:?}",
+            c.x_shape, c.w_shape, rec.ws_cap
+        )));
+    };
+    d.algo = p.algo;
+    d.workspace = p.memory;
+    // SAFETY: `d.conv` is live and owned by `d`.
+    dnn_check("cudnnSetConvolutionMathType", unsafe {
+        dnn::cudnnSetConvolutionMathType(d.conv, p.mathType)
+    })?;
+    Ok(d)
+}
+
+/// The float step: x's fake-quant values (from its floats, or dequantized from its
+/// producer's bytes), the Conv or Linear as any float one records (its own timed paths), the
+/// result quantized into the step's output where that holds bytes.
+fn float_path(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    err: &dyn Fn(EngineError) -> EngineError,
+    q: &QuantGemmStep,
+    f: &QuantFloat,
+) -> Result<Vec<Launch>> {
+    let start = m.launches.len();
+    let built = float_launches(m, rec, caches, err, q, f);
+    let launches = m.launches.split_off(start);
+    built.map(|()| launches)
+}
+
+fn float_launches(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    err: &dyn Fn(EngineError) -> EngineError,
+    q: &QuantGemmStep,
+    f: &QuantFloat,
+) -> Result<()> {
+    let fp8 = q.qtype != QuantType::Int8;
+    if q.x_quantized {
+        m.launches.push(Launch::Kernel {
+            func: rec.func("dequantize_q8"),
+            grid: elementwise_grid(f.x_n),
+            block: BLOCK,
+            shared: 0,
+            args: vec![
+                Arg::Ptr(rec.ptr(q.x)),
+                Arg::Ptr(rec.ptr(f.xf)),
+                Arg::F32(q.x_scale),
+                Arg::I64(f.x_n as i64),
+                Arg::I32(fp8 as i32),
+            ],
+        });
+    } else {
+        let (lo, hi) = q.qtype.range();
+        m.launches.push(Launch::Kernel {
+            func: rec.func("fake_quant"),
+            grid: elementwise_grid(f.x_n),
+            block: BLOCK,
+            shared: 0,
+            args: vec![
+                Arg::Ptr(rec.ptr(q.x)),
+                Arg::Ptr(rec.ptr(f.xf)),
+                Arg::Ptr(0),
+                Arg::Ptr(0),
+                Arg::F32(q.x_scale),
+                Arg::F32(0.0),
+                Arg::I64(f.x_n as i64),
+                Arg::I64(1),
+                Arg::I64(1),
+                Arg::F32(lo),
+                Arg::F32(hi),
+                Arg::I32(fp8 as i32),
+                Arg::I32(1),
+            ],
+        });
+        if f.fills_xq {
+            m.launches
+                .push(quantize_launch(rec, q.x, q.xq, q.x_scale, q.m * q.k, fp8));
+        }
+    }
+    match &f.product {
+        StepKind::Conv(c) => record_conv(m, rec, caches, err, c)?,
+        StepKind::Linear(l) => record_linear(m, rec, caches, err, l)?,
+        _ => {
+            return Err(EngineError::Runtime(
+                "a quantized product's float step that is neither Conv nor Linear".into(),
+            ))
+        }
+    }
+    if let (Some(yf), Some(ys)) = (f.yf, q.y_scale) {
+        m.launches
+            .push(quantize_launch(rec, yf, q.y, ys, q.m * q.n, fp8));
+    }
+    Ok(())
+}
+
+/// `quantize_q8`: `n` values at `x` (activation dtype) onto the grid of scale `s`, one byte
+/// each at `y`.
+fn quantize_launch(rec: &Recorder, x: Loc, y: Loc, s: f32, n: usize, fp8: bool) -> Launch {
+    Launch::Kernel {
+        func: rec.func("quantize_q8"),
+        grid: elementwise_grid(n),
+        block: BLOCK,
+        shared: 0,
+        args: vec![
+            Arg::Ptr(rec.ptr(x)),
+            Arg::Ptr(rec.ptr(y)),
+            Arg::F32(s),
+            Arg::I64(n as i64),
+            Arg::I32(fp8 as i32),
+        ],
+    }
+}
+
+/// The dequantizing epilogue of `q`, its accumulator f32 (`f32_acc`: an fp8 GEMM's, cuDNN's
+/// int8 convolution's) or int32.
+fn epilogue_launch(rec: &Recorder, q: &QuantGemmStep, f32_acc: bool) -> Launch {
+    let (k, p0, p1) = act_code(q.act, rec.dtype);
+    let total = q.m * q.n;
+    let yq = match (q.y_scale, q.qtype) {
+        (None, _) => 0,
+        (Some(_), QuantType::Int8) => 1,
+        (Some(_), _) => 2,
+    };
+    Launch::Kernel {
+        func: rec.func("dequant_epilogue"),
+        grid: elementwise_grid(total),
+        block: BLOCK,
+        shared: 0,
+        args: vec![
+            Arg::Ptr(rec.ptr(q.acc)),
+            Arg::Ptr(rec.ptr(q.y)),
+            Arg::Ptr(rec.ptr(q.scale)),
+            Arg::Ptr(q.bias.map_or(0, |b| rec.ptr(b))),
+            Arg::Ptr(q.residual.map_or(0, |r| rec.ptr(r))),
+            Arg::I64(total as i64),
+            Arg::I64(q.n as i64),
+            Arg::I32(f32_acc as i32),
+            Arg::I32(k),
+            Arg::F32(p0),
+            Arg::F32(p1),
+            Arg::F32(q.y_scale.unwrap_or(1.0)),
+            Arg::I32(yq),
+        ],
+    }
+}
+
+/// The int8 (fp8) GEMM path: im2col, quantize, GEMM, epilogue.
+fn record_int8_gemm(
     m: &mut CudaModel,
     rec: &Recorder,
     caches: &mut LibraryCaches,
@@ -89,19 +494,8 @@ pub(super) fn record_quant_gemm(
     };
     let rows = q.m * q.k;
     if !q.xq_ready && !q.x_quantized {
-        m.launches.push(Launch::Kernel {
-            func: rec.func("quantize_q8"),
-            grid: elementwise_grid(rows),
-            block: BLOCK,
-            shared: 0,
-            args: vec![
-                Arg::Ptr(rec.ptr(src)),
-                Arg::Ptr(rec.ptr(q.xq)),
-                Arg::F32(q.x_scale),
-                Arg::I64(rows as i64),
-                Arg::I32(fp8 as i32),
-            ],
-        });
+        m.launches
+            .push(quantize_launch(rec, src, q.xq, q.x_scale, rows, fp8));
     }
     let key = format!("{} {}x{}x{}", q.qtype, q.m, q.n, q.k);
     let mm = match caches.quant.iter().find(|(k, _)| *k == key) {
@@ -146,34 +540,7 @@ pub(super) fn record_quant_gemm(
             ],
         },
     });
-    let (k, p0, p1) = act_code(q.act, rec.dtype);
-    let total = q.m * q.n;
-    let yq = match (q.y_scale, q.qtype) {
-        (None, _) => 0,
-        (Some(_), QuantType::Int8) => 1,
-        (Some(_), _) => 2,
-    };
-    m.launches.push(Launch::Kernel {
-        func: rec.func("dequant_epilogue"),
-        grid: elementwise_grid(total),
-        block: BLOCK,
-        shared: 0,
-        args: vec![
-            Arg::Ptr(rec.ptr(q.acc)),
-            Arg::Ptr(rec.ptr(q.y)),
-            Arg::Ptr(rec.ptr(q.scale)),
-            Arg::Ptr(q.bias.map_or(0, |b| rec.ptr(b))),
-            Arg::Ptr(q.residual.map_or(0, |r| rec.ptr(r))),
-            Arg::I64(total as i64),
-            Arg::I64(q.n as i64),
-            Arg::I32(fp8 as i32),
-            Arg::I32(k),
-            Arg::F32(p0),
-            Arg::F32(p1),
-            Arg::F32(q.y_scale.unwrap_or(1.0)),
-            Arg::I32(yq),
-        ],
-    });
+    m.launches.push(epilogue_launch(rec, q, fp8));
     Ok(())
 }
 
@@ -316,4 +683,29 @@ fn quant_matmul(m: &mut CudaModel, rec: &Recorder, q: &QuantGemmStep) -> Result<
     cand.workspace = results[best].workspace_size();
     m.mms.push(cand);
     Ok(m.mms.len() - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::choose_path;
+
+    #[test]
+    fn the_fastest_timed_candidate_is_kept_and_the_quantized_path_on_a_tie() {
+        let all = [true; 3];
+        // fp16 faster than both quantized paths: the float step.
+        assert_eq!(choose_path(&all, &[Some(0.30), Some(0.25), Some(0.20)]), 2);
+        // cuDNN's int8 convolution fastest.
+        assert_eq!(choose_path(&all, &[Some(0.30), Some(0.10), Some(0.20)]), 1);
+        // A tie goes to the earlier (quantized) candidate.
+        assert_eq!(choose_path(&all, &[Some(0.2), Some(0.2), Some(0.2)]), 0);
+        assert_eq!(choose_path(&all, &[Some(0.3), Some(0.2), Some(0.2)]), 1);
+        // A candidate not built or that failed to run has no time, and is never kept.
+        let no_dnn = [true, false, true];
+        assert_eq!(choose_path(&no_dnn, &[Some(0.3), None, Some(0.2)]), 2);
+        assert_eq!(choose_path(&all, &[None, None, Some(0.9)]), 2);
+        // Nothing timed (an MPS client with part of the threads): the int8 GEMM, as before the
+        // choice existed; where it is not built, the next one built.
+        assert_eq!(choose_path(&all, &[None; 3]), 0);
+        assert_eq!(choose_path(&[false, false, true], &[None; 3]), 2);
+    }
 }

@@ -616,6 +616,16 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
 /// for e4m3 products), the epilogue's one multiply-add per output.
 fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
     use isolane_engine::quant::quantize;
+    let path = QUANT_PATHS.with(|c| {
+        let (pattern, next) = &mut *c.borrow_mut();
+        *next += 1;
+        pattern.get((*next - 1) % pattern.len().max(1)).copied()
+    });
+    match (path.unwrap_or(0), q.alt.as_deref()) {
+        (1, Some(alt)) if alt.dnn_conv.is_some() => return exec_quant_dnn_conv(p, m, q, alt),
+        (2, Some(alt)) => return exec_quant_float(p, m, q, &alt.float),
+        _ => {}
+    }
     let sid = |l: Loc| match l {
         Loc::Storage { id, .. } => id,
         Loc::Const { .. } => panic!("a quantized constant"),
@@ -704,12 +714,23 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
         "the weight is stored in the activation dtype"
     );
     let w = &p.consts[wid].data;
+    let acc = |r: usize, j: usize| -> f64 {
+        (0..q.k)
+            .map(|kk| xq[r * q.k + kk] * w[j * q.k + kk] as f64)
+            .sum()
+    };
+    quant_epilogue(m, q, acc);
+}
+
+/// The dequantizing epilogue of a quantized GEMM over the sums `acc(row, channel)`: one
+/// multiply-add by the channel's scale and bias, the residual, the activation, and the
+/// quantization for the next GEMMs where the step's output is bytes.
+fn quant_epilogue(m: &mut Mem, q: &QuantGemmStep, acc: impl Fn(usize, usize) -> f64) {
+    use isolane_engine::quant::quantize;
     let mut out = vec![0f32; q.m * q.n];
     for r in 0..q.m {
         for j in 0..q.n {
-            let acc: f64 = (0..q.k)
-                .map(|kk| xq[r * q.k + kk] * w[j * q.k + kk] as f64)
-                .sum();
+            let acc = acc(r, j);
             let mut v =
                 (acc as f32).mul_add(m.get(q.scale, j), q.bias.map_or(0.0, |b| m.get(b, j)));
             if let Some(rl) = q.residual {
@@ -725,13 +746,133 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
                 .iter()
                 .map(|&v| quantize(v, s, 0.0, q.qtype, true) as f64)
                 .collect();
-            m.quantized.insert(sid(q.y), yq);
+            m.quantized.insert(storage_id(q.y), yq);
         }
         None => {
             for (i, v) in out.into_iter().enumerate() {
                 m.set(q.y, i, v);
             }
         }
+    }
+}
+
+thread_local! {
+    /// Which path each emulated QuantGemm step takes, the pattern cycled over the steps in
+    /// order (and the count so far): 0 its int8 GEMM, 1 cuDNN's int8 convolution where
+    /// planned (else 0), 2 the float step; the candidates of the build's timed choice.
+    static QUANT_PATHS: std::cell::RefCell<(Vec<usize>, usize)> =
+        const { std::cell::RefCell::new((Vec::new(), 0)) };
+}
+
+fn storage_id(l: Loc) -> usize {
+    match l {
+        Loc::Storage { id, .. } => id,
+        Loc::Const { .. } => panic!("a quantized constant"),
+    }
+}
+
+/// cuDNN's int8 convolution as planned: x quantized whole into `xb` (or the producer's
+/// bytes), the NHWC convolution of those bytes with the KRSC byte filter into the
+/// accumulator (int32 sums, stored as f32), the epilogue.
+fn exec_quant_dnn_conv(
+    p: &Plan,
+    m: &mut Mem,
+    q: &QuantGemmStep,
+    alt: &isolane_cuda::plan::QuantAlternatives,
+) {
+    use isolane_engine::quant::quantize;
+    let c = alt.dnn_conv.as_ref().unwrap();
+    assert_eq!(
+        (c.w, c.y),
+        (q.w, q.acc),
+        "cuDNN's conv reads the GEMM's filter"
+    );
+    assert!(c.nhwc && c.col.is_none() && c.groups == 1);
+    let [n, ch, h, wd] = c.x_shape;
+    let [mo, cg, kh, kw] = c.w_shape;
+    let [_, _, oh, ow] = c.y_shape;
+    assert_eq!((cg, mo, n * oh * ow, kh * kw * ch), (ch, q.n, q.m, q.k));
+    match alt.xb {
+        Some(xb) => {
+            assert!(!q.x_quantized && c.x == xb);
+            let bytes = (0..n * h * wd * ch)
+                .map(|i| quantize(m.get(q.x, i), q.x_scale, 0.0, q.qtype, true) as f64)
+                .collect();
+            m.quantized.insert(storage_id(xb), bytes);
+        }
+        None => assert!(q.x_quantized && c.x == q.x),
+    }
+    let x = m.quantized[&storage_id(c.x)].clone();
+    assert_eq!(x.len(), n * h * wd * ch);
+    let Loc::Const { id: wid, .. } = c.w else {
+        panic!("a computed filter")
+    };
+    let w = &p.consts[wid].data;
+    let acc = |r: usize, o: usize| -> f64 {
+        let (b, y0, x0) = (r / (oh * ow), (r / ow) % oh, r % ow);
+        let mut s = 0f64;
+        for a in 0..kh {
+            for bb in 0..kw {
+                let ih = (y0 * c.strides[0] + a * c.dilations[0]) as isize - c.pads[0] as isize;
+                let iw = (x0 * c.strides[1] + bb * c.dilations[1]) as isize - c.pads[1] as isize;
+                if ih < 0 || iw < 0 || ih as usize >= h || iw as usize >= wd {
+                    continue;
+                }
+                for ci in 0..ch {
+                    let xi = ((b * h + ih as usize) * wd + iw as usize) * ch + ci;
+                    s += x[xi] * w[((o * kh + a) * kw + bb) * ch + ci] as f64;
+                }
+            }
+        }
+        // cuDNN's f32 y holds the int32 sum rounded to f32.
+        s as f32 as f64
+    };
+    quant_epilogue(m, q, acc);
+}
+
+/// The float step as planned: x's fake-quant values (from floats, or the producer's bytes
+/// dequantized), the Conv or Linear step on them, its result quantized where the step's
+/// output is bytes; the shared quantized rows filled where later GEMMs read them.
+fn exec_quant_float(p: &Plan, m: &mut Mem, q: &QuantGemmStep, f: &isolane_cuda::plan::QuantFloat) {
+    use isolane_engine::quant::{dequantize, quantize};
+    let xf: Vec<f32> = if q.x_quantized {
+        let b = &m.quantized[&storage_id(q.x)];
+        assert_eq!(b.len(), f.x_n);
+        b.iter()
+            .map(|&v| dequantize(v as f32, q.x_scale, 0.0))
+            .collect()
+    } else {
+        (0..f.x_n)
+            .map(|i| {
+                let v = quantize(m.get(q.x, i), q.x_scale, 0.0, q.qtype, true);
+                dequantize(v, q.x_scale, 0.0)
+            })
+            .collect()
+    };
+    if f.fills_xq {
+        assert!(!q.x_quantized && q.conv.is_none() && !q.xq_ready);
+        let rows = (0..q.m * q.k)
+            .map(|i| quantize(m.get(q.x, i), q.x_scale, 0.0, q.qtype, true) as f64)
+            .collect();
+        m.quantized.insert(storage_id(q.xq), rows);
+    }
+    for (i, v) in xf.into_iter().enumerate() {
+        m.set(f.xf, i, v);
+    }
+    let inner = Step {
+        name: "float".into(),
+        kind: f.product.clone(),
+    };
+    exec_step(p, m, &inner);
+    match (f.yf, q.y_scale) {
+        (Some(yf), Some(s)) => {
+            let yq = (0..q.m * q.n)
+                .map(|i| quantize(m.get(yf, i), s, 0.0, q.qtype, true) as f64)
+                .collect();
+            m.quantized.insert(storage_id(q.y), yq);
+        }
+        (None, None) => {}
+        other => panic!("a float step's output and the step's disagree: {other:?}"),
     }
 }
 
@@ -1756,6 +1897,69 @@ fn quantized_products_plan_into_quant_gemms_that_compute_the_graph() {
     }
 }
 
+/// Every candidate of the build's per-layer choice computes the graph: cuDNN's int8
+/// convolution (planned for the im2col convolution c3 only: x quantized whole into its own
+/// bytes, or its producer's bytes read in place; f32 sums, the same epilogue) and the float
+/// step (fake-quant values of x, from floats or dequantized from bytes; its output quantized
+/// where the next GEMM reads bytes), alone and mixed layer by layer with the int8 GEMM, so
+/// that a float layer between int8 ones hands bytes on correctly.
+#[test]
+fn every_quantized_layer_choice_computes_the_graph() {
+    use isolane_engine::quant::QuantType;
+    for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
+        for batch in [1, 3] {
+            let (q, p) = quant_cnn_plan(qtype, batch);
+            let gemms: Vec<(&str, &QuantGemmStep)> = p
+                .steps
+                .iter()
+                .filter_map(|s| match &s.kind {
+                    StepKind::QuantGemm(g) => Some((s.name.as_str(), &**g)),
+                    _ => None,
+                })
+                .collect();
+            let dnn: Vec<&str> = gemms
+                .iter()
+                .filter(|(_, g)| g.alt.as_ref().unwrap().dnn_conv.is_some())
+                .map(|(n, _)| *n)
+                .collect();
+            let want_dnn: &[&str] = if qtype == QuantType::Int8 {
+                &["c3"]
+            } else {
+                &[]
+            };
+            assert_eq!(dnn, want_dnn, "{qtype}");
+            for (name, g) in &gemms {
+                let alt = g.alt.as_ref().unwrap();
+                // A float output is written in place by the float product; bytes go through yf.
+                assert_eq!(alt.float.yf.is_some(), g.y_scale.is_some(), "{name}");
+                match &alt.float.product {
+                    StepKind::Conv(c) => assert_eq!((c.x, c.nhwc), (alt.float.xf, true)),
+                    StepKind::Linear(l) => {
+                        assert_eq!((l.x, l.m, l.n, l.k), (alt.float.xf, g.m, g.n, g.k))
+                    }
+                    other => panic!("{name}: {other:?}"),
+                }
+            }
+            let mut cpu = CpuBackend::new(1)
+                .compile(&q, batch, Precision::Fp32)
+                .unwrap();
+            let x = random(cpu.input_mut().len(), 5);
+            cpu.input_mut().copy_from_slice(&x);
+            cpu.run().unwrap();
+            for pattern in [vec![1], vec![2], vec![2, 0, 1], vec![0, 2, 1], vec![1, 2]] {
+                QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
+                let got = run(&p, &x);
+                QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+                let err = rel_l2(&got, cpu.output());
+                assert!(
+                    err < 1e-5,
+                    "{qtype} batch {batch} paths {pattern:?}: rel L2 {err:e}"
+                );
+            }
+        }
+    }
+}
+
 /// Two Linears reading one quantized activation (as a transformer's q, k and v projections
 /// do): the activation is quantized once, the second GEMM reuses it, and the plan computes
 /// the graph.
@@ -1805,6 +2009,9 @@ fn one_quantized_activation_read_by_two_gemms_is_quantized_once() {
     );
     assert!(!gemms[0].xq_ready && gemms[1].xq_ready);
     assert_eq!(gemms[0].xq, gemms[1].xq);
+    // Should the first take its float step, it still fills the rows the second reads.
+    let fills = |g: &QuantGemmStep| g.alt.as_ref().unwrap().float.fills_xq;
+    assert!(fills(gemms[0]) && !fills(gemms[1]));
     assert_eq!((gemms[1].m, gemms[1].n, gemms[1].k), (batch * 5, 32, 32));
     let mut cpu = CpuBackend::new(1)
         .compile(&q, batch, Precision::Fp32)
@@ -1812,6 +2019,11 @@ fn one_quantized_activation_read_by_two_gemms_is_quantized_once() {
     let x = random(cpu.input_mut().len(), 8);
     cpu.input_mut().copy_from_slice(&x);
     cpu.run().unwrap();
-    let err = rel_l2(&run(&p, &x), cpu.output());
-    assert!(err < 1e-5, "rel L2 {err:e}");
+    for pattern in [vec![0], vec![2, 0], vec![2]] {
+        QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
+        let got = run(&p, &x);
+        QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+        let err = rel_l2(&got, cpu.output());
+        assert!(err < 1e-5, "paths {pattern:?}: rel L2 {err:e}");
+    }
 }

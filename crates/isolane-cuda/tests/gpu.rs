@@ -825,14 +825,62 @@ fn calibrated_int8_and_fp8_models_run_on_the_gpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn quant_gemm_path_matches_the_exact_reference_layer_by_layer() {
+    use isolane_engine::calibrate::CalibMethod;
+    use isolane_engine::quant::QuantType;
+    let failures = quant_layers_against_the_reference(
+        isolane_cuda::options::QuantPaths::Gemm,
+        &[
+            (QuantType::Int8, CalibMethod::Percentile(99.99)),
+            (QuantType::Float8E4M3Fn, CalibMethod::MinMax),
+        ],
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The other candidates of the build's per-layer choice (docs/cuda.md "int8 and fp8"), each
+/// forced on every layer where it is built, against the exact CPU reference as
+/// [`quant_gemm_path_matches_the_exact_reference_layer_by_layer`] holds the int8 GEMM: cuDNN's
+/// int8 convolution (int8; the layers it is not planned for keep the GEMM), the float step with
+/// the fake-quant values (int8 and fp8), and the timed choice itself, whose search log says per
+/// layer which candidate was kept and each one's time.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quant_cudnn_float_and_chosen_paths_match_the_exact_reference() {
+    use isolane_cuda::options::QuantPaths;
+    use isolane_engine::calibrate::CalibMethod;
+    use isolane_engine::quant::QuantType;
+    let int8 = (QuantType::Int8, CalibMethod::Percentile(99.99));
+    let fp8 = (QuantType::Float8E4M3Fn, CalibMethod::MinMax);
+    let mut failures = Vec::new();
+    for (paths, combos) in [
+        (QuantPaths::Cudnn, vec![int8]),
+        (QuantPaths::Float, vec![int8, fp8]),
+        (QuantPaths::Fastest, vec![int8, fp8]),
+    ] {
+        failures.extend(quant_layers_against_the_reference(paths, &combos));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Builds the small CNN and resnet50, calibrated per `combos`, with the quantized products'
+/// `paths`, and returns the failures: an output off the exact reference by more than fp16's
+/// tolerance or quantization's own effect, or a top-1 that differs. Prints every quantized
+/// layer's error.
+fn quant_layers_against_the_reference(
+    paths: isolane_cuda::options::QuantPaths,
+    combos: &[(
+        isolane_engine::quant::QuantType,
+        isolane_engine::calibrate::CalibMethod,
+    )],
+) -> Vec<String> {
     use isolane_cuda::check::StepRunner;
     use isolane_cuda::plan::{self, PlanOptions, StepKind};
     use isolane_cuda::{BuildOptions, CompileOptions};
-    use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
-    use isolane_engine::quant::QuantType;
+    use isolane_engine::calibrate::{quantize_model, CalibOptions};
     use isolane_engine::{passes, reference::eval_node, Tensor};
     let build = BuildOptions {
         search_log: true,
+        quant_paths: paths,
         ..BuildOptions::from_env()
     };
     let gpu = CudaBackend::new(0)
@@ -851,11 +899,8 @@ fn quant_gemm_path_matches_the_exact_reference_layer_by_layer() {
         let samples: Vec<Vec<Tensor>> = (0..2)
             .map(|s| vec![Tensor::new(shape.clone(), random(n, 40 + s)).unwrap()])
             .collect();
-        for (qtype, method) in [
-            (QuantType::Int8, CalibMethod::Percentile(99.99)),
-            (QuantType::Float8E4M3Fn, CalibMethod::MinMax),
-        ] {
-            let what = format!("{model} {qtype} batch {batch}");
+        for &(qtype, method) in combos {
+            let what = format!("{model} {qtype} batch {batch} paths {paths:?}");
             let opts = CalibOptions {
                 qtype,
                 method,
@@ -985,7 +1030,7 @@ fn quant_gemm_path_matches_the_exact_reference_layer_by_layer() {
             }
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    failures
 }
 
 /// `[protection] l2_persist_mib`: a model whose weights are given persisting L2 (the limit set,
