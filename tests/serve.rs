@@ -973,6 +973,75 @@ fn serve_releases_a_fixed_rate_workload_beside_the_served_models() {
     assert!(line.contains("stopped by the drain"), "{line}");
 }
 
+/// `serve --release NAME` of a command workload runs its program beside the served models, as
+/// `run` does: started once the models are warm, its output in --out, its families in
+/// /metrics, stopped by the drain, its outcome in the line at the stop and in summary.json.
+#[test]
+fn serve_releases_a_program_beside_the_served_models_until_the_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "program.toml",
+        "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"served\"\nmodel = \"spin:1ms\"\n\
+         batch = 1\nrate_hz = 10\nduration_s = 1\ndeadline_ms = 5000\n\n[[workload]]\n\
+         name = \"prog\"\ncommand = [\"sh\", \"-c\", \"echo up; exec sleep 120\"]\n",
+    );
+    let out = dir.path().join("out");
+    let server = ServeProcess::start_with(
+        dir.path(),
+        &file,
+        &["--release", "prog", "--out", out.to_str().unwrap()],
+    );
+    let stdout = out.join("prog.stdout");
+    let until = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(&stdout).unwrap_or_default() != "up\n" {
+        assert!(
+            Instant::now() < until,
+            "the program did not start; {}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let body = r#"{"inputs":[{"name":"input","shape":[1,1],"datatype":"FP32","data":[7]}]}"#;
+    let (code, answer) = http(&server.http, "POST", "/v2/models/served/infer", body);
+    assert_eq!(code, 200, "{answer}");
+    let (_, metrics) = http(&server.http, "GET", "/metrics", "");
+    let zero = r#"isolane_serve_released_jobs_total{workload="prog"} 0"#;
+    assert!(metrics.lines().any(|l| l == zero), "{metrics}");
+    let mut server = server;
+    let term = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let until = Instant::now() + EXIT_WITHIN;
+    let exit = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "still running; {}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(exit.code(), Some(0), "{}", server.log());
+    let log = server.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("released `prog`:"))
+        .unwrap_or_else(|| panic!("no released line in\n{log}"));
+    assert!(line.contains("program interrupted"), "{line}");
+    assert!(line.contains("(stopped by the drain)"), "{line}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let prog = summary["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "prog")
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert_eq!(prog["program"]["end"], "interrupted", "{prog}");
+    assert_eq!(prog["program"]["stdout"], "prog.stdout", "{prog}");
+}
+
 /// A `--release` name that is not a workload of the scenario is refused at start (exit 2).
 #[test]
 fn serve_refuses_to_release_an_unknown_workload() {

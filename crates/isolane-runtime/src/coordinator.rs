@@ -180,6 +180,10 @@ pub struct RunOptions {
     /// Sees every workload's records during the run (live metrics), on the jobs writer
     /// thread, never on a release loop's ([`crate::jobs_stream::RecordObserver`]).
     pub observer: Option<Arc<dyn RecordObserver>>,
+    /// Where a command workload's program writes `<workload>.stdout` and `.stderr` when the
+    /// records do not stream to `jobs_dir` (a server's `--out`, whose own writer has jobs/);
+    /// default: `jobs_dir`.
+    pub programs_dir: Option<PathBuf>,
 }
 
 /// See [`RunOptions::on_worker_start`].
@@ -195,6 +199,7 @@ impl RunOptions {
             jobs_dir: None,
             engine: None,
             observer: None,
+            programs_dir: None,
         }
     }
 }
@@ -560,7 +565,7 @@ impl Releasing {
             let env = opts.worker_env.get(&name).cloned().unwrap_or_default();
             let hook = opts.on_worker_start.clone();
             let out = stream.as_ref().map(|s| s.sender(slot));
-            let program_dir = opts.jobs_dir.clone();
+            let program_dir = opts.programs_dir.clone().or_else(|| opts.jobs_dir.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("isolane:{}", truncate(&name, 8)))
                 .spawn(move || {

@@ -650,6 +650,7 @@ fn main() {
         seed: 1,
         records: None,
         released: Vec::new(),
+        programs_dir: None,
     };
     let server = Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"));
     if let Some(us) = a.answer_spin_us {

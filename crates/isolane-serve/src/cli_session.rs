@@ -85,14 +85,16 @@ fn blame<E: std::error::Error + Send + Sync + 'static>(e: E, users: bool) -> any
 }
 
 /// Serves `scenario` (loaded, validated and admitted: `admitted` on a GPU) as `config` says
-/// until SIGTERM or SIGINT, then drains it and writes `--out`'s files. The exit code: 0, or 1
-/// when requests were abandoned at the drain's end.
+/// until SIGTERM or SIGINT, then drains it and writes `--out`'s files; `admission` is asked
+/// about every change while serving (`Server::set_admission`: the binary's interference
+/// prediction). The exit code: 0, or 1 when requests were abandoned at the drain's end.
 pub fn serve(
     scenario: &Scenario,
     admitted: Option<&Plan>,
     config: &ServeConfig,
     engine: &Engine,
     memory_profile: MemoryProfileOf<'_>,
+    admission: Option<Arc<dyn isolane_runtime::handle::AdmitChange>>,
 ) -> anyhow::Result<u8> {
     let plan = RunPlan::from_scenario(scenario);
     let autoplan = match &config.autoplan {
@@ -105,7 +107,7 @@ pub fn serve(
         )?),
         None => None,
     };
-    for w in &plan.workloads {
+    for w in plan.workloads.iter().filter(|w| w.spec.program.is_none()) {
         check_model(Some(engine.as_ref()), &w.spec.device(&plan.device), &w.spec)
             .map_err(model_error)?;
     }
@@ -131,6 +133,7 @@ pub fn serve(
         seed: scenario.timing.seed,
         records: recording.as_ref().map(|r| (r.senders.clone(), t0)),
         released: config.release.clone(),
+        programs_dir: recording.as_ref().map(|r| r.out.clone()),
     };
     let decisions = Decisions {
         csv: recording.as_ref().map(|r| r.out.join(AUTOPLAN_CSV)),
@@ -145,7 +148,10 @@ pub fn serve(
         config.partitions,
         &options,
         grace,
-        |server| front_ends(server, (http, grpc), &stop, grace, autoplan, decisions),
+        |server| {
+            server.set_admission(admission);
+            front_ends(server, (http, grpc), &stop, grace, autoplan, decisions)
+        },
     );
     let (fronts, drained, released) = served.map_err(|e| {
         let users = e.is_user_error();
@@ -163,14 +169,36 @@ pub fn serve(
     }
     if let Some(r) = recording {
         let kept = kept.lock().unwrap_or_else(|p| p.into_inner());
-        r.finish(&plan, config.trace, &kept)?;
+        r.finish(&plan, config.trace, &kept, (&released, t0))?;
     }
     Ok(if drained.abandoned == 0 { 0 } else { 1 })
 }
 
 /// What a released workload ran, in one line: its jobs, completed, late, p99 (the run's
-/// metrics, `isolane_core::metrics`).
+/// metrics, `isolane_core::metrics`); a program's end, exit code and time.
 fn released_line(run: &crate::ReleasedRun) -> String {
+    if let Some(p) = &run.program {
+        let how = match (p.exit_code, p.signal, &p.error) {
+            (_, _, Some(e)) => e.clone(),
+            (Some(code), _, _) => format!("exit code {code}"),
+            (_, Some(sig), _) => format!(
+                "signal {sig} ({})",
+                isolane_runtime::coordinator::signal_name(sig)
+            ),
+            _ => "no exit status".into(),
+        };
+        let end = match &run.end {
+            Ok(isolane_runtime::release::LoopEnd::Completed) => "completed".to_string(),
+            Ok(_) => "stopped by the drain".to_string(),
+            Err(e) => format!("failed: {e}"),
+        };
+        return format!(
+            "released `{}`: program {}, {how}, after {:.3} s ({end})",
+            run.name,
+            p.end.words(),
+            p.wall_s()
+        );
+    }
     let m = isolane_core::metrics::workload_metrics(&run.records, 1, 0.0, None);
     let p99 = m
         .latency_ms
@@ -229,6 +257,7 @@ impl Recording {
         plan: &RunPlan,
         trace: bool,
         decisions: &[(f64, crate::autoplan::Event)],
+        (released, t0): (&[crate::ReleasedRun], i64),
     ) -> anyhow::Result<()> {
         use isolane_core::results::{workloads_csv, RunStatus, WORKLOADS_CSV};
         drop(self.senders);
@@ -240,6 +269,21 @@ impl Recording {
             isolane_session::rebuild::folder_summary(&self.out, plan, "serve").map_err(user)?;
         for n in notes {
             eprintln!("note: {n}");
+        }
+        // A released program's outcome (it has no records): how it ended, its times.
+        for (w, s) in plan.workloads.iter().zip(summary.workloads.iter_mut()) {
+            let (Some(program), Some(run)) = (
+                &w.spec.program,
+                released.iter().find(|r| r.name == w.spec.name),
+            ) else {
+                continue;
+            };
+            *s = isolane_runtime::results::summarize_program(
+                &w.spec,
+                program,
+                &released_result(run),
+                Some(t0),
+            );
         }
         // A server has no planned number of jobs: stopped by its signal, it is complete.
         summary.complete = true;
@@ -268,6 +312,32 @@ impl Recording {
         }
         eprintln!("isolane serve: requests recorded in {}", self.out.display());
         Ok(())
+    }
+}
+
+/// A released workload's run as the runtime's summary code takes it.
+fn released_result(run: &crate::ReleasedRun) -> isolane_runtime::coordinator::WorkloadResult {
+    use isolane_runtime::coordinator::{Failure, WorkloadStatus};
+    let status = match &run.end {
+        Ok(isolane_runtime::release::LoopEnd::Completed) => WorkloadStatus::Ok,
+        Ok(_) => WorkloadStatus::Interrupted,
+        Err(message) => WorkloadStatus::Failed(Failure {
+            message: message.clone(),
+            exit_code: run.program.as_ref().and_then(|p| p.exit_code),
+            signal: run.program.as_ref().and_then(|p| p.signal),
+            out_of_memory: false,
+        }),
+    };
+    isolane_runtime::coordinator::WorkloadResult {
+        name: run.name.clone(),
+        status,
+        records: run.records.clone(),
+        warmup_ns: run.warmup_ns.clone(),
+        pid: run.program.as_ref().and_then(|p| p.pids.first().copied()),
+        device_memory_mib: None,
+        pieces: None,
+        cpu: None,
+        program: run.program.clone(),
     }
 }
 

@@ -70,8 +70,12 @@ pub struct ServeOptions {
     /// in the plan's order, and the time the records count from (ns, monotonic clock).
     pub records: Option<(Vec<BatchSender>, i64)>,
     /// Workloads released on their own fixed-rate schedules beside the served models
-    /// (`serve --release NAME`), as `run` releases them; not served.
+    /// (`serve --release NAME`), as `run` releases them; not served. A command workload (a
+    /// program) is started once every instance is warm and stopped by the drain.
     pub released: Vec<String>,
+    /// Where a released program writes `<workload>.stdout` and `.stderr` (`serve --out`);
+    /// `None`: discarded.
+    pub programs_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +148,8 @@ struct InstanceContext {
     /// How `host = "process"` workloads' workers start (`None`: this executable's, without
     /// a partition environment).
     processes: Option<ProcessHosts>,
+    /// [`ServeOptions::programs_dir`].
+    programs_dir: Option<std::path::PathBuf>,
 }
 
 /// The serving session's handle (cheap to clone; every front end holds one).
@@ -216,6 +222,7 @@ impl Server {
             records: options.records.clone(),
             metrics: Arc::clone(&metrics),
             processes,
+            programs_dir: options.programs_dir.clone(),
         };
         // The released workloads' hosts build in the same turn as the served models.
         let releasing = released::Released::start(&context, plan, released)?;
@@ -511,14 +518,15 @@ impl Server {
     }
 }
 
-/// Serving runs models: an external program or a `kernel:` takes no requests.
+/// Serving runs models: an external program or a `kernel:` takes no requests (released,
+/// both run beside the served models).
 fn refuse_unservable(plan: &RunPlan, released: &[String]) -> Result<(), ServeError> {
     for w in &plan.workloads {
         let name = &w.spec.name;
-        if w.spec.program.is_some() {
+        if w.spec.program.is_some() && !released.contains(name) {
             return Err(ServeError::Refused(format!(
                 "workload `{name}` runs a program (`command`), which has no inputs to serve; \
-                 serve takes models"
+                 serve takes models, and runs a program beside them with --release {name}"
             )));
         }
         // A released `kernel:` takes no inputs, and needs none.

@@ -1,6 +1,7 @@
 //! Fixed-rate jobs beside requests: workloads of the served scenario that are not served but
 //! released on their own schedules (`rate_hz`, `jobs` or `duration_s`, `late`, `deadline_ms`,
-//! `phase_ms`), as `isolane run` releases them: by the same [`Releasing`] session handle
+//! `phase_ms`), or command workloads whose program is started at t0 and stopped by the drain
+//! (docs/programs.md), as `isolane run` releases them: by the same [`Releasing`] session handle
 //! (isolane-runtime's coordinator), with the server's `Instances` (one build at a time, the
 //! server's guard). So a released workload's host is a run's: a thread host builds its
 //! instance and runs the release loop on that thread; a `host = "process"` one is an
@@ -18,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use isolane_core::JobRecord;
 use isolane_runtime::coordinator::{Releasing, RunOptions, RunPlan, WorkloadStatus};
 use isolane_runtime::jobs_stream::{BatchSender, RecordObserver};
+use isolane_runtime::program::ProgramOutcome;
 use isolane_runtime::release::LoopEnd;
 
 use crate::{InstanceContext, ServeError, ServeMetrics};
@@ -35,6 +37,10 @@ pub struct ReleasedRun {
     pub end: Result<LoopEnd, String>,
     /// The released workloads' t0 (ns, monotonic clock); `None` if it never started.
     pub t0_ns: Option<i64>,
+    /// A command workload: how its program ran (`None` for models, and for a program that
+    /// never reached t0). Its `end` is `Completed` when the program ended by itself or at its
+    /// `duration_s` without failing, `Interrupted` when the drain stopped it.
+    pub program: Option<ProgramOutcome>,
 }
 
 /// The released workloads of a server: their releasing session, until the drain ends it.
@@ -84,13 +90,19 @@ impl Released {
         ctx.metrics.released().begin(&names);
         let mut opts = RunOptions::new(Arc::clone(&stop));
         opts.engine = Some(ctx.engine.clone());
+        opts.programs_dir = ctx.programs_dir.clone();
         opts.observer = Some(Arc::clone(&observer) as Arc<dyn RecordObserver>);
         if let Some(p) = &ctx.processes {
             // A released worker is started as a run's: `<program> worker --workload NAME`,
             // with its partition's environment and the command's own.
             opts.worker_exe = Some(p.command.program.clone());
             opts.worker_env = p.env.clone();
-            for &s in &slots {
+            // A program gets its partition's environment only: the worker command's own is
+            // isolane's.
+            for &s in slots
+                .iter()
+                .filter(|&&s| plan.workloads[s].spec.program.is_none())
+            {
                 let env = opts
                     .worker_env
                     .entry(plan.workloads[s].spec.name.clone())
@@ -171,6 +183,7 @@ impl Released {
                 records: w.records,
                 warmup_ns: w.warmup_ns,
                 t0_ns,
+                program: w.program,
             })
             .collect()
     }
@@ -262,6 +275,7 @@ mod tests {
             seed: 1,
             records,
             released: Vec::new(),
+            programs_dir: None,
         };
         let released: Vec<String> = released.iter().map(|s| s.to_string()).collect();
         Server::start_releasing(&plan, &words, &options, None, &released)
@@ -363,6 +377,7 @@ mod tests {
             seed: 1,
             records: None,
             released: Vec::new(),
+            programs_dir: None,
         };
         let e = Server::start_releasing(&plan, &words, &options, None, &["tick".into()])
             .err()
@@ -427,6 +442,119 @@ jobs = 10",
         );
         let n = runs[0].records.len();
         assert!((1..100_000).contains(&n), "{n} jobs");
+    }
+
+    fn program_server(
+        command: &str,
+        released: &[&str],
+        dir: Option<&std::path::Path>,
+    ) -> Result<Server, crate::ServeError> {
+        let toml = format!(
+            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"echo\"\n\
+             model = \"spin:300us\"\nrate_hz = 100\njobs = 1\nwarmup_jobs = 1\n\n\
+             [[workload]]\nname = \"prog\"\ncommand = {command}\n"
+        );
+        let scenario =
+            Scenario::from_toml_str(&toml, "t.toml", &isolane_core::spec::NoBuiltinModels)
+                .unwrap_or_else(|e| panic!("{e}"));
+        let plan = RunPlan::from_scenario(&scenario);
+        let words: Vec<_> = plan
+            .workloads
+            .iter()
+            .map(|_| ("cpu".into(), None))
+            .collect();
+        let options = ServeOptions {
+            engine: Arc::new(NoEngine),
+            seed: 1,
+            records: None,
+            released: Vec::new(),
+            programs_dir: dir.map(|d| d.to_path_buf()),
+        };
+        let released: Vec<String> = released.iter().map(|s| s.to_string()).collect();
+        Server::start_releasing(&plan, &words, &options, None, &released)
+    }
+
+    /// A command workload released beside the served models, as `run` runs it: its program
+    /// starts once the models are warm, writes its output to the folder given, shows in
+    /// /metrics' released families, and the drain stops it.
+    #[test]
+    fn a_released_program_runs_beside_the_models_until_the_drain() {
+        let dir = tempfile::tempdir().unwrap();
+        let command = r#"["sh", "-c", "echo started; exec sleep 60"]"#;
+        let s = program_server(command, &["prog"], Some(dir.path())).unwrap();
+        let stdout = dir.path().join("prog.stdout");
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while std::fs::read_to_string(&stdout).unwrap_or_default() != "started\n" {
+            assert!(
+                std::time::Instant::now() < until,
+                "the program did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The served model answers beside it; the program is not served.
+        let answer = s.submit("echo", request()).unwrap().blocking_recv();
+        assert_eq!(answer.unwrap().unwrap().outputs.len(), 1);
+        assert_eq!(
+            s.submit("prog", request()).unwrap_err().reason(),
+            "unknown_model"
+        );
+        let text = s.metrics().encode();
+        let line = r#"isolane_serve_released_jobs_total{workload="prog"} 0"#;
+        assert!(
+            text.lines().any(|l| l == line),
+            "`{line}` missing from\n{text}"
+        );
+        let at = std::time::Instant::now();
+        s.drain(Duration::from_secs(5));
+        // Stopped, not waited for: its `sleep 60` is cut short.
+        assert!(at.elapsed() < Duration::from_secs(50));
+        let runs = s.released_runs();
+        assert_eq!(runs.len(), 1);
+        assert!(
+            matches!(runs[0].end, Ok(LoopEnd::Interrupted)),
+            "{:?}",
+            runs[0].end
+        );
+        let program = runs[0].program.as_ref().expect("the program's outcome");
+        assert_eq!(
+            program.end,
+            isolane_core::results::ProgramEnd::Interrupted,
+            "{program:?}"
+        );
+        assert_eq!(program.stdout.as_deref(), Some(stdout.as_path()));
+        assert!(runs[0].records.is_empty());
+    }
+
+    /// A program that ends by itself is complete; one that fails says why, as a run's does.
+    #[test]
+    fn a_released_program_that_ends_or_fails_says_so() {
+        for (command, ok) in [(r#"["true"]"#, true), (r#"["sh", "-c", "exit 3"]"#, false)] {
+            let s = program_server(command, &["prog"], None).unwrap();
+            let until = std::time::Instant::now() + Duration::from_secs(20);
+            while s.shared.released.as_ref().is_some_and(|r| r.running()) {
+                assert!(std::time::Instant::now() < until, "{command} did not end");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            s.drain(Duration::from_secs(5));
+            let run = s.released_runs().remove(0);
+            let program = run.program.as_ref().unwrap();
+            if ok {
+                assert!(matches!(run.end, Ok(LoopEnd::Completed)), "{:?}", run.end);
+                assert_eq!(program.exit_code, Some(0));
+            } else {
+                let e = run.end.unwrap_err();
+                assert!(e.contains('3'), "{e}");
+                assert_eq!(program.exit_code, Some(3));
+            }
+        }
+        // Not released, a program is refused: it takes no requests.
+        let e = program_server(r#"["true"]"#, &[], None).err().unwrap();
+        assert!(e.is_user_error());
+        assert_eq!(
+            e.to_string(),
+            "workload `prog` runs a program (`command`), which has no inputs to serve; serve \
+             takes models, and runs a program beside them with --release prog"
+        );
     }
 
     #[test]

@@ -57,6 +57,7 @@ fn server_with(toml: &str, change: impl FnOnce(&mut Scenario)) -> Server {
         seed: 1,
         records: None,
         released: Vec::new(),
+        programs_dir: None,
     };
     Server::start(&plan, &words, &options).unwrap_or_else(|e| panic!("{e}"))
 }
