@@ -11,9 +11,9 @@
 use std::ffi::c_void;
 
 use cudarc::driver::sys as cu;
-use isolane_engine::{EngineError, Precision, Result};
+use isolane_engine::{Precision, Result};
 
-use crate::error::cu_check;
+use crate::error::{cu_check, CudaError};
 use crate::plan::DType;
 
 /// Output positions compared per candidate.
@@ -202,11 +202,13 @@ impl MatmulProbe {
             return Ok(false);
         }
         // SAFETY: the stream is live; the candidate was issued on it.
-        if unsafe { cu::cuStreamSynchronize(stream) } != cu::CUresult::CUDA_SUCCESS {
-            return Err(EngineError::Runtime(
-                "a cuBLASLt candidate failed on the GPU while it was checked".into(),
-            ));
-        }
+        cu_check("cuStreamSynchronize", unsafe {
+            cu::cuStreamSynchronize(stream)
+        })
+        .map_err(|e| CudaError {
+            detail: Some("a cuBLASLt candidate failed on the GPU while it was checked".into()),
+            ..e
+        })?;
         let es = self.dtype.size();
         let (mut err, mut norm) = (0.0f64, 0.0f64);
         for &(at, want) in &self.expected {

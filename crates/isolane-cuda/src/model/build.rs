@@ -1,4 +1,5 @@
-//! Building a [`CudaModel`] from its plan: memory, the kernels' module, the library handles, the recorded launch list, then the captured graphs.
+//! Building a [`CudaModel`] from its plan: memory, the kernels' module, the library handles, the
+//! recorded launch list, then the captured graphs.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Convolutions: cuDNN descriptors and graph-API plans, the im2col + GEMM path, depthwise kernels, and the timed choice among them.
+//! Convolutions: cuDNN descriptors and graph-API plans, the im2col + GEMM path, depthwise kernels,
+//! and the timed choice among them.
 
 use super::*;
 

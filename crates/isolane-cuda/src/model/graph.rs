@@ -1,4 +1,5 @@
-//! CUDA graph capture of the launch list: the whole job, the forward alone, pieces of a split job, the L2 access-policy window.
+//! CUDA graph capture of the launch list: the whole job, the forward alone, pieces of a split job,
+//! the L2 access-policy window.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! The launch list's parts: the kernels' argument structs (laid out as in the NVRTC source) and [`Launch`], one thing issued on the stream with every pointer resolved.
+//! The launch list's parts: the kernels' argument structs (laid out as in the NVRTC source) and
+//! [`Launch`], one thing issued on the stream with every pointer resolved.
 
 use super::*;
 

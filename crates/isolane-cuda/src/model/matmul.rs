@@ -1,4 +1,5 @@
-//! Matrix products through cuBLASLt: descriptors, layouts, the timed algorithm choice (cached per shape) and the calls.
+//! Matrix products through cuBLASLt: descriptors, layouts, the timed algorithm choice (cached per
+//! shape) and the calls.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! A model's device memory: one allocation for the weights, the activation arena and (where they fit) the workspaces; the pinned host buffers; where a plan location lies on the device.
+//! A model's device memory: one allocation for the weights, the activation arena and (where they
+//! fit) the workspaces; the pinned host buffers; where a plan location lies on the device.
 
 use super::*;
 

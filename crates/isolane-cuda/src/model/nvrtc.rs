@@ -74,8 +74,8 @@ pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec
     })?;
     // SAFETY: prog is live; the option pointers are valid NUL-terminated strings.
     let r = unsafe { rtc::nvrtcCompileProgram(prog, popts.len() as i32, popts.as_ptr()) };
-    let result = (|| {
-        if r != rtc::nvrtcResult::NVRTC_SUCCESS {
+    let result = (|| -> Result<Vec<u8>> {
+        if let Err(e) = rtc_check("nvrtcCompileProgram", r) {
             let mut n = 0usize;
             // SAFETY: prog is live; the log buffer has the size NVRTC reported.
             let log = unsafe {
@@ -88,16 +88,11 @@ pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec
             };
             // A library failure with the compiler's log as its detail (an out-of-memory
             // becomes one, as from any call).
-            let failed = rtc_check("nvrtcCompileProgram", r)
-                .err()
-                .map(|e| CudaError {
-                    detail: Some(log),
-                    ..e
-                });
-            return Err(failed.map_or_else(
-                || EngineError::Runtime("nvrtcCompileProgram failed".into()),
-                EngineError::from,
-            ));
+            return Err(CudaError {
+                detail: Some(log),
+                ..e
+            }
+            .into());
         }
         let mut n = 0usize;
         // SAFETY: prog compiled; the buffer has the size NVRTC reported.

@@ -1,4 +1,5 @@
-//! Lowering plan steps into launches: [`Recorder`], the per-step dispatch and the kernel-only ops (convolutions are in `conv`, matrix products in `matmul`, quantized GEMMs in `quant_gemm`).
+//! Lowering plan steps into launches: [`Recorder`], the per-step dispatch and the kernel-only ops
+//! (convolutions are in `conv`, matrix products in `matmul`, quantized GEMMs in `quant_gemm`).
 
 use super::*;
 

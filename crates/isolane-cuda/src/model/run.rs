@@ -1,4 +1,5 @@
-//! Running a built model: graph launches and waits, eager issue of the launches (the plan check's replay, profiles), and host I/O through [`CompiledModel`].
+//! Running a built model: graph launches and waits, eager issue of the launches (the plan check's
+//! replay, profiles), and host I/O through [`CompiledModel`].
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Timing on the device: event pairs, and the build's choice among candidate paths, each timed as a captured graph.
+//! Timing on the device: event pairs, and the build's choice among candidate paths, each timed as a
+//! captured graph.
 
 use super::*;
 
