@@ -35,8 +35,8 @@ impl CudaModel {
         let rec = Recorder {
             plan: &plan,
             const_offs: &block.const_offs,
-            arena_base: m.arena.ptr(),
-            weights_base: m.weights.ptr(),
+            arena: m.arena,
+            weights: m.weights,
             dtype: plan.dtype,
             es: plan.dtype.size(),
             half_names,
@@ -177,7 +177,7 @@ impl CudaModel {
     /// its step), the output copies.
     pub(super) fn record_launches(&mut self, rec: &Recorder) -> Result<()> {
         let plan = rec.plan;
-        let staging = |id: usize| rec.arena_base + plan.storages[id].offset as u64;
+        let staging = |id: usize| rec.arena.ptr() + plan.storages[id].offset as u64;
         let mut caches = LibraryCaches::default();
         for (i, io) in plan.inputs.iter().enumerate() {
             self.launches.push(Launch::HtoD {

@@ -356,7 +356,7 @@ pub(super) fn mm_index(
         },
         dtype,
         precision,
-        rec.arena_base..rec.arena_base + rec.plan.arena_bytes as u64,
+        rec.arena.ptr()..rec.arena.ptr() + rec.arena.bytes() as u64,
     )?;
     let mut runs: Vec<(usize, f32)> = Vec::new();
     let mut wrong = Vec::new();

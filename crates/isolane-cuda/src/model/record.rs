@@ -31,8 +31,9 @@ pub(super) fn reduce_block(len: usize) -> u32 {
 pub(super) struct Recorder<'a> {
     pub(super) plan: &'a Plan,
     pub(super) const_offs: &'a [usize],
-    pub(super) arena_base: u64,
-    pub(super) weights_base: u64,
+    /// The model's activation arena and weights on the device.
+    pub(super) arena: DeviceSpan,
+    pub(super) weights: DeviceSpan,
     pub(super) dtype: DType,
     pub(super) es: usize,
     pub(super) half_names: &'static [&'static str],
@@ -59,10 +60,10 @@ impl Recorder<'_> {
     pub(super) fn ptr(&self, l: Loc) -> u64 {
         match l {
             Loc::Storage { id, offset } => {
-                self.arena_base + self.plan.storages[id].offset as u64 + (offset * self.es) as u64
+                self.arena.ptr() + self.plan.storages[id].offset as u64 + (offset * self.es) as u64
             }
             Loc::Const { id, offset } => {
-                self.weights_base + self.const_offs[id] as u64 + (offset * self.es) as u64
+                self.weights.ptr() + self.const_offs[id] as u64 + (offset * self.es) as u64
             }
         }
     }
