@@ -33,6 +33,13 @@
 #             The sweep's levels above 1, the shared memory rows and the A/B servers start
 #             only within the driver's --budget-s (250 s; scripts/session-gpu.sh gives the
 #             overhead step 300 s): what is left out for time is listed in summary.md.
+#   floor     (--steps ...,floor; session-gpu.sh's overhead step) after the main server, a server
+#             of the probe and its floor (a GlobalAveragePool ONNX of the probe's input shape that
+#             the driver writes): both at concurrency 1 over gRPC, HTTP and grpc-shm, the floor
+#             in-process too, so that the added p50 splits into the protocol floor (client,
+#             socket and server plumbing for the same body) and the model path above it; and
+#             the probe in-process at gRPC's concurrency-1 rate (its job with the GPU idle
+#             between jobs, against back to back).
 #   critical  the critical model's client latency and its refused and late requests, alone and
 #             while perf_analyzer floods both best-effort models (their rows/s from /metrics).
 #   deadline  refused up front (429 / RESOURCE_EXHAUSTED) against answered late: late must be 0.

@@ -80,6 +80,10 @@ struct Queue {
     /// Jobs launched behind the running one, into free input slots (`serve_slotted`): each
     /// starts when the one before ends.
     staged: usize,
+    /// When the model last ran out of work (0: it has work, or has never had any): the next
+    /// arrival's gap from it is what the thread's poll learns from ([`IdleGaps`]).
+    idle_since: i64,
+    idle_gaps: IdleGaps,
     /// No more requests: drain what is queued, then end.
     closing: bool,
     /// Requests taken and not yet answered (queued or running).
@@ -187,6 +191,10 @@ pub(crate) struct ServedModel {
     /// When the model was first served (ns, monotonic clock): its load's window is shorter
     /// before [`WINDOW_NS`] has passed.
     started: i64,
+    /// The usual gap (ns) from the model running out of work to the next request
+    /// ([`IdleGaps`]; 0: none seen yet), which the thread's poll follows where the front ends
+    /// poll for answers.
+    idle_gap_ns: AtomicI64,
 }
 
 impl ServedModel {
@@ -215,6 +223,7 @@ impl ServedModel {
             queued: AtomicUsize::new(0),
             poll_ns,
             answer_spin_ns: AtomicI64::new(default_answer_spin_ns(poll_ns, cores())),
+            idle_gap_ns: AtomicI64::new(0),
             instances: AtomicU64::new(1),
             started: clock::now_ns(),
         }
@@ -250,6 +259,12 @@ impl ServedModel {
         let (tx, rx) = oneshot::channel();
         let mut q = self.lock();
         q.window.arrivals.push_back(arrived);
+        if q.idle_since > 0 && q.items.is_empty() && q.running_since == 0 {
+            let gap = arrived - q.idle_since;
+            self.idle_gap_ns
+                .store(q.idle_gaps.push(gap), Ordering::Relaxed);
+        }
+        q.idle_since = 0;
         // Pruned by time when jobs end; bounded here too, for a model whose requests are all
         // refused.
         if q.window.arrivals.len() > WINDOW_CAP {
@@ -560,6 +575,9 @@ impl ServedModel {
                 After::Idle => {
                     q.running_since = 0;
                     q.staged = 0;
+                    if q.items.is_empty() {
+                        q.idle_since = clock::now_ns();
+                    }
                 }
                 After::Next => {
                     q.running_since = ran.as_ref().map_or_else(|_| clock::now_ns(), |r| r.1);
@@ -726,6 +744,9 @@ impl ServedModel {
         // of the job before it).
         let mut flights: VecDeque<(Job, i64)> = VecDeque::with_capacity(slots);
         let mut free: Vec<usize> = (0..slots).rev().collect();
+        // The queue's length when it last held requests that could not be staged, and when to
+        // look at them again anyway (a batch's delay runs out without new arrivals).
+        let mut unstaged = (0, 0);
         loop {
             // Stage: into a free slot, a job's requests if there are any (waiting for them
             // only when nothing runs).
@@ -738,6 +759,7 @@ impl ServedModel {
                 match next {
                     Some(batch) => {
                         free.pop();
+                        unstaged = (0, 0);
                         let (job, staged) = self.stage(exec, slot, batch);
                         let launched = clock::now_ns();
                         match staged.and_then(|()| exec.launch_slot(slot)) {
@@ -758,7 +780,12 @@ impl ServedModel {
                         continue;
                     }
                     None if flights.is_empty() => return,
-                    None => {}
+                    None => {
+                        unstaged = (
+                            self.queued.load(Ordering::Acquire),
+                            clock::now_ns() + RETRY_NS,
+                        )
+                    }
                 }
             }
             // The oldest job: polled while a slot is free, so that a request arriving meanwhile
@@ -770,9 +797,17 @@ impl ServedModel {
             let done = if free.is_empty() {
                 exec.wait_slot(slot).map(|()| true)
             } else {
+                // Requests that were queued and could not be staged (a batch still filling,
+                // or this instance replaced) are looked at again only when more arrive or
+                // every RETRY_NS, not on every poll: the queue's lock is the submitters'.
                 loop {
                     match exec.slot_done(slot) {
-                        Ok(false) if self.queued.load(Ordering::Acquire) == 0 => {
+                        Ok(false) => {
+                            let queued = self.queued.load(Ordering::Acquire);
+                            if queued > 0 && (queued != unstaged.0 || clock::now_ns() >= unstaged.1)
+                            {
+                                break Ok(false);
+                            }
                             std::hint::spin_loop()
                         }
                         other => break other,
@@ -856,12 +891,16 @@ impl ServedModel {
         sink.send(&records);
     }
 
-    /// Polls the queue for up to `poll_ns` while it is empty, without the lock.
+    /// Polls the queue while it is empty, without the lock: for `poll_ns`, or, where the front
+    /// ends poll for answers too (8 cores or more by default, [`crate::Server::set_answer_spin`]),
+    /// until just past the usual next arrival ([`poll_bound_ns`]).
     fn poll(&self) {
         if self.poll_ns <= 0 || self.queued.load(Ordering::Acquire) > 0 {
             return;
         }
-        let until = clock::now_ns() + self.poll_ns;
+        let gap = self.idle_gap_ns.load(Ordering::Relaxed);
+        let learns = self.answer_spin_ns.load(Ordering::Relaxed) > 0;
+        let until = clock::now_ns() + poll_bound_ns(self.poll_ns, gap, learns);
         while self.queued.load(Ordering::Acquire) == 0 && clock::now_ns() < until {
             std::hint::spin_loop();
         }
@@ -943,6 +982,10 @@ enum After {
     /// The running job goes on (the one that ended was staged and never ran).
     Same,
 }
+
+/// How often a model thread polling its running job looks again at queued requests it could
+/// not stage (ns).
+const RETRY_NS: i64 = 50_000;
 
 /// Input slots a served model asks its executor for: the running job's and the next one's.
 const SLOTS: usize = 2;
@@ -1140,6 +1183,43 @@ fn deadline_ns(d: Option<Duration>) -> Option<i64> {
     d.map(duration_ns)
 }
 
+/// The gaps (ns) between the model running out of work and the next request, the last
+/// [`IdleGaps::KEEP`] of them: one client sending its next request as soon as it has its answer
+/// leaves about the same gap each time (its own time and the socket's, 0.8 ms over gRPC on the
+/// H200), longer than the thread's `[timing] spin_us` poll, so each request found the thread
+/// asleep and paid its wake-up (`queue`, 38 µs in session 21).
+#[derive(Default)]
+struct IdleGaps {
+    times: VecDeque<i64>,
+}
+
+impl IdleGaps {
+    const KEEP: usize = 16;
+
+    /// Records `gap`; returns the 75th percentile of those kept.
+    fn push(&mut self, gap: i64) -> i64 {
+        if self.times.len() == Self::KEEP {
+            self.times.pop_front();
+        }
+        self.times.push_back(gap.max(0));
+        let mut v: Vec<i64> = self.times.iter().copied().collect();
+        v.sort_unstable();
+        v[(v.len() * 3 / 4).min(v.len() - 1)]
+    }
+}
+
+/// How long (ns) a model's thread polls its empty queue: `poll_ns` (`[timing] spin_us`), or,
+/// when it `learns` (8 cores or more) and the usual gap to the next request is known and within
+/// [`ANSWER_SPIN_AHEAD_NS`], that gap plus `poll_ns`, so that a client that sends again as soon
+/// as it is answered finds the thread awake; a longer gap is waited for asleep.
+fn poll_bound_ns(poll_ns: i64, gap_ns: i64, learns: bool) -> i64 {
+    if learns && gap_ns > 0 && gap_ns <= ANSWER_SPIN_AHEAD_NS {
+        poll_ns.max(0) + gap_ns
+    } else {
+        poll_ns.max(0)
+    }
+}
+
 /// The last jobs' service times and their 90th percentile.
 struct Recent {
     times: VecDeque<i64>,
@@ -1183,6 +1263,46 @@ mod answer_spin_tests {
             outputs: None,
             deadline: None,
         }
+    }
+
+    #[test]
+    fn the_thread_polls_past_the_usual_gap_only_where_it_learns_and_the_gap_is_short() {
+        let mut g = IdleGaps::default();
+        // One client at concurrency 1: gaps of about 0.8 ms, one of them a 30 ms pause.
+        let mut usual = 0;
+        for i in 0..20 {
+            usual = g.push(if i == 7 {
+                30_000_000
+            } else {
+                800_000 + i * 1_000
+            });
+        }
+        assert!((800_000..=820_000).contains(&usual), "{usual}");
+        assert_eq!(poll_bound_ns(200_000, usual, true), 200_000 + usual);
+        // Fewer than 8 cores (it does not learn), no gap yet, a gap past 2 ms, or spin_us 0.
+        assert_eq!(poll_bound_ns(200_000, usual, false), 200_000);
+        assert_eq!(poll_bound_ns(200_000, 0, true), 200_000);
+        assert_eq!(poll_bound_ns(200_000, 2_500_000, true), 200_000);
+        // A pause past the 75th percentile moves it only once pauses are the usual.
+        for _ in 0..16 {
+            usual = g.push(30_000_000);
+        }
+        assert_eq!(poll_bound_ns(200_000, usual, true), 200_000);
+    }
+
+    #[test]
+    fn a_models_gap_to_its_next_request_is_learnt_from_arrivals_at_an_idle_model() {
+        let s = server(ONE);
+        let m = Arc::clone(s.find("echo").unwrap());
+        for _ in 0..4 {
+            let rx = m.submit(one_row(1.0)).unwrap();
+            rx.blocking_recv().unwrap().unwrap();
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        // Three gaps after the first answer, each at least the 3 ms slept.
+        let gap = m.idle_gap_ns.load(Ordering::Relaxed);
+        assert!(gap >= 3_000_000, "{gap}");
+        s.drain(Duration::from_secs(5));
     }
 
     #[test]
