@@ -698,7 +698,9 @@ def step_overhead(args, server, metas, probes, inproc, res, spin_us=None):
         # leaves out is the highest levels.
         runs.sort(key=lambda run: run[0])
         for conc, key, proto, url, pa_extra in runs:
-            if args.perf_analyzer and conc > 1 and not time_left(args, 15, f"{name} {key} at concurrency {conc}"):
+            # The floor's server, after this one, keeps its time (--steps ...,floor).
+            need = 15 + (args.floor_reserve_s if spin_us is None else 0)
+            if args.perf_analyzer and conc > 1 and not time_left(args, need, f"{name} {key} at concurrency {conc}"):
                 continue
             # A refusal stops perf_analyzer: over gRPC the requests carry a deadline far above
             # the model's (perf_analyzer sends request parameters over gRPC alone), so that
@@ -848,7 +850,7 @@ def step_floor(args, has_grpc, scenario, probes, metas, inproc, res):
         o = over.get(w["name"]) or {}
         rate = (((o.get("perf_analyzer") or {}).get("grpc_c1") or {}).get("infer_per_s")
                 or 1e3 / (((o.get("tritonclient") or {}).get("grpc") or {}).get("p50_ms") or math.inf))
-        if not rate:
+        if not rate or not time_left(args, 75, f"{w['name']} in-process at gRPC's concurrency-1 rate"):
             continue
         pw = dict(w, name=f"{w['name']}_paced")
         got = step_inproc(args, scenario, [pw], rate_hz=round(rate))
@@ -1190,7 +1192,7 @@ def markdown(s):
         for name, pr in ((st.get("floor") or {}).get("inproc_paced") or {}).items():
             base = (inproc.get(name) or {}).get("run") or {}
             if pr.get("p50_ms") is not None and base.get("p50_ms") is not None:
-                L += [f"{name} in-process at {pr['rate_hz']} Hz (the rate of gRPC at concurrency 1, the GPU idle "
+                L += [f"{name} in-process at {pr['rate_hz']} Hz (the rate of gRPC at concurrency 1, the model idle "
                       f"between jobs): p50 {fmt(pr['p50_ms'])} ms, against {fmt(base['p50_ms'])} ms back to back.", ""]
         fstages = [(n, p, m) for n, r in ((st.get("floor") or {}).get("served") or {}).items()
                    for p in ("grpc", "http", "grpc-shm")
@@ -1312,6 +1314,9 @@ def main():
     OUT = args.out
     os.makedirs(OUT, exist_ok=True)
     steps = set(args.steps.split(","))
+    # What the floor step takes (two in-process runs, a server of two models, six perf_analyzer
+    # runs at concurrency 1): the main server's sweep leaves it that much of --budget-s.
+    args.floor_reserve_s = 90 if "floor" in steps else 0
     with open(args.scenario, "rb") as f:
         scenario = tomllib.load(f)
     workloads = scenario.get("workload", [])
