@@ -118,6 +118,9 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
     // As `run` does: a critical deadline predicted to miss beside its neighbours is said (or
     // refused) before any model is built ([protection] admission).
     isolane_executors::foresee::foresee_or_refuse(&scenario, &name, &mut |l| eprintln!("{l}"))?;
+    // And each change while serving (ctl, --autoplan) beside the models it leaves loaded.
+    let admission =
+        isolane_executors::foresee::live_admission(&scenario, args.profile_cache.as_deref());
     let config = ServeConfig {
         scenario_path: args.scenario,
         http: args.http,
@@ -142,5 +145,6 @@ pub fn run(args: ServeArgs, engine: &Engine) -> anyhow::Result<u8> {
         &config,
         engine,
         &isolane_executors::engine::memory_profile,
+        admission,
     )
 }
