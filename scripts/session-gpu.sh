@@ -14,6 +14,8 @@
 #   int8test  isolane-cuda's GPU test: calibrated int8/fp8 models run on the GPU
 #   quantgemm isolane-cuda's GPU test: the int8/fp8 tensor-core path against the exact reference
 #   int8      scripts/int8-h200.sh: fp16 against int8 and fp8 (needs torch there)
+#   int8acc   scripts/int8_accuracy_gpu.py: the trained digits CNN's top-1 accuracy and agreement
+#             with fp32 per precision, cuda and cpu (isolane's calibration, onnxruntime's QDQ)
 #   plans     scripts/predict-h200.sh plans (SCENARIOS=... to pick): the first plan's hit rate
 #   plans-1, plans-2  the same in two calls of under 5 minutes (batch-1 scenarios, then the
 #             batched ones); before plans-2, extract plans-1's predict.tar.gz (from steps.tgz)
@@ -76,6 +78,7 @@ for s in "$@"; do
     qop) step qop 90 env OUT="$work/qop" ISOLANE_BIN="$isolane" bash scripts/qop-h200.sh ;;
     onepath) step onepath 300 env OUT="$work/onepath" ISOLANE_BIN="$isolane" bash scripts/one-run-path-h200.sh ;;
     int8) step int8 300 env OUT="$work/int8" ISOLANE_BIN="$isolane" bash scripts/int8-h200.sh ;;
+    int8acc) step int8acc 150 python3 scripts/int8_accuracy_gpu.py --isolane "$isolane" --out "$work/int8acc" ;;
     apps) step apps 150 stage/tests/isolane--apps an_app_runs_in_a_green_context_on_the_gpu --ignored --nocapture ;;
     levers-a | levers-b | levers-c) step "$s" 300 env OUT="$work/$s" ISOLANE_BIN="$isolane" bash scripts/levers-h200.sh "${s#levers-}" ;;
     levers-mps) step "$s" 300 env OUT="$work/$s" ISOLANE_BIN="$isolane" MECHANISMS=mps bash scripts/levers-h200.sh a ;;

@@ -611,6 +611,74 @@ fn int8_and_fp8_quantize_from_a_calibration_folder() {
     }
 }
 
+/// `--labels FILE` scores the output on the trained digits model's held-out items: the top-1
+/// accuracy and the agreement with the model's fp32 answers on the CPU (its own output at
+/// fp32; the unquantized model's for int8 / fp8), figures the fixture's README gives; a
+/// labels file that does not fit the input is refused by name, exit 2.
+#[test]
+fn labels_score_accuracy_and_agreement_per_precision() {
+    let d = fixtures().join("digits");
+    let (m, x, l, c) = (
+        d.join("digits.onnx"),
+        d.join("heldout.npy"),
+        d.join("heldout_labels.npy"),
+        d.join("calibration"),
+    );
+    let (m, x, l, c) = (
+        m.to_str().unwrap(),
+        x.to_str().unwrap(),
+        l.to_str().unwrap(),
+        c.to_str().unwrap(),
+    );
+    let base = ["infer", "--model", m, "--input", x, "--labels", l];
+    let (code, out, err) = run(&base);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(
+            "labels   top-1 accuracy 358/360 (99.44 %), agreement with fp32 360/360 (100.00 %) \
+             (cpu fp32"
+        ),
+        "{out}"
+    );
+    let mut args = base.to_vec();
+    args.extend(["--precision", "int8", "--calibration", c]);
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{out}{err}");
+    let line = out.lines().find(|l| l.starts_with("labels ")).unwrap_or("");
+    assert!(line.contains("(cpu int8;"), "{out}");
+    // The fixture's test bounds isolane's int8 at >= 98 % agreement.
+    let agree: usize = line
+        .split("agreement with fp32 ")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(agree >= 353, "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short.npy");
+    isolane_engine::io::write_npy(&short, &[3], &[1.0, 2.0, 3.0]).unwrap();
+    let many = dir.path().join("many.npy");
+    isolane_engine::io::write_npy(&many, &[360], &[12.0; 360]).unwrap();
+    let ints = dir.path().join("bad.npy");
+    std::fs::write(&ints, b"not an npy").unwrap();
+    for (file, want) in [
+        (&short, "3 labels, but the input holds 360 items"),
+        (
+            &many,
+            "label 0 is class 12, but the model's output has 10 classes",
+        ),
+        (&ints, "bad.npy"),
+    ] {
+        let mut args = base.to_vec();
+        let f = file.to_str().unwrap();
+        args[6] = f;
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{f}: {err}");
+        assert!(err.contains(want) && err.contains(f), "{f}: {err}");
+    }
+}
+
 /// `bench --precision int8,fp8 --calibration DIR`: each row quantized from the folder first
 /// (its agreement line noted), labelled by the quantized precision; the calibration flags are
 /// checked by name before anything is compiled.

@@ -71,6 +71,10 @@ pub struct InferArgs {
     /// otherwise compared once with the CPU reference before it runs (docs/cuda.md).
     #[arg(long)]
     no_plan_check: bool,
+    /// Class labels of --input's items (.npy of integers, one per item): print the top-1
+    /// accuracy and the top-1 agreement with the model's fp32 answers on the CPU backend.
+    #[arg(long, value_name = "FILE.npy")]
+    labels: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -110,6 +114,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
         repeat: args.repeat,
         profile: args.profile,
         plan_check: !args.no_plan_check,
+        labels: args.labels,
     };
     let out = infer::infer(&request, &mut |line| println!("{line}")).map_err(|e| blame!(e))?;
     if let Some(p) = &args.save_output {

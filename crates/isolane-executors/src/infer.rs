@@ -41,6 +41,10 @@ pub struct InferRequest {
     pub profile: bool,
     /// Compare an imported model's compiled cuda plan with the CPU reference first.
     pub plan_check: bool,
+    /// The class of each of the input's items (.npy of class indices): the output's top-1
+    /// answers are scored against them and against the model's fp32 answers on the CPU
+    /// backend (unquantized), one line.
+    pub labels: Option<PathBuf>,
 }
 
 /// Where the input comes from.
@@ -177,6 +181,11 @@ fn parse_precision(
 /// through `say`, line by line; returns the output.
 pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferred, InferError> {
     let (precision, quantize) = parse_precision(args)?;
+    // Read first: a bad labels file is reported before any compile.
+    let labels = match &args.labels {
+        Some(p) => Some(io::read_npy_labels(p).map_err(user)?),
+        None => None,
+    };
     if args.backend == "cpu" && precision != Precision::Fp32 {
         return Err(user(format!(
             "--precision {precision}: the CPU backend runs fp32 only (use --backend cuda)"
@@ -264,6 +273,17 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
     };
     crate::engine::check_batch_fits(&graph, batch, target)
         .map_err(|reason| user(format!("--batch {batch}: {reason}")))?;
+    if let (Some(l), Some(p)) = (&labels, &args.labels) {
+        if l.len() != batch {
+            return Err(user(format!(
+                "--labels {}: {} labels, but the input holds {batch} items (one label per item)",
+                p.display(),
+                l.len()
+            )));
+        }
+    }
+    // What --labels scores against: the model before quantization, at fp32 on the CPU.
+    let float = labels.as_ref().map(|_| graph.clone());
     let graph = match &quantize {
         Some((opts, dir)) => {
             let threads = if args.threads == 0 {
@@ -381,6 +401,28 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
         say(format!("output   {:?}", model.output_shape_at(i)));
     }
     say(format!("run      {first_ms:.2} ms (first run)"));
+    if let (Some(labels), Some(float)) = (&labels, &float) {
+        // The CPU at fp32 without quantization is its own reference: one pass, not two.
+        let own = args.backend == "cpu" && quantize.is_none();
+        let reference = if own {
+            model.output().to_vec()
+        } else {
+            let threads = if args.threads == 0 {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            } else {
+                args.threads
+            };
+            isolane_engine::calibrate::cpu_reference(float, batch, &data, threads)
+                .map_err(|e| engine_error(e, &args.model, Some(batch)))?
+        };
+        let path = args.labels.as_deref().unwrap_or(Path::new(""));
+        let scores = isolane_engine::calibrate::score_top1(model.output(), &reference, labels)
+            .map_err(|e| user(format!("--labels {}: {e}", path.display())))?;
+        say(format!(
+            "labels   {scores} ({} {}; fp32: the model as given, on the CPU backend)",
+            args.backend, args.precision
+        ));
+    }
 
     if args.repeat > 0 {
         let mut times = Vec::with_capacity(args.repeat);
