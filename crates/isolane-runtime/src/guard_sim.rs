@@ -1,6 +1,7 @@
 //! A replay of trio a's timeline on the H200 (results/h200-levers/trio-a.md: resnet18 in 24
 //! SMs and resnet50 in 48, critical at 75 % of their capacity alone, deadline 1.3 × their p99
-//! alone; vit_l_32 flat out as best effort in 48 SMs, pieces of about 100 µs) through the
+//! alone; vit_l_32 flat out as best effort in 48 SMs, pieces of about 100 µs; or trio b or c,
+//! [`Trio`]) through the
 //! guard's own decisions ([`admits_piece`], [`retry_at_piece`], the service estimates), with
 //! each job's progress slowed at every instant by the fitted interference model
 //! (`isolane_core::predict`: the H200's coefficients and the profiles of `h200-models.csv`)
@@ -174,6 +175,48 @@ pub struct Replay {
     /// Under a sharing guard, best effort splits its job again once the critical models have
     /// measured their gaps between jobs, as [`BestEffortHold::fit_gaps`] does.
     pub fit_gaps: bool,
+    /// Which of the H200 study's trios ([`Trio`]).
+    pub trio: Trio,
+}
+
+/// The H200 study's trios (scripts/levers-h200.sh), each with its alone figures as recorded
+/// (results/h200-levers/trio-*.md: capacity /s, p99 ms), the light CNN first.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Trio {
+    /// resnet18:24 + resnet50:48, vit_l_32:48 best effort.
+    A,
+    /// mobilenet_v2:24 + convnext_base:48, vit_b_16:48 best effort.
+    B,
+    /// mobilenet_v2:24 + resnet50:48, vit_l_32:48 best effort.
+    C,
+}
+
+impl Trio {
+    fn workloads(self) -> ([Workload; 2], Workload) {
+        match self {
+            Trio::A => (
+                [
+                    workload("resnet18", 3982.1, 0.262),
+                    workload("resnet50", 2411.5, 0.420),
+                ],
+                workload("vit_l_32", 1053.2, 0.961),
+            ),
+            Trio::B => (
+                [
+                    workload("mobilenet_v2", 2619.6, 0.392),
+                    workload("convnext_base", 847.4, 1.198),
+                ],
+                workload("vit_b_16", 1308.8, 0.781),
+            ),
+            Trio::C => (
+                [
+                    workload("mobilenet_v2", 2592.3, 0.403),
+                    workload("resnet50", 2411.6, 0.425),
+                ],
+                workload("vit_l_32", 1027.3, 0.992),
+            ),
+        }
+    }
 }
 
 impl Default for Replay {
@@ -186,11 +229,12 @@ impl Default for Replay {
             truth: 1.0,
             pieces: 10,
             fit_gaps: false,
+            trio: Trio::A,
         }
     }
 }
 
-/// Replays trio a as `r` says.
+/// Replays one of the trios as `r` says.
 pub fn replay(r: &Replay) -> Outcome {
     let Replay {
         guarding,
@@ -200,6 +244,7 @@ pub fn replay(r: &Replay) -> Outcome {
         truth,
         pieces,
         fit_gaps,
+        trio,
     } = *r;
     let deadline = |k: usize, p99_alone: i64| match deadlines {
         Deadlines::Alone(x) => (x * p99_alone as f64) as i64,
@@ -214,11 +259,7 @@ pub fn replay(r: &Replay) -> Outcome {
     };
     let sys: MemorySystem = memory_system("h200").unwrap();
     let coeffs: Coefficients = fitted("h200", Mechanism::Green).unwrap().coefficients;
-    let critical = [
-        workload("resnet18", 3982.1, 0.262),
-        workload("resnet50", 2411.5, 0.420),
-    ];
-    let be = workload("vit_l_32", 1053.2, 0.961);
+    let (critical, be) = trio.workloads();
     let mut piece_ns = be.exec_ns / pieces.max(1);
     let intensity = Intensity::of_job(&be.neighbour.profile, be.exec_ns, &sys).unwrap();
     let sharing = matches!(guarding, Guarding::Guarded(p) if p.share.is_some());
