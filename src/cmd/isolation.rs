@@ -3,11 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use isolane_core::results::IsolationSteps;
-use isolane_runtime::isolation;
-use isolane_runtime::output;
-
-use super::user;
+use isolane_session::isolation_run;
 
 #[derive(Args)]
 #[command(
@@ -48,42 +44,29 @@ pub struct IsolationArgs {
 
 pub fn run(args: IsolationArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Result<u8> {
     let (scenario, scenario_name) = super::load_scenario(Some(&args.scenario))?;
-    super::refuse_programs(&scenario, &scenario_name, "isolation")?;
-    super::refuse_several_gpus(&scenario, &scenario_name, "isolation")?;
-    let admitted = super::admit_or_refuse(&scenario, &scenario_name)?;
-    let (plan, grid) = isolation::plan(&scenario).map_err(user)?;
+    let machine = super::studies::Executors;
+    let checked = isolation_run::check(&scenario, &scenario_name, &machine)?;
     let live = super::serve_metrics(args.metrics_addr.as_deref())?;
-    let mut m = super::run::measure_observed(
-        super::run::Request {
-            command: "isolation",
-            scenario: &scenario,
-            scenario_name,
-            admitted: admitted.as_ref(),
-            plan: &plan,
-            out: args.out.as_deref(),
-            force: args.force,
-            quiet: args.quiet,
-            choices: args.partitions.choices(),
-            engine,
-        },
+    let flags = isolation_run::IsolationRun {
+        machine: &machine,
+        out: args.out.as_deref(),
+        force: args.force,
+        quiet: args.quiet,
+        choices: args.partitions.choices(),
+        engine,
+    };
+    let done = isolation_run::run(
+        &scenario,
+        scenario_name,
+        checked,
+        &flags,
         live.as_ref().map(|l| &l.metrics),
     )?;
-
-    let steps = isolation::per_step(&plan, grid, &m.result);
-    output::write_atomic(
-        &m.out.join("isolation.csv"),
-        isolane_core::results::isolation_csv(&steps).as_bytes(),
-    )?;
-    println!("{}", isolane_report::run_text::steps_table(&steps));
-    m.summary.isolation = Some(IsolationSteps {
-        step_s: grid.step_s,
-        steps,
-    });
-    super::run::write_run_files(&m)?;
+    let m = &done.measured;
+    println!("{}", done.steps_table);
     if args.trace {
         super::trace::write(&m.out, &m.out.join("trace.json"))?;
     }
-
     println!(
         "{}",
         super::run::results_table(&scenario, &m.summary, args.wide)

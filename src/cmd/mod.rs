@@ -143,8 +143,6 @@ pub fn install_stop_handler() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(isolane_session::signals::install_stop_handler()?)
 }
 
-pub use isolane_session::progress::ProgressView;
-
 /// Admission before a run starts anything ([`isolane_executors::machine::admit`]); a refusal
 /// is the user's (exit 2). Returns the admitted plan (`None` on the CPU).
 pub fn admit_or_refuse(

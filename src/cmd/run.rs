@@ -8,9 +8,7 @@ use isolane_core::results::RunSummary;
 use isolane_core::spec::Scenario;
 use isolane_executors::run_input::{run_input, RunInput};
 use isolane_metrics::RunMetrics;
-pub use isolane_session::run_path::{
-    measure_observed, preflight, prepare_out, write_run_files, Request,
-};
+pub use isolane_session::run_path::{preflight, prepare_out};
 
 #[derive(Args)]
 #[command(

@@ -15,9 +15,11 @@
 //! | [`protection`] | criticality protection: critical apps' frames in the guard, best-effort stages held |
 //! | [`run`] | one run of the apps: threads, channels, the release schedule, the records |
 //! | [`session`] | `isolane run` of apps: checks, partitions, telemetry, live metrics, the files written |
+//! | [`command`] | `isolane run` of apps from its flags: checked, admitted and placed, then run into its folder |
 //! | [`workers`] | apps in `isolane worker` processes (MPS, time-slicing): the coordinator's side |
 //! | [`metrics`] | records → summary.json's `apps` (paper 004's metrics), and the frames CSV |
 
+pub mod command;
 pub mod data;
 pub mod metrics;
 pub mod models;

@@ -18,6 +18,7 @@
 
 pub mod auto_bench;
 pub mod checks;
+pub mod isolation_run;
 pub mod live;
 pub mod maxrate;
 pub mod progress;
