@@ -225,3 +225,71 @@ impl Drop for CudaModel {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::StepRunner;
+    use isolane_engine::{build_model, ErrorKind, Weights};
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_device_index_that_does_not_exist_is_the_callers_mistake() {
+        let e = crate::CudaBackend::new(u32::MAX)
+            .err()
+            .expect("a GPU with index u32::MAX");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("does not exist"), "{e}");
+    }
+
+    /// The weights, arena and workspaces are spans of the model's memory: the report adds
+    /// them up, and a plan location is read back only from inside its span.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_models_memory_is_read_back_only_inside_its_spans() {
+        let gpu = crate::CudaBackend::new(0).expect("cuda backend");
+        let g = build_model("resnet18", Weights::Synthetic { seed: 3 }).expect("model");
+        let mut m = gpu.compile_cuda(&g, 1, Precision::Fp16).expect("compile");
+        let mem = m.memory();
+        assert_eq!(m.weights.bytes(), mem.weights_bytes);
+        assert_eq!(m.arena.bytes(), mem.arena_bytes);
+        assert_eq!(
+            m.workspace.bytes() + m.mm_workspace.bytes(),
+            mem.workspace_bytes
+        );
+        assert_eq!(
+            mem.total_bytes,
+            mem.weights_bytes + mem.arena_bytes + mem.workspace_bytes
+        );
+        let block = m.block.as_ref().expect("the model's allocation").span();
+        assert_eq!(block.slice(0, m.weights.bytes()), Some(m.weights));
+        m.run().expect("a job");
+        let first = m
+            .read(Loc::Const { id: 0, offset: 0 }, 4)
+            .expect("a weight");
+        assert_eq!(first.len(), 4);
+        let elems = mem.weights_bytes / 2;
+        let past = m.read(
+            Loc::Const {
+                id: 0,
+                offset: elems,
+            },
+            1,
+        );
+        assert!(
+            matches!(past, Err(EngineError::InvalidArgument(_))),
+            "{past:?}"
+        );
+        let storage = m.read(
+            Loc::Storage {
+                id: 0,
+                offset: mem.arena_bytes,
+            },
+            1,
+        );
+        assert!(
+            matches!(storage, Err(EngineError::InvalidArgument(_))),
+            "{storage:?}"
+        );
+    }
+}
