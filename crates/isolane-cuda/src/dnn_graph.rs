@@ -109,6 +109,8 @@ const W: i64 = 2;
 const Y: i64 = 3;
 const BIAS: i64 = 4;
 const RES: i64 = 5;
+/// A quantized convolution's per-channel scale (`QuantGemmStep::scale`, f32).
+const SCALE: i64 = 6;
 
 /// What the graph computes: `y = act(conv(x, w) + bias + residual)`, NHWC activations and a
 /// KRSC filter (dims given in NCHW / KCRS order, as cuDNN's logical dims are; the groups are
@@ -128,6 +130,10 @@ pub struct ConvGraphSpec {
     /// Accumulate in f32 but let the engines use TF32 tensor cores (the tf32 precision); at
     /// fp32 engines that would are left out.
     pub allow_tf32: bool,
+    /// A quantized convolution (`crate::plan::QuantAlternatives::dnn_conv`): x and w int8 (int32
+    /// sums) or float8 e4m3 (f32 sums), the sum multiplied by the per-channel scale first
+    /// (always inside the graph), then the epilogue; y in `dtype`.
+    pub quant: Option<isolane_engine::quant::QuantType>,
 }
 
 impl ConvGraphSpec {
@@ -152,6 +158,31 @@ impl ConvGraphSpec {
             relu,
             dtype,
             allow_tf32: precision == Precision::Tf32,
+            quant: None,
+        })
+    }
+
+    /// The fused graph of a quantized convolution `c` (x and w quantized to `qtype`, NHWC,
+    /// one group), writing y in `dtype`: where its activation is none or ReLU.
+    pub fn quantized(
+        c: &ConvStep,
+        qtype: isolane_engine::quant::QuantType,
+        dtype: DType,
+    ) -> Option<ConvGraphSpec> {
+        let relu = matches!(c.act, Some(Unary::Relu));
+        (c.nhwc && c.groups == 1 && (c.act.is_none() || relu)).then(|| ConvGraphSpec {
+            x: c.x_shape,
+            w: c.w_shape,
+            y: c.y_shape,
+            pads: c.pads,
+            strides: c.strides,
+            dilations: c.dilations,
+            bias: c.bias.is_some(),
+            residual: c.residual.is_some(),
+            relu,
+            dtype,
+            allow_tf32: false,
+            quant: Some(qtype),
         })
     }
 }
@@ -175,6 +206,8 @@ pub struct ConvGraph {
     /// The fused graph reads a bias, a residual.
     bias: bool,
     residual: bool,
+    /// A quantized graph's per-channel scales (a constant's device address, set once made).
+    scale: u64,
 }
 
 /// Descriptors kept alive for the plans made from them, dropped in order (heuristics, graph,
@@ -272,12 +305,21 @@ fn operation_graph(
     spec: &ConvGraphSpec,
     fused: bool,
 ) -> Result<(Desc, Vec<Desc>), CudaError> {
+    use isolane_engine::quant::QuantType;
     let io = dnn_dtype(spec.dtype);
     let f32t = dnn::cudnnDataType_t::CUDNN_DATA_FLOAT;
-    let xt = tensor(X, spec.x, nhwc_strides(spec.x), io, false)?;
-    let wt = tensor(W, spec.w, nhwc_strides(spec.w), io, false)?;
+    let (xw, comp) = match spec.quant {
+        None => (io, f32t),
+        Some(QuantType::Int8) => (
+            dnn::cudnnDataType_t::CUDNN_DATA_INT8,
+            dnn::cudnnDataType_t::CUDNN_DATA_INT32,
+        ),
+        Some(_) => (dnn::cudnnDataType_t::CUDNN_DATA_FP8_E4M3, f32t),
+    };
+    let xt = tensor(X, spec.x, nhwc_strides(spec.x), xw, false)?;
+    let wt = tensor(W, spec.w, nhwc_strides(spec.w), xw, false)?;
     let conv = Desc::new(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
-    conv.set_dtype(A::CUDNN_ATTR_CONVOLUTION_COMP_TYPE, f32t)?;
+    conv.set_dtype(A::CUDNN_ATTR_CONVOLUTION_COMP_TYPE, comp)?;
     conv.set(
         A::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
         T::CUDNN_TYPE_CONVOLUTION_MODE,
@@ -294,7 +336,7 @@ fn operation_graph(
     }
     conv.finalize()?;
 
-    let epilogue = fused && (spec.bias || spec.residual || spec.relu);
+    let epilogue = spec.quant.is_some() || (fused && (spec.bias || spec.residual || spec.relu));
     // The convolution writes y itself, or a virtual f32 tensor the epilogue reads.
     let mut virt = 100;
     let mut next_virtual = || -> Result<Desc, CudaError> {
@@ -331,6 +373,17 @@ fn operation_graph(
         use dnn::cudnnPointwiseMode_t as Pw;
         // The remaining steps, each reading the previous one's output; the last writes y.
         let mut steps: Vec<(Pw, Option<Desc>)> = Vec::new();
+        if spec.quant.is_some() {
+            let c = spec.y[1];
+            let s = tensor(
+                SCALE,
+                [1, c, 1, 1],
+                [c as i64, 1, c as i64, c as i64],
+                f32t,
+                false,
+            )?;
+            steps.push((Pw::CUDNN_POINTWISE_MUL, Some(s)));
+        }
         if spec.bias {
             let c = spec.y[1];
             let b = tensor(
@@ -578,7 +631,9 @@ fn plans_of_graph(
             break;
         }
         let facts = engine_facts(&cfg);
-        if (spec.dtype == DType::F32 && !spec.allow_tf32 && facts.reduced_precision)
+        // (A quantized graph's sums are int32 or its inputs float8: tensor cores are the point.)
+        let exactness_asked = spec.quant.is_none() && spec.dtype == DType::F32;
+        if (exactness_asked && !spec.allow_tf32 && facts.reduced_precision)
             || (facts.runtime_compiled && !limits.runtime_compilation)
         {
             continue;
@@ -689,8 +744,39 @@ impl ConvGraph {
             fused: fused && (spec.bias || spec.residual || spec.relu),
             bias: fused && spec.bias,
             residual: fused && spec.residual,
+            scale: 0,
         }
     }
+}
+
+/// Up to `max` execution plans of quantized convolution `spec` ([`ConvGraphSpec::quantized`]:
+/// the convolution, the scale, bias, residual and ReLU in one graph), best ranked first, each
+/// reading the per-channel scales at device address `scale`. Engines compiled at run time
+/// only with `runtime_compilation`; none at all is an error.
+pub fn quant_conv_graphs(
+    handle: dnn::cudnnHandle_t,
+    spec: &ConvGraphSpec,
+    scale: u64,
+    ws_cap: usize,
+    max: usize,
+    runtime_compilation: bool,
+) -> Result<Vec<ConvGraph>, CudaError> {
+    debug_assert!(spec.quant.is_some());
+    let limits = Limits {
+        ws_cap,
+        max,
+        runtime_compilation,
+    };
+    let mut out = Vec::new();
+    plans_of_graph(handle, spec, true, &limits, &mut out)?;
+    for g in &mut out {
+        g.scale = scale;
+        // The scale step is part of the graph whatever the epilogue.
+        g.fused = true;
+        g.bias = spec.bias;
+        g.residual = spec.residual;
+    }
+    Ok(out)
 }
 
 fn plan_of(handle: dnn::cudnnHandle_t, cfg: &Desc) -> Result<Desc, CudaError> {
@@ -765,6 +851,10 @@ impl ConvGraph {
             uids.push(RES);
             ptrs.push(p.residual as _);
         }
+        if self.scale != 0 {
+            uids.push(SCALE);
+            ptrs.push(self.scale as _);
+        }
         let pack = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
         pack.set_i64(A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &uids)?;
         pack.set(
@@ -827,6 +917,33 @@ mod tests {
             ConvGraphSpec::of(&step(Some(Unary::Silu), true), DType::F16, Precision::Fp16).unwrap();
         assert!(!silu.bias && !silu.residual && !silu.relu);
         assert!(ConvGraphSpec::of(&step(None, false), DType::F16, Precision::Fp16).is_none());
+    }
+
+    #[test]
+    fn a_quantized_graph_fuses_its_scale_and_bias_residual_relu() {
+        use isolane_engine::quant::QuantType;
+        let s =
+            ConvGraphSpec::quantized(&step(Some(Unary::Relu), true), QuantType::Int8, DType::F16)
+                .expect("ReLU fuses");
+        assert!(s.bias && s.residual && s.relu && !s.allow_tf32);
+        assert_eq!((s.quant, s.dtype), (Some(QuantType::Int8), DType::F16));
+        let plain =
+            ConvGraphSpec::quantized(&step(None, true), QuantType::Float8E4M3Fn, DType::F16)
+                .unwrap();
+        assert!(!plain.relu && plain.quant == Some(QuantType::Float8E4M3Fn));
+        // Another activation, or NCHW: no quantized graph (the scale must be inside it).
+        assert!(ConvGraphSpec::quantized(
+            &step(Some(Unary::Silu), true),
+            QuantType::Int8,
+            DType::F16
+        )
+        .is_none());
+        assert!(
+            ConvGraphSpec::quantized(&step(None, false), QuantType::Int8, DType::F16).is_none()
+        );
+        // The float graph has no quantization.
+        let f = ConvGraphSpec::of(&step(None, true), DType::F16, Precision::Fp16).unwrap();
+        assert!(f.quant.is_none());
     }
 
     #[test]

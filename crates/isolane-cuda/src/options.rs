@@ -31,7 +31,8 @@ impl ConvPaths {
 /// fastest kept per layer, or one is forced where it is built (the int8 GEMM otherwise).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum QuantPaths {
-    /// The int8 (fp8) GEMM, cuDNN's int8 convolution and the float step, timed.
+    /// The int8 (fp8) GEMM, cuDNN's int8 convolution, the float step and cuDNN's fused
+    /// quantized graph, timed.
     #[default]
     Fastest,
     /// `ISOLANE_CUDA_QUANT=gemm`: im2col + quantize + cuBLASLt GEMM + epilogue.
@@ -40,6 +41,8 @@ pub enum QuantPaths {
     Cudnn,
     /// `ISOLANE_CUDA_QUANT=float`: the float step with the fake-quant values.
     Float,
+    /// `ISOLANE_CUDA_QUANT=graph`: cuDNN's fused quantized graph where it is built.
+    Graph,
 }
 
 impl QuantPaths {
@@ -50,6 +53,7 @@ impl QuantPaths {
             QuantPaths::Gemm => Some(0),
             QuantPaths::Cudnn => Some(1),
             QuantPaths::Float => Some(2),
+            QuantPaths::Graph => Some(3),
         }
     }
 }
@@ -156,6 +160,7 @@ impl BuildOptions {
                 Some("gemm") => QuantPaths::Gemm,
                 Some("cudnn") => QuantPaths::Cudnn,
                 Some("float") => QuantPaths::Float,
+                Some("graph") => QuantPaths::Graph,
                 _ => QuantPaths::Fastest,
             },
             cudnn_graphs: !is("ISOLANE_CUDA_CUDNN", "legacy"),
@@ -260,8 +265,8 @@ mod tests {
         assert_eq!(o, BuildOptions::default());
         let q = |v: &str| with(&[("ISOLANE_CUDA_QUANT", v)]).quant_paths.forced();
         assert_eq!(
-            [q("gemm"), q("cudnn"), q("float"), q("int8")],
-            [Some(0), Some(1), Some(2), None]
+            [q("gemm"), q("cudnn"), q("float"), q("graph"), q("int8")],
+            [Some(0), Some(1), Some(2), Some(3), None]
         );
         let cudnn = with(&[("ISOLANE_CUDA_CONV", "cudnn")]).conv_paths;
         assert!(cudnn.tries_cudnn() && !cudnn.tries_gemm());

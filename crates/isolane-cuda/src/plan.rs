@@ -428,15 +428,19 @@ pub struct QuantGemmStep {
 }
 
 /// The alternatives of a [`QuantGemmStep`] to its im2col + quantize + GEMM + epilogue:
-/// `(int8 GEMM, cuDNN int8 convolution, float step)` are candidates 0, 1 and 2 of the build's
-/// timed choice, in that order whether or not 1 exists (a saved plan names the index).
+/// `(int8 GEMM, cuDNN's legacy int8 convolution, float step, cuDNN's fused graph)` are
+/// candidates 0 to 3 of the build's timed choice, in that order whether or not each is built
+/// (a saved plan names the index).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantAlternatives {
-    /// cuDNN's implicit-GEMM int8 convolution (int8 only, a convolution that is not a direct
-    /// GEMM, C and N multiples of 4): `x` (NHWC bytes: x quantized whole into `xb` by the
-    /// quantize kernel, or the producer's bytes themselves when `x_quantized`) convolved with
-    /// the quantized KRSC filter (`QuantGemmStep::w`) into `y` = `QuantGemmStep::acc` as f32
-    /// (the exact int32 sums converted), then the step's epilogue reading an f32 accumulator.
+    /// cuDNN's implicit-GEMM convolution of the quantized bytes (a convolution that is not a
+    /// direct GEMM, C and N multiples of 4): `x` (NHWC bytes: x quantized whole into `xb` by
+    /// the quantize kernel, or the producer's bytes themselves when `x_quantized`) convolved
+    /// with the quantized KRSC filter (`QuantGemmStep::w`). The legacy API (int8 only) writes
+    /// `y` = `QuantGemmStep::acc` as f32 (the exact int32 sums converted), then the step's
+    /// epilogue runs on that f32 accumulator; the graph API (int8 or e4m3, where the step's
+    /// output is not bytes and its activation none or ReLU) multiplies by the per-channel
+    /// scale, adds bias and residual and applies ReLU inside the graph, writing the step's `y`.
     /// No im2col, no int32 round-trip.
     pub dnn_conv: Option<ConvStep>,
     /// Where `dnn_conv` reads x quantized; `None` when `x_quantized` (x itself).
@@ -2765,12 +2769,7 @@ impl Planner<'_> {
         // cuDNN's int8 convolutions take NHWC int8 with C a multiple of 4 (INT8_EXT_CONFIG:
         // int32 sums, f32 y); a direct 1×1 is already one GEMM on x's bytes.
         let (dnn_conv, xb) = match &tmpl {
-            Some(t)
-                if q.qtype == QuantType::Int8
-                    && !q.direct
-                    && t.x_shape[1].is_multiple_of(4)
-                    && nn.is_multiple_of(4) =>
-            {
+            Some(t) if !q.direct && t.x_shape[1].is_multiple_of(4) && nn.is_multiple_of(4) => {
                 let xb = (!x_quantized).then(|| fresh(self, x_n));
                 let conv = ConvStep {
                     x: xb.unwrap_or(t.x),

@@ -82,26 +82,38 @@ pub(super) fn record_quant_gemm(
     let gemm = m.launches.split_off(start);
     // Each candidate is built whatever is chosen, in this order, so that a saved plan's
     // choices (the float convolution's own, then the pick) replay in the order they were made.
-    let mut paths: [Result<Vec<Launch>>; 3] = [
-        Ok(gemm),
+    let not_planned = || {
         Err(EngineError::Runtime(
-            "not a convolution cuDNN takes in int8".into(),
-        )),
+            "not planned (a direct 1×1, or C or N not a multiple of 4)".into(),
+        ))
+    };
+    let mut paths: [Result<Vec<Launch>>; PATHS] = [
+        Ok(gemm),
+        not_planned(),
         Err(EngineError::Runtime("not built".into())),
+        not_planned(),
     ];
     if let Some(dc) = &alt.dnn_conv {
-        paths[1] = dnn_int8_conv(m, rec, q, alt.xb, dc);
+        paths[1] = match q.qtype {
+            QuantType::Int8 => dnn_int8_conv(m, rec, q, alt.xb, dc),
+            _ => Err(EngineError::Runtime(
+                "cuDNN's legacy API has no float8 convolution".into(),
+            )),
+        };
     }
     paths[2] = float_path(m, rec, caches, err, q, &alt.float);
+    if let Some(dc) = &alt.dnn_conv {
+        paths[3] = dnn_conv_graph(m, rec, q, alt.xb, dc);
+    }
     let what = format!("the quantized product `{name}`");
     let saved = rec.choices.borrow_mut().pick(paths.len(), &what)?;
     let (chosen, times) = match saved {
-        Some(i) => (i, [None; 3]),
+        Some(i) => (i, [None; PATHS]),
         None => {
             let built = paths.each_ref().map(|p| p.is_ok());
             let forced = rec.options.quant_paths.forced();
             let times = if rec.options.first_choice || forced.is_some() {
-                [None; 3]
+                [None; PATHS]
             } else {
                 time_paths(m, rec, &paths).map_err(err)?
             };
@@ -118,28 +130,29 @@ pub(super) fn record_quant_gemm(
     if rec.options.search_log {
         eprintln!("{}", describe_choice(name, q.qtype, &paths, &times, chosen));
     }
-    let [a, b, c] = paths;
-    let launches = match chosen {
-        0 => a,
-        1 => b,
-        _ => c,
-    }
-    .map_err(|e| {
-        err(EngineError::Runtime(format!(
-            "the saved plan chose path {chosen} of {what}, which cannot be built here: {e}"
-        )))
-    })?;
+    let launches = paths
+        .into_iter()
+        .nth(chosen)
+        .unwrap_or_else(|| Err(EngineError::Runtime("no such candidate".into())))
+        .map_err(|e| {
+            err(EngineError::Runtime(format!(
+                "the saved plan chose path {chosen} of {what}, which cannot be built here: {e}"
+            )))
+        })?;
     m.launches.extend(launches);
     Ok(())
 }
+
+/// The candidates of a quantized product ([`crate::plan::QuantAlternatives`]).
+const PATHS: usize = 4;
 
 /// The candidates' best times where they are timed (`None`: not built, or failed to run).
 fn time_paths(
     m: &mut CudaModel,
     rec: &Recorder,
-    paths: &[Result<Vec<Launch>>; 3],
-) -> Result<[Option<f32>; 3]> {
-    let built: Vec<usize> = (0..3).filter(|&i| paths[i].is_ok()).collect();
+    paths: &[Result<Vec<Launch>>; PATHS],
+) -> Result<[Option<f32>; PATHS]> {
+    let built: Vec<usize> = (0..PATHS).filter(|&i| paths[i].is_ok()).collect();
     let mut timed: Vec<TimedPath> = built
         .iter()
         .map(|&i| match &paths[i] {
@@ -148,7 +161,7 @@ fn time_paths(
         })
         .collect();
     time_candidates(m, rec, &mut timed)?;
-    let mut times = [None; 3];
+    let mut times = [None; PATHS];
     for (&i, (_, ms)) in built.iter().zip(&timed) {
         times[i] = ms.is_finite().then_some(*ms);
     }
@@ -156,15 +169,14 @@ fn time_paths(
 }
 
 /// Which candidate runs: the fastest timed one; on a tie or where nothing was timed the
-/// earliest built (the int8 GEMM before cuDNN's int8 convolution before the float step: the
-/// quantized path is the model's own arithmetic, and what ran before this choice existed).
-pub(crate) fn choose_path(built: &[bool; 3], times: &[Option<f32>; 3]) -> usize {
-    let timed = (0..3)
+/// earliest built (the int8 GEMM first: it is what ran before this choice existed).
+pub(crate) fn choose_path(built: &[bool; PATHS], times: &[Option<f32>; PATHS]) -> usize {
+    let timed = (0..PATHS)
         .filter_map(|i| times[i].map(|t| (i, t)))
         .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
     match timed {
         Some((i, _)) => i,
-        None => (0..3).find(|&i| built[i]).unwrap_or(0),
+        None => (0..PATHS).find(|&i| built[i]).unwrap_or(0),
     }
 }
 
@@ -173,16 +185,17 @@ pub(crate) fn choose_path(built: &[bool; 3], times: &[Option<f32>; 3]) -> usize 
 fn describe_choice(
     name: &str,
     qtype: QuantType,
-    paths: &[Result<Vec<Launch>>; 3],
-    times: &[Option<f32>; 3],
+    paths: &[Result<Vec<Launch>>; PATHS],
+    times: &[Option<f32>; PATHS],
     chosen: usize,
 ) -> String {
     let label = [
         format!("{qtype} gemm"),
         format!("cudnn {qtype} conv"),
         "float (fake-quant)".to_string(),
+        format!("cudnn {qtype} graph"),
     ];
-    let each: Vec<String> = (0..3)
+    let each: Vec<String> = (0..PATHS)
         .map(|i| match (&paths[i], times[i]) {
             (Err(e), _) => format!("{}: none ({e})", label[i]),
             (Ok(_), Some(t)) => format!("{} {t:.4} ms", label[i]),
@@ -194,6 +207,63 @@ fn describe_choice(
         each.join(", "),
         label[chosen]
     )
+}
+
+/// cuDNN's graph API on the quantized bytes: x quantized whole (unless its producer left it
+/// in bytes), one fused graph (convolution, per-channel scale, bias, residual, ReLU) writing the
+/// step's output. The heuristics' first plan that finalizes here.
+fn dnn_conv_graph(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    q: &QuantGemmStep,
+    xb: Option<Loc>,
+    dc: &ConvStep,
+) -> Result<Vec<Launch>> {
+    if q.y_scale.is_some() {
+        return Err(EngineError::Runtime(
+            "its output is bytes for the next GEMMs (the graph writes the activation dtype)".into(),
+        ));
+    }
+    let c = ConvStep {
+        bias: q.bias,
+        residual: q.residual,
+        act: q.act,
+        y: q.y,
+        ..dc.clone()
+    };
+    let spec = ConvGraphSpec::quantized(&c, q.qtype, rec.dtype)
+        .ok_or_else(|| EngineError::Runtime("its activation is neither none nor ReLU".into()))?;
+    let graphs = crate::dnn_graph::quant_conv_graphs(
+        m.cudnn(),
+        &spec,
+        rec.ptr(q.scale),
+        rec.ws_cap,
+        1,
+        rec.options.cudnn_runtime_compiled,
+    )?;
+    let g = graphs
+        .into_iter()
+        .next()
+        .ok_or_else(|| EngineError::Runtime("cuDNN's heuristics offer no plan for it".into()))?;
+    m.conv_graphs.push(g);
+    let mut l = Vec::new();
+    if let Some(xb) = xb {
+        let n: usize = c.x_shape.iter().product();
+        let fp8 = q.qtype != QuantType::Int8;
+        l.push(quantize_launch(rec, q.x, xb, q.x_scale, n, fp8));
+    }
+    l.push(Launch::ConvGraph {
+        graph: m.conv_graphs.len() - 1,
+        ptrs: Box::new(ConvGraphPtrs {
+            x: rec.ptr(c.x),
+            w: rec.ptr(c.w),
+            y: rec.ptr(c.y),
+            bias: c.bias.map_or(0, |b| rec.ptr(b)),
+            residual: c.residual.map_or(0, |r| rec.ptr(r)),
+            workspace: 0,
+        }),
+    });
+    Ok(l)
 }
 
 /// cuDNN's int8 convolution: x quantized whole (unless its producer left it in bytes), the
@@ -691,21 +761,23 @@ mod tests {
 
     #[test]
     fn the_fastest_timed_candidate_is_kept_and_the_quantized_path_on_a_tie() {
-        let all = [true; 3];
-        // fp16 faster than both quantized paths: the float step.
-        assert_eq!(choose_path(&all, &[Some(0.30), Some(0.25), Some(0.20)]), 2);
-        // cuDNN's int8 convolution fastest.
-        assert_eq!(choose_path(&all, &[Some(0.30), Some(0.10), Some(0.20)]), 1);
-        // A tie goes to the earlier (quantized) candidate.
-        assert_eq!(choose_path(&all, &[Some(0.2), Some(0.2), Some(0.2)]), 0);
-        assert_eq!(choose_path(&all, &[Some(0.3), Some(0.2), Some(0.2)]), 1);
+        let all = [true; 4];
+        let t = |a, b, c, d| [Some(a), Some(b), Some(c), Some(d)];
+        // fp16 faster than every quantized path: the float step.
+        assert_eq!(choose_path(&all, &t(0.30, 0.25, 0.20, 0.22)), 2);
+        // cuDNN's int8 convolution, then its fused graph, fastest.
+        assert_eq!(choose_path(&all, &t(0.30, 0.10, 0.20, 0.12)), 1);
+        assert_eq!(choose_path(&all, &t(0.30, 0.10, 0.20, 0.05)), 3);
+        // A tie goes to the earlier candidate.
+        assert_eq!(choose_path(&all, &t(0.2, 0.2, 0.2, 0.2)), 0);
+        assert_eq!(choose_path(&all, &t(0.3, 0.2, 0.2, 0.2)), 1);
         // A candidate not built or that failed to run has no time, and is never kept.
-        let no_dnn = [true, false, true];
-        assert_eq!(choose_path(&no_dnn, &[Some(0.3), None, Some(0.2)]), 2);
-        assert_eq!(choose_path(&all, &[None, None, Some(0.9)]), 2);
+        let no_dnn = [true, false, true, false];
+        assert_eq!(choose_path(&no_dnn, &[Some(0.3), None, Some(0.2), None]), 2);
+        assert_eq!(choose_path(&all, &[None, None, Some(0.9), None]), 2);
         // Nothing timed (an MPS client with part of the threads): the int8 GEMM, as before the
         // choice existed; where it is not built, the next one built.
-        assert_eq!(choose_path(&all, &[None; 3]), 0);
-        assert_eq!(choose_path(&[false, false, true], &[None; 3]), 2);
+        assert_eq!(choose_path(&all, &[None; 4]), 0);
+        assert_eq!(choose_path(&[false, false, true, true], &[None; 4]), 2);
     }
 }

@@ -1897,8 +1897,8 @@ fn quantized_products_plan_into_quant_gemms_that_compute_the_graph() {
     }
 }
 
-/// Every candidate of the build's per-layer choice computes the graph: cuDNN's int8
-/// convolution (planned for the im2col convolution c3 only: x quantized whole into its own
+/// Every candidate of the build's per-layer choice computes the graph: cuDNN's convolution of
+/// the quantized bytes (planned for the im2col convolution c3 only: x quantized whole into its own
 /// bytes, or its producer's bytes read in place; f32 sums, the same epilogue) and the float
 /// step (fake-quant values of x, from floats or dequantized from bytes; its output quantized
 /// where the next GEMM reads bytes), alone and mixed layer by layer with the int8 GEMM, so
@@ -1922,12 +1922,7 @@ fn every_quantized_layer_choice_computes_the_graph() {
                 .filter(|(_, g)| g.alt.as_ref().unwrap().dnn_conv.is_some())
                 .map(|(n, _)| *n)
                 .collect();
-            let want_dnn: &[&str] = if qtype == QuantType::Int8 {
-                &["c3"]
-            } else {
-                &[]
-            };
-            assert_eq!(dnn, want_dnn, "{qtype}");
+            assert_eq!(dnn, ["c3"], "{qtype}");
             for (name, g) in &gemms {
                 let alt = g.alt.as_ref().unwrap();
                 // A float output is written in place by the float product; bytes go through yf.

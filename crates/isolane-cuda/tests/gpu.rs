@@ -840,9 +840,11 @@ fn quant_gemm_path_matches_the_exact_reference_layer_by_layer() {
 /// The other candidates of the build's per-layer choice (docs/cuda.md "int8 and fp8"), each
 /// forced on every layer where it is built, against the exact CPU reference as
 /// [`quant_gemm_path_matches_the_exact_reference_layer_by_layer`] holds the int8 GEMM: cuDNN's
-/// int8 convolution (int8; the layers it is not planned for keep the GEMM), the float step with
+/// legacy int8 convolution (int8), cuDNN's fused quantized graph (int8 and fp8; engines
+/// compiled at run time too when `ISOLANE_CUDA_CUDNN=runtime-compiled`), the float step with
 /// the fake-quant values (int8 and fp8), and the timed choice itself, whose search log says per
-/// layer which candidate was kept and each one's time.
+/// layer which candidate was kept, each one's time, and why one was not built (the layers a
+/// forced path is not built for keep the GEMM).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn quant_cudnn_float_and_chosen_paths_match_the_exact_reference() {
@@ -854,6 +856,7 @@ fn quant_cudnn_float_and_chosen_paths_match_the_exact_reference() {
     let mut failures = Vec::new();
     for (paths, combos) in [
         (QuantPaths::Cudnn, vec![int8]),
+        (QuantPaths::Graph, vec![int8, fp8]),
         (QuantPaths::Float, vec![int8, fp8]),
         (QuantPaths::Fastest, vec![int8, fp8]),
     ] {
