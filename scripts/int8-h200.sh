@@ -93,8 +93,9 @@ done
     echo "latency per job (host copies included) and throughput. int8 / fp8: isolane's"
     echo "calibration (8 random-normal items; int8 percentile, fp8 min-max) of the float model;"
     echo "each quantized Conv/Linear product runs the fastest (timed at build) of cuBLASLt's int8 /"
-    echo "e4m3 tensor-core GEMM, cuDNN's int8 convolution (int8, not 1x1) and the float step with its"
-    echo "fake-quant values at fp16 (docs/cuda.md); the rest fake-quant at fp16."
+    echo "e4m3 tensor-core GEMM, cuDNN's int8 convolution (int8, not 1x1), the float step with its"
+    echo "fake-quant values at fp16 and cuDNN's fused quantized graph (docs/cuda.md); the rest"
+    echo "fake-quant at fp16."
     echo
     echo "| model | batch | precision | median ms | images/s | vs fp16 throughput |"
     echo "| --- | ---: | --- | ---: | ---: | ---: |"
@@ -130,16 +131,17 @@ PY
     grep -h "calibration items" "$out"/*-int8.log "$out"/*-fp8.log 2>/dev/null | sed 's/^/    /'
     echo
     echo "## Per build: GEMM shapes on the tensor cores, the quantized layers' kept paths (search"
-    echo "## log: int8 GEMM / cuDNN int8 conv / float), and the first failure"
+    echo "## log: int8 GEMM / cuDNN int8 conv / float / cuDNN quantized graph), and the first failure"
     echo
     for f in "$out"/*-int8.log "$out"/*-fp8.log; do
         [ -f "$f" ] || continue
         n=$(grep -c -E "search: (int8|float8e4m3fn) gemm" "$f")
         g=$(grep -c -E "search: quantized .*kept (int8|float8e4m3fn) gemm" "$f")
-        d=$(grep -c -E "search: quantized .*kept cudnn" "$f")
+        d=$(grep -c -E "search: quantized .*kept cudnn [a-z0-9]+ conv" "$f")
         fl=$(grep -c -E "search: quantized .*kept float" "$f")
+        gr=$(grep -c -E "search: quantized .*kept cudnn [a-z0-9]+ graph" "$f")
         e=$(grep -m1 -E "cuBLASLt offers no|algorithm of cuBLASLt|error|panicked" "$f" | cut -c1-200)
-        echo "    $(basename "$f" .log): $n GEMM shapes; kept $g gemm / $d cudnn / $fl float${e:+; $e}"
+        echo "    $(basename "$f" .log): $n GEMM shapes; kept $g gemm / $d cudnn conv / $fl float / $gr cudnn graph${e:+; $e}"
     done
     echo
     echo "## Each quantized layer's candidates and choice, resnet50 int8 (search log)"
