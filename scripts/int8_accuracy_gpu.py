@@ -97,7 +97,8 @@ def main():
             note = what
             p, cmd, secs = run(args.isolane, backend, model, precision, method, [])
             if p.returncode != 0 and "plan check" in p.stderr:
-                note += "; plan check refused it: " + p.stderr.strip().splitlines()[-1][:160]
+                why = p.stderr.strip().splitlines()[-1][:160].replace("|", "\\|")
+                note += "; plan check refused it: " + why
                 p, cmd, secs = run(
                     args.isolane, backend, model, precision, method, ["--no-plan-check"]
                 )
@@ -109,6 +110,7 @@ def main():
             if p.returncode != 0 or m is None:
                 failed += 1
                 err = (p.stderr.strip().splitlines() or ["no labels line"])[-1][:200]
+                err = err.replace("|", "\\|")
                 table.append(
                     f"| {backend} | {model} | {precision} | {method or ''} | — | — | "
                     f"exit {p.returncode}: {err} |"
