@@ -433,9 +433,10 @@ pub struct QuantGemmStep {
 /// (a saved plan names the index).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantAlternatives {
-    /// cuDNN's implicit-GEMM convolution of the quantized bytes (a convolution that is not a
-    /// direct GEMM, C and N multiples of 4): `x` (NHWC bytes: x quantized whole into `xb` by
-    /// the quantize kernel, or the producer's bytes themselves when `x_quantized`) convolved
+    /// cuDNN's implicit-GEMM convolution of the quantized bytes (C and N multiples of 4): `x`
+    /// (NHWC bytes: x quantized whole into `xb` by the quantize kernel, `xb` being `xq` for a
+    /// direct 1×1; the bytes an earlier step made, `xq_ready`; or the producer's bytes
+    /// themselves when `x_quantized`) convolved
     /// with the quantized KRSC filter (`QuantGemmStep::w`). The legacy API (int8 only) writes
     /// `y` = `QuantGemmStep::acc` as f32 (the exact int32 sums converted), then the step's
     /// epilogue runs on that f32 accumulator; the graph API (int8 or e4m3, where the step's
@@ -2664,7 +2665,14 @@ impl Planner<'_> {
             }
         }
         let xq_ready = conv.is_none() && reuse.is_some();
-        let alt = self.quant_alternatives(c, (&q, tmpl, pre.is_some()), w, [acc, y], y_quant)?;
+        let alt = self.quant_alternatives(
+            c,
+            (&q, tmpl, pre.is_some()),
+            [w, xq],
+            xq_ready,
+            [acc, y],
+            y_quant,
+        )?;
         self.push(
             name,
             StepKind::QuantGemm(Box::new(QuantGemmStep {
@@ -2694,13 +2702,15 @@ impl Planner<'_> {
 
     /// The alternatives of the quantized product of node `c` ([`QuantAlternatives`]): `q` its
     /// GEMM, `tmpl` a convolution's geometry as the step reads x (`x_quantized`: x is its
-    /// producer's bytes), `w` the quantized weight, `acc` and `y` the step's accumulator and
-    /// output (bytes when `y_quant`). The float step's bias and residual are the step's own.
+    /// producer's bytes), `w` the quantized weight, `xq` the GEMM's quantized rows (made by
+    /// an earlier step when `xq_ready`), `acc` and `y` the step's accumulator and output (bytes
+    /// when `y_quant`). The float step's bias and residual are the step's own.
     fn quant_alternatives(
         &mut self,
         c: &NodeCtx,
         (q, tmpl, x_quantized): (&crate::int8::Int8Gemm, Option<ConvStep>, bool),
-        w: Loc,
+        [w, xq]: [Loc; 2],
+        xq_ready: bool,
         [acc, y]: [Loc; 2],
         y_quant: Option<(f32, QuantType)>,
     ) -> Result<QuantAlternatives> {
@@ -2767,12 +2777,21 @@ impl Planner<'_> {
             }
         };
         // cuDNN's int8 convolutions take NHWC int8 with C a multiple of 4 (INT8_EXT_CONFIG:
-        // int32 sums, f32 y); a direct 1×1 is already one GEMM on x's bytes.
+        // int32 sums, f32 y). A direct 1×1's x bytes are its GEMM's rows: quantized into `xq`
+        // itself (which later GEMMs may read), or read there when an earlier step made them.
         let (dnn_conv, xb) = match &tmpl {
-            Some(t) if !q.direct && t.x_shape[1].is_multiple_of(4) && nn.is_multiple_of(4) => {
-                let xb = (!x_quantized).then(|| fresh(self, x_n));
+            Some(t) if t.x_shape[1].is_multiple_of(4) && nn.is_multiple_of(4) => {
+                let (xb, x) = match (x_quantized, q.direct, xq_ready) {
+                    (true, ..) => (None, t.x),
+                    (false, true, true) => (None, xq),
+                    (false, true, false) => (Some(xq), xq),
+                    (false, false, _) => {
+                        let b = fresh(self, x_n);
+                        (Some(b), b)
+                    }
+                };
                 let conv = ConvStep {
-                    x: xb.unwrap_or(t.x),
+                    x,
                     w,
                     y: acc,
                     ..t.clone()

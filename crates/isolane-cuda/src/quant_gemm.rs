@@ -84,7 +84,7 @@ pub(super) fn record_quant_gemm(
     // choices (the float convolution's own, then the pick) replay in the order they were made.
     let not_planned = || {
         Err(EngineError::Runtime(
-            "not planned (a direct 1×1, or C or N not a multiple of 4)".into(),
+            "not planned (a Linear, or C or N not a multiple of 4)".into(),
         ))
     };
     let mut paths: [Result<Vec<Launch>>; PATHS] = [

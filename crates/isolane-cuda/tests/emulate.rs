@@ -800,7 +800,7 @@ fn exec_quant_dnn_conv(
                 .collect();
             m.quantized.insert(storage_id(xb), bytes);
         }
-        None => assert!(q.x_quantized && c.x == q.x),
+        None => assert!((q.x_quantized && c.x == q.x) || (q.xq_ready && c.x == q.xq)),
     }
     let x = m.quantized[&storage_id(c.x)].clone();
     assert_eq!(x.len(), n * h * wd * ch);
@@ -1898,8 +1898,9 @@ fn quantized_products_plan_into_quant_gemms_that_compute_the_graph() {
 }
 
 /// Every candidate of the build's per-layer choice computes the graph: cuDNN's convolution of
-/// the quantized bytes (planned for the im2col convolution c3 only: x quantized whole into its own
-/// bytes, or its producer's bytes read in place; f32 sums, the same epilogue) and the float
+/// the quantized bytes (every convolution: x quantized whole into bytes of its own, a direct
+/// 1×1's into its GEMM rows, or its producer's bytes read in place; f32 sums, the same
+/// epilogue) and the float
 /// step (fake-quant values of x, from floats or dequantized from bytes; its output quantized
 /// where the next GEMM reads bytes), alone and mixed layer by layer with the int8 GEMM, so
 /// that a float layer between int8 ones hands bytes on correctly.
@@ -1922,7 +1923,21 @@ fn every_quantized_layer_choice_computes_the_graph() {
                 .filter(|(_, g)| g.alt.as_ref().unwrap().dnn_conv.is_some())
                 .map(|(n, _)| *n)
                 .collect();
-            assert_eq!(dnn, ["c3"], "{qtype}");
+            // The fc Linear has no convolution; c2 and c4 are direct 1×1s (x's bytes are their
+            // GEMM's rows), c3 needs an im2col.
+            assert_eq!(dnn, ["c2", "c3", "c4"], "{qtype}");
+            for (name, g) in &gemms {
+                let alt = g.alt.as_ref().unwrap();
+                let Some(dc) = &alt.dnn_conv else { continue };
+                match (g.x_quantized, g.conv.is_none(), g.xq_ready) {
+                    (true, ..) => assert!(alt.xb.is_none() && dc.x == g.x, "{name}"),
+                    (false, true, true) => assert!(alt.xb.is_none() && dc.x == g.xq, "{name}"),
+                    (false, true, false) => {
+                        assert_eq!((alt.xb, dc.x), (Some(g.xq), g.xq), "{name}")
+                    }
+                    (false, false, _) => assert!(alt.xb == Some(dc.x) && dc.x != g.xq, "{name}"),
+                }
+            }
             for (name, g) in &gemms {
                 let alt = g.alt.as_ref().unwrap();
                 // A float output is written in place by the float product; bytes go through yf.
