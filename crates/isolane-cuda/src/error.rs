@@ -83,6 +83,7 @@ impl CudaError {
             code: self.code,
             status: self.status.clone(),
             detail: self.detail.clone(),
+            node: None,
         }
     }
 

@@ -75,7 +75,11 @@ pub enum ErrorKind {
 
 /// A device library call that did not succeed, kept as data.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
-#[error("{call}: {status}{}", .detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+#[error(
+    "{}{call}: {status}{}",
+    .node.as_ref().map(|n| format!("node `{n}`: ")).unwrap_or_default(),
+    .detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default()
+)]
 pub struct LibraryFailure {
     /// The library, as its users name it: `CUDA driver`, `cuDNN`, `cuBLASLt`, `NVRTC`.
     pub library: &'static str,
@@ -87,6 +91,8 @@ pub struct LibraryFailure {
     pub status: String,
     /// The library's own description of the status, where it has one (cuDNN).
     pub detail: Option<String>,
+    /// The node of a compiled plan whose step made the call, where known.
+    pub node: Option<String>,
 }
 
 /// An allocation that did not fit.
@@ -196,6 +202,10 @@ impl EngineError {
                 m.what = format!("{} (node `{node}`)", m.what);
                 EngineError::OutOfMemory(m)
             }
+            EngineError::Library(mut f) if f.node.is_none() => {
+                f.node = Some(node.to_string());
+                EngineError::Library(f)
+            }
             other => other,
         }
     }
@@ -254,19 +264,27 @@ mod tests {
             oom.to_string(),
             "out of memory: the activation arena asked for 3.0 GiB, 1.0 GiB free of GPU 0's memory"
         );
-        let lib = EngineError::from(LibraryFailure {
+        let launch_failed = LibraryFailure {
             library: "CUDA driver",
             call: "cuLaunchKernel",
             code: 719,
             status: "CUDA_ERROR_LAUNCH_FAILED".into(),
             detail: None,
-        });
+            node: None,
+        };
+        let lib = EngineError::from(launch_failed.clone());
         assert_eq!(lib.kind(), ErrorKind::Library);
         assert_eq!(lib.to_string(), "cuLaunchKernel: CUDA_ERROR_LAUNCH_FAILED");
         assert!(EngineError::Unsupported("Tile".into()).is_bad_model());
         assert!(EngineError::graph("n", "cycle").is_bad_model());
         assert!(!EngineError::Runtime("x".into()).is_bad_model());
         assert!(!lib.is_bad_model());
+        let at = EngineError::from(launch_failed).at_node("conv1");
+        assert_eq!(at.kind(), ErrorKind::Library);
+        let named = "node `conv1`: cuLaunchKernel: CUDA_ERROR_LAUNCH_FAILED";
+        assert_eq!(at.to_string(), named);
+        // A node named once stays the one named.
+        assert_eq!(at.at_node("conv2").to_string(), named);
     }
 
     #[test]

@@ -193,7 +193,11 @@ impl CudaModel {
             }
             prev = step.name.clone();
             self.step_start.push(self.launches.len());
-            record_step(self, rec, &mut caches, step)?;
+            // A library call's failure names the step's node (the steps' own errors do already).
+            record_step(self, rec, &mut caches, step).map_err(|e| match e {
+                EngineError::Library(_) => e.at_node(&step.name),
+                e => e,
+            })?;
         }
         while self.names.len() < self.launches.len() {
             self.names.push(prev.clone());
