@@ -17,6 +17,28 @@ pub(super) fn free_mem() -> Result<usize> {
     Ok(free)
 }
 
+/// Where each of the workspaces `sizes` goes in an allocation of `block` bytes whose first
+/// `used` bytes are taken: its offset in the rest (the driver's rounding), each aligned after
+/// the one before, or `None` where it does not fit (an allocation of its own).
+pub(super) fn workspace_offsets(
+    used: usize,
+    block: usize,
+    sizes: [usize; 2],
+) -> [Option<usize>; 2] {
+    let mut free = used
+        .checked_next_multiple_of(crate::plan::ALIGN)
+        .unwrap_or(usize::MAX);
+    sizes.map(|bytes| {
+        let end = free.checked_add(bytes).filter(|&end| end <= block)?;
+        let at = free;
+        // Past the largest aligned offset nothing more fits.
+        free = end
+            .checked_next_multiple_of(crate::plan::ALIGN)
+            .unwrap_or(usize::MAX);
+        Some(at)
+    })
+}
+
 /// Where [`CudaModel::upload_weights`] put the weights: each constant's offset, their bytes,
 /// and the bytes of the one allocation that they and the arena use (the rest is the driver's
 /// rounding).
@@ -107,20 +129,19 @@ impl CudaModel {
             .block
             .as_ref()
             .map_or(DeviceSpan::EMPTY, DeviceBuffer::span);
-        let mut free = crate::plan::align(block.block_used);
-        let mut place = |bytes: usize| -> Result<DeviceSpan> {
-            if let Some(at) = whole.slice(free, bytes) {
-                free = crate::plan::align(free + bytes);
-                return Ok(at);
+        let offsets = workspace_offsets(block.block_used, whole.bytes(), [dnn, mm]);
+        let mut place = |bytes: usize, at: Option<usize>| -> Result<DeviceSpan> {
+            if let Some(span) = at.and_then(|o| whole.slice(o, bytes)) {
+                return Ok(span);
             }
             let own =
                 DeviceBuffer::new(bytes).map_err(|e| e.for_allocation("a library workspace"))?;
-            let at = own.span();
+            let span = own.span();
             self.own_workspaces.push(own);
-            Ok(at)
+            Ok(span)
         };
-        self.workspace = place(dnn)?;
-        self.mm_workspace = place(mm)?;
+        self.workspace = place(dnn, offsets[0])?;
+        self.mm_workspace = place(mm, offsets[1])?;
         // cuBLASLt's semaphores start at zero (MM_WORKSPACE_CAP).
         dev_zero(self.mm_workspace)?;
         let ws = dnn + mm;
@@ -145,5 +166,43 @@ impl CudaModel {
             Loc::Const { id, offset } => (self.weights, self.const_offsets.get(id)? + offset * es),
         };
         span.slice(start, len.checked_mul(es)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn workspaces_take_the_allocations_rounding_where_they_fit() {
+        // 1 MiB used of 2: cuDNN's 512 KiB fits, cuBLASLt's 600 KiB no longer does.
+        assert_eq!(
+            workspace_offsets(MIB, 2 * MIB, [512 << 10, 600 << 10]),
+            [Some(MIB), None]
+        );
+        // The first too large for the rest, the second still placed where the first was not.
+        assert_eq!(
+            workspace_offsets(MIB, 2 * MIB, [2 * MIB, 256]),
+            [None, Some(MIB)]
+        );
+        // Each starts aligned after the one before, and an exact fit fits.
+        let after = crate::plan::align(MIB + 1000);
+        assert_eq!(
+            workspace_offsets(MIB, after + 24, [1000, 24]),
+            [Some(MIB), Some(after)]
+        );
+        assert_eq!(workspace_offsets(MIB, after + 23, [1000, 24])[1], None);
+        // No workspace needs no room; a used size past the block leaves none.
+        assert_eq!(
+            workspace_offsets(2 * MIB, 2 * MIB, [0, 0]),
+            [Some(2 * MIB); 2]
+        );
+        assert_eq!(workspace_offsets(3 * MIB, 2 * MIB, [0, 1]), [None, None]);
+        assert_eq!(
+            workspace_offsets(0, usize::MAX, [usize::MAX, 1]),
+            [Some(0), None]
+        );
     }
 }
