@@ -73,6 +73,10 @@ pub struct BuildOptions {
     pub conv_paths: ConvPaths,
     /// Quantized products' paths timed or forced; `ISOLANE_CUDA_QUANT`.
     pub quant_paths: QuantPaths,
+    /// A quantized product's float candidate reads x as it is, without its quantization
+    /// (TensorRT's per-layer fp16 fallback, for a calibrated model: not the QDQ graph's
+    /// arithmetic, so opt-in); `ISOLANE_CUDA_QUANT_FLOAT=plain`.
+    pub quant_float_plain: bool,
     /// cuDNN's graph API (its heuristics' engines, bias/residual/ReLU fused) among the cuDNN
     /// candidates, besides the legacy algorithms; `ISOLANE_CUDA_CUDNN=legacy` leaves it out.
     pub cudnn_graphs: bool,
@@ -110,6 +114,7 @@ impl Default for BuildOptions {
             fused_attention_batch1: true,
             conv_paths: ConvPaths::Fastest,
             quant_paths: QuantPaths::Fastest,
+            quant_float_plain: false,
             cudnn_graphs: true,
             cudnn_runtime_compiled: false,
             depthwise_pairs: true,
@@ -163,6 +168,7 @@ impl BuildOptions {
                 Some("graph") => QuantPaths::Graph,
                 _ => QuantPaths::Fastest,
             },
+            quant_float_plain: is("ISOLANE_CUDA_QUANT_FLOAT", "plain"),
             cudnn_graphs: !is("ISOLANE_CUDA_CUDNN", "legacy"),
             cudnn_runtime_compiled: is("ISOLANE_CUDA_CUDNN", "runtime-compiled"),
             depthwise_pairs: !is("ISOLANE_CUDA_DW", "window"),
@@ -208,6 +214,7 @@ mod tests {
             ("ISOLANE_CUDA_ATTENTION", "unfused"),
             ("ISOLANE_CUDA_CONV", "gemm"),
             ("ISOLANE_CUDA_QUANT", "float"),
+            ("ISOLANE_CUDA_QUANT_FLOAT", "plain"),
             ("ISOLANE_CUDA_CUDNN", "legacy"),
             ("ISOLANE_CUDA_DW", "window"),
             ("ISOLANE_CUDA_ROWS", "block"),
@@ -225,6 +232,7 @@ mod tests {
                 fused_attention_batch1: false,
                 conv_paths: ConvPaths::Gemm,
                 quant_paths: QuantPaths::Float,
+                quant_float_plain: true,
                 cudnn_graphs: false,
                 cudnn_runtime_compiled: false,
                 depthwise_pairs: false,

@@ -467,6 +467,18 @@ pub struct QuantFloat {
     pub fills_xq: bool,
 }
 
+impl QuantFloat {
+    /// The product reading `x` in place of `xf`: x itself, unquantized (`quant_float_plain`;
+    /// the two share shape and layout, the product was planned for either).
+    pub fn product_on(&self, x: Loc) -> StepKind {
+        match &self.product {
+            StepKind::Conv(c) => StepKind::Conv(ConvStep { x, ..c.clone() }),
+            StepKind::Linear(l) => StepKind::Linear(LinearStep { x, ..l.clone() }),
+            other => other.clone(),
+        }
+    }
+}
+
 /// How a constant is stored on the device when not in the activation dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConstRepr {

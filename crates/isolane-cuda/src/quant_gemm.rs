@@ -430,6 +430,8 @@ fn float_launches(
     f: &QuantFloat,
 ) -> Result<()> {
     let fp8 = q.qtype != QuantType::Int8;
+    // Plain: x's floats as they are (only bytes from the producer are dequantized).
+    let plain = rec.options.quant_float_plain && !q.x_quantized;
     if q.x_quantized {
         m.launches.push(Launch::Kernel {
             func: rec.func("dequantize_q8"),
@@ -444,7 +446,7 @@ fn float_launches(
                 Arg::I32(fp8 as i32),
             ],
         });
-    } else {
+    } else if !plain {
         let (lo, hi) = q.qtype.range();
         m.launches.push(Launch::Kernel {
             func: rec.func("fake_quant"),
@@ -467,14 +469,18 @@ fn float_launches(
                 Arg::I32(1),
             ],
         });
-        if f.fills_xq {
-            m.launches
-                .push(quantize_launch(rec, q.x, q.xq, q.x_scale, q.m * q.k, fp8));
-        }
     }
-    match &f.product {
-        StepKind::Conv(c) => record_conv(m, rec, caches, err, c)?,
-        StepKind::Linear(l) => record_linear(m, rec, caches, err, l)?,
+    if f.fills_xq && !q.x_quantized {
+        m.launches
+            .push(quantize_launch(rec, q.x, q.xq, q.x_scale, q.m * q.k, fp8));
+    }
+    let product = match plain {
+        true => f.product_on(q.x),
+        false => f.product.clone(),
+    };
+    match product {
+        StepKind::Conv(c) => record_conv(m, rec, caches, err, &c)?,
+        StepKind::Linear(l) => record_linear(m, rec, caches, err, &l)?,
         _ => {
             return Err(EngineError::Runtime(
                 "a quantized product's float step that is neither Conv nor Linear".into(),

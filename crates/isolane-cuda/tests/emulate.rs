@@ -623,7 +623,8 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
     });
     match (path.unwrap_or(0), q.alt.as_deref()) {
         (1, Some(alt)) if alt.dnn_conv.is_some() => return exec_quant_dnn_conv(p, m, q, alt),
-        (2, Some(alt)) => return exec_quant_float(p, m, q, &alt.float),
+        (2, Some(alt)) => return exec_quant_float(p, m, q, &alt.float, false),
+        (4, Some(alt)) => return exec_quant_float(p, m, q, &alt.float, true),
         _ => {}
     }
     let sid = |l: Loc| match l {
@@ -759,7 +760,8 @@ fn quant_epilogue(m: &mut Mem, q: &QuantGemmStep, acc: impl Fn(usize, usize) -> 
 thread_local! {
     /// Which path each emulated QuantGemm step takes, the pattern cycled over the steps in
     /// order (and the count so far): 0 its int8 GEMM, 1 cuDNN's int8 convolution where
-    /// planned (else 0), 2 the float step; the candidates of the build's timed choice.
+    /// planned (else 0), 2 the float step (4: reading x unquantized, `quant_float_plain`); the
+    /// candidates of the build's timed choice.
     static QUANT_PATHS: std::cell::RefCell<(Vec<usize>, usize)> =
         const { std::cell::RefCell::new((Vec::new(), 0)) };
 }
@@ -833,9 +835,18 @@ fn exec_quant_dnn_conv(
 /// The float step as planned: x's fake-quant values (from floats, or the producer's bytes
 /// dequantized), the Conv or Linear step on them, its result quantized where the step's
 /// output is bytes; the shared quantized rows filled where later GEMMs read them.
-fn exec_quant_float(p: &Plan, m: &mut Mem, q: &QuantGemmStep, f: &isolane_cuda::plan::QuantFloat) {
+fn exec_quant_float(
+    p: &Plan,
+    m: &mut Mem,
+    q: &QuantGemmStep,
+    f: &isolane_cuda::plan::QuantFloat,
+    plain: bool,
+) {
     use isolane_engine::quant::{dequantize, quantize};
-    let xf: Vec<f32> = if q.x_quantized {
+    let plain = plain && !q.x_quantized;
+    let xf: Vec<f32> = if plain {
+        Vec::new()
+    } else if q.x_quantized {
         let b = &m.quantized[&storage_id(q.x)];
         assert_eq!(b.len(), f.x_n);
         b.iter()
@@ -861,7 +872,10 @@ fn exec_quant_float(p: &Plan, m: &mut Mem, q: &QuantGemmStep, f: &isolane_cuda::
     }
     let inner = Step {
         name: "float".into(),
-        kind: f.product.clone(),
+        kind: match plain {
+            true => f.product_on(q.x),
+            false => f.product.clone(),
+        },
     };
     exec_step(p, m, &inner);
     match (f.yf, q.y_scale) {
@@ -1966,6 +1980,59 @@ fn every_quantized_layer_choice_computes_the_graph() {
                     "{qtype} batch {batch} paths {pattern:?}: rel L2 {err:e}"
                 );
             }
+        }
+    }
+}
+
+/// `ISOLANE_CUDA_QUANT_FLOAT=plain`: the float candidate reads x unquantized where x is floats
+/// (TensorRT's per-layer fallback for a calibrated model), and dequantizes the producer's bytes
+/// where those are all there is. The plan with every layer so computes the quantized graph with
+/// the FakeQuants before exactly those layers taken out; one layer left on its int8 GEMM
+/// still quantizes.
+#[test]
+fn a_plain_float_layer_reads_its_input_unquantized() {
+    use isolane_engine::quant::QuantType;
+    for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
+        let batch = 2;
+        let (q, p) = quant_cnn_plan(qtype, batch);
+        let gemms: Vec<(&str, &QuantGemmStep)> = p
+            .steps
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StepKind::QuantGemm(g) => Some((s.name.as_str(), &**g)),
+                _ => None,
+            })
+            .collect();
+        let x = random(batch * 3 * 12 * 12, 6);
+        for pattern in [vec![4], vec![4, 0, 4, 0]] {
+            // The reference: the FakeQuant before each plain layer (whose x is floats) bypassed.
+            let mut want_g = q.clone();
+            for (k, (name, g)) in gemms.iter().enumerate() {
+                if pattern[k % pattern.len()] != 4 || g.x_quantized {
+                    continue;
+                }
+                let ni = want_g.nodes.iter().position(|n| n.name == *name).unwrap();
+                let fq = want_g.producer(want_g.nodes[ni].inputs[0]).unwrap();
+                assert!(matches!(want_g.nodes[fq].op, Op::FakeQuant(_)), "{name}");
+                want_g.nodes[ni].inputs[0] = want_g.nodes[fq].inputs[0];
+            }
+            let mut cpu = CpuBackend::new(1)
+                .compile(&want_g, batch, Precision::Fp32)
+                .unwrap();
+            cpu.input_mut().copy_from_slice(&x);
+            cpu.run().unwrap();
+            QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
+            let got = run(&p, &x);
+            QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+            let err = rel_l2(&got, cpu.output());
+            assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
+            // And it is not the QDQ graph's arithmetic.
+            let mut qdq = CpuBackend::new(1)
+                .compile(&q, batch, Precision::Fp32)
+                .unwrap();
+            qdq.input_mut().copy_from_slice(&x);
+            qdq.run().unwrap();
+            assert!(rel_l2(&got, qdq.output()) > 1e-4, "{qtype} {pattern:?}");
         }
     }
 }
