@@ -43,6 +43,8 @@ pub enum QuantPaths {
     Float,
     /// `ISOLANE_CUDA_QUANT=graph`: cuDNN's fused quantized graph where it is built.
     Graph,
+    /// `ISOLANE_CUDA_QUANT=bytes`: the GEMM with x quantized before its im2col.
+    Bytes,
 }
 
 impl QuantPaths {
@@ -54,6 +56,7 @@ impl QuantPaths {
             QuantPaths::Cudnn => Some(1),
             QuantPaths::Float => Some(2),
             QuantPaths::Graph => Some(3),
+            QuantPaths::Bytes => Some(4),
         }
     }
 }
@@ -166,6 +169,7 @@ impl BuildOptions {
                 Some("cudnn") => QuantPaths::Cudnn,
                 Some("float") => QuantPaths::Float,
                 Some("graph") => QuantPaths::Graph,
+                Some("bytes") => QuantPaths::Bytes,
                 _ => QuantPaths::Fastest,
             },
             quant_float_plain: is("ISOLANE_CUDA_QUANT_FLOAT", "plain"),
@@ -273,8 +277,15 @@ mod tests {
         assert_eq!(o, BuildOptions::default());
         let q = |v: &str| with(&[("ISOLANE_CUDA_QUANT", v)]).quant_paths.forced();
         assert_eq!(
-            [q("gemm"), q("cudnn"), q("float"), q("graph"), q("int8")],
-            [Some(0), Some(1), Some(2), Some(3), None]
+            [
+                q("gemm"),
+                q("cudnn"),
+                q("float"),
+                q("graph"),
+                q("bytes"),
+                q("int8")
+            ],
+            [Some(0), Some(1), Some(2), Some(3), Some(4), None]
         );
         let cudnn = with(&[("ISOLANE_CUDA_CONV", "cudnn")]).conv_paths;
         assert!(cudnn.tries_cudnn() && !cudnn.tries_gemm());

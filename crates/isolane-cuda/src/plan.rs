@@ -428,9 +428,10 @@ pub struct QuantGemmStep {
 }
 
 /// The alternatives of a [`QuantGemmStep`] to its im2col + quantize + GEMM + epilogue:
-/// `(int8 GEMM, cuDNN's legacy int8 convolution, float step, cuDNN's fused graph)` are
-/// candidates 0 to 3 of the build's timed choice, in that order whether or not each is built
-/// (a saved plan names the index).
+/// `(int8 GEMM, cuDNN's legacy int8 convolution, float step, cuDNN's fused graph, the int8
+/// GEMM with x quantized into `xb` before an im2col of bytes into `xq`)` are candidates 0 to 4
+/// of the build's timed choice, in that order whether or not each is built (a saved plan
+/// names the index).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantAlternatives {
     /// cuDNN's implicit-GEMM convolution of the quantized bytes (C and N multiples of 4): `x`

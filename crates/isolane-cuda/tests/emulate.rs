@@ -625,8 +625,37 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
         (1, Some(alt)) if alt.dnn_conv.is_some() => return exec_quant_dnn_conv(p, m, q, alt),
         (2, Some(alt)) => return exec_quant_float(p, m, q, &alt.float, false),
         (4, Some(alt)) => return exec_quant_float(p, m, q, &alt.float, true),
+        (5, Some(alt)) if alt.xb.is_some() && q.conv.is_some() && !q.x_quantized => {
+            // x quantized whole into xb, then the GEMM path over those bytes (their im2col
+            // into xq), as the GPU's quantize + im2col_b4 run it.
+            let xb = alt.xb.unwrap();
+            let c = q.conv.as_ref().unwrap();
+            let n: usize = c.x_shape.iter().product();
+            let bytes = (0..n)
+                .map(|i| quantize(m.get(q.x, i), q.x_scale, 0.0, q.qtype, true) as f64)
+                .collect();
+            m.quantized.insert(storage_id(xb), bytes);
+            let on_bytes = QuantGemmStep {
+                x: xb,
+                x_quantized: true,
+                conv: Some(plan::ConvStep {
+                    x: xb,
+                    col: Some(q.xq),
+                    ..c.clone()
+                }),
+                alt: None,
+                ..q.clone()
+            };
+            return exec_int8_gemm(p, m, &on_bytes);
+        }
         _ => {}
     }
+    exec_int8_gemm(p, m, q);
+}
+
+/// The int8 (fp8) GEMM path as planned: im2col, quantize, exact sum, epilogue.
+fn exec_int8_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
+    use isolane_engine::quant::quantize;
     let sid = |l: Loc| match l {
         Loc::Storage { id, .. } => id,
         Loc::Const { .. } => panic!("a quantized constant"),
@@ -760,8 +789,9 @@ fn quant_epilogue(m: &mut Mem, q: &QuantGemmStep, acc: impl Fn(usize, usize) -> 
 thread_local! {
     /// Which path each emulated QuantGemm step takes, the pattern cycled over the steps in
     /// order (and the count so far): 0 its int8 GEMM, 1 cuDNN's int8 convolution where
-    /// planned (else 0), 2 the float step (4: reading x unquantized, `quant_float_plain`); the
-    /// candidates of the build's timed choice.
+    /// planned (else 0), 2 the float step (4: reading x unquantized, `quant_float_plain`), 5 the
+    /// GEMM with x quantized before its im2col where planned (else 0); the candidates of the
+    /// build's timed choice.
     static QUANT_PATHS: std::cell::RefCell<(Vec<usize>, usize)> =
         const { std::cell::RefCell::new((Vec::new(), 0)) };
 }
@@ -1970,7 +2000,15 @@ fn every_quantized_layer_choice_computes_the_graph() {
             let x = random(cpu.input_mut().len(), 5);
             cpu.input_mut().copy_from_slice(&x);
             cpu.run().unwrap();
-            for pattern in [vec![1], vec![2], vec![2, 0, 1], vec![0, 2, 1], vec![1, 2]] {
+            for pattern in [
+                vec![1],
+                vec![2],
+                vec![5],
+                vec![2, 0, 1],
+                vec![0, 2, 1],
+                vec![1, 2],
+                vec![5, 5, 2, 1],
+            ] {
                 QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
                 let got = run(&p, &x);
                 QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
@@ -1980,6 +2018,83 @@ fn every_quantized_layer_choice_computes_the_graph() {
                     "{qtype} batch {batch} paths {pattern:?}: rel L2 {err:e}"
                 );
             }
+        }
+    }
+}
+
+/// A 3×3 convolution whose input is floats (a ReLU's, not a quantized GEMM's bytes): every
+/// candidate computes the graph, the GEMM with x quantized before its im2col of bytes among
+/// them (x into its own bytes `xb`, their im2col into `xq`), an asymmetric padding too.
+#[test]
+fn a_convolution_of_floats_takes_every_candidate() {
+    use isolane_engine::calibrate::{quantize_model, CalibOptions};
+    use isolane_engine::quant::QuantType;
+    for (pads, qtype) in [
+        ([1; 4], QuantType::Int8),
+        ([0, 0, 1, 1], QuantType::Int8),
+        ([1; 4], QuantType::Float8E4M3Fn),
+    ] {
+        let mut g = Graph::new("relu_conv");
+        let x = g.add_input(
+            "x",
+            vec![Dim::Batch, Dim::Fixed(16), Dim::Fixed(6), Dim::Fixed(6)],
+        );
+        let d = random(32 * 16 * 9, 300)
+            .into_iter()
+            .map(|v| v * 0.2)
+            .collect();
+        let w = g.add_constant("w", Tensor::new(vec![32, 16, 3, 3], d).unwrap());
+        let b = g.add_constant("b", Tensor::new(vec![32], random(32, 301)).unwrap());
+        let h = g.add_op("pre", Op::Unary(Unary::Relu), &[x]).unwrap();
+        let conv = Op::Conv(ConvAttrs {
+            pads,
+            activation: Some(Unary::Relu),
+            ..Default::default()
+        });
+        let y = g.add_op("conv", conv, &[h, w, b]).unwrap();
+        g.add_output(y).unwrap();
+        let batch = 2;
+        let samples = vec![vec![Tensor::new(
+            vec![batch, 16, 6, 6],
+            random(batch * 576, 302),
+        )
+        .unwrap()]];
+        let opts = CalibOptions {
+            qtype,
+            ..Default::default()
+        };
+        let q = quantize_model(&g, batch, &samples, &opts).unwrap().graph;
+        let p = plan::plan_with(&q, batch, Precision::Fp32, PlanOptions::default()).unwrap();
+        let gemms: Vec<&QuantGemmStep> = p
+            .steps
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StepKind::QuantGemm(g) => Some(&**g),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(gemms.len(), 1, "{qtype} {pads:?}");
+        let c = gemms[0];
+        let alt = c.alt.as_ref().unwrap();
+        assert!(c.conv.is_some() && !c.x_quantized, "{c:?}");
+        let xb = alt.xb.expect("x's own bytes");
+        let n: usize = alt.dnn_conv.as_ref().unwrap().x_shape.iter().product();
+        let Loc::Storage { id, .. } = xb else {
+            panic!()
+        };
+        assert_eq!(p.storages[id].bytes, n);
+        let mut cpu = CpuBackend::new(1)
+            .compile(&q, batch, Precision::Fp32)
+            .unwrap();
+        let x = random(cpu.input_mut().len(), 303);
+        cpu.input_mut().copy_from_slice(&x);
+        cpu.run().unwrap();
+        for path in [0, 1, 2, 5] {
+            QUANT_PATHS.with(|c| *c.borrow_mut() = (vec![path], 0));
+            let got = run(&p, &x);
+            QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+            let err = rel_l2(&got, cpu.output());
+            assert!(err < 1e-5, "{qtype} {pads:?} path {path}: rel L2 {err:e}");
         }
     }
 }
