@@ -840,7 +840,8 @@ fn quant_gemm_path_matches_the_exact_reference_layer_by_layer() {
 /// The other candidates of the build's per-layer choice (docs/cuda.md "int8 and fp8"), each
 /// forced on every layer where it is built, against the exact CPU reference as
 /// [`quant_gemm_path_matches_the_exact_reference_layer_by_layer`] holds the int8 GEMM: cuDNN's
-/// legacy int8 convolution (int8), cuDNN's fused quantized graph (int8 and fp8; engines
+/// legacy int8 convolution (int8), the GEMM with x quantized before its im2col (int8),
+/// cuDNN's fused quantized graph (int8 and fp8; engines
 /// compiled at run time too when `ISOLANE_CUDA_CUDNN=runtime-compiled`), the float step with
 /// the fake-quant values (int8 and fp8), and the timed choice itself, whose search log says per
 /// layer which candidate was kept, each one's time, and why one was not built (the layers a
@@ -857,6 +858,7 @@ fn quant_cudnn_float_and_chosen_paths_match_the_exact_reference() {
     for (paths, combos) in [
         (QuantPaths::Cudnn, vec![int8]),
         (QuantPaths::Graph, vec![int8, fp8]),
+        (QuantPaths::Bytes, vec![int8]),
         (QuantPaths::Float, vec![int8, fp8]),
         (QuantPaths::Fastest, vec![int8, fp8]),
     ] {
