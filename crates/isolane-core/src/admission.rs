@@ -630,7 +630,8 @@ impl OneGpu<'_> {
 
 /// A critical workload whose deadline is predicted to be missed beside its neighbours
 /// (`crate::predict`): its p99 execution time alone in its partition × the stretch the
-/// workloads on its GPU are predicted to cause is over its deadline.
+/// workloads on its GPU are predicted to cause is over its deadline. For a resident victim
+/// (a CNN) the stretch is at least the fitted model's floor (`Fitted::admission_stretch`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PredictedMiss {
     pub workload: String,
@@ -700,7 +701,7 @@ fn misses_among(
     let on_gpu = |w: &WorkloadSpec| spec.backend == Backend::Cuda && w.on_gpu();
     let mut misses = Vec::new();
     for (i, w) in workloads.iter().enumerate() {
-        let (Some((_, alone)), true) = (known(i), on_gpu(w)) else {
+        let (Some((victim, alone)), true) = (known(i), on_gpu(w)) else {
             continue;
         };
         let (Some(deadline_s), Criticality::Critical) = (w.deadline_s(), w.criticality) else {
@@ -719,15 +720,19 @@ fn misses_among(
             })
             .collect();
         let p = predict(&f.coefficients, &sys, alone, &neighbours);
+        // Where the model is known to under-predict (a CNN victim), admission takes the
+        // matrix's floor instead, beside all of them and beside the worst one alone alike.
+        let stretch = f.admission_stretch(&victim, &neighbours, p.stretch);
+        let worst = (p.worst).map(|(n, s)| (n, f.admission_stretch(&victim, &neighbours, s)));
         let deadline_ms = deadline_s * 1e3;
-        if alone * p.stretch > deadline_ms {
+        if alone * stretch > deadline_ms {
             misses.push(PredictedMiss {
                 workload: w.name.clone(),
                 alone_p99_ms: alone,
-                stretch: p.stretch,
-                predicted_p99_ms: alone * p.stretch,
+                stretch,
+                predicted_p99_ms: alone * stretch,
                 deadline_ms,
-                worst_neighbour: p.worst,
+                worst_neighbour: worst,
             });
         }
     }
@@ -1708,6 +1713,133 @@ mod tests {
         assert_eq!(
             foresee(&with("admission = \"refuse\""), &h200, &profiles, &ok_alone),
             Foresight::Clear
+        );
+    }
+
+    /// Issue 34's trios on the H200 (session 22, scripts/levers-h200.sh at 481f621): two
+    /// critical CNNs, no best effort, each at 75 % of its capacity alone in its partition
+    /// with a deadline of 1.3 × its p99 alone there. Figures as recorded (levers.md: each
+    /// one's p99 and execution p99 alone; protection.csv: the victims-only run's execution
+    /// p99 over that alone, the median over trio a's three repeats; the missed share too).
+    /// The model predicted what the footprints say (mobilenet_v2
+    /// beside convnext_base 1.26, resnet50 beside mobilenet_v2 1.04) and admission said
+    /// nothing, while mobilenet_v2 missed 19.9 % (b) and resnet50 2.66 % (c). With the
+    /// matrix's floor for CNN victims both are named, before the run.
+    #[test]
+    fn critical_cnns_that_missed_alone_together_on_the_h200_are_named() {
+        use crate::predict::{fitted, memory_system, predict, MemoryProfile, Neighbour};
+        let csv = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/predict/h200-models.csv"
+        ))
+        .unwrap();
+        let profile = |model: &str| {
+            let r: Vec<&str> = (csv.lines().map(|l| l.split(',').collect::<Vec<_>>()))
+                .find(|r| r[0] == model && r[2] == "1")
+                .unwrap();
+            MemoryProfile {
+                dram_bytes_per_job: r[7].parse().unwrap(),
+                l2_footprint_bytes: r[8].parse().unwrap(),
+                resident: r[9] == "true",
+                flops_per_job: r[6].parse::<f64>().unwrap() * 1e9,
+                source: crate::predict::ProfileSource::Computed,
+            }
+        };
+        // (model, SMs, p99 alone, execution p99 alone, measured stretch beside the other,
+        // missed % at the deadline), per trio.
+        type Victim = (&'static str, u32, f64, f64, f64, f64);
+        let trios: [(&str, [Victim; 2]); 3] = [
+            (
+                "a",
+                [
+                    ("resnet18", 24, 0.271, 0.269, 1.2749, 0.74),
+                    ("resnet50", 48, 0.428, 0.426, 1.2192, 0.0),
+                ],
+            ),
+            (
+                "b",
+                [
+                    ("mobilenet_v2", 24, 0.397, 0.396, 1.3457, 19.92),
+                    ("convnext_base", 48, 1.188, 1.184, 1.2220, 0.0),
+                ],
+            ),
+            (
+                "c",
+                [
+                    ("mobilenet_v2", 24, 0.396, 0.395, 1.2736, 0.31),
+                    ("resnet50", 48, 0.419, 0.418, 1.3148, 2.66),
+                ],
+            ),
+        ];
+        let h200 = device_model("h200").unwrap();
+        let f = fitted("h200", Mechanism::Green).unwrap();
+        let sys = memory_system("h200").unwrap();
+        let floor = f.resident_floor.unwrap();
+        let mut named = Vec::new();
+        for (trio, vs) in trios {
+            let mut toml = String::from(
+                "[device]\nbackend = \"cuda\"\nmechanism = \"green\"\nhost = \"thread\"\n",
+            );
+            for (i, (model, sms, p99, ..)) in vs.iter().enumerate() {
+                toml += &format!(
+                    "\n[[workload]]\nname = \"v{i}_{model}\"\nmodel = \"{model}\"\n\
+                     precision = \"fp16\"\nrate_hz = 1000\ndeadline_ms = {:.4}\n\
+                     duration_s = 2.0\ncriticality = \"critical\"\npartition = {{ sms = {sms} }}\n",
+                    1.3 * p99
+                );
+            }
+            let s =
+                Scenario::from_toml_str(&toml, "victims-only.toml", &[vs[0].0, vs[1].0]).unwrap();
+            let profiles: Vec<_> = vs.iter().map(|v| Some(profile(v.0))).collect();
+            let alone: Vec<_> = vs.iter().map(|v| Some(v.3)).collect();
+            let misses = predicted_misses(&s, &h200, &profiles, &alone);
+            for (i, (model, _, p99, exec, measured, missed)) in vs.iter().enumerate() {
+                let other = vs[1 - i];
+                let beside = [Neighbour {
+                    name: other.0.into(),
+                    profile: profile(other.0),
+                    exec_ms: other.3,
+                }];
+                let model_only = predict(&f.coefficients, &sys, *exec, &beside).stretch;
+                let m = misses
+                    .iter()
+                    .find(|m| m.workload == format!("v{i}_{model}"));
+                println!(
+                    "trio {trio}: {model} beside {}: measured ×{measured:.3} ({missed} % \
+                     missed), model ×{model_only:.3}, admission {:?}",
+                    other.0,
+                    m.map(|m| m.stretch)
+                );
+                // Silent before: the model alone put each under its deadline.
+                assert!(exec * model_only < 1.3 * p99, "{trio} {model}");
+                // A CNN's measured stretch is within the floor admission takes for it.
+                if profile(model).resident {
+                    assert!(*measured <= floor, "{trio} {model}");
+                }
+                if let Some(m) = m {
+                    named.push(format!("{trio} {model}"));
+                    assert_eq!(m.stretch, floor);
+                    assert_eq!(
+                        m.worst_neighbour,
+                        Some((format!("v{}_{}", 1 - i, other.0), floor))
+                    );
+                    assert!(m.to_string().contains("stretch 1.36"), "{m}");
+                }
+            }
+        }
+        // Every victim that missed its deadline at p99 (over 1 %) is named; the CNNs that
+        // held at p99 with a 1.3 × deadline are warned of too (a: 0.74 % and 0 % missed, c's
+        // mobilenet_v2 0.31 %): within the spread the matrix measured, admission says so.
+        // convnext_base, a streaming victim the model predicts 1.04 for, is not (0 % missed).
+        assert_eq!(
+            named,
+            [
+                "a resnet18",
+                "a resnet50",
+                "b mobilenet_v2",
+                "c mobilenet_v2",
+                "c resnet50"
+            ]
         );
     }
 }

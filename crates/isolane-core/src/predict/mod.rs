@@ -169,6 +169,33 @@ pub struct Fitted {
     pub points: &'static str,
     pub models: &'static str,
     pub data: &'static str,
+    /// Admission's floor for a resident victim (a model that keeps itself in the L2: the
+    /// CNNs) beside any busy neighbour: the highest p99 stretch `matrix` measured for a
+    /// resident victim beside a resident neighbour, where the fitted terms (a resident
+    /// neighbour's footprint only) under-predict every pair. `None`: no matrix measured.
+    pub resident_floor: Option<f64>,
+    /// The measured interference matrix `resident_floor` is taken from.
+    pub matrix: &'static str,
+}
+
+impl Fitted {
+    /// The stretch admission assumes for a victim with `victim` profile beside `neighbours`
+    /// that the model predicts `stretch` for: at least [`Fitted::resident_floor`] for a
+    /// resident victim beside any neighbour at all, because the matrix measured CNN victims at 1.19–1.36 ×p99 beside CNN
+    /// neighbours that the model puts at 1.09–1.20, and no less beside a streaming one
+    /// (docs/interference.md, "Admission's floor for CNN victims"). Planning keeps the
+    /// model's own figure; admission only warns or refuses, so it errs on the side of saying.
+    pub fn admission_stretch(
+        &self,
+        victim: &MemoryProfile,
+        neighbours: &[Neighbour],
+        stretch: f64,
+    ) -> f64 {
+        match self.resident_floor {
+            Some(floor) if victim.resident && !neighbours.is_empty() => stretch.max(floor),
+            _ => stretch,
+        }
+    }
 }
 
 /// The H200's coefficients: least squares over the 28 points of `h200-points.csv` (green and
@@ -185,6 +212,10 @@ const H200: Fitted = Fitted {
     points: "crates/isolane-core/src/predict/h200-points.csv",
     models: "crates/isolane-core/src/predict/h200-models.csv",
     data: "results/h200-protection/**/protection.csv",
+    // mobilenet_v2 beside resnet50, both fp16, batch 1, the highest of the six resident pairs
+    // (1.1944 to 1.3622); the predict tests take it from the matrix again.
+    resident_floor: Some(1.3622),
+    matrix: "results/h200-predict/interference.csv",
 };
 
 /// The fitted coefficients for a device model under a mechanism that splits the SMs only

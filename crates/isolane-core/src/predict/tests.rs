@@ -269,3 +269,83 @@ fn no_coefficients_where_nothing_was_measured() {
     assert!(fitted("a100-80gb", Mechanism::Green).is_none());
     assert!(memory_system("orin-nano").is_none());
 }
+
+/// Admission's floor for a resident victim is the highest p99 stretch the committed H200
+/// matrix measured for a resident victim beside a resident neighbour, a region where the
+/// model under-predicts every pair (its only term there is the neighbour's footprint); and
+/// each resident victim suffered no less beside any streaming neighbour than beside the
+/// resident ones, so the floor holds beside those too.
+#[test]
+fn the_resident_floor_is_the_matrix_highest_resident_pair() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../results/h200-predict/interference.csv"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let num = |r: &Vec<&str>, name: &str| r[col(name)].parse::<f64>().unwrap();
+    // Batch 1 comes first in the models file (resnet50 has a batch-64 row too).
+    let models = models();
+    let profile = |m: &str| models.iter().find(|(n, _)| n == m).unwrap().1;
+    let neighbour_ms = |m: &str| {
+        let r = (rows.iter())
+            .find(|r| r[col("kind")] == "neighbour" && r[col("neighbour")] == m)
+            .unwrap();
+        1000.0 / num(r, "neighbour_jobs_per_s")
+    };
+    let f = fitted("h200", Mechanism::Green).unwrap();
+    assert_eq!(f.matrix, "results/h200-predict/interference.csv");
+    let sys = memory_system("h200").unwrap();
+    let pairs: Vec<(&str, &str, f64, f64)> = (rows.iter())
+        .filter(|r| r[col("kind")] == "pair" && r[col("precision")] == "fp16")
+        .map(|r| {
+            let (v, n) = (r[col("victim")], r[col("neighbour")]);
+            let beside = [Neighbour {
+                name: n.to_string(),
+                profile: profile(n),
+                exec_ms: neighbour_ms(n),
+            }];
+            let p = predict(&f.coefficients, &sys, num(r, "alone_p99_ms"), &beside);
+            (v, n, num(r, "stretch_p99"), p.stretch)
+        })
+        .collect();
+    let resident = |m: &str| profile(m).resident;
+    let both: Vec<_> = (pairs.iter())
+        .filter(|(v, n, ..)| resident(v) && resident(n))
+        .collect();
+    assert_eq!(both.len(), 6, "{both:?}");
+    for (v, n, measured, predicted) in &both {
+        println!("{v} beside {n}: measured {measured:.4}, predicted {predicted:.4}");
+        assert!(predicted < measured, "{v} beside {n}");
+    }
+    let highest = both.iter().map(|p| p.2).fold(f64::MIN, f64::max);
+    let floor = f.resident_floor.unwrap();
+    assert!((floor - highest).abs() < 5e-5, "{floor} vs {highest}");
+    for (v, ..) in &both {
+        let beside = |res: bool| {
+            (pairs.iter())
+                .filter(move |(pv, pn, ..)| pv == v && resident(pn) == res)
+                .map(|p| p.2)
+        };
+        let (most_resident, least_streaming) = (
+            beside(true).fold(f64::MIN, f64::max),
+            beside(false).fold(f64::MAX, f64::min),
+        );
+        assert!(least_streaming >= most_resident, "{v}");
+    }
+    // The floor is admission's only: a streaming victim, or one without neighbours, keeps the
+    // model's figure.
+    let (cnn, vit) = (profile("mobilenet_v2"), profile("vit_b_16"));
+    let one = [Neighbour {
+        name: "resnet18".into(),
+        profile: profile("resnet18"),
+        exec_ms: 0.3,
+    }];
+    assert_eq!(f.admission_stretch(&cnn, &one, 1.1), floor);
+    assert_eq!(f.admission_stretch(&cnn, &one, 1.5), 1.5);
+    assert_eq!(f.admission_stretch(&vit, &one, 1.1), 1.1);
+    assert_eq!(f.admission_stretch(&cnn, &[], 1.0), 1.0);
+}
