@@ -349,7 +349,9 @@ class Study:
                     lat = [float(j["end_ms"]) - float(j["release_ms"]) if j["end_ms"]
                            else float("inf") for j in csv.DictReader(f)]
                 late = sum(1 for x in lat if x > deadlines[name])
-                self.rows.append(dict(r, base="together",
+                # Admission saw the alone deadline this run had, never this one: its
+                # warning is not carried over ("" reads "not asked" in protection.md).
+                self.rows.append(dict(r, base="together", predicted_miss="",
                                       timeout_pct=100.0 * late / max(1, len(lat))))
             blame = attribute(run_dir, list(deadlines), deadlines)
             for name, n in blame.items():
@@ -503,11 +505,14 @@ def markdown(st):
             s = sum(m["slow"] for m in ms)
             sv = sum(m["slow_beside_victim"] for m in ms)
             warned = sorted({r["workload"] for r in rs if r.get("predicted_miss")})
+            asked = any(r.get("predicted_miss") != "" for r in rs)
             out.append(f"| {k[0]} | {k[1]:.2f} | {k[2]} | {k[3]} | {len(runs)} | "
                        + " | ".join(cells) + f" | {max(mx):.2f} | " +
                        (f"{statistics.median(b):.1%} [{min(b):.1%}-{max(b):.1%}]" if b
                         else "—") +
-                       f" | {q} / {s} ({sv}) | {', '.join(warned) or '—'} |")
+                       f" | {q} / {s} ({sv}) | "
+                       + (", ".join(warned) or "—" if asked
+                          else "not asked (ran at the alone deadline)") + " |")
     if st.skipped:
         out += ["", f"Not run (over --budget-s {a.budget_s:.0f} s, or no baseline): "
                 + ", ".join(st.skipped) + "."]
