@@ -719,9 +719,10 @@ fn h200_profiles(root: &std::path::Path) {
             std::fs::write(
                 dir.join(format!("{model}-b1-fp16-green-{sms}.json")),
                 format!(
-                    r#"{{"exec_p50_ms": {t}, "exec_p99_ms": {}, "exec_mean_ms": {t}, "exec_p999_ms": {}, "engine_revision": 2}}"#,
+                    r#"{{"exec_p50_ms": {t}, "exec_p99_ms": {}, "exec_mean_ms": {t}, "exec_p999_ms": {}, "engine_revision": {rev}}}"#,
                     t * 1.02,
-                    t * 1.05
+                    t * 1.05,
+                    rev = isolane_cuda::ENGINE_REVISION
                 ),
             )
             .unwrap();

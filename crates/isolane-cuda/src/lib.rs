@@ -47,7 +47,9 @@ pub use transfer::{CopyPath, DeviceF32, InputCopier};
 /// profiles measured by an older engine are measured again instead of mispredicting.
 /// 1: session 14 (cuDNN's graph API, the 16-byte kernels, fused attention at batch 1).
 /// 2: session 15 (the attention kernel's cp.async/ldmatrix tiles and 4 key groups).
-pub const ENGINE_REVISION: u32 = 2;
+/// 3: session 22 (a quantized product runs the fastest of its timed candidates, which a saved
+///    plan records; a general Gemm and a reversing Slice planned through the decomposition).
+pub const ENGINE_REVISION: u32 = 3;
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]
