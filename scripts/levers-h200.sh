@@ -17,9 +17,10 @@
 # Variants (VARIANTS, default both,share; VARIANTS_A for trio a alone; VARIANT@N: with
 # best-effort pieces of N µs instead of 100, e.g. share@25). Since session 22 `share` sizes
 # best effort's pieces to the critical workloads' gaps between jobs itself (half the narrowest
-# median gap, 20 µs at least, never longer than piece_us: about 24 µs for resnet18 at 75 %,
-# whose ~85 µs gaps no 100 µs piece fits; docs/criticality.md "Gap-sized pieces"); each run's
-# log says the length it chose, collected in $OUT/<trio>-pieces.txt. both (guard +
+# median gap, never longer than piece_us, only where that is at least 20 µs: on the H200 at
+# 75 % the gaps were 2-30 µs, so these trios keep 100 µs pieces; docs/criticality.md
+# "Gap-sized pieces"); each run's log says the length it chose, collected in
+# $OUT/<trio>-pieces.txt. both (guard +
 # priorities: the default protection), share (+ share: the sharing guard, session 21: each
 # best-effort piece charged the delay the fitted model predicts for what is left of each critical
 # job it overlaps, times the gain that job's workload measures on its own jobs (overlapped vs

@@ -568,8 +568,12 @@ const GAP_JOBS: usize = 64;
 const GAP_MIN_JOBS: usize = 16;
 
 /// The piece length a sharing guard gives best effort: half the narrowest of the critical
-/// workloads' median gaps between jobs (`narrowest_gap`, `None`: none to fit), within
-/// [[`MIN_PIECE_NS`], `configured_ns`]. Never longer than the scenario's `piece_us`.
+/// workloads' median gaps between jobs (`narrowest_gap`, `None`: none to fit), at most the
+/// scenario's `piece_us`; the scenario's where half a gap is under [`MIN_PIECE_NS`]. On the
+/// H200 (session 22) the gaps at 75 % load were 2–30 µs, not the replay's ~47 µs, and pieces
+/// cut to the 20 µs floor (about 180 a vit_l_32 job) fitted none of them and cost more than
+/// they gave: trio a at 1.3 × the victims-only p99, best effort 20.9 % against the default
+/// guard's 37.3 %, with more critical misses (0.39 / 0.11 % against 0.12 / 0.00 %).
 ///
 /// Why: a critical model with little slack inside its jobs (a light CNN at a deadline of
 /// 1.3 × its p99 alone, beside another critical model) leaves best effort only the time between
@@ -579,8 +583,8 @@ const GAP_MIN_JOBS: usize = 16;
 pub fn gap_piece_ns(narrowest_gap: Option<i64>, configured_ns: i64) -> i64 {
     let most = configured_ns.max(MIN_PIECE_NS);
     match narrowest_gap {
-        Some(g) => (g / 2).clamp(MIN_PIECE_NS, most),
-        None => configured_ns,
+        Some(g) if g / 2 >= MIN_PIECE_NS => (g / 2).min(most),
+        _ => configured_ns,
     }
 }
 
@@ -2516,10 +2520,13 @@ mod tests {
 
     #[test]
     fn a_sharing_guards_best_effort_sizes_its_pieces_to_the_critical_gaps() {
-        // Half the narrowest median gap, never under 20 µs nor over the scenario's piece.
+        // Half the narrowest median gap, never over the scenario's piece; gaps too narrow for
+        // a 20 µs piece (the H200's 2–30 µs at 75 %) keep the scenario's pieces.
         assert_eq!(gap_piece_ns(Some(85_000), 100_000), 42_500);
-        assert_eq!(gap_piece_ns(Some(10_000), 100_000), MIN_PIECE_NS);
-        assert_eq!(gap_piece_ns(Some(0), 100_000), MIN_PIECE_NS);
+        assert_eq!(gap_piece_ns(Some(40_000), 100_000), MIN_PIECE_NS);
+        assert_eq!(gap_piece_ns(Some(39_998), 100_000), 100_000);
+        assert_eq!(gap_piece_ns(Some(19_000), 100_000), 100_000);
+        assert_eq!(gap_piece_ns(Some(0), 100_000), 100_000);
         assert_eq!(gap_piece_ns(Some(MS), 100_000), 100_000);
         assert_eq!(gap_piece_ns(None, 100_000), 100_000);
         // Through the shared file: a critical workload with jobs of 250 µs every 335 µs (gaps
@@ -2600,18 +2607,11 @@ mod tests {
                 assert!(added <= 0.1, "truth {truth}: {fit:?} against {base:?}");
             }
         }
-        // At 1.3 × the victims-only p99: best effort near the 30 %, its misses within
-        // 0.1 points of what the unfitted pieces add there (queued behind the outliers).
+        // At 1.3 × the victims-only p99, overlapped more, resnet18's median gap is under
+        // 40 µs: too narrow for a 20 µs piece, so the scenario's pieces stay.
         let together = sim::Deadlines::Together(1.3);
-        let fixed = replay(looped, false, 1.0, together);
         let fit = replay(looped, true, 1.0, together);
-        assert!(fit.best_effort > 0.28, "{fit:?}");
-        for k in 0..2 {
-            assert!(
-                fit.late_pct[k].1 <= fixed.late_pct[k].1 + 0.1,
-                "{fit:?} against {fixed:?}"
-            );
-        }
+        assert_eq!(fit.piece_ns, replay(looped, false, 1.0, together).piece_ns);
     }
 
     #[test]
