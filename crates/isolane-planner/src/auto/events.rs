@@ -62,6 +62,9 @@ pub enum Event<'a> {
         l2_share: f64,
         /// The neighbour that alone would stretch it most, and by how much.
         worst: Option<(&'a str, f64)>,
+        /// The model's own figure where admission's floor for a CNN victim raised it
+        /// (`Fitted::admission_stretch`).
+        model: Option<f64>,
     },
     /// A cached profile of another engine revision is used: it may not be measured now.
     StaleProfileUsed { stale: &'a str, why: &'a str },
@@ -187,14 +190,19 @@ impl Event<'_> {
                 dram_share,
                 l2_share,
                 worst,
+                model,
             } => vec![wrap_message(
                 &format!(
                     "{workload}: stretch {predicted:.2} predicted beside the workloads planned \
                      on its GPU (their DRAM {:.1} % of the peak while they run, {:.0} % of the \
-                     L2{}); planned with {planned_with:.2}",
+                     L2{}{}); planned with {planned_with:.2}",
                     100.0 * dram_share,
                     100.0 * l2_share,
-                    worst.map_or(String::new(), |(n, s)| format!("; most from {n}, {s:.2}"))
+                    worst.map_or(String::new(), |(n, s)| format!("; most from {n}, {s:.2}")),
+                    model.map_or(String::new(), |m| format!(
+                        "; the model says {m:.2}, admission's floor for a CNN victim \
+                         {predicted:.2}"
+                    ))
                 ),
                 80,
             )],

@@ -8,7 +8,7 @@ use isolane_core::spec::Mechanism;
 
 use super::profiling::Profiles;
 use super::{AutoError, Bench, Event, Observer, Target};
-use crate::predicted::predicted_stretches;
+use crate::predicted::planned_stretches;
 use crate::{Demand, GpusPlan, Ladder, Options};
 
 /// Plans made again at most, each with stretches raised to the last plan's predictions (a
@@ -56,7 +56,7 @@ pub(super) fn with_predicted<B: Bench>(
     // raised leave no plan.
     let mut shown = Vec::new();
     for _ in 0..PASSES {
-        let predictions = predicted_stretches(&planned, memory, &f.coefficients, &sys);
+        let predictions = planned_stretches(&planned, memory, f, &sys);
         if predictions.iter().any(Option::is_some) {
             shown = predictions.clone();
         }
@@ -67,8 +67,8 @@ pub(super) fn with_predicted<B: Bench>(
                 continue;
             };
             let now = demands[i].stretch.unwrap_or(opts.stretch);
-            if p.stretch > now + SAME {
-                next[i].stretch = Some(p.stretch);
+            if p.prediction.stretch > now + SAME {
+                next[i].stretch = Some(p.prediction.stretch);
                 raised = true;
             }
         }
@@ -78,7 +78,7 @@ pub(super) fn with_predicted<B: Bench>(
         planned = profiles.plan(target, mech, ladder, &next, opts, bench, observer)?;
         demands = next;
     }
-    let last = predicted_stretches(&planned, memory, &f.coefficients, &sys);
+    let last = planned_stretches(&planned, memory, f, &sys);
     let last = if last.iter().any(Option::is_some) {
         last
     } else {
@@ -90,11 +90,12 @@ pub(super) fn with_predicted<B: Bench>(
         };
         observer.event(&Event::PredictedStretch {
             workload: &demands[i].name,
-            predicted: p.stretch,
+            predicted: p.prediction.stretch,
             planned_with: demands[i].stretch.unwrap_or(opts.stretch),
-            dram_share: p.terms.dram,
-            l2_share: p.terms.l2,
-            worst: p.worst.as_ref().map(|(n, s)| (n.as_str(), *s)),
+            dram_share: p.prediction.terms.dram,
+            l2_share: p.prediction.terms.l2,
+            worst: (p.prediction.worst.as_ref()).map(|(n, s)| (n.as_str(), *s)),
+            model: p.floor().map(|_| p.model),
         });
     }
     Ok((demands, planned))
