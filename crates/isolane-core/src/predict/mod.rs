@@ -181,10 +181,11 @@ pub struct Fitted {
 impl Fitted {
     /// The stretch admission assumes for a victim with `victim` profile beside `neighbours`
     /// that the model predicts `stretch` for: at least [`Fitted::resident_floor`] for a
-    /// resident victim beside any neighbour at all, because the matrix measured CNN victims at 1.19–1.36 ×p99 beside CNN
-    /// neighbours that the model puts at 1.09–1.20, and no less beside a streaming one
-    /// (docs/interference.md, "Admission's floor for CNN victims"). Planning keeps the
-    /// model's own figure; admission only warns or refuses, so it errs on the side of saying.
+    /// resident victim beside any neighbour at all, because the matrix measured CNN victims at
+    /// 1.19–1.36 ×p99 beside CNN neighbours that the model puts at 1.09–1.20, and no less
+    /// beside a streaming one (docs/interference.md, "Admission's floor for CNN victims").
+    /// `plan --auto`'s first plan takes it too (`isolane_planner::predicted::planned_stretches`);
+    /// `serve --autoplan` still plans with the model's own figure.
     pub fn admission_stretch(
         &self,
         victim: &MemoryProfile,
