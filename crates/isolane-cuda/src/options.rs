@@ -61,6 +61,19 @@ impl QuantPaths {
     }
 }
 
+/// What a quantized product's float candidate reads (`ISOLANE_CUDA_QUANT_FLOAT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum QuantFloatInput {
+    /// x unquantized for a calibrated model ([`BuildOptions::calibrated`]), x's fake-quant
+    /// values otherwise: a QDQ file's author fixed its quantization, so its arithmetic is kept.
+    #[default]
+    ByModel,
+    /// `ISOLANE_CUDA_QUANT_FLOAT=plain`: x unquantized, whatever the model.
+    Plain,
+    /// `ISOLANE_CUDA_QUANT_FLOAT=fake-quant`: x's fake-quant values, whatever the model.
+    FakeQuant,
+}
+
 /// How the CUDA backend plans and builds, beyond graph, batch and precision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BuildOptions {
@@ -76,10 +89,14 @@ pub struct BuildOptions {
     pub conv_paths: ConvPaths,
     /// Quantized products' paths timed or forced; `ISOLANE_CUDA_QUANT`.
     pub quant_paths: QuantPaths,
-    /// A quantized product's float candidate reads x as it is, without its quantization
-    /// (TensorRT's per-layer fp16 fallback, for a calibrated model: not the QDQ graph's
-    /// arithmetic, so opt-in); `ISOLANE_CUDA_QUANT_FLOAT=plain`.
-    pub quant_float_plain: bool,
+    /// What a quantized product's float candidate reads ([`BuildOptions::quant_float_plain`]);
+    /// `ISOLANE_CUDA_QUANT_FLOAT=plain` / `fake-quant` force either.
+    pub quant_float: QuantFloatInput,
+    /// The graph's quantization was chosen by isolane's calibration (`precision = "int8"` or
+    /// `"fp8"` with a calibration folder), not written into the file (a QDQ model). Set by the
+    /// caller that calibrated ([`BuildOptions::for_calibrated`]), never by a variable: only it
+    /// knows, the graph looks the same.
+    pub calibrated: bool,
     /// cuDNN's graph API (its heuristics' engines, bias/residual/ReLU fused) among the cuDNN
     /// candidates, besides the legacy algorithms; `ISOLANE_CUDA_CUDNN=legacy` leaves it out.
     pub cudnn_graphs: bool,
@@ -117,7 +134,8 @@ impl Default for BuildOptions {
             fused_attention_batch1: true,
             conv_paths: ConvPaths::Fastest,
             quant_paths: QuantPaths::Fastest,
-            quant_float_plain: false,
+            quant_float: QuantFloatInput::ByModel,
+            calibrated: false,
             cudnn_graphs: true,
             cudnn_runtime_compiled: false,
             depthwise_pairs: true,
@@ -172,7 +190,12 @@ impl BuildOptions {
                 Some("bytes") => QuantPaths::Bytes,
                 _ => QuantPaths::Fastest,
             },
-            quant_float_plain: is("ISOLANE_CUDA_QUANT_FLOAT", "plain"),
+            quant_float: match var("ISOLANE_CUDA_QUANT_FLOAT").as_deref() {
+                Some("plain") => QuantFloatInput::Plain,
+                Some("fake-quant") => QuantFloatInput::FakeQuant,
+                _ => QuantFloatInput::ByModel,
+            },
+            calibrated: false,
             cudnn_graphs: !is("ISOLANE_CUDA_CUDNN", "legacy"),
             cudnn_runtime_compiled: is("ISOLANE_CUDA_CUDNN", "runtime-compiled"),
             depthwise_pairs: !is("ISOLANE_CUDA_DW", "window"),
@@ -182,6 +205,24 @@ impl BuildOptions {
             search_log: var("ISOLANE_CUDA_SEARCH_LOG").is_some(),
             first_choice: is("ISOLANE_CUDA_SEARCH", "first") || limited,
             mps_thread_pct,
+        }
+    }
+
+    /// These options for a model whose quantization isolane's calibration chose.
+    pub fn for_calibrated(self, calibrated: bool) -> BuildOptions {
+        BuildOptions { calibrated, ..self }
+    }
+
+    /// Whether a quantized product's float candidate reads x's floats unquantized (plain
+    /// fp16, TensorRT's per-layer fallback) rather than x's fake-quant values. For a
+    /// calibrated model the quantization is isolane's own choice, which a layer may decline
+    /// where the float product alone is faster; a QDQ file's is its author's, so its
+    /// arithmetic is kept unless the variable forces otherwise.
+    pub fn quant_float_plain(&self) -> bool {
+        match self.quant_float {
+            QuantFloatInput::ByModel => self.calibrated,
+            QuantFloatInput::Plain => true,
+            QuantFloatInput::FakeQuant => false,
         }
     }
 
@@ -236,7 +277,8 @@ mod tests {
                 fused_attention_batch1: false,
                 conv_paths: ConvPaths::Gemm,
                 quant_paths: QuantPaths::Float,
-                quant_float_plain: true,
+                quant_float: QuantFloatInput::Plain,
+                calibrated: false,
                 cudnn_graphs: false,
                 cudnn_runtime_compiled: false,
                 depthwise_pairs: false,
@@ -287,7 +329,23 @@ mod tests {
             ],
             [Some(0), Some(1), Some(2), Some(3), Some(4), None]
         );
+        let f = with(&[("ISOLANE_CUDA_QUANT_FLOAT", "fp16")]);
+        assert_eq!(f.quant_float, QuantFloatInput::ByModel);
         let cudnn = with(&[("ISOLANE_CUDA_CONV", "cudnn")]).conv_paths;
         assert!(cudnn.tries_cudnn() && !cudnn.tries_gemm());
+    }
+
+    #[test]
+    fn plain_fp16_is_the_calibrated_models_default_and_the_variable_forces_either() {
+        let qdq = BuildOptions::default();
+        let calibrated = qdq.for_calibrated(true);
+        assert!(!qdq.quant_float_plain() && calibrated.quant_float_plain());
+        // No variable says a model is calibrated: only the caller that calibrated does.
+        assert!(!with(&[("ISOLANE_CUDA_QUANT_FLOAT", "calibrated")]).calibrated);
+        let plain = with(&[("ISOLANE_CUDA_QUANT_FLOAT", "plain")]);
+        assert!(plain.quant_float_plain() && plain.for_calibrated(true).quant_float_plain());
+        let fq = with(&[("ISOLANE_CUDA_QUANT_FLOAT", "fake-quant")]);
+        assert!(!fq.quant_float_plain() && !fq.for_calibrated(true).quant_float_plain());
+        assert!(!calibrated.for_calibrated(false).quant_float_plain());
     }
 }

@@ -136,7 +136,11 @@ pub(super) fn record_quant_gemm(
         }
     };
     if rec.options.search_log {
-        eprintln!("{}", describe_choice(name, q.qtype, &paths, &times, chosen));
+        let plain = rec.options.quant_float_plain() && !q.x_quantized;
+        eprintln!(
+            "{}",
+            describe_choice(name, q.qtype, (plain, rec.dtype), &paths, &times, chosen)
+        );
     }
     let launches = paths
         .into_iter()
@@ -193,6 +197,7 @@ pub(crate) fn choose_path(built: &[bool; PATHS], times: &[Option<f32>; PATHS]) -
 fn describe_choice(
     name: &str,
     qtype: QuantType,
+    (plain, dtype): (bool, crate::plan::DType),
     paths: &[Result<Vec<Launch>>; PATHS],
     times: &[Option<f32>; PATHS],
     chosen: usize,
@@ -200,7 +205,7 @@ fn describe_choice(
     let label = [
         format!("{qtype} gemm"),
         format!("cudnn {qtype} conv"),
-        "float (fake-quant)".to_string(),
+        float_label(plain, dtype),
         format!("cudnn {qtype} graph"),
         format!("{qtype} gemm, quantized before its im2col"),
     ];
@@ -216,6 +221,22 @@ fn describe_choice(
         each.join(", "),
         label[chosen]
     )
+}
+
+/// The float candidate as the search log names it: "plain fp16" (the activation dtype) where
+/// it reads x unquantized, so that the log says which layers kept the float model's arithmetic.
+/// Both start "float" (`scripts/int8-h200.sh` counts the kept float steps by it).
+fn float_label(plain: bool, dtype: crate::plan::DType) -> String {
+    use crate::plan::DType;
+    let d = match dtype {
+        DType::F32 => "fp32",
+        DType::F16 => "fp16",
+        DType::Bf16 => "bf16",
+    };
+    match plain {
+        true => format!("float (plain {d})"),
+        false => "float (fake-quant)".to_string(),
+    }
 }
 
 /// The int8 (fp8) GEMM path with x quantized whole first (into `xb`, one byte per element)
@@ -464,7 +485,7 @@ fn float_launches(
 ) -> Result<()> {
     let fp8 = q.qtype != QuantType::Int8;
     // Plain: x's floats as they are (only bytes from the producer are dequantized).
-    let plain = rec.options.quant_float_plain && !q.x_quantized;
+    let plain = rec.options.quant_float_plain() && !q.x_quantized;
     if q.x_quantized {
         m.launches.push(Launch::Kernel {
             func: rec.func("dequantize_q8"),
@@ -796,7 +817,29 @@ fn quant_matmul(m: &mut CudaModel, rec: &Recorder, q: &QuantGemmStep) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use super::choose_path;
+    use super::{choose_path, describe_choice};
+    use crate::plan::DType;
+    use isolane_engine::quant::QuantType;
+
+    #[test]
+    fn the_search_log_says_plain_fp16_where_the_float_step_reads_x_unquantized() {
+        let built = || Ok(Vec::new());
+        let none = || Err(crate::EngineError::Runtime("not planned".into()));
+        let paths = [built(), none(), built(), none(), none()];
+        let times = [Some(0.5), None, Some(0.3), None, None];
+        let line = |plain, dtype| {
+            describe_choice("c3", QuantType::Int8, (plain, dtype), &paths, &times, 2)
+        };
+        let plain = line(true, DType::F16);
+        assert!(plain.ends_with("kept float (plain fp16)"), "{plain}");
+        assert!(plain.contains("float (plain fp16) 0.3000 ms"), "{plain}");
+        let fq = line(false, DType::F16);
+        assert!(
+            fq.ends_with("kept float (fake-quant)") && !fq.contains("plain"),
+            "{fq}"
+        );
+        assert!(line(true, DType::F32).ends_with("kept float (plain fp32)"));
+    }
 
     #[test]
     fn the_fastest_timed_candidate_is_kept_and_the_quantized_path_on_a_tie() {

@@ -623,7 +623,14 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
     });
     match (path.unwrap_or(0), q.alt.as_deref()) {
         (1, Some(alt)) if alt.dnn_conv.is_some() => return exec_quant_dnn_conv(p, m, q, alt),
-        (2, Some(alt)) => return exec_quant_float(p, m, q, &alt.float, false),
+        (2, Some(alt)) => {
+            // The float candidate as the build records it under the emulated build options.
+            let plain = QUANT_OPTIONS
+                .with(|o| o.get())
+                .unwrap_or_default()
+                .quant_float_plain();
+            return exec_quant_float(p, m, q, &alt.float, plain);
+        }
         (4, Some(alt)) => return exec_quant_float(p, m, q, &alt.float, true),
         (5, Some(alt)) if alt.xb.is_some() && q.conv.is_some() && !q.x_quantized => {
             // x quantized whole into xb, then the GEMM path over those bytes (their im2col
@@ -794,6 +801,10 @@ thread_local! {
     /// build's timed choice.
     static QUANT_PATHS: std::cell::RefCell<(Vec<usize>, usize)> =
         const { std::cell::RefCell::new((Vec::new(), 0)) };
+    /// The build options the emulated float candidate (path 2) follows, as the build's
+    /// `float_launches` does (`None`: the defaults, what a QDQ file is built with).
+    static QUANT_OPTIONS: std::cell::Cell<Option<isolane_cuda::BuildOptions>> =
+        const { std::cell::Cell::new(None) };
 }
 
 fn storage_id(l: Loc) -> usize {
@@ -2150,6 +2161,112 @@ fn a_plain_float_layer_reads_its_input_unquantized() {
             assert!(rel_l2(&got, qdq.output()) > 1e-4, "{qtype} {pattern:?}");
         }
     }
+}
+
+/// The graph `q` with the FakeQuant before each of `layers` bypassed: what a plan whose float
+/// steps read x unquantized computes there.
+fn without_fake_quant_before(q: &Graph, layers: &[&str]) -> Graph {
+    let mut g = q.clone();
+    for name in layers {
+        let ni = g.nodes.iter().position(|n| n.name == *name).unwrap();
+        let fq = g.producer(g.nodes[ni].inputs[0]).unwrap();
+        assert!(matches!(g.nodes[fq].op, Op::FakeQuant(_)), "{name}");
+        g.nodes[ni].inputs[0] = g.nodes[fq].inputs[0];
+    }
+    g
+}
+
+/// The CPU backend's fp32 output of `g` for input `x`.
+fn cpu_output(g: &Graph, batch: usize, x: &[f32]) -> Vec<f32> {
+    let mut cpu = CpuBackend::new(1)
+        .compile(g, batch, Precision::Fp32)
+        .unwrap();
+    cpu.input_mut().copy_from_slice(x);
+    cpu.run().unwrap();
+    cpu.output().to_vec()
+}
+
+/// A calibrated model (the executors build it `for_calibrated`): where its layers keep the
+/// float step, that step is plain (x unquantized) by default: the plan computes the quantized
+/// graph without those layers' input FakeQuants (the FakeQuant before a layer whose x arrives
+/// as its producer's bytes stays: the bytes are all there is), and it is nearer the float
+/// model than the QDQ arithmetic is, within the error calibration itself allows.
+#[test]
+fn a_calibrated_models_float_steps_run_plain_by_default() {
+    use isolane_engine::quant::QuantType;
+    let options = isolane_cuda::BuildOptions::default().for_calibrated(true);
+    for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
+        let batch = 2;
+        let (q, p) = quant_cnn_plan(qtype, batch);
+        let plain: Vec<&str> = p
+            .steps
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StepKind::QuantGemm(g) if !g.x_quantized => Some(s.name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(plain.len() >= 2, "{plain:?}");
+        let x = random(batch * 3 * 12 * 12, 6);
+        QUANT_OPTIONS.with(|o| o.set(Some(options)));
+        QUANT_PATHS.with(|c| *c.borrow_mut() = (vec![2], 0));
+        let got = run(&p, &x);
+        QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+        QUANT_OPTIONS.with(|o| o.set(None));
+        let want = cpu_output(&without_fake_quant_before(&q, &plain), batch, &x);
+        let err = rel_l2(&got, &want);
+        assert!(err < 1e-5, "{qtype}: rel L2 {err:e}");
+        let float = cpu_output(&common::quant_cnn(), batch, &x);
+        let qdq = cpu_output(&q, batch, &x);
+        let (plain_err, qdq_err) = (rel_l2(&got, &float), rel_l2(&qdq, &float));
+        assert!(
+            plain_err > 0.0 && plain_err < qdq_err,
+            "{qtype}: {plain_err:e} vs {qdq_err:e}"
+        );
+        let bound = match qtype {
+            QuantType::Int8 => 0.05,
+            _ => 0.1,
+        };
+        assert!(
+            plain_err < bound,
+            "{qtype}: rel L2 to the float model {plain_err:e}"
+        );
+    }
+}
+
+/// A QDQ file (built without `for_calibrated`): its float steps keep the fake-quant
+/// arithmetic its author wrote, never a plain step, unless `ISOLANE_CUDA_QUANT_FLOAT=plain`
+/// forces it; `=fake-quant` keeps a calibrated model's too.
+#[test]
+fn a_qdq_files_float_steps_keep_their_fake_quant() {
+    use isolane_cuda::options::QuantFloatInput;
+    use isolane_engine::quant::QuantType;
+    let batch = 2;
+    let (q, p) = quant_cnn_plan(QuantType::Int8, batch);
+    let x = random(batch * 3 * 12 * 12, 6);
+    let qdq = cpu_output(&q, batch, &x);
+    let float_steps = |options: Option<isolane_cuda::BuildOptions>| {
+        QUANT_OPTIONS.with(|o| o.set(options));
+        QUANT_PATHS.with(|c| *c.borrow_mut() = (vec![2], 0));
+        let got = run(&p, &x);
+        QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+        QUANT_OPTIONS.with(|o| o.set(None));
+        rel_l2(&got, &qdq)
+    };
+    let forced = |quant_float| isolane_cuda::BuildOptions {
+        quant_float,
+        ..Default::default()
+    };
+    for options in [
+        None,
+        Some(isolane_cuda::BuildOptions::default()),
+        Some(forced(QuantFloatInput::FakeQuant).for_calibrated(true)),
+    ] {
+        let err = float_steps(options);
+        assert!(err < 1e-5, "{options:?}: rel L2 {err:e}");
+    }
+    let err = float_steps(Some(forced(QuantFloatInput::Plain)));
+    assert!(err > 1e-4, "forced plain: rel L2 {err:e}");
 }
 
 /// Two Linears reading one quantized activation (as a transformer's q, k and v projections

@@ -288,7 +288,7 @@ pub fn bench(
     if args.batches.contains(&0) {
         return Err(user("--batch must be at least 1"));
     }
-    let cuda = match backend.as_str() {
+    let mut cuda = match backend.as_str() {
         "cuda" => Some(
             isolane_cuda::CudaBackend::new(args.gpu).map_err(doing(format!(
                 "{} needs a usable CUDA GPU {}; without one, measure on the CPU with \
@@ -365,6 +365,13 @@ pub fn bench(
                     }
                     _ => std::borrow::Cow::Borrowed(&graph),
                 };
+                // A row quantized from --calibration just above: its layers may run plain
+                // fp16 on cuda (a QDQ file's keep their fake-quant arithmetic).
+                if let Some(b) = cuda.take() {
+                    let calibrated = qtype.is_some() && args.calibration.is_some();
+                    let build = b.build_options().for_calibrated(calibrated);
+                    cuda = Some(b.with_build_options(build));
+                }
                 let t0 = Instant::now();
                 let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
                 let mut forward_ms = None;

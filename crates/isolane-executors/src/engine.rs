@@ -69,15 +69,17 @@ fn cpu_precision(p: SpecPrecision) -> Precision {
 
 /// A `precision = "int8"` or `"fp8"` workload's graph quantized from its calibration folder
 /// (docs/engine.md, Post-training quantization), with its top-1 agreement with the float
-/// graph over that folder printed; any other workload's graph as it is.
-fn quantized(spec: &WorkloadSpec, graph: Graph) -> Result<Graph, ExecError> {
+/// graph over that folder printed; any other workload's graph as it is. The flag says which:
+/// a calibrated model's layers may run plain fp16 on cuda, a QDQ file's keep its fake-quant
+/// arithmetic ([`isolane_cuda::BuildOptions::quant_float_plain`]).
+fn quantized(spec: &WorkloadSpec, graph: Graph) -> Result<(Graph, bool), ExecError> {
     use isolane_core::spec::CalibrationMethod as M;
     use isolane_engine::calibrate::{self, CalibMethod, CalibOptions};
     use isolane_engine::quant::QuantType;
     let qtype = match spec.precision {
         SpecPrecision::Int8 => QuantType::Int8,
         SpecPrecision::Fp8 => QuantType::Float8E4M3Fn,
-        _ => return Ok(graph),
+        _ => return Ok((graph, false)),
     };
     let Some(c) = spec.calibration.as_ref().filter(|c| !c.dir.is_empty()) else {
         return Err(bad_model(
@@ -101,7 +103,7 @@ fn quantized(spec: &WorkloadSpec, graph: Graph) -> Result<Graph, ExecError> {
         calibrate::quantize_from_folder(&graph, spec.batch as usize, dir, &opts, threads)
             .map_err(|e| bad_model(spec, e))?;
     eprintln!("workload {}: {report}", spec.name);
-    Ok(q)
+    Ok((q, true))
 }
 
 /// An engine error of building `spec`'s model: an out-of-memory kept as one (exit 3), the
@@ -231,15 +233,18 @@ pub(crate) fn green_group(
 }
 
 /// Compiles `graph` on the CUDA backend: in the workload's green context when its plan carried
-/// one (`group`), else on a stream of its own in the device's primary context.
+/// one (`group`), else on a stream of its own in the device's primary context. `calibrated`:
+/// the graph was quantized by [`quantized`] (not a QDQ file).
 fn build_cuda(
     device: &DeviceSpec,
     spec: &WorkloadSpec,
-    graph: &Graph,
+    (graph, calibrated): (&Graph, bool),
     seed: u64,
     group: Option<isolane_gpu::GreenGroup>,
 ) -> Result<Box<dyn Executor>, ExecError> {
     let backend = cuda_backend(device, spec, &group)?;
+    let build = backend.build_options().for_calibrated(calibrated);
+    let backend = backend.with_build_options(build);
     // Imported models are checked against the CPU reference before their first job;
     // built-ins are covered by the GPU tests (docs/cuda.md, Plan check).
     let options = isolane_cuda::CompileOptions {
@@ -844,10 +849,10 @@ impl EngineExecutors for EngineExecutorsImpl {
                 load_graph(spec, seed)?
             }
         };
-        let graph = quantized(spec, graph)?;
+        let (graph, calibrated) = quantized(spec, graph)?;
         if device.backend == SpecBackend::Cuda {
             let group = partition.map(|p| green_group(spec, p)).transpose()?;
-            return build_cuda(device, spec, &graph, seed, group);
+            return build_cuda(device, spec, (&graph, calibrated), seed, group);
         }
         // One engine thread per core the workload is pinned to (1 when unpinned): the pool is
         // created here, on the workload's pinned thread, so its threads inherit that affinity.
@@ -939,6 +944,10 @@ mod tests {
         });
         let rel = (num / den).sqrt();
         assert!(rel > 1e-5 && rel < 0.1, "relative L2 {rel}");
+        // Calibrated: on cuda its float steps may run plain fp16; the float model is not.
+        let g = load_graph(w, 7).unwrap();
+        assert!(quantized(w, g.clone()).unwrap().1);
+        assert!(!quantized(&float, g).unwrap().1);
         // A calibration file of another shape stops the run at check, naming the file.
         std::fs::write(
             cal.join("b.npy"),

@@ -304,6 +304,10 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
     let (mut loaded, backend_line) = if args.backend == "cuda" {
         let backend = isolane_cuda::CudaBackend::new(args.gpu)
             .map_err(|e| engine_error(e, &args.model, Some(batch)))?;
+        // Quantized from --calibration here, so its layers may run plain fp16 (a QDQ file's
+        // keep their fake-quant arithmetic).
+        let build = backend.build_options().for_calibrated(quantize.is_some());
+        let backend = backend.with_build_options(build);
         // Every model is checked, built-ins too (one inference: the check's CPU pass is what a
         // user of `infer` waits for anyway).
         let options = isolane_cuda::CompileOptions {
