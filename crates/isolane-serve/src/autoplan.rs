@@ -1031,12 +1031,8 @@ impl Server {
     ) -> Result<Vec<(String, String)>, String> {
         match ladder.unit {
             Unit::Cores => {
-                let current: Vec<Vec<usize>> = self
-                    .shared
-                    .models
-                    .iter()
-                    .map(|m| m.info().cpu.clone())
-                    .collect();
+                let current: Vec<Vec<usize>> =
+                    self.shared.models().map(|m| m.info().cpu.clone()).collect();
                 let mut sizes: Vec<u32> = observed.iter().map(|o| o.size).collect();
                 for r in resizes {
                     sizes[r.model] = r.to;

@@ -93,8 +93,7 @@ impl Server {
     pub fn repository_index(&self, ready_only: bool) -> Vec<RepositoryIndexEntry> {
         let serving = self.is_ready();
         self.shared
-            .models
-            .iter()
+            .models()
             .filter_map(|m| {
                 let loaded = m.is_loaded();
                 let ready = serving && loaded;
@@ -114,8 +113,7 @@ impl Server {
     pub fn status(&self) -> Vec<ModelStatus> {
         let ready = self.is_ready();
         self.shared
-            .models
-            .iter()
+            .models()
             .zip(&self.shared.last)
             .map(|(m, last)| {
                 let info = m.info();
@@ -573,7 +571,7 @@ impl Server {
 
     fn control_target(&self, name: &str) -> Result<(usize, Arc<ServedModel>), ControlError> {
         match self.shared.coordinator.position(name) {
-            Some(i) => Ok((i, Arc::clone(&self.shared.models[i]))),
+            Some(i) => Ok((i, Arc::clone(self.shared.model(i)))),
             None => Err(ControlError::new(404, self.unknown(name).to_string())),
         }
     }
@@ -603,7 +601,7 @@ impl Server {
             .filter_map(|spec| spec.partition.thread_pct)
             .sum();
         if others + pct > budget {
-            let name = self.shared.models[i].info().name.clone();
+            let name = self.shared.model(i).info().name.clone();
             return Err(ControlError::new(
                 409,
                 format!(
@@ -618,7 +616,7 @@ impl Server {
     }
 
     fn check_cores(&self, i: usize, cores: &[usize]) -> Result<(), ControlError> {
-        let name = self.shared.models[i].info().name.clone();
+        let name = self.shared.model(i).info().name.clone();
         let mut sorted = cores.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
@@ -643,7 +641,7 @@ impl Server {
                     ),
                 ));
             }
-            for (j, other) in self.shared.models.iter().enumerate() {
+            for (j, other) in self.shared.models().enumerate() {
                 let theirs = other.info();
                 if j != i && other.is_loaded() && theirs.cpu.contains(&c) {
                     return Err(ControlError::new(
@@ -670,8 +668,7 @@ impl Server {
             .filter(|c| {
                 !self
                     .shared
-                    .models
-                    .iter()
+                    .models()
                     .enumerate()
                     .any(|(j, m)| j != i && m.is_loaded() && m.info().cpu.contains(c))
             })
@@ -682,7 +679,7 @@ impl Server {
     /// are set when the server starts, so a protected server keeps its criticalities, and an
     /// unprotected one may not end up with both kinds unless `[protection]` is off.
     fn check_criticality(&self, i: usize, to: Criticality) -> Result<(), ControlError> {
-        let name = self.shared.models[i].info().name.clone();
+        let name = self.shared.model(i).info().name.clone();
         if self.shared.guard.is_some() {
             return Err(ControlError::new(
                 409,
@@ -696,8 +693,7 @@ impl Server {
         }
         let kinds: Vec<Criticality> = self
             .shared
-            .models
-            .iter()
+            .models()
             .enumerate()
             .map(|(j, m)| if j == i { to } else { m.info().criticality })
             .collect();

@@ -108,9 +108,6 @@ struct Shared {
     /// the instance serving it), and the changes made to them (add, remove, resize), one at a
     /// time, checked against the partitions as the last change left them.
     coordinator: Coordinator<InstanceContext>,
-    /// The coordinator's fronts, in its order (the front ends' view; the set of models is
-    /// the scenario's and does not change while serving, only their instances do).
-    models: Vec<Arc<ServedModel>>,
     /// Each model's last change, for `ctl status`, in the models' order.
     last: Vec<Mutex<Option<Change>>>,
     metrics: Arc<ServeMetrics>,
@@ -126,10 +123,24 @@ struct Shared {
     drained: Mutex<Option<Drained>>,
     /// The workloads released on their schedules beside the served models (`None`: none),
     /// and what they ran (once drained).
-    released: Option<released::Released>,
+    released: Option<Arc<released::Released>>,
     released_runs: Mutex<Vec<ReleasedRun>>,
     // Kept for as long as the models publish in it.
     guard: Option<Arc<Guard>>,
+}
+
+impl Shared {
+    /// The served models: the coordinator's fronts, in its (the scenario's) order. The set
+    /// does not change while serving, only their instances do, so the handle's list is the
+    /// only one.
+    fn models(&self) -> impl ExactSizeIterator<Item = &Arc<ServedModel>> + '_ {
+        self.coordinator.slots().iter().map(|s| s.front())
+    }
+
+    /// Served model `i`, in the coordinator's order.
+    fn model(&self, i: usize) -> &Arc<ServedModel> {
+        self.coordinator.slots()[i].front()
+    }
 }
 
 /// What every instance is built with, whichever model it serves: the coordinator's
@@ -269,15 +280,13 @@ impl Server {
                 return Err(e);
             }
         };
-        let models: Vec<Arc<ServedModel>> = coordinator
-            .slots()
-            .iter()
-            .map(|s| Arc::clone(s.front()))
-            .collect();
         Ok(Server {
             shared: Arc::new(Shared {
-                last: models.iter().map(|_| Mutex::new(None)).collect(),
-                models,
+                last: coordinator
+                    .slots()
+                    .iter()
+                    .map(|_| Mutex::new(None))
+                    .collect(),
                 coordinator,
                 metrics,
                 draining: AtomicBool::new(false),
@@ -286,7 +295,7 @@ impl Server {
                 started: Instant::now(),
                 regions: shm::SharedRegions::default(),
                 drained: Mutex::new(None),
-                released: releasing,
+                released: releasing.map(Arc::new),
                 released_runs: Mutex::new(Vec::new()),
                 guard: context.guard.clone(),
             }),
@@ -294,8 +303,17 @@ impl Server {
     }
 
     /// Asks `admission` about every change made while serving (`ctl resize`, `ctl load`,
-    /// autoplan's re-plans) before anything is made; its refusal is the change's (409).
+    /// autoplan's re-plans) before anything is made; its refusal is the change's (409). The
+    /// workloads released beside the served models (`serve --release`) are among the
+    /// neighbours it is asked about, as long as they are released.
     pub fn set_admission(&self, admission: Option<Arc<dyn AdmitChange>>) {
+        let admission = match (admission, &self.shared.released) {
+            (Some(admission), Some(released)) => Some(Arc::new(released::BesideReleased {
+                admission,
+                released: Arc::clone(released),
+            }) as Arc<dyn AdmitChange>),
+            (admission, _) => admission,
+        };
         self.shared.coordinator.set_admission(admission);
     }
 
@@ -344,7 +362,7 @@ impl Server {
 
     /// The served models as they are now, in the scenario's order (an unloaded one too).
     pub fn models(&self) -> impl Iterator<Item = Arc<ModelInfo>> + '_ {
-        self.shared.models.iter().map(|m| m.info())
+        self.shared.models().map(|m| m.info())
     }
 
     /// A served model as it is now (loaded or not).
@@ -413,8 +431,7 @@ impl Server {
             name: name.chars().take(200).collect(),
             served: self
                 .shared
-                .models
-                .iter()
+                .models()
                 .map(|m| format!("`{}`", m.info().name))
                 .collect::<Vec<_>>()
                 .join(", "),
@@ -437,13 +454,13 @@ impl Server {
     pub fn statistics(&self, name: Option<&str>) -> Option<Vec<ModelStatistics>> {
         match name {
             Some(n) => self.find(n).map(|m| vec![m.statistics()]),
-            None => Some(self.shared.models.iter().map(|m| m.statistics()).collect()),
+            None => Some(self.shared.models().map(|m| m.statistics()).collect()),
         }
     }
 
     /// Requests taken and not answered yet, all models.
     pub fn in_flight(&self) -> usize {
-        self.shared.models.iter().map(|m| m.in_flight()).sum()
+        self.shared.models().map(|m| m.in_flight()).sum()
     }
 
     /// What the released workloads ([`Server::start_releasing`]) ran, in the scenario's
@@ -486,7 +503,7 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(2));
         };
-        for m in &self.shared.models {
+        for m in self.shared.models() {
             m.close();
         }
         while self.in_flight() > 0 && Instant::now() < until {
@@ -495,7 +512,7 @@ impl Server {
         // Past the grace: what is still queued is refused; a held best-effort piece stops
         // waiting; a job already on the device still ends (there is no taking it back), and its
         // requests get their answers.
-        let abandoned: usize = self.shared.models.iter().map(|m| m.abandon_queued()).sum();
+        let abandoned: usize = self.shared.models().map(|m| m.abandon_queued()).sum();
         self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.coordinator.join();
         let runs = self

@@ -1084,7 +1084,7 @@ impl crate::Server {
     /// `Duration::ZERO`: they park at once. The default is `[timing] spin_us` on a machine of
     /// 8 cores or more and none on fewer (docs/serve.md, "Waiting for answers").
     pub fn set_answer_spin(&self, spin: Duration) {
-        for m in &self.shared.models {
+        for m in self.shared.models() {
             m.answer_spin_ns.store(duration_ns(spin), Ordering::Relaxed);
         }
     }
