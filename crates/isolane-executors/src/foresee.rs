@@ -95,7 +95,9 @@ fn this_gpu(
 /// before it starts, from each served model's traffic and the profiles `profile_cache` (the
 /// planner's by default) keeps of the partition each would have, and one that would push a
 /// critical model's predicted p99 past its deadline is refused (409, naming the pair and the
-/// stretch) or, under `[protection] admission = "warn"`, made with a warning on stderr.
+/// stretch) or, under `[protection] admission = "warn"`, made with a warning on stderr. Each
+/// workload of `scenario` is known by name, so the server may put its released workloads
+/// (`serve --release`) among a change's neighbours, as it does while they are released.
 /// `None` where nothing would be predicted: `admission = "off"`, the CPU, no GPU here, or no
 /// fitted model for the GPU and mechanism.
 pub fn live_admission(

@@ -16,13 +16,38 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use isolane_core::spec::WorkloadSpec;
 use isolane_core::JobRecord;
 use isolane_runtime::coordinator::{Releasing, RunOptions, RunPlan, WorkloadStatus};
+use isolane_runtime::handle::{AdmitChange, Proposed};
 use isolane_runtime::jobs_stream::{BatchSender, RecordObserver};
 use isolane_runtime::program::ProgramOutcome;
 use isolane_runtime::release::LoopEnd;
 
 use crate::{InstanceContext, ServeError, ServeMetrics};
+
+/// The server's admission of changes ([`crate::Server::set_admission`]) with the released
+/// workloads among each change's neighbours: they share the GPU with the served models as a
+/// run's workloads do, so a change that would make a critical model miss beside one of them
+/// is refused (or warned of) naming it, as beside a served model.
+pub(crate) struct BesideReleased {
+    pub(crate) admission: Arc<dyn AdmitChange>,
+    pub(crate) released: Arc<Released>,
+}
+
+impl AdmitChange for BesideReleased {
+    fn admit(&self, change: &Proposed<'_>) -> Result<(), String> {
+        let released = self.released.neighbours();
+        if released.is_empty() {
+            return self.admission.admit(change);
+        }
+        let others: Vec<WorkloadSpec> = change.others.iter().cloned().chain(released).collect();
+        self.admission.admit(&Proposed {
+            others: &others,
+            ..*change
+        })
+    }
+}
 
 /// What a released workload ran, once the server has drained.
 #[derive(Debug, Clone)]
@@ -49,6 +74,9 @@ pub(crate) struct Released {
     /// Raised when the drain begins: no more jobs are released.
     stop: Arc<AtomicBool>,
     observer: Arc<Observer>,
+    /// The released workloads as the scenario gives them, in its order: what the served
+    /// models' admission sees of them (no change while serving alters them).
+    specs: Vec<WorkloadSpec>,
 }
 
 impl Released {
@@ -119,6 +147,10 @@ impl Released {
             releasing: Mutex::new(Some(releasing)),
             stop,
             observer,
+            specs: slots
+                .iter()
+                .map(|&s| plan.workloads[s].spec.clone())
+                .collect(),
         }))
     }
 
@@ -186,6 +218,22 @@ impl Released {
                 program: w.program,
             })
             .collect()
+    }
+
+    /// The released workloads that are the served models' neighbours now: all of them while
+    /// the releasing session has one still going (before t0 too, when they are about to be
+    /// released), none once the drain stopped it or every schedule ended. One whose schedule
+    /// ended while another's goes on still counts: the session says only whether any goes on,
+    /// and a neighbour too many errs towards a refusal, never towards a missed deadline.
+    pub(crate) fn neighbours(&self) -> Vec<WorkloadSpec> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let releasing = self.releasing.lock().unwrap_or_else(|p| p.into_inner());
+        match releasing.as_ref() {
+            Some(r) if r.running() => self.specs.clone(),
+            _ => Vec::new(),
+        }
     }
 
     /// Whether any released workload is still going.
@@ -426,6 +474,181 @@ jobs = 10",
             assert_eq!(w.release_ns, r.release_ns + shift, "{w:?}");
             assert_eq!(w.end_ns, r.end_ns.map(|e| e + shift), "{w:?}");
         }
+    }
+
+    /// The admission of a change beside the recorded H200 trio (results/h200-protection,
+    /// green-load75: each model's p99 alone in its partition as profiles in a cache, each
+    /// model's traffic from h200-models.csv), asked by CPU stand-ins of the same names: the
+    /// stand-ins' specs are read as the trio's by name, as the binary's admission would read
+    /// the H200 server's own.
+    struct OnTheH200 {
+        live: isolane_planner::foresee::LiveForesight,
+        h200: Scenario,
+        _cache: tempfile::TempDir,
+    }
+
+    impl OnTheH200 {
+        fn new() -> OnTheH200 {
+            use isolane_planner::cache::{DeviceRecord, ProfileCache, ProfileKey, Times};
+            let path = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../results/h200-protection/final/compare/green-load75-none/r0/\
+                 scenario-in.toml"
+            );
+            let text = std::fs::read_to_string(path).unwrap().replacen(
+                "[protection]\n",
+                "[protection]\nadmission = \"refuse\"\n",
+                1,
+            );
+            let models = ["vit_b_16", "resnet18", "vit_l_32"];
+            let h200 = Scenario::from_toml_str(&text, std::path::Path::new(path), &models)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let dir = tempfile::tempdir().unwrap();
+            let cache = ProfileCache::new(dir.path());
+            let record = DeviceRecord {
+                gpu: "NVIDIA H200".into(),
+                driver: "580.159.04".into(),
+                device_model: "h200".into(),
+            };
+            // The trio's p99s alone in 48, 32 and 48 SMs (its runs' alone cells).
+            for (w, p99) in h200.workloads.iter().zip([0.99946, 0.345151, 1.076108]) {
+                let key = ProfileKey {
+                    gpu: record.gpu.clone(),
+                    driver: record.driver.clone(),
+                    model: w.model.clone(),
+                    batch: 1,
+                    precision: "fp16".into(),
+                    mechanism: "green".into(),
+                    partition: w.partition.sms.unwrap().to_string(),
+                };
+                let t = Times {
+                    exec_p50_ms: p99,
+                    exec_p99_ms: p99,
+                    exec_mean_ms: p99,
+                    exec_p999_ms: Some(p99),
+                    engine_revision: Some(4),
+                };
+                cache.put(&key, &record, &t).unwrap();
+            }
+            let csv = std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../isolane-core/src/predict/h200-models.csv"
+            ))
+            .unwrap();
+            let memory = |w: &WorkloadSpec, _l2: u64| {
+                let row: Vec<&str> = csv
+                    .lines()
+                    .map(|l| l.split(',').collect::<Vec<_>>())
+                    .find(|r| r[0] == w.model && r[2] == "1")?;
+                Some(isolane_core::predict::MemoryProfile {
+                    dram_bytes_per_job: row[7].parse().ok()?,
+                    l2_footprint_bytes: row[8].parse().ok()?,
+                    resident: row[9] == "true",
+                    flops_per_job: row[6].parse::<f64>().ok()? * 1e9,
+                    source: isolane_core::predict::ProfileSource::Computed,
+                })
+            };
+            let device = isolane_core::device_model::device_model("h200").unwrap();
+            let live = isolane_planner::foresee::LiveForesight::new(
+                &h200,
+                device.clone(),
+                cache,
+                record,
+                Some(4),
+                &memory,
+            )
+            .expect("a fitted model of the H200's green partitions");
+            OnTheH200 {
+                live,
+                h200,
+                _cache: dir,
+            }
+        }
+    }
+
+    impl AdmitChange for OnTheH200 {
+        fn admit(&self, c: &Proposed<'_>) -> Result<(), String> {
+            let on_h200 = |w: &WorkloadSpec| {
+                let h = self.h200.workloads.iter().find(|h| h.name == w.name);
+                h.cloned()
+                    .unwrap_or_else(|| panic!("`{}` is not the trio's", w.name))
+            };
+            let others: Vec<WorkloadSpec> = c.others.iter().map(on_h200).collect();
+            let from = c.from.map(on_h200);
+            // The binary's admission (isolane_executors::foresee) answers a load so.
+            match self
+                .live
+                .change(from.as_ref(), &on_h200(c.to), None, &others)
+            {
+                f @ isolane_core::admission::Foresight::Refuse(_) => {
+                    Err(f.change_text("loading it"))
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
+    /// The trio as CPU stand-ins: the two critical models served, vit_l_32 released beside
+    /// them (`serve --release be_vit_l_32`) or served too.
+    fn trio(released: &[&str]) -> Server {
+        let toml = "[device]\nbackend = \"cpu\"\n\n\
+             [[workload]]\nname = \"v0_vit_b_16\"\nmodel = \"spin:300us\"\nrate_hz = 100\n\
+             jobs = 1\nwarmup_jobs = 1\n\n\
+             [[workload]]\nname = \"v1_resnet18\"\nmodel = \"spin:300us\"\nrate_hz = 100\n\
+             jobs = 1\nwarmup_jobs = 1\n\n\
+             [[workload]]\nname = \"be_vit_l_32\"\nmodel = \"spin:200us\"\nwarmup_jobs = 1\n\
+             late = \"queue\"\nrate_hz = 100\njobs = 100000\n";
+        let scenario =
+            Scenario::from_toml_str(toml, "t.toml", &isolane_core::spec::NoBuiltinModels)
+                .unwrap_or_else(|e| panic!("{e}"));
+        let plan = RunPlan::from_scenario(&scenario);
+        let words: Vec<_> = (plan.workloads.iter())
+            .map(|_| ("cpu".into(), None))
+            .collect();
+        let options = ServeOptions {
+            engine: Arc::new(NoEngine),
+            seed: 1,
+            records: None,
+            released: Vec::new(),
+            programs_dir: None,
+        };
+        let released: Vec<String> = released.iter().map(|s| s.to_string()).collect();
+        let s = Server::start_releasing(&plan, &words, &options, None, &released)
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.set_admission(Some(Arc::new(OnTheH200::new()) as Arc<dyn AdmitChange>));
+        s
+    }
+
+    /// Issue 32/34: a released workload shares the GPU with the served models, so the live
+    /// admission counts it as a neighbour: loading vit_b_16 again beside resnet18 and the
+    /// released vit_l_32 is refused, naming vit_l_32 and the stretch; beside resnet18 alone
+    /// (vit_l_32 served and unloaded) it is made; and once the drain stopped the releasing,
+    /// vit_l_32 is nobody's neighbour.
+    #[test]
+    fn a_change_refused_because_of_a_released_neighbour_names_it() {
+        let s = trio(&["be_vit_l_32"]);
+        assert_eq!(s.models().count(), 2);
+        s.unload_model("v0_vit_b_16").unwrap();
+        let e = s.load_model("v0_vit_b_16").unwrap_err();
+        assert_eq!(e.status, 409, "{}", e.message);
+        assert!(
+            e.message.starts_with(
+                "model `v0_vit_b_16`: loading it: 1 critical workload is predicted to miss"
+            ) && e.message.contains("'v0_vit_b_16'")
+                && e.message.contains("'be_vit_l_32' (stretch 1.3"),
+            "{}",
+            e.message
+        );
+        assert!(!s.is_model_ready("v0_vit_b_16"));
+        assert!(s.shared.released.as_ref().unwrap().running());
+        s.drain(Duration::from_secs(5));
+        assert!(s.shared.released.as_ref().unwrap().neighbours().is_empty());
+
+        let s = trio(&[]);
+        s.unload_model("be_vit_l_32").unwrap();
+        s.unload_model("v0_vit_b_16").unwrap();
+        assert_eq!(s.load_model("v0_vit_b_16").unwrap().kind, "load");
+        assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
     }
 
     #[test]
