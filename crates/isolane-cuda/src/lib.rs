@@ -263,7 +263,9 @@ impl CudaBackend {
 }
 
 /// The plan check on the GPU: the captured graph runs the check's input (as a job would), and
-/// on a mismatch the launches are replayed step by step to find the diverging node.
+/// on a mismatch the launches are replayed step by step to find the diverging node. Where a
+/// calibrated model's layers kept the plain float step, the reference is the model without
+/// those layers' input FakeQuants, the arithmetic the plan runs.
 fn check_model(
     m: &mut CudaModel,
     graph: &Graph,
@@ -271,7 +273,13 @@ fn check_model(
     p: &plan::Plan,
     batch: usize,
 ) -> Result<check::CheckReport> {
-    check::check_plan(graph, optimised, p, batch, m)
+    let plain = m.plain_float_layers().to_vec();
+    if plain.is_empty() {
+        return check::check_plan(graph, optimised, p, batch, m);
+    }
+    let reference = isolane_engine::quant::without_input_fake_quant(graph, &plain);
+    let optimised = isolane_engine::quant::without_input_fake_quant(optimised, &plain);
+    check::check_plan(&reference, &optimised, p, batch, m)
 }
 
 impl Backend for CudaBackend {

@@ -136,6 +136,10 @@ pub struct CudaModel {
     convs: Vec<ConvDesc>,
     mms: Vec<MatmulDesc>,
     launches: Vec<Launch>,
+    /// The quantized products whose kept candidate is the plain float step (a calibrated
+    /// model's fp16 fallback reads x unquantized): the plan check's reference drops their
+    /// input FakeQuants, as the plan does.
+    plain_float_layers: Vec<String>,
     /// The step each launch belongs to (for profiles).
     names: Vec<String>,
     /// cuBLASLt algorithm chosen per matmul shape (pointers aside), so that repeated layers
@@ -169,6 +173,11 @@ impl CudaModel {
     /// The plan check's result (`None` when it was skipped).
     pub fn plan_check(&self) -> Option<crate::check::CheckReport> {
         self.check
+    }
+
+    /// The quantized products that kept the plain float step (x read unquantized).
+    pub fn plain_float_layers(&self) -> &[String] {
+        &self.plain_float_layers
     }
 
     pub(crate) fn set_plan_check(&mut self, r: crate::check::CheckReport) {

@@ -104,7 +104,7 @@ pub(super) fn record_quant_gemm(
             )),
         };
     }
-    paths[2] = float_path(m, rec, caches, err, q, &alt.float);
+    paths[FLOAT_PATH] = float_path(m, rec, caches, err, q, &alt.float);
     if let Some(dc) = &alt.dnn_conv {
         paths[3] = dnn_conv_graph(m, rec, q, alt.xb, dc);
     }
@@ -135,8 +135,11 @@ pub(super) fn record_quant_gemm(
             (i, times)
         }
     };
+    let plain = rec.options.quant_float_plain() && !q.x_quantized;
+    if plain && chosen == FLOAT_PATH {
+        m.plain_float_layers.push(name.to_string());
+    }
     if rec.options.search_log {
-        let plain = rec.options.quant_float_plain() && !q.x_quantized;
         eprintln!(
             "{}",
             describe_choice(name, q.qtype, (plain, rec.dtype), &paths, &times, chosen)
@@ -157,6 +160,8 @@ pub(super) fn record_quant_gemm(
 
 /// The candidates of a quantized product ([`crate::plan::QuantAlternatives`]).
 const PATHS: usize = 5;
+/// The float step's place among them.
+const FLOAT_PATH: usize = 2;
 
 /// The candidates' best times where they are timed (`None`: not built, or failed to run).
 fn time_paths(

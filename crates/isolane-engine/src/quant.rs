@@ -261,6 +261,29 @@ pub fn dequantize_all(
         .collect())
 }
 
+/// `g` with the input FakeQuant of each named layer bypassed: the layer reads what its
+/// FakeQuant read, while the FakeQuant's other readers keep it. This is the arithmetic of a
+/// calibrated model whose layers fall back to plain float (isolane-cuda's plain float step),
+/// against which its plan is checked. A name that is not a node whose first input a FakeQuant
+/// makes is left as it is (the check then compares with the quantized arithmetic there).
+pub fn without_input_fake_quant(g: &crate::ir::Graph, layers: &[String]) -> crate::ir::Graph {
+    let mut out = g.clone();
+    for name in layers {
+        let Some(ni) = out.nodes.iter().position(|n| &n.name == name) else {
+            continue;
+        };
+        let Some(&x) = out.nodes[ni].inputs.first() else {
+            continue;
+        };
+        if let Some(fq) = out.producer(x) {
+            if matches!(out.nodes[fq].op, crate::ir::Op::FakeQuant(_)) {
+                out.nodes[ni].inputs[0] = out.nodes[fq].inputs[0];
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,5 +403,38 @@ mod tests {
         assert_eq!(y, vec![1.0, 1.0, 10.0, 20.0, 100.0]);
         assert!(b.layout(&[1, 6]).is_ok() && b.layout(&[1, 7]).is_err());
         assert!(a.layout(&[2, 4, 2]).is_err());
+    }
+
+    #[test]
+    fn a_named_layer_reads_past_its_input_fake_quant_and_its_neighbours_keep_it() {
+        use crate::ir::{Dim, Graph, Op, Unary};
+        let mut g = Graph::new("fq");
+        let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(4)]);
+        let fq = g
+            .add_op(
+                "fq",
+                Op::FakeQuant(FakeQuantAttrs {
+                    qtype: QuantType::Int8,
+                    saturate: true,
+                    granularity: Granularity::PerTensor,
+                    scales: vec![0.5],
+                    zero_points: vec![0.0],
+                }),
+                &[x],
+            )
+            .unwrap();
+        let a = g.add_op("a", Op::Unary(Unary::Relu), &[fq]).unwrap();
+        let b = g.add_op("b", Op::Unary(Unary::Neg), &[fq]).unwrap();
+        g.add_output(a).unwrap();
+        g.add_output(b).unwrap();
+        let plain = without_input_fake_quant(&g, &["a".into(), "nowhere".into(), "fq".into()]);
+        assert_eq!(plain.nodes[1].inputs, [x], "a reads x");
+        assert_eq!(plain.nodes[2].inputs, [fq], "b keeps the FakeQuant");
+        assert_eq!(
+            plain.nodes[0].inputs,
+            [x],
+            "the FakeQuant itself is unchanged"
+        );
+        plain.validate().unwrap();
     }
 }

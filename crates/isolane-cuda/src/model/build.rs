@@ -95,6 +95,7 @@ impl CudaModel {
             convs: Vec::new(),
             mms: Vec::new(),
             launches: Vec::new(),
+            plain_float_layers: Vec::new(),
             names: Vec::new(),
             algo_cache: Vec::new(),
             whole: None,
