@@ -354,76 +354,21 @@ fn dnn_int8_conv(
 /// The descriptors of an int8 convolution (NHWC int8 x and KRSC int8 filter, int32 sums, f32
 /// y: cuDNN's INT8_EXT_CONFIG) with cuDNN's first algorithm for it that fits the workspace.
 fn int8_conv_desc(m: &CudaModel, rec: &Recorder, c: &ConvStep) -> Result<ConvDesc> {
-    let i = |v: usize| v as i32;
-    let nhwc = dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC;
     let (i8t, f32t) = (
         dnn::cudnnDataType_t::CUDNN_DATA_INT8,
         dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
     );
-    let mut d = ConvDesc {
-        x: std::ptr::null_mut(),
-        w: std::ptr::null_mut(),
-        conv: std::ptr::null_mut(),
-        y: std::ptr::null_mut(),
-        algo: dnn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
-        workspace: 0,
-    };
-    // SAFETY: out-pointers are valid; the descriptors destroy themselves when `d` is dropped
-    // (here on an error, else with the model).
-    unsafe {
-        dnn_check(
-            "cudnnCreateTensorDescriptor",
-            dnn::cudnnCreateTensorDescriptor(&mut d.x),
-        )?;
-        dnn_check(
-            "cudnnCreateTensorDescriptor",
-            dnn::cudnnCreateTensorDescriptor(&mut d.y),
-        )?;
-        dnn_check(
-            "cudnnCreateFilterDescriptor",
-            dnn::cudnnCreateFilterDescriptor(&mut d.w),
-        )?;
-        dnn_check(
-            "cudnnCreateConvolutionDescriptor",
-            dnn::cudnnCreateConvolutionDescriptor(&mut d.conv),
-        )?;
-        let [n, ch, h, w] = c.x_shape;
-        dnn_check(
-            "cudnnSetTensor4dDescriptor",
-            dnn::cudnnSetTensor4dDescriptor(d.x, nhwc, i8t, i(n), i(ch), i(h), i(w)),
-        )?;
-        let [n, ch, h, w] = c.y_shape;
-        dnn_check(
-            "cudnnSetTensor4dDescriptor",
-            dnn::cudnnSetTensor4dDescriptor(d.y, nhwc, f32t, i(n), i(ch), i(h), i(w)),
-        )?;
-        let [k, cg, kh, kw] = c.w_shape;
-        dnn_check(
-            "cudnnSetFilter4dDescriptor",
-            dnn::cudnnSetFilter4dDescriptor(d.w, i8t, nhwc, i(k), i(cg), i(kh), i(kw)),
-        )?;
-        dnn_check(
-            "cudnnSetConvolution2dDescriptor",
-            dnn::cudnnSetConvolution2dDescriptor(
-                d.conv,
-                i(c.pads[0]),
-                i(c.pads[1]),
-                i(c.strides[0]),
-                i(c.strides[1]),
-                i(c.dilations[0]),
-                i(c.dilations[1]),
-                dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-                dnn::cudnnDataType_t::CUDNN_DATA_INT32,
-            ),
-        )?;
-        dnn_check(
-            "cudnnSetConvolutionMathType",
-            dnn::cudnnSetConvolutionMathType(
-                d.conv,
-                dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
-            ),
-        )?;
-    }
+    let mut d = conv_descriptors(
+        c,
+        ConvTypes {
+            format: dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
+            x: i8t,
+            w: i8t,
+            y: f32t,
+            sums: dnn::cudnnDataType_t::CUDNN_DATA_INT32,
+            math: dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+        },
+    )?;
     let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 10] =
         // SAFETY: the perf records are plain C structs for which all-zero bytes are valid.
         unsafe { std::mem::zeroed() };

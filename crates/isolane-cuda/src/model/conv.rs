@@ -150,15 +150,6 @@ pub(super) fn conv_descs(m: &CudaModel, c: &ConvStep, rec: &Recorder) -> Result<
 /// The descriptors of convolution `c` (algorithm not yet chosen).
 pub(super) fn conv_desc(c: &ConvStep, dtype: DType, precision: Precision) -> Result<ConvDesc> {
     let dt = dnn_dtype(dtype);
-    let i = |v: usize| v as i32;
-    let mut d = ConvDesc {
-        x: std::ptr::null_mut(),
-        w: std::ptr::null_mut(),
-        conv: std::ptr::null_mut(),
-        y: std::ptr::null_mut(),
-        algo: dnn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
-        workspace: 0,
-    };
     let fmt = if c.nhwc {
         dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
     } else {
@@ -168,6 +159,42 @@ pub(super) fn conv_desc(c: &ConvStep, dtype: DType, precision: Precision) -> Res
         Precision::Fp32 => dnn::cudnnMathType_t::CUDNN_FMA_MATH,
         Precision::Tf32 => dnn::cudnnMathType_t::CUDNN_DEFAULT_MATH,
         Precision::Fp16 | Precision::Bf16 => dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+    };
+    conv_descriptors(
+        c,
+        ConvTypes {
+            format: fmt,
+            x: dt,
+            w: dt,
+            y: dt,
+            sums: dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            math,
+        },
+    )
+}
+
+/// The layout and data types of a convolution's cuDNN descriptors.
+pub(super) struct ConvTypes {
+    pub format: dnn::cudnnTensorFormat_t,
+    pub x: dnn::cudnnDataType_t,
+    pub w: dnn::cudnnDataType_t,
+    pub y: dnn::cudnnDataType_t,
+    /// What the products are summed in.
+    pub sums: dnn::cudnnDataType_t,
+    pub math: dnn::cudnnMathType_t,
+}
+
+/// The descriptors of convolution `c` with types `t` (algorithm not yet chosen): one home
+/// for the float convolutions and the int8 one of the quantized products.
+pub(super) fn conv_descriptors(c: &ConvStep, t: ConvTypes) -> Result<ConvDesc> {
+    let i = |v: usize| v as i32;
+    let mut d = ConvDesc {
+        x: std::ptr::null_mut(),
+        w: std::ptr::null_mut(),
+        conv: std::ptr::null_mut(),
+        y: std::ptr::null_mut(),
+        algo: dnn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        workspace: 0,
     };
     // SAFETY: out-pointers are valid. The descriptors destroy themselves when `d` is dropped
     // (here on an error, else with the model).
@@ -191,17 +218,17 @@ pub(super) fn conv_desc(c: &ConvStep, dtype: DType, precision: Precision) -> Res
         let [n, ch, h, w] = c.x_shape;
         dnn_check(
             "cudnnSetTensor4dDescriptor",
-            dnn::cudnnSetTensor4dDescriptor(d.x, fmt, dt, i(n), i(ch), i(h), i(w)),
+            dnn::cudnnSetTensor4dDescriptor(d.x, t.format, t.x, i(n), i(ch), i(h), i(w)),
         )?;
         let [n, ch, h, w] = c.y_shape;
         dnn_check(
             "cudnnSetTensor4dDescriptor",
-            dnn::cudnnSetTensor4dDescriptor(d.y, fmt, dt, i(n), i(ch), i(h), i(w)),
+            dnn::cudnnSetTensor4dDescriptor(d.y, t.format, t.y, i(n), i(ch), i(h), i(w)),
         )?;
         let [k, cg, kh, kw] = c.w_shape;
         dnn_check(
             "cudnnSetFilter4dDescriptor",
-            dnn::cudnnSetFilter4dDescriptor(d.w, dt, fmt, i(k), i(cg), i(kh), i(kw)),
+            dnn::cudnnSetFilter4dDescriptor(d.w, t.w, t.format, i(k), i(cg), i(kh), i(kw)),
         )?;
         dnn_check(
             "cudnnSetConvolution2dDescriptor",
@@ -214,7 +241,7 @@ pub(super) fn conv_desc(c: &ConvStep, dtype: DType, precision: Precision) -> Res
                 i(c.dilations[0]),
                 i(c.dilations[1]),
                 dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-                dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+                t.sums,
             ),
         )?;
         dnn_check(
@@ -223,7 +250,7 @@ pub(super) fn conv_desc(c: &ConvStep, dtype: DType, precision: Precision) -> Res
         )?;
         dnn_check(
             "cudnnSetConvolutionMathType",
-            dnn::cudnnSetConvolutionMathType(d.conv, math),
+            dnn::cudnnSetConvolutionMathType(d.conv, t.math),
         )?;
     }
     Ok(d)
