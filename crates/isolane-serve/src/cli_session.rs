@@ -699,7 +699,7 @@ fn autoplan_setup(
                         })
                         .collect(),
                     system,
-                    coefficients: f.coefficients,
+                    fitted: *f,
                 }),
                 _ => None,
             };

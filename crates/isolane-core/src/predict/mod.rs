@@ -184,8 +184,8 @@ impl Fitted {
     /// resident victim beside any neighbour at all, because the matrix measured CNN victims at
     /// 1.19–1.36 ×p99 beside CNN neighbours that the model puts at 1.09–1.20, and no less
     /// beside a streaming one (docs/interference.md, "Admission's floor for CNN victims").
-    /// `plan --auto`'s first plan takes it too (`isolane_planner::predicted::planned_stretches`);
-    /// `serve --autoplan` still plans with the model's own figure.
+    /// `plan --auto`'s first plan and `serve --autoplan`'s re-plans take it too
+    /// (`isolane_planner::predicted::planned_stretches`).
     pub fn admission_stretch(
         &self,
         victim: &MemoryProfile,
