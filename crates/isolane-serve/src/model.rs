@@ -1188,9 +1188,16 @@ fn deadline_ns(d: Option<Duration>) -> Option<i64> {
 /// leaves about the same gap each time (its own time and the socket's, 0.8 ms over gRPC on the
 /// H200), longer than the thread's `[timing] spin_us` poll, so each request found the thread
 /// asleep and paid its wake-up (`queue`, 38 µs in session 21).
-#[derive(Default)]
 struct IdleGaps {
-    times: VecDeque<i64>,
+    window: LastValues,
+}
+
+impl Default for IdleGaps {
+    fn default() -> Self {
+        IdleGaps {
+            window: LastValues::new(Self::KEEP),
+        }
+    }
 }
 
 impl IdleGaps {
@@ -1198,13 +1205,7 @@ impl IdleGaps {
 
     /// Records `gap`; returns the 75th percentile of those kept.
     fn push(&mut self, gap: i64) -> i64 {
-        if self.times.len() == Self::KEEP {
-            self.times.pop_front();
-        }
-        self.times.push_back(gap.max(0));
-        let mut v: Vec<i64> = self.times.iter().copied().collect();
-        v.sort_unstable();
-        v[(v.len() * 3 / 4).min(v.len() - 1)]
+        self.window.push(gap.max(0), 75)
     }
 }
 
@@ -1222,26 +1223,52 @@ fn poll_bound_ns(poll_ns: i64, gap_ns: i64, learns: bool) -> i64 {
 
 /// The last jobs' service times and their 90th percentile.
 struct Recent {
-    times: VecDeque<i64>,
+    window: LastValues,
 }
 
 impl Recent {
     const KEEP: usize = 31;
 
     fn new(first: i64) -> Recent {
-        Recent {
-            times: VecDeque::from([first]),
-        }
+        let mut window = LastValues::new(Self::KEEP);
+        window.push(first, 90);
+        Recent { window }
     }
 
     fn push(&mut self, ns: i64) -> i64 {
-        if self.times.len() == Self::KEEP {
-            self.times.pop_front();
+        self.window.push(ns, 90)
+    }
+}
+
+/// The last `keep` values of a series and a percentile of them: one home for the model
+/// thread's service times and the queue's idle gaps. Its sort buffer is kept, so a push (one
+/// per job or request) allocates nothing.
+struct LastValues {
+    values: VecDeque<i64>,
+    keep: usize,
+    sorted: Vec<i64>,
+}
+
+impl LastValues {
+    fn new(keep: usize) -> LastValues {
+        LastValues {
+            values: VecDeque::with_capacity(keep),
+            keep,
+            sorted: Vec::with_capacity(keep),
         }
-        self.times.push_back(ns);
-        let mut v: Vec<i64> = self.times.iter().copied().collect();
-        v.sort_unstable();
-        v[(v.len() * 9 / 10).min(v.len() - 1)]
+    }
+
+    /// Records `v`; returns the `pct`th percentile (0 to 100) of the values kept.
+    fn push(&mut self, v: i64, pct: usize) -> i64 {
+        if self.values.len() == self.keep {
+            self.values.pop_front();
+        }
+        self.values.push_back(v);
+        self.sorted.clear();
+        self.sorted.extend(self.values.iter().copied());
+        self.sorted.sort_unstable();
+        let n = self.sorted.len();
+        self.sorted[(n * pct / 100).min(n - 1)]
     }
 }
 

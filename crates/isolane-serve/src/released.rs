@@ -303,11 +303,24 @@ mod tests {
         released: &[&str],
         records: Option<(Vec<BatchSender>, i64)>,
     ) -> Result<Server, crate::ServeError> {
+        let tick = format!(
+            "name = \"tick\"\nmodel = \"spin:200us\"\nwarmup_jobs = 2\nlate = \"queue\"\n{tick}"
+        );
+        server_of(&tick, released, records, None)
+    }
+
+    /// A CPU server of `echo` (served) and the workload `second` (its TOML keys), `released`
+    /// released beside it.
+    fn server_of(
+        second: &str,
+        released: &[&str],
+        records: Option<(Vec<BatchSender>, i64)>,
+        programs_dir: Option<&std::path::Path>,
+    ) -> Result<Server, crate::ServeError> {
         let toml = format!(
             "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"echo\"\n\
              model = \"spin:300us\"\nrate_hz = 100\njobs = 1\nwarmup_jobs = 1\n\n\
-             [[workload]]\nname = \"tick\"\nmodel = \"spin:200us\"\nwarmup_jobs = 2\n\
-             late = \"queue\"\n{tick}\n"
+             [[workload]]\n{second}\n"
         );
         let scenario =
             Scenario::from_toml_str(&toml, "t.toml", &isolane_core::spec::NoBuiltinModels)
@@ -323,7 +336,7 @@ mod tests {
             seed: 1,
             records,
             released: Vec::new(),
-            programs_dir: None,
+            programs_dir: programs_dir.map(|d| d.to_path_buf()),
         };
         let released: Vec<String> = released.iter().map(|s| s.to_string()).collect();
         Server::start_releasing(&plan, &words, &options, None, &released)
@@ -672,29 +685,12 @@ jobs = 10",
         released: &[&str],
         dir: Option<&std::path::Path>,
     ) -> Result<Server, crate::ServeError> {
-        let toml = format!(
-            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"echo\"\n\
-             model = \"spin:300us\"\nrate_hz = 100\njobs = 1\nwarmup_jobs = 1\n\n\
-             [[workload]]\nname = \"prog\"\ncommand = {command}\n"
-        );
-        let scenario =
-            Scenario::from_toml_str(&toml, "t.toml", &isolane_core::spec::NoBuiltinModels)
-                .unwrap_or_else(|e| panic!("{e}"));
-        let plan = RunPlan::from_scenario(&scenario);
-        let words: Vec<_> = plan
-            .workloads
-            .iter()
-            .map(|_| ("cpu".into(), None))
-            .collect();
-        let options = ServeOptions {
-            engine: Arc::new(NoEngine),
-            seed: 1,
-            records: None,
-            released: Vec::new(),
-            programs_dir: dir.map(|d| d.to_path_buf()),
-        };
-        let released: Vec<String> = released.iter().map(|s| s.to_string()).collect();
-        Server::start_releasing(&plan, &words, &options, None, &released)
+        server_of(
+            &format!("name = \"prog\"\ncommand = {command}"),
+            released,
+            None,
+            dir,
+        )
     }
 
     /// A command workload released beside the served models, as `run` runs it: its program
