@@ -22,11 +22,11 @@ use std::sync::Arc;
 /// `g` with its general Gemms and reversing Slices rewritten (see the module's documentation);
 /// `g` itself (cloned) when it has none. `batch` resolves the Slices' bounds.
 pub fn general_forms(g: &Graph, batch: usize) -> Result<Graph> {
-    if !g
-        .nodes
-        .iter()
-        .any(|n| matches!(n.op, Op::Gemm { .. } | Op::Slice { .. }))
-    {
+    if !g.nodes.iter().any(|n| match &n.op {
+        Op::Gemm { .. } => true,
+        Op::Slice { steps, .. } => steps.iter().any(|&s| s < 0),
+        _ => false,
+    }) {
         return Ok(g.clone());
     }
     let shapes = g.infer_shapes(batch)?;
