@@ -433,8 +433,14 @@ fn operation_graph(
 }
 
 /// Engine configurations cuDNN's heuristics (mode A) rank first for `graph`, best first, and
-/// the heuristics descriptor they came from.
-fn engine_configs(graph: &Desc, max: usize) -> Result<(Desc, Vec<Desc>), CudaError> {
+/// the heuristics descriptor they came from. `sm_target`: the SM count the configurations are
+/// to split their work for where it is not the device's (`crate::saved::SmTargets`: a saved
+/// plan loaded where the device reports another count than at its build).
+fn engine_configs(
+    graph: &Desc,
+    max: usize,
+    sm_target: Option<i32>,
+) -> Result<(Desc, Vec<Desc>), CudaError> {
     let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     heur.set_desc(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?;
     heur.set(
@@ -442,6 +448,15 @@ fn engine_configs(graph: &Desc, max: usize) -> Result<(Desc, Vec<Desc>), CudaErr
         T::CUDNN_TYPE_HEUR_MODE,
         &[dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
     )?;
+    if let Some(sms) = sm_target {
+        // A cuDNN that refuses the target (before 8.9.5, or not on this GPU) gives the
+        // device's configurations: the load's check run refuses a plan whose bits differ.
+        let _ = heur.set(
+            A::CUDNN_ATTR_ENGINEHEUR_SM_COUNT_TARGET,
+            T::CUDNN_TYPE_INT32,
+            &[sms],
+        );
+    }
     heur.finalize()?;
     let mut count = 0i64;
     // SAFETY: a count query (no elements requested).
@@ -579,7 +594,7 @@ pub fn conv_graphs(
     spec: &ConvGraphSpec,
     ws_cap: usize,
     max: usize,
-    runtime_compilation: bool,
+    (runtime_compilation, sm_target): (bool, Option<i32>),
 ) -> Result<Vec<ConvGraph>, CudaError> {
     let has_epilogue = spec.bias || spec.residual || spec.relu;
     let mut out = Vec::new();
@@ -592,6 +607,7 @@ pub fn conv_graphs(
             ws_cap,
             max,
             runtime_compilation,
+            sm_target,
         };
         if let Err(e) = plans_of_graph(handle, spec, fused, &limits, &mut out) {
             first_error.get_or_insert(e);
@@ -611,6 +627,8 @@ struct Limits {
     max: usize,
     /// Whether engines compiled at run time are allowed.
     runtime_compilation: bool,
+    /// The heuristics' SM count target ([`engine_configs`]).
+    sm_target: Option<i32>,
 }
 
 /// Adds to `out`, up to `limits.max` in all, the plans of the heuristics' configurations for
@@ -624,7 +642,7 @@ fn plans_of_graph(
     out: &mut Vec<ConvGraph>,
 ) -> Result<(), CudaError> {
     // A few more configurations than plans leave room for those filtered out.
-    let (cfgs, shared) = configurations(handle, spec, fused, 4 * limits.max)?;
+    let (cfgs, shared) = configurations(handle, spec, fused, 4 * limits.max, limits.sm_target)?;
     let mut first_error = None;
     for cfg in cfgs {
         if out.len() >= limits.max {
@@ -677,14 +695,14 @@ fn plans_of_graph(
 pub fn conv_graph_of_engine(
     handle: dnn::cudnnHandle_t,
     spec: &ConvGraphSpec,
-    fused: bool,
-    engine: i64,
+    (fused, engine): (bool, i64),
     ws_cap: usize,
+    sm_target: Option<i32>,
 ) -> Result<Option<ConvGraph>, CudaError> {
     let has_epilogue = spec.bias || spec.residual || spec.relu;
     // A build without an epilogue made its graph as the fused one (the convolution alone).
     let graph_fused = fused || !has_epilogue;
-    let (cfgs, shared) = configurations(handle, spec, graph_fused, 64)?;
+    let (cfgs, shared) = configurations(handle, spec, graph_fused, 64, sm_target)?;
     for cfg in cfgs {
         let facts = engine_facts(&cfg);
         if facts.index != engine {
@@ -715,9 +733,10 @@ fn configurations(
     spec: &ConvGraphSpec,
     fused: bool,
     max: usize,
+    sm_target: Option<i32>,
 ) -> Result<(Vec<Desc>, Arc<GraphParts>), CudaError> {
     let (graph, parts) = operation_graph(handle, spec, fused)?;
-    let (heur, cfgs) = engine_configs(&graph, max)?;
+    let (heur, cfgs) = engine_configs(&graph, max, sm_target)?;
     let mut kept = vec![heur, graph];
     kept.extend(parts);
     Ok((cfgs, Arc::new(GraphParts { _descs: kept })))
@@ -759,13 +778,14 @@ pub fn quant_conv_graphs(
     scale: u64,
     ws_cap: usize,
     max: usize,
-    runtime_compilation: bool,
+    (runtime_compilation, sm_target): (bool, Option<i32>),
 ) -> Result<Vec<ConvGraph>, CudaError> {
     debug_assert!(spec.quant.is_some());
     let limits = Limits {
         ws_cap,
         max,
         runtime_compilation,
+        sm_target,
     };
     let mut out = Vec::new();
     plans_of_graph(handle, spec, true, &limits, &mut out)?;

@@ -48,7 +48,7 @@ use record::*;
 use timing::*;
 
 pub(crate) use matmul::MM_WORKSPACE_CAP;
-pub(crate) use nvrtc::{cubin_for, device_arch};
+pub(crate) use nvrtc::{cubin_for, device_arch, device_sm_count};
 pub use slots::Slots;
 pub(crate) use timing::Events;
 

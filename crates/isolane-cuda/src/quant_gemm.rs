@@ -17,9 +17,11 @@ use super::*;
 use crate::plan::{QuantFloat, QuantGemmStep};
 use isolane_engine::quant::QuantType;
 
-/// The descriptor and layouts of one quantized GEMM shape.
+/// The descriptor (its SM count target `sms`: `set_sm_target`) and layouts of one quantized
+/// GEMM shape.
 fn quant_descriptors(
     q: &QuantGemmStep,
+    sms: i32,
 ) -> Result<(
     lt::cublasLtMatmulDesc_t,
     lt::cublasLtMatrixLayout_t,
@@ -47,6 +49,7 @@ fn quant_descriptors(
     lt_check("cublasLtMatmulDescCreate", unsafe {
         lt::cublasLtMatmulDescCreate(&mut desc, compute, scale_t)
     })?;
+    set_sm_target(desc, sms)?;
     let (t, n): (i32, i32) = (1, 0);
     set_attr(
         desc,
@@ -298,7 +301,7 @@ fn dnn_conv_graph(
         rec.ptr(q.scale),
         rec.ws_cap,
         1,
-        rec.options.cudnn_runtime_compiled,
+        (rec.options.cudnn_runtime_compiled, rec.sm.cudnn_heuristics),
     )?;
     let g = graphs
         .into_iter()
@@ -668,11 +671,11 @@ fn im2col_bytes_launch(rec: &Recorder, c: &ConvStep, col: Loc) -> Result<Launch>
 }
 
 /// The index in `m.mms` of a new GEMM for `q`'s shape (the caller keeps one per (type, M, N,
-/// K) of the model), its algorithm the fastest of cuBLASLt's heuristic candidates (the first when the
-/// search is untimed or a saved plan replays: an int32 sum is exact whatever the algorithm,
-/// so int8 needs no saved choice; fp8's f32 sum may round differently per algorithm).
+/// K) of the model), its algorithm the fastest of cuBLASLt's heuristic candidates (the first
+/// when the search is untimed), or a saved plan's: an int32 sum is exact whatever the
+/// algorithm, but fp8's f32 sum may round differently per algorithm.
 fn quant_matmul(m: &mut CudaModel, rec: &Recorder, q: &QuantGemmStep) -> Result<usize> {
-    let descs = quant_descriptors(q)?;
+    let descs = quant_descriptors(q, rec.sm.matmul)?;
     let (desc, a, b, d) = descs;
     let int8 = q.qtype == QuantType::Int8;
     // The scale type is CUDA_R_32I for int8: cuBLASLt reads alpha and beta as int32, so the
@@ -693,6 +696,25 @@ fn quant_matmul(m: &mut CudaModel, rec: &Recorder, q: &QuantGemmStep) -> Result<
         alpha,
         beta,
     };
+    // A saved plan's algorithm for this shape, checked by cuBLASLt (fp8's f32 sums round per
+    // algorithm: the heuristic's first here need not be the one the build timed fastest).
+    let shape_key = format!("{} {}x{}x{}", q.qtype, q.m, q.n, q.k);
+    let saved = {
+        let log = rec.choices.borrow();
+        log.replaying().then(|| log.matmul(&shape_key))
+    };
+    if let Some(saved) = saved {
+        let Some(algo) = saved else {
+            return Err(EngineError::InvalidArgument(format!(
+                "the saved plan has no cuBLASLt algorithm for the {shape_key} GEMM of the plan \
+                 made from its graph; build it again with `isolane build`"
+            )));
+        };
+        cand.algo = algo;
+        cand.workspace = crate::saved::checked_matmul_algo(m.cublaslt(), descs, &algo)?;
+        m.mms.push(cand);
+        return Ok(m.mms.len() - 1);
+    }
     let (results, got) = matmul_heuristics(m.cublaslt(), descs, rec.mm_ws_cap)?;
     let usable: Vec<usize> = (0..got.max(0) as usize)
         .filter(|&i| {
@@ -713,7 +735,7 @@ fn quant_matmul(m: &mut CudaModel, rec: &Recorder, q: &QuantGemmStep) -> Result<
     }
     let (w, x, y) = (rec.ptr(q.w), rec.ptr(q.xq), rec.ptr(q.acc));
     let (handle, stream) = (m.cublaslt(), m.stream);
-    let untimed = rec.options.first_choice || rec.choices.borrow().replaying();
+    let untimed = rec.options.first_choice;
     let mut times: Vec<(usize, f32)> = Vec::new();
     let mut failed = Vec::new();
     for &i in &usable {
@@ -761,6 +783,8 @@ fn quant_matmul(m: &mut CudaModel, rec: &Recorder, q: &QuantGemmStep) -> Result<
     }
     cand.algo = results[best].algo;
     cand.workspace = results[best].workspace_size();
+    // Kept with the float matmuls' algorithms for a saved plan (its key cannot meet theirs).
+    m.algo_cache.push((shape_key, cand.algo, cand.workspace));
     m.mms.push(cand);
     Ok(m.mms.len() - 1)
 }

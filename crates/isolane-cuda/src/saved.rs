@@ -7,10 +7,10 @@
 //! library version), and per depthwise convolution, attention and LayerNorm the kernel picked.
 //! A load replays them: the same plan is made from the saved fused graph, and each choice is
 //! taken from the file instead of timed (cuBLASLt's algorithm checked by
-//! `cublasLtMatmulAlgoCheck`, cuDNN's workspace asked of cuDNN), so nothing is timed and the
-//! libraries choose nothing by SM count. The file's key holds what the choices are valid for
-//! (GPU, SM count, compute capability, driver, cuDNN, cuBLASLt and NVRTC versions, engine
-//! revision); a load anywhere else is refused.
+//! `cublasLtMatmulAlgoCheck`, cuDNN's workspace asked of cuDNN), so nothing is timed, and the
+//! libraries are told the SM count the build saw ([`SmTargets`]). The file's key holds what
+//! the choices are valid for (GPU, compute capability, driver, cuDNN, cuBLASLt and NVRTC
+//! versions, engine revision, the cuda part's format); a load anywhere else is refused.
 //!
 //! At build time the model runs once on a seeded input and the bits of each output are kept
 //! (their hash); a load runs the same input and refuses a model whose bits differ, so a loaded
@@ -59,6 +59,9 @@ pub(crate) struct ChoiceLog {
     next: usize,
     /// cuBLASLt algorithms by matmul shape (the build's own algorithm cache's key).
     pub(crate) matmuls: Vec<(String, [u64; 8])>,
+    /// The SM count the libraries are told to split their work for ([`SmTargets`]): a replay's
+    /// is the build's; 0 until the build asks the device.
+    pub(crate) sm_count: u32,
 }
 
 impl ChoiceLog {
@@ -80,13 +83,18 @@ impl ChoiceLog {
         self.recording
     }
 
-    pub(crate) fn replay(steps: Vec<Choice>, matmuls: Vec<(String, [u64; 8])>) -> ChoiceLog {
+    pub(crate) fn replay(
+        steps: Vec<Choice>,
+        matmuls: Vec<(String, [u64; 8])>,
+        sm_count: u32,
+    ) -> ChoiceLog {
         ChoiceLog {
             replay: true,
             recording: false,
             steps,
             next: 0,
             matmuls,
+            sm_count,
         }
     }
 
@@ -169,6 +177,9 @@ pub(crate) struct CudaPart {
     pub exact_gelu: bool,
     pub steps: Vec<Choice>,
     pub matmuls: Vec<(String, [u64; 8])>,
+    /// The SM count the build's cuBLASLt matmuls (and cuDNN's heuristics) split their work
+    /// for: the SMs its device reported. A load sets it again ([`SmTargets`]).
+    pub sm_count: u32,
     /// [`file::bits_hash`] of each output of the check run ([`probe_input`]).
     pub outputs: Vec<String>,
 }
@@ -219,6 +230,7 @@ impl CudaPart {
             w.str(k);
             data.iter().for_each(|&d| w.u64(d));
         }
+        w.u32(self.sm_count);
         w.usize(self.outputs.len());
         self.outputs.iter().for_each(|h| w.str(h));
         w.into_bytes()
@@ -262,6 +274,10 @@ impl CudaPart {
             }
             matmuls.push((k, data));
         }
+        let sm_count = r.u32()?;
+        if sm_count == 0 {
+            return Err("an SM count target of 0".into());
+        }
         let n = r.count(8)?;
         let outputs = (0..n)
             .map(|_| r.str())
@@ -275,8 +291,47 @@ impl CudaPart {
             exact_gelu,
             steps,
             matmuls,
+            sm_count,
             outputs,
         })
+    }
+}
+
+/// The version of the cuda part's layout ([`CudaPart::to_bytes`]), a field of the key so that
+/// a file of another layout is refused naming it (exit 2) rather than misread. 2: session 23
+/// (the SM count target).
+pub const CUDA_PART_FORMAT: u32 = 2;
+
+/// The key field holding [`CUDA_PART_FORMAT`].
+pub const FIELD_CUDA_FORMAT: &str = "cuda plan format";
+
+/// The SM counts a build or a load tells the libraries to split their work for.
+///
+/// cuBLASLt sizes some kernels' grids (split-K, stream-K, persistent tiles) by the SMs it
+/// thinks it has, which is what the device reports unless `CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`
+/// says otherwise; an MPS client's device reports its thread share's SMs (38 of 132 at 25 % on
+/// the H200). A saved plan's matmuls computed other bits at 30 % than on the whole GPU
+/// (session 22), so a load tells every matmul the build's count. cuDNN's heuristics take a
+/// target too (`CUDNN_ATTR_ENGINEHEUR_SM_COUNT_TARGET`, "SM carveout"), but set at all they may
+/// offer only the engines that support a carveout: it is set only where the count differs from
+/// the device's, so a build's candidates stay what they were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SmTargets {
+    /// Every cuBLASLt matmul descriptor's `SM_COUNT_TARGET`.
+    pub matmul: i32,
+    /// cuDNN's heuristics' `SM_COUNT_TARGET`, where the device reports another count.
+    pub cudnn_heuristics: Option<i32>,
+}
+
+impl SmTargets {
+    /// `saved`: a replayed plan's count (0 for a build: the device's own); `reported`: the SMs
+    /// this device reports here.
+    pub(crate) fn new(saved: u32, reported: u32) -> SmTargets {
+        let target = if saved == 0 { reported } else { saved };
+        SmTargets {
+            matmul: target as i32,
+            cudnn_heuristics: (target != reported).then_some(target as i32),
+        }
     }
 }
 
@@ -385,6 +440,7 @@ pub fn expected_key(
         (file::FIELD_BATCH.into(), batch.to_string()),
     ];
     key.extend(gpu);
+    key.push((FIELD_CUDA_FORMAT.into(), CUDA_PART_FORMAT.to_string()));
     key
 }
 
@@ -469,6 +525,7 @@ impl CudaBackend {
             exact_gelu: self.build.exact_gelu,
             steps: log.steps,
             matmuls: log.matmuls,
+            sm_count: log.sm_count,
             outputs,
         };
         let mut key = expected_key(self.gpu_key()?, precision, batch);
@@ -513,7 +570,7 @@ impl CudaBackend {
             fused_attention: part.fused_attention,
         };
         let p = plan::plan_with(&saved.graph, batch, precision, opts)?;
-        let log = ChoiceLog::replay(part.steps.clone(), part.matmuls.clone());
+        let log = ChoiceLog::replay(part.steps.clone(), part.matmuls.clone(), part.sm_count);
         let mut target = self.target();
         target.build.depthwise_pairs = part.depthwise_pairs;
         target.build.block_rows = part.block_rows;
@@ -525,12 +582,16 @@ impl CudaBackend {
         })?;
         let got = probe(&mut m)?;
         if let Some(i) = (0..got.len()).find(|&i| part.outputs.get(i) != Some(&got[i])) {
+            let here_sms = model::device_sm_count()?;
             return Err(EngineError::Runtime(format!(
                 "saved plan `{file}`: output {i} computes other bits here than where the plan \
-                 was built (bits {} there, {} here): a library kernel's result depends on \
-                 where it runs (docs/cuda.md, Saved plans); build the plan again here",
+                 was built (bits {} there, {} here; its device reported {} SMs, this one {here_sms}, \
+                 the libraries were told {}): a library kernel's result depends on where it \
+                 runs (docs/cuda.md, Saved plans); build the plan again here",
                 part.outputs.get(i).map_or("(none)", String::as_str),
-                got[i]
+                got[i],
+                part.sm_count,
+                part.sm_count
             )));
         }
         Ok(m)
@@ -594,6 +655,7 @@ mod tests {
                 "MmKey { m: 1, n: 1000 }".into(),
                 [1, 2, 3, u64::MAX, 5, 6, 7, 8],
             )],
+            sm_count: 132,
             outputs: vec![file::bits_hash(&[1.0, -0.0, f32::NAN])],
         }
     }
@@ -609,12 +671,67 @@ mod tests {
         let mut bad = b.clone();
         bad[2] = 200;
         assert!(CudaPart::from_bytes(&bad).is_err());
+        // The SM count target is kept, and none (0) is refused: a load must pin the build's.
+        let mut other = part();
+        other.sm_count = 38;
+        assert_eq!(
+            CudaPart::from_bytes(&other.to_bytes()).unwrap().sm_count,
+            38
+        );
+        other.sm_count = 0;
+        let e = CudaPart::from_bytes(&other.to_bytes()).unwrap_err();
+        assert!(e.contains("SM count"), "{e}");
+    }
+
+    /// A build tells cuBLASLt the SMs its device reports, cuDNN's heuristics nothing (their
+    /// candidates unchanged); a load tells both the build's count wherever the device reports
+    /// another (an MPS client at 30 % of an H200 reports 40 of 132).
+    #[test]
+    fn a_load_pins_the_builds_sm_count_where_the_device_reports_another() {
+        let build = SmTargets::new(0, 132);
+        assert_eq!(build.matmul, 132);
+        assert_eq!(build.cudnn_heuristics, None);
+        let mps_build = SmTargets::new(0, 40);
+        assert_eq!((mps_build.matmul, mps_build.cudnn_heuristics), (40, None));
+        let load_at_30 = SmTargets::new(132, 40);
+        assert_eq!(load_at_30.matmul, 132);
+        assert_eq!(load_at_30.cudnn_heuristics, Some(132));
+        let load_whole = SmTargets::new(132, 132);
+        assert_eq!(
+            (load_whole.matmul, load_whole.cudnn_heuristics),
+            (132, None)
+        );
+        let load_mps_plan_whole = SmTargets::new(40, 132);
+        assert_eq!(load_mps_plan_whole.cudnn_heuristics, Some(40));
+    }
+
+    /// A file of the cuda part's earlier layout (no SM count) is refused by its key, naming
+    /// the format field and both values, before its part is read.
+    #[test]
+    fn a_plan_of_another_cuda_part_format_is_refused_by_its_key() {
+        let gpu = vec![("GPU".to_string(), "NVIDIA H200".to_string())];
+        let here = expected_key(gpu.clone(), Precision::Fp16, 1);
+        let old: Vec<_> = here
+            .iter()
+            .filter(|(f, _)| f != FIELD_CUDA_FORMAT)
+            .cloned()
+            .collect();
+        let saved = SavedPlan {
+            key: old,
+            graph: Graph::default(),
+            backend: vec![],
+        };
+        let e = saved.check_key("r.isoplan", &here).unwrap_err().to_string();
+        assert!(
+            e.contains("r.isoplan") && e.contains(FIELD_CUDA_FORMAT) && e.contains("\"2\""),
+            "{e}"
+        );
     }
 
     #[test]
     fn a_replay_gives_the_choices_back_in_order_and_checks_their_kind_and_count() {
         let p = part();
-        let mut log = ChoiceLog::replay(p.steps.clone(), p.matmuls.clone());
+        let mut log = ChoiceLog::replay(p.steps.clone(), p.matmuls.clone(), 132);
         assert!(log.replaying());
         assert_eq!(
             log.take("conv a").unwrap(),
@@ -628,12 +745,12 @@ mod tests {
         let e = log.take("one more").unwrap_err().to_string();
         assert!(e.contains("one more") && e.contains("isolane build"), "{e}");
         // A pick out of range, or of the wrong kind, is refused.
-        let mut log = ChoiceLog::replay(p.steps[3..].to_vec(), vec![]);
+        let mut log = ChoiceLog::replay(p.steps[3..].to_vec(), vec![], 132);
         assert!(log.pick(3, "layer norm").is_err());
-        let mut log = ChoiceLog::replay(p.steps.clone(), vec![]);
+        let mut log = ChoiceLog::replay(p.steps.clone(), vec![], 132);
         assert!(log.pick(8, "depthwise").is_err());
         assert_eq!(
-            ChoiceLog::replay(vec![], p.matmuls.clone())
+            ChoiceLog::replay(vec![], p.matmuls.clone(), 132)
                 .matmul("MmKey { m: 1, n: 1000 }")
                 .map(|a| a.data[3]),
             Some(u64::MAX)

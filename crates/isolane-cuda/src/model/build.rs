@@ -13,12 +13,14 @@ impl CudaModel {
     pub(crate) fn build_logged(
         plan: Plan,
         target: &Target,
-        log: crate::saved::ChoiceLog,
+        mut log: crate::saved::ChoiceLog,
     ) -> Result<(CudaModel, crate::saved::ChoiceLog)> {
         let t0 = Instant::now();
         make_current(target.ctx)?;
         let free_before = free_mem()?;
         let arch = device_arch()?;
+        let sm = crate::saved::SmTargets::new(log.sm_count, device_sm_count()?);
+        log.sm_count = sm.matmul as u32;
         let mut m = CudaModel::unbuilt(&plan, target);
         let block = m.upload_weights(&plan)?;
         m.alloc_pinned_io(&plan)?;
@@ -47,6 +49,7 @@ impl CudaModel {
             events: Events::new()?,
             options: target.build,
             choices: std::cell::RefCell::new(log),
+            sm,
         };
         let recorded = m.record_launches(&rec);
         let mut log = rec.choices.into_inner();

@@ -551,9 +551,9 @@ pub(super) fn replay_conv(
             let g = crate::dnn_graph::conv_graph_of_engine(
                 m.cudnn(),
                 &spec,
-                fused,
-                engine,
+                (fused, engine),
                 rec.ws_cap,
+                rec.sm.cudnn_heuristics,
             )?
             .ok_or_else(|| {
                 EngineError::InvalidArgument(format!(
@@ -636,7 +636,7 @@ pub(super) fn conv_graph_candidates(
         spec,
         rec.ws_cap,
         CUDNN_CANDIDATES,
-        rec.options.cudnn_runtime_compiled,
+        (rec.options.cudnn_runtime_compiled, rec.sm.cudnn_heuristics),
     )
     .unwrap_or_else(|e| {
         if rec.options.search_log {

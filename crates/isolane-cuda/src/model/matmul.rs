@@ -141,12 +141,24 @@ pub(super) fn layout(
     Ok(l)
 }
 
-/// The cuBLASLt matmul descriptor (compute type, transposes, epilogue, bias) and the layouts
-/// of a (the weight-side operand), b and d for `key`.
+/// Tells a matmul descriptor the SM count to split its work for (`crate::saved::SmTargets`):
+/// cuBLASLt's heuristics and the grids of its split-K and stream-K kernels follow it, so a
+/// saved plan computes the build's bits where the device reports another count.
+pub(super) fn set_sm_target(desc: lt::cublasLtMatmulDesc_t, sms: i32) -> Result<()> {
+    set_attr(
+        desc,
+        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+        &sms,
+    )
+}
+
+/// The cuBLASLt matmul descriptor (compute type, transposes, epilogue, bias, the SM count
+/// target `sms`) and the layouts of a (the weight-side operand), b and d for `key`.
 pub(super) fn matmul_descriptors(
     key: &MmKey,
     dtype: DType,
     precision: Precision,
+    sms: i32,
 ) -> Result<(
     lt::cublasLtMatmulDesc_t,
     lt::cublasLtMatrixLayout_t,
@@ -164,6 +176,7 @@ pub(super) fn matmul_descriptors(
     lt_check("cublasLtMatmulDescCreate", unsafe {
         lt::cublasLtMatmulDescCreate(&mut desc, compute, lt::cudaDataType::CUDA_R_32F)
     })?;
+    set_sm_target(desc, sms)?;
     let (mm, n, k) = (key.m, key.n, key.k);
     let op_n: i32 = 0;
     // cuBLASLt's A is our B operand (see `mm_index`), transposed when `b_trans`.
@@ -272,7 +285,7 @@ pub(super) fn mm_index(
     if let Some((_, i)) = cache.iter().find(|(k, _)| *k == key) {
         return Ok(*i);
     }
-    let (desc, a, b, d) = matmul_descriptors(&key, dtype, precision)?;
+    let (desc, a, b, d) = matmul_descriptors(&key, dtype, precision, rec.sm.matmul)?;
     let shape_key = format!(
         "{:?}",
         MmKey {

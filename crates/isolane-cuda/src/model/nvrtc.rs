@@ -2,6 +2,28 @@
 
 use super::*;
 
+/// The SMs the current context's device reports: all of them in a green context, its thread
+/// share's as an MPS client with part of the threads (what cuBLASLt sizes its work by unless
+/// told otherwise: `crate::saved::SmTargets`).
+pub(crate) fn device_sm_count() -> Result<u32> {
+    let mut dev: cu::CUdevice = 0;
+    // SAFETY: valid out-pointer, a context is current.
+    cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
+    let mut sms = 0;
+    // SAFETY: valid out-pointer and device.
+    cu_check("cuDeviceGetAttribute", unsafe {
+        cu::cuDeviceGetAttribute(
+            &mut sms,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            dev,
+        )
+    })?;
+    u32::try_from(sms)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| EngineError::Runtime(format!("the device reports {sms} SMs")))
+}
+
 pub(crate) fn device_arch() -> Result<(i32, i32)> {
     let mut dev: cu::CUdevice = 0;
     // SAFETY: valid out-pointer, a context is current.

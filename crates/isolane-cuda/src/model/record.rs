@@ -48,6 +48,8 @@ pub(super) struct Recorder<'a> {
     /// The choices made among timed candidates: recorded, or replayed from a saved plan
     /// (`crate::saved`), in which case nothing is timed.
     pub(super) choices: std::cell::RefCell<crate::saved::ChoiceLog>,
+    /// The SM counts the libraries are told to split their work for (a load: the build's).
+    pub(super) sm: crate::saved::SmTargets,
 }
 
 impl Recorder<'_> {
