@@ -400,7 +400,7 @@ fn decode_grpc_tensors(
             }
             checker.check_binary_size(&h, r.byte_size)?;
             let data = shm.read(&r, &h.what)?;
-            out.push(checker.binary(h, "parameters.shared_memory_byte_size", data.into())?);
+            out.push(checker.binary(h, "parameters.shared_memory_byte_size", data)?);
             continue;
         }
         let tensor = match (raw.next(), t.contents) {

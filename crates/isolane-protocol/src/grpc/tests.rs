@@ -446,7 +446,7 @@ impl Regions {
 }
 
 impl SharedMemory for Regions {
-    fn read(&self, r: &SharedRef, what: &str) -> Result<Vec<u8>, ProtocolError> {
+    fn read(&self, r: &SharedRef, what: &str) -> Result<bytes::Bytes, ProtocolError> {
         self.reads.set(self.reads.get() + 1);
         let (_, bytes) = self
             .regions
@@ -457,7 +457,7 @@ impl SharedMemory for Regions {
             })?;
         bytes
             .get(r.offset as usize..(r.offset + r.byte_size) as usize)
-            .map(<[u8]>::to_vec)
+            .map(bytes::Bytes::copy_from_slice)
             .ok_or_else(|| ProtocolError::Refused {
                 reason: format!("{what}: past region `{}`", r.region),
             })

@@ -949,7 +949,7 @@ fn the_metadata_messages_read_and_write_as_the_protocol_has_them() {
 struct Regions(Vec<(String, Vec<u8>)>);
 
 impl crate::SharedMemory for Regions {
-    fn read(&self, r: &crate::SharedRef, what: &str) -> Result<Vec<u8>, ProtocolError> {
+    fn read(&self, r: &crate::SharedRef, what: &str) -> Result<bytes::Bytes, ProtocolError> {
         let (_, bytes) =
             self.0
                 .iter()
@@ -960,7 +960,7 @@ impl crate::SharedMemory for Regions {
         let end = (r.offset + r.byte_size) as usize;
         bytes
             .get(r.offset as usize..end)
-            .map(<[u8]>::to_vec)
+            .map(bytes::Bytes::copy_from_slice)
             .ok_or_else(|| ProtocolError::Refused {
                 reason: format!("{what}: past the region"),
             })
