@@ -10,7 +10,7 @@
 #   2. isolane-cuda's gpu::saved_plans_load_untimed_with_the_same_bits_in_every_green_size:
 #      build time against load time in-process, and loads on the whole GPU and in green contexts
 #      of 16, 64 and 128 SMs, each compared bit for bit with the built model;
-#   3. the plan files of step 1 loaded as MPS clients at 25 % and 50 % of the threads
+#   3. the plan files of step 1 loaded as MPS clients at 25, 30 and 50 % of the threads
 #      (gpu::saved_plans_from_files_load_here under an MPS daemon of this script's own), and run
 #      by `isolane run` on the whole GPU (time-sliced) and as MPS workloads (a load checks the outputs' bits
 #      of the check input against the build's and refuses a model that differs).
@@ -97,7 +97,7 @@ mps_dir=$(mktemp -d)
 export CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe CUDA_MPS_LOG_DIRECTORY=$mps_dir/log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 if nvidia-cuda-mps-control -d; then
-    for pct in 25 50; do
+    for pct in 25 30 50; do
         CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct ISOLANE_SAVED_PLAN_DIR=$plans timeout 60 \
             "$gpu_test" saved_plans_from_files_load_here --ignored --test-threads=1 --nocapture \
             >"$out/mps-$pct.log" 2>&1

@@ -10,7 +10,8 @@
 #
 # Steps (each script's own header says what it measures):
 #   saved     scripts/saved-plan-h200.sh: saved plans, load against build, bits across partitions
-#   savedmps  scripts/saved-plan-mps-diag.sh: why run's MPS workloads refuse saved plans
+#   savedmps  scripts/saved-plan-mps-diag.sh: saved plans as MPS clients at 25/30/50 % (SM count
+#             pinned, session 23), in run, and built at 30 % then loaded on the whole GPU
 #   l2        isolane-cuda's GPU test: weights kept in the L2 change no output
 #   int8test  isolane-cuda's GPU test: calibrated int8/fp8 models run on the GPU
 #   quantgemm isolane-cuda's GPU test: the int8/fp8 tensor-core path against the exact reference
@@ -65,7 +66,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader >"$ou
 for s in "$@"; do
     case $s in
     saved) step saved 270 env OUT="$work/saved" ISOLANE_BIN="$isolane" bash scripts/saved-plan-h200.sh ;;
-    savedmps) step savedmps 240 env OUT="$work/savedmps" ISOLANE_BIN="$isolane" bash scripts/saved-plan-mps-diag.sh ;;
+    savedmps) step savedmps 270 env OUT="$work/savedmps" ISOLANE_BIN="$isolane" bash scripts/saved-plan-mps-diag.sh ;;
     l2) step l2 150 stage/tests/isolane-cuda--gpu weights_kept_in_the_l2_change_no_output --ignored --nocapture ;;
     int8test) step int8test 150 stage/tests/isolane-cuda--gpu calibrated_int8_and_fp8_models_run_on_the_gpu --ignored --nocapture ;;
     quantgemm) step quantgemm 200 stage/tests/isolane-cuda--gpu quant_gemm_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture ;;

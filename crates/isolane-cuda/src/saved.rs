@@ -544,7 +544,8 @@ impl CudaBackend {
     /// The model of a saved plan, for `precision` and `batch` (the caller's, checked against
     /// the key with this GPU's fields), its choices replayed, nothing timed; `file` names it in
     /// errors. A model whose outputs on the check input differ in any bit from the built one's
-    /// is refused.
+    /// is refused as the user's to build again here (`InvalidArgument`, exit code 2): what
+    /// `infer --model F.isoplan` and `bench` ask for, a plan named to run with its bits.
     pub fn load_saved(
         &self,
         saved: &SavedPlan,
@@ -552,19 +553,49 @@ impl CudaBackend {
         batch: usize,
         precision: Precision,
     ) -> Result<CudaModel> {
+        match self.load_checked(saved, file, batch, precision)? {
+            Checked::Same(m) => Ok(m),
+            Checked::OtherBits(why) => Err(EngineError::InvalidArgument(format!(
+                "{why}; build the plan again here (`isolane build` in this partition), or name \
+                 the model instead of the plan"
+            ))),
+        }
+    }
+
+    /// [`CudaBackend::load_saved`], except that a plan whose outputs would differ here in any
+    /// bit is not used and the model is built again here from the plan's graph (its choices
+    /// timed here, its plan checked against the CPU reference), said once on stderr naming the
+    /// file and why: what `run` and `serve` take for a workload's `.isoplan`, where the
+    /// workload must run rather than fail because the file was built elsewhere. Every other
+    /// refusal (a key for another GPU, precision or batch; a damaged file) is an error.
+    pub fn load_saved_or_build(
+        &self,
+        saved: &SavedPlan,
+        file: &str,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<CudaModel> {
+        or_build(
+            || self.load_checked(saved, file, batch, precision),
+            || self.build_from_saved(saved, file, batch, precision),
+            &mut |note| eprintln!("{note}"),
+        )
+    }
+
+    /// The saved plan's model, its choices replayed, and whether its outputs' bits are the
+    /// build's.
+    fn load_checked(
+        &self,
+        saved: &SavedPlan,
+        file: &str,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<Checked<CudaModel>> {
         let here = expected_key(self.gpu_key()?, precision, batch);
         saved
             .check_key(file, &here)
             .map_err(|e| EngineError::InvalidArgument(e.to_string()))?;
-        let part = CudaPart::from_bytes(&saved.backend).map_err(|msg| {
-            EngineError::InvalidArgument(
-                file::SavedPlanError::Corrupt {
-                    file: file.into(),
-                    msg: format!("its cuda part: {msg}"),
-                }
-                .to_string(),
-            )
-        })?;
+        let part = read_part(saved, file)?;
         let opts = plan::PlanOptions {
             channels_last: part.channels_last,
             fused_attention: part.fused_attention,
@@ -581,21 +612,91 @@ impl CudaBackend {
             e => EngineError::InvalidArgument(format!("saved plan `{file}`: {e}")),
         })?;
         let got = probe(&mut m)?;
-        if let Some(i) = (0..got.len()).find(|&i| part.outputs.get(i) != Some(&got[i])) {
-            let here_sms = model::device_sm_count()?;
-            return Err(EngineError::Runtime(format!(
-                "saved plan `{file}`: output {i} computes other bits here than where the plan \
-                 was built (bits {} there, {} here; its device reported {} SMs, this one {here_sms}, \
-                 the libraries were told {}): a library kernel's result depends on where it \
-                 runs (docs/cuda.md, Saved plans); build the plan again here",
-                part.outputs.get(i).map_or("(none)", String::as_str),
-                got[i],
-                part.sm_count,
-                part.sm_count
-            )));
-        }
+        let Some(i) = first_other_bits(&part.outputs, &got) else {
+            return Ok(Checked::Same(m));
+        };
+        let here_sms = model::device_sm_count()?;
+        Ok(Checked::OtherBits(format!(
+            "saved plan `{file}`: output {i} computes other bits here than where the plan was \
+             built (bits {} there, {} here; its device reported {} SMs, this one {here_sms}, the \
+             libraries were told {}): a library kernel's result depends on where it runs \
+             (docs/cuda.md, Saved plans)",
+            part.outputs.get(i).map_or("(none)", String::as_str),
+            got.get(i).map_or("(none)", String::as_str),
+            part.sm_count,
+            part.sm_count
+        )))
+    }
+
+    /// The model of a saved plan's graph built here as a compile would (the plan's layout and
+    /// build options, every choice timed here), checked against the CPU reference of that
+    /// graph.
+    fn build_from_saved(
+        &self,
+        saved: &SavedPlan,
+        file: &str,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<CudaModel> {
+        let part = read_part(saved, file)?;
+        let opts = plan::PlanOptions {
+            channels_last: part.channels_last,
+            fused_attention: part.fused_attention,
+        };
+        let p = plan::plan_with(&saved.graph, batch, precision, opts)?;
+        let mut target = self.target();
+        target.build.depthwise_pairs = part.depthwise_pairs;
+        target.build.block_rows = part.block_rows;
+        target.build.exact_gelu = part.exact_gelu;
+        let mut m = CudaModel::build(p.clone(), &target)?;
+        let report = crate::check_model(&mut m, &saved.graph, &saved.graph, &p, batch)?;
+        m.set_plan_check(report);
         Ok(m)
     }
+}
+
+/// A replayed saved plan: its outputs' bits are the build's, or not (why, naming the file).
+enum Checked<M> {
+    Same(M),
+    OtherBits(String),
+}
+
+/// The index of the first output whose bits differ from the build's (or that the build did
+/// not have, or that is missing here).
+fn first_other_bits(built: &[String], here: &[String]) -> Option<usize> {
+    (0..built.len().max(here.len())).find(|&i| built.get(i) != here.get(i))
+}
+
+/// The loaded model where its bits are the build's; else, said once through `note`, the
+/// model `build` makes. A load's error is returned as it is, and nothing is built.
+fn or_build<M>(
+    load: impl FnOnce() -> Result<Checked<M>>,
+    build: impl FnOnce() -> Result<M>,
+    note: &mut dyn FnMut(&str),
+) -> Result<M> {
+    match load()? {
+        Checked::Same(m) => Ok(m),
+        Checked::OtherBits(why) => {
+            note(&format!(
+                "note: {why}: not used; the model is built again here from the plan's graph \
+                 (its choices timed here, its plan checked against the CPU reference)"
+            ));
+            build()
+        }
+    }
+}
+
+/// The cuda part of `saved` (`file` names it in errors).
+fn read_part(saved: &SavedPlan, file: &str) -> Result<CudaPart> {
+    CudaPart::from_bytes(&saved.backend).map_err(|msg| {
+        EngineError::InvalidArgument(
+            file::SavedPlanError::Corrupt {
+                file: file.into(),
+                msg: format!("its cuda part: {msg}"),
+            }
+            .to_string(),
+        )
+    })
 }
 
 /// Reads `cudnnGetConvolutionMathType` of a legacy convolution descriptor.
@@ -703,6 +804,74 @@ mod tests {
         );
         let load_mps_plan_whole = SmTargets::new(40, 132);
         assert_eq!(load_mps_plan_whole.cudnn_heuristics, Some(40));
+    }
+
+    /// A load whose bits are the build's is used as it is; one whose bits differ is not used,
+    /// the model is built again (said once, naming why); a refused load (another GPU's key)
+    /// builds nothing and is returned as it was.
+    #[test]
+    fn a_plan_with_other_bits_is_built_again_once_said_and_a_refusal_is_kept() {
+        let mut notes = Vec::new();
+        let mut built = 0;
+        let m = or_build(
+            || Ok(Checked::Same("loaded")),
+            || {
+                built += 1;
+                Ok("built")
+            },
+            &mut |n| notes.push(n.to_string()),
+        )
+        .unwrap();
+        assert_eq!((m, built, notes.len()), ("loaded", 0, 0));
+        let m = or_build(
+            || {
+                Ok(Checked::OtherBits(
+                    "saved plan `r.isoplan`: output 0 computes other bits".into(),
+                ))
+            },
+            || {
+                built += 1;
+                Ok("built")
+            },
+            &mut |n| notes.push(n.to_string()),
+        )
+        .unwrap();
+        assert_eq!((m, built), ("built", 1));
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("r.isoplan")
+                && notes[0].contains("other bits")
+                && notes[0].contains("built again"),
+            "{}",
+            notes[0]
+        );
+        let e = or_build::<&str>(
+            || {
+                Err(EngineError::InvalidArgument(
+                    "saved plan `r.isoplan`: GPU \"H100\"".into(),
+                ))
+            },
+            || {
+                built += 1;
+                Ok("built")
+            },
+            &mut |n| notes.push(n.to_string()),
+        )
+        .unwrap_err();
+        assert!(matches!(e, EngineError::InvalidArgument(_)) && built == 1 && notes.len() == 1);
+    }
+
+    #[test]
+    fn outputs_differ_where_a_bit_an_output_or_its_hash_differs() {
+        let h = |v: &[f32]| file::bits_hash(v);
+        let built = vec![h(&[1.0, 2.0]), h(&[3.0])];
+        assert_eq!(first_other_bits(&built, &built.clone()), None);
+        // -0.0 and 0.0 are equal numbers but other bits.
+        let other = vec![h(&[1.0, 2.0]), h(&[3.0 + f32::EPSILON * 2.0])];
+        assert_eq!(first_other_bits(&built, &other), Some(1));
+        assert_ne!(h(&[0.0]), h(&[-0.0]));
+        assert_eq!(first_other_bits(&built, &built[..1]), Some(1));
+        assert_eq!(first_other_bits(&built[..1], &built), Some(1));
     }
 
     /// A file of the cuda part's earlier layout (no SM count) is refused by its key, naming

@@ -1206,6 +1206,17 @@ fn saved_plans_from_files_load_here() {
             Err(e) => {
                 println!("saved plan {}: MPS share {share}: {e}", f.display());
                 failed.push(f.display().to_string());
+                // What run and serve do with it instead: the model built again here.
+                let t0 = Instant::now();
+                let rebuilt = whole
+                    .load_saved_or_build(&saved, &f.display().to_string(), 1, precision)
+                    .map(|_| "built again here")
+                    .unwrap_or_else(|e| panic!("{}: not built again: {e}", f.display()));
+                println!(
+                    "saved plan {}: MPS share {share}: load_saved_or_build: {rebuilt} in {:.1} ms",
+                    f.display(),
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
             }
         }
     }
