@@ -12,6 +12,7 @@ pub mod io;
 pub mod ir;
 mod kernels;
 pub mod onnx;
+mod ops;
 pub mod passes;
 pub mod preprocess;
 pub mod quant;

@@ -3,7 +3,8 @@
 //! executed many times on raw buffers handed over through [`Io`].
 //!
 //! Layers, each using only the ones below it:
-//! - `mod.rs`: one kernel per op (the op layer);
+//! - `mod.rs`: one kernel per op (the op layer); which kernel a node gets, and its set-up from
+//!   the shapes, is the op family's (`crate::ops`);
 //! - `implicit`, `matmul`, `packed`: isolane's GEMM (implicit-GEMM convolutions, matrix
 //!   products, packed micro-kernels);
 //! - `math`: scalar activations, index helpers and the task-shared pointer used by both.
@@ -11,7 +12,7 @@
 //! The reference evaluator (`crate::reference`) runs these kernels one node at a time; the CPU
 //! backend (`crate::cpu`) runs them prepared, on buffers in one arena.
 
-mod implicit;
+pub(crate) mod implicit;
 pub(crate) mod math;
 mod matmul;
 mod packed;
@@ -27,10 +28,7 @@ use matmul::{BSrc, Mat, Out, PackedB};
 use packed::{epilogue, Epi, Isa, PackedA};
 
 use crate::error::{EngineError, Result};
-use crate::ir::{
-    broadcast_shapes, norm_axis, slice_params, Binary, ConvAttrs, Node, Op, PoolAttrs, ReduceKind,
-    ResizeAttrs, ResizeMode, Unary,
-};
+use crate::ir::{Binary, Node, PoolAttrs, ReduceKind, Unary};
 
 /// A buffer a kernel reads or writes: a pointer into memory owned by the compiled model.
 #[derive(Clone, Copy, Debug)]
@@ -129,7 +127,7 @@ pub(crate) fn strides_of(shape: &[usize]) -> Vec<usize> {
 }
 
 /// Broadcast strides of `shape` against an output of rank `rank` (0 where broadcast).
-fn bcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+pub(crate) fn bcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     let st = strides_of(shape);
     let off = out.len() - shape.len();
     (0..out.len())
@@ -216,94 +214,94 @@ pub(crate) enum ConvMethod {
 
 #[derive(Clone, Debug)]
 pub(crate) struct ConvK {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    m: usize,
-    oh: usize,
-    ow: usize,
-    kh: usize,
-    kw: usize,
-    sh: usize,
-    sw: usize,
-    pt: usize,
-    pl: usize,
-    dh: usize,
-    dw: usize,
-    groups: usize,
-    act: Option<Unary>,
-    has_bias: bool,
-    residual: bool,
-    pub method: ConvMethod,
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) m: usize,
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
+    pub(crate) kh: usize,
+    pub(crate) kw: usize,
+    pub(crate) sh: usize,
+    pub(crate) sw: usize,
+    pub(crate) pt: usize,
+    pub(crate) pl: usize,
+    pub(crate) dh: usize,
+    pub(crate) dw: usize,
+    pub(crate) groups: usize,
+    pub(crate) act: Option<Unary>,
+    pub(crate) has_bias: bool,
+    pub(crate) residual: bool,
+    pub(crate) method: ConvMethod,
     /// Output columns per task in the tiled path (im2col block sized to stay in L2).
-    tile: usize,
+    pub(crate) tile: usize,
     /// The weights packed for [`PackedA::gemm`] when they are a constant (done at
     /// compile time); otherwise the `gemm` crate multiplies them as they are.
-    packed: Option<Arc<PackedA>>,
+    pub(crate) packed: Option<Arc<PackedA>>,
     /// An implicit-GEMM layout (no im2col matrix), used with `packed` where it pays.
-    implicit: Option<Arc<Implicit>>,
+    pub(crate) implicit: Option<Arc<Implicit>>,
 }
 
 #[derive(Clone, Debug)]
 pub(crate) struct MatMulK {
-    m: usize,
-    n: usize,
-    k: usize,
-    a_rs: usize,
-    a_cs: usize,
-    b_rs: usize,
-    b_cs: usize,
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) a_rs: usize,
+    pub(crate) a_cs: usize,
+    pub(crate) b_rs: usize,
+    pub(crate) b_cs: usize,
     /// Per output matrix: offsets of its A and B matrices.
-    offsets: Vec<(usize, usize)>,
+    pub(crate) offsets: Vec<(usize, usize)>,
     /// ONNX Gemm: alpha scale; C prefilled.
-    alpha: f32,
+    pub(crate) alpha: f32,
     /// Gemm's C: (beta, row stride, col stride) into input 2.
-    c: Option<(f32, usize, usize)>,
+    pub(crate) c: Option<(f32, usize, usize)>,
 }
 
 #[derive(Clone, Debug)]
 pub(crate) struct BinaryK {
-    op: Binary,
-    out_shape: Vec<usize>,
-    a_st: Vec<usize>,
-    b_st: Vec<usize>,
-    same: bool,
+    pub(crate) op: Binary,
+    pub(crate) out_shape: Vec<usize>,
+    pub(crate) a_st: Vec<usize>,
+    pub(crate) b_st: Vec<usize>,
+    pub(crate) same: bool,
 }
 
 /// Copies `out[i] = in[base + Σ idx_j·strides_j]` over the output's multi-index: transpose,
 /// slice and expand are all this.
 #[derive(Clone, Debug)]
 pub(crate) struct StridedK {
-    out_shape: Vec<usize>,
-    strides: Vec<isize>,
-    base: isize,
+    pub(crate) out_shape: Vec<usize>,
+    pub(crate) strides: Vec<isize>,
+    pub(crate) base: isize,
 }
 
 #[derive(Clone, Debug)]
 pub(crate) struct PoolK {
-    nc: usize,
-    h: usize,
-    w: usize,
-    oh: usize,
-    ow: usize,
-    p: PoolAttrs,
+    pub(crate) nc: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
+    pub(crate) p: PoolAttrs,
     /// Valid input rows / columns of each output row / column's window (dilation 1).
-    ys: Vec<(usize, usize)>,
-    xs: Vec<(usize, usize)>,
+    pub(crate) ys: Vec<(usize, usize)>,
+    pub(crate) xs: Vec<(usize, usize)>,
 }
 
 #[derive(Clone, Debug)]
 pub(crate) struct ResizeK {
-    nc: usize,
-    h: usize,
-    w: usize,
-    oh: usize,
-    ow: usize,
-    linear: bool,
+    pub(crate) nc: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
+    pub(crate) linear: bool,
     /// Per output row/column: (i0, i1, weight of i1). Nearest: i0 only.
-    ys: Vec<(usize, usize, f32)>,
-    xs: Vec<(usize, usize, f32)>,
+    pub(crate) ys: Vec<(usize, usize, f32)>,
+    pub(crate) xs: Vec<(usize, usize, f32)>,
 }
 
 /// A kernel prepared for one node's concrete shapes.
@@ -380,7 +378,7 @@ pub(crate) enum Kernel {
     Copy,
 }
 
-fn unsupported(n: &Node, msg: impl Into<String>) -> EngineError {
+pub(crate) fn unsupported(n: &Node, msg: impl Into<String>) -> EngineError {
     EngineError::Shape {
         node: n.name.clone(),
         op: n.op.name().to_string(),
@@ -389,140 +387,10 @@ fn unsupported(n: &Node, msg: impl Into<String>) -> EngineError {
 }
 
 impl Kernel {
-    /// Plans a kernel for `node` given concrete input and output shapes.
+    /// Plans a kernel for `node` given concrete input and output shapes: the op's family
+    /// (`crate::ops`) chooses and sets it up.
     pub fn prepare(node: &Node, ins: &[&[usize]], outs: &[&[usize]]) -> Result<Kernel> {
-        let x = ins[0];
-        let o = outs[0];
-        Ok(match &node.op {
-            Op::Conv(a) => prepare_conv(ins, outs, a)?,
-            Op::Linear { activation } => {
-                let k = x[x.len() - 1];
-                Kernel::Linear {
-                    rows: x.iter().product::<usize>() / k.max(1),
-                    k,
-                    n: ins[1][0],
-                    act: *activation,
-                    has_bias: ins.len() == 3,
-                    wt: None,
-                }
-            }
-            Op::MatMul => prepare_matmul(node, ins)?,
-            Op::Gemm {
-                alpha,
-                beta,
-                trans_a,
-                trans_b,
-            } => prepare_gemm(ins, outs, alpha, beta, trans_a, trans_b)?,
-            Op::Unary(u) => Kernel::Unary(*u),
-            Op::Identity
-            | Op::Reshape { .. }
-            | Op::Flatten { .. }
-            | Op::Squeeze { .. }
-            | Op::Unsqueeze { .. } => Kernel::Copy,
-            Op::Binary(b) => Kernel::Binary(BinaryK {
-                op: *b,
-                out_shape: o.to_vec(),
-                a_st: bcast_strides(ins[0], o),
-                b_st: bcast_strides(ins[1], o),
-                same: ins[0] == o && ins[1] == o,
-            }),
-            Op::BatchNorm { eps } => Kernel::BatchNorm {
-                n: x[0],
-                c: x[1],
-                hw: x[2..].iter().product(),
-                eps: *eps,
-            },
-            Op::MaxPool(p) | Op::AveragePool(p) => prepare_pool(node, ins, outs, p)?,
-            Op::GlobalAveragePool => Kernel::AdaptiveAvg {
-                nc: x[0] * x[1],
-                h: x[2..].iter().product(),
-                w: 1,
-                oh: 1,
-                ow: 1,
-            },
-            Op::AdaptiveAvgPool { output } => Kernel::AdaptiveAvg {
-                nc: x[0] * x[1],
-                h: x[2],
-                w: x[3],
-                oh: output[0],
-                ow: output[1],
-            },
-            Op::Transpose { perm } => {
-                let st = strides_of(x);
-                Kernel::Strided(StridedK {
-                    out_shape: o.to_vec(),
-                    strides: perm.iter().map(|&p| st[p] as isize).collect(),
-                    base: 0,
-                })
-            }
-            Op::Expand { .. } => Kernel::Strided(StridedK {
-                out_shape: o.to_vec(),
-                strides: bcast_strides(x, o)
-                    .into_iter()
-                    .map(|s| s as isize)
-                    .collect(),
-                base: 0,
-            }),
-            Op::Slice {
-                starts,
-                ends,
-                axes,
-                steps,
-            } => prepare_slice(node, ins, outs, starts, ends, axes, steps)?,
-            Op::Concat { axis } => {
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
-                Kernel::Concat {
-                    outer: x[..a].iter().product(),
-                    chunks: ins.iter().map(|s| s[a..].iter().product()).collect(),
-                }
-            }
-            Op::Split { axis, .. } => {
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
-                Kernel::Split {
-                    outer: x[..a].iter().product(),
-                    chunks: outs.iter().map(|s| s[a..].iter().product()).collect(),
-                }
-            }
-            Op::Gather { axis, indices, .. } => {
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
-                let d = x[a] as i64;
-                Kernel::Gather {
-                    outer: x[..a].iter().product(),
-                    dim: x[a],
-                    inner: x[a + 1..].iter().product(),
-                    indices: indices
-                        .iter()
-                        .map(|&i| if i < 0 { (i + d) as usize } else { i as usize })
-                        .collect(),
-                }
-            }
-            Op::Softmax { axis } => {
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
-                Kernel::Softmax {
-                    outer: x[..a].iter().product(),
-                    dim: x[a],
-                    inner: x[a + 1..].iter().product(),
-                }
-            }
-            Op::LayerNorm { axis, eps } => {
-                let a = norm_axis(*axis, x.len()).ok_or_else(|| unsupported(node, "axis"))?;
-                Kernel::LayerNorm {
-                    rows: x[..a].iter().product(),
-                    d: x[a..].iter().product(),
-                    eps: *eps,
-                    has_bias: ins.len() == 3,
-                }
-            }
-            Op::Reduce { kind, axes, .. } => prepare_reduce(node, ins, kind, axes)?,
-            Op::Resize(r) => prepare_resize(ins, outs, r)?,
-            Op::FakeQuant(q) => {
-                q.layout(x).map_err(|m| unsupported(node, m))?;
-                Kernel::FakeQuant {
-                    attrs: Arc::new(q.clone()),
-                    shape: x.to_vec(),
-                }
-            }
-        })
+        crate::ops::prepare(node, ins, outs)
     }
 
     /// Packs a convolution's or a Linear layer's constant weights `w` for the
@@ -800,292 +668,6 @@ impl Kernel {
             Kernel::Resize(r) => resize(r, io),
         }
     }
-}
-
-/// [`Kernel::prepare`] for `Op::Conv(a)`.
-fn prepare_conv(ins: &[&[usize]], outs: &[&[usize]], a: &ConvAttrs) -> Result<Kernel> {
-    let x = ins[0];
-    let o = outs[0];
-    let kernel = {
-        let w = ins[1];
-        let cg = w[1];
-        let method = if cg == 1 && a.groups > 1 {
-            ConvMethod::Depthwise
-        } else if w[2] == 1 && w[3] == 1 && a.strides == [1, 1] && a.pads == [0; 4] {
-            ConvMethod::Pointwise
-        } else {
-            ConvMethod::Im2col
-        };
-        Kernel::Conv(ConvK {
-            n: x[0],
-            c: x[1],
-            h: x[2],
-            w: x[3],
-            m: w[0],
-            oh: o[2],
-            ow: o[3],
-            kh: w[2],
-            kw: w[3],
-            sh: a.strides[0],
-            sw: a.strides[1],
-            pt: a.pads[0],
-            pl: a.pads[1],
-            dh: a.dilations[0],
-            dw: a.dilations[1],
-            groups: a.groups,
-            act: a.activation,
-            has_bias: ins.len() >= 3,
-            residual: a.residual,
-            method,
-            packed: None,
-            implicit: if method == ConvMethod::Im2col {
-                Implicit::prepare(
-                    x,
-                    w[0],
-                    o,
-                    [w[2], w[3]],
-                    a.strides,
-                    [a.pads[0], a.pads[1]],
-                    a.dilations,
-                    a.groups,
-                )
-                .map(Arc::new)
-            } else {
-                None
-            },
-            tile: {
-                // ~256 KiB of im2col per task, a multiple of 16 columns; whole output
-                // rows when the rows can be lowered as one contiguous copy.
-                let kk = (w[1] * w[2] * w[3]).max(1);
-                let t = ((65536 / kk).clamp(112, 4096) / 16) * 16;
-                if o[3] <= t {
-                    (t / o[3]).max(1) * o[3]
-                } else {
-                    t
-                }
-            },
-        })
-    };
-    Ok(kernel)
-}
-
-/// [`Kernel::prepare`] for `Op::MatMul`.
-fn prepare_matmul(node: &Node, ins: &[&[usize]]) -> Result<Kernel> {
-    let x = ins[0];
-    let kernel = {
-        let a: Vec<usize> = if x.len() == 1 {
-            vec![1, x[0]]
-        } else {
-            x.to_vec()
-        };
-        let b: Vec<usize> = if ins[1].len() == 1 {
-            vec![ins[1][0], 1]
-        } else {
-            ins[1].to_vec()
-        };
-        let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
-        let n = b[b.len() - 1];
-        let ab = &a[..a.len() - 2];
-        let bb = &b[..b.len() - 2];
-        let batch = broadcast_shapes(ab, bb).ok_or_else(|| unsupported(node, "batch dims"))?;
-        let sa = bcast_strides(ab, &batch);
-        let sb = bcast_strides(bb, &batch);
-        let total: usize = batch.iter().product();
-        let mut offsets = Vec::with_capacity(total);
-        let mut idx = vec![0usize; batch.len()];
-        for _ in 0..total {
-            let oa: usize = idx.iter().zip(&sa).map(|(i, s)| i * s).sum();
-            let ob: usize = idx.iter().zip(&sb).map(|(i, s)| i * s).sum();
-            offsets.push((oa * m * k, ob * k * n));
-            for d in (0..idx.len()).rev() {
-                idx[d] += 1;
-                if idx[d] < batch[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
-        }
-        Kernel::MatMul(MatMulK {
-            m,
-            n,
-            k,
-            a_rs: k,
-            a_cs: 1,
-            b_rs: n,
-            b_cs: 1,
-            offsets,
-            alpha: 1.0,
-            c: None,
-        })
-    };
-    Ok(kernel)
-}
-
-/// [`Kernel::prepare`] for `Op::Gemm { alpha, beta, trans_a, trans_b, }`.
-fn prepare_gemm(
-    ins: &[&[usize]],
-    outs: &[&[usize]],
-    alpha: &f32,
-    beta: &f32,
-    trans_a: &bool,
-    trans_b: &bool,
-) -> Result<Kernel> {
-    let o = outs[0];
-    let kernel = {
-        let (a, b) = (ins[0], ins[1]);
-        let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
-        let n = o[1];
-        let (a_rs, a_cs) = if *trans_a { (1, a[1]) } else { (a[1], 1) };
-        let (b_rs, b_cs) = if *trans_b { (1, b[1]) } else { (b[1], 1) };
-        let c = if ins.len() == 3 {
-            let cs = ins[2];
-            let c2: Vec<usize> = match cs.len() {
-                0 => vec![1, 1],
-                1 => vec![1, cs[0]],
-                _ => cs.to_vec(),
-            };
-            let rs = if c2[0] == m && m != 1 { c2[1] } else { 0 };
-            let cst = if c2[1] == n && n != 1 { 1 } else { 0 };
-            Some((*beta, rs, cst))
-        } else {
-            None
-        };
-        Kernel::MatMul(MatMulK {
-            m,
-            n,
-            k,
-            a_rs,
-            a_cs,
-            b_rs,
-            b_cs,
-            offsets: vec![(0, 0)],
-            alpha: *alpha,
-            c,
-        })
-    };
-    Ok(kernel)
-}
-
-/// [`Kernel::prepare`] for `Op::MaxPool(p) | Op::AveragePool(p)`.
-fn prepare_pool(node: &Node, ins: &[&[usize]], outs: &[&[usize]], p: &PoolAttrs) -> Result<Kernel> {
-    let x = ins[0];
-    let o = outs[0];
-    let kernel = {
-        let k = PoolK {
-            nc: x[0] * x[1],
-            h: x[2],
-            w: x[3],
-            oh: o[2],
-            ow: o[3],
-            p: p.clone(),
-            ys: window_ranges(o[2], x[2], p.kernel[0], p.strides[0], p.pads[0]),
-            xs: window_ranges(o[3], x[3], p.kernel[1], p.strides[1], p.pads[1]),
-        };
-        if matches!(node.op, Op::MaxPool(_)) {
-            Kernel::MaxPool(k)
-        } else {
-            Kernel::AvgPool(k)
-        }
-    };
-    Ok(kernel)
-}
-
-/// [`Kernel::prepare`] for `Op::Slice { starts, ends, axes, steps, }`.
-fn prepare_slice(
-    node: &Node,
-    ins: &[&[usize]],
-    outs: &[&[usize]],
-    starts: &[i64],
-    ends: &[i64],
-    axes: &[i64],
-    steps: &[i64],
-) -> Result<Kernel> {
-    let x = ins[0];
-    let o = outs[0];
-    let kernel = {
-        let p = slice_params(x, starts, ends, axes, steps).map_err(|m| unsupported(node, m))?;
-        let st = strides_of(x);
-        let base: i64 = p
-            .iter()
-            .zip(&st)
-            .map(|(t, &s)| if t.2 > 0 { t.0 * s as i64 } else { 0 })
-            .sum();
-        Kernel::Strided(StridedK {
-            out_shape: o.to_vec(),
-            strides: p
-                .iter()
-                .zip(&st)
-                .map(|(t, &s)| (t.1 * s as i64) as isize)
-                .collect(),
-            base: base as isize,
-        })
-    };
-    Ok(kernel)
-}
-
-/// [`Kernel::prepare`] for `Op::Reduce { kind, axes, .. }`.
-fn prepare_reduce(
-    node: &Node,
-    ins: &[&[usize]],
-    kind: &ReduceKind,
-    axes: &[i64],
-) -> Result<Kernel> {
-    let x = ins[0];
-    let kernel = {
-        let mut red = vec![axes.is_empty(); x.len()];
-        for &ax in axes {
-            red[norm_axis(ax, x.len()).ok_or_else(|| unsupported(node, "axis"))?] = true;
-        }
-        let st = strides_of(x);
-        let offs = |sel: bool| -> Vec<usize> {
-            let dims: Vec<usize> = (0..x.len()).filter(|&i| red[i] == sel).collect();
-            let total: usize = dims.iter().map(|&i| x[i]).product();
-            let mut v = Vec::with_capacity(total);
-            let mut idx = vec![0usize; dims.len()];
-            for _ in 0..total {
-                v.push(idx.iter().zip(&dims).map(|(i, &d)| i * st[d]).sum());
-                for j in (0..idx.len()).rev() {
-                    idx[j] += 1;
-                    if idx[j] < x[dims[j]] {
-                        break;
-                    }
-                    idx[j] = 0;
-                }
-            }
-            v
-        };
-        Kernel::Reduce {
-            kind: *kind,
-            bases: offs(false),
-            offsets: offs(true),
-        }
-    };
-    Ok(kernel)
-}
-
-/// [`Kernel::prepare`] for `Op::Resize(r)`.
-fn prepare_resize(ins: &[&[usize]], outs: &[&[usize]], r: &ResizeAttrs) -> Result<Kernel> {
-    let x = ins[0];
-    let o = outs[0];
-    let kernel = {
-        let (h, w, oh, ow) = (x[2], x[3], o[2], o[3]);
-        let [sh, sw] = r.coord_scales([h, w], [oh, ow]);
-        let linear = r.mode == ResizeMode::Linear;
-        let axis = |inp: usize, out: usize, scale: f32| -> Vec<(usize, usize, f32)> {
-            (0..out).map(|i| r.source(i, inp, out, scale)).collect()
-        };
-        Kernel::Resize(ResizeK {
-            nc: x[0] * x[1],
-            h,
-            w,
-            oh,
-            ow,
-            linear,
-            ys: axis(h, oh, sh),
-            xs: axis(w, ow, sw),
-        })
-    };
-    Ok(kernel)
 }
 
 fn layer_norm_row(x: &[f32], o: &mut [f32], g: &[f32], b: Option<&[f32]>, eps: f32) {
@@ -1810,7 +1392,13 @@ fn softmax(io: &Io, outer: usize, dim: usize, inner: usize) {
 }
 
 /// Valid input range `[lo, hi)` of each window along one dim (dilation 1).
-fn window_ranges(out: usize, inp: usize, k: usize, s: usize, pad: usize) -> Vec<(usize, usize)> {
+pub(crate) fn window_ranges(
+    out: usize,
+    inp: usize,
+    k: usize,
+    s: usize,
+    pad: usize,
+) -> Vec<(usize, usize)> {
     (0..out)
         .map(|o| {
             let start = (o * s) as isize - pad as isize;
