@@ -682,6 +682,63 @@ fn output_files_replace_only_regular_files_and_make_no_folders() {
 }
 
 #[test]
+fn an_output_never_replaces_a_runs_records_or_the_commands_own_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = finished_run(tmp.path());
+    let records = ["summary.json", "workloads.csv", "jobs/a.csv"];
+    let before: Vec<Vec<u8>> = records
+        .iter()
+        .map(|f| std::fs::read(run.join(f)).unwrap())
+        .collect();
+    for cmd in ["trace", "report"] {
+        for f in records {
+            let o = isolane()
+                .arg(cmd)
+                .arg(&run)
+                .arg("--out")
+                .arg(run.join(f))
+                .output()
+                .unwrap();
+            refused(&o, &[f, "a record of the results folder"]);
+        }
+    }
+    for (f, was) in records.iter().zip(&before) {
+        assert_eq!(&std::fs::read(run.join(f)).unwrap(), was, "{f} changed");
+    }
+    // A saved plan written through a link to the model it is built from.
+    let onnx = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/isolane-engine/tests/fixtures/onnx/tiny_cnn_op14.onnx");
+    let model = tmp.path().join("m.onnx");
+    std::fs::copy(&onnx, &model).unwrap();
+    let model_bytes = std::fs::read(&model).unwrap();
+    let link = tmp.path().join("m.isoplan");
+    std::os::unix::fs::symlink(&model, &link).unwrap();
+    let o = isolane()
+        .args(["build", "--device", "cpu", "--out"])
+        .arg(&link)
+        .arg(&model)
+        .output()
+        .unwrap();
+    refused(&o, &["same file as the model"]);
+    assert_eq!(std::fs::read(&model).unwrap(), model_bytes);
+    // infer's output over its own input.
+    let input = tmp.path().join("x.npy");
+    std::fs::copy(onnx.with_file_name("tiny_cnn_op14.input.npy"), &input).unwrap();
+    let input_bytes = std::fs::read(&input).unwrap();
+    let o = isolane()
+        .args(["infer", "--threads", "1", "--model"])
+        .arg(&model)
+        .arg("--input")
+        .arg(&input)
+        .arg("--save-output")
+        .arg(&input)
+        .output()
+        .unwrap();
+    refused(&o, &["--save-output is the same file as the input"]);
+    assert_eq!(std::fs::read(&input).unwrap(), input_bytes);
+}
+
+#[test]
 fn an_output_file_under_proc_gets_one_clear_message() {
     let tmp = tempfile::tempdir().unwrap();
     let run = finished_run(tmp.path());

@@ -75,6 +75,23 @@ fn write_profile(dir: &Path, file: &str, floor_ms: f64, work_ms: f64, sms: f64) 
 }
 
 #[test]
+fn the_planned_scenario_never_replaces_the_scenario_it_is_planned_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = tmp.path().join("mine.toml");
+    std::fs::copy(data("offline.toml"), &sc).unwrap();
+    let before = std::fs::read(&sc).unwrap();
+    let o = offline(
+        &["--device-model", "h100-sxm", "-o", sc.to_str().unwrap()],
+        &sc,
+        &data("profiles"),
+    );
+    let err = flat(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("-o is the same file as the scenario"), "{err}");
+    assert_eq!(std::fs::read(&sc).unwrap(), before);
+}
+
+#[test]
 fn an_h100_is_planned_offline_with_every_mechanism_from_committed_profiles() {
     let tmp = tempfile::tempdir().unwrap();
     let o = offline(

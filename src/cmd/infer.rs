@@ -116,6 +116,17 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
         plan_check: !args.no_plan_check,
         labels: args.labels,
     };
+    // Checked before the model runs, so that a clash costs nothing.
+    if let Some(p) = &args.save_output {
+        let mut inputs = vec![("--model", std::path::Path::new(&request.model))];
+        inputs.extend(request.weights.as_deref().map(|w| ("--weights", w)));
+        inputs.extend(request.labels.as_deref().map(|l| ("--labels", l)));
+        if let infer::Source::Image(f) | infer::Source::Npy(f) = &request.source {
+            inputs.push(("the input", f));
+        }
+        let clash = isolane_core::files::refuse_input_as_output("--save-output", p, &inputs);
+        clash.map_err(|e| blame!(e))?;
+    }
     let out = infer::infer(&request, &mut |line| println!("{line}")).map_err(|e| blame!(e))?;
     if let Some(p) = &args.save_output {
         let npy = isolane_engine::io::npy::encode_npy(&out.shape, &out.data);

@@ -18,6 +18,10 @@ use super::user;
 
 pub fn run(args: &PlanArgs, file: &super::ScenarioFile, engine: &Engine) -> anyhow::Result<u8> {
     let (scenario, name) = file.scenario()?;
+    if let Some(out) = &args.out {
+        let input = [("the scenario", args.scenario.as_path())];
+        isolane_core::files::refuse_input_as_output("-o", out, &input).map_err(|e| blame!(e))?;
+    }
     super::refuse_programs(&scenario, &name, "plan --auto")?;
     super::refuse_mixed_backends(&scenario, &name, "plan --auto")?;
     // A workload that cannot be planned is said before the device is looked for.

@@ -304,6 +304,9 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), OutputFileError> {
     };
     let t = meta.file_type();
     if t.is_file() {
+        if let Some(why) = results_record(&target) {
+            return Err(refuse(why));
+        }
         return replace_atomically(
             parent_dir(&target),
             &target,
@@ -324,6 +327,102 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), OutputFileError> {
         "is {what}, not a regular file; isolane writes its output only to a regular file, a \
          new path or a character device (/dev/null, /dev/stdout)"
     )))
+}
+
+/// The files that make a folder a results folder: a run's, a search's or a study's index.
+const RESULTS_INDEXES: [&str; 6] = [
+    "summary.json",
+    "maxrate.json",
+    "sweep.json",
+    "interference.json",
+    "coexec.json",
+    "isolation.csv",
+];
+
+/// A results folder's records, which no later command can make again: a run's measurements and
+/// the scenario it ran (a trace, a report or an explanation is derived from them, and may be
+/// written over).
+const RESULTS_RECORDS: [&str; 13] = [
+    "summary.json",
+    "scenario.toml",
+    "workloads.csv",
+    "telemetry.csv",
+    "isolation.csv",
+    "maxrate.json",
+    "maxrate_trace.csv",
+    "sweep.json",
+    "interference.json",
+    "interference.csv",
+    "coexec.json",
+    "coexec.csv",
+    "autoplan.csv",
+];
+
+fn is_results_folder(dir: &Path) -> bool {
+    RESULTS_INDEXES.iter().any(|f| dir.join(f).is_file())
+}
+
+/// Why the existing regular file `file` is one of a results folder's records (its index
+/// files, its scenario, a workload's jobs, an app's frames or a program's output), or none.
+fn results_record(file: &Path) -> Option<String> {
+    let name = file.file_name()?.to_string_lossy().into_owned();
+    let dir = parent_dir(file);
+    let record = if is_results_folder(dir) {
+        RESULTS_RECORDS.contains(&name.as_str())
+            || name.ends_with(".stdout")
+            || name.ends_with(".stderr")
+    } else {
+        let sub = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        matches!(sub.as_deref(), Some("jobs" | "apps"))
+            && name.ends_with(".csv")
+            && is_results_folder(parent_dir(dir))
+    };
+    record.then(|| {
+        format!(
+            "is {name}, a record of the results folder {}; isolane never writes over a run's \
+             records (name a new file, or one outside the folder)",
+            if is_results_folder(dir) {
+                dir
+            } else {
+                parent_dir(dir)
+            }
+            .display()
+        )
+    })
+}
+
+/// Refuses an output path that is one of the command's own inputs under any name (the same
+/// path, a symbolic or a hard link to it): writing it would destroy what the output is made
+/// from. `inputs` pairs what each input is (`--model`, `--input`) with its path; a path that
+/// does not exist, or one of them being a character device (`/dev/stdout`), is no clash.
+pub fn refuse_input_as_output(
+    flag: &str,
+    out: &Path,
+    inputs: &[(&str, &Path)],
+) -> Result<(), OutputFileError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(o) = std::fs::metadata(out) else {
+        return Ok(());
+    };
+    if o.file_type().is_char_device() {
+        return Ok(());
+    }
+    for (what, input) in inputs {
+        let Ok(i) = std::fs::metadata(input) else {
+            continue;
+        };
+        if (i.dev(), i.ino()) == (o.dev(), o.ino()) {
+            return Err(OutputFileError::Refused {
+                path: out.to_path_buf(),
+                why: format!(
+                    "{flag} is the same file as {what} {}; isolane never writes its output over \
+                     one of its inputs (name another file)",
+                    input.display()
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A file name for a workload's CSV: the name with anything outside `[A-Za-z0-9._-]` replaced.
@@ -386,6 +485,72 @@ mod tests {
         let e = write_output(path, b"x").unwrap_err();
         assert!(e.is_user_error(), "{e}");
         e.to_string()
+    }
+
+    #[test]
+    fn a_results_folders_records_are_never_written_over() {
+        let d = tempfile::tempdir().unwrap();
+        let run = d.path();
+        std::fs::create_dir(run.join("jobs")).unwrap();
+        let records = [
+            "summary.json",
+            "workloads.csv",
+            "scenario.toml",
+            "jobs/echo.csv",
+        ];
+        for f in records.iter().chain(&["cam.stdout"]) {
+            std::fs::write(run.join(f), "measured").unwrap();
+        }
+        for f in records.iter().chain(&["cam.stdout"]) {
+            let e = refusal(&run.join(f));
+            assert!(e.contains("a record of the results folder"), "{e}");
+            assert_eq!(std::fs::read_to_string(run.join(f)).unwrap(), "measured");
+        }
+        // Through a link too: the file behind it is what counts.
+        let link = d.path().join("link.json");
+        std::os::unix::fs::symlink(run.join("summary.json"), &link).unwrap();
+        refusal(&link);
+        assert_eq!(
+            std::fs::read_to_string(run.join("summary.json")).unwrap(),
+            "measured"
+        );
+        // What commands derive from the records may be written, again and again.
+        for f in ["trace.json", "report.html", "explain.json"] {
+            write_output(&run.join(f), b"one").unwrap();
+            write_output(&run.join(f), b"two").unwrap();
+        }
+        // The same names outside a results folder are ordinary files.
+        let other = tempfile::tempdir().unwrap();
+        std::fs::write(other.path().join("scenario.toml"), "old").unwrap();
+        write_output(&other.path().join("scenario.toml"), b"new").unwrap();
+    }
+
+    #[test]
+    fn an_input_under_any_name_is_never_an_output() {
+        let d = tempfile::tempdir().unwrap();
+        let model = d.path().join("m.onnx");
+        std::fs::write(&model, "weights").unwrap();
+        let soft = d.path().join("soft.isoplan");
+        std::os::unix::fs::symlink(&model, &soft).unwrap();
+        let hard = d.path().join("hard.isoplan");
+        std::fs::hard_link(&model, &hard).unwrap();
+        let inputs = [("the model", model.as_path())];
+        for out in [&model, &soft, &hard] {
+            let e = refuse_input_as_output("-o", out, &inputs).unwrap_err();
+            assert!(e.is_user_error());
+            assert!(e.to_string().contains("same file as the model"), "{e}");
+        }
+        let new = d.path().join("new.isoplan");
+        refuse_input_as_output("-o", &new, &inputs).unwrap();
+        std::fs::write(&new, "other").unwrap();
+        refuse_input_as_output("-o", &new, &inputs).unwrap();
+        refuse_input_as_output(
+            "-o",
+            Path::new("/dev/null"),
+            &[("x", Path::new("/dev/null"))],
+        )
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&model).unwrap(), "weights");
     }
 
     #[test]

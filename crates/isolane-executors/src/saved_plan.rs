@@ -98,6 +98,11 @@ pub fn build(req: &BuildRequest, say: &mut dyn FnMut(String)) -> Result<SavedPla
             saved::EXTENSION
         )));
     }
+    // Checked before the build, which may take minutes, and never over the model it reads.
+    let mut inputs = vec![("the model", Path::new(&req.model))];
+    inputs.extend(req.weights.as_deref().map(|w| ("--weights", w)));
+    isolane_core::files::refuse_input_as_output("-o", &req.out, &inputs)
+        .map_err(|e| user(e.to_string()))?;
     let precision: Precision = req
         .precision
         .parse()
