@@ -6,8 +6,8 @@
 //! the static input shape chosen at compile time.
 
 mod error;
-mod fold;
-mod import;
+pub(crate) mod fold;
+pub(crate) mod import;
 mod model;
 pub mod tensor;
 

@@ -12,11 +12,12 @@
 //! A child module of `import`, so that it shares the importer's private types.
 
 use super::*;
+use crate::ir::{Binary, ReduceKind, Unary};
 use crate::quant::{dequantize_all, FakeQuantAttrs, Granularity, QuantType};
 
 /// A QuantizeLinear of a runtime tensor, waiting for its DequantizeLinear.
 #[derive(Debug, Clone)]
-pub(super) struct Pending {
+pub(crate) struct Pending {
     /// The QuantizeLinear's float input.
     pub x: Dyn,
     pub attrs: FakeQuantAttrs,
@@ -26,7 +27,7 @@ pub(super) struct Pending {
 
 /// What the importer remembers for quantization.
 #[derive(Debug, Default)]
-pub(super) struct State {
+pub(crate) struct State {
     /// The element types of quantized constants (initializers, Constant nodes, QuantizeLinear
     /// outputs): integers are held as i64 and float8 as f32, so int8 and uint8 (or float8 and
     /// float) are told apart here.
@@ -54,21 +55,21 @@ struct Params {
 
 impl Importer<'_> {
     /// Remembers the element type of an initializer.
-    pub(super) fn note_initializer_type(&mut self, name: &str, onnx_type: i32) {
+    pub(crate) fn note_initializer_type(&mut self, name: &str, onnx_type: i32) {
         if let Some(q) = QuantType::from_onnx(onnx_type) {
             self.quant.types.insert(name.to_string(), q);
         }
     }
 
     /// Remembers the element type of a Constant node's tensor.
-    pub(super) fn note_constant_type(&mut self, c: &Ctx) {
+    pub(crate) fn note_constant_type(&mut self, c: &Ctx) {
         let t = c.n.attribute.iter().find(|a| a.name() == "value");
         if let (Some(t), Some(out)) = (t.and_then(|a| a.t.as_ref()), c.n.output.first()) {
             self.note_initializer_type(out, t.data_type());
         }
     }
 
-    pub(super) fn quantize_linear(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+    pub(crate) fn quantize_linear(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let opset = self.m.opset;
         let saturate = if opset >= 19 {
             c.int("saturate", 1)? != 0
@@ -164,7 +165,7 @@ impl Importer<'_> {
         Ok(vec![out])
     }
 
-    pub(super) fn dequantize_linear(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+    pub(crate) fn dequantize_linear(&mut self, c: &Ctx) -> Result<Vec<Val>> {
         let x = self.req(c, 0)?;
         let p = self.params(c, &x)?;
         let x_name = c.n.input[0].clone();
@@ -308,7 +309,7 @@ impl Importer<'_> {
         let granularity = if block != 0 {
             let b = usize::try_from(block)
                 .map_err(|_| c.unsupported_attr("block_size", format!("{block} is negative")))?;
-            let a = norm_axis(c, axis, rank)?;
+            let a = node_axis(c, axis, rank)?;
             let want: Vec<Sym> = shape
                 .iter()
                 .enumerate()
@@ -344,7 +345,7 @@ impl Importer<'_> {
         } else if scale.data.len() == 1 && scale.shape.len() <= 1 {
             Granularity::PerTensor
         } else if scale.shape.len() == 1 {
-            let a = norm_axis(c, axis, rank)?;
+            let a = node_axis(c, axis, rank)?;
             if !shape[a].is_const() || shape[a].c != scale.data.len() as i64 {
                 return Err(c.bad(format!(
                     "a per-axis scale of {} values on axis {a} of an input of shape {}: the \
@@ -420,7 +421,7 @@ fn type_name(t: i32) -> String {
 
 /// The element type of a runtime integer tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum IntType {
+pub(crate) enum IntType {
     Q(QuantType),
     /// MatMulInteger's and ConvInteger's accumulators.
     Int32,
@@ -438,7 +439,7 @@ impl fmt::Display for IntType {
 use std::fmt;
 
 /// The com.microsoft (onnxruntime contrib) ops isolane imports.
-pub(super) fn is_contrib(op: &str) -> bool {
+pub(crate) fn is_contrib(op: &str) -> bool {
     matches!(
         op,
         "QGemm"
@@ -501,7 +502,7 @@ impl Importer<'_> {
     /// output read by anything but DequantizeLinear becomes integers here, and an integer
     /// runtime tensor may be read only by the ops that read integers. Returns the type of the
     /// outputs when the node moves integers (a Reshape of a uint8 tensor is uint8).
-    pub(super) fn quantized_readers(&mut self, c: &Ctx) -> Result<Option<IntType>> {
+    pub(crate) fn quantized_readers(&mut self, c: &Ctx) -> Result<Option<IntType>> {
         let op = c.op();
         let reads_ints = QOPS.contains(&op) || matches!(op, "Cast" | "Shape" | "Size");
         let mover = MOVERS.contains(&op);
@@ -629,7 +630,7 @@ impl Importer<'_> {
     /// The operand `(name, value)` of a Mul node, with the factor of a shifted other operand
     /// folded into it (see [`Importer::carry_shifts`]): `x · 2^-p · (s · 2^p)` is `x · s`,
     /// exactly at f32, and in range at fp16.
-    pub(super) fn shifted_operand(
+    pub(crate) fn shifted_operand(
         &mut self,
         c: &Ctx,
         name: &str,
@@ -648,7 +649,7 @@ impl Importer<'_> {
 
     /// Restores the shifted runtime tensor `name` (`· 2^p`) for a reader that cannot take the
     /// factor, or a graph output. At fp16 the restored integers may exceed its range again.
-    pub(super) fn unshift(&mut self, name: &str, f: f32) -> Result<()> {
+    pub(crate) fn unshift(&mut self, name: &str, f: f32) -> Result<()> {
         self.quant.shifts.remove(name);
         let Some(Val::Dyn(d)) = self.vals.get(name).cloned() else {
             return Ok(());
@@ -679,7 +680,7 @@ impl Importer<'_> {
     }
 
     /// Restores every shifted graph output (see [`Importer::unshift`]).
-    pub(super) fn unshift_outputs(&mut self, outputs: &[String]) -> Result<()> {
+    pub(crate) fn unshift_outputs(&mut self, outputs: &[String]) -> Result<()> {
         for name in outputs {
             if let Some(&f) = self.quant.shifts.get(name) {
                 self.unshift(name, f)?;
@@ -689,7 +690,7 @@ impl Importer<'_> {
     }
 
     /// Records that the runtime outputs of node `n` hold integers of type `t`.
-    pub(super) fn tag_int_outputs(&mut self, n: &NodeProto, outs: &[Val], t: IntType) {
+    pub(crate) fn tag_int_outputs(&mut self, n: &NodeProto, outs: &[Val], t: IntType) {
         for (name, v) in n.output.iter().zip(outs) {
             if v.is_dyn() && !name.is_empty() {
                 self.quant.ints.insert(name.clone(), t);
@@ -1000,7 +1001,7 @@ impl Importer<'_> {
         Ok(vec![q])
     }
 
-    pub(super) fn qoperator(&mut self, c: &Ctx, op: &str) -> Result<Vec<Val>> {
+    pub(crate) fn qoperator(&mut self, c: &Ctx, op: &str) -> Result<Vec<Val>> {
         // onnxruntime's own ops exist in its domain only.
         if is_contrib(op) && c.n.domain() != "com.microsoft" {
             return Err(c.unsupported_op());
@@ -1042,7 +1043,7 @@ impl Importer<'_> {
                 let opset = c.int("opset", 13)?;
                 let x = self.dequant_in(c, 0, 1, 2)?;
                 let r = x.1.rank();
-                let a = norm_axis(c, axis, r)?;
+                let a = node_axis(c, axis, r)?;
                 // Before opset 13 Softmax works on the input flattened to 2-D at `axis`: the
                 // same as opset 13's only when `axis` is the last.
                 if opset < 13 && a + 1 != r {
@@ -1569,7 +1570,7 @@ impl Importer<'_> {
             ins.push((String::new(), q));
         }
         let r = ins[0].1.rank();
-        norm_axis(c, axis, r)?;
+        node_axis(c, axis, r)?;
         let out = self.out_name(c, 0);
         let v = self.emit(c, Op::Concat { axis }, &ins, vec![out.clone()])?;
         self.quant.ints.insert(out, IntType::Q(yt));

@@ -1,13 +1,17 @@
 //! Convolutions (`Op::Conv`, 2-D NCHW with a fused bias, residual and activation): the shape
-//! rule and the CPU kernel's set-up. ONNX's 3-D Conv is imported as 2-D ones (see
-//! `crate::onnx`'s volume import).
+//! rule, the CPU kernel's set-up and ONNX's Conv. A 3-D Conv is imported as 2-D ones
+//! ([`super::volume`]).
 
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::ir::{self, Op};
 use crate::ir::{rank4, shape_err, window_out, ConvAttrs, Node};
 use crate::kernels::implicit::Implicit;
 use crate::kernels::{ConvK, ConvMethod, Kernel};
+use crate::onnx::import::{Ctx, Importer, Val};
+use crate::onnx::Result as OnnxResult;
+use crate::ops::ImportFn;
 
 /// The shape rule of `Op::Conv(a)`.
 pub(crate) fn infer_conv(n: &Node, ins: &[&[usize]], a: &ConvAttrs) -> Result<Vec<usize>> {
@@ -121,4 +125,77 @@ pub(crate) fn prepare_conv(ins: &[&[usize]], outs: &[&[usize]], a: &ConvAttrs) -
         })
     };
     Ok(kernel)
+}
+
+/// The ONNX op types imported as convolutions.
+pub(crate) const ONNX: &[(&str, ImportFn)] = &[("Conv", import_conv)];
+
+/// A 3-D Conv (a rank-5 input) becomes 2-D ones (`crate::ops::volume`).
+fn import_conv(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    if im.input_rank(c) == 5 {
+        im.conv3d(c)
+    } else {
+        im.conv(c)
+    }
+}
+
+impl Importer<'_> {
+    pub(crate) fn conv(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let x = self.req(c, 0)?;
+        let w = self.req(c, 1)?;
+        let op = self.conv_op(c, &x, &w)?;
+        self.emit1(c, op, 3)
+    }
+
+    /// The IR Conv for a 2-D convolution of `x` by weights `w` with the node's attributes
+    /// (Conv's, and QLinearConv's and ConvInteger's, which are the same).
+    pub(crate) fn conv_op(&mut self, c: &Ctx, x: &Val, w: &Val) -> OnnxResult<Op> {
+        let ws = w.sym_shape().map_err(|e| c.bad(e))?;
+        // A float constant input (a positional encoding computed from constants, as edgenext's)
+        // becomes an IR constant; the passes then fold the Conv at compile time.
+        let xshape = match x {
+            Val::Dyn(d) => d.shapes[0].clone(),
+            Val::F(a) => a.shape.clone(),
+            other => {
+                return Err(c.bad(format!(
+                    "the input is {}; expected a float tensor",
+                    other.kind()
+                )))
+            }
+        };
+        if xshape.len() != 4 || ws.len() != 4 {
+            return Err(c.bad(format!(
+                "only 2-D convolution is supported (input rank {}, weight rank {})",
+                xshape.len(),
+                ws.len()
+            )));
+        }
+        let kernel = [ws[2].c as usize, ws[3].c as usize];
+        if kernel.contains(&0) || xshape[2] == 0 || xshape[3] == 0 {
+            return Err(c.bad(format!("empty kernel {kernel:?} or input {xshape:?}")));
+        }
+        if let Some(k) = c.ints("kernel_shape")? {
+            if k != [kernel[0] as i64, kernel[1] as i64] {
+                return Err(c.bad(format!(
+                    "kernel_shape {k:?} differs from the weight's {kernel:?}"
+                )));
+            }
+        }
+        let strides = Self::two(c, "strides", c.ints("strides")?, 1)?;
+        let dilations = Self::two(c, "dilations", c.ints("dilations")?, 1)?;
+        let groups = c.int("group", 1)?;
+        if groups < 1 {
+            return Err(c.bad(format!("group {groups}")));
+        }
+        let hw = [xshape[2], xshape[3]];
+        let pads = self.window_pads(c, hw, kernel, strides, dilations)?;
+        Ok(Op::Conv(ir::ConvAttrs {
+            strides,
+            pads,
+            dilations,
+            groups: groups as usize,
+            activation: None,
+            residual: false,
+        }))
+    }
 }

@@ -1,9 +1,19 @@
 //! Ops that pick or join parts of tensors: `Op::Concat`, `Op::Split`, `Op::Slice` (ONNX
 //! semantics, negative steps included) and `Op::Gather` (constant indices).
+//!
+//! ONNX: Concat, Split, Slice (both signatures), Gather, GatherND, ScatterND and Pad.
 
 use crate::error::Result;
+use crate::ir::{self, Op};
 use crate::ir::{norm_axis, shape_err, slice_params, Node};
 use crate::kernels::{strides_of, unsupported, Kernel, StridedK};
+use crate::onnx::fold::{self, Arr, Sym};
+use crate::onnx::import::{
+    check_pads, concat_known, map_arr, node_axis, static_shape, sym_to_dim, syms_static, Ctx,
+    Importer, Val,
+};
+use crate::onnx::Result as OnnxResult;
+use crate::ops::ImportFn;
 
 /// The shape rule of `Op::Split { axis, sizes }`, the one op with several outputs.
 pub(crate) fn infer_split(
@@ -166,4 +176,578 @@ pub(crate) fn prepare_gather(
             .map(|&i| if i < 0 { (i + d) as usize } else { i as usize })
             .collect(),
     })
+}
+
+/// The ONNX op types imported as ops that pick, join or pad parts of tensors.
+pub(crate) const ONNX: &[(&str, ImportFn)] = &[
+    ("Concat", import_concat),
+    ("Split", import_split),
+    ("Slice", import_slice),
+    ("Gather", import_gather),
+    ("GatherND", import_gather_nd),
+    ("ScatterND", import_scatter_nd),
+    ("Pad", import_pad),
+];
+
+fn import_concat(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.concat(c)
+}
+
+/// Split's sizes are an attribute before opset 13, an input since.
+fn import_split(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    if im.m.opset < 13 {
+        im.split_v2(c)
+    } else {
+        im.split(c)
+    }
+}
+
+/// Slice's starts, ends and axes are attributes before opset 10, inputs since.
+fn import_slice(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    if im.m.opset < 10 {
+        im.slice_v1(c)
+    } else {
+        im.slice(c)
+    }
+}
+
+fn import_gather(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.gather(c)
+}
+
+fn import_gather_nd(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.gather_nd(c)
+}
+
+fn import_scatter_nd(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.scatter_nd(c)
+}
+
+/// Pad's amounts are an attribute before opset 11, an input since.
+fn import_pad(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    if im.m.opset < 11 {
+        im.pad_v2(c)
+    } else {
+        im.pad(c)
+    }
+}
+
+impl Importer<'_> {
+    pub(crate) fn concat(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let axis = c.int("axis", i64::MIN)?;
+        if axis == i64::MIN {
+            return Err(c.bad("attribute axis is required"));
+        }
+        let mut vals = Vec::new();
+        for i in 0..c.n.input.len() {
+            if let Some(v) = self.get(c, i)? {
+                vals.push((c.n.input[i].clone(), v));
+            }
+        }
+        let first = vals.first().ok_or_else(|| c.bad("no inputs"))?.1.clone();
+        let a = node_axis(c, axis, first.rank())?;
+        if vals.iter().any(|(_, v)| v.is_dyn()) {
+            let out = self.out_name(c, 0);
+            // Empty constant pieces (e.g. a torch shape list with nothing to add) drop out.
+            vals.retain(|(_, v)| v.is_dyn() || !static_shape(v).contains(&0));
+            return self.emit(c, Op::Concat { axis }, &vals, vec![out]);
+        }
+        let r = match &first {
+            Val::I(_) => concat_known(c, &vals, a, |v| match v {
+                Val::I(x) => Some(x),
+                _ => None,
+            })
+            .map(Val::I),
+            Val::F(_) => concat_known(c, &vals, a, |v| match v {
+                Val::F(x) => Some(x),
+                _ => None,
+            })
+            .map(Val::F),
+            _ => concat_known(c, &vals, a, |v| match v {
+                Val::B(x) => Some(x),
+                _ => None,
+            })
+            .map(Val::B),
+        };
+        Ok(vec![r?])
+    }
+
+    pub(crate) fn split(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let axis = c.int("axis", 0)?;
+        let num_outputs = if self.m.opset >= 18 {
+            c.int("num_outputs", 0)?
+        } else {
+            0
+        };
+        let x = self.req(c, 0)?;
+        let a = node_axis(c, axis, x.rank())?;
+        let d = x.sym_shape().map_err(|e| c.bad(e))?[a];
+        if !d.is_const() {
+            return Err(c.bad("splitting along the batch dimension is not supported"));
+        }
+        let d = d.c as usize;
+        let n_out = c.n.output.len();
+        let sizes: Vec<usize> = match self.ints_input(c, 1, "split")? {
+            Some(s) => s
+                .iter()
+                .map(|&v| usize::try_from(v).map_err(|_| c.bad(format!("negative split {s:?}"))))
+                .collect::<OnnxResult<_>>()?,
+            None => {
+                let n = if num_outputs > 0 {
+                    num_outputs as usize
+                } else {
+                    n_out
+                };
+                if n == 0 {
+                    return Err(c.bad("no outputs"));
+                }
+                // Checked before the parts are listed: a huge num_outputs must not allocate.
+                if n != n_out {
+                    return Err(c.bad(format!(
+                        "num_outputs = {num_outputs}, but the node has {n_out} outputs"
+                    )));
+                }
+                // ONNX: equal parts of ceil(d/n), the last one smaller if d is not divisible.
+                let part = d.div_ceil(n);
+                (0..n)
+                    .map(|i| part.min(d.saturating_sub(i * part)))
+                    .collect()
+            }
+        };
+        if sizes.iter().sum::<usize>() != d || sizes.len() != n_out {
+            return Err(c.bad(format!(
+                "split sizes {sizes:?} do not cover dimension {a} of size {d} with {n_out} outputs"
+            )));
+        }
+        if let Val::Dyn(_) = x {
+            let outs = (0..n_out).map(|i| self.out_name(c, i)).collect();
+            let ins = [(c.n.input[0].clone(), x)];
+            return self.emit(c, Op::Split { axis, sizes }, &ins, outs);
+        }
+        let s = static_shape(&x);
+        let mut outs = Vec::new();
+        let mut start = 0i64;
+        for &sz in &sizes {
+            let mut p: Vec<(i64, i64, usize)> = s.iter().map(|&d| (0, 1, d)).collect();
+            p[a] = (start, 1, sz);
+            start += sz as i64;
+            outs.push(map_arr(
+                c,
+                x.clone(),
+                |t| t.slice(&p),
+                |t| t.slice(&p),
+                |t| t.slice(&p),
+            )?);
+        }
+        Ok(outs)
+    }
+
+    pub(crate) fn slice(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let x = self.req(c, 0)?;
+        let starts = self
+            .ints_input(c, 1, "starts")?
+            .ok_or_else(|| c.bad("missing starts"))?;
+        let ends = self
+            .ints_input(c, 2, "ends")?
+            .ok_or_else(|| c.bad("missing ends"))?;
+        let axes = self.ints_input(c, 3, "axes")?.unwrap_or_default();
+        let steps = self.ints_input(c, 4, "steps")?.unwrap_or_default();
+        if let Val::Dyn(d) = &x {
+            // Bounds on the batch axis would have to be the same at every batch size.
+            let r = d.shapes[0].len();
+            let ax: Vec<i64> = if axes.is_empty() {
+                (0..starts.len() as i64).collect()
+            } else {
+                axes.clone()
+            };
+            for k in 0..2 {
+                ir::slice_params(&d.shapes[k], &starts, &ends, &ax, &steps)
+                    .map_err(|e| c.bad(e))?;
+            }
+            let batch_dims: Vec<usize> = (0..r)
+                .filter(|&i| d.shapes[0][i] != d.shapes[1][i])
+                .collect();
+            for (i, &a) in ax.iter().enumerate() {
+                let a = node_axis(c, a, r)?;
+                let full = starts[i] == 0
+                    && ends[i] >= i32::MAX as i64
+                    && steps.get(i).is_none_or(|&s| s == 1);
+                if batch_dims.contains(&a) && !full {
+                    return Err(c.bad("slicing the batch dimension is not supported"));
+                }
+            }
+            return self.emit1(
+                c,
+                Op::Slice {
+                    starts,
+                    ends,
+                    axes: ax,
+                    steps,
+                },
+                1,
+            );
+        }
+        let s = static_shape(&x);
+        let p = ir::slice_params(&s, &starts, &ends, &axes, &steps).map_err(|e| c.bad(e))?;
+        Ok(vec![map_arr(
+            c,
+            x,
+            |t| t.slice(&p),
+            |t| t.slice(&p),
+            |t| t.slice(&p),
+        )?])
+    }
+
+    pub(crate) fn gather(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let axis = c.int("axis", 0)?;
+        let x = self.req(c, 0)?;
+        let idx = self.req(c, 1)?;
+        let Val::I(ia) = &idx else {
+            return Err(c.bad(format!(
+                "the indices are {}; isolane supports Gather with indices known at import",
+                idx.kind()
+            )));
+        };
+        let indices: Vec<i64> = syms_static(c, &idx, "indices")?;
+        let ishape = ia.shape.clone();
+        let r = x.rank();
+        let a = node_axis(c, axis, r)?;
+        let dim = x.sym_shape().map_err(|e| c.bad(e))?[a];
+        if let Val::Dyn(_) = x {
+            if !dim.is_const() && indices.iter().any(|&i| i < 0) {
+                return Err(c.bad("negative indices along the batch dimension are not supported"));
+            }
+            return self.emit1(
+                c,
+                Op::Gather {
+                    axis,
+                    indices,
+                    indices_shape: ishape,
+                },
+                1,
+            );
+        }
+        let d = dim.c;
+        let norm: Vec<usize> = indices
+            .iter()
+            .map(|&i| {
+                let j = if i < 0 { i + d } else { i };
+                if j < 0 || j >= d {
+                    Err(c.bad(format!(
+                        "index {i} is out of range for a dimension of size {d}"
+                    )))
+                } else {
+                    Ok(j as usize)
+                }
+            })
+            .collect::<OnnxResult<_>>()?;
+        Ok(vec![map_arr(
+            c,
+            x,
+            |t| t.gather(a, &norm, &ishape),
+            |t| t.gather(a, &norm, &ishape),
+            |t| t.gather(a, &norm, &ishape),
+        )?])
+    }
+
+    /// GatherND on values known at import (`batch_dims` 0): swin v2's relative position bias
+    /// table, computed from constants, indexed by a constant index.
+    pub(crate) fn gather_nd(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        c.int_default_only("batch_dims", 0)?;
+        let (data, indices) = (self.req(c, 0)?, self.req(c, 1)?);
+        let Val::F(data) = &data else {
+            return Err(c.bad(format!(
+                "GatherND of {} is supported only on float values known at import",
+                data.kind()
+            )));
+        };
+        let dshape = &data.shape;
+        let (idx, ishape, q) = nd_indices(c, &indices, dshape)?;
+        let slice: usize = dshape[q..].iter().product();
+        let mut shape = ishape[..ishape.len() - 1].to_vec();
+        shape.extend_from_slice(&dshape[q..]);
+        // Every index tuple copies a whole slice: a few indices into a large constant make an
+        // output far larger than either, so its size is checked before it is allocated.
+        let n = fold::numel(&shape).map_err(|e| c.bad(e))?;
+        let mut out = Vec::with_capacity(n);
+        for tuple in idx.chunks_exact(q) {
+            let at = nd_offset(c, tuple, dshape)? * slice;
+            out.extend_from_slice(&data.data[at..at + slice]);
+        }
+        Ok(vec![Val::F(Arr::new(shape, out))])
+    }
+
+    /// ScatterND on values known at import (`reduction` none): the masks and biases that
+    /// exporters build from in-place slice assignments (swin v2's shifted-window mask).
+    pub(crate) fn scatter_nd(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let reduction = c.string("reduction", "none")?;
+        if reduction != "none" {
+            return Err(c.unsupported_attr("reduction", format!("value {reduction:?}")));
+        }
+        let (data, indices, updates) = (self.req(c, 0)?, self.req(c, 1)?, self.req(c, 2)?);
+        let (Val::F(data), Val::F(updates)) = (&data, &updates) else {
+            return Err(c.bad(format!(
+                "ScatterND of {} with updates {} is supported only on float values known at import",
+                data.kind(),
+                updates.kind()
+            )));
+        };
+        let dshape = &data.shape;
+        let (idx, ishape, q) = nd_indices(c, &indices, dshape)?;
+        let slice: usize = dshape[q..].iter().product();
+        let n = idx.len() / q;
+        if updates.data.len() != n * slice {
+            return Err(c.bad(format!(
+                "updates {:?} do not fit indices {ishape:?} into data {dshape:?}",
+                updates.shape
+            )));
+        }
+        let mut out = data.data.clone();
+        for (k, tuple) in idx.chunks_exact(q).enumerate() {
+            let at = nd_offset(c, tuple, dshape)? * slice;
+            out[at..at + slice].copy_from_slice(&updates.data[k * slice..(k + 1) * slice]);
+        }
+        Ok(vec![Val::F(Arr::new(dshape.clone(), out))])
+    }
+
+    /// Pad (opsets 13–21: `pads`, `constant_value` and, from 18, `axes` as inputs; modes
+    /// constant, reflect, edge and, from 19, wrap) as existing IR ops, one padded axis at a
+    /// time: negative pads are a Slice; the new borders are a constant broadcast with Expand
+    /// (constant) or rows of the input picked with Gather (reflect, edge, wrap), joined with
+    /// Concat. All-zero pads (what exporters write for sizes that need none) vanish.
+    pub(crate) fn pad(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let mode = c.string("mode", "constant")?;
+        let known = matches!(mode.as_str(), "constant" | "reflect" | "edge")
+            || (mode == "wrap" && self.m.opset >= 19);
+        if !known {
+            return Err(c.unsupported_attr("mode", format!("value {mode:?}")));
+        }
+        let x = self.req(c, 0)?;
+        let pads = self
+            .ints_input(c, 1, "pads")?
+            .ok_or_else(|| c.bad("the pads input is required"))?;
+        let value = match self.get(c, 2)? {
+            None => 0.0,
+            Some(Val::F(a)) if a.data.len() <= 1 => a.data.first().copied().unwrap_or(0.0),
+            Some(v) => {
+                return Err(c.bad(format!(
+                    "constant_value must be a float scalar known at import, is {}",
+                    v.kind()
+                )))
+            }
+        };
+        let r = x.rank();
+        let axes: Vec<usize> = match self.ints_input(c, 3, "axes")? {
+            None => (0..r).collect(),
+            Some(a) => a
+                .iter()
+                .map(|&v| node_axis(c, v, r))
+                .collect::<OnnxResult<_>>()?,
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(c.bad(format!(
+                "pads {pads:?} needs 2 values per padded axis ({} axes)",
+                axes.len()
+            )));
+        }
+        if pads.iter().all(|&p| p == 0) {
+            return Ok(vec![x]);
+        }
+        if !x.is_dyn() {
+            return Err(c.bad(format!(
+                "Pad of {} is not supported (only runtime tensors)",
+                x.kind()
+            )));
+        }
+        let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+        check_pads(&xs, &axes, &pads).map_err(|e| c.bad(e))?;
+        let mut cur = (c.n.input[0].clone(), x);
+        for (k, &ax) in axes.iter().enumerate() {
+            let (before, after) = (pads[k], pads[k + axes.len()]);
+            if before == 0 && after == 0 {
+                continue;
+            }
+            if !xs[ax].is_const() {
+                return Err(c.bad(format!(
+                    "pads {pads:?} pad axis {ax}, whose size depends on the batch"
+                )));
+            }
+            let v = self.pad_axis(c, cur, ax, [before, after], &mode, value)?;
+            self.fresh += 1;
+            cur = (format!("{}:padded{}", c.r.node, self.fresh), v);
+        }
+        Ok(vec![cur.1])
+    }
+
+    /// Pads one axis of `x` by `[before, after]` (negative: cropped) in `mode`.
+    pub(crate) fn pad_axis(
+        &mut self,
+        c: &Ctx,
+        x: (String, Val),
+        ax: usize,
+        [before, after]: [i64; 2],
+        mode: &str,
+        value: f32,
+    ) -> OnnxResult<Val> {
+        let mut x = x;
+        let n = static_shape(&x.1)[ax] as i64;
+        if before < 0 || after < 0 {
+            let (start, end) = (before.min(0).abs(), n - after.min(0).abs());
+            if start >= end {
+                return Err(c.bad(format!("pads crop axis {ax} of size {n} to nothing")));
+            }
+            let op = Op::Slice {
+                starts: vec![start],
+                ends: vec![end],
+                axes: vec![ax as i64],
+                steps: vec![1],
+            };
+            let v = self.emit_tmp(c, op, &[x], "cropped")?;
+            x = (format!("{}:cropped", c.r.node), v);
+        }
+        let n = static_shape(&x.1)[ax] as i64;
+        let shape = x.1.sym_shape().map_err(|e| c.bad(e))?;
+        let mut pieces = Vec::new();
+        for (is_before, p) in [(true, before.max(0)), (false, after.max(0))] {
+            if p == 0 {
+                continue;
+            }
+            let indices: Vec<i64> = match mode {
+                "constant" => vec![],
+                "edge" => vec![if is_before { 0 } else { n - 1 }; p as usize],
+                "reflect" if p < n => {
+                    if is_before {
+                        (1..=p).rev().collect()
+                    } else {
+                        (0..p).map(|i| n - 2 - i).collect()
+                    }
+                }
+                "wrap" if p <= n => {
+                    if is_before {
+                        (n - p..n).collect()
+                    } else {
+                        (0..p).collect()
+                    }
+                }
+                _ => {
+                    return Err(c.bad(format!(
+                        "{mode} padding of {p} on axis {ax} of size {n} (must be smaller than the axis)"
+                    )))
+                }
+            };
+            let piece = if mode == "constant" {
+                let mut dims = Vec::with_capacity(shape.len());
+                for (i, &d) in shape.iter().enumerate() {
+                    let d = if i == ax { Sym::k(p) } else { d };
+                    dims.push(sym_to_dim(d, false).map_err(|e| c.bad(format!("pad: {e}")))?);
+                }
+                self.fresh += 1;
+                let fill = (
+                    format!("{}:fill{}", c.r.node, self.fresh),
+                    Val::F(Arr::new(vec![1; shape.len()], vec![value])),
+                );
+                self.emit_tmp(c, Op::Expand { shape: dims }, &[fill], "border")?
+            } else {
+                let op = Op::Gather {
+                    axis: ax as i64,
+                    indices_shape: vec![indices.len()],
+                    indices,
+                };
+                self.emit_tmp(c, op, std::slice::from_ref(&x), "border")?
+            };
+            self.fresh += 1;
+            pieces.push((
+                is_before,
+                (format!("{}:border{}", c.r.node, self.fresh), piece),
+            ));
+        }
+        let mut ins: Vec<(String, Val)> = pieces
+            .iter()
+            .filter(|(b, _)| *b)
+            .map(|(_, v)| v.clone())
+            .collect();
+        ins.push(x);
+        ins.extend(pieces.into_iter().filter(|(b, _)| !*b).map(|(_, v)| v));
+        self.emit_tmp(c, Op::Concat { axis: ax as i64 }, &ins, "joined")
+    }
+
+    /// Split before opset 13: the part sizes are the `split` attribute (absent: equal parts).
+    pub(crate) fn split_v2(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let inputs = match c.ints("split")? {
+            Some(s) => vec![(
+                1,
+                Some(Val::I(Arr::new(
+                    vec![s.len()],
+                    s.into_iter().map(Sym::k).collect(),
+                ))),
+            )],
+            None => vec![],
+        };
+        self.as_newer_form(c, inputs, &["split"], vec![], Self::split)
+    }
+
+    /// Slice before opset 10: `starts`, `ends` and `axes` are attributes (no steps).
+    pub(crate) fn slice_v1(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let ints_val =
+            |v: Vec<i64>| Val::I(Arr::new(vec![v.len()], v.into_iter().map(Sym::k).collect()));
+        let starts = c
+            .ints("starts")?
+            .ok_or_else(|| c.bad("attribute starts is required"))?;
+        let ends = c
+            .ints("ends")?
+            .ok_or_else(|| c.bad("attribute ends is required"))?;
+        let mut inputs = vec![(1, Some(ints_val(starts))), (2, Some(ints_val(ends)))];
+        if let Some(axes) = c.ints("axes")? {
+            inputs.push((3, Some(ints_val(axes))));
+        }
+        self.as_newer_form(c, inputs, &["starts", "ends", "axes"], vec![], Self::slice)
+    }
+
+    /// Pad before opset 11: `pads` and `value` are attributes; `mode` is unchanged.
+    pub(crate) fn pad_v2(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let pads = c
+            .ints("pads")?
+            .ok_or_else(|| c.bad("attribute pads is required"))?;
+        let value = c.float("value", 0.0)?;
+        let pads = Val::I(Arr::new(
+            vec![pads.len()],
+            pads.into_iter().map(Sym::k).collect(),
+        ));
+        let inputs = vec![(1, Some(pads)), (2, Some(Val::F(Arr::scalar(value))))];
+        self.as_newer_form(c, inputs, &["pads", "value"], vec![], Self::pad)
+    }
+}
+
+/// The C-order offset (in units of the trailing slice) of an index tuple into the leading dims
+/// of `shape` (negative indices count from the end), for GatherND and ScatterND.
+/// GatherND's and ScatterND's `indices` (known at import) for data of shape `dshape`: their
+/// values, their shape, and `q`, the length of the index tuples along their last axis
+/// (1 to the rank of the data).
+pub(crate) fn nd_indices(
+    c: &Ctx,
+    indices: &Val,
+    dshape: &[usize],
+) -> OnnxResult<(Vec<i64>, Vec<usize>, usize)> {
+    let idx = syms_static(c, indices, "indices")?;
+    let ishape = static_shape(indices);
+    let q = ishape.last().copied().unwrap_or(0);
+    if q == 0 || q > dshape.len() {
+        return Err(c.bad(format!("indices {ishape:?} do not index data {dshape:?}")));
+    }
+    Ok((idx, ishape, q))
+}
+
+pub(crate) fn nd_offset(c: &Ctx, tuple: &[i64], shape: &[usize]) -> OnnxResult<usize> {
+    let mut offset = 0usize;
+    for (d, &i) in tuple.iter().enumerate() {
+        let size = shape[d] as i64;
+        let j = if i < 0 { i + size } else { i };
+        if !(0..size).contains(&j) {
+            return Err(c.bad(format!(
+                "index {i} is out of range for dimension {d} of size {size}"
+            )));
+        }
+        offset = offset * shape[d] + j as usize;
+    }
+    Ok(offset)
 }

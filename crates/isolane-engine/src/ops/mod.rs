@@ -10,12 +10,17 @@
 //! in its family's ONNX table. The CUDA lowering (isolane-cuda's `plan.rs`) is still one match
 //! of its own; see docs/engine.md.
 
+use std::collections::HashMap;
+
 use crate::error::Result;
 use crate::ir::{Node, Op};
 use crate::kernels::Kernel;
+use crate::onnx::import::{Ctx, Importer, Val};
+use crate::onnx::Result as OnnxResult;
 
 pub(crate) mod conv;
 pub(crate) mod elementwise;
+pub(crate) mod folded;
 pub(crate) mod index;
 pub(crate) mod linear;
 pub(crate) mod norm;
@@ -24,6 +29,7 @@ pub(crate) mod quant;
 pub(crate) mod reduce;
 pub(crate) mod resize;
 pub(crate) mod shape;
+pub(crate) mod volume;
 
 /// Output shapes of one node, by its family's rule (every op but Split has one output).
 pub(crate) fn infer(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<usize>>> {
@@ -110,4 +116,259 @@ pub(crate) fn prepare(node: &Node, ins: &[&[usize]], outs: &[&[usize]]) -> Resul
         Op::Resize(r) => resize::prepare_resize(ins, outs, r)?,
         Op::FakeQuant(q) => quant::prepare_fake_quant(node, x, q)?,
     })
+}
+
+/// Each family's ONNX rows; an op type is in one family only (a unit test checks it).
+const ONNX_FAMILIES: [&[(&str, ImportFn)]; 11] = [
+    folded::ONNX,
+    elementwise::ONNX,
+    conv::ONNX,
+    norm::ONNX,
+    pool::ONNX,
+    linear::ONNX,
+    shape::ONNX,
+    index::ONNX,
+    reduce::ONNX,
+    resize::ONNX,
+    quant::ONNX,
+];
+
+/// How a family imports one ONNX node: it reads the node's inputs and attributes through the
+/// importer and returns its outputs (IR nodes it added, or values computed at import).
+pub(crate) type ImportFn = fn(&mut Importer<'_>, &Ctx<'_>) -> OnnxResult<Vec<Val>>;
+
+/// The importer's op table: each ONNX op type (default domain) with its family's import
+/// function. A value, not a registry: [`OnnxOps::standard`] lists every family's rows, and a
+/// caller may add or replace rows before handing it to the importer
+/// (`crate::onnx::import::import_with_ops`). Opset differences are the import function's own
+/// (it reads the model's opset), so one op type has one row.
+#[derive(Clone)]
+pub(crate) struct OnnxOps {
+    by_type: HashMap<&'static str, ImportFn>,
+}
+
+impl OnnxOps {
+    /// Every op type isolane imports, from the families' tables.
+    pub(crate) fn standard() -> OnnxOps {
+        let mut ops = OnnxOps {
+            by_type: HashMap::new(),
+        };
+        for &(op_type, import) in ONNX_FAMILIES.iter().flat_map(|f| f.iter()) {
+            ops = ops.with(op_type, import);
+        }
+        ops
+    }
+
+    /// This table with `op_type` imported by `import` (replacing any earlier row).
+    pub(crate) fn with(mut self, op_type: &'static str, import: ImportFn) -> OnnxOps {
+        self.by_type.insert(op_type, import);
+        self
+    }
+
+    /// The import function of `op_type`, if the table has one.
+    pub(crate) fn get(&self, op_type: &str) -> Option<ImportFn> {
+        self.by_type.get(op_type).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::ir::Unary;
+    use crate::onnx::import::import_with_ops;
+    use crate::onnx::proto::{
+        tensor_proto::DataType, tensor_shape_proto, type_proto, GraphProto, ModelProto, NodeProto,
+        OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    use crate::onnx::OnnxModel;
+
+    /// The op types the importer knew when its one match became the families' tables.
+    const KNOWN: &[&str] = &[
+        "Abs",
+        "Add",
+        "And",
+        "AveragePool",
+        "BatchNormalization",
+        "Cast",
+        "CastLike",
+        "Ceil",
+        "Clip",
+        "Concat",
+        "Constant",
+        "ConstantOfShape",
+        "Conv",
+        "ConvInteger",
+        "Cos",
+        "CumSum",
+        "DequantizeLinear",
+        "Div",
+        "Dropout",
+        "DynamicQuantizeLinear",
+        "Einsum",
+        "Equal",
+        "Erf",
+        "Exp",
+        "Expand",
+        "Flatten",
+        "Floor",
+        "Gather",
+        "GatherND",
+        "Gelu",
+        "Gemm",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "Greater",
+        "GreaterOrEqual",
+        "GroupNormalization",
+        "HardSigmoid",
+        "HardSwish",
+        "Identity",
+        "InstanceNormalization",
+        "LayerNormalization",
+        "LeakyRelu",
+        "Less",
+        "LessOrEqual",
+        "Log",
+        "MatMul",
+        "MatMulInteger",
+        "Max",
+        "MaxPool",
+        "Mean",
+        "Min",
+        "Mod",
+        "Mul",
+        "Neg",
+        "Not",
+        "Or",
+        "Pad",
+        "Pow",
+        "QGemm",
+        "QLinearAdd",
+        "QLinearConcat",
+        "QLinearConv",
+        "QLinearGlobalAveragePool",
+        "QLinearLeakyRelu",
+        "QLinearMatMul",
+        "QLinearMul",
+        "QLinearSigmoid",
+        "QLinearSoftmax",
+        "QuantizeLinear",
+        "Range",
+        "Reciprocal",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceMax",
+        "ReduceMean",
+        "ReduceMin",
+        "ReduceSum",
+        "ReduceSumSquare",
+        "Relu",
+        "Reshape",
+        "Resize",
+        "ScatterND",
+        "Shape",
+        "Sigmoid",
+        "Sin",
+        "Size",
+        "Slice",
+        "Softmax",
+        "Split",
+        "Sqrt",
+        "Squeeze",
+        "Sub",
+        "Sum",
+        "Tanh",
+        "Tile",
+        "Transpose",
+        "Unsqueeze",
+        "Upsample",
+        "Where",
+    ];
+
+    #[test]
+    fn every_known_op_type_has_one_row_in_one_family() {
+        let ops = OnnxOps::standard();
+        for op in KNOWN {
+            assert!(ops.get(op).is_some(), "{op} has no import function");
+        }
+        let rows: usize = ONNX_FAMILIES.iter().map(|f| f.len()).sum();
+        // A row in two families would replace the first one's silently.
+        assert_eq!(
+            rows,
+            KNOWN.len(),
+            "an op type has rows in two families, or a new one"
+        );
+        assert_eq!(ops.by_type.len(), KNOWN.len());
+        assert!(ops.get("NonMaxSuppression").is_none());
+    }
+
+    /// A model of one node of type `op` on `x [1, 4]`.
+    fn one_node(op: &str) -> OnnxModel {
+        let dim = |d: i64| tensor_shape_proto::Dimension {
+            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+            ..Default::default()
+        };
+        let x = ValueInfoProto {
+            name: Some("x".into()),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(DataType::Float as i32),
+                    shape: Some(TensorShapeProto {
+                        dim: vec![dim(1), dim(4)],
+                    }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(GraphProto {
+                name: Some("g".into()),
+                node: vec![NodeProto {
+                    name: Some("n".into()),
+                    op_type: Some(op.into()),
+                    input: vec!["x".into()],
+                    output: vec!["y".into()],
+                    ..Default::default()
+                }],
+                input: vec![x],
+                output: vec![ValueInfoProto {
+                    name: Some("y".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        OnnxModel::from_proto(m, Path::new("one.onnx")).unwrap()
+    }
+
+    /// The table is a value: a caller's row reaches its importer only.
+    #[test]
+    fn a_caller_adds_an_op_type_to_its_own_table() {
+        fn swish(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+            im.emit1(c, Op::Unary(Unary::Silu), 1)
+        }
+        let m = one_node("Swish");
+        let e = import_with_ops(&m, m.initializers.clone(), OnnxOps::standard())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Swish"), "{e}");
+        let ops = OnnxOps::standard().with("Swish", swish);
+        let g = import_with_ops(&m, m.initializers.clone(), ops).unwrap();
+        assert_eq!(g.nodes.len(), 1);
+        assert_eq!(g.nodes[0].op, Op::Unary(Unary::Silu));
+        assert!(crate::onnx::import(&m).is_err());
+        // A replaced row is the one used.
+        let ops = OnnxOps::standard().with("Relu", swish);
+        let g = import_with_ops(&one_node("Relu"), Default::default(), ops).unwrap();
+        assert_eq!(g.nodes[0].op, Op::Unary(Unary::Silu));
+    }
 }

@@ -1,11 +1,17 @@
 //! `Op::FakeQuant`: ONNX's `DequantizeLinear(QuantizeLinear(x))` with one set of parameters
 //! (the arithmetic is `crate::quant`).
+//!
+//! ONNX: the QDQ and QOperator op types are routed here; their import stays in
+//! `crate::onnx`'s `quant.rs`, which owns the importer's quantization state.
 
 use std::sync::Arc;
 
 use crate::error::Result;
 use crate::ir::{shape_err, FakeQuantAttrs, Node};
 use crate::kernels::{unsupported, Kernel};
+use crate::onnx::import::{Ctx, Importer, Val};
+use crate::onnx::Result as OnnxResult;
+use crate::ops::ImportFn;
 
 /// The shape rule of `Op::FakeQuant(q)`: the input's shape, once the parameters fit it.
 pub(crate) fn infer_fake_quant(n: &Node, x: &[usize], q: &FakeQuantAttrs) -> Result<Vec<usize>> {
@@ -20,4 +26,37 @@ pub(crate) fn prepare_fake_quant(node: &Node, x: &[usize], q: &FakeQuantAttrs) -
         attrs: Arc::new(q.clone()),
         shape: x.to_vec(),
     })
+}
+
+/// The ONNX op types of quantized models: QDQ pairs and the QOperator ops (also in the
+/// com.microsoft domain). Their import is `crate::onnx`'s `quant.rs`, which shares the
+/// importer's quantization state.
+pub(crate) const ONNX: &[(&str, ImportFn)] = &[
+    ("QuantizeLinear", import_quantize_linear),
+    ("DequantizeLinear", import_dequantize_linear),
+    ("QLinearConv", import_qoperator),
+    ("QLinearMatMul", import_qoperator),
+    ("ConvInteger", import_qoperator),
+    ("MatMulInteger", import_qoperator),
+    ("DynamicQuantizeLinear", import_qoperator),
+    ("QLinearAdd", import_qoperator),
+    ("QLinearMul", import_qoperator),
+    ("QLinearGlobalAveragePool", import_qoperator),
+    ("QLinearConcat", import_qoperator),
+    ("QLinearLeakyRelu", import_qoperator),
+    ("QLinearSigmoid", import_qoperator),
+    ("QLinearSoftmax", import_qoperator),
+    ("QGemm", import_qoperator),
+];
+
+fn import_quantize_linear(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.quantize_linear(c)
+}
+
+fn import_dequantize_linear(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.dequantize_linear(c)
+}
+
+fn import_qoperator(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.qoperator(c, c.op())
 }

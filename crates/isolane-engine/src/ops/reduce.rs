@@ -1,9 +1,15 @@
 //! Reductions over axes: `Op::Reduce` (Mean, Sum, Max, Min, L1, SumSquare, L2) and
 //! `Op::Softmax`.
+//!
+//! ONNX: the Reduce op types and Softmax (before opset 13 over the input coerced to 2-D).
 
 use crate::error::Result;
 use crate::ir::{norm_axis, shape_err, Node, ReduceKind};
+use crate::ir::{Dim, Op};
 use crate::kernels::{strides_of, unsupported, Kernel};
+use crate::onnx::import::{fmt_syms, node_axis, sym_to_dim, Ctx, Importer, Val};
+use crate::onnx::Result as OnnxResult;
+use crate::ops::ImportFn;
 
 /// The shape rule of `Op::Softmax { axis }`: the input's shape, once the axis is in range.
 pub(crate) fn infer_softmax(n: &Node, x: &[usize], axis: i64) -> Result<Vec<usize>> {
@@ -87,4 +93,125 @@ pub(crate) fn prepare_reduce(
         }
     };
     Ok(kernel)
+}
+
+/// The ONNX op types imported as reductions.
+pub(crate) const ONNX: &[(&str, ImportFn)] = &[
+    ("ReduceMean", import_reduce),
+    ("ReduceSum", import_reduce),
+    ("ReduceMax", import_reduce),
+    ("ReduceMin", import_reduce),
+    ("ReduceL2", import_reduce),
+    ("ReduceL1", import_reduce),
+    ("ReduceSumSquare", import_reduce),
+    ("Softmax", import_softmax),
+];
+
+fn import_reduce(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.reduce(c, c.op())
+}
+
+/// Softmax before opset 13 coerces its input to 2-D around the axis.
+fn import_softmax(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    if im.m.opset < 13 {
+        return im.softmax_v1(c);
+    }
+    let axis = c.int("axis", -1)?;
+    let x = im.req(c, 0)?;
+    node_axis(c, axis, x.rank())?;
+    im.emit1(c, Op::Softmax { axis }, 1)
+}
+
+impl Importer<'_> {
+    /// The Reduce ops (F.normalize writes ReduceL2); each is one `Op::Reduce` of its kind
+    /// ([`ReduceKind`] says why L1/L2/SumSquare are not split into steps).
+    pub(crate) fn reduce(&mut self, c: &Ctx, op: &str) -> OnnxResult<Vec<Val>> {
+        // Axes moved from an attribute to an input: ReduceSum at opset 13, the others at 18.
+        let axes_as_input = (op == "ReduceSum" && self.m.opset >= 13) || self.m.opset >= 18;
+        let axes = if axes_as_input {
+            self.ints_input(c, 1, "axes")?
+        } else {
+            c.ints("axes")?
+        };
+        let keepdims = c.int("keepdims", 1)? != 0;
+        let noop = c.int("noop_with_empty_axes", 0)? != 0;
+        let axes = axes.unwrap_or_default();
+        if axes.is_empty() && noop {
+            if !matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin") {
+                return Err(c.unsupported_attr(
+                    "noop_with_empty_axes",
+                    format!("value 1 with no axes on {op}"),
+                ));
+            }
+            return Ok(vec![self.req(c, 0)?]);
+        }
+        let x = self.req(c, 0)?;
+        for &a in &axes {
+            node_axis(c, a, x.rank())?;
+        }
+        let axes = if axes.is_empty() {
+            (0..x.rank() as i64).collect()
+        } else {
+            axes
+        };
+        let kind = match op {
+            "ReduceMean" => ReduceKind::Mean,
+            "ReduceMax" => ReduceKind::Max,
+            "ReduceMin" => ReduceKind::Min,
+            "ReduceL1" => ReduceKind::L1,
+            "ReduceL2" => ReduceKind::L2,
+            "ReduceSumSquare" => ReduceKind::SumSquare,
+            _ => ReduceKind::Sum,
+        };
+        let reduce = Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        };
+        self.emit1(c, reduce, 1)
+    }
+
+    /// Softmax before opset 13 (default axis 1): the input is coerced to 2-D, `[d0·…·d(axis−1),
+    /// d(axis)·…·d(n−1)]`, each row normalised as one, and the result reshaped back. Over the
+    /// last axis this is the newer Softmax; over an earlier one it normalises several axes
+    /// together (unlike opset 13's single axis), imported as Flatten → Softmax → Reshape.
+    pub(crate) fn softmax_v1(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let axis = c.int("axis", 1)?;
+        let x = self.req(c, 0)?;
+        let r = x.rank();
+        // Flatten's axis may equal the rank: every row then holds one element.
+        let a = if axis == r as i64 {
+            r
+        } else {
+            node_axis(c, axis, r)?
+        };
+        if a + 1 == r {
+            return self.emit1(c, Op::Softmax { axis: -1 }, 1);
+        }
+        let shape = x.sym_shape().map_err(|e| c.bad(e))?;
+        let back: Vec<Dim> = shape
+            .iter()
+            .map(|&s| sym_to_dim(s, false))
+            .collect::<OnnxResult<_, _>>()
+            .map_err(|e| c.bad(format!("shape {}: {e}", fmt_syms(&shape))))?;
+        let flat = self.emit_tmp(
+            c,
+            Op::Flatten { axis: a as i64 },
+            &[(c.n.input[0].clone(), x)],
+            "rows",
+        )?;
+        let soft = self.emit_tmp(
+            c,
+            Op::Softmax { axis: -1 },
+            &[(format!("{}:rows", c.r.node), flat)],
+            "normalised",
+        )?;
+        let out = self.out_name(c, 0);
+        self.emit(
+            c,
+            Op::Reshape { shape: back },
+            &[(format!("{}:normalised", c.r.node), soft)],
+            vec![out],
+        )
+    }
 }

@@ -1,10 +1,20 @@
 //! Ops that move or re-view data without computing: `Op::Flatten`, `Op::Reshape`,
 //! `Op::Unsqueeze`, `Op::Squeeze` (views: the output is the input's data with another shape),
-//! `Op::Transpose` and `Op::Expand` (strided copies).
+//! `Op::Transpose` and `Op::Expand` (strided copies), and their ONNX import. ONNX's Tile
+//! becomes Reshape → Expand → Reshape per repeated axis, so every backend runs it with ops it
+//! has.
 
 use crate::error::Result;
+use crate::ir::{self, Op};
 use crate::ir::{broadcast_shapes, checked_numel, norm_axis, resolve_dims, shape_err, Dim, Node};
 use crate::kernels::{bcast_strides, strides_of, Kernel, StridedK};
+use crate::onnx::fold::{self, Arr, Sym};
+use crate::onnx::import::{
+    check_dims_size, fmt_syms, known_shape, map_arr, node_axis, reshape_const, static_shape,
+    sym_to_dim, Ctx, Importer, Val,
+};
+use crate::onnx::Result as OnnxResult;
+use crate::ops::ImportFn;
 
 /// The shape rule of `Op::Flatten { axis }`: `[product of dims before axis, product of the rest]`.
 pub(crate) fn infer_flatten(n: &Node, x: &[usize], axis: i64) -> Result<Vec<usize>> {
@@ -148,4 +158,363 @@ pub(crate) fn prepare_expand(x: &[usize], o: &[usize]) -> Kernel {
             .collect(),
         base: 0,
     })
+}
+
+/// The ONNX op types imported as shape ops.
+pub(crate) const ONNX: &[(&str, ImportFn)] = &[
+    ("Flatten", import_flatten),
+    ("Reshape", import_reshape),
+    ("Transpose", import_transpose),
+    ("Unsqueeze", import_squeeze),
+    ("Squeeze", import_squeeze),
+    ("Expand", import_expand),
+    ("Tile", import_tile),
+];
+
+fn import_flatten(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let axis = c.int("axis", 1)?;
+    let x = im.req(c, 0)?;
+    let r = x.rank();
+    // Flatten's axis may also equal the rank (everything in the first dim).
+    let a = if axis == r as i64 {
+        r
+    } else {
+        node_axis(c, axis, r)?
+    };
+    match x {
+        Val::Dyn(_) => im.emit1(c, Op::Flatten { axis }, 1),
+        v => {
+            let s = static_shape(&v);
+            let shape = vec![s[..a].iter().product(), s[a..].iter().product()];
+            Ok(vec![reshape_const(c, v, shape)?])
+        }
+    }
+}
+
+fn import_reshape(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.reshape(c)
+}
+
+fn import_transpose(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let x = im.req(c, 0)?;
+    let r = x.rank();
+    let perm: Vec<usize> = match c.ints("perm")? {
+        None => (0..r).rev().collect(),
+        Some(p) => p
+            .iter()
+            .map(|&a| node_axis(c, a, r))
+            .collect::<OnnxResult<_>>()?,
+    };
+    let mut seen = vec![false; r];
+    if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
+        return Err(c.bad(format!("perm {perm:?} is not a permutation of rank {r}")));
+    }
+    match x {
+        Val::Dyn(_) => im.emit1(c, Op::Transpose { perm }, 1),
+        v => Ok(vec![map_arr(
+            c,
+            v,
+            |a| a.transpose(&perm),
+            |a| a.transpose(&perm),
+            |a| a.transpose(&perm),
+        )?]),
+    }
+}
+
+/// Squeeze's and Unsqueeze's axes are an attribute before opset 13, an input since.
+fn import_squeeze(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let unsqueeze = c.op() == "Unsqueeze";
+    if im.m.opset < 13 {
+        im.squeeze_v1(c, unsqueeze)
+    } else {
+        im.squeeze(c, unsqueeze)
+    }
+}
+
+fn import_expand(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.expand(c)
+}
+
+fn import_tile(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.tile(c)
+}
+
+impl Importer<'_> {
+    pub(crate) fn reshape(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let allowzero = c.int("allowzero", 0)? != 0;
+        let x = self.req(c, 0)?;
+        let mut shape = known_shape(c, self.req(c, 1)?)?;
+        if let (true, Some(d)) = (self.uniform.contains(&c.n.input[0]), shape.first_mut()) {
+            *d = Sym::k(1);
+        }
+        if allowzero && shape.iter().any(|s| *s == Sym::k(0)) {
+            return Err(c.unsupported_attr(
+                "allowzero",
+                "allowzero=1 with a 0 in the shape (an empty tensor)",
+            ));
+        }
+        let dims: Vec<Dim> = shape
+            .iter()
+            .map(|&s| sym_to_dim(s, true))
+            .collect::<OnnxResult<_, _>>()
+            .map_err(|e| c.bad(format!("shape {}: {e}", fmt_syms(&shape))))?;
+        check_dims_size(&dims).map_err(|e| c.bad(format!("shape {e}")))?;
+        match x {
+            Val::Dyn(_) => self.emit1(c, Op::Reshape { shape: dims }, 1),
+            v => {
+                let s = static_shape(&v);
+                let out = ir::resolve_dims(&dims, Some(&s), 1).map_err(|e| c.bad(e))?;
+                Ok(vec![reshape_const(c, v, out)?])
+            }
+        }
+    }
+
+    pub(crate) fn squeeze(&mut self, c: &Ctx, unsqueeze: bool) -> OnnxResult<Vec<Val>> {
+        let x = self.req(c, 0)?;
+        let axes = self.ints_input(c, 1, "axes")?;
+        if unsqueeze && axes.is_none() {
+            return Err(c.bad("Unsqueeze needs axes"));
+        }
+        let axes = axes.unwrap_or_default();
+        let op = if unsqueeze {
+            Op::Unsqueeze { axes }
+        } else {
+            Op::Squeeze { axes }
+        };
+        if let Val::Dyn(_) = x {
+            return self.emit1(c, op, 1);
+        }
+        let s = static_shape(&x);
+        let node = ir::Node {
+            name: c.r.node.clone(),
+            op,
+            inputs: vec![],
+            outputs: vec![],
+        };
+        let out = ir::infer_node(&node, &[&s], 1)
+            .map_err(|e| c.bad(e.to_string()))?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        Ok(vec![reshape_const(c, x, out)?])
+    }
+
+    pub(crate) fn expand(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let x = self.req(c, 0)?;
+        let shape = known_shape(c, self.req(c, 1)?)?;
+        let all_static = shape.iter().all(|s| s.is_const());
+        if !x.is_dyn() && all_static {
+            let t: Vec<usize> = shape.iter().map(|s| s.c.max(0) as usize).collect();
+            let xs = static_shape(&x);
+            let out = ir::broadcast_shapes(&xs, &t)
+                .ok_or_else(|| c.bad(format!("cannot expand {xs:?} to {t:?}")))?;
+            match x {
+                Val::I(_) => fold::numel_of::<Sym>(&out),
+                Val::B(_) => fold::numel_of::<bool>(&out),
+                _ => fold::numel(&out),
+            }
+            .map_err(|e| c.bad(e))?;
+            return Ok(vec![map_arr(
+                c,
+                x,
+                |a| a.broadcast_to(&out),
+                |a| a.broadcast_to(&out),
+                |a| a.broadcast_to(&out),
+            )?]);
+        }
+        let dims: Vec<Dim> = shape
+            .iter()
+            .map(|&s| sym_to_dim(s, false))
+            .collect::<OnnxResult<_, _>>()
+            .map_err(|e| c.bad(format!("shape {}: {e}", fmt_syms(&shape))))?;
+        check_dims_size(&dims).map_err(|e| c.bad(format!("shape {e}")))?;
+        self.emit1(c, Op::Expand { shape: dims }, 1)
+    }
+
+    /// Squeeze and Unsqueeze before opset 13: `axes` is an attribute (optional for Squeeze).
+    pub(crate) fn squeeze_v1(&mut self, c: &Ctx, unsqueeze: bool) -> OnnxResult<Vec<Val>> {
+        let axes = c.ints("axes")?;
+        let inputs = match axes {
+            Some(a) => vec![(
+                1,
+                Some(Val::I(Arr::new(
+                    vec![a.len()],
+                    a.into_iter().map(Sym::k).collect(),
+                ))),
+            )],
+            None => vec![],
+        };
+        let handler: fn(&mut Self, &Ctx) -> OnnxResult<Vec<Val>> = if unsqueeze {
+            |im, c| im.squeeze(c, true)
+        } else {
+            |im, c| im.squeeze(c, false)
+        };
+        self.as_newer_form(c, inputs, &["axes"], vec![], handler)
+    }
+
+    /// Tile (opsets 6 and 13): output axis k is `repeats[k]` copies of the input's axis k.
+    /// A repeat that depends on the batch (XCiT's positional encoding, `pos.repeat(B, 1, 1,
+    /// 1)`) is supported on an axis of size 1, where Tile is a broadcast: one Expand. Every
+    /// other repeated axis: Reshape `[…, 1, d, …]` → Expand `[…, r, d, …]` → Reshape
+    /// `[…, r·d, …]` (one more dimension at a time, within every backend's rank); folded
+    /// when the input is known at import.
+    pub(crate) fn tile(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let mut x = self.req(c, 0)?;
+        let mut reps: Vec<Sym> = match self.req(c, 1)? {
+            Val::I(a) => a.data,
+            v => {
+                return Err(c.bad(format!(
+                    "repeats is {}; expected integers known at import",
+                    v.kind()
+                )))
+            }
+        };
+        let r = x.rank();
+        if reps.len() != r {
+            return Err(c.bad(format!(
+                "repeats {} must hold one value per input dimension ({r})",
+                fmt_syms(&reps)
+            )));
+        }
+        let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+        let by_batch: Vec<usize> = (0..r).filter(|&k| !reps[k].is_const()).collect();
+        if !by_batch.is_empty() {
+            let mut target = xs.clone();
+            for &k in &by_batch {
+                if xs[k] != Sym::k(1) || reps[k].a < 0 || reps[k].c < 0 {
+                    return Err(c.bad(format!(
+                        "repeats {} depends on the batch size on axis {k}, of size {}; isolane \
+                         supports that only on an axis of size 1 (a broadcast)",
+                        fmt_syms(&reps),
+                        xs[k]
+                    )));
+                }
+                target[k] = reps[k];
+                reps[k] = Sym::k(1);
+            }
+            let dims: Vec<Dim> = target
+                .iter()
+                .map(|&s| sym_to_dim(s, false))
+                .collect::<OnnxResult<_, _>>()
+                .map_err(|e| c.bad(format!("tiled shape {}: {e}", fmt_syms(&target))))?;
+            check_dims_size(&dims).map_err(|e| c.bad(format!("the tiled shape {e}")))?;
+            x = self.emit_tmp(
+                c,
+                Op::Expand { shape: dims },
+                &[(c.n.input[0].clone(), x)],
+                "broadcast",
+            )?;
+        }
+        let repeats: Vec<i64> = reps.iter().map(|s| s.c).collect();
+        if let Some(bad) = repeats.iter().find(|&&v| v < 1) {
+            return Err(c.bad(format!(
+                "repeats {repeats:?}: a repeat of {bad} is not supported (at least 1; 0 \
+                 makes an empty tensor)"
+            )));
+        }
+        if repeats.iter().all(|&v| v == 1) {
+            return Ok(vec![x]);
+        }
+        let mut shape = x.sym_shape().map_err(|e| c.bad(e))?;
+        let mut out_shape = shape.clone();
+        for (d, &k) in out_shape.iter_mut().zip(&repeats) {
+            *d = d.mul(Sym::k(k)).map_err(|e| c.bad(e))?;
+        }
+        let out_dims: Vec<Dim> = out_shape
+            .iter()
+            .map(|&s| sym_to_dim(s, false))
+            .collect::<OnnxResult<_, _>>()
+            .map_err(|e| c.bad(format!("output shape {}: {e}", fmt_syms(&out_shape))))?;
+        check_dims_size(&out_dims).map_err(|e| c.bad(format!("the tiled shape {e}")))?;
+        if !x.is_dyn() {
+            let out: Vec<usize> = out_shape.iter().map(|s| s.c as usize).collect();
+            match x {
+                Val::I(_) => fold::numel_of::<Sym>(&out),
+                Val::B(_) => fold::numel_of::<bool>(&out),
+                _ => fold::numel(&out),
+            }
+            .map_err(|e| c.bad(e))?;
+        }
+        let mut cur = (format!("{}:broadcast", c.r.node), x);
+        let last = repeats.iter().rposition(|&v| v > 1).unwrap_or(0);
+        for (k, &rep) in repeats.iter().enumerate() {
+            if rep == 1 {
+                continue;
+            }
+            let split = |with: Sym| -> OnnxResult<Vec<Sym>> {
+                let mut s = shape.clone();
+                s.insert(k, with);
+                Ok(s)
+            };
+            let (ones, wide) = (split(Sym::k(1))?, split(Sym::k(rep))?);
+            let mut merged = shape.clone();
+            merged[k] = out_shape[k];
+            let next = if cur.1.is_dyn() {
+                let dims = |s: &[Sym]| -> OnnxResult<Vec<Dim>> {
+                    s.iter()
+                        .map(|&d| sym_to_dim(d, false))
+                        .collect::<OnnxResult<_, _>>()
+                        .map_err(|e| c.bad(format!("shape {}: {e}", fmt_syms(s))))
+                };
+                let apart = self.emit_tmp(
+                    c,
+                    Op::Reshape {
+                        shape: dims(&ones)?,
+                    },
+                    &[cur],
+                    "apart",
+                )?;
+                let copies = self.emit_tmp(
+                    c,
+                    Op::Expand {
+                        shape: dims(&wide)?,
+                    },
+                    &[(format!("{}:apart", c.r.node), apart)],
+                    "copies",
+                )?;
+                if k == last {
+                    let out = self.out_name(c, 0);
+                    let ins = [(format!("{}:copies", c.r.node), copies)];
+                    let op = Op::Reshape {
+                        shape: dims(&merged)?,
+                    };
+                    return self.emit(c, op, &ins, vec![out]);
+                }
+                self.emit_tmp(
+                    c,
+                    Op::Reshape {
+                        shape: dims(&merged)?,
+                    },
+                    &[(format!("{}:copies", c.r.node), copies)],
+                    "tiled",
+                )?
+            } else {
+                let st = |s: &[Sym]| s.iter().map(|d| d.c as usize).collect::<Vec<_>>();
+                let (ones, wide, merged) = (st(&ones), st(&wide), st(&merged));
+                map_arr(
+                    c,
+                    cur.1,
+                    |a| {
+                        a.reshape(ones.clone())?
+                            .broadcast_to(&wide)?
+                            .reshape(merged.clone())
+                    },
+                    |a| {
+                        a.reshape(ones.clone())?
+                            .broadcast_to(&wide)?
+                            .reshape(merged.clone())
+                    },
+                    |a| {
+                        a.reshape(ones.clone())?
+                            .broadcast_to(&wide)?
+                            .reshape(merged.clone())
+                    },
+                )?
+            };
+            shape = merged;
+            self.fresh += 1;
+            cur = (format!("{}:tiled{}", c.r.node, self.fresh), next);
+        }
+        Ok(vec![cur.1])
+    }
 }

@@ -9,7 +9,10 @@
 //! maximum (or the sum, divided by the window's count along the depth) over the depth window.
 //! Every value stays rank 5 or less, within each backend's indexing.
 
-use super::*;
+use crate::ir::{self, Binary, Dim, Op, ReduceKind};
+use crate::onnx::fold::{self, Arr};
+use crate::onnx::import::{static_shape, Ctx, Importer, Val};
+use crate::onnx::Result as OnnxResult;
 
 /// A 3-D window's attributes, read from an ONNX node (`pads` in ONNX order: the three
 /// begins, then the three ends).
@@ -20,7 +23,7 @@ struct Window3 {
     pads: [usize; 6],
 }
 
-fn three(c: &Ctx, name: &str, v: Option<Vec<i64>>, default: usize) -> Result<[usize; 3]> {
+fn three(c: &Ctx, name: &str, v: Option<Vec<i64>>, default: usize) -> OnnxResult<[usize; 3]> {
     match v {
         None => Ok([default; 3]),
         Some(v) if v.len() == 3 && v.iter().all(|&x| (1..=1 << 20).contains(&x)) => {
@@ -31,7 +34,7 @@ fn three(c: &Ctx, name: &str, v: Option<Vec<i64>>, default: usize) -> Result<[us
 }
 
 impl Window3 {
-    fn read(c: &Ctx, kernel: [usize; 3], input: [usize; 3]) -> Result<Window3> {
+    fn read(c: &Ctx, kernel: [usize; 3], input: [usize; 3]) -> OnnxResult<Window3> {
         let strides = three(c, "strides", c.ints("strides")?, 1)?;
         let dilations = three(c, "dilations", c.ints("dilations")?, 1)?;
         let auto = c.string("auto_pad", "NOTSET")?;
@@ -71,7 +74,7 @@ impl Window3 {
 
     /// The output depth, and the padded input depth its windows reach (ceil mode may reach
     /// past the explicit pads).
-    fn depth(&self, d: usize, ceil: bool) -> Result<(usize, usize), String> {
+    fn depth(&self, d: usize, ceil: bool) -> OnnxResult<(usize, usize), String> {
         let padded = d + self.pads[0] + self.pads[3];
         let eff = (self.kernel[0] - 1) * self.dilations[0] + 1;
         if padded < eff {
@@ -93,7 +96,7 @@ impl Window3 {
     /// The gathered depth indices: for each output depth, its window's `kd` positions. Their
     /// count is bounded as a folded constant's (a corrupt file's depth of 2^38 must be refused,
     /// not allocated).
-    fn depth_indices(&self, out: usize) -> Result<Vec<i64>, String> {
+    fn depth_indices(&self, out: usize) -> OnnxResult<Vec<i64>, String> {
         let (s, dl, k) = (self.strides[0], self.dilations[0], self.kernel[0]);
         fold::numel_of::<i64>(&[out, k]).map_err(|e| format!("the depth windows: {e}"))?;
         Ok((0..out)
@@ -104,7 +107,7 @@ impl Window3 {
 
 impl Importer<'_> {
     /// A runtime `[N, C, D, H, W]` input as the 4-D values the decomposition works on.
-    fn volume_input(&self, c: &Ctx) -> Result<(Val, [usize; 5])> {
+    fn volume_input(&self, c: &Ctx) -> OnnxResult<(Val, [usize; 5])> {
         let x = self.req(c, 0)?;
         let shape = match &x {
             Val::Dyn(d) if d.shapes[0].len() == 5 => d.shapes[0].clone(),
@@ -130,7 +133,7 @@ impl Importer<'_> {
         [_, ch, d, h, w]: [usize; 5],
         [before, after]: [usize; 2],
         fill: f32,
-    ) -> Result<(String, Val)> {
+    ) -> OnnxResult<(String, Val)> {
         let flat = self.emit_tmp(
             c,
             Op::Reshape {
@@ -162,7 +165,7 @@ impl Importer<'_> {
         c: &Ctx,
         x: (String, Val),
         [ch, d, h, w]: [usize; 4],
-    ) -> Result<Vec<Val>> {
+    ) -> OnnxResult<Vec<Val>> {
         let t = self.emit_tmp(
             c,
             Op::Transpose {
@@ -183,7 +186,7 @@ impl Importer<'_> {
         )
     }
 
-    pub(super) fn conv3d(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+    pub(crate) fn conv3d(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
         let (x, xs) = self.volume_input(c)?;
         let Val::F(wt) = self.req(c, 1)? else {
             return Err(c.bad("a 3-D convolution's weight must be known at import"));
@@ -321,7 +324,7 @@ impl Importer<'_> {
         )
     }
 
-    pub(super) fn pool3d(&mut self, c: &Ctx, max: bool) -> Result<Vec<Val>> {
+    pub(crate) fn pool3d(&mut self, c: &Ctx, max: bool) -> OnnxResult<Vec<Val>> {
         let (x, xs) = self.volume_input(c)?;
         let kernel = three(c, "kernel_shape", c.ints("kernel_shape")?, 0)
             .map_err(|_| c.bad("kernel_shape must hold 3 positive values"))?;
@@ -475,13 +478,13 @@ impl Importer<'_> {
 
 impl Importer<'_> {
     /// The rank of the node's first input (0 when it is missing: the handler then says so).
-    pub(super) fn input_rank(&self, c: &Ctx) -> usize {
+    pub(crate) fn input_rank(&self, c: &Ctx) -> usize {
         self.get(c, 0).ok().flatten().map_or(0, |v| v.rank())
     }
 
     /// GlobalAveragePool of a rank other than 4 (3-D: video models' `AdaptiveAvgPool3d(1)`):
     /// the mean over every dimension after the channels.
-    pub(super) fn global_average_nd(&mut self, c: &Ctx) -> Result<Vec<Val>> {
+    pub(crate) fn global_average_nd(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
         let r = self.input_rank(c);
         if r < 3 {
             return Err(c.bad(format!("input must be [N, C, spatial...], has rank {r}")));

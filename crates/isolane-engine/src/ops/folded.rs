@@ -1,0 +1,407 @@
+//! Ops computed at import only: the shape subgraphs exporters emit (Shape, Size, Cast,
+//! ConstantOfShape, Range, comparisons, Where, Mod...) become values known at import, with
+//! batch-dependent integers carried as `a·B + c`. They have no IR op: a runtime tensor
+//! reaching one is refused by name.
+
+use crate::onnx::fold::{self, Arr, Sym};
+use crate::onnx::import::{batch_uniform, node_axis, syms_static, Ctx, Importer, Val};
+use crate::onnx::proto::{attribute_proto::AttributeType, TensorProto};
+use crate::onnx::tensor::{self, Data};
+use crate::onnx::{OnnxError, Result as OnnxResult};
+use crate::ops::ImportFn;
+
+/// The ONNX op types computed at import.
+pub(crate) const ONNX: &[(&str, ImportFn)] = &[
+    ("Constant", import_constant),
+    ("Shape", import_shape),
+    ("Size", import_size),
+    ("Cast", import_cast),
+    ("CastLike", import_cast_like),
+    ("ConstantOfShape", import_constant_of_shape),
+    ("Range", import_range),
+    ("CumSum", import_cumsum),
+    ("Equal", import_compare),
+    ("Less", import_compare),
+    ("Greater", import_compare),
+    ("LessOrEqual", import_compare),
+    ("GreaterOrEqual", import_compare),
+    ("Not", import_not),
+    ("And", import_and_or),
+    ("Or", import_and_or),
+    ("Where", import_where),
+    ("Mod", import_mod),
+];
+
+fn import_constant(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let v = im.constant(c)?;
+    im.note_constant_type(c);
+    Ok(vec![v])
+}
+
+fn import_shape(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.shape_op(c)
+}
+
+fn import_size(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let x = im.req(c, 0)?;
+    let s = x.sym_shape().map_err(|e| c.bad(e))?;
+    let mut p = Sym::k(1);
+    for d in s {
+        p = p.mul(d).map_err(|e| c.bad(e))?;
+    }
+    Ok(vec![Val::I(Arr::scalar(p))])
+}
+
+fn import_cast(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let to = c.int("to", 0)?;
+    c.ignore("saturate"); // only affects float8 targets, which are rejected below
+    let x = im.req(c, 0)?;
+    Ok(vec![cast(c, x, to)?])
+}
+
+fn import_cast_like(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    c.ignore("saturate");
+    let x = im.req(c, 0)?;
+    let like = im.req(c, 1)?;
+    let to = match like {
+        Val::I(_) => 7,
+        Val::B(_) => 9,
+        _ => 1,
+    };
+    Ok(vec![cast(c, x, to)?])
+}
+
+fn import_constant_of_shape(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let shape = match batch_uniform::one_row_shape(im, c)? {
+        Some(one_row) => one_row,
+        None => im
+            .ints_input(c, 0, "shape")?
+            .ok_or_else(|| c.bad("missing shape input"))?,
+    };
+    let shape: Vec<usize> = shape
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| c.bad(format!("negative dimension in {shape:?}"))))
+        .collect::<OnnxResult<_>>()?;
+    let value = match c.typed("value", AttributeType::Tensor)? {
+        None => Val::F(Arr::scalar(0.0)),
+        Some(a) => im.tensor_attr(c, "value", a.t.as_ref())?,
+    };
+    let n = match value {
+        Val::I(_) => fold::numel_of::<Sym>(&shape),
+        Val::B(_) => fold::numel_of::<bool>(&shape),
+        _ => fold::numel(&shape),
+    }
+    .map_err(|e| c.bad(e))?;
+    Ok(vec![match value {
+        Val::F(a) if a.data.len() == 1 => Val::F(Arr::new(shape, vec![a.data[0]; n])),
+        Val::I(a) if a.data.len() == 1 => Val::I(Arr::new(shape, vec![a.data[0]; n])),
+        Val::B(a) if a.data.len() == 1 => Val::B(Arr::new(shape, vec![a.data[0]; n])),
+        _ => return Err(c.bad("value must hold exactly one element")),
+    }])
+}
+
+fn import_range(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.range(c)
+}
+
+fn import_cumsum(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.cumsum(c)
+}
+
+fn import_compare(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.compare(c, c.op())
+}
+
+fn import_not(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    match im.req(c, 0)? {
+        Val::B(a) => Ok(vec![Val::B(a.map(|b| !b))]),
+        v => Err(c.bad(format!("Not of {} is not supported", v.kind()))),
+    }
+}
+
+fn import_and_or(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let (Val::B(a), Val::B(b)) = (im.req(c, 0)?, im.req(c, 1)?) else {
+        return Err(c.bad("only constant bool inputs are supported"));
+    };
+    let and = c.op() == "And";
+    Ok(vec![Val::B(
+        fold::zip(&a, &b, |x, y| Ok(if and { *x && *y } else { *x || *y }))
+            .map_err(|e| c.bad(e))?,
+    )])
+}
+
+fn import_where(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.where_op(c)
+}
+
+fn import_mod(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.modulo(c)
+}
+
+impl Importer<'_> {
+    pub(crate) fn constant(&mut self, c: &Ctx) -> OnnxResult<Val> {
+        let attrs: Vec<&str> = c.n.attribute.iter().map(|a| a.name()).collect();
+        if attrs.len() != 1 {
+            return Err(c.bad(format!(
+                "expects exactly one value attribute, has {attrs:?}"
+            )));
+        }
+        match attrs[0] {
+            "value" => {
+                let a = c.typed("value", AttributeType::Tensor)?;
+                self.tensor_attr(c, "value", a.and_then(|a| a.t.as_ref()))
+            }
+            "value_float" => Ok(Val::F(Arr::scalar(c.float("value_float", 0.0)?))),
+            "value_floats" => {
+                let a = c.typed("value_floats", AttributeType::Floats)?;
+                let v = a.map(|a| a.floats.clone()).unwrap_or_default();
+                Ok(Val::F(Arr::new(vec![v.len()], v)))
+            }
+            "value_int" => Ok(Val::I(Arr::scalar(Sym::k(c.int("value_int", 0)?)))),
+            "value_ints" => {
+                let v = c.ints("value_ints")?.unwrap_or_default();
+                Ok(Val::I(Arr::new(
+                    vec![v.len()],
+                    v.into_iter().map(Sym::k).collect(),
+                )))
+            }
+            other => Err(c.unsupported_attr(
+                other,
+                "only tensor, float(s) and int(s) constants are supported",
+            )),
+        }
+    }
+
+    pub(crate) fn tensor_attr(
+        &self,
+        c: &Ctx,
+        name: &str,
+        t: Option<&TensorProto>,
+    ) -> OnnxResult<Val> {
+        let t = t.ok_or_else(|| c.bad(format!("attribute {name} holds no tensor")))?;
+        let path = self.m.path.clone();
+        let mut ext = |t: &TensorProto| tensor::read_external(&path, t);
+        let t = tensor::from_proto(t, &mut ext).map_err(|e| {
+            c.bad(format!(
+                "attribute {name}: {}",
+                OnnxError::from_tensor_error(&path, t.name(), e)
+            ))
+        })?;
+        Ok(match t.data {
+            Data::F32(v) => Val::F(Arr::new(t.shape, v)),
+            Data::I64(v) => Val::I(Arr::new(t.shape, v.into_iter().map(Sym::k).collect())),
+            Data::Bool(v) => Val::B(Arr::new(t.shape, v)),
+        })
+    }
+
+    pub(crate) fn shape_op(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let x = self.req(c, 0)?;
+        let mut s = x.sym_shape().map_err(|e| c.bad(e))?;
+        if let (true, Some(d)) = (self.uniform.contains(&c.n.input[0]), s.first_mut()) {
+            *d = batch_uniform::BATCH;
+        }
+        let r = s.len() as i64;
+        let clampi = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) };
+        let start = clampi(c.int("start", 0)?) as usize;
+        let end = clampi(c.int("end", r)?) as usize;
+        let part: Vec<Sym> = if start < end {
+            s[start..end].to_vec()
+        } else {
+            vec![]
+        };
+        Ok(vec![Val::I(Arr::new(vec![part.len()], part))])
+    }
+
+    /// CumSum of a float constant (positional encodings are cumulated masks); a runtime
+    /// tensor's is not supported.
+    pub(crate) fn cumsum(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let exclusive = c.int("exclusive", 0)? != 0;
+        let reverse = c.int("reverse", 0)? != 0;
+        let x = self.req(c, 0)?;
+        let axis = syms_static(c, &self.req(c, 1)?, "axis")?;
+        let &[axis] = axis.as_slice() else {
+            return Err(c.bad(format!("axis must hold one value, holds {}", axis.len())));
+        };
+        let a = node_axis(c, axis, x.rank())?;
+        match x {
+            Val::F(arr) => Ok(vec![Val::F(arr.cumsum(a, exclusive, reverse))]),
+            other => Err(c.bad(format!(
+                "CumSum of {} is not supported (float constants only)",
+                other.kind()
+            ))),
+        }
+    }
+
+    pub(crate) fn range(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let (s, l, d) = (self.req(c, 0)?, self.req(c, 1)?, self.req(c, 2)?);
+        match (&s, &l, &d) {
+            (Val::I(_), Val::I(_), Val::I(_)) => {
+                let v = |x: &Val| {
+                    syms_static(c, x, "Range bound").map(|v| v.first().copied().unwrap_or(0))
+                };
+                let (s, l, d) = (v(&s)?, v(&l)?, v(&d)?);
+                if d == 0 {
+                    return Err(c.bad("delta is 0"));
+                }
+                let n = ((l as f64 - s as f64) / d as f64).ceil().max(0.0) as usize;
+                fold::numel_of::<Sym>(&[n]).map_err(|e| c.bad(e))?;
+                let data = (0..n as i64)
+                    .map(|i| i.checked_mul(d).and_then(|v| v.checked_add(s)).map(Sym::k))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| c.bad("Range overflows int64"))?;
+                Ok(vec![Val::I(Arr::new(vec![n], data))])
+            }
+            (Val::F(a), Val::F(b), Val::F(e))
+                if a.data.len() == 1 && b.data.len() == 1 && e.data.len() == 1 =>
+            {
+                let (s, l, d) = (a.data[0], b.data[0], e.data[0]);
+                if d == 0.0 || !d.is_finite() {
+                    return Err(c.bad("delta is 0"));
+                }
+                let n = ((l - s) / d).ceil().max(0.0) as usize;
+                fold::numel(&[n]).map_err(|e| c.bad(e))?;
+                let data = (0..n).map(|i| s + i as f32 * d).collect();
+                Ok(vec![Val::F(Arr::new(vec![n], data))])
+            }
+            _ => Err(c.bad("Range needs scalar bounds known at import")),
+        }
+    }
+
+    pub(crate) fn compare(&mut self, c: &Ctx, op: &str) -> OnnxResult<Vec<Val>> {
+        let (x, y) = (self.req(c, 0)?, self.req(c, 1)?);
+        let r = match (&x, &y) {
+            (Val::I(a), Val::I(b)) => fold::zip(a, b, |p, q| {
+                Ok(match op {
+                    "Equal" => p.equal(*q)?,
+                    "Less" => p.less(*q)?,
+                    "Greater" => q.less(*p)?,
+                    "LessOrEqual" => !q.less(*p)?,
+                    _ => !p.less(*q)?,
+                })
+            }),
+            (Val::F(a), Val::F(b)) => fold::zip(a, b, |p, q| {
+                Ok(match op {
+                    "Equal" => p == q,
+                    "Less" => p < q,
+                    "Greater" => p > q,
+                    "LessOrEqual" => p <= q,
+                    _ => p >= q,
+                })
+            }),
+            (Val::B(a), Val::B(b)) if op == "Equal" => fold::zip(a, b, |p, q| Ok(p == q)),
+            _ => {
+                return Err(c.bad(format!(
+                    "{op} of {} and {} is not supported (only on values known at import)",
+                    x.kind(),
+                    y.kind()
+                )))
+            }
+        };
+        Ok(vec![Val::B(r.map_err(|e| c.bad(e))?)])
+    }
+
+    pub(crate) fn where_op(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let (cond, x, y) = (self.req(c, 0)?, self.req(c, 1)?, self.req(c, 2)?);
+        let Val::B(cond) = cond else {
+            return Err(c.bad(format!(
+                "the condition is {}; isolane folds Where only on values known at import",
+                cond.kind()
+            )));
+        };
+        let r = match (&x, &y) {
+            (Val::I(a), Val::I(b)) => fold::select(&cond, a, b).map(Val::I),
+            (Val::F(a), Val::F(b)) => fold::select(&cond, a, b).map(Val::F),
+            (Val::B(a), Val::B(b)) => fold::select(&cond, a, b).map(Val::B),
+            _ => {
+                return Err(c.bad(format!(
+                    "Where on {} and {} is not supported (only on values known at import)",
+                    x.kind(),
+                    y.kind()
+                )))
+            }
+        };
+        Ok(vec![r.map_err(|e| c.bad(e))?])
+    }
+
+    /// Mod, on values known at import (exporters use it for axis arithmetic such as
+    /// `-1 % rank` in `unflatten`). `fmod=0`: the result takes the divisor's sign (Python);
+    /// `fmod=1`: the dividend's (C `fmod`).
+    pub(crate) fn modulo(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let fmod = c.int("fmod", 0)? != 0;
+        let (x, y) = (self.req(c, 0)?, self.req(c, 1)?);
+        let r = match (&x, &y) {
+            (Val::I(a), Val::I(b)) => fold::zip(a, b, |p, q| {
+                if !p.is_const() || !q.is_const() {
+                    return Err("Mod of a batch-dependent value".into());
+                }
+                if q.c == 0 {
+                    return Err("Mod by zero".into());
+                }
+                let r = p.c.checked_rem(q.c).ok_or("overflow")?;
+                Ok(Sym::k(if !fmod && r != 0 && (r < 0) != (q.c < 0) { r + q.c } else { r }))
+            })
+            .map(Val::I),
+            (Val::F(a), Val::F(b)) if fmod => fold::zip(a, b, |p, q| Ok(p % q)).map(Val::F),
+            _ => {
+                return Err(c.bad(format!(
+                    "Mod of {} and {} is supported only on integers known at import (floats need fmod=1)",
+                    x.kind(),
+                    y.kind()
+                )))
+            }
+        };
+        Ok(vec![r.map_err(|e| c.bad(e))?])
+    }
+}
+
+/// ONNX Cast to data type `to` (TensorProto.DataType numbers).
+pub(crate) fn cast(c: &Ctx, x: Val, to: i64) -> OnnxResult<Val> {
+    const FLOAT: i64 = 1;
+    const DOUBLE: i64 = 11;
+    const FLOAT16: i64 = 10;
+    const BFLOAT16: i64 = 16;
+    const BOOL: i64 = 9;
+    const INTS: [i64; 8] = [2, 3, 4, 5, 6, 7, 12, 13];
+    let float_target = matches!(to, FLOAT | DOUBLE | FLOAT16 | BFLOAT16);
+    Ok(match x {
+        // Runtime tensors are f32 in the IR and computed at the precision the model is compiled
+        // for (`--precision`), so a cast between float types (the Cast to/from float16 that an
+        // fp16-converted model has at its input and output) is a pass-through: it names a
+        // storage type, and the backend's precision decides the rounding (docs/onnx.md).
+        // A cast to an integer type would change values and is not supported.
+        Val::Dyn(_) if float_target => x,
+        Val::Dyn(_) => {
+            return Err(c.bad(format!(
+                "casting a runtime tensor to data type {to} is not supported"
+            )))
+        }
+        // A value known at import is rounded exactly as the cast asks (e.g. a float16 constant).
+        Val::F(a) if to == FLOAT16 => Val::F(a.map(|&v| half::f16::from_f32(v).to_f32())),
+        Val::F(a) if to == BFLOAT16 => Val::F(a.map(|&v| half::bf16::from_f32(v).to_f32())),
+        Val::F(a) if float_target => Val::F(a),
+        Val::F(a) if to == BOOL => Val::B(a.map(|&v| v != 0.0)),
+        // Float → integer truncates toward zero (C semantics, as onnxruntime).
+        Val::F(a) if INTS.contains(&to) => Val::I(a.map(|&v| Sym::k(v.trunc() as i64))),
+        Val::I(a) if float_target => {
+            let v = a
+                .try_map(|s| {
+                    if s.is_const() {
+                        Ok(s.c as f32)
+                    } else {
+                        Err("cast of a batch-dependent value to float".into())
+                    }
+                })
+                .map_err(|e| c.bad(e))?;
+            Val::F(v)
+        }
+        Val::I(a) if INTS.contains(&to) => Val::I(a),
+        Val::I(a) if to == BOOL => Val::B(
+            a.try_map(|s| s.equal(Sym::k(0)).map(|z| !z))
+                .map_err(|e| c.bad(e))?,
+        ),
+        Val::B(a) if float_target => Val::F(a.map(|&b| b as i32 as f32)),
+        Val::B(a) if INTS.contains(&to) => Val::I(a.map(|&b| Sym::k(b as i64))),
+        Val::B(a) if to == BOOL => Val::B(a),
+        _ => return Err(c.unsupported_attr("to", format!("data type {to}"))),
+    })
+}
