@@ -20,6 +20,85 @@ fn run(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Each file infer, build and bench read whole, named as a device that never ends. The address
+/// space is capped so that a regression ends in an allocation failure, not in all of memory.
+#[test]
+fn a_device_is_refused_where_a_file_is_read_whole() {
+    let t = tempfile::tempdir().unwrap();
+    let onnx = t.path().join("z.onnx");
+    std::os::unix::fs::symlink("/dev/zero", &onnx).unwrap();
+    let plan = t.path().join("z.isoplan");
+    std::os::unix::fs::symlink("/dev/zero", &plan).unwrap();
+    let (onnx, plan) = (onnx.to_str().unwrap(), plan.to_str().unwrap());
+    let model = fixtures().join("onnx/tiny_cnn_op14.onnx");
+    let model = model.to_str().unwrap();
+    let out = t.path().join("o.isoplan");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["infer", "--model", model, "--input", "/dev/zero"],
+            "--input /dev/zero",
+        ),
+        (
+            vec!["infer", "--model", "mobilenet_v2", "--image", "/dev/zero"],
+            "--image",
+        ),
+        (
+            vec![
+                "infer",
+                "--model",
+                model,
+                "--random",
+                "--labels",
+                "/dev/zero",
+            ],
+            "--labels",
+        ),
+        (vec!["infer", "--model", onnx, "--random"], "--model"),
+        (vec!["infer", "--model", plan, "--random"], "--model"),
+        (
+            vec![
+                "infer",
+                "--model",
+                "resnet18",
+                "--weights",
+                "/dev/zero",
+                "--random",
+            ],
+            "--weights",
+        ),
+        (
+            vec![
+                "build",
+                "--device",
+                "cpu",
+                onnx,
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            "the model",
+        ),
+        (
+            vec!["bench", "--backend", "cpu", "--model", plan],
+            "the model",
+        ),
+    ];
+    for (args, needle) in cases {
+        let o = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 4000000; exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_isolane"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(needle) && err.contains("is a character device, not a file"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn models_lists_builtins_as_table_and_json() {
     let (code, out, _) = run(&["models"]);

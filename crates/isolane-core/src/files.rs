@@ -329,6 +329,27 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), OutputFileError> {
     )))
 }
 
+/// Refuses a file isolane reads whole (a model, its weights, an input tensor, an image,
+/// labels) that is a device: /dev/zero or /dev/urandom never ends, and reading one would take
+/// all of memory before any error. A missing path (or any other kind) is left to the reader,
+/// which names what is wrong with it.
+pub fn refuse_device(what: &str, path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(m) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let t = m.file_type();
+    if t.is_char_device() || t.is_block_device() {
+        return Err(format!(
+            "{what} {}: is {}, not a file; isolane reads it whole, and a device (/dev/zero) \
+             never ends: give a regular file",
+            path.display(),
+            kind_of(t)
+        ));
+    }
+    Ok(())
+}
+
 /// The files that make a folder a results folder: a run's, a search's or a study's index.
 const RESULTS_INDEXES: [&str; 6] = [
     "summary.json",
@@ -523,6 +544,23 @@ mod tests {
         let other = tempfile::tempdir().unwrap();
         std::fs::write(other.path().join("scenario.toml"), "old").unwrap();
         write_output(&other.path().join("scenario.toml"), b"new").unwrap();
+    }
+
+    #[test]
+    fn a_device_is_no_file_to_read_whole() {
+        let e = refuse_device("--input", Path::new("/dev/zero")).unwrap_err();
+        assert!(
+            e.contains("--input /dev/zero: is a character device"),
+            "{e}"
+        );
+        let d = tempfile::tempdir().unwrap();
+        let link = d.path().join("x.npy");
+        std::os::unix::fs::symlink("/dev/urandom", &link).unwrap();
+        refuse_device("--input", &link).unwrap_err();
+        let file = d.path().join("y.npy");
+        std::fs::write(&file, "x").unwrap();
+        refuse_device("--input", &file).unwrap();
+        refuse_device("--input", &d.path().join("missing.npy")).unwrap();
     }
 
     #[test]

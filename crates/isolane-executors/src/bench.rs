@@ -310,6 +310,8 @@ pub fn bench(
     };
     let mut results = Vec::new();
     for name in &args.models {
+        isolane_core::files::refuse_device("the model", std::path::Path::new(name))
+            .map_err(user)?;
         // A saved plan (`isolane build`) is loaded instead of compiled: its compile time is
         // the load's.
         let saved = if is_saved_plan_path(name) {

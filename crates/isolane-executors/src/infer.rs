@@ -181,6 +181,22 @@ fn parse_precision(
 /// through `say`, line by line; returns the output.
 pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferred, InferError> {
     let (precision, quantize) = parse_precision(args)?;
+    let mut files = vec![("--model", Path::new(&args.model))];
+    files.extend(args.weights.as_deref().map(|w| ("--weights", w)));
+    files.extend(args.labels.as_deref().map(|l| ("--labels", l)));
+    if let Source::Image(f) | Source::Npy(f) = &args.source {
+        files.push((
+            if matches!(args.source, Source::Npy(_)) {
+                "--input"
+            } else {
+                "--image"
+            },
+            f,
+        ));
+    }
+    for (flag, f) in files {
+        isolane_core::files::refuse_device(flag, f).map_err(user)?;
+    }
     // Read first: a bad labels file is reported before any compile.
     let labels = match &args.labels {
         Some(p) => Some(io::read_npy_labels(p).map_err(user)?),
