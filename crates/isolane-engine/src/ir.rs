@@ -12,6 +12,9 @@
 //! # Data types
 //! All runtime tensors are f32. Constants are f32 ([`Tensor`]); integer data that ops need
 //! (Gather indices, Slice bounds, permutations) lives in the op's attributes as i64/usize.
+//! Each value carries its type ([`ValueType`]): float32 today, and for a `FakeQuant`'s output
+//! the quantization grid it is on; the builder sets it by the op family's rule
+//! (`crate::ops::value_types`) and [`Graph::validate`] checks it.
 //!
 //! # Order
 //! Nodes are kept in topological order: a node may only use values defined before it (graph
@@ -542,11 +545,116 @@ pub enum ValueKind {
     Computed { node: NodeId, index: usize },
 }
 
+/// A value's element type.
+///
+/// Every backend computes in f32, and every value of a graph is `F32` today: a float16
+/// model's values are held as the f32 values they are (docs/onnx.md), and a quantized
+/// activation as the f32 value it dequantizes to, its grid in [`Value::quant`]. The other
+/// types are those ONNX files carry, which the importer computes with at import only; the
+/// type rules (`crate::ops::value_types`) refuse them as an op's input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+    Int8,
+    Uint8,
+    Int16,
+    Uint16,
+    /// float8 e4m3fn.
+    E4m3,
+    Int64,
+    Bool,
+}
+
+impl DType {
+    /// The ONNX `TensorProto.DataType` of each type, and back (None for the others).
+    pub fn from_onnx(t: i32) -> Option<DType> {
+        Some(match t {
+            1 => DType::F32,
+            2 => DType::Uint8,
+            3 => DType::Int8,
+            4 => DType::Uint16,
+            5 => DType::Int16,
+            7 => DType::Int64,
+            9 => DType::Bool,
+            10 => DType::F16,
+            16 => DType::Bf16,
+            17 => DType::E4m3,
+            _ => return None,
+        })
+    }
+}
+
+impl From<QuantType> for DType {
+    fn from(q: QuantType) -> DType {
+        match q {
+            QuantType::Int8 => DType::Int8,
+            QuantType::Uint8 => DType::Uint8,
+            QuantType::Int16 => DType::Int16,
+            QuantType::Uint16 => DType::Uint16,
+            QuantType::Float8E4M3Fn => DType::E4m3,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::Bf16 => "bfloat16",
+            DType::Int8 => "int8",
+            DType::Uint8 => "uint8",
+            DType::Int16 => "int16",
+            DType::Uint16 => "uint16",
+            DType::E4m3 => "float8e4m3fn",
+            DType::Int64 => "int64",
+            DType::Bool => "bool",
+        })
+    }
+}
+
+/// A value's type: its element type and, for a value on a quantization grid (a `FakeQuant`'s
+/// output), the grid's parameters (element type, scales, zero points; per tensor, axis or
+/// block), shared with the op that made it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValueType {
+    pub dtype: DType,
+    pub quant: Option<Arc<FakeQuantAttrs>>,
+}
+
+impl ValueType {
+    /// A plain f32 value: graph inputs, constants and most ops' outputs.
+    pub const F32: ValueType = ValueType {
+        dtype: DType::F32,
+        quant: None,
+    };
+}
+
+impl fmt::Display for ValueType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.quant {
+            None => write!(f, "{}", self.dtype),
+            Some(q) => write!(
+                f,
+                "{} on a {} grid ({} scales)",
+                self.dtype,
+                q.qtype,
+                q.scales.len()
+            ),
+        }
+    }
+}
+
 /// A named value.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Value {
     pub name: String,
     pub kind: ValueKind,
+    /// Set by the builder: f32 for graph inputs and constants, the op family's type rule for
+    /// computed values; [`Graph::validate`] checks it.
+    pub ty: ValueType,
 }
 
 /// An op applied to values.
@@ -583,6 +691,7 @@ impl Graph {
         self.values.push(Value {
             name: name.into(),
             kind: ValueKind::Input(shape),
+            ty: ValueType::F32,
         });
         self.inputs.push(id);
         id
@@ -599,6 +708,7 @@ impl Graph {
         self.values.push(Value {
             name: name.into(),
             kind: ValueKind::Constant(t),
+            ty: ValueType::F32,
         });
         id
     }
@@ -631,9 +741,12 @@ impl Graph {
                 ),
             ));
         }
+        let in_types: Vec<&ValueType> = inputs.iter().map(|&v| &self.values[v].ty).collect();
+        let types =
+            crate::ops::value_types(&op, &in_types).map_err(|m| EngineError::graph(&name, m))?;
         let node_id = self.nodes.len();
         let mut outs = Vec::with_capacity(output_names.len());
-        for (index, oname) in output_names.into_iter().enumerate() {
+        for ((index, oname), ty) in output_names.into_iter().enumerate().zip(types) {
             outs.push(self.values.len());
             self.values.push(Value {
                 name: oname,
@@ -641,6 +754,7 @@ impl Graph {
                     node: node_id,
                     index,
                 },
+                ty,
             });
         }
         self.nodes.push(Node {
@@ -742,7 +856,8 @@ impl Graph {
     }
 
     /// Checks structure: ids in range, topological order, arity, consistent value kinds,
-    /// at least one input and one output.
+    /// at least one input and one output, and each value's type: what its op's type rule
+    /// makes of the inputs' types (every op computes on f32 values).
     pub fn validate(&self) -> Result<()> {
         if self.outputs.is_empty() {
             return Err(EngineError::graph(&self.name, "graph has no outputs"));
@@ -779,6 +894,9 @@ impl Graph {
             if n.outputs.len() != n.op.num_outputs() {
                 return Err(EngineError::graph(&n.name, "wrong number of outputs"));
             }
+            let in_types: Vec<&ValueType> = n.inputs.iter().map(|&i| &self.values[i].ty).collect();
+            let types = crate::ops::value_types(&n.op, &in_types)
+                .map_err(|m| EngineError::graph(&n.name, m))?;
             for (k, &o) in n.outputs.iter().enumerate() {
                 match self.values.get(o).map(|v| &v.kind) {
                     Some(ValueKind::Computed { node, index }) if *node == ni && *index == k => {}
@@ -796,6 +914,17 @@ impl Graph {
                     ));
                 }
                 defined[o] = true;
+                let ty = &self.values[o].ty;
+                if *ty != types[k] {
+                    return Err(EngineError::graph(
+                        &n.name,
+                        format!(
+                            "output value {o} is typed {ty}, but {} makes {}",
+                            n.op.name(),
+                            types[k]
+                        ),
+                    ));
+                }
             }
         }
         for &o in &self.outputs {

@@ -651,6 +651,7 @@ impl Rewriter {
                         node: node_id,
                         index: k,
                     },
+                    ty: g.values[o].ty.clone(),
                 });
                 map[o] = Some(id);
                 outs.push(id);

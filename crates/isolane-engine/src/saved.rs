@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::ir::{
     Binary, ConvAttrs, CoordMode, Dim, Graph, NearestMode, Node, Op, PoolAttrs, ReduceKind,
-    ResizeAttrs, ResizeMode, ResizeSize, Tensor, Unary, Value, ValueKind,
+    ResizeAttrs, ResizeMode, ResizeSize, Tensor, Unary, Value, ValueKind, ValueType,
 };
 use crate::quant::{FakeQuantAttrs, Granularity, QuantType};
 
@@ -930,7 +930,13 @@ fn read_graph(r: &mut Reader) -> Result<Graph, String> {
             },
             t => return Err(format!("value `{name}` of an unknown kind {t}")),
         };
-        values.push(Value { name, kind });
+        // f32 as the builder makes inputs and constants; a computed value's type is set
+        // below from its op, as the builder does (the file does not hold it).
+        values.push(Value {
+            name,
+            kind,
+            ty: ValueType::F32,
+        });
     }
     let nn = r.count(9)?;
     let mut nodes = Vec::with_capacity(nn);
@@ -943,6 +949,22 @@ fn read_graph(r: &mut Reader) -> Result<Graph, String> {
             inputs: r.usizes()?,
             outputs: r.usizes()?,
         });
+    }
+    for n in &nodes {
+        let ins: Vec<&ValueType> = n
+            .inputs
+            .iter()
+            .filter_map(|&i| values.get(i).map(|v| &v.ty))
+            .collect();
+        // A rule's refusal is left to the graph's validation, which names the node.
+        let Ok(types) = crate::ops::value_types(&n.op, &ins) else {
+            continue;
+        };
+        for (&o, ty) in n.outputs.iter().zip(types) {
+            if let Some(v) = values.get_mut(o) {
+                v.ty = ty;
+            }
+        }
     }
     Ok(Graph {
         name,

@@ -214,6 +214,34 @@ fn corrupted_bytes_never_panic() {
     }
 }
 
+/// A QDQ file's activation pairs become FakeQuants whose output values are typed on their
+/// grid (the pair's parameters); every other value is plain float32.
+#[test]
+fn qdq_values_carry_their_quantization_parameters() {
+    use isolane_engine::ir::{DType, Op, ValueKind};
+    for name in ["exact_int8_per_tensor_op13", "static_cnn_s8s8_per_channel"] {
+        let g = import_file(dir().join(format!("qdq/{name}.onnx"))).unwrap();
+        g.validate().unwrap();
+        let mut grids = 0;
+        for v in &g.values {
+            assert_eq!(v.ty.dtype, DType::F32, "{name}: {}", v.name);
+            let maker = match v.kind {
+                ValueKind::Computed { node, .. } => Some(&g.nodes[node].op),
+                _ => None,
+            };
+            match (maker, &v.ty.quant) {
+                (Some(Op::FakeQuant(q)), Some(grid)) => {
+                    assert_eq!(**grid, *q, "{name}: {}", v.name);
+                    grids += 1;
+                }
+                (_, None) if !matches!(maker, Some(Op::FakeQuant(_))) => {}
+                _ => panic!("{name}: value {} typed {}", v.name, v.ty),
+            }
+        }
+        assert!(grids > 0, "{name} has no quantized activation");
+    }
+}
+
 /// The QDQ fixtures (tools/fixtures/make_qdq_fixtures.py) against onnxruntime.
 ///
 /// - `exact_*` (QuantizeLinear → DequantizeLinear on the input: ties, saturation, float8

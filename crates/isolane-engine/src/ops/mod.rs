@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use crate::error::Result;
-use crate::ir::{Node, Op};
+use crate::ir::{DType, Node, Op, ValueType};
 use crate::kernels::Kernel;
 use crate::onnx::import::{Ctx, Importer, Val};
 use crate::onnx::Result as OnnxResult;
@@ -73,6 +73,26 @@ pub(crate) fn infer(n: &Node, ins: &[&[usize]], batch: usize) -> Result<Vec<Vec<
         Op::FakeQuant(q) => quant::infer_fake_quant(n, x, q)?,
     };
     Ok(vec![out])
+}
+
+/// The types of a node's outputs, by its family's type rule, from its inputs' types (what
+/// the graph builder records and `Graph::validate` checks). Every backend computes in f32, so
+/// every op takes f32 values (a quantized value is one, on its grid); a family whose outputs
+/// differ from plain f32 has an arm here (today: `FakeQuant`, whose output is on a grid).
+pub(crate) fn value_types(
+    op: &Op,
+    ins: &[&ValueType],
+) -> std::result::Result<Vec<ValueType>, String> {
+    if let Some((i, t)) = ins.iter().enumerate().find(|(_, t)| t.dtype != DType::F32) {
+        return Err(format!(
+            "input {i} is {t}; {} takes float32 values only (every backend computes in f32)",
+            op.name()
+        ));
+    }
+    Ok(match op {
+        Op::FakeQuant(q) => vec![quant::output_type(q)],
+        _ => vec![ValueType::F32; op.num_outputs()],
+    })
 }
 
 /// The CPU kernel of `node` for its concrete input and output shapes, by its family.
@@ -176,13 +196,14 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::ir::Unary;
+    use crate::ir::{Dim, Graph, Unary};
     use crate::onnx::import::import_with_ops;
     use crate::onnx::proto::{
         tensor_proto::DataType, tensor_shape_proto, type_proto, GraphProto, ModelProto, NodeProto,
         OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
     };
     use crate::onnx::OnnxModel;
+    use crate::quant::{FakeQuantAttrs, Granularity, QuantType};
 
     /// The op types the importer knew when its one match became the families' tables.
     const KNOWN: &[&str] = &[
@@ -370,5 +391,45 @@ mod tests {
         let ops = OnnxOps::standard().with("Relu", swish);
         let g = import_with_ops(&one_node("Relu"), Default::default(), ops).unwrap();
         assert_eq!(g.nodes[0].op, Op::Unary(Unary::Silu));
+    }
+
+    /// The builder types each value by its op's rule, and `validate` checks every type.
+    #[test]
+    fn values_are_typed_by_their_ops_rule_and_validated() {
+        let q = FakeQuantAttrs {
+            qtype: QuantType::Int8,
+            saturate: true,
+            granularity: Granularity::PerTensor,
+            scales: vec![0.5],
+            zero_points: vec![0.0],
+        };
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(4)]);
+        let f = g.add_op("fq", Op::FakeQuant(q.clone()), &[x]).unwrap();
+        let r = g.add_op("relu", Op::Unary(Unary::Relu), &[f]).unwrap();
+        g.add_output(r).unwrap();
+        assert_eq!(g.values[x].ty, ValueType::F32);
+        assert_eq!(g.values[f].ty.dtype, DType::F32);
+        assert_eq!(g.values[f].ty.quant.as_deref(), Some(&q));
+        assert_eq!(g.values[r].ty, ValueType::F32);
+        g.validate().unwrap();
+        // A type other than the rule's is refused, naming the node.
+        let mut bad = g.clone();
+        bad.values[f].ty = ValueType::F32;
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("`fq`") && e.contains("is typed float32"), "{e}");
+        // A value of another element type: no op takes it, in the builder or in validate.
+        let mut bad = g.clone();
+        bad.values[x].ty.dtype = DType::Int64;
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("input 0 is int64") && e.contains("float32 values only"),
+            "{e}"
+        );
+        let e = bad
+            .add_op("neg", Op::Unary(Unary::Neg), &[x])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("input 0 is int64"), "{e}");
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::ir::{shape_err, FakeQuantAttrs, Node};
+use crate::ir::{shape_err, DType, FakeQuantAttrs, Node, ValueType};
 use crate::kernels::{unsupported, Kernel};
 use crate::onnx::import::{Ctx, Importer, Val};
 use crate::onnx::Result as OnnxResult;
@@ -17,6 +17,15 @@ use crate::ops::ImportFn;
 pub(crate) fn infer_fake_quant(n: &Node, x: &[usize], q: &FakeQuantAttrs) -> Result<Vec<usize>> {
     q.layout(x).map_err(|m| shape_err(n, m))?;
     Ok(x.to_vec())
+}
+
+/// The type rule of `Op::FakeQuant(q)`: an f32 value on `q`'s grid (each element is
+/// `(k - zero point) · scale` for a `k` of `q`'s element type), its parameters shared.
+pub(crate) fn output_type(q: &FakeQuantAttrs) -> ValueType {
+    ValueType {
+        dtype: DType::F32,
+        quant: Some(Arc::new(q.clone())),
+    }
 }
 
 /// The CPU kernel of `Op::FakeQuant(q)`; its scales are indexed by element.
