@@ -93,6 +93,47 @@ pub fn rounding_sensitivity(
     Ok(rel_l2(&got.concat(), &want.concat()))
 }
 
+/// The relative distance within which two right f32 evaluations of a value that a quantizer
+/// reads may differ: `K · 2⁻²⁴` for the model's longest sum of K products
+/// ([`isolane_engine::quant::longest_sum`]: the first-order bound of a K-term sum's rounding
+/// in any order), at least 2⁻²⁰. A value that lies closer than that to a rounding boundary of
+/// its quantizer's grid (int8 `k + ½` steps, e4m3's midpoints) may land on either neighbour,
+/// one quantization step apart, in a right plan: the GPU sums a layer's integers exactly and
+/// scales them once, the CPU reference dequantizes each operand and sums floats.
+pub fn quantizer_margin(graph: &Graph, batch: usize) -> Result<f32> {
+    let k = isolane_engine::quant::longest_sum(graph, batch)?;
+    Ok((k as f32 * 2f32.powi(-24)).max(2f32.powi(-20)))
+}
+
+/// How far the output of a quantized model moves on the CPU when every value within
+/// [`quantizer_margin`] of a rounding boundary of its quantizer goes to the neighbouring value
+/// (one quantization step, per element, in either direction: the larger of the two moves),
+/// as relative L2 against `want`. `None` where no quantizer reads a computed value.
+pub fn quantization_sensitivity(
+    graph: &Graph,
+    batch: usize,
+    inputs: &[Vec<f32>],
+    want: &[Vec<f32>],
+) -> Result<Option<f64>> {
+    let has_quantizer = graph.nodes.iter().any(|n| {
+        matches!(n.op, isolane_engine::ir::Op::FakeQuant(_))
+            && n.inputs
+                .first()
+                .is_some_and(|&x| !matches!(graph.values[x].kind, ValueKind::Constant(_)))
+    });
+    if !has_quantizer {
+        return Ok(None);
+    }
+    let margin = quantizer_margin(graph, batch)?;
+    let mut worst = 0f64;
+    for factor in [1.0 + margin, 1.0 - margin] {
+        let nudged = isolane_engine::quant::nudge_quantizer_inputs(graph, factor)?;
+        let got = cpu_reference(&nudged, batch, inputs)?;
+        worst = worst.max(rel_l2(&got.concat(), &want.concat()));
+    }
+    Ok(Some(worst))
+}
+
 /// ‖a − b‖ / ‖b‖ in f64; infinite when `a` holds a NaN or an infinity, or the lengths differ.
 pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     if a.len() != b.len() || a.iter().any(|v| !v.is_finite()) {
@@ -261,6 +302,10 @@ pub struct CheckReport {
     /// Where the error exceeded [`tolerance`]: how far rounding the weights and input to the
     /// precision alone moves the output on the CPU ([`rounding_sensitivity`]).
     pub sensitivity: Option<f64>,
+    /// Where the error exceeded [`tolerance`] in a quantized model: how far its values near a
+    /// rounding boundary of their quantizer move the output when they go one step over
+    /// ([`quantization_sensitivity`]).
+    pub quantization: Option<f64>,
     /// Wall time of the check: the CPU reference (its compile included) and the plan's run.
     pub ms: f64,
 }
@@ -312,14 +357,16 @@ pub fn check_plan(
     let got = runner.run_plan(&inputs)?;
     let err = rel_l2(&got.concat(), &want.concat());
     let base = tolerance(plan.precision);
-    let passed = |tolerance: f64, sensitivity: Option<f64>| CheckReport {
-        rel_l2: err,
-        tolerance,
-        sensitivity,
-        ms: t0.elapsed().as_secs_f64() * 1e3,
-    };
+    let passed =
+        |tolerance: f64, sensitivity: Option<f64>, quantization: Option<f64>| CheckReport {
+            rel_l2: err,
+            tolerance,
+            sensitivity,
+            quantization,
+            ms: t0.elapsed().as_secs_f64() * 1e3,
+        };
     if err <= base {
-        return Ok(passed(base, None));
+        return Ok(passed(base, None, None));
     }
     // Over the limit: a model this sensitive to its precision's rounding earns a wider one.
     let sensitivity = if err.is_finite() && plan.precision != Precision::Fp32 {
@@ -327,9 +374,21 @@ pub fn check_plan(
     } else {
         None
     };
-    let tol = sensitivity.map_or(base, |s| base.max(SENSITIVITY_FACTOR * s));
+    // So does a quantized model whose values near a rounding boundary move its output that
+    // much when they land one step over, as a right plan's may (quantizer_margin).
+    let quantization = if err.is_finite() {
+        quantization_sensitivity(graph, batch, &inputs, &want)
+            .ok()
+            .flatten()
+    } else {
+        None
+    };
+    let tol = [sensitivity, quantization]
+        .into_iter()
+        .flatten()
+        .fold(base, |t, s| t.max(SENSITIVITY_FACTOR * s));
     if err <= tol {
-        return Ok(passed(tol, sensitivity));
+        return Ok(passed(tol, sensitivity, quantization));
     }
     let at = match locate_divergence(optimised, plan, batch, &inputs, runner, tol)? {
         Some(d) if d.exceeds && d.overflow && plan.precision == Precision::Fp16 => {
@@ -353,11 +412,16 @@ pub fn check_plan(
         ),
         None => "the plan stores no intermediate value to compare".to_string(),
     };
-    let widened = match sensitivity {
-        Some(s) if tol > base => format!(
+    let widened = match (sensitivity, quantization) {
+        (Some(s), _) if tol > base && tol == SENSITIVITY_FACTOR * s => format!(
             " (the limit, {base:.0e}, widened to {SENSITIVITY_FACTOR} × {s:.1e}: rounding the \
              weights and input to {} alone moves this model's output by {s:.1e})",
             plan.precision
+        ),
+        (_, Some(q)) if tol > base => format!(
+            " (the limit, {base:.0e}, widened to {SENSITIVITY_FACTOR} × {q:.1e}: its values \
+             near a rounding boundary of their quantizer, one step over, move this model's \
+             output by {q:.1e})"
         ),
         _ => String::new(),
     };
@@ -409,6 +473,103 @@ mod tests {
         assert_eq!(round_mantissa(0.3, 23), 0.3);
         assert!(round_mantissa(f32::NAN, 7).is_nan());
         assert_eq!(mantissa_bits(Precision::Bf16), 7);
+    }
+
+    /// A plan whose output is given, step by step unreadable (zeros): what `check_plan`
+    /// decides from its output alone.
+    struct Given(Vec<f32>);
+
+    impl StepRunner for Given {
+        fn run_plan(&mut self, _: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+            Ok(vec![self.0.clone()])
+        }
+        fn write_inputs(&mut self, _: &[Vec<f32>]) -> Result<()> {
+            Ok(())
+        }
+        fn run_steps(&mut self, _: usize, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn read(&mut self, _: Loc, len: usize) -> Result<Vec<f32>> {
+            Ok(vec![0.0; len])
+        }
+    }
+
+    /// `q = FakeQuant_int8(x · 0 + c)`, 64 values of which only `c[0] = 2.5` sits on a
+    /// rounding boundary (ties to even: 2), the rest a tenth of a step or more from one.
+    fn one_tie(tie: bool) -> (Graph, Vec<f32>) {
+        use isolane_engine::ir::{Binary, Dim, Op, Tensor};
+        use isolane_engine::quant::{FakeQuantAttrs, Granularity, QuantType};
+        let attrs = FakeQuantAttrs {
+            qtype: QuantType::Int8,
+            saturate: true,
+            granularity: Granularity::PerTensor,
+            scales: vec![1.0],
+            zero_points: vec![0.0],
+        };
+        let mut c: Vec<f32> = (0..64).map(|j| j as f32 * 0.25 + 0.1).collect();
+        if tie {
+            c[0] = 2.5;
+        }
+        let want: Vec<f32> = c.iter().map(|v| v.round_ties_even()).collect();
+        let mut g = Graph::new("one tie");
+        let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(64)]);
+        let zero = g.add_constant("zero", Tensor::new(vec![64], vec![0.0; 64]).unwrap());
+        let c = g.add_constant("c", Tensor::new(vec![64], c).unwrap());
+        let x0 = g.add_op("x0", Op::Binary(Binary::Mul), &[x, zero]).unwrap();
+        let y = g.add_op("y", Op::Binary(Binary::Add), &[x0, c]).unwrap();
+        let q = g.add_op("q", Op::FakeQuant(attrs), &[y]).unwrap();
+        g.add_output(q).unwrap();
+        (g, want)
+    }
+
+    fn check_given(g: &Graph, out: Vec<f32>) -> Result<CheckReport> {
+        let opt = isolane_engine::passes::optimize(g, 1)?;
+        let plan = crate::plan::plan_with(&opt, 1, Precision::Fp32, Default::default())?;
+        check_plan(g, &opt, &plan, 1, &mut Given(out))
+    }
+
+    /// Issue 33: a quantized model's plan that puts a value lying on a rounding boundary one
+    /// quantization step over (as the GPU's exact integer sums may, against the CPU's float
+    /// sums: onnxruntime's fp8 digits model at batch 360) passes; the same error where no value
+    /// is near a boundary, or ten steps off, does not.
+    #[test]
+    fn a_quantized_plan_may_put_a_value_on_a_boundary_one_step_over() {
+        let (g, want) = one_tie(true);
+        let exact = check_given(&g, want.clone()).unwrap();
+        assert!(exact.rel_l2 == 0.0 && exact.quantization.is_none());
+        let mut flipped = want.clone();
+        flipped[0] = 3.0;
+        let r = check_given(&g, flipped).unwrap();
+        let q = r.quantization.expect("the limit was widened");
+        assert!(r.rel_l2 > tolerance(Precision::Fp32) && r.rel_l2 <= r.tolerance);
+        assert!(
+            (r.tolerance - SENSITIVITY_FACTOR * q).abs() < 1e-12,
+            "{r:?}"
+        );
+        // Ten values far from a boundary one step over: not rounding, a wrong plan.
+        let mut wrong = want.clone();
+        (20..30).for_each(|j| wrong[j] += 1.0);
+        let e = check_given(&g, wrong).unwrap_err().to_string();
+        assert!(
+            e.contains("plan check failed") && e.contains("quantizer"),
+            "{e}"
+        );
+        // Without a value near a boundary, one step over anywhere is refused.
+        let (g, want) = one_tie(false);
+        let mut flipped = want;
+        flipped[0] += 1.0;
+        let e = check_given(&g, flipped).unwrap_err().to_string();
+        assert!(e.contains("plan check failed"), "{e}");
+    }
+
+    #[test]
+    fn the_quantizer_margin_follows_the_longest_sum() {
+        let (g, _) = one_tie(true);
+        assert_eq!(quantizer_margin(&g, 1).unwrap(), 2f32.powi(-20));
+        let r =
+            isolane_engine::build_model("resnet18", isolane_engine::Weights::Synthetic { seed: 1 })
+                .unwrap();
+        assert_eq!(quantizer_margin(&r, 1).unwrap(), 4608.0 * 2f32.powi(-24));
     }
 
     #[test]

@@ -284,6 +284,91 @@ pub fn without_input_fake_quant(g: &crate::ir::Graph, layers: &[String]) -> crat
     out
 }
 
+/// The most terms any one sum of products of `g` adds at `batch` (a Conv's `C/groups · kh · kw`,
+/// a MatMul's, Gemm's or Linear's K), at least 1: how far two right f32 evaluations of a value
+/// that feeds a quantizer may differ, `≈ K · 2⁻²⁴` of it to first order (the bound of a K-term
+/// sum's rounding in any order, without cancellation).
+pub fn longest_sum(g: &crate::ir::Graph, batch: usize) -> crate::Result<usize> {
+    use crate::ir::Op;
+    let shapes = g.infer_shapes(batch)?;
+    let dims = |v: usize| shapes.get(v).map_or(&[][..], |s| s.as_slice());
+    let mut k = 1usize;
+    for n in &g.nodes {
+        let terms = match &n.op {
+            Op::Conv(_) => n.inputs.get(1).map(|&w| dims(w).iter().skip(1).product()),
+            Op::MatMul | Op::Linear { .. } => {
+                n.inputs.first().and_then(|&a| dims(a).last().copied())
+            }
+            Op::Gemm { trans_a, .. } => n.inputs.first().and_then(|&a| {
+                let a = dims(a);
+                if *trans_a {
+                    a.first().copied()
+                } else {
+                    a.get(1).copied()
+                }
+            }),
+            _ => None,
+        };
+        k = k.max(terms.unwrap_or(1));
+    }
+    Ok(k)
+}
+
+/// `g` with the input of every FakeQuant that is not a constant (a weight's is exact)
+/// multiplied by `factor` before it is quantized: values that lie within `factor − 1` of a
+/// rounding boundary of their grid go to the neighbouring value, one quantization step away,
+/// and the rest keep theirs. The plan check measures with it how far such flips move a
+/// quantized model's output (isolane-cuda's `check::quantization_sensitivity`).
+pub fn nudge_quantizer_inputs(
+    g: &crate::ir::Graph,
+    factor: f32,
+) -> crate::Result<crate::ir::Graph> {
+    use crate::ir::{Binary, Op, Tensor, ValueKind};
+    let mut out = g.clone();
+    let nudged: Vec<usize> = g
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| {
+            matches!(n.op, Op::FakeQuant(_))
+                && n.inputs
+                    .first()
+                    .is_some_and(|&x| !matches!(g.values[x].kind, ValueKind::Constant(_)))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if nudged.is_empty() {
+        return Ok(out);
+    }
+    let c = out.add_constant("isolane.quantizer_nudge", Tensor::scalar(factor));
+    // Each Mul is made by the builder (its value typed as any), then moved before its
+    // FakeQuant: the builder appends, and the graph must stay in topological order.
+    let mut before: Vec<(usize, crate::ir::Node)> = Vec::with_capacity(nudged.len());
+    for &i in &nudged {
+        let x = out.nodes[i].inputs[0];
+        let name = format!("{}.nudge", out.nodes[i].name);
+        let y = out.add_op(name, Op::Binary(Binary::Mul), &[x, c])?;
+        let mul = out.nodes.pop().expect("the node just added");
+        out.nodes[i].inputs[0] = y;
+        before.push((i, mul));
+    }
+    let old = std::mem::take(&mut out.nodes);
+    let mut before = before.into_iter().peekable();
+    for (i, n) in old.into_iter().enumerate() {
+        if let Some((_, mul)) = before.next_if(|(at, _)| *at == i) {
+            out.nodes.push(mul);
+        }
+        out.nodes.push(n);
+    }
+    for ni in 0..out.nodes.len() {
+        for index in 0..out.nodes[ni].outputs.len() {
+            let o = out.nodes[ni].outputs[index];
+            out.values[o].kind = ValueKind::Computed { node: ni, index };
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,5 +521,69 @@ mod tests {
             "the FakeQuant itself is unchanged"
         );
         plain.validate().unwrap();
+    }
+
+    /// A FakeQuant's computed input is scaled before it is quantized, a weight's is not; the
+    /// graph stays valid and in order, and values near a rounding boundary move one step.
+    #[test]
+    fn nudged_quantizers_move_only_values_near_a_boundary_one_step() {
+        use crate::ir::{Binary, Dim, Graph, Op, Tensor};
+        use crate::{Backend, CpuBackend, Precision};
+        let attrs = FakeQuantAttrs {
+            qtype: QuantType::Int8,
+            saturate: true,
+            granularity: Granularity::PerTensor,
+            scales: vec![1.0],
+            zero_points: vec![0.0],
+        };
+        let mut g = Graph::new("ties");
+        let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(4)]);
+        let zero = g.add_constant("zero", Tensor::new(vec![4], vec![0.0; 4]).unwrap());
+        let c = g.add_constant(
+            "c",
+            Tensor::new(vec![4], vec![2.5, -3.5, 2.2, 7.0]).unwrap(),
+        );
+        // A quantized weight (zeros: exact), whose FakeQuant is not nudged.
+        let wq = g
+            .add_op("wq", Op::FakeQuant(attrs.clone()), &[zero])
+            .unwrap();
+        let x0 = g.add_op("x0", Op::Binary(Binary::Mul), &[x, wq]).unwrap();
+        let y = g.add_op("y", Op::Binary(Binary::Add), &[x0, c]).unwrap();
+        let q = g.add_op("q", Op::FakeQuant(attrs), &[y]).unwrap();
+        g.add_output(q).unwrap();
+        let run = |g: &Graph| {
+            let mut m = CpuBackend::new(1).compile(g, 1, Precision::Fp32).unwrap();
+            m.input_mut().copy_from_slice(&[0.3, -1.0, 2.0, 0.5]);
+            m.run().unwrap();
+            m.output().to_vec()
+        };
+        // 2.5 and -3.5 round to even (2, -4); 2.2 and 7 are far from a boundary.
+        assert_eq!(run(&g), [2.0, -4.0, 2.0, 7.0]);
+        let up = nudge_quantizer_inputs(&g, 1.0 + 2f32.powi(-16)).unwrap();
+        up.validate().unwrap();
+        assert_eq!(
+            up.nodes.len(),
+            g.nodes.len() + 1,
+            "the weight's FakeQuant is not nudged"
+        );
+        assert_eq!(run(&up), [3.0, -4.0, 2.0, 7.0]);
+        let down = nudge_quantizer_inputs(&g, 1.0 - 2f32.powi(-16)).unwrap();
+        assert_eq!(run(&down), [2.0, -3.0, 2.0, 7.0]);
+        // Without a quantizer of a computed value, the graph is unchanged.
+        let mut plain = Graph::new("plain");
+        let x = plain.add_input("x", vec![Dim::Batch, Dim::Fixed(4)]);
+        plain.add_output(x).unwrap();
+        assert_eq!(nudge_quantizer_inputs(&plain, 1.5).unwrap(), plain);
+    }
+
+    #[test]
+    fn the_longest_sum_is_a_convolutions_or_a_products_reduction() {
+        use crate::{build_model, Weights};
+        let g = build_model("resnet18", Weights::Synthetic { seed: 1 }).unwrap();
+        // layer4's 3×3 convolutions over 512 channels.
+        assert_eq!(longest_sum(&g, 1).unwrap(), 512 * 9);
+        let g = build_model("vit_b_16", Weights::Synthetic { seed: 1 }).unwrap();
+        // The MLP's second Linear reads 3072 features.
+        assert_eq!(longest_sum(&g, 1).unwrap(), 3072);
     }
 }
