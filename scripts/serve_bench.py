@@ -35,6 +35,7 @@ Writes DIR/summary.json and DIR/summary.md, and logs and CSVs beside them.
 """
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -1054,9 +1055,22 @@ def targets(s):
             out.append(f"- {name}: gRPC (binary data) throughput {ratio:.1%} of in-process at best, at concurrency "
                        f"{best['concurrency']} (p50 {fmt(best['p50_ms'])} ms, p99 {fmt(best['p99_ms'])} ms; target >= 90 %): "
                        f"{yes(ratio >= 0.9)}")
+        # The issue's "zero-copy local path": gRPC with the tensors in system shared memory.
+        s1 = cmp.get("grpc-shm_c1", {}).get("added_us_p50")
+        if s1 is not None:
+            out.append(f"- {name}: gRPC with system shared memory (grpc-shm) adds {s1:.1f} µs at p50 (target <= 50 µs): "
+                       f"{yes(s1 <= 50)}")
+        best = (r.get("best") or {}).get("grpc-shm")
+        if best and best.get("throughput_ratio"):
+            ratio = best["throughput_ratio"]
+            out.append(f"- {name}: grpc-shm throughput {ratio:.1%} of in-process at best, at concurrency "
+                       f"{best['concurrency']} (target >= 90 %): {yes(ratio >= 0.9)}")
+    pinned = s.get("shm_page_locked")
+    if pinned:
+        out.append(f"- shared memory regions: {pinned}")
     for x in floor_split(s):
-        if x["path"] == "grpc":
-            out.append(f"- {x['model']}: of gRPC's {x['added_us']:.1f} µs added at p50 (the floor's server), the protocol "
+        if x["path"] in ("grpc", "grpc-shm"):
+            out.append(f"- {x['model']}: of {x['path']}'s {x['added_us']:.1f} µs added at p50 (the floor's server), the protocol "
                        f"floor is {x['floor_us']:.1f} µs and the model's path adds {x['above_floor_us']:.1f} µs above it")
     crit = st.get("critical", {}).get("flooded")
     if crit:
@@ -1072,6 +1086,18 @@ def targets(s):
         out.append(f"- deadlines below the model ({case}): {refused} refused up front, {late} answered late "
                    f"(target 0 late): {yes(late == 0)}")
     return ["## Targets (issue 32)", ""] + out + [""] if out else []
+
+
+def shm_page_locked():
+    """What the servers said (once each, on stderr) of page-locking clients' shared memory
+    regions for the GPU (docs/serve.md, "Shared memory"): None where none said anything."""
+    said = []
+    for path in sorted(glob.glob(os.path.join(OUT, "server*.log"))):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if "page-locked" in line and line.startswith("isolane serve: shared memory region"):
+                    said.append(f"{os.path.basename(path)}: {line.strip()[len('isolane serve: '):]}")
+    return "; ".join(said) or None
 
 
 def markdown(s):
@@ -1347,6 +1373,7 @@ def main():
     signal.signal(signal.SIGINT, stop_now)
 
     def save():
+        SUMMARY["shm_page_locked"] = shm_page_locked()
         with open(os.path.join(OUT, "summary.json"), "w") as f:
             json.dump(SUMMARY, f, indent=1, default=str)
         with open(os.path.join(OUT, "summary.md"), "w") as f:

@@ -512,6 +512,22 @@ impl Executor for CudaExecutor {
         }
     }
 
+    /// Only with slots of their own: the model's own buffers are captured in its graph.
+    unsafe fn slot_input_from(
+        &mut self,
+        slot: usize,
+        i: usize,
+        src: *const u8,
+        len: usize,
+    ) -> bool {
+        match &mut self.slots {
+            // SAFETY: the caller's promise (the range stays mapped until the slot's job is seen
+            // done) is what `Slots::input_from` asks.
+            Some(s) => unsafe { s.input_from(slot, i, src, len) },
+            None => false,
+        }
+    }
+
     fn launch_slot(&mut self, slot: usize) -> Result<(), ExecError> {
         match &mut self.slots {
             Some(s) => s

@@ -14,6 +14,7 @@ pub mod driver;
 pub mod error;
 pub mod green;
 pub mod green_pool;
+pub mod host_pin;
 pub mod loader;
 pub mod mig;
 pub mod mps;

@@ -153,6 +153,26 @@ pub trait Executor: Send {
             None
         }
     }
+    /// Has `slot`'s next launch copy input `i` (the whole compiled batch, `len` bytes) to the
+    /// device straight from `src` instead of from the slot's own buffer: host memory
+    /// page-locked for the device (a client's shared memory region, `isolane serve`), so that
+    /// it is not first copied into the slot. `false` where the executor cannot (the default,
+    /// and a `len` that is not the input's size): the caller then writes
+    /// [`Executor::slot_input_mut`], which also takes back the slot's own buffer for input `i`.
+    ///
+    /// # Safety
+    /// `src..src + len` must stay mapped until `slot`'s job is seen done
+    /// ([`Executor::slot_done`], [`Executor::wait_slot`]), or until the slot has been waited
+    /// for after a failed launch. What is written there meanwhile is what the job may read.
+    unsafe fn slot_input_from(
+        &mut self,
+        _slot: usize,
+        _i: usize,
+        _src: *const u8,
+        _len: usize,
+    ) -> bool {
+        false
+    }
     /// Starts `slot`'s job behind those already launched and returns without waiting where the
     /// executor can (the default runs it to its end).
     fn launch_slot(&mut self, slot: usize) -> Result<(), ExecError> {

@@ -293,7 +293,7 @@ impl Server {
                 stop,
                 protection: plan.protection.enabled,
                 started: Instant::now(),
-                regions: shm::SharedRegions::default(),
+                regions: shm::SharedRegions::pinned_on(pin_gpu(plan, released)),
                 drained: Mutex::new(None),
                 released: releasing.map(Arc::new),
                 released_runs: Mutex::new(Vec::new()),
@@ -554,6 +554,18 @@ fn refuse_unservable(plan: &RunPlan, released: &[String]) -> Result<(), ServeErr
         }
     }
     Ok(())
+}
+
+/// The GPU that page-locks clients' shared memory regions: the first served model's that runs
+/// on cuda in this process (a worker process's model reads its input from the server's
+/// messages, not from the region); `None` where none does.
+fn pin_gpu(plan: &RunPlan, released: &[String]) -> Option<u32> {
+    plan.workloads
+        .iter()
+        .filter(|w| !released.contains(&w.spec.name) && w.spec.host == Host::Thread)
+        .map(|w| w.spec.device(&plan.device))
+        .find(|d| d.backend == Backend::Cuda)
+        .map(|d| d.gpu)
 }
 
 /// A served model's place: a CPU model's in its cores (`cpu 2,3`), else `words`; `sms` on a

@@ -1129,10 +1129,26 @@ fn run_critical(
 /// set), one after the other; the rows past them (a batch not full) are zeros, so that a job's
 /// result never depends on an earlier request's data. Returns the first input that had no
 /// buffer.
+///
+/// A job of one request whose input lies in shared memory page-locked for the GPU
+/// ([`crate::shm::is_pinned`]) and fills the whole input is not copied: the slot's launch reads
+/// it from the region itself ([`Executor::slot_input_from`]).
 fn fill_inputs(exec: &mut dyn Executor, slot: Option<usize>, batch: &[Queued]) -> Option<usize> {
     let n = batch.first().map_or(0, |r| r.inputs.tensors.len());
     let mut missing = None;
     for i in 0..n {
+        if let (Some(s), [only]) = (slot, batch) {
+            let data = only.inputs.tensors[i].data();
+            if crate::shm::is_pinned(data) {
+                // SAFETY: `data` is a view of a region's mapping, which the tensor holds (with
+                // its lock) until the job ends: the job keeps its requests until `complete`,
+                // which runs after the slot's job is seen done, or after its failed launch and
+                // a wait for the slot (`serve_slotted`).
+                if unsafe { exec.slot_input_from(s, i, data.as_ptr(), data.len()) } {
+                    continue;
+                }
+            }
+        }
         let buf = match slot {
             Some(s) => exec.slot_input_mut(s, i),
             None => exec.input_mut(i),
@@ -1495,10 +1511,20 @@ mod slot_tests {
     use std::sync::mpsc;
 
     /// Two slots of one value each; a job doubles its input and takes `JOB_NS` after the one
-    /// before it ends. A value of -1 fails its launch.
+    /// before it ends. A value of -1 fails its launch. An input given by address
+    /// ([`Executor::slot_input_from`]) is read from there when the job ends, as a device copy
+    /// from host memory reads it while the job runs.
     struct Stream {
         inputs: [f32; 2],
         outputs: [f32; 2],
+        /// Each slot's input address for its next launch, and each launched job's.
+        sources: [Option<usize>; 2],
+        launched_from: [Option<usize>; 2],
+        /// Inputs read in place, and those read after what held them was dropped (by address:
+        /// whether it is still held).
+        direct: Arc<AtomicUsize>,
+        read_after_drop: Arc<AtomicUsize>,
+        held: Arc<Mutex<std::collections::HashMap<usize, Arc<AtomicBool>>>>,
         /// Launched and not seen done: (slot, the time it ends).
         queued: VecDeque<(usize, i64)>,
         /// Writes asked for a slot in flight (each refused), and the most jobs queued at once.
@@ -1520,7 +1546,27 @@ mod slot_tests {
                 if end > now {
                     break;
                 }
-                self.outputs[slot] = self.inputs[slot] * 2.0;
+                let input = match self.launched_from[slot].take() {
+                    Some(at) => {
+                        let gone = self
+                            .held
+                            .lock()
+                            .unwrap()
+                            .get(&at)
+                            .is_none_or(|dropped| dropped.load(Ordering::SeqCst));
+                        if gone {
+                            // Never read: what the address pointed to may be freed.
+                            self.read_after_drop.fetch_add(1, Ordering::Relaxed);
+                            f32::NAN
+                        } else {
+                            // SAFETY: the bytes' owner is alive (its drop flag is unset) and
+                            // holds 4 bytes there.
+                            f32::from_le_bytes(unsafe { *(at as *const [u8; 4]) })
+                        }
+                    }
+                    None => self.inputs[slot],
+                };
+                self.outputs[slot] = input * 2.0;
                 self.queued.pop_front();
             }
         }
@@ -1551,10 +1597,30 @@ mod slot_tests {
                 self.busy_writes.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
+            if i == 0 && slot < 2 {
+                self.sources[slot] = None;
+            }
             (i == 0 && slot < 2).then(|| std::slice::from_mut(&mut self.inputs[slot]))
         }
+        unsafe fn slot_input_from(
+            &mut self,
+            slot: usize,
+            i: usize,
+            src: *const u8,
+            len: usize,
+        ) -> bool {
+            self.advance();
+            if i != 0 || slot >= 2 || len != 4 || self.in_flight(slot) {
+                return false;
+            }
+            self.sources[slot] = Some(src as usize);
+            true
+        }
         fn launch_slot(&mut self, slot: usize) -> Result<(), ExecError> {
-            if self.inputs[slot] == -1.0 {
+            self.launched_from[slot] = self.sources[slot].take();
+            if self.launched_from[slot].is_some() {
+                self.direct.fetch_add(1, Ordering::Relaxed);
+            } else if self.inputs[slot] == -1.0 {
                 return Err(ExecError::Job("refused at launch".into()));
             }
             let after = self
@@ -1635,11 +1701,36 @@ mod slot_tests {
         Arc<AtomicUsize>,
         std::thread::JoinHandle<()>,
     ) {
+        serving_with(m, Default::default())
+    }
+
+    /// What a [`Stream`] tells of inputs read in place: how many, how many after what held
+    /// them was gone, and the owners' drop flags by address.
+    #[derive(Default, Clone)]
+    struct InPlace {
+        direct: Arc<AtomicUsize>,
+        read_after_drop: Arc<AtomicUsize>,
+        held: Arc<Mutex<std::collections::HashMap<usize, Arc<AtomicBool>>>>,
+    }
+
+    fn serving_with(
+        m: &Arc<ServedModel>,
+        in_place: InPlace,
+    ) -> (
+        Arc<AtomicUsize>,
+        Arc<AtomicUsize>,
+        std::thread::JoinHandle<()>,
+    ) {
         let busy = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
         let mut exec = Stream {
             inputs: [0.0; 2],
             outputs: [0.0; 2],
+            sources: [None; 2],
+            launched_from: [None; 2],
+            direct: in_place.direct,
+            read_after_drop: in_place.read_after_drop,
+            held: in_place.held,
             queued: VecDeque::new(),
             busy_writes: Arc::clone(&busy),
             most_queued: Arc::clone(&most),
@@ -1719,5 +1810,90 @@ mod slot_tests {
         t.join().unwrap();
         assert_eq!(busy.load(Ordering::Relaxed), 0);
         assert_eq!(m.lock().in_flight, 0);
+    }
+
+    /// An input's bytes that set a flag when dropped (a region's view, whose drop may unmap it),
+    /// holding what keeps them counted as page-locked, as a view holds its region's lock.
+    struct Owned {
+        bytes: [u8; 4],
+        dropped: Arc<AtomicBool>,
+        _lock: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    }
+
+    impl AsRef<[u8]> for Owned {
+        fn as_ref(&self) -> &[u8] {
+            &self.bytes
+        }
+    }
+
+    impl Drop for Owned {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Requests whose input lies in page-locked memory are launched from it in place, the
+    /// others copied into the slot, each answer its own input's (as the copy gives it); an
+    /// input read in place is still held when its job reads it, at the job's end, though the
+    /// client has let go of it and the region may have been unregistered meanwhile.
+    #[test]
+    fn a_pinned_input_is_read_in_place_and_held_until_its_job_ends() {
+        let m = model();
+        let in_place = InPlace::default();
+        let mut rxs = Vec::new();
+        for i in 0..12 {
+            let v = i as f32;
+            let dropped = Arc::new(AtomicBool::new(false));
+            let lock: Arc<dyn std::any::Any + Send + Sync> = Arc::new(());
+            let data = bytes::Bytes::from_owner(Owned {
+                bytes: v.to_le_bytes(),
+                dropped: Arc::clone(&dropped),
+                _lock: (i % 2 == 0).then(|| Arc::clone(&lock)),
+            });
+            if i % 2 == 0 {
+                crate::shm::pretend_pinned(&data, &lock);
+                in_place
+                    .held
+                    .lock()
+                    .unwrap()
+                    .insert(data.as_ptr() as usize, dropped);
+            }
+            let req = InferRequest {
+                inputs: vec![
+                    Tensor::with_bytes(SPIN_INPUT, DataType::Fp32, vec![1, 1], data).unwrap(),
+                ],
+                outputs: None,
+                deadline: None,
+            };
+            rxs.push(m.submit(req).unwrap());
+        }
+        let (busy, _, t) = serving_with(&m, in_place.clone());
+        for (i, rx) in rxs.into_iter().enumerate() {
+            assert_eq!(
+                value(rx.blocking_recv().unwrap()),
+                2.0 * i as f32,
+                "request {i}"
+            );
+        }
+        m.close();
+        t.join().unwrap();
+        assert_eq!(
+            in_place.direct.load(Ordering::Relaxed),
+            6,
+            "pinned inputs read in place"
+        );
+        assert_eq!(
+            in_place.read_after_drop.load(Ordering::Relaxed),
+            0,
+            "an input read in place after its request let go of it"
+        );
+        assert_eq!(busy.load(Ordering::Relaxed), 0);
+        // Every request is answered and gone: so is each input.
+        assert!(in_place
+            .held
+            .lock()
+            .unwrap()
+            .values()
+            .all(|d| d.load(Ordering::SeqCst)));
     }
 }

@@ -7,6 +7,14 @@
 //! input slot. The view holds the mapping, so a region unregistered while a request that reads
 //! it is queued stays mapped until that request is done with it.
 //!
+//! On a server of cuda models (in this process) a region of whole pages is also page-locked
+//! for the GPU when it is registered ([`SharedRegions::pinned_on`], `cuMemHostRegister`): a
+//! request whose input fills a model's whole input is then copied to the device straight from
+//! the region, not through the model's input slot ([`is_pinned`]). Where locking fails (no GPU,
+//! an offset that is not a page's start, the driver's refusal) the region is served as before,
+//! through the copy. The lock is undone when the mapping goes: the region unregistered (or the
+//! server stopped) and the last request reading it done.
+//!
 //! A region is another process's memory: it may change while it is read, and it may be
 //! truncated under the mapping. Writes go through raw pointers and every access is bounded by
 //! the size the region was registered with; a client that writes an input while its request is
@@ -14,9 +22,11 @@
 //! server fault on the next access, both as with Triton. Shared memory is for clients the
 //! server's user trusts (docs/serve.md).
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 use isolane_protocol::{ProtocolError, SharedMemory, SharedRef};
@@ -39,13 +49,71 @@ pub struct RegionStatus {
 
 struct Region {
     status: RegionStatus,
-    map: Arc<MmapRaw>,
+    map: Arc<Mapped>,
+}
+
+/// A region's mapping and, where it is page-locked for the GPU, the lock, which goes first
+/// (fields drop in order): pages are never unmapped while locked.
+struct Mapped {
+    pin: Option<isolane_gpu::host_pin::HostPin>,
+    map: MmapRaw,
+}
+
+impl Mapped {
+    fn as_ptr(&self) -> *const u8 {
+        self.map.as_ptr()
+    }
+
+    fn as_mut_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+}
+
+/// The address ranges page-locked for the GPU, each with what keeps it so (a region's
+/// [`Mapped`]). Process-wide, because the model's thread that launches a copy knows a request's
+/// input only by its bytes, not by the server or region it came from; an address belongs to
+/// one mapping at a time, and a range counts only while what locks it lives.
+type PinnedRanges = Vec<(usize, usize, Weak<dyn Any + Send + Sync>)>;
+
+static PINNED: Mutex<PinnedRanges> = Mutex::new(Vec::new());
+
+fn pinned_ranges() -> std::sync::MutexGuard<'static, PinnedRanges> {
+    PINNED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Records `len` bytes at `start` as page-locked for as long as `keep` lives.
+fn add_pinned(start: usize, len: usize, keep: Weak<dyn Any + Send + Sync>) {
+    let mut ranges = pinned_ranges();
+    ranges.retain(|(_, _, k)| k.strong_count() > 0);
+    ranges.push((start, start + len, keep));
+}
+
+/// Whether `data` lies within memory page-locked for the GPU (a registered region's pages),
+/// so that a device copy may read it in place. The caller holds what `data` is a view of,
+/// which keeps the lock.
+pub(crate) fn is_pinned(data: &[u8]) -> bool {
+    pinned_at(data.as_ptr() as usize, data.len())
+}
+
+fn pinned_at(start: usize, len: usize) -> bool {
+    let end = start.saturating_add(len);
+    len > 0
+        && pinned_ranges()
+            .iter()
+            .any(|(s, e, keep)| *s <= start && end <= *e && keep.strong_count() > 0)
+}
+
+/// Marks `data` as page-locked while `keep` lives, without a GPU: for tests of the direct
+/// copy's hand-off on the CPU.
+#[cfg(test)]
+pub(crate) fn pretend_pinned(data: &[u8], keep: &Arc<dyn Any + Send + Sync>) {
+    add_pinned(data.as_ptr() as usize, data.len(), Arc::downgrade(keep));
 }
 
 /// `len` bytes at `start` of a region's mapping, as the bytes of an input tensor; holds the
-/// mapping, so that it stays mapped while the tensor lives.
+/// mapping (and its lock), so that it stays mapped while the tensor lives.
 struct View {
-    map: Arc<MmapRaw>,
+    map: Arc<Mapped>,
     start: usize,
     len: usize,
 }
@@ -65,6 +133,11 @@ impl AsRef<[u8]> for View {
 #[derive(Default)]
 pub struct SharedRegions {
     regions: Mutex<BTreeMap<String, Region>>,
+    /// The GPU whose primary context page-locks regions (`None`: none is locked).
+    pin_on: Option<u32>,
+    /// Whether a region was page-locked, and whether one could not be, said on stderr (once
+    /// each: a client registers its regions again for every run).
+    said: [std::sync::atomic::AtomicBool; 2],
 }
 
 fn refused(reason: String) -> ProtocolError {
@@ -76,6 +149,21 @@ fn refused(reason: String) -> ProtocolError {
 }
 
 impl SharedRegions {
+    /// Regions page-locked for GPU `gpu` when they are registered, where they can be (`None`:
+    /// never, as on a server without cuda models in its own process).
+    pub fn pinned_on(gpu: Option<u32>) -> SharedRegions {
+        SharedRegions {
+            regions: Mutex::default(),
+            pin_on: gpu,
+            said: Default::default(),
+        }
+    }
+
+    /// Whether region `name` is page-locked for the GPU.
+    pub fn is_region_pinned(&self, name: &str) -> bool {
+        self.lock().get(name).is_some_and(|r| r.map.pin.is_some())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Region>> {
         self.regions.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -135,6 +223,31 @@ impl SharedRegions {
             .len(len)
             .map_raw(&file)
             .map_err(|e| refused(format!("region `{name}`: cannot map key `{key}`: {e}")))?;
+        let pin = self.pin_on.and_then(|gpu| {
+            // SAFETY: the range is the mapping just made, which the `Mapped` below holds, and
+            // which drops the lock before the mapping.
+            let pinned = unsafe { isolane_gpu::host_pin::pin_host(gpu, map.as_mut_ptr(), len) };
+            let line = match &pinned {
+                Ok(_) => format!(
+                    "shared memory region `{name}` is page-locked for GPU {gpu}: a model's \
+                     input in it is copied to the device in place"
+                ),
+                Err(e) => format!(
+                    "shared memory region `{name}` is not page-locked for the GPU ({e}): its \
+                     inputs are copied through the model's input slot"
+                ),
+            };
+            if !self.said[usize::from(pinned.is_err())].swap(true, Ordering::Relaxed) {
+                eprintln!("isolane serve: {line} (said once)");
+            }
+            tracing::info!(target: "isolane::serve", "{line}");
+            pinned.ok()
+        });
+        let mapped = Arc::new(Mapped { pin, map });
+        if mapped.pin.is_some() {
+            let keep: Arc<dyn Any + Send + Sync> = mapped.clone();
+            add_pinned(mapped.as_ptr() as usize, len, Arc::downgrade(&keep));
+        }
         regions.insert(
             name.to_string(),
             Region {
@@ -144,7 +257,7 @@ impl SharedRegions {
                     offset,
                     byte_size,
                 },
-                map: Arc::new(map),
+                map: mapped,
             },
         );
         Ok(())
@@ -181,7 +294,7 @@ impl SharedRegions {
         &self,
         r: &SharedRef,
         what: &str,
-    ) -> Result<(Arc<MmapRaw>, usize, usize), ProtocolError> {
+    ) -> Result<(Arc<Mapped>, usize, usize), ProtocolError> {
         let regions = self.lock();
         let region = regions.get(&r.region).ok_or_else(|| {
             refused(format!(
@@ -311,6 +424,43 @@ mod tests {
         let again = input.clone();
         drop(input);
         assert_eq!(again, &[3, 42, 5, 6][..]);
+    }
+
+    /// A server of cuda models page-locks a region of whole pages where there is a GPU; where
+    /// there is none (or the offset is not a page's start) the region is served all the same,
+    /// through the copy. A view of a locked region counts as locked only while the region's
+    /// mapping lives: after its unregister, until the last view is gone.
+    #[test]
+    fn a_region_is_page_locked_where_it_can_be_and_served_where_not() {
+        // A page of 64 KiB or of 4 KiB alike starts at 0 and ends at 64 KiB.
+        let page = 1 << 16;
+        let bytes: Vec<u8> = (0..2 * page).map(|i| (i % 251) as u8).collect();
+        let obj = Object::new("pin", &bytes);
+        let shm = SharedRegions::pinned_on(Some(0));
+        let key = format!("/{}", obj.0);
+        shm.register("whole", &key, 0, page as u64).unwrap();
+        shm.register("offset", &key, 8, page as u64).unwrap();
+        assert!(
+            !shm.is_region_pinned("offset"),
+            "not whole pages, yet locked"
+        );
+        let off = shm.read(&at("offset", 0, 16), "x").unwrap();
+        assert_eq!(off, &bytes[8..24]);
+        assert!(!is_pinned(&off));
+        let view = shm.read(&at("whole", 4, 64), "x").unwrap();
+        assert_eq!(view, &bytes[4..68]);
+        let gpu = isolane_gpu::driver::device_count().is_ok_and(|n| n > 0);
+        assert_eq!(shm.is_region_pinned("whole"), gpu, "locked where a GPU is");
+        assert_eq!(is_pinned(&view), gpu);
+        shm.unregister(None).unwrap();
+        assert_eq!(is_pinned(&view), gpu, "a view's region unlocked under it");
+        let (addr, len) = (view.as_ptr() as usize, view.len());
+        drop(view);
+        assert!(
+            !pinned_at(addr, len),
+            "still counted as locked once unmapped"
+        );
+        assert!(!SharedRegions::default().is_region_pinned("whole"));
     }
 
     #[test]

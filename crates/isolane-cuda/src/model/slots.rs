@@ -12,8 +12,15 @@ use super::*;
 /// A slot whose job is launched and not seen done is *in flight*: its buffers are not handed
 /// out ([`Slots::input_mut`], [`Slots::output`] say `None`), so nothing writes an input the
 /// copy engine may still read, nor reads an output it may still write.
+///
+/// An input may instead be copied from host memory the caller holds ([`Slots::input_from`]: a
+/// client's shared memory region, page-locked), for the slot's next launch only: the request's
+/// input then crosses to the device once, without a copy into the slot's buffer first.
 pub struct Slots {
     ins: Vec<Vec<PinnedF32>>,
+    /// Per slot and input, the host address its next launch copies from instead of its own
+    /// buffer (taken by that launch; given back to the buffer by [`Slots::input_mut`]).
+    sources: Vec<Vec<Option<*const u8>>>,
     outs: Vec<Vec<PinnedF32>>,
     events: Vec<cu::CUevent>,
     in_flight: Vec<bool>,
@@ -31,7 +38,8 @@ type Span = (u64, usize);
 
 // SAFETY: the buffers and events are owned by this value and used only through `&mut self`
 // (or `&self` for reading an output that is not in flight); the driver allows events and
-// pinned memory to be used from any thread.
+// pinned memory to be used from any thread. The sources are addresses the caller of
+// `input_from` keeps mapped, only handed to the driver.
 unsafe impl Send for Slots {}
 
 impl CudaModel {
@@ -73,6 +81,7 @@ impl Slots {
         }
         let mut s = Slots {
             ins: Vec::new(),
+            sources: Vec::new(),
             outs: Vec::new(),
             events: Vec::new(),
             in_flight: Vec::new(),
@@ -99,6 +108,7 @@ impl Slots {
                 cu::cuEventCreate(&mut ev, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
             })?;
             s.events.push(ev);
+            s.sources.push(vec![None; ins.len()]);
             s.ins.push(ins);
             s.outs.push(outs);
             s.in_flight.push(false);
@@ -121,15 +131,37 @@ impl Slots {
         self.in_flight.get(slot).copied().unwrap_or(false)
     }
 
-    /// Input `i` of `slot`; `None` out of range or while the slot is in flight.
+    /// Input `i` of `slot`, which its next launch then copies from (in place of a source
+    /// given by [`Slots::input_from`]); `None` out of range or while the slot is in flight.
     pub fn input_mut(&mut self, slot: usize, i: usize) -> Option<&mut [f32]> {
         if self.in_flight(slot) {
             return None;
         }
-        self.ins
-            .get_mut(slot)?
-            .get_mut(i)
-            .map(PinnedF32::as_mut_slice)
+        let buf = self.ins.get_mut(slot)?.get_mut(i)?;
+        self.sources[slot][i] = None;
+        Some(buf.as_mut_slice())
+    }
+
+    /// Has `slot`'s next launch copy input `i` from the `len` bytes at `src` instead of from
+    /// the slot's buffer. `false` (nothing changed) while the slot is in flight, out of range,
+    /// or when `len` is not the input's size. The copy is asynchronous: from page-locked memory
+    /// the copy engine reads it while the job runs; from pageable memory the driver stages it
+    /// before the launch returns.
+    ///
+    /// # Safety
+    /// `src..src + len` must stay mapped until the slot's job is seen done ([`Slots::is_done`],
+    /// [`Slots::wait`]), or until the slot is waited for after a failed launch.
+    pub unsafe fn input_from(&mut self, slot: usize, i: usize, src: *const u8, len: usize) -> bool {
+        if self.in_flight(slot) || src.is_null() {
+            return false;
+        }
+        match (self.to_device.get(i), self.sources.get_mut(slot)) {
+            (Some(&(_, bytes)), Some(sources)) if bytes == len => {
+                sources[i] = Some(src);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Output `i` of `slot` after its job; `None` out of range or while it is in flight.
@@ -163,12 +195,20 @@ impl Slots {
         // From here the copy engine may read the slot's inputs: in flight even if a later
         // call fails, so that no one writes them until the stream is seen past it.
         self.in_flight[slot] = true;
-        for (&(dst, bytes), src) in self.to_device.iter().zip(&self.ins[slot]) {
-            // SAFETY: src is a pinned buffer of bytes / 4 f32s owned by self and not handed out
-            // while in flight; dst is the model's input staging of `bytes` (checked to be this
-            // model's by its stream above); the model's stream is live.
+        // Every source is taken now, whatever fails below: none outlives this launch.
+        let given: Vec<Option<*const u8>> =
+            self.sources[slot].iter_mut().map(Option::take).collect();
+        for ((&(dst, bytes), own), given) in self.to_device.iter().zip(&self.ins[slot]).zip(given) {
+            let src = match given {
+                Some(given) => given as *const c_void,
+                None => own.ptr() as *const c_void,
+            };
+            // SAFETY: src is either a pinned buffer of bytes / 4 f32s owned by self and not
+            // handed out while in flight, or `bytes` of host memory that `input_from`'s caller
+            // keeps mapped until the slot is seen done; dst is the model's input staging of
+            // `bytes` (checked to be this model's by its stream above); the stream is live.
             cu_check("cuMemcpyHtoDAsync", unsafe {
-                cu::cuMemcpyHtoDAsync_v2(dst, src.ptr() as *const c_void, bytes, self.stream)
+                cu::cuMemcpyHtoDAsync_v2(dst, src, bytes, self.stream)
             })?;
         }
         // SAFETY: exec and stream are live; the graph's buffers are owned by the model.
@@ -307,5 +347,74 @@ mod tests {
         m.input_mut_at(0).copy_from_slice(&xs[0]);
         m.run().expect("run after the slots");
         assert_eq!(m.output_at(0), &reference[0][..]);
+    }
+
+    /// An input given by address (page-locked host memory, as a served client's shared memory
+    /// region; and pageable memory, which the driver stages) gives the output its copy into the
+    /// slot gives, bit for bit; the address is used by that one launch only (the next copies
+    /// from the slot's buffer again), and is refused while the slot is in flight or for a size
+    /// that is not the input's.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn an_input_copied_from_host_memory_in_place_gives_the_slots_output() {
+        let g = build_model("mobilenet_v2", Weights::Synthetic { seed: 3 }).unwrap();
+        let gpu = crate::CudaBackend::new(0).expect("cuda backend");
+        let mut m = gpu.compile_cuda(&g, 1, Precision::Fp16).expect("compile");
+        let n = m.input_mut_at(0).len();
+        let xs = [input(n, 1), input(n, 2)];
+        let mut s = Slots::new(&m, 2).expect("two slots");
+        let mut reference = Vec::new();
+        for x in &xs {
+            s.input_mut(0, 0).unwrap().copy_from_slice(x);
+            s.launch(&mut m, 0).unwrap();
+            s.wait(0).unwrap();
+            reference.push(s.output(0, 0).unwrap().to_vec());
+        }
+        assert_ne!(reference[0], reference[1]);
+        // Whole pages, as a registered region's mapping.
+        let page = 1 << 16;
+        let bytes = (n * 4).div_ceil(page) * page;
+        let layout = std::alloc::Layout::from_size_align(bytes, page).unwrap();
+        // SAFETY: the layout's size is not zero.
+        let host = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!host.is_null());
+        // SAFETY: `host` holds `bytes` bytes, at least n f32s, and is written before any launch
+        // reads it.
+        let as_f32 = unsafe { std::slice::from_raw_parts_mut(host as *mut f32, n) };
+        as_f32.copy_from_slice(&xs[1]);
+        // SAFETY: the allocation outlives the pin, dropped before it is freed below.
+        let pin = unsafe { isolane_gpu::host_pin::pin_host(0, host, bytes) }.expect("pin");
+        for round in 0..3 {
+            // SAFETY: `host` stays allocated until after the slot is waited for.
+            assert!(unsafe { s.input_from(1, 0, host, n * 4) });
+            s.input_mut(0, 0).unwrap().copy_from_slice(&xs[0]);
+            s.launch(&mut m, 1).unwrap();
+            s.launch(&mut m, 0).unwrap();
+            // SAFETY: as above; the slot is in flight, so the call must refuse it.
+            let taken = unsafe { s.input_from(1, 0, host, n * 4) };
+            assert!(!taken, "taken in flight");
+            s.wait(1).unwrap();
+            s.wait(0).unwrap();
+            assert_eq!(s.output(1, 0).unwrap(), &reference[1][..], "round {round}");
+            assert_eq!(s.output(0, 0).unwrap(), &reference[0][..], "round {round}");
+        }
+        // SAFETY: a size that is not the input's is refused before anything is kept.
+        assert!(!unsafe { s.input_from(1, 0, host, n * 4 - 4) });
+        // The next launch copies from the slot's own buffer again.
+        s.input_mut(1, 0).unwrap().copy_from_slice(&xs[0]);
+        as_f32.copy_from_slice(&xs[0]);
+        s.launch(&mut m, 1).unwrap();
+        s.wait(1).unwrap();
+        assert_eq!(s.output(1, 0).unwrap(), &reference[0][..]);
+        drop(pin);
+        // Pageable memory: the driver stages it; the output is the same.
+        let pageable = xs[1].clone();
+        // SAFETY: `pageable` lives until after the slot is waited for.
+        assert!(unsafe { s.input_from(1, 0, pageable.as_ptr() as *const u8, n * 4) });
+        s.launch(&mut m, 1).unwrap();
+        s.wait(1).unwrap();
+        assert_eq!(s.output(1, 0).unwrap(), &reference[1][..]);
+        // SAFETY: allocated above with this layout; no launch reads it any more.
+        unsafe { std::alloc::dealloc(host, layout) };
     }
 }
