@@ -164,6 +164,18 @@ impl Parameters {
             None => return Ok(None),
             Some(Parameter::Int(i)) => *i as f64,
             Some(Parameter::Double(x)) if x.is_finite() => *x,
+            // gRPC's double_param carries NaN and infinities, which JSON cannot.
+            Some(Parameter::Double(x)) => {
+                return Err(param_error(
+                    "the request",
+                    DEADLINE_MS,
+                    format!(
+                        "is {x}; a deadline is a positive, finite number of milliseconds, at \
+                         most {}",
+                        i64::MAX
+                    ),
+                ))
+            }
             Some(p) => {
                 return Err(param_error(
                     "the request",
@@ -175,10 +187,19 @@ impl Parameters {
         if ms > 0.0 && ms <= i64::MAX as f64 {
             return Ok(Some(ms));
         }
+        // Past 1e15 in scientific notation: 1e300 written out is three hundred digits.
+        let shown = if ms.abs() < 1e15 {
+            ms.to_string()
+        } else {
+            format!("{ms:e}")
+        };
         Err(param_error(
             "the request",
             DEADLINE_MS,
-            format!("is {ms}; a deadline is a positive number of milliseconds"),
+            format!(
+                "is {shown}; a deadline is a positive number of milliseconds, at most {}",
+                i64::MAX
+            ),
         ))
     }
 

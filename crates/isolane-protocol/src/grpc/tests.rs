@@ -723,6 +723,15 @@ fn parameters_are_read_and_checked() {
         req.clone(),
         &["`deadline_ms`", "it is a number of milliseconds"],
     );
+    // NaN and the infinities are doubles, but no deadline: not "a number with a fraction".
+    for x in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        req.parameters
+            .insert(DEADLINE_MS.into(), param(ParameterChoice::DoubleParam(x)));
+        refused_with(
+            req.clone(),
+            &["`deadline_ms`", "a positive, finite number of milliseconds"],
+        );
+    }
     req.parameters.insert(
         DEADLINE_MS.into(),
         param(ParameterChoice::Uint64Param(u64::MAX)),

@@ -709,7 +709,10 @@ fn parameters_are_checked() {
     assert_eq!(r.deadline_ms, Some(2.5));
     refused_with(
         &req(r#"{"deadline_ms":1e300}"#),
-        &["`deadline_ms`", "positive number"],
+        &[
+            "`deadline_ms`",
+            "is 1e300; a deadline is a positive number of milliseconds, at most 9223372036854775807",
+        ],
     );
     refused_with(
         &req(r#"{"binary_data_output":1}"#),
