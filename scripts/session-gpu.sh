@@ -15,7 +15,9 @@
 #   l2        isolane-cuda's GPU test: weights kept in the L2 change no output
 #   int8test  isolane-cuda's GPU test: calibrated int8/fp8 models run on the GPU
 #   slots     isolane-cuda's GPU tests of the input slots: each job its own output, and an input
-#             copied in place from page-locked host memory (a served shm region) bit-identical
+#             copied in place from page-locked host memory (a served shm region) bit-identical;
+#             isolane-gpu's host_pin tests (pages locked and unlocked); stage with
+#             STAGE_PACKAGES="-p isolane-cuda -p isolane-gpu -p isolane"
 #   quantgemm isolane-cuda's GPU test: the int8/fp8 tensor-core path against the exact reference
 #   int8      scripts/int8-h200.sh: fp16 against int8 and fp8 (needs torch there)
 #   int8acc   scripts/int8_accuracy_gpu.py: the trained digits CNN's top-1 accuracy and agreement
@@ -71,7 +73,7 @@ for s in "$@"; do
     savedmps) step savedmps 270 env OUT="$work/savedmps" ISOLANE_BIN="$isolane" bash scripts/saved-plan-mps-diag.sh ;;
     l2) step l2 150 stage/tests/isolane-cuda--gpu weights_kept_in_the_l2_change_no_output --ignored --nocapture ;;
     int8test) step int8test 150 stage/tests/isolane-cuda--gpu calibrated_int8_and_fp8_models_run_on_the_gpu --ignored --nocapture ;;
-    slots) step slots 150 stage/tests/isolane-cuda--gpu model::slots::tests --ignored --nocapture ;;
+    slots) step slots 150 bash -c 'stage/tests/isolane-cuda--isolane_cuda model::slots::tests --ignored --test-threads 1 --nocapture && stage/tests/isolane-gpu--isolane_gpu host_pin --nocapture' ;;
     quantgemm) step quantgemm 200 stage/tests/isolane-cuda--gpu quant_gemm_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture ;;
     plans) step plans 560 env OUT="$work/plans" ISOLANE_BIN="$isolane" bash scripts/predict-h200.sh plans ;;
     plans-1 | plans-2)
