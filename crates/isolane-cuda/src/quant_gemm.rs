@@ -49,7 +49,7 @@ fn quant_descriptors(
     lt_check("cublasLtMatmulDescCreate", unsafe {
         lt::cublasLtMatmulDescCreate(&mut desc, compute, scale_t)
     })?;
-    set_sm_target(desc, sms)?;
+    set_sm_target(desc, sms);
     let (t, n): (i32, i32) = (1, 0);
     set_attr(
         desc,

@@ -555,6 +555,7 @@ impl CudaBackend {
     ) -> Result<CudaModel> {
         match self.load_checked(saved, file, batch, precision)? {
             Checked::Same(m) => Ok(m),
+            Checked::Unfit(why) => Err(EngineError::InvalidArgument(why)),
             Checked::OtherBits(why) => Err(EngineError::InvalidArgument(format!(
                 "{why}; build the plan again here (`isolane build` in this partition), or name \
                  the model instead of the plan"
@@ -563,11 +564,12 @@ impl CudaBackend {
     }
 
     /// [`CudaBackend::load_saved`], except that a plan whose outputs would differ here in any
-    /// bit is not used and the model is built again here from the plan's graph (its choices
-    /// timed here, its plan checked against the CPU reference), said once on stderr naming the
-    /// file and why: what `run` and `serve` take for a workload's `.isoplan`, where the
-    /// workload must run rather than fail because the file was built elsewhere. Every other
-    /// refusal (a key for another GPU, precision or batch; a damaged file) is an error.
+    /// bit, or whose choices this partition cannot take, is not used and the model is built
+    /// again here from the plan's graph (its choices timed here, its plan checked against the
+    /// CPU reference), said once on stderr naming the file and why: for a workload's
+    /// `.isoplan` in `run` and `serve`, which must run rather than fail because the file was
+    /// built elsewhere. Every other refusal (a key for another GPU, precision or batch; a
+    /// damaged file; memory this GPU lacks) is an error.
     pub fn load_saved_or_build(
         &self,
         saved: &SavedPlan,
@@ -606,11 +608,14 @@ impl CudaBackend {
         target.build.depthwise_pairs = part.depthwise_pairs;
         target.build.block_rows = part.block_rows;
         target.build.exact_gelu = part.exact_gelu;
-        let (mut m, _) = CudaModel::build_logged(p, &target, log).map_err(|e| match e {
+        let mut m = match CudaModel::build_logged(p, &target, log) {
+            Ok((m, _)) => m,
             // Memory this GPU lacks, not a fault of the plan: exit 3 as for any build.
-            EngineError::OutOfMemory(_) => e,
-            e => EngineError::InvalidArgument(format!("saved plan `{file}`: {e}")),
-        })?;
+            Err(e @ EngineError::OutOfMemory(_)) => return Err(e),
+            // A choice this GPU or partition cannot take (an engine cuDNN does not offer here,
+            // a cluster shape a small green context cannot place).
+            Err(e) => return Ok(Checked::Unfit(format!("saved plan `{file}`: {e}"))),
+        };
         let got = probe(&mut m)?;
         let Some(i) = first_other_bits(&part.outputs, &got) else {
             return Ok(Checked::Same(m));
@@ -655,10 +660,12 @@ impl CudaBackend {
     }
 }
 
-/// A replayed saved plan: its outputs' bits are the build's, or not (why, naming the file).
+/// A replayed saved plan: its outputs' bits are the build's, or not, or its choices could not
+/// be replayed here (why, naming the file).
 enum Checked<M> {
     Same(M),
     OtherBits(String),
+    Unfit(String),
 }
 
 /// The index of the first output whose bits differ from the build's (or that the build did
@@ -676,7 +683,7 @@ fn or_build<M>(
 ) -> Result<M> {
     match load()? {
         Checked::Same(m) => Ok(m),
-        Checked::OtherBits(why) => {
+        Checked::OtherBits(why) | Checked::Unfit(why) => {
             note(&format!(
                 "note: {why}: not used; the model is built again here from the plan's graph \
                  (its choices timed here, its plan checked against the CPU reference)"
@@ -845,6 +852,22 @@ mod tests {
             "{}",
             notes[0]
         );
+        let m = or_build(
+            || {
+                Ok(Checked::Unfit(
+                    "saved plan `r.isoplan`: the saved plan's cuDNN engine 48 is not offered"
+                        .into(),
+                ))
+            },
+            || {
+                built += 1;
+                Ok("built")
+            },
+            &mut |n| notes.push(n.to_string()),
+        )
+        .unwrap();
+        assert_eq!((m, built, notes.len()), ("built", 2, 2));
+        assert!(notes[1].contains("engine 48") && notes[1].contains("built again"));
         let e = or_build::<&str>(
             || {
                 Err(EngineError::InvalidArgument(
@@ -858,7 +881,7 @@ mod tests {
             &mut |n| notes.push(n.to_string()),
         )
         .unwrap_err();
-        assert!(matches!(e, EngineError::InvalidArgument(_)) && built == 1 && notes.len() == 1);
+        assert!(matches!(e, EngineError::InvalidArgument(_)) && built == 2 && notes.len() == 2);
     }
 
     #[test]

@@ -143,13 +143,25 @@ pub(super) fn layout(
 
 /// Tells a matmul descriptor the SM count to split its work for (`crate::saved::SmTargets`):
 /// cuBLASLt's heuristics and the grids of its split-K and stream-K kernels follow it, so a
-/// saved plan computes the build's bits where the device reports another count.
-pub(super) fn set_sm_target(desc: lt::cublasLtMatmulDesc_t, sms: i32) -> Result<()> {
-    set_attr(
+/// saved plan computes the build's bits where the device reports another count. A cuBLASLt
+/// that refuses the value keeps the device's count: a saved plan's check run then refuses
+/// bits that differ, and a build is as it was without the attribute.
+pub(super) fn set_sm_target(desc: lt::cublasLtMatmulDesc_t, sms: i32) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if let Err(e) = set_attr(
         desc,
         lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
         &sms,
-    )
+    ) {
+        // Said once a process: which count the matmuls split their work by is what a saved
+        // plan's other bits would be explained by.
+        SAID.call_once(|| {
+            eprintln!(
+                "note: cuBLASLt refused the SM count target {sms} ({e}): its matmuls split \
+                 their work by the SMs the device reports"
+            )
+        });
+    }
 }
 
 /// The cuBLASLt matmul descriptor (compute type, transposes, epilogue, bias, the SM count
@@ -176,7 +188,7 @@ pub(super) fn matmul_descriptors(
     lt_check("cublasLtMatmulDescCreate", unsafe {
         lt::cublasLtMatmulDescCreate(&mut desc, compute, lt::cudaDataType::CUDA_R_32F)
     })?;
-    set_sm_target(desc, sms)?;
+    set_sm_target(desc, sms);
     let (mm, n, k) = (key.m, key.n, key.k);
     let op_n: i32 = 0;
     // cuBLASLt's A is our B operand (see `mm_index`), transposed when `b_trans`.
