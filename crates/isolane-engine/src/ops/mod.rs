@@ -6,9 +6,9 @@
 //! Shape inference and kernel preparation dispatch to the families through the two matches
 //! below, the only places that list every [`Op`]; the ONNX importer gets its op-type table as a
 //! value ([`OnnxOps::standard`]), not from a process-wide registry. Adding an op is: one
-//! [`Op`] variant, its family's rule and kernel set-up, one arm in each match here and one row
-//! in its family's ONNX table. The CUDA lowering (isolane-cuda's `plan.rs`) is still one match
-//! of its own; see docs/engine.md.
+//! [`Op`] variant, its family's rule and kernel set-up, one arm in each match here, one row
+//! in its family's ONNX table, and its encoding in saved plans (`crate::saved`). The CUDA
+//! lowering (isolane-cuda's `plan.rs`) is still one match of its own; see docs/engine.md.
 
 use std::collections::HashMap;
 
@@ -157,8 +157,8 @@ const ONNX_FAMILIES: [&[(&str, ImportFn)]; 11] = [
 /// importer and returns its outputs (IR nodes it added, or values computed at import).
 pub(crate) type ImportFn = fn(&mut Importer<'_>, &Ctx<'_>) -> OnnxResult<Vec<Val>>;
 
-/// The importer's op table: each ONNX op type (default domain) with its family's import
-/// function. A value, not a registry: [`OnnxOps::standard`] lists every family's rows, and a
+/// The importer's op table: each ONNX op type (the default domain's, and the quantized ops
+/// onnxruntime also writes in com.microsoft's) with its family's import function. A value, not a registry: [`OnnxOps::standard`] lists every family's rows, and a
 /// caller may add or replace rows before handing it to the importer
 /// (`crate::onnx::import::import_with_ops`). Opset differences are the import function's own
 /// (it reads the model's opset), so one op type has one row.
