@@ -5,8 +5,11 @@
 use super::*;
 
 /// `n` sets of pinned host buffers for a model's inputs and outputs, each launched as a job on
-/// the model's stream: the copies from the slot's inputs, the model's forward graph (without
-/// its own copies), the copies to the slot's outputs, then the slot's event. Jobs of several
+/// the model's stream: the copies from the slot's inputs, the model's forward, the copies to the
+/// slot's outputs, then the slot's event. Each slot has its own graph of all three (captured as
+/// the model's whole job is, with the slot's buffers), launched as one call as `run` launches
+/// its job; a launch whose input comes from elsewhere ([`Slots::input_from`]) issues the copies
+/// around the model's forward graph instead. Jobs of several
 /// slots queue on the one stream, in launch order, so they share the model's arena safely.
 ///
 /// A slot whose job is launched and not seen done is *in flight*: its buffers are not handed
@@ -31,6 +34,9 @@ pub struct Slots {
     /// Device addresses and bytes of the model's input and output staging.
     to_device: Vec<Span>,
     from_device: Vec<Span>,
+    /// Per slot, its copies and the forward as one graph (`None`: its capture failed, and the
+    /// slot's launches issue the copies around the forward graph).
+    fused: Vec<Option<CapturedGraph>>,
 }
 
 /// A device address and a size in bytes.
@@ -67,6 +73,39 @@ impl CudaModel {
     }
 }
 
+/// `model`'s whole job (input copies, forward, output copies) as one graph whose copies read
+/// `ins` and write `outs` instead of the model's own buffers.
+fn fused_graph(model: &CudaModel, ins: &[PinnedF32], outs: &[PinnedF32]) -> Result<CapturedGraph> {
+    let n = model.launches.len();
+    let (n_in, n_out) = (ins.len(), outs.len());
+    let mut launches = model.launches.clone();
+    for (l, buf) in launches[..n_in.min(n)].iter_mut().zip(ins) {
+        match l {
+            Launch::HtoD { src, bytes, .. } if *bytes == buf.len() * 4 => {
+                *src = buf.ptr() as *const c_void
+            }
+            _ => {
+                return Err(EngineError::Runtime(
+                    "an input copy that is not the slot's".into(),
+                ))
+            }
+        }
+    }
+    for (l, buf) in launches[n.saturating_sub(n_out)..].iter_mut().zip(outs) {
+        match l {
+            Launch::DtoH { dst, bytes, .. } if *bytes == buf.len() * 4 => {
+                *dst = buf.ptr() as *mut c_void
+            }
+            _ => {
+                return Err(EngineError::Runtime(
+                    "an output copy that is not the slot's".into(),
+                ))
+            }
+        }
+    }
+    model.capture_list(&launches, true)
+}
+
 impl Slots {
     /// `n` slots (at least 1) for `model`, in its context.
     pub fn new(model: &CudaModel, n: usize) -> Result<Slots> {
@@ -89,6 +128,7 @@ impl Slots {
             ctx: model.ctx,
             to_device,
             from_device,
+            fused: Vec::new(),
         };
         for _ in 0..n.max(1) {
             let ins = s
@@ -108,6 +148,7 @@ impl Slots {
                 cu::cuEventCreate(&mut ev, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
             })?;
             s.events.push(ev);
+            s.fused.push(fused_graph(model, &ins, &outs).ok());
             s.sources.push(vec![None; ins.len()]);
             s.ins.push(ins);
             s.outs.push(outs);
@@ -198,6 +239,19 @@ impl Slots {
         // Every source is taken now, whatever fails below: none outlives this launch.
         let given: Vec<Option<*const u8>> =
             self.sources[slot].iter_mut().map(Option::take).collect();
+        if let (true, Some(fused)) = (given.iter().all(Option::is_none), &self.fused[slot]) {
+            // SAFETY: the graph copies from and to this slot's pinned buffers, owned by self and
+            // not handed out while in flight, and runs the model's forward on its arena; the
+            // graph and stream are live.
+            cu_check("cuGraphLaunch", unsafe {
+                cu::cuGraphLaunch(fused.exec(), self.stream)
+            })?;
+            // SAFETY: the event and stream are live, of the current context.
+            cu_check("cuEventRecord", unsafe {
+                cu::cuEventRecord(self.events[slot], self.stream)
+            })?;
+            return Ok(());
+        }
         for ((&(dst, bytes), own), given) in self.to_device.iter().zip(&self.ins[slot]).zip(given) {
             let src = match given {
                 Some(given) => given as *const c_void,
