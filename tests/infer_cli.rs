@@ -99,6 +99,38 @@ fn a_device_is_refused_where_a_file_is_read_whole() {
     }
 }
 
+/// A saved plan runs on the weights it was built with: --weights beside it was once ignored.
+#[test]
+fn weights_beside_a_saved_plan_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("m.isoplan");
+    let model = fixtures().join("onnx/tiny_cnn_op14.onnx");
+    let (code, _, err) = run(&[
+        "build",
+        "--device",
+        "cpu",
+        model.to_str().unwrap(),
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let weights = t.path().join("w.safetensors");
+    std::fs::write(&weights, b"x").unwrap();
+    let (code, _, err) = run(&[
+        "infer",
+        "--model",
+        plan.to_str().unwrap(),
+        "--weights",
+        weights.to_str().unwrap(),
+        "--random",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("is a saved plan, which carries its own weights"),
+        "{err}"
+    );
+}
+
 #[test]
 fn models_lists_builtins_as_table_and_json() {
     let (code, out, _) = run(&["models"]);

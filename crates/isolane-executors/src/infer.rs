@@ -212,6 +212,13 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
     }
     // A saved plan (`isolane build`): its fused graph, loaded below without compiling it again.
     let saved = if is_saved_plan_path(&args.model) {
+        if args.weights.is_some() {
+            return Err(user(format!(
+                "--weights applies to built-in models; {} is a saved plan, which carries its own \
+                 weights",
+                args.model
+            )));
+        }
         Some(SavedPlan::load(Path::new(&args.model)).map_err(user)?)
     } else {
         None

@@ -349,6 +349,20 @@ fn value_rules() {
     );
     let e = err(&PIPELINE.replace("model = \"mobilenet_v2\"", "model = \"missing.onnx\""));
     assert!(e.contains("no such file"), "{e}");
+    // An .onnx stage runs on its own weights: a weights file beside it would be ignored.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.onnx"), b"x").unwrap();
+    let text = PIPELINE.replace(
+        "model = \"mobilenet_v2\"",
+        "model = \"m.onnx\"\nweights = \"w.safetensors\"",
+    );
+    let e = parse_apps(&text, &dir.path().join("s.toml"), &Models)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("app[0].stage[1].weights") && e.contains("carries its own weights"),
+        "{e}"
+    );
     let e = err(&PIPELINE
         .replace("kind = \"synthetic\"", "kind = \"video\"\npath = \"a.mp4\"")
         .replace("width = 64\nheight = 48\n", ""));

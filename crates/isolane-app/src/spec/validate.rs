@@ -602,14 +602,22 @@ impl Validator<'_> {
                 ),
             ));
         };
-        let weights = match weights {
-            Some(w) => Some(
-                self.path(field, Some(&w), "a weights file")?
-                    .display()
-                    .to_string(),
-            ),
-            None => None,
-        };
+        let weights =
+            match weights {
+                // The file's own weights are what runs: a weights file beside it would be ignored.
+                Some(_) if model.ends_with(".onnx") => return Err(self.err(
+                    format!("{}weights", field.trim_end_matches("model")),
+                    "not allowed with an .onnx model, which carries its own weights; remove it, \
+                     or use a built-in model"
+                        .to_string(),
+                )),
+                Some(w) => Some(
+                    self.path(field, Some(&w), "a weights file")?
+                        .display()
+                        .to_string(),
+                ),
+                None => None,
+            };
         Ok(ModelSpec {
             name,
             model,

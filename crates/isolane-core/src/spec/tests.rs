@@ -470,12 +470,15 @@ fn onnx_and_weights_files_must_exist_and_come_back_absolute() {
     std::fs::write(dir.path().join("m.onnx"), b"x").unwrap();
     std::fs::write(dir.path().join("w.safetensors"), b"x").unwrap();
     let scen = dir.path().join("s.toml");
-    let text = "[[workload]]\nname = \"a\"\nmodel = \"m.onnx\"\nweights = \"w.safetensors\"\nrate_hz = 5\njobs = 5\n";
+    let text = "[[workload]]\nname = \"a\"\nmodel = \"m.onnx\"\nrate_hz = 5\njobs = 5\n\
+                [[workload]]\nname = \"b\"\nmodel = \"resnet18\"\nweights = \"w.safetensors\"\n\
+                rate_hz = 5\njobs = 5\n";
     let s = Scenario::from_toml_str(text, &scen, &MODELS).unwrap();
-    let w = &s.workloads[0];
     let abs = dir.path().canonicalize().unwrap();
+    let w = &s.workloads[0];
     assert_eq!(w.model, abs.join("m.onnx").to_str().unwrap());
-    assert_eq!(w.weights.as_deref(), abs.join("w.safetensors").to_str());
+    let b = &s.workloads[1];
+    assert_eq!(b.weights.as_deref(), abs.join("w.safetensors").to_str());
     assert!(matches!(w.model_source(), Ok(ModelSource::Onnx(_))));
     // The resolved file works from anywhere.
     let again = Scenario::from_toml_str(&s.to_toml_string().unwrap(), "/elsewhere/r.toml", &MODELS)
@@ -497,10 +500,39 @@ fn onnx_and_weights_files_must_exist_and_come_back_absolute() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains(":4:11: workload[0].weights: ")
+        e.contains(":9:11: workload[1].weights: ")
             && e.contains("expected an existing weights file"),
         "{e}"
     );
+}
+
+/// An .onnx model or a saved plan runs on the weights it carries: a weights file beside it
+/// was once accepted and silently ignored.
+#[test]
+fn weights_are_not_allowed_with_a_model_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("s.toml");
+    for (model, what) in [
+        ("m.onnx", "an .onnx model"),
+        ("m.isoplan", "a saved plan (.isoplan)"),
+    ] {
+        std::fs::write(dir.path().join(model), b"x").unwrap();
+        std::fs::write(dir.path().join("w.safetensors"), b"x").unwrap();
+        let text = format!(
+            "[[workload]]\nname = \"a\"\nmodel = \"{model}\"\nweights = \"w.safetensors\"\n\
+             rate_hz = 5\njobs = 5\n"
+        );
+        let e = Scenario::from_toml_str(&text, &scen, &MODELS)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":4:1: workload[0].weights: ")
+                && e.contains(&format!(
+                    "not allowed with {what}, which carries its own weights"
+                )),
+            "{e}"
+        );
+    }
 }
 
 #[test]

@@ -652,8 +652,23 @@ impl Checker<'_, '_> {
                 path,
                 true,
                 "not allowed with a spin: or kernel: model (it has no weights); remove it, or \
-                 use a built-in or .onnx model"
+                 use a built-in model"
                     .to_string(),
+            );
+        } else if is_onnx_path(&w.model) {
+            // The file's own weights are what runs: a weights file beside it would be ignored.
+            let what = if w.model.to_ascii_lowercase().ends_with(".isoplan") {
+                "a saved plan (.isoplan)"
+            } else {
+                "an .onnx model"
+            };
+            self.report(
+                path,
+                true,
+                format!(
+                    "not allowed with {what}, which carries its own weights; remove it, or use \
+                     a built-in model"
+                ),
             );
         } else if !self.spans.unread(path) {
             self.file(path, weights, "weights file");
@@ -674,7 +689,7 @@ impl Checker<'_, '_> {
             return;
         }
         if is_onnx_path(s) {
-            self.file(path, s, "ONNX file");
+            self.file(path, s, "model file (.onnx, or a saved plan .isoplan)");
             return;
         }
         if self.models.is_builtin(s) {
