@@ -471,4 +471,102 @@ mod tests {
         // SAFETY: allocated above with this layout; no launch reads it any more.
         unsafe { std::alloc::dealloc(host, layout) };
     }
+
+    /// Where a served job's `infer` time goes (docs/serve.md, "Where a request's time goes"):
+    /// mobilenet_v2 at batch 1 (its 602 KB input), p50 over 300 jobs each of `run` (one graph,
+    /// the stream waited for), a slot from its own buffer (its graph, the event polled as the
+    /// server polls it), from page-locked host memory and from pageable memory (the copies
+    /// around the forward graph), the host's copy into a slot's buffer, and the forward alone.
+    /// Prints the table (`--nocapture`); every mode's output is the same, bit for bit.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn where_a_slot_jobs_time_goes() {
+        use std::time::Instant;
+        let g = build_model("mobilenet_v2", Weights::Synthetic { seed: 3 }).unwrap();
+        let gpu = crate::CudaBackend::new(0).expect("cuda backend");
+        let mut m = gpu.compile_cuda(&g, 1, Precision::Fp16).expect("compile");
+        let n = m.input_mut_at(0).len();
+        let x = input(n, 7);
+        m.input_mut_at(0).copy_from_slice(&x);
+        m.run().unwrap();
+        let reference = m.output_at(0).to_vec();
+        let p50 = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let us = |t: Instant| t.elapsed().as_secs_f64() * 1e6;
+        const JOBS: usize = 300;
+        let mut rows: Vec<(String, f64, f64)> = Vec::new();
+        let mut run = Vec::new();
+        for _ in 0..JOBS {
+            let t = Instant::now();
+            m.run().unwrap();
+            run.push(us(t));
+        }
+        assert_eq!(m.output_at(0), &reference[..]);
+        rows.push(("run (whole graph, stream waited for)".into(), 0.0, p50(run)));
+        let mut s = Slots::new(&m, 2).expect("two slots");
+        let page = 1 << 16;
+        let bytes = (n * 4).div_ceil(page) * page;
+        let layout = std::alloc::Layout::from_size_align(bytes, page).unwrap();
+        // SAFETY: the layout's size is not zero.
+        let host = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!host.is_null());
+        // SAFETY: `host` holds at least n f32s; written before any launch reads it.
+        unsafe { std::slice::from_raw_parts_mut(host as *mut f32, n) }.copy_from_slice(&x);
+        // SAFETY: the allocation outlives the pin, dropped before it is freed below.
+        let pin = unsafe { isolane_gpu::host_pin::pin_host(0, host, bytes) }.expect("pin");
+        let pageable = x.clone();
+        let mut copy = Vec::new();
+        for mode in [
+            "own buffer (slot graph)",
+            "page-locked host memory",
+            "pageable host memory",
+        ] {
+            let (mut call, mut done) = (Vec::new(), Vec::new());
+            for _ in 0..JOBS {
+                let src = match mode {
+                    "own buffer (slot graph)" => {
+                        let t = Instant::now();
+                        s.input_mut(0, 0).unwrap().copy_from_slice(&x);
+                        copy.push(us(t));
+                        None
+                    }
+                    "page-locked host memory" => Some(host as *const u8),
+                    _ => Some(pageable.as_ptr() as *const u8),
+                };
+                if let Some(src) = src {
+                    // SAFETY: `host` (pinned) and `pageable` outlive the wait below.
+                    let taken = unsafe { s.input_from(0, 0, src, n * 4) };
+                    assert!(taken);
+                }
+                let t = Instant::now();
+                s.launch(&mut m, 0).unwrap();
+                call.push(us(t));
+                while !s.is_done(0).unwrap() {
+                    std::hint::spin_loop();
+                }
+                done.push(us(t));
+            }
+            assert_eq!(s.output(0, 0).unwrap(), &reference[..], "{mode}");
+            rows.push((format!("slot from {mode}"), p50(call), p50(done)));
+        }
+        drop(pin);
+        // SAFETY: allocated above with this layout; no launch reads it any more.
+        unsafe { std::alloc::dealloc(host, layout) };
+        let forward = m.device_ms(JOBS).unwrap() * 1e3;
+        println!(
+            "| mobilenet_v2 fp16, batch 1, {} KB input | launch call µs | launch to done µs |",
+            n * 4 / 1000
+        );
+        println!("| --- | ---: | ---: |");
+        for (what, call, done) in rows {
+            println!("| {what} | {call:.1} | {done:.1} |");
+        }
+        println!(
+            "| the host's copy into a slot's buffer | - | {:.1} |",
+            p50(copy)
+        );
+        println!("| the forward alone (events, no copies) | - | {forward:.1} |");
+    }
 }
