@@ -28,8 +28,7 @@ use std::sync::Arc;
 
 mod older;
 
-#[path = "quant.rs"]
-pub(crate) mod quant;
+use crate::ops::quant::import as quant;
 
 /// Batch sizes at which runtime shapes are evaluated to tell batch-dependent dims apart.
 pub(crate) const SAMPLES: [usize; 2] = [2, 3];

@@ -1,8 +1,8 @@
 //! `Op::FakeQuant`: ONNX's `DequantizeLinear(QuantizeLinear(x))` with one set of parameters
 //! (the arithmetic is `crate::quant`).
 //!
-//! ONNX: the QDQ and QOperator op types are routed here; their import stays in
-//! `crate::onnx`'s `quant.rs`, which owns the importer's quantization state.
+//! ONNX: the QDQ and QOperator op types; their import is [`import`], which also holds the
+//! quantization state the importer keeps for every node.
 
 use std::sync::Arc;
 
@@ -12,6 +12,8 @@ use crate::kernels::{unsupported, Kernel};
 use crate::onnx::import::{Ctx, Importer, Val};
 use crate::onnx::Result as OnnxResult;
 use crate::ops::ImportFn;
+
+pub(crate) mod import;
 
 /// The shape rule of `Op::FakeQuant(q)`: the input's shape, once the parameters fit it.
 pub(crate) fn infer_fake_quant(n: &Node, x: &[usize], q: &FakeQuantAttrs) -> Result<Vec<usize>> {
@@ -38,8 +40,7 @@ pub(crate) fn prepare_fake_quant(node: &Node, x: &[usize], q: &FakeQuantAttrs) -
 }
 
 /// The ONNX op types of quantized models: QDQ pairs and the QOperator ops (also in the
-/// com.microsoft domain). Their import is `crate::onnx`'s `quant.rs`, which shares the
-/// importer's quantization state.
+/// com.microsoft domain), imported by [`import`].
 pub(crate) const ONNX: &[(&str, ImportFn)] = &[
     ("QuantizeLinear", import_quantize_linear),
     ("DequantizeLinear", import_dequantize_linear),

@@ -9,10 +9,19 @@
 //!   and hold exactly what the pair computes. Any other reader of a quantized runtime tensor
 //!   (QOperator ops such as QLinearConv, a graph output) is refused by name.
 //!
-//! A child module of `import`, so that it shares the importer's private types.
+//! The quantized ops' family (`crate::ops::quant`) routes their op types here; the importer
+//! keeps the quantization state this module defines ([`State`]) and asks it about every node
+//! (`quantized_readers`).
 
-use super::*;
-use crate::ir::{Binary, ReduceKind, Unary};
+use std::collections::HashMap;
+
+use crate::ir::{self, Binary, Op, ReduceKind, Unary};
+use crate::onnx::fold::{self, Arr, Sym};
+use crate::onnx::import::{
+    fmt_syms, node_axis, static_shape, syms_static, Ctx, Dyn, Importer, Val,
+};
+use crate::onnx::proto::NodeProto;
+use crate::onnx::Result;
 use crate::quant::{dequantize_all, FakeQuantAttrs, Granularity, QuantType};
 
 /// A QuantizeLinear of a runtime tensor, waiting for its DequantizeLinear.
@@ -400,7 +409,7 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 
 /// An ONNX data type number by name (FLOAT8E5M2, INT4, ...), for messages.
 fn type_name(t: i32) -> String {
-    super::super::proto::tensor_proto::DataType::try_from(t)
+    crate::onnx::proto::tensor_proto::DataType::try_from(t)
         .map(|d| d.as_str_name().to_string())
         .unwrap_or_else(|_| format!("data type {t}"))
 }
