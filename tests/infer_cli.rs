@@ -131,6 +131,31 @@ fn weights_beside_a_saved_plan_are_refused() {
     );
 }
 
+/// An input of no items named its file and flag; it once said only "batch size must be at
+/// least 1".
+#[test]
+fn an_input_of_no_items_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let empty = t.path().join("empty.npy");
+    std::fs::write(
+        &empty,
+        isolane_engine::io::npy::encode_npy(&[0, 3, 224, 224], &[]),
+    )
+    .unwrap();
+    let (code, _, err) = run(&[
+        "infer",
+        "--model",
+        "mobilenet_v2",
+        "--input",
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("empty.npy: shape [0, 3, 224, 224] holds no item"),
+        "{err}"
+    );
+}
+
 #[test]
 fn models_lists_builtins_as_table_and_json() {
     let (code, out, _) = run(&["models"]);

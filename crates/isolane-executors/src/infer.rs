@@ -256,6 +256,13 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
     };
     let given = if let Source::Npy(p) = &args.source {
         let t = io::read_npy(p).map_err(user)?;
+        if t.shape.len() == rank && t.shape.first() == Some(&0) {
+            return Err(user(format!(
+                "{}: shape {:?} holds no item; --input needs at least one",
+                p.display(),
+                t.shape
+            )));
+        }
         if t.shape.len() == rank {
             Given::Batch(t.shape, t.data)
         } else if t.shape.len() + 1 == rank {
