@@ -41,7 +41,8 @@ fn main() {
 }
 
 /// A conclusion as the harness reports it: passed, or ignored with the reason when the host's
-/// CPU steal made every attempt inconclusive (a failure under `--include-ignored`).
+/// CPU steal or other processes' load made every attempt inconclusive (a failure under
+/// `--include-ignored`).
 fn report(cx: RunContext<'_>, c: Conclusion) -> RunResult {
     match c {
         Conclusion::Passed => Ok(()),
