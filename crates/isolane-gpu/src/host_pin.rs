@@ -35,7 +35,7 @@ impl HostPin {
 }
 
 /// The system's page size (the unit `cuMemHostRegister` locks).
-fn page_size() -> usize {
+pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)

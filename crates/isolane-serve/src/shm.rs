@@ -7,8 +7,8 @@
 //! input slot. The view holds the mapping, so a region unregistered while a request that reads
 //! it is queued stays mapped until that request is done with it.
 //!
-//! On a server of cuda models (in this process) a region of whole pages is also page-locked
-//! for the GPU when it is registered ([`SharedRegions::pinned_on`], `cuMemHostRegister`): a
+//! On a server of cuda models (in this process) a region that starts on a page is also
+//! page-locked (to its last page's end) for the GPU when it is registered ([`SharedRegions::pinned_on`], `cuMemHostRegister`): a
 //! request whose input fills a model's whole input is then copied to the device straight from
 //! the region, not through the model's input slot ([`is_pinned`]). Where locking fails (no GPU,
 //! an offset that is not a page's start, the driver's refusal) the region is served as before,
@@ -223,10 +223,13 @@ impl SharedRegions {
             .len(len)
             .map_raw(&file)
             .map_err(|e| refused(format!("region `{name}`: cannot map key `{key}`: {e}")))?;
+        // A region that ends inside a page is locked to that page's end: the mapping holds
+        // whole pages, and the page that holds the region's last byte is the object's.
+        let pin_len = len.next_multiple_of(isolane_gpu::host_pin::page_size());
         let pin = self.pin_on.and_then(|gpu| {
-            // SAFETY: the range is the mapping just made, which the `Mapped` below holds, and
-            // which drops the lock before the mapping.
-            let pinned = unsafe { isolane_gpu::host_pin::pin_host(gpu, map.as_mut_ptr(), len) };
+            // SAFETY: the range is the mapping just made (its pages, to the last one's end),
+            // which the `Mapped` below holds, and which drops the lock before the mapping.
+            let pinned = unsafe { isolane_gpu::host_pin::pin_host(gpu, map.as_mut_ptr(), pin_len) };
             let line = match &pinned {
                 Ok(_) => format!(
                     "shared memory region `{name}` is page-locked for GPU {gpu}: a model's \
@@ -246,7 +249,7 @@ impl SharedRegions {
         let mapped = Arc::new(Mapped { pin, map });
         if mapped.pin.is_some() {
             let keep: Arc<dyn Any + Send + Sync> = mapped.clone();
-            add_pinned(mapped.as_ptr() as usize, len, Arc::downgrade(&keep));
+            add_pinned(mapped.as_ptr() as usize, pin_len, Arc::downgrade(&keep));
         }
         regions.insert(
             name.to_string(),
@@ -426,9 +429,9 @@ mod tests {
         assert_eq!(again, &[3, 42, 5, 6][..]);
     }
 
-    /// A server of cuda models page-locks a region of whole pages where there is a GPU; where
-    /// there is none (or the offset is not a page's start) the region is served all the same,
-    /// through the copy. A view of a locked region counts as locked only while the region's
+    /// A server of cuda models page-locks a region that starts on a page where there is a GPU;
+    /// where there is none (or the offset is not a page's start) the region is served all the
+    /// same, through the copy. A view of a locked region counts as locked only while the region's
     /// mapping lives: after its unregister, until the last view is gone.
     #[test]
     fn a_region_is_page_locked_where_it_can_be_and_served_where_not() {
@@ -440,6 +443,8 @@ mod tests {
         let key = format!("/{}", obj.0);
         shm.register("whole", &key, 0, page as u64).unwrap();
         shm.register("offset", &key, 8, page as u64).unwrap();
+        shm.register("short", &key, 0, 100).unwrap();
+        shm.register("page2", &key, page as u64, 100).unwrap();
         assert!(
             !shm.is_region_pinned("offset"),
             "not whole pages, yet locked"
@@ -451,6 +456,13 @@ mod tests {
         assert_eq!(view, &bytes[4..68]);
         let gpu = isolane_gpu::driver::device_count().is_ok_and(|n| n > 0);
         assert_eq!(shm.is_region_pinned("whole"), gpu, "locked where a GPU is");
+        // Regions that start on a page and end inside one are locked to its end.
+        assert_eq!(shm.is_region_pinned("short"), gpu);
+        assert_eq!(shm.is_region_pinned("page2"), gpu);
+        let short = shm.read(&at("page2", 0, 100), "x").unwrap();
+        assert_eq!(short, &bytes[page..page + 100]);
+        assert_eq!(is_pinned(&short), gpu);
+        drop(short);
         assert_eq!(is_pinned(&view), gpu);
         shm.unregister(None).unwrap();
         assert_eq!(is_pinned(&view), gpu, "a view's region unlocked under it");
