@@ -381,6 +381,8 @@ const RESULTS_RECORDS: [&str; 13] = [
 
 fn is_results_folder(dir: &Path) -> bool {
     RESULTS_INDEXES.iter().any(|f| dir.join(f).is_file())
+        // A killed run's folder: its scenario and streamed jobs, before `summarize`.
+        || (dir.join("scenario.toml").is_file() && dir.join("jobs").is_dir())
 }
 
 /// Why the existing regular file `file` is one of a results folder's records (its index
@@ -539,6 +541,15 @@ mod tests {
         for f in ["trace.json", "report.html", "explain.json"] {
             write_output(&run.join(f), b"one").unwrap();
             write_output(&run.join(f), b"two").unwrap();
+        }
+        // A killed run's folder has no summary.json yet; its records are kept all the same.
+        let killed = tempfile::tempdir().unwrap();
+        std::fs::create_dir(killed.path().join("jobs")).unwrap();
+        for f in ["scenario.toml", "jobs/a.csv"] {
+            std::fs::write(killed.path().join(f), "measured").unwrap();
+        }
+        for f in ["scenario.toml", "jobs/a.csv"] {
+            refusal(&killed.path().join(f));
         }
         // The same names outside a results folder are ordinary files.
         let other = tempfile::tempdir().unwrap();
