@@ -156,6 +156,29 @@ fn an_input_of_no_items_is_named() {
     );
 }
 
+/// A 60000x1 strip is a few kilobytes as a PNG, but resized to 256 on its shorter side it
+/// would be 15360000x256 pixels: once an abort (or the OOM killer), now a refusal naming it.
+#[test]
+fn an_image_too_long_for_its_resize_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let strip = t.path().join("strip.png");
+    image::RgbImage::new(60_000, 1).save(&strip).unwrap();
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 4000000; exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_isolane"))
+        .args(["infer", "--model", "mobilenet_v2", "--image"])
+        .arg(&strip)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("strip.png: 60000x1 pixels") && err.contains("at most 2730 times"),
+        "{err}"
+    );
+}
+
 #[test]
 fn models_lists_builtins_as_table_and_json() {
     let (code, out, _) = run(&["models"]);
