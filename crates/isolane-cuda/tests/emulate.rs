@@ -2359,6 +2359,7 @@ fn the_qdq_digits_plan_passes_the_check_at_batch_360() {
     let p = plan::plan_with(&opt, batch, Precision::Fp32, PlanOptions::default()).unwrap();
     let r = isolane_cuda::check::check_plan(&g, &opt, &p, batch, &mut Emulator::new(&p))
         .unwrap_or_else(|e| panic!("{e}"));
+    println!("digits int8 QDQ, batch {batch}, emulated: {r:?}");
     let q = r
         .quantization
         .expect("over fp32's limit, widened for its quantizers");

@@ -285,9 +285,9 @@ pub fn without_input_fake_quant(g: &crate::ir::Graph, layers: &[String]) -> crat
 }
 
 /// The most terms any one sum of products of `g` adds at `batch` (a Conv's `C/groups · kh · kw`,
-/// a MatMul's, Gemm's or Linear's K), at least 1: how far two right f32 evaluations of a value
-/// that feeds a quantizer may differ, `≈ K · 2⁻²⁴` of it to first order (the bound of a K-term
-/// sum's rounding in any order, without cancellation).
+/// a MatMul's, Gemm's or Linear's K), at least 1: what bounds how far two right f32
+/// evaluations of a value that feeds a quantizer may differ (a K-term sum's rounding, `K · 2⁻²⁴`
+/// of it at worst, about `√K · 2⁻²⁴` with independent rounding errors).
 pub fn longest_sum(g: &crate::ir::Graph, batch: usize) -> crate::Result<usize> {
     use crate::ir::Op;
     let shapes = g.infer_shapes(batch)?;
