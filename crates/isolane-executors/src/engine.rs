@@ -263,8 +263,9 @@ fn build_cuda(
 }
 
 /// A saved plan's model: on cuda its choices replayed (nothing timed; the load checks its key
-/// against this GPU and its outputs' bits against the build's), on the CPU its fused graph
-/// compiled.
+/// against this GPU and its outputs' bits against the build's; where the bits would differ here,
+/// as at some MPS shares, the model is built again from the plan's graph, said once on stderr),
+/// on the CPU its fused graph compiled.
 fn build_saved(
     device: &DeviceSpec,
     spec: &WorkloadSpec,
@@ -276,7 +277,7 @@ fn build_saved(
         let group = partition.map(|p| green_group(spec, p)).transpose()?;
         let backend = cuda_backend(device, spec, &group)?;
         let model = backend
-            .load_saved(
+            .load_saved_or_build(
                 &saved,
                 &spec.model,
                 spec.batch as usize,
