@@ -560,6 +560,11 @@ fn refuse_unservable(plan: &RunPlan, released: &[String]) -> Result<(), ServeErr
 /// on cuda in this process (a worker process's model reads its input from the server's
 /// messages, not from the region); `None` where none does.
 fn pin_gpu(plan: &RunPlan, released: &[String]) -> Option<u32> {
+    // Off by default until a GPU has checked the in-place copy (docs/serve.md, "Shared
+    // memory"); `bash scripts/session-gpu.sh slots overhead` turns it on.
+    if std::env::var_os("ISOLANE_SERVE_PIN_SHM").is_none_or(|v| v != "1") {
+        return None;
+    }
     plan.workloads
         .iter()
         .filter(|w| !released.contains(&w.spec.name) && w.spec.host == Host::Thread)

@@ -106,6 +106,13 @@ fn fused_graph(model: &CudaModel, ins: &[PinnedF32], outs: &[PinnedF32]) -> Resu
     model.capture_list(&launches, true)
 }
 
+/// Whether slots launch their job as one graph (`ISOLANE_CUDA_SLOT_GRAPH=1`). Off by default
+/// until a GPU has checked it against the four launches that session 22 measured (docs/serve.md,
+/// "Input slots"); `bash scripts/session-gpu.sh slots overhead` turns it on.
+fn slot_graphs_on() -> bool {
+    std::env::var_os("ISOLANE_CUDA_SLOT_GRAPH").is_some_and(|v| v == "1")
+}
+
 impl Slots {
     /// `n` slots (at least 1) for `model`, in its context.
     pub fn new(model: &CudaModel, n: usize) -> Result<Slots> {
@@ -148,7 +155,11 @@ impl Slots {
                 cu::cuEventCreate(&mut ev, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
             })?;
             s.events.push(ev);
-            s.fused.push(fused_graph(model, &ins, &outs).ok());
+            s.fused.push(
+                slot_graphs_on()
+                    .then(|| fused_graph(model, &ins, &outs).ok())
+                    .flatten(),
+            );
             s.sources.push(vec![None; ins.len()]);
             s.ins.push(ins);
             s.outs.push(outs);
