@@ -1457,7 +1457,8 @@ mod admission_tests {
             deadline: None,
         };
         let rx = s.submit("c", one()).unwrap();
-        rx.blocking_recv().unwrap().unwrap();
+        let first = rx.blocking_recv().unwrap();
+        first.unwrap_or_else(|e| panic!("the first request was not answered: {e:?}"));
         // The estimate a moment of interference leaves: a second, 200 × the deadline.
         m.service_ns.store(1_000_000_000, Ordering::Relaxed);
         let until = clock::now_ns() + 5_000_000_000;
