@@ -738,6 +738,33 @@ fn an_output_never_replaces_a_runs_records_or_the_commands_own_input() {
     assert_eq!(std::fs::read(&input).unwrap(), input_bytes);
 }
 
+/// A trace window past the run's end once wrote an empty trace and exited 0.
+#[test]
+fn a_trace_window_without_jobs_is_refused_naming_the_runs_span() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = finished_run(tmp.path());
+    let out = tmp.path().join("t.json");
+    let o = isolane()
+        .arg("trace")
+        .arg(&run)
+        .args(["--from-ms", "99999999", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    refused(
+        &o,
+        &["no job of the run is in that window", "its jobs run from"],
+    );
+    assert!(!out.exists());
+    run_ok(
+        isolane()
+            .arg("trace")
+            .arg(&run)
+            .args(["--from-ms", "0", "-o"])
+            .arg(&out),
+    );
+}
+
 #[test]
 fn an_output_file_under_proc_gets_one_clear_message() {
     let tmp = tempfile::tempdir().unwrap();

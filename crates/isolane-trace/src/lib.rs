@@ -53,6 +53,18 @@ pub enum TraceError {
         file: PathBuf,
         stage: String,
     },
+    /// `--from-ms`/`--to-ms` hold none of the run's jobs: an empty trace would look like a run
+    /// that did nothing.
+    #[error(
+        "--from-ms/--to-ms: no job of the run is in that window ({from_ms} to {to_ms} ms after \
+         t0); its jobs run from {first_ms:.1} to {last_ms:.1} ms"
+    )]
+    EmptyWindow {
+        from_ms: f64,
+        to_ms: f64,
+        first_ms: f64,
+        last_ms: f64,
+    },
     #[error(transparent)]
     File(#[from] isolane_core::files::FileError),
     #[error(transparent)]
@@ -84,7 +96,22 @@ pub fn write_trace(
 ) -> Result<Timeline, TraceError> {
     let mut timeline = Timeline::load(dir)?;
     if let Some((from, to)) = window {
+        let jobs = || timeline.lanes.iter().flat_map(|l| &l.jobs);
+        let first = jobs().map(|j| j.release_ms).min_by(f64::total_cmp);
+        let last = jobs()
+            .map(|j| j.end_ms.unwrap_or(j.release_ms))
+            .max_by(f64::total_cmp);
         timeline = timeline.window(from, to);
+        if let (Some(first_ms), Some(last_ms)) = (first, last) {
+            if timeline.lanes.iter().all(|l| l.jobs.is_empty()) {
+                return Err(TraceError::EmptyWindow {
+                    from_ms: from,
+                    to_ms: to,
+                    first_ms,
+                    last_ms,
+                });
+            }
+        }
     }
     let json = chrome::trace_json(&timeline);
     isolane_core::files::write_output(out, json.as_bytes()).map_err(TraceError::Write)?;
