@@ -18,6 +18,8 @@ use isolane_engine::ir::{
 use isolane_engine::quant::{FakeQuantAttrs, Granularity, QuantType};
 use isolane_engine::{EngineError, Precision, Result};
 
+mod lower;
+
 /// Alignment of every storage in the arena and every constant in the weights buffer
 /// (cuDNN and cuBLASLt want 16 bytes; 256 keeps every tensor on its own cache-line group).
 pub const ALIGN: usize = 256;
@@ -3004,48 +3006,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         if p.lower_view(&c, &pat)? {
             continue;
         }
-        let name = c.name;
-        let lowered = match &n.op {
-            Op::Conv(_) | Op::Linear { .. } if p.quant[ni].is_some() => {
-                p.lower_quant_gemm(&c, &pat)
-            }
-            Op::Conv(a) => p.lower_conv(&c, a),
-            Op::Linear { activation } => p.lower_linear(&c, activation),
-            Op::MatMul if pat.attn_at[ni].is_some() => p.lower_attention(&c, &pat),
-            Op::MatMul => p.lower_matmul(&c, &pat),
-            Op::BatchNorm { eps } => p.lower_batch_norm(&c, eps),
-            Op::Unary(u) => p.lower_unary(&c, u),
-            Op::Binary(op) => p.lower_binary(&c, &pat, op),
-            Op::Transpose { perm } => p.lower_transpose(&c, perm),
-            Op::Expand { .. } => p.lower_expand(&c),
-            Op::Concat { axis } => p.lower_concat(&c, axis),
-            Op::Split { axis, sizes } => p.lower_split(&c, axis, sizes),
-            Op::Slice {
-                starts,
-                ends,
-                axes,
-                steps: st,
-            } => p.lower_slice(&c, starts, ends, axes, st),
-            Op::Gather {
-                axis,
-                indices,
-                indices_shape,
-            } => p.lower_gather(&c, axis, indices, indices_shape),
-            Op::LayerNorm { axis, eps } => p.lower_layer_norm(&c, axis, eps),
-            Op::Softmax { axis } => p.lower_softmax(&c, axis),
-            Op::MaxPool(pa) | Op::AveragePool(pa) => p.lower_pool(&c, pa),
-            Op::Resize(r) => p.lower_resize(&c, r),
-            Op::GlobalAveragePool => p.lower_global_average_pool(&c),
-            Op::AdaptiveAvgPool { output } => p.lower_adaptive_average_pool(&c, output),
-            Op::Reduce { kind, axes, .. } => p.lower_reduce(&c, *kind, axes),
-            Op::FakeQuant(q) => p.lower_fake_quant(&c, q),
-            other => {
-                return Err(unsupported(
-                    name,
-                    format!("op {} is not implemented on cuda yet", other.name()),
-                ))
-            }
-        }?;
+        let lowered = p.lower_node(&c, &pat)?;
         if lowered == Lowered::Steps {
             c.check_shapes(batch)?;
         }
