@@ -187,7 +187,28 @@ pub fn explain_dir(
     let records = load_records(dir)?;
     let mut baselines: Vec<(String, attribute::Baseline)> = Vec::new();
     for a in alone {
-        for (name, ms, from) in attribute::typical_times(&load_records(a)?) {
+        let theirs = load_records(a)?;
+        // A folder of other workloads gives no typical time: most likely the wrong folder.
+        if !theirs
+            .iter()
+            .any(|t| records.iter().any(|r| r.name == t.name))
+        {
+            let names = |w: &[attribute::WorkloadRecords]| {
+                w.iter()
+                    .map(|w| w.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Err(ExplainError::Missing(format!(
+                "--alone {}: none of its workloads ({}) is one of {}'s ({}); --alone takes a \
+                 run folder of the same workloads run alone",
+                a.display(),
+                names(&theirs),
+                dir.display(),
+                names(&records)
+            )));
+        }
+        for (name, ms, from) in attribute::typical_times(&theirs) {
             if let Some(ms) = ms.filter(|_| !baselines.iter().any(|(n, _)| *n == name)) {
                 let from = format!("from {}: {from}", a.display());
                 baselines.push((name, (ms, from)));
@@ -590,6 +611,38 @@ mod tests {
             e.workloads[1].typical_from.starts_with("the median"),
             "{:?}",
             e.workloads[1]
+        );
+    }
+
+    /// A folder that shares no workload with the run was once taken silently, and no typical
+    /// time came from it.
+    #[test]
+    fn an_alone_folder_of_other_workloads_is_refused() {
+        let d = folder();
+        let other = folder();
+        for f in ["summary.json", "scenario.toml"] {
+            let p = other.path().join(f);
+            let text = std::fs::read_to_string(&p).unwrap();
+            std::fs::write(
+                &p,
+                text.replace("\"crit\"", "\"x\"").replace("\"be\"", "\"y\""),
+            )
+            .unwrap();
+        }
+        for (from, to) in [("crit", "x"), ("be", "y")] {
+            let jobs = other.path().join("jobs");
+            std::fs::rename(
+                jobs.join(format!("{from}.csv")),
+                jobs.join(format!("{to}.csv")),
+            )
+            .unwrap();
+        }
+        let e = explain_dir(d.path(), None, &[other.path().to_path_buf()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("none of its workloads (x, y) is one of") && e.contains("(crit, be)"),
+            "{e}"
         );
     }
 
