@@ -7,6 +7,8 @@
 
 use crate::plan::*;
 
+mod resize;
+
 impl Planner<'_> {
     /// Lowers the node of `c` (not a view: `lower_view` ran first) by its family.
     pub(in crate::plan) fn lower_node(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<Lowered> {
