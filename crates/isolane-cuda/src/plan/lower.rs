@@ -7,6 +7,7 @@
 
 use crate::plan::*;
 
+mod pool;
 mod resize;
 
 impl Planner<'_> {
