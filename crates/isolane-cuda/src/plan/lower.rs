@@ -8,6 +8,7 @@
 use crate::plan::*;
 
 mod pool;
+mod reduce;
 mod resize;
 
 impl Planner<'_> {
