@@ -7,6 +7,7 @@
 
 use crate::plan::*;
 
+mod index;
 mod pool;
 mod reduce;
 mod resize;
