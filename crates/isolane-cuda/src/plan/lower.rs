@@ -8,6 +8,7 @@
 use crate::plan::*;
 
 mod index;
+mod norm;
 mod pool;
 mod reduce;
 mod resize;
