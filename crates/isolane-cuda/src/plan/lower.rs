@@ -10,6 +10,7 @@ use crate::plan::*;
 mod index;
 mod norm;
 mod pool;
+mod quant;
 mod reduce;
 mod resize;
 

@@ -1,0 +1,504 @@
+//! The CUDA lowering of the `quant` family (its engine home: isolane-engine's `ops/quant.rs`).
+//! FakeQuant and the quantized GEMMs it feeds (`crate::int8`, docs/cuda.md "int8 and fp8").
+
+use crate::plan::*;
+
+impl Planner<'_> {
+    /// Lowers `Op::FakeQuant(q)`: one elementwise pass (the `fake_quant` kernel). A first
+    /// step: the activations stay in the plan's dtype and the neighbouring convolutions and
+    /// matrix products run in it; int8 / fp8 tensor-core kernels with the Q/DQ fused into
+    /// them are next (issue 33).
+    pub(in crate::plan) fn lower_fake_quant(
+        &mut self,
+        c: &NodeCtx,
+        q: &FakeQuantAttrs,
+    ) -> Result<Lowered> {
+        let p = self;
+        let (name, outs, out_shape, x0) = (c.name, &c.outs, &c.out_shape, c.x0);
+        let shape = p.shapes[x0].clone();
+        let rank = shape.len();
+        let strided = p.vstrides[x0].is_some();
+        let (x, keep, channels, inner) = match q.granularity {
+            Granularity::PerTensor if !strided => (p.raw(x0, name)?, p.nhwc[x0], 1, 1),
+            Granularity::PerTensor => (p.plain(x0, name)?, false, 1, 1),
+            Granularity::PerAxis { axis } => {
+                let a = norm_axis(axis, rank)
+                    .ok_or_else(|| unsupported(name, format!("axis {axis} of rank {rank}")))?;
+                if p.es < 4 && matches!(q.qtype, QuantType::Int16 | QuantType::Uint16) {
+                    return Err(unsupported(
+                        name,
+                        "per-axis int16 / uint16 quantization runs on cuda at fp32 and tf32 only \
+                         (its zero points are not exact in fp16 or bf16 storage)",
+                    ));
+                }
+                if p.nhwc[x0] && !strided && a == 1 && rank == 4 {
+                    (p.raw(x0, name)?, true, shape[1], 1)
+                } else {
+                    (
+                        p.plain(x0, name)?,
+                        false,
+                        shape[a],
+                        shape[a + 1..].iter().product(),
+                    )
+                }
+            }
+            Granularity::Blocked { .. } => {
+                return Err(unsupported(
+                    name,
+                    "blocked quantization of a runtime tensor (blocked weights fold at import)",
+                ))
+            }
+        };
+        let params = if q.scales.len() > 1 {
+            let s = Tensor::new(vec![q.scales.len()], q.scales.clone())?;
+            let z = Tensor::new(vec![q.zero_points.len()], q.zero_points.clone())?;
+            Some([p.new_const(s), p.new_const(z)])
+        } else {
+            None
+        };
+        let y = p.output(outs[0], keep);
+        p.push(
+            name,
+            StepKind::FakeQuant(FakeQuantStep {
+                x,
+                y,
+                n: out_shape.iter().product(),
+                channels,
+                inner,
+                params,
+                scale: q.scales.first().copied().unwrap_or(1.0),
+                zero_point: q.zero_points.first().copied().unwrap_or(0.0),
+                qtype: q.qtype,
+                saturate: q.saturate,
+            }),
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// Decides which products run as quantized GEMMs (`self.quant`) and returns, per node,
+    /// whether it is a FakeQuant whose every reader is one of them (it then emits nothing).
+    /// A convolution needs the channels-last plan (its GEMM reads NHWC rows).
+    pub(in crate::plan) fn find_quant_gemms(&mut self, pat: &Patterns) -> Vec<bool> {
+        let g = self.g;
+        for (ni, n) in g.nodes.iter().enumerate() {
+            let eligible = match &n.op {
+                Op::Conv(_) => self.opts.channels_last,
+                Op::Linear { .. } => true,
+                _ => false,
+            };
+            if eligible {
+                self.quant[ni] = crate::int8::classify(g, &self.shapes, ni).ok();
+            }
+        }
+        g.nodes
+            .iter()
+            .map(|n| {
+                matches!(n.op, Op::FakeQuant(_))
+                    && !pat.is_output[n.outputs[0]]
+                    && !pat.users_of[n.outputs[0]].is_empty()
+                    && pat.users_of[n.outputs[0]].iter().all(|&u| {
+                        self.quant[u].is_some()
+                            && g.nodes[u].inputs[0] == n.outputs[0]
+                            && g.nodes[u].inputs[1..].iter().all(|&i| i != n.outputs[0])
+                    })
+            })
+            .collect()
+    }
+
+    /// Lowers a Conv or Linear that [`Planner::find_quant_gemms`] chose: the FakeQuant's input
+    /// quantized (after an im2col for a convolution that is not 1×1 stride 1), the GEMM, the
+    /// epilogue into the node's output. Where that input was left quantized by its producer's
+    /// epilogue ([`Planner::quantized_output`]), nothing is quantized again: a direct GEMM
+    /// reads those bytes, an im2col copies them.
+    pub(in crate::plan) fn lower_quant_gemm(
+        &mut self,
+        c: &NodeCtx,
+        pat: &Patterns,
+    ) -> Result<Lowered> {
+        let q = self.quant[c.ni]
+            .clone()
+            .ok_or_else(|| unsupported(c.name, "no quantized GEMM was chosen"))?;
+        let (g, name, n) = (self.g, c.name, c.n);
+        let fq = g
+            .producer(c.x0)
+            .ok_or_else(|| unsupported(name, "the quantized input has no producer"))?;
+        let u = g.nodes[fq].inputs[0];
+        let (mm, nn, k) = (q.m, q.n, q.k);
+        let nhwc = matches!(n.op, Op::Conv(_));
+        // The input exists only as the bytes its producer's epilogue wrote.
+        let pre = self.loc[u]
+            .is_none()
+            .then_some(self.quantized_of[u])
+            .flatten();
+        if let Some((l, _, _, _)) = pre {
+            self.touch(l);
+        }
+        let mut rows_of_u = true;
+        // `tmpl`: a convolution's geometry as this step reads x (its alternatives', too).
+        let (x, mut conv, wrows, tmpl) = match &n.op {
+            Op::Conv(a) => {
+                if self.vstrides[u].is_some() {
+                    // Not met so far: a convolution's input is never a strided view (only
+                    // stride-aware readers get those), and a FakeQuant between them keeps it so.
+                    return Err(unsupported(
+                        name,
+                        "a quantized convolution of a strided view (report it: the plan would \
+                         need an NHWC copy first)",
+                    ));
+                }
+                let xs = four(&self.shapes[u], name)?;
+                let (x, xs, pads) = match pre {
+                    // Symmetric padding only (`quantized_output` checked it).
+                    Some((l, ..)) => (l, xs, [a.pads[0], a.pads[1]]),
+                    None => {
+                        let x = self.channels_last(u, name)?;
+                        self.pad_asymmetric(name, x, xs, a.pads, true)?
+                    }
+                };
+                rows_of_u = xs == four(&self.shapes[u], name)?;
+                let ws = four(&c.in_shapes[1], name)?;
+                // [M, C, kh, kw] → [M, kh, kw, C]: the im2col's column order (and a 1×1's
+                // channel order).
+                let [mo, ch, kh, kw] = ws;
+                let mut wr = vec![0f32; q.w.len()];
+                for o in 0..mo {
+                    for ci in 0..ch {
+                        for i in 0..kh * kw {
+                            wr[(o * kh * kw + i) * ch + ci] = q.w[(o * ch + ci) * kh * kw + i];
+                        }
+                    }
+                }
+                // w and y are set below, once they exist (the im2col reads neither).
+                let tmpl = ConvStep {
+                    x,
+                    w: x,
+                    bias: None,
+                    residual: None,
+                    y: x,
+                    x_shape: xs,
+                    w_shape: ws,
+                    y_shape: four(&c.out_shape, name)?,
+                    pads,
+                    strides: a.strides,
+                    dilations: a.dilations,
+                    groups: 1,
+                    act: None,
+                    nhwc: true,
+                    col: None,
+                };
+                let conv = if q.direct {
+                    None
+                } else {
+                    // The im2col of bytes writes the quantized matrix itself (below).
+                    let col = match pre {
+                        Some(_) => None,
+                        None => Some(Loc::Storage {
+                            id: self.new_storage(mm * k * self.es),
+                            offset: 0,
+                        }),
+                    };
+                    Some(ConvStep {
+                        col,
+                        ..tmpl.clone()
+                    })
+                };
+                (x, conv, wr, Some(tmpl))
+            }
+            _ => match pre {
+                Some((l, ..)) => (l, None, q.w.clone(), None),
+                None => (self.plain(u, name)?, None, q.w.clone(), None),
+            },
+        };
+        let repr = if q.qtype == QuantType::Int8 {
+            ConstRepr::I8
+        } else {
+            ConstRepr::E4M3
+        };
+        let w = self.new_const(Tensor::new(vec![nn, k], wrows)?);
+        if let Loc::Const { id, .. } = w {
+            self.const_repr.push((id, repr));
+        }
+        let sc: Vec<f32> = q.w_scales.iter().map(|&s| q.x_scale * s).collect();
+        let scale = self.new_const(Tensor::new(vec![nn], sc)?);
+        if let Loc::Const { id, .. } = scale {
+            self.const_repr.push((id, ConstRepr::F32));
+        }
+        let bias = match n.inputs.get(2) {
+            Some(&b) => Some(self.raw(b, name)?),
+            None => None,
+        };
+        let (residual, act) = match &n.op {
+            Op::Conv(a) => {
+                let r = match (a.residual, n.inputs.get(3)) {
+                    (true, Some(&r)) => Some(self.channels_last(r, name)?),
+                    _ => None,
+                };
+                (r, a.activation)
+            }
+            Op::Linear { activation } => (None, *activation),
+            _ => {
+                return Err(unsupported(
+                    name,
+                    "a quantized GEMM of neither Conv nor Linear",
+                ))
+            }
+        };
+        // Rows of the same activations at the same scale are quantized once: by the producer's
+        // epilogue, or by the first direct GEMM that reads them.
+        let reuse = match self.quantized_of[u] {
+            Some((l, s, t, px))
+                if (conv.is_none() || pre.is_some())
+                    && rows_of_u
+                    && s == q.x_scale
+                    && t == q.qtype
+                    && px == nhwc =>
+            {
+                self.touch(l);
+                Some(l)
+            }
+            _ => None,
+        };
+        if pre.is_some() && reuse.is_none() {
+            return Err(unsupported(
+                name,
+                "its input was quantized by its producer for another scale or layout",
+            ));
+        }
+        let xq = match (&conv, reuse) {
+            (None, Some(l)) => l,
+            // A matrix of its own (an im2col's, of the producer's bytes or of floats).
+            _ => {
+                let l = Loc::Storage {
+                    id: self.new_storage(mm * k),
+                    offset: 0,
+                };
+                if conv.is_none() && rows_of_u {
+                    self.quantized_of[u] = Some((l, q.x_scale, q.qtype, nhwc));
+                }
+                l
+            }
+        };
+        let acc = Loc::Storage {
+            id: self.new_storage(mm * nn * 4),
+            offset: 0,
+        };
+        let out = c.outs[0];
+        let y_quant = self.quantized_output(c.ni, out, nhwc, pat);
+        let y = match y_quant {
+            Some((s, t)) => {
+                // Only the next GEMMs read this value, quantized: no float storage, no probe.
+                let l = Loc::Storage {
+                    id: self.new_storage(mm * nn),
+                    offset: 0,
+                };
+                self.quantized_of[out] = Some((l, s, t, nhwc));
+                self.def_t[out] = self.t;
+                l
+            }
+            None => self.output(out, nhwc),
+        };
+        if let Some(cv) = conv.as_mut() {
+            (cv.w, cv.y) = (w, y);
+            if pre.is_some() {
+                cv.col = Some(xq);
+            }
+        }
+        let xq_ready = conv.is_none() && reuse.is_some();
+        let alt = self.quant_alternatives(
+            c,
+            (&q, tmpl, pre.is_some()),
+            [w, xq],
+            xq_ready,
+            [acc, y],
+            y_quant,
+        )?;
+        self.push(
+            name,
+            StepKind::QuantGemm(Box::new(QuantGemmStep {
+                qtype: q.qtype,
+                x,
+                x_quantized: pre.is_some(),
+                conv,
+                xq_ready,
+                xq,
+                w,
+                acc,
+                scale,
+                bias,
+                residual,
+                y,
+                y_scale: y_quant.map(|(s, _)| s),
+                m: mm,
+                n: nn,
+                k,
+                x_scale: q.x_scale,
+                act,
+                alt: Some(Box::new(alt)),
+            })),
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// The alternatives of the quantized product of node `c` ([`QuantAlternatives`]): `q` its
+    /// GEMM, `tmpl` a convolution's geometry as the step reads x (`x_quantized`: x is its
+    /// producer's bytes), `w` the quantized weight, `xq` the GEMM's quantized rows (made by
+    /// an earlier step when `xq_ready`), `acc` and `y` the step's accumulator and output (bytes
+    /// when `y_quant`). The float step's bias and residual are the step's own.
+    pub(in crate::plan) fn quant_alternatives(
+        &mut self,
+        c: &NodeCtx,
+        (q, tmpl, x_quantized): (&crate::int8::Int8Gemm, Option<ConvStep>, bool),
+        [w, xq]: [Loc; 2],
+        xq_ready: bool,
+        [acc, y]: [Loc; 2],
+        y_quant: Option<(f32, QuantType)>,
+    ) -> Result<QuantAlternatives> {
+        let (n, name, es) = (c.n, c.name, self.es);
+        let (mm, nn, k) = (q.m, q.n, q.k);
+        let x_n = tmpl.as_ref().map_or(mm * k, |t| t.x_shape.iter().product());
+        let fresh = |p: &mut Self, bytes: usize| Loc::Storage {
+            id: p.new_storage(bytes),
+            offset: 0,
+        };
+        let xf = fresh(self, x_n * es);
+        let yf = y_quant.map(|_| fresh(self, mm * nn * es));
+        // The graph's weight itself: on the quantization grid, as the fake-quant steps read it.
+        let wf = self.raw(n.inputs[1], name)?;
+        let bias = match n.inputs.get(2) {
+            Some(&b) => Some(self.raw(b, name)?),
+            None => None,
+        };
+        let product = match (&tmpl, &n.op) {
+            (Some(t), Op::Conv(a)) => {
+                let residual = match (a.residual, n.inputs.get(3)) {
+                    (true, Some(&r)) => Some(self.channels_last(r, name)?),
+                    _ => None,
+                };
+                let Loc::Const { id, .. } = wf else {
+                    return Err(unsupported(
+                        name,
+                        "a quantized convolution's computed filter",
+                    ));
+                };
+                if !self.filter_nhwc.contains(&id) {
+                    self.filter_nhwc.push(id);
+                }
+                let mut f = ConvStep {
+                    x: xf,
+                    w: wf,
+                    bias,
+                    residual,
+                    y: yf.unwrap_or(y),
+                    act: a.activation,
+                    ..t.clone()
+                };
+                if !f.direct_gemm() {
+                    f.col = Some(fresh(self, mm * k * es));
+                }
+                StepKind::Conv(f)
+            }
+            (None, Op::Linear { activation }) => StepKind::Linear(LinearStep {
+                x: xf,
+                w: wf,
+                bias,
+                y: yf.unwrap_or(y),
+                m: mm,
+                n: nn,
+                k,
+                act: *activation,
+                residual: None,
+            }),
+            _ => {
+                return Err(unsupported(
+                    name,
+                    "a quantized GEMM of neither Conv nor Linear",
+                ))
+            }
+        };
+        // cuDNN's int8 convolutions take NHWC int8 with C a multiple of 4 (INT8_EXT_CONFIG:
+        // int32 sums, f32 y). A direct 1×1's x bytes are its GEMM's rows: quantized into `xq`
+        // itself (which later GEMMs may read), or read there when an earlier step made them.
+        let (dnn_conv, xb) = match &tmpl {
+            Some(t) if t.x_shape[1].is_multiple_of(4) && nn.is_multiple_of(4) => {
+                let (xb, x) = match (x_quantized, q.direct, xq_ready) {
+                    (true, ..) => (None, t.x),
+                    (false, true, true) => (None, xq),
+                    (false, true, false) => (Some(xq), xq),
+                    (false, false, _) => {
+                        let b = fresh(self, x_n);
+                        (Some(b), b)
+                    }
+                };
+                let conv = ConvStep {
+                    x,
+                    w,
+                    y: acc,
+                    ..t.clone()
+                };
+                (Some(conv), xb)
+            }
+            _ => (None, None),
+        };
+        Ok(QuantAlternatives {
+            dnn_conv,
+            xb,
+            float: QuantFloat {
+                xf,
+                x_n,
+                product,
+                yf,
+                fills_xq: false,
+            },
+        })
+    }
+
+    /// Whether node `ni`'s output `v` (rows NHWC when `nhwc`) may leave its epilogue quantized
+    /// for the next GEMMs: `v` is read only by one FakeQuant (not a graph output) that emits
+    /// nothing, every reader of that FakeQuant runs as a quantized GEMM of the same type and
+    /// layout (a convolution after a convolution, a Linear after a Linear) that needs no
+    /// padding copy, and the bytes the im2col copies are whole 4-byte words (C a multiple of
+    /// 4). Returns the FakeQuant's scale and type.
+    pub(in crate::plan) fn quantized_output(
+        &self,
+        ni: usize,
+        v: usize,
+        nhwc: bool,
+        pat: &Patterns,
+    ) -> Option<(f32, QuantType)> {
+        let g = self.g;
+        let producer_type = self.quant[ni].as_ref()?.qtype;
+        if pat.is_output[v] || pat.users_of[v].len() != 1 {
+            return None;
+        }
+        let f = pat.users_of[v][0];
+        let Op::FakeQuant(fq) = &g.nodes[f].op else {
+            return None;
+        };
+        let fv = g.nodes[f].outputs[0];
+        if !self.fq_skip[f] || fq.qtype != producer_type || fq.scales.len() != 1 {
+            return None;
+        }
+        let channels = *self.shapes[v].last()?;
+        let fits = pat.users_of[fv].iter().all(|&r| {
+            let Some(q) = &self.quant[r] else {
+                return false;
+            };
+            match &g.nodes[r].op {
+                Op::Conv(a) => {
+                    let c = if self.shapes[v].len() == 4 {
+                        self.shapes[v][1]
+                    } else {
+                        0
+                    };
+                    nhwc && a.pads[0] == a.pads[2]
+                        && a.pads[1] == a.pads[3]
+                        && (q.direct || c % 4 == 0)
+                        && q.qtype == fq.qtype
+                }
+                Op::Linear { .. } => !nhwc && channels == q.k && q.qtype == fq.qtype,
+                _ => false,
+            }
+        });
+        fits.then_some((fq.scales[0], fq.qtype))
+    }
+}
