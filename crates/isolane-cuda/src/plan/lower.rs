@@ -7,6 +7,7 @@
 
 use crate::plan::*;
 
+mod elementwise;
 mod index;
 mod norm;
 mod pool;
