@@ -9,6 +9,7 @@ use crate::plan::*;
 
 mod elementwise;
 mod index;
+mod linear;
 mod norm;
 mod pool;
 mod quant;
