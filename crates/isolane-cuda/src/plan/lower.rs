@@ -7,6 +7,7 @@
 
 use crate::plan::*;
 
+mod conv;
 mod elementwise;
 mod index;
 mod linear;
