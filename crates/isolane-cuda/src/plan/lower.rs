@@ -16,6 +16,7 @@ mod pool;
 mod quant;
 mod reduce;
 mod resize;
+mod shape;
 
 impl Planner<'_> {
     /// Lowers the node of `c` (not a view: `lower_view` ran first) by its family.
