@@ -1406,27 +1406,6 @@ pub fn corrupt_node(plan: &mut Plan, node: &str) -> Result<()> {
     Ok(())
 }
 
-/// BatchNorm's per-channel `(scale, shift)` = `(γ/√(var+ε), β − mean·scale)`, computed in f32
-/// exactly as the CPU backend does; `None` when a parameter is not a constant.
-fn batchnorm_affine(g: &Graph, inputs: &[usize], eps: f32) -> Option<(Tensor, Tensor)> {
-    let param = |i: usize| match &g.values[*inputs.get(i)?].kind {
-        ValueKind::Constant(t) => Some(t.clone()),
-        _ => None,
-    };
-    let (gamma, beta, mean, var) = (param(1)?, param(2)?, param(3)?, param(4)?);
-    let c = gamma.numel();
-    let scale: Vec<f32> = (0..c)
-        .map(|ch| gamma.data[ch] / (var.data[ch] + eps).sqrt())
-        .collect();
-    let shift: Vec<f32> = (0..c)
-        .map(|ch| beta.data[ch] - mean.data[ch] * scale[ch])
-        .collect();
-    Some((
-        Tensor::new(vec![c], scale).ok()?,
-        Tensor::new(vec![c], shift).ok()?,
-    ))
-}
-
 /// The scale a MatMul operand `v` carries unapplied: a multiplication by a scalar constant
 /// aliased onto its input (`alpha_of`), and, when `v` is a transpose folded into the matmul,
 /// the scale of the value that transpose reads. Each value's scale counts once: torch's
