@@ -736,6 +736,21 @@ fn an_output_never_replaces_a_runs_records_or_the_commands_own_input() {
         .unwrap();
     refused(&o, &["--save-output is the same file as the input"]);
     assert_eq!(std::fs::read(&input).unwrap(), input_bytes);
+    // A built-in model's name is no file: an earlier output of that name may be replaced.
+    std::fs::write(tmp.path().join("mobilenet_v2"), "earlier").unwrap();
+    run_ok(
+        isolane()
+            .args([
+                "infer",
+                "--threads",
+                "1",
+                "--random",
+                "--model",
+                "mobilenet_v2",
+            ])
+            .args(["--save-output", "mobilenet_v2"])
+            .current_dir(tmp.path()),
+    );
 }
 
 /// A trace window past the run's end once wrote an empty trace and exited 0.

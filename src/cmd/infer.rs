@@ -118,7 +118,9 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
     };
     // Checked before the model runs, so that a clash costs nothing.
     if let Some(p) = &args.save_output {
-        let mut inputs = vec![("--model", std::path::Path::new(&request.model))];
+        // A built-in model's name (no extension) is no file, whatever the folder holds.
+        let model = Some(std::path::Path::new(&request.model)).filter(|m| m.extension().is_some());
+        let mut inputs: Vec<_> = model.map(|m| ("--model", m)).into_iter().collect();
         inputs.extend(request.weights.as_deref().map(|w| ("--weights", w)));
         inputs.extend(request.labels.as_deref().map(|l| ("--labels", l)));
         if let infer::Source::Image(f) | infer::Source::Npy(f) = &request.source {
