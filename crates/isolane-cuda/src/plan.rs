@@ -6,6 +6,9 @@
 //! that a split along a leading axis or a gather of one index costs nothing), and packs every
 //! activation into one arena by liveness: storages alive at the same step get disjoint byte
 //! ranges, everything else may share.
+//!
+//! Each op family's lowering is in `plan/lower/<family>.rs`, named as its home in the engine
+//! (`isolane_engine`'s `ops/`), reached from one match, `Planner::lower_node`.
 
 use std::sync::Arc;
 
