@@ -1,5 +1,6 @@
 //! A thin, checked layer over cudarc's raw driver bindings (`cudarc::driver::sys`): every call
-//! goes through [`check`], which turns a `CUresult` into [`GpuError::Cuda`] naming the call.
+//! goes through [`check`], which turns a `CUresult` into [`GpuError::Cuda`] naming the call
+//! (by the one checked-call layer, [`crate::call`]).
 //!
 //! We use the raw layer rather than cudarc's safe `CudaContext` because green contexts, their
 //! streams and the contexts made current on worker threads have to be managed explicitly, and
@@ -20,17 +21,10 @@ pub fn error_name(r: sys::CUresult) -> String {
     format!("{r:?}")
 }
 
-/// `Ok(())` on CUDA_SUCCESS, else an error naming `call`.
+/// `Ok(())` on CUDA_SUCCESS, else an error naming `call`: the checked-call layer's
+/// ([`crate::call::cu_check`]) failure as this crate's error ([`GpuError::Cuda`]).
 pub fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(GpuError::Cuda {
-            call,
-            code: error_name(r),
-            value: r as i64,
-        })
-    }
+    crate::call::cu_check(call, r).map_err(GpuError::from)
 }
 
 /// Finds libcuda (see [`crate::loader`]) and runs `cuInit(0)` once per process.

@@ -83,7 +83,34 @@ fn format_rejections(r: &[Rejection]) -> String {
         .join("\n")
 }
 
+/// A failed call of the checked-call layer ([`crate::call`]) as this crate's error: its call,
+/// the status's name and number (a driver call's; this crate calls no other library through
+/// that layer).
+impl From<crate::call::CudaError> for GpuError {
+    fn from(e: crate::call::CudaError) -> Self {
+        GpuError::Cuda {
+            call: e.call,
+            code: e.status,
+            value: e.code,
+        }
+    }
+}
+
 impl GpuError {
+    /// A failed driver call ([`GpuError::Cuda`]) as the checked-call layer's error, with all
+    /// it kept (isolane-cuda's boundary converts it on from there); `None` for anything else.
+    pub fn call_error(&self) -> Option<crate::call::CudaError> {
+        match self {
+            GpuError::Cuda { call, code, value } => Some(crate::call::CudaError::new(
+                crate::call::Library::Driver,
+                call,
+                *value,
+                code.clone(),
+            )),
+            _ => None,
+        }
+    }
+
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         GpuError::Io {
             what: what.into(),

@@ -9,6 +9,7 @@
 // One unsafe operation per block, each with its own SAFETY comment (root Cargo.toml).
 #![warn(clippy::multiple_unsafe_ops_per_block)]
 
+pub mod call;
 pub mod devices;
 pub mod driver;
 pub mod error;
