@@ -780,6 +780,22 @@ fn a_trace_window_without_jobs_is_refused_naming_the_runs_span() {
     );
 }
 
+/// explain's --memory file, missing or wrong, is named with its flag.
+#[test]
+fn explain_names_a_bad_memory_file_by_its_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = finished_run(tmp.path());
+    let missing = tmp.path().join("nosuch.toml");
+    let o = isolane()
+        .arg("explain")
+        .arg(&run)
+        .arg("--memory")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    refused(&o, &["--memory ", "nosuch.toml"]);
+}
+
 #[test]
 fn an_output_file_under_proc_gets_one_clear_message() {
     let tmp = tempfile::tempdir().unwrap();

@@ -48,7 +48,10 @@ pub struct ExplainArgs {
 
 pub fn run(args: ExplainArgs) -> anyhow::Result<u8> {
     let profiles = match &args.memory {
-        Some(p) => Some((p.as_path(), MemoryProfiles::load(p).map_err(user)?)),
+        Some(p) => Some((
+            p.as_path(),
+            MemoryProfiles::load(p).map_err(|e| user(format!("--memory {e}")))?,
+        )),
         None => None,
     };
     let e = explain::explain_dir(
