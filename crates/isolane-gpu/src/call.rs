@@ -104,8 +104,10 @@ pub fn dnn_check(call: &'static str, r: dnn::cudnnStatus_t) -> Result<(), CudaEr
     if r == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
         return Ok(());
     }
-    // SAFETY: cudnnGetErrorString returns a static NUL-terminated string for any status.
-    let msg = unsafe { CStr::from_ptr(dnn::cudnnGetErrorString(r)) }.to_string_lossy();
+    // SAFETY: cudnnGetErrorString takes any status; cuDNN is loaded (it returned `r`).
+    let name = unsafe { dnn::cudnnGetErrorString(r) };
+    // SAFETY: it returns a static NUL-terminated string for any status.
+    let msg = unsafe { CStr::from_ptr(name) }.to_string_lossy();
     Err(CudaError {
         detail: Some(msg.into_owned()),
         ..CudaError::new(Library::Cudnn, call, r as i64, format!("{r:?}"))
