@@ -1074,10 +1074,8 @@ fn serve_refuses_to_release_an_unknown_workload() {
 /// A client that shrinks its registered shared-memory object (it owns it) must get an error
 /// for the request that reads past the object's new end, never kill the server: reading the
 /// mapping there once ended `isolane serve` with SIGBUS, every request in flight and every
-/// `--out` record lost. Ignored until isolane-serve's shm.rs stops faulting on it (HAK, session
-/// 23; /work/briefs/s23/han-findings.md item 0).
+/// `--out` record lost. The object's size is now read before each access (shm.rs).
 #[test]
-#[ignore = "isolane serve dies of SIGBUS on a truncated shared-memory region (fix pending)"]
 fn a_shared_memory_region_shrunk_by_its_client_is_an_error_not_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let file = scenario(

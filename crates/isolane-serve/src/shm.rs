@@ -18,8 +18,11 @@
 //! A region is another process's memory: it may change while it is read, and it may be
 //! truncated under the mapping. Writes go through raw pointers and every access is bounded by
 //! the size the region was registered with; a client that writes an input while its request is
-//! in flight gets a torn input, and one that shrinks its object after registering it makes the
-//! server fault on the next access, both as with Triton. Shared memory is for clients the
+//! in flight gets a torn input. An object shrunk by its client after it was registered is
+//! refused by the next request that reads or writes past its new end (its size is read before
+//! each access: touching a mapped page past an object's end raises SIGBUS, which would end the
+//! server); a client that shrinks it between that check and the model's copy of the input, a
+//! queue's wait later, can still make the server fault. Shared memory is for clients the
 //! server's user trusts (docs/serve.md).
 
 use std::any::Any;
@@ -57,9 +60,28 @@ struct Region {
 struct Mapped {
     pin: Option<isolane_gpu::host_pin::HostPin>,
     map: MmapRaw,
+    /// The object mapped, kept open to read its size before each access, and where in it the
+    /// mapping starts.
+    file: std::fs::File,
+    offset: u64,
 }
 
 impl Mapped {
+    /// Whether the object still holds the mapping's first `end` bytes. A client owns its object
+    /// and may shrink it after registering it; touching a mapped page past the object's end
+    /// raises SIGBUS, which would end the server with every request in flight.
+    fn holds(&self, end: u64) -> Result<(), String> {
+        let size = self.file.metadata().map_err(|e| e.to_string())?.len();
+        let need = self.offset.saturating_add(end);
+        if size < need {
+            return Err(format!(
+                "its object now holds {size} bytes, short of the {need} this range needs (shrunk \
+                 by its client after it was registered; register it again)"
+            ));
+        }
+        Ok(())
+    }
+
     fn as_ptr(&self) -> *const u8 {
         self.map.as_ptr()
     }
@@ -246,7 +268,12 @@ impl SharedRegions {
             tracing::info!(target: "isolane::serve", "{line}");
             pinned.ok()
         });
-        let mapped = Arc::new(Mapped { pin, map });
+        let mapped = Arc::new(Mapped {
+            pin,
+            map,
+            file,
+            offset,
+        });
         if mapped.pin.is_some() {
             let keep: Arc<dyn Any + Send + Sync> = mapped.clone();
             add_pinned(mapped.as_ptr() as usize, pin_len, Arc::downgrade(&keep));
@@ -308,11 +335,17 @@ impl SharedRegions {
         })?;
         let size = region.status.byte_size;
         match r.offset.checked_add(r.byte_size) {
-            Some(end) if end <= size => Ok((
-                Arc::clone(&region.map),
-                r.offset as usize,
-                r.byte_size as usize,
-            )),
+            Some(end) if end <= size => {
+                region
+                    .map
+                    .holds(end)
+                    .map_err(|why| refused(format!("{what}: region `{}`: {why}", r.region)))?;
+                Ok((
+                    Arc::clone(&region.map),
+                    r.offset as usize,
+                    r.byte_size as usize,
+                ))
+            }
             _ => Err(refused(format!(
                 "{what}: {} bytes at offset {} reach past region `{}` ({size} bytes)",
                 r.byte_size, r.offset, r.region
