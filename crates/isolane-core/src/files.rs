@@ -1,7 +1,7 @@
 //! The rules every crate that writes or reads a results folder shares: how a file is written
 //! (atomically), how a file a user named for output is written ([`write_output`]), how much of
-//! a text file is read ([`read_text`], [`read_config`]) and what a workload's per-job CSV is
-//! called.
+//! a text file is read ([`read_text`], [`read_config`]), how a binary file is read whole
+//! ([`read_file_capped`]) and what a workload's per-job CSV is called.
 
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -83,6 +83,66 @@ pub fn read_text_capped(path: &Path, cap: u64) -> std::io::Result<String> {
             ),
         )
     })
+}
+
+/// The bytes of the regular file `path` (or of the regular file a link names), read whole with
+/// one open, and at most `cap` bytes of them: the one way isolane reads a binary file whole (a
+/// model, a saved plan, a tensor, an image). Anything but a regular file (a device such as
+/// `/dev/zero`, a FIFO, a folder) is refused before a byte is read: a device or a pipe may
+/// never end. A file larger than `cap` is refused by its size, and one that grows while it is
+/// read is refused when it passes the size it had, so no file takes more memory than its size
+/// when opened. The error does not name the path: callers do.
+pub fn read_file_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let not_regular = |t: std::fs::FileType| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "is {}, not a regular file; isolane reads such a file whole, and only from a \
+                 regular file (a device or a pipe may never end)",
+                kind_of(t)
+            ),
+        )
+    };
+    // Checked before opening too: opening a device can have effects of its own (a tape rewinds).
+    let before = std::fs::metadata(path)?;
+    if !before.is_file() {
+        return Err(not_regular(before.file_type()));
+    }
+    // O_NONBLOCK: should a FIFO take the file's place after the check above, the open returns at
+    // once instead of waiting for a writer (and the check below refuses it). Reads of a regular
+    // file ignore the flag.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    let size = meta.len();
+    if size > cap {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "is {size} bytes, larger than {}, the most isolane reads of such a file (is it \
+                 the file you meant?)",
+                cap_text(cap)
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(size + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > size {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "grew past its size of {size} bytes while it was read (is another program \
+                 writing it?)"
+            ),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// The text of the results file `path` (at most [`MAX_RESULTS_BYTES`]), or an error that names
@@ -687,6 +747,42 @@ mod tests {
             .file_type()
             .is_symlink());
         devices_intact();
+    }
+
+    #[test]
+    fn binary_files_are_read_from_regular_files_only_and_capped() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("m.onnx");
+        std::fs::write(&file, vec![7u8; 2048]).unwrap();
+        assert_eq!(read_file_capped(&file, 2048).unwrap(), vec![7u8; 2048]);
+        let e = read_file_capped(&file, 1024).unwrap_err().to_string();
+        assert!(e.contains("is 2048 bytes, larger than 1 KiB"), "{e}");
+        // Devices, FIFOs and folders are refused before a byte is read, through a link too:
+        // none of these calls may block or grow without bound.
+        let zero = d.path().join("zero.npy");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        for (p, what) in [
+            (Path::new("/dev/zero"), "a character device"),
+            (zero.as_path(), "a character device"),
+            (d.path(), "a folder"),
+        ] {
+            let e = read_file_capped(p, u64::MAX).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("is {what}, not a regular file")),
+                "{e}"
+            );
+        }
+        let fifo = d.path().join("x.npy");
+        mkfifo(&fifo);
+        let e = read_file_capped(&fifo, u64::MAX).unwrap_err().to_string();
+        assert!(
+            e.starts_with("is a FIFO (named pipe), not a regular file"),
+            "{e}"
+        );
+        let e = read_file_capped(&d.path().join("missing"), 10).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
     }
 
     #[test]
