@@ -59,6 +59,16 @@ GROUPS = {
         "squeezenet1_1", "mnasnet1_0", "convnext_tiny", "alexnet", "vit_b_16", "swin_t",
         "lraspp_mobilenet_v3_large", "fcn_resnet50", "r3d_18", "timm/resnet26d",
     ],
+    # Exported at opsets 9 and 10 and converted down to 10-7 (--exporters classic9,classic10,
+    # convert10,convert9,convert8,convert7): the ONNX Model Zoo's era. The segmenters bring
+    # Upsample (from Resize), tf_efficientnet_b0 Pad (TF "SAME"), mobilenet_v2 Clip, swin_t
+    # Pad and the attribute form of Slice (its windows' roll).
+    "oldopsets": [
+        "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "densenet121",
+        "googlenet", "inception_v3", "shufflenet_v2_x1_0", "squeezenet1_1", "convnext_tiny",
+        "vit_b_16", "fcn_resnet50", "lraspp_mobilenet_v3_large", "timm/tf_efficientnet_b0",
+        "deeplabv3_mobilenet_v3_large", "swin_t", "alexnet", "timm/resnet26d",
+    ],
     # A quick, CPU-friendly subset (small models of every kind).
     "small": [
         "resnet18", "mobilenet_v3_small", "densenet121", "squeezenet1_1", "shufflenet_v2_x1_0",

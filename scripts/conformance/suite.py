@@ -8,9 +8,19 @@ For each model (scripts/conformance/models.py) and exporter:
            onnxscript's optimizer), exactly what a user of current PyTorch gets
   fp16w    the classic export with every float initializer stored as float16 behind a Cast
            (weight-only fp16 conversion; not run by default: --exporters fp16w)
-  classic11, classic12
-           the classic export at opset 11 or 12, as older export scripts and model zoos
-           have them (not run by default: --exporters classic11,classic12 --models opsets)
+  classic9, classic10, classic11, classic12
+           the classic export at opset 9, 10, 11 or 12, as older export scripts have them;
+           where PyTorch cannot export a model at that opset, its refusal is the case's
+           export-error (not run by default: --exporters classic11,classic12 --models opsets,
+           --exporters classic9,classic10 --models oldopsets)
+  convert10, convert9, convert8, convert7
+           the classic export at a fixed batch of 1 (opset 11, else 10, 9, 12 or 13: the first
+           that converts), constants folded by onnxruntime's basic optimizer, taken down to opset
+           10, 9, 8 or 7 by ONNX's own version converter (onnx.version_converter), which is
+           what the ONNX Model Zoo's older files look like (Upsample with a `scales` attribute,
+           the attribute forms of Slice, Pad, Clip...); a model the converter cannot convert
+           is an export-error (not run by default:
+           --exporters convert10,convert9,convert8,convert7 --models oldopsets)
 the weights are the model's own seeded random initialisation with every tensor that it leaves
 constant (BatchNorm running statistics and affine parameters, LayerNorm parameters, zero
 heads) randomised (tools/reference/export.py), so BatchNorm is non-trivial. The reference is
@@ -45,9 +55,13 @@ sys.path.insert(0, HERE)
 
 import models as registry  # noqa: E402
 
-EXPORTERS = ("classic", "dynamo", "fp16w", "classic11", "classic12")
+EXPORTERS = ("classic", "dynamo", "fp16w", "classic9", "classic10", "classic11", "classic12",
+             "convert10", "convert9", "convert8", "convert7")
 # The classic exporter's opset per exporter name.
-CLASSIC_OPSETS = {"classic": 17, "classic11": 11, "classic12": 12}
+CLASSIC_OPSETS = {"classic": 17, "classic9": 9, "classic10": 10, "classic11": 11, "classic12": 12}
+# onnx.version_converter's target opset per exporter name (convert_down: from which export).
+CONVERTED_OPSETS = {"convert10": 10, "convert9": 9, "convert8": 8, "convert7": 7}
+CONVERT_FROM = 11
 BACKENDS = ("cpu", "cuda")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 # Relative L2 limits. fp32: 1e-4 (issue 12). The others are about twice the largest error
@@ -111,15 +125,14 @@ def export_one(name, exporter, work, seed):
             np.save(os.path.join(mdir, f"torch_{prec}.npy"), torch_gpu_output(wrapped, x, prec))
 
     path = os.path.join(edir, "model.onnx")
+    converted_from = None
     t0 = time.time()
     # Not under no_grad: there nn.MultiheadAttention takes its fused fast path, which the
     # classic exporter cannot export (as a user's export script would not use no_grad either).
     if exporter in CLASSIC_OPSETS:
-        torch.onnx.export(
-            wrapped, (x,), path, dynamo=False, opset_version=CLASSIC_OPSETS[exporter],
-            input_names=["input"], output_names=["output"],
-            dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
-        )
+        classic_export(wrapped, x, path, CLASSIC_OPSETS[exporter])
+    elif exporter in CONVERTED_OPSETS:
+        converted_from = convert_down(wrapped, x, path, CONVERTED_OPSETS[exporter])
     elif exporter == "dynamo":
         torch.onnx.export(wrapped, (x,), path)  # PyTorch's default: dynamo=True
     else:
@@ -139,8 +152,59 @@ def export_one(name, exporter, work, seed):
         "ops": dict(sorted(ops.items())), "ort_vs_torch": rel_l2(ref, y.numpy()),
         "torch": torch.__version__, "output_shape": list(ref.shape),
     }
+    if converted_from is not None:
+        meta["converted_from"] = converted_from
     with open(os.path.join(edir, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
+
+
+def classic_export(wrapped, x, path, opset):
+    import torch
+
+    torch.onnx.export(
+        wrapped, (x,), path, dynamo=False, opset_version=opset,
+        input_names=["input"], output_names=["output"],
+        dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+    )
+
+
+def convert_down(wrapped, x, path, opset):
+    """A model-zoo style file: the classic export at a fixed batch (as the zoo's files have it),
+    its constants folded by onnxruntime's basic optimizer (so that an Upsample's scales, which
+    the exporter computes from Shape, become the constant the converter needs for opsets 7-8),
+    then ONNX's version converter down to `opset`. The converter has no downward adapter for
+    some ops (MaxPool 10 -> 8: `ceil_mode` appeared at 10; Clip 11 -> 10), so the source is the
+    first of the exports at CONVERT_FROM, 10, 9 that converts, and else at 12 or 13 (PyTorch
+    exports vit_b_16 from 13 only); returns its opset (the table says which). Its own exports,
+    not another exporter's cached file, so that the case does not depend on what the work
+    folder holds."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from onnx import version_converter
+
+    errors = []
+    for source in [o for o in (CONVERT_FROM, 10, 9, 12, 13) if o > opset]:
+        src = path + f".opset{source}.onnx"
+        folded = path + f".opset{source}.folded.onnx"
+        try:
+            torch.onnx.export(wrapped, (x,), src, dynamo=False, opset_version=source,
+                              input_names=["input"], output_names=["output"])
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            so.optimized_model_filepath = folded
+            ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+            m = version_converter.convert_version(onnx.load(folded), opset)
+        except Exception as e:  # noqa: BLE001 - the exporter's or converter's refusal, kept
+            errors.append(f"from opset {source}: {type(e).__name__}: {str(e).strip().splitlines()[-1]}")
+            continue
+        finally:
+            for f in (src, folded):
+                if os.path.exists(f):
+                    os.remove(f)
+        onnx.save(m, path)
+        return source
+    raise RuntimeError("onnx.version_converter could not convert the classic export: " + "; ".join(errors))
 
 
 def to_fp16_weights(path):
@@ -387,7 +451,8 @@ def render(args):
             if os.path.exists(mp):
                 m = json.load(open(mp))
                 ops = ", ".join(f"{k} {v}" for k, v in m["ops"].items())
-                lines.append(f"| {name} | {exporter} | {m['opset']} | {m['export_s']} | {m['ort_vs_torch']:.1e} | {ops} |")
+                opset = m["opset"] if "converted_from" not in m else f"{m['opset']} (from {m['converted_from']})"
+                lines.append(f"| {name} | {exporter} | {opset} | {m['export_s']} | {m['ort_vs_torch']:.1e} | {ops} |")
     text = "\n".join(lines) + "\n"
     with open(args.table, "w") as f:
         f.write(text)
@@ -402,7 +467,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--isolane", default=os.path.join(REPO, "target", "release", "isolane"))
     ap.add_argument("--models", default="all", help="groups (" + ", ".join(registry.GROUPS) + ") and/or model names, comma-separated")
-    ap.add_argument("--exporters", default="classic,dynamo", help="classic, dynamo, fp16w")
+    ap.add_argument("--exporters", default="classic,dynamo", help=", ".join(EXPORTERS))
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--precisions", default=",".join(PRECISIONS), help="cuda runs each; cpu runs fp32 only")
     ap.add_argument("--work", default="/tmp/isolane-conformance/work", help="exported models (large; cached)")
