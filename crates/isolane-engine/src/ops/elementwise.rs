@@ -9,7 +9,7 @@ use crate::ir::{broadcast_shapes, shape_err, Binary, Node};
 use crate::ir::{Op, Unary};
 use crate::kernels::{bcast_strides, BinaryK, Kernel};
 use crate::onnx::fold::{self, Arr, Sym};
-use crate::onnx::import::{Ctx, Importer, Val};
+use crate::onnx::import::{fmt_syms, Ctx, Importer, Val};
 use crate::onnx::Result as OnnxResult;
 use crate::ops::ImportFn;
 
@@ -48,6 +48,7 @@ pub(crate) const ONNX: &[(&str, ImportFn)] = &[
     ("Sum", import_variadic),
     ("Mean", import_variadic),
     ("Relu", import_unary),
+    ("PRelu", import_prelu),
     ("Sigmoid", import_unary),
     ("Tanh", import_unary),
     ("Exp", import_unary),
@@ -130,6 +131,60 @@ fn import_hard_sigmoid(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
 fn import_leaky_relu(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
     let alpha = c.float("alpha", 0.01)?;
     im.emit1(c, Op::Unary(Unary::LeakyRelu { alpha }), 1)
+}
+
+/// PRelu: `x` where `x ≥ 0`, `slope · x` elsewhere, `slope` broadcast to `x`'s shape
+/// (unidirectionally: the output has `x`'s shape). The IR has no PRelu; it imports as
+/// `max(x, 0) + slope · min(x, 0)`, exact in f32 since one of the two terms is zero.
+fn import_prelu(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let x = im.req(c, 0)?;
+    let slope = im.req(c, 1)?;
+    let (xs, ss) = (
+        x.sym_shape().map_err(|e| c.bad(e))?,
+        slope.sym_shape().map_err(|e| c.bad(e))?,
+    );
+    let fits = ss.len() <= xs.len()
+        && ss
+            .iter()
+            .rev()
+            .zip(xs.iter().rev())
+            .all(|(s, d)| (s.is_const() && s.c == 1) || s == d);
+    if !fits {
+        return Err(c.bad(format!(
+            "slope of shape {} does not broadcast to the input's shape {} (PRelu's output has \
+             the input's shape)",
+            fmt_syms(&ss),
+            fmt_syms(&xs)
+        )));
+    }
+    let node = c.r.node.clone();
+    let x = (c.n.input[0].clone(), x);
+    let zero = (
+        format!("{node}:prelu_zero"),
+        Val::F(Arr::new(vec![], vec![0.0])),
+    );
+    let pos = im.binary(c, Binary::Max, x.clone(), zero.clone(), 1)?;
+    let neg = im.binary(c, Binary::Min, x, zero, 1)?;
+    let one = |v: Vec<Val>| {
+        v.into_iter()
+            .next()
+            .ok_or_else(|| c.bad("internal: no value"))
+    };
+    let slope = (c.n.input[1].clone(), slope);
+    let scaled = im.binary(
+        c,
+        Binary::Mul,
+        (format!("{node}:negative"), one(neg)?),
+        slope,
+        1,
+    )?;
+    im.binary(
+        c,
+        Binary::Add,
+        (format!("{node}:positive"), one(pos)?),
+        (format!("{node}:scaled"), one(scaled)?),
+        0,
+    )
 }
 
 /// Clip's bounds are attributes before opset 11, inputs since.

@@ -9,7 +9,7 @@
 
 use crate::error::Result;
 use crate::ir::{broadcast_shapes, norm_axis, shape_err, Node};
-use crate::ir::{Binary, Dim, Op};
+use crate::ir::{Binary, Dim, Op, PoolAttrs};
 use crate::kernels::{unsupported, Kernel};
 use crate::onnx::fold::{self, Arr};
 use crate::onnx::import::{node_axis, ones, static_shape, Ctx, Importer, Val};
@@ -90,7 +90,26 @@ pub(crate) const ONNX: &[(&str, ImportFn)] = &[
     ("LayerNormalization", import_layer_norm),
     ("GroupNormalization", import_group_norm),
     ("InstanceNormalization", import_instance_norm),
+    ("LRN", import_lrn),
 ];
+
+/// LRN (opset 1 on; AlexNet, GoogLeNet and CaffeNet of the ONNX Model Zoo, opsets 3–9).
+fn import_lrn(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let size = c.int("size", 0)?;
+    let alpha = c.float("alpha", 1e-4)?;
+    let beta = c.float("beta", 0.75)?;
+    let bias = c.float("bias", 1.0)?;
+    if size < 1 {
+        let got = match c.attr("size") {
+            Some(_) => format!("{size}"),
+            None => "missing".to_string(),
+        };
+        return Err(c.bad(format!(
+            "attribute size (the channel window) must be at least 1; it is {got}"
+        )));
+    }
+    im.lrn(c, size as usize, alpha, beta, bias)
+}
 
 fn import_batch_norm(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
     im.batch_norm(c)
@@ -116,6 +135,112 @@ fn import_instance_norm(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
 }
 
 impl Importer<'_> {
+    /// LRN: `y = x / (bias + alpha/size · Σ x²)^beta`, the sum over the channels `c − ⌊(size−1)/2⌋
+    /// ..= c + ⌈(size−1)/2⌉` that exist. The IR has no LRN, and the window sum is an average
+    /// pool with zero padding counted (divisor `size`, so `alpha/size · Σ` is `alpha · mean`)
+    /// over the channels seen as the rows of `[N, 1, C, D1·…·Dk]`, as PyTorch's own
+    /// `local_response_norm` computes it: the ops are ones every backend already runs.
+    pub(crate) fn lrn(
+        &mut self,
+        c: &Ctx,
+        size: usize,
+        alpha: f32,
+        beta: f32,
+        bias: f32,
+    ) -> OnnxResult<Vec<Val>> {
+        let x = self.req(c, 0)?;
+        let shape = x.sym_shape().map_err(|e| c.bad(e))?;
+        if shape.len() < 3 {
+            return Err(c.bad(format!(
+                "input has rank {}; LRN takes [N, C, D1, ...] (rank 3 or more)",
+                shape.len()
+            )));
+        }
+        let mut fixed = Vec::with_capacity(shape.len() - 1);
+        for (i, s) in shape.iter().enumerate().skip(1) {
+            if !s.is_const() || s.c < 1 {
+                return Err(c.bad(format!(
+                    "input dimension {i} depends on the batch size or is 0; LRN needs fixed \
+                     channel and spatial sizes"
+                )));
+            }
+            fixed.push(s.c as usize);
+        }
+        let (channels, plane) = (fixed[0], fixed[1..].iter().product::<usize>());
+        let x_in = (c.n.input[0].clone(), x.clone());
+        let node = c.r.node.clone();
+        let scalar = |v: f32, what: &str| {
+            (
+                format!("{node}:lrn_{what}"),
+                Val::F(Arr::new(vec![], vec![v])),
+            )
+        };
+        let square = self.binary(c, Binary::Mul, x_in.clone(), x_in.clone(), 1)?;
+        let square = (format!("{node}:square"), first(c, square)?);
+        let rows = self.emit_tmp(
+            c,
+            Op::Reshape {
+                shape: vec![
+                    Dim::Copy,
+                    Dim::Fixed(1),
+                    Dim::Fixed(channels),
+                    Dim::Fixed(plane),
+                ],
+            },
+            &[square],
+            "channel_rows",
+        )?;
+        let before = (size - 1) / 2;
+        let window = Op::AveragePool(PoolAttrs {
+            kernel: [size, 1],
+            pads: [before, 0, size - 1 - before, 0],
+            count_include_pad: true,
+            ..PoolAttrs::default()
+        });
+        let mean = self.emit_tmp(
+            c,
+            window,
+            &[(format!("{node}:channel_rows"), rows)],
+            "window_mean",
+        )?;
+        let mut back = vec![Dim::Copy];
+        back.extend(fixed.iter().map(|&d| Dim::Fixed(d)));
+        let mean = self.emit_tmp(
+            c,
+            Op::Reshape { shape: back },
+            &[(format!("{node}:window_mean"), mean)],
+            "window_mean_nc",
+        )?;
+        let t = self.binary(
+            c,
+            Binary::Mul,
+            (format!("{node}:mean"), mean),
+            scalar(alpha, "alpha"),
+            1,
+        )?;
+        let t = self.binary(
+            c,
+            Binary::Add,
+            (format!("{node}:scaled"), first(c, t)?),
+            scalar(bias, "bias"),
+            1,
+        )?;
+        let t = self.binary(
+            c,
+            Binary::Pow,
+            (format!("{node}:biased"), first(c, t)?),
+            scalar(beta, "beta"),
+            1,
+        )?;
+        self.binary(
+            c,
+            Binary::Div,
+            x_in,
+            (format!("{node}:divisor"), first(c, t)?),
+            0,
+        )
+    }
+
     pub(crate) fn batch_norm(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
         let eps = c.float("epsilon", 1e-5)?;
         c.ignore("momentum"); // only updates the running statistics (training outputs)
@@ -389,4 +514,10 @@ impl Importer<'_> {
         )?;
         self.channel_affine(c, normed, rank, scale, bias)
     }
+}
+
+/// The one value an import step returned.
+fn first(c: &Ctx, mut v: Vec<Val>) -> OnnxResult<Val> {
+    v.pop()
+        .ok_or_else(|| c.bad("internal: a step returned no value"))
 }
