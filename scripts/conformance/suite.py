@@ -396,6 +396,17 @@ def judge(precision, err, t1, torch_err):
 # Table
 
 
+def short_reason(text):
+    """A reason without the noise that repeats in every converter refusal: the converter's
+    source location and assertion text ("/project/onnx/version_converter/BaseConverter.h:66:
+    adapter_lookup: Assertion `false` failed: No Adapter From Version $11 for Gemm" reads
+    "No Adapter From Version $11 for Gemm")."""
+    import re
+
+    text = re.sub(r"/project/onnx/\S+:\d+: \w+: Assertion `false` failed: ", "", text)
+    return text.replace("PyTorch export or onnxruntime failed: RuntimeError: ", "")
+
+
 def fmt_err(v):
     return "—" if v is None else f"{v:.2e}"
 
@@ -439,7 +450,7 @@ def render(args):
               "| --- | --- | --- | --- | ---: | ---: | --- | --- | --- |"]
     for r in rows:
         exp = f"{r['exporter']} ({r.get('opset', '—')})"
-        reason = (r.get("reason") or "").replace("|", "\\|").replace("\n", " ")
+        reason = short_reason(r.get("reason") or "").replace("|", "\\|").replace("\n", " ")
         lines.append(
             f"| {r['model']} | {exp} | {r['backend']} | {r['precision']} | {fmt_err(r.get('rel_l2'))} | "
             f"{fmt_err(r.get('torch_err'))} | {r.get('top1') or '—'} | {r['status']} | {reason} |")
