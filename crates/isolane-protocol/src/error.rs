@@ -74,6 +74,10 @@ pub enum ProtocolError {
         size: u128,
         limit: u64,
     },
+    /// A body past its limit whose whole size is not known: a chunked body, or a compressed
+    /// one that is not decompressed past the limit (a small body may hold gigabytes).
+    #[error("{what} is more than the limit of {limit} bytes")]
+    OverLimit { what: String, limit: u64 },
     /// Bytes after the last binary tensor.
     #[error(
         "the body has {count} bytes after the JSON header and the binary tensors; each binary \
@@ -120,7 +124,7 @@ impl ProtocolError {
             | ProtocolError::LeftoverBytes { .. }
             | ProtocolError::Unsupported { .. } => 400,
             ProtocolError::UnknownModel { .. } => 404,
-            ProtocolError::TooLarge { .. } => 413,
+            ProtocolError::TooLarge { .. } | ProtocolError::OverLimit { .. } => 413,
             ProtocolError::Refused { .. } => 429,
             ProtocolError::Unrepresentable { .. } => 500,
             ProtocolError::NotReady { .. } => 503,

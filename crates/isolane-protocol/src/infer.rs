@@ -345,6 +345,18 @@ impl<'l> TensorChecker<'l> {
             dims.push(d);
         }
         let shape = dims;
+        if let (Some(max), Some(&rows), "input") = (self.limits.max_batch, shape.first(), role) {
+            if rows > max {
+                return Err(err(
+                    "shape",
+                    format!(
+                        "{} has {rows} rows (its first dimension); the model's batch is \
+                         1 ≤ n ≤ {max}",
+                        shape_text(&shape)
+                    ),
+                ));
+            }
+        }
         let numel = element_count(&what, &shape)?;
         // The fewest bytes the shape's data can take, against what the limit leaves, before any
         // of it is read or allocated.
@@ -619,6 +631,7 @@ fn decode_request_in(
     let req: InferRequest =
         serde_json::from_str(header).map_err(|e| json_error("the inference request", &e))?;
     let deadline_ms = req.parameters.deadline_ms()?;
+    req.parameters.refuse_sequence()?;
     let binary_data_output = req
         .parameters
         .bool(BINARY_DATA_OUTPUT, "the request")?

@@ -14,6 +14,9 @@ pub const MAX_PARAMETERS: usize = 64;
 
 /// The request's own deadline, in milliseconds after it arrives (positive integer).
 pub const DEADLINE_MS: &str = "deadline_ms";
+/// Triton's sequence batcher's parameters: a request's correlation ID and whether it starts or
+/// ends its sequence.
+pub const SEQUENCE: [&str; 3] = ["sequence_id", "sequence_start", "sequence_end"];
 /// In a response: `true` when the request completed after its deadline.
 pub const LATE: &str = "late";
 /// In an input or a response output: the byte count of its binary data after the JSON header.
@@ -201,6 +204,32 @@ impl Parameters {
                 i64::MAX
             ),
         ))
+    }
+
+    /// Refuses a request that says it belongs to a sequence: no model isolane serves is a
+    /// sequence model (none has Triton's `sequence_batching`), so the request would run as if
+    /// alone and a stateful client would get answers it did not mean. A zero or empty
+    /// `sequence_id` and a `false` flag mean "no sequence", as tritonclient's defaults do.
+    pub fn refuse_sequence(&self) -> Result<(), ProtocolError> {
+        for name in SEQUENCE {
+            let none = match self.0.get(name) {
+                None => true,
+                Some(Parameter::Int(0)) | Some(Parameter::Bool(false)) => true,
+                Some(Parameter::String(s)) => s.is_empty(),
+                Some(_) => false,
+            };
+            if !none {
+                return Err(param_error(
+                    "the request",
+                    name,
+                    "is given, but no model isolane serves is a sequence model (none has \
+                     sequence batching); send the request without sequence_id, \
+                     sequence_start and sequence_end"
+                        .into(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Sets a request's `deadline_ms` (a value past int64 is kept at int64's largest).

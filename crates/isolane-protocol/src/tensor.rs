@@ -148,6 +148,10 @@ pub struct Limits {
     pub max_tensor_bytes: u64,
     /// A whole body (JSON header and binary data), in bytes: a server reads no more than this.
     pub max_body_bytes: u64,
+    /// The most rows (the first dimension) an input may have: a server's model's compiled
+    /// batch. A shape past it is refused for its batch, before its bytes are weighed against
+    /// `max_tensor_bytes`, so that the client hears the bound it can act on. `None`: no bound.
+    pub max_batch: Option<u64>,
 }
 
 impl Default for Limits {
@@ -156,6 +160,7 @@ impl Default for Limits {
             max_tensor_bytes: 256 << 20,
             // JSON data takes several characters per byte of tensor ("0.123456," for 4 bytes).
             max_body_bytes: 512 << 20,
+            max_batch: None,
         }
     }
 }

@@ -97,7 +97,8 @@ pub fn index_entry(info: &ModelInfo, ready: bool) -> RepositoryIndexEntry {
 
 /// A request to `info` carries at most its full batch of inputs: the decoded tensors are
 /// capped at that, and the body at 16 bytes of JSON per byte of tensor (a float written out in
-/// full) plus 64 KiB of header, so that no request holds more memory than its model can use.
+/// full) plus 64 KiB of header, so that no request holds more memory than its model can use. An
+/// input of more rows than the model's batch is refused for its batch (400), not its bytes.
 pub fn limits(info: &ModelInfo) -> Limits {
     let tensor_bytes: u64 = info
         .inputs
@@ -112,5 +113,6 @@ pub fn limits(info: &ModelInfo) -> Limits {
             .saturating_mul(16)
             .saturating_add(64 << 10)
             .min(default.max_body_bytes),
+        max_batch: Some(info.max_batch.max(1) as u64),
     }
 }

@@ -449,6 +449,7 @@ pub fn decode_infer_request(
 ) -> Result<GrpcInferRequest, ProtocolError> {
     let parameters = parameters_from_grpc(req.parameters, "the request")?;
     let deadline_ms = parameters.deadline_ms()?;
+    parameters.refuse_sequence()?;
     let binary_data_output = parameters
         .bool(BINARY_DATA_OUTPUT, "the request")?
         .unwrap_or(false);

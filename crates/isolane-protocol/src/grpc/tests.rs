@@ -362,6 +362,13 @@ fn raw_contents_are_checked_as_binary_data() {
 #[test]
 fn headers_are_checked_as_the_http_side_checks_them() {
     let one = || vec![le(&[1.0f32], f32::to_le_bytes)];
+    // tritonclient's sequence_id goes as an int64 parameter; no served model takes one.
+    let mut in_sequence = request(vec![input("x", "FP32", &[1])], one());
+    in_sequence
+        .parameters
+        .insert("sequence_id".into(), param(ParameterChoice::Int64Param(7)));
+    let e = refused_with(in_sequence, &["`sequence_id`", "sequence model"]);
+    assert_eq!(e.grpc_code(), crate::GrpcCode::InvalidArgument);
     refused_with(
         request(vec![input("x", "FP33", &[1])], one()),
         &["input `x`", "`datatype`", "unknown datatype `FP33`", "FP32"],
@@ -648,6 +655,7 @@ fn the_limits_are_checked_before_data_is_taken() {
     let small = Limits {
         max_tensor_bytes: 16,
         max_body_bytes: 1 << 20,
+        max_batch: None,
     };
     // A shape past the limit is refused from its header, whatever data follows.
     let req = request(vec![input("x", "FP32", &[1 << 40])], vec![vec![0; 4]]);

@@ -501,6 +501,7 @@ fn the_limits_are_checked_before_reading() {
     let small = Limits {
         max_tensor_bytes: 1000,
         max_body_bytes: 10_000,
+        max_batch: None,
     };
     // 251 FP32 elements: 1004 bytes, refused from the shape before its data is read.
     let body = input("FP32", "[251]", r#","data":[1]"#);
@@ -688,6 +689,35 @@ fn data_is_given_once() {
     );
 }
 
+/// An input of more rows than the model's batch is refused for its batch, a 400 naming the
+/// bound, not a 413 about bytes (RESOURCE_EXHAUSTED is the code clients retry on).
+#[test]
+fn rows_past_the_models_batch_are_refused_for_the_batch_not_the_bytes() {
+    let echo = Limits {
+        max_tensor_bytes: 16,
+        max_body_bytes: 10_000,
+        max_batch: Some(4),
+    };
+    let body = input("FP32", "[5, 1]", r#","data":[1,2,3,4,5]"#);
+    let e = decode_request(body.as_bytes(), None, &echo).unwrap_err();
+    assert_eq!(
+        (e.http_status(), e.grpc_code()),
+        (400, GrpcCode::InvalidArgument),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("[5, 1] has 5 rows") && msg.contains("1 ≤ n ≤ 4"),
+        "{msg}"
+    );
+    // Within the batch the byte limit still holds, and it is still a 413.
+    let body = input("FP32", "[4, 2]", r#","data":[1,2,3,4,5,6,7,8]"#);
+    let e = decode_request(body.as_bytes(), None, &echo).unwrap_err();
+    assert_eq!(e.http_status(), 413, "{e}");
+    let body = input("FP32", "[4, 1]", r#","data":[1,2,3,4]"#);
+    assert!(decode_request(body.as_bytes(), None, &echo).is_ok());
+}
+
 #[test]
 fn parameters_are_checked() {
     let req = |params: &str| format!(r#"{{"inputs":[],"parameters":{params}}}"#);
@@ -714,6 +744,22 @@ fn parameters_are_checked() {
             "is 1e300; a deadline is a positive number of milliseconds, at most 9223372036854775807",
         ],
     );
+    // No served model is a sequence model: a request in a sequence is refused, as Triton
+    // refuses one to a model without sequence batching; tritonclient's defaults pass.
+    for params in [
+        r#"{"sequence_id":7}"#,
+        r#"{"sequence_id":"abc"}"#,
+        r#"{"sequence_start":true}"#,
+        r#"{"sequence_id":0,"sequence_end":true}"#,
+    ] {
+        let e = refused_with(&req(params), &["the request", "sequence model"]);
+        assert_eq!(
+            (e.http_status(), e.grpc_code()),
+            (400, GrpcCode::InvalidArgument)
+        );
+    }
+    let r = req(r#"{"sequence_id":0,"sequence_start":false,"sequence_end":false}"#);
+    assert!(decode_request(r.as_bytes(), None, &limits()).is_ok());
     refused_with(
         &req(r#"{"binary_data_output":1}"#),
         &["`binary_data_output`", "boolean"],

@@ -12,6 +12,7 @@ use proptest::sample::{select, Index};
 pub(crate) const LIMITS: Limits = Limits {
     max_tensor_bytes: 1 << 16,
     max_body_bytes: 1 << 16,
+    max_batch: None,
 };
 
 /// What decoding may hold at most: twice the tensor data it returns (a JSON reader's buffer as it
