@@ -68,10 +68,12 @@ pub fn call(server: &str, action: &Action, json: bool) -> Result<String, CtlErro
         ),
     };
     let (status, answer) = request(server, method, &path, body.as_deref())?;
+    // isolane serve answers every route ctl asks with JSON: another HTTP server is there.
     let value: Value = serde_json::from_slice(&answer).map_err(|e| {
-        failed(format!(
-            "{server}: the answer to {method} {path} (HTTP {status}) is not JSON: {e}"
-        ))
+        not_serve(
+            server,
+            &format!("its answer to {method} {path} (HTTP {status}) is not JSON ({e})"),
+        )
     })?;
     if !(200..300).contains(&status) {
         let message = value
@@ -127,6 +129,23 @@ fn escape(name: &str) -> String {
         .collect()
 }
 
+/// An address that answers, but not as isolane serve's HTTP front end does: the user's slip
+/// (most often the gRPC port, one above the HTTP one by default).
+fn not_serve(server: &str, why: &str) -> CtlError {
+    CtlError::User(format!(
+        "{server} is not isolane serve's HTTP address: {why}; --server names the HTTP address \
+         that `isolane serve` printed when ready (default 127.0.0.1:8000), not its gRPC one \
+         (default 127.0.0.1:8001)"
+    ))
+}
+
+/// Whether `raw` opens with an HTTP/2 frame header, as a gRPC server's first bytes do: its
+/// SETTINGS frame (type 4), or a GOAWAY (type 7) once it reads an HTTP/1.1 request where the
+/// HTTP/2 preface should be, both on stream 0.
+fn is_http2(raw: &[u8]) -> bool {
+    raw.len() >= 9 && matches!(raw[3], 4 | 7) && raw[5..9] == [0; 4]
+}
+
 /// One HTTP/1.1 request, the connection closed after it: the status and the body.
 fn request(
     server: &str,
@@ -159,14 +178,38 @@ fn request(
     stream.write_all(head.as_bytes()).map_err(failed)?;
     stream.write_all(body.as_bytes()).map_err(failed)?;
     let mut answer = Vec::new();
-    stream
-        .read_to_end(&mut answer)
-        .map_err(|e| failed(format!("{server}: no answer to {method} {path}: {e}")))?;
+    // On an error, what was read before it is in `answer` (read_to_end keeps it).
+    let read = stream.read_to_end(&mut answer);
+    if is_http2(&answer) {
+        return Err(not_serve(
+            server,
+            "it answers in HTTP/2, as a gRPC port does",
+        ));
+    }
+    if let Err(e) = read {
+        // An HTTP/2 server resets a connection whose first bytes are not its preface, often
+        // before its own SETTINGS frame is read.
+        if answer.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset {
+            return Err(not_serve(
+                server,
+                &format!(
+                    "it reset the connection on an HTTP/1.1 request ({e}), as a gRPC \
+                     (HTTP/2) port does"
+                ),
+            ));
+        }
+        return Err(failed(format!(
+            "{server}: no answer to {method} {path}: {e}"
+        )));
+    }
     parse_response(&answer).ok_or_else(|| {
-        failed(format!(
-            "{server}: the answer to {method} {path} is not an HTTP response: {:?}",
-            String::from_utf8_lossy(&answer[..answer.len().min(200)])
-        ))
+        not_serve(
+            server,
+            &format!(
+                "its answer to {method} {path} is not HTTP/1.1: {:?}",
+                String::from_utf8_lossy(&answer[..answer.len().min(200)])
+            ),
+        )
     })
 }
 
@@ -306,6 +349,64 @@ mod tests {
         let raw = b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\n\r\n{}junk";
         assert_eq!(parse_response(raw), Some((409, b"{}".to_vec())));
         assert_eq!(parse_response(b"garbage"), None);
+    }
+
+    /// HAN's finding: `ctl --server` at the gRPC port exited 1 with "Connection reset by
+    /// peer"; it is the user's slip (exit 2), named as such.
+    #[test]
+    fn the_grpc_port_and_other_servers_are_named_as_not_serves_http_address() {
+        let s = crate::tests::server(crate::tests::ONE);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let grpc = listener.local_addr().unwrap().to_string();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = rt.spawn(crate::grpc::serve_grpc(s.clone(), listener, async {
+            let _ = stopped.await;
+        }));
+        let e = call(&grpc, &Action::Status, false).unwrap_err();
+        let _ = stop.send(());
+        let _ = rt.block_on(serving);
+        s.drain(Duration::from_secs(5));
+        assert!(e.is_user_error(), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("is not isolane serve's HTTP address") && msg.contains("gRPC"),
+            "{msg}"
+        );
+
+        // Something else that answers once and closes: not HTTP, and HTTP but not JSON.
+        for (answer, says) in [
+            (&b"SSH-2.0-OpenSSH_9.6\r\n"[..], "is not HTTP/1.1"),
+            (
+                &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n<html"[..],
+                "is not JSON",
+            ),
+        ] {
+            let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = other.local_addr().unwrap().to_string();
+            let answering = std::thread::spawn(move || {
+                let (mut c, _) = other.accept().unwrap();
+                let mut head = [0u8; 4096];
+                let _ = c.read(&mut head);
+                c.write_all(answer).unwrap();
+            });
+            let e = call(&addr, &Action::Status, false).unwrap_err();
+            answering.join().unwrap();
+            assert!(e.is_user_error(), "{e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("is not isolane serve's HTTP address") && msg.contains(says),
+                "{msg}"
+            );
+        }
+        assert!(is_http2(&[0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3]));
+        assert!(!is_http2(b"HTTP/1.1 200 OK"));
     }
 
     #[test]
