@@ -293,6 +293,7 @@ impl ServedModel {
                         q.rows -= old.inputs.rows;
                         q.in_flight -= 1;
                         self.stats.rejected("dropped");
+                        self.record(std::slice::from_ref(&old), None, 0);
                         let _ = old.reply.send(Err(Refusal::Dropped {
                             model: name.clone(),
                         }));
@@ -390,7 +391,7 @@ impl ServedModel {
     /// running goes on. Returns how many were refused.
     pub fn abandon_queued(&self) -> usize {
         let name = self.info().name.clone();
-        self.abandon_queued_as("draining", || Refusal::Draining {
+        self.abandon_queued_as("draining", || Refusal::Abandoned {
             model: name.clone(),
         })
     }
@@ -488,6 +489,8 @@ impl ServedModel {
         q.in_flight -= dropped.len();
         self.stats.queue_length(0);
         drop(q);
+        // Taken, so recorded: `--out` holds every request taken as a job.
+        self.record(&dropped, None, 0);
         for r in &dropped {
             self.stats.rejected(reason);
             self.stats.failed(clock::now_ns() - r.arrived);

@@ -164,6 +164,13 @@ pub enum Refusal {
     Dropped { model: String },
     #[error("the server is shutting down; model `{model}` takes no new requests")]
     Draining { model: String },
+    /// A request taken, then dropped unanswered when the drain's time ran out: it was queued,
+    /// not refused at the door, and `--out` records it as a job that did not run.
+    #[error(
+        "model `{model}`: the request was taken but dropped unanswered at shutdown: the \
+         drain's time (--drain-timeout) ran out before it ran"
+    )]
+    Abandoned { model: String },
     /// Triton's answer for a model unloaded through the repository extension (404 /
     /// NOT_FOUND, its words).
     #[error(
@@ -184,7 +191,7 @@ impl Refusal {
             Refusal::QueueFull { .. } => "queue_full",
             Refusal::WouldBeLate { .. } => "deadline",
             Refusal::Dropped { .. } => "dropped",
-            Refusal::Draining { .. } => "draining",
+            Refusal::Draining { .. } | Refusal::Abandoned { .. } => "draining",
             Refusal::Unloaded { .. } => "unloaded",
             Refusal::Failed { .. } => "failed",
         }
@@ -199,7 +206,7 @@ impl Refusal {
             Refusal::QueueFull { .. } | Refusal::WouldBeLate { .. } | Refusal::Dropped { .. } => {
                 429
             }
-            Refusal::Draining { .. } => 503,
+            Refusal::Draining { .. } | Refusal::Abandoned { .. } => 503,
             Refusal::Failed { .. } => 500,
         }
     }
@@ -211,7 +218,7 @@ impl Refusal {
             Refusal::QueueFull { .. } | Refusal::WouldBeLate { .. } | Refusal::Dropped { .. } => {
                 GrpcCode::ResourceExhausted
             }
-            Refusal::Draining { .. } => GrpcCode::Unavailable,
+            Refusal::Draining { .. } | Refusal::Abandoned { .. } => GrpcCode::Unavailable,
             Refusal::Failed { .. } => GrpcCode::Internal,
         }
     }

@@ -42,6 +42,15 @@ pub(crate) fn server(toml: &str) -> Server {
 }
 
 fn server_with(toml: &str, change: impl FnOnce(&mut Scenario)) -> Server {
+    server_recording(toml, change, None)
+}
+
+/// [`server_with`], recording its requests as jobs into `records` (`serve --out`).
+fn server_recording(
+    toml: &str,
+    change: impl FnOnce(&mut Scenario),
+    records: Option<(Vec<isolane_runtime::jobs_stream::BatchSender>, i64)>,
+) -> Server {
     let mut scenario =
         Scenario::from_toml_str(toml, "t.toml", &isolane_core::spec::NoBuiltinModels)
             .unwrap_or_else(|e| panic!("{e}"));
@@ -55,7 +64,7 @@ fn server_with(toml: &str, change: impl FnOnce(&mut Scenario)) -> Server {
     let options = ServeOptions {
         engine: std::sync::Arc::new(NoEngine),
         seed: 1,
-        records: None,
+        records,
         released: Vec::new(),
         programs_dir: None,
     };
@@ -667,4 +676,101 @@ fn a_change_the_admission_hook_refuses_is_a_409_with_nothing_made() {
         ]
     );
     assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
+}
+
+/// HAN's finding: requests taken and then abandoned at the drain's end were told "takes no new
+/// requests" (as if never taken) and were missing from `--out`, which holds every request taken
+/// as a job. They are told they were taken and dropped, and recorded as jobs that did not run,
+/// as are requests a full `drop_oldest` queue drops.
+#[test]
+fn requests_abandoned_at_the_drain_are_told_so_and_recorded_as_jobs_not_run() {
+    let toml = r#"
+[[workload]]
+name = "slow"
+model = "spin:1s"
+batch = 1
+rate_hz = "max"
+duration_s = 1
+warmup_jobs = 1
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let stream = isolane_runtime::jobs_stream::JobsStream::start(
+        Some(dir.path()),
+        &["slow".to_string()],
+        None,
+    )
+    .unwrap();
+    let records = Some((vec![stream.sender(0)], isolane_runtime::clock::now_ns()));
+    let s = server_recording(toml, |_| {}, records);
+    let pending: Vec<_> = (0..4)
+        .map(|i| s.submit("slow", rows(&[i as f32])).unwrap())
+        .collect();
+    // A job takes 1 s: at most the first runs before the drain's 10 ms are up.
+    let d = s.drain(Duration::from_millis(10));
+    assert!(d.abandoned >= 3, "{d:?}");
+    let answers: Vec<_> = pending
+        .into_iter()
+        .map(|rx| block_on(rx).unwrap())
+        .collect();
+    let told: Vec<String> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().err())
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(told.len(), d.abandoned, "{told:?}");
+    for e in &told {
+        assert!(
+            e.contains("taken but dropped unanswered at shutdown"),
+            "{e}"
+        );
+        assert!(e.contains("--drain-timeout"), "{e}");
+    }
+    drop(s);
+    stream.finish().unwrap();
+    let written =
+        isolane_runtime::output::read_jobs_csv(&dir.path().join("jobs/slow.csv")).unwrap();
+    assert_eq!(
+        written.len(),
+        4,
+        "every request taken is a job: {written:?}"
+    );
+    let not_run = written
+        .iter()
+        .filter(|j| !j.completed() && j.timeout)
+        .count();
+    assert_eq!(not_run, d.abandoned, "{written:?}");
+
+    // A full drop_oldest queue's dropped requests are jobs that did not run too.
+    let dir = tempfile::tempdir().unwrap();
+    let stream = isolane_runtime::jobs_stream::JobsStream::start(
+        Some(dir.path()),
+        &["slow".to_string()],
+        None,
+    )
+    .unwrap();
+    let records = Some((vec![stream.sender(0)], isolane_runtime::clock::now_ns()));
+    let s = server_recording(
+        toml,
+        |sc| {
+            sc.workloads[0].serve.queue_limit = 1;
+            sc.workloads[0].serve.when_full = isolane_core::spec::WhenFull::DropOldest;
+        },
+        records,
+    );
+    let all: Vec<_> = (0..4)
+        .map(|i| s.submit("slow", rows(&[i as f32])).unwrap())
+        .collect();
+    let answers: Vec<_> = all.into_iter().map(|rx| block_on(rx).unwrap()).collect();
+    let dropped = answers
+        .iter()
+        .filter(|a| matches!(a, Err(Refusal::Dropped { .. })))
+        .count();
+    assert!(dropped >= 1, "{answers:?}");
+    assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
+    drop(s);
+    stream.finish().unwrap();
+    let written =
+        isolane_runtime::output::read_jobs_csv(&dir.path().join("jobs/slow.csv")).unwrap();
+    assert_eq!(written.len(), 4, "{written:?}");
+    assert_eq!(written.iter().filter(|j| !j.completed()).count(), dropped);
 }
