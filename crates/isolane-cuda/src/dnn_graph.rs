@@ -21,8 +21,8 @@ use dnn::cudnnBackendDescriptorType_t as D;
 use isolane_engine::ir::Unary;
 use isolane_engine::Precision;
 
-use crate::error::{dnn_check, CudaError};
 use crate::plan::{ConvStep, DType};
+use isolane_gpu::call::{dnn_check, CudaError};
 
 /// One backend descriptor, destroyed on drop.
 struct Desc(dnn::cudnnBackendDescriptor_t);

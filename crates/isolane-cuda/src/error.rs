@@ -1,106 +1,60 @@
-//! A failed CUDA library call, kept as data: which library, which call, and the status code
-//! it returned (with the library's name for it), so callers can tell an out-of-memory from a
-//! launch failure without parsing text. At the crate boundary it becomes the engine's
-//! structured error, never a string: an allocation failure `EngineError::OutOfMemory`, any
-//! other status `EngineError::Library` with the same library, call, code and name. The driver
-//! calls isolane-gpu makes for this crate (initialising, finding the device, its context)
-//! cross the boundary the same way ([`from_gpu`]).
+//! A failed CUDA library call at the crate boundary. The calls are checked by isolane-gpu's
+//! checked-call layer (`isolane_gpu::call`), whose one structured failure, [`CudaError`]
+//! (which library, which call, the status code and its name), this crate also uses; here it
+//! becomes the engine's structured error, never a string ([`engine`]): an allocation failure
+//! `EngineError::OutOfMemory`, any other status `EngineError::Library` with the same library,
+//! call, code and name. The conversion is a function rather than a `From`: neither the error
+//! type nor `EngineError` is this crate's (docs/cuda.md, "Errors"). The checks below are the
+//! layer's, returning the engine's error, for code that returns the engine's `Result`; code
+//! that keeps the call's error (the cuDNN graph builder, the matmul check) calls
+//! `isolane_gpu::call`'s directly. The driver calls isolane-gpu makes for this crate
+//! (initialising, finding the device, its context) cross the boundary the same way
+//! ([`from_gpu`]).
 
 use cudarc::cublaslt::sys as lt;
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as rtc;
 use isolane_engine::{EngineError, LibraryFailure, OutOfMemory};
+use isolane_gpu::call;
+pub use isolane_gpu::call::{CudaError, Library};
 use isolane_gpu::GpuError;
-use std::ffi::CStr;
 
-/// The CUDA library a call belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Library {
-    Driver,
-    Cudnn,
-    CublasLt,
-    Nvrtc,
-}
-
-/// A CUDA library call that did not succeed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{call}: {status}{}", .detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
-pub struct CudaError {
-    pub library: Library,
-    /// The function called, e.g. `cuMemAlloc`.
-    pub call: &'static str,
-    /// The numeric status the call returned.
-    pub code: i64,
-    /// The status's name in the library's headers, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
-    pub status: String,
-    /// The library's own description of the status, where it has one (cuDNN).
-    pub detail: Option<String>,
-}
-
-impl Library {
-    /// The library's name as its users write it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Library::Driver => "CUDA driver",
-            Library::Cudnn => "cuDNN",
-            Library::CublasLt => "cuBLASLt",
-            Library::Nvrtc => "NVRTC",
-        }
+/// The call as the engine's structured failure.
+pub fn failure(e: &CudaError) -> LibraryFailure {
+    LibraryFailure {
+        library: e.library.name(),
+        call: e.call,
+        code: e.code,
+        status: e.status.clone(),
+        detail: e.detail.clone(),
+        node: None,
     }
 }
 
-/// Statuses that mean an allocation did not fit, by the name each library gives them (cuDNN
-/// 9 splits its ALLOC_FAILED into a host and a device one; `cudaErrorMemoryAllocation` is the
-/// runtime API's name, for a call that reports it).
-const OUT_OF_MEMORY: &[&str] = &[
-    "CUDA_ERROR_OUT_OF_MEMORY",
-    "cudaErrorMemoryAllocation",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
-    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
-    "NVRTC_ERROR_OUT_OF_MEMORY",
-];
-
-impl CudaError {
-    /// Whether the call failed for want of memory.
-    pub fn is_out_of_memory(&self) -> bool {
-        OUT_OF_MEMORY.contains(&self.status.as_str())
+/// The engine's error for a failed call: an out-of-memory where the status says the
+/// allocation did not fit, the library failure itself otherwise.
+pub fn engine(e: CudaError) -> EngineError {
+    if e.is_out_of_memory() {
+        oom_of(&e).into()
+    } else {
+        failure(&e).into()
     }
+}
 
-    /// Whether the memory it lacked is the host's (a page-locked or a library's host buffer)
-    /// rather than the GPU's.
-    fn host_memory(&self) -> bool {
-        self.call == "cuMemHostAlloc" || self.status.contains("HOST_ALLOCATION")
+/// The engine's error for an allocation of `bytes` (`what`) that the call `e` refused: an
+/// out-of-memory with the bytes asked and free (`free`, where known), or, for another
+/// status, the library failure itself.
+pub fn allocating(e: CudaError, what: &str, bytes: u64, free: Option<u64>) -> EngineError {
+    if !e.is_out_of_memory() {
+        return engine(e);
     }
-
-    /// The call as the engine's structured failure.
-    pub fn failure(&self) -> LibraryFailure {
-        LibraryFailure {
-            library: self.library.name(),
-            call: self.call,
-            code: self.code,
-            status: self.status.clone(),
-            detail: self.detail.clone(),
-            node: None,
-        }
-    }
-
-    /// The engine's error for an allocation of `bytes` (`what`) that this call refused: an
-    /// out-of-memory with the bytes asked and free (`free`, where known), or, for another
-    /// status, the library failure itself.
-    pub fn allocating(self, what: &str, bytes: u64, free: Option<u64>) -> EngineError {
-        if !self.is_out_of_memory() {
-            return self.into();
-        }
-        EngineError::from(OutOfMemory {
-            what: what.to_string(),
-            requested_bytes: Some(bytes),
-            free_bytes: free,
-            ..oom_of(&self)
-        })
-    }
+    EngineError::from(OutOfMemory {
+        what: what.to_string(),
+        requested_bytes: Some(bytes),
+        free_bytes: free,
+        ..oom_of(&e)
+    })
 }
 
 fn oom_of(e: &CudaError) -> OutOfMemory {
@@ -109,84 +63,49 @@ fn oom_of(e: &CudaError) -> OutOfMemory {
             Library::Driver => "an allocation".into(),
             l => format!("{}'s allocation", l.name()),
         },
-        memory: if e.host_memory() {
+        memory: if e.on_host() {
             "host memory".into()
         } else {
             "the GPU's memory".into()
         },
         requested_bytes: None,
         free_bytes: None,
-        reported_by: Some(e.failure()),
-    }
-}
-
-impl From<CudaError> for EngineError {
-    fn from(e: CudaError) -> Self {
-        if e.is_out_of_memory() {
-            oom_of(&e).into()
-        } else {
-            e.failure().into()
-        }
+        reported_by: Some(failure(e)),
     }
 }
 
 /// The engine's error for a failure of isolane-gpu's driver layer: a failed call is the same
-/// structured error as this crate's own calls ([`CudaError`]'s conversion), a device index
-/// that does not exist the caller's mistake, and no usable GPU (no library, no device) a
-/// runtime failure with isolane-gpu's message.
+/// structured error as this crate's own calls ([`engine`]), a device index that does not
+/// exist the caller's mistake, and no usable GPU (no library, no device) a runtime failure
+/// with isolane-gpu's message.
 pub fn from_gpu(e: GpuError) -> EngineError {
-    match e {
-        GpuError::Cuda { call, code, value } => failed(Library::Driver, call, value, code).into(),
-        e if e.is_user_error() => EngineError::InvalidArgument(e.to_string()),
-        e => EngineError::Runtime(e.to_string()),
+    if let Some(c) = e.call_error() {
+        return engine(c);
     }
+    if e.is_user_error() {
+        return EngineError::InvalidArgument(e.to_string());
+    }
+    EngineError::Runtime(e.to_string())
 }
 
-fn failed(library: Library, call: &'static str, code: i64, status: String) -> CudaError {
-    CudaError {
-        library,
-        call,
-        code,
-        status,
-        detail: None,
-    }
+/// Checks a driver API result ([`call::cu_check`], failing with the engine's error).
+pub fn cu_check(name: &'static str, r: cu::CUresult) -> Result<(), EngineError> {
+    call::cu_check(name, r).map_err(engine)
 }
 
-/// Checks a driver API result.
-pub fn cu_check(call: &'static str, r: cu::CUresult) -> Result<(), CudaError> {
-    if r == cu::CUresult::CUDA_SUCCESS {
-        return Ok(());
-    }
-    Err(failed(Library::Driver, call, r as i64, format!("{r:?}")))
+/// Checks a cuDNN status ([`call::dnn_check`], failing with the engine's error).
+pub fn dnn_check(name: &'static str, r: dnn::cudnnStatus_t) -> Result<(), EngineError> {
+    call::dnn_check(name, r).map_err(engine)
 }
 
-/// Checks a cuDNN status (with cuDNN's description of it).
-pub fn dnn_check(call: &'static str, r: dnn::cudnnStatus_t) -> Result<(), CudaError> {
-    if r == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-        return Ok(());
-    }
-    // SAFETY: cudnnGetErrorString returns a static NUL-terminated string for any status.
-    let msg = unsafe { CStr::from_ptr(dnn::cudnnGetErrorString(r)) }.to_string_lossy();
-    Err(CudaError {
-        detail: Some(msg.into_owned()),
-        ..failed(Library::Cudnn, call, r as i64, format!("{r:?}"))
-    })
+/// Checks a cuBLASLt status ([`call::lt_check`], failing with the engine's error).
+pub fn lt_check(name: &'static str, r: lt::cublasStatus_t) -> Result<(), EngineError> {
+    call::lt_check(name, r).map_err(engine)
 }
 
-/// Checks a cuBLASLt status.
-pub fn lt_check(call: &'static str, r: lt::cublasStatus_t) -> Result<(), CudaError> {
-    if r == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        return Ok(());
-    }
-    Err(failed(Library::CublasLt, call, r as i64, format!("{r:?}")))
-}
-
-/// Checks an NVRTC result.
-pub fn rtc_check(call: &'static str, r: rtc::nvrtcResult) -> Result<(), CudaError> {
-    if r == rtc::nvrtcResult::NVRTC_SUCCESS {
-        return Ok(());
-    }
-    Err(failed(Library::Nvrtc, call, r as i64, format!("{r:?}")))
+/// Checks an NVRTC result ([`call::rtc_check`], failing with the engine's error).
+pub fn rtc_check(name: &'static str, r: rtc::nvrtcResult) -> Result<(), EngineError> {
+    call::rtc_check(name, r).map_err(engine)
 }
 
 #[cfg(test)]
@@ -196,12 +115,15 @@ mod tests {
 
     #[test]
     fn a_failed_call_keeps_library_call_and_code_and_reads_as_before() {
-        let e = cu_check("cuMemAlloc", cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY).unwrap_err();
+        let e = call::cu_check("cuMemAlloc", cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY).unwrap_err();
         assert_eq!(e.library, Library::Driver);
         assert_eq!(e.call, "cuMemAlloc");
         assert_eq!(e.code, 2);
         assert_eq!(e.to_string(), "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY");
-        let engine: EngineError = e.into();
+        // This crate's check fails with the engine's error for the same call.
+        let checked = cu_check("cuMemAlloc", cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY).unwrap_err();
+        assert_eq!(checked.to_string(), engine(e.clone()).to_string());
+        let engine = engine(e);
         assert_eq!(engine.kind(), ErrorKind::OutOfMemory);
         assert_eq!(
             engine.to_string(),
@@ -209,7 +131,7 @@ mod tests {
              (cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY)"
         );
         assert!(cu_check("cuInit", cu::CUresult::CUDA_SUCCESS).is_ok());
-        let lt = lt_check(
+        let lt = call::lt_check(
             "cublasLtCreate",
             lt::cublasStatus_t::CUBLAS_STATUS_NOT_INITIALIZED,
         )
@@ -219,7 +141,7 @@ mod tests {
             lt.to_string(),
             "cublasLtCreate: CUBLAS_STATUS_NOT_INITIALIZED"
         );
-        let rtc = rtc_check(
+        let rtc = call::rtc_check(
             "nvrtcCompileProgram",
             rtc::nvrtcResult::NVRTC_ERROR_COMPILATION,
         )
@@ -268,7 +190,7 @@ mod tests {
     }
 
     fn status(library: Library, call: &'static str, code: i64, status: &str) -> CudaError {
-        failed(library, call, code, status.to_string())
+        CudaError::new(library, call, code, status.to_string())
     }
 
     #[test]
@@ -333,7 +255,7 @@ mod tests {
         ] {
             let e = status(library, call, code, name);
             assert!(e.is_out_of_memory(), "{name}");
-            let EngineError::OutOfMemory(m) = EngineError::from(e.clone()) else {
+            let EngineError::OutOfMemory(m) = engine(e.clone()) else {
                 panic!("{name} did not become OutOfMemory");
             };
             assert_eq!(m.memory, format!("{memory} memory"), "{name}");
@@ -342,7 +264,7 @@ mod tests {
             assert_eq!(f.status, name);
             // At an allocation site the bytes asked and free are kept.
             let EngineError::OutOfMemory(m) =
-                e.allocating("the activation arena", 5 << 30, Some(1 << 30))
+                allocating(e.clone(), "the activation arena", 5 << 30, Some(1 << 30))
             else {
                 panic!("{name} at an allocation did not become OutOfMemory");
             };
@@ -393,7 +315,7 @@ mod tests {
                 ..status(library, call, code, name)
             };
             assert!(!e.is_out_of_memory(), "{name}");
-            let engine = EngineError::from(e.clone());
+            let engine = engine(e.clone());
             assert_eq!(engine.kind(), ErrorKind::Library, "{name}");
             let EngineError::Library(f) = &engine else {
                 unreachable!()
@@ -403,7 +325,10 @@ mod tests {
             assert_eq!(f.detail.as_deref(), Some("said the library"));
             assert_eq!(engine.to_string(), e.to_string());
             // Not an out-of-memory, even at an allocation site.
-            assert_eq!(e.allocating("x", 1, None).kind(), ErrorKind::Library);
+            assert_eq!(
+                allocating(e.clone(), "x", 1, None).kind(),
+                ErrorKind::Library
+            );
         }
     }
 }

@@ -10,7 +10,7 @@ use cudarc::cudnn::sys as dnn;
 use cudarc::driver::sys as cu;
 use isolane_engine::Result;
 
-use crate::error::{cu_check, dnn_check, lt_check};
+use crate::error::{allocating, cu_check, dnn_check, lt_check};
 
 /// Free bytes of the current context's device, for an out-of-memory's message (`None` when
 /// the driver cannot say).
@@ -69,10 +69,10 @@ impl DeviceBuffer {
     pub(crate) fn new(bytes: usize) -> Result<DeviceBuffer> {
         let mut p: cu::CUdeviceptr = 0;
         // SAFETY: valid out-pointer, a context is current (set by the caller).
-        cu_check("cuMemAlloc", unsafe {
+        isolane_gpu::call::cu_check("cuMemAlloc", unsafe {
             cu::cuMemAlloc_v2(&mut p, bytes.max(256))
         })
-        .map_err(|e| e.allocating("a device buffer", bytes as u64, device_free_bytes()))?;
+        .map_err(|e| allocating(e, "a device buffer", bytes as u64, device_free_bytes()))?;
         Ok(DeviceBuffer { ptr: p, bytes })
     }
 
@@ -238,10 +238,17 @@ impl PinnedF32 {
     pub(crate) fn new(len: usize) -> Result<PinnedF32> {
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer; a context is current.
-        cu_check("cuMemHostAlloc", unsafe {
+        isolane_gpu::call::cu_check("cuMemHostAlloc", unsafe {
             cu::cuMemHostAlloc(&mut p, (len * 4).max(4), cu::CU_MEMHOSTALLOC_PORTABLE)
         })
-        .map_err(|e| e.allocating("a page-locked input or output buffer", len as u64 * 4, None))?;
+        .map_err(|e| {
+            allocating(
+                e,
+                "a page-locked input or output buffer",
+                len as u64 * 4,
+                None,
+            )
+        })?;
         // SAFETY: freshly allocated, at least len f32s long; zeroed so the first read is
         // defined.
         unsafe { std::ptr::write_bytes(p as *mut f32, 0, len) };

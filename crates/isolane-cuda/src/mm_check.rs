@@ -202,12 +202,14 @@ impl MatmulProbe {
             return Ok(false);
         }
         // SAFETY: the stream is live; the candidate was issued on it.
-        cu_check("cuStreamSynchronize", unsafe {
+        isolane_gpu::call::cu_check("cuStreamSynchronize", unsafe {
             cu::cuStreamSynchronize(stream)
         })
-        .map_err(|e| CudaError {
-            detail: Some("a cuBLASLt candidate failed on the GPU while it was checked".into()),
-            ..e
+        .map_err(|e| {
+            crate::error::engine(CudaError {
+                detail: Some("a cuBLASLt candidate failed on the GPU while it was checked".into()),
+                ..e
+            })
         })?;
         let es = self.dtype.size();
         let (mut err, mut norm) = (0.0f64, 0.0f64);

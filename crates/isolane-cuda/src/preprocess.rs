@@ -268,7 +268,6 @@ impl Preprocessor {
                 std::ptr::null_mut(),
             )
         })
-        .map_err(EngineError::from)
     }
 
     /// Queues the kernel writing straight into `model`'s input (its device staging, f32),

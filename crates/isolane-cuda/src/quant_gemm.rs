@@ -302,7 +302,8 @@ fn dnn_conv_graph(
         rec.ws_cap,
         1,
         (rec.options.cudnn_runtime_compiled, rec.sm.cudnn_heuristics),
-    )?;
+    )
+    .map_err(crate::error::engine)?;
     let g = graphs
         .into_iter()
         .next()

@@ -370,13 +370,11 @@ pub(crate) fn math_type(v: u32) -> Option<dnn::cudnnMathType_t> {
 /// (38 of 132 at 25 % on the H200, session 20), and a plan is meant to load in any partition of
 /// the GPU; a load's check run refuses one whose bits differ wherever it is.
 pub fn gpu_key_of(dev: cu::CUdevice) -> Result<Vec<(String, String)>> {
-    let rt = |e: crate::error::CudaError| EngineError::from(e);
     let mut name = [0u8; 256];
     // SAFETY: the buffer holds 256 bytes, its length is passed; the driver is initialised.
     cu_check("cuDeviceGetName", unsafe {
         cu::cuDeviceGetName(name.as_mut_ptr() as *mut std::ffi::c_char, 256, dev)
-    })
-    .map_err(rt)?;
+    })?;
     let name = String::from_utf8_lossy(&name[..name.iter().position(|&b| b == 0).unwrap_or(0)])
         .into_owned();
     let attr = |a: cu::CUdevice_attribute| -> Result<i32> {
@@ -384,8 +382,7 @@ pub fn gpu_key_of(dev: cu::CUdevice) -> Result<Vec<(String, String)>> {
         // SAFETY: valid out-pointer and device.
         cu_check("cuDeviceGetAttribute", unsafe {
             cu::cuDeviceGetAttribute(&mut v, a, dev)
-        })
-        .map_err(rt)?;
+        })?;
         Ok(v)
     };
     use cu::CUdevice_attribute as At;
@@ -397,14 +394,12 @@ pub fn gpu_key_of(dev: cu::CUdevice) -> Result<Vec<(String, String)>> {
     // SAFETY: valid out-pointer.
     cu_check("cuDriverGetVersion", unsafe {
         cu::cuDriverGetVersion(&mut driver)
-    })
-    .map_err(rt)?;
+    })?;
     let (mut vmaj, mut vmin) = (0, 0);
     // SAFETY: valid out-pointers; NVRTC is loaded (libs::ensure_all).
     rtc_check("nvrtcVersion", unsafe {
         rtc::nvrtcVersion(&mut vmaj, &mut vmin)
-    })
-    .map_err(rt)?;
+    })?;
     // SAFETY: plain version queries of loaded libraries.
     let (cudnn, cublaslt) = unsafe { (dnn::cudnnGetVersion(), lt::cublasLtGetVersion()) };
     Ok(vec![

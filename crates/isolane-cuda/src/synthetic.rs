@@ -170,7 +170,7 @@ impl SyntheticKernel {
             }
             Launch::Gemm(g) => run_gemm(g, &self.buffers, stream)?,
         }
-        cu_check("cuStreamSynchronize", stream_sync(stream)).map_err(EngineError::from)
+        cu_check("cuStreamSynchronize", stream_sync(stream))
     }
 
     fn alloc(&mut self, bytes: usize) -> Result<cu::CUdeviceptr> {
@@ -188,7 +188,6 @@ impl SyntheticKernel {
         cu_check("cuMemsetD32Async", unsafe {
             cu::cuMemsetD32Async(p, bits, count, self.backend.stream())
         })
-        .map_err(EngineError::from)
     }
 
     fn fill16(&self, p: cu::CUdeviceptr, bits: u16, count: usize) -> Result<()> {
@@ -196,7 +195,6 @@ impl SyntheticKernel {
         cu_check("cuMemsetD16Async", unsafe {
             cu::cuMemsetD16Async(p, bits, count, self.backend.stream())
         })
-        .map_err(EngineError::from)
     }
 
     /// Loads the NVRTC module and returns `name` with a grid that fills the device.
@@ -329,7 +327,6 @@ fn launch(
             std::ptr::null_mut(),
         )
     })
-    .map_err(EngineError::from)
 }
 
 /// cuBLASLt's handle, descriptor, one square column-major layout shared by A, B and C, and the
@@ -428,7 +425,6 @@ fn run_gemm(g: &Gemm, buffers: &[cu::CUdeviceptr], stream: cu::CUstream) -> Resu
             stream as lt::cudaStream_t,
         )
     })
-    .map_err(EngineError::from)
 }
 
 impl Drop for Gemm {

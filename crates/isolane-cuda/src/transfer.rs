@@ -75,7 +75,6 @@ impl DeviceF32 {
         cu_check("cuMemcpyDtoH", unsafe {
             cu::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, self.ptr(), self.len * 4)
         })
-        .map_err(EngineError::from)
     }
 }
 

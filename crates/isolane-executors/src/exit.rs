@@ -38,7 +38,7 @@ mod tests {
     use super::*;
     use crate::bench::BenchError;
     use crate::infer::InferError;
-    use isolane_cuda::error::{from_gpu, CudaError, Library};
+    use isolane_cuda::error::{allocating, engine, from_gpu, CudaError, Library};
 
     fn failed(library: Library, call: &'static str, code: i64, status: &str) -> CudaError {
         CudaError {
@@ -137,13 +137,13 @@ mod tests {
             let infer = InferError::Engine {
                 model: "resnet50".into(),
                 batch: Some(256),
-                source: EngineError::from(cuda.clone()),
+                source: engine(cuda.clone()),
             };
             assert_eq!(failure_code(&infer), code, "infer, {name}");
             assert_eq!(out_of_memory(&infer).is_some(), code == 3, "infer, {name}");
             let bench = BenchError::Engine {
                 doing: "compiling resnet50".into(),
-                source: cuda.allocating("the activation arena", 1 << 30, Some(1 << 20)),
+                source: allocating(cuda, "the activation arena", 1 << 30, Some(1 << 20)),
             };
             assert_eq!(failure_code(&bench), code, "bench, {name}");
         }

@@ -554,7 +554,8 @@ pub(super) fn replay_conv(
                 (fused, engine),
                 rec.ws_cap,
                 rec.sm.cudnn_heuristics,
-            )?
+            )
+            .map_err(crate::error::engine)?
             .ok_or_else(|| {
                 EngineError::InvalidArgument(format!(
                     "the saved plan's cuDNN engine {engine} is not offered for this \

@@ -97,7 +97,6 @@ pub(super) fn set_attr<T>(
             std::mem::size_of::<T>(),
         )
     })
-    .map_err(EngineError::from)
 }
 
 pub(super) fn layout(
@@ -551,7 +550,6 @@ pub(super) fn run_matmul(
             stream as lt::cudaStream_t,
         )
     })
-    .map_err(EngineError::from)
 }
 
 /// The most workspace a cuBLASLt algorithm may use (PyTorch gives cuBLAS 32 MiB on Hopper).

@@ -97,7 +97,7 @@ pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec
     // SAFETY: prog is live; the option pointers are valid NUL-terminated strings.
     let r = unsafe { rtc::nvrtcCompileProgram(prog, popts.len() as i32, popts.as_ptr()) };
     let result = (|| -> Result<Vec<u8>> {
-        if let Err(e) = rtc_check("nvrtcCompileProgram", r) {
+        if let Err(e) = isolane_gpu::call::rtc_check("nvrtcCompileProgram", r) {
             let mut n = 0usize;
             // SAFETY: prog is live; the log buffer has the size NVRTC reported.
             let log = unsafe {
@@ -110,11 +110,10 @@ pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec
             };
             // A library failure with the compiler's log as its detail (an out-of-memory
             // becomes one, as from any call).
-            return Err(CudaError {
+            return Err(crate::error::engine(CudaError {
                 detail: Some(log),
                 ..e
-            }
-            .into());
+            }));
         }
         let mut n = 0usize;
         // SAFETY: prog compiled; the buffer has the size NVRTC reported.

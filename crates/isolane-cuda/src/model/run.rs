@@ -36,9 +36,7 @@ impl CudaModel {
             let stream = self.stream;
             let ms = ev.time(stream, &mut || {
                 // SAFETY: exec and stream are live.
-                Ok(cu_check("cuGraphLaunch", unsafe {
-                    cu::cuGraphLaunch(exec, stream)
-                })?)
+                cu_check("cuGraphLaunch", unsafe { cu::cuGraphLaunch(exec, stream) })
             })?;
             t.push(ms as f64);
         }
@@ -115,7 +113,8 @@ impl CudaModel {
                     };
                     // SAFETY: the plan was made for these buffers' shapes (planned together);
                     // the workspace holds at least the plan's workspace bytes.
-                    unsafe { self.conv_graphs[*graph].execute(self.cudnn(), &ptrs) }?;
+                    unsafe { self.conv_graphs[*graph].execute(self.cudnn(), &ptrs) }
+                        .map_err(crate::error::engine)?;
                 }
                 Launch::Matmul { mm, a, b, c, y } => {
                     run_matmul(
@@ -210,7 +209,6 @@ impl CudaModel {
         cu_check("cuGraphLaunch", unsafe {
             cu::cuGraphLaunch(exec, self.stream)
         })
-        .map_err(EngineError::from)
     }
 
     /// Launches one job (the graph) without waiting; pair with [`CudaModel::wait`].
@@ -225,7 +223,6 @@ impl CudaModel {
         cu_check("cuGraphLaunch", unsafe {
             cu::cuGraphLaunch(exec, self.stream)
         })
-        .map_err(EngineError::from)
     }
 
     /// True when the last launched job has finished (never blocks).
@@ -235,9 +232,7 @@ impl CudaModel {
         match r {
             cu::CUresult::CUDA_SUCCESS => Ok(true),
             cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            e => cu_check("cuStreamQuery", e)
-                .map(|_| false)
-                .map_err(EngineError::from),
+            e => cu_check("cuStreamQuery", e).map(|_| false),
         }
     }
 
@@ -247,7 +242,6 @@ impl CudaModel {
         cu_check("cuStreamSynchronize", unsafe {
             cu::cuStreamSynchronize(self.stream)
         })
-        .map_err(EngineError::from)
     }
 }
 

@@ -305,9 +305,7 @@ impl Slots {
                 Ok(true)
             }
             cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            e => cu_check("cuEventQuery", e)
-                .map(|_| false)
-                .map_err(EngineError::from),
+            e => cu_check("cuEventQuery", e).map(|_| false),
         }
     }
 
