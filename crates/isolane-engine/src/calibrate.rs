@@ -466,8 +466,10 @@ pub struct CalibrationSet {
 /// and hidden ones are skipped) as items of the graph's single input at `batch`: a `.npy`
 /// holds one item (the input's shape without the batch, or with a leading 1) or several (a
 /// leading count); an image is decoded and prepared as torchvision's ImageNet transform does
-/// (resize the shorter side to `side · 256 / 224`, centre crop), for an input of shape
-/// `[3, side, side]`. At most `limit` items are kept.
+/// (resize the shorter side to `side · 256 / 224` rounded, centre crop: as `infer --image`),
+/// for an input of shape `[3, side, side]`. At most `limit` items are kept. An entry with one
+/// of those extensions that is not a regular file (a FIFO, a device or a link to one, a
+/// folder) is refused by name: it is never read, and never silently left out.
 pub fn load_calibration_set(
     dir: &Path,
     g: &Graph,
@@ -500,7 +502,7 @@ pub fn load_calibration_set(
             .file_name()
             .and_then(|n| n.to_str())
             .is_some_and(|n| n.starts_with('.'));
-        if !hidden && p.is_file() && kind_of(&p).is_some() {
+        if !hidden && kind_of(&p).is_some() {
             files.push(p);
         }
     }
@@ -547,8 +549,10 @@ pub fn load_calibration_set(
                         )))
                     }
                 };
-                let img = crate::io::image::decode(f).map_err(|e| bad(e.to_string()))?;
-                data.extend(crate::io::image::preprocess(&img, side * 256 / 224, side));
+                // An image too long for its resize is refused there, naming it and its size.
+                let img =
+                    crate::io::image::load_image_sized(f, side).map_err(|e| bad(e.to_string()))?;
+                data.extend(img);
             }
             None => {}
         }
@@ -1082,6 +1086,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("cannot read folder"), "{e}");
+    }
+
+    /// A FIFO named x.npy is refused by name, not skipped and never read (it would block, or
+    /// never end); so is a link to a device. An image too long for its resize is refused
+    /// naming its size, not resized into gigabytes.
+    #[test]
+    fn entries_that_are_no_regular_file_and_overlong_images_are_refused_by_name() {
+        let g = tiny_cnn();
+        let dir = tempfile::tempdir().unwrap();
+        crate::io::write_npy(dir.path().join("a.npy"), &[3, 10, 10], &[0.5; 300]).unwrap();
+        let fifo = dir.path().join("x.npy");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let e = load_calibration_set(dir.path(), &g, 1, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("x.npy") && e.contains("is a FIFO (named pipe), not a regular file"),
+            "{e}"
+        );
+        std::fs::remove_file(&fifo).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("z.npy")).unwrap();
+        let e = load_calibration_set(dir.path(), &g, 1, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("z.npy") && e.contains("is a character device"),
+            "{e}"
+        );
+        std::fs::remove_file(dir.path().join("z.npy")).unwrap();
+        // The model's 10x10 input resizes the shorter side to 11: a 3000000x1 strip (a few
+        // kilobytes as a PNG) would take 1 GiB.
+        ::image::RgbImage::new(3_000_000, 1)
+            .save(dir.path().join("strip.png"))
+            .unwrap();
+        let e = load_calibration_set(dir.path(), &g, 1, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("strip.png: 3000000x1 pixels; resized to 11 on its shorter side")
+                && e.contains("at most 1478983 times"),
+            "{e}"
+        );
     }
 
     #[test]

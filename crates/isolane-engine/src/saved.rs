@@ -30,6 +30,10 @@ pub const FORMAT_VERSION: u32 = 1;
 /// CPU backend compute other bits from the same fused graph.
 pub const CPU_REVISION: u32 = 1;
 
+/// The largest saved plan read: a plan holds its model's weights as f32, so this is far
+/// beyond the models isolane runs, and a bound on what a wrong path can take.
+pub const MAX_PLAN_BYTES: u64 = 16 << 30;
+
 const MAGIC: &[u8; 8] = b"ISOPLAN\0";
 const PREFIX: usize = 8 + 4 + 8 + 4;
 
@@ -226,12 +230,15 @@ impl SavedPlan {
         Ok(decoded)
     }
 
-    /// Reads and checks the file at `path`.
+    /// Reads and checks the file at `path`: a regular file of at most [`MAX_PLAN_BYTES`] (a
+    /// device or a FIFO is refused, never read without end).
     pub fn load(path: &Path) -> Result<SavedPlan, SavedPlanError> {
         let file = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| SavedPlanError::Io {
-            file: file.clone(),
-            msg: e.to_string(),
+        let bytes = isolane_core::files::read_file_capped(path, MAX_PLAN_BYTES).map_err(|e| {
+            SavedPlanError::Io {
+                file: file.clone(),
+                msg: e.to_string(),
+            }
         })?;
         SavedPlan::from_bytes(&file, &bytes)
     }
@@ -1261,5 +1268,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("none.isoplan"), "{e}");
+    }
+
+    /// `ctl load` reads a served plan again: one now linked to /dev/zero took 20 GB of the
+    /// server's memory, and a FIFO blocked the reload for good. Both are refused naming the
+    /// file, before a byte is read.
+    #[test]
+    fn a_device_or_a_fifo_is_no_saved_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let zero = dir.path().join("live.isoplan");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let fifo = dir.path().join("fifo.isoplan");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        for (p, what) in [(&zero, "a character device"), (&fifo, "a FIFO")] {
+            let e = SavedPlan::load(p).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("saved plan `{}`: is {what}", p.display())),
+                "{e}"
+            );
+        }
     }
 }

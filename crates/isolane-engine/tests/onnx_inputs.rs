@@ -12,7 +12,7 @@ fn dir() -> PathBuf {
 #[test]
 fn image_preprocessing_matches_pil_torchvision() {
     let img = image::decode(&dir().join("small.png")).unwrap();
-    let ours = image::preprocess(&img, 32, 28);
+    let ours = image::preprocess(&img, 32, 28).unwrap();
     let want = read_npy(dir().join("small.expected.npy")).unwrap();
     assert_eq!(want.shape, vec![3, 28, 28]);
     let step = 1.0 / 255.0 / 0.224; // one 8-bit level after normalisation (mid std)

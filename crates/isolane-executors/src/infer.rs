@@ -590,27 +590,9 @@ fn image_input(path: &Path, sample: &[usize]) -> Result<Vec<f32>, InferError> {
             "--image: the model's input is {h}x{w}; only square inputs are supported (use --input with a .npy)"
         )));
     }
-    let img = image::decode(path).map_err(user)?;
     // torchvision's ImageNet transform at 224 is Resize(256) + CenterCrop(224); other sizes
-    // keep that ratio.
-    let resize = ((*h as f64) * 256.0 / 224.0).round() as usize;
-    // The shorter side becomes `resize` and the longer one keeps the aspect ratio, so a strip of
-    // a few bytes on disk (60000x1) would become gigabytes before the crop. The same bound as
-    // the decoder's own (512 MiB).
-    let (long, short) = (img.width().max(img.height()), img.width().min(img.height()));
-    let resized_bytes = resize as f64 * (resize as f64 * long as f64 / short as f64) * 3.0;
-    if resized_bytes > (512u64 << 20) as f64 {
-        return Err(user(format!(
-            "--image {}: {}x{} pixels; resized to {resize} on its shorter side it would take \
-             {:.1} GiB; its longer side may be at most {} times its shorter",
-            path.display(),
-            img.width(),
-            img.height(),
-            resized_bytes / (1u64 << 30) as f64,
-            (512u64 << 20) / (3 * resize as u64 * resize as u64)
-        )));
-    }
-    Ok(image::preprocess(&img, resize, *h))
+    // keep that ratio. An image too long for its resize is refused there, naming its size.
+    image::load_image_sized(path, *h).map_err(user)
 }
 
 fn repeat(one: &[f32], n: usize) -> Vec<f32> {

@@ -10,6 +10,16 @@
 use ::image::{DynamicImage, RgbImage};
 use std::path::{Path, PathBuf};
 
+/// The largest image file isolane reads: a PNG or JPEG of far more pixels than a classifier
+/// takes, and a bound on what a wrong path can take.
+pub const MAX_IMAGE_FILE_BYTES: u64 = 256 << 20;
+
+/// The most bytes an image may take resized, before its crop (and each resize pass's result):
+/// the decoder's own bound on a decoded image (the `image` crate's default, 512 MiB). The
+/// shorter side is resized and the longer one keeps the aspect ratio, so a strip of a few bytes
+/// on disk (60000x1) would otherwise become gigabytes.
+pub const MAX_RESIZED_BYTES: u64 = 512 << 20;
+
 /// ImageNet statistics used by torchvision's pretrained classifiers.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
@@ -34,22 +44,60 @@ pub enum ImageError {
         width: u32,
         height: u32,
     },
+    #[error("image {path}: {oversize}")]
+    Oversize { path: PathBuf, oversize: Oversize },
+}
+
+/// An image whose resize would take more than [`MAX_RESIZED_BYTES`] ([`preprocess`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "{width}x{height} pixels; resized to {resize} on its shorter side it would take {:.1} GiB, \
+     more than {} MiB: its longer side may be at most {} times its shorter",
+    *bytes as f64 / (1u64 << 30) as f64,
+    MAX_RESIZED_BYTES >> 20,
+    MAX_RESIZED_BYTES / (3 * (*resize as u64).max(1).pow(2)),
+)]
+pub struct Oversize {
+    pub width: usize,
+    pub height: usize,
+    pub resize: usize,
+    /// The larger of the two resize passes' results, RGB8.
+    pub bytes: u128,
+}
+
+/// The size of a square input of `side` pixels' torchvision ImageNet resize: `Resize(256)` for
+/// `CenterCrop(224)`, the same ratio for other sizes.
+pub fn resize_for(side: usize) -> usize {
+    (side as f64 * 256.0 / 224.0).round() as usize
 }
 
 /// Decodes `path` (PNG or JPEG) and returns the standard ImageNet input: shape `[3, crop, crop]`
 /// with `resize = 256`, `crop = 224`.
 pub fn load_image(path: impl AsRef<Path>) -> Result<(Vec<usize>, Vec<f32>), ImageError> {
-    let img = decode(path.as_ref())?;
-    let data = preprocess(&img, 256, 224);
+    let data = load_image_sized(path.as_ref(), 224)?;
     Ok((vec![3, 224, 224], data))
+}
+
+/// Decodes `path` and prepares it for a model input of `[3, side, side]`: resized to
+/// [`resize_for`]`(side)` on its shorter side, centre-cropped to `side` (`infer --image`, an
+/// image of a calibration folder).
+pub fn load_image_sized(path: &Path, side: usize) -> Result<Vec<f32>, ImageError> {
+    let img = decode(path)?;
+    preprocess(&img, resize_for(side), side).map_err(|oversize| ImageError::Oversize {
+        path: path.to_path_buf(),
+        oversize,
+    })
 }
 
 /// Decodes an image file to 8-bit RGB (grey and alpha are converted, as PIL's `convert("RGB")`).
 pub fn decode(path: &Path) -> Result<RgbImage, ImageError> {
-    let bytes = std::fs::read(path).map_err(|source| ImageError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes =
+        isolane_core::files::read_file_capped(path, MAX_IMAGE_FILE_BYTES).map_err(|source| {
+            ImageError::Read {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
     let img: DynamicImage =
         ::image::load_from_memory(&bytes).map_err(|source| ImageError::Decode {
             path: path.to_path_buf(),
@@ -65,8 +113,10 @@ pub fn decode(path: &Path) -> Result<RgbImage, ImageError> {
     Ok(img.to_rgb8())
 }
 
-/// `Resize(resize)` + `CenterCrop(crop)` + `ToTensor` + `Normalize(ImageNet)`, CHW f32.
-pub fn preprocess(img: &RgbImage, resize: usize, crop: usize) -> Vec<f32> {
+/// `Resize(resize)` + `CenterCrop(crop)` + `ToTensor` + `Normalize(ImageNet)`, CHW f32; an
+/// image whose resize would take more than [`MAX_RESIZED_BYTES`] is refused, before anything
+/// is allocated for it.
+pub fn preprocess(img: &RgbImage, resize: usize, crop: usize) -> Result<Vec<f32>, Oversize> {
     let (w, h) = (img.width() as usize, img.height() as usize);
     // torchvision: the shorter side becomes `resize`, the longer one int(resize * long / short).
     let (nw, nh) = if w <= h {
@@ -74,6 +124,16 @@ pub fn preprocess(img: &RgbImage, resize: usize, crop: usize) -> Vec<f32> {
     } else {
         ((resize as f64 * w as f64 / h as f64) as usize, resize)
     };
+    // The horizontal pass makes nw x h, the vertical one nw x nh.
+    let bytes = (nw as u128 * h as u128).max(nw as u128 * nh as u128) * 3;
+    if bytes > MAX_RESIZED_BYTES as u128 {
+        return Err(Oversize {
+            width: w,
+            height: h,
+            resize,
+            bytes,
+        });
+    }
     let src: Vec<u8> = img.as_raw().clone();
     let horiz = if nw != w {
         resample(&src, w, h, nw, true)
@@ -104,7 +164,7 @@ pub fn preprocess(img: &RgbImage, resize: usize, crop: usize) -> Vec<f32> {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 fn round_half_even(x: f64) -> i64 {
@@ -200,7 +260,7 @@ mod tests {
     #[test]
     fn constant_image_stays_constant() {
         let img = RgbImage::from_pixel(50, 37, ::image::Rgb([10, 128, 250]));
-        let t = preprocess(&img, 32, 28);
+        let t = preprocess(&img, 32, 28).unwrap();
         assert_eq!(t.len(), 3 * 28 * 28);
         for c in 0..3 {
             let v = [10.0, 128.0, 250.0][c] / 255.0;
@@ -209,6 +269,44 @@ mod tests {
                 assert!((x - want).abs() < 1e-6, "{x} vs {want}");
             }
         }
+    }
+
+    /// A strip of a few kilobytes as a PNG asks for gigabytes once its shorter side is resized:
+    /// refused with its size before anything is allocated (this test allocated ~11 GiB before).
+    #[test]
+    fn an_image_too_long_for_its_resize_is_refused_naming_its_size() {
+        let strip = RgbImage::new(60_000, 1);
+        let e = preprocess(&strip, 256, 224).unwrap_err();
+        assert_eq!((e.width, e.height, e.resize), (60_000, 1, 256));
+        let e = e.to_string();
+        assert!(
+            e.starts_with(
+                "60000x1 pixels; resized to 256 on its shorter side it would take 11.0 GiB"
+            ) && e.contains("at most 2730 times its shorter"),
+            "{e}"
+        );
+        // Tall as well as wide, just past the bound the message gives.
+        assert!(preprocess(&RgbImage::new(1, 2731), 256, 224).is_err());
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("strip.png");
+        strip.save(&p).unwrap();
+        let e = load_image_sized(&p, 224).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("image {}: 60000x1 pixels", p.display())),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn device_links_and_fifos_are_no_images() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.png");
+        std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+        let e = decode(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("is a character device, not a regular file"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -35,13 +35,24 @@ pub struct NpyTensor {
 
 const MAGIC: &[u8] = b"\x93NUMPY";
 
+/// The largest `.npy` file isolane reads (an input batch, a calibration set, labels): far
+/// beyond any input of the models it runs, and a bound on what a wrong path can take.
+pub const MAX_NPY_BYTES: u64 = 4 << 30;
+
+/// The bytes of the `.npy` file `path`: a regular file of at most [`MAX_NPY_BYTES`]
+/// (`isolane_core::files::read_file_capped`), so a device or a FIFO is refused, not read
+/// without end.
+fn read_bytes(path: &Path) -> Result<Vec<u8>, NpyError> {
+    isolane_core::files::read_file_capped(path, MAX_NPY_BYTES).map_err(|source| NpyError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Reads an f32 (or f64, converted) C-order array.
 pub fn read_npy(path: impl AsRef<Path>) -> Result<NpyTensor, NpyError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| NpyError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = read_bytes(path)?;
     parse_npy(&bytes).map_err(|what| NpyError::Format {
         path: path.to_path_buf(),
         what,
@@ -78,10 +89,7 @@ pub fn parse_npy(bytes: &[u8]) -> Result<NpyTensor, String> {
 /// numbers, of shape `[N]` or `[N, 1]`. Negative or fractional labels are errors.
 pub fn read_npy_labels(path: impl AsRef<Path>) -> Result<Vec<usize>, NpyError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| NpyError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = read_bytes(path)?;
     parse_npy_labels(&bytes).map_err(|what| NpyError::Format {
         path: path.to_path_buf(),
         what,
@@ -291,6 +299,32 @@ pub fn write_npy(path: impl AsRef<Path>, shape: &[usize], data: &[f32]) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--input x.npy` linked to /dev/zero took all of memory, and a FIFO blocked for good:
+    /// both are refused naming the file and what it is, before a byte is read.
+    #[test]
+    fn a_device_or_a_fifo_is_no_npy_file() {
+        let d = tempfile::tempdir().unwrap();
+        let zero = d.path().join("zero.npy");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let fifo = d.path().join("fifo.npy");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        for (p, what) in [(&zero, "a character device"), (&fifo, "a FIFO")] {
+            for e in [
+                read_npy(p).unwrap_err().to_string(),
+                read_npy_labels(p).unwrap_err().to_string(),
+            ] {
+                assert!(
+                    e.starts_with(&format!("cannot read {}: is {what}", p.display())),
+                    "{e}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn roundtrip_shapes() {

@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 pub const MIN_OPSET: i64 = 7;
 pub const MAX_OPSET: i64 = 21;
 
+/// The largest ONNX file read: protobuf's own limit on a message (a larger model keeps its
+/// weights in external data files, read by the range each tensor names).
+pub const MAX_ONNX_FILE_BYTES: u64 = 2 << 30;
+
 /// One dimension of a graph input as the file declares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dim {
@@ -46,10 +50,13 @@ impl OnnxModel {
         let path = path.as_ref();
         let model = {
             use prost::Message;
-            let bytes = std::fs::read(path).map_err(|source| OnnxError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            // A regular file only, and no more than it holds: a device or a FIFO is refused.
+            let bytes = isolane_core::files::read_file_capped(path, MAX_ONNX_FILE_BYTES).map_err(
+                |source| OnnxError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                },
+            )?;
             ModelProto::decode(bytes.as_slice()).map_err(|source| OnnxError::Decode {
                 path: path.to_path_buf(),
                 source,
@@ -204,4 +211,33 @@ fn input_dims(vi: &proto::ValueInfoProto) -> Result<Vec<Dim>, String> {
             _ => Ok(Dim::Dynamic(format!("dim{i}"))),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model path linked to /dev/zero took all of memory, and a FIFO blocked for good: both
+    /// are refused naming the file, before a byte is read.
+    #[test]
+    fn a_device_or_a_fifo_is_no_onnx_file() {
+        let d = tempfile::tempdir().unwrap();
+        let zero = d.path().join("m.onnx");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let fifo = d.path().join("f.onnx");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        for (p, what) in [(&zero, "a character device"), (&fifo, "a FIFO")] {
+            let e = OnnxModel::load(p).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("cannot read ONNX file {}: is {what}", p.display())),
+                "{e}"
+            );
+            let e = crate::onnx::import_file(p).unwrap_err().to_string();
+            assert!(e.contains("not a regular file"), "{e}");
+        }
+    }
 }
