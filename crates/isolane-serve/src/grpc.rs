@@ -42,7 +42,9 @@ impl GrpcFrontEnd {
 
     /// The tonic service, its message size bounded as the HTTP front end bounds a body: the
     /// largest of the models' request limits ([`wire::limits`]); a larger message is refused
-    /// from its length prefix, before it is read.
+    /// from its length prefix, before it is read. Messages tritonclient compresses
+    /// (`compression_algorithm="gzip"|"deflate"`) are decompressed by tonic to at most that
+    /// size too (RESOURCE_EXHAUSTED past it), then checked as any message is.
     pub fn into_service(
         self,
     ) -> InterceptedService<GrpcInferenceServiceServer<GrpcFrontEnd>, Stamp> {
@@ -54,7 +56,10 @@ impl GrpcFrontEnd {
             .unwrap_or(Limits::default().max_body_bytes);
         let largest = usize::try_from(largest).unwrap_or(usize::MAX);
         InterceptedService::new(
-            GrpcInferenceServiceServer::new(self).max_decoding_message_size(largest),
+            GrpcInferenceServiceServer::new(self)
+                .max_decoding_message_size(largest)
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                .accept_compressed(tonic::codec::CompressionEncoding::Deflate),
             stamp_header,
         )
     }
@@ -943,6 +948,45 @@ mod tests {
         assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
     }
 
+    /// HAN's findings over gRPC: tritonclient's `compression_algorithm` got UNIMPLEMENTED, a
+    /// batch past the model's a RESOURCE_EXHAUSTED about bytes (the code clients retry on).
+    #[test]
+    fn compressed_messages_are_read_and_a_batch_too_large_is_an_invalid_argument() {
+        use tonic::codec::CompressionEncoding;
+        let s = server();
+        with_client(&s, |c| async move {
+            let infer = |values: &[f32]| {
+                encode_infer_request(
+                    "echo",
+                    None,
+                    None,
+                    &Parameters::new(),
+                    &[rows(values)],
+                    None,
+                )
+                .unwrap()
+            };
+            for encoding in [CompressionEncoding::Gzip, CompressionEncoding::Deflate] {
+                let mut c = c.clone().send_compressed(encoding);
+                let resp = c.model_infer(infer(&[1.5, 2.5])).await;
+                let resp = resp.unwrap_or_else(|e| panic!("{encoding:?}: {e}"));
+                let back = decode_infer_response(resp.into_inner(), &Limits::default()).unwrap();
+                assert_eq!(floats(&back.outputs[0]), vec![1.5, 2.5]);
+                // 10 MB of zeros compress to about 10 KB: decompressed no further than the
+                // message limit (echo's 65792 bytes).
+                let mut bomb = infer(&[0.0]);
+                bomb.raw_input_contents[0] = vec![0u8; 10 << 20].into();
+                let e = c.model_infer(bomb).await.unwrap_err();
+                assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+            }
+            let mut c = c;
+            let e = c.model_infer(infer(&[1.0; 5])).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+            assert!(e.message().contains("1 ≤ n ≤ 4"), "{e}");
+        });
+        s.drain(Duration::from_secs(5));
+    }
+
     #[test]
     fn refusals_carry_their_codes_and_reasons() {
         let s = server();
@@ -972,14 +1016,14 @@ mod tests {
                 .unwrap_err();
             assert_eq!(e.code(), Code::NotFound);
             assert!(e.message().contains("`echo`"), "{}", e.message());
-            // More rows than the model's batch: past its request limit before any model check
-            // (HTTP answers 413).
+            // More rows than the model's batch: refused for its batch from the header, not for
+            // its bytes (RESOURCE_EXHAUSTED is the deadline refusal's code, which clients retry).
             let e = c
                 .model_infer(infer("echo", &[1.0; 5], None))
                 .await
                 .unwrap_err();
-            assert_eq!(e.code(), Code::ResourceExhausted);
-            assert!(e.message().contains("limit of 16 bytes"), "{}", e.message());
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert!(e.message().contains("1 ≤ n ≤ 4"), "{}", e.message());
             // A shape the model does not take.
             let mut wide = infer("echo", &[1.0, 2.0], None);
             wide.inputs[0].shape = vec![1, 2];

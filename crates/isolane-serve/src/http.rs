@@ -9,8 +9,9 @@ use std::future::Future;
 use std::time::Instant;
 
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Body as _;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderValue, CONTENT_ENCODING, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use isolane_metrics::http::{text_response, Limits};
 use isolane_protocol::{
@@ -188,7 +189,15 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
         return fail(refused(&server.unknown(name)));
     };
     let limits = wire::limits(&info);
+    let encoding = match content_encoding(request.headers()) {
+        Ok(e) => e,
+        Err(m) => return fail(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, m)),
+    };
     let body = match read_body(request, limits.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => return fail(protocol_error(&e)),
+    };
+    let body = match decompress(body, encoding, limits.max_body_bytes) {
         Ok(b) => b,
         Err(e) => return fail(protocol_error(&e)),
     };
@@ -256,20 +265,89 @@ async fn infer(server: &Server, name: &str, request: Request<Incoming>) -> Route
     }
 }
 
-/// Reads a body of at most `limit` bytes (413 beyond).
+/// How an inference request's body is encoded: tritonclient compresses it when asked
+/// (`request_compression_algorithm`: gzip, or zlib's format for deflate, as HTTP's `deflate`
+/// is), and Triton decodes both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Identity,
+    Gzip,
+    Deflate,
+}
+
+/// The request's `Content-Encoding`; any other is refused (a 415) naming the ones read.
+fn content_encoding(headers: &HeaderMap) -> Result<Encoding, String> {
+    let Some(value) = headers.get(CONTENT_ENCODING) else {
+        return Ok(Encoding::Identity);
+    };
+    let text = String::from_utf8_lossy(value.as_bytes());
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" | "identity" => Ok(Encoding::Identity),
+        "gzip" | "x-gzip" => Ok(Encoding::Gzip),
+        "deflate" => Ok(Encoding::Deflate),
+        _ => Err(format!(
+            "Content-Encoding `{}` is not read; an inference request's body is sent as it \
+                 is (identity), gzip or deflate",
+            text.chars().take(40).collect::<String>()
+        )),
+    }
+}
+
+/// The body as the client wrote it: decompressed to at most `limit` bytes, the same bound
+/// as a plain body, so that a small body inflating to gigabytes (a zip bomb) is a 413 that
+/// costs no more than `limit` bytes of memory and the work of reading them.
+fn decompress(body: Bytes, encoding: Encoding, limit: u64) -> Result<Bytes, ProtocolError> {
+    use std::io::Read;
+    let (name, reader): (&str, Box<dyn Read + '_>) = match encoding {
+        Encoding::Identity => return Ok(body),
+        Encoding::Gzip => (
+            "gzip",
+            Box::new(flate2::read::MultiGzDecoder::new(&body[..])),
+        ),
+        Encoding::Deflate => (
+            "deflate",
+            Box::new(flate2::read::ZlibDecoder::new(&body[..])),
+        ),
+    };
+    let mut out = Vec::new();
+    reader
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| ProtocolError::Json {
+            what: "the request body",
+            message: format!("is not {name} data, as its Content-Encoding says: {e}"),
+        })?;
+    if out.len() as u64 > limit {
+        return Err(ProtocolError::OverLimit {
+            what: format!("the request body decompressed (Content-Encoding: {name})"),
+            limit,
+        });
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Reads a body of at most `limit` bytes (413 beyond). A `Content-Length` past the limit is
+/// answered from the header at once, without waiting for a body that would be refused.
 pub(crate) async fn read_body(
     request: Request<Incoming>,
     limit: u64,
 ) -> Result<Bytes, ProtocolError> {
+    let declared = request.body().size_hint().lower();
+    if declared > limit {
+        return Err(ProtocolError::TooLarge {
+            what: "the request body (its Content-Length)".into(),
+            size: u128::from(declared),
+            limit,
+        });
+    }
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
     match Limited::new(request.into_body(), limit_usize)
         .collect()
         .await
     {
         Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ProtocolError::TooLarge {
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ProtocolError::OverLimit {
             what: "the request body".into(),
-            size: u128::from(limit) + 1,
             limit,
         }),
         Err(e) => Err(ProtocolError::Json {
@@ -452,6 +530,179 @@ mod tests {
             let _ = serving.await;
         });
         s.drain(std::time::Duration::from_secs(5));
+    }
+
+    /// Serves the test server's `echo` (spin, batch 4, so a body limit of 65792 bytes) on a
+    /// free loopback port while `client` runs against it.
+    fn with_http<F, Fut>(client: F)
+    where
+        F: FnOnce(std::net::SocketAddr) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let s = crate::tests::server(crate::tests::ONE);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let serving = tokio::spawn(super::serve_http(s.clone(), listener, async {
+                let _ = stopped.await;
+            }));
+            client(addr).await;
+            let _ = stop.send(());
+            let _ = serving.await;
+        });
+        s.drain(std::time::Duration::from_secs(5));
+    }
+
+    /// POSTs `body` with the extra header lines `headers` to echo's infer endpoint: the status
+    /// line and the body, read within 30 s (the server's own bound on a request is 60 s).
+    async fn infer(addr: std::net::SocketAddr, headers: &str, body: &[u8]) -> (String, String) {
+        infer_declared(addr, headers, body.len() as u64, body).await
+    }
+
+    async fn infer_declared(
+        addr: std::net::SocketAddr,
+        headers: &str,
+        length: u64,
+        body: &[u8],
+    ) -> (String, String) {
+        let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /v2/models/echo/infer HTTP/1.1\r\nHost: {addr}\r\n{headers}\
+             Content-Length: {length}\r\nConnection: close\r\n\r\n"
+        );
+        io.write_all(head.as_bytes()).await.unwrap();
+        io.write_all(body).await.unwrap();
+        let mut answer = Vec::new();
+        let read = io.read_to_end(&mut answer);
+        match tokio::time::timeout(std::time::Duration::from_secs(30), read).await {
+            Ok(r) => {
+                r.unwrap();
+            }
+            Err(_) => panic!("no answer within 30 s"),
+        }
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let status = answer.lines().next().unwrap_or("").to_string();
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, body.to_string())
+    }
+
+    fn two_rows(parameters: &str) -> String {
+        format!(
+            r#"{{"inputs":[{{"name":"{}","shape":[2,1],"datatype":"FP32","data":[1.5,2.5]}}]{parameters}}}"#,
+            isolane_runtime::exec::SPIN_INPUT
+        )
+    }
+
+    /// HAN's finding: `Content-Length: 50000000000` with 5 bytes sent waited for the body
+    /// (until the 60 s bound) and then named limit+1 bytes; it is a 413 at once, naming the
+    /// declared size.
+    #[test]
+    fn a_declared_length_past_the_limit_is_a_413_from_the_header_at_once() {
+        with_http(|addr| async move {
+            let (status, body) = infer_declared(addr, "", 50_000_000_000, b"{\"in").await;
+            assert!(status.starts_with("HTTP/1.1 413"), "{status} {body}");
+            assert!(
+                body.contains("50000000000 bytes") && body.contains("65792"),
+                "{body}"
+            );
+        });
+    }
+
+    /// HAN's findings: a batch past the model's was a 413 about bytes (RESOURCE_EXHAUSTED's
+    /// status, which clients retry on); a request in a sequence was taken silently.
+    #[test]
+    fn a_batch_past_the_models_and_a_sequence_are_400s_naming_why() {
+        with_http(|addr| async move {
+            let rows = (1..=5)
+                .map(|i| format!("{i}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            let five = format!(
+                r#"{{"inputs":[{{"name":"{}","shape":[5,1],"datatype":"FP32","data":[{rows}]}}]}}"#,
+                isolane_runtime::exec::SPIN_INPUT
+            );
+            let (status, body) = infer(addr, "", five.as_bytes()).await;
+            assert!(status.starts_with("HTTP/1.1 400"), "{status} {body}");
+            assert!(body.contains("1 ≤ n ≤ 4"), "{body}");
+            let in_sequence = two_rows(r#","parameters":{"sequence_id":42,"sequence_start":true}"#);
+            let (status, body) = infer(addr, "", in_sequence.as_bytes()).await;
+            assert!(status.starts_with("HTTP/1.1 400"), "{status} {body}");
+            assert!(
+                body.contains("sequence_id") && body.contains("sequence model"),
+                "{body}"
+            );
+        });
+    }
+
+    /// HAN's finding: tritonclient's `request_compression_algorithm` body was read raw (a 400
+    /// about the header length); gzip and deflate are decoded, bounded by the body limit.
+    #[test]
+    fn gzip_and_deflate_bodies_are_decoded_and_a_zip_bomb_is_a_413() {
+        use flate2::write::{GzEncoder, ZlibEncoder};
+        use flate2::Compression;
+        use std::io::Write;
+        let gzip = |b: &[u8]| {
+            let mut e = GzEncoder::new(Vec::new(), Compression::default());
+            e.write_all(b).unwrap();
+            e.finish().unwrap()
+        };
+        let zlib = |b: &[u8]| {
+            let mut e = ZlibEncoder::new(Vec::new(), Compression::default());
+            e.write_all(b).unwrap();
+            e.finish().unwrap()
+        };
+        with_http(|addr| async move {
+            let json = two_rows("");
+            for (encoding, body) in [
+                ("gzip", gzip(json.as_bytes())),
+                ("deflate", zlib(json.as_bytes())),
+            ] {
+                let (status, answer) =
+                    infer(addr, &format!("Content-Encoding: {encoding}\r\n"), &body).await;
+                assert!(
+                    status.starts_with("HTTP/1.1 200"),
+                    "{encoding}: {status} {answer}"
+                );
+                assert!(answer.contains("1.5") && answer.contains("2.5"), "{answer}");
+            }
+            // The binary extension's header length counts the decompressed JSON header.
+            let header = format!(
+                r#"{{"inputs":[{{"name":"{}","shape":[1,1],"datatype":"FP32","parameters":{{"binary_data_size":4}}}}]}}"#,
+                isolane_runtime::exec::SPIN_INPUT
+            );
+            let mut raw = header.as_bytes().to_vec();
+            raw.extend_from_slice(&7.5f32.to_le_bytes());
+            let extra = format!(
+                "Content-Encoding: gzip\r\nInference-Header-Content-Length: {}\r\n",
+                header.len()
+            );
+            let (status, answer) = infer(addr, &extra, &gzip(&raw)).await;
+            assert!(status.starts_with("HTTP/1.1 200"), "{status} {answer}");
+            assert!(answer.contains("7.5"), "{answer}");
+            // 10 MB of spaces gzip to about 10 KB: refused past the 65792-byte limit.
+            let bomb = gzip(&vec![b' '; 10 << 20]);
+            assert!(bomb.len() < 65792);
+            let (status, answer) = infer(addr, "Content-Encoding: gzip\r\n", &bomb).await;
+            assert!(status.starts_with("HTTP/1.1 413"), "{status} {answer}");
+            assert!(
+                answer.contains("decompressed") && answer.contains("65792"),
+                "{answer}"
+            );
+            let (status, answer) = infer(addr, "Content-Encoding: gzip\r\n", json.as_bytes()).await;
+            assert!(status.starts_with("HTTP/1.1 400"), "{status} {answer}");
+            assert!(answer.contains("is not gzip data"), "{answer}");
+            let (status, answer) = infer(addr, "Content-Encoding: br\r\n", json.as_bytes()).await;
+            assert!(status.starts_with("HTTP/1.1 415"), "{status} {answer}");
+            assert!(
+                answer.contains("`br`") && answer.contains("gzip or deflate"),
+                "{answer}"
+            );
+        });
     }
 
     #[test]
