@@ -125,7 +125,16 @@ pub(crate) fn engine_err(spec: &WorkloadSpec, message: impl std::fmt::Display) -
     }
 }
 
+///
+/// Runs again at every reload while serving (`isolane ctl load`), long after the scenario's
+/// files were checked: a plan or an ONNX file is read by the engine's capped reader, which
+/// refuses anything but a regular file (a model now linked to /dev/zero is a refusal naming
+/// it, not all of memory); a weights file is refused if it has become a device.
 fn load_graph(spec: &WorkloadSpec, seed: u64) -> Result<Graph, ExecError> {
+    if let Some(w) = &spec.weights {
+        isolane_core::files::refuse_device("weights", Path::new(w))
+            .map_err(|e| bad_model(spec, e))?;
+    }
     if is_saved_plan_path(&spec.model) {
         return load_saved(spec).map(|s| s.graph);
     }
@@ -975,5 +984,43 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(matches!(err, ExecError::BadModel { .. }), "{err}");
         assert!(err.to_string().contains("b.npy"), "{err}");
+    }
+
+    /// A served model is loaded again from its file at each `ctl load`: a file that has become
+    /// a link to /dev/zero, or a FIFO, is the user's error naming it (once reading it took all
+    /// of memory; a FIFO blocked the reload for good).
+    #[test]
+    fn a_model_file_that_became_a_device_or_a_fifo_is_refused_on_reload() {
+        let d = std::env::temp_dir().join(format!("isolane-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let plan = d.join("live.isoplan");
+        std::os::unix::fs::symlink("/dev/zero", &plan).unwrap();
+        let onnx = d.join("live.onnx");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&onnx)
+            .status()
+            .unwrap()
+            .success());
+        for (model, what) in [(&plan, "a character device"), (&onnx, "a FIFO")] {
+            let text = format!(
+                "[[workload]]\nname = \"m\"\nmodel = \"{}\"\nrate_hz = 5\njobs = 1\n",
+                fixture("tiny_cnn_op14.onnx").display()
+            );
+            let s = Scenario::from_toml_str(&text, d.join("s.toml"), &NoBuiltinModels).unwrap();
+            let w = WorkloadSpec {
+                model: model.display().to_string(),
+                ..s.workloads[0].clone()
+            };
+            let err = load_graph(&w, 7).unwrap_err();
+            assert!(matches!(err, ExecError::BadModel { .. }), "{err}");
+            std::fs::remove_file(model).unwrap();
+            let e = err.to_string();
+            assert!(
+                e.contains("live.") && e.contains(&format!("is {what}")),
+                "{e}"
+            );
+            assert_eq!(e.matches("workload `m`").count(), 1, "{e}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }
