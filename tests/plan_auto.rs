@@ -162,17 +162,23 @@ fn an_interference_matrix_gives_each_workload_its_stretch() {
             .arg(&m),
     );
     let s = scenario(tmp.path(), "s.toml", TWO);
-    let o = run_ok(
-        isolane()
-            .args(["plan", "--auto", "--profile-jobs", "30", "--profile-cache"])
-            .arg(tmp.path().join("cache"))
-            .arg("--stretch-from")
-            .arg(&m)
-            .arg(&s),
-    );
+    let o = isolane()
+        .args(["plan", "--auto", "--profile-jobs", "30", "--profile-cache"])
+        .arg(tmp.path().join("cache"))
+        .arg("--stretch-from")
+        .arg(&m)
+        .arg(&s)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     // The value is measured in real time on the CI machine (a loaded 2-core one once gave
-    // 1.10): what is checked is where it came from, not its digits.
+    // 1.10, a busier one 13.70, with which no plan met the deadlines: exit 2, "no plan"):
+    // what is checked is where it came from, not its digits, nor whether a plan was found.
+    assert!(
+        o.status.code() == Some(0) || (o.status.code() == Some(2) && err.contains("no plan")),
+        "{:?}\n{err}",
+        o.status
+    );
     assert!(
         err.contains("camera: stretch ") && err.contains("from the interference matrix"),
         "{err}"
