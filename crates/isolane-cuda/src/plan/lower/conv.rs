@@ -1,5 +1,6 @@
-//! The CUDA lowering of the `conv` family (its engine home: isolane-engine's `ops/conv.rs`).
-//! Conv: cuDNN or im2col + cuBLASLt (chosen when the model is built), its bias, activation and residual fused.
+//! The CUDA lowering of the `conv` family (its engine home: isolane-engine's `ops/conv.rs`). Conv:
+//! cuDNN or im2col + cuBLASLt (chosen when the model is built), its bias, activation and residual
+//! fused.
 
 use crate::plan::*;
 

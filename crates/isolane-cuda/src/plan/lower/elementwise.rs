@@ -1,5 +1,7 @@
-//! The CUDA lowering of the `elementwise` family (its engine home: isolane-engine's `ops/elementwise.rs`).
-//! Unary and Binary ops: pointwise and broadcast kernels, or folded into a neighbour (a scalar Mul into a matmul's alpha, an Add into a Linear's epilogue, a per-channel scale deferred to the Add that reads it).
+//! The CUDA lowering of the `elementwise` family (its engine home: isolane-engine's
+//! `ops/elementwise.rs`). Unary and Binary ops: pointwise and broadcast kernels, or folded into a
+//! neighbour (a scalar Mul into a matmul's alpha, an Add into a Linear's epilogue, a per-channel
+//! scale deferred to the Add that reads it).
 
 use crate::plan::*;
 

@@ -1,5 +1,6 @@
 //! The CUDA lowering of the `linear` family (its engine home: isolane-engine's `ops/linear.rs`).
-//! Linear, MatMul and the attention pattern (a MatMul that `Patterns::fuse_attention` marked): cuBLASLt, or the fused attention kernel.
+//! Linear, MatMul and the attention pattern (a MatMul that `Patterns::fuse_attention` marked):
+//! cuBLASLt, or the fused attention kernel.
 
 use crate::plan::*;
 

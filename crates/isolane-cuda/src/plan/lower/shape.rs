@@ -1,5 +1,7 @@
 //! The CUDA lowering of the `shape` family (its engine home: isolane-engine's `ops/shape.rs`).
-//! Shape ops (Flatten, Reshape, Squeeze, Unsqueeze, Identity, Transpose, Expand): most become views of their input's storage (an alias, an element offset or strides) and emit no step; the rest a strided copy.
+//! Shape ops (Flatten, Reshape, Squeeze, Unsqueeze, Identity, Transpose, Expand): most become views
+//! of their input's storage (an alias, an element offset or strides) and emit no step; the rest a
+//! strided copy.
 
 use crate::plan::*;
 
