@@ -61,3 +61,44 @@ impl Planner<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    /// The `.rs` modules of a folder, by name (`mod.rs` left out).
+    fn modules(dir: &Path) -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                let stem = name.strip_suffix(".rs")?;
+                (stem != "mod").then(|| stem.to_string())
+            })
+            .collect()
+    }
+
+    /// A family's CUDA side is found by its engine home's name: each module here is named as
+    /// one of isolane-engine's `ops/` families, and each family there has one here but those
+    /// whose ops never reach a plan (`folded`: computed at import; `volume`: 3-D ops imported
+    /// as 2-D ones).
+    #[test]
+    fn every_lowering_module_is_named_as_its_engine_family() {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let cuda = modules(&here.join("src/plan/lower"));
+        let engine = modules(&here.join("../isolane-engine/src/ops"));
+        let without_cuda_side: BTreeSet<String> =
+            ["folded", "volume"].iter().map(|s| s.to_string()).collect();
+        let stray: Vec<_> = cuda.difference(&engine).collect();
+        assert!(stray.is_empty(), "no engine family named {stray:?}");
+        let missing: Vec<_> = engine
+            .difference(&cuda)
+            .filter(|f| !without_cuda_side.contains(*f))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "engine families without a CUDA lowering: {missing:?}"
+        );
+    }
+}
