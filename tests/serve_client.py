@@ -11,6 +11,8 @@ tests/serve.rs starts the server on a scenario of three models (a real CNN, `MOD
   through system shared memory (HTTP), and with raw contents (gRPC);
 - a request whose own deadline (`deadline_ms` = 1) the 50 ms spin cannot meet refused at once:
   HTTP 429 / gRPC RESOURCE_EXHAUSTED, the message saying by how much it would be late;
+- requests tritonclient compresses (gzip and deflate) answered over both protocols, and a
+  batch past the spin's or a request in a sequence refused as invalid (400 / INVALID_ARGUMENT);
 - the drain: with requests in flight on SLOW, SIGTERM to PID; the server turns unready,
   refuses a new request (HTTP 503 / gRPC UNAVAILABLE, or the connection is refused) and still
   answers those in flight. The test then checks that the server exits 0.
@@ -156,7 +158,36 @@ def check_http(a):
         "HTTP: a deadline the spin can meet is answered (it echoes its input)",
         r.get_response(),
     )
+    for algorithm in ("gzip", "deflate"):
+        r = c.infer(a.spin, [inp], request_compression_algorithm=algorithm)
+        check(
+            same_bits(r.as_numpy("output"), one),
+            f"HTTP: a request compressed with {algorithm} is answered",
+            r.get_response(),
+        )
+    check_refusals(a, c, httpclient, "HTTP", "400")
     c.close()
+
+
+def check_refusals(a, c, client, protocol, invalid):
+    """A batch past the spin's (1) and a request in a sequence: refused as invalid, naming why."""
+    two = client.InferInput("input", [2, 1], "FP32")
+    two.set_data_from_numpy(np.array([[1.0], [2.0]], dtype=np.float32))
+    one = client.InferInput("input", [1, 1], "FP32")
+    one.set_data_from_numpy(np.array([[7.25]], dtype=np.float32))
+    for what, inputs, kwargs, says in (
+        ("a batch past the model's", [two], {}, "1 ≤ n ≤ 1"),
+        ("a request in a sequence", [one], {"sequence_id": 7}, "sequence model"),
+    ):
+        try:
+            c.infer(a.spin, inputs, **kwargs)
+            raise Failed(f"{protocol}: {what} was answered, not refused")
+        except InferenceServerException as e:
+            check(
+                e.status() == invalid and says in e.message(),
+                f"{protocol}: {what} is refused with {invalid}",
+                f"status {e.status()}: {e.message()}",
+            )
 
 
 def check_shared_memory(a, c):
@@ -262,6 +293,16 @@ def check_grpc(a):
             "gRPC: an impossible deadline is refused with RESOURCE_EXHAUSTED and the lateness",
             f"status {e.status()}: {e.message()}",
         )
+    for algorithm in ("gzip", "deflate"):
+        r = c.infer(
+            a.spin, [inp], compression_algorithm=algorithm, client_timeout=TIMEOUT_S
+        )
+        check(
+            same_bits(r.as_numpy("output"), one),
+            f"gRPC: a request compressed with {algorithm} is answered",
+            r.get_response(),
+        )
+    check_refusals(a, c, grpcclient, "gRPC", "StatusCode.INVALID_ARGUMENT")
     c.close()
 
 
