@@ -472,7 +472,7 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             strides,
             pads,
             dilations,
-            count_include_pad: _,
+            count_include_pad,
             nhwc,
         }) => {
             let [n, c, h, w] = *x_shape;
@@ -505,7 +505,24 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                                 }
                             }
                             if !*max {
-                                acc /= cnt as f32;
+                                // pool2d's divisor: with the padding counted, the window
+                                // clipped to the padded input (the bottom and right pads taken
+                                // as the top and left ones: the lowering refuses others).
+                                let div = if *count_include_pad {
+                                    let (h0, w0) = (
+                                        (oy * strides[0]) as isize - pads[0] as isize,
+                                        (ox * strides[1]) as isize - pads[1] as isize,
+                                    );
+                                    let he = (h0 + ((kernel[0] - 1) * dilations[0]) as isize + 1)
+                                        .min((h + pads[0]) as isize);
+                                    let we = (w0 + ((kernel[1] - 1) * dilations[1]) as isize + 1)
+                                        .min((w + pads[1]) as isize);
+                                    let (dh, dw) = (dilations[0] as isize, dilations[1] as isize);
+                                    (((he - h0 + dh - 1) / dh) * ((we - w0 + dw - 1) / dw)) as f32
+                                } else {
+                                    cnt as f32
+                                };
+                                acc = if div > 0.0 { acc / div } else { 0.0 };
                             }
                             m.set(*y, b * ys[0] + ch * ys[1] + oy * ys[2] + ox * ys[3], acc);
                         }
@@ -1779,6 +1796,18 @@ fn per_channel_fake_quant_of_an_nhwc_value_computes_the_graph() {
 /// (onnxruntime's; the ONNX reference evaluator's for the training-mode BatchNormalization).
 #[test]
 fn older_opsets_tile_and_3d_window_plans_compute_the_graph() {
+    // An even-sized LRN imports as an average pool whose pads differ before and after with the
+    // padding counted, which pool2d cannot divide right at the far edge: refused, not wrong.
+    let even = isolane_engine::onnx::import_file(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../isolane-engine/tests/fixtures/onnx/lrn_even_size_defaults_op13.onnx"
+    ))
+    .unwrap();
+    let opt = passes::optimize(&even, 2).unwrap();
+    let err = plan::plan(&opt, 2, Precision::Fp32)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("asymmetric pads"), "{err}");
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../isolane-engine/tests/fixtures/onnx/"
@@ -1800,6 +1829,9 @@ fn older_opsets_tile_and_3d_window_plans_compute_the_graph() {
         "maxpool3d_ceil_op12",
         "avgpool3d_exclude_pad_ceil_op11",
         "global_avgpool_5d_op13",
+        "lrn_op7",
+        "prelu_channel_op7",
+        "prelu_scalar_last_axis_op16",
     ] {
         let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
         let x = isolane_engine::io::read_npy(format!("{dir}{name}.input.npy")).unwrap();

@@ -9,6 +9,24 @@ impl Planner<'_> {
         let p = self;
         let (n, name, in_shapes, outs, out_shape, x0) =
             (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
+        // pool2d clips an average's window to the padded input with the top and left pads
+        // standing for the bottom and right ones: with the padding counted and other bottom or
+        // right pads, its divisor at those edges would be wrong, silently (an even-sized LRN
+        // imports as such a pool).
+        if matches!(n.op, Op::AveragePool(_))
+            && pa.count_include_pad
+            && (pa.pads[2] != pa.pads[0] || pa.pads[3] != pa.pads[1])
+        {
+            return Err(unsupported(
+                name,
+                format!(
+                    "AveragePool with count_include_pad = 1 and asymmetric pads {:?} (top, left, \
+                     bottom, right): the cuda pool takes the bottom and right pads as the top \
+                     and left ones; run this model on the cpu backend",
+                    pa.pads
+                ),
+            ));
+        }
         let xl = p.raw(x0, name)?;
         let keep = p.nhwc[x0];
         let y = p.output(outs[0], keep);
