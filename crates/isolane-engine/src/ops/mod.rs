@@ -8,7 +8,8 @@
 //! value ([`OnnxOps::standard`]), not from a process-wide registry. Adding an op is: one
 //! [`Op`] variant, its family's rule and kernel set-up, one arm in each match here, one row
 //! in its family's ONNX table, and its encoding in saved plans (`crate::saved`). The CUDA
-//! lowering (isolane-cuda's `plan.rs`) is still one match of its own; see docs/engine.md.
+//! lowering has a module per family too (isolane-cuda's `plan/lower/<family>.rs`, dispatched
+//! by `Planner::lower_node`); see docs/engine.md.
 
 use std::collections::HashMap;
 
