@@ -166,7 +166,7 @@ impl ParamStore {
             Weights::Zeros => Source::Zeros,
             Weights::Safetensors(p) => {
                 let file = p.display().to_string();
-                let bytes = std::fs::read(p).map_err(|e| EngineError::Weights {
+                let bytes = read_weights_file(p).map_err(|e| EngineError::Weights {
                     file: file.clone(),
                     msg: format!("cannot read: {e}"),
                 })?;
@@ -322,10 +322,20 @@ pub fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
+/// The largest safetensors file read (64 GiB: more than any model isolane serves): the file is
+/// read whole, so a device or a FIFO given as weights must be refused, not read until memory
+/// runs out.
+const MAX_WEIGHTS_FILE_BYTES: u64 = 64 << 30;
+
+/// A safetensors file's bytes: a regular file only, within the cap.
+fn read_weights_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    isolane_core::files::read_file_capped(path, MAX_WEIGHTS_FILE_BYTES)
+}
+
 /// Reads every tensor of a safetensors file as f32 (tools and tests).
 pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
     let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| EngineError::Weights {
+    let bytes = read_weights_file(path).map_err(|e| EngineError::Weights {
         file: file.clone(),
         msg: format!("cannot read: {e}"),
     })?;

@@ -129,6 +129,28 @@ fn corrupt_or_missing_files_are_errors() {
         e.contains("nope.safetensors") && e.contains("cannot read"),
         "{e}"
     );
+    // A FIFO (or a device) given as weights is refused by what it is, not read until memory
+    // runs out or blocked on until a writer comes.
+    let fifo = dir.path().join("pipe.safetensors");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success());
+    if made {
+        let e = ParamStore::new(&Weights::Safetensors(fifo.clone()))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("pipe.safetensors") && e.contains("FIFO"), "{e}");
+    }
+    let e = isolane_engine::weights::read_safetensors(Path::new("/dev/zero"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("/dev/zero") && e.contains("not a regular file"),
+        "{e}"
+    );
 }
 
 fn half_bits(v: f32) -> u16 {
