@@ -1129,3 +1129,37 @@ fn a_shared_memory_region_shrunk_by_its_client_is_an_error_not_a_crash() {
     let (code, _) = http(&server.http, "GET", "/v2/health/live", "");
     assert_eq!(code, 200);
 }
+
+/// A model file that went bad while its model was unloaded: the load is the user's mistake
+/// (400, the workload named once, the model file and why), not the server's (it was a 500 with
+/// "workload `m`: workload `m`: ..."), and the same load works once the file is whole again.
+#[test]
+fn a_load_of_a_model_file_gone_bad_is_the_users_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.onnx");
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crates/isolane-engine/tests/fixtures/onnx/conv_basic_op13.onnx"
+    );
+    std::fs::copy(fixture, &model).unwrap();
+    let file = scenario(
+        dir.path(),
+        "m.toml",
+        &format!(
+            "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"m\"\nmodel = \"{}\"\n\
+             batch = 1\nrate_hz = 10\nduration_s = 1\ndeadline_ms = 60000\n",
+            model.display()
+        ),
+    );
+    let server = ServeProcess::start(dir.path(), &file);
+    let (code, body) = http(&server.http, "POST", "/v2/repository/models/m/unload", "");
+    assert_eq!(code, 200, "{body}");
+    std::fs::write(&model, b"not an onnx file").unwrap();
+    let (code, body) = http(&server.http, "POST", "/v2/repository/models/m/load", "");
+    assert_eq!(code, 400, "{body}\n{}", server.log());
+    assert!(body.contains("m.onnx"), "{body}");
+    assert_eq!(body.matches("workload `m`").count(), 1, "{body}");
+    std::fs::copy(fixture, &model).unwrap();
+    let (code, body) = http(&server.http, "POST", "/v2/repository/models/m/load", "");
+    assert_eq!(code, 200, "{body}\n{}", server.log());
+}

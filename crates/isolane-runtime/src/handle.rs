@@ -133,6 +133,9 @@ pub trait AdmitChange: Send + Sync {
 pub struct InstanceError {
     pub workload: String,
     pub message: String,
+    /// The change's caller can fix it (a model file that is bad or missing now, a model
+    /// loaded already): a server answers 4xx, a CLI exits 2.
+    pub user: bool,
 }
 
 /// One workload of the session: its front, its running instance, the spec it was built from.
@@ -358,6 +361,7 @@ impl<D: Driver> Coordinator<D> {
             return Err(InstanceError {
                 workload: spec.name,
                 message: "it is loaded already; resize it instead".into(),
+                user: true,
             });
         }
         self.replace(i, spec, place, partition, requested)
@@ -423,12 +427,14 @@ impl<D: Driver> Coordinator<D> {
         partition: Option<Partition>,
         existing: Option<(Arc<D::Front>, i64)>,
     ) -> Result<Spawned<D::Front, D::Took>, InstanceError> {
-        type Ready<F, T> = Result<(Arc<F>, Option<T>), String>;
+        // An error is its words and whether it is the caller's to fix.
+        type Ready<F, T> = Result<(Arc<F>, Option<T>), (String, bool)>;
         let (ready_tx, ready_rx) = mpsc::channel::<Ready<D::Front, D::Took>>();
         let name = spec.name.clone();
-        let failed = |message: String| InstanceError {
+        let failed = |message: String, user: bool| InstanceError {
             workload: name.clone(),
             message,
+            user,
         };
         let driver = Arc::clone(&self.driver);
         let instances = Arc::clone(&self.instances);
@@ -453,7 +459,8 @@ impl<D: Driver> Coordinator<D> {
                 let prepared = match instances.prepare(index, &spec, index, partition, how) {
                     Ok(p) => p,
                     Err(e) => {
-                        let _ = ready_tx.send(Err(driver.prepare_failed(e)));
+                        let user = matches!(e, PrepareError::Build(ExecError::BadModel { .. }));
+                        let _ = ready_tx.send(Err((driver.prepare_failed(e), user)));
                         return;
                     }
                 };
@@ -465,16 +472,19 @@ impl<D: Driver> Coordinator<D> {
                 }
                 driver.drive(&front, instance, prepared, instances.stop());
             })
-            .map_err(|e| failed(format!("cannot start its thread: {e}")))?;
+            .map_err(|e| failed(format!("cannot start its thread: {e}"), false))?;
         match ready_rx.recv() {
             Ok(Ok((front, took))) => Ok((front, thread, took)),
-            Ok(Err(message)) => {
+            Ok(Err((message, user))) => {
                 let _ = thread.join();
-                Err(failed(message))
+                Err(failed(message, user))
             }
             Err(_) => {
                 let _ = thread.join();
-                Err(failed("its thread ended while the model was built".into()))
+                Err(failed(
+                    "its thread ended while the model was built".into(),
+                    false,
+                ))
             }
         }
     }

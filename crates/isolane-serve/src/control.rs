@@ -453,7 +453,7 @@ impl Server {
         };
         let took = made.map_err(|e| {
             ControlError::new(
-                500,
+                if e.user { 400 } else { 500 },
                 format!(
                     "{}; the model's instance before the change still serves",
                     crate::model_error(e)

@@ -640,6 +640,14 @@ impl Driver for InstanceContext {
         match e {
             PrepareError::WarmUp(e) => format!("warm-up: {e}"),
             PrepareError::Guard(e) => format!("the guard: {e}"),
+            // The instance error names the workload already: the model and why, once.
+            PrepareError::Build(isolane_runtime::exec::ExecError::BadModel {
+                model,
+                reason,
+                ..
+            }) => {
+                format!("model `{model}`: {reason}")
+            }
             e => e.to_string(),
         }
     }
