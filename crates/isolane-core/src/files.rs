@@ -85,6 +85,19 @@ pub fn read_text_capped(path: &Path, cap: u64) -> std::io::Result<String> {
     })
 }
 
+/// What every reader of whole files is tested on (`test-support`): in `dir`, `zero{ext}`, a
+/// link to /dev/zero, and `fifo{ext}`, a FIFO (made by `mkfifo`), each with the words
+/// [`read_file_capped`]'s refusal uses for it.
+#[cfg(feature = "test-support")]
+pub fn a_device_and_a_fifo(dir: &Path, ext: &str) -> [(PathBuf, &'static str); 2] {
+    let zero = dir.join(format!("zero{ext}"));
+    std::os::unix::fs::symlink("/dev/zero", &zero).expect("a link to /dev/zero");
+    let fifo = dir.join(format!("fifo{ext}"));
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
+    [(zero, "a character device"), (fifo, "a FIFO")]
+}
+
 /// The bytes of the regular file `path` (or of the regular file a link names), read whole with
 /// one open, and at most `cap` bytes of them: the one way isolane reads a binary file whole (a
 /// model, a saved plan, a tensor, an image). Anything but a regular file (a device such as

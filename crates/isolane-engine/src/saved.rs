@@ -1276,15 +1276,8 @@ mod tests {
     #[test]
     fn a_device_or_a_fifo_is_no_saved_plan() {
         let dir = tempfile::tempdir().unwrap();
-        let zero = dir.path().join("live.isoplan");
-        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
-        let fifo = dir.path().join("fifo.isoplan");
-        assert!(std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success());
-        for (p, what) in [(&zero, "a character device"), (&fifo, "a FIFO")] {
+        let cases = isolane_core::files::a_device_and_a_fifo(dir.path(), ".isoplan");
+        for (p, what) in &cases {
             let e = SavedPlan::load(p).unwrap_err().to_string();
             assert!(
                 e.starts_with(&format!("saved plan `{}`: is {what}", p.display())),

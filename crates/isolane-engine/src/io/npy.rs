@@ -305,15 +305,8 @@ mod tests {
     #[test]
     fn a_device_or_a_fifo_is_no_npy_file() {
         let d = tempfile::tempdir().unwrap();
-        let zero = d.path().join("zero.npy");
-        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
-        let fifo = d.path().join("fifo.npy");
-        assert!(std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success());
-        for (p, what) in [(&zero, "a character device"), (&fifo, "a FIFO")] {
+        let cases = isolane_core::files::a_device_and_a_fifo(d.path(), ".npy");
+        for (p, what) in &cases {
             for e in [
                 read_npy(p).unwrap_err().to_string(),
                 read_npy_labels(p).unwrap_err().to_string(),

@@ -222,15 +222,8 @@ mod tests {
     #[test]
     fn a_device_or_a_fifo_is_no_onnx_file() {
         let d = tempfile::tempdir().unwrap();
-        let zero = d.path().join("m.onnx");
-        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
-        let fifo = d.path().join("f.onnx");
-        assert!(std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success());
-        for (p, what) in [(&zero, "a character device"), (&fifo, "a FIFO")] {
+        let cases = isolane_core::files::a_device_and_a_fifo(d.path(), ".onnx");
+        for (p, what) in &cases {
             let e = OnnxModel::load(p).unwrap_err().to_string();
             assert!(
                 e.starts_with(&format!("cannot read ONNX file {}: is {what}", p.display())),
