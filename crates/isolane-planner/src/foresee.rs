@@ -185,6 +185,75 @@ impl LiveForesight {
     }
 }
 
+/// The recorded H200 trio (results/h200-protection/final/compare, green-load75: vit_b_16 and
+/// resnet18 critical, vit_l_32 best effort; `admission = "refuse"`) with the admission that a
+/// server of it would ask: each model's p99 alone in its partition as profiles in a cache under
+/// `cache_dir`, each model's traffic from h200-models.csv. What the tests of live admission, here
+/// and in isolane-serve, predict from (`test-support`).
+#[cfg(any(test, feature = "test-support"))]
+pub fn recorded_h200_trio(cache_dir: &std::path::Path) -> (Scenario, LiveForesight) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../results/h200-protection/final/compare/green-load75-none/r0/scenario-in.toml"
+    );
+    let text = std::fs::read_to_string(path).unwrap().replacen(
+        "[protection]\n",
+        "[protection]\nadmission = \"refuse\"\n",
+        1,
+    );
+    let models = ["vit_b_16", "resnet18", "vit_l_32"];
+    let s = Scenario::from_toml_str(&text, std::path::Path::new(path), &models)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let cache = ProfileCache::new(cache_dir);
+    let record = DeviceRecord {
+        gpu: "NVIDIA H200".into(),
+        driver: "580.159.04".into(),
+        device_model: "h200".into(),
+    };
+    // The trio's p99s alone in 48, 32 and 48 SMs (its runs' alone cells).
+    for (w, p99) in s.workloads.iter().zip([0.99946, 0.345151, 1.076108]) {
+        let key = ProfileKey {
+            gpu: record.gpu.clone(),
+            driver: record.driver.clone(),
+            model: w.model.clone(),
+            batch: 1,
+            precision: "fp16".into(),
+            mechanism: "green".into(),
+            partition: w.partition.sms.unwrap().to_string(),
+        };
+        let t = crate::cache::Times {
+            exec_p50_ms: p99,
+            exec_p99_ms: p99,
+            exec_mean_ms: p99,
+            exec_p999_ms: Some(p99),
+            engine_revision: Some(4),
+        };
+        cache.put(&key, &record, &t).unwrap();
+    }
+    let h200 = isolane_core::device_model::device_model("h200").unwrap();
+    let live = LiveForesight::new(&s, h200, cache, record, Some(4), &recorded_h200_traffic)
+        .expect("a fitted model of the H200's green partitions");
+    (s, live)
+}
+
+/// A model's traffic per job at batch 1 as the engine computes it for the H200
+/// (h200-models.csv), for [`recorded_h200_trio`]'s admission (`test-support`).
+#[cfg(any(test, feature = "test-support"))]
+pub fn recorded_h200_traffic(w: &WorkloadSpec, _l2: u64) -> Option<MemoryProfile> {
+    let csv = include_str!("../../isolane-core/src/predict/h200-models.csv");
+    let row: Vec<&str> = csv
+        .lines()
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .find(|r| r[0] == w.model && r[2] == "1")?;
+    Some(MemoryProfile {
+        dram_bytes_per_job: row[7].parse().ok()?,
+        l2_footprint_bytes: row[8].parse().ok()?,
+        resident: row[9] == "true",
+        flops_per_job: row[6].parse::<f64>().ok()? * 1e9,
+        source: isolane_core::predict::ProfileSource::Computed,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,69 +309,8 @@ mod tests {
     /// cache has no profile of is not predicted, and the workload is named as unknown.
     #[test]
     fn a_live_load_is_refused_from_the_caches_profiles_and_the_models_traffic() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../results/h200-protection/final/compare/green-load75-none/r0/scenario-in.toml"
-        );
-        let text = std::fs::read_to_string(path).unwrap().replacen(
-            "[protection]\n",
-            "[protection]\nadmission = \"refuse\"\n",
-            1,
-        );
-        let s = Scenario::from_toml_str(
-            &text,
-            std::path::Path::new(path),
-            &["vit_b_16", "resnet18", "vit_l_32"],
-        )
-        .unwrap();
         let tmp = tempfile::tempdir().unwrap();
-        let cache = ProfileCache::new(tmp.path());
-        let record = DeviceRecord {
-            gpu: "NVIDIA H200".into(),
-            driver: "580.159.04".into(),
-            device_model: "h200".into(),
-        };
-        // The trio's p99s alone in 48, 32 and 48 SMs (its runs' alone cells).
-        for (w, p99) in s.workloads.iter().zip([0.99946, 0.345151, 1.076108]) {
-            let key = ProfileKey {
-                gpu: record.gpu.clone(),
-                driver: record.driver.clone(),
-                model: w.model.clone(),
-                batch: 1,
-                precision: "fp16".into(),
-                mechanism: "green".into(),
-                partition: w.partition.sms.unwrap().to_string(),
-            };
-            let t = crate::cache::Times {
-                exec_p50_ms: p99,
-                exec_p99_ms: p99,
-                exec_mean_ms: p99,
-                exec_p999_ms: Some(p99),
-                engine_revision: Some(4),
-            };
-            cache.put(&key, &record, &t).unwrap();
-        }
-        let csv = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../isolane-core/src/predict/h200-models.csv"
-        ))
-        .unwrap();
-        let memory = |w: &WorkloadSpec, _l2: u64| {
-            let row: Vec<&str> = csv
-                .lines()
-                .map(|l| l.split(',').collect::<Vec<_>>())
-                .find(|r| r[0] == w.model && r[2] == "1")?
-                .clone();
-            Some(MemoryProfile {
-                dram_bytes_per_job: row[7].parse().ok()?,
-                l2_footprint_bytes: row[8].parse().ok()?,
-                resident: row[9] == "true",
-                flops_per_job: row[6].parse::<f64>().ok()? * 1e9,
-                source: isolane_core::predict::ProfileSource::Computed,
-            })
-        };
-        let h200 = isolane_core::device_model::device_model("h200").unwrap();
-        let live = LiveForesight::new(&s, h200.clone(), cache, record, Some(4), &memory).unwrap();
+        let (s, live) = recorded_h200_trio(tmp.path());
         let (victims, trio) = (&s.workloads[..2], &s.workloads[..]);
         let f = live.foresee(victims, trio);
         let Foresight::Refuse(m) = &f else {
@@ -333,15 +341,13 @@ mod tests {
         assert_eq!(live.unknown(&small), ["be_vit_l_32"]);
         // Profiles of another engine revision are not this engine's times.
         let (c2, r2) = (ProfileCache::new(tmp.path()), live.record.clone());
-        let other = LiveForesight::new(&s, h200.clone(), c2, r2, Some(5), &memory).unwrap();
+        let h200 = isolane_core::device_model::device_model("h200").unwrap();
+        let memory = recorded_h200_traffic;
+        let other = LiveForesight::new(&s, h200, c2, r2, Some(5), &memory).unwrap();
         assert_eq!(other.foresee(victims, trio), Foresight::Clear);
         // Nothing to predict with admission off, or on a GPU without a fitted model.
-        let off = Scenario::from_toml_str(
-            &text.replace("admission = \"refuse\"", "admission = \"off\""),
-            std::path::Path::new(path),
-            &["vit_b_16", "resnet18", "vit_l_32"],
-        )
-        .unwrap();
+        let mut off = s.clone();
+        off.protection.admission = AdmissionMode::Off;
         let none = |s: &Scenario, model: &str| {
             let d = isolane_core::device_model::device_model(model).unwrap();
             let c = ProfileCache::new(tmp.path());

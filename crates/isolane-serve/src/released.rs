@@ -502,75 +502,8 @@ jobs = 10",
 
     impl OnTheH200 {
         fn new() -> OnTheH200 {
-            use isolane_planner::cache::{DeviceRecord, ProfileCache, ProfileKey, Times};
-            let path = concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../results/h200-protection/final/compare/green-load75-none/r0/\
-                 scenario-in.toml"
-            );
-            let text = std::fs::read_to_string(path).unwrap().replacen(
-                "[protection]\n",
-                "[protection]\nadmission = \"refuse\"\n",
-                1,
-            );
-            let models = ["vit_b_16", "resnet18", "vit_l_32"];
-            let h200 = Scenario::from_toml_str(&text, std::path::Path::new(path), &models)
-                .unwrap_or_else(|e| panic!("{e}"));
             let dir = tempfile::tempdir().unwrap();
-            let cache = ProfileCache::new(dir.path());
-            let record = DeviceRecord {
-                gpu: "NVIDIA H200".into(),
-                driver: "580.159.04".into(),
-                device_model: "h200".into(),
-            };
-            // The trio's p99s alone in 48, 32 and 48 SMs (its runs' alone cells).
-            for (w, p99) in h200.workloads.iter().zip([0.99946, 0.345151, 1.076108]) {
-                let key = ProfileKey {
-                    gpu: record.gpu.clone(),
-                    driver: record.driver.clone(),
-                    model: w.model.clone(),
-                    batch: 1,
-                    precision: "fp16".into(),
-                    mechanism: "green".into(),
-                    partition: w.partition.sms.unwrap().to_string(),
-                };
-                let t = Times {
-                    exec_p50_ms: p99,
-                    exec_p99_ms: p99,
-                    exec_mean_ms: p99,
-                    exec_p999_ms: Some(p99),
-                    engine_revision: Some(4),
-                };
-                cache.put(&key, &record, &t).unwrap();
-            }
-            let csv = std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../isolane-core/src/predict/h200-models.csv"
-            ))
-            .unwrap();
-            let memory = |w: &WorkloadSpec, _l2: u64| {
-                let row: Vec<&str> = csv
-                    .lines()
-                    .map(|l| l.split(',').collect::<Vec<_>>())
-                    .find(|r| r[0] == w.model && r[2] == "1")?;
-                Some(isolane_core::predict::MemoryProfile {
-                    dram_bytes_per_job: row[7].parse().ok()?,
-                    l2_footprint_bytes: row[8].parse().ok()?,
-                    resident: row[9] == "true",
-                    flops_per_job: row[6].parse::<f64>().ok()? * 1e9,
-                    source: isolane_core::predict::ProfileSource::Computed,
-                })
-            };
-            let device = isolane_core::device_model::device_model("h200").unwrap();
-            let live = isolane_planner::foresee::LiveForesight::new(
-                &h200,
-                device.clone(),
-                cache,
-                record,
-                Some(4),
-                &memory,
-            )
-            .expect("a fitted model of the H200's green partitions");
+            let (h200, live) = isolane_planner::foresee::recorded_h200_trio(dir.path());
             OnTheH200 {
                 live,
                 h200,
