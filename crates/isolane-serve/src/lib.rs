@@ -161,6 +161,9 @@ struct InstanceContext {
     processes: Option<ProcessHosts>,
     /// [`ServeOptions::programs_dir`].
     programs_dir: Option<std::path::PathBuf>,
+    /// The shared memory ranges page-locked for the GPU: the server's regions record them,
+    /// the models' threads read inputs from them in place.
+    pinned: Arc<shm::PinnedRanges>,
 }
 
 /// The serving session's handle (cheap to clone; every front end holds one).
@@ -234,6 +237,7 @@ impl Server {
             metrics: Arc::clone(&metrics),
             processes,
             programs_dir: options.programs_dir.clone(),
+            pinned: Arc::default(),
         };
         // The released workloads' hosts build in the same turn as the served models.
         let releasing = released::Released::start(&context, plan, released)?;
@@ -293,7 +297,10 @@ impl Server {
                 stop,
                 protection: plan.protection.enabled,
                 started: Instant::now(),
-                regions: shm::SharedRegions::pinned_on(pin_gpu(plan, released)),
+                regions: shm::SharedRegions::pinned_on(
+                    pin_gpu(plan, released),
+                    Arc::clone(&context.pinned),
+                ),
                 drained: Mutex::new(None),
                 released: releasing.map(Arc::new),
                 released_runs: Mutex::new(Vec::new()),
@@ -732,6 +739,7 @@ impl Driver for InstanceContext {
             stats,
             records,
             self.poll_ns,
+            Arc::clone(&self.pinned),
         ));
         (model, 0, None)
     }

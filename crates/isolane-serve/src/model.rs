@@ -195,6 +195,9 @@ pub(crate) struct ServedModel {
     /// ([`IdleGaps`]; 0: none seen yet), which the thread's poll follows where the front ends
     /// poll for answers.
     idle_gap_ns: AtomicI64,
+    /// The server's shared memory ranges page-locked for the GPU, whose inputs a slot's launch
+    /// reads in place ([`fill_inputs`]).
+    pinned: Arc<crate::shm::PinnedRanges>,
 }
 
 impl ServedModel {
@@ -204,6 +207,7 @@ impl ServedModel {
         stats: Arc<ModelStats>,
         records: Option<(BatchSender, i64)>,
         poll_ns: i64,
+        pinned: Arc<crate::shm::PinnedRanges>,
     ) -> ServedModel {
         let service = info.warm_service.as_nanos().min(i64::MAX as u128) as i64;
         if let Some(p) = &publisher {
@@ -226,6 +230,7 @@ impl ServedModel {
             idle_gap_ns: AtomicI64::new(0),
             instances: AtomicU64::new(1),
             started: clock::now_ns(),
+            pinned,
         }
     }
 
@@ -534,7 +539,7 @@ impl ServedModel {
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let rows: usize = batch.iter().map(|r| r.inputs.rows).sum();
             let copy_in = clock::now_ns();
-            fill_inputs(exec, None, &batch);
+            fill_inputs(exec, None, &batch, &self.pinned);
             let input_ns = clock::now_ns() - copy_in;
             let ran = match &self.publisher {
                 Some(p) => run_critical(exec, p, seq),
@@ -849,7 +854,7 @@ impl ServedModel {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let rows: usize = batch.iter().map(|r| r.inputs.rows).sum();
         let taken = clock::now_ns();
-        let missing = fill_inputs(exec, Some(slot), &batch);
+        let missing = fill_inputs(exec, Some(slot), &batch, &self.pinned);
         let staged = match missing {
             Some(i) => Err(isolane_runtime::ExecError::Job(format!(
                 "input slot {slot} gave no buffer for input {i} (busy or out of range)"
@@ -1134,15 +1139,20 @@ fn run_critical(
 /// buffer.
 ///
 /// A job of one request whose input lies in shared memory page-locked for the GPU
-/// ([`crate::shm::is_pinned`]) and fills the whole input is not copied: the slot's launch reads
-/// it from the region itself ([`Executor::slot_input_from`]).
-fn fill_inputs(exec: &mut dyn Executor, slot: Option<usize>, batch: &[Queued]) -> Option<usize> {
+/// (`pinned`, [`crate::shm::PinnedRanges::holds`]) and fills the whole input is not copied: the
+/// slot's launch reads it from the region itself ([`Executor::slot_input_from`]).
+fn fill_inputs(
+    exec: &mut dyn Executor,
+    slot: Option<usize>,
+    batch: &[Queued],
+    pinned: &crate::shm::PinnedRanges,
+) -> Option<usize> {
     let n = batch.first().map_or(0, |r| r.inputs.tensors.len());
     let mut missing = None;
     for i in 0..n {
         if let (Some(s), [only]) = (slot, batch) {
             let data = only.inputs.tensors[i].data();
-            if crate::shm::is_pinned(data) {
+            if pinned.holds(data) {
                 // SAFETY: `data` is a view of a region's mapping, which the tensor holds (with
                 // its lock) until the job ends: the job keeps its requests until `complete`,
                 // which runs after the slot's job is seen done, or after its failed launch and
@@ -1679,7 +1689,7 @@ mod slot_tests {
             ("cpu", "cpu", "best_effort"),
             None,
         );
-        Arc::new(ServedModel::new(info, None, stats, None, 0))
+        Arc::new(ServedModel::new(info, None, stats, None, 0, Arc::default()))
     }
 
     fn request(v: f32) -> InferRequest {
@@ -1855,7 +1865,7 @@ mod slot_tests {
                 _lock: (i % 2 == 0).then(|| Arc::clone(&lock)),
             });
             if i % 2 == 0 {
-                crate::shm::pretend_pinned(&data, &lock);
+                m.pinned.pretend(&data, &lock);
                 in_place
                     .held
                     .lock()

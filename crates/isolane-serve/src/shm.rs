@@ -8,9 +8,10 @@
 //! it is queued stays mapped until that request is done with it.
 //!
 //! On a server of cuda models (in this process) a region that starts on a page is also
-//! page-locked (to its last page's end) for the GPU when it is registered ([`SharedRegions::pinned_on`], `cuMemHostRegister`): a
+//! page-locked (to its last page's end) for the GPU when it is registered ([`SharedRegions::pinned_on`],
+//! `cuMemHostRegister`): a
 //! request whose input fills a model's whole input is then copied to the device straight from
-//! the region, not through the model's input slot ([`is_pinned`]). Where locking fails (no GPU,
+//! the region, not through the model's input slot ([`PinnedRanges::holds`]). Where locking fails (no GPU,
 //! an offset that is not a page's start, the driver's refusal) the region is served as before,
 //! through the copy. The lock is undone when the mapping goes: the region unregistered (or the
 //! server stopped) and the last request reading it done.
@@ -92,44 +93,52 @@ impl Mapped {
 }
 
 /// The address ranges page-locked for the GPU, each with what keeps it so (a region's
-/// [`Mapped`]). Process-wide, because the model's thread that launches a copy knows a request's
-/// input only by its bytes, not by the server or region it came from; an address belongs to
-/// one mapping at a time, and a range counts only while what locks it lives.
-type PinnedRanges = Vec<(usize, usize, Weak<dyn Any + Send + Sync>)>;
-
-static PINNED: Mutex<PinnedRanges> = Mutex::new(Vec::new());
-
-fn pinned_ranges() -> std::sync::MutexGuard<'static, PinnedRanges> {
-    PINNED.lock().unwrap_or_else(|p| p.into_inner())
+/// [`Mapped`]): the server's, held by its [`SharedRegions`] and by each served model, whose
+/// thread launches a copy knowing a request's input only by its bytes, not by the region it
+/// came from. An address belongs to one mapping at a time, and a range counts only while what
+/// locks it lives.
+#[derive(Default)]
+pub struct PinnedRanges {
+    ranges: Mutex<Vec<Locked>>,
 }
 
-/// Records `len` bytes at `start` as page-locked for as long as `keep` lives.
-fn add_pinned(start: usize, len: usize, keep: Weak<dyn Any + Send + Sync>) {
-    let mut ranges = pinned_ranges();
-    ranges.retain(|(_, _, k)| k.strong_count() > 0);
-    ranges.push((start, start + len, keep));
-}
+/// A locked range's start and end, and what keeps it locked.
+type Locked = (usize, usize, Weak<dyn Any + Send + Sync>);
 
-/// Whether `data` lies within memory page-locked for the GPU (a registered region's pages),
-/// so that a device copy may read it in place. The caller holds what `data` is a view of,
-/// which keeps the lock.
-pub(crate) fn is_pinned(data: &[u8]) -> bool {
-    pinned_at(data.as_ptr() as usize, data.len())
-}
+impl PinnedRanges {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Locked>> {
+        self.ranges.lock().unwrap_or_else(|p| p.into_inner())
+    }
 
-fn pinned_at(start: usize, len: usize) -> bool {
-    let end = start.saturating_add(len);
-    len > 0
-        && pinned_ranges()
-            .iter()
-            .any(|(s, e, keep)| *s <= start && end <= *e && keep.strong_count() > 0)
-}
+    /// Records `len` bytes at `start` as page-locked for as long as `keep` lives.
+    fn add(&self, start: usize, len: usize, keep: Weak<dyn Any + Send + Sync>) {
+        let mut ranges = self.lock();
+        ranges.retain(|(_, _, k)| k.strong_count() > 0);
+        ranges.push((start, start + len, keep));
+    }
 
-/// Marks `data` as page-locked while `keep` lives, without a GPU: for tests of the direct
-/// copy's hand-off on the CPU.
-#[cfg(test)]
-pub(crate) fn pretend_pinned(data: &[u8], keep: &Arc<dyn Any + Send + Sync>) {
-    add_pinned(data.as_ptr() as usize, data.len(), Arc::downgrade(keep));
+    /// Whether `data` lies within memory page-locked for the GPU (a registered region's
+    /// pages), so that a device copy may read it in place. The caller holds what `data` is a
+    /// view of, which keeps the lock.
+    pub(crate) fn holds(&self, data: &[u8]) -> bool {
+        self.holds_at(data.as_ptr() as usize, data.len())
+    }
+
+    fn holds_at(&self, start: usize, len: usize) -> bool {
+        let end = start.saturating_add(len);
+        len > 0
+            && self
+                .lock()
+                .iter()
+                .any(|(s, e, keep)| *s <= start && end <= *e && keep.strong_count() > 0)
+    }
+
+    /// Marks `data` as page-locked while `keep` lives, without a GPU: for tests of the direct
+    /// copy's hand-off on the CPU.
+    #[cfg(test)]
+    pub(crate) fn pretend(&self, data: &[u8], keep: &Arc<dyn Any + Send + Sync>) {
+        self.add(data.as_ptr() as usize, data.len(), Arc::downgrade(keep));
+    }
 }
 
 /// `len` bytes at `start` of a region's mapping, as the bytes of an input tensor; holds the
@@ -155,6 +164,8 @@ impl AsRef<[u8]> for View {
 #[derive(Default)]
 pub struct SharedRegions {
     regions: Mutex<BTreeMap<String, Region>>,
+    /// The locked regions' address ranges, shared with the served models' threads.
+    pinned: Arc<PinnedRanges>,
     /// The GPU whose primary context page-locks regions (`None`: none is locked).
     pin_on: Option<u32>,
     /// Whether a region was page-locked, and whether one could not be, said on stderr (once
@@ -172,13 +183,20 @@ fn refused(reason: String) -> ProtocolError {
 
 impl SharedRegions {
     /// Regions page-locked for GPU `gpu` when they are registered, where they can be (`None`:
-    /// never, as on a server without cuda models in its own process).
-    pub fn pinned_on(gpu: Option<u32>) -> SharedRegions {
+    /// never, as on a server without cuda models in its own process), their ranges recorded in
+    /// `pinned`, which the served models read.
+    pub fn pinned_on(gpu: Option<u32>, pinned: Arc<PinnedRanges>) -> SharedRegions {
         SharedRegions {
             regions: Mutex::default(),
+            pinned,
             pin_on: gpu,
             said: Default::default(),
         }
+    }
+
+    /// The ranges of the regions page-locked for the GPU.
+    pub fn pinned(&self) -> &Arc<PinnedRanges> {
+        &self.pinned
     }
 
     /// Whether region `name` is page-locked for the GPU.
@@ -276,7 +294,8 @@ impl SharedRegions {
         });
         if mapped.pin.is_some() {
             let keep: Arc<dyn Any + Send + Sync> = mapped.clone();
-            add_pinned(mapped.as_ptr() as usize, pin_len, Arc::downgrade(&keep));
+            self.pinned
+                .add(mapped.as_ptr() as usize, pin_len, Arc::downgrade(&keep));
         }
         regions.insert(
             name.to_string(),
@@ -472,7 +491,8 @@ mod tests {
         let page = 1 << 16;
         let bytes: Vec<u8> = (0..2 * page).map(|i| (i % 251) as u8).collect();
         let obj = Object::new("pin", &bytes);
-        let shm = SharedRegions::pinned_on(Some(0));
+        let shm = SharedRegions::pinned_on(Some(0), Arc::default());
+        let is_pinned = |data: &[u8]| shm.pinned().holds(data);
         let key = format!("/{}", obj.0);
         shm.register("whole", &key, 0, page as u64).unwrap();
         shm.register("offset", &key, 8, page as u64).unwrap();
@@ -502,7 +522,7 @@ mod tests {
         let (addr, len) = (view.as_ptr() as usize, view.len());
         drop(view);
         assert!(
-            !pinned_at(addr, len),
+            !shm.pinned().holds_at(addr, len),
             "still counted as locked once unmapped"
         );
         assert!(!SharedRegions::default().is_region_pinned("whole"));
