@@ -111,6 +111,9 @@ const BIAS: i64 = 4;
 const RES: i64 = 5;
 /// A quantized convolution's per-channel scale (`QuantGemmStep::scale`, f32).
 const SCALE: i64 = 6;
+/// A quantized convolution's per-channel inverse output scale (`1 / y_scale`, f32), where it
+/// writes its output quantized for the next quantized convolution.
+const YSCALE: i64 = 7;
 
 /// What the graph computes: `y = act(conv(x, w) + bias + residual)`, NHWC activations and a
 /// KRSC filter (dims given in NCHW / KCRS order, as cuDNN's logical dims are; the groups are
@@ -132,8 +135,12 @@ pub struct ConvGraphSpec {
     pub allow_tf32: bool,
     /// A quantized convolution (`crate::plan::QuantAlternatives::dnn_conv`): x and w int8 (int32
     /// sums) or float8 e4m3 (f32 sums), the sum multiplied by the per-channel scale first
-    /// (always inside the graph), then the epilogue; y in `dtype`.
+    /// (always inside the graph), then the epilogue (bias in f32); y in `dtype`.
     pub quant: Option<isolane_engine::quant::QuantType>,
+    /// A quantized convolution whose output is quantized too, for the next quantized
+    /// convolution: after the epilogue a multiply by the per-channel inverse output scale,
+    /// y written in `quant`'s type (cuDNN's conversion: round to nearest even, saturated).
+    pub quant_out: bool,
 }
 
 impl ConvGraphSpec {
@@ -159,15 +166,18 @@ impl ConvGraphSpec {
             dtype,
             allow_tf32: precision == Precision::Tf32,
             quant: None,
+            quant_out: false,
         })
     }
 
     /// The fused graph of a quantized convolution `c` (x and w quantized to `qtype`, NHWC,
-    /// one group), writing y in `dtype`: where its activation is none or ReLU.
+    /// one group), writing y in `dtype`, or quantized to `qtype` again when `quant_out`: where
+    /// its activation is none or ReLU.
     pub fn quantized(
         c: &ConvStep,
         qtype: isolane_engine::quant::QuantType,
         dtype: DType,
+        quant_out: bool,
     ) -> Option<ConvGraphSpec> {
         let relu = matches!(c.act, Some(Unary::Relu));
         (c.nhwc && c.groups == 1 && (c.act.is_none() || relu)).then(|| ConvGraphSpec {
@@ -183,6 +193,7 @@ impl ConvGraphSpec {
             dtype,
             allow_tf32: false,
             quant: Some(qtype),
+            quant_out,
         })
     }
 }
@@ -206,8 +217,10 @@ pub struct ConvGraph {
     /// The fused graph reads a bias, a residual.
     bias: bool,
     residual: bool,
-    /// A quantized graph's per-channel scales (a constant's device address, set once made).
-    scale: u64,
+    /// A quantized graph: it reads the per-channel scales ([`ConvGraphPtrs::scale`]), and the
+    /// inverse output scales where `quant_out` ([`ConvGraphPtrs::y_scale`]).
+    quant: bool,
+    quant_out: bool,
 }
 
 /// Descriptors kept alive for the plans made from them, dropped in order (heuristics, graph,
@@ -229,6 +242,10 @@ pub struct ConvGraphPtrs {
     pub bias: u64,
     pub residual: u64,
     pub workspace: u64,
+    /// A quantized graph's per-channel scales (f32), and inverse output scales (f32) where
+    /// its output is quantized: per launch, so that layers of one shape share one plan.
+    pub scale: u64,
+    pub y_scale: u64,
 }
 
 fn dnn_dtype(d: DType) -> dnn::cudnnDataType_t {
@@ -316,6 +333,11 @@ fn operation_graph(
         ),
         Some(_) => (dnn::cudnnDataType_t::CUDNN_DATA_FP8_E4M3, f32t),
     };
+    // The output: a quantized graph's quantized again for the next one, else in `dtype`.
+    let yt = if spec.quant_out { xw } else { io };
+    // A quantized graph's bias is f32 (the planner's copy), as cuDNN's int8 fusion samples
+    // declare it; a float graph's is the activations' dtype.
+    let bias_t = if spec.quant.is_some() { f32t } else { io };
     let xt = tensor(X, spec.x, nhwc_strides(spec.x), xw, false)?;
     let wt = tensor(W, spec.w, nhwc_strides(spec.w), xw, false)?;
     let conv = Desc::new(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
@@ -337,13 +359,19 @@ fn operation_graph(
     conv.finalize()?;
 
     let epilogue = spec.quant.is_some() || (fused && (spec.bias || spec.residual || spec.relu));
-    // The convolution writes y itself, or a virtual f32 tensor the epilogue reads.
+    // The convolution writes y itself, or a virtual f32 tensor the epilogue reads (uids from
+    // 101; 100 is an int8 convolution's int32 sums).
     let mut virt = 100;
     let mut next_virtual = || -> Result<Desc, CudaError> {
         virt += 1;
         tensor(virt, spec.y, nhwc_strides(spec.y), f32t, true)
     };
-    let conv_out = if epilogue {
+    let conv_out = if epilogue && comp == dnn::cudnnDataType_t::CUDNN_DATA_INT32 {
+        // An int8 convolution's sums stay int32 until the scale (cuDNN's ConvScaleBiasAct
+        // int8 pattern: a virtual INT32 tensor between the convolution and its first
+        // pointwise; with an f32 one its heuristics offered no engine on the H200).
+        tensor(100, spec.y, nhwc_strides(spec.y), comp, true)?
+    } else if epilogue {
         next_virtual()?
     } else {
         tensor(Y, spec.y, nhwc_strides(spec.y), io, false)?
@@ -390,7 +418,7 @@ fn operation_graph(
                 BIAS,
                 [1, c, 1, 1],
                 [c as i64, 1, c as i64, c as i64],
-                io,
+                bias_t,
                 false,
             )?;
             steps.push((Pw::CUDNN_POINTWISE_ADD, Some(b)));
@@ -402,11 +430,22 @@ fn operation_graph(
         if spec.relu {
             steps.push((Pw::CUDNN_POINTWISE_RELU_FWD, None));
         }
+        if spec.quant_out {
+            let c = spec.y[1];
+            let s = tensor(
+                YSCALE,
+                [1, c, 1, 1],
+                [c as i64, 1, c as i64, c as i64],
+                f32t,
+                false,
+            )?;
+            steps.push((Pw::CUDNN_POINTWISE_MUL, Some(s)));
+        }
         let last = steps.len() - 1;
         let mut input = conv_out;
         for (i, (mode, b)) in steps.into_iter().enumerate() {
             let out = if i == last {
-                tensor(Y, spec.y, nhwc_strides(spec.y), io, false)?
+                tensor(Y, spec.y, nhwc_strides(spec.y), yt, false)?
             } else {
                 next_virtual()?
             };
@@ -432,7 +471,8 @@ fn operation_graph(
     Ok((graph, ops))
 }
 
-/// Engine configurations cuDNN's heuristics (mode A) rank first for `graph`, best first, and
+/// Engine configurations cuDNN's heuristics (`mode`: A, or the fallback list) rank first for
+/// `graph`, best first, and
 /// the heuristics descriptor they came from. `sm_target`: the SM count the configurations are
 /// to split their work for where it is not the device's (`crate::saved::SmTargets`: a saved
 /// plan loaded where the device reports another count than at its build).
@@ -440,13 +480,14 @@ fn engine_configs(
     graph: &Desc,
     max: usize,
     sm_target: Option<i32>,
+    mode: dnn::cudnnBackendHeurMode_t,
 ) -> Result<(Desc, Vec<Desc>), CudaError> {
     let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     heur.set_desc(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?;
     heur.set(
         A::CUDNN_ATTR_ENGINEHEUR_MODE,
         T::CUDNN_TYPE_HEUR_MODE,
-        &[dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
+        &[mode],
     )?;
     if let Some(sms) = sm_target {
         // A cuDNN that refuses the target (before 8.9.5, or not on this GPU) gives the
@@ -608,6 +649,7 @@ pub fn conv_graphs(
             max,
             runtime_compilation,
             sm_target,
+            mode: dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
         };
         if let Err(e) = plans_of_graph(handle, spec, fused, &limits, &mut out) {
             first_error.get_or_insert(e);
@@ -629,6 +671,57 @@ struct Limits {
     runtime_compilation: bool,
     /// The heuristics' SM count target ([`engine_configs`]).
     sm_target: Option<i32>,
+    /// Which heuristics rank the configurations.
+    mode: dnn::cudnnBackendHeurMode_t,
+}
+
+/// What became of the configurations cuDNN's heuristics offered for one graph: why a
+/// quantized graph got no plan, said in one line ([`quant_conv_graphs`]).
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Configurations the heuristics offered.
+    pub offered: usize,
+    /// Left out: compiled at run time, which these limits do not allow.
+    pub runtime_compiled: usize,
+    /// Left out: reduced precision where fp32 was asked.
+    pub reduced_precision: usize,
+    /// Left out: more workspace than the cap.
+    pub over_workspace: usize,
+    /// Did not finalize on this GPU (cuDNN's NOT_SUPPORTED and the like).
+    pub failed: usize,
+    /// The first failure's status, as cuDNN named it.
+    pub first_failure: Option<String>,
+    /// Plans made.
+    pub made: usize,
+}
+
+impl Tally {
+    /// One clause: "4 offered: 2 compiled at run time (not allowed), 2 failed
+    /// (CUDNN_STATUS_NOT_SUPPORTED ...)".
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        for (n, what) in [
+            (self.runtime_compiled, "compiled at run time (not allowed)"),
+            (self.reduced_precision, "of reduced precision"),
+            (self.over_workspace, "over the workspace cap"),
+        ] {
+            if n > 0 {
+                parts.push(format!("{n} {what}"));
+            }
+        }
+        if self.failed > 0 {
+            parts.push(format!(
+                "{} did not finalize ({})",
+                self.failed,
+                self.first_failure.as_deref().unwrap_or("no status")
+            ));
+        }
+        match (self.offered, parts.is_empty()) {
+            (0, _) => "the heuristics offered no engine".to_string(),
+            (n, true) => format!("{n} offered, {} made", self.made),
+            (n, false) => format!("{n} offered: {}", parts.join(", ")),
+        }
+    }
 }
 
 /// Adds to `out`, up to `limits.max` in all, the plans of the heuristics' configurations for
@@ -640,10 +733,14 @@ fn plans_of_graph(
     fused: bool,
     limits: &Limits,
     out: &mut Vec<ConvGraph>,
-) -> Result<(), CudaError> {
+) -> Result<Tally, CudaError> {
     // A few more configurations than plans leave room for those filtered out.
-    let (cfgs, shared) = configurations(handle, spec, fused, 4 * limits.max, limits.sm_target)?;
+    let (cfgs, shared) = configurations(handle, spec, fused, 4 * limits.max, limits)?;
     let mut first_error = None;
+    let mut tally = Tally {
+        offered: cfgs.len(),
+        ..Tally::default()
+    };
     for cfg in cfgs {
         if out.len() >= limits.max {
             break;
@@ -651,9 +748,12 @@ fn plans_of_graph(
         let facts = engine_facts(&cfg);
         // (A quantized graph's sums are int32 or its inputs float8: tensor cores are the point.)
         let exactness_asked = spec.quant.is_none() && spec.dtype == DType::F32;
-        if (exactness_asked && !spec.allow_tf32 && facts.reduced_precision)
-            || (facts.runtime_compiled && !limits.runtime_compilation)
-        {
+        if exactness_asked && !spec.allow_tf32 && facts.reduced_precision {
+            tally.reduced_precision += 1;
+            continue;
+        }
+        if facts.runtime_compiled && !limits.runtime_compilation {
+            tally.runtime_compiled += 1;
             continue;
         }
         let made = plan_of(handle, &cfg).and_then(|plan| {
@@ -663,13 +763,17 @@ fn plans_of_graph(
         let (plan, ws) = match made {
             Ok(made) => made,
             Err(e) => {
+                tally.failed += 1;
+                tally.first_failure.get_or_insert_with(|| e.to_string());
                 first_error.get_or_insert(e);
                 continue;
             }
         };
         if ws < 0 || ws as usize > limits.ws_cap {
+            tally.over_workspace += 1;
             continue;
         }
+        tally.made += 1;
         out.push(ConvGraph::made(
             plan,
             cfg,
@@ -682,7 +786,7 @@ fn plans_of_graph(
     }
     match (out.is_empty(), first_error) {
         (true, Some(e)) => Err(e),
-        _ => Ok(()),
+        _ => Ok(tally),
     }
 }
 
@@ -702,7 +806,14 @@ pub fn conv_graph_of_engine(
     let has_epilogue = spec.bias || spec.residual || spec.relu;
     // A build without an epilogue made its graph as the fused one (the convolution alone).
     let graph_fused = fused || !has_epilogue;
-    let (cfgs, shared) = configurations(handle, spec, graph_fused, 64, sm_target)?;
+    let limits = Limits {
+        ws_cap,
+        max: 64,
+        runtime_compilation: true,
+        sm_target,
+        mode: dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
+    };
+    let (cfgs, shared) = configurations(handle, spec, graph_fused, 64, &limits)?;
     for cfg in cfgs {
         let facts = engine_facts(&cfg);
         if facts.index != engine {
@@ -733,10 +844,10 @@ fn configurations(
     spec: &ConvGraphSpec,
     fused: bool,
     max: usize,
-    sm_target: Option<i32>,
+    limits: &Limits,
 ) -> Result<(Vec<Desc>, Arc<GraphParts>), CudaError> {
     let (graph, parts) = operation_graph(handle, spec, fused)?;
-    let (heur, cfgs) = engine_configs(&graph, max, sm_target)?;
+    let (heur, cfgs) = engine_configs(&graph, max, limits.sm_target, limits.mode)?;
     let mut kept = vec![heur, graph];
     kept.extend(parts);
     Ok((cfgs, Arc::new(GraphParts { _descs: kept })))
@@ -763,40 +874,64 @@ impl ConvGraph {
             fused: fused && (spec.bias || spec.residual || spec.relu),
             bias: fused && spec.bias,
             residual: fused && spec.residual,
-            scale: 0,
+            quant: spec.quant.is_some(),
+            quant_out: spec.quant_out,
         }
     }
 }
 
 /// Up to `max` execution plans of quantized convolution `spec` ([`ConvGraphSpec::quantized`]:
-/// the convolution, the scale, bias, residual and ReLU in one graph), best ranked first, each
-/// reading the per-channel scales at device address `scale`. Engines compiled at run time
-/// only with `runtime_compilation`; none at all is an error.
+/// the convolution, the scale, bias, residual, ReLU and the output's quantization in one
+/// graph), best ranked first. Tried in turn until one gives a plan: the heuristics' (mode A)
+/// precompiled engines; with `runtime_compilation`, its engines compiled at run time too
+/// (cuDNN's runtime fusion, NVRTC when the plan is made); its fallback list. None at all is
+/// the reason each attempt gave, in one line (the candidate is then not built).
 pub fn quant_conv_graphs(
     handle: dnn::cudnnHandle_t,
     spec: &ConvGraphSpec,
-    scale: u64,
     ws_cap: usize,
     max: usize,
     (runtime_compilation, sm_target): (bool, Option<i32>),
-) -> Result<Vec<ConvGraph>, CudaError> {
-    debug_assert!(spec.quant.is_some());
-    let limits = Limits {
-        ws_cap,
-        max,
-        runtime_compilation,
-        sm_target,
-    };
-    let mut out = Vec::new();
-    plans_of_graph(handle, spec, true, &limits, &mut out)?;
-    for g in &mut out {
-        g.scale = scale;
-        // The scale step is part of the graph whatever the epilogue.
-        g.fused = true;
-        g.bias = spec.bias;
-        g.residual = spec.residual;
+) -> Result<Vec<ConvGraph>, String> {
+    use dnn::cudnnBackendHeurMode_t as M;
+    if spec.quant.is_none() {
+        return Err("not a quantized graph".into());
     }
-    Ok(out)
+    let mut attempts = vec![("precompiled", false, M::CUDNN_HEUR_MODE_A)];
+    if runtime_compilation {
+        attempts.push(("runtime-compiled", true, M::CUDNN_HEUR_MODE_A));
+    }
+    attempts.push(("fallback", runtime_compilation, M::CUDNN_HEUR_MODE_FALLBACK));
+    let mut said = Vec::new();
+    for (what, rtc, mode) in attempts {
+        let limits = Limits {
+            ws_cap,
+            max,
+            runtime_compilation: rtc,
+            sm_target,
+            mode,
+        };
+        let mut out = Vec::new();
+        match plans_of_graph(handle, spec, true, &limits, &mut out) {
+            Ok(_) if !out.is_empty() => {
+                for g in &mut out {
+                    // The scale step is part of the graph whatever the epilogue.
+                    g.fused = true;
+                    g.bias = spec.bias;
+                    g.residual = spec.residual;
+                }
+                return Ok(out);
+            }
+            Ok(t) => said.push(format!("{what}: {}", t.describe())),
+            Err(e) => said.push(format!("{what}: {e}")),
+        }
+    }
+    if !runtime_compilation {
+        said.push(
+            "engines compiled at run time not tried (ISOLANE_CUDA_QUANT_GRAPH=precompiled)".into(),
+        );
+    }
+    Err(format!("cuDNN makes no plan of it ({})", said.join("; ")))
 }
 
 fn plan_of(handle: dnn::cudnnHandle_t, cfg: &Desc) -> Result<Desc, CudaError> {
@@ -871,9 +1006,13 @@ impl ConvGraph {
             uids.push(RES);
             ptrs.push(p.residual as _);
         }
-        if self.scale != 0 {
+        if self.quant {
             uids.push(SCALE);
-            ptrs.push(self.scale as _);
+            ptrs.push(p.scale as _);
+        }
+        if self.quant_out {
+            uids.push(YSCALE);
+            ptrs.push(p.y_scale as _);
         }
         let pack = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
         pack.set_i64(A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &uids)?;
@@ -942,28 +1081,75 @@ mod tests {
     #[test]
     fn a_quantized_graph_fuses_its_scale_and_bias_residual_relu() {
         use isolane_engine::quant::QuantType;
-        let s =
-            ConvGraphSpec::quantized(&step(Some(Unary::Relu), true), QuantType::Int8, DType::F16)
-                .expect("ReLU fuses");
-        assert!(s.bias && s.residual && s.relu && !s.allow_tf32);
+        let s = ConvGraphSpec::quantized(
+            &step(Some(Unary::Relu), true),
+            QuantType::Int8,
+            DType::F16,
+            false,
+        )
+        .expect("ReLU fuses");
+        assert!(s.bias && s.residual && s.relu && !s.allow_tf32 && !s.quant_out);
         assert_eq!((s.quant, s.dtype), (Some(QuantType::Int8), DType::F16));
-        let plain =
-            ConvGraphSpec::quantized(&step(None, true), QuantType::Float8E4M3Fn, DType::F16)
-                .unwrap();
+        let plain = ConvGraphSpec::quantized(
+            &step(None, true),
+            QuantType::Float8E4M3Fn,
+            DType::F16,
+            false,
+        )
+        .unwrap();
         assert!(!plain.relu && plain.quant == Some(QuantType::Float8E4M3Fn));
+        // Bytes out for the next quantized convolution: a spec of its own (its plan is not
+        // the float-output one's).
+        let out = ConvGraphSpec::quantized(
+            &step(Some(Unary::Relu), true),
+            QuantType::Int8,
+            DType::F16,
+            true,
+        )
+        .unwrap();
+        assert!(out.quant_out && out != s);
         // Another activation, or NCHW: no quantized graph (the scale must be inside it).
         assert!(ConvGraphSpec::quantized(
             &step(Some(Unary::Silu), true),
             QuantType::Int8,
-            DType::F16
+            DType::F16,
+            true
         )
         .is_none());
         assert!(
-            ConvGraphSpec::quantized(&step(None, false), QuantType::Int8, DType::F16).is_none()
+            ConvGraphSpec::quantized(&step(None, false), QuantType::Int8, DType::F16, false)
+                .is_none()
         );
         // The float graph has no quantization.
         let f = ConvGraphSpec::of(&step(None, true), DType::F16, Precision::Fp16).unwrap();
-        assert!(f.quant.is_none());
+        assert!(f.quant.is_none() && !f.quant_out);
+    }
+
+    #[test]
+    fn a_graph_without_a_plan_says_what_became_of_each_engine() {
+        assert_eq!(
+            Tally::default().describe(),
+            "the heuristics offered no engine"
+        );
+        let t = Tally {
+            offered: 5,
+            runtime_compiled: 3,
+            over_workspace: 1,
+            failed: 1,
+            first_failure: Some("cudnnBackendFinalize: CUDNN_STATUS_NOT_SUPPORTED".into()),
+            ..Tally::default()
+        };
+        assert_eq!(
+            t.describe(),
+            "5 offered: 3 compiled at run time (not allowed), 1 over the workspace cap, 1 did \
+             not finalize (cudnnBackendFinalize: CUDNN_STATUS_NOT_SUPPORTED)"
+        );
+        let made = Tally {
+            offered: 2,
+            made: 1,
+            ..Tally::default()
+        };
+        assert_eq!(made.describe(), "2 offered, 1 made");
     }
 
     #[test]

@@ -307,6 +307,38 @@ pub fn epilogue_reference(
         .collect()
 }
 
+/// The inverse output scale cuDNN's fused quantized graph multiplies by before writing its
+/// output quantized (`crate::plan::QuantGraphConsts::y_inv`): `1 / s` rounded to f32. The
+/// graph's int8 fusion patterns have a multiply, not a division.
+pub fn inverse_scale(s: f32) -> f32 {
+    1.0 / s
+}
+
+/// One output of cuDNN's fused quantized graph as its f32 pointwise steps compute it: the
+/// int32 (or f32) sum `acc` times the channel's scale, plus bias and residual, ReLU.
+pub fn graph_value(acc: f32, scale: f32, bias: f32, residual: f32, relu: bool) -> f32 {
+    let v = acc * scale + bias + residual;
+    if relu {
+        v.max(0.0)
+    } else {
+        v
+    }
+}
+
+/// The graph's output quantized for the next convolution: `v · y_inv` converted to `qtype`
+/// as the GPU converts f32 (round to nearest even, saturated; NaN to 0 for int8). ONNX's
+/// exact rule divides by the scale instead ([`quantize_reference`]); the two differ only where
+/// `v / s` lies within an ulp of a rounding boundary, and then by one step
+/// (`graph_requantize_is_the_exact_rule_but_at_ties` holds it).
+pub fn graph_requantize(v: f32, y_inv: f32, qtype: QuantType) -> f32 {
+    let r = v * y_inv;
+    match qtype {
+        QuantType::Int8 if r.is_nan() => 0.0,
+        QuantType::Int8 => r.round_ties_even().clamp(-128.0, 127.0),
+        _ => isolane_engine::quant::round_e4m3fn(r, true),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -553,5 +585,54 @@ mod tests {
         off[k + 1] = 0.5 * 0.31;
         let e = fp8_weights(&Tensor::new(vec![m, k], off).unwrap()).unwrap_err();
         assert!(e.contains("output channel 1") && e.contains("e4m3"), "{e}");
+    }
+
+    #[test]
+    fn graph_requantize_is_the_exact_rule_but_at_ties() {
+        use isolane_engine::quant::quantize;
+        let mut differ = 0;
+        let mut total = 0;
+        for (si, s) in [0.0173f32, 0.05, 0.1, 0.3333, 1.7, 7.0]
+            .into_iter()
+            .enumerate()
+        {
+            let inv = inverse_scale(s);
+            for (i, v) in rand(20_000, 31 + si as u64).into_iter().enumerate() {
+                // Values across the whole grid and past it (saturation).
+                let v = v * s * 160.0;
+                let exact = quantize(v, s, 0.0, QuantType::Int8, true);
+                let got = graph_requantize(v, inv, QuantType::Int8);
+                assert!(
+                    (got - exact).abs() <= 1.0,
+                    "{v} / {s}: {got} against {exact}"
+                );
+                differ += (got != exact) as usize;
+                total += 1;
+                // fp8: one e4m3 step at most, the same value almost always.
+                let e = quantize(v, s, 0.0, QuantType::Float8E4M3Fn, true);
+                let g = graph_requantize(v, inv, QuantType::Float8E4M3Fn);
+                assert!(
+                    (g - e).abs() <= e.abs().max(g.abs()) / 8.0 + 1e-6,
+                    "{i}: {g} {e}"
+                );
+            }
+            assert_eq!(graph_requantize(1e9, inv, QuantType::Int8), 127.0);
+            assert_eq!(graph_requantize(-1e9, inv, QuantType::Int8), -128.0);
+        }
+        assert_eq!(graph_requantize(f32::NAN, 1.0, QuantType::Int8), 0.0);
+        // Exactly half-way values round to even, as ONNX's rule does.
+        for (v, want) in [(2.5, 2.0), (3.5, 4.0), (-2.5, -2.0), (0.5, 0.0)] {
+            assert_eq!(graph_requantize(v, 1.0, QuantType::Int8), want, "{v}");
+        }
+        // A multiply by the rounded reciprocal lands on the other side of a boundary only
+        // for values within an ulp of it: a handful in 120 000.
+        assert!(differ * 1000 < total, "{differ} of {total} differ");
+    }
+
+    #[test]
+    fn the_graph_value_scales_adds_and_clips() {
+        assert_eq!(graph_value(10.0, 0.5, 1.0, -2.0, false), 4.0);
+        assert_eq!(graph_value(-10.0, 0.5, 1.0, 0.0, true), 0.0);
+        assert_eq!(graph_value(-10.0, 0.5, 1.0, 0.0, false), -4.0);
     }
 }

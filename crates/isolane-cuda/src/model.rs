@@ -140,6 +140,9 @@ pub struct CudaModel {
     /// model's fp16 fallback reads x unquantized): the plan check's reference drops their
     /// input FakeQuants, as the plan does.
     plain_float_layers: Vec<String>,
+    /// Each quantized product's kept candidate (`crate::plan::QuantAlternatives`' order), in
+    /// plan order.
+    quant_choices: Vec<(String, usize)>,
     /// The step each launch belongs to (for profiles).
     names: Vec<String>,
     /// cuBLASLt algorithm chosen per matmul shape (pointers aside), so that repeated layers
@@ -178,6 +181,12 @@ impl CudaModel {
     /// The quantized products that kept the plain float step (x read unquantized).
     pub fn plain_float_layers(&self) -> &[String] {
         &self.plain_float_layers
+    }
+
+    /// Each quantized product's kept candidate by index (`options::quant_candidate_name`
+    /// names it), in plan order.
+    pub fn quant_choices(&self) -> &[(String, usize)] {
+        &self.quant_choices
     }
 
     pub(crate) fn set_plan_check(&mut self, r: crate::check::CheckReport) {

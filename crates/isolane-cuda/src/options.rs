@@ -61,6 +61,15 @@ impl QuantPaths {
     }
 }
 
+/// The `ISOLANE_CUDA_QUANT` value that forces a quantized product's candidate `i` (its index in
+/// `crate::plan::QuantAlternatives`' order), "?" past them.
+pub fn quant_candidate_name(i: usize) -> &'static str {
+    ["gemm", "cudnn", "float", "graph", "bytes"]
+        .get(i)
+        .copied()
+        .unwrap_or("?")
+}
+
 /// What a quantized product's float candidate reads (`ISOLANE_CUDA_QUANT_FLOAT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum QuantFloatInput {
@@ -103,6 +112,11 @@ pub struct BuildOptions {
     /// Graph-API engines whose kernels cuDNN compiles when the plan is made (seconds of NVRTC
     /// per model build); `ISOLANE_CUDA_CUDNN=runtime-compiled` allows them.
     pub cudnn_runtime_compiled: bool,
+    /// The fused quantized convolution graph (a quantized product's candidate 3) may use
+    /// engines compiled at run time where no precompiled one takes it: cuDNN's int8 and fp8
+    /// fusions are runtime-fusion engines. One compile per distinct layer shape, shared by
+    /// the layers of that shape; `ISOLANE_CUDA_QUANT_GRAPH=precompiled` leaves them out.
+    pub quant_graph_runtime_compiled: bool,
     /// The 8-outputs × 2-channels depthwise 7×7 kernel at large batch;
     /// `ISOLANE_CUDA_DW=window` keeps the 4-output register-window kernels.
     pub depthwise_pairs: bool,
@@ -138,6 +152,7 @@ impl Default for BuildOptions {
             calibrated: false,
             cudnn_graphs: true,
             cudnn_runtime_compiled: false,
+            quant_graph_runtime_compiled: true,
             depthwise_pairs: true,
             block_rows: false,
             exact_gelu: false,
@@ -198,6 +213,7 @@ impl BuildOptions {
             calibrated: false,
             cudnn_graphs: !is("ISOLANE_CUDA_CUDNN", "legacy"),
             cudnn_runtime_compiled: is("ISOLANE_CUDA_CUDNN", "runtime-compiled"),
+            quant_graph_runtime_compiled: !is("ISOLANE_CUDA_QUANT_GRAPH", "precompiled"),
             depthwise_pairs: !is("ISOLANE_CUDA_DW", "window"),
             block_rows: is("ISOLANE_CUDA_ROWS", "block"),
             exact_gelu: var("ISOLANE_CUDA_EXACT_GELU").is_some(),
@@ -261,6 +277,7 @@ mod tests {
             ("ISOLANE_CUDA_QUANT", "float"),
             ("ISOLANE_CUDA_QUANT_FLOAT", "plain"),
             ("ISOLANE_CUDA_CUDNN", "legacy"),
+            ("ISOLANE_CUDA_QUANT_GRAPH", "precompiled"),
             ("ISOLANE_CUDA_DW", "window"),
             ("ISOLANE_CUDA_ROWS", "block"),
             ("ISOLANE_CUDA_EXACT_GELU", ""),
@@ -281,6 +298,7 @@ mod tests {
                 calibrated: false,
                 cudnn_graphs: false,
                 cudnn_runtime_compiled: false,
+                quant_graph_runtime_compiled: false,
                 depthwise_pairs: false,
                 block_rows: true,
                 exact_gelu: true,
@@ -315,6 +333,7 @@ mod tests {
             ("ISOLANE_CUDA_CONV", "both"),
             ("ISOLANE_CUDA_ROWS", "warp"),
             ("ISOLANE_CUDA_WORKSPACE_MB", "lots"),
+            ("ISOLANE_CUDA_QUANT_GRAPH", "runtime-compiled"),
         ]);
         assert_eq!(o, BuildOptions::default());
         let q = |v: &str| with(&[("ISOLANE_CUDA_QUANT", v)]).quant_paths.forced();
@@ -329,6 +348,15 @@ mod tests {
             ],
             [Some(0), Some(1), Some(2), Some(3), Some(4), None]
         );
+        // Each candidate's name is the value that forces it.
+        for i in 0..5 {
+            let name = quant_candidate_name(i);
+            assert_eq!(
+                with(&[("ISOLANE_CUDA_QUANT", name)]).quant_paths.forced(),
+                Some(i)
+            );
+        }
+        assert_eq!(quant_candidate_name(5), "?");
         let f = with(&[("ISOLANE_CUDA_QUANT_FLOAT", "fp16")]);
         assert_eq!(f.quant_float, QuantFloatInput::ByModel);
         let cudnn = with(&[("ISOLANE_CUDA_CONV", "cudnn")]).conv_paths;

@@ -452,8 +452,24 @@ pub struct QuantAlternatives {
     pub dnn_conv: Option<ConvStep>,
     /// Where `dnn_conv` reads x quantized; `None` when `x_quantized` (x itself).
     pub xb: Option<Loc>,
+    /// What cuDNN's fused quantized graph reads besides `dnn_conv`'s x and w; `None` where
+    /// no graph is planned (no `dnn_conv`, an activation other than none or ReLU, a computed
+    /// bias).
+    pub graph: Option<QuantGraphConsts>,
     /// The float step that keeps the model's fake-quant semantics.
     pub float: QuantFloat,
+}
+
+/// The constants of cuDNN's fused quantized convolution graph (candidate 3): `y = q(act(acc ·
+/// scale[c] + bias[c] + residual) · y_inv[c])`, `q` the output's quantization where the step's
+/// output is bytes for the next quantized convolution (`QuantGemmStep::y_scale`), so that a
+/// chain of them never goes back to floats and needs no quantize kernel between them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantGraphConsts {
+    /// The bias as f32 (`[N]`, [`ConstRepr::F32`]), where the product has one.
+    pub bias: Option<Loc>,
+    /// `1 / y_scale` for every output channel (`[N]` f32), where the output is bytes.
+    pub y_inv: Option<Loc>,
 }
 
 /// The float form of a quantized product, as the fake-quant steps compute it: x's values

@@ -109,7 +109,7 @@ pub(super) fn record_quant_gemm(
     }
     paths[FLOAT_PATH] = float_path(m, rec, caches, err, q, &alt.float);
     if let Some(dc) = &alt.dnn_conv {
-        paths[3] = dnn_conv_graph(m, rec, q, alt.xb, dc);
+        paths[3] = dnn_conv_graph(m, rec, caches, (name, q), alt, dc);
     }
     if let (Some(c), Some(xb), Ok(gemm)) = (&q.conv, alt.xb, &paths[0]) {
         if !q.x_quantized {
@@ -138,6 +138,7 @@ pub(super) fn record_quant_gemm(
             (i, times)
         }
     };
+    m.quant_choices.push((name.to_string(), chosen));
     let plain = rec.options.quant_float_plain() && !q.x_quantized;
     if plain && chosen == FLOAT_PATH {
         m.plain_float_layers.push(name.to_string());
@@ -272,59 +273,117 @@ fn quantized_before_im2col(
 }
 
 /// cuDNN's graph API on the quantized bytes: x quantized whole (unless its producer left it
-/// in bytes), one fused graph (convolution, per-channel scale, bias, residual, ReLU) writing the
-/// step's output. The heuristics' first plan that finalizes here.
+/// in bytes, or an earlier step made them), one fused graph (convolution with int32 sums,
+/// per-channel scale, f32 bias, residual, ReLU, and where the step's output is bytes the
+/// multiply by the inverse output scale and the conversion to int8 / e4m3) writing the
+/// step's output. The heuristics' first plan that finalizes here, one per distinct spec
+/// (the layers of one shape share it); where cuDNN makes none, the reason, said once per build.
 fn dnn_conv_graph(
     m: &mut CudaModel,
     rec: &Recorder,
-    q: &QuantGemmStep,
-    xb: Option<Loc>,
+    caches: &mut LibraryCaches,
+    (name, q): (&str, &QuantGemmStep),
+    alt: &crate::plan::QuantAlternatives,
     dc: &ConvStep,
 ) -> Result<Vec<Launch>> {
-    if q.y_scale.is_some() {
-        return Err(EngineError::Runtime(
-            "its output is bytes for the next GEMMs (the graph writes the activation dtype)".into(),
-        ));
-    }
+    let consts = alt.graph.as_ref().ok_or_else(|| {
+        EngineError::Runtime(
+            "not planned (an activation other than none or ReLU, or a computed bias)".into(),
+        )
+    })?;
     let c = ConvStep {
-        bias: q.bias,
+        bias: consts.bias,
         residual: q.residual,
         act: q.act,
         y: q.y,
         ..dc.clone()
     };
-    let spec = ConvGraphSpec::quantized(&c, q.qtype, rec.dtype)
+    let quant_out = q.y_scale.is_some();
+    if quant_out != consts.y_inv.is_some() {
+        return Err(EngineError::Runtime(
+            "the plan's inverse output scale and the step's output disagree".into(),
+        ));
+    }
+    let spec = ConvGraphSpec::quantized(&c, q.qtype, rec.dtype, quant_out)
         .ok_or_else(|| EngineError::Runtime("its activation is neither none nor ReLU".into()))?;
-    let graphs = crate::dnn_graph::quant_conv_graphs(
-        m.cudnn(),
-        &spec,
-        rec.ptr(q.scale),
-        rec.ws_cap,
-        1,
-        (rec.options.cudnn_runtime_compiled, rec.sm.cudnn_heuristics),
-    )
-    .map_err(crate::error::engine)?;
-    let g = graphs
-        .into_iter()
-        .next()
-        .ok_or_else(|| EngineError::Runtime("cuDNN's heuristics offer no plan for it".into()))?;
-    m.conv_graphs.push(g);
+    let ptrs = ConvGraphPtrs {
+        x: rec.ptr(c.x),
+        w: rec.ptr(c.w),
+        y: rec.ptr(c.y),
+        bias: c.bias.map_or(0, |b| rec.ptr(b)),
+        residual: c.residual.map_or(0, |r| rec.ptr(r)),
+        workspace: 0,
+        scale: rec.ptr(q.scale),
+        y_scale: consts.y_inv.map_or(0, |l| rec.ptr(l)),
+    };
+    // The graph's tensors are declared 16-byte aligned.
+    let p = &ptrs;
+    if !vec_aligned(&[p.x, p.w, p.y, p.bias, p.residual, p.scale, p.y_scale]) {
+        return Err(EngineError::Runtime(
+            "a tensor of it is not 16-byte aligned".into(),
+        ));
+    }
+    let made = match caches.quant_graph.iter().find(|(s, _)| *s == spec) {
+        Some((_, made)) => made.clone(),
+        None => {
+            let t0 = std::time::Instant::now();
+            let made = crate::dnn_graph::quant_conv_graphs(
+                m.cudnn(),
+                &spec,
+                rec.ws_cap,
+                1,
+                (
+                    rec.options.quant_graph_runtime_compiled,
+                    rec.sm.cudnn_heuristics,
+                ),
+            )
+            .and_then(|graphs| {
+                graphs
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| "cuDNN made no plan of it".to_string())
+            })
+            .map(|g| {
+                if rec.options.search_log {
+                    eprintln!(
+                        "search: cudnn {} graph for `{name}`: engine {}{}, made in {:.1} ms",
+                        q.qtype,
+                        g.engine,
+                        if g.runtime_compiled {
+                            " (compiled at run time)"
+                        } else {
+                            ""
+                        },
+                        t0.elapsed().as_secs_f64() * 1e3
+                    );
+                }
+                m.conv_graphs.push(g);
+                m.conv_graphs.len() - 1
+            });
+            if let Err(e) = &made {
+                if !caches.quant_graph_noted {
+                    caches.quant_graph_noted = true;
+                    eprintln!(
+                        "note: cuDNN's fused {} convolution graph is not used for `{name}` \
+                         (the other candidates are): {e}",
+                        q.qtype
+                    );
+                }
+            }
+            caches.quant_graph.push((spec, made.clone()));
+            made
+        }
+    };
+    let graph = made.map_err(EngineError::Runtime)?;
     let mut l = Vec::new();
-    if let Some(xb) = xb {
+    if let Some(xb) = alt.xb {
         let n: usize = c.x_shape.iter().product();
         let fp8 = q.qtype != QuantType::Int8;
         l.push(quantize_launch(rec, q.x, xb, q.x_scale, n, fp8));
     }
     l.push(Launch::ConvGraph {
-        graph: m.conv_graphs.len() - 1,
-        ptrs: Box::new(ConvGraphPtrs {
-            x: rec.ptr(c.x),
-            w: rec.ptr(c.w),
-            y: rec.ptr(c.y),
-            bias: c.bias.map_or(0, |b| rec.ptr(b)),
-            residual: c.residual.map_or(0, |r| rec.ptr(r)),
-            workspace: 0,
-        }),
+        graph,
+        ptrs: Box::new(ptrs),
     });
     Ok(l)
 }

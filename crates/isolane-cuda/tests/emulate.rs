@@ -640,6 +640,9 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
     });
     match (path.unwrap_or(0), q.alt.as_deref()) {
         (1, Some(alt)) if alt.dnn_conv.is_some() => return exec_quant_dnn_conv(p, m, q, alt),
+        (3, Some(alt)) if alt.dnn_conv.is_some() && alt.graph.is_some() => {
+            return exec_quant_graph(p, m, q, alt)
+        }
         (2, Some(alt)) => {
             // The float candidate as the build records it under the emulated build options.
             let plain = QUANT_OPTIONS
@@ -813,7 +816,8 @@ fn quant_epilogue(m: &mut Mem, q: &QuantGemmStep, acc: impl Fn(usize, usize) -> 
 thread_local! {
     /// Which path each emulated QuantGemm step takes, the pattern cycled over the steps in
     /// order (and the count so far): 0 its int8 GEMM, 1 cuDNN's int8 convolution where
-    /// planned (else 0), 2 the float step (4: reading x unquantized, `quant_float_plain`), 5 the
+    /// planned (else 0), 2 the float step (4: reading x unquantized, `quant_float_plain`), 3
+    /// cuDNN's fused quantized graph where planned (else 0), 5 the
     /// GEMM with x quantized before its im2col where planned (else 0); the candidates of the
     /// build's timed choice.
     static QUANT_PATHS: std::cell::RefCell<(Vec<usize>, usize)> =
@@ -840,6 +844,66 @@ fn exec_quant_dnn_conv(
     q: &QuantGemmStep,
     alt: &isolane_cuda::plan::QuantAlternatives,
 ) {
+    let sums = dnn_conv_sums(p, m, q, alt);
+    // cuDNN's f32 y holds the int32 sum rounded to f32.
+    quant_epilogue(m, q, |r, o| sums[r * q.n + o] as f32 as f64);
+}
+
+/// cuDNN's fused quantized graph as planned: the same sums as its int8 convolution, then its
+/// f32 pointwise steps (scale, f32 bias, residual, ReLU) and, where the step's output is
+/// bytes, the multiply by the inverse output scale and the conversion (`isolane_cuda::int8`'s
+/// `graph_value` and `graph_requantize`): no rounding to the activation dtype between them.
+fn exec_quant_graph(
+    p: &Plan,
+    m: &mut Mem,
+    q: &QuantGemmStep,
+    alt: &isolane_cuda::plan::QuantAlternatives,
+) {
+    use isolane_cuda::int8::{graph_requantize, graph_value};
+    let g = alt.graph.as_ref().unwrap();
+    assert_eq!(g.y_inv.is_some(), q.y_scale.is_some(), "the graph's output");
+    assert!(matches!(q.act, None | Some(Unary::Relu)), "{:?}", q.act);
+    let sums = dnn_conv_sums(p, m, q, alt);
+    let relu = q.act.is_some();
+    let mut out = vec![0f32; q.m * q.n];
+    for r in 0..q.m {
+        for j in 0..q.n {
+            let i = r * q.n + j;
+            // The int32 sum converted to f32 by the first pointwise step.
+            let v = graph_value(
+                sums[i] as i32 as f32,
+                m.get(q.scale, j),
+                g.bias.map_or(0.0, |b| m.get(b, j)),
+                q.residual.map_or(0.0, |rl| m.get(rl, i)),
+                relu,
+            );
+            out[i] = match g.y_inv {
+                Some(inv) => graph_requantize(v, m.get(inv, j), q.qtype),
+                None => v,
+            };
+        }
+    }
+    match g.y_inv {
+        Some(_) => {
+            let yq = out.into_iter().map(|v| v as f64).collect();
+            m.quantized.insert(storage_id(q.y), yq);
+        }
+        None => {
+            for (i, v) in out.into_iter().enumerate() {
+                m.set(q.y, i, v);
+            }
+        }
+    }
+}
+
+/// The exact sums `[M, N]` of cuDNN's convolution of the quantized bytes (x quantized whole
+/// into `xb` first where planned so) with the KRSC byte filter.
+fn dnn_conv_sums(
+    p: &Plan,
+    m: &mut Mem,
+    q: &QuantGemmStep,
+    alt: &isolane_cuda::plan::QuantAlternatives,
+) -> Vec<f64> {
     use isolane_engine::quant::quantize;
     let c = alt.dnn_conv.as_ref().unwrap();
     assert_eq!(
@@ -868,7 +932,9 @@ fn exec_quant_dnn_conv(
         panic!("a computed filter")
     };
     let w = &p.consts[wid].data;
-    let acc = |r: usize, o: usize| -> f64 {
+    let mut sums = vec![0f64; q.m * q.n];
+    for (i, out) in sums.iter_mut().enumerate() {
+        let (r, o) = (i / q.n, i % q.n);
         let (b, y0, x0) = (r / (oh * ow), (r / ow) % oh, r % ow);
         let mut s = 0f64;
         for a in 0..kh {
@@ -884,10 +950,9 @@ fn exec_quant_dnn_conv(
                 }
             }
         }
-        // cuDNN's f32 y holds the int32 sum rounded to f32.
-        s as f32 as f64
-    };
-    quant_epilogue(m, q, acc);
+        *out = s;
+    }
+    sums
 }
 
 /// The float step as planned: x's fake-quant values (from floats, or the producer's bytes
@@ -2027,6 +2092,16 @@ fn every_quantized_layer_choice_computes_the_graph() {
             }
             for (name, g) in &gemms {
                 let alt = g.alt.as_ref().unwrap();
+                // cuDNN's fused graph where its convolution is planned, its inverse output
+                // scale where the step writes bytes for the next quantized convolution.
+                match (&alt.dnn_conv, &alt.graph) {
+                    (Some(_), Some(gc)) => {
+                        assert_eq!(gc.y_inv.is_some(), g.y_scale.is_some(), "{name}");
+                        assert_eq!(gc.bias.is_some(), g.bias.is_some(), "{name}");
+                    }
+                    (None, None) => {}
+                    other => panic!("{name}: {other:?}"),
+                }
                 // A float output is written in place by the float product; bytes go through yf.
                 assert_eq!(alt.float.yf.is_some(), g.y_scale.is_some(), "{name}");
                 match &alt.float.product {
@@ -2046,10 +2121,13 @@ fn every_quantized_layer_choice_computes_the_graph() {
             for pattern in [
                 vec![1],
                 vec![2],
+                vec![3],
                 vec![5],
                 vec![2, 0, 1],
                 vec![0, 2, 1],
                 vec![1, 2],
+                vec![3, 0, 3],
+                vec![0, 3, 2],
                 vec![5, 5, 2, 1],
             ] {
                 QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
@@ -2132,7 +2210,7 @@ fn a_convolution_of_floats_takes_every_candidate() {
         let x = random(cpu.input_mut().len(), 303);
         cpu.input_mut().copy_from_slice(&x);
         cpu.run().unwrap();
-        for path in [0, 1, 2, 5] {
+        for path in [0, 1, 2, 3, 5] {
             QUANT_PATHS.with(|c| *c.borrow_mut() = (vec![path], 0));
             let got = run(&p, &x);
             QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));

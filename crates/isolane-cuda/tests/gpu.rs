@@ -837,6 +837,28 @@ fn quant_gemm_path_matches_the_exact_reference_layer_by_layer() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// cuDNN's fused quantized graph (candidate 3, docs/cuda.md "int8 and fp8": the int8 or e4m3
+/// convolution, per-channel scale, bias, residual, ReLU and, where the next layer is a
+/// quantized convolution, the output's requantization in one graph) forced on every layer
+/// where cuDNN makes a plan of it, against the exact CPU reference layer by layer, int8 and
+/// fp8. The output prints how many layers kept it ("graph N") and the search log, per layer,
+/// the engine and how long its plan took to make, or once why cuDNN made none (the other
+/// layers keep the GEMM).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quant_graph_path_matches_the_exact_reference_layer_by_layer() {
+    use isolane_engine::calibrate::CalibMethod;
+    use isolane_engine::quant::QuantType;
+    let failures = quant_layers_against_the_reference(
+        isolane_cuda::options::QuantPaths::Graph,
+        &[
+            (QuantType::Int8, CalibMethod::Percentile(99.99)),
+            (QuantType::Float8E4M3Fn, CalibMethod::MinMax),
+        ],
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// The other candidates of the build's per-layer choice (docs/cuda.md "int8 and fp8"), each
 /// forced on every layer where it is built, against the exact CPU reference as
 /// [`quant_gemm_path_matches_the_exact_reference_layer_by_layer`] holds the int8 GEMM: cuDNN's
@@ -961,6 +983,21 @@ fn quant_layers_against_the_reference(
                     continue;
                 }
             };
+            let mut kept = [0usize; 5];
+            for (_, i) in m.quant_choices() {
+                kept[(*i).min(4)] += 1;
+            }
+            println!(
+                "{what}: kept per layer: {}",
+                (0..5)
+                    .map(|i| format!(
+                        "{} {}",
+                        isolane_cuda::options::quant_candidate_name(i),
+                        kept[i]
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            );
             // Every layer of the path against the CPU reference of the same optimised graph.
             let mut values: Vec<Option<Tensor>> = vec![None; opt.values.len()];
             values[opt.inputs[0]] = Some(Tensor::new(shape.clone(), x.clone()).unwrap());

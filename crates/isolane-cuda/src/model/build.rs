@@ -99,6 +99,7 @@ impl CudaModel {
             mms: Vec::new(),
             launches: Vec::new(),
             plain_float_layers: Vec::new(),
+            quant_choices: Vec::new(),
             names: Vec::new(),
             algo_cache: Vec::new(),
             whole: None,

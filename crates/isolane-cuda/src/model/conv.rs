@@ -322,6 +322,8 @@ pub(super) fn record_conv(
         bias: c.bias.map_or(0, &|l| rec.ptr(l)),
         residual: c.residual.map_or(0, &|l| rec.ptr(l)),
         workspace: 0,
+        scale: 0,
+        y_scale: 0,
     };
     // (Its tensors are declared 16-byte aligned.)
     let p = &graph_ptrs;
@@ -572,6 +574,8 @@ pub(super) fn replay_conv(
                     bias: c.bias.map_or(0, &|l| rec.ptr(l)),
                     residual: c.residual.map_or(0, &|l| rec.ptr(l)),
                     workspace: 0,
+                    scale: 0,
+                    y_scale: 0,
                 }),
             });
             if !fused && has_epilogue {

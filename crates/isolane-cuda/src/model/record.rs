@@ -98,6 +98,11 @@ pub(super) struct LibraryCaches {
     /// The quantized GEMMs' (`quant_gemm`), by type and shape: the matmul, or `None` where
     /// cuBLASLt had no algorithm (the CUDA-core fallback kernel runs instead).
     pub(super) quant: Vec<(String, Option<usize>)>,
+    /// cuDNN's fused quantized graphs, by spec: the plan (`m.conv_graphs` index) the layers of
+    /// that spec share (their scales are per launch), or why cuDNN made none.
+    pub(super) quant_graph: Vec<(ConvGraphSpec, std::result::Result<usize, String>)>,
+    /// A build says once that a layer had no fused quantized graph.
+    pub(super) quant_graph_noted: bool,
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -439,9 +439,16 @@ impl Planner<'_> {
             }
             _ => (None, None),
         };
+        let graph = match (&dnn_conv, &n.op) {
+            (Some(_), Op::Conv(a)) if matches!(a.activation, None | Some(Unary::Relu)) => {
+                self.quant_graph_consts(n, y_quant)?
+            }
+            _ => None,
+        };
         Ok(QuantAlternatives {
             dnn_conv,
             xb,
+            graph,
             float: QuantFloat {
                 xf,
                 x_n,
@@ -450,6 +457,47 @@ impl Planner<'_> {
                 fills_xq: false,
             },
         })
+    }
+
+    /// The f32 constants cuDNN's fused quantized graph of node `n` reads
+    /// ([`QuantGraphConsts`]): its bias in f32, and `1 / y_scale` per channel where its output
+    /// is bytes (`y_quant`). `None` where the bias is not a constant.
+    pub(in crate::plan) fn quant_graph_consts(
+        &mut self,
+        n: &Node,
+        y_quant: Option<(f32, QuantType)>,
+    ) -> Result<Option<QuantGraphConsts>> {
+        let g = self.g;
+        let channels = match n.inputs.get(1).and_then(|&w| g.constant(w)) {
+            Some(w) => w.shape[0],
+            None => return Ok(None),
+        };
+        let bias = match n.inputs.get(2) {
+            Some(&b) => match g.constant(b) {
+                Some(t) => Some(t.data.clone()),
+                None => return Ok(None),
+            },
+            None => None,
+        };
+        let f32_const = |p: &mut Self, data: Vec<f32>| -> Result<Loc> {
+            let l = p.new_const(Tensor::new(vec![data.len()], data)?);
+            if let Loc::Const { id, .. } = l {
+                p.const_repr.push((id, ConstRepr::F32));
+            }
+            Ok(l)
+        };
+        let bias = match bias {
+            Some(b) => Some(f32_const(self, b)?),
+            None => None,
+        };
+        let y_inv = match y_quant {
+            Some((s, _)) => Some(f32_const(
+                self,
+                vec![crate::int8::inverse_scale(s); channels],
+            )?),
+            None => None,
+        };
+        Ok(Some(QuantGraphConsts { bias, y_inv }))
     }
 
     /// Whether node `ni`'s output `v` (rows NHWC when `nhwc`) may leave its epilogue quantized
