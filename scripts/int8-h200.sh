@@ -142,6 +142,14 @@ PY
         gr=$(grep -c -E "search: quantized .*kept cudnn [a-z0-9]+ graph" "$f")
         e=$(grep -m1 -E "cuBLASLt offers no|algorithm of cuBLASLt|error|panicked" "$f" | cut -c1-200)
         echo "    $(basename "$f" .log): $n GEMM shapes; kept $g gemm / $d cudnn conv / $fl float / $gr cudnn graph${e:+; $e}"
+        # cuDNN's fused quantized graphs: plans made (one per layer shape) and the time their
+        # making took (runtime-compiled engines compile here), or why cuDNN made none.
+        gp=$(grep -c -E "search: cudnn [a-z0-9]+ graph for" "$f")
+        gms=$(grep -o -E "graph for .* made in [0-9.]+ ms" "$f" | grep -o -E "[0-9.]+ ms" |
+            awk '{s += $1} END {printf "%.0f", s}')
+        rtc=$(grep -c -E "graph for .*compiled at run time" "$f")
+        note=$(grep -m1 "note: cuDNN's fused" "$f" | cut -c1-300)
+        echo "      cudnn graph plans: $gp ($rtc runtime-compiled), made in ${gms:-0} ms${note:+; $note}"
     done
     echo
     echo "## Each quantized layer's candidates and choice, resnet50 int8 (search log)"

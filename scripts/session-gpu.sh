@@ -22,6 +22,8 @@
 #   cudalib   the GPU unit tests of isolane-cuda's and isolane-gpu's libraries (--ignored)
 #   quick     the README's main job: `isolane run` on the built-in quickstart, then `report`
 #   quantgemm isolane-cuda's GPU test: the int8/fp8 tensor-core path against the exact reference
+#   quantgraph isolane-cuda's GPU test: cuDNN's fused quantized convolution graph forced where
+#             cuDNN makes a plan, against the exact reference (layers kept, engines, reasons)
 #   int8      scripts/int8-h200.sh: fp16 against int8 and fp8 (needs torch there)
 #   int8acc   scripts/int8_accuracy_gpu.py: the trained digits CNN's top-1 accuracy and agreement
 #             with fp32 per precision, cuda and cpu (isolane's calibration, onnxruntime's QDQ)
@@ -81,6 +83,11 @@ for s in "$@"; do
     cudalib) step cudalib 200 bash -c 'for t in stage/tests/isolane-cuda--isolane_cuda stage/tests/isolane-gpu--*; do echo "== $t"; "$t" --ignored --test-threads 1 || exit 1; done' ;;
     quick) step quick 120 bash -c "\"$isolane\" run --out $work/quick-run && \"$isolane\" report $work/quick-run | tail -20" ;;
     quantgemm) step quantgemm 200 stage/tests/isolane-cuda--gpu quant_gemm_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture ;;
+    quantgraph)
+        step quantgraph 200 env ISOLANE_CUDA_SEARCH_LOG=1 stage/tests/isolane-cuda--gpu quant_graph_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture
+        grep -E "kept per layer|QuantGemm steps|compile failed|note: cuDNN|cudnn [a-z0-9]+ graph for|test result" \
+            "$work/quantgraph.log" | cut -c1-300 | head -60 | tee "$out/quantgraph.md"
+        ;;
     plans) step plans 560 env OUT="$work/plans" ISOLANE_BIN="$isolane" bash scripts/predict-h200.sh plans ;;
     plans-1 | plans-2)
         p=scenarios/planner

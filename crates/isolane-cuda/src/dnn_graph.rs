@@ -367,9 +367,9 @@ fn operation_graph(
         tensor(virt, spec.y, nhwc_strides(spec.y), f32t, true)
     };
     let conv_out = if epilogue && comp == dnn::cudnnDataType_t::CUDNN_DATA_INT32 {
-        // An int8 convolution's sums stay int32 until the scale (cuDNN's ConvScaleBiasAct
-        // int8 pattern: a virtual INT32 tensor between the convolution and its first
-        // pointwise; with an f32 one its heuristics offered no engine on the H200).
+        // An int8 convolution's sums stay int32 until the scale, as cuDNN's ConvScaleBiasAct
+        // int8 sample declares them (session 22's f32 virtual tensor here got no engine on
+        // the H200, for reasons not known).
         tensor(100, spec.y, nhwc_strides(spec.y), comp, true)?
     } else if epilogue {
         next_virtual()?
