@@ -5,6 +5,10 @@
 //! message (RESOURCE_EXHAUSTED with the predicted lateness for a deadline that cannot be met).
 //! Methods isolane does not serve answer UNIMPLEMENTED saying what to do instead.
 //!
+//! `ModelStreamInfer` answers each request of a stream through the same `infer` as
+//! `ModelInfer`, in the requests' order, a request's error as its answer's `error_message`
+//! ([`crate::stream`]: the window of requests in flight, the stream's end).
+//!
 //! The system shared memory extension is the HTTP front end's, over the same registry
 //! ([`Server::shared_memory`]): regions registered either way are used by requests of both.
 //!
@@ -33,11 +37,14 @@ use crate::{wire, InferRequest, ModelStatistics, Refusal, Server, StatDuration};
 #[derive(Clone)]
 pub struct GrpcFrontEnd {
     server: Server,
+    /// Raised when the front end stops (after the drain): open streams read no further
+    /// request, answer those in flight and end.
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl GrpcFrontEnd {
-    pub fn new(server: Server) -> Self {
-        GrpcFrontEnd { server }
+    pub fn new(server: Server, stopping: tokio::sync::watch::Receiver<bool>) -> Self {
+        GrpcFrontEnd { server, stopping }
     }
 
     /// The tonic service, its message size bounded as the HTTP front end bounds a body: the
@@ -113,6 +120,13 @@ async fn serve_capped(
     max_connections: usize,
 ) -> std::io::Result<()> {
     let incoming = capped_incoming(listener, max_connections);
+    // Streams end by themselves when the front end stops: tonic's graceful shutdown waits
+    // for every call under way, and a stream's client need never close it.
+    let (stop_streams, stopping) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_streams.send(true);
+    };
     tonic::transport::Server::builder()
         // A whole call's bound, queueing included, as the HTTP front end's request deadline;
         // a client's own `grpc-timeout` applies when shorter.
@@ -122,7 +136,11 @@ async fn serve_capped(
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .serve_with_incoming_shutdown(GrpcFrontEnd::new(server).into_service(), incoming, shutdown)
+        .serve_with_incoming_shutdown(
+            GrpcFrontEnd::new(server, stopping).into_service(),
+            incoming,
+            shutdown,
+        )
         .await
         .map_err(std::io::Error::other)
 }
@@ -236,10 +254,6 @@ fn refused(r: &Refusal) -> Status {
     Status::new(r.grpc_code().tonic(), r.to_string())
 }
 
-fn unimplemented(method: &str, instead: &str) -> Status {
-    Status::unimplemented(format!("{method} is not served by isolane; {instead}"))
-}
-
 const CUDA_SHARED_MEMORY: &str = "CUDA shared memory is not served: register system shared \
      memory (SystemSharedMemoryRegister) or send each input's data in the request \
      (ModelInferRequest.raw_input_contents)";
@@ -275,11 +289,13 @@ impl GrpcFrontEnd {
             .ok_or_else(|| refused(&self.server.unknown(name)))
     }
 
-    /// Decodes, submits and encodes one inference; whether it completed late.
+    /// Decodes, submits and encodes one inference (a `ModelInfer` call's, or one request of a
+    /// stream's, as `protocol` says); whether it completed late.
     async fn infer(
         &self,
         req: pb::ModelInferRequest,
         mut stamps: FrontStamps,
+        protocol: Protocol,
     ) -> (Result<pb::ModelInferResponse, Status>, bool) {
         let name = req.model_name.clone();
         let info = match self.model(&name) {
@@ -333,10 +349,59 @@ impl GrpcFrontEnd {
         if encoded.is_ok() {
             stamps.encoded = clock::now_ns();
             if let Some(m) = self.server.find(&name) {
-                m.stats.stages(Protocol::Grpc, &stamps.stages(&core));
+                m.stats.stages(protocol, &stamps.stages(&core));
             }
         }
         (encoded, late)
+    }
+}
+
+impl GrpcFrontEnd {
+    /// One request of a stream, answered as `ModelInfer` answers it, within the same bound on
+    /// a request's whole time (a unary call's is tonic's timeout, which a stream's requests
+    /// are not under).
+    async fn stream_answer(&self, req: pb::ModelInferRequest) -> ModelStreamInferResponse {
+        let began = Instant::now();
+        let now = clock::now_ns();
+        let (name, id) = (req.model_name.clone(), req.id.clone());
+        // A message of a stream has no header of its own: its `receive` stage is 0.
+        let stamps = FrontStamps {
+            header: now,
+            body: now,
+            ..Default::default()
+        };
+        let bound = crate::http::LIMITS.request_deadline;
+        let (answer, late) = match tokio::time::timeout(
+            bound,
+            self.infer(req, stamps, Protocol::GrpcStream),
+        )
+        .await
+        {
+            Ok(done) => done,
+            Err(_) => (
+                Err(Status::deadline_exceeded(format!(
+                    "no answer within {} s, the server's bound on a request's whole time",
+                    bound.as_secs()
+                ))),
+                false,
+            ),
+        };
+        match logged("ModelStreamInfer", &name, began, late, answer) {
+            Ok(r) => ModelStreamInferResponse {
+                error_message: String::new(),
+                infer_response: Some(r.into_inner()),
+            },
+            // As Triton: the error's words, and the request's id so that the client knows
+            // which request failed.
+            Err(status) => ModelStreamInferResponse {
+                error_message: status.message().to_string(),
+                infer_response: Some(pb::ModelInferResponse {
+                    model_name: name,
+                    id,
+                    ..Default::default()
+                }),
+            },
+        }
     }
 }
 
@@ -436,27 +501,31 @@ impl GrpcInferenceService for GrpcFrontEnd {
             body,
             ..Default::default()
         };
-        let (answer, late) = self.infer(request, stamps).await;
+        let (answer, late) = self.infer(request, stamps, Protocol::Grpc).await;
         logged("ModelInfer", &name, began, late, answer)
     }
 
-    type ModelStreamInferStream =
-        tonic::codegen::tokio_stream::Empty<Result<ModelStreamInferResponse, Status>>;
+    type ModelStreamInferStream = crate::stream::Answers;
 
+    /// Each request read from the stream is answered as a `ModelInfer` call is (one access-log
+    /// line each, method `ModelStreamInfer`), at most [`crate::stream::IN_FLIGHT`] at once, in
+    /// the requests' order; a refusal or a bad request is that answer's `error_message`, with
+    /// the request's id, and the stream goes on.
     async fn model_stream_infer(
         &self,
-        _: Request<Streaming<pb::ModelInferRequest>>,
+        request: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        logged(
-            "ModelStreamInfer",
-            "",
-            Instant::now(),
-            false,
-            Err(unimplemented(
-                "ModelStreamInfer (streaming inference)",
-                "send each request with ModelInfer",
-            )),
-        )
+        let front = self.clone();
+        let answers = crate::stream::pump(
+            request.into_inner(),
+            crate::stream::IN_FLIGHT,
+            self.stopping.clone(),
+            move |req| {
+                let front = front.clone();
+                async move { front.stream_answer(req).await }
+            },
+        );
+        Ok(Response::new(answers))
     }
 
     /// Triton's statistics extension (perf_analyzer reads it around each measurement): the
@@ -1084,12 +1153,13 @@ mod tests {
                 .await
                 .unwrap_err();
             assert_eq!(e.code(), Code::Unimplemented);
-            let e = c
+            // A stream the client closes at once ends at once, answerless.
+            let mut none = c
                 .model_stream_infer(tonic::codegen::tokio_stream::empty())
                 .await
-                .unwrap_err();
-            assert_eq!(e.code(), Code::Unimplemented);
-            assert!(e.message().contains("ModelInfer"), "{}", e.message());
+                .unwrap()
+                .into_inner();
+            assert!(none.message().await.unwrap().is_none());
             // The server still answers after all that.
             let resp = c.model_infer(infer("echo", &[4.0], None)).await.unwrap();
             let back = decode_infer_response(resp.into_inner(), &Limits::default()).unwrap();
@@ -1482,5 +1552,257 @@ mod tests {
             );
         });
         s.drain(Duration::from_secs(5));
+    }
+
+    /// Two served models for the streams: `echo` (2 ms a job, batch 4) and `slow` (50 ms,
+    /// batch 1).
+    const TWO: &str = r#"
+[[workload]]
+name = "echo"
+model = "spin:2ms"
+batch = 4
+rate_hz = 10
+duration_s = 1
+deadline_ms = 5000
+
+[[workload]]
+name = "slow"
+model = "spin:50ms"
+batch = 1
+rate_hz = 10
+duration_s = 1
+deadline_ms = 5000
+"#;
+
+    fn request(
+        model: &str,
+        id: &str,
+        values: &[f32],
+        deadline_ms: Option<u64>,
+    ) -> pb::ModelInferRequest {
+        let mut params = Parameters::new();
+        if let Some(ms) = deadline_ms {
+            params.set_deadline_ms(ms);
+        }
+        encode_infer_request(model, None, Some(id), &params, &[rows(values)], None).unwrap()
+    }
+
+    /// A stream open on `c`: the sender of its requests and its answers.
+    async fn open_stream(
+        c: &mut GrpcInferenceServiceClient<Channel>,
+    ) -> (
+        tokio::sync::mpsc::Sender<pb::ModelInferRequest>,
+        Streaming<ModelStreamInferResponse>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let answers = c
+            .model_stream_infer(tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(
+                rx,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        (tx, answers)
+    }
+
+    /// Requests for two models on one stream, some refused or invalid: every one answered, in
+    /// the order sent, with its id; each answer equal to ModelInfer's for the same request;
+    /// each error an `error_message`, the stream going on.
+    #[test]
+    fn a_stream_answers_each_request_as_model_infer_does_in_order_errors_included() {
+        let s = crate::tests::server(TWO);
+        with_client(&s, |mut c| async move {
+            let sent = [
+                request("echo", "a", &[1.0, 2.0], None),
+                request("slow", "b", &[3.0], None),
+                request("echo", "c", &[4.0], None),
+                request("slow", "d", &[5.0], Some(1)),
+                request("nope", "e", &[6.0], None),
+                request("echo", "f", &[1.0; 5], None),
+                request("echo", "g", &[7.0], Some(60_000)),
+            ];
+            let (tx, mut answers) = open_stream(&mut c).await;
+            for r in &sent {
+                tx.send(r.clone()).await.unwrap();
+            }
+            let mut got = Vec::new();
+            for _ in &sent {
+                got.push(
+                    answers
+                        .message()
+                        .await
+                        .unwrap()
+                        .expect("an answer per request"),
+                );
+            }
+            let ids: Vec<_> = got
+                .iter()
+                .map(|a| a.infer_response.as_ref().unwrap().id.as_str())
+                .collect();
+            assert_eq!(ids, ["a", "b", "c", "d", "e", "f", "g"]);
+            for (i, says) in [
+                (3, "after its deadline"),
+                (4, "unknown model `nope`"),
+                (5, "1 ≤ n ≤ 4"),
+            ] {
+                assert!(got[i].error_message.contains(says), "{:?}", got[i]);
+            }
+            // The others, as ModelInfer answers the same requests (a second time).
+            for i in [0, 1, 2, 6] {
+                assert_eq!(got[i].error_message, "", "{:?}", got[i]);
+                let unary = c.model_infer(sent[i].clone()).await.unwrap().into_inner();
+                assert_eq!(got[i].infer_response.as_ref(), Some(&unary), "request {i}");
+            }
+            let back =
+                decode_infer_response(got[1].infer_response.clone().unwrap(), &Limits::default())
+                    .unwrap();
+            assert_eq!(floats(&back.outputs[0]), vec![3.0]);
+            assert!(!back.late);
+            // The client closes its side: the stream ends once all is answered.
+            drop(tx);
+            assert!(answers.message().await.unwrap().is_none());
+        });
+        // Counted as requests of the stream (`grpc-stream`), each of its successes once.
+        let stages = |m: &str| s.statistics(Some(m)).unwrap()[0].isolane_stages.clone();
+        let infer = |m: &str, p: &str| {
+            stages(m)
+                .iter()
+                .find(|t| t.protocol == p && t.stage == "infer")
+                .map_or(0, |t| t.count)
+        };
+        assert_eq!(
+            (infer("echo", "grpc-stream"), infer("echo", "grpc")),
+            (3, 3)
+        );
+        assert_eq!(
+            (infer("slow", "grpc-stream"), infer("slow", "grpc")),
+            (1, 1)
+        );
+        let metrics = s.metrics().encode();
+        assert!(
+            metrics.contains(r#"isolane_serve_rejections_total{model="slow",reason="deadline"} 1"#),
+            "{metrics}"
+        );
+        assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
+    }
+
+    /// A client gone with requests in flight on its stream: they still run and are recorded
+    /// (`--out`), and the server goes on serving.
+    #[test]
+    fn a_stream_clients_requests_run_and_are_recorded_after_it_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = isolane_runtime::jobs_stream::JobsStream::start(
+            Some(dir.path()),
+            &["echo".to_string(), "slow".to_string()],
+            None,
+        )
+        .unwrap();
+        let records = Some((
+            vec![jobs.sender(0), jobs.sender(1)],
+            isolane_runtime::clock::now_ns(),
+        ));
+        let s = crate::tests::server_recording(TWO, |_| {}, records);
+        with_client(&s, |mut c| {
+            let s = s.clone();
+            async move {
+                let (tx, answers) = open_stream(&mut c).await;
+                for i in 0..4 {
+                    tx.send(request("slow", &i.to_string(), &[i as f32], None))
+                        .await
+                        .unwrap();
+                }
+                let began = Instant::now();
+                while s.in_flight() < 4 {
+                    assert!(began.elapsed() < Duration::from_secs(30), "never taken");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                // Gone: its stream reset, its side closed.
+                drop(answers);
+                drop(tx);
+                while s.in_flight() > 0 {
+                    assert!(began.elapsed() < Duration::from_secs(30), "never answered");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let r = c.model_infer(request("echo", "x", &[9.0], None)).await;
+                let back = decode_infer_response(r.unwrap().into_inner(), &Limits::default());
+                assert_eq!(floats(&back.unwrap().outputs[0]), vec![9.0]);
+            }
+        });
+        let stats = &s.statistics(Some("slow")).unwrap()[0];
+        assert_eq!(stats.inference_stats.success.count, 4);
+        assert_eq!(s.drain(Duration::from_secs(5)).abandoned, 0);
+        drop(s);
+        jobs.finish().unwrap();
+        let written =
+            isolane_runtime::output::read_jobs_csv(&dir.path().join("jobs/slow.csv")).unwrap();
+        assert_eq!(written.len(), 4, "{written:?}");
+        assert!(written.iter().all(|j| j.completed()), "{written:?}");
+    }
+
+    /// SIGTERM's drain with a stream open: its request in flight is answered, one sent after
+    /// is told the server is shutting down, then the front end's stop ends the stream (OK),
+    /// though the client never closed its side.
+    #[test]
+    fn the_drain_answers_a_streams_request_then_refuses_then_ends_it() {
+        let s = crate::tests::server(TWO);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let serving = tokio::spawn(serve_grpc(s.clone(), listener, async {
+                let _ = stopped.await;
+            }));
+            let channel = tonic::transport::Endpoint::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut c = GrpcInferenceServiceClient::new(channel);
+            let (tx, mut answers) = open_stream(&mut c).await;
+            tx.send(request("slow", "in-flight", &[1.5], None))
+                .await
+                .unwrap();
+            let began = Instant::now();
+            while s.in_flight() < 1 {
+                assert!(began.elapsed() < Duration::from_secs(30), "never taken");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let draining = s.clone();
+            let drained =
+                tokio::task::spawn_blocking(move || draining.drain(Duration::from_secs(30)));
+            while s.is_ready() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            tx.send(request("echo", "after", &[2.5], None))
+                .await
+                .unwrap();
+            let first = answers.message().await.unwrap().unwrap();
+            assert_eq!(first.error_message, "", "{first:?}");
+            let back =
+                decode_infer_response(first.infer_response.unwrap(), &Limits::default()).unwrap();
+            assert_eq!(
+                (back.meta.id.as_deref(), floats(&back.outputs[0])),
+                (Some("in-flight"), vec![1.5])
+            );
+            let second = answers.message().await.unwrap().unwrap();
+            assert!(second.error_message.contains("shutting down"), "{second:?}");
+            assert_eq!(second.infer_response.unwrap().id, "after");
+            let d = drained.await.unwrap();
+            assert_eq!((d.answered, d.abandoned), (1, 0));
+            let _ = stop.send(());
+            let end = tokio::time::timeout(Duration::from_secs(30), answers.message()).await;
+            assert!(
+                matches!(end, Ok(Ok(None))),
+                "the stream did not end: {end:?}"
+            );
+            drop(tx);
+            let ended = tokio::time::timeout(Duration::from_secs(30), serving).await;
+            assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+        });
     }
 }

@@ -34,6 +34,7 @@ mod released;
 mod request;
 pub mod shm;
 mod stats;
+pub mod stream;
 pub mod wire;
 
 use std::sync::atomic::{AtomicBool, Ordering};

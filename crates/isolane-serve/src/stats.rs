@@ -359,7 +359,7 @@ pub(crate) struct Totals {
     executions: AtomicU64,
     last_ms: AtomicU64,
     /// Each front end's answered requests, per stage ([`Protocol`], [`Stage`]).
-    stages: [[Timed; Stage::ALL.len()]; 2],
+    stages: [[Timed; Stage::ALL.len()]; 3],
     /// Jobs by their batch size (rows): each one's input, infer and output time (`batch_stats`).
     batches: std::sync::Mutex<std::collections::BTreeMap<u64, [StatDuration; 3]>>,
 }
@@ -369,6 +369,8 @@ pub(crate) struct Totals {
 pub enum Protocol {
     Grpc,
     Http,
+    /// gRPC's `ModelStreamInfer`: a request has no header of its own, so its `receive` is 0.
+    GrpcStream,
 }
 
 impl Protocol {
@@ -376,6 +378,7 @@ impl Protocol {
         match self {
             Protocol::Grpc => "grpc",
             Protocol::Http => "http",
+            Protocol::GrpcStream => "grpc-stream",
         }
     }
 }
@@ -578,7 +581,7 @@ impl ModelStats {
                     compute_output: output,
                 })
                 .collect(),
-            isolane_stages: [Protocol::Grpc, Protocol::Http]
+            isolane_stages: [Protocol::Grpc, Protocol::Http, Protocol::GrpcStream]
                 .into_iter()
                 .flat_map(|p| {
                     Stage::ALL.iter().map(move |&s| {

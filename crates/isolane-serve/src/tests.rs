@@ -46,7 +46,7 @@ fn server_with(toml: &str, change: impl FnOnce(&mut Scenario)) -> Server {
 }
 
 /// [`server_with`], recording its requests as jobs into `records` (`serve --out`).
-fn server_recording(
+pub(crate) fn server_recording(
     toml: &str,
     change: impl FnOnce(&mut Scenario),
     records: Option<(Vec<isolane_runtime::jobs_stream::BatchSender>, i64)>,
