@@ -1,6 +1,6 @@
 //! `isolane serve` end to end, driven by Triton's own Python client (`tritonclient`, HTTP and
 //! gRPC) through tests/serve_client.py: health and metadata, outputs bit-identical to
-//! `isolane infer`'s (JSON, binary data, system shared memory, gRPC), a refusal for an
+//! `isolane infer`'s (JSON, binary data, system shared memory, gRPC and its stream), a refusal for an
 //! impossible deadline, and the drain on SIGTERM; and the README's serve examples as written.
 //! Without tritonclient the test skips (fails under ISOLANE_STRICT=1; .ci/run installs it).
 
@@ -174,6 +174,15 @@ fn tritonclient_over_http_and_grpc_gets_infers_outputs_refusals_and_a_drain() {
         "ok: gRPC: a new request after SIGTERM",
         "ok: HTTP: the request in flight at SIGTERM is answered",
         "ok: gRPC: the request in flight at SIGTERM is answered",
+        "ok: gRPC stream: an impossible deadline is an error on the stream, which goes on",
+        "ok: gRPC stream: answers come in the order sent, with their ids",
+        "ok: gRPC stream: outputs equal isolane infer's (request s0)",
+        "ok: gRPC stream: outputs equal isolane infer's (request s3)",
+        "ok: gRPC stream: two models on one stream, each its own answer",
+        "ok: gRPC stream: each request is counted in /metrics",
+        "ok: gRPC stream: the request in flight at SIGTERM is answered",
+        "ok: gRPC stream: a request sent during the drain is told the server is shutting down",
+        "ok: gRPC stream: the server ends the stream after the drain",
     ] {
         assert!(said.contains(check), "`{check}` missing from:\n{said}");
     }
@@ -201,6 +210,8 @@ fn tritonclient_over_http_and_grpc_gets_infers_outputs_refusals_and_a_drain() {
     for line in [
         r#"protocol="http" method=POST path=/v2/models/spin50/infer model="spin50" status=429"#,
         r#"protocol="grpc" method="ModelInfer" model="mnet" status=0"#,
+        r#"protocol="grpc" method="ModelStreamInfer" model="mnet" status=0"#,
+        r#"protocol="grpc" method="ModelStreamInfer" model="spin50" status=8"#,
     ] {
         assert!(log.contains(line), "`{line}` missing from:\n{log}");
     }

@@ -13,9 +13,14 @@ tests/serve.rs starts the server on a scenario of three models (a real CNN, `MOD
   HTTP 429 / gRPC RESOURCE_EXHAUSTED, the message saying by how much it would be late;
 - requests tritonclient compresses (gzip and deflate) answered over both protocols, and a
   batch past the spin's or a request in a sequence refused as invalid (400 / INVALID_ARGUMENT);
-- the drain: with requests in flight on SLOW, SIGTERM to PID; the server turns unready,
-  refuses a new request (HTTP 503 / gRPC UNAVAILABLE, or the connection is refused) and still
-  answers those in flight. The test then checks that the server exits 0.
+- streaming inference (gRPC ModelStreamInfer, tritonclient's start_stream and
+  async_stream_infer): requests for MODEL and SPIN on one stream answered in the order sent,
+  with their ids, the CNN's outputs bit-identical to EXPECT; an impossible deadline is an error
+  on the stream, which goes on; each request counted in /metrics;
+- the drain: with requests in flight on SLOW (HTTP, gRPC and a stream), SIGTERM to PID; the
+  server turns unready, refuses a new request (HTTP 503 / gRPC UNAVAILABLE, or the connection
+  is refused; on the stream an error saying it shuts down) and still answers those in flight,
+  then ends the stream by itself. The test then checks that the server exits 0.
 
 Each check that holds prints one `ok: ...` line; the first that fails ends the script with
 `FAILED: ...` and exit code 1. Exit code 3: tritonclient or numpy cannot be imported (the test
@@ -25,6 +30,7 @@ skips, or fails under ISOLANE_STRICT=1).
 import argparse
 import json
 import os
+import queue
 import signal
 import sys
 import threading
@@ -34,8 +40,10 @@ import urllib.error
 import urllib.request
 
 try:
+    import grpc
     import numpy as np
     import tritonclient.grpc as grpcclient
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 except ImportError as e:  # the test turns this into a skip (or a failure when strict)
@@ -306,6 +314,112 @@ def check_grpc(a):
     c.close()
 
 
+def check_stream(a):
+    """ModelStreamInfer as tritonclient's streaming API uses it: two models on one stream, an
+    impossible deadline in between; answers in the order sent, each with its id."""
+    c = grpcclient.InferenceServerClient(url=a.grpc)
+    answers = queue.Queue()
+    c.start_stream(
+        callback=lambda result, error: answers.put((result, error)), stream_timeout=TIMEOUT_S
+    )
+    one = np.array([[7.25]], dtype=np.float32)
+    sent = [
+        ("s0", a.model, a.x, None),
+        ("s1", a.spin, one, None),
+        ("s2", a.spin, one, {"deadline_ms": 1}),
+        ("s3", a.model, a.x, None),
+        ("s4", a.spin, 2 * one, {"deadline_ms": 60000}),
+    ]
+    before = requests_received(a, a.spin)
+    for rid, model, x, params in sent:
+        inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        outputs = [grpcclient.InferRequestedOutput(a.output_name)] if model == a.model else None
+        c.async_stream_infer(
+            model, [inp], outputs=outputs, request_id=rid, parameters=params
+        )
+    got = [answers.get(timeout=TIMEOUT_S) for _ in sent]
+    c.stop_stream()
+    c.close()
+    errors = [(i, str(e)) for i, (_, e) in enumerate(got) if e is not None]
+    check(
+        len(errors) == 1 and errors[0][0] == 2 and "after its deadline" in errors[0][1],
+        "gRPC stream: an impossible deadline is an error on the stream, which goes on",
+        errors,
+    )
+    ids = [r.get_response().id if r is not None else None for r, _ in got]
+    check(
+        ids == ["s0", "s1", None, "s3", "s4"],
+        "gRPC stream: answers come in the order sent, with their ids",
+        ids,
+    )
+    for i in (0, 3):
+        out = got[i][0].as_numpy(a.output_name)
+        check(
+            same_bits(out, a.y),
+            f"gRPC stream: outputs equal isolane infer's (request {sent[i][0]})",
+            diff(out, a.y),
+        )
+    check(
+        same_bits(got[1][0].as_numpy("output"), one)
+        and same_bits(got[4][0].as_numpy("output"), 2 * one),
+        "gRPC stream: two models on one stream, each its own answer",
+        [got[1][0].get_response(), got[4][0].get_response()],
+    )
+    counted = requests_received(a, a.spin) - before
+    check(counted == 3, "gRPC stream: each request is counted in /metrics", counted)
+
+
+def raw_stream_request(model, rid, value):
+    """A ModelInferRequest of one FP32 row, in tritonclient's generated protobuf types."""
+    r = service_pb2.ModelInferRequest(model_name=model, id=rid)
+    t = r.inputs.add()
+    t.name = "input"
+    t.datatype = "FP32"
+    t.shape.extend([1, 1])
+    r.raw_input_contents.append(np.array([[value]], dtype=np.float32).tobytes())
+    return r
+
+
+class RawStream:
+    """A ModelStreamInfer call through tritonclient's generated stub, whose request side stays
+    open until closed: what arrives, and whether the server ended the stream by itself."""
+
+    def __init__(self, addr):
+        self.channel = grpc.insecure_channel(addr)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        self.outbox = queue.Queue()
+        self.seen = []
+        self.ended = None
+
+        def requests():
+            while True:
+                r = self.outbox.get()
+                if r is None:
+                    return
+                yield r
+
+        responses = stub.ModelStreamInfer(requests(), timeout=4 * TIMEOUT_S)
+
+        def read():
+            try:
+                for resp in responses:
+                    self.seen.append(resp)
+                self.ended = "OK"
+            except grpc.RpcError as e:
+                self.ended = f"{e.code()}: {e.details()}"
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+
+    def send(self, request):
+        self.outbox.put(request)
+
+    def close(self):
+        self.outbox.put(None)
+        self.channel.close()
+
+
 def requests_received(a, model):
     """isolane_serve_requests_total of `model`, from /metrics."""
     _, text = http_get(a.http, "/metrics")
@@ -334,7 +448,9 @@ def check_drain(a):
 
     threads = [threading.Thread(target=http_in_flight)]
     grpc_client = None
+    stream = None
     if a.grpc:
+        stream = RawStream(a.grpc)
         grpc_client = grpcclient.InferenceServerClient(url=a.grpc)
         done = threading.Event()
 
@@ -348,7 +464,8 @@ def check_drain(a):
         t.start()
     if grpc_client is not None:
         grpc_client.async_infer(a.slow, [inp], grpc_answered, client_timeout=TIMEOUT_S)
-    in_flight = 2 if a.grpc else 1
+        stream.send(raw_stream_request(a.slow, "in-flight", 4.5))
+    in_flight = 3 if a.grpc else 1
     # Taken once counted: wait for the count, then a little longer so that each request has
     # passed admission into the queue (the count comes first); the slow model takes a second
     # per request, so they are still in flight when the signal comes.
@@ -397,6 +514,7 @@ def check_drain(a):
                 "gRPC: a new request after SIGTERM is refused (UNAVAILABLE)",
                 f"status {e.status()}: {e.message()}",
             )
+        stream.send(raw_stream_request(a.spin, "after", 3.0))
 
     for t in threads:
         t.join(TIMEOUT_S)
@@ -415,6 +533,29 @@ def check_drain(a):
             got,
         )
         grpc_client.close()
+        # The client never closes its side: the server ends the stream once it has answered.
+        stream.reader.join(TIMEOUT_S)
+        seen = [(r.infer_response.id, r.error_message) for r in stream.seen]
+        first = stream.seen[0] if stream.seen else None
+        check(
+            first is not None
+            and first.error_message == ""
+            and np.frombuffer(first.infer_response.raw_output_contents[0], np.float32).tolist()
+            == [4.5],
+            "gRPC stream: the request in flight at SIGTERM is answered",
+            seen,
+        )
+        check(
+            len(seen) == 2 and seen[1][0] == "after" and "shutting down" in seen[1][1],
+            "gRPC stream: a request sent during the drain is told the server is shutting down",
+            seen,
+        )
+        check(
+            stream.ended == "OK",
+            "gRPC stream: the server ends the stream after the drain",
+            stream.ended,
+        )
+        stream.close()
     print(json.dumps({"in_flight_answered": in_flight}), flush=True)
 
 
@@ -438,6 +579,7 @@ def main():
         check_http(a)
         if a.grpc:
             check_grpc(a)
+            check_stream(a)
         check_drain(a)
     except Failed as e:
         print(f"FAILED: {e}", flush=True)
