@@ -108,8 +108,20 @@ pub(super) fn record_quant_gemm(
         };
     }
     paths[FLOAT_PATH] = float_path(m, rec, caches, err, q, &alt.float);
-    if let Some(dc) = &alt.dnn_conv {
-        paths[3] = dnn_conv_graph(m, rec, caches, (name, q), alt, dc);
+    // An untimed build keeps the int8 GEMM unless the graph is forced: then its plan (and a
+    // runtime-fusion engine's compile) would be made for nothing.
+    let graph_choosable =
+        !rec.options.first_choice || rec.options.quant_paths.forced() == Some(GRAPH_PATH);
+    match &alt.dnn_conv {
+        Some(dc) if graph_choosable => {
+            paths[GRAPH_PATH] = dnn_conv_graph(m, rec, caches, (name, q), alt, dc);
+        }
+        Some(_) => {
+            paths[GRAPH_PATH] = Err(EngineError::Runtime(
+                "not built: an untimed build keeps the int8 GEMM".into(),
+            ))
+        }
+        None => {}
     }
     if let (Some(c), Some(xb), Ok(gemm)) = (&q.conv, alt.xb, &paths[0]) {
         if !q.x_quantized {
@@ -166,6 +178,8 @@ pub(super) fn record_quant_gemm(
 const PATHS: usize = 5;
 /// The float step's place among them.
 const FLOAT_PATH: usize = 2;
+/// cuDNN's fused quantized graph's.
+const GRAPH_PATH: usize = 3;
 
 /// The candidates' best times where they are timed (`None`: not built, or failed to run).
 fn time_paths(

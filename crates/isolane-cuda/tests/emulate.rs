@@ -2098,6 +2098,13 @@ fn every_quantized_layer_choice_computes_the_graph() {
                     (Some(_), Some(gc)) => {
                         assert_eq!(gc.y_inv.is_some(), g.y_scale.is_some(), "{name}");
                         assert_eq!(gc.bias.is_some(), g.bias.is_some(), "{name}");
+                        // One f32 inverse output scale per output channel.
+                        if let (Some(Loc::Const { id, .. }), Some(ys)) = (gc.y_inv, g.y_scale) {
+                            let inv = &p.consts[id].data;
+                            assert_eq!(inv.len(), g.n, "{name}");
+                            assert!(inv.iter().all(|&v| v == 1.0 / ys), "{name}: {inv:?}");
+                            assert!(p.const_repr.contains(&(id, plan::ConstRepr::F32)));
+                        }
                     }
                     (None, None) => {}
                     other => panic!("{name}: {other:?}"),
