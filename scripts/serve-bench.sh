@@ -25,9 +25,11 @@
 #             is the in-process baseline; perf_analyzer at concurrency 1 gives the added µs at
 #             p50 (target <= 50 for gRPC) and the server's stages; the sweep over
 #             --concurrencies (1,2,4,8) the best throughput / in-process (target >= 90 %) with
-#             the concurrency it took and its p50/p99, over gRPC and HTTP (binary data) and gRPC
-#             with system shared memory (`grpc-shm`); tritonclient's rows include Python's own
-#             client time. Then, the main server stopped, one server of the probe alone per
+#             the concurrency it took and its p50/p99, over gRPC and HTTP (binary data), gRPC
+#             with system shared memory (`grpc-shm`) and gRPC streaming (`grpc-stream`:
+#             ModelStreamInfer, perf_analyzer's --streaming; --no-stream leaves it out), each
+#             perf_analyzer run in windows of --pa-window-ms (1000); tritonclient's rows
+#             (start_stream for grpc-stream) include Python's own client time. Then, the main server stopped, one server of the probe alone per
 #             --ab-spin-us value (0,2000) with [timing] spin_us set to it, at concurrency 1:
 #             the spin A/B (docs/serve.md, "Waiting for answers").
 #             The sweep's levels above 1, the shared memory rows and the A/B servers start
@@ -35,7 +37,7 @@
 #             overhead step 300 s): what is left out for time is listed in summary.md.
 #   floor     (--steps ...,floor; session-gpu.sh's overhead step) after the main server, a server
 #             of the probe and its floor (a GlobalAveragePool ONNX of the probe's input shape that
-#             the driver writes): both at concurrency 1 over gRPC, HTTP and grpc-shm, the floor
+#             the driver writes): both at concurrency 1 over gRPC, HTTP, grpc-shm and grpc-stream, the floor
 #             in-process too, so that the added p50 splits into the protocol floor (client,
 #             socket and server plumbing for the same body) and the model path above it; and
 #             the probe in-process at gRPC's concurrency-1 rate (its job with the GPU idle

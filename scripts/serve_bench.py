@@ -11,8 +11,9 @@ Steps, in this order (each with its own time limit; the server is always stopped
             `isolane run` of a one-workload copy of the scenario at rate "max" (and, on
             cuda, `isolane bench` on the whole GPU for reference)
   serve     `isolane serve S` on free ports, waited for until its ready line
-  overhead  each probe model at batch 1: perf_analyzer over gRPC and HTTP (binary data) and
-            gRPC with system shared memory, at each of --concurrencies (1, 2, 4, 8): the best
+  overhead  each probe model at batch 1: perf_analyzer over gRPC and HTTP (binary data), gRPC
+            with system shared memory and gRPC streaming (ModelStreamInfer, perf_analyzer's
+            --streaming), at each of --concurrencies (1, 2, 4, 8): the best
             throughput against in-process with the concurrency it took and its p50/p99; the
             server's stages at concurrency 1; tritonclient from Python at concurrency 1. Then,
             once the main server has stopped, a server of the probes alone per --ab-spin-us
@@ -39,6 +40,7 @@ import glob
 import json
 import math
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -326,21 +328,31 @@ def model_figures(before, after, model):
 
 
 class Client:
-    """One tritonclient (gRPC or HTTP, binary tensors) for one model; not shared by threads."""
+    """One tritonclient (gRPC or HTTP, binary tensors) for one model; not shared by threads.
+    `grpc-stream`: gRPC with every request of this client on one stream (start_stream,
+    async_stream_infer), each waited for before the next is sent."""
 
     def __init__(self, proto, url, model, meta):
         self.proto, self.model, self.meta = proto, model, meta
-        mod = grpcclient if proto == "grpc" else httpclient
+        self.stream = proto == "grpc-stream"
+        self.grpc = proto in ("grpc", "grpc-stream")
+        mod = grpcclient if self.grpc else httpclient
         self.mod = mod
-        if proto == "grpc":
+        if self.grpc:
             self.c = mod.InferenceServerClient(url=url)
         else:
             self.c = mod.InferenceServerClient(url=url, connection_timeout=10.0, network_timeout=10.0)
+        self.broken = None
+        if self.stream:
+            self.answers = queue.Queue()
+            self.c.start_stream(callback=lambda result, error: self.answers.put((result, error)))
 
     def infer(self, data, deadline_ms=None):
         """One request: ("ok"|"refused"|"error", seconds, late, message)."""
         inp = self.mod.InferInput(self.meta["input"], list(data.shape), "FP32")
-        if self.proto == "grpc":
+        if self.broken:
+            return "error", 0.0, False, self.broken
+        if self.grpc:
             inp.set_data_from_numpy(data)
             outs = [self.mod.InferRequestedOutput(self.meta["output"])]
         else:
@@ -349,7 +361,20 @@ class Client:
         params = {"deadline_ms": int(deadline_ms)} if deadline_ms is not None else None
         t0 = time.perf_counter()
         try:
-            if self.proto == "grpc":
+            if self.stream:
+                self.c.async_stream_infer(self.model, [inp], outputs=outs, parameters=params)
+                try:
+                    r, err = self.answers.get(timeout=10.0)
+                except queue.Empty:
+                    # A late answer would be taken for the next request's: no more on this stream.
+                    self.broken = "no answer on the stream within 10 s"
+                    return "error", time.perf_counter() - t0, False, self.broken
+                if err is not None:
+                    # A stream's error carries the server's words only, no status code.
+                    msg = err.message()
+                    kind = "refused" if "refused" in msg else "error"
+                    return kind, time.perf_counter() - t0, False, f"stream: {msg}"
+            elif self.grpc:
                 r = self.c.infer(self.model, [inp], outputs=outs, parameters=params, client_timeout=10.0)
             else:
                 r = self.c.infer(self.model, [inp], outputs=outs, parameters=params)
@@ -362,7 +387,7 @@ class Client:
             return "error", time.perf_counter() - t0, False, f"{type(e).__name__}: {e}"
         dt = time.perf_counter() - t0
         resp = r.get_response()
-        if self.proto == "grpc":
+        if self.grpc:
             late = "late" in resp.parameters and resp.parameters["late"].bool_param
         else:
             late = bool((resp.get("parameters") or {}).get("late", False))
@@ -370,6 +395,8 @@ class Client:
 
     def close(self):
         try:
+            if self.stream:
+                self.c.stop_stream()
             self.c.close()
         except Exception:
             pass
@@ -649,7 +676,9 @@ def step_inproc(args, scenario, probes, rate_hz="max"):
 def overhead_paths(args, server, meta):
     """The client paths the overhead step measures: (key, protocol, url, extra perf_analyzer
     flags). `grpc-shm` is gRPC with the tensors in system shared memory (perf_analyzer registers
-    the regions; the documented zero-copy local path) beside binary data over the socket."""
+    the regions; the documented zero-copy local path) beside binary data over the socket;
+    `grpc-stream` gRPC's ModelStreamInfer (each of perf_analyzer's concurrent slots sends its
+    requests on a stream of its own)."""
     paths = []
     if server.grpc:
         paths.append(("grpc", "grpc", server.grpc, []))
@@ -658,7 +687,14 @@ def overhead_paths(args, server, meta):
         out_bytes = 4 * math.prod(meta.get("output_dims") or [1]) or 4
         paths.append(("grpc-shm", "grpc", server.grpc,
                       ["--shared-memory", "system", "--output-shared-memory-size", str(max(out_bytes, 64))]))
+    if server.grpc and args.stream:
+        paths.append(("grpc-stream", "grpc", server.grpc, ["--streaming"]))
     return paths
+
+
+def stage_protocol(key, proto):
+    """The protocol under which the server counts a path's stages (`isolane_stages`)."""
+    return "grpc-stream" if key == "grpc-stream" else proto
 
 
 def sweep_levels(args, proto, deadline_ms, service_ms):
@@ -686,7 +722,8 @@ def step_overhead(args, server, metas, probes, inproc, res, spin_us=None):
         if spin_us is not None:
             r["spin_us"] = spin_us
         floor = spin_us == "floor"
-        paths = [p for p in overhead_paths(args, server, meta) if spin_us is None or floor or p[0] != "grpc-shm"]
+        paths = [p for p in overhead_paths(args, server, meta)
+                 if spin_us is None or floor or p[0] not in ("grpc-shm", "grpc-stream")]
         runs = []
         for key, proto, url, pa_extra in paths:
             levels, skipped = sweep_levels(args, proto, w.get("deadline_ms"), base and base.get("p99_ms"))
@@ -713,16 +750,18 @@ def step_overhead(args, server, metas, probes, inproc, res, spin_us=None):
             r["perf_analyzer"][f"{key}_c{conc}"] = pa_summary(row)
             if conc == 1:
                 # Where the server's time went, per request of this run (its warm-up too).
-                r.setdefault("stages", {})[key] = stage_means(before, stage_totals(server.http, name), proto)
+                r.setdefault("stages", {})[key] = stage_means(before, stage_totals(server.http, name),
+                                                              stage_protocol(key, proto))
         for key, proto, url, _ in paths:
             if key == "grpc-shm" or (spin_us is not None and args.perf_analyzer):
                 continue
-            c = Client(proto, url, name, meta)
+            c = Client(key, url, name, meta)
             data = data_for(meta, 1)
             sequential(c, data, 50)
             before = stage_totals(server.http, name)
-            r["tritonclient"][proto] = sequential(c, data, args.py_requests)
-            r.setdefault("stages_tritonclient", {})[proto] = stage_means(before, stage_totals(server.http, name), proto)
+            r["tritonclient"][key] = sequential(c, data, args.py_requests)
+            r.setdefault("stages_tritonclient", {})[key] = stage_means(before, stage_totals(server.http, name),
+                                                                       stage_protocol(key, proto))
             c.close()
         if base:
             cmp = {}
@@ -882,7 +921,7 @@ def floor_split(s):
         if name.endswith("_floor"):
             continue
         f = served.get(f"{name}_floor") or {}
-        for path in ("grpc", "http", "grpc-shm"):
+        for path in ("grpc", "http", "grpc-shm", "grpc-stream"):
             # perf_analyzer's rows; without it (the CPU kit check) tritonclient's.
             key, client, stages = f"{path}_c1", "perf_analyzer", "stages"
             if ((r.get("perf_analyzer") or {}).get(key) or {}).get("p50_ms") is None:
@@ -1065,11 +1104,21 @@ def targets(s):
             ratio = best["throughput_ratio"]
             out.append(f"- {name}: grpc-shm throughput {ratio:.1%} of in-process at best, at concurrency "
                        f"{best['concurrency']} (target >= 90 %): {yes(ratio >= 0.9)}")
+        # Streaming (ModelStreamInfer): no call set-up per request.
+        t1 = cmp.get("grpc-stream_c1", {}).get("added_us_p50")
+        if t1 is not None:
+            out.append(f"- {name}: gRPC streaming (grpc-stream) adds {t1:.1f} µs at p50 (target <= 50 µs): "
+                       f"{yes(t1 <= 50)}")
+        best = (r.get("best") or {}).get("grpc-stream")
+        if best and best.get("throughput_ratio"):
+            ratio = best["throughput_ratio"]
+            out.append(f"- {name}: grpc-stream throughput {ratio:.1%} of in-process at best, at concurrency "
+                       f"{best['concurrency']} (target >= 90 %): {yes(ratio >= 0.9)}")
     pinned = s.get("shm_page_locked")
     if pinned:
         out.append(f"- shared memory regions: {pinned}")
     for x in floor_split(s):
-        if x["path"] in ("grpc", "grpc-shm"):
+        if x["path"] in ("grpc", "grpc-shm", "grpc-stream"):
             out.append(f"- {x['model']}: of {x['path']}'s {x['added_us']:.1f} µs added at p50 (the floor's server), the protocol "
                        f"floor is {x['floor_us']:.1f} µs and the model's path adds {x['above_floor_us']:.1f} µs above it")
     crit = st.get("critical", {}).get("flooded")
@@ -1149,7 +1198,9 @@ def markdown(s):
         if bests:
             L += ["### Best throughput of the concurrency sweep (perf_analyzer, batch 1)", "",
                   "`grpc-shm`: gRPC with the input and output tensors in system shared memory "
-                  "(perf_analyzer's `--shared-memory system`), beside binary data over the socket.", "",
+                  "(perf_analyzer's `--shared-memory system`), beside binary data over the socket. "
+                  "`grpc-stream`: gRPC's ModelStreamInfer (perf_analyzer's `--streaming`), each concurrent "
+                  "slot's requests on a stream of its own.", "",
                   "| model | path | concurrency | req/s | p50 ms | p99 ms | throughput / in-process |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
             for name, path, b in bests:
@@ -1165,7 +1216,9 @@ def markdown(s):
             order = [k for k in staged[0][2] if k != "server"]
             L += ["### Where the server's time went (perf_analyzer, concurrency 1; mean µs per stage)", "",
                   "From the call's header to its response built, as the server stamps them (the statistics "
-                  "extension's `isolane_stages`); the client's latency beyond `server` is the socket and the client.", "",
+                  "extension's `isolane_stages`); the client's latency beyond `server` is the socket and the client. "
+                  "A streamed request has no header of its own: its `receive` is 0 and its time starts with "
+                  "its message read.", "",
                   "| model | protocol | " + " | ".join(order) + " | server |",
                   "| --- | --- | " + " | ".join("---:" for _ in order) + " | ---: |"]
             for name, proto, m in staged:
@@ -1221,7 +1274,7 @@ def markdown(s):
                 L += [f"{name} in-process at {pr['rate_hz']} Hz (the rate of gRPC at concurrency 1, the model idle "
                       f"between jobs): p50 {fmt(pr['p50_ms'])} ms, against {fmt(base['p50_ms'])} ms back to back.", ""]
         fstages = [(n, p, m) for n, r in ((st.get("floor") or {}).get("served") or {}).items()
-                   for p in ("grpc", "http", "grpc-shm")
+                   for p in ("grpc", "http", "grpc-shm", "grpc-stream")
                    for m in [((r.get("stages") or {}).get(p) or (r.get("stages_tritonclient") or {}).get(p))] if m]
         if fstages:
             order = [k for k in fstages[0][2] if k != "server"]
@@ -1302,10 +1355,14 @@ def main():
                          "--quick 1,2)")
     ap.add_argument("--no-shm", dest="shm", action="store_false",
                     help="leave out perf_analyzer's gRPC row with system shared memory")
+    ap.add_argument("--no-stream", dest="stream", action="store_false",
+                    help="leave out the gRPC streaming rows (ModelStreamInfer, perf_analyzer's --streaming)")
     ap.add_argument("--ab-spin-us", default=None,
                     help="after the overhead step, a server of the probe models alone per value with [timing] spin_us "
                          "set to it, measured at concurrency 1 (empty: none; default 0,2000, --quick 0)")
-    ap.add_argument("--pa-window-ms", type=int, default=1500, help="perf_analyzer's measurement window")
+    # 1000 ms since the fourth path (grpc-stream): the overhead step's runs then take about the
+    # time three paths took at 1500 ms, within scripts/session-gpu.sh's 300 s.
+    ap.add_argument("--pa-window-ms", type=int, default=1000, help="perf_analyzer's measurement window")
     ap.add_argument("--pa-stability", type=int, default=25, help="perf_analyzer's -s (percent)")
     ap.add_argument("--py-requests", type=int, default=1000)
     ap.add_argument("--critical-rate", type=float, default=200.0)
@@ -1340,9 +1397,9 @@ def main():
     OUT = args.out
     os.makedirs(OUT, exist_ok=True)
     steps = set(args.steps.split(","))
-    # What the floor step takes (two in-process runs, a server of two models, six perf_analyzer
+    # What the floor step takes (two in-process runs, a server of two models, eight perf_analyzer
     # runs at concurrency 1): the main server's sweep leaves it that much of --budget-s.
-    args.floor_reserve_s = 90 if "floor" in steps else 0
+    args.floor_reserve_s = 100 if "floor" in steps else 0
     with open(args.scenario, "rb") as f:
         scenario = tomllib.load(f)
     workloads = scenario.get("workload", [])
