@@ -1,7 +1,8 @@
 //! `isolane serve` end to end, driven by Triton's own Python client (`tritonclient`, HTTP and
 //! gRPC) through tests/serve_client.py: health and metadata, outputs bit-identical to
-//! `isolane infer`'s (JSON, binary data, system shared memory, gRPC and its stream), a refusal for an
-//! impossible deadline, and the drain on SIGTERM; and the README's serve examples as written.
+//! `isolane infer`'s (JSON, binary data, system shared memory, gRPC and its stream), a refusal
+//! for an impossible deadline, and the drain on SIGTERM (a stream open through it); and the
+//! README's serve examples as written.
 //! Without tritonclient the test skips (fails under ISOLANE_STRICT=1; .ci/run installs it).
 
 mod common;
