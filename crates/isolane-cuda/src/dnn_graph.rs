@@ -1152,6 +1152,101 @@ mod tests {
         assert_eq!(made.describe(), "2 offered, 1 made");
     }
 
+    /// Which fused quantized graphs cuDNN plans on this GPU (the session 24 question: does
+    /// sm_90 take int8 convolution fusions, and only as engines compiled at run time?): for
+    /// resnet50's convolution shapes at batch 1 and 64, int8 and e4m3, the graph with each
+    /// epilogue (scale only; bias and ReLU; bias, residual and ReLU; each writing fp16 or
+    /// requantized bytes), first with precompiled engines only, then with runtime-compiled
+    /// ones. Prints per graph the engine and the time its plan took, or cuDNN's reasons.
+    /// Holds that a graph without a plan is refused with the reason of every attempt (the
+    /// build's candidate is then skipped, said once), never with a bare error.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn which_quantized_graphs_cudnn_plans_on_this_gpu() {
+        use isolane_engine::quant::QuantType;
+        let backend = crate::CudaBackend::new(0).expect("needs a CUDA GPU");
+        crate::model::make_current(backend.context()).unwrap();
+        let h = crate::handles::Cudnn::new(std::ptr::null_mut()).expect("cudnn");
+        // (C, H, K, kernel, stride): resnet50's conv1 1×1, conv2 3×3, conv3 1×1 of layer1, a
+        // strided 3×3 of layer2, layer4's 3×3.
+        let shapes = [
+            (64, 56, 64, 1, 1),
+            (64, 56, 64, 3, 1),
+            (64, 56, 256, 1, 1),
+            (128, 56, 128, 3, 2),
+            (512, 7, 512, 3, 1),
+        ];
+        let mut planned = 0;
+        let mut tried = 0;
+        // Runtime-compiled engines take seconds each: the most telling graphs first (int8 at
+        // batch 1, then 64, then e4m3), within 120 s, the rest said to be skipped.
+        let start = std::time::Instant::now();
+        for (qtype, batch) in [
+            (QuantType::Int8, 1),
+            (QuantType::Int8, 64),
+            (QuantType::Float8E4M3Fn, 1),
+        ] {
+            for (c, hw, k, r, st) in shapes {
+                let o = (hw + 2 * (r / 2) - r) / st + 1;
+                for (bias, residual, relu, quant_out) in [
+                    (false, false, false, false),
+                    (true, false, true, false),
+                    (true, false, true, true),
+                    (true, true, true, false),
+                    (true, true, true, true),
+                ] {
+                    let spec = ConvGraphSpec {
+                        x: [batch, c, hw, hw],
+                        w: [k, c, r, r],
+                        y: [batch, k, o, o],
+                        pads: [r / 2; 2],
+                        strides: [st; 2],
+                        dilations: [1, 1],
+                        bias,
+                        residual,
+                        relu,
+                        dtype: DType::F16,
+                        allow_tf32: false,
+                        quant: Some(qtype),
+                        quant_out,
+                    };
+                    let what = format!(
+                        "{qtype} b{batch} {c}x{hw}x{hw} k{r} s{st} -> {k}: bias {bias} \
+                             residual {residual} relu {relu} bytes out {quant_out}"
+                    );
+                    for rtc in [false, true] {
+                        if start.elapsed().as_secs() > 120 {
+                            println!("{what} rtc {rtc}: skipped (120 s spent)");
+                            continue;
+                        }
+                        tried += 1;
+                        let t0 = std::time::Instant::now();
+                        let got = quant_conv_graphs(h.raw(), &spec, 1 << 30, 1, (rtc, None));
+                        let ms = t0.elapsed().as_secs_f64() * 1e3;
+                        match got {
+                            Ok(g) => {
+                                planned += 1;
+                                println!(
+                                    "{what} rtc {rtc}: engine {} (runtime-compiled {}, \
+                                         workspace {}) in {ms:.1} ms",
+                                    g[0].engine, g[0].runtime_compiled, g[0].workspace
+                                );
+                            }
+                            Err(e) => {
+                                println!("{what} rtc {rtc}: none in {ms:.1} ms: {e}");
+                                assert!(
+                                    e.contains("precompiled:") && e.contains("fallback:"),
+                                    "{e}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        println!("{planned} of {tried} quantized graphs planned");
+    }
+
     #[test]
     fn nhwc_strides_are_channels_last() {
         assert_eq!(nhwc_strides([2, 3, 4, 5]), [60, 1, 15, 3]);
