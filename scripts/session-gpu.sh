@@ -24,6 +24,8 @@
 #   quantgemm isolane-cuda's GPU test: the int8/fp8 tensor-core path against the exact reference
 #   quantgraph isolane-cuda's GPU test: cuDNN's fused quantized convolution graph forced where
 #             cuDNN makes a plan, against the exact reference (layers kept, engines, reasons)
+#   quantprobe isolane-cuda's GPU unit test: which fused quantized graphs cuDNN plans here
+#             (resnet50's shapes, each epilogue, precompiled / runtime-compiled engines)
 #   int8      scripts/int8-h200.sh: fp16 against int8 and fp8 (needs torch there)
 #   int8acc   scripts/int8_accuracy_gpu.py: the trained digits CNN's top-1 accuracy and agreement
 #             with fp32 per precision, cuda and cpu (isolane's calibration, onnxruntime's QDQ)
@@ -83,6 +85,11 @@ for s in "$@"; do
     cudalib) step cudalib 200 bash -c 'for t in stage/tests/isolane-cuda--isolane_cuda stage/tests/isolane-cuda--suite stage/tests/isolane-gpu--*; do echo "== $t"; "$t" --ignored --test-threads 1 || rc=1; done; exit ${rc:-0}' ;;
     quick) step quick 120 bash -c "\"$isolane\" run --out $work/quick-run && \"$isolane\" report $work/quick-run | tail -20" ;;
     quantgemm) step quantgemm 200 stage/tests/isolane-cuda--gpu quant_gemm_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture ;;
+    quantprobe)
+        step quantprobe 150 stage/tests/isolane-cuda--isolane_cuda which_quantized_graphs_cudnn_plans_on_this_gpu --ignored --nocapture
+        grep -E " rtc |graphs planned|test result|panicked" "$work/quantprobe.log" | cut -c1-400 |
+            head -80 | tee "$out/quantprobe.md"
+        ;;
     quantgraph)
         step quantgraph 200 env ISOLANE_CUDA_SEARCH_LOG=1 stage/tests/isolane-cuda--gpu quant_graph_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture
         grep -E "kept per layer|QuantGemm steps|compile failed|note: cuDNN|cudnn [a-z0-9]+ graph for|test result" \

@@ -1179,7 +1179,7 @@ mod tests {
         let mut planned = 0;
         let mut tried = 0;
         // Runtime-compiled engines take seconds each: the most telling graphs first (int8 at
-        // batch 1, then 64, then e4m3), within 120 s, the rest said to be skipped.
+        // batch 1, then 64, then e4m3), within 90 s, the rest said to be skipped.
         let start = std::time::Instant::now();
         for (qtype, batch) in [
             (QuantType::Int8, 1),
@@ -1215,8 +1215,8 @@ mod tests {
                              residual {residual} relu {relu} bytes out {quant_out}"
                     );
                     for rtc in [false, true] {
-                        if start.elapsed().as_secs() > 120 {
-                            println!("{what} rtc {rtc}: skipped (120 s spent)");
+                        if start.elapsed().as_secs() > 90 {
+                            println!("{what} rtc {rtc}: skipped (90 s spent)");
                             continue;
                         }
                         tried += 1;
