@@ -109,6 +109,9 @@ pub(crate) enum Val {
     B(Arr<bool>),
     /// A QuantizeLinear of a runtime tensor, which only a DequantizeLinear may read.
     Q(Box<quant::Pending>),
+    /// IsNaN of a runtime tensor, which only `Where(IsNaN(x), c, x)` may read (PyTorch's
+    /// attention export zeroes the NaN of a fully masked row so; `Importer::where_op`).
+    NanTest(Dyn),
 }
 
 #[derive(Debug, Clone)]
@@ -125,6 +128,7 @@ impl Val {
             Val::I(_) => "an integer constant",
             Val::B(_) => "a bool constant",
             Val::Q(_) => "a quantized runtime tensor (a QuantizeLinear output)",
+            Val::NanTest(_) => "IsNaN of a runtime tensor (read only by Where(IsNaN(x), c, x))",
         }
     }
 
@@ -136,7 +140,7 @@ impl Val {
     pub(crate) fn bytes(&self) -> u128 {
         let n = |len: usize, size: usize| (len as u128).saturating_mul(size as u128);
         match self {
-            Val::Dyn(_) | Val::Q(_) => 0,
+            Val::Dyn(_) | Val::Q(_) | Val::NanTest(_) => 0,
             Val::F(a) => n(a.data.len(), std::mem::size_of::<f32>()),
             Val::I(a) => n(a.data.len(), std::mem::size_of::<Sym>()),
             Val::B(a) => n(a.data.len(), std::mem::size_of::<bool>()),
@@ -146,7 +150,7 @@ impl Val {
     /// The rank (same at every batch size).
     pub(crate) fn rank(&self) -> usize {
         match self {
-            Val::Dyn(d) => d.shapes[0].len(),
+            Val::Dyn(d) | Val::NanTest(d) => d.shapes[0].len(),
             Val::Q(q) => q.x.shapes[0].len(),
             Val::F(a) => a.shape.len(),
             Val::I(a) => a.shape.len(),
@@ -177,6 +181,7 @@ impl Val {
             Val::I(a) => Ok(st(&a.shape)),
             Val::B(a) => Ok(st(&a.shape)),
             Val::Q(q) => Val::Dyn(q.x.clone()).sym_shape(),
+            Val::NanTest(d) => Val::Dyn(d.clone()).sym_shape(),
         }
     }
 }
@@ -983,7 +988,7 @@ pub(crate) fn sym_to_dim(s: Sym, reshape: bool) -> Result<Dim, String> {
 /// The shape of a value known at import.
 pub(crate) fn static_shape(v: &Val) -> Vec<usize> {
     match v {
-        Val::Dyn(d) => d.shapes[0].clone(),
+        Val::Dyn(d) | Val::NanTest(d) => d.shapes[0].clone(),
         Val::Q(q) => q.x.shapes[0].clone(),
         Val::F(a) => a.shape.clone(),
         Val::I(a) => a.shape.clone(),
@@ -1013,7 +1018,7 @@ pub(crate) fn map_arr(
         Val::F(a) => f(a).map(Val::F),
         Val::I(a) => i(a).map(Val::I),
         Val::B(a) => b(a).map(Val::B),
-        Val::Dyn(_) | Val::Q(_) => {
+        Val::Dyn(_) | Val::Q(_) | Val::NanTest(_) => {
             return Err(c.bad("internal: structural fold of a runtime tensor"))
         }
     };

@@ -3,8 +3,11 @@
 //! batch-dependent integers carried as `a·B + c`. They have no IR op: a runtime tensor
 //! reaching one is refused by name.
 
+use crate::ir::{Op, Unary};
 use crate::onnx::fold::{self, Arr, Sym};
-use crate::onnx::import::{batch_uniform, node_axis, syms_static, Ctx, Importer, Val};
+use crate::onnx::import::{
+    batch_uniform, node_axis, static_shape, syms_static, Ctx, Dyn, Importer, Val,
+};
 use crate::onnx::proto::{attribute_proto::AttributeType, TensorProto};
 use crate::onnx::tensor::{self, Data};
 use crate::onnx::{OnnxError, Result as OnnxResult};
@@ -26,6 +29,7 @@ pub(crate) const ONNX: &[(&str, ImportFn)] = &[
     ("LessOrEqual", import_compare),
     ("GreaterOrEqual", import_compare),
     ("Not", import_not),
+    ("IsNaN", import_is_nan),
     ("And", import_and_or),
     ("Or", import_and_or),
     ("Where", import_where),
@@ -116,6 +120,19 @@ fn import_not(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
     match im.req(c, 0)? {
         Val::B(a) => Ok(vec![Val::B(a.map(|b| !b))]),
         v => Err(c.bad(format!("Not of {} is not supported", v.kind()))),
+    }
+}
+
+/// IsNaN: on a float known at import, computed; on a runtime tensor, a test that only
+/// `Where(IsNaN(x), c, x)` may read (`Importer::where_op`), since the IR has no bool tensors.
+fn import_is_nan(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    match im.req(c, 0)? {
+        Val::F(a) => Ok(vec![Val::B(a.map(|v| v.is_nan()))]),
+        Val::Dyn(d) => Ok(vec![Val::NanTest(d)]),
+        v => Err(c.bad(format!(
+            "IsNaN of {} is not supported (its input must be a float tensor)",
+            v.kind()
+        ))),
     }
 }
 
@@ -302,6 +319,9 @@ impl Importer<'_> {
 
     pub(crate) fn where_op(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
         let (cond, x, y) = (self.req(c, 0)?, self.req(c, 1)?, self.req(c, 2)?);
+        if let Val::NanTest(tested) = &cond {
+            return self.where_nan(c, tested, &x, &y);
+        }
         let Val::B(cond) = cond else {
             return Err(c.bad(format!(
                 "the condition is {}; isolane folds Where only on values known at import",
@@ -321,6 +341,53 @@ impl Importer<'_> {
             }
         };
         Ok(vec![r.map_err(|e| c.bad(e))?])
+    }
+
+    /// `Where(IsNaN(x), v, x)`: x with its NaN replaced by the constant v. PyTorch's ONNX export
+    /// of scaled_dot_product_attention (torch.onnx's dynamo exporter; every Hugging Face
+    /// attention model) writes it after the attention Softmax, so that a fully masked row (all
+    /// -inf, a Softmax of NaN) gives zeros. A Softmax's values lie in [0, 1], so for v <= 0 it
+    /// is `Clip(x, v, +inf)`: unchanged where x is a number, and v where x is NaN, since Clip's
+    /// lower bound is taken with max(), which returns the number of a (NaN, number) pair on
+    /// every backend (Rust's f32::max, CUDA's fmaxf). Any other use is refused by name.
+    fn where_nan(&mut self, c: &Ctx, tested: &Dyn, x: &Val, y: &Val) -> OnnxResult<Vec<Val>> {
+        let refuse = |why: String| {
+            Err(c.bad(format!(
+                "Where(IsNaN(x), v, x) is supported only as PyTorch's attention export writes it: \
+                 x a Softmax output, v a constant <= 0; {why}"
+            )))
+        };
+        let same = matches!(y, Val::Dyn(d) if d.id == tested.id);
+        if !same {
+            return refuse(format!(
+                "here the value taken where no NaN is ({}) is not the tested tensor",
+                y.kind()
+            ));
+        }
+        let value = match x {
+            Val::F(a) if a.data.len() == 1 => a.data[0],
+            other => {
+                return refuse(format!(
+                    "here the replacement is {} of shape {:?}",
+                    other.kind(),
+                    static_shape(other)
+                ))
+            }
+        };
+        if value.is_nan() || value > 0.0 {
+            return refuse(format!("here the replacement is {value}"));
+        }
+        let producer = self.g.producer(tested.id).map(|n| &self.g.nodes[n].op);
+        if !matches!(producer, Some(Op::Softmax { .. })) {
+            let what = producer.map_or("a graph input or constant", |op| op.name());
+            return refuse(format!("here x comes from {what}"));
+        }
+        let clip = Op::Unary(Unary::Clip {
+            min: value,
+            max: f32::INFINITY,
+        });
+        let out = self.out_name(c, 0);
+        self.emit(c, clip, &[(c.n.input[2].clone(), y.clone())], vec![out])
     }
 
     /// Mod, on values known at import (exporters use it for axis arithmetic such as
@@ -404,4 +471,104 @@ pub(crate) fn cast(c: &Ctx, x: Val, to: i64) -> OnnxResult<Val> {
         Val::B(a) if to == BOOL => Val::B(a),
         _ => return Err(c.unsupported_attr("to", format!("data type {to}"))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::testing::{floats, node, run, with_int};
+
+    /// PyTorch's dynamo export of scaled_dot_product_attention (every Hugging Face ViT, DeiT,
+    /// BEiT, DINOv2, CLIP...) writes `Where(IsNaN(Softmax(s)), 0, Softmax(s))`: refused as
+    /// "unsupported op IsNaN". A fully masked row (all -inf) gives zeros, as onnxruntime's.
+    #[test]
+    fn the_attention_exports_nan_guard_after_a_softmax_runs() {
+        let nodes = vec![
+            with_int(node("Softmax", &["x"], "s"), "axis", -1),
+            node("IsNaN", &["s"], "nan"),
+            node("Where", &["nan", "zero", "s"], "y"),
+        ];
+        let inf = f32::NEG_INFINITY;
+        let x = [inf, inf, inf, 1.0, 2.0, 3.0];
+        let y = run(nodes, vec![floats("zero", &[], &[0.0])], &[1, 2, 3], &x).unwrap();
+        assert_eq!(y.shape, vec![1, 2, 3]);
+        assert_eq!(&y.data[..3], &[0.0; 3]);
+        let e: Vec<f32> = [1.0f32, 2.0, 3.0].iter().map(|v| v.exp()).collect();
+        let sum: f32 = e.iter().sum();
+        for (got, want) in y.data[3..].iter().zip(&e) {
+            assert!((got - want / sum).abs() < 1e-6, "{got} vs {}", want / sum);
+        }
+    }
+
+    /// What the rewrite does not cover is refused by name and why, never run wrongly.
+    #[test]
+    fn other_nan_guards_are_refused_saying_what_is_supported() {
+        let softmax = || with_int(node("Softmax", &["x"], "s"), "axis", -1);
+        let cases = [
+            // Not after a Softmax: x may be below the replacement.
+            (
+                vec![
+                    node("IsNaN", &["x"], "nan"),
+                    node("Where", &["nan", "zero", "x"], "y"),
+                ],
+                0.0,
+                "x comes from a graph input",
+            ),
+            // A replacement above a Softmax's smallest value.
+            (
+                vec![
+                    softmax(),
+                    node("IsNaN", &["s"], "nan"),
+                    node("Where", &["nan", "zero", "s"], "y"),
+                ],
+                0.5,
+                "the replacement is 0.5",
+            ),
+            // The value kept is another tensor than the one tested.
+            (
+                vec![
+                    softmax(),
+                    node("IsNaN", &["s"], "nan"),
+                    node("Where", &["nan", "zero", "x"], "y"),
+                ],
+                0.0,
+                "not the tested tensor",
+            ),
+            // The mask read by anything but Where.
+            (
+                vec![
+                    softmax(),
+                    node("IsNaN", &["s"], "nan"),
+                    node("Relu", &["nan"], "y"),
+                ],
+                0.0,
+                "IsNaN of a runtime tensor",
+            ),
+        ];
+        for (nodes, zero, want) in cases {
+            let e = run(
+                nodes,
+                vec![floats("zero", &[], &[zero])],
+                &[1, 3],
+                &[1.0, 2.0, 3.0],
+            )
+            .unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
+    /// IsNaN of a constant is computed at import.
+    #[test]
+    fn is_nan_of_a_constant_is_folded() {
+        let nodes = vec![
+            node("IsNaN", &["k"], "nan"),
+            node("Where", &["nan", "zero", "k"], "kept"),
+            node("Add", &["x", "kept"], "y"),
+        ];
+        let inits = vec![
+            floats("k", &[2], &[f32::NAN, 2.0]),
+            floats("zero", &[], &[0.0]),
+        ];
+        let y = run(nodes, inits, &[1, 2], &[1.0, 1.0]).unwrap();
+        assert_eq!(y.data, vec![1.0, 3.0]);
+    }
 }

@@ -1,16 +1,17 @@
 //! Ops that pick or join parts of tensors: `Op::Concat`, `Op::Split`, `Op::Slice` (ONNX
 //! semantics, negative steps included) and `Op::Gather` (constant indices).
 //!
-//! ONNX: Concat, Split, Slice (both signatures), Gather, GatherND, ScatterND and Pad.
+//! ONNX: Concat, Split, Slice (both signatures), Gather, GatherND, ScatterND, ScatterElements
+//! and Pad.
 
 use crate::error::Result;
-use crate::ir::{self, Op};
+use crate::ir::{self, Dim, Op};
 use crate::ir::{norm_axis, shape_err, slice_params, Node};
 use crate::kernels::{strides_of, unsupported, Kernel, StridedK};
 use crate::onnx::fold::{self, Arr, Sym};
 use crate::onnx::import::{
-    check_pads, concat_known, map_arr, node_axis, static_shape, sym_to_dim, syms_static, Ctx,
-    Importer, Val,
+    check_pads, concat_known, fmt_syms, map_arr, node_axis, static_shape, sym_to_dim, syms_static,
+    Ctx, Importer, Val,
 };
 use crate::onnx::Result as OnnxResult;
 use crate::ops::ImportFn;
@@ -186,6 +187,7 @@ pub(crate) const ONNX: &[(&str, ImportFn)] = &[
     ("Gather", import_gather),
     ("GatherND", import_gather_nd),
     ("ScatterND", import_scatter_nd),
+    ("ScatterElements", import_scatter_elements),
     ("Pad", import_pad),
 ];
 
@@ -221,6 +223,10 @@ fn import_gather_nd(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
 
 fn import_scatter_nd(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
     im.scatter_nd(c)
+}
+
+fn import_scatter_elements(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.scatter_elements(c)
 }
 
 /// Pad's amounts are an attribute before opset 11, an input since.
@@ -455,9 +461,12 @@ impl Importer<'_> {
     pub(crate) fn gather_nd(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
         c.int_default_only("batch_dims", 0)?;
         let (data, indices) = (self.req(c, 0)?, self.req(c, 1)?);
+        if let Val::Dyn(_) = &data {
+            return self.gather_nd_runtime(c, data, &indices);
+        }
         let Val::F(data) = &data else {
             return Err(c.bad(format!(
-                "GatherND of {} is supported only on float values known at import",
+                "GatherND of {} is supported only on float values and runtime tensors",
                 data.kind()
             )));
         };
@@ -477,37 +486,171 @@ impl Importer<'_> {
         Ok(vec![Val::F(Arr::new(shape, out))])
     }
 
-    /// ScatterND on values known at import (`reduction` none): the masks and biases that
-    /// exporters build from in-place slice assignments (swin v2's shifted-window mask).
+    /// GatherND of a runtime tensor by indices known at import: one Gather along dimension 0
+    /// of the data with its indexed dimensions flattened into one (a Reshape first when there
+    /// are several). Transformers' BEiT picks its relative position bias so, from a table
+    /// that PyTorch's dynamo exporter leaves as a Resize of a constant (a runtime tensor here
+    /// until constants are folded).
+    fn gather_nd_runtime(&mut self, c: &Ctx, data: Val, indices: &Val) -> OnnxResult<Vec<Val>> {
+        let shape = data.sym_shape().map_err(|e| c.bad(e))?;
+        let (idx, ishape, q) = nd_indices(c, indices, &static_shape(&data))?;
+        if shape[..q].iter().any(|s| !s.is_const()) {
+            return Err(c.bad(format!(
+                "GatherND indexing the batch dimension of a runtime tensor (data {}, indices \
+                 {ishape:?}) is not supported",
+                fmt_syms(&shape)
+            )));
+        }
+        let indexed: Vec<usize> = shape[..q].iter().map(|s| s.c as usize).collect();
+        let mut rows = Vec::with_capacity(idx.len() / q);
+        for tuple in idx.chunks_exact(q) {
+            rows.push(nd_offset(c, tuple, &indexed)? as i64);
+        }
+        let mut x = data;
+        if q > 1 {
+            let mut flat = vec![Dim::Fixed(indexed.iter().product())];
+            for &s in &shape[q..] {
+                flat.push(sym_to_dim(s, false).map_err(|e| c.bad(e))?);
+            }
+            let name = c.n.input[0].clone();
+            x = self.emit_tmp(c, Op::Reshape { shape: flat }, &[(name, x)], "rows")?;
+        }
+        let gather = Op::Gather {
+            axis: 0,
+            indices: rows,
+            indices_shape: ishape[..ishape.len() - 1].to_vec(),
+        };
+        let out = self.out_name(c, 0);
+        self.emit(c, gather, &[(c.n.input[0].clone(), x)], vec![out])
+    }
+
+    /// ScatterND on values known at import (`reduction` none), of any element type: the masks
+    /// and biases that exporters build from in-place slice assignments (swin v2's
+    /// shifted-window mask; BEiT's relative position index, integers).
     pub(crate) fn scatter_nd(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
         let reduction = c.string("reduction", "none")?;
         if reduction != "none" {
             return Err(c.unsupported_attr("reduction", format!("value {reduction:?}")));
         }
         let (data, indices, updates) = (self.req(c, 0)?, self.req(c, 1)?, self.req(c, 2)?);
-        let (Val::F(data), Val::F(updates)) = (&data, &updates) else {
-            return Err(c.bad(format!(
-                "ScatterND of {} with updates {} is supported only on float values known at import",
-                data.kind(),
-                updates.kind()
-            )));
-        };
-        let dshape = &data.shape;
-        let (idx, ishape, q) = nd_indices(c, &indices, dshape)?;
+        let dshape = static_shape(&data);
+        let (idx, ishape, q) = nd_indices(c, &indices, &dshape)?;
         let slice: usize = dshape[q..].iter().product();
         let n = idx.len() / q;
-        if updates.data.len() != n * slice {
+        let mut offsets = Vec::with_capacity(n);
+        for tuple in idx.chunks_exact(q) {
+            offsets.push(nd_offset(c, tuple, &dshape)? * slice);
+        }
+        let fits = |len: usize| {
+            if len == n * slice {
+                Ok(())
+            } else {
+                Err(c.bad(format!(
+                    "updates {:?} do not fit indices {ishape:?} into data {dshape:?}",
+                    static_shape(&updates)
+                )))
+            }
+        };
+        fn put<T: Clone>(data: &Arr<T>, updates: &[T], offsets: &[usize], slice: usize) -> Arr<T> {
+            let mut out = data.data.clone();
+            for (k, &at) in offsets.iter().enumerate() {
+                out[at..at + slice].clone_from_slice(&updates[k * slice..(k + 1) * slice]);
+            }
+            Arr::new(data.shape.clone(), out)
+        }
+        let r = match (&data, &updates) {
+            (Val::F(d), Val::F(u)) => {
+                fits(u.data.len()).map(|_| Val::F(put(d, &u.data, &offsets, slice)))
+            }
+            (Val::I(d), Val::I(u)) => {
+                fits(u.data.len()).map(|_| Val::I(put(d, &u.data, &offsets, slice)))
+            }
+            (Val::B(d), Val::B(u)) => {
+                fits(u.data.len()).map(|_| Val::B(put(d, &u.data, &offsets, slice)))
+            }
+            _ => Err(c.bad(format!(
+                "ScatterND of {} with updates {} is supported only on values known at import, \
+                 of one element type",
+                data.kind(),
+                updates.kind()
+            ))),
+        }?;
+        Ok(vec![r])
+    }
+
+    /// ScatterElements (reduction `none`) on values known at import, of any element type:
+    /// PyTorch's dynamo exporter writes BEiT's relative position index (a `select_scatter` of
+    /// integers) with it. `indices` and `updates` have one shape; each update goes to its own
+    /// position with the index along `axis` replaced.
+    pub(crate) fn scatter_elements(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+        let reduction = c.string("reduction", "none")?;
+        if reduction != "none" {
+            return Err(c.unsupported_attr("reduction", format!("value {reduction:?}")));
+        }
+        let (data, indices, updates) = (self.req(c, 0)?, self.req(c, 1)?, self.req(c, 2)?);
+        let dshape = static_shape(&data);
+        let axis = node_axis(c, c.int("axis", 0)?, dshape.len())?;
+        let idx = syms_static(c, &indices, "indices")?;
+        let ishape = static_shape(&indices);
+        if ishape != static_shape(&updates)
+            || ishape.len() != dshape.len()
+            || ishape
+                .iter()
+                .zip(&dshape)
+                .enumerate()
+                .any(|(d, (&i, &n))| d != axis && i > n)
+        {
             return Err(c.bad(format!(
-                "updates {:?} do not fit indices {ishape:?} into data {dshape:?}",
-                updates.shape
+                "indices {ishape:?} and updates {:?} do not scatter into data {dshape:?} \
+                 along axis {axis}",
+                static_shape(&updates)
             )));
         }
-        let mut out = data.data.clone();
-        for (k, tuple) in idx.chunks_exact(q).enumerate() {
-            let at = nd_offset(c, tuple, dshape)? * slice;
-            out[at..at + slice].copy_from_slice(&updates.data[k * slice..(k + 1) * slice]);
+        // Each update's flat position in data: its own coordinates, the one on `axis` replaced.
+        let mut offsets = Vec::with_capacity(idx.len());
+        let mut coord = vec![0usize; ishape.len()];
+        for &i in &idx {
+            let size = dshape[axis] as i64;
+            let j = if i < 0 { i + size } else { i };
+            if !(0..size).contains(&j) {
+                return Err(c.bad(format!(
+                    "index {i} is out of range for axis {axis} of size {size}"
+                )));
+            }
+            let mut at = 0usize;
+            for (d, &k) in coord.iter().enumerate() {
+                at = at * dshape[d] + if d == axis { j as usize } else { k };
+            }
+            offsets.push(at);
+            for d in (0..coord.len()).rev() {
+                coord[d] += 1;
+                if coord[d] < ishape[d] {
+                    break;
+                }
+                coord[d] = 0;
+            }
         }
-        Ok(vec![Val::F(Arr::new(dshape.clone(), out))])
+        fn put<T: Clone>(data: &Arr<T>, updates: &[T], offsets: &[usize]) -> Arr<T> {
+            let mut out = data.data.clone();
+            for (&at, u) in offsets.iter().zip(updates) {
+                out[at] = u.clone();
+            }
+            Arr::new(data.shape.clone(), out)
+        }
+        let r = match (&data, &updates) {
+            (Val::F(d), Val::F(u)) => Val::F(put(d, &u.data, &offsets)),
+            (Val::I(d), Val::I(u)) => Val::I(put(d, &u.data, &offsets)),
+            (Val::B(d), Val::B(u)) => Val::B(put(d, &u.data, &offsets)),
+            _ => {
+                return Err(c.bad(format!(
+                    "ScatterElements of {} with updates {} is supported only on values known \
+                     at import, of one element type",
+                    data.kind(),
+                    updates.kind()
+                )))
+            }
+        };
+        Ok(vec![r])
     }
 
     /// Pad (opsets 13–21: `pads`, `constant_value` and, from 18, `axes` as inputs; modes
@@ -750,4 +893,105 @@ pub(crate) fn nd_offset(c: &Ctx, tuple: &[i64], shape: &[usize]) -> OnnxResult<u
         offset = offset * shape[d] + j as usize;
     }
     Ok(offset)
+}
+
+#[cfg(test)]
+mod scatter_gather_tests {
+    use crate::ops::testing::{import, ints, node, run, with_int};
+
+    /// BEiT's relative position index, exported by the dynamo exporter, is a ScatterElements
+    /// of integers (refused as an unsupported op), and by the classic one a ScatterND of
+    /// integers (refused: "supported only on float values known at import").
+    #[test]
+    fn integer_scatters_known_at_import_are_computed() {
+        let x: Vec<f32> = (0..8).map(|v| v as f32 * 10.0).collect();
+        // ScatterElements along axis 1: [[0,0],[0,0]] gets 5 at (0,1) and 6 at (1,0).
+        let nodes = vec![
+            with_int(
+                node("ScatterElements", &["data", "at", "upd"], "idx"),
+                "axis",
+                1,
+            ),
+            with_int(node("Gather", &["x", "idx"], "y"), "axis", 1),
+        ];
+        let inits = vec![
+            ints("data", &[2, 2], &[0, 0, 0, 0]),
+            ints("at", &[2, 1], &[1, 0]),
+            ints("upd", &[2, 1], &[5, 6]),
+        ];
+        let y = run(nodes, inits, &[1, 8], &x).unwrap();
+        assert_eq!(y.shape, vec![1, 2, 2]);
+        assert_eq!(y.data, vec![0.0, 50.0, 60.0, 0.0]);
+        // ScatterND: [0,0,0] gets 2 at [1].
+        let nodes = vec![
+            node("ScatterND", &["data", "at", "upd"], "idx"),
+            with_int(node("Gather", &["x", "idx"], "y"), "axis", 1),
+        ];
+        let inits = vec![
+            ints("data", &[3], &[0, 0, 0]),
+            ints("at", &[1, 1], &[1]),
+            ints("upd", &[1], &[2]),
+        ];
+        assert_eq!(
+            run(nodes, inits, &[1, 8], &x).unwrap().data,
+            vec![0.0, 20.0, 0.0]
+        );
+        // An index past the axis is refused by name.
+        let nodes = vec![
+            with_int(
+                node("ScatterElements", &["data", "at", "upd"], "idx"),
+                "axis",
+                0,
+            ),
+            with_int(node("Gather", &["x", "idx"], "y"), "axis", 1),
+        ];
+        let inits = vec![
+            ints("data", &[3], &[0, 0, 0]),
+            ints("at", &[1], &[3]),
+            ints("upd", &[1], &[2]),
+        ];
+        let e = run(nodes, inits, &[1, 8], &x).unwrap_err();
+        assert!(
+            e.contains("ScatterElements") && e.contains("index 3 is out of range"),
+            "{e}"
+        );
+    }
+
+    /// BEiT's bias table picked by GatherND from a runtime tensor (dynamo: a Resize of a
+    /// constant): refused as "supported only on float values known at import".
+    #[test]
+    fn gather_nd_of_a_runtime_tensor_by_constant_indices_is_a_gather() {
+        let x: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        // x [1,3,2] → t [3,2,1]: t[i][j] = x[0][i][j].
+        let t = || {
+            let mut n = node("Transpose", &["x"], "t");
+            n.attribute.push(crate::onnx::proto::AttributeProto {
+                name: Some("perm".into()),
+                ints: vec![1, 2, 0],
+                r#type: Some(crate::onnx::proto::attribute_proto::AttributeType::Ints as i32),
+                ..Default::default()
+            });
+            n
+        };
+        // Two indexed dimensions: a Reshape, then a Gather.
+        let nodes = vec![t(), node("GatherND", &["t", "at"], "y")];
+        let y = run(
+            nodes,
+            vec![ints("at", &[2, 2], &[2, 1, 0, -1])],
+            &[1, 3, 2],
+            &x,
+        )
+        .unwrap();
+        assert_eq!(y.shape, vec![2, 1]);
+        assert_eq!(y.data, vec![5.0, 1.0]);
+        // One: a Gather alone.
+        let nodes = vec![t(), node("GatherND", &["t", "at"], "y")];
+        let y = run(nodes, vec![ints("at", &[2, 1], &[2, 0])], &[1, 3, 2], &x).unwrap();
+        assert_eq!(y.shape, vec![2, 2, 1]);
+        assert_eq!(y.data, vec![4.0, 5.0, 0.0, 1.0]);
+        // Indexing the batch dimension (of any size) is refused by name.
+        let nodes = vec![node("GatherND", &["x", "at"], "y")];
+        let e = import(nodes, vec![ints("at", &[1, 1], &[0])], &[1, 3, 2], true).unwrap_err();
+        assert!(e.contains("GatherND indexing the batch dimension"), "{e}");
+    }
 }

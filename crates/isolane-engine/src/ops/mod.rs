@@ -192,6 +192,148 @@ impl OnnxOps {
     }
 }
 
+/// One-graph ONNX models built in memory for the families' import tests: nodes on a float
+/// input `x` of fixed shape, imported and run on the CPU backend and the reference evaluator.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::path::Path;
+
+    use crate::backend::{Backend, Precision};
+    use crate::ir::Tensor;
+    use crate::onnx::proto::{
+        attribute_proto::AttributeType, tensor_proto::DataType, tensor_shape_proto, type_proto,
+        AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+        TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    use crate::onnx::OnnxModel;
+
+    pub(crate) fn node(op: &str, ins: &[&str], out: &str) -> NodeProto {
+        NodeProto {
+            name: Some(format!("{op}_{out}")),
+            op_type: Some(op.into()),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: vec![out.into()],
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn with_int(mut n: NodeProto, name: &str, v: i64) -> NodeProto {
+        n.attribute.push(AttributeProto {
+            name: Some(name.into()),
+            i: Some(v),
+            r#type: Some(AttributeType::Int as i32),
+            ..Default::default()
+        });
+        n
+    }
+
+    pub(crate) fn ints(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
+        TensorProto {
+            name: Some(name.into()),
+            dims: dims.to_vec(),
+            data_type: Some(DataType::Int64 as i32),
+            int64_data: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn floats(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+        TensorProto {
+            name: Some(name.into()),
+            dims: dims.to_vec(),
+            data_type: Some(DataType::Float as i32),
+            float_data: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// A float value of `dims`, dimension 0 the batch (named, any size) if `batched`.
+    fn info(name: &str, dims: &[usize], batched: bool) -> ValueInfoProto {
+        use tensor_shape_proto::dimension::Value;
+        let dim = dims
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| tensor_shape_proto::Dimension {
+                value: Some(if batched && i == 0 {
+                    Value::DimParam("batch".into())
+                } else {
+                    Value::DimValue(d as i64)
+                }),
+                ..Default::default()
+            })
+            .collect();
+        ValueInfoProto {
+            name: Some(name.into()),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(DataType::Float as i32),
+                    shape: Some(TensorShapeProto { dim }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Imports `nodes` (opset 17) on input `x` of `shape` and runs them on `x`, on the CPU
+    /// backend and the reference evaluator (which must agree): output `y`, or the import's
+    /// error as text.
+    pub(crate) fn run(
+        nodes: Vec<NodeProto>,
+        initializer: Vec<TensorProto>,
+        shape: &[usize],
+        x: &[f32],
+    ) -> Result<Tensor, String> {
+        let g = import(nodes, initializer, shape, false)?;
+        let feed = Tensor::new(shape.to_vec(), x.to_vec()).unwrap();
+        let reference = crate::reference::interpret(&g, shape[0], &[feed]).unwrap();
+        let mut cpu = crate::CpuBackend::new(1)
+            .compile(&g, shape[0], Precision::Fp32)
+            .unwrap();
+        cpu.input_mut().copy_from_slice(x);
+        cpu.run().unwrap();
+        let out = Tensor::new(cpu.output_shape_at(0).to_vec(), cpu.output().to_vec()).unwrap();
+        assert_eq!(out.shape, reference[0].shape);
+        for (a, b) in out.data.iter().zip(&reference[0].data) {
+            assert!(
+                a == b || (a.is_nan() && b.is_nan()),
+                "cpu {a} vs reference {b}"
+            );
+        }
+        Ok(out)
+    }
+
+    /// The graph of [`run`]'s model, `x`'s dimension 0 a named batch if `batched`.
+    pub(crate) fn import(
+        nodes: Vec<NodeProto>,
+        initializer: Vec<TensorProto>,
+        shape: &[usize],
+        batched: bool,
+    ) -> Result<crate::ir::Graph, String> {
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(GraphProto {
+                name: Some("g".into()),
+                node: nodes,
+                initializer,
+                input: vec![info("x", shape, batched)],
+                output: vec![ValueInfoProto {
+                    name: Some("y".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let m = OnnxModel::from_proto(m, Path::new("t.onnx")).map_err(|e| e.to_string())?;
+        crate::onnx::import(&m).map_err(|e| e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -248,6 +390,7 @@ mod tests {
         "HardSwish",
         "Identity",
         "InstanceNormalization",
+        "IsNaN",
         "LayerNormalization",
         "LeakyRelu",
         "Less",
@@ -291,6 +434,7 @@ mod tests {
         "Relu",
         "Reshape",
         "Resize",
+        "ScatterElements",
         "ScatterND",
         "Shape",
         "Sigmoid",

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::ir::{norm_axis, shape_err, Node, ReduceKind};
 use crate::ir::{Dim, Op};
 use crate::kernels::{strides_of, unsupported, Kernel};
+use crate::onnx::fold::{Arr, Sym};
 use crate::onnx::import::{fmt_syms, node_axis, sym_to_dim, Ctx, Importer, Val};
 use crate::onnx::Result as OnnxResult;
 use crate::ops::ImportFn;
@@ -122,6 +123,74 @@ fn import_softmax(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
     im.emit1(c, Op::Softmax { axis }, 1)
 }
 
+/// ReduceSum, ReduceMax or ReduceMin of integers known at import (BEiT's relative position
+/// index sums coordinate pairs: `relative_coords.sum(-1)`). The IR computes in f32 only, so an
+/// integer reduction is done here or refused by name.
+fn reduce_ints(
+    c: &Ctx,
+    op: &str,
+    a: &Arr<Sym>,
+    axes: &[i64],
+    keepdims: bool,
+) -> OnnxResult<Arr<Sym>> {
+    let step: fn(Sym, Sym) -> std::result::Result<Sym, String> = match op {
+        "ReduceSum" => Sym::add,
+        "ReduceMax" => Sym::max,
+        "ReduceMin" => Sym::min,
+        _ => {
+            return Err(c.bad(format!(
+                "{op} of integers known at import is not supported (ReduceSum, ReduceMax and \
+                 ReduceMin are; isolane computes runtime tensors in float32 only)"
+            )))
+        }
+    };
+    let rank = a.shape.len();
+    let mut reduced = vec![false; rank];
+    for &ax in axes {
+        reduced[node_axis(c, ax, rank)?] = true;
+    }
+    let kept: Vec<usize> = (0..rank)
+        .map(|d| if reduced[d] { 1 } else { a.shape[d] })
+        .collect();
+    let mut acc: Vec<Option<Sym>> = vec![None; kept.iter().product()];
+    let mut coord = vec![0usize; rank];
+    for &v in &a.data {
+        let mut at = 0usize;
+        for d in 0..rank {
+            at = at * kept[d] + if reduced[d] { 0 } else { coord[d] };
+        }
+        acc[at] = Some(match acc[at] {
+            None => v,
+            Some(p) => step(p, v).map_err(|e| c.bad(e))?,
+        });
+        for d in (0..rank).rev() {
+            coord[d] += 1;
+            if coord[d] < a.shape[d] {
+                break;
+            }
+            coord[d] = 0;
+        }
+    }
+    // An empty reduction: the sum is 0; a max or min of nothing is not defined.
+    let data = acc
+        .into_iter()
+        .map(|v| match (v, op) {
+            (Some(v), _) => Ok(v),
+            (None, "ReduceSum") => Ok(Sym::k(0)),
+            (None, _) => Err(c.bad(format!("{op} over an empty axis"))),
+        })
+        .collect::<OnnxResult<Vec<_>>>()?;
+    let shape = if keepdims {
+        kept
+    } else {
+        (0..rank)
+            .filter(|&d| !reduced[d])
+            .map(|d| a.shape[d])
+            .collect()
+    };
+    Ok(Arr::new(shape, data))
+}
+
 impl Importer<'_> {
     /// The Reduce ops (F.normalize writes ReduceL2); each is one `Op::Reduce` of its kind
     /// ([`ReduceKind`] says why L1/L2/SumSquare are not split into steps).
@@ -154,6 +223,9 @@ impl Importer<'_> {
         } else {
             axes
         };
+        if let Val::I(a) = &x {
+            return Ok(vec![Val::I(reduce_ints(c, op, a, &axes, keepdims)?)]);
+        }
         let kind = match op {
             "ReduceMean" => ReduceKind::Mean,
             "ReduceMax" => ReduceKind::Max,
@@ -213,5 +285,47 @@ impl Importer<'_> {
             &[(format!("{}:normalised", c.r.node), soft)],
             vec![out],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::testing::{ints, node, run, with_int};
+
+    /// BEiT's `relative_coords.sum(-1)`: a ReduceSum of integers known at import, which was
+    /// emitted as a runtime node and refused ("an integer constant used as a runtime tensor").
+    #[test]
+    fn integer_reductions_known_at_import_are_computed() {
+        let x: Vec<f32> = (0..4).map(|v| v as f32 * 10.0).collect();
+        for (op, want) in [("ReduceSum", [30.0, 0.0]), ("ReduceMax", [20.0, 0.0])] {
+            let reduce = if op == "ReduceSum" {
+                node(op, &["data", "axes"], "idx")
+            } else {
+                let mut n = node(op, &["data"], "idx");
+                n.attribute.push(crate::onnx::proto::AttributeProto {
+                    name: Some("axes".into()),
+                    ints: vec![-1],
+                    r#type: Some(crate::onnx::proto::attribute_proto::AttributeType::Ints as i32),
+                    ..Default::default()
+                });
+                n
+            };
+            let nodes = vec![
+                with_int(reduce, "keepdims", 0),
+                with_int(node("Gather", &["x", "idx"], "y"), "axis", 1),
+            ];
+            let inits = vec![
+                ints("data", &[2, 2], &[1, 2, 0, 0]),
+                ints("axes", &[1], &[-1]),
+            ];
+            let y = run(nodes, inits, &[1, 4], &x).unwrap();
+            assert_eq!(y.data, want, "{op}");
+        }
+        let nodes = vec![
+            node("ReduceMean", &["data"], "idx"),
+            with_int(node("Gather", &["x", "idx"], "y"), "axis", 1),
+        ];
+        let e = run(nodes, vec![ints("data", &[2], &[1, 2])], &[1, 4], &x).unwrap_err();
+        assert!(e.contains("ReduceMean of integers"), "{e}");
     }
 }
