@@ -24,6 +24,13 @@ pub enum DataError {
          (isolane coexec)"
     )]
     NotResults(PathBuf),
+    /// scenario.toml and jobs/ but no summary.json: a run killed before it ended (SIGKILL, a
+    /// full disk), which `isolane summarize` completes.
+    #[error(
+        "{0} has no summary.json: its run was killed before it wrote one; isolane summarize {0} \
+         rebuilds it from jobs/*.csv, then isolane report {0} reads it"
+    )]
+    CutShort(PathBuf),
     #[error(transparent)]
     File(#[from] FileError),
 }
@@ -214,9 +221,20 @@ pub fn find_results(paths: &[PathBuf]) -> Result<Found, DataError> {
         }
     }
     match (found.dirs.is_empty(), paths.first()) {
-        (true, Some(first)) => Err(DataError::NotResults(first.clone())),
+        (true, Some(first)) => Err(match paths.iter().find(|p| cut_short(p)) {
+            Some(run) => DataError::CutShort(run.clone()),
+            None => DataError::NotResults(first.clone()),
+        }),
         _ => Ok(found),
     }
+}
+
+/// A run folder whose run was killed before it wrote summary.json: its resolved scenario and
+/// its jobs folder are there (the first files a run writes), summary.json is not.
+fn cut_short(dir: &Path) -> bool {
+    dir.join("scenario.toml").is_file()
+        && dir.join("jobs").is_dir()
+        && !dir.join("summary.json").exists()
 }
 
 /// Adds the results folders in `dir` (itself, or below it down to `depth` levels) to `found`
@@ -280,6 +298,9 @@ pub fn load(path: &Path) -> Result<ResultsDir, DataError> {
     }
     if path.join("summary.json").is_file() {
         return load_run(path).map(|r| ResultsDir::Run(Box::new(r)));
+    }
+    if cut_short(path) {
+        return Err(DataError::CutShort(path.to_path_buf()));
     }
     Err(DataError::NotResults(path.to_path_buf()))
 }
@@ -560,6 +581,26 @@ mod tests {
     }
 
     use super::*;
+
+    /// `isolane report` on the folder of a run killed by SIGKILL said it was no results folder
+    /// at all, while explain and trace said to run `isolane summarize` on it.
+    #[test]
+    fn a_killed_run_folder_is_sent_to_summarize() {
+        let d = tempfile::tempdir().unwrap();
+        let run = d.path().join("run");
+        std::fs::create_dir_all(run.join("jobs")).unwrap();
+        std::fs::write(run.join("scenario.toml"), "[device]\n").unwrap();
+        for e in [
+            load(&run).unwrap_err(),
+            find_results(std::slice::from_ref(&run)).unwrap_err(),
+        ] {
+            assert!(matches!(e, DataError::CutShort(_)), "{e}");
+            assert!(e.to_string().contains("isolane summarize"), "{e}");
+        }
+        // The parent of such a folder found nothing else either: the killed run is named.
+        let e = find_results(&[d.path().to_path_buf()]).unwrap_err();
+        assert!(matches!(e, DataError::NotResults(_)), "{e}");
+    }
 
     #[test]
     fn a_folder_without_results_is_named_in_the_error() {

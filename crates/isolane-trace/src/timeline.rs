@@ -265,15 +265,14 @@ fn app_lanes(dir: &Path, app: &AppSummary) -> Result<Vec<Lane>, TraceError> {
             }
         }
     }
-    let mut frames = Vec::with_capacity(csv.rows.len());
-    let mut stages: Vec<Vec<Job>> = vec![Vec::with_capacity(csv.rows.len()); app.stages.len()];
-    for (line, row) in &csv.rows {
+    // Each row: its frame and its job in each stage.
+    let rows = csv.parse_rows(|line, row| {
         let index = row
             .get(frame)
             .and_then(|c| c.parse::<u64>().ok())
             .ok_or_else(|| {
                 csv.error(
-                    *line,
+                    line,
                     format!(
                         "column `frame`: `{}` is not a frame index (0, 1, …)",
                         row.get(frame).map_or("", String::as_str)
@@ -281,15 +280,15 @@ fn app_lanes(dir: &Path, app: &AppSummary) -> Result<Vec<Lane>, TraceError> {
                 )
             })?;
         let release_ms = csv
-            .time_at(*line, row, Some(release))?
-            .ok_or_else(|| csv.error(*line, "column `release_ms` is empty".to_string()))?;
-        let end_ms = csv.time_at(*line, row, Some(end))?;
+            .time_at(line, row, Some(release))?
+            .ok_or_else(|| csv.error(line, "column `release_ms` is empty".to_string()))?;
+        let end_ms = csv.time_at(line, row, Some(end))?;
         let timed_out = match row.get(timeout).map(String::as_str) {
             Some("1") => true,
             Some("0") => false,
             other => {
                 return Err(csv.error(
-                    *line,
+                    line,
                     format!(
                         "column `timeout`: `{}` is not 0 or 1",
                         other.unwrap_or_default()
@@ -297,20 +296,21 @@ fn app_lanes(dir: &Path, app: &AppSummary) -> Result<Vec<Lane>, TraceError> {
                 ))
             }
         };
-        frames.push(Job {
+        let frame_job = Job {
             index,
             release_ms,
             start_ms: end_ms.map(|_| release_ms),
             end_ms,
-            latency_ms: csv.time_at(*line, row, Some(latency))?,
+            latency_ms: csv.time_at(line, row, Some(latency))?,
             timeout: timed_out,
-            held_ms: csv.time_at(*line, row, held)?,
-        });
-        for (jobs, &(own, start)) in stages.iter_mut().zip(&stage_cols) {
-            let start_ms = csv.time_at(*line, row, Some(start))?;
-            let own_ms = csv.time_at(*line, row, Some(own))?;
+            held_ms: csv.time_at(line, row, held)?,
+        };
+        let mut stage_jobs = Vec::with_capacity(stage_cols.len());
+        for &(own, start) in &stage_cols {
+            let start_ms = csv.time_at(line, row, Some(start))?;
+            let own_ms = csv.time_at(line, row, Some(own))?;
             let ran = start_ms.zip(own_ms);
-            jobs.push(Job {
+            stage_jobs.push(Job {
                 index,
                 release_ms,
                 start_ms: ran.map(|r| r.0),
@@ -319,6 +319,15 @@ fn app_lanes(dir: &Path, app: &AppSummary) -> Result<Vec<Lane>, TraceError> {
                 timeout: ran.is_none(),
                 held_ms: None,
             });
+        }
+        Ok((frame_job, stage_jobs))
+    })?;
+    let mut frames = Vec::with_capacity(rows.len());
+    let mut stages: Vec<Vec<Job>> = vec![Vec::with_capacity(rows.len()); app.stages.len()];
+    for (frame_job, stage_jobs) in rows {
+        frames.push(frame_job);
+        for (jobs, job) in stages.iter_mut().zip(stage_jobs) {
+            jobs.push(job);
         }
     }
     let mut lanes = vec![Lane {
@@ -385,15 +394,14 @@ pub fn read_jobs(path: &Path) -> Result<Vec<Job>, TraceError> {
         (None, Some(i)) => Some((i, 1e-6)),
         (None, None) => None,
     };
-    let mut jobs = Vec::with_capacity(csv.rows.len());
-    for (line, row) in &csv.rows {
+    csv.parse_rows(|line, row| {
         // An integer, as the release loop writes it (`1e300` or `-1` made an index by `as`).
         let index = row
             .get(job)
             .and_then(|c| c.parse::<u64>().ok())
             .ok_or_else(|| {
                 csv.error(
-                    *line,
+                    line,
                     format!(
                         "column `job`: `{}` is not a job index (0, 1, …)",
                         row.get(job).map_or("", String::as_str)
@@ -405,7 +413,7 @@ pub fn read_jobs(path: &Path) -> Result<Vec<Job>, TraceError> {
             Some("0") => false,
             other => {
                 return Err(csv.error(
-                    *line,
+                    line,
                     format!(
                         "column `timeout`: `{}` is not 0 or 1",
                         other.unwrap_or_default()
@@ -413,21 +421,20 @@ pub fn read_jobs(path: &Path) -> Result<Vec<Job>, TraceError> {
                 ))
             }
         };
-        jobs.push(Job {
+        Ok(Job {
             index,
             release_ms: csv
-                .time_at(*line, row, Some(release))?
-                .ok_or_else(|| csv.error(*line, "column `release_ms` is empty".to_string()))?,
-            start_ms: csv.time_at(*line, row, Some(start))?,
-            end_ms: csv.time_at(*line, row, Some(end))?,
-            latency_ms: csv.time_at(*line, row, Some(latency))?,
+                .time_at(line, row, Some(release))?
+                .ok_or_else(|| csv.error(line, "column `release_ms` is empty".to_string()))?,
+            start_ms: csv.time_at(line, row, Some(start))?,
+            end_ms: csv.time_at(line, row, Some(end))?,
+            latency_ms: csv.time_at(line, row, Some(latency))?,
             timeout,
             held_ms: csv
-                .time_at(*line, row, held.map(|h| h.0))?
+                .time_at(line, row, held.map(|h| h.0))?
                 .map(|v| v * held.map_or(1.0, |h| h.1)),
-        });
-    }
-    Ok(jobs)
+        })
+    })
 }
 
 /// The column of telemetry.csv naming each row's GPU in a run on several GPUs (absent for one
@@ -528,6 +535,43 @@ mod tests {
             "job,release_ms,start_ms,end_ms,latency_ms,timeout\n0,0,0.1,1,1,0\n",
         );
         assert_eq!(read_jobs(&p).unwrap()[0].held_ms, None);
+    }
+
+    /// A run that ran out of disk space (or was killed) mid-row leaves a last row without its
+    /// end; `isolane summarize` leaves it out, and report, explain and trace refused the folder
+    /// by that row ("column `timeout`: `` is not 0 or 1") after summarize had rebuilt it.
+    #[test]
+    fn a_last_row_cut_off_by_a_killed_run_is_left_out_and_only_that_one() {
+        let d = tempfile::tempdir().unwrap();
+        let head = "job,release_ms,start_ms,end_ms,latency_ms,timeout,held_ms\n";
+        let whole = "0,0.000000,0.100000,1.000000,1.000000,0,0\n";
+        let p = write(
+            d.path(),
+            "a.csv",
+            &format!("{head}{whole}1,50.000000,50.1,5"),
+        );
+        let jobs = read_jobs(&p).unwrap();
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].end_ms, Some(1.0));
+        // A last row that parses without its newline is kept.
+        let p = write(d.path(), "b.csv", &format!("{head}{whole}1,50,51,52,2,0,0"));
+        assert_eq!(read_jobs(&p).unwrap().len(), 2);
+        // The same bad row with its newline is damage, not a cut: refused by line.
+        let p = write(
+            d.path(),
+            "c.csv",
+            &format!("{head}{whole}1,50.000000,50.1,5\n"),
+        );
+        let e = read_jobs(&p).unwrap_err().to_string();
+        assert!(e.contains("line 3") && e.contains("`timeout`"), "{e}");
+        // A bad row before the last one is refused even when the file is cut.
+        let p = write(
+            d.path(),
+            "d.csv",
+            &format!("{head}0,0,0,1,1,maybe,0\n{whole}1,5"),
+        );
+        let e = read_jobs(&p).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("maybe"), "{e}");
     }
 
     #[test]
