@@ -14,6 +14,14 @@ pub enum OutputError {
          replace isolane's files in it"
     )]
     NotEmpty(PathBuf),
+    /// Another process writes into the folder now (it holds the folder's lock): two runs into
+    /// one `--out` at once left a folder mixing their files (one's scenario.toml, the other's
+    /// summary.json and jobs/).
+    #[error(
+        "output directory {0} is in use by another isolane process writing results into it \
+         now; wait for it to end, or choose another --out"
+    )]
+    Busy(PathBuf),
     /// The output folder cannot be made or used: the user's to fix (another --out).
     #[error(
         "cannot use {} as the output folder: {error}; choose an --out where you can write",
@@ -43,7 +51,10 @@ impl OutputError {
     pub fn is_user_error(&self) -> bool {
         matches!(
             self,
-            OutputError::NotEmpty(_) | OutputError::Parse { .. } | OutputError::Unusable { .. }
+            OutputError::NotEmpty(_)
+                | OutputError::Busy(_)
+                | OutputError::Parse { .. }
+                | OutputError::Unusable { .. }
         )
     }
 }
@@ -97,6 +108,8 @@ pub fn prepare_out_dir(
         Some(dir) => {
             if dir.exists() {
                 let mut entries = std::fs::read_dir(dir).map_err(unusable(dir))?;
+                // Locked before `--force` removes anything: another run's files stay whole.
+                lock_out_dir(dir)?;
                 if entries.next().is_some() {
                     if !force {
                         return Err(OutputError::NotEmpty(dir.to_path_buf()));
@@ -119,6 +132,7 @@ pub fn prepare_out_dir(
                 }
             }
             std::fs::create_dir_all(dir).map_err(unusable(dir))?;
+            lock_out_dir(dir)?;
             check_writable(dir)?;
             Ok(dir.to_path_buf())
         }
@@ -149,6 +163,32 @@ pub fn prepare_out_dir(
                 error: std::io::Error::other("no free run folder name left for this second"),
             })
         }
+    }
+}
+
+/// The output folders this process writes into, each with an open handle that holds its
+/// lock (flock(2) on the folder) until the process ends, however it ends: the kernel drops the
+/// lock of a killed process, so a folder is never left locked.
+static LOCKED: std::sync::Mutex<Vec<(PathBuf, std::fs::File)>> = std::sync::Mutex::new(Vec::new());
+
+/// Takes `dir`'s lock for this process, or refuses the folder if another process holds it
+/// ([`OutputError::Busy`]). A folder this process locked already is taken again (a command's
+/// steps may each prepare it). Where the file system has no such locks the run goes on
+/// unlocked, as before locks existed.
+fn lock_out_dir(dir: &Path) -> Result<(), OutputError> {
+    let key = dir.canonicalize().map_err(unusable(dir))?;
+    let mut locked = LOCKED.lock().unwrap_or_else(|e| e.into_inner());
+    if locked.iter().any(|(p, _)| *p == key) {
+        return Ok(());
+    }
+    let handle = std::fs::File::open(&key).map_err(unusable(dir))?;
+    match handle.try_lock() {
+        Ok(()) => {
+            locked.push((key, handle));
+            Ok(())
+        }
+        Err(std::fs::TryLockError::WouldBlock) => Err(OutputError::Busy(dir.to_path_buf())),
+        Err(std::fs::TryLockError::Error(_)) => Ok(()),
     }
 }
 
@@ -677,6 +717,43 @@ mod tests {
         let broken = csv.replacen(",0\n", ",x\n", 1);
         std::fs::write(&path, &broken).unwrap();
         assert!(read_jobs_csv_partial(&path).is_err());
+    }
+
+    /// Two runs into one --out at once, the second with --force, both ended with exit 0 and
+    /// left one's scenario.toml beside the other's summary.json and jobs/. The second is
+    /// refused now, before it removes or writes anything.
+    #[test]
+    fn a_folder_another_process_writes_into_is_refused_and_left_alone() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("out");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("summary.json"), "{}").unwrap();
+        // Another process's lock: one on another open handle conflicts the same way.
+        let other = std::fs::File::open(&dir).unwrap();
+        other.try_lock().unwrap();
+        for force in [false, true] {
+            let e = prepare_out_dir(Some(&dir), force, base.path()).unwrap_err();
+            assert!(
+                matches!(e, OutputError::Busy(_)) && e.is_user_error(),
+                "{e}"
+            );
+            assert!(e.to_string().contains("another isolane process"), "{e}");
+        }
+        assert!(
+            dir.join("summary.json").exists(),
+            "--force removed a busy folder's files"
+        );
+        // Free again once the other process ends (its handle closed).
+        drop(other);
+        prepare_out_dir(Some(&dir), true, base.path()).unwrap();
+        assert!(!dir.join("summary.json").exists());
+        // This process holds it now: its own next step may prepare it again.
+        prepare_out_dir(Some(&dir), true, base.path()).unwrap();
+        let second = std::fs::File::open(&dir).unwrap();
+        assert!(
+            second.try_lock().is_err(),
+            "the folder is not locked while in use"
+        );
     }
 
     #[test]
