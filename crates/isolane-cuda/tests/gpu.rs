@@ -660,13 +660,24 @@ fn session14_kernels_match_the_cpu_backend() {
 /// (float8 without saturation aside: onnxruntime's [480, 496) quirk, docs/onnx.md), the
 /// `quantize_static` models within 1e-2 as on the CPU; those also at every other precision
 /// within its tolerance of the CPU backend.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn qdq_fixtures_run_on_the_gpu() {
-    let dir = concat!(
+/// The QDQ fixtures' folder: where the source tree was built, or (a staged test binary on the
+/// GPU machine, whose checkout lies elsewhere) under the current directory.
+fn qdq_fixtures() -> String {
+    let built = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../isolane-engine/tests/fixtures/onnx/qdq/"
     );
+    if std::path::Path::new(built).is_dir() {
+        built.to_string()
+    } else {
+        "crates/isolane-engine/tests/fixtures/onnx/qdq/".to_string()
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qdq_fixtures_run_on_the_gpu() {
+    let dir = qdq_fixtures();
     let gpu = CudaBackend::new(0).expect("cuda backend");
     let cpu = CpuBackend::new(0);
     let mut failures = Vec::new();
