@@ -176,6 +176,7 @@ fn tritonclient_over_http_and_grpc_gets_infers_outputs_refusals_and_a_drain() {
         "ok: HTTP: the request in flight at SIGTERM is answered",
         "ok: gRPC: the request in flight at SIGTERM is answered",
         "ok: gRPC stream: an impossible deadline is an error on the stream, which goes on",
+        "ok: gRPC stream: each answer is marked its request's last (triton_final_response)",
         "ok: gRPC stream: answers come in the order sent, with their ids",
         "ok: gRPC stream: outputs equal isolane infer's (request s0)",
         "ok: gRPC stream: outputs equal isolane infer's (request s3)",

@@ -347,6 +347,12 @@ def check_stream(a):
         "gRPC stream: an impossible deadline is an error on the stream, which goes on",
         errors,
     )
+    final = [r.get_response().parameters["triton_final_response"].bool_param for r, _ in got if r]
+    check(
+        final == [True] * 4,
+        "gRPC stream: each answer is marked its request's last (triton_final_response)",
+        final,
+    )
     ids = [r.get_response().id if r is not None else None for r, _ in got]
     check(
         ids == ["s0", "s1", None, "s3", "s4"],
@@ -535,7 +541,11 @@ def check_drain(a):
         grpc_client.close()
         # The client never closes its side: the server ends the stream once it has answered.
         stream.reader.join(TIMEOUT_S)
-        seen = [(r.infer_response.id, r.error_message) for r in stream.seen]
+        seen = [
+            (r.infer_response.id, r.error_message,
+             r.infer_response.parameters["triton_final_response"].bool_param)
+            for r in stream.seen
+        ]
         first = stream.seen[0] if stream.seen else None
         check(
             first is not None
@@ -546,7 +556,7 @@ def check_drain(a):
             seen,
         )
         check(
-            len(seen) == 2 and seen[1][0] == "after" and "shutting down" in seen[1][1],
+            len(seen) == 2 and seen[1][0] == "after" and "shutting down" in seen[1][1] and seen[1][2],
             "gRPC stream: a request sent during the drain is told the server is shutting down",
             seen,
         )

@@ -363,7 +363,11 @@ impl GrpcFrontEnd {
     async fn stream_answer(&self, req: pb::ModelInferRequest) -> ModelStreamInferResponse {
         let began = Instant::now();
         let now = clock::now_ns();
-        let (name, id) = (req.model_name.clone(), req.id.clone());
+        let (name, version, id) = (
+            req.model_name.clone(),
+            req.model_version.clone(),
+            req.id.clone(),
+        );
         // A message of a stream has no header of its own: its `receive` stage is 0.
         let stamps = FrontStamps {
             header: now,
@@ -386,22 +390,39 @@ impl GrpcFrontEnd {
                 false,
             ),
         };
-        match logged("ModelStreamInfer", &name, began, late, answer) {
-            Ok(r) => ModelStreamInferResponse {
-                error_message: String::new(),
-                infer_response: Some(r.into_inner()),
-            },
-            // As Triton: the error's words, and the request's id so that the client knows
-            // which request failed.
-            Err(status) => ModelStreamInferResponse {
-                error_message: status.message().to_string(),
-                infer_response: Some(pb::ModelInferResponse {
-                    model_name: name,
-                    id,
-                    ..Default::default()
-                }),
-            },
+        let (error_message, mut response) =
+            match logged("ModelStreamInfer", &name, began, late, answer) {
+                Ok(r) => (String::new(), r.into_inner()),
+                // As Triton: the error's words, and the request's id (its model, its version) so
+                // that the client knows which request failed.
+                Err(status) => (
+                    status.message().to_string(),
+                    pb::ModelInferResponse {
+                        model_name: name,
+                        model_version: version,
+                        id,
+                        ..Default::default()
+                    },
+                ),
+            };
+        // Triton marks every answer on a stream with whether it is its request's last (always,
+        // for a model that is not decoupled); clients of decoupled models wait for it.
+        response
+            .parameters
+            .insert(FINAL_RESPONSE.into(), bool_parameter(true));
+        ModelStreamInferResponse {
+            error_message,
+            infer_response: Some(response),
         }
+    }
+}
+
+/// The parameter Triton sets on each answer of a stream: whether it is its request's last.
+pub const FINAL_RESPONSE: &str = "triton_final_response";
+
+fn bool_parameter(value: bool) -> pb::InferParameter {
+    pb::InferParameter {
+        parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(value)),
     }
 }
 
@@ -1646,6 +1667,15 @@ deadline_ms = 5000
                 (5, "1 ≤ n ≤ 4"),
             ] {
                 assert!(got[i].error_message.contains(says), "{:?}", got[i]);
+            }
+            // Every answer is its request's last, as Triton marks it.
+            for a in &mut got {
+                let r = a.infer_response.as_mut().unwrap();
+                assert_eq!(
+                    r.parameters.remove(FINAL_RESPONSE),
+                    Some(bool_parameter(true)),
+                    "{r:?}"
+                );
             }
             // The others, as ModelInfer answers the same requests (a second time).
             for i in [0, 1, 2, 6] {
