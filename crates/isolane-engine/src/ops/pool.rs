@@ -166,6 +166,21 @@ fn import_global_max(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
 }
 
 impl Importer<'_> {
+    /// Whether a ceil-mode pool's window (dilation 1) is larger than the padded input on
+    /// both axes, by less than a stride: its output is one window ([`ir::window_out`] has no
+    /// answer for a window past the input; PyTorch and onnxruntime take one).
+    fn one_window_past_the_input(
+        hw: [usize; 2],
+        kernel: [usize; 2],
+        strides: [usize; 2],
+        pads: [usize; 4],
+    ) -> bool {
+        (0..2).all(|a| {
+            let padded = hw[a].saturating_add(pads[a]).saturating_add(pads[a + 2]);
+            kernel[a] > padded && kernel[a] - padded < strides[a]
+        })
+    }
+
     pub(crate) fn pool(&mut self, c: &Ctx, max: bool) -> OnnxResult<Vec<Val>> {
         let x = self.req(c, 0)?;
         let Val::Dyn(xd) = &x else {
@@ -211,6 +226,28 @@ impl Importer<'_> {
             return Err(c.bad(format!("empty input {:?}", xd.shapes[0])));
         }
         let pads = self.window_pads(c, hw, kernel, strides, dilations)?;
+        if ceil_mode
+            && dilations == [1, 1]
+            && Self::one_window_past_the_input(hw, kernel, strides, pads)
+        {
+            // ONNX's (and PyTorch's) ceil rule: ceil((padded - kernel) / stride) + 1 = 1 for a
+            // window past the padded input by less than a stride, so one window starting at
+            // the top-left pad. Transformers' EfficientNet pools so: AvgPool2d(2560,
+            // ceil_mode=True) on 18×18 (b7). Without pads, or without counting them, that
+            // window's mean (max) is the whole plane's: the global pool, exactly, rather than
+            // a window loop over 2560² taps per value.
+            if pads.iter().any(|&p| p != 0) && count_include_pad {
+                return Err(c.bad(format!(
+                    "a window {kernel:?} larger than the input {hw:?} with pads {pads:?} and \
+                     count_include_pad=1 is not supported (without pads, or without counting \
+                     them, it is a global pool)"
+                )));
+            }
+            if max {
+                return import_global_max(self, c);
+            }
+            return self.emit1(c, Op::GlobalAveragePool, 1);
+        }
         let attrs = ir::PoolAttrs {
             kernel,
             strides,
@@ -228,5 +265,77 @@ impl Importer<'_> {
             },
             1,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::onnx::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
+    use crate::ops::testing::{node, run, with_int};
+
+    fn ints_attr(mut n: NodeProto, name: &str, v: &[i64]) -> NodeProto {
+        n.attribute.push(AttributeProto {
+            name: Some(name.into()),
+            ints: v.to_vec(),
+            r#type: Some(AttributeType::Ints as i32),
+            ..Default::default()
+        });
+        n
+    }
+
+    fn pool(op: &str, k: i64, ceil: i64, pads: &[i64], include: i64) -> Vec<NodeProto> {
+        let mut n = ints_attr(node(op, &["x"], "y"), "kernel_shape", &[k, k]);
+        n = ints_attr(n, "strides", &[k, k]);
+        n = ints_attr(n, "pads", pads);
+        n = with_int(n, "ceil_mode", ceil);
+        if op == "AveragePool" {
+            n = with_int(n, "count_include_pad", include);
+        }
+        vec![n]
+    }
+
+    /// Transformers' EfficientNet pools its 18×18 (b7) features with AvgPool2d(2560,
+    /// ceil_mode=True): one window (PyTorch and onnxruntime), refused as "window [2560, 2560]
+    /// does not fit input". It is the global pool.
+    #[test]
+    fn a_ceil_mode_window_past_the_input_is_one_window_over_all_of_it() {
+        let x: Vec<f32> = (0..16).map(|v| v as f32).collect();
+        let zero = [0, 0, 0, 0];
+        for include in [0, 1] {
+            let y = run(
+                pool("AveragePool", 6, 1, &zero, include),
+                vec![],
+                &[1, 1, 4, 4],
+                &x,
+            );
+            let y = y.unwrap();
+            assert_eq!(
+                (y.shape.clone(), y.data.clone()),
+                (vec![1, 1, 1, 1], vec![7.5])
+            );
+        }
+        let y = run(pool("MaxPool", 6, 1, &zero, 0), vec![], &[1, 1, 4, 4], &x).unwrap();
+        assert_eq!(y.data, vec![15.0]);
+        // Padding counted into such a window is not a global pool: refused by name.
+        let e = run(
+            pool("AveragePool", 7, 1, &[1, 1, 1, 1], 1),
+            vec![],
+            &[1, 1, 4, 4],
+            &x,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("larger than the input") && e.contains("count_include_pad"),
+            "{e}"
+        );
+        // Without ceil mode there is no window at all (ONNX: an output of size 0).
+        let e = run(
+            pool("AveragePool", 6, 0, &zero, 0),
+            vec![],
+            &[1, 1, 4, 4],
+            &x,
+        )
+        .unwrap_err();
+        assert!(e.contains("does not fit input"), "{e}");
     }
 }

@@ -1,5 +1,6 @@
 //! `Op::Resize`: nearest and bilinear on the two spatial dims of an NCHW tensor, with ONNX's
-//! coordinate transforms (the arithmetic is `crate::ir::ResizeAttrs::source`).
+//! coordinate transforms (the arithmetic is `crate::ir::ResizeAttrs::source`); bicubic on
+//! values known at import only, computed there ([`Cubic`]).
 //!
 //! ONNX: Resize, and Upsample (opsets 7–9) with Resize-10, which compute their source
 //! coordinates as `out / scale`.
@@ -8,7 +9,7 @@ use crate::error::Result;
 use crate::ir::{self, Dim, Op};
 use crate::ir::{rank4, shape_err, Node, ResizeAttrs, ResizeMode, ResizeSize};
 use crate::kernels::{Kernel, ResizeK};
-use crate::onnx::fold::Arr;
+use crate::onnx::fold::{self, Arr};
 use crate::onnx::import::{check_dims_size, fmt_syms, node_axis, Ctx, Importer, Val};
 use crate::onnx::proto::{attribute_proto::AttributeType, AttributeProto};
 use crate::onnx::Result as OnnxResult;
@@ -99,8 +100,14 @@ impl Importer<'_> {
         let mode = c.string("mode", "nearest")?;
         let coord = c.string("coordinate_transformation_mode", "half_pixel")?;
         let nearest = c.string("nearest_mode", "round_prefer_floor")?;
-        c.ignore("cubic_coeff_a"); // only for mode=cubic, rejected below
-        c.int_default_only("exclude_outside", 0)?;
+        let cubic_a = c.float("cubic_coeff_a", -0.75)?;
+        let exclude_outside = c.int("exclude_outside", 0)?;
+        if mode != "cubic" && exclude_outside != 0 {
+            return Err(c.unsupported_attr(
+                "exclude_outside",
+                format!("value {exclude_outside} (only mode cubic uses it)"),
+            ));
+        }
         c.ignore("extrapolation_value"); // only for tf_crop_and_resize, rejected below
         let opset = self.m.opset;
         let axes = if opset >= 18 {
@@ -113,13 +120,14 @@ impl Importer<'_> {
         } else {
             None
         };
+        let cubic = mode == "cubic";
         let mode = match mode.as_str() {
-            "nearest" => ir::ResizeMode::Nearest,
+            "nearest" | "cubic" => ir::ResizeMode::Nearest,
             "linear" => ir::ResizeMode::Linear,
             other => {
                 return Err(c.unsupported_attr(
                     "mode",
-                    format!("value {other:?} (nearest and linear are supported)"),
+                    format!("value {other:?} (nearest, linear and, on values known at import, cubic are supported)"),
                 ))
             }
         };
@@ -143,6 +151,16 @@ impl Importer<'_> {
             other => return Err(c.unsupported_attr("nearest_mode", format!("value {other:?}"))),
         };
         let x = self.req(c, 0)?;
+        if cubic && !matches!(x, Val::F(_)) {
+            return Err(c.unsupported_attr(
+                "mode",
+                format!(
+                    "value \"cubic\" on {} (cubic is supported on values known at import, \
+                     such as the position embeddings a ViT resizes to its input's size)",
+                    x.kind()
+                ),
+            ));
+        }
         let xs = x.sym_shape().map_err(|e| c.bad(e))?;
         if xs.len() != 4 {
             return Err(c.bad(format!(
@@ -221,19 +239,22 @@ impl Importer<'_> {
             }
             _ => return Err(c.bad("exactly one of scales and sizes must be given")),
         };
+        let attrs = ir::ResizeAttrs {
+            mode,
+            coord,
+            nearest,
+            size,
+        };
+        if let (true, Val::F(a)) = (cubic, &x) {
+            let cubic = Cubic {
+                a: cubic_a,
+                exclude_outside: exclude_outside != 0,
+            };
+            return Ok(vec![Val::F(cubic.resize(c, a, &attrs)?)]);
+        }
         let out = self.out_name(c, 0);
         let ins = [(c.n.input[0].clone(), x)];
-        self.emit(
-            c,
-            Op::Resize(ir::ResizeAttrs {
-                mode,
-                coord,
-                nearest,
-                size,
-            }),
-            &ins,
-            vec![out],
-        )
+        self.emit(c, Op::Resize(attrs), &ins, vec![out])
     }
 
     /// Upsample (opsets 7–9; `scales` an attribute at 7–8, an input at 9) and Resize at
@@ -294,5 +315,222 @@ impl Importer<'_> {
         ];
         let inputs = vec![(1, None), (2, Some(Val::F(Arr::new(vec![n], scales))))];
         self.as_newer_form(c, inputs, &["scales", "mode"], add, Self::resize)
+    }
+}
+
+/// ONNX Resize's `mode = "cubic"` (Keys' cubic convolution with coefficient `a`: -0.75 is
+/// PyTorch's `bicubic`, -0.5 TensorFlow's), computed at import on a value known there. DINOv2,
+/// YOLOS and other ViTs resize their position embeddings to the input's patch grid with
+/// `interpolate(mode="bicubic")`, which both PyTorch exporters write as a cubic Resize of a
+/// constant. Each output row and column reads the 4 nearest source ones (clamped to the edge);
+/// with `exclude_outside` those past the edge get no weight and the rest are scaled to sum 1.
+struct Cubic {
+    a: f32,
+    exclude_outside: bool,
+}
+
+impl Cubic {
+    /// The 4 taps (source index, weight) of output index `i` of an axis.
+    fn taps(
+        &self,
+        r: &ir::ResizeAttrs,
+        i: usize,
+        inp: usize,
+        out: usize,
+        scale: f32,
+    ) -> [(usize, f64); 4] {
+        let x = match r.coord {
+            ir::CoordMode::HalfPixel => (i as f64 + 0.5) / scale as f64 - 0.5,
+            ir::CoordMode::PytorchHalfPixel if out > 1 => (i as f64 + 0.5) / scale as f64 - 0.5,
+            ir::CoordMode::AlignCorners if out > 1 => {
+                i as f64 * (inp as f64 - 1.0) / (out as f64 - 1.0)
+            }
+            ir::CoordMode::Asymmetric => i as f64 / scale as f64,
+            ir::CoordMode::PytorchHalfPixel | ir::CoordMode::AlignCorners => 0.0,
+        };
+        let base = x.floor();
+        let t = x - base;
+        let a = self.a as f64;
+        // Keys' kernel at distance d: |d| <= 1 and 1 < |d| < 2.
+        let near = |d: f64| ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0;
+        let far = |d: f64| ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a;
+        let w = [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)];
+        let mut taps = [(0usize, 0.0f64); 4];
+        let mut sum = 0.0;
+        for (k, tap) in taps.iter_mut().enumerate() {
+            let j = base as i64 - 1 + k as i64;
+            let inside = (0..inp as i64).contains(&j);
+            let weight = if self.exclude_outside && !inside {
+                0.0
+            } else {
+                w[k]
+            };
+            *tap = (j.clamp(0, inp as i64 - 1) as usize, weight);
+            sum += weight;
+        }
+        if self.exclude_outside && sum != 0.0 {
+            taps.iter_mut().for_each(|t| t.1 /= sum);
+        }
+        taps
+    }
+
+    /// `x` (N, C, H, W) resized as `r` says (its size or scales; only H and W change).
+    fn resize(&self, c: &Ctx, x: &Arr<f32>, r: &ir::ResizeAttrs) -> OnnxResult<Arr<f32>> {
+        let [n, ch, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+        let [oh, ow] = match r.size {
+            ir::ResizeSize::Size(hw) => hw,
+            // ONNX: the output is floor(input · scale).
+            ir::ResizeSize::Scales([sh, sw]) => [
+                (h as f64 * sh as f64).floor() as usize,
+                (w as f64 * sw as f64).floor() as usize,
+            ],
+        };
+        if h == 0 || w == 0 || oh == 0 || ow == 0 {
+            return Err(c.bad(format!("cubic Resize of {h}×{w} to {oh}×{ow}")));
+        }
+        let shape = vec![n, ch, oh, ow];
+        fold::numel_of::<f32>(&shape).map_err(|e| c.bad(e))?;
+        let [sh, sw] = r.coord_scales([h, w], [oh, ow]);
+        let rows: Vec<_> = (0..oh).map(|i| self.taps(r, i, h, oh, sh)).collect();
+        let cols: Vec<_> = (0..ow).map(|j| self.taps(r, j, w, ow, sw)).collect();
+        let mut out = Vec::with_capacity(n * ch * oh * ow);
+        let mut tmp = vec![0.0f64; oh * w];
+        for plane in x.data.chunks_exact(h * w) {
+            for (i, taps) in rows.iter().enumerate() {
+                for col in 0..w {
+                    tmp[i * w + col] = taps
+                        .iter()
+                        .map(|&(y, wt)| wt * plane[y * w + col] as f64)
+                        .sum();
+                }
+            }
+            for i in 0..oh {
+                for taps in &cols {
+                    out.push(
+                        taps.iter()
+                            .map(|&(xx, wt)| wt * tmp[i * w + xx])
+                            .sum::<f64>() as f32,
+                    );
+                }
+            }
+        }
+        Ok(Arr::new(shape, out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::onnx::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
+    use crate::ops::testing::{floats, ints, node, run};
+
+    fn attr(
+        mut n: NodeProto,
+        name: &str,
+        s: Option<&str>,
+        f: Option<f32>,
+        i: Option<i64>,
+    ) -> NodeProto {
+        n.attribute.push(AttributeProto {
+            name: Some(name.into()),
+            s: s.map(|s| s.as_bytes().to_vec()),
+            f,
+            i,
+            r#type: Some(if s.is_some() {
+                AttributeType::String
+            } else if f.is_some() {
+                AttributeType::Float
+            } else {
+                AttributeType::Int
+            } as i32),
+            ..Default::default()
+        });
+        n
+    }
+
+    /// DINOv2 and YOLOS resize their position embeddings with `interpolate(mode="bicubic")`,
+    /// which both exporters write as a cubic Resize of a constant: refused ("nearest and
+    /// linear are supported"). Computed at import now; the expected values are onnxruntime's
+    /// (and, for a = -0.75 half_pixel, PyTorch's bicubic) on `x = k^1.5`, k = 0..16 as 4×4.
+    #[test]
+    fn a_cubic_resize_of_a_constant_matches_onnxruntime() {
+        let table: Vec<f32> = (0..16).map(|k| (k as f32).powf(1.5)).collect();
+        // (coordinate mode, a, exclude_outside, output size, expected)
+        type Case = (&'static str, f32, i64, [i64; 2], Vec<f32>);
+        let cases: [Case; 3] = [
+            (
+                "half_pixel",
+                -0.75,
+                0,
+                [3, 5],
+                vec![
+                    0.8157, 1.59971, 3.09345, 5.17796, 6.95199, 14.05138, 16.63829, 20.20658,
+                    24.01033, 26.99178, 38.78938, 42.25111, 46.95706, 51.85767, 55.64555,
+                ],
+            ),
+            (
+                "half_pixel",
+                -0.5,
+                1,
+                [3, 5],
+                vec![
+                    0.6968, 1.49555, 2.90906, 4.84464, 6.62484, 14.46306, 17.10906, 20.51147,
+                    24.1268, 27.17308, 39.34852, 42.93547, 47.46914, 52.1715, 56.0756,
+                ],
+            ),
+            (
+                "align_corners",
+                -0.75,
+                0,
+                [6, 3],
+                vec![
+                    0.0, 1.78599, 5.19615, 3.31624, 6.80469, 11.41054, 10.88784, 16.33964,
+                    22.44213, 18.42658, 24.69666, 31.5665, 31.5566, 38.9211, 46.80824, 41.56922,
+                    49.58938, 58.09475,
+                ],
+            ),
+        ];
+        for (coord, a, exclude, [h, w], want) in cases {
+            let mut resize = node("Resize", &["table", "", "", "sizes"], "pos");
+            resize = attr(resize, "mode", Some("cubic"), None, None);
+            resize = attr(
+                resize,
+                "coordinate_transformation_mode",
+                Some(coord),
+                None,
+                None,
+            );
+            resize = attr(resize, "cubic_coeff_a", None, Some(a), None);
+            resize = attr(resize, "exclude_outside", None, None, Some(exclude));
+            let nodes = vec![resize, node("Add", &["x", "pos"], "y")];
+            let inits = vec![
+                floats("table", &[1, 1, 4, 4], &table),
+                ints("sizes", &[4], &[1, 1, h, w]),
+            ];
+            let n = (h * w) as usize;
+            let y = run(nodes, inits, &[1, 1, h as usize, w as usize], &vec![0.0; n]).unwrap();
+            for (got, want) in y.data.iter().zip(&want) {
+                assert!(
+                    (got - want).abs() < 1e-4,
+                    "{coord} a={a}: {:?} vs {want:?}",
+                    y.data
+                );
+            }
+        }
+        // On a runtime tensor: refused by name, saying where cubic is supported.
+        let resize = attr(
+            node("Resize", &["x", "", "", "sizes"], "y"),
+            "mode",
+            Some("cubic"),
+            None,
+            None,
+        );
+        let e = run(
+            vec![resize],
+            vec![ints("sizes", &[4], &[1, 1, 2, 2])],
+            &[1, 1, 4, 4],
+            &[0.0; 16],
+        )
+        .unwrap_err();
+        assert!(e.contains("cubic") && e.contains("known at import"), "{e}");
     }
 }
