@@ -120,6 +120,66 @@ fn non_empty_out_is_refused_unless_forced() {
     assert!(out.join("summary.json").exists() && out.join("keep.txt").exists());
 }
 
+/// Two runs into one --out at once, the second with --force, both exited 0 and left one's
+/// scenario.toml beside the other's summary.json and jobs/. The second is refused now and the
+/// first, stopped by SIGTERM, writes its own files whole (and says what stopped it).
+#[test]
+fn a_second_run_into_a_busy_out_is_refused_and_sigterm_keeps_the_first_ones_results() {
+    let tmp = tempfile::tempdir().unwrap();
+    let long = SMALL.replace("jobs = 100", "duration_s = 60");
+    let sc = scenario(tmp.path(), "long.toml", &long);
+    let other = scenario(tmp.path(), "s.toml", SMALL);
+    let out = tmp.path().join("out");
+    let first = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .arg("-q")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The run has its folder once its resolved scenario is written; a loaded machine may be slow.
+    let t0 = std::time::Instant::now();
+    while !out.join("scenario.toml").exists() {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "the first run never wrote scenario.toml"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = isolane()
+        .arg("run")
+        .arg(&other)
+        .arg("--out")
+        .arg(&out)
+        .arg("--force")
+        .arg("-q")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("in use by another isolane process"),
+        "{stderr}"
+    );
+    assert!(
+        out.join("scenario.toml").exists(),
+        "--force removed the busy run's files"
+    );
+    // SAFETY: kill(2) on the child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(first.id() as i32, libc::SIGTERM) }, 0);
+    let o = first.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{text}");
+    assert!(text.contains("SIGTERM"), "{text}");
+    let scenario_toml = std::fs::read_to_string(out.join("scenario.toml")).unwrap();
+    assert!(scenario_toml.contains("duration_s = 60"), "{scenario_toml}");
+    assert_eq!(summary(&out)["interrupted"], serde_json::json!(true));
+    run_ok(isolane().arg("report").arg(&out));
+}
+
 #[test]
 fn quickstart_runs_without_arguments_into_a_new_runs_folder() {
     let tmp = tempfile::tempdir().unwrap();

@@ -68,7 +68,10 @@ pub fn failure_lines(summary: &RunSummary) -> Vec<String> {
         })
         .collect();
     if summary.interrupted {
-        lines.push("interrupted: results cover the jobs released before Ctrl-C".into());
+        lines.push(
+            "interrupted: results cover the jobs released before the stop (Ctrl-C or SIGTERM)"
+                .into(),
+        );
     }
     // Above 1 % the host's share shows in the tail latencies of a VM (docs/runtime.md).
     if let Some(steal) = summary.cpu_steal_pct.filter(|&p| p > 1.0) {
