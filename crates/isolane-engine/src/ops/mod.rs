@@ -364,6 +364,7 @@ mod tests {
         "ConstantOfShape",
         "Conv",
         "ConvInteger",
+        "ConvTranspose",
         "Cos",
         "CumSum",
         "DequantizeLinear",
