@@ -60,11 +60,11 @@ pub fn failure_lines(summary: &RunSummary) -> Vec<String> {
         .workloads
         .iter()
         .filter_map(|w| {
-            Some(format!(
-                "workload `{}` failed: {}",
-                w.name,
-                w.error.as_ref()?
-            ))
+            let error = w.error.as_deref()?;
+            // A worker's load error names its workload already ("workload `a`: model ...").
+            let own = format!("workload `{}`: ", w.name);
+            let error = error.strip_prefix(own.as_str()).unwrap_or(error);
+            Some(format!("workload `{}` failed: {error}", w.name))
         })
         .collect();
     if summary.interrupted {
@@ -208,6 +208,26 @@ mod tests {
         s.cpu_steal_pct = Some(1.0);
         assert_eq!(failure_lines(&s).len(), 1);
         assert!(held_lines(&s).is_empty());
+    }
+
+    /// A model file replaced by a bad one while a process host's worker started: "workload
+    /// `a` failed: workload `a`: model ..." named the workload twice.
+    #[test]
+    fn a_failed_workload_is_named_once() {
+        let mut s = RunSummary::new("run");
+        let mut w = WorkloadSummary::new("a", "m.onnx", 1);
+        w.error = Some("workload `a`: model `m.onnx`: not a valid ONNX model".into());
+        s.workloads.push(w);
+        let mut other = WorkloadSummary::new("b", "m.onnx", 1);
+        other.error = Some("worker died (signal 9)".into());
+        s.workloads.push(other);
+        assert_eq!(
+            failure_lines(&s),
+            vec![
+                "workload `a` failed: model `m.onnx`: not a valid ONNX model".to_string(),
+                "workload `b` failed: worker died (signal 9)".to_string(),
+            ]
+        );
     }
 
     #[test]
