@@ -102,10 +102,22 @@ impl ChoiceLog {
         self.replay
     }
 
-    /// Records a choice (nothing while replaying: the choice came from the log).
-    pub(crate) fn note(&mut self, c: Choice) {
+    /// Records a choice (nothing while replaying: the choice came from the log). Returns its
+    /// place in the log where it was kept, for [`ChoiceLog::renote`].
+    pub(crate) fn note(&mut self, c: Choice) -> Option<usize> {
         if self.recording {
             self.steps.push(c);
+            return Some(self.steps.len() - 1);
+        }
+        None
+    }
+
+    /// Replaces the choice noted at `at` (a later, whole-model decision overrode a step's own:
+    /// the quantized products' all-graph chain, `quant_gemm::keep_faster_whole`), so that a
+    /// saved plan replays what the build kept.
+    pub(crate) fn renote(&mut self, at: usize, c: Choice) {
+        if let Some(slot) = self.steps.get_mut(at) {
+            *slot = c;
         }
     }
 
@@ -944,15 +956,19 @@ mod tests {
         );
         // A log of a build that is not saved keeps nothing.
         let mut none = ChoiceLog::none();
-        none.note(Choice::Pick(1));
+        assert_eq!(none.note(Choice::Pick(1)), None);
         assert!(none.steps.is_empty() && !none.recording());
         assert_eq!(none.take("x").unwrap(), None);
         // Recording never replays.
         let mut rec = ChoiceLog::record();
         assert_eq!(rec.take("x").unwrap(), None);
         assert_eq!(rec.pick(2, "x").unwrap(), None);
-        rec.note(Choice::Pick(1));
-        assert_eq!(rec.steps, vec![Choice::Pick(1)]);
+        assert_eq!(rec.note(Choice::Pick(1)), Some(0));
+        assert_eq!(rec.note(Choice::Pick(0)), Some(1));
+        // A whole-model decision overrides the first step's pick and only it.
+        rec.renote(0, Choice::Pick(3));
+        rec.renote(7, Choice::Pick(3));
+        assert_eq!(rec.steps, vec![Choice::Pick(3), Choice::Pick(0)]);
     }
 
     /// A load makes its plan from the saved fused graph: it must be the plan the build made

@@ -208,6 +208,7 @@ impl CudaModel {
             self.names.push(prev.clone());
         }
         self.step_start.push(self.launches.len());
+        quant_gemm::keep_faster_whole(self, rec, &mut caches)?;
         for (i, io) in plan.outputs.iter().enumerate() {
             self.names.push("output copy".into());
             self.launches.push(Launch::DtoH {

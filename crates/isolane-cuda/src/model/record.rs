@@ -103,6 +103,9 @@ pub(super) struct LibraryCaches {
     pub(super) quant_graph: Vec<(ConvGraphSpec, std::result::Result<usize, String>)>,
     /// A build says once that a layer had no fused quantized graph.
     pub(super) quant_graph_noted: bool,
+    /// The quantized products whose timed graph lost alone, in step order
+    /// (`quant_gemm::keep_faster_whole`).
+    pub(super) graph_alts: Vec<quant_gemm::GraphAlt>,
 }
 
 #[allow(clippy::too_many_arguments)]
