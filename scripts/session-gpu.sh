@@ -80,7 +80,7 @@ for s in "$@"; do
     savedmps) step savedmps 270 env OUT="$work/savedmps" ISOLANE_BIN="$isolane" bash scripts/saved-plan-mps-diag.sh ;;
     l2) step l2 150 stage/tests/isolane-cuda--gpu weights_kept_in_the_l2_change_no_output --ignored --nocapture ;;
     int8test) step int8test 150 stage/tests/isolane-cuda--gpu calibrated_int8_and_fp8_models_run_on_the_gpu --ignored --nocapture ;;
-    slots) step slots 240 env ISOLANE_CUDA_SLOT_GRAPH=1 ISOLANE_SERVE_PIN_SHM=1 bash -c 'stage/tests/isolane-cuda--isolane_cuda model::slots::tests --ignored --test-threads 1 --nocapture && stage/tests/isolane-gpu--isolane_gpu host_pin --nocapture' ;;
+    slots) step slots 240 bash -c 'stage/tests/isolane-cuda--isolane_cuda model::slots::tests --ignored --test-threads 1 --nocapture && stage/tests/isolane-gpu--isolane_gpu host_pin --nocapture' ;;
     cudagpu) step cudagpu 420 stage/tests/isolane-cuda--gpu --ignored --test-threads 1 ;;
     cudalib) step cudalib 200 bash -c 'for t in stage/tests/isolane-cuda--isolane_cuda stage/tests/isolane-cuda--suite stage/tests/isolane-gpu--*; do echo "== $t"; "$t" --ignored --test-threads 1 --skip on_another_gpu || rc=1; done; exit ${rc:-0}' ;;
     quick) step quick 120 bash -c "\"$isolane\" run --out $work/quick-run && \"$isolane\" report $work/quick-run | tail -20" ;;
@@ -116,7 +116,7 @@ for s in "$@"; do
             --scenario scenarios/serve/h200.toml --model mobilenet_v2 --key sms --to 16 --over 128
         ;;
     replan) step replan 440 env OUT="$work/replan" ISOLANE="$isolane" bash scripts/replan-h200.sh run ;;
-    overhead) step overhead 300 env ISOLANE_CUDA_SLOT_GRAPH=1 ISOLANE_SERVE_PIN_SHM=1 OUT="$work/overhead" ISOLANE="$isolane" bash scripts/serve-bench.sh run --steps inproc,overhead,floor --ab-spin-us '' ;;
+    overhead) step overhead 300 env OUT="$work/overhead" ISOLANE="$isolane" bash scripts/serve-bench.sh run --steps inproc,overhead,floor --ab-spin-us '' ;;
     *) echo "unknown step $s" | tee -a "$out/steps.txt" ;;
     esac
 done

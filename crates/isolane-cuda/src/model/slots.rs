@@ -106,11 +106,11 @@ fn fused_graph(model: &CudaModel, ins: &[PinnedF32], outs: &[PinnedF32]) -> Resu
     model.capture_list(&launches, true)
 }
 
-/// Whether slots launch their job as one graph (`ISOLANE_CUDA_SLOT_GRAPH=1`). Off by default
-/// until a GPU has checked it against the four launches that session 22 measured (docs/serve.md,
-/// "Input slots"); `bash scripts/session-gpu.sh slots overhead` turns it on.
+/// Whether slots launch their job as one graph: on unless `ISOLANE_CUDA_SLOT_GRAPH=0`, which
+/// keeps session 22's four launches for comparison. The H200 checked it in session 24 (the
+/// slots' GPU tests bit-identical, docs/serve.md "Input slots").
 fn slot_graphs_on() -> bool {
-    std::env::var_os("ISOLANE_CUDA_SLOT_GRAPH").is_some_and(|v| v == "1")
+    std::env::var_os("ISOLANE_CUDA_SLOT_GRAPH").is_none_or(|v| v != "0")
 }
 
 impl Slots {
