@@ -20,6 +20,8 @@
 #             STAGE_PACKAGES="-p isolane-cuda -p isolane-gpu -p isolane"
 #   cudagpu   every GPU test of isolane-cuda's tests/gpu.rs (--ignored, one thread)
 #   cudalib   the other GPU tests of isolane-cuda and isolane-gpu (lib and suite, --ignored)
+#   hf        scripts/hf_models.py: Hugging Face vision models exported there (dynamo and classic)
+#             through `isolane infer --backend cuda` at fp32 and fp16, against onnxruntime
 #   quick     the README's main job: `isolane run` on the built-in quickstart, then `report`
 #   quantgemm isolane-cuda's GPU test: the int8/fp8 tensor-core path against the exact reference
 #   quantgraph isolane-cuda's GPU test: cuDNN's fused quantized convolution graph forced where
@@ -83,6 +85,8 @@ for s in "$@"; do
     slots) step slots 240 bash -c 'stage/tests/isolane-cuda--isolane_cuda model::slots::tests --ignored --test-threads 1 --nocapture && stage/tests/isolane-gpu--isolane_gpu host_pin --nocapture' ;;
     cudagpu) step cudagpu 420 stage/tests/isolane-cuda--gpu --ignored --test-threads 1 ;;
     cudalib) step cudalib 200 bash -c 'for t in stage/tests/isolane-cuda--isolane_cuda stage/tests/isolane-cuda--suite stage/tests/isolane-gpu--*; do echo "== $t"; "$t" --ignored --test-threads 1 --skip on_another_gpu || rc=1; done; exit ${rc:-0}' ;;
+    hf) step hf 290 python3 scripts/hf_models.py --isolane "$isolane" --backend cuda --precisions fp32,fp16 \
+        --work "$work/hf" --out "$work/hf/hf.md" --jsonl "$work/hf/rows.jsonl" --budget-s 230 ;;
     quick) step quick 120 bash -c "\"$isolane\" run --out $work/quick-run && \"$isolane\" report $work/quick-run | tail -20" ;;
     quantgemm) step quantgemm 200 stage/tests/isolane-cuda--gpu quant_gemm_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture ;;
     quantprobe)

@@ -1,0 +1,189 @@
+"""Hugging Face vision models as users export them, through `isolane infer`, against onnxruntime.
+
+Each model is built from its `transformers` config (random weights, seed 0: no hub download),
+exported with `torch.onnx.export` (dynamo=True, PyTorch 2.9+'s default, and the classic
+exporter at opset 17 with a dynamic batch), run by onnxruntime on the CPU as the reference, then
+by `isolane infer --backend B --precision P` on the same input. A row passes when the output's
+shape matches and its relative L2 error is within the conformance suite's limit for the
+precision (scripts/conformance/suite.py: fp32 1e-4, tf32 5e-3, fp16 and bf16 3e-2); a
+refusal (exit 2) is a row of its own with isolane's words. Writes a markdown table to --out and
+one JSON line per row to --jsonl.
+
+  python3 scripts/hf_models.py --isolane stage/isolane --backend cuda --precisions fp32,fp16 \\
+      --work /tmp/hf --out hf.md [--models vit,deit] [--exporters dynamo,classic] [--budget-s 220]
+
+Needs torch, transformers, onnx and onnxruntime (the GPU machine has them).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+LIMITS = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 3e-2, "bf16": 3e-2}
+
+# name -> (config class, model class, config kwargs, input (h, w))
+MODELS = {
+    "vit": ("ViTConfig", "ViTForImageClassification", {}, None),
+    "deit": ("DeiTConfig", "DeiTForImageClassification", {}, None),
+    "beit": ("BeitConfig", "BeitForImageClassification", {"use_relative_position_bias": True}, None),
+    "dinov2": ("Dinov2Config", "Dinov2ForImageClassification", {"image_size": 224}, None),
+    "swin": ("SwinConfig", "SwinForImageClassification", {}, None),
+    "convnext": ("ConvNextConfig", "ConvNextForImageClassification", {}, None),
+    "resnet": ("ResNetConfig", "ResNetForImageClassification", {}, None),
+    "mobilevit": ("MobileViTConfig", "MobileViTForImageClassification", {}, None),
+    "segformer": ("SegformerConfig", "SegformerForSemanticSegmentation", {}, (512, 512)),
+    "clip-vision": ("CLIPVisionConfig", "CLIPVisionModelWithProjection", {}, None),
+    "efficientnet": ("EfficientNetConfig", "EfficientNetForImageClassification", {}, None),
+    "regnet": ("RegNetConfig", "RegNetForImageClassification", {}, None),
+    "levit": ("LevitConfig", "LevitForImageClassification", {}, None),
+    "yolos": ("YolosConfig", "YolosForObjectDetection", {}, None),
+    "dpt": ("DPTConfig", "DPTForDepthEstimation", {}, None),
+}
+
+
+def build(name):
+    import torch
+    import transformers
+
+    conf_cls, model_cls, kwargs, hw = MODELS[name]
+    torch.manual_seed(0)
+    c = getattr(transformers, conf_cls)(**kwargs)
+    m = getattr(transformers, model_cls)(c).eval()
+    if hw is None:
+        size = getattr(c, "image_size", 224)
+        hw = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+    return m, (1, getattr(c, "num_channels", 3)) + tuple(hw)
+
+
+def export(name, exporter, d):
+    import torch
+
+    path = os.path.join(d, "model.onnx")
+    if os.path.exists(path):
+        return path, 0.0
+    m, shape = build(name)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    np.save(os.path.join(d, "input.npy"), x.numpy())
+    t = time.time()
+    with torch.no_grad():
+        if exporter == "dynamo":
+            torch.onnx.export(m, (x,), path, input_names=["pixel_values"], dynamo=True)
+        else:
+            torch.onnx.export(m, (x,), path, input_names=["pixel_values"], dynamo=False,
+                              opset_version=17, dynamic_axes={"pixel_values": {0: "batch"}})
+    return path, time.time() - t
+
+
+def reference(path, x):
+    import onnxruntime as ort
+
+    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return s.run(None, {s.get_inputs()[0].name: x})[0]
+
+
+def row(args, name, exporter, precision, path, d, ref):
+    out = os.path.join(d, f"iso-{precision}.npy")
+    if os.path.exists(out):
+        os.remove(out)
+    cmd = [args.isolane, "infer", "--model", path, "--input", os.path.join(d, "input.npy"),
+           "--save-output", out, "--backend", args.backend, "--precision", precision]
+    t = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.infer_timeout_s)
+    r = {"model": name, "exporter": exporter, "precision": precision, "rc": p.returncode,
+         "infer_s": round(time.time() - t, 1)}
+    if p.returncode != 0:
+        r["status"] = "refused" if p.returncode == 2 else "error"
+        r["error"] = (p.stderr + p.stdout).strip()[-300:]
+        return r
+    y = np.load(out)
+    if y.shape != ref.shape:
+        r["status"] = "fail"
+        r["error"] = f"shape {list(y.shape)} against onnxruntime's {list(ref.shape)}"
+        return r
+    rel = float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
+    r["rel_l2"] = rel
+    if ref.ndim == 2:
+        r["top1_same"] = bool((y.argmax(-1) == ref.argmax(-1)).all())
+    r["status"] = "pass" if np.isfinite(y).all() and rel <= LIMITS[precision] else "fail"
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--isolane", required=True)
+    ap.add_argument("--backend", default="cuda", choices=["cpu", "cuda"])
+    ap.add_argument("--precisions", default="fp32,fp16")
+    ap.add_argument("--exporters", default="dynamo,classic")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--jsonl")
+    ap.add_argument("--budget-s", type=float, default=1e9)
+    ap.add_argument("--infer-timeout-s", type=float, default=120)
+    args = ap.parse_args()
+    precisions = args.precisions.split(",")
+    for p in precisions:
+        if p not in LIMITS:
+            sys.exit(f"--precisions: `{p}` is not one of {', '.join(LIMITS)}")
+    models = args.models.split(",")
+    for m in models:
+        if m not in MODELS:
+            sys.exit(f"--models: `{m}` is not one of {', '.join(MODELS)}")
+    import torch
+    import transformers
+
+    start = time.time()
+    rows = []
+    jl = open(args.jsonl, "a") if args.jsonl else None
+    for name in models:
+        for exporter in args.exporters.split(","):
+            if time.time() - start > args.budget_s:
+                rows.append({"model": name, "exporter": exporter, "status": "not run (budget)"})
+                continue
+            d = os.path.join(args.work, f"{name}-{exporter}")
+            os.makedirs(d, exist_ok=True)
+            try:
+                path, secs = export(name, exporter, d)
+                ref = reference(path, np.load(os.path.join(d, "input.npy")))
+            except Exception as e:  # an exporter's or onnxruntime's refusal is a row, not a stop
+                r = {"model": name, "exporter": exporter, "status": "export-error",
+                     "error": f"{type(e).__name__}: {e}"[-300:]}
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+                continue
+            for precision in precisions:
+                try:
+                    r = row(args, name, exporter, precision, path, d, ref)
+                except subprocess.TimeoutExpired:
+                    r = {"model": name, "exporter": exporter, "precision": precision,
+                         "status": "error", "error": f"no answer in {args.infer_timeout_s} s"}
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+                if jl:
+                    jl.write(json.dumps(r) + "\n")
+                    jl.flush()
+    counts = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    with open(args.out, "w") as f:
+        f.write(f"# Hugging Face vision models through `isolane infer --backend {args.backend}`\n\n")
+        f.write(f"torch {torch.__version__}, transformers {transformers.__version__}; random weights "
+                f"from each config (seed 0), one input (seed 1); reference onnxruntime on the CPU. "
+                f"Limits (relative L2): {', '.join(f'{p} {LIMITS[p]:g}' for p in precisions)}.\n\n")
+        f.write("**" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "**\n\n")
+        f.write("| model | exporter | precision | status | rel L2 | top-1 same | infer s | what |\n")
+        f.write("| --- | --- | --- | --- | ---: | --- | ---: | --- |\n")
+        for r in rows:
+            rel = f"{r['rel_l2']:.2e}" if "rel_l2" in r else ""
+            what = (r.get("error") or "").replace("\n", " ").replace("|", "\\|")[-200:]
+            f.write(f"| {r['model']} | {r['exporter']} | {r.get('precision', '')} | {r['status']} | "
+                    f"{rel} | {r.get('top1_same', '')} | {r.get('infer_s', '')} | {what} |\n")
+    print(open(args.out).read())
+
+
+if __name__ == "__main__":
+    main()
