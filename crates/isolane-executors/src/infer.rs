@@ -526,8 +526,14 @@ fn load_model(args: &InferRequest) -> Result<(Graph, String), InferError> {
                 path.display()
             )));
         }
+        // An ONNX file with dynamic sizes past the batch (optimum's exports) is sized by the
+        // array given with --input, as onnxruntime is; read here for its shape only.
+        let given = match &args.source {
+            Source::Npy(p) => Some(io::read_npy(p).map_err(user)?.shape),
+            _ => None,
+        };
         // Every import failure concerns the file the user gave: exit code 2, file named.
-        let g = isolane_engine::onnx::import_file(path).map_err(user)?;
+        let g = isolane_engine::onnx::import_file_sized(path, given.as_deref()).map_err(user)?;
         return Ok((g, format!("{} (ONNX)", path.display())));
     }
     let (weights, what) = match &args.weights {

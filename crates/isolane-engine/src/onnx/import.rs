@@ -41,6 +41,33 @@ pub fn import_file(path: impl AsRef<Path>) -> Result<Graph> {
     import_with(&model, initializers)
 }
 
+/// [`import_file`] of a model whose input may have dynamic dimensions past the batch (what
+/// `optimum-cli export onnx` writes: `[batch_size, num_channels, height, width]`), sized by
+/// `given`, the shape of the array the caller will feed: one sample (`[C, H, W]`) or a batch
+/// (`[B, C, H, W]`). Each dynamic dimension of the first graph input but the batch takes the
+/// array's size there; fixed ones stay as the file says (a mismatch is refused when the array
+/// is fed). Without `given`, or of another rank, this is [`import_file`].
+pub fn import_file_sized(path: impl AsRef<Path>, given: Option<&[usize]>) -> Result<Graph> {
+    let mut model = OnnxModel::load(path)?;
+    if let (Some(given), Some(input)) = (given, model.inputs.first_mut()) {
+        let rank = input.dims.len();
+        let sample = match given.len() {
+            n if n == rank => Some(&given[1..]),
+            n if n + 1 == rank => Some(given),
+            _ => None,
+        };
+        if let Some(sample) = sample {
+            for (d, &size) in input.dims.iter_mut().skip(1).zip(sample) {
+                if matches!(d, InDim::Dynamic(_)) && size > 0 {
+                    *d = InDim::Fixed(size);
+                }
+            }
+        }
+    }
+    let initializers = std::mem::take(&mut model.initializers);
+    import_with(&model, initializers)
+}
+
 /// Imports a loaded model into a batch-agnostic IR graph.
 ///
 /// The first dimension of a graph input may be dynamic (`dim_param`, e.g. from `dynamic_axes`);
@@ -473,7 +500,7 @@ impl<'m> Importer<'m> {
                     InDim::Dynamic(_) if i == 0 => Dim::Batch,
                     InDim::Dynamic(p) => {
                         return Err(self.invalid(format!(
-                            "graph input {:?}: dimension {i} is dynamic ({p:?}); isolane needs every dimension but the first (the batch) fixed — re-export with a fixed input size",
+                            "graph input {:?}: dimension {i} is dynamic ({p:?}); isolane needs every dimension but the first (the batch) fixed — re-export with a fixed input size (`isolane infer --input x.npy` takes them from the array)",
                             input.name
                         )))
                     }
@@ -1078,6 +1105,86 @@ pub(crate) fn check_concat<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `optimum-cli export onnx` writes `pixel_values` as `[batch_size, num_channels, height,
+    /// width]`: refused ("dimension 1 is dynamic") even when `isolane infer --input x.npy`
+    /// gives every size, as onnxruntime takes them.
+    #[test]
+    fn dynamic_sizes_past_the_batch_are_taken_from_the_given_array() {
+        use crate::onnx::proto::{
+            tensor_proto::DataType, tensor_shape_proto, type_proto, GraphProto, ModelProto,
+            NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+        };
+        use prost::Message as _;
+        let dim = |p: &str| tensor_shape_proto::Dimension {
+            value: Some(tensor_shape_proto::dimension::Value::DimParam(p.into())),
+            ..Default::default()
+        };
+        let x = ValueInfoProto {
+            name: Some("x".into()),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(DataType::Float as i32),
+                    shape: Some(TensorShapeProto {
+                        dim: ["batch_size", "num_channels", "height", "width"]
+                            .map(dim)
+                            .to_vec(),
+                    }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(GraphProto {
+                name: Some("g".into()),
+                node: vec![NodeProto {
+                    op_type: Some("Relu".into()),
+                    input: vec!["x".into()],
+                    output: vec!["y".into()],
+                    ..Default::default()
+                }],
+                input: vec![x],
+                output: vec![ValueInfoProto {
+                    name: Some("y".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("m.onnx");
+        std::fs::write(&path, m.encode_to_vec()).unwrap();
+        let e = import_file(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("dimension 1 is dynamic") && e.contains("--input"),
+            "{e}"
+        );
+        let fixed = |g: &Graph| {
+            let id = g.inputs[0];
+            match &g.values[id].kind {
+                ir::ValueKind::Input(dims) => dims.clone(),
+                other => panic!("{other:?}"),
+            }
+        };
+        let f = Dim::Fixed;
+        // One sample, or a batch: the batch stays the batch either way.
+        for given in [&[3, 8, 6][..], &[2, 3, 8, 6][..]] {
+            let g = import_file_sized(&path, Some(given)).unwrap();
+            assert_eq!(fixed(&g), vec![Dim::Batch, f(3), f(8), f(6)], "{given:?}");
+        }
+        // An array of another rank sizes nothing: the file's refusal stands.
+        let e = import_file_sized(&path, Some(&[8, 6]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dimension 1 is dynamic"), "{e}");
+    }
 
     #[test]
     fn pads_are_bounded_before_any_index_list_is_built() {

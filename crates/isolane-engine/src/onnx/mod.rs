@@ -17,5 +17,5 @@ pub mod tensor;
 pub mod proto;
 
 pub use error::{NodeRef, OnnxError, Result};
-pub use import::{import, import_file};
+pub use import::{import, import_file, import_file_sized};
 pub use model::{Dim, Input, OnnxModel, MAX_OPSET, MIN_OPSET};
