@@ -144,12 +144,21 @@ PY
         echo "    $(basename "$f" .log): $n GEMM shapes; kept $g gemm / $d cudnn conv / $fl float / $gr cudnn graph${e:+; $e}"
         # cuDNN's fused quantized graphs: plans made (one per layer shape) and the time their
         # making took (runtime-compiled engines compile here), or why cuDNN made none.
-        gp=$(grep -c -E "search: cudnn [a-z0-9]+ graph for" "$f")
-        gms=$(grep -o -E "graph for .* made in [0-9.]+ ms" "$f" | grep -o -E "[0-9.]+ ms" |
-            awk '{s += $1} END {printf "%.0f", s}')
-        rtc=$(grep -c -E "graph for .*compiled at run time" "$f")
+        gp=$(grep -c -E "search: cudnn [a-z0-9]+ graph( writing y and its bytes)? for .*: engine" "$f")
+        gms=$(grep -o -E "graph( writing y and its bytes)? for .* made in [0-9.]+ ms" "$f" |
+            grep -o -E "[0-9.]+ ms$" | awk '{s += $1} END {printf "%.0f", s}')
+        rtc=$(grep -c -E "graph( writing y and its bytes)? for .*compiled at run time" "$f")
         note=$(grep -m1 "note: cuDNN's fused" "$f" | cut -c1-300)
         echo "      cudnn graph plans: $gp ($rtc runtime-compiled), made in ${gms:-0} ms${note:+; $note}"
+        # Graphs that write a block's output twice (fp16 for the residual, bytes for the next
+        # convolution): planned, or not (then a quantize kernel follows the graph).
+        two=$(grep -c -E "graph writing y and its bytes for .*: engine" "$f")
+        two_no=$(grep -c -E "graph writing y and its bytes for .*: none" "$f")
+        why=$(grep -m1 -E "graph writing y and its bytes for .*: none" "$f" | cut -c1-300)
+        echo "      graphs writing y and its bytes: $two planned, $two_no not${why:+ ($why)}"
+        # The whole-model comparison: per-layer picks against the graph chain, both timed.
+        chain=$(grep -m1 "search: quantized chain" "$f" | cut -c1-400)
+        echo "      ${chain:-no whole-model comparison (no graph lost a layer alone)}"
     done
     echo
     echo "## Each quantized layer's candidates and choice, resnet50 int8 (search log)"

@@ -114,6 +114,8 @@ const SCALE: i64 = 6;
 /// A quantized convolution's per-channel inverse output scale (`1 / y_scale`, f32), where it
 /// writes its output quantized for the next quantized convolution.
 const YSCALE: i64 = 7;
+/// A quantized convolution's second output ([`ConvGraphSpec::quant_copy`]): y quantized.
+const YQ: i64 = 8;
 
 /// What the graph computes: `y = act(conv(x, w) + bias + residual)`, NHWC activations and a
 /// KRSC filter (dims given in NCHW / KCRS order, as cuDNN's logical dims are; the groups are
@@ -141,6 +143,11 @@ pub struct ConvGraphSpec {
     /// convolution: after the epilogue a multiply by the per-channel inverse output scale,
     /// y written in `quant`'s type (cuDNN's conversion: round to nearest even, saturated).
     pub quant_out: bool,
+    /// A quantized convolution whose output is written twice: y in `dtype` (a residual reads
+    /// it) and, multiplied by the per-channel inverse output scale, in `quant`'s type into a
+    /// second tensor (the next quantized convolution's rows): resnet's block output, which
+    /// otherwise needs a quantize kernel after the graph. Never with `quant_out`.
+    pub quant_copy: bool,
 }
 
 impl ConvGraphSpec {
@@ -167,6 +174,7 @@ impl ConvGraphSpec {
             allow_tf32: precision == Precision::Tf32,
             quant: None,
             quant_out: false,
+            quant_copy: false,
         })
     }
 
@@ -194,6 +202,7 @@ impl ConvGraphSpec {
             allow_tf32: false,
             quant: Some(qtype),
             quant_out,
+            quant_copy: false,
         })
     }
 }
@@ -221,6 +230,8 @@ pub struct ConvGraph {
     /// inverse output scales where `quant_out` ([`ConvGraphPtrs::y_scale`]).
     quant: bool,
     quant_out: bool,
+    /// It writes y quantized too ([`ConvGraphSpec::quant_copy`], [`ConvGraphPtrs::y_copy`]).
+    quant_copy: bool,
 }
 
 /// Descriptors kept alive for the plans made from them, dropped in order (heuristics, graph,
@@ -246,6 +257,8 @@ pub struct ConvGraphPtrs {
     /// its output is quantized: per launch, so that layers of one shape share one plan.
     pub scale: u64,
     pub y_scale: u64,
+    /// Where a graph that writes its output twice puts the quantized copy (0 otherwise).
+    pub y_copy: u64,
 }
 
 fn dnn_dtype(d: DType) -> dnn::cudnnDataType_t {
@@ -452,6 +465,22 @@ fn operation_graph(
             ops.push(pointwise(mode, &input, b.as_ref(), &out)?);
             parts.push(std::mem::replace(&mut input, out));
             parts.extend(b);
+        }
+        if spec.quant_copy {
+            // y as written above, quantized once more into its own tensor: a non-virtual
+            // tensor read by a further pointwise step, as cuDNN's fusion samples chain them.
+            let c = spec.y[1];
+            let s = tensor(
+                YSCALE,
+                [1, c, 1, 1],
+                [c as i64, 1, c as i64, c as i64],
+                f32t,
+                false,
+            )?;
+            let q = tensor(YQ, spec.y, nhwc_strides(spec.y), xw, false)?;
+            ops.push(pointwise(Pw::CUDNN_POINTWISE_MUL, &input, Some(&s), &q)?);
+            parts.push(s);
+            parts.push(q);
         }
         parts.push(input);
     } else {
@@ -876,6 +905,7 @@ impl ConvGraph {
             residual: fused && spec.residual,
             quant: spec.quant.is_some(),
             quant_out: spec.quant_out,
+            quant_copy: spec.quant_copy,
         }
     }
 }
@@ -1010,9 +1040,13 @@ impl ConvGraph {
             uids.push(SCALE);
             ptrs.push(p.scale as _);
         }
-        if self.quant_out {
+        if self.quant_out || self.quant_copy {
             uids.push(YSCALE);
             ptrs.push(p.y_scale as _);
+        }
+        if self.quant_copy {
+            uids.push(YQ);
+            ptrs.push(p.y_copy as _);
         }
         let pack = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
         pack.set_i64(A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &uids)?;
@@ -1122,7 +1156,15 @@ mod tests {
         );
         // The float graph has no quantization.
         let f = ConvGraphSpec::of(&step(None, true), DType::F16, Precision::Fp16).unwrap();
-        assert!(f.quant.is_none() && !f.quant_out);
+        assert!(f.quant.is_none() && !f.quant_out && !f.quant_copy);
+        // y written twice (the record asks for it where the step has a quantized copy): a
+        // spec, and so a plan, of its own.
+        assert!(!s.quant_copy);
+        let both = ConvGraphSpec {
+            quant_copy: true,
+            ..s.clone()
+        };
+        assert!(both != s && both != out);
     }
 
     #[test]
@@ -1188,12 +1230,15 @@ mod tests {
         ] {
             for (c, hw, k, r, st) in shapes {
                 let o = (hw + 2 * (r / 2) - r) / st + 1;
-                for (bias, residual, relu, quant_out) in [
-                    (false, false, false, false),
-                    (true, false, true, false),
-                    (true, false, true, true),
-                    (true, true, true, false),
-                    (true, true, true, true),
+                // The last: a block's output written twice, fp16 for the next residual and
+                // bytes for the next convolution (`quant_copy`).
+                for (bias, residual, relu, quant_out, quant_copy) in [
+                    (false, false, false, false, false),
+                    (true, false, true, false, false),
+                    (true, false, true, true, false),
+                    (true, true, true, false, false),
+                    (true, true, true, true, false),
+                    (true, true, true, false, true),
                 ] {
                     let spec = ConvGraphSpec {
                         x: [batch, c, hw, hw],
@@ -1209,10 +1254,12 @@ mod tests {
                         allow_tf32: false,
                         quant: Some(qtype),
                         quant_out,
+                        quant_copy,
                     };
                     let what = format!(
                         "{qtype} b{batch} {c}x{hw}x{hw} k{r} s{st} -> {k}: bias {bias} \
-                             residual {residual} relu {relu} bytes out {quant_out}"
+                             residual {residual} relu {relu} bytes out {quant_out} \
+                             y and bytes {quant_copy}"
                     );
                     for rtc in [false, true] {
                         if start.elapsed().as_secs() > 90 {

@@ -49,7 +49,10 @@ pub use transfer::{CopyPath, DeviceF32, InputCopier};
 /// 2: session 15 (the attention kernel's cp.async/ldmatrix tiles and 4 key groups).
 /// 3: session 22 (a quantized product runs the fastest of its timed candidates, which a saved
 ///    plan records; a general Gemm and a reversing Slice planned through the decomposition).
-pub const ENGINE_REVISION: u32 = 3;
+/// 4: session 24 (int8 / fp8: cuDNN's fused quantized graph among the candidates, the graph
+///    chain timed whole against the per-layer picks, a block output's bytes made by its
+///    producer; a saved plan of 3 is refused, its plan's buffers are not this one's).
+pub const ENGINE_REVISION: u32 = 4;
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]

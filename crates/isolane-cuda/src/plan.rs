@@ -422,6 +422,12 @@ pub struct QuantGemmStep {
     /// The epilogue quantizes its result by this scale (to `qtype`, one byte per element)
     /// for the next GEMMs, which alone read it, instead of storing it in the activation dtype.
     pub y_scale: Option<f32>,
+    /// `y` (in the activation dtype, which other steps read: a residual) also quantized by
+    /// this scale into these bytes, which the next direct quantized GEMMs read as their rows
+    /// (`xq_ready`) instead of quantizing `y` themselves: resnet's block output. Every path
+    /// writes them (a quantize kernel after it; cuDNN's fused graph as its second output where
+    /// cuDNN plans that).
+    pub y_copy: Option<(Loc, f32)>,
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -470,6 +476,9 @@ pub struct QuantGraphConsts {
     pub bias: Option<Loc>,
     /// `1 / y_scale` for every output channel (`[N]` f32), where the output is bytes.
     pub y_inv: Option<Loc>,
+    /// `1 / s` for every output channel (`[N]` f32), where the output is quantized as well
+    /// by scale `s` (`QuantGemmStep::y_copy`): the graph's second output.
+    pub copy_inv: Option<Loc>,
 }
 
 /// The float form of a quantized product, as the fake-quant steps compute it: x's values

@@ -128,6 +128,16 @@ pub(super) fn record_quant_gemm(
             paths[4] = quantized_before_im2col(rec, q, c, xb, gemm);
         }
     }
+    // y's bytes for the next GEMMs (after path 4 took the GEMM path's last two launches):
+    // a quantize kernel after each path but the graph, which writes them itself where it can.
+    if let Some((yc, s)) = q.y_copy {
+        let fp8 = q.qtype != QuantType::Int8;
+        for (i, p) in paths.iter_mut().enumerate() {
+            if let (false, Ok(l)) = (i == GRAPH_PATH, p) {
+                l.push(quantize_launch(rec, q.y, yc, s, q.m * q.n, fp8));
+            }
+        }
+    }
     let what = format!("the quantized product `{name}`");
     let saved = rec.choices.borrow_mut().pick(paths.len(), &what)?;
     let mut log_at = None;
@@ -445,6 +455,16 @@ fn dnn_conv_graph(
     }
     let spec = ConvGraphSpec::quantized(&c, q.qtype, rec.dtype, quant_out)
         .ok_or_else(|| EngineError::Runtime("its activation is neither none nor ReLU".into()))?;
+    let copy = match (q.y_copy, consts.copy_inv) {
+        (Some((l, _)), Some(inv)) => Some((l, inv)),
+        (None, None) => None,
+        _ => {
+            return Err(EngineError::Runtime(
+                "the plan's inverse scale of y's quantized copy and the step's copy disagree"
+                    .into(),
+            ))
+        }
+    };
     let ptrs = ConvGraphPtrs {
         x: rec.ptr(c.x),
         w: rec.ptr(c.w),
@@ -453,15 +473,72 @@ fn dnn_conv_graph(
         residual: c.residual.map_or(0, |r| rec.ptr(r)),
         workspace: 0,
         scale: rec.ptr(q.scale),
-        y_scale: consts.y_inv.map_or(0, |l| rec.ptr(l)),
+        y_scale: consts
+            .y_inv
+            .or(copy.map(|(_, inv)| inv))
+            .map_or(0, |l| rec.ptr(l)),
+        y_copy: copy.map_or(0, |(l, _)| rec.ptr(l)),
     };
     // The graph's tensors are declared 16-byte aligned.
     let p = &ptrs;
-    if !vec_aligned(&[p.x, p.w, p.y, p.bias, p.residual, p.scale, p.y_scale]) {
+    if !vec_aligned(&[
+        p.x, p.w, p.y, p.bias, p.residual, p.scale, p.y_scale, p.y_copy,
+    ]) {
         return Err(EngineError::Runtime(
             "a tensor of it is not 16-byte aligned".into(),
         ));
     }
+    // With y's quantized copy: the graph that writes both, else (cuDNN makes no plan of it)
+    // the graph writing y and a quantize kernel after it.
+    let mut tail = None;
+    let made = match copy {
+        Some(_) => {
+            let both = ConvGraphSpec {
+                quant_copy: true,
+                ..spec.clone()
+            };
+            match quant_graph_of(m, rec, caches, (name, q), &both) {
+                Ok(g) => Ok(g),
+                Err(_) => {
+                    let (yc, s) = q.y_copy.unwrap_or((q.y, 1.0));
+                    let fp8 = q.qtype != QuantType::Int8;
+                    tail = Some(quantize_launch(rec, q.y, yc, s, q.m * q.n, fp8));
+                    quant_graph_of(m, rec, caches, (name, q), &spec)
+                }
+            }
+        }
+        None => quant_graph_of(m, rec, caches, (name, q), &spec),
+    };
+    let graph = made?;
+    let ptrs = ConvGraphPtrs {
+        y_copy: if tail.is_some() { 0 } else { ptrs.y_copy },
+        ..ptrs
+    };
+    let mut l = Vec::new();
+    if let Some(xb) = alt.xb {
+        let n: usize = c.x_shape.iter().product();
+        let fp8 = q.qtype != QuantType::Int8;
+        l.push(quantize_launch(rec, q.x, xb, q.x_scale, n, fp8));
+    }
+    l.push(Launch::ConvGraph {
+        graph,
+        ptrs: Box::new(ptrs),
+    });
+    l.extend(tail);
+    Ok(l)
+}
+
+/// The plan of quantized graph `spec` (an index into `m.conv_graphs`): the one made for an
+/// equal spec earlier in this build, else cuDNN's first that finalizes; where cuDNN makes
+/// none, why (said once per build).
+fn quant_graph_of(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    caches: &mut LibraryCaches,
+    (name, q): (&str, &QuantGemmStep),
+    spec: &ConvGraphSpec,
+) -> Result<usize> {
+    let spec = spec.clone();
     let made = match caches.quant_graph.iter().find(|(s, _)| *s == spec) {
         Some((_, made)) => made.clone(),
         None => {
@@ -485,8 +562,13 @@ fn dnn_conv_graph(
             .map(|g| {
                 if rec.options.search_log {
                     eprintln!(
-                        "search: cudnn {} graph for `{name}`: engine {}{}, made in {:.1} ms",
+                        "search: cudnn {} graph{} for `{name}`: engine {}{}, made in {:.1} ms",
                         q.qtype,
+                        if spec.quant_copy {
+                            " writing y and its bytes"
+                        } else {
+                            ""
+                        },
                         g.engine,
                         if g.runtime_compiled {
                             " (compiled at run time)"
@@ -499,7 +581,14 @@ fn dnn_conv_graph(
                 m.conv_graphs.push(g);
                 m.conv_graphs.len() - 1
             });
-            if let Err(e) = &made {
+            if let (Err(e), true) = (&made, spec.quant_copy && rec.options.search_log) {
+                eprintln!(
+                    "search: cudnn {} graph writing y and its bytes for `{name}`: none ({e}); \
+                     the graph writing y, then a quantize kernel",
+                    q.qtype
+                );
+            }
+            if let (Err(e), false) = (&made, spec.quant_copy) {
                 if !caches.quant_graph_noted {
                     caches.quant_graph_noted = true;
                     eprintln!(
@@ -513,18 +602,7 @@ fn dnn_conv_graph(
             made
         }
     };
-    let graph = made.map_err(EngineError::Runtime)?;
-    let mut l = Vec::new();
-    if let Some(xb) = alt.xb {
-        let n: usize = c.x_shape.iter().product();
-        let fp8 = q.qtype != QuantType::Int8;
-        l.push(quantize_launch(rec, q.x, xb, q.x_scale, n, fp8));
-    }
-    l.push(Launch::ConvGraph {
-        graph,
-        ptrs: Box::new(ptrs),
-    });
-    Ok(l)
+    made.map_err(EngineError::Runtime)
 }
 
 /// cuDNN's int8 convolution: x quantized whole (unless its producer left it in bytes), the

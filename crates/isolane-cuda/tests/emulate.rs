@@ -633,13 +633,31 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
 /// for e4m3 products), the epilogue's one multiply-add per output.
 fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
     use isolane_engine::quant::quantize;
+    let graph_wrote_copy = exec_quant_path(p, m, q);
+    // y's bytes for the next direct GEMMs: the quantize kernel after every path but a graph
+    // that writes them itself.
+    if let (Some((l, s)), false) = (q.y_copy, graph_wrote_copy) {
+        let bytes = (0..q.m * q.n)
+            .map(|i| quantize(m.get(q.y, i), s, 0.0, q.qtype, true) as f64)
+            .collect();
+        m.quantized.insert(storage_id(l), bytes);
+    }
+}
+
+/// The emulated step's path (`QUANT_PATHS`); true where cuDNN's graph wrote y's quantized
+/// copy itself.
+fn exec_quant_path(p: &Plan, m: &mut Mem, q: &QuantGemmStep) -> bool {
+    use isolane_engine::quant::quantize;
     let path = QUANT_PATHS.with(|c| {
         let (pattern, next) = &mut *c.borrow_mut();
         *next += 1;
         pattern.get((*next - 1) % pattern.len().max(1)).copied()
     });
     match (path.unwrap_or(0), q.alt.as_deref()) {
-        (1, Some(alt)) if alt.dnn_conv.is_some() => return exec_quant_dnn_conv(p, m, q, alt),
+        (1, Some(alt)) if alt.dnn_conv.is_some() => {
+            exec_quant_dnn_conv(p, m, q, alt);
+            return false;
+        }
         (3, Some(alt)) if alt.dnn_conv.is_some() && alt.graph.is_some() => {
             return exec_quant_graph(p, m, q, alt)
         }
@@ -649,9 +667,13 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
                 .with(|o| o.get())
                 .unwrap_or_default()
                 .quant_float_plain();
-            return exec_quant_float(p, m, q, &alt.float, plain);
+            exec_quant_float(p, m, q, &alt.float, plain);
+            return false;
         }
-        (4, Some(alt)) => return exec_quant_float(p, m, q, &alt.float, true),
+        (4, Some(alt)) => {
+            exec_quant_float(p, m, q, &alt.float, true);
+            return false;
+        }
         (5, Some(alt)) if alt.xb.is_some() && q.conv.is_some() && !q.x_quantized => {
             // x quantized whole into xb, then the GEMM path over those bytes (their im2col
             // into xq), as the GPU's quantize + im2col_b4 run it.
@@ -673,11 +695,13 @@ fn exec_quant_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
                 alt: None,
                 ..q.clone()
             };
-            return exec_int8_gemm(p, m, &on_bytes);
+            exec_int8_gemm(p, m, &on_bytes);
+            return false;
         }
         _ => {}
     }
     exec_int8_gemm(p, m, q);
+    false
 }
 
 /// The int8 (fp8) GEMM path as planned: im2col, quantize, exact sum, epilogue.
@@ -858,10 +882,11 @@ fn exec_quant_graph(
     m: &mut Mem,
     q: &QuantGemmStep,
     alt: &isolane_cuda::plan::QuantAlternatives,
-) {
+) -> bool {
     use isolane_cuda::int8::{graph_requantize, graph_value};
     let g = alt.graph.as_ref().unwrap();
     assert_eq!(g.y_inv.is_some(), q.y_scale.is_some(), "the graph's output");
+    assert_eq!(g.copy_inv.is_some(), q.y_copy.is_some(), "the graph's copy");
     assert!(matches!(q.act, None | Some(Unary::Relu)), "{:?}", q.act);
     let sums = dnn_conv_sums(p, m, q, alt);
     let relu = q.act.is_some();
@@ -883,6 +908,13 @@ fn exec_quant_graph(
             };
         }
     }
+    // The graph's second output: y (f32 inside the graph) times the inverse scale, converted.
+    if let (Some((l, _)), Some(inv)) = (q.y_copy, g.copy_inv) {
+        let yq = (0..q.m * q.n)
+            .map(|i| graph_requantize(out[i], m.get(inv, i % q.n), q.qtype) as f64)
+            .collect();
+        m.quantized.insert(storage_id(l), yq);
+    }
     match g.y_inv {
         Some(_) => {
             let yq = out.into_iter().map(|v| v as f64).collect();
@@ -894,6 +926,7 @@ fn exec_quant_graph(
             }
         }
     }
+    q.y_copy.is_some()
 }
 
 /// The exact sums `[M, N]` of cuDNN's convolution of the quantized bytes (x quantized whole
@@ -1993,9 +2026,18 @@ fn quantized_products_plan_into_quant_gemms_that_compute_the_graph() {
             assert!(c4.residual.is_some(), "the add is fused into c4");
             // c2's output is read only by c3's quantized im2col: c2's epilogue quantizes it,
             // c3 copies bytes and quantizes nothing; c3's output is also the residual of c4,
-            // so it is stored in full and c4 quantizes it itself.
+            // so it is stored in full, and c3's step quantizes it as well for c4 (a direct
+            // 1×1), which reads those bytes and quantizes nothing.
             assert!(c2.y_scale.is_some() && c3.x_quantized, "{c2:?}\n{c3:?}");
             assert!(c3.y_scale.is_none() && !c4.x_quantized);
+            let (copy, s) = c3.y_copy.expect("c3 quantizes its output for c4");
+            assert!(
+                c4.xq_ready && c4.xq == copy && s == c4.x_scale,
+                "{c3:?}\n{c4:?}"
+            );
+            assert!(c2.y_copy.is_none() && c4.y_copy.is_none() && fc.y_copy.is_none());
+            let graph = c3.alt.as_ref().and_then(|a| a.graph.as_ref());
+            assert!(graph.is_none_or(|g| g.copy_inv.is_some() && g.y_inv.is_none()));
             assert!(c4.y_scale.is_none(), "c4 → add → relu → pool is not a GEMM");
             // c1 (K = 27) stays on the fake-quant path: its input's FakeQuant is planned.
             assert!(p

@@ -324,6 +324,7 @@ pub(super) fn record_conv(
         workspace: 0,
         scale: 0,
         y_scale: 0,
+        y_copy: 0,
     };
     // (Its tensors are declared 16-byte aligned.)
     let p = &graph_ptrs;
@@ -576,6 +577,7 @@ pub(super) fn replay_conv(
                     workspace: 0,
                     scale: 0,
                     y_scale: 0,
+                    y_copy: 0,
                 }),
             });
             if !fused && has_epilogue {

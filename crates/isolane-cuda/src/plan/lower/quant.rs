@@ -297,6 +297,19 @@ impl Planner<'_> {
             }
             None => self.output(out, nhwc),
         };
+        // Where y stays in floats for another reader, its bytes for the next direct GEMMs are
+        // made here, by this step's path (cuDNN's graph writes both at once), not by them.
+        let y_copy = match y_quant {
+            Some(_) => None,
+            None => self.quantized_copy(c.ni, out, nhwc, pat).map(|s| {
+                let l = Loc::Storage {
+                    id: self.new_storage(mm * nn),
+                    offset: 0,
+                };
+                self.quantized_of[out] = Some((l, s, q.qtype, nhwc));
+                (l, s)
+            }),
+        };
         if let Some(cv) = conv.as_mut() {
             (cv.w, cv.y) = (w, y);
             if pre.is_some() {
@@ -310,7 +323,7 @@ impl Planner<'_> {
             [w, xq],
             xq_ready,
             [acc, y],
-            y_quant,
+            (y_quant, y_copy.map(|(_, s)| s)),
         )?;
         self.push(
             name,
@@ -328,6 +341,7 @@ impl Planner<'_> {
                 residual,
                 y,
                 y_scale: y_quant.map(|(s, _)| s),
+                y_copy,
                 m: mm,
                 n: nn,
                 k,
@@ -343,7 +357,8 @@ impl Planner<'_> {
     /// GEMM, `tmpl` a convolution's geometry as the step reads x (`x_quantized`: x is its
     /// producer's bytes), `w` the quantized weight, `xq` the GEMM's quantized rows (made by
     /// an earlier step when `xq_ready`), `acc` and `y` the step's accumulator and output (bytes
-    /// when `y_quant`). The float step's bias and residual are the step's own.
+    /// when `y_quant`; quantized as well, by `y_copy`'s scale, when that is given). The float
+    /// step's bias and residual are the step's own.
     pub(in crate::plan) fn quant_alternatives(
         &mut self,
         c: &NodeCtx,
@@ -351,7 +366,7 @@ impl Planner<'_> {
         [w, xq]: [Loc; 2],
         xq_ready: bool,
         [acc, y]: [Loc; 2],
-        y_quant: Option<(f32, QuantType)>,
+        (y_quant, y_copy): (Option<(f32, QuantType)>, Option<f32>),
     ) -> Result<QuantAlternatives> {
         let (n, name, es) = (c.n, c.name, self.es);
         let (mm, nn, k) = (q.m, q.n, q.k);
@@ -441,7 +456,7 @@ impl Planner<'_> {
         };
         let graph = match (&dnn_conv, &n.op) {
             (Some(_), Op::Conv(a)) if matches!(a.activation, None | Some(Unary::Relu)) => {
-                self.quant_graph_consts(n, y_quant)?
+                self.quant_graph_consts(n, y_quant, y_copy)?
             }
             _ => None,
         };
@@ -461,11 +476,13 @@ impl Planner<'_> {
 
     /// The f32 constants cuDNN's fused quantized graph of node `n` reads
     /// ([`QuantGraphConsts`]): its bias in f32, and `1 / y_scale` per channel where its output
-    /// is bytes (`y_quant`). `None` where the bias is not a constant.
+    /// is bytes (`y_quant`), or `1 / y_copy` where it is quantized as well
+    /// ([`QuantGraphConsts::copy_inv`]). `None` where the bias is not a constant.
     pub(in crate::plan) fn quant_graph_consts(
         &mut self,
         n: &Node,
         y_quant: Option<(f32, QuantType)>,
+        y_copy: Option<f32>,
     ) -> Result<Option<QuantGraphConsts>> {
         let g = self.g;
         let channels = match n.inputs.get(1).and_then(|&w| g.constant(w)) {
@@ -497,7 +514,18 @@ impl Planner<'_> {
             )?),
             None => None,
         };
-        Ok(Some(QuantGraphConsts { bias, y_inv }))
+        let copy_inv = match y_copy {
+            Some(s) => Some(f32_const(
+                self,
+                vec![crate::int8::inverse_scale(s); channels],
+            )?),
+            None => None,
+        };
+        Ok(Some(QuantGraphConsts {
+            bias,
+            y_inv,
+            copy_inv,
+        }))
     }
 
     /// Whether node `ni`'s output `v` (rows NHWC when `nhwc`) may leave its epilogue quantized
@@ -548,5 +576,47 @@ impl Planner<'_> {
             }
         });
         fits.then_some((fq.scales[0], fq.qtype))
+    }
+
+    /// Whether node `ni`'s output `v` (kept in floats: [`Planner::quantized_output`] said no)
+    /// should also be quantized by `ni`'s step for the next GEMMs: one of `v`'s readers is a
+    /// FakeQuant (per tensor, of `ni`'s type) that emits nothing, and a direct quantized GEMM
+    /// of the same layout reads it, which would otherwise quantize `v`'s rows itself. Its other
+    /// readers (a residual) read the floats. Returns the FakeQuant's scale.
+    pub(in crate::plan) fn quantized_copy(
+        &self,
+        ni: usize,
+        v: usize,
+        nhwc: bool,
+        pat: &Patterns,
+    ) -> Option<f32> {
+        let g = self.g;
+        let producer_type = self.quant[ni].as_ref()?.qtype;
+        let mut fqs = pat.users_of[v]
+            .iter()
+            .filter(|&&u| matches!(g.nodes[u].op, Op::FakeQuant(_)));
+        let f = *fqs.next()?;
+        if fqs.next().is_some() || !self.fq_skip[f] {
+            return None;
+        }
+        let Op::FakeQuant(fq) = &g.nodes[f].op else {
+            return None;
+        };
+        if fq.qtype != producer_type || fq.scales.len() != 1 {
+            return None;
+        }
+        let fv = g.nodes[f].outputs[0];
+        let direct_reader = pat.users_of[fv].iter().any(|&r| {
+            let Some(q) = &self.quant[r] else {
+                return false;
+            };
+            let same_layout = match &g.nodes[r].op {
+                Op::Conv(_) => nhwc,
+                Op::Linear { .. } => !nhwc,
+                _ => false,
+            };
+            q.direct && same_layout && q.qtype == fq.qtype && q.x_scale == fq.scales[0]
+        });
+        direct_reader.then_some(fq.scales[0])
     }
 }
