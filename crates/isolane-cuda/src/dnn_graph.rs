@@ -131,6 +131,9 @@ pub struct ConvGraphSpec {
     pub bias: bool,
     pub residual: bool,
     pub relu: bool,
+    /// The ReLU's upper clip (`RELU_UPPER_CLIP`): 6 for a quantized convolution's ReLU6
+    /// (MobileNetV2's) or a `Clip(0, max)`; never in a float graph.
+    pub relu_max: Option<f32>,
     pub dtype: DType,
     /// Accumulate in f32 but let the engines use TF32 tensor cores (the tf32 precision); at
     /// fp32 engines that would are left out.
@@ -170,6 +173,7 @@ impl ConvGraphSpec {
             bias: fusable && c.bias.is_some(),
             residual: fusable && c.residual.is_some(),
             relu,
+            relu_max: None,
             dtype,
             allow_tf32: precision == Precision::Tf32,
             quant: None,
@@ -180,15 +184,16 @@ impl ConvGraphSpec {
 
     /// The fused graph of a quantized convolution `c` (x and w quantized to `qtype`, NHWC,
     /// one group), writing y in `dtype`, or quantized to `qtype` again when `quant_out`: where
-    /// its activation is none or ReLU.
+    /// its activation is none, ReLU, or a ReLU clipped above
+    /// ([`crate::int8::quant_graph_act`]).
     pub fn quantized(
         c: &ConvStep,
         qtype: isolane_engine::quant::QuantType,
         dtype: DType,
         quant_out: bool,
     ) -> Option<ConvGraphSpec> {
-        let relu = matches!(c.act, Some(Unary::Relu));
-        (c.nhwc && c.groups == 1 && (c.act.is_none() || relu)).then(|| ConvGraphSpec {
+        let (relu, relu_max) = crate::int8::quant_graph_act(c.act)?;
+        (c.nhwc && c.groups == 1).then(|| ConvGraphSpec {
             x: c.x_shape,
             w: c.w_shape,
             y: c.y_shape,
@@ -198,6 +203,7 @@ impl ConvGraphSpec {
             bias: c.bias.is_some(),
             residual: c.residual.is_some(),
             relu,
+            relu_max,
             dtype,
             allow_tf32: false,
             quant: Some(qtype),
@@ -299,12 +305,14 @@ fn tensor(
     Ok(t)
 }
 
-/// A pointwise operation `y = mode(x[, b])` computed in f32.
+/// A pointwise operation `y = mode(x[, b])` computed in f32 (a ReLU clipped above at
+/// `upper`, where given).
 fn pointwise(
     mode: dnn::cudnnPointwiseMode_t,
     x: &Desc,
     b: Option<&Desc>,
     y: &Desc,
+    upper: Option<f32>,
 ) -> Result<Desc, CudaError> {
     let pw = Desc::new(D::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
     pw.set(
@@ -316,6 +324,14 @@ fn pointwise(
         A::CUDNN_ATTR_POINTWISE_MATH_PREC,
         dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
     )?;
+    if let Some(u) = upper {
+        // A float clip with f32 math, as cuDNN's frontend sets it.
+        pw.set(
+            A::CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP,
+            T::CUDNN_TYPE_FLOAT,
+            &[u],
+        )?;
+    }
     pw.finalize()?;
     let op = Desc::new(D::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
     op.set_desc(A::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&pw])?;
@@ -414,6 +430,10 @@ fn operation_graph(
         use dnn::cudnnPointwiseMode_t as Pw;
         // The remaining steps, each reading the previous one's output; the last writes y.
         let mut steps: Vec<(Pw, Option<Desc>)> = Vec::new();
+        let relu_step = steps.len()
+            + usize::from(spec.quant.is_some())
+            + usize::from(spec.bias)
+            + usize::from(spec.residual);
         if spec.quant.is_some() {
             let c = spec.y[1];
             let s = tensor(
@@ -462,7 +482,8 @@ fn operation_graph(
             } else {
                 next_virtual()?
             };
-            ops.push(pointwise(mode, &input, b.as_ref(), &out)?);
+            let upper = spec.relu_max.filter(|_| spec.relu && i == relu_step);
+            ops.push(pointwise(mode, &input, b.as_ref(), &out, upper)?);
             parts.push(std::mem::replace(&mut input, out));
             parts.extend(b);
         }
@@ -478,7 +499,13 @@ fn operation_graph(
                 false,
             )?;
             let q = tensor(YQ, spec.y, nhwc_strides(spec.y), xw, false)?;
-            ops.push(pointwise(Pw::CUDNN_POINTWISE_MUL, &input, Some(&s), &q)?);
+            ops.push(pointwise(
+                Pw::CUDNN_POINTWISE_MUL,
+                &input,
+                Some(&s),
+                &q,
+                None,
+            )?);
             parts.push(s);
             parts.push(q);
         }
@@ -1142,6 +1169,19 @@ mod tests {
         )
         .unwrap();
         assert!(out.quant_out && out != s);
+        // ReLU6 and Clip(0, max): the ReLU clipped above; Clip(-1, 1) is no ReLU.
+        let q =
+            |act| ConvGraphSpec::quantized(&step(act, true), QuantType::Int8, DType::F16, false);
+        let r6 = q(Some(Unary::Relu6)).expect("ReLU6 fuses");
+        assert!(r6.relu && r6.relu_max == Some(6.0) && r6 != s);
+        let clip = q(Some(Unary::Clip { min: 0.0, max: 4.0 })).unwrap();
+        assert!(clip.relu && clip.relu_max == Some(4.0));
+        assert!(q(Some(Unary::Clip {
+            min: -1.0,
+            max: 1.0
+        }))
+        .is_none());
+        assert!(s.relu_max.is_none() && plain.relu_max.is_none());
         // Another activation, or NCHW: no quantized graph (the scale must be inside it).
         assert!(ConvGraphSpec::quantized(
             &step(Some(Unary::Silu), true),
@@ -1230,15 +1270,16 @@ mod tests {
         ] {
             for (c, hw, k, r, st) in shapes {
                 let o = (hw + 2 * (r / 2) - r) / st + 1;
-                // The last: a block's output written twice, fp16 for the next residual and
-                // bytes for the next convolution (`quant_copy`).
-                for (bias, residual, relu, quant_out, quant_copy) in [
-                    (false, false, false, false, false),
-                    (true, false, true, false, false),
-                    (true, false, true, true, false),
-                    (true, true, true, false, false),
-                    (true, true, true, true, false),
-                    (true, true, true, false, true),
+                // The last two: a block's output written twice, fp16 for the next residual and
+                // bytes for the next convolution (`quant_copy`); a ReLU6 (MobileNetV2's).
+                for (bias, residual, relu, quant_out, quant_copy, relu6) in [
+                    (false, false, false, false, false, false),
+                    (true, false, true, false, false, false),
+                    (true, false, true, true, false, false),
+                    (true, true, true, false, false, false),
+                    (true, true, true, true, false, false),
+                    (true, true, true, false, true, false),
+                    (true, false, true, false, false, true),
                 ] {
                     let spec = ConvGraphSpec {
                         x: [batch, c, hw, hw],
@@ -1250,6 +1291,7 @@ mod tests {
                         bias,
                         residual,
                         relu,
+                        relu_max: relu6.then_some(6.0),
                         dtype: DType::F16,
                         allow_tf32: false,
                         quant: Some(qtype),
@@ -1259,7 +1301,7 @@ mod tests {
                     let what = format!(
                         "{qtype} b{batch} {c}x{hw}x{hw} k{r} s{st} -> {k}: bias {bias} \
                              residual {residual} relu {relu} bytes out {quant_out} \
-                             y and bytes {quant_copy}"
+                             y and bytes {quant_copy} relu6 {relu6}"
                     );
                     for rtc in [false, true] {
                         if start.elapsed().as_secs() > 90 {

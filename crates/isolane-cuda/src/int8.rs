@@ -325,6 +325,23 @@ pub fn graph_value(acc: f32, scale: f32, bias: f32, residual: f32, relu: bool) -
     }
 }
 
+/// The activations a quantized graph applies: none, ReLU, and ReLU with an upper clip (ReLU6,
+/// `Clip(0, max)`: cuDNN's `RELU_FWD` with `RELU_UPPER_CLIP`, the same f32 `min(max(v, 0),
+/// max)`); `(relu, upper clip)`, `None` for any other.
+pub fn quant_graph_act(act: Option<isolane_engine::ir::Unary>) -> Option<(bool, Option<f32>)> {
+    match act {
+        None => Some((false, None)),
+        Some(isolane_engine::ir::Unary::Relu) => Some((true, None)),
+        Some(isolane_engine::ir::Unary::Relu6) => Some((true, Some(6.0))),
+        Some(isolane_engine::ir::Unary::Clip { min, max })
+            if min == 0.0 && max > 0.0 && max.is_finite() =>
+        {
+            Some((true, Some(max)))
+        }
+        Some(_) => None,
+    }
+}
+
 /// The graph's output quantized for the next convolution: `v · y_inv` converted to `qtype`
 /// as the GPU converts f32 (round to nearest even, saturated; NaN to 0 for int8). ONNX's
 /// exact rule divides by the scale instead ([`quantize_reference`]); the two differ only where

@@ -437,7 +437,7 @@ fn dnn_conv_graph(
 ) -> Result<Vec<Launch>> {
     let consts = alt.graph.as_ref().ok_or_else(|| {
         EngineError::Runtime(
-            "not planned (an activation other than none or ReLU, or a computed bias)".into(),
+            "not planned (an activation other than none, ReLU or ReLU6, or a computed bias)".into(),
         )
     })?;
     let c = ConvStep {
@@ -454,7 +454,7 @@ fn dnn_conv_graph(
         ));
     }
     let spec = ConvGraphSpec::quantized(&c, q.qtype, rec.dtype, quant_out)
-        .ok_or_else(|| EngineError::Runtime("its activation is neither none nor ReLU".into()))?;
+        .ok_or_else(|| EngineError::Runtime("its activation is not none, ReLU or ReLU6".into()))?;
     let copy = match (q.y_copy, consts.copy_inv) {
         (Some((l, _)), Some(inv)) => Some((l, inv)),
         (None, None) => None,

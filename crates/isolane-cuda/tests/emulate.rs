@@ -887,9 +887,8 @@ fn exec_quant_graph(
     let g = alt.graph.as_ref().unwrap();
     assert_eq!(g.y_inv.is_some(), q.y_scale.is_some(), "the graph's output");
     assert_eq!(g.copy_inv.is_some(), q.y_copy.is_some(), "the graph's copy");
-    assert!(matches!(q.act, None | Some(Unary::Relu)), "{:?}", q.act);
+    let (relu, upper) = isolane_cuda::int8::quant_graph_act(q.act).expect("a graph's act");
     let sums = dnn_conv_sums(p, m, q, alt);
-    let relu = q.act.is_some();
     let mut out = vec![0f32; q.m * q.n];
     for r in 0..q.m {
         for j in 0..q.n {
@@ -901,7 +900,8 @@ fn exec_quant_graph(
                 g.bias.map_or(0.0, |b| m.get(b, j)),
                 q.residual.map_or(0.0, |rl| m.get(rl, i)),
                 relu,
-            );
+            )
+            .min(upper.unwrap_or(f32::INFINITY));
             out[i] = match g.y_inv {
                 Some(inv) => graph_requantize(v, m.get(inv, j), q.qtype),
                 None => v,
@@ -2188,6 +2188,65 @@ fn every_quantized_layer_choice_computes_the_graph() {
                     "{qtype} batch {batch} paths {pattern:?}: rel L2 {err:e}"
                 );
             }
+        }
+    }
+}
+
+/// cuDNN's fused quantized graph takes a ReLU6 and a `Clip(0, max)` (MobileNetV2's expand
+/// convolutions had no graph for their ReLU6): the small CNN with c2's ReLU as ReLU6 and c3's
+/// as `Clip(0, 0.5)` (low enough to clip), its graph path alone and mixed with the others,
+/// against the CPU backend.
+#[test]
+fn a_relu6_convolution_takes_the_quantized_graph() {
+    use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
+    use isolane_engine::quant::QuantType;
+    for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
+        let batch = 2;
+        let mut g = common::quant_cnn();
+        for n in g.nodes.iter_mut() {
+            if let Op::Conv(a) = &mut n.op {
+                match n.name.as_str() {
+                    "c2" => a.activation = Some(Unary::Relu6),
+                    "c3" => a.activation = Some(Unary::Clip { min: 0.0, max: 0.5 }),
+                    _ => {}
+                }
+            }
+        }
+        let samples: Vec<Vec<Tensor>> = (0..3)
+            .map(|s| {
+                vec![Tensor::new(vec![batch, 3, 12, 12], random(batch * 432, 90 + s)).unwrap()]
+            })
+            .collect();
+        let opts = CalibOptions {
+            qtype,
+            method: CalibMethod::MinMax,
+            ..Default::default()
+        };
+        let q = quantize_model(&g, batch, &samples, &opts).unwrap().graph;
+        let p = plan::plan_with(&q, batch, Precision::Fp32, PlanOptions::default()).unwrap();
+        let graphs: Vec<&str> = p
+            .steps
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StepKind::QuantGemm(g) if g.alt.as_ref().is_some_and(|a| a.graph.is_some()) => {
+                    Some(s.name.as_str())
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(graphs, ["c2", "c3", "c4"], "{qtype}");
+        let mut cpu = CpuBackend::new(1)
+            .compile(&q, batch, Precision::Fp32)
+            .unwrap();
+        let x = random(cpu.input_mut().len(), 5);
+        cpu.input_mut().copy_from_slice(&x);
+        cpu.run().unwrap();
+        for pattern in [vec![3], vec![0, 3, 3], vec![2, 3, 0]] {
+            QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
+            let got = run(&p, &x);
+            QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+            let err = rel_l2(&got, cpu.output());
+            assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
         }
     }
 }

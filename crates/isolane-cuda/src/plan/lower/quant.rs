@@ -455,7 +455,7 @@ impl Planner<'_> {
             _ => (None, None),
         };
         let graph = match (&dnn_conv, &n.op) {
-            (Some(_), Op::Conv(a)) if matches!(a.activation, None | Some(Unary::Relu)) => {
+            (Some(_), Op::Conv(a)) if crate::int8::quant_graph_act(a.activation).is_some() => {
                 self.quant_graph_consts(n, y_quant, y_copy)?
             }
             _ => None,
