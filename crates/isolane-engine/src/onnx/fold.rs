@@ -59,6 +59,11 @@ impl Sym {
     /// ONNX integer Div (truncates toward zero, as C and onnxruntime do).
     pub fn div(self, o: Sym) -> Result<Sym, String> {
         if !o.is_const() {
+            // (a·B) / (b·B) is a / b for every batch: PyTorch's classic export of
+            // `windows.shape[0] // B` (GC ViT's window attention) divides so.
+            if self.c == 0 && o.c == 0 && o.a != 0 {
+                return Ok(Sym::k(self.a.checked_div(o.a).ok_or("overflow")?));
+            }
             return Err("division by a batch-dependent value".into());
         }
         if o.c == 0 {
@@ -386,6 +391,24 @@ pub fn select<T: Clone>(cond: &Arr<bool>, x: &Arr<T>, y: &Arr<T>) -> Result<Arr<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// timm's GC ViT, classic export with a dynamic batch, divides `windows.shape[0]` (49·B)
+    /// by B: refused as "division by a batch-dependent value". A multiple of B over a
+    /// multiple of B is a constant; anything with an offset still depends on B.
+    #[test]
+    fn a_multiple_of_the_batch_over_another_is_a_constant() {
+        let b = |a: i64, c: i64| Sym { a, c };
+        assert_eq!(b(49, 0).div(b(1, 0)), Ok(Sym::k(49)));
+        assert_eq!(b(6, 0).div(b(4, 0)), Ok(Sym::k(1)));
+        // These quotients change with the batch (49/2 = 24 at B = 1, 98/3 = 32 at B = 2...).
+        for (x, y) in [
+            (b(49, 0), b(1, 1)),
+            (b(49, 1), b(1, 0)),
+            (Sym::k(4), b(1, 0)),
+        ] {
+            assert!(x.div(y).is_err(), "{x:?} / {y:?}");
+        }
+    }
 
     #[test]
     fn sym_arith() {

@@ -30,6 +30,7 @@ pub(crate) const ONNX: &[(&str, ImportFn)] = &[
     ("GreaterOrEqual", import_compare),
     ("Not", import_not),
     ("IsNaN", import_is_nan),
+    ("OneHot", import_one_hot),
     ("And", import_and_or),
     ("Or", import_and_or),
     ("Where", import_where),
@@ -134,6 +135,64 @@ fn import_is_nan(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
             v.kind()
         ))),
     }
+}
+
+/// OneHot of indices known at import (timm's GC ViT, classic export, builds its relative
+/// position bias so): `depth` classes inserted at `axis`, `values` = [off, on]; a negative
+/// index counts from the end, one outside [-depth, depth) selects no class (ONNX).
+fn import_one_hot(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let indices = im.req(c, 0)?;
+    let idx: Vec<i64> = match &indices {
+        Val::F(a) => a.data.iter().map(|&v| v as i64).collect(),
+        v => syms_static(c, v, "indices")?,
+    };
+    let shape = static_shape(&indices);
+    let depth = match im.req(c, 1)? {
+        Val::F(a) if a.data.len() == 1 => a.data[0] as i64,
+        v => match syms_static(c, &v, "depth")?.as_slice() {
+            [d] => *d,
+            other => return Err(c.bad(format!("depth {other:?}: expected one value"))),
+        },
+    };
+    if depth < 1 {
+        return Err(c.bad(format!("depth {depth}: expected at least 1")));
+    }
+    let axis = node_axis(c, c.int("axis", -1)?, shape.len() + 1)?;
+    let mut out_shape = shape.clone();
+    out_shape.insert(axis, depth as usize);
+    fold::numel_of::<Sym>(&out_shape).map_err(|e| c.bad(e))?;
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis..].iter().product();
+    let hot = |o: usize, k: usize, i: usize| {
+        let v = idx[o * inner + i];
+        let v = if v < 0 { v + depth } else { v };
+        v == k as i64
+    };
+    let values = im.req(c, 2)?;
+    let positions = (0..outer)
+        .flat_map(|o| (0..depth as usize).flat_map(move |k| (0..inner).map(move |i| (o, k, i))));
+    let r = match values {
+        Val::F(v) if v.data.len() == 2 => Val::F(Arr::new(
+            out_shape,
+            positions
+                .map(|(o, k, i)| v.data[hot(o, k, i) as usize])
+                .collect(),
+        )),
+        Val::I(v) if v.data.len() == 2 => Val::I(Arr::new(
+            out_shape,
+            positions
+                .map(|(o, k, i)| v.data[hot(o, k, i) as usize])
+                .collect(),
+        )),
+        v => {
+            return Err(c.bad(format!(
+                "values is {} of shape {:?}; expected [off, on] known at import",
+                v.kind(),
+                static_shape(&v)
+            )))
+        }
+    };
+    Ok(vec![r])
 }
 
 fn import_and_or(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
@@ -570,5 +629,40 @@ mod tests {
         ];
         let y = run(nodes, inits, &[1, 2], &[1.0, 1.0]).unwrap();
         assert_eq!(y.data, vec![1.0, 3.0]);
+    }
+}
+
+#[cfg(test)]
+mod one_hot_tests {
+    use crate::ops::testing::{floats, ints, node, run, with_int};
+
+    /// timm's GC ViT (classic export) builds its relative position bias with a OneHot of
+    /// constants: refused as "unsupported op OneHot". Checked as onnxruntime defines it:
+    /// negative indices count from the end, and the class axis goes where `axis` says.
+    #[test]
+    fn a_one_hot_of_constants_is_computed_at_import() {
+        let nodes = |axis: i64| {
+            vec![
+                with_int(
+                    node("OneHot", &["idx", "depth", "values"], "hot"),
+                    "axis",
+                    axis,
+                ),
+                node("Add", &["x", "hot"], "y"),
+            ]
+        };
+        let inits = || {
+            vec![
+                ints("idx", &[2], &[2, -3]),
+                ints("depth", &[], &[3]),
+                floats("values", &[2], &[0.0, 5.0]),
+            ]
+        };
+        // Classes last: [[0, 0, 5], [5, 0, 0]].
+        let y = run(nodes(-1), inits(), &[2, 3], &[0.0; 6]).unwrap();
+        assert_eq!(y.data, vec![0.0, 0.0, 5.0, 5.0, 0.0, 0.0]);
+        // Classes first: the transpose, [[0, 5], [0, 0], [5, 0]].
+        let y = run(nodes(0), inits(), &[3, 2], &[0.0; 6]).unwrap();
+        assert_eq!(y.data, vec![0.0, 5.0, 0.0, 0.0, 5.0, 0.0]);
     }
 }

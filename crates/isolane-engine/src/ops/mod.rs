@@ -408,6 +408,7 @@ mod tests {
         "Mul",
         "Neg",
         "Not",
+        "OneHot",
         "Or",
         "PRelu",
         "Pad",
