@@ -957,7 +957,13 @@ fn dnn_conv_sums(
                 .collect();
             m.quantized.insert(storage_id(xb), bytes);
         }
-        None => assert!((q.x_quantized && c.x == q.x) || (q.xq_ready && c.x == q.xq)),
+        // x's bytes as its producer left them, as an earlier GEMM's rows, or as a producer's
+        // quantized copy (`y_copy`) that this im2col'ed convolution reads in place.
+        None => assert!(
+            (q.x_quantized && c.x == q.x)
+                || (q.xq_ready && c.x == q.xq)
+                || (q.conv.is_some() && c.x != q.xq && m.quantized.contains_key(&storage_id(c.x)))
+        ),
     }
     let x = m.quantized[&storage_id(c.x)].clone();
     assert_eq!(x.len(), n * h * wd * ch);
@@ -2242,6 +2248,126 @@ fn a_relu6_convolution_takes_the_quantized_graph() {
         cpu.input_mut().copy_from_slice(&x);
         cpu.run().unwrap();
         for pattern in [vec![3], vec![0, 3, 3], vec![2, 3, 0]] {
+            QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
+            let got = run(&p, &x);
+            QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+            let err = rel_l2(&got, cpu.output());
+            assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
+        }
+    }
+}
+
+/// A value read as floats by a residual and, through one FakeQuant, by a direct 1×1 and a
+/// strided 1×1 (resnet's block output and its next block's conv1 and downsample): its
+/// producer writes its bytes too (`y_copy`), the 1×1 reads them as its rows (`xq_ready`) and
+/// the strided one's cuDNN paths read them in place (no `xb`); every path mix computes what the
+/// CPU computes.
+#[test]
+fn a_block_output_is_quantized_once_by_its_producer() {
+    use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
+    use isolane_engine::quant::QuantType;
+    let batch = 2;
+    for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
+        let mut g = Graph::new("block");
+        let x = g.add_input(
+            "x",
+            vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(6), Dim::Fixed(6)],
+        );
+        let mut seed = 400;
+        let mut w = |g: &mut Graph, name: &str, shape: Vec<usize>| {
+            seed += 1;
+            let n: usize = shape.iter().product();
+            let d = random(n, seed).into_iter().map(|v| v * 0.3).collect();
+            g.add_constant(name, Tensor::new(shape, d).unwrap())
+        };
+        let conv = |strides: [usize; 2], act| {
+            Op::Conv(ConvAttrs {
+                strides,
+                activation: act,
+                ..Default::default()
+            })
+        };
+        // A stem first: the plan's input stays on the fake-quant path (as quant_cnn's c1).
+        let (ws, bs) = (
+            w(&mut g, "ws", vec![16, 3, 3, 3]),
+            w(&mut g, "bs", vec![16]),
+        );
+        let (wa, ba) = (
+            w(&mut g, "wa", vec![16, 16, 1, 1]),
+            w(&mut g, "ba", vec![16]),
+        );
+        let (wb, bb) = (
+            w(&mut g, "wb", vec![16, 16, 1, 1]),
+            w(&mut g, "bb", vec![16]),
+        );
+        let (wc, bc) = (
+            w(&mut g, "wc", vec![16, 16, 1, 1]),
+            w(&mut g, "bc", vec![16]),
+        );
+        let stem = Op::Conv(ConvAttrs {
+            pads: [1; 4],
+            activation: Some(Unary::Relu),
+            ..Default::default()
+        });
+        let x = g.add_op("s", stem, &[x, ws, bs]).unwrap();
+        let h = g
+            .add_op("a", conv([1, 1], Some(Unary::Relu)), &[x, wa, ba])
+            .unwrap();
+        let b = g.add_op("b", conv([1, 1], None), &[h, wb, bb]).unwrap();
+        let b = g.add_op("add", Op::Binary(Binary::Add), &[b, h]).unwrap();
+        let b = g.add_op("relu", Op::Unary(Unary::Relu), &[b]).unwrap();
+        let c = g.add_op("c", conv([2, 2], None), &[h, wc, bc]).unwrap();
+        let pb = g.add_op("pool_b", Op::GlobalAveragePool, &[b]).unwrap();
+        let pc = g.add_op("pool_c", Op::GlobalAveragePool, &[c]).unwrap();
+        let y = g.add_op("sum", Op::Binary(Binary::Add), &[pb, pc]).unwrap();
+        g.add_output(y).unwrap();
+        let samples: Vec<Vec<Tensor>> = (0..3)
+            .map(|s| vec![Tensor::new(vec![batch, 3, 6, 6], random(batch * 108, 410 + s)).unwrap()])
+            .collect();
+        let opts = CalibOptions {
+            qtype,
+            method: CalibMethod::MinMax,
+            ..Default::default()
+        };
+        let q = quantize_model(&g, batch, &samples, &opts).unwrap().graph;
+        let p = plan::plan_with(&q, batch, Precision::Fp32, PlanOptions::default()).unwrap();
+        let step = |n: &str| {
+            p.steps
+                .iter()
+                .find_map(|s| match &s.kind {
+                    StepKind::QuantGemm(g) if s.name == n => Some(&**g),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("{n} is no quantized GEMM: {:#?}", p.steps))
+        };
+        let (a, b, c) = (step("a"), step("b"), step("c"));
+        let (copy, _) = a.y_copy.expect("a's output is quantized by a");
+        assert!(
+            a.y_scale.is_none() && b.xq_ready && b.xq == copy,
+            "{a:?}\n{b:?}"
+        );
+        let alt = c.alt.as_ref().unwrap();
+        let dc = alt.dnn_conv.as_ref().expect("C a multiple of 4");
+        assert!(
+            c.conv.is_some() && alt.xb.is_none() && dc.x == copy,
+            "{c:?}"
+        );
+        let mut cpu = CpuBackend::new(1)
+            .compile(&q, batch, Precision::Fp32)
+            .unwrap();
+        let x = random(cpu.input_mut().len(), 7);
+        cpu.input_mut().copy_from_slice(&x);
+        cpu.run().unwrap();
+        for pattern in [
+            vec![0],
+            vec![1],
+            vec![2],
+            vec![3],
+            vec![3, 0, 1],
+            vec![2, 3, 3],
+            vec![0, 2, 3],
+            vec![3, 1, 2],
+        ] {
             QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
             let got = run(&p, &x);
             QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));

@@ -258,6 +258,26 @@ impl Planner<'_> {
             }
             _ => None,
         };
+        // A convolution of floats that needs an im2col (a strided 1×1: resnet's downsample)
+        // whose bytes a producer wrote as its quantized copy (`y_copy`, whatever path that
+        // producer keeps): cuDNN's paths read them in place instead of quantizing x again.
+        let copy_of_x = match (self.quantized_of[u], &conv, pre) {
+            (Some((l, s, t, px)), Some(_), None)
+                if nhwc
+                    && px
+                    && rows_of_u
+                    && s == q.x_scale
+                    && t == q.qtype
+                    && self.steps.iter().any(|st| {
+                        matches!(&st.kind, StepKind::QuantGemm(g)
+                            if g.y_copy.map(|(c, _)| c) == Some(l))
+                    }) =>
+            {
+                self.touch(l);
+                Some(l)
+            }
+            _ => None,
+        };
         if pre.is_some() && reuse.is_none() {
             return Err(unsupported(
                 name,
@@ -321,7 +341,7 @@ impl Planner<'_> {
             c,
             (&q, tmpl, pre.is_some()),
             [w, xq],
-            xq_ready,
+            (xq_ready, copy_of_x),
             [acc, y],
             (y_quant, y_copy.map(|(_, s)| s)),
         )?;
@@ -356,7 +376,8 @@ impl Planner<'_> {
     /// The alternatives of the quantized product of node `c` ([`QuantAlternatives`]): `q` its
     /// GEMM, `tmpl` a convolution's geometry as the step reads x (`x_quantized`: x is its
     /// producer's bytes), `w` the quantized weight, `xq` the GEMM's quantized rows (made by
-    /// an earlier step when `xq_ready`), `acc` and `y` the step's accumulator and output (bytes
+    /// an earlier step when `xq_ready`; x's bytes whole at `copy_of_x` where a producer wrote
+    /// them, which cuDNN's paths then read), `acc` and `y` the step's accumulator and output (bytes
     /// when `y_quant`; quantized as well, by `y_copy`'s scale, when that is given). The float
     /// step's bias and residual are the step's own.
     pub(in crate::plan) fn quant_alternatives(
@@ -364,7 +385,7 @@ impl Planner<'_> {
         c: &NodeCtx,
         (q, tmpl, x_quantized): (&crate::int8::Int8Gemm, Option<ConvStep>, bool),
         [w, xq]: [Loc; 2],
-        xq_ready: bool,
+        (xq_ready, copy_of_x): (bool, Option<Loc>),
         [acc, y]: [Loc; 2],
         (y_quant, y_copy): (Option<(f32, QuantType)>, Option<f32>),
     ) -> Result<QuantAlternatives> {
@@ -435,11 +456,12 @@ impl Planner<'_> {
         // itself (which later GEMMs may read), or read there when an earlier step made them.
         let (dnn_conv, xb) = match &tmpl {
             Some(t) if t.x_shape[1].is_multiple_of(4) && nn.is_multiple_of(4) => {
-                let (xb, x) = match (x_quantized, q.direct, xq_ready) {
+                let (xb, x) = match (x_quantized, q.direct, xq_ready, copy_of_x) {
                     (true, ..) => (None, t.x),
-                    (false, true, true) => (None, xq),
-                    (false, true, false) => (Some(xq), xq),
-                    (false, false, _) => {
+                    (false, true, true, _) => (None, xq),
+                    (false, true, false, _) => (Some(xq), xq),
+                    (false, false, _, Some(b)) => (None, b),
+                    (false, false, _, None) => {
                         let b = fresh(self, x_n);
                         (Some(b), b)
                     }
