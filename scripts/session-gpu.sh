@@ -26,6 +26,8 @@
 #   quantgemm isolane-cuda's GPU test: the int8/fp8 tensor-core path against the exact reference
 #   quantgraph isolane-cuda's GPU test: cuDNN's fused quantized convolution graph forced where
 #             cuDNN makes a plan, against the exact reference (layers kept, engines, reasons)
+#   quantchain isolane-cuda's GPU test: the timed choice (per layer, then the chain timed whole)
+#             against the exact reference; the search log's chain line (both times, kept)
 #   quantprobe isolane-cuda's GPU unit test: which fused quantized graphs cuDNN plans here
 #             (resnet50's shapes, each epilogue, precompiled / runtime-compiled engines)
 #   int8      scripts/int8-h200.sh: fp16 against int8 and fp8 (needs torch there)
@@ -93,6 +95,11 @@ for s in "$@"; do
         step quantprobe 150 stage/tests/isolane-cuda--isolane_cuda which_quantized_graphs_cudnn_plans_on_this_gpu --ignored --nocapture
         grep -E " rtc |graphs planned|test result|panicked" "$work/quantprobe.log" | cut -c1-400 |
             head -80 | tee "$out/quantprobe.md"
+        ;;
+    quantchain)
+        step quantchain 200 env ISOLANE_CUDA_SEARCH_LOG=1 stage/tests/isolane-cuda--gpu quant_chosen_chain_matches_the_exact_reference_layer_by_layer --ignored --nocapture
+        grep -E "kept per layer|QuantGemm steps|compile failed|note: cuDNN|quantized chain|graph writing y and its bytes|test result|panicked" \
+            "$work/quantchain.log" | cut -c1-300 | head -60 | tee "$out/quantchain.md"
         ;;
     quantgraph)
         step quantgraph 200 env ISOLANE_CUDA_SEARCH_LOG=1 stage/tests/isolane-cuda--gpu quant_graph_path_matches_the_exact_reference_layer_by_layer --ignored --nocapture

@@ -870,6 +870,26 @@ fn quant_graph_path_matches_the_exact_reference_layer_by_layer() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The timed choice alone (docs/cuda.md "int8 and fp8": per layer, then the chain timed whole,
+/// which may put cuDNN's graph on layers it lost alone and rewrite their picks), against the
+/// exact CPU reference layer by layer, int8 and fp8: the model the chain comparison keeps must
+/// compute what its layers' reference does. Its search log has the `search: quantized chain`
+/// line (both wholes' times and launch counts, the one kept).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quant_chosen_chain_matches_the_exact_reference_layer_by_layer() {
+    use isolane_engine::calibrate::CalibMethod;
+    use isolane_engine::quant::QuantType;
+    let failures = quant_layers_against_the_reference(
+        isolane_cuda::options::QuantPaths::Fastest,
+        &[
+            (QuantType::Int8, CalibMethod::Percentile(99.99)),
+            (QuantType::Float8E4M3Fn, CalibMethod::MinMax),
+        ],
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// The other candidates of the build's per-layer choice (docs/cuda.md "int8 and fp8"), each
 /// forced on every layer where it is built, against the exact CPU reference as
 /// [`quant_gemm_path_matches_the_exact_reference_layer_by_layer`] holds the int8 GEMM: cuDNN's
