@@ -235,24 +235,8 @@ pub(super) fn keep_faster_whole(
     let first = m.step_start[0];
     let end = m.step_start[m.steps];
     let per_layer: Vec<Launch> = m.launches[first..end].to_vec();
-    let mut starts = Vec::with_capacity(m.steps + 1);
-    let mut all_graph = Vec::with_capacity(per_layer.len());
-    let mut names = Vec::with_capacity(per_layer.len());
-    let mut alt_of = alts.iter().peekable();
-    for s in 0..m.steps {
-        starts.push(first + all_graph.len());
-        let own = &m.launches[m.step_start[s]..m.step_start[s + 1]];
-        let launches = match alt_of.next_if(|a| a.step == s) {
-            Some(a) => &a.launches[..],
-            None => own,
-        };
-        all_graph.extend(launches.iter().cloned());
-        names.extend(std::iter::repeat_n(
-            rec.plan.steps[s].name.clone(),
-            launches.len(),
-        ));
-    }
-    starts.push(first + all_graph.len());
+    let step_names: Vec<&str> = rec.plan.steps.iter().map(|s| s.name.as_str()).collect();
+    let (all_graph, starts, names) = splice_steps(&m.launches, &m.step_start, &alts, &step_names);
     let (n_layer, n_graph) = (per_layer.len(), all_graph.len());
     let mut timed: Vec<TimedPath> = vec![(per_layer, f32::INFINITY), (all_graph, f32::INFINITY)];
     time_candidates(m, rec, &mut timed)?;
@@ -260,7 +244,8 @@ pub(super) fn keep_faster_whole(
     let graph_wins = whole_graph_wins(t_layer, t_graph);
     if rec.options.search_log {
         eprintln!(
-            "search: quantized chain, whole model: per-layer choice {} ({n_layer} launches),              cudnn graph also for the {} layers it lost alone {} ({n_graph} launches); kept {}",
+            "search: quantized chain, whole model: per-layer choice {} ({n_layer} launches), \
+             cudnn graph also for the {} layers it lost alone {} ({n_graph} launches); kept {}",
             ms_or_failed(t_layer),
             alts.len(),
             ms_or_failed(t_graph),
@@ -294,6 +279,36 @@ pub(super) fn keep_faster_whole(
         }
     }
     Ok(())
+}
+
+/// The steps' launches (`launches[step_start[0]..step_start[steps]]`) with those of each step
+/// in `alts` (in step order) replaced by its graph path's: the launches, each step's new start
+/// (from `step_start[0]`, one more entry for the end) and each launch's step name.
+fn splice_steps(
+    launches: &[Launch],
+    step_start: &[usize],
+    alts: &[GraphAlt],
+    step_names: &[&str],
+) -> (Vec<Launch>, Vec<usize>, Vec<String>) {
+    let steps = step_start.len().saturating_sub(1);
+    let first = step_start.first().copied().unwrap_or(0);
+    let mut starts = Vec::with_capacity(steps + 1);
+    let mut out = Vec::with_capacity(launches.len());
+    let mut names = Vec::with_capacity(launches.len());
+    let mut alt_of = alts.iter().peekable();
+    for s in 0..steps {
+        starts.push(first + out.len());
+        let own = &launches[step_start[s]..step_start[s + 1]];
+        let these = match alt_of.next_if(|a| a.step == s) {
+            Some(a) => &a.launches[..],
+            None => own,
+        };
+        out.extend(these.iter().cloned());
+        let name = step_names.get(s).copied().unwrap_or_default();
+        names.extend(std::iter::repeat_n(name.to_string(), these.len()));
+    }
+    starts.push(first + out.len());
+    (out, starts, names)
 }
 
 /// Whether the all-graph chain is kept: it ran and was faster (a whole that failed to run,
@@ -1068,7 +1083,59 @@ fn quant_matmul(m: &mut CudaModel, rec: &Recorder, q: &QuantGemmStep) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use super::{choose_path, describe_choice, whole_graph_wins};
+    use super::{choose_path, describe_choice, splice_steps, whole_graph_wins, GraphAlt};
+    use crate::model::Launch;
+
+    /// A launch told apart by its byte count (no GPU: never issued).
+    fn l(n: usize) -> Launch {
+        Launch::HtoD {
+            dst: 0,
+            src: std::ptr::null(),
+            bytes: n,
+        }
+    }
+
+    fn bytes(ls: &[Launch]) -> Vec<usize> {
+        ls.iter()
+            .map(|x| match x {
+                Launch::HtoD { bytes, .. } => *bytes,
+                _ => usize::MAX,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_graph_chain_replaces_the_steps_that_lost_and_keeps_the_rest_in_place() {
+        // An input copy (launch 0), then steps 0..3: step 1 ran three launches (float conv +
+        // quantize + ...), step 2 two; the graph paths of steps 1 and 2 are one launch each.
+        let launches = vec![l(100), l(0), l(10), l(11), l(12), l(20), l(21), l(30)];
+        let step_start = [1, 2, 5, 7, 8];
+        let alt = |step: usize, n: usize| GraphAlt {
+            step,
+            launches: vec![l(n)],
+            log_at: None,
+            choice: 0,
+        };
+        let names = ["s0", "s1", "s2", "s3"];
+        let (out, starts, nm) =
+            splice_steps(&launches, &step_start, &[alt(1, 19), alt(2, 29)], &names);
+        assert_eq!(bytes(&out), [0, 19, 29, 30]);
+        assert_eq!(starts, [1, 2, 3, 4, 5]);
+        assert_eq!(nm, ["s0", "s1", "s2", "s3"]);
+        // No alternative: the same steps.
+        let (same, starts, nm) = splice_steps(&launches, &step_start, &[], &names);
+        assert_eq!(bytes(&same), bytes(&launches[1..]));
+        assert_eq!(starts, step_start);
+        assert_eq!(nm, ["s0", "s1", "s1", "s1", "s2", "s2", "s3"]);
+        // A graph path longer than the step's own (a quantize of x before it).
+        let two = GraphAlt {
+            launches: vec![l(1), l(2)],
+            ..alt(0, 0)
+        };
+        let (out, starts, _) = splice_steps(&launches, &step_start, &[two], &names);
+        assert_eq!(bytes(&out), [1, 2, 10, 11, 12, 20, 21, 30]);
+        assert_eq!(starts, [1, 3, 6, 8, 9]);
+    }
 
     #[test]
     fn the_graph_chain_is_kept_only_where_it_ran_faster_whole() {
