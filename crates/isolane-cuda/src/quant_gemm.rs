@@ -229,14 +229,52 @@ pub(super) fn keep_faster_whole(
     caches: &mut LibraryCaches,
 ) -> Result<()> {
     let alts = std::mem::take(&mut caches.graph_alts);
-    if alts.is_empty() || m.step_start.len() != m.steps + 1 {
+    if m.step_start.len() != m.steps + 1 || m.names.len() != m.launches.len() {
         return Ok(());
     }
     let first = m.step_start[0];
+    let quantize = rec.func("quantize_q8");
+    let chosen = chosen_per_step(rec.plan, &m.quant_choices);
+    let dead = unread_copies(
+        rec.plan,
+        &chosen,
+        (&m.launches, &m.step_start),
+        quantize,
+        &|l| rec.ptr(l),
+    );
+    let (launches, names, starts) = without_launches(&m.launches, &m.names, &m.step_start, &dead);
+    let layer_dropped = dead.len();
+    (m.launches, m.names, m.step_start) = (launches, names, starts);
+    if alts.is_empty() {
+        if rec.options.search_log && layer_dropped > 0 {
+            eprintln!(
+                "search: quantized copies no kept path reads: {layer_dropped} quantize kernels \
+                 left out"
+            );
+        }
+        return Ok(());
+    }
     let end = m.step_start[m.steps];
     let per_layer: Vec<Launch> = m.launches[first..end].to_vec();
+    // The graph chain: from the launches as recorded (every copy written), then its own
+    // unread copies left out.
     let step_names: Vec<&str> = rec.plan.steps.iter().map(|s| s.name.as_str()).collect();
-    let (all_graph, starts, names) = splice_steps(&m.launches, &m.step_start, &alts, &step_names);
+    let (spliced, starts, names) = splice_steps(&m.launches, &m.step_start, &alts, &step_names);
+    let mut full = m.launches[..first].to_vec();
+    full.extend(spliced);
+    let mut full_names = m.names[..first].to_vec();
+    full_names.extend(names);
+    let mut graph_chosen = chosen;
+    for a in &alts {
+        if let Some(c) = graph_chosen.get_mut(a.step) {
+            *c = Some(GRAPH_PATH);
+        }
+    }
+    let dead = unread_copies(rec.plan, &graph_chosen, (&full, &starts), quantize, &|l| {
+        rec.ptr(l)
+    });
+    let (full, full_names, starts) = without_launches(&full, &full_names, &starts, &dead);
+    let all_graph = full[first..].to_vec();
     let (n_layer, n_graph) = (per_layer.len(), all_graph.len());
     let mut timed: Vec<TimedPath> = vec![(per_layer, f32::INFINITY), (all_graph, f32::INFINITY)];
     time_candidates(m, rec, &mut timed)?;
@@ -245,7 +283,8 @@ pub(super) fn keep_faster_whole(
     if rec.options.search_log {
         eprintln!(
             "search: quantized chain, whole model: per-layer choice {} ({n_layer} launches), \
-             cudnn graph also for the {} layers it lost alone {} ({n_graph} launches); kept {}",
+             cudnn graph also for the {} layers it lost alone {} ({n_graph} launches); kept {} \
+             (unread quantized copies left out: {layer_dropped} and {})",
             ms_or_failed(t_layer),
             alts.len(),
             ms_or_failed(t_graph),
@@ -253,20 +292,14 @@ pub(super) fn keep_faster_whole(
                 "the graph chain"
             } else {
                 "the per-layer choice"
-            }
+            },
+            dead.len()
         );
     }
     if !graph_wins {
         return Ok(());
     }
-    let Some((all_graph, _)) = timed.pop() else {
-        return Ok(());
-    };
-    m.launches.truncate(first);
-    m.launches.extend(all_graph);
-    m.names.truncate(first);
-    m.names.extend(names);
-    m.step_start = starts;
+    (m.launches, m.names, m.step_start) = (full, full_names, starts);
     let mut log = rec.choices.borrow_mut();
     for a in &alts {
         if let Some(at) = a.log_at {
@@ -279,6 +312,106 @@ pub(super) fn keep_faster_whole(
         }
     }
     Ok(())
+}
+
+/// Per plan step, the quantized product's kept candidate (`None` for any other step; 0, the
+/// int8 GEMM, for one without alternatives): `choices` holds one per product with
+/// alternatives, in step order (`record_quant_gemm`).
+fn chosen_per_step(plan: &Plan, choices: &[(String, usize)]) -> Vec<Option<usize>> {
+    let mut it = choices.iter();
+    plan.steps
+        .iter()
+        .map(|s| match &s.kind {
+            StepKind::QuantGemm(q) if q.alt.is_some() => it.next().map(|c| c.1),
+            StepKind::QuantGemm(_) => Some(0),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether quantized product `q`, running candidate `chosen`, reads the bytes at `copy` (a
+/// producer's `y_copy`): as its ready rows (the int8 GEMM), as cuDNN's x (its convolution
+/// and graph), or as its own x bytes (the float step dequantizes them).
+fn reads_copy(q: &QuantGemmStep, chosen: usize, copy: Loc) -> bool {
+    let dnn_x = q
+        .alt
+        .as_ref()
+        .and_then(|a| a.dnn_conv.as_ref())
+        .map(|c| c.x);
+    match chosen {
+        0 => q.xq_ready && q.xq == copy,
+        1 | GRAPH_PATH => dnn_x == Some(copy),
+        FLOAT_PATH => q.x_quantized && q.x == copy,
+        _ => false,
+    }
+}
+
+/// The launches (indices into `launches`, whose steps start at `step_start`) of the quantize
+/// kernels that write a producer's quantized copy of its output which no step reads with the
+/// candidates `chosen`: a copy is made for the next direct GEMM, and where that one keeps the
+/// plain float step it would be quantized for nothing. Only a step's last launch is one (the
+/// quantize every path but a two-output graph ends with).
+fn unread_copies(
+    plan: &Plan,
+    chosen: &[Option<usize>],
+    (launches, step_start): (&[Launch], &[usize]),
+    quantize: usize,
+    ptr: &dyn Fn(Loc) -> u64,
+) -> Vec<usize> {
+    let mut dead = Vec::new();
+    for (s, step) in plan.steps.iter().enumerate() {
+        let StepKind::QuantGemm(q) = &step.kind else {
+            continue;
+        };
+        let Some((copy, _)) = q.y_copy else {
+            continue;
+        };
+        let read = plan
+            .steps
+            .iter()
+            .zip(chosen)
+            .any(|(r, c)| match (&r.kind, c) {
+                (StepKind::QuantGemm(rq), Some(c)) => reads_copy(rq, *c, copy),
+                _ => false,
+            });
+        let (Some(&a), Some(&b)) = (step_start.get(s), step_start.get(s + 1)) else {
+            continue;
+        };
+        if read || b <= a || b > launches.len() {
+            continue;
+        }
+        if let Launch::Kernel { func, args, .. } = &launches[b - 1] {
+            let into_copy = matches!(args.get(1), Some(Arg::Ptr(p)) if *p == ptr(copy));
+            if *func == quantize && into_copy {
+                dead.push(b - 1);
+            }
+        }
+    }
+    dead
+}
+
+/// `launches` and their `names` without the launches at `dead` (sorted), and the steps'
+/// starts moved back by the launches left out before each.
+fn without_launches(
+    launches: &[Launch],
+    names: &[String],
+    step_start: &[usize],
+    dead: &[usize],
+) -> (Vec<Launch>, Vec<String>, Vec<usize>) {
+    let keep = |i: &usize| dead.binary_search(i).is_err();
+    let l = (0..launches.len())
+        .filter(keep)
+        .map(|i| launches[i].clone())
+        .collect();
+    let n = (0..names.len())
+        .filter(keep)
+        .map(|i| names[i].clone())
+        .collect();
+    let starts = step_start
+        .iter()
+        .map(|&st| st - dead.partition_point(|&d| d < st))
+        .collect();
+    (l, n, starts)
 }
 
 /// The steps' launches (`launches[step_start[0]..step_start[steps]]`) with those of each step
@@ -1102,6 +1235,22 @@ mod tests {
                 _ => usize::MAX,
             })
             .collect()
+    }
+
+    #[test]
+    fn an_unread_copys_quantize_is_left_out_and_the_steps_move_back() {
+        use super::without_launches;
+        let launches = vec![l(100), l(0), l(10), l(11), l(20), l(30), l(31)];
+        let names: Vec<String> = ["in", "s0", "s1", "s1", "s2", "s3", "s3"]
+            .map(String::from)
+            .to_vec();
+        // Step 1's last launch (3) and step 3's (6) are quantizes nobody reads.
+        let (out, nm, starts) = without_launches(&launches, &names, &[1, 2, 4, 5, 7], &[3, 6]);
+        assert_eq!(bytes(&out), [100, 0, 10, 20, 30]);
+        assert_eq!(nm, ["in", "s0", "s1", "s2", "s3"]);
+        assert_eq!(starts, [1, 2, 3, 4, 5]);
+        let (same, _, starts) = without_launches(&launches, &names, &[1, 2, 4, 5, 7], &[]);
+        assert_eq!((same.len(), starts), (7, vec![1, 2, 4, 5, 7]));
     }
 
     #[test]
