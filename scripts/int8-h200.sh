@@ -157,7 +157,7 @@ PY
         why=$(grep -m1 -E "graph writing y and its bytes for .*: none" "$f" | cut -c1-300)
         echo "      graphs writing y and its bytes: $two planned, $two_no not${why:+ ($why)}"
         # The whole-model comparison: per-layer picks against the graph chain, both timed.
-        chain=$(grep -m1 "search: quantized chain" "$f" | cut -c1-400)
+        chain=$(grep -m1 -E "search: quantized (chain|copies)" "$f" | cut -c1-400)
         echo "      ${chain:-no whole-model comparison (no graph lost a layer alone)}"
     done
     echo

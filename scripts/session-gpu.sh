@@ -98,7 +98,7 @@ for s in "$@"; do
         ;;
     quantchain)
         step quantchain 200 env ISOLANE_CUDA_SEARCH_LOG=1 stage/tests/isolane-cuda--gpu quant_chosen_chain_matches_the_exact_reference_layer_by_layer --ignored --nocapture
-        grep -E "kept per layer|QuantGemm steps|compile failed|note: cuDNN|quantized chain|graph writing y and its bytes|test result|panicked" \
+        grep -E "kept per layer|QuantGemm steps|compile failed|note: cuDNN|quantized chain|quantized copies|graph writing y and its bytes|test result|panicked" \
             "$work/quantchain.log" | cut -c1-300 | head -60 | tee "$out/quantchain.md"
         ;;
     quantgraph)
