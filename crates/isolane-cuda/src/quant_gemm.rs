@@ -244,7 +244,13 @@ pub(super) fn keep_faster_whole(
     );
     let (launches, names, starts) = without_launches(&m.launches, &m.names, &m.step_start, &dead);
     let layer_dropped = dead.len();
-    (m.launches, m.names, m.step_start) = (launches, names, starts);
+    // As recorded, every copy written: what the graph chain is spliced from (a copy unread
+    // with the per-layer picks may be read once a reader runs its graph).
+    let recorded = (
+        std::mem::replace(&mut m.launches, launches),
+        std::mem::replace(&mut m.names, names),
+        std::mem::replace(&mut m.step_start, starts),
+    );
     if alts.is_empty() {
         if rec.options.search_log && layer_dropped > 0 {
             eprintln!(
@@ -259,10 +265,10 @@ pub(super) fn keep_faster_whole(
     // The graph chain: from the launches as recorded (every copy written), then its own
     // unread copies left out.
     let step_names: Vec<&str> = rec.plan.steps.iter().map(|s| s.name.as_str()).collect();
-    let (spliced, starts, names) = splice_steps(&m.launches, &m.step_start, &alts, &step_names);
-    let mut full = m.launches[..first].to_vec();
+    let (spliced, starts, names) = splice_steps(&recorded.0, &recorded.2, &alts, &step_names);
+    let mut full = recorded.0[..first].to_vec();
     full.extend(spliced);
-    let mut full_names = m.names[..first].to_vec();
+    let mut full_names = recorded.1[..first].to_vec();
     full_names.extend(names);
     let mut graph_chosen = chosen;
     for a in &alts {
