@@ -232,25 +232,24 @@ pub(super) fn keep_faster_whole(
     if m.step_start.len() != m.steps + 1 || m.names.len() != m.launches.len() {
         return Ok(());
     }
-    let first = m.step_start[0];
     let quantize = rec.func("quantize_q8");
     let chosen = chosen_per_step(rec.plan, &m.quant_choices);
-    let dead = unread_copies(
-        rec.plan,
-        &chosen,
-        (&m.launches, &m.step_start),
-        quantize,
-        &|l| rec.ptr(l),
-    );
-    let (launches, names, starts) = without_launches(&m.launches, &m.names, &m.step_start, &dead);
-    let layer_dropped = dead.len();
-    // As recorded, every copy written: what the graph chain is spliced from (a copy unread
-    // with the per-layer picks may be read once a reader runs its graph).
     let recorded = (
-        std::mem::replace(&mut m.launches, launches),
-        std::mem::replace(&mut m.names, names),
-        std::mem::replace(&mut m.step_start, starts),
+        std::mem::take(&mut m.launches),
+        std::mem::take(&mut m.names),
+        std::mem::take(&mut m.step_start),
     );
+    let ptr = |l: Loc| rec.ptr(l);
+    let [layer, graph] = wholes(
+        rec.plan,
+        (&recorded.0, &recorded.1, &recorded.2),
+        &alts,
+        &chosen,
+        (quantize, &ptr),
+    );
+    let first = recorded.2[0];
+    let layer_dropped = layer.3;
+    (m.launches, m.names, m.step_start) = (layer.0, layer.1, layer.2);
     if alts.is_empty() {
         if rec.options.search_log && layer_dropped > 0 {
             eprintln!(
@@ -262,24 +261,7 @@ pub(super) fn keep_faster_whole(
     }
     let end = m.step_start[m.steps];
     let per_layer: Vec<Launch> = m.launches[first..end].to_vec();
-    // The graph chain: from the launches as recorded (every copy written), then its own
-    // unread copies left out.
-    let step_names: Vec<&str> = rec.plan.steps.iter().map(|s| s.name.as_str()).collect();
-    let (spliced, starts, names) = splice_steps(&recorded.0, &recorded.2, &alts, &step_names);
-    let mut full = recorded.0[..first].to_vec();
-    full.extend(spliced);
-    let mut full_names = recorded.1[..first].to_vec();
-    full_names.extend(names);
-    let mut graph_chosen = chosen;
-    for a in &alts {
-        if let Some(c) = graph_chosen.get_mut(a.step) {
-            *c = Some(GRAPH_PATH);
-        }
-    }
-    let dead = unread_copies(rec.plan, &graph_chosen, (&full, &starts), quantize, &|l| {
-        rec.ptr(l)
-    });
-    let (full, full_names, starts) = without_launches(&full, &full_names, &starts, &dead);
+    let (full, full_names, starts, graph_dropped) = graph;
     let all_graph = full[first..].to_vec();
     let (n_layer, n_graph) = (per_layer.len(), all_graph.len());
     let mut timed: Vec<TimedPath> = vec![(per_layer, f32::INFINITY), (all_graph, f32::INFINITY)];
@@ -299,7 +281,7 @@ pub(super) fn keep_faster_whole(
             } else {
                 "the per-layer choice"
             },
-            dead.len()
+            graph_dropped
         );
     }
     if !graph_wins {
@@ -318,6 +300,45 @@ pub(super) fn keep_faster_whole(
         }
     }
     Ok(())
+}
+
+/// A model's launches, their step names, its steps' starts and how many unread copies'
+/// quantize kernels were left out.
+type Whole = (Vec<Launch>, Vec<String>, Vec<usize>, usize);
+
+/// The two wholes the chain comparison times, from the launches as recorded (`recorded`:
+/// launches, names, step starts; every producer's copy written): the per-layer picks
+/// `chosen`, and the same with each step of `alts` on its graph path; each without the
+/// quantize kernels of copies it leaves unread. The graph chain is spliced from the recorded
+/// launches, not the per-layer whole, since a copy no per-layer pick reads may be read by a
+/// reader's graph.
+fn wholes(
+    plan: &Plan,
+    recorded: (&[Launch], &[String], &[usize]),
+    alts: &[GraphAlt],
+    chosen: &[Option<usize>],
+    (quantize, ptr): (usize, &dyn Fn(Loc) -> u64),
+) -> [Whole; 2] {
+    let (launches, names, step_start) = recorded;
+    let first = step_start.first().copied().unwrap_or(0);
+    let dead = unread_copies(plan, chosen, (launches, step_start), quantize, ptr);
+    let (l, n, st) = without_launches(launches, names, step_start, &dead);
+    let layer = (l, n, st, dead.len());
+    let step_names: Vec<&str> = plan.steps.iter().map(|s| s.name.as_str()).collect();
+    let (spliced, starts, spliced_names) = splice_steps(launches, step_start, alts, &step_names);
+    let mut full = launches[..first.min(launches.len())].to_vec();
+    full.extend(spliced);
+    let mut full_names = names[..first.min(names.len())].to_vec();
+    full_names.extend(spliced_names);
+    let mut graph_chosen = chosen.to_vec();
+    for a in alts {
+        if let Some(c) = graph_chosen.get_mut(a.step) {
+            *c = Some(GRAPH_PATH);
+        }
+    }
+    let dead = unread_copies(plan, &graph_chosen, (&full, &starts), quantize, ptr);
+    let (l, n, st) = without_launches(&full, &full_names, &starts, &dead);
+    [layer, (l, n, st, dead.len())]
 }
 
 /// Per plan step, the quantized product's kept candidate (`None` for any other step; 0, the
@@ -1241,6 +1262,136 @@ mod tests {
                 _ => usize::MAX,
             })
             .collect()
+    }
+
+    /// A stem, then `a` (1×1) whose output a residual (`b`'s) reads as floats and, through
+    /// one FakeQuant, the direct 1×1 `b` and the strided 1×1 `c`: `a` writes its bytes too.
+    fn block_plan() -> crate::plan::Plan {
+        use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
+        use isolane_engine::ir::{Binary, ConvAttrs, Dim, Graph, Op, Unary};
+        use isolane_engine::{Precision, Tensor};
+        let mut seed = 7u64;
+        let mut rnd = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 0.6
+                })
+                .collect()
+        };
+        let mut g = Graph::new("block");
+        let x = g.add_input(
+            "x",
+            vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(6), Dim::Fixed(6)],
+        );
+        let mut w = |g: &mut Graph, name: &str, shape: Vec<usize>| {
+            let n = shape.iter().product();
+            g.add_constant(name, Tensor::new(shape, rnd(n)).unwrap())
+        };
+        let ws = w(&mut g, "ws", vec![16, 3, 3, 3]);
+        let wa = w(&mut g, "wa", vec![16, 16, 1, 1]);
+        let wb = w(&mut g, "wb", vec![16, 16, 1, 1]);
+        let wc = w(&mut g, "wc", vec![16, 16, 1, 1]);
+        let conv = |pads: [usize; 4], strides: [usize; 2], act| {
+            Op::Conv(ConvAttrs {
+                pads,
+                strides,
+                activation: act,
+                ..Default::default()
+            })
+        };
+        let relu = Some(Unary::Relu);
+        let x = g.add_op("s", conv([1; 4], [1, 1], relu), &[x, ws]).unwrap();
+        let h = g.add_op("a", conv([0; 4], [1, 1], relu), &[x, wa]).unwrap();
+        let b = g.add_op("b", conv([0; 4], [1, 1], None), &[h, wb]).unwrap();
+        let b = g.add_op("add", Op::Binary(Binary::Add), &[b, h]).unwrap();
+        let c = g.add_op("c", conv([0; 4], [2, 2], None), &[h, wc]).unwrap();
+        let pb = g.add_op("pb", Op::GlobalAveragePool, &[b]).unwrap();
+        let pc = g.add_op("pc", Op::GlobalAveragePool, &[c]).unwrap();
+        let y = g.add_op("sum", Op::Binary(Binary::Add), &[pb, pc]).unwrap();
+        g.add_output(y).unwrap();
+        let samples: Vec<Vec<Tensor>> = (0..2)
+            .map(|_| vec![Tensor::new(vec![1, 3, 6, 6], rnd(108)).unwrap()])
+            .collect();
+        let opts = CalibOptions {
+            method: CalibMethod::MinMax,
+            ..Default::default()
+        };
+        let q = quantize_model(&g, 1, &samples, &opts).unwrap().graph;
+        crate::plan::plan_with(&q, 1, Precision::Fp16, Default::default()).unwrap()
+    }
+
+    /// A copy no per-layer pick reads loses its quantize kernel in the per-layer whole, and
+    /// keeps it in the graph chain where a reader's graph reads it (the chain was spliced from
+    /// the pruned launches once, and its graph read bytes nobody wrote).
+    #[test]
+    fn a_copy_unread_per_layer_is_still_written_in_the_graph_chain() {
+        use super::{wholes, FLOAT_PATH, GRAPH_PATH};
+        use crate::model::Arg;
+        use crate::plan::{Loc, StepKind};
+        let p = block_plan();
+        let idx = |n: &str| p.steps.iter().position(|s| s.name == n).unwrap();
+        let (a, b, c) = (idx("a"), idx("b"), idx("c"));
+        let StepKind::QuantGemm(qa) = &p.steps[a].kind else {
+            panic!("a is no quantized product: {:?}", p.steps[a])
+        };
+        let (copy, _) = qa.y_copy.expect("a writes its bytes for b");
+        let ptr = |l: Loc| match l {
+            Loc::Storage { id, .. } => 1000 + id as u64,
+            Loc::Const { id, .. } => id as u64,
+        };
+        let quantize = 7;
+        // An input copy, then one launch per step, and a's quantize of its copy last in a's.
+        let (mut launches, mut names, mut starts) = (vec![l(1)], vec!["in".to_string()], vec![]);
+        for (i, st) in p.steps.iter().enumerate() {
+            starts.push(launches.len());
+            launches.push(l(10 + i));
+            if i == a {
+                launches.push(Launch::Kernel {
+                    func: quantize,
+                    grid: 1,
+                    block: 1,
+                    shared: 0,
+                    args: vec![Arg::Ptr(0), Arg::Ptr(ptr(copy))],
+                });
+            }
+            while names.len() < launches.len() {
+                names.push(st.name.clone());
+            }
+        }
+        starts.push(launches.len());
+        let kernels = |ls: &[Launch]| {
+            ls.iter()
+                .filter(|x| matches!(x, Launch::Kernel { .. }))
+                .count()
+        };
+        let mut chosen: Vec<Option<usize>> = p
+            .steps
+            .iter()
+            .map(|s| matches!(s.kind, StepKind::QuantGemm(_)).then_some(0))
+            .collect();
+        // b keeps plain fp16, c the int8 GEMM of its own im2col: nobody reads a's copy.
+        chosen[b] = Some(FLOAT_PATH);
+        let alt = GraphAlt {
+            step: b,
+            launches: vec![l(99)],
+            log_at: None,
+            choice: 0,
+        };
+        let rec = (&launches[..], &names[..], &starts[..]);
+        let [layer, graph] = wholes(&p, rec, &[alt], &chosen, (quantize, &ptr));
+        assert_eq!((layer.3, kernels(&layer.0)), (1, 0));
+        assert_eq!(layer.0.len() + 1, launches.len());
+        assert_eq!(layer.2[c] + 1, starts[c], "the steps after a move back");
+        // b on its graph reads the copy: it stays.
+        assert_eq!((graph.3, kernels(&graph.0)), (0, 1));
+        assert!(bytes(&graph.0).contains(&99));
+        // c on cuDNN's graph reads the copy in place: it stays per layer too.
+        chosen[c] = Some(GRAPH_PATH);
+        let [layer, _] = wholes(&p, rec, &[], &chosen, (quantize, &ptr));
+        assert_eq!((layer.3, kernels(&layer.0)), (0, 1));
     }
 
     #[test]
