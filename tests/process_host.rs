@@ -172,6 +172,55 @@ duration_s = 30
     assert!(out.join("scenario.toml").exists());
 }
 
+/// SIGTERM while a worker warms up: the run stops, and the worker, told to abort, answers
+/// that it was interrupted. The coordinator dropped that answer and reported the workload
+/// FAILED ("the worker exited without finishing its run").
+#[test]
+fn a_worker_stopped_during_its_warm_up_is_interrupted_not_failed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario(
+        tmp.path(),
+        "s.toml",
+        r#"
+[device]
+backend = "cpu"
+mechanism = "none"
+
+[[workload]]
+name = "warming"
+host = "process"
+model = "spin:50ms"
+rate_hz = 10
+duration_s = 30
+warmup_jobs = 60
+"#,
+    );
+    let out = tmp.path().join("out");
+    let mut child = isolane()
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(&out)
+        .arg("--quiet")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The worker is up and in its 3 s warm-up.
+    wait_for_worker(child.id(), "warming");
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let s = summary(&out);
+    assert_eq!(s["status"], "interrupted", "{s}");
+    let w = workload(&s, "warming");
+    assert_eq!(w["status"], "interrupted", "{w}");
+    assert!(w.get("error").is_none_or(|e| e.is_null()), "{w}");
+    assert_eq!(w["jobs"], 0, "{w}");
+}
+
 #[test]
 fn worker_refuses_another_protocol_version() {
     // Every role's first message is checked before it is read.

@@ -1142,10 +1142,19 @@ fn drive_process(
         }
     }
     drop(stdin);
-    // Drain what is left so the worker never blocks on a full pipe.
+    // Drain what is left so the worker never blocks on a full pipe. A worker told to abort
+    // (the run stopped while it warmed up) answers that it was interrupted: without its
+    // answer it read as failed ("exited without finishing its run").
     while let Some(line) = read_line(&mut out) {
-        if let Ok(FromWorker::Error { message }) = serde_json::from_str::<FromWorker>(&line) {
-            error.get_or_insert(message);
+        match serde_json::from_str::<FromWorker>(&line) {
+            Ok(FromWorker::Error { message }) => {
+                error.get_or_insert(message);
+            }
+            Ok(FromWorker::Done { status, cpu }) => {
+                done = Some(status);
+                result.cpu = cpu;
+            }
+            _ => {}
         }
     }
     finish(result, child, stderr, done, error)
