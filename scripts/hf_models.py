@@ -1,6 +1,7 @@
 """Hugging Face vision models as users export them, through `isolane infer`, against onnxruntime.
 
-Each model is built from its `transformers` config (random weights, seed 0: no hub download),
+Each model is built from its `transformers` config (random weights, seed 0, re-initialised so
+that no activation vanishes: `reinit`; no hub download),
 exported with `torch.onnx.export` (dynamo=True, PyTorch 2.9+'s default, and the classic
 exporter at opset 17 with a dynamic batch), run by onnxruntime on the CPU as the reference, then
 by `isolane infer --backend B --precision P` on the same input. A row passes when the output's
@@ -53,10 +54,30 @@ def build(name):
     torch.manual_seed(0)
     c = getattr(transformers, conf_cls)(**kwargs)
     m = getattr(transformers, model_cls)(c).eval()
+    reinit(m, torch)
     if hw is None:
         size = getattr(c, "image_size", 224)
         hw = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
     return m, (1, getattr(c, "num_channels", 3)) + tuple(hw)
+
+
+def reinit(m, torch):
+    """Fan-in scaled weights and varied BatchNorm statistics: Transformers' own initialisation
+    leaves some deep conv nets' logits at 0 to 1e-41 (EfficientNet, MobileNetV2, MobileViT,
+    LeViT), and a comparison of vanished activations is vacuous."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=g) / mod.weight[0].numel() ** 0.5)
+                if mod.bias is not None:
+                    mod.bias.copy_(torch.randn(mod.bias.shape, generator=g) * 0.1)
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                n = mod.num_features
+                mod.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
+                mod.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+                mod.weight.copy_(torch.rand(n, generator=g) + 0.5)
+                mod.bias.copy_(torch.randn(n, generator=g) * 0.1)
 
 
 def export(name, exporter, d):
