@@ -159,6 +159,7 @@ def main():
 
     start = time.time()
     rows = []
+    os.makedirs(args.work, exist_ok=True)
     jl = open(args.jsonl, "a") if args.jsonl else None
     for name in models:
         for exporter in args.exporters.split(","):
