@@ -1335,9 +1335,46 @@ pub(crate) mod batch_uniform {
         }
     }
 
-    /// Whether node `c` just created a uniform value (a ConstantOfShape of `[B, ...]`).
+    /// The shape, with one row, of an Expand of a constant to `[B, fixed...]` (transformers
+    /// 5's attention mask, classic export: a bool of position indices expanded to the batch).
+    /// A constant's rows are all equal, so it is held with one row like a ConstantOfShape's;
+    /// `None` where the constant's own dimension 0 is not 1 (it would not broadcast to B). A
+    /// float constant is not: it becomes a runtime Expand, which Concat with a batched tensor
+    /// needs (ViT's class token).
+    pub(crate) fn one_row_expand(im: &Importer, c: &Ctx) -> Result<Option<Vec<usize>>> {
+        let x = im.req(c, 0)?;
+        if !matches!(x, Val::B(_) | Val::I(_)) {
+            return Ok(None);
+        }
+        let Ok(target) = super::known_shape(c, im.req(c, 1)?) else {
+            return Ok(None);
+        };
+        let xs = super::static_shape(&x);
+        match target.split_first() {
+            Some((&first, rest))
+                if first == BATCH
+                    && rest.iter().all(|s| s.is_const() && s.c >= 0)
+                    && xs.len() <= target.len()
+                    && (xs.len() < target.len() || xs[0] == 1) =>
+            {
+                Ok(Some(
+                    std::iter::once(1)
+                        .chain(rest.iter().map(|s| s.c as usize))
+                        .collect(),
+                ))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether node `c` just created a uniform value (a ConstantOfShape of `[B, ...]`, or an
+    /// Expand of a constant to it).
     pub(crate) fn made_by(im: &Importer, c: &Ctx) -> bool {
-        c.op() == "ConstantOfShape" && matches!(one_row_shape(im, c), Ok(Some(_)))
+        match c.op() {
+            "ConstantOfShape" => matches!(one_row_shape(im, c), Ok(Some(_))),
+            "Expand" => matches!(one_row_expand(im, c), Ok(Some(_))),
+            _ => false,
+        }
     }
 
     /// A value whose dimension 0 is the batch (a runtime tensor of the real batch).
@@ -1388,6 +1425,7 @@ pub(crate) mod batch_uniform {
                     target.is_some_and(|t| t.first().is_some_and(|&d| d == BATCH || d == Sym::k(0)))
                 }
                 "Softmax" | "LayerNormalization" => c.peek_int("axis").unwrap_or(-1) != 0,
+                "Expand" => one_row_expand(im, c)?.is_some(),
                 _ => false,
             };
         if keeps_rows {

@@ -10,8 +10,8 @@ use crate::ir::{broadcast_shapes, checked_numel, norm_axis, resolve_dims, shape_
 use crate::kernels::{bcast_strides, strides_of, Kernel, StridedK};
 use crate::onnx::fold::{self, Arr, Sym};
 use crate::onnx::import::{
-    check_dims_size, fmt_syms, known_shape, map_arr, node_axis, reshape_const, static_shape,
-    sym_to_dim, Ctx, Importer, Val,
+    batch_uniform, check_dims_size, fmt_syms, known_shape, map_arr, node_axis, reshape_const,
+    static_shape, sym_to_dim, Ctx, Importer, Val,
 };
 use crate::onnx::Result as OnnxResult;
 use crate::ops::ImportFn;
@@ -303,8 +303,11 @@ impl Importer<'_> {
         let x = self.req(c, 0)?;
         let shape = known_shape(c, self.req(c, 1)?)?;
         let all_static = shape.iter().all(|s| s.is_const());
-        if !x.is_dyn() && all_static {
-            let t: Vec<usize> = shape.iter().map(|s| s.c.max(0) as usize).collect();
+        let one_row = batch_uniform::one_row_expand(self, c)?;
+        if !x.is_dyn() && (all_static || one_row.is_some()) {
+            // Expanded to the batch, a constant is held with one row: the node marks it uniform.
+            let t: Vec<usize> =
+                one_row.unwrap_or_else(|| shape.iter().map(|s| s.c.max(0) as usize).collect());
             let xs = static_shape(&x);
             let out = ir::broadcast_shapes(&xs, &t)
                 .ok_or_else(|| c.bad(format!("cannot expand {xs:?} to {t:?}")))?;
@@ -516,5 +519,80 @@ impl Importer<'_> {
             cur = (format!("{}:tiled{}", c.r.node, self.fresh), next);
         }
         Ok(vec![cur.1])
+    }
+}
+
+#[cfg(test)]
+mod expand_tests {
+    use crate::backend::{Backend, Precision};
+    use crate::ir::Tensor;
+    use crate::ops::testing::{floats, import, ints, node, with_int};
+
+    /// transformers 5's attention mask in a classic export of ViT/DeiT/BEiT: a bool of
+    /// constant position indices Expanded to `[B, 1, S, S]`, read by Where and added to the
+    /// scores. Refused as "a bool constant used as a runtime tensor"; now held with one row.
+    fn mask_nodes(
+        mask_rows: i64,
+    ) -> (
+        Vec<crate::onnx::proto::NodeProto>,
+        Vec<crate::onnx::proto::TensorProto>,
+    ) {
+        let nodes = vec![
+            node("Shape", &["x"], "s"),
+            with_int(node("Gather", &["s", "zero"], "b"), "axis", 0),
+            node("Unsqueeze", &["b", "axes0"], "b1"),
+            with_int(node("Concat", &["b1", "tail"], "shape"), "axis", 0),
+            node("GreaterOrEqual", &["pos", "one"], "mask"),
+            node("Expand", &["mask", "shape"], "wide"),
+            node("Where", &["wide", "keep", "drop"], "bias"),
+            node("Add", &["x", "bias"], "y"),
+        ];
+        let n = mask_rows as usize * 3;
+        let pos: Vec<i64> = (0..n as i64).map(|i| i % 3).collect();
+        let inits = vec![
+            ints("zero", &[], &[0]),
+            ints("axes0", &[1], &[0]),
+            ints("tail", &[3], &[1, 3, 3]),
+            ints("pos", &[mask_rows, 1, 1, 3], &pos),
+            ints("one", &[], &[1]),
+            floats("keep", &[], &[0.0]),
+            floats("drop", &[], &[-100.0]),
+        ];
+        (nodes, inits)
+    }
+
+    #[test]
+    fn a_bool_constant_expanded_to_the_batch_masks_every_row() {
+        let (nodes, inits) = mask_nodes(1);
+        let g = import(nodes, inits, &[2, 2, 3, 3], true).unwrap();
+        // The same graph at two batch sizes: column 0 masked in every row of every item.
+        for batch in [2usize, 3] {
+            let shape = vec![batch, 2, 3, 3];
+            let x: Vec<f32> = (0..batch * 18).map(|i| i as f32 * 0.5).collect();
+            let want: Vec<f32> = x
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| if i % 3 == 0 { v - 100.0 } else { v })
+                .collect();
+            let feed = Tensor::new(shape.clone(), x.clone()).unwrap();
+            let reference = crate::reference::interpret(&g, batch, &[feed]).unwrap();
+            assert_eq!(reference[0].shape, shape);
+            assert_eq!(reference[0].data, want);
+            let mut cpu = crate::CpuBackend::new(1)
+                .compile(&g, batch, Precision::Fp32)
+                .unwrap();
+            cpu.input_mut().copy_from_slice(&x);
+            cpu.run().unwrap();
+            assert_eq!(cpu.output_shape_at(0), shape.as_slice());
+            assert_eq!(cpu.output(), want.as_slice());
+        }
+    }
+
+    /// A constant of two rows does not broadcast to the batch: refused by name, not folded.
+    #[test]
+    fn a_bool_constant_of_several_rows_expanded_to_the_batch_is_refused() {
+        let (nodes, inits) = mask_nodes(2);
+        let e = import(nodes, inits, &[2, 2, 3, 3], true).unwrap_err();
+        assert!(e.contains("Expand") && e.contains("Expand_wide"), "{e}");
     }
 }
