@@ -137,5 +137,5 @@ for md in "$work"/*/*.md; do
 done 2>/dev/null
 ls "$out" | head -20
 cp /tmp/mps-resize-server.log "$work/" 2>/dev/null
-tar czf "$out/steps.tgz" -C "$work" --exclude=site --exclude=isolane . 2>/dev/null
+tar czf "$out/steps.tgz" -C "$work" --exclude=site --exclude=isolane --exclude="*.onnx" --exclude="*.onnx.data" --exclude="*.npy" . 2>/dev/null
 ls -la "$out"
