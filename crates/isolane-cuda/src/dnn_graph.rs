@@ -428,6 +428,10 @@ fn operation_graph(
     let mut parts = vec![xt, wt, conv];
     if epilogue {
         use dnn::cudnnPointwiseMode_t as Pw;
+        // The per-channel operands (scales, bias): one value per output channel, broadcast.
+        let c = spec.y[1];
+        let cs = c as i64;
+        let per_channel = |uid, ty| tensor(uid, [1, c, 1, 1], [cs, 1, cs, cs], ty, false);
         // The remaining steps, each reading the previous one's output; the last writes y.
         let mut steps: Vec<(Pw, Option<Desc>)> = Vec::new();
         let relu_step = steps.len()
@@ -435,25 +439,11 @@ fn operation_graph(
             + usize::from(spec.bias)
             + usize::from(spec.residual);
         if spec.quant.is_some() {
-            let c = spec.y[1];
-            let s = tensor(
-                SCALE,
-                [1, c, 1, 1],
-                [c as i64, 1, c as i64, c as i64],
-                f32t,
-                false,
-            )?;
+            let s = per_channel(SCALE, f32t)?;
             steps.push((Pw::CUDNN_POINTWISE_MUL, Some(s)));
         }
         if spec.bias {
-            let c = spec.y[1];
-            let b = tensor(
-                BIAS,
-                [1, c, 1, 1],
-                [c as i64, 1, c as i64, c as i64],
-                bias_t,
-                false,
-            )?;
+            let b = per_channel(BIAS, bias_t)?;
             steps.push((Pw::CUDNN_POINTWISE_ADD, Some(b)));
         }
         if spec.residual {
@@ -464,14 +454,7 @@ fn operation_graph(
             steps.push((Pw::CUDNN_POINTWISE_RELU_FWD, None));
         }
         if spec.quant_out {
-            let c = spec.y[1];
-            let s = tensor(
-                YSCALE,
-                [1, c, 1, 1],
-                [c as i64, 1, c as i64, c as i64],
-                f32t,
-                false,
-            )?;
+            let s = per_channel(YSCALE, f32t)?;
             steps.push((Pw::CUDNN_POINTWISE_MUL, Some(s)));
         }
         let last = steps.len() - 1;
@@ -490,14 +473,7 @@ fn operation_graph(
         if spec.quant_copy {
             // y as written above, quantized once more into its own tensor: a non-virtual
             // tensor read by a further pointwise step, as cuDNN's fusion samples chain them.
-            let c = spec.y[1];
-            let s = tensor(
-                YSCALE,
-                [1, c, 1, 1],
-                [c as i64, 1, c as i64, c as i64],
-                f32t,
-                false,
-            )?;
+            let s = per_channel(YSCALE, f32t)?;
             let q = tensor(YQ, spec.y, nhwc_strides(spec.y), xw, false)?;
             ops.push(pointwise(
                 Pw::CUDNN_POINTWISE_MUL,
