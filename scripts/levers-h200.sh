@@ -43,6 +43,20 @@
 # which critical workload is predicted to miss beside its neighbours; protection.md's last
 # column names them.
 #
+#
+# `settle` (issue 34's one-call measurement, session 25): trios a, b and c, green and MPS each
+# calibrated on its own mechanism, the default guard (`both`) only: each trio's alone runs,
+# then the victims-only baseline REPEATS (3) times (at the alone deadline, so admission's
+# prediction is in each; scored again at the together deadline), then `both` REPEATS times at
+# the together deadline (1.3 x the victims-only median p99) and once at the alone deadline
+# (ALONE_REPEATS, 1). No only-X rows. 10 runs a trio and mechanism, 60 in all: about 5-6 s a
+# green run and 7-8 s an MPS one with their builds, so about 400 s; BUDGET_S (480) is shared
+# out as it goes (each study gets what is left over the studies left; a study with under
+# MIN_STUDY_S (40) left is not started, and says so), studies in the order a, b, c green, then
+# a, b, c MPS. Writes $OUT/settle.md: one table of every trio and mechanism (medians and
+# min-max spreads, whether each row meets critical <= 0.1 % and best effort >= 30 %), then each
+# study's protection.md.
+#
 # BACKEND=cpu runs the same steps with spin stand-ins (a check of the script, not a measurement).
 # MECHANISMS (default green; green,mps adds MPS, each calibrated on its own), ISOLANE_BIN
 # (stage/isolane), RESULTS (results/h200-levers), OUT (the summary's folder, /tmp/levers).
@@ -53,9 +67,9 @@ cd "$(dirname "$0")/.."
 
 which=${1:-all}
 case "$which" in
-a | b | c | all) ;;
+a | b | c | all | settle) ;;
 *)
-    echo "usage: levers-h200.sh [a|b|c|all] (got \`$which\`)" >&2
+    echo "usage: levers-h200.sh [a|b|c|all|settle] (got \`$which\`)" >&2
     exit 2
     ;;
 esac
@@ -68,7 +82,7 @@ out=${OUT:-/tmp/levers}
 mechs=${MECHANISMS:-green}
 mkdir -p "$results" "$out"
 # The profile cache admission reads: a folder of this run's own (nothing older is trusted).
-export XDG_CACHE_HOME=$PWD/$results/cache
+case $results in /*) export XDG_CACHE_HOME=$results/cache ;; *) export XDG_CACHE_HOME=$PWD/$results/cache ;; esac
 rev=$(sed -n 's/^pub const ENGINE_REVISION: u32 = \([0-9]*\);/\1/p' crates/isolane-cuda/src/lib.rs)
 
 if command -v nvidia-smi >/dev/null; then
@@ -114,13 +128,15 @@ for mech in sorted(os.listdir(alone)) if os.path.isdir(alone) else []:
 PY
 }
 
-study() { # name victims best-effort variants
+study() { # name victims best-effort variants [mechanisms budget-s extra-args...]
+    local mech=${5:-$mechs} budget=${6:-${BUDGET_S:-240}}
+    local extra=("${@:7}")
     # Another mechanism's study of the same trio keeps its own folder (trio a on green and
     # under MPS in one session).
     local name=$1 dir=$results/$1
-    [ "$mechs" = green ] || { name=$1-${mechs//,/-} && dir=$results/$name; }
+    [ "$mech" = green ] || { name=$1-${mech//,/-} && dir=$results/$name; }
     local began=$SECONDS
-    local common=(--out "$dir" --victims "$2" --best-effort "$3" --mechanisms "$mechs"
+    local common=(--out "$dir" --victims "$2" --best-effort "$3" --mechanisms "$mech"
         --load "${LOAD:-0.75}" --deadline-base "${DEADLINE_BASE:-both}"
         --duration "${DURATION_S:-2}" --repeats "${REPEATS:-3}" --l2-mib "${L2_MIB:-24}"
         --isolane "$bin" --backend "${BACKEND:-cuda}")
@@ -129,9 +145,9 @@ study() { # name victims best-effort variants
     python3 scripts/protection_study.py "${common[@]}" --alone-only \
         >"$dir.alone.log" 2>&1 || { tail -n 20 "$dir.alone.log"; return 1; }
     cache_profiles "$dir" | tee -a "$dir.alone.log"
-    local left=$((${BUDGET_S:-240} - (SECONDS - began)))
+    local left=$((budget - (SECONDS - began)))
     python3 scripts/protection_study.py "${common[@]}" --variants "$4" --skip-alone \
-        --budget-s "$((left > 1 ? left : 1))" >"$dir.log" 2>&1 ||
+        --budget-s "$((left > 1 ? left : 1))" "${extra[@]}" >"$dir.log" 2>&1 ||
         { tail -n 20 "$dir.log"; return 1; }
     { echo "## Trio $name: $2, best effort $3"; echo; sed 1d "$dir/protection.md"; echo; } \
         >>"$out/levers.md"
@@ -144,9 +160,96 @@ study() { # name victims best-effort variants
     tail -n 12 "$dir/protection.md"
 }
 
+# One table of every study of `settle`, from their protection.csv: per trio, mechanism, deadline
+# base and variant, the medians and min-max spreads over the repeats, and the issue's targets.
+settle_summary() { # studies (name:mechanism ...)
+    python3 - "$out" "$results" "$@" <<'PY'
+import csv, os, statistics, sys
+out, results, studies = sys.argv[1], sys.argv[2], sys.argv[3:]
+def cell(v, fmt):
+    if not v:
+        return "—"
+    return f"{fmt(statistics.median(v))} [{fmt(min(v))}–{fmt(max(v))}]"
+pc = lambda x: f"{x:.2f}"
+share = lambda x: f"{100 * x:.1f} %"
+lines = ["| trio | mechanism | deadline base | variant | runs | light CNN late % | heavy CNN late % "
+         "| best effort, of alone | admission predicted a miss of | critical ≤ 0.1 % / best effort ≥ 30 % |",
+         "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+missing = []
+for st in studies:
+    name, mech = st.split(":")
+    path = os.path.join(results, name, "protection.csv")
+    if not os.path.exists(path):
+        missing.append(f"{name} ({mech})")
+        continue
+    rows = [r for r in csv.DictReader(open(path)) if r["study"] == "compare"]
+    keys = []
+    for r in rows:
+        k = (r["base"], r["variant"])
+        if k not in keys and not k[1].startswith("only-"):
+            keys.append(k)
+    victims = sorted({r["workload"] for r in rows if r["criticality"] == "critical"})
+    for base, variant in keys:
+        rs = [r for r in rows if (r["base"], r["variant"]) == (base, variant)]
+        late = [[float(r["timeout_pct"]) for r in rs if r["workload"] == v] for v in victims]
+        be = [float(r["of_alone"]) for r in rs if r["criticality"] == "best_effort"
+              and r["of_alone"] != ""]
+        warned = sorted({r["workload"] for r in rs if r["predicted_miss"] == "1"})
+        asked = any(r["predicted_miss"] != "" for r in rs)
+        crit_ok = all(l and statistics.median(l) <= 0.1 for l in late)
+        verdict = ("yes" if crit_ok else "no") + " / " + (
+            "—" if not be else "yes" if statistics.median(be) >= 0.30 else "no")
+        runs = len({r["repeat"] for r in rs})
+        lines.append(f"| {name[0]} | {mech} | {base} | {variant} | {runs} | "
+                     + " | ".join(cell(l, pc) for l in late)
+                     + f" | {cell(be, share)} | "
+                     + ((", ".join(warned) or "none") if asked else "not asked") + f" | {verdict} |")
+text = ["# Issue 34, settled in one call: the default guard, trios a, b, c, green and MPS", "",
+        "Medians over the repeats, [min–max] spread. Deadline base `alone`: 1.3 × each critical "
+        "model's p99 alone in its partition; `together`: 1.3 × its median p99 in the "
+        "victims-only runs (the same trio, no best effort). `victims-only`: both critical "
+        "models at 75 %, no best effort (at the alone base admission was asked: its "
+        "prediction is in its log). `both`: the default guard (guard + priorities). The "
+        "verdict compares the medians with the targets.", ""] + lines
+if missing:
+    text += ["", "Not run (budget or failure): " + ", ".join(missing) + "."]
+open(os.path.join(out, "settle.md"), "w").write("\n".join(text) + "\n")
+print("\n".join(text))
+PY
+}
+
 mkdir -p "$results"
 : >"$out/levers.md"
 rc=0
+if [ "$which" = settle ]; then
+    budget=${BUDGET_S:-480} began=$SECONDS
+    plan=(a:green b:green c:green a:mps b:mps c:mps)
+    [ "${BACKEND:-cuda}" = cpu ] && plan=(a:green b:green c:green)
+    ran=()
+    for i in "${!plan[@]}"; do
+        t=${plan[$i]%%:*} m=${plan[$i]#*:}
+        name=$t
+        [ "$m" = green ] || name=$t-$m
+        ran+=("$name:$m")
+        left=$((budget - (SECONDS - began)))
+        each=$((left / (${#plan[@]} - i)))
+        if [ "$each" -lt "${MIN_STUDY_S:-40}" ]; then
+            echo "=== trio $t ($m): not started, ${left} s of BUDGET_S left"
+            continue
+        fi
+        case $t in
+        a) v=resnet18:24,resnet50:48 be=vit_l_32:48 ;;
+        b) v=mobilenet_v2:24,convnext_base:48 be=vit_b_16:48 ;;
+        c) v=mobilenet_v2:24,resnet50:48 be=vit_l_32:48 ;;
+        esac
+        DEADLINE_BASE=both study "$t" "$v" "$be" both "$m" "$each" \
+            --no-single-baselines --alone-base-repeats "${ALONE_REPEATS:-1}" || rc=1
+    done
+    settle_summary "${ran[@]}" >/dev/null
+    cat "$out/settle.md"
+    echo "settle: $((SECONDS - began)) s"
+    exit $rc
+fi
 variants=${VARIANTS:-both,share}
 [ "$which" = a ] || [ "$which" = all ] &&
     { study a resnet18:24,resnet50:48 vit_l_32:48 "${VARIANTS_A:-$variants}" || rc=1; }

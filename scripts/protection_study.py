@@ -109,7 +109,15 @@ def parse_args():
                    help="l2_persist_mib of the l2 and levers variants")
     p.add_argument("--skip-alone", action="store_true",
                    help="reuse <out>/alone.json from an earlier run of this script")
+    p.add_argument("--alone-base-repeats", type=int, default=None,
+                   help="with --deadline-base both: how many of the repeats also run the "
+                   "variants at the alone deadline (default: every one); the victims-only "
+                   "runs, at the alone deadline, still say what admission predicted in each")
+    p.add_argument("--no-single-baselines", action="store_true",
+                   help="leave out each victim alone at its rate (the only-X rows)")
     args = p.parse_args()
+    if args.alone_base_repeats is not None and args.alone_base_repeats < 0:
+        p.error(f"--alone-base-repeats must be 0 or more (got {args.alone_base_repeats})")
     unknown = [v for v in args.variants.split(",") + args.tradeoff_variants.split(",")
                if lever(v)[0] not in VARIANTS or lever(v)[1] == 0]
     if unknown:
@@ -141,8 +149,9 @@ def split(spec):
 
 def cpu_stand_in(model):
     """On the CPU, a spin model stands in for each network (distinct service times)."""
-    return {"vit_b_16": "spin:1ms", "resnet18": "spin:0.5ms", "vit_l_32": "spin:3ms"}.get(
-        model, model)
+    return {"vit_b_16": "spin:1ms", "resnet18": "spin:0.5ms", "vit_l_32": "spin:3ms",
+            "resnet50": "spin:0.8ms", "mobilenet_v2": "spin:0.6ms",
+            "convnext_base": "spin:1.5ms"}.get(model, model)
 
 
 def workload_toml(args, w, mech):
@@ -379,7 +388,7 @@ class Study:
                  else [self.args.deadline_base])
         # The baselines first, the victims-only one repeated: the together deadline is the
         # median of its p99s, and the row itself moved between calls on the H200.
-        if baselines:
+        if baselines and not self.args.no_single_baselines:
             for v in vs:
                 self.one(study, mech, load, f"only-{v['name']}", 0, [v])
         if baselines or "together" in bases:
@@ -402,8 +411,12 @@ class Study:
                 self.rescore_victims_only(study, mech, load, dl)
         # Repeat by repeat, each base and variant once in each: a study cut short by
         # --budget-s has fewer repeats of every row rather than no row of some.
+        alone_reps = self.args.alone_base_repeats
         for rep in range(self.args.repeats):
             for base in bases:
+                if base == "alone" and len(bases) > 1 and alone_reps is not None \
+                        and rep >= alone_reps:
+                    continue
                 for variant in variants:
                     stretch = (self.victim_stretches(study, mech, load) if variant == "stretch"
                                else None)
