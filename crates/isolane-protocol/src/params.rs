@@ -161,12 +161,30 @@ impl Parameters {
 
     /// A request's `deadline_ms`: a positive number of milliseconds (a fraction allowed: a
     /// critical model's deadline may be 1.5 ms), or none. Past int64's range it is refused,
-    /// as an integer there would be.
+    /// as an integer there would be. A string holding a decimal number is read as that number:
+    /// perf_analyzer's `--request-parameter` and Triton's C++ clients send only strings,
+    /// integers and booleans, so a fractional deadline reaches the server from them only as
+    /// `deadline_ms:1.5:string`.
     pub fn deadline_ms(&self) -> Result<Option<f64>, ProtocolError> {
         let ms = match self.0.get(DEADLINE_MS) {
             None => return Ok(None),
             Some(Parameter::Int(i)) => *i as f64,
             Some(Parameter::Double(x)) if x.is_finite() => *x,
+            Some(Parameter::String(s)) => match decimal(s) {
+                Some(x) => x,
+                None => {
+                    let shown: String = s.chars().take(40).collect();
+                    return Err(param_error(
+                        "the request",
+                        DEADLINE_MS,
+                        format!(
+                            "is the string {shown:?}, which is not a decimal number; a deadline \
+                             is a positive number of milliseconds (e.g. 20 or 1.5, as a number \
+                             or a string)"
+                        ),
+                    ));
+                }
+            },
             // gRPC's double_param carries NaN and infinities, which JSON cannot.
             Some(Parameter::Double(x)) => {
                 return Err(param_error(
@@ -251,6 +269,17 @@ impl Parameters {
             self.remove(LATE);
         }
     }
+}
+
+/// A decimal number written as text (`20`, `1.5`, `2e1`), surrounding spaces allowed; not
+/// Rust's other spellings (`inf`, `NaN`, `infinity`), which no deadline is.
+fn decimal(s: &str) -> Option<f64> {
+    let t = s.trim();
+    let digits = t.trim_start_matches(['+', '-']);
+    if !digits.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+        return None;
+    }
+    t.parse::<f64>().ok().filter(|x| x.is_finite())
 }
 
 pub(crate) fn param_error(scope: &str, name: &str, message: String) -> ProtocolError {

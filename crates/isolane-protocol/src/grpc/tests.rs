@@ -723,10 +723,26 @@ fn parameters_are_read_and_checked() {
         .insert(DEADLINE_MS.into(), param(ParameterChoice::DoubleParam(7.5)));
     let got = decode_infer_request(over_the_wire(&req), &limits(), None).unwrap();
     assert_eq!(got.request.deadline_ms, Some(7.5));
+    // perf_analyzer's `--request-parameter deadline_ms:7.5:string`: the number it holds.
     req.parameters.insert(
         DEADLINE_MS.into(),
-        param(ParameterChoice::StringParam("7".into())),
+        param(ParameterChoice::StringParam("7.5".into())),
     );
+    let got = decode_infer_request(over_the_wire(&req), &limits(), None).unwrap();
+    assert_eq!(got.request.deadline_ms, Some(7.5));
+    req.parameters.insert(
+        DEADLINE_MS.into(),
+        param(ParameterChoice::StringParam("7 ms".into())),
+    );
+    refused_with(
+        req.clone(),
+        &[
+            "`deadline_ms`",
+            "is the string \"7 ms\", which is not a decimal number",
+        ],
+    );
+    req.parameters
+        .insert(DEADLINE_MS.into(), param(ParameterChoice::BoolParam(true)));
     refused_with(
         req.clone(),
         &["`deadline_ms`", "it is a number of milliseconds"],

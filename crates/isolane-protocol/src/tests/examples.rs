@@ -721,12 +721,31 @@ fn rows_past_the_models_batch_are_refused_for_the_batch_not_the_bytes() {
 #[test]
 fn parameters_are_checked() {
     let req = |params: &str| format!(r#"{{"inputs":[],"parameters":{params}}}"#);
+    // A decimal string is the number it holds (perf_analyzer sends no doubles); another
+    // string is refused, naming it.
+    let r = decode_request(req(r#"{"deadline_ms":"20"}"#).as_bytes(), None, &limits()).unwrap();
+    assert_eq!(r.deadline_ms, Some(20.0));
+    let r = decode_request(req(r#"{"deadline_ms":" 1.5"}"#).as_bytes(), None, &limits()).unwrap();
+    assert_eq!(r.deadline_ms, Some(1.5));
+    for bad in ["soon", "", "inf", "NaN", "1.5ms"] {
+        refused_with(
+            &req(&format!(r#"{{"deadline_ms":"{bad}"}}"#)),
+            &[
+                "the request",
+                "`deadline_ms`",
+                &format!("is the string {bad:?}, which is not a decimal number"),
+            ],
+        );
+    }
     refused_with(
-        &req(r#"{"deadline_ms":"20"}"#),
+        &req(r#"{"deadline_ms":"0"}"#),
+        &["`deadline_ms`", "is 0; a deadline is a positive number"],
+    );
+    refused_with(
+        &req(r#"{"deadline_ms":true}"#),
         &[
-            "the request",
             "`deadline_ms`",
-            "is a string; it is a number of milliseconds",
+            "is a boolean; it is a number of milliseconds",
         ],
     );
     refused_with(
