@@ -254,6 +254,16 @@ fn refused(r: &Refusal) -> Status {
     Status::new(r.grpc_code().tonic(), r.to_string())
 }
 
+fn not_served<T>(method: &str, why: &str) -> Result<Response<T>, Status> {
+    logged(
+        method,
+        "",
+        Instant::now(),
+        false,
+        Err(Status::unimplemented(format!("{method}: {why}"))),
+    )
+}
+
 const CUDA_SHARED_MEMORY: &str = "CUDA shared memory is not served: register system shared \
      memory (SystemSharedMemoryRegister) or send each input's data in the request \
      (ModelInferRequest.raw_input_contents)";
@@ -283,10 +293,10 @@ fn logged<T>(
 }
 
 impl GrpcFrontEnd {
-    fn model(&self, name: &str) -> Result<std::sync::Arc<crate::ModelInfo>, Status> {
-        self.server
-            .model(name)
-            .ok_or_else(|| refused(&self.server.unknown(name)))
+    /// Model `name` at `version` (empty: none asked), or NOT_FOUND for a model not served or
+    /// a version it does not have, as Triton answers.
+    fn model(&self, name: &str, version: &str) -> Result<std::sync::Arc<crate::ModelInfo>, Status> {
+        self.server.model_at(name, version).map_err(|r| refused(&r))
     }
 
     /// Decodes, submits and encodes one inference (a `ModelInfer` call's, or one request of a
@@ -298,7 +308,7 @@ impl GrpcFrontEnd {
         protocol: Protocol,
     ) -> (Result<pb::ModelInferResponse, Status>, bool) {
         let name = req.model_name.clone();
-        let info = match self.model(&name) {
+        let info = match self.model(&name, &req.model_version) {
             Ok(i) => i,
             Err(s) => return (Err(s), false),
         };
@@ -456,14 +466,14 @@ impl GrpcInferenceService for GrpcFrontEnd {
         )
     }
 
-    /// Not ready (rather than an error) for a model that is not served, as the HTTP side's
-    /// 4xx: clients read either as "not ready".
+    /// Not ready (rather than an error) for a model that is not served or a version it does
+    /// not have, as the HTTP side's 4xx: clients read either as "not ready".
     async fn model_ready(
         &self,
         request: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
-        let name = request.into_inner().name;
-        let ready = self.server.is_model_ready(&name);
+        let pb::ModelReadyRequest { name, version } = request.into_inner();
+        let ready = self.server.is_model_version_ready(&name, &version);
         logged(
             "ModelReady",
             &name,
@@ -486,9 +496,9 @@ impl GrpcInferenceService for GrpcFrontEnd {
         request: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let began = Instant::now();
-        let name = request.into_inner().name;
+        let pb::ModelMetadataRequest { name, version } = request.into_inner();
         let answer = self
-            .model(&name)
+            .model(&name, &version)
             .map(|info| pb::ModelMetadataResponse::from(&wire::metadata(&info)));
         logged("ModelMetadata", &name, began, false, answer)
     }
@@ -498,10 +508,12 @@ impl GrpcInferenceService for GrpcFrontEnd {
         request: Request<pb::ModelConfigRequest>,
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let began = Instant::now();
-        let name = request.into_inner().name;
-        let answer = self.model(&name).map(|info| pb::ModelConfigResponse {
-            config: Some(pb::ModelConfig::from(&wire::config(&info))),
-        });
+        let pb::ModelConfigRequest { name, version } = request.into_inner();
+        let answer = self
+            .model(&name, &version)
+            .map(|info| pb::ModelConfigResponse {
+                config: Some(pb::ModelConfig::from(&wire::config(&info))),
+            });
         logged("ModelConfig", &name, began, false, answer)
     }
 
@@ -556,13 +568,16 @@ impl GrpcInferenceService for GrpcFrontEnd {
         request: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
         let began = Instant::now();
-        let name = request.into_inner().name;
+        let pb::ModelStatisticsRequest { name, version } = request.into_inner();
         let asked = Some(name.as_str()).filter(|n| !n.is_empty());
-        let answer = match self.server.statistics(asked) {
-            Some(stats) => Ok(pb::ModelStatisticsResponse {
-                model_stats: stats.iter().map(statistics).collect(),
-            }),
-            None => Err(refused(&self.server.unknown(&name))),
+        let answer = match asked.map(|n| self.model(n, &version)) {
+            Some(Err(status)) => Err(status),
+            _ => match self.server.statistics(asked) {
+                Some(stats) => Ok(pb::ModelStatisticsResponse {
+                    model_stats: stats.iter().map(statistics).collect(),
+                }),
+                None => Err(refused(&self.server.unknown(&name))),
+            },
         };
         logged("ModelStatistics", &name, began, false, answer)
     }
@@ -725,6 +740,24 @@ impl GrpcInferenceService for GrpcFrontEnd {
             false,
             Ok(done),
         )
+    }
+
+    /// tritonclient's `get_trace_settings` / `update_trace_settings`, perf_analyzer's
+    /// `--trace-*`: refused, saying how isolane traces instead.
+    async fn trace_setting(
+        &self,
+        _: Request<pb::TraceSettingRequest>,
+    ) -> Result<Response<pb::TraceSettingResponse>, Status> {
+        not_served("TraceSetting", crate::http::TRACE_NOT_SERVED)
+    }
+
+    /// tritonclient's `get_log_settings` / `update_log_settings`: refused, saying where
+    /// isolane's log goes instead.
+    async fn log_settings(
+        &self,
+        _: Request<pb::LogSettingsRequest>,
+    ) -> Result<Response<pb::LogSettingsResponse>, Status> {
+        not_served("LogSettings", crate::http::LOGGING_NOT_SERVED)
     }
 }
 
@@ -1185,6 +1218,77 @@ mod tests {
             let resp = c.model_infer(infer("echo", &[4.0], None)).await.unwrap();
             let back = decode_infer_response(resp.into_inner(), &Limits::default()).unwrap();
             assert_eq!(floats(&back.outputs[0]), vec![4.0]);
+        });
+        s.drain(Duration::from_secs(5));
+    }
+
+    /// Found by trying tritonclient: every version was served (ModelReady of version 2 was
+    /// true, its metadata and inference answered as version 1's), and TraceSetting and
+    /// LogSettings were UNIMPLEMENTED without a word. A version the model does not have is
+    /// NOT_FOUND (and not ready), as Triton answers; the settings say what to use instead.
+    #[test]
+    fn an_unknown_version_is_not_found_and_trace_and_log_settings_say_why_not() {
+        let s = server();
+        with_client(&s, |mut c| async move {
+            let ready = |version: &str| pb::ModelReadyRequest {
+                name: "echo".into(),
+                version: version.into(),
+            };
+            for (version, want) in [("", true), ("1", true), ("2", false), ("x", false)] {
+                let got = c.model_ready(ready(version)).await.unwrap().into_inner();
+                assert_eq!(got.ready, want, "version {version:?}");
+            }
+            let not_found = |e: Status, version: &str| {
+                assert_eq!(e.code(), Code::NotFound, "{e:?}");
+                assert!(
+                    e.message()
+                        .contains(&format!("'echo' version {version} is not found")),
+                    "{}",
+                    e.message()
+                );
+            };
+            let e = c
+                .model_metadata(pb::ModelMetadataRequest {
+                    name: "echo".into(),
+                    version: "2".into(),
+                })
+                .await
+                .unwrap_err();
+            not_found(e, "2");
+            let e = c
+                .model_config(pb::ModelConfigRequest {
+                    name: "echo".into(),
+                    version: "7".into(),
+                })
+                .await
+                .unwrap_err();
+            not_found(e, "7");
+            let e = c
+                .model_statistics(pb::ModelStatisticsRequest {
+                    name: "echo".into(),
+                    version: "3".into(),
+                })
+                .await
+                .unwrap_err();
+            not_found(e, "3");
+            let params = Parameters::new();
+            let two = encode_infer_request("echo", Some("2"), None, &params, &[rows(&[1.0])], None)
+                .unwrap();
+            not_found(c.model_infer(two).await.unwrap_err(), "2");
+            let one = encode_infer_request("echo", Some("1"), None, &params, &[rows(&[3.0])], None)
+                .unwrap();
+            let back = c.model_infer(one).await.unwrap().into_inner();
+            let back = decode_infer_response(back, &Limits::default()).unwrap();
+            assert_eq!(floats(&back.outputs[0]), vec![3.0]);
+            let e = c
+                .trace_setting(pb::TraceSettingRequest {})
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unimplemented);
+            assert!(e.message().contains("--trace"), "{}", e.message());
+            let e = c.log_settings(pb::LogSettingsRequest {}).await.unwrap_err();
+            assert_eq!(e.code(), Code::Unimplemented);
+            assert!(e.message().contains("ISOLANE_LOG"), "{}", e.message());
         });
         s.drain(Duration::from_secs(5));
     }

@@ -44,6 +44,17 @@ pub const LIMITS: Limits = Limits {
 };
 
 const JSON: &str = "application/json";
+
+/// Triton's trace extension (`/v2/trace/setting`, a model's `.../trace/setting`, gRPC
+/// `TraceSetting`) is not served; the refusal says what traces requests instead.
+pub const TRACE_NOT_SERVED: &str = "Triton's trace extension (trace settings) is not served; \
+     isolane traces every request into a Perfetto trace with `isolane serve --out DIR --trace` \
+     (`isolane trace DIR` shows it), and times each request's stages in the statistics \
+     extension's `isolane_stages`";
+/// Triton's logging extension (`/v2/logging`, gRPC `LogSettings`) is not served either.
+pub const LOGGING_NOT_SERVED: &str = "Triton's logging extension (log settings) is not served; \
+     isolane writes one access-log line per request on stderr, filtered by the environment \
+     variable ISOLANE_LOG (as RUST_LOG) and turned off with `isolane serve --no-access-log`";
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Serves `server` on `listener` until `shutdown` completes.
@@ -126,11 +137,17 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
         )),
         (_, ["v2", "models", name, rest @ ..]) => {
             let name = percent_decode(name);
-            let rest = match rest {
-                ["versions", _, tail @ ..] => tail,
-                tail => tail,
+            let (version, rest) = match rest {
+                ["versions", v, tail @ ..] => (percent_decode(v), tail),
+                tail => (String::new(), tail),
             };
-            model_route(server, &method, &name, rest, request).await
+            model_route(server, &method, &name, &version, rest, request).await
+        }
+        (&Method::GET | &Method::POST, ["v2", "trace", "setting"]) => {
+            plain(error(StatusCode::BAD_REQUEST, TRACE_NOT_SERVED))
+        }
+        (&Method::GET | &Method::POST, ["v2", "logging"]) => {
+            plain(error(StatusCode::BAD_REQUEST, LOGGING_NOT_SERVED))
         }
         (&Method::GET | &Method::POST, _) => plain(error(
             StatusCode::NOT_FOUND,
@@ -143,24 +160,35 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
     }
 }
 
+/// A model's routes, at `version` (empty: none in the URL); a version the model does not have
+/// is refused as Triton refuses it (404, "Request for unknown model: ... version 2 is not
+/// found"), and is not ready.
 async fn model_route(
     server: &Server,
     method: &Method,
     name: &str,
+    version: &str,
     rest: &[&str],
     request: Request<Incoming>,
 ) -> Routed {
     let with = |r| (r, Some(name.to_string()), false);
-    let Some(info) = server.model(name) else {
-        let refusal = server.unknown(name);
-        return with(refused(&refusal));
+    if let (&Method::GET, ["ready"]) = (method, rest) {
+        if server.model(name).is_some() {
+            return with(health(server.is_model_version_ready(name, version)));
+        }
+    }
+    let info = match server.model_at(name, version) {
+        Ok(info) => info,
+        Err(refusal) => return with(refused(&refusal)),
     };
     match (method, rest) {
         (&Method::GET, []) => with(json(StatusCode::OK, &wire::metadata(&info))),
-        (&Method::GET, ["ready"]) => with(health(server.is_model_ready(name))),
         (&Method::GET, ["config"]) => with(json(StatusCode::OK, &wire::config(&info))),
         (&Method::GET, ["stats"]) => with(statistics(server, Some(name))),
         (&Method::POST, ["infer"]) => infer(server, name, request).await,
+        (&Method::GET | &Method::POST, ["trace", "setting"]) => {
+            with(error(StatusCode::BAD_REQUEST, TRACE_NOT_SERVED))
+        }
         _ => with(error(
             StatusCode::NOT_FOUND,
             format!(
@@ -702,6 +730,77 @@ mod tests {
                 answer.contains("`br`") && answer.contains("gzip or deflate"),
                 "{answer}"
             );
+        });
+    }
+
+    /// Found by trying tritonclient: every version was served (`is_model_ready("echo", "2")`
+    /// was true, version 2's metadata and inference answered as version 1's); a version the
+    /// model does not have is now Triton's 404, and not ready.
+    #[test]
+    fn a_version_the_model_does_not_have_is_a_404_and_not_ready() {
+        with_http(|addr| async move {
+            for path in [
+                "/v2/models/echo/versions/1",
+                "/v2/models/echo/versions/01/ready",
+            ] {
+                let (status, body) = ask(addr, "GET", path).await;
+                assert!(
+                    status.starts_with("HTTP/1.1 200"),
+                    "{path}: {status} {body}"
+                );
+            }
+            for path in [
+                "/v2/models/echo/versions/2",
+                "/v2/models/echo/versions/2/config",
+                "/v2/models/echo/versions/latest/stats",
+            ] {
+                let (status, body) = ask(addr, "GET", path).await;
+                assert!(
+                    status.starts_with("HTTP/1.1 404"),
+                    "{path}: {status} {body}"
+                );
+                assert!(
+                    body.contains("Request for unknown model: 'echo' version")
+                        && body.contains("version 1 only"),
+                    "{path}: {body}"
+                );
+            }
+            let (status, _) = ask(addr, "GET", "/v2/models/echo/versions/2/ready").await;
+            assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+            let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let body = two_rows("");
+            let head = format!(
+                "POST /v2/models/echo/versions/3/infer HTTP/1.1\r\nHost: {addr}\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            io.write_all(head.as_bytes()).await.unwrap();
+            let mut answer = String::new();
+            io.read_to_string(&mut answer).await.unwrap();
+            assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+            assert!(answer.contains("'echo' version 3 is not found"), "{answer}");
+        });
+    }
+
+    /// Found by trying tritonclient: `get_trace_settings` and `get_log_settings` were a 404
+    /// "no such endpoint"; they are refused saying what isolane has instead.
+    #[test]
+    fn trace_and_log_settings_are_refused_saying_what_to_use_instead() {
+        with_http(|addr| async move {
+            for (method, path, says) in [
+                ("GET", "/v2/trace/setting", "--trace"),
+                ("POST", "/v2/trace/setting", "--trace"),
+                ("GET", "/v2/models/echo/trace/setting", "--trace"),
+                ("GET", "/v2/logging", "ISOLANE_LOG"),
+                ("POST", "/v2/logging", "--no-access-log"),
+            ] {
+                let (status, body) = ask(addr, method, path).await;
+                assert!(status.starts_with("HTTP/1.1 400"), "{path}: {status}");
+                assert!(
+                    body.contains("is not served") && body.contains(says),
+                    "{path}: {body}"
+                );
+            }
         });
     }
 

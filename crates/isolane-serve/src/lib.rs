@@ -378,9 +378,29 @@ impl Server {
         self.find(name).map(|m| m.info())
     }
 
+    /// Model `name` at `version` (a URL's or a gRPC request's; empty: none asked), or the
+    /// refusal of a model not served (counted) or of a version it does not have.
+    pub fn model_at(&self, name: &str, version: &str) -> Result<Arc<ModelInfo>, Refusal> {
+        let info = self.model(name).ok_or_else(|| self.unknown(name))?;
+        if !is_served_version(version) {
+            self.shared.metrics.unknown_model(name);
+            return Err(Refusal::UnknownVersion {
+                model: name.to_string(),
+                version: version.chars().take(40).collect(),
+            });
+        }
+        Ok(info)
+    }
+
     /// Whether model `name` is served and ready: loaded, and the server not draining.
     pub fn is_model_ready(&self, name: &str) -> bool {
         self.is_ready() && self.find(name).is_some_and(|m| m.is_loaded())
+    }
+
+    /// Whether model `name` is ready at `version`: a version it does not have is not ready,
+    /// as Triton answers.
+    pub fn is_model_version_ready(&self, name: &str, version: &str) -> bool {
+        is_served_version(version) && self.is_model_ready(name)
     }
 
     fn find(&self, name: &str) -> Option<&Arc<ServedModel>> {
@@ -852,6 +872,13 @@ pub fn serve_plan<T>(
         };
         run(&placed.plan, processes, placed.repartition)
     })?
+}
+
+/// Whether a model version asked for is the one each served model has: `1`, or none (empty:
+/// the server's choice, as tritonclient and perf_analyzer send by default). Triton reads the
+/// version as an integer, so `01` is version 1 too.
+pub fn is_served_version(version: &str) -> bool {
+    version.is_empty() || version.parse::<u64>() == Ok(1)
 }
 
 #[cfg(test)]

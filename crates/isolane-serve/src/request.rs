@@ -137,6 +137,13 @@ impl FrontStamps {
 pub enum Refusal {
     #[error("unknown model `{name}`; served models: {served}")]
     UnknownModel { name: String, served: String },
+    /// Triton's answer for a version a model does not have (404 / NOT_FOUND, its words): a
+    /// served model has version 1 only.
+    #[error(
+        "Request for unknown model: '{model}' version {version} is not found (a served model \
+         has version 1 only; a request without a version asks for it)"
+    )]
+    UnknownVersion { model: String, version: String },
     #[error("{0}")]
     BadRequest(String),
     #[error(
@@ -186,7 +193,7 @@ impl Refusal {
     /// The reason label of `isolane_serve_rejections_total`.
     pub fn reason(&self) -> &'static str {
         match self {
-            Refusal::UnknownModel { .. } => "unknown_model",
+            Refusal::UnknownModel { .. } | Refusal::UnknownVersion { .. } => "unknown_model",
             Refusal::BadRequest(_) => "bad_request",
             Refusal::QueueFull { .. } => "queue_full",
             Refusal::WouldBeLate { .. } => "deadline",
@@ -201,7 +208,9 @@ impl Refusal {
     /// interface fixes; 503 while draining.
     pub fn http_status(&self) -> u16 {
         match self {
-            Refusal::UnknownModel { .. } | Refusal::Unloaded { .. } => 404,
+            Refusal::UnknownModel { .. }
+            | Refusal::UnknownVersion { .. }
+            | Refusal::Unloaded { .. } => 404,
             Refusal::BadRequest(_) => 400,
             Refusal::QueueFull { .. } | Refusal::WouldBeLate { .. } | Refusal::Dropped { .. } => {
                 429
@@ -213,7 +222,9 @@ impl Refusal {
 
     pub fn grpc_code(&self) -> GrpcCode {
         match self {
-            Refusal::UnknownModel { .. } | Refusal::Unloaded { .. } => GrpcCode::NotFound,
+            Refusal::UnknownModel { .. }
+            | Refusal::UnknownVersion { .. }
+            | Refusal::Unloaded { .. } => GrpcCode::NotFound,
             Refusal::BadRequest(_) => GrpcCode::InvalidArgument,
             Refusal::QueueFull { .. } | Refusal::WouldBeLate { .. } | Refusal::Dropped { .. } => {
                 GrpcCode::ResourceExhausted

@@ -81,7 +81,14 @@ pub struct ServeMetrics {
     /// families under `isolane_serve_released_` (released.rs feeds them).
     released: isolane_metrics::JobMeters,
     capped: Family<ModelLabels, Counter>,
+    /// The names not served that have a `rejections_total` series of their own (at most
+    /// [`UNKNOWN_NAMES`]): a client's every misspelling would otherwise be a series for good.
+    unknown_names: std::sync::Mutex<std::collections::HashSet<String>>,
 }
+
+/// How many names that are not served get a series of their own in `rejections_total`
+/// (`reason="unknown_model"`); requests for any further name are counted under `model=""`.
+pub const UNKNOWN_NAMES: usize = 16;
 
 /// A decision of `serve --autoplan` (autoplan.rs).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -121,6 +128,7 @@ impl ServeMetrics {
             unplannable: Counter::default(),
             released: isolane_metrics::JobMeters::new(),
             capped: Family::default(),
+            unknown_names: Default::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -299,9 +307,19 @@ impl ServeMetrics {
 
     /// A request for a model that is not served.
     pub fn unknown_model(&self, name: &str) {
+        let name: String = name.chars().take(64).collect();
+        let model = {
+            let mut names = self.unknown_names.lock().unwrap_or_else(|e| e.into_inner());
+            if names.contains(&name) || names.len() < UNKNOWN_NAMES {
+                names.insert(name.clone());
+                name
+            } else {
+                String::new()
+            }
+        };
         self.rejections
             .get_or_create(&RejectionLabels {
-                model: name.chars().take(64).collect(),
+                model,
                 reason: "unknown_model".into(),
             })
             .inc();
@@ -626,5 +644,37 @@ impl ModelStats {
         if late {
             self.metrics.late.get_or_create(&self.labels).inc();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client asking for ever new model names adds no series past the first
+    /// [`UNKNOWN_NAMES`]: before, each name was a series of its own for good, and 2000
+    /// misspellings grew the exposition from 11 KB to 150 KB.
+    #[test]
+    fn requests_for_unknown_names_add_a_bounded_number_of_series() {
+        let m = ServeMetrics::new();
+        for i in 0..1000 {
+            m.unknown_model(&format!("nope{i}"));
+        }
+        m.unknown_model("nope3");
+        let text = m.encode();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("reason=\"unknown_model\""))
+            .collect();
+        assert_eq!(series.len(), UNKNOWN_NAMES + 1, "{text}");
+        let count = |model: &str| {
+            let line = series
+                .iter()
+                .find(|l| l.contains(&format!("model=\"{model}\"")))
+                .unwrap_or_else(|| panic!("no series for `{model}` in\n{text}"));
+            line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+        };
+        assert_eq!(count("nope3"), 2);
+        assert_eq!(count(""), 1000 - UNKNOWN_NAMES as u64);
     }
 }

@@ -550,6 +550,18 @@ pub struct CudaSharedMemoryUnregisterRequest {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CudaSharedMemoryUnregisterResponse {}
 #[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TraceSettingRequest {}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TraceSettingResponse {}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LogSettingsRequest {}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LogSettingsResponse {}
+#[allow(clippy::all)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum DataType {
@@ -1047,6 +1059,45 @@ pub mod grpc_inference_service_client {
             ));
             self.inner.unary(req, path, codec).await
         }
+        /// Triton's trace and logging extensions, declared (without their fields) so that a client
+        /// asking for them is told why not, rather than an UNIMPLEMENTED without a word.
+        pub async fn trace_setting(
+            &mut self,
+            request: impl tonic::IntoRequest<super::TraceSettingRequest>,
+        ) -> std::result::Result<tonic::Response<super::TraceSettingResponse>, tonic::Status>
+        {
+            self.inner.ready().await.map_err(|e| {
+                tonic::Status::unknown(format!("Service was not ready: {}", e.into()))
+            })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/inference.GRPCInferenceService/TraceSetting",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new(
+                "inference.GRPCInferenceService",
+                "TraceSetting",
+            ));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn log_settings(
+            &mut self,
+            request: impl tonic::IntoRequest<super::LogSettingsRequest>,
+        ) -> std::result::Result<tonic::Response<super::LogSettingsResponse>, tonic::Status>
+        {
+            self.inner.ready().await.map_err(|e| {
+                tonic::Status::unknown(format!("Service was not ready: {}", e.into()))
+            })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path =
+                http::uri::PathAndQuery::from_static("/inference.GRPCInferenceService/LogSettings");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new(
+                "inference.GRPCInferenceService",
+                "LogSettings",
+            ));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -1159,6 +1210,16 @@ pub mod grpc_inference_service_server {
             tonic::Response<super::CudaSharedMemoryUnregisterResponse>,
             tonic::Status,
         >;
+        /// Triton's trace and logging extensions, declared (without their fields) so that a client
+        /// asking for them is told why not, rather than an UNIMPLEMENTED without a word.
+        async fn trace_setting(
+            &self,
+            request: tonic::Request<super::TraceSettingRequest>,
+        ) -> std::result::Result<tonic::Response<super::TraceSettingResponse>, tonic::Status>;
+        async fn log_settings(
+            &self,
+            request: tonic::Request<super::LogSettingsRequest>,
+        ) -> std::result::Result<tonic::Response<super::LogSettingsResponse>, tonic::Status>;
     }
     #[derive(Debug)]
     pub struct GrpcInferenceServiceServer<T> {
@@ -1996,6 +2057,90 @@ pub mod grpc_inference_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CudaSharedMemoryUnregisterSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/inference.GRPCInferenceService/TraceSetting" => {
+                    #[allow(non_camel_case_types)]
+                    struct TraceSettingSvc<T: GrpcInferenceService>(pub Arc<T>);
+                    impl<T: GrpcInferenceService>
+                        tonic::server::UnaryService<super::TraceSettingRequest>
+                        for TraceSettingSvc<T>
+                    {
+                        type Response = super::TraceSettingResponse;
+                        type Future = BoxFuture<tonic::Response<Self::Response>, tonic::Status>;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::TraceSettingRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as GrpcInferenceService>::trace_setting(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = TraceSettingSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/inference.GRPCInferenceService/LogSettings" => {
+                    #[allow(non_camel_case_types)]
+                    struct LogSettingsSvc<T: GrpcInferenceService>(pub Arc<T>);
+                    impl<T: GrpcInferenceService>
+                        tonic::server::UnaryService<super::LogSettingsRequest>
+                        for LogSettingsSvc<T>
+                    {
+                        type Response = super::LogSettingsResponse;
+                        type Future = BoxFuture<tonic::Response<Self::Response>, tonic::Status>;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::LogSettingsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as GrpcInferenceService>::log_settings(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = LogSettingsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
