@@ -1985,6 +1985,72 @@ fn general_gemm_and_reversing_slice_plans_compute_the_graph() {
     }
 }
 
+/// The ops of the models users export that Run 12 found refused (session 25), imported as
+/// ops cuda plans: Col2Im (MobileViTV2) as reshapes and a transpose, a cubic Resize of a
+/// runtime tensor (CrossViT) as two products by constant matrices, LSTM (Sequencer2D) unrolled
+/// into products, Splits, activations and elementwise updates, a ConstantOfShape of a
+/// batch-dependent shape as an Expand, DETR's pixel mask folded at import. Each plans, its
+/// emulated plan matches the CPU backend (NHWC and NCHW) and the fixture's expected output
+/// (onnxruntime's, or the onnx reference evaluator's for LSTM's layout 1).
+#[test]
+fn user_export_ops_plan_and_compute_the_graph() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../isolane-engine/tests/fixtures/onnx/"
+    );
+    for name in [
+        "col2im_blocks_op18",
+        "col2im_pads_op18",
+        "resize_cubic_runtime_scales_op13",
+        "resize_cubic_runtime_sizes_op18",
+        "lstm_forward_op14",
+        "lstm_bidirectional_layout1_states_peepholes_op14",
+        "lstm_reverse_clip_relu_yh_op14",
+        "lstm_classic_zero_states_op17",
+        "mask_resize_cast_gathernd_op17",
+    ] {
+        let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
+        let x = isolane_engine::io::read_npy(format!("{dir}{name}.input.npy")).unwrap();
+        let want = isolane_engine::io::read_npy(format!("{dir}{name}.output.npy")).unwrap();
+        let batch = x.shape[0];
+        check(&g, batch, true, 1e-5);
+        check(&g, batch, false, 1e-5);
+        let opt = passes::optimize(&g, batch).unwrap();
+        let p = plan::plan(&opt, batch, Precision::Fp32).unwrap();
+        let err = rel_l2(&run(&p, &x.data), &want.data);
+        assert!(
+            err < 1e-5,
+            "{name}: plan vs the expected output: rel L2 {err:e}"
+        );
+    }
+}
+
+/// A model file of one's own through the cuda plan, on the CPU: `ISOLANE_EMULATE_MODEL`
+/// (an .onnx), `ISOLANE_EMULATE_INPUT` (its input, .npy, the batch its dimension 0) and
+/// `ISOLANE_EMULATE_EXPECT` (the expected first output, e.g. onnxruntime's, .npy). Imports,
+/// plans at fp32 (NHWC), runs the plan in the emulator and asserts rel L2 < 1e-4 (what
+/// docs/conformance.md's Run 13 ran for the Hugging Face and timm exports). Slow in debug.
+#[test]
+#[ignore = "needs ISOLANE_EMULATE_MODEL, _INPUT and _EXPECT; slow in debug builds"]
+fn a_model_file_plans_and_computes_its_expected_output() {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let model = var("ISOLANE_EMULATE_MODEL");
+    let g = isolane_engine::onnx::import_file(&model).unwrap();
+    let x = isolane_engine::io::read_npy(var("ISOLANE_EMULATE_INPUT")).unwrap();
+    let want = isolane_engine::io::read_npy(var("ISOLANE_EMULATE_EXPECT")).unwrap();
+    let batch = x.shape[0];
+    let opt = passes::optimize(&g, batch).unwrap();
+    let p = plan::plan(&opt, batch, Precision::Fp32).unwrap();
+    let got = run(&p, &x.data);
+    assert_eq!(got.len(), want.data.len(), "{model}: output size");
+    let err = rel_l2(&got, &want.data);
+    println!(
+        "{model}: {} plan steps, emulated plan vs expected: rel L2 {err:.2e}",
+        p.steps.len()
+    );
+    assert!(err < 1e-4, "{model}: rel L2 {err:e}");
+}
+
 /// The quantized graph of [`common::quant_cnn`] (calibrated on seeded inputs) and its plan at fp32.
 fn quant_cnn_plan(qtype: isolane_engine::quant::QuantType, batch: usize) -> (Graph, Plan) {
     use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};

@@ -6,7 +6,8 @@
 use crate::ir::{Op, Unary};
 use crate::onnx::fold::{self, Arr, Sym};
 use crate::onnx::import::{
-    batch_uniform, node_axis, static_shape, syms_static, Ctx, Dyn, Importer, Val,
+    batch_uniform, check_dims_size, fmt_syms, node_axis, static_shape, sym_to_dim, syms_static,
+    Ctx, Dyn, Importer, Val,
 };
 use crate::onnx::proto::{attribute_proto::AttributeType, TensorProto};
 use crate::onnx::tensor::{self, Data};
@@ -77,7 +78,17 @@ fn import_cast_like(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
 }
 
 fn import_constant_of_shape(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
-    let shape = match batch_uniform::one_row_shape(im, c)? {
+    let value = match c.typed("value", AttributeType::Tensor)? {
+        None => Val::F(Arr::scalar(0.0)),
+        Some(a) => im.tensor_attr(c, "value", a.t.as_ref())?,
+    };
+    let one_row = batch_uniform::one_row_shape(im, c)?;
+    if let (None, Val::I(s), Val::F(v)) = (&one_row, im.req(c, 0)?, &value) {
+        if s.data.iter().any(|d| !d.is_const()) && v.data.len() == 1 {
+            return im.constant_of_batch_shape(c, &s.data, v.data[0]);
+        }
+    }
+    let shape = match one_row {
         Some(one_row) => one_row,
         None => im
             .ints_input(c, 0, "shape")?
@@ -87,10 +98,6 @@ fn import_constant_of_shape(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> 
         .iter()
         .map(|&d| usize::try_from(d).map_err(|_| c.bad(format!("negative dimension in {shape:?}"))))
         .collect::<OnnxResult<_>>()?;
-    let value = match c.typed("value", AttributeType::Tensor)? {
-        None => Val::F(Arr::scalar(0.0)),
-        Some(a) => im.tensor_attr(c, "value", a.t.as_ref())?,
-    };
     let n = match value {
         Val::I(_) => fold::numel_of::<Sym>(&shape),
         Val::B(_) => fold::numel_of::<bool>(&shape),
@@ -103,6 +110,26 @@ fn import_constant_of_shape(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> 
         Val::B(a) if a.data.len() == 1 => Val::B(Arr::new(shape, vec![a.data[0]; n])),
         _ => return Err(c.bad("value must hold exactly one element")),
     }])
+}
+
+impl Importer<'_> {
+    /// A float ConstantOfShape whose shape holds the batch other than as its dimension 0
+    /// alone (PyTorch's classic export of `nn.LSTM` builds its zero initial states as
+    /// `[layers·dirs, B·rows, hidden]`; timm's Sequencer2D): a runtime Expand of the one value
+    /// to that shape, which every backend runs. (`[B, fixed...]` is held with one row instead,
+    /// `batch_uniform`, so that integer and bool masks stay values known at import.)
+    fn constant_of_batch_shape(&mut self, c: &Ctx, shape: &[Sym], v: f32) -> OnnxResult<Vec<Val>> {
+        let dims = shape
+            .iter()
+            .map(|&s| sym_to_dim(s, false))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| c.bad(format!("shape {}: {e}", fmt_syms(shape))))?;
+        check_dims_size(&dims).map_err(|e| c.bad(format!("shape {e}")))?;
+        let one = Val::F(Arr::new(vec![1; dims.len()], vec![v]));
+        let out = self.out_name(c, 0);
+        let ins = [(format!("{}:value", c.r.node), one)];
+        self.emit(c, Op::Expand { shape: dims }, &ins, vec![out])
+    }
 }
 
 fn import_range(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {

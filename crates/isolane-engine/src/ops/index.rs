@@ -464,26 +464,20 @@ impl Importer<'_> {
         if let Val::Dyn(_) = &data {
             return self.gather_nd_runtime(c, data, &indices);
         }
-        let Val::F(data) = &data else {
-            return Err(c.bad(format!(
-                "GatherND of {} is supported only on float values and runtime tensors",
-                data.kind()
-            )));
-        };
-        let dshape = &data.shape;
-        let (idx, ishape, q) = nd_indices(c, &indices, dshape)?;
-        let slice: usize = dshape[q..].iter().product();
-        let mut shape = ishape[..ishape.len() - 1].to_vec();
-        shape.extend_from_slice(&dshape[q..]);
-        // Every index tuple copies a whole slice: a few indices into a large constant make an
-        // output far larger than either, so its size is checked before it is allocated.
-        let n = fold::numel(&shape).map_err(|e| c.bad(e))?;
-        let mut out = Vec::with_capacity(n);
-        for tuple in idx.chunks_exact(q) {
-            let at = nd_offset(c, tuple, dshape)? * slice;
-            out.extend_from_slice(&data.data[at..at + slice]);
-        }
-        Ok(vec![Val::F(Arr::new(shape, out))])
+        // Integer and bool data too: DETR's dynamo export picks its pixel mask's rows (a bool
+        // resized at import) so.
+        Ok(vec![match &data {
+            Val::F(a) => Val::F(gather_nd_known(c, a, &indices)?),
+            Val::I(a) => Val::I(gather_nd_known(c, a, &indices)?),
+            Val::B(a) => Val::B(gather_nd_known(c, a, &indices)?),
+            other => {
+                return Err(c.bad(format!(
+                    "GatherND of {} is supported only on values known at import and runtime \
+                     tensors",
+                    other.kind()
+                )))
+            }
+        }])
     }
 
     /// GatherND of a runtime tensor by indices known at import: one Gather along dimension 0
@@ -859,6 +853,24 @@ impl Importer<'_> {
         let inputs = vec![(1, Some(pads)), (2, Some(Val::F(Arr::scalar(value))))];
         self.as_newer_form(c, inputs, &["pads", "value"], vec![], Self::pad)
     }
+}
+
+/// GatherND (`batch_dims` 0) of `data` known at import by `indices` known there.
+fn gather_nd_known<T: Clone>(c: &Ctx, data: &Arr<T>, indices: &Val) -> OnnxResult<Arr<T>> {
+    let dshape = &data.shape;
+    let (idx, ishape, q) = nd_indices(c, indices, dshape)?;
+    let slice: usize = dshape[q..].iter().product();
+    let mut shape = ishape[..ishape.len() - 1].to_vec();
+    shape.extend_from_slice(&dshape[q..]);
+    // Every index tuple copies a whole slice: a few indices into a large constant make an
+    // output far larger than either, so its size is checked before it is allocated.
+    let n = fold::numel_of::<T>(&shape).map_err(|e| c.bad(e))?;
+    let mut out = Vec::with_capacity(n);
+    for tuple in idx.chunks_exact(q) {
+        let at = nd_offset(c, tuple, dshape)? * slice;
+        out.extend_from_slice(&data.data[at..at + slice]);
+    }
+    Ok(Arr::new(shape, out))
 }
 
 /// The C-order offset (in units of the trailing slice) of an index tuple into the leading dims

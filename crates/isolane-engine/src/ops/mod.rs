@@ -27,6 +27,7 @@ pub(crate) mod linear;
 pub(crate) mod norm;
 pub(crate) mod pool;
 pub(crate) mod quant;
+pub(crate) mod recurrent;
 pub(crate) mod reduce;
 pub(crate) mod resize;
 pub(crate) mod shape;
@@ -140,7 +141,7 @@ pub(crate) fn prepare(node: &Node, ins: &[&[usize]], outs: &[&[usize]]) -> Resul
 }
 
 /// Each family's ONNX rows; an op type is in one family only (a unit test checks it).
-const ONNX_FAMILIES: [&[(&str, ImportFn)]; 11] = [
+const ONNX_FAMILIES: [&[(&str, ImportFn)]; 12] = [
     folded::ONNX,
     elementwise::ONNX,
     conv::ONNX,
@@ -152,6 +153,7 @@ const ONNX_FAMILIES: [&[(&str, ImportFn)]; 11] = [
     reduce::ONNX,
     resize::ONNX,
     quant::ONNX,
+    recurrent::ONNX,
 ];
 
 /// How a family imports one ONNX node: it reads the node's inputs and attributes through the
@@ -359,6 +361,7 @@ mod tests {
         "CastLike",
         "Ceil",
         "Clip",
+        "Col2Im",
         "Concat",
         "Constant",
         "ConstantOfShape",
@@ -397,6 +400,7 @@ mod tests {
         "Less",
         "LessOrEqual",
         "LRN",
+        "LSTM",
         "Log",
         "MatMul",
         "MatMulInteger",

@@ -151,16 +151,6 @@ impl Importer<'_> {
             other => return Err(c.unsupported_attr("nearest_mode", format!("value {other:?}"))),
         };
         let x = self.req(c, 0)?;
-        if cubic && !matches!(x, Val::F(_)) {
-            return Err(c.unsupported_attr(
-                "mode",
-                format!(
-                    "value \"cubic\" on {} (cubic is supported on values known at import, \
-                     such as the position embeddings a ViT resizes to its input's size)",
-                    x.kind()
-                ),
-            ));
-        }
         let xs = x.sym_shape().map_err(|e| c.bad(e))?;
         if xs.len() != 4 {
             return Err(c.bad(format!(
@@ -245,16 +235,75 @@ impl Importer<'_> {
             nearest,
             size,
         };
-        if let (true, Val::F(a)) = (cubic, &x) {
+        if cubic {
             let cubic = Cubic {
                 a: cubic_a,
                 exclude_outside: exclude_outside != 0,
             };
-            return Ok(vec![Val::F(cubic.resize(c, a, &attrs)?)]);
+            return match &x {
+                Val::F(a) => Ok(vec![Val::F(cubic.resize(c, a, &attrs)?)]),
+                _ => self.cubic_at_run_time(c, x, &cubic, &attrs),
+            };
+        }
+        // A resize of a constant is one too (DETR's dynamo export resizes its all-ones pixel
+        // mask, then casts it to bool: a runtime float could not be cast so).
+        if let Val::F(a) = &x {
+            return Ok(vec![Val::F(resize_known(c, a, &attrs)?)]);
         }
         let out = self.out_name(c, 0);
         let ins = [(c.n.input[0].clone(), x)];
         self.emit(c, Op::Resize(attrs), &ins, vec![out])
+    }
+
+    /// A cubic Resize of a runtime tensor (timm's CrossViT resizes its input image so): cubic
+    /// resizing is linear in the input and separable, `Y = A_h · X · A_wᵀ` per plane, with
+    /// `A` each axis's taps ([`Cubic::taps`]) summed into a matrix. It becomes two products by
+    /// constant matrices (Linear ops on every backend) around transposes: X `[N, C, H, W]`
+    /// → `[N, C, W, H]` · `A_hᵀ` → `[N, C, W, OH]` → `[N, C, OH, W]` · `A_wᵀ`. The same
+    /// arithmetic as the constant path, summed in another order (f32 rounding only).
+    fn cubic_at_run_time(
+        &mut self,
+        c: &Ctx,
+        x: Val,
+        cubic: &Cubic,
+        r: &ir::ResizeAttrs,
+    ) -> OnnxResult<Vec<Val>> {
+        let Val::Dyn(d) = &x else {
+            return Err(c.bad(format!(
+                "a cubic Resize of {}: expected a float tensor",
+                x.kind()
+            )));
+        };
+        let (xs0, xs1) = (&d.shapes[0], &d.shapes[1]);
+        if xs0.len() != 4 || xs0[2..] != xs1[2..] {
+            return Err(c.bad(format!(
+                "a cubic Resize of {xs0:?}: the spatial size must not depend on the batch"
+            )));
+        }
+        let (h, w) = (xs0[2], xs0[3]);
+        let [oh, ow] = cubic.out_size(c, [h, w], r)?;
+        let [sh, sw] = r.coord_scales([h, w], [oh, ow]);
+        let name = |what: &str| format!("{}:{what}", c.r.node);
+        let ah = Val::F(Arr::new(vec![h, oh], cubic.matrix(r, h, oh, sh)));
+        let aw = Val::F(Arr::new(vec![w, ow], cubic.matrix(r, w, ow, sw)));
+        let cols = Op::Transpose {
+            perm: vec![0, 1, 3, 2],
+        };
+        let t = self.emit_tmp(c, cols.clone(), &[(c.n.input[0].clone(), x)], "cols")?;
+        let t = self.emit_tmp(
+            c,
+            Op::MatMul,
+            &[(name("t"), t), (name("rows"), ah)],
+            "by_rows",
+        )?;
+        let t = self.emit_tmp(c, cols, &[(name("by_rows"), t)], "back")?;
+        let out = self.out_name(c, 0);
+        self.emit(
+            c,
+            Op::MatMul,
+            &[(name("back"), t), (name("columns"), aw)],
+            vec![out],
+        )
     }
 
     /// Upsample (opsets 7–9; `scales` an attribute at 7–8, an input at 9) and Resize at
@@ -374,9 +423,8 @@ impl Cubic {
         taps
     }
 
-    /// `x` (N, C, H, W) resized as `r` says (its size or scales; only H and W change).
-    fn resize(&self, c: &Ctx, x: &Arr<f32>, r: &ir::ResizeAttrs) -> OnnxResult<Arr<f32>> {
-        let [n, ch, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    /// The output's `[OH, OW]` for an input of `[h, w]`.
+    fn out_size(&self, c: &Ctx, [h, w]: [usize; 2], r: &ir::ResizeAttrs) -> OnnxResult<[usize; 2]> {
         let [oh, ow] = match r.size {
             ir::ResizeSize::Size(hw) => hw,
             // ONNX: the output is floor(input · scale).
@@ -388,6 +436,25 @@ impl Cubic {
         if h == 0 || w == 0 || oh == 0 || ow == 0 {
             return Err(c.bad(format!("cubic Resize of {h}×{w} to {oh}×{ow}")));
         }
+        Ok([oh, ow])
+    }
+
+    /// The `[inp, out]` matrix `M` of one axis: output `i` is `Σ_j x[j] · M[j, i]` (the taps
+    /// of a clamped edge read the same source, so their weights add up).
+    fn matrix(&self, r: &ir::ResizeAttrs, inp: usize, out: usize, scale: f32) -> Vec<f32> {
+        let mut m = vec![0.0f64; inp * out];
+        for i in 0..out {
+            for (j, wt) in self.taps(r, i, inp, out, scale) {
+                m[j * out + i] += wt;
+            }
+        }
+        m.into_iter().map(|v| v as f32).collect()
+    }
+
+    /// `x` (N, C, H, W) resized as `r` says (its size or scales; only H and W change).
+    fn resize(&self, c: &Ctx, x: &Arr<f32>, r: &ir::ResizeAttrs) -> OnnxResult<Arr<f32>> {
+        let [n, ch, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+        let [oh, ow] = self.out_size(c, [h, w], r)?;
         let shape = vec![n, ch, oh, ow];
         fold::numel_of::<f32>(&shape).map_err(|e| c.bad(e))?;
         let [sh, sw] = r.coord_scales([h, w], [oh, ow]);
@@ -416,6 +483,41 @@ impl Cubic {
         }
         Ok(Arr::new(shape, out))
     }
+}
+
+/// A nearest or linear Resize of a constant `x` (N, C, H, W), computed at import with the
+/// CPU kernel's arithmetic (`kernels::resize`: the same taps, the same f32 operations).
+fn resize_known(c: &Ctx, x: &Arr<f32>, r: &ir::ResizeAttrs) -> OnnxResult<Arr<f32>> {
+    let shapes = [x.shape.as_slice()];
+    let node = Node {
+        name: c.r.node.clone(),
+        op: Op::Resize(r.clone()),
+        inputs: vec![],
+        outputs: vec![],
+    };
+    let o = infer_resize(&node, &shapes, r).map_err(|e| c.bad(e.to_string()))?;
+    fold::numel_of::<f32>(&o).map_err(|e| c.bad(e))?;
+    let Kernel::Resize(k) =
+        prepare_resize(&shapes, &[o.as_slice()], r).map_err(|e| c.bad(e.to_string()))?
+    else {
+        return Err(c.bad("internal: a Resize without its kernel"));
+    };
+    let mut out = Vec::with_capacity(o.iter().product());
+    for i in x.data.chunks_exact(k.h * k.w) {
+        for &(y0, y1, ly) in &k.ys {
+            let (r0, r1) = (&i[y0 * k.w..(y0 + 1) * k.w], &i[y1 * k.w..(y1 + 1) * k.w]);
+            for &(x0, x1, lx) in &k.xs {
+                out.push(if k.linear {
+                    let top = r0[x0] * (1.0 - lx) + r0[x1] * lx;
+                    let bot = r1[x0] * (1.0 - lx) + r1[x1] * lx;
+                    top * (1.0 - ly) + bot * ly
+                } else {
+                    r0[x0]
+                });
+            }
+        }
+    }
+    Ok(Arr::new(o, out))
 }
 
 #[cfg(test)]
@@ -452,7 +554,7 @@ mod tests {
     /// linear are supported"). Computed at import now; the expected values are onnxruntime's
     /// (and, for a = -0.75 half_pixel, PyTorch's bicubic) on `x = k^1.5`, k = 0..16 as 4×4.
     #[test]
-    fn a_cubic_resize_of_a_constant_matches_onnxruntime() {
+    fn a_cubic_resize_of_a_constant_or_at_run_time_matches_onnxruntime() {
         let table: Vec<f32> = (0..16).map(|k| (k as f32).powf(1.5)).collect();
         // (coordinate mode, a, exclude_outside, output size, expected)
         type Case = (&'static str, f32, i64, [i64; 2], Vec<f32>);
@@ -515,22 +617,40 @@ mod tests {
                     y.data
                 );
             }
+            // The same resize of a runtime tensor (timm's CrossViT resizes its input image so:
+            // refused before, "cubic is supported on values known at import"): the same values,
+            // at batch 2 with a second plane of other values.
+            let mut resize = node("Resize", &["x", "", "", "sizes"], "y");
+            resize = attr(resize, "mode", Some("cubic"), None, None);
+            resize = attr(
+                resize,
+                "coordinate_transformation_mode",
+                Some(coord),
+                None,
+                None,
+            );
+            resize = attr(resize, "cubic_coeff_a", None, Some(a), None);
+            resize = attr(resize, "exclude_outside", None, None, Some(exclude));
+            let x: Vec<f32> = table.iter().chain(&[1.0f32; 16]).copied().collect();
+            let y = run(
+                vec![resize],
+                vec![ints("sizes", &[4], &[2, 1, h, w])],
+                &[2, 1, 4, 4],
+                &x,
+            )
+            .unwrap();
+            assert_eq!(y.shape, vec![2, 1, h as usize, w as usize]);
+            for (got, want) in y.data[..n].iter().zip(&want) {
+                assert!(
+                    (got - want).abs() < 1e-4,
+                    "runtime {coord} a={a}: {:?} vs {want:?}",
+                    y.data
+                );
+            }
+            // Cubic weights sum to 1: a constant plane stays constant.
+            for got in &y.data[n..] {
+                assert!((got - 1.0).abs() < 1e-5, "{coord}: {:?}", &y.data[n..]);
+            }
         }
-        // On a runtime tensor: refused by name, saying where cubic is supported.
-        let resize = attr(
-            node("Resize", &["x", "", "", "sizes"], "y"),
-            "mode",
-            Some("cubic"),
-            None,
-            None,
-        );
-        let e = run(
-            vec![resize],
-            vec![ints("sizes", &[4], &[1, 1, 2, 2])],
-            &[1, 1, 4, 4],
-            &[0.0; 16],
-        )
-        .unwrap_err();
-        assert!(e.contains("cubic") && e.contains("known at import"), "{e}");
     }
 }

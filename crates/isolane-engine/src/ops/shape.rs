@@ -169,6 +169,7 @@ pub(crate) const ONNX: &[(&str, ImportFn)] = &[
     ("Squeeze", import_squeeze),
     ("Expand", import_expand),
     ("Tile", import_tile),
+    ("Col2Im", import_col2im),
 ];
 
 fn import_flatten(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
@@ -237,6 +238,106 @@ fn import_expand(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
 
 fn import_tile(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
     im.tile(c)
+}
+
+/// Col2Im (opset 18: PyTorch's `F.fold`; Transformers' MobileViTV2 folds its patches back
+/// into a feature map so, dynamo export) whose blocks tile the image without overlap: strides
+/// equal to the block shape, dilations 1. Each column then fills one block of its own, so
+/// the fold is a data movement: `[N, C·kh·kw, bh·bw]` → Reshape `[N, C, kh, kw, bh, bw]` →
+/// Transpose `[N, C, bh, kh, bw, kw]` → Reshape `[N, C, bh·kh, bw·kw]`, then the pads cropped
+/// (a Slice). Overlapping blocks (sums) are refused by name.
+fn import_col2im(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let x = im.req(c, 0)?;
+    let two = |i: usize, what: &str| -> OnnxResult<[usize; 2]> {
+        let v = im
+            .ints_input(c, i, what)?
+            .ok_or_else(|| c.bad(format!("required input {i} ({what}) is missing")))?;
+        match v[..] {
+            [a, b] if a > 0 && b > 0 => Ok([a as usize, b as usize]),
+            _ => Err(c.bad(format!(
+                "{what} {v:?}: only 2-D Col2Im (two positive values) is supported"
+            ))),
+        }
+    };
+    let [h, w] = two(1, "image_shape")?;
+    let [kh, kw] = two(2, "block_shape")?;
+    let attr = |name: &str, n: usize, default: i64| -> OnnxResult<Vec<i64>> {
+        let v = c.ints(name)?.unwrap_or_else(|| vec![default; n]);
+        if v.len() != n || v.iter().any(|&d| d < default.min(1) || d > 1 << 20) {
+            return Err(c.bad(format!(
+                "{name} {v:?}: expected {n} values of at least {}",
+                default.min(1)
+            )));
+        }
+        Ok(v)
+    };
+    let dilations = attr("dilations", 2, 1)?;
+    let strides = attr("strides", 2, 1)?;
+    let pads = attr("pads", 4, 0)?;
+    if dilations != [1, 1] || strides != [kh as i64, kw as i64] {
+        return Err(c.bad(format!(
+            "strides {strides:?}, dilations {dilations:?} with blocks of {kh}×{kw}: only a \
+             Col2Im whose strides equal its block shape (blocks that do not overlap) and \
+             dilations 1 is supported"
+        )));
+    }
+    let [pt, pl, pb, pr] = [0, 1, 2, 3].map(|i| pads[i] as usize);
+    let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+    let [n, ck, l] = xs[..] else {
+        return Err(c.bad(format!(
+            "the input is {}; expected [N, C·kh·kw, L]",
+            fmt_syms(&xs)
+        )));
+    };
+    let block = kh * kw;
+    if !ck.is_const() || !l.is_const() || !(ck.c as usize).is_multiple_of(block) {
+        return Err(c.bad(format!(
+            "the input is {}: dimension 1 must be a fixed multiple of the block's {block} \
+             elements, dimension 2 fixed",
+            fmt_syms(&xs)
+        )));
+    }
+    let ch = ck.c as usize / block;
+    let (hp, wp) = (h + pt + pb, w + pl + pr);
+    let (bh, bw) = (hp / kh, wp / kw);
+    if bh == 0 || bw == 0 || bh * bw != l.c as usize {
+        return Err(c.bad(format!(
+            "{} columns for a padded image of {hp}×{wp} in blocks of {kh}×{kw}, which holds \
+             {bh}×{bw}",
+            l.c
+        )));
+    }
+    // Rows past the last whole block are in no block: zeros, unless cropped by the pads.
+    if pt + h > bh * kh || pl + w > bw * kw {
+        return Err(c.bad(format!(
+            "the image of {h}×{w} with pads {pads:?} reaches past the last whole block of \
+             {kh}×{kw} (its last rows or columns would be zeros): not supported"
+        )));
+    }
+    let f = Dim::Fixed;
+    let nd = sym_to_dim(n, false).map_err(|e| c.bad(e))?;
+    let name = |what: &str| format!("{}:{what}", c.r.node);
+    let split = Op::Reshape {
+        shape: vec![nd, f(ch), f(kh), f(kw), f(bh), f(bw)],
+    };
+    let y = im.emit_tmp(c, split, &[(c.n.input[0].clone(), x)], "blocks")?;
+    let perm = vec![0, 1, 4, 2, 5, 3];
+    let y = im.emit_tmp(c, Op::Transpose { perm }, &[(name("blocks"), y)], "placed")?;
+    let image = Op::Reshape {
+        shape: vec![nd, f(ch), f(bh * kh), f(bw * kw)],
+    };
+    let out = im.out_name(c, 0);
+    if (pt, pl, bh * kh, bw * kw) == (0, 0, h, w) {
+        return im.emit(c, image, &[(name("placed"), y)], vec![out]);
+    }
+    let y = im.emit_tmp(c, image, &[(name("placed"), y)], "padded")?;
+    let crop = Op::Slice {
+        starts: vec![pt as i64, pl as i64],
+        ends: vec![(pt + h) as i64, (pl + w) as i64],
+        axes: vec![2, 3],
+        steps: vec![1, 1],
+    };
+    im.emit(c, crop, &[(name("padded"), y)], vec![out])
 }
 
 impl Importer<'_> {
@@ -594,5 +695,61 @@ mod expand_tests {
         let (nodes, inits) = mask_nodes(2);
         let e = import(nodes, inits, &[2, 2, 3, 3], true).unwrap_err();
         assert!(e.contains("Expand") && e.contains("Expand_wide"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod col2im_tests {
+    use crate::onnx::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
+    use crate::ops::testing::{ints, node, run};
+
+    fn with_ints(mut n: NodeProto, name: &str, v: &[i64]) -> NodeProto {
+        n.attribute.push(AttributeProto {
+            name: Some(name.into()),
+            ints: v.to_vec(),
+            r#type: Some(AttributeType::Ints as i32),
+            ..Default::default()
+        });
+        n
+    }
+
+    /// MobileViTV2's `F.fold` (dynamo: Col2Im) was refused as an unsupported op. Checked
+    /// against the spec's definition, `y[n, c, bi·kh + i - pt, bj·kw + j - pl] = x[n, (c·kh +
+    /// i)·kw + j, bi·bw + bj]`, with pads cropping a row and a column.
+    #[test]
+    fn col2im_of_blocks_that_tile_the_image_matches_its_definition() {
+        let (ch, kh, kw, h, w, pads) = (2, 2, 3, 3, 5, [1usize, 0, 0, 1]);
+        let (bh, bw) = ((h + pads[0] + pads[2]) / kh, (w + pads[1] + pads[3]) / kw);
+        let l = bh * bw;
+        let x: Vec<f32> = (0..ch * kh * kw * l).map(|v| v as f32).collect();
+        let mut n = node("Col2Im", &["x", "image", "block"], "y");
+        n = with_ints(n, "strides", &[kh as i64, kw as i64]);
+        n = with_ints(n, "pads", &pads.map(|p| p as i64));
+        let inits = || {
+            vec![
+                ints("image", &[2], &[h as i64, w as i64]),
+                ints("block", &[2], &[kh as i64, kw as i64]),
+            ]
+        };
+        let y = run(vec![n], inits(), &[1, ch * kh * kw, l], &x).unwrap();
+        assert_eq!(y.shape, vec![1, ch, h, w]);
+        for c in 0..ch {
+            for r in 0..h {
+                for q in 0..w {
+                    let (pr, pq) = (r + pads[0], q + pads[1]);
+                    let (bi, i, bj, j) = (pr / kh, pr % kh, pq / kw, pq % kw);
+                    let want = x[((c * kh + i) * kw + j) * l + bi * bw + bj];
+                    assert_eq!(y.data[(c * h + r) * w + q], want, "({c}, {r}, {q})");
+                }
+            }
+        }
+        // Overlapping blocks (a sum) are refused by name, saying what is supported.
+        let n = with_ints(
+            node("Col2Im", &["x", "image", "block"], "y"),
+            "strides",
+            &[1, 1],
+        );
+        let e = run(vec![n], inits(), &[1, ch * kh * kw, l], &x).unwrap_err();
+        assert!(e.contains("strides equal its block shape"), "{e}");
     }
 }
