@@ -9,6 +9,9 @@ tests/serve.rs starts the server on a scenario of three models (a real CNN, `MOD
   configuration and the repository index;
 - the CNN's outputs bit-identical to EXPECT, with binary tensor data, with JSON data and
   through system shared memory (HTTP), and with raw contents (gRPC);
+- the classification extension (`class_count`): the CNN's top classes as Triton writes them
+  (`"%f:index"`, largest first), from EXPECT; a version other than 1 is not ready and its
+  inference is refused as not found (404 / NOT_FOUND); `deadline_ms` as a decimal string;
 - a request whose own deadline (`deadline_ms` = 1) the 50 ms spin cannot meet refused at once:
   HTTP 429 / gRPC RESOURCE_EXHAUSTED, the message saying by how much it would be late;
 - requests tritonclient compresses (gzip and deflate) answered over both protocols, and a
@@ -174,7 +177,64 @@ def check_http(a):
             r.get_response(),
         )
     check_refusals(a, c, httpclient, "HTTP", "400")
+    check_classes_and_versions(a, c, httpclient, "HTTP", "404")
     c.close()
+
+
+def top_classes(y, k):
+    """What Triton answers for an output asked for with `class_count=k`: per row, the k
+    largest values, largest first (equal ones in index order), as "%f:index" bytes."""
+    rows = y.reshape(y.shape[0], -1)
+    k = min(k, rows.shape[1])
+    return np.array(
+        [
+            [b"%f:%d" % (float(r[i]), i) for i in np.argsort(-r, kind="stable")[:k]]
+            for r in rows
+        ],
+        dtype=np.object_,
+    )
+
+
+def check_classes_and_versions(a, c, client, protocol, not_found):
+    """The classification extension on the CNN, versions, and a deadline as a string."""
+    want = top_classes(a.y, 3)
+    for binary in (True, False) if client is httpclient else (None,):
+        kind = "" if binary is None else (" binary" if binary else " JSON")
+        inp = client.InferInput("input", list(a.x.shape), "FP32")
+        inp.set_data_from_numpy(a.x)
+        if binary is None:
+            out = client.InferRequestedOutput(a.output_name, class_count=3)
+        else:
+            out = client.InferRequestedOutput(a.output_name, binary_data=binary, class_count=3)
+        r = c.infer(a.model, [inp], outputs=[out])
+        got = r.as_numpy(a.output_name)
+        # tritonclient gives JSON strings as str, binary BYTES elements as bytes.
+        if got is not None and got.size and isinstance(got.flat[0], str):
+            got = np.vectorize(str.encode, otypes=[np.object_])(got)
+        check(
+            got is not None and got.shape == want.shape and (got == want).all(),
+            f"{protocol}{kind}: class_count=3 answers the top classes as Triton writes them",
+            f"got {got!r}, want {want!r}",
+        )
+    check(c.is_model_ready(a.model, "1"), f"{protocol}: version 1 is ready")
+    check(not c.is_model_ready(a.model, "2"), f"{protocol}: version 2 is not ready")
+    inp = client.InferInput("input", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.array([[7.25]], dtype=np.float32))
+    try:
+        c.infer(a.spin, [inp], model_version="2")
+        raise Failed(f"{protocol}: an inference of version 2 was answered")
+    except InferenceServerException as e:
+        check(
+            e.status() == not_found and "version 2 is not found" in e.message(),
+            f"{protocol}: an inference of version 2 is refused as not found",
+            f"status {e.status()}: {e.message()}",
+        )
+    r = c.infer(a.spin, [inp], parameters={"deadline_ms": "60000.5"})
+    check(
+        same_bits(r.as_numpy("output"), np.array([[7.25]], dtype=np.float32)),
+        f"{protocol}: deadline_ms as a decimal string is read as its number",
+        r.get_response(),
+    )
 
 
 def check_refusals(a, c, client, protocol, invalid):
@@ -311,6 +371,7 @@ def check_grpc(a):
             r.get_response(),
         )
     check_refusals(a, c, grpcclient, "gRPC", "StatusCode.INVALID_ARGUMENT")
+    check_classes_and_versions(a, c, grpcclient, "gRPC", "StatusCode.NOT_FOUND")
     c.close()
 
 

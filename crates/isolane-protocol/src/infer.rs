@@ -43,6 +43,82 @@ pub struct OutputSelection {
     /// Outputs to be written into registered shared memory instead of the response (the
     /// shared memory extension; only where the server offers it).
     pub shared: Vec<(String, SharedRef)>,
+    /// Outputs asked for as their top classes (the classification extension: the output
+    /// parameter `classification`, a count above 0), with that count: each is answered as
+    /// [`classify`] makes it.
+    pub classification: Vec<(String, u32)>,
+}
+
+/// The classification extension's output parameter: how many of the output's top classes to
+/// answer with, instead of the tensor.
+pub const CLASSIFICATION: &str = "classification";
+
+/// The most elements one row of an output may have for its classes to be sorted (Triton's
+/// bound, against a pathological sort).
+pub const MAX_CLASSIFICATION_ELEMENTS: u64 = 1_000_000;
+
+/// An output as the classification extension answers it, as Triton does
+/// (`src/classification.cc`): for each row of its first (batch) dimension, the `count` largest
+/// elements (at most the row's), largest first, each a string `"value:index"`, the value as C's
+/// `%f` writes it (`"3.300000:1"`) and the index within the row; a BYTES tensor of shape
+/// `[rows, count]`. Equal values keep their index order; NaN ranks below every number.
+pub fn classify(t: &Tensor, count: u32) -> Result<Tensor, ProtocolError> {
+    let what = format!("output `{}`", t.name());
+    if t.datatype() != DataType::Fp32 {
+        return Err(ProtocolError::Unsupported {
+            feature: "the classification extension",
+            message: format!(
+                "{what} is {}; classes are read from FP32 outputs",
+                t.datatype()
+            ),
+        });
+    }
+    let (rows, row) = match t.shape().split_first() {
+        Some((&rows, rest)) => (rows, rest.iter().product::<u64>()),
+        None => (1, 1),
+    };
+    if row > MAX_CLASSIFICATION_ELEMENTS {
+        return Err(ProtocolError::Unsupported {
+            feature: "the classification extension",
+            message: format!(
+                "{what} has {row} elements per row, more than the {MAX_CLASSIFICATION_ELEMENTS} \
+                 whose classes are sorted"
+            ),
+        });
+    }
+    let row = row as usize;
+    let values: Vec<f32> = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let k = (count as usize).min(row);
+    let mut classes = Vec::with_capacity(rows as usize * k);
+    let mut order: Vec<usize> = Vec::with_capacity(row);
+    for r in values.chunks_exact(row.max(1)).take(rows as usize) {
+        order.clear();
+        order.extend(0..row);
+        // Largest first; NaN below every number; equal values in index order (a stable sort).
+        order.sort_by(|&a, &b| match (r[a].is_nan(), r[b].is_nan()) {
+            (false, false) => r[b].partial_cmp(&r[a]).unwrap_or(std::cmp::Ordering::Equal),
+            (x, y) => x.cmp(&y),
+        });
+        for &i in &order[..k] {
+            classes.push(format!("{}:{i}", c_float(r[i])));
+        }
+    }
+    Tensor::from_bytes_elements(t.name(), vec![rows, k as u64], &classes)
+}
+
+/// A float as C's `printf("%f", (double) x)` writes it (Triton's `std::to_string`).
+fn c_float(x: f32) -> String {
+    match x {
+        x if x.is_nan() && x.is_sign_negative() => "-nan".into(),
+        x if x.is_nan() => "nan".into(),
+        x if x.is_infinite() && x > 0.0 => "inf".into(),
+        x if x.is_infinite() => "-inf".into(),
+        x => format!("{:.6}", x as f64),
+    }
 }
 
 /// Where a tensor's data lies in a registered system shared memory region (the protocol's
@@ -141,6 +217,26 @@ impl OutputSelection {
             .find(|o| o.name == name)
             .and_then(|o| o.binary)
             .unwrap_or(self.binary_data_output)
+    }
+
+    /// How many classes output `name` is answered with, if the request asked for them.
+    pub fn classes(&self, name: &str) -> Option<u32> {
+        self.classification
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, k)| k)
+    }
+
+    /// The outputs as a response carries them: each asked for by classification replaced by
+    /// its classes ([`classify`]), the others as they are (a clone shares their data).
+    pub fn answered(&self, outputs: &[Tensor]) -> Result<Vec<Tensor>, ProtocolError> {
+        outputs
+            .iter()
+            .map(|t| match self.classes(t.name()) {
+                Some(k) => classify(t, k),
+                None => Ok(t.clone()),
+            })
+            .collect()
     }
 }
 
@@ -533,12 +629,13 @@ fn decode_tensors(
     Ok(out)
 }
 
-/// Checks the outputs a request asks for (names unique and not empty, no classification) and
-/// reads each one's `binary_data`; with `shared`, an output's shared memory parameters are read
-/// into it, and without, refused.
+/// Checks the outputs a request asks for (names unique and not empty) and reads each one's
+/// `binary_data` and `classification` (into `classes`); with `shared`, an output's shared
+/// memory parameters are read into it, and without, refused.
 pub(crate) fn requested_outputs_shared<'a>(
     outputs: impl IntoIterator<Item = (&'a str, &'a Parameters)>,
     mut shared: Option<&mut Vec<(String, SharedRef)>>,
+    classes: &mut Vec<(String, u32)>,
 ) -> Result<Vec<OutputChoice>, ProtocolError> {
     let mut seen = HashSet::new();
     let mut choices = Vec::new();
@@ -572,11 +669,33 @@ pub(crate) fn requested_outputs_shared<'a>(
                 }
             }
         }
-        if parameters.contains("classification") {
-            return Err(ProtocolError::Unsupported {
-                feature: "the classification extension",
-                message: format!("{what} has parameter `classification`"),
-            });
+        match parameters.get(CLASSIFICATION) {
+            None | Some(Parameter::Int(0)) => {}
+            Some(Parameter::Int(k)) if *k > 0 && *k <= u32::MAX as i64 => {
+                // As Triton: classes are computed from the tensor, never written to a region.
+                if let Some(p) = SHARED_MEMORY.iter().find(|p| parameters.contains(p)) {
+                    return Err(param_error(
+                        &what,
+                        CLASSIFICATION,
+                        format!(
+                            "is given with `{p}`; an output is answered either as its classes \
+                             or in shared memory, not both"
+                        ),
+                    ));
+                }
+                classes.push((name.to_owned(), *k as u32));
+            }
+            Some(p) => {
+                return Err(param_error(
+                    &what,
+                    CLASSIFICATION,
+                    format!(
+                        "is {p:?}; it is the number of top classes to answer with, an integer \
+                         from 0 (the tensor itself) to {}",
+                        u32::MAX
+                    ),
+                ))
+            }
         }
         choices.push(OutputChoice {
             name: name.to_owned(),
@@ -638,11 +757,13 @@ fn decode_request_in(
         .unwrap_or(false);
     let inputs = decode_tensors(&req.inputs, binary, owner, "input", limits, shm)?;
     let mut shared = Vec::new();
+    let mut classification = Vec::new();
     let requested = match &req.outputs {
         None => None,
         Some(outputs) => Some(requested_outputs_shared(
             outputs.iter().map(|o| (o.name.as_str(), &o.parameters)),
             shm.map(|_| &mut shared),
+            &mut classification,
         )?),
     };
     Ok(DecodedRequest {
@@ -654,6 +775,7 @@ fn decode_request_in(
             requested,
             binary_data_output,
             shared,
+            classification,
         },
     })
 }
@@ -778,6 +900,7 @@ pub fn encode_response(
     outputs: &[Tensor],
     selection: &OutputSelection,
 ) -> Result<Encoded, ProtocolError> {
+    let outputs = &selection.answered(outputs)?;
     let (entries, binaries) = encode_tensors(
         outputs.iter().map(|t| {
             let form = match selection.shared(t.name()) {

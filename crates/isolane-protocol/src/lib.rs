@@ -10,9 +10,11 @@
 //! input, [`Parameters`]), with the same checks; a [`ProtocolError`]'s
 //! [`ProtocolError::grpc_code`] is the status to answer with.
 //!
-//! Left out: the classification and shared-memory extensions and raw binary requests
-//! (`Inference-Header-Content-Length: 0`), each refused by name; other parameters (sequence
-//! ids, priority, ...) are kept in [`Parameters`] for the server to judge.
+//! The classification extension (an output's `classification` parameter: [`classify`]) is
+//! applied when a response is encoded; the shared-memory extension is the server's (it reads
+//! and writes the regions, [`SharedMemory`]). Left out: raw binary requests
+//! (`Inference-Header-Content-Length: 0`), refused by name; other parameters (sequence ids,
+//! priority, ...) are kept in [`Parameters`] for the server to judge.
 
 mod datatype;
 mod error;
@@ -26,9 +28,10 @@ mod tensor;
 pub use datatype::DataType;
 pub use error::{GrpcCode, ProtocolError};
 pub use infer::{
-    decode_request, decode_request_bytes, decode_request_with, decode_response, encode_request,
-    encode_response, parse_header_length, DecodedRequest, DecodedResponse, Encoded, OutputChoice,
-    OutputSelection, ResponseMeta, SharedMemory, SharedRef, HEADER_LENGTH, SHARED_MEMORY,
+    classify, decode_request, decode_request_bytes, decode_request_with, decode_response,
+    encode_request, encode_response, parse_header_length, DecodedRequest, DecodedResponse, Encoded,
+    OutputChoice, OutputSelection, ResponseMeta, SharedMemory, SharedRef, CLASSIFICATION,
+    HEADER_LENGTH, MAX_CLASSIFICATION_ELEMENTS, SHARED_MEMORY,
 };
 pub use messages::{
     health_status, ConfigTensor, DynamicBatching, ErrorBody, InferRequest, InferResponse,

@@ -13,6 +13,7 @@ use crate::ModelInfo;
 /// The protocol extensions served (Triton's names, as clients look for them).
 pub const EXTENSIONS: &[&str] = &[
     "binary_tensor_data",
+    "classification",
     "model_repository",
     "statistics",
     "system_shared_memory",

@@ -472,6 +472,7 @@ pub fn decode_infer_request(
         shm,
     )?;
     let mut shared = Vec::new();
+    let mut classification = Vec::new();
     // Empty: every output of the model (gRPC has no "not given" for a repeated field).
     let requested = if req.outputs.is_empty() {
         None
@@ -485,6 +486,7 @@ pub fn decode_infer_request(
         Some(requested_outputs_shared(
             outputs.iter().map(|(n, p)| (n.as_str(), p)),
             shm.map(|_| &mut shared),
+            &mut classification,
         )?)
     };
     Ok(GrpcInferRequest {
@@ -499,6 +501,7 @@ pub fn decode_infer_request(
                 requested,
                 binary_data_output,
                 shared,
+                classification,
             },
         },
     })
@@ -528,6 +531,10 @@ pub fn encode_infer_response(
     let mut tensors = Vec::with_capacity(outputs.len());
     let mut raw = Vec::with_capacity(outputs.len());
     for t in outputs {
+        let t = match selection.classes(t.name()) {
+            Some(k) => crate::classify(&t, k)?,
+            None => t,
+        };
         let shared = selection.shared(t.name());
         tensors.push(InferOutputTensor {
             name: t.name().to_owned(),

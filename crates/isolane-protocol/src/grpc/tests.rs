@@ -396,7 +396,7 @@ fn headers_are_checked_as_the_http_side_checks_them() {
             name: "x".into()
         }
     );
-    // Outputs: unique names, no classification.
+    // Outputs: unique names; classification read.
     let mut req = request(vec![input("x", "FP32", &[1])], one());
     req.outputs = vec![
         InferRequestedOutputTensor {
@@ -420,7 +420,39 @@ fn headers_are_checked_as_the_http_side_checks_them() {
         "classification".into(),
         param(ParameterChoice::Int64Param(3)),
     );
-    refused_with(req, &["the classification extension is not supported"]);
+    let got = decode_infer_request(over_the_wire(&req), &limits(), None).unwrap();
+    assert_eq!(got.request.outputs.classes("y"), Some(3));
+    // Answered as the top classes, BYTES of shape [rows, k], as tritonclient reads them.
+    let y = Tensor::new(
+        "y",
+        DataType::Fp32,
+        vec![1, 3],
+        [0.5f32, 2.0, 1.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+    )
+    .unwrap();
+    let meta = ResponseMeta {
+        model_name: "m".into(),
+        model_version: Some("1".into()),
+        id: None,
+        parameters: Parameters::new(),
+    };
+    let resp = encode_infer_response(&meta, vec![y], &got.request.outputs).unwrap();
+    assert_eq!(resp.outputs[0].datatype, "BYTES");
+    assert_eq!(resp.outputs[0].shape, vec![1, 3]);
+    let mut want = Vec::new();
+    for s in ["2.000000:1", "1.000000:2", "0.500000:0"] {
+        want.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        want.extend_from_slice(s.as_bytes());
+    }
+    assert_eq!(&resp.raw_output_contents[0][..], &want[..]);
+    req.outputs[0].parameters.insert(
+        "classification".into(),
+        param(ParameterChoice::StringParam("3".into())),
+    );
+    refused_with(req, &["`classification`", "number of top classes"]);
 }
 
 #[test]

@@ -328,6 +328,7 @@ fn every_datatype_round_trips_as_json_and_as_binary() {
             requested: None,
             binary_data_output: binary,
             shared: Vec::new(),
+            classification: Vec::new(),
         };
         let enc = encode_response(&meta, &tensors, &sel).unwrap();
         let back = decode_response(&enc.body, enc.header_len, &limits()).unwrap();
@@ -380,6 +381,7 @@ fn outputs_json_cannot_carry_are_refused_by_element() {
         }]),
         binary_data_output: false,
         shared: Vec::new(),
+        classification: Vec::new(),
     };
     assert!(encode_response(&ResponseMeta::default(), &[nan], &sel).is_ok());
     let raw = Tensor::from_bytes_elements("s", vec![1], &[[0xffu8, 0xfe]]).unwrap();
@@ -845,13 +847,90 @@ fn extensions_isolane_lacks_are_refused_by_name() {
             "shared_memory_region",
         ],
     );
+    // Classification is read (and answered at encoding: `classification_answers_...`); a
+    // count that is not a non-negative integer is refused by name.
     let out = r#"{"inputs":[],"outputs":[{"name":"y","parameters":{"classification":3}}]}"#;
-    refused_with(
-        out,
-        &["classification extension is not supported", "output `y`"],
-    );
+    let r = decode_request(out.as_bytes(), None, &limits()).unwrap();
+    assert_eq!(r.outputs.classification, vec![("y".to_string(), 3)]);
+    assert_eq!(r.outputs.classes("y"), Some(3));
+    let out = r#"{"inputs":[],"outputs":[{"name":"y","parameters":{"classification":0}}]}"#;
+    let r = decode_request(out.as_bytes(), None, &limits()).unwrap();
+    assert_eq!(r.outputs.classes("y"), None);
+    for bad in ["-1", "1.5", "\"3\"", "true", "4294967296"] {
+        let out = format!(
+            r#"{{"inputs":[],"outputs":[{{"name":"y","parameters":{{"classification":{bad}}}}}]}}"#
+        );
+        refused_with(
+            &out,
+            &["output `y`", "`classification`", "number of top classes"],
+        );
+    }
     let out = r#"{"inputs":[],"outputs":[{"name":"y","parameters":{"shared_memory_region":"r"}}]}"#;
     refused_with(out, &["shared memory extension"]);
+}
+
+/// Found by trying tritonclient (`InferRequestedOutput(name, class_count=k)`, Triton's
+/// image_client example): the classification extension was refused. Each row's top classes
+/// come back as Triton writes them (`src/classification.cc`: `"%f:index"`, largest first,
+/// shape `[rows, min(k, row)]`, BYTES), as JSON strings or binary data.
+#[test]
+fn classification_answers_each_rows_top_classes_as_triton_writes_them() {
+    let values: [f32; 8] = [1.1, 3.3, 0.5, 2.4, -1.0, f32::NAN, 7.0, 7.0];
+    let t = Tensor::new(
+        "y",
+        DataType::Fp32,
+        vec![2, 4],
+        values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    )
+    .unwrap();
+    let c = crate::classify(&t, 2).unwrap();
+    assert_eq!(c.datatype(), DataType::Bytes);
+    assert_eq!(c.shape(), &[2, 2]);
+    let got: Vec<&[u8]> = c.bytes_elements().unwrap();
+    let want: [&[u8]; 4] = [b"3.300000:1", b"2.400000:3", b"7.000000:2", b"7.000000:3"];
+    assert_eq!(got, want);
+    // More classes than a row has: the row's, NaN last.
+    let c = crate::classify(&t, 9).unwrap();
+    assert_eq!(c.shape(), &[2, 4]);
+    assert_eq!(
+        c.bytes_elements().unwrap()[4..],
+        [&b"7.000000:2"[..], b"7.000000:3", b"-1.000000:0", b"nan:1"]
+    );
+    let ints = Tensor::new("z", DataType::Int32, vec![1], vec![0; 4]).unwrap();
+    let e = crate::classify(&ints, 1).unwrap_err();
+    assert!(
+        e.to_string().contains("INT32; classes are read from FP32"),
+        "{e}"
+    );
+    // Through the encoder, as JSON strings and as binary data.
+    let meta = ResponseMeta {
+        model_name: "m".into(),
+        model_version: Some("1".into()),
+        id: None,
+        parameters: Parameters::new(),
+    };
+    for binary in [false, true] {
+        let sel = OutputSelection {
+            binary_data_output: binary,
+            classification: vec![("y".into(), 1)],
+            ..Default::default()
+        };
+        let enc = encode_response(&meta, std::slice::from_ref(&t), &sel).unwrap();
+        if !binary {
+            let text = String::from_utf8(enc.body.clone()).unwrap();
+            assert!(
+                text.contains(
+                    r#""shape":[2,1],"datatype":"BYTES","data":["3.300000:1","7.000000:2"]"#
+                ),
+                "{text}"
+            );
+        }
+        let back = decode_response(&enc.body, enc.header_len, &limits()).unwrap();
+        assert_eq!(
+            back.outputs[0].bytes_elements().unwrap(),
+            [&b"3.300000:1"[..], b"7.000000:2"]
+        );
+    }
 }
 
 #[test]
