@@ -218,7 +218,12 @@ impl SharedRegions {
         byte_size: u64,
     ) -> Result<(), ProtocolError> {
         let object = key.strip_prefix('/').unwrap_or(key);
-        if name.is_empty() || object.is_empty() || object.contains('/') || object == ".." {
+        if name.is_empty() {
+            return Err(refused(format!(
+                "the region's name is empty (key `{key}`); name it, as requests will"
+            )));
+        }
+        if object.is_empty() || object.contains('/') || object == ".." {
             return Err(refused(format!(
                 "region `{name}`: key `{key}` is not a shared memory object's name (`/name`, \
                  as shm_open takes it)"
@@ -347,8 +352,8 @@ impl SharedRegions {
         let regions = self.lock();
         let region = regions.get(&r.region).ok_or_else(|| {
             refused(format!(
-                "{what}: no region `{}` is registered (POST \
-                 /v2/systemsharedmemory/region/NAME/register first)",
+                "{what}: no region `{}` is registered (register it first: HTTP POST \
+                 /v2/systemsharedmemory/region/NAME/register, gRPC SystemSharedMemoryRegister)",
                 r.region
             ))
         })?;
@@ -538,6 +543,12 @@ mod tests {
         assert!(e(shm.register("a", "/no-such-isolane-object", 0, 4)).contains("cannot open"));
         assert!(e(shm.register("a", &key, 8, 9)).contains("holds 16 bytes"));
         assert!(e(shm.register("a", &key, 0, 0)).contains("byte_size is 0"));
+        // Found by trying tritonclient: an empty name was refused as a bad key.
+        let empty = e(shm.register("", &key, 0, 16));
+        assert!(
+            empty.contains("the region's name is empty") && !empty.contains("not a shared memory"),
+            "{empty}"
+        );
         shm.register("a", &key, 0, 16).unwrap();
         assert!(e(shm.register("a", &key, 0, 16)).contains("registered already"));
         assert!(shm.unregister(Some("b")).is_err());
