@@ -753,6 +753,85 @@ fn an_output_never_replaces_a_runs_records_or_the_commands_own_input() {
     );
 }
 
+/// `cmd`'s output, or a failed test (and the process killed) when it runs past `limit`: a
+/// reader that blocks must fail its test, not hang the suite.
+fn output_within(cmd: &mut std::process::Command, limit: std::time::Duration) -> Output {
+    use std::process::Stdio;
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("{cmd:?} still ran after {limit:?}");
+        }
+    }
+}
+
+/// A jobs CSV made a FIFO by hand blocked `isolane compare` forever (it waited for a writer),
+/// and a FIFO, a link to /dev/zero or a folder in its place was taken as missing: `report` and
+/// `trace` left the workload's jobs out, and `summarize --force` wrote over summary.json one
+/// saying the run was cut short. Every reader now refuses it, naming the file and what it is.
+#[test]
+fn a_record_that_is_no_regular_file_is_refused_by_every_reader() {
+    use std::time::Duration;
+    let tmp = tempfile::tempdir().unwrap();
+    let run = finished_run(tmp.path());
+    let jobs = run.join("jobs/a.csv");
+    std::fs::remove_file(&jobs).unwrap();
+    let summary = std::fs::read(run.join("summary.json")).unwrap();
+    let html = tmp.path().join("r.html");
+    let trace = tmp.path().join("t.json");
+    for what in ["FIFO", "character device", "folder"] {
+        match what {
+            "FIFO" => mkfifo(&jobs),
+            "character device" => std::os::unix::fs::symlink("/dev/zero", &jobs).unwrap(),
+            _ => std::fs::create_dir(&jobs).unwrap(),
+        }
+        let commands: [Vec<&std::ffi::OsStr>; 5] = [
+            vec!["compare".as_ref(), run.as_os_str(), run.as_os_str()],
+            vec![
+                "report".as_ref(),
+                run.as_os_str(),
+                "-o".as_ref(),
+                html.as_os_str(),
+            ],
+            vec![
+                "trace".as_ref(),
+                run.as_os_str(),
+                "-o".as_ref(),
+                trace.as_os_str(),
+            ],
+            vec!["explain".as_ref(), run.as_os_str()],
+            vec!["summarize".as_ref(), "--force".as_ref(), run.as_os_str()],
+        ];
+        for args in commands {
+            let o = output_within(isolane().args(&args), Duration::from_secs(120));
+            refused(
+                &o,
+                &["jobs/a.csv", &format!("is a {what}"), "not a regular file"],
+            );
+        }
+        assert_eq!(std::fs::read(run.join("summary.json")).unwrap(), summary);
+        assert!(!html.exists() && !trace.exists());
+        match what {
+            "folder" => std::fs::remove_dir(&jobs).unwrap(),
+            _ => std::fs::remove_file(&jobs).unwrap(),
+        }
+    }
+    devices_intact();
+}
+
 /// A trace window past the run's end once wrote an empty trace and exited 0.
 #[test]
 fn a_trace_window_without_jobs_is_refused_naming_the_runs_span() {

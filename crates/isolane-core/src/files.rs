@@ -74,6 +74,10 @@ pub fn read_text_capped(path: &Path, cap: u64) -> std::io::Result<String> {
             ),
         ));
     }
+    utf8(bytes)
+}
+
+fn utf8(bytes: Vec<u8>) -> std::io::Result<String> {
     String::from_utf8(bytes).map_err(|e| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -83,6 +87,22 @@ pub fn read_text_capped(path: &Path, cap: u64) -> std::io::Result<String> {
             ),
         )
     })
+}
+
+/// The text of the regular file `path` (or of the regular file a link names), at most `cap`
+/// bytes: [`read_file_capped`] for text. For the files of a results folder, which isolane
+/// always writes as regular files: a FIFO there (made by hand) would block the reader forever
+/// waiting for a writer, and a device never ends, so both are refused by what they are.
+pub fn read_regular_text_capped(path: &Path, cap: u64) -> std::io::Result<String> {
+    read_file_capped(path, cap).and_then(utf8)
+}
+
+/// Whether `path` names anything at all: a file, a folder, a FIFO, a device, a symbolic link
+/// even to nothing. A results reader that skips what is absent asks this rather than
+/// `is_file()`, so that a record that is there but is not a regular file (a FIFO, a folder, a
+/// link to /dev/zero) is an error naming what it is instead of silently taken as missing.
+pub fn is_there(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
 }
 
 /// What every reader of whole files is tested on (`test-support`): in `dir`, `zero{ext}`, a
@@ -158,10 +178,10 @@ pub fn read_file_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// The text of the results file `path` (at most [`MAX_RESULTS_BYTES`]), or an error that names
-/// it.
+/// The text of the results file `path` (a regular file of at most [`MAX_RESULTS_BYTES`]:
+/// [`read_regular_text_capped`]), or an error that names it.
 pub fn read_text(path: &Path) -> Result<String, FileError> {
-    read_text_capped(path, MAX_RESULTS_BYTES).map_err(|source| FileError::io(path, source))
+    read_regular_text_capped(path, MAX_RESULTS_BYTES).map_err(|source| FileError::io(path, source))
 }
 
 /// The text of the settings file `path` (a profile, a device description; at most
@@ -314,6 +334,49 @@ fn names_open_stream(path: &Path) -> bool {
 /// - anything else (a folder, a FIFO, a socket, a block device, a link to a missing file) is
 ///   refused, and so is a path whose folder does not exist: it is never created.
 pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), OutputFileError> {
+    let failed = |error: std::io::Error| OutputFileError::Write {
+        path: path.to_path_buf(),
+        error,
+    };
+    match output_target(path)? {
+        OutputTarget::Through => {
+            // Appending: a file behind /dev/stdout is written where the shell's `>` or `>>`
+            // left it.
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map_err(failed)?;
+            f.write_all(bytes).and_then(|()| f.flush()).map_err(failed)
+        }
+        OutputTarget::New { dir } => replace_atomically(&dir, path, bytes, None).map_err(failed),
+        OutputTarget::Replace { file, mode } => {
+            replace_atomically(parent_dir(&file), &file, bytes, Some(mode)).map_err(failed)
+        }
+    }
+}
+
+/// Refuses, before any work, an output path that [`write_output`] would refuse once the work
+/// is done (a folder, a FIFO, a missing folder, a link to nothing, a run's record): a build,
+/// an inference or a plan that takes minutes is not thrown away at its end for a typo in
+/// `-o`. Nothing is created or written.
+pub fn check_output(path: &Path) -> Result<(), OutputFileError> {
+    output_target(path).map(|_| ())
+}
+
+/// How [`write_output`] writes a path.
+enum OutputTarget {
+    /// An open stream's name or a character device: written through.
+    Through,
+    /// A new file in the existing folder `dir`.
+    New { dir: PathBuf },
+    /// The existing regular file `file` (a link's target), replaced keeping `mode`.
+    Replace {
+        file: PathBuf,
+        mode: std::fs::Permissions,
+    },
+}
+
+fn output_target(path: &Path) -> Result<OutputTarget, OutputFileError> {
     let refuse = |why: String| OutputFileError::Refused {
         path: path.to_path_buf(),
         why,
@@ -322,16 +385,8 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), OutputFileError> {
         path: path.to_path_buf(),
         error,
     };
-    let through = || -> Result<(), OutputFileError> {
-        // Appending: a file behind /dev/stdout is written where the shell's `>` or `>>` left it.
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(path)
-            .map_err(failed)?;
-        f.write_all(bytes).and_then(|()| f.flush()).map_err(failed)
-    };
     if names_open_stream(path) {
-        return through();
+        return Ok(OutputTarget::Through);
     }
     let own = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
@@ -343,7 +398,9 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), OutputFileError> {
         {
             let dir = parent_dir(path);
             return match std::fs::metadata(dir) {
-                Ok(m) if m.is_dir() => replace_atomically(dir, path, bytes, None).map_err(failed),
+                Ok(m) if m.is_dir() => Ok(OutputTarget::New {
+                    dir: dir.to_path_buf(),
+                }),
                 Ok(m) => Err(refuse(format!(
                     "{} is {}, not a folder",
                     dir.display(),
@@ -380,16 +437,13 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), OutputFileError> {
         if let Some(why) = results_record(&target) {
             return Err(refuse(why));
         }
-        return replace_atomically(
-            parent_dir(&target),
-            &target,
-            bytes,
-            Some(meta.permissions()),
-        )
-        .map_err(failed);
+        return Ok(OutputTarget::Replace {
+            file: target,
+            mode: meta.permissions(),
+        });
     }
     if std::os::unix::fs::FileTypeExt::is_char_device(&t) {
-        return through();
+        return Ok(OutputTarget::Through);
     }
     let what = if own.file_type().is_symlink() {
         format!("a symbolic link to {}, {}", target.display(), kind_of(t))
@@ -825,5 +879,62 @@ mod tests {
         };
         assert_eq!(read_text_capped(&fifo, 1024).unwrap(), "[device]\n");
         writer.join().unwrap();
+    }
+
+    /// A results file made a FIFO by hand blocked `isolane compare` forever (it opened the
+    /// FIFO and waited for a writer), and one that is a folder or /dev/zero was taken as
+    /// missing: a results file is read from a regular file only, and refused by what it is.
+    #[test]
+    fn a_results_file_is_read_from_a_regular_file_only() {
+        let d = tempfile::tempdir().unwrap();
+        let ok = d.path().join("summary.json");
+        std::fs::write(&ok, "{}").unwrap();
+        assert_eq!(read_text(&ok).unwrap(), "{}");
+        let [(zero, zero_is), (fifo, fifo_is)] = a_device_and_a_fifo(d.path(), ".csv");
+        for (p, what) in [
+            (zero.as_path(), zero_is),
+            (fifo.as_path(), fifo_is),
+            (d.path(), "a folder"),
+        ] {
+            assert!(is_there(p));
+            let e = read_text(p).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{}: is {what}", p.display())), "{e}");
+        }
+        let dangling = d.path().join("dangling.csv");
+        std::os::unix::fs::symlink(d.path().join("gone"), &dangling).unwrap();
+        assert!(is_there(&dangling) && !is_there(&d.path().join("gone")));
+        let e = read_text(&dangling).unwrap_err().to_string();
+        assert!(e.contains("No such file"), "{e}");
+    }
+
+    /// `check_output` refuses what `write_output` refuses, and creates nothing.
+    #[test]
+    fn an_output_path_is_checked_before_the_work_as_it_is_written() {
+        let d = tempfile::tempdir().unwrap();
+        let run = d.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        std::fs::write(run.join("summary.json"), "{}").unwrap();
+        let fifo = d.path().join("fifo");
+        mkfifo(&fifo);
+        let dangling = d.path().join("dangling");
+        std::os::unix::fs::symlink(d.path().join("gone"), &dangling).unwrap();
+        for bad in [
+            d.path().to_path_buf(),
+            d.path().join("no-such").join("x.json"),
+            fifo,
+            dangling,
+            run.join("summary.json"),
+        ] {
+            let checked = check_output(&bad).unwrap_err();
+            assert!(checked.is_user_error(), "{checked}");
+            assert_eq!(checked.to_string(), refusal(&bad));
+        }
+        let new = d.path().join("new.toml");
+        check_output(&new).unwrap();
+        assert!(!new.exists());
+        check_output(&run.join("report.html")).unwrap();
+        check_output(Path::new("/dev/null")).unwrap();
+        assert!(!d.path().join("gone").exists() && !d.path().join("no-such").exists());
+        devices_intact();
     }
 }

@@ -105,7 +105,7 @@ struct Comparison<'a> {
 
 fn read_summary(dir: &Path) -> Result<RunSummary, CompareError> {
     let path = dir.join("summary.json");
-    if !path.is_file() {
+    if !isolane_core::files::is_there(&path) {
         return Err(user(format!(
             "{}: no such file (is it an isolane output directory?)",
             path.display()

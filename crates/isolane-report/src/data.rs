@@ -187,7 +187,8 @@ pub fn is_results_dir(path: &Path) -> bool {
         "summary.json",
     ]
     .iter()
-    .any(|f| path.join(f).is_file())
+    // Whatever is there, so that one that is no regular file is read, and refused by name.
+    .any(|f| isolane_core::files::is_there(&path.join(f)))
 }
 
 /// What [`find_results`] found in the paths it was given.
@@ -296,7 +297,7 @@ pub fn load(path: &Path) -> Result<ResultsDir, DataError> {
             result,
         }));
     }
-    if path.join("summary.json").is_file() {
+    if isolane_core::files::is_there(&path.join("summary.json")) {
         return load_run(path).map(|r| ResultsDir::Run(Box::new(r)));
     }
     if cut_short(path) {
@@ -318,7 +319,7 @@ fn load_sweep(path: &Path) -> Result<SweepDir, DataError> {
     let mut points = Vec::new();
     for p in &index.points {
         let dir = path.join(&p.dir);
-        let run = if dir.join("summary.json").is_file() {
+        let run = if isolane_core::files::is_there(&dir.join("summary.json")) {
             Some(load_run(&dir)?)
         } else {
             None
@@ -340,7 +341,7 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
     let mut lanes = Vec::new();
     for w in &summary.workloads {
         let file = path.join("jobs").join(jobs_file_name(&w.name));
-        if file.is_file() {
+        if isolane_core::files::is_there(&file) {
             let jobs = isolane_trace::read_jobs(&file).map_err(trace_error)?;
             latencies_ms.push((w.name.clone(), latencies(&jobs)));
             lanes.push((w.name.clone(), jobs));
@@ -359,13 +360,13 @@ pub fn load_run(path: &Path) -> Result<RunDir, DataError> {
     });
     let timeline = crate::timeline::window(lanes, &steps);
     let iso = path.join("isolation.csv");
-    let isolation = if iso.is_file() {
+    let isolation = if isolane_core::files::is_there(&iso) {
         read_isolation_csv(&iso)?
     } else {
         Vec::new()
     };
     let tel = path.join("telemetry.csv");
-    let telemetry = if tel.is_file() {
+    let telemetry = if isolane_core::files::is_there(&tel) {
         Some(read_telemetry(&tel)?)
     } else {
         None
@@ -395,7 +396,7 @@ fn app_latencies(path: &Path, summary: &RunSummary) -> Result<Vec<(String, Vec<f
     let mut out = Vec::new();
     for a in &summary.apps {
         let file = path.join("apps").join(format!("{}.csv", a.name));
-        if !file.is_file() {
+        if !isolane_core::files::is_there(&file) {
             continue;
         }
         let text = isolane_core::files::read_text(&file)?;
@@ -408,7 +409,7 @@ fn app_latencies(path: &Path, summary: &RunSummary) -> Result<Vec<(String, Vec<f
 }
 
 fn read_device(path: &Path) -> Result<DeviceInfo, DataError> {
-    if !path.is_file() {
+    if !isolane_core::files::is_there(path) {
         return Ok(DeviceInfo::default());
     }
     let text = read_text(path)?;

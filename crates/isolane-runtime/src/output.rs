@@ -259,8 +259,9 @@ pub fn write_jobs_csv(
 
 /// Reads `jobs/<workload>.csv` back into records (ms → ns).
 pub fn read_jobs_csv(path: &Path) -> Result<Vec<JobRecord>, OutputError> {
-    let text = isolane_core::files::read_text_capped(path, isolane_core::files::MAX_RESULTS_BYTES)
-        .map_err(io(path))?;
+    let text =
+        isolane_core::files::read_regular_text_capped(path, isolane_core::files::MAX_RESULTS_BYTES)
+            .map_err(io(path))?;
     parse_jobs_csv(path, &text)
 }
 
@@ -268,8 +269,9 @@ pub fn read_jobs_csv(path: &Path) -> Result<Vec<JobRecord>, OutputError> {
 /// off by the kill (no newline at its end, and not a whole record) is left out, and said so in
 /// the second value; a malformed row anywhere else is an error as in [`read_jobs_csv`].
 pub fn read_jobs_csv_partial(path: &Path) -> Result<(Vec<JobRecord>, Option<String>), OutputError> {
-    let text = isolane_core::files::read_text_capped(path, isolane_core::files::MAX_RESULTS_BYTES)
-        .map_err(io(path))?;
+    let text =
+        isolane_core::files::read_regular_text_capped(path, isolane_core::files::MAX_RESULTS_BYTES)
+            .map_err(io(path))?;
     let cut = if text.ends_with('\n') {
         None
     } else {

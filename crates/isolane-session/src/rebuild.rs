@@ -44,7 +44,7 @@ fn recorded(
     notes: &mut Vec<String>,
 ) -> Result<WorkloadResult, OutputError> {
     let path = dir.join("jobs").join(jobs_file_name(name));
-    let records: Vec<JobRecord> = if path.is_file() {
+    let records: Vec<JobRecord> = if isolane_core::files::is_there(&path) {
         let (records, note) = output::read_jobs_csv_partial(&path)?;
         notes.extend(note);
         records
@@ -118,7 +118,16 @@ fn rebuild(
 /// `isolane summarize DIR`'s folder: a run's (it holds scenario.toml, written before the run
 /// starts) without a summary.json, unless `force` (which replaces it).
 pub fn check_folder(dir: &Path, force: bool) -> Result<(), String> {
-    if !dir.join("scenario.toml").is_file() {
+    let scenario = dir.join("scenario.toml");
+    if isolane_core::files::is_there(&scenario) && !scenario.is_file() {
+        // Read as the scenario it is, a FIFO would wait forever for a writer.
+        return Err(format!(
+            "{}: is not a regular file (a FIFO, a device, a folder or a link to nothing); a run \
+             writes its scenario.toml as one",
+            scenario.display()
+        ));
+    }
+    if !scenario.is_file() {
         return Err(format!(
             "{}: no scenario.toml, so not the folder of an `isolane run` (it writes one before \
              the run starts)",

@@ -99,7 +99,7 @@ impl Timeline {
     /// telemetry.csv where present (a workload that failed before it ran has no jobs file).
     pub fn load(dir: &Path) -> Result<Timeline, TraceError> {
         let summary_path = dir.join("summary.json");
-        if !summary_path.is_file() {
+        if !isolane_core::files::is_there(&summary_path) {
             return Err(not_a_run(dir));
         }
         let summary: RunSummary = read_json(&summary_path)?;
@@ -109,7 +109,7 @@ impl Timeline {
         }
         for w in &summary.workloads {
             let file = dir.join("jobs").join(jobs_file_name(&w.name));
-            let jobs = if file.is_file() {
+            let jobs = if isolane_core::files::is_there(&file) {
                 read_jobs(&file)?
             } else {
                 Vec::new()
@@ -129,7 +129,7 @@ impl Timeline {
             });
         }
         let tel = dir.join("telemetry.csv");
-        let counters = if tel.is_file() {
+        let counters = if isolane_core::files::is_there(&tel) {
             read_counters(&tel)?
         } else {
             Vec::new()

@@ -245,7 +245,7 @@ pub fn explain_dir(
 pub fn load_records(dir: &Path) -> Result<Vec<WorkloadRecords>, ExplainError> {
     let d = dir.display();
     let summary_path = dir.join("summary.json");
-    if !summary_path.is_file() {
+    if !isolane_core::files::is_there(&summary_path) {
         return Err(ExplainError::Missing(not_a_run(dir)));
     }
     let summary: RunSummary = read_json(&summary_path).map_err(|e| match e {
@@ -260,7 +260,7 @@ pub fn load_records(dir: &Path) -> Result<Vec<WorkloadRecords>, ExplainError> {
         )));
     }
     let scenario_path = dir.join("scenario.toml");
-    if !scenario_path.is_file() {
+    if !isolane_core::files::is_there(&scenario_path) {
         return Err(ExplainError::Missing(format!(
             "{}: missing; isolane explain needs the resolved scenario that isolane run writes \
              into its folder, for each workload's cores and GPU (who ran beside whom)",
@@ -290,7 +290,7 @@ pub fn load_records(dir: &Path) -> Result<Vec<WorkloadRecords>, ExplainError> {
             Vec::new()
         } else {
             let file = dir.join("jobs").join(jobs_file_name(&w.name));
-            if file.is_file() {
+            if isolane_core::files::is_there(&file) {
                 isolane_trace::read_jobs(&file).map_err(|e| match e {
                     isolane_trace::TraceError::File(f) => ExplainError::File(f),
                     other => ExplainError::Missing(other.to_string()),
@@ -325,7 +325,7 @@ pub fn load_records(dir: &Path) -> Result<Vec<WorkloadRecords>, ExplainError> {
 /// explain.json of a run folder, when there is one.
 pub fn read_explanation(dir: &Path) -> Result<Option<Explanation>, FileError> {
     let path = dir.join(FILE_NAME);
-    if !path.is_file() {
+    if !isolane_core::files::is_there(&path) {
         return Ok(None);
     }
     let text = isolane_core::files::read_text(&path)?;
@@ -392,7 +392,10 @@ fn not_a_run(dir: &Path) -> String {
 /// Each workload's placement from the resolved scenario: its GPU on the cuda backend (its
 /// own `gpu`, else the device's), nothing on the CPU, and its pinned cores.
 fn placements(path: &Path) -> Result<Vec<(String, Placement)>, FileError> {
-    let text = isolane_core::files::read_config(path)?;
+    // A run folder's own copy: a regular file, never a FIFO to wait on.
+    let text =
+        isolane_core::files::read_regular_text_capped(path, isolane_core::files::MAX_CONFIG_BYTES)
+            .map_err(|e| FileError::io(path, e))?;
     let value: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| FileError::parse(path, e.message().to_string()))?;
