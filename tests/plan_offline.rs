@@ -91,6 +91,40 @@ fn the_planned_scenario_never_replaces_the_scenario_it_is_planned_from() {
     assert_eq!(std::fs::read(&sc).unwrap(), before);
 }
 
+/// `-o` naming a folder and `--export-profiles` naming a file were refused only once the plan
+/// was made (its profiles measured: minutes on a GPU), the second with exit 1 as a failure of
+/// the machine. Both are the user's, said before anything is planned or measured.
+#[test]
+fn a_bad_output_path_is_refused_before_anything_is_planned() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "mine").unwrap();
+    let folder = tmp.path().to_str().unwrap();
+    let not_a_folder = file.to_str().unwrap();
+    for (args, said) in [
+        (vec!["-o", folder], "is a folder, not a regular file"),
+        (vec!["--export-profiles", not_a_folder], "--export-profiles"),
+        (
+            vec!["--export-profiles", "/dev/null"],
+            "exists and is not a folder",
+        ),
+    ] {
+        let mut all = vec!["--device-model", "h100-sxm"];
+        all.extend(&args);
+        let o = offline(&all, &data("offline.toml"), &data("profiles"));
+        let err = flat(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(said), "{args:?}: {err}");
+        // Nothing planned: no plan line and no planned scenario printed.
+        assert!(
+            !err.contains("SMs"),
+            "{args:?}: planned before refusing: {err}"
+        );
+        assert!(o.stdout.is_empty(), "{args:?}: {}", text(&o.stdout));
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
+}
+
 #[test]
 fn an_h100_is_planned_offline_with_every_mechanism_from_committed_profiles() {
     let tmp = tempfile::tempdir().unwrap();

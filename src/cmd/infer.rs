@@ -128,6 +128,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
         }
         let clash = isolane_core::files::refuse_input_as_output("--save-output", p, &inputs);
         clash.map_err(|e| blame!(e))?;
+        isolane_core::files::check_output(p).map_err(|e| blame!(e))?;
     }
     let out = infer::infer(&request, &mut |line| println!("{line}")).map_err(|e| blame!(e))?;
     if let Some(p) = &args.save_output {

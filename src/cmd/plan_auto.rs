@@ -21,6 +21,11 @@ pub fn run(args: &PlanArgs, file: &super::ScenarioFile, engine: &Engine) -> anyh
     if let Some(out) = &args.out {
         let input = [("the scenario", args.scenario.as_path())];
         isolane_core::files::refuse_input_as_output("-o", out, &input).map_err(|e| blame!(e))?;
+        // Before the profiles are measured (minutes on a GPU), not after.
+        isolane_core::files::check_output(out).map_err(|e| blame!(e))?;
+    }
+    if let Some(dir) = &args.export_profiles {
+        isolane_planner::auto::check_export_dir(dir).map_err(user)?;
     }
     super::refuse_programs(&scenario, &name, "plan --auto")?;
     super::refuse_mixed_backends(&scenario, &name, "plan --auto")?;

@@ -103,6 +103,7 @@ pub fn build(req: &BuildRequest, say: &mut dyn FnMut(String)) -> Result<SavedPla
     inputs.extend(req.weights.as_deref().map(|w| ("--weights", w)));
     isolane_core::files::refuse_input_as_output("-o", &req.out, &inputs)
         .map_err(|e| user(e.to_string()))?;
+    isolane_core::files::check_output(&req.out).map_err(|e| user(e.to_string()))?;
     for (what, f) in inputs {
         isolane_core::files::refuse_device(what, f).map_err(user)?;
     }

@@ -337,6 +337,20 @@ pub struct Input<'a> {
     pub target: &'a Target,
 }
 
+/// Refuses, before anything is measured, an `--export-profiles` path that is there but is no
+/// folder (a file, /dev/null): the copy at the end of the plan would fail after the profile
+/// runs, and exit 1 as if the machine had failed. A missing folder is made then.
+pub fn check_export_dir(dir: &Path) -> Result<(), String> {
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => Err(format!(
+            "--export-profiles {}: exists and is not a folder; it names the folder the profiles \
+             the plan used are copied into (made if missing)",
+            dir.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Plans `input` as `config` says (see the module's documentation).
 pub fn run<B: Bench>(
     input: &Input<'_>,
