@@ -55,7 +55,10 @@
 # MIN_STUDY_S (40) left is not started, and says so), studies in the order a, b, c green, then
 # a, b, c MPS. Writes $OUT/settle.md: one table of every trio and mechanism (medians and
 # min-max spreads, whether each row meets critical <= 0.1 % and best effort >= 30 %), then each
-# study's protection.md.
+# study's protection.md, and a table of where best effort's time went (the guard's account of
+# its holds in each run's log: running pieces, or held and why). SETTLE_MECHANISMS ("green
+# mps") and SETTLE_VARIANTS (both; e.g. both,both@50 to try pieces of 50 µs beside it) change
+# what it runs; ALONE_REPEATS=0 leaves the alone deadline's variant rows out.
 #
 # BACKEND=cpu runs the same steps with spin stand-ins (a check of the script, not a measurement).
 # MECHANISMS (default green; green,mps adds MPS, each calibrated on its own), ISOLANE_BIN
@@ -204,13 +207,47 @@ for st in studies:
                      + " | ".join(cell(l, pc) for l in late)
                      + f" | {cell(be, share)} | "
                      + ((", ".join(warned) or "none") if asked else "not asked") + f" | {verdict} |")
-text = ["# Issue 34, settled in one call: the default guard, trios a, b, c, green and MPS", "",
+# Where best effort's time went (the guard's account in each run's log), for the rows with
+# best effort: the medians over the repeats, as % of its time.
+parts = ["ran", "too_long", "running", "next", "between", "budget", "backlog", "overrun"]
+heads = ["ran pieces", "held: too long for the slack", "held: no slack in a running critical job",
+         "held: no slack before the next critical job", "held: between critical jobs",
+         "held: loop budget", "held: backlog", "held: past estimate"]
+time_lines = ["| trio | mechanism | deadline base | variant | µs a piece | "
+              + " | ".join(heads) + " |", "| --- | --- | --- | --- |" + " ---: |" * (len(parts) + 1)]
+for st in studies:
+    name, mech = st.split(":")
+    path = os.path.join(results, name, "protection.csv")
+    if not os.path.exists(path):
+        continue
+    rows = [r for r in csv.DictReader(open(path)) if r["study"] == "compare"
+            and r["criticality"] == "best_effort" and r.get("be_ran", "") != ""]
+    keys = []
+    for r in rows:
+        if (r["base"], r["variant"]) not in keys:
+            keys.append((r["base"], r["variant"]))
+    for base, variant in keys:
+        rs = [r for r in rows if (r["base"], r["variant"]) == (base, variant)]
+        med = lambda k: statistics.median(float(r["be_" + k] or 0) for r in rs)
+        time_lines.append(f"| {name[0]} | {mech} | {base} | {variant} | {med('piece_us'):.0f} | "
+                          + " | ".join(f"{med(k):.1f} %" for k in parts) + " |")
+text = ["# Issue 34 in one call: trios a, b, c under the default guard (`both`)", "",
         "Medians over the repeats, [min–max] spread. Deadline base `alone`: 1.3 × each critical "
         "model's p99 alone in its partition; `together`: 1.3 × its median p99 in the "
         "victims-only runs (the same trio, no best effort). `victims-only`: both critical "
         "models at 75 %, no best effort (at the alone base admission was asked: its "
-        "prediction is in its log). `both`: the default guard (guard + priorities). The "
-        "verdict compares the medians with the targets.", ""] + lines
+        "prediction is in its log). `both`: the default guard (guard + priorities); "
+        "`VARIANT@N`: with best-effort pieces of N µs. The verdict compares the medians with "
+        "the targets.", ""] + lines
+if len(time_lines) > 2:
+    text += ["", "## Where best effort's time went", "",
+             "The guard's own account (its line in each run's log): the share of best effort's "
+             "time (from its first ask to its last piece's end) spent running pieces (each a "
+             "launch and a wait) and held, by why: a shorter piece (20 µs) would have been "
+             "admitted; a running critical job had no slack left; the next critical job (not "
+             "begun) had none; a critical workload was between jobs; and under `share`, the "
+             "closed loop's budget, a critical backlog, or a critical job past its estimate. "
+             "Medians over the repeats.", ""] + time_lines
 if missing:
     text += ["", "Not run (budget or failure): " + ", ".join(missing) + "."]
 open(os.path.join(out, "settle.md"), "w").write("\n".join(text) + "\n")
@@ -223,8 +260,11 @@ mkdir -p "$results"
 rc=0
 if [ "$which" = settle ]; then
     budget=${BUDGET_S:-480} began=$SECONDS
-    plan=(a:green b:green c:green a:mps b:mps c:mps)
-    [ "${BACKEND:-cuda}" = cpu ] && plan=(a:green b:green c:green)
+    plan=()
+    for m in ${SETTLE_MECHANISMS:-green mps}; do
+        [ "${BACKEND:-cuda}" = cpu ] && [ "$m" != green ] && continue
+        plan+=(a:"$m" b:"$m" c:"$m")
+    done
     ran=()
     for i in "${!plan[@]}"; do
         t=${plan[$i]%%:*} m=${plan[$i]#*:}
@@ -242,7 +282,7 @@ if [ "$which" = settle ]; then
         b) v=mobilenet_v2:24,convnext_base:48 be=vit_b_16:48 ;;
         c) v=mobilenet_v2:24,resnet50:48 be=vit_l_32:48 ;;
         esac
-        DEADLINE_BASE=both study "$t" "$v" "$be" both "$m" "$each" \
+        DEADLINE_BASE=both study "$t" "$v" "$be" "${SETTLE_VARIANTS:-both}" "$m" "$each" \
             --no-single-baselines --alone-base-repeats "${ALONE_REPEATS:-1}" || rc=1
     done
     settle_summary "${ran[@]}" >/dev/null

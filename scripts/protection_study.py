@@ -44,6 +44,7 @@ import bisect
 import csv
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -230,6 +231,36 @@ def busy(spans, a, b):
     return any(s < b and e > a for s, e in spans[max(0, i - 1):i + 2])
 
 
+# The guard's account of best effort's time, one line in the run's log at its end
+# (crates/isolane-runtime/src/guard.rs, HoldAccount::line): each share of the time from its
+# first ask to its last piece's end, in %.
+HOLD_WORDS = {
+    "too long for the slack": "too_long",
+    "no slack in a running critical job": "running",
+    "no slack before the next critical job": "next",
+    "between critical jobs": "between",
+    "the sharing loop's budget spent": "budget",
+    "a critical backlog": "backlog",
+    "a critical job past its estimate": "overrun",
+}
+
+
+def hold_account(log_text):
+    """{ran, piece_us, held, too_long, running, next, between, budget, backlog, overrun} (% of
+    the time; µs a piece) from a run's log, or {} where the guard said nothing (no piece
+    ran)."""
+    m = re.search(r"best effort time: [\d.]+ ms; ran \d+ pieces [\d.]+ ms \(([\d.]+) %, "
+                  r"([\d.]+) µs a piece\); held [\d.]+ ms \(([\d.]+) %\): (.*)", log_text)
+    if not m:
+        return {}
+    out = dict(ran=float(m.group(1)), piece_us=float(m.group(2)), held=float(m.group(3)))
+    for words, ms, share in re.findall(r"([a-z (),']+?) ([\d.]+) ms \(([\d.]+) %\)", m.group(4)):
+        key = HOLD_WORDS.get(words.strip(", "))
+        if key:
+            out[key] = float(share)
+    return out
+
+
 def attribute(run_dir, victims, deadlines):
     """Per victim: misses, of them `queued` (started too late for its execution alone to fit)
     and `slow` (own execution too long), and the slow ones the other victim overlapped."""
@@ -319,8 +350,10 @@ class Study:
         # What admission predicted before the run (`[protection] admission`, on by default):
         # the workloads its warning named.
         with open(os.path.join(folder, "log.txt")) as f:
-            warned = [line.split("'")[1] for line in f
-                      if line.strip().startswith("workload '") and "predicted p99" in line]
+            log_text = f.read()
+        warned = [line.split("'")[1] for line in log_text.splitlines()
+                  if line.strip().startswith("workload '") and "predicted p99" in line]
+        account = hold_account(log_text)
         for name, w in s.items():
             ex = [e - st for _, st, e, _ in jobs(run_dir, name)]
             a = self.alone[mech][name]
@@ -337,7 +370,9 @@ class Study:
                 of_alone=w["throughput_ips"] / a["capacity"] if is_be else "",
                 held_ms=held.get("total_ms", 0),
                 stretch=(stretch or {}).get(name, ""),
-                predicted_miss=int(name in warned)))
+                predicted_miss=int(name in warned),
+                **{f"be_{k}": (account.get(k, "") if is_be else "")
+                   for k in ("ran", "piece_us", "held") + tuple(HOLD_WORDS.values())}))
             if name in blame:
                 self.misses.append(dict(study=study, mechanism=mech, load=load, base=base,
                                         variant=label, repeat=rep, workload=name,

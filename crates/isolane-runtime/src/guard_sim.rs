@@ -120,6 +120,26 @@ pub struct Outcome {
     pub idle: f64,
     /// Best effort's piece length at the end (ns).
     pub piece_ns: i64,
+    /// Where best effort's held time went, as shares of the time ([`Held`]).
+    pub held: Held,
+}
+
+/// Why the guard held best effort, as shares of the replay's time: the time from a refused
+/// decision to the next one, by the guard's own reason ([`why_held`], [`Hold::index`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Held {
+    pub by: [f64; HOLDS.len()],
+    /// Of the refusals that were not [`Hold::TooLong`], the share in which the shortest piece
+    /// would have been admitted had each critical job's service estimate been its time alone
+    /// (+2 %): the estimate (which carries the other critical model's stretch and its
+    /// outliers), not the job, left no slack.
+    pub estimate: f64,
+}
+
+impl Held {
+    pub fn of(&self, h: Hold) -> f64 {
+        self.by[h.index()]
+    }
 }
 
 /// Each critical model's deadline: `x` × its p99 alone, or × its p99 in the victims-only
@@ -177,6 +197,9 @@ pub struct Replay {
     pub fit_gaps: bool,
     /// Which of the H200 study's trios ([`Trio`]).
     pub trio: Trio,
+    /// A held piece asks again every 2 µs ([`HoldWait::Poll`], the H200 runs' thread host on
+    /// a machine with a core for it), not at [`retry_at_piece`]'s time ([`HoldWait::Sleep`]).
+    pub poll: bool,
 }
 
 /// The H200 study's trios (scripts/levers-h200.sh), each with its alone figures as recorded
@@ -230,6 +253,7 @@ impl Default for Replay {
             pieces: 10,
             fit_gaps: false,
             trio: Trio::A,
+            poll: false,
         }
     }
 }
@@ -245,6 +269,7 @@ pub fn replay(r: &Replay) -> Outcome {
         pieces,
         fit_gaps,
         trio,
+        poll,
     } = *r;
     let deadline = |k: usize, p99_alone: i64| match deadlines {
         Deadlines::Alone(x) => (x * p99_alone as f64) as i64,
@@ -331,6 +356,11 @@ pub fn replay(r: &Replay) -> Outcome {
     let mut retry = 0i64;
     let mut busy = 0i64;
     let mut idle_steps = 0i64;
+    // The reason of the last refusal (a [`Hold::index`], and whether the estimate made it) and
+    // the steps held for each.
+    let mut reason: Option<(usize, bool)> = None;
+    let mut held_steps = [0i64; HOLDS.len()];
+    let mut estimate_steps = 0i64;
     let mut t = 0;
     while t < end_t {
         // Starts: a released job whose workload is free.
@@ -420,6 +450,7 @@ pub fn replay(r: &Replay) -> Outcome {
             unfitted = false;
         }
         if piece_end.is_none() && t >= retry {
+            reason = None;
             match guarding {
                 Guarding::VictimsOnly => {}
                 Guarding::None => piece_end = Some(t + piece_ns),
@@ -431,7 +462,30 @@ pub fn replay(r: &Replay) -> Outcome {
                         .map(|c| retry_at_piece(&c.view, t, &policy, i))
                         .min();
                     match held {
-                        Some(at) => retry = at,
+                        Some(at) => {
+                            retry = if poll { t + 2 * US } else { at };
+                            let refusing = crit
+                                .iter()
+                                .position(|c| {
+                                    admits_piece(&c.view, t, piece_ns, &policy, i).is_none()
+                                })
+                                .unwrap_or(0);
+                            let others = crit
+                                .iter()
+                                .enumerate()
+                                .filter(|(k, _)| *k != refusing)
+                                .map(|(_, c)| c.view);
+                            let why =
+                                why_held(&crit[refusing].view, others, t, piece_ns, &policy, i);
+                            let alone = crit.iter().all(|c| {
+                                let v = SlotView {
+                                    service: c.w.exec_ns * 102 / 100,
+                                    ..c.view
+                                };
+                                admits_piece(&v, t, MIN_PIECE_NS, &policy, i).is_some()
+                            });
+                            reason = Some((why.index(), why != Hold::TooLong && alone));
+                        }
                         None => {
                             // As `Guard::try_piece_with` reserves.
                             for c in crit.iter_mut() {
@@ -455,9 +509,20 @@ pub fn replay(r: &Replay) -> Outcome {
                 }
             }
         }
+        if piece_end.is_none() {
+            if let Some((k, estimate)) = reason {
+                held_steps[k] += 1;
+                estimate_steps += i64::from(estimate);
+            }
+        }
         t += STEP;
     }
+    let share = |n: i64| (n * STEP) as f64 / end_t as f64;
     Outcome {
+        held: Held {
+            by: held_steps.map(share),
+            estimate: share(estimate_steps),
+        },
         learned: crit
             .iter()
             .filter_map(|c| c.feedback.as_ref().map(|f| (f.gain(), f.budget())))
