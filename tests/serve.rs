@@ -1176,3 +1176,64 @@ fn a_load_of_a_model_file_gone_bad_is_the_users_error() {
     let (code, body) = http(&server.http, "POST", "/v2/repository/models/m/load", "");
     assert_eq!(code, 200, "{body}\n{}", server.log());
 }
+
+/// Ctrl-C twice: the first SIGINT drains, the second ends the drain at once. Before, the second
+/// was ignored and a user waited out `--drain-timeout` (here 600 s) behind a slow model's
+/// queue; now the running job ends, the queued requests are told they were dropped (503) and
+/// the server exits 1 (requests abandoned) within the bound.
+#[test]
+fn a_second_sigint_ends_the_drain_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "slow.toml",
+        "[device]\nbackend = \"cpu\"\n\n[[workload]]\nname = \"slow\"\nmodel = \"spin:3s\"\n\
+         batch = 1\nrate_hz = 1\nduration_s = 1\ndeadline_ms = 600000\nwarmup_jobs = 0\n",
+    );
+    let mut server = ServeProcess::start_with(dir.path(), &file, &["--drain-timeout", "600"]);
+    let body = r#"{"inputs":[{"name":"input","shape":[1,1],"datatype":"FP32","data":[7]}]}"#;
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = server.http.clone();
+            std::thread::spawn(move || http(&addr, "POST", "/v2/models/slow/infer", body))
+        })
+        .collect();
+    // Every request taken (one running, three queued) before the first signal.
+    let until = Instant::now() + EXIT_WITHIN;
+    loop {
+        let (_, metrics) = http(&server.http, "GET", "/metrics", "");
+        let line = r#"isolane_serve_requests_total{model="slow"} 4"#;
+        if metrics.lines().any(|l| l == line) {
+            break;
+        }
+        assert!(Instant::now() < until, "4 requests not taken: {metrics}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = server.child.id().to_string();
+    let int = || {
+        let sent = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        assert!(sent.success());
+    };
+    int();
+    std::thread::sleep(Duration::from_millis(300));
+    int();
+    let exit = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "still running; {}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = server.log();
+    assert_eq!(exit.code(), Some(1), "{log}");
+    assert!(
+        log.contains("a second stop signal: ending the drain now"),
+        "{log}"
+    );
+    let codes: Vec<u16> = clients.into_iter().map(|c| c.join().unwrap().0).collect();
+    assert!(
+        codes.contains(&200),
+        "the running job is answered: {codes:?}"
+    );
+    assert!(codes.contains(&503), "queued requests are told: {codes:?}");
+}

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,10 +117,19 @@ pub fn serve(
     if config.access_log {
         init_access_log();
     }
-    let stop = Arc::new(AtomicBool::new(false));
+    // SIGTERM and SIGINT received: the first starts the drain, a second ends it at once (a
+    // user's second Ctrl-C), as the drain's timeout would.
+    let stop = Arc::new(AtomicUsize::new(0));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))
-            .map_err(|e| anyhow::anyhow!("cannot handle signal {signal}: {e}"))?;
+        let count = Arc::clone(&stop);
+        // SAFETY: the action only adds to an atomic integer: no lock, no allocation, nothing
+        // that is not async-signal-safe.
+        unsafe {
+            signal_hook::low_level::register(signal, move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            })
+        }
+        .map_err(|e| anyhow::anyhow!("cannot handle signal {signal}: {e}"))?;
     }
     let recording = match &config.out {
         Some(dir) => Some(Recording::start(dir, config.force, scenario, &plan)?),
@@ -377,12 +386,13 @@ fn init_access_log() {
         .try_init();
 }
 
-/// Serves HTTP and gRPC until `stop` is raised, then drains `server` (no new requests, those
-/// taken answered) before the front ends stop, so that every answer reaches its client.
+/// Serves HTTP and gRPC until the first stop signal (`stop` counts them), then drains `server`
+/// (no new requests, those taken answered; a second signal ends the drain at once) before the
+/// front ends stop, so that every answer reaches its client.
 fn front_ends(
     server: &Server,
     (http, grpc): (std::net::TcpListener, std::net::TcpListener),
-    stop: &AtomicBool,
+    stop: &AtomicUsize,
     grace: Duration,
     autoplan: Option<Autoplan>,
     decisions: Decisions,
@@ -443,7 +453,7 @@ fn front_ends(
         Some(a) => Some(spawn_autoplan(server, a, &autoplan_stop, decisions)?),
         None => None,
     };
-    while !stop.load(Ordering::Relaxed) {
+    while stop.load(Ordering::SeqCst) == 0 {
         std::thread::sleep(Duration::from_millis(20));
     }
     eprintln!("isolane serve: stopping; no new requests, answering those taken");
@@ -454,7 +464,17 @@ fn front_ends(
             eprintln!("isolane serve: the autoplan loop ended with a panic");
         }
     }
-    server.drain(grace);
+    let said = AtomicBool::new(false);
+    server.drain_until(grace, || {
+        let cut = stop.load(Ordering::SeqCst) > 1;
+        if cut && !said.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "isolane serve: a second stop signal: ending the drain now (queued requests are \
+                 dropped; jobs running finish)"
+            );
+        }
+        cut
+    });
     let _ = done.send(true);
     runtime.block_on(async {
         let _ = http_task.await;

@@ -505,6 +505,12 @@ impl Server {
     /// (for at most `grace`), then stops the model threads. A later call returns the first
     /// one's outcome.
     pub fn drain(&self, grace: Duration) -> Drained {
+        self.drain_until(grace, || false)
+    }
+
+    /// [`Server::drain`], whose grace ends early once `cut` says so (`isolane serve`: a second
+    /// SIGTERM or SIGINT): what is still queued is then dropped as when the grace runs out.
+    pub fn drain_until(&self, grace: Duration, cut: impl Fn() -> bool) -> Drained {
         let mut done = self
             .shared
             .drained
@@ -519,6 +525,7 @@ impl Server {
         }
         let before = self.in_flight();
         let until = Instant::now() + grace;
+        let over = || Instant::now() >= until || cut();
         // A change under way ends first (its new instance serves or was never switched in), so
         // that every instance's thread is joined below. It waits for the old instance's job,
         // which a held best-effort piece could make endless: past the grace, held pieces stop.
@@ -526,7 +533,7 @@ impl Server {
             if let Some(turn) = self.shared.coordinator.try_change_turn() {
                 break turn;
             }
-            if Instant::now() >= until {
+            if over() {
                 self.shared.stop.store(true, Ordering::Relaxed);
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -534,7 +541,7 @@ impl Server {
         for m in self.shared.models() {
             m.close();
         }
-        while self.in_flight() > 0 && Instant::now() < until {
+        while self.in_flight() > 0 && !over() {
             std::thread::sleep(Duration::from_millis(2));
         }
         // Past the grace: what is still queued is refused; a held best-effort piece stops

@@ -175,7 +175,7 @@ pub enum Refusal {
     /// not refused at the door, and `--out` records it as a job that did not run.
     #[error(
         "model `{model}`: the request was taken but dropped unanswered at shutdown: the \
-         drain's time (--drain-timeout) ran out before it ran"
+         drain's time (--drain-timeout) ran out, or a second stop signal ended it, before it ran"
     )]
     Abandoned { model: String },
     /// Triton's answer for a model unloaded through the repository extension (404 /

@@ -774,3 +774,48 @@ warmup_jobs = 1
     assert_eq!(written.len(), 4, "{written:?}");
     assert_eq!(written.iter().filter(|j| !j.completed()).count(), dropped);
 }
+
+/// `isolane serve`'s second SIGINT (or SIGTERM) during a drain: the drain's grace ends at once,
+/// and what is queued is dropped as when the grace runs out, instead of the user waiting out
+/// `--drain-timeout` (30 s by default) for requests queued behind a slow model.
+#[test]
+fn a_drain_cut_short_drops_what_is_queued_at_once() {
+    let toml = r#"
+[[workload]]
+name = "slow"
+model = "spin:1s"
+batch = 1
+rate_hz = "max"
+duration_s = 1
+warmup_jobs = 1
+"#;
+    let s = server(toml);
+    let pending: Vec<_> = (0..4)
+        .map(|i| s.submit("slow", rows(&[i as f32])).unwrap())
+        .collect();
+    let cut = std::sync::atomic::AtomicBool::new(false);
+    let began = std::time::Instant::now();
+    let d = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        // Without the cut, four 1 s jobs fit in the grace and all would be answered.
+        s.drain_until(Duration::from_secs(600), || {
+            cut.load(std::sync::atomic::Ordering::SeqCst)
+        })
+    });
+    // The running job ends (about 1 s); nothing waits for the queued ones or the grace.
+    assert!(
+        began.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        began.elapsed()
+    );
+    assert!(d.abandoned >= 2, "{d:?}");
+    let told = pending
+        .into_iter()
+        .map(|rx| block_on(rx).unwrap())
+        .filter(|a| matches!(a, Err(Refusal::Abandoned { .. })))
+        .count();
+    assert_eq!(told, d.abandoned);
+}
