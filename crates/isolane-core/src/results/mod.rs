@@ -78,7 +78,7 @@ pub(crate) fn legacy_version() -> u32 {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResultsError {
-    /// Unreadable, or not the JSON/CSV expected (serde_json's message names the field and the
+    /// Unreadable, or not the JSON/CSV expected ([`from_json`] names the field, serde_json the
     /// line/column).
     #[error(transparent)]
     File(#[from] FileError),
@@ -98,14 +98,31 @@ pub fn read_json<T: serde::de::DeserializeOwned + Versioned>(
     path: &Path,
 ) -> Result<T, ResultsError> {
     let text = read_text(path)?;
-    let value: T =
-        serde_json::from_str(&text).map_err(|e| FileError::parse(path, e.to_string()))?;
+    let value: T = from_json(&text).map_err(|e| FileError::parse(path, e))?;
     if value.schema_version() > SCHEMA_VERSION {
         return Err(ResultsError::Newer {
             path: path.to_path_buf(),
             found: value.schema_version(),
         });
     }
+    Ok(value)
+}
+
+/// `text` parsed as a `T`, or why not, starting with the field where it went wrong
+/// (`workloads[0].jobs: invalid value: integer `-5`, expected u64 at line 1 column 876`):
+/// serde_json alone says only the line and column, and a summary is often one line.
+pub fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let field = e.path().to_string();
+        if field == "." {
+            e.into_inner().to_string()
+        } else {
+            format!("{field}: {}", e.into_inner())
+        }
+    })?;
+    // Trailing characters after the value are an error, as serde_json::from_str has it.
+    de.end().map_err(|e| e.to_string())?;
     Ok(value)
 }
 

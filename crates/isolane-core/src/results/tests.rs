@@ -115,6 +115,42 @@ fn a_missing_field_is_named() {
     assert!(e.contains("summary.json") && e.contains("command"), "{e}");
 }
 
+/// A summary edited by hand (a negative job count, a string for a rate) was refused with only
+/// serde_json's line and column: in a one-line summary, "line 1 column 876". The field is
+/// named first; inside a flattened part (a workload's metrics) serde tracks no deeper than
+/// the object that holds it, which is named.
+#[test]
+fn a_wrong_value_is_refused_naming_its_field() {
+    let d = tempfile::tempdir().unwrap();
+    let f = committed("summary.json").into_iter().next().unwrap();
+    let good: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+    assert!(good["workloads"].as_array().is_some_and(|w| !w.is_empty()));
+    let p = d.path().join("summary.json");
+    for (field, value, named) in [
+        (
+            "jobs",
+            serde_json::json!(-5),
+            "workloads[0]: invalid value: integer `-5`",
+        ),
+        (
+            "rate_hz",
+            serde_json::json!("fast"),
+            "workloads[0].rate_hz: invalid type",
+        ),
+    ] {
+        let mut v = good.clone();
+        v["workloads"][0][field] = value;
+        std::fs::write(&p, v.to_string()).unwrap();
+        let e = read_json::<RunSummary>(&p).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}: {named}", p.display())), "{e}");
+    }
+    // What serde_json refuses after the value is still refused.
+    std::fs::write(&p, format!("{good} x")).unwrap();
+    let e = read_json::<RunSummary>(&p).unwrap_err().to_string();
+    assert!(e.contains("trailing characters"), "{e}");
+}
+
 #[test]
 fn isolation_csv_round_trips_through_the_reader() {
     let d = tempfile::tempdir().unwrap();
