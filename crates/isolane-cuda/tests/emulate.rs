@@ -1987,8 +1987,8 @@ fn general_gemm_and_reversing_slice_plans_compute_the_graph() {
 
 /// The ops of the models users export that Run 12 found refused (session 25), imported as
 /// ops cuda plans: Col2Im (MobileViTV2) as reshapes and a transpose, a cubic Resize of a
-/// runtime tensor (CrossViT) as two products by constant matrices, LSTM (Sequencer2D) unrolled
-/// into products, Splits, activations and elementwise updates, a ConstantOfShape of a
+/// runtime tensor (CrossViT) as two products by constant matrices, LSTM (Sequencer2D), GRU
+/// and RNN unrolled into products, Splits, activations and elementwise updates, a ConstantOfShape of a
 /// batch-dependent shape as an Expand, DETR's pixel mask folded at import. Each plans, its
 /// emulated plan matches the CPU backend (NHWC and NCHW) and the fixture's expected output
 /// (onnxruntime's, or the onnx reference evaluator's for LSTM's layout 1).
@@ -2007,6 +2007,10 @@ fn user_export_ops_plan_and_compute_the_graph() {
         "lstm_bidirectional_layout1_states_peepholes_op14",
         "lstm_reverse_clip_relu_yh_op14",
         "lstm_classic_zero_states_op17",
+        "gru_linear_before_reset_op14",
+        "gru_bidirectional_states_clip_op14",
+        "rnn_forward_op14",
+        "rnn_reverse_relu_state_op14",
         "mask_resize_cast_gathernd_op17",
     ] {
         let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();

@@ -1,15 +1,17 @@
 //! Recurrent layers: ONNX's LSTM (timm's Sequencer2D, PyTorch's `nn.LSTM` by either exporter),
-//! imported as the ops of one time step after another: the input's product by the constant
-//! input weights for all steps at once, then per step the product of the previous hidden state
-//! by the recurrent weights, the gates' activations and the elementwise cell update. It has
-//! no IR op of its own, so every backend (the CPU reference and cuda's plans) runs it with the
-//! ops it has; a sequence of `S` steps adds about 12 nodes per step and direction.
+//! GRU and RNN, imported as the ops of one time step after another: the input's product by
+//! the constant input weights for all steps at once, then per step the product of the previous
+//! hidden state by the recurrent weights, the gates' activations and the elementwise state
+//! update. They have no IR op of their own, so every backend (the CPU reference and cuda's
+//! plans) runs them with the ops it has; a sequence of `S` steps adds about 12 nodes per step
+//! and direction.
 //!
-//! Implemented as the ONNX spec defines it (opsets 7–22): forward, reverse and bidirectional,
-//! both layouts, the biases, initial hidden and cell states (zeros when absent), peepholes,
-//! `clip`, and the activations Sigmoid, Tanh and Relu in any of the three places. Refused by
-//! name: `input_forget = 1`, `activation_alpha`/`activation_beta`, other activations, a
-//! `sequence_lens` that is not the full length for every row, and weights not known at import.
+//! Implemented as the ONNX spec defines them (opsets 7–22): forward, reverse and
+//! bidirectional, both layouts, the biases, initial states (zeros when absent), LSTM's
+//! peepholes, GRU's `linear_before_reset` both ways, `clip`, and the activations Sigmoid, Tanh
+//! and Relu in any place. Refused by name: LSTM's `input_forget = 1`,
+//! `activation_alpha`/`activation_beta`, other activations, a `sequence_lens` that is not the
+//! full length for every row, and weights not known at import.
 
 use crate::ir::{Op, Unary};
 use crate::onnx::fold::{Arr, Sym};
@@ -18,26 +20,79 @@ use crate::onnx::Result as OnnxResult;
 use crate::ops::ImportFn;
 
 /// The ONNX op types imported as unrolled recurrences.
-pub(crate) const ONNX: &[(&str, ImportFn)] = &[("LSTM", import_lstm)];
+pub(crate) const ONNX: &[(&str, ImportFn)] = &[
+    ("LSTM", import_lstm),
+    ("GRU", import_gru),
+    ("RNN", import_rnn),
+];
 
 fn import_lstm(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
-    im.lstm(c)
+    im.recurrence(c, Cell::Lstm)
+}
+
+fn import_gru(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    let linear_before_reset = c.int("linear_before_reset", 0)? != 0;
+    im.recurrence(
+        c,
+        Cell::Gru {
+            linear_before_reset,
+        },
+    )
+}
+
+fn import_rnn(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    im.recurrence(c, Cell::Rnn)
+}
+
+/// Which recurrence a node computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cell {
+    /// Gates i, o, f, c; a cell state; activations f, g, h.
+    Lstm,
+    /// Gates z, r, h; activations f, g. `linear_before_reset`: the reset gate multiplies
+    /// `H·Rhᵀ + Rbh` (PyTorch's GRU) rather than H before its product.
+    Gru { linear_before_reset: bool },
+    /// One gate; activation f.
+    Rnn,
+}
+
+impl Cell {
+    fn gates(self) -> usize {
+        match self {
+            Cell::Lstm => 4,
+            Cell::Gru { .. } => 3,
+            Cell::Rnn => 1,
+        }
+    }
+
+    fn default_acts(self) -> &'static [Unary] {
+        match self {
+            Cell::Lstm => &[Unary::Sigmoid, Unary::Tanh, Unary::Tanh],
+            Cell::Gru { .. } => &[Unary::Sigmoid, Unary::Tanh],
+            Cell::Rnn => &[Unary::Tanh],
+        }
+    }
 }
 
 /// A named value of the node being imported (the name keys IR constants: unique per node).
 type Named = (String, Val);
 
-/// One direction's weights, transposed for `x · Wᵀ`, and its activations `(f, g, h)`.
+/// One direction's weights, transposed for `x · Wᵀ`, and its activations.
 struct Direction {
-    /// `[I, 4H]`, gates in ONNX's order i, o, f, c.
+    /// `[I, gates·H]`, gates in ONNX's order (LSTM i, o, f, c; GRU z, r, h).
     w_t: Arr<f32>,
-    /// `[H, 4H]`.
+    /// `[H, gates·H]`; a GRU without `linear_before_reset`: `[H, 2H]`, the z and r rows only.
     r_t: Arr<f32>,
-    /// `Wb + Rb`, `[4H]`, if the node has biases.
+    /// A GRU without `linear_before_reset`: `Rhᵀ`, `[H, H]` (it multiplies `r ⊙ H`).
+    r_h_t: Option<Arr<f32>>,
+    /// The biases added to `x · Wᵀ`, `[gates·H]`: `Wb + Rb`, but for a GRU with
+    /// `linear_before_reset` whose `Rbh` is inside the reset product.
     bias: Option<Arr<f32>>,
-    /// The peephole weights of the input, output and forget gates, `[H]` each.
+    /// A GRU with `linear_before_reset`: `[0, 0, Rbh]`, added to `H · Rᵀ`.
+    rbh: Option<Arr<f32>>,
+    /// LSTM's peephole weights of the input, output and forget gates, `[H]` each.
     peep: Option<[Arr<f32>; 3]>,
-    acts: [Unary; 3],
+    acts: Vec<Unary>,
     reverse: bool,
 }
 
@@ -66,20 +121,23 @@ fn weight(im: &Importer, c: &Ctx, i: usize, what: &str) -> OnnxResult<Option<Arr
     }
 }
 
-/// `a[d]`'s `rows × cols` block (row-major), transposed to `cols × rows`.
-fn transposed(a: &Arr<f32>, d: usize, rows: usize, cols: usize) -> Arr<f32> {
+/// Rows `from..to` of `a[d]` (`a` is `[dirs, rows, cols]`), transposed to `cols × (to - from)`.
+fn transposed(a: &Arr<f32>, d: usize, from: usize, to: usize) -> Arr<f32> {
+    let (rows, cols) = (a.shape[1], a.shape[2]);
     let block = &a.data[d * rows * cols..(d + 1) * rows * cols];
-    let mut t = vec![0.0; rows * cols];
-    for r in 0..rows {
+    let n = to - from;
+    let mut t = vec![0.0; n * cols];
+    for r in from..to {
         for k in 0..cols {
-            t[k * rows + r] = block[r * cols + k];
+            t[k * n + r - from] = block[r * cols + k];
         }
     }
-    Arr::new(vec![cols, rows], t)
+    Arr::new(vec![cols, n], t)
 }
 
 impl Importer<'_> {
-    pub(crate) fn lstm(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    fn recurrence(&mut self, c: &Ctx, cell: Cell) -> OnnxResult<Vec<Val>> {
+        let g = cell.gates();
         let direction = c.string("direction", "forward")?;
         let dirs = match direction.as_str() {
             "forward" | "reverse" => 1,
@@ -95,7 +153,9 @@ impl Importer<'_> {
         if !matches!(layout, 0 | 1) {
             return Err(c.unsupported_attr("layout", format!("value {layout} (0 or 1)")));
         }
-        c.int_default_only("input_forget", 0)?;
+        if cell == Cell::Lstm {
+            c.int_default_only("input_forget", 0)?;
+        }
         for a in ["activation_alpha", "activation_beta"] {
             if c.attr(a).is_some() {
                 return Err(c.unsupported_attr(
@@ -114,14 +174,15 @@ impl Importer<'_> {
                 Some(Unary::Clip { min: -v, max: v })
             }
         };
+        let n_acts = cell.default_acts().len();
         let acts: Vec<Unary> = match c.attr("activations") {
-            None => [Unary::Sigmoid, Unary::Tanh, Unary::Tanh].repeat(dirs),
+            None => cell.default_acts().repeat(dirs),
             Some(a) => {
-                if a.strings.len() != 3 * dirs {
+                if a.strings.len() != n_acts * dirs {
                     return Err(c.bad(format!(
                         "{} activations for {dirs} direction(s): expected {}",
                         a.strings.len(),
-                        3 * dirs
+                        n_acts * dirs
                     )));
                 }
                 a.strings
@@ -150,9 +211,9 @@ impl Importer<'_> {
         let (seq, input) = (seq.c as usize, input.c as usize);
         let w = weight(self, c, 1, "W")?.ok_or_else(|| c.bad("required input 1 (W) is missing"))?;
         let r = weight(self, c, 2, "R")?.ok_or_else(|| c.bad("required input 2 (R) is missing"))?;
-        if r.shape.len() != 3 || r.shape[0] != dirs || r.shape[1] != 4 * r.shape[2] {
+        if r.shape.len() != 3 || r.shape[0] != dirs || r.shape[1] != g * r.shape[2] {
             return Err(c.bad(format!(
-                "R is {:?}; expected [{dirs}, 4·hidden, hidden]",
+                "R is {:?}; expected [{dirs}, {g}·hidden, hidden]",
                 r.shape
             )));
         }
@@ -164,20 +225,20 @@ impl Importer<'_> {
                 r.shape
             )));
         }
-        if w.shape != [dirs, 4 * hidden, input] {
+        if w.shape != [dirs, g * hidden, input] {
             return Err(c.bad(format!(
                 "W is {:?}; expected [{dirs}, {}, {input}]",
                 w.shape,
-                4 * hidden
+                g * hidden
             )));
         }
         let b = weight(self, c, 3, "B")?;
         if let Some(b) = &b {
-            if b.shape != [dirs, 8 * hidden] {
+            if b.shape != [dirs, 2 * g * hidden] {
                 return Err(c.bad(format!(
                     "B is {:?}; expected [{dirs}, {}]",
                     b.shape,
-                    8 * hidden
+                    2 * g * hidden
                 )));
             }
         }
@@ -193,7 +254,11 @@ impl Importer<'_> {
                 )))
             }
         }
-        let p = weight(self, c, 7, "P")?;
+        let p = if cell == Cell::Lstm {
+            weight(self, c, 7, "P")?
+        } else {
+            None
+        };
         if let Some(p) = &p {
             if p.shape != [dirs, 3 * hidden] {
                 return Err(c.bad(format!(
@@ -209,7 +274,12 @@ impl Importer<'_> {
             state_shape.swap(0, 1);
         }
         let mut states = Vec::new();
-        for (i, what) in [(5, "initial_h"), (6, "initial_c")] {
+        let state_inputs: &[(usize, &str)] = if cell == Cell::Lstm {
+            &[(5, "initial_h"), (6, "initial_c")]
+        } else {
+            &[(5, "initial_h")]
+        };
+        for &(i, what) in state_inputs {
             let v = self.get(c, i)?;
             if let Some(v) = &v {
                 let s = v.sym_shape().map_err(|e| c.bad(e))?;
@@ -238,28 +308,49 @@ impl Importer<'_> {
         let mut ys = Vec::new();
         let (mut last_h, mut last_c) = (Vec::new(), Vec::new());
         for d in 0..dirs {
-            let bias = b.as_ref().map(|b| {
-                let row = &b.data[d * 8 * hidden..(d + 1) * 8 * hidden];
-                let (wb, rb) = row.split_at(4 * hidden);
-                Arr::new(
-                    vec![4 * hidden],
-                    wb.iter().zip(rb).map(|(a, b)| a + b).collect(),
-                )
-            });
+            let gh = g * hidden;
+            let lbr = cell
+                == Cell::Gru {
+                    linear_before_reset: true,
+                };
+            let gru_plain = cell
+                == Cell::Gru {
+                    linear_before_reset: false,
+                };
+            let (bias, rbh) = match &b {
+                None => (None, None),
+                Some(b) => {
+                    let row = &b.data[d * 2 * gh..(d + 1) * 2 * gh];
+                    let (wb, rb) = row.split_at(gh);
+                    let mut sum: Vec<f32> = wb.iter().zip(rb).map(|(a, b)| a + b).collect();
+                    let mut rbh = None;
+                    if lbr {
+                        // Rbh is added inside the reset product, not to x · Wᵀ.
+                        sum[2 * hidden..].copy_from_slice(&wb[2 * hidden..]);
+                        let mut r3 = vec![0.0; gh];
+                        r3[2 * hidden..].copy_from_slice(&rb[2 * hidden..]);
+                        rbh = Some(Arr::new(vec![gh], r3));
+                    }
+                    (Some(Arr::new(vec![gh], sum)), rbh)
+                }
+            };
             let peep = p.as_ref().map(|p| {
                 let row = &p.data[d * 3 * hidden..(d + 1) * 3 * hidden];
                 [0, 1, 2]
                     .map(|k| Arr::new(vec![hidden], row[k * hidden..(k + 1) * hidden].to_vec()))
             });
+            let r_rows = if gru_plain { 2 * hidden } else { gh };
             let dir = Direction {
-                w_t: transposed(&w, d, 4 * hidden, input),
-                r_t: transposed(&r, d, 4 * hidden, hidden),
+                w_t: transposed(&w, d, 0, gh),
+                r_t: transposed(&r, d, 0, r_rows),
+                r_h_t: gru_plain.then(|| transposed(&r, d, 2 * hidden, gh)),
                 bias,
+                rbh,
                 peep,
-                acts: [acts[3 * d], acts[3 * d + 1], acts[3 * d + 2]],
+                acts: acts[n_acts * d..n_acts * (d + 1)].to_vec(),
                 reverse: direction == "reverse" || d == 1,
             };
-            let init: Vec<Option<Named>> = (0..2)
+            let init: Vec<Option<Named>> = (0..state_inputs.len())
                 .map(|k| {
                     states[k]
                         .clone()
@@ -267,10 +358,11 @@ impl Importer<'_> {
                         .transpose()
                 })
                 .collect::<OnnxResult<_>>()?;
-            let (y, h, cell) = self.lstm_direction(c, d, &dir, &x, seq, hidden, clip, init)?;
+            let (y, h, cell_state) =
+                self.direction(c, cell, d, &dir, &x, seq, hidden, clip, init)?;
             ys.push(y);
             last_h.push(h);
-            last_c.push(cell);
+            last_c.extend(cell_state);
         }
         let used = |i: usize| {
             c.n.output
@@ -279,7 +371,7 @@ impl Importer<'_> {
         };
         let (want_y, want_h, want_c) = (used(0), used(1), used(2));
         // Outputs no node reads are not computed; their slots hold a placeholder never read.
-        let mut outs = vec![Val::F(Arr::scalar(0.0)); 3];
+        let mut outs = vec![Val::F(Arr::scalar(0.0)); if cell == Cell::Lstm { 3 } else { 2 }];
         if want_y {
             let mut per_dir = Vec::new();
             for (d, y) in ys.into_iter().enumerate() {
@@ -288,12 +380,12 @@ impl Importer<'_> {
                 per_dir.push((name(&format!("y{d}")), self.emit_tmp(c, u, &[y], "y_dir")?));
             }
             let perm = (layout == 1).then_some(vec![2, 0, 1, 3]);
-            outs[0] = self.lstm_output(c, 0, per_dir, 1, perm)?;
+            outs[0] = self.joined_output(c, 0, per_dir, 1, perm)?;
         }
         for (k, want, parts) in [(1, want_h, last_h), (2, want_c, last_c)] {
-            if want {
+            if want && k < outs.len() {
                 let perm = (layout == 1).then_some(vec![1, 0, 2]);
-                outs[k] = self.lstm_output(c, k, parts, 0, perm)?;
+                outs[k] = self.joined_output(c, k, parts, 0, perm)?;
             }
         }
         Ok(outs)
@@ -348,12 +440,13 @@ impl Importer<'_> {
         Ok((key, row))
     }
 
-    /// One direction over the whole sequence: `(Y as [S, B, H] in time order, last h, last c)`,
-    /// the last two `[1, B, H]`.
+    /// One direction over the whole sequence: `(Y as [S, B, H] in time order, last h, LSTM's
+    /// last c)`, the last two `[1, B, H]`.
     #[allow(clippy::too_many_arguments)]
-    fn lstm_direction(
+    fn direction(
         &mut self,
         c: &Ctx,
+        cell: Cell,
         d: usize,
         dir: &Direction,
         x: &Named,
@@ -361,16 +454,36 @@ impl Importer<'_> {
         hidden: usize,
         clip: Option<Unary>,
         init: Vec<Option<Named>>,
-    ) -> OnnxResult<(Named, Named, Named)> {
+    ) -> OnnxResult<(Named, Named, Option<Named>)> {
         let key = |what: &str| format!("{}:{what}_{d}", c.r.node);
         let tmp = |im: &mut Self, op: Op, ins: &[Named], what: &str| -> OnnxResult<Named> {
             let v = im.emit_tmp(c, op, ins, what)?;
             Ok((format!("{}:{what}", c.r.node), v))
         };
-        let un = |u: Unary| Op::Unary(u);
-        let bin = |b: crate::ir::Binary| Op::Binary(b);
-        use crate::ir::Binary::{Add, Mul};
-        // x · Wᵀ (+ Wb + Rb) for every step at once: [S, B, 4H].
+        use crate::ir::Binary::{Add, Mul, Sub};
+        let bin = |im: &mut Self, b, x: Named, y: Named, what: &str| {
+            tmp(im, Op::Binary(b), &[x, y], what)
+        };
+        // An activation of `x`, clipped first if the node says so.
+        let act = |im: &mut Self, u: Unary, mut x: Named, what: &str| -> OnnxResult<Named> {
+            if let Some(clip) = clip {
+                x = tmp(im, Op::Unary(clip), &[x], "clipped")?;
+            }
+            tmp(im, Op::Unary(u), &[x], what)
+        };
+        let split = |im: &mut Self, x: Named, n: usize| -> OnnxResult<Vec<Named>> {
+            im.fresh += 1;
+            let names: Vec<String> = (0..n)
+                .map(|k| format!("{}:gate{k}_{}", c.r.node, im.fresh))
+                .collect();
+            let op = Op::Split {
+                axis: 2,
+                sizes: vec![hidden; n],
+            };
+            let v = im.emit(c, op, &[x], names.clone())?;
+            Ok(names.into_iter().zip(v).collect())
+        };
+        // x · Wᵀ (+ biases) for every step at once: [S, B, gates·H].
         let mut xw = tmp(
             self,
             Op::MatMul,
@@ -378,19 +491,17 @@ impl Importer<'_> {
             "xw",
         )?;
         if let Some(b) = &dir.bias {
-            xw = tmp(
-                self,
-                bin(Add),
-                &[xw, (key("bias"), Val::F(b.clone()))],
-                "xwb",
-            )?;
+            xw = bin(self, Add, xw, (key("bias"), Val::F(b.clone())), "xwb")?;
         }
         let r_t: Named = (key("Rt"), Val::F(dir.r_t.clone()));
+        let r_h_t: Option<Named> = dir.r_h_t.as_ref().map(|r| (key("Rht"), Val::F(r.clone())));
+        let rbh: Option<Named> = dir.rbh.as_ref().map(|r| (key("Rbh"), Val::F(r.clone())));
+        let one: Named = (key("one"), Val::F(Arr::new(vec![1], vec![1.0])));
         let peep: Option<[Named; 3]> = dir
             .peep
             .as_ref()
             .map(|p| [0, 1, 2].map(|k| (key(["Pi", "Po", "Pf"][k]), Val::F(p[k].clone()))));
-        let [f, g, h] = dir.acts;
+        let f = dir.acts[0];
         let mut init = init.into_iter();
         let (mut hp, mut cp) = (init.next().flatten(), init.next().flatten());
         let mut outs: Vec<Option<Named>> = vec![None; seq];
@@ -406,60 +517,135 @@ impl Importer<'_> {
                 axes: vec![0],
                 steps: vec![1],
             };
-            let mut gates = tmp(self, step, std::slice::from_ref(&xw), "step")?;
-            if let Some(hp) = &hp {
-                let hr = tmp(self, Op::MatMul, &[hp.clone(), r_t.clone()], "hr")?;
-                gates = tmp(self, bin(Add), &[gates, hr], "gates")?;
-            }
-            let split = Op::Split {
-                axis: 2,
-                sizes: vec![hidden; 4],
-            };
-            self.fresh += 1;
-            let outs4: Vec<String> = (0..4)
-                .map(|k| format!("{}:gate{}_{}", c.r.node, k, self.fresh))
-                .collect();
-            let g4 = self.emit(c, split, &[gates], outs4.clone())?;
-            let mut g4: Vec<Named> = outs4.into_iter().zip(g4).collect();
-            let mut cc = g4.pop().ok_or_else(|| c.bad("internal: gates"))?;
-            let mut fg = g4.pop().ok_or_else(|| c.bad("internal: gates"))?;
-            let mut og = g4.pop().ok_or_else(|| c.bad("internal: gates"))?;
-            let mut ig = g4.pop().ok_or_else(|| c.bad("internal: gates"))?;
-            if let (Some(p), Some(cp)) = (&peep, &cp) {
-                let pi = tmp(self, bin(Mul), &[cp.clone(), p[0].clone()], "pi")?;
-                ig = tmp(self, bin(Add), &[ig, pi], "ip")?;
-                let pf = tmp(self, bin(Mul), &[cp.clone(), p[2].clone()], "pf")?;
-                fg = tmp(self, bin(Add), &[fg, pf], "fp")?;
-            }
-            if let Some(clip) = clip {
-                ig = tmp(self, un(clip), &[ig], "ic")?;
-                fg = tmp(self, un(clip), &[fg], "fc")?;
-                cc = tmp(self, un(clip), &[cc], "cc")?;
-            }
-            let i = tmp(self, un(f), &[ig], "i")?;
-            let fgate = tmp(self, un(f), &[fg], "f")?;
-            let cand = tmp(self, un(g), &[cc], "g")?;
-            let new_c = tmp(self, bin(Mul), &[i, cand], "ig")?;
-            let new_c = match &cp {
-                Some(cp) => {
-                    let kept = tmp(self, bin(Mul), &[fgate, cp.clone()], "fc_prev")?;
-                    tmp(self, bin(Add), &[kept, new_c], "c")?
+            let xt = tmp(self, step, std::slice::from_ref(&xw), "step")?;
+            // H · Rᵀ (+ Rbh for a GRU with linear_before_reset; that alone without H).
+            let hr = match (&hp, &rbh) {
+                (Some(hp), _) => {
+                    let hr = tmp(self, Op::MatMul, &[hp.clone(), r_t.clone()], "hr")?;
+                    Some(match &rbh {
+                        Some(rbh) => bin(self, Add, hr, rbh.clone(), "hrb")?,
+                        None => hr,
+                    })
                 }
-                None => new_c,
+                (None, _) => None,
             };
-            if let Some(p) = &peep {
-                let po = tmp(self, bin(Mul), &[new_c.clone(), p[1].clone()], "po")?;
-                og = tmp(self, bin(Add), &[og, po], "op")?;
-            }
-            if let Some(clip) = clip {
-                og = tmp(self, un(clip), &[og], "oc")?;
-            }
-            let o = tmp(self, un(f), &[og], "o")?;
-            let hc = tmp(self, un(h), std::slice::from_ref(&new_c), "hc")?;
-            let new_h = tmp(self, bin(Mul), &[o, hc], "h")?;
+            let new_h = match cell {
+                Cell::Rnn => {
+                    let pre = match hr {
+                        Some(hr) => bin(self, Add, xt, hr, "pre")?,
+                        None => xt,
+                    };
+                    act(self, f, pre, "h")?
+                }
+                Cell::Lstm => {
+                    let gates = match hr {
+                        Some(hr) => bin(self, Add, xt, hr, "gates")?,
+                        None => xt,
+                    };
+                    let [mut ig, mut og, mut fg, cc] =
+                        <[Named; 4]>::try_from(split(self, gates, 4)?)
+                            .map_err(|_| c.bad("internal: gates"))?;
+                    if let (Some(p), Some(cp)) = (&peep, &cp) {
+                        let pi = bin(self, Mul, cp.clone(), p[0].clone(), "pi")?;
+                        ig = bin(self, Add, ig, pi, "ip")?;
+                        let pf = bin(self, Mul, cp.clone(), p[2].clone(), "pf")?;
+                        fg = bin(self, Add, fg, pf, "fp")?;
+                    }
+                    let i = act(self, f, ig, "i")?;
+                    let fgate = act(self, f, fg, "f")?;
+                    let cand = act(self, dir.acts[1], cc, "g")?;
+                    let mut new_c = bin(self, Mul, i, cand, "ig")?;
+                    if let Some(cp) = &cp {
+                        let kept = bin(self, Mul, fgate, cp.clone(), "fc_prev")?;
+                        new_c = bin(self, Add, kept, new_c, "c")?;
+                    }
+                    if let Some(p) = &peep {
+                        let po = bin(self, Mul, new_c.clone(), p[1].clone(), "po")?;
+                        og = bin(self, Add, og, po, "op")?;
+                    }
+                    let o = act(self, f, og, "o")?;
+                    // h(C) is not clipped: clip bounds the gates' inputs only.
+                    let hc = tmp(
+                        self,
+                        Op::Unary(dir.acts[2]),
+                        std::slice::from_ref(&new_c),
+                        "hc",
+                    )?;
+                    cp = Some(new_c);
+                    bin(self, Mul, o, hc, "h")?
+                }
+                Cell::Gru {
+                    linear_before_reset,
+                } => {
+                    let [xz, xr, xh] = <[Named; 3]>::try_from(split(self, xt, 3)?)
+                        .map_err(|_| c.bad("internal: gates"))?;
+                    // The z and r gates' sums; what the reset gate multiplies.
+                    let (zpre, rpre, reset_of) = match hr {
+                        None => (
+                            xz,
+                            xr,
+                            if linear_before_reset {
+                                rbh.clone()
+                            } else {
+                                None
+                            },
+                        ),
+                        Some(hr) => {
+                            let n = if linear_before_reset { 3 } else { 2 };
+                            let mut parts = split(self, hr, n)?;
+                            let hh = if linear_before_reset {
+                                parts.pop()
+                            } else {
+                                None
+                            };
+                            let [hz, hrr] = <[Named; 2]>::try_from(parts)
+                                .map_err(|_| c.bad("internal: gates"))?;
+                            let zpre = bin(self, Add, xz, hz, "zpre")?;
+                            let rpre = bin(self, Add, xr, hrr, "rpre")?;
+                            (zpre, rpre, hh.or_else(|| hp.clone()))
+                        }
+                    };
+                    let z = act(self, f, zpre, "z")?;
+                    let r = act(self, f, rpre, "r")?;
+                    // Without a previous state and linear_before_reset 0, r ⊙ H is 0; with
+                    // linear_before_reset and no bias, r ⊙ Rbh is 0 too.
+                    let npre = match reset_of {
+                        None => xh,
+                        Some(v) => {
+                            let rv = if linear_before_reset && hp.is_none() {
+                                // Rbh alone, [gates·H] with z's and r's parts 0: its h part.
+                                let Val::F(a) = &v.1 else {
+                                    return Err(c.bad("internal: Rbh"));
+                                };
+                                let h3 = Arr::new(vec![hidden], a.data[2 * hidden..].to_vec());
+                                bin(self, Mul, r, (key("Rbh_h"), Val::F(h3)), "rv")?
+                            } else {
+                                bin(self, Mul, r, v, "rv")?
+                            };
+                            let rv = match (&r_h_t, linear_before_reset) {
+                                (Some(rh), false) => {
+                                    tmp(self, Op::MatMul, &[rv, rh.clone()], "rh")?
+                                }
+                                _ => rv,
+                            };
+                            bin(self, Add, xh, rv, "npre")?
+                        }
+                    };
+                    let n = act(self, dir.acts[1], npre, "n")?;
+                    // H = (1 - z) ⊙ n + z ⊙ H_prev
+                    let keep = bin(self, Sub, one.clone(), z.clone(), "one_minus_z")?;
+                    let new_h = bin(self, Mul, keep, n, "zn")?;
+                    match &hp {
+                        Some(hp) => {
+                            let kept = bin(self, Mul, z, hp.clone(), "zh")?;
+                            bin(self, Add, new_h, kept, "h")?
+                        }
+                        None => new_h,
+                    }
+                }
+            };
             outs[t] = Some(new_h.clone());
             hp = Some(new_h);
-            cp = Some(new_c);
         }
         let ys: Vec<Named> = outs.into_iter().flatten().collect();
         let y = if ys.len() == 1 {
@@ -468,12 +654,12 @@ impl Importer<'_> {
             tmp(self, Op::Concat { axis: 0 }, &ys, "y")?
         };
         let missing = || c.bad("internal: an empty sequence");
-        Ok((y, hp.ok_or_else(missing)?, cp.ok_or_else(missing)?))
+        Ok((y, hp.ok_or_else(missing)?, cp))
     }
 
     /// Output `k` of the node: `parts` (one per direction) concatenated along `axis`, then
     /// transposed by `perm` for layout 1.
-    fn lstm_output(
+    fn joined_output(
         &mut self,
         c: &Ctx,
         k: usize,

@@ -127,7 +127,7 @@ impl Importer<'_> {
             other => {
                 return Err(c.unsupported_attr(
                     "mode",
-                    format!("value {other:?} (nearest, linear and, on values known at import, cubic are supported)"),
+                    format!("value {other:?} (nearest, linear and cubic are supported)"),
                 ))
             }
         };
