@@ -110,16 +110,26 @@ pub async fn serve_grpc(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    serve_capped(server, listener, shutdown, MAX_CONNECTIONS).await
+    serve_capped(server, listener, shutdown, MAX_CONNECTIONS, PREFACE_WITHIN).await
 }
+
+/// How long a new connection has to send HTTP/2's connection preface (the 24 bytes every
+/// gRPC client sends as it connects) before it is closed. hyper's HTTP/2 server waits for it
+/// without a bound, so a connection that says nothing held its place under the cap for good:
+/// [`MAX_CONNECTIONS`] silent sockets shut every client out of gRPC until they closed.
+pub const PREFACE_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// HTTP/2's client connection preface.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 async fn serve_capped(
     server: Server,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
     max_connections: usize,
+    preface_within: std::time::Duration,
 ) -> std::io::Result<()> {
-    let incoming = capped_incoming(listener, max_connections);
+    let incoming = capped_incoming(listener, max_connections, preface_within);
     // Streams end by themselves when the front end stops: tonic's graceful shutdown waits
     // for every call under way, and a stream's client need never close it.
     let (stop_streams, stopping) = tokio::sync::watch::channel(false);
@@ -205,11 +215,32 @@ impl tokio::io::AsyncWrite for Capped {
     }
 }
 
-/// The connections tonic serves: accepted on a task of their own, at most `max` open at once.
-/// The task ends, closing the listener, once tonic stops taking connections (at shutdown).
+/// Whether `io` sends HTTP/2's whole connection preface within `within` (read with `peek`:
+/// the bytes stay for hyper). Anything else (silence, a closed socket, other bytes) is no.
+async fn sends_preface(io: &tokio::net::TcpStream, within: std::time::Duration) -> bool {
+    let mut head = [0u8; PREFACE.len()];
+    let wait = async {
+        loop {
+            match io.peek(&mut head).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) if head[..n] != PREFACE[..n] => return false,
+                Ok(n) if n == PREFACE.len() => return true,
+                // Part of it: the socket stays readable, so wait a moment for the rest.
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+            }
+        }
+    };
+    tokio::time::timeout(within, wait).await.unwrap_or(false)
+}
+
+/// The connections tonic serves: accepted on a task of their own, at most `max` open at once,
+/// each handed over once it has sent the HTTP/2 preface (closed if it has not within
+/// `preface_within`). The task ends, closing the listener, once tonic stops taking connections
+/// (at shutdown).
 fn capped_incoming(
     listener: TcpListener,
     max: usize,
+    preface_within: std::time::Duration,
 ) -> tonic::codegen::tokio_stream::wrappers::ReceiverStream<std::io::Result<Capped>> {
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(max));
     let (tx, rx) = tokio::sync::mpsc::channel(1);
@@ -237,13 +268,22 @@ fn capped_incoming(
                 continue;
             };
             let _ = io.set_nodelay(true);
-            let connection = Capped {
-                io,
-                _permit: permit,
-            };
-            if tx.send(Ok(connection)).await.is_err() {
-                return;
-            }
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                if !sends_preface(&io, preface_within).await {
+                    tracing::warn!(
+                        target: "isolane::serve",
+                        "gRPC: a connection that sent no HTTP/2 preface within {} s was closed",
+                        preface_within.as_secs_f64()
+                    );
+                    return;
+                }
+                let connection = Capped {
+                    io,
+                    _permit: permit,
+                };
+                let _ = tx.send(Ok(connection)).await;
+            });
         }
     });
     tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(rx)
@@ -1520,6 +1560,7 @@ mod tests {
                     let _ = stopped.await;
                 },
                 1,
+                PREFACE_WITHIN,
             ));
             // A connection and one call on it: live.
             let call = |url: String| async move {
@@ -1543,6 +1584,72 @@ mod tests {
                 assert!(
                     began.elapsed() < Duration::from_secs(30),
                     "the closed connection's place never came back"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let _ = stop.send(());
+            let ended = tokio::time::timeout(Duration::from_secs(30), serving).await;
+            assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+        });
+        s.drain(Duration::from_secs(5));
+    }
+
+    /// Found by holding silent sockets open: a connection that never sent HTTP/2's preface
+    /// kept its place under the cap for good (80 s and counting), so the cap's worth of them
+    /// shut every gRPC client out. It is closed after the preface's time, and a real client
+    /// gets in; a client that sends garbage is closed too.
+    #[test]
+    fn a_connection_that_sends_no_preface_is_closed_and_frees_its_place() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let s = server();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let serving = tokio::spawn(serve_capped(
+                s.clone(),
+                listener,
+                async {
+                    let _ = stopped.await;
+                },
+                1,
+                Duration::from_millis(300),
+            ));
+            // The only place, taken by a socket that says nothing.
+            let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut rest = Vec::new();
+            let closed =
+                tokio::time::timeout(Duration::from_secs(30), silent.read_to_end(&mut rest)).await;
+            assert!(
+                matches!(closed, Ok(Ok(_))),
+                "the silent connection was not closed: {closed:?}"
+            );
+            let mut garbage = tokio::net::TcpStream::connect(addr).await.unwrap();
+            garbage.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+            let closed =
+                tokio::time::timeout(Duration::from_secs(30), garbage.read_to_end(&mut rest)).await;
+            // Closed with unread bytes in it: a reset, or the end.
+            assert!(closed.is_ok(), "the garbage connection was not closed");
+            // Its place came back: a client is served.
+            let began = Instant::now();
+            loop {
+                let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                    .unwrap()
+                    .connect()
+                    .await;
+                if let Ok(channel) = channel {
+                    let mut c = GrpcInferenceServiceClient::new(channel);
+                    if c.server_live(pb::ServerLiveRequest {}).await.is_ok() {
+                        break;
+                    }
+                }
+                assert!(
+                    began.elapsed() < Duration::from_secs(30),
+                    "no place came back"
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
