@@ -37,10 +37,7 @@ pub enum DataError {
 
 impl From<ResultsError> for DataError {
     fn from(e: ResultsError) -> Self {
-        match e {
-            ResultsError::File(f) => DataError::File(f),
-            ResultsError::Newer { ref path, .. } => FileError::parse(path, e.to_string()).into(),
-        }
+        DataError::File(e.into_file_error())
     }
 }
 
@@ -678,5 +675,29 @@ mod tests {
         std::fs::write(&p, "t_s,gpu,power_w\n0.0,,100\n").unwrap();
         let e = read_telemetry(&p).unwrap_err().to_string();
         assert!(e.contains("telemetry.csv") && e.contains("`gpu`"), "{e}");
+    }
+
+    /// A summary.json of a newer schema was named twice: "run/summary.json: run/summary.json:
+    /// written by a newer isolane".
+    #[test]
+    fn a_summary_of_a_newer_schema_names_its_file_once() {
+        let d = tempfile::tempdir().unwrap();
+        let run = d.path().join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        let summary = run.join("summary.json");
+        let sample = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/sweep-partition-green/sms-024/summary.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(sample).unwrap()).unwrap();
+        v["schema_version"] = 999.into();
+        std::fs::write(&summary, v.to_string()).unwrap();
+        let e = load(&run).unwrap_err().to_string();
+        assert!(e.contains("written by a newer isolane"), "{e}");
+        assert_eq!(e.matches(&*summary.to_string_lossy()).count(), 1, "{e}");
+        let e = crate::explain::load_records(&run)
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(e.matches(&*summary.to_string_lossy()).count(), 1, "{e}");
     }
 }

@@ -88,6 +88,23 @@ pub enum ResultsError {
     Newer { path: PathBuf, found: u32 },
 }
 
+impl ResultsError {
+    /// As a [`FileError`] that names the file once (a reader that reports file errors wrapped
+    /// the whole message, path included, and named it twice).
+    pub fn into_file_error(self) -> FileError {
+        match self {
+            ResultsError::File(f) => f,
+            ResultsError::Newer { path, found } => FileError::parse(
+                &path,
+                format!(
+                    "written by a newer isolane (schema_version {found}; this build reads up to \
+                     {SCHEMA_VERSION})"
+                ),
+            ),
+        }
+    }
+}
+
 /// A results file of any kind: it says which schema version wrote it.
 pub trait Versioned {
     fn schema_version(&self) -> u32;

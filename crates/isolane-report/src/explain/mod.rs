@@ -248,10 +248,8 @@ pub fn load_records(dir: &Path) -> Result<Vec<WorkloadRecords>, ExplainError> {
     if !isolane_core::files::is_there(&summary_path) {
         return Err(ExplainError::Missing(not_a_run(dir)));
     }
-    let summary: RunSummary = read_json(&summary_path).map_err(|e| match e {
-        isolane_core::results::ResultsError::File(f) => f,
-        other => FileError::parse(&summary_path, other.to_string()),
-    })?;
+    let summary: RunSummary =
+        read_json(&summary_path).map_err(isolane_core::results::ResultsError::into_file_error)?;
     if !summary.apps.is_empty() {
         return Err(ExplainError::Missing(format!(
             "{d} is a run of [[app]]s: apps/<app>.csv keeps each frame's release and end but \
