@@ -237,8 +237,8 @@ text = ["# Issue 34 in one call: trios a, b, c under the default guard (`both`)"
         "victims-only runs (the same trio, no best effort). `victims-only`: both critical "
         "models at 75 %, no best effort (at the alone base admission was asked: its "
         "prediction is in its log). `both`: the default guard (guard + priorities); "
-        "`VARIANT@N`: with best-effort pieces of N µs. The verdict compares the medians with "
-        "the targets.", ""] + lines
+        "`share`: + `[protection] share`; `VARIANT@N`: with best-effort pieces of N µs "
+        "instead of 100. The verdict compares the medians with the targets.", ""] + lines
 if len(time_lines) > 2:
     text += ["", "## Where best effort's time went", "",
              "The guard's own account (its line in each run's log): the share of best effort's "
