@@ -100,6 +100,10 @@ pub enum ProtocolError {
         model: String,
         version: Option<String>,
     },
+    /// Something a request names that the server does not hold (a shared memory region not
+    /// registered), as Triton's NOT_FOUND.
+    #[error("{what}")]
+    NotFound { what: String },
     /// A request refused before it ran: its deadline cannot be met, or the queue is full.
     #[error("refused: {reason}")]
     Refused { reason: String },
@@ -123,7 +127,7 @@ impl ProtocolError {
             | ProtocolError::Duplicate { .. }
             | ProtocolError::LeftoverBytes { .. }
             | ProtocolError::Unsupported { .. } => 400,
-            ProtocolError::UnknownModel { .. } => 404,
+            ProtocolError::UnknownModel { .. } | ProtocolError::NotFound { .. } => 404,
             ProtocolError::TooLarge { .. } | ProtocolError::OverLimit { .. } => 413,
             ProtocolError::Refused { .. } => 429,
             ProtocolError::Unrepresentable { .. } => 500,

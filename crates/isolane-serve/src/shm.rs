@@ -181,6 +181,13 @@ fn refused(reason: String) -> ProtocolError {
     }
 }
 
+/// A region asked for that is not registered: Triton's NOT_FOUND (404).
+fn not_found(what: String) -> ProtocolError {
+    ProtocolError::NotFound {
+        what: format!("shared memory: {what}"),
+    }
+}
+
 impl SharedRegions {
     /// Regions page-locked for GPU `gpu` when they are registered, where they can be (`None`:
     /// never, as on a server without cuda models in its own process), their ranges recorded in
@@ -318,14 +325,15 @@ impl SharedRegions {
     }
 
     /// Unregisters region `name`, or every region (`None`).
+    /// Unregisters region `name`, or every region. A name not registered is no error: none
+    /// is registered under it afterwards, as asked (Triton answers so too, and clients clear
+    /// a region before registering it).
     pub fn unregister(&self, name: Option<&str>) -> Result<(), ProtocolError> {
         let mut regions = self.lock();
         match name {
             None => regions.clear(),
             Some(n) => {
-                regions
-                    .remove(n)
-                    .ok_or_else(|| refused(format!("no region `{n}` is registered")))?;
+                regions.remove(n);
             }
         }
         Ok(())
@@ -339,7 +347,7 @@ impl SharedRegions {
             Some(n) => regions
                 .get(n)
                 .map(|r| vec![r.status.clone()])
-                .ok_or_else(|| refused(format!("no region `{n}` is registered"))),
+                .ok_or_else(|| not_found(format!("no region `{n}` is registered"))),
         }
     }
 
@@ -351,7 +359,7 @@ impl SharedRegions {
     ) -> Result<(Arc<Mapped>, usize, usize), ProtocolError> {
         let regions = self.lock();
         let region = regions.get(&r.region).ok_or_else(|| {
-            refused(format!(
+            not_found(format!(
                 "{what}: no region `{}` is registered (register it first: HTTP POST \
                  /v2/systemsharedmemory/region/NAME/register, gRPC SystemSharedMemoryRegister)",
                 r.region
@@ -551,7 +559,12 @@ mod tests {
         );
         shm.register("a", &key, 0, 16).unwrap();
         assert!(e(shm.register("a", &key, 0, 16)).contains("registered already"));
-        assert!(shm.unregister(Some("b")).is_err());
+        // Found by comparing with Triton: unregistering a name not registered was a 400, and
+        // a region's status not registered a 400; they are a success and a 404.
+        shm.unregister(Some("b")).unwrap();
+        let e = shm.status(Some("b")).unwrap_err();
+        assert_eq!(e.http_status(), 404, "{e}");
+        assert!(e.to_string().contains("no region `b` is registered"), "{e}");
         shm.unregister(None).unwrap();
         assert!(shm.status(None).unwrap().is_empty());
     }

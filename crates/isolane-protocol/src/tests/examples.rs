@@ -946,6 +946,14 @@ fn each_error_has_its_status_and_code() {
             5,
         ),
         (
+            ProtocolError::NotFound {
+                what: "no region `r` is registered".into(),
+            },
+            404,
+            "NOT_FOUND",
+            5,
+        ),
+        (
             ProtocolError::Refused {
                 reason: "deadline".into(),
             },
