@@ -2012,6 +2012,9 @@ fn user_export_ops_plan_and_compute_the_graph() {
         "rnn_forward_op14",
         "rnn_reverse_relu_state_op14",
         "mask_resize_cast_gathernd_op17",
+        "conv_transpose_k4s2p1_op17",
+        "conv_transpose_k3s2_outpad_op17",
+        "conv_transpose_groups_dilation_op13",
     ] {
         let g = isolane_engine::onnx::import_file(format!("{dir}{name}.onnx")).unwrap();
         let x = isolane_engine::io::read_npy(format!("{dir}{name}.input.npy")).unwrap();

@@ -128,6 +128,16 @@ pub(crate) fn prepare_conv(ins: &[&[usize]], outs: &[&[usize]], a: &ConvAttrs) -
     Ok(kernel)
 }
 
+/// A general ConvTranspose's window geometry (ONNX attributes, checked).
+struct Geometry {
+    strides: [usize; 2],
+    dilations: [usize; 2],
+    groups: usize,
+    /// `[top, left, bottom, right]`.
+    pads: Vec<i64>,
+    output_padding: Vec<i64>,
+}
+
 /// The ONNX op types imported as convolutions.
 pub(crate) const ONNX: &[(&str, ImportFn)] = &[
     ("Conv", import_conv),
@@ -180,12 +190,6 @@ impl Importer<'_> {
             )));
         }
         let (cin, cout, kh, kw) = (w.shape[0], w.shape[1], w.shape[2], w.shape[3]);
-        let refuse = |what: String| {
-            Err(c.bad(format!(
-                "{what}: only a ConvTranspose whose strides equal its kernel (no overlap), \
-                 without pads, output_padding, dilations or groups, is supported"
-            )))
-        };
         if let Some(k) = c.ints("kernel_shape")? {
             if k != [kh as i64, kw as i64] {
                 return Err(c.bad(format!("kernel_shape {k:?} differs from the weight's")));
@@ -194,21 +198,36 @@ impl Importer<'_> {
         let strides = Self::two(c, "strides", c.ints("strides")?, 1)?;
         let dilations = Self::two(c, "dilations", c.ints("dilations")?, 1)?;
         let groups = c.int("group", 1)?;
-        let pads = c.ints("pads")?.unwrap_or_default();
-        let output_padding = c.ints("output_padding")?.unwrap_or_default();
+        let pads = c.ints("pads")?.unwrap_or_else(|| vec![0; 4]);
+        let output_padding = c.ints("output_padding")?.unwrap_or_else(|| vec![0; 2]);
         let auto_pad = c.string("auto_pad", "NOTSET")?;
         let output_shape = c.ints("output_shape")?;
-        if strides != [kh, kw] {
-            return refuse(format!("strides {strides:?} with a kernel of {kh}×{kw}"));
-        }
-        if dilations != [1, 1] || groups != 1 {
-            return refuse(format!("dilations {dilations:?}, group {groups}"));
-        }
-        if pads.iter().any(|&p| p != 0) || output_padding.iter().any(|&p| p != 0) {
-            return refuse(format!("pads {pads:?}, output_padding {output_padding:?}"));
-        }
         if !matches!(auto_pad.as_str(), "NOTSET" | "VALID") {
-            return refuse(format!("auto_pad {auto_pad:?}"));
+            return Err(c.unsupported_attr(
+                "auto_pad",
+                format!("value {auto_pad:?} (NOTSET and VALID are supported; give pads)"),
+            ));
+        }
+        let pads = if auto_pad == "VALID" {
+            vec![0; 4]
+        } else {
+            pads
+        };
+        if pads.len() != 4 || pads.iter().any(|&p| !(0..=1 << 20).contains(&p)) {
+            return Err(c.bad(format!(
+                "pads {pads:?}: expected 4 non-negative values (2-D)"
+            )));
+        }
+        if output_padding.len() != 2 || output_padding.iter().any(|&p| !(0..=1 << 20).contains(&p))
+        {
+            return Err(c.bad(format!(
+                "output_padding {output_padding:?}: expected 2 non-negative values"
+            )));
+        }
+        if groups < 1 || cin % groups as usize != 0 {
+            return Err(c.bad(format!(
+                "group {groups} does not divide {cin} input channels"
+            )));
         }
         if xs[1] != Sym::k(cin as i64) {
             return Err(c.bad(format!(
@@ -221,11 +240,42 @@ impl Importer<'_> {
             return Err(c.bad("the spatial size must not depend on the batch"));
         }
         let (h, wd) = (h.c as usize, wd.c as usize);
+        // ONNX: out = (in - 1)·stride + (kernel - 1)·dilation + 1 + output_padding - pads.
+        let out_hw = [0, 1].map(|a| {
+            let (inp, k) = ([h, wd][a], [kh, kw][a]);
+            ((inp - 1) * strides[a] + (k - 1) * dilations[a] + 1 + output_padding[a] as usize)
+                as i64
+                - pads[a]
+                - pads[a + 2]
+        });
+        if out_hw.iter().any(|&o| o < 1) {
+            return Err(c.bad(format!("the output would be {out_hw:?}: empty")));
+        }
         if let Some(o) = output_shape {
             let o = &o[o.len().saturating_sub(2)..];
-            if o != [(h * kh) as i64, (wd * kw) as i64] {
-                return refuse(format!("output_shape {o:?}"));
+            if o != out_hw {
+                return Err(c.unsupported_attr(
+                    "output_shape",
+                    format!(
+                        "{o:?}, other than the {out_hw:?} the pads give (give the pads instead)"
+                    ),
+                ));
             }
+        }
+        let blocks = strides == [kh, kw]
+            && dilations == [1, 1]
+            && groups == 1
+            && pads.iter().all(|&p| p == 0)
+            && output_padding.iter().all(|&p| p == 0);
+        if !blocks {
+            let geometry = Geometry {
+                strides,
+                dilations,
+                groups: groups as usize,
+                pads,
+                output_padding,
+            };
+            return self.conv_transpose_general(c, x, &w, bias, &geometry);
         }
         // The 1×1 Conv's weight: output channel (co, i, j) reads W[ci, co, i, j].
         let block = kh * kw;
@@ -278,6 +328,118 @@ impl Importer<'_> {
         let out = self.out_name(c, 0);
         let shape = vec![n, f(cout), f(h * kh), f(wd * kw)];
         self.emit(c, Op::Reshape { shape }, &[(name, y)], vec![out])
+    }
+
+    /// Any other 2-D ConvTranspose (overlapping windows: UNet and GAN decoders' `k = 4,
+    /// stride 2`, segmentation heads' `k = 3, stride 2, output_padding 1`), as its definition
+    /// rewritten: `stride - 1` zeros inserted between the input's pixels (a Reshape that opens
+    /// an axis of size 1, padded to `stride` with zeros, merged back), the border padded by
+    /// `dilation·(kernel - 1) - pad` (cropped where negative; `output_padding` more at the
+    /// end), then a stride-1 Conv with the same dilation and groups whose weight is the
+    /// ConvTranspose's flipped in space, its input and output channels swapped per group.
+    /// The same products, summed in another order.
+    fn conv_transpose_general(
+        &mut self,
+        c: &Ctx,
+        x: Val,
+        w: &Arr<f32>,
+        bias: Option<Arr<f32>>,
+        geo: &Geometry,
+    ) -> OnnxResult<Vec<Val>> {
+        let (cin, cout_g, kh, kw) = (w.shape[0], w.shape[1], w.shape[2], w.shape[3]);
+        let g = geo.groups;
+        let (cin_g, cout) = (cin / g, cout_g * g);
+        let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+        let n = sym_to_dim(xs[0], false).map_err(|e| c.bad(e))?;
+        let f = ir::Dim::Fixed;
+        let name = |what: &str| format!("{}:{what}", c.r.node);
+        let mut cur = (c.n.input[0].clone(), x);
+        let mut hw = [xs[2].c as usize, xs[3].c as usize];
+        for a in 0..2 {
+            let s = geo.strides[a];
+            let k = [kh, kw][a];
+            let edge = (geo.dilations[a] * (k - 1)) as i64;
+            let before = edge - geo.pads[a];
+            let mut after = edge - geo.pads[a + 2] + geo.output_padding[a];
+            if s > 1 {
+                // [.., in, ..] -> [.., in, 1, ..] -> zeros to [.., in, s, ..] -> [.., in·s, ..]:
+                // each pixel followed by s - 1 zeros; the last s - 1 are cropped below.
+                let mut open = vec![n, f(cin), f(hw[0]), f(hw[1])];
+                open.insert(3 + a, f(1));
+                let v = self.emit_tmp(c, Op::Reshape { shape: open }, &[cur], "open")?;
+                let v = self.pad_axis(
+                    c,
+                    (name("open"), v),
+                    3 + a,
+                    [0, s as i64 - 1],
+                    "constant",
+                    0.0,
+                )?;
+                hw[a] *= s;
+                let merged = vec![n, f(cin), f(hw[0]), f(hw[1])];
+                let v = self.emit_tmp(
+                    c,
+                    Op::Reshape { shape: merged },
+                    &[(name("zeros"), v)],
+                    "spread",
+                )?;
+                cur = (name("spread"), v);
+                after -= s as i64 - 1;
+            }
+            if before != 0 || after != 0 {
+                let v = self.pad_axis(c, cur, 2 + a, [before, after], "constant", 0.0)?;
+                let size = hw[a] as i64 + before + after;
+                if size < 1 {
+                    return Err(c.bad("the padded input is empty"));
+                }
+                hw[a] = size as usize;
+                self.fresh += 1;
+                cur = (format!("{}:bordered{}", c.r.node, self.fresh), v);
+            }
+        }
+        // W'[gi·cout_g + o, i, y, x] = W[gi·cin_g + i, o, kh-1-y, kw-1-x]
+        let mut wc = vec![0.0f32; cout * cin_g * kh * kw];
+        for gi in 0..g {
+            for i in 0..cin_g {
+                for o in 0..cout_g {
+                    for y in 0..kh {
+                        for xx in 0..kw {
+                            let src = (((gi * cin_g + i) * cout_g + o) * kh + kh - 1 - y) * kw + kw
+                                - 1
+                                - xx;
+                            let dst = (((gi * cout_g + o) * cin_g + i) * kh + y) * kw + xx;
+                            wc[dst] = w.data[src];
+                        }
+                    }
+                }
+            }
+        }
+        let mut ins = vec![
+            cur,
+            (
+                name("flipped"),
+                Val::F(Arr::new(vec![cout, cin_g, kh, kw], wc)),
+            ),
+        ];
+        if let Some(b) = bias {
+            if b.data.len() != cout {
+                return Err(c.bad(format!(
+                    "bias of {} values for {cout} channels",
+                    b.data.len()
+                )));
+            }
+            ins.push((name("bias"), Val::F(b)));
+        }
+        let conv = Op::Conv(ConvAttrs {
+            strides: [1, 1],
+            pads: [0; 4],
+            dilations: geo.dilations,
+            groups: g,
+            activation: None,
+            residual: false,
+        });
+        let out = self.out_name(c, 0);
+        self.emit(c, conv, &ins, vec![out])
     }
 
     /// The IR Conv for a 2-D convolution of `x` by weights `w` with the node's attributes
@@ -385,19 +547,181 @@ mod conv_transpose_tests {
                 }
             }
         }
-        // Overlapping windows are refused by name, saying what is supported.
+    }
+
+    /// `y[n, g·Cog + o, yy, xx] = b + Σ x[n, g·Cig + i, h, w] · W[g·Cig + i, o, ky, kx]` over
+    /// `yy = h·s + ky·d - pad_top` (and the same across): ONNX's ConvTranspose, summed
+    /// directly, for `x [1, cin, h, w]`.
+    #[allow(clippy::too_many_arguments)]
+    fn definition(
+        x: &[f32],
+        wt: &[f32],
+        b: &[f32],
+        [cin, cout_g, kh, kw]: [usize; 4],
+        [h, w]: [usize; 2],
+        s: [usize; 2],
+        d: [usize; 2],
+        g: usize,
+        pads: [usize; 4],
+        op: [usize; 2],
+    ) -> (Vec<usize>, Vec<f32>) {
+        let oh = (h - 1) * s[0] + (kh - 1) * d[0] + 1 + op[0] - pads[0] - pads[2];
+        let ow = (w - 1) * s[1] + (kw - 1) * d[1] + 1 + op[1] - pads[1] - pads[3];
+        let (cin_g, cout) = (cin / g, cout_g * g);
+        let mut y = vec![0.0f32; cout * oh * ow];
+        for co in 0..cout {
+            y[co * oh * ow..(co + 1) * oh * ow].fill(b[co]);
+        }
+        for gi in 0..g {
+            for i in 0..cin_g {
+                let ci = gi * cin_g + i;
+                for o in 0..cout_g {
+                    let co = gi * cout_g + o;
+                    for hh in 0..h {
+                        for ww in 0..w {
+                            for ky in 0..kh {
+                                for kx in 0..kw {
+                                    let yy = (hh * s[0] + ky * d[0]) as i64 - pads[0] as i64;
+                                    let xx = (ww * s[1] + kx * d[1]) as i64 - pads[1] as i64;
+                                    if yy < 0 || xx < 0 || yy >= oh as i64 || xx >= ow as i64 {
+                                        continue;
+                                    }
+                                    y[(co * oh + yy as usize) * ow + xx as usize] += x
+                                        [(ci * h + hh) * w + ww]
+                                        * wt[((ci * cout_g + o) * kh + ky) * kw + kx];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (vec![1, cout, oh, ow], y)
+    }
+
+    /// UNet and GAN decoders' ConvTranspose2d(k = 4, stride 2, pad 1), segmentation heads'
+    /// (k = 3, stride 2, pad 1, output_padding 1), grouped and dilated ones: refused before
+    /// ("only a ConvTranspose whose strides equal its kernel"); imported as zeros inserted,
+    /// a border and a stride-1 Conv of the flipped weight, checked against the definition.
+    #[test]
+    fn an_overlapping_conv_transpose_matches_its_definition() {
+        // (cin, cout per group, kh, kw, h, w, strides, dilations, group, pads, output_padding)
+        type Case = (
+            [usize; 4],
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            usize,
+            [usize; 4],
+            [usize; 2],
+        );
+        let cases: [Case; 5] = [
+            (
+                [2, 3, 4, 4],
+                [3, 4],
+                [2, 2],
+                [1, 1],
+                1,
+                [1, 1, 1, 1],
+                [0, 0],
+            ),
+            (
+                [2, 2, 3, 3],
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                1,
+                [1, 1, 1, 1],
+                [1, 1],
+            ),
+            (
+                [4, 1, 3, 2],
+                [2, 3],
+                [1, 2],
+                [2, 1],
+                2,
+                [0, 1, 2, 0],
+                [0, 1],
+            ),
+            (
+                [2, 3, 2, 3],
+                [2, 2],
+                [1, 1],
+                [1, 1],
+                1,
+                [0, 0, 0, 0],
+                [0, 0],
+            ),
+            (
+                [3, 2, 5, 1],
+                [4, 2],
+                [3, 1],
+                [1, 1],
+                1,
+                [3, 0, 1, 0],
+                [2, 0],
+            ),
+        ];
+        for ([cin, cout_g, kh, kw], [h, w], s, d, g, pads, op) in cases {
+            let x: Vec<f32> = (0..cin * h * w)
+                .map(|v| (v % 7) as f32 * 0.5 - 1.0)
+                .collect();
+            let wt: Vec<f32> = (0..cin * cout_g * kh * kw)
+                .map(|v| ((v * 7) % 11) as f32 * 0.25 - 1.0)
+                .collect();
+            let b: Vec<f32> = (0..cout_g * g).map(|v| v as f32 * 0.5 - 0.25).collect();
+            let mut n = node("ConvTranspose", &["x", "w", "b"], "y");
+            n = ints_attr(n, "strides", &s.map(|v| v as i64));
+            n = ints_attr(n, "dilations", &d.map(|v| v as i64));
+            n = ints_attr(n, "pads", &pads.map(|v| v as i64));
+            n = ints_attr(n, "output_padding", &op.map(|v| v as i64));
+            n.attribute.push(AttributeProto {
+                name: Some("group".into()),
+                i: Some(g as i64),
+                r#type: Some(AttributeType::Int as i32),
+                ..Default::default()
+            });
+            let inits = vec![
+                floats("w", &[cin as i64, cout_g as i64, kh as i64, kw as i64], &wt),
+                floats("b", &[(cout_g * g) as i64], &b),
+            ];
+            let y = run(vec![n], inits, &[1, cin, h, w], &x).unwrap();
+            let (shape, want) = definition(
+                &x,
+                &wt,
+                &b,
+                [cin, cout_g, kh, kw],
+                [h, w],
+                s,
+                d,
+                g,
+                pads,
+                op,
+            );
+            assert_eq!(y.shape, shape, "strides {s:?} pads {pads:?}");
+            for (k, (got, want)) in y.data.iter().zip(&want).enumerate() {
+                assert!(
+                    (got - want).abs() < 1e-4,
+                    "strides {s:?} dilations {d:?} group {g} pads {pads:?} op {op:?}: [{k}] {got} vs {want}"
+                );
+            }
+        }
+        // An auto_pad the import does not compute is refused by name.
         let mut n = node("ConvTranspose", &["x", "w"], "y");
-        n = ints_attr(n, "strides", &[1, 1]);
+        n.attribute.push(AttributeProto {
+            name: Some("auto_pad".into()),
+            s: Some(b"SAME_UPPER".to_vec()),
+            r#type: Some(AttributeType::String as i32),
+            ..Default::default()
+        });
+        let wt = vec![0.5f32; 2 * 3 * 2 * 2];
         let e = run(
             vec![n],
-            vec![floats("w", &[2, 3, 2, 3], &wt)],
+            vec![floats("w", &[2, 3, 2, 2], &wt)],
             &[1, 2, 2, 2],
-            &x,
+            &[0.0; 8],
         )
         .unwrap_err();
-        assert!(
-            e.contains("ConvTranspose") && e.contains("strides equal its kernel"),
-            "{e}"
-        );
+        assert!(e.contains("auto_pad") && e.contains("SAME_UPPER"), "{e}");
     }
 }
