@@ -238,7 +238,9 @@ text = ["# Issue 34 in one call: trios a, b, c under the default guard (`both`)"
         "models at 75 %, no best effort (at the alone base admission was asked: its "
         "prediction is in its log). `both`: the default guard (guard + priorities); "
         "`share`: + `[protection] share`; `VARIANT@N`: with best-effort pieces of N µs "
-        "instead of 100. The verdict compares the medians with the targets.", ""] + lines
+        "instead of 100. Every guarded row runs `piece_us = 100` and `margin_us = 20` "
+        "(protection_study.py's, not `[protection]`'s defaults of 250 and 100). The verdict "
+        "compares the medians with the targets.", ""] + lines
 if len(time_lines) > 2:
     text += ["", "## Where best effort's time went", "",
              "The guard's own account (its line in each run's log): the share of best effort's "
