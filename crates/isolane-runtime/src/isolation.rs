@@ -125,9 +125,28 @@ pub fn per_step(plan: &RunPlan, grid: StepGrid, result: &RunResult) -> Vec<StepR
         .map_or(0, |last| {
             (last / step_ns.max(1) + 1).min(i64::from(grid.steps))
         });
+    // Each victim's jobs put in their steps in one pass (filtering all of them for each step
+    // took steps × jobs: hours for a long ramp).
+    let buckets: Vec<Vec<Vec<JobRecord>>> = plan
+        .workloads
+        .iter()
+        .zip(&result.workloads)
+        .filter(|(p, _)| p.spec.role == Role::Victim)
+        .map(|(_, r)| {
+            let mut by_step = vec![Vec::new(); reached as usize];
+            for j in &r.records {
+                if j.release_ns >= 0 {
+                    if let Some(b) = by_step.get_mut((j.release_ns / step_ns.max(1)) as usize) {
+                        b.push(*j);
+                    }
+                }
+            }
+            by_step
+        })
+        .collect();
     (0..reached)
         .map(|i| {
-            let (lo, hi) = (i * step_ns, (i + 1) * step_ns);
+            let lo = i * step_ns;
             let interferer_rates_hz: Vec<(String, f64)> = plan
                 .workloads
                 .iter()
@@ -142,19 +161,14 @@ pub fn per_step(plan: &RunPlan, grid: StepGrid, result: &RunResult) -> Vec<StepR
             let victims = plan
                 .workloads
                 .iter()
-                .zip(&result.workloads)
-                .filter(|(p, _)| p.spec.role == Role::Victim)
-                .map(|(p, r)| {
-                    let subset: Vec<JobRecord> = r
-                        .records
-                        .iter()
-                        .filter(|j| j.release_ns >= lo && j.release_ns < hi)
-                        .copied()
-                        .collect();
+                .filter(|p| p.spec.role == Role::Victim)
+                .zip(&buckets)
+                .map(|(p, by_step)| {
+                    let subset = &by_step[i as usize];
                     VictimStep {
                         victim: p.spec.name.clone(),
                         metrics: workload_metrics(
-                            &subset,
+                            subset,
                             p.spec.batch,
                             grid.step_s,
                             p.schedule.deadline_ns,

@@ -6,7 +6,7 @@
 
 use super::limits::{MAX_BATCH_DELAY_MS, MAX_QUEUE_LIMIT};
 use super::limits::{
-    MAX_JOBS, MAX_MARGIN_US, MAX_PIECE_US, MAX_RATE_HZ, MAX_SECONDS, MAX_SPIN_US,
+    MAX_JOBS, MAX_MARGIN_US, MAX_PIECE_US, MAX_RAMP_STEPS, MAX_RATE_HZ, MAX_SECONDS, MAX_SPIN_US,
     MAX_START_DELAY_MS, MAX_STRETCH, MIN_PIECE_US,
 };
 use super::model::ModelCatalog;
@@ -177,7 +177,7 @@ pub(super) const BATCH: IntRule = IntRule::new(1, U32);
 pub(super) const JOBS: IntRule = IntRule::new(1, MAX_JOBS);
 pub(super) const WARMUP_JOBS: IntRule = IntRule::new(0, MAX_JOBS);
 pub(super) const CPU_ID: IntRule = IntRule::new(0, U32);
-pub(super) const STEPS: IntRule = IntRule::new(1, U32);
+pub(super) const STEPS: IntRule = IntRule::new(1, MAX_RAMP_STEPS);
 pub(super) const SMS: IntRule = IntRule::new(1, U32);
 pub(super) const THREAD_PCT: IntRule = IntRule::new(1, 100);
 pub(super) const MEM_LIMIT_MIB: IntRule = IntRule::new(1, i64::MAX as u64);

@@ -14,6 +14,12 @@ pub const MAX_SECONDS: f64 = 8_640_000.0;
 /// Shortest deadline and duration, in seconds: 1 ns, the clock's resolution.
 pub const MIN_SECONDS: f64 = 1e-9;
 
+/// Most steps of an interferer's ramp. An isolation run keeps each step's rate and each
+/// victim's metrics per step in memory, and writes a row per step and victim: 100 000 steps
+/// are some tens of MB. Four billion (allowed before) took 22 GB and more before their first
+/// row, where no machine has a use for more steps than its victims have jobs.
+pub const MAX_RAMP_STEPS: u64 = 100_000;
+
 /// Most jobs a workload may release (`jobs`, `duration_s × rate_hz`, a ramp's total) and most
 /// warm-up jobs. Far above what memory allows (a job record takes 40 bytes); the run checks
 /// the records against this machine's memory before it starts.
