@@ -134,6 +134,11 @@ fn mistakes_name_the_flag_run_nothing_and_exit_2() {
             vec!["--victims", "spin:1ms", "--neighbour-sizes", "8"],
             vec!["--mechanism none", "--neighbour-sizes"],
         ),
+        // Took as any number > 0: the cell then failed on 1024 EiB of job records, exit 1.
+        (
+            vec!["--victims", "spin:1ms", "--victim-rate-hz", "1e300"],
+            vec!["--victim-rate-hz", "one job per ns"],
+        ),
     ] {
         let o = matrix(&out).args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&o.stderr);

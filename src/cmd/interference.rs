@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use isolane_core::flag_values::{positive, run_seconds};
+use isolane_core::flag_values::{positive, rate_hz, run_seconds};
 use isolane_core::spec::{self, Mechanism, Precision};
 use isolane_runtime::interference::{MatrixConfig, VictimRate};
 use isolane_session::studies::interference;
@@ -56,7 +56,7 @@ pub struct InterferenceArgs {
     #[arg(long, default_value_t = 0.5, conflicts_with = "victim_rate_hz")]
     victim_load: f64,
     /// A fixed victim rate in Hz instead (no capacity cells).
-    #[arg(long, value_parser = positive)]
+    #[arg(long, value_parser = rate_hz)]
     victim_rate_hz: Option<f64>,
     /// The victim's relative deadline in ms. Default: one period.
     #[arg(long, value_parser = positive)]

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use isolane_core::flag_values::positive;
+use isolane_core::flag_values::{positive, rate_hz};
 use isolane_core::spec::TimingSpec;
 use isolane_session::maxrate::Searched;
 use isolane_session::search::{self, MaxrateFlags, SearchCommandError};
@@ -62,7 +62,7 @@ pub struct MaxrateArgs {
     #[arg(long, default_value_t = 3)]
     validations: u32,
     /// Absolute rate step in jobs/s.
-    #[arg(long, default_value_t = 1.0, conflicts_with = "relative_step", value_parser = positive)]
+    #[arg(long, default_value_t = 1.0, conflicts_with = "relative_step", value_parser = rate_hz)]
     step: f64,
     /// Relative rate step instead: multiply/divide the rate by 1 + F, 0 < F < 1 (e.g. 0.01).
     #[arg(long, value_name = "F", value_parser = positive)]

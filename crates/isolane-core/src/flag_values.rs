@@ -62,8 +62,13 @@ pub fn rate_or_max(s: &str) -> Result<Option<f64>, String> {
     if s == "max" {
         return Ok(None);
     }
+    rate_hz(s).map(Some)
+}
+
+/// A release rate in Hz, > 0 and at most one job per ns (as a scenario's `rate_hz`).
+pub fn rate_hz(s: &str) -> Result<f64, String> {
     match positive(s) {
-        Ok(hz) if hz <= MAX_RATE_HZ => Ok(Some(hz)),
+        Ok(hz) if hz <= MAX_RATE_HZ => Ok(hz),
         Ok(_) => Err(format!(
             "`{s}` is above {MAX_RATE_HZ:e} Hz (one job per ns, the clock's resolution)"
         )),
@@ -147,6 +152,9 @@ mod tests {
         assert_eq!(rate_or_max("max"), Ok(None));
         assert_eq!(rate_or_max("50"), Ok(Some(50.0)));
         assert!(rate_or_max("2e9").unwrap_err().contains("one job per ns"));
+        assert_eq!(rate_hz("50"), Ok(50.0));
+        assert!(rate_hz("1e300").unwrap_err().contains("one job per ns"));
+        assert!(rate_hz("max").is_err() && rate_hz("0").is_err());
         assert_eq!(millis("-3"), Ok(-3.0));
         assert!(millis("nan").is_err());
     }

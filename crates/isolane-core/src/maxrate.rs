@@ -145,7 +145,11 @@ pub enum MaxRateError<E> {
     Config(String),
     #[error("the back-to-back batch returned no usable times ({0})")]
     NoTimes(String),
-    #[error("the rate fell to {rate_hz} jobs/s: no rate > 0 is stable with this step")]
+    // A step above the rate takes it below 0: said as 0 ("fell to -1e20 jobs/s" read as a bug).
+    #[error(
+        "the rate fell to {} jobs/s: no rate > 0 is stable with this step",
+        .rate_hz.max(0.0)
+    )]
     RateExhausted { rate_hz: f64 },
     #[error("no result after {0} timed batches (max_batches); last rate {1} jobs/s")]
     TooManyBatches(u32, f64),
@@ -507,6 +511,9 @@ mod tests {
             find_max_rate(&mut r, &MaxRateConfig::default()),
             Err(MaxRateError::RateExhausted { .. })
         ));
+        // A step larger than the rate goes below 0, said as 0.
+        let e = MaxRateError::<String>::RateExhausted { rate_hz: -1e20 }.to_string();
+        assert!(e.starts_with("the rate fell to 0 jobs/s"), "{e}");
         // Bad configurations.
         let mut r = Fake::new(237.0, 230.0);
         for cfg in [
