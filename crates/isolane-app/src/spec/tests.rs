@@ -387,6 +387,26 @@ fn value_rules() {
     assert!(e.contains("app[1].name") && e.contains("used twice"), "{e}");
 }
 
+/// An images source whose `dir` was /dev/zero or a file was told "no such folder".
+#[test]
+fn an_images_dir_that_is_no_folder_is_said_so() {
+    let images = |dir: &str| {
+        PIPELINE
+            .replace(
+                "kind = \"synthetic\"",
+                &format!("kind = \"images\"\ndir = \"{dir}\""),
+            )
+            .replace("width = 64\nheight = 48\n", "")
+    };
+    let e = err(&images("/dev/zero"));
+    assert!(
+        e.contains("app[0].source.dir") && e.contains("/dev/zero: not a folder"),
+        "{e}"
+    );
+    let e = err(&images("/no/such/frames"));
+    assert!(e.contains("/no/such/frames: no such folder"), "{e}");
+}
+
 #[test]
 fn ensemble_rules() {
     let base = PIPELINE.replace(

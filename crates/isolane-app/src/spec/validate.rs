@@ -255,10 +255,13 @@ impl Validator<'_> {
                 only(&["dir"])?;
                 let dir = self.path(&format!("{at}.dir"), s.dir.as_deref(), "a folder")?;
                 if !dir.is_dir() {
-                    return Err(self.err(
-                        format!("{at}.dir"),
-                        format!("{}: no such folder", dir.display()),
-                    ));
+                    // "no such folder" for /dev/zero or a file sent the user looking for a typo.
+                    let what = if dir.exists() {
+                        "not a folder; expected the folder of the .png and .jpg frames"
+                    } else {
+                        "no such folder"
+                    };
+                    return Err(self.err(format!("{at}.dir"), format!("{}: {what}", dir.display())));
                 }
                 SourceKind::Images { dir }
             }
