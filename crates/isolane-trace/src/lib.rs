@@ -14,6 +14,16 @@ use std::path::{Path, PathBuf};
 
 pub use timeline::{read_jobs, Counter, Job, Lane, LaneKind, Step, Timeline};
 
+/// A window's end as given, in e-notation when it is beyond any run (`--from-ms 1e308` was
+/// written out in 309 digits).
+fn window_end(ms: f64) -> String {
+    if ms.abs() >= 1e12 {
+        format!("{ms:e}")
+    } else {
+        format!("{ms}")
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// No summary.json and no sign of a run killed before writing one.
@@ -56,8 +66,10 @@ pub enum TraceError {
     /// `--from-ms`/`--to-ms` hold none of the run's jobs: an empty trace would look like a run
     /// that did nothing.
     #[error(
-        "--from-ms/--to-ms: no job of the run is in that window ({from_ms} to {to_ms} ms after \
-         t0); its jobs run from {first_ms:.1} to {last_ms:.1} ms"
+        "--from-ms/--to-ms: no job of the run is in that window ({} to {} ms after t0); its \
+         jobs run from {first_ms:.1} to {last_ms:.1} ms",
+        window_end(*.from_ms),
+        window_end(*.to_ms)
     )]
     EmptyWindow {
         from_ms: f64,
@@ -129,4 +141,34 @@ pub fn written_line(timeline: &Timeline, out: &Path) -> String {
         timeline.lanes.len(),
         timeline.counters.len()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--from-ms 1e308` was written out in 309 digits in the refusal.
+    #[test]
+    fn an_empty_window_says_its_ends_briefly() {
+        let e = |from_ms: f64, to_ms: f64| {
+            TraceError::EmptyWindow {
+                from_ms,
+                to_ms,
+                first_ms: 0.0,
+                last_ms: 500.0,
+            }
+            .to_string()
+        };
+        let far = e(1e308, f64::MAX);
+        assert!(
+            far.contains("(1e308 to 1.7976931348623157e308 ms after t0)"),
+            "{far}"
+        );
+        assert!(far.len() < 200, "{far}");
+        let near = e(600.5, 900.0);
+        assert!(
+            near.contains("(600.5 to 900 ms after t0); its jobs run from 0.0 to 500.0 ms"),
+            "{near}"
+        );
+    }
 }
