@@ -278,6 +278,75 @@ fn a_verification_runs_as_long_as_asked() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("seconds > 0"));
 }
 
+/// A Ctrl-C during `plan --auto`'s verification stopped only that run: each run installed a
+/// stop flag of its own, so the plan went on to its next round (or printed its verdict from
+/// the stopped run) and exited 0. It now ends there with exit 130, the stopped run's records
+/// readable by `report`, and no next round.
+#[test]
+fn a_ctrl_c_during_the_verification_ends_the_plan_with_130() {
+    use std::time::{Duration, Instant};
+    let _cores = cores();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = scenario(tmp.path(), "s.toml", TWO);
+    let v = tmp.path().join("v");
+    let err = tmp.path().join("stderr.txt");
+    let mut child = isolane()
+        .args(["plan", "--auto", "--profile-jobs", "50", "--profile-cache"])
+        .arg(tmp.path().join("cache"))
+        .arg("-o")
+        .arg(tmp.path().join("planned.toml"))
+        .args(["--verify", "--verify-duration", "60", "--verify-out"])
+        .arg(&v)
+        .arg(&s)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let wait = |child: &mut std::process::Child, what: &str| {
+        let since = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if since.elapsed() > Duration::from_secs(300) {
+                let _ = child.kill();
+                panic!("{what}: {}", std::fs::read_to_string(&err).unwrap());
+            }
+            if v.join("scenario.toml").exists() && what == "verification" {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // The verification run has begun once its resolved scenario is in its folder.
+    if let Some(status) = wait(&mut child, "verification") {
+        panic!(
+            "ended before its verification ({status}): {}",
+            std::fs::read_to_string(&err).unwrap()
+        );
+    }
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = wait(&mut child, "still running after Ctrl-C").unwrap();
+    let stderr = std::fs::read_to_string(&err).unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted (Ctrl-C or SIGTERM)"),
+        "{stderr}"
+    );
+    assert!(!tmp.path().join("v.round2").exists(), "{stderr}");
+    run_ok(
+        isolane()
+            .arg("report")
+            .arg(&v)
+            .arg("-o")
+            .arg(tmp.path().join("r.html")),
+    );
+}
+
 /// `--phases stagger` releases a workload without a phase where its jobs keep clear of the
 /// others' (a phase the scenario gives is kept), writes it to the planned file, and the
 /// verification run releases the jobs there.

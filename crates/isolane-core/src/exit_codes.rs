@@ -13,6 +13,12 @@ pub const EXIT_OUT_OF_MEMORY: u8 = 3;
 /// Interrupted by Ctrl-C; what was measured is written.
 pub const EXIT_INTERRUPTED: u8 = 130;
 
+/// A command of several runs (`plan --auto`) stopped between two of them by Ctrl-C or SIGTERM:
+/// an error that exits 130, as an interrupted run does; its message says so and what is kept.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Interrupted(pub String);
+
 /// The exit code of a run that ended with `status`.
 pub fn exit_for(status: RunStatus) -> u8 {
     match status {

@@ -4,7 +4,9 @@
 
 use std::error::Error;
 
-use isolane_core::exit_codes::{EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_USER};
+use isolane_core::exit_codes::{
+    Interrupted, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_USER,
+};
 use isolane_core::user_error::UserError;
 use isolane_engine::{EngineError, OutOfMemory};
 
@@ -19,6 +21,8 @@ pub fn failure_code(e: &(dyn Error + 'static)) -> u8 {
         EXIT_OUT_OF_MEMORY
     } else if chain(e).any(|c| c.is::<UserError>()) {
         EXIT_USER
+    } else if chain(e).any(|c| c.is::<Interrupted>()) {
+        EXIT_INTERRUPTED
     } else {
         EXIT_FAILED
     }

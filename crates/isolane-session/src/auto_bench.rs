@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use isolane_core::device_model::DeviceModel;
-use isolane_core::exit_codes::{EXIT_FAILED, EXIT_USER};
+use isolane_core::exit_codes::{Interrupted, EXIT_FAILED, EXIT_USER};
 use isolane_core::predict::MemoryProfile;
 use isolane_core::spec::{Backend, Scenario};
 use isolane_core::user_error::UserError;
@@ -43,6 +43,8 @@ pub fn run(input: &Input<'_>, config: &Config, bench: &mut RunBench<'_>) -> anyh
     let finish =
         isolane_planner::auto::run(input, config, bench, &mut Printer).map_err(|e| match e {
             AutoError::User(m) => UserError(m).into(),
+            // A stop inside a step the loop reports in its own words (a profile): still 130.
+            AutoError::Failed(m) if crate::signals::stop_requested() => Interrupted(m).into(),
             AutoError::Failed(m) => anyhow::anyhow!(m),
             AutoError::Bench(e) => e,
         })?;
@@ -51,6 +53,15 @@ pub fn run(input: &Input<'_>, config: &Config, bench: &mut RunBench<'_>) -> anyh
         Ending::DoesNotHold => EXIT_FAILED,
         Ending::NoPlan => EXIT_USER,
     })
+}
+
+/// An [`Interrupted`] error saying `kept` once Ctrl-C or SIGTERM asked to stop: the plan ends
+/// there (exit 130) instead of going on to its next run with what the stopped one measured.
+fn stopped(kept: &str) -> anyhow::Result<()> {
+    if crate::signals::stop_requested() {
+        return Err(Interrupted(format!("interrupted (Ctrl-C or SIGTERM): {kept}")).into());
+    }
+    Ok(())
 }
 
 /// Prints each event of the loop where and as `plan --auto` always has: the plan and what it
@@ -100,6 +111,7 @@ impl Bench for RunBench<'_> {
     }
 
     fn profile(&mut self, run: &ProfileRun<'_>) -> anyhow::Result<Point> {
+        stopped("no profile was measured after the stop")?;
         let s = run.scenario;
         let admitted = self
             .machine
@@ -128,6 +140,10 @@ impl Bench for RunBench<'_> {
         let m = m?;
         let r = &m.result.workloads[0];
         let name = &s.workloads[0].name;
+        stopped(&format!(
+            "the profile run of `{name}` was stopped and is not kept; the profiles measured \
+             before it are in the cache"
+        ))?;
         if let isolane_runtime::WorkloadStatus::Failed(f) = &r.status {
             anyhow::bail!("the profile run of `{name}` failed: {}", f.message);
         }
@@ -152,6 +168,7 @@ impl Bench for RunBench<'_> {
     /// Runs the planned scenario once in `out` (default: a new runs/ folder) and keeps its
     /// files there.
     fn verify(&mut self, s: &Scenario, out: Option<&Path>) -> anyhow::Result<Verified> {
+        stopped("no verification run was started after the stop")?;
         let admitted = self
             .machine
             .admit(s, "the planned scenario", &Default::default())?;
@@ -169,6 +186,10 @@ impl Bench for RunBench<'_> {
             engine: self.engine,
         })?;
         run_path::write_run_files(&m)?;
+        stopped(&format!(
+            "the verification run was stopped; what it measured is in {}",
+            m.out.display()
+        ))?;
         Ok(Verified {
             summary: m.summary,
             dir: m.out,

@@ -14,10 +14,34 @@ pub enum SignalError {
     Thread(#[source] std::io::Error),
 }
 
+/// The process's one stop flag, once its handler is installed.
+static STOP: std::sync::Mutex<Option<Arc<AtomicBool>>> = std::sync::Mutex::new(None);
+
+/// Whether Ctrl-C or SIGTERM has asked this process to stop: a command made of several runs
+/// (`plan --auto`'s profiles and verifications) checks it between them.
+pub fn stop_requested() -> bool {
+    let stop = STOP.lock().unwrap_or_else(|e| e.into_inner());
+    stop.as_ref()
+        .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+}
+
 /// Ctrl-C (SIGINT) and SIGTERM raise the returned flag: the run stops releasing jobs and
 /// writes what it measured. A second Ctrl-C while stopping exits at once (code 130), after
 /// stopping any MPS daemon this process started and its clients (an exit skips destructors).
+/// Installed once per process, every later call returning the same flag: each run of `plan
+/// --auto` used to install a fresh one, so a Ctrl-C stopped only the run it fell in, and the
+/// plan went on to its next profile and verification round and exited 0.
 pub fn install_stop_handler() -> Result<Arc<AtomicBool>, SignalError> {
+    let mut installed = STOP.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(stop) = installed.as_ref() {
+        return Ok(Arc::clone(stop));
+    }
+    let stop = install()?;
+    *installed = Some(Arc::clone(&stop));
+    Ok(stop)
+}
+
+fn install() -> Result<Arc<AtomicBool>, SignalError> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let stop = Arc::new(AtomicBool::new(false));
     // The first signal raises the flag inside the handler itself, so a stop is never missed
