@@ -16,6 +16,9 @@
 //!   the body the handler reads, the handler, and the response write. Past `request_deadline`
 //!   the connection is closed. This is not a per-read timeout: a client sending a byte a second
 //!   is cut off at the deadline all the same.
+//! - **a silent connection**: one that has sent no byte `first_byte_timeout` after its accept
+//!   is closed (the request deadline when that is shorter), so that silent sockets cannot hold
+//!   the connection cap for a whole request deadline.
 //! - **keep-alive** (when `keep_alive` is on): a connection with no request under way is
 //!   closed after `idle_timeout`. Off, each response says `Connection: close` and ends its
 //!   connection.
@@ -58,6 +61,11 @@ pub struct Limits {
     /// From a request's first byte (a connection's first request: from the accept) to the end
     /// of its response.
     pub request_deadline: Duration,
+    /// How long a new connection may stay silent: one that has sent no byte by then is closed
+    /// (the request deadline applies when shorter). Without it a silent socket would hold
+    /// one of `max_connections` places for the whole request deadline, and that many of them
+    /// would shut every client out for that long.
+    pub first_byte_timeout: Duration,
     /// Whether a connection may carry more than one request.
     pub keep_alive: bool,
     /// How long a kept-alive connection may wait for its next request.
@@ -80,6 +88,7 @@ impl Limits {
     pub const METRICS: Limits = Limits {
         max_connections: 256,
         request_deadline: Duration::from_secs(5),
+        first_byte_timeout: Duration::from_secs(5),
         keep_alive: false,
         idle_timeout: Duration::from_secs(10),
         shutdown_grace: Duration::from_secs(1),
@@ -330,6 +339,7 @@ async fn connection<H, F, B>(
 /// Where a connection is in its life, for its watchdog.
 struct Clock {
     request_deadline: Duration,
+    first_byte_timeout: Duration,
     idle_timeout: Duration,
     state: Mutex<ClockState>,
 }
@@ -341,19 +351,24 @@ struct ClockState {
     since: Instant,
     /// The response body is all with hyper: the next flush that completes ends the request.
     answered: bool,
+    /// The client has sent nothing yet.
+    silent: bool,
 }
 
 impl Clock {
-    /// A new connection is busy with its first request from the start: a client that
-    /// connects and says nothing has the request deadline, not the idle timeout.
+    /// A new connection is busy with its first request from the start (its deadline counts
+    /// from the accept), and until its first byte it has the shorter first-byte timeout: a
+    /// client that connects and says nothing is closed then, not at the idle timeout.
     fn new(limits: &Limits) -> Clock {
         Clock {
             request_deadline: limits.request_deadline,
+            first_byte_timeout: limits.first_byte_timeout.min(limits.request_deadline),
             idle_timeout: limits.idle_timeout,
             state: Mutex::new(ClockState {
                 busy: true,
                 since: Instant::now(),
                 answered: false,
+                silent: true,
             }),
         }
     }
@@ -367,7 +382,9 @@ impl Clock {
     fn limit(&self) -> Instant {
         let s = self.state();
         s.since
-            + if s.busy {
+            + if s.silent {
+                self.first_byte_timeout
+            } else if s.busy {
                 self.request_deadline
             } else {
                 self.idle_timeout
@@ -378,6 +395,7 @@ impl Clock {
     /// arrives without a read): a request is under way from now if none was.
     fn request(&self) {
         let mut s = self.state();
+        s.silent = false;
         if !s.busy {
             s.busy = true;
             s.since = Instant::now();

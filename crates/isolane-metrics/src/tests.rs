@@ -722,3 +722,41 @@ fn arbitrary_requests_are_answered_or_closed_and_scrapes_go_on() {
         .unwrap();
     assert_quick_scrape(addr, "after the arbitrary requests");
 }
+
+/// Silent connections filling the cap held every place for the whole request deadline
+/// (`isolane serve`'s 60 s), so that many sockets that never spoke shut every client out.
+/// Now each is closed at the first-byte timeout, and a client gets in well before the
+/// request deadline.
+#[test]
+fn silent_connections_at_the_cap_are_closed_at_the_first_byte_timeout() {
+    let m = Arc::new(RunMetrics::new());
+    m.begin_run("run", "s.toml", &[info("a")]);
+    let limits = Limits {
+        max_connections: 8,
+        request_deadline: Duration::from_secs(60),
+        first_byte_timeout: Duration::from_secs(1),
+        ..Limits::METRICS
+    };
+    let server = server::serve_with("127.0.0.1:0", m, limits).unwrap();
+    let addr = server.addr();
+    let start = Instant::now();
+    let silent: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    for s in &silent {
+        s.set_nonblocking(true).unwrap();
+    }
+    let mut open = silent.len();
+    while open > 0 && start.elapsed() < Duration::from_secs(30) {
+        thread::sleep(Duration::from_millis(50));
+        open = silent.iter().filter(|s| !closed(s)).count();
+    }
+    let took = start.elapsed();
+    assert_eq!(
+        open, 0,
+        "{open} silent connections still open after {took:?}"
+    );
+    assert!(
+        took >= limits.first_byte_timeout,
+        "closed after {took:?}, before the first-byte timeout"
+    );
+    assert_quick_scrape(addr, "after the silent connections were closed");
+}

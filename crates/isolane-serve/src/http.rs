@@ -36,6 +36,8 @@ use crate::{wire, InferRequest, Refusal, Server};
 pub const LIMITS: Limits = Limits {
     max_connections: 1024,
     request_deadline: std::time::Duration::from_secs(60),
+    // As a gRPC connection's preface (grpc.rs): a client has no reason to connect and wait.
+    first_byte_timeout: std::time::Duration::from_secs(10),
     keep_alive: true,
     idle_timeout: std::time::Duration::from_secs(120),
     shutdown_grace: std::time::Duration::from_secs(5),
