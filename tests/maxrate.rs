@@ -201,3 +201,68 @@ fn a_stopped_search_in_a_worker_ends_interrupted() {
     .unwrap();
     assert!(matches!(searched, Searched::Interrupted), "{searched:?}");
 }
+
+/// `maxrate -o RUN --force` deleted the run's summary.json, scenario.toml and jobs/*.csv, none
+/// of which maxrate writes: refused now (exit 2, the folder and its maker named), the run's
+/// files untouched; over a previous maxrate's folder `--force` still replaces its results.
+#[test]
+fn maxrate_force_never_removes_a_runs_results() {
+    let _serial = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(run.join("jobs")).unwrap();
+    let files = ["summary.json", "scenario.toml", "jobs/a.csv"];
+    for f in files {
+        std::fs::write(run.join(f), format!("run's {f}")).unwrap();
+    }
+    let maxrate = |out: &std::path::Path| {
+        isolane()
+            .args(["maxrate", "--model", "spin:1ms", "--jobs", "20"])
+            .args([
+                "--relative-step",
+                "0.5",
+                "--validations",
+                "1",
+                "--force",
+                "--out",
+            ])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let o = maxrate(&run);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for want in [
+        run.to_str().unwrap(),
+        "`isolane run`",
+        "summary.json",
+        "another --out",
+    ] {
+        assert!(err.contains(want), "no {want:?} in {err}");
+    }
+    for f in files {
+        assert_eq!(
+            std::fs::read_to_string(run.join(f)).unwrap(),
+            format!("run's {f}")
+        );
+    }
+    assert!(!run.join("maxrate.json").exists());
+
+    let m = tmp.path().join("m");
+    std::fs::create_dir(&m).unwrap();
+    std::fs::write(m.join("maxrate.json"), "old").unwrap();
+    std::fs::write(m.join("notes.txt"), "mine").unwrap();
+    let o = maxrate(&m);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_ne!(
+        std::fs::read_to_string(m.join("maxrate.json")).unwrap(),
+        "old"
+    );
+    assert!(m.join("maxrate_trace.csv").exists() && m.join("notes.txt").exists());
+}

@@ -43,7 +43,7 @@ pub struct CoexecArgs {
     /// Output directory. Default: a new runs/<YYYYmmdd-HHMMSS>.
     #[arg(long, short = 'o', value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Use --out even if it is not empty (each run's folder is replaced).
+    /// Use --out even if it is not empty: coexec's files and each run's folder are replaced.
     #[arg(long)]
     force: bool,
     /// No progress bars.
@@ -79,7 +79,7 @@ pub fn run(a: CoexecArgs, engine: &isolane_runtime::exec::Engine) -> anyhow::Res
         engine,
     };
     coexec::check(&c, &runs).map_err(super::studies::study_error)?;
-    let out = super::run::prepare_out(a.out.as_deref(), a.force)?;
+    let out = super::run::prepare_out_for(a.out.as_deref(), a.force, super::run::Maker::Coexec)?;
     let (code, index) = coexec::run(&c, &out, &runs, env!("CARGO_PKG_VERSION"))
         .map_err(super::studies::study_error)?;
     println!("{}", isolane_report::coexec_jobs_table(&index.jobs));

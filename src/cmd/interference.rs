@@ -74,7 +74,7 @@ pub struct InterferenceArgs {
     /// Output directory. Default: a new runs/<YYYYmmdd-HHMMSS>.
     #[arg(long, short = 'o', value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Use --out even if it is not empty (each cell's folder is replaced).
+    /// Use --out even if it is not empty: its files and each cell's folder are replaced.
     #[arg(long)]
     force: bool,
     /// No progress bars.
@@ -178,7 +178,8 @@ pub fn run(a: InterferenceArgs, engine: &isolane_runtime::exec::Engine) -> anyho
         engine,
     };
     interference::check(&c, &runs).map_err(super::studies::study_error)?;
-    let out = super::run::prepare_out(a.out.as_deref(), a.force)?;
+    let out =
+        super::run::prepare_out_for(a.out.as_deref(), a.force, super::run::Maker::Interference)?;
     let (code, index) = interference::run(&c, &out, &runs, env!("CARGO_PKG_VERSION"))
         .map_err(super::studies::study_error)?;
     println!(

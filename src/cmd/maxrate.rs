@@ -85,7 +85,7 @@ pub struct MaxrateArgs {
     /// Write maxrate.json and maxrate_trace.csv here.
     #[arg(long, short = 'o', value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Use --out even if it is not empty.
+    /// Use --out even if it is not empty, replacing maxrate's files (not another command's).
     #[arg(long)]
     force: bool,
     /// No time estimate and no progress on stderr.
@@ -121,7 +121,11 @@ pub fn run(args: MaxrateArgs, engine: &isolane_runtime::exec::Engine) -> anyhow:
     let admitted = super::admit_or_refuse(&search::scenario(&request), "maxrate arguments")?;
     search::check(&flags, engine, &request).map_err(search_error)?;
     let out = match &args.out {
-        Some(dir) => Some(super::run::prepare_out(Some(dir), args.force)?),
+        Some(dir) => Some(super::run::prepare_out_for(
+            Some(dir),
+            args.force,
+            super::run::Maker::Maxrate,
+        )?),
         None => None,
     };
     let stop = super::install_stop_handler()?;

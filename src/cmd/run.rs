@@ -8,7 +8,7 @@ use isolane_core::results::RunSummary;
 use isolane_core::spec::Scenario;
 use isolane_executors::run_input::{run_input, RunInput};
 use isolane_metrics::RunMetrics;
-pub use isolane_session::run_path::{preflight, prepare_out};
+pub use isolane_session::run_path::{preflight, prepare_out_for, Maker};
 
 #[derive(Args)]
 #[command(
@@ -31,7 +31,7 @@ pub struct RunArgs {
     /// Output directory. Default: a new runs/<YYYYmmdd-HHMMSS> under the current directory.
     #[arg(long, short = 'o', value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Use --out even if it is not empty, replacing isolane's own files in it (others are kept).
+    /// Use --out even if it is not empty, replacing a run's files in it (not another command's).
     #[arg(long)]
     pub force: bool,
     /// No progress bar.

@@ -43,7 +43,7 @@ pub struct ServeArgs {
     /// workloads.csv when stopped, as `run` does (`isolane trace DIR` shows the requests).
     #[arg(long, short = 'o', value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Use --out even if it is not empty, replacing isolane's own files in it.
+    /// Use --out even if it is not empty, replacing a run's files in it (not another command's).
     #[arg(long, requires = "out")]
     pub force: bool,
     /// Also write DIR/trace.json when stopped, the requests' timeline for ui.perfetto.dev.

@@ -74,7 +74,7 @@ struct Common {
     /// Output directory. Default: a new runs/<YYYYmmdd-HHMMSS>.
     #[arg(long, short = 'o', value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Use --out even if it is not empty (each point's folder is replaced).
+    /// Use --out even if it is not empty: sweep.json and each point's folder are replaced.
     #[arg(long)]
     force: bool,
     /// No progress bars.
@@ -205,7 +205,7 @@ fn run_points(
     };
     let out_dir = c.out.as_deref().unwrap_or(Path::new("runs"));
     study::check_points(&points, &runs, out_dir).map_err(super::studies::study_error)?;
-    let out = super::run::prepare_out(c.out.as_deref(), c.force)?;
+    let out = super::run::prepare_out_for(c.out.as_deref(), c.force, super::run::Maker::Sweep)?;
     let (code, table) = study::run_points(index, &points, &out, &runs, &mut || {
         let live =
             super::serve_metrics(c.metrics_addr.as_deref()).map_err(super::studies::failure)?;

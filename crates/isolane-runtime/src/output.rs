@@ -11,7 +11,7 @@ use isolane_core::JobRecord;
 pub enum OutputError {
     #[error(
         "output directory {0} exists and is not empty; choose another --out, or pass --force to \
-         replace isolane's files in it"
+         replace this command's own results in it"
     )]
     NotEmpty(PathBuf),
     /// Another process writes into the folder now (it holds the folder's lock): two runs into
@@ -22,6 +22,20 @@ pub enum OutputError {
          now; wait for it to end, or choose another --out"
     )]
     Busy(PathBuf),
+    /// `--force` in a folder holding another command's results: they are not the asking
+    /// command's to replace.
+    #[error(
+        "output directory {} holds the results of `{maker}` ({holds}); `{command} --force` \
+         replaces only {command}'s own results, never another command's: choose another --out \
+         for this {command}",
+        dir.display()
+    )]
+    Foreign {
+        dir: PathBuf,
+        holds: String,
+        maker: &'static str,
+        command: &'static str,
+    },
     /// The output folder cannot be made or used: the user's to fix (another --out).
     #[error(
         "cannot use {} as the output folder: {error}; choose an --out where you can write",
@@ -53,6 +67,7 @@ impl OutputError {
             self,
             OutputError::NotEmpty(_)
                 | OutputError::Busy(_)
+                | OutputError::Foreign { .. }
                 | OutputError::Parse { .. }
                 | OutputError::Unusable { .. }
         )
@@ -74,35 +89,138 @@ fn unusable(path: &Path) -> impl FnOnce(std::io::Error) -> OutputError + '_ {
     }
 }
 
-/// Files (and the `jobs/` folder) that isolane writes into an output directory; `--force`
-/// removes exactly these before a run, so stale results of another run never mix in.
-pub const OUTPUT_FILES: &[&str] = &[
-    "summary.json",
-    "scenario.toml",
-    "isolation.csv",
-    "maxrate.json",
-    "maxrate_trace.csv",
-    "telemetry.csv",
-    "sweep.json",
-    "interference.json",
-    "interference.csv",
-    "coexec.json",
-    "coexec.csv",
-    "report.html",
-    "trace.json",
-];
+/// The command whose results an output folder holds. `--force` removes only the files of the
+/// command that asked ([`Maker::files`]): `maxrate -o RUN --force` deleted a run's summary.json,
+/// scenario.toml and jobs/*.csv, none of which maxrate writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Maker {
+    /// A run folder: `isolane run`, and the commands that write one (app, isolation, plan's
+    /// verification run, serve's recording, each point of a study).
+    Run,
+    Maxrate,
+    Sweep,
+    Interference,
+    Coexec,
+}
 
-/// Makes the directory a run writes into.
-///
-/// - `out = Some(dir)`: created if missing; if it exists and is not empty, refused unless
-///   `force`, which removes isolane's own files in it (other files are left alone).
-/// - `out = None`: a new `runs/<YYYYmmdd-HHMMSS>` (local time) under `base`, with `-2`, `-3`, …
-///   appended if that exists; `create_dir` makes the choice race-free, so an existing folder is
-///   never reused.
+impl Maker {
+    const ALL: [Maker; 5] = [
+        Maker::Run,
+        Maker::Maxrate,
+        Maker::Sweep,
+        Maker::Interference,
+        Maker::Coexec,
+    ];
+
+    /// The command, as the user types it.
+    pub fn command(self) -> &'static str {
+        match self {
+            Maker::Run => "isolane run",
+            Maker::Maxrate => "isolane maxrate",
+            Maker::Sweep => "isolane sweep",
+            Maker::Interference => "isolane interference",
+            Maker::Coexec => "isolane coexec",
+        }
+    }
+
+    /// The files it writes at the folder's top; a run also writes jobs/*.csv. A study's point
+    /// folders are runs of their own, replaced point by point.
+    pub fn files(self) -> &'static [&'static str] {
+        match self {
+            Maker::Run => &[
+                "summary.json",
+                "scenario.toml",
+                "workloads.csv",
+                "isolation.csv",
+                "telemetry.csv",
+            ],
+            Maker::Maxrate => &["maxrate.json", "maxrate_trace.csv"],
+            Maker::Sweep => &["sweep.json"],
+            Maker::Interference => &["interference.json", "interference.csv"],
+            Maker::Coexec => &["coexec.json", "coexec.csv"],
+        }
+    }
+
+    /// Its results present in `dir` (telemetry.csv aside: a GPU's trace beside results, not
+    /// results of its own).
+    fn found_in(self, dir: &Path) -> Vec<String> {
+        let mut found: Vec<String> = self
+            .files()
+            .iter()
+            .filter(|f| **f != "telemetry.csv" && dir.join(f).exists())
+            .map(|f| f.to_string())
+            .collect();
+        if self == Maker::Run && !job_csvs(&dir.join("jobs")).is_empty() {
+            found.push("jobs/*.csv".into());
+        }
+        found
+    }
+}
+
+/// Made from a folder's results by `isolane report` and `isolane trace`: stale once the results
+/// they show are replaced, so `--force` removes them too.
+const DERIVED_FILES: &[&str] = &["report.html", "trace.json"];
+
+fn job_csvs(jobs: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(jobs) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect()
+}
+
+/// `--force` in a folder that is not empty: refused if it holds another command's results,
+/// otherwise `maker`'s own files (and the report or trace made from them) are removed.
+fn clear_own_files(dir: &Path, maker: Maker) -> Result<(), OutputError> {
+    for other in Maker::ALL.into_iter().filter(|m| *m != maker) {
+        let found = other.found_in(dir);
+        if !found.is_empty() {
+            return Err(OutputError::Foreign {
+                dir: dir.to_path_buf(),
+                holds: found.join(", "),
+                maker: other.command(),
+                command: maker.command(),
+            });
+        }
+    }
+    for f in maker.files().iter().chain(DERIVED_FILES) {
+        let p = dir.join(f);
+        if p.exists() {
+            std::fs::remove_file(&p).map_err(io(&p))?;
+        }
+    }
+    if maker == Maker::Run {
+        for p in job_csvs(&dir.join("jobs")) {
+            std::fs::remove_file(&p).map_err(io(&p))?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes the directory a run writes into: [`prepare_out_dir_for`] of a run.
 pub fn prepare_out_dir(
     out: Option<&Path>,
     force: bool,
     base: &Path,
+) -> Result<PathBuf, OutputError> {
+    prepare_out_dir_for(out, force, base, Maker::Run)
+}
+
+/// Makes the directory `maker` writes into.
+///
+/// - `out = Some(dir)`: created if missing; if it exists and is not empty, refused unless
+///   `force`, which removes `maker`'s own files in it (other files are left alone) and refuses
+///   a folder holding another command's results ([`OutputError::Foreign`]).
+/// - `out = None`: a new `runs/<YYYYmmdd-HHMMSS>` (local time) under `base`, with `-2`, `-3`, …
+///   appended if that exists; `create_dir` makes the choice race-free, so an existing folder is
+///   never reused.
+pub fn prepare_out_dir_for(
+    out: Option<&Path>,
+    force: bool,
+    base: &Path,
+    maker: Maker,
 ) -> Result<PathBuf, OutputError> {
     match out {
         Some(dir) => {
@@ -114,21 +232,7 @@ pub fn prepare_out_dir(
                     if !force {
                         return Err(OutputError::NotEmpty(dir.to_path_buf()));
                     }
-                    for f in OUTPUT_FILES {
-                        let p = dir.join(f);
-                        if p.exists() {
-                            std::fs::remove_file(&p).map_err(io(&p))?;
-                        }
-                    }
-                    let jobs = dir.join("jobs");
-                    if jobs.is_dir() {
-                        for e in std::fs::read_dir(&jobs).map_err(io(&jobs))? {
-                            let p = e.map_err(io(&jobs))?.path();
-                            if p.extension().is_some_and(|x| x == "csv") {
-                                std::fs::remove_file(&p).map_err(io(&p))?;
-                            }
-                        }
-                    }
+                    clear_own_files(dir, maker)?;
                 }
             }
             std::fs::create_dir_all(dir).map_err(unusable(dir))?;
@@ -756,6 +860,89 @@ mod tests {
             second.try_lock().is_err(),
             "the folder is not locked while in use"
         );
+    }
+
+    fn write_run(dir: &Path) {
+        std::fs::create_dir_all(dir.join("jobs")).unwrap();
+        for f in ["summary.json", "scenario.toml", "jobs/a.csv", "report.html"] {
+            std::fs::write(dir.join(f), format!("run's {f}")).unwrap();
+        }
+    }
+
+    /// `maxrate -o RUN --force` deleted the run's summary.json, scenario.toml and jobs/*.csv,
+    /// none of which maxrate writes. Each study command is refused in a run's folder now, and
+    /// the run's files stay byte for byte.
+    #[test]
+    fn force_refuses_another_commands_results_and_keeps_them() {
+        let base = tempfile::tempdir().unwrap();
+        let run = base.path().join("run");
+        write_run(&run);
+        for maker in [
+            Maker::Maxrate,
+            Maker::Sweep,
+            Maker::Interference,
+            Maker::Coexec,
+        ] {
+            let e = prepare_out_dir_for(Some(&run), true, base.path(), maker).unwrap_err();
+            assert!(e.is_user_error(), "{e}");
+            let m = e.to_string();
+            for want in [
+                run.display().to_string().as_str(),
+                "`isolane run`",
+                "summary.json",
+                "jobs/*.csv",
+                maker.command(),
+                "another --out",
+            ] {
+                assert!(m.contains(want), "{maker:?}: no {want:?} in {m}");
+            }
+        }
+        for f in ["summary.json", "scenario.toml", "jobs/a.csv", "report.html"] {
+            assert_eq!(
+                std::fs::read_to_string(run.join(f)).unwrap(),
+                format!("run's {f}"),
+                "{f} changed"
+            );
+        }
+        // A maxrate folder is not a run's to replace either.
+        let m = base.path().join("m");
+        std::fs::create_dir(&m).unwrap();
+        std::fs::write(m.join("maxrate_trace.csv"), "trace").unwrap();
+        let e = prepare_out_dir(Some(&m), true, base.path()).unwrap_err();
+        assert!(e.to_string().contains("`isolane maxrate`"), "{e}");
+        assert!(m.join("maxrate_trace.csv").exists());
+    }
+
+    /// `--force` over a folder of the same command replaces its results (run over run, as
+    /// documented; maxrate over maxrate) and leaves every other file alone.
+    #[test]
+    fn force_replaces_only_the_commands_own_files() {
+        let base = tempfile::tempdir().unwrap();
+        let run = base.path().join("run");
+        write_run(&run);
+        std::fs::write(run.join("isolation.csv"), "x").unwrap();
+        std::fs::write(run.join("notes.txt"), "mine").unwrap();
+        std::fs::write(run.join("jobs/readme.md"), "mine").unwrap();
+        prepare_out_dir(Some(&run), true, base.path()).unwrap();
+        for f in [
+            "summary.json",
+            "scenario.toml",
+            "jobs/a.csv",
+            "report.html",
+            "isolation.csv",
+        ] {
+            assert!(!run.join(f).exists(), "{f} of the replaced run stayed");
+        }
+        assert!(run.join("notes.txt").exists() && run.join("jobs/readme.md").exists());
+
+        let m = base.path().join("m");
+        std::fs::create_dir(&m).unwrap();
+        for f in ["maxrate.json", "maxrate_trace.csv", "notes.txt"] {
+            std::fs::write(m.join(f), "old").unwrap();
+        }
+        prepare_out_dir_for(Some(&m), true, base.path(), Maker::Maxrate).unwrap();
+        assert!(!m.join("maxrate.json").exists() && !m.join("maxrate_trace.csv").exists());
+        assert!(m.join("notes.txt").exists());
     }
 
     #[test]

@@ -17,6 +17,7 @@ use isolane_metrics::RunMetrics;
 use isolane_runtime::coordinator::{self, RunPlan, RunResult};
 use isolane_runtime::exec::Engine;
 use isolane_runtime::output;
+pub use isolane_runtime::output::Maker;
 
 use crate::progress::ProgressView;
 use crate::{Observer, PartitionChoices, RunRequest};
@@ -60,7 +61,7 @@ pub struct Request<'a> {
     pub plan: &'a RunPlan,
     /// The run folder. Default: a new runs/<YYYYmmdd-HHMMSS> under the current directory.
     pub out: Option<&'a Path>,
-    /// Use `out` even if it is not empty, replacing isolane's own files in it.
+    /// Use `out` even if it is not empty, replacing a run's files in it (not another command's).
     pub force: bool,
     /// No progress bar ([`measure_observed`]).
     pub quiet: bool,
@@ -163,7 +164,13 @@ pub fn preflight(plan: &RunPlan, engine: &Engine) -> anyhow::Result<()> {
 /// The output folder, made (or, with `force`, reused): `out`, or a new
 /// runs/<YYYYmmdd-HHMMSS> under the current directory.
 pub fn prepare_out(out: Option<&Path>, force: bool) -> anyhow::Result<PathBuf> {
-    output::prepare_out_dir(out, force, Path::new(".")).map_err(|e| {
+    prepare_out_for(out, force, Maker::Run)
+}
+
+/// [`prepare_out`] for `maker`'s results: `--force` replaces only its own files and refuses a
+/// folder holding another command's results (exit 2).
+pub fn prepare_out_for(out: Option<&Path>, force: bool, maker: Maker) -> anyhow::Result<PathBuf> {
+    output::prepare_out_dir_for(out, force, Path::new("."), maker).map_err(|e| {
         let is_user = e.is_user_error();
         blame(e, is_user)
     })
