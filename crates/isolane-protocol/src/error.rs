@@ -13,6 +13,7 @@ pub enum GrpcCode {
     ResourceExhausted,
     Internal,
     Unavailable,
+    AlreadyExists,
 }
 
 impl GrpcCode {
@@ -24,6 +25,7 @@ impl GrpcCode {
             GrpcCode::ResourceExhausted => "RESOURCE_EXHAUSTED",
             GrpcCode::Internal => "INTERNAL",
             GrpcCode::Unavailable => "UNAVAILABLE",
+            GrpcCode::AlreadyExists => "ALREADY_EXISTS",
         }
     }
 
@@ -35,6 +37,7 @@ impl GrpcCode {
             GrpcCode::ResourceExhausted => 8,
             GrpcCode::Internal => 13,
             GrpcCode::Unavailable => 14,
+            GrpcCode::AlreadyExists => 6,
         }
     }
 }
@@ -104,13 +107,18 @@ pub enum ProtocolError {
     /// registered), as Triton's NOT_FOUND.
     #[error("{what}")]
     NotFound { what: String },
+    /// Something a request would add that the server holds already (a shared memory region's
+    /// name registered twice), as Triton's ALREADY_EXISTS: HTTP 400 (its http_server.cc has
+    /// no closer status for it) and gRPC ALREADY_EXISTS.
+    #[error("{what}")]
+    AlreadyExists { what: String },
     /// A request refused before it ran: its deadline cannot be met, or the queue is full.
     #[error("refused: {reason}")]
     Refused { reason: String },
     /// The server or the model is not ready for inference.
     #[error("not ready: {reason}")]
     NotReady { reason: String },
-    /// An output that JSON cannot carry (NaN or infinity, BYTES that are not UTF-8), or that a
+    /// An output that JSON cannot carry (BYTES that are not UTF-8), or that a
     /// server built inconsistently.
     #[error("{tensor} cannot be encoded: {message}")]
     Unrepresentable { tensor: String, message: String },
@@ -126,7 +134,8 @@ impl ProtocolError {
             | ProtocolError::Parameter { .. }
             | ProtocolError::Duplicate { .. }
             | ProtocolError::LeftoverBytes { .. }
-            | ProtocolError::Unsupported { .. } => 400,
+            | ProtocolError::Unsupported { .. }
+            | ProtocolError::AlreadyExists { .. } => 400,
             ProtocolError::UnknownModel { .. } | ProtocolError::NotFound { .. } => 404,
             ProtocolError::TooLarge { .. } | ProtocolError::OverLimit { .. } => 413,
             ProtocolError::Refused { .. } => 429,
@@ -137,6 +146,9 @@ impl ProtocolError {
 
     /// The gRPC code the error is answered with.
     pub fn grpc_code(&self) -> GrpcCode {
+        if let ProtocolError::AlreadyExists { .. } = self {
+            return GrpcCode::AlreadyExists;
+        }
         match self.http_status() {
             404 => GrpcCode::NotFound,
             413 | 429 => GrpcCode::ResourceExhausted,

@@ -6,7 +6,8 @@ use crate::error::json_error;
 use crate::messages::{InferRequest, InferResponse, InferTensor, RequestedOutput};
 use crate::params::{param_error, BINARY_DATA, BINARY_DATA_OUTPUT, BINARY_DATA_SIZE};
 use crate::tensor::{
-    check_binary, check_json_encodable, decode_json_data, element_count, shape_text, JsonData,
+    check_binary, check_json_encodable, decode_json_data, element_count, first_non_finite,
+    json_with_non_finite, shape_text, JsonData,
 };
 use crate::{DataType, Limits, Parameter, Parameters, ProtocolError, Tensor, MAX_DIMS};
 use bytes::Bytes;
@@ -823,12 +824,19 @@ impl Form {
     }
 }
 
+/// A message's header entries, their binary parts, and the data texts [`Splice`] puts in.
+type Encodings<'t> = (Vec<InferTensor>, Vec<&'t [u8]>, Vec<String>);
+
+/// `tokens`: NaN and the infinities go as Triton's tokens (a response); else they are refused
+/// (a request: isolane's decoder, serde_json, reads standard JSON only).
 fn encode_tensors<'t>(
     tensors: impl Iterator<Item = (&'t Tensor, Form)>,
     role: &str,
-) -> Result<(Vec<InferTensor>, Vec<&'t [u8]>), ProtocolError> {
+    tokens: bool,
+) -> Result<Encodings<'t>, ProtocolError> {
     let mut entries = Vec::new();
     let mut binaries = Vec::new();
+    let mut spliced = Vec::new();
     for (t, form) in tensors {
         let what = format!("{role} `{}`", t.name());
         let shape = t
@@ -855,11 +863,31 @@ fn encode_tensors<'t>(
             Form::Shared => None,
             Form::Json => {
                 check_json_encodable(t, &what)?;
-                Some(serde_json::value::to_raw_value(&JsonData(t)).map_err(|e| {
-                    ProtocolError::Unrepresentable {
-                        tensor: what.clone(),
-                        message: e.to_string(),
+                if !tokens {
+                    if let Some(i) = first_non_finite(t) {
+                        return Err(ProtocolError::Unrepresentable {
+                            tensor: what,
+                            message: format!(
+                                "element {i} is not a finite number; a request's JSON data \
+                                 carries finite numbers only (send it as binary data)"
+                            ),
+                        });
                     }
+                }
+                let raw = match json_with_non_finite(t) {
+                    // A RawValue holds standard JSON only: a placeholder stands in its place.
+                    Some(text) => {
+                        spliced.push(text);
+                        serde_json::value::RawValue::from_string(format!(
+                            "\"{SPLICE}{}\"",
+                            spliced.len() - 1
+                        ))
+                    }
+                    None => serde_json::value::to_raw_value(&JsonData(t)),
+                };
+                Some(raw.map_err(|e| ProtocolError::Unrepresentable {
+                    tensor: what.clone(),
+                    message: e.to_string(),
                 })?)
             }
         };
@@ -871,19 +899,48 @@ fn encode_tensors<'t>(
             data,
         });
     }
-    Ok((entries, binaries))
+    Ok((entries, binaries, spliced))
+}
+
+/// What a placeholder for a [`Splice`] text opens with: a JSON string, where every other raw
+/// value of a message is a tensor's data array.
+const SPLICE: &str = "isolane-splice:";
+
+/// serde_json's compact writer, but it writes a data text in place of its placeholder: JSON
+/// with `NaN` and the infinities, which neither serde_json nor a RawValue writes.
+struct Splice<'a>(&'a [String]);
+
+impl serde_json::ser::Formatter for Splice<'_> {
+    fn write_raw_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        let text = fragment
+            .strip_prefix('"')
+            .and_then(|f| f.strip_prefix(SPLICE))
+            .and_then(|f| f.strip_suffix('"'))
+            .and_then(|i| i.parse::<usize>().ok())
+            .and_then(|i| self.0.get(i));
+        writer.write_all(text.map_or(fragment, String::as_str).as_bytes())
+    }
 }
 
 fn assemble<H: Serialize>(
     header: &H,
     binaries: &[&[u8]],
+    spliced: &[String],
     any_binary: bool,
     what: &str,
 ) -> Result<Encoded, ProtocolError> {
-    let mut body = serde_json::to_vec(header).map_err(|e| ProtocolError::Unrepresentable {
-        tensor: what.to_owned(),
-        message: e.to_string(),
-    })?;
+    let mut body = Vec::with_capacity(128 + spliced.iter().map(String::len).sum::<usize>());
+    let mut ser = serde_json::Serializer::with_formatter(&mut body, Splice(spliced));
+    header
+        .serialize(&mut ser)
+        .map_err(|e| ProtocolError::Unrepresentable {
+            tensor: what.to_owned(),
+            message: e.to_string(),
+        })?;
     let header_len = any_binary.then_some(body.len());
     body.reserve_exact(binaries.iter().map(|b| b.len()).sum());
     for b in binaries {
@@ -894,14 +951,15 @@ fn assemble<H: Serialize>(
 
 /// Encodes an inference response: each output as JSON or binary data as `selection` asks
 /// ([`OutputSelection::binary`]). Which outputs to send (those requested) is the caller's.
-/// An output JSON cannot carry (NaN, infinity, BYTES that are not UTF-8) is refused.
+/// NaN and the infinities go as Triton writes them (`NaN`, `Infinity`, `-Infinity`); an output
+/// JSON cannot carry (BYTES that are not UTF-8) is refused.
 pub fn encode_response(
     meta: &ResponseMeta,
     outputs: &[Tensor],
     selection: &OutputSelection,
 ) -> Result<Encoded, ProtocolError> {
     let outputs = &selection.answered(outputs)?;
-    let (entries, binaries) = encode_tensors(
+    let (entries, binaries, spliced) = encode_tensors(
         outputs.iter().map(|t| {
             let form = match selection.shared(t.name()) {
                 Some(_) => Form::Shared,
@@ -910,6 +968,7 @@ pub fn encode_response(
             (t, form)
         }),
         "output",
+        true,
     )?;
     let header = InferResponse {
         model_name: meta.model_name.clone(),
@@ -921,7 +980,7 @@ pub fn encode_response(
     let any_binary = outputs
         .iter()
         .any(|t| selection.shared(t.name()).is_none() && selection.binary(t.name()));
-    assemble(&header, &binaries, any_binary, "the response")
+    assemble(&header, &binaries, &spliced, any_binary, "the response")
 }
 
 /// Encodes an inference request as tritonclient does (what a client, a test or the fuzz
@@ -932,9 +991,10 @@ pub fn encode_request(
     inputs: &[(&Tensor, bool)],
     outputs: Option<&[OutputChoice]>,
 ) -> Result<Encoded, ProtocolError> {
-    let (entries, binaries) = encode_tensors(
+    let (entries, binaries, spliced) = encode_tensors(
         inputs.iter().map(|&(t, binary)| (t, Form::binary(binary))),
         "input",
+        false,
     )?;
     let header = InferRequest {
         id: id.map(str::to_owned),
@@ -956,5 +1016,5 @@ pub fn encode_request(
         }),
     };
     let any_binary = inputs.iter().any(|(_, b)| *b);
-    assemble(&header, &binaries, any_binary, "the request")
+    assemble(&header, &binaries, &spliced, any_binary, "the request")
 }

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserializer, Serialize, Serializer};
+use serde_json::ser::Formatter;
 use std::fmt;
 
 /// A tensor as an engine takes it: `data` is row-major little-endian elements, BOOL one byte of
@@ -593,52 +594,112 @@ pub(crate) fn decode_json_data(
 /// A tensor's data as a flat JSON array; checked beforehand by [`check_json_encodable`].
 pub(crate) struct JsonData<'t>(pub &'t Tensor);
 
-/// Refuses what JSON cannot carry: NaN and infinities, BYTES elements that are not UTF-8.
+/// Refuses what JSON cannot carry: BYTES elements that are not UTF-8. (NaN and the infinities
+/// go as Triton writes them: [`json_with_non_finite`].)
 pub(crate) fn check_json_encodable(t: &Tensor, what: &str) -> Result<(), ProtocolError> {
-    let unrepresentable = |i: usize, message: String| ProtocolError::Unrepresentable {
-        tensor: what.to_owned(),
-        message: format!(
-            "element {i} {message}; JSON cannot carry it (ask for binary data: the output \
-             parameter `binary_data: true`)"
-        ),
-    };
-    let d = &t.data;
-    let non_finite = match t.datatype {
-        DataType::Fp16 => d
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
-            .position(|x| !x.is_finite()),
-        DataType::Bf16 => d
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
-            .position(|x| !x.is_finite()),
-        DataType::Fp32 => d
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .position(|x| !x.is_finite()),
-        DataType::Fp64 => d
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .position(|x| !x.is_finite()),
-        DataType::Bytes => {
-            for (i, e) in t
-                .bytes_elements()
-                .unwrap_or_default()
-                .into_iter()
-                .enumerate()
-            {
-                if let Err(err) = std::str::from_utf8(e) {
-                    return Err(unrepresentable(i, format!("is not UTF-8 text ({err})")));
-                }
-            }
-            None
-        }
-        _ => None,
-    };
-    match non_finite {
-        Some(i) => Err(unrepresentable(i, "is not a finite number".into())),
-        None => Ok(()),
+    if t.datatype != DataType::Bytes {
+        return Ok(());
     }
+    for (i, e) in t
+        .bytes_elements()
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+    {
+        if let Err(err) = std::str::from_utf8(e) {
+            return Err(ProtocolError::Unrepresentable {
+                tensor: what.to_owned(),
+                message: format!(
+                    "element {i} is not UTF-8 text ({err}); JSON cannot carry it (ask for \
+                     binary data: the output parameter `binary_data: true`)"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One element of a float tensor, as [`JsonData`] writes it (FP16 and BF16 through f32).
+#[derive(Clone, Copy)]
+enum Float {
+    Single(f32),
+    Double(f64),
+}
+
+impl Float {
+    fn wide(self) -> f64 {
+        match self {
+            Float::Single(x) => f64::from(x),
+            Float::Double(x) => x,
+        }
+    }
+}
+
+/// A float tensor's elements; None for other datatypes.
+fn floats(t: &Tensor) -> Option<Box<dyn Iterator<Item = Float> + '_>> {
+    let d = &t.data;
+    Some(match t.datatype {
+        DataType::Fp16 => Box::new(
+            d.chunks_exact(2)
+                .map(|c| Float::Single(half::f16::from_le_bytes([c[0], c[1]]).to_f32())),
+        ),
+        DataType::Bf16 => Box::new(
+            d.chunks_exact(2)
+                .map(|c| Float::Single(half::bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+        ),
+        DataType::Fp32 => Box::new(
+            d.chunks_exact(4)
+                .map(|c| Float::Single(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        ),
+        DataType::Fp64 => Box::new(
+            d.chunks_exact(8)
+                .map(|c| Float::Double(f64::from_le_bytes(c.try_into().expect("8 bytes")))),
+        ),
+        _ => return None,
+    })
+}
+
+/// The first element of a float tensor that is NaN or an infinity.
+pub(crate) fn first_non_finite(t: &Tensor) -> Option<usize> {
+    floats(t)?.position(|x| !x.wide().is_finite())
+}
+
+/// A float tensor that holds NaN or an infinity as a flat JSON array with them written as
+/// Triton writes them: `NaN`, `Infinity`, `-Infinity` (its TritonJson writer sets rapidjson's
+/// `kWriteNanAndInfFlag`; Python's `json`, which tritonclient reads with, takes them). Finite
+/// elements are written as [`JsonData`] writes them. None when every element is finite (or
+/// the tensor holds no floats): serde_json writes those, and would write NaN as `null`.
+pub(crate) fn json_with_non_finite(t: &Tensor) -> Option<String> {
+    if floats(t)?.all(|x| x.wide().is_finite()) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(t.data.len() * 3 + 2);
+    out.push(b'[');
+    for (i, x) in floats(t)?.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let w = x.wide();
+        let token = if w.is_nan() {
+            "NaN"
+        } else if w == f64::INFINITY {
+            "Infinity"
+        } else if w == f64::NEG_INFINITY {
+            "-Infinity"
+        } else {
+            // serde_json's own writer for a finite float, so the text is as before.
+            let mut f = serde_json::ser::CompactFormatter;
+            match x {
+                Float::Single(v) => f.write_f32(&mut out, v),
+                Float::Double(v) => f.write_f64(&mut out, v),
+            }
+            .expect("a Vec takes every write");
+            continue;
+        };
+        out.extend_from_slice(token.as_bytes());
+    }
+    out.push(b']');
+    Some(String::from_utf8(out).expect("numbers and tokens are ASCII"))
 }
 
 impl Serialize for JsonData<'_> {

@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -45,6 +45,54 @@ fn failed(e: impl std::fmt::Display) -> CtlError {
 /// How long a change may take to be answered: building and warming a model; the server cuts
 /// an HTTP request at 60 s.
 const ANSWER_WITHIN: Duration = Duration::from_secs(90);
+
+/// The most of an answer read: the largest one (`ctl status` of the most models a server
+/// holds) is a few KiB. Without a cap, a server that streams without end filled memory
+/// (7.8 GB in 30 s).
+const MAX_ANSWER: usize = 4 << 20;
+
+/// Why an answer was not read whole.
+#[derive(Debug)]
+enum ReadEnd {
+    Io(std::io::Error),
+    TooLarge,
+    Late,
+}
+
+/// Reads the connection to its end, at most `limit` bytes and within `within` in all: a
+/// per-read timeout alone let a server that trickles bytes hold the client forever. On an
+/// error, what was read before it is in `answer`.
+fn read_answer(
+    stream: &mut TcpStream,
+    answer: &mut Vec<u8>,
+    limit: usize,
+    within: Duration,
+) -> Result<(), ReadEnd> {
+    let deadline = Instant::now() + within;
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ReadEnd::Late);
+        }
+        stream.set_read_timeout(Some(left)).map_err(ReadEnd::Io)?;
+        match stream.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) if answer.len() + n > limit => return Err(ReadEnd::TooLarge),
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(ReadEnd::Late)
+            }
+            Err(e) => return Err(ReadEnd::Io(e)),
+        }
+    }
+}
 
 /// Sends `action` to the server at `server` (HOST:PORT of `isolane serve --http`) and returns
 /// the text to print: the server's JSON answer pretty-printed (`json`), or words.
@@ -166,9 +214,6 @@ fn request(
         .ok_or_else(|| unreachable("no address".into()))?;
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .map_err(|e| unreachable(e.to_string()))?;
-    stream
-        .set_read_timeout(Some(ANSWER_WITHIN))
-        .map_err(failed)?;
     let body = body.unwrap_or("");
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {server}\r\nContent-Type: application/json\r\n\
@@ -178,29 +223,44 @@ fn request(
     stream.write_all(head.as_bytes()).map_err(failed)?;
     stream.write_all(body.as_bytes()).map_err(failed)?;
     let mut answer = Vec::new();
-    // On an error, what was read before it is in `answer` (read_to_end keeps it).
-    let read = stream.read_to_end(&mut answer);
+    let read = read_answer(&mut stream, &mut answer, MAX_ANSWER, ANSWER_WITHIN);
     if is_http2(&answer) {
         return Err(not_serve(
             server,
             "it answers in HTTP/2, as a gRPC port does",
         ));
     }
-    if let Err(e) = read {
-        // An HTTP/2 server resets a connection whose first bytes are not its preface, often
-        // before its own SETTINGS frame is read.
-        if answer.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset {
-            return Err(not_serve(
-                server,
-                &format!(
-                    "it reset the connection on an HTTP/1.1 request ({e}), as a gRPC \
-                     (HTTP/2) port does"
-                ),
-            ));
+    match read {
+        Ok(()) => {}
+        Err(ReadEnd::TooLarge) => {
+            return Err(failed(format!(
+                "{server}: the answer to {method} {path} is more than {} MiB, more than any \
+                 answer of isolane serve; is --server an isolane serve's HTTP address?",
+                MAX_ANSWER >> 20
+            )))
         }
-        return Err(failed(format!(
-            "{server}: no answer to {method} {path}: {e}"
-        )));
+        Err(ReadEnd::Late) => {
+            return Err(failed(format!(
+                "{server}: no whole answer to {method} {path} within {} s",
+                ANSWER_WITHIN.as_secs()
+            )))
+        }
+        Err(ReadEnd::Io(e)) => {
+            // An HTTP/2 server resets a connection whose first bytes are not its preface,
+            // often before its own SETTINGS frame is read.
+            if answer.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset {
+                return Err(not_serve(
+                    server,
+                    &format!(
+                        "it reset the connection on an HTTP/1.1 request ({e}), as a gRPC \
+                     (HTTP/2) port does"
+                    ),
+                ));
+            }
+            return Err(failed(format!(
+                "{server}: no answer to {method} {path}: {e}"
+            )));
+        }
     }
     parse_response(&answer).ok_or_else(|| {
         not_serve(
@@ -349,6 +409,53 @@ mod tests {
         let raw = b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\n\r\n{}junk";
         assert_eq!(parse_response(raw), Some((409, b"{}".to_vec())));
         assert_eq!(parse_response(b"garbage"), None);
+    }
+
+    /// A server that answers a head, then `chunk` bytes every `every`, never closing; the thread
+    /// ends when the client goes.
+    fn streamer(chunk: usize, every: Duration) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut head = [0u8; 4096];
+            let _ = s.read(&mut head);
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\n");
+            let data = vec![b'x'; chunk];
+            while s.write_all(&data).is_ok() {
+                std::thread::sleep(every);
+            }
+        });
+        addr
+    }
+
+    /// Issue 32's finding: `ctl` against a server that streams without end grew without
+    /// bound (7.8 GB in 30 s); the answer is capped and the client fails as on other
+    /// connection failures (exit 1).
+    #[test]
+    fn an_answer_without_end_is_cut_at_its_cap() {
+        let addr = streamer(64 * 1024, Duration::ZERO);
+        let e = request(&addr, "GET", "/v2/isolane/status", None).unwrap_err();
+        assert!(!e.is_user_error(), "{e}");
+        assert!(e.to_string().contains("more than 4 MiB"), "{e}");
+    }
+
+    /// A server that trickles bytes passed every per-read timeout; the whole exchange has a
+    /// deadline.
+    #[test]
+    fn an_answer_that_trickles_is_cut_at_the_deadline() {
+        let addr = streamer(1, Duration::from_millis(20));
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        stream.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut answer = Vec::new();
+        let r = read_answer(
+            &mut stream,
+            &mut answer,
+            MAX_ANSWER,
+            Duration::from_millis(500),
+        );
+        assert!(matches!(r, Err(ReadEnd::Late)), "{r:?}");
+        assert!(answer.starts_with(b"HTTP/1.1 200 OK"));
     }
 
     /// HAN's finding: `ctl --server` at the gRPC port exited 1 with "Connection reset by

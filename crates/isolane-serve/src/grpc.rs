@@ -1435,7 +1435,7 @@ mod tests {
                 .system_shared_memory_register(register("in", &key, 0, 16))
                 .await
                 .unwrap_err();
-            assert_eq!(e.code(), Code::InvalidArgument);
+            assert_eq!(e.code(), Code::AlreadyExists);
             assert!(
                 e.message().contains("registered already"),
                 "{}",

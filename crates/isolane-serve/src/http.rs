@@ -628,6 +628,40 @@ mod tests {
         )
     }
 
+    /// Issue 32: an output holding NaN or an infinity, asked for as JSON, was a 500; Triton
+    /// writes them as `NaN`, `Infinity` and `-Infinity`, which tritonclient's json reads.
+    #[test]
+    fn nan_and_infinities_are_answered_in_json_as_triton_writes_them() {
+        let values = [1.1f32, f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+        let t = isolane_protocol::Tensor::new(
+            isolane_runtime::exec::SPIN_INPUT,
+            isolane_protocol::DataType::Fp32,
+            vec![4, 1],
+            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        )
+        .unwrap();
+        // The input goes as binary data (a request's JSON carries finite numbers only).
+        let enc = isolane_protocol::encode_request(
+            None,
+            &isolane_protocol::Parameters::new(),
+            &[(&t, true)],
+            None,
+        )
+        .unwrap();
+        let header = format!(
+            "Inference-Header-Content-Length: {}\r\n",
+            enc.header_len.unwrap()
+        );
+        with_http(|addr| async move {
+            let (status, body) = infer(addr, &header, &enc.body).await;
+            assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+            assert!(
+                body.contains(r#""data":[1.1,NaN,Infinity,-Infinity]"#),
+                "{body}"
+            );
+        });
+    }
+
     /// HAN's finding: `Content-Length: 50000000000` with 5 bytes sent waited for the body
     /// (until the 60 s bound) and then named limit+1 bytes; it is a 413 at once, naming the
     /// declared size.

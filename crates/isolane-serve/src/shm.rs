@@ -241,9 +241,11 @@ impl SharedRegions {
         }
         let mut regions = self.lock();
         if regions.contains_key(name) {
-            return Err(refused(format!(
-                "region `{name}` is registered already; unregister it first"
-            )));
+            return Err(ProtocolError::AlreadyExists {
+                what: format!(
+                    "shared memory region `{name}` is registered already; unregister it first"
+                ),
+            });
         }
         if regions.len() >= MAX_REGIONS {
             return Err(refused(format!(
@@ -416,6 +418,7 @@ impl SharedMemory for SharedRegions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use isolane_protocol::GrpcCode;
 
     /// A shared memory object of `bytes`, removed when dropped.
     struct Object(String);
@@ -558,7 +561,16 @@ mod tests {
             "{empty}"
         );
         shm.register("a", &key, 0, 16).unwrap();
-        assert!(e(shm.register("a", &key, 0, 16)).contains("registered already"));
+        // Issue 32: Triton answers a name registered twice ALREADY_EXISTS (HTTP 400); it was
+        // INVALID_ARGUMENT.
+        let twice = shm.register("a", &key, 0, 16).unwrap_err();
+        assert!(twice.to_string().contains("registered already"), "{twice}");
+        assert_eq!(twice.http_status(), 400);
+        assert_eq!(twice.grpc_code(), GrpcCode::AlreadyExists);
+        assert_eq!(
+            (twice.grpc_code().name(), twice.grpc_code().value()),
+            ("ALREADY_EXISTS", 6)
+        );
         // Found by comparing with Triton: unregistering a name not registered was a 400, and
         // a region's status not registered a 400; they are a success and a 404.
         shm.unregister(Some("b")).unwrap();

@@ -57,6 +57,7 @@ impl GrpcCode {
             GrpcCode::ResourceExhausted => tonic::Code::ResourceExhausted,
             GrpcCode::Internal => tonic::Code::Internal,
             GrpcCode::Unavailable => tonic::Code::Unavailable,
+            GrpcCode::AlreadyExists => tonic::Code::AlreadyExists,
         }
     }
 }

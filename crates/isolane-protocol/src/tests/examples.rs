@@ -353,45 +353,134 @@ fn json_output_floats_are_written_short() {
     assert_eq!(enc.header_len, None);
 }
 
+/// Issue 32: an output holding NaN or an infinity, asked for as JSON, was refused (a 500);
+/// Triton writes them as rapidjson's `NaN`, `Infinity` and `-Infinity` (kWriteNanAndInfFlag),
+/// which Python's json (tritonclient's) reads. Finite elements are written as before.
 #[test]
-fn outputs_json_cannot_carry_are_refused_by_element() {
+fn json_outputs_carry_nan_and_infinities_as_triton_writes_them() {
+    let f32s = [
+        1.1f32,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.5,
+        1e-7,
+        f32::MAX,
+    ];
+    let f64s = [f64::NEG_INFINITY, 0.1, -f64::NAN, f64::MIN_POSITIVE];
+    let f16s = [
+        half::f16::INFINITY,
+        half::f16::from_f32(0.5),
+        half::f16::NAN,
+    ];
+    let tensors = [
+        Tensor::new("a", DataType::Fp32, vec![7], le(&f32s, f32::to_le_bytes)).unwrap(),
+        Tensor::new("b", DataType::Fp64, vec![2, 2], le(&f64s, f64::to_le_bytes)).unwrap(),
+        Tensor::new(
+            "c",
+            DataType::Fp16,
+            vec![3],
+            le(&f16s, half::f16::to_le_bytes),
+        )
+        .unwrap(),
+    ];
+    let enc = encode_response(
+        &ResponseMeta::default(),
+        &tensors,
+        &OutputSelection::default(),
+    )
+    .unwrap();
+    let text = String::from_utf8(enc.body).unwrap();
+    // Finite elements exactly as serde_json writes them alone.
+    let j = |x: f32| serde_json::to_string(&x).unwrap();
+    let a = format!(
+        r#""data":[{},NaN,Infinity,-Infinity,{},{},{}]"#,
+        j(1.1),
+        j(-0.5),
+        j(1e-7),
+        j(f32::MAX)
+    );
+    assert!(text.contains(&a), "{text}");
+    let b = format!(
+        r#""data":[-Infinity,{},NaN,{}]"#,
+        serde_json::to_string(&0.1f64).unwrap(),
+        serde_json::to_string(&f64::MIN_POSITIVE).unwrap()
+    );
+    assert!(text.contains(&b), "{text}");
+    assert!(text.contains(r#""data":[Infinity,0.5,NaN]"#), "{text}");
+    // Read back as Python's json reads it: the tokens as the values they name.
+    let standard = text
+        .replace("-Infinity", "\"-inf\"")
+        .replace("Infinity", "\"inf\"")
+        .replace("NaN", "\"nan\"");
+    let v: serde_json::Value = serde_json::from_str(&standard).unwrap();
+    let back = |i: usize| -> Vec<f64> {
+        v["outputs"][i]["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| match x {
+                serde_json::Value::String(s) => s.parse::<f64>().unwrap(),
+                n => n.as_f64().unwrap(),
+            })
+            .collect()
+    };
+    let same = |got: Vec<f64>, want: Vec<f64>| {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert!(g == w || (g.is_nan() && w.is_nan()), "{got:?} != {want:?}");
+        }
+    };
+    // f32 values read as Python's float (f64) round to the same f32.
+    let a_back: Vec<f64> = back(0).iter().map(|&x| f64::from(x as f32)).collect();
+    same(a_back, f32s.iter().map(|&x| f64::from(x)).collect());
+    same(back(1), f64s.to_vec());
+    same(back(2), f16s.iter().map(|x| x.to_f64()).collect());
+    // A response of finite values only is written as before, and a request's JSON data still
+    // refuses NaN (isolane's decoder reads standard JSON), naming the element.
     let nan = Tensor::new(
-        "y",
+        "x",
         DataType::Fp32,
         vec![2],
         le(&[0.0f32, f32::NAN], f32::to_le_bytes),
     )
     .unwrap();
+    let e = encode_request(None, &Parameters::new(), &[(&nan, false)], None).unwrap_err();
+    assert!(
+        e.to_string().contains("input `x`") && e.to_string().contains("element 1"),
+        "{e}"
+    );
+    assert!(encode_request(None, &Parameters::new(), &[(&nan, true)], None).is_ok());
+}
+
+#[test]
+fn outputs_json_cannot_carry_are_refused_by_element() {
+    let raw =
+        Tensor::from_bytes_elements("s", vec![2], &[&b"ok"[..], &[0xffu8, 0xfe][..]]).unwrap();
     let e = encode_response(
         &ResponseMeta::default(),
-        std::slice::from_ref(&nan),
+        std::slice::from_ref(&raw),
         &OutputSelection::default(),
     )
     .unwrap_err();
     assert!(
-        e.to_string().contains("output `y`") && e.to_string().contains("element 1"),
+        e.to_string().contains("output `s`")
+            && e.to_string().contains("element 1")
+            && e.to_string().contains("not UTF-8"),
         "{e}"
     );
     assert_eq!((e.http_status(), e.grpc_code()), (500, GrpcCode::Internal));
     // As binary data it goes.
     let sel = OutputSelection {
         requested: Some(vec![OutputChoice {
-            name: "y".into(),
+            name: "s".into(),
             binary: Some(true),
         }]),
         binary_data_output: false,
         shared: Vec::new(),
         classification: Vec::new(),
     };
-    assert!(encode_response(&ResponseMeta::default(), &[nan], &sel).is_ok());
-    let raw = Tensor::from_bytes_elements("s", vec![1], &[[0xffu8, 0xfe]]).unwrap();
-    let e = encode_response(
-        &ResponseMeta::default(),
-        &[raw],
-        &OutputSelection::default(),
-    )
-    .unwrap_err();
-    assert!(e.to_string().contains("not UTF-8"), "{e}");
+    assert!(encode_response(&ResponseMeta::default(), &[raw], &sel).is_ok());
 }
 
 #[test]
@@ -952,6 +1041,14 @@ fn each_error_has_its_status_and_code() {
             404,
             "NOT_FOUND",
             5,
+        ),
+        (
+            ProtocolError::AlreadyExists {
+                what: "shared memory region `r` is registered already".into(),
+            },
+            400,
+            "ALREADY_EXISTS",
+            6,
         ),
         (
             ProtocolError::Refused {
