@@ -495,6 +495,22 @@ fn refused(text: &str, expect: &[&str]) {
     assert!(!out.exists(), "a refused scenario wrote output");
 }
 
+/// A file of an app's image folder that is no image failed the app at its frame while the run
+/// went on (exit 1, results written): refused before any output exists now (exit 2), named.
+#[test]
+fn an_image_folder_with_a_bad_file_is_refused_before_the_run() {
+    let frames = tempfile::tempdir().unwrap();
+    image::RgbImage::from_pixel(8, 8, image::Rgb([9, 9, 9]))
+        .save(frames.path().join("a.png"))
+        .unwrap();
+    std::fs::write(frames.path().join("b.png"), "not an image").unwrap();
+    let source = format!("kind = \"images\"\ndir = {:?}", frames.path());
+    refused(
+        &APP.replace("kind = \"synthetic\"\nwidth = 32\nheight = 32", &source),
+        &["app[0].source", "b.png", "not a PNG or JPEG"],
+    );
+}
+
 const APP: &str = r#"
 [[app]]
 name = "a"

@@ -178,7 +178,16 @@ fn only_the_pairs_and_mechanisms_given_run() {
 
 #[test]
 fn mistakes_are_refused_with_exit_2_and_run_nothing() {
-    let cases: [(String, &[&str], &str); 6] = [
+    // A corrupt model file failed its job's runs one by one (exit 1): found before any run now.
+    let bad = tempfile::tempdir().unwrap();
+    let bad_model = bad.path().join("bad.onnx");
+    std::fs::write(&bad_model, [0xffu8; 64]).unwrap();
+    let cases: [(String, &[&str], &str); 7] = [
+        (
+            JOBS.replacen("\"spin:2ms\"", &format!("{:?}", bad_model), 1),
+            &[],
+            "is not a valid ONNX model",
+        ),
         (
             JOBS.replacen("jobs = 10", "duration_s = 1", 1),
             &[],

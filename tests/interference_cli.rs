@@ -109,6 +109,28 @@ fn a_fixed_rate_needs_no_capacity_cell() {
     assert_eq!(index.cells[1].victim_rate_hz, Some(100.0));
 }
 
+/// A corrupt model among the victims failed its cells while the matrix ran (exit 1, the
+/// folder written): the user's file is found before any cell now, exit 2 and no output.
+#[test]
+fn a_corrupt_victim_model_is_refused_before_any_cell() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m");
+    let bad = tmp.path().join("bad.onnx");
+    std::fs::write(&bad, [0xffu8; 64]).unwrap();
+    let victims = format!("spin:1ms,{}", bad.display());
+    let o = matrix(&out)
+        .args(["--victims", &victims, "--neighbours", "spin:1ms"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&bad.display().to_string()) && stderr.contains("not a valid ONNX model"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "a refused matrix created its output folder");
+}
+
 #[test]
 fn mistakes_name_the_flag_run_nothing_and_exit_2() {
     let tmp = tempfile::tempdir().unwrap();

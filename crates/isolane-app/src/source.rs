@@ -165,8 +165,34 @@ impl ImageFolder {
         if files.is_empty() {
             return Err(file_err(dir, "no .png, .jpg or .jpeg files in this folder"));
         }
+        for f in &files {
+            check_header(f)?;
+        }
         Ok(ImageFolder { files, next: 0 })
     }
+}
+
+/// A file's format and size from its header, not its pixels (cheap for a large folder): one
+/// that is not a PNG or JPEG, or is cut off before its size, is refused before the run starts
+/// (exit 2) instead of failing its app at its frame while the run goes on (exit 1).
+fn check_header(path: &Path) -> Result<(), SourceError> {
+    let (width, height) = image::ImageReader::open(path)
+        .and_then(|r| r.with_guessed_format())
+        .map_err(|e| file_err(path, format!("cannot read: {e}")))?
+        .into_dimensions()
+        .map_err(|e| {
+            file_err(
+                path,
+                format!("not a PNG or JPEG image that can be read: {e}"),
+            )
+        })?;
+    if width == 0 || height == 0 {
+        return Err(file_err(
+            path,
+            format!("an empty image ({width}x{height}); an image needs pixels"),
+        ));
+    }
+    Ok(())
 }
 
 impl FrameSource for ImageFolder {
@@ -451,5 +477,28 @@ mod tests {
         assert_eq!(s.next_frame().unwrap().pixel(0, 0), [255, 0, 0]);
         let empty = tempfile::tempdir().unwrap();
         assert!(ImageFolder::open(empty.path()).is_err());
+    }
+
+    /// A file of the folder that is no image, or a PNG cut off before its size, failed its app
+    /// at its frame while the run went on (exit 1): refused at open now, named.
+    #[test]
+    fn an_image_folder_with_a_bad_file_is_refused_at_open_naming_it() {
+        let good = tempfile::tempdir().unwrap();
+        image::RgbImage::from_pixel(3, 2, image::Rgb([1, 2, 3]))
+            .save(good.path().join("a.png"))
+            .unwrap();
+        let png = std::fs::read(good.path().join("a.png")).unwrap();
+        for (name, bytes) in [("b.png", &b"not an image"[..]), ("c.jpg", &png[..12])] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("a.png"), &png).unwrap();
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+            let e = ImageFolder::open(dir.path()).err().unwrap().to_string();
+            assert!(
+                e.contains(&dir.path().join(name).display().to_string())
+                    && e.contains("not a PNG or JPEG"),
+                "{name}: {e}"
+            );
+        }
+        assert!(ImageFolder::open(good.path()).is_ok());
     }
 }

@@ -93,6 +93,11 @@ impl Runs for StudyRuns<'_> {
         })
     }
 
+    fn preflight(&self, s: &Scenario, name: &str) -> Result<(), Failure> {
+        run_path::preflight(&RunPlan::from_scenario(s), self.engine)
+            .map_err(|e| failure(e.context(name.to_string())))
+    }
+
     fn say(&self, line: &str) {
         eprintln!("{line}");
     }

@@ -135,6 +135,7 @@ fn check_alone(c: &StudyConfig, jobs: &[usize], runs: &dyn Runs) -> Result<(), S
         s.validate(&models)
             .map_err(|e| Failure::user(format!("{name}: {e}")))?;
         runs.admit(&s, &name, &AdmissionOptions::default())?;
+        runs.preflight(&s, &name)?;
     }
     Ok(())
 }

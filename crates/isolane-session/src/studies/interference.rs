@@ -40,12 +40,21 @@ pub fn check(c: &MatrixConfig, runs: &dyn Runs) -> Result<(), StudyError> {
     for &p in &c.precisions {
         cells.extend(c.neighbour_cells(p));
     }
+    // Each model is read once, however many cells it is in: a file's validity does not
+    // depend on its neighbour or partition size.
+    let mut read = std::collections::HashSet::new();
     for cell in &cells {
         let name = format!("interference cell {}", cell.entry.dir);
         cell.scenario
             .validate(&models)
             .map_err(|e| Failure::user(format!("{name}: {e}")))?;
         runs.admit(&cell.scenario, &name, &AdmissionOptions::default())?;
+        let keys: Vec<String> = (cell.scenario.workloads.iter())
+            .map(|w| format!("{}|{:?}|{}", w.model, w.precision, w.batch))
+            .collect();
+        if keys.into_iter().filter(|k| read.insert(k.clone())).count() > 0 {
+            runs.preflight(&cell.scenario, &name)?;
+        }
     }
     Ok(())
 }

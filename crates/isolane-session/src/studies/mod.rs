@@ -77,6 +77,9 @@ pub trait Runs {
     fn models(&self) -> Vec<&'static str>;
     /// Admits `s` (named `name`) on this machine; the refusal when it does not fit.
     fn admit(&self, s: &Scenario, name: &str, options: &AdmissionOptions) -> Result<(), Failure>;
+    /// Reads what `s` loads (model files, CPU cores) before any output exists: a corrupt model
+    /// is the user's mistake (exit 2), found before the study runs, not a point that failed.
+    fn preflight(&self, s: &Scenario, name: &str) -> Result<(), Failure>;
     /// Admits and runs `s` into the run folder `dir` (its files written, failed workloads
     /// said), as `command` in summary.json.
     fn measure(
