@@ -22,7 +22,7 @@ pub struct IsolationArgs {
     /// Output directory. Default: a new runs/<YYYYmmdd-HHMMSS>.
     #[arg(long, short = 'o', value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Use --out even if it is not empty, replacing a run's files (not another command's).
+    /// Use --out even if it is not empty, replacing isolation's files (not another command's).
     #[arg(long)]
     force: bool,
     /// No progress bar.

@@ -94,9 +94,11 @@ fn unusable(path: &Path) -> impl FnOnce(std::io::Error) -> OutputError + '_ {
 /// scenario.toml and jobs/*.csv, none of which maxrate writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Maker {
-    /// A run folder: `isolane run`, and the commands that write one (app, isolation, plan's
+    /// A run folder: `isolane run` (apps included), and the commands that write one (plan's
     /// verification run, serve's recording, each point of a study).
     Run,
+    /// A run folder with its isolation.csv.
+    Isolation,
     Maxrate,
     Sweep,
     Interference,
@@ -104,8 +106,9 @@ pub enum Maker {
 }
 
 impl Maker {
-    const ALL: [Maker; 5] = [
-        Maker::Run,
+    /// The makers whose results are told apart by files of their own (a run's and isolation's
+    /// by isolation.csv, [`holders`]).
+    const STUDIES: [Maker; 4] = [
         Maker::Maxrate,
         Maker::Sweep,
         Maker::Interference,
@@ -116,6 +119,7 @@ impl Maker {
     pub fn command(self) -> &'static str {
         match self {
             Maker::Run => "isolane run",
+            Maker::Isolation => "isolane isolation",
             Maker::Maxrate => "isolane maxrate",
             Maker::Sweep => "isolane sweep",
             Maker::Interference => "isolane interference",
@@ -131,8 +135,14 @@ impl Maker {
                 "summary.json",
                 "scenario.toml",
                 "workloads.csv",
-                "isolation.csv",
                 "telemetry.csv",
+            ],
+            Maker::Isolation => &[
+                "summary.json",
+                "scenario.toml",
+                "workloads.csv",
+                "telemetry.csv",
+                "isolation.csv",
             ],
             Maker::Maxrate => &["maxrate.json", "maxrate_trace.csv"],
             Maker::Sweep => &["sweep.json"],
@@ -150,11 +160,32 @@ impl Maker {
             .filter(|f| **f != "telemetry.csv" && dir.join(f).exists())
             .map(|f| f.to_string())
             .collect();
-        if self == Maker::Run && !job_csvs(&dir.join("jobs")).is_empty() {
+        if self.writes_jobs() && !job_csvs(&dir.join("jobs")).is_empty() {
             found.push("jobs/*.csv".into());
         }
         found
     }
+
+    fn writes_jobs(self) -> bool {
+        matches!(self, Maker::Run | Maker::Isolation)
+    }
+}
+
+/// The commands whose results `dir` holds, each with the files that show it.
+fn holders(dir: &Path) -> Vec<(Maker, Vec<String>)> {
+    let mut held: Vec<(Maker, Vec<String>)> = Maker::STUDIES
+        .into_iter()
+        .map(|m| (m, m.found_in(dir)))
+        .collect();
+    // A run's files beside an isolation.csv are isolation's run.
+    let run = if dir.join("isolation.csv").exists() {
+        Maker::Isolation
+    } else {
+        Maker::Run
+    };
+    held.push((run, run.found_in(dir)));
+    held.retain(|(_, found)| !found.is_empty());
+    held
 }
 
 /// Made from a folder's results by `isolane report` and `isolane trace`: stale once the results
@@ -174,16 +205,13 @@ fn job_csvs(jobs: &Path) -> Vec<PathBuf> {
 /// `--force` in a folder that is not empty: refused if it holds another command's results,
 /// otherwise `maker`'s own files (and the report or trace made from them) are removed.
 fn clear_own_files(dir: &Path, maker: Maker) -> Result<(), OutputError> {
-    for other in Maker::ALL.into_iter().filter(|m| *m != maker) {
-        let found = other.found_in(dir);
-        if !found.is_empty() {
-            return Err(OutputError::Foreign {
-                dir: dir.to_path_buf(),
-                holds: found.join(", "),
-                maker: other.command(),
-                command: maker.command(),
-            });
-        }
+    if let Some((other, found)) = holders(dir).into_iter().find(|(m, _)| *m != maker) {
+        return Err(OutputError::Foreign {
+            dir: dir.to_path_buf(),
+            holds: found.join(", "),
+            maker: other.command(),
+            command: maker.command(),
+        });
     }
     for f in maker.files().iter().chain(DERIVED_FILES) {
         let p = dir.join(f);
@@ -191,7 +219,7 @@ fn clear_own_files(dir: &Path, maker: Maker) -> Result<(), OutputError> {
             std::fs::remove_file(&p).map_err(io(&p))?;
         }
     }
-    if maker == Maker::Run {
+    if maker.writes_jobs() {
         for p in job_csvs(&dir.join("jobs")) {
             std::fs::remove_file(&p).map_err(io(&p))?;
         }
@@ -920,17 +948,10 @@ mod tests {
         let base = tempfile::tempdir().unwrap();
         let run = base.path().join("run");
         write_run(&run);
-        std::fs::write(run.join("isolation.csv"), "x").unwrap();
         std::fs::write(run.join("notes.txt"), "mine").unwrap();
         std::fs::write(run.join("jobs/readme.md"), "mine").unwrap();
         prepare_out_dir(Some(&run), true, base.path()).unwrap();
-        for f in [
-            "summary.json",
-            "scenario.toml",
-            "jobs/a.csv",
-            "report.html",
-            "isolation.csv",
-        ] {
+        for f in ["summary.json", "scenario.toml", "jobs/a.csv", "report.html"] {
             assert!(!run.join(f).exists(), "{f} of the replaced run stayed");
         }
         assert!(run.join("notes.txt").exists() && run.join("jobs/readme.md").exists());
@@ -943,6 +964,41 @@ mod tests {
         prepare_out_dir_for(Some(&m), true, base.path(), Maker::Maxrate).unwrap();
         assert!(!m.join("maxrate.json").exists() && !m.join("maxrate_trace.csv").exists());
         assert!(m.join("notes.txt").exists());
+    }
+
+    /// isolation's folder is a run's plus isolation.csv: each replaces its own, neither the
+    /// other's.
+    #[test]
+    fn run_and_isolation_replace_only_their_own_folders() {
+        let base = tempfile::tempdir().unwrap();
+        let run = base.path().join("run");
+        write_run(&run);
+        let e = prepare_out_dir_for(Some(&run), true, base.path(), Maker::Isolation).unwrap_err();
+        assert!(e.to_string().contains("`isolane run`"), "{e}");
+        assert!(run.join("summary.json").exists());
+
+        let iso = base.path().join("iso");
+        write_run(&iso);
+        std::fs::write(iso.join("isolation.csv"), "steps").unwrap();
+        let e = prepare_out_dir(Some(&iso), true, base.path()).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("`isolane isolation`") && m.contains("isolation.csv"),
+            "{m}"
+        );
+        assert!(iso.join("summary.json").exists() && iso.join("isolation.csv").exists());
+        prepare_out_dir_for(Some(&iso), true, base.path(), Maker::Isolation).unwrap();
+        for f in [
+            "summary.json",
+            "scenario.toml",
+            "jobs/a.csv",
+            "isolation.csv",
+        ] {
+            assert!(
+                !iso.join(f).exists(),
+                "{f} of the replaced isolation run stayed"
+            );
+        }
     }
 
     #[test]

@@ -123,7 +123,11 @@ pub fn measure_with(
         .scenario
         .to_toml_string()
         .context("writing the resolved scenario")?;
-    let out = prepare_out(r.out, r.force)?;
+    let maker = match r.command {
+        "isolation" => Maker::Isolation,
+        _ => Maker::Run,
+    };
+    let out = prepare_out_for(r.out, r.force, maker)?;
     output::write_atomic(&out.join("scenario.toml"), toml.as_bytes())?;
 
     let stop = crate::signals::install_stop_handler()?;
