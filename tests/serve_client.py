@@ -14,6 +14,8 @@ tests/serve.rs starts the server on a scenario of three models (a real CNN, `MOD
   inference is refused as not found (404 / NOT_FOUND); `deadline_ms` as a decimal string;
 - a request whose own deadline (`deadline_ms` = 1) the 50 ms spin cannot meet refused at once:
   HTTP 429 / gRPC RESOURCE_EXHAUSTED, the message saying by how much it would be late;
+- NaN and the infinities echoed by the spin and asked for as JSON: answered as Triton writes
+  them (`NaN`, `Infinity`, `-Infinity`) and read back as they were;
 - requests tritonclient compresses (gzip and deflate) answered over both protocols, and a
   batch past the spin's or a request in a sequence refused as invalid (400 / INVALID_ARGUMENT);
 - streaming inference (gRPC ModelStreamInfer, tritonclient's start_stream and
@@ -174,6 +176,19 @@ def check_http(a):
         check(
             same_bits(r.as_numpy("output"), one),
             f"HTTP: a request compressed with {algorithm} is answered",
+            r.get_response(),
+        )
+    # Issue 32: NaN and the infinities asked for as JSON were a 500; Triton writes them as
+    # NaN, Infinity and -Infinity, which tritonclient reads.
+    for value in (np.nan, np.inf, -np.inf):
+        special = np.array([[value]], dtype=np.float32)
+        special_in = httpclient.InferInput("input", [1, 1], "FP32")
+        special_in.set_data_from_numpy(special)
+        as_json = httpclient.InferRequestedOutput("output", binary_data=False)
+        r = c.infer(a.spin, [special_in], outputs=[as_json])
+        check(
+            same_bits(r.as_numpy("output"), special),
+            f"HTTP: {value} asked for as JSON comes back as it was",
             r.get_response(),
         )
     check_refusals(a, c, httpclient, "HTTP", "400")
