@@ -497,18 +497,8 @@ impl Importer<'_> {
 
 #[cfg(test)]
 mod conv_transpose_tests {
-    use crate::onnx::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
-    use crate::ops::testing::{floats, node, run};
-
-    fn ints_attr(mut n: NodeProto, name: &str, v: &[i64]) -> NodeProto {
-        n.attribute.push(AttributeProto {
-            name: Some(name.into()),
-            ints: v.to_vec(),
-            r#type: Some(AttributeType::Ints as i32),
-            ..Default::default()
-        });
-        n
-    }
+    use crate::onnx::proto::{attribute_proto::AttributeType, AttributeProto};
+    use crate::ops::testing::{floats, node, run, with_int, with_ints};
 
     /// Transformers' DPT (and UNet decoders) upsample with ConvTranspose2d(k, stride=k):
     /// refused as "unsupported op ConvTranspose". Checked against the definition, `y[n, co,
@@ -522,8 +512,8 @@ mod conv_transpose_tests {
             .collect();
         let b = [0.25f32, -1.0, 2.0];
         let mut n = node("ConvTranspose", &["x", "w", "b"], "y");
-        n = ints_attr(n, "strides", &[kh as i64, kw as i64]);
-        n = ints_attr(n, "kernel_shape", &[kh as i64, kw as i64]);
+        n = with_ints(n, "strides", &[kh as i64, kw as i64]);
+        n = with_ints(n, "kernel_shape", &[kh as i64, kw as i64]);
         let inits = vec![
             floats("w", &[cin as i64, cout as i64, kh as i64, kw as i64], &wt),
             floats("b", &[cout as i64], &b),
@@ -671,16 +661,11 @@ mod conv_transpose_tests {
                 .collect();
             let b: Vec<f32> = (0..cout_g * g).map(|v| v as f32 * 0.5 - 0.25).collect();
             let mut n = node("ConvTranspose", &["x", "w", "b"], "y");
-            n = ints_attr(n, "strides", &s.map(|v| v as i64));
-            n = ints_attr(n, "dilations", &d.map(|v| v as i64));
-            n = ints_attr(n, "pads", &pads.map(|v| v as i64));
-            n = ints_attr(n, "output_padding", &op.map(|v| v as i64));
-            n.attribute.push(AttributeProto {
-                name: Some("group".into()),
-                i: Some(g as i64),
-                r#type: Some(AttributeType::Int as i32),
-                ..Default::default()
-            });
+            n = with_ints(n, "strides", &s.map(|v| v as i64));
+            n = with_ints(n, "dilations", &d.map(|v| v as i64));
+            n = with_ints(n, "pads", &pads.map(|v| v as i64));
+            n = with_ints(n, "output_padding", &op.map(|v| v as i64));
+            n = with_int(n, "group", g as i64);
             let inits = vec![
                 floats("w", &[cin as i64, cout_g as i64, kh as i64, kw as i64], &wt),
                 floats("b", &[(cout_g * g) as i64], &b),

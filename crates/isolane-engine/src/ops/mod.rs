@@ -229,6 +229,16 @@ pub(crate) mod testing {
         n
     }
 
+    pub(crate) fn with_ints(mut n: NodeProto, name: &str, v: &[i64]) -> NodeProto {
+        n.attribute.push(AttributeProto {
+            name: Some(name.into()),
+            ints: v.to_vec(),
+            r#type: Some(AttributeType::Ints as i32),
+            ..Default::default()
+        });
+        n
+    }
+
     pub(crate) fn ints(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
         TensorProto {
             name: Some(name.into()),

@@ -700,18 +700,7 @@ mod expand_tests {
 
 #[cfg(test)]
 mod col2im_tests {
-    use crate::onnx::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
-    use crate::ops::testing::{ints, node, run};
-
-    fn with_ints(mut n: NodeProto, name: &str, v: &[i64]) -> NodeProto {
-        n.attribute.push(AttributeProto {
-            name: Some(name.into()),
-            ints: v.to_vec(),
-            r#type: Some(AttributeType::Ints as i32),
-            ..Default::default()
-        });
-        n
-    }
+    use crate::ops::testing::{ints, node, run, with_ints};
 
     /// MobileViTV2's `F.fold` (dynamo: Col2Im) was refused as an unsupported op. Checked
     /// against the spec's definition, `y[n, c, bi·kh + i - pt, bj·kw + j - pl] = x[n, (c·kh +
