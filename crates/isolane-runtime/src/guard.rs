@@ -405,8 +405,9 @@ pub const HOLDS: [(Hold, &str); 7] = [
 ];
 
 impl Hold {
+    /// Its place in [`HOLDS`], which lists the holds in their declaration order.
     pub fn index(self) -> usize {
-        HOLDS.iter().position(|(h, _)| *h == self).unwrap_or(0)
+        self as usize
     }
 }
 
@@ -869,20 +870,18 @@ impl Guard {
         // Two passes over the slots with the same `now` (no allocation): check all, then
         // reserve. A critical slot may change in between (it never takes the lock); the second
         // pass reserves what it sees then, which is what the next decision will count.
-        let mut refused: Option<(i64, SlotView)> = None;
+        let mut refused: Option<(i64, usize, SlotView)> = None;
         for i in 0..self.slots {
             let v = self.view(i);
             if admits_piece(&v, now, piece_ns, &self.policy, piece).is_none() {
                 let at = retry_at_piece(&v, now, &self.policy, piece);
-                refused = Some(refused.map_or((at, v), |(a, first)| (a.min(at), first)));
+                refused = Some(refused.map_or((at, i, v), |(a, k, first)| (a.min(at), k, first)));
             }
         }
-        if let Some((at, first)) = refused {
+        if let Some((at, k, first)) = refused {
             // The others read again: a slot that changed meanwhile may name the hold wrongly,
             // never the decision.
-            let others = (0..self.slots)
-                .map(|i| self.view(i))
-                .filter(|v| *v != first);
+            let others = (0..self.slots).filter(|&j| j != k).map(|j| self.view(j));
             let why = why_held(&first, others, now, piece_ns, &self.policy, piece);
             return Err((at, why));
         }
