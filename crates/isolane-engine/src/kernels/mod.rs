@@ -1583,22 +1583,26 @@ fn resize(r: &ResizeK, io: &Io) {
     let _ = r.nc;
     out.par_chunks_mut(r.oh * r.ow)
         .zip(x.par_chunks(r.h * r.w))
-        .for_each(|(o, i)| {
-            for (oy, &(y0, y1, ly)) in r.ys.iter().enumerate() {
-                let orow = &mut o[oy * r.ow..(oy + 1) * r.ow];
-                if r.linear {
-                    let (r0, r1) = (&i[y0 * r.w..(y0 + 1) * r.w], &i[y1 * r.w..(y1 + 1) * r.w]);
-                    for (v, &(x0, x1, lx)) in orow.iter_mut().zip(&r.xs) {
-                        let top = r0[x0] * (1.0 - lx) + r0[x1] * lx;
-                        let bot = r1[x0] * (1.0 - lx) + r1[x1] * lx;
-                        *v = top * (1.0 - ly) + bot * ly;
-                    }
-                } else {
-                    let r0 = &i[y0 * r.w..(y0 + 1) * r.w];
-                    for (v, &(x0, _, _)) in orow.iter_mut().zip(&r.xs) {
-                        *v = r0[x0];
-                    }
-                }
+        .for_each(|(o, i)| resize_plane(r, i, o));
+}
+
+/// One plane `i` (`h × w`) resized into `o` (`oh × ow`); also what the importer folds a
+/// Resize of a constant with.
+pub(crate) fn resize_plane(r: &ResizeK, i: &[f32], o: &mut [f32]) {
+    for (oy, &(y0, y1, ly)) in r.ys.iter().enumerate() {
+        let orow = &mut o[oy * r.ow..(oy + 1) * r.ow];
+        if r.linear {
+            let (r0, r1) = (&i[y0 * r.w..(y0 + 1) * r.w], &i[y1 * r.w..(y1 + 1) * r.w]);
+            for (v, &(x0, x1, lx)) in orow.iter_mut().zip(&r.xs) {
+                let top = r0[x0] * (1.0 - lx) + r0[x1] * lx;
+                let bot = r1[x0] * (1.0 - lx) + r1[x1] * lx;
+                *v = top * (1.0 - ly) + bot * ly;
             }
-        });
+        } else {
+            let r0 = &i[y0 * r.w..(y0 + 1) * r.w];
+            for (v, &(x0, _, _)) in orow.iter_mut().zip(&r.xs) {
+                *v = r0[x0];
+            }
+        }
+    }
 }

@@ -502,20 +502,13 @@ fn resize_known(c: &Ctx, x: &Arr<f32>, r: &ir::ResizeAttrs) -> OnnxResult<Arr<f3
     else {
         return Err(c.bad("internal: a Resize without its kernel"));
     };
-    let mut out = Vec::with_capacity(o.iter().product());
-    for i in x.data.chunks_exact(k.h * k.w) {
-        for &(y0, y1, ly) in &k.ys {
-            let (r0, r1) = (&i[y0 * k.w..(y0 + 1) * k.w], &i[y1 * k.w..(y1 + 1) * k.w]);
-            for &(x0, x1, lx) in &k.xs {
-                out.push(if k.linear {
-                    let top = r0[x0] * (1.0 - lx) + r0[x1] * lx;
-                    let bot = r1[x0] * (1.0 - lx) + r1[x1] * lx;
-                    top * (1.0 - ly) + bot * ly
-                } else {
-                    r0[x0]
-                });
-            }
-        }
+    let mut out = vec![0.0; o.iter().product()];
+    for (i, p) in x
+        .data
+        .chunks_exact(k.h * k.w)
+        .zip(out.chunks_exact_mut(k.oh * k.ow))
+    {
+        crate::kernels::resize_plane(&k, i, p);
     }
     Ok(Arr::new(o, out))
 }
