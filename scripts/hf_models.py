@@ -11,7 +11,11 @@ refusal (exit 2) is a row of its own with isolane's words. Writes a markdown tab
 one JSON line per row to --jsonl.
 
   python3 scripts/hf_models.py --isolane stage/isolane --backend cuda --precisions fp32,fp16 \\
-      --work /tmp/hf --out hf.md [--models vit,deit] [--exporters dynamo,classic] [--budget-s 220]
+      --work /tmp/hf --out hf.md [--models vit,deit] [--exporters dynamo,classic] [--budget-s 220] \\
+      [--batch 2]
+  python3 scripts/hf_models.py --fixture DIR   # the engine's classic-DETR regression fixture
+
+`--batch N` feeds N distinct images (the dynamo export has a fixed batch: run it at 1).
 
 Needs torch, transformers, onnx and onnxruntime (the GPU machine has them).
 """
@@ -46,6 +50,16 @@ MODELS = {
     # session 25: the models docs/conformance.md's Run 12 found refused (Run 13)
     "detr": ("DetrConfig", "DetrForObjectDetection", {"use_pretrained_backbone": False}, None),
     "mobilevitv2": ("MobileViTV2Config", "MobileViTV2ForImageClassification", {}, None),
+    # session 26: DETR's graph (the pixel mask held once along a moving batch axis, the
+    # attention mask indexed by arange(B)·HW + position) at 12.5k parameters, Transformers'
+    # own 2-stage ResNet as its backbone: the engine's regression fixture (--fixture)
+    "detr-tiny": ("DetrConfig", "DetrForObjectDetection", {
+        "use_timm_backbone": False, "use_pretrained_backbone": False, "backbone": None,
+        "backbone_config": {"model_type": "resnet", "embedding_size": 8, "hidden_sizes": [8, 16],
+                            "depths": [1, 1], "layer_type": "basic", "out_features": ["stage2"]},
+        "d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+        "decoder_attention_heads": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32,
+        "num_queries": 5, "num_labels": 3}, (64, 48)),
 }
 # timm models, by `timm/<name>`: timm.create_model(name, pretrained=False) at its
 # pretrained_cfg's input size (needs timm; without it the row is an export-error)
@@ -94,14 +108,15 @@ def reinit(m, torch):
                 mod.bias.copy_(torch.randn(n, generator=g) * 0.1)
 
 
-def export(name, exporter, d):
+def export(name, exporter, d, batch=1):
     import torch
 
     path = os.path.join(d, "model.onnx")
     if os.path.exists(path):
         return path, 0.0
     m, shape = build(name)
-    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    # `batch` distinct images (seed 1): a classic export with a dynamic batch runs at it.
+    x = torch.randn(batch, *shape[1:], generator=torch.Generator().manual_seed(1))
     np.save(os.path.join(d, "input.npy"), x.numpy())
     t = time.time()
     with torch.no_grad():
@@ -113,11 +128,34 @@ def export(name, exporter, d):
     return path, time.time() - t
 
 
-def reference(path, x):
+def reference(path, x, every=False):
     import onnxruntime as ort
 
     s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    return s.run(None, {s.get_inputs()[0].name: x})[0]
+    out = s.run(None, {s.get_inputs()[0].name: x})
+    return out if every else out[0]
+
+
+def fixture(out):
+    """The engine's regression fixture for a classic DETR export (crates/isolane-engine/tests/
+    fixtures/onnx/torch_detr_tiny_op17.*): detr-tiny exported classic (opset 17, dynamic
+    batch), a batch of 2 distinct images, onnxruntime's logits (`.output.npy`) and boxes
+    (`.boxes.npy`) for them."""
+    import shutil
+
+    os.makedirs(out, exist_ok=True)
+    work = os.path.join(out, "detr-tiny-classic")
+    os.makedirs(work, exist_ok=True)
+    path, _ = export("detr-tiny", "classic", work, batch=2)
+    x = np.load(os.path.join(work, "input.npy"))
+    logits, boxes = reference(path, x, every=True)[:2]
+    base = os.path.join(out, "torch_detr_tiny_op17")
+    shutil.copy(path, base + ".onnx")
+    np.save(base + ".input.npy", x)
+    np.save(base + ".output.npy", logits.astype(np.float32))
+    np.save(base + ".boxes.npy", boxes.astype(np.float32))
+    shutil.rmtree(work)
+    print(f"{base}.onnx: {os.path.getsize(base + '.onnx')} bytes, logits {logits.shape}, boxes {boxes.shape}")
 
 
 def row(args, name, exporter, precision, path, d, ref):
@@ -149,17 +187,29 @@ def row(args, name, exporter, precision, path, d, ref):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--isolane", required=True)
+    ap.add_argument("--isolane")
+    ap.add_argument("--fixture", metavar="DIR",
+                    help="write the engine's classic-DETR regression fixture into DIR and stop")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="images per input (distinct; a classic export's dynamic batch)")
     ap.add_argument("--backend", default="cuda", choices=["cpu", "cuda"])
     ap.add_argument("--precisions", default="fp32,fp16")
     ap.add_argument("--exporters", default="dynamo,classic")
     ap.add_argument("--models", default=",".join(list(MODELS) + [f"timm/{t}" for t in TIMM]))
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--work")
+    ap.add_argument("--out")
     ap.add_argument("--jsonl")
     ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--infer-timeout-s", type=float, default=120)
     args = ap.parse_args()
+    if args.fixture:
+        fixture(args.fixture)
+        return
+    for flag in ("isolane", "work", "out"):
+        if getattr(args, flag) is None:
+            sys.exit(f"--{flag} is required (or --fixture DIR)")
+    if args.batch < 1:
+        sys.exit(f"--batch {args.batch}: at least 1")
     precisions = args.precisions.split(",")
     for p in precisions:
         if p not in LIMITS:
@@ -184,7 +234,7 @@ def main():
             d = os.path.join(args.work, f"{name.replace('/', '-')}-{exporter}")
             os.makedirs(d, exist_ok=True)
             try:
-                path, secs = export(name, exporter, d)
+                path, secs = export(name, exporter, d, args.batch)
                 ref = reference(path, np.load(os.path.join(d, "input.npy")))
             except Exception as e:  # an exporter's or onnxruntime's refusal is a row, not a stop
                 r = {"model": name, "exporter": exporter, "status": "export-error",

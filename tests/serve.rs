@@ -165,6 +165,8 @@ fn tritonclient_over_http_and_grpc_gets_infers_outputs_refusals_and_a_drain() {
         "ok: gRPC: an impossible deadline is refused with RESOURCE_EXHAUSTED",
         "ok: HTTP: a request compressed with gzip is answered",
         "ok: HTTP: a request compressed with deflate is answered",
+        "ok: HTTP: nan sent as JSON reaches the model as it was",
+        "ok: HTTP: -inf sent as JSON reaches the model as it was",
         "ok: gRPC: a request compressed with gzip is answered",
         "ok: gRPC: a request compressed with deflate is answered",
         "ok: HTTP: a batch past the model's is refused with 400",

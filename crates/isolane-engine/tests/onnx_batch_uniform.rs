@@ -1,7 +1,9 @@
 //! A ConstantOfShape whose shape holds the batch size (PyTorch's classic export of
-//! `torch.zeros(x.shape[0], h, w)`, edgenext's positional encoding): held with one row,
-//! computed row by row and broadcast where it meets the activations; refused by name where an
-//! op would not treat its rows alike.
+//! `torch.zeros(x.shape[0], h, w)`, edgenext's positional encoding; DETR's all-ones pixel
+//! mask): held once, computed repeat by repeat wherever the batch axis moves, and broadcast
+//! where it meets the activations; integers counting along the batch (`Range(0, B)`, the
+//! classic exporter's `arange(B)·HW + position` indices) held with a step per sample; refused
+//! by name where an op would not treat the samples alike.
 
 use std::path::Path;
 
@@ -160,8 +162,11 @@ fn an_op_that_mixes_its_rows_is_refused_by_name() {
     assert!(e.contains("\"cs\""), "{e}");
 }
 
+/// A transpose may move the batch (the value is held along dimension 1 then), but adding it
+/// to the activations, whose batch is dimension 0, would pair every sample with every other:
+/// refused, naming the op and the held value.
 #[test]
-fn a_transpose_that_moves_the_batch_is_refused() {
+fn a_held_batch_that_meets_the_activations_on_another_axis_is_refused() {
     let mut t = node("Transpose", &["cs"], "t");
     t.attribute.push(AttributeProto {
         name: Some("perm".into()),
@@ -172,7 +177,128 @@ fn a_transpose_that_moves_the_batch_is_refused() {
     let tail = vec![t, node("Add", &["x", "t"], "y")];
     let e = import_model(model(tail, batched("y", &[4, 3, 3]))).unwrap_err();
     assert!(
-        e.contains("Transpose") && e.contains("ConstantOfShape"),
+        e.contains("Add") && e.contains("\"t\"") && e.contains("along dimension 1"),
+        "{e}"
+    );
+    assert!(e.contains("does not broadcast along the batch axis"), "{e}");
+}
+
+/// `model` with more initializers (each a `TensorProto`).
+fn with_inits(mut m: ModelProto, inits: Vec<TensorProto>) -> ModelProto {
+    if let Some(g) = m.graph.as_mut() {
+        g.initializer.extend(inits);
+    }
+    m
+}
+
+/// Runs `g` at `batch` on `x[i] = i / 2`; returns the input and the output.
+fn run(g: &isolane_engine::ir::Graph, batch: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut m = CpuBackend::new(1)
+        .compile(g, batch, Precision::Fp32)
+        .unwrap();
+    let x: Vec<f32> = (0..m.input_mut().len()).map(|i| i as f32 * 0.5).collect();
+    m.input_mut().copy_from_slice(&x);
+    m.run().unwrap();
+    (x, m.output().to_vec())
+}
+
+/// The batch moves off dimension 0 and back (DETR's `mask[None]` … `[0]`): Unsqueeze puts it
+/// on dimension 1, Gather of index 0 along dimension 0 brings it back; the value stays held
+/// once throughout, and every sample gets it.
+#[test]
+fn a_held_batch_moved_to_dimension_1_and_back_reaches_every_sample() {
+    let tail = vec![
+        node("Unsqueeze", &["cs", "axes0"], "u"),
+        with_int(node("Gather", &["u", "zero"], "back"), "axis", 0),
+        node("Unsqueeze", &["back", "axes1"], "b4"),
+        node("Add", &["x", "b4"], "y"),
+    ];
+    let g = import_model(model(tail, batched("y", &[4, 3, 3]))).unwrap();
+    for batch in [1, 3] {
+        let (x, y) = run(&g, batch);
+        assert_eq!(y.len(), batch * 36);
+        for (i, (&y, &x)) in y.iter().zip(&x).enumerate() {
+            assert_eq!(y, x + (i % 3) as f32 + 1.0, "element {i} at batch {batch}");
+        }
+    }
+}
+
+/// The classic exporter's advanced indexing `m[arange(B)[:, None], pos]` of a `[B, 9]` value:
+/// the value flattened to `[B·9]`, indexed by `arange(B)·9 + pos`. `Range(0, B)` is held as
+/// its first value with a step of 1 per sample, the index as `pos` with a step of 9, and the
+/// Gather reads each sample's own 9 elements: computed at import, the same for every sample.
+/// `scale` multiplies the sample index instead of 9 and `limit_plus` is added to Range's limit
+/// (0 and 9 in the real case).
+fn counting_index_model(scale: i64, limit_plus: i64) -> ModelProto {
+    let tail = vec![
+        node("Reshape", &["cs", "minus1"], "flat"),
+        node("Add", &["b", "limit_plus"], "limit"),
+        node("Range", &["zero", "limit", "one"], "samples"),
+        node("Unsqueeze", &["samples", "axes1"], "col"),
+        node("Mul", &["col", "scale"], "starts"),
+        node("Add", &["starts", "pos"], "idx"),
+        with_int(node("Gather", &["flat", "idx"], "picked"), "axis", 0),
+        node("Reshape", &["picked", "shape4"], "p4"),
+        node("Add", &["x", "p4"], "y"),
+    ];
+    with_inits(
+        model(tail, batched("y", &[4, 3, 3])),
+        vec![
+            ints("minus1", &[1], &[-1]),
+            ints("one", &[], &[1]),
+            ints("limit_plus", &[], &[limit_plus]),
+            ints("scale", &[], &[scale]),
+            // Each sample's 9 elements in reverse order.
+            ints("pos", &[1, 9], &[8, 7, 6, 5, 4, 3, 2, 1, 0]),
+            ints("shape4", &[4], &[-1, 1, 3, 3]),
+        ],
+    )
+}
+
+#[test]
+fn indices_counting_along_the_batch_read_each_samples_own_elements() {
+    let g = import_model(counting_index_model(9, 0)).unwrap();
+    for batch in [1, 2, 3] {
+        let (x, y) = run(&g, batch);
+        assert_eq!(y.len(), batch * 36);
+        for (i, (&y, &x)) in y.iter().zip(&x).enumerate() {
+            // cs is 1, 2, 3 along the width; reversed within each 3×3 sample: 3, 2, 1.
+            assert_eq!(y, x + (3 - i % 3) as f32, "element {i} at batch {batch}");
+        }
+    }
+}
+
+#[test]
+fn indices_that_reach_into_another_samples_elements_are_refused() {
+    // arange(B)·8 + pos: sample 1 would read element 8 of sample 0.
+    let e = import_model(counting_index_model(8, 0)).unwrap_err();
+    assert!(
+        e.contains("Gather") && e.contains("reaches outside the sample's own 9 elements"),
+        "{e}"
+    );
+    // Range(0, B + 1): its length is not a multiple of the batch.
+    let e = import_model(counting_index_model(9, 1)).unwrap_err();
+    assert!(
+        e.contains("Range") && e.contains("multiple of the batch"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_product_of_two_values_counting_along_the_batch_is_refused() {
+    let tail = vec![
+        node("Range", &["zero", "b", "one"], "samples"),
+        node("Mul", &["samples", "samples"], "squares"),
+        node("Cast", &["squares"], "f"),
+        node("Add", &["x", "f"], "y"),
+    ];
+    let m = with_inits(
+        model(tail, batched("y", &[4, 3, 3])),
+        vec![ints("one", &[], &[1])],
+    );
+    let e = import_model(m).unwrap_err();
+    assert!(
+        e.contains("Mul") && e.contains("a product of two values that count along the batch"),
         "{e}"
     );
 }
@@ -193,4 +319,50 @@ fn a_uniform_value_as_another_input_than_the_data_is_refused() {
     let tail = vec![node("Clip", &["x", "cs"], "y")];
     let e = import_model(model(tail, batched("y", &[4, 3, 3]))).unwrap_err();
     assert!(e.contains("Clip") && e.contains("ConstantOfShape"), "{e}");
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += (*x as f64 - *y as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Hugging Face DETR exported by PyTorch's classic exporter (scripts/hf_models.py --fixture:
+/// a 12.5k-parameter config with DETR's graph). Its all-ones pixel mask `[B, H, W]` is
+/// unsqueezed to `[1, B, H, W]` (the batch on dimension 1), resized, taken back with `[0]`,
+/// flattened to `[B·HW]` and indexed by `arange(B)·HW + position` for the attention masks:
+/// all held once and computed at import. Both outputs match onnxruntime at batch 2 (distinct
+/// images) and, from the same import, at batch 1 (the first image's rows).
+#[test]
+fn detr_classic_export_matches_onnxruntime_at_batch_1_and_2() {
+    use isolane_engine::io::read_npy;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/onnx");
+    let stem = dir.join("torch_detr_tiny_op17");
+    let g = isolane_engine::onnx::import_file(stem.with_extension("onnx")).unwrap();
+    let x = read_npy(stem.with_extension("input.npy")).unwrap();
+    let logits = read_npy(stem.with_extension("output.npy")).unwrap();
+    let boxes = read_npy(stem.with_extension("boxes.npy")).unwrap();
+    assert_eq!(x.shape[0], 2);
+    for batch in [2, 1] {
+        let mut m = CpuBackend::new(1)
+            .compile(&g, batch, Precision::Fp32)
+            .unwrap();
+        let per = x.data.len() / 2;
+        m.input_mut().copy_from_slice(&x.data[..per * batch]);
+        m.run().unwrap();
+        for (k, want) in [(0, &logits), (1, &boxes)] {
+            let n = want.data.len() / 2 * batch;
+            assert_eq!(m.output_shape_at(k)[0], batch);
+            assert_eq!(m.output_at(k).len(), n);
+            let err = rel_l2(m.output_at(k), &want.data[..n]);
+            println!("output {k} at batch {batch}: relative L2 {err:.2e}");
+            assert!(
+                err <= 1e-5,
+                "output {k} at batch {batch}: relative L2 {err:.2e}"
+            );
+        }
+    }
 }

@@ -96,6 +96,7 @@ fn dynamic_batch_fixtures_run_at_other_batches() {
         "shape_chain_expand_where_op15",
         "torch_vit_tiny_op17",
         "torch_convnext_tiny_op17",
+        "torch_detr_tiny_op17",
     ] {
         let g = import_file(dir().join(format!("{name}.onnx"))).unwrap();
         let x = read_npy(dir().join(format!("{name}.input.npy"))).unwrap();

@@ -4,10 +4,11 @@
 
 use crate::error::json_error;
 use crate::messages::{InferRequest, InferResponse, InferTensor, RequestedOutput};
+use crate::nonfinite;
 use crate::params::{param_error, BINARY_DATA, BINARY_DATA_OUTPUT, BINARY_DATA_SIZE};
 use crate::tensor::{
-    check_binary, check_json_encodable, decode_json_data, element_count, first_non_finite,
-    json_with_non_finite, shape_text, JsonData,
+    check_binary, check_json_encodable, decode_json_data, element_count, json_with_non_finite,
+    shape_text, JsonData,
 };
 use crate::{DataType, Limits, Parameter, Parameters, ProtocolError, Tensor, MAX_DIMS};
 use bytes::Bytes;
@@ -525,6 +526,7 @@ impl<'l> TensorChecker<'l> {
 
 /// Checks and reads the tensors of a header, taking binary ones from `binary` in order: as
 /// slices of `owner` (the body `binary` is part of) where there is one, else as copies.
+/// `marked`: the header is one [`nonfinite::mark`] rewrote.
 fn decode_tensors(
     tensors: &[InferTensor],
     binary: Option<&[u8]>,
@@ -532,6 +534,7 @@ fn decode_tensors(
     role: &'static str,
     limits: &Limits,
     shm: Option<&dyn SharedMemory>,
+    marked: bool,
 ) -> Result<Vec<Tensor>, ProtocolError> {
     let mut checker = TensorChecker::new(role, limits);
     checker.shared = shm.is_some();
@@ -585,6 +588,7 @@ fn decode_tensors(
                     raw.get(),
                     h.budget,
                     limits.max_tensor_bytes,
+                    marked,
                 )?;
                 checker.take(h, data)
             }
@@ -748,15 +752,18 @@ fn decode_request_in(
     shm: Option<&dyn SharedMemory>,
 ) -> Result<DecodedRequest, ProtocolError> {
     let (header, binary) = split_body(body, header_len, limits, "the inference request")?;
+    let header = nonfinite::mark(header);
     let req: InferRequest =
-        serde_json::from_str(header).map_err(|e| json_error("the inference request", &e))?;
+        serde_json::from_str(&header.text).map_err(|e| json_error("the inference request", &e))?;
+    tokens_in_data_only(&header, &req.inputs, "the inference request")?;
     let deadline_ms = req.parameters.deadline_ms()?;
     req.parameters.refuse_sequence()?;
     let binary_data_output = req
         .parameters
         .bool(BINARY_DATA_OUTPUT, "the request")?
         .unwrap_or(false);
-    let inputs = decode_tensors(&req.inputs, binary, owner, "input", limits, shm)?;
+    let marked = header.tokens > 0;
+    let inputs = decode_tensors(&req.inputs, binary, owner, "input", limits, shm, marked)?;
     let mut shared = Vec::new();
     let mut classification = Vec::new();
     let requested = match &req.outputs {
@@ -781,6 +788,36 @@ fn decode_request_in(
     })
 }
 
+/// Refuses NaN and the infinities anywhere but in tensors' `data` (a shape, a parameter, an
+/// unknown field), where [`nonfinite::mark`] made them 0s that would be read as such.
+fn tokens_in_data_only(
+    header: &nonfinite::Marked<'_>,
+    tensors: &[InferTensor],
+    what: &'static str,
+) -> Result<(), ProtocolError> {
+    if header.tokens == 0 {
+        return Ok(());
+    }
+    let in_data: usize = tensors
+        .iter()
+        .filter_map(|t| t.data.as_deref())
+        .map(|raw| nonfinite::count(raw.get()))
+        .sum();
+    if in_data == header.tokens {
+        return Ok(());
+    }
+    let outside = header.tokens - in_data;
+    Err(ProtocolError::Json {
+        what,
+        message: format!(
+            "{outside} of its NaN and infinity tokens (`NaN`, `Inf`, `Infinity`, each with or \
+             without `-`) {} outside tensors' `data`; they are read only as elements of FP16, \
+             BF16, FP32 and FP64 data",
+            if outside == 1 { "is" } else { "are" }
+        ),
+    })
+}
+
 /// Decodes an inference response body (what a client does), with the same checks.
 pub fn decode_response(
     body: &[u8],
@@ -788,10 +825,13 @@ pub fn decode_response(
     limits: &Limits,
 ) -> Result<DecodedResponse, ProtocolError> {
     let (header, binary) = split_body(body, header_len, limits, "the inference response")?;
+    let header = nonfinite::mark(header);
     let resp: InferResponse =
-        serde_json::from_str(header).map_err(|e| json_error("the inference response", &e))?;
+        serde_json::from_str(&header.text).map_err(|e| json_error("the inference response", &e))?;
+    tokens_in_data_only(&header, &resp.outputs, "the inference response")?;
     let late = resp.parameters.late()?;
-    let outputs = decode_tensors(&resp.outputs, binary, None, "output", limits, None)?;
+    let marked = header.tokens > 0;
+    let outputs = decode_tensors(&resp.outputs, binary, None, "output", limits, None, marked)?;
     Ok(DecodedResponse {
         meta: ResponseMeta {
             model_name: resp.model_name,
@@ -827,12 +867,11 @@ impl Form {
 /// A message's header entries, their binary parts, and the data texts [`Splice`] puts in.
 type Encodings<'t> = (Vec<InferTensor>, Vec<&'t [u8]>, Vec<String>);
 
-/// `tokens`: NaN and the infinities go as Triton's tokens (a response); else they are refused
-/// (a request: isolane's decoder, serde_json, reads standard JSON only).
+/// NaN and the infinities go as Triton's tokens, in a response as in a request (Triton's
+/// reader and isolane's take them: [`nonfinite`]).
 fn encode_tensors<'t>(
     tensors: impl Iterator<Item = (&'t Tensor, Form)>,
     role: &str,
-    tokens: bool,
 ) -> Result<Encodings<'t>, ProtocolError> {
     let mut entries = Vec::new();
     let mut binaries = Vec::new();
@@ -863,17 +902,6 @@ fn encode_tensors<'t>(
             Form::Shared => None,
             Form::Json => {
                 check_json_encodable(t, &what)?;
-                if !tokens {
-                    if let Some(i) = first_non_finite(t) {
-                        return Err(ProtocolError::Unrepresentable {
-                            tensor: what,
-                            message: format!(
-                                "element {i} is not a finite number; a request's JSON data \
-                                 carries finite numbers only (send it as binary data)"
-                            ),
-                        });
-                    }
-                }
                 let raw = match json_with_non_finite(t) {
                     // A RawValue holds standard JSON only: a placeholder stands in its place.
                     Some(text) => {
@@ -968,7 +996,6 @@ pub fn encode_response(
             (t, form)
         }),
         "output",
-        true,
     )?;
     let header = InferResponse {
         model_name: meta.model_name.clone(),
@@ -994,7 +1021,6 @@ pub fn encode_request(
     let (entries, binaries, spliced) = encode_tensors(
         inputs.iter().map(|&(t, binary)| (t, Form::binary(binary))),
         "input",
-        false,
     )?;
     let header = InferRequest {
         id: id.map(str::to_owned),

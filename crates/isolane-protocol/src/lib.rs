@@ -22,6 +22,7 @@ mod error;
 pub mod grpc;
 mod infer;
 mod messages;
+mod nonfinite;
 mod params;
 mod tensor;
 

@@ -1,6 +1,7 @@
 //! A decoded tensor (name, datatype, shape, little-endian bytes) and the reading of its data
 //! from a JSON `data` array or from binary data, and the writing of it back as JSON.
 
+use crate::nonfinite;
 use crate::{DataType, ProtocolError};
 use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
@@ -523,7 +524,9 @@ impl<'de> Visitor<'de> for Flat<'_, '_> {
 }
 
 /// Reads a JSON `data` array (flat or nested; only the element count must match the shape)
-/// into little-endian bytes. `budget` is what the message's limit leaves.
+/// into little-endian bytes. `budget` is what the message's limit leaves. `marked`: the text is
+/// a part of one [`nonfinite::mark`] rewrote, whose markers are NaN and the infinities.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_json_data(
     what: &str,
     datatype: DataType,
@@ -532,8 +535,31 @@ pub(crate) fn decode_json_data(
     raw: &str,
     budget: u64,
     limit: u64,
+    marked: bool,
 ) -> Result<Vec<u8>, ProtocolError> {
     let raw = raw.trim_start();
+    // In a marked text every carriage return is a marker's.
+    let marked = marked && raw.contains('\r');
+    let float = matches!(
+        datatype,
+        DataType::Fp16 | DataType::Bf16 | DataType::Fp32 | DataType::Fp64
+    );
+    if marked && !float {
+        let allowed = match datatype {
+            DataType::Bool => "true or false",
+            DataType::Bytes => "strings",
+            _ => "integers",
+        };
+        let token = nonfinite::first(raw).map_or("NaN", nonfinite::Kind::token);
+        return Err(tensor_error(
+            what,
+            "data",
+            format!(
+                "holds {token}; {datatype} elements are {allowed} (NaN and the infinities are \
+                 FP16, BF16, FP32 and FP64 values)"
+            ),
+        ));
+    }
     if !raw.starts_with('[') {
         let kind = match raw.as_bytes().first() {
             Some(b'{') => "an object",
@@ -588,7 +614,32 @@ pub(crate) fn decode_json_data(
             ),
         ));
     }
+    if marked {
+        // Each marker was read as a 0 at its element's place: it takes its value there, in
+        // the datatype as Triton narrows a double (NaN stays a quiet NaN).
+        let out = &mut sink.out;
+        nonfinite::for_each_marked(raw, |i, kind| {
+            let x = kind.value();
+            let mut buf = [0u8; 8];
+            let size = match datatype {
+                DataType::Fp16 => put(&mut buf, &half::f16::from_f64(x).to_le_bytes()),
+                DataType::Bf16 => put(&mut buf, &half::bf16::from_f64(x).to_le_bytes()),
+                DataType::Fp32 => put(&mut buf, &(x as f32).to_le_bytes()),
+                _ => put(&mut buf, &x.to_le_bytes()),
+            };
+            let at = i as usize * size;
+            if let Some(place) = out.get_mut(at..at + size) {
+                place.copy_from_slice(&buf[..size]);
+            }
+        });
+    }
     Ok(sink.out)
+}
+
+/// Copies `bytes` to the start of `buf`; their count.
+fn put(buf: &mut [u8; 8], bytes: &[u8]) -> usize {
+    buf[..bytes.len()].copy_from_slice(bytes);
+    bytes.len()
 }
 
 /// A tensor's data as a flat JSON array; checked beforehand by [`check_json_encodable`].
@@ -657,11 +708,6 @@ fn floats(t: &Tensor) -> Option<Box<dyn Iterator<Item = Float> + '_>> {
         ),
         _ => return None,
     })
-}
-
-/// The first element of a float tensor that is NaN or an infinity.
-pub(crate) fn first_non_finite(t: &Tensor) -> Option<usize> {
-    floats(t)?.position(|x| !x.wide().is_finite())
 }
 
 /// A float tensor that holds NaN or an infinity as a flat JSON array with them written as

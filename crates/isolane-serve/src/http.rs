@@ -600,6 +600,20 @@ mod tests {
         length: u64,
         body: &[u8],
     ) -> (String, String) {
+        let answer = infer_raw(addr, headers, length, body).await;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let status = answer.lines().next().unwrap_or("").to_string();
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, body.to_string())
+    }
+
+    /// The whole answer, head and body, as bytes.
+    async fn infer_raw(
+        addr: std::net::SocketAddr,
+        headers: &str,
+        length: u64,
+        body: &[u8],
+    ) -> Vec<u8> {
         let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
         let head = format!(
             "POST /v2/models/echo/infer HTTP/1.1\r\nHost: {addr}\r\n{headers}\
@@ -615,10 +629,7 @@ mod tests {
             }
             Err(_) => panic!("no answer within 30 s"),
         }
-        let answer = String::from_utf8_lossy(&answer).into_owned();
-        let status = answer.lines().next().unwrap_or("").to_string();
-        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        (status, body.to_string())
+        answer
     }
 
     fn two_rows(parameters: &str) -> String {
@@ -640,7 +651,6 @@ mod tests {
             values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         )
         .unwrap();
-        // The input goes as binary data (a request's JSON carries finite numbers only).
         let enc = isolane_protocol::encode_request(
             None,
             &isolane_protocol::Parameters::new(),
@@ -659,6 +669,38 @@ mod tests {
                 body.contains(r#""data":[1.1,NaN,Infinity,-Infinity]"#),
                 "{body}"
             );
+        });
+    }
+
+    /// Triton reads request JSON with rapidjson's kParseNanAndInfFlag, so `NaN`, `Infinity`
+    /// and `-Infinity` in FP32 data are taken; isolane answered 400 (standard JSON only). The
+    /// spin echoes its input, so the binary output is the tensor the model ran on.
+    #[test]
+    fn json_data_with_nan_and_infinities_reaches_the_model_as_those_bits() {
+        let body = format!(
+            r#"{{"inputs":[{{"name":"{}","shape":[4,1],"datatype":"FP32","data":[NaN, Infinity, -Infinity, 1.0]}}],"outputs":[{{"name":"{}","parameters":{{"binary_data":true}}}}]}}"#,
+            isolane_runtime::exec::SPIN_INPUT,
+            isolane_runtime::exec::SPIN_OUTPUT
+        );
+        with_http(|addr| async move {
+            let answer = infer_raw(addr, "", body.len() as u64, body.as_bytes()).await;
+            let split = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+            let head = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+            let header_len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("inference-header-content-length:"))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let data = &answer[split + 4 + header_len..];
+            let bits: Vec<u32> = data
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            // Triton's `float = double` of rapidjson's quiet NaN and infinities.
+            assert_eq!(bits, [0x7fc0_0000, 0x7f80_0000, 0xff80_0000, 0x3f80_0000]);
         });
     }
 

@@ -26,6 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+pub(crate) mod batch_uniform;
 mod older;
 
 use crate::ops::quant::import as quant;
@@ -368,9 +369,10 @@ pub(crate) struct Importer<'m> {
     pub(crate) folded: u128,
     pub(crate) fold_budget: u128,
     pub(crate) fresh: usize,
-    /// Values the size of the batch whose rows are all equal (a ConstantOfShape([B, ...]) and
-    /// what is computed from it row by row), held with one row: [`batch_uniform`] says how.
-    pub(crate) uniform: HashSet<String>,
+    /// Values the size of the batch held once (a ConstantOfShape([B, ...]) and what is
+    /// computed from it repeat by repeat), with the axis that holds the batch:
+    /// [`batch_uniform`] says how.
+    pub(crate) uniform: HashMap<String, batch_uniform::Tiled>,
     /// Element types of quantized constants, and the FakeQuants made (`quant`).
     pub(crate) quant: quant::State,
     /// The import function of each ONNX op type this importer knows.
@@ -429,7 +431,7 @@ impl<'m> Importer<'m> {
             folded: 0,
             fold_budget: FOLD_BUDGET_BYTES,
             fresh: 0,
-            uniform: HashSet::new(),
+            uniform: HashMap::new(),
             quant: quant::State::default(),
             ops,
         }
@@ -524,10 +526,10 @@ impl<'m> Importer<'m> {
                 self.vals.get(name).cloned().ok_or_else(|| {
                     self.invalid(format!("graph output {name:?} is never computed"))
                 })?;
-            if self.uniform.contains(name) {
+            if self.uniform.contains_key(name) {
                 return Err(self.invalid(format!(
                     "graph output {name:?} is built from a ConstantOfShape the size of the batch \
-                     without meeting the input: isolane holds such values with one row"
+                     without meeting the input: isolane holds such values once"
                 )));
             }
             self.check_declared_output(k, &v)?;
@@ -744,12 +746,22 @@ impl<'m> Importer<'m> {
         if !known_domain {
             return Err(c.unsupported_op());
         }
-        let reads_uniform = n.input.iter().any(|i| self.uniform.contains(i));
-        if reads_uniform {
-            batch_uniform::check(self, &c)?;
-        }
+        let reads_uniform = n.input.iter().any(|i| self.uniform.contains_key(i));
+        let axis = if reads_uniform {
+            batch_uniform::check(self, &c)?
+        } else {
+            None
+        };
         let int_outputs = self.quantized_readers(&c)?;
-        let outs = self.dispatch(&c)?;
+        let (outs, tiled) = match batch_uniform::range(self, &c)? {
+            Some((v, t)) => (vec![v], Some(t)),
+            None => {
+                let outs = self.dispatch(&c)?;
+                let step = batch_uniform::step_of(self, &c)?;
+                let axis = axis.or_else(|| batch_uniform::made_by(self, &c));
+                (outs, axis.map(|axis| batch_uniform::Tiled { axis, step }))
+            }
+        };
         c.check_all_read()?;
         if let Some(t) = int_outputs {
             self.tag_int_outputs(n, &outs, t);
@@ -764,14 +776,14 @@ impl<'m> Importer<'m> {
                 self.folded, self.fold_budget
             )));
         }
-        // (Shape's output is the shape, with the batch size in it: not a value the size of it.)
-        let makes_uniform =
-            (reads_uniform && c.op() != "Shape") || batch_uniform::made_by(self, &c);
         for (i, name) in n.output.iter().enumerate() {
-            // A row-wise op of a uniform value stays uniform unless it met a batched tensor
-            // (broadcast at run time: its result is the real batch).
-            if makes_uniform && outs.get(i).is_some_and(|v| !batch_uniform::batched(v)) {
-                self.uniform.insert(name.clone());
+            // An op of a held value is held too unless it met a batched tensor (broadcast at
+            // run time: its result is the real batch).
+            match &tiled {
+                Some(t) if outs.get(i).is_some_and(|v| !batch_uniform::batched(v)) => {
+                    self.uniform.insert(name.clone(), t.clone());
+                }
+                _ => {}
             }
             if name.is_empty() {
                 continue;
@@ -1283,200 +1295,5 @@ mod tests {
         );
         // The default budget leaves real models' shape subgraphs far below it.
         import(&m).unwrap();
-    }
-}
-
-/// Values the size of the batch that do not depend on the input's rows.
-///
-/// PyTorch's classic exporter writes `torch.zeros(x.shape[0], h, w)` (edgenext's positional
-/// encoding: a mask of zeros, cumulated, through sin/cos and a 1×1 convolution, then added to
-/// the activations) as a ConstantOfShape whose shape holds the batch size, which import-time
-/// folding cannot know. Every row of such a value is the same, so it is held with one row and
-/// broadcast where it meets the batched activations, which gives each row what the model
-/// computes. That holds only while every op treats rows alike: [`check`] admits the row-wise
-/// ops whose dimension 0 stays the batch and refuses the rest by name.
-pub(crate) mod batch_uniform {
-    use super::*;
-
-    /// The batch size as a symbolic integer (`1·B + 0`).
-    pub(crate) const BATCH: Sym = Sym { a: 1, c: 0 };
-
-    /// Elementwise ops: a uniform value may be any of their inputs if the others broadcast
-    /// along dimension 0 ([`broadcasts_by_row`]).
-    const ELEMENTWISE: &[&str] = &[
-        "Add",
-        "Sub",
-        "Mul",
-        "Div",
-        "Pow",
-        "And",
-        "Or",
-        "Equal",
-        "Less",
-        "Greater",
-        "LessOrEqual",
-        "GreaterOrEqual",
-        "Where",
-        "Max",
-        "Min",
-        "Mod",
-    ];
-
-    /// The shape of a ConstantOfShape whose shape input is `[B, fixed...]`, with one row.
-    pub(crate) fn one_row_shape(im: &Importer, c: &Ctx) -> Result<Option<Vec<i64>>> {
-        let Some(Val::I(a)) = im.get(c, 0)? else {
-            return Ok(None);
-        };
-        match a.data.split_first() {
-            Some((&first, rest)) if first == BATCH && rest.iter().all(|s| s.is_const()) => Ok(
-                Some(std::iter::once(1).chain(rest.iter().map(|s| s.c)).collect()),
-            ),
-            _ => Ok(None),
-        }
-    }
-
-    /// The shape, with one row, of an Expand of a constant to `[B, fixed...]` (transformers
-    /// 5's attention mask, classic export: a bool of position indices expanded to the batch).
-    /// A constant's rows are all equal, so it is held with one row like a ConstantOfShape's;
-    /// `None` where the constant's own dimension 0 is not 1 (it would not broadcast to B). A
-    /// float constant is not: it becomes a runtime Expand, which Concat with a batched tensor
-    /// needs (ViT's class token).
-    pub(crate) fn one_row_expand(im: &Importer, c: &Ctx) -> Result<Option<Vec<usize>>> {
-        let x = im.req(c, 0)?;
-        if !matches!(x, Val::B(_) | Val::I(_)) {
-            return Ok(None);
-        }
-        let Ok(target) = super::known_shape(c, im.req(c, 1)?) else {
-            return Ok(None);
-        };
-        let xs = super::static_shape(&x);
-        match target.split_first() {
-            Some((&first, rest))
-                if first == BATCH
-                    && rest.iter().all(|s| s.is_const() && s.c >= 0)
-                    && xs.len() <= target.len()
-                    && (xs.len() < target.len() || xs[0] == 1) =>
-            {
-                Ok(Some(
-                    std::iter::once(1)
-                        .chain(rest.iter().map(|s| s.c as usize))
-                        .collect(),
-                ))
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// Whether node `c` just created a uniform value (a ConstantOfShape of `[B, ...]`, or an
-    /// Expand of a constant to it).
-    pub(crate) fn made_by(im: &Importer, c: &Ctx) -> bool {
-        match c.op() {
-            "ConstantOfShape" => matches!(one_row_shape(im, c), Ok(Some(_))),
-            "Expand" => matches!(one_row_expand(im, c), Ok(Some(_))),
-            _ => false,
-        }
-    }
-
-    /// A value whose dimension 0 is the batch (a runtime tensor of the real batch).
-    pub(crate) fn batched(v: &Val) -> bool {
-        v.sym_shape()
-            .ok()
-            .and_then(|s| s.first().copied())
-            .is_some_and(|d| !d.is_const())
-    }
-
-    /// Refuses node `c`, which reads a uniform value, unless it treats rows alike and keeps
-    /// dimension 0 the batch.
-    pub(crate) fn check(im: &Importer, c: &Ctx) -> Result<()> {
-        let op = c.op();
-        // Apart from elementwise ops and Concat, the rule is about the op's data input: a
-        // uniform weight, shape, axes or bound means something else entirely (a weight's
-        // dimension 0 is its output channels, not the batch).
-        let elementwise = ELEMENTWISE.contains(&op);
-        let only_data = c.n.input.iter().skip(1).all(|i| !im.uniform.contains(i));
-        let keeps_rows = (elementwise || op == "Concat" || only_data)
-            && match op {
-                _ if elementwise => broadcasts_by_row(im, c)?,
-                "Identity" | "Cast" | "CastLike" | "Not" | "Neg" | "Abs" | "Sin" | "Cos"
-                | "Exp" | "Log" | "Sqrt" | "Relu" | "Sigmoid" | "Tanh" | "Erf" | "Reciprocal"
-                | "Floor" | "Ceil" | "Clip" | "HardSwish" | "Shape" | "Conv"
-                | "BatchNormalization" | "MaxPool" | "AveragePool" | "GlobalAveragePool" => true,
-                "CumSum" => !axes_touch_rows(im, c, 1)?,
-                "Slice" => !axes_touch_rows(im, c, 3)?,
-                "Unsqueeze" | "Squeeze" => {
-                    let axes = if im.m.opset >= 13 {
-                        im.ints_input(c, 1, "axes")?
-                    } else {
-                        c.peek_ints("axes")
-                    };
-                    axes.is_some_and(|a| !a.contains(&0))
-                }
-                "Transpose" => c.peek_ints("perm").is_some_and(|p| p.first() == Some(&0)),
-                "Concat" => {
-                    c.peek_int("axis")
-                        .is_some_and(|a| a != 0 && a != -rank_of(im, c))
-                        && c.n
-                            .input
-                            .iter()
-                            .all(|i| i.is_empty() || im.uniform.contains(i))
-                }
-                "Reshape" => {
-                    let target = super::known_shape(c, im.req(c, 1)?).ok();
-                    target.is_some_and(|t| t.first().is_some_and(|&d| d == BATCH || d == Sym::k(0)))
-                }
-                "Softmax" | "LayerNormalization" => c.peek_int("axis").unwrap_or(-1) != 0,
-                "Expand" => one_row_expand(im, c)?.is_some(),
-                _ => false,
-            };
-        if keeps_rows {
-            return Ok(());
-        }
-        let name =
-            c.n.input
-                .iter()
-                .find(|i| im.uniform.contains(*i))
-                .cloned()
-                .unwrap_or_default();
-        Err(c.bad(format!(
-            "{op} of {name:?}, a value the size of the batch built by a ConstantOfShape \
-             (isolane holds it with one row, the rows being equal), in a way that does not \
-             treat its rows alike or moves the batch from dimension 0: not supported"
-        )))
-    }
-
-    fn rank_of(im: &Importer, c: &Ctx) -> i64 {
-        c.n.input
-            .iter()
-            .find_map(|i| im.vals.get(i))
-            .map_or(0, |v| v.rank() as i64)
-    }
-
-    /// An elementwise op of uniform values and others that broadcast along dimension 0: of
-    /// lower rank, one row, uniform too, or batched at run time.
-    fn broadcasts_by_row(im: &Importer, c: &Ctx) -> Result<bool> {
-        let rank = rank_of(im, c) as usize;
-        for (i, name) in c.n.input.iter().enumerate() {
-            if name.is_empty() || im.uniform.contains(name) {
-                continue;
-            }
-            let Some(v) = im.get(c, i)? else { continue };
-            let s = v.sym_shape().map_err(|e| c.bad(e))?;
-            let fine =
-                s.len() < rank || s.first().is_some_and(|&d| d == Sym::k(1) || !d.is_const());
-            if s.len() > rank || !fine {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    /// Whether the axes of node `c` (its input `i`) include dimension 0. Absent axes do: a
-    /// Slice without them starts at axis 0, and CumSum requires its axis.
-    fn axes_touch_rows(im: &Importer, c: &Ctx, i: usize) -> Result<bool> {
-        let rank = rank_of(im, c);
-        Ok(match im.ints_input(c, i, "axes")? {
-            Some(axes) => axes.iter().any(|&a| a == 0 || a == -rank),
-            None => true,
-        })
     }
 }

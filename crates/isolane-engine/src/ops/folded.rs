@@ -299,10 +299,7 @@ impl Importer<'_> {
 
     pub(crate) fn shape_op(&mut self, c: &Ctx) -> OnnxResult<Vec<Val>> {
         let x = self.req(c, 0)?;
-        let mut s = x.sym_shape().map_err(|e| c.bad(e))?;
-        if let (true, Some(d)) = (self.uniform.contains(&c.n.input[0]), s.first_mut()) {
-            *d = batch_uniform::BATCH;
-        }
+        let s = self.real_shape(&c.n.input[0], &x).map_err(|e| c.bad(e))?;
         let r = s.len() as i64;
         let clampi = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) };
         let start = clampi(c.int("start", 0)?) as usize;

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 use crate::ir::Op;
 use crate::onnx::fold::{self, Arr};
-use crate::onnx::import::{Ctx, Importer, Val};
+use crate::onnx::import::{batch_uniform, Ctx, Importer, Val};
 use crate::onnx::Result as OnnxResult;
 use crate::ops::ImportFn;
 
@@ -207,6 +207,10 @@ fn import_gemm(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
 }
 
 fn import_matmul(im: &mut Importer, c: &Ctx) -> OnnxResult<Vec<Val>> {
+    if let Some(ins) = batch_uniform::matmul_sides(im, c)? {
+        let out = im.out_name(c, 0);
+        return im.emit(c, Op::MatMul, &ins, vec![out]);
+    }
     match (im.req(c, 0)?, im.req(c, 1)?) {
         // Small products of constants fold here so that what follows (GatherND of a
         // bias table) sees values; large ones are left to the compile-time folding.

@@ -151,7 +151,7 @@ impl Importer<'_> {
             other => return Err(c.unsupported_attr("nearest_mode", format!("value {other:?}"))),
         };
         let x = self.req(c, 0)?;
-        let xs = x.sym_shape().map_err(|e| c.bad(e))?;
+        let xs = self.real_shape(&c.n.input[0], &x).map_err(|e| c.bad(e))?;
         if xs.len() != 4 {
             return Err(c.bad(format!(
                 "only 4-D NCHW input is supported (rank {})",

@@ -345,8 +345,11 @@ impl Importer<'_> {
         let allowzero = c.int("allowzero", 0)? != 0;
         let x = self.req(c, 0)?;
         let mut shape = known_shape(c, self.req(c, 1)?)?;
-        if let (true, Some(d)) = (self.uniform.contains(&c.n.input[0]), shape.first_mut()) {
-            *d = Sym::k(1);
+        if let Some(t) = self.uniform.get(&c.n.input[0]) {
+            // A value held once: the target as held (`batch_uniform::check` admitted it).
+            let held = static_shape(&x);
+            let (target, _) = batch_uniform::held_reshape(c, &held, t.axis, &shape, allowzero)?;
+            shape = target.iter().map(|&d| Sym::k(d as i64)).collect();
         }
         if allowzero && shape.iter().any(|s| *s == Sym::k(0)) {
             return Err(c.unsupported_attr(
@@ -404,11 +407,12 @@ impl Importer<'_> {
         let x = self.req(c, 0)?;
         let shape = known_shape(c, self.req(c, 1)?)?;
         let all_static = shape.iter().all(|s| s.is_const());
-        let one_row = batch_uniform::one_row_expand(self, c)?;
-        if !x.is_dyn() && (all_static || one_row.is_some()) {
-            // Expanded to the batch, a constant is held with one row: the node marks it uniform.
-            let t: Vec<usize> =
-                one_row.unwrap_or_else(|| shape.iter().map(|s| s.c.max(0) as usize).collect());
+        let held = batch_uniform::held_expand(self, c)?;
+        if !x.is_dyn() && (all_static || held.is_some()) {
+            // Expanded to the batch, a constant is held once: the node marks it so.
+            let t: Vec<usize> = held
+                .map(|(h, _)| h)
+                .unwrap_or_else(|| shape.iter().map(|s| s.c.max(0) as usize).collect());
             let xs = static_shape(&x);
             let out = ir::broadcast_shapes(&xs, &t)
                 .ok_or_else(|| c.bad(format!("cannot expand {xs:?} to {t:?}")))?;

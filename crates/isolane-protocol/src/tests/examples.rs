@@ -436,8 +436,8 @@ fn json_outputs_carry_nan_and_infinities_as_triton_writes_them() {
     same(a_back, f32s.iter().map(|&x| f64::from(x)).collect());
     same(back(1), f64s.to_vec());
     same(back(2), f16s.iter().map(|x| x.to_f64()).collect());
-    // A response of finite values only is written as before, and a request's JSON data still
-    // refuses NaN (isolane's decoder reads standard JSON), naming the element.
+    // A request's JSON data carries them as tritonclient's does (Python's json writes the same
+    // tokens), and isolane's decoder reads them back.
     let nan = Tensor::new(
         "x",
         DataType::Fp32,
@@ -445,12 +445,157 @@ fn json_outputs_carry_nan_and_infinities_as_triton_writes_them() {
         le(&[0.0f32, f32::NAN], f32::to_le_bytes),
     )
     .unwrap();
-    let e = encode_request(None, &Parameters::new(), &[(&nan, false)], None).unwrap_err();
-    assert!(
-        e.to_string().contains("input `x`") && e.to_string().contains("element 1"),
-        "{e}"
+    let enc = encode_request(None, &Parameters::new(), &[(&nan, false)], None).unwrap();
+    let text = String::from_utf8(enc.body.clone()).unwrap();
+    assert!(text.contains(r#""data":[0.0,NaN]"#), "{text}");
+    let back = decode_request(&enc.body, None, &limits()).unwrap();
+    assert_eq!(back.inputs, [nan]);
+}
+
+/// Triton parses request JSON with rapidjson's kParseNanAndInfFlag, so FP32 and FP64 `data`
+/// may hold `NaN`, `Inf`, `Infinity` and each with `-` (reader.h's ParseNumber; `-NaN` is the
+/// same NaN); isolane refused every such request (serde_json reads standard JSON only).
+#[test]
+fn json_data_takes_rapidjsons_nan_and_infinity_tokens_as_triton_does() {
+    let tokens = "[NaN, Infinity, -Infinity, 1.0, Inf, -Inf, -NaN, -2.5e-1]";
+    let want = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -0.25,
+    ];
+    for (dt, bits) in [
+        ("FP32", le(&want.map(|x| x as f32), f32::to_le_bytes)),
+        ("FP64", le(&want, f64::to_le_bytes)),
+        (
+            "FP16",
+            le(&want.map(half::f16::from_f64), half::f16::to_le_bytes),
+        ),
+        (
+            "BF16",
+            le(&want.map(half::bf16::from_f64), half::bf16::to_le_bytes),
+        ),
+    ] {
+        let body = input(dt, "[2, 4]", &format!(r#","data":{tokens}"#));
+        let r = decode_request(body.as_bytes(), None, &limits()).unwrap();
+        assert_eq!(r.inputs[0].data(), &bits[..], "{dt}");
+    }
+    // The bit patterns Triton's `float f = double` gives: the quiet NaN and the infinities.
+    let body = input("FP32", "[3]", r#","data":[NaN,Infinity,-Infinity]"#);
+    let r = decode_request(body.as_bytes(), None, &limits()).unwrap();
+    assert_eq!(
+        r.inputs[0].data(),
+        &le(
+            &[0x7fc0_0000u32, 0x7f80_0000, 0xff80_0000],
+            u32::to_le_bytes
+        )[..]
     );
-    assert!(encode_request(None, &Parameters::new(), &[(&nan, true)], None).is_ok());
+    // Nested, beside the binary extension, with carriage returns and a token-like string
+    // elsewhere in the header.
+    let header = "{\"id\":\"NaN Inf\",\r\n\"inputs\":[{\"name\":\"x\",\"shape\":[2,2],\
+                  \"datatype\":\"FP32\",\"data\":[[NaN,\r1],[-Inf,\t2]]},\
+                  {\"name\":\"y\",\"shape\":[1],\"datatype\":\"FP32\",\
+                  \"parameters\":{\"binary_data_size\":4}}]}";
+    let (body, len) = with_binary(header, &[&7.5f32.to_le_bytes()]);
+    let r = decode_request(&body, Some(len), &limits()).unwrap();
+    assert_eq!(r.id.as_deref(), Some("NaN Inf"));
+    assert_eq!(
+        r.inputs[0].data(),
+        &le(&[f32::NAN, 1.0, f32::NEG_INFINITY, 2.0], f32::to_le_bytes)[..]
+    );
+    assert_eq!(r.inputs[1].data(), &7.5f32.to_le_bytes()[..]);
+    // BYTES strings that spell a token are strings.
+    let body = input("BYTES", "[2]", r#","data":["NaN","-Infinity"]"#);
+    let r = decode_request(body.as_bytes(), None, &limits()).unwrap();
+    assert_eq!(
+        r.inputs[0].bytes_elements().unwrap(),
+        [&b"NaN"[..], b"-Infinity"]
+    );
+    // A response (what Triton and isolane write) reads the same way.
+    let resp = r#"{"model_name":"m","outputs":[{"name":"o","shape":[2],"datatype":"FP64","data":[-Infinity,NaN]}]}"#;
+    let r = decode_response(resp.as_bytes(), None, &limits()).unwrap();
+    assert_eq!(
+        r.outputs[0].data(),
+        &le(&[f64::NEG_INFINITY, f64::NAN], f64::to_le_bytes)[..]
+    );
+}
+
+/// What rapidjson refuses stays refused, and the tokens are numbers only in float data.
+#[test]
+fn non_finite_tokens_are_refused_where_triton_refuses_them() {
+    // Not rapidjson's spellings, or a token run into something else: the JSON error as before.
+    for data in [
+        "[nan]",
+        "[inf]",
+        "[+Inf]",
+        "[Infinit]",
+        "[NaN1]",
+        "[NaN.5]",
+        "[Inf0]",
+        "[Infinityx]",
+        "[- Inf]",
+        "[1NaN]",
+        "[INF]",
+        "[NaNNaN]",
+    ] {
+        let body = input("FP32", "[1]", &format!(r#","data":{data}"#));
+        let e = refuse(body.as_bytes(), None);
+        assert!(
+            matches!(e, ProtocolError::Json { .. }) && e.to_string().contains("column"),
+            "{data}: {e}"
+        );
+    }
+    // A float value in data of another datatype.
+    for (dt, data, parts) in [
+        (
+            "INT32",
+            "[1, NaN]",
+            &["input `x`", "NaN", "INT32 elements are integers"][..],
+        ),
+        (
+            "UINT8",
+            "[-Infinity]",
+            &["-Infinity", "UINT8 elements are integers"],
+        ),
+        (
+            "BOOL",
+            "[Inf]",
+            &["Infinity", "BOOL elements are true or false"],
+        ),
+        (
+            "BYTES",
+            r#"["a", NaN]"#,
+            &["NaN", "BYTES elements are strings"],
+        ),
+    ] {
+        let body = input(dt, "[2]", &format!(r#","data":{data}"#));
+        let e = refused_with(&body, parts);
+        assert_eq!(e.http_status(), 400, "{e}");
+    }
+    // Anywhere but in data: a shape, a parameter, an unknown field.
+    for body in [
+        input("FP32", "[NaN]", r#","data":[1]"#),
+        format!(
+            r#"{{"parameters":{{"deadline_ms":Infinity}},{}"#,
+            &input("FP32", "[1]", r#","data":[1]"#)[1..]
+        ),
+        format!(
+            r#"{{"junk":[NaN],{}"#,
+            &input("FP32", "[1]", r#","data":[NaN]"#)[1..]
+        ),
+    ] {
+        let e = refused_with(&body, &["outside tensors' `data`", "1 of its"]);
+        assert_eq!(e.http_status(), 400, "{e}");
+    }
+    // Data that is a token, not an array.
+    refused_with(
+        &input("FP32", "[1]", r#","data":NaN"#),
+        &["outside tensors' `data`"],
+    );
 }
 
 #[test]
