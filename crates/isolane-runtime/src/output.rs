@@ -127,15 +127,19 @@ impl Maker {
         }
     }
 
-    /// The files it writes at the folder's top; a run also writes jobs/*.csv. A study's point
+    /// The files it writes at the folder's top; a run also writes jobs/*.csv, apps/*.csv and
+    /// its programs' `<workload>.stdout`/`.stderr` ([`Maker::writes_jobs`]). A study's point
     /// folders are runs of their own, replaced point by point.
     pub fn files(self) -> &'static [&'static str] {
         match self {
+            // autoplan.csv: `serve --out --autoplan`'s decisions, made anew by a serve with
+            // --autoplan; one without it left an older serve's beside its own results.
             Maker::Run => &[
                 "summary.json",
                 "scenario.toml",
                 "workloads.csv",
                 "telemetry.csv",
+                "autoplan.csv",
             ],
             Maker::Isolation => &[
                 "summary.json",
@@ -160,8 +164,12 @@ impl Maker {
             .filter(|f| **f != "telemetry.csv" && dir.join(f).exists())
             .map(|f| f.to_string())
             .collect();
-        if self.writes_jobs() && !job_csvs(&dir.join("jobs")).is_empty() {
-            found.push("jobs/*.csv".into());
+        if self.writes_jobs() {
+            for sub in RUN_CSV_FOLDERS {
+                if !job_csvs(&dir.join(sub)).is_empty() {
+                    found.push(format!("{sub}/*.csv"));
+                }
+            }
         }
         found
     }
@@ -188,9 +196,31 @@ fn holders(dir: &Path) -> Vec<(Maker, Vec<String>)> {
     held
 }
 
-/// Made from a folder's results by `isolane report` and `isolane trace`: stale once the results
-/// they show are replaced, so `--force` removes them too.
-const DERIVED_FILES: &[&str] = &["report.html", "trace.json"];
+/// Made from a folder's results by `isolane report`, `isolane trace` and `isolane explain`:
+/// stale once the results they show are replaced, so `--force` removes them too (an
+/// explain.json left over said why an older run's jobs were late, and the report drew it
+/// beside the new run's).
+const DERIVED_FILES: &[&str] = &["report.html", "trace.json", "explain.json"];
+
+/// A run's folders of per-workload and per-app records (jobs/<workload>.csv, apps/<app>.csv).
+const RUN_CSV_FOLDERS: [&str; 2] = ["jobs", "apps"];
+
+/// A run's programs' output files at the folder's top (`<workload>.stdout`, `.stderr`), which
+/// isolane-core's results-folder rules count among a run's records too.
+fn program_outputs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|x| x == "stdout" || x == "stderr")
+        })
+        .collect()
+}
 
 fn job_csvs(jobs: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(jobs) else {
@@ -220,7 +250,10 @@ fn clear_own_files(dir: &Path, maker: Maker) -> Result<(), OutputError> {
         }
     }
     if maker.writes_jobs() {
-        for p in job_csvs(&dir.join("jobs")) {
+        let csvs = RUN_CSV_FOLDERS
+            .iter()
+            .flat_map(|sub| job_csvs(&dir.join(sub)));
+        for p in csvs.chain(program_outputs(dir)) {
             std::fs::remove_file(&p).map_err(io(&p))?;
         }
     }
@@ -964,6 +997,68 @@ mod tests {
         prepare_out_dir_for(Some(&m), true, base.path(), Maker::Maxrate).unwrap();
         assert!(!m.join("maxrate.json").exists() && !m.join("maxrate_trace.csv").exists());
         assert!(m.join("notes.txt").exists());
+    }
+
+    /// `--force` left files that describe the replaced run beside the new one's results:
+    /// serve's autoplan.csv (a serve without --autoplan writes none), explain.json (the report
+    /// drew the old run's explanation beside the new run), apps/*.csv of apps the new run no
+    /// longer has, and programs' `.stdout`/`.stderr`. A user's own files, folders under apps/
+    /// (saved frames) and other commands' results stay.
+    #[test]
+    fn force_removes_every_file_that_describes_the_replaced_run() {
+        let base = tempfile::tempdir().unwrap();
+        let run = base.path().join("run");
+        write_run(&run);
+        std::fs::create_dir_all(run.join("apps/cam")).unwrap();
+        for f in [
+            "autoplan.csv",
+            "explain.json",
+            "trace.json",
+            "apps/cam.csv",
+            "gemm.stdout",
+            "gemm.stderr",
+            "notes.txt",
+            "apps/cam/frame-0.ppm",
+        ] {
+            std::fs::write(run.join(f), "old").unwrap();
+        }
+        prepare_out_dir(Some(&run), true, base.path()).unwrap();
+        for f in [
+            "autoplan.csv",
+            "explain.json",
+            "trace.json",
+            "apps/cam.csv",
+            "gemm.stdout",
+            "gemm.stderr",
+        ] {
+            assert!(!run.join(f).exists(), "{f} of the replaced run stayed");
+        }
+        assert!(run.join("notes.txt").exists() && run.join("apps/cam/frame-0.ppm").exists());
+
+        // A serve's folder with only its autoplan.csv and apps' records is still a run's: no
+        // study replaces it.
+        let served = base.path().join("served");
+        std::fs::create_dir_all(served.join("apps")).unwrap();
+        std::fs::write(served.join("autoplan.csv"), "t_ms").unwrap();
+        std::fs::write(served.join("apps/cam.csv"), "frame").unwrap();
+        let e = prepare_out_dir_for(Some(&served), true, base.path(), Maker::Maxrate).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("`isolane run`") && m.contains("autoplan.csv") && m.contains("apps/*.csv"),
+            "{m}"
+        );
+        assert!(served.join("autoplan.csv").exists() && served.join("apps/cam.csv").exists());
+
+        // A study replacing its own results removes an explanation beside them too, and
+        // leaves a program's output alone (not a study's).
+        let m = base.path().join("m");
+        std::fs::create_dir(&m).unwrap();
+        for f in ["maxrate.json", "explain.json", "x.stdout"] {
+            std::fs::write(m.join(f), "old").unwrap();
+        }
+        prepare_out_dir_for(Some(&m), true, base.path(), Maker::Maxrate).unwrap();
+        assert!(!m.join("maxrate.json").exists() && !m.join("explain.json").exists());
+        assert!(m.join("x.stdout").exists());
     }
 
     /// isolation's folder is a run's plus isolation.csv: each replaces its own, neither the
