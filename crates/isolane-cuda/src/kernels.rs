@@ -374,13 +374,23 @@ __device__ __forceinline__ void layernorm_wv_body(const T* __restrict__ x, T* __
     if (row >= rows) return;
     const T* xr = x + (long long)row * cols;
     T* yr = y + (long long)row * cols;
-    float v[NV][VW];
+    float v[NV][VW], gv[NV][VW], bv[NV][VW];
     float s = 0.f;
+    // The scale and bias are loaded with x, not after the reductions: their latency then
+    // overlaps x's instead of following the two warp sums (the row is latency-bound at
+    // batch 1: one warp, a few 16-byte loads).
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
         int c = (lane + j * 32) * VW;
-        if (c < cols) ldv(xr, c, v[j]);
-        else {
+        if (c < cols) {
+            ldv(xr, c, v[j]);
+            ldv(g, c, gv[j]);
+            if (b) ldv(b, c, bv[j]);
+            else {
+#pragma unroll
+                for (int e = 0; e < VW; ++e) bv[j][e] = 0.f;
+            }
+        } else {
 #pragma unroll
             for (int e = 0; e < VW; ++e) v[j][e] = 0.f;
         }
@@ -403,11 +413,8 @@ __device__ __forceinline__ void layernorm_wv_body(const T* __restrict__ x, T* __
     for (int j = 0; j < NV; ++j) {
         int c = (lane + j * 32) * VW;
         if (c >= cols) continue;
-        float gv[VW], bv[VW];
-        ldv(g, c, gv);
-        if (b) ldv(b, c, bv);
 #pragma unroll
-        for (int e = 0; e < VW; ++e) v[j][e] = (v[j][e] - mean) * rstd * gv[e] + (b ? bv[e] : 0.f);
+        for (int e = 0; e < VW; ++e) v[j][e] = (v[j][e] - mean) * rstd * gv[j][e] + bv[j][e];
         stv(yr, c, v[j]);
     }
 }
@@ -1300,6 +1307,42 @@ __device__ __forceinline__ unsigned f2u2(float a, float b) {
     }
 }
 
+/// The statement every kernel begins with ([`GRID_DEP_WAIT_FN`]).
+pub const GRID_DEP_WAIT: &str = "grid_dep_wait();";
+
+/// With programmatic dependent launch (sm_90 and newer, `CudaModel`'s `programmatic`), a kernel
+/// may be scheduled while the kernel ahead of it on the stream is still finishing: the launch
+/// latency overlaps that kernel's tail. Such a kernel must not touch memory before the one ahead
+/// has completed and its writes are visible, which `griddepcontrol.wait` waits for. Every kernel
+/// of the module begins with it (before any read, write or early return), so any of them may be
+/// launched so; launched without the attribute, or compiled for an older GPU, it is nothing.
+const GRID_DEP_WAIT_FN: &str = r#"__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+"#;
+
+/// `src` with [`GRID_DEP_WAIT`] as the first statement of every `extern "C" __global__`
+/// function (the first `{` after the declaration opens its body: parameter lists hold no
+/// braces).
+fn with_grid_dep_wait(src: &str) -> String {
+    const DECL: &str = "extern \"C\" __global__";
+    let mut out = String::with_capacity(src.len() + 4096);
+    let mut rest = src;
+    while let Some(at) = rest.find(DECL) {
+        let Some(open) = rest[at..].find('{').map(|o| at + o + 1) else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        out.push(' ');
+        out.push_str(GRID_DEP_WAIT);
+        rest = &rest[open..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The complete CUDA source for one activation dtype.
 pub fn source(dtype: DType) -> String {
     let mut s = String::new();
@@ -1307,6 +1350,7 @@ pub fn source(dtype: DType) -> String {
         "// isolane-cuda kernels, dtype {}\n",
         dtype.name()
     ));
+    s.push_str(GRID_DEP_WAIT_FN);
     s.push_str(prelude(dtype));
     if dtype != DType::F32 {
         s.push_str(HALF_ACCESS);
@@ -1368,7 +1412,7 @@ pub fn source(dtype: DType) -> String {
         DType::F16 => s.push_str(&ATTENTION.replace("__MMA__", "f16")),
         DType::Bf16 => s.push_str(&ATTENTION.replace("__MMA__", "bf16")),
     }
-    s
+    with_grid_dep_wait(&s)
 }
 
 /// 64-bit FNV-1a: stable across Rust versions and platforms (the std hasher is not promised

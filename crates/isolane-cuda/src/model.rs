@@ -129,6 +129,10 @@ pub struct CudaModel {
     /// kernels and the libraries'.
     module: Option<Module>,
     funcs: Vec<cu::CUfunction>,
+    /// isolane's kernels are launched with programmatic dependent launch after a kernel or a
+    /// matrix product (sm_90+ and [`BuildOptions::programmatic_launch`]; `kernels.rs` says why
+    /// that is safe).
+    programmatic: bool,
     /// cuDNN graph-API plans (dropped before the handle they were made with).
     conv_graphs: Vec<ConvGraph>,
     cudnn: Option<Cudnn>,

@@ -122,6 +122,11 @@ pub struct BuildOptions {
     pub depthwise_pairs: bool,
     /// Block-per-row LayerNorm and softmax kernels only; `ISOLANE_CUDA_ROWS=block`.
     pub block_rows: bool,
+    /// On sm_90 and newer, isolane's own kernels are launched with programmatic dependent
+    /// launch after a kernel or a matrix product, so that each is scheduled while the one
+    /// ahead finishes (the same kernels in the same order: the same bits);
+    /// `ISOLANE_CUDA_PDL=off` launches them plainly.
+    pub programmatic_launch: bool,
     /// The exact erf GELU kernel after every Linear, instead of cuBLASLt's tanh GELU epilogue at
     /// tf32/fp16/bf16; set by `ISOLANE_CUDA_EXACT_GELU` (any value).
     pub exact_gelu: bool,
@@ -155,6 +160,7 @@ impl Default for BuildOptions {
             quant_graph_runtime_compiled: true,
             depthwise_pairs: true,
             block_rows: false,
+            programmatic_launch: true,
             exact_gelu: false,
             workspace_mib: None,
             search_log: false,
@@ -216,6 +222,7 @@ impl BuildOptions {
             quant_graph_runtime_compiled: !is("ISOLANE_CUDA_QUANT_GRAPH", "precompiled"),
             depthwise_pairs: !is("ISOLANE_CUDA_DW", "window"),
             block_rows: is("ISOLANE_CUDA_ROWS", "block"),
+            programmatic_launch: !is("ISOLANE_CUDA_PDL", "off"),
             exact_gelu: var("ISOLANE_CUDA_EXACT_GELU").is_some(),
             workspace_mib: var("ISOLANE_CUDA_WORKSPACE_MB").and_then(|v| v.parse().ok()),
             search_log: var("ISOLANE_CUDA_SEARCH_LOG").is_some(),
@@ -280,6 +287,7 @@ mod tests {
             ("ISOLANE_CUDA_QUANT_GRAPH", "precompiled"),
             ("ISOLANE_CUDA_DW", "window"),
             ("ISOLANE_CUDA_ROWS", "block"),
+            ("ISOLANE_CUDA_PDL", "off"),
             ("ISOLANE_CUDA_EXACT_GELU", ""),
             ("ISOLANE_CUDA_WORKSPACE_MB", "64"),
             ("ISOLANE_CUDA_SEARCH_LOG", "1"),
@@ -301,6 +309,7 @@ mod tests {
                 quant_graph_runtime_compiled: false,
                 depthwise_pairs: false,
                 block_rows: true,
+                programmatic_launch: false,
                 exact_gelu: true,
                 workspace_mib: Some(64),
                 search_log: true,

@@ -214,6 +214,53 @@ fn strided_spaces_merge_contiguous_dims() {
 }
 
 #[test]
+fn every_kernel_waits_for_the_one_ahead_before_touching_memory() {
+    // A kernel launched with programmatic dependent launch may start while the kernel ahead
+    // of it still runs: its first statement must be the wait, or it reads unfinished data.
+    for d in [DType::F32, DType::F16, DType::Bf16] {
+        let src = kernels::source(d);
+        let half: &[&str] = if d == DType::F32 {
+            &[]
+        } else {
+            kernels::HALF_KERNEL_NAMES
+        };
+        let names: Vec<&str> = KERNEL_NAMES.iter().chain(half).copied().collect();
+        // Each entry point's name (the identifier before its parameter list) and body.
+        let decl = "extern \"C\" __global__";
+        let mut defined = Vec::new();
+        for (at, _) in src.match_indices(decl) {
+            let body = at + src[at..].find('{').expect("a body");
+            let mut head = src[at..body].to_string();
+            // `__launch_bounds__(N)` comes before the name (the attention kernel).
+            if let Some(lb) = head.find("__launch_bounds__(") {
+                let close = lb + head[lb..].find(')').expect("closed") + 1;
+                head.replace_range(lb..close, "");
+            }
+            let open = head.find('(').expect("a parameter list");
+            let name = head[..open].split_whitespace().last().expect("a name");
+            assert!(
+                src[body + 1..]
+                    .trim_start()
+                    .starts_with(kernels::GRID_DEP_WAIT),
+                "{name} ({d:?}) does not begin with the wait: {}",
+                &src[body..body + 80]
+            );
+            defined.push(name.to_string());
+        }
+        for k in &names {
+            assert!(defined.iter().any(|n| n == k), "{k} missing for {d:?}");
+        }
+        // Every entry point of the module is one the launches know (none escapes the wait).
+        assert_eq!(
+            src.matches("extern \"C\" __global__").count(),
+            names.len(),
+            "{d:?}"
+        );
+        assert_eq!(src.matches(kernels::GRID_DEP_WAIT).count(), names.len());
+    }
+}
+
+#[test]
 fn kernel_source_has_every_kernel_for_every_dtype() {
     for d in [DType::F32, DType::F16, DType::Bf16] {
         let src = kernels::source(d);

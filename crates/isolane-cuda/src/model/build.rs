@@ -25,6 +25,7 @@ impl CudaModel {
         let block = m.upload_weights(&plan)?;
         m.alloc_pinned_io(&plan)?;
         let half_names = m.load_kernels(plan.dtype, arch)?;
+        m.programmatic = arch.0 >= 9 && target.build.programmatic_launch;
         m.create_library_handles()?;
 
         // Algorithms that need more workspace than the cap are not considered.
@@ -92,6 +93,7 @@ impl CudaModel {
             out_shapes: plan.outputs.iter().map(|o| o.shape.clone()).collect(),
             module: None,
             funcs: Vec::new(),
+            programmatic: false,
             conv_graphs: Vec::new(),
             cudnn: None,
             cublaslt: None,

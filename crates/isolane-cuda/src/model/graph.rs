@@ -83,6 +83,14 @@ impl CudaModel {
     }
 
     pub(super) fn capture_list(&self, launches: &[Launch], copies: bool) -> Result<CapturedGraph> {
+        self.capture_calls(&mut || self.issue_list(launches, copies))
+    }
+
+    /// Captures whatever `issue` puts on the model's stream into a graph and instantiates it.
+    pub(super) fn capture_calls(
+        &self,
+        issue: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<CapturedGraph> {
         // SAFETY: the stream is live and not capturing. THREAD_LOCAL: other threads (other
         // partitions compiling their models) may keep allocating while we capture.
         cu_check("cuStreamBeginCapture", unsafe {
@@ -91,7 +99,7 @@ impl CudaModel {
                 cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
         })?;
-        let issued = self.issue_list(launches, copies);
+        let issued = issue();
         let mut graph: cu::CUgraph = std::ptr::null_mut();
         // SAFETY: the stream is capturing; ending the capture is required even after a failure.
         let ended = unsafe { cu::cuStreamEndCapture(self.stream, &mut graph) };

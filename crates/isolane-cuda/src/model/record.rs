@@ -485,15 +485,16 @@ pub(super) fn record_layer_norm(
         },
     };
     let mut paths: Vec<TimedPath> = vec![(vec![first], f32::INFINITY)];
-    // Whole 16-byte vectors and aligned rows: one warp per row with wide loads, 8 or 2 rows
-    // per block, timed against the kernel above (the fastest kept; untimed, the first).
+    // Whole 16-byte vectors and aligned rows: one warp per row with wide loads, 8, 2 or 1
+    // rows per block (one: the most blocks for the fewest rows, as at batch 1), timed against
+    // the kernel above (the fastest kept; untimed, the first).
     let lanes = rec.vec_lanes();
     let vector = cols.is_multiple_of(lanes) && vec_aligned(&ptrs);
     if let Some(nv) = kernels::LN_VEC_PER_LANE
         .iter()
         .find(|&&nv| vector && *cols <= 32 * nv * lanes)
     {
-        for rows_per_block in [8, 2] {
+        for rows_per_block in [8, 2, 1] {
             let l = warp_kernel(format!("layernorm_wv{nv}"), rows_per_block);
             paths.push((vec![l], f32::INFINITY));
         }

@@ -51,6 +51,10 @@ impl CudaModel {
     }
 
     pub(super) fn issue_list(&self, launches: &[Launch], copies: bool) -> Result<()> {
+        // Whether the last operation issued is a kernel (ours or a matrix product's): only
+        // then may the next kernel of ours be scheduled before it ends. After a copy or
+        // cuDNN's work (which may end with a memset), and first in a list, it waits plainly.
+        let mut after_kernel = false;
         for l in launches {
             if !copies && matches!(l, Launch::HtoD { .. } | Launch::DtoH { .. }) {
                 continue;
@@ -64,23 +68,14 @@ impl CudaModel {
                     args,
                 } => {
                     let mut ps: Vec<*mut c_void> = args.iter().map(|a| a.as_ptr()).collect();
-                    // SAFETY: the argument list matches the kernel's signature (built next to
-                    // it above); every pointer is into this model's arena or weights.
-                    cu_check("cuLaunchKernel", unsafe {
-                        cu::cuLaunchKernel(
-                            self.funcs[*func],
-                            *grid,
-                            1,
-                            1,
-                            *block,
-                            1,
-                            1,
-                            *shared,
-                            self.stream,
-                            ps.as_mut_ptr(),
-                            std::ptr::null_mut(),
-                        )
-                    })?;
+                    let early = self.programmatic && after_kernel;
+                    launch_kernel(
+                        self.funcs[*func],
+                        (*grid, *block, *shared),
+                        self.stream,
+                        &mut ps,
+                        early,
+                    )?;
                 }
                 Launch::Conv { conv, x, w, y } => {
                     let c = &self.convs[*conv];
@@ -142,6 +137,7 @@ impl CudaModel {
                     })?;
                 }
             }
+            after_kernel = matches!(l, Launch::Kernel { .. } | Launch::Matmul { .. });
         }
         Ok(())
     }
@@ -333,4 +329,56 @@ impl CompiledModel for CudaModel {
     fn arena_bytes(&self) -> usize {
         self.mem.arena_bytes
     }
+}
+
+/// Launches `f` on `stream`; `early`: with programmatic stream serialization, so that it may be
+/// scheduled while the kernel ahead of it finishes (its `grid_dep_wait` holds it until that one
+/// has completed).
+fn launch_kernel(
+    f: cu::CUfunction,
+    (grid, block, shared): (u32, u32, u32),
+    stream: cu::CUstream,
+    params: &mut [*mut c_void],
+    early: bool,
+) -> Result<()> {
+    if !early {
+        // SAFETY: the caller's argument list matches the kernel's signature (built next to it
+        // when the launches were recorded); every pointer is into the model's arena or weights.
+        return cu_check("cuLaunchKernel", unsafe {
+            cu::cuLaunchKernel(
+                f,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                shared,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        });
+    }
+    // SAFETY: a zeroed attribute is a valid value of this plain C struct; the union member
+    // written is the one the id names.
+    let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = cu::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: as above; `config` and `attr` outlive the call, which copies them.
+    cu_check("cuLaunchKernelEx", unsafe {
+        cu::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut())
+    })
 }
