@@ -94,6 +94,11 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
     let path = request.uri().path().trim_end_matches('/').to_string();
     let parts: Vec<&str> = path.split('/').skip(1).collect();
     let plain = |r| (r, None, false);
+    if let Some(takes) = endpoint_method(&parts) {
+        if method != takes {
+            return plain(method_not_allowed(&method, &path, takes));
+        }
+    }
     match (&method, parts.as_slice()) {
         (&Method::GET, ["metrics"]) => plain(text_response(
             StatusCode::OK,
@@ -160,6 +165,54 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
             format!("{method} is not served; GET and POST are"),
         )),
     }
+}
+
+/// The one method an endpoint takes; None for a path that is no endpoint, or one that takes
+/// both (the trace and logging settings, refused either way).
+fn endpoint_method(parts: &[&str]) -> Option<Method> {
+    let get = Some(Method::GET);
+    let post = Some(Method::POST);
+    match parts {
+        ["metrics"] | ["v2"] | ["v2", "health", "live" | "ready"] | ["v2", "models", "stats"] => {
+            get
+        }
+        ["v2", "repository", "index"]
+        | ["v2", "repository", "models", _, "load" | "unload"]
+        | ["isolane", "v1", "models", _, "resize"] => post,
+        ["isolane", "v1", "status"] => get,
+        ["v2", "models", _, rest @ ..] => {
+            let rest = match rest {
+                ["versions", _, tail @ ..] => tail,
+                tail => tail,
+            };
+            match rest {
+                [] | ["ready" | "config" | "stats"] => get,
+                ["infer"] => post,
+                _ => None,
+            }
+        }
+        ["v2", "systemsharedmemory" | "cudasharedmemory", rest @ ..] => match rest {
+            ["status"] | ["region", _, "status"] => get,
+            ["unregister"] | ["region", _, "unregister" | "register"] => post,
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Triton answers each endpoint asked with another method (HEAD included) 405 "Method Not
+/// Allowed" (http_server.cc's handlers); isolane answered 404 "no such endpoint", or for HEAD a
+/// 405 naming GET and POST whatever the path took.
+fn method_not_allowed(method: &Method, path: &str, takes: Method) -> Response<Full<Bytes>> {
+    // Every endpoint takes GET or POST (endpoint_method).
+    let allow = if takes == Method::POST { "POST" } else { "GET" };
+    let mut r = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("Method Not Allowed: {path} takes {takes}, not {method}"),
+    );
+    r.headers_mut()
+        .insert(hyper::header::ALLOW, HeaderValue::from_static(allow));
+    r
 }
 
 /// A model's routes, at `version` (empty: none in the URL); a version the model does not have
@@ -419,11 +472,19 @@ async fn shared_memory(
         Ok(()) => text_response(StatusCode::OK, JSON, Bytes::new()),
         Err(e) => protocol_error(&e),
     };
+    // tritonclient quotes a region's name in each of its URLs (`quote(name)`): a name is the
+    // same region whichever route names it (status and unregister read it undecoded, so a
+    // region registered as `my region` was not found, and unregistering it answered 200 and
+    // kept it).
     match (method, rest) {
         (&Method::GET, ["status"]) => status_of(regions.status(None)),
-        (&Method::GET, ["region", name, "status"]) => status_of(regions.status(Some(name))),
+        (&Method::GET, ["region", name, "status"]) => {
+            status_of(regions.status(Some(&percent_decode(name))))
+        }
         (&Method::POST, ["unregister"]) => done(regions.unregister(None)),
-        (&Method::POST, ["region", name, "unregister"]) => done(regions.unregister(Some(name))),
+        (&Method::POST, ["region", name, "unregister"]) => {
+            done(regions.unregister(Some(&percent_decode(name))))
+        }
         (&Method::POST, ["region", name, "register"]) => {
             let name = percent_decode(name);
             let body = match read_body(request, 64 * 1024).await {
@@ -527,6 +588,150 @@ mod tests {
         let status = answer.lines().next().unwrap_or("").to_string();
         let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         (status, body.to_string())
+    }
+
+    /// Triton answers an endpoint asked with a method it does not take 405 (HEAD on the health
+    /// routes included, as a load balancer's probe may send); isolane answered 404 "no such
+    /// endpoint" for most. A path that is no endpoint stays a 404.
+    #[test]
+    fn an_endpoint_asked_with_another_method_is_a_405_naming_its_own() {
+        with_http(|addr| async move {
+            for (method, path, takes) in [
+                ("HEAD", "/v2/health/live", "GET"),
+                ("HEAD", "/v2/health/ready", "GET"),
+                ("POST", "/v2/health/ready", "GET"),
+                ("GET", "/v2/repository/index", "POST"),
+                ("GET", "/v2/models/echo/infer", "POST"),
+                ("GET", "/v2/models/echo/versions/1/infer", "POST"),
+                ("POST", "/v2/models/echo/config", "GET"),
+                ("PUT", "/v2/models/echo", "GET"),
+                ("DELETE", "/v2/systemsharedmemory/region/r/register", "POST"),
+                ("POST", "/v2/systemsharedmemory/status", "GET"),
+                ("GET", "/v2/repository/models/echo/unload", "POST"),
+            ] {
+                let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let head = format!(
+                    "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\
+                     Connection: close\r\n\r\n"
+                );
+                io.write_all(head.as_bytes()).await.unwrap();
+                let mut answer = String::new();
+                io.read_to_string(&mut answer).await.unwrap();
+                assert!(
+                    answer.starts_with("HTTP/1.1 405"),
+                    "{method} {path}: {answer}"
+                );
+                assert!(
+                    answer
+                        .to_ascii_lowercase()
+                        .contains(&format!("allow: {}", takes.to_ascii_lowercase())),
+                    "{method} {path}: {answer}"
+                );
+                if method == "HEAD" {
+                    assert!(answer.ends_with("\r\n\r\n"), "a body for HEAD: {answer}");
+                } else {
+                    assert!(answer.contains("Method Not Allowed"), "{answer}");
+                }
+            }
+            // Still served: each with its own method, and a path that is no endpoint.
+            let (status, _) = ask(addr, "GET", "/v2/health/live").await;
+            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+            let (status, _) = ask(addr, "POST", "/v2/repository/index").await;
+            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+            let (status, _) = ask(addr, "GET", "/v2/nothing/here").await;
+            assert!(status.starts_with("HTTP/1.1 404"), "{status}");
+        });
+    }
+
+    /// HTTP/1.1 pipelining on one keep-alive connection, as a client may send it: three
+    /// requests in one write (an inference between two health checks) are answered in order,
+    /// and the last one's `Connection: close` ends the connection after its answer.
+    #[test]
+    fn pipelined_requests_on_one_connection_are_answered_in_order() {
+        with_http(|addr| async move {
+            let body = two_rows("");
+            let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let text = format!(
+                "GET /v2/health/ready HTTP/1.1\r\nHost: {addr}\r\n\r\n\
+                 POST /v2/models/echo/infer HTTP/1.1\r\nHost: {addr}\r\n\
+                 Content-Length: {}\r\n\r\n{body}\
+                 GET /v2/models/echo/ready HTTP/1.1\r\nHost: {addr}\r\n\
+                 Connection: close\r\n\r\n",
+                body.len()
+            );
+            io.write_all(text.as_bytes()).await.unwrap();
+            let mut answer = String::new();
+            let read = io.read_to_string(&mut answer);
+            tokio::time::timeout(std::time::Duration::from_secs(30), read)
+                .await
+                .expect("the connection was not closed after the last answer")
+                .unwrap();
+            let statuses: Vec<&str> = answer
+                .match_indices("HTTP/1.1 ")
+                .map(|(i, _)| &answer[i..i + 12])
+                .collect();
+            assert_eq!(
+                statuses,
+                ["HTTP/1.1 200", "HTTP/1.1 200", "HTTP/1.1 200"],
+                "{answer}"
+            );
+            let infer = answer.find(r#""data":[1.5,2.5]"#).expect(&answer);
+            assert!(answer[..infer].matches("HTTP/1.1").count() == 2, "{answer}");
+        });
+    }
+
+    /// A request with a body, on its own connection: the status line and the body.
+    async fn ask_with(
+        addr: std::net::SocketAddr,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> (String, String) {
+        let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        io.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        io.read_to_string(&mut answer).await.unwrap();
+        let status = answer.lines().next().unwrap_or("").to_string();
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, body.to_string())
+    }
+
+    /// tritonclient quotes a region's name in every shared-memory URL; registering decoded it
+    /// and status and unregister did not: `my region`'s status was a 404, and unregistering it
+    /// answered 200 and left it registered (a later register: "already registered").
+    #[test]
+    fn a_quoted_region_name_is_the_same_region_on_every_route() {
+        let object = format!("isolane-test-quoted-{}", std::process::id());
+        let file = std::path::Path::new("/dev/shm").join(&object);
+        std::fs::write(&file, [0u8; 16]).unwrap();
+        with_http(|addr| {
+            let object = object.clone();
+            async move {
+                let register = format!(r#"{{"key":"/{object}","offset":0,"byte_size":16}}"#);
+                let path = "/v2/systemsharedmemory/region/my%20region";
+                let (status, body) =
+                    ask_with(addr, "POST", &format!("{path}/register"), &register).await;
+                assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+                let (status, body) = ask(addr, "GET", &format!("{path}/status")).await;
+                assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+                assert!(body.contains(r#""name":"my region""#), "{body}");
+                let (status, _) = ask(addr, "POST", &format!("{path}/unregister")).await;
+                assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+                let (status, body) = ask(addr, "GET", "/v2/systemsharedmemory/status").await;
+                assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+                assert_eq!(body, "[]");
+                // Registered again under the same name: it was really gone.
+                let (status, body) =
+                    ask_with(addr, "POST", &format!("{path}/register"), &register).await;
+                assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+            }
+        });
+        let _ = std::fs::remove_file(&file);
     }
 
     /// Clearing every CUDA region and reading their status, as a Triton client does before it
