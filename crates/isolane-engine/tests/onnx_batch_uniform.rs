@@ -366,3 +366,59 @@ fn detr_classic_export_matches_onnxruntime_at_batch_1_and_2() {
         }
     }
 }
+
+/// A matrix product whose right side is held once and whose left side is batched at run time
+/// (DETR's decoder: attention weights times the values of its zero queries), with the batch
+/// as a dimension of its own (`[B, 4, 3, 3] @ [B, 1, 3, 3]`, transformers 5) or merged with
+/// the heads (`[4·B, 3, 3] @ [4·B, 3, 3]`, transformers 4's `bmm`, where the held side is
+/// `[4, 3, 3]`): the held side is repeated to the batch at run time, and every sample gets
+/// `x @ cs` (`cs[i][j] = j + 1`).
+#[test]
+fn a_product_of_the_activations_and_a_held_value_gives_every_sample_its_rows() {
+    let expand = node("Expand", &["u", "shape4"], "e");
+    let separate = vec![
+        node("Unsqueeze", &["cs", "axes1"], "u"),
+        node("MatMul", &["x", "u"], "y"),
+    ];
+    let merged = vec![
+        node("Unsqueeze", &["cs", "axes1"], "u"),
+        node("Concat", &["b1", "four", "hw"], "shape4"),
+        expand,
+        node("Reshape", &["e", "heads"], "v"),
+        node("Reshape", &["x", "heads"], "xh"),
+        node("MatMul", &["xh", "v"], "p"),
+        node("Reshape", &["p", "back"], "y"),
+    ];
+    let merged_concat = merged
+        .into_iter()
+        .map(|n| match n.op_type() {
+            "Concat" => with_int(n, "axis", 0),
+            _ => n,
+        })
+        .collect();
+    let extra = || {
+        vec![
+            ints("four", &[1], &[4]),
+            ints("heads", &[3], &[-1, 3, 3]),
+            ints("back", &[4], &[-1, 4, 3, 3]),
+        ]
+    };
+    for (what, tail) in [("separate", separate), ("merged", merged_concat)] {
+        let m = with_inits(model(tail, batched("y", &[4, 3, 3])), extra());
+        let g = import_model(m).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for batch in [1, 2] {
+            let (x, y) = run(&g, batch);
+            assert_eq!(y.len(), batch * 36, "{what}");
+            for (r, (xr, yr)) in x.chunks(3).zip(y.chunks(3)).enumerate() {
+                let sum: f32 = xr.iter().sum();
+                for (j, &v) in yr.iter().enumerate() {
+                    let want = sum * (j + 1) as f32;
+                    assert!(
+                        (v - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "{what} at batch {batch}, row {r}: {v} against {want}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -599,7 +599,9 @@ fn matmul(im: &Importer, c: &Ctx) -> Result<usize> {
         for (j, d) in s.iter().enumerate() {
             // Only a dimension of the product's batch broadcasts along the repeats.
             let fine = if j + off == at && j + 2 < s.len() {
-                *d == Sym::k(1) || (*d == BATCH && k == 1)
+                // Of size 1 it broadcasts; of the real size (`k·B`), the held side is
+                // repeated to it at run time ([`matmul_sides`]).
+                *d == Sym::k(1) || *d == Sym { a: k as i64, c: 0 }
             } else {
                 d.is_const()
             };
@@ -629,19 +631,31 @@ pub(crate) fn matmul_sides(im: &mut Importer, c: &Ctx) -> Result<Option<Vec<(Str
         (None, Some(t)) if batched(&ins[0].1) => (1, t),
         _ => return Ok(None),
     };
-    let held_shape = super::static_shape(&ins[i].1);
-    let shape: Vec<Dim> = held_shape
-        .iter()
-        .enumerate()
-        .map(|(a, &d)| match (a == t.axis, d) {
-            (true, 1) => Dim::Batch,
-            (true, k) => Dim::BatchTimes(k),
-            (false, d) => Dim::Fixed(d),
-        })
-        .collect();
-    let v = im.emit_tmp(c, Op::Expand { shape }, &ins[i..=i], "to_batch")?;
+    let v = repeat_to_batch(im, c, ins[i].clone(), t.axis)?;
     ins[i] = (format!("{}:to_batch", ins[i].0), v);
     Ok(Some(ins))
+}
+
+/// A held value as its real value at run time: held size 1 on the batch axis, an Expand to
+/// B there; k, the held value as `[…, 1, k, …]` expanded to `[…, B, k, …]` and merged to
+/// `[…, B·k, …]` (the transformers 4 attention's `[B·heads, …]`).
+fn repeat_to_batch(im: &mut Importer, c: &Ctx, x: (String, Val), axis: usize) -> Result<Val> {
+    let held = super::static_shape(&x.1);
+    let k = axis_size(c, &x.1, axis)?;
+    let fixed = |s: &[usize]| s.iter().map(|&d| Dim::Fixed(d)).collect::<Vec<_>>();
+    let (before, after) = (fixed(&held[..axis]), fixed(&held[axis + 1..]));
+    let dims = |mid: Vec<Dim>| [before.clone(), mid, after.clone()].concat();
+    if k == 1 {
+        let shape = dims(vec![Dim::Batch]);
+        return im.emit_tmp(c, Op::Expand { shape }, &[x], "to_batch");
+    }
+    let split = dims(vec![Dim::Fixed(1), Dim::Fixed(k)]);
+    let v = im.emit_tmp(c, Op::Reshape { shape: split }, &[x], "to_batch")?;
+    let name = format!("{}:to_batch_split", c.r.node);
+    let shape = dims(vec![Dim::Batch, Dim::Fixed(k)]);
+    let v = im.emit_tmp(c, Op::Expand { shape }, &[(name.clone(), v)], "to_batch")?;
+    let merged = dims(vec![Dim::BatchTimes(k)]);
+    im.emit_tmp(c, Op::Reshape { shape: merged }, &[(name, v)], "to_batch")
 }
 
 /// Gather reading a held value (data or indices): the batch axis of its result.
