@@ -500,6 +500,24 @@ pub(super) fn record_layer_norm(
         }
     }
     let chosen = fastest_of(m, rec, &mut paths)?;
+    if rec.options.search_log && paths.len() > 1 {
+        let times: Vec<String> = paths
+            .iter()
+            .map(|(launches, ms)| match launches.first() {
+                // `layernorm` is a block per row; the warp kernels a warp per row.
+                Some(Launch::Kernel { func, block, .. }) => {
+                    let name = KERNEL_NAMES.get(*func).copied().unwrap_or("layernorm");
+                    let rows = if name == "layernorm" { 1 } else { block / 32 };
+                    format!("{name} ({rows} rows a block) {ms:.4} ms")
+                }
+                _ => format!("{ms:.4} ms"),
+            })
+            .collect();
+        eprintln!(
+            "search: layernorm {rows}x{cols}: {}; kept {chosen}",
+            times.join(", ")
+        );
+    }
     m.launches.extend(paths.swap_remove(chosen).0);
     Ok(())
 }
