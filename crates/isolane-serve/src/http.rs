@@ -577,17 +577,7 @@ mod tests {
     /// One request on its own connection to the front end at `addr`: the status line and the
     /// body.
     async fn ask(addr: std::net::SocketAddr, method: &str, path: &str) -> (String, String) {
-        let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\
-             Connection: close\r\n\r\n"
-        );
-        io.write_all(head.as_bytes()).await.unwrap();
-        let mut answer = String::new();
-        io.read_to_string(&mut answer).await.unwrap();
-        let status = answer.lines().next().unwrap_or("").to_string();
-        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        (status, body.to_string())
+        ask_with(addr, method, path, "").await
     }
 
     /// Triton answers an endpoint asked with a method it does not take 405 (HEAD on the health
