@@ -133,6 +133,9 @@ pub struct CudaModel {
     /// matrix product (sm_90+ and [`BuildOptions::programmatic_launch`]; `kernels.rs` says why
     /// that is safe).
     programmatic: bool,
+    /// Per kernel of `funcs`: whether it may be launched early (not in
+    /// [`kernels::PLAIN_LAUNCH`]).
+    early_ok: Vec<bool>,
     /// cuDNN graph-API plans (dropped before the handle they were made with).
     conv_graphs: Vec<ConvGraph>,
     cudnn: Option<Cudnn>,

@@ -258,6 +258,14 @@ fn every_kernel_waits_for_the_one_ahead_before_touching_memory() {
         );
         assert_eq!(src.matches(kernels::GRID_DEP_WAIT).count(), names.len());
     }
+    // The kernels launched plainly are kernels of the module (a renamed one would silently be
+    // launched early again).
+    for k in kernels::PLAIN_LAUNCH {
+        assert!(
+            KERNEL_NAMES.contains(k) || kernels::HALF_KERNEL_NAMES.contains(k),
+            "{k}"
+        );
+    }
 }
 
 #[test]

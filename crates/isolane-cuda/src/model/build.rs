@@ -94,6 +94,7 @@ impl CudaModel {
             module: None,
             funcs: Vec::new(),
             programmatic: false,
+            early_ok: Vec::new(),
             conv_graphs: Vec::new(),
             cudnn: None,
             cublaslt: None,
@@ -157,6 +158,7 @@ impl CudaModel {
                 })?;
             }
             self.funcs.push(f);
+            self.early_ok.push(!kernels::PLAIN_LAUNCH.contains(name));
         }
         Ok(half_names)
     }

@@ -68,7 +68,7 @@ impl CudaModel {
                     args,
                 } => {
                     let mut ps: Vec<*mut c_void> = args.iter().map(|a| a.as_ptr()).collect();
-                    let early = self.programmatic && after_kernel;
+                    let early = self.programmatic && after_kernel && self.early_ok[*func];
                     launch_kernel(
                         self.funcs[*func],
                         (*grid, *block, *shared),
