@@ -626,12 +626,19 @@ impl GrpcInferenceService for GrpcFrontEnd {
         &self,
         request: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        let began = Instant::now();
+        if !request.get_ref().repository_name.is_empty() {
+            let refused = Err(Status::unimplemented(
+                crate::http::REPOSITORY_NAME_NOT_SUPPORTED,
+            ));
+            return logged("RepositoryIndex", "", began, false, refused);
+        }
         let asked = isolane_protocol::RepositoryIndexRequest::from(request.get_ref());
         let entries = self.server.repository_index(asked.ready);
         logged(
             "RepositoryIndex",
             "",
-            Instant::now(),
+            began,
             false,
             Ok(repository_index(&entries)),
         )
@@ -644,7 +651,11 @@ impl GrpcInferenceService for GrpcFrontEnd {
         let began = Instant::now();
         let request = request.into_inner();
         let name = request.model_name;
-        let answer = if request.parameters.is_empty() {
+        let answer = if !request.repository_name.is_empty() {
+            Err(Status::unimplemented(
+                crate::http::REPOSITORY_NAME_NOT_SUPPORTED,
+            ))
+        } else if request.parameters.is_empty() {
             let (server, owned) = (self.server.clone(), name.clone());
             changed(tokio::task::spawn_blocking(move || server.load_model(&owned)).await)
                 .map(|_| pb::RepositoryModelLoadResponse {})
@@ -664,11 +675,17 @@ impl GrpcInferenceService for GrpcFrontEnd {
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let began = Instant::now();
-        let name = request.into_inner().model_name;
-        let (server, owned) = (self.server.clone(), name.clone());
-        let answer =
+        let request = request.into_inner();
+        let name = request.model_name;
+        let answer = if request.repository_name.is_empty() {
+            let (server, owned) = (self.server.clone(), name.clone());
             changed(tokio::task::spawn_blocking(move || server.unload_model(&owned)).await)
-                .map(|_| pb::RepositoryModelUnloadResponse {});
+                .map(|_| pb::RepositoryModelUnloadResponse {})
+        } else {
+            Err(Status::unimplemented(
+                crate::http::REPOSITORY_NAME_NOT_SUPPORTED,
+            ))
+        };
         logged("RepositoryModelUnload", &name, began, false, answer)
     }
 
@@ -1754,6 +1771,36 @@ mod tests {
                 .await
                 .unwrap_err();
             assert_eq!(e.code(), Code::NotFound);
+            // A named repository is Triton's UNIMPLEMENTED, and changes nothing.
+            let repo = || "mine".to_string();
+            let e = c
+                .repository_model_unload(pb::RepositoryModelUnloadRequest {
+                    repository_name: repo(),
+                    model_name: "echo".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unimplemented);
+            assert!(e.message().contains("'repository_name'"), "{}", e.message());
+            assert!(c.model_ready(ready("echo")).await.unwrap().get_ref().ready);
+            let e = c
+                .repository_model_load(pb::RepositoryModelLoadRequest {
+                    repository_name: repo(),
+                    model_name: "echo".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unimplemented);
+            let e = c
+                .repository_index(pb::RepositoryIndexRequest {
+                    repository_name: repo(),
+                    ready: false,
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unimplemented);
         });
         s.drain(Duration::from_secs(5));
     }

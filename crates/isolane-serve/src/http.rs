@@ -57,6 +57,10 @@ pub const TRACE_NOT_SERVED: &str = "Triton's trace extension (trace settings) is
 pub const LOGGING_NOT_SERVED: &str = "Triton's logging extension (log settings) is not served; \
      isolane writes one access-log line per request on stderr, filtered by the environment \
      variable ISOLANE_LOG (as RUST_LOG) and turned off with `isolane serve --no-access-log`";
+/// A repository named in a repository request (`/v2/repository/REPO/...`, gRPC's
+/// `repository_name`): Triton's words and code (UNSUPPORTED: HTTP 501, gRPC UNIMPLEMENTED). A
+/// served model is its scenario's workload; there is one repository, unnamed.
+pub const REPOSITORY_NAME_NOT_SUPPORTED: &str = "'repository_name' specification is not supported";
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Serves `server` on `listener` until `shutdown` completes.
@@ -117,6 +121,11 @@ async fn route(server: &Server, request: Request<Incoming>) -> Routed {
                     .await;
             (r, model, false)
         }
+        (&Method::POST, ["v2", "repository", _, "index"])
+        | (&Method::POST, ["v2", "repository", _, "models", _, "load" | "unload"]) => plain(error(
+            StatusCode::NOT_IMPLEMENTED,
+            REPOSITORY_NAME_NOT_SUPPORTED,
+        )),
         (_, ["isolane", "v1", rest @ ..]) => {
             let (r, model) = crate::control_http::admin(server, &method, rest, request).await;
             (r, model, false)
@@ -178,6 +187,8 @@ fn endpoint_method(parts: &[&str]) -> Option<Method> {
         }
         ["v2", "repository", "index"]
         | ["v2", "repository", "models", _, "load" | "unload"]
+        | ["v2", "repository", _, "index"]
+        | ["v2", "repository", _, "models", _, "load" | "unload"]
         | ["isolane", "v1", "models", _, "resize"] => post,
         ["isolane", "v1", "status"] => get,
         ["v2", "models", _, rest @ ..] => {
@@ -630,6 +641,33 @@ mod tests {
             assert!(status.starts_with("HTTP/1.1 200"), "{status}");
             let (status, _) = ask(addr, "GET", "/v2/nothing/here").await;
             assert!(status.starts_with("HTTP/1.1 404"), "{status}");
+        });
+    }
+
+    /// A repository named in the path (`/v2/repository/REPO/...`) is Triton's 501 with its
+    /// words (one repository, unnamed, is served); it was a 404 "no such endpoint". Asked with
+    /// GET it is a 405 like the unnamed routes.
+    #[test]
+    fn a_named_repository_is_triton_s_501() {
+        with_http(|addr| async move {
+            for path in [
+                "/v2/repository/models/index",
+                "/v2/repository/mine/index",
+                "/v2/repository/mine/models/echo/load",
+                "/v2/repository/mine/models/echo/unload",
+            ] {
+                let (status, body) = ask_with(addr, "POST", path, "{}").await;
+                assert!(status.starts_with("HTTP/1.1 501"), "{path}: {status}");
+                assert!(
+                    body.contains(super::REPOSITORY_NAME_NOT_SUPPORTED),
+                    "{path}: {body}"
+                );
+            }
+            let (status, _) = ask(addr, "GET", "/v2/repository/mine/index").await;
+            assert!(status.starts_with("HTTP/1.1 405"), "{status}");
+            // The echo model was not unloaded by the refused request.
+            let (status, _) = ask(addr, "GET", "/v2/models/echo/ready").await;
+            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
         });
     }
 
