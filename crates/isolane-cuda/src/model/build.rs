@@ -25,7 +25,8 @@ impl CudaModel {
         let block = m.upload_weights(&plan)?;
         m.alloc_pinned_io(&plan)?;
         let half_names = m.load_kernels(plan.dtype, arch)?;
-        m.programmatic = arch.0 >= 9 && target.build.programmatic_launch;
+        m.programmatic =
+            arch.0 >= 9 && target.build.programmatic_launch && m.programmatic_launch_works();
         m.create_library_handles()?;
 
         // Algorithms that need more workspace than the cap are not considered.

@@ -331,6 +331,29 @@ impl CompiledModel for CudaModel {
     }
 }
 
+impl CudaModel {
+    /// Whether a kernel launched early after another runs here: two empty launches of
+    /// `cast_out` (nothing read or written), the second with programmatic stream
+    /// serialization, then a wait. Where the driver refuses the attribute (an MPS client on a
+    /// driver or GPU without it, say), the model's kernels are launched plainly instead of the
+    /// build failing.
+    pub(super) fn programmatic_launch_works(&self) -> bool {
+        let f = self.funcs[KERNEL_NAMES
+            .iter()
+            .position(|k| *k == "cast_out")
+            .expect("cast_out is a kernel of the module")];
+        let args = [Arg::Ptr(0), Arg::Ptr(0), Arg::I64(0)];
+        let mut ps: Vec<*mut c_void> = args.iter().map(Arg::as_ptr).collect();
+        let launched = launch_kernel(f, (1, 32, 0), self.stream, &mut ps, false)
+            .and_then(|()| launch_kernel(f, (1, 32, 0), self.stream, &mut ps, true));
+        // SAFETY: the model's stream, live; nothing else is queued on it during the build.
+        let waited = cu_check("cuStreamSynchronize", unsafe {
+            cu::cuStreamSynchronize(self.stream)
+        });
+        launched.and(waited).is_ok()
+    }
+}
+
 /// Launches `f` on `stream`; `early`: with programmatic stream serialization, so that it may be
 /// scheduled while the kernel ahead of it finishes (its `grid_dep_wait` holds it until that one
 /// has completed).
