@@ -568,7 +568,7 @@ fn matmul(im: &Importer, c: &Ctx) -> Result<usize> {
     if ranks.iter().any(|&r| r < 2) {
         return Err(bad("a side of rank below 2"));
     }
-    let (mut at, mut k) = (None, None);
+    let mut held = None;
     for (i, v) in sides.iter().enumerate() {
         let Some(t) = im.uniform.get(&ins[i]) else {
             continue;
@@ -580,14 +580,11 @@ fn matmul(im: &Importer, c: &Ctx) -> Result<usize> {
             (1, a) if a + 1 == r => out_rank - 1,
             _ => return Err(bad("it sums along the batch")),
         };
-        let kk = axis_size(c, v, t.axis)?;
-        if at.is_some_and(|x| x != p) || k.is_some_and(|x| x != kk) {
+        if !agree(&mut held, (p, axis_size(c, v, t.axis)?)) {
             return Err(bad("the sides hold the batch along different axes"));
         }
-        at = Some(p);
-        k = Some(kk);
     }
-    let (Some(at), Some(k)) = (at, k) else {
+    let Some((at, k)) = held else {
         return Err(c.bad("internal: MatMul reads no held value"));
     };
     for (i, v) in sides.iter().enumerate() {
@@ -718,6 +715,12 @@ fn gather(im: &Importer, c: &Ctx, held: &[usize]) -> Result<usize> {
     }
 }
 
+/// Where an op's held inputs hold the batch (the output's axis, repeats per sample): the first
+/// one's, which every other must share; false for one that does not.
+fn agree(held: &mut Option<(usize, usize)>, here: (usize, usize)) -> bool {
+    *held.get_or_insert(here) == here
+}
+
 /// An elementwise op of held values and others that broadcast along their batch axis (of lower
 /// rank, size 1 there, or batched at run time there when the held size is 1): the result's
 /// batch axis.
@@ -727,7 +730,7 @@ fn elementwise(im: &Importer, c: &Ctx, stepped: bool) -> Result<usize> {
         .filter_map(|i| im.get(c, i).transpose().map(|v| v.map(|v| (i, v))))
         .collect::<Result<_>>()?;
     let out_rank = vals.iter().map(|(_, v)| v.rank()).max().unwrap_or(0);
-    let (mut at, mut k) = (None, None);
+    let mut held = None;
     let bad = |why: &str| {
         c.bad(format!(
             "{} of {}: {why}: not supported",
@@ -748,15 +751,12 @@ fn elementwise(im: &Importer, c: &Ctx, stepped: bool) -> Result<usize> {
     for (i, v) in &vals {
         if let Some(t) = im.uniform.get(&ins[*i]) {
             let p = out_rank - v.rank() + t.axis;
-            let kk = axis_size(c, v, t.axis)?;
-            if at.is_some_and(|a| a != p) || k.is_some_and(|x| x != kk) {
+            if !agree(&mut held, (p, axis_size(c, v, t.axis)?)) {
                 return Err(bad("the inputs hold the batch along different axes"));
             }
-            at = Some(p);
-            k = Some(kk);
         }
     }
-    let (Some(at), Some(k)) = (at, k) else {
+    let Some((at, k)) = held else {
         return Err(c.bad("internal: elementwise op reads no held value"));
     };
     let mut steps = 0;
