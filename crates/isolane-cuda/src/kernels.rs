@@ -67,6 +67,16 @@ pub const KERNEL_NAMES: &[&str] = &[
     "dequantize_q8",
 ];
 
+/// The name of the module's kernel number `func` (the order the model loads them in:
+/// [`KERNEL_NAMES`], then [`HALF_KERNEL_NAMES`]).
+pub fn kernel_name(func: usize) -> Option<&'static str> {
+    KERNEL_NAMES
+        .iter()
+        .chain(HALF_KERNEL_NAMES)
+        .nth(func)
+        .copied()
+}
+
 /// 16-byte vectors per lane of the `layernorm_wv{N}` kernels (one warp per row of at most
 /// 32 · N vectors).
 pub const LN_VEC_PER_LANE: &[usize] = &[1, 2, 3, 4, 6, 8];

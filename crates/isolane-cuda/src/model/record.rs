@@ -506,7 +506,7 @@ pub(super) fn record_layer_norm(
             .map(|(launches, ms)| match launches.first() {
                 // `layernorm` is a block per row; the warp kernels a warp per row.
                 Some(Launch::Kernel { func, block, .. }) => {
-                    let name = KERNEL_NAMES.get(*func).copied().unwrap_or("layernorm");
+                    let name = kernels::kernel_name(*func).unwrap_or("layernorm");
                     let rows = if name == "layernorm" { 1 } else { block / 32 };
                     format!("{name} ({rows} rows a block) {ms:.4} ms")
                 }

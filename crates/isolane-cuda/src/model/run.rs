@@ -150,10 +150,7 @@ impl CudaModel {
         let mut out = Vec::new();
         for (i, l) in self.launches.iter().enumerate() {
             let what = match l {
-                Launch::Kernel { func, .. } => KERNEL_NAMES
-                    .iter()
-                    .chain(HALF_KERNEL_NAMES)
-                    .nth(*func)
+                Launch::Kernel { func, .. } => kernels::kernel_name(*func)
                     .map_or_else(|| format!("kernel {func}"), |k| k.to_string()),
                 Launch::Conv { conv, .. } => format!("cudnn algo {:?}", self.convs[*conv].algo),
                 Launch::ConvGraph { graph, .. } => {
