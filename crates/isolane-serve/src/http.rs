@@ -591,6 +591,21 @@ mod tests {
         ask_with(addr, method, path, "").await
     }
 
+    /// A request with a body on its own connection (closed after the answer): the whole
+    /// answer, head and body.
+    async fn answer_to(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> String {
+        let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        io.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        io.read_to_string(&mut answer).await.unwrap();
+        answer
+    }
+
     /// Triton answers an endpoint asked with a method it does not take 405 (HEAD on the health
     /// routes included, as a load balancer's probe may send); isolane answered 404 "no such
     /// endpoint" for most. A path that is no endpoint stays a 404.
@@ -610,14 +625,7 @@ mod tests {
                 ("POST", "/v2/systemsharedmemory/status", "GET"),
                 ("GET", "/v2/repository/models/echo/unload", "POST"),
             ] {
-                let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
-                let head = format!(
-                    "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\
-                     Connection: close\r\n\r\n"
-                );
-                io.write_all(head.as_bytes()).await.unwrap();
-                let mut answer = String::new();
-                io.read_to_string(&mut answer).await.unwrap();
+                let answer = answer_to(addr, method, path, "").await;
                 assert!(
                     answer.starts_with("HTTP/1.1 405"),
                     "{method} {path}: {answer}"
@@ -715,15 +723,7 @@ mod tests {
         path: &str,
         body: &str,
     ) -> (String, String) {
-        let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\
-             Connection: close\r\n\r\n{body}",
-            body.len()
-        );
-        io.write_all(head.as_bytes()).await.unwrap();
-        let mut answer = String::new();
-        io.read_to_string(&mut answer).await.unwrap();
+        let answer = answer_to(addr, method, path, body).await;
         let status = answer.lines().next().unwrap_or("").to_string();
         let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         (status, body.to_string())
