@@ -5,6 +5,9 @@
 //! classic exporter's `arange(B)·HW + position` indices) held with a step per sample; refused
 //! by name where an op would not treat the samples alike.
 
+mod common;
+
+use common::rel_l2;
 use std::path::Path;
 
 use isolane_engine::onnx::proto::{
@@ -319,15 +322,6 @@ fn a_uniform_value_as_another_input_than_the_data_is_refused() {
     let tail = vec![node("Clip", &["x", "cs"], "y")];
     let e = import_model(model(tail, batched("y", &[4, 3, 3]))).unwrap_err();
     assert!(e.contains("Clip") && e.contains("ConstantOfShape"), "{e}");
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        num += (*x as f64 - *y as f64).powi(2);
-        den += (*y as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
 }
 
 /// Hugging Face DETR exported by PyTorch's classic exporter (scripts/hf_models.py --fixture:

@@ -2,6 +2,9 @@
 //! matches onnxruntime's output within 1e-5 relative L2; every file under `bad/` fails with a
 //! message naming the culprit.
 
+mod common;
+
+use common::rel_l2;
 use isolane_engine::backend::{Backend, Precision};
 use isolane_engine::io::read_npy;
 use isolane_engine::onnx::{import_file, OnnxError, OnnxModel};
@@ -21,15 +24,6 @@ fn fixtures() -> Vec<PathBuf> {
     v.sort();
     assert!(v.len() >= 40, "fixtures missing: {}", v.len());
     v
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        num += (*x as f64 - *y as f64).powi(2);
-        den += (*y as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
 }
 
 /// Imports, compiles at the batch of the fixture's input and runs; returns the relative L2 error.

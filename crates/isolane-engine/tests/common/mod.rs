@@ -1,4 +1,4 @@
-//! ONNX models built in memory, shared by the import tests.
+//! ONNX models built in memory, and the error measure, shared by the import tests.
 #![allow(dead_code)] // each test module uses part of it
 
 use isolane_engine::onnx::proto::{
@@ -39,4 +39,14 @@ pub fn model(graph: GraphProto) -> ModelProto {
         graph: Some(graph),
         ..Default::default()
     }
+}
+
+/// Relative L2 distance of `a` from the reference `b`.
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += (*x as f64 - *y as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
 }
