@@ -166,6 +166,12 @@ pub struct ProtectionSpec {
     /// victim's measured stretch, fits their slack and their budget of overlapped jobs, which
     /// halves on a job that ends near its deadline (docs/criticality.md); not a full stall.
     pub share: bool,
+    /// Best effort in runs of fine pieces (µs; 0: off, the default): a best-effort job is split
+    /// into pieces of this length instead of `piece_us`, and before each run the guard admits
+    /// the longest run of consecutive pieces whose estimated total fits every critical job's
+    /// slack, at most `piece_us` long, launched back to back and waited for once. When set,
+    /// from 20 to `piece_us`.
+    pub fine_piece_us: u64,
 }
 
 /// `[protection] admission`: what a predicted miss of a critical deadline does to a run.
@@ -202,6 +208,7 @@ impl Default for ProtectionSpec {
             l2_persist_mib: 0,
             slack_order: false,
             share: false,
+            fine_piece_us: 0,
         }
     }
 }

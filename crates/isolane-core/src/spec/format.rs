@@ -31,6 +31,7 @@ pub const PROTECTION_KEYS: &[&str] = &[
     "l2_persist_mib",
     "slack_order",
     "share",
+    "fine_piece_us",
 ];
 pub const WORKLOAD_KEYS: &[&str] = &[
     "name",
@@ -169,6 +170,12 @@ pub(super) const SPIN_US: IntRule = IntRule::new(0, MAX_SPIN_US);
 pub(super) const START_DELAY_MS: IntRule = IntRule::new(0, MAX_START_DELAY_MS);
 pub(super) const SEED: IntRule = IntRule::new(0, u64::MAX);
 pub(super) const PIECE_US: IntRule = IntRule::new(MIN_PIECE_US, MAX_PIECE_US);
+/// `[protection] fine_piece_us`: off, or a piece from the shortest to `piece_us` (a run of
+/// them is capped at `piece_us`, so a longer fine piece would be no run at all).
+pub(super) fn fine_piece_expected(piece_us: Option<u64>) -> String {
+    let most = piece_us.map_or_else(|| "piece_us".to_string(), |n| format!("piece_us ({n})"));
+    format!("0 (off), or an integer from {MIN_PIECE_US} to {most}")
+}
 pub(super) const MARGIN_US: IntRule = IntRule::new(0, MAX_MARGIN_US);
 /// The L2 set aside: at most a GiB (an H200 has 60 MB of L2; the device's own limit is checked
 /// where the model is built).

@@ -24,13 +24,14 @@ use toml::Spanned;
 
 use super::error::{Problem, SpecError};
 use super::format::{
-    default_host, default_mechanism, hz_expected, max_delay_expected, model_expectation,
-    phase_expected, preferred_expected, rate_expected, seconds_expected, stretch_expected, IntRule,
-    BACKENDS, BATCH, BATCHING_KEYS, CALIBRATION_EXPECTED, CALIBRATION_METHODS, CPU_ID,
-    CRITICALITIES, DEFAULT_WARMUP_JOBS, DEVICE_KEYS, GPU, HOSTS, JOBS, L2_PERSIST_MIB, LATE,
-    MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US,
-    PRECISIONS, PROTECTION_KEYS, QUEUE_LIMIT, RAMP_KEYS, ROLES, ROOT_KEYS, SEED, SERVE_KEYS, SMS,
-    SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, TIMING_KEYS, WARMUP_JOBS, WHEN_FULL, WORKLOAD_KEYS,
+    default_host, default_mechanism, fine_piece_expected, hz_expected, max_delay_expected,
+    model_expectation, phase_expected, preferred_expected, rate_expected, seconds_expected,
+    stretch_expected, IntRule, BACKENDS, BATCH, BATCHING_KEYS, CALIBRATION_EXPECTED,
+    CALIBRATION_METHODS, CPU_ID, CRITICALITIES, DEFAULT_WARMUP_JOBS, DEVICE_KEYS, GPU, HOSTS, JOBS,
+    L2_PERSIST_MIB, LATE, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED,
+    PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS, QUEUE_LIMIT, RAMP_KEYS, ROLES,
+    ROOT_KEYS, SEED, SERVE_KEYS, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, TIMING_KEYS,
+    WARMUP_JOBS, WHEN_FULL, WORKLOAD_KEYS,
 };
 use super::model::{is_onnx_path, ModelCatalog};
 use super::spans::{describe, FieldPath, Lines, Spans};
@@ -606,6 +607,14 @@ impl<'a> Walk<'a> {
             }),
             slack_order: self.read(t, "slack_order", d.slack_order, |w, v, p| w.boolean(v, p)),
             share: self.read(t, "share", d.share, |w, v, p| w.boolean(v, p)),
+            // Its range depends on `piece_us`: validation's.
+            fine_piece_us: self.read(t, "fine_piece_us", d.fine_piece_us, |w, v, p| {
+                let n = integer(v);
+                if n.is_none() {
+                    w.wrong(v, p, &fine_piece_expected(None));
+                }
+                n
+            }),
         }
     }
 

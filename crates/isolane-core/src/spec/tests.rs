@@ -1318,6 +1318,7 @@ fn criticality_and_protection_parse_with_defaults_and_round_trip() {
             l2_persist_mib: 24,
             slack_order: true,
             share: true,
+            fine_piece_us: 0,
         }
     );
     let d = parse(MIN).unwrap();
@@ -1377,6 +1378,89 @@ fn bad_criticality_and_protection_values_name_the_field_and_the_choices() {
         &format!("[protection]\nshare = 1\n{MIN}"),
         2,
         &["protection.share", "true or false"],
+    );
+}
+
+/// `[protection] fine_piece_us` (best effort in runs of fine pieces): off by default, from 20
+/// to `piece_us` when set, written and read back; a bad value names the key and its range.
+#[test]
+fn fine_pieces_parse_round_trip_and_stay_within_piece_us() {
+    assert_eq!(parse(MIN).unwrap().protection.fine_piece_us, 0);
+    let s = parse(&format!(
+        "[protection]\npiece_us = 100\nfine_piece_us = 25\n{MIN}"
+    ))
+    .unwrap();
+    assert_eq!(s.protection.fine_piece_us, 25);
+    let text = s.to_toml_string().unwrap();
+    assert!(text.contains("fine_piece_us = 25"), "{text}");
+    assert_eq!(parse(&text).unwrap().protection, s.protection);
+    // Both bounds, and 0 (off) whatever piece_us is.
+    for ok in [
+        "fine_piece_us = 20",
+        "fine_piece_us = 100",
+        "fine_piece_us = 0",
+    ] {
+        let s = parse(&format!("[protection]\npiece_us = 100\n{ok}\n{MIN}")).unwrap();
+        assert_eq!(
+            parse(&s.to_toml_string().unwrap()).unwrap().protection,
+            s.protection
+        );
+    }
+    // Under the shortest piece; over piece_us (given, and the default 250).
+    assert_err(
+        &format!("[protection]\nfine_piece_us = 10\n{MIN}"),
+        2,
+        &[
+            "protection.fine_piece_us",
+            "found integer 10",
+            "0 (off)",
+            "from 20 to piece_us (250)",
+        ],
+    );
+    assert_err(
+        &format!("[protection]\npiece_us = 100\nfine_piece_us = 101\n{MIN}"),
+        3,
+        &[
+            "protection.fine_piece_us",
+            "101",
+            "from 20 to piece_us (100)",
+        ],
+    );
+    assert_err(
+        &format!("[protection]\nfine_piece_us = 300\n{MIN}"),
+        2,
+        &["protection.fine_piece_us", "piece_us (250)"],
+    );
+    // Not an integer: named at the walk, with the same range in words.
+    assert_err(
+        &format!("[protection]\nfine_piece_us = \"fine\"\n{MIN}"),
+        2,
+        &[
+            "protection.fine_piece_us",
+            "0 (off), or an integer from 20 to piece_us",
+        ],
+    );
+    assert_err(
+        &format!("[protection]\nfine_piece_us = -5\n{MIN}"),
+        2,
+        &["protection.fine_piece_us"],
+    );
+    // A piece_us that breaks its own rule is reported once, there; fine_piece_us is judged
+    // against the lower bound only.
+    let e = err(&format!(
+        "[protection]\npiece_us = 5\nfine_piece_us = 40\n{MIN}"
+    ));
+    assert!(
+        e.contains("protection.piece_us") && !e.contains("fine_piece_us"),
+        "{e}"
+    );
+    // A scenario built in code is held to the same rule.
+    let mut built = parse(MIN).unwrap();
+    built.protection.fine_piece_us = 300;
+    let e = built.validate(&MODELS).unwrap_err().to_string();
+    assert!(
+        e.contains("protection.fine_piece_us") && e.contains("300"),
+        "{e}"
     );
 }
 

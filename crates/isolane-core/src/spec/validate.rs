@@ -16,15 +16,15 @@ use std::path::Path;
 
 use super::error::Problem;
 use super::format::{
-    default_host, hz_expected, max_delay_expected, model_expectation, name_of, phase_expected,
-    preferred_expected, rate_expected, seconds_expected, stretch_expected, IntRule, BATCH,
-    CALIBRATION_EXPECTED, JOBS, L2_PERSIST_MIB, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED,
-    NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, QUEUE_LIMIT, RAMP_EXPECTED, ROLES, SMS,
-    SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, WARMUP_JOBS,
+    default_host, fine_piece_expected, hz_expected, max_delay_expected, model_expectation, name_of,
+    phase_expected, preferred_expected, rate_expected, seconds_expected, stretch_expected, IntRule,
+    BATCH, CALIBRATION_EXPECTED, JOBS, L2_PERSIST_MIB, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB,
+    MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, QUEUE_LIMIT, RAMP_EXPECTED,
+    ROLES, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, WARMUP_JOBS,
 };
 use super::kernel::KernelModel;
 use super::limits::{
-    MAX_BATCH_DELAY_MS, MAX_JOBS, MAX_RATE_HZ, MAX_SECONDS, MAX_STRETCH, MIN_SECONDS,
+    MAX_BATCH_DELAY_MS, MAX_JOBS, MAX_RATE_HZ, MAX_SECONDS, MAX_STRETCH, MIN_PIECE_US, MIN_SECONDS,
 };
 use super::model::{is_onnx_path, ModelCatalog, SpinModel, SPIN_SYNTAX};
 
@@ -318,7 +318,16 @@ impl Checker<'_, '_> {
     }
 
     fn protection(&mut self, p: &ProtectionSpec) {
-        self.int(Top("protection", "piece_us"), p.piece_us, PIECE_US);
+        let piece_ok = self.int(Top("protection", "piece_us"), p.piece_us, PIECE_US);
+        let fine = Top("protection", "fine_piece_us");
+        let n = p.fine_piece_us;
+        // 0 is off; otherwise no shorter than a launch and its wait are worth, and no longer
+        // than a run may be (`piece_us`), which is not known when `piece_us` broke its own rule.
+        let most = if piece_ok { p.piece_us } else { u64::MAX };
+        if n != 0 && !(MIN_PIECE_US..=most).contains(&n) && !self.spans.unread(fine) {
+            let expected = fine_piece_expected(piece_ok.then_some(p.piece_us));
+            self.wrong(fine, || format!("integer {n}"), &expected);
+        }
         self.int(Top("protection", "margin_us"), p.margin_us, MARGIN_US);
         self.int(
             Top("protection", "l2_persist_mib"),
