@@ -104,6 +104,14 @@ pub trait Executor: Send {
         debug_assert_eq!(i, 0, "an executor that does not split has one piece");
         self.run_job()
     }
+    /// Runs the consecutive pieces `range` of the current job (in order, as
+    /// [`Executor::run_piece`] would one by one) back to back, and returns when the last has
+    /// ended: the guard's run of fine pieces (`[protection] fine_piece_us`). An executor that
+    /// launches asynchronously issues them all and waits once, not once a piece. Default: one
+    /// after the other.
+    fn run_pieces(&mut self, range: std::ops::Range<usize>) -> Result<(), ExecError> {
+        range.into_iter().try_for_each(|i| self.run_piece(i))
+    }
     /// Device memory this executor holds (MiB), where its engine knows it.
     fn device_memory_mib(&self) -> Option<f64> {
         None

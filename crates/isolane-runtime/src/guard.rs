@@ -250,6 +250,12 @@ pub struct Policy {
     /// On with `share` ([`Policy::of`]); off: the fitted model alone (open loop).
     #[serde(default)]
     pub feedback: bool,
+    /// Best effort in runs of fine pieces (`[protection] fine_piece_us`, ns; 0: off): a
+    /// best-effort job is split into pieces this long, and before each run the guard admits
+    /// the longest run of them that fits ([`Guard::try_run_why`]), at most the scenario's
+    /// piece length, launched back to back and waited for once.
+    #[serde(default)]
+    pub fine_piece_ns: i64,
 }
 
 impl Policy {
@@ -261,6 +267,7 @@ impl Policy {
             share: None,
             l2_persist_mib: 0,
             feedback: false,
+            fine_piece_ns: 0,
         }
     }
 
@@ -273,6 +280,7 @@ impl Policy {
             share: if p.share { share } else { None },
             feedback: p.share && share.is_some(),
             l2_persist_mib: p.l2_persist_mib,
+            fine_piece_ns: p.fine_piece_us as i64 * 1000,
             ..Policy::new(p.margin_us as i64 * 1000, p.stretch)
         }
     }
@@ -524,6 +532,41 @@ pub fn admits_piece(
         }
     }
     Some(delay)
+}
+
+/// How many of the pieces whose estimates `est` lists, in order, run as one run: the most
+/// whose estimated total `fits` (every critical job admits a piece that long), within `cap_ns`
+/// in all, but always the first (the caller has checked that it fits; 0 for no pieces).
+/// Admission is monotone in a piece's length: a longer piece overlaps every critical job at
+/// least as long and is charged at least as much ([`admits_piece`], [`charge`]). So the
+/// longest run is bisected, a few looks at the slots whatever the number of pieces.
+pub fn longest_run(est: &[i64], cap_ns: i64, mut fits: impl FnMut(i64) -> bool) -> usize {
+    let Some(&first) = est.first() else {
+        return 0;
+    };
+    let total = |k: usize| est[..k].iter().fold(0i64, |a, &e| a.saturating_add(e));
+    // The most pieces the cap allows (at least the first).
+    let mut most = 1;
+    let mut sum = first;
+    while most < est.len() {
+        let next = sum.saturating_add(est[most]);
+        if next > cap_ns {
+            break;
+        }
+        sum = next;
+        most += 1;
+    }
+    // `lo` fits; the longest that fits is in lo..=hi.
+    let (mut lo, mut hi) = (1, most);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(total(mid)) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 /// A partial stretch's charge times the loop's measured gain ([`Feedback`]); the stall
@@ -867,9 +910,62 @@ impl Guard {
     ) -> Result<(), (i64, Hold)> {
         let _l = self.lock();
         let now = clock::now_ns();
-        // Two passes over the slots with the same `now` (no allocation): check all, then
-        // reserve. A critical slot may change in between (it never takes the lock); the second
-        // pass reserves what it sees then, which is what the next decision will count.
+        if let Some(refused) = self.refusal(now, piece_ns, piece) {
+            return Err(refused);
+        }
+        self.reserve(now, piece_ns, piece);
+        Ok(())
+    }
+
+    /// Tries to start a run of best effort's next pieces, whose estimates `est` lists in order
+    /// (`[protection] fine_piece_us`): under one lock, the longest run of them every critical
+    /// job admits ([`longest_run`]: at least the first piece, at most `cap_ns` in all), its
+    /// delay reserved as for one piece of the run's total length. Returns how many pieces, or,
+    /// as [`Guard::try_piece_why`] does, why the first piece alone was held and when to ask
+    /// again.
+    pub fn try_run_why(
+        &self,
+        est: &[i64],
+        cap_ns: i64,
+        piece: Option<&Intensity>,
+    ) -> Result<usize, (i64, Hold)> {
+        let _l = self.lock();
+        self.run_at(clock::now_ns(), est, cap_ns, piece)
+    }
+
+    /// [`Guard::try_run_why`]'s decision at `now`, the lock held.
+    fn run_at(
+        &self,
+        now: i64,
+        est: &[i64],
+        cap_ns: i64,
+        piece: Option<&Intensity>,
+    ) -> Result<usize, (i64, Hold)> {
+        let Some(&first) = est.first() else {
+            return Ok(0);
+        };
+        if let Some(refused) = self.refusal(now, first, piece) {
+            return Err(refused);
+        }
+        let k = longest_run(est, cap_ns, |len| self.admitted(now, len, piece));
+        let total = est[..k].iter().fold(0i64, |a, &e| a.saturating_add(e));
+        self.reserve(now, total, piece);
+        Ok(k)
+    }
+
+    /// Whether every critical job admits a piece of `piece_ns` at `now` (the lock held).
+    fn admitted(&self, now: i64, piece_ns: i64, piece: Option<&Intensity>) -> bool {
+        (0..self.slots)
+            .all(|i| admits_piece(&self.view(i), now, piece_ns, &self.policy, piece).is_some())
+    }
+
+    /// Why a piece of `piece_ns` may not start at `now`, and when to ask again; `None` when
+    /// every critical job admits it (the lock held).
+    fn refusal(&self, now: i64, piece_ns: i64, piece: Option<&Intensity>) -> Option<(i64, Hold)> {
+        // Two passes over the slots with the same `now` (no allocation): check all here, then
+        // reserve ([`Guard::reserve`]). A critical slot may change in between (it never takes
+        // the lock); the second pass reserves what it sees then, which is what the next
+        // decision will count.
         let mut refused: Option<(i64, usize, SlotView)> = None;
         for i in 0..self.slots {
             let v = self.view(i);
@@ -878,13 +974,19 @@ impl Guard {
                 refused = Some(refused.map_or((at, i, v), |(a, k, first)| (a.min(at), k, first)));
             }
         }
-        if let Some((at, k, first)) = refused {
-            // The others read again: a slot that changed meanwhile may name the hold wrongly,
-            // never the decision.
-            let others = (0..self.slots).filter(|&j| j != k).map(|j| self.view(j));
-            let why = why_held(&first, others, now, piece_ns, &self.policy, piece);
-            return Err((at, why));
-        }
+        let (at, k, first) = refused?;
+        // The others read again: a slot that changed meanwhile may name the hold wrongly,
+        // never the decision.
+        let others = (0..self.slots).filter(|&j| j != k).map(|j| self.view(j));
+        Some((
+            at,
+            why_held(&first, others, now, piece_ns, &self.policy, piece),
+        ))
+    }
+
+    /// Reserves against every critical job the delay an admitted piece of `piece_ns` started
+    /// at `now` may add to it (the lock held).
+    fn reserve(&self, now: i64, piece_ns: i64, piece: Option<&Intensity>) {
         for i in 0..self.slots {
             let v = self.view(i);
             let Some(o) = admits_piece(&v, now, piece_ns, &self.policy, piece) else {
@@ -906,7 +1008,6 @@ impl Guard {
         self.header()
             .be_until
             .fetch_max(now.saturating_add(piece_ns), Ordering::Relaxed);
-        Ok(())
     }
 }
 
@@ -1374,8 +1475,12 @@ pub struct BestEffortHold {
     piece_ns: Vec<i64>,
     /// The warm-up's estimate of each piece, which a held piece's estimate relaxes back to.
     seed_ns: Vec<i64>,
-    /// The piece in progress and when it was admitted.
-    current: Option<(usize, i64)>,
+    /// The run in progress: its first piece, how many pieces, and when it was admitted (a
+    /// piece alone is a run of one).
+    current: Option<(usize, usize, i64)>,
+    /// With fine pieces (`[protection] fine_piece_us`): the longest run, the scenario's piece
+    /// length; `None`: one piece at a time.
+    run_cap_ns: Option<i64>,
     /// Held so far in the current job.
     held_ns: i64,
     wait: HoldWait,
@@ -1397,7 +1502,11 @@ pub struct HoldAccount {
     pub held_ns: [i64; HOLDS.len()],
     /// Running pieces: ns from admission to the next ask (its launch, run and wait).
     pub ran_ns: i64,
+    /// Launches waited for: pieces, or with fine pieces runs of them.
     pub pieces: u64,
+    /// With fine pieces (`[protection] fine_piece_us`): the fine pieces those runs held (0
+    /// without: `pieces` are then the pieces themselves).
+    pub fine_pieces: u64,
     /// From its first ask to its last piece's end.
     pub first: i64,
     pub last: i64,
@@ -1419,6 +1528,22 @@ impl HoldAccount {
             .zip(self.held_ns)
             .map(|((_, words), ns)| format!("{words} {:.1} ms ({:.1} %)", ms(ns), pct(ns)))
             .collect();
+        if self.fine_pieces > 0 {
+            return Some(format!(
+                "best effort time: {:.1} ms; ran {} runs {:.1} ms ({:.1} %, {:.1} µs a run; {} \
+                 fine pieces, {:.2} a run); held {:.1} ms ({:.1} %): {}",
+                ms(span),
+                self.pieces,
+                ms(self.ran_ns),
+                pct(self.ran_ns),
+                self.ran_ns as f64 / self.pieces as f64 / 1e3,
+                self.fine_pieces,
+                self.fine_pieces as f64 / self.pieces as f64,
+                ms(held),
+                pct(held),
+                parts.join(", ")
+            ));
+        }
         Some(format!(
             "best effort time: {:.1} ms; ran {} pieces {:.1} ms ({:.1} %, {:.1} µs a piece); \
              held {:.1} ms ({:.1} %): {}",
@@ -1446,6 +1571,7 @@ impl BestEffortHold {
             piece_ns: Vec::new(),
             seed_ns: Vec::new(),
             current: None,
+            run_cap_ns: None,
             held_ns: 0,
             wait,
             intensity: None,
@@ -1493,27 +1619,62 @@ impl BestEffortHold {
     /// Blocks until piece `i` of the current job may start (or `stop` is raised). Returns the
     /// time it was held.
     pub fn before_piece(&mut self, i: usize, stop: &AtomicBool) -> i64 {
+        self.hold_for(i, i + 1, None, stop).1
+    }
+
+    /// Whether its job runs in runs of fine pieces ([`BestEffortHold::before_run`]).
+    pub fn runs(&self) -> bool {
+        self.run_cap_ns.is_some()
+    }
+
+    /// Blocks until a run of the job's pieces from `i` (of `pieces` in the job) may start (or
+    /// `stop` is raised): with fine pieces, the longest run the guard admits
+    /// ([`Guard::try_run_why`]), at most the scenario's piece length; without, piece `i` alone.
+    /// Returns how many pieces (at least 1, at most those left) and the time it was held.
+    pub fn before_run(&mut self, i: usize, pieces: usize, stop: &AtomicBool) -> (usize, i64) {
+        self.hold_for(i, pieces.max(i + 1), self.run_cap_ns, stop)
+    }
+
+    /// Holds until the guard admits a run from piece `i` (of `n`) within `cap` (`None`: the
+    /// piece alone): returns its length in pieces and the time held.
+    fn hold_for(
+        &mut self,
+        i: usize,
+        n: usize,
+        cap: Option<i64>,
+        stop: &AtomicBool,
+    ) -> (usize, i64) {
         self.end_piece();
-        if self.piece_ns.len() <= i {
-            self.piece_ns.resize(i + 1, 1);
+        if self.piece_ns.len() < n {
+            self.piece_ns.resize(n, 1);
         }
-        let mut est = self.piece_ns[i];
         let seed = self.seed_ns.get(i).copied().unwrap_or(1);
         let t = clock::now_ns();
         if self.account.first == 0 {
             self.account.first = t;
         }
         let mut now = t;
-        while let Err((at, why)) = self.guard.try_piece_why(est, self.intensity.as_ref()) {
+        let k = loop {
+            let est = &self.piece_ns[i..n];
+            let asked = match cap {
+                Some(cap) => self.guard.try_run_why(est, cap, self.intensity.as_ref()),
+                None => self
+                    .guard
+                    .try_piece_why(est[0], self.intensity.as_ref())
+                    .map(|()| 1),
+            };
+            let (at, why) = match asked {
+                Ok(k) => break k.max(1),
+                Err(held) => held,
+            };
             if stop.load(Ordering::Relaxed) {
-                break;
+                break 1;
             }
             // An estimate raised by pieces that ran preempted (a flood beside them) is only
             // lowered by pieces that run; held, none does, and one above every gap would hold
             // best effort for good (seen serving: idle critical models, best effort stuck).
             // So while held it relaxes towards the warm-up's estimate, never below it.
-            est = relax_towards(est, seed);
-            self.piece_ns[i] = est;
+            self.piece_ns[i] = relax_towards(self.piece_ns[i], seed);
             match self.wait {
                 // Asleep until the blocking critical job should be over: a best-effort thread
                 // that shares a core with critical work then wakes (and preempts it) once per
@@ -1526,20 +1687,25 @@ impl BestEffortHold {
             let then = clock::now_ns();
             self.account.held_ns[why.index()] += then - now;
             now = then;
-        }
+        };
         self.held_ns += now - t;
-        self.current = Some((i, clock::now_ns()));
-        now - t
+        self.current = Some((i, k, clock::now_ns()));
+        (k, now - t)
     }
 
-    /// Measures the piece that just ended (called by the next `before_piece` or `job_done`).
+    /// Measures the run that just ended (called by the next `before_piece`/`before_run` or
+    /// `job_done`).
     fn end_piece(&mut self) {
-        if let Some((i, began)) = self.current.take() {
+        if let Some((i, k, began)) = self.current.take() {
             let end = clock::now_ns();
             let d = end - began;
-            track_upper_quantile(&mut self.piece_ns[i], d);
+            let last = (i + k).min(self.piece_ns.len());
+            apportion(&mut self.piece_ns[i.min(last)..last], d);
             self.account.ran_ns += d;
             self.account.pieces += 1;
+            if self.run_cap_ns.is_some() {
+                self.account.fine_pieces += k as u64;
+            }
             self.account.last = end;
         }
     }
@@ -1556,6 +1722,17 @@ impl Drop for BestEffortHold {
         if let Some(line) = self.account.line() {
             eprintln!("{line}");
         }
+    }
+}
+
+/// A run of pieces measured `d` ns in all (launched back to back and waited for once, so its
+/// pieces cannot be timed one by one): each piece's estimate tracks its share of `d`, in
+/// proportion to the estimates ([`track_upper_quantile`]). A run of one tracks `d` itself.
+fn apportion(est: &mut [i64], d: i64) {
+    let total = est.iter().fold(0i128, |a, &e| a + e.max(0) as i128).max(1);
+    for e in est.iter_mut() {
+        let share = (d as i128 * (*e).max(0) as i128 / total) as i64;
+        track_upper_quantile(e, share);
     }
 }
 
@@ -1617,7 +1794,8 @@ pub struct GuardSetup {
     /// The shared file ([`Guard::path`]).
     pub path: PathBuf,
     pub policy: Policy,
-    /// Target length of a best-effort piece.
+    /// Target length of a best-effort piece; with fine pieces ([`Policy::fine_piece_ns`]) the
+    /// longest run of them.
     pub piece_ns: i64,
     /// `Some(slot)`: critical, publishing in that slot; `None`: best effort.
     pub critical_slot: Option<usize>,
@@ -1695,7 +1873,14 @@ impl GuardRole {
                 GuardRole::Critical(CriticalPublisher::new(guard, slot, job_ns, setup.stretch))
             }
             None => {
-                exec.split(setup.piece_ns);
+                // With fine pieces a run sizes itself to the slack at each decision, so the
+                // gaps are not fitted by a re-split (which profiles the job again unguarded).
+                let fine = policy.fine_piece_ns > 0;
+                exec.split(if fine {
+                    policy.fine_piece_ns
+                } else {
+                    setup.piece_ns
+                });
                 let own = exec.memory_profile();
                 let intensity = match (policy.share, traffic.or(own.as_ref())) {
                     (Some(m), Some(t)) => Intensity::of_job(t, job_ns, &m.memory_system()),
@@ -1704,7 +1889,9 @@ impl GuardRole {
                 let mut hold = BestEffortHold::new(guard, setup.wait);
                 hold.seed_estimate(exec.pieces(), job_ns);
                 hold.intensity = intensity;
-                if policy.share.is_some() {
+                if fine {
+                    hold.run_cap_ns = Some(setup.piece_ns.max(policy.fine_piece_ns));
+                } else if policy.share.is_some() {
                     hold.unfitted = Some((setup.piece_ns, job_ns));
                 }
                 GuardRole::BestEffort(hold)
@@ -1748,6 +1935,21 @@ impl GuardRole {
                 let end = clock::now_ns();
                 p.ended(index, end - start);
                 Ok((start, end, 0))
+            }
+            GuardRole::BestEffort(h) if h.runs() => {
+                // Runs of fine pieces, each launched back to back and waited for once.
+                let n = exec.pieces();
+                let (k, _) = h.before_run(0, n, stop);
+                let start = clock::now_ns();
+                exec.run_pieces(0..k.min(n))?;
+                let mut i = k;
+                while i < n {
+                    let (k, _) = h.before_run(i, n, stop);
+                    exec.run_pieces(i..(i + k).min(n))?;
+                    i += k;
+                }
+                let end = clock::now_ns();
+                Ok((start, end, h.job_done()))
             }
             GuardRole::BestEffort(h) => {
                 h.fit_gaps(exec);
@@ -2977,6 +3179,7 @@ mod tests {
             held_ns: [3 * MS, MS, 0, 2 * MS, 0, 0, 0],
             ran_ns: 4 * MS,
             pieces: 40,
+            fine_pieces: 0,
             first: 100 * MS,
             last: 110 * MS,
         };
@@ -3055,5 +3258,255 @@ mod tests {
                 assert!(shared.best_effort < stalled.best_effort, "{trio:?}");
             }
         }
+    }
+
+    // ---- best effort in runs of fine pieces (`[protection] fine_piece_us`) ----
+
+    const US: i64 = 1_000;
+
+    /// A guard of one critical workload whose job runs since `at` for 300 µs, due `slack` µs
+    /// after its expected end (margin 0, the stall model), and a decision at `at`.
+    fn one_running(slack_us: i64) -> (Guard, CriticalPublisher, i64) {
+        let g = Arc::new(Guard::create(1, stall(0)).unwrap());
+        let p = CriticalPublisher::new(Arc::clone(&g), 0, 300 * US, None);
+        let at = 10 * MS;
+        p.pending(1, at, Some(at + (300 + slack_us) * US));
+        p.started(at);
+        // The publisher's own slot, mapped again: the guard best effort asks.
+        let other = Guard::open(&g.path().unwrap(), stall(0)).unwrap();
+        (other, p, at)
+    }
+
+    #[test]
+    fn a_run_of_fine_pieces_is_as_long_as_the_slack_allows_and_no_longer_than_piece_us() {
+        let est = [25 * US; 8];
+        let cap = 100 * US;
+        // Slack for two pieces of 25 µs, not three.
+        let (g, _p, at) = one_running(60);
+        assert_eq!(g.run_at(at, &est, cap, None), Ok(2));
+        // Ample slack: the run stops at piece_us (four pieces), and at the job's end.
+        let (g, _p, at) = one_running(1_000);
+        assert_eq!(g.run_at(at, &est, cap, None), Ok(4));
+        let (g, _p, at) = one_running(1_000);
+        assert_eq!(g.run_at(at, &est[5..], cap, None), Ok(3));
+        // A piece estimated longer than piece_us still runs alone when it fits.
+        let (g, _p, at) = one_running(1_000);
+        assert_eq!(g.run_at(at, &[150 * US, 10 * US], cap, None), Ok(1));
+        // Pieces of their own lengths: their running totals are 10, 60 and 70 µs.
+        let (g, _p, at) = one_running(65);
+        assert_eq!(
+            g.run_at(at, &[10 * US, 50 * US, 10 * US, 10 * US], cap, None),
+            Ok(2)
+        );
+        // Under the first piece's length: held, and why, as a piece would be: too long where
+        // the shortest piece (20 µs) fits, no slack in the running job where it does not.
+        let (g, _p, at) = one_running(22);
+        let (_, why) = g.run_at(at, &est, cap, None).unwrap_err();
+        assert_eq!(why, Hold::TooLong);
+        let (g, _p, at) = one_running(10);
+        let (_, why) = g.run_at(at, &est, cap, None).unwrap_err();
+        assert_eq!(why, Hold::Running);
+        assert_eq!(g.view(0).acct_overlap, 0, "a refused run reserves nothing");
+    }
+
+    #[test]
+    fn a_runs_reservation_is_a_piece_of_its_total_and_reservations_add_up() {
+        let est = [25 * US; 8];
+        let cap = 100 * US;
+        // 120 µs of slack: a run of four (100 µs) reserves 100 µs, as one 100 µs piece does.
+        let (g, _p, at) = one_running(120);
+        assert_eq!(g.run_at(at, &est, cap, None), Ok(4));
+        let (single, _q, at2) = one_running(120);
+        assert_eq!(single.refusal(at2, 100 * US, None), None);
+        single.reserve(at2, 100 * US, None);
+        assert_eq!(g.view(0).acct_overlap, 100 * US);
+        assert_eq!(single.view(0).acct_overlap, 100 * US);
+        // The 20 µs left: the next run is refused (its first piece is 25 µs) ...
+        assert!(g.run_at(at, &est[4..], cap, None).is_err());
+        // ... and a shorter one fits exactly, and adds up to the whole slack.
+        assert_eq!(g.run_at(at, &[10 * US, 10 * US, 10 * US], cap, None), Ok(2));
+        assert_eq!(g.view(0).acct_overlap, 120 * US);
+        // Through the public call (the clock's now, past the job's start: the same overlap).
+        let (g, _p, _) = one_running(1_000);
+        assert_eq!(g.try_run_why(&est, cap, None), Ok(4));
+        assert_eq!(g.view(0).acct_overlap, 100 * US);
+    }
+
+    #[test]
+    fn the_longest_run_is_bisected_within_the_cap() {
+        let est = [10, 20, 30, 40];
+        let mut looked = Vec::new();
+        let k = longest_run(&est, 1_000, |len| {
+            looked.push(len);
+            len <= 60
+        });
+        assert_eq!(k, 3);
+        assert!(looked.len() <= 2, "{looked:?}");
+        assert_eq!(longest_run(&est, 35, |_| true), 2);
+        assert_eq!(longest_run(&est, 5, |_| true), 1, "always the first");
+        assert_eq!(longest_run(&est, 1_000, |_| false), 1);
+        assert_eq!(longest_run(&[], 1_000, |_| true), 0);
+        // Many pieces: a few looks, not one a piece.
+        let many = vec![1; 10_000];
+        let mut looks = 0;
+        assert_eq!(
+            longest_run(&many, i64::MAX, |len| {
+                looks += 1;
+                len <= 7_777
+            }),
+            7_777
+        );
+        assert!(looks <= 14, "{looks}");
+    }
+
+    #[test]
+    fn a_runs_measured_length_is_shared_by_its_pieces_estimates() {
+        // A run of a 10 and a 30 µs piece measured 80 µs: 20 and 60 µs as samples, each
+        // estimate moving a quarter of the way up.
+        let mut est = [10 * US, 30 * US];
+        apportion(&mut est, 80 * US);
+        assert_eq!(est, [10 * US + 10 * US / 4, 30 * US + 30 * US / 4]);
+        // A run of one tracks its length, as a piece always has.
+        let (mut a, mut b) = ([50 * US], 50 * US);
+        apportion(&mut a, 20 * US);
+        track_upper_quantile(&mut b, 20 * US);
+        assert_eq!(a[0], b);
+    }
+
+    /// A job of `pieces` split at `piece_ns` that records how it is run.
+    struct Pieces {
+        job_ns: i64,
+        pieces: usize,
+        calls: Vec<String>,
+    }
+
+    impl Executor for Pieces {
+        fn run_job(&mut self) -> Result<(), ExecError> {
+            self.calls.push("job".into());
+            Ok(())
+        }
+        fn split(&mut self, piece_ns: i64) {
+            self.pieces = (self.job_ns / piece_ns).max(1) as usize;
+            self.calls.push(format!("split {}", piece_ns / US));
+        }
+        fn pieces(&self) -> usize {
+            self.pieces
+        }
+        fn run_piece(&mut self, i: usize) -> Result<(), ExecError> {
+            self.calls.push(format!("piece {i}"));
+            Ok(())
+        }
+        fn run_pieces(&mut self, range: std::ops::Range<usize>) -> Result<(), ExecError> {
+            self.calls.push(format!("run {range:?}"));
+            Ok(())
+        }
+    }
+
+    /// Best effort attached to a guard whose one critical workload has finished (every piece
+    /// admitted), with `[protection]` `piece_us = 100` and `fine_piece_us`; its first job's
+    /// calls.
+    fn first_job(fine_piece_us: u64) -> (Vec<String>, HoldAccount) {
+        use isolane_core::spec::ProtectionSpec;
+        let spec = ProtectionSpec {
+            piece_us: 100,
+            margin_us: 0,
+            fine_piece_us,
+            ..ProtectionSpec::default()
+        };
+        let policy = Policy::of(&spec, None);
+        let g = Arc::new(Guard::create(1, policy).unwrap());
+        g.finish(0);
+        let setup = GuardSetup {
+            path: g.path().unwrap(),
+            policy,
+            piece_ns: 100 * US,
+            critical_slot: None,
+            wait: HoldWait::Poll,
+            stretch: None,
+        };
+        let mut exec = Pieces {
+            job_ns: 200 * US,
+            pieces: 1,
+            calls: Vec::new(),
+        };
+        let mut role =
+            GuardRole::attach(Some(&setup), Some(&g), &mut exec, &[200 * US; 4]).unwrap();
+        role.run_job(&mut exec, 0, &AtomicBool::new(false)).unwrap();
+        let GuardRole::BestEffort(hold) = role else {
+            panic!("best effort");
+        };
+        (exec.calls, hold.account().clone())
+    }
+
+    #[test]
+    fn fine_pieces_run_in_runs_and_without_them_nothing_changes() {
+        // fine_piece_us = 25: eight pieces of 25 µs, run four at a time (piece_us = 100).
+        let (calls, acc) = first_job(25);
+        assert_eq!(calls, ["split 25", "run 0..4", "run 4..8"]);
+        assert_eq!((acc.pieces, acc.fine_pieces), (2, 8));
+        let line = acc.line().unwrap();
+        assert!(
+            line.contains("ran 2 runs") && line.contains("8 fine pieces, 4.00 a run"),
+            "{line}"
+        );
+        // Off (the default): two pieces of 100 µs, each run and waited for alone.
+        let (calls, acc) = first_job(0);
+        assert_eq!(calls, ["split 100", "piece 0", "piece 1"]);
+        assert_eq!((acc.pieces, acc.fine_pieces), (2, 0));
+        assert!(acc.line().unwrap().contains("ran 2 pieces"));
+        // The policy carries it to worker processes; an older coordinator's has none.
+        let p = Policy::of(
+            &isolane_core::spec::ProtectionSpec {
+                fine_piece_us: 25,
+                ..Default::default()
+            },
+            None,
+        );
+        assert_eq!(p.fine_piece_ns, 25 * US);
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<Policy>(&text).unwrap(), p);
+        assert_eq!(Policy::new(1, None).fine_piece_ns, 0);
+    }
+
+    #[test]
+    fn runs_of_fine_pieces_give_best_effort_more_at_the_same_critical_outcome() {
+        // Trio b at 1.3 × the victims-only p99, the slow outliers, best effort polling, each
+        // launch waited for costing it 5 µs (a few µs on the H200). Pieces of ~76 µs (a
+        // vit_b_16 job in 10) are too long for the slack 23 % of the time; ~19 µs pieces one
+        // by one fit it, but pay the wait 40 times a job and get less than the long ones
+        // (61 against 65 %); runs of them, up to 76 µs, fit the slack and wait far less often:
+        // best effort gets more than either (67 %), and no critical job is late that was not
+        // (trios a and c: see docs/criticality.md, where they add misses).
+        let r = sim::Replay {
+            guarding: sim::Guarding::Guarded(stall(20_000)),
+            deadlines: sim::Deadlines::Together(1.3),
+            outliers: true,
+            poll: true,
+            trio: sim::Trio::B,
+            ..sim::Replay::default()
+        };
+        let replay = |pieces, fine| {
+            sim::replay_launching(
+                &sim::Replay { pieces, ..r },
+                sim::Launches {
+                    fine,
+                    sync_ns: 5_000,
+                },
+            )
+        };
+        let (long, short, runs) = (replay(10, 0), replay(40, 0), replay(10, 40));
+        assert!(long.held.of(Hold::TooLong) > 0.2, "{long:?}");
+        assert!(runs.held.of(Hold::TooLong) < 0.05, "{runs:?}");
+        assert!(
+            short.best_effort < long.best_effort,
+            "{short:?} against {long:?}"
+        );
+        assert!(
+            runs.best_effort > long.best_effort + 0.015,
+            "{runs:?} against {long:?}"
+        );
+        assert!(runs.best_effort > short.best_effort + 0.05, "{runs:?}");
+        assert_eq!(runs.late_pct, long.late_pct);
+        assert_eq!(runs.late_seqs, long.late_seqs);
     }
 }

@@ -202,6 +202,20 @@ pub struct Replay {
     pub poll: bool,
 }
 
+/// How best effort launches its pieces in a replay ([`replay_launching`]); the default is
+/// [`replay`]'s: one piece at a time, each free.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Launches {
+    /// Best effort in runs of fine pieces (`[protection] fine_piece_us`): its job split into
+    /// this many pieces instead of [`Replay::pieces`], each run the longest the guard admits
+    /// ([`longest_run`]) of at most the length of one of [`Replay::pieces`]; 0: off.
+    pub fine: i64,
+    /// What each launch waited for costs best effort after its work: the wait's round trip
+    /// and the next launch (ns), time in which it runs nothing on the GPU but which its
+    /// pieces' measured lengths, and so their estimates, include. 0: free.
+    pub sync_ns: i64,
+}
+
 /// The H200 study's trios (scripts/levers-h200.sh), each with its alone figures as recorded
 /// (results/h200-levers/trio-*.md: capacity /s, p99 ms), the light CNN first.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -260,6 +274,12 @@ impl Default for Replay {
 
 /// Replays one of the trios as `r` says.
 pub fn replay(r: &Replay) -> Outcome {
+    replay_launching(r, Launches::default())
+}
+
+/// [`replay`] with best effort's pieces launched as `launches` says.
+pub fn replay_launching(r: &Replay, launches: Launches) -> Outcome {
+    let Launches { fine, sync_ns } = launches;
     let Replay {
         guarding,
         seconds,
@@ -286,6 +306,16 @@ pub fn replay(r: &Replay) -> Outcome {
     let coeffs: Coefficients = fitted("h200", Mechanism::Green).unwrap().coefficients;
     let (critical, be) = trio.workloads();
     let mut piece_ns = be.exec_ns / pieces.max(1);
+    // With runs, the longest run; the pieces are the fine ones.
+    let run_cap = (fine > 0).then_some(piece_ns);
+    if fine > 0 {
+        piece_ns = be.exec_ns / fine;
+    }
+    // Best effort's job as pieces: each one's estimate (as `BestEffortHold` keeps them, from
+    // the measured lengths of the runs they were in) and the next to run.
+    let job_pieces = |piece_ns: i64| (be.exec_ns / piece_ns.max(1)).max(1) as usize;
+    let mut est = vec![piece_ns; job_pieces(piece_ns)];
+    let mut next_piece = 0usize;
     let intensity = Intensity::of_job(&be.neighbour.profile, be.exec_ns, &sys).unwrap();
     let sharing = matches!(guarding, Guarding::Guarded(p) if p.share.is_some());
     let mut unfitted = fit_gaps && sharing;
@@ -350,7 +380,9 @@ pub fn replay(r: &Replay) -> Outcome {
         })
         .collect();
     let end_t = (seconds * 1e9) as i64;
-    let mut piece_end: Option<i64> = None;
+    // The run in progress: when its work ends, when it ends (its wait seen and the next
+    // launch made), its first piece and how many.
+    let mut piece_end: Option<(i64, i64, usize, usize)> = None;
     // When the last admitted piece was to end (the guard file's `be_until`).
     let mut be_until = i64::MIN;
     let mut retry = 0i64;
@@ -374,8 +406,10 @@ pub fn replay(r: &Replay) -> Outcome {
         if crit.iter().all(|c| c.running.is_none()) {
             idle_steps += 1;
         }
-        // Progress over this step, each slowed by what runs beside it.
-        let be_on = piece_end.is_some() && guarding != Guarding::VictimsOnly;
+        // Progress over this step, each slowed by what runs beside it: best effort's work
+        // until the step in which it ends (that step counts whole, as the critical jobs' do).
+        let be_on = piece_end.is_some_and(|(work, ..)| t < work + STEP)
+            && guarding != Guarding::VictimsOnly;
         for k in 0..crit.len() {
             let Some((release, left)) = crit[k].running else {
                 continue;
@@ -439,26 +473,38 @@ pub fn replay(r: &Replay) -> Outcome {
             c.running = None;
         }
         // Best effort: a piece ends, or the next one asks.
-        if let Some(e) = piece_end {
+        if let Some((_, e, first, k)) = piece_end {
             if t >= e {
-                busy += piece_ns;
+                busy += piece_ns * k as i64;
+                // As `BestEffortHold` measures a run: its work and the wait's round trip.
+                apportion(&mut est[first..first + k], piece_ns * k as i64 + sync_ns);
+                next_piece = (first + k) % est.len();
                 piece_end = None;
             }
         }
         if unfitted && piece_end.is_none() && crit.iter().all(|c| c.gap.is_some()) {
             piece_ns = gap_piece_ns(crit.iter().filter_map(|c| c.gap).min(), piece_ns);
+            est = vec![piece_ns; job_pieces(piece_ns)];
+            next_piece = 0;
             unfitted = false;
         }
         if piece_end.is_none() && t >= retry {
             reason = None;
+            // The next piece's estimate is what a piece alone asks for (without runs, the
+            // scenario's piece length: the estimates never move when `sync_ns` is 0).
+            let first_ns = est[next_piece];
+            let run = |t: i64, k: usize| {
+                let work = t + piece_ns * k as i64;
+                Some((work, work + sync_ns, next_piece, k))
+            };
             match guarding {
                 Guarding::VictimsOnly => {}
-                Guarding::None => piece_end = Some(t + piece_ns),
+                Guarding::None => piece_end = run(t, 1),
                 Guarding::Guarded(policy) => {
                     let i = Some(&intensity);
                     let held = crit
                         .iter()
-                        .filter(|c| admits_piece(&c.view, t, piece_ns, &policy, i).is_none())
+                        .filter(|c| admits_piece(&c.view, t, first_ns, &policy, i).is_none())
                         .map(|c| retry_at_piece(&c.view, t, &policy, i))
                         .min();
                     match held {
@@ -467,7 +513,7 @@ pub fn replay(r: &Replay) -> Outcome {
                             let refusing = crit
                                 .iter()
                                 .position(|c| {
-                                    admits_piece(&c.view, t, piece_ns, &policy, i).is_none()
+                                    admits_piece(&c.view, t, first_ns, &policy, i).is_none()
                                 })
                                 .unwrap_or(0);
                             let others = crit
@@ -476,7 +522,7 @@ pub fn replay(r: &Replay) -> Outcome {
                                 .filter(|(k, _)| *k != refusing)
                                 .map(|(_, c)| c.view);
                             let why =
-                                why_held(&crit[refusing].view, others, t, piece_ns, &policy, i);
+                                why_held(&crit[refusing].view, others, t, first_ns, &policy, i);
                             let alone = crit.iter().all(|c| {
                                 let v = SlotView {
                                     service: c.w.exec_ns * 102 / 100,
@@ -487,9 +533,19 @@ pub fn replay(r: &Replay) -> Outcome {
                             reason = Some((why.index(), why != Hold::TooLong && alone));
                         }
                         None => {
-                            // As `Guard::try_piece_with` reserves.
+                            // As `Guard::try_run_why` chooses the run (one piece without
+                            // runs) and `Guard::reserve` reserves a piece of its total.
+                            let k = match run_cap {
+                                Some(cap) => longest_run(&est[next_piece..], cap, |len| {
+                                    crit.iter().all(|c| {
+                                        admits_piece(&c.view, t, len, &policy, i).is_some()
+                                    })
+                                }),
+                                None => 1,
+                            };
+                            let len: i64 = est[next_piece..next_piece + k].iter().sum();
                             for c in crit.iter_mut() {
-                                let o = admits_piece(&c.view, t, piece_ns, &policy, i).unwrap();
+                                let o = admits_piece(&c.view, t, len, &policy, i).unwrap();
                                 if o == 0 {
                                     continue;
                                 }
@@ -502,8 +558,8 @@ pub fn replay(r: &Replay) -> Outcome {
                                 }
                                 c.view.acct_overlap += o;
                             }
-                            piece_end = Some(t + piece_ns);
-                            be_until = be_until.max(t + piece_ns);
+                            piece_end = run(t, k);
+                            be_until = be_until.max(t + len);
                         }
                     }
                 }

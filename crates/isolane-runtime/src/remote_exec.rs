@@ -28,7 +28,9 @@
 //! ```
 //! Commands: split into pieces of about N ns (answer: the pieces), run piece i (0 reads the
 //! inputs from the region first; the last writes the outputs there; an unsplit job is piece 0
-//! of 1). The tensors follow the header as little-endian f32 in the executor's order, inputs
+//! of 1), run pieces i..j back to back, waited for once (the guard's run of fine pieces,
+//! `[protection] fine_piece_us`; the range packed in the argument word, i in its low 32 bits,
+//! j in its high ones; inputs and outputs as for its first and last piece). The tensors follow the header as little-endian f32 in the executor's order, inputs
 //! then outputs, each at an offset aligned to 64 bytes.
 
 use std::io::{BufRead, Write};
@@ -88,6 +90,7 @@ const HEADER: usize = 16;
 
 const CMD_SPLIT: i64 = 1;
 const CMD_RUN_PIECE: i64 = 2;
+const CMD_RUN_PIECES: i64 = 3;
 const STATUS_OK: i64 = 0;
 const STATUS_FAILED: i64 = 1;
 
@@ -361,6 +364,24 @@ impl Executor for RemoteExecutor {
         self.command(CMD_RUN_PIECE, i as i64).map(|_| ())
     }
 
+    /// One command for the run: the worker launches its pieces back to back and waits once,
+    /// so a run crosses the process boundary once, not once a piece.
+    fn run_pieces(&mut self, range: std::ops::Range<usize>) -> Result<(), ExecError> {
+        match range.len() {
+            0 => Ok(()),
+            1 => self.run_piece(range.start),
+            _ => {
+                let arg = pack_range(&range).ok_or_else(|| {
+                    ExecError::Job(format!(
+                        "workload `{}`: pieces {range:?} are past what a command carries",
+                        self.name
+                    ))
+                })?;
+                self.command(CMD_RUN_PIECES, arg).map(|_| ())
+            }
+        }
+    }
+
     fn device_memory_mib(&self) -> Option<f64> {
         self.tensors.device_memory_mib
     }
@@ -514,11 +535,22 @@ impl<R: BufRead> ExecWorker<R> {
                 self.pieces = self.exec.pieces().max(1);
                 Ok(self.pieces as i64)
             }
-            CMD_RUN_PIECE => run_piece(
+            CMD_RUN_PIECE => {
+                let i = usize::try_from(arg).unwrap_or(usize::MAX);
+                run_pieces(
+                    self.exec.as_mut(),
+                    &mut self.region,
+                    &self.layout,
+                    i..i.saturating_add(1),
+                    self.pieces,
+                )
+                .map(|()| 0)
+            }
+            CMD_RUN_PIECES => run_pieces(
                 self.exec.as_mut(),
                 &mut self.region,
                 &self.layout,
-                usize::try_from(arg).unwrap_or(usize::MAX),
+                unpack_range(arg),
                 self.pieces,
             )
             .map(|()| 0),
@@ -549,19 +581,40 @@ impl<R: BufRead> ExecWorker<R> {
     }
 }
 
-fn run_piece(
+/// A run of pieces `start..end` in the argument word: `start` in its low 32 bits, `end` in its
+/// high ones (`None` past them: a job of over 2^31 pieces).
+fn pack_range(r: &std::ops::Range<usize>) -> Option<i64> {
+    let start = u32::try_from(r.start).ok()?;
+    let end = i32::try_from(r.end).ok()?;
+    Some((i64::from(end) << 32) | i64::from(start))
+}
+
+fn unpack_range(arg: i64) -> std::ops::Range<usize> {
+    let start = (arg & 0xffff_ffff) as usize;
+    let end = usize::try_from(arg >> 32).unwrap_or(0);
+    start..end
+}
+
+/// Runs pieces `range` of a job of `pieces` (a whole job when unsplit): the inputs read from
+/// the region before its first piece, the outputs written there after its last.
+fn run_pieces(
     exec: &mut dyn Executor,
     region: &mut Region,
     layout: &Layout,
-    i: usize,
+    range: std::ops::Range<usize>,
     pieces: usize,
 ) -> Result<(), ExecError> {
-    if i >= pieces {
+    if range.is_empty() || range.end > pieces {
+        let what = if range.len() == 1 {
+            format!("piece {}", range.start)
+        } else {
+            format!("pieces {range:?}")
+        };
         return Err(ExecError::Job(format!(
-            "piece {i} asked of a job of {pieces} pieces"
+            "{what} asked of a job of {pieces} pieces"
         )));
     }
-    if i == 0 {
+    if range.start == 0 {
         for (k, &at) in layout.inputs.iter().enumerate() {
             if let Some(buf) = exec.input_mut(k) {
                 let n = at.1.min(buf.len());
@@ -571,9 +624,10 @@ fn run_piece(
     }
     match pieces {
         1 => exec.run_job()?,
-        _ => exec.run_piece(i)?,
+        _ if range.len() == 1 => exec.run_piece(range.start)?,
+        _ => exec.run_pieces(range.clone())?,
     }
-    if i + 1 == pieces {
+    if range.end == pieces {
         for (k, &at) in layout.outputs.iter().enumerate() {
             if let Some(buf) = exec.output(k) {
                 let n = at.1.min(buf.len());
@@ -607,5 +661,116 @@ mod tests {
         assert_eq!(l.inputs, vec![(16, 3), (32, 32)]);
         assert_eq!(l.outputs, vec![(64, 1)]);
         assert_eq!(l.bytes, 80 * 4);
+    }
+
+    /// Records what the worker asks of it; its job has four pieces, one input and one output.
+    struct Recording {
+        calls: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+        input: Vec<f32>,
+        output: Vec<f32>,
+    }
+
+    impl Executor for Recording {
+        fn run_job(&mut self) -> Result<(), ExecError> {
+            self.calls.lock().unwrap().push("job".into());
+            Ok(())
+        }
+        fn pieces(&self) -> usize {
+            4
+        }
+        fn run_piece(&mut self, i: usize) -> Result<(), ExecError> {
+            self.calls.lock().unwrap().push(format!("piece {i}"));
+            Ok(())
+        }
+        fn run_pieces(&mut self, range: std::ops::Range<usize>) -> Result<(), ExecError> {
+            self.calls.lock().unwrap().push(format!("pieces {range:?}"));
+            self.output[0] = self.input.iter().sum();
+            Ok(())
+        }
+        fn input_mut(&mut self, i: usize) -> Option<&mut [f32]> {
+            (i == 0).then_some(self.input.as_mut_slice())
+        }
+        fn output(&self, i: usize) -> Option<&[f32]> {
+            (i == 0).then_some(self.output.as_slice())
+        }
+    }
+
+    #[test]
+    fn the_worker_runs_a_run_of_pieces_as_one_command() {
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let t = ExecTensors {
+            inputs: vec![info("x", &[1, 2])],
+            outputs: vec![info("y", &[1, 1])],
+            pieces: 4,
+            device_memory_mib: None,
+        };
+        let layout = Layout::of(&t);
+        let dir = tempfile::tempdir().unwrap();
+        let region = Region::create(&dir.path().join("region"), layout.bytes).unwrap();
+        let mut w = ExecWorker {
+            input: std::io::empty(),
+            exec: Box::new(Recording {
+                calls: calls.clone(),
+                input: vec![0.0; 2],
+                output: vec![0.0],
+            }),
+            region,
+            layout: layout.clone(),
+            pieces: 4,
+            spin_ns: 0,
+            seen: 0,
+        };
+        let ask = |w: &mut ExecWorker<std::io::Empty>, seq: i64, cmd: i64, arg: i64| {
+            w.region.word(CMD).store(cmd, Ordering::Relaxed);
+            w.region.word(ARG).store(arg, Ordering::Relaxed);
+            w.region.word(CMD_SEQ).store(seq, Ordering::SeqCst);
+            let mut out = Vec::new();
+            w.answer(&mut out).unwrap();
+            assert_eq!(w.region.word(DONE_SEQ).load(Ordering::SeqCst), seq);
+            (
+                w.region.word(STATUS).load(Ordering::SeqCst),
+                String::from_utf8(out).unwrap(),
+            )
+        };
+        w.region
+            .floats(layout.inputs[0])
+            .copy_from_slice(&[1.5, 2.0]);
+        // The first run reads the inputs; the last writes the outputs; a piece alone is a
+        // piece.
+        assert_eq!(
+            ask(&mut w, 1, CMD_RUN_PIECES, pack_range(&(0..3)).unwrap()).0,
+            STATUS_OK
+        );
+        assert_eq!(
+            w.region.floats(layout.outputs[0])[0],
+            0.0,
+            "not the job's end yet"
+        );
+        assert_eq!(ask(&mut w, 2, CMD_RUN_PIECE, 3).0, STATUS_OK);
+        assert_eq!(w.region.floats(layout.outputs[0])[0], 3.5);
+        assert_eq!(
+            ask(&mut w, 3, CMD_RUN_PIECES, pack_range(&(2..4)).unwrap()).0,
+            STATUS_OK
+        );
+        assert_eq!(
+            *calls.lock().unwrap(),
+            ["pieces 0..3", "piece 3", "pieces 2..4"]
+        );
+        // Past the job's pieces: refused with the worker's error, nothing run.
+        let (status, said) = ask(&mut w, 4, CMD_RUN_PIECES, pack_range(&(3..5)).unwrap());
+        assert_eq!(status, STATUS_FAILED);
+        assert!(
+            said.contains("pieces 3..5 asked of a job of 4 pieces"),
+            "{said}"
+        );
+        assert_eq!(calls.lock().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_run_of_pieces_crosses_in_one_word_and_back() {
+        for r in [0..2, 3..7, 0..1, (u32::MAX as usize)..(i32::MAX as usize)] {
+            assert_eq!(unpack_range(pack_range(&r).unwrap()), r);
+        }
+        assert_eq!(pack_range(&(0..(1usize << 31))), None);
     }
 }
