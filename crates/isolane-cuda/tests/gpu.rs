@@ -421,6 +421,24 @@ fn a_job_split_into_pieces_gives_the_whole_jobs_output() {
         m.run_piece(i).unwrap();
     }
     assert_eq!(m.output(), &o2[..], "pieces differ from the whole graph");
+    // Runs of them, launched back to back and waited for once (`[protection] fine_piece_us`).
+    m.input_mut().copy_from_slice(&x1);
+    m.run_pieces(0..2).unwrap();
+    m.run_pieces(2..n - 1).unwrap();
+    m.run_pieces(n - 1..n).unwrap();
+    assert_eq!(
+        m.output(),
+        &o1[..],
+        "runs of pieces differ from the whole graph"
+    );
+    m.input_mut().copy_from_slice(&x2);
+    m.run_pieces(0..n).unwrap();
+    assert_eq!(
+        m.output(),
+        &o2[..],
+        "one run of every piece differs from the whole graph"
+    );
+    assert!(m.run_pieces(n - 1..n + 1).is_err(), "past the job's pieces");
     m.input_mut().copy_from_slice(&x1);
     m.run().unwrap();
     assert_eq!(

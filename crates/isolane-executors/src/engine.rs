@@ -463,6 +463,13 @@ impl Executor for CudaExecutor {
             .map_err(|e| ExecError::Job(e.to_string()))
     }
 
+    /// The run's graphs launched back to back, one wait ([`isolane_cuda::CudaModel::run_pieces`]).
+    fn run_pieces(&mut self, range: std::ops::Range<usize>) -> Result<(), ExecError> {
+        self.model
+            .run_pieces(range)
+            .map_err(|e| ExecError::Job(e.to_string()))
+    }
+
     fn persist_weights_in_l2(&mut self, mib: u64) -> Result<(), ExecError> {
         self.model
             .persist_weights_in_l2(mib)

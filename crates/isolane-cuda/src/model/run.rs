@@ -22,6 +22,40 @@ impl CudaModel {
         self.wait()
     }
 
+    /// Runs pieces `range` of a split job back to back and waits once, after the last (the
+    /// guard's run of fine pieces, `[protection] fine_piece_us`): their graphs are launched on
+    /// the one stream, which orders them as waiting for each would, without a round trip to
+    /// the host between them. Unsplit, `0..1` is the whole job. An empty range runs nothing.
+    pub fn run_pieces(&mut self, range: std::ops::Range<usize>) -> Result<()> {
+        if self.pieces.is_empty() {
+            return match range.len() {
+                0 => Ok(()),
+                _ if range == (0..1) => self.run(),
+                _ => Err(EngineError::Runtime(format!(
+                    "pieces {range:?} of an unsplit job (1 piece)"
+                ))),
+            };
+        }
+        if range.end > self.pieces.len() {
+            return Err(EngineError::Runtime(format!(
+                "pieces {range:?} of a job of {} pieces",
+                self.pieces.len()
+            )));
+        }
+        if range.is_empty() {
+            return Ok(());
+        }
+        make_current(self.ctx)?;
+        for piece in &self.pieces[range] {
+            let exec = piece.exec();
+            // SAFETY: exec and stream are live; the piece's buffers are owned by self.
+            cu_check("cuGraphLaunch", unsafe {
+                cu::cuGraphLaunch(exec, self.stream)
+            })?;
+        }
+        self.wait()
+    }
+
     /// Device time of the forward alone (the graph without the input/output copies): the
     /// median of `replays` replays, each timed with events, in milliseconds.
     pub fn device_ms(&mut self, replays: usize) -> Result<f64> {
