@@ -59,6 +59,12 @@
 # its holds in each run's log: running pieces, or held and why). SETTLE_MECHANISMS ("green
 # mps") and SETTLE_VARIANTS (both; e.g. both,both@50 to try pieces of 50 µs beside it) change
 # what it runs; ALONE_REPEATS=0 leaves the alone deadline's variant rows out.
+# FINE_PIECE_US=F (e.g. 25) adds the variant both~F to the green trios: the default guard with
+# best effort in runs of fine pieces (`[protection] fine_piece_us = F`, each run at most the
+# study's 100 µs piece; docs/criticality.md "Runs of fine pieces"), beside `both` in the same
+# call and the same tables (4 more runs a trio, about 25 s each; raise BUDGET_S to match), e.g.
+#   FINE_PIECE_US=25 SETTLE_MECHANISMS=green BUDGET_S=480 bash scripts/levers-h200.sh settle
+# (VARIANT~F names the same lever in VARIANTS / SETTLE_VARIANTS directly: both,both~25.)
 #
 # BACKEND=cpu runs the same steps with spin stand-ins (a check of the script, not a measurement).
 # MECHANISMS (default green; green,mps adds MPS, each calibrated on its own), ISOLANE_BIN
@@ -74,6 +80,20 @@ a | b | c | all | settle) ;;
 *)
     echo "usage: levers-h200.sh [a|b|c|all|settle] (got \`$which\`)" >&2
     exit 2
+    ;;
+esac
+fine=${FINE_PIECE_US:-}
+case $fine in
+'') ;;
+*[!0-9]* | 0* | ? | 1?)
+    echo "FINE_PIECE_US: expected an integer from 20 to 100 (the study's piece_us), got \`$fine\`" >&2
+    exit 2
+    ;;
+*)
+    [ "$fine" -le 100 ] || {
+        echo "FINE_PIECE_US: expected an integer from 20 to 100 (the study's piece_us), got \`$fine\`" >&2
+        exit 2
+    }
     ;;
 esac
 for f in stage/*.xz; do
@@ -213,7 +233,7 @@ parts = ["ran", "too_long", "running", "next", "between", "budget", "backlog", "
 heads = ["ran pieces", "held: too long for the slack", "held: no slack in a running critical job",
          "held: no slack before the next critical job", "held: between critical jobs",
          "held: loop budget", "held: backlog", "held: past estimate"]
-time_lines = ["| trio | mechanism | deadline base | variant | µs a piece | "
+time_lines = ["| trio | mechanism | deadline base | variant | µs a piece (a run for ~F) | "
               + " | ".join(heads) + " |", "| --- | --- | --- | --- |" + " ---: |" * (len(parts) + 1)]
 for st in studies:
     name, mech = st.split(":")
@@ -238,14 +258,16 @@ text = ["# Issue 34 in one call: trios a, b, c under the default guard (`both`)"
         "models at 75 %, no best effort (at the alone base admission was asked: its "
         "prediction is in its log). `both`: the default guard (guard + priorities); "
         "`share`: + `[protection] share`; `VARIANT@N`: with best-effort pieces of N µs "
-        "instead of 100. Every guarded row runs `piece_us = 100` and `margin_us = 20` "
+        "instead of 100; `VARIANT~F`: with best effort in runs of fine pieces of F µs "
+        "(`[protection] fine_piece_us`), each run at most the piece length. Every guarded row runs `piece_us = 100` and `margin_us = 20` "
         "(protection_study.py's, not `[protection]`'s defaults of 250 and 100). The verdict "
         "compares the medians with the targets.", ""] + lines
 if len(time_lines) > 2:
     text += ["", "## Where best effort's time went", "",
              "The guard's own account (its line in each run's log): the share of best effort's "
              "time (from its first ask to its last piece's end) spent running pieces (each a "
-             "launch and a wait) and held, by why: a shorter piece (20 µs) would have been "
+             "launch and a wait; with fine pieces, runs of them launched back to back and "
+             "waited for once) and held, by why: a shorter piece (20 µs) would have been "
              "admitted; a running critical job had no slack left; the next critical job (not "
              "begun) had none; a critical workload was between jobs; and under `share`, the "
              "closed loop's budget, a critical backlog, or a critical job past its estimate. "
@@ -284,7 +306,9 @@ if [ "$which" = settle ]; then
         b) v=mobilenet_v2:24,convnext_base:48 be=vit_b_16:48 ;;
         c) v=mobilenet_v2:24,resnet50:48 be=vit_l_32:48 ;;
         esac
-        DEADLINE_BASE=both study "$t" "$v" "$be" "${SETTLE_VARIANTS:-both}" "$m" "$each" \
+        variants=${SETTLE_VARIANTS:-both}
+        [ -n "$fine" ] && [ "$m" = green ] && variants+=",both~$fine"
+        DEADLINE_BASE=both study "$t" "$v" "$be" "$variants" "$m" "$each" \
             --no-single-baselines --alone-base-repeats "${ALONE_REPEATS:-1}" || rc=1
     done
     settle_summary "${ran[@]}" >/dev/null

@@ -28,6 +28,8 @@ Steps (every number is measured in this run, nothing is typed in):
      calls); repeat by repeat, so that a study cut short by --budget-s still has every row;
      `VARIANT@N` runs VARIANT with best-effort pieces of N µs (piece_us) instead of
      --piece-us, e.g. share@25: pieces short enough to fit the gaps between critical jobs;
+     `VARIANT~N` runs it with best effort in runs of fine pieces of N µs
+     (`[protection] fine_piece_us = N`), each run at most the piece length, e.g. both~25;
      --deadline-base both runs the variants under each deadline (alone, then together);
   3. tradeoff: --tradeoff-variants at each of --loads, under --tradeoff-mechanism.
 Every victim miss is attributed: `queued` (its job started later than the deadline allowed for
@@ -120,20 +122,23 @@ def parse_args():
     if args.alone_base_repeats is not None and args.alone_base_repeats < 0:
         p.error(f"--alone-base-repeats must be 0 or more (got {args.alone_base_repeats})")
     unknown = [v for v in args.variants.split(",") + args.tradeoff_variants.split(",")
-               if lever(v)[0] not in VARIANTS or lever(v)[1] == 0]
+               if lever(v)[0] not in VARIANTS or 0 in lever(v)[1:]
+               or (lever(v)[2] or 0) > (lever(v)[1] or args.piece_us)]
     if unknown:
         p.error(f"unknown variant(s) {unknown}; allowed: {', '.join(VARIANTS)}, each "
-                "optionally @N for pieces of N µs (N >= 20)")
+                "optionally @N for pieces of N µs (N >= 20) and ~F for runs of fine pieces "
+                "of F µs (20 <= F <= the piece length)")
     return args
 
 
 def lever(variant):
-    """(variant, piece µs or None) of `share@25`; (name, 0) for a piece length that is not
-    an integer of at least 20 µs (the scenario's bound)."""
-    name, at, us = variant.partition("@")
-    if not at:
-        return name, None
-    return name, int(us) if us.isdigit() and int(us) >= 20 else 0
+    """(variant, piece µs or None, fine piece µs or None) of `share@25`, `both~25` or
+    `both@100~25`; 0 for a length that is not an integer of at least 20 µs (the scenario's
+    bound)."""
+    us = lambda t: int(t) if t.isdigit() and int(t) >= 20 else 0
+    rest, tilde, fine = variant.partition("~")
+    name, at, piece = rest.partition("@")
+    return name, us(piece) if at else None, us(fine) if tilde else None
 
 
 def binary(args):
@@ -182,12 +187,14 @@ def scenario_toml(args, mech, workloads, variant="none", stretch=None):
         device = f'[device]\nbackend = "cuda"\nmechanism = "{mech}"\nhost = "{host}"\n'
     else:
         device = '[device]\nbackend = "cpu"\nhost = "thread"\n'
-    variant, piece_us = lever(variant)
+    variant, piece_us, fine_us = lever(variant)
     enabled, guard, priorities, with_stretch = VARIANTS[variant]
     flag = lambda b: "true" if b else "false"
     prot = (f"[protection]\nenabled = {flag(enabled)}\nguard = {flag(guard)}\n"
             f"priorities = {flag(priorities)}\n"
             f"piece_us = {piece_us or args.piece_us}\nmargin_us = {args.margin_us}\n")
+    if fine_us:
+        prot += f"fine_piece_us = {fine_us}\n"
     prot += "".join(k.format(l2=args.l2_mib) + "\n" for k in LEVER_KEYS.get(variant, []))
     if with_stretch and stretch:
         workloads = [dict(w, stretch=stretch.get(w["name"])) for w in workloads]
@@ -247,10 +254,11 @@ HOLD_WORDS = {
 
 def hold_account(log_text):
     """{ran, piece_us, held, too_long, running, next, between, budget, backlog, overrun} (% of
-    the time; µs a piece) from a run's log, or {} where the guard said nothing (no piece
-    ran)."""
-    m = re.search(r"best effort time: [\d.]+ ms; ran \d+ pieces [\d.]+ ms \(([\d.]+) %, "
-                  r"([\d.]+) µs a piece\); held [\d.]+ ms \(([\d.]+) %\): (.*)", log_text)
+    the time; µs a piece, or with fine pieces µs a run: a launch waited for) from a run's log,
+    or {} where the guard said nothing (no piece ran)."""
+    m = re.search(r"best effort time: [\d.]+ ms; ran \d+ (?:pieces|runs) [\d.]+ ms "
+                  r"\(([\d.]+) %, ([\d.]+) µs a (?:piece|run)[^)]*\); held [\d.]+ ms "
+                  r"\(([\d.]+) %\): (.*)", log_text)
     if not m:
         return {}
     out = dict(ran=float(m.group(1)), piece_us=float(m.group(2)), held=float(m.group(3)))
