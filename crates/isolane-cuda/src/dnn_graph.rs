@@ -828,7 +828,39 @@ fn plans_of_graph(
 /// `ws_cap` bytes of workspace). Made from the engine's configuration, not from the plan's
 /// JSON text: restoring an execution plan from JSON crashed the process on the H200 (cuDNN 9,
 /// a double free, session 20).
+///
+/// `sm_target` (the build's SM count, where this device reports another) is asked of the
+/// heuristics first. cuDNN refuses a target above the SMs the device reports
+/// (`CUDNN_STATUS_BAD_PARAM` at finalize: every convolution of a plan built on the whole H200
+/// and loaded by an MPS client of 30 % of its threads, session 27), so where the target is
+/// refused or its configurations lack the engine, the engine is sought again without it. The
+/// load's bit check then says whether the convolution computes the build's bits here.
 pub fn conv_graph_of_engine(
+    handle: dnn::cudnnHandle_t,
+    spec: &ConvGraphSpec,
+    choice: (bool, i64),
+    ws_cap: usize,
+    sm_target: Option<i32>,
+) -> Result<Option<ConvGraph>, CudaError> {
+    targeted_or_not(sm_target, |target| {
+        engine_plan(handle, spec, choice, ws_cap, target)
+    })
+}
+
+/// `find(target)`, and where that finds nothing or fails, `find(None)`: the device's own
+/// count. The second attempt's error, if it fails too.
+fn targeted_or_not<G, E>(
+    target: Option<i32>,
+    mut find: impl FnMut(Option<i32>) -> Result<Option<G>, E>,
+) -> Result<Option<G>, E> {
+    match find(target) {
+        Ok(Some(g)) => Ok(Some(g)),
+        first if target.is_some() => find(None).or_else(|e| first.map_err(|_| e)),
+        other => other,
+    }
+}
+
+fn engine_plan(
     handle: dnn::cudnnHandle_t,
     spec: &ConvGraphSpec,
     (fused, engine): (bool, i64),
@@ -879,7 +911,13 @@ fn configurations(
     limits: &Limits,
 ) -> Result<(Vec<Desc>, Arc<GraphParts>), CudaError> {
     let (graph, parts) = operation_graph(handle, spec, fused)?;
-    let (heur, cfgs) = engine_configs(&graph, max, limits.sm_target, limits.mode)?;
+    // A target cuDNN refuses (above the SMs an MPS client's device reports) fails the
+    // heuristics' finalize: the device's own configurations then, which the load's bit check
+    // judges.
+    let (heur, cfgs) = match engine_configs(&graph, max, limits.sm_target, limits.mode) {
+        Err(_) if limits.sm_target.is_some() => engine_configs(&graph, max, None, limits.mode)?,
+        found => found?,
+    };
     let mut kept = vec![heur, graph];
     kept.extend(parts);
     Ok((cfgs, Arc::new(GraphParts { _descs: kept })))
@@ -1075,6 +1113,45 @@ impl ConvGraph {
 mod tests {
     use super::*;
     use crate::plan::Loc;
+
+    #[test]
+    fn an_sm_target_cudnn_refuses_is_dropped_for_the_devices_own_count() {
+        // Refused (an MPS client's device reports fewer SMs than the target): found without.
+        let mut asked = vec![];
+        let got = targeted_or_not(Some(132), |t| {
+            asked.push(t);
+            match t {
+                Some(_) => Err("CUDNN_STATUS_BAD_PARAM"),
+                None => Ok(Some(7)),
+            }
+        });
+        assert_eq!((got, asked), (Ok(Some(7)), vec![Some(132), None]));
+        // The engine not among the target's configurations: sought again without it.
+        let got = targeted_or_not(Some(132), |t| Ok::<_, ()>(t.is_none().then_some(3)));
+        assert_eq!(got, Ok(Some(3)));
+        // Found with the target: asked once.
+        let mut n = 0;
+        assert_eq!(
+            targeted_or_not(Some(132), |_| {
+                n += 1;
+                Ok::<_, ()>(Some(1))
+            }),
+            Ok(Some(1))
+        );
+        assert_eq!(n, 1);
+        // No target: nothing to drop, asked once, its answer kept.
+        let mut n = 0;
+        let got = targeted_or_not(None, |_| {
+            n += 1;
+            Err::<Option<u8>, _>("e")
+        });
+        assert_eq!((got, n), (Err("e"), 1));
+        // Both fail: the second attempt's error.
+        let got = targeted_or_not(Some(1), |t| {
+            Err::<Option<u8>, _>(if t.is_some() { "first" } else { "second" })
+        });
+        assert_eq!(got, Err("second"));
+    }
 
     fn step(act: Option<Unary>, nhwc: bool) -> ConvStep {
         let at = |id| Loc::Storage { id, offset: 0 };
