@@ -143,9 +143,6 @@ pub struct BuildOptions {
     /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` below 100; `None` otherwise): then the libraries'
     /// first choices, convolutions on cuDNN ([`BuildOptions::from_vars`] says why).
     pub mps_thread_pct: Option<u32>,
-    /// As such an MPS client, cuBLASLt's algorithms launched as thread-block clusters are left
-    /// out where one that is not remains; `ISOLANE_CUDA_MPS_CLUSTERS=keep` keeps them.
-    pub mps_unclustered: bool,
 }
 
 impl Default for BuildOptions {
@@ -169,7 +166,6 @@ impl Default for BuildOptions {
             search_log: false,
             first_choice: false,
             mps_thread_pct: None,
-            mps_unclustered: false,
         }
     }
 }
@@ -231,7 +227,6 @@ impl BuildOptions {
             workspace_mib: var("ISOLANE_CUDA_WORKSPACE_MB").and_then(|v| v.parse().ok()),
             search_log: var("ISOLANE_CUDA_SEARCH_LOG").is_some(),
             first_choice: is("ISOLANE_CUDA_SEARCH", "first") || limited,
-            mps_unclustered: mps_thread_pct.is_some() && !is("ISOLANE_CUDA_MPS_CLUSTERS", "keep"),
             mps_thread_pct,
         }
     }
@@ -320,18 +315,12 @@ mod tests {
                 search_log: true,
                 first_choice: true,
                 mps_thread_pct: Some(33),
-                mps_unclustered: true,
             }
         );
         let all = with(&[("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")]);
         assert_eq!(all, BuildOptions::default());
         let part = with(&[("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "16")]);
-        assert!(part.first_choice && part.conv_paths == ConvPaths::Cudnn && part.mps_unclustered);
-        let keep = with(&[
-            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "16"),
-            ("ISOLANE_CUDA_MPS_CLUSTERS", "keep"),
-        ]);
-        assert!(keep.first_choice && !keep.mps_unclustered);
+        assert!(part.first_choice && part.conv_paths == ConvPaths::Cudnn);
         let timed = with(&[
             ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "16"),
             ("ISOLANE_CUDA_SEARCH", "timed"),

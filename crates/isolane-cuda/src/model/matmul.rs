@@ -385,17 +385,8 @@ pub(super) fn mm_index(
     let mut runs: Vec<(usize, f32)> = Vec::new();
     let mut wrong = Vec::new();
     let mut failed = None;
-    let usable = |r: &lt::cublasLtMatmulHeuristicResult_t| {
-        r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspace_size() <= ws_cap
-    };
-    // As an MPS client with part of the threads, an algorithm launched as thread-block
-    // clusters is left out where another remains (options.rs: `mps_unclustered`).
-    let unclustered_only = rec.options.mps_unclustered
-        && results[..got as usize]
-            .iter()
-            .any(|r| usable(r) && !clustered(&r.algo));
     for (i, r) in results[..got as usize].iter().enumerate() {
-        if !usable(r) || unclustered_only && clustered(&r.algo) {
+        if r.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspace_size() > ws_cap {
             continue;
         }
         if rec.options.first_choice && !runs.is_empty() {
@@ -491,23 +482,6 @@ pub(super) fn mm_index(
     m.mms.push(cand);
     cache.push((key, m.mms.len() - 1));
     Ok(m.mms.len() - 1)
-}
-
-/// Whether cuBLASLt launches `algo` as thread-block clusters of more than one block: its
-/// configuration names a cluster shape other than 1×1×1 (or "auto", cuBLASLt's own pick for
-/// kernels that take no cluster).
-pub(super) fn clustered(algo: &lt::cublasLtMatmulAlgo_t) -> bool {
-    use lt::cublasLtClusterShape_t as S;
-    let id = algo_config(
-        algo,
-        lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
-    );
-    ![
-        S::CUBLASLT_CLUSTER_SHAPE_AUTO as u32,
-        S::CUBLASLT_CLUSTER_SHAPE_1x1x1 as u32,
-        u32::MAX,
-    ]
-    .contains(&id)
 }
 
 /// One `u32` attribute of a cuBLASLt algorithm's configuration, for the search log (`u32::MAX`
