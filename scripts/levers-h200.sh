@@ -58,7 +58,8 @@
 # study's protection.md, and a table of where best effort's time went (the guard's account of
 # its holds in each run's log: running pieces, or held and why). SETTLE_MECHANISMS ("green
 # mps") and SETTLE_VARIANTS (both; e.g. both,both@50 to try pieces of 50 µs beside it) change
-# what it runs; ALONE_REPEATS=0 leaves the alone deadline's variant rows out.
+# what it runs; ALONE_REPEATS=0 leaves the alone deadline's variant rows out; SETTLE_TRIOS
+# ("a b c") picks the trios.
 # FINE_PIECE_US=F (e.g. 25) adds the variant both~F to the green trios: the default guard with
 # best effort in runs of fine pieces (`[protection] fine_piece_us = F`, each run at most the
 # study's 100 µs piece; docs/criticality.md "Runs of fine pieces"), beside `both` in the same
@@ -287,7 +288,12 @@ if [ "$which" = settle ]; then
     plan=()
     for m in ${SETTLE_MECHANISMS:-green mps}; do
         [ "${BACKEND:-cuda}" = cpu ] && [ "$m" != green ] && continue
-        plan+=(a:"$m" b:"$m" c:"$m")
+        for t in ${SETTLE_TRIOS:-a b c}; do
+            case $t in
+            a | b | c) plan+=("$t:$m") ;;
+            *) echo "SETTLE_TRIOS: a, b or c (got \`$t\`)" >&2 && exit 2 ;;
+            esac
+        done
     done
     ran=()
     for i in "${!plan[@]}"; do
