@@ -563,20 +563,21 @@ impl CudaBackend {
         match self.load_checked(saved, file, batch, precision)? {
             Checked::Same(m) => Ok(m),
             Checked::Unfit(why) => Err(EngineError::InvalidArgument(why)),
-            Checked::OtherBits(why) => Err(EngineError::InvalidArgument(format!(
+            Checked::OtherBits(why, _) => Err(EngineError::InvalidArgument(format!(
                 "{why}; build the plan again here (`isolane build` in this partition), or name \
                  the model instead of the plan"
             ))),
         }
     }
 
-    /// [`CudaBackend::load_saved`], except that a plan whose outputs would differ here in any
-    /// bit, or whose choices this partition cannot take, is not used and the model is built
-    /// again here from the plan's graph (its choices timed here, its plan checked against the
-    /// CPU reference), said once on stderr naming the file and why: for a workload's
-    /// `.isoplan` in `run` and `serve`, which must run rather than fail because the file was
-    /// built elsewhere. Every other refusal (a key for another GPU, precision or batch; a
-    /// damaged file; memory this GPU lacks) is an error.
+    /// [`CudaBackend::load_saved`], except that a plan that cannot take the build's bits here
+    /// still runs, said once on stderr naming the file and why: for a workload's `.isoplan`
+    /// in `run` and `serve`, which must run rather than fail because the file was built
+    /// elsewhere. A plan whose outputs differ here in some bit is kept if its plan check
+    /// against the CPU reference passes here (its choices replayed, nothing rebuilt); one that
+    /// fails it, or whose choices this partition cannot take, is built again here from the
+    /// plan's graph (its choices timed here, its plan checked). Every other refusal (a key for
+    /// another GPU, precision or batch; a damaged file; memory this GPU lacks) is an error.
     pub fn load_saved_or_build(
         &self,
         saved: &SavedPlan,
@@ -586,9 +587,30 @@ impl CudaBackend {
     ) -> Result<CudaModel> {
         or_build(
             || self.load_checked(saved, file, batch, precision),
+            |m| self.check_loaded(m, saved, file, batch, precision),
             || self.build_from_saved(saved, file, batch, precision),
             &mut |note| eprintln!("{note}"),
         )
+    }
+
+    /// The plan check of a loaded model against the CPU reference of the plan's graph.
+    fn check_loaded(
+        &self,
+        m: &mut CudaModel,
+        saved: &SavedPlan,
+        file: &str,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<()> {
+        let part = read_part(saved, file)?;
+        let opts = plan::PlanOptions {
+            channels_last: part.channels_last,
+            fused_attention: part.fused_attention,
+        };
+        let p = plan::plan_with(&saved.graph, batch, precision, opts)?;
+        let report = crate::check_model(m, &saved.graph, &saved.graph, &p, batch)?;
+        m.set_plan_check(report);
+        Ok(())
     }
 
     /// The saved plan's model, its choices replayed, and whether its outputs' bits are the
@@ -628,7 +650,7 @@ impl CudaBackend {
             return Ok(Checked::Same(m));
         };
         let here_sms = model::device_sm_count()?;
-        Ok(Checked::OtherBits(format!(
+        let why = format!(
             "saved plan `{file}`: output {i} computes other bits here than where the plan was \
              built (bits {} there, {} here; its device reported {} SMs, this one {here_sms}, the \
              libraries were told {}): a library kernel's result depends on where it runs \
@@ -637,7 +659,8 @@ impl CudaBackend {
             got.get(i).map_or("(none)", String::as_str),
             part.sm_count,
             part.sm_count
-        )))
+        );
+        Ok(Checked::OtherBits(why, m))
     }
 
     /// The model of a saved plan's graph built here as a compile would (the plan's layout and
@@ -671,7 +694,7 @@ impl CudaBackend {
 /// be replayed here (why, naming the file).
 enum Checked<M> {
     Same(M),
-    OtherBits(String),
+    OtherBits(String, M),
     Unfit(String),
 }
 
@@ -681,23 +704,38 @@ fn first_other_bits(built: &[String], here: &[String]) -> Option<usize> {
     (0..built.len().max(here.len())).find(|&i| built.get(i) != here.get(i))
 }
 
-/// The loaded model where its bits are the build's; else, said once through `note`, the
-/// model `build` makes. A load's error is returned as it is, and nothing is built.
+/// The loaded model where its bits are the build's, or where they differ but `check` (the
+/// plan check against the CPU reference) passes; else the model `build` makes. Each is said
+/// once through `note`. A load's error is returned as it is, and nothing is built.
+///
+/// Why a loaded model with other bits is checked rather than built again: a model built here
+/// computes other bits than the build's as well, so building gains no bits, and on the H200
+/// (session 27) vit_b_16's plan rebuilt as an MPS client at 30 % of the threads computed NaN
+/// at its first Linear (the plan check refused it) where the loaded one is checked instead.
 fn or_build<M>(
     load: impl FnOnce() -> Result<Checked<M>>,
+    check: impl FnOnce(&mut M) -> Result<()>,
     build: impl FnOnce() -> Result<M>,
     note: &mut dyn FnMut(&str),
 ) -> Result<M> {
-    match load()? {
-        Checked::Same(m) => Ok(m),
-        Checked::OtherBits(why) | Checked::Unfit(why) => {
-            note(&format!(
-                "note: {why}: not used; the model is built again here from the plan's graph \
-                 (its choices timed here, its plan checked against the CPU reference)"
-            ));
-            build()
-        }
-    }
+    let why = match load()? {
+        Checked::Same(m) => return Ok(m),
+        Checked::OtherBits(why, mut m) => match check(&mut m) {
+            Ok(()) => {
+                note(&format!(
+                    "note: {why}: used, its plan checked against the CPU reference here"
+                ));
+                return Ok(m);
+            }
+            Err(e) => format!("{why}, and its plan check here failed ({e})"),
+        },
+        Checked::Unfit(why) => why,
+    };
+    note(&format!(
+        "note: {why}: not used; the model is built again here from the plan's graph (its \
+         choices timed here, its plan checked against the CPU reference)"
+    ));
+    build()
 }
 
 /// The cuda part of `saved` (`file` names it in errors).
@@ -820,15 +858,24 @@ mod tests {
         assert_eq!(load_mps_plan_whole.cudnn_heuristics, Some(40));
     }
 
-    /// A load whose bits are the build's is used as it is; one whose bits differ is not used,
-    /// the model is built again (said once, naming why); a refused load (another GPU's key)
-    /// builds nothing and is returned as it was.
+    /// A load whose bits are the build's is used as it is; one whose bits differ is used when
+    /// its plan check passes here, else built again; one whose choices cannot be replayed is
+    /// built again; each said once, naming why. A refused load (another GPU's key) builds
+    /// nothing and is returned as it was.
     #[test]
-    fn a_plan_with_other_bits_is_built_again_once_said_and_a_refusal_is_kept() {
+    fn a_plan_with_other_bits_is_kept_if_checked_else_built_again_and_a_refusal_is_kept() {
         let mut notes = Vec::new();
         let mut built = 0;
+        let mut checked = 0;
+        let other = || {
+            Ok(Checked::OtherBits(
+                "saved plan `r.isoplan`: output 0 computes other bits".into(),
+                "loaded",
+            ))
+        };
         let m = or_build(
             || Ok(Checked::Same("loaded")),
+            |_| unreachable!("bits the build's: nothing to check"),
             || {
                 built += 1;
                 Ok("built")
@@ -837,11 +884,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!((m, built, notes.len()), ("loaded", 0, 0));
+        // Other bits, the check passes: the loaded model, nothing built.
         let m = or_build(
-            || {
-                Ok(Checked::OtherBits(
-                    "saved plan `r.isoplan`: output 0 computes other bits".into(),
-                ))
+            other,
+            |_| {
+                checked += 1;
+                Ok(())
             },
             || {
                 built += 1;
@@ -850,14 +898,33 @@ mod tests {
             &mut |n| notes.push(n.to_string()),
         )
         .unwrap();
-        assert_eq!((m, built), ("built", 1));
+        assert_eq!((m, built, checked), ("loaded", 0, 1));
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(
             notes[0].contains("r.isoplan")
                 && notes[0].contains("other bits")
-                && notes[0].contains("built again"),
+                && notes[0].contains("used, its plan checked"),
             "{}",
             notes[0]
+        );
+        // Other bits, the check fails: built again, the check's error named.
+        let m = or_build(
+            other,
+            |_| Err(EngineError::Runtime("plan check failed: rel L2 inf".into())),
+            || {
+                built += 1;
+                Ok("built")
+            },
+            &mut |n| notes.push(n.to_string()),
+        )
+        .unwrap();
+        assert_eq!((m, built, notes.len()), ("built", 1, 2));
+        assert!(
+            notes[1].contains("other bits")
+                && notes[1].contains("rel L2 inf")
+                && notes[1].contains("built again"),
+            "{}",
+            notes[1]
         );
         let m = or_build(
             || {
@@ -866,6 +933,7 @@ mod tests {
                         .into(),
                 ))
             },
+            |_| unreachable!("nothing loaded to check"),
             || {
                 built += 1;
                 Ok("built")
@@ -873,14 +941,15 @@ mod tests {
             &mut |n| notes.push(n.to_string()),
         )
         .unwrap();
-        assert_eq!((m, built, notes.len()), ("built", 2, 2));
-        assert!(notes[1].contains("engine 48") && notes[1].contains("built again"));
+        assert_eq!((m, built, notes.len()), ("built", 2, 3));
+        assert!(notes[2].contains("engine 48") && notes[2].contains("built again"));
         let e = or_build::<&str>(
             || {
                 Err(EngineError::InvalidArgument(
                     "saved plan `r.isoplan`: GPU \"H100\"".into(),
                 ))
             },
+            |_| unreachable!("nothing loaded to check"),
             || {
                 built += 1;
                 Ok("built")
@@ -888,7 +957,7 @@ mod tests {
             &mut |n| notes.push(n.to_string()),
         )
         .unwrap_err();
-        assert!(matches!(e, EngineError::InvalidArgument(_)) && built == 2 && notes.len() == 2);
+        assert!(matches!(e, EngineError::InvalidArgument(_)) && built == 2 && notes.len() == 3);
     }
 
     #[test]
