@@ -709,9 +709,8 @@ fn first_other_bits(built: &[String], here: &[String]) -> Option<usize> {
 /// once through `note`. A load's error is returned as it is, and nothing is built.
 ///
 /// Why a loaded model with other bits is checked rather than built again: a model built here
-/// computes other bits than the build's as well, so building gains no bits, and on the H200
-/// (session 27) vit_b_16's plan rebuilt as an MPS client at 30 % of the threads computed NaN
-/// at its first Linear (the plan check refused it) where the loaded one is checked instead.
+/// computes other bits than the build's as well, so building gains no bits, and a load that
+/// passes the check starts in the load's time instead of a build's.
 fn or_build<M>(
     load: impl FnOnce() -> Result<Checked<M>>,
     check: impl FnOnce(&mut M) -> Result<()>,
