@@ -1045,7 +1045,7 @@ mod tests {
     #[test]
     fn the_plan_made_from_a_saved_graph_is_the_builds_plan() {
         use isolane_engine::{build_model, Weights};
-        for (name, batch) in [("mobilenet_v2", 1), ("vit_b_16", 2)] {
+        for (name, batch) in [("mobilenet_v2", 1), ("vit_b_16", 2), ("vit_b_16", 1)] {
             let g = build_model(name, Weights::Synthetic { seed: 5 }).unwrap();
             let fused = passes::optimize(&g, batch).unwrap();
             let saved = SavedPlan {
