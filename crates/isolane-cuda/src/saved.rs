@@ -602,15 +602,18 @@ impl CudaBackend {
         batch: usize,
         precision: Precision,
     ) -> Result<()> {
-        let part = read_part(saved, file)?;
-        let opts = plan::PlanOptions {
-            channels_last: part.channels_last,
-            fused_attention: part.fused_attention,
-        };
-        let p = plan::plan_with(&saved.graph, batch, precision, opts)?;
-        let report = crate::check_model(m, &saved.graph, &saved.graph, &p, batch)?;
-        m.set_plan_check(report);
-        Ok(())
+        let (_, p) = saved_plan(saved, file, batch, precision)?;
+        plan_check(m, saved, &p, batch)
+    }
+
+    /// The target a saved plan's model is built for here: this backend's, with the build
+    /// options the plan was made with.
+    fn saved_target(&self, part: &CudaPart) -> model::Target {
+        let mut target = self.target();
+        target.build.depthwise_pairs = part.depthwise_pairs;
+        target.build.block_rows = part.block_rows;
+        target.build.exact_gelu = part.exact_gelu;
+        target
     }
 
     /// The saved plan's model, its choices replayed, and whether its outputs' bits are the
@@ -626,18 +629,9 @@ impl CudaBackend {
         saved
             .check_key(file, &here)
             .map_err(|e| EngineError::InvalidArgument(e.to_string()))?;
-        let part = read_part(saved, file)?;
-        let opts = plan::PlanOptions {
-            channels_last: part.channels_last,
-            fused_attention: part.fused_attention,
-        };
-        let p = plan::plan_with(&saved.graph, batch, precision, opts)?;
+        let (part, p) = saved_plan(saved, file, batch, precision)?;
         let log = ChoiceLog::replay(part.steps.clone(), part.matmuls.clone(), part.sm_count);
-        let mut target = self.target();
-        target.build.depthwise_pairs = part.depthwise_pairs;
-        target.build.block_rows = part.block_rows;
-        target.build.exact_gelu = part.exact_gelu;
-        let mut m = match CudaModel::build_logged(p, &target, log) {
+        let mut m = match CudaModel::build_logged(p, &self.saved_target(&part), log) {
             Ok((m, _)) => m,
             // Memory this GPU lacks, not a fault of the plan: exit 3 as for any build.
             Err(e @ EngineError::OutOfMemory(_)) => return Err(e),
@@ -673,21 +667,35 @@ impl CudaBackend {
         batch: usize,
         precision: Precision,
     ) -> Result<CudaModel> {
-        let part = read_part(saved, file)?;
-        let opts = plan::PlanOptions {
-            channels_last: part.channels_last,
-            fused_attention: part.fused_attention,
-        };
-        let p = plan::plan_with(&saved.graph, batch, precision, opts)?;
-        let mut target = self.target();
-        target.build.depthwise_pairs = part.depthwise_pairs;
-        target.build.block_rows = part.block_rows;
-        target.build.exact_gelu = part.exact_gelu;
-        let mut m = CudaModel::build(p.clone(), &target)?;
-        let report = crate::check_model(&mut m, &saved.graph, &saved.graph, &p, batch)?;
-        m.set_plan_check(report);
+        let (part, p) = saved_plan(saved, file, batch, precision)?;
+        let mut m = CudaModel::build(p.clone(), &self.saved_target(&part))?;
+        plan_check(&mut m, saved, &p, batch)?;
         Ok(m)
     }
+}
+
+/// The cuda part of `saved` and the plan made from its graph in the build's layout and
+/// attention form (`file` names it in errors).
+fn saved_plan(
+    saved: &SavedPlan,
+    file: &str,
+    batch: usize,
+    precision: Precision,
+) -> Result<(CudaPart, plan::Plan)> {
+    let part = read_part(saved, file)?;
+    let opts = plan::PlanOptions {
+        channels_last: part.channels_last,
+        fused_attention: part.fused_attention,
+    };
+    let p = plan::plan_with(&saved.graph, batch, precision, opts)?;
+    Ok((part, p))
+}
+
+/// The plan check of a saved plan's model here, against the CPU reference of the plan's graph.
+fn plan_check(m: &mut CudaModel, saved: &SavedPlan, p: &plan::Plan, batch: usize) -> Result<()> {
+    let report = crate::check_model(m, &saved.graph, &saved.graph, p, batch)?;
+    m.set_plan_check(report);
+    Ok(())
 }
 
 /// A replayed saved plan: its outputs' bits are the build's, or not, or its choices could not

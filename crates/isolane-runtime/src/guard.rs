@@ -1622,11 +1622,6 @@ impl BestEffortHold {
         self.hold_for(i, i + 1, None, stop).1
     }
 
-    /// Whether its job runs in runs of fine pieces ([`BestEffortHold::before_run`]).
-    pub fn runs(&self) -> bool {
-        self.run_cap_ns.is_some()
-    }
-
     /// Blocks until a run of the job's pieces from `i` (of `pieces` in the job) may start (or
     /// `stop` is raised): with fine pieces, the longest run the guard admits
     /// ([`Guard::try_run_why`]), at most the scenario's piece length; without, piece `i` alone.
@@ -1936,32 +1931,26 @@ impl GuardRole {
                 p.ended(index, end - start);
                 Ok((start, end, 0))
             }
-            GuardRole::BestEffort(h) if h.runs() => {
-                // Runs of fine pieces, each launched back to back and waited for once.
+            GuardRole::BestEffort(h) => {
+                // Without fine pieces each run is one piece; with them, the longest run the
+                // guard admits, launched back to back and waited for once. The job starts
+                // when its first run is admitted.
+                h.fit_gaps(exec);
                 let n = exec.pieces();
-                let (k, _) = h.before_run(0, n, stop);
-                let start = clock::now_ns();
-                exec.run_pieces(0..k.min(n))?;
-                let mut i = k;
+                let mut start = None;
+                let mut i = 0;
                 while i < n {
                     let (k, _) = h.before_run(i, n, stop);
-                    exec.run_pieces(i..(i + k).min(n))?;
-                    i += k;
+                    start.get_or_insert_with(clock::now_ns);
+                    let end = (i + k).min(n);
+                    match end - i {
+                        1 => exec.run_piece(i)?,
+                        _ => exec.run_pieces(i..end)?,
+                    }
+                    i = end;
                 }
-                let end = clock::now_ns();
-                Ok((start, end, h.job_done()))
-            }
-            GuardRole::BestEffort(h) => {
-                h.fit_gaps(exec);
-                h.before_piece(0, stop);
-                let start = clock::now_ns();
-                exec.run_piece(0)?;
-                for i in 1..exec.pieces() {
-                    h.before_piece(i, stop);
-                    exec.run_piece(i)?;
-                }
-                let end = clock::now_ns();
-                Ok((start, end, h.job_done()))
+                let start = start.unwrap_or_else(clock::now_ns);
+                Ok((start, clock::now_ns(), h.job_done()))
             }
         }
     }

@@ -11,15 +11,10 @@ impl CudaModel {
 
     /// Runs piece `i` of a split job and waits for it (unsplit: the whole job).
     pub fn run_piece(&mut self, i: usize) -> Result<()> {
-        let Some(exec) = self.pieces.get(i).map(CapturedGraph::exec) else {
+        if i >= self.pieces.len() {
             return self.run();
-        };
-        make_current(self.ctx)?;
-        // SAFETY: exec and stream are live; the piece's buffers are owned by self.
-        cu_check("cuGraphLaunch", unsafe {
-            cu::cuGraphLaunch(exec, self.stream)
-        })?;
-        self.wait()
+        }
+        self.run_pieces(i..i + 1)
     }
 
     /// Runs pieces `range` of a split job back to back and waits once, after the last (the
