@@ -854,7 +854,8 @@ impl Guard {
         unsafe { &*(p as *const Slot) }
     }
 
-    fn view(&self, i: usize) -> SlotView {
+    /// Slot `i` as one decision sees it (what a critical workload last published).
+    pub fn view(&self, i: usize) -> SlotView {
         let s = self.slot(i);
         SlotView {
             state: s.state.load(Ordering::Acquire),

@@ -526,9 +526,11 @@ impl ServedModel {
         role: &mut GuardRole,
         stop: &AtomicBool,
     ) {
-        // Slots only for whole jobs outside the guard: a critical model's publisher and a
-        // guarded model's role time each job from its start, one at a time.
-        if self.publisher.is_none() && matches!(role, GuardRole::Off) {
+        // Slots only for whole jobs: a guarded best-effort model runs its job in pieces, each
+        // held or let go by the guard as it comes. A critical model's jobs are whole; its
+        // publisher learns each one's start as the end of the job before it
+        // (`serve_slotted`).
+        if !matches!(role, GuardRole::BestEffort(_)) {
             let slots = exec.prepare_slots(SLOTS);
             if slots >= 2 {
                 return self.serve_slotted(instance, exec, slots);
@@ -606,7 +608,9 @@ impl ServedModel {
                 q.handoff_from = clock::now_ns();
                 self.wake.notify_all();
             }
-            if let Some(p) = &self.publisher {
+            // With a job staged behind this one (or still running before it), the guard
+            // already has that job (`serve_slotted`); the queue's front comes after it.
+            if let (Some(p), After::Idle) = (&self.publisher, after) {
                 match q.items.front() {
                     Some(next) => p.pending(seq + 1, next.arrived, next.deadline),
                     None => p.idle(deadline_ns(info.deadline)),
@@ -771,7 +775,14 @@ impl ServedModel {
                         let (job, staged) = self.stage(exec, slot, batch);
                         let launched = clock::now_ns();
                         match staged.and_then(|()| exec.launch_slot(slot)) {
-                            Ok(()) => flights.push_back((job, launched)),
+                            Ok(()) => {
+                                // Behind a running job it starts when that one ends, and is
+                                // published then.
+                                if let (Some(p), true) = (&self.publisher, flights.is_empty()) {
+                                    p.started(launched);
+                                }
+                                flights.push_back((job, launched))
+                            }
                             Err(e) => {
                                 // Whatever of it did start has to end before the slot is
                                 // written again.
@@ -830,10 +841,17 @@ impl ServedModel {
                 continue;
             };
             free.push(slot);
+            if let (Some(p), Ok(_)) = (&self.publisher, &done) {
+                p.ended(job.seq, end - start);
+            }
             let after = match flights.front_mut() {
-                Some((_, next_start)) => {
+                Some((next, next_start)) => {
                     // It has been queued behind this one on the device: it starts now.
                     *next_start = (*next_start).max(end);
+                    if let (Some(p), Some(first)) = (&self.publisher, next.batch.first()) {
+                        p.pending(next.seq, first.arrived, first.deadline);
+                        p.started(*next_start);
+                    }
                     After::Next
                 }
                 None => After::Idle,
@@ -1662,6 +1680,13 @@ mod slot_tests {
     }
 
     fn model() -> Arc<ServedModel> {
+        model_with(Criticality::BestEffort, None)
+    }
+
+    fn model_with(
+        criticality: Criticality,
+        publisher: Option<Arc<CriticalPublisher>>,
+    ) -> Arc<ServedModel> {
         let tensor = |name: &str| TensorInfo {
             name: name.into(),
             shape: vec![1, 1],
@@ -1672,7 +1697,7 @@ mod slot_tests {
             inputs: vec![tensor(SPIN_INPUT)],
             outputs: vec![tensor(SPIN_OUTPUT)],
             max_batch: 1,
-            criticality: Criticality::BestEffort,
+            criticality,
             deadline: None,
             queue_limit: 64,
             when_full: WhenFull::Refuse,
@@ -1689,7 +1714,14 @@ mod slot_tests {
             ("cpu", "cpu", "best_effort"),
             None,
         );
-        Arc::new(ServedModel::new(info, None, stats, None, 0, Arc::default()))
+        Arc::new(ServedModel::new(
+            info,
+            publisher,
+            stats,
+            None,
+            0,
+            Arc::default(),
+        ))
     }
 
     fn request(v: f32) -> InferRequest {
@@ -1793,6 +1825,44 @@ mod slot_tests {
         );
         let q = m.lock();
         assert_eq!((q.in_flight, q.running_since, q.staged), (0, 0, 0));
+    }
+
+    /// A critical model runs its jobs in two slots as a best-effort one does, and the guard
+    /// still learns each job: its start (the launch, or the end of the job before it) and its
+    /// service time. The estimate is seeded at 1 ns, so only published jobs can raise it.
+    #[test]
+    fn a_critical_model_uses_both_slots_and_publishes_every_job() {
+        use isolane_runtime::guard::{Guard, Policy};
+        let guard = Arc::new(Guard::create(1, Policy::new(0, None)).unwrap());
+        let publisher = Arc::new(CriticalPublisher::new(Arc::clone(&guard), 0, 1, None));
+        let m = model_with(Criticality::Critical, Some(publisher));
+        let rxs: Vec<_> = (0..12)
+            .map(|i| m.submit(request(i as f32)).unwrap())
+            .collect();
+        let (busy, most, t) = serving(&m);
+        for (i, rx) in rxs.into_iter().enumerate() {
+            assert_eq!(
+                value(rx.blocking_recv().unwrap()),
+                2.0 * i as f32,
+                "request {i}"
+            );
+        }
+        m.close();
+        t.join().unwrap();
+        assert_eq!(busy.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            most.load(Ordering::Relaxed),
+            2,
+            "the critical model never launched a job behind a running one"
+        );
+        let v = guard.view(0);
+        assert!(
+            v.service >= JOB_NS / 2,
+            "the guard's service estimate {} ns was not learned from the jobs ({JOB_NS} ns each)",
+            v.service
+        );
+        assert_eq!(v.seq, 11, "the last job published is not the last one run");
+        assert_eq!(v.start, 0, "an idle model still shows a job started");
     }
 
     #[test]
