@@ -294,6 +294,64 @@ pub fn locate_divergence(
     Ok(worst)
 }
 
+/// The bits ([`isolane_engine::saved::bits_hash`]) of every value a plan stores (its
+/// `probes`, [`Plan::probes`], in their order) when `runner` runs it step by step on `inputs`. Two runs
+/// of one plan that differ somewhere first differ at a value these name: a saved plan keeps
+/// them so that a load computing other bits can say which node's kernel changed them.
+pub fn value_bits(
+    probes: &[crate::plan::Probe],
+    inputs: &[Vec<f32>],
+    runner: &mut dyn StepRunner,
+) -> Result<Vec<String>> {
+    runner.write_inputs(inputs)?;
+    let mut done = 0;
+    let mut bits = Vec::with_capacity(probes.len());
+    for pr in probes {
+        if pr.ready > done {
+            runner.run_steps(done, pr.ready)?;
+            done = pr.ready;
+        }
+        let value = pr.gather(&runner.read(pr.loc, pr.span())?);
+        bits.push(isolane_engine::saved::bits_hash(&value));
+    }
+    Ok(bits)
+}
+
+/// Where a run's stored values ([`value_bits`]) first differ from another run's of the same
+/// plan (`built`: a saved plan's): the node and its op, in words, or why that cannot be told.
+pub fn first_other_value(
+    built: &[String],
+    here: &[String],
+    probes: &[crate::plan::Probe],
+) -> String {
+    if built.is_empty() {
+        return "the plan keeps no value's bits to tell which node".into();
+    }
+    if built.len() != here.len() {
+        return format!(
+            "the plan stores {} values here against {} at the build, so no node can be named",
+            here.len(),
+            built.len()
+        );
+    }
+    match (0..built.len()).find(|&i| built[i] != here[i]) {
+        Some(i) => {
+            let (node, op) = probes
+                .get(i)
+                .map_or(("?", "?"), |p| (p.node.as_str(), p.op));
+            format!(
+                "the first value whose bits differ is `{node}` ({op}), value {} of {}; every \
+                 value before it has the build's bits",
+                i + 1,
+                built.len()
+            )
+        }
+        None => "every stored value has the build's bits when run step by step, so the \
+                 difference is in the graph's launch (its order or overlap), not in one node"
+            .into(),
+    }
+}
+
 /// What a passed check found and cost.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CheckReport {

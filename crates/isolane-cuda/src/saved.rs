@@ -194,6 +194,10 @@ pub(crate) struct CudaPart {
     pub sm_count: u32,
     /// [`file::bits_hash`] of each output of the check run ([`probe_input`]).
     pub outputs: Vec<String>,
+    /// [`file::bits_hash`] of each value the plan stores, in the plan's order, on the same
+    /// input run step by step ([`crate::check::value_bits`]): where a load's outputs differ,
+    /// the first of these that differs names the node whose kernel computed other bits.
+    pub values: Vec<String>,
 }
 
 impl CudaPart {
@@ -245,6 +249,8 @@ impl CudaPart {
         w.u32(self.sm_count);
         w.usize(self.outputs.len());
         self.outputs.iter().for_each(|h| w.str(h));
+        w.usize(self.values.len());
+        self.values.iter().for_each(|h| w.str(h));
         w.into_bytes()
     }
 
@@ -294,6 +300,10 @@ impl CudaPart {
         let outputs = (0..n)
             .map(|_| r.str())
             .collect::<std::result::Result<_, _>>()?;
+        let n = r.count(8)?;
+        let values = (0..n)
+            .map(|_| r.str())
+            .collect::<std::result::Result<_, _>>()?;
         r.end()?;
         Ok(CudaPart {
             channels_last,
@@ -305,14 +315,15 @@ impl CudaPart {
             matmuls,
             sm_count,
             outputs,
+            values,
         })
     }
 }
 
 /// The version of the cuda part's layout ([`CudaPart::to_bytes`]), a field of the key so that
 /// a file of another layout is refused naming it (exit 2) rather than misread. 2: session 23
-/// (the SM count target).
-pub const CUDA_PART_FORMAT: u32 = 2;
+/// (the SM count target); 3: session 28 (each stored value's bits).
+pub const CUDA_PART_FORMAT: u32 = 3;
 
 /// The key field holding [`CUDA_PART_FORMAT`].
 pub const FIELD_CUDA_FORMAT: &str = "cuda plan format";
@@ -471,6 +482,14 @@ fn probe(m: &mut CudaModel) -> Result<Vec<String>> {
         .collect())
 }
 
+/// The bits of each value `m`'s plan stores ([`crate::check::value_bits`]) on the check input.
+fn probe_values(m: &mut CudaModel, probes: &[plan::Probe]) -> Result<Vec<String>> {
+    let inputs: Vec<Vec<f32>> = (0..m.num_inputs())
+        .map(|i| probe_input(i, m.input_mut_at(i).len()))
+        .collect();
+    crate::check::value_bits(probes, &inputs, m)
+}
+
 impl CudaBackend {
     /// The key fields of this backend's GPU ([`gpu_key_of`]).
     pub fn gpu_key(&self) -> Result<Vec<(String, String)>> {
@@ -524,6 +543,7 @@ impl CudaBackend {
             )));
         }
         let outputs = probe(&mut m)?;
+        let values = probe_values(&mut m, &p.probes)?;
         let part = CudaPart {
             channels_last: opts.channels_last,
             fused_attention: opts.fused_attention,
@@ -534,6 +554,7 @@ impl CudaBackend {
             matmuls: log.matmuls,
             sm_count: log.sm_count,
             outputs,
+            values,
         };
         let mut key = expected_key(self.gpu_key()?, precision, batch);
         key.push((file::FIELD_MODEL.into(), model_name.into()));
@@ -631,6 +652,7 @@ impl CudaBackend {
             .map_err(|e| EngineError::InvalidArgument(e.to_string()))?;
         let (part, p) = saved_plan(saved, file, batch, precision)?;
         let log = ChoiceLog::replay(part.steps.clone(), part.matmuls.clone(), part.sm_count);
+        let probes = p.probes.clone();
         let mut m = match CudaModel::build_logged(p, &self.saved_target(&part), log) {
             Ok((m, _)) => m,
             // Memory this GPU lacks, not a fault of the plan: exit 3 as for any build.
@@ -644,15 +666,17 @@ impl CudaBackend {
             return Ok(Checked::Same(m));
         };
         let here_sms = model::device_sm_count()?;
+        let values = probe_values(&mut m, &probes)?;
         let why = format!(
             "saved plan `{file}`: output {i} computes other bits here than where the plan was \
              built (bits {} there, {} here; its device reported {} SMs, this one {here_sms}, the \
-             libraries were told {}): a library kernel's result depends on where it runs \
+             libraries were told {}; {}): a library kernel's result depends on where it runs \
              (docs/cuda.md, Saved plans)",
             part.outputs.get(i).map_or("(none)", String::as_str),
             got.get(i).map_or("(none)", String::as_str),
             part.sm_count,
-            part.sm_count
+            part.sm_count,
+            crate::check::first_other_value(&part.values, &values, &probes)
         );
         Ok(Checked::OtherBits(why, m))
     }
@@ -817,6 +841,10 @@ mod tests {
             )],
             sm_count: 132,
             outputs: vec![file::bits_hash(&[1.0, -0.0, f32::NAN])],
+            values: vec![
+                file::bits_hash(&[2.0]),
+                file::bits_hash(&[1.0, -0.0, f32::NAN]),
+            ],
         }
     }
 
@@ -998,7 +1026,9 @@ mod tests {
         };
         let e = saved.check_key("r.isoplan", &here).unwrap_err().to_string();
         assert!(
-            e.contains("r.isoplan") && e.contains(FIELD_CUDA_FORMAT) && e.contains("\"2\""),
+            e.contains("r.isoplan")
+                && e.contains(FIELD_CUDA_FORMAT)
+                && e.contains(&format!("\"{CUDA_PART_FORMAT}\"")),
             "{e}"
         );
     }

@@ -1692,6 +1692,79 @@ impl isolane_cuda::check::StepRunner for Overflowing<'_> {
     }
 }
 
+/// A device whose kernel of one step computes other bits: right after step `at` it moves
+/// the first element of the value at `loc` by one unit in the last place, as a kernel that
+/// sums in another order would.
+struct OneUlpOff<'p> {
+    inner: Emulator<'p>,
+    at: usize,
+    loc: Loc,
+}
+
+impl isolane_cuda::check::StepRunner for OneUlpOff<'_> {
+    fn run_plan(&mut self, inputs: &[Vec<f32>]) -> isolane_engine::Result<Vec<Vec<f32>>> {
+        self.write_inputs(inputs)?;
+        self.run_steps(0, self.inner.p.steps.len())?;
+        Ok((0..self.inner.p.outputs.len())
+            .map(|k| self.inner.output(k))
+            .collect())
+    }
+    fn write_inputs(&mut self, inputs: &[Vec<f32>]) -> isolane_engine::Result<()> {
+        self.inner.write_inputs(inputs)
+    }
+    fn run_steps(&mut self, from: usize, to: usize) -> isolane_engine::Result<()> {
+        for s in from..to {
+            self.inner.run_steps(s, s + 1)?;
+            if s == self.at {
+                let v = self.inner.m.get(self.loc, 0);
+                self.inner
+                    .m
+                    .set(self.loc, 0, f32::from_bits(v.to_bits() ^ 1));
+            }
+        }
+        Ok(())
+    }
+    fn read(&mut self, loc: Loc, len: usize) -> isolane_engine::Result<Vec<f32>> {
+        self.inner.read(loc, len)
+    }
+}
+
+/// A saved plan keeps the bits of every value it stores, so that a load computing other bits
+/// names the node whose kernel changed them: two runs of one plan give the same bits at every
+/// value; a kernel one ulp off in one step is named, and every value before it keeps its bits.
+#[test]
+fn the_first_value_with_other_bits_names_its_node() {
+    use isolane_cuda::check::{check_input, first_other_value, value_bits};
+    let (_, _, p) = fixture_plan("torch_vit_l1_h2_i32_p8_op17", 1, PlanOptions::default());
+    let n: usize = p.inputs[0].shape.iter().product();
+    let inputs = vec![check_input(n, 3)];
+    let built = value_bits(&p.probes, &inputs, &mut Emulator::new(&p)).unwrap();
+    assert_eq!(built.len(), p.probes.len());
+    let again = value_bits(&p.probes, &inputs, &mut Emulator::new(&p)).unwrap();
+    assert_eq!(built, again);
+    assert!(first_other_value(&built, &again, &p.probes).contains("every stored value"));
+    // A value in the middle whose step completes it alone.
+    let j = (p.probes.len() / 2..p.probes.len())
+        .find(|&j| p.probes[j - 1].ready < p.probes[j].ready)
+        .expect("a probe completed by a step of its own");
+    let mut off = OneUlpOff {
+        inner: Emulator::new(&p),
+        at: p.probes[j].ready - 1,
+        loc: p.probes[j].loc,
+    };
+    let here = value_bits(&p.probes, &inputs, &mut off).unwrap();
+    assert_eq!(built[..j], here[..j], "values before the changed step");
+    assert_ne!(built[j], here[j]);
+    let said = first_other_value(&built, &here, &p.probes);
+    assert!(
+        said.contains(&format!("`{}` ({})", p.probes[j].node, p.probes[j].op))
+            && said.contains(&format!("value {} of {}", j + 1, p.probes.len())),
+        "{said}"
+    );
+    assert!(first_other_value(&[], &here, &p.probes).contains("keeps no value"));
+    assert!(first_other_value(&built[..j], &here, &p.probes).contains("no node can be named"));
+}
+
 #[test]
 fn plan_check_calls_an_fp16_overflow_by_its_name() {
     let batch = 1;
