@@ -530,7 +530,12 @@ impl ServedModel {
         // held or let go by the guard as it comes. A critical model's jobs are whole; its
         // publisher learns each one's start as the end of the job before it
         // (`serve_slotted`).
-        if !matches!(role, GuardRole::BestEffort(_)) {
+        let slotted = match role {
+            GuardRole::BestEffort(_) => false,
+            _ if self.publisher.is_some() => critical_slots(),
+            _ => true,
+        };
+        if slotted {
             let slots = exec.prepare_slots(SLOTS);
             if slots >= 2 {
                 return self.serve_slotted(instance, exec, slots);
@@ -1015,6 +1020,13 @@ const RETRY_NS: i64 = 50_000;
 
 /// Input slots a served model asks its executor for: the running job's and the next one's.
 const SLOTS: usize = 2;
+
+/// Whether a critical model runs its jobs in input slots: yes unless
+/// `ISOLANE_SERVE_CRITICAL_SLOTS=0`, which keeps it in one buffer, one job at a time, as before
+/// session 28 (for an A/B on the GPU: docs/serve.md, "Input slots").
+fn critical_slots() -> bool {
+    std::env::var_os("ISOLANE_SERVE_CRITICAL_SLOTS").is_none_or(|v| v != "0")
+}
 
 /// One job of a served model: its requests, the slot its input is in (`None`: the executor's
 /// one input), and when they were taken from the queue and how long their input's copy took.
