@@ -7,6 +7,13 @@
 //! like the others and kept the fastest. Now every candidate first runs once on seeded random
 //! activations and its output is compared, at [`SAMPLES`] positions, with the same dot products
 //! computed on the CPU from what is on the device; one that disagrees is never timed or kept.
+//!
+//! Random positions alone missed wrong tiles: as an MPS client with 30 % of the H200's threads,
+//! an fp16 algorithm for vit_b_16's first Linear passed 96 random positions and still wrote inf
+//! somewhere in its 197 × 2304 output (session 28). So the output is first poisoned (NaN), one
+//! position of every [`TILE`] × [`TILE`] block is compared too (every tile a kernel writes, at
+//! any tile size down to it), and the whole output must be finite: a tile left unwritten or
+//! written with inf fails.
 
 use std::ffi::c_void;
 
@@ -16,8 +23,19 @@ use isolane_engine::{Precision, Result};
 use crate::error::{cu_check, CudaError};
 use crate::plan::DType;
 
-/// Output positions compared per candidate.
+/// Output positions compared per candidate, at random.
 const SAMPLES: usize = 96;
+
+/// The side of the output blocks of which one position each is compared too (cuBLASLt's and
+/// cuDNN's GEMM kernels write tiles of 64 × 8 and larger).
+const TILE: usize = 32;
+
+/// At most this many block positions (a larger output's blocks are taken at a stride).
+const TILE_SAMPLES: usize = 4096;
+
+/// The largest output checked whole for non-finite values (bytes); a larger one is checked at
+/// its sampled positions only.
+const FINITE_CHECK_BYTES: usize = 64 << 20;
 
 /// The shape and operands of one matmul as the recorder lays it out (row-major, our names):
 /// `y[b, i, j] = act(alpha · Σ_k x[b, i, k] · w[b, j, k] (+ bias[j]) (+ c[b, i, j]))`, `w`
@@ -64,6 +82,13 @@ pub(crate) struct MatmulProbe {
     /// (element offset in y, expected value).
     expected: Vec<(usize, f64)>,
     tolerance: f64,
+    /// The bytes of y read to check each of its elements for non-finite values; `None`: too
+    /// large, its sampled positions only.
+    whole: Option<usize>,
+    /// y poisoned before each candidate runs (not where it is also the residual's input).
+    poison_y: bool,
+    /// y's batch, rows, columns, batch stride and row stride (elements).
+    shape: (usize, usize, usize, usize, usize),
 }
 
 impl MatmulShape {
@@ -131,9 +156,12 @@ impl MatmulProbe {
             Some(p) => decode(dtype, &download(p, s.n * es)?),
             None => Vec::new(),
         };
-        let mut expected = Vec::with_capacity(SAMPLES);
-        for _ in 0..SAMPLES {
-            let (b, i, j) = (rng.below(s.batch), rng.below(s.m), rng.below(s.n));
+        let mut expected = Vec::with_capacity(SAMPLES + TILE_SAMPLES);
+        let mut positions: Vec<(usize, usize, usize)> = (0..SAMPLES)
+            .map(|_| (rng.below(s.batch), rng.below(s.m), rng.below(s.n)))
+            .collect();
+        positions.extend(tile_positions(s, &mut rng));
+        for (b, i, j) in positions {
             let mut acc: f64 = (0..s.k)
                 .map(|k| f64::from(x[s.x_at(b, i, k)]) * f64::from(w[s.w_at(b, j, k)]))
                 .sum::<f64>()
@@ -162,9 +190,13 @@ impl MatmulProbe {
         };
         let mut written: Vec<(u64, usize)> = inputs.iter().map(|(p, b)| (*p, b.len())).collect();
         let y_bytes = s.y_len() * es;
-        if writable.contains(&ops.y) && ops.y + y_bytes as u64 <= writable.end {
+        let y_writable = writable.contains(&ops.y) && ops.y + y_bytes as u64 <= writable.end;
+        if y_writable {
             written.push((ops.y, y_bytes));
         }
+        // The residual is read from c, which may be y itself: then y keeps its input.
+        let c_meets_y =
+            s.residual && ops.c < ops.y + y_bytes as u64 && ops.y < ops.c + y_bytes as u64;
         Ok(MatmulProbe {
             dtype,
             inputs,
@@ -172,6 +204,9 @@ impl MatmulProbe {
             written,
             expected,
             tolerance,
+            whole: (y_bytes <= FINITE_CHECK_BYTES).then_some(y_bytes),
+            poison_y: y_writable && !c_meets_y,
+            shape: (s.batch, s.m, s.n, s.sy, s.ldy),
         })
     }
 
@@ -198,6 +233,20 @@ impl MatmulProbe {
         for (ptr, bytes) in &self.inputs {
             upload(*ptr, bytes)?;
         }
+        let (batch, m, n, sy, ldy) = self.shape;
+        let es = self.dtype.size();
+        if self.poison_y {
+            // Its elements only, row by row: the gaps between rows (y a slice of a wider buffer,
+            // as a concatenation's part) may hold this matmul's own input.
+            for b in 0..batch {
+                let at = self.y + (b * sy * es) as u64;
+                // SAFETY: y's rows of batch entry b lie in the arena (checked in `new`): m rows
+                // of n elements, ldy apart; synchronous.
+                cu_check("cuMemsetD2D8", unsafe {
+                    cu::cuMemsetD2D8_v2(at, ldy * es, 0xff, n * es, m)
+                })?;
+            }
+        }
         if run().is_err() {
             return Ok(false);
         }
@@ -211,10 +260,27 @@ impl MatmulProbe {
                 ..e
             })
         })?;
-        let es = self.dtype.size();
+        let y = match self.whole {
+            Some(bytes) => decode(self.dtype, &download(self.y, bytes)?),
+            None => Vec::new(),
+        };
+        if !y.is_empty() {
+            let finite = (0..batch).all(|b| {
+                (0..m).all(|i| {
+                    let row = b * sy + i * ldy;
+                    y[row..row + n].iter().all(|v| v.is_finite())
+                })
+            });
+            if !finite {
+                return Ok(false);
+            }
+        }
         let (mut err, mut norm) = (0.0f64, 0.0f64);
         for &(at, want) in &self.expected {
-            let got = decode(self.dtype, &download(self.y + (at * es) as u64, es)?)[0];
+            let got = match y.get(at) {
+                Some(&v) => v,
+                None => decode(self.dtype, &download(self.y + (at * es) as u64, es)?)[0],
+            };
             let got = f64::from(got);
             if !got.is_finite() {
                 return Ok(false);
@@ -276,6 +342,23 @@ fn decode(dtype: DType, bytes: &[u8]) -> Vec<f32> {
 }
 
 /// A small deterministic generator: the same inputs and positions in every build.
+/// One position in each [`TILE`] × [`TILE`] block of every batch entry's output (at a random
+/// place inside it), at most [`TILE_SAMPLES`] (the blocks taken at an even stride beyond).
+fn tile_positions(s: &MatmulShape, rng: &mut Lcg) -> Vec<(usize, usize, usize)> {
+    let (rows, cols) = (s.m.div_ceil(TILE), s.n.div_ceil(TILE));
+    let blocks = s.batch * rows * cols;
+    let stride = blocks.div_ceil(TILE_SAMPLES).max(1);
+    (0..blocks)
+        .step_by(stride)
+        .map(|t| {
+            let (b, r, c) = (t / (rows * cols), t / cols % rows, t % cols);
+            let i = (r * TILE + rng.below(TILE)).min(s.m - 1);
+            let j = (c * TILE + rng.below(TILE)).min(s.n - 1);
+            (b, i, j)
+        })
+        .collect()
+}
+
 struct Lcg(u64);
 
 impl Lcg {
@@ -298,6 +381,54 @@ impl Lcg {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every block of the output, of every batch entry, gets a position inside it; a larger
+    /// output's blocks are taken at a stride, at most TILE_SAMPLES of them.
+    #[test]
+    fn every_output_block_is_sampled() {
+        let s = MatmulShape {
+            m: 197,
+            n: 2304,
+            k: 768,
+            batch: 2,
+            sx: 0,
+            sw: 0,
+            sy: 197 * 2304,
+            ldx: 768,
+            ldw: 768,
+            ldy: 2304,
+            w_trans: true,
+            alpha: 1.0,
+            bias: None,
+            relu: false,
+            gelu: false,
+            residual: false,
+        };
+        let p = tile_positions(&s, &mut Lcg(1));
+        let (rows, cols) = (197usize.div_ceil(TILE), 2304 / TILE);
+        assert_eq!(p.len(), 2 * rows * cols);
+        let mut seen = std::collections::HashSet::new();
+        for &(b, i, j) in &p {
+            assert!(b < 2 && i < 197 && j < 2304);
+            seen.insert((b, i / TILE, j / TILE));
+        }
+        assert_eq!(seen.len(), p.len(), "each block once");
+        let big = MatmulShape {
+            batch: 64,
+            sy: 197 * 2304,
+            ..s
+        };
+        let q = tile_positions(&big, &mut Lcg(1));
+        assert!(
+            q.len() <= TILE_SAMPLES && q.len() > TILE_SAMPLES / 2,
+            "{}",
+            q.len()
+        );
+        assert!(
+            q.iter().any(|&(b, _, _)| b == 63),
+            "the last batch entry is reached"
+        );
+    }
 
     #[test]
     fn operand_offsets_follow_the_strides() {
