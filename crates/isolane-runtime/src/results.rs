@@ -2,7 +2,7 @@
 //! schema). Metric names are core's `WorkloadMetrics` (docs/design.md, "Metrics"), flattened
 //! into each workload's object.
 
-use isolane_core::metrics::workload_metrics;
+use isolane_core::metrics::{exec_times, workload_metrics};
 use isolane_core::results::SCHEMA_VERSION;
 use isolane_core::results::{
     CpuSummary, HeldSummary, ProgramSummary, RunStatus, RunSummary, WorkloadSummary,
@@ -78,6 +78,7 @@ pub fn summarize_workload(
         cpu: result.cpu.map(|c| cpu_summary(&c, wall_s)),
         backend: Some(spec.backend),
         program: None,
+        exec_ms: (metrics.completed > 0).then(|| exec_times(&result.records)),
         metrics,
     }
 }

@@ -88,6 +88,11 @@ pub struct WorkloadSummary {
     /// A command workload (an external program): how it ran. Its `jobs` and latencies are 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub program: Option<ProgramSummary>,
+    /// Completed jobs' execution times (end − start, ms): each job's own time, without the
+    /// queueing and late starts its response time adds (absent before session 28, and for a
+    /// workload that completed no job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_ms: Option<crate::metrics::ExecTimes>,
     #[serde(flatten)]
     pub metrics: WorkloadMetrics,
 }
@@ -266,6 +271,7 @@ impl WorkloadSummary {
                 .map(|k| k.work()),
             backend: None,
             program: None,
+            exec_ms: None,
             metrics: crate::metrics::workload_metrics(&[], batch, 0.0, None),
         }
     }

@@ -8,7 +8,7 @@ use isolane_core::results::RunSummary;
 use isolane_core::spec::Mechanism;
 use isolane_core::text::wrap_message;
 
-use super::rounds::{missed, planned_choices};
+use super::rounds::{host_late_ms, missed, planned_choices};
 use crate::{Choice, GpusPlan, Ladder, Outcome, Point, Unit};
 
 /// Where an event's text goes.
@@ -562,8 +562,7 @@ pub(crate) fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Optio
     let late: Vec<String> = (summary.workloads.iter().zip(choices))
         .filter(|(w, c)| missed(w, c.deadline_ms))
         .filter_map(|(w, c)| {
-            let max_ms = w.metrics.start_lateness_us.max? / 1e3;
-            (max_ms > 0.25 * c.deadline_ms).then(|| format!("{} {max_ms:.2} ms", w.name))
+            host_late_ms(w, c.deadline_ms).map(|ms| format!("{} {ms:.2} ms", w.name))
         })
         .collect();
     if late.is_empty() {
@@ -575,7 +574,8 @@ pub(crate) fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Optio
     Some(format!(
         "(a job of a workload that missed started late: {}, after its release; its launch \
          waited for the host or for its previous job, not for its partition's SMs (the \
-         hypervisor's CPU steal in this run: {steal}): run again, or longer, to tell)",
+         hypervisor's CPU steal in this run: {steal}): run again, or longer, to tell; its \
+         measured stretch is its execution time's, end − start)",
         late.join(", ")
     ))
 }

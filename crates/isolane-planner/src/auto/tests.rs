@@ -542,6 +542,33 @@ fn a_miss_with_late_starts_is_said_to_be_the_hosts() {
     );
 }
 
+/// A workload whose jobs started late on the host is calibrated by its execution time's
+/// p99.9 (end − start), not by its response time's: the late starts are not its partition's
+/// or its neighbours' doing. Without late starts, or without execution times (a summary
+/// written before session 28), its response time's, as before.
+#[test]
+fn a_stretch_read_where_jobs_started_late_on_the_host_is_the_execution_times() {
+    let mut summary = three_cameras_run();
+    let choices = one_choice_each(&summary);
+    let (c, tail) = (&choices[1], choices[1].profile.tail_ms());
+    let w = &mut summary.workloads[1];
+    w.metrics.latency_ms.p999 = Some(4.0 * tail);
+    w.exec_ms = Some(isolane_core::metrics::ExecTimes {
+        jobs: 1200,
+        p999: Some(1.1 * tail),
+        ..Default::default()
+    });
+    w.metrics.start_lateness_us.max = Some(0.1 * c.deadline_ms * 1e3);
+    let response = measured_stretch(c, &summary).unwrap();
+    assert!((response - 4.0).abs() < 1e-9, "no late start: {response}");
+    summary.workloads[1].metrics.start_lateness_us.max = Some(0.5 * c.deadline_ms * 1e3);
+    let exec = measured_stretch(c, &summary).unwrap();
+    assert!((exec - 1.1).abs() < 1e-9, "late starts: {exec}");
+    summary.workloads[1].exec_ms = None;
+    let old = measured_stretch(c, &summary).unwrap();
+    assert!((old - 4.0).abs() < 1e-9, "no execution times: {old}");
+}
+
 /// Several mechanisms with verification compare each mechanism's predicted slack (deadline −
 /// p99.9) with the one its run measured, and say what each plan leaves spare.
 #[test]
