@@ -387,22 +387,8 @@ mod tests {
     #[test]
     fn every_output_block_is_sampled() {
         let s = MatmulShape {
-            m: 197,
-            n: 2304,
-            k: 768,
-            batch: 2,
             sx: 0,
-            sw: 0,
-            sy: 197 * 2304,
-            ldx: 768,
-            ldw: 768,
-            ldy: 2304,
-            w_trans: true,
-            alpha: 1.0,
-            bias: None,
-            relu: false,
-            gelu: false,
-            residual: false,
+            ..dense(197, 2304, 768, 2)
         };
         let p = tile_positions(&s, &mut Lcg(1));
         let (rows, cols) = (197usize.div_ceil(TILE), 2304 / TILE);
@@ -430,26 +416,32 @@ mod tests {
         );
     }
 
-    #[test]
-    fn operand_offsets_follow_the_strides() {
-        let s = MatmulShape {
-            m: 3,
-            n: 4,
-            k: 5,
-            batch: 2,
-            sx: 15,
+    /// A plain matmul of `batch` entries: x and y packed row-major per entry, one `w` stored
+    /// `[n, k]` for every entry, no epilogue.
+    fn dense(m: usize, n: usize, k: usize, batch: usize) -> MatmulShape {
+        MatmulShape {
+            m,
+            n,
+            k,
+            batch,
+            sx: m * k,
             sw: 0,
-            sy: 12,
-            ldx: 5,
-            ldw: 5,
-            ldy: 4,
+            sy: m * n,
+            ldx: k,
+            ldw: k,
+            ldy: n,
             w_trans: true,
             alpha: 1.0,
             bias: None,
             relu: false,
             gelu: false,
             residual: false,
-        };
+        }
+    }
+
+    #[test]
+    fn operand_offsets_follow_the_strides() {
+        let s = dense(3, 4, 5, 2);
         assert_eq!((s.x_len(), s.w_len(), s.y_len()), (30, 20, 24));
         let t = MatmulShape {
             w_trans: false,

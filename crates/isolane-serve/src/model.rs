@@ -1808,14 +1808,14 @@ mod slot_tests {
         f32::from_le_bytes(r.outputs[0].data().try_into().unwrap())
     }
 
-    #[test]
-    fn the_next_job_is_staged_in_the_free_slot_and_each_answer_is_its_own() {
-        let m = model();
-        // Queued before the loop starts: every job after the first finds one running.
-        let rxs: Vec<_> = (0..24)
+    /// Queues `n` requests before the model's loop starts (so every job after the first finds
+    /// one running), serves them, and checks that each answer is its own, that no slot in
+    /// flight was written and that a job was launched behind a running one.
+    fn serve_queued_in_two_slots(m: &Arc<ServedModel>, n: usize) {
+        let rxs: Vec<_> = (0..n)
             .map(|i| m.submit(request(i as f32)).unwrap())
             .collect();
-        let (busy, most, t) = serving(&m);
+        let (busy, most, t) = serving(m);
         for (i, rx) in rxs.into_iter().enumerate() {
             assert_eq!(
                 value(rx.blocking_recv().unwrap()),
@@ -1835,6 +1835,12 @@ mod slot_tests {
             2,
             "no job was ever launched behind a running one"
         );
+    }
+
+    #[test]
+    fn the_next_job_is_staged_in_the_free_slot_and_each_answer_is_its_own() {
+        let m = model();
+        serve_queued_in_two_slots(&m, 24);
         let q = m.lock();
         assert_eq!((q.in_flight, q.running_since, q.staged), (0, 0, 0));
     }
@@ -1848,25 +1854,7 @@ mod slot_tests {
         let guard = Arc::new(Guard::create(1, Policy::new(0, None)).unwrap());
         let publisher = Arc::new(CriticalPublisher::new(Arc::clone(&guard), 0, 1, None));
         let m = model_with(Criticality::Critical, Some(publisher));
-        let rxs: Vec<_> = (0..12)
-            .map(|i| m.submit(request(i as f32)).unwrap())
-            .collect();
-        let (busy, most, t) = serving(&m);
-        for (i, rx) in rxs.into_iter().enumerate() {
-            assert_eq!(
-                value(rx.blocking_recv().unwrap()),
-                2.0 * i as f32,
-                "request {i}"
-            );
-        }
-        m.close();
-        t.join().unwrap();
-        assert_eq!(busy.load(Ordering::Relaxed), 0);
-        assert_eq!(
-            most.load(Ordering::Relaxed),
-            2,
-            "the critical model never launched a job behind a running one"
-        );
+        serve_queued_in_two_slots(&m, 12);
         let v = guard.view(0);
         assert!(
             v.service >= JOB_NS / 2,
