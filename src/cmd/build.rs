@@ -16,9 +16,11 @@ use isolane_executors::saved_plan::{self, BuildRequest};
                   algorithm the build chose by timing. A scenario's `model`, `isolane serve` \
                   and `isolane infer` accept the file where a model path is accepted and load it \
                   without timing anything. The file's key (device, precision, batch, engine \
-                  revision; on cuda the GPU, its SM count, compute capability, driver, cuDNN, \
-                  cuBLASLt and NVRTC versions) must match where it is loaded, or the load is \
-                  refused naming the field and both values (exit code 2)."
+                  revision; on cuda the GPU, compute capability, driver, cuDNN, cuBLASLt and \
+                  NVRTC versions and the plan format) must match where it is loaded, or the \
+                  load is refused naming the field and both values (exit code 2). It loads in \
+                  any partition of that GPU; on cuda a load whose outputs differ in any bit \
+                  from the build's names the first node that computed other bits."
 )]
 pub struct BuildArgs {
     /// A built-in model name (see `isolane models`) or a path to an .onnx file.
