@@ -163,14 +163,8 @@ impl<B: Bench> CachedProfiler<'_, B> {
                 ));
             }
         }
-        match &self.budget {
-            Some(b) if !b.allows_another() => Some(format!(
-                "{what}: the profiling budget is spent ({:.1} s of {:.1} s)",
-                b.spent().as_secs_f64(),
-                b.limit().as_secs_f64()
-            )),
-            _ => None,
-        }
+        let why = self.budget.as_ref()?.refusal()?;
+        Some(format!("{what}: {why}"))
     }
 
     /// Has the bench measure workload `index` alone in a partition of `size`.
