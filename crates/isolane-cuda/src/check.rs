@@ -347,7 +347,7 @@ pub fn first_other_value(
             )
         }
         None => "every stored value has the build's bits when run step by step, so the \
-                 difference is in the graph's launch (its order or overlap), not in one node"
+                 difference is in a value the plan does not store or in the graph's launch"
             .into(),
     }
 }

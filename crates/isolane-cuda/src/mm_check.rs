@@ -237,13 +237,15 @@ impl MatmulProbe {
         let es = self.dtype.size();
         if self.poison_y {
             // Its elements only, row by row: the gaps between rows (y a slice of a wider buffer,
-            // as a concatenation's part) may hold this matmul's own input.
+            // as a concatenation's part) may hold this matmul's own input. On the candidate's
+            // stream, so that it lands before the candidate writes (the stream does not wait
+            // for the legacy default stream a plain memset runs on).
             for b in 0..batch {
                 let at = self.y + (b * sy * es) as u64;
                 // SAFETY: y's rows of batch entry b lie in the arena (checked in `new`): m rows
-                // of n elements, ldy apart; synchronous.
-                cu_check("cuMemsetD2D8", unsafe {
-                    cu::cuMemsetD2D8_v2(at, ldy * es, 0xff, n * es, m)
+                // of n elements, ldy apart; the stream is live.
+                cu_check("cuMemsetD2D8Async", unsafe {
+                    cu::cuMemsetD2D8Async(at, ldy * es, 0xff, n * es, m, stream)
                 })?;
             }
         }
@@ -343,11 +345,16 @@ fn decode(dtype: DType, bytes: &[u8]) -> Vec<f32> {
 
 /// A small deterministic generator: the same inputs and positions in every build.
 /// One position in each [`TILE`] × [`TILE`] block of every batch entry's output (at a random
-/// place inside it), at most [`TILE_SAMPLES`] (the blocks taken at an even stride beyond).
+/// place inside it), at most [`TILE_SAMPLES`] (the blocks taken at an even stride beyond, a
+/// stride that shares no factor with the blocks in a row, so that every column of blocks is
+/// reached).
 fn tile_positions(s: &MatmulShape, rng: &mut Lcg) -> Vec<(usize, usize, usize)> {
     let (rows, cols) = (s.m.div_ceil(TILE), s.n.div_ceil(TILE));
     let blocks = s.batch * rows * cols;
-    let stride = blocks.div_ceil(TILE_SAMPLES).max(1);
+    let mut stride = blocks.div_ceil(TILE_SAMPLES).max(1);
+    while stride > 1 && gcd(stride, cols) != 1 {
+        stride += 1;
+    }
     (0..blocks)
         .step_by(stride)
         .map(|t| {
@@ -357,6 +364,14 @@ fn tile_positions(s: &MatmulShape, rng: &mut Lcg) -> Vec<(usize, usize, usize)> 
             (b, i, j)
         })
         .collect()
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 struct Lcg(u64);
@@ -414,6 +429,10 @@ mod tests {
             q.iter().any(|&(b, _, _)| b == 63),
             "the last batch entry is reached"
         );
+        // 72 blocks a row and a first stride of 8: every column of blocks is still reached.
+        let columns: std::collections::HashSet<usize> =
+            q.iter().map(|&(_, _, j)| j / TILE).collect();
+        assert_eq!(columns.len(), cols, "every column of blocks");
     }
 
     /// A plain matmul of `batch` entries: x and y packed row-major per entry, one `w` stored

@@ -666,7 +666,11 @@ impl CudaBackend {
             return Ok(Checked::Same(m));
         };
         let here_sms = model::device_sm_count()?;
-        let values = probe_values(&mut m, &probes)?;
+        // Only to name the node: a failure here leaves the load as it was, said.
+        let named = match probe_values(&mut m, &probes) {
+            Ok(values) => crate::check::first_other_value(&part.values, &values, &probes),
+            Err(e) => format!("no node could be named: {e}"),
+        };
         let why = format!(
             "saved plan `{file}`: output {i} computes other bits here than where the plan was \
              built (bits {} there, {} here; its device reported {} SMs, this one {here_sms}, the \
@@ -676,7 +680,7 @@ impl CudaBackend {
             got.get(i).map_or("(none)", String::as_str),
             part.sm_count,
             part.sm_count,
-            crate::check::first_other_value(&part.values, &values, &probes)
+            named
         );
         Ok(Checked::OtherBits(why, m))
     }

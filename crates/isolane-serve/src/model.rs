@@ -578,7 +578,7 @@ impl ServedModel {
         let Job {
             batch,
             slot,
-            seq,
+            seq: _,
             rows,
             taken: copy_in,
             input_ns,
@@ -617,7 +617,12 @@ impl ServedModel {
             // already has that job (`serve_slotted`); the queue's front comes after it.
             if let (Some(p), After::Idle) = (&self.publisher, after) {
                 match q.items.front() {
-                    Some(next) => p.pending(seq + 1, next.arrived, next.deadline),
+                    // The next job's number: a staged job that failed to launch took one too.
+                    Some(next) => p.pending(
+                        self.next_seq.load(Ordering::Relaxed),
+                        next.arrived,
+                        next.deadline,
+                    ),
                     None => p.idle(deadline_ns(info.deadline)),
                 }
             }
@@ -1519,16 +1524,25 @@ mod admission_tests {
             std::thread::sleep(Duration::from_millis(5));
         };
         assert!(answered);
+        // Far below the second it was raised to: the probe's job (200 µs of spinning, more on
+        // a loaded machine, whose slowest jobs the estimate's 90th percentile may still hold).
+        let estimate = m.service_ns.load(Ordering::Relaxed);
         assert!(
-            m.service_ns.load(Ordering::Relaxed) < 5_000_000,
-            "the probe's job did not bring the estimate down"
+            estimate < 100_000_000,
+            "the probe's job did not bring the estimate down: {estimate} ns"
         );
-        // And the requests after it are taken.
-        s.submit("c", one())
-            .unwrap()
-            .blocking_recv()
-            .unwrap()
-            .unwrap();
+        // And the requests after it are taken (one refused while a loaded machine's slow job
+        // still holds the estimate above the deadline is tried again).
+        let taken = loop {
+            match s.submit("c", one()) {
+                Ok(rx) => break rx.blocking_recv().unwrap().is_ok(),
+                Err(Refusal::WouldBeLate { .. }) if clock::now_ns() < until => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        };
+        assert!(taken);
         // A deadline not even the warm-up's time meets is still refused, quiet or not.
         std::thread::sleep(Duration::from_millis(150));
         m.service_ns.store(1_000_000_000, Ordering::Relaxed);

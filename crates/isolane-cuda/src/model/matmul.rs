@@ -409,14 +409,19 @@ pub(super) fn mm_index(
         let failed = failed.map_or(String::new(), |e| format!(" (one failed to run: {e})"));
         // Seen on the H200 (session 28): at fp16 and bf16 every candidate of vit_b_16's Linears
         // wrote inf or wrong tiles at 30 and 40 % of the threads, none at 25 or 50 %, nor at tf32.
-        let mps = rec.options.mps_thread_pct.map_or(String::new(), |p| {
-            format!(
-                ". This process is an MPS client with {p} % of the GPU's threads, where \
+        let half = matches!(precision, Precision::Fp16 | Precision::Bf16);
+        let mps = rec
+            .options
+            .mps_thread_pct
+            .filter(|_| half)
+            .map_or(String::new(), |p| {
+                format!(
+                    ". This process is an MPS client with {p} % of the GPU's threads, where \
                  cuBLASLt's half-precision kernels have computed wrong results (docs/cuda.md, \
                  \"As an MPS client with part of the threads\"): another thread share or \
                  precision (tf32) may run it"
-            )
-        });
+                )
+            });
         return Err(EngineError::Runtime(format!(
             "cuBLASLt offers no algorithm that computes the {mm}×{n}×{k} matmul (batch {}) right \
              on this GPU: its candidates {wrong:?} all disagreed with the CPU on seeded inputs \

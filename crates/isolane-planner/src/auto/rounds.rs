@@ -334,8 +334,9 @@ pub(crate) fn measured_stretch(c: &Choice, summary: &RunSummary) -> Option<f64> 
 }
 
 /// Whether a workload's verification had a job start late on the host: by more than a quarter
-/// of its deadline after its release (its launch waited for the host or for its previous job,
-/// which a partition of another size does not change). The latest start's lateness, ms.
+/// of its deadline after its release or its previous job's end, whichever came later
+/// (summary.json's `start_lateness_us`: not its own queueing, which a partition of another
+/// size does change). The latest start's lateness, ms.
 pub(crate) fn host_late_ms(w: &WorkloadSummary, deadline_ms: f64) -> Option<f64> {
     let max_ms = w.metrics.start_lateness_us.max? / 1e3;
     (max_ms > 0.25 * deadline_ms).then_some(max_ms)
