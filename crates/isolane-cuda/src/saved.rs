@@ -470,23 +470,23 @@ pub fn probe_input(i: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The check input ([`probe_input`]) for each of `m`'s inputs.
+fn probe_inputs(m: &mut CudaModel) -> Vec<Vec<f32>> {
+    (0..m.num_inputs())
+        .map(|i| probe_input(i, m.input_mut_at(i).len()))
+        .collect()
+}
+
 /// Runs the check input through `m` and returns each output's [`file::bits_hash`].
 fn probe(m: &mut CudaModel) -> Result<Vec<String>> {
-    for i in 0..m.num_inputs() {
-        let n = m.input_mut_at(i).len();
-        m.input_mut_at(i).copy_from_slice(&probe_input(i, n));
-    }
-    m.run()?;
-    Ok((0..m.num_outputs())
-        .map(|i| file::bits_hash(m.output_at(i)))
-        .collect())
+    let inputs = probe_inputs(m);
+    let outputs = crate::check::StepRunner::run_plan(m, &inputs)?;
+    Ok(outputs.iter().map(|o| file::bits_hash(o)).collect())
 }
 
 /// The bits of each value `m`'s plan stores ([`crate::check::value_bits`]) on the check input.
 fn probe_values(m: &mut CudaModel, probes: &[plan::Probe]) -> Result<Vec<String>> {
-    let inputs: Vec<Vec<f32>> = (0..m.num_inputs())
-        .map(|i| probe_input(i, m.input_mut_at(i).len()))
-        .collect();
+    let inputs = probe_inputs(m);
     crate::check::value_bits(probes, &inputs, m)
 }
 

@@ -544,7 +544,6 @@ pub fn longest_run(est: &[i64], cap_ns: i64, mut fits: impl FnMut(i64) -> bool) 
     let Some(&first) = est.first() else {
         return 0;
     };
-    let total = |k: usize| est[..k].iter().fold(0i64, |a, &e| a.saturating_add(e));
     // The most pieces the cap allows (at least the first).
     let mut most = 1;
     let mut sum = first;
@@ -560,13 +559,18 @@ pub fn longest_run(est: &[i64], cap_ns: i64, mut fits: impl FnMut(i64) -> bool) 
     let (mut lo, mut hi) = (1, most);
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
-        if fits(total(mid)) {
+        if fits(run_ns(&est[..mid])) {
             lo = mid;
         } else {
             hi = mid - 1;
         }
     }
     lo
+}
+
+/// A run's estimated length: its pieces' estimates added (saturating).
+fn run_ns(est: &[i64]) -> i64 {
+    est.iter().fold(0i64, |a, &e| a.saturating_add(e))
 }
 
 /// A partial stretch's charge times the loop's measured gain ([`Feedback`]); the stall
@@ -949,8 +953,7 @@ impl Guard {
             return Err(refused);
         }
         let k = longest_run(est, cap_ns, |len| self.admitted(now, len, piece));
-        let total = est[..k].iter().fold(0i64, |a, &e| a.saturating_add(e));
-        self.reserve(now, total, piece);
+        self.reserve(now, run_ns(&est[..k]), piece);
         Ok(k)
     }
 
