@@ -405,6 +405,11 @@ pub fn bench(
                             m.input_mut().copy_from_slice(&input);
                             m.run()?;
                             forward_ms = Some(m.device_ms(50)?);
+                            // A measuring aid (docs/cuda.md "Speed"): one replay for a
+                            // profiler run with its collection off until this range.
+                            if std::env::var_os("ISOLANE_CUDA_PROFILE_REPLAY").is_some() {
+                                m.profiled_replay()?;
+                            }
                             let mem = m.memory();
                             (Box::new(m), Some(mem))
                         }

@@ -73,6 +73,27 @@ impl CudaModel {
         Ok(t[t.len() / 2])
     }
 
+    /// One replay of the forward inside a profiler range (`cuProfilerStart` … `cuProfilerStop`),
+    /// so that a profiler started with its collection off (`ncu --profile-from-start off`)
+    /// records this replay's kernels and none of the build's timing launches.
+    pub fn profiled_replay(&mut self) -> Result<()> {
+        make_current(self.ctx)?;
+        let exec = self
+            .compute
+            .as_ref()
+            .map_or(std::ptr::null_mut(), CapturedGraph::exec);
+        // SAFETY: the context is current; start/stop take no arguments.
+        cu_check("cuProfilerStart", unsafe { cu::cuProfilerStart() })?;
+        // SAFETY: exec and stream are live.
+        let launched = cu_check("cuGraphLaunch", unsafe {
+            cu::cuGraphLaunch(exec, self.stream)
+        });
+        let waited = launched.and_then(|()| self.wait());
+        // SAFETY: as for the start.
+        let stopped = cu_check("cuProfilerStop", unsafe { cu::cuProfilerStop() });
+        waited.and(stopped)
+    }
+
     /// Issues every launch on the stream (eagerly, or into a capture); `copies`: include the
     /// input and output copies.
     pub(super) fn issue(&self, copies: bool) -> Result<()> {
