@@ -28,6 +28,7 @@ mod build;
 mod conv;
 mod graph;
 mod launch;
+mod lt_algos;
 mod matmul;
 mod memory;
 mod nvrtc;

@@ -163,6 +163,19 @@ pub(super) fn set_sm_target(desc: lt::cublasLtMatmulDesc_t, sms: i32) {
     }
 }
 
+/// The compute, scale and data types of a float matmul at `precision` on `dtype` values.
+pub(super) fn matmul_types(dtype: DType, precision: Precision) -> lt_algos::AlgoTypes {
+    lt_algos::AlgoTypes {
+        compute: match precision {
+            Precision::Tf32 => lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            // Plain COMPUTE_32F never uses TF32: fp32 stays true fp32.
+            _ => lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        },
+        scale: lt::cudaDataType::CUDA_R_32F,
+        data: lt_dtype(dtype),
+    }
+}
+
 /// The cuBLASLt matmul descriptor (compute type, transposes, epilogue, bias, the SM count
 /// target `sms`) and the layouts of a (the weight-side operand), b and d for `key`.
 pub(super) fn matmul_descriptors(
@@ -176,16 +189,12 @@ pub(super) fn matmul_descriptors(
     lt::cublasLtMatrixLayout_t,
     lt::cublasLtMatrixLayout_t,
 )> {
-    let dt = lt_dtype(dtype);
-    let compute = match precision {
-        Precision::Tf32 => lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-        // Plain COMPUTE_32F never uses TF32: fp32 stays true fp32.
-        _ => lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-    };
+    let types = matmul_types(dtype, precision);
+    let dt = types.data;
     let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
     lt_check("cublasLtMatmulDescCreate", unsafe {
-        lt::cublasLtMatmulDescCreate(&mut desc, compute, lt::cudaDataType::CUDA_R_32F)
+        lt::cublasLtMatmulDescCreate(&mut desc, types.compute, types.scale)
     })?;
     set_sm_target(desc, sms);
     let (mm, n, k) = (key.m, key.n, key.k);
@@ -366,6 +375,8 @@ pub(super) fn mm_index(
     // its best, and keep the fastest: timed one after the other, the first ones ran while the
     // clocks were still rising after idle (time_candidates says more).
     let (handle, stream) = (m.cublaslt(), m.stream);
+    /// At most this many of cuBLASLt's listed algorithms are checked against the CPU.
+    const LISTED_ALGOS: usize = 48;
     let run =
         |cand: &MatmulDesc| run_matmul(handle, cand, a_ptr, b_ptr, c_ptr, y_ptr, scratch, stream);
     // Every candidate is checked against the CPU first (mm_check: some computed garbage as an
@@ -382,31 +393,78 @@ pub(super) fn mm_index(
         precision,
         rec.arena.ptr()..rec.arena.ptr() + rec.arena.bytes() as u64,
     )?;
+    // The heuristic's candidates that it says run within the workspace, as (algorithm,
+    // workspace); cuBLASLt's listed algorithms join them when all of these are wrong.
+    let mut cands: Vec<(lt::cublasLtMatmulAlgo_t, usize)> = results[..got as usize]
+        .iter()
+        .filter(|r| {
+            r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspace_size() <= ws_cap
+        })
+        .map(|r| (r.algo, r.workspace_size()))
+        .collect();
+    let heuristic = cands.len();
     let mut runs: Vec<(usize, f32)> = Vec::new();
     let mut wrong = Vec::new();
     let mut failed = None;
-    for (i, r) in results[..got as usize].iter().enumerate() {
-        if r.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspace_size() > ws_cap {
-            continue;
+    let mut listed: Option<std::result::Result<usize, EngineError>> = None;
+    let mut next = 0;
+    loop {
+        while next < cands.len() {
+            let i = next;
+            next += 1;
+            if (rec.options.first_choice || listed.is_some()) && !runs.is_empty() {
+                // Untimed, or the fallback: the first right one is kept.
+                break;
+            }
+            (cand.algo, cand.workspace) = cands[i];
+            // A candidate that cannot run here (a cluster shape a small green context cannot
+            // place: time_candidates) is left out like a wrong one.
+            match probe.matches(stream, &mut || run(&cand)) {
+                Ok(true) => runs.push((i, f32::INFINITY)),
+                Ok(false) => wrong.push(i),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    wrong.push(i);
+                }
+            }
         }
-        if rec.options.first_choice && !runs.is_empty() {
+        if !runs.is_empty() || listed.is_some() {
             break;
         }
-        cand.algo = r.algo;
-        cand.workspace = r.workspace_size();
-        // A candidate that cannot run here (a cluster shape a small green context cannot
-        // place: time_candidates) is left out like a wrong one.
-        match probe.matches(stream, &mut || run(&cand)) {
-            Ok(true) => runs.push((i, f32::INFINITY)),
-            Ok(false) => wrong.push(i),
-            Err(e) => {
-                failed.get_or_insert(e);
-                wrong.push(i);
-            }
+        // Every candidate of the heuristic was wrong (seen as an MPS client, session 28): try
+        // cuBLASLt's other algorithms, without thread block clusters where they take that.
+        let more = lt_algos::listed_algos(
+            handle,
+            (desc, a, b, d),
+            &matmul_types(dtype, precision),
+            ws_cap,
+            LISTED_ALGOS,
+        );
+        listed = Some(more.map(|more| {
+            cands.extend(more);
+            cands.len() - heuristic
+        }));
+    }
+    if rec.options.search_log {
+        if let Some(l) = &listed {
+            eprintln!(
+                "search: matmul {mm}x{n}x{k} batch {}: the heuristic's {heuristic} candidates \
+                 all wrong; cuBLASLt's listed algorithms: {}",
+                key.batch,
+                match l {
+                    Ok(c) => format!("{c} accepted, {} checked", next - heuristic),
+                    Err(e) => format!("not listed ({e})"),
+                }
+            );
         }
     }
     if runs.is_empty() {
         let failed = failed.map_or(String::new(), |e| format!(" (one failed to run: {e})"));
+        let listed = match listed {
+            Some(Ok(c)) => format!(", nor did {c} more of cuBLASLt's listed algorithms"),
+            Some(Err(e)) => format!(" (cuBLASLt's other algorithms could not be listed: {e})"),
+            None => String::new(),
+        };
         // Seen on the H200 (session 28): at fp16 and bf16 every candidate of vit_b_16's Linears
         // wrote inf or wrong tiles at 30 and 40 % of the threads, none at 25 or 50 %, nor at tf32.
         let half = matches!(precision, Precision::Fp16 | Precision::Bf16);
@@ -424,9 +482,10 @@ pub(super) fn mm_index(
             });
         return Err(EngineError::Runtime(format!(
             "cuBLASLt offers no algorithm that computes the {mm}×{n}×{k} matmul (batch {}) right \
-             on this GPU: its candidates {wrong:?} all disagreed with the CPU on seeded inputs \
-             or failed to run{failed}{mps}",
-            key.batch
+             on this GPU: its candidates {:?} all disagreed with the CPU on seeded inputs \
+             or failed to run{failed}{listed}{mps}",
+            key.batch,
+            wrong.iter().filter(|&&i| i < heuristic).collect::<Vec<_>>()
         )));
     }
     // One candidate (untimed search, or the only one that passed) is kept without timing.
@@ -435,8 +494,7 @@ pub(super) fn mm_index(
     let mut graphs: Vec<(usize, CapturedGraph)> = Vec::new();
     if runs.len() > 1 {
         for &(i, _) in &runs {
-            cand.algo = results[i].algo;
-            cand.workspace = results[i].workspace_size();
+            (cand.algo, cand.workspace) = cands[i];
             let copies =
                 m.capture_calls(&mut || (0..COPIES_PER_GRAPH).try_for_each(|_| run(&cand)));
             match copies {
@@ -473,7 +531,7 @@ pub(super) fn mm_index(
         let times: Vec<String> = runs
             .iter()
             .map(|(i, t)| {
-                let algo = &results[*i].algo;
+                let (algo, ws) = &cands[*i];
                 format!(
                     "#{i} (id {}, cluster {}, ws {}) {t:.4} ms",
                     algo_config(algo, lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_ID),
@@ -481,7 +539,7 @@ pub(super) fn mm_index(
                         algo,
                         lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID
                     ),
-                    results[*i].workspace_size()
+                    ws
                 )
             })
             .collect();
@@ -491,8 +549,7 @@ pub(super) fn mm_index(
             times.join(", "),
         );
     }
-    cand.algo = results[best].algo;
-    cand.workspace = results[best].workspace_size();
+    (cand.algo, cand.workspace) = cands[best];
     m.algo_cache.push((shape_key, cand.algo, cand.workspace));
     m.mms.push(cand);
     cache.push((key, m.mms.len() - 1));
