@@ -575,7 +575,8 @@ pub(crate) fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Optio
         "(a job of a workload that missed started late: {}, after its release; its launch \
          waited for the host or for its previous job, not for its partition's SMs (the \
          hypervisor's CPU steal in this run: {steal}): run again, or longer, to tell; its \
-         measured stretch is its execution time's (end − start) where the run recorded it)",
+         measured stretch is its execution time's p99 (end − start) over its p99 alone where the \
+         run recorded it)",
         late.join(", ")
     ))
 }
