@@ -557,17 +557,23 @@ fn verification_lines(summary: &RunSummary, choices: &[Choice]) -> Vec<String> {
 
 /// Where a workload that missed had a job start late by more than a quarter of its deadline:
 /// its launch waited for the host, or for its previous job, which a partition of the same
-/// size does not change. Says so, with the run's CPU steal; the verdict stands.
+/// size does not change. Says so, with the run's CPU steal and the spin that would keep the
+/// release threads awake through such a wake-up; the verdict stands.
 pub(crate) fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Option<String> {
-    let late: Vec<String> = (summary.workloads.iter().zip(choices))
+    let late: Vec<(&str, f64)> = (summary.workloads.iter().zip(choices))
         .filter(|(w, c)| missed(w, c.deadline_ms))
-        .filter_map(|(w, c)| {
-            host_late_ms(w, c.deadline_ms).map(|ms| format!("{} {ms:.2} ms", w.name))
-        })
+        .filter_map(|(w, c)| host_late_ms(w, c.deadline_ms).map(|ms| (w.name.as_str(), ms)))
+        .collect();
+    let latest_ms = late.iter().map(|(_, ms)| *ms).fold(0.0, f64::max);
+    let late: Vec<String> = (late.iter())
+        .map(|(name, ms)| format!("{name} {ms:.2} ms"))
         .collect();
     if late.is_empty() {
         return None;
     }
+    // Session 29 (results/h200x2-planner/session29-cell-two-gpus.md): starts up to 1.5 ms
+    // late with a spin of 200 µs were 0.23 ms late at most with 4,000.
+    let spin_us = ((latest_ms + 0.5) * 2.0).ceil() * 500.0;
     let steal = summary
         .cpu_steal_pct
         .map_or("not reported".into(), |p| format!("{p:.3} %"));
@@ -576,7 +582,9 @@ pub(crate) fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Optio
          waited for the host or for its previous job, not for its partition's SMs (the \
          hypervisor's CPU steal in this run: {steal}): run again, or longer, to tell; its \
          measured stretch is its execution time's p99 (end − start) over its p99 alone where the \
-         run recorded it)",
+         run recorded it; a thread that slept too long before a release starts on time with \
+         [timing] spin_us = {spin_us:.0} in the scenario, at the cost of a core per workload while \
+         it spins)",
         late.join(", ")
     ))
 }

@@ -527,6 +527,8 @@ fn a_miss_with_late_starts_is_said_to_be_the_hosts() {
         "{note}"
     );
     assert!(note.contains("CPU steal in this run: 0.012 %"), "{note}");
+    // A spin past the latest late start (4.12 ms + 0.5, in steps of 0.5 ms).
+    assert!(note.contains("[timing] spin_us = 5000 "), "{note}");
     // The verification's text carries it.
     let text = Event::Verification {
         summary: &summary,
