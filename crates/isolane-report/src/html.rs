@@ -1644,6 +1644,7 @@ mod tests {
             late_pct: late as f64,
             typical_service_ms: Some(0.5),
             typical_from: String::new(),
+            busy_pct: None,
             neighbours: vec![
                 Neighbour {
                     name: "be".into(),

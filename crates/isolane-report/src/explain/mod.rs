@@ -69,6 +69,10 @@ pub struct WorkloadExplanation {
     pub typical_service_ms: Option<f64>,
     /// Which jobs that median is of, in words.
     pub typical_from: String,
+    /// The share of its run its jobs spent running (first release to last end, the guard's
+    /// holds left out), %: near 100, a little stretch on every job builds a queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_pct: Option<f64>,
     /// Every workload that shares its GPU or its cores.
     pub neighbours: Vec<Neighbour>,
     /// Over its late jobs: each cause's time and its share of them, largest first; the

@@ -15,6 +15,10 @@ pub fn render(e: &Explanation, wide: bool) -> String {
     out
 }
 
+/// Busy this much of its run (%), a workload has too little idle time to absorb a slow job:
+/// explain says so.
+const BUSY_QUEUES_PCT: f64 = 90.0;
+
 fn workload_text(w: &WorkloadExplanation, wide: bool, profiles: bool) -> String {
     let mut s = String::new();
     if w.late == 0 {
@@ -38,6 +42,15 @@ fn workload_text(w: &WorkloadExplanation, wide: bool, profiles: bool) -> String 
         ),
         wide,
     ));
+    if let Some(b) = w.busy_pct {
+        let queue = if b >= BUSY_QUEUES_PCT {
+            ": a job over its typical delays the ones after it, and a few per cent more on \
+             every job queue them for good"
+        } else {
+            ""
+        };
+        s.push_str(&wrapped(&format!("busy {b:.1} % of its run{queue}"), wide));
+    }
     let rows: Vec<Vec<String>> = w
         .causes
         .iter()
