@@ -2,10 +2,10 @@
 //! heuristic candidate computed a matmul wrong. Seen on the H200 as an MPS client with 30 or 40 %
 //! of the threads (session 28): all eight fp16/bf16 candidates of vit_b_16's Linears wrote inf
 //! or wrong tiles. cuBLASLt lists every algorithm id of a type combination
-//! (`cublasLtMatmulAlgoGetIds`); each id is tried at the tiles it offers, without a thread block
-//! cluster where it takes that, and kept where cuBLASLt accepts it for these descriptors
-//! (`cublasLtMatmulAlgoCheck`). The caller checks each against the CPU, as it does the
-//! heuristic's candidates.
+//! (`cublasLtMatmulAlgoGetIds`); each id is tried at up to three of the tiles it offers (its own
+//! choice where it offers none), with the first of its stages that cuBLASLt accepts for these
+//! descriptors (`cublasLtMatmulAlgoCheck`) and its own cluster shape. The caller checks each
+//! against the CPU, as it does the heuristic's candidates.
 
 use super::*;
 
@@ -22,6 +22,13 @@ pub(super) struct AlgoTypes {
 const MAX_IDS: usize = 256;
 const TILES_PER_ID: usize = 3;
 
+/// What [`listed_algos`] found: how many algorithm ids cuBLASLt lists for the types, and the
+/// algorithms (with their workspace) it accepts for the descriptors.
+pub(super) struct Listed {
+    pub ids: usize,
+    pub algos: Vec<(lt::cublasLtMatmulAlgo_t, usize)>,
+}
+
 /// Algorithms (with their workspace) cuBLASLt accepts for `descs` within `ws_cap`, at most
 /// `limit`, in id order, each id at up to [`TILES_PER_ID`] of its tiles spread over its list.
 pub(super) fn listed_algos(
@@ -35,7 +42,7 @@ pub(super) fn listed_algos(
     types: &AlgoTypes,
     ws_cap: usize,
     limit: usize,
-) -> Result<Vec<(lt::cublasLtMatmulAlgo_t, usize)>> {
+) -> Result<Listed> {
     let mut ids = vec![0i32; MAX_IDS];
     let mut got = 0i32;
     // SAFETY: `ids` holds MAX_IDS elements, the count passed; `got` is a valid out-pointer.
@@ -54,7 +61,12 @@ pub(super) fn listed_algos(
         )
     })?;
     ids.truncate(got.clamp(0, MAX_IDS as i32) as usize);
-    let mut out = Vec::new();
+    // The header promises no order; ascending ids make the choice the same on every build.
+    ids.sort_unstable();
+    let mut out = Listed {
+        ids: ids.len(),
+        algos: Vec::new(),
+    };
     for id in ids {
         let mut algo = lt::cublasLtMatmulAlgo_t { data: [0; 8] };
         // SAFETY: `algo` is a valid out-pointer; the id came from AlgoGetIds for these types.
@@ -74,18 +86,22 @@ pub(super) fn listed_algos(
         if init != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             continue;
         }
-        let tiles = cap_list(
+        let mut tiles = cap_list(
             &algo,
             lt::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_TILE_IDS,
         );
+        if tiles.is_empty() {
+            // An algorithm without tile ids (CUBLASLT_MATMUL_TILE_UNDEFINED): its own.
+            tiles.push(0);
+        }
         let stages = cap_list(
             &algo,
             lt::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_STAGES_IDS,
         );
         for tile in spread(&tiles, TILES_PER_ID) {
             if let Some(found) = accepted(handle, descs, algo, tile, &stages, ws_cap) {
-                out.push(found);
-                if out.len() >= limit {
+                out.algos.push(found);
+                if out.algos.len() >= limit {
                     return Ok(out);
                 }
             }
@@ -94,8 +110,9 @@ pub(super) fn listed_algos(
     Ok(out)
 }
 
-/// `algo` at `tile`, with the first of its `stages` (or none set) and the first cluster shape
-/// (one block, then cuBLASLt's own choice) that AlgoCheck accepts within `ws_cap`.
+/// `algo` at `tile` (0: left undefined, cuBLASLt's own), with the first of its `stages` (or
+/// none set) that AlgoCheck accepts within `ws_cap`. The cluster shape is left at cuBLASLt's
+/// own choice, as the H200's right algorithms under MPS had it (session 29).
 fn accepted(
     handle: lt::cublasLtHandle_t,
     (desc, a, b, d): (
@@ -109,37 +126,29 @@ fn accepted(
     stages: &[u32],
     ws_cap: usize,
 ) -> Option<(lt::cublasLtMatmulAlgo_t, usize)> {
-    use lt::cublasLtClusterShape_t::{CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_AUTO};
     use lt::cublasLtMatmulAlgoConfigAttributes_t as cfg;
-    set_config(&mut algo, cfg::CUBLASLT_ALGO_CONFIG_TILE_ID, tile).ok()?;
+    if tile != 0 {
+        set_config(&mut algo, cfg::CUBLASLT_ALGO_CONFIG_TILE_ID, tile).ok()?;
+    }
     let stage_choices: Vec<Option<u32>> = if stages.is_empty() {
         vec![None]
     } else {
         stages.iter().map(|&s| Some(s)).collect()
     };
-    for cluster in [CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_AUTO] {
-        // An algorithm without clusters refuses the attribute; it is then tried as it is.
-        let _ = set_config(
-            &mut algo,
-            cfg::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
-            cluster as u32,
-        );
-        for stage in &stage_choices {
-            if let Some(s) = stage {
-                if set_config(&mut algo, cfg::CUBLASLT_ALGO_CONFIG_STAGES_ID, *s).is_err() {
-                    continue;
-                }
+    for stage in &stage_choices {
+        if let Some(s) = stage {
+            if set_config(&mut algo, cfg::CUBLASLT_ALGO_CONFIG_STAGES_ID, *s).is_err() {
+                continue;
             }
-            // SAFETY: a plain C struct of numbers, for which all zeros is a valid value.
-            let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
-            // SAFETY: the descriptors are complete and live; `algo` was initialised by
-            // AlgoInit and configured above; `result` is a valid out-pointer.
-            let r = unsafe {
-                lt::cublasLtMatmulAlgoCheck(handle, desc, a, b, d, d, &algo, &mut result)
-            };
-            if r == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && result.workspaceSize <= ws_cap {
-                return Some((algo, result.workspaceSize));
-            }
+        }
+        // SAFETY: a plain C struct of numbers, for which all zeros is a valid value.
+        let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        // SAFETY: the descriptors are complete and live; `algo` was initialised by AlgoInit
+        // and configured above; `result` is a valid out-pointer.
+        let r =
+            unsafe { lt::cublasLtMatmulAlgoCheck(handle, desc, a, b, d, d, &algo, &mut result) };
+        if r == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && result.workspaceSize <= ws_cap {
+            return Some((algo, result.workspaceSize));
         }
     }
     None
@@ -160,8 +169,8 @@ fn set_config(
     attr: lt::cublasLtMatmulAlgoConfigAttributes_t,
     value: u32,
 ) -> Result<()> {
-    // SAFETY: a u32 buffer of the size passed; these attributes (TILE_ID, STAGES_ID,
-    // CLUSTER_SHAPE_ID) are 32-bit.
+    // SAFETY: a u32 buffer of the size passed; the attributes set here (TILE_ID, STAGES_ID)
+    // are uint32_t in cublasLt.h.
     lt_check("cublasLtMatmulAlgoConfigSetAttribute", unsafe {
         lt::cublasLtMatmulAlgoConfigSetAttribute(
             algo,

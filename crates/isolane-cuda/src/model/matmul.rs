@@ -375,8 +375,10 @@ pub(super) fn mm_index(
     // its best, and keep the fastest: timed one after the other, the first ones ran while the
     // clocks were still rising after idle (time_candidates says more).
     let (handle, stream) = (m.cublaslt(), m.stream);
-    /// At most this many of cuBLASLt's listed algorithms are checked against the CPU.
+    /// At most this many of cuBLASLt's listed algorithms are checked against the CPU, and the
+    /// first this many right ones timed.
     const LISTED_ALGOS: usize = 48;
+    const LISTED_RIGHT: usize = 3;
     let run =
         |cand: &MatmulDesc| run_matmul(handle, cand, a_ptr, b_ptr, c_ptr, y_ptr, scratch, stream);
     // Every candidate is checked against the CPU first (mm_check: some computed garbage as an
@@ -406,16 +408,20 @@ pub(super) fn mm_index(
     let mut runs: Vec<(usize, f32)> = Vec::new();
     let mut wrong = Vec::new();
     let mut failed = None;
-    let mut listed: Option<std::result::Result<usize, EngineError>> = None;
+    let mut listed: Option<std::result::Result<lt_algos::Listed, EngineError>> = None;
+    let mut listed_count = 0;
+    // Untimed, the first right candidate is kept; in the fallback, the fastest of the first
+    // few right ones (cuBLASLt's list holds slow kernels too).
+    let enough = |runs: &[(usize, f32)], listing: bool| match (rec.options.first_choice, listing) {
+        (true, _) => !runs.is_empty(),
+        (false, true) => runs.len() >= LISTED_RIGHT,
+        (false, false) => false,
+    };
     let mut next = 0;
     loop {
-        while next < cands.len() {
+        while next < cands.len() && !enough(&runs, listed.is_some()) {
             let i = next;
             next += 1;
-            if (rec.options.first_choice || listed.is_some()) && !runs.is_empty() {
-                // Untimed, or the fallback: the first right one is kept.
-                break;
-            }
             (cand.algo, cand.workspace) = cands[i];
             // A candidate that cannot run here (a cluster shape a small green context cannot
             // place: time_candidates) is left out like a wrong one.
@@ -432,7 +438,7 @@ pub(super) fn mm_index(
             break;
         }
         // Every candidate of the heuristic was wrong (seen as an MPS client, session 28): try
-        // cuBLASLt's other algorithms, without thread block clusters where they take that.
+        // cuBLASLt's other algorithms.
         let more = lt_algos::listed_algos(
             handle,
             (desc, a, b, d),
@@ -440,9 +446,10 @@ pub(super) fn mm_index(
             ws_cap,
             LISTED_ALGOS,
         );
-        listed = Some(more.map(|more| {
-            cands.extend(more);
-            cands.len() - heuristic
+        listed = Some(more.map(|mut more| {
+            listed_count = more.algos.len();
+            cands.append(&mut more.algos);
+            more
         }));
     }
     if rec.options.search_log {
@@ -452,17 +459,32 @@ pub(super) fn mm_index(
                  all wrong; cuBLASLt's listed algorithms: {}",
                 key.batch,
                 match l {
-                    Ok(c) => format!("{c} accepted, {} checked", next - heuristic),
+                    Ok(l) => format!(
+                        "{} ids, {listed_count} accepted for these descriptors, {} checked, \
+                         {} right",
+                        l.ids,
+                        next - heuristic,
+                        runs.len()
+                    ),
                     Err(e) => format!("not listed ({e})"),
                 }
             );
         }
     }
     if runs.is_empty() {
-        let failed = failed.map_or(String::new(), |e| format!(" (one failed to run: {e})"));
+        let failed = failed.map_or(String::new(), |e| {
+            format!(" (one candidate failed to run: {e})")
+        });
         let listed = match listed {
-            Some(Ok(c)) => format!(", nor did {c} more of cuBLASLt's listed algorithms"),
-            Some(Err(e)) => format!(" (cuBLASLt's other algorithms could not be listed: {e})"),
+            Some(Ok(l)) if listed_count == 0 => format!(
+                "; cuBLASLt accepted none of its {} other listed algorithms for these \
+                 descriptors",
+                l.ids
+            ),
+            Some(Ok(_)) => {
+                format!("; nor did {listed_count} of cuBLASLt's other listed algorithms")
+            }
+            Some(Err(e)) => format!("; cuBLASLt's other algorithms could not be listed: {e}"),
             None => String::new(),
         };
         // Seen on the H200 (session 28): at fp16 and bf16 every candidate of vit_b_16's Linears
@@ -482,8 +504,8 @@ pub(super) fn mm_index(
             });
         return Err(EngineError::Runtime(format!(
             "cuBLASLt offers no algorithm that computes the {mm}×{n}×{k} matmul (batch {}) right \
-             on this GPU: its candidates {:?} all disagreed with the CPU on seeded inputs \
-             or failed to run{failed}{listed}{mps}",
+             on this GPU: its heuristic's candidates {:?} all disagreed with the CPU on seeded \
+             inputs or failed to run{failed}{listed}{mps}",
             key.batch,
             wrong.iter().filter(|&&i| i < heuristic).collect::<Vec<_>>()
         )));
@@ -556,29 +578,38 @@ pub(super) fn mm_index(
     Ok(m.mms.len() - 1)
 }
 
-/// One `u32` attribute of a cuBLASLt algorithm's configuration, for the search log (`u32::MAX`
-/// where it cannot be read).
+/// One attribute of a cuBLASLt algorithm's configuration, for the search log (`u32::MAX` where
+/// it cannot be read). CLUSTER_SHAPE_ID is a `uint16_t` in cublasLt.h and ID an `int32_t`; a
+/// buffer of another size is refused (the logs before session 29 printed every cluster as
+/// 4294967295).
 pub(super) fn algo_config(
     algo: &lt::cublasLtMatmulAlgo_t,
     attr: lt::cublasLtMatmulAlgoConfigAttributes_t,
 ) -> u32 {
-    let mut v: u32 = u32::MAX;
-    let mut written = 0usize;
-    // SAFETY: `algo` is an initialised algorithm from the heuristic; the buffer is a u32 and its
-    // size is passed, as these attributes (ID, CLUSTER_SHAPE_ID) are 32-bit.
-    let r = unsafe {
-        lt::cublasLtMatmulAlgoConfigGetAttribute(
-            algo,
-            attr,
-            &mut v as *mut u32 as *mut c_void,
+    let mut v32: u32 = u32::MAX;
+    let mut v16: u16 = u16::MAX;
+    let cluster =
+        attr == lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID;
+    let (buf, size) = if cluster {
+        (
+            &mut v16 as *mut u16 as *mut c_void,
+            std::mem::size_of::<u16>(),
+        )
+    } else {
+        (
+            &mut v32 as *mut u32 as *mut c_void,
             std::mem::size_of::<u32>(),
-            &mut written,
         )
     };
-    if r == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        v
-    } else {
-        u32::MAX
+    let mut written = 0usize;
+    // SAFETY: `algo` is an initialised algorithm; `buf` points to a live local of `size` bytes,
+    // the attribute's size in cublasLt.h.
+    let r =
+        unsafe { lt::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, buf, size, &mut written) };
+    match (r == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS, cluster) {
+        (true, true) => u32::from(v16),
+        (true, false) => v32,
+        (false, _) => u32::MAX,
     }
 }
 

@@ -583,8 +583,8 @@ pub(crate) fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Optio
          hypervisor's CPU steal in this run: {steal}): run again, or longer, to tell; its \
          measured stretch is its execution time's p99 (end − start) over its p99 alone where the \
          run recorded it; a thread that slept too long before a release starts on time with \
-         [timing] spin_us = {spin_us:.0} in the scenario, at the cost of a core per workload while \
-         it spins)",
+         [timing] spin_us = {spin_us:.0} in the scenario (unless it spun that long already: then the \
+         host stalled it otherwise), at the cost of a core per workload while it spins)",
         late.join(", ")
     ))
 }
