@@ -12,6 +12,31 @@ use isolane_engine::Result;
 
 use crate::error::{allocating, cu_check, dnn_check, lt_check};
 
+/// A cuBLASLt matmul's descriptor and its A, B and D layouts (C shares D's), as the library's
+/// calls take them.
+pub(crate) type LtMatmulDescs = (
+    lt::cublasLtMatmulDesc_t,
+    lt::cublasLtMatrixLayout_t,
+    lt::cublasLtMatrixLayout_t,
+    lt::cublasLtMatrixLayout_t,
+);
+
+/// The workspace cuBLASLt's `algo` needs for `descs`, or cuBLASLt's error where it cannot run
+/// them (`cublasLtMatmulAlgoCheck`).
+pub(crate) fn algo_workspace(
+    handle: lt::cublasLtHandle_t,
+    (desc, a, b, d): LtMatmulDescs,
+    algo: &lt::cublasLtMatmulAlgo_t,
+) -> Result<usize> {
+    // SAFETY: an all-zero heuristic result is a valid plain C struct for cuBLASLt to fill.
+    let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptors are complete and live; `algo` and `result` are valid pointers.
+    lt_check("cublasLtMatmulAlgoCheck", unsafe {
+        lt::cublasLtMatmulAlgoCheck(handle, desc, a, b, d, d, algo, &mut result)
+    })?;
+    Ok(result.workspaceSize)
+}
+
 /// Free bytes of the current context's device, for an out-of-memory's message (`None` when
 /// the driver cannot say).
 pub(crate) fn device_free_bytes() -> Option<u64> {

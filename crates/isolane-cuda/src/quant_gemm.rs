@@ -19,15 +19,7 @@ use isolane_engine::quant::QuantType;
 
 /// The descriptor (its SM count target `sms`: `set_sm_target`) and layouts of one quantized
 /// GEMM shape.
-fn quant_descriptors(
-    q: &QuantGemmStep,
-    sms: i32,
-) -> Result<(
-    lt::cublasLtMatmulDesc_t,
-    lt::cublasLtMatrixLayout_t,
-    lt::cublasLtMatrixLayout_t,
-    lt::cublasLtMatrixLayout_t,
-)> {
+fn quant_descriptors(q: &QuantGemmStep, sms: i32) -> Result<crate::handles::LtMatmulDescs> {
     let int8 = q.qtype == QuantType::Int8;
     let (compute, scale_t, in_t, out_t) = if int8 {
         (

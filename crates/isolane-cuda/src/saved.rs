@@ -798,22 +798,11 @@ pub(crate) fn conv_math(conv: dnn::cudnnConvolutionDescriptor_t) -> Option<u32> 
 /// cuBLASLt says it cannot run them (`cublasLtMatmulAlgoCheck`).
 pub(crate) fn checked_matmul_algo(
     handle: lt::cublasLtHandle_t,
-    (desc, a, b, d): (
-        lt::cublasLtMatmulDesc_t,
-        lt::cublasLtMatrixLayout_t,
-        lt::cublasLtMatrixLayout_t,
-        lt::cublasLtMatrixLayout_t,
-    ),
+    descs: crate::handles::LtMatmulDescs,
     algo: &lt::cublasLtMatmulAlgo_t,
 ) -> Result<usize> {
-    // SAFETY: an all-zero heuristic result is a valid plain C struct for cuBLASLt to fill.
-    let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the descriptors are complete and live; `algo` and `result` are valid pointers.
-    crate::error::lt_check("cublasLtMatmulAlgoCheck", unsafe {
-        lt::cublasLtMatmulAlgoCheck(handle, desc, a, b, d, d, algo, &mut result)
-    })
-    .map_err(|e| EngineError::Runtime(format!("the saved cuBLASLt algorithm: {e}")))?;
-    Ok(result.workspaceSize)
+    crate::handles::algo_workspace(handle, descs, algo)
+        .map_err(|e| EngineError::Runtime(format!("the saved cuBLASLt algorithm: {e}")))
 }
 
 #[cfg(test)]

@@ -33,12 +33,7 @@ pub(super) struct Listed {
 /// `limit`, in id order, each id at up to [`TILES_PER_ID`] of its tiles spread over its list.
 pub(super) fn listed_algos(
     handle: lt::cublasLtHandle_t,
-    descs: (
-        lt::cublasLtMatmulDesc_t,
-        lt::cublasLtMatrixLayout_t,
-        lt::cublasLtMatrixLayout_t,
-        lt::cublasLtMatrixLayout_t,
-    ),
+    descs: crate::handles::LtMatmulDescs,
     types: &AlgoTypes,
     ws_cap: usize,
     limit: usize,
@@ -115,12 +110,7 @@ pub(super) fn listed_algos(
 /// own choice, as the H200's right algorithms under MPS had it (session 29).
 fn accepted(
     handle: lt::cublasLtHandle_t,
-    (desc, a, b, d): (
-        lt::cublasLtMatmulDesc_t,
-        lt::cublasLtMatrixLayout_t,
-        lt::cublasLtMatrixLayout_t,
-        lt::cublasLtMatrixLayout_t,
-    ),
+    descs: crate::handles::LtMatmulDescs,
     mut algo: lt::cublasLtMatmulAlgo_t,
     tile: u32,
     stages: &[u32],
@@ -141,14 +131,9 @@ fn accepted(
                 continue;
             }
         }
-        // SAFETY: a plain C struct of numbers, for which all zeros is a valid value.
-        let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
-        // SAFETY: the descriptors are complete and live; `algo` was initialised by AlgoInit
-        // and configured above; `result` is a valid out-pointer.
-        let r =
-            unsafe { lt::cublasLtMatmulAlgoCheck(handle, desc, a, b, d, d, &algo, &mut result) };
-        if r == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && result.workspaceSize <= ws_cap {
-            return Some((algo, result.workspaceSize));
+        match crate::handles::algo_workspace(handle, descs, &algo) {
+            Ok(ws) if ws <= ws_cap => return Some((algo, ws)),
+            _ => {}
         }
     }
     None

@@ -183,12 +183,7 @@ pub(super) fn matmul_descriptors(
     dtype: DType,
     precision: Precision,
     sms: i32,
-) -> Result<(
-    lt::cublasLtMatmulDesc_t,
-    lt::cublasLtMatrixLayout_t,
-    lt::cublasLtMatrixLayout_t,
-    lt::cublasLtMatrixLayout_t,
-)> {
+) -> Result<crate::handles::LtMatmulDescs> {
     let types = matmul_types(dtype, precision);
     let dt = types.data;
     let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
@@ -242,12 +237,7 @@ pub(super) fn matmul_descriptors(
 /// cap, and how many it returned.
 pub(super) fn matmul_heuristics(
     handle: lt::cublasLtHandle_t,
-    (desc, a, b, d): (
-        lt::cublasLtMatmulDesc_t,
-        lt::cublasLtMatrixLayout_t,
-        lt::cublasLtMatrixLayout_t,
-        lt::cublasLtMatrixLayout_t,
-    ),
+    (desc, a, b, d): crate::handles::LtMatmulDescs,
     ws_cap: usize,
 ) -> Result<([lt::cublasLtMatmulHeuristicResult_t; 16], i32)> {
     let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
