@@ -127,6 +127,13 @@ pub enum Event<'a> {
     Replanned { round: u32 },
     /// A workload missed, and the measured stretch gives the same partitions.
     MissedSamePartitions,
+    /// Jobs that missed started late on the host: round `round` runs the same partitions with
+    /// each release thread spinning `spin_us` before its releases.
+    SpinRaised {
+        round: u32,
+        spin_us: u64,
+        late_ms: f64,
+    },
     /// A workload missed, and with the measured stretch there is no plan.
     MissedNoPlan,
     /// Another mechanism's plan could not be run to compare.
@@ -151,6 +158,7 @@ impl Event<'_> {
             | Event::Missed
             | Event::Replanned { .. }
             | Event::MissedSamePartitions
+            | Event::SpinRaised { .. }
             | Event::MissedNoPlan
             | Event::Comparison { .. } => Stream::Stdout,
             _ => Stream::Stderr,
@@ -271,6 +279,16 @@ impl Event<'_> {
             Event::MissedSamePartitions => vec!["the plan does NOT hold, and planning with the \
                  measured stretch gives the same partitions"
                 .into()],
+            Event::SpinRaised {
+                round,
+                spin_us,
+                late_ms,
+            } => vec![format!(
+                "round {round}: jobs that missed started up to {late_ms:.2} ms late on the host, \
+                 and planning with the measured stretch gives the same partitions; the same \
+                 partitions again with [timing] spin_us = {spin_us} (each workload's release \
+                 thread spins that long before its releases instead of sleeping: a core each)"
+            )],
             Event::MissedNoPlan => {
                 vec!["the plan does NOT hold, and with the measured stretch there is none".into()]
             }
@@ -555,25 +573,32 @@ fn verification_lines(summary: &RunSummary, choices: &[Choice]) -> Vec<String> {
     lines
 }
 
+/// Where jobs of a workload that missed started late on the host ([`host_late_ms`]): the
+/// `[timing] spin_us` that keeps the release threads awake through such a wake-up (the latest
+/// late start plus 0.5 ms, in steps of 0.5 ms), and that latest late start (ms). Session 29
+/// (results/h200x2-planner/session29-cell-two-gpus.md): starts up to 1.5 ms late with a spin
+/// of 200 µs were 0.23 ms late at most with 4,000.
+pub(crate) fn host_late_spin(summary: &RunSummary, choices: &[Choice]) -> Option<(u64, f64)> {
+    let latest_ms = (summary.workloads.iter().zip(choices))
+        .filter(|(w, c)| missed(w, c.deadline_ms))
+        .filter_map(|(w, c)| host_late_ms(w, c.deadline_ms))
+        .fold(None, |m: Option<f64>, ms| Some(m.map_or(ms, |m| m.max(ms))))?;
+    let spin_us = ((latest_ms + 0.5) * 2.0).ceil() as u64 * 500;
+    Some((spin_us, latest_ms))
+}
+
 /// Where a workload that missed had a job start late by more than a quarter of its deadline:
 /// its launch waited for the host, or for its previous job, which a partition of the same
 /// size does not change. Says so, with the run's CPU steal and the spin that would keep the
 /// release threads awake through such a wake-up; the verdict stands.
 pub(crate) fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Option<String> {
-    let late: Vec<(&str, f64)> = (summary.workloads.iter().zip(choices))
+    let (spin_us, _) = host_late_spin(summary, choices)?;
+    let late: Vec<String> = (summary.workloads.iter().zip(choices))
         .filter(|(w, c)| missed(w, c.deadline_ms))
-        .filter_map(|(w, c)| host_late_ms(w, c.deadline_ms).map(|ms| (w.name.as_str(), ms)))
+        .filter_map(|(w, c)| {
+            host_late_ms(w, c.deadline_ms).map(|ms| format!("{} {ms:.2} ms", w.name))
+        })
         .collect();
-    let latest_ms = late.iter().map(|(_, ms)| *ms).fold(0.0, f64::max);
-    let late: Vec<String> = (late.iter())
-        .map(|(name, ms)| format!("{name} {ms:.2} ms"))
-        .collect();
-    if late.is_empty() {
-        return None;
-    }
-    // Session 29 (results/h200x2-planner/session29-cell-two-gpus.md): starts up to 1.5 ms
-    // late with a spin of 200 µs were 0.23 ms late at most with 4,000.
-    let spin_us = ((latest_ms + 0.5) * 2.0).ceil() * 500.0;
     let steal = summary
         .cpu_steal_pct
         .map_or("not reported".into(), |p| format!("{p:.3} %"));
@@ -583,7 +608,7 @@ pub(crate) fn late_start_note(summary: &RunSummary, choices: &[Choice]) -> Optio
          hypervisor's CPU steal in this run: {steal}): run again, or longer, to tell; its \
          measured stretch is its execution time's p99 (end − start) over its p99 alone where the \
          run recorded it; a thread that slept too long before a release starts on time with \
-         [timing] spin_us = {spin_us:.0} in the scenario (unless it spun that long already: then the \
+         [timing] spin_us = {spin_us} in the scenario (unless it spun that long already: then the \
          host stalled it otherwise), at the cost of a core per workload while it spins)",
         late.join(", ")
     ))

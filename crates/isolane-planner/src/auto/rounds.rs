@@ -9,7 +9,7 @@ use isolane_core::metrics::LatencyStats;
 use isolane_core::results::{RunSummary, WorkloadSummary};
 use isolane_core::spec::{Mechanism, RunLength, Scenario};
 
-use super::events::{spare_words, Compared};
+use super::events::{host_late_spin, spare_words, Compared};
 use super::phases::{overlap_notes, stagger_releases};
 use super::profiling::Profiles;
 use super::scenario::{annotate, planned_scenario};
@@ -55,9 +55,14 @@ pub(crate) fn emit_and_verify<B: Bench>(
     bench: &mut B,
     obs: &mut dyn Observer,
 ) -> Result<Finish, AutoError<B::Error>> {
+    // Raised after a round whose misses started late on the host (`SpinRaised`).
+    let mut spin_us: Option<u64> = None;
     for round in 1.. {
         let choices = planned_choices(&plan);
-        let planned = planned_for(r, &plan, obs);
+        let mut planned = planned_for(r, &plan, obs);
+        if let Some(s) = spin_us {
+            planned.timing.spin_us = planned.timing.spin_us.max(s);
+        }
         if round == 1 && r.config.phases == Phases::Keep {
             for note in overlap_notes(&planned, choices, &plan.gpus_in_order()) {
                 obs.event(&Event::ReleasePhases { text: &note });
@@ -87,7 +92,17 @@ pub(crate) fn emit_and_verify<B: Bench>(
         let verdict = verdict(&summary, choices, r.config.prediction_tolerance);
         learn(r, choices, &summary, obs);
         let step = if verdict.missed {
-            plan_again(r, profiles, round, &demands, &plan, &summary, bench, obs)?
+            // A longer spin where the misses started late on the host and spinning longer
+            // than this round did would start them on time.
+            let spin =
+                host_late_spin(&summary, choices).filter(|&(s, _)| s > planned.timing.spin_us);
+            let step = plan_again(
+                r, profiles, round, &demands, &plan, &summary, spin, bench, obs,
+            )?;
+            if let (Step::Again(..), Some((s, _))) = (&step, spin) {
+                spin_us = Some(s);
+            }
+            step
         } else {
             check_predictions(r, round, &verdict, &demands, &plan, &summary, obs)
         };
@@ -160,7 +175,9 @@ fn check_predictions(
 }
 
 /// After a run that missed: the plan made again with the stretch the run measured, if rounds
-/// are left and it changes the partitions.
+/// are left and it changes the partitions. Where it gives the same partitions but the misses
+/// started late on the host and `spin` (the spin that would start them on time, and their
+/// latest late start) is longer than the round's, the same partitions run again with it.
 #[allow(clippy::too_many_arguments)]
 fn plan_again<B: Bench>(
     r: &Rounds,
@@ -169,6 +186,7 @@ fn plan_again<B: Bench>(
     demands: &[Demand],
     plan: &GpusPlan,
     summary: &RunSummary,
+    spin: Option<(u64, f64)>,
     bench: &mut B,
     obs: &mut dyn Observer,
 ) -> Result<Step, AutoError<B::Error>> {
@@ -194,10 +212,20 @@ fn plan_again<B: Bench>(
             obs.event(&Event::Replanned { round: round + 1 });
             Step::Again(demands, next)
         }
-        Outcome::Planned { .. } => {
-            obs.event(&Event::MissedSamePartitions);
-            Step::Done(Ending::DoesNotHold)
-        }
+        Outcome::Planned { .. } => match spin {
+            Some((spin_us, late_ms)) => {
+                obs.event(&Event::SpinRaised {
+                    round: round + 1,
+                    spin_us,
+                    late_ms,
+                });
+                Step::Again(demands, plan.clone())
+            }
+            None => {
+                obs.event(&Event::MissedSamePartitions);
+                Step::Done(Ending::DoesNotHold)
+            }
+        },
         Outcome::NoPlan { .. } => {
             obs.event(&Event::MissedNoPlan);
             Step::Done(Ending::DoesNotHold)

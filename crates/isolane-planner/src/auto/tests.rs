@@ -69,6 +69,11 @@ struct FakeBench {
     refuse: bool,
     /// Each workload's memory-system demand, as the engine would compute it.
     traffic: Vec<Option<isolane_core::predict::MemoryProfile>>,
+    /// Per verification run (where given): its latest late start (µs) and every workload's
+    /// execution p99 (ms).
+    host: Vec<Option<(f64, f64)>>,
+    /// Each verification run's `[timing] spin_us`.
+    spins: Vec<u64>,
 }
 
 impl FakeBench {
@@ -81,6 +86,8 @@ impl FakeBench {
             written: Vec::new(),
             refuse: false,
             traffic: Vec::new(),
+            host: Vec::new(),
+            spins: Vec::new(),
         }
     }
 }
@@ -132,6 +139,8 @@ impl Bench for FakeBench {
         let sms = planned.workloads.iter().map(|w| w.partition.sms).collect();
         self.verified.push((sms, out.map(Path::to_path_buf)));
         let (p99, p999, timeout_pct) = self.runs[self.verified.len() - 1];
+        let host = self.host.get(self.verified.len() - 1).copied().flatten();
+        self.spins.push(planned.timing.spin_us);
         let mut summary = self.base.clone();
         let template = summary.workloads[0].clone();
         summary.workloads = (planned.workloads.iter())
@@ -142,7 +151,12 @@ impl Bench for FakeBench {
                 s.metrics.latency_ms.p999 = Some(p999);
                 s.metrics.timeout_pct = timeout_pct;
                 s.metrics.jobs = 5000;
-                s.metrics.start_lateness_us.max = None;
+                s.metrics.start_lateness_us.max = host.map(|(late_us, _)| late_us);
+                s.exec_ms = host.map(|(_, exec_p99)| isolane_core::metrics::ExecTimes {
+                    jobs: 5000,
+                    p99: Some(exec_p99),
+                    ..Default::default()
+                });
                 s
             })
             .collect();
@@ -236,6 +250,51 @@ fn a_verification_that_misses_plans_again_and_then_holds() {
     // The stdout lines in order: plan written, run, table, verdict, per round.
     let last = &said.0.last().unwrap().1;
     assert!(last.starts_with("the plan holds"), "{last}");
+}
+
+/// A round whose misses started late on the host, with each job's own time as planned (an
+/// execution p99 of 8 ms in 8 SMs: stretch 1.00), plans the same partitions; instead of
+/// stopping there, the next round runs them with a spin past the latest late start (4 ms:
+/// 4,500 µs), written into the plan, and holds. Without a round left it stops as before; a
+/// round that spun that long already is not given the same spin again.
+#[test]
+fn misses_that_started_late_on_the_host_run_again_with_a_longer_spin() {
+    let late = Some((4_000.0, 8.0));
+    let mut bench = FakeBench::new(vec![(9.9, 12.0, 1.0), (8.2, 8.4, 0.0)]);
+    bench.host = vec![late, None];
+    let mut said = Said::default();
+    let finish = plan_two_cameras(&verifying(3), &mut bench, &mut said).unwrap();
+    assert_eq!(finish.ending, Ending::Holds);
+    let sms: Vec<_> = bench.verified.iter().map(|(s, _)| s.clone()).collect();
+    assert_eq!(sms, [[Some(8), Some(8)], [Some(8), Some(8)]]);
+    assert_eq!(bench.spins, [200, 4500]);
+    assert!(said.any(
+        Stream::Stdout,
+        "round 2: jobs that missed started up to 4.00 ms late on the host"
+    ));
+    assert!(said.any(Stream::Stdout, "[timing] spin_us = 4500"));
+    let written = finish.written.unwrap();
+    assert!(written.text.contains("spin_us = 4500"), "{}", written.text);
+    assert!(!said.any(Stream::Stdout, "the plan does NOT hold"));
+
+    // One round only: the miss is the verdict.
+    let mut bench = FakeBench::new(vec![(9.9, 12.0, 1.0)]);
+    bench.host = vec![late];
+    let finish = plan_two_cameras(&verifying(1), &mut bench, &mut Said::default()).unwrap();
+    assert_eq!(finish.ending, Ending::DoesNotHold);
+    assert_eq!(bench.spins, [200]);
+
+    // Late again by as much after spinning 4,500 µs: the same partitions do not hold.
+    let mut bench = FakeBench::new(vec![(9.9, 12.0, 1.0), (9.9, 12.0, 1.0), (8.2, 8.4, 0.0)]);
+    bench.host = vec![late, late, None];
+    let mut said = Said::default();
+    let finish = plan_two_cameras(&verifying(3), &mut bench, &mut said).unwrap();
+    assert_eq!(finish.ending, Ending::DoesNotHold);
+    assert_eq!(bench.spins, [200, 4500]);
+    assert!(said.any(
+        Stream::Stdout,
+        "the plan does NOT hold, and planning with the measured stretch gives the same partitions"
+    ));
 }
 
 /// Without rounds left, a miss is the verdict: the plan does not hold.
