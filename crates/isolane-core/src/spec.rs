@@ -111,7 +111,8 @@ pub struct DeviceSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TimingSpec {
-    /// Sleep until this long before a release, then spin (µs). 0 = always spin.
+    /// Sleep until this long before a release, then spin (µs). 0 = never spin: sleep until
+    /// the release.
     pub spin_us: u64,
     /// Delay between the start barrier and t0, so every workload is ready (ms).
     pub start_delay_ms: u64,

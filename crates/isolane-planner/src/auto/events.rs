@@ -284,7 +284,8 @@ impl Event<'_> {
                 spin_us,
                 late_ms,
             } => vec![format!(
-                "round {round}: jobs that missed started up to {late_ms:.2} ms late on the host, \
+                "round {round}: jobs of workloads that missed started up to {late_ms:.2} ms \
+                 late on the host, \
                  and planning with the measured stretch gives the same partitions; the same \
                  partitions again with [timing] spin_us = {spin_us} (each workload's release \
                  thread spins that long before its releases instead of sleeping: a core each)"

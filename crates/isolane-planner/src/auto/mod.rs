@@ -303,6 +303,9 @@ pub struct Finish {
     pub written: Option<WrittenPlan>,
     /// What the last verification run of the written plan measured.
     pub last_run: Option<RunSummary>,
+    /// The `[timing] spin_us` the rounds raised the written plan's to, where they did
+    /// (misses that started late on the host).
+    pub spin_us: Option<u64>,
 }
 
 /// Why the loop stopped before its end.
@@ -452,6 +455,7 @@ pub fn run<B: Bench>(
             ending: Ending::NoPlan,
             written: None,
             last_run: None,
+            spin_us: None,
         });
     };
     let rounds = Rounds {
@@ -469,7 +473,13 @@ pub fn run<B: Bench>(
     if let (Some(written), Some(run), false) =
         (&finish.written, &finish.last_run, others.is_empty())
     {
-        rounds::compare_mechanisms(&rounds, (&written.plan, run), others, bench, observer);
+        rounds::compare_mechanisms(
+            &rounds,
+            (&written.plan, run, finish.spin_us),
+            others,
+            bench,
+            observer,
+        );
     }
     Ok(finish)
 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use isolane_core::metrics::LatencyStats;
 use isolane_core::results::{RunSummary, WorkloadSummary};
+use isolane_core::spec::limits::MAX_SPIN_US;
 use isolane_core::spec::{Mechanism, RunLength, Scenario};
 
 use super::events::{host_late_spin, spare_words, Compared};
@@ -42,6 +43,9 @@ enum Step {
     Done(Ending),
     /// Another round, with these demands and this plan.
     Again(Vec<Demand>, GpusPlan),
+    /// Another round of the same partitions with these demands, each release thread spinning
+    /// this long (µs) before its releases (`SpinRaised`).
+    Spin(Vec<Demand>, GpusPlan, u64),
 }
 
 /// Emits the plan and, with verification, runs it, up to `rounds` times: a miss plans again
@@ -82,6 +86,7 @@ pub(crate) fn emit_and_verify<B: Bench>(
                 ending: Ending::Planned,
                 written: Some(written(plan)),
                 last_run: None,
+                spin_us,
             });
         }
         let summary = verify(&planned, r.config, round, bench, obs)?;
@@ -93,16 +98,13 @@ pub(crate) fn emit_and_verify<B: Bench>(
         learn(r, choices, &summary, obs);
         let step = if verdict.missed {
             // A longer spin where the misses started late on the host and spinning longer
-            // than this round did would start them on time.
-            let spin =
-                host_late_spin(&summary, choices).filter(|&(s, _)| s > planned.timing.spin_us);
-            let step = plan_again(
+            // than this round did would start them on time (within the scenario's limit).
+            let spin = host_late_spin(&summary, choices)
+                .map(|(s, late)| (s.min(MAX_SPIN_US), late))
+                .filter(|&(s, _)| s > planned.timing.spin_us);
+            plan_again(
                 r, profiles, round, &demands, &plan, &summary, spin, bench, obs,
-            )?;
-            if let (Step::Again(..), Some((s, _))) = (&step, spin) {
-                spin_us = Some(s);
-            }
-            step
+            )?
         } else {
             check_predictions(r, round, &verdict, &demands, &plan, &summary, obs)
         };
@@ -112,9 +114,11 @@ pub(crate) fn emit_and_verify<B: Bench>(
                     ending,
                     written: Some(written(plan)),
                     last_run: Some(summary),
+                    spin_us,
                 })
             }
             Step::Again(d, p) => (demands, plan) = (d, p),
+            Step::Spin(d, p, s) => (demands, plan, spin_us) = (d, p, Some(s)),
         }
     }
     unreachable!("the rounds end by returning")
@@ -219,7 +223,7 @@ fn plan_again<B: Bench>(
                     spin_us,
                     late_ms,
                 });
-                Step::Again(demands, plan.clone())
+                Step::Spin(demands, plan.clone(), spin_us)
             }
             None => {
                 obs.event(&Event::MissedSamePartitions);
@@ -237,7 +241,7 @@ fn plan_again<B: Bench>(
 /// and the mechanisms are compared side by side with the written plan's last run (`first`).
 pub(crate) fn compare_mechanisms<B: Bench>(
     rounds: &Rounds,
-    (plan, summary): (&GpusPlan, &RunSummary),
+    (plan, summary, spin_us): (&GpusPlan, &RunSummary, Option<u64>),
     others: Vec<(Mechanism, Ladder, Vec<Demand>, GpusPlan)>,
     bench: &mut B,
     obs: &mut dyn Observer,
@@ -255,7 +259,7 @@ pub(crate) fn compare_mechanisms<B: Bench>(
             ..*rounds
         };
         // The written plan's verdict stands whatever another mechanism's run does.
-        let summary = match verify_other(&other, &plan, bench, obs) {
+        let summary = match verify_other(&other, &plan, spin_us, bench, obs) {
             Ok(summary) => summary,
             Err(e) => {
                 obs.event(&Event::OtherPlanNotRun {
@@ -278,15 +282,20 @@ pub(crate) fn compare_mechanisms<B: Bench>(
 }
 
 /// Runs another mechanism's plan once (beside the verification folder, in DIR.<mechanism>),
-/// says its verification and keeps what it learned.
+/// with the written plan's spin where its rounds raised it (`spin_us`), says its verification
+/// and keeps what it learned.
 fn verify_other<B: Bench>(
     r: &Rounds,
     plan: &GpusPlan,
+    spin_us: Option<u64>,
     bench: &mut B,
     obs: &mut dyn Observer,
 ) -> Result<RunSummary, AutoError<B::Error>> {
     let choices = planned_choices(plan);
-    let planned = planned_for(r, plan, obs);
+    let mut planned = planned_for(r, plan, obs);
+    if let Some(s) = spin_us {
+        planned.timing.spin_us = planned.timing.spin_us.max(s);
+    }
     bench
         .admit(&planned, r.target.device())
         .map_err(AutoError::Bench)?;
@@ -421,7 +430,9 @@ pub(crate) fn calibrated(
         .zip(choices)
         .map(|(d, c)| {
             let measured = measured_stretch(c, summary);
-            let before = c.predicted_tail_ms / c.profile.tail_ms();
+            // What the round planned with: its prediction's, or a stretch an earlier round
+            // measured where this round kept the partitions (`Step::Spin`) and the predictions.
+            let before = (c.predicted_tail_ms / c.profile.tail_ms()).max(d.stretch.unwrap_or(0.0));
             let stretch = measured.map_or(before, |m| m.max(before));
             obs.event(&Event::Calibrated {
                 workload: &d.name,

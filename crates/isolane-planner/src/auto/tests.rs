@@ -270,12 +270,31 @@ fn misses_that_started_late_on_the_host_run_again_with_a_longer_spin() {
     assert_eq!(bench.spins, [200, 4500]);
     assert!(said.any(
         Stream::Stdout,
-        "round 2: jobs that missed started up to 4.00 ms late on the host"
+        "round 2: jobs of workloads that missed started up to 4.00 ms late on the host"
     ));
     assert!(said.any(Stream::Stdout, "[timing] spin_us = 4500"));
     let written = finish.written.unwrap();
     assert!(written.text.contains("spin_us = 4500"), "{}", written.text);
     assert!(!said.any(Stream::Stdout, "the plan does NOT hold"));
+
+    // Late starts, but each job's own time twice as long as planned (16 ms in 8 SMs): planned
+    // again in 16 SMs, at the scenario's spin (the new partitions alone are tried).
+    let mut bench = FakeBench::new(vec![(9.9, 12.0, 1.0), (4.4, 4.5, 0.0), (4.4, 4.5, 0.0)]);
+    bench.host = vec![Some((4_000.0, 16.0)), None, None];
+    let mut said = Said::default();
+    let finish = plan_two_cameras(&verifying(3), &mut bench, &mut said).unwrap();
+    assert_eq!(finish.ending, Ending::Holds);
+    let sms: Vec<_> = bench.verified.iter().map(|(s, _)| s.clone()).collect();
+    assert_eq!(sms[..2], [[Some(8), Some(8)], [Some(16), Some(16)]]);
+    assert!(bench.spins.iter().all(|&s| s == 200), "{:?}", bench.spins);
+    assert!(!said.any(Stream::Stdout, "late on the host, and planning"));
+
+    // A spin round whose predictions were off runs a third round, still spinning.
+    let mut bench = FakeBench::new(vec![(9.9, 12.0, 1.0), (9.6, 9.7, 0.0), (9.6, 9.7, 0.0)]);
+    bench.host = vec![late, None, None];
+    let finish = plan_two_cameras(&verifying(3), &mut bench, &mut Said::default()).unwrap();
+    assert_eq!(finish.ending, Ending::Holds);
+    assert_eq!(bench.spins, [200, 4500, 4500]);
 
     // One round only: the miss is the verdict.
     let mut bench = FakeBench::new(vec![(9.9, 12.0, 1.0)]);
