@@ -67,6 +67,11 @@
 #   FINE_PIECE_US=25 SETTLE_MECHANISMS=green BUDGET_S=480 bash scripts/levers-h200.sh settle
 # (VARIANT~F names the same lever in VARIANTS / SETTLE_VARIANTS directly: both,both~25.)
 #
+# CAPACITY_BASE=together loads each critical model at LOAD of its capacity beside the other
+# (both flat out together, no best effort) instead of alone: session 29 found trio c's light CNN
+# ~95 % busy beside its neighbour at 75 % of its alone capacity, which leaves best effort almost
+# nothing (docs/criticality.md); this shows what best effort gets where the critical pair has
+# headroom.
 # BACKEND=cpu runs the same steps with spin stand-ins (a check of the script, not a measurement).
 # MECHANISMS (default green; green,mps adds MPS, each calibrated on its own), ISOLANE_BIN
 # (stage/isolane), RESULTS (results/h200-levers), OUT (the summary's folder, /tmp/levers).
@@ -161,7 +166,8 @@ study() { # name victims best-effort variants [mechanisms budget-s extra-args...
     [ "$mech" = green ] || { name=$1-${mech//,/-} && dir=$results/$name; }
     local began=$SECONDS
     local common=(--out "$dir" --victims "$2" --best-effort "$3" --mechanisms "$mech"
-        --load "${LOAD:-0.75}" --deadline-base "${DEADLINE_BASE:-both}"
+        --load "${LOAD:-0.75}" --capacity-base "${CAPACITY_BASE:-alone}"
+        --deadline-base "${DEADLINE_BASE:-both}"
         --duration "${DURATION_S:-2}" --repeats "${REPEATS:-3}" --l2-mib "${L2_MIB:-24}"
         --isolane "$bin" --backend "${BACKEND:-cuda}")
     echo "=== trio $name: $2 beside $3 ($4)"

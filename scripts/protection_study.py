@@ -88,6 +88,11 @@ def parse_args():
                    help="critical models and their green SMs, model:sms,...")
     p.add_argument("--best-effort", default="vit_l_32:48", help="model:sms")
     p.add_argument("--load", type=float, default=0.75)
+    p.add_argument("--capacity-base", choices=["alone", "together"], default="alone",
+                   help="the capacity --load multiplies: each victim's alone in its partition "
+                   "(the issue's), or its throughput with both victims flat out together, "
+                   "no best effort (what it can do beside its critical neighbour: session 29 "
+                   "found trio c's light CNN ~95 %% busy at 75 %% of its alone capacity)")
     p.add_argument("--slack", type=float, default=1.3)
     p.add_argument("--deadline-base", choices=["alone", "together", "both"], default="alone",
                    help="the p99 the deadline multiplies: each victim alone in its partition, "
@@ -330,11 +335,21 @@ class Study:
                 self.alone[mech][w["name"]] = dict(
                     capacity=s["throughput_ips"], p99=s["latency_ms"]["p99"],
                     exec_p99=pct(ex, .99))
+            if self.args.capacity_base == "together":
+                # Both victims flat out together (closed loop), no best effort: each one's
+                # throughput beside the other.
+                vs = [dict(v, criticality="critical") for v in self.victims]
+                folder = os.path.join(self.args.out, "alone", mech, "victims-together")
+                s = run(self.exe, folder, scenario_toml(self.args, mech, vs))
+                for v in self.victims:
+                    self.alone[mech][v["name"]]["capacity_together"] = \
+                        s[v["name"]]["throughput_ips"]
         with open(path, "w") as f:
             json.dump(self.alone, f, indent=1)
 
     def victims_at(self, mech, load):
-        return [dict(v, rate=load * self.alone[mech][v["name"]]["capacity"],
+        key = "capacity_together" if self.args.capacity_base == "together" else "capacity"
+        return [dict(v, rate=load * self.alone[mech][v["name"]][key],
                      deadline_ms=self.args.slack * self.alone[mech][v["name"]]["p99"])
                 for v in self.victims]
 
@@ -499,7 +514,10 @@ def markdown(st):
     a = st.args
     be = st.be["name"]
     out = [f"# Criticality protection ({a.backend}, {a.precision})", "",
-           f"Critical victims at {a.load:.0%} of their alone-in-partition capacity (trade-off: "
+           f"Critical victims at {a.load:.0%} of their "
+           + ("capacity beside each other (both flat out together, no best effort)"
+              if a.capacity_base == "together" else "alone-in-partition capacity")
+           + " (trade-off: "
            f"other loads), deadline {a.slack} x their p99 "
            + {"alone": "alone",
               "together": "in the victims-only baseline (both victims at that load, no best "
@@ -517,10 +535,13 @@ def markdown(st):
            "both + `slack_order` / `share` / `l2_persist_mib` (issue 34's levers), levers: all "
            "three; VARIANT@N: with pieces of N µs; victims-only / only-X: the baselines without "
            "best effort.", "",
-           "| mechanism | workload | alone capacity /s | alone p99 ms | alone exec p99 ms |",
-           "| --- | --- | --- | --- | --- |"]
+           "| mechanism | workload | alone capacity /s | alone p99 ms | alone exec p99 ms "
+           "| capacity beside the other victim /s |",
+           "| --- | --- | --- | --- | --- | --- |"]
     for mech, ws in st.alone.items():
-        out += [f"| {mech} | {n} | {w['capacity']:.1f} | {w['p99']:.3f} | {w['exec_p99']:.3f} |"
+        out += [f"| {mech} | {n} | {w['capacity']:.1f} | {w['p99']:.3f} | {w['exec_p99']:.3f} "
+                f"| {w['capacity_together']:.1f} |" if "capacity_together" in w else
+                f"| {mech} | {n} | {w['capacity']:.1f} | {w['p99']:.3f} | {w['exec_p99']:.3f} | — |"
                 for n, w in ws.items()]
     if st.deadlines:
         out += ["", "| study | mechanism | load | " + " | ".join(
