@@ -339,7 +339,8 @@ class Study:
                 # Both victims flat out together (closed loop), no best effort: each one's
                 # throughput beside the other.
                 vs = [dict(v, criticality="critical") for v in self.victims]
-                folder = os.path.join(self.args.out, "alone", mech, "victims-together")
+                # Beside alone/, which levers-h200.sh reads as one workload a folder.
+                folder = os.path.join(self.args.out, "victims-together", mech)
                 s = run(self.exe, folder, scenario_toml(self.args, mech, vs))
                 for v in self.victims:
                     self.alone[mech][v["name"]]["capacity_together"] = \
