@@ -296,6 +296,18 @@ fn misses_that_started_late_on_the_host_run_again_with_a_longer_spin() {
     assert_eq!(finish.ending, Ending::Holds);
     assert_eq!(bench.spins, [200, 4500, 4500]);
 
+    // A stall of 2 s: the spin stops at the key's limit (1 s), which the written plan keeps.
+    let mut bench = FakeBench::new(vec![(9.9, 12.0, 1.0), (8.2, 8.4, 0.0)]);
+    bench.host = vec![Some((2_000_000.0, 8.0)), None];
+    let finish = plan_two_cameras(&verifying(3), &mut bench, &mut Said::default()).unwrap();
+    assert_eq!(bench.spins, [200, 1_000_000]);
+    let written = finish.written.unwrap();
+    assert!(
+        written.text.contains("spin_us = 1000000"),
+        "{}",
+        written.text
+    );
+
     // One round only: the miss is the verdict.
     let mut bench = FakeBench::new(vec![(9.9, 12.0, 1.0)]);
     bench.host = vec![late];
