@@ -399,7 +399,6 @@ pub(super) fn mm_index(
     let mut wrong = Vec::new();
     let mut failed = None;
     let mut listed: Option<std::result::Result<lt_algos::Listed, EngineError>> = None;
-    let mut listed_count = 0;
     // Untimed, the first right candidate is kept; in the fallback, the fastest of the first
     // few right ones (cuBLASLt's list holds slow kernels too).
     let enough = |runs: &[(usize, f32)], listing: bool| match (rec.options.first_choice, listing) {
@@ -437,11 +436,12 @@ pub(super) fn mm_index(
             LISTED_ALGOS,
         );
         listed = Some(more.map(|mut more| {
-            listed_count = more.algos.len();
             cands.append(&mut more.algos);
             more
         }));
     }
+    // The listed algorithms that cuBLASLt accepted: the candidates after the heuristic's.
+    let listed_count = cands.len() - heuristic;
     if rec.options.search_log {
         if let Some(l) = &listed {
             eprintln!(

@@ -63,10 +63,7 @@ pub(crate) fn emit_and_verify<B: Bench>(
     let mut spin_us: Option<u64> = None;
     for round in 1.. {
         let choices = planned_choices(&plan);
-        let mut planned = planned_for(r, &plan, obs);
-        if let Some(s) = spin_us {
-            planned.timing.spin_us = planned.timing.spin_us.max(s);
-        }
+        let planned = planned_for(r, &plan, spin_us, obs);
         if round == 1 && r.config.phases == Phases::Keep {
             for note in overlap_notes(&planned, choices, &plan.gpus_in_order()) {
                 obs.event(&Event::ReleasePhases { text: &note });
@@ -292,10 +289,7 @@ fn verify_other<B: Bench>(
     obs: &mut dyn Observer,
 ) -> Result<RunSummary, AutoError<B::Error>> {
     let choices = planned_choices(plan);
-    let mut planned = planned_for(r, plan, obs);
-    if let Some(s) = spin_us {
-        planned.timing.spin_us = planned.timing.spin_us.max(s);
-    }
+    let planned = planned_for(r, plan, spin_us, obs);
     bench
         .admit(&planned, r.target.device())
         .map_err(AutoError::Bench)?;
@@ -322,12 +316,20 @@ pub(crate) fn planned_choices(plan: &GpusPlan) -> &[Choice] {
     }
 }
 
-/// The scenario a round runs and writes: the plan's partitions, and with staggered phases its
-/// release phases.
-fn planned_for(r: &Rounds, plan: &GpusPlan, obs: &mut dyn Observer) -> Scenario {
+/// The scenario a round runs and writes: the plan's partitions, with staggered phases its
+/// release phases, and at least the spin an earlier round raised (`spin_us`, `SpinRaised`).
+fn planned_for(
+    r: &Rounds,
+    plan: &GpusPlan,
+    spin_us: Option<u64>,
+    obs: &mut dyn Observer,
+) -> Scenario {
     let choices = planned_choices(plan);
     let gpus = plan.gpus_in_order();
     let mut planned = planned_scenario(r.scenario, r.mech, r.ladder, choices, &gpus);
+    if let Some(s) = spin_us {
+        planned.timing.spin_us = planned.timing.spin_us.max(s);
+    }
     if r.config.phases == Phases::Stagger {
         for line in stagger_releases(&mut planned, choices, &gpus) {
             obs.event(&Event::ReleasePhases { text: &line });
@@ -358,8 +360,8 @@ pub(crate) fn sizes(choices: &[Choice]) -> Vec<u32> {
 /// stretch read from it (4.0 for a CNN whose jobs ran as planned, session 28) leaves no plan to
 /// find and is learned for later plans. Not the execution time's p99.9: a host that stalls
 /// starts also stalls seeing ends (session 29, two H200s: `detector` alone on its GPU ran
-/// 1.30 ms at p50 and 1.36 at p99, 3.18 at p99.9, its late jobs bunched at a neighbour's
-/// releases), and the stalls are a fraction of a per cent of jobs, which the p99 leaves out.
+/// 1.30 ms at p50 and 1.36 at p99, 3.18 at p99.9), and the stalls are a fraction of a per cent
+/// of jobs, which the p99 leaves out.
 pub(crate) fn measured_stretch(c: &Choice, summary: &RunSummary) -> Option<f64> {
     let exec = summary
         .workloads
