@@ -8,6 +8,7 @@
 //! steps that computed it and compared with the reference evaluator's value of the same node
 //! of the same (optimised) graph, node by node, until one differs.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use isolane_engine::ir::{Graph, Tensor, ValueKind};
@@ -195,6 +196,24 @@ pub struct Divergence {
     pub overflow: bool,
     /// The largest magnitude of the reference's value.
     pub reference_max_abs: f32,
+    /// The plan's steps that ran since the last value compared before this one: the steps that
+    /// computed it (those a rebuild may change, [`CheckFailure::steps`]).
+    pub steps: Range<usize>,
+}
+
+/// A plan check that did not pass: the error, and where the plan was found to compute
+/// something else (the diverging node's steps), when a node was found; `None` where the check
+/// could not run or no single node was to blame.
+#[derive(Debug)]
+pub struct CheckFailure {
+    pub error: EngineError,
+    pub steps: Option<Range<usize>>,
+}
+
+impl From<EngineError> for CheckFailure {
+    fn from(error: EngineError) -> CheckFailure {
+        CheckFailure { error, steps: None }
+    }
 }
 
 /// The CPU reference of every value of `g` (the optimised graph the plan was made from),
@@ -267,10 +286,12 @@ pub fn locate_divergence(
     let mut reference = Reference::new(g, batch, inputs)?;
     runner.write_inputs(inputs)?;
     let mut done = 0;
+    let mut start = 0;
     let mut worst: Option<Divergence> = None;
     for pr in &plan.probes {
         if pr.ready > done {
             runner.run_steps(done, pr.ready)?;
+            start = done;
             done = pr.ready;
         }
         let got = pr.gather(&runner.read(pr.loc, pr.span())?);
@@ -283,6 +304,7 @@ pub fn locate_divergence(
             exceeds: err > tol,
             overflow: got.iter().any(|v| v.is_infinite()),
             reference_max_abs: want.data.iter().fold(0f32, |m, v| m.max(v.abs())),
+            steps: start..pr.ready,
         };
         if d.exceeds {
             return Ok(Some(d));
@@ -395,6 +417,18 @@ pub fn check_plan(
     batch: usize,
     runner: &mut dyn StepRunner,
 ) -> Result<CheckReport> {
+    check_plan_at(graph, optimised, plan, batch, runner).map_err(|f| f.error)
+}
+
+/// [`check_plan`], its failure with the steps of the node found to diverge (where one was):
+/// for a build that may try those steps again another way (`crate::rebuild`).
+pub fn check_plan_at(
+    graph: &Graph,
+    optimised: &Graph,
+    plan: &Plan,
+    batch: usize,
+    runner: &mut dyn StepRunner,
+) -> std::result::Result<CheckReport, CheckFailure> {
     let t0 = Instant::now();
     let inputs: Vec<Vec<f32>> = plan
         .inputs
@@ -409,11 +443,11 @@ pub fn check_plan(
         ))
     })?;
     if want.iter().flatten().any(|v| !v.is_finite()) {
-        return Err(EngineError::Runtime(
+        return Err(CheckFailure::from(EngineError::Runtime(
             "plan check: the CPU reference's output is not finite on the check's random input, \
              so the plan cannot be compared (skip the check with --no-plan-check)"
                 .into(),
-        ));
+        )));
     }
     let got = runner.run_plan(&inputs)?;
     let err = rel_l2(&got.concat(), &want.concat());
@@ -451,16 +485,21 @@ pub fn check_plan(
     if err <= tol {
         return Ok(passed(tol, sensitivity, quantization));
     }
-    let at = match locate_divergence(optimised, plan, batch, &inputs, runner, tol)? {
+    let divergence = locate_divergence(optimised, plan, batch, &inputs, runner, tol)?;
+    let steps = divergence
+        .as_ref()
+        .filter(|d| d.exceeds)
+        .map(|d| d.steps.clone());
+    let at = match divergence {
         Some(d) if d.exceeds && d.overflow && plan.precision == Precision::Fp16 => {
-            return Err(EngineError::Runtime(format!(
+            return Err(CheckFailure::from(EngineError::Runtime(format!(
                 "plan check failed: at fp16 the output of `{}` ({}) is infinite where the \
                  CPU reference's reaches {:.3e} on a seeded random input: this model's \
                  activations exceed fp16's range (largest finite value 65504), so its fp16 \
                  results would be wrong. Run it at bf16 (fp32's range), tf32 or fp32. The plan \
                  was not run",
                 d.node, d.op, d.reference_max_abs
-            )));
+            ))));
         }
         Some(d) if d.exceeds => format!(
             "the first node whose output diverges is `{}` ({}): rel L2 {:.3e}",
@@ -486,12 +525,15 @@ pub fn check_plan(
         ),
         _ => String::new(),
     };
-    Err(EngineError::Runtime(format!(
-        "plan check failed: the cuda plan ({}, batch {batch}) disagrees with the CPU reference \
-         on a seeded random input: output rel L2 {err:.3e} > {tol:.1e}{widened}; {at}. The plan \
-         was not run; please report this with the model",
-        plan.precision
-    )))
+    Err(CheckFailure {
+        error: EngineError::Runtime(format!(
+            "plan check failed: the cuda plan ({}, batch {batch}) disagrees with the CPU \
+             reference on a seeded random input: output rel L2 {err:.3e} > {tol:.1e}{widened}; \
+             {at}. The plan was not run; please report this with the model",
+            plan.precision
+        )),
+        steps,
+    })
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ mod model;
 pub mod options;
 pub mod plan;
 pub mod preprocess;
+mod rebuild;
 pub mod saved;
 pub mod synthetic;
 pub mod transfer;
@@ -227,22 +228,16 @@ impl CudaBackend {
         if let Some(node) = &options.corrupt_node {
             plan::corrupt_node(&mut p, node)?;
         }
-        let mut m = CudaModel::build(
-            p.clone(),
-            &model::Target {
-                ctx: self.ctx,
-                stream: self.stream,
-                build: self.build,
-                keep: self
-                    ._owned
-                    .clone()
-                    .map(|o| o as Arc<dyn std::any::Any + Send + Sync>),
-            },
-        )?;
-        if options.plan_check {
-            let report = check_model(&mut m, graph, &g, &p, batch)?;
-            m.set_plan_check(report);
+        if !options.plan_check {
+            return CudaModel::build(p, &self.target());
         }
+        let (mut m, report) = rebuild::build_checked(
+            |barred| CudaModel::build(p.clone(), &self.target().barring(barred)),
+            |m| check_model(m, graph, &g, &p, batch),
+            |m, steps| m.conv_paths_in(steps),
+            &mut |note| eprintln!("{note}"),
+        )?;
+        m.set_plan_check(report);
         Ok(m)
     }
 }
@@ -275,14 +270,14 @@ fn check_model(
     optimised: &Graph,
     p: &plan::Plan,
     batch: usize,
-) -> Result<check::CheckReport> {
+) -> std::result::Result<check::CheckReport, check::CheckFailure> {
     let plain = m.plain_float_layers().to_vec();
     if plain.is_empty() {
-        return check::check_plan(graph, optimised, p, batch, m);
+        return check::check_plan_at(graph, optimised, p, batch, m);
     }
     let reference = isolane_engine::quant::without_input_fake_quant(graph, &plain);
     let optimised = isolane_engine::quant::without_input_fake_quant(optimised, &plain);
-    check::check_plan(&reference, &optimised, p, batch, m)
+    check::check_plan_at(&reference, &optimised, p, batch, m)
 }
 
 impl Backend for CudaBackend {

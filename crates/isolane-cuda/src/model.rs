@@ -88,6 +88,17 @@ pub(crate) struct Target {
     pub build: BuildOptions,
     /// Keeps a backend-owned stream alive as long as the model.
     pub keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+    /// Convolution paths a build must not keep at their steps: a check found them wrong
+    /// (`crate::rebuild`).
+    pub barred: Vec<crate::rebuild::StepPath>,
+}
+
+impl Target {
+    /// This target with `barred` barred too.
+    pub(crate) fn barring(mut self, barred: &[crate::rebuild::StepPath]) -> Target {
+        self.barred.extend_from_slice(barred);
+        self
+    }
 }
 
 /// A model compiled for the GPU: one CUDA graph replayed per `run()`.
@@ -151,6 +162,8 @@ pub struct CudaModel {
     /// Each quantized product's kept candidate (`crate::plan::QuantAlternatives`' order), in
     /// plan order.
     quant_choices: Vec<(String, usize)>,
+    /// The convolution path each convolution step kept (`crate::rebuild`).
+    conv_paths: Vec<crate::rebuild::StepPath>,
     /// The step each launch belongs to (for profiles).
     names: Vec<String>,
     /// cuBLASLt algorithm chosen per matmul shape (pointers aside), so that repeated layers
@@ -195,6 +208,18 @@ impl CudaModel {
     /// names it), in plan order.
     pub fn quant_choices(&self) -> &[(String, usize)] {
         &self.quant_choices
+    }
+
+    /// The convolution paths kept in `steps` (`crate::rebuild`).
+    pub(crate) fn conv_paths_in(
+        &self,
+        steps: std::ops::Range<usize>,
+    ) -> Vec<crate::rebuild::StepPath> {
+        self.conv_paths
+            .iter()
+            .filter(|p| steps.contains(&p.step))
+            .cloned()
+            .collect()
     }
 
     pub(crate) fn set_plan_check(&mut self, r: crate::check::CheckReport) {

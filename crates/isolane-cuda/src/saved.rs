@@ -500,7 +500,7 @@ impl CudaBackend {
         gpu_key_of(dev)
     }
 
-    fn target(&self) -> model::Target {
+    pub(crate) fn target(&self) -> model::Target {
         model::Target {
             ctx: self.ctx,
             stream: self.stream,
@@ -509,6 +509,7 @@ impl CudaBackend {
                 ._owned
                 .clone()
                 .map(|o| o as std::sync::Arc<dyn std::any::Any + Send + Sync>),
+            barred: Vec::new(),
         }
     }
 
@@ -530,8 +531,15 @@ impl CudaBackend {
         let g = passes::optimize(graph, batch)?;
         let opts = self.plan_options(batch, precision)?;
         let p = plan::plan_with(&g, batch, precision, opts)?;
-        let (mut m, log) = CudaModel::build_logged(p.clone(), &self.target(), ChoiceLog::record())?;
-        let report = crate::check_model(&mut m, graph, &g, &p, batch)?;
+        let ((mut m, log), report) = crate::rebuild::build_checked(
+            |barred| {
+                let target = self.target().barring(barred);
+                CudaModel::build_logged(p.clone(), &target, ChoiceLog::record())
+            },
+            |(m, _)| crate::check_model(m, graph, &g, &p, batch),
+            |(m, _), steps| m.conv_paths_in(steps),
+            &mut |note| eprintln!("{note}"),
+        )?;
         m.set_plan_check(report);
         if let Some(Choice::Unsaveable(why)) = log
             .steps
@@ -696,8 +704,13 @@ impl CudaBackend {
         precision: Precision,
     ) -> Result<CudaModel> {
         let (part, p) = saved_plan(saved, file, batch, precision)?;
-        let mut m = CudaModel::build(p.clone(), &self.saved_target(&part))?;
-        plan_check(&mut m, saved, &p, batch)?;
+        let (mut m, report) = crate::rebuild::build_checked(
+            |barred| CudaModel::build(p.clone(), &self.saved_target(&part).barring(barred)),
+            |m| crate::check_model(m, &saved.graph, &saved.graph, &p, batch),
+            |m, steps| m.conv_paths_in(steps),
+            &mut |note| eprintln!("{note}"),
+        )?;
+        m.set_plan_check(report);
         Ok(m)
     }
 }
@@ -721,7 +734,8 @@ fn saved_plan(
 
 /// The plan check of a saved plan's model here, against the CPU reference of the plan's graph.
 fn plan_check(m: &mut CudaModel, saved: &SavedPlan, p: &plan::Plan, batch: usize) -> Result<()> {
-    let report = crate::check_model(m, &saved.graph, &saved.graph, p, batch)?;
+    let report =
+        crate::check_model(m, &saved.graph, &saved.graph, p, batch).map_err(|f| f.error)?;
     m.set_plan_check(report);
     Ok(())
 }

@@ -1502,6 +1502,18 @@ fn plan_check_names_the_node_of_a_wrong_plan() {
                 )),
                 "{node} {precision}: {e}"
             );
+            // The failure names the steps that computed the node (what a rebuild may change):
+            // the node's own step and, last, the hook's negation after it.
+            let f =
+                isolane_cuda::check::check_plan_at(&g, &opt, &bad, batch, &mut Emulator::new(&bad))
+                    .unwrap_err();
+            let steps = f.steps.expect("the diverging node's steps");
+            let own = bad.steps.iter().rposition(|s| s.name == node).unwrap();
+            let hook = steps.end - 1;
+            assert!(
+                steps.contains(&own) && bad.steps[hook].name.starts_with(&format!("{node} (")),
+                "{node}: {steps:?} ({own})"
+            );
         }
     }
 }

@@ -656,6 +656,51 @@ fn plan_check_refuses_a_wrong_plan_and_names_the_node() {
     }
 }
 
+/// A plan the check finds wrong at a convolution is built again without the path that
+/// convolution kept (crate::rebuild): here the check's test hook negates the convolution's
+/// output, so every path is wrong and the build stops after its rebuilds, each having kept
+/// another path (cuDNN's next algorithm, a graph-API engine, the GEMM path), and says so.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_plan_wrong_at_a_convolution_is_built_again_without_its_path() {
+    use isolane_cuda::CompileOptions;
+    let g = common::vector_conv_graph([16, 14, 14], 32, 3, 1, 1, Some(Unary::Relu));
+    let gpu = CudaBackend::new(0).expect("cuda backend");
+    let opt = isolane_engine::passes::optimize(&g, 1).expect("passes");
+    let conv = opt
+        .nodes
+        .iter()
+        .find(|n| matches!(n.op, isolane_engine::Op::Conv { .. }))
+        .expect("a convolution")
+        .name
+        .clone();
+    for p in [Precision::Fp32, Precision::Fp16] {
+        gpu.compile_cuda_with(&g, 1, p, &CompileOptions::default())
+            .expect("a right plan passes");
+        let opts = CompileOptions {
+            plan_check: true,
+            corrupt_node: Some(conv.clone()),
+        };
+        let e = match gpu.compile_cuda_with(&g, 1, p, &opts) {
+            Ok(_) => panic!("{p}: the corrupted {conv} passed the check"),
+            Err(e) => e.to_string(),
+        };
+        println!("{p}: {e}");
+        assert!(
+            e.contains(&format!("diverges is `{conv}`")) && e.contains("still wrong"),
+            "{p}: {e}"
+        );
+        let barred = e.rsplit("built again without ").next().unwrap_or_default();
+        let barred = barred.split(", and still wrong").next().unwrap_or_default();
+        let paths: Vec<&str> = barred.split(", ").collect();
+        assert!(paths.len() >= 2, "{p}: one path barred only: {e}");
+        let mut distinct = paths.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), paths.len(), "{p}: a path barred twice: {e}");
+    }
+}
+
 /// Session 14's kernels on shapes that select them: depthwise 3×3, 5×5 and 7×7 at strides 1 and
 /// 2 (the 16-byte vector kernels, timed against the older ones), dense, grouped and 1×1
 /// convolutions with bias and ReLU or SiLU (cuDNN's graph API, its epilogue fused or followed by

@@ -52,6 +52,7 @@ impl CudaModel {
             options: target.build,
             choices: std::cell::RefCell::new(log),
             sm,
+            barred: &target.barred,
         };
         let recorded = m.record_launches(&rec);
         let mut log = rec.choices.into_inner();
@@ -104,6 +105,7 @@ impl CudaModel {
             launches: Vec::new(),
             plain_float_layers: Vec::new(),
             quant_choices: Vec::new(),
+            conv_paths: Vec::new(),
             names: Vec::new(),
             algo_cache: Vec::new(),
             whole: None,

@@ -81,12 +81,18 @@ pub(super) const CUDNN_CANDIDATES: usize = 3;
 /// in alternating rounds, with the GEMM path.
 ///
 /// Untimed (`ISOLANE_CUDA_SEARCH=first`, or an MPS client with part of the threads:
-/// [`BuildOptions::from_vars`]), cuDNN's own first choice only.
-pub(super) fn conv_descs(m: &CudaModel, c: &ConvStep, rec: &Recorder) -> Result<Vec<ConvDesc>> {
+/// [`BuildOptions::from_vars`]), cuDNN's own first choice only, unless `more` (a path was
+/// barred at this step, `crate::rebuild`): then its first few, in its order.
+pub(super) fn conv_descs(
+    m: &CudaModel,
+    c: &ConvStep,
+    rec: &Recorder,
+    more: bool,
+) -> Result<Vec<ConvDesc>> {
     let (dtype, precision) = (rec.dtype, rec.plan.precision);
     let (scratch, ws_cap) = (rec.scratch, rec.ws_cap);
     let ptr = |l: Loc| rec.ptr(l);
-    let keep = if rec.options.first_choice {
+    let keep = if rec.options.first_choice && !more {
         1
     } else {
         CUDNN_CANDIDATES
@@ -273,16 +279,28 @@ pub(super) fn record_conv(
     // im2col + a cuBLASLt GEMM with bias, ReLU and the residual fused.
     let paths = rec.options.conv_paths;
     let key = ConvKey::of(c);
+    // Paths a check found wrong at this step (crate::rebuild): the others are tried, cuDNN's
+    // next few and the GEMM path even where the build would try only cuDNN's first.
+    let step = m.step_start.len().saturating_sub(1);
+    let barred: Vec<&str> = rec
+        .barred
+        .iter()
+        .filter(|b| b.step == step)
+        .map(|b| b.path.as_str())
+        .collect();
     // The cuDNN candidates: the algorithm chosen for an equal convolution earlier in this
     // build, else cuDNN's top few.
-    let cached = conv_cache.iter().find(|(k, _)| *k == key).map(|&(_, i)| i);
+    let cached = conv_cache
+        .iter()
+        .find(|(k, _)| *k == key && barred.is_empty())
+        .map(|&(_, i)| i);
     let mut dnn_descs: Vec<usize> = Vec::new();
     if paths.tries_cudnn() || !c.gemm_capable() {
         // (The descriptors of the algorithms that lose stay in `m.convs`, unused: a few host
         // objects per distinct convolution, and the launches hold indices into it.)
         let found = match cached {
             Some(i) => Ok(vec![i]),
-            None => conv_descs(m, c, rec).map(|descs| {
+            None => conv_descs(m, c, rec, !barred.is_empty()).map(|descs| {
                 descs
                     .into_iter()
                     .map(|d| {
@@ -353,7 +371,7 @@ pub(super) fn record_conv(
     // choice), and where cuDNN found nothing (ISOLANE_CUDA_CONV=cudnn, an MPS client with part
     // of the threads).
     let gemm_may_win = paths.tries_gemm() && !rec.options.first_choice;
-    if c.gemm_capable() && (gemm_may_win || dnn_descs.is_empty()) {
+    if c.gemm_capable() && (gemm_may_win || dnn_descs.is_empty() || !barred.is_empty()) {
         let mut l = Vec::new();
         let b_ptr = match c.col {
             Some(col) => {
@@ -382,6 +400,14 @@ pub(super) fn record_conv(
         time_candidates(m, rec, &mut candidates).map_err(err)?;
     }
     let n_dnn = dnn_descs.len();
+    let bounds = [n_dnn, graph_first, n_dnn_all];
+    let name = |i: usize| conv_path_name(m, &dnn_descs, &graph_idxs, bounds, i);
+    // A barred path counts as one that failed to run.
+    for (i, cand) in candidates.iter_mut().enumerate() {
+        if barred.contains(&name(i).as_str()) {
+            cand.1 = f32::NAN;
+        }
+    }
     // A path that failed to run has a NaN time, which total_cmp puts after every other.
     let fastest =
         |r: std::ops::Range<usize>| r.min_by(|&a, &b| candidates[a].1.total_cmp(&candidates[b].1));
@@ -397,9 +423,9 @@ pub(super) fn record_conv(
         }
     }
     let best_dnn = fastest(0..n_dnn_all);
-    // The GEMM path on a tie (cuDNN's first choice when nothing was timed).
+    // The GEMM path on a tie (cuDNN's first choice when nothing was timed, unless barred).
     let chosen = match (best_dnn, candidates.len() > n_dnn_all) {
-        (Some(d), _) if rec.options.first_choice => d,
+        (Some(d), gemm) if rec.options.first_choice && !(gemm && candidates[d].1.is_nan()) => d,
         (Some(d), true) if candidates[d].1.total_cmp(&candidates[n_dnn_all].1).is_lt() => d,
         (_, true) => n_dnn_all,
         (Some(d), false) => d,
@@ -409,37 +435,51 @@ pub(super) fn record_conv(
         let times: Vec<String> = candidates
             .iter()
             .enumerate()
-            .map(|(i, (_, ms))| {
-                let what = if i < n_dnn {
-                    format!("cudnn algo {:?}", m.convs[dnn_descs[i]].algo)
-                } else if i < n_dnn_all {
-                    let g = &m.conv_graphs[graph_idxs[i - graph_first]];
-                    let fused = if g.fused { " fused" } else { "" };
-                    let rtc = if g.runtime_compiled {
-                        " runtime-compiled"
-                    } else {
-                        ""
-                    };
-                    format!("cudnn engine {}{fused}{rtc}", g.engine)
-                } else {
-                    "gemm".to_string()
-                };
-                format!("{what} {:.4} ms", ms)
-            })
+            .map(|(i, (_, ms))| format!("{} {:.4} ms", name(i), ms))
             .collect();
         log_conv_search("conv", c, &times, chosen);
     }
     if rec.choices.borrow().recording() {
-        rec.choices.borrow_mut().note(conv_choice(
-            m,
-            &dnn_descs,
-            &graph_idxs,
-            [n_dnn, graph_first, n_dnn_all],
-            chosen,
-        ));
+        rec.choices
+            .borrow_mut()
+            .note(conv_choice(m, &dnn_descs, &graph_idxs, bounds, chosen));
     }
+    let kept = crate::rebuild::StepPath {
+        step,
+        path: name(chosen),
+    };
+    m.conv_paths.push(kept);
     m.launches.extend(candidates.swap_remove(chosen).0);
     Ok(())
+}
+
+/// The name of convolution path `i` among the candidates of [`record_conv`] (ordered as
+/// [`conv_choice`] says), as the search log writes it and a check bars it (`crate::rebuild`).
+fn conv_path_name(
+    m: &CudaModel,
+    dnn_descs: &[usize],
+    graph_idxs: &[usize],
+    [n_dnn, graph_first, n_dnn_all]: [usize; 3],
+    i: usize,
+) -> String {
+    if i < n_dnn {
+        let d = &m.convs[dnn_descs[i]];
+        match crate::saved::conv_math(d.conv) {
+            Some(math) => format!("cudnn algo {:?} math {math}", d.algo),
+            None => format!("cudnn algo {:?}", d.algo),
+        }
+    } else if i < n_dnn_all {
+        let g = &m.conv_graphs[graph_idxs[i - graph_first]];
+        let fused = if g.fused { " fused" } else { "" };
+        let rtc = if g.runtime_compiled {
+            " runtime-compiled"
+        } else {
+            ""
+        };
+        format!("cudnn engine {}{fused}{rtc}", g.engine)
+    } else {
+        "gemm".to_string()
+    }
 }
 
 /// The saved form of convolution path `chosen` among the candidates of [`record_conv`]: the

@@ -50,6 +50,8 @@ pub(super) struct Recorder<'a> {
     pub(super) choices: std::cell::RefCell<crate::saved::ChoiceLog>,
     /// The SM counts the libraries are told to split their work for (a load: the build's).
     pub(super) sm: crate::saved::SmTargets,
+    /// Convolution paths not to keep at their steps (`crate::rebuild`).
+    pub(super) barred: &'a [crate::rebuild::StepPath],
 }
 
 impl Recorder<'_> {
