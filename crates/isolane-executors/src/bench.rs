@@ -381,9 +381,12 @@ pub fn bench(
                     match &cuda {
                         Some(b) => {
                             // Built-in models only: covered by the GPU tests, so no plan check
-                            // (it would add a CPU forward pass to every compile).
+                            // (it would add a CPU forward pass to every compile), except as an
+                            // MPS client with part of the threads, where library kernels
+                            // compute wrong results (docs/cuda.md) and a workload is checked
+                            // too.
                             let options = isolane_cuda::CompileOptions {
-                                plan_check: false,
+                                plan_check: b.build_options().mps_thread_pct.is_some(),
                                 ..Default::default()
                             };
                             let mut m = match &saved {
