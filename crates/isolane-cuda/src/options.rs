@@ -140,8 +140,9 @@ pub struct BuildOptions {
     /// both could run); `ISOLANE_CUDA_SEARCH=first`. For comparisons, not speed.
     pub first_choice: bool,
     /// The process is an MPS client limited to this share of the GPU's threads
-    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` below 100; `None` otherwise): then the libraries'
-    /// first choices, convolutions on cuDNN ([`BuildOptions::from_vars`] says why).
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` below 100; `None` otherwise): then convolutions
+    /// by im2col + cuBLASLt where that path can run them ([`BuildOptions::from_vars`] says
+    /// why).
     pub mps_thread_pct: Option<u32>,
 }
 
@@ -184,14 +185,19 @@ impl BuildOptions {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .filter(|p| *p < 100.0)
             .map(|p| p.max(0.0) as u32);
-        // As an MPS client with part of the threads, cuBLASLt's algorithms computed wrong
-        // results on the H100 (driver 580) at 16, 20 and 33 % of the threads, some of them
-        // only now and then: an algorithm that matched the CPU while the build checked it
-        // (mm_check) was wrong in the model's graph. cuDNN's first choices were right every
-        // time. So there: convolutions on cuDNN's first choice, matmuls on cuBLASLt's first
-        // (checked) choice, nothing timed; `ISOLANE_CUDA_SEARCH=timed` and `ISOLANE_CUDA_CONV`
-        // override it.
-        let limited = mps_thread_pct.is_some() && !is("ISOLANE_CUDA_SEARCH", "timed");
+        // As an MPS client with part of the threads, library kernels compute wrong results:
+        // cuBLASLt algorithms on the H100 (driver 580) at 16-33 % of the threads, and on the
+        // H200 (session 30) cuDNN's 1x1 convolutions, by its legacy API (IMPLICIT_PRECOMP_GEMM
+        // with tensor ops, even as its own first choice at 18 %) and its graph API (engines 39
+        // and 58), in mobilenet_v2 and resnet50, while im2col + a cuBLASLt GEMM whose
+        // candidates are each checked against the CPU (mm_check) was right there and 4-6x
+        // faster than cuDNN's first choices. So there convolutions go through the GEMM path
+        // (cuDNN only for those it cannot run), timed, and the plan is checked
+        // (crate::rebuild). `ISOLANE_CUDA_SEARCH=first` keeps the rule of sessions 11-29
+        // (cuDNN's and cuBLASLt's first choices, untimed); `ISOLANE_CUDA_CONV` overrides the
+        // paths.
+        let mps_part = mps_thread_pct.is_some();
+        let first = is("ISOLANE_CUDA_SEARCH", "first");
         BuildOptions {
             channels_last: !is("ISOLANE_CUDA_LAYOUT", "nchw"),
             fused_attention: !is("ISOLANE_CUDA_ATTENTION", "unfused"),
@@ -200,7 +206,9 @@ impl BuildOptions {
             conv_paths: match var("ISOLANE_CUDA_CONV").as_deref() {
                 Some("cudnn") => ConvPaths::Cudnn,
                 Some("gemm") => ConvPaths::Gemm,
-                _ if limited => ConvPaths::Cudnn,
+                Some("fastest") => ConvPaths::Fastest,
+                _ if mps_part && first => ConvPaths::Cudnn,
+                _ if mps_part => ConvPaths::Gemm,
                 _ => ConvPaths::Fastest,
             },
             quant_paths: match var("ISOLANE_CUDA_QUANT").as_deref() {
@@ -226,7 +234,7 @@ impl BuildOptions {
             exact_gelu: var("ISOLANE_CUDA_EXACT_GELU").is_some(),
             workspace_mib: var("ISOLANE_CUDA_WORKSPACE_MB").and_then(|v| v.parse().ok()),
             search_log: var("ISOLANE_CUDA_SEARCH_LOG").is_some(),
-            first_choice: is("ISOLANE_CUDA_SEARCH", "first") || limited,
+            first_choice: first,
             mps_thread_pct,
         }
     }
@@ -319,13 +327,20 @@ mod tests {
         );
         let all = with(&[("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")]);
         assert_eq!(all, BuildOptions::default());
+        // An MPS client with part of the threads: timed, convolutions by im2col + cuBLASLt;
+        // the rule of sessions 11-29 with ISOLANE_CUDA_SEARCH=first; the paths as named.
         let part = with(&[("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "16")]);
-        assert!(part.first_choice && part.conv_paths == ConvPaths::Cudnn);
-        let timed = with(&[
+        assert!(!part.first_choice && part.conv_paths == ConvPaths::Gemm);
+        let first = with(&[
             ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "16"),
-            ("ISOLANE_CUDA_SEARCH", "timed"),
+            ("ISOLANE_CUDA_SEARCH", "first"),
         ]);
-        assert!(!timed.first_choice && timed.conv_paths == ConvPaths::Fastest);
+        assert!(first.first_choice && first.conv_paths == ConvPaths::Cudnn);
+        let fastest = with(&[
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "16"),
+            ("ISOLANE_CUDA_CONV", "fastest"),
+        ]);
+        assert!(!fastest.first_choice && fastest.conv_paths == ConvPaths::Fastest);
         assert!(!o.conv_paths.tries_cudnn() && o.conv_paths.tries_gemm());
         let rtc = with(&[("ISOLANE_CUDA_CUDNN", "runtime-compiled")]);
         assert!(rtc.cudnn_graphs && rtc.cudnn_runtime_compiled);
