@@ -295,7 +295,7 @@ pub(super) fn record_conv(
         .find(|(k, _)| *k == key && barred.is_empty())
         .map(|&(_, i)| i);
     let mut dnn_descs: Vec<usize> = Vec::new();
-    if paths.tries_cudnn() || !c.gemm_capable() {
+    if paths.tries_cudnn() || !c.gemm_capable() || !barred.is_empty() {
         // (The descriptors of the algorithms that lose stay in `m.convs`, unused: a few host
         // objects per distinct convolution, and the launches hold indices into it.)
         let found = match cached {
@@ -368,8 +368,8 @@ pub(super) fn record_conv(
     }
     let n_dnn_all = candidates.len();
     // The GEMM path where it is tried and could be kept (an untimed search keeps cuDNN's first
-    // choice), and where cuDNN found nothing (ISOLANE_CUDA_CONV=cudnn, an MPS client with part
-    // of the threads).
+    // choice), where cuDNN found nothing (ISOLANE_CUDA_CONV=cudnn), and where a path was barred
+    // at this step (then cuDNN is tried too, whatever the paths: crate::rebuild).
     let gemm_may_win = paths.tries_gemm() && !rec.options.first_choice;
     if c.gemm_capable() && (gemm_may_win || dnn_descs.is_empty() || !barred.is_empty()) {
         let mut l = Vec::new();
